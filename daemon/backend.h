@@ -1,0 +1,75 @@
+/* A backend provides memory, the ops a forward pass is composed of, and a way to run a
+ * step. The standard path (forward.c) calls only these entry points, so one definition
+ * of each architecture serves every backend. Activations are float (rows, width),
+ * row-major, in backend memory. Ops may run asynchronously; sync() waits for them. */
+#ifndef KD_DAEMON_BACKEND_H
+#define KD_DAEMON_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/model.h"
+#include "kernels/cpu/k_cpu.h"
+
+struct backend;
+
+struct backend_opts {
+	int threads;		/* CPU worker threads; <= 0: one per online CPU */
+	int device;		/* first GPU (cuda) */
+};
+
+struct backend_ops {
+	const char *name;
+
+	/* Prepares the backend for model m (which outlives it). Returns 0 or -errno with
+	 * one line in err. *out is released with destroy. */
+	int (*create)(struct backend **out, const struct model *m, const struct backend_opts *opts,
+		      char *err, size_t err_len);
+	void (*destroy)(struct backend *be);	/* accepts NULL */
+
+	/* Backend memory, zeroed; NULL when exhausted. */
+	void *(*alloc)(struct backend *be, size_t bytes);
+	void (*free)(struct backend *be, void *p);
+	/* Host <-> backend copies; return 0 or -EIO. */
+	int (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
+	int (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
+	int (*sync)(struct backend *be);
+
+	/* ---- ops; shapes as in kernels/cpu/k_cpu.h ---- */
+	void (*embed)(struct backend *be, float *out, const int32_t *ids, int n,
+		      const struct model_tensor *table);
+	void (*rmsnorm)(struct backend *be, float *out, int out_stride, const float *x, int x_stride,
+			const struct model_tensor *w, int rows, int dim, float eps);
+	void (*add)(struct backend *be, float *y, const float *x, size_t n);
+	void (*silu_mul)(struct backend *be, float *out, const float *gate, const float *up, size_t n);
+	/* y (M, w->rows) = x (M, w->cols) @ w^T */
+	void (*linear)(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M);
+	void (*rope)(struct backend *be, const struct k_rope *rope, float *x, int n_rows, int n_heads,
+		     int row_stride, int head_stride, const int32_t *pos);
+	void (*kv_write)(struct backend *be, float *cache, int width, const float *src, int n_rows,
+			 const int32_t *slots);
+	void (*attn_gqa)(struct backend *be, float *out, const float *q, const struct k_kv_layer *kv,
+			 const struct k_attn_rows *rows, int n_heads, int kv_heads, int head_dim,
+			 float scale);
+	int (*attn_mla)(struct backend *be, float *out, const float *q, const struct model_tensor *w_kv_b,
+			const struct k_kv_layer *kv, const struct k_attn_rows *rows,
+			const struct k_mla_dims *d, float scale);
+	void (*moe_route)(struct backend *be, const struct k_moe_route_params *p, const float *logits,
+			  int M, int32_t *ids, float *weights);
+	int (*moe_experts)(struct backend *be, float *out, const float *x, int M, const int32_t *ids,
+			   const float *weights, int top_k, const struct model_layer *L, int hidden,
+			   int inter, int n_experts);
+};
+
+/* Every backend embeds this first, so the generic code can reach its ops. */
+struct backend {
+	const struct backend_ops *ops;
+};
+
+extern const struct backend_ops backend_cpu_ops;
+
+/* The backend called name ("cpu", "cuda"), or NULL with a message in err that lists
+ * the backends this build has. */
+const struct backend_ops *backend_find(const char *name, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,333 @@
+/* The forward pass of every supported architecture, layer by layer, as backend ops.
+ * Reads like the models' Hugging Face definitions: pre-norm attention, then a dense or
+ * mixture-of-experts MLP, residual adds, final norm, lm_head. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/forward.h"
+
+#define LOGIT_ROWS 16	/* rows of logits computed per lm_head call */
+
+#define OP(f, name, ...) ((f)->be->ops->name((f)->be, __VA_ARGS__))
+
+/* ---- sizes -------------------------------------------------------------- */
+
+static int kv_width(const struct model_config *c)
+{
+	return c->mla ? c->kv_lora_rank + c->qk_rope_head_dim : c->n_kv_heads * c->head_dim;
+}
+
+size_t forward_kv_bytes_per_token(const struct model *m)
+{
+	const struct model_config *c = &m->cfg;
+	size_t per_layer = (size_t)kv_width(c) * (c->mla ? 1 : 2) * sizeof(float);
+
+	return per_layer * (size_t)c->n_layers;
+}
+
+static int max_inter(const struct model_config *c)
+{
+	int a = c->intermediate_size, b = c->moe_intermediate_size * c->n_shared_experts;
+
+	return a > b ? a : b;
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static int scratch_alloc(struct forward *f, void **p, size_t floats, const char *what,
+			 char *err, size_t err_len)
+{
+	size_t bytes = floats * sizeof(float);
+
+	*p = f->be->ops->alloc(f->be, bytes);
+	if (!*p) {
+		snprintf(err, err_len, "%s backend: out of memory allocating %s (%.1f MiB)",
+			 f->be->ops->name, what, (double)bytes / (1 << 20));
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static int forward_alloc_cache(struct forward *f, char *err, size_t err_len)
+{
+	const struct model_config *c = &f->m->cfg;
+	size_t tokens = (size_t)f->n_blocks * (size_t)f->block_tokens;
+	int width = kv_width(c);
+	int ret;
+
+	f->kv = f->be->ops->alloc(f->be, (size_t)c->n_layers * sizeof(*f->kv));
+	if (!f->kv)
+		return -ENOMEM;
+	for (int l = 0; l < c->n_layers; l++) {
+		struct k_kv_layer *kv = &f->kv[l];
+
+		kv->n_blocks = f->n_blocks;
+		kv->block_tokens = f->block_tokens;
+		kv->width = width;
+		if ((ret = scratch_alloc(f, (void **)&kv->k, tokens * (size_t)width, "the KV cache", err, err_len)))
+			return ret;
+		if (!c->mla && (ret = scratch_alloc(f, (void **)&kv->v, tokens * (size_t)width,
+						     "the KV cache", err, err_len)))
+			return ret;
+	}
+	f->kv_bytes = forward_kv_bytes_per_token(f->m) * tokens;
+	return 0;
+}
+
+static int forward_alloc_scratch(struct forward *f, char *err, size_t err_len)
+{
+	const struct model_config *c = &f->m->cfg;
+	size_t R = (size_t)f->max_rows;
+	int qk = c->mla ? c->qk_nope_head_dim + c->qk_rope_head_dim : c->head_dim;
+	int vd = c->mla ? c->v_head_dim : c->head_dim;
+	struct {
+		void **p;
+		size_t floats;
+	} bufs[] = {
+		{ (void **)&f->x, R * c->hidden_size },
+		{ (void **)&f->h, R * c->hidden_size },
+		{ (void **)&f->q, R * c->n_heads * qk },
+		{ (void **)&f->k, c->mla ? 0 : R * c->n_kv_heads * c->head_dim },
+		{ (void **)&f->v, c->mla ? 0 : R * c->n_kv_heads * c->head_dim },
+		{ (void **)&f->q_a, R * c->q_lora_rank },
+		{ (void **)&f->kv_a, c->mla ? R * (size_t)kv_width(c) : 0 },
+		{ (void **)&f->attn, R * c->n_heads * vd },
+		{ (void **)&f->gate, R * max_inter(c) },
+		{ (void **)&f->up, R * max_inter(c) },
+		{ (void **)&f->mlp, R * c->hidden_size },
+		{ (void **)&f->router, R * c->n_experts },
+		{ (void **)&f->route_ids, R * c->top_k },
+		{ (void **)&f->route_w, R * c->top_k },
+		{ (void **)&f->logits, (size_t)LOGIT_ROWS * c->vocab_size },
+	};
+	int ret;
+
+	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
+		if (!bufs[i].floats)
+			continue;
+		if ((ret = scratch_alloc(f, bufs[i].p, bufs[i].floats, "activations", err, err_len)))
+			return ret;
+	}
+	return 0;
+}
+
+int forward_create(struct forward **out, const struct model *m, struct backend *be,
+		   int n_blocks, int block_tokens, int max_rows, char *err, size_t err_len)
+{
+	struct forward *f;
+	int ret;
+
+	*out = NULL;
+	if (n_blocks <= 0 || block_tokens <= 0 || max_rows <= 0) {
+		snprintf(err, err_len, "forward: bad sizes: %d blocks of %d tokens, %d rows",
+			 n_blocks, block_tokens, max_rows);
+		return -EINVAL;
+	}
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return -ENOMEM;
+	f->m = m;
+	f->be = be;
+	f->max_rows = max_rows;
+	f->block_tokens = block_tokens;
+	f->n_blocks = n_blocks;
+	ret = k_rope_init(&f->rope, &m->cfg.rope);
+	if (ret) {
+		snprintf(err, err_len, "%s: rope parameters rejected (dim %d, factor %g)",
+			 m->path, m->cfg.rope.dim, m->cfg.rope.factor);
+		goto err_destroy;
+	}
+	if ((ret = forward_alloc_cache(f, err, err_len)) || (ret = forward_alloc_scratch(f, err, err_len)))
+		goto err_destroy;
+	*out = f;
+	return 0;
+
+err_destroy:
+	forward_destroy(f);
+	return ret;
+}
+
+void forward_destroy(struct forward *f)
+{
+	void *bufs[16];
+	int n = 0;
+
+	if (!f)
+		return;
+	if (f->kv) {
+		for (int l = 0; l < f->m->cfg.n_layers; l++) {
+			f->be->ops->free(f->be, f->kv[l].k);
+			f->be->ops->free(f->be, f->kv[l].v);
+		}
+		f->be->ops->free(f->be, f->kv);
+	}
+	bufs[n++] = f->x, bufs[n++] = f->h, bufs[n++] = f->q, bufs[n++] = f->k;
+	bufs[n++] = f->v, bufs[n++] = f->q_a, bufs[n++] = f->kv_a, bufs[n++] = f->attn;
+	bufs[n++] = f->gate, bufs[n++] = f->up, bufs[n++] = f->mlp, bufs[n++] = f->router;
+	bufs[n++] = f->route_ids, bufs[n++] = f->route_w, bufs[n++] = f->logits;
+	for (int i = 0; i < n; i++)
+		if (bufs[i])
+			f->be->ops->free(f->be, bufs[i]);
+	k_rope_fini(&f->rope);
+	free(f);
+}
+
+/* ---- layers ------------------------------------------------------------- */
+
+/* Llama / Qwen3 attention: h (rows, hidden) in, h (rows, hidden) out. */
+static void gqa_attention(struct forward *f, const struct model_layer *L, int l,
+			  const struct fwd_batch *b)
+{
+	const struct model_config *c = &f->m->cfg;
+	int R = b->n_rows, H = c->n_heads, KV = c->n_kv_heads, D = c->head_dim;
+	struct k_kv_layer *kv = &f->kv[l];
+
+	OP(f, linear, f->q, f->h, &L->wq, R);
+	OP(f, linear, f->k, f->h, &L->wk, R);
+	OP(f, linear, f->v, f->h, &L->wv, R);
+	if (c->qk_norm) {	/* Qwen3: RMSNorm of every head before rope */
+		OP(f, rmsnorm, f->q, D, f->q, D, &L->q_norm, R * H, D, c->rms_norm_eps);
+		OP(f, rmsnorm, f->k, D, f->k, D, &L->k_norm, R * KV, D, c->rms_norm_eps);
+	}
+	OP(f, rope, &f->rope, f->q, R, H, H * D, D, b->pos);
+	OP(f, rope, &f->rope, f->k, R, KV, KV * D, D, b->pos);
+	OP(f, kv_write, kv->k, kv->width, f->k, R, b->slots);
+	OP(f, kv_write, kv->v, kv->width, f->v, R, b->slots);
+	OP(f, attn_gqa, f->attn, f->q, kv, &b->attn, H, KV, D, c->attn_scale);
+	OP(f, linear, f->h, f->attn, &L->wo, R);
+}
+
+/* DeepSeek multi-head latent attention, absorbed: the cache holds the normalised
+ * kv_lora latent and the rotated rope key of each token, never per-head K/V. */
+static int mla_attention(struct forward *f, const struct model_layer *L, int l,
+			 const struct fwd_batch *b)
+{
+	const struct model_config *c = &f->m->cfg;
+	int R = b->n_rows, H = c->n_heads;
+	int qk = c->qk_nope_head_dim + c->qk_rope_head_dim, width = kv_width(c);
+	struct k_mla_dims d = {
+		.n_heads = H, .nope_dim = c->qk_nope_head_dim, .rope_dim = c->qk_rope_head_dim,
+		.v_dim = c->v_head_dim, .kv_lora = c->kv_lora_rank,
+	};
+	int ret;
+
+	if (c->q_lora_rank > 0) {
+		OP(f, linear, f->q_a, f->h, &L->wq_a, R);
+		OP(f, rmsnorm, f->q_a, c->q_lora_rank, f->q_a, c->q_lora_rank, &L->q_a_norm, R,
+		   c->q_lora_rank, c->rms_norm_eps);
+		OP(f, linear, f->q, f->q_a, &L->wq_b, R);
+	} else {
+		OP(f, linear, f->q, f->h, &L->wq_b, R);
+	}
+	OP(f, linear, f->kv_a, f->h, &L->wkv_a, R);
+	OP(f, rmsnorm, f->kv_a, width, f->kv_a, width, &L->kv_a_norm, R, c->kv_lora_rank, c->rms_norm_eps);
+	OP(f, rope, &f->rope, f->q + c->qk_nope_head_dim, R, H, H * qk, qk, b->pos);
+	OP(f, rope, &f->rope, f->kv_a + c->kv_lora_rank, R, 1, width, 0, b->pos);
+	OP(f, kv_write, f->kv[l].k, width, f->kv_a, R, b->slots);
+	ret = OP(f, attn_mla, f->attn, f->q, &L->wkv_b, &f->kv[l], &b->attn, &d, c->attn_scale);
+	if (ret)
+		return ret;
+	OP(f, linear, f->h, f->attn, &L->wo, R);
+	return 0;
+}
+
+/* SwiGLU MLP of width inter: h in, out (rows, hidden). */
+static void dense_mlp(struct forward *f, const struct model_layer *L, int R, int inter, float *out)
+{
+	size_t n = (size_t)R * (size_t)inter;
+
+	OP(f, linear, f->gate, f->h, &L->w_gate, R);
+	OP(f, linear, f->up, f->h, &L->w_up, R);
+	OP(f, silu_mul, f->gate, f->gate, f->up, n);
+	OP(f, linear, out, f->gate, &L->w_down, R);
+}
+
+/* Routed experts plus the shared expert (DeepSeek): h in, f->mlp out. */
+static int moe_mlp(struct forward *f, const struct model_layer *L, int R)
+{
+	const struct model_config *c = &f->m->cfg;
+	struct k_moe_route_params route = c->route;
+	int ret;
+
+	route.bias = L->router_bias;
+	OP(f, linear, f->router, f->h, &L->router, R);
+	OP(f, moe_route, &route, f->router, R, f->route_ids, f->route_w);
+	ret = OP(f, moe_experts, f->mlp, f->h, R, f->route_ids, f->route_w, c->top_k, L,
+		 c->hidden_size, c->moe_intermediate_size, c->n_experts);
+	if (ret)
+		return ret;
+	if (c->n_shared_experts > 0) {
+		/* h is consumed by the gate/up projections before down writes it */
+		dense_mlp(f, L, R, c->moe_intermediate_size * c->n_shared_experts, f->h);
+		OP(f, add, f->mlp, f->h, (size_t)R * c->hidden_size);
+	}
+	return 0;
+}
+
+static int forward_layer(struct forward *f, int l, const struct fwd_batch *b)
+{
+	const struct model_config *c = &f->m->cfg;
+	const struct model_layer *L = &f->m->layers[l];
+	size_t n = (size_t)b->n_rows * c->hidden_size;
+	int R = b->n_rows, ret = 0;
+
+	OP(f, rmsnorm, f->h, c->hidden_size, f->x, c->hidden_size, &L->attn_norm, R, c->hidden_size,
+	   c->rms_norm_eps);
+	if (c->mla)
+		ret = mla_attention(f, L, l, b);
+	else
+		gqa_attention(f, L, l, b);
+	if (ret)
+		return ret;
+	OP(f, add, f->x, f->h, n);
+
+	OP(f, rmsnorm, f->h, c->hidden_size, f->x, c->hidden_size, &L->ffn_norm, R, c->hidden_size,
+	   c->rms_norm_eps);
+	if (L->is_moe)
+		ret = moe_mlp(f, L, R);
+	else
+		dense_mlp(f, L, R, c->intermediate_size, f->mlp);
+	if (ret)
+		return ret;
+	OP(f, add, f->x, f->mlp, n);
+	return 0;
+}
+
+/* Final norm and lm_head for the wanted rows only, LOGIT_ROWS at a time. */
+static int forward_logits(struct forward *f, const struct fwd_batch *b, float *logits)
+{
+	const struct model_config *c = &f->m->cfg;
+	int hidden = c->hidden_size;
+	size_t row_bytes = (size_t)c->vocab_size * sizeof(float);
+
+	for (int o = 0; o < b->n_out; o += LOGIT_ROWS) {
+		int n = b->n_out - o < LOGIT_ROWS ? b->n_out - o : LOGIT_ROWS;
+		int ret;
+
+		for (int i = 0; i < n; i++)
+			OP(f, rmsnorm, f->h + (size_t)i * hidden, hidden,
+			   f->x + (size_t)b->out_rows[o + i] * hidden, hidden, &f->m->final_norm, 1,
+			   hidden, c->rms_norm_eps);
+		OP(f, linear, f->logits, f->h, &f->m->lm_head, n);
+		ret = f->be->ops->download(f->be, logits + (size_t)o * c->vocab_size, f->logits,
+					   (size_t)n * row_bytes);
+		if (ret)
+			return ret;
+	}
+	return f->be->ops->sync(f->be);
+}
+
+int forward_run(struct forward *f, const struct fwd_batch *b, float *logits)
+{
+	int ret;
+
+	if (b->n_rows <= 0 || b->n_rows > f->max_rows || b->n_out < 0 || b->n_out > b->n_rows)
+		return -EINVAL;
+	OP(f, embed, f->x, b->tokens, b->n_rows, &f->m->embed);
+	for (int l = 0; l < f->m->cfg.n_layers; l++)
+		if ((ret = forward_layer(f, l, b)))
+			return ret;
+	return forward_logits(f, b, logits);
+}

@@ -1,0 +1,216 @@
+/* The oracle: each reference model in tests/data/golden (HF transformers float32 logits
+ * from bf16 weights) must be reproduced by the CPU engine to <= 1e-4 relative L2 error
+ * per row, by one prefill, by incremental decode through the paged KV cache, and with
+ * all cases batched into one step; greedy decoding must give transformers' 40 tokens. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/engine.h"
+#include "daemon/model.h"
+#include "tests/testutil.h"
+
+#define ROW_TOL 1e-4
+#define MAX_CASES 8
+
+static const char *const models[] = { "llama3", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3" };
+
+struct gcase {
+	int32_t *tokens;
+	int n;
+	float *ref;		/* (n, vocab) */
+};
+
+static float *read_floats(const char *path, size_t n)
+{
+	FILE *f = fopen(path, "rb");
+	float *v = malloc(n * sizeof(float));
+
+	if (!f || !v || fread(v, sizeof(float), n, f) != n) {
+		fprintf(stderr, "%s: cannot read %zu floats\n", path, n);
+		free(v);
+		v = NULL;
+	}
+	if (f)
+		fclose(f);
+	return v;
+}
+
+static int32_t *json_ids(json_t *arr, int *n)
+{
+	int32_t *v = malloc(json_array_size(arr) * sizeof(int32_t) + 1);
+
+	*n = (int)json_array_size(arr);
+	for (int i = 0; i < *n; i++)
+		v[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
+	return v;
+}
+
+/* Worst per-row relative L2 error of got against ref, and the rows over tolerance. */
+static double compare_rows(const float *got, const float *ref, int rows, int vocab, int *bad)
+{
+	double worst = 0;
+
+	*bad = 0;
+	for (int r = 0; r < rows; r++) {
+		double e = test_rel_l2(got + (size_t)r * vocab, ref + (size_t)r * vocab, (size_t)vocab);
+
+		if (e > worst)
+			worst = e;
+		if (!(e <= ROW_TOL))
+			(*bad)++;
+	}
+	return worst;
+}
+
+static void check_prefill_and_incremental(struct engine *e, const char *name, int ci, const struct gcase *c)
+{
+	int vocab = e->model->cfg.vocab_size, bad;
+	float *got = malloc((size_t)c->n * vocab * sizeof(float));
+	struct engine_seq seq;
+	char err[256] = "";
+	double worst;
+	int ret = 0;
+
+	engine_seq_init(&seq);
+	struct engine_req r = { .seq = &seq, .tokens = c->tokens, .n_tokens = c->n, .all_logits = 1 };
+	CHECK(engine_step(e, &r, 1, got, err, sizeof(err)) == 0, "%s case %d prefill: %s", name, ci, err);
+	worst = compare_rows(got, c->ref, c->n, vocab, &bad);
+	fprintf(stderr, "  %-12s case %d prefill     T=%3d worst row rel L2 %.2e\n", name, ci, c->n, worst);
+	CHECK(bad == 0, "%s case %d prefill: %d of %d rows over %g (worst %.3g)", name, ci, bad, c->n, ROW_TOL, worst);
+	engine_seq_release(e, &seq);
+
+	for (int t = 0; t < c->n && !ret; t++) {
+		struct engine_req one = { .seq = &seq, .tokens = &c->tokens[t], .n_tokens = 1 };
+
+		ret = engine_step(e, &one, 1, got + (size_t)t * vocab, err, sizeof(err));
+	}
+	CHECK(ret == 0, "%s case %d incremental: %s", name, ci, err);
+	worst = compare_rows(got, c->ref, c->n, vocab, &bad);
+	fprintf(stderr, "  %-12s case %d incremental T=%3d worst row rel L2 %.2e\n", name, ci, c->n, worst);
+	CHECK(bad == 0, "%s case %d incremental: %d of %d rows over %g (worst %.3g)", name, ci, bad, c->n, ROW_TOL, worst);
+	engine_seq_release(e, &seq);
+	free(got);
+}
+
+/* All cases at once: several sequences in one step, then each decoded one more time
+ * together, last-row logits only. */
+static void check_batched(struct engine *e, const char *name, const struct gcase *cs, int n)
+{
+	int vocab = e->model->cfg.vocab_size;
+	struct engine_seq seq[MAX_CASES];
+	struct engine_req r[MAX_CASES];
+	float *got = malloc((size_t)n * vocab * sizeof(float));
+	char err[256] = "";
+
+	/* prompt = all but the last token, then the last tokens of all cases in one step */
+	for (int i = 0; i < n; i++) {
+		engine_seq_init(&seq[i]);
+		r[i] = (struct engine_req){ .seq = &seq[i], .tokens = cs[i].tokens, .n_tokens = cs[i].n - 1 };
+	}
+	CHECK(engine_step(e, r, n, got, err, sizeof(err)) == 0, "%s batched prefill: %s", name, err);
+	for (int i = 0; i < n; i++) {
+		int bad;
+		double worst = compare_rows(got + (size_t)i * vocab, cs[i].ref + (size_t)(cs[i].n - 2) * vocab,
+					    1, vocab, &bad);
+		CHECK(bad == 0, "%s batched prefill case %d: rel L2 %.3g", name, i, worst);
+		r[i] = (struct engine_req){ .seq = &seq[i], .tokens = &cs[i].tokens[cs[i].n - 1], .n_tokens = 1 };
+	}
+	CHECK(engine_step(e, r, n, got, err, sizeof(err)) == 0, "%s batched decode: %s", name, err);
+	for (int i = 0; i < n; i++) {
+		int bad;
+		double worst = compare_rows(got + (size_t)i * vocab, cs[i].ref + (size_t)(cs[i].n - 1) * vocab,
+					    1, vocab, &bad);
+		CHECK(bad == 0, "%s batched decode case %d: rel L2 %.3g", name, i, worst);
+		engine_seq_release(e, &seq[i]);
+	}
+	free(got);
+}
+
+static void check_greedy(struct engine *e, const char *name, json_t *greedy)
+{
+	int vocab = e->model->cfg.vocab_size, n_prompt, n_want, first_diff = -1;
+	int32_t *prompt = json_ids(json_object_get(greedy, "prompt"), &n_prompt);
+	int32_t *want = json_ids(json_object_get(greedy, "output"), &n_want);
+	float *logits = malloc((size_t)vocab * sizeof(float));
+	struct engine_seq seq;
+	char err[256] = "";
+	int32_t tok;
+
+	engine_seq_init(&seq);
+	struct engine_req r = { .seq = &seq, .tokens = prompt, .n_tokens = n_prompt };
+	CHECK(engine_step(e, &r, 1, logits, err, sizeof(err)) == 0, "%s greedy prefill: %s", name, err);
+	for (int i = 0; i < n_want; i++) {
+		tok = 0;
+		for (int v = 1; v < vocab; v++)
+			if (logits[v] > logits[tok])
+				tok = v;
+		if (tok != want[i] && first_diff < 0)
+			first_diff = i;
+		r = (struct engine_req){ .seq = &seq, .tokens = &want[i], .n_tokens = 1 };
+		if (engine_step(e, &r, 1, logits, err, sizeof(err)))
+			break;
+	}
+	fprintf(stderr, "  %-12s greedy %d tokens: %s\n", name, n_want,
+		first_diff < 0 ? "identical" : "DIFFERENT");
+	CHECK(first_diff < 0, "%s greedy: first difference at output token %d", name, first_diff);
+	engine_seq_release(e, &seq);
+	free(logits);
+	free(prompt);
+	free(want);
+}
+
+static void check_model(const char *top, const char *name, int threads)
+{
+	char dir[1024], path[1200], err[512] = "";
+	struct engine_opts eo = { .threads = threads, .kv_tokens = 4096, .block_tokens = 16, .max_rows = 128 };
+	struct gcase cs[MAX_CASES] = { 0 };
+	struct model *m = NULL;
+	struct engine *e = NULL;
+	json_error_t jerr;
+	json_t *g, *cases;
+	int n = 0;
+
+	snprintf(dir, sizeof(dir), "%s/tests/data/golden/%s", top, name);
+	snprintf(path, sizeof(path), "%s/golden.json", dir);
+	g = json_load_file(path, 0, &jerr);
+	CHECK(g != NULL, "%s: %s", path, jerr.text);
+	if (!g)
+		return;
+	CHECK(model_load(&m, dir, NULL, err, sizeof(err)) == 0, "%s: load: %s", name, err);
+	if (m)
+		CHECK(engine_create(&e, m, &eo, err, sizeof(err)) == 0, "%s: engine: %s", name, err);
+	cases = json_object_get(g, "cases");
+	for (size_t i = 0; e && i < json_array_size(cases) && n < MAX_CASES; i++, n++) {
+		json_t *c = json_array_get(cases, i);
+		int vocab = m->cfg.vocab_size;
+
+		cs[n].tokens = json_ids(json_object_get(c, "tokens"), &cs[n].n);
+		snprintf(path, sizeof(path), "%s/%s", dir, json_string_value(json_object_get(c, "logits")));
+		cs[n].ref = read_floats(path, (size_t)cs[n].n * vocab);
+		CHECK(cs[n].ref != NULL, "%s: reference logits", path);
+		if (cs[n].ref)
+			check_prefill_and_incremental(e, name, n, &cs[n]);
+	}
+	if (e) {
+		check_batched(e, name, cs, n);
+		check_greedy(e, name, json_object_get(g, "greedy"));
+	}
+	for (int i = 0; i < n; i++) {
+		free(cs[i].tokens);
+		free(cs[i].ref);
+	}
+	engine_destroy(e);
+	model_destroy(m);
+	json_decref(g);
+}
+
+int main(void)
+{
+	const char *top = getenv("top_srcdir") ? getenv("top_srcdir") : ".";
+
+	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
+		check_model(top, models[i], i % 2 ? 1 : 3);
+	return test_result("test_golden");
+}

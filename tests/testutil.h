@@ -1,0 +1,59 @@
+/* Tiny test helpers: CHECK records a failure and goes on; the test's main returns
+ * test_result() (0 pass, 1 fail). Exit 77 means skipped (automake convention). */
+#ifndef KD_TESTS_TESTUTIL_H
+#define KD_TESTS_TESTUTIL_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int test_failures;
+static int test_checks;
+
+#define CHECK(cond, ...)                                                        \
+	do {                                                                    \
+		test_checks++;                                                  \
+		if (!(cond)) {                                                  \
+			test_failures++;                                        \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+			fprintf(stderr, __VA_ARGS__);                           \
+			fputc('\n', stderr);                                    \
+		}                                                               \
+	} while (0)
+
+#define CHECK_NEAR(a, b, tol, what)                                             \
+	CHECK(fabs((double)(a) - (double)(b)) <= (tol), "%s: %.9g vs %.9g (tol %g)", \
+	      (what), (double)(a), (double)(b), (double)(tol))
+
+static inline int test_result(const char *name)
+{
+	if (test_failures) {
+		fprintf(stderr, "%s: %d of %d checks failed\n", name, test_failures, test_checks);
+		return 1;
+	}
+	fprintf(stderr, "%s: all %d checks passed\n", name, test_checks);
+	return 0;
+}
+
+/* Relative L2 error ||a - b|| / ||b|| over n floats (b the reference). */
+static inline double test_rel_l2(const float *a, const float *b, size_t n)
+{
+	double num = 0, den = 0;
+	for (size_t i = 0; i < n; i++) {
+		double d = (double)a[i] - (double)b[i];
+		num += d * d;
+		den += (double)b[i] * (double)b[i];
+	}
+	return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Deterministic xorshift for test inputs. */
+static inline float test_randf(unsigned long long *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return (float)((*s >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+#endif
