@@ -138,12 +138,15 @@ static int cfg_get(struct cfg_parse *p, const json_t *obj, const char *key,
 	json_t *b = alias ? obj_get(obj, alias) : NULL;
 	char sa[64], sb[64];
 
+	*v = NULL;
+	*used = key;
 	if (a && b && !values_equal(a, b))
 		return cfg_fail(p, -EINVAL, "%s%s and %s%s are contradictory (%s vs %s)",
 				p->prefix, key, p->prefix, alias, cfg_show(a, sa, sizeof(sa)),
 				cfg_show(b, sb, sizeof(sb)));
 	*v = a ? a : b;
-	*used = a ? key : (b ? alias : key);
+	if (!a && b)
+		*used = alias;
 	return 0;
 }
 

@@ -1,6 +1,7 @@
 /* safetensors: good files (single and sharded) and every kind of broken one, written
  * into a temporary directory by the test itself. */
 #include <errno.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -343,12 +344,12 @@ static void test_real(void)
 	}
 }
 
-static int rm_cb(const char *dir)
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
-	char cmd[256];
-
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	return system(cmd);
+	(void)st;
+	(void)flag;
+	(void)ftw;
+	return remove(path);
 }
 
 int main(void)
@@ -363,7 +364,7 @@ int main(void)
 	test_files();
 	test_sharded();
 	test_real();
-	if (rm_cb(tmp))
+	if (nftw(tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS))
 		fprintf(stderr, "could not remove %s\n", tmp);
 	return test_result("test_safetensors");
 }

@@ -24,68 +24,89 @@ struct lin_job {
 	int M, N, K;
 };
 
-/* IEEE half to float without branches on the exponent, so the block loop can be
- * vectorised; exact for every input, subnormals included. */
-static inline float f16_to_f32_fast(uint16_t h)
-{
-	uint32_t o = (uint32_t)(h & 0x7fffu) << 13;
-	uint32_t exp = o & 0x0f800000u;
-	uint32_t sub_bits;
-	float f, sub;
+/* The widened weight block; integer stores let the bf16/f16 widening vectorise. */
+union lin_wbuf {
+	float f[LIN_NB * LIN_KB];
+	uint32_t u[LIN_NB * LIN_KB];
+};
 
-	o += (uint32_t)(127 - 15) << 23;
-	o += exp == 0x0f800000u ? (uint32_t)(128 - 16) << 23 : 0;	/* Inf, NaN */
-	sub_bits = o + (1u << 23);
-	memcpy(&sub, &sub_bits, sizeof(sub));
-	sub -= 6.103515625e-05f;		/* 2^-14: renormalises a subnormal exactly */
+/* IEEE half to float bits without branches, so it vectorises. The magnitude
+ * bits moved to float position and scaled by 2^(127-15) are exact for normal and
+ * subnormal halves alike; Inf and NaN then get the all-ones exponent. */
+static inline uint32_t lin_f16_bits(uint32_t h)
+{
+	uint32_t o = (h & 0x7fffu) << 13;
+	uint32_t inf = 0u - (uint32_t)((h & 0x7c00u) == 0x7c00u);
+	float f;
+
 	memcpy(&f, &o, sizeof(f));
-	f = exp == 0 ? sub : f;
+	f *= 0x1p112f;
 	memcpy(&o, &f, sizeof(o));
-	o |= (uint32_t)(h & 0x8000u) << 16;
-	memcpy(&f, &o, sizeof(f));
-	return f;
+	return o | (inf & 0x7f800000u) | ((h & 0x8000u) << 16);
 }
 
-/* Widens rows [0, nb) x columns [k0, k0 + kb) of a (.., K) weight slice into
- * wbuf (LIN_NB, LIN_KB). One loop per type keeps the switch out of the inner loop. */
-static void lin_widen(float *wbuf, const void *w, enum k_dtype dtype, int K,
-		      int nb, int k0, int kb)
+/* Fixed-size chunks of LIN_LANES so that -O2's cheap vectoriser takes them. */
+static void lin_widen_bf16(uint32_t *restrict dst, const uint16_t *restrict src, int kb)
 {
-	for (int n = 0; n < nb; n++) {
-		float *dst = wbuf + n * LIN_KB;
-		size_t off = (size_t)n * K + k0;
-
-		if (dtype == K_F32) {
-			memcpy(dst, (const float *)w + off, (size_t)kb * sizeof(float));
-		} else if (dtype == K_BF16) {
-			const uint16_t *src = (const uint16_t *)w + off;
-
-			for (int k = 0; k < kb; k++) {
-				uint32_t u = (uint32_t)src[k] << 16;
-
-				memcpy(&dst[k], &u, sizeof(u));
-			}
-		} else {
-			const uint16_t *src = (const uint16_t *)w + off;
-
-			for (int k = 0; k < kb; k++)
-				dst[k] = f16_to_f32_fast(src[k]);
-		}
-	}
-}
-
-/* acc[k % LIN_LANES] += x[k] * w[k] in increasing k. */
-static void lin_dot_acc(float *restrict acc /* (LIN_LANES) */, const float *restrict x,
-			const float *restrict w, int kb)
-{
-	int kv = kb - kb % LIN_LANES;
-	int k;
+	int kv = kb - kb % LIN_LANES, k;
 
 	for (k = 0; k < kv; k += LIN_LANES)
 		for (int j = 0; j < LIN_LANES; j++)
-			acc[j] += x[k + j] * w[k + j];
+			dst[k + j] = (uint32_t)src[k + j] << 16;
 	for (; k < kb; k++)
-		acc[k - kv] += x[k] * w[k];
+		dst[k] = (uint32_t)src[k] << 16;
+}
+
+static void lin_widen_f16(uint32_t *restrict dst, const uint16_t *restrict src, int kb)
+{
+	int kv = kb - kb % LIN_LANES, k;
+
+	for (k = 0; k < kv; k += LIN_LANES)
+		for (int j = 0; j < LIN_LANES; j++)
+			dst[k + j] = lin_f16_bits(src[k + j]);
+	for (; k < kb; k++)
+		dst[k] = lin_f16_bits(src[k]);
+}
+
+/* Widens rows [0, nb) x columns [k0, k0 + kb) of a (.., K) 16-bit weight slice
+ * into wbuf (LIN_NB, LIN_KB). */
+static void lin_widen(union lin_wbuf *wbuf, const uint16_t *w, enum k_dtype dtype, int K,
+		      int nb, int k0, int kb)
+{
+	for (int n = 0; n < nb; n++) {
+		uint32_t *dst = wbuf->u + n * LIN_KB;
+		const uint16_t *src = w + (size_t)n * K + k0;
+
+		if (dtype == K_BF16)
+			lin_widen_bf16(dst, src, kb);
+		else
+			lin_widen_f16(dst, src, kb);
+	}
+}
+
+/* acc[k % LIN_LANES] += x[k] * w[k] in increasing k, for two weight rows at once
+ * (one x load feeds both); each row's sums are exactly those of a lone dot. */
+static void lin_dot2_acc(float *restrict acc0, float *restrict acc1, const float *restrict x,
+			 const float *restrict w0, const float *restrict w1, int kb)
+{
+	float a0[LIN_LANES], a1[LIN_LANES];
+	int kv = kb - kb % LIN_LANES;
+	int k;
+
+	memcpy(a0, acc0, sizeof(a0));
+	memcpy(a1, acc1, sizeof(a1));
+	for (k = 0; k < kv; k += LIN_LANES) {
+		for (int j = 0; j < LIN_LANES; j++) {
+			a0[j] += x[k + j] * w0[k + j];
+			a1[j] += x[k + j] * w1[k + j];
+		}
+	}
+	for (; k < kb; k++) {
+		a0[k - kv] += x[k] * w0[k];
+		a1[k - kv] += x[k] * w1[k];
+	}
+	memcpy(acc0, a0, sizeof(a0));
+	memcpy(acc1, a1, sizeof(a1));
 }
 
 /* Pairwise combination of the lanes, always in the same tree. */
@@ -103,21 +124,28 @@ static float lin_reduce(const float *acc /* (LIN_LANES) */)
 /* Rows [m0, m0 + mt) against output columns [n0, n0 + nb). */
 static void lin_tile(const struct lin_job *job, int m0, int mt, int n0, int nb)
 {
-	float acc[LIN_MT][LIN_NB][LIN_LANES];
-	float wbuf[LIN_NB * LIN_KB];
+	float acc[LIN_MT][LIN_NB + 1][LIN_LANES];	/* +1: scratch for an odd nb */
+	union lin_wbuf wbuf;
 	const char *w = (const char *)job->w + (size_t)n0 * job->K * k_dtype_size(job->dtype);
 	int K = job->K;
 
 	memset(acc, 0, sizeof(acc));
 	for (int k0 = 0; k0 < K; k0 += LIN_KB) {
 		int kb = K - k0 < LIN_KB ? K - k0 : LIN_KB;
+		const float *wr[LIN_NB + 1] = { 0 };
 
-		lin_widen(wbuf, w, job->dtype, K, nb, k0, kb);
+		/* fp32 weights are read in place; the others are widened once per block */
+		if (job->dtype != K_F32)
+			lin_widen(&wbuf, (const uint16_t *)w, job->dtype, K, nb, k0, kb);
+		for (int n = 0; n < nb; n++)
+			wr[n] = job->dtype == K_F32 ? (const float *)w + (size_t)n * K + k0
+						    : wbuf.f + n * LIN_KB;
+		wr[nb] = wr[nb - 1];	/* an odd nb pairs its last row with itself */
 		for (int m = 0; m < mt; m++) {
 			const float *xr = job->x + (size_t)(m0 + m) * K + k0;
 
-			for (int n = 0; n < nb; n++)
-				lin_dot_acc(acc[m][n], xr, wbuf + n * LIN_KB, kb);
+			for (int n = 0; n < nb; n += 2)
+				lin_dot2_acc(acc[m][n], acc[m][n + 1], xr, wr[n], wr[n + 1], kb);
 		}
 	}
 	for (int m = 0; m < mt; m++)

@@ -18,15 +18,20 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/kdec_fuzz.XXXXXX") || exit 1
 trap 'rm -rf "$work"' EXIT
 trap 'exit 1' INT TERM
 bdir=$(cd "$top_builddir/tests/fuzz" && pwd) || exit 1
+sdir=$(cd "$top_srcdir/tests/fuzz" && pwd) || exit 1
 
 rc=0
 for t in $targets; do
 	mkdir "$work/$t" "$work/$t.art" || exit 1
-	cp "$top_srcdir/tests/fuzz/corpus/$t/"* "$work/$t/" || exit 1
+	cp "$sdir/corpus/$t/"* "$work/$t/" || exit 1
 	chmod -R u+w "$work/$t"
+	dict=
+	[ -f "$sdir/$t.dict" ] && dict="-dict=$sdir/$t.dict"
 	echo "fuzz_$t: ${secs}s"
-	if ! (cd "$work" && "$bdir/fuzz_$t" -max_total_time="$secs" -rss_limit_mb=2048 \
-		-timeout=10 -artifact_prefix="$work/$t.art/" "$work/$t") >"$work/$t.log" 2>&1
+	# UBSan only reports by default; make undefined behaviour a crash too.
+	if ! (cd "$work" && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		"$bdir/fuzz_$t" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 \
+		-artifact_prefix="$work/$t.art/" $dict "$work/$t") >"$work/$t.log" 2>&1
 	then
 		tail -n 40 "$work/$t.log"
 		# Keep the reproducer where a developer can find it (the build tree).

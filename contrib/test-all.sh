@@ -1,0 +1,24 @@
+#!/bin/sh
+# The whole test suite, as CI runs it: dependencies, a -Werror build and `make check`,
+# an ASan+UBSan build and its `make check`, then `make distcheck`.
+set -eu
+cd "$(dirname "$0")/.."
+src=$(pwd)
+jobs=$(nproc)
+
+step() { printf '\n==== %s ====\n' "$*"; }
+
+step "build (-Werror) in build/"
+KDEC_BUILD_DIR=$src/build "$src/contrib/bootstrap.sh" --enable-werror
+step "make check"
+make -C build -j"$jobs" check || { cat build/test-suite.log; exit 1; }
+
+step "sanitizer build (ASan + UBSan) in build-san/ and make check"
+KDEC_BUILD_DIR=$src/build-san "$src/contrib/bootstrap.sh" --enable-werror --enable-sanitizers
+make -C build-san -j"$jobs" check || { cat build-san/test-suite.log; exit 1; }
+
+step "make distcheck"
+make -C build -j"$jobs" distcheck DISTCHECK_CONFIGURE_FLAGS=--enable-werror >build/distcheck.log 2>&1 \
+	|| { tail -n 60 build/distcheck.log; exit 1; }
+grep -A3 "archives ready for distribution" build/distcheck.log || true
+step "all passed"

@@ -1,0 +1,97 @@
+#!/bin/sh
+# The tools as a user runs them: kdbench logits/generate output formats, kdecd's
+# lifecycle, and bad input (corrupt files, bad ids, bad flags) failing with one clear
+# line and a plain exit status, never a crash.
+set -u
+top_srcdir=${top_srcdir:-.}
+top_builddir=${top_builddir:-.}
+B=$top_builddir
+M=$top_srcdir/tests/data/golden/llama3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+passes=0
+
+ok() { passes=$((passes + 1)); }
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+
+# expect_error STATUS TEXT CMD...: exits with STATUS, stderr's last line contains TEXT
+expect_error() {
+	want=$1 text=$2
+	shift 2
+	"$@" >"$tmp/out" 2>"$tmp/err"
+	st=$?
+	if [ "$st" -ne "$want" ]; then
+		fail "$* -> exit $st, want $want; stderr: $(tail -n 3 "$tmp/err")"
+	elif ! tail -n 1 "$tmp/err" | grep -q -- "$text"; then
+		fail "$* -> stderr lacks '$text': $(tail -n 3 "$tmp/err")"
+	else
+		ok
+	fi
+}
+
+# ---- kdbench logits: format and prefill == incremental ----
+"$B/kdbench" logits --model "$M" --tokens 5,17,300,2,9 --out "$tmp/p.f32" --threads 2 2>"$tmp/err" \
+	|| fail "logits prefill: $(cat "$tmp/err")"
+"$B/kdbench" logits --model "$M" --tokens 5,17,300,2,9 --out "$tmp/i.f32" --incremental 2>"$tmp/err" \
+	|| fail "logits incremental: $(cat "$tmp/err")"
+size=$(wc -c <"$tmp/p.f32")
+[ "$size" -eq $((5 * 512 * 4)) ] && ok || fail "logits file is $size bytes, want $((5 * 512 * 4))"
+cmp -s "$tmp/p.f32" "$tmp/i.f32" && ok || fail "prefill and incremental logits differ"
+
+# ---- kdbench generate: ids on stdout, timing on stderr ----
+"$B/kdbench" generate --model "$M" --prompt 1,2,3 --max-tokens 8 >"$tmp/gen" 2>"$tmp/err" \
+	|| fail "generate: $(cat "$tmp/err")"
+grep -Eq '^[0-9]+( [0-9]+){7}$' "$tmp/gen" && ok || fail "generate stdout: '$(cat "$tmp/gen")'"
+grep -q 'tokens/s' "$tmp/err" && ok || fail "generate stderr lacks tokens/s"
+
+# ---- bad arguments ----
+expect_error 2 "unknown command" "$B/kdbench" frobnicate --model "$M"
+expect_error 2 "--model DIR is required" "$B/kdbench" logits --tokens 1 --out "$tmp/x"
+expect_error 2 "bad id" "$B/kdbench" logits --model "$M" --tokens 1,x,3 --out "$tmp/x"
+expect_error 2 "trailing comma" "$B/kdbench" logits --model "$M" --tokens 1,2, --out "$tmp/x"
+expect_error 2 "--threads" "$B/kdbench" generate --model "$M" --prompt 1 --max-tokens 2 --threads 0
+expect_error 1 "outside the vocabulary" "$B/kdbench" logits --model "$M" --tokens 1,512 --out "$tmp/x"
+expect_error 1 "config.json: No such file" "$B/kdbench" generate --model "$tmp" --prompt 1 --max-tokens 1
+mkdir "$tmp/noweights"; cp "$M/config.json" "$tmp/noweights/"
+expect_error 1 "no model.safetensors" "$B/kdbench" generate --model "$tmp/noweights" --prompt 1 --max-tokens 1
+expect_error 1 "unknown backend 'tpu'" "$B/kdbench" generate --model "$M" --prompt 1 --max-tokens 1 --backend tpu
+
+# ---- damaged checkpoints: one line naming the file (and tensor) ----
+mk() { rm -rf "$tmp/m"; mkdir "$tmp/m"; cp "$M/config.json" "$M/model.safetensors" "$tmp/m/"; chmod u+w "$tmp/m"/*; }
+mk; head -c 100000 "$M/model.safetensors" >"$tmp/m/model.safetensors"
+expect_error 1 "model.safetensors" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
+mk; head -c 4 "$M/model.safetensors" >"$tmp/m/model.safetensors"
+expect_error 1 "model.safetensors" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
+mk; sed 's/"num_hidden_layers": 3/"num_hidden_layers": 4/' "$M/config.json" >"$tmp/m/config.json"
+expect_error 1 "model.layers.3" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
+mk; sed 's/"hidden_size": 128/"hidden_size": 64/' "$M/config.json" >"$tmp/m/config.json"
+expect_error 1 "shape" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
+mk; sed '/"num_attention_heads"/d' "$M/config.json" >"$tmp/m/config.json"
+expect_error 1 "num_attention_heads" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
+mk; printf '{ "model_type": "llama", ' >"$tmp/m/config.json"
+expect_error 1 "config.json" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
+
+# ---- synthetic weights from a full-size config, cut to 1 layer ----
+"$B/kdbench" generate --model "$top_srcdir/tests/data/tiny/kimi_k2.json" --synthetic-weights \
+	--prompt 1,2,3 --max-tokens 4 >"$tmp/gen" 2>"$tmp/err" && ok || fail "synthetic generate: $(cat "$tmp/err")"
+
+# ---- kdecd: --check, then a foreground run stopped by SIGTERM ----
+"$B/kdecd" --model "$M" --check 2>"$tmp/err" && ok || fail "kdecd --check: $(cat "$tmp/err")"
+expect_error 1 "no model.safetensors" "$B/kdecd" --model "$tmp/noweights" --check
+: >"$tmp/daemon.err"
+"$B/kdecd" --model "$M" --threads 1 2>"$tmp/daemon.err" &
+pid=$!
+i=0
+while [ $i -lt 100 ] && ! grep -q running "$tmp/daemon.err"; do sleep 0.1; i=$((i + 1)); done
+kill -TERM $pid
+wait $pid
+st=$?
+[ $st -eq 0 ] && grep -q "shutting down" "$tmp/daemon.err" && ok || fail "kdecd SIGTERM: exit $st: $(cat "$tmp/daemon.err")"
+
+# ---- client tools ----
+"$B/kdctl" --version | grep -q "protocol" && ok || fail "kdctl --version"
+"$B/kdrun" --version | grep -q "protocol" && ok || fail "kdrun --version"
+
+echo "cli_check: $passes passed, $fails failed" >&2
+[ $fails -eq 0 ]
