@@ -220,8 +220,11 @@ static int cmd_logits(const struct bench_args *a, struct engine *e, const int32_
 		return -EINVAL;
 	}
 	logits = malloc((size_t)n * vocab * sizeof(float));
-	if (!logits)
+	if (!logits) {
+		fprintf(stderr, "kdbench logits: %d x %zu logits need %.2f GiB: out of memory\n", n, vocab,
+			(double)n * (double)vocab * sizeof(float) / (1u << 30));
 		return -ENOMEM;
+	}
 	engine_seq_init(&seq);
 	if (a->incremental) {
 		for (int t = 0; t < n && !ret; t++) {

@@ -329,7 +329,13 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 			      : model_config_load(&m->cfg, path, err, err_len);
 	if (ret)
 		goto err_destroy;
-	m->cfg.rope.freq_dtype = m->cfg.dtype;	/* TEMP: moves into model_config.c */
+	if (!opts->synthetic && m->cfg.fp8_weights) {
+		snprintf(err, err_len, "%s/config.json: quantization_config: fp8 weights (e4m3, "
+			 "128x128 block scales) are not supported yet; they come in a later "
+			 "release (--synthetic-weights benchmarks this config in bf16)", path);
+		ret = -ENOTSUP;
+		goto err_destroy;
+	}
 	if (opts->n_layers > 0 && opts->n_layers < m->cfg.n_layers)
 		m->cfg.n_layers = opts->n_layers;
 	if ((ret = model_alloc_layers(m)))

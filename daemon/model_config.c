@@ -1,6 +1,7 @@
 /* config.json -> struct model_config, following what Hugging Face transformers reads.
  * Every value is type- and range-checked; every error is one line naming the key. */
 #include "daemon/model_config.h"
+#include "daemon/model_config_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,14 +22,7 @@
 #define CFG_MAX_HEAD_DIM 1024
 #define CFG_MAX_WIDTH (1 << 20)		/* intermediate sizes */
 #define CFG_MAX_EXPERTS (1 << 14)
-#define CFG_MAX_POS (1 << 30)
 #define CFG_MAX_TOKEN_ID (1 << 30)
-
-struct cfg_parse {
-	char *err;
-	size_t err_len;
-	const char *prefix;	/* "" at top level, "rope_scaling." inside rope */
-};
 
 static const struct {
 	const char *name;
@@ -61,10 +55,7 @@ static void cfg_flatten(char *s)
 			*s = '?';
 }
 
-static int cfg_fail(struct cfg_parse *p, int rc, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static int cfg_fail(struct cfg_parse *p, int rc, const char *fmt, ...)
+int cfg_fail(struct cfg_parse *p, int rc, const char *fmt, ...)
 {
 	va_list ap;
 	int n;
@@ -82,7 +73,7 @@ static int cfg_fail(struct cfg_parse *p, int rc, const char *fmt, ...)
 }
 
 /* A short rendering of a JSON value for messages. */
-static const char *cfg_show(const json_t *v, char *buf, size_t n)
+const char *cfg_show(const json_t *v, char *buf, size_t n)
 {
 	switch (json_typeof(v)) {
 	case JSON_INTEGER:
@@ -114,7 +105,7 @@ static const char *cfg_show(const json_t *v, char *buf, size_t n)
 }
 
 /* NULL when the key is absent or JSON null: both mean "use the default". */
-static json_t *obj_get(const json_t *obj, const char *key)
+json_t *cfg_obj_get(const json_t *obj, const char *key)
 {
 	json_t *v = obj ? json_object_get(obj, key) : NULL;
 
@@ -122,7 +113,7 @@ static json_t *obj_get(const json_t *obj, const char *key)
 }
 
 /* 8 and 8.0 say the same thing. */
-static int values_equal(const json_t *a, const json_t *b)
+int cfg_values_equal(const json_t *a, const json_t *b)
 {
 	if (json_is_number(a) && json_is_number(b))
 		return json_number_value(a) == json_number_value(b);
@@ -134,13 +125,13 @@ static int values_equal(const json_t *a, const json_t *b)
 static int cfg_get(struct cfg_parse *p, const json_t *obj, const char *key,
 		   const char *alias, json_t **v, const char **used)
 {
-	json_t *a = obj_get(obj, key);
-	json_t *b = alias ? obj_get(obj, alias) : NULL;
+	json_t *a = cfg_obj_get(obj, key);
+	json_t *b = alias ? cfg_obj_get(obj, alias) : NULL;
 	char sa[64], sb[64];
 
 	*v = NULL;
 	*used = key;
-	if (a && b && !values_equal(a, b))
+	if (a && b && !cfg_values_equal(a, b))
 		return cfg_fail(p, -EINVAL, "%s%s and %s%s are contradictory (%s vs %s)",
 				p->prefix, key, p->prefix, alias, cfg_show(a, sa, sizeof(sa)),
 				cfg_show(b, sb, sizeof(sb)));
@@ -197,7 +188,7 @@ static int cfg_req_int(struct cfg_parse *p, const json_t *obj, const char *key,
 }
 
 /* Number key in [lo, hi]. Returns 0 (set), 1 (absent) or -errno. */
-static int cfg_num(struct cfg_parse *p, const json_t *obj, const char *key,
+int cfg_num(struct cfg_parse *p, const json_t *obj, const char *key,
 		   const char *alias, double lo, double hi, double *out)
 {
 	const char *name;
@@ -232,7 +223,7 @@ static int cfg_req_num(struct cfg_parse *p, const json_t *obj, const char *key,
 }
 
 /* Boolean key; absent leaves *out untouched. Returns 0 or -errno. */
-static int cfg_bool(struct cfg_parse *p, const json_t *obj, const char *key, int *out)
+int cfg_bool(struct cfg_parse *p, const json_t *obj, const char *key, int *out)
 {
 	const char *name;
 	char s[64];
@@ -250,7 +241,7 @@ static int cfg_bool(struct cfg_parse *p, const json_t *obj, const char *key, int
 }
 
 /* String key (or alias); *out NULL when absent. */
-static int cfg_str(struct cfg_parse *p, const json_t *obj, const char *key,
+int cfg_str(struct cfg_parse *p, const json_t *obj, const char *key,
 		   const char *alias, const char **out)
 {
 	const char *name;
@@ -314,7 +305,7 @@ static int parse_dtype(struct cfg_parse *p, const json_t *root, struct model_con
 /* eos_token_id: one id, a list of ids, or null. */
 static int parse_eos(struct cfg_parse *p, const json_t *root, struct model_config *cfg)
 {
-	json_t *v = obj_get(root, "eos_token_id");
+	json_t *v = cfg_obj_get(root, "eos_token_id");
 	json_t *box, *e;
 	size_t i;
 	int rc;
@@ -505,7 +496,7 @@ static int parse_experts(struct cfg_parse *p, const json_t *root, struct model_c
 
 static int parse_moe_qwen3(struct cfg_parse *p, const json_t *root, struct model_config *cfg)
 {
-	json_t *list = obj_get(root, "mlp_only_layers");
+	json_t *list = cfg_obj_get(root, "mlp_only_layers");
 	json_t *e;
 	size_t i;
 	int rc;
@@ -602,7 +593,7 @@ static int parse_moe_deepseek_v2(struct cfg_parse *p, const json_t *root,
 	int rc;
 
 	/* No routed experts: a dense DeepSeek-V2. */
-	if (!obj_get(root, "n_routed_experts") && !obj_get(root, "num_local_experts"))
+	if (!cfg_obj_get(root, "n_routed_experts") && !cfg_obj_get(root, "num_local_experts"))
 		return 0;
 	rc = parse_experts(p, root, cfg, "n_routed_experts", "num_local_experts");
 	if (!rc)
@@ -614,6 +605,10 @@ static int parse_moe_deepseek_v2(struct cfg_parse *p, const json_t *root,
 		rc = cfg_str(p, root, "scoring_func", NULL, &s);
 	if (rc)
 		return rc;
+	/* HF's port (DeepseekV2TopkRouter) never renormalises and always applies
+	 * routed_scaling_factor; the original remote code renormalised when the flag was
+	 * set. Every published V2 config has it false, so follow HF, as the references do. */
+	cfg->route.norm_topk_prob = 0;
 	if (s && strcmp(s, "softmax"))
 		return cfg_fail(p, -ENOTSUP, "scoring_func: '%.40s' is not supported for "
 				"deepseek_v2 (softmax)", s);
@@ -694,251 +689,11 @@ static int parse_moe(struct cfg_parse *p, const json_t *root, struct model_confi
 	return 0;
 }
 
-/* Where rope values come from: rope_parameters (newer files) and/or rope_scaling (hub). */
-struct rope_src {
-	json_t *rp;
-	json_t *rs;
-	json_t *merged;		/* rs overlaid by rp; owned */
-};
-
-static void rope_prefix(struct cfg_parse *p, const struct rope_src *r, const char *key)
+/* fp8 is accepted so that the config is complete: model_load refuses to load such
+ * weights, but synthetic weights can benchmark the shapes in bf16. */
+static int parse_quant(struct cfg_parse *p, const json_t *root, struct model_config *cfg)
 {
-	p->prefix = (r->rp && json_object_get(r->rp, key)) || !r->rs ? "rope_parameters."
-								   : "rope_scaling.";
-}
-
-/* The type named in one rope dict through "rope_type" or "type". */
-static int rope_type_of(struct cfg_parse *p, const json_t *d, const char *dname,
-			const char **out)
-{
-	int rc;
-
-	*out = NULL;
-	if (!d)
-		return 0;
-	p->prefix = dname;
-	rc = cfg_str(p, d, "rope_type", "type", out);
-	p->prefix = "";
-	return rc;
-}
-
-/* Both spellings given: every key they share must agree. */
-static int rope_check_both(struct cfg_parse *p, const struct rope_src *r,
-			   const char *tp, const char *ts)
-{
-	const char *key;
-	char sa[64], sb[64];
-	json_t *vs, *vp;
-
-	if (tp && ts && strcmp(tp, ts))
-		return cfg_fail(p, -EINVAL, "rope_parameters and rope_scaling are contradictory "
-				"(type '%.40s' vs '%.40s')", tp, ts);
-	json_object_foreach(r->rs, key, vs) {
-		if (!strcmp(key, "type") || !strcmp(key, "rope_type"))
-			continue;
-		vp = obj_get(r->rp, key);
-		if (vp && !json_is_null(vs) && !values_equal(vp, vs))
-			return cfg_fail(p, -EINVAL, "rope_parameters.%.60s and rope_scaling.%.60s "
-					"are contradictory (%s vs %s)", key, key,
-					cfg_show(vp, sa, sizeof(sa)), cfg_show(vs, sb, sizeof(sb)));
-	}
-	return 0;
-}
-
-static int rope_num(struct cfg_parse *p, const struct rope_src *r, const char *key,
-		    double lo, double hi, double *out, int required)
-{
-	int rc;
-
-	rope_prefix(p, r, key);
-	rc = cfg_num(p, r->merged, key, NULL, lo, hi, out);
-	if (rc == 1 && required)
-		rc = cfg_fail(p, -EINVAL, "%s%s: required but missing", p->prefix, key);
-	p->prefix = "";
-	return rc;
-}
-
-static int rope_llama3(struct cfg_parse *p, const struct rope_src *r, struct k_rope_params *k)
-{
-	int rc;
-
-	rc = rope_num(p, r, "factor", 1e-6, 1e6, &k->factor, 1);
-	if (!rc)
-		rc = rope_num(p, r, "low_freq_factor", 1e-6, 1e6, &k->low_freq_factor, 1);
-	if (!rc)
-		rc = rope_num(p, r, "high_freq_factor", 1e-6, 1e6, &k->high_freq_factor, 1);
-	if (!rc)
-		rc = rope_num(p, r, "original_max_position_embeddings", 1, CFG_MAX_POS,
-			      &k->original_max_pos, 1);
-	if (rc)
-		return rc;
-	if (k->high_freq_factor <= k->low_freq_factor) {
-		rope_prefix(p, r, "high_freq_factor");
-		rc = cfg_fail(p, -EINVAL, "%shigh_freq_factor: %g must be above "
-			      "low_freq_factor %g", p->prefix, k->high_freq_factor,
-			      k->low_freq_factor);
-		p->prefix = "";
-	}
-	return rc;
-}
-
-static int rope_yarn(struct cfg_parse *p, const struct rope_src *r, struct k_rope_params *k,
-		     int max_pos)
-{
-	int rc;
-
-	k->original_max_pos = max_pos;
-	k->beta_fast = 0;
-	k->beta_slow = 0;
-	k->attention_factor = -1;
-	k->truncate = 1;
-	rc = rope_num(p, r, "factor", 1e-6, 1e6, &k->factor, 1);
-	if (rc >= 0)
-		rc = rope_num(p, r, "original_max_position_embeddings", 1, CFG_MAX_POS,
-			      &k->original_max_pos, 0);
-	if (rc >= 0)
-		rc = rope_num(p, r, "beta_fast", 0, 1e6, &k->beta_fast, 0);
-	if (rc >= 0)
-		rc = rope_num(p, r, "beta_slow", 0, 1e6, &k->beta_slow, 0);
-	if (rc >= 0)
-		rc = rope_num(p, r, "mscale", 0, 1e3, &k->mscale, 0);
-	if (rc >= 0)
-		rc = rope_num(p, r, "mscale_all_dim", 0, 1e3, &k->mscale_all_dim, 0);
-	if (rc >= 0)
-		rc = rope_num(p, r, "attention_factor", 1e-6, 1e6, &k->attention_factor, 0);
-	if (rc < 0)
-		return rc;
-	/* transformers: `beta_fast or 32`, so 0 also means the default. */
-	if (k->beta_fast == 0)
-		k->beta_fast = 32;
-	if (k->beta_slow == 0)
-		k->beta_slow = 1;
-	rope_prefix(p, r, "truncate");
-	rc = cfg_bool(p, r->merged, "truncate", &k->truncate);
-	p->prefix = "";
-	return rc;
-}
-
-/* rope_theta: top level, or inside rope_parameters; 10000 if neither says. */
-static int rope_theta(struct cfg_parse *p, const json_t *root, const struct rope_src *r,
-		      double *theta)
-{
-	double top = 0, in = 0;
-	int rc_top, rc_in;
-
-	rc_top = cfg_num(p, root, "rope_theta", NULL, 1e-6, 1e12, &top);
-	if (rc_top < 0)
-		return rc_top;
-	rc_in = rope_num(p, r, "rope_theta", 1e-6, 1e12, &in, 0);
-	if (rc_in < 0)
-		return rc_in;
-	if (rc_top == 0 && rc_in == 0 && top != in)
-		return cfg_fail(p, -EINVAL, "rope_theta and %s.rope_theta are contradictory "
-				"(%g vs %g)", r->rp ? "rope_parameters" : "rope_scaling", top, in);
-	*theta = rc_in == 0 ? in : (rc_top == 0 ? top : 10000.0);
-	return 0;
-}
-
-static int rope_partial(struct cfg_parse *p, const json_t *root, const struct rope_src *r)
-{
-	double f = 1.0;
-	int rc;
-
-	rc = cfg_num(p, root, "partial_rotary_factor", NULL, 0, 1e6, &f);
-	if (rc == 1)
-		rc = rope_num(p, r, "partial_rotary_factor", 0, 1e6, &f, 0);
-	if (rc < 0)
-		return rc;
-	if (f != 1.0)
-		return cfg_fail(p, -ENOTSUP, "partial_rotary_factor: %g is not supported (1 only)",
-				f);
-	return 0;
-}
-
-static int rope_body(struct cfg_parse *p, const json_t *root, struct rope_src *r,
-		     struct model_config *cfg)
-{
-	struct k_rope_params *k = &cfg->rope;
-	const char *tp, *ts, *t;
-	int rc;
-
-	rc = rope_type_of(p, r->rp, "rope_parameters.", &tp);
-	if (!rc)
-		rc = rope_type_of(p, r->rs, "rope_scaling.", &ts);
-	if (!rc && r->rp && r->rs)
-		rc = rope_check_both(p, r, tp, ts);
-	if (!rc)
-		rc = rope_theta(p, root, r, &k->theta);
-	if (!rc)
-		rc = rope_partial(p, root, r);
-	if (rc)
-		return rc;
-	t = tp ? tp : ts;
-	if (!t || !strcmp(t, "default")) {
-		k->type = K_ROPE_DEFAULT;
-	} else if (!strcmp(t, "linear")) {
-		k->type = K_ROPE_LINEAR;
-		rc = rope_num(p, r, "factor", 1e-6, 1e6, &k->factor, 1);
-	} else if (!strcmp(t, "llama3")) {
-		k->type = K_ROPE_LLAMA3;
-		rc = rope_llama3(p, r, k);
-	} else if (!strcmp(t, "yarn")) {
-		k->type = K_ROPE_YARN;
-		rc = rope_yarn(p, r, k, cfg->max_position_embeddings);
-	} else {
-		rc = cfg_fail(p, -ENOTSUP, "%s.rope_type: '%.40s' is not supported (default, "
-			      "linear, llama3, yarn)", tp ? "rope_parameters" : "rope_scaling", t);
-	}
-	if (rc)
-		return rc;
-	if (k->dim <= 0 || k->dim % 2)
-		return cfg_fail(p, -EINVAL, "%s: rotary dim %d must be even",
-				cfg->mla ? "qk_rope_head_dim" : "head_dim", k->dim);
-	return 0;
-}
-
-static int parse_rope(struct cfg_parse *p, const json_t *root, struct model_config *cfg)
-{
-	struct rope_src r = { obj_get(root, "rope_parameters"), obj_get(root, "rope_scaling"),
-			      NULL };
-	int rc;
-
-	if (r.rp && !json_is_object(r.rp))
-		return cfg_fail(p, -EINVAL, "rope_parameters: expected an object or null");
-	if (r.rs && !json_is_object(r.rs))
-		return cfg_fail(p, -EINVAL, "rope_scaling: expected an object or null");
-	r.merged = json_object();
-	if (!r.merged)
-		return -ENOMEM;
-	if ((r.rs && json_object_update(r.merged, r.rs)) ||
-	    (r.rp && json_object_update(r.merged, r.rp))) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	rc = rope_body(p, root, &r, cfg);
-out:
-	p->prefix = "";
-	json_decref(r.merged);
-	return rc;
-}
-
-/* Softmax scale; MLA folds YaRN's mscale(factor, mscale_all_dim)^2 into it. */
-static void set_attn_scale(struct model_config *cfg)
-{
-	const struct k_rope_params *k = &cfg->rope;
-	double s = 1.0 / sqrt((double)cfg->head_dim);
-	double m;
-
-	if (cfg->mla && k->type != K_ROPE_DEFAULT && k->mscale_all_dim != 0) {
-		m = k->factor > 1 ? 0.1 * k->mscale_all_dim * log(k->factor) + 1.0 : 1.0;
-		s *= m * m;
-	}
-	cfg->attn_scale = (float)s;
-}
-
-static int parse_quant(struct cfg_parse *p, const json_t *root)
-{
-	json_t *q = obj_get(root, "quantization_config");
+	json_t *q = cfg_obj_get(root, "quantization_config");
 	const char *m = NULL;
 	int rc;
 
@@ -951,15 +706,16 @@ static int parse_quant(struct cfg_parse *p, const json_t *root)
 	p->prefix = "";
 	if (rc)
 		return rc;
-	if (m && !strcmp(m, "fp8"))
-		return cfg_fail(p, -ENOTSUP, "quantization_config: fp8 weights (e4m3, 128x128 "
-				"block scales) are not supported yet; they come in a later release");
+	if (m && !strcmp(m, "fp8")) {
+		cfg->fp8_weights = 1;
+		return 0;
+	}
 	return cfg_fail(p, -ENOTSUP, "quantization_config: quant_method '%.40s' is not "
-			"supported (unquantized weights only)", m ? m : "(none)");
+			"supported (unquantized or fp8 weights only)", m ? m : "(none)");
 }
 
-/* Quantization is checked last: on its -ENOTSUP the rest of cfg is complete, so a
- * caller that only wants the shapes (synthetic weights) may still use it. */
+/* Quantization is checked last: on its -ENOTSUP (a quant_method other than fp8) the
+ * rest of cfg is complete, so a caller that only wants the shapes may still use it. */
 static int parse_root(struct cfg_parse *p, const json_t *root, struct model_config *cfg)
 {
 	int rc;
@@ -977,11 +733,10 @@ static int parse_root(struct cfg_parse *p, const json_t *root, struct model_conf
 	if (!rc)
 		rc = parse_moe(p, root, cfg);
 	if (!rc)
-		rc = parse_rope(p, root, cfg);
+		rc = cfg_parse_rope(p, root, cfg);
 	if (rc)
 		return rc;
-	set_attn_scale(cfg);
-	return parse_quant(p, root);
+	return parse_quant(p, root, cfg);
 }
 
 int model_config_parse(struct model_config *cfg, const char *json, size_t len,

@@ -62,6 +62,11 @@ struct model_config {
 	int decoder_sparse_step;	/* qwen3_moe: MoE where (l + 1) % step == 0 */
 	uint8_t mlp_only[MODEL_MAX_LAYERS / 8];	/* qwen3_moe mlp_only_layers bitmap */
 	struct k_moe_route_params route;	/* bias pointer left NULL here */
+
+	/* quantization_config says fp8 e4m3 weights with block scales. The weights cannot
+	 * be loaded yet, but the config is complete, so --synthetic-weights can benchmark
+	 * it in bf16. */
+	int fp8_weights;
 };
 
 /* Parses config.json text (len bytes, need not be NUL-terminated).

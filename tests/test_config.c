@@ -110,7 +110,8 @@ static void test_llama(void)
 	CHECK(a.arch == ARCH_LLAMA && !strcmp(a.model_type, "llama"), "arch");
 	CHECK(a.head_dim == 16 && a.n_kv_heads == 2 && a.n_layers == 3, "dims");
 	CHECK(a.dtype == K_BF16 && a.bos_token_id == -1 && a.n_eos == 0, "defaults");
-	CHECK(!a.tie_word_embeddings && !a.qk_norm && !a.mla && !a.n_experts, "flags");
+	CHECK(!a.tie_word_embeddings && !a.qk_norm && !a.mla && !a.n_experts &&
+	      !a.fp8_weights, "flags");
 	CHECK(a.rope.type == K_ROPE_LLAMA3 && a.rope.dim == 16 && !a.rope.interleaved, "rope");
 	CHECK_NEAR(a.rope.theta, 500000, 0, "theta");
 	CHECK_NEAR(a.rope.factor, 8, 0, "factor");
@@ -144,6 +145,19 @@ static void test_llama(void)
 	EXPECT_OK(&b, LLAMA, "{\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4,"
 		  "\"truncate\":false,\"attention_factor\":1.5}}");
 	CHECK(!b.rope.truncate && b.rope.attention_factor == 1.5, "yarn options");
+	/* No factor: transformers stretches max_position_embeddings over the original. */
+	EXPECT_OK(&b, LLAMA, "{\"rope_scaling\":{\"type\":\"yarn\",\"factor\":null,"
+		  "\"original_max_position_embeddings\":1024}}");
+	CHECK(b.rope.factor == 4 && b.rope.original_max_pos == 1024, "yarn derived factor");
+	EXPECT_OK(&b, LLAMA, "{\"rope_scaling\":{\"type\":\"yarn\","
+		  "\"original_max_position_embeddings\":512}}");
+	CHECK(b.rope.factor == 8, "yarn factor absent");
+	EXPECT_OK(&b, LLAMA, "{\"rope_scaling\":{\"type\":\"yarn\",\"factor\":2,"
+		  "\"original_max_position_embeddings\":512}}");
+	CHECK(b.rope.factor == 2, "explicit yarn factor wins");
+	EXPECT_ERR(LLAMA, "{\"max_position_embeddings\":1073741824,\"rope_scaling\":"
+		   "{\"type\":\"yarn\",\"original_max_position_embeddings\":1}}", -EINVAL,
+		   "rope_scaling.factor: missing", "out of range");
 
 	EXPECT_OK(&b, LLAMA, "{\"dtype\":\"float16\",\"tie_word_embeddings\":true,"
 		  "\"bos_token_id\":5,\"eos_token_id\":[7,8,9],\"hidden_size\":128.0}");
@@ -152,7 +166,10 @@ static void test_llama(void)
 	EXPECT_OK(&b, LLAMA, "{\"torch_dtype\":\"float32\",\"eos_token_id\":2,"
 		  "\"head_dim\":32,\"num_key_value_heads\":null}");
 	CHECK(b.dtype == K_F32 && b.n_eos == 1 && b.eos_token_ids[0] == 2, "torch_dtype");
+	CHECK(a.rope.freq_dtype == K_BF16 && b.rope.freq_dtype == K_F32, "freq_dtype");
 	CHECK(b.head_dim == 32 && b.n_kv_heads == 8 && b.rope.dim == 32, "head_dim key");
+	EXPECT_OK(&b, LLAMA, "{\"quantization_config\":{\"quant_method\":\"fp8\"}}");
+	CHECK(b.fp8_weights && b.rope.type == K_ROPE_LLAMA3, "fp8 parses");
 }
 
 static void test_errors(void)
@@ -196,8 +213,6 @@ static void test_errors(void)
 	EXPECT_ERR(LLAMA, "{\"hidden_act\":\"gelu\"}", -ENOTSUP, "hidden_act", "'gelu'");
 	EXPECT_ERR(LLAMA, "{\"tie_word_embeddings\":\"yes\"}", -EINVAL, "tie_word_embeddings",
 		   NULL);
-	EXPECT_ERR(LLAMA, "{\"quantization_config\":{\"quant_method\":\"fp8\"}}", -ENOTSUP,
-		   "quantization_config: fp8 weights", "later release");
 	EXPECT_ERR(LLAMA, "{\"quantization_config\":{\"quant_method\":\"awq\"}}", -ENOTSUP,
 		   "quantization_config", "'awq'");
 	EXPECT_ERR("[1,2]", NULL, -EINVAL, "JSON object", NULL);
@@ -284,6 +299,9 @@ static void test_deepseek(void)
 	      !c.route.norm_topk_prob && c.n_shared_experts == 2, "v2 route");
 	CHECK(!model_config_layer_is_moe(&c, 0) && model_config_layer_is_moe(&c, 1), "dense 0");
 	CHECK_NEAR(c.attn_scale, 1 / sqrt(48.0), 1e-7, "v2 scale");
+	/* transformers' V2 router ignores norm_topk_prob but always scales. */
+	EXPECT_OK(&c, DSV2, "{\"norm_topk_prob\":true,\"routed_scaling_factor\":16}");
+	CHECK(!c.route.norm_topk_prob && c.route.routed_scaling == 16, "v2 no renorm");
 	EXPECT_OK(&c, DSV2, "{\"topk_method\":\"group_limited_greedy\",\"n_group\":4,"
 		  "\"topk_group\":2,\"moe_layer_freq\":2,\"first_k_dense_replace\":0}");
 	CHECK(c.route.select == K_MOE_GROUP_MAX && c.route.n_group == 4 &&
@@ -378,7 +396,7 @@ static void test_real(void)
 	int rc;
 
 	rc = parse_real(&c, "llama3.1-8b.json");
-	CHECK(rc == 0 && c.rope.type == K_ROPE_LLAMA3 && c.rope.factor == 8 &&
+	CHECK(rc == 0 && !c.fp8_weights && c.rope.type == K_ROPE_LLAMA3 && c.rope.factor == 8 &&
 	      c.rope.original_max_pos == 8192 && c.head_dim == 128 && c.n_kv_heads == 8,
 	      "llama3.1-8b: %s", err);
 	rc = parse_real(&c, "llama3.1-70b.json");
@@ -397,9 +415,9 @@ static void test_real(void)
 	CHECK_NEAR(c.attn_scale, m * m / sqrt(192.0), 1e-7, "v2-lite scale");
 	CHECK_NEAR(c.rope.mscale, 0.707, 0, "v2-lite mscale");
 
-	/* fp8 checkpoints: refused, but the shapes are all parsed (checked last). */
+	/* fp8 checkpoints parse; model_load refuses their weights. */
 	rc = parse_real(&c, "deepseek-v3.json");
-	CHECK(rc == -ENOTSUP && strstr(err, "fp8"), "v3: rc %d %s", rc, err);
+	CHECK(rc == 0 && c.fp8_weights, "v3: rc %d %s", rc, err);
 	m = 0.1 * log(40.0) + 1;
 	CHECK_NEAR(c.attn_scale, m * m / sqrt(192.0), 1e-7, "v3 scale");
 	CHECK(c.rope.type == K_ROPE_YARN && c.rope.factor == 40 && c.rope.beta_fast == 32 &&
@@ -411,7 +429,7 @@ static void test_real(void)
 	CHECK(!model_config_layer_is_moe(&c, 2) && model_config_layer_is_moe(&c, 3) &&
 	      model_config_layer_is_moe(&c, 60), "v3 layers");
 	rc = parse_real(&c, "kimi-k2.json");
-	CHECK(rc == -ENOTSUP, "kimi: %s", err);
+	CHECK(rc == 0 && c.fp8_weights, "kimi: rc %d %s", rc, err);
 	CHECK(c.arch == ARCH_KIMI_K2 && c.n_experts == 384 && c.n_heads == 64 &&
 	      c.rope.theta == 50000 && c.rope.factor == 32 && c.rope.beta_fast == 1, "kimi");
 	CHECK_NEAR(c.route.routed_scaling, 2.827, 1e-6, "kimi routed");
