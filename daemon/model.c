@@ -277,32 +277,39 @@ static int model_alloc_layers(struct model *m)
 	return 0;
 }
 
+static int count_tensor(void *ctx, const char *name, struct model_tensor *slot,
+			int64_t rows, int64_t cols)
+{
+	(void)name;
+	(void)slot;
+	*(int64_t *)ctx += rows * cols;
+	return 0;
+}
+
+int model_count_params(const struct model_config *cfg, int64_t *params)
+{
+	struct model *m = calloc(1, sizeof(*m));
+	int ret;
+
+	*params = 0;
+	if (!m)
+		return -ENOMEM;
+	m->cfg = *cfg;
+	ret = model_alloc_layers(m);
+	if (!ret)
+		ret = model_for_each_tensor(m, count_tensor, params);
+	model_destroy(m);
+	return ret;
+}
+
 /* A synthetic model may be given its config.json path or its directory. */
 static int load_config(struct model *m, const char *path, char *err, size_t err_len)
 {
 	struct stat st;
-	char *text;
-	FILE *f;
-	size_t n;
-	int ret;
 
 	if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
 		return model_config_load(&m->cfg, path, err, err_len);
-	f = fopen(path, "rb");
-	if (!f) {
-		snprintf(err, err_len, "%s: %s", path, strerror(errno));
-		return -errno;
-	}
-	text = malloc(4u << 20);
-	if (!text) {
-		fclose(f);
-		return -ENOMEM;
-	}
-	n = fread(text, 1, 4u << 20, f);
-	fclose(f);
-	ret = model_config_parse(&m->cfg, text, n, err, err_len);
-	free(text);
-	return ret;
+	return model_config_load_file(&m->cfg, path, err, err_len);
 }
 
 int model_load(struct model **out, const char *path, const struct model_load_opts *opts,

@@ -80,6 +80,10 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 	       char *err, size_t err_len);
 void model_destroy(struct model *m);	/* accepts NULL and half-built models */
 
+/* Parameters (elements) of all the weights cfg needs, counted over the same tensor list
+ * that loading binds, without allocating them. 0 or -ENOMEM. */
+int model_count_params(const struct model_config *cfg, int64_t *params);
+
 /* Fills every tensor of m from a synthetic buffer (model_synthetic.c). */
 int model_synthesize(struct model *m, uint64_t seed, char *err, size_t err_len);
 

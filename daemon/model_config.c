@@ -764,8 +764,15 @@ int model_config_parse(struct model_config *cfg, const char *json, size_t len,
 
 int model_config_load(struct model_config *cfg, const char *dir, char *err, size_t err_len)
 {
-	char none[1];
 	char path[4096];
+
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	return model_config_load_file(cfg, path, err, err_len);
+}
+
+int model_config_load_file(struct model_config *cfg, const char *path, char *err, size_t err_len)
+{
+	char none[1];
 	struct stat st;
 	char *buf;
 	ssize_t n;
@@ -777,7 +784,6 @@ int model_config_load(struct model_config *cfg, const char *dir, char *err, size
 		err = none;
 		err_len = sizeof(none);
 	}
-	snprintf(path, sizeof(path), "%s/config.json", dir);
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		rc = -errno;

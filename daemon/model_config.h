@@ -77,6 +77,9 @@ int model_config_parse(struct model_config *cfg, const char *json, size_t len,
 /* Reads and parses DIR/config.json (capped at 4 MiB). */
 int model_config_load(struct model_config *cfg, const char *dir, char *err, size_t err_len);
 
+/* The same for a config file given by its path. */
+int model_config_load_file(struct model_config *cfg, const char *path, char *err, size_t err_len);
+
 /* Whether layer l has a mixture-of-experts MLP (else a dense one). */
 int model_config_layer_is_moe(const struct model_config *cfg, int l);
 

@@ -154,11 +154,47 @@ out:
 	model_destroy(m);
 }
 
+/* The tensor list of full-size configs, counted: it must add up to the parameter
+ * counts the model authors publish (fp8 scales and DeepSeek's MTP layer excluded). */
+static void check_full_size(const char *top)
+{
+	static const struct {
+		const char *file;
+		double lo, hi;		/* published total, +-0.5% */
+	} cases[] = {
+		{ "llama3.1-8b.json", 8.03e9 * 0.995, 8.03e9 * 1.005 },
+		{ "llama3.1-70b.json", 70.6e9 * 0.995, 70.6e9 * 1.005 },
+		{ "qwen3-8b.json", 8.19e9 * 0.995, 8.19e9 * 1.005 },
+		{ "qwen3-30b-a3b.json", 30.5e9 * 0.995, 30.5e9 * 1.005 },
+		{ "deepseek-v2-lite.json", 15.7e9 * 0.995, 15.7e9 * 1.005 },
+		{ "deepseek-v3.json", 671e9 * 0.995, 671e9 * 1.005 },
+		{ "kimi-k2.json", 1.0e12, 1.05e12 },	/* published as "1T" / 1.04T */
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct model_config cfg;
+		char path[1024], err[512] = "";
+		int64_t n = 0;
+		int ret;
+
+		snprintf(path, sizeof(path), "%s/tests/data/configs/%s", top, cases[i].file);
+		ret = model_config_load_file(&cfg, path, err, sizeof(err));
+		CHECK(ret == 0, "%s: %s", path, err);
+		if (ret)
+			continue;
+		CHECK(model_count_params(&cfg, &n) == 0, "%s: count", cases[i].file);
+		fprintf(stderr, "  %-22s %8.3f B parameters\n", cases[i].file, (double)n / 1e9);
+		CHECK(n >= cases[i].lo && n <= cases[i].hi, "%s: %lld parameters, want %.4g..%.4g",
+		      cases[i].file, (long long)n, cases[i].lo, cases[i].hi);
+	}
+}
+
 int main(void)
 {
 	const char *top = getenv("top_srcdir") ? getenv("top_srcdir") : ".";
 
 	for (size_t i = 0; i < sizeof(configs) / sizeof(configs[0]); i++)
 		check_config(top, configs[i]);
+	check_full_size(top);
 	return test_result("test_synthetic");
 }
