@@ -2,16 +2,14 @@
  * Every value is type- and range-checked; every error is one line naming the key. */
 #include "daemon/model_config.h"
 #include "daemon/model_config_internal.h"
+#include "daemon/file_read.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <jansson.h>
 
@@ -772,51 +770,20 @@ int model_config_load(struct model_config *cfg, const char *dir, char *err, size
 
 int model_config_load_file(struct model_config *cfg, const char *path, char *err, size_t err_len)
 {
-	char none[1];
-	struct stat st;
-	char *buf;
-	ssize_t n;
-	size_t got = 0;
-	int fd, rc;
+	char none[1], *text;
+	size_t len;
+	int rc;
 
 	memset(cfg, 0, sizeof(*cfg));
 	if (!err || !err_len) {
 		err = none;
 		err_len = sizeof(none);
 	}
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		rc = -errno;
-		snprintf(err, err_len, "%s: %s", path, strerror(-rc));
+	rc = file_read_all(path, CFG_MAX_BYTES, &text, &len, err, err_len);
+	if (rc)
 		return rc;
-	}
-	if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size > (off_t)CFG_MAX_BYTES) {
-		snprintf(err, err_len, "%s: not a regular file of at most %u bytes", path,
-			 CFG_MAX_BYTES);
-		rc = -EINVAL;
-		goto err_close;
-	}
-	buf = malloc((size_t)st.st_size + 1);
-	if (!buf) {
-		rc = -ENOMEM;
-		goto err_close;
-	}
-	while (got < (size_t)st.st_size) {
-		n = read(fd, buf + got, (size_t)st.st_size - got);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			rc = n < 0 ? -errno : -EIO;
-			snprintf(err, err_len, "%s: read failed: %s", path, strerror(-rc));
-			goto err_free;
-		}
-		got += (size_t)n;
-	}
-	rc = model_config_parse(cfg, buf, got, err, err_len);
-err_free:
-	free(buf);
-err_close:
-	close(fd);
+	rc = model_config_parse(cfg, text, len, err, err_len);
+	free(text);
 	return rc;
 }
 

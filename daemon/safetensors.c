@@ -1,6 +1,7 @@
 /* safetensors: header parse with every offset checked against the mapped image, and
  * the set of shard files a model directory names. Nothing here trusts the file. */
 #include "daemon/safetensors.h"
+#include "daemon/file_read.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -434,52 +435,6 @@ static char *st_join(const char *dir, const char *name)
 	return s;
 }
 
-/* Reads a whole small file; -ENOENT is returned quietly so callers can fall back. */
-static int st_read_small(const char *path, size_t cap, char **out, size_t *len,
-			 char *err, size_t err_len)
-{
-	struct stat st;
-	size_t got = 0;
-	ssize_t n;
-	char *buf;
-	int fd, rc = 0;
-
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		rc = -errno;
-		if (rc == -ENOENT)
-			return rc;
-		return st_fail(err, err_len, rc, "%s: %s", path, strerror(-rc));
-	}
-	if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > cap) {
-		rc = st_fail(err, err_len, -EINVAL, "%s: not a regular file of at most %zu "
-			     "bytes", path, cap);
-		goto out;
-	}
-	buf = malloc((size_t)st.st_size + 1);
-	if (!buf) {
-		rc = st_fail(err, err_len, -ENOMEM, "%s: out of memory", path);
-		goto out;
-	}
-	while (got < (size_t)st.st_size) {
-		n = read(fd, buf + got, (size_t)st.st_size - got);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			rc = n < 0 ? -errno : -EIO;
-			free(buf);
-			rc = st_fail(err, err_len, rc, "%s: read failed", path);
-			goto out;
-		}
-		got += (size_t)n;
-	}
-	*out = buf;
-	*len = got;
-out:
-	close(fd);
-	return rc;
-}
-
 static int st_plain_name(const char *s)
 {
 	return *s && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
@@ -645,7 +600,7 @@ int st_set_open(struct st_set *s, const char *dir, char *err, size_t err_len)
 	ipath = st_join(dir, ST_INDEX_NAME);
 	if (!ipath)
 		return st_fail(err, err_len, -ENOMEM, "%s: out of memory", dir);
-	rc = st_read_small(ipath, ST_MAX_INDEX, &text, &len, err, err_len);
+	rc = file_read_all(ipath, ST_MAX_INDEX, &text, &len, err, err_len);
 	if (!rc) {
 		rc = st_set_from_index(s, dir, ipath, text, len, err, err_len);
 	} else if (rc == -ENOENT) {

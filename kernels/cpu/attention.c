@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "kernels/cpu/k_cpu.h"
+#include "kernels/cpu/k_cpu_dot.h"
 
 /* Scores held at once; a whole chunk shares one max, so for ctx up to this the
  * softmax is exactly the two-pass textbook form. */
@@ -16,21 +17,6 @@ void k_cpu_kv_write(float *cache /* (n_blocks * block_tokens, width) */, int wid
 	for (int r = 0; r < n_rows; r++)
 		memcpy(cache + (size_t)slots[r] * width, src + (size_t)r * width,
 		       sizeof(float) * (size_t)width);
-}
-
-/* Eight partial sums combined pairwise: fixed order, vectorisable. */
-static float att_dot(const float *a, const float *b, int n)
-{
-	float acc[8] = { 0 };
-	int nv = n - n % 8;
-	int i;
-
-	for (i = 0; i < nv; i += 8)
-		for (int j = 0; j < 8; j++)
-			acc[j] += a[i + j] * b[i + j];
-	for (; i < n; i++)
-		acc[i - nv] += a[i] * b[i];
-	return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
 struct att_job {
@@ -105,7 +91,7 @@ static void att_task(void *arg, int task)
 		for (int j = 0; j < n; j++) {
 			const float *k = job->kv->k + att_slot_off(job->kv, blocks, t0 + j) + kv_off;
 
-			sc[j] = att_dot(q, k, hd) * job->scale;
+			sc[j] = k_dot_f32(q, k, hd) * job->scale;
 		}
 		att_fold_chunk(job, &st, sc, n, blocks, t0, kv_off);
 	}

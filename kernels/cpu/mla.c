@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/cpu/k_cpu.h"
+#include "kernels/cpu/k_cpu_dot.h"
 
 /* Scores held at once by the absorbed form's online softmax. */
 #define MLA_CHUNK	256
@@ -25,20 +26,6 @@ static void mla_widen(float *dst, const void *src, enum k_dtype dtype, size_t ro
 		for (int i = 0; i < n; i++)
 			dst[i] = k_f16_to_f32(((const uint16_t *)src)[off + i]);
 	}
-}
-
-static float mla_dot(const float *a, const float *b, int n)
-{
-	float acc[8] = { 0 };
-	int nv = n - n % 8;
-	int i;
-
-	for (i = 0; i < nv; i += 8)
-		for (int j = 0; j < 8; j++)
-			acc[j] += a[i + j] * b[i + j];
-	for (; i < n; i++)
-		acc[i - nv] += a[i] * b[i];
-	return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
 /* Float offset of token t's latent row. */
@@ -122,7 +109,7 @@ static void mla_attend(const struct mla_job *job, struct mla_scratch *s, int r,
 
 		for (int j = 0; j < n; j++) {
 			const float *c = job->kv->k + mla_slot_off(job->kv, blocks, t0 + j);
-			float dot = mla_dot(s->q_abs, c, L) + mla_dot(q_pe, c + L, d->rope_dim);
+			float dot = k_dot_f32(s->q_abs, c, L) + k_dot_f32(q_pe, c + L, d->rope_dim);
 
 			s->sc[j] = dot * job->scale;
 			cmax = s->sc[j] > cmax ? s->sc[j] : cmax;

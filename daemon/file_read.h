@@ -1,0 +1,12 @@
+/* Reading small whole files (configs, shard indexes) with a size cap. */
+#ifndef KD_DAEMON_FILE_READ_H
+#define KD_DAEMON_FILE_READ_H
+
+#include <stddef.h>
+
+/* Reads the regular file path, at most cap bytes, into a malloc'd buffer with a NUL
+ * after the last byte (*out, caller frees; *len bytes). Returns 0, or -errno with one
+ * line "PATH: reason" in err (-ENOENT too, for callers that fall back on it). */
+int file_read_all(const char *path, size_t cap, char **out, size_t *len, char *err, size_t err_len);
+
+#endif
