@@ -10,6 +10,19 @@
 /* How long the caller polls for stragglers before sleeping: a decode step runs
  * many tiny parallel-fors, and a sleep/wake round trip costs more than the wait. */
 #define K_POOL_SPIN	4096
+/* How many pause instructions a worker waits for the next job before it sleeps
+ * (tens of microseconds): the ops of a step come back to back, and waking sleeping
+ * threads for each would cost more than the op itself on a small model. */
+#define K_POOL_IDLE_SPIN	8192
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
 
 struct k_pool {
 	int n_threads;			/* including the caller */
@@ -19,7 +32,7 @@ struct k_pool {
 	pthread_mutex_t lock;
 	pthread_cond_t wake;		/* workers wait here for a new generation */
 	pthread_cond_t idle;		/* the caller waits here for busy == 0 */
-	unsigned long gen;		/* bumped once per k_pool_run, under lock */
+	atomic_ulong gen;		/* bumped once per k_pool_run, under lock; read lock-free by spinning workers */
 	int busy;			/* workers inside the current job, under lock */
 	int stop;
 
@@ -55,6 +68,13 @@ static void *pool_worker(void *p)
 
 	pthread_mutex_lock(&pool->lock);
 	for (;;) {
+		if (pool->gen == seen && !pool->stop) {
+			pthread_mutex_unlock(&pool->lock);
+			for (int i = 0; i < K_POOL_IDLE_SPIN &&
+			     atomic_load_explicit(&pool->gen, memory_order_relaxed) == seen; i++)
+				cpu_relax();
+			pthread_mutex_lock(&pool->lock);
+		}
 		while (pool->gen == seen && !pool->stop)
 			pthread_cond_wait(&pool->wake, &pool->lock);
 		if (pool->stop)
@@ -112,6 +132,7 @@ int k_pool_create(struct k_pool **out, int n_threads)
 	if (!pool)
 		return -ENOMEM;
 	pool->n_threads = n_threads;
+	atomic_init(&pool->gen, 0);
 	atomic_init(&pool->next, 0);
 	atomic_init(&pool->done, 0);
 	pthread_mutex_init(&pool->lock, NULL);
