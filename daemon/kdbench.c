@@ -290,6 +290,7 @@ static int cmd_generate(const struct bench_args *a, struct engine *e, const int3
 		t_end = cli_now();
 	}
 	printf("\n");
+	fflush(stdout);	/* the ids before the timing when both go to one terminal */
 	if (ret) {
 		fprintf(stderr, "kdbench generate: %s\n", err);
 	} else {
