@@ -167,6 +167,7 @@ static int open_engine(const struct bench_args *a, struct model **m, struct engi
 {
 	char err[512] = "";
 	double t0 = cli_now(), t1;
+	int64_t params = 0;
 	int ret;
 
 	ret = model_load(m, a->model, &a->load, err, sizeof(err));
@@ -180,10 +181,11 @@ static int open_engine(const struct bench_args *a, struct model **m, struct engi
 		fprintf(stderr, "kdbench: %s\n", err[0] ? err : strerror(-ret));
 		return ret;
 	}
-	log_info("model %s: %s, %d layers, hidden %d, vocab %d, %.1f MiB of %sweights, loaded in %.3f s; "
-		 "KV cache %.1f MiB (%d blocks of %d tokens)",
+	model_count_params(&(*m)->cfg, &params);
+	log_info("model %s: %s, %d layers, hidden %d, vocab %d, %.3f B parameters, %.1f MiB of %sweights, "
+		 "loaded in %.3f s; KV cache %.1f MiB (%d blocks of %d tokens)",
 		 a->model, (*m)->cfg.model_type, (*m)->cfg.n_layers, (*m)->cfg.hidden_size,
-		 (*m)->cfg.vocab_size, (double)(*m)->weight_bytes / (1 << 20),
+		 (*m)->cfg.vocab_size, (double)params / 1e9, (double)(*m)->weight_bytes / (1 << 20),
 		 (*m)->synthetic ? "synthetic " : "", t1 - t0, (double)(*e)->fwd->kv_bytes / (1 << 20),
 		 (*e)->pool.n_blocks, (*e)->pool.block_tokens);
 	return 0;

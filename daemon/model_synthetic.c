@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "daemon/cli.h"
+#include "daemon/log.h"
 #include "daemon/model.h"
 
 #define FILL_CHUNK (1u << 20)	/* elements per independently seeded chunk */
@@ -138,6 +140,7 @@ static void fill_all(struct synth_plan *p, uint64_t seed)
 int model_synthesize(struct model *m, uint64_t seed, char *err, size_t err_len)
 {
 	struct synth_plan p = { .m = m };
+	double t0;
 	int ret;
 
 	if ((ret = model_for_each_tensor(m, plan_tensor, &p)))
@@ -156,7 +159,11 @@ int model_synthesize(struct model *m, uint64_t seed, char *err, size_t err_len)
 	p.n_tensors = 0;
 	if ((ret = model_for_each_tensor(m, plan_tensor, &p)))
 		goto out;
+	t0 = cli_now();
+	log_info("synthesizing %.2f GiB of %s weights (seed %llu)...", (double)p.bytes / (1u << 30),
+		 k_dtype_name(m->cfg.dtype), (unsigned long long)seed);
 	fill_all(&p, seed);
+	log_info("synthetic weights ready in %.1f s", cli_now() - t0);
 	for (int l = 0; l < m->cfg.n_layers; l++) {
 		struct model_layer *L = &m->layers[l];
 		uint64_t s = splitmix64(seed ^ 0xb1a5ull ^ (uint64_t)l);
