@@ -12,6 +12,10 @@
 /* K elements widened at a time; a multiple of LIN_LANES so that lane j always
  * accumulates the k with k % LIN_LANES == j, whatever the blocking. */
 #define LIN_KB		256
+/* Multiply-adds below which a task is not worth handing to another thread: waking
+ * and joining workers costs microseconds, so small layers (a tiny model's, or any
+ * layer at M = 1 with small K) run their column blocks in fewer, larger tasks. */
+#define LIN_MIN_TASK_MACS	(1 << 13)
 /* Independent partial sums per dot product: enough for the compiler to keep
  * several vector accumulators busy, and more accurate than one running sum. */
 #define LIN_LANES	16
@@ -22,6 +26,7 @@ struct lin_job {
 	const void *w;		/* (N, K) as stored */
 	enum k_dtype dtype;
 	int M, N, K;
+	int blocks_per_task;	/* column blocks of LIN_NB per task */
 };
 
 /* The widened weight block; integer stores let the bf16/f16 widening vectorise. */
@@ -153,16 +158,23 @@ static void lin_tile(const struct lin_job *job, int m0, int mt, int n0, int nb)
 			job->y[(size_t)(m0 + m) * job->N + n0 + n] = lin_reduce(acc[m][n]);
 }
 
+/* Column blocks [task * blocks_per_task, ...) against every input row. The split only
+ * decides who computes a column, never how, so results do not depend on it. */
 static void lin_task(void *arg, int task)
 {
 	const struct lin_job *job = arg;
-	int n0 = task * LIN_NB;
-	int nb = job->N - n0 < LIN_NB ? job->N - n0 : LIN_NB;
+	int n_end = (task + 1) * job->blocks_per_task * LIN_NB;
 
-	for (int m0 = 0; m0 < job->M; m0 += LIN_MT) {
-		int mt = job->M - m0 < LIN_MT ? job->M - m0 : LIN_MT;
+	if (n_end > job->N)
+		n_end = job->N;
+	for (int n0 = task * job->blocks_per_task * LIN_NB; n0 < n_end; n0 += LIN_NB) {
+		int nb = job->N - n0 < LIN_NB ? job->N - n0 : LIN_NB;
 
-		lin_tile(job, m0, mt, n0, nb);
+		for (int m0 = 0; m0 < job->M; m0 += LIN_MT) {
+			int mt = job->M - m0 < LIN_MT ? job->M - m0 : LIN_MT;
+
+			lin_tile(job, m0, mt, n0, nb);
+		}
 	}
 }
 
@@ -172,8 +184,14 @@ void k_cpu_linear(struct k_pool *pool, float *y /* (M, N) */, const float *x /* 
 	struct lin_job job = {
 		.y = y, .x = x, .w = w, .dtype = dtype, .M = M, .N = N, .K = K,
 	};
+	int64_t block_macs = (int64_t)M * K * LIN_NB;
+	int n_blocks = (N + LIN_NB - 1) / LIN_NB;
 
 	if (M <= 0 || N <= 0)
 		return;
-	k_pool_run(pool, lin_task, &job, (N + LIN_NB - 1) / LIN_NB);
+	job.blocks_per_task = block_macs >= LIN_MIN_TASK_MACS ? 1
+			      : (int)((LIN_MIN_TASK_MACS + block_macs - 1) / (block_macs > 0 ? block_macs : 1));
+	if (job.blocks_per_task > n_blocks)
+		job.blocks_per_task = n_blocks;
+	k_pool_run(pool, lin_task, &job, (n_blocks + job.blocks_per_task - 1) / job.blocks_per_task);
 }

@@ -34,6 +34,7 @@ struct k_pool {
 	pthread_cond_t idle;		/* the caller waits here for busy == 0 */
 	atomic_ulong gen;		/* bumped once per k_pool_run, under lock; read lock-free by spinning workers */
 	int busy;			/* workers inside the current job, under lock */
+	int seats;			/* workers that may still join the current job, under lock */
 	int stop;
 
 	/* The current job; written under lock before gen is bumped. */
@@ -80,6 +81,11 @@ static void *pool_worker(void *p)
 		if (pool->stop)
 			break;
 		seen = pool->gen;
+		/* A job of n tasks needs at most n - 1 helpers; the others would only
+		 * contend for the counters (many cores, small layers). */
+		if (pool->seats == 0)
+			continue;
+		pool->seats--;
 		pool->busy++;
 		k_pool_fn fn = pool->fn;
 		void *arg = pool->arg;
@@ -193,6 +199,7 @@ void k_pool_run(struct k_pool *pool, k_pool_fn fn, void *arg, int n_tasks)
 	pool->fn = fn;
 	pool->arg = arg;
 	pool->n_tasks = n_tasks;
+	pool->seats = n_tasks - 1 < pool->n_workers ? n_tasks - 1 : pool->n_workers;
 	atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
 	atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
 	pool->gen++;
