@@ -324,16 +324,7 @@ static void att_case_build(struct att_case *c, int bt)
 	for (int r = 0; r < AROWS; r++)
 		total += (att_ctx[r] + bt - 1) / bt;
 	total += 3;	/* spare blocks nobody uses */
-	perm = malloc(sizeof(int32_t) * total);
-	for (int i = 0; i < total; i++)
-		perm[i] = i;
-	for (int i = total - 1; i > 0; i--) {
-		int j = (int)((test_randf(&seed) + 1) * 0.5f * (i + 1)) % (i + 1);
-		int32_t t = perm[i];
-
-		perm[i] = perm[j];
-		perm[j] = t;
-	}
+	perm = test_shuffled_ids(total, &seed);
 	c->kv = (struct k_kv_layer){ .n_blocks = total, .block_tokens = bt, .width = width };
 	c->kv.k = rand_floats((size_t)total * bt * width, 1.0f);	/* garbage elsewhere */
 	c->kv.v = rand_floats((size_t)total * bt * width, 1.0f);

@@ -57,16 +57,7 @@ static int build_cache(struct k_kv_layer *kv, int32_t **tables, int width, int b
 
 	for (int r = 0; r < ROWS; r++)
 		total += (ctxs[r] + bt - 1) / bt;
-	perm = malloc(sizeof(int32_t) * total);
-	for (int i = 0; i < total; i++)
-		perm[i] = i;
-	for (int i = total - 1; i > 0; i--) {
-		int j = (int)((test_randf(&seed) + 1) * 0.5f * (i + 1)) % (i + 1);
-		int32_t t = perm[i];
-
-		perm[i] = perm[j];
-		perm[j] = t;
-	}
+	perm = test_shuffled_ids(total, &seed);
 	*kv = (struct k_kv_layer){ .n_blocks = total, .block_tokens = bt, .width = width };
 	kv->k = rand_floats((size_t)total * bt * width);
 	for (int r = 0; r < ROWS; r++) {

@@ -4,6 +4,7 @@
 #define KD_TESTS_TESTUTIL_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -54,6 +55,26 @@ static inline float test_randf(unsigned long long *s)
 	*s ^= *s >> 7;
 	*s ^= *s << 17;
 	return (float)((*s >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+/* 0..n-1 in a random order (Fisher-Yates over test_randf); malloc'd, caller frees.
+ * Tests use it as shuffled, non-contiguous KV block tables. */
+static inline int32_t *test_shuffled_ids(int n, unsigned long long *seed)
+{
+	int32_t *perm = malloc(sizeof(int32_t) * (size_t)n);
+
+	if (!perm)
+		return NULL;
+	for (int i = 0; i < n; i++)
+		perm[i] = i;
+	for (int i = n - 1; i > 0; i--) {
+		int j = (int)((test_randf(seed) + 1) * 0.5f * (i + 1)) % (i + 1);
+		int32_t t = perm[i];
+
+		perm[i] = perm[j];
+		perm[j] = t;
+	}
+	return perm;
 }
 
 #endif
