@@ -67,6 +67,7 @@ void engine_destroy(struct engine *e)
 {
 	if (!e)
 		return;
+	engine_sampler_destroy(e->sampler);
 	forward_destroy(e->fwd);
 	if (e->be)
 		e->be->ops->destroy(e->be);

@@ -10,6 +10,7 @@
 #include "daemon/backend.h"
 #include "daemon/forward.h"
 #include "daemon/model.h"
+#include "kernels/k_sample.h"
 #include "kvcache/kv_pool.h"
 
 #define ENGINE_DEFAULT_BLOCK_TOKENS 16
@@ -24,14 +25,23 @@ struct engine_opts {
 	int max_rows;		/* tokens per forward call; <= 0: ENGINE_DEFAULT_MAX_ROWS */
 };
 
+/* Counters since engine_create; read by metrics. */
+struct engine_stats {
+	uint64_t prompt_tokens;		/* tokens run through the model by engine_step */
+	uint64_t prefix_hit_tokens;	/* prompt tokens served from the prefix cache instead */
+	uint64_t steps;			/* engine_step calls that ran */
+};
+
 struct engine {
 	struct model *model;		/* not owned */
+	struct engine_stats stats;
 	struct backend *be;
 	struct forward *fwd;
 	struct kv_pool pool;
 	/* per-step staging, (max_rows) each, host memory */
 	int32_t *tokens, *pos, *slots, *ctx, *out_rows;
 	const int32_t **row_blocks;
+	struct engine_sampler *sampler;	/* engine_sample.c's buffers, made on first use */
 };
 
 /* A sequence's cache: its block table and how many tokens are in it. */
@@ -64,6 +74,18 @@ void engine_seq_release(struct engine *e, struct engine_seq *s);
  * request) or -ENOSPC (cache full) with one line in err. */
 int engine_step(struct engine *e, struct engine_req *reqs, int n, float *logits,
 		char *err, size_t err_len);
+
+/* engine_step, then each request's next token drawn from its last row's logits by
+ * the procedure of kernels/k_sample.h: params (n), steps (n) the index of the token
+ * in the request's output (the draw's counter), ids (n) out. Every request must
+ * have all_logits == 0. logits: NULL, or (n, vocab) floats that receive the rows
+ * sampled from. Errors as engine_step. */
+int engine_step_sample(struct engine *e, struct engine_req *reqs, int n,
+		       const struct k_sample_params *params, const uint64_t *steps, int32_t *ids,
+		       float *logits, char *err, size_t err_len);
+
+/* Frees what engine_step_sample made; called by engine_destroy. Accepts NULL. */
+void engine_sampler_destroy(struct engine_sampler *s);
 
 /* Rows of logits a step will write. */
 int engine_step_out_rows(const struct engine_req *reqs, int n);
