@@ -1,10 +1,19 @@
-/* libkdclient: the public C API of kdec for local processes.
+/* libkdclient: the public C API of kdec for local processes. A client connects to
+ * kdecd's Unix socket, gets its own shared-memory segment, writes requests (prompt
+ * token ids and sampling parameters) into it and reads the generated tokens back as
+ * they are produced. docs/CLIENT.md has a complete example.
  *
- * This release carries the library's versioning and error reporting; connecting to
- * kdecd, submitting requests and receiving streamed tokens arrive with the
- * shared-memory IPC (see docs/ARCHITECTURE.md). All functions here are thread-safe. */
+ * Errors are negative errno values (kd_strerror). Thread safety: different handles
+ * are independent. On one handle, one thread at a time may submit (kd_submit,
+ * kd_cancel) and one thread at a time may receive (kd_poll, kd_wait); a submitting
+ * and a receiving thread may run concurrently. kd_close must not race with any
+ * other call on the handle. kd_version, kd_protocol_version, kd_strerror and
+ * kd_event_message are thread-safe. */
 #ifndef KDCLIENT_H
 #define KDCLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -18,6 +27,112 @@ unsigned kd_protocol_version(void);
 
 /* A message for a kd_* error code (a negative errno value); static storage. */
 const char *kd_strerror(int err);
+
+struct kd_client;	/* opaque handle */
+
+/* kd_connect_opts.flags */
+#define KD_CONNECT_SPIN 1u	/* ask the daemon to poll this client's ring for a while
+				 * after each step instead of sleeping at once (lowest
+				 * pickup latency; costs daemon CPU while connected) */
+
+struct kd_connect_opts {
+	const char *socket_path;	/* NULL: the default (see kd_default_socket) */
+	unsigned flags;			/* KD_CONNECT_* */
+	unsigned spin_us;		/* kd_wait spins this long before sleeping; 0: sleep at once */
+};
+
+/* Connects to kdecd. opts may be NULL (defaults). On success *out is a handle that
+ * kd_close frees. On failure returns -errno: -ENOENT / -ECONNREFUSED (no daemon),
+ * -EACCES (not on the daemon's allow-list), -EPROTO (protocol version mismatch);
+ * kd_connect_error says more. */
+int kd_connect(struct kd_client **out, const struct kd_connect_opts *opts);
+
+/* The daemon's reason for the last failed kd_connect on this thread, or for the
+ * disconnection of c (c may be NULL: the thread's last kd_connect). Static or
+ * handle-owned storage; never NULL. */
+const char *kd_connect_error(const struct kd_client *c);
+
+/* Closes the connection: the daemon cancels the handle's requests. Accepts NULL. */
+void kd_close(struct kd_client *c);
+
+/* The socket kd_connect uses without opts->socket_path: $XDG_RUNTIME_DIR/kdecd.sock;
+ * else /run/kdecd/kdecd.sock for root; else /tmp/kdecd-$UID/kdecd.sock. */
+int kd_default_socket(char *buf, size_t len);
+
+#define KD_MAX_STOP 8		/* stop tokens per request */
+#define KD_SESSION_MAX 63	/* session name length: [A-Za-z0-9._:-] */
+
+/* How the next token is picked: temperature <= 0 is greedy (ties: the lower id);
+ * otherwise top-k, then top-p, then a draw that depends only on (seed, index). */
+struct kd_sampling {
+	float temperature;
+	int top_k;		/* <= 0: off */
+	float top_p;		/* <= 0 or >= 1: off */
+	uint64_t seed;
+};
+
+struct kd_request {
+	const int32_t *prompt;		/* (n_prompt) token ids; copied by kd_submit */
+	uint32_t n_prompt;
+	uint32_t max_tokens;		/* >= 1 */
+	struct kd_sampling sampling;
+	const int32_t *stop;		/* (n_stop) token ids that end the request; may be NULL */
+	uint32_t n_stop;		/* <= KD_MAX_STOP */
+	const char *session;		/* NULL or a session name */
+	int priority;			/* higher runs first; 0 default */
+	uint32_t flags;			/* reserved: 0 */
+	uint64_t reserved[4];		/* reserved: 0 */
+};
+
+/* Queues a request. *id receives its id (events carry it). Returns 0, -EAGAIN (the
+ * submission ring or payload area is full: receive events and retry), -EINVAL (a
+ * bad field), -E2BIG (prompt longer than the segment allows), -ECONNRESET (the
+ * daemon dropped the connection). */
+int kd_submit(struct kd_client *c, const struct kd_request *r, uint64_t *id);
+
+/* Asks the daemon to stop request id; its final event says KD_STOP_CANCELLED
+ * (unless it finished first). 0, -EAGAIN, -ECONNRESET. */
+int kd_cancel(struct kd_client *c, uint64_t id);
+
+enum kd_stop {
+	KD_STOP_NONE = 0,	/* not final */
+	KD_STOP_LENGTH = 1,	/* max_tokens reached */
+	KD_STOP_TOKEN = 2,	/* a stop token was generated (this event carries it) */
+	KD_STOP_CANCELLED = 3,	/* kd_cancel, daemon shutdown, or the event ring left full */
+	KD_STOP_ERROR = 4,	/* refused or failed: error and kd_event_message say why */
+};
+
+#define KD_EVENT_FINAL 1u	/* the request's last event */
+
+struct kd_event {
+	uint64_t id;		/* the request's id */
+	int32_t token;		/* generated token id, or -1 (a final event without a token) */
+	uint32_t index;		/* the token's index in the request's output */
+	uint32_t flags;		/* KD_EVENT_* */
+	enum kd_stop stop;	/* with KD_EVENT_FINAL */
+	int error;		/* negative errno with KD_STOP_ERROR */
+	uint32_t detail;	/* what kd_event_message formats */
+	uint32_t detail_arg[3];
+	/* CLOCK_MONOTONIC, ns: the client's submit, the daemon's pickup of the request,
+	 * the daemon's publication of this event, this library's receipt of it. */
+	uint64_t t_submit_ns, t_pickup_ns, t_publish_ns, t_receive_ns;
+};
+
+/* A one-line explanation of a final event's stop or error into buf. */
+void kd_event_message(const struct kd_event *ev, char *buf, size_t len);
+
+/* Takes up to max events without blocking. Returns the number taken (0: none) or
+ * -ECONNRESET / -EPROTO when the daemon dropped the connection. */
+int kd_poll(struct kd_client *c, struct kd_event *ev, int max);
+
+/* Like kd_poll, but waits up to timeout_ms (< 0: forever) for at least one event:
+ * spins first when the handle was opened with spin_us, then sleeps on a futex (or
+ * the daemon's eventfd). Returns the number taken, 0 on timeout, or -errno. */
+int kd_wait(struct kd_client *c, struct kd_event *ev, int max, int timeout_ms);
+
+/* A file descriptor for event loops: readable when events may be waiting or the
+ * connection ended; then call kd_poll until it returns 0. Owned by the handle. */
+int kd_fd(struct kd_client *c);
 
 #ifdef __cplusplus
 }

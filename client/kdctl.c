@@ -1,31 +1,220 @@
-/* kdctl: the operator's tool. It talks to kdecd over the control socket, which lands
- * with the IPC layer; this release reports versions and says so. */
+/* kdctl: the operator's tool. One JSON line to kdecd's socket, one line back,
+ * printed as text (or as the JSON itself with --json). */
+#include <errno.h>
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "client/kdclient.h"
 
+#define LINE_MAX_BYTES (1 << 20)
+
 static void usage(FILE *f)
 {
+	char sock[256];
+
+	kd_default_socket(sock, sizeof(sock));
 	fprintf(f,
-		"usage: kdctl --version | --help\n"
+		"usage: kdctl [--socket PATH] [--json] COMMAND\n"
 		"\n"
-		"Control-socket commands (status, sessions, snapshot) need a kdecd that serves\n"
-		"clients; that arrives with kdec's IPC layer and is not in this release.\n");
+		"  status         model, backend, uptime, clients, requests, KV blocks\n"
+		"  clients        connected clients (id, pid, uid, requests)\n"
+		"  sessions       session names in use, with their client and request count\n"
+		"  metrics        Prometheus text (kd_* metrics)\n"
+		"  drain          stop admitting new requests (running ones finish)\n"
+		"  shutdown       like SIGTERM: drain, finish or cancel, exit\n"
+		"  log-level L    error, warn, info or debug\n"
+		"\n"
+		"  --socket PATH  kdecd's socket (default %s)\n"
+		"  --json         print the daemon's JSON reply\n"
+		"  --version, --help\n",
+		sock);
+}
+
+static int talk(const char *path, const char *req, char **reply)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t len = 0, cap = 4096;
+	char *buf = malloc(cap);
+	int s;
+
+	if (!buf)
+		return -ENOMEM;
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		free(buf);
+		return -ENAMETOOLONG;
+	}
+	strcpy(sa.sun_path, path);
+	s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof(sa)) ||
+	    send(s, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req)) {
+		int ret = -errno;
+
+		if (s >= 0)
+			close(s);
+		free(buf);
+		return ret;
+	}
+	for (;;) {
+		ssize_t r;
+
+		if (len + 1 == cap) {
+			char *nb = cap < LINE_MAX_BYTES ? realloc(buf, cap * 2) : NULL;
+
+			if (!nb)
+				break;
+			buf = nb;
+			cap *= 2;
+		}
+		r = recv(s, buf + len, cap - len - 1, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		len += (size_t)r;
+		buf[len] = '\0';
+		if (memchr(buf, '\n', len))
+			break;
+	}
+	close(s);
+	buf[len] = '\0';
+	if (!len) {
+		free(buf);
+		return -ECONNRESET;
+	}
+	*reply = buf;
+	return 0;
+}
+
+static void print_status(json_t *o)
+{
+	static const char *const keys[] = { "model", "backend", "notify", "uptime_s", "clients",
+		"max_clients", "requests_running", "requests_waiting", "kv_blocks_used",
+		"kv_blocks_total", "draining", "steps", "generation_tokens" };
+
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+		json_t *v = json_object_get(o, keys[i]);
+
+		if (json_is_string(v))
+			printf("%-18s %s\n", keys[i], json_string_value(v));
+		else if (json_is_integer(v))
+			printf("%-18s %lld\n", keys[i], (long long)json_integer_value(v));
+		else if (json_is_real(v))
+			printf("%-18s %.1f\n", keys[i], json_real_value(v));
+		else if (json_is_boolean(v))
+			printf("%-18s %s\n", keys[i], json_is_true(v) ? "yes" : "no");
+	}
+}
+
+static void print_table(json_t *o, const char *key)
+{
+	json_t *a = json_object_get(o, key), *e;
+	size_t i;
+
+	if (!strcmp(key, "clients")) {
+		printf("%6s %8s %6s %8s %10s %10s %5s\n", "id", "pid", "uid", "requests", "submitted",
+		       "generated", "spin");
+		json_array_foreach(a, i, e)
+			printf("%6lld %8lld %6lld %8lld %10lld %10lld %5s\n",
+			       (long long)json_integer_value(json_object_get(e, "id")),
+			       (long long)json_integer_value(json_object_get(e, "pid")),
+			       (long long)json_integer_value(json_object_get(e, "uid")),
+			       (long long)json_integer_value(json_object_get(e, "requests")),
+			       (long long)json_integer_value(json_object_get(e, "submitted")),
+			       (long long)json_integer_value(json_object_get(e, "generated")),
+			       json_is_true(json_object_get(e, "spin")) ? "yes" : "no");
+		return;
+	}
+	printf("# %s\n", json_string_value(json_object_get(o, "note")));
+	printf("%-32s %6s %8s %10s\n", "session", "client", "requests", "submitted");
+	json_array_foreach(a, i, e)
+		printf("%-32s %6lld %8lld %10lld\n", json_string_value(json_object_get(e, "name")),
+		       (long long)json_integer_value(json_object_get(e, "client")),
+		       (long long)json_integer_value(json_object_get(e, "requests")),
+		       (long long)json_integer_value(json_object_get(e, "submitted")));
 }
 
 int main(int argc, char **argv)
 {
-	if (argc == 2 && !strcmp(argv[1], "--version")) {
-		printf("kdctl (kdec) %s, protocol %u\n", kd_version(), kd_protocol_version());
-		return 0;
+	const char *socket_path = NULL, *cmd = NULL, *level = NULL;
+	char path[256], req[256], *reply = NULL;
+	json_t *o;
+	int json = 0, ret;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--version")) {
+			printf("kdctl (kdec) %s, protocol %u\n", kd_version(), kd_protocol_version());
+			return 0;
+		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			usage(stdout);
+			return 0;
+		} else if (!strcmp(argv[i], "--json")) {
+			json = 1;
+		} else if (!strcmp(argv[i], "--socket") && i + 1 < argc) {
+			socket_path = argv[++i];
+		} else if (!cmd && argv[i][0] != '-') {
+			cmd = argv[i];
+			if (!strcmp(cmd, "log-level") && i + 1 < argc)
+				level = argv[++i];
+		} else {
+			fprintf(stderr, "kdctl: unexpected argument '%s'\n", argv[i]);
+			usage(stderr);
+			return 2;
+		}
 	}
-	if (argc == 2 && !strcmp(argv[1], "--help")) {
-		usage(stdout);
-		return 0;
+	if (!cmd) {
+		usage(stderr);
+		return 2;
 	}
-	if (argc >= 2)
-		fprintf(stderr, "kdctl: '%s': no such command in this release\n", argv[1]);
-	usage(stderr);
-	return 2;
+	if (strcmp(cmd, "status") && strcmp(cmd, "clients") && strcmp(cmd, "sessions") &&
+	    strcmp(cmd, "metrics") && strcmp(cmd, "drain") && strcmp(cmd, "shutdown") &&
+	    strcmp(cmd, "log-level")) {
+		usage(stderr);
+		fprintf(stderr, "kdctl: unknown command '%s'\n", cmd);
+		return 2;
+	}
+	if (!strcmp(cmd, "log-level")) {
+		if (!level || strspn(level, "abcdefghijklmnopqrstuvwxyz") != strlen(level)) {
+			fprintf(stderr, "kdctl: log-level needs one of error, warn, info, debug\n");
+			return 2;
+		}
+		snprintf(req, sizeof(req), "{\"cmd\":\"log-level\",\"level\":\"%s\"}\n", level);
+	} else {
+		snprintf(req, sizeof(req), "{\"cmd\":\"%s\"}\n", cmd);
+	}
+	if (!socket_path) {
+		kd_default_socket(path, sizeof(path));
+		socket_path = path;
+	}
+	if ((ret = talk(socket_path, req, &reply))) {
+		fprintf(stderr, "kdctl: cannot talk to kdecd at %s: %s\n", socket_path, kd_strerror(ret));
+		return 1;
+	}
+	o = json_loads(reply, 0, NULL);
+	if (!o || !json_is_true(json_object_get(o, "ok"))) {
+		json_t *e = o ? json_object_get(o, "error") : NULL;
+
+		fprintf(stderr, "kdctl: %s: %s", cmd, json_is_string(e) ? json_string_value(e) : reply);
+		fprintf(stderr, json_is_string(e) ? "\n" : "");
+		json_decref(o);
+		free(reply);
+		return 1;
+	}
+	if (json)
+		fputs(reply, stdout);
+	else if (!strcmp(cmd, "status"))
+		print_status(o);
+	else if (!strcmp(cmd, "clients") || !strcmp(cmd, "sessions"))
+		print_table(o, cmd);
+	else if (!strcmp(cmd, "metrics"))
+		fputs(json_string_value(json_object_get(o, "text")), stdout);
+	else
+		printf("ok\n");
+	json_decref(o);
+	free(reply);
+	return 0;
 }

@@ -7,6 +7,9 @@
 
 static const struct backend_ops *const backends[] = {
 	&backend_cpu_ops,
+#ifdef KD_HAVE_CUDA
+	&backend_cuda_ops,
+#endif
 };
 
 const struct backend_ops *backend_find(const char *name, char *err, size_t err_len)

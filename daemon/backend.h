@@ -10,6 +10,7 @@
 
 #include "daemon/model.h"
 #include "kernels/cpu/k_cpu.h"
+#include "kernels/k_sample.h"
 
 struct backend;
 
@@ -20,6 +21,10 @@ struct backend_opts {
 
 struct backend_ops {
 	const char *name;
+	enum k_dtype kv_dtype;	/* element type of the KV cache: K_F32 (cpu), K_BF16 (cuda);
+				 * struct k_kv_layer's k and v point to storage of this type */
+	int host_memory;	/* 1: backend memory is host memory, so ops read a step's host
+				 * inputs (ids, positions, block tables) in place */
 
 	/* Prepares the backend for model m (which outlives it). Returns 0 or -errno with
 	 * one line in err. *out is released with destroy. */
@@ -59,6 +64,25 @@ struct backend_ops {
 	int (*moe_experts)(struct backend *be, float *out, const float *x, int M, const int32_t *ids,
 			   const float *weights, int top_k, const struct model_layer *L, int hidden,
 			   int inter, int n_experts);
+
+	/* ---- optional: NULL where a backend lacks them (forward.c falls back) ---- */
+	/* Sizes the ops' workspaces for steps of up to max_rows rows attending to up to
+	 * max_ctx tokens; called once by forward_create. 0 or -errno with err. */
+	int (*reserve)(struct backend *be, int max_rows, int max_ctx, char *err, size_t err_len);
+	/* y (M, w->rows) += x (M, w->cols) @ w^T: the residual add fused into the linear */
+	void (*linear_add)(struct backend *be, float *y, const float *x, const struct model_tensor *w,
+			   int M);
+	/* ids (M) drawn from logits (M, vocab) by params (M) at output indices steps (M),
+	 * the procedure of kernels/k_sample.h; all in backend memory. 0 or -errno. */
+	int (*sample)(struct backend *be, int32_t *ids, const float *logits, int M, int vocab,
+		      const struct k_sample_params *params, const uint64_t *steps);
+	/* Graphs: ops issued between capture_begin and capture_end are recorded into
+	 * *graph instead of running; graph_launch replays them on the current contents of
+	 * the same buffers; *n_nodes receives the kernels and copies recorded. 0 or -errno. */
+	int (*capture_begin)(struct backend *be);
+	int (*capture_end)(struct backend *be, void **graph, int *n_nodes);
+	int (*graph_launch)(struct backend *be, void *graph);
+	void (*graph_destroy)(struct backend *be, void *graph);	/* accepts NULL */
 };
 
 /* Every backend embeds this first, so the generic code can reach its ops. */
@@ -67,6 +91,7 @@ struct backend {
 };
 
 extern const struct backend_ops backend_cpu_ops;
+extern const struct backend_ops backend_cuda_ops;	/* in builds with CUDA */
 
 /* The backend called name ("cpu", "cuda"), or NULL with a message in err that lists
  * the backends this build has. */

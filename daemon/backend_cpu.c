@@ -155,6 +155,8 @@ static int cpu_moe_experts(struct backend *be, float *out, const float *x, int M
 
 const struct backend_ops backend_cpu_ops = {
 	.name = "cpu",
+	.kv_dtype = K_F32,
+	.host_memory = 1,
 	.create = cpu_create,
 	.destroy = cpu_destroy,
 	.alloc = cpu_alloc,

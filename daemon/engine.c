@@ -1,11 +1,66 @@
 /* Steps of many sequences over one paged KV cache: block reservation, row staging,
- * forward calls of bounded size. */
+ * forward calls of bounded size; the prefix cache that lets a sequence start on
+ * blocks another one computed. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#include "daemon/engine.h"
+#include "daemon/engine_internal.h"
+
+static uint64_t clock_monotonic_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int64_t seconds_opt(int v, int def)
+{
+	if (v < 0)
+		return -1;
+	return (int64_t)(v ? v : def) * 1000000000ll;
+}
+
+/* Prefix index, host tier, codec, sessions: everything past the forward pass. */
+static int engine_kv_init(struct engine *e, const struct engine_opts *opts, char *err, size_t err_len)
+{
+	const struct model_config *c = &e->model->cfg;
+	uint64_t key[2];
+	int64_t host = opts->host_kv_bytes ? opts->host_kv_bytes : ENGINE_DEFAULT_HOST_KV_BYTES;
+	int ret;
+
+	e->clock_ns = clock_monotonic_ns;
+	e->kv_elem_bytes = k_dtype_size(e->be->ops->kv_dtype);
+	e->block_bytes = (size_t)e->pool.block_tokens * (size_t)e->fwd->kv[0].width * e->kv_elem_bytes *
+			 (c->mla ? 1 : 2) * (size_t)c->n_layers;
+	e->host_enabled = host > 0;
+	e->session_quota_blocks = opts->session_quota_blocks > 0 ? opts->session_quota_blocks
+								 : (e->pool.n_blocks + 3) / 4;
+	e->max_sessions = opts->max_sessions > 0 ? opts->max_sessions : ENGINE_DEFAULT_MAX_SESSIONS;
+	e->session_ttl_ns = seconds_opt(opts->session_ttl_s, ENGINE_DEFAULT_SESSION_TTL_S);
+	e->offload_after_ns = seconds_opt(opts->offload_after_s, ENGINE_DEFAULT_OFFLOAD_AFTER_S);
+	kv_sessions_init(&e->sessions);
+	/* a guessable key only weakens the salt's protection against crafted
+	 * collisions; the cache still works, so a refusing kernel is not fatal */
+	kv_hash_random_key(key);
+	if ((ret = kv_prefix_init(&e->prefix, e->pool.n_blocks, key)) ||
+	    (ret = kv_host_init(&e->host, host > 0 ? (size_t)host : 0)) ||
+	    (ret = kv_codec_init(&e->codec, e->block_bytes, e->kv_elem_bytes,
+				 opts->zstd_level ? opts->zstd_level : KV_CODEC_DEFAULT_LEVEL, 1))) {
+		snprintf(err, err_len, "engine: cannot set up the KV cache index: %s", strerror(-ret));
+		return ret;
+	}
+	e->pool.on_evict = kv_prefix_evict_cb;
+	e->pool.evict_ctx = &e->prefix;
+	e->kv_raw = malloc(e->block_bytes);
+	e->kv_frame = malloc(kv_codec_bound(&e->codec));
+	if (!e->kv_raw || !e->kv_frame)
+		return -ENOMEM;
+	return 0;
+}
 
 int engine_create(struct engine **out, struct model *m, const struct engine_opts *opts,
 		  char *err, size_t err_len)
@@ -53,6 +108,8 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 		ret = -ENOMEM;
 		goto err_destroy;
 	}
+	if ((ret = engine_kv_init(e, opts, err, err_len)))
+		goto err_destroy;
 	*out = e;
 	return 0;
 
@@ -68,6 +125,12 @@ void engine_destroy(struct engine *e)
 	if (!e)
 		return;
 	engine_sampler_destroy(e->sampler);
+	kv_sessions_fini(&e->sessions, &e->pool, &e->host);
+	kv_host_fini(&e->host);
+	kv_codec_fini(&e->codec);
+	kv_prefix_fini(&e->prefix);
+	free(e->kv_raw);
+	free(e->kv_frame);
 	forward_destroy(e->fwd);
 	if (e->be)
 		e->be->ops->destroy(e->be);
@@ -91,7 +154,31 @@ void engine_seq_release(struct engine *e, struct engine_seq *s)
 	for (int i = 0; i < s->n_blocks; i++)
 		kv_pool_unref(&e->pool, s->blocks[i]);
 	free(s->blocks);
+	free(s->tokens);
 	engine_seq_init(s);
+}
+
+int engine_seq_reserve(struct engine_seq *s, int n_tokens, int n_blocks)
+{
+	if (n_tokens > s->tok_cap) {
+		int cap = n_tokens > 2 * s->tok_cap ? n_tokens : 2 * s->tok_cap;
+		int32_t *t = realloc(s->tokens, (size_t)cap * sizeof(*t));
+
+		if (!t)
+			return -ENOMEM;
+		s->tokens = t;
+		s->tok_cap = cap;
+	}
+	if (n_blocks > s->cap) {
+		int cap = n_blocks > 2 * s->cap ? n_blocks : 2 * s->cap;
+		int32_t *b = realloc(s->blocks, (size_t)cap * sizeof(*b));
+
+		if (!b)
+			return -ENOMEM;
+		s->blocks = b;
+		s->cap = cap;
+	}
+	return 0;
 }
 
 int engine_step_out_rows(const struct engine_req *reqs, int n)
@@ -150,24 +237,19 @@ static int reserve_blocks(struct engine *e, struct engine_req *reqs, int n, int 
 		grown[i] = kv_pool_blocks_for(&e->pool, (int64_t)s->n_tokens + reqs[i].n_tokens) - s->n_blocks;
 		need += grown[i];
 	}
-	if (need > e->pool.n_free) {
+	/* cached blocks count as available (the pool evicts them); idle sessions
+	 * move to the host tier before a step is refused */
+	if (need > kv_pool_available(&e->pool) && engine_make_room(e, need, NULL)) {
 		snprintf(err, err_len, "KV cache full: the step needs %d more blocks of %d tokens, %d are free",
-			 need, e->pool.block_tokens, e->pool.n_free);
+			 need, e->pool.block_tokens, kv_pool_available(&e->pool));
 		return -ENOSPC;
 	}
 	for (int i = 0; i < n; i++) {
 		struct engine_seq *s = reqs[i].seq;
 		int want = s->n_blocks + grown[i];
 
-		if (want > s->cap) {
-			int cap = want > 2 * s->cap ? want : 2 * s->cap;
-			int32_t *b = realloc(s->blocks, (size_t)cap * sizeof(*b));
-
-			if (!b)
-				goto err_rollback;
-			s->blocks = b;
-			s->cap = cap;
-		}
+		if (engine_seq_reserve(s, s->n_tokens + reqs[i].n_tokens, want))
+			goto err_rollback;
 		while (s->n_blocks < want)
 			s->blocks[s->n_blocks++] = kv_pool_alloc(&e->pool);
 	}
@@ -181,7 +263,7 @@ err_rollback:
 		while (s->n_blocks > keep)
 			kv_pool_unref(&e->pool, s->blocks[--s->n_blocks]);
 	}
-	snprintf(err, err_len, "engine: out of memory growing a block table");
+	snprintf(err, err_len, "engine: out of memory growing a sequence");
 	return -ENOMEM;
 }
 
@@ -192,6 +274,22 @@ static void release_grown(struct engine *e, struct engine_req *reqs, int n, cons
 
 		for (int k = 0; k < grown[i]; k++)
 			kv_pool_unref(&e->pool, s->blocks[--s->n_blocks]);
+	}
+}
+
+/* Puts the blocks s filled in the prefix cache, so that other sequences can start
+ * on them while s still runs. */
+static void seq_register_full(struct engine *e, struct engine_seq *s)
+{
+	int bt = e->pool.block_tokens;
+
+	while (s->cache && s->n_keyed < s->n_tokens / bt) {
+		int b = s->n_keyed;
+		struct kv_key k = kv_prefix_key(&e->prefix, s->salt, s->chain, s->tokens + (size_t)b * bt, bt);
+
+		engine_register_block(e, k, s->salt, s->blocks[b]);
+		s->chain = k;
+		s->n_keyed++;
 	}
 }
 
@@ -251,8 +349,15 @@ int engine_step(struct engine *e, struct engine_req *reqs, int n, float *logits,
 	}
 	if (rows && (ret = flush_rows(e, rows, outs, logits)))
 		goto err_forward;
-	for (int i = 0; i < n; i++)
-		reqs[i].seq->n_tokens += reqs[i].n_tokens;
+	for (int i = 0; i < n; i++) {
+		struct engine_seq *s = reqs[i].seq;
+
+		memcpy(s->tokens + s->n_tokens, reqs[i].tokens, (size_t)reqs[i].n_tokens * sizeof(int32_t));
+		s->n_tokens += reqs[i].n_tokens;
+		e->stats.prompt_tokens += (uint64_t)reqs[i].n_tokens;
+		seq_register_full(e, s);
+	}
+	e->stats.steps++;
 	ret = 0;
 	goto out;
 
@@ -263,4 +368,117 @@ out:
 	if (grown != grown_small)
 		free(grown);
 	return ret;
+}
+
+/* ---- prefix cache --------------------------------------------------------- */
+
+void engine_register_block(struct engine *e, struct kv_key key, uint64_t salt, int32_t block)
+{
+	/* -EEXIST: another sequence computed the same block first; this copy stays
+	 * private and is freed with its holders */
+	if (!kv_prefix_insert(&e->prefix, key, salt, block))
+		kv_pool_set_cached(&e->pool, block);
+}
+
+void engine_chain_keys(const struct engine *e, uint64_t salt, const int32_t *tokens, int n,
+		       struct kv_key *keys)
+{
+	struct kv_key k = { 0, 0 };
+	int bt = e->pool.block_tokens;
+
+	for (int b = 0; b < n / bt; b++)
+		keys[b] = k = kv_prefix_key(&e->prefix, salt, k, tokens + (size_t)b * bt, bt);
+}
+
+void engine_seq_map_cached(struct engine *e, struct engine_seq *s, const int32_t *prompt,
+			   int max_blocks)
+{
+	int bt = e->pool.block_tokens, restored = 0;
+	uint64_t t0 = 0;
+
+	while (s->n_keyed < max_blocks) {
+		const int32_t *t = prompt + (size_t)s->n_keyed * bt;
+		struct kv_key k = kv_prefix_key(&e->prefix, s->salt, s->chain, t, bt);
+		int32_t id = kv_prefix_find(&e->prefix, k, s->salt);
+
+		if (id >= 0) {
+			kv_pool_ref(&e->pool, id);
+		} else {
+			struct kv_host_block *hb = kv_host_find(&e->host, k, s->salt);
+
+			if (!hb)
+				break;
+			if (!restored++)
+				t0 = engine_now(e);
+			if (engine_block_restore(e, hb, &id))
+				break;
+			engine_register_block(e, k, s->salt, id);
+		}
+		s->blocks[s->n_blocks++] = id;
+		memcpy(s->tokens + (size_t)s->n_keyed * bt, t, (size_t)bt * sizeof(*t));
+		s->n_keyed++;
+		s->n_tokens = s->n_keyed * bt;
+		s->chain = k;
+	}
+	if (restored) {
+		e->stats.restores++;
+		e->stats.restore_ns += engine_now(e) - t0;
+	}
+}
+
+int engine_seq_begin(struct engine *e, struct engine_seq *s, const int32_t *prompt, int n,
+		     uint64_t salt)
+{
+	int vocab = e->model->cfg.vocab_size;
+
+	if (s->n_tokens || s->n_blocks || n < 1 || n > (1 << 24))
+		return -EINVAL;
+	for (int t = 0; t < n; t++)
+		if (prompt[t] < 0 || prompt[t] >= vocab)
+			return -EINVAL;
+	if (engine_seq_reserve(s, n, kv_pool_blocks_for(&e->pool, n)))
+		return -ENOMEM;
+	s->cache = 1;
+	s->salt = salt;
+	s->n_keyed = 0;
+	s->chain = (struct kv_key){ 0, 0 };
+	return 0;
+}
+
+int engine_seq_start(struct engine *e, struct engine_seq *s, const int32_t *prompt, int n,
+		     uint64_t salt, int *cached_tokens)
+{
+	int ret;
+
+	if (cached_tokens)
+		*cached_tokens = 0;
+	if ((ret = engine_seq_begin(e, s, prompt, n, salt)))
+		return ret;
+	/* (n - 1) / bt whole blocks at most: one token is always left to compute, and
+	 * it lands in a block of the sequence's own, never in a shared one */
+	engine_seq_map_cached(e, s, prompt, (n - 1) / e->pool.block_tokens);
+	e->stats.prefix_hit_tokens += (uint64_t)s->n_tokens;
+	if (cached_tokens)
+		*cached_tokens = s->n_tokens;
+	return 0;
+}
+
+void engine_cache_drop(struct engine *e)
+{
+	while (kv_pool_evict_lru(&e->pool) >= 0)
+		;
+}
+
+void engine_cache_status(const struct engine *e, struct engine_cache_status *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->block_tokens = e->pool.block_tokens;
+	st->blocks_total = e->pool.n_blocks;
+	st->blocks_free = e->pool.n_free;
+	st->blocks_cached = e->pool.n_lru;
+	st->blocks_used = e->pool.n_blocks - e->pool.n_free - e->pool.n_lru;
+	st->host_blocks = (int64_t)e->host.n_blocks;
+	st->host_bytes = (int64_t)e->host.used;
+	st->host_budget = (int64_t)e->host.budget;
+	st->sessions = e->sessions.n;
 }

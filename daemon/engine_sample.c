@@ -1,5 +1,5 @@
-/* A step that ends in token ids: the logits of each request's last row are sampled
- * on the host by the CPU sampler (the reference procedure of kernels/k_sample.h). */
+/* A step that ends in token ids: drawn on the backend where it can sample (only ids
+ * come back), else on the host by the CPU sampler; both follow kernels/k_sample.h. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +69,16 @@ int engine_step_sample(struct engine *e, struct engine_req *reqs, int n,
 		logits = e->sampler->logits;
 	} else if ((ret = sampler_reserve(e, 0))) {
 		snprintf(err, err_len, "engine: out of memory for the sampler");
+		return ret;
+	}
+	if (e->be->ops->sample) {
+		forward_sample_set(e->fwd, params, steps, ids, n, logits != e->sampler->logits);
+		ret = engine_step(e, reqs, n, logits, err, err_len);
+		if (!ret && e->fwd->sample.done != n) {
+			snprintf(err, err_len, "engine: %d of %d tokens sampled", e->fwd->sample.done, n);
+			ret = -EIO;
+		}
+		forward_sample_clear(e->fwd);
 		return ret;
 	}
 	if ((ret = engine_step(e, reqs, n, logits, err, err_len)))

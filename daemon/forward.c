@@ -8,8 +8,6 @@
 
 #include "daemon/forward.h"
 
-#define LOGIT_ROWS 16	/* rows of logits computed per lm_head call */
-
 #define OP(f, name, ...) ((f)->be->ops->name((f)->be, __VA_ARGS__))
 
 /* ---- sizes -------------------------------------------------------------- */
@@ -19,6 +17,8 @@ static int kv_width(const struct model_config *c)
 	return c->mla ? c->kv_lora_rank + c->qk_rope_head_dim : c->n_kv_heads * c->head_dim;
 }
 
+/* Bytes per token of all layers' cache on the CPU backend (fp32); a backend with
+ * a narrower kv_dtype scales it by its element size. */
 size_t forward_kv_bytes_per_token(const struct model *m)
 {
 	const struct model_config *c = &m->cfg;
@@ -36,11 +36,9 @@ static int max_inter(const struct model_config *c)
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
-static int scratch_alloc(struct forward *f, void **p, size_t floats, const char *what,
-			 char *err, size_t err_len)
+static int bytes_alloc(struct forward *f, void **p, size_t bytes, const char *what,
+		       char *err, size_t err_len)
 {
-	size_t bytes = floats * sizeof(float);
-
 	*p = f->be->ops->alloc(f->be, bytes);
 	if (!*p) {
 		snprintf(err, err_len, "%s backend: out of memory allocating %s (%.1f MiB)",
@@ -50,29 +48,40 @@ static int scratch_alloc(struct forward *f, void **p, size_t floats, const char 
 	return 0;
 }
 
+static int scratch_alloc(struct forward *f, void **p, size_t floats, const char *what,
+			 char *err, size_t err_len)
+{
+	return bytes_alloc(f, p, floats * sizeof(float), what, err, err_len);
+}
+
+/* The cache holds n_blocks blocks plus one (dummy_block) that padding rows of graph
+ * replays write into, so they never touch a sequence's blocks. */
 static int forward_alloc_cache(struct forward *f, char *err, size_t err_len)
 {
 	const struct model_config *c = &f->m->cfg;
-	size_t tokens = (size_t)f->n_blocks * (size_t)f->block_tokens;
+	size_t tokens = ((size_t)f->n_blocks + 1) * (size_t)f->block_tokens;
+	size_t elem = k_dtype_size(f->be->ops->kv_dtype);
 	int width = kv_width(c);
 	int ret;
 
-	f->kv = f->be->ops->alloc(f->be, (size_t)c->n_layers * sizeof(*f->kv));
+	f->kv = calloc((size_t)c->n_layers, sizeof(*f->kv));	/* host: the descriptors */
 	if (!f->kv)
 		return -ENOMEM;
 	for (int l = 0; l < c->n_layers; l++) {
 		struct k_kv_layer *kv = &f->kv[l];
 
-		kv->n_blocks = f->n_blocks;
+		kv->n_blocks = f->n_blocks + 1;
 		kv->block_tokens = f->block_tokens;
 		kv->width = width;
-		if ((ret = scratch_alloc(f, (void **)&kv->k, tokens * (size_t)width, "the KV cache", err, err_len)))
+		if ((ret = bytes_alloc(f, (void **)&kv->k, tokens * (size_t)width * elem, "the KV cache",
+				       err, err_len)))
 			return ret;
-		if (!c->mla && (ret = scratch_alloc(f, (void **)&kv->v, tokens * (size_t)width,
-						     "the KV cache", err, err_len)))
+		if (!c->mla && (ret = bytes_alloc(f, (void **)&kv->v, tokens * (size_t)width * elem,
+						  "the KV cache", err, err_len)))
 			return ret;
 	}
-	f->kv_bytes = forward_kv_bytes_per_token(f->m) * tokens;
+	f->dummy_block = f->n_blocks;
+	f->kv_bytes = forward_kv_bytes_per_token(f->m) / sizeof(float) * elem * tokens;
 	return 0;
 }
 
@@ -100,7 +109,7 @@ static int forward_alloc_scratch(struct forward *f, char *err, size_t err_len)
 		{ (void **)&f->router, R * c->n_experts },
 		{ (void **)&f->route_ids, R * c->top_k },
 		{ (void **)&f->route_w, R * c->top_k },
-		{ (void **)&f->logits, (size_t)LOGIT_ROWS * c->vocab_size },
+		{ (void **)&f->logits, (size_t)FWD_LOGIT_ROWS * c->vocab_size },
 	};
 	int ret;
 
@@ -141,6 +150,12 @@ int forward_create(struct forward **out, const struct model *m, struct backend *
 	}
 	if ((ret = forward_alloc_cache(f, err, err_len)) || (ret = forward_alloc_scratch(f, err, err_len)))
 		goto err_destroy;
+	if (!be->ops->host_memory && (ret = forward_stage_create(f, err, err_len)))
+		goto err_destroy;
+	if (be->ops->reserve &&
+	    (ret = be->ops->reserve(be, max_rows, n_blocks * block_tokens, err, err_len)))
+		goto err_destroy;
+	f->use_graphs = be->ops->capture_begin != NULL;
 	*out = f;
 	return 0;
 
@@ -156,12 +171,17 @@ void forward_destroy(struct forward *f)
 
 	if (!f)
 		return;
+	for (int i = 0; i < FWD_N_BUCKETS; i++)
+		for (int j = 0; j < 2; j++)
+			if (f->graphs[i][j])
+				f->be->ops->graph_destroy(f->be, f->graphs[i][j]);
+	forward_stage_destroy(f);
 	if (f->kv) {
 		for (int l = 0; l < f->m->cfg.n_layers; l++) {
 			f->be->ops->free(f->be, f->kv[l].k);
 			f->be->ops->free(f->be, f->kv[l].v);
 		}
-		f->be->ops->free(f->be, f->kv);
+		free(f->kv);
 	}
 	bufs[n++] = f->x, bufs[n++] = f->h, bufs[n++] = f->q, bufs[n++] = f->k;
 	bufs[n++] = f->v, bufs[n++] = f->q_a, bufs[n++] = f->kv_a, bufs[n++] = f->attn;
@@ -175,6 +195,19 @@ void forward_destroy(struct forward *f)
 }
 
 /* ---- layers ------------------------------------------------------------- */
+
+/* residual (R, w->rows) += x @ w^T, fused where the backend can; otherwise through
+ * scratch (R, w->rows), exactly as an add after the linear. */
+static void linear_residual(struct forward *f, float *residual, float *scratch, const float *x,
+			    const struct model_tensor *w, int R)
+{
+	if (f->be->ops->linear_add) {
+		OP(f, linear_add, residual, x, w, R);
+		return;
+	}
+	OP(f, linear, scratch, x, w, R);
+	OP(f, add, residual, scratch, (size_t)R * (size_t)w->rows);
+}
 
 /* Llama / Qwen3 attention: h (rows, hidden) in, h (rows, hidden) out. */
 static void gqa_attention(struct forward *f, const struct model_layer *L, int l,
@@ -196,7 +229,7 @@ static void gqa_attention(struct forward *f, const struct model_layer *L, int l,
 	OP(f, kv_write, kv->k, kv->width, f->k, R, b->slots);
 	OP(f, kv_write, kv->v, kv->width, f->v, R, b->slots);
 	OP(f, attn_gqa, f->attn, f->q, kv, &b->attn, H, KV, D, c->attn_scale);
-	OP(f, linear, f->h, f->attn, &L->wo, R);
+	linear_residual(f, f->x, f->h, f->attn, &L->wo, R);
 }
 
 /* DeepSeek multi-head latent attention, absorbed: the cache holds the normalised
@@ -229,19 +262,21 @@ static int mla_attention(struct forward *f, const struct model_layer *L, int l,
 	ret = OP(f, attn_mla, f->attn, f->q, &L->wkv_b, &f->kv[l], &b->attn, &d, c->attn_scale);
 	if (ret)
 		return ret;
-	OP(f, linear, f->h, f->attn, &L->wo, R);
+	linear_residual(f, f->x, f->h, f->attn, &L->wo, R);
 	return 0;
 }
 
-/* SwiGLU MLP of width inter: h in, out (rows, hidden). */
-static void dense_mlp(struct forward *f, const struct model_layer *L, int R, int inter, float *out)
+/* SwiGLU MLP of width inter: h in, added to acc (rows, hidden); scratch (rows,
+ * hidden) may be h itself, which gate and up have consumed by then. */
+static void dense_mlp(struct forward *f, const struct model_layer *L, int R, int inter, float *acc,
+		      float *scratch)
 {
 	size_t n = (size_t)R * (size_t)inter;
 
 	OP(f, linear, f->gate, f->h, &L->w_gate, R);
 	OP(f, linear, f->up, f->h, &L->w_up, R);
 	OP(f, silu_mul, f->gate, f->gate, f->up, n);
-	OP(f, linear, out, f->gate, &L->w_down, R);
+	linear_residual(f, acc, scratch, f->gate, &L->w_down, R);
 }
 
 /* Routed experts plus the shared expert (DeepSeek): h in, f->mlp out. */
@@ -258,11 +293,9 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int R)
 		 c->hidden_size, c->moe_intermediate_size, c->n_experts);
 	if (ret)
 		return ret;
-	if (c->n_shared_experts > 0) {
-		/* h is consumed by the gate/up projections before down writes it */
-		dense_mlp(f, L, R, c->moe_intermediate_size * c->n_shared_experts, f->h);
-		OP(f, add, f->mlp, f->h, (size_t)R * c->hidden_size);
-	}
+	if (c->n_shared_experts > 0)
+		dense_mlp(f, L, R, c->moe_intermediate_size * c->n_shared_experts, f->mlp, f->h);
+	OP(f, add, f->x, f->mlp, (size_t)R * c->hidden_size);
 	return 0;
 }
 
@@ -270,7 +303,6 @@ static int forward_layer(struct forward *f, int l, const struct fwd_batch *b)
 {
 	const struct model_config *c = &f->m->cfg;
 	const struct model_layer *L = &f->m->layers[l];
-	size_t n = (size_t)b->n_rows * c->hidden_size;
 	int R = b->n_rows, ret = 0;
 
 	OP(f, rmsnorm, f->h, c->hidden_size, f->x, c->hidden_size, &L->attn_norm, R, c->hidden_size,
@@ -281,53 +313,23 @@ static int forward_layer(struct forward *f, int l, const struct fwd_batch *b)
 		gqa_attention(f, L, l, b);
 	if (ret)
 		return ret;
-	OP(f, add, f->x, f->h, n);
 
 	OP(f, rmsnorm, f->h, c->hidden_size, f->x, c->hidden_size, &L->ffn_norm, R, c->hidden_size,
 	   c->rms_norm_eps);
 	if (L->is_moe)
-		ret = moe_mlp(f, L, R);
-	else
-		dense_mlp(f, L, R, c->intermediate_size, f->mlp);
-	if (ret)
-		return ret;
-	OP(f, add, f->x, f->mlp, n);
+		return moe_mlp(f, L, R);
+	dense_mlp(f, L, R, c->intermediate_size, f->x, f->mlp);
 	return 0;
 }
 
-/* Final norm and lm_head for the wanted rows only, LOGIT_ROWS at a time. */
-static int forward_logits(struct forward *f, const struct fwd_batch *b, float *logits)
-{
-	const struct model_config *c = &f->m->cfg;
-	int hidden = c->hidden_size;
-	size_t row_bytes = (size_t)c->vocab_size * sizeof(float);
-
-	for (int o = 0; o < b->n_out; o += LOGIT_ROWS) {
-		int n = b->n_out - o < LOGIT_ROWS ? b->n_out - o : LOGIT_ROWS;
-		int ret;
-
-		for (int i = 0; i < n; i++)
-			OP(f, rmsnorm, f->h + (size_t)i * hidden, hidden,
-			   f->x + (size_t)b->out_rows[o + i] * hidden, hidden, &f->m->final_norm, 1,
-			   hidden, c->rms_norm_eps);
-		OP(f, linear, f->logits, f->h, &f->m->lm_head, n);
-		ret = f->be->ops->download(f->be, logits + (size_t)o * c->vocab_size, f->logits,
-					   (size_t)n * row_bytes);
-		if (ret)
-			return ret;
-	}
-	return f->be->ops->sync(f->be);
-}
-
-int forward_run(struct forward *f, const struct fwd_batch *b, float *logits)
+/* The embedding and every layer: f->x holds the final residual stream after. */
+int forward_layers(struct forward *f, const struct fwd_batch *b)
 {
 	int ret;
 
-	if (b->n_rows <= 0 || b->n_rows > f->max_rows || b->n_out < 0 || b->n_out > b->n_rows)
-		return -EINVAL;
 	OP(f, embed, f->x, b->tokens, b->n_rows, &f->m->embed);
 	for (int l = 0; l < f->m->cfg.n_layers; l++)
 		if ((ret = forward_layer(f, l, b)))
 			return ret;
-	return forward_logits(f, b, logits);
+	return 0;
 }

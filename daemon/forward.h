@@ -22,6 +22,35 @@ struct fwd_batch {
 	const int32_t *out_rows;	/* (n_out) rows whose logits are wanted */
 };
 
+#define FWD_LOGIT_ROWS 64		/* rows of logits one lm_head call computes */
+#define FWD_GRAPH_MAX_ROWS 64		/* decode steps up to this many rows replay a graph */
+#define FWD_N_BUCKETS 7			/* graph batch buckets 1, 2, 4, ..., 64 */
+
+/* Step inputs in backend memory, for backends that cannot read host memory. */
+struct fwd_stage {
+	int32_t *tokens, *pos, *slots, *ctx;	/* (max_rows) */
+	const int32_t **row_tables;	/* (max_rows) backend pointers into tables */
+	int32_t *tables;		/* (table_cap) the step's block tables, back to back */
+	int table_cap;
+	const int32_t **h_row_tables;	/* (max_rows) host staging of row_tables */
+	int32_t *h_tables;		/* (table_cap) host staging of tables */
+	int32_t *h_rows;		/* (max_rows) host scratch for padded inputs */
+	struct k_sample_params *params;	/* (FWD_LOGIT_ROWS) */
+	uint64_t *steps;		/* (FWD_LOGIT_ROWS) */
+	int32_t *ids;			/* (FWD_LOGIT_ROWS) */
+};
+
+/* Sampling requested for the out rows of the steps that follow (forward_sample_set):
+ * arrays over all out rows of one engine step, in order; host memory. */
+struct fwd_sample {
+	const struct k_sample_params *params;	/* (n) or NULL: no sampling */
+	const uint64_t *steps;			/* (n) */
+	int32_t *ids;				/* (n) out */
+	int n;
+	int done;				/* out rows sampled so far */
+	int want_logits;			/* 1: logits are downloaded as well */
+};
+
 struct forward {
 	const struct model *m;
 	struct backend *be;
@@ -47,7 +76,15 @@ struct forward {
 	float *router;			/* (rows, n_experts) */
 	int32_t *route_ids;		/* (rows, top_k) */
 	float *route_w;			/* (rows, top_k) */
-	float *logits;			/* (LOGIT_ROWS, vocab) */
+	float *logits;			/* (FWD_LOGIT_ROWS, vocab) */
+
+	struct fwd_stage st;		/* used when !be->ops->host_memory */
+	struct fwd_sample sample;
+	int dummy_block;		/* block id (== n_blocks) that padding rows write to */
+	void *graphs[FWD_N_BUCKETS][2];	/* decode graphs per bucket, [0] logits, [1] sampled */
+	int graph_nodes[FWD_N_BUCKETS][2];	/* kernels (and copies) each graph replays */
+	int use_graphs;			/* backend can capture and the caller did not disable it */
+	uint64_t graph_replays;		/* steps that replayed a graph */
 };
 
 /* Allocates the caches (n_blocks of block_tokens tokens, every layer) and the scratch.
@@ -59,7 +96,22 @@ void forward_destroy(struct forward *f);	/* accepts NULL and half-built */
 /* Bytes of KV cache one token takes over all layers (fp32 on the CPU backend). */
 size_t forward_kv_bytes_per_token(const struct model *m);
 
-/* Runs the batch and writes logits (n_out, vocab) to host memory. 0 or -errno. */
+/* Runs the batch and writes logits (n_out, vocab) to host memory. 0 or -errno.
+ * Decode-shaped batches (one out row per row, each row its own sequence, at most
+ * FWD_GRAPH_MAX_ROWS) replay a graph captured per batch bucket where the backend
+ * can capture; everything else runs op by op. */
 int forward_run(struct forward *f, const struct fwd_batch *b, float *logits);
+
+/* Asks the following forward_run calls to draw a token for each out row on the
+ * backend (which must have a sample op): n out rows in all, over one or more calls.
+ * With want_logits 0 the logits are not copied back. forward_sample_clear ends it. */
+void forward_sample_set(struct forward *f, const struct k_sample_params *params,
+			const uint64_t *steps, int32_t *ids, int n, int want_logits);
+void forward_sample_clear(struct forward *f);
+
+/* ---- forward_step.c internals shared with forward.c ---- */
+int forward_layers(struct forward *f, const struct fwd_batch *b);
+int forward_stage_create(struct forward *f, char *err, size_t err_len);
+void forward_stage_destroy(struct forward *f);
 
 #endif

@@ -10,6 +10,7 @@
 #include "config.h"
 #include "daemon/cli.h"
 #include "daemon/engine.h"
+#include "daemon/kdbench.h"
 #include "daemon/log.h"
 #include "daemon/model.h"
 
@@ -31,6 +32,7 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: kdbench logits   --model DIR --tokens 1,2,3 --out FILE [--incremental] [options]\n"
 		"       kdbench generate --model DIR --prompt 1,2,3 --max-tokens N [options]\n"
+		"       kdbench decode   --model DIR [--batch 1,8,32,64 --ctx 1024 ...]  (decode --help)\n"
 		"\n"
 		"  logits    write float32 little-endian logits, row-major [T, vocab]; row t sees\n"
 		"            tokens 0..t. Default: one prefill; --incremental feeds the tokens one\n"
@@ -39,7 +41,7 @@ static void usage(FILE *f)
 		"            (time to first token, tokens/s) to stderr.\n"
 		"\n"
 		"options:\n"
-		"  --backend NAME        cpu (default)\n"
+		"  --backend NAME        cpu (default) or cuda\n"
 		"  --threads N           CPU threads (default: all online CPUs)\n"
 		"  --synthetic-weights   deterministic random weights; --model may be a config.json\n"
 		"  --seed S              seed of the synthetic weights (default 0)\n"
@@ -248,24 +250,14 @@ static int cmd_logits(const struct bench_args *a, struct engine *e, const int32_
 	return ret;
 }
 
-static int32_t argmax(const float *v, int n)
-{
-	int32_t best = 0;
-
-	for (int i = 1; i < n; i++)
-		if (v[i] > v[best])
-			best = i;
-	return best;
-}
-
 static int cmd_generate(const struct bench_args *a, struct engine *e, const int32_t *ids, int n)
 {
-	int vocab = e->model->cfg.vocab_size;
+	struct k_sample_params greedy = { .temperature = 0 };
 	struct engine_seq seq;
 	struct engine_req r;
 	char err[256] = "";
 	double t0, t_first, t_end;
-	float *logits;
+	uint64_t step = 0;
 	int32_t tok;
 	int ret;
 
@@ -273,22 +265,19 @@ static int cmd_generate(const struct bench_args *a, struct engine *e, const int3
 		fprintf(stderr, "kdbench generate: --max-tokens N is required\n");
 		return -EINVAL;
 	}
-	logits = malloc((size_t)vocab * sizeof(float));
-	if (!logits)
-		return -ENOMEM;
 	engine_seq_init(&seq);
 	t0 = cli_now();
 	r = (struct engine_req){ .seq = &seq, .tokens = ids, .n_tokens = n };
-	ret = engine_step(e, &r, 1, logits, err, sizeof(err));
+	ret = engine_step_sample(e, &r, 1, &greedy, &step, &tok, NULL, err, sizeof(err));
 	t_first = t_end = cli_now();
 	for (long i = 0; !ret && i < a->max_tokens; i++) {
-		tok = argmax(logits, vocab);
 		printf("%s%d", i ? " " : "", tok);
 		fflush(stdout);
 		if (i + 1 == a->max_tokens)
 			break;
 		r = (struct engine_req){ .seq = &seq, .tokens = &tok, .n_tokens = 1 };
-		ret = engine_step(e, &r, 1, logits, err, sizeof(err));
+		step = (uint64_t)i + 1;
+		ret = engine_step_sample(e, &r, 1, &greedy, &step, &tok, NULL, err, sizeof(err));
 		t_end = cli_now();
 	}
 	printf("\n");
@@ -306,7 +295,6 @@ static int cmd_generate(const struct bench_args *a, struct engine *e, const int3
 				(double)(a->max_tokens - 1) / decode);
 	}
 	engine_seq_release(e, &seq);
-	free(logits);
 	return ret;
 }
 
@@ -318,6 +306,13 @@ int main(int argc, char **argv)
 	int32_t *ids = NULL;
 	char err[256];
 	int n = 0, ret;
+
+	if (argc >= 2 && !strcmp(argv[1], "decode"))
+		return kdbench_decode_main(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "kvcache"))
+		return kdbench_kvcache_main(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "ipc"))
+		return kdbench_ipc_main(argc - 1, argv + 1);
 
 	if (parse_args(argc, argv, &a))
 		return 2;

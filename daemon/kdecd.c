@@ -1,9 +1,11 @@
-/* kdecd: the decode daemon. This release loads and checks the model, builds the engine
- * (KV cache included) and runs the main loop until SIGTERM; serving clients over shared
- * memory arrives with the IPC layer (docs/ARCHITECTURE.md). */
+/* kdecd: the decode daemon. Loads the model, builds the engine, then serves local
+ * clients over shared memory (daemon/server.c, the engine thread) until SIGTERM:
+ * the first stops admitting and lets running requests finish, a second stops now. */
 #include <errno.h>
 #include <ev.h>
 #include <getopt.h>
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,45 +14,117 @@
 
 #include "config.h"
 #include "daemon/cli.h"
+#include "daemon/doorbell.h"
 #include "daemon/engine.h"
 #include "daemon/log.h"
 #include "daemon/model.h"
+#include "daemon/server.h"
+
+#define MAX_ALLOW 64
 
 struct daemon_args {
 	const char *model;
 	int check;
 	struct model_load_opts load;
 	struct engine_opts eng;
+	struct server_opts srv;
+	uid_t uids[MAX_ALLOW];
+	gid_t gids[MAX_ALLOW];
 };
 
 static void usage(FILE *f)
 {
+	char sock[256];
+
+	ipc_default_socket(sock, sizeof(sock));
 	fprintf(f,
 		"usage: kdecd --model DIR [options]\n"
 		"\n"
-		"  --model DIR           Hugging Face checkpoint (config.json + safetensors)\n"
-		"  --backend NAME        cpu (default)\n"
-		"  --threads N           CPU threads (default: all online CPUs)\n"
-		"  --synthetic-weights   deterministic random weights (benchmarks)\n"
-		"  --kv-tokens N         KV cache capacity in tokens (default %d)\n"
-		"  --check               load and check the model, build the engine, then exit\n"
-		"  --log-level L         error, warn, info (default), debug\n"
+		"Serves token generation to local clients (libkdclient, kdrun) over shared memory;\n"
+		"operators use kdctl on the same socket.\n"
+		"\n"
+		"  --model DIR             Hugging Face checkpoint (config.json + safetensors)\n"
+		"  --backend NAME          cpu (default)\n"
+		"  --socket PATH           Unix socket (default: $XDG_RUNTIME_DIR/kdecd.sock; else\n"
+		"                          /run/kdecd/kdecd.sock for root; else /tmp/kdecd-$UID/kdecd.sock;\n"
+		"                          here: %s); created with mode 0660\n"
+		"  --threads N             CPU threads of the engine (default: all online CPUs)\n"
+		"  --max-clients N         connected clients (default %d)\n"
+		"  --allow-uid U,...       uids (numbers or names) allowed besides ours and root\n"
+		"  --allow-gid G,...       groups allowed (a peer's primary or supplementary group)\n"
+		"  --notify futex|eventfd  how daemon and clients wake each other (default futex:\n"
+		"                          io_uring futex ops, Linux 6.7+; eventfd elsewhere)\n"
+		"  --max-batch N           requests in the running batch (default %d)\n"
+		"  --kv-tokens N           KV cache capacity in tokens (default %d)\n"
+		"  --shutdown-timeout S    seconds running requests get after SIGTERM (default %.0f)\n"
+		"  --synthetic-weights     deterministic random weights (benchmarks)\n"
+		"  --check                 load and check the model, build the engine, then exit\n"
+		"  --log-level L           error, warn, info (default), debug\n"
 		"  --version, --help\n"
 		"\n"
-		"Runs in the foreground and logs to stderr; SIGTERM or SIGINT stops it.\n"
-		"Serving clients (libkdclient, kdrun, kdctl) arrives with the IPC layer.\n",
-		ENGINE_DEFAULT_KV_TOKENS);
+		"Runs in the foreground and logs to stderr. SIGTERM or SIGINT: stop admitting,\n"
+		"finish running requests within --shutdown-timeout (then cancel them), exit 0;\n"
+		"a second signal stops at once. A client whose event ring stays full has its\n"
+		"request paused, then cancelled after %d ms.\n",
+		sock, SERVER_DEFAULT_MAX_CLIENTS, SCHED_DEFAULT_MAX_BATCH, ENGINE_DEFAULT_KV_TOKENS,
+		SERVER_DEFAULT_SHUTDOWN_S, SCHED_DEFAULT_STALL_MS);
+}
+
+/* "1000,alice" -> ids; names through getpwnam / getgrnam. */
+static int parse_ids(const char *opt, const char *s, int group, unsigned *ids, int *n)
+{
+	char *copy = strdup(s), *save = NULL, *tok;
+	int ret = 0;
+
+	if (!copy)
+		return -1;
+	for (tok = strtok_r(copy, ",", &save); tok && !ret; tok = strtok_r(NULL, ",", &save)) {
+		long v;
+
+		if (*n == MAX_ALLOW) {
+			fprintf(stderr, "kdecd: %s: at most %d ids\n", opt, MAX_ALLOW);
+			ret = -1;
+		} else if (!cli_parse_long(tok, 0, 0x7fffffff, &v)) {
+			ids[(*n)++] = (unsigned)v;
+		} else if (!group && getpwnam(tok)) {
+			ids[(*n)++] = getpwnam(tok)->pw_uid;
+		} else if (group && getgrnam(tok)) {
+			ids[(*n)++] = getgrnam(tok)->gr_gid;
+		} else {
+			fprintf(stderr, "kdecd: %s '%s': no such %s\n", opt, tok, group ? "group" : "user");
+			ret = -1;
+		}
+	}
+	free(copy);
+	return ret;
+}
+
+static int parse_num(const char *opt, const char *s, long min, long max, long *out)
+{
+	if (cli_parse_long(s, min, max, out)) {
+		fprintf(stderr, "kdecd: %s '%s': want %ld..%ld\n", opt, s, min, max);
+		return -1;
+	}
+	return 0;
 }
 
 static int parse_args(int argc, char **argv, struct daemon_args *a)
 {
-	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION };
+	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
+	       O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "backend", required_argument, NULL, O_BACKEND },
+		{ "socket", required_argument, NULL, O_SOCKET },
 		{ "threads", required_argument, NULL, O_THREADS },
-		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
+		{ "max-clients", required_argument, NULL, O_MAXCL },
+		{ "allow-uid", required_argument, NULL, O_UID },
+		{ "allow-gid", required_argument, NULL, O_GID },
+		{ "notify", required_argument, NULL, O_NOTIFY },
+		{ "max-batch", required_argument, NULL, O_BATCH },
 		{ "kv-tokens", required_argument, NULL, O_KV },
+		{ "shutdown-timeout", required_argument, NULL, O_SHUT },
+		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
 		{ "check", no_argument, NULL, O_CHECK },
 		{ "log-level", required_argument, NULL, O_LOG },
 		{ "version", no_argument, NULL, O_VERSION },
@@ -60,25 +134,59 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 	long v;
 	int c;
 
+	a->srv.notify = IPC_NOTIFY_FUTEX;
+	a->srv.shutdown_timeout_s = -1;
+	a->srv.allow_uid = a->uids;
+	a->srv.allow_gid = a->gids;
 	while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'm': a->model = optarg; break;
-		case O_BACKEND: a->eng.backend = optarg; break;
+		case O_BACKEND: a->eng.backend = a->srv.backend = optarg; break;
+		case O_SOCKET: a->srv.socket_path = optarg; break;
 		case O_SYNTH: a->load.synthetic = 1; break;
 		case O_CHECK: a->check = 1; break;
 		case O_THREADS:
-			if (cli_parse_long(optarg, 1, 1024, &v)) {
-				fprintf(stderr, "kdecd: --threads '%s': want 1..1024\n", optarg);
+			if (parse_num("--threads", optarg, 1, 1024, &v))
 				return -1;
-			}
 			a->eng.threads = (int)v;
 			break;
+		case O_MAXCL:
+			if (parse_num("--max-clients", optarg, 1, 4096, &v))
+				return -1;
+			a->srv.max_clients = (int)v;
+			break;
+		case O_BATCH:
+			if (parse_num("--max-batch", optarg, 1, 4096, &v))
+				return -1;
+			a->srv.sched.max_batch = (int)v;
+			break;
 		case O_KV:
-			if (cli_parse_long(optarg, 1, 1L << 28, &v)) {
-				fprintf(stderr, "kdecd: --kv-tokens '%s': want 1..%ld\n", optarg, 1L << 28);
+			if (parse_num("--kv-tokens", optarg, 1, 1L << 28, &v))
+				return -1;
+			a->eng.kv_tokens = (int)v;
+			break;
+		case O_SHUT:
+			if (parse_num("--shutdown-timeout", optarg, 0, 86400, &v))
+				return -1;
+			a->srv.shutdown_timeout_s = (double)v;
+			break;
+		case O_UID:
+			if (parse_ids("--allow-uid", optarg, 0, a->uids, &a->srv.n_allow_uid))
+				return -1;
+			break;
+		case O_GID:
+			if (parse_ids("--allow-gid", optarg, 1, a->gids, &a->srv.n_allow_gid))
+				return -1;
+			break;
+		case O_NOTIFY:
+			if (!strcmp(optarg, "futex")) {
+				a->srv.notify = IPC_NOTIFY_FUTEX;
+			} else if (!strcmp(optarg, "eventfd")) {
+				a->srv.notify = IPC_NOTIFY_EVENTFD;
+			} else {
+				fprintf(stderr, "kdecd: --notify '%s': want futex or eventfd\n", optarg);
 				return -1;
 			}
-			a->eng.kv_tokens = (int)v;
 			break;
 		case O_LOG:
 			if (log_level_parse(optarg, &log_threshold)) {
@@ -87,7 +195,7 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 			}
 			break;
 		case O_VERSION:
-			printf("kdecd (kdec) %s\n", PACKAGE_VERSION);
+			printf("kdecd (kdec) %s, protocol %u\n", PACKAGE_VERSION, IPC_PROTOCOL_VERSION);
 			exit(0);
 		case 'h':
 			usage(stdout);
@@ -109,11 +217,56 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 	return 0;
 }
 
+static int n_signals;
+
 static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 {
+	struct server *s = w->data;
+
+	(void)loop;
 	(void)revents;
-	log_info("signal %d: shutting down", w->signum);
-	ev_break(loop, EVBREAK_ALL);
+	if (++n_signals == 1) {
+		log_info("signal %d: shutting down", w->signum);
+		server_shutdown(s);
+	} else {
+		log_info("signal %d again: stopping now", w->signum);
+		server_stop_now(s);
+	}
+}
+
+static int serve(struct daemon_args *a, struct engine *e)
+{
+	struct ev_loop *loop = ev_default_loop(EVFLAG_AUTO);
+	struct server *s = NULL;
+	ev_signal sig_term, sig_int;
+	char err[512] = "";
+	int ret;
+
+	if (!loop) {
+		log_error("libev: cannot initialise the event loop");
+		return -EIO;
+	}
+	if (a->srv.notify == IPC_NOTIFY_FUTEX && (ret = doorbell_probe_futex(err, sizeof(err)))) {
+		log_error("%s; start kdecd with --notify eventfd", err);
+		return ret;
+	}
+	if ((ret = server_create(&s, loop, e, &a->srv, err, sizeof(err)))) {
+		log_error("%s", err);
+		return ret;
+	}
+	ev_signal_init(&sig_term, on_signal, SIGTERM);
+	ev_signal_init(&sig_int, on_signal, SIGINT);
+	sig_term.data = sig_int.data = s;
+	ev_signal_start(loop, &sig_term);
+	ev_signal_start(loop, &sig_int);
+	log_info("running (pid %ld): socket %s, notify %s", (long)getpid(), server_socket_path(s),
+		 a->srv.notify == IPC_NOTIFY_FUTEX ? "futex" : "eventfd");
+	ev_run(loop, 0);
+	server_destroy(s);
+	ev_signal_stop(loop, &sig_term);
+	ev_signal_stop(loop, &sig_int);
+	log_info("stopped");
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -121,8 +274,6 @@ int main(int argc, char **argv)
 	struct daemon_args a = { 0 };
 	struct model *m = NULL;
 	struct engine *e = NULL;
-	struct ev_loop *loop;
-	ev_signal sig_term, sig_int;
 	char err[512] = "";
 	double t0;
 	int ret;
@@ -141,22 +292,8 @@ int main(int argc, char **argv)
 	log_info("model %s: %s, %d layers, %.1f MiB of weights; KV cache %.1f MiB; ready in %.2f s",
 		 a.model, m->cfg.model_type, m->cfg.n_layers, (double)m->weight_bytes / (1 << 20),
 		 (double)e->fwd->kv_bytes / (1 << 20), cli_now() - t0);
-	if (a.check)
-		goto out;
-
-	loop = ev_default_loop(EVFLAG_AUTO);
-	if (!loop) {
-		log_error("libev: cannot initialise the event loop");
-		ret = -EIO;
-		goto out;
-	}
-	ev_signal_init(&sig_term, on_signal, SIGTERM);
-	ev_signal_init(&sig_int, on_signal, SIGINT);
-	ev_signal_start(loop, &sig_term);
-	ev_signal_start(loop, &sig_int);
-	log_info("running (pid %ld); client serving arrives with the IPC layer", (long)getpid());
-	ev_run(loop, 0);
-	ev_loop_destroy(loop);
+	if (!a.check)
+		ret = serve(&a, e);
 out:
 	engine_destroy(e);
 	model_destroy(m);

@@ -1,8 +1,175 @@
-/* The version of the client <-> daemon shared-memory protocol. Both sides compare it
- * at connection time; any change of a wire struct or of the segment layout bumps it. */
+/* The client <-> daemon protocol: the socket handshake, the shared-memory segment's
+ * layout and the wire records. Both sides include it; any change of a struct or of
+ * the layout bumps IPC_PROTOCOL_VERSION, which both sides compare at connect time. */
 #ifndef KD_IPC_IPC_PROTO_H
 #define KD_IPC_IPC_PROTO_H
 
-#define IPC_PROTOCOL_VERSION 1u
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define IPC_PROTOCOL_VERSION 2u
+#define IPC_MAGIC 0x4345444bu		/* "KDEC" little-endian */
+
+/* Segment geometry: fixed per protocol version, so neither side trusts sizes that
+ * the other could have changed. */
+#define IPC_HDR_BYTES 4096u
+#define IPC_SUB_SLOTS 64u		/* submission records; power of two */
+#define IPC_EV_SLOTS 1024u		/* event records; power of two */
+#define IPC_PAY_TOKENS (1u << 18)	/* payload ring of prompt token ids; power of two */
+#define IPC_STOP_MAX 8			/* stop tokens carried inline in a request */
+#define IPC_SESSION_MAX 64		/* session name bytes including the NUL */
+#define IPC_LINE_MAX 4096		/* longest JSON line on the socket */
+#define IPC_MAX_NEW (1u << 24)		/* max_tokens ceiling of the protocol */
+
+/* How the daemon and its clients wake each other (header field notify). */
+enum ipc_notify {
+	IPC_NOTIFY_FUTEX = 1,		/* futex words in the segment (io_uring on the daemon side) */
+	IPC_NOTIFY_EVENTFD = 2,		/* eventfds passed with SCM_RIGHTS */
+};
+
+/* Bits of ipc_seg_hdr.client_sleep: how a sleeping client wants to be woken. */
+#define IPC_SLEEP_FUTEX 1u		/* futex-waiting on client_bell */
+#define IPC_SLEEP_FD 2u			/* polling its notify eventfd (sticky once kd_fd is used) */
+
+/* ipc_seg_hdr.state, written by the daemon. */
+enum ipc_state {
+	IPC_STATE_OPEN = 1,
+	IPC_STATE_CLOSED = 2,		/* the daemon dropped the client; the reason is on the socket */
+};
+
+/* Page 0 of the segment. The daemon writes the geometry once before sealing and
+ * never reads it back: the client can write anything anywhere in its segment. Each
+ * index lives on its own cache line so producer and consumer do not false-share. */
+struct ipc_seg_hdr {
+	uint32_t magic;			/* IPC_MAGIC */
+	uint32_t version;		/* IPC_PROTOCOL_VERSION */
+	uint32_t notify;		/* enum ipc_notify */
+	uint32_t client_id;		/* the daemon's id for this client (kdctl clients) */
+	uint64_t seg_bytes;		/* whole segment, bytes */
+	uint32_t sub_off, sub_slots;	/* submission ring: byte offset, records */
+	uint32_t ev_off, ev_slots;	/* event ring: byte offset, records */
+	uint32_t pay_off, pay_tokens;	/* payload ring: byte offset, int32 token ids */
+	uint32_t max_prompt;		/* prompt tokens per request */
+	uint32_t max_new;		/* max_tokens per request */
+	uint32_t max_inflight;		/* requests in flight per client */
+	uint32_t vocab_size;
+	char model[64];			/* model_type, NUL-terminated */
+	uint8_t pad0[256 - 128];
+
+	_Alignas(64) _Atomic uint32_t sub_tail;	/* client: records written */
+	_Alignas(64) _Atomic uint32_t sub_head;	/* daemon: records taken */
+	_Alignas(64) _Atomic uint32_t ev_tail;	/* daemon: events written */
+	_Alignas(64) _Atomic uint32_t ev_head;	/* client: events read */
+	_Alignas(64) _Atomic uint32_t daemon_bell;	/* futex: client bumps + wakes after a submit */
+	_Atomic uint32_t daemon_sleeping;	/* daemon: 1 while it may sleep on daemon_bell */
+	_Alignas(64) _Atomic uint32_t client_bell;	/* futex: daemon bumps + wakes after publishing */
+	_Atomic uint32_t client_sleep;		/* client: IPC_SLEEP_* while it may sleep */
+	_Alignas(64) _Atomic uint32_t state;	/* enum ipc_state */
+};
+
+/* Submission record kinds. */
+enum ipc_sub_kind {
+	IPC_SUB_REQUEST = 1,
+	IPC_SUB_CANCEL = 2,
+};
+
+/* Client -> daemon: one request (or a cancel of one). 192 bytes. Every field is
+ * validated after the daemon has copied the record out of shared memory. */
+struct ipc_sub {
+	uint32_t kind;			/* enum ipc_sub_kind */
+	uint32_t flags;			/* reserved for min-p, penalties, logprobs (issue 6); 0 */
+	uint64_t req_id;		/* client's id, unique among its requests in flight */
+	uint64_t t_submit_ns;		/* CLOCK_MONOTONIC when written (latency figures only) */
+	uint32_t tok_pos;		/* prompt's first token in the payload ring (mod pay_tokens) */
+	uint32_t n_tokens;		/* prompt length, 1..max_prompt */
+	uint32_t max_tokens;		/* tokens to generate, 1..max_new */
+	int32_t priority;		/* higher runs first */
+	float temperature;		/* >= 0, finite; 0 = greedy */
+	int32_t top_k;			/* >= 0; 0 = off */
+	float top_p;			/* [0, 1]; 0 or 1 = off */
+	uint32_t n_stop;		/* 0..IPC_STOP_MAX */
+	uint64_t seed;
+	int32_t stop[IPC_STOP_MAX];	/* stop token ids */
+	char session[IPC_SESSION_MAX];	/* "" or [A-Za-z0-9._:-]+, NUL-padded */
+	uint32_t reserved[8];		/* issue 6 (min-p, penalties, speculation); 0 */
+};
+
+/* Event flags and reasons. */
+#define IPC_EV_FINAL 1u			/* the request's last event */
+
+enum ipc_reason {
+	IPC_REASON_NONE = 0,
+	IPC_REASON_LENGTH = 1,		/* max_tokens generated */
+	IPC_REASON_STOP = 2,		/* a stop token was generated (it is included) */
+	IPC_REASON_CANCELLED = 3,	/* kd_cancel, the daemon's shutdown, or a stalled ring */
+	IPC_REASON_ERROR = 4,		/* refused or failed: err and detail say why */
+};
+
+/* What an error event's arg[] mean (for messages without text on the wire). */
+enum ipc_detail {
+	IPC_DETAIL_NONE = 0,
+	IPC_DETAIL_TOKEN_RANGE = 1,	/* arg0 index, arg1 token id, arg2 vocab size */
+	IPC_DETAIL_STOP_RANGE = 2,	/* arg0 index, arg1 token id, arg2 vocab size */
+	IPC_DETAIL_TOO_LONG = 3,	/* arg0 prompt + max_tokens, arg1 KV cache tokens */
+	IPC_DETAIL_SHUTDOWN = 4,	/* the daemon is draining or shutting down */
+	IPC_DETAIL_STALLED = 5,		/* arg0 ms the event ring stayed full */
+	IPC_DETAIL_DUP_ID = 6,		/* arg0 low 32 bits of the id already in flight */
+	IPC_DETAIL_SESSIONS = 7,	/* arg0 session names per client */
+	IPC_DETAIL_ENGINE = 8,		/* the step failed (see the daemon's log) */
+	IPC_DETAIL_CANCEL = 9,		/* cancelled by the client */
+	IPC_DETAIL_CLIENT_TOKENS = 10,	/* arg0 the client's tokens in flight with it, arg1 the cap */
+};
+
+/* Daemon -> client: one token, or the end of a request. 64 bytes. */
+struct ipc_event {
+	uint64_t req_id;
+	int32_t token;			/* -1 when the event carries none */
+	uint32_t index;			/* the token's index in the output */
+	uint32_t flags;			/* IPC_EV_* */
+	uint16_t reason;		/* enum ipc_reason, with IPC_EV_FINAL */
+	uint16_t detail;		/* enum ipc_detail */
+	int32_t err;			/* negative errno with IPC_REASON_ERROR */
+	uint32_t arg[3];		/* detail arguments */
+	uint64_t t_submit_ns;		/* the request's own t_submit_ns, echoed */
+	uint64_t t_pickup_ns;		/* CLOCK_MONOTONIC when the daemon took the request */
+	uint64_t t_publish_ns;		/* CLOCK_MONOTONIC when this event was written */
+};
+
+_Static_assert(sizeof(struct ipc_seg_hdr) <= IPC_HDR_BYTES, "header fits page 0");
+_Static_assert(sizeof(struct ipc_sub) == 192, "submission record size is wire format");
+_Static_assert(sizeof(struct ipc_event) == 64, "event record size is wire format");
+
+/* Byte offsets of the parts (page-aligned where it matters). */
+#define IPC_SUB_OFF IPC_HDR_BYTES
+#define IPC_EV_OFF (IPC_SUB_OFF + IPC_SUB_SLOTS * (uint32_t)sizeof(struct ipc_sub))
+#define IPC_PAY_OFF (IPC_EV_OFF + IPC_EV_SLOTS * (uint32_t)sizeof(struct ipc_event))
+#define IPC_SEG_BYTES (IPC_PAY_OFF + IPC_PAY_TOKENS * (uint32_t)sizeof(int32_t))
+
+static inline struct ipc_sub *ipc_seg_sub(void *seg, uint32_t slot)
+{
+	return (struct ipc_sub *)((char *)seg + IPC_SUB_OFF) + (slot & (IPC_SUB_SLOTS - 1));
+}
+
+static inline struct ipc_event *ipc_seg_ev(void *seg, uint32_t slot)
+{
+	return (struct ipc_event *)((char *)seg + IPC_EV_OFF) + (slot & (IPC_EV_SLOTS - 1));
+}
+
+static inline int32_t *ipc_seg_pay(void *seg)
+{
+	return (int32_t *)((char *)seg + IPC_PAY_OFF);
+}
+
+/* Socket messages are single JSON lines:
+ *   client -> daemon  {"hello":"kdclient","protocol":2,"spin":false}
+ *   daemon -> client  {"ok":true,"protocol":2,"notify":"futex","seg_bytes":N,"client_id":I}
+ *                     with SCM_RIGHTS: memfd, notify eventfd[, doorbell eventfd]
+ *                  or {"ok":false,"error":"..."} and the socket closed
+ *   kdctl  -> daemon  {"cmd":"status"} ... one reply line each (daemon/control.h) */
+
+/* The default socket: $XDG_RUNTIME_DIR/kdecd.sock; else /run/kdecd/kdecd.sock for root;
+ * else /tmp/kdecd-$UID/kdecd.sock. Returns 0 or -ENAMETOOLONG. */
+int ipc_default_socket(char *buf, size_t len);
 
 #endif

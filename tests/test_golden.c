@@ -1,8 +1,19 @@
 /* The oracle: each reference model in tests/data/golden (HF transformers float32 logits
- * from bf16 weights) must be reproduced by the CPU engine to <= 1e-4 relative L2 error
- * per row, by one prefill, by incremental decode through the paged KV cache, and with
- * all cases batched into one step; greedy decoding must give transformers' 40 tokens. */
+ * from bf16 weights) must be reproduced by the engine, by one prefill, by incremental
+ * decode through the paged KV cache, and with all cases batched into one step; greedy
+ * decoding must give transformers' 40 tokens.
+ * KDEC_TEST_BACKEND=cpu (default): <= 1e-4 relative L2 per row (fp32 throughout).
+ * KDEC_TEST_BACKEND=cuda: <= 2e-2 (bf16 weights, KV cache and tensor-core inputs);
+ * a greedy token may differ only where the engine's own top-two gap is within that
+ * error. Mixture-of-experts models may have up to MOE_SLACK of a case's rows over
+ * tolerance: where two experts' scores are within bf16 rounding the GPU may route
+ * to the other one and that row moves far (the golden README's near-ties); the
+ * count is printed. Checkpoints stored in fp16/fp32 are skipped on the GPU, which
+ * keeps bf16 weights: their references are not its oracle.
+ * Exits 77 when the backend has no device. */
+#include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +22,22 @@
 #include "daemon/model.h"
 #include "tests/testutil.h"
 
-#define ROW_TOL 1e-4
+#define CPU_ROW_TOL 1e-4
+#define CUDA_ROW_TOL 2e-2
 #define MAX_CASES 8
+
+#define MOE_SLACK 0.05
+
+static const char *backend = "cpu";
+static double row_tol = CPU_ROW_TOL;
+
+/* Rows of n allowed over tolerance. */
+static int allowed_bad(const struct engine *e, int n)
+{
+	if (row_tol == CPU_ROW_TOL || e->model->cfg.n_experts == 0)
+		return 0;
+	return (int)(n * MOE_SLACK) > 1 ? (int)(n * MOE_SLACK) : 1;
+}
 
 /* golden/: the shared references; reference/: made by contrib/make_reference.py from
  * tests/data/tiny configs (other dims, fp16 and fp32 checkpoints, kimi_k2). */
@@ -64,7 +89,7 @@ static double compare_rows(const float *got, const float *ref, int rows, int voc
 
 		if (e > worst)
 			worst = e;
-		if (!(e <= ROW_TOL))
+		if (!(e <= row_tol))
 			(*bad)++;
 	}
 	return worst;
@@ -84,7 +109,9 @@ static void check_prefill_and_incremental(struct engine *e, const char *name, in
 	CHECK(engine_step(e, &r, 1, got, err, sizeof(err)) == 0, "%s case %d prefill: %s", name, ci, err);
 	worst = compare_rows(got, c->ref, c->n, vocab, &bad);
 	fprintf(stderr, "  %-22s case %d prefill     T=%3d worst row rel L2 %.2e\n", name, ci, c->n, worst);
-	CHECK(bad == 0, "%s case %d prefill: %d of %d rows over %g (worst %.3g)", name, ci, bad, c->n, ROW_TOL, worst);
+	CHECK(bad <= allowed_bad(e, c->n), "%s case %d prefill: %d of %d rows over %g (worst %.3g)", name, ci, bad, c->n, row_tol, worst);
+	if (bad)
+		fprintf(stderr, "  %-22s case %d prefill: %d of %d rows over %g (MoE near-ties)\n", name, ci, bad, c->n, row_tol);
 	engine_seq_release(e, &seq);
 
 	for (int t = 0; t < c->n && !ret; t++) {
@@ -95,7 +122,9 @@ static void check_prefill_and_incremental(struct engine *e, const char *name, in
 	CHECK(ret == 0, "%s case %d incremental: %s", name, ci, err);
 	worst = compare_rows(got, c->ref, c->n, vocab, &bad);
 	fprintf(stderr, "  %-22s case %d incremental T=%3d worst row rel L2 %.2e\n", name, ci, c->n, worst);
-	CHECK(bad == 0, "%s case %d incremental: %d of %d rows over %g (worst %.3g)", name, ci, bad, c->n, ROW_TOL, worst);
+	CHECK(bad <= allowed_bad(e, c->n), "%s case %d incremental: %d of %d rows over %g (worst %.3g)", name, ci, bad, c->n, row_tol, worst);
+	if (bad)
+		fprintf(stderr, "  %-22s case %d incremental: %d of %d rows over %g (MoE near-ties)\n", name, ci, bad, c->n, row_tol);
 	engine_seq_release(e, &seq);
 	free(got);
 }
@@ -120,7 +149,7 @@ static void check_batched(struct engine *e, const char *name, const struct gcase
 		int bad;
 		double worst = compare_rows(got + (size_t)i * vocab, cs[i].ref + (size_t)(cs[i].n - 2) * vocab,
 					    1, vocab, &bad);
-		CHECK(bad == 0, "%s batched prefill case %d: rel L2 %.3g", name, i, worst);
+		CHECK(bad <= allowed_bad(e, 1), "%s batched prefill case %d: rel L2 %.3g", name, i, worst);
 		r[i] = (struct engine_req){ .seq = &seq[i], .tokens = &cs[i].tokens[cs[i].n - 1], .n_tokens = 1 };
 	}
 	CHECK(engine_step(e, r, n, got, err, sizeof(err)) == 0, "%s batched decode: %s", name, err);
@@ -128,7 +157,7 @@ static void check_batched(struct engine *e, const char *name, const struct gcase
 		int bad;
 		double worst = compare_rows(got + (size_t)i * vocab, cs[i].ref + (size_t)(cs[i].n - 1) * vocab,
 					    1, vocab, &bad);
-		CHECK(bad == 0, "%s batched decode case %d: rel L2 %.3g", name, i, worst);
+		CHECK(bad <= allowed_bad(e, 1), "%s batched decode case %d: rel L2 %.3g", name, i, worst);
 		engine_seq_release(e, &seq[i]);
 	}
 	free(got);
@@ -136,7 +165,7 @@ static void check_batched(struct engine *e, const char *name, const struct gcase
 
 static void check_greedy(struct engine *e, const char *name, json_t *greedy)
 {
-	int vocab = e->model->cfg.vocab_size, n_prompt, n_want, first_diff = -1;
+	int vocab = e->model->cfg.vocab_size, n_prompt, n_want, first_diff = -1, near = 0;
 	int32_t *prompt = json_ids(json_object_get(greedy, "prompt"), &n_prompt);
 	int32_t *want = json_ids(json_object_get(greedy, "output"), &n_want);
 	float *logits = malloc((size_t)vocab * sizeof(float));
@@ -152,14 +181,24 @@ static void check_greedy(struct engine *e, const char *name, json_t *greedy)
 		for (int v = 1; v < vocab; v++)
 			if (logits[v] > logits[tok])
 				tok = v;
-		if (tok != want[i] && first_diff < 0)
-			first_diff = i;
+		if (tok != want[i]) {
+			/* within the engine's error of the reference's choice: a near-tie */
+			double rms, sq = 0;
+
+			for (int v = 0; v < vocab; v++)
+				sq += (double)logits[v] * logits[v];
+			rms = sqrt(sq / vocab);
+			if (logits[tok] - logits[want[i]] <= 3 * row_tol * rms && row_tol > CPU_ROW_TOL)
+				near++;
+			else if (first_diff < 0)
+				first_diff = i;
+		}
 		r = (struct engine_req){ .seq = &seq, .tokens = &want[i], .n_tokens = 1 };
 		if (engine_step(e, &r, 1, logits, err, sizeof(err)))
 			break;
 	}
-	fprintf(stderr, "  %-22s greedy %d tokens: %s\n", name, n_want,
-		first_diff < 0 ? "identical" : "DIFFERENT");
+	fprintf(stderr, "  %-22s greedy %d tokens: %s (%d near-ties)\n", name, n_want,
+		first_diff < 0 ? "identical" : "DIFFERENT", near);
 	CHECK(first_diff < 0, "%s greedy: first difference at output token %d", name, first_diff);
 	engine_seq_release(e, &seq);
 	free(logits);
@@ -170,7 +209,8 @@ static void check_greedy(struct engine *e, const char *name, json_t *greedy)
 static void check_model(const char *top, const char *name, int threads)
 {
 	char dir[1024], path[1200], err[512] = "";
-	struct engine_opts eo = { .threads = threads, .kv_tokens = 4096, .block_tokens = 16, .max_rows = 128 };
+	struct engine_opts eo = { .backend = backend, .threads = threads, .kv_tokens = 4096,
+				  .block_tokens = 16, .max_rows = 128 };
 	struct gcase cs[MAX_CASES] = { 0 };
 	struct model *m = NULL;
 	struct engine *e = NULL;
@@ -185,8 +225,22 @@ static void check_model(const char *top, const char *name, int threads)
 	if (!g)
 		return;
 	CHECK(model_load(&m, dir, NULL, err, sizeof(err)) == 0, "%s: load: %s", name, err);
-	if (m)
-		CHECK(engine_create(&e, m, &eo, err, sizeof(err)) == 0, "%s: engine: %s", name, err);
+	if (m && row_tol != CPU_ROW_TOL && m->cfg.dtype != K_BF16) {
+		fprintf(stderr, "  %-22s skipped on %s: a %s checkpoint; the GPU keeps bf16 weights\n",
+			name, backend, k_dtype_name(m->cfg.dtype));
+		model_destroy(m);
+		json_decref(g);
+		return;
+	}
+	if (m) {
+		int ret = engine_create(&e, m, &eo, err, sizeof(err));
+
+		if (ret == -ENODEV || ret == -ENOENT) {
+			fprintf(stderr, "test_golden: skipped: backend %s: %s\n", backend, err);
+			exit(77);
+		}
+		CHECK(ret == 0, "%s: engine: %s", name, err);
+	}
 	cases = json_object_get(g, "cases");
 	for (size_t i = 0; e && i < json_array_size(cases) && n < MAX_CASES; i++, n++) {
 		json_t *c = json_array_get(cases, i);
@@ -216,6 +270,12 @@ static void check_model(const char *top, const char *name, int threads)
 int main(void)
 {
 	const char *top = getenv("top_srcdir") ? getenv("top_srcdir") : ".";
+
+	if (getenv("KDEC_TEST_BACKEND"))
+		backend = getenv("KDEC_TEST_BACKEND");
+	if (strcmp(backend, "cpu"))
+		row_tol = CUDA_ROW_TOL;
+	fprintf(stderr, "test_golden: backend %s, tolerance %g relative L2 per row\n", backend, row_tol);
 
 	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
 		check_model(top, models[i], i % 2 ? 1 : 3);

@@ -1,24 +1,156 @@
 #!/bin/bash
-# Runs the GPU checks of a build carried to the GPU machine (docs: DEVICE workflow):
-#   device run: bash contrib/device/run.sh   with carry: ["build"]
-# The machine lacks libev (kdecd needs it): copy it into build/devlibs beforehand with
-#   mkdir -p build/devlibs && cp /lib/x86_64-linux-gnu/libev.so.4 build/devlibs/
+# GPU checks and benchmarks of a build carried to the GPU machine (DEVICE workflow):
+#   device run: bash contrib/device/run.sh PHASE...   with carry: ["build"]
+# Phases: check (GPU unit tests, golden models on cuda, generate cpu vs cuda),
+#         sanitize (compute-sanitizer memcheck + racecheck of the GPU tests),
+#         bench (kernel and decode benchmarks), peers (HF / torch.compile peers).
+# Logs go to $OUT/logs.tgz (one file: the device tool returns few files) beside
+# $OUT/summary.txt, whose lines are also printed. The machine lacks libev and liburing
+# (kdecd and kdbench need them): copy them into build/devlibs first:
+#   mkdir -p build/devlibs && cp -L /lib/x86_64-linux-gnu/{libev.so.4,liburing.so.2} build/devlibs/
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B=${KDEC_BUILD_DIR:-build}
 nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)
 export LD_LIBRARY_PATH="$PWD/$B/devlibs${nccl:+:$nccl/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export top_srcdir=$PWD top_builddir=$PWD/$B
-out=${OUT:-/tmp}
+out=$(mktemp -d /tmp/kdec-device.XXXXXX)
+summary=$out/summary.txt
 status=0
+: >"$summary"
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-for t in test_cuda_smoke test_golden test_synthetic; do
-	"$B/tests/$t" >"$out/$t.log" 2>&1
+say() { echo "$*" | tee -a "$summary"; }
+
+# run NAME CMD...: log to $out/NAME.log, one summary line
+run() {
+	local name=$1 t0=$SECONDS rc
+	shift
+	"$@" >"$out/$name.log" 2>&1
 	rc=$?
-	echo "$t: exit $rc ($(tail -n 1 "$out/$t.log"))"
+	say "$name: exit $rc in $((SECONDS - t0)) s ($(tail -n 1 "$out/$name.log" | cut -c1-160))"
 	[ $rc -eq 0 ] || status=1
+	return $rc
+}
+
+gpu_tests() {
+	for t in test_cuda_smoke test_cuda_linear test_cuda_attn test_cuda_ops test_cuda_moe \
+		test_cuda_sample; do
+		[ -x "$B/tests/$t" ] && echo "$t"
+	done
+}
+
+phase_check() {
+	nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader |
+		tee -a "$summary"
+	for t in $(gpu_tests); do
+		run "$t" "$B/tests/$t"
+	done
+	run golden_cuda env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
+	for m in llama3 qwen3 qwen3_moe deepseek_v2 deepseek_v3; do
+		for be in cpu cuda; do
+			"$B/kdbench" generate --model tests/data/golden/$m --backend $be --log-level warn \
+				--prompt 113,124,11,408,469 --max-tokens 32 >"$out/gen_${m}_$be.txt" 2>"$out/gen_${m}_$be.log" ||
+				say "generate $m $be: exit $? ($(tail -n 1 "$out/gen_${m}_$be.log"))"
+		done
+		if [ ! -s "$out/gen_${m}_cuda.txt" ]; then
+			say "generate $m: no output"
+			status=1
+		elif cmp -s "$out/gen_${m}_cpu.txt" "$out/gen_${m}_cuda.txt"; then
+			say "generate $m: cuda == cpu (32 tokens)"
+		else
+			say "generate $m: cuda differs from cpu: $(cat "$out/gen_${m}_cuda.txt") vs $(cat "$out/gen_${m}_cpu.txt")"
+		fi
+	done
+}
+
+# cpu vs cuda logits of the reference models with 1..all layers: where they part
+phase_compare() {
+	local toks=113,124,11,48,169,17,29,5,71,3,99,42,8,61,7,150,31,2,90,13
+	for d in ${COMPARE_MODELS:-tests/data/reference/*/ tests/data/golden/*/}; do
+		local m=$(basename "$d") n
+		n=$(python3 -c "import json; print(json.load(open('$d/config.json'))['num_hidden_layers'])")
+		for l in $(seq 1 "$n"); do
+			for be in cpu cuda; do
+				"$B/kdbench" logits --model "$d" --backend $be --layers $l --tokens $toks \
+					--out "$out/cmp_$be.f32" --log-level warn 2>>"$out/compare.log"
+			done
+			python3 - "$out/cmp_cpu.f32" "$out/cmp_cuda.f32" "$m layers=$l" <<'PY' | tee -a "$summary"
+import sys, numpy as np
+a = np.fromfile(sys.argv[1], np.float32).reshape(20, -1); b = np.fromfile(sys.argv[2], np.float32).reshape(20, -1)
+e = np.linalg.norm(a - b, axis=1) / np.linalg.norm(a, axis=1)
+print(f"compare {sys.argv[3]:28s} rel L2 per row: max {e.max():.2e} median {np.median(e):.2e}")
+PY
+		done
+	done
+}
+
+# where the time of a decode step goes, per kernel (nsys, when the machine has it)
+phase_profile() {
+	local nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+	if [ -z "$nsys" ]; then
+		say "profile: no nsys on this machine"
+		return
+	fi
+	for b in 1 64; do
+		"$nsys" profile -o "$out/prof_b$b" --force-overwrite true "$B/kdbench" decode \
+			--model tests/data/configs/llama3.1-8b.json --synthetic-weights --backend cuda \
+			--batch $b --ctx 1024 --steps 20 --warmup 4 --log-level warn >"$out/prof_b$b.log" 2>&1
+		"$nsys" stats --report cuda_gpu_kern_sum --format csv "$out/prof_b$b.nsys-rep" \
+			>"$out/prof_b$b.csv" 2>/dev/null
+		say "profile batch $b (top kernels: total ns, instances, avg ns, name)"
+		python3 - "$out/prof_b$b.csv" <<'PY' | tee -a "$summary"
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if r and r[0].replace('.', '').isdigit()]
+for r in rows[:14]:
+    print(f"  {r[0]:>5}% {int(float(r[1])):>12} {r[2]:>7} {int(float(r[3])):>9}  {r[-1][:90]}")
+PY
+	done
+}
+
+# per-op GPU time of decode steps, op by op (KDEC_CUDA_OP_TIMES=1, no graphs)
+phase_optimes() {
+	for cfg in llama3.1-8b deepseek-v2-lite; do
+		for b in 1 64; do
+			KDEC_CUDA_OP_TIMES=1 "$B/kdbench" decode --model tests/data/configs/$cfg.json \
+				--synthetic-weights --backend cuda --no-graphs --batch $b --ctx 1024 --steps 16 \
+				--warmup 2 --log-level warn >"$out/optimes_${cfg}_b$b.log" 2>&1
+			say "op times $cfg batch $b:"
+			grep -A40 "cuda op times" "$out/optimes_${cfg}_b$b.log" | tee -a "$summary"
+		done
+	done
+}
+
+phase_sanitize() {
+	local cs=/usr/local/cuda/bin/compute-sanitizer
+	for t in $(gpu_tests); do
+		run "memcheck_$t" "$cs" --tool memcheck --error-exitcode 9 "$B/tests/$t"
+		run "racecheck_$t" "$cs" --tool racecheck --error-exitcode 9 "$B/tests/$t"
+	done
+}
+
+phase_bench() {
+	[ -x "$B/tests/bench_cuda_linear" ] && run bench_linear "$B/tests/bench_cuda_linear"
+	run decode_llama8b "$B/kdbench" decode --model tests/data/configs/llama3.1-8b.json \
+		--synthetic-weights --backend cuda --batch 1,8,32,64 --ctx 1024 --steps 64 --warmup 8 \
+		--out "$out/decode.jsonl"
+	run decode_v2lite "$B/kdbench" decode --model tests/data/configs/deepseek-v2-lite.json \
+		--synthetic-weights --backend cuda --batch 1,8,32,64 --ctx 1024 --steps 64 --warmup 8 \
+		--out "$out/decode.jsonl"
+	[ -n "${OUT:-}" ] && cp "$out/decode.jsonl" "$OUT/"
+	grep -hv ' info \| warn ' "$out/decode_llama8b.log" "$out/decode_v2lite.log" | tee -a "$summary"
+}
+
+phase_peers() {
+	run peers bash contrib/bench/run_peers.sh
+	grep -E '^(peer|hf|torch)' "$out/peers.log" | tee -a "$summary"
+}
+
+[ $# -gt 0 ] || set -- check
+for p in "$@"; do
+	"phase_$p"
 done
-"$B/kdbench" generate --model tests/data/golden/llama3 --prompt 113,124,11,408,469 --max-tokens 32
-"$B/kdecd" --model tests/data/golden/llama3 --check || status=1
+if [ -n "${OUT:-}" ]; then
+	cp "$summary" "$OUT/summary.txt"
+	tar czf "$OUT/logs.tgz" -C "$out" .
+fi
 exit $status

@@ -119,6 +119,9 @@ void k_cpu_kv_write(float *cache, int width, const float *src, int n_rows,
  * found through its block table. */
 struct k_attn_rows {
 	int n_rows;
+	int max_ctx;			/* bound on every ctx[r]; GPU launches are sized by it */
+	int n_seqs;			/* sequences among the rows (runs sharing a table); 0:
+					 * one per row. A hint for GPU kernel choice only */
 	const int32_t *ctx;		/* (n_rows) tokens visible to row r (its pos + 1) */
 	const int32_t *const *blocks;	/* (n_rows) pointer to the row's block table */
 };

@@ -1,0 +1,84 @@
+/* The CUDA backend's internals shared by its files: the backend object, the weight
+ * arena and the map from a host weight to its device copy. */
+#ifndef KD_DAEMON_BACKEND_CUDA_H
+#define KD_DAEMON_BACKEND_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "daemon/backend.h"
+
+struct k_cuda_linear;
+struct k_cuda_attn_ws;
+struct k_cuda_moe_ws;
+struct k_cuda_sample_ws;
+
+/* host pointer -> device pointer, open addressing, never shrinks */
+struct cuda_ptr_map {
+	const void **keys;	/* (cap) */
+	void **vals;		/* (cap) */
+	size_t cap;		/* power of two */
+	size_t n;
+};
+
+/* Per-op GPU time, KDEC_CUDA_OP_TIMES=1, ops run one by one (no graphs): events
+ * around each launcher call, resolved at sync, a table at destroy. */
+#define CUDA_PROF_MAX_PENDING 8192
+#define CUDA_PROF_MAX_OPS 32
+
+struct cuda_prof {
+	int on;
+	int n_pending;
+	const char *pending_name[CUDA_PROF_MAX_PENDING];
+	cudaEvent_t ev[CUDA_PROF_MAX_PENDING + 1];	/* ev[i], ev[i + 1] bracket op i */
+	const char *name[CUDA_PROF_MAX_OPS];
+	double ms[CUDA_PROF_MAX_OPS];
+	long calls[CUDA_PROF_MAX_OPS];
+	int n_ops;
+	long syncs;
+	int max_M;		/* widest linear since the last sync: > 64 is prefill, dropped */
+};
+
+struct backend_cuda {
+	struct backend base;
+	const struct model *m;
+	int dev;
+	cudaStream_t stream;
+	int err;			/* first failure of an op since the last sync, -errno */
+
+	void *arena;			/* every weight, one allocation */
+	size_t arena_bytes;
+	struct cuda_ptr_map map;	/* model_tensor.data / router_bias / experts -> device */
+	float *inv_freq;		/* (rope dim / 2) device copy of the forward's rope */
+	int rope_dim;
+	int max_K;			/* widest matrix input (cols) */
+
+	struct k_cuda_linear *lin;
+	struct k_cuda_attn_ws *attn_ws;
+	struct k_cuda_moe_ws *moe_ws;
+	struct k_cuda_sample_ws *sample_ws;
+	size_t alloc_bytes;		/* cudaMalloc'd through alloc() */
+	int capturing;
+	struct cuda_prof *prof;		/* NULL unless KDEC_CUDA_OP_TIMES=1 */
+};
+
+static inline struct backend_cuda *cuda_of(struct backend *be)
+{
+	return (struct backend_cuda *)be;
+}
+
+/* Records a CUDA failure (call, file, line) once; returns -EIO, or 0 on success. */
+int cuda_check(struct backend_cuda *b, cudaError_t e, const char *call, const char *file, int line);
+#define CUDA_CHECK(b, call) cuda_check((b), (call), #call, __FILE__, __LINE__)
+
+int cuda_ptr_map_put(struct cuda_ptr_map *m, const void *key, void *val);
+void *cuda_ptr_map_get(const struct cuda_ptr_map *m, const void *key);
+void cuda_ptr_map_fini(struct cuda_ptr_map *m);
+
+/* Copies every weight of b->m into one device arena (matrices as bf16, vectors as
+ * fp32) with a progress line; fills b->map. 0 or -errno with one line in err. */
+int cuda_weights_upload(struct backend_cuda *b, char *err, size_t err_len);
+
+#endif

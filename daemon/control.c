@@ -1,0 +1,211 @@
+/* Control lines in and out. Parsing trusts nothing: the length is bounded by the
+ * caller, jansson rejects malformed JSON, and every field is type-checked. */
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/control.h"
+#include "daemon/log.h"
+#include "daemon/metrics.h"
+
+static const struct {
+	const char *name;
+	enum control_kind kind;
+} commands[] = {
+	{ "status", CTL_STATUS }, { "clients", CTL_CLIENTS }, { "sessions", CTL_SESSIONS },
+	{ "metrics", CTL_METRICS }, { "drain", CTL_DRAIN }, { "shutdown", CTL_SHUTDOWN },
+	{ "log-level", CTL_LOG_LEVEL },
+};
+
+static int parse_hello(json_t *o, struct control_cmd *cmd, char *err, size_t err_len)
+{
+	json_t *v = json_object_get(o, "hello"), *p = json_object_get(o, "protocol");
+	json_t *spin = json_object_get(o, "spin");
+
+	if (!json_is_string(v) || strcmp(json_string_value(v), "kdclient")) {
+		snprintf(err, err_len, "hello: want \"kdclient\"");
+		return -EINVAL;
+	}
+	if (!json_is_integer(p)) {
+		snprintf(err, err_len, "hello: protocol must be an integer");
+		return -EINVAL;
+	}
+	if (spin && !json_is_boolean(spin)) {
+		snprintf(err, err_len, "hello: spin must be true or false");
+		return -EINVAL;
+	}
+	cmd->kind = CTL_HELLO;
+	cmd->protocol = json_integer_value(p);
+	cmd->spin = json_is_true(spin);
+	return 0;
+}
+
+static int parse_cmd(json_t *o, struct control_cmd *cmd, char *err, size_t err_len)
+{
+	json_t *c = json_object_get(o, "cmd");
+	const char *name;
+
+	if (!json_is_string(c)) {
+		snprintf(err, err_len, "want {\"cmd\": \"status\"} or a client hello");
+		return -EINVAL;
+	}
+	name = json_string_value(c);
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+		if (strcmp(name, commands[i].name))
+			continue;
+		cmd->kind = commands[i].kind;
+		if (cmd->kind == CTL_DRAIN) {
+			json_t *on = json_object_get(o, "on");
+
+			if (on && !json_is_boolean(on)) {
+				snprintf(err, err_len, "drain: on must be true or false");
+				return -EINVAL;
+			}
+			cmd->on = !on || json_is_true(on);
+		} else if (cmd->kind == CTL_LOG_LEVEL) {
+			json_t *l = json_object_get(o, "level");
+			enum log_level lv;
+
+			if (!json_is_string(l) || log_level_parse(json_string_value(l), &lv)) {
+				snprintf(err, err_len, "log-level: level must be error, warn, info or debug");
+				return -EINVAL;
+			}
+			cmd->level = (int)lv;
+		}
+		return 0;
+	}
+	snprintf(err, err_len, "unknown command (status, clients, sessions, metrics, drain, shutdown, log-level)");
+	return -EINVAL;
+}
+
+int control_parse(const char *line, size_t len, struct control_cmd *cmd, char *err, size_t err_len)
+{
+	json_error_t je;
+	json_t *o;
+	int ret;
+
+	memset(cmd, 0, sizeof(*cmd));
+	o = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
+	if (!o) {
+		snprintf(err, err_len, "not JSON: %s", je.text);
+		return -EINVAL;
+	}
+	if (!json_is_object(o)) {
+		snprintf(err, err_len, "want a JSON object");
+		ret = -EINVAL;
+	} else if (json_object_get(o, "hello")) {
+		ret = parse_hello(o, cmd, err, err_len);
+	} else {
+		ret = parse_cmd(o, cmd, err, err_len);
+	}
+	json_decref(o);
+	return ret;
+}
+
+/* Dumps o as one line and frees it. */
+static char *line_of(json_t *o)
+{
+	char *s, *l;
+	size_t n;
+
+	if (!o)
+		return NULL;
+	s = json_dumps(o, JSON_COMPACT);
+	json_decref(o);
+	if (!s)
+		return NULL;
+	n = strlen(s);
+	l = realloc(s, n + 2);
+	if (!l) {
+		free(s);
+		return NULL;
+	}
+	l[n] = '\n';
+	l[n + 1] = '\0';
+	return l;
+}
+
+char *control_reply_error(const char *msg, int err)
+{
+	return line_of(json_pack("{s:b, s:s, s:i}", "ok", 0, "error", msg, "errno", err < 0 ? -err : err));
+}
+
+char *control_reply_ok(void)
+{
+	return line_of(json_pack("{s:b}", "ok", 1));
+}
+
+static json_t *status(const struct et_report *r, const struct control_info *info)
+{
+	return json_pack("{s:b, s:s, s:s, s:s, s:f, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:I, s:I}",
+			 "ok", 1, "model", info->model, "backend", info->backend,
+			 "notify", info->notify, "uptime_s", info->uptime_s,
+			 "clients", r->n_clients, "max_clients", info->max_clients,
+			 "requests_running", r->s.running, "requests_waiting", r->s.waiting,
+			 "kv_blocks_used", r->s.kv_blocks_used, "kv_blocks_total", r->s.kv_blocks_total,
+			 "draining", r->s.draining, "steps", (json_int_t)r->steps,
+			 "generation_tokens", (json_int_t)r->s.m.generation_tokens);
+}
+
+static json_t *clients(const struct et_report *r)
+{
+	json_t *a = json_array();
+
+	for (int i = 0; a && i < r->n_clients; i++) {
+		const struct et_client_info *c = &r->clients[i];
+
+		json_array_append_new(a, json_pack("{s:i, s:i, s:i, s:b, s:i, s:I, s:I, s:f}",
+						   "id", (int)c->id, "pid", (int)c->pid, "uid", (int)c->uid,
+						   "spin", c->spin, "requests", c->inflight,
+						   "submitted", (json_int_t)c->submitted,
+						   "generated", (json_int_t)c->generated,
+						   "connected_s", c->connected_s));
+	}
+	return json_pack("{s:b, s:o}", "ok", 1, "clients", a);
+}
+
+static json_t *sessions(const struct et_report *r)
+{
+	json_t *a = json_array();
+
+	for (int i = 0; a && i < r->s.n_sessions; i++) {
+		const struct sched_session_info *s = &r->s.sessions[i];
+
+		json_array_append_new(a, json_pack("{s:s, s:i, s:i, s:I}", "name", s->name,
+						   "client", (int)s->client_id, "requests", s->inflight,
+						   "submitted", (json_int_t)s->total));
+	}
+	return json_pack("{s:b, s:o, s:s}", "ok", 1, "sessions", a, "note",
+			 "session names as given by requests; per-session KV retention is not built yet");
+}
+
+static json_t *metrics(const struct et_report *r, const struct control_info *info)
+{
+	struct metrics_gauges g = {
+		.requests_running = r->s.running, .requests_waiting = r->s.waiting,
+		.clients = r->n_clients, .kv_blocks_used = r->s.kv_blocks_used,
+		.kv_blocks_total = r->s.kv_blocks_total, .prefix_hit_tokens = r->s.prefix_hit_tokens,
+		.uptime_s = info->uptime_s,
+	};
+	char *text = metrics_format(&r->s.m, &g);
+	json_t *o;
+
+	if (!text)
+		return NULL;
+	o = json_pack("{s:b, s:s}", "ok", 1, "text", text);
+	free(text);
+	return o;
+}
+
+char *control_reply(enum control_kind kind, const struct et_report *r, const struct control_info *info)
+{
+	switch (kind) {
+	case CTL_STATUS: return line_of(status(r, info));
+	case CTL_CLIENTS: return line_of(clients(r));
+	case CTL_SESSIONS: return line_of(sessions(r));
+	case CTL_METRICS: return line_of(metrics(r, info));
+	default: return control_reply_ok();
+	}
+}

@@ -1,0 +1,40 @@
+/* Request metrics kept by the engine thread and the Prometheus text rendering of a
+ * copy of them (names modelled on vLLM's, prefixed kd_). */
+#ifndef KD_DAEMON_METRICS_H
+#define KD_DAEMON_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define METRICS_TTFT_BUCKETS 16
+#define METRICS_ITL_BUCKETS 16
+
+struct metrics_hist {
+	uint64_t counts[METRICS_TTFT_BUCKETS + 1];	/* per bucket, last = +Inf */
+	double sum;					/* seconds */
+	uint64_t n;
+};
+
+struct metrics {
+	struct metrics_hist ttft;		/* pickup -> first token published */
+	struct metrics_hist itl;		/* between a request's consecutive tokens */
+	uint64_t prompt_tokens;			/* prompt tokens prefilled */
+	uint64_t generation_tokens;		/* tokens generated */
+	uint64_t requests_finished[5];		/* by enum ipc_reason (index 0 unused) */
+};
+
+/* Gauges read at report time. */
+struct metrics_gauges {
+	int requests_running, requests_waiting, clients;
+	int kv_blocks_used, kv_blocks_total;
+	uint64_t prefix_hit_tokens;
+	double uptime_s;
+};
+
+void metrics_observe_ttft(struct metrics *m, double seconds);
+void metrics_observe_itl(struct metrics *m, double seconds);
+
+/* The Prometheus text exposition; malloc'd, caller frees. NULL on ENOMEM. */
+char *metrics_format(const struct metrics *m, const struct metrics_gauges *g);
+
+#endif

@@ -1,0 +1,150 @@
+// What the KV-cache and attention files of kernels/cuda share: the workspace, the error
+// macros, bf16 and division helpers, the split rule and the internal launchers.
+#ifndef KD_KERNELS_CUDA_ATTN_COMMON_CUH
+#define KD_KERNELS_CUDA_ATTN_COMMON_CUH
+
+#include <cerrno>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/k_cuda_attn.h"
+
+#define ATTN_TRY(call)                                                             \
+	do {                                                                       \
+		cudaError_t e_ = (call);                                           \
+		if (e_ != cudaSuccess) {                                           \
+			fprintf(stderr, "cuda: %s failed at %s:%d: %s\n", #call,   \
+				__FILE__, __LINE__, cudaGetErrorString(e_));       \
+			return -EIO;                                               \
+		}                                                                  \
+	} while (0)
+
+// After a launch: a bad configuration shows up here, not at the launch.
+#define ATTN_LAUNCHED(name) ATTN_TRY(cudaPeekAtLastError())
+
+#define ATTN_INVAL(...)                                                            \
+	do {                                                                       \
+		fprintf(stderr, __VA_ARGS__);                                      \
+		fputc('\n', stderr);                                               \
+		return -EINVAL;                                                    \
+	} while (0)
+
+// Splits along the sequence: at most this many (the merge holds their weights).
+#define ATTN_MAX_SPLITS 64
+// Partials the workspace holds: this many splits at max_rows (more for fewer rows).
+#define ATTN_WS_SPLITS_AT_MAX_ROWS 4
+// Split boundaries are multiples of this many tokens.
+#define ATTN_SPLIT_ALIGN 64
+
+struct k_cuda_attn_ws {
+	int max_rows, max_heads, max_dim, max_ctx;
+	int n_sm;		// multiprocessors of the device it was made on
+	int smem_optin;		// bytes of shared memory a block may opt in to
+	float *q_lat;		// (max_rows, max_heads, max_dim) MLA [W_UK^T q_nope ; q_pe]
+	float *o_lat;		// (max_rows, max_heads, max_dim) MLA softmax-weighted latent
+	float *part_o;		// (part_floats) split partials (n_splits, n_rows, n_heads, dim),
+				// each normalised by its own sum
+	float *part_lse;	// (lse_floats) (n_splits, n_rows, n_heads): log2 of the sum of
+				// exp2 scores of each partial; -inf where the split saw no token
+	size_t part_floats, lse_floats;
+};
+
+// q / d for 0 <= q < 2^31 by a multiply and a shift (block_tokens is a run-time value).
+struct attn_div {
+	uint32_t d, m, s;
+};
+
+static inline attn_div attn_div_make(uint32_t d)
+{
+	attn_div f;
+	uint32_t s = 0;
+
+	while (s < 31 && (1u << s) < d)
+		s++;
+	f.d = d;
+	f.s = s;
+	f.m = (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << s) - d)) / d + 1);
+	return f;
+}
+
+__device__ __forceinline__ uint32_t attn_div_q(attn_div f, uint32_t n)
+{
+	return (__umulhi(n, f.m) + n) >> f.s;
+}
+
+// The two bf16 halves of a 32-bit word as floats (low half is the lower address).
+__device__ __forceinline__ float bf16_lo(uint32_t w)
+{
+	return __uint_as_float(w << 16);
+}
+
+__device__ __forceinline__ float bf16_hi(uint32_t w)
+{
+	return __uint_as_float(w & 0xffff0000u);
+}
+
+// exp2(a - b) with exp2(-inf - -inf) taken as 1: the weight of a running maximum a
+// against a new maximum b >= a, where both may still be -inf (nothing seen yet).
+__device__ __forceinline__ float attn_rescale(float a, float b)
+{
+	return a == b ? 1.0f : exp2f(a - b);
+}
+
+static inline int attn_cdiv(int a, int b)
+{
+	return (a + b - 1) / b;
+}
+
+// Splits along the sequence for a launch of base_ctas blocks per split: enough blocks
+// to reach target_ctas, each split at least min_tokens of max_ctx, no more partials
+// than the workspace holds. Host values only (graph safety).
+int attn_pick_splits(const k_cuda_attn_ws *ws, long base_ctas, long target_ctas, int max_ctx,
+		     int min_tokens, size_t part_per_split, size_t lse_per_split);
+
+// Checks the rows against the workspace; logs and returns -EINVAL when they do not fit.
+int attn_check_rows(const char *who, const k_cuda_attn_ws *ws, const k_cuda_attn_rows *rows,
+		    int block_tokens, int n_heads, int dim);
+
+// out(r, h, :dim) = sum_s w_s part_o(s, r, h, :) over the splits, w from part_lse.
+// out row r head h at out + r * out_rs + h * out_hs (floats).
+int attn_merge(cudaStream_t s, const k_cuda_attn_ws *ws, int n_splits, int n_rows,
+	       int n_heads, int dim, float *out, long out_rs, long out_hs);
+
+// ---- the tiled kernel (attn_tile.cu): a tile of query vectors shares each K/V tile ----
+
+// What a tiled launch reads and writes. Query vector (row r, q head h) of kv head kvh
+// = h / group is q + r * q_rs + h * q_hs; token slot's key is
+// k + slot * k_stride + kvh * k_hoff (dk values), its value v + ... (dv values), or the
+// first dv values of the key where v is null (MLA: the latent is both).
+struct attn_tile_args {
+	float *out;			// split 1: (r, h) at out + r * out_rs + h * out_hs
+	long out_rs, out_hs;
+	float *part_o, *part_lse;	// more splits: (n_splits, n_rows, n_heads, dv) etc.
+	const float *q;
+	long q_rs, q_hs;
+	const uint16_t *k, *v;
+	long k_stride, v_stride, k_hoff, v_hoff;
+	const int32_t *ctx;
+	const int32_t *const *blocks;
+	attn_div bt;
+	int n_rows, n_heads, group, kv_heads, dk, dv, n_splits;
+	float qscale;			// scale * log2(e): scores in base 2
+	int vec;			// 16-byte copies (dims, strides, offsets, bases aligned)
+};
+
+// Grid (tiles, kv heads, a->n_splits) of tq query vectors per tile: 64 (GQA prefill) or
+// 16 (MLA: the heads of a row); merges the splits into a->out when there are several.
+int attn_tile_launch(cudaStream_t s, const k_cuda_attn_ws *ws, int tq, const attn_tile_args *a);
+
+// Dynamic shared memory of a tiled launch; 0 where the dims cannot fit the device.
+size_t attn_tile_smem(const k_cuda_attn_ws *ws, int tq, int dk, int dv, int v_separate);
+
+// Opt-in to large dynamic shared memory for the tiled and MLA kernels (at ws creation).
+int attn_tile_prepare(int smem_optin);
+int attn_mla_prepare(int smem_optin);
+
+#endif

@@ -1,0 +1,243 @@
+// Absorbed multi-head latent attention (DeepSeek-V2/V3) over the latent paged cache:
+// q_lat = W_UK^T q_nope per head, attention over [latent ; rope key] by the tiled kernel
+// (the heads of a row share each latent tile), out = W_UV o_lat.
+#include "kernels/cpu/k_cpu.h"
+#include "kernels/cuda/attn_common.cuh"
+
+#define MLA_ROWS 16		// query rows per block of the absorb and expand kernels
+#define ABS_THREADS 128
+#define ABS_COLS 64		// latent columns per absorb block: 32 lanes x 2
+#define ABS_SLICES (ABS_THREADS / 32)
+#define EXP_THREADS 128
+#define EXP_J 32		// outputs per expand block, EXP_J / 4 per warp
+#define MLA_TILE_Q 16
+#define MLA_CTAS_PER_SM 2
+#define MLA_MIN_SPLIT_TOKENS 64
+#define MLA_MAX_NOPE 512
+#define MLA_MAX_LORA 1024
+
+// ---- kernels ----------------------------------------------------------------
+
+// Block (column chunk, head, row chunk): q_lat[r, h, c] = sum_i q[r, h, i] W_UK[h, i, c]
+// for the block's 64 columns; warp s of the block sums the nope rows i = s mod 4, the
+// four are added at the end. Column chunk 0 also copies the rope part of q.
+__global__ void __launch_bounds__(ABS_THREADS)
+mla_absorb_kernel(float *__restrict__ q_lat, const float *__restrict__ q,
+		  const uint16_t *__restrict__ w, int n_rows, int H, int nope, int rope,
+		  int vdim, int L)
+{
+	extern __shared__ __align__(16) unsigned char attn_smem[];
+	__shared__ float red[ABS_SLICES][MLA_ROWS][ABS_COLS];
+	float *sq = (float *)attn_smem;	// (MLA_ROWS, nope)
+	const int h = blockIdx.y, r0 = blockIdx.z * MLA_ROWS, nr = min(MLA_ROWS, n_rows - r0);
+	const int qk = nope + rope, wd = L + rope;
+	const int cp = threadIdx.x % 32, slice = threadIdx.x / 32;
+	const int c = blockIdx.x * ABS_COLS + cp * 2;
+	const uint16_t *wh = w + (size_t)h * (nope + vdim) * L;
+	float acc[MLA_ROWS][2] = {};
+
+	for (int i = threadIdx.x; i < nr * nope; i += ABS_THREADS)
+		sq[i] = q[((size_t)(r0 + i / nope) * H + h) * qk + i % nope];
+	__syncthreads();
+	for (int i = slice; i < nope; i += ABS_SLICES) {
+		const uint16_t *wr = wh + (size_t)i * L + c;
+		float w0 = 0.0f, w1 = 0.0f;
+
+		if (L % 2 == 0 && c < L) {
+			const uint32_t ww = __ldg((const uint32_t *)wr);
+
+			w0 = bf16_lo(ww);
+			w1 = bf16_hi(ww);
+		} else {
+			if (c < L)
+				w0 = bf16_lo(__ldg(wr));
+			if (c + 1 < L)
+				w1 = bf16_lo(__ldg(wr + 1));
+		}
+#pragma unroll
+		for (int rr = 0; rr < MLA_ROWS; rr++)
+			if (rr < nr) {
+				const float x = sq[rr * nope + i];
+
+				acc[rr][0] = fmaf(x, w0, acc[rr][0]);
+				acc[rr][1] = fmaf(x, w1, acc[rr][1]);
+			}
+	}
+#pragma unroll
+	for (int rr = 0; rr < MLA_ROWS; rr++) {
+		red[slice][rr][cp * 2] = acc[rr][0];
+		red[slice][rr][cp * 2 + 1] = acc[rr][1];
+	}
+	__syncthreads();
+	for (int i = threadIdx.x; i < MLA_ROWS * ABS_COLS; i += ABS_THREADS) {
+		const int rr = i / ABS_COLS, cc = i % ABS_COLS, col = blockIdx.x * ABS_COLS + cc;
+		float x = 0.0f;
+
+		if (rr >= nr || col >= L)
+			continue;
+#pragma unroll
+		for (int sl = 0; sl < ABS_SLICES; sl++)
+			x += red[sl][rr][cc];
+		q_lat[((size_t)(r0 + rr) * H + h) * wd + col] = x;
+	}
+	if (blockIdx.x == 0)
+		for (int i = threadIdx.x; i < nr * rope; i += ABS_THREADS) {
+			const size_t rh = (size_t)(r0 + i / rope) * H + h;
+
+			q_lat[rh * wd + L + i % rope] = q[rh * qk + nope + i % rope];
+		}
+}
+
+// Block (output chunk, head, row chunk): out[r, h, j] = W_UV[h, j, :] . o_lat[r, h, :];
+// a warp takes one j at a time, its lanes along the latent, for all the block's rows.
+__global__ void __launch_bounds__(EXP_THREADS)
+mla_expand_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
+		  const uint16_t *__restrict__ w, int n_rows, int H, int nope, int vdim, int L)
+{
+	extern __shared__ __align__(16) unsigned char attn_smem[];
+	float *so = (float *)attn_smem;	// (MLA_ROWS, L)
+	const int h = blockIdx.y, r0 = blockIdx.z * MLA_ROWS, nr = min(MLA_ROWS, n_rows - r0);
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const uint16_t *wh = w + ((size_t)h * (nope + vdim) + nope) * L;
+
+	for (int i = threadIdx.x; i < nr * L; i += EXP_THREADS)
+		so[i] = o_lat[((size_t)(r0 + i / L) * H + h) * L + i % L];
+	__syncthreads();
+	for (int jj = 0; jj < EXP_J / 4; jj++) {
+		const int j = blockIdx.x * EXP_J + warp * (EXP_J / 4) + jj;
+		const uint16_t *wr = wh + (size_t)j * L;
+		float acc[MLA_ROWS] = {};
+
+		if (j >= vdim)
+			break;
+		if (L % 4 == 0) {
+			for (int c = lane * 4; c < L; c += 128) {
+				const uint2 ww = __ldg((const uint2 *)(wr + c));
+				const float w0 = bf16_lo(ww.x), w1 = bf16_hi(ww.x);
+				const float w2 = bf16_lo(ww.y), w3 = bf16_hi(ww.y);
+
+#pragma unroll
+				for (int rr = 0; rr < MLA_ROWS; rr++)
+					if (rr < nr) {
+						const float4 o = *(const float4 *)(so + rr * L + c);
+
+						acc[rr] += w0 * o.x + w1 * o.y + w2 * o.z + w3 * o.w;
+					}
+			}
+		} else {
+			for (int c = lane; c < L; c += 32) {
+				const float wv = bf16_lo(__ldg(wr + c));
+
+#pragma unroll
+				for (int rr = 0; rr < MLA_ROWS; rr++)
+					if (rr < nr)
+						acc[rr] = fmaf(wv, so[rr * L + c], acc[rr]);
+			}
+		}
+#pragma unroll
+		for (int rr = 0; rr < MLA_ROWS; rr++) {
+			if (rr >= nr)
+				continue;
+			for (int off = 16; off > 0; off >>= 1)
+				acc[rr] += __shfl_xor_sync(0xffffffffu, acc[rr], off);
+			if (lane == rr)
+				out[((size_t)(r0 + rr) * H + h) * vdim + j] = acc[rr];
+		}
+	}
+}
+
+// ---- launchers --------------------------------------------------------------
+
+int attn_mla_prepare(int smem_optin)
+{
+	ATTN_TRY(cudaFuncSetAttribute(mla_absorb_kernel,
+				      cudaFuncAttributeMaxDynamicSharedMemorySize,
+				      smem_optin - (int)sizeof(float) * ABS_SLICES * MLA_ROWS * ABS_COLS));
+	ATTN_TRY(cudaFuncSetAttribute(mla_expand_kernel,
+				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	return 0;
+}
+
+static int mla_check(const k_mla_dims *d)
+{
+	if (d->nope_dim < 1 || d->nope_dim > MLA_MAX_NOPE || d->rope_dim < 0 || d->v_dim < 1 ||
+	    d->kv_lora < 1 || d->kv_lora > MLA_MAX_LORA)
+		ATTN_INVAL("k_cuda_attn_mla: nope %d, rope %d, v %d, kv_lora %d unsupported "
+			   "(nope 1..%d, kv_lora 1..%d)", d->nope_dim, d->rope_dim, d->v_dim,
+			   d->kv_lora, MLA_MAX_NOPE, MLA_MAX_LORA);
+	return 0;
+}
+
+// The latent attention proper: o_lat (R, H, L) from q_lat (R, H, L + rope).
+static int mla_attend(cudaStream_t s, k_cuda_attn_ws *ws, const uint16_t *cache,
+		      int block_tokens, const k_cuda_attn_rows *rows, const k_mla_dims *d,
+		      float qscale)
+{
+	const int R = rows->n_rows, H = d->n_heads, L = d->kv_lora, wd = L + d->rope_dim;
+	const long tiles = attn_cdiv(R * H, MLA_TILE_Q);
+	attn_tile_args a;
+
+	a.out = ws->o_lat;
+	a.out_rs = (long)H * L;
+	a.out_hs = L;
+	a.part_o = ws->part_o;
+	a.part_lse = ws->part_lse;
+	a.q = ws->q_lat;
+	a.q_rs = (long)H * wd;
+	a.q_hs = wd;
+	a.k = cache;
+	a.v = nullptr;		// the values are the latent: the key's first L dims
+	a.k_stride = a.v_stride = wd;
+	a.k_hoff = a.v_hoff = 0;
+	a.ctx = rows->ctx;
+	a.blocks = rows->blocks;
+	a.bt = attn_div_make((uint32_t)block_tokens);
+	a.n_rows = R;
+	a.n_heads = H;
+	a.group = H;
+	a.kv_heads = 1;
+	a.dk = wd;
+	a.dv = L;
+	a.qscale = qscale;
+	a.vec = wd % 8 == 0 && (uintptr_t)cache % 16 == 0;
+	a.n_splits = attn_pick_splits(ws, tiles, (long)MLA_CTAS_PER_SM * ws->n_sm, rows->max_ctx,
+				      MLA_MIN_SPLIT_TOKENS, (size_t)R * H * L, (size_t)R * H);
+	return attn_tile_launch(s, ws, MLA_TILE_Q, &a);
+}
+
+extern "C" int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
+			       const float *q, const uint16_t *w_kv_b, const uint16_t *cache,
+			       int block_tokens, const struct k_cuda_attn_rows *rows,
+			       const struct k_mla_dims *d, float scale)
+{
+	const float qscale = scale * 1.4426950408889634f;	// log2(e): exp2 in the kernels
+	int R, H, ret;
+	size_t smem;
+
+	if (!d)
+		ATTN_INVAL("k_cuda_attn_mla: no dims");
+	if ((ret = mla_check(d)) ||
+	    (ret = attn_check_rows("k_cuda_attn_mla", ws, rows, block_tokens, d->n_heads,
+				   d->kv_lora + d->rope_dim)))
+		return ret;
+	if (!attn_tile_smem(ws, MLA_TILE_Q, d->kv_lora + d->rope_dim, d->kv_lora, 0))
+		ATTN_INVAL("k_cuda_attn_mla: kv_lora %d + rope %d do not fit in shared memory",
+			   d->kv_lora, d->rope_dim);
+	R = rows->n_rows;
+	H = d->n_heads;
+	if (R == 0)
+		return 0;
+	smem = sizeof(float) * MLA_ROWS * d->nope_dim;
+	mla_absorb_kernel<<<dim3(attn_cdiv(d->kv_lora, ABS_COLS), H, attn_cdiv(R, MLA_ROWS)),
+			    ABS_THREADS, smem, s>>>(ws->q_lat, q, w_kv_b, R, H, d->nope_dim,
+						    d->rope_dim, d->v_dim, d->kv_lora);
+	ATTN_LAUNCHED("mla_absorb_kernel");
+	if ((ret = mla_attend(s, ws, cache, block_tokens, rows, d, qscale)))
+		return ret;
+	smem = sizeof(float) * MLA_ROWS * d->kv_lora;
+	mla_expand_kernel<<<dim3(attn_cdiv(d->v_dim, EXP_J), H, attn_cdiv(R, MLA_ROWS)),
+			    EXP_THREADS, smem, s>>>(out, ws->o_lat, w_kv_b, R, H, d->nope_dim,
+						    d->v_dim, d->kv_lora);
+	ATTN_LAUNCHED("mla_expand_kernel");
+	return 0;
+}

@@ -1,0 +1,175 @@
+// The attention workspace (split partials, MLA scratch), the rule that picks the number
+// of splits along the sequence, and the log-sum-exp merge of the split partials.
+#include <cstdlib>
+
+#include "kernels/cuda/attn_common.cuh"
+
+#define MERGE_THREADS 128
+
+// ---- kernels ----------------------------------------------------------------
+
+// Block (r, h): out(r, h, :) = sum_s w_s o_s / sum_s w_s with w_s = exp2(lse_s - max).
+// Splits with lse = -inf saw no token: weight 0, their o is never read.
+__global__ void __launch_bounds__(MERGE_THREADS)
+attn_merge_kernel(float *__restrict__ out, long out_rs, long out_hs,
+		  const float *__restrict__ part_o, const float *__restrict__ part_lse,
+		  int n_splits, int n_rows, int n_heads, int dim)
+{
+	__shared__ float w[ATTN_MAX_SPLITS];
+	const int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+	const size_t rh = (size_t)r * n_heads + h, per_split = (size_t)n_rows * n_heads;
+	float *o = out + r * out_rs + h * out_hs;
+
+	if (threadIdx.x < 32) {	// one warp: each lane owns splits lane and lane + 32
+		const int lane = threadIdx.x;
+		float a = lane < n_splits ? part_lse[lane * per_split + rh] : -INFINITY;
+		float b = lane + 32 < n_splits ? part_lse[(lane + 32) * per_split + rh] : -INFINITY;
+		float mx = fmaxf(a, b), sum;
+
+		for (int off = 16; off > 0; off >>= 1)
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+		a = a == -INFINITY ? 0.0f : exp2f(a - mx);
+		b = b == -INFINITY ? 0.0f : exp2f(b - mx);
+		sum = a + b;
+		for (int off = 16; off > 0; off >>= 1)
+			sum += __shfl_xor_sync(0xffffffffu, sum, off);
+		// sum >= 1 unless no split saw a token (ctx 0): then every weight is 0.
+		if (sum > 0.0f) {
+			a /= sum;
+			b /= sum;
+		}
+		if (lane < n_splits)
+			w[lane] = a;
+		if (lane + 32 < n_splits)
+			w[lane + 32] = b;
+	}
+	__syncthreads();
+	for (int d = threadIdx.x; d < dim; d += MERGE_THREADS) {
+		float acc = 0.0f;
+
+		for (int sp = 0; sp < n_splits; sp++)
+			if (w[sp] != 0.0f)
+				acc += w[sp] * part_o[(sp * per_split + rh) * dim + d];
+		o[d] = acc;
+	}
+}
+
+// ---- launchers --------------------------------------------------------------
+
+int attn_pick_splits(const k_cuda_attn_ws *ws, long base_ctas, long target_ctas, int max_ctx,
+		     int min_tokens, size_t part_per_split, size_t lse_per_split)
+{
+	long n = base_ctas >= target_ctas ? 1 : (target_ctas + base_ctas - 1) / base_ctas;
+	long by_ctx = (max_ctx + min_tokens - 1) / min_tokens;
+
+	if (n > by_ctx)
+		n = by_ctx;
+	if (n > ATTN_MAX_SPLITS)
+		n = ATTN_MAX_SPLITS;
+	if (part_per_split && (size_t)n * part_per_split > ws->part_floats)
+		n = (long)(ws->part_floats / part_per_split);
+	if (lse_per_split && (size_t)n * lse_per_split > ws->lse_floats)
+		n = (long)(ws->lse_floats / lse_per_split);
+	return n < 1 ? 1 : (int)n;
+}
+
+int attn_check_rows(const char *who, const k_cuda_attn_ws *ws, const k_cuda_attn_rows *rows,
+		    int block_tokens, int n_heads, int dim)
+{
+	if (!ws || !rows)
+		ATTN_INVAL("%s: no workspace or rows", who);
+	if (rows->n_rows < 0 || rows->n_rows > ws->max_rows || rows->n_rows > 65535)
+		ATTN_INVAL("%s: %d rows, the workspace holds %d", who, rows->n_rows, ws->max_rows);
+	if (rows->max_ctx < 0 || rows->max_ctx > ws->max_ctx)
+		ATTN_INVAL("%s: max_ctx %d, the workspace was made for %d", who, rows->max_ctx,
+			   ws->max_ctx);
+	if (block_tokens < 1 || block_tokens > 65536)
+		ATTN_INVAL("%s: block_tokens %d unsupported (1..65536)", who, block_tokens);
+	if (n_heads < 1 || n_heads > ws->max_heads)
+		ATTN_INVAL("%s: %d heads, the workspace holds %d", who, n_heads, ws->max_heads);
+	if (dim < 1 || dim > ws->max_dim)
+		ATTN_INVAL("%s: per-head width %d, the workspace holds %d", who, dim, ws->max_dim);
+	return 0;
+}
+
+int attn_merge(cudaStream_t s, const k_cuda_attn_ws *ws, int n_splits, int n_rows,
+	       int n_heads, int dim, float *out, long out_rs, long out_hs)
+{
+	long blocks = (long)n_rows * n_heads;
+
+	if (blocks == 0)
+		return 0;
+	attn_merge_kernel<<<(unsigned)blocks, MERGE_THREADS, 0, s>>>(
+		out, out_rs, out_hs, ws->part_o, ws->part_lse, n_splits, n_rows, n_heads, dim);
+	ATTN_LAUNCHED("attn_merge_kernel");
+	return 0;
+}
+
+extern "C" void k_cuda_attn_ws_destroy(struct k_cuda_attn_ws *ws)
+{
+	if (!ws)
+		return;
+	cudaFree(ws->q_lat);
+	cudaFree(ws->o_lat);
+	cudaFree(ws->part_o);
+	cudaFree(ws->part_lse);
+	free(ws);
+}
+
+static int ws_alloc(float **p, size_t floats)
+{
+	ATTN_TRY(cudaMalloc((void **)p, floats * sizeof(float)));
+	return 0;
+}
+
+// Device facts the launchers need: multiprocessors and the shared-memory opt-in limit.
+static int ws_query_device(k_cuda_attn_ws *ws)
+{
+	int dev;
+
+	ATTN_TRY(cudaGetDevice(&dev));
+	ATTN_TRY(cudaDeviceGetAttribute(&ws->n_sm, cudaDevAttrMultiProcessorCount, dev));
+	ATTN_TRY(cudaDeviceGetAttribute(&ws->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+					dev));
+	return 0;
+}
+
+extern "C" int k_cuda_attn_ws_create(struct k_cuda_attn_ws **out, int max_rows, int max_heads,
+				     int max_dim, int max_ctx)
+{
+	k_cuda_attn_ws *ws;
+	size_t per_head = (size_t)max_heads * max_dim;
+	size_t split_rows;
+	int ret;
+
+	*out = nullptr;
+	if (max_rows < 1 || max_rows > 65535 || max_heads < 1 || max_heads > 4096 ||
+	    max_dim < 1 || max_dim > 4096 || max_ctx < 0)
+		ATTN_INVAL("k_cuda_attn_ws_create: rows %d, heads %d, dim %d, ctx %d unsupported",
+			   max_rows, max_heads, max_dim, max_ctx);
+	ws = (k_cuda_attn_ws *)calloc(1, sizeof(*ws));
+	if (!ws)
+		return -ENOMEM;
+	ws->max_rows = max_rows;
+	ws->max_heads = max_heads;
+	ws->max_dim = max_dim;
+	ws->max_ctx = max_ctx;
+	// Few rows want many splits, many rows few: hold the larger of the two needs.
+	split_rows = (size_t)max_rows * ATTN_WS_SPLITS_AT_MAX_ROWS;
+	if (split_rows < ATTN_MAX_SPLITS)
+		split_rows = ATTN_MAX_SPLITS;
+	ws->part_floats = split_rows * per_head;
+	ws->lse_floats = split_rows * (size_t)max_heads;
+	if ((ret = ws_query_device(ws)) ||
+	    (ret = ws_alloc(&ws->q_lat, (size_t)max_rows * per_head)) ||
+	    (ret = ws_alloc(&ws->o_lat, (size_t)max_rows * per_head)) ||
+	    (ret = ws_alloc(&ws->part_o, ws->part_floats)) ||
+	    (ret = ws_alloc(&ws->part_lse, ws->lse_floats)) ||
+	    (ret = attn_tile_prepare(ws->smem_optin)) || (ret = attn_mla_prepare(ws->smem_optin)))
+		goto err;
+	*out = ws;
+	return 0;
+err:
+	k_cuda_attn_ws_destroy(ws);
+	return ret;
+}

@@ -1,0 +1,155 @@
+// Elementwise ops on the GPU: residual add and SwiGLU (separate gate and up, or one
+// fused gate/up row). Same fp32 formulas as kernels/cpu/elementwise.c; the add is exact,
+// SiLU differs from the CPU's only by expf's last bit.
+#include <cstdint>
+
+#include "kernels/cuda/k_cuda_ops.h"
+#include "kernels/cuda/launch_check.cuh"
+
+#define EW_THREADS 256
+
+namespace {	// kernels and their helpers stay private to this file
+
+// ---- kernels ----------------------------------------------------------------
+
+__device__ __forceinline__ float silu_mul1(float g, float u)
+{
+	float s = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+
+	return __fmul_rn(s, u);
+}
+
+// Vector forms: thread i < n4 does floats 4i..4i+3, the next (n % 4) threads do one
+// float of the tail each. Pointers 16-byte aligned (the launcher checks).
+__global__ void add_vec4_kernel(float *y, const float *x, size_t n)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n4 = n / 4;
+
+	if (i < n4) {
+		float4 a = ((float4 *)y)[i], b = ((const float4 *)x)[i];
+
+		a.x = __fadd_rn(a.x, b.x);
+		a.y = __fadd_rn(a.y, b.y);
+		a.z = __fadd_rn(a.z, b.z);
+		a.w = __fadd_rn(a.w, b.w);
+		((float4 *)y)[i] = a;
+	} else if (i - n4 < n % 4) {
+		size_t j = n4 * 4 + (i - n4);
+
+		y[j] = __fadd_rn(y[j], x[j]);
+	}
+}
+
+__global__ void add_scalar_kernel(float *y, const float *x, size_t n)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+
+	if (i < n)
+		y[i] = __fadd_rn(y[i], x[i]);
+}
+
+// out may alias gate: each element is read, then written, by one thread.
+__global__ void silu_mul_vec4_kernel(float *out, const float *gate, const float *up, size_t n)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n4 = n / 4;
+
+	if (i < n4) {
+		float4 g = ((const float4 *)gate)[i], u = ((const float4 *)up)[i], o;
+
+		o.x = silu_mul1(g.x, u.x);
+		o.y = silu_mul1(g.y, u.y);
+		o.z = silu_mul1(g.z, u.z);
+		o.w = silu_mul1(g.w, u.w);
+		((float4 *)out)[i] = o;
+	} else if (i - n4 < n % 4) {
+		size_t j = n4 * 4 + (i - n4);
+
+		out[j] = silu_mul1(gate[j], up[j]);
+	}
+}
+
+__global__ void silu_mul_scalar_kernel(float *out, const float *gate, const float *up, size_t n)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+
+	if (i < n)
+		out[i] = silu_mul1(gate[i], up[i]);
+}
+
+// Row r: out[r, c] = silu(gu[r, c]) * gu[r, inter + c]; four columns per thread when
+// inter % 4 == 0 (vec4 != 0), else one.
+__global__ void silu_mul_rows_kernel(float *out, const float *gu, int rows, int inter, int vec4)
+{
+	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	int per = vec4 ? inter / 4 : inter;
+	size_t r = i / (size_t)per, c = i % (size_t)per;
+	const float *g;
+
+	if (r >= (size_t)rows)
+		return;
+	g = gu + r * 2 * (size_t)inter;
+	if (vec4) {
+		float4 a = ((const float4 *)g)[c], b = ((const float4 *)(g + inter))[c], o;
+
+		o.x = silu_mul1(a.x, b.x);
+		o.y = silu_mul1(a.y, b.y);
+		o.z = silu_mul1(a.z, b.z);
+		o.w = silu_mul1(a.w, b.w);
+		((float4 *)(out + r * (size_t)inter))[c] = o;
+	} else {
+		out[r * (size_t)inter + c] = silu_mul1(g[c], g[inter + c]);
+	}
+}
+
+}	// namespace
+
+// ---- launchers --------------------------------------------------------------
+
+static bool aligned16(const void *p)
+{
+	return ((uintptr_t)p % 16) == 0;
+}
+
+// Blocks for one thread per item; the vector forms have n / 4 + n % 4 items.
+static unsigned ew_blocks(size_t items)
+{
+	return (unsigned)((items + EW_THREADS - 1) / EW_THREADS);
+}
+
+extern "C" int k_cuda_add(cudaStream_t s, float *y, const float *x, size_t n)
+{
+	if (n == 0)
+		return 0;
+	if (aligned16(y) && aligned16(x))
+		add_vec4_kernel<<<ew_blocks(n / 4 + n % 4), EW_THREADS, 0, s>>>(y, x, n);
+	else
+		add_scalar_kernel<<<ew_blocks(n), EW_THREADS, 0, s>>>(y, x, n);
+	return K_CUDA_LAUNCHED("add");
+}
+
+extern "C" int k_cuda_silu_mul(cudaStream_t s, float *out, const float *gate, const float *up,
+			       size_t n)
+{
+	if (n == 0)
+		return 0;
+	if (aligned16(out) && aligned16(gate) && aligned16(up))
+		silu_mul_vec4_kernel<<<ew_blocks(n / 4 + n % 4), EW_THREADS, 0, s>>>(out, gate, up, n);
+	else
+		silu_mul_scalar_kernel<<<ew_blocks(n), EW_THREADS, 0, s>>>(out, gate, up, n);
+	return K_CUDA_LAUNCHED("silu_mul");
+}
+
+extern "C" int k_cuda_silu_mul_rows(cudaStream_t s, float *out, const float *gate_up, int rows,
+				    int inter)
+{
+	int vec4;
+
+	if (rows < 0 || inter <= 0)
+		return -EINVAL;
+	if (rows == 0)
+		return 0;
+	vec4 = inter % 4 == 0 && aligned16(out) && aligned16(gate_up);
+	silu_mul_rows_kernel<<<ew_blocks((size_t)rows * (vec4 ? inter / 4 : inter)), EW_THREADS, 0,
+			       s>>>(out, gate_up, rows, inter, vec4);
+	return K_CUDA_LAUNCHED("silu_mul_rows");
+}

@@ -1,0 +1,86 @@
+/* Linear layers on the GPU: y = x @ w^T (or y += x @ w^T) with bf16 weights and fp32
+ * activations, one variant per range of M, chosen by named predicates in linear.cu. */
+#ifndef KD_KERNELS_CUDA_K_CUDA_LINEAR_H
+#define KD_KERNELS_CUDA_K_CUDA_LINEAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The variants, in the order k_cuda_linear_pick tries them. */
+enum k_cuda_linear_kind {
+	/* M <= 2: fp32 x on CUDA cores, 16-byte weight loads, one warp per 2 weight rows */
+	K_CUDA_LINEAR_GEMV = 0,
+	/* 2 < M <= 64: mma.sync bf16 tensor cores, x rounded to bf16 in shared memory,
+	 * K split across the CTAs of a thread-block cluster and reduced through
+	 * distributed shared memory (fixed order, no atomics) */
+	K_CUDA_LINEAR_SPLITK,
+	/* larger M (prefill): x rounded to bf16 into the context's scratch, then
+	 * cublasGemmEx with fp32 accumulation and fp32 output */
+	K_CUDA_LINEAR_CUBLAS,
+	/* any shape, any alignment: scalar loads, one warp per output; slow */
+	K_CUDA_LINEAR_GENERIC,
+	K_CUDA_LINEAR_N_KINDS,
+};
+
+/* One context per stream: the cuBLAS handle with its preallocated workspace and the
+ * bf16 scratch for x, so that the calls below never allocate, never synchronise and
+ * can be captured into a CUDA graph. Not thread safe: one caller per context. */
+struct k_cuda_linear;
+
+/* Creates a context for `stream` on the current device, for calls with M <= max_M
+ * and K <= max_K. Returns 0, -EINVAL, -ENOMEM or -EIO; *out is owned by the caller
+ * (k_cuda_linear_destroy). Not capturable: it allocates, and runs one empty probe
+ * kernel to completion on `stream` (cluster launch, programmatic dependent launch). */
+int k_cuda_linear_create(struct k_cuda_linear **out, cudaStream_t stream, int max_M, int max_K);
+void k_cuda_linear_destroy(struct k_cuda_linear *ctx);	/* accepts NULL */
+
+/* y (M, N) fp32 = x (M, K) fp32 @ w^T, w (N, K) bf16 row-major; with accumulate = 1,
+ * y += x @ w^T instead (y is read only then). All three in device memory; y must not
+ * overlap x or w. Queued on the context's stream; returns 0, -EINVAL (sizes, NULL,
+ * M > max_M, K > max_K) or -EIO (a CUDA or cuBLAS call failed; logged). Every output
+ * is a fixed-order sum: the same inputs give the same bits on the same GPU. */
+int k_cuda_linear(struct k_cuda_linear *ctx, float *y, const float *x, const uint16_t *w,
+		  int M, int N, int K, int accumulate);
+
+/* The variant k_cuda_linear uses for this shape when x and w are 16-byte aligned
+ * (otherwise it takes K_CUDA_LINEAR_GENERIC where the pick needs alignment). */
+enum k_cuda_linear_kind k_cuda_linear_pick(int M, int N, int K);
+
+/* 1 when `kind` can run this call: GEMV and SPLITK need K % 8 == 0 and x, w
+ * 16-byte aligned; CUBLAS and GENERIC take anything. Any M is allowed (GEMV walks M
+ * in pairs and SPLITK in blocks of 64, re-reading the weights: for tests). */
+int k_cuda_linear_supports(enum k_cuda_linear_kind kind, const float *x, const uint16_t *w,
+			   int M, int N, int K);
+
+/* k_cuda_linear with the variant forced; -EINVAL where it is not supported. */
+int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind, float *y,
+			   const float *x, const uint16_t *w, int M, int N, int K, int accumulate);
+
+/* Programmatic dependent launch, on by default where the device takes it: each kernel
+ * may start while the previous kernel in the stream drains and prefetches its weights
+ * (constant) into L2 before it waits for that kernel's results; it reads x and y only
+ * after the wait, so results never depend on it. The overlap happens where the previous
+ * kernel triggers early; these kernels trigger right after their own wait, so a kernel
+ * launched after them WITH programmatic serialisation must wait (griddepcontrol.wait)
+ * before it reads y. Kernels launched without it are ordered as usual. 0 turns it off. */
+void k_cuda_linear_set_pdl(struct k_cuda_linear *ctx, int on);
+
+/* "gemv", "splitk", "cublas", "generic". */
+const char *k_cuda_linear_kind_name(enum k_cuda_linear_kind kind);
+
+/* A one-line description of how `kind` would launch this shape (grid, split,
+ * cluster size) into buf, for benchmarks and failure logs. */
+void k_cuda_linear_describe(const struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind,
+			    int M, int N, int K, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

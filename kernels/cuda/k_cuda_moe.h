@@ -1,0 +1,60 @@
+/* Mixture of experts on the GPU: the router (k_cpu_moe_route's choices, bit for bit)
+ * and the routed experts' SwiGLU MLPs grouped by expert across the batch.
+ * Pointers are device memory unless said; launchers return 0, -EINVAL or -EIO (logged),
+ * never allocate or synchronise, and can be captured into a CUDA graph. */
+#ifndef KD_KERNELS_CUDA_K_CUDA_MOE_H
+#define KD_KERNELS_CUDA_K_CUDA_MOE_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/cpu/k_cpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Router logits (M, n_experts) -> ids (M, top_k), weights (M, top_k), with the
+ * semantics of k_cpu_moe_route: softmax or sigmoid, bias for the choice only,
+ * greedy / GROUP_MAX / GROUP_TOP2, renormalise, routed scaling, ties to the lower id.
+ * p is a host struct whose bias is a DEVICE pointer (or NULL). The scores use a port
+ * of glibc's expf and the CPU's order of every sum, so ids and weights equal the CPU's
+ * exactly. Limits: n_experts <= 4096, top_k <= 64 and <= n_experts, n_group <= 256. */
+int k_cuda_moe_route(cudaStream_t s, const struct k_moe_route_params *p,
+		     const float *logits /* (M, n_experts) */, int M,
+		     int32_t *ids /* (M, top_k) */, float *weights /* (M, top_k) */);
+
+/* Scratch of k_cuda_moe_experts for up to max_M rows of one model's shapes: the
+ * routing plan, x split into bf16 hi/lo parts, the SwiGLU activations, per-slot
+ * outputs. Owned by the caller: k_cuda_moe_ws_destroy (accepts NULL). Allocates on the
+ * current device; 0, -EINVAL or -ENOMEM. hidden and inter: multiples of 8 for the
+ * tensor-core path; other sizes take a slow CUDA-core path. */
+struct k_cuda_moe_ws;
+
+int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int top_k, int n_experts,
+			 int hidden, int inter);
+void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws);
+
+/* out[m] = sum_j weights[m, j] * expert_{ids[m, j]}(x[m]), out overwritten; expert(x)
+ * = down(silu(gate x) * up x). expert_w is a device array of n_experts * 3 device
+ * pointers (gate, up, down) to bf16 matrices, each 16-byte aligned: gate and up
+ * (inter, hidden), down (hidden, inter). The (row, slot) pairs are grouped by expert
+ * on the device (a counting sort), and each used expert's weights are read once for
+ * all its rows. fp32 accumulation; x and the SwiGLU activations enter the tensor
+ * cores as bf16 hi + lo pairs (about 16 bits of mantissa), so out is within ~1e-5
+ * relative of k_cpu_moe_experts. Each row's slots are summed in increasing expert id
+ * like the CPU, so the result is deterministic and independent of the other rows.
+ * M <= the workspace's max_M; top_k, n_experts, hidden, inter as at creation.
+ * An id outside [0, n_experts) contributes nothing. */
+int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out /* (M, hidden) */,
+		       const float *x /* (M, hidden) */, int M, const int32_t *ids /* (M, top_k) */,
+		       const float *weights /* (M, top_k) */, int top_k,
+		       const uint16_t *const *expert_w /* (n_experts, 3) */, int n_experts,
+		       int hidden, int inter);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

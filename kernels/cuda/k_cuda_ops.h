@@ -1,0 +1,66 @@
+/* The small CUDA ops of a layer: embedding, RMSNorm (plain and fused with the residual
+ * add), residual add, SwiGLU, RoPE. Each computes what its k_cpu_* reference does.
+ *
+ * Activations and norm weights are fp32, matrices bf16 (as uint16_t). All pointers are
+ * device memory unless said. Every launcher returns 0, -EINVAL (bad sizes; nothing
+ * launched) or -EIO (the launch failed; logged with kernel, file, line, device); none
+ * allocates or synchronises, and the launch configuration depends only on the host
+ * arguments, so each can be captured into a CUDA graph. Zero rows or elements: 0, no
+ * launch. */
+#ifndef KD_KERNELS_CUDA_K_CUDA_OPS_H
+#define KD_KERNELS_CUDA_K_CUDA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/k_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* out[i, :] = table[ids[i], :] widened to fp32. Every id must be < the table's rows
+ * (the engine checks tokens before they reach the GPU). */
+int k_cuda_embed(cudaStream_t s, float *out /* (n, dim) */, const int32_t *ids /* (n) */, int n,
+		 const uint16_t *table /* (vocab, dim) bf16 */, int dim);
+
+/* out = x / sqrt(mean(x^2) + eps) * w over each row of dim values; rows are x_stride /
+ * out_stride floats apart. In place (out == x, equal strides) is allowed; otherwise
+ * out and x must not overlap. Sum of squares in fp64 like k_cpu_rmsnorm. */
+int k_cuda_rmsnorm(cudaStream_t s, float *out, int out_stride, const float *x, int x_stride,
+		   const float *w /* (dim) */, int rows, int dim, float eps);
+
+/* x += r, then out = rmsnorm(x) * w: the residual add and the next pre-norm in one
+ * pass. Rows are contiguous (stride dim). out may alias r (the forward's x += h;
+ * h = norm(x)); out must not overlap x. */
+int k_cuda_add_rmsnorm(cudaStream_t s, float *x /* (rows, dim) */, const float *r /* (rows, dim) */,
+		       float *out /* (rows, dim) */, const float *w /* (dim) */, int rows, int dim,
+		       float eps);
+
+/* y += x, n floats. */
+int k_cuda_add(cudaStream_t s, float *y, const float *x, size_t n);
+
+/* out = silu(gate) * up, n floats; silu(g) = g / (1 + exp(-g)). out may alias gate. */
+int k_cuda_silu_mul(cudaStream_t s, float *out, const float *gate, const float *up, size_t n);
+
+/* The same over a fused gate/up projection: row r of gate_up holds inter gate values
+ * then inter up values. out must not overlap gate_up. */
+int k_cuda_silu_mul_rows(cudaStream_t s, float *out /* (rows, inter) */,
+			 const float *gate_up /* (rows, 2 * inter) */, int rows, int inter);
+
+/* Rotates x in place as k_cpu_rope does for a struct k_rope with these fields: head h
+ * of row r starts at x + r*row_stride + h*head_stride, and its first dim values are
+ * rotated by angle pos[r] * inv_freq[i] (fp32 product; cos and sin rounded from fp64,
+ * then multiplied by attn_factor). interleaved: pairs (2i, 2i+1), else (i, i + dim/2).
+ * dim even, 2..2048. inv_freq is the device copy of struct k_rope's table. */
+int k_cuda_rope(cudaStream_t s, const float *inv_freq /* (dim / 2) */, int dim, int interleaved,
+		float attn_factor, float *x, int n_rows, int n_heads, int row_stride,
+		int head_stride, const int32_t *pos /* (n_rows) */);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

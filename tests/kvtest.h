@@ -1,0 +1,176 @@
+/* Helpers of the KV cache tests: engines on tiny synthetic models, greedy runs, and
+ * the cache invariants checked after every operation. Include after testutil.h. */
+#ifndef KD_TESTS_KVTEST_H
+#define KD_TESTS_KVTEST_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/engine.h"
+#include "daemon/model.h"
+
+/* A model of tests/data/tiny/<name>.json with synthetic weights (seed) and an engine. */
+static inline int kvt_open(const char *name, uint64_t seed, const struct engine_opts *eo,
+			   struct model **m, struct engine **e)
+{
+	const char *top = getenv("top_srcdir") ? getenv("top_srcdir") : ".";
+	struct model_load_opts lo = { .synthetic = 1, .seed = seed };
+	char path[1024], err[512] = "";
+	int ret;
+
+	*m = NULL;
+	*e = NULL;
+	snprintf(path, sizeof(path), "%s/tests/data/tiny/%s.json", top, name);
+	ret = model_load(m, path, &lo, err, sizeof(err));
+	CHECK(ret == 0, "%s: %s", path, err);
+	if (ret)
+		return ret;
+	ret = engine_create(e, *m, eo, err, sizeof(err));
+	CHECK(ret == 0, "engine: %s", err);
+	return ret;
+}
+
+static inline void kvt_close(struct model *m, struct engine *e)
+{
+	engine_destroy(e);
+	model_destroy(m);
+}
+
+/* Runs toks through s in one step; logits (vocab) of the last token. */
+static inline int kvt_step(struct engine *e, struct engine_seq *s, const int32_t *toks, int n,
+			   float *logits)
+{
+	struct engine_req r = { .seq = s, .tokens = toks, .n_tokens = n };
+	char err[256] = "";
+	int ret = engine_step(e, &r, 1, logits, err, sizeof(err));
+
+	CHECK(ret == 0, "step of %d tokens at %d: %s", n, s->n_tokens, err);
+	return ret;
+}
+
+static inline int32_t kvt_argmax(const float *l, int vocab)
+{
+	int32_t best = 0;
+
+	for (int i = 1; i < vocab; i++)
+		if (l[i] > l[best])
+			best = i;
+	return best;
+}
+
+/* Cold reference: logits of the last of toks[0..n) in a fresh sequence, no cache. */
+static inline int kvt_cold(struct engine *e, const int32_t *toks, int n, float *logits)
+{
+	struct engine_seq s;
+	int ret;
+
+	engine_seq_init(&s);
+	ret = kvt_step(e, &s, toks, n, logits);
+	engine_seq_release(e, &s);
+	return ret;
+}
+
+/* Greedy: n_gen tokens after the logits in l (vocab floats, overwritten). */
+static inline int kvt_greedy(struct engine *e, struct engine_seq *s, float *l, int n_gen, int32_t *out)
+{
+	int vocab = e->model->cfg.vocab_size;
+
+	for (int i = 0; i < n_gen; i++) {
+		out[i] = kvt_argmax(l, vocab);
+		if (i + 1 < n_gen && kvt_step(e, s, &out[i], 1, l))
+			return -1;
+	}
+	return 0;
+}
+
+/* Every invariant of the pool, the prefix index, the sessions and the host tier,
+ * with seqs[0..n_seqs) the live sequences (the only holders besides sessions).
+ * Returns the number of violations (each also a failed CHECK). */
+static inline int kvt_check_invariants(const struct engine *e, struct engine_seq *const *seqs, int n_seqs)
+{
+	const struct kv_pool *p = &e->pool;
+	int nb = p->n_blocks, before = test_failures, n_lru = 0, n_reg = 0;
+	uint32_t *want = calloc((size_t)nb, sizeof(*want));
+	char *state = calloc((size_t)nb, 1);	/* 'f' free list, 'l' LRU */
+	const struct kv_host_block **hb = NULL;
+	uint32_t *hrefs = NULL;
+	size_t n_hb = 0, host_used = 0;
+
+	for (int i = 0; i < n_seqs; i++) {
+		const struct engine_seq *s = seqs[i];
+
+		CHECK(s->n_blocks == kv_pool_blocks_for(p, s->n_tokens), "seq %d: %d blocks for %d tokens",
+		      i, s->n_blocks, s->n_tokens);
+		for (int b = 0; b < s->n_blocks; b++)
+			if (s->blocks[b] >= 0 && s->blocks[b] < nb)
+				want[s->blocks[b]]++;
+	}
+	for (const struct kv_session *s = e->sessions.head; s; s = s->next) {
+		CHECK(s->n_blocks == kv_pool_blocks_for(p, s->n_tokens), "session %s: %d blocks for %d tokens",
+		      s->name, s->n_blocks, s->n_tokens);
+		for (int b = 0; b < s->n_blocks; b++) {
+			CHECK(s->dev[b] >= 0 || s->host[b], "session %s block %d nowhere", s->name, b);
+			if (s->dev[b] >= 0 && s->dev[b] < nb)
+				want[s->dev[b]]++;
+			if (s->host[b]) {
+				size_t k = 0;
+
+				while (k < n_hb && hb[k] != s->host[b])
+					k++;
+				if (k == n_hb) {
+					hb = realloc(hb, (n_hb + 1) * sizeof(*hb));
+					hrefs = realloc(hrefs, (n_hb + 1) * sizeof(*hrefs));
+					hb[n_hb] = s->host[b];
+					hrefs[n_hb++] = 0;
+					host_used += kv_host_cost(s->host[b]->zbytes);
+				}
+				hrefs[k]++;
+			}
+		}
+	}
+	for (int i = 0; i < p->n_free; i++) {
+		int32_t id = p->free_ids[i];
+
+		CHECK(id >= 0 && id < nb && !state[id], "free list entry %d (bad or twice)", id);
+		if (id >= 0 && id < nb)
+			state[id] = 'f';
+	}
+	for (int32_t id = p->lru_head, prev = -1; id >= 0; prev = id, id = p->lru_next[id]) {
+		CHECK(id < nb && !state[id] && p->lru_prev[id] == prev, "LRU entry %d (bad, twice or mislinked)", id);
+		if (id >= nb || state[id] || n_lru > nb)
+			break;
+		state[id] = 'l';
+		n_lru++;
+	}
+	CHECK(n_lru == p->n_lru, "LRU holds %d blocks, n_lru %d", n_lru, p->n_lru);
+	for (int b = 0; b < nb; b++) {
+		CHECK(p->refs[b] == want[b], "block %d: refcount %u, %u references", b, p->refs[b], want[b]);
+		CHECK((p->refs[b] > 0) + (state[b] == 'f') + (state[b] == 'l') == 1,
+		      "block %d: refs %u, state '%c' (free, cached or referenced: exactly one)", b, p->refs[b],
+		      state[b] ? state[b] : '-');
+		CHECK(p->cached[b] == e->prefix.registered[b], "block %d: cached %d, registered %d", b,
+		      p->cached[b], e->prefix.registered[b]);
+		CHECK(state[b] != 'l' || p->cached[b], "block %d on the LRU but not cached", b);
+		CHECK(state[b] != 'f' || !p->cached[b], "block %d free but cached", b);
+		if (e->prefix.registered[b]) {
+			n_reg++;
+			CHECK(kv_prefix_find(&e->prefix, e->prefix.keys[b], e->prefix.salts[b]) == b,
+			      "block %d: its key does not find it", b);
+		}
+	}
+	CHECK(n_reg == e->prefix.n_entries, "index: %d registered, n_entries %d", n_reg, e->prefix.n_entries);
+	for (size_t k = 0; k < n_hb; k++)
+		CHECK(hb[k]->refs == hrefs[k], "host block %zu: refs %u, %u references", k, hb[k]->refs, hrefs[k]);
+	CHECK(n_hb == e->host.n_blocks && host_used == e->host.used,
+	      "host tier: %zu blocks / %zu bytes referenced, %zu / %zu accounted", n_hb, host_used,
+	      e->host.n_blocks, e->host.used);
+	CHECK(e->host.used <= e->host.budget, "host tier: %zu bytes over the budget %zu", e->host.used,
+	      e->host.budget);
+	free(want);
+	free(state);
+	free(hb);
+	free(hrefs);
+	return test_failures - before;
+}
+
+#endif

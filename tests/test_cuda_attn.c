@@ -1,0 +1,891 @@
+/* The GPU KV-cache write and attention kernels against the CPU references
+ * (k_cpu_kv_write, k_cpu_attn_gqa, k_cpu_attn_mla) on fresh random inputs: shuffled
+ * block tables, bf16 caches whose exact values the reference also gets (as fp32), decode
+ * and prefill rows, outputs poisoned with NaN first, and a captured graph replayed with
+ * new ctx and block tables. One line per case.
+ * Skips (77) without CUDA or a GPU. KD_TEST_QUICK=1: only the small cases (for
+ * compute-sanitizer); KD_TEST_SEED=n: repeat a run; KD_TEST_TIME=1: time each call. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "tests/testutil.h"
+
+#ifdef KD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cpu/k_cpu.h"
+#include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/k_cuda_attn.h"
+
+/* Tolerance, relative L2 against the reference. Both sides read the same bf16 K/V (the
+ * reference as fp32) and the same fp32 q and weights, and both accumulate in fp32: they
+ * differ only in summation order, the exp2 form of the softmax and the split merge,
+ * ~1e-6..1e-5 relative at 32k tokens. 2e-4 leaves room for that and still fails on a
+ * single wrong token at 32k (~1e-2 with these score spreads). Every output must also be
+ * finite: the NaN poison overwritten. A bf16 tensor-core path would need ~1e-2. */
+#define ATTN_TOL 2e-4
+#define Q_AMP_GQA 4.0f	/* q scale: scores of std ~1.3, a softmax that picks tokens */
+#define TIME_RUNS 15
+
+static unsigned long long seed;
+static int quick, timing;
+static struct k_pool *pool;
+
+#define CU(call) cu_ok((call), #call, __LINE__)
+
+static int cu_ok(cudaError_t e, const char *what, int line)
+{
+	if (e == cudaSuccess)
+		return 1;
+	CHECK(0, "line %d: %s: %s", line, what, cudaGetErrorString(e));
+	return 0;
+}
+
+static void *dalloc(size_t bytes)
+{
+	void *p = NULL;
+
+	if (!CU(cudaMalloc(&p, bytes ? bytes : 16)))
+		return NULL;
+	return p;
+}
+
+static void *dup_to_device(const void *h, size_t bytes)
+{
+	void *d = dalloc(bytes);
+
+	if (d && bytes)
+		CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+	return d;
+}
+
+static float *rand_floats(size_t n, float amp)
+{
+	float *p = malloc(sizeof(float) * (n ? n : 1));
+
+	for (size_t i = 0; i < n; i++)
+		p[i] = test_randf(&seed) * amp;
+	return p;
+}
+
+static int rand_int(int lo, int hi)	/* [lo, hi] */
+{
+	return lo + (int)((test_randf(&seed) + 1.0f) * 0.5f * (float)(hi - lo + 1)) % (hi - lo + 1);
+}
+
+/* ---- rows, block tables, caches ---------------------------------------- */
+
+/* Query rows and the sequences they belong to, host and device copies. */
+struct rows {
+	int n_rows, n_seqs, max_ctx, bt;
+	int32_t *ctx;		/* (n_rows) */
+	int *seq;		/* (n_rows) sequence of each row */
+	int *n_tab;		/* (n_seqs) blocks in each table */
+	int32_t **tab;		/* (n_seqs) host block tables */
+	const int32_t **row_tab;	/* (n_rows) host table of each row (CPU reference) */
+	int n_blocks;		/* blocks in the cache */
+	int32_t *d_ctx;		/* device (n_rows) */
+	int32_t *d_tabs;	/* device: every table, back to back */
+	const int32_t **d_row_tab;	/* device (n_rows) device table of each row */
+	const int32_t **h_row_dtab;	/* host copy of d_row_tab */
+};
+
+static struct rows *rows_new(int n_rows, int n_seqs, int max_ctx)
+{
+	struct rows *r = calloc(1, sizeof(*r));
+
+	r->n_rows = n_rows;
+	r->n_seqs = n_seqs;
+	r->max_ctx = max_ctx;
+	r->ctx = calloc((size_t)n_rows, sizeof(int32_t));
+	r->seq = calloc((size_t)n_rows, sizeof(int));
+	return r;
+}
+
+/* Decode: n rows of their own sequences; ctx all equal or spread over [1, ctx_max]
+ * with both ends present. */
+static struct rows *rows_decode(int n, int ctx_max, int spread, int max_ctx)
+{
+	struct rows *r = rows_new(n, n, max_ctx);
+
+	for (int i = 0; i < n; i++) {
+		r->seq[i] = i;
+		r->ctx[i] = spread ? rand_int(1, ctx_max) : ctx_max;
+	}
+	if (spread && n > 1) {
+		r->ctx[0] = ctx_max;
+		r->ctx[n - 1] = 1;
+	}
+	return r;
+}
+
+/* Prefill: runs[i] consecutive rows of sequence i at positions pos0[i].., so
+ * ctx = pos + 1; hint: the n_seqs the kernels are told (0: none). */
+static struct rows *rows_prefill(int n_runs, const int *runs, const int *pos0, int max_ctx)
+{
+	int n = 0, k = 0;
+	struct rows *r;
+
+	for (int i = 0; i < n_runs; i++)
+		n += runs[i];
+	r = rows_new(n, n_runs, max_ctx);
+	for (int i = 0; i < n_runs; i++)
+		for (int j = 0; j < runs[i]; j++, k++) {
+			r->seq[k] = i;
+			r->ctx[k] = pos0[i] + j + 1;
+		}
+	return r;
+}
+
+/* Shuffled block tables with room for cap tokens per sequence (at least what its rows
+ * see), and their device copies. Returns 0 or -1. */
+static int rows_tables(struct rows *r, int bt, int cap)
+{
+	int used = 0, off = 0;
+	int32_t *perm, *all;
+
+	r->bt = bt;
+	r->n_tab = calloc((size_t)r->n_seqs, sizeof(int));
+	r->tab = calloc((size_t)r->n_seqs, sizeof(int32_t *));
+	r->row_tab = calloc((size_t)r->n_rows, sizeof(int32_t *));
+	r->h_row_dtab = calloc((size_t)r->n_rows, sizeof(int32_t *));
+	for (int i = 0; i < r->n_rows; i++) {
+		int need = (r->ctx[i] + bt - 1) / bt;
+
+		if (need > r->n_tab[r->seq[i]])
+			r->n_tab[r->seq[i]] = need;
+	}
+	r->n_blocks = 3;	/* a few blocks no row owns: wrong indexing reads noise */
+	for (int s = 0; s < r->n_seqs; s++) {
+		if (r->n_tab[s] < (cap + bt - 1) / bt)
+			r->n_tab[s] = (cap + bt - 1) / bt;
+		r->n_blocks += r->n_tab[s];
+	}
+	perm = test_shuffled_ids(r->n_blocks, &seed);
+	all = malloc(sizeof(int32_t) * (size_t)r->n_blocks);
+	for (int s = 0; s < r->n_seqs; s++) {
+		r->tab[s] = all + used;
+		for (int b = 0; b < r->n_tab[s]; b++, used++)
+			all[used] = perm[used];
+	}
+	free(perm);
+	r->d_tabs = dup_to_device(all, sizeof(int32_t) * (size_t)used);
+	r->d_ctx = dup_to_device(r->ctx, sizeof(int32_t) * (size_t)r->n_rows);
+	for (int i = 0; i < r->n_rows; i++) {
+		off = (int)(r->tab[r->seq[i]] - all);
+		r->row_tab[i] = r->tab[r->seq[i]];
+		r->h_row_dtab[i] = r->d_tabs ? r->d_tabs + off : NULL;
+	}
+	r->d_row_tab = dup_to_device(r->h_row_dtab, sizeof(int32_t *) * (size_t)r->n_rows);
+	return r->d_tabs && r->d_ctx && r->d_row_tab ? 0 : -1;
+}
+
+/* New shuffled contents for the same tables, host and device (graph replay). */
+static void rows_reshuffle(struct rows *r)
+{
+	int32_t *perm = test_shuffled_ids(r->n_blocks, &seed), *all = r->tab[0];
+	int used = 0;
+
+	for (int s = 0; s < r->n_seqs; s++)
+		used += r->n_tab[s];
+	memcpy(all, perm, sizeof(int32_t) * (size_t)used);
+	free(perm);
+	CU(cudaMemcpy(r->d_tabs, all, sizeof(int32_t) * (size_t)used, cudaMemcpyHostToDevice));
+	CU(cudaMemcpy(r->d_ctx, r->ctx, sizeof(int32_t) * (size_t)r->n_rows,
+		      cudaMemcpyHostToDevice));
+}
+
+static void rows_free(struct rows *r)
+{
+	if (!r)
+		return;
+	if (r->tab)
+		free(r->tab[0]);
+	free(r->tab);
+	free(r->n_tab);
+	free(r->row_tab);
+	free(r->h_row_dtab);
+	free(r->ctx);
+	free(r->seq);
+	cudaFree(r->d_tabs);
+	cudaFree(r->d_ctx);
+	cudaFree((void *)r->d_row_tab);
+	free(r);
+}
+
+static struct k_cuda_attn_rows rows_gpu(const struct rows *r, int hint)
+{
+	struct k_cuda_attn_rows g = {
+		.n_rows = r->n_rows, .ctx = r->d_ctx, .blocks = r->d_row_tab,
+		.max_ctx = r->max_ctx, .n_seqs = hint ? r->n_seqs : 0,
+	};
+	return g;
+}
+
+static struct k_attn_rows rows_cpu(const struct rows *r)
+{
+	struct k_attn_rows c = {
+		.n_rows = r->n_rows, .ctx = r->ctx, .blocks = (const int32_t *const *)r->row_tab,
+	};
+	return c;
+}
+
+/* K/V bytes the rows must read at least: each sequence's longest ctx once. */
+static double rows_kv_bytes(const struct rows *r, double bytes_per_token)
+{
+	double sum = 0;
+
+	for (int s = 0; s < r->n_seqs; s++) {
+		int len = 0;
+
+		for (int i = 0; i < r->n_rows; i++)
+			if (r->seq[i] == s && r->ctx[i] > len)
+				len = r->ctx[i];
+		sum += len;
+	}
+	return sum * bytes_per_token;
+}
+
+/* A random bf16 cache of the rows' blocks: host bf16, the same values as fp32, and the
+ * device copy. */
+struct cache {
+	size_t n;		/* values */
+	uint16_t *h;
+	float *f;
+	uint16_t *d;
+};
+
+static int cache_new(struct cache *c, const struct rows *r, int width)
+{
+	c->n = (size_t)r->n_blocks * r->bt * width;
+	c->h = malloc(sizeof(uint16_t) * c->n);
+	c->f = malloc(sizeof(float) * c->n);
+	if (!c->h || !c->f)
+		return -1;
+	for (size_t i = 0; i < c->n; i++) {
+		c->h[i] = k_f32_to_bf16(test_randf(&seed));
+		c->f[i] = k_bf16_to_f32(c->h[i]);
+	}
+	c->d = dup_to_device(c->h, sizeof(uint16_t) * c->n);
+	return c->d ? 0 : -1;
+}
+
+static void cache_free(struct cache *c)
+{
+	free(c->h);
+	free(c->f);
+	cudaFree(c->d);
+}
+
+/* ---- checking ------------------------------------------------------------ */
+
+/* One line: label, max abs error, rel L2, unwritten (non-finite) outputs, verdict. */
+static void compare(const char *label, const float *got, const float *ref, size_t n)
+{
+	size_t bad = 0;
+	double max_abs = 0, rel, norm = 0;
+	int pass;
+
+	for (size_t i = 0; i < n; i++) {
+		if (!isfinite(got[i])) {
+			bad++;
+			continue;
+		}
+		if (fabs((double)got[i] - ref[i]) > max_abs)
+			max_abs = fabs((double)got[i] - ref[i]);
+		norm += (double)ref[i] * ref[i];
+	}
+	rel = bad ? INFINITY : test_rel_l2(got, ref, n);
+	pass = bad == 0 && rel <= ATTN_TOL && norm > 0;
+	fprintf(stderr, "%-72s max_abs %.2e rel_l2 %.2e unwritten %zu %s\n", label, max_abs, rel,
+		bad, pass ? "PASS" : "FAIL");
+	CHECK(pass, "%s (tolerance %g)", label, ATTN_TOL);
+}
+
+static float *download(const float *d, size_t n)
+{
+	float *h = malloc(sizeof(float) * n);
+
+	CU(cudaMemcpy(h, d, sizeof(float) * n, cudaMemcpyDeviceToHost));
+	return h;
+}
+
+static void ctx_range(const struct rows *r, int *lo, int *hi)
+{
+	*lo = *hi = r->n_rows ? r->ctx[0] : 0;
+	for (int i = 0; i < r->n_rows; i++) {
+		*lo = r->ctx[i] < *lo ? r->ctx[i] : *lo;
+		*hi = r->ctx[i] > *hi ? r->ctx[i] : *hi;
+	}
+}
+
+/* ---- GQA ------------------------------------------------------------------ */
+
+struct gqa_shape {
+	int h, kv, hd;
+};
+
+struct gqa_run {
+	struct gqa_shape sh;
+	struct rows *r;
+	int hint;
+	struct k_cuda_attn_ws *ws;
+	struct cache k, v;
+	float *q, *d_q, *d_out;
+	float scale;
+};
+
+static int gqa_call(struct gqa_run *g, cudaStream_t s)
+{
+	struct k_cuda_attn_rows gr = rows_gpu(g->r, g->hint);
+
+	return k_cuda_attn_gqa(s, g->ws, g->d_out, g->d_q, g->k.d, g->v.d, g->r->bt, &gr,
+			       g->sh.h, g->sh.kv, g->sh.hd, g->scale);
+}
+
+/* Median time of one call, for KD_TEST_TIME. */
+static double time_us(int (*call)(void *), void *arg)
+{
+	cudaEvent_t a, b;
+	float ms[TIME_RUNS], t;
+
+	if (!CU(cudaEventCreate(&a)) || !CU(cudaEventCreate(&b)))
+		return 0;
+	call(arg);
+	for (int i = 0; i < TIME_RUNS; i++) {
+		cudaEventRecord(a, 0);
+		call(arg);
+		cudaEventRecord(b, 0);
+		cudaEventSynchronize(b);
+		cudaEventElapsedTime(&ms[i], a, b);
+	}
+	for (int i = 1; i < TIME_RUNS; i++)	/* insertion sort */
+		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+			t = ms[j];
+			ms[j] = ms[j - 1];
+			ms[j - 1] = t;
+		}
+	cudaEventDestroy(a);
+	cudaEventDestroy(b);
+	return ms[TIME_RUNS / 2] * 1000.0;
+}
+
+static int gqa_call_default(void *g)
+{
+	return gqa_call(g, 0);
+}
+
+static void gqa_label(char *buf, size_t len, const struct gqa_run *g, const char *what)
+{
+	int lo, hi;
+
+	ctx_range(g->r, &lo, &hi);
+	snprintf(buf, len, "gqa %s h%d/kv%d/d%d bt%d rows %d ctx %d..%d max %d seqs %d%s", what,
+		 g->sh.h, g->sh.kv, g->sh.hd, g->r->bt, g->r->n_rows, lo, hi, g->r->max_ctx,
+		 g->r->n_seqs, g->hint ? " hinted" : "");
+}
+
+/* Runs the kernel once (or, with s, as the caller arranged) and checks it. */
+static void gqa_check(struct gqa_run *g, const char *what)
+{
+	size_t n = (size_t)g->r->n_rows * g->sh.h * g->sh.hd;
+	struct k_kv_layer kv = { .k = g->k.f, .v = g->v.f, .n_blocks = g->r->n_blocks,
+		.block_tokens = g->r->bt, .width = g->sh.kv * g->sh.hd };
+	struct k_attn_rows cr = rows_cpu(g->r);
+	float *ref = malloc(sizeof(float) * n), *got = download(g->d_out, n);
+	char label[160];
+
+	gqa_label(label, sizeof(label), g, what);
+	k_cpu_attn_gqa(pool, ref, g->q, &kv, &cr, g->sh.h, g->sh.kv, g->sh.hd, g->scale);
+	compare(label, got, ref, n);
+	free(ref);
+	free(got);
+}
+
+static int gqa_setup(struct gqa_run *g, struct gqa_shape sh, int bt, struct rows *r, int hint,
+		     int cap)
+{
+	size_t nq = (size_t)r->n_rows * sh.h * sh.hd;
+
+	memset(g, 0, sizeof(*g));
+	g->sh = sh;
+	g->r = r;
+	g->hint = hint;
+	g->scale = 1.0f / sqrtf((float)sh.hd);
+	if (rows_tables(r, bt, cap) || cache_new(&g->k, r, sh.kv * sh.hd) ||
+	    cache_new(&g->v, r, sh.kv * sh.hd))
+		return -1;
+	g->q = rand_floats(nq, Q_AMP_GQA);
+	g->d_q = dup_to_device(g->q, sizeof(float) * nq);
+	g->d_out = dalloc(sizeof(float) * nq);
+	if (!g->d_q || !g->d_out)
+		return -1;
+	return k_cuda_attn_ws_create(&g->ws, r->n_rows, sh.h, sh.hd, r->max_ctx) ? -1 : 0;
+}
+
+static void gqa_teardown(struct gqa_run *g)
+{
+	k_cuda_attn_ws_destroy(g->ws);
+	cache_free(&g->k);
+	cache_free(&g->v);
+	free(g->q);
+	cudaFree(g->d_q);
+	cudaFree(g->d_out);
+	rows_free(g->r);
+}
+
+static void gqa_case(struct gqa_shape sh, int bt, struct rows *r, int hint)
+{
+	struct gqa_run g;
+	size_t n = (size_t)r->n_rows * sh.h * sh.hd;
+	int ret;
+
+	if (gqa_setup(&g, sh, bt, r, hint, 0)) {
+		CHECK(0, "gqa setup h%d/kv%d/d%d", sh.h, sh.kv, sh.hd);
+		gqa_teardown(&g);
+		return;
+	}
+	CU(cudaMemset(g.d_out, 0xff, sizeof(float) * n));	/* NaN */
+	ret = gqa_call(&g, 0);
+	CHECK(ret == 0, "k_cuda_attn_gqa: %d", ret);
+	if (ret == 0 && CU(cudaDeviceSynchronize()))
+		gqa_check(&g, "");
+	if (timing && ret == 0) {
+		char label[160];
+		double us = time_us(gqa_call_default, &g);
+		double gb = rows_kv_bytes(r, 4.0 * sh.kv * sh.hd) / (us * 1e3);
+
+		gqa_label(label, sizeof(label), &g, "");
+		fprintf(stderr, "%-72s time %.1f us, %.0f GB/s of K/V read (floor 4250)\n", label,
+			us, gb);
+	}
+	gqa_teardown(&g);
+}
+
+/* One captured launch replayed with new ctx and new block tables. */
+static void gqa_graph_case(struct gqa_shape sh, int bt, int n_rows, int max_ctx)
+{
+	struct rows *r = rows_decode(n_rows, max_ctx / 8, 1, max_ctx);
+	size_t n = (size_t)n_rows * sh.h * sh.hd;
+	cudaStream_t s = NULL;
+	cudaGraph_t graph = NULL;
+	cudaGraphExec_t exec = NULL;
+	struct gqa_run g;
+	int ret = -1;
+
+	if (gqa_setup(&g, sh, bt, r, 0, max_ctx) || !CU(cudaStreamCreate(&s)))
+		goto out;
+	if (!CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal)))
+		goto out;
+	ret = gqa_call(&g, s);
+	if (!CU(cudaStreamEndCapture(s, &graph)) || ret ||
+	    !CU(cudaGraphInstantiate(&exec, graph, 0)))
+		goto out;
+	for (int round = 0; round < 2; round++) {
+		if (round == 1) {	/* longer contexts, new tables, same graph */
+			for (int i = 0; i < n_rows; i++)
+				r->ctx[i] = rand_int(1, max_ctx);
+			r->ctx[0] = max_ctx;
+		}
+		rows_reshuffle(r);
+		CU(cudaMemset(g.d_out, 0xff, sizeof(float) * n));
+		if (CU(cudaGraphLaunch(exec, s)) && CU(cudaStreamSynchronize(s)))
+			gqa_check(&g, round ? "graph replay 2" : "graph replay 1");
+	}
+out:
+	CHECK(ret == 0, "gqa graph case: %d", ret);
+	if (exec)
+		cudaGraphExecDestroy(exec);
+	if (graph)
+		cudaGraphDestroy(graph);
+	if (s)
+		cudaStreamDestroy(s);
+	gqa_teardown(&g);
+}
+
+/* ---- MLA ------------------------------------------------------------------ */
+
+struct mla_run {
+	struct k_mla_dims d;
+	struct rows *r;
+	int hint;
+	struct k_cuda_attn_ws *ws;
+	struct cache c;
+	float *q, *d_q, *d_out;
+	uint16_t *w, *d_w;
+	float scale;
+};
+
+static int mla_call(struct mla_run *m, cudaStream_t s)
+{
+	struct k_cuda_attn_rows gr = rows_gpu(m->r, m->hint);
+
+	return k_cuda_attn_mla(s, m->ws, m->d_out, m->d_q, m->d_w, m->c.d, m->r->bt, &gr, &m->d,
+			       m->scale);
+}
+
+static int mla_call_default(void *m)
+{
+	return mla_call(m, 0);
+}
+
+static void mla_label(char *buf, size_t len, const struct mla_run *m, const char *what)
+{
+	int lo, hi;
+
+	ctx_range(m->r, &lo, &hi);
+	snprintf(buf, len, "mla %s h%d nope%d rope%d v%d lora%d bt%d rows %d ctx %d..%d max %d%s",
+		 what, m->d.n_heads, m->d.nope_dim, m->d.rope_dim, m->d.v_dim, m->d.kv_lora,
+		 m->r->bt, m->r->n_rows, lo, hi, m->r->max_ctx, m->hint ? " hinted" : "");
+}
+
+static void mla_check(struct mla_run *m, const char *what)
+{
+	size_t n = (size_t)m->r->n_rows * m->d.n_heads * m->d.v_dim;
+	struct k_kv_layer kv = { .k = m->c.f, .n_blocks = m->r->n_blocks,
+		.block_tokens = m->r->bt, .width = m->d.kv_lora + m->d.rope_dim };
+	struct k_attn_rows cr = rows_cpu(m->r);
+	float *ref = malloc(sizeof(float) * n), *got = download(m->d_out, n);
+	char label[160];
+	int ret;
+
+	mla_label(label, sizeof(label), m, what);
+	ret = k_cpu_attn_mla(pool, ref, m->q, m->w, K_BF16, &kv, &cr, &m->d, m->scale);
+	CHECK(ret == 0, "k_cpu_attn_mla: %d", ret);
+	compare(label, got, ref, n);
+	free(ref);
+	free(got);
+}
+
+static int mla_setup(struct mla_run *m, struct k_mla_dims d, int bt, struct rows *r, int hint,
+		     int cap)
+{
+	int qk = d.nope_dim + d.rope_dim;
+	size_t nq = (size_t)r->n_rows * d.n_heads * qk;
+	size_t nw = (size_t)d.n_heads * (d.nope_dim + d.v_dim) * d.kv_lora;
+	size_t no = (size_t)r->n_rows * d.n_heads * d.v_dim;
+
+	memset(m, 0, sizeof(*m));
+	m->d = d;
+	m->r = r;
+	m->hint = hint;
+	m->scale = 1.0f / sqrtf((float)qk);
+	if (rows_tables(r, bt, cap) || cache_new(&m->c, r, d.kv_lora + d.rope_dim))
+		return -1;
+	m->q = rand_floats(nq, 1.0f);
+	m->w = malloc(sizeof(uint16_t) * nw);
+	for (size_t i = 0; i < nw; i++)
+		m->w[i] = k_f32_to_bf16(test_randf(&seed));
+	m->d_q = dup_to_device(m->q, sizeof(float) * nq);
+	m->d_w = dup_to_device(m->w, sizeof(uint16_t) * nw);
+	m->d_out = dalloc(sizeof(float) * no);
+	if (!m->d_q || !m->d_w || !m->d_out)
+		return -1;
+	return k_cuda_attn_ws_create(&m->ws, r->n_rows, d.n_heads, d.kv_lora + d.rope_dim,
+				     r->max_ctx) ? -1 : 0;
+}
+
+static void mla_teardown(struct mla_run *m)
+{
+	k_cuda_attn_ws_destroy(m->ws);
+	cache_free(&m->c);
+	free(m->q);
+	free(m->w);
+	cudaFree(m->d_q);
+	cudaFree(m->d_w);
+	cudaFree(m->d_out);
+	rows_free(m->r);
+}
+
+static void mla_case(struct k_mla_dims d, int bt, struct rows *r, int hint)
+{
+	struct mla_run m;
+	size_t n = (size_t)r->n_rows * d.n_heads * d.v_dim;
+	int ret;
+
+	if (mla_setup(&m, d, bt, r, hint, 0)) {
+		CHECK(0, "mla setup h%d lora%d", d.n_heads, d.kv_lora);
+		mla_teardown(&m);
+		return;
+	}
+	CU(cudaMemset(m.d_out, 0xff, sizeof(float) * n));
+	ret = mla_call(&m, 0);
+	CHECK(ret == 0, "k_cuda_attn_mla: %d", ret);
+	if (ret == 0 && CU(cudaDeviceSynchronize()))
+		mla_check(&m, "");
+	if (timing && ret == 0) {
+		char label[160];
+		double us = time_us(mla_call_default, &m);
+		double gb = rows_kv_bytes(r, 2.0 * (d.kv_lora + d.rope_dim)) / (us * 1e3);
+
+		mla_label(label, sizeof(label), &m, "");
+		fprintf(stderr, "%-72s time %.1f us, %.0f GB/s of latent read (floor 4250)\n",
+			label, us, gb);
+	}
+	mla_teardown(&m);
+}
+
+static void mla_graph_case(struct k_mla_dims d, int bt, int n_rows, int max_ctx)
+{
+	struct rows *r = rows_decode(n_rows, max_ctx / 8, 1, max_ctx);
+	size_t n = (size_t)n_rows * d.n_heads * d.v_dim;
+	cudaStream_t s = NULL;
+	cudaGraph_t graph = NULL;
+	cudaGraphExec_t exec = NULL;
+	struct mla_run m;
+	int ret = -1;
+
+	if (mla_setup(&m, d, bt, r, 0, max_ctx) || !CU(cudaStreamCreate(&s)))
+		goto out;
+	if (!CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal)))
+		goto out;
+	ret = mla_call(&m, s);
+	if (!CU(cudaStreamEndCapture(s, &graph)) || ret ||
+	    !CU(cudaGraphInstantiate(&exec, graph, 0)))
+		goto out;
+	for (int round = 0; round < 2; round++) {
+		if (round == 1) {
+			for (int i = 0; i < n_rows; i++)
+				r->ctx[i] = rand_int(1, max_ctx);
+			r->ctx[0] = max_ctx;
+		}
+		rows_reshuffle(r);
+		CU(cudaMemset(m.d_out, 0xff, sizeof(float) * n));
+		if (CU(cudaGraphLaunch(exec, s)) && CU(cudaStreamSynchronize(s)))
+			mla_check(&m, round ? "graph replay 2" : "graph replay 1");
+	}
+out:
+	CHECK(ret == 0, "mla graph case: %d", ret);
+	if (exec)
+		cudaGraphExecDestroy(exec);
+	if (graph)
+		cudaGraphDestroy(graph);
+	if (s)
+		cudaStreamDestroy(s);
+	mla_teardown(&m);
+}
+
+/* ---- KV write ------------------------------------------------------------- */
+
+/* n_rows random rows (a few special values among them) into distinct shuffled slots of a
+ * poisoned cache, one slot -1; every written value must equal k_f32_to_bf16 bit for bit
+ * and every other cache value must keep the poison. */
+static void kv_write_case(int width, int pad, int n_rows, int n_slots)
+{
+	static const float special[] = { 0.0f, -0.0f, 1.00390625f /* tie, to even */,
+		1.01171875f /* tie, up */, 3.0e38f, -1e-40f /* subnormal */, INFINITY };
+	int stride = width + pad, skipped = n_rows > 3 ? 3 : -1;
+	size_t n_src = (size_t)n_rows * stride, n_cache = (size_t)n_slots * width;
+	float *src = rand_floats(n_src, 3.0f);
+	int32_t *perm = test_shuffled_ids(n_slots, &seed);
+	uint16_t *cache = malloc(sizeof(uint16_t) * n_cache);
+	float *d_src = NULL;
+	int32_t *d_slots = NULL;
+	uint16_t *d_cache = dalloc(sizeof(uint16_t) * n_cache);
+	size_t wrong = 0, touched = 0;
+	char label[160];
+	int ret;
+
+	for (size_t i = 0; i < sizeof(special) / sizeof(special[0]) && i < n_src; i++)
+		src[i * 5 % n_src] = special[i];
+	if (skipped >= 0)
+		perm[skipped] = -1;
+	d_src = dup_to_device(src, sizeof(float) * n_src);
+	d_slots = dup_to_device(perm, sizeof(int32_t) * (size_t)n_rows);
+	CU(cudaMemset(d_cache, 0xa5, sizeof(uint16_t) * n_cache));
+	ret = k_cuda_kv_write(0, d_cache, width, d_src, stride, n_rows, d_slots);
+	CHECK(ret == 0, "k_cuda_kv_write: %d", ret);
+	CU(cudaMemcpy(cache, d_cache, sizeof(uint16_t) * n_cache, cudaMemcpyDeviceToHost));
+	for (int r = 0; r < n_rows; r++)
+		if (perm[r] >= 0)
+			for (int c = 0; c < width; c++) {
+				uint16_t *dst = cache + (size_t)perm[r] * width + c;
+
+				wrong += *dst != k_f32_to_bf16(src[(size_t)r * stride + c]);
+				*dst = 0xa5a5;	/* checked: back to poison for the sweep */
+			}
+	for (size_t i = 0; i < n_cache; i++)
+		touched += cache[i] != 0xa5a5;
+	snprintf(label, sizeof(label), "kv_write width %d stride %d rows %d slots %d", width, stride,
+		 n_rows, n_slots);
+	fprintf(stderr, "%-72s wrong %zu stray %zu %s\n", label, wrong, touched,
+		wrong || touched ? "FAIL" : "PASS");
+	CHECK(wrong == 0 && touched == 0, "%s", label);
+	free(src);
+	free(perm);
+	free(cache);
+	cudaFree(d_src);
+	cudaFree(d_slots);
+	cudaFree(d_cache);
+}
+
+/* ---- cases ---------------------------------------------------------------- */
+
+/* Sizes the kernels must refuse, with -EINVAL. */
+static void test_refusals(void)
+{
+	struct k_cuda_attn_ws *ws = NULL;
+	struct k_mla_dims big = { .n_heads = 1, .nope_dim = 16, .rope_dim = 8, .v_dim = 16,
+		.kv_lora = 4096 };
+	struct k_cuda_attn_rows r = { .n_rows = 1, .max_ctx = 16 };
+
+	if (k_cuda_attn_ws_create(&ws, 4, 8, 4096, 64)) {
+		CHECK(0, "ws create");
+		return;
+	}
+	CHECK(k_cuda_attn_gqa(0, ws, NULL, NULL, NULL, NULL, 16, &r, 1, 1, 300, 1.0f) == -EINVAL,
+	      "head_dim 300");
+	CHECK(k_cuda_attn_gqa(0, ws, NULL, NULL, NULL, NULL, 16, &r, 6, 4, 64, 1.0f) == -EINVAL,
+	      "6 heads over 4 kv heads");
+	r.n_rows = 5;
+	CHECK(k_cuda_attn_gqa(0, ws, NULL, NULL, NULL, NULL, 16, &r, 8, 8, 64, 1.0f) == -EINVAL,
+	      "rows over the workspace");
+	r.n_rows = 1;
+	r.max_ctx = 65;
+	CHECK(k_cuda_attn_gqa(0, ws, NULL, NULL, NULL, NULL, 16, &r, 8, 8, 64, 1.0f) == -EINVAL,
+	      "max_ctx over the workspace");
+	r.max_ctx = 16;
+	CHECK(k_cuda_attn_mla(0, ws, NULL, NULL, NULL, NULL, 16, &r, &big, 1.0f) == -EINVAL,
+	      "kv_lora 4096");
+	k_cuda_attn_ws_destroy(ws);
+	fprintf(stderr, "%-72s %s\n", "refusals of unsupported sizes (-EINVAL)", "done");
+}
+
+static void test_kv_write(void)
+{
+	kv_write_case(1024, 0, 37, 4096);	/* 16-byte path */
+	kv_write_case(576, 8, 64, 300);		/* MLA width */
+	kv_write_case(46, 3, 29, 100);		/* odd: scalar path */
+	kv_write_case(40, 1, 7, 7);		/* every slot but the skipped one */
+}
+
+static void test_gqa(void)
+{
+	static const struct gqa_shape shapes[] = {
+		{ 32, 8, 128 }, { 8, 8, 64 }, { 12, 4, 24 }, { 10, 2, 40 },
+	};
+	static const int bts[] = { 16, 64 };
+
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		for (size_t b = 0; b < 2; b++) {
+			struct gqa_shape sh = shapes[i];
+			int bt = bts[b];
+
+			gqa_case(sh, bt, rows_decode(1, 1, 0, 1), 0);
+			gqa_case(sh, bt, rows_decode(1, 17, 0, 17), 0);
+			gqa_case(sh, bt, rows_decode(7, quick ? 300 : 1000, 1, 1000), 0);
+			gqa_case(sh, bt, rows_decode(7, 17, 1, 32768), 0);	/* empty splits */
+			if (!quick)
+				gqa_case(sh, bt, rows_decode(64, 4096, 1, 4096), 0);
+			else
+				gqa_case(sh, bt, rows_decode(64, 40, 1, 64), 0);
+		}
+	gqa_case(shapes[0], 7, rows_decode(5, quick ? 200 : 3000, 1, 3000), 0);	/* bt 7 */
+	if (!quick) {
+		static const int few[] = { 32768, 20000, 5 };
+
+		for (size_t i = 0; i < 4; i += 3) {
+			struct rows *r = rows_decode(3, 32768, 0, 32768);
+
+			memcpy(r->ctx, few, sizeof(few));
+			gqa_case(shapes[i], 16, r, 0);
+		}
+	}
+}
+
+static void test_gqa_prefill(void)
+{
+	static const struct gqa_shape llama = { 32, 8, 128 }, odd = { 12, 4, 24 },
+		odd2 = { 10, 2, 40 }, mha = { 8, 8, 64 };
+	int run = 256, end = quick ? 300 : 32000, zero = 0, mid = 500;
+	/* several sequences in one call: tiles straddle the runs, plus two decode rows */
+	int runs[] = { 37, 100, 5, 1, 1 }, pos[] = { 1000, 0, 4000, 3000, 0 };
+
+	gqa_case(llama, 16, rows_prefill(1, &run, &end, end + run), 1);
+	gqa_case(llama, 16, rows_prefill(1, &run, &zero, run), 1);
+	gqa_case(odd, 64, rows_prefill(1, &run, &end, end + run), 1);
+	gqa_case(odd2, 16, rows_prefill(1, &run, &zero, run), 1);
+	if (quick) {
+		pos[0] = 100;
+		pos[2] = 200;
+		pos[3] = 150;
+	}
+	gqa_case(llama, 16, rows_prefill(5, runs, pos, 4096), 1);
+	gqa_case(odd2, 7, rows_prefill(5, runs, pos, 4096), 1);
+	run = 64;	/* prefill rows through the decode kernel: no hint */
+	gqa_case(mha, 16, rows_prefill(1, &run, &mid, mid + run), 0);
+	gqa_graph_case(llama, 16, 7, quick ? 256 : 4096);
+	gqa_graph_case(odd2, 16, 3, quick ? 256 : 4096);
+}
+
+static void test_mla(void)
+{
+	static const struct k_mla_dims lite = { 16, 128, 64, 128, 512 },
+		tiny = { 3, 16, 8, 16, 32 }, odd = { 5, 12, 6, 10, 37 },
+		v3 = { 128, 128, 64, 128, 512 };
+	int run = 64, pos = quick ? 100 : 4000, runs[] = { 20, 1, 9 }, pos3[] = { 50, 7, 0 };
+
+	mla_case(lite, 64, rows_decode(1, 1, 0, 1), 0);
+	mla_case(lite, 64, rows_decode(1, quick ? 300 : 1000, 0, 1000), 0);
+	mla_case(lite, 16, rows_decode(7, quick ? 200 : 1000, 1, 32768), 0);
+	mla_case(lite, 64, rows_decode(64, quick ? 40 : 4096, 1, quick ? 64 : 4096), 0);
+	mla_case(tiny, 16, rows_decode(1, 17, 0, 17), 0);
+	mla_case(tiny, 16, rows_decode(64, 300, 1, 300), 0);
+	mla_case(odd, 7, rows_decode(7, quick ? 200 : 1000, 1, 1000), 0);
+	mla_case(odd, 16, rows_prefill(3, runs, pos3, 80), 1);
+	mla_case(v3, 64, rows_decode(2, quick ? 100 : 1000, 1, 1000), 0);
+	mla_case(lite, 64, rows_prefill(1, &run, &pos, pos + run), 1);
+	if (!quick) {
+		mla_case(lite, 64, rows_decode(1, 32768, 0, 32768), 0);
+		mla_case(odd, 16, rows_decode(1, 32768, 0, 32768), 0);
+	}
+	mla_graph_case(tiny, 16, 5, quick ? 256 : 4096);
+	mla_graph_case(lite, 64, 3, quick ? 256 : 4096);
+}
+
+int main(void)
+{
+	const char *env;
+	char name[128];
+	double gib;
+	int count = 0, major, minor;
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+	k_cuda_device_count(&count);
+	if (count == 0) {
+		fprintf(stderr, "test_cuda_attn: skipped: no CUDA device on this machine\n");
+		return 77;
+	}
+	quick = (env = getenv("KD_TEST_QUICK")) && atoi(env);
+	timing = (env = getenv("KD_TEST_TIME")) && atoi(env);
+	seed = (env = getenv("KD_TEST_SEED")) ? strtoull(env, NULL, 0)
+					       : (unsigned long long)time(NULL) * 2654435761ull;
+	seed |= 1;
+	CHECK(k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor) == 0, "describe");
+	fprintf(stderr, "device 0: %s, %.1f GiB, sm_%d%d; seed %llu%s (KD_TEST_SEED repeats it); "
+		"tolerance rel L2 %g\n", name, gib, major, minor, seed, quick ? ", quick" : "",
+		ATTN_TOL);
+	if (k_pool_create(&pool, cpus > 16 ? 16 : cpus > 0 ? (int)cpus : 1)) {
+		fprintf(stderr, "test_cuda_attn: no thread pool\n");
+		return 1;
+	}
+	test_refusals();
+	test_kv_write();
+	test_gqa();
+	test_gqa_prefill();
+	test_mla();
+	k_pool_destroy(pool);
+	return test_result("test_cuda_attn");
+}
+#else
+int main(void)
+{
+	fprintf(stderr, "test_cuda_attn: skipped: built without CUDA (--without-cuda)\n");
+	return 77;
+}
+#endif

@@ -1,0 +1,427 @@
+/* The CUDA linear layers against the CPU reference k_cpu_linear: every variant forced at
+ * every M, odd and model shapes, accumulate off and on, poisoned outputs, graph capture.
+ * Skips (77) where the build has no CUDA or the machine has no GPU.
+ *
+ * Tolerances (errors relative to the reference's RMS; x, w, y0 uniform in [-1, 1)):
+ *   gemv, generic (fp32 x, fp32 sums):        rel L2 <= 1e-5, max abs <= 1e-4 * rms
+ *   splitk, cublas (x rounded to bf16):
+ *     against the reference fed the same bf16-rounded x: rel L2 <= 5e-4, max abs <= 5e-3 * rms
+ *     against the fp32-x reference:                      rel L2 <= 1e-2, max abs <= 5e-2 * rms
+ * The tight check catches indexing errors that bf16 rounding would hide (one k group
+ * of 8 lost out of 4096 moves rel L2 by ~4e-2). Every output must be written (y is
+ * poisoned with NaN), nothing past y touched (a guard zone), and a second run must
+ * give the same bits (kdec's own kernels; reported only for cuBLAS). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "tests/testutil.h"
+
+#ifdef KD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cpu/k_cpu.h"
+#include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/k_cuda_linear.h"
+
+#define MAX_M		200
+#define MAX_K		16384
+#define GUARD		256		/* floats after y that must stay untouched */
+#define GUARD_BYTE	0x7e		/* 0x7e7e7e7e: a finite float */
+
+static unsigned long long seed = 0x243f6a8885a308d3ull;
+static struct k_pool *pool;
+static cudaStream_t stream;
+static struct k_cuda_linear *lin;
+
+struct shape {
+	int N, K;
+	const int *Ms;
+	int n_ms;
+};
+
+static const int all_ms[] = { 1, 2, 3, 7, 16, 33, 64, 200 };
+static const int big_ms[] = { 1, 33, 64 };
+
+#define ALL(n, k) { n, k, all_ms, (int)(sizeof(all_ms) / sizeof(all_ms[0])) }
+#define BIG(n, k) { n, k, big_ms, (int)(sizeof(big_ms) / sizeof(big_ms[0])) }
+
+static const struct shape shapes[] = {
+	ALL(1, 8), ALL(17, 24), ALL(1000, 8), ALL(1000, 1000), ALL(17, 4100), ALL(1, 4096),
+	ALL(1000, 4096), ALL(300, 4100),
+	ALL(2048, 1408),	/* batches that do not split evenly over 8 slices */
+	ALL(40000, 256),	/* more 256-row groups than CTAs: split-K walks groups */
+	BIG(4096, 4096), BIG(14336, 4096),
+};
+
+#define CUDA_OK(call)                                                                   \
+	do {                                                                            \
+		cudaError_t e_ = (call);                                                \
+		if (e_ != cudaSuccess) {                                                \
+			fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
+				cudaGetErrorString(e_));                                \
+			exit(1);                                                        \
+		}                                                                       \
+	} while (0)
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+
+	if (!p) {
+		fprintf(stderr, "FATAL: out of host memory (%zu bytes)\n", n);
+		exit(1);
+	}
+	return p;
+}
+
+/* Copies and fills in the context's stream, which does not synchronise with the legacy
+ * default stream; each copy has completed on return. */
+static void copy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind)
+{
+	CUDA_OK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+	CUDA_OK(cudaStreamSynchronize(stream));
+}
+
+static void fill(void *dst, int byte, size_t bytes)
+{
+	CUDA_OK(cudaMemsetAsync(dst, byte, bytes, stream));
+}
+
+/* Device buffers of one shape, sized for MAX_M rows. */
+struct bufs {
+	uint16_t *w;	/* (N, K) bf16 */
+	float *x;	/* (MAX_M, K) + 4 floats, so that x + 1 can be used misaligned */
+	float *y;	/* (MAX_M, N) + GUARD */
+};
+
+struct errs {
+	double rel_l2, max_abs;
+};
+
+static struct errs compare(const float *got, const float *base, const float *ref, size_t n)
+{
+	double num = 0, den = 0, max_abs = 0;
+	struct errs e;
+
+	for (size_t i = 0; i < n; i++) {
+		double v = base ? (double)got[i] - (double)base[i] : (double)got[i];
+		double d = v - (double)ref[i];
+
+		if (d != d)	/* NaN */
+			d = INFINITY;
+		num += d * d;
+		den += (double)ref[i] * ref[i];
+		if (fabs(d) > max_abs)
+			max_abs = fabs(d);
+	}
+	e.rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
+	e.max_abs = max_abs / (den > 0 ? sqrt(den / (double)n) : 1.0);	/* over the RMS */
+	return e;
+}
+
+static int is_bf16_x(enum k_cuda_linear_kind kind)
+{
+	return kind == K_CUDA_LINEAR_SPLITK || kind == K_CUDA_LINEAR_CUBLAS;
+}
+
+/* One case's inputs and both references, host side. */
+struct ref {
+	int M, N, K;
+	const float *x;		/* (M, K) */
+	const float *y0;	/* (M, N), the accumulate input */
+	const float *r32;	/* (M, N) reference, fp32 x */
+	const float *r16;	/* (M, N) reference, x rounded to bf16 */
+};
+
+/* Runs kind once into y (poisoned, or y0 when accumulating) and returns the result in
+ * out (M, N); *unwritten counts NaNs left, *guard_ok whether the guard zone held. */
+static int run_once(enum k_cuda_linear_kind kind, int use_auto, const struct bufs *b,
+		    const float *xdev, const struct ref *r, int acc, float *out, size_t *unwritten,
+		    int *guard_ok)
+{
+	size_t n = (size_t)r->M * r->N;
+	unsigned char guard[GUARD * sizeof(float)];
+	int ret;
+
+	if (acc)
+		copy(b->y, r->y0, n * sizeof(float), cudaMemcpyHostToDevice);
+	else
+		fill(b->y, 0xff, n * sizeof(float));	/* NaN */
+	fill(b->y + n, GUARD_BYTE, GUARD * sizeof(float));
+	ret = use_auto ? k_cuda_linear(lin, b->y, xdev, b->w, r->M, r->N, r->K, acc)
+		       : k_cuda_linear_run_kind(lin, kind, b->y, xdev, b->w, r->M, r->N, r->K, acc);
+	if (ret)
+		return ret;
+	CUDA_OK(cudaStreamSynchronize(stream));
+	CUDA_OK(cudaGetLastError());
+	copy(out, b->y, n * sizeof(float), cudaMemcpyDeviceToHost);
+	copy(guard, b->y + n, sizeof(guard), cudaMemcpyDeviceToHost);
+	*unwritten = 0;
+	for (size_t i = 0; i < n; i++)
+		if (out[i] != out[i])
+			(*unwritten)++;
+	*guard_ok = 1;
+	for (size_t i = 0; i < sizeof(guard); i++)
+		if (guard[i] != GUARD_BYTE)
+			*guard_ok = 0;
+	return 0;
+}
+
+/* All checks of one (kind, accumulate) on one case; prints one line. */
+static void check_kind(enum k_cuda_linear_kind kind, int use_auto, const struct bufs *b,
+		       const float *xdev, const struct ref *r, int acc, float *out, float *out2)
+{
+	enum k_cuda_linear_kind eff = use_auto ? k_cuda_linear_pick(r->M, r->N, r->K) : kind;
+	size_t n = (size_t)r->M * r->N, unwritten = 0, unwritten2 = 0;
+	const char *name;
+	struct errs tight, loose;
+	int guard_ok = 0, guard2 = 1, det = 1, pass, ret;
+	char desc[160];
+
+	if (use_auto && !k_cuda_linear_supports(eff, xdev, b->w, r->M, r->N, r->K))
+		eff = K_CUDA_LINEAR_GENERIC;
+	name = use_auto ? "auto" : k_cuda_linear_kind_name(kind);
+	ret = run_once(kind, use_auto, b, xdev, r, acc, out, &unwritten, &guard_ok);
+	if (ret) {
+		printf("N=%-6d K=%-5d M=%-3d %-7s acc=%d: returned %d  FAIL\n", r->N, r->K, r->M,
+		       name, acc, ret);
+		CHECK(0, "N=%d K=%d M=%d %s acc=%d returned %d", r->N, r->K, r->M, name, acc, ret);
+		return;
+	}
+	if (!acc) {	/* the same inputs again: the same bits */
+		run_once(kind, use_auto, b, xdev, r, acc, out2, &unwritten2, &guard2);
+		det = memcmp(out, out2, n * sizeof(float)) == 0;
+	}
+	if (is_bf16_x(eff)) {
+		tight = compare(out, acc ? r->y0 : NULL, r->r16, n);
+		loose = compare(out, acc ? r->y0 : NULL, r->r32, n);
+		pass = tight.rel_l2 <= 5e-4 && tight.max_abs <= 5e-3 && loose.rel_l2 <= 1e-2 &&
+		       loose.max_abs <= 5e-2;
+	} else {
+		tight = loose = compare(out, acc ? r->y0 : NULL, r->r32, n);
+		pass = tight.rel_l2 <= 1e-5 && tight.max_abs <= 1e-4;
+	}
+	pass = pass && unwritten == 0 && guard_ok && guard2 &&
+	       (det || eff == K_CUDA_LINEAR_CUBLAS);
+	k_cuda_linear_describe(lin, eff, r->M, r->N, r->K, desc, sizeof(desc));
+	printf("N=%-6d K=%-5d M=%-3d %-7s acc=%d: rel_l2 %.2e max_abs/rms %.2e", r->N, r->K, r->M,
+	       name, acc, tight.rel_l2, tight.max_abs);
+	if (is_bf16_x(eff))
+		printf(" (fp32-x ref: %.2e %.2e)", loose.rel_l2, loose.max_abs);
+	printf(" unwritten %zu guard %s%s  %s  [%s]\n", unwritten, guard_ok && guard2 ? "ok" : "HIT",
+	       acc ? "" : det ? " det" : " NONDET", pass ? "PASS" : "FAIL", desc);
+	CHECK(pass, "N=%d K=%d M=%d %s acc=%d", r->N, r->K, r->M, name, acc);
+}
+
+static void rand_fill(float *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = test_randf(&seed);
+}
+
+static void test_shape(const struct shape *s)
+{
+	size_t wn = (size_t)s->N * s->K, xn = (size_t)MAX_M * s->K, yn = (size_t)MAX_M * s->N;
+	uint16_t *w = xmalloc(wn * sizeof(uint16_t));
+	float *x = xmalloc(xn * sizeof(float)), *x16 = xmalloc(xn * sizeof(float));
+	float *y0 = xmalloc(yn * sizeof(float)), *r32 = xmalloc(yn * sizeof(float));
+	float *r16 = xmalloc(yn * sizeof(float));
+	float *out = xmalloc(yn * sizeof(float)), *out2 = xmalloc(yn * sizeof(float));
+	struct bufs b;
+
+	for (size_t i = 0; i < wn; i++)
+		w[i] = k_f32_to_bf16(test_randf(&seed));
+	CUDA_OK(cudaMalloc((void **)&b.w, wn * sizeof(uint16_t)));
+	CUDA_OK(cudaMalloc((void **)&b.x, (xn + 4) * sizeof(float)));
+	CUDA_OK(cudaMalloc((void **)&b.y, (yn + GUARD) * sizeof(float)));
+	copy(b.w, w, wn * sizeof(uint16_t), cudaMemcpyHostToDevice);
+	for (int mi = 0; mi < s->n_ms; mi++) {
+		int M = s->Ms[mi];
+		struct ref r = { M, s->N, s->K, x, y0, r32, r16 };
+
+		rand_fill(x, (size_t)M * s->K);	/* fresh inputs for every case */
+		rand_fill(y0, (size_t)M * s->N);
+		for (size_t i = 0; i < (size_t)M * s->K; i++)
+			x16[i] = k_bf16_to_f32(k_f32_to_bf16(x[i]));
+		k_cpu_linear(pool, r32, x, w, K_BF16, M, s->N, s->K);
+		k_cpu_linear(pool, r16, x16, w, K_BF16, M, s->N, s->K);
+		copy(b.x, x, (size_t)M * s->K * sizeof(float), cudaMemcpyHostToDevice);
+		for (int k = 0; k < K_CUDA_LINEAR_N_KINDS; k++) {
+			if (!k_cuda_linear_supports(k, b.x, b.w, M, s->N, s->K)) {
+				CHECK(k_cuda_linear_run_kind(lin, k, b.y, b.x, b.w, M, s->N, s->K, 0) ==
+				      -EINVAL, "unsupported %s must return -EINVAL",
+				      k_cuda_linear_kind_name(k));
+				printf("N=%-6d K=%-5d M=%-3d %-7s: not supported (K %% 8 or alignment)\n",
+				       s->N, s->K, M, k_cuda_linear_kind_name(k));
+				continue;
+			}
+			for (int acc = 0; acc <= 1; acc++)
+				check_kind(k, 0, &b, b.x, &r, acc, out, out2);
+		}
+		for (int acc = 0; acc <= 1; acc++)
+			check_kind(0, 1, &b, b.x, &r, acc, out, out2);
+		if (s->K % 8 == 0 && s->K <= 4096 && M <= 16) {
+			/* x one float off 16-byte alignment: the vector kernels refuse, auto
+			 * takes the general path */
+			copy(b.x + 1, x, (size_t)M * s->K * sizeof(float), cudaMemcpyHostToDevice);
+			CHECK(k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_GEMV, b.y, b.x + 1, b.w, M,
+						     s->N, s->K, 0) == -EINVAL, "misaligned gemv");
+			printf("(x misaligned by 4 bytes)\n");
+			check_kind(0, 1, &b, b.x + 1, &r, 0, out, out2);
+		}
+	}
+	cudaFree(b.w);
+	cudaFree(b.x);
+	cudaFree(b.y);
+	free(w);
+	free(x);
+	free(x16);
+	free(y0);
+	free(r32);
+	free(r16);
+	free(out);
+	free(out2);
+}
+
+static void test_bad_args(void)
+{
+	float *y = NULL, *x = NULL;
+	uint16_t *w = NULL;
+
+	CUDA_OK(cudaMalloc((void **)&y, 4096));
+	CUDA_OK(cudaMalloc((void **)&x, 4096));
+	CUDA_OK(cudaMalloc((void **)&w, 4096));
+	CHECK(k_cuda_linear(lin, y, x, w, 0, 8, 8, 0) == -EINVAL, "M = 0");
+	CHECK(k_cuda_linear(lin, y, x, w, 1, 0, 8, 0) == -EINVAL, "N = 0");
+	CHECK(k_cuda_linear(lin, y, x, w, 1, 8, 0, 0) == -EINVAL, "K = 0");
+	CHECK(k_cuda_linear(lin, y, x, w, MAX_M + 1, 8, 8, 0) == -EINVAL, "M > max_M");
+	CHECK(k_cuda_linear(lin, y, x, w, 1, 8, MAX_K + 8, 0) == -EINVAL, "K > max_K");
+	CHECK(k_cuda_linear(NULL, y, x, w, 1, 8, 8, 0) == -EINVAL, "NULL context");
+	CHECK(k_cuda_linear(lin, NULL, x, w, 1, 8, 8, 0) == -EINVAL, "NULL y");
+	CHECK(k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_N_KINDS, y, x, w, 1, 8, 8, 0) == -EINVAL,
+	      "bad kind");
+	cudaFree(y);
+	cudaFree(x);
+	cudaFree(w);
+}
+
+/* One variant captured into a CUDA graph and replayed: no allocation or synchronisation
+ * hides in a call. Runs eagerly first, so kernels and cuBLAS heuristics load outside
+ * the capture (as an engine warms up before capturing). */
+static void graph_case(enum k_cuda_linear_kind k, int M, int pdl, int N, int K, const uint16_t *w,
+		       const float *x, const uint16_t *dw, const float *dx, float *dy, float *ref,
+		       float *out)
+{
+	cudaGraph_t graph = NULL;
+	cudaGraphExec_t exec = NULL;
+	struct errs e;
+	int ret, cap_ok;
+
+	k_cuda_linear_set_pdl(lin, pdl);
+	ret = k_cuda_linear_run_kind(lin, k, dy, dx, dw, M, N, K, 0);
+	CUDA_OK(cudaStreamSynchronize(stream));
+	CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+	ret = ret ? ret : k_cuda_linear_run_kind(lin, k, dy, dx, dw, M, N, K, 0);
+	cap_ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess;
+	if (ret || !cap_ok || cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+		printf("graph %-7s M=%-3d pdl=%d: capture failed (ret %d, %s)  FAIL\n",
+		       k_cuda_linear_kind_name(k), M, pdl, ret, cudaGetErrorString(cudaGetLastError()));
+		CHECK(0, "graph capture of %s M=%d pdl=%d", k_cuda_linear_kind_name(k), M, pdl);
+		if (graph)
+			cudaGraphDestroy(graph);
+		k_cuda_linear_set_pdl(lin, 1);
+		return;
+	}
+	k_cpu_linear(pool, ref, x, w, K_BF16, M, N, K);
+	fill(dy, 0xff, (size_t)M * N * sizeof(float));
+	CUDA_OK(cudaGraphLaunch(exec, stream));
+	CUDA_OK(cudaStreamSynchronize(stream));
+	copy(out, dy, (size_t)M * N * sizeof(float), cudaMemcpyDeviceToHost);
+	e = compare(out, NULL, ref, (size_t)M * N);
+	printf("graph %-7s M=%-3d pdl=%d: rel_l2 %.2e vs fp32-x ref  %s\n",
+	       k_cuda_linear_kind_name(k), M, pdl, e.rel_l2, e.rel_l2 <= 1e-2 ? "PASS" : "FAIL");
+	CHECK(e.rel_l2 <= 1e-2, "graph replay of %s M=%d pdl=%d", k_cuda_linear_kind_name(k), M, pdl);
+	cudaGraphExecDestroy(exec);
+	cudaGraphDestroy(graph);
+	k_cuda_linear_set_pdl(lin, 1);
+}
+
+/* Every variant at M = 1, 16, 100, with programmatic dependent launch on and off. */
+static void test_graph(void)
+{
+	const int N = 1000, K = 4096, MM = 100, Ms[] = { 1, 16, MM };
+	size_t wn = (size_t)N * K;
+	uint16_t *w = xmalloc(wn * sizeof(uint16_t)), *dw;
+	float *x = xmalloc((size_t)MM * K * sizeof(float)), *dx, *dy;
+	float *ref = xmalloc((size_t)MM * N * sizeof(float));
+	float *out = xmalloc((size_t)MM * N * sizeof(float));
+
+	for (size_t i = 0; i < wn; i++)
+		w[i] = k_f32_to_bf16(test_randf(&seed));
+	rand_fill(x, (size_t)MM * K);
+	CUDA_OK(cudaMalloc((void **)&dw, wn * sizeof(uint16_t)));
+	CUDA_OK(cudaMalloc((void **)&dx, (size_t)MM * K * sizeof(float)));
+	CUDA_OK(cudaMalloc((void **)&dy, (size_t)MM * N * sizeof(float)));
+	copy(dw, w, wn * sizeof(uint16_t), cudaMemcpyHostToDevice);
+	copy(dx, x, (size_t)MM * K * sizeof(float), cudaMemcpyHostToDevice);
+	for (int pdl = 1; pdl >= 0; pdl--)
+		for (int k = 0; k < K_CUDA_LINEAR_N_KINDS; k++)
+			for (int mi = 0; mi < 3; mi++)
+				graph_case(k, Ms[mi], pdl, N, K, w, x, dw, dx, dy, ref, out);
+	cudaFree(dw);
+	cudaFree(dx);
+	cudaFree(dy);
+	free(w);
+	free(x);
+	free(ref);
+	free(out);
+}
+
+int main(void)
+{
+	char name[128];
+	double gib;
+	int count = 0, major, minor, ret;
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+	k_cuda_device_count(&count);
+	if (count == 0) {
+		fprintf(stderr, "test_cuda_linear: skipped: no CUDA device on this machine\n");
+		return 77;
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	CHECK(k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor) == 0, "describe");
+	printf("device 0: %s, %.1f GiB, sm_%d%d\n", name, gib, major, minor);
+	printf("tolerances: gemv/generic rel_l2 <= 1e-5, max_abs/rms <= 1e-4; splitk/cublas "
+	       "rel_l2 <= 5e-4, max_abs/rms <= 5e-3 (bf16-x ref) and 1e-2, 5e-2 (fp32-x ref)\n");
+	if (k_pool_create(&pool, cpus > 16 ? 16 : cpus > 0 ? (int)cpus : 1)) {
+		fprintf(stderr, "FATAL: k_pool_create\n");
+		return 1;
+	}
+	CUDA_OK(cudaSetDevice(0));
+	CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	ret = k_cuda_linear_create(&lin, stream, MAX_M, MAX_K);
+	CHECK(ret == 0, "k_cuda_linear_create: %d", ret);
+	if (ret)
+		return test_result("test_cuda_linear");
+	test_bad_args();
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		test_shape(&shapes[i]);
+	test_graph();
+	k_cuda_linear_destroy(lin);
+	k_cuda_linear_destroy(NULL);
+	cudaStreamDestroy(stream);
+	k_pool_destroy(pool);
+	return test_result("test_cuda_linear");
+}
+#else
+int main(void)
+{
+	fprintf(stderr, "test_cuda_linear: skipped: built without CUDA (--without-cuda)\n");
+	return 77;
+}
+#endif

@@ -1,0 +1,464 @@
+/* CUDA MoE against the CPU references. Routing: every scoring/selection mode, near
+ * ties (quantised logits, one-ulp neighbours, biases that tie exactly); the ids must be
+ * identical and the weights within 1e-6 (the kernel is meant to be bit-exact; the line
+ * says how many weights differ at all). Experts: DeepSeek-V2-Lite and Qwen3-30B-A3B
+ * shapes at M 1, 5, 64, small odd shapes (tensor-core path with a partial k chunk; the
+ * CUDA-core fallback), every row on one expert (64 rows; 130 on the small shapes:
+ * more than one 64-row pass). Experts nobody chose point at NaN weights, so reading one fails;
+ * outputs are poisoned first. Tolerance rel L2 <= 1e-4 (bf16 hi+lo activations, fp32
+ * accumulation: ~1e-5 expected). Skips (77) without CUDA or a GPU. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "tests/testutil.h"
+
+#ifdef KD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cpu/k_cpu.h"
+#include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/k_cuda_moe.h"
+
+#define W_TOL 1e-6
+#define EXPERT_TOL 1e-4
+#define N_SETS 8		/* distinct weight sets; expert e uses set e % N_SETS */
+
+static unsigned long long seed = 0x3c0ffee5ull;
+static cudaStream_t stream;
+static struct k_pool *pool;
+
+static void cu(cudaError_t e, const char *what)
+{
+	if (e != cudaSuccess) {
+		fprintf(stderr, "test_cuda_moe: %s: %s\n", what, cudaGetErrorString(e));
+		exit(1);
+	}
+}
+
+static void *dev_alloc(size_t bytes)
+{
+	void *p = NULL;
+
+	cu(cudaMalloc(&p, bytes ? bytes : 4), "cudaMalloc");
+	return p;
+}
+
+static void *dev_from(const void *h, size_t bytes)
+{
+	void *p = dev_alloc(bytes);
+
+	cu(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice), "upload");
+	return p;
+}
+
+static void to_host(void *h, const void *d, size_t bytes)
+{
+	cu(cudaStreamSynchronize(stream), "kernel");
+	cu(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), "download");
+}
+
+static int rand_int(int n)
+{
+	return (int)((test_randf(&seed) + 1) * 0.5f * n) % n;
+}
+
+/* ---- routing --------------------------------------------------------------- */
+
+/* Logits with many exact and one-ulp ties: values on a 1/4 grid, some nudged. */
+static void tie_logits(float *l, size_t n, float amp)
+{
+	for (size_t i = 0; i < n; i++) {
+		float v = roundf(test_randf(&seed) * amp * 4) / 4;
+		int k = rand_int(4);
+
+		l[i] = k == 0 ? nextafterf(v, INFINITY) : k == 1 ? nextafterf(v, -INFINITY) : v;
+	}
+}
+
+static void test_route(const char *name, struct k_moe_route_params p, int M, int ties,
+		       int with_bias)
+{
+	int E = p.n_experts, K = p.top_k, id_bad = 0, w_diff = 0;
+	size_t nl = (size_t)M * E, nk = (size_t)M * K;
+	float *logits = malloc(sizeof(float) * nl), *bias = malloc(sizeof(float) * E);
+	float *w_cpu = malloc(sizeof(float) * nk), *w_gpu = malloc(sizeof(float) * nk);
+	int32_t *id_cpu = malloc(sizeof(int32_t) * nk), *id_gpu = malloc(sizeof(int32_t) * nk);
+	float *dl, *dbias = NULL, *dw;
+	int32_t *dids;
+	double max_w = 0;
+	int ret;
+
+	if (ties)
+		tie_logits(logits, nl, 3);
+	else
+		for (size_t i = 0; i < nl; i++)
+			logits[i] = test_randf(&seed) * 4;
+	for (int e = 0; e < E; e++)	/* biases on a grid: biased choices tie too */
+		bias[e] = ties ? roundf(test_randf(&seed) * 8) / 64 : test_randf(&seed) * 0.1f;
+	p.bias = with_bias ? bias : NULL;
+	k_cpu_moe_route(&p, logits, M, id_cpu, w_cpu);
+
+	dl = dev_from(logits, sizeof(float) * nl);
+	if (with_bias)
+		dbias = dev_from(bias, sizeof(float) * E);
+	dids = dev_alloc(sizeof(int32_t) * nk);
+	dw = dev_alloc(sizeof(float) * nk);
+	cu(cudaMemset(dids, 0xff, sizeof(int32_t) * nk), "poison");
+	cu(cudaMemset(dw, 0xff, sizeof(float) * nk), "poison");
+	p.bias = dbias;
+	ret = k_cuda_moe_route(stream, &p, dl, M, dids, dw);
+	CHECK(ret == 0, "%s: route returned %d", name, ret);
+	to_host(id_gpu, dids, sizeof(int32_t) * nk);
+	to_host(w_gpu, dw, sizeof(float) * nk);
+	for (size_t i = 0; i < nk; i++) {
+		double d = fabs((double)w_gpu[i] - (double)w_cpu[i]);
+
+		if (id_gpu[i] != id_cpu[i]) {
+			if (id_bad++ < 3)
+				fprintf(stderr, "  %s: row %zu slot %zu: id %d, cpu %d\n", name,
+					i / K, i % K, id_gpu[i], id_cpu[i]);
+		}
+		if (w_gpu[i] != w_cpu[i])
+			w_diff++;
+		if (!(d <= max_w))
+			max_w = d;	/* NaN sticks */
+	}
+	printf("%-12s %-34s M %3d  ids differ %d  weights max_abs %.3g (%d not bit-equal)  %s\n",
+	       "moe_route", name, M, id_bad, max_w, w_diff,
+	       !id_bad && max_w <= W_TOL ? "PASS" : "FAIL");
+	CHECK(!id_bad && max_w <= W_TOL, "%s M %d: %d ids differ, weights %.3g", name, M, id_bad, max_w);
+	cudaFree(dl);
+	cudaFree(dbias);
+	cudaFree(dids);
+	cudaFree(dw);
+	free(logits);
+	free(bias);
+	free(w_cpu);
+	free(w_gpu);
+	free(id_cpu);
+	free(id_gpu);
+}
+
+static void test_route_all(void)
+{
+	const struct {
+		const char *name;
+		struct k_moe_route_params p;
+		int bias;
+	} cfg[] = {
+		{ "v2lite softmax greedy", { .n_experts = 64, .top_k = 6, .scoring = K_MOE_SOFTMAX,
+			.select = K_MOE_GREEDY, .routed_scaling = 1 }, 0 },
+		{ "qwen3 softmax norm", { .n_experts = 128, .top_k = 8, .scoring = K_MOE_SOFTMAX,
+			.select = K_MOE_GREEDY, .norm_topk_prob = 1, .routed_scaling = 1 }, 0 },
+		{ "v2 group_max", { .n_experts = 160, .top_k = 6, .scoring = K_MOE_SOFTMAX,
+			.select = K_MOE_GROUP_MAX, .n_group = 8, .topk_group = 3,
+			.routed_scaling = 16 }, 0 },
+		{ "v2 group_max 1 group", { .n_experts = 64, .top_k = 6, .scoring = K_MOE_SOFTMAX,
+			.select = K_MOE_GROUP_MAX, .n_group = 8, .topk_group = 1,
+			.routed_scaling = 1 }, 0 },
+		{ "v3 sigmoid top2 bias", { .n_experts = 256, .top_k = 8, .scoring = K_MOE_SIGMOID,
+			.select = K_MOE_GROUP_TOP2, .n_group = 8, .topk_group = 4,
+			.norm_topk_prob = 1, .routed_scaling = 2.5f }, 1 },
+		{ "sigmoid greedy bias", { .n_experts = 384, .top_k = 8, .scoring = K_MOE_SIGMOID,
+			.select = K_MOE_GREEDY, .norm_topk_prob = 1, .routed_scaling = 2.827f }, 1 },
+		{ "tiny odd", { .n_experts = 7, .top_k = 3, .scoring = K_MOE_SOFTMAX,
+			.select = K_MOE_GREEDY, .norm_topk_prob = 1, .routed_scaling = 1 }, 0 },
+		/* the routing of tests/data/reference/deepseek_v3 and kimi_k2 */
+		{ "ref v3 8e 2g top1g", { .n_experts = 8, .top_k = 2, .scoring = K_MOE_SIGMOID,
+			.select = K_MOE_GROUP_TOP2, .n_group = 2, .topk_group = 1,
+			.routed_scaling = 2.5f }, 1 },
+		{ "ref kimi 12e 3g top2g", { .n_experts = 12, .top_k = 4, .scoring = K_MOE_SIGMOID,
+			.select = K_MOE_GROUP_TOP2, .n_group = 3, .topk_group = 2,
+			.norm_topk_prob = 1, .routed_scaling = 2.827f }, 1 },
+		{ "tiny top2 groups of 1", { .n_experts = 6, .top_k = 4, .scoring = K_MOE_SIGMOID,
+			.select = K_MOE_GROUP_TOP2, .n_group = 6, .topk_group = 3,
+			.routed_scaling = 1 }, 1 },
+	};
+	const int Ms[] = { 1, 5, 64, 257 };
+
+	for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++)
+		for (int m = 0; m < 4; m++)
+			for (int ties = 0; ties < 2; ties++) {
+				char name[64];
+
+				snprintf(name, sizeof(name), "%s%s", cfg[c].name, ties ? " ties" : "");
+				test_route(name, cfg[c].p, Ms[m], ties, cfg[c].bias);
+			}
+}
+
+/* ---- experts --------------------------------------------------------------- */
+
+struct shape {
+	const char *name;
+	int hidden, inter, n_experts, top_k;
+};
+
+/* N_SETS random expert weight sets on host and device, and one NaN expert. */
+struct weights {
+	uint16_t *h[N_SETS][3];
+	uint16_t *d[N_SETS][3];
+	uint16_t *nan;	/* device: NaN bf16, big enough for any of the three */
+};
+
+static void weights_make(struct weights *w, const struct shape *s)
+{
+	size_t n = (size_t)s->hidden * s->inter;
+	uint16_t *nan = malloc(sizeof(uint16_t) * n);
+
+	for (int k = 0; k < N_SETS; k++)
+		for (int j = 0; j < 3; j++) {
+			w->h[k][j] = malloc(sizeof(uint16_t) * n);
+			for (size_t i = 0; i < n; i++)	/* ~1/sqrt(K) so outputs stay O(1) */
+				w->h[k][j][i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
+			w->d[k][j] = dev_from(w->h[k][j], sizeof(uint16_t) * n);
+		}
+	for (size_t i = 0; i < n; i++)
+		nan[i] = 0x7fc0;
+	w->nan = dev_from(nan, sizeof(uint16_t) * n);
+	free(nan);
+}
+
+static void weights_free(struct weights *w)
+{
+	for (int k = 0; k < N_SETS; k++)
+		for (int j = 0; j < 3; j++) {
+			free(w->h[k][j]);
+			cudaFree(w->d[k][j]);
+		}
+	cudaFree(w->nan);
+}
+
+/* ids: distinct per row; hot >= 0 puts every row's slot 0 on expert hot. */
+static void make_ids(int32_t *ids, float *wts, int M, const struct shape *s, int hot)
+{
+	for (int m = 0; m < M; m++)
+		for (int j = 0; j < s->top_k; j++) {
+			int e, dup;
+
+			do {
+				e = j == 0 && hot >= 0 ? hot : rand_int(s->n_experts);
+				dup = 0;
+				for (int q = 0; q < j; q++)
+					dup |= ids[m * s->top_k + q] == e;
+			} while (dup);
+			ids[m * s->top_k + j] = e;
+			wts[m * s->top_k + j] = (test_randf(&seed) + 1.2f) * 0.4f;
+		}
+}
+
+static void test_experts(const struct shape *s, struct weights *w, struct k_cuda_moe_ws *ws,
+			 int M, int hot)
+{
+	size_t nx = (size_t)M * s->hidden, nk = (size_t)M * s->top_k;
+	float *x = malloc(sizeof(float) * nx), *want = malloc(sizeof(float) * nx);
+	float *got = malloc(sizeof(float) * nx), *wts = malloc(sizeof(float) * nk);
+	int32_t *ids = malloc(sizeof(int32_t) * nk);
+	struct k_expert *ex = calloc((size_t)s->n_experts, sizeof(*ex));
+	const uint16_t **table = calloc((size_t)s->n_experts * 3, sizeof(*table));
+	unsigned char *used = calloc((size_t)s->n_experts, 1);
+	void *dtable;
+	float *dx, *dw, *dout;
+	int32_t *dids;
+	int ret, n_used = 0;
+	char shape[96];
+
+	for (size_t i = 0; i < nx; i++)
+		x[i] = test_randf(&seed) * 2;
+	make_ids(ids, wts, M, s, hot);
+	for (size_t i = 0; i < nk; i++)
+		used[ids[i]] = 1;
+	for (int e = 0; e < s->n_experts; e++) {
+		int k = e % N_SETS;
+
+		ex[e] = (struct k_expert){ w->h[k][0], w->h[k][1], w->h[k][2] };
+		for (int j = 0; j < 3; j++)	/* an expert nobody chose must not be read */
+			table[3 * e + j] = used[e] ? w->d[k][j] : w->nan;
+		n_used += used[e];
+	}
+	CHECK(k_cpu_moe_experts(pool, want, x, M, ids, wts, s->top_k, ex, s->n_experts, K_BF16,
+				s->hidden, s->inter) == 0, "cpu experts");
+	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
+	dx = dev_from(x, sizeof(float) * nx);
+	dw = dev_from(wts, sizeof(float) * nk);
+	dids = dev_from(ids, sizeof(int32_t) * nk);
+	dout = dev_alloc(sizeof(float) * nx);
+	cu(cudaMemset(dout, 0xff, sizeof(float) * nx), "poison");
+	ret = k_cuda_moe_experts(stream, ws, dout, dx, M, dids, dw, s->top_k,
+				 (const uint16_t *const *)dtable, s->n_experts, s->hidden, s->inter);
+	CHECK(ret == 0, "moe_experts returned %d", ret);
+	to_host(got, dout, sizeof(float) * nx);
+	{
+		double rel = test_rel_l2(got, want, nx), max_abs = 0;
+		int bad = 0;
+
+		for (size_t i = 0; i < nx; i++) {
+			double d = fabs((double)got[i] - (double)want[i]);
+
+			if (!(d <= max_abs))
+				max_abs = d;
+			bad |= got[i] != got[i];
+		}
+		snprintf(shape, sizeof(shape), "%s M %d (%d experts used)%s", s->name, M, n_used,
+			 hot >= 0 ? " hot" : "");
+		printf("%-12s %-48s max_abs %.3g rel_l2 %.3g%s  %s\n", "moe_experts", shape, max_abs,
+		       rel, bad ? "  NaN" : "", !bad && rel <= EXPERT_TOL ? "PASS" : "FAIL");
+		CHECK(!bad && rel <= EXPERT_TOL, "%s: rel %.3g", shape, rel);
+	}
+	cudaFree(dtable);
+	cudaFree(dx);
+	cudaFree(dw);
+	cudaFree(dids);
+	cudaFree(dout);
+	free(x);
+	free(want);
+	free(got);
+	free(wts);
+	free(ids);
+	free(ex);
+	free(table);
+	free(used);
+}
+
+/* Informational, no pass/fail: one call's time (median of 20 after warm-up) with
+ * every expert in its own memory, against the bytes of the used experts' weights at
+ * the 4.25 TB/s HBM floor (docs: DEVICE.md). */
+static void time_experts(const struct shape *s, int M)
+{
+	size_t per = (size_t)s->hidden * s->inter, nk = (size_t)M * s->top_k;
+	uint16_t *one = malloc(sizeof(uint16_t) * per), *all;
+	const uint16_t **table = malloc(sizeof(*table) * (size_t)s->n_experts * 3);
+	float *x = malloc(sizeof(float) * (size_t)M * s->hidden), *wts = malloc(sizeof(float) * nk);
+	int32_t *ids = malloc(sizeof(int32_t) * nk);
+	unsigned char *used = calloc((size_t)s->n_experts, 1);
+	struct k_cuda_moe_ws *ws;
+	cudaEvent_t ev[21];
+	float ms[20], med;
+	void *dtable, *dx, *dw, *dids, *dout;
+	double bytes = 0;
+
+	if (k_cuda_moe_ws_create(&ws, M, s->top_k, s->n_experts, s->hidden, s->inter))
+		return;
+	for (size_t i = 0; i < per; i++)
+		one[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
+	all = dev_alloc(sizeof(uint16_t) * per * 3 * (size_t)s->n_experts);
+	for (int e = 0; e < 3 * s->n_experts; e++) {
+		cu(cudaMemcpy(all + per * e, one, sizeof(uint16_t) * per, cudaMemcpyHostToDevice), "upload");
+		table[e] = all + per * e;
+	}
+	for (size_t i = 0; i < (size_t)M * s->hidden; i++)
+		x[i] = test_randf(&seed);
+	make_ids(ids, wts, M, s, -1);
+	for (size_t i = 0; i < nk; i++)
+		used[ids[i]] = 1;
+	for (int e = 0; e < s->n_experts; e++)
+		bytes += used[e] ? 3.0 * 2 * (double)per : 0;
+	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
+	dx = dev_from(x, sizeof(float) * (size_t)M * s->hidden);
+	dw = dev_from(wts, sizeof(float) * nk);
+	dids = dev_from(ids, sizeof(int32_t) * nk);
+	dout = dev_alloc(sizeof(float) * (size_t)M * s->hidden);
+	for (int i = 0; i < 21; i++)
+		cu(cudaEventCreate(&ev[i]), "event");
+	for (int i = 0; i < 3; i++)
+		k_cuda_moe_experts(stream, ws, dout, dx, M, dids, dw, s->top_k, dtable, s->n_experts,
+				   s->hidden, s->inter);
+	cu(cudaEventRecord(ev[0], stream), "record");
+	for (int i = 0; i < 20; i++) {
+		k_cuda_moe_experts(stream, ws, dout, dx, M, dids, dw, s->top_k, dtable, s->n_experts,
+				   s->hidden, s->inter);
+		cu(cudaEventRecord(ev[i + 1], stream), "record");
+	}
+	cu(cudaEventSynchronize(ev[20]), "sync");
+	for (int i = 0; i < 20; i++)
+		cu(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]), "elapsed");
+	for (int i = 1; i < 20; i++)	/* insertion sort for the median */
+		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+			float t = ms[j];
+
+			ms[j] = ms[j - 1];
+			ms[j - 1] = t;
+		}
+	med = ms[10];
+	printf("moe_experts time  %-28s M %2d: %3.0f MB of weights, %7.1f us = %.2f TB/s "
+	       "(floor %.1f us at 4.25 TB/s: %.0f%%)\n", s->name, M, bytes / 1e6, med * 1e3,
+	       bytes / (med * 1e-3) / 1e12, bytes / 4.25e12 * 1e6, 100 * (bytes / 4.25e12) / (med * 1e-3));
+	for (int i = 0; i < 21; i++)
+		cudaEventDestroy(ev[i]);
+	cudaFree(all);
+	cudaFree(dtable);
+	cudaFree(dx);
+	cudaFree(dw);
+	cudaFree(dids);
+	cudaFree(dout);
+	k_cuda_moe_ws_destroy(ws);
+	free(one);
+	free(table);
+	free(x);
+	free(wts);
+	free(ids);
+	free(used);
+}
+
+static void test_experts_all(void)
+{
+	const struct shape shapes[] = {
+		{ "v2-lite 2048x1408 E64 k6", 2048, 1408, 64, 6 },
+		{ "qwen3-30b 2048x768 E128 k8", 2048, 768, 128, 8 },
+		{ "tiny 40x24 E5 k2", 40, 24, 5, 2 },
+		{ "fallback 30x13 E4 k2", 30, 13, 4, 2 },
+	};
+	const int Ms[] = { 1, 5, 64 };
+
+	for (int si = 0; si < 4; si++) {
+		const struct shape *s = &shapes[si];
+		struct k_cuda_moe_ws *ws;
+		struct weights w;
+		int ret = k_cuda_moe_ws_create(&ws, 130, s->top_k, s->n_experts, s->hidden, s->inter);
+
+		CHECK(ret == 0, "ws create %d", ret);
+		if (ret)
+			continue;
+		weights_make(&w, s);
+		for (int m = 0; m < 3; m++)
+			test_experts(s, &w, ws, Ms[m], -1);
+		test_experts(s, &w, ws, 64, 3);
+		if (s->hidden < 100)	/* more than one 64-row pass; small: the CPU is slow */
+			test_experts(s, &w, ws, 130, 1);
+		CHECK(k_cuda_moe_experts(stream, ws, NULL, NULL, 131, NULL, NULL, s->top_k, NULL,
+					 s->n_experts, s->hidden, s->inter) == -EINVAL, "M > max_M");
+		weights_free(&w);
+		k_cuda_moe_ws_destroy(ws);
+		if (s->hidden >= 1024)
+			for (int m = 0; m < 4; m++)
+				time_experts(s, (int[]){ 1, 8, 32, 64 }[m]);
+	}
+}
+
+int main(void)
+{
+	int count = 0;
+
+	k_cuda_device_count(&count);
+	if (count == 0) {
+		fprintf(stderr, "test_cuda_moe: skipped: no CUDA device on this machine\n");
+		return 77;
+	}
+	cu(cudaStreamCreate(&stream), "stream");
+	if (k_pool_create(&pool, 16))
+		return 1;
+	test_route_all();
+	test_experts_all();
+	k_pool_destroy(pool);
+	cudaStreamDestroy(stream);
+	return test_result("test_cuda_moe");
+}
+#else
+int main(void)
+{
+	fprintf(stderr, "test_cuda_moe: skipped: built without CUDA (--without-cuda)\n");
+	return 77;
+}
+#endif

@@ -1,0 +1,398 @@
+/* The CUDA small ops against their CPU references on fresh random inputs: embedding,
+ * RMSNorm (strided, in place, fused with the residual add), add, SwiGLU (plain and
+ * fused rows), RoPE (default, llama3, YaRN; interleaved and not). Outputs are
+ * poisoned (NaN) first, so an unwritten element fails. One line per case.
+ * Tolerances: embed and add are exact; RMSNorm and RoPE follow the CPU's fp32/fp64
+ * steps (rel L2 <= 1e-6, in practice 0); SiLU differs by expf's last bit (<= 1e-6).
+ * Skips (77) without CUDA or a GPU. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "tests/testutil.h"
+
+#ifdef KD_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cpu/k_cpu.h"
+#include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/k_cuda_ops.h"
+
+#define REL_TOL 1e-6
+
+static unsigned long long seed = 0x5eed0c0da0ull;
+static cudaStream_t stream;
+
+/* ---- device helpers: any CUDA failure ends the test ---------------------- */
+
+static void cu(cudaError_t e, const char *what)
+{
+	if (e != cudaSuccess) {
+		fprintf(stderr, "test_cuda_ops: %s: %s\n", what, cudaGetErrorString(e));
+		exit(1);
+	}
+}
+
+static void *dev_alloc(size_t bytes)
+{
+	void *p = NULL;
+
+	cu(cudaMalloc(&p, bytes ? bytes : 4), "cudaMalloc");
+	return p;
+}
+
+static void *dev_from(const void *h, size_t bytes)
+{
+	void *p = dev_alloc(bytes);
+
+	cu(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice), "upload");
+	return p;
+}
+
+static void to_host(void *h, const void *d, size_t bytes)
+{
+	cu(cudaStreamSynchronize(stream), "kernel");
+	cu(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), "download");
+}
+
+static void poison(void *d, size_t bytes)
+{
+	cu(cudaMemset(d, 0xff, bytes), "poison");	/* 0xffffffff is a NaN */
+}
+
+static float *rand_floats(size_t n, float amp)
+{
+	float *p = malloc(sizeof(float) * (n ? n : 1));
+
+	for (size_t i = 0; i < n; i++)
+		p[i] = test_randf(&seed) * amp;
+	return p;
+}
+
+/* ---- comparison and the report line ------------------------------------- */
+
+/* got vs want over n floats: NaN anywhere in got (an unwritten element) fails. */
+static void report(const char *op, const char *shape, const float *got, const float *want,
+		   size_t n, double tol)
+{
+	double max_abs = 0, rel = test_rel_l2(got, want, n);
+	size_t nan = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		double d = fabs((double)got[i] - (double)want[i]);
+
+		if (got[i] != got[i] && want[i] == want[i])
+			nan++;
+		else if (d > max_abs)
+			max_abs = d;
+	}
+	printf("%-14s %-40s max_abs %.3g rel_l2 %.3g%s  %s\n", op, shape, max_abs, rel,
+	       nan ? "  UNWRITTEN" : "", !nan && rel <= tol ? "PASS" : "FAIL");
+	CHECK(!nan && rel <= tol, "%s %s: rel %.3g (tol %.3g), %zu unwritten", op, shape, rel, tol,
+	      nan);
+}
+
+/* ---- embedding ------------------------------------------------------------ */
+
+static void test_embed(int n, int dim)
+{
+	int vocab = 300;
+	uint16_t *table = malloc(sizeof(uint16_t) * (size_t)vocab * dim);
+	int32_t *ids = malloc(sizeof(int32_t) * n);
+	float *want = malloc(sizeof(float) * (size_t)n * dim);
+	float *got = malloc(sizeof(float) * (size_t)n * dim);
+	uint16_t *dt;
+	int32_t *di;
+	float *dout;
+	char shape[64];
+
+	for (size_t i = 0; i < (size_t)vocab * dim; i++)
+		table[i] = k_f32_to_bf16(test_randf(&seed));
+	for (int i = 0; i < n; i++)
+		ids[i] = (int32_t)((test_randf(&seed) + 1) * 0.5f * vocab) % vocab;
+	k_cpu_embed(want, ids, n, table, K_BF16, dim);
+	dt = dev_from(table, sizeof(uint16_t) * (size_t)vocab * dim);
+	di = dev_from(ids, sizeof(int32_t) * n);
+	dout = dev_alloc(sizeof(float) * (size_t)n * dim);
+	poison(dout, sizeof(float) * (size_t)n * dim);
+	CHECK(k_cuda_embed(stream, dout, di, n, dt, dim) == 0, "embed launch");
+	to_host(got, dout, sizeof(float) * (size_t)n * dim);
+	snprintf(shape, sizeof(shape), "n %d dim %d", n, dim);
+	report("embed", shape, got, want, (size_t)n * dim, 0);
+	cudaFree(dt);
+	cudaFree(di);
+	cudaFree(dout);
+	free(table);
+	free(ids);
+	free(want);
+	free(got);
+}
+
+/* ---- RMSNorm ---------------------------------------------------------------- */
+
+/* rows of dim values, x rows x_stride apart, out rows out_stride apart (in place when
+ * inplace: out = x, strides equal). The gaps between rows must stay untouched. */
+static void test_rmsnorm(int rows, int dim, int x_stride, int out_stride, int inplace)
+{
+	size_t nx = (size_t)rows * x_stride, no = (size_t)rows * out_stride;
+	float *x = rand_floats(nx, 3.0f), *w = rand_floats(dim, 1.0f);
+	float *want = malloc(sizeof(float) * (inplace ? nx : no));
+	float *got = malloc(sizeof(float) * (inplace ? nx : no));
+	float *dx = dev_from(x, sizeof(float) * nx), *dw = dev_from(w, sizeof(float) * dim), *dout;
+	char shape[80];
+
+	if (inplace) {
+		memcpy(want, x, sizeof(float) * nx);
+		k_cpu_rmsnorm(want, x_stride, want, x_stride, w, K_F32, rows, dim, 1e-6f);
+		dout = dx;
+	} else {
+		for (size_t i = 0; i < no; i++)		/* gaps keep the poison */
+			want[i] = NAN;
+		k_cpu_rmsnorm(want, out_stride, x, x_stride, w, K_F32, rows, dim, 1e-6f);
+		dout = dev_alloc(sizeof(float) * no);
+		poison(dout, sizeof(float) * no);
+	}
+	CHECK(k_cuda_rmsnorm(stream, dout, inplace ? x_stride : out_stride, dx, x_stride, dw, rows,
+			     dim, 1e-6f) == 0, "rmsnorm launch");
+	to_host(got, dout, sizeof(float) * (inplace ? nx : no));
+	snprintf(shape, sizeof(shape), "rows %d dim %d stride %d/%d%s", rows, dim, x_stride,
+		 out_stride, inplace ? " in place" : "");
+	if (!inplace)	/* the gaps: NaN where want is NaN, so compare only rows */
+		for (size_t i = 0; i < no; i++)
+			if (want[i] != want[i]) {
+				CHECK(got[i] != got[i], "rmsnorm wrote a gap at %zu", i);
+				got[i] = want[i] = 0;
+			}
+	report("rmsnorm", shape, got, want, inplace ? nx : no, REL_TOL);
+	if (dout != dx)
+		cudaFree(dout);
+	cudaFree(dx);
+	cudaFree(dw);
+	free(x);
+	free(w);
+	free(want);
+	free(got);
+}
+
+/* x += r; out = rmsnorm(x) * w; alias: out is r (the forward's x += h; h = norm(x)). */
+static void test_add_rmsnorm(int rows, int dim, int alias)
+{
+	size_t n = (size_t)rows * dim;
+	float *x = rand_floats(n, 2.0f), *r = rand_floats(n, 2.0f), *w = rand_floats(dim, 1.0f);
+	float *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+	float *gx = malloc(sizeof(float) * n);
+	float *dx = dev_from(x, sizeof(float) * n), *dr = dev_from(r, sizeof(float) * n);
+	float *dw = dev_from(w, sizeof(float) * dim), *dout = alias ? dr : dev_alloc(sizeof(float) * n);
+	char shape[64];
+
+	k_cpu_add(x, r, n);
+	k_cpu_rmsnorm(want, dim, x, dim, w, K_F32, rows, dim, 1e-5f);
+	if (!alias)
+		poison(dout, sizeof(float) * n);
+	CHECK(k_cuda_add_rmsnorm(stream, dx, dr, dout, dw, rows, dim, 1e-5f) == 0, "add_rmsnorm launch");
+	to_host(got, dout, sizeof(float) * n);
+	to_host(gx, dx, sizeof(float) * n);
+	snprintf(shape, sizeof(shape), "rows %d dim %d%s", rows, dim, alias ? " out=r" : "");
+	report("add_rmsnorm.x", shape, gx, x, n, 0);
+	report("add_rmsnorm", shape, got, want, n, REL_TOL);
+	if (!alias)
+		cudaFree(dout);
+	cudaFree(dx);
+	cudaFree(dr);
+	cudaFree(dw);
+	free(x);
+	free(r);
+	free(w);
+	free(want);
+	free(got);
+	free(gx);
+}
+
+/* ---- add and SwiGLU ------------------------------------------------------- */
+
+/* off: floats into the buffers, so off % 4 != 0 takes the unaligned path. */
+static void test_add(size_t n, int off)
+{
+	float *y = rand_floats(n, 5.0f), *x = rand_floats(n, 5.0f), *got = malloc(sizeof(float) * n);
+	float *dy = dev_alloc(sizeof(float) * (n + off)), *dx = dev_alloc(sizeof(float) * (n + off));
+	char shape[64];
+
+	cu(cudaMemcpy(dy + off, y, sizeof(float) * n, cudaMemcpyHostToDevice), "upload");
+	cu(cudaMemcpy(dx + off, x, sizeof(float) * n, cudaMemcpyHostToDevice), "upload");
+	k_cpu_add(y, x, n);
+	CHECK(k_cuda_add(stream, dy + off, dx + off, n) == 0, "add launch");
+	to_host(got, dy + off, sizeof(float) * n);
+	snprintf(shape, sizeof(shape), "n %zu offset %d", n, off);
+	report("add", shape, got, y, n, 0);
+	cudaFree(dy);
+	cudaFree(dx);
+	free(y);
+	free(x);
+	free(got);
+}
+
+static void test_silu_mul(size_t n, int off, int alias)
+{
+	float *g = rand_floats(n, 8.0f), *u = rand_floats(n, 2.0f);
+	float *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+	float *dg = dev_alloc(sizeof(float) * (n + off)), *du = dev_alloc(sizeof(float) * (n + off));
+	float *dout = alias ? dg : dev_alloc(sizeof(float) * (n + off));
+	char shape[64];
+
+	cu(cudaMemcpy(dg + off, g, sizeof(float) * n, cudaMemcpyHostToDevice), "upload");
+	cu(cudaMemcpy(du + off, u, sizeof(float) * n, cudaMemcpyHostToDevice), "upload");
+	if (!alias)
+		poison(dout, sizeof(float) * (n + off));
+	k_cpu_silu_mul(want, g, u, n);
+	CHECK(k_cuda_silu_mul(stream, dout + off, dg + off, du + off, n) == 0, "silu_mul launch");
+	to_host(got, dout + off, sizeof(float) * n);
+	snprintf(shape, sizeof(shape), "n %zu offset %d%s", n, off, alias ? " out=gate" : "");
+	report("silu_mul", shape, got, want, n, REL_TOL);
+	if (!alias)
+		cudaFree(dout);
+	cudaFree(dg);
+	cudaFree(du);
+	free(g);
+	free(u);
+	free(want);
+	free(got);
+}
+
+static void test_silu_mul_rows(int rows, int inter)
+{
+	size_t n = (size_t)rows * inter;
+	float *gu = rand_floats(2 * n, 8.0f);
+	float *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+	float *dgu = dev_from(gu, sizeof(float) * 2 * n), *dout = dev_alloc(sizeof(float) * n);
+	char shape[64];
+
+	for (int r = 0; r < rows; r++)
+		k_cpu_silu_mul(want + (size_t)r * inter, gu + (size_t)r * 2 * inter,
+			       gu + (size_t)r * 2 * inter + inter, (size_t)inter);
+	poison(dout, sizeof(float) * n);
+	CHECK(k_cuda_silu_mul_rows(stream, dout, dgu, rows, inter) == 0, "silu_mul_rows launch");
+	to_host(got, dout, sizeof(float) * n);
+	snprintf(shape, sizeof(shape), "rows %d inter %d", rows, inter);
+	report("silu_mul_rows", shape, got, want, n, REL_TOL);
+	cudaFree(dgu);
+	cudaFree(dout);
+	free(gu);
+	free(want);
+	free(got);
+}
+
+/* ---- RoPE ----------------------------------------------------------------- */
+
+/* Heads of head_dim floats, the rotary part at rope_off in each, rows head_stride *
+ * n_heads apart (head_stride 0 with one head: the MLA key). */
+static void test_rope(const char *name, const struct k_rope_params *rp, int n_rows, int n_heads,
+		      int head_dim, int rope_off, int head_stride)
+{
+	struct k_rope rope;
+	int row_stride = (head_stride ? head_stride : head_dim) * n_heads;
+	size_t n = (size_t)n_rows * row_stride;
+	float *x, *got = malloc(sizeof(float) * n), *dx, *dinv;
+	int32_t *pos = malloc(sizeof(int32_t) * n_rows), *dpos;
+	char shape[96];
+
+	CHECK(k_rope_init(&rope, rp) == 0, "rope init");
+	x = rand_floats(n, 2.0f);
+	for (int r = 0; r < n_rows; r++)	/* 0 and large positions included */
+		pos[r] = r == 0 ? 0 : (int32_t)((test_randf(&seed) + 1) * 0.5f * 32768);
+	dx = dev_from(x, sizeof(float) * n);
+	dpos = dev_from(pos, sizeof(int32_t) * n_rows);
+	dinv = dev_from(rope.inv_freq, sizeof(float) * (size_t)rope.dim / 2);
+	k_cpu_rope(&rope, x + rope_off, n_rows, n_heads, row_stride, head_stride, pos);
+	CHECK(k_cuda_rope(stream, dinv, rope.dim, rope.interleaved, rope.attn_factor, dx + rope_off,
+			  n_rows, n_heads, row_stride, head_stride, dpos) == 0, "rope launch");
+	to_host(got, dx, sizeof(float) * n);
+	snprintf(shape, sizeof(shape), "%s%s rows %d heads %d dim %d/%d", name,
+		 rp->interleaved ? " il" : "", n_rows, n_heads, rope.dim, head_dim);
+	report("rope", shape, got, x, n, REL_TOL);
+	cudaFree(dx);
+	cudaFree(dpos);
+	cudaFree(dinv);
+	k_rope_fini(&rope);
+	free(x);
+	free(got);
+	free(pos);
+}
+
+static void test_rope_all(void)
+{
+	struct k_rope_params def = { .type = K_ROPE_DEFAULT, .theta = 10000, .dim = 128 };
+	struct k_rope_params l3 = { .type = K_ROPE_LLAMA3, .theta = 500000, .dim = 128,
+		.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+		.original_max_pos = 8192 };
+	struct k_rope_params yarn = { .type = K_ROPE_YARN, .theta = 10000, .dim = 64,
+		.factor = 40, .original_max_pos = 4096, .beta_fast = 32, .beta_slow = 1,
+		.mscale = 1, .mscale_all_dim = 0.707, .truncate = 1 };
+	const int rows[] = { 1, 64, 257 };
+
+	for (int il = 0; il < 2; il++) {
+		def.interleaved = l3.interleaved = yarn.interleaved = il;
+		for (int i = 0; i < 3; i++) {
+			test_rope("default", &def, rows[i], 32, 128, 0, 128);
+			test_rope("llama3", &l3, rows[i], 8, 128, 0, 128);
+			/* DeepSeek: rope part of a 192-wide q head, and the shared key */
+			test_rope("yarn", &yarn, rows[i], 16, 192, 128, 192);
+			test_rope("yarn k", &yarn, rows[i], 1, 576, 512, 0);
+		}
+	}
+	def.interleaved = 0;
+	def.dim = 2;
+	test_rope("default", &def, 7, 3, 7, 0, 7);	/* one pair, odd head width */
+}
+
+int main(void)
+{
+	const int dims[] = { 1, 7, 1000, 4096, 7168 };
+	const int rows[] = { 1, 64, 257 };
+	int count = 0;
+
+	k_cuda_device_count(&count);
+	if (count == 0) {
+		fprintf(stderr, "test_cuda_ops: skipped: no CUDA device on this machine\n");
+		return 77;
+	}
+	cu(cudaStreamCreate(&stream), "stream");
+
+	for (int d = 0; d < 5; d++) {
+		test_embed(1, dims[d]);
+		test_embed(257, dims[d]);
+	}
+	for (int d = 0; d < 5; d++)
+		for (int r = 0; r < 3; r++) {
+			test_rmsnorm(rows[r], dims[d], dims[d], dims[d], 0);
+			test_add_rmsnorm(rows[r], dims[d], r == 1);
+		}
+	test_rmsnorm(64, 512, 576, 576, 1);	/* MLA kv_a: a slice normalised in place */
+	test_rmsnorm(257 * 8, 128, 128, 128, 1);	/* per-head q/k norm */
+	test_rmsnorm(5, 1536, 1539, 1600, 0);	/* odd strides */
+	test_rmsnorm(3, 7, 9, 11, 0);
+	for (int d = 0; d < 5; d++) {
+		test_add((size_t)dims[d], 0);
+		test_silu_mul((size_t)dims[d], 0, 0);
+	}
+	test_add((size_t)64 * 4096 + 3, 0);
+	test_add(1003, 1);
+	test_silu_mul((size_t)64 * 14336 + 5, 0, 1);
+	test_silu_mul(1003, 3, 0);
+	for (int r = 0; r < 3; r++) {
+		test_silu_mul_rows(rows[r], 7);
+		test_silu_mul_rows(rows[r], 1408);
+	}
+	test_silu_mul_rows(2, 1);
+	test_rope_all();
+
+	cudaStreamDestroy(stream);
+	return test_result("test_cuda_ops");
+}
+#else
+int main(void)
+{
+	fprintf(stderr, "test_cuda_ops: skipped: built without CUDA (--without-cuda)\n");
+	return 77;
+}
+#endif
