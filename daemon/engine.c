@@ -151,7 +151,9 @@ void engine_seq_init(struct engine_seq *s)
 
 void engine_seq_release(struct engine *e, struct engine_seq *s)
 {
-	for (int i = 0; i < s->n_blocks; i++)
+	/* last block first: the LRU then evicts a cached prefix from its end, and the
+	 * first blocks, which more prompts share, stay longest */
+	for (int i = s->n_blocks - 1; i >= 0; i--)
 		kv_pool_unref(&e->pool, s->blocks[i]);
 	free(s->blocks);
 	free(s->tokens);

@@ -130,7 +130,7 @@ int engine_session_to_host(struct engine *e, struct kv_session *s)
 		ret = block_to_host(e, s, i, keys);
 		added[i] = !ret;
 	}
-	for (int i = 0; i < s->n_blocks; i++) {
+	for (int i = s->n_blocks - 1; i >= 0; i--) {	/* leaves first into the LRU */
 		if (ret && added[i]) {	/* roll back: the session stays on the device */
 			kv_host_unref(&e->host, s->host[i]);
 			s->host[i] = NULL;

@@ -66,7 +66,7 @@ int kv_session_create(struct kv_sessions *t, const char *name, uint64_t owner, u
 
 void kv_session_drop_kv(struct kv_session *s, struct kv_pool *pool, struct kv_host *host)
 {
-	for (int i = 0; i < s->n_blocks; i++) {
+	for (int i = s->n_blocks - 1; i >= 0; i--) {	/* leaves first into the LRU */
 		if (s->dev[i] >= 0)
 			kv_pool_unref(pool, s->dev[i]);
 		if (s->host[i])

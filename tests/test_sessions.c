@@ -291,7 +291,7 @@ out:
 
 #define P_SEQS 4
 #define P_DOCS 5
-#define P_OPS 1500
+#define P_OPS 3000		/* KVTEST_OPS and KVTEST_SEED override (soak runs) */
 
 struct p_seq {
 	struct engine_seq s;
@@ -316,7 +316,8 @@ static void test_property(void)
 	struct p_seq q[P_SEQS];
 	struct engine_seq *live[P_SEQS];
 	int32_t docs[P_DOCS][160], buf[200];
-	unsigned long long st = 99;
+	unsigned long long st = getenv("KVTEST_SEED") ? strtoull(getenv("KVTEST_SEED"), NULL, 0) : 99;
+	int n_ops = getenv("KVTEST_OPS") ? atoi(getenv("KVTEST_OPS")) : P_OPS;
 	float *l, *ref;
 	int vocab, counts[9] = { 0 }, bad = 0;
 
@@ -330,7 +331,7 @@ static void test_property(void)
 	for (int d = 0; d < P_DOCS; d++)
 		fill(docs[d], 160, 100 + (unsigned)d, vocab);
 	memset(q, 0, sizeof(q));
-	for (int op = 0; op < P_OPS && !bad; op++) {
+	for (int op = 0; op < n_ops && !bad; op++) {
 		unsigned kind = p_rand(&st, 9), i = p_rand(&st, P_SEQS);
 		struct p_seq *x = &q[i];
 		int n_live = 0;

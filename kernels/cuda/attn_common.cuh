@@ -33,8 +33,9 @@
 		return -EINVAL;                                                    \
 	} while (0)
 
-// Splits along the sequence: at most this many (the merge holds their weights).
-#define ATTN_MAX_SPLITS 64
+// Splits along the sequence: at most this many (the merge holds their weights; one
+// block per SM for MLA at batch 1 needs about the SM count).
+#define ATTN_MAX_SPLITS 128
 // Partials the workspace holds: this many splits at max_rows (more for fewer rows).
 #define ATTN_WS_SPLITS_AT_MAX_ROWS 4
 // Split boundaries are multiples of this many tokens.

@@ -3,6 +3,7 @@
 // (the heads of a row share each latent tile), out = W_UV o_lat.
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/attn_common.cuh"
+#include "kernels/cuda/attn_ptx.cuh"
 
 #define MLA_ROWS 16		// query rows per block of the absorb and expand kernels
 #define ABS_THREADS 128
@@ -19,41 +20,47 @@
 // ---- kernels ----------------------------------------------------------------
 
 // Block (column chunk, head, row chunk): q_lat[r, h, c] = sum_i q[r, h, i] W_UK[h, i, c]
-// for the block's 64 columns; warp s of the block sums the nope rows i = s mod 4, the
-// four are added at the end. Column chunk 0 also copies the rope part of q.
+// for the block's 64 columns. The weight tile (nope, 64) arrives in one burst of 16-byte
+// copies (the bytes in flight, not the arithmetic, bound this at small batch); then warp
+// s sums the nope rows i = s mod 4 for 2 columns per lane, and the four are added.
+// Column chunk 0 also copies the rope part of q.
 __global__ void __launch_bounds__(ABS_THREADS)
 mla_absorb_kernel(float *__restrict__ q_lat, const float *__restrict__ q,
 		  const uint16_t *__restrict__ w, int n_rows, int H, int nope, int rope,
-		  int vdim, int L)
+		  int vdim, int L, int vec)
 {
 	extern __shared__ __align__(16) unsigned char attn_smem[];
 	__shared__ float red[ABS_SLICES][MLA_ROWS][ABS_COLS];
-	float *sq = (float *)attn_smem;	// (MLA_ROWS, nope)
+	uint16_t *sw = (uint16_t *)attn_smem;	// (nope, ABS_COLS) bf16, zero past L
+	float *sq = (float *)(attn_smem + (size_t)nope * ABS_COLS * 2);	// (MLA_ROWS, nope)
 	const int h = blockIdx.y, r0 = blockIdx.z * MLA_ROWS, nr = min(MLA_ROWS, n_rows - r0);
-	const int qk = nope + rope, wd = L + rope;
+	const int qk = nope + rope, wd = L + rope, c0 = blockIdx.x * ABS_COLS;
 	const int cp = threadIdx.x % 32, slice = threadIdx.x / 32;
-	const int c = blockIdx.x * ABS_COLS + cp * 2;
 	const uint16_t *wh = w + (size_t)h * (nope + vdim) * L;
 	float acc[MLA_ROWS][2] = {};
 
+	if (vec) {
+		for (int i = threadIdx.x; i < nope * (ABS_COLS / 8); i += ABS_THREADS) {
+			const int row = i / (ABS_COLS / 8), c = c0 + i % (ABS_COLS / 8) * 8;
+
+			cp_async16(sw + i * 8, wh + (size_t)row * L + c, c < L);
+		}
+	} else {
+		for (int i = threadIdx.x; i < nope * ABS_COLS; i += ABS_THREADS) {
+			const int row = i / ABS_COLS, c = c0 + i % ABS_COLS;
+
+			sw[i] = c < L ? wh[(size_t)row * L + c] : (uint16_t)0;
+		}
+	}
+	cp_async_commit();
 	for (int i = threadIdx.x; i < nr * nope; i += ABS_THREADS)
 		sq[i] = q[((size_t)(r0 + i / nope) * H + h) * qk + i % nope];
+	cp_async_wait<0>();
 	__syncthreads();
 	for (int i = slice; i < nope; i += ABS_SLICES) {
-		const uint16_t *wr = wh + (size_t)i * L + c;
-		float w0 = 0.0f, w1 = 0.0f;
+		const uint32_t ww = *(const uint32_t *)(sw + i * ABS_COLS + cp * 2);
+		const float w0 = bf16_lo(ww), w1 = bf16_hi(ww);
 
-		if (L % 2 == 0 && c < L) {
-			const uint32_t ww = __ldg((const uint32_t *)wr);
-
-			w0 = bf16_lo(ww);
-			w1 = bf16_hi(ww);
-		} else {
-			if (c < L)
-				w0 = bf16_lo(__ldg(wr));
-			if (c + 1 < L)
-				w1 = bf16_lo(__ldg(wr + 1));
-		}
 #pragma unroll
 		for (int rr = 0; rr < MLA_ROWS; rr++)
 			if (rr < nr) {
@@ -70,7 +77,7 @@ mla_absorb_kernel(float *__restrict__ q_lat, const float *__restrict__ q,
 	}
 	__syncthreads();
 	for (int i = threadIdx.x; i < MLA_ROWS * ABS_COLS; i += ABS_THREADS) {
-		const int rr = i / ABS_COLS, cc = i % ABS_COLS, col = blockIdx.x * ABS_COLS + cc;
+		const int rr = i / ABS_COLS, cc = i % ABS_COLS, col = c0 + cc;
 		float x = 0.0f;
 
 		if (rr >= nr || col >= L)
@@ -88,51 +95,60 @@ mla_absorb_kernel(float *__restrict__ q_lat, const float *__restrict__ q,
 		}
 }
 
-// Block (output chunk, head, row chunk): out[r, h, j] = W_UV[h, j, :] . o_lat[r, h, :];
-// a warp takes one j at a time, its lanes along the latent, for all the block's rows.
+// Block (output chunk, head, row chunk): out[r, h, j] = W_UV[h, j, :] . o_lat[r, h, :].
+// The block's EXP_J weight rows arrive in one burst of 16-byte copies; then a warp takes
+// one j at a time, its lanes along the latent, for all the block's rows. Rows in shared
+// memory are ls = L rounded up to 4 long, zero padded.
 __global__ void __launch_bounds__(EXP_THREADS)
 mla_expand_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
-		  const uint16_t *__restrict__ w, int n_rows, int H, int nope, int vdim, int L)
+		  const uint16_t *__restrict__ w, int n_rows, int H, int nope, int vdim, int L,
+		  int vec)
 {
 	extern __shared__ __align__(16) unsigned char attn_smem[];
-	float *so = (float *)attn_smem;	// (MLA_ROWS, L)
+	const int ls = (L + 3) / 4 * 4;
+	uint16_t *sw = (uint16_t *)attn_smem;				// (EXP_J, ls) bf16
+	float *so = (float *)(attn_smem + (size_t)EXP_J * ls * 2);	// (MLA_ROWS, ls)
 	const int h = blockIdx.y, r0 = blockIdx.z * MLA_ROWS, nr = min(MLA_ROWS, n_rows - r0);
+	const int j0 = blockIdx.x * EXP_J, nj = min(EXP_J, vdim - j0);
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-	const uint16_t *wh = w + ((size_t)h * (nope + vdim) + nope) * L;
+	const uint16_t *wh = w + ((size_t)h * (nope + vdim) + nope + j0) * L;
 
-	for (int i = threadIdx.x; i < nr * L; i += EXP_THREADS)
-		so[i] = o_lat[((size_t)(r0 + i / L) * H + h) * L + i % L];
+	if (vec) {	// L % 8 == 0: ls == L
+		for (int i = threadIdx.x; i < nj * (L / 8); i += EXP_THREADS)
+			cp_async16(sw + i * 8, wh + (size_t)i * 8, true);
+	} else {
+		for (int i = threadIdx.x; i < nj * ls; i += EXP_THREADS) {
+			const int j = i / ls, c = i % ls;
+
+			sw[i] = c < L ? wh[(size_t)j * L + c] : (uint16_t)0;
+		}
+	}
+	cp_async_commit();
+	for (int i = threadIdx.x; i < nr * ls; i += EXP_THREADS) {
+		const int rr = i / ls, c = i % ls;
+
+		so[i] = c < L ? o_lat[((size_t)(r0 + rr) * H + h) * L + c] : 0.0f;
+	}
+	cp_async_wait<0>();
 	__syncthreads();
 	for (int jj = 0; jj < EXP_J / 4; jj++) {
-		const int j = blockIdx.x * EXP_J + warp * (EXP_J / 4) + jj;
-		const uint16_t *wr = wh + (size_t)j * L;
+		const int j = warp * (EXP_J / 4) + jj;
 		float acc[MLA_ROWS] = {};
 
-		if (j >= vdim)
+		if (j >= nj)
 			break;
-		if (L % 4 == 0) {
-			for (int c = lane * 4; c < L; c += 128) {
-				const uint2 ww = __ldg((const uint2 *)(wr + c));
-				const float w0 = bf16_lo(ww.x), w1 = bf16_hi(ww.x);
-				const float w2 = bf16_lo(ww.y), w3 = bf16_hi(ww.y);
+		for (int c = lane * 4; c < ls; c += 128) {
+			const uint2 ww = *(const uint2 *)(sw + j * ls + c);
+			const float w0 = bf16_lo(ww.x), w1 = bf16_hi(ww.x);
+			const float w2 = bf16_lo(ww.y), w3 = bf16_hi(ww.y);
 
 #pragma unroll
-				for (int rr = 0; rr < MLA_ROWS; rr++)
-					if (rr < nr) {
-						const float4 o = *(const float4 *)(so + rr * L + c);
+			for (int rr = 0; rr < MLA_ROWS; rr++)
+				if (rr < nr) {
+					const float4 o = *(const float4 *)(so + rr * ls + c);
 
-						acc[rr] += w0 * o.x + w1 * o.y + w2 * o.z + w3 * o.w;
-					}
-			}
-		} else {
-			for (int c = lane; c < L; c += 32) {
-				const float wv = bf16_lo(__ldg(wr + c));
-
-#pragma unroll
-				for (int rr = 0; rr < MLA_ROWS; rr++)
-					if (rr < nr)
-						acc[rr] = fmaf(wv, so[rr * L + c], acc[rr]);
-			}
+					acc[rr] += w0 * o.x + w1 * o.y + w2 * o.z + w3 * o.w;
+				}
 		}
 #pragma unroll
 		for (int rr = 0; rr < MLA_ROWS; rr++) {
@@ -141,7 +157,7 @@ mla_expand_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 			for (int off = 16; off > 0; off >>= 1)
 				acc[rr] += __shfl_xor_sync(0xffffffffu, acc[rr], off);
 			if (lane == rr)
-				out[((size_t)(r0 + rr) * H + h) * vdim + j] = acc[rr];
+				out[((size_t)(r0 + rr) * H + h) * vdim + j0 + j] = acc[rr];
 		}
 	}
 }
@@ -211,7 +227,7 @@ extern "C" int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float 
 			       const struct k_mla_dims *d, float scale)
 {
 	const float qscale = scale * 1.4426950408889634f;	// log2(e): exp2 in the kernels
-	int R, H, ret;
+	int R, H, vec, ret;
 	size_t smem;
 
 	if (!d)
@@ -227,17 +243,18 @@ extern "C" int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float 
 	H = d->n_heads;
 	if (R == 0)
 		return 0;
-	smem = sizeof(float) * MLA_ROWS * d->nope_dim;
+	vec = d->kv_lora % 8 == 0 && (uintptr_t)w_kv_b % 16 == 0;
+	smem = (size_t)d->nope_dim * (ABS_COLS * 2 + MLA_ROWS * 4);
 	mla_absorb_kernel<<<dim3(attn_cdiv(d->kv_lora, ABS_COLS), H, attn_cdiv(R, MLA_ROWS)),
 			    ABS_THREADS, smem, s>>>(ws->q_lat, q, w_kv_b, R, H, d->nope_dim,
-						    d->rope_dim, d->v_dim, d->kv_lora);
+						    d->rope_dim, d->v_dim, d->kv_lora, vec);
 	ATTN_LAUNCHED("mla_absorb_kernel");
 	if ((ret = mla_attend(s, ws, cache, block_tokens, rows, d, qscale)))
 		return ret;
-	smem = sizeof(float) * MLA_ROWS * d->kv_lora;
+	smem = (size_t)(d->kv_lora + 3) / 4 * 4 * (EXP_J * 2 + MLA_ROWS * 4);
 	mla_expand_kernel<<<dim3(attn_cdiv(d->v_dim, EXP_J), H, attn_cdiv(R, MLA_ROWS)),
 			    EXP_THREADS, smem, s>>>(out, ws->o_lat, w_kv_b, R, H, d->nope_dim,
-						    d->v_dim, d->kv_lora);
+						    d->v_dim, d->kv_lora, vec);
 	ATTN_LAUNCHED("mla_expand_kernel");
 	return 0;
 }

@@ -20,28 +20,32 @@ attn_merge_kernel(float *__restrict__ out, long out_rs, long out_hs,
 	const size_t rh = (size_t)r * n_heads + h, per_split = (size_t)n_rows * n_heads;
 	float *o = out + r * out_rs + h * out_hs;
 
-	if (threadIdx.x < 32) {	// one warp: each lane owns splits lane and lane + 32
+	if (threadIdx.x < 32) {	// one warp: lane owns splits lane + 32 k
+		constexpr int PER = ATTN_MAX_SPLITS / 32;
 		const int lane = threadIdx.x;
-		float a = lane < n_splits ? part_lse[lane * per_split + rh] : -INFINITY;
-		float b = lane + 32 < n_splits ? part_lse[(lane + 32) * per_split + rh] : -INFINITY;
-		float mx = fmaxf(a, b), sum;
+		float x[PER], mx = -INFINITY, sum = 0.0f;
 
+#pragma unroll
+		for (int k = 0; k < PER; k++) {
+			const int sp = lane + 32 * k;
+
+			x[k] = sp < n_splits ? part_lse[sp * per_split + rh] : -INFINITY;
+			mx = fmaxf(mx, x[k]);
+		}
 		for (int off = 16; off > 0; off >>= 1)
 			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-		a = a == -INFINITY ? 0.0f : exp2f(a - mx);
-		b = b == -INFINITY ? 0.0f : exp2f(b - mx);
-		sum = a + b;
+#pragma unroll
+		for (int k = 0; k < PER; k++) {
+			x[k] = x[k] == -INFINITY ? 0.0f : exp2f(x[k] - mx);
+			sum += x[k];
+		}
 		for (int off = 16; off > 0; off >>= 1)
 			sum += __shfl_xor_sync(0xffffffffu, sum, off);
-		// sum >= 1 unless no split saw a token (ctx 0): then every weight is 0.
-		if (sum > 0.0f) {
-			a /= sum;
-			b /= sum;
-		}
-		if (lane < n_splits)
-			w[lane] = a;
-		if (lane + 32 < n_splits)
-			w[lane + 32] = b;
+		// sum >= 1 unless no split saw a token (ctx 0): then every weight stays 0.
+#pragma unroll
+		for (int k = 0; k < PER; k++)
+			if (lane + 32 * k < n_splits)
+				w[lane + 32 * k] = sum > 0.0f ? x[k] / sum : 0.0f;
 	}
 	__syncthreads();
 	for (int d = threadIdx.x; d < dim; d += MERGE_THREADS) {
