@@ -23,7 +23,10 @@ static void usage(FILE *f)
 		"\n"
 		"  status         model, backend, uptime, clients, requests, KV blocks\n"
 		"  clients        connected clients (id, pid, uid, requests)\n"
-		"  sessions       session names in use, with their client and request count\n"
+		"  sessions       sessions whose KV the daemon keeps: owner uid, tokens, device\n"
+		"                 and host blocks, idle seconds\n"
+		"  session-close NAME  close your session NAME and drop its KV\n"
+		"  snapshot       write the sessions to kdecd's --state-dir\n"
 		"  metrics        Prometheus text (kd_* metrics)\n"
 		"  drain          stop admitting new requests (running ones finish)\n"
 		"  shutdown       like SIGTERM: drain, finish or cancel, exit\n"
@@ -94,7 +97,9 @@ static void print_status(json_t *o)
 {
 	static const char *const keys[] = { "model", "backend", "notify", "uptime_s", "clients",
 		"max_clients", "requests_running", "requests_waiting", "kv_blocks_used",
-		"kv_blocks_total", "draining", "steps", "generation_tokens" };
+		"kv_blocks_total", "kv_blocks_cached", "kv_blocks_free", "kv_host_blocks",
+		"kv_host_bytes", "kv_sessions", "prefix_hit_tokens", "draining", "steps",
+		"generation_tokens" };
 
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
 		json_t *v = json_object_get(o, keys[i]);
@@ -129,13 +134,17 @@ static void print_table(json_t *o, const char *key)
 			       json_is_true(json_object_get(e, "spin")) ? "yes" : "no");
 		return;
 	}
-	printf("# %s\n", json_string_value(json_object_get(o, "note")));
-	printf("%-32s %6s %8s %10s\n", "session", "client", "requests", "submitted");
+	printf("%-32s %6s %8s %7s %6s %8s %8s\n", "session", "owner", "tokens", "device", "host",
+	       "idle_s", "requests");
 	json_array_foreach(a, i, e)
-		printf("%-32s %6lld %8lld %10lld\n", json_string_value(json_object_get(e, "name")),
-		       (long long)json_integer_value(json_object_get(e, "client")),
-		       (long long)json_integer_value(json_object_get(e, "requests")),
-		       (long long)json_integer_value(json_object_get(e, "submitted")));
+		printf("%-32s %6lld %8lld %7lld %6lld %8.1f %8lld\n",
+		       json_string_value(json_object_get(e, "name")),
+		       (long long)json_integer_value(json_object_get(e, "owner")),
+		       (long long)json_integer_value(json_object_get(e, "tokens")),
+		       (long long)json_integer_value(json_object_get(e, "blocks_device")),
+		       (long long)json_integer_value(json_object_get(e, "blocks_host")),
+		       json_real_value(json_object_get(e, "idle_s")),
+		       (long long)json_integer_value(json_object_get(e, "requests")));
 }
 
 int main(int argc, char **argv)
@@ -158,7 +167,7 @@ int main(int argc, char **argv)
 			socket_path = argv[++i];
 		} else if (!cmd && argv[i][0] != '-') {
 			cmd = argv[i];
-			if (!strcmp(cmd, "log-level") && i + 1 < argc)
+			if ((!strcmp(cmd, "log-level") || !strcmp(cmd, "session-close")) && i + 1 < argc)
 				level = argv[++i];
 		} else {
 			fprintf(stderr, "kdctl: unexpected argument '%s'\n", argv[i]);
@@ -172,7 +181,7 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(cmd, "status") && strcmp(cmd, "clients") && strcmp(cmd, "sessions") &&
 	    strcmp(cmd, "metrics") && strcmp(cmd, "drain") && strcmp(cmd, "shutdown") &&
-	    strcmp(cmd, "log-level")) {
+	    strcmp(cmd, "log-level") && strcmp(cmd, "snapshot") && strcmp(cmd, "session-close")) {
 		usage(stderr);
 		fprintf(stderr, "kdctl: unknown command '%s'\n", cmd);
 		return 2;
@@ -183,6 +192,13 @@ int main(int argc, char **argv)
 			return 2;
 		}
 		snprintf(req, sizeof(req), "{\"cmd\":\"log-level\",\"level\":\"%s\"}\n", level);
+	} else if (!strcmp(cmd, "session-close")) {
+		/* The daemon checks the name; keep quotes and escapes out of the JSON. */
+		if (!level || strlen(level) > 64 || strpbrk(level, "\"\\")) {
+			fprintf(stderr, "kdctl: session-close needs a session name\n");
+			return 2;
+		}
+		snprintf(req, sizeof(req), "{\"cmd\":\"session-close\",\"name\":\"%s\"}\n", level);
 	} else {
 		snprintf(req, sizeof(req), "{\"cmd\":\"%s\"}\n", cmd);
 	}
@@ -212,6 +228,8 @@ int main(int argc, char **argv)
 		print_table(o, cmd);
 	else if (!strcmp(cmd, "metrics"))
 		fputs(json_string_value(json_object_get(o, "text")), stdout);
+	else if (!strcmp(cmd, "snapshot"))
+		printf("%lld sessions saved\n", (long long)json_integer_value(json_object_get(o, "sessions")));
 	else
 		printf("ok\n");
 	json_decref(o);

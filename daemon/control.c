@@ -16,7 +16,8 @@ static const struct {
 } commands[] = {
 	{ "status", CTL_STATUS }, { "clients", CTL_CLIENTS }, { "sessions", CTL_SESSIONS },
 	{ "metrics", CTL_METRICS }, { "drain", CTL_DRAIN }, { "shutdown", CTL_SHUTDOWN },
-	{ "log-level", CTL_LOG_LEVEL },
+	{ "log-level", CTL_LOG_LEVEL }, { "snapshot", CTL_SNAPSHOT },
+	{ "session-close", CTL_SESSION_CLOSE },
 };
 
 static int parse_hello(json_t *o, struct control_cmd *cmd, char *err, size_t err_len)
@@ -73,10 +74,21 @@ static int parse_cmd(json_t *o, struct control_cmd *cmd, char *err, size_t err_l
 				return -EINVAL;
 			}
 			cmd->level = (int)lv;
+		} else if (cmd->kind == CTL_SESSION_CLOSE) {
+			json_t *n = json_object_get(o, "name");
+
+			/* The engine checks the characters: an odd name is simply not found. */
+			if (!json_is_string(n) || !json_string_length(n) ||
+			    json_string_length(n) > KV_SESSION_NAME_MAX) {
+				snprintf(err, err_len, "session-close: name must be 1..%d bytes",
+					 KV_SESSION_NAME_MAX);
+				return -EINVAL;
+			}
+			snprintf(cmd->name, sizeof(cmd->name), "%s", json_string_value(n));
 		}
 		return 0;
 	}
-	snprintf(err, err_len, "unknown command (status, clients, sessions, metrics, drain, shutdown, log-level)");
+	snprintf(err, err_len, "unknown command (status, clients, sessions, metrics, drain, shutdown, log-level, snapshot, session-close)");
 	return -EINVAL;
 }
 
@@ -137,16 +149,41 @@ char *control_reply_ok(void)
 	return line_of(json_pack("{s:b}", "ok", 1));
 }
 
+/* Cache figures: device blocks, the host tier, the prefix cache's hits. */
+static int status_cache(json_t *o, const struct et_report *r)
+{
+	const struct engine_cache_status *c = &r->s.cache;
+	json_t *more;
+	int ret;
+
+	more = json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:i, s:I, s:I}",
+			"kv_blocks_cached", c->blocks_cached, "kv_blocks_free", c->blocks_free,
+			"kv_block_tokens", c->block_tokens, "kv_host_blocks", (json_int_t)c->host_blocks,
+			"kv_host_bytes", (json_int_t)c->host_bytes,
+			"kv_host_budget", (json_int_t)c->host_budget, "kv_sessions", c->sessions,
+			"prefix_hit_tokens", (json_int_t)r->s.prefix_hit_tokens,
+			"kv_offloaded_blocks", (json_int_t)r->s.stats.offloaded_blocks);
+	ret = more ? json_object_update(o, more) : -1;
+	json_decref(more);
+	return ret;
+}
+
 static json_t *status(const struct et_report *r, const struct control_info *info)
 {
-	return json_pack("{s:b, s:s, s:s, s:s, s:f, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:I, s:I}",
-			 "ok", 1, "model", info->model, "backend", info->backend,
-			 "notify", info->notify, "uptime_s", info->uptime_s,
-			 "clients", r->n_clients, "max_clients", info->max_clients,
-			 "requests_running", r->s.running, "requests_waiting", r->s.waiting,
-			 "kv_blocks_used", r->s.kv_blocks_used, "kv_blocks_total", r->s.kv_blocks_total,
-			 "draining", r->s.draining, "steps", (json_int_t)r->steps,
-			 "generation_tokens", (json_int_t)r->s.m.generation_tokens);
+	json_t *o = json_pack("{s:b, s:s, s:s, s:s, s:f, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:I, s:I}",
+			      "ok", 1, "model", info->model, "backend", info->backend,
+			      "notify", info->notify, "uptime_s", info->uptime_s,
+			      "clients", r->n_clients, "max_clients", info->max_clients,
+			      "requests_running", r->s.running, "requests_waiting", r->s.waiting,
+			      "kv_blocks_used", r->s.kv_blocks_used, "kv_blocks_total", r->s.kv_blocks_total,
+			      "draining", r->s.draining, "steps", (json_int_t)r->steps,
+			      "generation_tokens", (json_int_t)r->s.m.generation_tokens);
+
+	if (o && status_cache(o, r)) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
 }
 
 static json_t *clients(const struct et_report *r)
@@ -166,19 +203,25 @@ static json_t *clients(const struct et_report *r)
 	return json_pack("{s:b, s:o}", "ok", 1, "clients", a);
 }
 
+/* The engine's sessions (the KV they keep), with the requests using each name. */
 static json_t *sessions(const struct et_report *r)
 {
 	json_t *a = json_array();
 
-	for (int i = 0; a && i < r->s.n_sessions; i++) {
-		const struct sched_session_info *s = &r->s.sessions[i];
+	for (int i = 0; a && i < r->s.n_kv_sessions; i++) {
+		const struct engine_session_info *s = &r->s.kv_sessions[i];
+		int inflight = 0;
 
-		json_array_append_new(a, json_pack("{s:s, s:i, s:i, s:I}", "name", s->name,
-						   "client", (int)s->client_id, "requests", s->inflight,
-						   "submitted", (json_int_t)s->total));
+		for (int k = 0; k < r->s.n_sessions; k++)
+			if (!strcmp(r->s.sessions[k].name, s->name))
+				inflight += r->s.sessions[k].inflight;
+		json_array_append_new(a, json_pack("{s:s, s:I, s:i, s:i, s:i, s:f, s:b, s:i}",
+						   "name", s->name, "owner", (json_int_t)s->owner,
+						   "tokens", s->n_tokens, "blocks_device", s->blocks_device,
+						   "blocks_host", s->blocks_host, "idle_s", s->idle_s,
+						   "busy", s->busy, "requests", inflight));
 	}
-	return json_pack("{s:b, s:o, s:s}", "ok", 1, "sessions", a, "note",
-			 "session names as given by requests; per-session KV retention is not built yet");
+	return json_pack("{s:b, s:o}", "ok", 1, "sessions", a);
 }
 
 static json_t *metrics(const struct et_report *r, const struct control_info *info)
@@ -202,6 +245,13 @@ static json_t *metrics(const struct et_report *r, const struct control_info *inf
 char *control_reply(enum control_kind kind, const struct et_report *r, const struct control_info *info)
 {
 	switch (kind) {
+	case CTL_SNAPSHOT:
+	case CTL_SESSION_CLOSE:
+		if (r->op_ret)
+			return control_reply_error(r->op_err, r->op_ret);
+		if (kind == CTL_SNAPSHOT)
+			return line_of(json_pack("{s:b, s:i}", "ok", 1, "sessions", r->op_count));
+		return control_reply_ok();
 	case CTL_STATUS: return line_of(status(r, info));
 	case CTL_CLIENTS: return line_of(clients(r));
 	case CTL_SESSIONS: return line_of(sessions(r));

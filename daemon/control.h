@@ -17,6 +17,8 @@ enum control_kind {
 	CTL_DRAIN,		/* {"cmd":"drain"} or {"cmd":"drain","on":false} */
 	CTL_SHUTDOWN,
 	CTL_LOG_LEVEL,		/* {"cmd":"log-level","level":"debug"} */
+	CTL_SNAPSHOT,		/* {"cmd":"snapshot"}: sessions to --state-dir */
+	CTL_SESSION_CLOSE,	/* {"cmd":"session-close","name":"NAME"}: the caller's session */
 };
 
 struct control_cmd {
@@ -25,6 +27,7 @@ struct control_cmd {
 	int spin;		/* CTL_HELLO */
 	int on;			/* CTL_DRAIN */
 	int level;		/* CTL_LOG_LEVEL: enum log_level */
+	char name[KV_SESSION_NAME_MAX + 1];	/* CTL_SESSION_CLOSE */
 };
 
 /* Parses one line (len bytes, no NUL needed). 0, or -EINVAL with a one-line reason. */

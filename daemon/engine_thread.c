@@ -48,6 +48,7 @@ struct engine_thread {
 	uint64_t deadline;		/* ns, with stopping */
 	uint64_t steps;
 	int max_inflight;		/* requests per client */
+	uint64_t t_tick;		/* ns of the last engine_tick */
 };
 
 static void reply(struct engine_thread *t, struct et_msg *m)
@@ -91,6 +92,7 @@ void et_report_free(struct et_report *r)
 	if (!r)
 		return;
 	free(r->s.sessions);
+	free(r->s.kv_sessions);
 	free(r->clients);
 	free(r);
 }
@@ -199,6 +201,44 @@ static struct et_report *build_report(struct engine_thread *t)
 	return r;
 }
 
+/* Writes the sessions to state_dir: the count, or -errno with one line in err. */
+static int snapshot(struct engine_thread *t, char *err, size_t err_len)
+{
+	int n = engine_sessions_list(t->e, NULL, 0), ret;
+
+	if (!t->o.state_dir) {
+		snprintf(err, err_len, "no --state-dir");
+		return -ENOTSUP;
+	}
+	ret = engine_snapshot_save(t->e, t->o.state_dir, err, err_len);
+	if (ret) {
+		log_error("snapshot to %s: %s", t->o.state_dir, err[0] ? err : strerror(-ret));
+		return ret;
+	}
+	log_info("snapshot: %d sessions written to %s", n, t->o.state_dir);
+	return n;
+}
+
+/* Runs what an ET_QUERY asks for, then builds the report that answers it. */
+static struct et_report *answer(struct engine_thread *t, const struct et_msg *m)
+{
+	char err[200] = "";
+	struct et_report *r;
+	int ret = 0;
+
+	if (m->arg == ET_Q_SNAPSHOT)
+		ret = snapshot(t, err, sizeof(err));
+	else if (m->arg == ET_Q_SESSION_CLOSE)
+		ret = engine_session_close(t->e, m->why, m->uid);
+	r = build_report(t);
+	if (!r)
+		return NULL;
+	r->op_ret = ret < 0 ? ret : 0;
+	r->op_count = ret > 0 ? ret : 0;
+	snprintf(r->op_err, sizeof(r->op_err), "%s", err[0] ? err : ret < 0 ? strerror(-ret) : "");
+	return r;
+}
+
 static void handle_msgs(struct engine_thread *t)
 {
 	struct et_msg *m, *next;
@@ -222,8 +262,8 @@ static void handle_msgs(struct engine_thread *t)
 			break;
 		case ET_HARD_STOP: t->hard = 1; break;
 		case ET_QUERY:
+			m->report = answer(t, m);
 			m->type = ET_REPORT;
-			m->report = build_report(t);
 			reply(t, m);
 			continue;	/* m goes back to the main thread */
 		default: break;
@@ -374,6 +414,10 @@ static void sleep_idle(struct engine_thread *t, uint64_t now)
 	int64_t timeout = sched_next_timeout(t->s, now);
 	int ret;
 
+	/* Wake for engine_tick (session TTL, offload) while sessions exist. */
+	if (engine_sessions_list(t->e, NULL, 0) && timeout > 1000000000)
+		timeout = 1000000000;
+
 	if (t->stopping) {
 		int64_t left = t->deadline > now ? (int64_t)(t->deadline - now) : 0;
 
@@ -417,7 +461,16 @@ static void *engine_main(void *arg)
 			sched_cancel_all(t->s);
 			publish_all(t);
 			doorbell_run(&t->db, 0, on_completion, t);
+			if (t->o.state_dir) {
+				char err[200] = "";
+
+				snapshot(t, err, sizeof(err));
+			}
 			break;
+		}
+		if (now - t->t_tick >= 1000000000ull) {
+			engine_tick(t->e);
+			t->t_tick = now;
 		}
 		n = sched_step(t->s, now);
 		if (n)

@@ -20,6 +20,7 @@ struct et_opts {
 	enum ipc_notify notify;
 	int max_clients;
 	struct sched_opts sched;
+	const char *state_dir;	/* NULL: no snapshots; else saved at orderly stop and on ET_Q_SNAPSHOT */
 };
 
 struct et_client_info {
@@ -38,15 +39,26 @@ struct et_report {
 	struct et_client_info *clients;	/* (n_clients) */
 	int n_clients;
 	uint64_t steps;
+	/* the outcome of ET_Q_SNAPSHOT or ET_Q_SESSION_CLOSE */
+	int op_ret;		/* 0 or -errno */
+	int op_count;		/* sessions written */
+	char op_err[200];
 };
 
 void et_report_free(struct et_report *r);	/* accepts NULL */
+
+/* What an ET_QUERY asks for (its arg): each is answered with ET_REPORT. */
+enum et_query {
+	ET_Q_REPORT,
+	ET_Q_SNAPSHOT,		/* engine_snapshot_save to state_dir first */
+	ET_Q_SESSION_CLOSE,	/* engine_session_close(why, uid) first */
+};
 
 enum et_msg_type {
 	/* main -> engine */
 	ET_ADD,			/* client: take ownership */
 	ET_REMOVE,		/* client_id: gone (EOF or kicked): release and destroy */
-	ET_QUERY,		/* cookie: answer with ET_REPORT */
+	ET_QUERY,		/* cookie, arg (enum et_query): answer with ET_REPORT */
 	ET_DRAIN,		/* arg: 1 stop admitting, 0 admit again */
 	ET_SHUTDOWN,		/* deadline_ns: drain, finish or cancel by then, stop */
 	ET_HARD_STOP,		/* stop after the current step */
@@ -63,6 +75,7 @@ struct et_msg {
 	uint64_t cookie;
 	int arg;
 	uint64_t deadline_ns;
+	uid_t uid;			/* ET_Q_SESSION_CLOSE: the session's owner */
 	struct et_report *report;	/* owned by the receiver */
 	char why[200];
 	struct et_msg *next;

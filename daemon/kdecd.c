@@ -56,6 +56,13 @@ static void usage(FILE *f)
 		"                          io_uring futex ops, Linux 6.7+; eventfd elsewhere)\n"
 		"  --max-batch N           requests in the running batch (default %d)\n"
 		"  --kv-tokens N           KV cache capacity in tokens (default %d)\n"
+		"  --share-prefix-cache    share cached prompt prefixes across uids (default: per uid)\n"
+		"  --session-ttl S         seconds an idle session lives (default %d; -1: forever)\n"
+		"  --offload-after S       idle seconds before a session's KV moves to host memory\n"
+		"                          (default %d; -1: only under memory pressure)\n"
+		"  --host-kv-mem BYTES     host tier budget, suffix K, M or G (default 1G; 0: none)\n"
+		"  --state-dir DIR         sessions are saved here at shutdown and on kdctl snapshot,\n"
+		"                          and loaded at start\n"
 		"  --shutdown-timeout S    seconds running requests get after SIGTERM (default %.0f)\n"
 		"  --synthetic-weights     deterministic random weights (benchmarks)\n"
 		"  --check                 load and check the model, build the engine, then exit\n"
@@ -67,7 +74,7 @@ static void usage(FILE *f)
 		"a second signal stops at once. A client whose event ring stays full has its\n"
 		"request paused, then cancelled after %d ms.\n",
 		sock, SERVER_DEFAULT_MAX_CLIENTS, SCHED_DEFAULT_MAX_BATCH, ENGINE_DEFAULT_KV_TOKENS,
-		SERVER_DEFAULT_SHUTDOWN_S, SCHED_DEFAULT_STALL_MS);
+		ENGINE_DEFAULT_SESSION_TTL_S, ENGINE_DEFAULT_OFFLOAD_AFTER_S, SERVER_DEFAULT_SHUTDOWN_S, SCHED_DEFAULT_STALL_MS);
 }
 
 /* "1000,alice" -> ids; names through getpwnam / getgrnam. */
@@ -108,10 +115,48 @@ static int parse_num(const char *opt, const char *s, long min, long max, long *o
 	return 0;
 }
 
+/* "512M" -> bytes (K, M, G: powers of 1024). */
+static int parse_bytes(const char *opt, const char *s, int64_t *out)
+{
+	char *end;
+	long long v;
+	int shift = 0;
+
+	errno = 0;
+	v = strtoll(s, &end, 10);
+	if (*end && !end[1])
+		shift = *end == 'K' || *end == 'k' ? 10 : *end == 'M' || *end == 'm' ? 20 :
+			*end == 'G' || *end == 'g' ? 30 : -1;
+	else if (*end)
+		shift = -1;
+	if (errno || end == s || v < 0 || shift < 0 || v > (INT64_MAX >> shift)) {
+		fprintf(stderr, "kdecd: %s '%s': want bytes, with K, M or G\n", opt, s);
+		return -1;
+	}
+	*out = (int64_t)v << shift;
+	return 0;
+}
+
+/* Seconds for --session-ttl and --offload-after: 1.., or -1 for never. */
+static int parse_secs(const char *opt, const char *s, int *out)
+{
+	long v;
+
+	if (parse_num(opt, s, -1, 1L << 30, &v))
+		return -1;
+	if (!v) {
+		fprintf(stderr, "kdecd: %s '%s': want -1 (never) or 1..%ld\n", opt, s, 1L << 30);
+		return -1;
+	}
+	*out = (int)v;
+	return 0;
+}
+
 static int parse_args(int argc, char **argv, struct daemon_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
-	       O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT };
+	       O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_TTL, O_OFFLOAD,
+	       O_HOSTMEM, O_STATE };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "backend", required_argument, NULL, O_BACKEND },
@@ -124,6 +169,11 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 		{ "max-batch", required_argument, NULL, O_BATCH },
 		{ "kv-tokens", required_argument, NULL, O_KV },
 		{ "shutdown-timeout", required_argument, NULL, O_SHUT },
+		{ "share-prefix-cache", no_argument, NULL, O_SHARE },
+		{ "session-ttl", required_argument, NULL, O_TTL },
+		{ "offload-after", required_argument, NULL, O_OFFLOAD },
+		{ "host-kv-mem", required_argument, NULL, O_HOSTMEM },
+		{ "state-dir", required_argument, NULL, O_STATE },
 		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
 		{ "check", no_argument, NULL, O_CHECK },
 		{ "log-level", required_argument, NULL, O_LOG },
@@ -169,6 +219,22 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 			if (parse_num("--shutdown-timeout", optarg, 0, 86400, &v))
 				return -1;
 			a->srv.shutdown_timeout_s = (double)v;
+			break;
+		case O_SHARE: a->srv.sched.share_prefix = 1; break;
+		case O_STATE: a->srv.state_dir = optarg; break;
+		case O_TTL:
+			if (parse_secs("--session-ttl", optarg, &a->eng.session_ttl_s))
+				return -1;
+			break;
+		case O_OFFLOAD:
+			if (parse_secs("--offload-after", optarg, &a->eng.offload_after_s))
+				return -1;
+			break;
+		case O_HOSTMEM:
+			if (parse_bytes("--host-kv-mem", optarg, &a->eng.host_kv_bytes))
+				return -1;
+			if (!a->eng.host_kv_bytes)
+				a->eng.host_kv_bytes = -1;	/* engine_opts: 0 is the default */
 			break;
 		case O_UID:
 			if (parse_ids("--allow-uid", optarg, 0, a->uids, &a->srv.n_allow_uid))
@@ -234,6 +300,21 @@ static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 	}
 }
 
+/* Sessions saved by an earlier run: a refused snapshot is one line, no failure. */
+static void load_state(struct engine *e, const char *dir)
+{
+	char err[512] = "";
+	int loaded = 0, skipped = 0, ret;
+
+	ret = engine_snapshot_load(e, dir, &loaded, &skipped, err, sizeof(err));
+	if (ret == -ENOENT)
+		log_info("state dir %s: no snapshot yet", dir);
+	else if (ret)
+		log_warn("state dir %s: snapshot not loaded: %s", dir, err[0] ? err : strerror(-ret));
+	else
+		log_info("state dir %s: %d sessions loaded, %d skipped (host memory)", dir, loaded, skipped);
+}
+
 static int serve(struct daemon_args *a, struct engine *e)
 {
 	struct ev_loop *loop = ev_default_loop(EVFLAG_AUTO);
@@ -292,6 +373,8 @@ int main(int argc, char **argv)
 	log_info("model %s: %s, %d layers, %.1f MiB of weights; KV cache %.1f MiB; ready in %.2f s",
 		 a.model, m->cfg.model_type, m->cfg.n_layers, (double)m->weight_bytes / (1 << 20),
 		 (double)e->fwd->kv_bytes / (1 << 20), cli_now() - t0);
+	if (!a.check && a.srv.state_dir)
+		load_state(e, a.srv.state_dir);
 	if (!a.check)
 		ret = serve(&a, e);
 out:

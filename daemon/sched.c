@@ -28,6 +28,8 @@ struct sched_req {
 	int n_stop;
 	int priority;
 	char session[IPC_SESSION_MAX];	/* "" or the session name */
+	struct kv_session *kvs;		/* the engine's session while the turn runs */
+	int keep;			/* 1: the turn ended well: save it into kvs */
 	uint64_t seqno;			/* arrival order */
 	uint64_t t_submit, t_pickup, t_last;	/* ns */
 	uint64_t paused_since;		/* ns; 0 = not paused */
@@ -97,6 +99,14 @@ int sched_create(struct sched **out, struct engine *e, const struct sched_opts *
 
 static void req_free(struct sched *s, struct sched_req *r)
 {
+	if (r->kvs && r->keep) {
+		int ret = engine_session_save(s->e, r->kvs, &r->seq);
+
+		if (ret)
+			log_warn("session '%s': cannot keep its KV: %s", r->session, strerror(-ret));
+	} else if (r->kvs) {
+		engine_session_cancel(s->e, r->kvs);
+	}
 	engine_seq_release(s->e, &r->seq);
 	free(r->prompt);
 	free(r);
@@ -171,6 +181,7 @@ static void finish(struct sched *s, struct sched_req *r, uint16_t reason, uint16
 		emit(r->c, r->id, r->t_submit, r->t_pickup, -1, (uint32_t)r->n_gen, IPC_EV_FINAL,
 		     reason, detail, err, a0, 0, 0);
 	s->m.requests_finished[reason]++;
+	r->keep = reason == IPC_REASON_STOP || reason == IPC_REASON_LENGTH;
 	if (r->session[0]) {
 		int i = session_find(s, r->c, r->session);
 
@@ -399,23 +410,61 @@ static int64_t blocks_promised(const struct sched *s)
 	return n;
 }
 
-/* Blocks some sequence holds. Free and merely cached (prefix LRU) blocks both
- * count as available: the pool hands out either. */
-static int blocks_referenced(const struct kv_pool *p)
-{
-	int n = 0;
-
-	for (int i = 0; i < p->n_blocks; i++)
-		n += p->refs[i] != 0;
-	return n;
-}
-
 static int can_admit(const struct sched *s)
 {
-	const struct kv_pool *p = &s->e->pool;
-
 	return s->n_wait && s->n_run < s->o.max_batch && !s->draining &&
-	       (int64_t)(p->n_blocks - blocks_referenced(p)) - blocks_promised(s) >= s->wait[0]->need_blocks;
+	       (int64_t)kv_pool_available(&s->e->pool) - blocks_promised(s) >= s->wait[0]->need_blocks;
+}
+
+/* Prefix-cache salt of c's requests: its uid, or one value for all. */
+static uint64_t salt_of(const struct sched *s, const struct client_conn *c)
+{
+	return s->o.share_prefix ? 0x6b646563736861ULL : (uint64_t)c->uid;
+}
+
+/* Starts r's sequence on its session's KV (owner: the client's uid), if it names
+ * one that has no other turn running, else on the prefix cache. */
+static int req_start(struct sched *s, struct sched_req *r)
+{
+	uint64_t salt = salt_of(s, r->c);
+	struct kv_session *kvs;
+	int cached = 0, ret;
+
+	if (r->session[0] && !engine_session_open(s->e, r->session, r->c->uid, salt, &kvs)) {
+		ret = engine_seq_start_session(s->e, &r->seq, kvs, r->prompt, r->n_prompt, &cached);
+		if (!ret)
+			r->kvs = kvs;
+		if (ret != -EBUSY)
+			goto out;
+		log_debug("session '%s' has a turn running: request %llu runs without it",
+			  r->session, (unsigned long long)r->id);
+	}
+	ret = engine_seq_start(s->e, &r->seq, r->prompt, r->n_prompt, salt, &cached);
+out:
+	if (!ret)
+		r->n_prefilled = cached;
+	return ret;
+}
+
+/* Moves the first waiting request into the batch with its cached prefix mapped;
+ * NULL (the request ended with an error) if that fails. */
+static struct sched_req *admit(struct sched *s)
+{
+	struct sched_req *r = s->wait[0];
+	int ret;
+
+	remove_ptr(s->wait, &s->n_wait, r);
+	r->running = 1;
+	r->c->step_space = -1;
+	s->run[s->n_run++] = r;
+	ret = req_start(s, r);
+	if (ret) {
+		log_warn("client %u request %llu: cannot start: %s", r->c->id,
+			 (unsigned long long)r->id, strerror(-ret));
+		finish(s, r, IPC_REASON_ERROR, IPC_DETAIL_ENGINE, ret, 0, 1);
+		return NULL;
+	}
+	return r;
 }
 
 int sched_runnable(struct sched *s)
@@ -516,11 +565,10 @@ static int build_step(struct sched *s, uint64_t now)
 		if (i == s->n_run) {
 			if (!can_admit(s))
 				break;
-			r = s->wait[0];
-			remove_ptr(s->wait, &s->n_wait, r);
-			r->running = 1;
-			r->c->step_space = -1;
-			s->run[s->n_run++] = r;
+			if (!admit(s)) {
+				i--;
+				continue;
+			}
 		}
 		r = s->run[i];
 		rem = r->n_prompt - r->n_prefilled;
@@ -600,18 +648,38 @@ int sched_step(struct sched *s, uint64_t now_ns)
 	return n;
 }
 
+static int report_kv_sessions(struct sched *s, struct sched_report *r)
+{
+	int n = engine_sessions_list(s->e, NULL, 0);
+
+	if (!n)
+		return 0;
+	r->kv_sessions = calloc((size_t)n, sizeof(*r->kv_sessions));
+	if (!r->kv_sessions)
+		return -ENOMEM;
+	r->n_kv_sessions = engine_sessions_list(s->e, r->kv_sessions, n);
+	if (r->n_kv_sessions > n)
+		r->n_kv_sessions = n;
+	return 0;
+}
+
 int sched_report(struct sched *s, struct sched_report *r)
 {
+	int ret;
+
 	memset(r, 0, sizeof(*r));
 	r->running = s->n_run;
 	r->waiting = s->n_wait;
-	r->kv_blocks_total = s->e->pool.n_blocks;
-	r->kv_blocks_used = blocks_referenced(&s->e->pool);
+	engine_cache_status(s->e, &r->cache);
+	r->kv_blocks_total = r->cache.blocks_total;
+	r->kv_blocks_used = r->cache.blocks_used;
 	r->draining = s->draining;
 	r->prefix_hit_tokens = s->e->stats.prefix_hit_tokens;
+	r->stats = s->e->stats;
 	r->m = s->m;
-	if (!s->n_ses)
-		return 0;
+	ret = report_kv_sessions(s, r);
+	if (ret || !s->n_ses)
+		return ret;
 	r->sessions = calloc((size_t)s->n_ses, sizeof(*r->sessions));
 	if (!r->sessions)
 		return -ENOMEM;

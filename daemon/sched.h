@@ -26,6 +26,7 @@ struct sched_opts {
 	int max_inflight;	/* requests per client; <= 0: default */
 	int max_sessions;	/* session names per client; <= 0: default */
 	int stall_ms;		/* a request paused on a full event ring is cancelled after this */
+	int share_prefix;	/* 1: one prefix-cache salt for every uid (--share-prefix-cache) */
 };
 
 /* One session name in use, for kdctl sessions. */
@@ -39,8 +40,12 @@ struct sched_session_info {
 struct sched_report {
 	int running, waiting;
 	int kv_blocks_used, kv_blocks_total;
+	struct engine_cache_status cache;
 	int draining;
 	uint64_t prefix_hit_tokens;
+	struct engine_stats stats;
+	struct engine_session_info *kv_sessions;	/* (n_kv_sessions) malloc'd, like sessions */
+	int n_kv_sessions;
 	struct metrics m;
 	struct sched_session_info *sessions;	/* (n_sessions) malloc'd; the report's owner frees */
 	int n_sessions;

@@ -264,6 +264,26 @@ static void do_hello(struct conn *c, const struct control_cmd *cmd)
 	engine_thread_post(s->et, m);
 }
 
+/* The numbers live on the engine thread: ask it; the reply comes back through
+ * on_replies with this connection's id and the command. A session is closed for
+ * the asking connection's uid, its owner. */
+static void post_query(struct server *s, struct conn *c, const struct control_cmd *cmd,
+		       enum et_query q)
+{
+	struct et_msg *m = calloc(1, sizeof(*m));
+
+	if (!m) {
+		conn_send(c, control_reply_error("out of memory", ENOMEM));
+		return;
+	}
+	m->type = ET_QUERY;
+	m->cookie = c->id << 8 | (uint64_t)cmd->kind;
+	m->arg = q;
+	m->uid = c->uid;
+	snprintf(m->why, sizeof(m->why), "%s", cmd->name);
+	engine_thread_post(s->et, m);
+}
+
 static void do_line(struct conn *c, const char *line, size_t len)
 {
 	struct server *s = c->srv;
@@ -294,10 +314,16 @@ static void do_line(struct conn *c, const char *line, size_t len)
 		log_threshold = (enum log_level)cmd.level;
 		conn_send(c, control_reply_ok());
 		return;
+	case CTL_SNAPSHOT:
+		log_info("kdctl: snapshot");
+		post_query(s, c, &cmd, ET_Q_SNAPSHOT);
+		return;
+	case CTL_SESSION_CLOSE:
+		log_info("kdctl: session-close '%s' (uid %d)", cmd.name, (int)c->uid);
+		post_query(s, c, &cmd, ET_Q_SESSION_CLOSE);
+		return;
 	default:
-		/* The numbers live on the engine thread: ask it; the reply comes back
-		 * through on_replies with this connection's id and the command. */
-		post(s, ET_QUERY, 0, c->id << 8 | (uint64_t)cmd.kind, 0);
+		post_query(s, c, &cmd, ET_Q_REPORT);
 	}
 }
 
@@ -546,7 +572,8 @@ int server_create(struct server **out, struct ev_loop *loop, struct engine *e,
 		goto err;
 	if ((ret = bind_socket(s, err, err_len)))
 		goto err;
-	eo = (struct et_opts){ .notify = o->notify, .max_clients = s->o.max_clients, .sched = o->sched };
+	eo = (struct et_opts){ .notify = o->notify, .max_clients = s->o.max_clients, .sched = o->sched,
+				 .state_dir = o->state_dir };
 	if ((ret = engine_thread_start(&s->et, e, &eo, wake_main, s, err, err_len)))
 		goto err;
 	ev_async_init(&s->replies, on_replies);

@@ -26,6 +26,7 @@ struct server_opts {
 	double shutdown_timeout_s;	/* < 0: SERVER_DEFAULT_SHUTDOWN_S */
 	struct sched_opts sched;
 	const char *backend;		/* for status */
+	const char *state_dir;		/* NULL, or where snapshots go (--state-dir) */
 };
 
 struct server;

@@ -66,7 +66,8 @@ expect 1 "Invalid argument" "$B/kdrun" --socket "$S" --prompt 1,2 --session "bad
 
 # kdctl
 "$B/kdctl" --socket "$S" status --json >"$tmp/st" || fail "kdctl status --json"
-for k in model backend uptime_s clients requests_running requests_waiting kv_blocks_used kv_blocks_total; do
+for k in model backend uptime_s clients requests_running requests_waiting kv_blocks_used kv_blocks_total \
+	kv_blocks_cached kv_blocks_free kv_host_blocks kv_host_bytes prefix_hit_tokens; do
 	grep -q "\"$k\":" "$tmp/st" && ok || fail "status --json lacks $k: $(cat "$tmp/st")"
 done
 "$B/kdctl" --socket "$S" status | grep -q "kv_blocks_total" && ok || fail "kdctl status"
@@ -74,7 +75,7 @@ done
 "$B/kdrun" --socket "$S" --prompt 1,2,3 --max-tokens 30000 --session agent-7 >/dev/null 2>&1 &
 bg=$!
 sleep 0.3
-"$B/kdctl" --socket "$S" sessions | grep -q "^agent-7 .* 1 " && ok || fail "kdctl sessions: $("$B/kdctl" --socket "$S" sessions)"
+"$B/kdctl" --socket "$S" sessions | grep -q "^agent-7 .* 1$" && ok || fail "kdctl sessions: $("$B/kdctl" --socket "$S" sessions)"
 "$B/kdctl" --socket "$S" clients | grep -q " $bg " && ok || fail "kdctl clients: $("$B/kdctl" --socket "$S" clients)"
 kill $bg; wait $bg 2>/dev/null
 "$B/kdctl" --socket "$S" metrics >"$tmp/m" || fail "kdctl metrics"

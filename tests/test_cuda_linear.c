@@ -175,15 +175,13 @@ static int run_once(enum k_cuda_linear_kind kind, int use_auto, const struct buf
 static void check_kind(enum k_cuda_linear_kind kind, int use_auto, const struct bufs *b,
 		       const float *xdev, const struct ref *r, int acc, float *out, float *out2)
 {
-	enum k_cuda_linear_kind eff = use_auto ? k_cuda_linear_pick(r->M, r->N, r->K) : kind;
+	enum k_cuda_linear_kind eff = use_auto ? k_cuda_linear_choose(xdev, b->w, r->M, r->N, r->K) : kind;
 	size_t n = (size_t)r->M * r->N, unwritten = 0, unwritten2 = 0;
 	const char *name;
 	struct errs tight, loose;
 	int guard_ok = 0, guard2 = 1, det = 1, pass, ret;
 	char desc[160];
 
-	if (use_auto && !k_cuda_linear_supports(eff, xdev, b->w, r->M, r->N, r->K))
-		eff = K_CUDA_LINEAR_GENERIC;
 	name = use_auto ? "auto" : k_cuda_linear_kind_name(kind);
 	ret = run_once(kind, use_auto, b, xdev, r, acc, out, &unwritten, &guard_ok);
 	if (ret) {

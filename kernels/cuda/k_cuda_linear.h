@@ -51,6 +51,10 @@ int k_cuda_linear(struct k_cuda_linear *ctx, float *y, const float *x, const uin
 /* The variant k_cuda_linear uses for this shape when x and w are 16-byte aligned
  * (otherwise it takes K_CUDA_LINEAR_GENERIC where the pick needs alignment). */
 enum k_cuda_linear_kind k_cuda_linear_pick(int M, int N, int K);
+/* What k_cuda_linear runs for these pointers: the pick, or the generic kernel where x
+ * or w is not 16-byte aligned or K % 8 != 0. */
+enum k_cuda_linear_kind k_cuda_linear_choose(const float *x, const uint16_t *w, int M, int N,
+					     int K);
 
 /* 1 when `kind` can run this call: GEMV and SPLITK need K % 8 == 0 and x, w
  * 16-byte aligned; CUBLAS and GENERIC take anything. Any M is allowed (GEMV walks M

@@ -238,14 +238,21 @@ extern "C" int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_lin
 extern "C" int k_cuda_linear(struct k_cuda_linear *ctx, float *y, const float *x,
 			     const uint16_t *w, int M, int N, int K, int accumulate)
 {
+	return k_cuda_linear_run_kind(ctx, k_cuda_linear_choose(x, w, M, N, K), y, x, w, M, N, K,
+				      accumulate);
+}
+
+/* misaligned x or w (or K % 8): the kernel that takes any. cuBLAS too, though it
+ * accepts any alignment: fed x one float off 16 bytes (test_cuda_linear), cuBLAS at
+ * N = 40000, K = 256 gave 0.42 relative error on H200 and is not used so. */
+extern "C" enum k_cuda_linear_kind k_cuda_linear_choose(const float *x, const uint16_t *w, int M,
+							 int N, int K)
+{
 	enum k_cuda_linear_kind kind = k_cuda_linear_pick(M, N, K);
 
-	/* misaligned x or w: the kernel that takes any. cuBLAS too, though it accepts
-	 * any alignment: fed x one float off 16 bytes (test_cuda_linear), cuBLAS at
-	 * N = 40000, K = 256 gave 0.42 relative error on H200 and is not used so. */
 	if (!k_cuda_linear_supports(kind, x, w, M, N, K) || !lin_vec_ok(x, w, K))
 		kind = K_CUDA_LINEAR_GENERIC;
-	return k_cuda_linear_run_kind(ctx, kind, y, x, w, M, N, K, accumulate);
+	return kind;
 }
 
 extern "C" void k_cuda_linear_set_pdl(struct k_cuda_linear *ctx, int on)
