@@ -19,6 +19,7 @@ enum control_kind {
 	CTL_LOG_LEVEL,		/* {"cmd":"log-level","level":"debug"} */
 	CTL_SNAPSHOT,		/* {"cmd":"snapshot"}: sessions to --state-dir */
 	CTL_SESSION_CLOSE,	/* {"cmd":"session-close","name":"NAME"}: the caller's session */
+	CTL_N_KINDS,		/* one past the last */
 };
 
 struct control_cmd {

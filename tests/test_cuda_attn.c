@@ -786,6 +786,15 @@ static void test_gqa(void)
 				gqa_case(sh, bt, rows_decode(64, 40, 1, 64), 0);
 		}
 	gqa_case(shapes[0], 7, rows_decode(5, quick ? 200 : 3000, 1, 3000), 0);	/* bt 7 */
+	gqa_case(shapes[0], 16, rows_decode(1, 300, 0, 32768), 0);	/* most splits empty */
+	/* beyond the brief: head_dim 20 (no 16-byte path) and 256 (widest) */
+	for (size_t i = 0; i < 2; i++) {
+		static const struct gqa_shape more[] = { { 6, 2, 20 }, { 4, 2, 256 } };
+		int run = 64, pos = quick ? 100 : 2000;
+
+		gqa_case(more[i], 16, rows_decode(7, quick ? 300 : 1000, 1, 1000), 0);
+		gqa_case(more[i], 64, rows_prefill(1, &run, &pos, pos + run), 1);
+	}
 	if (!quick) {
 		static const int few[] = { 32768, 20000, 5 };
 
@@ -835,6 +844,7 @@ static void test_mla(void)
 	mla_case(lite, 16, rows_decode(7, quick ? 200 : 1000, 1, 32768), 0);
 	mla_case(lite, 64, rows_decode(64, quick ? 40 : 4096, 1, quick ? 64 : 4096), 0);
 	mla_case(tiny, 16, rows_decode(1, 17, 0, 17), 0);
+	mla_case(tiny, 16, rows_decode(1, 300, 0, 32768), 0);	/* 128 splits, most empty */
 	mla_case(tiny, 16, rows_decode(64, 300, 1, 300), 0);
 	mla_case(odd, 7, rows_decode(7, quick ? 200 : 1000, 1, 1000), 0);
 	mla_case(odd, 16, rows_prefill(3, runs, pos3, 80), 1);

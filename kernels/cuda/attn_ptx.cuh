@@ -12,19 +12,20 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool va
 	int n = valid ? 16 : 0;
 
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-		     "r"(n));
+		     "r"(n)
+		     : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit()
 {
-	asm volatile("cp.async.commit_group;\n" ::);
+	asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
 // Waits until at most n of this thread's committed groups are still in flight.
 template <int n>
 __device__ __forceinline__ void cp_async_wait()
 {
-	asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory");
 }
 
 #endif

@@ -19,7 +19,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	err[0] = '\0';
 	if (control_parse((const char *)data, size, &cmd, err, sizeof(err)) == 0) {
-		if (cmd.kind < CTL_HELLO || cmd.kind > CTL_LOG_LEVEL)
+		if (cmd.kind < CTL_HELLO || cmd.kind >= CTL_N_KINDS)
+			__builtin_trap();
+		if (cmd.kind == CTL_SESSION_CLOSE &&
+		    (!cmd.name[0] || !memchr(cmd.name, '\0', sizeof(cmd.name))))
 			__builtin_trap();
 		if (cmd.kind == CTL_LOG_LEVEL && (cmd.level < LOG_ERROR || cmd.level > LOG_DEBUG))
 			__builtin_trap();
