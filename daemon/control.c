@@ -230,6 +230,10 @@ static json_t *metrics(const struct et_report *r, const struct control_info *inf
 		.requests_running = r->s.running, .requests_waiting = r->s.waiting,
 		.clients = r->n_clients, .kv_blocks_used = r->s.kv_blocks_used,
 		.kv_blocks_total = r->s.kv_blocks_total, .prefix_hit_tokens = r->s.prefix_hit_tokens,
+		.offloaded_blocks = r->s.stats.offloaded_blocks,
+		.offloaded_bytes = r->s.stats.offloaded_bytes,
+		.offloaded_zbytes = r->s.stats.offloaded_zbytes, .restores = r->s.stats.restores,
+		.restored_blocks = r->s.stats.restored_blocks, .restore_ns = r->s.stats.restore_ns,
 		.uptime_s = info->uptime_s,
 	};
 	char *text = metrics_format(&r->s.m, &g);

@@ -114,6 +114,18 @@ char *metrics_format(const struct metrics *m, const struct metrics_gauges *g)
 	put_one(&b, "kd_generation_tokens_total", "counter", "Tokens generated.", (double)m->generation_tokens);
 	put_one(&b, "kd_prefix_cache_hit_tokens_total", "counter",
 		"Prompt tokens served from the prefix cache.", (double)g->prefix_hit_tokens);
+	put_one(&b, "kd_kv_offloaded_blocks_total", "counter",
+		"KV blocks compressed into the host tier.", (double)g->offloaded_blocks);
+	put_one(&b, "kd_kv_offloaded_bytes_total", "counter",
+		"Raw bytes of the KV blocks offloaded to the host tier.", (double)g->offloaded_bytes);
+	put_one(&b, "kd_kv_offloaded_compressed_bytes_total", "counter",
+		"Their compressed bytes (the ratio is raw / compressed).", (double)g->offloaded_zbytes);
+	put_one(&b, "kd_kv_restores_total", "counter",
+		"Restores from the host tier (a session or a prefix hit).", (double)g->restores);
+	put_one(&b, "kd_kv_restored_blocks_total", "counter",
+		"KV blocks decompressed back into the device cache.", (double)g->restored_blocks);
+	put_one(&b, "kd_kv_restore_seconds_total", "counter",
+		"Time spent restoring from the host tier.", (double)g->restore_ns / 1e9);
 	put(&b, "# HELP kd_requests_finished_total Requests finished, by reason.\n"
 		"# TYPE kd_requests_finished_total counter\n");
 	for (int i = 1; i < 5; i++)

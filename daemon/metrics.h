@@ -28,6 +28,9 @@ struct metrics_gauges {
 	int requests_running, requests_waiting, clients;
 	int kv_blocks_used, kv_blocks_total;
 	uint64_t prefix_hit_tokens;
+	/* the host tier (engine_stats) */
+	uint64_t offloaded_blocks, offloaded_bytes, offloaded_zbytes;	/* bytes raw / compressed */
+	uint64_t restores, restored_blocks, restore_ns;
 	double uptime_s;
 };
 

@@ -81,7 +81,8 @@ kill $bg; wait $bg 2>/dev/null
 "$B/kdctl" --socket "$S" metrics >"$tmp/m" || fail "kdctl metrics"
 for k in kd_time_to_first_token_seconds_bucket kd_inter_token_latency_seconds_bucket kd_requests_running \
 	kd_requests_waiting kd_kv_cache_usage_ratio kd_prompt_tokens_total kd_generation_tokens_total \
-	kd_prefix_cache_hit_tokens_total; do
+	kd_prefix_cache_hit_tokens_total kd_kv_offloaded_blocks_total kd_kv_offloaded_compressed_bytes_total \
+	kd_kv_restore_seconds_total; do
 	grep -q "^$k" "$tmp/m" && ok || fail "metrics lack $k"
 done
 "$B/kdctl" --socket "$S" log-level debug >/dev/null && ok || fail "kdctl log-level"
