@@ -100,10 +100,21 @@ static int check_request(const struct kd_client *c, const struct kd_request *r)
 		return -EINVAL;
 	if (r->n_prompt > IPC_PAY_TOKENS || r->n_prompt > c->max_prompt)
 		return -E2BIG;
-	if (isnan(r->sampling.temperature) || isinf(r->sampling.temperature) ||
-	    r->sampling.temperature > 1e4f || isnan(r->sampling.top_p))
+	const struct kd_sampling *sp = &r->sampling;
+
+	if (isnan(sp->temperature) || isinf(sp->temperature) || sp->temperature > 1e4f ||
+	    isnan(sp->top_p) || isnan(sp->min_p) || sp->min_p > 1)
 		return -EINVAL;
-	if (r->n_stop > KD_MAX_STOP || (r->n_stop && !r->stop) || r->flags)
+	if (!(sp->repetition_penalty >= 0 && sp->repetition_penalty <= IPC_REP_PENALTY_MAX) ||
+	    !(fabsf(sp->presence_penalty) <= IPC_PENALTY_MAX) ||
+	    !(fabsf(sp->frequency_penalty) <= IPC_PENALTY_MAX))
+		return -EINVAL;
+	if (sp->logprobs < 0 || sp->logprobs > 1 || sp->top_logprobs < 0 || sp->top_logprobs > 1 ||
+	    (sp->top_logprobs && !sp->logprobs))
+		return -EINVAL;
+	if (r->n_stop > KD_MAX_STOP || (r->n_stop && !r->stop) ||
+	    (r->flags & ~(KD_REQUEST_SPEC | KD_REQUEST_NO_SPEC)) ||
+	    (r->flags & KD_REQUEST_SPEC && r->flags & KD_REQUEST_NO_SPEC))
 		return -EINVAL;
 	for (int i = 0; i < 4; i++)
 		if (r->reserved[i])
@@ -138,6 +149,14 @@ int kd_submit(struct kd_client *c, const struct kd_request *r, uint64_t *id)
 	rec->top_k = r->sampling.top_k > 0 ? r->sampling.top_k : 0;
 	rec->top_p = r->sampling.top_p > 0 && r->sampling.top_p < 1 ? r->sampling.top_p : 0;
 	rec->seed = r->sampling.seed;
+	rec->min_p = r->sampling.min_p > 0 ? r->sampling.min_p : 0;
+	rec->repetition_penalty = r->sampling.repetition_penalty != 1 ? r->sampling.repetition_penalty : 0;
+	rec->presence_penalty = r->sampling.presence_penalty;
+	rec->frequency_penalty = r->sampling.frequency_penalty;
+	rec->flags = (r->sampling.logprobs ? IPC_SUB_LOGPROBS : 0) |
+		     (r->sampling.top_logprobs ? IPC_SUB_TOP_LOGPROB : 0) |
+		     (r->flags & KD_REQUEST_SPEC ? IPC_SUB_SPEC : 0) |
+		     (r->flags & KD_REQUEST_NO_SPEC ? IPC_SUB_NO_SPEC : 0);
 	rec->n_stop = r->n_stop;
 	if (r->n_stop)
 		memcpy(rec->stop, r->stop, r->n_stop * sizeof(int32_t));
@@ -180,7 +199,17 @@ static void to_event(const struct ipc_event *w, struct kd_event *ev, uint64_t no
 	ev->stop = ev->flags ? (enum kd_stop)w->reason : KD_STOP_NONE;
 	ev->error = w->err;
 	ev->detail = w->detail;
-	memcpy(ev->detail_arg, w->arg, sizeof(ev->detail_arg));
+	ev->top_token = -1;
+	if ((w->flags & IPC_EV_LOGPROB) && w->token >= 0) {
+		ev->flags |= KD_EVENT_LOGPROB;
+		memcpy(&ev->logprob, &w->arg[0], sizeof(float));
+		if (w->flags & IPC_EV_TOP_LOGPROB) {
+			ev->top_token = (int32_t)w->arg[1];
+			memcpy(&ev->top_logprob, &w->arg[2], sizeof(float));
+		}
+	} else {
+		memcpy(ev->detail_arg, w->arg, sizeof(ev->detail_arg));
+	}
 	ev->t_submit_ns = w->t_submit_ns;
 	ev->t_pickup_ns = w->t_pickup_ns;
 	ev->t_publish_ns = w->t_publish_ns;

@@ -62,13 +62,21 @@ int kd_default_socket(char *buf, size_t len);
 #define KD_MAX_STOP 8		/* stop tokens per request */
 #define KD_SESSION_MAX 63	/* session name length: [A-Za-z0-9._:-] */
 
-/* How the next token is picked: temperature <= 0 is greedy (ties: the lower id);
- * otherwise top-k, then top-p, then a draw that depends only on (seed, index). */
+/* How the next token is picked: penalties first (over the prompt and the output so
+ * far); then temperature <= 0 is greedy (ties: the lower id); otherwise top-k, then
+ * top-p, then min-p, then a draw that depends only on (seed, index). A zeroed struct
+ * is greedy without penalties. docs/CLIENT.md has the exact procedure. */
 struct kd_sampling {
 	float temperature;
 	int top_k;		/* <= 0: off */
 	float top_p;		/* <= 0 or >= 1: off */
 	uint64_t seed;
+	float min_p;		/* <= 0: off; keep p >= min_p * p_max; <= 1 */
+	float repetition_penalty;	/* 0 or 1: off; (0, 10]: HF semantics, prompt + output */
+	float presence_penalty;		/* [-2, 2]: OpenAI semantics, output tokens */
+	float frequency_penalty;	/* [-2, 2]: per occurrence in the output */
+	int logprobs;		/* 1: token events carry the token's logprob (KD_EVENT_LOGPROB) */
+	int top_logprobs;	/* 0 or 1 (with logprobs): and the most probable token's */
 };
 
 struct kd_request {
@@ -80,9 +88,15 @@ struct kd_request {
 	uint32_t n_stop;		/* <= KD_MAX_STOP */
 	const char *session;		/* NULL or a session name */
 	int priority;			/* higher runs first; 0 default */
-	uint32_t flags;			/* reserved: 0 */
+	uint32_t flags;			/* KD_REQUEST_* */
 	uint64_t reserved[4];		/* reserved: 0 */
 };
+
+/* kd_request.flags: n-gram speculative decoding for this request, whatever kdecd
+ * --spec says (a greedy request's tokens are the same either way; it is faster when
+ * the output repeats its context). Neither: the daemon's default. */
+#define KD_REQUEST_SPEC 1u
+#define KD_REQUEST_NO_SPEC 2u
 
 /* Queues a request. *id receives its id (events carry it). Returns 0, -EAGAIN (the
  * submission ring or payload area is full: receive events and retry), -EINVAL (a
@@ -103,6 +117,7 @@ enum kd_stop {
 };
 
 #define KD_EVENT_FINAL 1u	/* the request's last event */
+#define KD_EVENT_LOGPROB 2u	/* logprob (and top_token, top_logprob) are set */
 
 struct kd_event {
 	uint64_t id;		/* the request's id */
@@ -113,6 +128,11 @@ struct kd_event {
 	int error;		/* negative errno with KD_STOP_ERROR */
 	uint32_t detail;	/* what kd_event_message formats */
 	uint32_t detail_arg[3];
+	/* With KD_EVENT_LOGPROB: natural-log probability of token after penalties and
+	 * temperature, before top-k/top-p/min-p; top_token (-1 unless top_logprobs) is
+	 * the most probable token and top_logprob its logprob. */
+	float logprob, top_logprob;
+	int32_t top_token;
 	/* CLOCK_MONOTONIC, ns: the client's submit, the daemon's pickup of the request,
 	 * the daemon's publication of this event, this library's receipt of it. */
 	uint64_t t_submit_ns, t_pickup_ns, t_publish_ns, t_receive_ns;

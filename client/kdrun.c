@@ -37,6 +37,14 @@ static void usage(FILE *f)
 		"  --top-k K           keep the K most likely tokens (default: off)\n"
 		"  --top-p P           keep the smallest set with probability >= P (default: off)\n"
 		"  --seed S            seed of the sampling draws (default 0)\n"
+		"  --min-p P           keep tokens with p >= P * p_max (default: off)\n"
+		"  --repetition-penalty R  divide (logit > 0) or multiply logits of prompt and\n"
+		"                      output tokens by R, in (0, 10] (default 1: off)\n"
+		"  --presence-penalty A    subtract A from output tokens' logits, [-2, 2]\n"
+		"  --frequency-penalty F   subtract F per occurrence in the output, [-2, 2]\n"
+		"  --logprobs N        print each token's logprob on stderr, one line per token:\n"
+		"                      'logprob INDEX TOKEN LP' and with N = 1 'top TOKEN LP'\n"
+		"                      (the most probable token); N is 0 or 1 over the wire\n"
 		"  --session NAME      session name ([A-Za-z0-9._:-], at most 63 characters)\n"
 		"  --stop IDS          stop token ids, comma-separated (at most %d)\n"
 		"  --spin              spin-then-sleep waiting (lowest latency, burns CPU)\n"
@@ -100,7 +108,7 @@ static int parse_num(const char *opt, const char *s, double min, double max, dou
 static int parse_args(int argc, char **argv, struct run_args *a)
 {
 	enum { O_SOCK = 256, O_PROMPT, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_SES, O_STOP, O_SPIN,
-	       O_VERSION };
+	       O_VERSION, O_MINP, O_REP, O_PRES, O_FREQ, O_LOGP };
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, O_SOCK },
 		{ "prompt", required_argument, NULL, O_PROMPT },
@@ -109,6 +117,11 @@ static int parse_args(int argc, char **argv, struct run_args *a)
 		{ "top-k", required_argument, NULL, O_TOPK },
 		{ "top-p", required_argument, NULL, O_TOPP },
 		{ "seed", required_argument, NULL, O_SEED },
+		{ "min-p", required_argument, NULL, O_MINP },
+		{ "repetition-penalty", required_argument, NULL, O_REP },
+		{ "presence-penalty", required_argument, NULL, O_PRES },
+		{ "frequency-penalty", required_argument, NULL, O_FREQ },
+		{ "logprobs", required_argument, NULL, O_LOGP },
 		{ "session", required_argument, NULL, O_SES },
 		{ "stop", required_argument, NULL, O_STOP },
 		{ "spin", no_argument, NULL, O_SPIN },
@@ -162,6 +175,32 @@ static int parse_args(int argc, char **argv, struct run_args *a)
 				return -1;
 			a->req.sampling.seed = strtoull(optarg, NULL, 10);
 			break;
+		case O_MINP:
+			if (parse_num("--min-p", optarg, 0, 1, &v))
+				return -1;
+			a->req.sampling.min_p = (float)v;
+			break;
+		case O_REP:
+			if (parse_num("--repetition-penalty", optarg, 1e-3, 10, &v))
+				return -1;
+			a->req.sampling.repetition_penalty = (float)v;
+			break;
+		case O_PRES:
+			if (parse_num("--presence-penalty", optarg, -2, 2, &v))
+				return -1;
+			a->req.sampling.presence_penalty = (float)v;
+			break;
+		case O_FREQ:
+			if (parse_num("--frequency-penalty", optarg, -2, 2, &v))
+				return -1;
+			a->req.sampling.frequency_penalty = (float)v;
+			break;
+		case O_LOGP:
+			if (parse_num("--logprobs", optarg, 0, 1, &v) || v != (int)v)
+				return -1;
+			a->req.sampling.logprobs = 1;
+			a->req.sampling.top_logprobs = (int)v;
+			break;
 		case O_SES: a->req.session = optarg; break;
 		case O_SPIN:
 			a->conn.flags |= KD_CONNECT_SPIN;
@@ -190,6 +229,14 @@ static int parse_args(int argc, char **argv, struct run_args *a)
 	return 0;
 }
 
+static void print_logprob(const struct kd_event *ev)
+{
+	fprintf(stderr, "logprob %u %d %.6f", ev->index, ev->token, ev->logprob);
+	if (ev->top_token >= 0)
+		fprintf(stderr, " top %d %.6f", ev->top_token, ev->top_logprob);
+	fprintf(stderr, "\n");
+}
+
 /* Streams the request's events. 0 on a normal end, 1 on an error. */
 static int stream(struct kd_client *c, const struct run_args *a)
 {
@@ -214,6 +261,8 @@ static int stream(struct kd_client *c, const struct run_args *a)
 				t_last = ev[i].t_receive_ns;
 				t_submit = ev[i].t_submit_ns;
 			}
+			if (ev[i].flags & KD_EVENT_LOGPROB)
+				print_logprob(&ev[i]);
 			if (!(ev[i].flags & KD_EVENT_FINAL))
 				continue;
 			printf("\n");

@@ -204,6 +204,10 @@ static int check_reqs(const struct engine *e, const struct engine_req *reqs, int
 			snprintf(err, err_len, "request %d: %d tokens (1..%d allowed)", i, r->n_tokens, 1 << 24);
 			return -EINVAL;
 		}
+		if (r->n_draft < 0 || r->n_draft >= r->n_tokens) {
+			snprintf(err, err_len, "request %d: %d drafts in %d tokens", i, r->n_draft, r->n_tokens);
+			return -EINVAL;
+		}
 		if ((int64_t)r->seq->n_tokens + r->n_tokens > (int64_t)e->pool.n_blocks * e->pool.block_tokens) {
 			snprintf(err, err_len, "request %d: %d + %d tokens exceed the KV cache (%d tokens)",
 				 i, r->seq->n_tokens, r->n_tokens, e->pool.n_blocks * e->pool.block_tokens);
@@ -279,13 +283,13 @@ static void release_grown(struct engine *e, struct engine_req *reqs, int n, cons
 	}
 }
 
-/* Puts the blocks s filled in the prefix cache, so that other sequences can start
- * on them while s still runs. */
-static void seq_register_full(struct engine *e, struct engine_seq *s)
+/* Puts the blocks s filled with its first upto tokens in the prefix cache, so that
+ * other sequences can start on them while s still runs. */
+static void seq_register_full(struct engine *e, struct engine_seq *s, int upto)
 {
 	int bt = e->pool.block_tokens;
 
-	while (s->cache && s->n_keyed < s->n_tokens / bt) {
+	while (s->cache && s->n_keyed < upto / bt) {
 		int b = s->n_keyed;
 		struct kv_key k = kv_prefix_key(&e->prefix, s->salt, s->chain, s->tokens + (size_t)b * bt, bt);
 
@@ -357,7 +361,9 @@ int engine_step(struct engine *e, struct engine_req *reqs, int n, float *logits,
 		memcpy(s->tokens + s->n_tokens, reqs[i].tokens, (size_t)reqs[i].n_tokens * sizeof(int32_t));
 		s->n_tokens += reqs[i].n_tokens;
 		e->stats.prompt_tokens += (uint64_t)reqs[i].n_tokens;
-		seq_register_full(e, s);
+		/* a draft may be rejected: a block holding one must stay private,
+		 * or a prefix hit could map tokens the sequence never had */
+		seq_register_full(e, s, s->n_tokens - reqs[i].n_draft);
 	}
 	e->stats.steps++;
 	ret = 0;
@@ -370,6 +376,25 @@ out:
 	if (grown != grown_small)
 		free(grown);
 	return ret;
+}
+
+int engine_seq_truncate(struct engine *e, struct engine_seq *s, int n_tokens)
+{
+	int keep = kv_pool_blocks_for(&e->pool, n_tokens);
+
+	if (n_tokens < 0 || n_tokens > s->n_tokens || n_tokens < s->n_keyed * e->pool.block_tokens)
+		return -EINVAL;
+	/* check all first: a half-done rollback would leave n_tokens and blocks apart */
+	for (int b = keep; b < s->n_blocks; b++)
+		if (e->pool.refs[s->blocks[b]] != 1 || e->pool.cached[s->blocks[b]])
+			return -EBUSY;
+	while (s->n_blocks > keep)
+		kv_pool_unref(&e->pool, s->blocks[--s->n_blocks]);
+	/* the partial block at the new end keeps stale K/V past n_tokens; attention
+	 * reads only positions < ctx and the next step overwrites them */
+	s->n_tokens = n_tokens;
+	seq_register_full(e, s, n_tokens);
+	return 0;
 }
 
 /* ---- prefix cache --------------------------------------------------------- */

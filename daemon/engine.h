@@ -130,6 +130,10 @@ struct engine_req {
 	const int32_t *tokens;	/* (n_tokens) */
 	int n_tokens;
 	int all_logits;		/* 1: logits of every new token; 0: of the last one only */
+	int n_draft;		/* trailing tokens that are unverified drafts (speculative
+				 * decoding): blocks they fill stay out of the prefix cache
+				 * until engine_seq_truncate confirms them; the caller must
+				 * call it before the sequence's next step */
 };
 
 int engine_create(struct engine **out, struct model *m, const struct engine_opts *opts,
@@ -140,6 +144,14 @@ void engine_seq_init(struct engine_seq *s);
 /* Drops the sequence's blocks and empties it: registered full blocks stay in the
  * prefix cache (LRU), the others return to the free list. */
 void engine_seq_release(struct engine *e, struct engine_seq *s);
+
+/* Rolls s back to its first n_tokens tokens (rejected speculative drafts): blocks
+ * past the new end go back to the pool, then the full blocks that remain are
+ * registered in the prefix cache. Only blocks s alone holds and that are not in
+ * the prefix cache are ever dropped: n_tokens may not cut into a registered block.
+ * 0, or -EINVAL (n_tokens outside [registered prefix, s->n_tokens]), -EBUSY (a
+ * block to drop is shared or cached; s is unchanged). */
+int engine_seq_truncate(struct engine *e, struct engine_seq *s, int n_tokens);
 
 /* Runs reqs[0..n) as one step (split into forward calls of at most max_rows rows).
  * logits receives, request by request, n_tokens rows (all_logits) or one row, each
@@ -156,6 +168,19 @@ int engine_step(struct engine *e, struct engine_req *reqs, int n, float *logits,
 int engine_step_sample(struct engine *e, struct engine_req *reqs, int n,
 		       const struct k_sample_params *params, const uint64_t *steps, int32_t *ids,
 		       float *logits, char *err, size_t err_len);
+
+/* engine_step_sample with the host-only steps of kernels/k_sample.h: hist (n) or
+ * NULL (no penalties) each request's tokens so far; lp (n) or NULL receives each
+ * request's logprobs (zeroed, with .token, where params[i].logprobs is 0). A request
+ * that uses penalties, min-p or logprobs is drawn on the host from its own logits
+ * row (only that row is downloaded); the others stay on the backend's sampler.
+ * Requests may have all_logits (speculative verification): then params, steps,
+ * hist, ids, lp and logits go by row (engine_step_out_rows(reqs, n_reqs) of them),
+ * one per new token of such a request, one per other request. */
+int engine_step_sample_ext(struct engine *e, struct engine_req *reqs, int n_reqs,
+			   const struct k_sample_params *params, const uint64_t *steps,
+			   const struct k_sample_hist *hist, int32_t *ids,
+			   struct k_sample_logprobs *lp, float *logits, char *err, size_t err_len);
 
 /* Frees what engine_step_sample made; called by engine_destroy. Accepts NULL. */
 void engine_sampler_destroy(struct engine_sampler *s);

@@ -49,6 +49,8 @@ struct fwd_sample {
 	int n;
 	int done;				/* out rows sampled so far */
 	int want_logits;			/* 1: logits are downloaded as well */
+	const uint8_t *host_rows;		/* (n) or NULL: 1 = download this row's
+						 * logits (without want_logits) */
 };
 
 struct forward {
@@ -108,6 +110,9 @@ int forward_run(struct forward *f, const struct fwd_batch *b, float *logits);
 void forward_sample_set(struct forward *f, const struct k_sample_params *params,
 			const uint64_t *steps, int32_t *ids, int n, int want_logits);
 void forward_sample_clear(struct forward *f);
+/* After forward_sample_set: also download the logits of the out rows flagged in
+ * rows (n, host memory, kept by the caller until forward_sample_clear). */
+void forward_sample_host_rows(struct forward *f, const uint8_t *rows);
 
 /* ---- forward_step.c internals shared with forward.c ---- */
 int forward_layers(struct forward *f, const struct fwd_batch *b);

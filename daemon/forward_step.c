@@ -189,6 +189,11 @@ void forward_sample_set(struct forward *f, const struct k_sample_params *params,
 					 .want_logits = want_logits };
 }
 
+void forward_sample_host_rows(struct forward *f, const uint8_t *rows)
+{
+	f->sample.host_rows = rows;
+}
+
 void forward_sample_clear(struct forward *f)
 {
 	memset(&f->sample, 0, sizeof(f->sample));
@@ -243,6 +248,14 @@ static int logits_collect(struct forward *f, int n, float *logits)
 	if (!sampling(f) || f->sample.want_logits) {
 		if ((ret = be->ops->download(be, logits, f->logits, (size_t)n * row_bytes)))
 			return ret;
+	} else if (f->sample.host_rows) {
+		for (int i = 0; i < n; i++) {
+			size_t off = (size_t)i * f->m->cfg.vocab_size;
+
+			if (f->sample.host_rows[f->sample.done + i] &&
+			    (ret = be->ops->download(be, logits + off, f->logits + off, row_bytes)))
+				return ret;
+		}
 	}
 	if (sampling(f)) {
 		if ((ret = be->ops->download(be, f->sample.ids + f->sample.done, f->st.ids,

@@ -23,6 +23,7 @@ struct bench_args {
 	const char *out;
 	long max_tokens;
 	int incremental;
+	struct spec_opts spec;		/* generate --spec; k == 0: off */
 	struct model_load_opts load;
 	struct engine_opts eng;
 };
@@ -48,9 +49,11 @@ static void usage(FILE *f)
 		"  --layers N            keep only the first N layers (benchmarks of huge configs)\n"
 		"  --kv-tokens N         KV cache capacity in tokens (default %d)\n"
 		"  --block-size N        tokens per KV block (default %d)\n"
+		"  --spec ngram:k=N[,n=M]  generate: n-gram speculative decoding, N drafts per\n"
+		"                        step matching the last M..1 tokens (default M %d)\n"
 		"  --log-level L         error, warn, info (default), debug\n"
 		"  --version, --help\n",
-		ENGINE_DEFAULT_KV_TOKENS, ENGINE_DEFAULT_BLOCK_TOKENS);
+		ENGINE_DEFAULT_KV_TOKENS, ENGINE_DEFAULT_BLOCK_TOKENS, SPEC_DEFAULT_N);
 }
 
 static int parse_num(const char *opt, const char *s, long min, long max, long *out)
@@ -65,7 +68,7 @@ static int parse_num(const char *opt, const char *s, long min, long max, long *o
 static int parse_args(int argc, char **argv, struct bench_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_SEED, O_LAYERS, O_KV, O_BLOCK, O_LOG,
-	       O_MAXTOK, O_INCR, O_VERSION };
+	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "tokens", required_argument, NULL, 't' },
@@ -73,6 +76,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		{ "out", required_argument, NULL, 'o' },
 		{ "max-tokens", required_argument, NULL, O_MAXTOK },
 		{ "incremental", no_argument, NULL, O_INCR },
+		{ "spec", required_argument, NULL, O_SPEC },
 		{ "backend", required_argument, NULL, O_BACKEND },
 		{ "threads", required_argument, NULL, O_THREADS },
 		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
@@ -106,6 +110,15 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		case 'p': a->tokens = optarg; break;
 		case 'o': a->out = optarg; break;
 		case O_INCR: a->incremental = 1; break;
+		case O_SPEC: {
+			char err[256];
+
+			if (spec_parse(optarg, &a->spec, err, sizeof(err))) {
+				fprintf(stderr, "kdbench: %s\n", err);
+				return -1;
+			}
+			break;
+		}
 		case O_BACKEND: a->eng.backend = optarg; break;
 		case O_SYNTH: a->load.synthetic = 1; break;
 		case O_MAXTOK:
@@ -265,6 +278,8 @@ static int cmd_generate(const struct bench_args *a, struct engine *e, const int3
 		fprintf(stderr, "kdbench generate: --max-tokens N is required\n");
 		return -EINVAL;
 	}
+	if (a->spec.k)
+		return kdbench_generate_spec(e, ids, n, a->max_tokens, &a->spec);
 	engine_seq_init(&seq);
 	t0 = cli_now();
 	r = (struct engine_req){ .seq = &seq, .tokens = ids, .n_tokens = n };

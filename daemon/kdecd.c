@@ -57,6 +57,9 @@ static void usage(FILE *f)
 		"  --max-batch N           requests in the running batch (default %d)\n"
 		"  --kv-tokens N           KV cache capacity in tokens (default %d)\n"
 		"  --share-prefix-cache    share cached prompt prefixes across uids (default: per uid)\n"
+		"  --spec ngram:k=N[,n=M]  n-gram speculative decoding of greedy requests: N drafts\n"
+		"                          per step matching the last M..1 tokens (default M 3);\n"
+		"                          requests may opt in or out (default: off)\n"
 		"  --session-ttl S         seconds an idle session lives (default %d; -1: forever)\n"
 		"  --offload-after S       idle seconds before a session's KV moves to host memory\n"
 		"                          (default %d; -1: only under memory pressure)\n"
@@ -156,7 +159,7 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
 	       O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_TTL, O_OFFLOAD,
-	       O_HOSTMEM, O_STATE };
+	       O_HOSTMEM, O_STATE, O_SPEC };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "backend", required_argument, NULL, O_BACKEND },
@@ -170,6 +173,7 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 		{ "kv-tokens", required_argument, NULL, O_KV },
 		{ "shutdown-timeout", required_argument, NULL, O_SHUT },
 		{ "share-prefix-cache", no_argument, NULL, O_SHARE },
+		{ "spec", required_argument, NULL, O_SPEC },
 		{ "session-ttl", required_argument, NULL, O_TTL },
 		{ "offload-after", required_argument, NULL, O_OFFLOAD },
 		{ "host-kv-mem", required_argument, NULL, O_HOSTMEM },
@@ -221,6 +225,15 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 			a->srv.shutdown_timeout_s = (double)v;
 			break;
 		case O_SHARE: a->srv.sched.share_prefix = 1; break;
+		case O_SPEC: {
+			char err[256];
+
+			if (spec_parse(optarg, &a->srv.sched.spec, err, sizeof(err))) {
+				fprintf(stderr, "kdecd: %s\n", err);
+				return -1;
+			}
+			break;
+		}
 		case O_STATE: a->srv.state_dir = optarg; break;
 		case O_TTL:
 			if (parse_secs("--session-ttl", optarg, &a->eng.session_ttl_s))

@@ -112,6 +112,11 @@ char *metrics_format(const struct metrics *m, const struct metrics_gauges *g)
 		g->kv_blocks_total ? (double)g->kv_blocks_used / g->kv_blocks_total : 0.0);
 	put_one(&b, "kd_prompt_tokens_total", "counter", "Prompt tokens prefilled.", (double)m->prompt_tokens);
 	put_one(&b, "kd_generation_tokens_total", "counter", "Tokens generated.", (double)m->generation_tokens);
+	put_one(&b, "kd_spec_draft_tokens_total", "counter", "Speculative draft tokens verified.",
+		(double)m->spec_draft_tokens);
+	put_one(&b, "kd_spec_accepted_tokens_total", "counter",
+		"Speculative draft tokens accepted (mean acceptance length: 1 + accepted / verification steps).",
+		(double)m->spec_accepted_tokens);
 	put_one(&b, "kd_prefix_cache_hit_tokens_total", "counter",
 		"Prompt tokens served from the prefix cache.", (double)g->prefix_hit_tokens);
 	put_one(&b, "kd_kv_offloaded_blocks_total", "counter",

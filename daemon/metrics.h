@@ -21,6 +21,8 @@ struct metrics {
 	uint64_t prompt_tokens;			/* prompt tokens prefilled */
 	uint64_t generation_tokens;		/* tokens generated */
 	uint64_t requests_finished[5];		/* by enum ipc_reason (index 0 unused) */
+	uint64_t spec_draft_tokens;		/* n-gram drafts verified */
+	uint64_t spec_accepted_tokens;		/* of those, the ones emitted */
 };
 
 /* Gauges read at report time. */

@@ -24,6 +24,10 @@ struct sched_req {
 	int max_tokens;
 	int need_blocks;		/* KV blocks for prompt + max_tokens */
 	struct k_sample_params sp;
+	int32_t *out;			/* (cap_out) generated ids, kept only for penalties */
+	int spec_k, spec_n;		/* n-gram drafts per step, n-gram length; k 0: off */
+	int32_t fed[SPEC_MAX_K + 1];	/* a speculative step's tokens: last, then drafts */
+	int cap_out;
 	int32_t stop[IPC_STOP_MAX];
 	int n_stop;
 	int priority;
@@ -58,8 +62,17 @@ struct sched {
 	struct engine_req *ereq;
 	struct sched_req **of;
 	struct k_sample_params *sp;
+	struct k_sample_hist *hist;
+	struct k_sample_logprobs *lp;
 	uint64_t *steps;
 	int32_t *ids;
+	/* sp, hist, lp, steps, ids go by logits row: (rows_cap) each, since a
+	 * speculative request has one row per fed token; row0 (max_batch) is each
+	 * request's first row */
+	int *row0;
+	int n_rows, rows_cap;
+	int32_t *spec_hist;		/* (spec_cap) a request's tokens, for the drafter */
+	int spec_cap;
 };
 
 int sched_create(struct sched **out, struct engine *e, const struct sched_opts *o)
@@ -86,10 +99,20 @@ int sched_create(struct sched **out, struct engine *e, const struct sched_opts *
 	s->run = calloc((size_t)n, sizeof(*s->run));
 	s->ereq = calloc((size_t)n, sizeof(*s->ereq));
 	s->of = calloc((size_t)n, sizeof(*s->of));
+	s->row0 = calloc((size_t)n, sizeof(*s->row0));
+	if (!s->row0) {
+		sched_destroy(s);
+		return -ENOMEM;
+	}
+	/* the rest by row: room for every request to verify its largest draft */
+	n *= 1 + (s->o.spec.k > SPEC_DEFAULT_K ? s->o.spec.k : SPEC_DEFAULT_K);
+	s->rows_cap = n;
 	s->sp = calloc((size_t)n, sizeof(*s->sp));
+	s->hist = calloc((size_t)n, sizeof(*s->hist));
+	s->lp = calloc((size_t)n, sizeof(*s->lp));
 	s->steps = calloc((size_t)n, sizeof(*s->steps));
 	s->ids = calloc((size_t)n, sizeof(*s->ids));
-	if (!s->run || !s->ereq || !s->of || !s->sp || !s->steps || !s->ids) {
+	if (!s->run || !s->ereq || !s->of || !s->sp || !s->hist || !s->lp || !s->steps || !s->ids) {
 		sched_destroy(s);
 		return -ENOMEM;
 	}
@@ -109,6 +132,7 @@ static void req_free(struct sched *s, struct sched_req *r)
 	}
 	engine_seq_release(s->e, &r->seq);
 	free(r->prompt);
+	free(r->out);
 	free(r);
 }
 
@@ -125,7 +149,11 @@ void sched_destroy(struct sched *s)
 	free(s->ses);
 	free(s->ereq);
 	free(s->of);
+	free(s->row0);
+	free(s->spec_hist);
 	free(s->sp);
+	free(s->hist);
+	free(s->lp);
 	free(s->steps);
 	free(s->ids);
 	free(s);
@@ -340,7 +368,22 @@ void sched_submit(struct sched *s, struct client_conn *c, const struct ipc_sub *
 	r->max_tokens = (int)rec->max_tokens;
 	r->need_blocks = kv_pool_blocks_for(&s->e->pool, (int64_t)rec->n_tokens + rec->max_tokens);
 	r->sp = (struct k_sample_params){ .temperature = rec->temperature, .top_k = rec->top_k,
-					  .top_p = rec->top_p, .seed = rec->seed };
+					  .top_p = rec->top_p, .seed = rec->seed, .min_p = rec->min_p,
+					  .repetition_penalty = rec->repetition_penalty,
+					  .presence_penalty = rec->presence_penalty,
+					  .frequency_penalty = rec->frequency_penalty,
+					  .logprobs = !!(rec->flags & IPC_SUB_LOGPROBS),
+					  .top_logprobs = !!(rec->flags & IPC_SUB_TOP_LOGPROB) };
+	/* the daemon's --spec unless the request says; IPC_SUB_SPEC without a --spec
+	 * takes the defaults */
+	r->spec_k = s->o.spec.k;
+	r->spec_n = s->o.spec.n;
+	if ((rec->flags & IPC_SUB_SPEC) && !r->spec_k) {
+		r->spec_k = SPEC_DEFAULT_K;
+		r->spec_n = SPEC_DEFAULT_N;
+	}
+	if (rec->flags & IPC_SUB_NO_SPEC)
+		r->spec_k = 0;
 	memcpy(r->stop, rec->stop, sizeof(r->stop));
 	r->n_stop = (int)rec->n_stop;
 	r->priority = rec->priority;
@@ -530,9 +573,63 @@ static void add(struct sched *s, int *n, struct sched_req *r, const int32_t *tok
 {
 	s->ereq[*n] = (struct engine_req){ .seq = &r->seq, .tokens = tok, .n_tokens = n_tok };
 	s->of[*n] = r;
-	s->sp[*n] = r->sp;
-	s->steps[*n] = (uint64_t)r->n_gen;
+	s->row0[*n] = s->n_rows;
+	s->sp[s->n_rows] = r->sp;
+	s->hist[s->n_rows] = (struct k_sample_hist){ .prompt = r->prompt, .n_prompt = r->n_prompt,
+						     .out = r->out, .n_out = r->out ? r->n_gen : 0 };
+	s->steps[s->n_rows] = (uint64_t)r->n_gen;
+	s->n_rows++;
 	(*n)++;
+}
+
+/* Drafts for r's next decode into r->fed[1..], at most room of them; 0: r decodes
+ * plainly. Only greedy requests without penalties or logprobs speculate, where
+ * verification by argmax gives exactly the plain output; sampled requests need
+ * rejection sampling to keep their distribution (not done yet). */
+static int spec_drafts(struct sched *s, struct sched_req *r, int room)
+{
+	int k = r->spec_k, left = r->max_tokens - r->n_gen - 1, nh = r->seq.n_tokens + 1;
+
+	if (!k || r->sp.temperature > 0 || r->sp.logprobs || k_sample_has_penalty(&r->sp))
+		return 0;
+	k = k < left ? k : left;
+	k = k < room ? k : room;
+	if (k <= 0)
+		return 0;
+	if (nh > s->spec_cap) {
+		int cap = nh > 2 * s->spec_cap ? nh : 2 * s->spec_cap;
+		int32_t *h = realloc(s->spec_hist, (size_t)cap * sizeof(*h));
+
+		if (!h)
+			return 0;	/* no drafts is always correct */
+		s->spec_hist = h;
+		s->spec_cap = cap;
+	}
+	/* the history: what the KV holds (prompt, output) and the token fed next */
+	memcpy(s->spec_hist, r->seq.tokens, (size_t)r->seq.n_tokens * sizeof(int32_t));
+	s->spec_hist[nh - 1] = r->last;
+	return spec_ngram_propose(s->spec_hist, nh, r->spec_n, k, r->fed + 1);
+}
+
+/* A decode of r: its last token, and drafts to verify when it speculates. Each
+ * token the step may emit takes a budget token and an event slot. */
+static void add_decode(struct sched *s, int *n, struct sched_req *r, int *budget)
+{
+	int nd = spec_drafts(s, r, *budget - 1 < r->c->step_space - 1 ? *budget - 1 : r->c->step_space - 1);
+
+	r->fed[0] = r->last;
+	add(s, n, r, r->fed, 1 + nd);
+	if (nd) {
+		s->ereq[*n - 1].all_logits = 1;
+		s->ereq[*n - 1].n_draft = nd;
+		for (int j = 1; j <= nd; j++, s->n_rows++) {
+			s->sp[s->n_rows] = r->sp;
+			s->hist[s->n_rows] = s->hist[s->n_rows - 1];
+			s->steps[s->n_rows] = (uint64_t)(r->n_gen + j);
+		}
+	}
+	r->c->step_space -= 1 + nd;
+	*budget -= 1 + nd;
 }
 
 /* Picks the step's requests: decodes first, then prefill chunks, admitting waiting
@@ -540,6 +637,8 @@ static void add(struct sched *s, int *n, struct sched_req *r, const int32_t *tok
 static int build_step(struct sched *s, uint64_t now)
 {
 	int budget = s->o.step_tokens, n = 0;
+
+	s->n_rows = 0;
 
 	/* space_cache lives in the client for one step: reset it first. */
 	for (int i = 0; i < s->n_run; i++)
@@ -550,10 +649,8 @@ static int build_step(struct sched *s, uint64_t now)
 		if (r->n_prefilled < r->n_prompt || r->c->dead)
 			continue;
 		if (step_space(r->c, &r->c->step_space) > 0) {
-			r->c->step_space--;
 			r->paused_since = 0;
-			add(s, &n, r, &r->last, 1);
-			budget--;
+			add_decode(s, &n, r, &budget);
 		} else if (req_pause(s, r, now)) {
 			i--;
 		}
@@ -592,7 +689,34 @@ static int build_step(struct sched *s, uint64_t now)
 	return n;
 }
 
-static void deliver(struct sched *s, struct sched_req *r, int32_t tok, uint64_t now)
+/* Keeps tok in r->out when r's penalties need its output. 0 or -ENOMEM. */
+static int record_out(struct sched_req *r, int32_t tok)
+{
+	if (!k_sample_has_penalty(&r->sp))
+		return 0;
+	if (r->n_gen == r->cap_out) {
+		int cap = r->cap_out ? 2 * r->cap_out : 64;
+		int32_t *v = realloc(r->out, (size_t)cap * sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		r->out = v;
+		r->cap_out = cap;
+	}
+	r->out[r->n_gen] = tok;
+	return 0;
+}
+
+static uint32_t f32_bits(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+static void deliver_event(struct sched *s, struct sched_req *r, int32_t tok, uint32_t flags,
+			  const uint32_t *a, uint64_t now)
 {
 	uint32_t index = (uint32_t)r->n_gen++;
 	uint16_t reason = IPC_REASON_NONE;
@@ -609,12 +733,64 @@ static void deliver(struct sched *s, struct sched_req *r, int32_t tok, uint64_t 
 			reason = IPC_REASON_STOP;
 	if (!reason && r->n_gen >= r->max_tokens)
 		reason = IPC_REASON_LENGTH;
-	emit(r->c, r->id, r->t_submit, r->t_pickup, tok, index, reason ? IPC_EV_FINAL : 0, reason,
-	     IPC_DETAIL_NONE, 0, 0, 0, 0);
+	emit(r->c, r->id, r->t_submit, r->t_pickup, tok, index, flags | (reason ? IPC_EV_FINAL : 0),
+	     reason, IPC_DETAIL_NONE, 0, a[0], a[1], a[2]);
 	if (reason)
 		finish(s, r, reason, IPC_DETAIL_NONE, 0, 0, 0);
 	else
 		r->last = tok;
+}
+
+/* Delivers tok, with its logprobs when the request asked (lp may be NULL: none). */
+static void deliver_lp(struct sched *s, struct sched_req *r, int32_t tok,
+		       const struct k_sample_logprobs *lp, uint64_t now)
+{
+	uint32_t flags = 0, a[3] = { 0, 0, 0 };
+
+	if (record_out(r, tok)) {
+		finish(s, r, IPC_REASON_ERROR, IPC_DETAIL_NONE, -ENOMEM, 0, 1);
+		return;
+	}
+	if (r->sp.logprobs && lp) {
+		flags = IPC_EV_LOGPROB;
+		a[0] = f32_bits(lp->logprob);
+		if (lp->n) {
+			flags |= IPC_EV_TOP_LOGPROB;
+			a[1] = (uint32_t)lp->ids[0];
+			a[2] = f32_bits(lp->logprobs[0]);
+		}
+	}
+	deliver_event(s, r, tok, flags, a, now);
+}
+
+/* A verification step of r: ids (q->n_tokens) the greedy token after each fed
+ * one. Emits the drafts the model agrees with and its own next token, cut after a
+ * stop token, and rolls the KV of the rest back. */
+static void deliver_spec(struct sched *s, struct sched_req *r, const struct engine_req *q,
+			 const int32_t *ids, uint64_t now)
+{
+	int nd = q->n_draft, m = 1, ret;
+
+	while (m <= nd && ids[m - 1] == q->tokens[m])
+		m++;
+	for (int j = 0; j < m - 1; j++)
+		for (int k = 0; k < r->n_stop; k++)
+			if (ids[j] == r->stop[k])
+				m = j + 1;
+	s->m.spec_draft_tokens += (uint64_t)nd;
+	s->m.spec_accepted_tokens += (uint64_t)(m - 1);
+	/* the KV keeps the fed tokens that are now output: last and m - 1 drafts */
+	ret = engine_seq_truncate(s->e, &r->seq, r->seq.n_tokens - (nd + 1 - m));
+	if (ret) {
+		log_error("client %u request %llu: KV rollback failed: %s", r->c->id,
+			  (unsigned long long)r->id, strerror(-ret));
+		finish(s, r, IPC_REASON_ERROR, IPC_DETAIL_ENGINE, ret, 0, 1);
+		return;
+	}
+	/* drafts stop short of max_tokens and of a stop token: only the last of these
+	 * may end r (and free it) */
+	for (int j = 0; j < m; j++)
+		deliver_lp(s, r, ids[j], NULL, now);
 }
 
 int sched_step(struct sched *s, uint64_t now_ns)
@@ -626,7 +802,8 @@ int sched_step(struct sched *s, uint64_t now_ns)
 	n = build_step(s, now_ns);
 	if (!n)
 		return 0;
-	ret = engine_step_sample(s->e, s->ereq, n, s->sp, s->steps, s->ids, NULL, err, sizeof(err));
+	ret = engine_step_sample_ext(s->e, s->ereq, n, s->sp, s->steps, s->hist, s->ids, s->lp, NULL,
+				     err, sizeof(err));
 	if (ret) {
 		log_error("engine step of %d requests failed: %s", n, err[0] ? err : strerror(-ret));
 		for (int i = 0; i < n; i++)
@@ -643,7 +820,10 @@ int sched_step(struct sched *s, uint64_t now_ns)
 				continue;	/* a middle chunk: its sample is not a token */
 			s->m.prompt_tokens += (uint64_t)r->n_prompt;
 		}
-		deliver(s, r, s->ids[i], now);
+		if (s->ereq[i].n_draft)
+			deliver_spec(s, r, &s->ereq[i], s->ids + s->row0[i], now);
+		else
+			deliver_lp(s, r, s->ids[s->row0[i]], &s->lp[s->row0[i]], now);
 	}
 	return n;
 }

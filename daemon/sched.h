@@ -12,6 +12,7 @@
 #include "daemon/client_conn.h"
 #include "daemon/engine.h"
 #include "daemon/metrics.h"
+#include "daemon/spec_ngram.h"
 #include "ipc/ipc_proto.h"
 
 #define SCHED_DEFAULT_MAX_BATCH 64
@@ -27,6 +28,7 @@ struct sched_opts {
 	int max_sessions;	/* session names per client; <= 0: default */
 	int stall_ms;		/* a request paused on a full event ring is cancelled after this */
 	int share_prefix;	/* 1: one prefix-cache salt for every uid (--share-prefix-cache) */
+	struct spec_opts spec;	/* --spec: requests' default (k == 0: off) */
 };
 
 /* One session name in use, for kdctl sessions. */

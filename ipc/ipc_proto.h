@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define IPC_PROTOCOL_VERSION 2u
+#define IPC_PROTOCOL_VERSION 3u
 #define IPC_MAGIC 0x4345444bu		/* "KDEC" little-endian */
 
 /* Segment geometry: fixed per protocol version, so neither side trusts sizes that
@@ -74,11 +74,23 @@ enum ipc_sub_kind {
 	IPC_SUB_CANCEL = 2,
 };
 
+/* ipc_sub.flags */
+#define IPC_SUB_LOGPROBS 1u		/* token events carry the token's logprob */
+#define IPC_SUB_TOP_LOGPROB 2u		/* and the most probable token's (needs LOGPROBS) */
+#define IPC_SUB_SPEC 4u			/* n-gram speculative decoding on (kdecd --spec's k, n,
+					 * else ngram:k=4,n=3); greedy requests only */
+#define IPC_SUB_NO_SPEC 8u		/* off; neither flag: as kdecd --spec says */
+#define IPC_SUB_FLAGS (IPC_SUB_LOGPROBS | IPC_SUB_TOP_LOGPROB | IPC_SUB_SPEC | IPC_SUB_NO_SPEC)
+
+/* Bounds of the penalties (the daemon refuses others). */
+#define IPC_REP_PENALTY_MAX 10.0f	/* repetition_penalty: 0 (off) or (0, 10] */
+#define IPC_PENALTY_MAX 2.0f		/* presence / frequency: [-2, 2] */
+
 /* Client -> daemon: one request (or a cancel of one). 192 bytes. Every field is
  * validated after the daemon has copied the record out of shared memory. */
 struct ipc_sub {
 	uint32_t kind;			/* enum ipc_sub_kind */
-	uint32_t flags;			/* reserved for min-p, penalties, logprobs (issue 6); 0 */
+	uint32_t flags;			/* IPC_SUB_* */
 	uint64_t req_id;		/* client's id, unique among its requests in flight */
 	uint64_t t_submit_ns;		/* CLOCK_MONOTONIC when written (latency figures only) */
 	uint32_t tok_pos;		/* prompt's first token in the payload ring (mod pay_tokens) */
@@ -92,11 +104,21 @@ struct ipc_sub {
 	uint64_t seed;
 	int32_t stop[IPC_STOP_MAX];	/* stop token ids */
 	char session[IPC_SESSION_MAX];	/* "" or [A-Za-z0-9._:-]+, NUL-padded */
-	uint32_t reserved[8];		/* issue 6 (min-p, penalties, speculation); 0 */
+	float min_p;			/* [0, 1]; 0 = off */
+	float repetition_penalty;	/* 0 = off, or (0, IPC_REP_PENALTY_MAX] */
+	float presence_penalty;		/* [-IPC_PENALTY_MAX, IPC_PENALTY_MAX]; 0 = off */
+	float frequency_penalty;	/* same range; 0 = off */
+	uint32_t reserved[4];		/* issue 6 (speculation); 0 */
 };
 
 /* Event flags and reasons. */
 #define IPC_EV_FINAL 1u			/* the request's last event */
+#define IPC_EV_LOGPROB 2u		/* arg[0]: the token's logprob (f32 bits) */
+#define IPC_EV_TOP_LOGPROB 4u		/* arg[1]: the most probable token, arg[2]: its
+					 * logprob (f32 bits). Natural log, as defined in
+					 * kernels/k_sample.h. Only one alternative fits the
+					 * 64-byte record: top-n (n <= 20) is engine-level
+					 * (engine_step_sample_ext). */
 
 enum ipc_reason {
 	IPC_REASON_NONE = 0,
@@ -121,7 +143,8 @@ enum ipc_detail {
 	IPC_DETAIL_CLIENT_TOKENS = 10,	/* arg0 the client's tokens in flight with it, arg1 the cap */
 };
 
-/* Daemon -> client: one token, or the end of a request. 64 bytes. */
+/* Daemon -> client: one token, or the end of a request. 64 bytes. arg[] are detail
+ * arguments on error events and logprobs on token events with IPC_EV_LOGPROB. */
 struct ipc_event {
 	uint64_t req_id;
 	int32_t token;			/* -1 when the event carries none */
@@ -162,8 +185,8 @@ static inline int32_t *ipc_seg_pay(void *seg)
 }
 
 /* Socket messages are single JSON lines:
- *   client -> daemon  {"hello":"kdclient","protocol":2,"spin":false}
- *   daemon -> client  {"ok":true,"protocol":2,"notify":"futex","seg_bytes":N,"client_id":I}
+ *   client -> daemon  {"hello":"kdclient","protocol":3,"spin":false}
+ *   daemon -> client  {"ok":true,"protocol":3,"notify":"futex","seg_bytes":N,"client_id":I}
  *                     with SCM_RIGHTS: memfd, notify eventfd[, doorbell eventfd]
  *                  or {"ok":false,"error":"..."} and the socket closed
  *   kdctl  -> daemon  {"cmd":"status"} ... one reply line each (daemon/control.h) */

@@ -34,9 +34,13 @@ int ipc_sub_check(const struct ipc_sub *r, char *why, size_t why_len)
 {
 	if (r->kind != IPC_SUB_REQUEST && r->kind != IPC_SUB_CANCEL)
 		return bad(why, why_len, "unknown kind", r->kind);
-	if (r->flags)
+	if (r->flags & ~IPC_SUB_FLAGS)
 		return bad(why, why_len, "unknown flags", r->flags);
-	for (int i = 0; i < 8; i++)
+	if ((r->flags & IPC_SUB_TOP_LOGPROB) && !(r->flags & IPC_SUB_LOGPROBS))
+		return bad(why, why_len, "top logprob without logprobs", r->flags);
+	if ((r->flags & IPC_SUB_SPEC) && (r->flags & IPC_SUB_NO_SPEC))
+		return bad(why, why_len, "speculation both on and off", r->flags);
+	for (int i = 0; i < 4; i++)
 		if (r->reserved[i])
 			return bad(why, why_len, "reserved word not zero at index", i);
 	if (r->kind == IPC_SUB_CANCEL)
@@ -51,6 +55,14 @@ int ipc_sub_check(const struct ipc_sub *r, char *why, size_t why_len)
 		return bad(why, why_len, "negative top_k", r->top_k);
 	if (!(r->top_p >= 0 && r->top_p <= 1))
 		return bad(why, why_len, "top_p not in [0, 1]", r->top_p);
+	if (!(r->min_p >= 0 && r->min_p <= 1))
+		return bad(why, why_len, "min_p not in [0, 1]", r->min_p);
+	if (!(r->repetition_penalty >= 0 && r->repetition_penalty <= IPC_REP_PENALTY_MAX))
+		return bad(why, why_len, "repetition_penalty not 0 or in (0, 10]", r->repetition_penalty);
+	if (!(fabsf(r->presence_penalty) <= IPC_PENALTY_MAX))
+		return bad(why, why_len, "presence_penalty not in [-2, 2]", r->presence_penalty);
+	if (!(fabsf(r->frequency_penalty) <= IPC_PENALTY_MAX))
+		return bad(why, why_len, "frequency_penalty not in [-2, 2]", r->frequency_penalty);
 	if (r->n_stop > IPC_STOP_MAX)
 		return bad(why, why_len, "more stop tokens than 8", r->n_stop);
 	if (ipc_session_check(r->session, sizeof(r->session)))

@@ -3,10 +3,11 @@
  * tokens; a client killed mid-stream leaves no running request and no KV block; a
  * client scribbling over its segment is dropped while the others carry on; a client
  * that stops reading stalls nobody and is cancelled after the stall timeout; a uid
- * off the allow-list is refused. Futex mode where the kernel has io_uring futex ops,
- * and eventfd mode always. */
+ * off the allow-list is refused; penalties, min-p and logprobs cross the wire. Futex
+ * mode where the kernel has io_uring futex ops, and eventfd mode always. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -387,6 +388,81 @@ static void test_client_tokens(void)
 	CHECK(wait_idle(5) == 0, "client tokens: daemon not idle afterwards");
 }
 
+/* ---- issue 6 sampling over the wire: penalties, min-p, logprobs ------------ */
+
+struct samp_run {
+	int n;
+	int32_t tok[GEN_TOKENS], top[GEN_TOKENS];
+	float lp[GEN_TOKENS], top_lp[GEN_TOKENS];
+	int with_lp;		/* events that carried KD_EVENT_LOGPROB */
+};
+
+static int run_sampled(const struct kd_sampling *sp, struct samp_run *o)
+{
+	int32_t p[5] = { 5, 6, 5, 6, 5 };
+	struct kd_request r = { .prompt = p, .n_prompt = 5, .max_tokens = GEN_TOKENS, .sampling = *sp };
+	struct kd_event ev[64];
+	struct kd_client *c;
+	double t_end = now_s() + 60;
+	int done = 0, ret;
+
+	memset(o, 0, sizeof(*o));
+	if ((ret = kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock_path })))
+		return ret;
+	if ((ret = kd_submit(c, &r, NULL))) {
+		kd_close(c);
+		return ret;
+	}
+	while (!done && now_s() < t_end) {
+		int n = kd_wait(c, ev, 64, 5000);
+
+		for (int i = 0; i < n; i++) {
+			if (ev[i].token >= 0 && o->n < GEN_TOKENS) {
+				o->tok[o->n] = ev[i].token;
+				o->lp[o->n] = ev[i].logprob;
+				o->top[o->n] = ev[i].top_token;
+				o->top_lp[o->n] = ev[i].top_logprob;
+				o->with_lp += !!(ev[i].flags & KD_EVENT_LOGPROB);
+				o->n++;
+			}
+			if (ev[i].flags & KD_EVENT_FINAL)
+				done = ev[i].stop == KD_STOP_LENGTH ? 1 : -1;
+		}
+		if (n < 0)
+			break;
+	}
+	kd_close(c);
+	return done == 1 ? 0 : -EIO;
+}
+
+static void test_sampling(void)
+{
+	struct kd_sampling greedy = { .logprobs = 1, .top_logprobs = 1 };
+	struct kd_sampling pen = { .temperature = 0.8f, .seed = 11, .min_p = 0.05f,
+				   .repetition_penalty = 1.3f, .presence_penalty = 0.5f,
+				   .frequency_penalty = 0.2f, .logprobs = 1 };
+	struct samp_run a, b;
+	int ok = 1;
+
+	CHECK(run_sampled(&greedy, &a) == 0 && a.n == GEN_TOKENS && a.with_lp == GEN_TOKENS,
+	      "sampling: greedy with logprobs: %d tokens, %d with logprobs", a.n, a.with_lp);
+	for (int i = 0; i < a.n; i++)
+		ok &= a.top[i] == a.tok[i] && a.lp[i] == a.top_lp[i] && a.lp[i] <= 0 && isfinite(a.lp[i]);
+	CHECK(ok, "sampling: greedy tokens are their own top logprob");
+	CHECK(run_sampled(&pen, &a) == 0 && run_sampled(&pen, &b) == 0 && a.n == GEN_TOKENS &&
+	      b.n == GEN_TOKENS && !memcmp(a.tok, b.tok, sizeof(a.tok)) && !memcmp(a.lp, b.lp, sizeof(a.lp)),
+	      "sampling: penalties + min-p with a seed are not reproducible");
+	ok = a.with_lp == GEN_TOKENS;
+	for (int i = 0; i < a.n; i++)
+		ok &= a.top[i] == -1 && a.lp[i] <= 0 && isfinite(a.lp[i]);
+	CHECK(ok, "sampling: logprobs without top: %d events", a.with_lp);
+	pen.presence_penalty = 3;
+	CHECK(run_sampled(&pen, &a) == -EINVAL, "sampling: presence penalty 3 not refused");
+	pen.presence_penalty = 0;
+	pen.top_logprobs = 2;
+	CHECK(run_sampled(&pen, &a) == -EINVAL, "sampling: top_logprobs 2 not refused");
+}
+
 /* ---- a client scribbling over its whole segment ---------------------------- */
 
 static int scribbler(int go_fd)
@@ -577,6 +653,7 @@ int main(void)
 	}
 	if (start_daemon("eventfd") == 0) {
 		test_concurrent(16, "eventfd: 16 concurrent greedy clients");
+		test_sampling();
 		test_sigkill();
 		test_scribble();
 		CHECK(stop_daemon() == 0, "eventfd: kdecd did not exit 0 on SIGTERM");

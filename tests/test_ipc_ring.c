@@ -3,6 +3,7 @@
  * indices), the event ring's back-pressure and queued finals, the control parser,
  * and the metrics text. */
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -72,6 +73,31 @@ static void test_reader(void)
 	ipc_seg_sub(c->seg, 1)->reserved[3] = 1;
 	CHECK(client_conn_take(c, &rec, &tok) == -EPROTO && strstr(c->why, "reserved"), "reserved word: %s", c->why);
 	ipc_seg_sub(c->seg, 1)->reserved[3] = 0;
+	/* Sampling fields out of their bounds (issue 6). */
+	{
+		struct ipc_sub *r = ipc_seg_sub(c->seg, 1);
+
+		r->min_p = 1.5f;
+		CHECK(client_conn_take(c, &rec, &tok) == -EPROTO && strstr(c->why, "min_p"), "min_p: %s", c->why);
+		r->min_p = 0.1f;
+		r->repetition_penalty = 11;
+		CHECK(client_conn_take(c, &rec, &tok) == -EPROTO && strstr(c->why, "repetition"), "rep: %s", c->why);
+		r->repetition_penalty = -1;
+		CHECK(client_conn_take(c, &rec, &tok) == -EPROTO, "negative repetition penalty accepted");
+		r->repetition_penalty = 1.2f;
+		r->presence_penalty = NAN;
+		CHECK(client_conn_take(c, &rec, &tok) == -EPROTO && strstr(c->why, "presence"), "presence: %s", c->why);
+		r->presence_penalty = 2;
+		r->frequency_penalty = -2.5f;
+		CHECK(client_conn_take(c, &rec, &tok) == -EPROTO && strstr(c->why, "frequency"), "frequency: %s", c->why);
+		r->frequency_penalty = -2;
+		r->flags = IPC_SUB_TOP_LOGPROB;
+		CHECK(client_conn_take(c, &rec, &tok) == -EPROTO, "top logprob without logprobs accepted");
+		r->flags = 1u << 31;
+		CHECK(client_conn_take(c, &rec, &tok) == -EPROTO, "unknown flag accepted");
+		r->flags = 0;
+		r->min_p = r->repetition_penalty = r->presence_penalty = r->frequency_penalty = 0;
+	}
 	strcpy(ipc_seg_sub(c->seg, 1)->session, "bad name");
 	CHECK(client_conn_take(c, &rec, &tok) == -EPROTO, "bad session name accepted");
 	memset(ipc_seg_sub(c->seg, 1)->session, 'a', IPC_SESSION_MAX);

@@ -8,12 +8,20 @@
 #include "kernels/k_sample.h"
 
 /* Floats of scratch k_cpu_sample needs for a vocabulary of vocab tokens. */
-#define K_CPU_SAMPLE_WORK(vocab) (2 * (size_t)(vocab))
+#define K_CPU_SAMPLE_WORK(vocab) (4 * (size_t)(vocab))
 
 /* The token drawn from logits (vocab) by params p at output index step.
  * work: K_CPU_SAMPLE_WORK(vocab) floats of caller scratch (malloc'd or otherwise
  * untyped memory: ids and probabilities share it). NaN logits never win. */
 int32_t k_cpu_sample(const float *logits, int vocab, const struct k_sample_params *p,
 		     uint64_t step, float *work);
+
+/* k_cpu_sample with the whole procedure: penalties over h (NULL: no history, so no
+ * penalty applies), and with lp non-NULL and p->logprobs set, the log-probabilities
+ * of the chosen token and of p->top_logprobs alternatives into *lp (untouched
+ * otherwise). work as above; logits are not modified. */
+int32_t k_cpu_sample_hist(const float *logits, int vocab, const struct k_sample_params *p,
+			  const struct k_sample_hist *h, uint64_t step, float *work,
+			  struct k_sample_logprobs *lp);
 
 #endif

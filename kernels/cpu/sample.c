@@ -70,27 +70,82 @@ static int cmp_rank(const void *a, const void *b)
 	return ranks_before(sort_logits, x, y) ? -1 : ranks_before(sort_logits, y, x);
 }
 
-int32_t k_cpu_sample(const float *logits, int vocab, const struct k_sample_params *p,
-		     uint64_t step, float *work)
+/* Step 0 of the procedure: l = logits with h's penalties. cnt (vocab): each token's
+ * count in the output, -1 for one only in the prompt (with a repetition penalty). */
+static void penalise(const float *logits, int vocab, const struct k_sample_params *p,
+		     const struct k_sample_hist *h, float *l, int32_t *cnt)
 {
-	int32_t *ids = (int32_t *)(void *)work;
-	float *prob = work + vocab;
+	float r = p->repetition_penalty;
+
+	memcpy(l, logits, (size_t)vocab * sizeof(*l));
+	if (!h)
+		return;
+	memset(cnt, 0, (size_t)vocab * sizeof(*cnt));
+	for (int i = 0; i < h->n_out; i++)
+		if (h->out[i] >= 0 && h->out[i] < vocab)
+			cnt[h->out[i]]++;
+	if (r > 0 && r != 1) {
+		for (int i = 0; i < h->n_prompt; i++)
+			if (h->prompt[i] >= 0 && h->prompt[i] < vocab && !cnt[h->prompt[i]])
+				cnt[h->prompt[i]] = -1;
+		for (int32_t i = 0; i < vocab; i++)
+			if (cnt[i])
+				l[i] = l[i] > 0 ? l[i] / r : l[i] * r;
+	}
+	if (p->presence_penalty == 0 && p->frequency_penalty == 0)
+		return;
+	for (int32_t i = 0; i < vocab; i++)
+		if (cnt[i] > 0)
+			l[i] -= p->presence_penalty + p->frequency_penalty * (float)cnt[i];
+}
+
+/* log softmax(l / T) of tok and of the n most probable tokens into lp; ids: vocab
+ * int32 of scratch. */
+static void logprobs(const float *l, int vocab, const struct k_sample_params *p, int32_t tok,
+		     int32_t *ids, struct k_sample_logprobs *lp)
+{
+	float t = p->temperature > 0 ? p->temperature : 1;
+	double max = -INFINITY, sum = 0, lse;
+	int n = p->top_logprobs;
+
+	for (int32_t i = 0; i < vocab; i++)
+		if (!isnan(l[i]) && (double)l[i] / t > max)
+			max = (double)l[i] / t;
+	for (int32_t i = 0; i < vocab; i++)
+		if (!isnan(l[i]))
+			sum += exp((double)l[i] / t - max);
+	lse = max + log(sum);
+	lp->token = tok;
+	lp->logprob = (float)((double)l[tok] / t - lse);
+	n = n < 0 ? 0 : n > K_SAMPLE_LOGPROBS_MAX ? K_SAMPLE_LOGPROBS_MAX : n;
+	n = n < vocab ? n : vocab;
+	lp->n = n ? select_top_k(l, vocab, n, ids) : 0;
+	sort_logits = l;
+	qsort(ids, (size_t)lp->n, sizeof(*ids), cmp_rank);
+	for (int i = 0; i < lp->n; i++) {
+		lp->ids[i] = ids[i];
+		lp->logprobs[i] = (float)((double)l[ids[i]] / t - lse);
+	}
+}
+
+/* Steps 2-6 over z (vocab): the drawn token. */
+static int32_t draw(const float *z, int vocab, const struct k_sample_params *p, uint64_t step,
+		    int32_t *ids, float *prob)
+{
 	float t, max, sum = 0, kept = 0, target, run = 0;
 	int n, n_keep;
 
-	if (p->temperature <= 0 || vocab == 1)
-		return argmax(logits, vocab);
 	n = p->top_k > 0 && p->top_k < vocab ? p->top_k : vocab;
-	n = select_top_k(logits, vocab, n, ids);
+	n = select_top_k(z, vocab, n, ids);
 	if (n == 0)
 		return 0;	/* every logit NaN */
-	sort_logits = logits;
+	sort_logits = z;
 	qsort(ids, (size_t)n, sizeof(*ids), cmp_rank);
 
 	t = p->temperature;
-	max = logits[ids[0]] / t;
+	max = z[ids[0]] / t;
 	for (int i = 0; i < n; i++) {
-		prob[i] = expf(logits[ids[i]] / t - max);
+		prob[i] = expf(z[ids[i]] / t - max);
 		sum += prob[i];
 	}
 	n_keep = n;
@@ -105,6 +160,16 @@ int32_t k_cpu_sample(const float *logits, int vocab, const struct k_sample_param
 			}
 		}
 	}
+	if (p->min_p > 0) {
+		float floor = p->min_p * prob[0];	/* ratios: the sum cancels */
+
+		for (int i = 1; i < n_keep; i++) {
+			if (prob[i] < floor) {
+				n_keep = i;
+				break;
+			}
+		}
+	}
 	for (int i = 0; i < n_keep; i++)
 		kept += prob[i];
 	target = k_sample_uniform(p->seed, step) * kept;
@@ -114,4 +179,32 @@ int32_t k_cpu_sample(const float *logits, int vocab, const struct k_sample_param
 			return ids[i];
 	}
 	return ids[n_keep - 1];
+}
+
+int32_t k_cpu_sample_hist(const float *logits, int vocab, const struct k_sample_params *p,
+			  const struct k_sample_hist *h, uint64_t step, float *work,
+			  struct k_sample_logprobs *lp)
+{
+	int32_t *ids = (int32_t *)(void *)work;
+	float *prob = work + vocab, *l = work + 2 * (size_t)vocab;
+	const float *z = logits;
+	int32_t tok;
+
+	if (h && k_sample_has_penalty(p)) {
+		penalise(logits, vocab, p, h, l, (int32_t *)(void *)(work + 3 * (size_t)vocab));
+		z = l;
+	}
+	if (p->temperature <= 0 || vocab == 1)
+		tok = argmax(z, vocab);
+	else
+		tok = draw(z, vocab, p, step, ids, prob);
+	if (lp && p->logprobs)
+		logprobs(z, vocab, p, tok, ids, lp);
+	return tok;
+}
+
+int32_t k_cpu_sample(const float *logits, int vocab, const struct k_sample_params *p,
+		     uint64_t step, float *work)
+{
+	return k_cpu_sample_hist(logits, vocab, p, NULL, step, work, NULL);
 }

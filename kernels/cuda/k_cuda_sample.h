@@ -1,6 +1,8 @@
 /* Sampling on the GPU by the procedure of kernels/k_sample.h (the reference is
  * k_cpu_sample): greedy, temperature, top-k, top-p, u = k_sample_uniform(seed, step).
- * Only the token ids need to come back to the host. Pointers are device memory unless
+ * Penalties, min-p and logprobs are not here: rows with k_sample_host_only set are
+ * drawn again on the host (engine_step_sample_ext). Only the token ids need to come
+ * back to the host. Pointers are device memory unless
  * said; 0, -EINVAL or -EIO (logged); no allocation or synchronisation in
  * k_cuda_sample, so it can be captured into a CUDA graph. */
 #ifndef KD_KERNELS_CUDA_K_CUDA_SAMPLE_H
