@@ -292,21 +292,25 @@ int main(int argc, char **argv)
 	uint64_t id;
 	int ret;
 
-	if (parse_args(argc, argv, &a))
-		return 2;
+	if (parse_args(argc, argv, &a)) {
+		ret = 2;
+		goto out;
+	}
 	ret = kd_connect(&c, &a.conn);
 	if (ret) {
 		fprintf(stderr, "kdrun: %s\n", kd_connect_error(NULL));
-		return 1;
+		ret = 1;
+		goto out;
 	}
 	ret = kd_submit(c, &a.req, &id);
 	if (ret) {
 		fprintf(stderr, "kdrun: submit: %s\n", ret == -E2BIG ? "prompt too long" : kd_strerror(ret));
-		kd_close(c);
-		return 1;
+		ret = 1;
+	} else {
+		ret = stream(c, &a);
 	}
-	ret = stream(c, &a);
 	kd_close(c);
+out:
 	free(a.prompt);
 	free((void *)a.req.stop);
 	return ret;
