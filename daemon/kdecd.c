@@ -55,6 +55,10 @@ static void usage(FILE *f)
 		"  --notify futex|eventfd  how daemon and clients wake each other (default futex:\n"
 		"                          io_uring futex ops, Linux 6.7+; eventfd elsewhere)\n"
 		"  --max-batch N           requests in the running batch (default %d)\n"
+		"  --prefill-chunk N       token budget of one engine step: every running stream's\n"
+		"                          decode token first, then prompt chunks of new requests\n"
+		"                          (default %d; at least --max-batch), so a long prompt\n"
+		"                          never holds up the streams for more than one step\n"
 		"  --kv-tokens N           KV cache capacity in tokens (default %d)\n"
 		"  --share-prefix-cache    share cached prompt prefixes across uids (default: per uid)\n"
 		"  --spec ngram:k=N[,n=M]  n-gram speculative decoding of greedy requests: N drafts\n"
@@ -76,7 +80,8 @@ static void usage(FILE *f)
 		"finish running requests within --shutdown-timeout (then cancel them), exit 0;\n"
 		"a second signal stops at once. A client whose event ring stays full has its\n"
 		"request paused, then cancelled after %d ms.\n",
-		sock, SERVER_DEFAULT_MAX_CLIENTS, SCHED_DEFAULT_MAX_BATCH, ENGINE_DEFAULT_KV_TOKENS,
+		sock, SERVER_DEFAULT_MAX_CLIENTS, SCHED_DEFAULT_MAX_BATCH, SCHED_DEFAULT_STEP_TOKENS,
+		ENGINE_DEFAULT_KV_TOKENS,
 		ENGINE_DEFAULT_SESSION_TTL_S, ENGINE_DEFAULT_OFFLOAD_AFTER_S, SERVER_DEFAULT_SHUTDOWN_S, SCHED_DEFAULT_STALL_MS);
 }
 
@@ -159,7 +164,7 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
 	       O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_TTL, O_OFFLOAD,
-	       O_HOSTMEM, O_STATE, O_SPEC };
+	       O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "backend", required_argument, NULL, O_BACKEND },
@@ -170,6 +175,7 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 		{ "allow-gid", required_argument, NULL, O_GID },
 		{ "notify", required_argument, NULL, O_NOTIFY },
 		{ "max-batch", required_argument, NULL, O_BATCH },
+		{ "prefill-chunk", required_argument, NULL, O_CHUNK },
 		{ "kv-tokens", required_argument, NULL, O_KV },
 		{ "shutdown-timeout", required_argument, NULL, O_SHUT },
 		{ "share-prefix-cache", no_argument, NULL, O_SHARE },
@@ -213,6 +219,11 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 			if (parse_num("--max-batch", optarg, 1, 4096, &v))
 				return -1;
 			a->srv.sched.max_batch = (int)v;
+			break;
+		case O_CHUNK:
+			if (parse_num("--prefill-chunk", optarg, 1, 1L << 20, &v))
+				return -1;
+			a->srv.sched.step_tokens = (int)v;
 			break;
 		case O_KV:
 			if (parse_num("--kv-tokens", optarg, 1, 1L << 28, &v))
@@ -286,6 +297,12 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 	}
 	if (optind < argc) {
 		fprintf(stderr, "kdecd: unexpected argument '%s'\n", argv[optind]);
+		return -1;
+	}
+	if (a->srv.sched.step_tokens &&
+	    a->srv.sched.step_tokens < (a->srv.sched.max_batch ? a->srv.sched.max_batch : SCHED_DEFAULT_MAX_BATCH)) {
+		fprintf(stderr, "kdecd: --prefill-chunk %d: want at least --max-batch (%d)\n", a->srv.sched.step_tokens,
+			a->srv.sched.max_batch ? a->srv.sched.max_batch : SCHED_DEFAULT_MAX_BATCH);
 		return -1;
 	}
 	if (!a->model) {

@@ -92,6 +92,7 @@ expect_error 1 "config.json" "$B/kdbench" generate --model "$tmp/m" --prompt 1 -
 # ---- kdecd: --check, then a foreground run stopped by SIGTERM ----
 "$B/kdecd" --model "$M" --check 2>"$tmp/err" && ok || fail "kdecd --check: $(cat "$tmp/err")"
 expect_error 1 "no model.safetensors" "$B/kdecd" --model "$tmp/noweights" --check
+expect_error 2 "want at least --max-batch" "$B/kdecd" --model "$M" --max-batch 8 --prefill-chunk 4
 : >"$tmp/daemon.err"
 "$B/kdecd" --model "$M" --threads 1 2>"$tmp/daemon.err" &
 pid=$!

@@ -1,0 +1,363 @@
+/* The scheduler through a real kdecd on the tiny Llama 3 checkpoint (CPU backend):
+ * - batch determinism: each of 64 mixed requests (prompt lengths 3..62, greedy and
+ *   seeded sampled ones) gets the same tokens alone and submitted together;
+ * - chunked prefill: while a 3500-token prompt prefills (--prefill-chunk 64), a
+ *   running greedy stream keeps receiving tokens, with a bounded gap (printed);
+ * - priority: with --max-batch 1, a later high-priority request is admitted before
+ *   an earlier low-priority one. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/kdclient.h"
+#include "tests/testutil.h"
+
+#define MAX_GEN 32
+#define N_MIX 64
+#define N_CONN 4
+#define LONG_PROMPT 3500
+#define CHUNK 64
+
+static char builddir[512], model[512], dir[256], sock_path[300];
+static pid_t daemon_pid;
+
+static int start_daemon(const char *max_batch)
+{
+	char kdecd[600], log[300];
+	struct kd_client *c;
+
+	snprintf(kdecd, sizeof(kdecd), "%s/kdecd", builddir);
+	snprintf(log, sizeof(log), "%s/daemon.log", dir);
+	daemon_pid = fork();
+	if (daemon_pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+
+		dup2(fd, 2);
+		execl(kdecd, "kdecd", "--model", model, "--socket", sock_path, "--threads", "2",
+		      "--notify", "eventfd", "--max-batch", max_batch, "--prefill-chunk", "64",
+		      (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 200; i++) {
+		if (!kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock_path })) {
+			kd_close(c);
+			return 0;
+		}
+		usleep(50000);
+	}
+	return -1;
+}
+
+static void stop_daemon(void)
+{
+	int st;
+
+	if (daemon_pid <= 0)
+		return;
+	kill(daemon_pid, SIGTERM);
+	waitpid(daemon_pid, &st, 0);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kdecd did not exit 0 on SIGTERM");
+	daemon_pid = 0;
+}
+
+struct req {
+	int32_t prompt[64];
+	int n_prompt, max_tokens, priority;
+	struct kd_sampling sp;
+	uint64_t id;
+	int32_t got[MAX_GEN];
+	int n_got, done;
+	uint64_t t_first, t_final;	/* t_receive_ns */
+};
+
+/* Submits reqs[0..n) over nc connections (request i on i % nc) and collects them. */
+static int run(struct req *reqs, int n, int nc)
+{
+	struct kd_client *c[N_CONN] = { 0 };
+	struct kd_event ev[64];
+	int left = n, ret = 0;
+	time_t t0 = time(NULL);
+
+	for (int k = 0; k < nc && !ret; k++)
+		ret = kd_connect(&c[k], &(struct kd_connect_opts){ .socket_path = sock_path });
+	for (int i = 0; i < n && !ret; i++) {
+		struct kd_request r = { .prompt = reqs[i].prompt, .n_prompt = (uint32_t)reqs[i].n_prompt,
+					.max_tokens = (uint32_t)reqs[i].max_tokens, .sampling = reqs[i].sp,
+					.priority = reqs[i].priority };
+
+		reqs[i].n_got = reqs[i].done = 0;
+		reqs[i].t_first = reqs[i].t_final = 0;
+		ret = kd_submit(c[i % nc], &r, &reqs[i].id);
+	}
+	while (!ret && left > 0) {
+		int any = 0;
+
+		if (time(NULL) - t0 > 25) {
+			ret = -ETIMEDOUT;
+			break;
+		}
+		for (int k = 0; k < nc && !ret; k++) {
+			int m = kd_poll(c[k], ev, 64);
+
+			if (m < 0) {
+				ret = m;
+				break;
+			}
+			any += m;
+			for (int e = 0; e < m; e++) {
+				for (int i = k; i < n; i += nc) {
+					struct req *q = &reqs[i];
+
+					if (ev[e].id != q->id)
+						continue;
+					if (ev[e].token >= 0 && q->n_got < MAX_GEN) {
+						if (!q->n_got)
+							q->t_first = ev[e].t_receive_ns;
+						q->got[q->n_got++] = ev[e].token;
+					}
+					if (ev[e].flags & KD_EVENT_FINAL) {
+						q->done = 1;
+						q->t_final = ev[e].t_receive_ns;
+						left--;
+					}
+				}
+			}
+		}
+		if (!any)
+			usleep(200);
+	}
+	for (int k = 0; k < nc; k++)
+		if (c[k])
+			kd_close(c[k]);
+	return ret;
+}
+
+static void test_determinism(void)
+{
+	static struct req mix[N_MIX], alone;
+	int n_sampled = 0;
+
+	memset(mix, 0, sizeof(mix));
+	for (int i = 0; i < N_MIX; i++) {
+		struct req *q = &mix[i];
+
+		q->n_prompt = 3 + (i * 29) % 60;
+		q->max_tokens = 8 + i % 25;
+		for (int k = 0; k < q->n_prompt; k++)
+			q->prompt[k] = (k * 37 + i * 101 + 5) % 512;
+		if (i % 3 == 1) {
+			q->sp = (struct kd_sampling){ .temperature = 0.9f, .top_k = 50, .seed = 1000u + (unsigned)i };
+			n_sampled++;
+		} else if (i % 3 == 2) {
+			q->sp = (struct kd_sampling){ .temperature = 1.1f, .top_p = 0.9f, .min_p = 0.02f,
+						      .repetition_penalty = 1.2f, .seed = 7u * (unsigned)i };
+			n_sampled++;
+		}
+	}
+	CHECK(run(mix, N_MIX, N_CONN) == 0, "64 mixed requests");
+	for (int i = 0; i < N_MIX; i++) {
+		alone = mix[i];
+		CHECK(mix[i].n_got == mix[i].max_tokens, "mixed request %d: %d tokens of %d", i, mix[i].n_got,
+		      mix[i].max_tokens);
+		CHECK(run(&alone, 1, 1) == 0 && alone.n_got == mix[i].n_got &&
+		      !memcmp(alone.got, mix[i].got, (size_t)alone.n_got * sizeof(int32_t)),
+		      "request %d (%s, prompt %d): tokens alone differ from tokens among 64", i,
+		      i % 3 ? "sampled" : "greedy", mix[i].n_prompt);
+	}
+	fprintf(stderr, "determinism: %d requests (%d greedy, %d sampled with seeds) alone == in the batch\n",
+		N_MIX, N_MIX - n_sampled, n_sampled);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* A greedy stream runs; a LONG_PROMPT-token prompt arrives; the stream's gaps while
+ * it prefills stay bounded: the budget of a step is CHUNK tokens, so the prefill takes
+ * about LONG_PROMPT / CHUNK steps, and each of them also decodes the stream. */
+static void test_prefill_itl(void)
+{
+	static int32_t lp[LONG_PROMPT];
+	static uint64_t t[8192], gaps[8192];
+	int32_t sp[8];
+	struct kd_client *cs, *cl;
+	struct kd_event ev[64];
+	uint64_t sid, lid, t_sub = 0, t_end = 0;
+	int n = 0, long_done = 0, ret = 0, after = 0, ng = 0, before_n = 0;
+	uint64_t before_med = 0;
+	time_t t0 = time(NULL);
+
+	for (int k = 0; k < 8; k++)
+		sp[k] = k * 13 + 3;
+	for (int k = 0; k < LONG_PROMPT; k++)
+		lp[k] = (int32_t)((k * 7919u + 17u) % 512u);
+	if (kd_connect(&cs, &(struct kd_connect_opts){ .socket_path = sock_path })) {
+		CHECK(0, "connect");
+		return;
+	}
+	if (kd_connect(&cl, &(struct kd_connect_opts){ .socket_path = sock_path })) {
+		kd_close(cs);
+		CHECK(0, "connect");
+		return;
+	}
+	CHECK(kd_submit(cs, &(struct kd_request){ .prompt = sp, .n_prompt = 8, .max_tokens = 8000 }, &sid) == 0,
+	      "stream submit");
+	while (time(NULL) - t0 < 25 && !ret) {
+		int m = kd_wait(cs, ev, 64, 100);
+
+		if (m < 0) {
+			ret = m;
+			break;
+		}
+		for (int e = 0; e < m; e++) {
+			if (ev[e].id != sid)
+				continue;
+			if (ev[e].flags & KD_EVENT_FINAL)
+				ret = -EPIPE;
+			if (ev[e].token >= 0 && n < 8192)
+				t[n++] = ev[e].t_receive_ns;
+		}
+		if (!t_sub && n >= 40) {
+			/* the steady gap before the long prompt */
+			for (int i = 1; i < n; i++)
+				gaps[i - 1] = t[i] - t[i - 1];
+			qsort(gaps, (size_t)n - 1, sizeof(*gaps), cmp_u64);
+			before_med = gaps[(n - 1) / 2];
+			before_n = n;
+			CHECK(kd_submit(cl, &(struct kd_request){ .prompt = lp, .n_prompt = LONG_PROMPT, .max_tokens = 1 },
+					&lid) == 0, "long prompt submit");
+			t_sub = t[n - 1];
+		}
+		if (t_sub && !long_done) {
+			int lm = kd_poll(cl, ev, 64);
+
+			for (int e = 0; e < lm; e++)
+				if (ev[e].id == lid && (ev[e].flags & KD_EVENT_FINAL)) {
+					long_done = 1;
+					CHECK(ev[e].stop == KD_STOP_LENGTH, "long prompt ended with %d", (int)ev[e].stop);
+					t_end = ev[e].t_receive_ns;
+				}
+		}
+		if (long_done && n > 0 && t[n - 1] > t_end && ++after > 5)
+			break;
+	}
+	kd_cancel(cs, sid);
+	CHECK(!ret && long_done, "stream and long prompt (%d, done %d)", ret, long_done);
+	if (!ret && long_done) {
+		uint64_t med, mx;
+		/* gaps of tokens received from the long prompt's submission to its end */
+		for (int i = before_n; i < n; i++) {
+			if (t[i] <= t_sub || t[i - 1] > t_end)
+				continue;
+			gaps[ng++] = t[i] - t[i - 1];
+		}
+		CHECK(ng >= 1, "no stream token during the prefill");
+		if (ng >= 1) {
+			qsort(gaps, (size_t)ng, sizeof(*gaps), cmp_u64);
+			med = gaps[ng / 2];
+			mx = gaps[ng - 1];
+			fprintf(stderr,
+				"prefill ITL: %d-token prompt, --prefill-chunk %d, prefill %.1f ms; stream: %d tokens during it, "
+				"gap median %.2f ms, max %.2f ms (median %.2f ms before)\n",
+				LONG_PROMPT, CHUNK, (t_end - t_sub) / 1e6, ng, med / 1e6, mx / 1e6, before_med / 1e6);
+			/* about LONG_PROMPT / (CHUNK - 1) steps, each one decoding the stream */
+			CHECK(ng >= LONG_PROMPT / CHUNK / 2, "stream got %d tokens during the prefill, want >= %d", ng,
+			      LONG_PROMPT / CHUNK / 2);
+			/* loose: the attention of the last chunks is longest; no step takes a
+			 * large part of the prefill */
+			CHECK(mx < 10 * med, "largest gap %.2f ms >= 10 x median %.2f ms", mx / 1e6, med / 1e6);
+			CHECK(mx < (t_end - t_sub) / 8, "largest gap %.2f ms >= 1/8 of the prefill %.2f ms", mx / 1e6,
+			      (t_end - t_sub) / 1e6);
+		}
+	}
+	kd_close(cl);
+	kd_close(cs);
+}
+
+/* --max-batch 1: a blocker runs; a low-priority request, then a high-priority one,
+ * wait; the high one is admitted first. */
+static void test_priority(void)
+{
+	static struct req q[3];
+	struct kd_client *c;
+	struct kd_event ev[64];
+	uint64_t bid;
+	int got = 0;
+	time_t t0 = time(NULL);
+
+	memset(q, 0, sizeof(q));
+	for (int i = 0; i < 3; i++) {
+		q[i].n_prompt = 6;
+		q[i].max_tokens = 4;
+		for (int k = 0; k < 6; k++)
+			q[i].prompt[k] = 40 + i * 6 + k;
+	}
+	q[0].priority = -1;	/* background */
+	q[1].priority = 0;
+	q[2].priority = 5;	/* interactive, submitted last */
+	if (kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock_path })) {
+		CHECK(0, "connect");
+		return;
+	}
+	CHECK(kd_submit(c, &(struct kd_request){ .prompt = q[0].prompt, .n_prompt = 6, .max_tokens = 200 }, &bid) == 0,
+	      "blocker submit");
+	while (!got && time(NULL) - t0 < 10) {
+		int m = kd_wait(c, ev, 64, 100);
+
+		for (int e = 0; e < m; e++)
+			got |= ev[e].id == bid && ev[e].token >= 0;
+	}
+	CHECK(got, "blocker started");
+	/* the blocker holds the only batch slot while these three wait */
+	CHECK(run(q, 3, 1) == 0, "priority requests");
+	kd_close(c);
+	CHECK(q[2].t_final && q[1].t_first && q[2].t_final < q[1].t_first,
+	      "priority 5 request finished after priority 0 started");
+	CHECK(q[1].t_final && q[0].t_first && q[1].t_final < q[0].t_first,
+	      "priority 0 request finished after priority -1 started");
+}
+
+int main(void)
+{
+	const char *b = getenv("top_builddir"), *s = getenv("top_srcdir");
+	char tmpl[] = "/tmp/kdec_sched.XXXXXX";
+
+	snprintf(builddir, sizeof(builddir), "%s", b ? b : ".");
+	snprintf(model, sizeof(model), "%s/tests/data/golden/llama3", s ? s : ".");
+	if (!mkdtemp(tmpl))
+		return 1;
+	snprintf(dir, sizeof(dir), "%s", tmpl);
+	snprintf(sock_path, sizeof(sock_path), "%s/kdecd.sock", dir);
+	signal(SIGPIPE, SIG_IGN);
+	if (start_daemon("64") == 0) {
+		test_determinism();
+		test_prefill_itl();
+	} else {
+		CHECK(0, "kdecd did not start");
+	}
+	stop_daemon();
+	if (start_daemon("1") == 0)
+		test_priority();
+	else
+		CHECK(0, "kdecd --max-batch 1 did not start");
+	stop_daemon();
+	if (!test_failures) {
+		char cmd[300];
+
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+		if (system(cmd))
+			fprintf(stderr, "cannot remove %s\n", dir);
+	} else {
+		fprintf(stderr, "daemon log kept in %s\n", dir);
+	}
+	return test_result("test_sched_daemon");
+}
