@@ -308,7 +308,9 @@ static void test_priority(void)
 		CHECK(0, "connect");
 		return;
 	}
-	CHECK(kd_submit(c, &(struct kd_request){ .prompt = q[0].prompt, .n_prompt = 6, .max_tokens = 200 }, &bid) == 0,
+	/* long enough (3000 tokens, ~0.6 s idle) that the three below are all waiting
+	 * before it ends, even on a loaded machine: 200 tokens were not, under CI */
+	CHECK(kd_submit(c, &(struct kd_request){ .prompt = q[0].prompt, .n_prompt = 6, .max_tokens = 3000 }, &bid) == 0,
 	      "blocker submit");
 	while (!got && time(NULL) - t0 < 10) {
 		int m = kd_wait(c, ev, 64, 100);
