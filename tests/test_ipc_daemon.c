@@ -24,6 +24,7 @@
 
 #include "client/kdclient_internal.h"
 #include "ipc/ipc_futex.h"
+#include "tests/daemontest.h"
 #include "tests/testutil.h"
 
 #define N_CLIENTS 64
@@ -52,55 +53,18 @@ static int prompt_of(int i, int32_t *p)
 /* The offline reference: kdbench generate's ids for prompt i. */
 static int reference(const int32_t *p, int n, int max_tokens, int32_t *out)
 {
-	char cmd[2048], ids[512] = "";
-	int len = 0, k = 0;
-	FILE *f;
-
-	for (int j = 0; j < n; j++)
-		len += snprintf(ids + len, sizeof(ids) - (size_t)len, "%s%d", j ? "," : "", p[j]);
-	snprintf(cmd, sizeof(cmd), "'%s/kdbench' generate --model '%s' --prompt %s --max-tokens %d --threads 1 2>/dev/null",
-		 builddir, model, ids, max_tokens);
-	f = popen(cmd, "r");
-	if (!f)
-		return -1;
-	while (k < max_tokens && fscanf(f, "%d", &out[k]) == 1)
-		k++;
-	pclose(f);
-	return k;
+	return daemontest_reference(builddir, model, p, n, max_tokens, out);
 }
 
 static int start_daemon(const char *notify)
 {
 	char kdecd[600], log[300];
-	struct kd_client *c;
-	pid_t pid;
+	char *argv[] = { kdecd, "--model", model, "--socket", sock_path, "--threads", "2", "--notify",
+			 (char *)notify, "--shutdown-timeout", "5", NULL };
 
 	snprintf(kdecd, sizeof(kdecd), "%s/kdecd", builddir);
 	snprintf(log, sizeof(log), "%s/daemon-%s.log", dir, notify);
-	pid = fork();
-	if (pid == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-		dup2(fd, 2);
-		execl(kdecd, "kdecd", "--model", model, "--socket", sock_path, "--threads", "2",
-		      "--notify", notify, "--shutdown-timeout", "5", (char *)NULL);
-		_exit(127);
-	}
-	daemon_pid = pid;
-	for (int i = 0; i < 200; i++) {
-		int st;
-
-		if (waitpid(pid, &st, WNOHANG) == pid) {
-			daemon_pid = 0;
-			return -1;
-		}
-		if (!kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock_path })) {
-			kd_close(c);
-			return 0;
-		}
-		usleep(50000);
-	}
-	return -1;
+	return daemontest_start(argv, log, sock_path, &daemon_pid);
 }
 
 static int stop_daemon(void)

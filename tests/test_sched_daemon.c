@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "client/kdclient.h"
+#include "tests/daemontest.h"
 #include "tests/testutil.h"
 
 #define MAX_GEN 32
@@ -30,28 +31,12 @@ static pid_t daemon_pid;
 static int start_daemon(const char *max_batch)
 {
 	char kdecd[600], log[300];
-	struct kd_client *c;
+	char *argv[] = { kdecd, "--model", model, "--socket", sock_path, "--threads", "2", "--notify",
+			 "eventfd", "--max-batch", (char *)max_batch, "--prefill-chunk", "64", NULL };
 
 	snprintf(kdecd, sizeof(kdecd), "%s/kdecd", builddir);
 	snprintf(log, sizeof(log), "%s/daemon.log", dir);
-	daemon_pid = fork();
-	if (daemon_pid == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-
-		dup2(fd, 2);
-		execl(kdecd, "kdecd", "--model", model, "--socket", sock_path, "--threads", "2",
-		      "--notify", "eventfd", "--max-batch", max_batch, "--prefill-chunk", "64",
-		      (char *)NULL);
-		_exit(127);
-	}
-	for (int i = 0; i < 200; i++) {
-		if (!kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock_path })) {
-			kd_close(c);
-			return 0;
-		}
-		usleep(50000);
-	}
-	return -1;
+	return daemontest_start(argv, log, sock_path, &daemon_pid);
 }
 
 static void stop_daemon(void)
@@ -308,9 +293,11 @@ static void test_priority(void)
 		CHECK(0, "connect");
 		return;
 	}
-	/* long enough (3000 tokens, ~0.6 s idle) that the three below are all waiting
-	 * before it ends, even on a loaded machine: 200 tokens were not, under CI */
-	CHECK(kd_submit(c, &(struct kd_request){ .prompt = q[0].prompt, .n_prompt = 6, .max_tokens = 3000 }, &bid) == 0,
+	/* long enough (1000 tokens) that the three below are all waiting before it
+	 * ends, even on a loaded machine (200 were not, under CI), and short enough to
+	 * fit the 1024-slot event ring this thread does not drain meanwhile: a fuller
+	 * ring would pause it and free its slot early */
+	CHECK(kd_submit(c, &(struct kd_request){ .prompt = q[0].prompt, .n_prompt = 6, .max_tokens = 1000 }, &bid) == 0,
 	      "blocker submit");
 	while (!got && time(NULL) - t0 < 10) {
 		int m = kd_wait(c, ev, 64, 100);

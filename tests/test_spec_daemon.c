@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "client/kdclient.h"
+#include "tests/daemontest.h"
 #include "tests/testutil.h"
 
 #define MAX_GEN 40
@@ -25,20 +26,7 @@ static pid_t daemon_pid;
 
 static int reference(const int32_t *p, int n, int max_tokens, int32_t *out)
 {
-	char cmd[2048], ids[512] = "";
-	int len = 0, k = 0;
-	FILE *f;
-
-	for (int j = 0; j < n; j++)
-		len += snprintf(ids + len, sizeof(ids) - (size_t)len, "%s%d", j ? "," : "", p[j]);
-	snprintf(cmd, sizeof(cmd), "'%s/kdbench' generate --model '%s' --prompt %s --max-tokens %d --threads 1 2>/dev/null",
-		 builddir, model, ids, max_tokens);
-	if (!(f = popen(cmd, "r")))
-		return -1;
-	while (k < max_tokens && fscanf(f, "%d", &out[k]) == 1)
-		k++;
-	pclose(f);
-	return k;
+	return daemontest_reference(builddir, model, p, n, max_tokens, out);
 }
 
 /* A counter from kdctl metrics, or -1. */
@@ -62,27 +50,12 @@ static long long metric(const char *name)
 static int start_daemon(void)
 {
 	char kdecd[600], log[300];
-	struct kd_client *c;
+	char *argv[] = { kdecd, "--model", model, "--socket", sock_path, "--threads", "2", "--notify",
+			 "eventfd", "--spec", "ngram:k=4,n=2", NULL };
 
 	snprintf(kdecd, sizeof(kdecd), "%s/kdecd", builddir);
 	snprintf(log, sizeof(log), "%s/daemon.log", dir);
-	daemon_pid = fork();
-	if (daemon_pid == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-		dup2(fd, 2);
-		execl(kdecd, "kdecd", "--model", model, "--socket", sock_path, "--threads", "2",
-		      "--notify", "eventfd", "--spec", "ngram:k=4,n=2", (char *)NULL);
-		_exit(127);
-	}
-	for (int i = 0; i < 200; i++) {
-		if (!kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock_path })) {
-			kd_close(c);
-			return 0;
-		}
-		usleep(50000);
-	}
-	return -1;
+	return daemontest_start(argv, log, sock_path, &daemon_pid);
 }
 
 struct req {

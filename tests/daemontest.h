@@ -1,0 +1,71 @@
+/* Helpers of the tests that run a real kdecd: start it and wait until it accepts
+ * clients, and the offline reference (kdbench generate) for a prompt. */
+#ifndef KD_TESTS_DAEMONTEST_H
+#define KD_TESTS_DAEMONTEST_H
+
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/kdclient.h"
+
+/* Forks kdecd with argv (argv[0] is its path, NULL-terminated), its stderr appended
+ * to log, and waits up to 10 s for sock to accept a client. *pid receives the
+ * daemon's pid (0 when it died). Returns 0 once it answers, else -1. */
+static inline int daemontest_start(char *const argv[], const char *log, const char *sock,
+				   pid_t *pid_out)
+{
+	struct kd_client *c;
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+
+		dup2(fd, 2);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	*pid_out = pid > 0 ? pid : 0;
+	if (pid < 0)
+		return -1;
+	for (int i = 0; i < 200; i++) {
+		int st;
+
+		if (waitpid(pid, &st, WNOHANG) == pid) {
+			*pid_out = 0;
+			return -1;
+		}
+		if (!kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock })) {
+			kd_close(c);
+			return 0;
+		}
+		usleep(50000);
+	}
+	return -1;
+}
+
+/* kdbench generate's greedy ids for prompt p (n ids), at most max_tokens into out;
+ * returns how many, or -1. */
+static inline int daemontest_reference(const char *builddir, const char *model, const int32_t *p,
+				       int n, int max_tokens, int32_t *out)
+{
+	char cmd[2048], ids[512] = "";
+	int len = 0, k = 0;
+	FILE *f;
+
+	for (int j = 0; j < n; j++)
+		len += snprintf(ids + len, sizeof(ids) - (size_t)len, "%s%d", j ? "," : "", p[j]);
+	snprintf(cmd, sizeof(cmd), "'%s/kdbench' generate --model '%s' --prompt %s --max-tokens %d --threads 1 2>/dev/null",
+		 builddir, model, ids, max_tokens);
+	if (!(f = popen(cmd, "r")))
+		return -1;
+	while (k < max_tokens && fscanf(f, "%d", &out[k]) == 1)
+		k++;
+	pclose(f);
+	return k;
+}
+
+#endif
