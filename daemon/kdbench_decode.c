@@ -1,6 +1,8 @@
 /* kdbench decode: the latency of one decode step at each batch size, beside the
  * floor that HBM bandwidth puts under it (bytes the step must read / bandwidth).
  * Each batch size gets its own sequences, prefilled with distinct random prompts. */
+#include "config.h"
+
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -12,6 +14,9 @@
 #include "daemon/kdbench.h"
 #include "daemon/log.h"
 #include "daemon/model.h"
+#ifdef KD_HAVE_CUDA
+#include "kernels/cuda/k_cuda.h"
+#endif
 
 #define MAX_BATCHES 16
 #define DEFAULT_HBM_TBS 4.25	/* H200, measured read bandwidth (DEVICE.md) */
@@ -223,6 +228,20 @@ static int cmp_double(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+/* KDEC_PROFILE_STEP=1: the last step of each batch size runs inside a profiler range
+ * (ncu --profile-from-start off), so a kernel profile holds exactly one decode step. */
+static void profile_range(const struct decode_args *a, int s, int on)
+{
+#ifdef KD_HAVE_CUDA
+	const char *env = getenv("KDEC_PROFILE_STEP");
+
+	if (env && *env == '1' && s == a->warmup + a->steps - 1)
+		k_cuda_profile_range(on);
+#else
+	(void)a, (void)s, (void)on;
+#endif
+}
+
 static int run_batch(const struct decode_args *a, struct engine *e, int B, struct decode_result *res)
 {
 	const struct model_config *c = &e->model->cfg;
@@ -255,8 +274,10 @@ static int run_batch(const struct decode_args *a, struct engine *e, int B, struc
 			steps[i] = (uint64_t)s + 1;
 		}
 		t0 = cli_now();
+		profile_range(a, s, 1);
 		if ((ret = engine_step_sample(e, reqs, B, sp, steps, tok, NULL, err, sizeof(err))))
 			goto fail;
+		profile_range(a, s, 0);
 		if (s >= a->warmup)
 			times[s - a->warmup] = cli_now() - t0;
 	}

@@ -63,6 +63,34 @@ phase_check() {
 	done
 }
 
+# kdecd --backend cuda serving kdrun: greedy equal to kdbench generate on the GPU, a
+# request sampled on the host (penalties, logprobs) beside GPU-sampled ones, and
+# speculative decoding equal to plain greedy
+phase_serve() {
+	local m=tests/data/golden/llama3 sock=$out/kdecd.sock p=113,124,11,408,469,113,124,11,408
+	"$B/kdbench" generate --model $m --backend cuda --log-level warn --prompt $p --max-tokens 32 \
+		>"$out/serve_ref.txt" 2>"$out/serve_ref.log"
+	"$B/kdbench" generate --model $m --backend cuda --log-level warn --prompt $p --max-tokens 32 \
+		--spec ngram:k=4 >"$out/serve_spec.txt" 2>"$out/serve_spec.log"
+	if [ -s "$out/serve_ref.txt" ] && cmp -s "$out/serve_ref.txt" "$out/serve_spec.txt"; then say "serve: generate --spec == plain on cuda ($(grep -o 'mean acceptance[^,]*' "$out/serve_spec.log"))"
+	else say "serve: generate --spec differs on cuda"; status=1; fi
+	"$B/kdecd" --model $m --backend cuda --socket "$sock" --log-level warn >"$out/kdecd.log" 2>&1 &
+	local pid=$!
+	for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.2; done
+	"$B/kdrun" --socket "$sock" --prompt $p --max-tokens 32 >"$out/serve_greedy.txt" 2>"$out/serve_greedy.log"
+	"$B/kdrun" --socket "$sock" --prompt $p --max-tokens 32 --temperature 0.8 --top-k 20 --seed 7 \
+		--repetition-penalty 1.3 --logprobs 1 >"$out/serve_pen.txt" 2>"$out/serve_pen.log" &
+	"$B/kdrun" --socket "$sock" --prompt $p --max-tokens 32 --temperature 0.8 --top-p 0.9 --seed 7 \
+		>"$out/serve_samp.txt" 2>"$out/serve_samp.log"
+	wait %2 2>/dev/null
+	kill -TERM $pid; wait $pid; local rc=$?
+	if [ -s "$out/serve_greedy.txt" ] && cmp -s <(tr -s ' \n' ' ' <"$out/serve_ref.txt" | sed 's/ *$//') <(tr -s ' \n' ' ' <"$out/serve_greedy.txt" | sed 's/ *$//'); then
+		say "serve: kdecd --backend cuda greedy == kdbench generate (32 tokens)"
+	else say "serve: kdrun greedy '$(cat "$out/serve_greedy.txt")' vs generate '$(cat "$out/serve_ref.txt")'"; status=1; fi
+	say "serve: penalties+logprobs $(wc -w <"$out/serve_pen.txt") tokens, $(grep -c '^logprob' "$out/serve_pen.log") logprob lines; top-p $(wc -w <"$out/serve_samp.txt") tokens; kdecd exit $rc"
+	[ "$(wc -w <"$out/serve_pen.txt")" -eq 32 ] && [ "$(wc -w <"$out/serve_samp.txt")" -eq 32 ] && [ $rc -eq 0 ] || status=1
+}
+
 # cpu vs cuda logits of the reference models with 1..all layers: where they part
 phase_compare() {
 	local toks=113,124,11,48,169,17,29,5,71,3,99,42,8,61,7,150,31,2,90,13
@@ -116,6 +144,23 @@ phase_optimes() {
 				--warmup 2 --log-level warn >"$out/optimes_${cfg}_b$b.log" 2>&1
 			say "op times $cfg batch $b:"
 			grep -A40 "cuda op times" "$out/optimes_${cfg}_b$b.log" | tee -a "$summary"
+		done
+	done
+}
+
+# one decode step's kernels, each timed by ncu (kernels serialised: the sum is above the
+# graph's step time; what it shows is where each kernel stands against its bytes)
+phase_ncu() {
+	local ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+	[ -n "$ncu" ] || { say "ncu: not on this machine"; return; }
+	for cfg in ${NCU_CONFIGS:-llama3.1-8b deepseek-v2-lite}; do
+		for b in ${NCU_BATCHES:-1 64}; do
+			KDEC_PROFILE_STEP=1 "$ncu" --profile-from-start off --metrics gpu__time_duration.sum \
+				--csv --print-units base "$B/kdbench" decode --model tests/data/configs/$cfg.json \
+				--synthetic-weights --backend cuda --batch $b --ctx 1024 --steps 2 --warmup 1 \
+				--log-level warn >"$out/ncu_${cfg}_b$b.csv" 2>"$out/ncu_${cfg}_b$b.log"
+			say "ncu $cfg batch $b (one step; us per kernel name, calls, share):"
+			python3 contrib/device/ncu_summary.py "$out/ncu_${cfg}_b$b.csv" | tee -a "$summary"
 		done
 	done
 }

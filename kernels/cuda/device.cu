@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/k_cuda.h"
@@ -76,4 +77,10 @@ out:
 	cudaFree(dx);
 	cudaFree(dy);
 	return ret;
+}
+
+extern "C" int k_cuda_profile_range(int on)
+{
+	CUDA_TRY(on ? cudaProfilerStart() : cudaProfilerStop());
+	return 0;
 }

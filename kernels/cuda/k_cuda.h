@@ -19,6 +19,11 @@ int k_cuda_device_describe(int dev, char *name, unsigned long name_len, double *
  * memory in and out. */
 int k_cuda_axpy_host(int dev, int n, float a, const float *x, float *y);
 
+/* Starts (on = 1) or stops the profiler's collection on the current device, so that a
+ * profiler run with collection off at start (ncu --profile-from-start off) sees only
+ * the work in between. */
+int k_cuda_profile_range(int on);
+
 #ifdef __cplusplus
 }
 #endif
