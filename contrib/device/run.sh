@@ -15,7 +15,7 @@ nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__f
 export LD_LIBRARY_PATH="$PWD/$B/devlibs${nccl:+:$nccl/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export top_srcdir=$PWD top_builddir=$PWD/$B
 out=$(mktemp -d /tmp/kdec-device.XXXXXX)
-summary=$out/summary.txt
+summary=${OUT:-$out}/summary.txt	# written as it goes: a timed-out run still returns it
 status=0
 : >"$summary"
 
@@ -195,7 +195,6 @@ for p in "$@"; do
 	"phase_$p"
 done
 if [ -n "${OUT:-}" ]; then
-	cp "$summary" "$OUT/summary.txt"
 	tar czf "$OUT/logs.tgz" -C "$out" .
 fi
 exit $status
