@@ -154,6 +154,83 @@ int kd_wait(struct kd_client *c, struct kd_event *ev, int max, int timeout_ms);
  * connection ended; then call kd_poll until it returns 0. Owned by the handle. */
 int kd_fd(struct kd_client *c);
 
+/* ---- Tokenizer -------------------------------------------------------------
+ * Byte-level BPE (the GPT-2 scheme of Llama 3, Qwen2, SmolLM2, DeepSeek), run in the
+ * client: the daemon takes and returns token ids. Families (pre-tokenizer split):
+ * tokenizer.ggml.pre "gpt2", "smollm", "llama-bpe", "qwen2", "deepseek-llm",
+ * "deepseek-v3", or the same patterns in a tokenizer.json. Thread safety: a kd_tokenizer is read-only after kd_tokenizer_open;
+ * any number of threads may encode, decode and use streams on it at once. A stream is
+ * used by one thread at a time. Close the tokenizer after its streams. */
+struct kd_tokenizer;
+
+/* Opens a tokenizer: a .gguf file (tokenizer.ggml.*, tokenizer.chat_template), or a
+ * directory with tokenizer.json (+ tokenizer_config.json for chat_template, bos/eos,
+ * add_bos_token). *out is freed by kd_tokenizer_close. -ENOENT, -EINVAL (malformed),
+ * -ENOTSUP (not byte-level BPE, or an unknown pre-tokenizer), -ENOMEM; then
+ * kd_tokenizer_error says which file and key. */
+int kd_tokenizer_open(struct kd_tokenizer **out, const char *path);
+void kd_tokenizer_close(struct kd_tokenizer *t);	/* accepts NULL */
+
+/* The calling thread's last kd_tokenizer_* failure, one line; never NULL. */
+const char *kd_tokenizer_error(void);
+
+/* kd_tokenizer_encode flags */
+#define KD_TOKENIZE_ADD_SPECIAL 1u	/* prepend BOS where the model asks for it */
+#define KD_TOKENIZE_SPECIAL 2u		/* special tokens written in text ("<|im_end|>")
+					 * become their ids; otherwise they are plain text */
+
+/* Encodes text[0..len) (any bytes: invalid UTF-8 still encodes byte by byte). Writes
+ * at most max_ids ids and returns how many the text needs (call with ids NULL,
+ * max_ids 0 to size a buffer), or -EINVAL / -ENOMEM / -E2BIG (len > 2^30). */
+long kd_tokenizer_encode(const struct kd_tokenizer *t, const char *text, size_t len,
+			 unsigned flags, int32_t *ids, size_t max_ids);
+
+/* kd_tokenizer_decode / kd_tokenizer_stream_create flags */
+#define KD_DECODE_SKIP_SPECIAL 1u	/* special tokens decode to nothing */
+
+/* Decodes ids to bytes (not NUL-terminated; may cut a UTF-8 character where the ids
+ * do). Writes at most len bytes and returns how many the ids need, or -EINVAL (an id
+ * outside the vocabulary). */
+long kd_tokenizer_decode(const struct kd_tokenizer *t, const int32_t *ids, size_t n,
+			 unsigned flags, char *buf, size_t len);
+
+/* Vocabulary facts: its size; special ids (-1 when the model has none); eot is the
+ * end-of-turn token of the chat template (<|eot_id|>, <|im_end|>), else eos. */
+int32_t kd_tokenizer_n_vocab(const struct kd_tokenizer *t);
+int32_t kd_tokenizer_bos(const struct kd_tokenizer *t);
+int32_t kd_tokenizer_eos(const struct kd_tokenizer *t);
+int32_t kd_tokenizer_eot(const struct kd_tokenizer *t);
+/* The id of the token whose vocabulary text is text (e.g. "<|im_end|>"), or -1. */
+int32_t kd_tokenizer_token_id(const struct kd_tokenizer *t, const char *text);
+
+/* Incremental decoding for streaming: push one id at a time, get back only complete
+ * UTF-8 characters (a character cut between tokens is held until it completes). A
+ * byte sequence that cannot become valid is emitted as U+FFFD; kd_tokenizer_stream_finish
+ * emits a held incomplete tail as U+FFFD. */
+struct kd_tokenizer_stream;
+int kd_tokenizer_stream_create(struct kd_tokenizer_stream **out, const struct kd_tokenizer *t,
+			       unsigned flags);
+/* *text (not NUL-terminated, *len bytes, possibly 0) stays valid until the next call
+ * on s. 0 or -EINVAL (id outside the vocabulary). */
+int kd_tokenizer_stream_push(struct kd_tokenizer_stream *s, int32_t id, const char **text,
+			     size_t *len);
+int kd_tokenizer_stream_finish(struct kd_tokenizer_stream *s, const char **text, size_t *len);
+void kd_tokenizer_stream_destroy(struct kd_tokenizer_stream *s);	/* accepts NULL */
+
+struct kd_chat_message {
+	const char *role;	/* "system", "user", "assistant" */
+	const char *content;
+};
+
+/* Renders a conversation with the model's chat template (ChatML, with the template's
+ * default system message if it has one, or Llama 3), as HF apply_chat_template would,
+ * and add_generation_prompt opens the assistant's turn. Encode the result with
+ * KD_TOKENIZE_SPECIAL and without KD_TOKENIZE_ADD_SPECIAL (the text carries its BOS).
+ * Writes a NUL-terminated string when len > the return value (the text's length), or
+ * -ENOTSUP (no template or one not supported: kd_tokenizer_error names it), -EINVAL. */
+long kd_tokenizer_chat(const struct kd_tokenizer *t, const struct kd_chat_message *msgs,
+		       size_t n, int add_generation_prompt, char *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,12 +1,17 @@
-/* kdrun: sends one prompt to kdecd and streams the answer: token ids on stdout as
- * they arrive, timing on stderr, a daemon's refusal as one line and exit 1. */
+/* kdrun: sends one prompt to kdecd and streams the answer: token ids (--prompt) or
+ * text (--text, tokenized here with the model's tokenizer) on stdout as they arrive,
+ * timing on stderr, a daemon's refusal as one line and exit 1. */
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include "client/kdclient.h"
 
@@ -16,6 +21,12 @@ struct run_args {
 	struct kd_connect_opts conn;
 	struct kd_request req;
 	int32_t *prompt;
+	const char *text;		/* --text, or NULL */
+	const char *tokenizer_path;	/* --tokenizer */
+	int chat;			/* --chat: wrap text in the model's chat template */
+	int32_t stop_buf[KD_MAX_STOP];	/* --stop ids plus --chat's end-of-turn ids */
+	struct kd_tokenizer *tok;	/* with --text */
+	struct kd_tokenizer_stream *detok;
 };
 
 static void usage(FILE *f)
@@ -25,13 +36,20 @@ static void usage(FILE *f)
 	kd_default_socket(sock, sizeof(sock));
 	fprintf(f,
 		"usage: kdrun [--socket PATH] --prompt 1,2,3 [options]\n"
+		"       kdrun [--socket PATH] --text \"...\" [--chat] [--tokenizer PATH] [options]\n"
 		"\n"
-		"Generates from a prompt of token ids on a running kdecd; prints the new ids on\n"
-		"stdout, space-separated on one line as they arrive; time to first token and\n"
-		"tokens/s on stderr.\n"
+		"Generates from a prompt on a running kdecd; prints the new token ids on stdout,\n"
+		"space-separated on one line as they arrive (--prompt), or the answer as text\n"
+		"(--text); time to first token and tokens/s on stderr.\n"
 		"\n"
 		"  --socket PATH       kdecd's socket (default %s)\n"
 		"  --prompt IDS        prompt token ids, comma-separated\n"
+		"  --text TEXT         a text prompt, tokenized here; the answer prints as text\n"
+		"  --chat              with --text: send TEXT as one user message in the model's\n"
+		"                      chat template and stop at the end of the assistant's turn\n"
+		"  --tokenizer PATH    the model's tokenizer for --text: a .gguf, or a directory\n"
+		"                      with tokenizer.json (default: the model kdecd serves, from\n"
+		"                      its status)\n"
 		"  --max-tokens N      tokens to generate (default 32)\n"
 		"  --temperature T     0 (default) is greedy\n"
 		"  --top-k K           keep the K most likely tokens (default: off)\n"
@@ -108,10 +126,13 @@ static int parse_num(const char *opt, const char *s, double min, double max, dou
 static int parse_args(int argc, char **argv, struct run_args *a)
 {
 	enum { O_SOCK = 256, O_PROMPT, O_MAX, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_SES, O_STOP, O_SPIN,
-	       O_VERSION, O_MINP, O_REP, O_PRES, O_FREQ, O_LOGP };
+	       O_VERSION, O_MINP, O_REP, O_PRES, O_FREQ, O_LOGP, O_TEXT, O_CHAT, O_TOK };
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, O_SOCK },
 		{ "prompt", required_argument, NULL, O_PROMPT },
+		{ "text", required_argument, NULL, O_TEXT },
+		{ "chat", no_argument, NULL, O_CHAT },
+		{ "tokenizer", required_argument, NULL, O_TOK },
 		{ "max-tokens", required_argument, NULL, O_MAX },
 		{ "temperature", required_argument, NULL, O_TEMP },
 		{ "top-k", required_argument, NULL, O_TOPK },
@@ -137,6 +158,9 @@ static int parse_args(int argc, char **argv, struct run_args *a)
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case O_SOCK: a->conn.socket_path = optarg; break;
+		case O_TEXT: a->text = optarg; break;
+		case O_CHAT: a->chat = 1; break;
+		case O_TOK: a->tokenizer_path = optarg; break;
 		case O_PROMPT:
 			free(a->prompt);
 			a->prompt = NULL;
@@ -221,12 +245,140 @@ static int parse_args(int argc, char **argv, struct run_args *a)
 		fprintf(stderr, "kdrun: unexpected argument '%s'\n", argv[optind]);
 		return -1;
 	}
-	if (!a->prompt) {
-		fprintf(stderr, "kdrun: --prompt 1,2,3 is required\n");
+	if (!a->prompt == !a->text) {
+		fprintf(stderr, "kdrun: give one of --prompt 1,2,3 or --text \"...\"\n");
+		return -1;
+	}
+	if (a->chat && !a->text) {
+		fprintf(stderr, "kdrun: --chat goes with --text\n");
 		return -1;
 	}
 	a->req.prompt = a->prompt;
 	return 0;
+}
+
+/* Adds id to the request's stop ids unless present or full. */
+static void add_stop(struct run_args *a, int32_t id)
+{
+	if (id < 0 || a->req.n_stop >= KD_MAX_STOP)
+		return;
+	for (uint32_t i = 0; i < a->req.n_stop; i++)
+		if (a->req.stop[i] == id)
+			return;
+	if (a->req.stop != a->stop_buf) {
+		if (a->req.n_stop)
+			memcpy(a->stop_buf, a->req.stop, sizeof(*a->stop_buf) * a->req.n_stop);
+		free((void *)a->req.stop);
+		a->req.stop = a->stop_buf;
+	}
+	a->stop_buf[a->req.n_stop++] = id;
+}
+
+/* The model path kdecd serves, from its control status ("model_path"): malloc'd, or
+ * NULL. The shared-memory welcome names only the model type. */
+static char *daemon_model_path(const char *socket_path)
+{
+	static const char req[] = "{\"cmd\":\"status\"}\n";
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	char buf[1 << 16], def[sizeof(sa.sun_path)], *path = NULL;
+	size_t len = 0;
+	json_t *o;
+	int s;
+
+	if (!socket_path && !kd_default_socket(def, sizeof(def)))
+		socket_path = def;
+	if (!socket_path || strlen(socket_path) >= sizeof(sa.sun_path))
+		return NULL;
+	strcpy(sa.sun_path, socket_path);
+	s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return NULL;
+	if (!connect(s, (struct sockaddr *)&sa, sizeof(sa)) &&
+	    send(s, req, sizeof(req) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(req) - 1) {
+		while (len + 1 < sizeof(buf) && !memchr(buf, '\n', len)) {
+			ssize_t r = recv(s, buf + len, sizeof(buf) - 1 - len, 0);
+
+			if (r <= 0)
+				break;
+			len += (size_t)r;
+		}
+	}
+	close(s);
+	buf[len] = '\0';
+	o = len ? json_loads(buf, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
+	if (json_is_string(json_object_get(o, "model_path")))
+		path = strdup(json_string_value(json_object_get(o, "model_path")));
+	json_decref(o);
+	return path;
+}
+
+/* --text: the prompt ids from the text (in the chat template with --chat). 0 or -1 with
+ * a message printed. */
+static int tokenize_prompt(struct run_args *a)
+{
+	struct kd_chat_message msg = { "user", a->text };
+	const char *text = a->text;
+	char *chat = NULL;
+	unsigned flags = KD_TOKENIZE_ADD_SPECIAL;
+	long n;
+	int ret;
+
+	char *served = a->tokenizer_path ? NULL : daemon_model_path(a->conn.socket_path);
+
+	if (!a->tokenizer_path && !served) {
+		fprintf(stderr, "kdrun: --text: kdecd did not say which model it serves (is it "
+			"running?); give --tokenizer PATH (a .gguf or a tokenizer.json directory)\n");
+		return -1;
+	}
+	ret = kd_tokenizer_open(&a->tok, a->tokenizer_path ? a->tokenizer_path : served);
+	if (!ret)
+		ret = kd_tokenizer_stream_create(&a->detok, a->tok, KD_DECODE_SKIP_SPECIAL);
+	if (ret) {
+		fprintf(stderr, "kdrun: %s: %s%s\n", a->tokenizer_path ? "--tokenizer" : "the served model",
+			kd_tokenizer_error(), served ? " (give --tokenizer PATH)" : "");
+		free(served);
+		return -1;
+	}
+	free(served);
+	if (a->chat) {
+		n = kd_tokenizer_chat(a->tok, &msg, 1, 1, NULL, 0);
+		if (n < 0 || !(chat = malloc((size_t)n + 1)) ||
+		    kd_tokenizer_chat(a->tok, &msg, 1, 1, chat, (size_t)n + 1) != n) {
+			fprintf(stderr, "kdrun: --chat: %s\n", n < 0 ? kd_tokenizer_error() : "out of memory");
+			free(chat);
+			return -1;
+		}
+		text = chat;
+		flags = KD_TOKENIZE_SPECIAL;	/* the template's markers are special tokens */
+		add_stop(a, kd_tokenizer_eot(a->tok));
+		add_stop(a, kd_tokenizer_eos(a->tok));
+	}
+	n = kd_tokenizer_encode(a->tok, text, strlen(text), flags, NULL, 0);
+	if (n > 0 && n <= MAX_PROMPT && (a->prompt = malloc(sizeof(*a->prompt) * (size_t)n)))
+		n = kd_tokenizer_encode(a->tok, text, strlen(text), flags, a->prompt, (size_t)n);
+	free(chat);
+	if (n <= 0 || n > MAX_PROMPT || !a->prompt) {
+		fprintf(stderr, "kdrun: --text: %s\n", n < 0 ? kd_strerror((int)n) :
+			n == 0 ? "no tokens" : n > MAX_PROMPT ? "too many tokens" : "out of memory");
+		return -1;
+	}
+	a->req.prompt = a->prompt;
+	a->req.n_prompt = (uint32_t)n;
+	return 0;
+}
+
+/* A generated token on stdout: its id, or with --text the characters it completes. */
+static void print_token(const struct run_args *a, int32_t token, unsigned n_tok)
+{
+	const char *piece;
+	size_t len;
+
+	if (!a->detok) {
+		printf("%s%d", n_tok ? " " : "", token);
+		return;
+	}
+	if (!kd_tokenizer_stream_push(a->detok, token, &piece, &len))
+		fwrite(piece, 1, len, stdout);
 }
 
 static void print_logprob(const struct kd_event *ev)
@@ -255,7 +407,7 @@ static int stream(struct kd_client *c, const struct run_args *a)
 		}
 		for (int i = 0; i < n; i++) {
 			if (ev[i].token >= 0) {
-				printf("%s%d", n_tok ? " " : "", ev[i].token);
+				print_token(a, ev[i].token, n_tok);
 				if (!n_tok++)
 					t_first = ev[i].t_receive_ns;
 				t_last = ev[i].t_receive_ns;
@@ -265,6 +417,13 @@ static int stream(struct kd_client *c, const struct run_args *a)
 				print_logprob(&ev[i]);
 			if (!(ev[i].flags & KD_EVENT_FINAL))
 				continue;
+			if (a->detok) {
+				const char *tail;
+				size_t len;
+
+				kd_tokenizer_stream_finish(a->detok, &tail, &len);
+				fwrite(tail, 1, len, stdout);
+			}
 			printf("\n");
 			fflush(stdout);
 			if (ev[i].stop == KD_STOP_ERROR || ev[i].stop == KD_STOP_CANCELLED) {
@@ -296,6 +455,10 @@ int main(int argc, char **argv)
 		ret = 2;
 		goto out;
 	}
+	if (a.text && tokenize_prompt(&a)) {
+		ret = 1;
+		goto out;
+	}
 	ret = kd_connect(&c, &a.conn);
 	if (ret) {
 		fprintf(stderr, "kdrun: %s\n", kd_connect_error(NULL));
@@ -312,6 +475,9 @@ int main(int argc, char **argv)
 	kd_close(c);
 out:
 	free(a.prompt);
-	free((void *)a.req.stop);
+	if (a.req.stop != a.stop_buf)
+		free((void *)a.req.stop);
+	kd_tokenizer_stream_destroy(a.detok);
+	kd_tokenizer_close(a.tok);
 	return ret;
 }

@@ -170,15 +170,23 @@ static int status_cache(json_t *o, const struct et_report *r)
 
 static json_t *status(const struct et_report *r, const struct control_info *info)
 {
-	json_t *o = json_pack("{s:b, s:s, s:s, s:s, s:f, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:I, s:I}",
+	json_t *path;
+	json_t *o = json_pack("{s:b, s:s, s:s, s:s, s:f, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:I, s:I, s:I}",
 			      "ok", 1, "model", info->model, "backend", info->backend,
 			      "notify", info->notify, "uptime_s", info->uptime_s,
 			      "clients", r->n_clients, "max_clients", info->max_clients,
 			      "requests_running", r->s.running, "requests_waiting", r->s.waiting,
 			      "kv_blocks_used", r->s.kv_blocks_used, "kv_blocks_total", r->s.kv_blocks_total,
 			      "draining", r->s.draining, "steps", (json_int_t)r->steps,
-			      "generation_tokens", (json_int_t)r->s.m.generation_tokens);
+			      "generation_tokens", (json_int_t)r->s.m.generation_tokens,
+			      "preemptions", (json_int_t)r->s.m.preemptions);
 
+	/* a path that is not UTF-8 (json_string gives NULL) is left out */
+	path = o && info->model_path ? json_string(info->model_path) : NULL;
+	if (path && json_object_set_new(o, "model_path", path)) {
+		json_decref(o);
+		return NULL;
+	}
 	if (o && status_cache(o, r)) {
 		json_decref(o);
 		return NULL;

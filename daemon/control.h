@@ -37,6 +37,7 @@ int control_parse(const char *line, size_t len, struct control_cmd *cmd, char *e
 /* Facts the main thread adds to a report. */
 struct control_info {
 	const char *model;
+	const char *model_path;	/* the directory or GGUF file it was loaded from */
 	const char *backend;
 	const char *notify;
 	double uptime_s;

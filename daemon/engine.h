@@ -248,6 +248,11 @@ int engine_session_close(struct engine *e, const char *name, uint64_t owner);
 int engine_session_offload(struct engine *e, struct kv_session *sess);
 int engine_session_restore(struct engine *e, struct kv_session *sess);
 
+/* Frees device blocks, if it can, by offloading idle sessions (least recently used
+ * first; never keep, which may be NULL) until need blocks are available
+ * (kv_pool_available). 0 or -ENOSPC. */
+int engine_make_room(struct engine *e, int need, const struct kv_session *keep);
+
 /* Fills out[0..max) and returns the number of sessions (may exceed max). */
 int engine_sessions_list(const struct engine *e, struct engine_session_info *out, int max);
 

@@ -37,9 +37,6 @@ int engine_block_compress(struct engine *e, int32_t block, size_t *zbytes);
  * 0, -ENOSPC (no device block), -EBADMSG, -EIO. Counts stats.restored_blocks; the
  * callers time whole restores. */
 int engine_block_restore(struct engine *e, const struct kv_host_block *hb, int32_t *block);
-/* Frees device blocks, if it can, by offloading idle sessions (least recently used
- * first; never keep) until need blocks are available. 0 or -ENOSPC. */
-int engine_make_room(struct engine *e, int need, const struct kv_session *keep);
 /* Frees host memory for bytes more by dropping the KV of host-only idle sessions
  * (oldest first), never keep's. 0 or -ENOSPC. */
 int engine_host_make_room(struct engine *e, size_t bytes, const struct kv_session *keep);

@@ -42,6 +42,9 @@ struct gguf_str {
 	uint64_t len;
 };
 
+/* For a scalar string, data points at its u64 length (the bytes follow); str_off[i] is
+ * likewise the offset of string i's u64 length. Read strings through gguf_kv_str and
+ * gguf_arr_str. */
 struct gguf_kv {
 	struct gguf_str key;
 	enum gguf_vtype type;

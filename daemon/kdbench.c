@@ -31,9 +31,10 @@ struct bench_args {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: kdbench logits   --model DIR --tokens 1,2,3 --out FILE [--incremental] [options]\n"
+		"usage: kdbench logits   --model DIR|FILE.gguf --tokens 1,2,3 --out FILE [--incremental] [options]\n"
 		"       kdbench generate --model DIR --prompt 1,2,3 --max-tokens N [options]\n"
 		"       kdbench decode   --model DIR [--batch 1,8,32,64 --ctx 1024 ...]  (decode --help)\n"
+		"       kdbench agent    --socket PATH [--sessions N --duration S ...]  (agent --help)\n"
 		"\n"
 		"  logits    write float32 little-endian logits, row-major [T, vocab]; row t sees\n"
 		"            tokens 0..t. Default: one prefill; --incremental feeds the tokens one\n"
@@ -172,7 +173,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		return -1;
 	}
 	if (!a->model) {
-		fprintf(stderr, "kdbench %s: --model DIR is required\n", a->cmd);
+		fprintf(stderr, "kdbench %s: --model DIR|FILE.gguf is required\n", a->cmd);
 		return -1;
 	}
 	return 0;
@@ -328,6 +329,8 @@ int main(int argc, char **argv)
 		return kdbench_kvcache_main(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "ipc"))
 		return kdbench_ipc_main(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "agent"))
+		return kdbench_agent_main(argc - 1, argv + 1);
 
 	if (parse_args(argc, argv, &a))
 		return 2;

@@ -11,6 +11,7 @@
 int kdbench_decode_main(int argc, char **argv);		/* kdbench_decode.c */
 int kdbench_kvcache_main(int argc, char **argv);		/* kdbench_kvcache.c */
 int kdbench_ipc_main(int argc, char **argv);		/* kdbench_ipc.c */
+int kdbench_agent_main(int argc, char **argv);		/* kdbench_agent.c */
 
 /* generate with n-gram speculation (kdbench_spec.c): the ids of max_tokens greedy
  * tokens after ids[0..n) to stdout, timing and acceptance to stderr. 0 or -errno. */

@@ -38,12 +38,13 @@ static void usage(FILE *f)
 
 	ipc_default_socket(sock, sizeof(sock));
 	fprintf(f,
-		"usage: kdecd --model DIR [options]\n"
+		"usage: kdecd --model DIR|FILE.gguf [options]\n"
 		"\n"
 		"Serves token generation to local clients (libkdclient, kdrun) over shared memory;\n"
 		"operators use kdctl on the same socket.\n"
 		"\n"
-		"  --model DIR             Hugging Face checkpoint (config.json + safetensors)\n"
+		"  --model DIR             Hugging Face checkpoint (config.json + safetensors),\n"
+		"                          or one GGUF file (llama.cpp's format; see docs/MODELS.md)\n"
 		"  --backend NAME          cpu (default)\n"
 		"  --socket PATH           Unix socket (default: $XDG_RUNTIME_DIR/kdecd.sock; else\n"
 		"                          /run/kdecd/kdecd.sock for root; else /tmp/kdecd-$UID/kdecd.sock;\n"
@@ -59,11 +60,15 @@ static void usage(FILE *f)
 		"                          decode token first, then prompt chunks of new requests\n"
 		"                          (default %d; at least --max-batch), so a long prompt\n"
 		"                          never holds up the streams for more than one step\n"
-		"  --kv-tokens N           KV cache capacity in tokens (default %d)\n"
+		"  --kv-tokens N           KV cache capacity in tokens (default %d); requests are\n"
+		"                          admitted when their prompt fits with a little room; when\n"
+		"                          the cache runs short the lowest-priority, newest one is\n"
+		"                          preempted and resumed later (kd_preemptions_total)\n"
 		"  --share-prefix-cache    share cached prompt prefixes across uids (default: per uid)\n"
-		"  --spec ngram:k=N[,n=M]  n-gram speculative decoding of greedy requests: N drafts\n"
-		"                          per step matching the last M..1 tokens (default M 3);\n"
-		"                          requests may opt in or out (default: off)\n"
+		"  --spec ngram:k=N[,n=M]  n-gram speculative decoding: N drafts per step matching\n"
+		"                          the last M..1 tokens (default M 3), verified by each\n"
+		"                          request's own draws (tokens as without it); requests\n"
+		"                          may opt in or out (default: off)\n"
 		"  --session-ttl S         seconds an idle session lives (default %d; -1: forever)\n"
 		"  --offload-after S       idle seconds before a session's KV moves to host memory\n"
 		"                          (default %d; -1: only under memory pressure)\n"
@@ -306,7 +311,7 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 		return -1;
 	}
 	if (!a->model) {
-		fprintf(stderr, "kdecd: --model DIR is required\n");
+		fprintf(stderr, "kdecd: --model DIR|FILE.gguf is required\n");
 		usage(stderr);
 		return -1;
 	}

@@ -117,6 +117,9 @@ char *metrics_format(const struct metrics *m, const struct metrics_gauges *g)
 	put_one(&b, "kd_spec_accepted_tokens_total", "counter",
 		"Speculative draft tokens accepted (mean acceptance length: 1 + accepted / verification steps).",
 		(double)m->spec_accepted_tokens);
+	put_one(&b, "kd_preemptions_total", "counter",
+		"Running requests preempted (KV dropped, recomputed on resume) for KV blocks.",
+		(double)m->preemptions);
 	put_one(&b, "kd_prefix_cache_hit_tokens_total", "counter",
 		"Prompt tokens served from the prefix cache.", (double)g->prefix_hit_tokens);
 	put_one(&b, "kd_kv_offloaded_blocks_total", "counter",

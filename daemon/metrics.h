@@ -23,6 +23,7 @@ struct metrics {
 	uint64_t requests_finished[5];		/* by enum ipc_reason (index 0 unused) */
 	uint64_t spec_draft_tokens;		/* n-gram drafts verified */
 	uint64_t spec_accepted_tokens;		/* of those, the ones emitted */
+	uint64_t preemptions;			/* running requests preempted for KV blocks */
 };
 
 /* Gauges read at report time. */

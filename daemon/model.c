@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "daemon/model.h"
+#include "daemon/model_gguf.h"
 
 static const char *const layer_prefix = "model.layers";
 
@@ -332,8 +333,11 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 		ret = -ENOMEM;
 		goto err_destroy;
 	}
-	ret = opts->synthetic ? load_config(m, path, err, err_len)
-			      : model_config_load(&m->cfg, path, err, err_len);
+	if (gguf_is_gguf(path))
+		ret = model_gguf_open(m, path, err, err_len);
+	else
+		ret = opts->synthetic ? load_config(m, path, err, err_len)
+				      : model_config_load(&m->cfg, path, err, err_len);
 	if (ret)
 		goto err_destroy;
 	if (!opts->synthetic && m->cfg.fp8_weights) {
@@ -350,6 +354,8 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 	if (opts->synthetic) {
 		m->synthetic = 1;
 		ret = model_synthesize(m, opts->seed, err, err_len);
+	} else if (m->gguf) {
+		ret = model_gguf_bind(m, opts->gguf_f32_limit, err, err_len);
 	} else {
 		struct bind b = { .m = m, .err = err, .err_len = err_len };
 
@@ -383,6 +389,7 @@ void model_destroy(struct model *m)
 		free(m->layers);
 	}
 	st_set_close(&m->files);
+	model_gguf_release(m);
 	free(m->synthetic_buf);
 	free(m->path);
 	free(m);

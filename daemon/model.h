@@ -11,6 +11,8 @@
 #include "daemon/safetensors.h"
 #include "kernels/cpu/k_cpu.h"
 
+struct gguf_file;
+
 /* A weight as stored, row-major (rows, cols); a vector has cols == 1. */
 struct model_tensor {
 	const void *data;
@@ -55,10 +57,13 @@ struct model_layer {
 
 struct model {
 	struct model_config cfg;
-	char *path;			/* directory or config file it came from; owned */
+	char *path;			/* directory, GGUF or config file it came from; owned */
 	int synthetic;			/* weights generated, not read */
 	struct st_set files;		/* mapped weight files (empty when synthetic) */
 	void *synthetic_buf;		/* owned storage of synthetic weights */
+	struct gguf_file *gguf;		/* owned: the mapped GGUF file the model came from, or NULL */
+	void *gguf_buf;			/* owned: weights dequantized from it (gguf_buf_bytes) */
+	size_t gguf_buf_bytes;
 	size_t weight_bytes;		/* total bytes of all bound weights */
 
 	struct model_tensor embed;	/* (vocab, hidden) */
@@ -71,10 +76,12 @@ struct model_load_opts {
 	int synthetic;		/* build deterministic random weights, read no weight file */
 	uint64_t seed;		/* synthetic weights' seed */
 	int n_layers;		/* > 0: keep only the first n layers (benchmarks of huge configs) */
+	uint64_t gguf_f32_limit;	/* GGUF: dequantize to fp32 up to this many bytes of
+					 * weights, else bf16; 0: MODEL_GGUF_F32_LIMIT (4 GiB) */
 };
 
-/* Loads DIR (config.json + safetensors), or with opts->synthetic a config given as a
- * directory or a config.json path. Returns 0 or -errno with one line in err.
+/* Loads DIR (config.json + safetensors) or a GGUF file (model_gguf.c), or with
+ * opts->synthetic a config given as a directory, a config.json or a GGUF path. Returns 0 or -errno with one line in err.
  * *out is owned by the caller: model_destroy. */
 int model_load(struct model **out, const char *path, const struct model_load_opts *opts,
 	       char *err, size_t err_len);

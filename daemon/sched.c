@@ -1,79 +1,15 @@
-/* Continuous batching: admission by KV blocks, one decode token per running request
+/* Continuous batching: queues and admission, one decode token per running request
  * per step, prefill in chunks within the step's token budget, events out. A request
  * whose client leaves its event ring full is paused (it keeps its KV) and cancelled
- * after stall_ms. */
+ * after stall_ms. KV claims and preemption: sched_preempt.c; drafts: sched_spec.c. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "daemon/log.h"
-#include "daemon/sched.h"
+#include "daemon/sched_internal.h"
 #include "ipc/ipc_futex.h"
-
-struct sched_req {
-	struct client_conn *c;		/* owner; outlives the request */
-	uint64_t id;			/* the client's id */
-	int running;			/* 0: waiting for admission */
-	struct engine_seq seq;
-	int32_t *prompt;		/* (n_prompt), owned */
-	int n_prompt;
-	int n_prefilled;		/* prompt tokens in the KV cache */
-	int32_t last;			/* the token the next decode feeds */
-	int n_gen;			/* tokens generated */
-	int max_tokens;
-	int need_blocks;		/* KV blocks for prompt + max_tokens */
-	struct k_sample_params sp;
-	int32_t *out;			/* (cap_out) generated ids, kept only for penalties */
-	int spec_k, spec_n;		/* n-gram drafts per step, n-gram length; k 0: off */
-	int32_t fed[SPEC_MAX_K + 1];	/* a speculative step's tokens: last, then drafts */
-	int cap_out;
-	int32_t stop[IPC_STOP_MAX];
-	int n_stop;
-	int priority;
-	char session[IPC_SESSION_MAX];	/* "" or the session name */
-	struct kv_session *kvs;		/* the engine's session while the turn runs */
-	int keep;			/* 1: the turn ended well: save it into kvs */
-	uint64_t seqno;			/* arrival order */
-	uint64_t t_submit, t_pickup, t_last;	/* ns */
-	uint64_t paused_since;		/* ns; 0 = not paused */
-};
-
-struct sched_ses {
-	char name[IPC_SESSION_MAX];
-	struct client_conn *c;
-	int inflight;
-	uint64_t total;
-};
-
-struct sched {
-	struct engine *e;
-	struct sched_opts o;
-	struct sched_req **run;		/* (max_batch) the running batch */
-	int n_run;
-	struct sched_req **wait;	/* (n_wait) by priority, then arrival */
-	int n_wait, cap_wait;
-	struct sched_ses *ses;
-	int n_ses, cap_ses;
-	struct metrics m;
-	int draining;
-	uint64_t seqno;
-	/* step scratch, (max_batch) each */
-	struct engine_req *ereq;
-	struct sched_req **of;
-	struct k_sample_params *sp;
-	struct k_sample_hist *hist;
-	struct k_sample_logprobs *lp;
-	uint64_t *steps;
-	int32_t *ids;
-	/* sp, hist, lp, steps, ids go by logits row: (rows_cap) each, since a
-	 * speculative request has one row per fed token; row0 (max_batch) is each
-	 * request's first row */
-	int *row0;
-	int n_rows, rows_cap;
-	int32_t *spec_hist;		/* (spec_cap) a request's tokens, for the drafter */
-	int spec_cap;
-};
 
 int sched_create(struct sched **out, struct engine *e, const struct sched_opts *o)
 {
@@ -132,6 +68,7 @@ static void req_free(struct sched *s, struct sched_req *r)
 	}
 	engine_seq_release(s->e, &r->seq);
 	free(r->prompt);
+	free(r->resume);
 	free(r->out);
 	free(r);
 }
@@ -159,30 +96,7 @@ void sched_destroy(struct sched *s)
 	free(s);
 }
 
-/* A final or token event to the request's client. A client that cannot take it
- * (impossible ring indices, no memory) is marked dead; the engine thread drops it. */
-static void emit(struct client_conn *c, uint64_t id, uint64_t t_submit, uint64_t t_pickup,
-		 int32_t tok, uint32_t index, uint32_t flags, uint16_t reason, uint16_t detail,
-		 int err, uint32_t a0, uint32_t a1, uint32_t a2)
-{
-	struct ipc_event ev = {
-		.req_id = id, .token = tok, .index = index, .flags = flags,
-		.reason = reason, .detail = detail, .err = err,
-		.arg = { a0, a1, a2 }, .t_submit_ns = t_submit, .t_pickup_ns = t_pickup,
-	};
-	int ret;
-
-	if (c->dead)
-		return;
-	ret = client_conn_push(c, &ev);
-	if (ret < 0 && !c->dead) {
-		c->dead = 1;
-		if (ret != -EPROTO)
-			snprintf(c->why, sizeof(c->why), "cannot queue an event: %s", strerror(-ret));
-	}
-}
-
-static void remove_ptr(struct sched_req **v, int *n, struct sched_req *r)
+void sched_remove_ptr(struct sched_req **v, int *n, struct sched_req *r)
 {
 	for (int i = 0; i < *n; i++) {
 		if (v[i] == r) {
@@ -202,12 +116,12 @@ static int session_find(struct sched *s, struct client_conn *c, const char *name
 }
 
 /* Ends r: its final event (unless already carried by a token event), its KV back. */
-static void finish(struct sched *s, struct sched_req *r, uint16_t reason, uint16_t detail, int err,
-		   uint32_t a0, int emit_final)
+void sched_finish(struct sched *s, struct sched_req *r, uint16_t reason, uint16_t detail, int err,
+		  uint32_t a0, int emit_final)
 {
 	if (emit_final)
-		emit(r->c, r->id, r->t_submit, r->t_pickup, -1, (uint32_t)r->n_gen, IPC_EV_FINAL,
-		     reason, detail, err, a0, 0, 0);
+		sched_emit(r->c, r->id, r->t_submit, r->t_pickup, -1, (uint32_t)r->n_gen, IPC_EV_FINAL,
+			   reason, detail, err, a0, 0, 0);
 	s->m.requests_finished[reason]++;
 	r->keep = reason == IPC_REASON_STOP || reason == IPC_REASON_LENGTH;
 	if (r->session[0]) {
@@ -219,9 +133,9 @@ static void finish(struct sched *s, struct sched_req *r, uint16_t reason, uint16
 	r->c->n_inflight--;
 	r->c->inflight_tokens -= r->n_prompt + r->max_tokens;
 	if (r->running)
-		remove_ptr(s->run, &s->n_run, r);
+		sched_remove_ptr(s->run, &s->n_run, r);
 	else
-		remove_ptr(s->wait, &s->n_wait, r);
+		sched_remove_ptr(s->wait, &s->n_wait, r);
 	req_free(s, r);
 }
 
@@ -310,8 +224,8 @@ static int refuse(struct sched *s, struct client_conn *c, const struct ipc_sub *
 	}
 	if (!detail)
 		return 0;
-	emit(c, rec->req_id, rec->t_submit_ns, t_pickup, -1, 0, IPC_EV_FINAL, IPC_REASON_ERROR,
-	     detail, err, a0, a1, vocab);
+	sched_emit(c, rec->req_id, rec->t_submit_ns, t_pickup, -1, 0, IPC_EV_FINAL, IPC_REASON_ERROR,
+		   detail, err, a0, a1, vocab);
 	s->m.requests_finished[IPC_REASON_ERROR]++;
 	return -1;
 }
@@ -328,6 +242,18 @@ static void enqueue(struct sched *s, struct sched_req *r)
 	s->n_wait++;
 }
 
+void sched_enqueue_front(struct sched *s, struct sched_req *r)
+{
+	int i = 0;
+
+	/* before the first of its priority: a preempted request resumes first */
+	while (i < s->n_wait && s->wait[i]->priority > r->priority)
+		i++;
+	memmove(s->wait + i + 1, s->wait + i, (size_t)(s->n_wait - i) * sizeof(*s->wait));
+	s->wait[i] = r;
+	s->n_wait++;
+}
+
 void sched_submit(struct sched *s, struct client_conn *c, const struct ipc_sub *rec,
 		  int32_t *tokens, uint64_t t_pickup_ns)
 {
@@ -337,19 +263,20 @@ void sched_submit(struct sched *s, struct client_conn *c, const struct ipc_sub *
 	if (rec->kind == IPC_SUB_CANCEL) {
 		r = find(s, c, rec->req_id);
 		if (r)
-			finish(s, r, IPC_REASON_CANCELLED, IPC_DETAIL_CANCEL, 0, 0, 1);
+			sched_finish(s, r, IPC_REASON_CANCELLED, IPC_DETAIL_CANCEL, 0, 0, 1);
 		return;
 	}
 	c->n_submitted++;
 	if (refuse(s, c, rec, tokens, t_pickup_ns))
 		goto out_free;
 	if (rec->session[0] && (ses = session_get(s, c, rec->session)) < 0) {
-		emit(c, rec->req_id, rec->t_submit_ns, t_pickup_ns, -1, 0, IPC_EV_FINAL, IPC_REASON_ERROR,
-		     IPC_DETAIL_SESSIONS, -ENOSPC, (uint32_t)s->o.max_sessions, 0, 0);
+		sched_emit(c, rec->req_id, rec->t_submit_ns, t_pickup_ns, -1, 0, IPC_EV_FINAL, IPC_REASON_ERROR,
+			   IPC_DETAIL_SESSIONS, -ENOSPC, (uint32_t)s->o.max_sessions, 0, 0);
 		goto out_free;
 	}
-	if (s->n_wait == s->cap_wait) {
-		int cap = s->cap_wait ? 2 * s->cap_wait : 64;
+	/* a slot for every request, running ones too: a preempted one comes back */
+	if (s->n_wait + s->n_run >= s->cap_wait) {
+		int cap = s->cap_wait ? 2 * s->cap_wait : 64 + s->o.max_batch;
 		struct sched_req **v = realloc(s->wait, (size_t)cap * sizeof(*v));
 
 		if (!v)
@@ -365,8 +292,9 @@ void sched_submit(struct sched *s, struct client_conn *c, const struct ipc_sub *
 	engine_seq_init(&r->seq);
 	r->prompt = tokens;
 	r->n_prompt = (int)rec->n_tokens;
+	r->feed = r->prompt;
+	r->n_feed = r->n_prompt;
 	r->max_tokens = (int)rec->max_tokens;
-	r->need_blocks = kv_pool_blocks_for(&s->e->pool, (int64_t)rec->n_tokens + rec->max_tokens);
 	r->sp = (struct k_sample_params){ .temperature = rec->temperature, .top_k = rec->top_k,
 					  .top_p = rec->top_p, .seed = rec->seed, .min_p = rec->min_p,
 					  .repetition_penalty = rec->repetition_penalty,
@@ -401,8 +329,8 @@ void sched_submit(struct sched *s, struct client_conn *c, const struct ipc_sub *
 	return;
 
 out_oom:
-	emit(c, rec->req_id, rec->t_submit_ns, t_pickup_ns, -1, 0, IPC_EV_FINAL, IPC_REASON_ERROR,
-	     IPC_DETAIL_NONE, -ENOMEM, 0, 0, 0);
+	sched_emit(c, rec->req_id, rec->t_submit_ns, t_pickup_ns, -1, 0, IPC_EV_FINAL, IPC_REASON_ERROR,
+		   IPC_DETAIL_NONE, -ENOMEM, 0, 0, 0);
 out_free:
 	free(tokens);
 }
@@ -411,10 +339,10 @@ void sched_drop_client(struct sched *s, struct client_conn *c)
 {
 	for (int i = s->n_run - 1; i >= 0; i--)
 		if (s->run[i]->c == c)
-			finish(s, s->run[i], IPC_REASON_CANCELLED, IPC_DETAIL_CANCEL, 0, 0, 0);
+			sched_finish(s, s->run[i], IPC_REASON_CANCELLED, IPC_DETAIL_CANCEL, 0, 0, 0);
 	for (int i = s->n_wait - 1; i >= 0; i--)
 		if (s->wait[i]->c == c)
-			finish(s, s->wait[i], IPC_REASON_CANCELLED, IPC_DETAIL_CANCEL, 0, 0, 0);
+			sched_finish(s, s->wait[i], IPC_REASON_CANCELLED, IPC_DETAIL_CANCEL, 0, 0, 0);
 	for (int i = s->n_ses - 1; i >= 0; i--) {
 		if (s->ses[i].c != c)
 			continue;
@@ -430,33 +358,14 @@ void sched_set_draining(struct sched *s, int on)
 void sched_cancel_all(struct sched *s)
 {
 	while (s->n_run)
-		finish(s, s->run[0], IPC_REASON_CANCELLED, IPC_DETAIL_SHUTDOWN, 0, 0, 1);
+		sched_finish(s, s->run[0], IPC_REASON_CANCELLED, IPC_DETAIL_SHUTDOWN, 0, 0, 1);
 	while (s->n_wait)
-		finish(s, s->wait[0], IPC_REASON_CANCELLED, IPC_DETAIL_SHUTDOWN, 0, 0, 1);
+		sched_finish(s, s->wait[0], IPC_REASON_CANCELLED, IPC_DETAIL_SHUTDOWN, 0, 0, 1);
 }
 
 int sched_busy(const struct sched *s)
 {
 	return s->n_run + s->n_wait;
-}
-
-/* Blocks the running requests may still claim (their reservations not yet taken). */
-static int64_t blocks_promised(const struct sched *s)
-{
-	int64_t n = 0;
-
-	for (int i = 0; i < s->n_run; i++) {
-		int more = s->run[i]->need_blocks - s->run[i]->seq.n_blocks;
-
-		n += more > 0 ? more : 0;
-	}
-	return n;
-}
-
-static int can_admit(const struct sched *s)
-{
-	return s->n_wait && s->n_run < s->o.max_batch && !s->draining &&
-	       (int64_t)kv_pool_available(&s->e->pool) - blocks_promised(s) >= s->wait[0]->need_blocks;
 }
 
 /* Prefix-cache salt of c's requests: its uid, or one value for all. */
@@ -474,7 +383,7 @@ static int req_start(struct sched *s, struct sched_req *r)
 	int cached = 0, ret;
 
 	if (r->session[0] && !engine_session_open(s->e, r->session, r->c->uid, salt, &kvs)) {
-		ret = engine_seq_start_session(s->e, &r->seq, kvs, r->prompt, r->n_prompt, &cached);
+		ret = engine_seq_start_session(s->e, &r->seq, kvs, r->feed, r->n_feed, &cached);
 		if (!ret)
 			r->kvs = kvs;
 		if (ret != -EBUSY)
@@ -482,7 +391,7 @@ static int req_start(struct sched *s, struct sched_req *r)
 		log_debug("session '%s' has a turn running: request %llu runs without it",
 			  r->session, (unsigned long long)r->id);
 	}
-	ret = engine_seq_start(s->e, &r->seq, r->prompt, r->n_prompt, salt, &cached);
+	ret = engine_seq_start(s->e, &r->seq, r->feed, r->n_feed, salt, &cached);
 out:
 	if (!ret)
 		r->n_prefilled = cached;
@@ -490,23 +399,34 @@ out:
 }
 
 /* Moves the first waiting request into the batch with its cached prefix mapped;
- * NULL (the request ended with an error) if that fails. */
+ * NULL if that fails (the request ended with an error) or if starting it took
+ * more blocks than the claims left (it waits again). */
 static struct sched_req *admit(struct sched *s)
 {
 	struct sched_req *r = s->wait[0];
 	int ret;
 
-	remove_ptr(s->wait, &s->n_wait, r);
+	sched_remove_ptr(s->wait, &s->n_wait, r);
 	r->running = 1;
-	r->c->step_space = -1;
+	r->admit_no = s->admit_no++;
 	s->run[s->n_run++] = r;
 	ret = req_start(s, r);
 	if (ret) {
 		log_warn("client %u request %llu: cannot start: %s", r->c->id,
 			 (unsigned long long)r->id, strerror(-ret));
-		finish(s, r, IPC_REASON_ERROR, IPC_DETAIL_ENGINE, ret, 0, 1);
+		sched_finish(s, r, IPC_REASON_ERROR, IPC_DETAIL_ENGINE, ret, 0, 1);
 		return NULL;
 	}
+	/* a session's turn brings all its host blocks back, more than the prompt
+	 * may use: the step would not fit. Its blocks stay on the device (the
+	 * session's, idle), so the next look counts them. */
+	if (sched_spare(s) < 0) {
+		sched_unadmit(s, r);
+		return NULL;
+	}
+	if (r->n_preempted)
+		log_debug("client %u request %llu: resumed, %d of %d tokens from the prefix cache",
+			  r->c->id, (unsigned long long)r->id, r->n_prefilled, r->n_feed);
 	return r;
 }
 
@@ -515,10 +435,10 @@ int sched_runnable(struct sched *s)
 	for (int i = 0; i < s->n_run; i++) {
 		struct sched_req *r = s->run[i];
 
-		if (r->n_prefilled < r->n_prompt || client_conn_ev_free(r->c) > 0)
+		if (r->n_prefilled < r->n_feed || client_conn_ev_free(r->c) > 0)
 			return 1;
 	}
-	return can_admit(s);
+	return sched_can_admit(s);
 }
 
 int64_t sched_next_timeout(const struct sched *s, uint64_t now_ns)
@@ -565,11 +485,11 @@ static int req_pause(struct sched *s, struct sched_req *r, uint64_t now)
 		return 0;
 	log_info("client %u request %llu: event ring full for %d ms: cancelled",
 		 r->c->id, (unsigned long long)r->id, s->o.stall_ms);
-	finish(s, r, IPC_REASON_CANCELLED, IPC_DETAIL_STALLED, 0, (uint32_t)s->o.stall_ms, 1);
+	sched_finish(s, r, IPC_REASON_CANCELLED, IPC_DETAIL_STALLED, 0, (uint32_t)s->o.stall_ms, 1);
 	return 1;
 }
 
-static void add(struct sched *s, int *n, struct sched_req *r, const int32_t *tok, int n_tok)
+void sched_add(struct sched *s, int *n, struct sched_req *r, const int32_t *tok, int n_tok)
 {
 	s->ereq[*n] = (struct engine_req){ .seq = &r->seq, .tokens = tok, .n_tokens = n_tok };
 	s->of[*n] = r;
@@ -582,56 +502,6 @@ static void add(struct sched *s, int *n, struct sched_req *r, const int32_t *tok
 	(*n)++;
 }
 
-/* Drafts for r's next decode into r->fed[1..], at most room of them; 0: r decodes
- * plainly. Only greedy requests without penalties or logprobs speculate, where
- * verification by argmax gives exactly the plain output; sampled requests need
- * rejection sampling to keep their distribution (not done yet). */
-static int spec_drafts(struct sched *s, struct sched_req *r, int room)
-{
-	int k = r->spec_k, left = r->max_tokens - r->n_gen - 1, nh = r->seq.n_tokens + 1;
-
-	if (!k || r->sp.temperature > 0 || r->sp.logprobs || k_sample_has_penalty(&r->sp))
-		return 0;
-	k = k < left ? k : left;
-	k = k < room ? k : room;
-	if (k <= 0)
-		return 0;
-	if (nh > s->spec_cap) {
-		int cap = nh > 2 * s->spec_cap ? nh : 2 * s->spec_cap;
-		int32_t *h = realloc(s->spec_hist, (size_t)cap * sizeof(*h));
-
-		if (!h)
-			return 0;	/* no drafts is always correct */
-		s->spec_hist = h;
-		s->spec_cap = cap;
-	}
-	/* the history: what the KV holds (prompt, output) and the token fed next */
-	memcpy(s->spec_hist, r->seq.tokens, (size_t)r->seq.n_tokens * sizeof(int32_t));
-	s->spec_hist[nh - 1] = r->last;
-	return spec_ngram_propose(s->spec_hist, nh, r->spec_n, k, r->fed + 1);
-}
-
-/* A decode of r: its last token, and drafts to verify when it speculates. Each
- * token the step may emit takes a budget token and an event slot. */
-static void add_decode(struct sched *s, int *n, struct sched_req *r, int *budget)
-{
-	int nd = spec_drafts(s, r, *budget - 1 < r->c->step_space - 1 ? *budget - 1 : r->c->step_space - 1);
-
-	r->fed[0] = r->last;
-	add(s, n, r, r->fed, 1 + nd);
-	if (nd) {
-		s->ereq[*n - 1].all_logits = 1;
-		s->ereq[*n - 1].n_draft = nd;
-		for (int j = 1; j <= nd; j++, s->n_rows++) {
-			s->sp[s->n_rows] = r->sp;
-			s->hist[s->n_rows] = s->hist[s->n_rows - 1];
-			s->steps[s->n_rows] = (uint64_t)(r->n_gen + j);
-		}
-	}
-	r->c->step_space -= 1 + nd;
-	*budget -= 1 + nd;
-}
-
 /* Picks the step's requests: decodes first, then prefill chunks, admitting waiting
  * requests while the KV cache, the batch and the token budget allow. */
 static int build_step(struct sched *s, uint64_t now)
@@ -640,19 +510,38 @@ static int build_step(struct sched *s, uint64_t now)
 
 	s->n_rows = 0;
 
-	/* space_cache lives in the client for one step: reset it first. */
-	for (int i = 0; i < s->n_run; i++)
+	/* space_cache lives in the client for one step: reset it first, for the
+	 * clients of requests that may be admitted too */
+	for (int i = 0; i < s->n_run; i++) {
 		s->run[i]->c->step_space = -1;
-	for (int i = 0; i < s->n_run && budget > 0; i++) {
+		s->run[i]->step_fed = 0;
+	}
+	for (int i = 0; i < s->n_wait; i++)
+		s->wait[i]->c->step_space = -1;
+	/* who decodes: each takes one event slot here (drafts get what is left);
+	 * those whose client has none pause */
+	for (int i = 0; i < s->n_run; i++) {
 		struct sched_req *r = s->run[i];
 
-		if (r->n_prefilled < r->n_prompt || r->c->dead)
+		if (r->n_prefilled < r->n_feed || r->c->dead)
 			continue;
 		if (step_space(r->c, &r->c->step_space) > 0) {
 			r->paused_since = 0;
-			add_decode(s, &n, r, &budget);
+			r->step_fed = 1;
+			r->c->step_space--;
 		} else if (req_pause(s, r, now)) {
 			i--;
+		}
+	}
+	/* the decodes' blocks, preempting when short; room for a waiting request of
+	 * higher priority */
+	sched_make_room(s);
+	for (int i = 0; i < s->n_run && budget > 0; i++) {
+		struct sched_req *r = s->run[i];
+
+		if (r->step_fed) {
+			r->c->step_space++;	/* its slot back: add_decode takes it */
+			sched_add_decode(s, &n, r, &budget);
 		}
 	}
 	for (int i = 0; budget > 0 && n < s->o.max_batch; i++) {
@@ -660,7 +549,7 @@ static int build_step(struct sched *s, uint64_t now)
 		int rem, chunk;
 
 		if (i == s->n_run) {
-			if (!can_admit(s))
+			if (!sched_can_admit(s))
 				break;
 			if (!admit(s)) {
 				i--;
@@ -668,7 +557,7 @@ static int build_step(struct sched *s, uint64_t now)
 			}
 		}
 		r = s->run[i];
-		rem = r->n_prompt - r->n_prefilled;
+		rem = r->n_feed - r->n_prefilled;
 		if (!rem || r->c->dead)
 			continue;
 		chunk = rem < budget ? rem : budget;
@@ -683,114 +572,10 @@ static int build_step(struct sched *s, uint64_t now)
 		r->paused_since = 0;
 		if (chunk == rem)
 			r->c->step_space--;
-		add(s, &n, r, r->prompt + r->n_prefilled, chunk);
+		sched_add(s, &n, r, r->feed + r->n_prefilled, chunk);
 		budget -= chunk;
 	}
 	return n;
-}
-
-/* Keeps tok in r->out when r's penalties need its output. 0 or -ENOMEM. */
-static int record_out(struct sched_req *r, int32_t tok)
-{
-	if (!k_sample_has_penalty(&r->sp))
-		return 0;
-	if (r->n_gen == r->cap_out) {
-		int cap = r->cap_out ? 2 * r->cap_out : 64;
-		int32_t *v = realloc(r->out, (size_t)cap * sizeof(*v));
-
-		if (!v)
-			return -ENOMEM;
-		r->out = v;
-		r->cap_out = cap;
-	}
-	r->out[r->n_gen] = tok;
-	return 0;
-}
-
-static uint32_t f32_bits(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, sizeof(u));
-	return u;
-}
-
-static void deliver_event(struct sched *s, struct sched_req *r, int32_t tok, uint32_t flags,
-			  const uint32_t *a, uint64_t now)
-{
-	uint32_t index = (uint32_t)r->n_gen++;
-	uint16_t reason = IPC_REASON_NONE;
-
-	s->m.generation_tokens++;
-	r->c->n_generated++;
-	if (index == 0)
-		metrics_observe_ttft(&s->m, (double)(now - r->t_pickup) * 1e-9);
-	else
-		metrics_observe_itl(&s->m, (double)(now - r->t_last) * 1e-9);
-	r->t_last = now;
-	for (int k = 0; k < r->n_stop; k++)
-		if (r->stop[k] == tok)
-			reason = IPC_REASON_STOP;
-	if (!reason && r->n_gen >= r->max_tokens)
-		reason = IPC_REASON_LENGTH;
-	emit(r->c, r->id, r->t_submit, r->t_pickup, tok, index, flags | (reason ? IPC_EV_FINAL : 0),
-	     reason, IPC_DETAIL_NONE, 0, a[0], a[1], a[2]);
-	if (reason)
-		finish(s, r, reason, IPC_DETAIL_NONE, 0, 0, 0);
-	else
-		r->last = tok;
-}
-
-/* Delivers tok, with its logprobs when the request asked (lp may be NULL: none). */
-static void deliver_lp(struct sched *s, struct sched_req *r, int32_t tok,
-		       const struct k_sample_logprobs *lp, uint64_t now)
-{
-	uint32_t flags = 0, a[3] = { 0, 0, 0 };
-
-	if (record_out(r, tok)) {
-		finish(s, r, IPC_REASON_ERROR, IPC_DETAIL_NONE, -ENOMEM, 0, 1);
-		return;
-	}
-	if (r->sp.logprobs && lp) {
-		flags = IPC_EV_LOGPROB;
-		a[0] = f32_bits(lp->logprob);
-		if (lp->n) {
-			flags |= IPC_EV_TOP_LOGPROB;
-			a[1] = (uint32_t)lp->ids[0];
-			a[2] = f32_bits(lp->logprobs[0]);
-		}
-	}
-	deliver_event(s, r, tok, flags, a, now);
-}
-
-/* A verification step of r: ids (q->n_tokens) the greedy token after each fed
- * one. Emits the drafts the model agrees with and its own next token, cut after a
- * stop token, and rolls the KV of the rest back. */
-static void deliver_spec(struct sched *s, struct sched_req *r, const struct engine_req *q,
-			 const int32_t *ids, uint64_t now)
-{
-	int nd = q->n_draft, m = 1, ret;
-
-	while (m <= nd && ids[m - 1] == q->tokens[m])
-		m++;
-	for (int j = 0; j < m - 1; j++)
-		for (int k = 0; k < r->n_stop; k++)
-			if (ids[j] == r->stop[k])
-				m = j + 1;
-	s->m.spec_draft_tokens += (uint64_t)nd;
-	s->m.spec_accepted_tokens += (uint64_t)(m - 1);
-	/* the KV keeps the fed tokens that are now output: last and m - 1 drafts */
-	ret = engine_seq_truncate(s->e, &r->seq, r->seq.n_tokens - (nd + 1 - m));
-	if (ret) {
-		log_error("client %u request %llu: KV rollback failed: %s", r->c->id,
-			  (unsigned long long)r->id, strerror(-ret));
-		finish(s, r, IPC_REASON_ERROR, IPC_DETAIL_ENGINE, ret, 0, 1);
-		return;
-	}
-	/* drafts stop short of max_tokens and of a stop token: only the last of these
-	 * may end r (and free it) */
-	for (int j = 0; j < m; j++)
-		deliver_lp(s, r, ids[j], NULL, now);
 }
 
 int sched_step(struct sched *s, uint64_t now_ns)
@@ -807,23 +592,25 @@ int sched_step(struct sched *s, uint64_t now_ns)
 	if (ret) {
 		log_error("engine step of %d requests failed: %s", n, err[0] ? err : strerror(-ret));
 		for (int i = 0; i < n; i++)
-			finish(s, s->of[i], IPC_REASON_ERROR, IPC_DETAIL_ENGINE, ret, 0, 1);
+			sched_finish(s, s->of[i], IPC_REASON_ERROR, IPC_DETAIL_ENGINE, ret, 0, 1);
 		return ret;
 	}
 	now = ipc_now_ns();
 	for (int i = 0; i < n; i++) {
 		struct sched_req *r = s->of[i];
 
-		if (r->n_prefilled < r->n_prompt) {
+		if (r->n_prefilled < r->n_feed) {
 			r->n_prefilled += s->ereq[i].n_tokens;
-			if (r->n_prefilled < r->n_prompt)
+			if (r->n_prefilled < r->n_feed)
 				continue;	/* a middle chunk: its sample is not a token */
-			s->m.prompt_tokens += (uint64_t)r->n_prompt;
+			if (!r->n_gen)	/* not a resume after a preemption */
+				s->m.prompt_tokens += (uint64_t)r->n_prompt;
 		}
 		if (s->ereq[i].n_draft)
-			deliver_spec(s, r, &s->ereq[i], s->ids + s->row0[i], now);
+			sched_deliver_spec(s, r, &s->ereq[i], s->ids + s->row0[i], s->lp + s->row0[i],
+					   now);
 		else
-			deliver_lp(s, r, s->ids[s->row0[i]], &s->lp[s->row0[i]], now);
+			sched_deliver(s, r, s->ids[s->row0[i]], &s->lp[s->row0[i]], now);
 	}
 	return n;
 }

@@ -2,8 +2,8 @@
  * thread hands it the requests taken from the clients' rings; sched_step then runs
  * one engine step that decodes one token for every running request and, within a
  * token budget, prefills chunks of new ones, and writes the sampled tokens into the
- * clients' event rings. Engine thread only. Issue 6 extends it (priorities beyond
- * ordering, preemption, speculation). */
+ * clients' event rings; requests are preempted when the KV cache runs short
+ * (sched_preempt.c) and may speculate (sched_spec.c). Engine thread only. */
 #ifndef KD_DAEMON_SCHED_H
 #define KD_DAEMON_SCHED_H
 

@@ -431,6 +431,7 @@ static void handle_reply(struct server *s, struct et_msg *m)
 {
 	struct control_info info = {
 		.model = s->e->model->cfg.model_type,
+		.model_path = s->e->model->path,
 		.backend = s->o.backend ? s->o.backend : "cpu",
 		.notify = s->o.notify == IPC_NOTIFY_EVENTFD ? "eventfd" : "futex",
 		.uptime_s = (double)(ipc_now_ns() - s->t_start_ns) * 1e-9,

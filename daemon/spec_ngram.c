@@ -121,3 +121,12 @@ int spec_verify_greedy(const float *logits, int vocab, const int32_t *drafts, in
 	}
 	return i + 1;
 }
+
+int spec_accept(const int32_t *draws, const int32_t *drafts, int n_draft)
+{
+	int m = 0;
+
+	while (m < n_draft && draws[m] == drafts[m])
+		m++;
+	return m;
+}

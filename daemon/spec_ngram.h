@@ -38,4 +38,15 @@ int spec_ngram_propose(const int32_t *hist, int n_hist, int max_n, int k, int32_
 int spec_verify_greedy(const float *logits, int vocab, const int32_t *drafts, int n_draft,
 		       int32_t *out);
 
+/* Verification by the request's own draws, for any sampling: draws[i] is the token
+ * its sampler (kernels/k_sample.h, the seeded u of output index n_gen + i) drew from
+ * the model's distribution p after fed token i, as plain decoding would. Draft i is
+ * accepted while draws[i] equals it. An n-gram draft is a point mass on x, and this
+ * is rejection sampling for it with one uniform per position: x is accepted with
+ * probability p(x), and a rejected position's draw is distributed as p with x
+ * removed and renormalised; so the tokens emitted, draws[0..accepted], are those
+ * plain decoding draws with the same seed. At temperature 0 draws are argmaxes:
+ * exactly greedy acceptance. Returns the drafts accepted, 0..n_draft. */
+int spec_accept(const int32_t *draws, const int32_t *drafts, int n_draft);
+
 #endif

@@ -60,7 +60,7 @@ fi
 
 # ---- bad arguments ----
 expect_error 2 "unknown command" "$B/kdbench" frobnicate --model "$M"
-expect_error 2 "--model DIR is required" "$B/kdbench" logits --tokens 1 --out "$tmp/x"
+expect_error 2 "--model DIR|FILE.gguf is required" "$B/kdbench" logits --tokens 1 --out "$tmp/x"
 expect_error 2 "bad id" "$B/kdbench" logits --model "$M" --tokens 1,x,3 --out "$tmp/x"
 expect_error 2 "trailing comma" "$B/kdbench" logits --model "$M" --tokens 1,2, --out "$tmp/x"
 expect_error 2 "--threads" "$B/kdbench" generate --model "$M" --prompt 1 --max-tokens 2 --threads 0

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/engine.h"
 #include "daemon/model.h"
@@ -55,6 +56,11 @@ static const char *const models[] = {
 	"reference/llama", "reference/qwen3", "reference/qwen3_moe", "reference/deepseek_v2",
 	"reference/deepseek_v3", "reference/kimi_k2",
 };
+
+static int test_file_exists(const char *path)
+{
+	return access(path, R_OK) == 0;
+}
 
 struct gcase {
 	int32_t *tokens;
@@ -215,9 +221,14 @@ static void check_greedy(struct engine *e, const char *name, json_t *greedy)
 	free(want);
 }
 
+/* KDEC_GOLDEN_GGUF=DIR: load each golden/NAME model from DIR/NAME.gguf instead (made
+ * from the same checkpoint by llama.cpp's converter: tests/make_gguf_golden.sh), and
+ * hold it to the same references and tolerance. */
+static const char *gguf_dir;
+
 static void check_model(const char *top, const char *name, int threads)
 {
-	char dir[1024], path[1200], err[512] = "";
+	char dir[1024], path[1200], mpath[1200], err[512] = "";
 	struct engine_opts eo = { .backend = backend, .threads = threads, .kv_tokens = 4096,
 				  .block_tokens = 16, .max_rows = 128 };
 	struct gcase cs[MAX_CASES] = { 0 };
@@ -228,12 +239,22 @@ static void check_model(const char *top, const char *name, int threads)
 	int n = 0;
 
 	snprintf(dir, sizeof(dir), "%s/tests/data/%s", top, name);
+	snprintf(mpath, sizeof(mpath), "%s", dir);
+	if (gguf_dir) {
+		if (strncmp(name, "golden/", 7))
+			return;
+		snprintf(mpath, sizeof(mpath), "%s/%s.gguf", gguf_dir, name + 7);
+		if (!test_file_exists(mpath)) {
+			fprintf(stderr, "  %-22s no %s: skipped\n", name, mpath);
+			return;
+		}
+	}
 	snprintf(path, sizeof(path), "%s/golden.json", dir);
 	g = json_load_file(path, 0, &jerr);
 	CHECK(g != NULL, "%s: %s", path, jerr.text);
 	if (!g)
 		return;
-	CHECK(model_load(&m, dir, NULL, err, sizeof(err)) == 0, "%s: load: %s", name, err);
+	CHECK(model_load(&m, mpath, NULL, err, sizeof(err)) == 0, "%s: load: %s", name, err);
 	if (m && row_tol != CPU_ROW_TOL && m->cfg.dtype != K_BF16) {
 		fprintf(stderr, "  %-22s skipped on %s: a %s checkpoint; the GPU keeps bf16 weights\n",
 			name, backend, k_dtype_name(m->cfg.dtype));
@@ -286,9 +307,11 @@ int main(void)
 
 	if (getenv("KDEC_TEST_BACKEND"))
 		backend = getenv("KDEC_TEST_BACKEND");
+	gguf_dir = getenv("KDEC_GOLDEN_GGUF");
 	if (strcmp(backend, "cpu"))
 		row_tol = CUDA_ROW_TOL;
-	fprintf(stderr, "test_golden: backend %s, tolerance %g relative L2 per row\n", backend, row_tol);
+	fprintf(stderr, "test_golden: backend %s, tolerance %g relative L2 per row%s%s\n", backend,
+		row_tol, gguf_dir ? ", models from GGUF files in " : "", gguf_dir ? gguf_dir : "");
 
 	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
 		check_model(top, models[i], i % 2 ? 1 : 3);

@@ -2,8 +2,8 @@
  * checkpoint: greedy requests submitted together (verification rows in one step
  * with the others' decode rows) get exactly kdbench generate's tokens, with
  * speculation and with the per-request opt-out; kd_spec_* metrics move only for
- * requests that speculate; a sampled request (no speculation yet) is unchanged by
- * the switch; a stop token reached inside an accepted draft ends the request there. */
+ * requests that speculate; a seeded sampled request with penalties speculates (its
+ * drafts verified by its own draws) and gets the tokens it gets without; a stop token reached inside an accepted draft ends the request there. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -170,6 +170,8 @@ static void test_greedy(void)
 
 static void test_sampled(void)
 {
+	static const int32_t rep[] = { 5, 17, 300, 2, 9 };
+	long long d0 = metric("kd_spec_draft_tokens_total"), d1;
 	struct req q[2];
 
 	memset(q, 0, sizeof(q));
@@ -177,13 +179,17 @@ static void test_sampled(void)
 		q[i].n_prompt = 10;
 		q[i].max_tokens = 24;
 		q[i].stop = -1;
-		q[i].sp = (struct kd_sampling){ .temperature = 0.8f, .top_k = 40, .seed = 11 };
+		/* cool enough to fall into the loop greedy decoding of this prompt does */
+		q[i].sp = (struct kd_sampling){ .temperature = 0.2f, .top_k = 40, .seed = 11,
+						.frequency_penalty = 0.01f };
 		for (int k = 0; k < 10; k++)
-			q[i].prompt[k] = (int32_t)(k % 3 + 7);
+			q[i].prompt[k] = rep[k % 5];
 	}
 	q[1].flags = KD_REQUEST_NO_SPEC;
 	CHECK(run(q, 2) == 0 && q[0].n_got == 24 && q[1].n_got == 24 && !memcmp(q[0].got, q[1].got, 24 * sizeof(int32_t)),
 	      "a sampled request does not depend on the switch");
+	d1 = metric("kd_spec_draft_tokens_total");
+	CHECK(d1 > d0, "the sampled request drafted nothing (%lld, %lld)", d0, d1);
 }
 
 int main(void)

@@ -1,0 +1,153 @@
+/* Chat templates. Models ship a Jinja template; kdec does not run Jinja but recognises
+ * the two families it supports from the template's text and renders them in C:
+ * ChatML (SmolLM2, Qwen2) with the default system message the template may carry,
+ * and Llama 3 (bos, header ids, trimmed content, <|eot_id|>). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/tokenizer.h"
+
+static const char *find_mem(const char *s, size_t n, const char *needle)
+{
+	return memmem(s, n, needle, strlen(needle));
+}
+
+/* ChatML templates that open with a fixed system message when the conversation has
+ * none write it as a literal: '<|im_start|>system\nTEXT<|im_end|>' with TEXT free of
+ * quotes and Jinja (the branch that copies messages[0] has a quote right away). The
+ * newline may be a real one or Jinja's \n escape. */
+static int chatml_default_system(struct kd_tokenizer *t, const char *s, size_t n)
+{
+	static const char open[] = "<|im_start|>system";
+	const char *p = s, *end = s + n;
+
+	while ((p = find_mem(p, (size_t)(end - p), open))) {
+		const char *q = p + sizeof(open) - 1, *close;
+
+		p = q;
+		if (q < end && *q == '\n')
+			q++;
+		else if (end - q >= 2 && q[0] == '\\' && q[1] == 'n')
+			q += 2;
+		else
+			continue;
+		close = find_mem(q, (size_t)(end - q), "<|im_end|>");
+		if (!close || close == q || memchr(q, '\'', (size_t)(close - q)) ||
+		    memchr(q, '"', (size_t)(close - q)) || find_mem(q, (size_t)(close - q), "{"))
+			continue;
+		t->chat_system = strndup(q, (size_t)(close - q));
+		return t->chat_system ? 0 : -ENOMEM;
+	}
+	return 0;
+}
+
+int tok_chat_detect(struct kd_tokenizer *t, const char *tmpl, size_t len)
+{
+	t->chat = TOK_CHAT_NONE;
+	if (find_mem(tmpl, len, "<|im_start|>")) {
+		t->chat = TOK_CHAT_CHATML;
+		return chatml_default_system(t, tmpl, len);
+	}
+	/* Llama 3.0's template; 3.1 and later add a dated system block and tool calls */
+	if (find_mem(tmpl, len, "<|start_header_id|>") && !find_mem(tmpl, len, "Cutting Knowledge"))
+		t->chat = TOK_CHAT_LLAMA3;
+	return 0;
+}
+
+struct out_buf {
+	char *buf;
+	size_t len, k;
+};
+
+static void put(struct out_buf *o, const char *s, size_t n)
+{
+	if (o->k < o->len)
+		memcpy(o->buf + o->k, s, o->len - o->k < n ? o->len - o->k : n);
+	o->k += n;
+}
+
+static void puts_(struct out_buf *o, const char *s)
+{
+	put(o, s, strlen(s));
+}
+
+/* Jinja's trim (Python's str.strip): leading and trailing white space. */
+static int is_py_space(unsigned char c)
+{
+	return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
+}
+
+static void put_trimmed(struct out_buf *o, const char *s)
+{
+	size_t n = strlen(s);
+
+	while (n && is_py_space((unsigned char)*s)) {
+		s++;
+		n--;
+	}
+	while (n && is_py_space((unsigned char)s[n - 1]))
+		n--;
+	put(o, s, n);
+}
+
+static void render_chatml(const struct kd_tokenizer *t, const struct kd_chat_message *m,
+			  size_t n, int gen, struct out_buf *o)
+{
+	if (t->chat_system && (!n || strcmp(m[0].role, "system"))) {
+		puts_(o, "<|im_start|>system\n");
+		puts_(o, t->chat_system);
+		puts_(o, "<|im_end|>\n");
+	}
+	for (size_t i = 0; i < n; i++) {
+		puts_(o, "<|im_start|>");
+		puts_(o, m[i].role);
+		puts_(o, "\n");
+		puts_(o, m[i].content);
+		puts_(o, "<|im_end|>\n");
+	}
+	if (gen)
+		puts_(o, "<|im_start|>assistant\n");
+}
+
+static void render_llama3(const struct kd_tokenizer *t, const struct kd_chat_message *m,
+			  size_t n, int gen, struct out_buf *o)
+{
+	if (n && t->bos >= 0)
+		put(o, t->strings + t->tokens[t->bos].text_off, t->tokens[t->bos].text_len);
+	for (size_t i = 0; i < n; i++) {
+		puts_(o, "<|start_header_id|>");
+		puts_(o, m[i].role);
+		puts_(o, "<|end_header_id|>\n\n");
+		put_trimmed(o, m[i].content);
+		puts_(o, "<|eot_id|>");
+	}
+	if (gen)
+		puts_(o, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+long kd_tokenizer_chat(const struct kd_tokenizer *t, const struct kd_chat_message *msgs,
+		       size_t n, int add_generation_prompt, char *buf, size_t len)
+{
+	struct out_buf o = { buf, len, 0 };
+
+	if (!t || (!msgs && n) || (!buf && len))
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++)
+		if (!msgs[i].role || !msgs[i].content)
+			return -EINVAL;
+	switch (t->chat) {
+	case TOK_CHAT_CHATML:
+		render_chatml(t, msgs, n, add_generation_prompt, &o);
+		break;
+	case TOK_CHAT_LLAMA3:
+		render_llama3(t, msgs, n, add_generation_prompt, &o);
+		break;
+	default:
+		tok_set_error("%s: no chat template kdec knows (ChatML or Llama 3)", t->path);
+		return -ENOTSUP;
+	}
+	if (o.k < len)
+		buf[o.k] = '\0';
+	return (long)o.k;
+}
