@@ -48,11 +48,23 @@ static void prof_create(struct backend_cuda *b)
 	log_info("cuda: timing every op (KDEC_CUDA_OP_TIMES=1); graphs record no times");
 }
 
-/* Marks the start of an op: the previous op's end is this op's start. */
+/* The ops that read their x through the linear context: they may use a bf16 copy of
+ * x that the op before them left in its scratch (k_cuda_linear_x_ready). */
+static int reads_x_bf16(const char *op)
+{
+	return !strcmp(op, "linear") || !strcmp(op, "linear_add") || !strcmp(op, "qkv_prep") ||
+	       !strcmp(op, "gate_up_silu");
+}
+
+/* Marks the start of an op: the previous op's end is this op's start. Any other op
+ * drops the bf16 copy of x that a producer left for a linear next: it could be about
+ * to change x. */
 void cuda_prof_mark(struct backend_cuda *b, const char *op)
 {
 	struct cuda_prof *p = b->prof;
 
+	if (!reads_x_bf16(op))
+		k_cuda_linear_x_ready(b->lin, NULL, 0, 0);
 	if (!p || b->capturing || p->n_pending >= CUDA_PROF_MAX_PENDING)
 		return;
 	if (p->n_pending == 0)
@@ -338,10 +350,18 @@ static void cuda_rmsnorm(struct backend *be, float *out, int out_stride, const f
 			 const struct model_tensor *w, int rows, int dim, float eps)
 {
 	struct backend_cuda *b = cuda_of(be);
-	cuda_prof_mark(b, "rmsnorm");
+	uint16_t *xb = out_stride == dim ? k_cuda_linear_x_scratch(b->lin, rows, dim) : NULL;
 
-	cuda_note(b, k_cuda_rmsnorm(b->stream, out, out_stride, x, x_stride, V(b, w), rows, dim, eps),
-	     "rmsnorm");
+	cuda_prof_mark(b, "rmsnorm");
+	if (!xb) {
+		cuda_note(b, k_cuda_rmsnorm(b->stream, out, out_stride, x, x_stride, V(b, w), rows, dim,
+					    eps), "rmsnorm");
+		return;
+	}
+	/* the output in bf16 as well, for the linear that usually comes next */
+	cuda_note(b, k_cuda_rmsnorm_bf16(b->stream, out, out_stride, x, x_stride, V(b, w), rows, dim,
+					 eps, xb), "rmsnorm");
+	k_cuda_linear_x_ready(b->lin, out, rows, dim);
 }
 
 static void cuda_add(struct backend *be, float *y, const float *x, size_t n)

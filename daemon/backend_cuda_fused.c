@@ -120,9 +120,14 @@ void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		cuda_note(b, ret, "gate_up_silu");
 		return;
 	}
-	if (rs[0] == 2L * inter)	/* one GEMM: rows hold gate then up */
-		ret = k_cuda_silu_mul_rows(b->stream, out, b->fused, M, inter);
-	else
+	if (rs[0] == 2L * inter) {	/* one GEMM: rows hold gate then up */
+		/* out in bf16 as well, for the down projection next */
+		uint16_t *xb = k_cuda_linear_x_scratch(b->lin, M, inter);
+
+		ret = k_cuda_silu_mul_rows_bf16(b->stream, out, b->fused, M, inter, xb);
+		if (!ret && xb)
+			k_cuda_linear_x_ready(b->lin, out, M, inter);
+	} else
 		ret = k_cuda_silu_mul(b->stream, out, b->fused + off[0], b->fused + off[1],
 				      (size_t)M * (size_t)inter);
 	cuda_note(b, ret, "gate_up_silu");

@@ -134,6 +134,38 @@ static void test_embed(int n, int dim)
 
 /* rows of dim values, x rows x_stride apart, out rows out_stride apart (in place when
  * inplace: out = x, strides equal). The gaps between rows must stay untouched. */
+/* k_cuda_rmsnorm_bf16 (rows, dim) again into fresh buffers: the fp32 output the same
+ * bits as got (the plain form's), the bf16 copy exactly got rounded to nearest even. */
+static void check_bf16_copy(const char *op, int rows, int dim, int out_stride, const float *got,
+			    float *dout_unused, const float *dx, int x_stride, const float *dw)
+{
+	size_t no = (size_t)rows * out_stride, nb = (size_t)rows * dim, bad = 0, bad32 = 0;
+	float *d2 = dev_alloc(sizeof(float) * no), *h2 = malloc(sizeof(float) * no);
+	uint16_t *db = dev_alloc(sizeof(uint16_t) * nb), *hb = malloc(sizeof(uint16_t) * nb);
+
+	(void)dout_unused;
+	poison(d2, sizeof(float) * no);
+	poison(db, sizeof(uint16_t) * nb);
+	CHECK(k_cuda_rmsnorm_bf16(stream, d2, out_stride, dx, x_stride, dw, rows, dim, 1e-6f, db) == 0,
+	      "%s bf16 launch", op);
+	to_host(h2, d2, sizeof(float) * no);
+	to_host(hb, db, sizeof(uint16_t) * nb);
+	for (int r = 0; r < rows; r++)
+		for (int i = 0; i < dim; i++) {
+			const float g = got[(size_t)r * out_stride + i];
+
+			bad32 += memcmp(&g, &h2[(size_t)r * out_stride + i], sizeof(g)) != 0;
+			bad += hb[(size_t)r * dim + i] != k_f32_to_bf16(g);
+		}
+	printf("%-14s rows %d dim %d: %zu fp32 and %zu bf16 values differ  %s\n", "rmsnorm_bf16",
+	       rows, dim, bad32, bad, bad || bad32 ? "FAIL" : "PASS");
+	CHECK(!bad && !bad32, "%s bf16 copy: %zu fp32, %zu bf16 differ", op, bad32, bad);
+	cudaFree(d2);
+	cudaFree(db);
+	free(h2);
+	free(hb);
+}
+
 static void test_rmsnorm(int rows, int dim, int x_stride, int out_stride, int inplace)
 {
 	size_t nx = (size_t)rows * x_stride, no = (size_t)rows * out_stride;
@@ -157,6 +189,8 @@ static void test_rmsnorm(int rows, int dim, int x_stride, int out_stride, int in
 	CHECK(k_cuda_rmsnorm(stream, dout, inplace ? x_stride : out_stride, dx, x_stride, dw, rows,
 			     dim, 1e-6f) == 0, "rmsnorm launch");
 	to_host(got, dout, sizeof(float) * (inplace ? nx : no));
+	if (!inplace)
+		check_bf16_copy("rmsnorm", rows, dim, out_stride, got, dout, dx, x_stride, dw);
 	snprintf(shape, sizeof(shape), "rows %d dim %d stride %d/%d%s", rows, dim, x_stride,
 		 out_stride, inplace ? " in place" : "");
 	if (!inplace)	/* the gaps: NaN where want is NaN, so compare only rows */
@@ -276,6 +310,25 @@ static void test_silu_mul_rows(int rows, int inter)
 	to_host(got, dout, sizeof(float) * n);
 	snprintf(shape, sizeof(shape), "rows %d inter %d", rows, inter);
 	report("silu_mul_rows", shape, got, want, n, REL_TOL);
+	{	/* the bf16 form: the same fp32 bits, and their bf16 rounding */
+		uint16_t *db = dev_alloc(sizeof(uint16_t) * n), *hb = malloc(sizeof(uint16_t) * n);
+		float *h2 = malloc(sizeof(float) * n);
+		size_t bad = 0;
+
+		poison(dout, sizeof(float) * n);
+		poison(db, sizeof(uint16_t) * n);
+		CHECK(k_cuda_silu_mul_rows_bf16(stream, dout, dgu, rows, inter, db) == 0,
+		      "silu_mul_rows_bf16 launch");
+		to_host(h2, dout, sizeof(float) * n);
+		to_host(hb, db, sizeof(uint16_t) * n);
+		for (size_t i = 0; i < n; i++)
+			bad += memcmp(&h2[i], &got[i], sizeof(float)) != 0 || hb[i] != k_f32_to_bf16(got[i]);
+		printf("%-14s %-40s %zu differ  %s\n", "silu_rows_bf16", shape, bad, bad ? "FAIL" : "PASS");
+		CHECK(!bad, "silu_mul_rows_bf16 %s: %zu differ", shape, bad);
+		cudaFree(db);
+		free(hb);
+		free(h2);
+	}
 	cudaFree(dgu);
 	cudaFree(dout);
 	free(gu);

@@ -32,6 +32,12 @@ int k_cuda_embed(cudaStream_t s, float *out /* (n, dim) */, const int32_t *ids /
 int k_cuda_rmsnorm(cudaStream_t s, float *out, int out_stride, const float *x, int x_stride,
 		   const float *w /* (dim) */, int rows, int dim, float eps);
 
+/* k_cuda_rmsnorm that also writes the output rounded to bf16 (nearest even), rows
+ * contiguous: out_bf16 (rows, dim), for a linear layer that takes bf16 input next. */
+int k_cuda_rmsnorm_bf16(cudaStream_t s, float *out, int out_stride, const float *x, int x_stride,
+			const float *w /* (dim) */, int rows, int dim, float eps,
+			uint16_t *out_bf16 /* (rows, dim) */);
+
 /* x += r, then out = rmsnorm(x) * w: the residual add and the next pre-norm in one
  * pass. Rows are contiguous (stride dim). out may alias r (the forward's x += h;
  * h = norm(x)); out must not overlap x. */
@@ -49,6 +55,9 @@ int k_cuda_silu_mul(cudaStream_t s, float *out, const float *gate, const float *
  * then inter up values. out must not overlap gate_up. */
 int k_cuda_silu_mul_rows(cudaStream_t s, float *out /* (rows, inter) */,
 			 const float *gate_up /* (rows, 2 * inter) */, int rows, int inter);
+/* The same, also writing out rounded to bf16 (nearest even) into out_bf16 (rows, inter). */
+int k_cuda_silu_mul_rows_bf16(cudaStream_t s, float *out, const float *gate_up, int rows,
+			      int inter, uint16_t *out_bf16);
 
 /* Rotates x in place as k_cpu_rope does for a struct k_rope with these fields: head h
  * of row r starts at x + r*row_stride + h*head_stride, and its first dim values are
