@@ -2,6 +2,7 @@
 // sequences, split along the sequence, each K/V vector read once per kv head for all the
 // q heads of its group) and the launcher that picks it or the tiled prefill kernel.
 #include "kernels/cuda/attn_common.cuh"
+#include "kernels/cuda/launch_check.cuh"
 
 #define DEC_WARPS 4
 #define DEC_THREADS (DEC_WARPS * 32)
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_dec_kernel(const dec_args a)
 	const int ng = min(DEC_HEADS, a.group - g0), h0 = kvh * a.group + g0;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 	const int gi = lane / LPT, d0 = (lane % LPT) * 8;
-	const int ctx = a.ctx[r], per = dec_split_len(ctx, a.n_splits);
+	const int ctx = (k_cuda_pdl_wait(), a.ctx[r]), per = dec_split_len(ctx, a.n_splits);
 	const int tb = (int)min((long)ctx, (long)split * per), te = min(ctx, tb + per);
 	const int32_t *table = a.blocks[r];
 	const size_t kv_stride = (size_t)a.kv_heads * a.hd, head_off = (size_t)kvh * a.hd + d0;
@@ -290,14 +291,9 @@ static int gqa_decode(cudaStream_t s, k_cuda_attn_ws *ws, float *out, const floa
 				      rows->max_ctx, DEC_MIN_SPLIT_TOKENS, (size_t)R * H * hd,
 				      (size_t)R * H);
 	grid = dim3(a.n_splits, KV * n_hc, R);
-	if (hd <= 32)
-		attn_dec_kernel<4><<<grid, DEC_THREADS, 0, s>>>(a);
-	else if (hd <= 64)
-		attn_dec_kernel<8><<<grid, DEC_THREADS, 0, s>>>(a);
-	else if (hd <= 128)
-		attn_dec_kernel<16><<<grid, DEC_THREADS, 0, s>>>(a);
-	else
-		attn_dec_kernel<32><<<grid, DEC_THREADS, 0, s>>>(a);
+	k_cuda_launch_pdl(s, grid, DEC_THREADS, 0,
+			  hd <= 32 ? attn_dec_kernel<4> : hd <= 64 ? attn_dec_kernel<8>
+			  : hd <= 128 ? attn_dec_kernel<16> : attn_dec_kernel<32>, a);
 	ATTN_LAUNCHED("attn_dec_kernel");
 	if (a.n_splits > 1)
 		return attn_merge(s, ws, a.n_splits, R, H, hd, out, (long)H * hd, hd);

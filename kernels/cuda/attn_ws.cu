@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/attn_common.cuh"
+#include "kernels/cuda/launch_check.cuh"
 
 #define MERGE_THREADS 128
 
@@ -24,6 +25,7 @@ attn_merge_kernel(float *__restrict__ out, long out_rs, long out_hs,
 	const size_t rh = (size_t)r * n_heads + h, per_split = (size_t)n_rows * n_heads;
 	const int d = blockIdx.y * MERGE_THREADS + threadIdx.x;
 
+	k_cuda_pdl_wait();
 	if (threadIdx.x < 32) {	// one warp: lane owns splits lane + 32 k
 		constexpr int PER = ATTN_MAX_SPLITS / 32;
 		const int lane = threadIdx.x;
@@ -130,8 +132,9 @@ int attn_merge(cudaStream_t s, const k_cuda_attn_ws *ws, int n_splits, int n_row
 
 	if (blocks == 0)
 		return 0;
-	attn_merge_kernel<<<dim3((unsigned)blocks, attn_cdiv(dim, MERGE_THREADS)), MERGE_THREADS, 0, s>>>(
-		out, out_rs, out_hs, ws->part_o, ws->part_lse, n_splits, n_rows, n_heads, dim);
+	k_cuda_launch_pdl(s, dim3((unsigned)blocks, attn_cdiv(dim, MERGE_THREADS)), MERGE_THREADS, 0,
+			  attn_merge_kernel, out, out_rs, out_hs, (const float *)ws->part_o,
+			  (const float *)ws->part_lse, n_splits, n_rows, n_heads, dim);
 	ATTN_LAUNCHED("attn_merge_kernel");
 	return 0;
 }

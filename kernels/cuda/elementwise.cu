@@ -96,6 +96,7 @@ __global__ void silu_mul_rows_kernel(float *out, const float *gu, int rows, int 
 	size_t r = i / (size_t)per, c = i % (size_t)per;
 	const float *g;
 
+	k_cuda_pdl_wait();
 	if (r >= (size_t)rows)
 		return;
 	g = gu + r * 2 * (size_t)inter;
@@ -178,7 +179,7 @@ extern "C" int k_cuda_silu_mul_rows_bf16(cudaStream_t s, float *out, const float
 	if (rows == 0)
 		return 0;
 	vec4 = inter % 4 == 0 && aligned16(out) && aligned16(gate_up);
-	silu_mul_rows_kernel<<<ew_blocks((size_t)rows * (vec4 ? inter / 4 : inter)), EW_THREADS, 0,
-			       s>>>(out, gate_up, rows, inter, vec4, out_bf16);
+	k_cuda_launch_pdl(s, ew_blocks((size_t)rows * (vec4 ? inter / 4 : inter)), EW_THREADS, 0,
+			  silu_mul_rows_kernel, out, gate_up, rows, inter, vec4, out_bf16);
 	return K_CUDA_LAUNCHED("silu_mul_rows");
 }

@@ -45,9 +45,12 @@ __global__ void __launch_bounds__(QKV_THREADS) qkv_post_kernel(const k_cuda_qkv_
 	const float *src = is_q ? a.q_src + (size_t)r * a.q_rs + (size_t)j * D
 				: a.k_src + (size_t)r * a.k_rs + (size_t)kvh * D;
 	const float *w = is_q ? a.q_norm : a.k_norm;
-	const int32_t slot = a.slots[r];
-	const size_t cache_off = (size_t)slot * a.kv_heads * D + (size_t)kvh * D;
+	int32_t slot;
+	size_t cache_off;
 
+	k_cuda_pdl_wait();
+	slot = a.slots[r];
+	cache_off = (size_t)slot * a.kv_heads * D + (size_t)kvh * D;
 	if (!is_q && slot < 0)
 		return;
 	for (int i = threadIdx.x; i < D; i += QKV_THREADS)
@@ -108,6 +111,7 @@ extern "C" int k_cuda_qkv_post(cudaStream_t s, const struct k_cuda_qkv_args *a)
 		return -EINVAL;
 	if (a->rows == 0)
 		return 0;
-	qkv_post_kernel<<<dim3(a->n_heads + a->kv_heads, a->rows), QKV_THREADS, 0, s>>>(*a);
+	k_cuda_launch_pdl(s, dim3(a->n_heads + a->kv_heads, a->rows), QKV_THREADS, 0, qkv_post_kernel,
+			  *a);
 	return K_CUDA_LAUNCHED("qkv_post");
 }

@@ -131,6 +131,7 @@ __global__ void rmsnorm_warp_kernel(float *out, int out_stride, float *x, int x_
 	float *xr;
 	double ss;
 
+	k_cuda_pdl_wait();
 	if (row >= rows)
 		return;
 	xr = x + (size_t)row * x_stride;
@@ -161,6 +162,7 @@ rmsnorm_block_kernel(float *out, int out_stride, float *x, int x_stride, const f
 	float v[PER > 0 ? PER : 1];
 	double ss;
 
+	k_cuda_pdl_wait();
 	if constexpr (PER > 0)
 		ss = warp_sum_d(regs_sumsq<PER>(v, xr, rr, dim, t, RMSNORM_THREADS));
 	else
@@ -198,28 +200,24 @@ static int rmsnorm_launch(cudaStream_t s, float *out, int out_stride, float *x, 
 	if (rows == 0)
 		return 0;
 	if (rmsnorm_use_warp(dim)) {
-		const int blocks = (rows + RMSNORM_ROWS_PER_CTA - 1) / RMSNORM_ROWS_PER_CTA;
-		const int per = (dim + 31) / 32, th = RMSNORM_ROWS_PER_CTA * 32;
+		const int per = (dim + 31) / 32;
+		void (*k)(float *, int, float *, int, const float *, const float *, int, int, float,
+			  uint16_t *) = per <= 4 ? rmsnorm_warp_kernel<4>
+				      : per <= 8 ? rmsnorm_warp_kernel<8>
+				      : per <= 16 ? rmsnorm_warp_kernel<16> : rmsnorm_warp_kernel<32>;
 
-		if (per <= 4)
-			rmsnorm_warp_kernel<4><<<blocks, th, 0, s>>>(out, out_stride, x, x_stride, r, w, rows, dim, eps, ob);
-		else if (per <= 8)
-			rmsnorm_warp_kernel<8><<<blocks, th, 0, s>>>(out, out_stride, x, x_stride, r, w, rows, dim, eps, ob);
-		else if (per <= 16)
-			rmsnorm_warp_kernel<16><<<blocks, th, 0, s>>>(out, out_stride, x, x_stride, r, w, rows, dim, eps, ob);
-		else
-			rmsnorm_warp_kernel<32><<<blocks, th, 0, s>>>(out, out_stride, x, x_stride, r, w, rows, dim, eps, ob);
+		k_cuda_launch_pdl(s, (rows + RMSNORM_ROWS_PER_CTA - 1) / RMSNORM_ROWS_PER_CTA,
+				  RMSNORM_ROWS_PER_CTA * 32, 0, k, out, out_stride, x, x_stride, r, w,
+				  rows, dim, eps, ob);
 	} else {
 		const int per = (dim + RMSNORM_THREADS - 1) / RMSNORM_THREADS;
+		void (*k)(float *, int, float *, int, const float *, const float *, int, float,
+			  uint16_t *) = per <= 8 ? rmsnorm_block_kernel<8>
+				      : per <= 16 ? rmsnorm_block_kernel<16>
+				      : per <= 32 ? rmsnorm_block_kernel<32> : rmsnorm_block_kernel<0>;
 
-		if (per <= 8)
-			rmsnorm_block_kernel<8><<<rows, RMSNORM_THREADS, 0, s>>>(out, out_stride, x, x_stride, r, w, dim, eps, ob);
-		else if (per <= 16)
-			rmsnorm_block_kernel<16><<<rows, RMSNORM_THREADS, 0, s>>>(out, out_stride, x, x_stride, r, w, dim, eps, ob);
-		else if (per <= 32)
-			rmsnorm_block_kernel<32><<<rows, RMSNORM_THREADS, 0, s>>>(out, out_stride, x, x_stride, r, w, dim, eps, ob);
-		else
-			rmsnorm_block_kernel<0><<<rows, RMSNORM_THREADS, 0, s>>>(out, out_stride, x, x_stride, r, w, dim, eps, ob);
+		k_cuda_launch_pdl(s, rows, RMSNORM_THREADS, 0, k, out, out_stride, x, x_stride, r, w,
+				  dim, eps, ob);
 	}
 	return K_CUDA_LAUNCHED(r ? "add_rmsnorm" : "rmsnorm");
 }
