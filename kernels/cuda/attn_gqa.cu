@@ -1,6 +1,8 @@
 // GQA attention over the paged bf16 cache: the decode kernel (rows of distinct
 // sequences, split along the sequence, each K/V vector read once per kv head for all the
 // q heads of its group) and the launcher that picks it or the tiled prefill kernel.
+#include <cstdlib>
+
 #include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/launch_check.cuh"
 
@@ -9,8 +11,8 @@
 #define DEC_HEADS 4		// q heads of one kv head per block (Llama-3 GQA 4 in one pass)
 #define DEC_U 4			// tokens in flight per lane group per iteration
 // Splits: a few blocks per SM, and a split no shorter than this (its fixed cost).
-#define DEC_CTAS_PER_SM 4
-#define DEC_MIN_SPLIT_TOKENS 64
+#define DEC_CTAS_PER_SM 2
+#define DEC_MIN_SPLIT_TOKENS 32
 // Prefill: rows per sequence from which a tile of rows shares its K/V loads.
 #define GQA_TILED_MIN_ROWS_PER_SEQ 16
 #define GQA_TILE_Q 64
@@ -290,6 +292,14 @@ static int gqa_decode(cudaStream_t s, k_cuda_attn_ws *ws, float *out, const floa
 	a.n_splits = attn_pick_splits(ws, (long)R * KV * n_hc, (long)DEC_CTAS_PER_SM * ws->n_sm,
 				      rows->max_ctx, DEC_MIN_SPLIT_TOKENS, (size_t)R * H * hd,
 				      (size_t)R * H);
+	if (const char *e = getenv("KDEC_ATTN_DEC_SPLITS")) {	// experiments: a fixed split count
+		const int want = atoi(e);
+
+		if (want >= 1 && want <= a.n_splits * 64 &&
+		    (size_t)want * R * H * hd <= ws->part_floats && (size_t)want * R * H <= ws->lse_floats &&
+		    want <= ATTN_MAX_SPLITS)
+			a.n_splits = want;
+	}
 	grid = dim3(a.n_splits, KV * n_hc, R);
 	k_cuda_launch_pdl(s, grid, DEC_THREADS, 0,
 			  hd <= 32 ? attn_dec_kernel<4> : hd <= 64 ? attn_dec_kernel<8>
