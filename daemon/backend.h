@@ -19,6 +19,17 @@ struct backend_opts {
 	int device;		/* first GPU (cuda) */
 };
 
+/* A GQA layer's attention inputs for qkv_prep: rows of h in, q out, K/V into the cache. */
+struct backend_qkv {
+	int rows, n_heads, kv_heads, head_dim;
+	int qk_norm;			/* Qwen3: RMSNorm of each q and k head (L->q_norm, k_norm) */
+	float eps;
+	const struct k_rope *rope;
+	const int32_t *pos;		/* (rows) */
+	const int32_t *slots;		/* (rows) cache slot of each row's K/V */
+	struct k_kv_layer *kv;
+};
+
 struct backend_ops {
 	const char *name;
 	enum k_dtype kv_dtype;	/* element type of the KV cache: K_F32 (cpu), K_BF16 (cuda);
@@ -66,6 +77,15 @@ struct backend_ops {
 			   int inter, int n_experts);
 
 	/* ---- optional: NULL where a backend lacks them (forward.c falls back) ---- */
+	/* q (rows, n_heads * head_dim) = rope(norm(h @ wq^T)); rope(norm(h @ wk^T)) and
+	 * h @ wv^T into the cache: what linear x3, rmsnorm x2, rope x2 and kv_write x2 do,
+	 * with the three projections as one matrix where the backend holds them adjacent. */
+	void (*qkv_prep)(struct backend *be, float *q, const float *h, const struct model_layer *L,
+			 const struct backend_qkv *p);
+	/* out (M, w_gate->rows) = silu(x @ w_gate^T) * (x @ w_up^T), one matrix where the
+	 * backend holds the two adjacent. */
+	void (*gate_up_silu)(struct backend *be, float *out, const float *x,
+			     const struct model_tensor *w_gate, const struct model_tensor *w_up, int M);
 	/* Sizes the ops' workspaces for steps of up to max_rows rows attending to up to
 	 * max_ctx tokens; called once by forward_create. 0 or -errno with err. */
 	int (*reserve)(struct backend *be, int max_rows, int max_ctx, char *err, size_t err_len);

@@ -48,11 +48,23 @@ static void prof_create(struct backend_cuda *b)
 	log_info("cuda: timing every op (KDEC_CUDA_OP_TIMES=1); graphs record no times");
 }
 
-/* Marks the start of an op: the previous op's end is this op's start. */
-static void prof_mark(struct backend_cuda *b, const char *op)
+/* The ops that read their x through the linear context: they may use a bf16 copy of
+ * x that the op before them left in its scratch (k_cuda_linear_x_ready). */
+static int reads_x_bf16(const char *op)
+{
+	return !strcmp(op, "linear") || !strcmp(op, "linear_add") || !strcmp(op, "qkv_prep") ||
+	       !strcmp(op, "gate_up_silu");
+}
+
+/* Marks the start of an op: the previous op's end is this op's start. Any other op
+ * drops the bf16 copy of x that a producer left for a linear next: it could be about
+ * to change x. */
+void cuda_prof_mark(struct backend_cuda *b, const char *op)
 {
 	struct cuda_prof *p = b->prof;
 
+	if (!reads_x_bf16(op))
+		k_cuda_linear_x_ready(b->lin, NULL, 0, 0);
 	if (!p || b->capturing || p->n_pending >= CUDA_PROF_MAX_PENDING)
 		return;
 	if (p->n_pending == 0)
@@ -119,7 +131,7 @@ static void prof_report(struct backend_cuda *b)
 }
 
 /* An op's launcher result: the first failure sticks until sync. */
-static void note(struct backend_cuda *b, int ret, const char *op)
+void cuda_note(struct backend_cuda *b, int ret, const char *op)
 {
 	prof_done(b);
 	if (ret && !b->err) {
@@ -129,17 +141,15 @@ static void note(struct backend_cuda *b, int ret, const char *op)
 }
 
 /* The device copy of a weight; a missing one is a bug in the upload walk. */
-static const void *dev_of(struct backend_cuda *b, const void *host, const char *what)
+const void *cuda_dev_of(struct backend_cuda *b, const void *host, const char *what)
 {
 	const void *d = cuda_ptr_map_get(&b->map, host);
 
 	if (!d)
-		note(b, -EFAULT, what);
+		cuda_note(b, -EFAULT, what);
 	return d;
 }
 
-#define W(b, t) ((const uint16_t *)dev_of((b), (t)->data, __func__))
-#define V(b, t) ((const float *)dev_of((b), (t)->data, __func__))
 
 /* ---- lifecycle ------------------------------------------------------------- */
 
@@ -151,6 +161,7 @@ static void cuda_destroy(struct backend *be)
 		return;
 	prof_report(b);
 	k_cuda_sample_ws_destroy(b->sample_ws);
+	cudaFree(b->fused);
 	k_cuda_moe_ws_destroy(b->moe_ws);
 	k_cuda_attn_ws_destroy(b->attn_ws);
 	k_cuda_linear_destroy(b->lin);
@@ -247,7 +258,8 @@ static int cuda_reserve(struct backend *be, int max_rows, int max_ctx, char *err
 	    (c->n_experts > 0 &&
 	     (ret = k_cuda_moe_ws_create(&b->moe_ws, max_M, c->top_k, c->n_experts, c->hidden_size,
 					 c->moe_intermediate_size))) ||
-	    (ret = k_cuda_sample_ws_create(&b->sample_ws, 64, c->vocab_size))) {
+	    (ret = k_cuda_sample_ws_create(&b->sample_ws, 64, c->vocab_size)) ||
+	    (ret = cuda_fused_reserve(b, max_M))) {
 		cudaMemGetInfo(&free_b, &total_b);
 		snprintf(err, err_len,
 			 "cuda: cannot make the workspaces for %d rows x %d tokens of context (%.2f GiB free on GPU %d)",
@@ -329,69 +341,77 @@ static void cuda_embed(struct backend *be, float *out, const int32_t *ids, int n
 		       const struct model_tensor *table)
 {
 	struct backend_cuda *b = cuda_of(be);
-	prof_mark(b, "embed");
+	cuda_prof_mark(b, "embed");
 
-	note(b, k_cuda_embed(b->stream, out, ids, n, W(b, table), (int)table->cols), "embed");
+	cuda_note(b, k_cuda_embed(b->stream, out, ids, n, W(b, table), (int)table->cols), "embed");
 }
 
 static void cuda_rmsnorm(struct backend *be, float *out, int out_stride, const float *x, int x_stride,
 			 const struct model_tensor *w, int rows, int dim, float eps)
 {
 	struct backend_cuda *b = cuda_of(be);
-	prof_mark(b, "rmsnorm");
+	uint16_t *xb = out_stride == dim ? k_cuda_linear_x_scratch(b->lin, rows, dim) : NULL;
 
-	note(b, k_cuda_rmsnorm(b->stream, out, out_stride, x, x_stride, V(b, w), rows, dim, eps),
-	     "rmsnorm");
+	cuda_prof_mark(b, "rmsnorm");
+	if (!xb) {
+		cuda_note(b, k_cuda_rmsnorm(b->stream, out, out_stride, x, x_stride, V(b, w), rows, dim,
+					    eps), "rmsnorm");
+		return;
+	}
+	/* the output in bf16 as well, for the linear that usually comes next */
+	cuda_note(b, k_cuda_rmsnorm_bf16(b->stream, out, out_stride, x, x_stride, V(b, w), rows, dim,
+					 eps, xb), "rmsnorm");
+	k_cuda_linear_x_ready(b->lin, out, rows, dim);
 }
 
 static void cuda_add(struct backend *be, float *y, const float *x, size_t n)
 {
 	struct backend_cuda *b = cuda_of(be);
-	prof_mark(b, "add");
+	cuda_prof_mark(b, "add");
 
-	note(b, k_cuda_add(b->stream, y, x, n), "add");
+	cuda_note(b, k_cuda_add(b->stream, y, x, n), "add");
 }
 
 static void cuda_silu_mul(struct backend *be, float *out, const float *gate, const float *up, size_t n)
 {
 	struct backend_cuda *b = cuda_of(be);
-	prof_mark(b, "silu_mul");
+	cuda_prof_mark(b, "silu_mul");
 
-	note(b, k_cuda_silu_mul(b->stream, out, gate, up, n), "silu_mul");
+	cuda_note(b, k_cuda_silu_mul(b->stream, out, gate, up, n), "silu_mul");
 }
 
 static void cuda_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M)
 {
 	struct backend_cuda *b = cuda_of(be);
-	prof_mark(b, "linear");
+	cuda_prof_mark(b, "linear");
 	if (b->prof && M > b->prof->max_M)
 		b->prof->max_M = M;
 
-	note(b, k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows, (int)w->cols, 0), "linear");
+	cuda_note(b, k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows, (int)w->cols, 0), "linear");
 }
 
 static void cuda_linear_add(struct backend *be, float *y, const float *x, const struct model_tensor *w,
 			    int M)
 {
 	struct backend_cuda *b = cuda_of(be);
-	prof_mark(b, "linear_add");
+	cuda_prof_mark(b, "linear_add");
 	if (b->prof && M > b->prof->max_M)
 		b->prof->max_M = M;
 
-	note(b, k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows, (int)w->cols, 1), "linear_add");
+	cuda_note(b, k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows, (int)w->cols, 1), "linear_add");
 }
 
 static void cuda_rope(struct backend *be, const struct k_rope *rope, float *x, int n_rows, int n_heads,
 		      int row_stride, int head_stride, const int32_t *pos)
 {
 	struct backend_cuda *b = cuda_of(be);
-	prof_mark(b, "rope");
+	cuda_prof_mark(b, "rope");
 
 	if (rope->dim != b->rope_dim) {
-		note(b, -EINVAL, "rope (table of another model)");
+		cuda_note(b, -EINVAL, "rope (table of another model)");
 		return;
 	}
-	note(b, k_cuda_rope(b->stream, b->inv_freq, rope->dim, rope->interleaved, rope->attn_factor, x,
+	cuda_note(b, k_cuda_rope(b->stream, b->inv_freq, rope->dim, rope->interleaved, rope->attn_factor, x,
 			    n_rows, n_heads, row_stride, head_stride, pos), "rope");
 }
 
@@ -399,9 +419,9 @@ static void cuda_kv_write(struct backend *be, float *cache, int width, const flo
 			  const int32_t *slots)
 {
 	struct backend_cuda *b = cuda_of(be);
-	prof_mark(b, "kv_write");
+	cuda_prof_mark(b, "kv_write");
 
-	note(b, k_cuda_kv_write(b->stream, (uint16_t *)cache, width, src, width, n_rows, slots),
+	cuda_note(b, k_cuda_kv_write(b->stream, (uint16_t *)cache, width, src, width, n_rows, slots),
 	     "kv_write");
 }
 
@@ -416,10 +436,10 @@ static void cuda_attn_gqa(struct backend *be, float *out, const float *q, const 
 			  float scale)
 {
 	struct backend_cuda *b = cuda_of(be);
-	prof_mark(b, "attn_gqa");
+	cuda_prof_mark(b, "attn_gqa");
 	struct k_cuda_attn_rows r = attn_rows(rows);
 
-	note(b, k_cuda_attn_gqa(b->stream, b->attn_ws, out, q, (const uint16_t *)kv->k,
+	cuda_note(b, k_cuda_attn_gqa(b->stream, b->attn_ws, out, q, (const uint16_t *)kv->k,
 				(const uint16_t *)kv->v, kv->block_tokens, &r, n_heads, kv_heads,
 				head_dim, scale), "attn_gqa");
 }
@@ -429,12 +449,12 @@ static int cuda_attn_mla(struct backend *be, float *out, const float *q, const s
 			 const struct k_mla_dims *d, float scale)
 {
 	struct backend_cuda *b = cuda_of(be);
-	prof_mark(b, "attn_mla");
+	cuda_prof_mark(b, "attn_mla");
 	struct k_cuda_attn_rows r = attn_rows(rows);
 	int ret = k_cuda_attn_mla(b->stream, b->attn_ws, out, q, W(b, w_kv_b), (const uint16_t *)kv->k,
 				  kv->block_tokens, &r, d, scale);
 
-	note(b, ret, "attn_mla");
+	cuda_note(b, ret, "attn_mla");
 	return ret;
 }
 
@@ -442,11 +462,11 @@ static void cuda_moe_route(struct backend *be, const struct k_moe_route_params *
 			   int M, int32_t *ids, float *weights)
 {
 	struct backend_cuda *b = cuda_of(be);
-	prof_mark(b, "moe_route");
+	cuda_prof_mark(b, "moe_route");
 	struct k_moe_route_params dp = *p;
 
-	dp.bias = p->bias ? dev_of(b, p->bias, "moe_route bias") : NULL;
-	note(b, k_cuda_moe_route(b->stream, &dp, logits, M, ids, weights), "moe_route");
+	dp.bias = p->bias ? cuda_dev_of(b, p->bias, "moe_route bias") : NULL;
+	cuda_note(b, k_cuda_moe_route(b->stream, &dp, logits, M, ids, weights), "moe_route");
 }
 
 static int cuda_moe_experts(struct backend *be, float *out, const float *x, int M, const int32_t *ids,
@@ -454,12 +474,12 @@ static int cuda_moe_experts(struct backend *be, float *out, const float *x, int 
 			    int inter, int n_experts)
 {
 	struct backend_cuda *b = cuda_of(be);
-	prof_mark(b, "moe_experts");
-	const uint16_t *const *table = dev_of(b, L->experts, "moe_experts");
+	cuda_prof_mark(b, "moe_experts");
+	const uint16_t *const *table = cuda_dev_of(b, L->experts, "moe_experts");
 	int ret = k_cuda_moe_experts(b->stream, b->moe_ws, out, x, M, ids, weights, top_k, table,
 				     n_experts, hidden, inter);
 
-	note(b, ret, "moe_experts");
+	cuda_note(b, ret, "moe_experts");
 	return ret;
 }
 
@@ -467,10 +487,10 @@ static int cuda_sample(struct backend *be, int32_t *ids, const float *logits, in
 		       const struct k_sample_params *params, const uint64_t *steps)
 {
 	struct backend_cuda *b = cuda_of(be);
-	prof_mark(b, "sample");
+	cuda_prof_mark(b, "sample");
 	int ret = k_cuda_sample(b->stream, b->sample_ws, ids, logits, M, vocab, params, steps);
 
-	note(b, ret, "sample");
+	cuda_note(b, ret, "sample");
 	return ret;
 }
 
@@ -550,6 +570,8 @@ const struct backend_ops backend_cuda_ops = {
 	.moe_route = cuda_moe_route,
 	.moe_experts = cuda_moe_experts,
 	.reserve = cuda_reserve,
+	.qkv_prep = cuda_qkv_prep,
+	.gate_up_silu = cuda_gate_up_silu,
 	.linear_add = cuda_linear_add,
 	.sample = cuda_sample,
 	.capture_begin = cuda_capture_begin,

@@ -60,6 +60,9 @@ struct backend_cuda {
 	struct k_cuda_moe_ws *moe_ws;
 	struct k_cuda_sample_ws *sample_ws;
 	size_t alloc_bytes;		/* cudaMalloc'd through alloc() */
+	float *fused;			/* (fused_floats) fused projections' outputs:
+					 * (rows, q + 2 kv widths) or (rows, 2 * inter) */
+	size_t fused_floats;
 	int capturing;
 	struct cuda_prof *prof;		/* NULL unless KDEC_CUDA_OP_TIMES=1 */
 };
@@ -72,6 +75,22 @@ static inline struct backend_cuda *cuda_of(struct backend *be)
 /* Records a CUDA failure (call, file, line) once; returns -EIO, or 0 on success. */
 int cuda_check(struct backend_cuda *b, cudaError_t e, const char *call, const char *file, int line);
 #define CUDA_CHECK(b, call) cuda_check((b), (call), #call, __FILE__, __LINE__)
+
+/* An op's launcher result: the first failure sticks until sync. */
+void cuda_note(struct backend_cuda *b, int ret, const char *op);
+/* KDEC_CUDA_OP_TIMES: the op about to be queued. */
+void cuda_prof_mark(struct backend_cuda *b, const char *op);
+/* The device copy of a weight; a missing one is a bug in the upload walk. */
+const void *cuda_dev_of(struct backend_cuda *b, const void *host, const char *what);
+#define W(b, t) ((const uint16_t *)cuda_dev_of((b), (t)->data, __func__))
+#define V(b, t) ((const float *)cuda_dev_of((b), (t)->data, __func__))
+
+/* Fused ops (backend_cuda_fused.c): the scratch for max_M rows, and the ops. */
+int cuda_fused_reserve(struct backend_cuda *b, int max_M);
+void cuda_qkv_prep(struct backend *be, float *q, const float *h, const struct model_layer *L,
+		   const struct backend_qkv *p);
+void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
+		       const struct model_tensor *w_gate, const struct model_tensor *w_up, int M);
 
 int cuda_ptr_map_put(struct cuda_ptr_map *m, const void *key, void *val);
 void *cuda_ptr_map_get(const struct cuda_ptr_map *m, const void *key);

@@ -209,9 +209,9 @@ static void linear_residual(struct forward *f, float *residual, float *scratch, 
 	OP(f, add, residual, scratch, (size_t)R * (size_t)w->rows);
 }
 
-/* Llama / Qwen3 attention: h (rows, hidden) in, h (rows, hidden) out. */
-static void gqa_attention(struct forward *f, const struct model_layer *L, int l,
-			  const struct fwd_batch *b)
+/* q, and K/V into the cache, op by op (backends without qkv_prep). */
+static void gqa_inputs(struct forward *f, const struct model_layer *L, int l,
+		       const struct fwd_batch *b)
 {
 	const struct model_config *c = &f->m->cfg;
 	int R = b->n_rows, H = c->n_heads, KV = c->n_kv_heads, D = c->head_dim;
@@ -228,6 +228,27 @@ static void gqa_attention(struct forward *f, const struct model_layer *L, int l,
 	OP(f, rope, &f->rope, f->k, R, KV, KV * D, D, b->pos);
 	OP(f, kv_write, kv->k, kv->width, f->k, R, b->slots);
 	OP(f, kv_write, kv->v, kv->width, f->v, R, b->slots);
+}
+
+/* Llama / Qwen3 attention: h (rows, hidden) in, h (rows, hidden) out. */
+static void gqa_attention(struct forward *f, const struct model_layer *L, int l,
+			  const struct fwd_batch *b)
+{
+	const struct model_config *c = &f->m->cfg;
+	int R = b->n_rows, H = c->n_heads, KV = c->n_kv_heads, D = c->head_dim;
+	struct k_kv_layer *kv = &f->kv[l];
+
+	if (f->be->ops->qkv_prep) {
+		struct backend_qkv p = {
+			.rows = R, .n_heads = H, .kv_heads = KV, .head_dim = D, .qk_norm = c->qk_norm,
+			.eps = c->rms_norm_eps, .rope = &f->rope, .pos = b->pos, .slots = b->slots,
+			.kv = kv,
+		};
+
+		OP(f, qkv_prep, f->q, f->h, L, &p);
+	} else {
+		gqa_inputs(f, L, l, b);
+	}
 	OP(f, attn_gqa, f->attn, f->q, kv, &b->attn, H, KV, D, c->attn_scale);
 	linear_residual(f, f->x, f->h, f->attn, &L->wo, R);
 }
@@ -273,9 +294,13 @@ static void dense_mlp(struct forward *f, const struct model_layer *L, int R, int
 {
 	size_t n = (size_t)R * (size_t)inter;
 
-	OP(f, linear, f->gate, f->h, &L->w_gate, R);
-	OP(f, linear, f->up, f->h, &L->w_up, R);
-	OP(f, silu_mul, f->gate, f->gate, f->up, n);
+	if (f->be->ops->gate_up_silu) {
+		OP(f, gate_up_silu, f->gate, f->h, &L->w_gate, &L->w_up, R);
+	} else {
+		OP(f, linear, f->gate, f->h, &L->w_gate, R);
+		OP(f, linear, f->up, f->h, &L->w_up, R);
+		OP(f, silu_mul, f->gate, f->gate, f->up, n);
+	}
 	linear_residual(f, acc, scratch, f->gate, &L->w_down, R);
 }
 

@@ -1,6 +1,7 @@
 /* The CUDA small ops against their CPU references on fresh random inputs: embedding,
  * RMSNorm (strided, in place, fused with the residual add), add, SwiGLU (plain and
- * fused rows), RoPE (default, llama3, YaRN; interleaved and not). Outputs are
+ * fused rows), RoPE (default, llama3, YaRN; interleaved and not), and the fused
+ * attention inputs (norm + rope + cache append). Outputs are
  * poisoned (NaN) first, so an unwritten element fails. One line per case.
  * Tolerances: embed and add are exact; RMSNorm and RoPE follow the CPU's fp32/fp64
  * steps (rel L2 <= 1e-6, in practice 0); SiLU differs by expf's last bit (<= 1e-6).
@@ -133,6 +134,38 @@ static void test_embed(int n, int dim)
 
 /* rows of dim values, x rows x_stride apart, out rows out_stride apart (in place when
  * inplace: out = x, strides equal). The gaps between rows must stay untouched. */
+/* k_cuda_rmsnorm_bf16 (rows, dim) again into fresh buffers: the fp32 output the same
+ * bits as got (the plain form's), the bf16 copy exactly got rounded to nearest even. */
+static void check_bf16_copy(const char *op, int rows, int dim, int out_stride, const float *got,
+			    float *dout_unused, const float *dx, int x_stride, const float *dw)
+{
+	size_t no = (size_t)rows * out_stride, nb = (size_t)rows * dim, bad = 0, bad32 = 0;
+	float *d2 = dev_alloc(sizeof(float) * no), *h2 = malloc(sizeof(float) * no);
+	uint16_t *db = dev_alloc(sizeof(uint16_t) * nb), *hb = malloc(sizeof(uint16_t) * nb);
+
+	(void)dout_unused;
+	poison(d2, sizeof(float) * no);
+	poison(db, sizeof(uint16_t) * nb);
+	CHECK(k_cuda_rmsnorm_bf16(stream, d2, out_stride, dx, x_stride, dw, rows, dim, 1e-6f, db) == 0,
+	      "%s bf16 launch", op);
+	to_host(h2, d2, sizeof(float) * no);
+	to_host(hb, db, sizeof(uint16_t) * nb);
+	for (int r = 0; r < rows; r++)
+		for (int i = 0; i < dim; i++) {
+			const float g = got[(size_t)r * out_stride + i];
+
+			bad32 += memcmp(&g, &h2[(size_t)r * out_stride + i], sizeof(g)) != 0;
+			bad += hb[(size_t)r * dim + i] != k_f32_to_bf16(g);
+		}
+	printf("%-14s rows %d dim %d: %zu fp32 and %zu bf16 values differ  %s\n", "rmsnorm_bf16",
+	       rows, dim, bad32, bad, bad || bad32 ? "FAIL" : "PASS");
+	CHECK(!bad && !bad32, "%s bf16 copy: %zu fp32, %zu bf16 differ", op, bad32, bad);
+	cudaFree(d2);
+	cudaFree(db);
+	free(h2);
+	free(hb);
+}
+
 static void test_rmsnorm(int rows, int dim, int x_stride, int out_stride, int inplace)
 {
 	size_t nx = (size_t)rows * x_stride, no = (size_t)rows * out_stride;
@@ -156,6 +189,8 @@ static void test_rmsnorm(int rows, int dim, int x_stride, int out_stride, int in
 	CHECK(k_cuda_rmsnorm(stream, dout, inplace ? x_stride : out_stride, dx, x_stride, dw, rows,
 			     dim, 1e-6f) == 0, "rmsnorm launch");
 	to_host(got, dout, sizeof(float) * (inplace ? nx : no));
+	if (!inplace)
+		check_bf16_copy("rmsnorm", rows, dim, out_stride, got, dout, dx, x_stride, dw);
 	snprintf(shape, sizeof(shape), "rows %d dim %d stride %d/%d%s", rows, dim, x_stride,
 		 out_stride, inplace ? " in place" : "");
 	if (!inplace)	/* the gaps: NaN where want is NaN, so compare only rows */
@@ -275,6 +310,25 @@ static void test_silu_mul_rows(int rows, int inter)
 	to_host(got, dout, sizeof(float) * n);
 	snprintf(shape, sizeof(shape), "rows %d inter %d", rows, inter);
 	report("silu_mul_rows", shape, got, want, n, REL_TOL);
+	{	/* the bf16 form: the same fp32 bits, and their bf16 rounding */
+		uint16_t *db = dev_alloc(sizeof(uint16_t) * n), *hb = malloc(sizeof(uint16_t) * n);
+		float *h2 = malloc(sizeof(float) * n);
+		size_t bad = 0;
+
+		poison(dout, sizeof(float) * n);
+		poison(db, sizeof(uint16_t) * n);
+		CHECK(k_cuda_silu_mul_rows_bf16(stream, dout, dgu, rows, inter, db) == 0,
+		      "silu_mul_rows_bf16 launch");
+		to_host(h2, dout, sizeof(float) * n);
+		to_host(hb, db, sizeof(uint16_t) * n);
+		for (size_t i = 0; i < n; i++)
+			bad += memcmp(&h2[i], &got[i], sizeof(float)) != 0 || hb[i] != k_f32_to_bf16(got[i]);
+		printf("%-14s %-40s %zu differ  %s\n", "silu_rows_bf16", shape, bad, bad ? "FAIL" : "PASS");
+		CHECK(!bad, "silu_mul_rows_bf16 %s: %zu differ", shape, bad);
+		cudaFree(db);
+		free(hb);
+		free(h2);
+	}
 	cudaFree(dgu);
 	cudaFree(dout);
 	free(gu);
@@ -345,6 +399,105 @@ static void test_rope_all(void)
 	test_rope("default", &def, 7, 3, 7, 0, 7);	/* one pair, odd head width */
 }
 
+/* ---- fused attention inputs: norm + rope + cache append --------------------- */
+
+/* Rows of fused (rows, (H + 2 KV) D) projections, or three separate blocks, through
+ * k_cuda_qkv_post against k_cpu_rmsnorm + k_cpu_rope + bf16 rounding. One row writes
+ * no KV (slot -1) and the slots are scattered. q: REL_TOL; the bf16 cache: 1e-5 (the
+ * fp64 sum of squares in another order may move one rounding). */
+static void test_qkv_post(int rows, int H, int KV, int D, int qk_norm, int interleaved, int fused)
+{
+	struct k_rope_params rp = { .type = K_ROPE_LLAMA3, .theta = 500000, .dim = D,
+		.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+		.original_max_pos = 8192, .interleaved = interleaved };
+	const int nq = H * D, nk = KV * D, tot = nq + 2 * nk, n_slots = rows + 5;
+	const size_t nsrc = (size_t)rows * tot, ncache = (size_t)n_slots * nk;
+	float *src = rand_floats(nsrc, 2.0f), *qw = rand_floats((size_t)D, 1.0f);
+	float *kw = rand_floats((size_t)D, 1.0f);
+	float *qref = malloc(sizeof(float) * (size_t)rows * nq), *kref = malloc(sizeof(float) * (size_t)rows * nk);
+	float *got = malloc(sizeof(float) * (size_t)rows * nq), *kgot = malloc(sizeof(float) * ncache);
+	float *vgot = malloc(sizeof(float) * ncache), *kwant = malloc(sizeof(float) * ncache);
+	float *vwant = malloc(sizeof(float) * ncache);
+	uint16_t *hk = malloc(sizeof(uint16_t) * ncache), *hv = malloc(sizeof(uint16_t) * ncache);
+	int32_t *pos = malloc(sizeof(int32_t) * rows), *slots = malloc(sizeof(int32_t) * rows);
+	struct k_rope rope;
+	struct k_cuda_qkv_args a;
+	float *dsrc, *dq, *dqw, *dkw, *dinv;
+	uint16_t *dk, *dv;
+	int32_t *dpos, *dslots;
+	long qo, ko, vo, qrs, krs, vrs;
+	char shape[96];
+
+	CHECK(k_rope_init(&rope, &rp) == 0, "rope init");
+	for (int r = 0; r < rows; r++) {
+		pos[r] = r == 0 ? 0 : (int32_t)((test_randf(&seed) + 1) * 0.5f * 32768);
+		slots[r] = r == rows / 2 ? -1 : (r * 7 + 3) % n_slots;
+	}
+	/* the layout: fused rows hold q | k | v; else three blocks, each row-contiguous */
+	qo = 0, ko = fused ? nq : (long)rows * nq, vo = fused ? nq + nk : (long)rows * (nq + nk);
+	qrs = fused ? tot : nq, krs = fused ? tot : nk, vrs = krs;
+	for (int r = 0; r < rows; r++) {
+		memcpy(qref + (size_t)r * nq, src + qo + r * qrs, sizeof(float) * nq);
+		memcpy(kref + (size_t)r * nk, src + ko + r * krs, sizeof(float) * nk);
+	}
+	if (qk_norm) {
+		k_cpu_rmsnorm(qref, D, qref, D, qw, K_F32, rows * H, D, 1e-6f);
+		k_cpu_rmsnorm(kref, D, kref, D, kw, K_F32, rows * KV, D, 1e-6f);
+	}
+	k_cpu_rope(&rope, qref, rows, H, nq, D, pos);
+	k_cpu_rope(&rope, kref, rows, KV, nk, D, pos);
+
+	dsrc = dev_from(src, sizeof(float) * nsrc);
+	dqw = dev_from(qw, sizeof(float) * D);
+	dkw = dev_from(kw, sizeof(float) * D);
+	dinv = dev_from(rope.inv_freq, sizeof(float) * (size_t)D / 2);
+	dpos = dev_from(pos, sizeof(int32_t) * rows);
+	dslots = dev_from(slots, sizeof(int32_t) * rows);
+	dq = dev_alloc(sizeof(float) * (size_t)rows * nq);
+	dk = dev_alloc(sizeof(uint16_t) * ncache);
+	dv = dev_alloc(sizeof(uint16_t) * ncache);
+	poison(dq, sizeof(float) * (size_t)rows * nq);
+	poison(dk, sizeof(uint16_t) * ncache);
+	poison(dv, sizeof(uint16_t) * ncache);
+	a = (struct k_cuda_qkv_args){
+		.q = dq, .q_src = dsrc + qo, .k_src = dsrc + ko, .v_src = dsrc + vo,
+		.q_rs = qrs, .k_rs = krs, .v_rs = vrs, .rows = rows, .n_heads = H, .kv_heads = KV,
+		.head_dim = D, .q_norm = qk_norm ? dqw : NULL, .k_norm = qk_norm ? dkw : NULL,
+		.eps = 1e-6f, .inv_freq = dinv, .rope_dim = rope.dim,
+		.interleaved = rope.interleaved, .attn_factor = rope.attn_factor, .pos = dpos,
+		.k_cache = dk, .v_cache = dv, .slots = dslots,
+	};
+	CHECK(k_cuda_qkv_post(stream, &a) == 0, "qkv_post launch");
+	to_host(got, dq, sizeof(float) * (size_t)rows * nq);
+	to_host(hk, dk, sizeof(uint16_t) * ncache);
+	to_host(hv, dv, sizeof(uint16_t) * ncache);
+	/* compare the written slots only; every one must hold its row's values */
+	for (size_t i = 0; i < ncache; i++)
+		kgot[i] = vgot[i] = kwant[i] = vwant[i] = 0.0f;
+	for (int r = 0; r < rows; r++) {
+		if (slots[r] < 0)
+			continue;
+		for (int i = 0; i < nk; i++) {
+			size_t c = (size_t)slots[r] * nk + i;
+
+			kgot[c] = k_bf16_to_f32(hk[c]);
+			vgot[c] = k_bf16_to_f32(hv[c]);
+			kwant[c] = k_bf16_to_f32(k_f32_to_bf16(kref[(size_t)r * nk + i]));
+			vwant[c] = k_bf16_to_f32(k_f32_to_bf16(src[vo + r * vrs + i]));
+		}
+	}
+	snprintf(shape, sizeof(shape), "rows %d H %d KV %d D %d%s%s%s", rows, H, KV, D,
+		 qk_norm ? " qknorm" : "", interleaved ? " il" : "", fused ? " fused" : " split");
+	report("qkv_post q", shape, got, qref, (size_t)rows * nq, REL_TOL);
+	report("qkv_post k", shape, kgot, kwant, ncache, 1e-5);
+	report("qkv_post v", shape, vgot, vwant, ncache, 0);
+	cudaFree(dsrc), cudaFree(dqw), cudaFree(dkw), cudaFree(dinv), cudaFree(dpos);
+	cudaFree(dslots), cudaFree(dq), cudaFree(dk), cudaFree(dv);
+	k_rope_fini(&rope);
+	free(src), free(qw), free(kw), free(qref), free(kref), free(got), free(kgot), free(vgot);
+	free(kwant), free(vwant), free(hk), free(hv), free(pos), free(slots);
+}
+
 int main(void)
 {
 	const int dims[] = { 1, 7, 1000, 4096, 7168 };
@@ -385,6 +538,11 @@ int main(void)
 	}
 	test_silu_mul_rows(2, 1);
 	test_rope_all();
+	for (int r = 0; r < 3; r++)
+		for (int v = 0; v < 4; v++)	/* Llama 3 8B and Qwen3 heads; fused and split */
+			test_qkv_post(rows[r], 32, 8, 128, v & 1, 0, v >> 1);
+	test_qkv_post(5, 6, 2, 64, 1, 1, 1);	/* interleaved pairs */
+	test_qkv_post(3, 3, 3, 14, 0, 0, 0);	/* odd sizes, MHA */
 
 	cudaStreamDestroy(stream);
 	return test_result("test_cuda_ops");

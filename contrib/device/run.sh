@@ -148,14 +148,16 @@ phase_optimes() {
 	done
 }
 
-# one decode step's kernels, each timed by ncu (kernels serialised: the sum is above the
+# one decode step's kernels, each timed by ncu at the clocks the GPU runs (never locked)
+# and with warm caches (kernels serialised: the sum is above the
 # graph's step time; what it shows is where each kernel stands against its bytes)
 phase_ncu() {
 	local ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 	[ -n "$ncu" ] || { say "ncu: not on this machine"; return; }
 	for cfg in ${NCU_CONFIGS:-llama3.1-8b deepseek-v2-lite}; do
 		for b in ${NCU_BATCHES:-1 64}; do
-			KDEC_PROFILE_STEP=1 "$ncu" --profile-from-start off --metrics gpu__time_duration.sum \
+			KDEC_PROFILE_STEP=1 "$ncu" --profile-from-start off --clock-control none --cache-control none \
+				--metrics gpu__time_duration.sum \
 				--csv --print-units base "$B/kdbench" decode --model tests/data/configs/$cfg.json \
 				--synthetic-weights --backend cuda --batch $b --ctx 1024 --steps 2 --warmup 1 \
 				--log-level warn >"$out/ncu_${cfg}_b$b.csv" 2>"$out/ncu_${cfg}_b$b.log"

@@ -39,7 +39,7 @@
 // Partials the workspace holds: this many splits at max_rows (more for fewer rows).
 #define ATTN_WS_SPLITS_AT_MAX_ROWS 4
 // Split boundaries are multiples of this many tokens.
-#define ATTN_SPLIT_ALIGN 64
+#define ATTN_SPLIT_ALIGN 32
 
 struct k_cuda_attn_ws {
 	int max_rows, max_heads, max_dim, max_ctx;

@@ -1,15 +1,21 @@
 // GQA attention over the paged bf16 cache: the decode kernel (rows of distinct
 // sequences, split along the sequence, each K/V vector read once per kv head for all the
 // q heads of its group) and the launcher that picks it or the tiled prefill kernel.
+#include <cstdlib>
+
 #include "kernels/cuda/attn_common.cuh"
+#include "kernels/cuda/launch_check.cuh"
 
 #define DEC_WARPS 4
 #define DEC_THREADS (DEC_WARPS * 32)
 #define DEC_HEADS 4		// q heads of one kv head per block (Llama-3 GQA 4 in one pass)
 #define DEC_U 4			// tokens in flight per lane group per iteration
 // Splits: a few blocks per SM, and a split no shorter than this (its fixed cost).
-#define DEC_CTAS_PER_SM 4
-#define DEC_MIN_SPLIT_TOKENS 64
+#define DEC_CTAS_PER_SM 2
+#define DEC_MIN_SPLIT_TOKENS 32
+// Prefetching kernel while the grid fits in this many CTAs per SM (measured on H200:
+// it wins at batch 1 and 8, loses at 32 and 64 where occupancy hides the latency).
+#define DEC_PF_MAX_WAVES 3
 // Prefill: rows per sequence from which a tile of rows shares its K/V loads.
 #define GQA_TILED_MIN_ROWS_PER_SEQ 16
 #define GQA_TILE_Q 64
@@ -73,7 +79,9 @@ __device__ __forceinline__ int dec_split_len(int ctx, int n_splits)
 // lane 8 of its dims (16 bytes of K, 16 of V); a warp takes 32 / LPT tokens side by side,
 // DEC_U deep. Every lane group keeps its own online softmax (scores in base 2) for the
 // block's q heads; groups, then warps, are combined at the end.
-template <int LPT>
+// PF: the next iteration's K/V loads are issued before this one's arithmetic (more
+// registers, fewer resident warps): pays where the grid is a single wave.
+template <int LPT, bool PF>
 __global__ void __launch_bounds__(DEC_THREADS) attn_dec_kernel(const dec_args a)
 {
 	constexpr int TPW = 32 / LPT;
@@ -85,7 +93,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_dec_kernel(const dec_args a)
 	const int ng = min(DEC_HEADS, a.group - g0), h0 = kvh * a.group + g0;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 	const int gi = lane / LPT, d0 = (lane % LPT) * 8;
-	const int ctx = a.ctx[r], per = dec_split_len(ctx, a.n_splits);
+	const int ctx = (k_cuda_pdl_wait(), a.ctx[r]), per = dec_split_len(ctx, a.n_splits);
 	const int tb = (int)min((long)ctx, (long)split * per), te = min(ctx, tb + per);
 	const int32_t *table = a.blocks[r];
 	const size_t kv_stride = (size_t)a.kv_heads * a.hd, head_off = (size_t)kvh * a.hd + d0;
@@ -104,26 +112,47 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_dec_kernel(const dec_args a)
 		}
 	}
 
-	for (int t0 = tb + warp * TPW * DEC_U; t0 < te; t0 += STEP) {
-		uint4 kw[DEC_U], vw[DEC_U];
-		float s[DEC_HEADS][DEC_U];
-		bool ok[DEC_U];
-
+	// With PF, the K/V of the warp's next DEC_U token slots are loaded while it computes
+	// on the current ones (registers double-buffered): otherwise each iteration's loads
+	// wait out a whole memory latency with nothing else in flight for the warp, which
+	// only other resident warps can hide.
+	uint4 kn[DEC_U], vn[DEC_U];
+	bool okn[DEC_U];
+	auto fetch = [&](int t0) {
 #pragma unroll
 		for (int u = 0; u < DEC_U; u++) {
 			const int t = t0 + u * TPW + gi;
 			size_t off = 0;
 
-			ok[u] = t < te;
-			if (ok[u]) {
+			okn[u] = t < te;
+			if (okn[u]) {
 				const uint32_t b = attn_div_q(a.bt, (uint32_t)t);
 
 				off = ((size_t)table[b] * a.bt.d + (t - b * a.bt.d)) * kv_stride +
 				      head_off;
 			}
-			kw[u] = dec_load8(a.k, off, ok[u], d0, a.hd, a.vec);
-			vw[u] = dec_load8(a.v, off, ok[u], d0, a.hd, a.vec);
+			kn[u] = dec_load8(a.k, off, okn[u], d0, a.hd, a.vec);
+			vn[u] = dec_load8(a.v, off, okn[u], d0, a.hd, a.vec);
 		}
+	};
+
+	if (PF && tb + warp * TPW * DEC_U < te)
+		fetch(tb + warp * TPW * DEC_U);
+	for (int t0 = tb + warp * TPW * DEC_U; t0 < te; t0 += STEP) {
+		uint4 kw[DEC_U], vw[DEC_U];
+		float s[DEC_HEADS][DEC_U];
+		bool ok[DEC_U];
+
+		if (!PF)
+			fetch(t0);
+#pragma unroll
+		for (int u = 0; u < DEC_U; u++) {
+			kw[u] = kn[u];
+			vw[u] = vn[u];
+			ok[u] = okn[u];
+		}
+		if (PF && t0 + STEP < te)
+			fetch(t0 + STEP);
 		// Scores: partial dots over the lane's 8 dims, summed over the lane group.
 #pragma unroll
 		for (int u = 0; u < DEC_U; u++) {
@@ -289,15 +318,23 @@ static int gqa_decode(cudaStream_t s, k_cuda_attn_ws *ws, float *out, const floa
 	a.n_splits = attn_pick_splits(ws, (long)R * KV * n_hc, (long)DEC_CTAS_PER_SM * ws->n_sm,
 				      rows->max_ctx, DEC_MIN_SPLIT_TOKENS, (size_t)R * H * hd,
 				      (size_t)R * H);
+	if (const char *e = getenv("KDEC_ATTN_DEC_SPLITS")) {	// experiments: a fixed split count
+		const int want = atoi(e);
+
+		if (want >= 1 && want <= a.n_splits * 64 &&
+		    (size_t)want * R * H * hd <= ws->part_floats && (size_t)want * R * H <= ws->lse_floats &&
+		    want <= ATTN_MAX_SPLITS)
+			a.n_splits = want;
+	}
 	grid = dim3(a.n_splits, KV * n_hc, R);
-	if (hd <= 32)
-		attn_dec_kernel<4><<<grid, DEC_THREADS, 0, s>>>(a);
-	else if (hd <= 64)
-		attn_dec_kernel<8><<<grid, DEC_THREADS, 0, s>>>(a);
-	else if (hd <= 128)
-		attn_dec_kernel<16><<<grid, DEC_THREADS, 0, s>>>(a);
+	if ((long)a.n_splits * KV * n_hc * R <= (long)DEC_PF_MAX_WAVES * ws->n_sm)
+		k_cuda_launch_pdl(s, grid, DEC_THREADS, 0,
+				  hd <= 32 ? attn_dec_kernel<4, true> : hd <= 64 ? attn_dec_kernel<8, true>
+				  : hd <= 128 ? attn_dec_kernel<16, true> : attn_dec_kernel<32, true>, a);
 	else
-		attn_dec_kernel<32><<<grid, DEC_THREADS, 0, s>>>(a);
+		k_cuda_launch_pdl(s, grid, DEC_THREADS, 0,
+				  hd <= 32 ? attn_dec_kernel<4, false> : hd <= 64 ? attn_dec_kernel<8, false>
+				  : hd <= 128 ? attn_dec_kernel<16, false> : attn_dec_kernel<32, false>, a);
 	ATTN_LAUNCHED("attn_dec_kernel");
 	if (a.n_splits > 1)
 		return attn_merge(s, ws, a.n_splits, R, H, hd, out, (long)H * hd, hd);

@@ -3,27 +3,34 @@
 #include <cstdlib>
 
 #include "kernels/cuda/attn_common.cuh"
+#include "kernels/cuda/launch_check.cuh"
 
 #define MERGE_THREADS 128
 
 // ---- kernels ----------------------------------------------------------------
 
-// Block (r, h): out(r, h, :) = sum_s w_s o_s / sum_s w_s with w_s = exp2(lse_s - max).
-// Splits with lse = -inf saw no token: weight 0, their o is never read.
+// Block (r, h, dim chunk): out(r, h, d) = sum_s w_s o_s(d) / sum_s w_s with
+// w_s = exp2(lse_s - max), for the block's MERGE_THREADS dims. Splits with lse = -inf
+// saw no token: weight 0, their o is never read. The splits that count are listed
+// first, so each thread's loads over them are independent and issued together.
 __global__ void __launch_bounds__(MERGE_THREADS)
 attn_merge_kernel(float *__restrict__ out, long out_rs, long out_hs,
 		  const float *__restrict__ part_o, const float *__restrict__ part_lse,
 		  int n_splits, int n_rows, int n_heads, int dim)
 {
 	__shared__ float w[ATTN_MAX_SPLITS];
+	__shared__ int live[ATTN_MAX_SPLITS];
+	__shared__ int n_live;
 	const int r = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
 	const size_t rh = (size_t)r * n_heads + h, per_split = (size_t)n_rows * n_heads;
-	float *o = out + r * out_rs + h * out_hs;
+	const int d = blockIdx.y * MERGE_THREADS + threadIdx.x;
 
+	k_cuda_pdl_wait();
 	if (threadIdx.x < 32) {	// one warp: lane owns splits lane + 32 k
 		constexpr int PER = ATTN_MAX_SPLITS / 32;
 		const int lane = threadIdx.x;
 		float x[PER], mx = -INFINITY, sum = 0.0f;
+		int base = 0;
 
 #pragma unroll
 		for (int k = 0; k < PER; k++) {
@@ -41,20 +48,42 @@ attn_merge_kernel(float *__restrict__ out, long out_rs, long out_hs,
 		}
 		for (int off = 16; off > 0; off >>= 1)
 			sum += __shfl_xor_sync(0xffffffffu, sum, off);
-		// sum >= 1 unless no split saw a token (ctx 0): then every weight stays 0.
+		// sum >= 1 unless no split saw a token (ctx 0): then no split is listed.
 #pragma unroll
-		for (int k = 0; k < PER; k++)
-			if (lane + 32 * k < n_splits)
-				w[lane + 32 * k] = sum > 0.0f ? x[k] / sum : 0.0f;
+		for (int k = 0; k < PER; k++) {
+			const bool on = sum > 0.0f && x[k] != 0.0f;
+			const unsigned m = __ballot_sync(0xffffffffu, on);
+
+			if (on) {
+				const int at = base + __popc(m & ((1u << lane) - 1u));
+
+				live[at] = lane + 32 * k;
+				w[at] = x[k] / sum;
+			}
+			base += __popc(m);
+		}
+		if (lane == 0)
+			n_live = base;
 	}
 	__syncthreads();
-	for (int d = threadIdx.x; d < dim; d += MERGE_THREADS) {
-		float acc = 0.0f;
+	if (d < dim) {
+		const float *po = part_o + rh * dim + d;
+		const size_t sstride = per_split * dim;
+		float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+		int i = 0;
 
-		for (int sp = 0; sp < n_splits; sp++)
-			if (w[sp] != 0.0f)
-				acc += w[sp] * part_o[(sp * per_split + rh) * dim + d];
-		o[d] = acc;
+		for (; i + 4 <= n_live; i += 4) {
+			const float o0 = po[live[i] * sstride], o1 = po[live[i + 1] * sstride];
+			const float o2 = po[live[i + 2] * sstride], o3 = po[live[i + 3] * sstride];
+
+			a0 = fmaf(w[i], o0, a0);
+			a1 = fmaf(w[i + 1], o1, a1);
+			a2 = fmaf(w[i + 2], o2, a2);
+			a3 = fmaf(w[i + 3], o3, a3);
+		}
+		for (; i < n_live; i++)
+			a0 = fmaf(w[i], po[live[i] * sstride], a0);
+		out[r * out_rs + h * out_hs + d] = (a0 + a1) + (a2 + a3);
 	}
 }
 
@@ -103,8 +132,9 @@ int attn_merge(cudaStream_t s, const k_cuda_attn_ws *ws, int n_splits, int n_row
 
 	if (blocks == 0)
 		return 0;
-	attn_merge_kernel<<<(unsigned)blocks, MERGE_THREADS, 0, s>>>(
-		out, out_rs, out_hs, ws->part_o, ws->part_lse, n_splits, n_rows, n_heads, dim);
+	k_cuda_launch_pdl(s, dim3((unsigned)blocks, attn_cdiv(dim, MERGE_THREADS)), MERGE_THREADS, 0,
+			  attn_merge_kernel, out, out_rs, out_hs, (const float *)ws->part_o,
+			  (const float *)ws->part_lse, n_splits, n_rows, n_heads, dim);
 	ATTN_LAUNCHED("attn_merge_kernel");
 	return 0;
 }

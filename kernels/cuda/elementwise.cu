@@ -3,6 +3,8 @@
 // SiLU differs from the CPU's only by expf's last bit.
 #include <cstdint>
 
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/k_cuda_ops.h"
 #include "kernels/cuda/launch_check.cuh"
 
@@ -78,13 +80,23 @@ __global__ void silu_mul_scalar_kernel(float *out, const float *gate, const floa
 
 // Row r: out[r, c] = silu(gu[r, c]) * gu[r, inter + c]; four columns per thread when
 // inter % 4 == 0 (vec4 != 0), else one.
-__global__ void silu_mul_rows_kernel(float *out, const float *gu, int rows, int inter, int vec4)
+__device__ __forceinline__ uint16_t ew_bf16(float f)	// round to nearest even
+{
+	const __nv_bfloat16 h = __float2bfloat16_rn(f);
+
+	return __bfloat16_as_ushort(h);
+}
+
+// ob (NULL or (rows, inter) bf16): out rounded, for a linear next.
+__global__ void silu_mul_rows_kernel(float *out, const float *gu, int rows, int inter, int vec4,
+				     uint16_t *ob)
 {
 	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 	int per = vec4 ? inter / 4 : inter;
 	size_t r = i / (size_t)per, c = i % (size_t)per;
 	const float *g;
 
+	k_cuda_pdl_wait();
 	if (r >= (size_t)rows)
 		return;
 	g = gu + r * 2 * (size_t)inter;
@@ -96,8 +108,20 @@ __global__ void silu_mul_rows_kernel(float *out, const float *gu, int rows, int 
 		o.z = silu_mul1(a.z, b.z);
 		o.w = silu_mul1(a.w, b.w);
 		((float4 *)(out + r * (size_t)inter))[c] = o;
+		if (ob) {
+			uint16_t *b = ob + r * (size_t)inter + 4 * c;
+
+			b[0] = ew_bf16(o.x);
+			b[1] = ew_bf16(o.y);
+			b[2] = ew_bf16(o.z);
+			b[3] = ew_bf16(o.w);
+		}
 	} else {
-		out[r * (size_t)inter + c] = silu_mul1(g[c], g[inter + c]);
+		const float o = silu_mul1(g[c], g[inter + c]);
+
+		out[r * (size_t)inter + c] = o;
+		if (ob)
+			ob[r * (size_t)inter + c] = ew_bf16(o);
 	}
 }
 
@@ -142,6 +166,12 @@ extern "C" int k_cuda_silu_mul(cudaStream_t s, float *out, const float *gate, co
 extern "C" int k_cuda_silu_mul_rows(cudaStream_t s, float *out, const float *gate_up, int rows,
 				    int inter)
 {
+	return k_cuda_silu_mul_rows_bf16(s, out, gate_up, rows, inter, nullptr);
+}
+
+extern "C" int k_cuda_silu_mul_rows_bf16(cudaStream_t s, float *out, const float *gate_up,
+					 int rows, int inter, uint16_t *out_bf16)
+{
 	int vec4;
 
 	if (rows < 0 || inter <= 0)
@@ -149,7 +179,7 @@ extern "C" int k_cuda_silu_mul_rows(cudaStream_t s, float *out, const float *gat
 	if (rows == 0)
 		return 0;
 	vec4 = inter % 4 == 0 && aligned16(out) && aligned16(gate_up);
-	silu_mul_rows_kernel<<<ew_blocks((size_t)rows * (vec4 ? inter / 4 : inter)), EW_THREADS, 0,
-			       s>>>(out, gate_up, rows, inter, vec4);
+	k_cuda_launch_pdl(s, ew_blocks((size_t)rows * (vec4 ? inter / 4 : inter)), EW_THREADS, 0,
+			  silu_mul_rows_kernel, out, gate_up, rows, inter, vec4, out_bf16);
 	return K_CUDA_LAUNCHED("silu_mul_rows");
 }

@@ -66,6 +66,16 @@ int k_cuda_linear_supports(enum k_cuda_linear_kind kind, const float *x, const u
 int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind, float *y,
 			   const float *x, const uint16_t *w, int M, int N, int K, int accumulate);
 
+/* Producers that can write their output x (M, K) in bf16 as well spare the next call
+ * its rounding pass: they write bf16(x), row-major (M, K), into the scratch that
+ * k_cuda_linear_x_scratch returns (NULL where M, K exceed the context), then call
+ * k_cuda_linear_x_ready(ctx, x, M, K) after queueing that kernel. The very next
+ * k_cuda_linear call on the context uses the scratch as it is if its x, M and K are
+ * those, and any call clears the mark (x = NULL clears it too). The rounding must be
+ * round-to-nearest-even, as the context's own. */
+uint16_t *k_cuda_linear_x_scratch(struct k_cuda_linear *ctx, int M, int K);
+void k_cuda_linear_x_ready(struct k_cuda_linear *ctx, const float *x, int M, int K);
+
 /* Programmatic dependent launch, on by default where the device takes it: each kernel
  * may start while the previous kernel in the stream drains and prefetches its weights
  * (constant) into L2 before it waits for that kernel's results; it reads x and y only

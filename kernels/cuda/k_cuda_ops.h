@@ -32,6 +32,12 @@ int k_cuda_embed(cudaStream_t s, float *out /* (n, dim) */, const int32_t *ids /
 int k_cuda_rmsnorm(cudaStream_t s, float *out, int out_stride, const float *x, int x_stride,
 		   const float *w /* (dim) */, int rows, int dim, float eps);
 
+/* k_cuda_rmsnorm that also writes the output rounded to bf16 (nearest even), rows
+ * contiguous: out_bf16 (rows, dim), for a linear layer that takes bf16 input next. */
+int k_cuda_rmsnorm_bf16(cudaStream_t s, float *out, int out_stride, const float *x, int x_stride,
+			const float *w /* (dim) */, int rows, int dim, float eps,
+			uint16_t *out_bf16 /* (rows, dim) */);
+
 /* x += r, then out = rmsnorm(x) * w: the residual add and the next pre-norm in one
  * pass. Rows are contiguous (stride dim). out may alias r (the forward's x += h;
  * h = norm(x)); out must not overlap x. */
@@ -49,6 +55,9 @@ int k_cuda_silu_mul(cudaStream_t s, float *out, const float *gate, const float *
  * then inter up values. out must not overlap gate_up. */
 int k_cuda_silu_mul_rows(cudaStream_t s, float *out /* (rows, inter) */,
 			 const float *gate_up /* (rows, 2 * inter) */, int rows, int inter);
+/* The same, also writing out rounded to bf16 (nearest even) into out_bf16 (rows, inter). */
+int k_cuda_silu_mul_rows_bf16(cudaStream_t s, float *out, const float *gate_up, int rows,
+			      int inter, uint16_t *out_bf16);
 
 /* Rotates x in place as k_cpu_rope does for a struct k_rope with these fields: head h
  * of row r starts at x + r*row_stride + h*head_stride, and its first dim values are
@@ -58,6 +67,29 @@ int k_cuda_silu_mul_rows(cudaStream_t s, float *out /* (rows, inter) */,
 int k_cuda_rope(cudaStream_t s, const float *inv_freq /* (dim / 2) */, int dim, int interleaved,
 		float attn_factor, float *x, int n_rows, int n_heads, int row_stride,
 		int head_stride, const int32_t *pos /* (n_rows) */);
+
+/* The inputs of GQA attention from a layer's q/k/v projections, in one launch. */
+struct k_cuda_qkv_args {
+	float *q;			/* (rows, n_heads, head_dim) out */
+	const float *q_src;		/* row r's q heads at q_src + r * q_rs */
+	const float *k_src, *v_src;	/* row r's kv heads at k_src + r * k_rs, v_src + r * v_rs */
+	long q_rs, k_rs, v_rs;
+	int rows, n_heads, kv_heads, head_dim;	/* head_dim 1..512 */
+	const float *q_norm, *k_norm;	/* (head_dim) RMSNorm weights per head, or NULL */
+	float eps;
+	const float *inv_freq;		/* (rope_dim / 2) */
+	int rope_dim;			/* rotary dims of each head (even, <= head_dim; 0: none) */
+	int interleaved;
+	float attn_factor;
+	const int32_t *pos;		/* (rows) */
+	uint16_t *k_cache, *v_cache;	/* bf16 (slots, kv_heads, head_dim) */
+	const int32_t *slots;		/* (rows); < 0: the row writes no KV */
+};
+
+/* q = rope(norm_q(q_src)) per q head; k = rope(norm_k(k_src)) and v = v_src per kv head,
+ * rounded to bf16 into the cache at each row's slot: k_cuda_rmsnorm, k_cuda_rope and
+ * k_cuda_kv_write's arithmetic in one kernel. 0, -EINVAL or -EIO. */
+int k_cuda_qkv_post(cudaStream_t s, const struct k_cuda_qkv_args *a);
 
 #ifdef __cplusplus
 }

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 
 #include <cuda_runtime.h>
 
@@ -38,5 +39,48 @@ static inline int k_cuda_call_status(cudaError_t e, const char *call, const char
 }
 
 #define K_CUDA_CALL(call) k_cuda_call_status((call), #call, __FILE__, __LINE__)
+
+// Programmatic dependent launch for the small ops: a kernel launched so may be
+// scheduled while the kernel before it in the stream drains, which hides most of the
+// launch gap between the many short kernels of a decode step. Such a kernel calls
+// k_cuda_pdl_wait() before it touches memory: that waits for the previous kernel to
+// complete (its writes visible) and lets the next kernel be scheduled in turn, which
+// is safe because that one waits the same way (or, launched without the attribute,
+// waits for completion anyway). KDEC_CUDA_PDL=0 turns the attribute off.
+static __device__ __forceinline__ void k_cuda_pdl_wait(void)
+{
+	cudaGridDependencySynchronize();
+	cudaTriggerProgrammaticLaunchCompletion();
+}
+
+static inline int k_cuda_pdl_enabled(void)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *e = getenv("KDEC_CUDA_PDL");
+
+		on = !(e && e[0] == '0');
+	}
+	return on;
+}
+
+template <typename... KArgs, typename... Args>
+static inline cudaError_t k_cuda_launch_pdl(cudaStream_t s, dim3 grid, dim3 block, size_t smem,
+					    void (*kernel)(KArgs...), Args... args)
+{
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute attr[1] = {};
+
+	attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	attr[0].val.programmaticStreamSerializationAllowed = 1;
+	cfg.gridDim = grid;
+	cfg.blockDim = block;
+	cfg.dynamicSmemBytes = smem;
+	cfg.stream = s;
+	cfg.attrs = attr;
+	cfg.numAttrs = k_cuda_pdl_enabled() ? 1 : 0;
+	return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
 
 #endif

@@ -31,6 +31,8 @@ struct k_cuda_linear {
 	cublasHandle_t blas;
 	void *blas_ws;			/* (LIN_BLAS_WS_BYTES) bytes, cuBLAS workspace */
 	uint16_t *xb;			/* (max_M, max_K) bf16: x rounded for cuBLAS */
+	const float *ready_x;		/* xb already holds bf16(ready_x) (ready_M, ready_K), */
+	int ready_M, ready_K;		/* written by its producer: k_cuda_linear_x_ready */
 };
 
 /* 0 for cudaSuccess; otherwise logs call, file, line and device and returns -ENOMEM

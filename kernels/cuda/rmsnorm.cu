@@ -2,6 +2,8 @@
 // k_cpu_rmsnorm's arithmetic: sum of squares in fp64, the mean rounded once to fp32,
 // rs = 1 / sqrtf(var + eps), out = w * (x * rs); so results match it to the last bit
 // except where the fp64 sum's order moves the rounded mean (about never).
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/k_cuda_ops.h"
 #include "kernels/cuda/launch_check.cuh"
 
@@ -10,6 +12,13 @@
 #define RMSNORM_ROWS_PER_CTA 8		// warp variant: rows (warps) per block
 
 namespace {	// kernels and their helpers stay private to this file
+
+__device__ __forceinline__ uint16_t bf16_bits(float f)
+{
+	const __nv_bfloat16 h = __float2bfloat16_rn(f);
+
+	return __bfloat16_as_ushort(h);
+}
 
 // ---- kernels ----------------------------------------------------------------
 
@@ -47,49 +56,131 @@ __device__ __forceinline__ float row_rs(double ss, int dim, float eps)
 }
 
 // Pass 2 over the same elements as pass 1, by the same thread: so out may alias x or r.
-__device__ __forceinline__ void row_scale(float *out, const float *x, const float *w, int dim,
-					  float rs, int lane, int step)
+// ob (NULL or dim bf16): the output rounded to nearest even as well, for a linear next.
+__device__ __forceinline__ void row_scale(float *out, uint16_t *ob, const float *x, const float *w,
+					  int dim, float rs, int lane, int step)
 {
-	for (int i = lane; i < dim; i += step)
-		out[i] = __fmul_rn(w[i], __fmul_rn(x[i], rs));
+	for (int i = lane; i < dim; i += step) {
+		const float o = __fmul_rn(w[i], __fmul_rn(x[i], rs));
+
+		out[i] = o;
+		if (ob)
+			ob[i] = bf16_bits(o);
+	}
+}
+
+// The same two passes with each thread's PER values (elements lane + k * step) held in
+// registers: every load is issued before the first use. The loops above cannot do
+// that, since out may alias x and x is written in the fused form, so each of their
+// loads waits for the store before it; this is the form for dims up to 32 x step.
+template <int PER>
+__device__ __forceinline__ double regs_sumsq(float (&v)[PER], float *x, const float *r, int dim,
+					     int lane, int step)
+{
+	double ss = 0.0;
+
+#pragma unroll
+	for (int k = 0; k < PER; k++)
+		v[k] = lane + k * step < dim ? x[lane + k * step] : 0.0f;
+	if (r) {
+#pragma unroll
+		for (int k = 0; k < PER; k++)
+			if (lane + k * step < dim)
+				v[k] = __fadd_rn(v[k], r[lane + k * step]);
+#pragma unroll
+		for (int k = 0; k < PER; k++)
+			if (lane + k * step < dim)
+				x[lane + k * step] = v[k];
+	}
+#pragma unroll
+	for (int k = 0; k < PER; k++)
+		ss += (double)v[k] * (double)v[k];	// zeros past dim add nothing
+	return ss;
+}
+
+template <int PER>
+__device__ __forceinline__ void regs_scale(float *out, uint16_t *ob, const float (&v)[PER],
+					   const float *w, int dim, float rs, int lane, int step)
+{
+	float wv[PER];
+
+#pragma unroll
+	for (int k = 0; k < PER; k++)
+		wv[k] = lane + k * step < dim ? w[lane + k * step] : 0.0f;
+#pragma unroll
+	for (int k = 0; k < PER; k++)
+		if (lane + k * step < dim) {
+			const float o = __fmul_rn(wv[k], __fmul_rn(v[k], rs));
+
+			out[lane + k * step] = o;
+			if (ob)
+				ob[lane + k * step] = bf16_bits(o);
+		}
 }
 
 // One warp per row. r (fused form) has x's stride. x is written only when r is set.
+// PER > 0: dim <= 32 * PER, values in registers; PER == 0: any dim, two loops.
+template <int PER>
 __global__ void rmsnorm_warp_kernel(float *out, int out_stride, float *x, int x_stride,
-				    const float *r, const float *w, int rows, int dim, float eps)
+				    const float *r, const float *w, int rows, int dim, float eps,
+				    uint16_t *ob)
 {
 	int row = blockIdx.x * RMSNORM_ROWS_PER_CTA + threadIdx.x / 32;
 	int lane = threadIdx.x % 32;
+	const float *rr;
 	float *xr;
 	double ss;
 
+	k_cuda_pdl_wait();
 	if (row >= rows)
 		return;
 	xr = x + (size_t)row * x_stride;
-	ss = warp_sum_d(row_sumsq(xr, r ? r + (size_t)row * x_stride : nullptr, dim, lane, 32));
-	row_scale(out + (size_t)row * out_stride, xr, w, dim, row_rs(ss, dim, eps), lane, 32);
+	rr = r ? r + (size_t)row * x_stride : nullptr;
+	if constexpr (PER > 0) {
+		float v[PER > 0 ? PER : 1];
+
+		ss = warp_sum_d(regs_sumsq<PER>(v, xr, rr, dim, lane, 32));
+		regs_scale<PER>(out + (size_t)row * out_stride, ob ? ob + (size_t)row * dim : nullptr,
+				v, w, dim, row_rs(ss, dim, eps), lane, 32);
+	} else {
+		ss = warp_sum_d(row_sumsq(xr, rr, dim, lane, 32));
+		row_scale(out + (size_t)row * out_stride, ob ? ob + (size_t)row * dim : nullptr, xr,
+			  w, dim, row_rs(ss, dim, eps), lane, 32);
+	}
 }
 
-// One block per row.
+// One block per row; PER as in the warp kernel, with RMSNORM_THREADS for 32.
+template <int PER>
 __global__ void __launch_bounds__(RMSNORM_THREADS)
 rmsnorm_block_kernel(float *out, int out_stride, float *x, int x_stride, const float *r,
-		     const float *w, int dim, float eps)
+		     const float *w, int dim, float eps, uint16_t *ob)
 {
 	__shared__ double part[RMSNORM_THREADS / 32];
 	int row = blockIdx.x, t = threadIdx.x;
 	float *xr = x + (size_t)row * x_stride;
+	const float *rr = r ? r + (size_t)row * x_stride : nullptr;
+	float v[PER > 0 ? PER : 1];
 	double ss;
 
-	ss = warp_sum_d(row_sumsq(xr, r ? r + (size_t)row * x_stride : nullptr, dim, t,
-				  RMSNORM_THREADS));
+	k_cuda_pdl_wait();
+	if constexpr (PER > 0)
+		ss = warp_sum_d(regs_sumsq<PER>(v, xr, rr, dim, t, RMSNORM_THREADS));
+	else
+		ss = warp_sum_d(row_sumsq(xr, rr, dim, t, RMSNORM_THREADS));
 	if (t % 32 == 0)
 		part[t / 32] = ss;
 	__syncthreads();
 	ss = 0.0;
 	for (int i = 0; i < RMSNORM_THREADS / 32; i++)	// same order in every thread
 		ss += part[i];
-	row_scale(out + (size_t)row * out_stride, xr, w, dim, row_rs(ss, dim, eps), t,
-		  RMSNORM_THREADS);
+	if (ob)
+		ob += (size_t)row * dim;
+	if constexpr (PER > 0)
+		regs_scale<PER>(out + (size_t)row * out_stride, ob, v, w, dim, row_rs(ss, dim, eps),
+				t, RMSNORM_THREADS);
+	else
+		row_scale(out + (size_t)row * out_stride, ob, xr, w, dim, row_rs(ss, dim, eps), t,
+			  RMSNORM_THREADS);
 }
 
 }	// namespace
@@ -102,20 +193,31 @@ static bool rmsnorm_use_warp(int dim)
 }
 
 static int rmsnorm_launch(cudaStream_t s, float *out, int out_stride, float *x, int x_stride,
-			  const float *r, const float *w, int rows, int dim, float eps)
+			  const float *r, const float *w, int rows, int dim, float eps, uint16_t *ob)
 {
 	if (rows < 0 || dim <= 0 || out_stride < dim || x_stride < dim)
 		return -EINVAL;
 	if (rows == 0)
 		return 0;
 	if (rmsnorm_use_warp(dim)) {
-		int blocks = (rows + RMSNORM_ROWS_PER_CTA - 1) / RMSNORM_ROWS_PER_CTA;
+		const int per = (dim + 31) / 32;
+		void (*k)(float *, int, float *, int, const float *, const float *, int, int, float,
+			  uint16_t *) = per <= 4 ? rmsnorm_warp_kernel<4>
+				      : per <= 8 ? rmsnorm_warp_kernel<8>
+				      : per <= 16 ? rmsnorm_warp_kernel<16> : rmsnorm_warp_kernel<32>;
 
-		rmsnorm_warp_kernel<<<blocks, RMSNORM_ROWS_PER_CTA * 32, 0, s>>>(
-			out, out_stride, x, x_stride, r, w, rows, dim, eps);
+		k_cuda_launch_pdl(s, (rows + RMSNORM_ROWS_PER_CTA - 1) / RMSNORM_ROWS_PER_CTA,
+				  RMSNORM_ROWS_PER_CTA * 32, 0, k, out, out_stride, x, x_stride, r, w,
+				  rows, dim, eps, ob);
 	} else {
-		rmsnorm_block_kernel<<<rows, RMSNORM_THREADS, 0, s>>>(out, out_stride, x, x_stride,
-								       r, w, dim, eps);
+		const int per = (dim + RMSNORM_THREADS - 1) / RMSNORM_THREADS;
+		void (*k)(float *, int, float *, int, const float *, const float *, int, float,
+			  uint16_t *) = per <= 8 ? rmsnorm_block_kernel<8>
+				      : per <= 16 ? rmsnorm_block_kernel<16>
+				      : per <= 32 ? rmsnorm_block_kernel<32> : rmsnorm_block_kernel<0>;
+
+		k_cuda_launch_pdl(s, rows, RMSNORM_THREADS, 0, k, out, out_stride, x, x_stride, r, w,
+				  dim, eps, ob);
 	}
 	return K_CUDA_LAUNCHED(r ? "add_rmsnorm" : "rmsnorm");
 }
@@ -125,7 +227,15 @@ extern "C" int k_cuda_rmsnorm(cudaStream_t s, float *out, int out_stride, const 
 {
 	// x is written only in the fused form (r != NULL).
 	return rmsnorm_launch(s, out, out_stride, const_cast<float *>(x), x_stride, nullptr, w,
-			      rows, dim, eps);
+			      rows, dim, eps, nullptr);
+}
+
+extern "C" int k_cuda_rmsnorm_bf16(cudaStream_t s, float *out, int out_stride, const float *x,
+				   int x_stride, const float *w, int rows, int dim, float eps,
+				   uint16_t *out_bf16)
+{
+	return rmsnorm_launch(s, out, out_stride, const_cast<float *>(x), x_stride, nullptr, w,
+			      rows, dim, eps, out_bf16);
 }
 
 extern "C" int k_cuda_add_rmsnorm(cudaStream_t s, float *x, const float *r, float *out,
@@ -133,5 +243,5 @@ extern "C" int k_cuda_add_rmsnorm(cudaStream_t s, float *x, const float *r, floa
 {
 	if (!r)
 		return -EINVAL;
-	return rmsnorm_launch(s, out, dim, x, dim, r, w, rows, dim, eps);
+	return rmsnorm_launch(s, out, dim, x, dim, r, w, rows, dim, eps, nullptr);
 }

@@ -1,0 +1,134 @@
+/* The CUDA backend's fused ops. The weight walk places q/k/v and gate/up of a layer one
+ * after another in the arena, so each group is one (rows, K) matrix: one GEMM reads it
+ * where three or two did, and one kernel does what came after them (norm, rope, cache
+ * append; SiLU-and-multiply). Where a group is not adjacent (odd sizes leave padding)
+ * the projections run one by one into the same scratch layout. */
+#include <errno.h>
+#include <stdint.h>
+
+#include "daemon/backend_cuda.h"
+#include "kernels/cuda/k_cuda_linear.h"
+#include "kernels/cuda/k_cuda_ops.h"
+
+int cuda_fused_reserve(struct backend_cuda *b, int max_M)
+{
+	const struct model_config *c = &b->m->cfg;
+	size_t qkv = (size_t)(c->n_heads + 2 * c->n_kv_heads) * (size_t)c->head_dim;
+	size_t inter = (size_t)c->intermediate_size, shared;
+	size_t width;
+
+	shared = (size_t)c->moe_intermediate_size * (size_t)(c->n_shared_experts > 0 ? c->n_shared_experts : 0);
+	if (shared > inter)
+		inter = shared;
+	width = c->mla ? 2 * inter : (qkv > 2 * inter ? qkv : 2 * inter);
+	b->fused_floats = (size_t)max_M * width;
+	if (cudaMalloc((void **)&b->fused, b->fused_floats * sizeof(float)) != cudaSuccess) {
+		b->fused = NULL;
+		return -ENOMEM;
+	}
+	b->alloc_bytes += b->fused_floats * sizeof(float);
+	return 0;
+}
+
+/* 1 when the matrices w[0..n) lie one after another in the arena, each of K columns. */
+static int adjacent(const uint16_t *const *d, const struct model_tensor *const *w, int n)
+{
+	for (int i = 1; i < n; i++)
+		if (!d[i] || d[i] != d[i - 1] + (size_t)w[i - 1]->rows * (size_t)w[i - 1]->cols ||
+		    w[i]->cols != w[0]->cols)
+			return 0;
+	return d[0] != NULL;
+}
+
+/* y (M, sum of rows) = x @ [w_0; ...; w_n-1]^T: one GEMM when adjacent. Otherwise each
+ * w_i by itself into its own (M, rows_i) block of y; *rs then gets each block's row
+ * stride and *off each block's start. */
+static int group_linear(struct backend_cuda *b, float *y, const float *x,
+			const struct model_tensor *const *w, int n, int M, long *off, long *rs)
+{
+	const uint16_t *d[3];
+	long total = 0;
+	int ret = 0;
+
+	for (int i = 0; i < n; i++) {
+		d[i] = W(b, w[i]);
+		total += (long)w[i]->rows;
+	}
+	if (adjacent(d, w, n)) {
+		for (long i = 0, o = 0; i < n; o += (long)w[i]->rows, i++) {
+			off[i] = o;
+			rs[i] = total;
+		}
+		return k_cuda_linear(b->lin, y, x, d[0], M, (int)total, (int)w[0]->cols, 0);
+	}
+	for (long i = 0, o = 0; i < n && !ret; o += (long)M * (long)w[i]->rows, i++) {
+		off[i] = o;
+		rs[i] = (long)w[i]->rows;
+		ret = k_cuda_linear(b->lin, y + o, x, d[i], M, (int)w[i]->rows, (int)w[i]->cols, 0);
+	}
+	return ret;
+}
+
+void cuda_qkv_prep(struct backend *be, float *q, const float *h, const struct model_layer *L,
+		   const struct backend_qkv *p)
+{
+	struct backend_cuda *b = (struct backend_cuda *)be;
+	const struct model_tensor *w[3] = { &L->wq, &L->wk, &L->wv };
+	long off[3], rs[3];
+	struct k_cuda_qkv_args a;
+	int ret;
+
+	cuda_prof_mark(b, "qkv_prep");
+	if ((size_t)p->rows * (size_t)(L->wq.rows + 2 * L->wk.rows) > b->fused_floats ||
+	    p->rope->dim != b->rope_dim) {
+		cuda_note(b, -EINVAL, "qkv_prep (rows past the scratch, or another model's rope)");
+		return;
+	}
+	if ((ret = group_linear(b, b->fused, h, w, 3, p->rows, off, rs))) {
+		cuda_note(b, ret, "qkv_prep");
+		return;
+	}
+	a = (struct k_cuda_qkv_args){
+		.q = q, .q_src = b->fused + off[0], .k_src = b->fused + off[1],
+		.v_src = b->fused + off[2], .q_rs = rs[0], .k_rs = rs[1], .v_rs = rs[2],
+		.rows = p->rows, .n_heads = p->n_heads, .kv_heads = p->kv_heads,
+		.head_dim = p->head_dim, .q_norm = p->qk_norm ? V(b, &L->q_norm) : NULL,
+		.k_norm = p->qk_norm ? V(b, &L->k_norm) : NULL, .eps = p->eps,
+		.inv_freq = b->inv_freq, .rope_dim = p->rope->dim,
+		.interleaved = p->rope->interleaved, .attn_factor = p->rope->attn_factor,
+		.pos = p->pos, .k_cache = (uint16_t *)p->kv->k, .v_cache = (uint16_t *)p->kv->v,
+		.slots = p->slots,
+	};
+	cuda_note(b, k_cuda_qkv_post(b->stream, &a), "qkv_prep");
+}
+
+void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
+		       const struct model_tensor *w_gate, const struct model_tensor *w_up, int M)
+{
+	struct backend_cuda *b = (struct backend_cuda *)be;
+	const struct model_tensor *w[2] = { w_gate, w_up };
+	const int inter = (int)w_gate->rows;
+	long off[2], rs[2];
+	int ret;
+
+	cuda_prof_mark(b, "gate_up_silu");
+	if ((size_t)M * 2 * (size_t)inter > b->fused_floats || w_up->rows != w_gate->rows) {
+		cuda_note(b, -EINVAL, "gate_up_silu (rows past the scratch, or gate and up differ)");
+		return;
+	}
+	if ((ret = group_linear(b, b->fused, x, w, 2, M, off, rs))) {
+		cuda_note(b, ret, "gate_up_silu");
+		return;
+	}
+	if (rs[0] == 2L * inter) {	/* one GEMM: rows hold gate then up */
+		/* out in bf16 as well, for the down projection next */
+		uint16_t *xb = k_cuda_linear_x_scratch(b->lin, M, inter);
+
+		ret = k_cuda_silu_mul_rows_bf16(b->stream, out, b->fused, M, inter, xb);
+		if (!ret && xb)
+			k_cuda_linear_x_ready(b->lin, out, M, inter);
+	} else
+		ret = k_cuda_silu_mul(b->stream, out, b->fused + off[0], b->fused + off[1],
+				      (size_t)M * (size_t)inter);
+	cuda_note(b, ret, "gate_up_silu");
+}

@@ -1,0 +1,117 @@
+// The attention inputs of a GQA layer in one launch: per head, the optional q/k
+// RMSNorm (Qwen3), RoPE, then q to its fp32 buffer and k, v rounded to bf16 into their
+// cache slots. The arithmetic is that of rmsnorm.cu, rope.cu and kv_write.cu (same
+// roundings, fp64 sum of squares), so the fused and the separate paths agree to the
+// order of one fp64 sum.
+#include "kernels/cuda/k_cuda_ops.h"
+#include "kernels/cuda/launch_check.cuh"
+
+#define QKV_THREADS 128
+#define QKV_MAX_DIM 512		// head_dim held in shared memory
+
+namespace {	// kernels and their helpers stay private to this file
+
+__device__ __forceinline__ uint16_t qkv_bf16(float f)	// round to nearest even, NaN kept
+{
+	uint32_t u = __float_as_uint(f);
+
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x40u);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ double block_sum_d(double v, double *red)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	if (threadIdx.x % 32 == 0)
+		red[threadIdx.x / 32] = v;
+	__syncthreads();
+	v = 0.0;
+	for (int w = 0; w < QKV_THREADS / 32; w++)
+		v += red[w];
+	return v;
+}
+
+// Block (head j of q heads then kv heads, row r). A kv-head block also copies v.
+__global__ void __launch_bounds__(QKV_THREADS) qkv_post_kernel(const k_cuda_qkv_args a)
+{
+	__shared__ float x[QKV_MAX_DIM];
+	__shared__ double red[QKV_THREADS / 32];
+	const int j = blockIdx.x, r = blockIdx.y, D = a.head_dim, half = a.rope_dim / 2;
+	const bool is_q = j < a.n_heads;
+	const int kvh = j - a.n_heads;
+	const float *src = is_q ? a.q_src + (size_t)r * a.q_rs + (size_t)j * D
+				: a.k_src + (size_t)r * a.k_rs + (size_t)kvh * D;
+	const float *w = is_q ? a.q_norm : a.k_norm;
+	int32_t slot;
+	size_t cache_off;
+
+	k_cuda_pdl_wait();
+	slot = a.slots[r];
+	cache_off = (size_t)slot * a.kv_heads * D + (size_t)kvh * D;
+	if (!is_q && slot < 0)
+		return;
+	for (int i = threadIdx.x; i < D; i += QKV_THREADS)
+		x[i] = src[i];
+	if (w) {
+		double ss = 0.0;
+		float rs;
+
+		for (int i = threadIdx.x; i < D; i += QKV_THREADS)
+			ss += (double)x[i] * (double)x[i];
+		ss = block_sum_d(ss, red);
+		rs = 1.0f / sqrtf((float)(ss / D) + a.eps);
+		for (int i = threadIdx.x; i < D; i += QKV_THREADS)
+			x[i] = __fmul_rn(w[i], __fmul_rn(x[i], rs));
+	}
+	__syncthreads();
+	if (half > 0) {
+		const float p = (float)a.pos[r];
+		const int step = a.interleaved ? 2 : 1, gap = a.interleaved ? 1 : half;
+
+		for (int i = threadIdx.x; i < half; i += QKV_THREADS) {
+			const float angle = __fmul_rn(p, a.inv_freq[i]);
+			double sd, cd;
+			float c, sn, x1, x2;
+
+			sincos((double)angle, &sd, &cd);
+			c = __fmul_rn((float)cd, a.attn_factor);
+			sn = __fmul_rn((float)sd, a.attn_factor);
+			x1 = x[i * step];
+			x2 = x[i * step + gap];
+			x[i * step] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
+			x[i * step + gap] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
+		}
+		__syncthreads();
+	}
+	if (is_q) {
+		float *dst = a.q + ((size_t)r * a.n_heads + j) * D;
+
+		for (int i = threadIdx.x; i < D; i += QKV_THREADS)
+			dst[i] = x[i];
+		return;
+	}
+	const float *vs = a.v_src + (size_t)r * a.v_rs + (size_t)kvh * D;
+
+	for (int i = threadIdx.x; i < D; i += QKV_THREADS) {
+		a.k_cache[cache_off + i] = qkv_bf16(x[i]);
+		a.v_cache[cache_off + i] = qkv_bf16(vs[i]);
+	}
+}
+
+}	// namespace
+
+extern "C" int k_cuda_qkv_post(cudaStream_t s, const struct k_cuda_qkv_args *a)
+{
+	if (!a || a->head_dim < 1 || a->head_dim > QKV_MAX_DIM || a->rope_dim < 0 ||
+	    a->rope_dim % 2 || a->rope_dim > a->head_dim || a->n_heads < 1 || a->kv_heads < 1 ||
+	    a->rows < 0 || a->rows > 65535 || (a->rope_dim && !a->inv_freq))
+		return -EINVAL;
+	if (a->rows == 0)
+		return 0;
+	k_cuda_launch_pdl(s, dim3(a->n_heads + a->kv_heads, a->rows), QKV_THREADS, 0, qkv_post_kernel,
+			  *a);
+	return K_CUDA_LAUNCHED("qkv_post");
+}
