@@ -2,6 +2,8 @@
 # GPU checks and benchmarks of a build carried to the GPU machine (DEVICE workflow):
 #   device run: bash contrib/device/run.sh PHASE...   with carry: ["build"]
 # Phases: check (GPU unit tests, golden models on cuda, generate cpu vs cuda),
+#         serve (kdecd --backend cuda serving kdrun), compare (cpu vs cuda logits by layer),
+#         optimes (per-op times), ncu (one step's kernels, clocks never locked),
 #         sanitize (compute-sanitizer memcheck + racecheck of the GPU tests),
 #         bench (kernel and decode benchmarks), peers (HF / torch.compile peers).
 # Logs go to $OUT/logs.tgz (one file: the device tool returns few files) beside
