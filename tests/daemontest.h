@@ -1,11 +1,14 @@
 /* Helpers of the tests that run a real kdecd: start it and wait until it accepts
- * clients, and the offline reference (kdbench generate) for a prompt. */
+ * clients, stop it, clean up after it, and the offline reference (kdbench generate)
+ * for a prompt. */
 #ifndef KD_TESTS_DAEMONTEST_H
 #define KD_TESTS_DAEMONTEST_H
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,6 +48,35 @@ static inline int daemontest_start(char *const argv[], const char *log, const ch
 		usleep(50000);
 	}
 	return -1;
+}
+
+/* SIGTERM to the daemon and its exit status: 0 for an orderly exit 0, 128 + signal
+ * when a signal ended it, -1 when there is none (pid <= 0). */
+static inline int daemontest_stop(pid_t pid)
+{
+	int st = 0;
+
+	if (pid <= 0)
+		return -1;
+	kill(pid, SIGTERM);
+	if (waitpid(pid, &st, 0) != pid)
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Removes the test's scratch directory (socket, daemon log) unless keep; then says
+ * where the logs are instead. */
+static inline void daemontest_cleanup(const char *dir, int keep)
+{
+	char cmd[300];
+
+	if (keep) {
+		fprintf(stderr, "daemon log kept in %s\n", dir);
+		return;
+	}
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd))
+		fprintf(stderr, "cannot remove %s\n", dir);
 }
 
 /* kdbench generate's greedy ids for prompt p (n ids), at most max_tokens into out;

@@ -223,7 +223,6 @@ int main(void)
 {
 	const char *b = getenv("top_builddir"), *s = getenv("top_srcdir");
 	char tmpl[] = "/tmp/kdec_agent.XXXXXX";
-	int st;
 
 	snprintf(builddir, sizeof(builddir), "%s", b ? b : ".");
 	snprintf(model, sizeof(model), "%s/tests/data/golden/llama3", s ? s : ".");
@@ -240,19 +239,8 @@ int main(void)
 	} else {
 		CHECK(0, "kdecd did not start (log in %s)", dir);
 	}
-	if (daemon_pid > 0) {
-		kill(daemon_pid, SIGTERM);
-		waitpid(daemon_pid, &st, 0);
-		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kdecd did not exit 0 on SIGTERM");
-	}
-	if (!test_failures) {
-		char cmd[300];
-
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-		if (system(cmd))
-			fprintf(stderr, "cannot remove %s\n", dir);
-	} else {
-		fprintf(stderr, "logs kept in %s\n", dir);
-	}
+	if (daemon_pid > 0)
+		CHECK(daemontest_stop(daemon_pid) == 0, "kdecd did not exit 0 on SIGTERM");
+	daemontest_cleanup(dir, test_failures);
 	return test_result("test_agent_daemon");
 }

@@ -69,14 +69,10 @@ static int start_daemon(const char *notify)
 
 static int stop_daemon(void)
 {
-	int st = -1;
+	int st = daemontest_stop(daemon_pid);
 
-	if (!daemon_pid)
-		return -1;
-	kill(daemon_pid, SIGTERM);
-	waitpid(daemon_pid, &st, 0);
 	daemon_pid = 0;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	return st;
 }
 
 /* One control command; the value of "key" in the reply (an integer), or -1. */
