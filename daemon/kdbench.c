@@ -32,8 +32,8 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: kdbench logits   --model DIR|FILE.gguf --tokens 1,2,3 --out FILE [--incremental] [options]\n"
-		"       kdbench generate --model DIR --prompt 1,2,3 --max-tokens N [options]\n"
-		"       kdbench decode   --model DIR [--batch 1,8,32,64 --ctx 1024 ...]  (decode --help)\n"
+		"       kdbench generate --model DIR|FILE.gguf --prompt 1,2,3 --max-tokens N [options]\n"
+		"       kdbench decode   --model DIR|FILE.gguf|CONFIG.json [--batch 1,8,32,64 --ctx 1024 ...]  (decode --help)\n"
 		"       kdbench agent    --socket PATH [--sessions N --duration S ...]  (agent --help)\n"
 		"\n"
 		"  logits    write float32 little-endian logits, row-major [T, vocab]; row t sees\n"

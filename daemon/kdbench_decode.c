@@ -43,7 +43,7 @@ struct decode_result {
 static void decode_usage(FILE *f)
 {
 	fprintf(f,
-		"usage: kdbench decode --model DIR|CONFIG.json [--synthetic-weights] [options]\n"
+		"usage: kdbench decode --model DIR|FILE.gguf|CONFIG.json [--synthetic-weights] [options]\n"
 		"\n"
 		"  Median latency of a decode step at each batch size after a prefill of --ctx\n"
 		"  random tokens per sequence, with the bytes the step must read (weights it\n"

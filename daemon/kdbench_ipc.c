@@ -297,7 +297,7 @@ int kdbench_ipc_main(int argc, char **argv)
 			break;
 		default:
 			fprintf(c == 'h' ? stdout : stderr,
-				"usage: kdbench ipc --model DIR [--requests N] [--tokens N] [--threads N]\n"
+				"usage: kdbench ipc --model DIR|FILE.gguf [--requests N] [--tokens N] [--threads N]\n"
 				"                   [--notify futex|eventfd] [--synthetic-weights]\n"
 				"One-way IPC latencies (submit -> pickup, publish -> receipt), p50/p99 in us,\n"
 				"for 1 and 64 clients, sleeping and spinning; requests per client (default 50)\n"
@@ -306,7 +306,7 @@ int kdbench_ipc_main(int argc, char **argv)
 		}
 	}
 	if (!a.model) {
-		fprintf(stderr, "kdbench ipc: --model DIR is required\n");
+		fprintf(stderr, "kdbench ipc: --model DIR|FILE.gguf is required\n");
 		return 2;
 	}
 	if (a.notify == IPC_NOTIFY_FUTEX && doorbell_probe_futex(err, sizeof(err))) {

@@ -66,8 +66,8 @@ expect 1 "Invalid argument" "$B/kdrun" --socket "$S" --prompt 1,2 --session "bad
 
 # kdctl
 "$B/kdctl" --socket "$S" status --json >"$tmp/st" || fail "kdctl status --json"
-for k in model backend uptime_s clients requests_running requests_waiting kv_blocks_used kv_blocks_total \
-	kv_blocks_cached kv_blocks_free kv_host_blocks kv_host_bytes prefix_hit_tokens; do
+for k in model model_path backend uptime_s clients requests_running requests_waiting kv_blocks_used kv_blocks_total \
+	kv_blocks_cached kv_blocks_free kv_host_blocks kv_host_bytes prefix_hit_tokens preemptions; do
 	grep -q "\"$k\":" "$tmp/st" && ok || fail "status --json lacks $k: $(cat "$tmp/st")"
 done
 "$B/kdctl" --socket "$S" status | grep -q "kv_blocks_total" && ok || fail "kdctl status"

@@ -60,9 +60,24 @@ static bool lin_vec_ok(const float *x, const uint16_t *w, int K)
 	return K % LIN_VEC_K == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
 }
 
+// KDEC_LINEAR_SMALL_MB (experiments): the weight size up to which the project's kernels
+// are tried before cuBLAS.
+static size_t lin_small_limit(void)
+{
+	static size_t limit;
+
+	if (!limit) {
+		const char *e = getenv("KDEC_LINEAR_SMALL_MB");
+		const long mb = e ? atol(e) : 0;
+
+		limit = mb > 0 ? (size_t)mb << 20 : LIN_SMALL_WEIGHT_BYTES;
+	}
+	return limit;
+}
+
 static bool lin_small_weights(int N, int K)
 {
-	return (size_t)N * (size_t)K * sizeof(uint16_t) <= LIN_SMALL_WEIGHT_BYTES;
+	return (size_t)N * (size_t)K * sizeof(uint16_t) <= lin_small_limit();
 }
 
 static bool lin_use_gemv(int M, int N, int K)
