@@ -436,12 +436,19 @@ static void cuda_attn_gqa(struct backend *be, float *out, const float *q, const 
 			  float scale)
 {
 	struct backend_cuda *b = cuda_of(be);
-	cuda_prof_mark(b, "attn_gqa");
 	struct k_cuda_attn_rows r = attn_rows(rows);
+	const int width = n_heads * head_dim;
+	/* the output in bf16 as well, for o_proj next */
+	uint16_t *xb = k_cuda_linear_x_scratch(b->lin, rows->n_rows, width);
+	int ret;
 
-	cuda_note(b, k_cuda_attn_gqa(b->stream, b->attn_ws, out, q, (const uint16_t *)kv->k,
-				(const uint16_t *)kv->v, kv->block_tokens, &r, n_heads, kv_heads,
-				head_dim, scale), "attn_gqa");
+	cuda_prof_mark(b, "attn_gqa");
+	ret = k_cuda_attn_gqa_bf16(b->stream, b->attn_ws, out, xb, q, (const uint16_t *)kv->k,
+				   (const uint16_t *)kv->v, kv->block_tokens, &r, n_heads, kv_heads,
+				   head_dim, scale);
+	cuda_note(b, ret < 0 ? ret : 0, "attn_gqa");
+	if (ret == 1)
+		k_cuda_linear_x_ready(b->lin, out, rows->n_rows, width);
 }
 
 static int cuda_attn_mla(struct backend *be, float *out, const float *q, const struct model_tensor *w_kv_b,

@@ -439,6 +439,36 @@ static void gqa_teardown(struct gqa_run *g)
 	rows_free(g->r);
 }
 
+/* k_cuda_attn_gqa_bf16 on the same inputs: the fp32 output bit for bit that of
+ * k_cuda_attn_gqa, and, where it reports writing it, the bf16 copy that output rounded
+ * to nearest even; it must write it for decode rows (no prefill hint). */
+static void gqa_bf16_check(struct gqa_run *g)
+{
+	size_t n = (size_t)g->r->n_rows * g->sh.h * g->sh.hd, bad = 0;
+	struct k_cuda_attn_rows gr = rows_gpu(g->r, g->hint);
+	float *want = download(g->d_out, n), *got;
+	uint16_t *db = NULL, *hb = malloc(sizeof(uint16_t) * n);
+	int ret;
+
+	CU(cudaMalloc((void **)&db, sizeof(uint16_t) * n));
+	CU(cudaMemset(db, 0xff, sizeof(uint16_t) * n));
+	CU(cudaMemset(g->d_out, 0xff, sizeof(float) * n));
+	ret = k_cuda_attn_gqa_bf16(0, g->ws, g->d_out, db, g->d_q, g->k.d, g->v.d, g->r->bt, &gr,
+				   g->sh.h, g->sh.kv, g->sh.hd, g->scale);
+	CHECK(ret >= 0 && (g->hint || ret == 1), "k_cuda_attn_gqa_bf16: %d", ret);
+	CU(cudaDeviceSynchronize());
+	got = download(g->d_out, n);
+	CU(cudaMemcpy(hb, db, sizeof(uint16_t) * n, cudaMemcpyDeviceToHost));
+	for (size_t i = 0; i < n; i++)
+		bad += memcmp(&got[i], &want[i], sizeof(float)) != 0 ||
+		       (ret == 1 && hb[i] != k_f32_to_bf16(want[i]));
+	CHECK(!bad, "gqa bf16 output (wrote %d): %zu of %zu values differ", ret, bad, n);
+	cudaFree(db);
+	free(hb);
+	free(want);
+	free(got);
+}
+
 static void gqa_case(struct gqa_shape sh, int bt, struct rows *r, int hint)
 {
 	struct gqa_run g;
@@ -453,8 +483,10 @@ static void gqa_case(struct gqa_shape sh, int bt, struct rows *r, int hint)
 	CU(cudaMemset(g.d_out, 0xff, sizeof(float) * n));	/* NaN */
 	ret = gqa_call(&g, 0);
 	CHECK(ret == 0, "k_cuda_attn_gqa: %d", ret);
-	if (ret == 0 && CU(cudaDeviceSynchronize()))
+	if (ret == 0 && CU(cudaDeviceSynchronize())) {
 		gqa_check(&g, "");
+		gqa_bf16_check(&g);
+	}
 	if (timing && ret == 0) {
 		char label[160];
 		double us = time_us(gqa_call_default, &g);

@@ -112,8 +112,20 @@ int attn_check_rows(const char *who, const k_cuda_attn_ws *ws, const k_cuda_attn
 
 // out(r, h, :dim) = sum_s w_s part_o(s, r, h, :) over the splits, w from part_lse.
 // out row r head h at out + r * out_rs + h * out_hs (floats).
+// out_bf16 (NULL or at the same offsets as out): out rounded to bf16 as well.
 int attn_merge(cudaStream_t s, const k_cuda_attn_ws *ws, int n_splits, int n_rows,
-	       int n_heads, int dim, float *out, long out_rs, long out_hs);
+	       int n_heads, int dim, float *out, long out_rs, long out_hs, uint16_t *out_bf16);
+
+// fp32 -> bf16 bits, round to nearest even (NaN kept a NaN).
+__device__ __forceinline__ uint16_t attn_bf16(float f)
+{
+	uint32_t u = __float_as_uint(f);
+
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x40u);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
 
 // ---- the tiled kernel (attn_tile.cu): a tile of query vectors shares each K/V tile ----
 

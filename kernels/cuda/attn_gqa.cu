@@ -24,6 +24,7 @@
 
 struct dec_args {
 	float *out;			// (n_rows, n_heads, hd) when n_splits == 1
+	uint16_t *out_bf16;		// NULL, or out rounded to bf16 (same layout)
 	float *part_o, *part_lse;	// (n_splits, n_rows, n_heads, hd), (..., n_heads)
 	const float *q;			// (n_rows, n_heads, hd)
 	const uint16_t *k, *v;		// (slots, kv_heads, hd) bf16
@@ -270,6 +271,8 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_dec_kernel(const dec_args a)
 		inv = ls > 0.0f ? 1.0f / ls : 0.0f;
 		if (a.n_splits == 1) {
 			a.out[rh * a.hd + d] = o * inv;
+			if (a.out_bf16)
+				a.out_bf16[rh * a.hd + d] = attn_bf16(o * inv);
 		} else {
 			const size_t sp = (size_t)split * a.n_rows * a.n_heads + rh;
 
@@ -288,8 +291,8 @@ static int aligned16(const void *p)
 }
 
 // Decode: rows of distinct sequences, each K/V vector read once per kv head.
-static int gqa_decode(cudaStream_t s, k_cuda_attn_ws *ws, float *out, const float *q,
-		      const uint16_t *k, const uint16_t *v, int block_tokens,
+static int gqa_decode(cudaStream_t s, k_cuda_attn_ws *ws, float *out, uint16_t *out_bf16,
+		      const float *q, const uint16_t *k, const uint16_t *v, int block_tokens,
 		      const k_cuda_attn_rows *rows, int H, int KV, int hd, float qscale)
 {
 	const int R = rows->n_rows, G = H / KV, n_hc = attn_cdiv(G, DEC_HEADS);
@@ -299,6 +302,7 @@ static int gqa_decode(cudaStream_t s, k_cuda_attn_ws *ws, float *out, const floa
 	if ((long)KV * n_hc > 65535)
 		ATTN_INVAL("k_cuda_attn_gqa: %d kv heads x %d head chunks unsupported", KV, n_hc);
 	a.out = out;
+	a.out_bf16 = out_bf16;
 	a.part_o = ws->part_o;
 	a.part_lse = ws->part_lse;
 	a.q = q;
@@ -337,7 +341,7 @@ static int gqa_decode(cudaStream_t s, k_cuda_attn_ws *ws, float *out, const floa
 				  : hd <= 128 ? attn_dec_kernel<16, false> : attn_dec_kernel<32, false>, a);
 	ATTN_LAUNCHED("attn_dec_kernel");
 	if (a.n_splits > 1)
-		return attn_merge(s, ws, a.n_splits, R, H, hd, out, (long)H * hd, hd);
+		return attn_merge(s, ws, a.n_splits, R, H, hd, out, (long)H * hd, hd, out_bf16);
 	return 0;
 }
 
@@ -386,10 +390,11 @@ static int gqa_tiled(cudaStream_t s, k_cuda_attn_ws *ws, float *out, const float
 	return attn_tile_launch(s, ws, GQA_TILE_Q, &a);
 }
 
-extern "C" int k_cuda_attn_gqa(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
-			       const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
-			       int block_tokens, const struct k_cuda_attn_rows *rows, int n_heads,
-			       int kv_heads, int head_dim, float scale)
+extern "C" int k_cuda_attn_gqa_bf16(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
+				    uint16_t *out_bf16, const float *q, const uint16_t *k_cache,
+				    const uint16_t *v_cache, int block_tokens,
+				    const struct k_cuda_attn_rows *rows, int n_heads, int kv_heads,
+				    int head_dim, float scale)
 {
 	const float qscale = scale * 1.4426950408889634f;	// log2(e): exp2 in the kernels
 	int ret;
@@ -406,6 +411,16 @@ extern "C" int k_cuda_attn_gqa(cudaStream_t s, struct k_cuda_attn_ws *ws, float 
 	if (gqa_use_tiled(rows) && attn_tile_smem(ws, GQA_TILE_Q, head_dim, head_dim, 1))
 		return gqa_tiled(s, ws, out, q, k_cache, v_cache, block_tokens, rows, n_heads,
 				 kv_heads, head_dim, qscale);
-	return gqa_decode(s, ws, out, q, k_cache, v_cache, block_tokens, rows, n_heads, kv_heads,
-			  head_dim, qscale);
+	ret = gqa_decode(s, ws, out, out_bf16, q, k_cache, v_cache, block_tokens, rows, n_heads,
+			 kv_heads, head_dim, qscale);
+	return ret ? ret : out_bf16 != nullptr;
+}
+
+extern "C" int k_cuda_attn_gqa(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
+			       const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+			       int block_tokens, const struct k_cuda_attn_rows *rows, int n_heads,
+			       int kv_heads, int head_dim, float scale)
+{
+	return k_cuda_attn_gqa_bf16(s, ws, out, nullptr, q, k_cache, v_cache, block_tokens, rows,
+				    n_heads, kv_heads, head_dim, scale);
 }

@@ -436,7 +436,7 @@ int attn_tile_launch(cudaStream_t s, const k_cuda_attn_ws *ws, int tq, const att
 	ATTN_LAUNCHED("attn_tile_kernel");
 	if (a->n_splits > 1)
 		return attn_merge(s, ws, a->n_splits, a->n_rows, a->n_heads, a->dv, a->out,
-				  a->out_rs, a->out_hs);
+				  a->out_rs, a->out_hs, nullptr);
 	return 0;
 }
 

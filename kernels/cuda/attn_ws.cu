@@ -16,7 +16,7 @@
 __global__ void __launch_bounds__(MERGE_THREADS)
 attn_merge_kernel(float *__restrict__ out, long out_rs, long out_hs,
 		  const float *__restrict__ part_o, const float *__restrict__ part_lse,
-		  int n_splits, int n_rows, int n_heads, int dim)
+		  int n_splits, int n_rows, int n_heads, int dim, uint16_t *__restrict__ out_bf16)
 {
 	__shared__ float w[ATTN_MAX_SPLITS];
 	__shared__ int live[ATTN_MAX_SPLITS];
@@ -83,7 +83,11 @@ attn_merge_kernel(float *__restrict__ out, long out_rs, long out_hs,
 		}
 		for (; i < n_live; i++)
 			a0 = fmaf(w[i], po[live[i] * sstride], a0);
-		out[r * out_rs + h * out_hs + d] = (a0 + a1) + (a2 + a3);
+		const float o = (a0 + a1) + (a2 + a3);
+
+		out[r * out_rs + h * out_hs + d] = o;
+		if (out_bf16)
+			out_bf16[r * out_rs + h * out_hs + d] = attn_bf16(o);
 	}
 }
 
@@ -126,7 +130,7 @@ int attn_check_rows(const char *who, const k_cuda_attn_ws *ws, const k_cuda_attn
 }
 
 int attn_merge(cudaStream_t s, const k_cuda_attn_ws *ws, int n_splits, int n_rows,
-	       int n_heads, int dim, float *out, long out_rs, long out_hs)
+	       int n_heads, int dim, float *out, long out_rs, long out_hs, uint16_t *out_bf16)
 {
 	long blocks = (long)n_rows * n_heads;
 
@@ -134,7 +138,7 @@ int attn_merge(cudaStream_t s, const k_cuda_attn_ws *ws, int n_splits, int n_row
 		return 0;
 	k_cuda_launch_pdl(s, dim3((unsigned)blocks, attn_cdiv(dim, MERGE_THREADS)), MERGE_THREADS, 0,
 			  attn_merge_kernel, out, out_rs, out_hs, (const float *)ws->part_o,
-			  (const float *)ws->part_lse, n_splits, n_rows, n_heads, dim);
+			  (const float *)ws->part_lse, n_splits, n_rows, n_heads, dim, out_bf16);
 	ATTN_LAUNCHED("attn_merge_kernel");
 	return 0;
 }

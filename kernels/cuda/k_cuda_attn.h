@@ -63,6 +63,16 @@ int k_cuda_attn_gqa(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out, const
 		    const struct k_cuda_attn_rows *rows, int n_heads, int kv_heads, int head_dim,
 		    float scale);
 
+/* k_cuda_attn_gqa that also writes out rounded to bf16 (nearest even), (n_rows, n_heads *
+ * head_dim) contiguous, into out_bf16 where it runs the decode kernel (rows of distinct
+ * sequences), for a linear layer that takes bf16 input next. Returns 1 when it wrote
+ * out_bf16, 0 when not (the prefill kernel ran), or an error as k_cuda_attn_gqa. */
+int k_cuda_attn_gqa_bf16(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
+			 uint16_t *out_bf16, const float *q, const uint16_t *k_cache,
+			 const uint16_t *v_cache, int block_tokens,
+			 const struct k_cuda_attn_rows *rows, int n_heads, int kv_heads,
+			 int head_dim, float scale);
+
 /* Absorbed MLA over the latent cache: q_lat = W_UK^T q_nope per head, scores over the
  * latent and the rope key, softmax, o_lat = sum_t p_t c_t, out = W_UV o_lat.
  * q: device (n_rows, n_heads, nope_dim + rope_dim) fp32, rope part rotated;
