@@ -115,6 +115,9 @@ int gguf_arr_str(const struct gguf_kv *kv, uint64_t i, struct gguf_str *out);
  * messages and small strings: 0, -ENOENT, -EINVAL (not a string), -ENAMETOOLONG. */
 int gguf_get_str(const struct gguf_file *f, const char *key, char *buf, size_t len);
 
+/* Bytes of one scalar value of a metadata type; 0 for string, array and unknown. */
+uint64_t gguf_vtype_size(uint32_t t);
+
 /* ggml type facts: name ("Q4_K"; "type 11" style text is the caller's for unknowns)
  * or NULL; elements per block and bytes per block: 0 or -ENOTSUP. */
 const char *gguf_ttype_name(uint32_t type);
