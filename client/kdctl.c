@@ -5,13 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
+#include "client/control_call.h"
 #include "client/kdclient.h"
 
-#define LINE_MAX_BYTES (1 << 20)
 
 static void usage(FILE *f)
 {
@@ -36,61 +34,6 @@ static void usage(FILE *f)
 		"  --json         print the daemon's JSON reply\n"
 		"  --version, --help\n",
 		sock);
-}
-
-static int talk(const char *path, const char *req, char **reply)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	size_t len = 0, cap = 4096;
-	char *buf = malloc(cap);
-	int s;
-
-	if (!buf)
-		return -ENOMEM;
-	if (strlen(path) >= sizeof(sa.sun_path)) {
-		free(buf);
-		return -ENAMETOOLONG;
-	}
-	strcpy(sa.sun_path, path);
-	s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof(sa)) ||
-	    send(s, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req)) {
-		int ret = -errno;
-
-		if (s >= 0)
-			close(s);
-		free(buf);
-		return ret;
-	}
-	for (;;) {
-		ssize_t r;
-
-		if (len + 1 == cap) {
-			char *nb = cap < LINE_MAX_BYTES ? realloc(buf, cap * 2) : NULL;
-
-			if (!nb)
-				break;
-			buf = nb;
-			cap *= 2;
-		}
-		r = recv(s, buf + len, cap - len - 1, 0);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		len += (size_t)r;
-		buf[len] = '\0';
-		if (memchr(buf, '\n', len))
-			break;
-	}
-	close(s);
-	buf[len] = '\0';
-	if (!len) {
-		free(buf);
-		return -ECONNRESET;
-	}
-	*reply = buf;
-	return 0;
 }
 
 static void print_status(json_t *o)
@@ -206,7 +149,7 @@ int main(int argc, char **argv)
 		kd_default_socket(path, sizeof(path));
 		socket_path = path;
 	}
-	if ((ret = talk(socket_path, req, &reply))) {
+	if ((ret = control_call(socket_path, req, &reply))) {
 		fprintf(stderr, "kdctl: cannot talk to kdecd at %s: %s\n", socket_path, kd_strerror(ret));
 		return 1;
 	}

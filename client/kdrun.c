@@ -9,10 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
+#include "client/control_call.h"
 #include "client/kdclient.h"
 
 #define MAX_PROMPT (1 << 18)
@@ -278,37 +277,18 @@ static void add_stop(struct run_args *a, int32_t id)
  * NULL. The shared-memory welcome names only the model type. */
 static char *daemon_model_path(const char *socket_path)
 {
-	static const char req[] = "{\"cmd\":\"status\"}\n";
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	char buf[1 << 16], def[sizeof(sa.sun_path)], *path = NULL;
-	size_t len = 0;
+	char def[256], *reply = NULL, *path = NULL;
 	json_t *o;
-	int s;
 
 	if (!socket_path && !kd_default_socket(def, sizeof(def)))
 		socket_path = def;
-	if (!socket_path || strlen(socket_path) >= sizeof(sa.sun_path))
+	if (!socket_path || control_call(socket_path, "{\"cmd\":\"status\"}\n", &reply))
 		return NULL;
-	strcpy(sa.sun_path, socket_path);
-	s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (s < 0)
-		return NULL;
-	if (!connect(s, (struct sockaddr *)&sa, sizeof(sa)) &&
-	    send(s, req, sizeof(req) - 1, MSG_NOSIGNAL) == (ssize_t)sizeof(req) - 1) {
-		while (len + 1 < sizeof(buf) && !memchr(buf, '\n', len)) {
-			ssize_t r = recv(s, buf + len, sizeof(buf) - 1 - len, 0);
-
-			if (r <= 0)
-				break;
-			len += (size_t)r;
-		}
-	}
-	close(s);
-	buf[len] = '\0';
-	o = len ? json_loads(buf, JSON_DISABLE_EOF_CHECK, NULL) : NULL;
+	o = json_loads(reply, JSON_DISABLE_EOF_CHECK, NULL);
 	if (json_is_string(json_object_get(o, "model_path")))
 		path = strdup(json_string_value(json_object_get(o, "model_path")));
 	json_decref(o);
+	free(reply);
 	return path;
 }
 

@@ -8,71 +8,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "client/control_call.h"
 #include "client/kdclient.h"
 #include "daemon/kdbench_agent.h"
 
-#define REPLY_MAX (1 << 20)
 #define PLOT_MAX_POINTS 200000	/* ITL points in the plot; more are thinned evenly */
 
 extern char **environ;
 
 /* ---- the daemon's counters ----------------------------------------------------- */
-
-static int control_talk(const char *path, const char *req, char **reply)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	size_t len = 0, cap = 65536;
-	char *buf;
-	int s, ret = 0;
-
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return -ENAMETOOLONG;
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	if (!(buf = malloc(cap)))
-		return -ENOMEM;
-	s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof(sa)) ||
-	    send(s, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req))
-		ret = -errno;
-	while (!ret) {
-		ssize_t r;
-
-		if (len + 1 == cap) {
-			char *nb = cap < REPLY_MAX ? realloc(buf, cap * 2) : NULL;
-
-			if (!nb) {
-				ret = -E2BIG;
-				break;
-			}
-			buf = nb;
-			cap *= 2;
-		}
-		r = recv(s, buf + len, cap - len - 1, 0);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		len += (size_t)r;
-		buf[len] = '\0';
-		if (memchr(buf, '\n', len))
-			break;
-	}
-	if (s >= 0)
-		close(s);
-	buf[len] = '\0';
-	if (!ret && !len)
-		ret = -ECONNRESET;
-	if (ret)
-		free(buf);
-	else
-		*reply = buf;
-	return ret;
-}
 
 /* The value of an unlabelled metric line "name value" in Prometheus text. */
 static int metric_value(const char *text, const char *name, double *out)
@@ -92,7 +39,7 @@ int agent_read_metrics(const char *sock, double *hit_tokens, double *prompt_toke
 	char *reply = NULL;
 	json_t *o;
 	const char *text;
-	int ret = control_talk(sock, "{\"cmd\":\"metrics\"}\n", &reply);
+	int ret = control_call(sock, "{\"cmd\":\"metrics\"}\n", &reply);
 
 	if (ret) {
 		fprintf(stderr, "kdbench agent: metrics from %s: %s\n", sock, strerror(-ret));
