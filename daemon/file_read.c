@@ -1,9 +1,10 @@
-/* Bounded whole-file reads. */
+/* Bounded whole-file reads and read-only maps. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -51,6 +52,41 @@ int file_read_all(const char *path, size_t cap, char **out, size_t *len, char *e
 	buf[got] = '\0';
 	*out = buf;
 	*len = got;
+out:
+	close(fd);
+	return rc;
+}
+
+int file_map(const char *path, void **map, size_t *size, char *err, size_t err_len)
+{
+	struct stat st;
+	int fd, rc = 0;
+
+	*map = NULL;
+	*size = 0;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		snprintf(err, err_len, "%s: %s", path, strerror(-rc));
+		return rc;
+	}
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+		snprintf(err, err_len, "%s: not a regular file", path);
+		rc = -EINVAL;
+		goto out;
+	}
+	if (st.st_size > 0) {
+		void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+
+		if (m == MAP_FAILED) {
+			rc = -errno;
+			snprintf(err, err_len, "%s: mmap of %lld bytes: %s", path,
+				 (long long)st.st_size, strerror(-rc));
+			goto out;
+		}
+		*map = m;
+		*size = (size_t)st.st_size;
+	}
 out:
 	close(fd);
 	return rc;

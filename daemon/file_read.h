@@ -1,4 +1,5 @@
-/* Reading small whole files (configs, shard indexes) with a size cap. */
+/* Reading small whole files (configs, shard indexes) with a size cap, and mapping large
+ * ones (weights). libc only: libkdclient compiles it in too. */
 #ifndef KD_DAEMON_FILE_READ_H
 #define KD_DAEMON_FILE_READ_H
 
@@ -8,5 +9,11 @@
  * after the last byte (*out, caller frees; *len bytes). Returns 0, or -errno with one
  * line "PATH: reason" in err (-ENOENT too, for callers that fall back on it). */
 int file_read_all(const char *path, size_t cap, char **out, size_t *len, char *err, size_t err_len);
+
+/* Maps the regular file path read-only (MAP_PRIVATE): 0 with *map and *size (*map is
+ * NULL for an empty file, which the caller reports in its format's terms), or -errno
+ * with one line in err: "PATH: reason", "PATH: not a regular file" or
+ * "PATH: mmap of N bytes: reason". munmap(*map, *size) releases it. */
+int file_map(const char *path, void **map, size_t *size, char *err, size_t err_len);
 
 #endif

@@ -2,6 +2,7 @@
  * (the typed readers over it are in gguf_read.c). Nothing here trusts the file; libc
  * only. */
 #include "daemon/gguf.h"
+#include "daemon/file_read.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -632,42 +633,25 @@ fail:
 
 int gguf_open(struct gguf_file *f, const char *path, char *err, size_t err_len)
 {
-	struct stat st;
 	void *map;
+	size_t size;
 	char *pcopy;
-	int fd, rc;
+	int rc;
 
 	memset(f, 0, sizeof(*f));
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return gguf_fail(err, err_len, -errno, "%s: cannot open: %s", path,
-				 strerror(errno));
-	if (fstat(fd, &st) < 0) {
-		rc = -errno;
-		close(fd);
-		return gguf_fail(err, err_len, rc, "%s: cannot stat: %s", path, strerror(-rc));
-	}
-	if (!S_ISREG(st.st_mode) || st.st_size == 0 || (uint64_t)st.st_size > SIZE_MAX) {
-		close(fd);
-		return gguf_fail(err, err_len, -EINVAL, "%s: %s, not a GGUF file", path,
-				 !S_ISREG(st.st_mode) ? "not a regular file" :
-				 st.st_size ? "too large to map" : "empty");
-	}
-	map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-	rc = map == MAP_FAILED ? -errno : 0;
-	close(fd);
-	if (rc)
-		return gguf_fail(err, err_len, rc, "%s: cannot map %lld bytes: %s", path,
-				 (long long)st.st_size, strerror(-rc));
+	if ((rc = file_map(path, &map, &size, err, err_len)))
+		return rc;
+	if (!size)
+		return gguf_fail(err, err_len, -EINVAL, "%s: empty, not a GGUF file", path);
 	pcopy = strdup(path);
 	if (!pcopy) {
-		munmap(map, (size_t)st.st_size);
+		munmap(map, size);
 		return gguf_fail(err, err_len, -ENOMEM, "%s: no memory", path);
 	}
-	rc = gguf_parse(f, map, (size_t)st.st_size, path, err, err_len);
+	rc = gguf_parse(f, map, size, path, err, err_len);
 	if (rc) {
 		free(pcopy);
-		munmap(map, (size_t)st.st_size);
+		munmap(map, size);
 		return rc;
 	}
 	f->path = pcopy;

@@ -349,35 +349,6 @@ out:
 	return rc;
 }
 
-static int st_map(struct st_file *f, const char *path, char *err, size_t err_len)
-{
-	struct stat st;
-	int fd, rc = 0;
-
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		rc = -errno;
-		return st_fail(err, err_len, rc, "%s: %s", path, strerror(-rc));
-	}
-	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-		rc = st_fail(err, err_len, -EINVAL, "%s: not a regular file", path);
-		goto out;
-	}
-	f->size = (size_t)st.st_size;
-	if (f->size == 0)
-		goto out;	/* st_parse reports it */
-	f->map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
-	if (f->map == MAP_FAILED) {
-		f->map = NULL;
-		rc = -errno;
-		rc = st_fail(err, err_len, rc, "%s: mmap of %zu bytes: %s", path, f->size,
-			     strerror(-rc));
-	}
-out:
-	close(fd);
-	return rc;
-}
-
 int st_file_open(struct st_file *f, const char *path, char *err, size_t err_len)
 {
 	static const uint8_t empty[1];
@@ -387,7 +358,7 @@ int st_file_open(struct st_file *f, const char *path, char *err, size_t err_len)
 	f->path = strdup(path);
 	if (!f->path)
 		return st_fail(err, err_len, -ENOMEM, "%s: out of memory", path);
-	rc = st_map(f, path, err, err_len);
+	rc = file_map(path, &f->map, &f->size, err, err_len);
 	if (!rc)
 		rc = st_parse(f, f->map ? f->map : empty, f->size, path, err, err_len);
 	if (rc)
