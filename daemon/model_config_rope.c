@@ -229,8 +229,7 @@ static int rope_body(struct cfg_parse *p, const json_t *root, struct rope_src *r
 	return 0;
 }
 
-/* Softmax scale; MLA folds YaRN's mscale(factor, mscale_all_dim)^2 into it. */
-static void set_attn_scale(struct model_config *cfg)
+void model_config_set_attn_scale(struct model_config *cfg)
 {
 	const struct k_rope_params *k = &cfg->rope;
 	double s = 1.0 / sqrt((double)cfg->head_dim);
@@ -263,7 +262,7 @@ int cfg_parse_rope(struct cfg_parse *p, const json_t *root, struct model_config 
 	}
 	rc = rope_body(p, root, &r, cfg);
 	if (!rc)
-		set_attn_scale(cfg);
+		model_config_set_attn_scale(cfg);
 out:
 	p->prefix = "";
 	json_decref(r.merged);

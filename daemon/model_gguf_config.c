@@ -667,20 +667,6 @@ static int meta_rope(struct meta *g, struct model_config *cfg)
 	return 0;
 }
 
-/* As model_config_rope.c: MLA folds YaRN's mscale(factor, mscale_all_dim)^2 in. */
-static void meta_attn_scale(struct model_config *cfg)
-{
-	const struct k_rope_params *k = &cfg->rope;
-	double s = 1.0 / sqrt((double)cfg->head_dim);
-	double m;
-
-	if (cfg->mla && k->type != K_ROPE_DEFAULT && k->mscale_all_dim != 0) {
-		m = k->factor > 1 ? 0.1 * k->mscale_all_dim * log(k->factor) + 1.0 : 1.0;
-		s *= m * m;
-	}
-	cfg->attn_scale = (float)s;
-}
-
 int model_gguf_config(struct model_config *cfg, const struct gguf_file *f, const char *name,
 		      char *err, size_t err_len)
 {
@@ -702,7 +688,7 @@ int model_gguf_config(struct model_config *cfg, const struct gguf_file *f, const
 		rc = meta_rope(&g, cfg);
 	if (rc)
 		return rc;
-	meta_attn_scale(cfg);
+	model_config_set_attn_scale(cfg);
 	for (int l = 0; l < cfg->n_layers; l++)
 		all_moe &= model_config_layer_is_moe(cfg, l);
 	if (!all_moe && !cfg->intermediate_size)
