@@ -290,6 +290,20 @@ static int aligned16(const void *p)
 	return (uintptr_t)p % 16 == 0;
 }
 
+// KDEC_ATTN_DEC_SPLITS (experiments): a fixed split count for the decode kernel, read
+// once; 0 when unset or not a positive number.
+static int dec_forced_splits(void)
+{
+	static int n = -1;
+
+	if (n < 0) {
+		const char *e = getenv("KDEC_ATTN_DEC_SPLITS");
+
+		n = e && atoi(e) > 0 ? atoi(e) : 0;
+	}
+	return n;
+}
+
 // Decode: rows of distinct sequences, each K/V vector read once per kv head.
 static int gqa_decode(cudaStream_t s, k_cuda_attn_ws *ws, float *out, uint16_t *out_bf16,
 		      const float *q, const uint16_t *k, const uint16_t *v, int block_tokens,
@@ -322,12 +336,9 @@ static int gqa_decode(cudaStream_t s, k_cuda_attn_ws *ws, float *out, uint16_t *
 	a.n_splits = attn_pick_splits(ws, (long)R * KV * n_hc, (long)DEC_CTAS_PER_SM * ws->n_sm,
 				      rows->max_ctx, DEC_MIN_SPLIT_TOKENS, (size_t)R * H * hd,
 				      (size_t)R * H);
-	if (const char *e = getenv("KDEC_ATTN_DEC_SPLITS")) {	// experiments: a fixed split count
-		const int want = atoi(e);
-
-		if (want >= 1 && want <= a.n_splits * 64 &&
-		    (size_t)want * R * H * hd <= ws->part_floats && (size_t)want * R * H <= ws->lse_floats &&
-		    want <= ATTN_MAX_SPLITS)
+	if (const int want = dec_forced_splits()) {
+		if (want <= a.n_splits * 64 && (size_t)want * R * H * hd <= ws->part_floats &&
+		    (size_t)want * R * H <= ws->lse_floats && want <= ATTN_MAX_SPLITS)
 			a.n_splits = want;
 	}
 	grid = dim3(a.n_splits, KV * n_hc, R);
