@@ -57,7 +57,10 @@ struct req {
 	uint64_t id;
 	int32_t got[MAX_GEN];
 	int n_got, done;
-	uint64_t t_first, t_final;	/* t_receive_ns */
+	/* arrival order (1, 2, ...) of the first token and the final event among every
+	 * event run() took; not t_receive_ns, which is one value per kd_poll batch, so a
+	 * final and the next request's first token taken together would tie */
+	uint64_t t_first, t_final;
 };
 
 /* Submits reqs[0..n) over nc connections (request i on i % nc) and collects them. */
@@ -67,6 +70,7 @@ static int run(struct req *reqs, int n, int nc)
 	struct kd_event ev[64];
 	int left = n, ret = 0;
 	time_t t0 = time(NULL);
+	uint64_t order = 0;
 
 	for (int k = 0; k < nc && !ret; k++)
 		ret = kd_connect(&c[k], &(struct kd_connect_opts){ .socket_path = sock_path });
@@ -95,6 +99,7 @@ static int run(struct req *reqs, int n, int nc)
 			}
 			any += m;
 			for (int e = 0; e < m; e++) {
+				order++;
 				for (int i = k; i < n; i += nc) {
 					struct req *q = &reqs[i];
 
@@ -102,12 +107,12 @@ static int run(struct req *reqs, int n, int nc)
 						continue;
 					if (ev[e].token >= 0 && q->n_got < MAX_GEN) {
 						if (!q->n_got)
-							q->t_first = ev[e].t_receive_ns;
+							q->t_first = order;
 						q->got[q->n_got++] = ev[e].token;
 					}
 					if (ev[e].flags & KD_EVENT_FINAL) {
 						q->done = 1;
-						q->t_final = ev[e].t_receive_ns;
+						q->t_final = order;
 						left--;
 					}
 				}
