@@ -35,8 +35,8 @@ run() {
 }
 
 gpu_tests() {
-	for t in test_cuda_smoke test_cuda_linear test_cuda_attn test_cuda_ops test_cuda_moe \
-		test_cuda_sample; do
+	for t in ${GPU_TESTS:-test_cuda_smoke test_cuda_linear test_cuda_attn test_cuda_ops \
+		test_cuda_moe test_cuda_sample}; do
 		[ -x "$B/tests/$t" ] && echo "$t"
 	done
 }
@@ -187,6 +187,24 @@ phase_bench() {
 		--out "$out/decode.jsonl"
 	[ -n "${OUT:-}" ] && cp "$out/decode.jsonl" "$OUT/"
 	grep -hv ' info \| warn ' "$out/decode_llama8b.log" "$out/decode_v2lite.log" | tee -a "$summary"
+}
+
+# A/B of decode knobs: AB_ENVS="KDEC_ATTN_MMA=0;KDEC_ATTN_MMA=1" (";" between runs,
+# " " between variables of one run), each on AB_MODELS at AB_BATCHES, a short run each
+phase_ab() {
+	local IFS_SAVE=$IFS envs cfg i=0
+	IFS=';' read -ra envs <<<"${AB_ENVS:-KDEC_ATTN_MMA=0;KDEC_ATTN_MMA=1}"
+	IFS=$IFS_SAVE
+	for e in "${envs[@]}"; do
+		for cfg in ${AB_MODELS:-llama3.1-8b deepseek-v2-lite}; do
+			i=$((i + 1))
+			env $e "$B/kdbench" decode --model tests/data/configs/$cfg.json --synthetic-weights \
+				--backend cuda --batch ${AB_BATCHES:-1,64} --ctx 1024 --steps ${AB_STEPS:-32} \
+				--warmup 4 --log-level warn >"$out/ab_$i.log" 2>&1
+			say "ab [$e] $cfg: exit $?"
+			grep -v ' info \| warn ' "$out/ab_$i.log" | tee -a "$summary"
+		done
+	done
 }
 
 phase_peers() {

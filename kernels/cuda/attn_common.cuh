@@ -127,6 +127,14 @@ __device__ __forceinline__ uint16_t attn_bf16(float f)
 	return (uint16_t)(u >> 16);
 }
 
+// Tokens per split: ctx spread over the splits, in whole ATTN_SPLIT_ALIGN runs.
+__device__ __forceinline__ int attn_split_len(int ctx, int n_splits)
+{
+	int per = (ctx + n_splits - 1) / n_splits;
+
+	return (per + ATTN_SPLIT_ALIGN - 1) / ATTN_SPLIT_ALIGN * ATTN_SPLIT_ALIGN;
+}
+
 // ---- the tiled kernel (attn_tile.cu): a tile of query vectors shares each K/V tile ----
 
 // What a tiled launch reads and writes. Query vector (row r, q head h) of kv head kvh
@@ -159,5 +167,21 @@ size_t attn_tile_smem(const k_cuda_attn_ws *ws, int tq, int dk, int dv, int v_se
 // Opt-in to large dynamic shared memory for the tiled and MLA kernels (at ws creation).
 int attn_tile_prepare(int smem_optin);
 int attn_mla_prepare(int smem_optin);
+
+// ---- the tensor-core decode kernel (attn_mma.cu): one block per (row, kv head, 16 q
+// heads of it, split); q and p enter the tensor cores in bf16 (~3e-3 relative) ----
+
+// Whether it can run a's attention: a compiled shape covers dk and dv (GQA: a->v set;
+// MLA: null, V is the key's first dv values), q and K/V 16-byte aligned (a->vec), and
+// KDEC_ATTN_MMA is not 0.
+int attn_mma_usable(const attn_tile_args *a);
+
+// Launches it over a's rows (a->n_splits chosen here, or forced_splits when > 0 and it
+// fits the workspace), then merges the splits; out_bf16 as in k_cuda_attn_gqa_bf16.
+int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
+		    uint16_t *out_bf16, int forced_splits);
+
+// Opt-in shared memory and occupancy of the compiled shapes (at ws creation).
+int attn_mma_prepare(int smem_optin);
 
 #endif

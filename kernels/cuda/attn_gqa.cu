@@ -68,14 +68,6 @@ __device__ __forceinline__ void dec_unpack(uint4 w, float f[8])
 	f[7] = bf16_hi(w.w);
 }
 
-// Tokens per split: ctx spread over the splits, in whole ATTN_SPLIT_ALIGN runs.
-__device__ __forceinline__ int dec_split_len(int ctx, int n_splits)
-{
-	int per = (ctx + n_splits - 1) / n_splits;
-
-	return (per + ATTN_SPLIT_ALIGN - 1) / ATTN_SPLIT_ALIGN * ATTN_SPLIT_ALIGN;
-}
-
 // Block (split, kv head * head chunk, row). A group of LPT lanes takes one token, each
 // lane 8 of its dims (16 bytes of K, 16 of V); a warp takes 32 / LPT tokens side by side,
 // DEC_U deep. Every lane group keeps its own online softmax (scores in base 2) for the
@@ -94,7 +86,7 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_dec_kernel(const dec_args a)
 	const int ng = min(DEC_HEADS, a.group - g0), h0 = kvh * a.group + g0;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 	const int gi = lane / LPT, d0 = (lane % LPT) * 8;
-	const int ctx = (k_cuda_pdl_wait(), a.ctx[r]), per = dec_split_len(ctx, a.n_splits);
+	const int ctx = (k_cuda_pdl_wait(), a.ctx[r]), per = attn_split_len(ctx, a.n_splits);
 	const int tb = (int)min((long)ctx, (long)split * per), te = min(ctx, tb + per);
 	const int32_t *table = a.blocks[r];
 	const size_t kv_stride = (size_t)a.kv_heads * a.hd, head_off = (size_t)kvh * a.hd + d0;
@@ -304,6 +296,44 @@ static int dec_forced_splits(void)
 	return n;
 }
 
+// The tensor-core decode kernel (attn_mma.cu) over the same rows, where it applies:
+// true with its result in *ret, false when it does not.
+static bool gqa_decode_mma(cudaStream_t s, k_cuda_attn_ws *ws, float *out, uint16_t *out_bf16,
+			   const float *q, const uint16_t *k, const uint16_t *v, int block_tokens,
+			   const k_cuda_attn_rows *rows, int H, int KV, int hd, float qscale,
+			   int *ret)
+{
+	attn_tile_args a;
+
+	a.out = out;
+	a.out_rs = (long)H * hd;
+	a.out_hs = hd;
+	a.part_o = ws->part_o;
+	a.part_lse = ws->part_lse;
+	a.q = q;
+	a.q_rs = (long)H * hd;
+	a.q_hs = hd;
+	a.k = k;
+	a.v = v;
+	a.k_stride = a.v_stride = (long)KV * hd;
+	a.k_hoff = a.v_hoff = hd;
+	a.ctx = rows->ctx;
+	a.blocks = rows->blocks;
+	a.bt = attn_div_make((uint32_t)block_tokens);
+	a.n_rows = rows->n_rows;
+	a.n_heads = H;
+	a.group = H / KV;
+	a.kv_heads = KV;
+	a.dk = a.dv = hd;
+	a.qscale = qscale;
+	a.vec = hd % 8 == 0 && aligned16(k) && aligned16(v);
+	a.n_splits = 1;
+	if (!attn_mma_usable(&a))
+		return false;
+	*ret = attn_mma_launch(s, ws, &a, rows->max_ctx, out_bf16, dec_forced_splits());
+	return true;
+}
+
 // Decode: rows of distinct sequences, each K/V vector read once per kv head.
 static int gqa_decode(cudaStream_t s, k_cuda_attn_ws *ws, float *out, uint16_t *out_bf16,
 		      const float *q, const uint16_t *k, const uint16_t *v, int block_tokens,
@@ -312,9 +342,13 @@ static int gqa_decode(cudaStream_t s, k_cuda_attn_ws *ws, float *out, uint16_t *
 	const int R = rows->n_rows, G = H / KV, n_hc = attn_cdiv(G, DEC_HEADS);
 	dec_args a;
 	dim3 grid;
+	int ret;
 
 	if ((long)KV * n_hc > 65535)
 		ATTN_INVAL("k_cuda_attn_gqa: %d kv heads x %d head chunks unsupported", KV, n_hc);
+	if (gqa_decode_mma(s, ws, out, out_bf16, q, k, v, block_tokens, rows, H, KV, hd, qscale,
+			   &ret))
+		return ret;
 	a.out = out;
 	a.out_bf16 = out_bf16;
 	a.part_o = ws->part_o;

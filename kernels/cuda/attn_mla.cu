@@ -216,6 +216,8 @@ static int mla_attend(cudaStream_t s, k_cuda_attn_ws *ws, const uint16_t *cache,
 	a.dv = L;
 	a.qscale = qscale;
 	a.vec = wd % 8 == 0 && (uintptr_t)cache % 16 == 0;
+	if (attn_mma_usable(&a))	// the tensor-core decode kernel
+		return attn_mma_launch(s, ws, &a, rows->max_ctx, nullptr, 0);
 	a.n_splits = attn_pick_splits(ws, tiles, (long)MLA_CTAS_PER_SM * ws->n_sm, rows->max_ctx,
 				      MLA_MIN_SPLIT_TOKENS, (size_t)R * H * L, (size_t)R * H);
 	return attn_tile_launch(s, ws, MLA_TILE_Q, &a);

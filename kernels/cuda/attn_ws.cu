@@ -203,7 +203,8 @@ extern "C" int k_cuda_attn_ws_create(struct k_cuda_attn_ws **out, int max_rows, 
 	    (ret = ws_alloc(&ws->o_lat, (size_t)max_rows * per_head)) ||
 	    (ret = ws_alloc(&ws->part_o, ws->part_floats)) ||
 	    (ret = ws_alloc(&ws->part_lse, ws->lse_floats)) ||
-	    (ret = attn_tile_prepare(ws->smem_optin)) || (ret = attn_mla_prepare(ws->smem_optin)))
+	    (ret = attn_tile_prepare(ws->smem_optin)) || (ret = attn_mla_prepare(ws->smem_optin)) ||
+	    (ret = attn_mma_prepare(ws->smem_optin)))
 		goto err;
 	*out = ws;
 	return 0;

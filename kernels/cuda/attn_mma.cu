@@ -1,0 +1,559 @@
+// Decode attention on the tensor cores: one block per (row, kv head, 16-head chunk,
+// split). The block's query vectors are the q heads of one kv head of one row (GQA: the
+// group, padded to 16; MLA: 16 of the row's heads, all on the one latent "kv head"), the
+// m16 of a bf16 mma.sync; K/V tiles of TK tokens stream through shared memory by
+// cp.async, ST stages deep, so the next tiles' loads are in flight while the tensor
+// cores work on this one.
+//
+// Per tile: warp w scores its TK/4 tokens against the 16 queries (S = Q K^T); the
+// warps agree on each query's running maximum through shared memory, so they all scale
+// by the same factor; the probabilities go to shared memory in bf16; warp w then takes
+// its quarter of the value dims for every token of the tile (O += P V). The CUDA-core
+// kernels (attn_gqa.cu, attn_tile.cu) keep q and p in fp32; here both enter the tensor
+// cores as bf16 (as the rest of the GPU path's activations do), ~3e-3 relative.
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cuda/attn_common.cuh"
+#include "kernels/cuda/attn_ptx.cuh"
+#include "kernels/cuda/launch_check.cuh"
+
+#define MMA_WARPS 4
+#define MMA_THREADS (MMA_WARPS * 32)
+#define MMA_Q 16		// query vectors per block: the m of m16n8k16
+#define MMA_MIN_SPLIT_TOKENS 32
+
+// ---- shared memory ------------------------------------------------------------
+
+// Row strides are odd multiples of 16 bytes, so the 8 rows an ldmatrix phase reads fall
+// in 8 different bank groups.
+template <int DK, int DV, int TK, int ST, bool VSEP>
+struct mma_layout {
+	static constexpr int QS = DK + 8, KS = DK + 8, VS = VSEP ? DV + 8 : DK + 8, PS = TK + 8;
+	static constexpr unsigned q = 0;				// bf16 (MMA_Q, QS)
+	static constexpr unsigned k = q + 2u * MMA_Q * QS;		// bf16 (ST, TK, KS)
+	static constexpr unsigned v = k + 2u * ST * TK * KS;		// bf16 (ST, TK, VS)
+	static constexpr unsigned p = v + (VSEP ? 2u * ST * TK * VS : 0u);	// bf16 (MMA_Q, PS)
+	static constexpr unsigned red = p + 2u * MMA_Q * PS;		// float (MMA_WARPS, MMA_Q)
+	static constexpr unsigned total = red + 4u * MMA_WARPS * MMA_Q;
+	static_assert(DK % 32 == 0 && DV % 64 == 0 && TK % 32 == 0 && ST >= 2, "tile shape");
+	static_assert(q % 16 == 0 && k % 16 == 0 && v % 16 == 0 && p % 16 == 0, "alignment");
+};
+
+// ---- PTX ----------------------------------------------------------------------
+
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p)
+{
+	const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const uint16_t *p)
+{
+	const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(a));
+}
+
+// c += a b: a (16 x 16, row), b (16 x 8, col), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
+					 uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+	return (uint32_t)attn_bf16(lo) | (uint32_t)attn_bf16(hi) << 16;
+}
+
+// ---- kernel -------------------------------------------------------------------
+
+// How a block's threads share the copies of a tile. Where a K row's 16-byte chunks
+// divide the block (GQA: 16 of them for head_dim 128), CH consecutive lanes take one
+// whole row, so each copy instruction covers whole 128-byte lines (L2 serves full
+// lines: with 64 bytes per row and instruction it ran at 81% of its throughput for 65%
+// of DRAM's at batch 64), and a thread copies NP tokens of the tile. Otherwise (MLA's
+// 72 chunks) MMA_THREADS / TK threads share one token, every TPT-th chunk each.
+template <int DK, int TK>
+struct mma_fill {
+	static constexpr int CH = DK / 8;
+	static constexpr bool ROWS = MMA_THREADS % CH == 0 && TK % (MMA_THREADS / CH) == 0;
+	static constexpr int TPP = ROWS ? MMA_THREADS / CH : MMA_THREADS / TK;	// tokens/pass
+	static constexpr int NP = ROWS ? TK / TPP : 1;		// tokens per thread
+	static constexpr int TPT = MMA_THREADS / TK;		// (not ROWS) threads per token
+
+	__device__ static int tok(int j)
+	{
+		return ROWS ? (int)threadIdx.x / CH + j * TPP : (int)threadIdx.x / TPT;
+	}
+};
+
+// The cache blocks (table entries) of this thread's tokens of the tile at t0, -1 past
+// te: loaded one tile ahead of their use, so the copies never wait for the table.
+template <int DK, int TK>
+__device__ __forceinline__ void mma_page(int32_t (&pg)[mma_fill<DK, TK>::NP],
+					 const attn_tile_args &a, const int32_t *table, int t0,
+					 int te)
+{
+	using F = mma_fill<DK, TK>;
+
+#pragma unroll
+	for (int j = 0; j < F::NP; j++) {
+		const int t = t0 + F::tok(j);
+
+		pg[j] = t < te ? __ldg(table + attn_div_q(a.bt, (uint32_t)t)) : -1;
+	}
+}
+
+// Tokens [t0, t0 + TK) of the block's row into stage buffers (see mma_fill); chunks past
+// dk (dv) and tokens past te (page -1) are zero-filled, never read.
+template <int DK, int DV, int TK, bool VSEP>
+__device__ __forceinline__ void mma_issue(const attn_tile_args &a,
+					  const int32_t (&pg)[mma_fill<DK, TK>::NP], uint16_t *sk,
+					  uint16_t *sv, int t0, int kvh)
+{
+	using F = mma_fill<DK, TK>;
+	constexpr int KS = DK + 8, VS = VSEP ? DV + 8 : KS;
+	static_assert(!F::ROWS || !VSEP || DV == DK, "whole-row copies assume dv == dk");
+
+#pragma unroll
+	for (int j = 0; j < F::NP; j++) {
+		const int tok = F::tok(j), t = t0 + tok;
+		const bool ok = pg[j] >= 0;
+		size_t slot = 0;
+
+		if (ok)
+			slot = (size_t)pg[j] * a.bt.d + (t - attn_div_q(a.bt, (uint32_t)t) * a.bt.d);
+		const uint16_t *krow = a.k + slot * a.k_stride + kvh * a.k_hoff;
+		const uint16_t *vrow = VSEP ? a.v + slot * a.v_stride + kvh * a.v_hoff : nullptr;
+
+		if (F::ROWS) {
+			const int c = threadIdx.x % F::CH;
+
+			cp_async16(sk + tok * KS + c * 8, krow + c * 8, ok && c * 8 < a.dk);
+			if (VSEP)
+				cp_async16(sv + tok * VS + c * 8, vrow + c * 8, ok && c * 8 < a.dv);
+		} else {
+			const int sub = threadIdx.x % F::TPT;
+#pragma unroll
+			for (int c = sub; c < DK / 8; c += F::TPT)
+				cp_async16(sk + tok * KS + c * 8, krow + c * 8, ok && c * 8 < a.dk);
+			if (VSEP)
+#pragma unroll
+				for (int c = sub; c < DV / 8; c += F::TPT)
+					cp_async16(sv + tok * VS + c * 8, vrow + c * 8,
+						   ok && c * 8 < a.dv);
+		}
+	}
+}
+
+template <int DK, int DV, int TK, int ST, bool VSEP>
+__global__ void __launch_bounds__(MMA_THREADS)
+attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, int heads_x)
+{
+	using L = mma_layout<DK, DV, TK, ST, VSEP>;
+	constexpr int NT = TK / 32;		// n8 tiles of tokens per warp (S phase)
+	constexpr int WT = TK / MMA_WARPS;	// tokens per warp (S phase)
+	constexpr int DVW = DV / MMA_WARPS;	// value dims per warp (PV phase)
+	constexpr int NV = DVW / 8;		// n8 tiles of value dims per warp
+	extern __shared__ __align__(16) unsigned char attn_smem[];
+	uint16_t *sq = (uint16_t *)(attn_smem + L::q), *sk = (uint16_t *)(attn_smem + L::k);
+	uint16_t *sv = (uint16_t *)(attn_smem + L::v), *sp = (uint16_t *)(attn_smem + L::p);
+	float *red = (float *)(attn_smem + L::red);
+	// heads_x: the kv heads of a row side by side in x (their K/V rows are neighbours in
+	// the cache, read at about the same time), splits in y; else the other way round.
+	const int split = heads_x ? blockIdx.y : blockIdx.x, hc = heads_x ? blockIdx.x : blockIdx.y;
+	const int r = blockIdx.z, kvh = hc / n_hc, g0 = (hc % n_hc) * MMA_Q;
+	const int ng = min(MMA_Q, a.group - g0), h0 = kvh * a.group + g0;
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const int qr0 = lane / 4, qr1 = qr0 + 8;	// the two query rows of a lane's accumulators
+	const int ctx = (k_cuda_pdl_wait(), a.ctx[r]), per = attn_split_len(ctx, a.n_splits);
+	const int tb = (int)min((long)ctx, (long)split * per), te = min(ctx, tb + per);
+	const int n_tiles = (te - tb + TK - 1) / TK;
+	const int32_t *table = a.blocks[r];
+	float o[NV][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+	// q * qscale in bf16, rows past the chunk and dims past dk zero: every load issued
+	// before the first store (one memory latency, not one per row).
+	{
+		constexpr int QV = DK / 4, QPT = (MMA_Q * QV + MMA_THREADS - 1) / MMA_THREADS;
+		float4 qx[QPT];
+
+#pragma unroll
+		for (int j = 0; j < QPT; j++) {
+			const int i = threadIdx.x + j * MMA_THREADS, g = i / QV, c = i % QV;
+
+			qx[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			if (i < MMA_Q * QV && g < ng && c * 4 < a.dk)
+				qx[j] = *(const float4 *)(a.q + (size_t)r * a.q_rs +
+							  (size_t)(h0 + g) * a.q_hs + c * 4);
+		}
+#pragma unroll
+		for (int j = 0; j < QPT; j++) {
+			const int i = threadIdx.x + j * MMA_THREADS, g = i / QV, c = i % QV;
+
+			if (i < MMA_Q * QV)
+				*(uint2 *)(sq + g * L::QS + c * 4) =
+					make_uint2(pack_bf16(qx[j].x * a.qscale, qx[j].y * a.qscale),
+						   pack_bf16(qx[j].z * a.qscale, qx[j].w * a.qscale));
+		}
+	}
+#pragma unroll
+	for (int n = 0; n < NV; n++)
+		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+	int32_t pg[mma_fill<DK, TK>::NP];
+#pragma unroll
+	for (int s = 0; s < ST - 1; s++) {
+		if (s < n_tiles) {
+			mma_page<DK, TK>(pg, a, table, tb + s * TK, te);
+			mma_issue<DK, DV, TK, VSEP>(a, pg, sk + s * TK * L::KS, sv + s * TK * L::VS,
+						    tb + s * TK, kvh);
+		}
+		cp_async_commit();
+	}
+	mma_page<DK, TK>(pg, a, table, tb + (ST - 1) * TK, te);
+	for (int it = 0; it < n_tiles; it++) {
+		const int buf = it % ST, t0 = tb + it * TK;
+		const uint16_t *kb = sk + buf * TK * L::KS;
+		const uint16_t *vb = (VSEP ? sv + buf * TK * L::VS : kb);
+		float s[NT][4];
+
+		cp_async_wait<ST - 2>();
+		__syncthreads();	// tile it landed; every warp is done with tile it - 1
+		{
+			const int nx = it + ST - 1, nb = nx % ST;
+
+			if (nx < n_tiles) {
+				mma_issue<DK, DV, TK, VSEP>(a, pg, sk + nb * TK * L::KS,
+							    sv + nb * TK * L::VS, tb + nx * TK, kvh);
+				mma_page<DK, TK>(pg, a, table, tb + (nx + 1) * TK, te);
+			}
+			cp_async_commit();
+		}
+
+		// S = Q K^T over the warp's WT tokens.
+#pragma unroll
+		for (int j = 0; j < NT; j++)
+			s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+		if (NT == 2) {
+#pragma unroll 4
+			for (int kk = 0; kk < DK / 16; kk++) {
+				uint32_t qa[4], kf[4];
+
+				ldsm_x4(qa, sq + (lane % 16) * L::QS + kk * 16 + lane / 16 * 8);
+				ldsm_x4(kf, kb + (warp * WT + lane / 16 * 8 + lane % 8) * L::KS +
+						    kk * 16 + lane / 8 % 2 * 8);
+				mma_bf16(s[0], qa, kf[0], kf[1]);
+				mma_bf16(s[NT - 1], qa, kf[2], kf[3]);
+			}
+		} else {
+#pragma unroll 4
+			for (int kk = 0; kk < DK / 16; kk += 2) {
+				uint32_t qa[4], qb[4], kf[4];
+
+				ldsm_x4(qa, sq + (lane % 16) * L::QS + kk * 16 + lane / 16 * 8);
+				ldsm_x4(qb, sq + (lane % 16) * L::QS + kk * 16 + 16 + lane / 16 * 8);
+				ldsm_x4(kf, kb + (warp * WT + lane % 8) * L::KS + kk * 16 + lane / 8 * 8);
+				mma_bf16(s[0], qa, kf[0], kf[1]);
+				mma_bf16(s[0], qb, kf[2], kf[3]);
+			}
+		}
+
+		// Mask past te, per-warp row maxima, shared.
+		float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+		for (int j = 0; j < NT; j++)
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				const int t = t0 + warp * WT + j * 8 + lane % 4 * 2 + e;
+
+				if (t >= te)
+					s[j][e] = s[j][2 + e] = -INFINITY;
+				mx0 = fmaxf(mx0, s[j][e]);
+				mx1 = fmaxf(mx1, s[j][2 + e]);
+			}
+#pragma unroll
+		for (int off = 1; off < 4; off <<= 1) {
+			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+		}
+		if (lane % 4 == 0) {
+			red[warp * MMA_Q + qr0] = mx0;
+			red[warp * MMA_Q + qr1] = mx1;
+		}
+		__syncthreads();
+		float n0 = m0, n1 = m1;
+#pragma unroll
+		for (int w = 0; w < MMA_WARPS; w++) {
+			n0 = fmaxf(n0, red[w * MMA_Q + qr0]);
+			n1 = fmaxf(n1, red[w * MMA_Q + qr1]);
+		}
+		// Every tile holds a token below te, so n0 and n1 are finite here.
+		const float al0 = exp2f(m0 - n0), al1 = exp2f(m1 - n1);
+
+		m0 = n0;
+		m1 = n1;
+		l0 *= al0;
+		l1 *= al1;
+#pragma unroll
+		for (int j = 0; j < NT; j++) {
+			const int c = warp * WT + j * 8 + lane % 4 * 2;
+			const float p0 = exp2f(s[j][0] - n0), p1 = exp2f(s[j][1] - n0);
+			const float p2 = exp2f(s[j][2] - n1), p3 = exp2f(s[j][3] - n1);
+
+			l0 += p0 + p1;
+			l1 += p2 + p3;
+			*(uint32_t *)(sp + qr0 * L::PS + c) = pack_bf16(p0, p1);
+			*(uint32_t *)(sp + qr1 * L::PS + c) = pack_bf16(p2, p3);
+		}
+#pragma unroll
+		for (int n = 0; n < NV; n++) {
+			o[n][0] *= al0;
+			o[n][1] *= al0;
+			o[n][2] *= al1;
+			o[n][3] *= al1;
+		}
+		__syncthreads();	// P complete
+
+		// O += P V over the warp's value dims.
+#pragma unroll
+		for (int ks = 0; ks < TK / 16; ks++) {
+			uint32_t pa[4];
+
+			ldsm_x4(pa, sp + (lane % 16) * L::PS + ks * 16 + lane / 16 * 8);
+#pragma unroll
+			for (int n = 0; n < NV; n += 2) {
+				uint32_t vf[4];
+
+				ldsm_x4_t(vf, vb + (ks * 16 + lane % 8 + lane / 8 % 2 * 8) * L::VS +
+						      warp * DVW + n * 8 + lane / 16 * 8);
+				mma_bf16(o[n], pa, vf[0], vf[1]);
+				mma_bf16(o[n + 1], pa, vf[2], vf[3]);
+			}
+		}
+	}
+	cp_async_wait<0>();
+
+	// Row sums: the lane quad, then the warps (each summed its own tokens).
+#pragma unroll
+	for (int off = 1; off < 4; off <<= 1) {
+		l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+		l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+	}
+	__syncthreads();	// the last tile's maxima are read
+	if (lane % 4 == 0) {
+		red[warp * MMA_Q + qr0] = l0;
+		red[warp * MMA_Q + qr1] = l1;
+	}
+	__syncthreads();
+	l0 = l1 = 0.0f;
+#pragma unroll
+	for (int w = 0; w < MMA_WARPS; w++) {
+		l0 += red[w * MMA_Q + qr0];
+		l1 += red[w * MMA_Q + qr1];
+	}
+
+	// The output, or this split's normalised partial and its log2-sum-exp2.
+#pragma unroll
+	for (int half = 0; half < 2; half++) {
+		const int g = half ? qr1 : qr0;
+		const float l = half ? l1 : l0, m = half ? m1 : m0, inv = l > 0.0f ? 1.0f / l : 0.0f;
+		const size_t rh = (size_t)r * a.n_heads + h0 + g;
+
+		if (g >= ng)
+			continue;
+		if (a.n_splits > 1 && lane % 4 == 0 && warp == 0)
+			a.part_lse[(size_t)split * a.n_rows * a.n_heads + rh] =
+				l > 0.0f ? m + log2f(l) : -INFINITY;
+#pragma unroll
+		for (int n = 0; n < NV; n++) {
+			const int d = warp * DVW + n * 8 + lane % 4 * 2;
+			const float x0 = o[n][2 * half] * inv, x1 = o[n][2 * half + 1] * inv;
+
+			if (d >= a.dv)
+				continue;
+			if (a.n_splits > 1) {
+				float *po = a.part_o +
+					    ((size_t)split * a.n_rows * a.n_heads + rh) * a.dv + d;
+
+				po[0] = x0;
+				if (d + 1 < a.dv)
+					po[1] = x1;
+			} else {
+				const size_t at = (size_t)r * a.out_rs + (size_t)(h0 + g) * a.out_hs + d;
+
+				a.out[at] = x0;
+				if (out_bf16)
+					out_bf16[at] = attn_bf16(x0);
+				if (d + 1 < a.dv) {
+					a.out[at + 1] = x1;
+					if (out_bf16)
+						out_bf16[at + 1] = attn_bf16(x1);
+				}
+			}
+		}
+	}
+}
+
+// ---- launcher -----------------------------------------------------------------
+
+namespace {
+
+// One compiled shape: its kernel, dynamic shared memory and blocks per SM.
+struct mma_shape {
+	int dk, dv, tk, st;
+	bool vsep;
+	void (*kernel)(const attn_tile_args, int, uint16_t *, int);
+	unsigned smem;
+	int per_sm;		// resident blocks per SM (from the occupancy query), 0 unusable
+};
+
+template <int DK, int DV, int TK, int ST, bool VSEP>
+mma_shape mma_make()
+{
+	return { DK, DV, TK, ST, VSEP, attn_mma_kernel<DK, DV, TK, ST, VSEP>,
+		 mma_layout<DK, DV, TK, ST, VSEP>::total, 0 };
+}
+
+mma_shape g_shapes[] = {
+	mma_make<64, 64, 64, 2, true>(),	// GQA head_dim <= 64
+	mma_make<128, 128, 32, 3, true>(),	// GQA head_dim <= 128 (Llama, Qwen3)
+	mma_make<128, 128, 64, 2, true>(),	// the same, longer tiles (KDEC_ATTN_MMA_TK=64)
+	mma_make<128, 128, 32, 2, true>(),	// KDEC_ATTN_MMA_ST=2 (A/B: stages in flight)
+	mma_make<128, 128, 32, 4, true>(),	// KDEC_ATTN_MMA_ST=4
+	mma_make<576, 512, 32, 2, false>(),	// MLA kv_lora <= 512, + rope <= 64 (DeepSeek)
+};
+}  // namespace
+
+// Per device (the attribute is), so at every workspace's creation.
+int attn_mma_prepare(int smem_optin)
+{
+	for (mma_shape &sh : g_shapes) {
+		if ((int)sh.smem > smem_optin)
+			continue;
+		ATTN_TRY(cudaFuncSetAttribute(sh.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					      (int)sh.smem));
+		ATTN_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&sh.per_sm, sh.kernel,
+								       MMA_THREADS, sh.smem));
+	}
+	return 0;
+}
+
+// KDEC_ATTN_MMA=0 turns the tensor-core decode kernel off (read at each call: tests
+// run both paths); KDEC_ATTN_MMA_TK=64 picks the 64-token GQA tiles (32 by default:
+// 8.48 against 9.40 ms a Llama-3.1-8B step at batch 64 on H200, 3 stages in flight).
+static int mma_enabled(void)
+{
+	const char *e = getenv("KDEC_ATTN_MMA");
+
+	return !(e && e[0] == '0');
+}
+
+// q rows in float4: dk, the strides and the base 16-byte aligned.
+static bool mma_q_ok(const attn_tile_args *a)
+{
+	return a->dk % 4 == 0 && a->q_rs % 4 == 0 && a->q_hs % 4 == 0 && (uintptr_t)a->q % 16 == 0;
+}
+
+static const mma_shape *mma_find(int dk, int dv, bool vsep)
+{
+	const char *e = getenv("KDEC_ATTN_MMA_TK"), *st = getenv("KDEC_ATTN_MMA_ST");
+	const int want_tk = e && atoi(e) == 64 ? 64 : 32;
+	const int want_st = want_tk == 64 ? 2 : st && atoi(st) >= 2 && atoi(st) <= 4 ? atoi(st) : 3;
+
+	if (!mma_enabled() || dk % 8 || dv % 2)
+		return nullptr;
+	for (const mma_shape &sh : g_shapes) {
+		if (sh.per_sm < 1 || sh.vsep != vsep || dk > sh.dk || dv > sh.dv)
+			continue;
+		if (vsep && sh.dk == 128 && dk > 64 && (sh.tk != want_tk || sh.st != want_st))
+			continue;
+		if (vsep && dk <= 64 && sh.dk != 64)
+			continue;
+		return &sh;
+	}
+	return nullptr;
+}
+
+int attn_mma_usable(const attn_tile_args *a)
+{
+	return a->vec && mma_q_ok(a) && mma_find(a->dk, a->dv, a->v != nullptr) != nullptr;
+}
+
+// Splits along the sequence. Below one wave of resident blocks, as many as fill it
+// (splits of at least MMA_MIN_SPLIT_TOKENS). Above, a block's time is the same in
+// every wave, so the step takes ceil(waves) of them: the fewest splits whose last wave
+// is at least MMA_WAVE_FILL full (a batch of 64 Llama rows is 512 blocks, 1.3 waves of
+// 3 per SM: 3 splits make it 3.9 of 4), and never more than MMA_MAX_WAVE_SPLITS.
+#define MMA_WAVE_FILL 0.9
+#define MMA_MAX_WAVE_SPLITS 4
+#define MMA_MIN_WAVE_SPLIT_TOKENS 256
+static int mma_pick_splits(const k_cuda_attn_ws *ws, long base, long slots, int max_ctx,
+			   size_t part, size_t lse)
+{
+	int n = 1, best = 1;
+	double best_fill = 0.0;
+
+	if (base < slots)
+		return attn_pick_splits(ws, base, slots, max_ctx, MMA_MIN_SPLIT_TOKENS, part, lse);
+	for (n = 1; n <= MMA_MAX_WAVE_SPLITS; n++) {
+		const double waves = (double)base * n / slots;
+		const double fill = waves / __builtin_ceil(waves);
+
+		if (n > 1 && ((long)max_ctx < (long)n * MMA_MIN_WAVE_SPLIT_TOKENS ||
+			      (size_t)n * part > ws->part_floats || (size_t)n * lse > ws->lse_floats))
+			break;
+		if (fill > best_fill + 1e-9) {
+			best = n;
+			best_fill = fill;
+		}
+		if (fill >= MMA_WAVE_FILL)
+			break;
+	}
+	return best;
+}
+
+int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
+		    uint16_t *out_bf16, int forced_splits)
+{
+	const mma_shape *sh = mma_find(a->dk, a->dv, a->v != nullptr);
+	const int n_hc = attn_cdiv(a->group, MMA_Q);
+	const size_t part = (size_t)a->n_rows * a->n_heads * a->dv;
+	const size_t lse = (size_t)a->n_rows * a->n_heads;
+	const char *e = getenv("KDEC_ATTN_MMA_GRID");	// "split": splits in x (A/B)
+	const int heads_x = !(e && !strcmp(e, "split"));
+	dim3 grid;
+
+	if (!sh || !a->vec || !mma_q_ok(a))
+		ATTN_INVAL("attn_mma_launch: dk %d dv %d not compiled, or not 16-byte aligned",
+			   a->dk, a->dv);
+	if ((long)a->kv_heads * n_hc > 65535)
+		ATTN_INVAL("attn_mma_launch: %d kv heads x %d head chunks unsupported", a->kv_heads,
+			   n_hc);
+	a->n_splits = mma_pick_splits(ws, (long)a->n_rows * a->kv_heads * n_hc,
+				      (long)sh->per_sm * ws->n_sm, max_ctx, part, lse);
+	if (forced_splits > 0 && (size_t)forced_splits * part <= ws->part_floats &&
+	    (size_t)forced_splits * lse <= ws->lse_floats && forced_splits <= ATTN_MAX_SPLITS)
+		a->n_splits = forced_splits;
+	if (heads_x)
+		grid = dim3(a->kv_heads * n_hc, a->n_splits, a->n_rows);
+	else
+		grid = dim3(a->n_splits, a->kv_heads * n_hc, a->n_rows);
+	ATTN_TRY(k_cuda_launch_pdl(s, grid, MMA_THREADS, sh->smem, sh->kernel, *a, n_hc,
+				   a->n_splits == 1 ? out_bf16 : nullptr, heads_x));
+	ATTN_LAUNCHED("attn_mma_kernel");
+	if (a->n_splits > 1)
+		return attn_merge(s, ws, a->n_splits, a->n_rows, a->n_heads, a->dv, a->out,
+				  a->out_rs, a->out_hs, out_bf16);
+	return 0;
+}
