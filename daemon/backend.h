@@ -30,6 +30,16 @@ struct backend_qkv {
 	struct k_kv_layer *kv;
 };
 
+/* An MLA layer's attention inputs for mla_post, after its q and kv_a projections. */
+struct backend_mla {
+	int rows, n_heads, nope_dim, rope_dim, kv_lora;	/* rope_dim: q_pe and key width */
+	float eps;			/* of the latent's RMSNorm (L->kv_a_norm) */
+	const struct k_rope *rope;
+	const int32_t *pos;		/* (rows) */
+	const int32_t *slots;		/* (rows) cache slot of each row's latent; < 0: none */
+	struct k_kv_layer *kv;
+};
+
 struct backend_ops {
 	const char *name;
 	enum k_dtype kv_dtype;	/* element type of the KV cache: K_F32 (cpu), K_BF16 (cuda);
@@ -82,6 +92,11 @@ struct backend_ops {
 	 * with the three projections as one matrix where the backend holds them adjacent. */
 	void (*qkv_prep)(struct backend *be, float *q, const float *h, const struct model_layer *L,
 			 const struct backend_qkv *p);
+	/* q (rows, n_heads, nope_dim + rope_dim): each head's rope part rotated in place;
+	 * kv_a (rows, kv_lora + rope_dim): [rmsnorm(latent) ; rope(key)] into the cache at
+	 * the slots. What rmsnorm, rope x2 and kv_write do; kv_a is scratch after. */
+	void (*mla_post)(struct backend *be, float *q, float *kv_a, const struct model_layer *L,
+			 const struct backend_mla *p);
 	/* out (M, w_gate->rows) = silu(x @ w_gate^T) * (x @ w_up^T), one matrix where the
 	 * backend holds the two adjacent. */
 	void (*gate_up_silu)(struct backend *be, float *out, const float *x,

@@ -578,6 +578,7 @@ const struct backend_ops backend_cuda_ops = {
 	.moe_experts = cuda_moe_experts,
 	.reserve = cuda_reserve,
 	.qkv_prep = cuda_qkv_prep,
+	.mla_post = cuda_mla_post,
 	.gate_up_silu = cuda_gate_up_silu,
 	.linear_add = cuda_linear_add,
 	.sample = cuda_sample,

@@ -2,11 +2,15 @@
  * after another in the arena, so each group is one (rows, K) matrix: one GEMM reads it
  * where three or two did, and one kernel does what came after them (norm, rope, cache
  * append; SiLU-and-multiply). Where a group is not adjacent (odd sizes leave padding)
- * the projections run one by one into the same scratch layout. */
+ * the projections run one by one into the same scratch layout. mla_post is the MLA
+ * layer's counterpart of qkv_prep's kernel: latent norm, both ropes and the cache
+ * append after the q and kv_a projections. */
 #include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "daemon/backend_cuda.h"
+#include "kernels/cuda/k_cuda_attn.h"
 #include "kernels/cuda/k_cuda_linear.h"
 #include "kernels/cuda/k_cuda_ops.h"
 
@@ -100,6 +104,66 @@ void cuda_qkv_prep(struct backend *be, float *q, const float *h, const struct mo
 		.slots = p->slots,
 	};
 	cuda_note(b, k_cuda_qkv_post(b->stream, &a), "qkv_prep");
+}
+
+/* KDEC_CUDA_MLA_POST=0: mla_post runs the four kernels of the op-by-op path instead of
+ * k_cuda_mla_post (for A/B timing and for bisecting a difference). Read once. */
+static int mla_post_fused(void)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *e = getenv("KDEC_CUDA_MLA_POST");
+
+		on = !(e && e[0] == '0');
+	}
+	return on;
+}
+
+static int mla_post_op_by_op(struct backend_cuda *b, float *q, float *kv_a,
+			     const struct model_layer *L, const struct backend_mla *p)
+{
+	const int R = p->rows, H = p->n_heads, qk = p->nope_dim + p->rope_dim;
+	const int width = p->kv_lora + p->rope_dim;
+	const struct k_rope *r = p->rope;
+	int ret;
+
+	if ((ret = k_cuda_rmsnorm(b->stream, kv_a, width, kv_a, width, V(b, &L->kv_a_norm), R,
+				  p->kv_lora, p->eps)) ||
+	    (ret = k_cuda_rope(b->stream, b->inv_freq, r->dim, r->interleaved, r->attn_factor,
+			       q + p->nope_dim, R, H, H * qk, qk, p->pos)) ||
+	    (ret = k_cuda_rope(b->stream, b->inv_freq, r->dim, r->interleaved, r->attn_factor,
+			       kv_a + p->kv_lora, R, 1, width, 0, p->pos)))
+		return ret;
+	return k_cuda_kv_write(b->stream, (uint16_t *)p->kv->k, width, kv_a, width, R, p->slots);
+}
+
+void cuda_mla_post(struct backend *be, float *q, float *kv_a, const struct model_layer *L,
+		   const struct backend_mla *p)
+{
+	struct backend_cuda *b = (struct backend_cuda *)be;
+	const int qk = p->nope_dim + p->rope_dim;
+	struct k_cuda_mla_post_args a;
+
+	cuda_prof_mark(b, "mla_post");
+	if (p->rope->dim != b->rope_dim || p->rope->dim > p->rope_dim) {
+		cuda_note(b, -EINVAL, "mla_post (another model's rope, or wider than the rope key)");
+		return;
+	}
+	if (!mla_post_fused()) {
+		cuda_note(b, mla_post_op_by_op(b, q, kv_a, L, p), "mla_post");
+		return;
+	}
+	a = (struct k_cuda_mla_post_args){
+		.q_pe = q + p->nope_dim, .q_rs = (long)p->n_heads * qk, .q_hs = qk,
+		.n_heads = p->n_heads, .kv = kv_a, .kv_rs = p->kv_lora + p->rope_dim,
+		.rows = p->rows, .kv_lora = p->kv_lora, .pe_dim = p->rope_dim,
+		.norm = V(b, &L->kv_a_norm), .eps = p->eps, .inv_freq = b->inv_freq,
+		.rot_dim = p->rope->dim, .interleaved = p->rope->interleaved,
+		.attn_factor = p->rope->attn_factor, .pos = p->pos, .cache = (uint16_t *)p->kv->k,
+		.slots = p->slots,
+	};
+	cuda_note(b, k_cuda_mla_post(b->stream, &a), "mla_post");
 }
 
 void cuda_gate_up_silu(struct backend *be, float *out, const float *x,

@@ -276,10 +276,22 @@ static int mla_attention(struct forward *f, const struct model_layer *L, int l,
 		OP(f, linear, f->q, f->h, &L->wq_b, R);
 	}
 	OP(f, linear, f->kv_a, f->h, &L->wkv_a, R);
-	OP(f, rmsnorm, f->kv_a, width, f->kv_a, width, &L->kv_a_norm, R, c->kv_lora_rank, c->rms_norm_eps);
-	OP(f, rope, &f->rope, f->q + c->qk_nope_head_dim, R, H, H * qk, qk, b->pos);
-	OP(f, rope, &f->rope, f->kv_a + c->kv_lora_rank, R, 1, width, 0, b->pos);
-	OP(f, kv_write, f->kv[l].k, width, f->kv_a, R, b->slots);
+	if (f->be->ops->mla_post) {
+		struct backend_mla p = {
+			.rows = R, .n_heads = H, .nope_dim = c->qk_nope_head_dim,
+			.rope_dim = c->qk_rope_head_dim, .kv_lora = c->kv_lora_rank,
+			.eps = c->rms_norm_eps, .rope = &f->rope, .pos = b->pos, .slots = b->slots,
+			.kv = &f->kv[l],
+		};
+
+		OP(f, mla_post, f->q, f->kv_a, L, &p);
+	} else {	/* the latent normalised, q_pe and the key rotated, then appended */
+		OP(f, rmsnorm, f->kv_a, width, f->kv_a, width, &L->kv_a_norm, R, c->kv_lora_rank,
+		   c->rms_norm_eps);
+		OP(f, rope, &f->rope, f->q + c->qk_nope_head_dim, R, H, H * qk, qk, b->pos);
+		OP(f, rope, &f->rope, f->kv_a + c->kv_lora_rank, R, 1, width, 0, b->pos);
+		OP(f, kv_write, f->kv[l].k, width, f->kv_a, R, b->slots);
+	}
 	ret = OP(f, attn_mla, f->attn, f->q, &L->wkv_b, &f->kv[l], &b->attn, &d, c->attn_scale);
 	if (ret)
 		return ret;

@@ -1,7 +1,7 @@
 /* The CUDA small ops against their CPU references on fresh random inputs: embedding,
  * RMSNorm (strided, in place, fused with the residual add), add, SwiGLU (plain and
  * fused rows), RoPE (default, llama3, YaRN; interleaved and not), and the fused
- * attention inputs (norm + rope + cache append). Outputs are
+ * attention inputs of GQA and MLA layers (norm + rope + cache append). Outputs are
  * poisoned (NaN) first, so an unwritten element fails. One line per case.
  * Tolerances: embed and add are exact; RMSNorm and RoPE follow the CPU's fp32/fp64
  * steps (rel L2 <= 1e-6, in practice 0); SiLU differs by expf's last bit (<= 1e-6).
@@ -498,6 +498,118 @@ static void test_qkv_post(int rows, int H, int KV, int D, int qk_norm, int inter
 	free(kwant), free(vwant), free(hk), free(hv), free(pos), free(slots);
 }
 
+/* ---- fused MLA inputs: latent norm + both ropes + cache append -------------- */
+
+/* Rows of q (rows, H, nope + pe) and kv_a (rows, kv_rs) through k_cuda_mla_post against
+ * k_cpu_rmsnorm + k_cpu_rope (q_pe, key) + bf16 rounding, as forward.c's op-by-op path.
+ * Every fourth row writes no cache entry (slot -1); the slots are scattered, unwritten
+ * cache stays poisoned, kv_a is only read. q: REL_TOL (in practice 0); cache: bit for
+ * bit (the fp64 sum of squares in another order could move one rounding: about never). */
+static void test_mla_post(int rows, int H, int nope, int pe, int lora, int kv_pad,
+			  const struct k_rope_params *rp, const char *name)
+{
+	const int qk = nope + pe, width = lora + pe, kv_rs = width + kv_pad;
+	const int n_slots = (rows + 7) % 5 ? rows + 7 : rows + 8;	/* coprime to 5 */
+	const size_t nq = (size_t)rows * H * qk, nkv = (size_t)rows * kv_rs;
+	const size_t ncache = (size_t)n_slots * width;
+	float *q = rand_floats(nq, 2.0f), *kv = rand_floats(nkv, 3.0f), *w = rand_floats(lora, 1.0f);
+	float *qref = malloc(sizeof(float) * nq), *kvref = malloc(sizeof(float) * nkv);
+	float *qgot = malloc(sizeof(float) * nq), *kvgot = malloc(sizeof(float) * nkv);
+	uint16_t *hc = malloc(sizeof(uint16_t) * ncache);
+	int32_t *pos = malloc(sizeof(int32_t) * rows), *slots = malloc(sizeof(int32_t) * rows);
+	size_t bad = 0, kept = 0, written = 0;
+	struct k_rope rope;
+	struct k_cuda_mla_post_args a;
+	float *dq, *dkv, *dw, *dinv;
+	uint16_t *dc;
+	int32_t *dpos, *dslots;
+	char shape[128];
+
+	CHECK(k_rope_init(&rope, rp) == 0, "rope init");
+	for (int r = 0; r < rows; r++) {	/* distinct slots: 5 and n_slots share no factor */
+		pos[r] = r == 0 ? 0 : (int32_t)((test_randf(&seed) + 1) * 0.5f * 32768);
+		slots[r] = r % 4 == 3 ? -1 : (r * 5 + 2) % n_slots;
+		written += slots[r] >= 0;
+	}
+	memcpy(qref, q, sizeof(float) * nq);
+	memcpy(kvref, kv, sizeof(float) * nkv);
+	k_cpu_rmsnorm(kvref, kv_rs, kvref, kv_rs, w, K_F32, rows, lora, 1e-6f);
+	k_cpu_rope(&rope, qref + nope, rows, H, H * qk, qk, pos);
+	k_cpu_rope(&rope, kvref + lora, rows, 1, kv_rs, 0, pos);
+
+	dq = dev_from(q, sizeof(float) * nq);
+	dkv = dev_from(kv, sizeof(float) * nkv);
+	dw = dev_from(w, sizeof(float) * lora);
+	dinv = dev_from(rope.inv_freq, sizeof(float) * (size_t)rope.dim / 2);
+	dpos = dev_from(pos, sizeof(int32_t) * rows);
+	dslots = dev_from(slots, sizeof(int32_t) * rows);
+	dc = dev_alloc(sizeof(uint16_t) * ncache);
+	poison(dc, sizeof(uint16_t) * ncache);
+	a = (struct k_cuda_mla_post_args){
+		.q_pe = dq + nope, .q_rs = (long)H * qk, .q_hs = qk, .n_heads = H, .kv = dkv,
+		.kv_rs = kv_rs, .rows = rows, .kv_lora = lora, .pe_dim = pe, .norm = dw,
+		.eps = 1e-6f, .inv_freq = dinv, .rot_dim = rope.dim, .interleaved = rope.interleaved,
+		.attn_factor = rope.attn_factor, .pos = dpos, .cache = dc, .slots = dslots,
+	};
+	CHECK(k_cuda_mla_post(stream, &a) == 0, "mla_post launch");
+	to_host(qgot, dq, sizeof(float) * nq);
+	to_host(kvgot, dkv, sizeof(float) * nkv);
+	to_host(hc, dc, sizeof(uint16_t) * ncache);
+	for (size_t i = 0; i < ncache; i++)
+		kept += hc[i] == 0xffff;
+	for (int r = 0; r < rows; r++) {
+		if (slots[r] < 0)
+			continue;
+		for (int i = 0; i < width; i++) {
+			const size_t c = (size_t)slots[r] * width + i;
+
+			bad += hc[c] != k_f32_to_bf16(kvref[(size_t)r * kv_rs + i]);
+			kept -= hc[c] == 0xffff;	/* 0xffff is a NaN: never a right value */
+		}
+	}
+	snprintf(shape, sizeof(shape), "%s rows %d H %d nope %d pe %d/%d lora %d%s%s", name, rows, H,
+		 nope, rope.dim, pe, lora, rp->interleaved ? " il" : "", kv_pad ? " padded" : "");
+	CHECK(kept == ncache - written * width, "mla_post %s: %zu cache values outside the slots "
+	      "written", shape, ncache - written * width - kept);
+	report("mla_post q", shape, qgot, qref, nq, REL_TOL);
+	report("mla_post kv_a", shape, kvgot, kv, nkv, 0);
+	printf("%-14s %-40s %zu bf16 values differ  %s\n", "mla_post cache", shape, bad,
+	       bad ? "FAIL" : "PASS");
+	CHECK(!bad, "mla_post cache %s: %zu bf16 values differ", shape, bad);
+	cudaFree(dq), cudaFree(dkv), cudaFree(dw), cudaFree(dinv), cudaFree(dpos);
+	cudaFree(dslots), cudaFree(dc);
+	k_rope_fini(&rope);
+	free(q), free(kv), free(w), free(qref), free(kvref), free(qgot), free(kvgot), free(hc);
+	free(pos), free(slots);
+}
+
+static void test_mla_post_all(void)
+{
+	struct k_rope_params yarn = { .type = K_ROPE_YARN, .theta = 10000, .dim = 64,
+		.factor = 40, .original_max_pos = 4096, .beta_fast = 32, .beta_slow = 1,
+		.mscale = 1, .mscale_all_dim = 0.707, .truncate = 1 };
+	struct k_rope_params def = { .type = K_ROPE_DEFAULT, .theta = 10000, .dim = 64 };
+	struct k_rope_params l3 = { .type = K_ROPE_LLAMA3, .theta = 500000, .dim = 16,
+		.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+		.original_max_pos = 8192 };
+	struct k_rope_params lin = { .type = K_ROPE_LINEAR, .theta = 10000, .dim = 6, .factor = 4,
+		.interleaved = 1 };
+	const int rows[] = { 1, 8, 64 };
+
+	for (int r = 0; r < 3; r++)
+		for (int il = 0; il < 2; il++) {	/* DeepSeek-V2-Lite: 16 heads, 512 + 64 */
+			yarn.interleaved = def.interleaved = il;
+			test_mla_post(rows[r], 16, 128, 64, 512, 0, &yarn, "yarn");
+			test_mla_post(rows[r], 16, 128, 64, 512, 0, &def, "default");
+		}
+	def.interleaved = 0;
+	test_mla_post(3, 128, 128, 64, 512, 0, &yarn, "yarn");	/* V3: 128 heads */
+	test_mla_post(5, 3, 12, 16, 37, 3, &l3, "llama3");	/* odd latent, padded kv rows */
+	test_mla_post(7, 5, 7, 10, 2048, 1, &lin, "linear");	/* rope 6 of a 10-wide key */
+	def.dim = 2;
+	test_mla_post(2, 1, 1, 2, 1, 0, &def, "default");	/* one pair, latent of one */
+}
+
 int main(void)
 {
 	const int dims[] = { 1, 7, 1000, 4096, 7168 };
@@ -543,6 +655,7 @@ int main(void)
 			test_qkv_post(rows[r], 32, 8, 128, v & 1, 0, v >> 1);
 	test_qkv_post(5, 6, 2, 64, 1, 1, 1);	/* interleaved pairs */
 	test_qkv_post(3, 3, 3, 14, 0, 0, 0);	/* odd sizes, MHA */
+	test_mla_post_all();
 
 	cudaStreamDestroy(stream);
 	return test_result("test_cuda_ops");

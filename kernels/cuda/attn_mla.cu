@@ -4,6 +4,7 @@
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/attn_ptx.cuh"
+#include "kernels/cuda/mla_proj.cuh"
 
 #define MLA_ROWS 16		// query rows per block of the absorb and expand kernels
 #define ABS_THREADS 128
@@ -171,7 +172,7 @@ int attn_mla_prepare(int smem_optin)
 				      smem_optin - (int)sizeof(float) * ABS_SLICES * MLA_ROWS * ABS_COLS));
 	ATTN_TRY(cudaFuncSetAttribute(mla_expand_kernel,
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-	return 0;
+	return mla_proj_prepare(smem_optin);
 }
 
 static int mla_check(const k_mla_dims *d)
@@ -246,17 +247,26 @@ extern "C" int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float 
 	if (R == 0)
 		return 0;
 	vec = d->kv_lora % 8 == 0 && (uintptr_t)w_kv_b % 16 == 0;
-	smem = (size_t)d->nope_dim * (ABS_COLS * 2 + MLA_ROWS * 4);
-	mla_absorb_kernel<<<dim3(attn_cdiv(d->kv_lora, ABS_COLS), H, attn_cdiv(R, MLA_ROWS)),
-			    ABS_THREADS, smem, s>>>(ws->q_lat, q, w_kv_b, R, H, d->nope_dim,
-						    d->rope_dim, d->v_dim, d->kv_lora, vec);
-	ATTN_LAUNCHED("mla_absorb_kernel");
+	// the tensor-core projections (mla_proj.cu) unless they decline (KDEC_CUDA_MLA_PROJ=0)
+	if ((ret = mla_absorb_mma(s, ws->q_lat, q, w_kv_b, R, d, vec)) < 0)
+		return ret;
+	if (ret) {
+		smem = (size_t)d->nope_dim * (ABS_COLS * 2 + MLA_ROWS * 4);
+		mla_absorb_kernel<<<dim3(attn_cdiv(d->kv_lora, ABS_COLS), H, attn_cdiv(R, MLA_ROWS)),
+				    ABS_THREADS, smem, s>>>(ws->q_lat, q, w_kv_b, R, H, d->nope_dim,
+							    d->rope_dim, d->v_dim, d->kv_lora, vec);
+		ATTN_LAUNCHED("mla_absorb_kernel");
+	}
 	if ((ret = mla_attend(s, ws, cache, block_tokens, rows, d, qscale)))
 		return ret;
-	smem = (size_t)(d->kv_lora + 3) / 4 * 4 * (EXP_J * 2 + MLA_ROWS * 4);
-	mla_expand_kernel<<<dim3(attn_cdiv(d->v_dim, EXP_J), H, attn_cdiv(R, MLA_ROWS)),
-			    EXP_THREADS, smem, s>>>(out, ws->o_lat, w_kv_b, R, H, d->nope_dim,
-						    d->v_dim, d->kv_lora, vec);
-	ATTN_LAUNCHED("mla_expand_kernel");
+	if ((ret = mla_expand_mma(s, out, ws->o_lat, w_kv_b, R, d, vec)) < 0)
+		return ret;
+	if (ret) {
+		smem = (size_t)(d->kv_lora + 3) / 4 * 4 * (EXP_J * 2 + MLA_ROWS * 4);
+		mla_expand_kernel<<<dim3(attn_cdiv(d->v_dim, EXP_J), H, attn_cdiv(R, MLA_ROWS)),
+				    EXP_THREADS, smem, s>>>(out, ws->o_lat, w_kv_b, R, H, d->nope_dim,
+							    d->v_dim, d->kv_lora, vec);
+		ATTN_LAUNCHED("mla_expand_kernel");
+	}
 	return 0;
 }

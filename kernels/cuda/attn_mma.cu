@@ -70,9 +70,13 @@ __device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32
 		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Two floats to bf16 (nearest even) in one cvt instruction, lo in the low half.
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
-	return (uint32_t)attn_bf16(lo) | (uint32_t)attn_bf16(hi) << 16;
+	uint32_t v;
+
+	asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(hi), "f"(lo));
+	return v;
 }
 
 // ---- kernel -------------------------------------------------------------------

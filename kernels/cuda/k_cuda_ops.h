@@ -1,5 +1,6 @@
 /* The small CUDA ops of a layer: embedding, RMSNorm (plain and fused with the residual
- * add), residual add, SwiGLU, RoPE. Each computes what its k_cpu_* reference does.
+ * add), residual add, SwiGLU, RoPE, and the fused attention inputs of GQA and MLA
+ * layers. Each computes what its k_cpu_* reference does.
  *
  * Activations and norm weights are fp32, matrices bf16 (as uint16_t). All pointers are
  * device memory unless said. Every launcher returns 0, -EINVAL (bad sizes; nothing
@@ -90,6 +91,31 @@ struct k_cuda_qkv_args {
  * rounded to bf16 into the cache at each row's slot: k_cuda_rmsnorm, k_cuda_rope and
  * k_cuda_kv_write's arithmetic in one kernel. 0, -EINVAL or -EIO. */
 int k_cuda_qkv_post(cudaStream_t s, const struct k_cuda_qkv_args *a);
+
+/* The inputs of MLA attention from a layer's q and kv_a projections, in one launch. */
+struct k_cuda_mla_post_args {
+	float *q_pe;		/* head h of row r's rope part at q_pe + r * q_rs + h * q_hs:
+				 * its first rot_dim values rotated in place */
+	long q_rs;
+	int q_hs, n_heads;
+	const float *kv;	/* (rows, kv_rs): the kv_lora latent, then the pe_dim rope key */
+	long kv_rs;
+	int rows, kv_lora, pe_dim;	/* kv_lora 1..2048 */
+	const float *norm;	/* (kv_lora) RMSNorm weight of the latent */
+	float eps;
+	const float *inv_freq;	/* (rot_dim / 2) */
+	int rot_dim;		/* rotary dims (even, <= pe_dim, <= 1024; 0: none) */
+	int interleaved;
+	float attn_factor;
+	const int32_t *pos;	/* (rows) */
+	uint16_t *cache;	/* bf16 (slots, kv_lora + pe_dim) */
+	const int32_t *slots;	/* (rows); < 0: the row writes no cache entry */
+};
+
+/* q_pe = rope(q_pe) per head; [rmsnorm(latent) ; rope(key)] rounded to bf16 into the
+ * cache at each row's slot: k_cuda_rmsnorm, k_cuda_rope (twice) and k_cuda_kv_write's
+ * arithmetic in one kernel. kv is only read. 0, -EINVAL (logged) or -EIO. */
+int k_cuda_mla_post(cudaStream_t s, const struct k_cuda_mla_post_args *a);
 
 #ifdef __cplusplus
 }

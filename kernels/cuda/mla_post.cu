@@ -1,0 +1,152 @@
+// The attention inputs of an MLA layer in one launch, after its q and kv_a projections:
+// RMSNorm of the kv_lora latent, RoPE of the shared rope key and of every head's q_pe,
+// and [latent ; rotated key] rounded to bf16 into each row's cache slot. The arithmetic
+// is that of rmsnorm.cu, rope.cu and kv_write.cu (fp64 sum of squares, fp64 cos/sin
+// rounded to fp32, no FMA), so the fused and the op-by-op paths agree to the order of
+// one fp64 sum.
+#include "kernels/cuda/k_cuda_ops.h"
+#include "kernels/cuda/launch_check.cuh"
+
+#define MLAP_THREADS 256
+#define MLAP_MAX_LORA 2048	// latent values per row, held in registers
+#define MLAP_PER (MLAP_MAX_LORA / MLAP_THREADS)
+#define MLAP_MAX_HALF 512	// rotary pairs, as the cos/sin table in shared memory
+#define MLAP_QPRE 2		// q pairs per thread loaded before the trig (all of V2-Lite's)
+
+namespace {	// kernels and their helpers stay private to this file
+
+__device__ __forceinline__ uint16_t mlap_bf16(float f)	// round to nearest even, NaN kept
+{
+	uint32_t u = __float_as_uint(f);
+
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x40u);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ double mlap_block_sum(double v, double *red)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	if (threadIdx.x % 32 == 0)
+		red[threadIdx.x / 32] = v;
+	__syncthreads();
+	v = 0.0;
+	for (int w = 0; w < MLAP_THREADS / 32; w++)
+		v += red[w];
+	return v;
+}
+
+__device__ __forceinline__ void mlap_rotate(float x1, float x2, float c, float sn, float &o1,
+					    float &o2)
+{
+	o1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
+	o2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
+}
+
+// Block (row r). Every load is issued first (the latent, this thread's first q pairs),
+// then the row's cos/sin table (fp64 sincos: the long pole) is computed while they
+// arrive; then q_pe of every head in place and, for slot >= 0, the normalised latent
+// and the rotated key into the cache.
+__global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla_post_args a)
+{
+	__shared__ float cs[2][MLAP_MAX_HALF];
+	__shared__ double red[MLAP_THREADS / 32];
+	const int r = blockIdx.x, L = a.kv_lora, half = a.rot_dim / 2, nq = a.n_heads * half;
+	const int step = a.interleaved ? 2 : 1, gap = a.interleaved ? 1 : half;
+	const float *kv = a.kv + (size_t)r * a.kv_rs;
+	float *qr = a.q_pe + (size_t)r * a.q_rs;
+	float lat[MLAP_PER], q1[MLAP_QPRE], q2[MLAP_QPRE];
+	double ss = 0.0;
+	int32_t slot;
+	float p;
+
+	k_cuda_pdl_wait();
+	slot = a.slots[r];
+	p = (float)a.pos[r];
+#pragma unroll
+	for (int k = 0; k < MLAP_PER; k++) {
+		const int i = threadIdx.x + k * MLAP_THREADS;
+
+		lat[k] = i < L ? kv[i] : 0.0f;
+	}
+#pragma unroll
+	for (int k = 0; k < MLAP_QPRE; k++) {
+		const int it = threadIdx.x + k * MLAP_THREADS;
+		const float *p1 = qr + (size_t)(it / max(half, 1)) * a.q_hs + it % max(half, 1) * step;
+
+		q1[k] = it < nq ? p1[0] : 0.0f;
+		q2[k] = it < nq ? p1[gap] : 0.0f;
+	}
+	for (int i = threadIdx.x; i < half; i += MLAP_THREADS) {
+		const float angle = __fmul_rn(p, a.inv_freq[i]);
+		double sd, cd;
+
+		sincos((double)angle, &sd, &cd);
+		cs[0][i] = __fmul_rn((float)cd, a.attn_factor);
+		cs[1][i] = __fmul_rn((float)sd, a.attn_factor);
+	}
+#pragma unroll
+	for (int k = 0; k < MLAP_PER; k++)
+		ss += (double)lat[k] * (double)lat[k];	// zeros past L add nothing
+	ss = mlap_block_sum(ss, red);	// its barrier also publishes the cos/sin table
+#pragma unroll
+	for (int k = 0; k < MLAP_QPRE; k++) {
+		const int it = threadIdx.x + k * MLAP_THREADS, i = it % max(half, 1);
+		float *p1 = qr + (size_t)(it / max(half, 1)) * a.q_hs + i * step;
+
+		if (it < nq)
+			mlap_rotate(q1[k], q2[k], cs[0][i], cs[1][i], p1[0], p1[gap]);
+	}
+	for (int it = threadIdx.x + MLAP_QPRE * MLAP_THREADS; it < nq; it += MLAP_THREADS) {
+		const int h = it / half, i = it % half;
+		float *p1 = qr + (size_t)h * a.q_hs + i * step;
+
+		mlap_rotate(p1[0], p1[gap], cs[0][i], cs[1][i], p1[0], p1[gap]);
+	}
+	if (slot < 0)
+		return;
+
+	uint16_t *dst = a.cache + (size_t)slot * (size_t)(L + a.pe_dim);
+	const float rs = 1.0f / sqrtf((float)(ss / L) + a.eps);	// as rmsnorm.cu's row_rs
+
+#pragma unroll
+	for (int k = 0; k < MLAP_PER; k++) {
+		const int i = threadIdx.x + k * MLAP_THREADS;
+
+		if (i < L)
+			dst[i] = mlap_bf16(__fmul_rn(a.norm[i], __fmul_rn(lat[k], rs)));
+	}
+	for (int i = threadIdx.x; i < half; i += MLAP_THREADS) {	// each key pair once
+		float o1, o2;
+
+		mlap_rotate(kv[L + i * step], kv[L + i * step + gap], cs[0][i], cs[1][i], o1, o2);
+		dst[L + i * step] = mlap_bf16(o1);
+		dst[L + i * step + gap] = mlap_bf16(o2);
+	}
+	for (int i = a.rot_dim + threadIdx.x; i < a.pe_dim; i += MLAP_THREADS)	// unrotated tail
+		dst[L + i] = mlap_bf16(kv[L + i]);
+}
+
+}	// namespace
+
+// ---- launchers --------------------------------------------------------------
+
+extern "C" int k_cuda_mla_post(cudaStream_t s, const struct k_cuda_mla_post_args *a)
+{
+	if (!a || a->rows < 0 || a->n_heads < 0 || a->kv_lora < 1 || a->kv_lora > MLAP_MAX_LORA ||
+	    a->rot_dim < 0 || a->rot_dim % 2 || a->rot_dim / 2 > MLAP_MAX_HALF ||
+	    a->pe_dim < a->rot_dim || a->kv_rs < (long)a->kv_lora + a->pe_dim ||
+	    (a->rot_dim && !a->inv_freq) || (a->n_heads && a->q_hs < a->rot_dim)) {
+		fprintf(stderr, "k_cuda_mla_post: rows %d, heads %d, kv_lora %d (1..%d), rope %d of "
+			"%d (even, <= %d pairs), kv row stride %ld unsupported\n", a ? a->rows : -1,
+			a ? a->n_heads : -1, a ? a->kv_lora : -1, MLAP_MAX_LORA, a ? a->rot_dim : -1,
+			a ? a->pe_dim : -1, MLAP_MAX_HALF, a ? a->kv_rs : -1L);
+		return -EINVAL;
+	}
+	if (a->rows == 0)
+		return 0;
+	k_cuda_launch_pdl(s, dim3(a->rows), MLAP_THREADS, 0, mla_post_kernel, *a);
+	return K_CUDA_LAUNCHED("mla_post");
+}

@@ -1,0 +1,354 @@
+// The two per-head projections around absorbed MLA attention, on tensor cores:
+// absorb q_lat[r, h, :L] = q_nope[r, h] W_UK[h] and expand out[r, h] = W_UV[h] o_lat[r, h].
+// mma.sync m16n8k16 bf16 with fp32 accumulation; the fp32 activations enter as two bf16
+// halves (hi + lo, about 16 significant bits) against the exact bf16 weights, so results
+// stay within ~1e-5 of the fp32 CUDA-core kernels. Each block stages its activation rows
+// and an 8 KB weight tile (DeepSeek dims) in one burst of 16-byte copies, 256 blocks, so
+// a decode step's 2 MB per projection is in flight at once; past 16 rows the tensor
+// cores keep 64 rows as cheap as one.
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/attn_common.cuh"
+#include "kernels/cuda/attn_ptx.cuh"
+#include "kernels/cuda/mla_proj.cuh"
+
+#define PROJ_THREADS 128
+#define PROJ_WARPS (PROJ_THREADS / 32)
+#define PROJ_MROWS 64		// query rows per block: four m16 tiles
+#define PROJ_MT (PROJ_MROWS / 16)
+#define PROJ_PAD 8		// bf16 per smem row past the data: rows fall on other banks
+#define ABS_MMA_COLS (PROJ_WARPS * 8)	// latent columns per absorb block: one n8 tile a warp
+#define EXP_MMA_SMALL_ROWS 16	// up to here the expand blocks take 8 outputs, past it 16
+
+namespace {	// kernels and their helpers stay private to this file
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+					 uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x = hi + lo + O(2^-16 x): hi is x rounded to bf16, lo the rest rounded to bf16.
+__device__ __forceinline__ void split_pair(float x0, float x1, uint32_t &hi, uint32_t &lo)
+{
+	const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+	const float2 hf = __bfloat1622float2(h);
+	const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+
+	hi = *(const uint32_t *)&h;
+	lo = *(const uint32_t *)&l;
+}
+
+// The A fragments (hi and lo) of rows m0 + g and m0 + g + 8, columns k0 + 2t (+1, +8,
+// +9) of an fp32 tile in shared memory with row stride as and nr rows, zero past them
+// (as % 32 == 8: the eight rows of a fragment fall on distinct banks).
+__device__ __forceinline__ void load_a(uint32_t (&hi)[4], uint32_t (&lo)[4], const float *sa,
+				       int as, int m0, int k0, int nr)
+{
+	const int g = threadIdx.x % 32 / 4, k = k0 + 2 * (threadIdx.x % 4);
+	const int ra = m0 + g, rb = ra + 8;
+	const float *pa = sa + ra * as + k, *pb = sa + rb * as + k;
+	const float2 z = make_float2(0.0f, 0.0f);
+	const float2 a0 = ra < nr ? *(const float2 *)pa : z, a1 = rb < nr ? *(const float2 *)pb : z;
+	const float2 a2 = ra < nr ? *(const float2 *)(pa + 8) : z;
+	const float2 a3 = rb < nr ? *(const float2 *)(pb + 8) : z;
+
+	split_pair(a0.x, a0.y, hi[0], lo[0]);
+	split_pair(a1.x, a1.y, hi[1], lo[1]);
+	split_pair(a2.x, a2.y, hi[2], lo[2]);
+	split_pair(a3.x, a3.y, hi[3], lo[3]);
+}
+
+// Rows 0 .. nr - 1 of an fp32 activation tile into shared memory (nr, as): row r from
+// x + r * rs, its first n values, zero past n. vec: n, rs and x allow 16-byte copies.
+__device__ __forceinline__ void stage_a(float *sa, int as, const float *x, size_t rs, int nr,
+					int n, bool vec)
+{
+	if (vec) {
+		for (int i = threadIdx.x; i < nr * (as / 4); i += PROJ_THREADS) {
+			const int r = i / (as / 4), c = i % (as / 4) * 4;
+			const bool ok = c < n;
+
+			cp_async16(sa + r * as + c, ok ? x + (size_t)r * rs + c : x, ok);
+		}
+		return;
+	}
+	for (int i = threadIdx.x; i < nr * as; i += PROJ_THREADS) {
+		const int r = i / as, c = i % as;
+
+		sa[i] = c < n ? x[(size_t)r * rs + c] : 0.0f;
+	}
+}
+
+// Rows of an activation tile in shared memory: the row chunk mr, or all rows when fewer
+// (a small tile lets more blocks share a multiprocessor).
+__host__ __device__ __forceinline__ int proj_a_rows(int n_rows, int mr)
+{
+	return n_rows < mr ? n_rows : mr;
+}
+
+// Block (column chunk of 32, head, row chunk of 64): warp w owns columns c0 + 8w .. +7
+// for every row and all of nope. The block's q rows (nks * 16 wide) and the weight tile
+// (nks * 16, 32) arrive in one burst of 16-byte copies, zero past nope and L. The blocks
+// of a head also copy the rope part of q, each a share.
+__global__ void __launch_bounds__(PROJ_THREADS)
+mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *__restrict__ q,
+		      const uint16_t *__restrict__ w, int n_rows, int H, int nope, int rope,
+		      int vdim, int L, int vec)
+{
+	extern __shared__ __align__(16) unsigned char proj_smem[];
+	constexpr int LS = ABS_MMA_COLS + PROJ_PAD;
+	const int nks = (nope + 15) / 16, as = nks * 16 + 8;
+	const int h = blockIdx.y, r0 = blockIdx.z * PROJ_MROWS, nr = min(PROJ_MROWS, n_rows - r0);
+	const int am = proj_a_rows(n_rows, PROJ_MROWS);	// as the launcher sized the tile
+	float *sa = (float *)proj_smem;					// (am, as)
+	uint16_t *sw = (uint16_t *)(proj_smem + (size_t)am * as * 4);	// (nks * 16, LS)
+	const int qk = nope + rope, wd = L + rope, c0 = blockIdx.x * ABS_MMA_COLS;
+	const int nmt = (nr + 15) / 16;
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	const uint16_t *wh = w + (size_t)h * (nope + vdim) * L;
+	float acc[PROJ_MT][4] = {};
+
+	if (vec) {	// L % 8 == 0 and w 16-byte aligned
+		for (int i = threadIdx.x; i < nks * 16 * (ABS_MMA_COLS / 8); i += PROJ_THREADS) {
+			const int k = i / (ABS_MMA_COLS / 8), cc = i % (ABS_MMA_COLS / 8) * 8;
+			const bool ok = k < nope && c0 + cc < L;
+
+			cp_async16(sw + k * LS + cc, ok ? wh + (size_t)k * L + c0 + cc : wh, ok);
+		}
+	} else {
+		for (int i = threadIdx.x; i < nks * 16 * ABS_MMA_COLS; i += PROJ_THREADS) {
+			const int k = i / ABS_MMA_COLS, cc = i % ABS_MMA_COLS;
+
+			sw[k * LS + cc] = k < nope && c0 + cc < L ? wh[(size_t)k * L + c0 + cc]
+								  : (uint16_t)0;
+		}
+	}
+	stage_a(sa, as, q + ((size_t)r0 * H + h) * qk, (size_t)H * qk, nr, nope,
+		nope % 4 == 0 && qk % 4 == 0 && (uintptr_t)q % 16 == 0);
+	cp_async_commit();
+	// the rope part of q, shared out over the column chunks and in flight with the
+	// tiles (one block copying it all, a load at a time, took 15 us at 64 rows)
+	for (int i = blockIdx.x * PROJ_THREADS + threadIdx.x; i < nr * rope;
+	     i += gridDim.x * PROJ_THREADS) {
+		const size_t rh = (size_t)(r0 + i / rope) * H + h;
+
+		q_lat[rh * wd + L + i % rope] = q[rh * qk + nope + i % rope];
+	}
+	cp_async_wait<0>();
+	__syncthreads();
+#pragma unroll 4	// the smem loads of later steps overlap the mma chain
+	for (int ks = 0; ks < nks; ks++) {
+		const uint16_t *bp = sw + (ks * 16 + 2 * t) * LS + warp * 8 + g;
+		const uint32_t b0 = (uint32_t)bp[0] | (uint32_t)bp[LS] << 16;
+		const uint32_t b1 = (uint32_t)bp[8 * LS] | (uint32_t)bp[9 * LS] << 16;
+
+#pragma unroll
+		for (int mt = 0; mt < PROJ_MT; mt++) {
+			uint32_t hi[4], lo[4];
+
+			if (mt >= nmt)
+				break;
+			load_a(hi, lo, sa, as, mt * 16, ks * 16, nr);
+			mma_bf16(acc[mt], hi, b0, b1);
+			mma_bf16(acc[mt], lo, b0, b1);
+		}
+	}
+#pragma unroll
+	for (int mt = 0; mt < PROJ_MT; mt++) {
+		const int col = c0 + warp * 8 + 2 * t;
+
+		if (mt >= nmt)
+			break;
+#pragma unroll
+		for (int half = 0; half < 2; half++) {
+			const int rr = mt * 16 + g + half * 8;
+			float *dst = q_lat + ((size_t)(r0 + rr) * H + h) * wd + col;
+
+			if (rr >= nr)
+				continue;
+			if (col < L)
+				dst[0] = acc[mt][half * 2];
+			if (col + 1 < L)
+				dst[1] = acc[mt][half * 2 + 1];
+		}
+	}
+}
+
+// Block (output chunk of NT x 8, head, row chunk of MT x 16): the block's o_lat rows
+// (as wide) and the chunk's W_UV rows (NT * 8, ls) arrive in one burst, zero padded; warp w takes
+// the k16 steps w, w + 4, ... for every row and output, and the four partial tiles are
+// added in a fixed order through shared memory (the tiles' space, reused).
+template <int MT, int NT>
+__global__ void __launch_bounds__(PROJ_THREADS)
+mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
+		      const uint16_t *__restrict__ w, int n_rows, int H, int nope, int vdim, int L,
+		      int vec)
+{
+	extern __shared__ __align__(16) unsigned char proj_smem[];
+	constexpr int NJ = NT * 8, MR = MT * 16;
+	const int nks = (L + 15) / 16, as = nks * 16 + 8, ls = nks * 16 + PROJ_PAD;
+	const int am = proj_a_rows(n_rows, MR);	// as the launcher sized the tile
+	float *sa = (float *)proj_smem;					// (am, as)
+	uint16_t *sw = (uint16_t *)(proj_smem + (size_t)am * as * 4);	// (NJ, ls) bf16
+	float *red = (float *)proj_smem;		// (PROJ_WARPS, MR, NJ), after the tiles
+	const int h = blockIdx.y, r0 = blockIdx.z * MR, nr = min(MR, n_rows - r0);
+	const int j0 = blockIdx.x * NJ, nj = min(NJ, vdim - j0), nmt = (nr + 15) / 16;
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+	const uint16_t *wh = w + ((size_t)h * (nope + vdim) + nope + j0) * L;
+	float acc[MT][NT][4] = {};
+
+	if (vec) {	// L % 8 == 0 and w 16-byte aligned
+		for (int i = threadIdx.x; i < NJ * (ls / 8); i += PROJ_THREADS) {
+			const int j = i / (ls / 8), c = i % (ls / 8) * 8;
+			const bool ok = j < nj && c < L;
+
+			cp_async16(sw + j * ls + c, ok ? wh + (size_t)j * L + c : wh, ok);
+		}
+	} else {
+		for (int i = threadIdx.x; i < NJ * ls; i += PROJ_THREADS) {
+			const int j = i / ls, c = i % ls;
+
+			sw[i] = j < nj && c < L ? wh[(size_t)j * L + c] : (uint16_t)0;
+		}
+	}
+	stage_a(sa, as, o_lat + ((size_t)r0 * H + h) * L, (size_t)H * L, nr, L,
+		L % 4 == 0 && (uintptr_t)o_lat % 16 == 0);
+	cp_async_commit();
+	cp_async_wait<0>();
+	__syncthreads();
+#pragma unroll 2
+	for (int ks = warp; ks < nks; ks += PROJ_WARPS) {
+		uint32_t b[NT][2];
+
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++) {
+			const uint16_t *bp = sw + (nt * 8 + g) * ls + ks * 16 + 2 * t;
+
+			b[nt][0] = *(const uint32_t *)bp;
+			b[nt][1] = *(const uint32_t *)(bp + 8);
+		}
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++) {
+			uint32_t hi[4], lo[4];
+
+			if (mt >= nmt)
+				break;
+			load_a(hi, lo, sa, as, mt * 16, ks * 16, nr);
+#pragma unroll
+			for (int nt = 0; nt < NT; nt++) {
+				mma_bf16(acc[mt][nt], hi, b[nt][0], b[nt][1]);
+				mma_bf16(acc[mt][nt], lo, b[nt][0], b[nt][1]);
+			}
+		}
+	}
+	__syncthreads();	// every warp is done with the tiles: red takes their place
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++) {
+		if (mt >= nmt)
+			break;
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+			for (int half = 0; half < 2; half++) {
+				float *rp = red + (warp * MR + mt * 16 + g + half * 8) * NJ + nt * 8 + 2 * t;
+
+				rp[0] = acc[mt][nt][half * 2];
+				rp[1] = acc[mt][nt][half * 2 + 1];
+			}
+	}
+	__syncthreads();
+	for (int i = threadIdx.x; i < nr * NJ; i += PROJ_THREADS) {
+		const int rr = i / NJ, jj = i % NJ;
+		float x = 0.0f;
+
+		if (jj >= nj)
+			continue;
+#pragma unroll
+		for (int wp = 0; wp < PROJ_WARPS; wp++)
+			x += red[(wp * MR + rr) * NJ + jj];
+		out[((size_t)(r0 + rr) * H + h) * vdim + j0 + jj] = x;
+	}
+}
+
+// KDEC_CUDA_MLA_PROJ=0: the CUDA-core kernels of attn_mla.cu instead (A/B timing).
+int proj_mma_env(void)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *e = getenv("KDEC_CUDA_MLA_PROJ");
+
+		on = !(e && e[0] == '0');
+	}
+	return on;
+}
+
+}	// namespace
+
+// ---- launchers --------------------------------------------------------------
+
+static int proj_smem_optin;	// set by mla_proj_prepare: the most a block may ask for
+
+int mla_proj_prepare(int smem_optin)
+{
+	proj_smem_optin = smem_optin;
+	ATTN_TRY(cudaFuncSetAttribute(mla_absorb_mma_kernel,
+				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, 1>,
+				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<2, 2>,
+				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	return 0;
+}
+
+int mla_absorb_mma(cudaStream_t s, float *q_lat, const float *q, const uint16_t *w, int R,
+		   const k_mla_dims *d, int vec)
+{
+	const size_t k16 = (size_t)(d->nope_dim + 15) / 16 * 16;
+	const size_t smem = (size_t)proj_a_rows(R, PROJ_MROWS) * (k16 + 8) * 4 +
+			    k16 * (ABS_MMA_COLS + PROJ_PAD) * 2;
+
+	if (!proj_mma_env() || smem > (size_t)proj_smem_optin)
+		return 1;
+	mla_absorb_mma_kernel<<<dim3(attn_cdiv(d->kv_lora, ABS_MMA_COLS), d->n_heads,
+				     attn_cdiv(R, PROJ_MROWS)),
+				PROJ_THREADS, smem, s>>>(q_lat, q, w, R, d->n_heads, d->nope_dim,
+							 d->rope_dim, d->v_dim, d->kv_lora, vec);
+	ATTN_LAUNCHED("mla_absorb_mma_kernel");
+	return 0;
+}
+
+// The expand tile's bytes: the o_lat rows and the weight rows, or the partial sums
+// after them where those are larger.
+static size_t expand_smem(int R, int L, int mr, int nj)
+{
+	const size_t k16 = (size_t)(L + 15) / 16 * 16;
+	const size_t tiles = (size_t)proj_a_rows(R, mr) * (k16 + 8) * 4 +
+			     (size_t)nj * (k16 + PROJ_PAD) * 2;
+	const size_t red = sizeof(float) * PROJ_WARPS * mr * nj;
+
+	return tiles > red ? tiles : red;
+}
+
+int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const uint16_t *w, int R,
+		   const k_mla_dims *d, int vec)
+{
+	const int small = R <= EXP_MMA_SMALL_ROWS, mr = small ? 16 : 32, nj = small ? 8 : 16;
+	const size_t smem = expand_smem(R, d->kv_lora, mr, nj);
+	const dim3 grid(attn_cdiv(d->v_dim, nj), d->n_heads, attn_cdiv(R, mr));
+
+	if (!proj_mma_env() || smem > (size_t)proj_smem_optin)
+		return 1;
+	if (small)	// more blocks, each a shorter burst
+		mla_expand_mma_kernel<1, 1><<<grid, PROJ_THREADS, smem, s>>>(
+			out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim, d->kv_lora, vec);
+	else
+		mla_expand_mma_kernel<2, 2><<<grid, PROJ_THREADS, smem, s>>>(
+			out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim, d->kv_lora, vec);
+	ATTN_LAUNCHED("mla_expand_mma_kernel");
+	return 0;
+}

@@ -1,0 +1,24 @@
+// The tensor-core absorb and expand projections of MLA (mla_proj.cu), for attn_mla.cu.
+// CUDA C++ only. Shapes as k_cuda_attn_mla: q (R, H, nope + rope), q_lat (R, H, L + rope),
+// o_lat (R, H, L), out (R, H, v), w the kv_b weight (H * (nope + v), L) bf16.
+#ifndef KD_KERNELS_CUDA_MLA_PROJ_CUH
+#define KD_KERNELS_CUDA_MLA_PROJ_CUH
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "kernels/cpu/k_cpu.h"
+
+// Sets the kernels' shared-memory opt-in; once per device, before any launch. 0 or -EIO.
+int mla_proj_prepare(int smem_optin);
+
+// 0: launched; 1: declined (KDEC_CUDA_MLA_PROJ=0, or the tiles exceed shared memory):
+// the caller runs its own kernels; -EIO: the launch failed. vec: L % 8 == 0 and w
+// 16-byte aligned. Launch configuration from the host arguments only (graph-safe).
+int mla_absorb_mma(cudaStream_t s, float *q_lat, const float *q, const uint16_t *w, int R,
+		   const k_mla_dims *d, int vec);
+int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const uint16_t *w, int R,
+		   const k_mla_dims *d, int vec);
+
+#endif
