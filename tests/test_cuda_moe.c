@@ -1,12 +1,17 @@
 /* CUDA MoE against the CPU references. Routing: every scoring/selection mode, near
  * ties (quantised logits, one-ulp neighbours, biases that tie exactly); the ids must be
  * identical and the weights within 1e-6 (the kernel is meant to be bit-exact; the line
- * says how many weights differ at all). Experts: DeepSeek-V2-Lite and Qwen3-30B-A3B
- * shapes at M 1, 5, 64, small odd shapes (tensor-core path with a partial k chunk; the
- * CUDA-core fallback), every row on one expert (64 rows; 130 on the small shapes:
- * more than one 64-row pass). Experts nobody chose point at NaN weights, so reading one fails;
- * outputs are poisoned first. Tolerance rel L2 <= 1e-4 (bf16 hi+lo activations, fp32
- * accumulation: ~1e-5 expected). Skips (77) without CUDA or a GPU. */
+ * says how many weights differ at all). Experts, both paths (forced with
+ * k_cuda_moe_set_path): DeepSeek-V2-Lite and Qwen3-30B-A3B shapes at M 1, 2, 3, 5, 8
+ * (64 on the grouped path), small odd shapes (partial k chunks; hidden and inter past
+ * one 2048-value batch; the CUDA-core fallback), every row on one expert (64 rows; 130
+ * on the small shapes: more than one 64-row pass; small path: more pairs than one dot
+ * pass), a row naming one expert twice, an id outside [0, n_experts) (the CPU
+ * reference gets a valid id with weight 0 there). Experts nobody chose point at NaN
+ * weights, so reading one fails; outputs are poisoned with NaN first, so an element
+ * left unwritten fails. Tolerance rel L2 <= 1e-4 (grouped: bf16 hi+lo activations,
+ * small: fp32 activations; fp32 accumulation: ~1e-5 expected). Skips (77) without
+ * CUDA or a GPU. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,6 +236,15 @@ static void weights_free(struct weights *w)
 	cudaFree(w->nan);
 }
 
+#define EX_DUP 1		/* row 0 names its slot 0 expert in slot 1 too */
+#define EX_BAD_ID 2		/* the last row's last slot names no expert */
+
+static const char *path_name(enum k_cuda_moe_path path)
+{
+	return path == K_CUDA_MOE_PATH_SMALL ? "small" : path == K_CUDA_MOE_PATH_GROUPED ?
+	       "grouped" : "auto";
+}
+
 /* ids: distinct per row; hot >= 0 puts every row's slot 0 on expert hot. */
 static void make_ids(int32_t *ids, float *wts, int M, const struct shape *s, int hot)
 {
@@ -250,12 +264,13 @@ static void make_ids(int32_t *ids, float *wts, int M, const struct shape *s, int
 }
 
 static void test_experts(const struct shape *s, struct weights *w, struct k_cuda_moe_ws *ws,
-			 int M, int hot)
+			 int M, int hot, int flags, enum k_cuda_moe_path path)
 {
 	size_t nx = (size_t)M * s->hidden, nk = (size_t)M * s->top_k;
 	float *x = malloc(sizeof(float) * nx), *want = malloc(sizeof(float) * nx);
 	float *got = malloc(sizeof(float) * nx), *wts = malloc(sizeof(float) * nk);
-	int32_t *ids = malloc(sizeof(int32_t) * nk);
+	int32_t *ids = malloc(sizeof(int32_t) * nk), *cpu_ids = malloc(sizeof(int32_t) * nk);
+	float *cpu_wts = malloc(sizeof(float) * nk);
 	struct k_expert *ex = calloc((size_t)s->n_experts, sizeof(*ex));
 	const uint16_t **table = calloc((size_t)s->n_experts * 3, sizeof(*table));
 	unsigned char *used = calloc((size_t)s->n_experts, 1);
@@ -268,8 +283,18 @@ static void test_experts(const struct shape *s, struct weights *w, struct k_cuda
 	for (size_t i = 0; i < nx; i++)
 		x[i] = test_randf(&seed) * 2;
 	make_ids(ids, wts, M, s, hot);
+	if ((flags & EX_DUP) && s->top_k > 1)
+		ids[1] = ids[0];
+	memcpy(cpu_ids, ids, sizeof(int32_t) * nk);
+	memcpy(cpu_wts, wts, sizeof(float) * nk);
+	if (flags & EX_BAD_ID) {	/* the CPU cannot take it: a valid id adding 0 instead */
+		ids[nk - 1] = (nk & 1) ? -1 : s->n_experts + 2;
+		cpu_ids[nk - 1] = 0;
+		cpu_wts[nk - 1] = 0.0f;
+	}
 	for (size_t i = 0; i < nk; i++)
-		used[ids[i]] = 1;
+		if (ids[i] >= 0 && ids[i] < s->n_experts)
+			used[ids[i]] = 1;
 	for (int e = 0; e < s->n_experts; e++) {
 		int k = e % N_SETS;
 
@@ -278,14 +303,15 @@ static void test_experts(const struct shape *s, struct weights *w, struct k_cuda
 			table[3 * e + j] = used[e] ? w->d[k][j] : w->nan;
 		n_used += used[e];
 	}
-	CHECK(k_cpu_moe_experts(pool, want, x, M, ids, wts, s->top_k, ex, s->n_experts, K_BF16,
-				s->hidden, s->inter) == 0, "cpu experts");
+	CHECK(k_cpu_moe_experts(pool, want, x, M, cpu_ids, cpu_wts, s->top_k, ex, s->n_experts,
+				K_BF16, s->hidden, s->inter) == 0, "cpu experts");
 	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
 	dx = dev_from(x, sizeof(float) * nx);
 	dw = dev_from(wts, sizeof(float) * nk);
 	dids = dev_from(ids, sizeof(int32_t) * nk);
 	dout = dev_alloc(sizeof(float) * nx);
 	cu(cudaMemset(dout, 0xff, sizeof(float) * nx), "poison");
+	k_cuda_moe_set_path(path);
 	ret = k_cuda_moe_experts(stream, ws, dout, dx, M, dids, dw, s->top_k,
 				 (const uint16_t *const *)dtable, s->n_experts, s->hidden, s->inter);
 	CHECK(ret == 0, "moe_experts returned %d", ret);
@@ -301,10 +327,12 @@ static void test_experts(const struct shape *s, struct weights *w, struct k_cuda
 				max_abs = d;
 			bad |= got[i] != got[i];
 		}
-		snprintf(shape, sizeof(shape), "%s M %d (%d experts used)%s", s->name, M, n_used,
-			 hot >= 0 ? " hot" : "");
-		printf("%-12s %-48s max_abs %.3g rel_l2 %.3g%s  %s\n", "moe_experts", shape, max_abs,
-		       rel, bad ? "  NaN" : "", !bad && rel <= EXPERT_TOL ? "PASS" : "FAIL");
+		snprintf(shape, sizeof(shape), "%s M %d (%d experts used)%s%s%s", s->name, M,
+			 n_used, hot >= 0 ? " hot" : "", flags & EX_DUP ? " dup" : "",
+			 flags & EX_BAD_ID ? " bad-id" : "");
+		printf("%-12s %-7s %-62s max_abs %.3g rel_l2 %.3g%s  %s\n", "moe_experts",
+		       path_name(path), shape, max_abs, rel, bad ? "  NaN" : "",
+		       !bad && rel <= EXPERT_TOL ? "PASS" : "FAIL");
 		CHECK(!bad && rel <= EXPERT_TOL, "%s: rel %.3g", shape, rel);
 	}
 	cudaFree(dtable);
@@ -317,6 +345,8 @@ static void test_experts(const struct shape *s, struct weights *w, struct k_cuda
 	free(got);
 	free(wts);
 	free(ids);
+	free(cpu_ids);
+	free(cpu_wts);
 	free(ex);
 	free(table);
 	free(used);
@@ -325,7 +355,7 @@ static void test_experts(const struct shape *s, struct weights *w, struct k_cuda
 /* Informational, no pass/fail: one call's time (median of 20 after warm-up) with
  * every expert in its own memory, against the bytes of the used experts' weights at
  * the 4.25 TB/s HBM floor (docs: DEVICE.md). */
-static void time_experts(const struct shape *s, int M)
+static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path)
 {
 	size_t per = (size_t)s->hidden * s->inter, nk = (size_t)M * s->top_k;
 	uint16_t *one = malloc(sizeof(uint16_t) * per), *all;
@@ -362,6 +392,7 @@ static void time_experts(const struct shape *s, int M)
 	dout = dev_alloc(sizeof(float) * (size_t)M * s->hidden);
 	for (int i = 0; i < 21; i++)
 		cu(cudaEventCreate(&ev[i]), "event");
+	k_cuda_moe_set_path(path);
 	for (int i = 0; i < 3; i++)
 		k_cuda_moe_experts(stream, ws, dout, dx, M, dids, dw, s->top_k, dtable, s->n_experts,
 				   s->hidden, s->inter);
@@ -382,8 +413,9 @@ static void time_experts(const struct shape *s, int M)
 			ms[j - 1] = t;
 		}
 	med = ms[10];
-	printf("moe_experts time  %-28s M %2d: %3.0f MB of weights, %7.1f us = %.2f TB/s "
-	       "(floor %.1f us at 4.25 TB/s: %.0f%%)\n", s->name, M, bytes / 1e6, med * 1e3,
+	printf("moe_experts time %-7s %-28s M %2d: %3.0f MB of weights, %7.1f us = %.2f TB/s "
+	       "(floor %.1f us at 4.25 TB/s: %.0f%%)\n", path_name(path), s->name, M, bytes / 1e6,
+	       med * 1e3,
 	       bytes / (med * 1e-3) / 1e12, bytes / 4.25e12 * 1e6, 100 * (bytes / 4.25e12) / (med * 1e-3));
 	for (int i = 0; i < 21; i++)
 		cudaEventDestroy(ev[i]);
@@ -402,39 +434,59 @@ static void time_experts(const struct shape *s, int M)
 	free(used);
 }
 
+/* Every path at one shape; M > 130 is refused. */
+static void test_experts_shape(const struct shape *s)
+{
+	const enum k_cuda_moe_path paths[] = { K_CUDA_MOE_PATH_SMALL, K_CUDA_MOE_PATH_GROUPED };
+	struct k_cuda_moe_ws *ws;
+	struct weights w;
+	int ret = k_cuda_moe_ws_create(&ws, 130, s->top_k, s->n_experts, s->hidden, s->inter);
+
+	CHECK(ret == 0, "ws create %d", ret);
+	if (ret)
+		return;
+	weights_make(&w, s);
+	for (int pi = 0; pi < 2; pi++) {
+		for (int m = 0; m < 4; m++)
+			test_experts(s, &w, ws, (int[]){ 1, 2, 3, 8 }[m], -1, 0, paths[pi]);
+		test_experts(s, &w, ws, 8, 3, EX_DUP, paths[pi]);	/* 9 pairs on expert 3 */
+		test_experts(s, &w, ws, 1, -1, EX_BAD_ID, paths[pi]);
+		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, paths[pi]);
+	}
+	/* auto: small at 5 rows (up to 64 pairs), grouped at 64 */
+	test_experts(s, &w, ws, 5, -1, 0, K_CUDA_MOE_PATH_AUTO);
+	test_experts(s, &w, ws, 64, -1, 0, K_CUDA_MOE_PATH_AUTO);
+	test_experts(s, &w, ws, 64, 3, 0, K_CUDA_MOE_PATH_AUTO);
+	if (s->hidden < 200)	/* more than one 64-row pass; small: the CPU is slow */
+		test_experts(s, &w, ws, 130, 1, EX_BAD_ID, K_CUDA_MOE_PATH_AUTO);
+	CHECK(k_cuda_moe_experts(stream, ws, NULL, NULL, 131, NULL, NULL, s->top_k, NULL,
+				 s->n_experts, s->hidden, s->inter) == -EINVAL, "M > max_M");
+	weights_free(&w);
+	k_cuda_moe_ws_destroy(ws);
+}
+
 static void test_experts_all(void)
 {
 	const struct shape shapes[] = {
 		{ "v2-lite 2048x1408 E64 k6", 2048, 1408, 64, 6 },
 		{ "qwen3-30b 2048x768 E128 k8", 2048, 768, 128, 8 },
 		{ "tiny 40x24 E5 k2", 40, 24, 5, 2 },
+		{ "odd 136x56 E7 k3", 136, 56, 7, 3 },
+		{ "wide 2304x2568 E6 k2", 2304, 2568, 6, 2 },	/* past one 2048 batch */
 		{ "fallback 30x13 E4 k2", 30, 13, 4, 2 },
 	};
-	const int Ms[] = { 1, 5, 64 };
 
-	for (int si = 0; si < 4; si++) {
-		const struct shape *s = &shapes[si];
-		struct k_cuda_moe_ws *ws;
-		struct weights w;
-		int ret = k_cuda_moe_ws_create(&ws, 130, s->top_k, s->n_experts, s->hidden, s->inter);
-
-		CHECK(ret == 0, "ws create %d", ret);
-		if (ret)
-			continue;
-		weights_make(&w, s);
-		for (int m = 0; m < 3; m++)
-			test_experts(s, &w, ws, Ms[m], -1);
-		test_experts(s, &w, ws, 64, 3);
-		if (s->hidden < 100)	/* more than one 64-row pass; small: the CPU is slow */
-			test_experts(s, &w, ws, 130, 1);
-		CHECK(k_cuda_moe_experts(stream, ws, NULL, NULL, 131, NULL, NULL, s->top_k, NULL,
-					 s->n_experts, s->hidden, s->inter) == -EINVAL, "M > max_M");
-		weights_free(&w);
-		k_cuda_moe_ws_destroy(ws);
-		if (s->hidden >= 1024)
-			for (int m = 0; m < 4; m++)
-				time_experts(s, (int[]){ 1, 8, 32, 64 }[m]);
+	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+		test_experts_shape(&shapes[si]);
+	for (size_t si = 0; si < 2; si++) {
+		for (int m = 0; m < 2; m++) {
+			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_SMALL);
+			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_GROUPED);
+		}
+		time_experts(&shapes[si], 32, K_CUDA_MOE_PATH_AUTO);
+		time_experts(&shapes[si], 64, K_CUDA_MOE_PATH_AUTO);
 	}
+	k_cuda_moe_set_path(K_CUDA_MOE_PATH_AUTO);
 }
 
 int main(void)

@@ -485,6 +485,22 @@ static void test_experts(struct k_pool *pool)
 	}
 	/* Sums of ~40 products of O(1) terms in fp32. */
 	CHECK(err < 1e-5, "moe_experts error %g", err);
+	{	/* Ids outside [0, XE) select nothing: the row keeps its valid slot only
+		 * (under ASan, a counting sort indexed by them would write out of bounds). */
+		const int32_t bad[2 * XK] = { -1, 4, XE, XE + 1000 };
+		double want[XH], y[XH];
+
+		ret = k_cpu_moe_experts(pool, out, x, 2, bad, w, XK, ex, XE, K_BF16, XH, XI);
+		CHECK(ret == 0, "moe_experts bad ids %d", ret);
+		expert_ref(y, x, f[4][0], f[4][1], f[4][2]);
+		err = 0;
+		for (int c = 0; c < XH; c++) {
+			want[c] = w[1] * y[c];
+			err = fmax(err, fabs(out[c] - want[c]) / (1 + fabs(want[c])));
+			err = fmax(err, fabs(out[XH + c]));	/* no valid id: zeros */
+		}
+		CHECK(err < 1e-5, "moe_experts with ids out of range: error %g", err);
+	}
 	for (int e = 0; e < XE; e++) {
 		if (e == 3)
 			continue;

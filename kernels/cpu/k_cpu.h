@@ -200,7 +200,8 @@ struct k_expert {
 
 /* out[m] = sum_j weights[m, j] * expert_{ids[m, j]}(x[m]), out (M, hidden) overwritten.
  * Reads only the experts that some row chose; rows that chose the same expert are
- * computed together. Returns 0 or -ENOMEM. */
+ * computed together; an id outside [0, n_experts) contributes nothing. Returns 0 or
+ * -ENOMEM. */
 int k_cpu_moe_experts(struct k_pool *pool, float *out, const float *x, int M,
 		      const int32_t *ids, const float *weights, int top_k,
 		      const struct k_expert *experts, int n_experts, enum k_dtype dtype,

@@ -138,8 +138,11 @@ static int moe_plan_build(struct moe_plan *pl, const int32_t *ids, int M, int to
 	pl->entry = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
 	if (!pl->start || !pl->entry)
 		return -ENOMEM;
+	/* An id outside [0, n_experts) (never from the router; callers may pass anything)
+	 * selects no expert: the pair contributes nothing, as on the GPU. */
 	for (int i = 0; i < n; i++)
-		pl->start[ids[i] + 1]++;
+		if (ids[i] >= 0 && ids[i] < n_experts)
+			pl->start[ids[i] + 1]++;
 	pl->max_rows = 0;
 	for (int e = 0; e < n_experts; e++) {
 		if (pl->start[e + 1] > pl->max_rows)
@@ -149,7 +152,8 @@ static int moe_plan_build(struct moe_plan *pl, const int32_t *ids, int M, int to
 	/* start[e] is now where expert e begins; filling advances it to where e
 	 * ends, and the shift below restores the beginnings. */
 	for (int i = 0; i < n; i++)
-		pl->entry[pl->start[ids[i]]++] = i;
+		if (ids[i] >= 0 && ids[i] < n_experts)
+			pl->entry[pl->start[ids[i]]++] = i;
 	for (int e = n_experts - 1; e > 0; e--)
 		pl->start[e] = pl->start[e - 1];
 	pl->start[0] = 0;

@@ -39,12 +39,16 @@ void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws);
 /* out[m] = sum_j weights[m, j] * expert_{ids[m, j]}(x[m]), out overwritten; expert(x)
  * = down(silu(gate x) * up x). expert_w is a device array of n_experts * 3 device
  * pointers (gate, up, down) to bf16 matrices, each 16-byte aligned: gate and up
- * (inter, hidden), down (hidden, inter). The (row, slot) pairs are grouped by expert
- * on the device (a counting sort), and each used expert's weights are read once for
- * all its rows. fp32 accumulation; x and the SwiGLU activations enter the tensor
- * cores as bf16 hi + lo pairs (about 16 bits of mantissa), so out is within ~1e-5
- * relative of k_cpu_moe_experts. Each row's slots are summed in increasing expert id
- * like the CPU, so the result is deterministic and independent of the other rows.
+ * (inter, hidden), down (hidden, inter). Each used expert's weights are read once for
+ * all its rows. Two paths, picked by M * top_k (see k_cuda_moe_set_path):
+ * - small (M * top_k <= 64, hidden and inter multiples of 8, x 16-byte aligned): two
+ *   launches; bf16 weights times fp32 x and fp32 activations, fp32 accumulation;
+ * - grouped (larger M): the (row, slot) pairs are grouped by expert on the device (a
+ *   counting sort); x and the activations enter the tensor cores as bf16 hi + lo pairs
+ *   (about 16 bits of mantissa), fp32 accumulation.
+ * Either is within ~1e-5 relative of k_cpu_moe_experts. Each row's slots are summed in
+ * increasing expert id like the CPU, so the result is deterministic and independent of
+ * the other rows of the same path (the two paths differ in the last bits).
  * M <= the workspace's max_M; top_k, n_experts, hidden, inter as at creation.
  * An id outside [0, n_experts) contributes nothing. */
 int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out /* (M, hidden) */,
@@ -52,6 +56,15 @@ int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out /* (
 		       const float *weights /* (M, top_k) */, int top_k,
 		       const uint16_t *const *expert_w /* (n_experts, 3) */, int n_experts,
 		       int hidden, int inter);
+
+/* Which path k_cuda_moe_experts takes: AUTO (the default) picks by M * top_k; SMALL
+ * takes the small-batch path wherever it can run (up to 64 pairs); GROUPED always
+ * takes the grouped one. The environment's KDEC_MOE_PATH=small or =grouped sets it at
+ * the first call; this overrides it for the process (tests, A/B runs). Set it
+ * before capturing a graph: a graph keeps the path it was captured with. */
+enum k_cuda_moe_path { K_CUDA_MOE_PATH_AUTO, K_CUDA_MOE_PATH_SMALL, K_CUDA_MOE_PATH_GROUPED };
+
+void k_cuda_moe_set_path(enum k_cuda_moe_path path);
 
 #ifdef __cplusplus
 }

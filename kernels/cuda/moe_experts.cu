@@ -2,6 +2,9 @@
 // of the (row, slot) pairs by expert, one tensor-core pass over each used expert's
 // gate/up weights (SwiGLU fused into its epilogue), one over its down weights, then a
 // combine that sums each row's slots in increasing expert id like k_cpu_moe_experts.
+// Small batches (M * top_k <= MOE_SMALL_MAX_PAIRS) take moe_small.cu instead: two
+// CUDA-core launches, no plan or combine. KDEC_MOE_PATH=small or =grouped forces one
+// path (small only where it fits), read once; k_cuda_moe_set_path overrides it.
 //
 // Bytes: each used expert's 3 * inter * hidden bf16 weights once per call; the
 // activations are small beside them (M * top_k rows). The weights are the B operand
@@ -9,9 +12,11 @@
 // tile): x and the SwiGLU output are stored as bf16 hi + lo pairs and each product is
 // done twice (hi, lo), so the result carries ~16 bits of x's mantissa.
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cuda/k_cuda_moe.h"
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/moe_internal.h"
 
 #define PLAN_THREADS 256
 #define EX_THREADS 128		// 4 warps split K
@@ -23,12 +28,14 @@
 #define EX_MAX_EXPERTS 4096
 #define FB_WARPS 8		// fallback: one output feature per warp
 #define COMBINE_THREADS 256
+#define MOE_SMALL_AUTO_PAIRS 64	// auto path: small up to this many (row, slot) pairs
 
 struct k_cuda_moe_ws {
 	int max_M, top_k, n_experts, hidden, inter;
+	int n_sm;		// the device's SMs: sizes the small path's grids
 	int *plan;		// n_used, then 4 arrays of max_M * top_k (see ex_plan)
 	uint32_t *xs;		// (max_M, hidden) x as split bf16 (see split_store)
-	uint32_t *hs;		// (max_M * top_k, inter) SwiGLU out, split (fallback: fp32)
+	uint32_t *hs;		// (max_M * top_k, inter) SwiGLU out, split (fallback, small: fp32)
 	float *y;		// (max_M * top_k, hidden) expert output of each (row, slot)
 };
 
@@ -482,6 +489,37 @@ static bool moe_use_mma(int hidden, int inter)
 	return hidden % 8 == 0 && inter % 8 == 0;
 }
 
+static int moe_path_forced = -1;	// enum k_cuda_moe_path; -1: KDEC_MOE_PATH not read yet
+
+extern "C" void k_cuda_moe_set_path(enum k_cuda_moe_path path)
+{
+	moe_path_forced = path;
+}
+
+static enum k_cuda_moe_path moe_path(void)
+{
+	if (moe_path_forced < 0) {
+		const char *e = getenv("KDEC_MOE_PATH");
+
+		moe_path_forced = !e ? K_CUDA_MOE_PATH_AUTO :
+				  !strcmp(e, "small") ? K_CUDA_MOE_PATH_SMALL :
+				  !strcmp(e, "grouped") ? K_CUDA_MOE_PATH_GROUPED : K_CUDA_MOE_PATH_AUTO;
+	}
+	return (enum k_cuda_moe_path)moe_path_forced;
+}
+
+// At a few pairs the weights are read once per pair either way, and the grouped
+// path's plan and combine launches cost as much as its expert passes save.
+static bool moe_use_small(int M, int top_k, int hidden, int inter, const float *x)
+{
+	enum k_cuda_moe_path path = moe_path();
+
+	if (path == K_CUDA_MOE_PATH_GROUPED ||
+	    (path == K_CUDA_MOE_PATH_AUTO && (long)M * top_k > MOE_SMALL_AUTO_PAIRS))
+		return false;
+	return k_cuda_moe_small_fits(M, top_k, hidden, inter, x);
+}
+
 extern "C" void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws)
 {
 	if (!ws)
@@ -498,6 +536,7 @@ extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int t
 {
 	k_cuda_moe_ws *ws;
 	size_t A = (size_t)max_M * top_k, smem = plan_smem((int)A, n_experts);
+	int dev = 0;
 
 	*out = nullptr;
 	if (max_M <= 0 || top_k <= 0 || top_k > EX_MAX_TOPK || n_experts <= 0 ||
@@ -511,6 +550,12 @@ extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int t
 	ws->n_experts = n_experts;
 	ws->hidden = hidden;
 	ws->inter = inter;
+	if (K_CUDA_CALL(cudaGetDevice(&dev)) ||
+	    K_CUDA_CALL(cudaDeviceGetAttribute(&ws->n_sm, cudaDevAttrMultiProcessorCount, dev)) ||
+	    k_cuda_moe_small_setup()) {
+		k_cuda_moe_ws_destroy(ws);
+		return -EIO;
+	}
 	if (cudaMalloc(&ws->plan, sizeof(int) * (1 + 4 * A)) != cudaSuccess ||
 	    cudaMalloc(&ws->xs, sizeof(uint32_t) * (size_t)max_M * hidden) != cudaSuccess ||
 	    cudaMalloc(&ws->hs, sizeof(uint32_t) * A * inter) != cudaSuccess ||
@@ -580,6 +625,9 @@ extern "C" int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, floa
 		return -EINVAL;
 	if (M == 0)
 		return 0;
+	if (moe_use_small(M, top_k, hidden, inter, x))
+		return k_cuda_moe_small_run(s, (float *)ws->hs, out, x, M, ids, weights, top_k,
+					    expert_w, n_experts, hidden, inter, ws->n_sm);
 	pl = ws_plan(ws);
 	n = M * top_k;
 	max_used = n < n_experts ? n : n_experts;

@@ -173,6 +173,7 @@ moe_route_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float 
 	const float *lg = logits + (size_t)m * E;
 	float sum = 0.0f;
 
+	k_cuda_pdl_wait();	// launched early under PDL: the logits are the router's output
 	if (p.scoring == K_MOE_SOFTMAX)
 		route_softmax(score, lg, E);
 	else
@@ -232,6 +233,7 @@ extern "C" int k_cuda_moe_route(cudaStream_t s, const struct k_moe_route_params 
 	if (M == 0)
 		return 0;
 	smem = (size_t)p->n_experts * (2 * sizeof(float) + 1);
-	moe_route_kernel<<<M, 32, smem, s>>>(*p, logits, ids, weights);
+	// Programmatic dependent launch: scheduled while the router GEMM drains.
+	k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_kernel, *p, logits, ids, weights);
 	return K_CUDA_LAUNCHED("moe_route");
 }
