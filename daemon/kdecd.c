@@ -65,6 +65,9 @@ static void usage(FILE *f)
 		"                          the cache runs short the lowest-priority, newest one is\n"
 		"                          preempted and resumed later (kd_preemptions_total)\n"
 		"  --share-prefix-cache    share cached prompt prefixes across uids (default: per uid)\n"
+		"  --no-prefix-wait        admit a request at once even while another one is still\n"
+		"                          prefilling the same prompt prefix (default: wait for\n"
+		"                          its blocks and map them from the prefix cache)\n"
 		"  --spec ngram:k=N[,n=M]  n-gram speculative decoding: N drafts per step matching\n"
 		"                          the last M..1 tokens (default M 3), verified by each\n"
 		"                          request's own draws (tokens as without it); requests\n"
@@ -168,7 +171,7 @@ static int parse_secs(const char *opt, const char *s, int *out)
 static int parse_args(int argc, char **argv, struct daemon_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
-	       O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_TTL, O_OFFLOAD,
+	       O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_NOWAIT, O_TTL, O_OFFLOAD,
 	       O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
@@ -184,6 +187,7 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 		{ "kv-tokens", required_argument, NULL, O_KV },
 		{ "shutdown-timeout", required_argument, NULL, O_SHUT },
 		{ "share-prefix-cache", no_argument, NULL, O_SHARE },
+		{ "no-prefix-wait", no_argument, NULL, O_NOWAIT },
 		{ "spec", required_argument, NULL, O_SPEC },
 		{ "session-ttl", required_argument, NULL, O_TTL },
 		{ "offload-after", required_argument, NULL, O_OFFLOAD },
@@ -241,6 +245,7 @@ static int parse_args(int argc, char **argv, struct daemon_args *a)
 			a->srv.shutdown_timeout_s = (double)v;
 			break;
 		case O_SHARE: a->srv.sched.share_prefix = 1; break;
+		case O_NOWAIT: a->srv.sched.no_prefix_wait = 1; break;
 		case O_SPEC: {
 			char err[256];
 

@@ -398,6 +398,41 @@ out:
 	return ret;
 }
 
+/* Whether the first waiting request w should wait a step: a running request with the
+ * same prefix-cache salt is still prefilling full blocks that w's prompt starts with
+ * too. Full blocks enter the prefix cache as each step completes them and admission
+ * maps what is there, so w, admitted a step or a few later, maps those blocks instead
+ * of computing them again beside the other (N agents arriving together with one
+ * system prompt compute it once, not N times). Bounded by SCHED_PREFIX_WAIT_STEPS, in
+ * case the other's prefill stalls (a paused client). */
+#define SCHED_PREFIX_WAIT_STEPS 64
+static int prefix_pending(struct sched *s, struct sched_req *w)
+{
+	struct engine_cache_status st;
+	uint64_t salt = salt_of(s, w->c);
+
+	if (s->o.no_prefix_wait || w->prefix_waits >= SCHED_PREFIX_WAIT_STEPS)
+		return 0;
+	engine_cache_status(s->e, &st);
+	for (int i = 0; i < s->n_run; i++) {
+		const struct sched_req *r = s->run[i];
+		int lim, common = 0, full;
+
+		if (r->n_prefilled >= r->n_feed || r->c->dead || salt_of(s, r->c) != salt)
+			continue;
+		/* w maps at most (n - 1) / bt blocks: one token is always computed */
+		lim = w->n_feed - 1 < r->n_feed ? w->n_feed - 1 : r->n_feed;
+		while (common < lim && w->feed[common] == r->feed[common])
+			common++;
+		full = common / st.block_tokens * st.block_tokens;
+		if (full > r->n_prefilled) {
+			w->prefix_waits++;
+			return 1;
+		}
+	}
+	return 0;
+}
+
 /* Moves the first waiting request into the batch with its cached prefix mapped;
  * NULL if that fails (the request ended with an error) or if starting it took
  * more blocks than the claims left (it waits again). */
@@ -549,7 +584,7 @@ static int build_step(struct sched *s, uint64_t now)
 		int rem, chunk;
 
 		if (i == s->n_run) {
-			if (!sched_can_admit(s))
+			if (!sched_can_admit(s) || prefix_pending(s, s->wait[0]))
 				break;
 			if (!admit(s)) {
 				i--;

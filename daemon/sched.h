@@ -28,6 +28,8 @@ struct sched_opts {
 	int max_sessions;	/* session names per client; <= 0: default */
 	int stall_ms;		/* a request paused on a full event ring is cancelled after this */
 	int share_prefix;	/* 1: one prefix-cache salt for every uid (--share-prefix-cache) */
+	int no_prefix_wait;	/* 1: admit a request at once even while another one is
+				 * prefilling the same prompt prefix (--no-prefix-wait) */
 	struct spec_opts spec;	/* --spec: requests' default (k == 0: off) */
 };
 

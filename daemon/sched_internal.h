@@ -41,6 +41,8 @@ struct sched_req {
 	uint64_t seqno;			/* arrival order */
 	uint64_t t_submit, t_pickup, t_last;	/* ns */
 	uint64_t paused_since;		/* ns; 0 = not paused */
+	int prefix_waits;		/* steps it waited for another request's prefill of
+					 * their shared prefix (see sched.c prefix_pending) */
 };
 
 struct sched_ses {

@@ -3,6 +3,9 @@
  *   seeded sampled ones) gets the same tokens alone and submitted together;
  * - chunked prefill: while a 3500-token prompt prefills (--prefill-chunk 64), a
  *   running greedy stream keeps receiving tokens, with a bounded gap (printed);
+ * - shared prefix: six requests whose prompts start with the same three blocks and
+ *   arrive together map those blocks from the prefix cache, all but the first (the
+ *   later ones wait while the first prefills them, instead of computing them too);
  * - priority: with --max-batch 1, a later high-priority request is admitted before
  *   an earlier low-priority one. */
 #include <errno.h>
@@ -274,6 +277,50 @@ static void test_prefill_itl(void)
 
 /* --max-batch 1: a blocker runs; a low-priority request, then a high-priority one,
  * wait; the high one is admitted first. */
+/* prefix_hit_tokens from `kdctl status`; -1 when it cannot be read. */
+static long prefix_hits(void)
+{
+	char cmd[1300], line[256];
+	long v = -1;
+	FILE *f;
+
+	snprintf(cmd, sizeof(cmd), "'%s/kdctl' --socket '%s' status", builddir, sock_path);
+	if (!(f = popen(cmd, "r")))
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "prefix_hit_tokens %ld", &v) == 1)
+			break;
+	pclose(f);
+	return v;
+}
+
+#define N_SHARED 6
+#define SHARED_TOKENS 48	/* three 16-token blocks; the prompt (52) fits one step */
+
+static void test_shared_prefix(void)
+{
+	static struct req q[N_SHARED];
+	long h0 = prefix_hits(), h1;
+
+	memset(q, 0, sizeof(q));
+	for (int i = 0; i < N_SHARED; i++) {
+		q[i].n_prompt = SHARED_TOKENS + 4;
+		q[i].max_tokens = 4;
+		for (int k = 0; k < SHARED_TOKENS; k++)	/* tokens no other phase uses */
+			q[i].prompt[k] = 300 + (k * 7) % 200;
+		for (int k = SHARED_TOKENS; k < q[i].n_prompt; k++)
+			q[i].prompt[k] = 100 + i * 4 + k - SHARED_TOKENS;
+	}
+	CHECK(h0 >= 0, "prefix_hit_tokens from kdctl status");
+	CHECK(run(q, N_SHARED, 1) == 0, "shared-prefix requests");
+	h1 = prefix_hits();
+	fprintf(stderr, "shared prefix: %d requests arriving together, %ld prompt tokens from the "
+		"prefix cache (want >= %d)\n", N_SHARED, h1 - h0, (N_SHARED - 1) * SHARED_TOKENS);
+	CHECK(h1 - h0 >= (N_SHARED - 1) * SHARED_TOKENS,
+	      "shared prefix computed more than once: %ld cached tokens, want >= %d", h1 - h0,
+	      (N_SHARED - 1) * SHARED_TOKENS);
+}
+
 static void test_priority(void)
 {
 	static struct req q[3];
@@ -334,6 +381,7 @@ int main(void)
 	if (start_daemon("64") == 0) {
 		test_determinism();
 		test_prefill_itl();
+		test_shared_prefix();
 	} else {
 		CHECK(0, "kdecd did not start");
 	}
