@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/k_cuda_attn.h"
 
 #define ATTN_TRY(call)                                                             \
@@ -119,12 +120,7 @@ int attn_merge(cudaStream_t s, const k_cuda_attn_ws *ws, int n_splits, int n_row
 // fp32 -> bf16 bits, round to nearest even (NaN kept a NaN).
 __device__ __forceinline__ uint16_t attn_bf16(float f)
 {
-	uint32_t u = __float_as_uint(f);
-
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((u >> 16) | 0x40u);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
+	return k_cuda_bf16_rn(f);
 }
 
 // Tokens per split: ctx spread over the splits, in whole ATTN_SPLIT_ALIGN runs.

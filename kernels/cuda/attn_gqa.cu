@@ -296,12 +296,11 @@ static int dec_forced_splits(void)
 	return n;
 }
 
-// The tensor-core decode kernel (attn_mma.cu) over the same rows, where it applies:
-// true with its result in *ret, false when it does not.
-static bool gqa_decode_mma(cudaStream_t s, k_cuda_attn_ws *ws, float *out, uint16_t *out_bf16,
-			   const float *q, const uint16_t *k, const uint16_t *v, int block_tokens,
-			   const k_cuda_attn_rows *rows, int H, int KV, int hd, float qscale,
-			   int *ret)
+// A GQA launch over the paged cache as the shared attention arguments (tiled and
+// tensor-core kernels): q and out (rows, H, hd), K and V (slots, KV, hd).
+static attn_tile_args gqa_args(k_cuda_attn_ws *ws, float *out, const float *q,
+			       const uint16_t *k, const uint16_t *v, int block_tokens,
+			       const k_cuda_attn_rows *rows, int H, int KV, int hd, float qscale)
 {
 	attn_tile_args a;
 
@@ -328,6 +327,18 @@ static bool gqa_decode_mma(cudaStream_t s, k_cuda_attn_ws *ws, float *out, uint1
 	a.qscale = qscale;
 	a.vec = hd % 8 == 0 && aligned16(k) && aligned16(v);
 	a.n_splits = 1;
+	return a;
+}
+
+// The tensor-core decode kernel (attn_mma.cu) over the same rows, where it applies:
+// true with its result in *ret, false when it does not.
+static bool gqa_decode_mma(cudaStream_t s, k_cuda_attn_ws *ws, float *out, uint16_t *out_bf16,
+			   const float *q, const uint16_t *k, const uint16_t *v, int block_tokens,
+			   const k_cuda_attn_rows *rows, int H, int KV, int hd, float qscale,
+			   int *ret)
+{
+	attn_tile_args a = gqa_args(ws, out, q, k, v, block_tokens, rows, H, KV, hd, qscale);
+
 	if (!attn_mma_usable(&a))
 		return false;
 	*ret = attn_mma_launch(s, ws, &a, rows->max_ctx, out_bf16, dec_forced_splits());
@@ -403,35 +414,12 @@ static int gqa_tiled(cudaStream_t s, k_cuda_attn_ws *ws, float *out, const float
 		     const uint16_t *k, const uint16_t *v, int block_tokens,
 		     const k_cuda_attn_rows *rows, int H, int KV, int hd, float qscale)
 {
-	const int R = rows->n_rows, G = H / KV;
-	const long tiles = attn_cdiv(R * G, GQA_TILE_Q);
-	attn_tile_args a;
+	const long tiles = attn_cdiv(rows->n_rows * (H / KV), GQA_TILE_Q);
+	attn_tile_args a = gqa_args(ws, out, q, k, v, block_tokens, rows, H, KV, hd, qscale);
 
-	a.out = out;
-	a.out_rs = (long)H * hd;
-	a.out_hs = hd;
-	a.part_o = ws->part_o;
-	a.part_lse = ws->part_lse;
-	a.q = q;
-	a.q_rs = (long)H * hd;
-	a.q_hs = hd;
-	a.k = k;
-	a.v = v;
-	a.k_stride = a.v_stride = (long)KV * hd;
-	a.k_hoff = a.v_hoff = hd;
-	a.ctx = rows->ctx;
-	a.blocks = rows->blocks;
-	a.bt = attn_div_make((uint32_t)block_tokens);
-	a.n_rows = R;
-	a.n_heads = H;
-	a.group = G;
-	a.kv_heads = KV;
-	a.dk = a.dv = hd;
-	a.qscale = qscale;
-	a.vec = hd % 8 == 0 && aligned16(k) && aligned16(v);
 	a.n_splits = attn_pick_splits(ws, tiles * KV, (long)GQA_TILE_CTAS_PER_SM * ws->n_sm,
-				      rows->max_ctx, GQA_TILE_MIN_SPLIT_TOKENS, (size_t)R * H * hd,
-				      (size_t)R * H);
+				      rows->max_ctx, GQA_TILE_MIN_SPLIT_TOKENS,
+				      (size_t)rows->n_rows * H * hd, (size_t)rows->n_rows * H);
 	return attn_tile_launch(s, ws, GQA_TILE_Q, &a);
 }
 

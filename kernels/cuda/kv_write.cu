@@ -7,20 +7,9 @@
 
 // ---- kernels ----------------------------------------------------------------
 
-// Round to nearest even, NaN kept a NaN: bit for bit what k_f32_to_bf16 gives.
-__device__ __forceinline__ uint32_t kvw_bf16(float f)
-{
-	uint32_t u = __float_as_uint(f);
-
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (u >> 16) | 0x40u;
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return u >> 16;
-}
-
 __device__ __forceinline__ uint32_t kvw_pack(float lo, float hi)
 {
-	return kvw_bf16(lo) | (kvw_bf16(hi) << 16);
+	return k_cuda_bf16_rn(lo) | (k_cuda_bf16_rn(hi) << 16);
 }
 
 // Block (row, part): row's values part * KVW_THREADS * 8 onwards, strided by the grid.
@@ -51,7 +40,7 @@ kv_write_kernel(uint16_t *__restrict__ cache, int width, const float *__restrict
 	} else {
 		for (int c = blockIdx.y * KVW_THREADS + threadIdx.x; c < width;
 		     c += gridDim.y * KVW_THREADS)
-			dst[c] = (uint16_t)kvw_bf16(in[c]);
+			dst[c] = (uint16_t)k_cuda_bf16_rn(in[c]);
 	}
 }
 

@@ -4,6 +4,7 @@
 // is that of rmsnorm.cu, rope.cu and kv_write.cu (fp64 sum of squares, fp64 cos/sin
 // rounded to fp32, no FMA), so the fused and the op-by-op paths agree to the order of
 // one fp64 sum.
+#include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/k_cuda_ops.h"
 #include "kernels/cuda/launch_check.cuh"
 
@@ -15,28 +16,6 @@
 
 namespace {	// kernels and their helpers stay private to this file
 
-__device__ __forceinline__ uint16_t mlap_bf16(float f)	// round to nearest even, NaN kept
-{
-	uint32_t u = __float_as_uint(f);
-
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((u >> 16) | 0x40u);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
-
-__device__ __forceinline__ double mlap_block_sum(double v, double *red)
-{
-	for (int o = 16; o > 0; o >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, o);
-	if (threadIdx.x % 32 == 0)
-		red[threadIdx.x / 32] = v;
-	__syncthreads();
-	v = 0.0;
-	for (int w = 0; w < MLAP_THREADS / 32; w++)
-		v += red[w];
-	return v;
-}
 
 __device__ __forceinline__ void mlap_rotate(float x1, float x2, float c, float sn, float &o1,
 					    float &o2)
@@ -90,7 +69,7 @@ __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla
 #pragma unroll
 	for (int k = 0; k < MLAP_PER; k++)
 		ss += (double)lat[k] * (double)lat[k];	// zeros past L add nothing
-	ss = mlap_block_sum(ss, red);	// its barrier also publishes the cos/sin table
+	ss = k_cuda_block_sum_d<MLAP_THREADS>(ss, red);	// its barrier also publishes the cos/sin table
 #pragma unroll
 	for (int k = 0; k < MLAP_QPRE; k++) {
 		const int it = threadIdx.x + k * MLAP_THREADS, i = it % max(half, 1);
@@ -116,17 +95,17 @@ __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla
 		const int i = threadIdx.x + k * MLAP_THREADS;
 
 		if (i < L)
-			dst[i] = mlap_bf16(__fmul_rn(a.norm[i], __fmul_rn(lat[k], rs)));
+			dst[i] = k_cuda_bf16_rn(__fmul_rn(a.norm[i], __fmul_rn(lat[k], rs)));
 	}
 	for (int i = threadIdx.x; i < half; i += MLAP_THREADS) {	// each key pair once
 		float o1, o2;
 
 		mlap_rotate(kv[L + i * step], kv[L + i * step + gap], cs[0][i], cs[1][i], o1, o2);
-		dst[L + i * step] = mlap_bf16(o1);
-		dst[L + i * step + gap] = mlap_bf16(o2);
+		dst[L + i * step] = k_cuda_bf16_rn(o1);
+		dst[L + i * step + gap] = k_cuda_bf16_rn(o2);
 	}
 	for (int i = a.rot_dim + threadIdx.x; i < a.pe_dim; i += MLAP_THREADS)	// unrotated tail
-		dst[L + i] = mlap_bf16(kv[L + i]);
+		dst[L + i] = k_cuda_bf16_rn(kv[L + i]);
 }
 
 }	// namespace

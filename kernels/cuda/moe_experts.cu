@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/k_cuda_moe.h"
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/moe_internal.h"
@@ -87,11 +88,7 @@ __device__ void block_scan2(int a, int b, int *ea, int *eb, int *ta, int *tb)
 // bf16 round-to-nearest-even of f, as the low 16 bits (NaN kept quiet).
 __device__ __forceinline__ uint32_t bf16_bits(float f)
 {
-	uint32_t u = __float_as_uint(f);
-
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (u >> 16) | 0x40u;
-	return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+	return k_cuda_bf16_rn(f);
 }
 
 // f = hi + lo in bf16: hi = bf16(f), lo = bf16(f - hi) (the difference is exact).

@@ -3,6 +3,7 @@
 // cache slots. The arithmetic is that of rmsnorm.cu, rope.cu and kv_write.cu (same
 // roundings, fp64 sum of squares), so the fused and the separate paths agree to the
 // order of one fp64 sum.
+#include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/k_cuda_ops.h"
 #include "kernels/cuda/launch_check.cuh"
 
@@ -11,28 +12,6 @@
 
 namespace {	// kernels and their helpers stay private to this file
 
-__device__ __forceinline__ uint16_t qkv_bf16(float f)	// round to nearest even, NaN kept
-{
-	uint32_t u = __float_as_uint(f);
-
-	if ((u & 0x7fffffffu) > 0x7f800000u)
-		return (uint16_t)((u >> 16) | 0x40u);
-	u += 0x7fffu + ((u >> 16) & 1u);
-	return (uint16_t)(u >> 16);
-}
-
-__device__ __forceinline__ double block_sum_d(double v, double *red)
-{
-	for (int o = 16; o > 0; o >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, o);
-	if (threadIdx.x % 32 == 0)
-		red[threadIdx.x / 32] = v;
-	__syncthreads();
-	v = 0.0;
-	for (int w = 0; w < QKV_THREADS / 32; w++)
-		v += red[w];
-	return v;
-}
 
 // Block (head j of q heads then kv heads, row r). A kv-head block also copies v.
 __global__ void __launch_bounds__(QKV_THREADS) qkv_post_kernel(const k_cuda_qkv_args a)
@@ -61,7 +40,7 @@ __global__ void __launch_bounds__(QKV_THREADS) qkv_post_kernel(const k_cuda_qkv_
 
 		for (int i = threadIdx.x; i < D; i += QKV_THREADS)
 			ss += (double)x[i] * (double)x[i];
-		ss = block_sum_d(ss, red);
+		ss = k_cuda_block_sum_d<QKV_THREADS>(ss, red);
 		rs = 1.0f / sqrtf((float)(ss / D) + a.eps);
 		for (int i = threadIdx.x; i < D; i += QKV_THREADS)
 			x[i] = __fmul_rn(w[i], __fmul_rn(x[i], rs));
@@ -96,8 +75,8 @@ __global__ void __launch_bounds__(QKV_THREADS) qkv_post_kernel(const k_cuda_qkv_
 	const float *vs = a.v_src + (size_t)r * a.v_rs + (size_t)kvh * D;
 
 	for (int i = threadIdx.x; i < D; i += QKV_THREADS) {
-		a.k_cache[cache_off + i] = qkv_bf16(x[i]);
-		a.v_cache[cache_off + i] = qkv_bf16(vs[i]);
+		a.k_cache[cache_off + i] = k_cuda_bf16_rn(x[i]);
+		a.v_cache[cache_off + i] = k_cuda_bf16_rn(vs[i]);
 	}
 }
 

@@ -1,0 +1,36 @@
+// Small device helpers the kernels share.
+#ifndef KD_KERNELS_CUDA_DEVICE_UTIL_CUH
+#define KD_KERNELS_CUDA_DEVICE_UTIL_CUH
+
+#include <cstdint>
+
+// fp32 -> bf16 bits, round to nearest even, a NaN kept a NaN (quiet): bit for bit what
+// the CPU's k_f32_to_bf16 gives, so caches written on either side compare equal.
+__device__ __forceinline__ uint16_t k_cuda_bf16_rn(float f)
+{
+	uint32_t u = __float_as_uint(f);
+
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return (uint16_t)((u >> 16) | 0x40u);
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return (uint16_t)(u >> 16);
+}
+
+// Sum of v over a block of THREADS threads (a multiple of 32), in double, the same
+// value in every thread: warp trees, then the warps' sums in order. red: shared
+// (THREADS / 32). Has a barrier: every thread of the block must call it.
+template <int THREADS>
+__device__ __forceinline__ double k_cuda_block_sum_d(double v, double *red)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	if (threadIdx.x % 32 == 0)
+		red[threadIdx.x / 32] = v;
+	__syncthreads();
+	v = 0.0;
+	for (int w = 0; w < THREADS / 32; w++)
+		v += red[w];
+	return v;
+}
+
+#endif
