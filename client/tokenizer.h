@@ -27,6 +27,8 @@ enum tok_chat {
 	TOK_CHAT_NONE,		/* no template, or one we do not know: kd_tokenizer_chat -> -ENOTSUP */
 	TOK_CHAT_CHATML,	/* <|im_start|>role\ncontent<|im_end|>\n */
 	TOK_CHAT_LLAMA3,	/* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
+	TOK_CHAT_LLAMA31,	/* Llama 3.1-3.3: LLAMA3 after a system block that always opens
+				 * with the knowledge cutoff and a date; tool results as JSON */
 };
 
 struct tok_token {
@@ -65,6 +67,8 @@ struct kd_tokenizer {
 	int32_t bos, eos, eot;		/* -1: none */
 	enum tok_chat chat;
 	char *chat_system;		/* ChatML's default system message; NULL: none */
+	int chat_today;			/* LLAMA31: the template dates the system block with
+					 * today's date (3.2), not its fixed 26 Jul 2024 */
 	char *path;			/* what was opened, for messages */
 };
 

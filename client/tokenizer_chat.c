@@ -1,10 +1,14 @@
 /* Chat templates. Models ship a Jinja template; kdec does not run Jinja but recognises
- * the two families it supports from the template's text and renders them in C:
+ * the families it supports from the template's text and renders them in C:
  * ChatML (SmolLM2, Qwen2) with the default system message the template may carry,
- * and Llama 3 (bos, header ids, trimmed content, <|eot_id|>). */
+ * Llama 3 (bos, header ids, trimmed content, <|eot_id|>), and Llama 3.1-3.3 (Llama 3
+ * after a system block dated as the template dates it; tool results as a JSON string;
+ * tool definitions and tool calls are not rendered). */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "client/tokenizer.h"
 
@@ -49,9 +53,12 @@ int tok_chat_detect(struct kd_tokenizer *t, const char *tmpl, size_t len)
 		t->chat = TOK_CHAT_CHATML;
 		return chatml_default_system(t, tmpl, len);
 	}
-	/* Llama 3.0's template; 3.1 and later add a dated system block and tool calls */
-	if (find_mem(tmpl, len, "<|start_header_id|>") && !find_mem(tmpl, len, "Cutting Knowledge"))
-		t->chat = TOK_CHAT_LLAMA3;
+	/* Llama 3.0's template; 3.1 and later add a dated system block and tool calls,
+	 * 3.2 dates it today (strftime_now) where 3.1 and 3.3 write a fixed date */
+	if (find_mem(tmpl, len, "<|start_header_id|>")) {
+		t->chat = find_mem(tmpl, len, "Cutting Knowledge") ? TOK_CHAT_LLAMA31 : TOK_CHAT_LLAMA3;
+		t->chat_today = t->chat == TOK_CHAT_LLAMA31 && find_mem(tmpl, len, "strftime_now");
+	}
 	return 0;
 }
 
@@ -126,6 +133,90 @@ static void render_llama3(const struct kd_tokenizer *t, const struct kd_chat_mes
 		puts_(o, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+/* s as a JSON string, as Python's json.dumps(s, ensure_ascii=False) writes it (the
+ * templates' tojson): quotes, backslashes and control characters escaped, the rest
+ * as is. */
+static void put_json_string(struct out_buf *o, const char *s)
+{
+	static const char hex[] = "0123456789abcdef";
+
+	puts_(o, "\"");
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		char esc[7] = { '\\', 0 };
+
+		switch (c) {
+		case '"': esc[1] = '"'; break;
+		case '\\': esc[1] = '\\'; break;
+		case '\n': esc[1] = 'n'; break;
+		case '\r': esc[1] = 'r'; break;
+		case '\t': esc[1] = 't'; break;
+		case '\b': esc[1] = 'b'; break;
+		case '\f': esc[1] = 'f'; break;
+		default:
+			if (c >= 0x20) {
+				put(o, s, 1);
+				continue;
+			}
+			memcpy(esc + 1, "u00", 3);
+			esc[4] = hex[c >> 4];
+			esc[5] = hex[c & 15];
+		}
+		puts_(o, esc);
+	}
+	puts_(o, "\"");
+}
+
+/* Today as the 3.2 template's strftime_now("%d %b %Y") (local time), English month
+ * names whatever the locale. */
+static void put_today(struct out_buf *o)
+{
+	static const char mon[12][4] = { "Jan", "Feb", "Mar", "Apr", "May", "Jun",
+					 "Jul", "Aug", "Sep", "Oct", "Nov", "Dec" };
+	time_t now = time(NULL);
+	struct tm tm;
+	char buf[64];
+
+	if (!localtime_r(&now, &tm))
+		memset(&tm, 0, sizeof(tm));
+	snprintf(buf, sizeof(buf), "%02d %.3s %04d", tm.tm_mday % 100,
+		 mon[(unsigned)tm.tm_mon % 12], (tm.tm_year + 1900) % 10000);
+	puts_(o, buf);
+}
+
+static void render_llama31(const struct kd_tokenizer *t, const struct kd_chat_message *m,
+			   size_t n, int gen, struct out_buf *o)
+{
+	size_t i = 0;
+
+	if (t->bos >= 0)
+		put(o, t->strings + t->tokens[t->bos].text_off, t->tokens[t->bos].text_len);
+	puts_(o, "<|start_header_id|>system<|end_header_id|>\n\n"
+		 "Cutting Knowledge Date: December 2023\nToday Date: ");
+	if (t->chat_today)
+		put_today(o);
+	else
+		puts_(o, "26 Jul 2024");
+	puts_(o, "\n\n");
+	if (n && !strcmp(m[0].role, "system"))
+		put_trimmed(o, m[i++].content);
+	puts_(o, "<|eot_id|>");
+	for (; i < n; i++) {
+		if (!strcmp(m[i].role, "tool") || !strcmp(m[i].role, "ipython")) {
+			puts_(o, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+			put_json_string(o, m[i].content);
+		} else {
+			puts_(o, "<|start_header_id|>");
+			puts_(o, m[i].role);
+			puts_(o, "<|end_header_id|>\n\n");
+			put_trimmed(o, m[i].content);
+		}
+		puts_(o, "<|eot_id|>");
+	}
+	if (gen)
+		puts_(o, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
 long kd_tokenizer_chat(const struct kd_tokenizer *t, const struct kd_chat_message *msgs,
 		       size_t n, int add_generation_prompt, char *buf, size_t len)
 {
@@ -143,8 +234,12 @@ long kd_tokenizer_chat(const struct kd_tokenizer *t, const struct kd_chat_messag
 	case TOK_CHAT_LLAMA3:
 		render_llama3(t, msgs, n, add_generation_prompt, &o);
 		break;
+	case TOK_CHAT_LLAMA31:
+		render_llama31(t, msgs, n, add_generation_prompt, &o);
+		break;
 	default:
-		tok_set_error("%s: no chat template kdec knows (ChatML or Llama 3)", t->path);
+		tok_set_error("%s: no chat template kdec knows (ChatML, Llama 3, Llama 3.1-3.3)",
+			      t->path);
 		return -ENOTSUP;
 	}
 	if (o.k < len)
