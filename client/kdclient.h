@@ -225,8 +225,8 @@ struct kd_chat_message {
 /* Renders a conversation with the model's chat template (ChatML, with the template's
  * default system message if it has one; Llama 3; Llama 3.1-3.3, whose system block is
  * dated as the template dates it and where role "tool" or "ipython" carries a tool's
- * result; tool definitions and calls are not rendered), as HF apply_chat_template
- * would, and add_generation_prompt opens the assistant's turn. Encode the result with
+ * result; tool definitions and calls are not rendered; DeepSeek LLM / V2), as HF
+ * apply_chat_template would, and add_generation_prompt opens the assistant's turn. Encode the result with
  * KD_TOKENIZE_SPECIAL and without KD_TOKENIZE_ADD_SPECIAL (the text carries its BOS).
  * Writes a NUL-terminated string when len > the return value (the text's length), or
  * -ENOTSUP (no template or one not supported: kd_tokenizer_error names it), -EINVAL. */

@@ -29,6 +29,8 @@ enum tok_chat {
 	TOK_CHAT_LLAMA3,	/* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
 	TOK_CHAT_LLAMA31,	/* Llama 3.1-3.3: LLAMA3 after a system block that always opens
 				 * with the knowledge cutoff and a date; tool results as JSON */
+	TOK_CHAT_DEEPSEEK2,	/* DeepSeek LLM / V2: bos, "User: c\n\n", "Assistant: c" eos,
+				 * system "c\n\n", then "Assistant:" */
 };
 
 struct tok_token {

@@ -53,6 +53,12 @@ int tok_chat_detect(struct kd_tokenizer *t, const char *tmpl, size_t len)
 		t->chat = TOK_CHAT_CHATML;
 		return chatml_default_system(t, tmpl, len);
 	}
+	/* DeepSeek LLM and V2 (V3 and R1 use <｜User｜> tags instead) */
+	if (find_mem(tmpl, len, "'User: '") && find_mem(tmpl, len, "'Assistant: '") &&
+	    find_mem(tmpl, len, "eos_token")) {
+		t->chat = TOK_CHAT_DEEPSEEK2;
+		return 0;
+	}
 	/* Llama 3.0's template; 3.1 and later add a dated system block and tool calls,
 	 * 3.2 dates it today (strftime_now) where 3.1 and 3.3 write a fixed date */
 	if (find_mem(tmpl, len, "<|start_header_id|>")) {
@@ -98,6 +104,12 @@ static void put_trimmed(struct out_buf *o, const char *s)
 	put(o, s, n);
 }
 
+static void put_token(struct out_buf *o, const struct kd_tokenizer *t, int32_t id)
+{
+	if (id >= 0)
+		put(o, t->strings + t->tokens[id].text_off, t->tokens[id].text_len);
+}
+
 static void render_chatml(const struct kd_tokenizer *t, const struct kd_chat_message *m,
 			  size_t n, int gen, struct out_buf *o)
 {
@@ -120,8 +132,8 @@ static void render_chatml(const struct kd_tokenizer *t, const struct kd_chat_mes
 static void render_llama3(const struct kd_tokenizer *t, const struct kd_chat_message *m,
 			  size_t n, int gen, struct out_buf *o)
 {
-	if (n && t->bos >= 0)
-		put(o, t->strings + t->tokens[t->bos].text_off, t->tokens[t->bos].text_len);
+	if (n)
+		put_token(o, t, t->bos);
 	for (size_t i = 0; i < n; i++) {
 		puts_(o, "<|start_header_id|>");
 		puts_(o, m[i].role);
@@ -189,8 +201,7 @@ static void render_llama31(const struct kd_tokenizer *t, const struct kd_chat_me
 {
 	size_t i = 0;
 
-	if (t->bos >= 0)
-		put(o, t->strings + t->tokens[t->bos].text_off, t->tokens[t->bos].text_len);
+	put_token(o, t, t->bos);
 	puts_(o, "<|start_header_id|>system<|end_header_id|>\n\n"
 		 "Cutting Knowledge Date: December 2023\nToday Date: ");
 	if (t->chat_today)
@@ -217,6 +228,29 @@ static void render_llama31(const struct kd_tokenizer *t, const struct kd_chat_me
 		puts_(o, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+/* Content as is (no trim); roles other than these three are not written. */
+static void render_deepseek2(const struct kd_tokenizer *t, const struct kd_chat_message *m,
+			     size_t n, int gen, struct out_buf *o)
+{
+	put_token(o, t, t->bos);
+	for (size_t i = 0; i < n; i++) {
+		if (!strcmp(m[i].role, "user")) {
+			puts_(o, "User: ");
+			puts_(o, m[i].content);
+			puts_(o, "\n\n");
+		} else if (!strcmp(m[i].role, "assistant")) {
+			puts_(o, "Assistant: ");
+			puts_(o, m[i].content);
+			put_token(o, t, t->eos);
+		} else if (!strcmp(m[i].role, "system")) {
+			puts_(o, m[i].content);
+			puts_(o, "\n\n");
+		}
+	}
+	if (gen)
+		puts_(o, "Assistant:");
+}
+
 long kd_tokenizer_chat(const struct kd_tokenizer *t, const struct kd_chat_message *msgs,
 		       size_t n, int add_generation_prompt, char *buf, size_t len)
 {
@@ -237,9 +271,12 @@ long kd_tokenizer_chat(const struct kd_tokenizer *t, const struct kd_chat_messag
 	case TOK_CHAT_LLAMA31:
 		render_llama31(t, msgs, n, add_generation_prompt, &o);
 		break;
+	case TOK_CHAT_DEEPSEEK2:
+		render_deepseek2(t, msgs, n, add_generation_prompt, &o);
+		break;
 	default:
-		tok_set_error("%s: no chat template kdec knows (ChatML, Llama 3, Llama 3.1-3.3)",
-			      t->path);
+		tok_set_error("%s: no chat template kdec knows (ChatML, Llama 3, Llama 3.1-3.3, "
+			      "DeepSeek LLM / V2)", t->path);
 		return -ENOTSUP;
 	}
 	if (o.k < len)

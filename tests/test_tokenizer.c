@@ -640,38 +640,57 @@ static void report_speed(const char *srcdir)
 	kd_tokenizer_close(t);
 }
 
-/* Llama 3.1-3.3's renderer on the Llama 3 vocabulary: transformers' texts of a 3.1
- * template (tests/data/tokenizer/llama3_1_chat.json, contrib/make_llama31_chat_fixture.py),
- * and 3.2's date: today, as strftime_now("%d %b %Y") writes it. */
-static void check_llama31(const char *srcdir)
+/* A chat renderer against transformers' texts of the family's template
+ * (tests/data/tokenizer/<name>.json, contrib/make_chat_fixture.py) on the family's
+ * vocabulary. */
+static void check_chat_fixture(const char *srcdir, const char *name, const char *family)
+{
+	const struct family *f = NULL;
+	char path[PATH_MAX], fixture[PATH_MAX];
+	struct kd_tokenizer *t;
+	json_error_t jerr;
+	json_t *doc;
+
+	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
+		if (!strcmp(families[i].name, family))
+			f = &families[i];
+	CHECK(f, "%s: no family %s", name, family);
+	if (!f)
+		return;
+	cache_path(path, sizeof(path), f);
+	if (access(path, R_OK) || kd_tokenizer_open(&t, path)) {
+		fprintf(stderr, "%s: %s absent: not checked\n", name, path);
+		return;
+	}
+	snprintf(fixture, sizeof(fixture), "%s/tests/data/tokenizer/%s.json", srcdir, name);
+	doc = json_load_file(fixture, 0, &jerr);
+	CHECK(doc, "%s: %s", fixture, jerr.text);
+	if (doc) {
+		check_chat(t, name, doc);
+		fprintf(stderr, "%s: %zu chats checked\n", name,
+			json_array_size(json_object_get(doc, "chat")));
+		json_decref(doc);
+	}
+	kd_tokenizer_close(t);
+}
+
+/* Llama 3.2's template dates its system block today: strftime_now("%d %b %Y"). */
+static void check_llama32_date(void)
 {
 	static const char mon[12][4] = { "Jan", "Feb", "Mar", "Apr", "May", "Jun",
 					 "Jul", "Aug", "Sep", "Oct", "Nov", "Dec" };
 	static const char t32[] = "{{- bos_token }} ... strftime_now(\"%d %b %Y\") ... "
 				  "<|start_header_id|>system ... Cutting Knowledge Date";
 	const struct kd_chat_message m[] = { { "user", "when?" } };
-	char path[PATH_MAX], fixture[PATH_MAX], want[64], buf[1024];
+	char path[PATH_MAX], want[64], buf[1024];
 	struct kd_tokenizer *t;
-	json_error_t jerr;
 	struct tm tm;
 	time_t now;
-	json_t *doc;
 	long n;
 
 	cache_path(path, sizeof(path), &families[2]);	/* llama3 */
-	if (access(path, R_OK) || kd_tokenizer_open(&t, path)) {
-		fprintf(stderr, "llama3.1 chat: %s absent: not checked\n", path);
+	if (access(path, R_OK) || kd_tokenizer_open(&t, path))
 		return;
-	}
-	snprintf(fixture, sizeof(fixture), "%s/tests/data/tokenizer/llama3_1_chat.json", srcdir);
-	doc = json_load_file(fixture, 0, &jerr);
-	CHECK(doc, "%s: %s", fixture, jerr.text);
-	if (doc) {
-		check_chat(t, "llama3.1", doc);
-		fprintf(stderr, "llama3.1 chat: %zu chats checked\n",
-			json_array_size(json_object_get(doc, "chat")));
-		json_decref(doc);
-	}
 	tok_chat_detect(t, t32, sizeof(t32) - 1);
 	n = kd_tokenizer_chat(t, m, 1, 1, buf, sizeof(buf));
 	now = time(NULL);
@@ -698,7 +717,9 @@ int main(void)
 	check_splits(srcdir);
 	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
 		n_fam += run_family(&families[i], srcdir);
-	check_llama31(srcdir);
+	check_chat_fixture(srcdir, "llama3_1_chat", "llama3");
+	check_chat_fixture(srcdir, "deepseek2_chat", "deepseek_llm");
+	check_llama32_date();
 	if (!n_fam) {
 		fprintf(stderr, "test_tokenizer: no vocabulary fetched (contrib/fetch-smollm2.sh, "
 			"contrib/fetch-vocabs.sh): only the pre-tokenizers were checked\n");
