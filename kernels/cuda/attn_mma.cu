@@ -12,7 +12,6 @@
 // kernels (attn_gqa.cu, attn_tile.cu) keep q and p in fp32; here both enter the tensor
 // cores as bf16 (as the rest of the GPU path's activations do), ~3e-3 relative.
 #include <cstdlib>
-#include <cstring>
 
 #include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/attn_ptx.cuh"
@@ -162,7 +161,7 @@ __device__ __forceinline__ void mma_issue(const attn_tile_args &a,
 
 template <int DK, int DV, int TK, int ST, bool VSEP>
 __global__ void __launch_bounds__(MMA_THREADS)
-attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, int heads_x)
+attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 {
 	using L = mma_layout<DK, DV, TK, ST, VSEP>;
 	constexpr int NT = TK / 32;		// n8 tiles of tokens per warp (S phase)
@@ -173,9 +172,8 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, int heads_
 	uint16_t *sq = (uint16_t *)(attn_smem + L::q), *sk = (uint16_t *)(attn_smem + L::k);
 	uint16_t *sv = (uint16_t *)(attn_smem + L::v), *sp = (uint16_t *)(attn_smem + L::p);
 	float *red = (float *)(attn_smem + L::red);
-	// heads_x: the kv heads of a row side by side in x (their K/V rows are neighbours in
-	// the cache, read at about the same time), splits in y; else the other way round.
-	const int split = heads_x ? blockIdx.y : blockIdx.x, hc = heads_x ? blockIdx.x : blockIdx.y;
+	// the kv heads of a row side by side in x: their K/V rows are neighbours in the cache
+	const int split = blockIdx.y, hc = blockIdx.x;
 	const int r = blockIdx.z, kvh = hc / n_hc, g0 = (hc % n_hc) * MMA_Q;
 	const int ng = min(MMA_Q, a.group - g0), h0 = kvh * a.group + g0;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -415,9 +413,9 @@ namespace {
 
 // One compiled shape: its kernel, dynamic shared memory and blocks per SM.
 struct mma_shape {
-	int dk, dv, tk, st;
+	int dk, dv, tk;
 	bool vsep;
-	void (*kernel)(const attn_tile_args, int, uint16_t *, int);
+	void (*kernel)(const attn_tile_args, int, uint16_t *);
 	unsigned smem;
 	int per_sm;		// resident blocks per SM (from the occupancy query), 0 unusable
 };
@@ -425,7 +423,7 @@ struct mma_shape {
 template <int DK, int DV, int TK, int ST, bool VSEP>
 mma_shape mma_make()
 {
-	return { DK, DV, TK, ST, VSEP, attn_mma_kernel<DK, DV, TK, ST, VSEP>,
+	return { DK, DV, TK, VSEP, attn_mma_kernel<DK, DV, TK, ST, VSEP>,
 		 mma_layout<DK, DV, TK, ST, VSEP>::total, 0 };
 }
 
@@ -433,8 +431,6 @@ mma_shape g_shapes[] = {
 	mma_make<64, 64, 64, 2, true>(),	// GQA head_dim <= 64
 	mma_make<128, 128, 32, 3, true>(),	// GQA head_dim <= 128 (Llama, Qwen3)
 	mma_make<128, 128, 64, 2, true>(),	// the same, longer tiles (KDEC_ATTN_MMA_TK=64)
-	mma_make<128, 128, 32, 2, true>(),	// KDEC_ATTN_MMA_ST=2 (A/B: stages in flight)
-	mma_make<128, 128, 32, 4, true>(),	// KDEC_ATTN_MMA_ST=4
 	mma_make<576, 512, 32, 2, false>(),	// MLA kv_lora <= 512, + rope <= 64 (DeepSeek)
 };
 }  // namespace
@@ -471,16 +467,15 @@ static bool mma_q_ok(const attn_tile_args *a)
 
 static const mma_shape *mma_find(int dk, int dv, bool vsep)
 {
-	const char *e = getenv("KDEC_ATTN_MMA_TK"), *st = getenv("KDEC_ATTN_MMA_ST");
+	const char *e = getenv("KDEC_ATTN_MMA_TK");
 	const int want_tk = e && atoi(e) == 64 ? 64 : 32;
-	const int want_st = want_tk == 64 ? 2 : st && atoi(st) >= 2 && atoi(st) <= 4 ? atoi(st) : 3;
 
 	if (!mma_enabled() || dk % 8 || dv % 2)
 		return nullptr;
 	for (const mma_shape &sh : g_shapes) {
 		if (sh.per_sm < 1 || sh.vsep != vsep || dk > sh.dk || dv > sh.dv)
 			continue;
-		if (vsep && sh.dk == 128 && dk > 64 && (sh.tk != want_tk || sh.st != want_st))
+		if (vsep && sh.dk == 128 && dk > 64 && sh.tk != want_tk)
 			continue;
 		if (vsep && dk <= 64 && sh.dk != 64)
 			continue;
@@ -534,27 +529,19 @@ int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a,
 	const int n_hc = attn_cdiv(a->group, MMA_Q);
 	const size_t part = (size_t)a->n_rows * a->n_heads * a->dv;
 	const size_t lse = (size_t)a->n_rows * a->n_heads;
-	const char *e = getenv("KDEC_ATTN_MMA_GRID");	// "split": splits in x (A/B)
-	const int heads_x = !(e && !strcmp(e, "split"));
 	dim3 grid;
 
 	if (!sh || !a->vec || !mma_q_ok(a))
 		ATTN_INVAL("attn_mma_launch: dk %d dv %d not compiled, or not 16-byte aligned",
 			   a->dk, a->dv);
-	if ((long)a->kv_heads * n_hc > 65535)
-		ATTN_INVAL("attn_mma_launch: %d kv heads x %d head chunks unsupported", a->kv_heads,
-			   n_hc);
 	a->n_splits = mma_pick_splits(ws, (long)a->n_rows * a->kv_heads * n_hc,
 				      (long)sh->per_sm * ws->n_sm, max_ctx, part, lse);
 	if (forced_splits > 0 && (size_t)forced_splits * part <= ws->part_floats &&
 	    (size_t)forced_splits * lse <= ws->lse_floats && forced_splits <= ATTN_MAX_SPLITS)
 		a->n_splits = forced_splits;
-	if (heads_x)
-		grid = dim3(a->kv_heads * n_hc, a->n_splits, a->n_rows);
-	else
-		grid = dim3(a->n_splits, a->kv_heads * n_hc, a->n_rows);
+	grid = dim3(a->kv_heads * n_hc, a->n_splits, a->n_rows);
 	ATTN_TRY(k_cuda_launch_pdl(s, grid, MMA_THREADS, sh->smem, sh->kernel, *a, n_hc,
-				   a->n_splits == 1 ? out_bf16 : nullptr, heads_x));
+				   a->n_splits == 1 ? out_bf16 : nullptr));
 	ATTN_LAUNCHED("attn_mma_kernel");
 	if (a->n_splits > 1)
 		return attn_merge(s, ws, a->n_splits, a->n_rows, a->n_heads, a->dv, a->out,
