@@ -129,20 +129,27 @@ static void render_chatml(const struct kd_tokenizer *t, const struct kd_chat_mes
 		puts_(o, "<|im_start|>assistant\n");
 }
 
+/* A Llama 3 turn: header, the trimmed content, <|eot_id|>. */
+static void put_llama3_turn(struct out_buf *o, const char *role, const char *content)
+{
+	puts_(o, "<|start_header_id|>");
+	puts_(o, role);
+	puts_(o, "<|end_header_id|>\n\n");
+	put_trimmed(o, content);
+	puts_(o, "<|eot_id|>");
+}
+
+static const char llama3_gen[] = "<|start_header_id|>assistant<|end_header_id|>\n\n";
+
 static void render_llama3(const struct kd_tokenizer *t, const struct kd_chat_message *m,
 			  size_t n, int gen, struct out_buf *o)
 {
 	if (n)
 		put_token(o, t, t->bos);
-	for (size_t i = 0; i < n; i++) {
-		puts_(o, "<|start_header_id|>");
-		puts_(o, m[i].role);
-		puts_(o, "<|end_header_id|>\n\n");
-		put_trimmed(o, m[i].content);
-		puts_(o, "<|eot_id|>");
-	}
+	for (size_t i = 0; i < n; i++)
+		put_llama3_turn(o, m[i].role, m[i].content);
 	if (gen)
-		puts_(o, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+		puts_(o, llama3_gen);
 }
 
 /* s as a JSON string, as Python's json.dumps(s, ensure_ascii=False) writes it (the
@@ -213,19 +220,16 @@ static void render_llama31(const struct kd_tokenizer *t, const struct kd_chat_me
 		put_trimmed(o, m[i++].content);
 	puts_(o, "<|eot_id|>");
 	for (; i < n; i++) {
-		if (!strcmp(m[i].role, "tool") || !strcmp(m[i].role, "ipython")) {
-			puts_(o, "<|start_header_id|>ipython<|end_header_id|>\n\n");
-			put_json_string(o, m[i].content);
-		} else {
-			puts_(o, "<|start_header_id|>");
-			puts_(o, m[i].role);
-			puts_(o, "<|end_header_id|>\n\n");
-			put_trimmed(o, m[i].content);
+		if (strcmp(m[i].role, "tool") && strcmp(m[i].role, "ipython")) {
+			put_llama3_turn(o, m[i].role, m[i].content);
+			continue;
 		}
+		puts_(o, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+		put_json_string(o, m[i].content);
 		puts_(o, "<|eot_id|>");
 	}
 	if (gen)
-		puts_(o, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+		puts_(o, llama3_gen);
 }
 
 /* Content as is (no trim); roles other than these three are not written. */
