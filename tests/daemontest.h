@@ -64,6 +64,27 @@ static inline int daemontest_stop(pid_t pid)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/* A daemon test's paths: builddir from top_builddir, model the tiny Llama 3 checkpoint
+ * under top_srcdir, dir a fresh /tmp/kdec_<tag>.XXXXXX and sock its socket in it
+ * (buffers of 512, 512, 256 and 300 bytes). Ignores SIGPIPE: a daemon that goes away
+ * mid-write must not end the test. 0, or -1 when the directory cannot be made. */
+static inline int daemontest_paths(const char *tag, char *builddir, char *model, char *dir,
+				   char *sock)
+{
+	const char *b = getenv("top_builddir"), *s = getenv("top_srcdir");
+	char tmpl[200];
+
+	snprintf(builddir, 512, "%s", b ? b : ".");
+	snprintf(model, 512, "%s/tests/data/golden/llama3", s ? s : ".");
+	snprintf(tmpl, sizeof(tmpl), "/tmp/kdec_%s.XXXXXX", tag);
+	if (!mkdtemp(tmpl))
+		return -1;
+	snprintf(dir, 256, "%s", tmpl);
+	snprintf(sock, 300, "%s/kdecd.sock", dir);
+	signal(SIGPIPE, SIG_IGN);
+	return 0;
+}
+
 /* Removes the test's scratch directory (socket, daemon log) unless keep; then says
  * where the logs are instead. */
 static inline void daemontest_cleanup(const char *dir, int keep)

@@ -221,16 +221,8 @@ static int start_daemon(void)
 
 int main(void)
 {
-	const char *b = getenv("top_builddir"), *s = getenv("top_srcdir");
-	char tmpl[] = "/tmp/kdec_agent.XXXXXX";
-
-	snprintf(builddir, sizeof(builddir), "%s", b ? b : ".");
-	snprintf(model, sizeof(model), "%s/tests/data/golden/llama3", s ? s : ".");
-	if (!mkdtemp(tmpl))
+	if (daemontest_paths("agent", builddir, model, dir, sock_path))
 		return 1;
-	snprintf(dir, sizeof(dir), "%s", tmpl);
-	snprintf(sock_path, sizeof(sock_path), "%s/kdecd.sock", dir);
-	signal(SIGPIPE, SIG_IGN);
 	test_options();
 	if (start_daemon() == 0) {
 		test_run();

@@ -583,17 +583,9 @@ static void test_uid(void)
 
 int main(void)
 {
-	const char *b = getenv("top_builddir"), *s = getenv("top_srcdir");
-	char tmpl[] = "/tmp/kdec_ipc.XXXXXX";
-
-	snprintf(builddir, sizeof(builddir), "%s", b ? b : ".");
-	snprintf(model, sizeof(model), "%s/tests/data/golden/llama3", s ? s : ".");
-	if (!mkdtemp(tmpl))
+	if (daemontest_paths("ipc", builddir, model, dir, sock_path))
 		return 1;
-	chmod(tmpl, 0755);	/* the uid check's client must reach the socket */
-	snprintf(dir, sizeof(dir), "%s", tmpl);
-	snprintf(sock_path, sizeof(sock_path), "%s/kdecd.sock", dir);
-	signal(SIGPIPE, SIG_IGN);
+	chmod(dir, 0755);	/* the uid check's client must reach the socket */
 
 	if (start_daemon("futex") == 0) {
 		test_concurrent(N_CLIENTS, "futex: 64 concurrent greedy clients");
@@ -620,14 +612,6 @@ int main(void)
 	} else {
 		CHECK(0, "kdecd --notify eventfd did not start");
 	}
-	if (!test_failures) {
-		char cmd[300];
-
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-		if (system(cmd))
-			fprintf(stderr, "cannot remove %s\n", dir);
-	} else {
-		fprintf(stderr, "daemon logs kept in %s\n", dir);
-	}
+	daemontest_cleanup(dir, test_failures);
 	return test_result("test_ipc_daemon");
 }

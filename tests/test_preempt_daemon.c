@@ -367,17 +367,9 @@ static void test_cancel(void)
 
 int main(void)
 {
-	const char *b = getenv("top_builddir"), *s = getenv("top_srcdir");
-	char tmpl[] = "/tmp/kdec_preempt.XXXXXX";
-
-	snprintf(builddir, sizeof(builddir), "%s", b ? b : ".");
-	snprintf(model, sizeof(model), "%s/tests/data/golden/llama3", s ? s : ".");
-	if (!mkdtemp(tmpl))
+	if (daemontest_paths("preempt", builddir, model, dir, sock_path))
 		return 1;
-	snprintf(dir, sizeof(dir), "%s", tmpl);
-	snprintf(sock_path, sizeof(sock_path), "%s/kdecd.sock", dir);
 	snprintf(log_path, sizeof(log_path), "%s/daemon.log", dir);
-	signal(SIGPIPE, SIG_IGN);
 	if (start_daemon() == 0) {
 		test_overcommit();
 		test_priority();

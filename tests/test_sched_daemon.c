@@ -368,16 +368,8 @@ static void test_priority(void)
 
 int main(void)
 {
-	const char *b = getenv("top_builddir"), *s = getenv("top_srcdir");
-	char tmpl[] = "/tmp/kdec_sched.XXXXXX";
-
-	snprintf(builddir, sizeof(builddir), "%s", b ? b : ".");
-	snprintf(model, sizeof(model), "%s/tests/data/golden/llama3", s ? s : ".");
-	if (!mkdtemp(tmpl))
+	if (daemontest_paths("sched", builddir, model, dir, sock_path))
 		return 1;
-	snprintf(dir, sizeof(dir), "%s", tmpl);
-	snprintf(sock_path, sizeof(sock_path), "%s/kdecd.sock", dir);
-	signal(SIGPIPE, SIG_IGN);
 	if (start_daemon("64") == 0) {
 		test_determinism();
 		test_prefill_itl();
@@ -391,14 +383,6 @@ int main(void)
 	else
 		CHECK(0, "kdecd --max-batch 1 did not start");
 	stop_daemon();
-	if (!test_failures) {
-		char cmd[300];
-
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-		if (system(cmd))
-			fprintf(stderr, "cannot remove %s\n", dir);
-	} else {
-		fprintf(stderr, "daemon log kept in %s\n", dir);
-	}
+	daemontest_cleanup(dir, test_failures);
 	return test_result("test_sched_daemon");
 }

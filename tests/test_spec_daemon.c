@@ -194,16 +194,8 @@ static void test_sampled(void)
 
 int main(void)
 {
-	const char *b = getenv("top_builddir"), *s = getenv("top_srcdir");
-	char tmpl[] = "/tmp/kdec_spec.XXXXXX";
-
-	snprintf(builddir, sizeof(builddir), "%s", b ? b : ".");
-	snprintf(model, sizeof(model), "%s/tests/data/golden/llama3", s ? s : ".");
-	if (!mkdtemp(tmpl))
+	if (daemontest_paths("spec", builddir, model, dir, sock_path))
 		return 1;
-	snprintf(dir, sizeof(dir), "%s", tmpl);
-	snprintf(sock_path, sizeof(sock_path), "%s/kdecd.sock", dir);
-	signal(SIGPIPE, SIG_IGN);
 	if (start_daemon() == 0) {
 		test_greedy();
 		test_sampled();
