@@ -1,6 +1,7 @@
 /* Bounded whole-file reads and read-only maps. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,5 +90,17 @@ int file_map(const char *path, void **map, size_t *size, char *err, size_t err_l
 	}
 out:
 	close(fd);
+	return rc;
+}
+
+int file_fail(char *err, size_t err_len, int rc, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || !err_len)
+		return rc;
+	va_start(ap, fmt);
+	vsnprintf(err, err_len, fmt, ap);
+	va_end(ap);
 	return rc;
 }

@@ -1,5 +1,6 @@
-/* Reading small whole files (configs, shard indexes) with a size cap, and mapping large
- * ones (weights). libc only: libkdclient compiles it in too. */
+/* Reading small whole files (configs, shard indexes) with a size cap, mapping large
+ * ones (weights), and the one-line errors of the parsers over them. libc only:
+ * libkdclient compiles it in too. */
 #ifndef KD_DAEMON_FILE_READ_H
 #define KD_DAEMON_FILE_READ_H
 
@@ -15,5 +16,9 @@ int file_read_all(const char *path, size_t cap, char **out, size_t *len, char *e
  * with one line in err: "PATH: reason", "PATH: not a regular file" or
  * "PATH: mmap of N bytes: reason". munmap(*map, *size) releases it. */
 int file_map(const char *path, void **map, size_t *size, char *err, size_t err_len);
+
+/* The file readers' one-line errors: the message into err (when err_len > 0), rc back. */
+int file_fail(char *err, size_t err_len, int rc, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
 
 #endif

@@ -6,7 +6,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,21 +102,6 @@ static const char *show_name(const char *name, char *buf)
 	return gguf_show(name, strlen(name), buf, GGUF_SHOW);
 }
 
-static int gguf_fail(char *err, size_t err_len, int rc, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int gguf_fail(char *err, size_t err_len, int rc, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !err_len)
-		return rc;
-	va_start(ap, fmt);
-	vsnprintf(err, err_len, fmt, ap);
-	va_end(ap);
-	return rc;
-}
-
 /* ---- the cursor: every read bounded by the image ----------------------------- */
 
 struct gguf_cur {
@@ -134,7 +118,7 @@ static int cur_need(struct gguf_cur *c, uint64_t n, const char *what)
 {
 	if (n <= c->size - c->pos)
 		return 0;
-	return gguf_fail(c->err, c->err_len, -EINVAL, "%s: truncated: %s needs %llu bytes at "
+	return file_fail(c->err, c->err_len, -EINVAL, "%s: truncated: %s needs %llu bytes at "
 			 "offset %llu, the file has %llu", c->file, what, (unsigned long long)n,
 			 (unsigned long long)c->pos, (unsigned long long)c->size);
 }
@@ -169,7 +153,7 @@ static int cur_str(struct gguf_cur *c, struct gguf_str *s, const char *what)
 	if (rc)
 		return rc;
 	if (s->len > c->size - c->pos)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: %s at offset %llu claims %llu "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: %s at offset %llu claims %llu "
 				 "bytes, only %llu remain in the file", c->file, what,
 				 (unsigned long long)(c->pos - 8), (unsigned long long)s->len,
 				 (unsigned long long)(c->size - c->pos));
@@ -189,12 +173,12 @@ static int parse_str_array(struct gguf_cur *c, struct gguf_kv *kv, const char *k
 
 	/* Each element takes at least its 8-byte length: bounds n before allocating. */
 	if (kv->n > (c->size - c->pos) / 8)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: key '%s': string array of %llu "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: key '%s': string array of %llu "
 				 "elements cannot fit in the %llu bytes left", c->file, key,
 				 (unsigned long long)kv->n, (unsigned long long)(c->size - c->pos));
 	kv->str_off = malloc((kv->n ? kv->n : 1) * sizeof(*kv->str_off));
 	if (!kv->str_off)
-		return gguf_fail(c->err, c->err_len, -ENOMEM, "%s: key '%s': no memory for the "
+		return file_fail(c->err, c->err_len, -ENOMEM, "%s: key '%s': no memory for the "
 				 "index of %llu strings", c->file, key, (unsigned long long)kv->n);
 	for (i = 0; i < kv->n; i++) {
 		kv->str_off[i] = c->pos - start;
@@ -219,7 +203,7 @@ static int parse_value(struct gguf_cur *c, struct gguf_kv *kv, const char *key)
 	if (kv->type != GGUF_VT_ARRAY) {
 		esz = gguf_vtype_size(kv->type);
 		if (!esz)
-			return gguf_fail(c->err, c->err_len, -EINVAL, "%s: key '%s' has value type "
+			return file_fail(c->err, c->err_len, -EINVAL, "%s: key '%s' has value type "
 					 "%u, which GGUF does not define (0..12)", c->file, key,
 					 (unsigned)kv->type);
 		rc = cur_need(c, esz, "a scalar value");
@@ -232,16 +216,16 @@ static int parse_value(struct gguf_cur *c, struct gguf_kv *kv, const char *key)
 	kv->arr_type = (enum gguf_vtype)t;
 	kv->data = c->base + c->pos;
 	if (t == GGUF_VT_ARRAY)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: key '%s' is an array of arrays "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: key '%s' is an array of arrays "
 				 "(nested arrays are not accepted)", c->file, key);
 	if (t == GGUF_VT_STRING)
 		return parse_str_array(c, kv, key);
 	esz = gguf_vtype_size(t);
 	if (!esz)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: key '%s' is an array of value "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: key '%s' is an array of value "
 				 "type %u, which GGUF does not define", c->file, key, (unsigned)t);
 	if (__builtin_mul_overflow(kv->n, esz, &bytes) || bytes > c->size - c->pos)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: key '%s': array of %llu %s "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: key '%s': array of %llu %s "
 				 "runs past the end of the file (%llu bytes left)", c->file, key,
 				 (unsigned long long)kv->n, gguf_vtype_name(t),
 				 (unsigned long long)(c->size - c->pos));
@@ -259,7 +243,7 @@ static int parse_kv(struct gguf_cur *c, struct gguf_kv *kv, uint64_t i)
 	if (rc)
 		return rc;
 	if (!kv->key.len)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: metadata key %llu is empty",
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: metadata key %llu is empty",
 				 c->file, (unsigned long long)i);
 	gguf_show(kv->key.p, kv->key.len, kb, sizeof(kb));
 	rc = cur_u32(c, &t, "a metadata value type");
@@ -306,7 +290,7 @@ static int check_unique_keys(struct gguf_file *f, struct gguf_cur *c)
 		return 0;
 	refs = malloc(f->n_kv * sizeof(*refs));
 	if (!refs)
-		return gguf_fail(c->err, c->err_len, -ENOMEM, "%s: no memory to check %llu keys",
+		return file_fail(c->err, c->err_len, -ENOMEM, "%s: no memory to check %llu keys",
 				 c->file, (unsigned long long)f->n_kv);
 	for (uint64_t i = 0; i < f->n_kv; i++)
 		refs[i] = (struct gguf_name_ref){ f->kv[i].key.p, f->kv[i].key.len };
@@ -315,7 +299,7 @@ static int check_unique_keys(struct gguf_file *f, struct gguf_cur *c)
 		gguf_show(dup->p, dup->len, kb, sizeof(kb));
 	free(refs);
 	if (dup)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: metadata key '%s' appears "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: metadata key '%s' appears "
 				 "more than once", c->file, kb);
 	return 0;
 }
@@ -326,13 +310,13 @@ static int parse_kvs(struct gguf_file *f, struct gguf_cur *c)
 
 	/* Each kv takes at least 8 (key length) + 1 (key) + 4 (type) + 1 bytes. */
 	if (f->n_kv > GGUF_MAX_KV || f->n_kv > (c->size - c->pos) / 14)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: header claims %llu metadata "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: header claims %llu metadata "
 				 "entries; at most %u, and the %llu bytes left hold fewer", c->file,
 				 (unsigned long long)f->n_kv, GGUF_MAX_KV,
 				 (unsigned long long)(c->size - c->pos));
 	f->kv = calloc(f->n_kv ? f->n_kv : 1, sizeof(*f->kv));
 	if (!f->kv)
-		return gguf_fail(c->err, c->err_len, -ENOMEM, "%s: no memory for %llu metadata "
+		return file_fail(c->err, c->err_len, -ENOMEM, "%s: no memory for %llu metadata "
 				 "entries", c->file, (unsigned long long)f->n_kv);
 	for (uint64_t i = 0; i < f->n_kv; i++) {
 		rc = parse_kv(c, &f->kv[i], i);
@@ -352,11 +336,11 @@ static int parse_alignment(struct gguf_file *f, struct gguf_cur *c)
 	if (!kv)
 		return 0;
 	if (kv->type != GGUF_VT_UINT32)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: general.alignment has type %s, "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: general.alignment has type %s, "
 				 "expected u32", c->file, gguf_vtype_name(kv->type));
 	memcpy(&a, kv->data, 4);
 	if (!a || (a & (a - 1)))
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: general.alignment is %u, not "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: general.alignment is %u, not "
 				 "a power of two", c->file, (unsigned)a);
 	f->alignment = a;
 	return 0;
@@ -377,7 +361,7 @@ static int parse_tensor_dims(struct gguf_cur *c, struct gguf_tensor *t)
 	if (rc)
 		return rc;
 	if (nd < 1 || nd > GGUF_MAX_DIMS)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s' has %u dims; "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s' has %u dims; "
 				 "1..%d accepted", c->file, name, (unsigned)nd, GGUF_MAX_DIMS);
 	t->n_dims = (int)nd;
 	for (int d = 0; d < GGUF_MAX_DIMS; d++)
@@ -387,12 +371,12 @@ static int parse_tensor_dims(struct gguf_cur *c, struct gguf_tensor *t)
 		if (rc)
 			return rc;
 		if (ne < 1 || ne > INT64_MAX)
-			return gguf_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s' ne[%u] = "
+			return file_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s' ne[%u] = "
 					 "%llu; each dimension must be 1..2^63-1", c->file, name,
 					 (unsigned)d, (unsigned long long)ne);
 		t->ne[d] = (int64_t)ne;
 		if (__builtin_mul_overflow(nel, t->ne[d], &nel))
-			return gguf_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s': the "
+			return file_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s': the "
 					 "product of its dims overflows 64 bits", c->file, name);
 	}
 	return 0;
@@ -408,7 +392,7 @@ static int parse_tensor_info(struct gguf_cur *c, struct gguf_tensor *t, uint64_t
 	if (rc)
 		return rc;
 	if (!s.len || s.len >= GGUF_MAX_NAME || memchr(s.p, '\0', s.len))
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: tensor %llu: name '%s' of %llu "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: tensor %llu: name '%s' of %llu "
 				 "bytes; 1..%d bytes without NUL accepted", c->file,
 				 (unsigned long long)i, gguf_show(s.p, s.len, nb, sizeof(nb)),
 				 (unsigned long long)s.len, GGUF_MAX_NAME - 1);
@@ -435,12 +419,12 @@ static int tensor_size(struct gguf_cur *c, struct gguf_tensor *t)
 		nel *= (uint64_t)t->ne[d];	/* fits: checked in parse_tensor_dims */
 	if (t->ne[0] % be) {
 		snprintf(tn, sizeof(tn), "%s", gguf_ttype_name(t->type));
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s' of type %s has rows "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s' of type %s has rows "
 				 "of %lld elements, not a multiple of its block of %u", c->file,
 				 tname, tn, (long long)t->ne[0], (unsigned)be);
 	}
 	if (__builtin_mul_overflow(nel / be, (uint64_t)bb, &bytes))
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s': %llu elements "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s': %llu elements "
 				 "of type %s overflow 64 bits of bytes", c->file, tname,
 				 (unsigned long long)nel, gguf_ttype_name(t->type));
 	t->nbytes = bytes;
@@ -456,14 +440,14 @@ static int tensor_place(struct gguf_file *f, struct gguf_cur *c, struct gguf_ten
 	uint64_t at, end;
 
 	if (t->offset % f->alignment)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s' data offset %llu "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s' data offset %llu "
 				 "is not a multiple of the alignment %llu", c->file, name,
 				 (unsigned long long)t->offset, (unsigned long long)f->alignment);
 	if (!t->nbytes)
 		return 0;
 	if (__builtin_add_overflow(data_off, t->offset, &at) ||
 	    __builtin_add_overflow(at, t->nbytes, &end) || end > c->size)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s' data [offset %llu, "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s' data [offset %llu, "
 				 "%llu bytes] runs past the end of the file (%llu bytes)", c->file,
 				 name, (unsigned long long)data_off + t->offset,
 				 (unsigned long long)t->nbytes, (unsigned long long)c->size);
@@ -489,7 +473,7 @@ static int check_overlap(struct gguf_file *f, struct gguf_cur *c)
 
 	v = malloc((f->n_tensors ? f->n_tensors : 1) * sizeof(*v));
 	if (!v)
-		return gguf_fail(c->err, c->err_len, -ENOMEM, "%s: no memory to order %llu tensors",
+		return file_fail(c->err, c->err_len, -ENOMEM, "%s: no memory to order %llu tensors",
 				 c->file, (unsigned long long)f->n_tensors);
 	for (uint64_t i = 0; i < f->n_tensors; i++)
 		if (f->tensors[i].nbytes)
@@ -500,7 +484,7 @@ static int check_overlap(struct gguf_file *f, struct gguf_cur *c)
 
 		if (a->offset + a->nbytes <= b->offset)	/* no overflow: both inside the file */
 			continue;
-		rc = gguf_fail(c->err, c->err_len, -EINVAL, "%s: tensors '%s' [%llu, +%llu) and "
+		rc = file_fail(c->err, c->err_len, -EINVAL, "%s: tensors '%s' [%llu, +%llu) and "
 			       "'%s' [%llu, +%llu) overlap in the data section", c->file,
 			       show_name(a->name, nb), (unsigned long long)a->offset,
 			       (unsigned long long)a->nbytes, show_name(b->name, nb2),
@@ -520,7 +504,7 @@ static int check_unique_tensors(struct gguf_file *f, struct gguf_cur *c)
 		return 0;
 	refs = malloc(f->n_tensors * sizeof(*refs));
 	if (!refs)
-		return gguf_fail(c->err, c->err_len, -ENOMEM, "%s: no memory to check %llu tensor "
+		return file_fail(c->err, c->err_len, -ENOMEM, "%s: no memory to check %llu tensor "
 				 "names", c->file, (unsigned long long)f->n_tensors);
 	for (uint64_t i = 0; i < f->n_tensors; i++)
 		refs[i] = (struct gguf_name_ref){ f->tensors[i].name, strlen(f->tensors[i].name) };
@@ -529,7 +513,7 @@ static int check_unique_tensors(struct gguf_file *f, struct gguf_cur *c)
 		gguf_show(dup->p, dup->len, nb, sizeof(nb));
 	free(refs);
 	if (dup)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s' appears more than "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: tensor '%s' appears more than "
 				 "once", c->file, nb);
 	return 0;
 }
@@ -541,13 +525,13 @@ static int parse_tensors(struct gguf_file *f, struct gguf_cur *c)
 
 	/* Each info takes at least 8 + 1 (name) + 4 + 8 (one dim) + 4 + 8 bytes. */
 	if (f->n_tensors > GGUF_MAX_TENSORS || f->n_tensors > (c->size - c->pos) / 33)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: header claims %llu tensors; at "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: header claims %llu tensors; at "
 				 "most %u, and the %llu bytes left hold fewer", c->file,
 				 (unsigned long long)f->n_tensors, GGUF_MAX_TENSORS,
 				 (unsigned long long)(c->size - c->pos));
 	f->tensors = calloc(f->n_tensors ? f->n_tensors : 1, sizeof(*f->tensors));
 	if (!f->tensors)
-		return gguf_fail(c->err, c->err_len, -ENOMEM, "%s: no memory for %llu tensor infos",
+		return file_fail(c->err, c->err_len, -ENOMEM, "%s: no memory for %llu tensor infos",
 				 c->file, (unsigned long long)f->n_tensors);
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		rc = parse_tensor_info(c, &f->tensors[i], i);
@@ -561,7 +545,7 @@ static int parse_tensors(struct gguf_file *f, struct gguf_cur *c)
 	/* The data section starts at the next alignment boundary (pos < 2^63 here). */
 	data_off = (c->pos + f->alignment - 1) / f->alignment * f->alignment;
 	if (f->n_tensors && data_off > c->size)
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: the data section would start at "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: the data section would start at "
 				 "offset %llu, past the end of the file (%llu bytes)", c->file,
 				 (unsigned long long)data_off, (unsigned long long)c->size);
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
@@ -579,21 +563,21 @@ static int parse_header(struct gguf_file *f, struct gguf_cur *c)
 	int rc;
 
 	if (c->size < 4 || memcmp(c->base, GGUF_MAGIC, 4))
-		return gguf_fail(c->err, c->err_len, -EINVAL, "%s: not a GGUF file (no \"GGUF\" "
+		return file_fail(c->err, c->err_len, -EINVAL, "%s: not a GGUF file (no \"GGUF\" "
 				 "magic at its start)", c->file);
 	c->pos = 4;
 	rc = cur_u32(c, &f->version, "the version");
 	if (rc)
 		return rc;
 	if (f->version == 1)
-		return gguf_fail(c->err, c->err_len, -ENOTSUP, "%s: GGUF version 1 (32-bit counts, "
+		return file_fail(c->err, c->err_len, -ENOTSUP, "%s: GGUF version 1 (32-bit counts, "
 				 "2023) is not supported; convert it to version 3", c->file);
 	if (f->version == 0x02000000u || f->version == 0x03000000u)
-		return gguf_fail(c->err, c->err_len, -ENOTSUP, "%s: a big-endian GGUF file "
+		return file_fail(c->err, c->err_len, -ENOTSUP, "%s: a big-endian GGUF file "
 				 "(version %u byte-swapped); only little-endian ones load",
 				 c->file, (unsigned)(f->version >> 24));
 	if (f->version != 2 && f->version != 3)
-		return gguf_fail(c->err, c->err_len, -ENOTSUP, "%s: GGUF version %u is not "
+		return file_fail(c->err, c->err_len, -ENOTSUP, "%s: GGUF version %u is not "
 				 "supported (2 and 3 are)", c->file, (unsigned)f->version);
 	if ((rc = cur_u64(c, &f->n_tensors, "the tensor count")) ||
 	    (rc = cur_u64(c, &f->n_kv, "the metadata count")))
@@ -614,7 +598,7 @@ int gguf_parse(struct gguf_file *f, const void *buf, size_t size, const char *na
 	memset(f, 0, sizeof(*f));
 	f->size = size;
 	if (!buf && size)
-		return gguf_fail(err, err_len, -EINVAL, "%s: no image", c.file);
+		return file_fail(err, err_len, -EINVAL, "%s: no image", c.file);
 	if ((rc = parse_header(f, &c)))
 		goto fail;
 	/* Tensor infos come after the kvs: hold the count until they are read. */
@@ -642,11 +626,11 @@ int gguf_open(struct gguf_file *f, const char *path, char *err, size_t err_len)
 	if ((rc = file_map(path, &map, &size, err, err_len)))
 		return rc;
 	if (!size)
-		return gguf_fail(err, err_len, -EINVAL, "%s: empty, not a GGUF file", path);
+		return file_fail(err, err_len, -EINVAL, "%s: empty, not a GGUF file", path);
 	pcopy = strdup(path);
 	if (!pcopy) {
 		munmap(map, size);
-		return gguf_fail(err, err_len, -ENOMEM, "%s: no memory", path);
+		return file_fail(err, err_len, -ENOMEM, "%s: no memory", path);
 	}
 	rc = gguf_parse(f, map, size, path, err, err_len);
 	if (rc) {

@@ -5,7 +5,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,21 +72,6 @@ static const char *st_show(const char *s, char *buf, size_t n)
 	return buf;
 }
 
-static int st_fail(char *err, size_t err_len, int rc, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int st_fail(char *err, size_t err_len, int rc, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (!err || !err_len)
-		return rc;
-	va_start(ap, fmt);
-	vsnprintf(err, err_len, fmt, ap);
-	va_end(ap);
-	return rc;
-}
-
 /* Everything one header entry says, before it becomes an st_tensor. */
 struct st_entry {
 	const char *name;
@@ -103,16 +87,16 @@ static int st_parse_shape(struct st_tensor *t, json_t *shape, const struct st_en
 	size_t i;
 
 	if (!json_is_array(shape))
-		return st_fail(err, err_len, -EINVAL, "%s: tensor '%s': shape is not a list",
+		return file_fail(err, err_len, -EINVAL, "%s: tensor '%s': shape is not a list",
 			       e->file, st_show(e->name, nb, sizeof(nb)));
 	if (json_array_size(shape) > ST_MAX_DIMS)
-		return st_fail(err, err_len, -EINVAL, "%s: tensor '%s': %zu dims, at most %d",
+		return file_fail(err, err_len, -EINVAL, "%s: tensor '%s': %zu dims, at most %d",
 			       e->file, st_show(e->name, nb, sizeof(nb)), json_array_size(shape),
 			       ST_MAX_DIMS);
 	t->ndim = (int)json_array_size(shape);
 	json_array_foreach(shape, i, d) {
 		if (!json_is_integer(d) || json_integer_value(d) < 0)
-			return st_fail(err, err_len, -EINVAL, "%s: tensor '%s': shape[%zu] is not "
+			return file_fail(err, err_len, -EINVAL, "%s: tensor '%s': shape[%zu] is not "
 				       "a non-negative integer", e->file,
 				       st_show(e->name, nb, sizeof(nb)), i);
 		t->shape[i] = json_integer_value(d);
@@ -129,7 +113,7 @@ static int st_parse_offsets(struct st_entry *e, json_t *off, char *err, size_t e
 	x = json_array_get(off, 1);
 	if (!json_is_array(off) || json_array_size(off) != 2 || !json_is_integer(b) ||
 	    !json_is_integer(x) || json_integer_value(b) < 0 || json_integer_value(x) < 0)
-		return st_fail(err, err_len, -EINVAL, "%s: tensor '%s': data_offsets is not a "
+		return file_fail(err, err_len, -EINVAL, "%s: tensor '%s': data_offsets is not a "
 			       "pair of non-negative integers", e->file,
 			       st_show(e->name, nb, sizeof(nb)));
 	e->begin = (uint64_t)json_integer_value(b);
@@ -147,21 +131,21 @@ static int st_parse_entry(struct st_tensor *t, struct st_entry *e, json_t *v,
 	int i, di, rc;
 
 	if (!json_is_object(v))
-		return st_fail(err, err_len, -EINVAL, "%s: tensor '%s': entry is not an object",
+		return file_fail(err, err_len, -EINVAL, "%s: tensor '%s': entry is not an object",
 			       e->file, st_show(e->name, nb, sizeof(nb)));
 	dt = json_object_get(v, "dtype");
 	shape = json_object_get(v, "shape");
 	off = json_object_get(v, "data_offsets");
 	if (!dt || !shape || !off)
-		return st_fail(err, err_len, -EINVAL, "%s: tensor '%s': missing %s", e->file,
+		return file_fail(err, err_len, -EINVAL, "%s: tensor '%s': missing %s", e->file,
 			       st_show(e->name, nb, sizeof(nb)),
 			       !dt ? "dtype" : !shape ? "shape" : "data_offsets");
 	if (!json_is_string(dt))
-		return st_fail(err, err_len, -EINVAL, "%s: tensor '%s': dtype is not a string",
+		return file_fail(err, err_len, -EINVAL, "%s: tensor '%s': dtype is not a string",
 			       e->file, st_show(e->name, nb, sizeof(nb)));
 	di = st_dtype_index(json_string_value(dt));
 	if (di < 0)
-		return st_fail(err, err_len, -EINVAL, "%s: tensor '%s': unknown dtype '%s'",
+		return file_fail(err, err_len, -EINVAL, "%s: tensor '%s': unknown dtype '%s'",
 			       e->file, st_show(e->name, nb, sizeof(nb)),
 			       st_show(json_string_value(dt), db, sizeof(db)));
 	snprintf(t->dtype_name, sizeof(t->dtype_name), "%s", st_dtypes[di].name);
@@ -175,20 +159,20 @@ static int st_parse_entry(struct st_tensor *t, struct st_entry *e, json_t *v,
 	n = st_dtypes[di].size;
 	for (i = 0; i < t->ndim; i++)
 		if (__builtin_mul_overflow(n, (uint64_t)t->shape[i], &n))
-			return st_fail(err, err_len, -EINVAL, "%s: tensor '%s': shape size "
+			return file_fail(err, err_len, -EINVAL, "%s: tensor '%s': shape size "
 				       "overflows", e->file, st_show(e->name, nb, sizeof(nb)));
 	if (e->begin > e->end)
-		return st_fail(err, err_len, -EINVAL, "%s: tensor '%s': data_offsets [%llu, "
+		return file_fail(err, err_len, -EINVAL, "%s: tensor '%s': data_offsets [%llu, "
 			       "%llu) end before they begin", e->file,
 			       st_show(e->name, nb, sizeof(nb)), (unsigned long long)e->begin,
 			       (unsigned long long)e->end);
 	if (e->end > data_len)
-		return st_fail(err, err_len, -EINVAL, "%s: tensor '%s': data_offsets [%llu, "
+		return file_fail(err, err_len, -EINVAL, "%s: tensor '%s': data_offsets [%llu, "
 			       "%llu) run past the data section (%llu bytes)", e->file,
 			       st_show(e->name, nb, sizeof(nb)), (unsigned long long)e->begin,
 			       (unsigned long long)e->end, (unsigned long long)data_len);
 	if (n != e->end - e->begin)
-		return st_fail(err, err_len, -EINVAL, "%s: tensor '%s': shape needs %llu bytes "
+		return file_fail(err, err_len, -EINVAL, "%s: tensor '%s': shape needs %llu bytes "
 			       "of %s but data_offsets [%llu, %llu) hold %llu", e->file,
 			       st_show(e->name, nb, sizeof(nb)), (unsigned long long)n,
 			       t->dtype_name, (unsigned long long)e->begin,
@@ -220,7 +204,7 @@ static int st_check_overlap(struct st_entry *ents, int n, const char *file, char
 		if (ents[i].begin == ents[i].end)
 			continue;
 		if (last && ents[i].begin < last->end)
-			return st_fail(err, err_len, -EINVAL, "%s: tensors '%s' [%llu, %llu) and "
+			return file_fail(err, err_len, -EINVAL, "%s: tensors '%s' [%llu, %llu) and "
 				       "'%s' [%llu, %llu) overlap", file,
 				       st_show(last->name, na, sizeof(na)),
 				       (unsigned long long)last->begin,
@@ -263,19 +247,19 @@ static int st_build(struct st_file *f, json_t *root, const uint8_t *data,
 
 	cap = json_object_size(root);
 	if (cap > (size_t)1 << 24)
-		return st_fail(err, err_len, -EINVAL, "%s: %zu header entries is too many",
+		return file_fail(err, err_len, -EINVAL, "%s: %zu header entries is too many",
 			       file, cap);
 	f->tensors = calloc(cap ? cap : 1, sizeof(*f->tensors));
 	ents = calloc(cap ? cap : 1, sizeof(*ents));
 	if (!f->tensors || !ents) {
-		rc = st_fail(err, err_len, -ENOMEM, "%s: out of memory for %zu tensors",
+		rc = file_fail(err, err_len, -ENOMEM, "%s: out of memory for %zu tensors",
 			     file, cap);
 		goto out;
 	}
 	json_object_foreach(root, key, v) {
 		if (!strcmp(key, "__metadata__")) {
 			if (!json_is_object(v)) {
-				rc = st_fail(err, err_len, -EINVAL, "%s: __metadata__ is not an "
+				rc = file_fail(err, err_len, -EINVAL, "%s: __metadata__ is not an "
 					     "object", file);
 				goto out;
 			}
@@ -285,7 +269,7 @@ static int st_build(struct st_file *f, json_t *root, const uint8_t *data,
 		ents[n].file = file;
 		rc = st_parse_entry(&f->tensors[n], &ents[n], v, data, data_len, err, err_len);
 		if (!rc && !(f->tensors[n].name = strdup(key)))
-			rc = st_fail(err, err_len, -ENOMEM, "%s: out of memory", file);
+			rc = file_fail(err, err_len, -ENOMEM, "%s: out of memory", file);
 		if (rc)
 			goto out;
 		f->n_tensors = ++n;
@@ -296,7 +280,7 @@ static int st_build(struct st_file *f, json_t *root, const uint8_t *data,
 	qsort(f->tensors, (size_t)n, sizeof(*f->tensors), st_cmp_name);
 	for (int i = 1; i < n; i++)
 		if (!strcmp(f->tensors[i - 1].name, f->tensors[i].name)) {
-			rc = st_fail(err, err_len, -EINVAL, "%s: tensor '%s' appears twice", file,
+			rc = file_fail(err, err_len, -EINVAL, "%s: tensor '%s' appears twice", file,
 				     st_show(f->tensors[i].name, nb, sizeof(nb)));
 			goto out;
 		}
@@ -322,24 +306,24 @@ int st_parse(struct st_file *f, const void *buf, size_t size, const char *name,
 	f->n_tensors = 0;
 	f->tensors = NULL;
 	if (size < 8)
-		return st_fail(err, err_len, -EINVAL, "%s: %zu bytes is too short for a "
+		return file_fail(err, err_len, -EINVAL, "%s: %zu bytes is too short for a "
 			       "safetensors header", file, size);
 	for (int i = 7; i >= 0; i--)
 		hlen = hlen << 8 | p[i];
 	if (hlen > size - 8)
-		return st_fail(err, err_len, -EINVAL, "%s: header length %llu runs past the end "
+		return file_fail(err, err_len, -EINVAL, "%s: header length %llu runs past the end "
 			       "of the file (%zu bytes)", file, (unsigned long long)hlen, size);
 	if (hlen > ST_MAX_HEADER)
-		return st_fail(err, err_len, -EINVAL, "%s: header length %llu is over the %u "
+		return file_fail(err, err_len, -EINVAL, "%s: header length %llu is over the %u "
 			       "byte limit", file, (unsigned long long)hlen, ST_MAX_HEADER);
 	root = json_loadb((const char *)p + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
 	if (!root) {
-		rc = st_fail(err, err_len, -EINVAL, "%s: header JSON: %s (line %d, column %d)",
+		rc = file_fail(err, err_len, -EINVAL, "%s: header JSON: %s (line %d, column %d)",
 			     file, jerr.text, jerr.line, jerr.column);
 		goto out;
 	}
 	if (!json_is_object(root))
-		rc = st_fail(err, err_len, -EINVAL, "%s: header is not a JSON object", file);
+		rc = file_fail(err, err_len, -EINVAL, "%s: header is not a JSON object", file);
 	else
 		rc = st_build(f, root, p + 8 + hlen, size - 8 - hlen, file, err, err_len);
 	json_decref(root);
@@ -357,7 +341,7 @@ int st_file_open(struct st_file *f, const char *path, char *err, size_t err_len)
 	memset(f, 0, sizeof(*f));
 	f->path = strdup(path);
 	if (!f->path)
-		return st_fail(err, err_len, -ENOMEM, "%s: out of memory", path);
+		return file_fail(err, err_len, -ENOMEM, "%s: out of memory", path);
 	rc = file_map(path, &f->map, &f->size, err, err_len);
 	if (!rc)
 		rc = st_parse(f, f->map ? f->map : empty, f->size, path, err, err_len);
@@ -428,11 +412,11 @@ static int st_shard_names(json_t *map, const char *ipath, const char ***out, int
 
 	names = calloc(json_object_size(map) + 1, sizeof(*names));
 	if (!names)
-		return st_fail(err, err_len, -ENOMEM, "%s: out of memory", ipath);
+		return file_fail(err, err_len, -ENOMEM, "%s: out of memory", ipath);
 	json_object_foreach(map, key, v) {
 		if (!json_is_string(v) || !st_plain_name(json_string_value(v))) {
 			free(names);
-			return st_fail(err, err_len, -EINVAL, "%s: tensor '%s': shard %s is not "
+			return file_fail(err, err_len, -EINVAL, "%s: tensor '%s': shard %s is not "
 				       "a plain file name", ipath, st_show(key, nb, sizeof(nb)),
 				       json_is_string(v) ? st_show(json_string_value(v), sb,
 								   sizeof(sb)) : "(not a string)");
@@ -461,7 +445,7 @@ static int st_check_map(struct st_set *s, json_t *map, const char **names, const
 		shard = json_string_value(v);
 		hit = bsearch(&shard, names, (size_t)s->n_files, sizeof(*names), st_cmp_str);
 		if (!hit || !st_file_find(&s->files[hit - names], key))
-			return st_fail(err, err_len, -EINVAL, "%s: tensor '%s' is mapped to '%s' "
+			return file_fail(err, err_len, -EINVAL, "%s: tensor '%s' is mapped to '%s' "
 				       "but that file does not hold it", ipath,
 				       st_show(key, nb, sizeof(nb)), st_show(shard, sb, sizeof(sb)));
 	}
@@ -492,7 +476,7 @@ static int st_check_unique(const struct st_set *s, char *err, size_t err_len)
 		n += (size_t)s->files[i].n_tensors;
 	all = malloc((n ? n : 1) * sizeof(*all));
 	if (!all)
-		return st_fail(err, err_len, -ENOMEM, "out of memory for %zu tensor names", n);
+		return file_fail(err, err_len, -ENOMEM, "out of memory for %zu tensor names", n);
 	n = 0;
 	for (int i = 0; i < s->n_files; i++)
 		for (int j = 0; j < s->files[i].n_tensors; j++)
@@ -500,7 +484,7 @@ static int st_check_unique(const struct st_set *s, char *err, size_t err_len)
 	qsort(all, n, sizeof(*all), st_cmp_owner);
 	for (size_t i = 1; i < n && !rc; i++)
 		if (!strcmp(all[i - 1].name, all[i].name))
-			rc = st_fail(err, err_len, -EINVAL, "tensor '%s' is in both %s and %s",
+			rc = file_fail(err, err_len, -EINVAL, "tensor '%s' is in both %s and %s",
 				     st_show(all[i].name, nb, sizeof(nb)),
 				     st_show(s->files[all[i - 1].file].path, fa, sizeof(fa)),
 				     st_show(s->files[all[i].file].path, fb, sizeof(fb)));
@@ -516,11 +500,11 @@ static int st_open_shards(struct st_set *s, const char *dir, const char **names,
 
 	s->files = calloc((size_t)(n ? n : 1), sizeof(*s->files));
 	if (!s->files)
-		return st_fail(err, err_len, -ENOMEM, "%s: out of memory", dir);
+		return file_fail(err, err_len, -ENOMEM, "%s: out of memory", dir);
 	for (int i = 0; i < n; i++) {
 		path = st_join(dir, names[i]);
 		if (!path)
-			return st_fail(err, err_len, -ENOMEM, "%s: out of memory", dir);
+			return file_fail(err, err_len, -ENOMEM, "%s: out of memory", dir);
 		rc = st_file_open(&s->files[i], path, err, err_len);
 		free(path);
 		if (rc)
@@ -540,17 +524,17 @@ static int st_set_from_index(struct st_set *s, const char *dir, const char *ipat
 
 	root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
 	if (!root)
-		return st_fail(err, err_len, -EINVAL, "%s: not valid JSON: %s (line %d, column %d)",
+		return file_fail(err, err_len, -EINVAL, "%s: not valid JSON: %s (line %d, column %d)",
 			       ipath, jerr.text, jerr.line, jerr.column);
 	map = json_object_get(root, "weight_map");
 	if (!json_is_object(map)) {
-		rc = st_fail(err, err_len, -EINVAL, "%s: weight_map is missing or not an object",
+		rc = file_fail(err, err_len, -EINVAL, "%s: weight_map is missing or not an object",
 			     ipath);
 		goto out;
 	}
 	rc = st_shard_names(map, ipath, &names, &n, err, err_len);
 	if (!rc && n == 0)
-		rc = st_fail(err, err_len, -EINVAL, "%s: weight_map is empty", ipath);
+		rc = file_fail(err, err_len, -EINVAL, "%s: weight_map is empty", ipath);
 	if (!rc)
 		rc = st_open_shards(s, dir, names, n, err, err_len);
 	if (!rc)
@@ -570,7 +554,7 @@ int st_set_open(struct st_set *s, const char *dir, char *err, size_t err_len)
 	memset(s, 0, sizeof(*s));
 	ipath = st_join(dir, ST_INDEX_NAME);
 	if (!ipath)
-		return st_fail(err, err_len, -ENOMEM, "%s: out of memory", dir);
+		return file_fail(err, err_len, -ENOMEM, "%s: out of memory", dir);
 	rc = file_read_all(ipath, ST_MAX_INDEX, &text, &len, err, err_len);
 	if (!rc) {
 		rc = st_set_from_index(s, dir, ipath, text, len, err, err_len);
@@ -579,11 +563,11 @@ int st_set_open(struct st_set *s, const char *dir, char *err, size_t err_len)
 		ipath = st_join(dir, ST_SINGLE_NAME);
 		s->files = calloc(1, sizeof(*s->files));
 		if (!ipath || !s->files) {
-			rc = st_fail(err, err_len, -ENOMEM, "%s: out of memory", dir);
+			rc = file_fail(err, err_len, -ENOMEM, "%s: out of memory", dir);
 			goto out;
 		}
 		if (access(ipath, F_OK) && errno == ENOENT) {
-			rc = st_fail(err, err_len, -ENOENT, "%s: no %s or %s", dir,
+			rc = file_fail(err, err_len, -ENOENT, "%s: no %s or %s", dir,
 				     ST_SINGLE_NAME, ST_INDEX_NAME);
 			goto out;
 		}
