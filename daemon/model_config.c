@@ -467,6 +467,18 @@ static int parse_mla(struct cfg_parse *p, const json_t *root, struct model_confi
 	return 0;
 }
 
+void model_config_route_defaults(struct model_config *cfg)
+{
+	cfg->route.n_experts = cfg->n_experts;
+	cfg->route.top_k = cfg->top_k;
+	cfg->route.n_group = 1;
+	cfg->route.topk_group = 1;
+	cfg->route.routed_scaling = 1.0f;
+	cfg->route.scoring = K_MOE_SOFTMAX;
+	cfg->route.select = K_MOE_GREEDY;
+	cfg->route.bias = NULL;
+}
+
 /* Expert count, top-k and expert width: every MoE arch has them. */
 static int parse_experts(struct cfg_parse *p, const json_t *root, struct model_config *cfg,
 			 const char *key, const char *alias)
@@ -483,12 +495,7 @@ static int parse_experts(struct cfg_parse *p, const json_t *root, struct model_c
 				 &cfg->moe_intermediate_size, why);
 	if (rc)
 		return rc;
-	cfg->route.n_experts = cfg->n_experts;
-	cfg->route.top_k = cfg->top_k;
-	cfg->route.n_group = 1;
-	cfg->route.topk_group = 1;
-	cfg->route.routed_scaling = 1.0f;
-	cfg->route.bias = NULL;
+	model_config_route_defaults(cfg);
 	return 0;
 }
 

@@ -87,6 +87,11 @@ int model_config_layer_is_moe(const struct model_config *cfg, int l);
  * mscale(factor, mscale_all_dim)^2 folded in for MLA. Set by both config readers. */
 void model_config_set_attn_scale(struct model_config *cfg);
 
+/* cfg->route as every MoE family starts it, once n_experts and top_k are read: all
+ * experts, one group, scale 1, softmax scores, greedy top-k, no bias; the family's
+ * reader changes what differs. Set by both config readers. */
+void model_config_route_defaults(struct model_config *cfg);
+
 const char *model_arch_name(enum model_arch arch);
 
 #endif

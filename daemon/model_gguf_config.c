@@ -342,13 +342,7 @@ static int meta_experts(struct meta *g, struct model_config *cfg)
 			      &cfg->moe_intermediate_size, 1);
 	if (rc)
 		return rc;
-	cfg->route.n_experts = cfg->n_experts;
-	cfg->route.top_k = cfg->top_k;
-	cfg->route.n_group = 1;
-	cfg->route.topk_group = 1;
-	cfg->route.routed_scaling = 1.0f;
-	cfg->route.scoring = K_MOE_SOFTMAX;
-	cfg->route.select = K_MOE_GREEDY;
+	model_config_route_defaults(cfg);
 	return 0;
 }
 
