@@ -1,6 +1,7 @@
 #!/bin/bash
 # GPU checks and benchmarks of a build carried to the GPU machine (DEVICE workflow):
-#   device run: bash contrib/device/run.sh PHASE...   with carry: ["build"]
+#   contrib/device/pack.sh   (here: build/ -> devbuild/, small enough to carry)
+#   device run: KDEC_BUILD_DIR=devbuild bash contrib/device/run.sh PHASE...   carry ["devbuild"]
 # Phases: check (GPU unit tests, golden models on cuda, generate cpu vs cuda),
 #         serve (kdecd --backend cuda serving kdrun), compare (cpu vs cuda logits by layer),
 #         optimes (per-op times), ncu (one step's kernels, clocks never locked),
@@ -8,8 +9,7 @@
 #         bench (kernel and decode benchmarks), peers (HF / torch.compile peers).
 # Logs go to $OUT/logs.tgz (one file: the device tool returns few files) beside
 # $OUT/summary.txt, whose lines are also printed. The machine lacks libev and liburing
-# (kdecd and kdbench need them): copy them into build/devlibs first:
-#   mkdir -p build/devlibs && cp -L /lib/x86_64-linux-gnu/{libev.so.4,liburing.so.2} build/devlibs/
+# (kdecd and kdbench need them): pack.sh puts them in devbuild/devlibs.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B=${KDEC_BUILD_DIR:-build}
@@ -19,7 +19,7 @@ export top_srcdir=$PWD top_builddir=$PWD/$B
 out=$(mktemp -d /tmp/kdec-device.XXXXXX)
 summary=${OUT:-$out}/summary.txt	# written as it goes: a timed-out run still returns it
 status=0
-: >"$summary"
+echo "# run.sh $* ($(date -u +%FT%TZ))" >>"$summary"	# appends: several runs in one call
 
 say() { echo "$*" | tee -a "$summary"; }
 
@@ -217,6 +217,8 @@ for p in "$@"; do
 	"phase_$p"
 done
 if [ -n "${OUT:-}" ]; then
-	tar czf "$OUT/logs.tgz" -C "$out" .
+	logs=$OUT/logs.tgz n=1
+	while [ -e "$logs" ]; do n=$((n + 1)); logs=$OUT/logs$n.tgz; done
+	tar czf "$logs" -C "$out" .
 fi
 exit $status

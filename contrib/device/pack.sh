@@ -1,0 +1,23 @@
+#!/bin/bash
+# Packs a CUDA build into a small folder to carry to the GPU machine (the device tool
+# carries at most 64 MiB beside the tree): binaries without debug info, the GPU tests,
+# test_golden and bench_cuda_linear, the real kdrun/kdctl (not libtool wrappers, whose
+# paths name this machine), and devlibs/ with libev, liburing and libkdclient.
+#   contrib/device/pack.sh [BUILD [OUT]]    (defaults: build devbuild)
+# then: device run "KDEC_BUILD_DIR=devbuild bash contrib/device/run.sh check"  carry ["devbuild"]
+set -eu
+cd "$(dirname "$0")/../.."
+src=${1:-build} dst=${2:-devbuild}
+[ -x "$src/kdbench" ] || { echo "pack: no $src/kdbench: build first (make -C $src all check TESTS=)" >&2; exit 1; }
+rm -rf "$dst"
+mkdir -p "$dst/tests" "$dst/devlibs"
+cp "$src/kdecd" "$src/kdbench" "$dst/"
+cp "$src/.libs/kdrun" "$src/.libs/kdctl" "$dst/"
+cp -L "$src/.libs/libkdclient.so.1" "$dst/devlibs/"
+cp -L /lib/x86_64-linux-gnu/libev.so.4 /lib/x86_64-linux-gnu/liburing.so.2 "$dst/devlibs/"
+for t in "$src"/tests/test_cuda_* "$src/tests/test_golden" "$src/tests/bench_cuda_linear"; do
+	case $t in *.o) continue ;; esac
+	[ -x "$t" ] && cp "$t" "$dst/tests/"
+done
+strip --strip-debug "$dst"/kd* "$dst"/tests/*
+echo "pack: $dst $(du -sh "$dst" | cut -f1)" >&2
