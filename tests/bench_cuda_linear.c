@@ -7,6 +7,7 @@
  * median of SAMPLES samples after warm-up is reported. Bytes = weights + x + y, each
  * once; floor = bytes / 4.25 TB/s (the measured H200 read bandwidth, DEVICE.md).
  * The cuBLAS column includes its x -> bf16 rounding launch: same inputs, same output.
+ * The stream column forces the streaming kernel (its x rounding launch included).
  * "us" has programmatic dependent launch on (each launch streams its weights while the
  * previous one drains, as kdec's own kernels allow), "us nopdl" has it off: a decode
  * step sees the first where the op before a linear layer triggers early too.
@@ -74,14 +75,15 @@ static int cmp_float(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-static int run(int use_cublas, float *y, const float *x, const uint16_t *w, int M, int N, int K)
+/* kind < 0: the variant k_cuda_linear picks; otherwise that one. */
+static int run(int kind, float *y, const float *x, const uint16_t *w, int M, int N, int K)
 {
-	return use_cublas ? k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_CUBLAS, y, x, w, M, N, K, 0)
-			  : k_cuda_linear(lin, y, x, w, M, N, K, 0);
+	return kind >= 0 ? k_cuda_linear_run_kind(lin, kind, y, x, w, M, N, K, 0)
+			 : k_cuda_linear(lin, y, x, w, M, N, K, 0);
 }
 
 /* Median µs of one launch; w holds `copies` weight matrices of N * K each. */
-static double time_us(int use_cublas, float *y, const float *x, const uint16_t *w, int copies,
+static double time_us(int kind, float *y, const float *x, const uint16_t *w, int copies,
 		      int M, int N, int K)
 {
 	int launches = copies < MIN_LAUNCHES ? (MIN_LAUNCHES + copies - 1) / copies * copies : copies;
@@ -92,14 +94,14 @@ static double time_us(int use_cublas, float *y, const float *x, const uint16_t *
 	float *ms = malloc(sizeof(float) * (size_t)samples), med;
 
 	for (int i = 0; i < 3; i++)	/* kernels load, cuBLAS picks, outside capture */
-		if (run(use_cublas, y, x, w + (size_t)(i % copies) * wn, M, N, K)) {
+		if (run(kind, y, x, w + (size_t)(i % copies) * wn, M, N, K)) {
 			fprintf(stderr, "FATAL: linear failed (M %d N %d K %d)\n", M, N, K);
 			exit(1);
 		}
 	CUDA_OK(cudaStreamSynchronize(stream));
 	CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
 	for (int i = 0; i < launches; i++)
-		if (run(use_cublas, y, x, w + (size_t)(i % copies) * wn, M, N, K)) {
+		if (run(kind, y, x, w + (size_t)(i % copies) * wn, M, N, K)) {
 			fprintf(stderr, "FATAL: linear failed in capture (M %d N %d K %d)\n", M, N, K);
 			exit(1);
 		}
@@ -132,7 +134,7 @@ static double time_us_nopdl(float *y, const float *x, const uint16_t *w, int cop
 	double us;
 
 	k_cuda_linear_set_pdl(lin, 0);
-	us = time_us(0, y, x, w, copies, M, N, K);
+	us = time_us(-1, y, x, w, copies, M, N, K);
 	k_cuda_linear_set_pdl(lin, 1);
 	return us;
 }
@@ -168,6 +170,7 @@ int main(int argc, char **argv)
 	const int *ms = all_ms;
 	int n_ms = N_MS, count = 0, major, minor;
 	double llama_us[N_MS] = { 0 }, llama_cb[N_MS] = { 0 }, llama_floor[N_MS] = { 0 };
+	double llama_st[N_MS] = { 0 };
 	float *x, *y, *hx;
 	char name[128];
 	double gib;
@@ -201,9 +204,9 @@ int main(int argc, char **argv)
 	CUDA_OK(cudaMemcpyAsync(x, hx, sizeof(float) * MAX_M * 16384, cudaMemcpyHostToDevice, stream));
 	CUDA_OK(cudaStreamSynchronize(stream));
 	free(hx);
-	printf("%-17s %6s %5s %2s | %-6s %8s %6s %6s %8s | %8s %6s %6s | %8s %5s | %s\n", "shape",
-	       "N", "K", "M", "pick", "us", "TB/s", "floor%", "us nopdl", "cublas", "TB/s", "floor%",
-	       "floor us", "x cb", "plan");
+	printf("%-17s %6s %5s %2s | %-6s %8s %6s %6s %8s | %8s %6s %6s | %8s %6s | %8s %5s | %s\n",
+	       "shape", "N", "K", "M", "pick", "us", "TB/s", "floor%", "us nopdl", "cublas", "TB/s",
+	       "floor%", "stream", "floor%", "floor us", "x cb", "plan");
 	for (int si = 0; si < N_SHAPES; si++) {
 		const struct shape *s = &shapes[si];
 		size_t wbytes = (size_t)s->N * s->K * 2;
@@ -217,21 +220,24 @@ int main(int argc, char **argv)
 			enum k_cuda_linear_kind kind = k_cuda_linear_pick(M, s->N, s->K);
 			double bytes = (double)wbytes + 4.0 * M * s->K + 4.0 * M * s->N;
 			double floor_us = bytes / HBM_BYTES_PER_S * 1e6;
-			double us = time_us(0, y, x, w, copies, M, s->N, s->K);
+			double us = time_us(-1, y, x, w, copies, M, s->N, s->K);
 			double us_nopdl = time_us_nopdl(y, x, w, copies, M, s->N, s->K);
-			double cb = time_us(1, y, x, w, copies, M, s->N, s->K);
+			double cb = time_us(K_CUDA_LINEAR_CUBLAS, y, x, w, copies, M, s->N, s->K);
+			double st = time_us(K_CUDA_LINEAR_STREAM, y, x, w, copies, M, s->N, s->K);
 			char plan[160];
 
 			k_cuda_linear_describe(lin, kind, M, s->N, s->K, plan, sizeof(plan));
 			printf("%-17s %6d %5d %2d | %-6s %8.2f %6.2f %5.1f%% %8.2f | %8.2f %6.2f %5.1f%% | "
-			       "%8.2f %5.2f | %s\n", s->name, s->N, s->K, M, k_cuda_linear_kind_name(kind),
-			       us, bytes / us / 1e6, 100.0 * floor_us / us, us_nopdl, cb, bytes / cb / 1e6,
-			       100.0 * floor_us / cb, floor_us, cb / us, plan);
+			       "%8.2f %5.1f%% | %8.2f %5.2f | %s\n", s->name, s->N, s->K, M,
+			       k_cuda_linear_kind_name(kind), us, bytes / us / 1e6, 100.0 * floor_us / us,
+			       us_nopdl, cb, bytes / cb / 1e6, 100.0 * floor_us / cb, st,
+			       100.0 * floor_us / st, floor_us, cb / us, plan);
 			for (int a = 0; a < N_MS; a++) {
 				if (all_ms[a] != M || !s->llama_layer)
 					continue;
 				llama_us[a] += us;
 				llama_cb[a] += cb;
+				llama_st[a] += st;
 				llama_floor[a] += floor_us;
 			}
 		}
@@ -242,10 +248,11 @@ int main(int argc, char **argv)
 	for (int a = 0; a < N_MS; a++) {
 		if (llama_us[a] == 0)
 			continue;
-		printf("  M=%-2d kdec %8.1f us  cublas %8.1f us  floor %8.1f us  (%.1f%% of floor; "
-		       "cublas %.1f%%)\n", all_ms[a], 32 * llama_us[a], 32 * llama_cb[a],
-		       32 * llama_floor[a], 100.0 * llama_floor[a] / llama_us[a],
-		       100.0 * llama_floor[a] / llama_cb[a]);
+		printf("  M=%-2d kdec %8.1f us  cublas %8.1f us  stream %8.1f us  floor %8.1f us  "
+		       "(%.1f%% of floor; cublas %.1f%%, stream %.1f%%)\n", all_ms[a],
+		       32 * llama_us[a], 32 * llama_cb[a], 32 * llama_st[a], 32 * llama_floor[a],
+		       100.0 * llama_floor[a] / llama_us[a], 100.0 * llama_floor[a] / llama_cb[a],
+		       100.0 * llama_floor[a] / llama_st[a]);
 	}
 	cudaFree(x);
 	cudaFree(y);

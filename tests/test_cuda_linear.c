@@ -54,6 +54,7 @@ static const struct shape shapes[] = {
 	ALL(1000, 4096), ALL(300, 4100),
 	ALL(2048, 1408),	/* batches that do not split evenly over 8 slices */
 	ALL(40000, 256),	/* more 256-row groups than CTAs: split-K walks groups */
+	ALL(6144, 4096),	/* Llama-3.1-8B q/k/v: the streaming kernel splits K */
 	BIG(4096, 4096), BIG(14336, 4096),
 };
 
@@ -125,7 +126,8 @@ static struct errs compare(const float *got, const float *base, const float *ref
 
 static int is_bf16_x(enum k_cuda_linear_kind kind)
 {
-	return kind == K_CUDA_LINEAR_SPLITK || kind == K_CUDA_LINEAR_CUBLAS;
+	return kind == K_CUDA_LINEAR_SPLITK || kind == K_CUDA_LINEAR_STREAM ||
+	       kind == K_CUDA_LINEAR_CUBLAS;
 }
 
 /* One case's inputs and both references, host side. */
@@ -394,7 +396,7 @@ int main(void)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	CHECK(k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor) == 0, "describe");
 	printf("device 0: %s, %.1f GiB, sm_%d%d\n", name, gib, major, minor);
-	printf("tolerances: gemv/generic rel_l2 <= 1e-5, max_abs/rms <= 1e-4; splitk/cublas "
+	printf("tolerances: gemv/generic rel_l2 <= 1e-5, max_abs/rms <= 1e-4; splitk/stream/cublas "
 	       "rel_l2 <= 5e-4, max_abs/rms <= 5e-3 (bf16-x ref) and 1e-2, 5e-2 (fp32-x ref)\n");
 	if (k_pool_create(&pool, cpus > 16 ? 16 : cpus > 0 ? (int)cpus : 1)) {
 		fprintf(stderr, "FATAL: k_pool_create\n");

@@ -12,14 +12,22 @@
 #include "kernels/cuda/linear_internal.h"
 
 /* Where the kernels of this file beat cuBLAS, measured on H200 (docs/PERFORMANCE.md,
- * bench_cuda_linear, weights rotated out of L2, graph replays): only for matrices of
- * at most LIN_SMALL_WEIGHT_BYTES (DeepSeek-V2-Lite's 2048-wide projections and
- * experts: 1.0-1.8x faster, as cuBLAS pays a fixed ~6 us there), the GEMV at M = 1
- * and split-K up to M = 16. On Llama-3.1-8B's 32-235 MB matrices cuBLAS streams at
- * 2.6-4.2 TB/s and wins at every M, so it gets them. */
+ * bench_cuda_linear, weights rotated out of L2, graph replays): for matrices of at
+ * most LIN_SMALL_WEIGHT_BYTES (DeepSeek-V2-Lite's 2048-wide projections and experts:
+ * 1.0-1.8x faster, as cuBLAS pays a fixed ~6 us there), the GEMV at M = 1 and split-K
+ * up to M = 16; for the 32-64 MB ones (Llama-3.1-8B q/k/v, o_proj) the streaming
+ * kernel up to M = 8. On the 117-235 MB matrices cuBLAS streams at 3.7-4.2 TB/s and
+ * wins at every M, so it gets them. */
 #define LIN_GEMV_MAX_M		1
 #define LIN_SPLITK_MAX_M	16
 #define LIN_SMALL_WEIGHT_BYTES	((size_t)16 << 20)
+/* The streaming kernel takes M <= 8 on matrices above LIN_SMALL_WEIGHT_BYTES (where
+ * the GEMV and split-K kernels win) and up to this size (KDEC_LINEAR_STREAM_MB; 0 turns
+ * it off): Llama-3.1-8B q/k/v 15.9 us against cuBLAS's 17.5 at M = 1, o_proj 11.9
+ * against 12.8; even at M = 8; behind cuBLAS from M = 16, where its mma.sync tiles
+ * start to be bound by arithmetic (docs/results/cuda-linear-stream.txt). */
+#define LIN_STREAM_MAX_M	8
+#define LIN_STREAM_WEIGHT_BYTES	((size_t)64 << 20)
 /* The vector kernels read 8 bf16 (16 bytes) of a weight row at a time. */
 #define LIN_VEC_K		8
 /* cuBLAS workspace: what NVIDIA recommends for Hopper. */
@@ -80,6 +88,27 @@ static bool lin_small_weights(int N, int K)
 	return (size_t)N * (size_t)K * sizeof(uint16_t) <= lin_small_limit();
 }
 
+// KDEC_LINEAR_STREAM_MB: the weight size up to which the streaming kernel is used.
+static size_t lin_stream_limit(void)
+{
+	static size_t limit;
+	static bool read;
+
+	if (!read) {
+		const char *e = getenv("KDEC_LINEAR_STREAM_MB");
+
+		limit = e ? (size_t)atol(e) << 20 : LIN_STREAM_WEIGHT_BYTES;
+		read = true;
+	}
+	return limit;
+}
+
+static bool lin_use_stream(int M, int N, int K)
+{
+	return M <= LIN_STREAM_MAX_M && K % LIN_VEC_K == 0 && !lin_small_weights(N, K) &&
+	       (size_t)N * (size_t)K * sizeof(uint16_t) <= lin_stream_limit();
+}
+
 static bool lin_use_gemv(int M, int N, int K)
 {
 	return M <= LIN_GEMV_MAX_M && K % LIN_VEC_K == 0 && lin_small_weights(N, K);
@@ -99,6 +128,8 @@ static bool lin_use_cublas(int M, int N, int K)
 
 extern "C" enum k_cuda_linear_kind k_cuda_linear_pick(int M, int N, int K)
 {
+	if (lin_use_stream(M, N, K))
+		return K_CUDA_LINEAR_STREAM;
 	if (lin_use_gemv(M, N, K))
 		return K_CUDA_LINEAR_GEMV;
 	if (lin_use_splitk(M, N, K))
@@ -116,6 +147,7 @@ extern "C" int k_cuda_linear_supports(enum k_cuda_linear_kind kind, const float 
 	switch (kind) {
 	case K_CUDA_LINEAR_GEMV:
 	case K_CUDA_LINEAR_SPLITK:
+	case K_CUDA_LINEAR_STREAM:
 		return lin_vec_ok(x, w, K);
 	case K_CUDA_LINEAR_CUBLAS:
 	case K_CUDA_LINEAR_GENERIC:
@@ -130,6 +162,7 @@ extern "C" const char *k_cuda_linear_kind_name(enum k_cuda_linear_kind kind)
 	switch (kind) {
 	case K_CUDA_LINEAR_GEMV: return "gemv";
 	case K_CUDA_LINEAR_SPLITK: return "splitk";
+	case K_CUDA_LINEAR_STREAM: return "stream";
 	case K_CUDA_LINEAR_CUBLAS: return "cublas";
 	case K_CUDA_LINEAR_GENERIC: return "generic";
 	default: return "?";
@@ -146,6 +179,8 @@ extern "C" void k_cuda_linear_destroy(struct k_cuda_linear *ctx)
 		cublasDestroy(ctx->blas);
 	cudaFree(ctx->blas_ws);
 	cudaFree(ctx->xb);
+	cudaFree(ctx->st_ws);
+	cudaFree(ctx->st_cnt);
 	free(ctx);
 }
 
@@ -191,6 +226,8 @@ extern "C" int k_cuda_linear_create(struct k_cuda_linear **out, cudaStream_t str
 							    LIN_BLAS_WS_BYTES));
 	if (!ret)
 		ret = k_cuda_lin_gemv_setup(ctx);
+	if (!ret)
+		ret = k_cuda_lin_stream_setup(ctx);
 	if (!ret)
 		ret = k_cuda_lin_splitk_setup(ctx);
 	if (ret)
@@ -246,6 +283,8 @@ extern "C" int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_lin
 		return k_cuda_lin_gemv(ctx, y, x, w, M, N, K, accumulate);
 	case K_CUDA_LINEAR_SPLITK:
 		return k_cuda_lin_splitk(ctx, y, x, w, M, N, K, accumulate);
+	case K_CUDA_LINEAR_STREAM:
+		return k_cuda_lin_stream(ctx, y, x, w, M, N, K, accumulate, ready);
 	case K_CUDA_LINEAR_CUBLAS:
 		return lin_cublas(ctx, y, x, w, M, N, K, accumulate, ready);
 	case K_CUDA_LINEAR_GENERIC:
@@ -311,6 +350,12 @@ extern "C" void k_cuda_linear_describe(const struct k_cuda_linear *ctx,
 			k_cuda_lin_splitk_describe(ctx, M, N, K, buf, len);
 		else
 			snprintf(buf, len, "splitk");
+		break;
+	case K_CUDA_LINEAR_STREAM:
+		if (ctx)
+			k_cuda_lin_stream_describe(ctx, M, N, K, buf, len);
+		else
+			snprintf(buf, len, "stream");
 		break;
 	case K_CUDA_LINEAR_CUBLAS:
 		snprintf(buf, len, "cublas: to_bf16 + cublasGemmEx bf16 x bf16 -> fp32");

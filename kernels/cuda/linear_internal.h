@@ -16,6 +16,13 @@
 #define LIN_SK_N_MT		4
 /* Rows of x one split-K launch covers; more rows are walked in blocks of this. */
 #define LIN_SK_MAX_M		64
+/* The streaming kernel: instantiations for 1, 2, 4, 8 n8 tiles of x rows (M <= 8, 16,
+ * 32, 64 per launch), at most 8 K slices, and a workspace for the partial tiles of at
+ * most LIN_ST_MAX_UNITS CTAs of a split launch (24 MB). */
+#define LIN_ST_N_NT		4
+#define LIN_ST_MAX_M		64
+#define LIN_ST_MAX_SPLIT	8
+#define LIN_ST_MAX_UNITS	768
 
 struct k_cuda_linear {
 	cudaStream_t stream;
@@ -28,6 +35,9 @@ struct k_cuda_linear {
 	 * (index 1..LIN_SK_MAX_SPLIT; 0 where that cluster size cannot launch) */
 	int sk_cap[LIN_SK_N_MT][LIN_SK_MAX_SPLIT + 1];
 	int gemv_resident;		/* GEMV CTAs resident at once */
+	int st_cap[LIN_ST_N_NT];	/* streaming-kernel CTAs resident at once */
+	float *st_ws;			/* (LIN_ST_MAX_UNITS, LIN_ST_MAX_M, 128) fp32 partials */
+	unsigned *st_cnt;		/* (LIN_ST_MAX_UNITS) arrivals per tile, 0 between launches */
 	cublasHandle_t blas;
 	void *blas_ws;			/* (LIN_BLAS_WS_BYTES) bytes, cuBLAS workspace */
 	uint16_t *xb;			/* (max_M, max_K) bf16: x rounded for cuBLAS */
@@ -64,6 +74,14 @@ int k_cuda_lin_splitk_setup(struct k_cuda_linear *ctx);
 int k_cuda_lin_splitk(const struct k_cuda_linear *ctx, float *y, const float *x,
 		      const uint16_t *w, int M, int N, int K, int accumulate);
 int k_cuda_lin_splitk_describe(const struct k_cuda_linear *ctx, int M, int N, int K,
+			       char *buf, size_t len);
+
+/* Kernel attributes, ctx->st_cap, the split workspace and counters; once, at create. */
+int k_cuda_lin_stream_setup(struct k_cuda_linear *ctx);
+/* ready: ctx->xb already holds bf16(x); otherwise x is rounded into it first. */
+int k_cuda_lin_stream(const struct k_cuda_linear *ctx, float *y, const float *x,
+		      const uint16_t *w, int M, int N, int K, int accumulate, bool ready);
+int k_cuda_lin_stream_describe(const struct k_cuda_linear *ctx, int M, int N, int K,
 			       char *buf, size_t len);
 
 #ifdef __CUDACC__
