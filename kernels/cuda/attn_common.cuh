@@ -177,6 +177,12 @@ int attn_mma_usable(const attn_tile_args *a);
 int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
 		    uint16_t *out_bf16, int forced_splits);
 
+// attn_mma_launch without the merge: where a->n_splits comes back > 1, the normalised
+// partials and their log2-sum-exp2 are in ws->part_o and ws->part_lse for the caller
+// to merge (MLA folds that into its expand projection), and a->out is not written.
+int attn_mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
+		 uint16_t *out_bf16, int forced_splits);
+
 // Opt-in shared memory and occupancy of the compiled shapes (at ws creation).
 int attn_mma_prepare(int smem_optin);
 
