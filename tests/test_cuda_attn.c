@@ -936,6 +936,15 @@ int main(void)
 	attn_path = "[mma] ";
 	test_gqa();
 	test_mla();
+	/* The split merge folded into MLA's expand projection at every row count it takes
+	 * (by default only batch 1: the cases above), then never (the merge kernel). */
+	setenv("KDEC_MLA_FOLD_ROWS", "16", 1);
+	attn_path = "[mma fold16] ";
+	test_mla();
+	setenv("KDEC_MLA_FOLD_ROWS", "0", 1);
+	attn_path = "[mma nofold] ";
+	test_mla();
+	unsetenv("KDEC_MLA_FOLD_ROWS");
 	if (!quick) {
 		setenv("KDEC_ATTN_MMA_TK", "64", 1);
 		attn_path = "[mma tk64] ";
