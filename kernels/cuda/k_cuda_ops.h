@@ -98,6 +98,12 @@ struct k_cuda_mla_post_args {
 				 * its first rot_dim values rotated in place */
 	long q_rs;
 	int q_hs, n_heads;
+	const float *q_src_pe;	/* NULL: q_pe is rotated in place. Else the heads come from
+				 * q_src_pe + r * q_src_rs + h * q_hs (a fused projection's
+				 * rows): the rope part rotated into q_pe, and the nope_dim
+				 * values before it copied to those before q_pe */
+	long q_src_rs;
+	int nope_dim;
 	const float *kv;	/* (rows, kv_rs): the kv_lora latent, then the pe_dim rope key */
 	long kv_rs;
 	int rows, kv_lora, pe_dim;	/* kv_lora 1..2048 */
