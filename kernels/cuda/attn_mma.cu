@@ -178,7 +178,15 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	const int ng = min(MMA_Q, a.group - g0), h0 = kvh * a.group + g0;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 	const int qr0 = lane / 4, qr1 = qr0 + 8;	// the two query rows of a lane's accumulators
-	const int ctx = (k_cuda_pdl_wait(), a.ctx[r]), per = attn_split_len(ctx, a.n_splits);
+	// GQA: K/V of this step's token come from the kernel just before (qkv_post), so
+	// everything waits for it. MLA: that kernel is the absorb projection, which wrote
+	// only q_lat and itself waited for mla_post (the cache append) before letting this
+	// launch start; so the block table and the first tiles' copies go out before the
+	// wait, overlapping the absorb's tail, and only q waits (k_cuda_attn_mla keeps that
+	// order).
+	if (VSEP)
+		k_cuda_pdl_wait();
+	const int ctx = a.ctx[r], per = attn_split_len(ctx, a.n_splits);
 	const int tb = (int)min((long)ctx, (long)split * per), te = min(ctx, tb + per);
 	const int n_tiles = (te - tb + TK - 1) / TK;
 	const int32_t *table = a.blocks[r];
@@ -188,6 +196,8 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	// batch 1 most are) says so in its log-sum-exp and stops: the merge never reads its
 	// partial, so it neither stages q nor writes (n_heads, dv) zeros.
 	if (n_tiles == 0 && a.n_splits > 1) {
+		if (!VSEP)
+			k_cuda_pdl_wait();
 		if (threadIdx.x < ng)
 			a.part_lse[(size_t)split * a.n_rows * a.n_heads + (size_t)r * a.n_heads + h0 +
 				   threadIdx.x] = -INFINITY;
@@ -198,6 +208,20 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	// before the first store (one memory latency, not one per row). The loads go out
 	// first, the stores wait until the first tiles' copies are issued: the block table's
 	// load and the K/V fetch behind it do not queue behind q's arrival.
+	int32_t pg[mma_fill<DK, TK>::NP];
+
+	if (!VSEP) {	// MLA: the first tiles before the wait (see above)
+#pragma unroll
+		for (int s = 0; s < ST - 1; s++) {
+			if (s < n_tiles) {
+				mma_page<DK, TK>(pg, a, table, tb + s * TK, te);
+				mma_issue<DK, DV, TK, VSEP>(a, pg, sk + s * TK * L::KS,
+							    sv + s * TK * L::VS, tb + s * TK, kvh);
+			}
+			cp_async_commit();
+		}
+		k_cuda_pdl_wait();
+	}
 	constexpr int QV = DK / 4, QPT = (MMA_Q * QV + MMA_THREADS - 1) / MMA_THREADS;
 	float4 qx[QPT];
 
@@ -214,9 +238,8 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	for (int n = 0; n < NV; n++)
 		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-	int32_t pg[mma_fill<DK, TK>::NP];
 #pragma unroll
-	for (int s = 0; s < ST - 1; s++) {
+	for (int s = 0; s < ST - 1 && VSEP; s++) {
 		if (s < n_tiles) {
 			mma_page<DK, TK>(pg, a, table, tb + s * TK, te);
 			mma_issue<DK, DV, TK, VSEP>(a, pg, sk + s * TK * L::KS, sv + s * TK * L::VS,

@@ -12,6 +12,7 @@
 
 #include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/attn_ptx.cuh"
+#include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/mla_proj.cuh"
 
 #define PROJ_THREADS 128
@@ -229,6 +230,9 @@ mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *__restrict__ q,
 								  : (uint16_t)0;
 		}
 	}
+	// The weights are constants: their copies go out before the wait for the kernel
+	// that wrote q (mla_post), so with programmatic launch they overlap its tail.
+	k_cuda_pdl_wait();
 	stage_a(sa, as, q + ((size_t)r0 * H + h) * qk, (size_t)H * qk, nr, nope,
 		nope % 4 == 0 && qk % 4 == 0 && (uintptr_t)q % 16 == 0);
 	cp_async_commit();
@@ -319,6 +323,7 @@ mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 			sw[i] = j < nj && c < L ? wh[(size_t)j * L + c] : (uint16_t)0;
 		}
 	}
+	k_cuda_pdl_wait();	// the weight copies above overlap the attention's tail
 	if (parts.n_splits > 1) {
 		unsigned char *lists = proj_smem + (size_t)am * as * 4 + (size_t)NJ * ls * 2;
 		int *live = (int *)lists;				// (am, n_splits)
@@ -430,10 +435,10 @@ int mla_absorb_mma(cudaStream_t s, float *q_lat, const float *q, const uint16_t 
 
 	if (!proj_mma_env() || smem > (size_t)proj_smem_optin)
 		return 1;
-	mla_absorb_mma_kernel<<<dim3(attn_cdiv(d->kv_lora, ABS_MMA_COLS), d->n_heads,
-				     attn_cdiv(R, PROJ_MROWS)),
-				PROJ_THREADS, smem, s>>>(q_lat, q, w, R, d->n_heads, d->nope_dim,
-							 d->rope_dim, d->v_dim, d->kv_lora, vec);
+	ATTN_TRY(k_cuda_launch_pdl(s, dim3(attn_cdiv(d->kv_lora, ABS_MMA_COLS), d->n_heads,
+					   attn_cdiv(R, PROJ_MROWS)),
+				   PROJ_THREADS, smem, mla_absorb_mma_kernel, q_lat, q, w, R,
+				   d->n_heads, d->nope_dim, d->rope_dim, d->v_dim, d->kv_lora, vec));
 	ATTN_LAUNCHED("mla_absorb_mma_kernel");
 	return 0;
 }
@@ -483,10 +488,10 @@ int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *
 		if (!mla_expand_folds(R, d, n_splits))
 			ATTN_INVAL("mla_expand_mma: %d rows of %d splits cannot be merged here", R,
 				   n_splits);
-		mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8>
-			<<<grid, PROJ_THREADS, expand_smem(R, d->kv_lora, 16, EXP_FOLD_NJ, n_splits),
-			   s>>>(out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim, d->kv_lora, vec,
-				parts);
+		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS,
+					   expand_smem(R, d->kv_lora, 16, EXP_FOLD_NJ, n_splits),
+					   mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8>, out, o_lat, w, R,
+					   d->n_heads, d->nope_dim, d->v_dim, d->kv_lora, vec, parts));
 		ATTN_LAUNCHED("mla_expand_mma_kernel");
 		return 0;
 	}
@@ -497,11 +502,13 @@ int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *
 	if (!proj_mma_env() || smem > (size_t)proj_smem_optin)
 		return 1;
 	if (small)	// more blocks, each a shorter burst
-		mla_expand_mma_kernel<1, 1><<<grid, PROJ_THREADS, smem, s>>>(
-			out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim, d->kv_lora, vec, none);
+		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, mla_expand_mma_kernel<1, 1>,
+					   out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim,
+					   d->kv_lora, vec, none));
 	else
-		mla_expand_mma_kernel<2, 2><<<grid, PROJ_THREADS, smem, s>>>(
-			out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim, d->kv_lora, vec, none);
+		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, mla_expand_mma_kernel<2, 2>,
+					   out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim,
+					   d->kv_lora, vec, none));
 	ATTN_LAUNCHED("mla_expand_mma_kernel");
 	return 0;
 }
