@@ -253,8 +253,8 @@ static void gqa_attention(struct forward *f, const struct model_layer *L, int l,
 	linear_residual(f, f->x, f->h, f->attn, &L->wo, R);
 }
 
-/* MLA's q and the latent into the cache, op by op (backends without mla_prep, or
- * q-LoRA models): q_a and its norm first where there is q-LoRA. */
+/* MLA's q and the latent into the cache, op by op (backends without mla_prep): q_a
+ * and its norm first where there is q-LoRA. */
 static void mla_inputs(struct forward *f, const struct model_layer *L, int l,
 		       const struct fwd_batch *b, const struct backend_mla *p)
 {
@@ -301,7 +301,7 @@ static int mla_attention(struct forward *f, const struct model_layer *L, int l,
 	};
 	int ret;
 
-	if (c->q_lora_rank == 0 && f->be->ops->mla_prep)	/* q and kv_a: one matrix */
+	if (f->be->ops->mla_prep)	/* q(_a) and kv_a projections: one matrix */
 		OP(f, mla_prep, f->q, f->h, L, &p);
 	else
 		mla_inputs(f, L, l, b, &p);
