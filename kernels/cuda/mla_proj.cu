@@ -25,6 +25,7 @@
 #define EXP_FOLD_ROWS 1		// rows up to which the expand merges the splits itself
 #define EXP_FOLD_NJ 16		// outputs per merging expand block: half the blocks (and
 				// merged copies) of 8, one block per SM at DeepSeek's dims
+#define MERGE_BATCH 32		// partial loads a merging thread has in flight at once
 
 namespace {	// kernels and their helpers stay private to this file
 
@@ -116,8 +117,8 @@ struct proj_parts {
 // L (L % 4 == 0, parts 16-byte aligned), with the merge kernel's arithmetic in its order
 // (so o_lat is bit for bit what attn_merge writes): warp w lists the live splits of rows
 // w, w + 4, ... and their weights (live, wts: (nr, n_splits); n_live: (nr)); then each
-// float4 of a row sums w_i o(live_i) with four accumulators, their loads in flight
-// together.
+// float4 of a row sums w_i o(live_i) with four accumulators, MERGE_BATCH loads at a
+// time in flight.
 __device__ __forceinline__ void stage_merged(float *sa, int as, const proj_parts p, int R, int H,
 					     int h, int r0, int nr, int L, int *live, float *wts,
 					     int *n_live)
@@ -169,27 +170,37 @@ __device__ __forceinline__ void stage_merged(float *sa, int as, const proj_parts
 		const int *lv = live + rr * ns;
 		const float *wv = wts + rr * ns;
 		const float *po = p.o + ((size_t)(r0 + rr) * H + h) * L + c;
-		float4 a0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), a1 = a0, a2 = a0, a3 = a0;
-		int j = 0;
+		const int n4 = n & ~3;
+		float4 acc[4];
 
-		if (c < L) {
-			for (; j + 4 <= n; j += 4) {
-				const float4 o0 = *(const float4 *)(po + lv[j] * sstride);
-				const float4 o1 = *(const float4 *)(po + lv[j + 1] * sstride);
-				const float4 o2 = *(const float4 *)(po + lv[j + 2] * sstride);
-				const float4 o3 = *(const float4 *)(po + lv[j + 3] * sstride);
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		// MERGE_BATCH loads in flight, then their sums: the merge kernel's order (split
+		// j into accumulator j % 4 up to n4, the rest into the first), so a row of 33
+		// splits (batch 1, ctx 1024) costs two memory latencies, not nine
+		for (int j0 = 0; c < L && j0 < n; j0 += MERGE_BATCH) {
+			float4 o[MERGE_BATCH];
 
-				a0 = fma4(wv[j], o0, a0);
-				a1 = fma4(wv[j + 1], o1, a1);
-				a2 = fma4(wv[j + 2], o2, a2);
-				a3 = fma4(wv[j + 3], o3, a3);
+#pragma unroll
+			for (int k = 0; k < MERGE_BATCH; k++)
+				if (j0 + k < n)
+					o[k] = *(const float4 *)(po + lv[j0 + k] * sstride);
+#pragma unroll
+			for (int k = 0; k < MERGE_BATCH; k++) {
+				const int j = j0 + k;
+
+				if (j < n4)
+					acc[k % 4] = fma4(wv[j], o[k], acc[k % 4]);
+				else if (j < n)
+					acc[0] = fma4(wv[j], o[k], acc[0]);
 			}
-			for (; j < n; j++)
-				a0 = fma4(wv[j], *(const float4 *)(po + lv[j] * sstride), a0);
 		}
-		*(float4 *)(sa + rr * as + c) =
-			make_float4((a0.x + a1.x) + (a2.x + a3.x), (a0.y + a1.y) + (a2.y + a3.y),
-				    (a0.z + a1.z) + (a2.z + a3.z), (a0.w + a1.w) + (a2.w + a3.w));
+		*(float4 *)(sa + rr * as + c) = make_float4(
+			(acc[0].x + acc[1].x) + (acc[2].x + acc[3].x),
+			(acc[0].y + acc[1].y) + (acc[2].y + acc[3].y),
+			(acc[0].z + acc[1].z) + (acc[2].z + acc[3].z),
+			(acc[0].w + acc[1].w) + (acc[2].w + acc[3].w));
 	}
 }
 
@@ -288,9 +299,9 @@ mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *__restrict__ q,
 // (as wide) and the chunk's W_UV rows (NT * 8, ls) arrive in one burst, zero padded; warp w takes
 // the k16 steps w, w + 4, ... for every row and output, and the four partial tiles are
 // added in a fixed order through shared memory (the tiles' space, reused). With split
-// partials (parts.n_splits > 1) the rows are merged from them instead of read from
-// o_lat, while the weight tile is in flight; the split lists follow the tiles.
-template <int MT, int NT>
+// partials (FOLD, parts.n_splits > 1) the rows are merged from them instead of read
+// from o_lat, while the weight tile is in flight; the split lists follow the tiles.
+template <int MT, int NT, bool FOLD>
 __global__ void __launch_bounds__(PROJ_THREADS)
 mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 		      const uint16_t *__restrict__ w, int n_rows, int H, int nope, int vdim, int L,
@@ -324,7 +335,7 @@ mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 		}
 	}
 	k_cuda_pdl_wait();	// the weight copies above overlap the attention's tail
-	if (parts.n_splits > 1) {
+	if (FOLD && parts.n_splits > 1) {
 		unsigned char *lists = proj_smem + (size_t)am * as * 4 + (size_t)NJ * ls * 2;
 		int *live = (int *)lists;				// (am, n_splits)
 		float *wts = (float *)(live + am * parts.n_splits);	// (am, n_splits)
@@ -417,11 +428,11 @@ int mla_proj_prepare(int smem_optin)
 	proj_smem_optin = smem_optin;
 	ATTN_TRY(cudaFuncSetAttribute(mla_absorb_mma_kernel,
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, 1>,
+	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, 1, false>,
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<2, 2>,
+	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<2, 2, false>,
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8>,
+	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>,
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
 	return 0;
 }
@@ -490,7 +501,7 @@ int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *
 				   n_splits);
 		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS,
 					   expand_smem(R, d->kv_lora, 16, EXP_FOLD_NJ, n_splits),
-					   mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8>, out, o_lat, w, R,
+					   mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>, out, o_lat, w, R,
 					   d->n_heads, d->nope_dim, d->v_dim, d->kv_lora, vec, parts));
 		ATTN_LAUNCHED("mla_expand_mma_kernel");
 		return 0;
@@ -502,11 +513,11 @@ int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *
 	if (!proj_mma_env() || smem > (size_t)proj_smem_optin)
 		return 1;
 	if (small)	// more blocks, each a shorter burst
-		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, mla_expand_mma_kernel<1, 1>,
+		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, mla_expand_mma_kernel<1, 1, false>,
 					   out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim,
 					   d->kv_lora, vec, none));
 	else
-		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, mla_expand_mma_kernel<2, 2>,
+		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, mla_expand_mma_kernel<2, 2, false>,
 					   out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim,
 					   d->kv_lora, vec, none));
 	ATTN_LAUNCHED("mla_expand_mma_kernel");
