@@ -118,9 +118,10 @@ struct k_cuda_mla_post_args {
 	const int32_t *slots;	/* (rows); < 0: the row writes no cache entry */
 };
 
-/* q_pe = rope(q_pe) per head; [rmsnorm(latent) ; rope(key)] rounded to bf16 into the
- * cache at each row's slot: k_cuda_rmsnorm, k_cuda_rope (twice) and k_cuda_kv_write's
- * arithmetic in one kernel. kv is only read. 0, -EINVAL (logged) or -EIO. */
+/* q_pe = rope(q_pe) per head (or q = [nope ; rope(pe)] from q_src_pe's rows);
+ * [rmsnorm(latent) ; rope(key)] rounded to bf16 into the cache at each row's slot:
+ * k_cuda_rmsnorm, k_cuda_rope (twice) and k_cuda_kv_write's arithmetic in one kernel.
+ * kv and q_src_pe are only read. 0, -EINVAL (logged) or -EIO. */
 int k_cuda_mla_post(cudaStream_t s, const struct k_cuda_mla_post_args *a);
 
 #ifdef __cplusplus

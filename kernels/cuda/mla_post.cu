@@ -1,6 +1,7 @@
 // The attention inputs of an MLA layer in one launch, after its q and kv_a projections:
 // RMSNorm of the kv_lora latent, RoPE of the shared rope key and of every head's q_pe,
-// and [latent ; rotated key] rounded to bf16 into each row's cache slot. The arithmetic
+// and [latent ; rotated key] rounded to bf16 into each row's cache slot; q either in
+// place or out of a fused projection's rows into its own buffer. The arithmetic
 // is that of rmsnorm.cu, rope.cu and kv_write.cu (fp64 sum of squares, fp64 cos/sin
 // rounded to fp32, no FMA), so the fused and the op-by-op paths agree to the order of
 // one fp64 sum.
