@@ -948,6 +948,11 @@ int main(void)
 	attn_path = "[mma nofold] ";
 	test_mla();
 	unsetenv("KDEC_MLA_FOLD_ROWS");
+	/* last: the carveout, once asked for at a workspace's creation, stays */
+	setenv("KDEC_MLA_CARVEOUT", "1", 1);
+	attn_path = "[mma carveout] ";
+	test_mla();
+	unsetenv("KDEC_MLA_CARVEOUT");
 	if (!quick) {
 		setenv("KDEC_ATTN_MMA_TK", "64", 1);
 		attn_path = "[mma tk64] ";

@@ -493,6 +493,8 @@ int attn_mma_prepare(int smem_optin)
 			continue;
 		ATTN_TRY(cudaFuncSetAttribute(sh.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					      (int)sh.smem));
+		if (!sh.vsep && attn_mla_carveout(sh.kernel))
+			return -EIO;
 		ATTN_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&sh.per_sm, sh.kernel,
 								       MMA_THREADS, sh.smem));
 	}

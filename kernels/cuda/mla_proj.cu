@@ -434,6 +434,11 @@ int mla_proj_prepare(int smem_optin)
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
 	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>,
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	if (attn_mla_carveout(mla_absorb_mma_kernel) ||
+	    attn_mla_carveout(mla_expand_mma_kernel<1, 1, false>) ||
+	    attn_mla_carveout(mla_expand_mma_kernel<2, 2, false>) ||
+	    attn_mla_carveout(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>))
+		return -EIO;
 	return 0;
 }
 
