@@ -97,6 +97,12 @@ struct backend_ops {
 	 * the slots. What rmsnorm, rope x2 and kv_write do; kv_a is scratch after. */
 	void (*mla_post)(struct backend *be, float *q, float *kv_a, const struct model_layer *L,
 			 const struct backend_mla *p);
+	/* q = h @ L->wq_b^T (q-LoRA: rmsnorm(h @ L->wq_a^T) @ L->wq_b^T) and kv_a =
+	 * h @ L->wkv_a^T, the first projection and kv_a's as one matrix where the backend
+	 * holds the two adjacent, then what mla_post does; h (rows, hidden) in, q (rows,
+	 * n_heads, nope_dim + rope_dim) out, kv_a in the backend's own scratch. */
+	void (*mla_prep)(struct backend *be, float *q, const float *h, const struct model_layer *L,
+			 const struct backend_mla *p);
 	/* out (M, w_gate->rows) = silu(x @ w_gate^T) * (x @ w_up^T), one matrix where the
 	 * backend holds the two adjacent. */
 	void (*gate_up_silu)(struct backend *be, float *out, const float *x,

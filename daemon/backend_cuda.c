@@ -53,7 +53,7 @@ static void prof_create(struct backend_cuda *b)
 static int reads_x_bf16(const char *op)
 {
 	return !strcmp(op, "linear") || !strcmp(op, "linear_add") || !strcmp(op, "qkv_prep") ||
-	       !strcmp(op, "gate_up_silu");
+	       !strcmp(op, "gate_up_silu") || !strcmp(op, "mla_prep");
 }
 
 /* Marks the start of an op: the previous op's end is this op's start. Any other op
@@ -579,6 +579,7 @@ const struct backend_ops backend_cuda_ops = {
 	.reserve = cuda_reserve,
 	.qkv_prep = cuda_qkv_prep,
 	.mla_post = cuda_mla_post,
+	.mla_prep = cuda_mla_prep,
 	.gate_up_silu = cuda_gate_up_silu,
 	.linear_add = cuda_linear_add,
 	.sample = cuda_sample,

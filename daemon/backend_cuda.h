@@ -91,6 +91,8 @@ void cuda_qkv_prep(struct backend *be, float *q, const float *h, const struct mo
 		   const struct backend_qkv *p);
 void cuda_mla_post(struct backend *be, float *q, float *kv_a, const struct model_layer *L,
 		   const struct backend_mla *p);
+void cuda_mla_prep(struct backend *be, float *q, const float *h, const struct model_layer *L,
+		   const struct backend_mla *p);
 void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		       const struct model_tensor *w_gate, const struct model_tensor *w_up, int M);
 

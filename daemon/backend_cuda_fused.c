@@ -25,6 +25,16 @@ int cuda_fused_reserve(struct backend_cuda *b, int max_M)
 	if (shared > inter)
 		inter = shared;
 	width = c->mla ? 2 * inter : (qkv > 2 * inter ? qkv : 2 * inter);
+	if (c->mla) {	/* mla_prep's [q | kv_a] rows, or [q_a | kv_a] and q_a normalised */
+		size_t qkva = (size_t)c->n_heads * (size_t)(c->qk_nope_head_dim + c->qk_rope_head_dim) +
+			      (size_t)(c->kv_lora_rank + c->qk_rope_head_dim);
+		size_t lora = 2 * (size_t)c->q_lora_rank + (size_t)(c->kv_lora_rank + c->qk_rope_head_dim);
+
+		if (qkva > width)
+			width = qkva;
+		if (c->q_lora_rank > 0 && lora > width)
+			width = lora;
+	}
 	b->fused_floats = (size_t)max_M * width;
 	if (cudaMalloc((void **)&b->fused, b->fused_floats * sizeof(float)) != cudaSuccess) {
 		b->fused = NULL;
@@ -138,15 +148,40 @@ static int mla_post_op_by_op(struct backend_cuda *b, float *q, float *kv_a,
 	return k_cuda_kv_write(b->stream, (uint16_t *)p->kv->k, width, kv_a, width, R, p->slots);
 }
 
+/* mla_post's kernel; q_src (NULL: q in place) and kv_a rows q_src_rs and kv_rs apart. */
+static int mla_post_kernel(struct backend_cuda *b, float *q, const float *q_src, long q_src_rs,
+			   const float *kv_a, long kv_rs, const struct model_layer *L,
+			   const struct backend_mla *p)
+{
+	const int qk = p->nope_dim + p->rope_dim;
+	struct k_cuda_mla_post_args a;
+
+	a = (struct k_cuda_mla_post_args){
+		.q_pe = q + p->nope_dim, .q_rs = (long)p->n_heads * qk, .q_hs = qk,
+		.q_src_pe = q_src ? q_src + p->nope_dim : NULL, .q_src_rs = q_src_rs,
+		.nope_dim = p->nope_dim,
+		.n_heads = p->n_heads, .kv = kv_a, .kv_rs = kv_rs,
+		.rows = p->rows, .kv_lora = p->kv_lora, .pe_dim = p->rope_dim,
+		.norm = V(b, &L->kv_a_norm), .eps = p->eps, .inv_freq = b->inv_freq,
+		.rot_dim = p->rope->dim, .interleaved = p->rope->interleaved,
+		.attn_factor = p->rope->attn_factor, .pos = p->pos, .cache = (uint16_t *)p->kv->k,
+		.slots = p->slots,
+	};
+	return k_cuda_mla_post(b->stream, &a);
+}
+
+static int mla_rope_ok(struct backend_cuda *b, const struct backend_mla *p)
+{
+	return p->rope->dim == b->rope_dim && p->rope->dim <= p->rope_dim;
+}
+
 void cuda_mla_post(struct backend *be, float *q, float *kv_a, const struct model_layer *L,
 		   const struct backend_mla *p)
 {
 	struct backend_cuda *b = (struct backend_cuda *)be;
-	const int qk = p->nope_dim + p->rope_dim;
-	struct k_cuda_mla_post_args a;
 
 	cuda_prof_mark(b, "mla_post");
-	if (p->rope->dim != b->rope_dim || p->rope->dim > p->rope_dim) {
+	if (!mla_rope_ok(b, p)) {
 		cuda_note(b, -EINVAL, "mla_post (another model's rope, or wider than the rope key)");
 		return;
 	}
@@ -154,16 +189,96 @@ void cuda_mla_post(struct backend *be, float *q, float *kv_a, const struct model
 		cuda_note(b, mla_post_op_by_op(b, q, kv_a, L, p), "mla_post");
 		return;
 	}
-	a = (struct k_cuda_mla_post_args){
-		.q_pe = q + p->nope_dim, .q_rs = (long)p->n_heads * qk, .q_hs = qk,
-		.n_heads = p->n_heads, .kv = kv_a, .kv_rs = p->kv_lora + p->rope_dim,
-		.rows = p->rows, .kv_lora = p->kv_lora, .pe_dim = p->rope_dim,
-		.norm = V(b, &L->kv_a_norm), .eps = p->eps, .inv_freq = b->inv_freq,
-		.rot_dim = p->rope->dim, .interleaved = p->rope->interleaved,
-		.attn_factor = p->rope->attn_factor, .pos = p->pos, .cache = (uint16_t *)p->kv->k,
-		.slots = p->slots,
-	};
-	cuda_note(b, k_cuda_mla_post(b->stream, &a), "mla_post");
+	cuda_note(b, mla_post_kernel(b, q, NULL, 0, kv_a, p->kv_lora + p->rope_dim, L, p),
+		  "mla_post");
+}
+
+/* KDEC_CUDA_MLA_PREP=0: mla_prep runs q_b and kv_a as two linears (q straight into q)
+ * and mla_post's kernel in place, as the op-by-op forward did. Read once. */
+static int mla_prep_fused(void)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *e = getenv("KDEC_CUDA_MLA_PREP");
+
+		on = !(e && e[0] == '0');
+	}
+	return on;
+}
+
+/* q-LoRA: q = rmsnorm(q_a) @ wq_b^T from the q_a part of the fused rows, through a
+ * contiguous scratch after them (its bf16 copy made on the way, for that linear). */
+static int mla_prep_lora(struct backend_cuda *b, float *q, const float *q_a, long q_a_rs,
+			 const struct model_layer *L, const struct backend_mla *p, float *scratch)
+{
+	const int R = p->rows, n = (int)L->wq_a.rows;
+	uint16_t *xb = k_cuda_linear_x_scratch(b->lin, R, n);
+	int ret;
+
+	if (!xb)
+		ret = k_cuda_rmsnorm(b->stream, scratch, n, q_a, (int)q_a_rs, V(b, &L->q_a_norm), R, n,
+				     p->eps);
+	else if (!(ret = k_cuda_rmsnorm_bf16(b->stream, scratch, n, q_a, (int)q_a_rs,
+					     V(b, &L->q_a_norm), R, n, p->eps, xb)))
+		k_cuda_linear_x_ready(b->lin, scratch, R, n);
+	if (ret)
+		return ret;
+	return k_cuda_linear(b->lin, q, scratch, W(b, &L->wq_b), R, (int)L->wq_b.rows,
+			     (int)L->wq_b.cols, 0);
+}
+
+/* [q | kv_a] (rows, H * qk + kv_lora + rope) = h @ [wq_b; wkv_a]^T in b->fused, one
+ * linear where the arena holds the two adjacent (it places them so): at batch 1 one
+ * weight stream of 15 MB where two launches read 12.6 and 2.4. Then mla_post's kernel
+ * copies q out of the fused rows into q, rotating its rope part, and appends the
+ * latent from the same rows. With q-LoRA the pair is [wq_a; wkv_a]: q_a's norm and
+ * wq_b follow, and mla_post rotates q in place. */
+void cuda_mla_prep(struct backend *be, float *q, const float *h, const struct model_layer *L,
+		   const struct backend_mla *p)
+{
+	struct backend_cuda *b = (struct backend_cuda *)be;
+	const int lora = L->wq_a.data != NULL;
+	const struct model_tensor *w[2] = { lora ? &L->wq_a : &L->wq_b, &L->wkv_a };
+	const long qk = p->nope_dim + p->rope_dim, width = p->kv_lora + p->rope_dim;
+	const size_t R = (size_t)p->rows, pair = R * (size_t)(w[0]->rows + w[1]->rows);
+	long off[2], rs[2];
+	int ret;
+
+	cuda_prof_mark(b, "mla_prep");
+	if (!mla_rope_ok(b, p) || L->wq_b.rows != (int64_t)p->n_heads * qk ||
+	    L->wkv_a.rows != width || w[0]->cols != w[1]->cols ||
+	    (lora && L->wq_b.cols != L->wq_a.rows) ||
+	    pair + (lora ? R * (size_t)L->wq_a.rows : 0) > b->fused_floats) {
+		cuda_note(b, -EINVAL, "mla_prep (another model's rope or shapes, or rows past the "
+			  "scratch)");
+		return;
+	}
+	if (!mla_prep_fused() || !mla_post_fused()) {	/* the op-by-op order */
+		float *q_a = b->fused, *kv_a = b->fused + R * (size_t)w[0]->rows;
+
+		if (lora && !(ret = k_cuda_linear(b->lin, q_a, h, W(b, w[0]), p->rows,
+						  (int)w[0]->rows, (int)w[0]->cols, 0)))
+			ret = mla_prep_lora(b, q, q_a, (long)w[0]->rows, L, p, b->fused + pair);
+		else if (!lora)
+			ret = k_cuda_linear(b->lin, q, h, W(b, w[0]), p->rows, (int)w[0]->rows,
+					    (int)w[0]->cols, 0);
+		if (!ret)
+			ret = k_cuda_linear(b->lin, kv_a, h, W(b, w[1]), p->rows, (int)w[1]->rows,
+					    (int)w[1]->cols, 0);
+		if (!ret)
+			ret = mla_post_fused() ? mla_post_kernel(b, q, NULL, 0, kv_a, width, L, p)
+					       : mla_post_op_by_op(b, q, kv_a, L, p);
+		cuda_note(b, ret, "mla_prep");
+		return;
+	}
+	if ((ret = group_linear(b, b->fused, h, w, 2, p->rows, off, rs)) ||
+	    (lora && (ret = mla_prep_lora(b, q, b->fused + off[0], rs[0], L, p, b->fused + pair)))) {
+		cuda_note(b, ret, "mla_prep");
+		return;
+	}
+	cuda_note(b, mla_post_kernel(b, q, lora ? NULL : b->fused + off[0], rs[0],
+				     b->fused + off[1], rs[1], L, p), "mla_prep");
 }
 
 void cuda_gate_up_silu(struct backend *be, float *out, const float *x,

@@ -216,10 +216,13 @@ static void place_experts(struct upload *u, const struct model_layer *L)
 static void place_layer(struct upload *u, const struct model_layer *L)
 {
 	const struct model_config *c = &u->b->m->cfg;
+	const int lora = L->wq_a.data != NULL;
+	/* MLA: the projection of h before kv_a's (wq_a with q-LoRA, else wq_b) right
+	 * before wkv_a, so mla_prep reads the two as one matrix */
 	const struct model_tensor *t[] = {
 		&L->attn_norm, &L->ffn_norm, &L->wq, &L->wk, &L->wv, &L->q_norm, &L->k_norm,
-		&L->wq_a, &L->q_a_norm, &L->wq_b, &L->wkv_a, &L->kv_a_norm, &L->wkv_b, &L->wo,
-		&L->w_gate, &L->w_up, &L->w_down, &L->router,
+		lora ? &L->wq_a : &L->wq_b, &L->wkv_a, &L->q_a_norm, lora ? &L->wq_b : &L->wq_a,
+		&L->kv_a_norm, &L->wkv_b, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->router,
 	};
 
 	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)

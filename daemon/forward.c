@@ -253,19 +253,14 @@ static void gqa_attention(struct forward *f, const struct model_layer *L, int l,
 	linear_residual(f, f->x, f->h, f->attn, &L->wo, R);
 }
 
-/* DeepSeek multi-head latent attention, absorbed: the cache holds the normalised
- * kv_lora latent and the rotated rope key of each token, never per-head K/V. */
-static int mla_attention(struct forward *f, const struct model_layer *L, int l,
-			 const struct fwd_batch *b)
+/* MLA's q and the latent into the cache, op by op (backends without mla_prep): q_a
+ * and its norm first where there is q-LoRA. */
+static void mla_inputs(struct forward *f, const struct model_layer *L, int l,
+		       const struct fwd_batch *b, const struct backend_mla *p)
 {
 	const struct model_config *c = &f->m->cfg;
 	int R = b->n_rows, H = c->n_heads;
 	int qk = c->qk_nope_head_dim + c->qk_rope_head_dim, width = kv_width(c);
-	struct k_mla_dims d = {
-		.n_heads = H, .nope_dim = c->qk_nope_head_dim, .rope_dim = c->qk_rope_head_dim,
-		.v_dim = c->v_head_dim, .kv_lora = c->kv_lora_rank,
-	};
-	int ret;
 
 	if (c->q_lora_rank > 0) {
 		OP(f, linear, f->q_a, f->h, &L->wq_a, R);
@@ -277,14 +272,7 @@ static int mla_attention(struct forward *f, const struct model_layer *L, int l,
 	}
 	OP(f, linear, f->kv_a, f->h, &L->wkv_a, R);
 	if (f->be->ops->mla_post) {
-		struct backend_mla p = {
-			.rows = R, .n_heads = H, .nope_dim = c->qk_nope_head_dim,
-			.rope_dim = c->qk_rope_head_dim, .kv_lora = c->kv_lora_rank,
-			.eps = c->rms_norm_eps, .rope = &f->rope, .pos = b->pos, .slots = b->slots,
-			.kv = &f->kv[l],
-		};
-
-		OP(f, mla_post, f->q, f->kv_a, L, &p);
+		OP(f, mla_post, f->q, f->kv_a, L, p);
 	} else {	/* the latent normalised, q_pe and the key rotated, then appended */
 		OP(f, rmsnorm, f->kv_a, width, f->kv_a, width, &L->kv_a_norm, R, c->kv_lora_rank,
 		   c->rms_norm_eps);
@@ -292,6 +280,31 @@ static int mla_attention(struct forward *f, const struct model_layer *L, int l,
 		OP(f, rope, &f->rope, f->kv_a + c->kv_lora_rank, R, 1, width, 0, b->pos);
 		OP(f, kv_write, f->kv[l].k, width, f->kv_a, R, b->slots);
 	}
+}
+
+/* DeepSeek multi-head latent attention, absorbed: the cache holds the normalised
+ * kv_lora latent and the rotated rope key of each token, never per-head K/V. */
+static int mla_attention(struct forward *f, const struct model_layer *L, int l,
+			 const struct fwd_batch *b)
+{
+	const struct model_config *c = &f->m->cfg;
+	int R = b->n_rows, H = c->n_heads;
+	struct k_mla_dims d = {
+		.n_heads = H, .nope_dim = c->qk_nope_head_dim, .rope_dim = c->qk_rope_head_dim,
+		.v_dim = c->v_head_dim, .kv_lora = c->kv_lora_rank,
+	};
+	struct backend_mla p = {
+		.rows = R, .n_heads = H, .nope_dim = c->qk_nope_head_dim,
+		.rope_dim = c->qk_rope_head_dim, .kv_lora = c->kv_lora_rank,
+		.eps = c->rms_norm_eps, .rope = &f->rope, .pos = b->pos, .slots = b->slots,
+		.kv = &f->kv[l],
+	};
+	int ret;
+
+	if (f->be->ops->mla_prep)	/* q(_a) and kv_a projections: one matrix */
+		OP(f, mla_prep, f->q, f->h, L, &p);
+	else
+		mla_inputs(f, L, l, b, &p);
 	ret = OP(f, attn_mla, f->attn, f->q, &L->wkv_b, &f->kv[l], &b->attn, &d, c->attn_scale);
 	if (ret)
 		return ret;

@@ -879,6 +879,9 @@ static void test_mla(void)
 
 	mla_case(lite, 64, rows_decode(1, 1, 0, 1), 0);
 	mla_case(lite, 64, rows_decode(1, quick ? 300 : 1000, 0, 1000), 0);
+	/* batch 1 as a graph sizes it: 128 splits of 32 tokens, 33 live (the fold's 32
+	 * loads in flight and one more), the rest empty */
+	mla_case(lite, 64, rows_decode(1, 1040, 0, 4096), 0);
 	mla_case(lite, 16, rows_decode(7, quick ? 200 : 1000, 1, 32768), 0);
 	mla_case(lite, 64, rows_decode(64, quick ? 40 : 4096, 1, quick ? 64 : 4096), 0);
 	mla_case(tiny, 16, rows_decode(1, 17, 0, 17), 0);
@@ -936,6 +939,20 @@ int main(void)
 	attn_path = "[mma] ";
 	test_gqa();
 	test_mla();
+	/* The split merge folded into MLA's expand projection at every row count it takes
+	 * (by default only batch 1: the cases above), then never (the merge kernel). */
+	setenv("KDEC_MLA_FOLD_ROWS", "16", 1);
+	attn_path = "[mma fold16] ";
+	test_mla();
+	setenv("KDEC_MLA_FOLD_ROWS", "0", 1);
+	attn_path = "[mma nofold] ";
+	test_mla();
+	unsetenv("KDEC_MLA_FOLD_ROWS");
+	/* last: the carveout, once asked for at a workspace's creation, stays */
+	setenv("KDEC_MLA_CARVEOUT", "1", 1);
+	attn_path = "[mma carveout] ";
+	test_mla();
+	unsetenv("KDEC_MLA_CARVEOUT");
 	if (!quick) {
 		setenv("KDEC_ATTN_MMA_TK", "64", 1);
 		attn_path = "[mma tk64] ";

@@ -502,11 +502,14 @@ static void test_qkv_post(int rows, int H, int KV, int D, int qk_norm, int inter
 
 /* Rows of q (rows, H, nope + pe) and kv_a (rows, kv_rs) through k_cuda_mla_post against
  * k_cpu_rmsnorm + k_cpu_rope (q_pe, key) + bf16 rounding, as forward.c's op-by-op path.
+ * fused: q and kv_a side by side in the rows of one source (mla_prep's [q | kv_a]), q
+ * out into a poisoned buffer: every value of it must be written (nope and the unrotated
+ * tail copied, the rotated part as in place) and the source left as it was.
  * Every fourth row writes no cache entry (slot -1); the slots are scattered, unwritten
  * cache stays poisoned, kv_a is only read. q: REL_TOL (in practice 0); cache: bit for
  * bit (the fp64 sum of squares in another order could move one rounding: about never). */
 static void test_mla_post(int rows, int H, int nope, int pe, int lora, int kv_pad,
-			  const struct k_rope_params *rp, const char *name)
+			  const struct k_rope_params *rp, const char *name, int fused)
 {
 	const int qk = nope + pe, width = lora + pe, kv_rs = width + kv_pad;
 	const int n_slots = (rows + 7) % 5 ? rows + 7 : rows + 8;	/* coprime to 5 */
@@ -520,7 +523,8 @@ static void test_mla_post(int rows, int H, int nope, int pe, int lora, int kv_pa
 	size_t bad = 0, kept = 0, written = 0;
 	struct k_rope rope;
 	struct k_cuda_mla_post_args a;
-	float *dq, *dkv, *dw, *dinv;
+	float *dq, *dkv, *dw, *dinv, *dsrc = NULL;
+	const long src_rs = (long)H * qk + kv_rs + 4;	/* fused rows, a little padding */
 	uint16_t *dc;
 	int32_t *dpos, *dslots;
 	char shape[128];
@@ -539,6 +543,19 @@ static void test_mla_post(int rows, int H, int nope, int pe, int lora, int kv_pa
 
 	dq = dev_from(q, sizeof(float) * nq);
 	dkv = dev_from(kv, sizeof(float) * nkv);
+	if (fused) {	/* [q | kv_a] rows in dsrc; dq poisoned */
+		const size_t hq = (size_t)H * qk;
+
+		dsrc = dev_alloc(sizeof(float) * (size_t)rows * src_rs);
+		for (int r = 0; r < rows; r++) {
+			CHECK(cudaMemcpy(dsrc + (size_t)r * src_rs, q + r * hq, sizeof(float) * hq,
+					 cudaMemcpyHostToDevice) == cudaSuccess, "copy");
+			CHECK(cudaMemcpy(dsrc + (size_t)r * src_rs + hq, kv + (size_t)r * kv_rs,
+					 sizeof(float) * kv_rs, cudaMemcpyHostToDevice) == cudaSuccess,
+			      "copy");
+		}
+		poison(dq, sizeof(float) * nq);
+	}
 	dw = dev_from(w, sizeof(float) * lora);
 	dinv = dev_from(rope.inv_freq, sizeof(float) * (size_t)rope.dim / 2);
 	dpos = dev_from(pos, sizeof(int32_t) * rows);
@@ -551,9 +568,32 @@ static void test_mla_post(int rows, int H, int nope, int pe, int lora, int kv_pa
 		.eps = 1e-6f, .inv_freq = dinv, .rot_dim = rope.dim, .interleaved = rope.interleaved,
 		.attn_factor = rope.attn_factor, .pos = dpos, .cache = dc, .slots = dslots,
 	};
+	if (fused) {
+		a.q_src_pe = dsrc + nope;
+		a.q_src_rs = src_rs;
+		a.nope_dim = nope;
+		a.kv = dsrc + (size_t)H * qk;
+		a.kv_rs = src_rs;
+	}
 	CHECK(k_cuda_mla_post(stream, &a) == 0, "mla_post launch");
 	to_host(qgot, dq, sizeof(float) * nq);
-	to_host(kvgot, dkv, sizeof(float) * nkv);
+	if (fused) {	/* the source's kv_a part, and its q part unchanged */
+		float *src = malloc(sizeof(float) * (size_t)rows * src_rs);
+
+		to_host(src, dsrc, sizeof(float) * (size_t)rows * src_rs);
+		for (int r = 0; r < rows; r++) {
+			memcpy(kvgot + (size_t)r * kv_rs, src + (size_t)r * src_rs + (size_t)H * qk,
+			       sizeof(float) * kv_rs);
+			for (int i = 0; i < H * qk; i++)
+				bad += memcmp(&src[(size_t)r * src_rs + i], &q[(size_t)r * H * qk + i],
+					      sizeof(float)) != 0;
+		}
+		free(src);
+		CHECK(!bad, "mla_post fused: %zu source q values changed", bad);
+		bad = 0;
+	} else {
+		to_host(kvgot, dkv, sizeof(float) * nkv);
+	}
 	to_host(hc, dc, sizeof(uint16_t) * ncache);
 	for (size_t i = 0; i < ncache; i++)
 		kept += hc[i] == 0xffff;
@@ -567,8 +607,9 @@ static void test_mla_post(int rows, int H, int nope, int pe, int lora, int kv_pa
 			kept -= hc[c] == 0xffff;	/* 0xffff is a NaN: never a right value */
 		}
 	}
-	snprintf(shape, sizeof(shape), "%s rows %d H %d nope %d pe %d/%d lora %d%s%s", name, rows, H,
-		 nope, rope.dim, pe, lora, rp->interleaved ? " il" : "", kv_pad ? " padded" : "");
+	snprintf(shape, sizeof(shape), "%s rows %d H %d nope %d pe %d/%d lora %d%s%s%s", name, rows,
+		 H, nope, rope.dim, pe, lora, rp->interleaved ? " il" : "", kv_pad ? " padded" : "",
+		 fused ? " fused" : "");
 	CHECK(kept == ncache - written * width, "mla_post %s: %zu cache values outside the slots "
 	      "written", shape, ncache - written * width - kept);
 	report("mla_post q", shape, qgot, qref, nq, REL_TOL);
@@ -577,7 +618,7 @@ static void test_mla_post(int rows, int H, int nope, int pe, int lora, int kv_pa
 	       bad ? "FAIL" : "PASS");
 	CHECK(!bad, "mla_post cache %s: %zu bf16 values differ", shape, bad);
 	cudaFree(dq), cudaFree(dkv), cudaFree(dw), cudaFree(dinv), cudaFree(dpos);
-	cudaFree(dslots), cudaFree(dc);
+	cudaFree(dslots), cudaFree(dc), cudaFree(dsrc);
 	k_rope_fini(&rope);
 	free(q), free(kv), free(w), free(qref), free(kvref), free(qgot), free(kvgot), free(hc);
 	free(pos), free(slots);
@@ -596,18 +637,21 @@ static void test_mla_post_all(void)
 		.interleaved = 1 };
 	const int rows[] = { 1, 8, 64 };
 
-	for (int r = 0; r < 3; r++)
-		for (int il = 0; il < 2; il++) {	/* DeepSeek-V2-Lite: 16 heads, 512 + 64 */
-			yarn.interleaved = def.interleaved = il;
-			test_mla_post(rows[r], 16, 128, 64, 512, 0, &yarn, "yarn");
-			test_mla_post(rows[r], 16, 128, 64, 512, 0, &def, "default");
-		}
-	def.interleaved = 0;
-	test_mla_post(3, 128, 128, 64, 512, 0, &yarn, "yarn");	/* V3: 128 heads */
-	test_mla_post(5, 3, 12, 16, 37, 3, &l3, "llama3");	/* odd latent, padded kv rows */
-	test_mla_post(7, 5, 7, 10, 2048, 1, &lin, "linear");	/* rope 6 of a 10-wide key */
-	def.dim = 2;
-	test_mla_post(2, 1, 1, 2, 1, 0, &def, "default");	/* one pair, latent of one */
+	for (int fused = 0; fused < 2; fused++) {	/* in place; from [q | kv_a] rows */
+		def.dim = 64;
+		for (int r = 0; r < 3; r++)
+			for (int il = 0; il < 2; il++) {	/* DeepSeek-V2-Lite: 16 heads, 512 + 64 */
+				yarn.interleaved = def.interleaved = il;
+				test_mla_post(rows[r], 16, 128, 64, 512, 0, &yarn, "yarn", fused);
+				test_mla_post(rows[r], 16, 128, 64, 512, 0, &def, "default", fused);
+			}
+		def.interleaved = 0;
+		test_mla_post(3, 128, 128, 64, 512, 0, &yarn, "yarn", fused);	/* V3: 128 heads */
+		test_mla_post(5, 3, 12, 16, 37, 3, &l3, "llama3", fused);	/* odd latent, padded */
+		test_mla_post(7, 5, 7, 10, 2048, 1, &lin, "linear", fused);	/* rope 6 of 10 */
+		def.dim = 2;
+		test_mla_post(2, 1, 1, 2, 1, 0, &def, "default", fused);	/* one pair, latent 1 */
+	}
 }
 
 int main(void)

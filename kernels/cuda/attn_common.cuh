@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 
 #include <cuda_runtime.h>
 
@@ -33,6 +34,23 @@
 		fputc('\n', stderr);                                               \
 		return -EINVAL;                                                    \
 	} while (0)
+
+// KDEC_MLA_CARVEOUT=1: the kernels of MLA's attention chain (absorb, attention,
+// expand) ask for the largest shared-memory carveout, all the same one. An SM changes
+// its L1 / shared split only when idle, so a kernel launched early (programmatic launch)
+// cannot join one of another split until it drains; whether the driver's own choices
+// differ along the chain is for a GPU run to say, hence off by default. At ws creation.
+template <typename K>
+static inline int attn_mla_carveout(K *kernel)
+{
+	const char *e = getenv("KDEC_MLA_CARVEOUT");
+
+	if (!(e && e[0] == '1'))
+		return 0;
+	ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+				      (int)cudaSharedmemCarveoutMaxShared));
+	return 0;
+}
 
 // Splits along the sequence: at most this many (the merge holds their weights; one
 // block per SM for MLA at batch 1 needs about the SM count).
@@ -176,6 +194,12 @@ int attn_mma_usable(const attn_tile_args *a);
 // fits the workspace), then merges the splits; out_bf16 as in k_cuda_attn_gqa_bf16.
 int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
 		    uint16_t *out_bf16, int forced_splits);
+
+// attn_mma_launch without the merge: where a->n_splits comes back > 1, the normalised
+// partials and their log2-sum-exp2 are in ws->part_o and ws->part_lse for the caller
+// to merge (MLA folds that into its expand projection), and a->out is not written.
+int attn_mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
+		 uint16_t *out_bf16, int forced_splits);
 
 // Opt-in shared memory and occupancy of the compiled shapes (at ws creation).
 int attn_mma_prepare(int smem_optin);

@@ -185,10 +185,12 @@ static int mla_check(const k_mla_dims *d)
 	return 0;
 }
 
-// The latent attention proper: o_lat (R, H, L) from q_lat (R, H, L + rope).
+// The latent attention proper: o_lat (R, H, L) from q_lat (R, H, L + rope). *n_split
+// comes back 1, or (tensor-core kernel, where the expand can merge them) the number of
+// split partials left unmerged in ws->part_o and ws->part_lse.
 static int mla_attend(cudaStream_t s, k_cuda_attn_ws *ws, const uint16_t *cache,
 		      int block_tokens, const k_cuda_attn_rows *rows, const k_mla_dims *d,
-		      float qscale)
+		      float qscale, int *n_split)
 {
 	const int R = rows->n_rows, H = d->n_heads, L = d->kv_lora, wd = L + d->rope_dim;
 	const long tiles = attn_cdiv(R * H, MLA_TILE_Q);
@@ -217,8 +219,18 @@ static int mla_attend(cudaStream_t s, k_cuda_attn_ws *ws, const uint16_t *cache,
 	a.dv = L;
 	a.qscale = qscale;
 	a.vec = wd % 8 == 0 && (uintptr_t)cache % 16 == 0;
-	if (attn_mma_usable(&a))	// the tensor-core decode kernel
-		return attn_mma_launch(s, ws, &a, rows->max_ctx, nullptr, 0);
+	*n_split = 1;
+	if (attn_mma_usable(&a)) {	// the tensor-core decode kernel
+		int ret = attn_mma_run(s, ws, &a, rows->max_ctx, nullptr, 0);
+
+		if (ret || a.n_splits == 1)
+			return ret;
+		if (mla_expand_folds(R, d, a.n_splits)) {	// the expand merges them
+			*n_split = a.n_splits;
+			return 0;
+		}
+		return attn_merge(s, ws, a.n_splits, R, H, L, a.out, a.out_rs, a.out_hs, nullptr);
+	}
 	a.n_splits = attn_pick_splits(ws, tiles, (long)MLA_CTAS_PER_SM * ws->n_sm, rows->max_ctx,
 				      MLA_MIN_SPLIT_TOKENS, (size_t)R * H * L, (size_t)R * H);
 	return attn_tile_launch(s, ws, MLA_TILE_Q, &a);
@@ -230,7 +242,7 @@ extern "C" int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float 
 			       const struct k_mla_dims *d, float scale)
 {
 	const float qscale = scale * 1.4426950408889634f;	// log2(e): exp2 in the kernels
-	int R, H, vec, ret;
+	int R, H, vec, ret, n_split;
 	size_t smem;
 
 	if (!d)
@@ -257,9 +269,10 @@ extern "C" int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float 
 							    d->rope_dim, d->v_dim, d->kv_lora, vec);
 		ATTN_LAUNCHED("mla_absorb_kernel");
 	}
-	if ((ret = mla_attend(s, ws, cache, block_tokens, rows, d, qscale)))
+	if ((ret = mla_attend(s, ws, cache, block_tokens, rows, d, qscale, &n_split)))
 		return ret;
-	if ((ret = mla_expand_mma(s, out, ws->o_lat, w_kv_b, R, d, vec)) < 0)
+	if ((ret = mla_expand_mma(s, out, ws->o_lat, ws->part_o, ws->part_lse, n_split, w_kv_b,
+				  R, d, vec)) < 0)
 		return ret;
 	if (ret) {
 		smem = (size_t)(d->kv_lora + 3) / 4 * 4 * (EXP_J * 2 + MLA_ROWS * 4);

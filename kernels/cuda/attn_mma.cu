@@ -178,50 +178,83 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	const int ng = min(MMA_Q, a.group - g0), h0 = kvh * a.group + g0;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 	const int qr0 = lane / 4, qr1 = qr0 + 8;	// the two query rows of a lane's accumulators
-	const int ctx = (k_cuda_pdl_wait(), a.ctx[r]), per = attn_split_len(ctx, a.n_splits);
+	// GQA: K/V of this step's token come from the kernel just before (qkv_post), so
+	// everything waits for it. MLA: that kernel is the absorb projection, which wrote
+	// only q_lat and itself waited for mla_post (the cache append) before letting this
+	// launch start; so the block table and the first tiles' copies go out before the
+	// wait, overlapping the absorb's tail, and only q waits (k_cuda_attn_mla keeps that
+	// order).
+	if (VSEP)
+		k_cuda_pdl_wait();
+	const int ctx = a.ctx[r], per = attn_split_len(ctx, a.n_splits);
 	const int tb = (int)min((long)ctx, (long)split * per), te = min(ctx, tb + per);
 	const int n_tiles = (te - tb + TK - 1) / TK;
 	const int32_t *table = a.blocks[r];
 	float o[NV][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
+	// A split past the row's context (graphs size the splits for the whole cache: at
+	// batch 1 most are) says so in its log-sum-exp and stops: the merge never reads its
+	// partial, so it neither stages q nor writes (n_heads, dv) zeros.
+	if (n_tiles == 0 && a.n_splits > 1) {
+		if (!VSEP)
+			k_cuda_pdl_wait();
+		if (threadIdx.x < ng)
+			a.part_lse[(size_t)split * a.n_rows * a.n_heads + (size_t)r * a.n_heads + h0 +
+				   threadIdx.x] = -INFINITY;
+		return;
+	}
+
 	// q * qscale in bf16, rows past the chunk and dims past dk zero: every load issued
-	// before the first store (one memory latency, not one per row).
-	{
-		constexpr int QV = DK / 4, QPT = (MMA_Q * QV + MMA_THREADS - 1) / MMA_THREADS;
-		float4 qx[QPT];
+	// before the first store (one memory latency, not one per row). The loads go out
+	// first, the stores wait until the first tiles' copies are issued: the block table's
+	// load and the K/V fetch behind it do not queue behind q's arrival.
+	int32_t pg[mma_fill<DK, TK>::NP];
+
+	if (!VSEP) {	// MLA: the first tiles before the wait (see above)
+#pragma unroll
+		for (int s = 0; s < ST - 1; s++) {
+			if (s < n_tiles) {
+				mma_page<DK, TK>(pg, a, table, tb + s * TK, te);
+				mma_issue<DK, DV, TK, VSEP>(a, pg, sk + s * TK * L::KS,
+							    sv + s * TK * L::VS, tb + s * TK, kvh);
+			}
+			cp_async_commit();
+		}
+		k_cuda_pdl_wait();
+	}
+	constexpr int QV = DK / 4, QPT = (MMA_Q * QV + MMA_THREADS - 1) / MMA_THREADS;
+	float4 qx[QPT];
 
 #pragma unroll
-		for (int j = 0; j < QPT; j++) {
-			const int i = threadIdx.x + j * MMA_THREADS, g = i / QV, c = i % QV;
+	for (int j = 0; j < QPT; j++) {
+		const int i = threadIdx.x + j * MMA_THREADS, g = i / QV, c = i % QV;
 
-			qx[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-			if (i < MMA_Q * QV && g < ng && c * 4 < a.dk)
-				qx[j] = *(const float4 *)(a.q + (size_t)r * a.q_rs +
-							  (size_t)(h0 + g) * a.q_hs + c * 4);
-		}
-#pragma unroll
-		for (int j = 0; j < QPT; j++) {
-			const int i = threadIdx.x + j * MMA_THREADS, g = i / QV, c = i % QV;
-
-			if (i < MMA_Q * QV)
-				*(uint2 *)(sq + g * L::QS + c * 4) =
-					make_uint2(pack_bf16(qx[j].x * a.qscale, qx[j].y * a.qscale),
-						   pack_bf16(qx[j].z * a.qscale, qx[j].w * a.qscale));
-		}
+		qx[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		if (i < MMA_Q * QV && g < ng && c * 4 < a.dk)
+			qx[j] = *(const float4 *)(a.q + (size_t)r * a.q_rs + (size_t)(h0 + g) * a.q_hs +
+						  c * 4);
 	}
 #pragma unroll
 	for (int n = 0; n < NV; n++)
 		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-	int32_t pg[mma_fill<DK, TK>::NP];
 #pragma unroll
-	for (int s = 0; s < ST - 1; s++) {
+	for (int s = 0; s < ST - 1 && VSEP; s++) {
 		if (s < n_tiles) {
 			mma_page<DK, TK>(pg, a, table, tb + s * TK, te);
 			mma_issue<DK, DV, TK, VSEP>(a, pg, sk + s * TK * L::KS, sv + s * TK * L::VS,
 						    tb + s * TK, kvh);
 		}
 		cp_async_commit();
+	}
+#pragma unroll
+	for (int j = 0; j < QPT; j++) {
+		const int i = threadIdx.x + j * MMA_THREADS, g = i / QV, c = i % QV;
+
+		if (i < MMA_Q * QV)
+			*(uint2 *)(sq + g * L::QS + c * 4) =
+				make_uint2(pack_bf16(qx[j].x * a.qscale, qx[j].y * a.qscale),
+					   pack_bf16(qx[j].z * a.qscale, qx[j].w * a.qscale));
 	}
 	mma_page<DK, TK>(pg, a, table, tb + (ST - 1) * TK, te);
 	for (int it = 0; it < n_tiles; it++) {
@@ -258,7 +291,7 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 				mma_bf16(s[0], qa, kf[0], kf[1]);
 				mma_bf16(s[NT - 1], qa, kf[2], kf[3]);
 			}
-		} else {
+		} else if (DK <= 128) {
 #pragma unroll 4
 			for (int kk = 0; kk < DK / 16; kk += 2) {
 				uint32_t qa[4], qb[4], kf[4];
@@ -269,6 +302,24 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 				mma_bf16(s[0], qa, kf[0], kf[1]);
 				mma_bf16(s[0], qb, kf[2], kf[3]);
 			}
+		} else {
+			// MLA's 36 k16 steps: two accumulators, so the dependent chain of mma
+			// latencies (the kernel's critical path at batch 1) is half as long.
+			float s1[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+
+#pragma unroll 6
+			for (int kk = 0; kk < DK / 16; kk += 2) {
+				uint32_t qa[4], qb[4], kf[4];
+
+				ldsm_x4(qa, sq + (lane % 16) * L::QS + kk * 16 + lane / 16 * 8);
+				ldsm_x4(qb, sq + (lane % 16) * L::QS + kk * 16 + 16 + lane / 16 * 8);
+				ldsm_x4(kf, kb + (warp * WT + lane % 8) * L::KS + kk * 16 + lane / 8 * 8);
+				mma_bf16(s[0], qa, kf[0], kf[1]);
+				mma_bf16(s1, qb, kf[2], kf[3]);
+			}
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				s[0][e] += s1[e];
 		}
 
 		// Mask past te, per-warp row maxima, shared.
@@ -388,9 +439,8 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 				float *po = a.part_o +
 					    ((size_t)split * a.n_rows * a.n_heads + rh) * a.dv + d;
 
-				po[0] = x0;
-				if (d + 1 < a.dv)
-					po[1] = x1;
+				// dv is even (mma_find) and d is: one 8-byte store
+				*(float2 *)po = make_float2(x0, x1);
 			} else {
 				const size_t at = (size_t)r * a.out_rs + (size_t)(h0 + g) * a.out_hs + d;
 
@@ -443,6 +493,8 @@ int attn_mma_prepare(int smem_optin)
 			continue;
 		ATTN_TRY(cudaFuncSetAttribute(sh.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					      (int)sh.smem));
+		if (!sh.vsep && attn_mla_carveout(sh.kernel))
+			return -EIO;
 		ATTN_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&sh.per_sm, sh.kernel,
 								       MMA_THREADS, sh.smem));
 	}
@@ -522,8 +574,8 @@ static int mma_pick_splits(const k_cuda_attn_ws *ws, long base, long slots, int 
 	return best;
 }
 
-int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
-		    uint16_t *out_bf16, int forced_splits)
+int attn_mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
+		 uint16_t *out_bf16, int forced_splits)
 {
 	const mma_shape *sh = mma_find(a->dk, a->dv, a->v != nullptr);
 	const int n_hc = attn_cdiv(a->group, MMA_Q);
@@ -543,8 +595,16 @@ int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a,
 	ATTN_TRY(k_cuda_launch_pdl(s, grid, MMA_THREADS, sh->smem, sh->kernel, *a, n_hc,
 				   a->n_splits == 1 ? out_bf16 : nullptr));
 	ATTN_LAUNCHED("attn_mma_kernel");
-	if (a->n_splits > 1)
-		return attn_merge(s, ws, a->n_splits, a->n_rows, a->n_heads, a->dv, a->out,
-				  a->out_rs, a->out_hs, out_bf16);
 	return 0;
+}
+
+int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
+		    uint16_t *out_bf16, int forced_splits)
+{
+	int ret = attn_mma_run(s, ws, a, max_ctx, out_bf16, forced_splits);
+
+	if (ret || a->n_splits == 1)
+		return ret;
+	return attn_merge(s, ws, a->n_splits, a->n_rows, a->n_heads, a->dv, a->out, a->out_rs,
+			  a->out_hs, out_bf16);
 }

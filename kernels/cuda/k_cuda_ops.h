@@ -98,6 +98,12 @@ struct k_cuda_mla_post_args {
 				 * its first rot_dim values rotated in place */
 	long q_rs;
 	int q_hs, n_heads;
+	const float *q_src_pe;	/* NULL: q_pe is rotated in place. Else the heads come from
+				 * q_src_pe + r * q_src_rs + h * q_hs (a fused projection's
+				 * rows): the rope part rotated into q_pe, and the nope_dim
+				 * values before it copied to those before q_pe */
+	long q_src_rs;
+	int nope_dim;
 	const float *kv;	/* (rows, kv_rs): the kv_lora latent, then the pe_dim rope key */
 	long kv_rs;
 	int rows, kv_lora, pe_dim;	/* kv_lora 1..2048 */
@@ -112,9 +118,10 @@ struct k_cuda_mla_post_args {
 	const int32_t *slots;	/* (rows); < 0: the row writes no cache entry */
 };
 
-/* q_pe = rope(q_pe) per head; [rmsnorm(latent) ; rope(key)] rounded to bf16 into the
- * cache at each row's slot: k_cuda_rmsnorm, k_cuda_rope (twice) and k_cuda_kv_write's
- * arithmetic in one kernel. kv is only read. 0, -EINVAL (logged) or -EIO. */
+/* q_pe = rope(q_pe) per head (or q = [nope ; rope(pe)] from q_src_pe's rows);
+ * [rmsnorm(latent) ; rope(key)] rounded to bf16 into the cache at each row's slot:
+ * k_cuda_rmsnorm, k_cuda_rope (twice) and k_cuda_kv_write's arithmetic in one kernel.
+ * kv and q_src_pe are only read. 0, -EINVAL (logged) or -EIO. */
 int k_cuda_mla_post(cudaStream_t s, const struct k_cuda_mla_post_args *a);
 
 #ifdef __cplusplus

@@ -1,6 +1,7 @@
 // The attention inputs of an MLA layer in one launch, after its q and kv_a projections:
 // RMSNorm of the kv_lora latent, RoPE of the shared rope key and of every head's q_pe,
-// and [latent ; rotated key] rounded to bf16 into each row's cache slot. The arithmetic
+// and [latent ; rotated key] rounded to bf16 into each row's cache slot; q either in
+// place or out of a fused projection's rows into its own buffer. The arithmetic
 // is that of rmsnorm.cu, rope.cu and kv_write.cu (fp64 sum of squares, fp64 cos/sin
 // rounded to fp32, no FMA), so the fused and the op-by-op paths agree to the order of
 // one fp64 sum.
@@ -13,9 +14,21 @@
 #define MLAP_PER (MLAP_MAX_LORA / MLAP_THREADS)
 #define MLAP_MAX_HALF 512	// rotary pairs, as the cos/sin table in shared memory
 #define MLAP_QPRE 2		// q pairs per thread loaded before the trig (all of V2-Lite's)
+#define MLAP_CPRE 8		// copied q values per thread loaded up front (V2-Lite's nope)
 
 namespace {	// kernels and their helpers stay private to this file
 
+
+// From a separate source, what the in-place path leaves as it is: each head's nope_dim
+// values before q_pe and its pe values past rot_dim. Copied value i of a row sits at
+// this offset from the row's q_pe (heads q_hs apart, in source and destination alike).
+__device__ __forceinline__ long mlap_copy_at(const k_cuda_mla_post_args &a, int i)
+{
+	const int nope = a.nope_dim, per = max(nope + a.pe_dim - a.rot_dim, 1);
+	const int h = i / per, j = i % per;
+
+	return (long)h * a.q_hs + (j < nope ? j - nope : a.rot_dim + j - nope);
+}
 
 __device__ __forceinline__ void mlap_rotate(float x1, float x2, float c, float sn, float &o1,
 					    float &o2)
@@ -36,7 +49,9 @@ __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla
 	const int step = a.interleaved ? 2 : 1, gap = a.interleaved ? 1 : half;
 	const float *kv = a.kv + (size_t)r * a.kv_rs;
 	float *qr = a.q_pe + (size_t)r * a.q_rs;
-	float lat[MLAP_PER], q1[MLAP_QPRE], q2[MLAP_QPRE];
+	const float *qs = a.q_src_pe ? a.q_src_pe + (size_t)r * a.q_src_rs : qr;
+	const int nc = a.q_src_pe ? a.n_heads * (a.nope_dim + a.pe_dim - a.rot_dim) : 0;
+	float lat[MLAP_PER], q1[MLAP_QPRE], q2[MLAP_QPRE], cq[MLAP_CPRE];
 	double ss = 0.0;
 	int32_t slot;
 	float p;
@@ -53,10 +68,16 @@ __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla
 #pragma unroll
 	for (int k = 0; k < MLAP_QPRE; k++) {
 		const int it = threadIdx.x + k * MLAP_THREADS;
-		const float *p1 = qr + (size_t)(it / max(half, 1)) * a.q_hs + it % max(half, 1) * step;
+		const float *p1 = qs + (size_t)(it / max(half, 1)) * a.q_hs + it % max(half, 1) * step;
 
 		q1[k] = it < nq ? p1[0] : 0.0f;
 		q2[k] = it < nq ? p1[gap] : 0.0f;
+	}
+#pragma unroll
+	for (int k = 0; k < MLAP_CPRE; k++) {	// nc is 0 unless q comes from q_src_pe
+		const int i = threadIdx.x + k * MLAP_THREADS;
+
+		cq[k] = i < nc ? qs[mlap_copy_at(a, i)] : 0.0f;
 	}
 	for (int i = threadIdx.x; i < half; i += MLAP_THREADS) {
 		const float angle = __fmul_rn(p, a.inv_freq[i]);
@@ -80,10 +101,20 @@ __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla
 	}
 	for (int it = threadIdx.x + MLAP_QPRE * MLAP_THREADS; it < nq; it += MLAP_THREADS) {
 		const int h = it / half, i = it % half;
+		const float *s1 = qs + (size_t)h * a.q_hs + i * step;
 		float *p1 = qr + (size_t)h * a.q_hs + i * step;
 
-		mlap_rotate(p1[0], p1[gap], cs[0][i], cs[1][i], p1[0], p1[gap]);
+		mlap_rotate(s1[0], s1[gap], cs[0][i], cs[1][i], p1[0], p1[gap]);
 	}
+#pragma unroll
+	for (int k = 0; k < MLAP_CPRE; k++) {
+		const int i = threadIdx.x + k * MLAP_THREADS;
+
+		if (i < nc)
+			qr[mlap_copy_at(a, i)] = cq[k];
+	}
+	for (int i = threadIdx.x + MLAP_CPRE * MLAP_THREADS; i < nc; i += MLAP_THREADS)
+		qr[mlap_copy_at(a, i)] = qs[mlap_copy_at(a, i)];
 	if (slot < 0)
 		return;
 
@@ -117,7 +148,8 @@ extern "C" int k_cuda_mla_post(cudaStream_t s, const struct k_cuda_mla_post_args
 	if (!a || a->rows < 0 || a->n_heads < 0 || a->kv_lora < 1 || a->kv_lora > MLAP_MAX_LORA ||
 	    a->rot_dim < 0 || a->rot_dim % 2 || a->rot_dim / 2 > MLAP_MAX_HALF ||
 	    a->pe_dim < a->rot_dim || a->kv_rs < (long)a->kv_lora + a->pe_dim ||
-	    (a->rot_dim && !a->inv_freq) || (a->n_heads && a->q_hs < a->rot_dim)) {
+	    (a->rot_dim && !a->inv_freq) || (a->n_heads && a->q_hs < a->rot_dim) ||
+	    (a->q_src_pe && (a->nope_dim < 0 || a->q_hs < a->nope_dim + a->pe_dim))) {
 		fprintf(stderr, "k_cuda_mla_post: rows %d, heads %d, kv_lora %d (1..%d), rope %d of "
 			"%d (even, <= %d pairs), kv row stride %ld unsupported\n", a ? a->rows : -1,
 			a ? a->n_heads : -1, a ? a->kv_lora : -1, MLAP_MAX_LORA, a ? a->rot_dim : -1,

@@ -6,10 +6,13 @@
 // and an 8 KB weight tile (DeepSeek dims) in one burst of 16-byte copies, 256 blocks, so
 // a decode step's 2 MB per projection is in flight at once; past 16 rows the tensor
 // cores keep 64 rows as cheap as one.
+#include <cstdlib>
+
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/attn_ptx.cuh"
+#include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/mla_proj.cuh"
 
 #define PROJ_THREADS 128
@@ -19,6 +22,10 @@
 #define PROJ_PAD 8		// bf16 per smem row past the data: rows fall on other banks
 #define ABS_MMA_COLS (PROJ_WARPS * 8)	// latent columns per absorb block: one n8 tile a warp
 #define EXP_MMA_SMALL_ROWS 16	// up to here the expand blocks take 8 outputs, past it 16
+#define EXP_FOLD_ROWS 1		// rows up to which the expand merges the splits itself
+#define EXP_FOLD_NJ 16		// outputs per merging expand block: half the blocks (and
+				// merged copies) of 8, one block per SM at DeepSeek's dims
+#define MERGE_BATCH 32		// partial loads a merging thread has in flight at once
 
 namespace {	// kernels and their helpers stay private to this file
 
@@ -90,6 +97,113 @@ __host__ __device__ __forceinline__ int proj_a_rows(int n_rows, int mr)
 	return n_rows < mr ? n_rows : mr;
 }
 
+// w x + a, per component, each an fmaf (as the merge kernel's scalar loop).
+__device__ __forceinline__ float4 fma4(float w, float4 x, float4 a)
+{
+	return make_float4(fmaf(w, x.x, a.x), fmaf(w, x.y, a.y), fmaf(w, x.z, a.z),
+			   fmaf(w, x.w, a.w));
+}
+
+// Split partials of the latent attention for the expand kernel to merge as it stages
+// its rows (attn_ws.cu's merge, folded in): o (n_splits, R, H, L), each split's output
+// normalised by its own sum, and lse (n_splits, R, H) its log2-sum-exp2, -inf where the
+// split saw no token (its o is then never read). n_splits 1: o_lat is read as is.
+struct proj_parts {
+	const float *o, *lse;
+	int n_splits;
+};
+
+// Rows r0 .. r0 + nr - 1 of head h merged from the partials into sa (nr, as), zero past
+// L (L % 4 == 0, parts 16-byte aligned), with the merge kernel's arithmetic in its order
+// (so o_lat is bit for bit what attn_merge writes): warp w lists the live splits of rows
+// w, w + 4, ... and their weights (live, wts: (nr, n_splits); n_live: (nr)); then each
+// float4 of a row sums w_i o(live_i) with four accumulators, MERGE_BATCH loads at a
+// time in flight.
+__device__ __forceinline__ void stage_merged(float *sa, int as, const proj_parts p, int R, int H,
+					     int h, int r0, int nr, int L, int *live, float *wts,
+					     int *n_live)
+{
+	constexpr int PER = ATTN_MAX_SPLITS / 32;
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ns = p.n_splits;
+	const size_t per_split = (size_t)R * H, sstride = per_split * L;
+
+	for (int rr = warp; rr < nr; rr += PROJ_WARPS) {
+		const size_t rh = (size_t)(r0 + rr) * H + h;
+		float x[PER], mx = -INFINITY, sum = 0.0f;
+		int base = 0;
+
+#pragma unroll
+		for (int k = 0; k < PER; k++) {
+			const int sp = lane + 32 * k;
+
+			x[k] = sp < ns ? p.lse[sp * per_split + rh] : -INFINITY;
+			mx = fmaxf(mx, x[k]);
+		}
+		for (int off = 16; off > 0; off >>= 1)
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+#pragma unroll
+		for (int k = 0; k < PER; k++) {
+			x[k] = x[k] == -INFINITY ? 0.0f : exp2f(x[k] - mx);
+			sum += x[k];
+		}
+		for (int off = 16; off > 0; off >>= 1)
+			sum += __shfl_xor_sync(0xffffffffu, sum, off);
+#pragma unroll
+		for (int k = 0; k < PER; k++) {	// sum is 0 only where no split saw a token
+			const bool on = sum > 0.0f && x[k] != 0.0f;
+			const unsigned m = __ballot_sync(0xffffffffu, on);
+
+			if (on) {
+				const int at = base + __popc(m & ((1u << lane) - 1u));
+
+				live[rr * ns + at] = lane + 32 * k;
+				wts[rr * ns + at] = x[k] / sum;
+			}
+			base += __popc(m);
+		}
+		if (lane == 0)
+			n_live[rr] = base;
+	}
+	__syncthreads();
+	for (int i = threadIdx.x; i < nr * (as / 4); i += PROJ_THREADS) {
+		const int rr = i / (as / 4), c = i % (as / 4) * 4, n = n_live[rr];
+		const int *lv = live + rr * ns;
+		const float *wv = wts + rr * ns;
+		const float *po = p.o + ((size_t)(r0 + rr) * H + h) * L + c;
+		const int n4 = n & ~3;
+		float4 acc[4];
+
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		// MERGE_BATCH loads in flight, then their sums: the merge kernel's order (split
+		// j into accumulator j % 4 up to n4, the rest into the first), so a row of 33
+		// splits (batch 1, ctx 1024) costs two memory latencies, not nine
+		for (int j0 = 0; c < L && j0 < n; j0 += MERGE_BATCH) {
+			float4 o[MERGE_BATCH];
+
+#pragma unroll
+			for (int k = 0; k < MERGE_BATCH; k++)
+				if (j0 + k < n)
+					o[k] = *(const float4 *)(po + lv[j0 + k] * sstride);
+#pragma unroll
+			for (int k = 0; k < MERGE_BATCH; k++) {
+				const int j = j0 + k;
+
+				if (j < n4)
+					acc[k % 4] = fma4(wv[j], o[k], acc[k % 4]);
+				else if (j < n)
+					acc[0] = fma4(wv[j], o[k], acc[0]);
+			}
+		}
+		*(float4 *)(sa + rr * as + c) = make_float4(
+			(acc[0].x + acc[1].x) + (acc[2].x + acc[3].x),
+			(acc[0].y + acc[1].y) + (acc[2].y + acc[3].y),
+			(acc[0].z + acc[1].z) + (acc[2].z + acc[3].z),
+			(acc[0].w + acc[1].w) + (acc[2].w + acc[3].w));
+	}
+}
+
 // Block (column chunk of 32, head, row chunk of 64): warp w owns columns c0 + 8w .. +7
 // for every row and all of nope. The block's q rows (nks * 16 wide) and the weight tile
 // (nks * 16, 32) arrive in one burst of 16-byte copies, zero past nope and L. The blocks
@@ -127,6 +241,9 @@ mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *__restrict__ q,
 								  : (uint16_t)0;
 		}
 	}
+	// The weights are constants: their copies go out before the wait for the kernel
+	// that wrote q (mla_post), so with programmatic launch they overlap its tail.
+	k_cuda_pdl_wait();
 	stage_a(sa, as, q + ((size_t)r0 * H + h) * qk, (size_t)H * qk, nr, nope,
 		nope % 4 == 0 && qk % 4 == 0 && (uintptr_t)q % 16 == 0);
 	cp_async_commit();
@@ -181,12 +298,14 @@ mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *__restrict__ q,
 // Block (output chunk of NT x 8, head, row chunk of MT x 16): the block's o_lat rows
 // (as wide) and the chunk's W_UV rows (NT * 8, ls) arrive in one burst, zero padded; warp w takes
 // the k16 steps w, w + 4, ... for every row and output, and the four partial tiles are
-// added in a fixed order through shared memory (the tiles' space, reused).
-template <int MT, int NT>
+// added in a fixed order through shared memory (the tiles' space, reused). With split
+// partials (FOLD, parts.n_splits > 1) the rows are merged from them instead of read
+// from o_lat, while the weight tile is in flight; the split lists follow the tiles.
+template <int MT, int NT, bool FOLD>
 __global__ void __launch_bounds__(PROJ_THREADS)
 mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 		      const uint16_t *__restrict__ w, int n_rows, int H, int nope, int vdim, int L,
-		      int vec)
+		      int vec, const proj_parts parts)
 {
 	extern __shared__ __align__(16) unsigned char proj_smem[];
 	constexpr int NJ = NT * 8, MR = MT * 16;
@@ -215,9 +334,20 @@ mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 			sw[i] = j < nj && c < L ? wh[(size_t)j * L + c] : (uint16_t)0;
 		}
 	}
-	stage_a(sa, as, o_lat + ((size_t)r0 * H + h) * L, (size_t)H * L, nr, L,
-		L % 4 == 0 && (uintptr_t)o_lat % 16 == 0);
-	cp_async_commit();
+	k_cuda_pdl_wait();	// the weight copies above overlap the attention's tail
+	if (FOLD && parts.n_splits > 1) {
+		unsigned char *lists = proj_smem + (size_t)am * as * 4 + (size_t)NJ * ls * 2;
+		int *live = (int *)lists;				// (am, n_splits)
+		float *wts = (float *)(live + am * parts.n_splits);	// (am, n_splits)
+
+		cp_async_commit();
+		stage_merged(sa, as, parts, n_rows, H, h, r0, nr, L, live, wts,
+			     (int *)(wts + am * parts.n_splits));
+	} else {
+		stage_a(sa, as, o_lat + ((size_t)r0 * H + h) * L, (size_t)H * L, nr, L,
+			L % 4 == 0 && (uintptr_t)o_lat % 16 == 0);
+		cp_async_commit();
+	}
 	cp_async_wait<0>();
 	__syncthreads();
 #pragma unroll 2
@@ -298,10 +428,17 @@ int mla_proj_prepare(int smem_optin)
 	proj_smem_optin = smem_optin;
 	ATTN_TRY(cudaFuncSetAttribute(mla_absorb_mma_kernel,
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, 1>,
+	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, 1, false>,
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<2, 2>,
+	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<2, 2, false>,
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>,
+				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	if (attn_mla_carveout(mla_absorb_mma_kernel) ||
+	    attn_mla_carveout(mla_expand_mma_kernel<1, 1, false>) ||
+	    attn_mla_carveout(mla_expand_mma_kernel<2, 2, false>) ||
+	    attn_mla_carveout(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>))
+		return -EIO;
 	return 0;
 }
 
@@ -314,41 +451,80 @@ int mla_absorb_mma(cudaStream_t s, float *q_lat, const float *q, const uint16_t 
 
 	if (!proj_mma_env() || smem > (size_t)proj_smem_optin)
 		return 1;
-	mla_absorb_mma_kernel<<<dim3(attn_cdiv(d->kv_lora, ABS_MMA_COLS), d->n_heads,
-				     attn_cdiv(R, PROJ_MROWS)),
-				PROJ_THREADS, smem, s>>>(q_lat, q, w, R, d->n_heads, d->nope_dim,
-							 d->rope_dim, d->v_dim, d->kv_lora, vec);
+	ATTN_TRY(k_cuda_launch_pdl(s, dim3(attn_cdiv(d->kv_lora, ABS_MMA_COLS), d->n_heads,
+					   attn_cdiv(R, PROJ_MROWS)),
+				   PROJ_THREADS, smem, mla_absorb_mma_kernel, q_lat, q, w, R,
+				   d->n_heads, d->nope_dim, d->rope_dim, d->v_dim, d->kv_lora, vec));
 	ATTN_LAUNCHED("mla_absorb_mma_kernel");
 	return 0;
 }
 
-// The expand tile's bytes: the o_lat rows and the weight rows, or the partial sums
-// after them where those are larger.
-static size_t expand_smem(int R, int L, int mr, int nj)
+// The expand tile's bytes: the o_lat rows and the weight rows, with the split lists
+// after them when it merges n_splits > 1 partials, or the partial sums where larger.
+static size_t expand_smem(int R, int L, int mr, int nj, int n_splits)
 {
-	const size_t k16 = (size_t)(L + 15) / 16 * 16;
-	const size_t tiles = (size_t)proj_a_rows(R, mr) * (k16 + 8) * 4 +
-			     (size_t)nj * (k16 + PROJ_PAD) * 2;
+	const size_t k16 = (size_t)(L + 15) / 16 * 16, am = (size_t)proj_a_rows(R, mr);
+	const size_t tiles = am * (k16 + 8) * 4 + (size_t)nj * (k16 + PROJ_PAD) * 2 +
+			     (n_splits > 1 ? am * ((size_t)n_splits * 8 + 4) : 0);
 	const size_t red = sizeof(float) * PROJ_WARPS * mr * nj;
 
 	return tiles > red ? tiles : red;
 }
 
-int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const uint16_t *w, int R,
+// KDEC_MLA_FOLD_ROWS=n: the expand merges the attention's splits itself up to n rows
+// (default EXP_FOLD_ROWS; 0: never, the merge kernel runs). Each of a head's expand
+// blocks merges the head's partials again (bytes ~ rows x live splits x L x 4 per
+// block), which a row or two repay by the launch and round trip they spare.
+// Read at each call (a host lookup per layer): the tests run both paths.
+static int fold_rows_env(void)
+{
+	const char *e = getenv("KDEC_MLA_FOLD_ROWS");
+
+	return e && *e ? atoi(e) : EXP_FOLD_ROWS;
+}
+
+int mla_expand_folds(int R, const k_mla_dims *d, int n_splits)
+{
+	return proj_mma_env() && R <= fold_rows_env() && R <= EXP_MMA_SMALL_ROWS &&
+	       d->kv_lora % 4 == 0 && n_splits <= ATTN_MAX_SPLITS &&
+	       expand_smem(R, d->kv_lora, 16, EXP_FOLD_NJ, n_splits) <= (size_t)proj_smem_optin;
+}
+
+int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *part_o,
+		   const float *part_lse, int n_splits, const uint16_t *w, int R,
 		   const k_mla_dims *d, int vec)
 {
 	const int small = R <= EXP_MMA_SMALL_ROWS, mr = small ? 16 : 32, nj = small ? 8 : 16;
-	const size_t smem = expand_smem(R, d->kv_lora, mr, nj);
+	const proj_parts parts = { part_o, part_lse, n_splits };
+	const proj_parts none = { nullptr, nullptr, 1 };
+
+	if (n_splits > 1) {	// the caller checked mla_expand_folds
+		const dim3 grid(attn_cdiv(d->v_dim, EXP_FOLD_NJ), d->n_heads, attn_cdiv(R, 16));
+
+		if (!mla_expand_folds(R, d, n_splits))
+			ATTN_INVAL("mla_expand_mma: %d rows of %d splits cannot be merged here", R,
+				   n_splits);
+		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS,
+					   expand_smem(R, d->kv_lora, 16, EXP_FOLD_NJ, n_splits),
+					   mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>, out, o_lat, w, R,
+					   d->n_heads, d->nope_dim, d->v_dim, d->kv_lora, vec, parts));
+		ATTN_LAUNCHED("mla_expand_mma_kernel");
+		return 0;
+	}
+
+	const size_t smem = expand_smem(R, d->kv_lora, mr, nj, 1);
 	const dim3 grid(attn_cdiv(d->v_dim, nj), d->n_heads, attn_cdiv(R, mr));
 
 	if (!proj_mma_env() || smem > (size_t)proj_smem_optin)
 		return 1;
 	if (small)	// more blocks, each a shorter burst
-		mla_expand_mma_kernel<1, 1><<<grid, PROJ_THREADS, smem, s>>>(
-			out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim, d->kv_lora, vec);
+		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, mla_expand_mma_kernel<1, 1, false>,
+					   out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim,
+					   d->kv_lora, vec, none));
 	else
-		mla_expand_mma_kernel<2, 2><<<grid, PROJ_THREADS, smem, s>>>(
-			out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim, d->kv_lora, vec);
+		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, mla_expand_mma_kernel<2, 2, false>,
+					   out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim,
+					   d->kv_lora, vec, none));
 	ATTN_LAUNCHED("mla_expand_mma_kernel");
 	return 0;
 }

@@ -18,7 +18,15 @@ int mla_proj_prepare(int smem_optin);
 // 16-byte aligned. Launch configuration from the host arguments only (graph-safe).
 int mla_absorb_mma(cudaStream_t s, float *q_lat, const float *q, const uint16_t *w, int R,
 		   const k_mla_dims *d, int vec);
-int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const uint16_t *w, int R,
+// expand: out from o_lat, or (n_splits > 1, where mla_expand_folds said yes) from the
+// attention's split partials part_o (n_splits, R, H, L) and part_lse (n_splits, R, H)
+// merged as attn_merge would, in the same launch; -EINVAL for partials it cannot merge.
+int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *part_o,
+		   const float *part_lse, int n_splits, const uint16_t *w, int R,
 		   const k_mla_dims *d, int vec);
+
+// 1 when mla_expand_mma merges n_splits partials of R rows itself: the tensor-core
+// projections on, R <= KDEC_MLA_FOLD_ROWS (default 1), L % 4 == 0, shared memory fits.
+int mla_expand_folds(int R, const k_mla_dims *d, int n_splits);
 
 #endif
