@@ -328,6 +328,14 @@ static int graph_capture(struct forward *f, const struct fwd_batch *db, int size
 
 	cb.attn.max_ctx = f->n_blocks * f->block_tokens;
 	cb.n_out = size;
+	/* one eager pass first, so that every linear shape of the step is seen outside a
+	 * capture once (the CUDA backend times its cuBLASLt candidates then); the replay
+	 * writes the same K/V again */
+	if ((ret = forward_layers(f, &cb)))
+		return ret;
+	OP(f, linear, f->logits, f->h, &f->m->lm_head, size);
+	if ((ret = be->ops->sync(be)))
+		return ret;
 	if ((ret = be->ops->capture_begin(be)))
 		return ret;
 	ret = forward_layers(f, &cb);

@@ -30,8 +30,6 @@
 #define LIN_STREAM_WEIGHT_BYTES	((size_t)64 << 20)
 /* The vector kernels read 8 bf16 (16 bytes) of a weight row at a time. */
 #define LIN_VEC_K		8
-/* cuBLAS workspace: what NVIDIA recommends for Hopper. */
-#define LIN_BLAS_WS_BYTES	((size_t)32 << 20)
 
 int k_cuda_lin_check(cudaError_t e, const char *call, const char *file, int line, int dev)
 {
@@ -177,6 +175,7 @@ extern "C" void k_cuda_linear_destroy(struct k_cuda_linear *ctx)
 		return;
 	if (ctx->blas)
 		cublasDestroy(ctx->blas);
+	k_cuda_lin_lt_destroy(ctx);
 	cudaFree(ctx->blas_ws);
 	cudaFree(ctx->xb);
 	cudaFree(ctx->st_ws);
@@ -227,6 +226,8 @@ extern "C" int k_cuda_linear_create(struct k_cuda_linear **out, cudaStream_t str
 	if (!ret)
 		ret = k_cuda_lin_gemv_setup(ctx);
 	if (!ret)
+		ret = k_cuda_lin_lt_setup(ctx);
+	if (!ret)
 		ret = k_cuda_lin_stream_setup(ctx);
 	if (!ret)
 		ret = k_cuda_lin_splitk_setup(ctx);
@@ -242,16 +243,20 @@ err:
 
 // ---- launchers --------------------------------------------------------------
 
-// x rounded to bf16 into the scratch, then y^T (N, M) = w (K, N col-major)^T x^T (K, M).
-// ready: xb holds bf16(x) already (k_cuda_linear_x_ready).
-static int lin_cublas(const struct k_cuda_linear *ctx, float *y, const float *x,
-		      const uint16_t *w, int M, int N, int K, int accumulate, bool ready)
+// x rounded to bf16 into the scratch, then y^T (N, M) = w (K, N col-major)^T x^T (K, M):
+// through cuBLASLt with a timed algorithm for decode-sized calls on large matrices
+// (linear_lt.cu), else cublasGemmEx. ready: xb holds bf16(x) already.
+static int lin_cublas(struct k_cuda_linear *ctx, float *y, const float *x, const uint16_t *w,
+		      int M, int N, int K, int accumulate, bool ready)
 {
 	const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+	bool done = false;
 	int ret;
 
 	ret = ready ? 0 : k_cuda_lin_to_bf16(ctx, ctx->xb, x, (size_t)M * K);
-	if (ret)
+	if (!ret && !lin_small_weights(N, K))
+		ret = k_cuda_lin_lt(ctx, y, ctx->xb, w, M, N, K, accumulate, &done);
+	if (ret || done)
 		return ret;
 	// beta = 0: cuBLAS does not read y, so poisoned or stale outputs are fine
 	return LIN_BLAS(ctx->dev, cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha,

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -23,6 +24,13 @@
 #define LIN_ST_MAX_M		64
 #define LIN_ST_MAX_SPLIT	8
 #define LIN_ST_MAX_UNITS	768
+/* cuBLAS workspace: what NVIDIA recommends for Hopper. */
+#define LIN_BLAS_WS_BYTES	((size_t)32 << 20)
+/* cuBLASLt tuning: calls of M <= 64 rows, at most this many shapes per context. */
+#define LIN_LT_MAX_M		64
+#define LIN_LT_CACHE		256
+
+struct lin_lt_entry;
 
 struct k_cuda_linear {
 	cudaStream_t stream;
@@ -39,6 +47,9 @@ struct k_cuda_linear {
 	float *st_ws;			/* (LIN_ST_MAX_UNITS, LIN_ST_MAX_M, 128) fp32 partials */
 	unsigned *st_cnt;		/* (LIN_ST_MAX_UNITS) arrivals per tile, 0 between launches */
 	cublasHandle_t blas;
+	cublasLtHandle_t lt;		/* NULL: no tuning */
+	struct lin_lt_entry *lt_cache;	/* (LIN_LT_CACHE) tuned shapes, lt_n of them used */
+	int lt_n;
 	void *blas_ws;			/* (LIN_BLAS_WS_BYTES) bytes, cuBLAS workspace */
 	uint16_t *xb;			/* (max_M, max_K) bf16: x rounded for cuBLAS */
 	const float *ready_x;		/* xb already holds bf16(ready_x) (ready_M, ready_K), */
@@ -83,6 +94,15 @@ int k_cuda_lin_stream(const struct k_cuda_linear *ctx, float *y, const float *x,
 		      const uint16_t *w, int M, int N, int K, int accumulate, bool ready);
 int k_cuda_lin_stream_describe(const struct k_cuda_linear *ctx, int M, int N, int K,
 			       char *buf, size_t len);
+
+/* cuBLASLt with the algorithm timed fastest for this shape (first call of a shape
+ * outside graph capture: tunes, synchronising the stream); *done = false where it did
+ * not run (tuning off, M too large, shape first seen in capture, or cublasGemmEx won),
+ * and the caller runs cublasGemmEx. xb: bf16 x (M, K); beta 0 or 1. */
+int k_cuda_lin_lt(struct k_cuda_linear *ctx, float *y, const uint16_t *xb, const uint16_t *w,
+		  int M, int N, int K, int beta, bool *done);
+int k_cuda_lin_lt_setup(struct k_cuda_linear *ctx);
+void k_cuda_lin_lt_destroy(struct k_cuda_linear *ctx);
 
 #ifdef __CUDACC__
 /* Programmatic dependent launch. Kernels take `int pdl`: 0 when launched without it;

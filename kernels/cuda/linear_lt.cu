@@ -1,0 +1,259 @@
+// cuBLASLt for the decode-sized calls that go to cuBLAS: for each shape the heuristic's
+// candidate algorithms (and cublasGemmEx's own choice) are timed once, outside graph
+// capture, each from a cold L2 as a decode step sees its weights, and the fastest is
+// kept for the life of the context.
+//
+// Why: cublasGemmEx's heuristic picks tiles for arithmetic; at decode M (2..64) the call
+// is a stream of the weights, and its pick leaves Llama-3.1-8B's q/k/v at 69%, o_proj at
+// 63% and down at 76% of the HBM floor at M = 64 (docs/results/cuda-linear-stream.txt),
+// where some of the other candidates fill the GPU better.
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/linear_internal.h"
+
+#define LT_CANDIDATES	16	/* asked of the heuristic */
+#define LT_REPS		3	/* timed runs per candidate; the fastest counts */
+/* Written between timed runs so that no weight is still in L2 (60 MB on H200). */
+#define LT_FLUSH_BYTES	((size_t)128 << 20)
+
+struct lin_lt_entry {
+	int M, N, K, beta;
+	bool use_lt;			/* else cublasGemmEx was the fastest */
+	cublasLtMatmulAlgo_t algo;
+};
+
+// KDEC_LINEAR_TUNE=0 keeps cublasGemmEx's own choice everywhere.
+static bool lt_enabled(void)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *e = getenv("KDEC_LINEAR_TUNE");
+
+		on = !(e && e[0] == '0');
+	}
+	return on;
+}
+
+static int lt_check(cublasStatus_t s, const char *call, int dev)
+{
+	if (s == CUBLAS_STATUS_SUCCESS)
+		return 0;
+	fprintf(stderr, "cublasLt: %s failed (device %d): %s\n", call, dev, cublasGetStatusString(s));
+	return s == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;
+}
+#define LT(dev, call) lt_check((call), #call, (dev))
+
+// The descriptors of y^T (N, M) = w^T (col-major K x N, transposed) . xb (col-major K x M).
+struct lt_descs {
+	cublasLtMatmulDesc_t op;
+	cublasLtMatrixLayout_t a, b, c;
+};
+
+static void lt_descs_free(struct lt_descs *d)
+{
+	if (d->op)
+		cublasLtMatmulDescDestroy(d->op);
+	if (d->a)
+		cublasLtMatrixLayoutDestroy(d->a);
+	if (d->b)
+		cublasLtMatrixLayoutDestroy(d->b);
+	if (d->c)
+		cublasLtMatrixLayoutDestroy(d->c);
+}
+
+static int lt_descs_make(int dev, struct lt_descs *d, int M, int N, int K)
+{
+	const cublasOperation_t t = CUBLAS_OP_T;
+	int ret;
+
+	*d = {};
+	ret = LT(dev, cublasLtMatmulDescCreate(&d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+	if (!ret)
+		ret = LT(dev, cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &t,
+							     sizeof(t)));
+	if (!ret)
+		ret = LT(dev, cublasLtMatrixLayoutCreate(&d->a, CUDA_R_16BF, K, N, K));
+	if (!ret)
+		ret = LT(dev, cublasLtMatrixLayoutCreate(&d->b, CUDA_R_16BF, K, M, K));
+	if (!ret)
+		ret = LT(dev, cublasLtMatrixLayoutCreate(&d->c, CUDA_R_32F, N, M, N));
+	if (ret)
+		lt_descs_free(d);
+	return ret;
+}
+
+static cublasStatus_t lt_run(const struct k_cuda_linear *ctx, const struct lt_descs *d,
+			     const cublasLtMatmulAlgo_t *algo, float *y, const uint16_t *xb,
+			     const uint16_t *w, int beta)
+{
+	const float one = 1.0f, b = beta ? 1.0f : 0.0f;
+
+	return cublasLtMatmul(ctx->lt, d->op, &one, w, d->a, xb, d->b, &b, y, d->c, y, d->c, algo,
+			      ctx->blas_ws, LIN_BLAS_WS_BYTES, ctx->stream);
+}
+
+static cublasStatus_t lt_gemmex(const struct k_cuda_linear *ctx, float *y, const uint16_t *xb,
+				const uint16_t *w, int M, int N, int K, int beta)
+{
+	const float one = 1.0f, b = beta ? 1.0f : 0.0f;
+
+	return cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w, CUDA_R_16BF, K,
+			    xb, CUDA_R_16BF, K, &b, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+			    CUBLAS_GEMM_DEFAULT);
+}
+
+// Fastest of LT_REPS cold-L2 runs of candidate i (-1: cublasGemmEx), in ms; < 0 if it
+// fails. Writes only the scratch y.
+static float lt_time(const struct k_cuda_linear *ctx, const struct lt_descs *d,
+		     const cublasLtMatmulHeuristicResult_t *cand, int i, float *ys, void *flush,
+		     const uint16_t *xb, const uint16_t *w, int M, int N, int K, int beta,
+		     cudaEvent_t e0, cudaEvent_t e1)
+{
+	float best = -1.0f;
+
+	for (int r = 0; r < LT_REPS; r++) {
+		cublasStatus_t s;
+		float ms;
+
+		if (cudaMemsetAsync(flush, r, LT_FLUSH_BYTES, ctx->stream) != cudaSuccess ||
+		    cudaEventRecord(e0, ctx->stream) != cudaSuccess)
+			return -1.0f;
+		s = i < 0 ? lt_gemmex(ctx, ys, xb, w, M, N, K, beta)
+			  : lt_run(ctx, d, &cand[i].algo, ys, xb, w, beta);
+		if (s != CUBLAS_STATUS_SUCCESS || cudaEventRecord(e1, ctx->stream) != cudaSuccess ||
+		    cudaEventSynchronize(e1) != cudaSuccess ||
+		    cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
+			cudaGetLastError();
+			return -1.0f;
+		}
+		if (best < 0 || ms < best)
+			best = ms;
+	}
+	return best;
+}
+
+// Times the candidates for one shape and records the winner in a new cache entry.
+static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const uint16_t *xb,
+		   const uint16_t *w, int M, int N, int K, int beta, struct lin_lt_entry *e)
+{
+	cublasLtMatmulHeuristicResult_t cand[LT_CANDIDATES];
+	cublasLtMatmulPreference_t pref = NULL;
+	const size_t ws = LIN_BLAS_WS_BYTES;
+	cudaEvent_t e0 = NULL, e1 = NULL;
+	float *ys = NULL, best;
+	void *flush = NULL;
+	int n = 0, ret;
+
+	e->M = M;
+	e->N = N;
+	e->K = K;
+	e->beta = beta;
+	e->use_lt = false;
+	ret = LT(ctx->dev, cublasLtMatmulPreferenceCreate(&pref));
+	if (!ret)
+		ret = LT(ctx->dev, cublasLtMatmulPreferenceSetAttribute(pref,
+				CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+	if (!ret)
+		ret = LT(ctx->dev, cublasLtMatmulAlgoGetHeuristic(ctx->lt, d->op, d->a, d->b, d->c,
+				d->c, pref, LT_CANDIDATES, cand, &n));
+	if (pref)
+		cublasLtMatmulPreferenceDestroy(pref);
+	if (ret || n == 0)
+		return ret;	// cublasGemmEx it is
+	if ((ret = LIN_CUDA(ctx->dev, cudaMalloc((void **)&ys, (size_t)M * N * sizeof(float)))) ||
+	    (ret = LIN_CUDA(ctx->dev, cudaMalloc(&flush, LT_FLUSH_BYTES))) ||
+	    (ret = LIN_CUDA(ctx->dev, cudaEventCreate(&e0))) ||
+	    (ret = LIN_CUDA(ctx->dev, cudaEventCreate(&e1))))
+		goto out;
+	best = lt_time(ctx, d, cand, -1, ys, flush, xb, w, M, N, K, beta, e0, e1);
+	for (int i = 0; i < n; i++) {
+		float t;
+
+		if (cand[i].state != CUBLAS_STATUS_SUCCESS)
+			continue;
+		t = lt_time(ctx, d, cand, i, ys, flush, xb, w, M, N, K, beta, e0, e1);
+		if (t > 0 && (best < 0 || t < best)) {
+			best = t;
+			e->use_lt = true;
+			e->algo = cand[i].algo;
+		}
+	}
+out:
+	if (e0)
+		cudaEventDestroy(e0);
+	if (e1)
+		cudaEventDestroy(e1);
+	cudaFree(flush);
+	cudaFree(ys);
+	return ret;
+}
+
+static struct lin_lt_entry *lt_find(struct k_cuda_linear *ctx, int M, int N, int K, int beta)
+{
+	for (int i = 0; i < ctx->lt_n; i++) {
+		struct lin_lt_entry *e = &ctx->lt_cache[i];
+
+		if (e->M == M && e->N == N && e->K == K && e->beta == beta)
+			return e;
+	}
+	return NULL;
+}
+
+int k_cuda_lin_lt(struct k_cuda_linear *ctx, float *y, const uint16_t *xb, const uint16_t *w,
+		  int M, int N, int K, int beta, bool *done)
+{
+	struct lin_lt_entry *e;
+	struct lt_descs d;
+	cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+	int ret;
+
+	*done = false;
+	if (!lt_enabled() || !ctx->lt || M > LIN_LT_MAX_M)
+		return 0;
+	e = lt_find(ctx, M, N, K, beta);
+	if (!e) {
+		// timing needs a stream that runs: a shape first seen in capture keeps GemmEx
+		if (cudaStreamIsCapturing(ctx->stream, &cs) != cudaSuccess ||
+		    cs != cudaStreamCaptureStatusNone || ctx->lt_n == LIN_LT_CACHE)
+			return 0;
+		if ((ret = lt_descs_make(ctx->dev, &d, M, N, K)))
+			return ret;
+		e = &ctx->lt_cache[ctx->lt_n];
+		ret = lt_tune(ctx, &d, xb, w, M, N, K, beta, e);
+		lt_descs_free(&d);
+		if (ret)
+			return ret;
+		ctx->lt_n++;
+	}
+	if (!e->use_lt)
+		return 0;
+	if ((ret = lt_descs_make(ctx->dev, &d, M, N, K)))
+		return ret;
+	ret = LT(ctx->dev, lt_run(ctx, &d, &e->algo, y, xb, w, beta));
+	lt_descs_free(&d);
+	*done = !ret;
+	return ret;
+}
+
+int k_cuda_lin_lt_setup(struct k_cuda_linear *ctx)
+{
+	ctx->lt_cache = (struct lin_lt_entry *)calloc(LIN_LT_CACHE, sizeof(*ctx->lt_cache));
+	if (!ctx->lt_cache)
+		return -ENOMEM;
+	return LT(ctx->dev, cublasLtCreate(&ctx->lt));
+}
+
+void k_cuda_lin_lt_destroy(struct k_cuda_linear *ctx)
+{
+	if (ctx->lt)
+		cublasLtDestroy(ctx->lt);
+	free(ctx->lt_cache);
+}
