@@ -11,6 +11,11 @@
 // combine kernel is needed. Each CTA derives the plan (which pairs chose which expert)
 // from the <= 64 ids itself, so no plan kernel either.
 //
+// The shared expert (DeepSeek; k_cuda_moe_experts_add) rides along as one more slot
+// that every row takes with weight 1: gate/up shares its rows out with the routed
+// ones, down cuts its rows into inter-long pieces as extra items, and its output and
+// the residual join each row's sum last, the order of the separate ops.
+//
 // Precision: bf16 weights times fp32 x / activations, fp32 FMA accumulation: each dot
 // product is one fixed order (lane's chunks, then a shuffle tree), independent of the
 // other rows.
@@ -180,17 +185,16 @@ __device__ __forceinline__ void prefetch_l2(const void *p, size_t bytes, int lan
 
 // ---- kernels ------------------------------------------------------------------------
 
-// Features [fa, fb) of used expert u: stage up to rp of its pairs' x rows (all of
-// them unless a row repeats the expert or the budget is small), then per feature dot
-// them SM_RP at a time (a second group re-reads the two weight rows just fetched, from
-// L1/L2). The whole CTA calls it.
-__device__ void gate_up_segment(const small_plan &sp, float4 *xs4, int u, int fa, int fb,
-				const uint16_t *const *expert_w, const float *x, int top_k,
-				int hidden, int inter, int rp, float *act)
+// Features [fa, fb) of one slot's gate and up (inter, hidden): stage up to rp of its
+// total pairs' x rows (all of them unless a row repeats the expert or the budget is
+// small), then per feature dot them SM_RP at a time (a second group re-reads the two
+// weight rows just fetched, from L1/L2). Pair p is i = pairs[p] (pairs NULL: i = p),
+// of x row i / top_k, its activations act row i. The whole CTA calls it.
+__device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_t *up,
+				const int *pairs, int total, int fa, int fb, const float *x,
+				int top_k, int hidden, int inter, int rp, float *act)
 {
 	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nc = hidden / 8, q4 = hidden / 4;
-	int e = sp.used_e[u], start = sp.used_start[u], total = sp.used_n[u];
-	const uint16_t *gate = expert_w[3 * e], *up = expert_w[3 * e + 1];
 
 	if (fa + warp < fb) {	// the first rows start coming while x is staged
 		prefetch_l2(gate + (size_t)(fa + warp) * hidden, (size_t)hidden * 2, lane, 32);
@@ -201,9 +205,9 @@ __device__ void gate_up_segment(const small_plan &sp, float4 *xs4, int u, int fa
 
 		__syncthreads();	// the last rows are done with xs4
 		for (int q = threadIdx.x; q < ns * q4; q += SM_THREADS) {
-			int r = q / q4, c = q % q4, m = sp.sorted[start + p0 + r] / top_k;
+			int r = q / q4, c = q % q4, i = pairs ? pairs[p0 + r] : p0 + r;
 
-			xs4[q] = ((const float4 *)(x + (size_t)m * hidden))[c];
+			xs4[q] = ((const float4 *)(x + (size_t)(i / top_k) * hidden))[c];
 		}
 		__syncthreads();
 
@@ -221,13 +225,13 @@ __device__ void gate_up_segment(const small_plan &sp, float4 *xs4, int u, int fa
 #pragma unroll
 				for (int r = 0; r < SM_RP; r++) {
 					float g, v;
-					int i;
+					int p = p0 + g0 + r, i;
 
 					if (r >= np)
 						break;
 					g = warp_sum(ag[r]);
 					v = warp_sum(au[r]);
-					i = sp.sorted[start + p0 + g0 + r];
+					i = pairs ? pairs[p] : p;
 					if (lane == 0)
 						act[(size_t)i * inter + f] = silu_mul(g, v);
 				}
@@ -235,53 +239,128 @@ __device__ void gate_up_segment(const small_plan &sp, float4 *xs4, int u, int fa
 	}
 }
 
-// One wave of CTAs shares the n_used * inter (expert, feature) rows evenly: CTA b takes
-// [W b / G, W (b + 1) / G) of them in (expert, feature) order, at most a few experts.
-// Dynamic shared memory: rp fp32 x rows of hidden. act (n, inter): silu(gate x) * up x
-// of pair i at row i.
+// One wave of CTAs shares the n_used * inter (expert, feature) rows, then the shared
+// expert's sh.inter, evenly: CTA b takes [W b / G, W (b + 1) / G) of them in that
+// order, at most a few slots. Dynamic shared memory: rp fp32 x rows of hidden. act
+// (n, inter): silu(gate x) * up x of pair i at row i; sh.act (n / top_k, sh.inter):
+// the shared expert's of row m at row m.
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 small_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_t *ids,
-		     int n, int top_k, int E, int hidden, int inter, int rp, float *act)
+		     int n, int top_k, int E, int hidden, int inter, int rp, float *act,
+		     moe_small_shared sh)
 {
 	extern __shared__ float4 xs4[];		// (rp, hidden / 4)
 	__shared__ small_plan sp;
-	long long W, lo, hi;
+	long long Wr, W, lo, hi;
 
 	k_cuda_pdl_wait();
 	small_plan_build(sp, ids, n, E);
-	W = (long long)sp.n_used * inter;
+	Wr = (long long)sp.n_used * inter;
+	W = Wr + sh.inter;
 	lo = W * blockIdx.x / gridDim.x;
 	hi = W * (blockIdx.x + 1) / gridDim.x;
 	for (long long pos = lo; pos < hi;) {	// CTA-uniform
-		int u = (int)(pos / inter), fa = (int)(pos % inter);
-		int fb = (int)min((long long)inter, fa + (hi - pos));
+		if (pos < Wr) {
+			int u = (int)(pos / inter), fa = (int)(pos % inter), e = sp.used_e[u];
+			int fb = (int)min((long long)inter, fa + (hi - pos));
 
-		gate_up_segment(sp, xs4, u, fa, fb, expert_w, x, top_k, hidden, inter, rp, act);
-		pos += fb - fa;
+			gate_up_segment(xs4, expert_w[3 * e], expert_w[3 * e + 1],
+					sp.sorted + sp.used_start[u], sp.used_n[u], fa, fb, x, top_k,
+					hidden, inter, rp, act);
+			pos += fb - fa;
+		} else {
+			int fa = (int)(pos - Wr), fb = (int)min((long long)sh.inter, fa + (hi - pos));
+
+			gate_up_segment(xs4, sh.gate, sh.up, nullptr, n / top_k, fa, fb, x, 1,
+					hidden, sh.inter, rp, sh.act);
+			pos += fb - fa;
+		}
 	}
 }
 
-// Grid (hidden / SM_DCOLS). The CTA's items (used expert, column pair) go round the
-// warps, expert-major so that warps share the pairs' activations in L1. Each pair's
-// dot product is one item's, so ys needs no reduction across warps.
-// out (M, hidden) overwritten, rows without a valid pair included (zeros).
+// Rows c and c + 1 of a down matrix (w0, w1 of nc chunks; w1 NULL past hidden) against
+// total pairs' activations: pair p is i = pairs[p] (pairs NULL: i = p), its row at src
+// + i * ld4; the two dot products go to dst[i * SM_DCOLS] and the next. The warp calls it.
+__device__ void down_item(const uint4 *w0, const uint4 *w1, int nc, const float4 *src, int ld4,
+			  const int *pairs, int total, float *dst, int lane)
+{
+	for (int p0 = 0; p0 < total; p0 += SM_RP) {
+		int np = min(SM_RP, total - p0), off[SM_RP];
+		float a0[SM_RP], a1[SM_RP];
+
+#pragma unroll
+		for (int r = 0; r < SM_RP; r++) {	// i * ld4 < 64 * 4 * inter / 4: an int
+			int p = p0 + min(r, np - 1);
+
+			off[r] = (pairs ? pairs[p] : p) * ld4;
+		}
+		dot2_rows(w0, w1, nc, src, off, np, a0, a1, lane);
+#pragma unroll
+		for (int r = 0; r < SM_RP; r++) {
+			float s0, s1;
+			int i;
+
+			if (r >= np)
+				break;
+			s0 = warp_sum(a0[r]);
+			s1 = warp_sum(a1[r]);
+			i = pairs ? pairs[p0 + r] : p0 + r;
+			if (lane == 0) {
+				dst[i * SM_DCOLS] = s0;
+				dst[i * SM_DCOLS + 1] = s1;
+			}
+		}
+	}
+}
+
+// Asks L2 for the CTA's SM_DCOLS down rows of row_bytes each at down (row stride
+// row_bytes); the whole CTA calls it, before the PDL wait.
+__device__ __forceinline__ void prefetch_down_rows(const uint16_t *down, int c0, int hidden,
+						   size_t row_bytes)
+{
+	int lines = (int)((row_bytes + 127) / 128);
+
+	for (int q = threadIdx.x; q < SM_DCOLS * lines; q += SM_THREADS) {
+		int col = c0 + q / lines;
+
+		if (col < hidden)
+			prefetch_l2((const char *)down + (size_t)col * row_bytes +
+					    (size_t)(q % lines) * 128, 1, 0, 1);
+	}
+}
+
+// Grid (hidden / SM_DCOLS). The CTA's items go round the warps: (used expert, column
+// pair), expert-major so that warps share the pairs' activations in L1, then (shared
+// piece, column pair): the shared expert's rows cut into inter-long pieces, so that
+// every item streams about as many bytes and the warps stay even. Each pair's dot
+// product (a piece's) is one item's, so ys and yss need no reduction across warps.
+// add 0: out (M, hidden) overwritten, rows without a valid pair included (zeros);
+// add 1: out += (routed sum + shared expert), the separate ops' order.
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t *ids,
-		  const float *weights, int M, int top_k, int E, int hidden, int inter, float *out)
+		  const float *weights, int M, int top_k, int E, int hidden, int inter,
+		  moe_small_shared sh, int add, float *out)
 {
 	__shared__ small_plan sp;
 	__shared__ float ys[MOE_SMALL_MAX_PAIRS][SM_DCOLS];	// pair's expert output
+	__shared__ float yss[MOE_SMALL_SH_PIECES][MOE_SMALL_MAX_PAIRS][SM_DCOLS];	// row's
+								// shared-expert pieces
 	__shared__ float sw[MOE_SMALL_MAX_PAIRS];		// pair's routing weight
 	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = M * top_k;
 	int c0 = blockIdx.x * SM_DCOLS, nc = inter / 8, q4 = inter / 4, cps = SM_DCOLS / 2;
-	size_t row_bytes = (size_t)inter * 2;
+	int pieces = (sh.inter + inter - 1) / inter, n_routed;
+	size_t row_bytes = (size_t)inter * 2, sh_bytes = (size_t)sh.inter * 2 * SM_DCOLS;
 
 	// Launched early under PDL: the ids may come from the kernel before the previous
 	// one, so ask L2 for the down rows they name while gate/up drains, up to a budget
-	// that keeps them there until used. Only a hint: the plan is built after the wait.
+	// that keeps them there until used; the shared expert's rows first, as they do not
+	// depend on the ids. Only a hint: the plan is built after the wait.
+	if (sh.inter)
+		prefetch_down_rows(sh.down, c0, hidden, (size_t)sh.inter * 2);
 	{
 		int lines = (int)((row_bytes + 127) / 128);
-		int pairs = min(n, (int)(SM_DPREFETCH / (row_bytes * SM_DCOLS)));
+		size_t left = SM_DPREFETCH > sh_bytes ? SM_DPREFETCH - sh_bytes : 0;
+		int pairs = min(n, (int)(left / (row_bytes * SM_DCOLS)));
 
 		for (int q = threadIdx.x; q < pairs * SM_DCOLS * lines; q += SM_THREADS) {
 			int i = q / (SM_DCOLS * lines), col = c0 + q / lines % SM_DCOLS;
@@ -297,45 +376,35 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 		sw[threadIdx.x] = weights[threadIdx.x];
 	small_plan_build(sp, ids, n, E);	// its barriers publish sw too
 
-	for (int q = warp; q < sp.n_used * cps; q += SM_WARPS) {
-		int u = q / cps, cp = q % cps, c = c0 + 2 * cp;
-		const uint16_t *down = expert_w[3 * sp.used_e[u] + 2];
-		const uint4 *w0 = (const uint4 *)(down + (size_t)c * inter);
-		const uint4 *w1 = c + 1 < hidden ? (const uint4 *)(down + (size_t)(c + 1) * inter) :
-			nullptr;
-		int start = sp.used_start[u], total = sp.used_n[u];
+	n_routed = sp.n_used * cps;
+	for (int q = warp; q < n_routed + pieces * cps; q += SM_WARPS) {
+		int cp = q % cps, c = c0 + 2 * cp;
+		const uint16_t *w0;
 
 		if (c >= hidden)	// warp-uniform
 			continue;
+		if (q < n_routed) {
+			int u = q / cps, start = sp.used_start[u];
 
-		for (int p0 = 0; p0 < total; p0 += SM_RP) {
-			int np = min(SM_RP, total - p0), off[SM_RP];
-			float a0[SM_RP], a1[SM_RP];
+			w0 = expert_w[3 * sp.used_e[u] + 2] + (size_t)c * inter;
+			down_item((const uint4 *)w0,
+				  c + 1 < hidden ? (const uint4 *)(w0 + inter) : nullptr, nc,
+				  (const float4 *)act, q4, sp.sorted + start, sp.used_n[u],
+				  &ys[0][2 * cp], lane);
+		} else {
+			int k = (q - n_routed) / cps, ka = k * inter;	// piece k: [ka, ka + inter)
 
-#pragma unroll
-			for (int r = 0; r < SM_RP; r++)	// i * q4 < 64 * inter / 4: fits an int
-				off[r] = sp.sorted[start + p0 + min(r, np - 1)] * q4;
-			dot2_rows(w0, w1, nc, (const float4 *)act, off, np, a0, a1, lane);
-#pragma unroll
-			for (int r = 0; r < SM_RP; r++) {
-				float s0, s1;
-				int i;
-
-				if (r >= np)
-					break;
-				s0 = warp_sum(a0[r]);
-				s1 = warp_sum(a1[r]);
-				i = sp.sorted[start + p0 + r];
-				if (lane == 0) {
-					ys[i][2 * cp] = s0;
-					ys[i][2 * cp + 1] = s1;
-				}
-			}
+			w0 = sh.down + (size_t)c * sh.inter + ka;
+			down_item((const uint4 *)w0,
+				  c + 1 < hidden ? (const uint4 *)(w0 + sh.inter) : nullptr,
+				  min(inter, sh.inter - ka) / 8, (const float4 *)(sh.act + ka),
+				  sh.inter / 4, nullptr, M, &yss[k][0][2 * cp], lane);
 		}
 	}
 	__syncthreads();
 
 	// k_cpu_moe_experts's order: increasing expert id, then pair; products rounded.
+	// Then the shared expert (its pieces in order) and the residual, as the ops add.
 	for (int q = threadIdx.x; q < M * SM_DCOLS; q += SM_THREADS) {
 		int m = q / SM_DCOLS, cc = q % SM_DCOLS;
 		float acc = 0.0f;
@@ -348,6 +417,15 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 			if (i / top_k == m)
 				acc = __fadd_rn(acc, __fmul_rn(ys[i][cc], sw[i]));
 		}
+		if (pieces) {
+			float t = yss[0][m][cc];
+
+			for (int k = 1; k < pieces; k++)
+				t = __fadd_rn(t, yss[k][m][cc]);
+			acc = __fadd_rn(acc, t);
+		}
+		if (add)
+			acc = __fadd_rn(out[(size_t)m * hidden + c0 + cc], acc);
 		out[(size_t)m * hidden + c0 + cc] = acc;
 	}
 }
@@ -356,11 +434,18 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 
 // ---- launchers ----------------------------------------------------------------------
 
-bool k_cuda_moe_small_fits(int M, int top_k, int hidden, int inter, const float *x)
+bool k_cuda_moe_small_fits(int M, int top_k, int hidden, int inter, const float *x,
+			   const struct k_cuda_moe_shared *sh)
 {
-	return M > 0 && top_k > 0 && (long)M * top_k <= MOE_SMALL_MAX_PAIRS && hidden % 8 == 0 &&
-	       inter % 8 == 0 && (size_t)hidden * sizeof(float) <= SM_X_SMEM_MAX &&
-	       (uintptr_t)x % 16 == 0;
+	bool ok = M > 0 && top_k > 0 && (long)M * top_k <= MOE_SMALL_MAX_PAIRS &&
+		  hidden % 8 == 0 && inter % 8 == 0 &&
+		  (size_t)hidden * sizeof(float) <= SM_X_SMEM_MAX && (uintptr_t)x % 16 == 0;
+
+	if (!ok || !sh)
+		return ok;
+	return sh->inter > 0 && sh->inter % 8 == 0 &&
+	       sh->inter <= (long)MOE_SMALL_SH_PIECES * inter && (uintptr_t)sh->gate % 16 == 0 &&
+	       (uintptr_t)sh->up % 16 == 0 && (uintptr_t)sh->down % 16 == 0;
 }
 
 int k_cuda_moe_small_setup(void)
@@ -373,13 +458,15 @@ int k_cuda_moe_small_setup(void)
 int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x, int M,
 			 const int32_t *ids, const float *weights, int top_k,
 			 const uint16_t *const *expert_w, int n_experts, int hidden, int inter,
-			 int n_sm)
+			 const struct moe_small_shared &sh, int add, int n_sm)
 {
 	int n = M * top_k, max_used = n < n_experts ? n : n_experts;
 	// One wave at SM_CTAS_PER_SM, but no CTA with less than a feature per warp at the
 	// most experts; staged x rows bounded by the rows an expert can get (router ids
-	// are distinct per row) and by the shared-memory budget.
-	long long most = (long long)max_used * ((inter + SM_WARPS - 1) / SM_WARPS);
+	// are distinct per row; the shared expert has every row) and by the shared-memory
+	// budget.
+	long long most = (long long)max_used * ((inter + SM_WARPS - 1) / SM_WARPS) +
+			 (sh.inter + SM_WARPS - 1) / SM_WARPS;
 	int ctas = SM_CTAS_PER_SM * (n_sm > 0 ? n_sm : 1);
 	int rp = SM_X_SMEM_MAX / (hidden * (int)sizeof(float));
 	int ret;
@@ -389,11 +476,11 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	ctas = ctas < most ? ctas : (int)most;
 	k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), (size_t)rp * hidden * sizeof(float),
 			  small_gate_up_kernel, expert_w, x, ids, n, top_k, n_experts, hidden, inter,
-			  rp, act);
+			  rp, act, sh);
 	if ((ret = K_CUDA_LAUNCHED("moe small gate/up")))
 		return ret;
 	k_cuda_launch_pdl(s, dim3((hidden + SM_DCOLS - 1) / SM_DCOLS), dim3(SM_THREADS), 0,
 			  small_down_kernel, expert_w, (const float *)act, ids, weights, M, top_k,
-			  n_experts, hidden, inter, out);
+			  n_experts, hidden, inter, sh, add, out);
 	return K_CUDA_LAUNCHED("moe small down");
 }
