@@ -545,8 +545,9 @@ static void test_experts_add_shape(const struct shape *s, int si)
 
 /* Informational, no pass/fail: one call's time (median of 20 after warm-up) with
  * every expert in its own memory, against the bytes of the used experts' weights at
- * the 4.25 TB/s HBM floor (docs: DEVICE.md). */
-static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path)
+ * the 4.25 TB/s HBM floor (docs: DEVICE.md). si >= 0: k_cuda_moe_experts_add with a
+ * shared expert that wide (0: none), its weights counted too. */
+static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path, int si)
 {
 	size_t per = (size_t)s->hidden * s->inter, nk = (size_t)M * s->top_k;
 	uint16_t *one = malloc(sizeof(uint16_t) * per), *all;
@@ -559,9 +560,17 @@ static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path
 	float ms[20], med;
 	void *dtable, *dx, *dw, *dids, *dout;
 	double bytes = 0;
+	int n_rec = 0;	/* events recorded */
+	size_t sn = (size_t)s->hidden * (size_t)(si > 0 ? si : 1);
+	uint16_t *dsh = dev_alloc(sizeof(uint16_t) * 3 * sn);
+	struct k_cuda_moe_shared sh = { dsh, dsh + sn, dsh + 2 * sn, si };
 
-	if (k_cuda_moe_ws_create(&ws, M, s->top_k, s->n_experts, s->hidden, s->inter, 0))
+	cu(cudaMemset(dsh, 0, sizeof(uint16_t) * 3 * sn), "zero shared");
+	if (k_cuda_moe_ws_create(&ws, M, s->top_k, s->n_experts, s->hidden, s->inter,
+				 si > 0 ? si : 0)) {
+		cudaFree(dsh);
 		return;
+	}
 	for (size_t i = 0; i < per; i++)
 		one[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
 	all = dev_alloc(sizeof(uint16_t) * per * 3 * (size_t)s->n_experts);
@@ -576,6 +585,7 @@ static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path
 		used[ids[i]] = 1;
 	for (int e = 0; e < s->n_experts; e++)
 		bytes += used[e] ? 3.0 * 2 * (double)per : 0;
+	bytes += si > 0 ? 3.0 * 2 * (double)sn : 0;
 	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
 	dx = dev_from(x, sizeof(float) * (size_t)M * s->hidden);
 	dw = dev_from(wts, sizeof(float) * nk);
@@ -583,15 +593,23 @@ static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path
 	dout = dev_alloc(sizeof(float) * (size_t)M * s->hidden);
 	for (int i = 0; i < 21; i++)
 		cu(cudaEventCreate(&ev[i]), "event");
+	cu(cudaMemset(dout, 0, sizeof(float) * (size_t)M * s->hidden), "zero out");
 	k_cuda_moe_set_path(path);
-	for (int i = 0; i < 3; i++)
-		k_cuda_moe_experts(stream, ws, dout, dx, M, dids, dw, s->top_k, dtable, s->n_experts,
-				   s->hidden, s->inter);
-	cu(cudaEventRecord(ev[0], stream), "record");
-	for (int i = 0; i < 20; i++) {
-		k_cuda_moe_experts(stream, ws, dout, dx, M, dids, dw, s->top_k, dtable, s->n_experts,
-				   s->hidden, s->inter);
-		cu(cudaEventRecord(ev[i + 1], stream), "record");
+	for (int i = 0; i < 23; i++) {
+		if (si < 0)
+			k_cuda_moe_experts(stream, ws, dout, dx, M, dids, dw, s->top_k, dtable,
+					   s->n_experts, s->hidden, s->inter);
+		else if (k_cuda_moe_experts_add(stream, ws, dout, dx, M, dids, dw, s->top_k, dtable,
+						s->n_experts, s->hidden, s->inter,
+						si > 0 ? &sh : NULL))
+			break;	/* declined or failed: no time to show */
+		if (i >= 2)
+			cu(cudaEventRecord(ev[i - 2], stream), "record");
+		n_rec = i - 1;
+	}
+	if (n_rec < 21) {
+		printf("experts_add time %-7s %-28s M %2d: declined\n", path_name(path), s->name, M);
+		goto out;
 	}
 	cu(cudaEventSynchronize(ev[20]), "sync");
 	for (int i = 0; i < 20; i++)
@@ -604,10 +622,13 @@ static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path
 			ms[j - 1] = t;
 		}
 	med = ms[10];
-	printf("moe_experts time %-7s %-28s M %2d: %3.0f MB of weights, %7.1f us = %.2f TB/s "
-	       "(floor %.1f us at 4.25 TB/s: %.0f%%)\n", path_name(path), s->name, M, bytes / 1e6,
+	printf("%s time %-7s %-28s M %2d shared %4d: %3.0f MB of weights, %7.1f us = %.2f TB/s "
+	       "(floor %.1f us at 4.25 TB/s: %.0f%%)\n", si < 0 ? "moe_experts" : "experts_add",
+	       path_name(path), s->name, M, si > 0 ? si : 0, bytes / 1e6,
 	       med * 1e3,
 	       bytes / (med * 1e-3) / 1e12, bytes / 4.25e12 * 1e6, 100 * (bytes / 4.25e12) / (med * 1e-3));
+out:
+	cu(cudaStreamSynchronize(stream), "sync");
 	for (int i = 0; i < 21; i++)
 		cudaEventDestroy(ev[i]);
 	cudaFree(all);
@@ -616,6 +637,7 @@ static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path
 	cudaFree(dw);
 	cudaFree(dids);
 	cudaFree(dout);
+	cudaFree(dsh);
 	k_cuda_moe_ws_destroy(ws);
 	free(one);
 	free(table);
@@ -685,11 +707,14 @@ static void test_experts_all(void)
 		test_experts_add_shape(&fused[si].s, fused[si].shared);
 	for (size_t si = 0; si < 2; si++) {
 		for (int m = 0; m < 2; m++) {
-			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_SMALL);
-			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_GROUPED);
+			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_SMALL, -1);
+			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_GROUPED, -1);
+			/* fused: v2-lite with its 2 * 1408 shared expert, qwen3 without */
+			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_AUTO,
+				     si == 0 ? 2816 : 0);
 		}
-		time_experts(&shapes[si], 32, K_CUDA_MOE_PATH_AUTO);
-		time_experts(&shapes[si], 64, K_CUDA_MOE_PATH_AUTO);
+		time_experts(&shapes[si], 32, K_CUDA_MOE_PATH_AUTO, -1);
+		time_experts(&shapes[si], 64, K_CUDA_MOE_PATH_AUTO, -1);
 	}
 	k_cuda_moe_set_path(K_CUDA_MOE_PATH_AUTO);
 }

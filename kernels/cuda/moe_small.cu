@@ -240,7 +240,7 @@ __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_
 }
 
 // One wave of CTAs shares the n_used * inter (expert, feature) rows, then the shared
-// expert's sh.inter, evenly: CTA b takes [W b / G, W (b + 1) / G) of them in that
+// expert's sh.inter (prefetched before the wait), evenly: CTA b takes [W b / G, W (b + 1) / G) of them in that
 // order, at most a few slots. Dynamic shared memory: rp fp32 x rows of hidden. act
 // (n, inter): silu(gate x) * up x of pair i at row i; sh.act (n / top_k, sh.inter):
 // the shared expert's of row m at row m.
@@ -253,6 +253,19 @@ small_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int3
 	__shared__ small_plan sp;
 	long long Wr, W, lo, hi;
 
+	// Launched early under PDL, while the router still picks the experts: the shared
+	// expert's rows do not depend on its choice, so each CTA asks L2 for its share of
+	// them now and the route kernel's time hides their fetch. Only a hint: whichever
+	// CTA takes a row after the wait finds it in L2.
+	if (sh.inter) {
+		int a = (int)((long long)sh.inter * blockIdx.x / gridDim.x);
+		int b = (int)((long long)sh.inter * (blockIdx.x + 1) / gridDim.x);
+
+		prefetch_l2(sh.gate + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
+			    SM_THREADS);
+		prefetch_l2(sh.up + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
+			    SM_THREADS);
+	}
 	k_cuda_pdl_wait();
 	small_plan_build(sp, ids, n, E);
 	Wr = (long long)sp.n_used * inter;
