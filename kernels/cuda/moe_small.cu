@@ -6,7 +6,9 @@
 // lane) against fp32 x rows of the expert's pairs held in shared memory, and writes
 // silu(gate x) * up x per pair.
 // down: a CTA owns SM_DCOLS output columns of every row; its warps dot the used
-// experts' down rows of those columns with the pairs' activations, then it sums each
+// experts' down rows of those columns with the pairs' activations (two items' rows in
+// flight per warp, one by cp.async into shared memory, one into registers; rows
+// longer than 2048 or KDEC_MOE_DOWN_STAGED=0: registers only), then it sums each
 // row's pairs in increasing (expert id, pair) order, k_cpu_moe_experts's order, so no
 // combine kernel is needed. Each CTA derives the plan (which pairs chose which expert)
 // from the <= 64 ids itself, so no plan kernel either.
@@ -21,6 +23,7 @@
 // other rows.
 #include <cstdint>
 
+#include "kernels/cuda/attn_ptx.cuh"
 #include "kernels/cuda/k_cuda_moe.h"
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/moe_internal.h"
@@ -32,6 +35,8 @@
 #define SM_KB 8			// 16-byte chunks per lane and weight row in flight (2048 values)
 #define SM_DCOLS 8		// down: output columns per CTA (pairs of columns per item)
 #define SM_X_SMEM_MAX (96 * 1024)	// gate/up: bytes of fp32 x rows per CTA
+#define SM_DSTAGE_SMEM_MAX (64 * 1024)	// down, staged: bytes of weight stages per CTA
+					// (two CTAs and their static arrays fit an SM)
 #define SM_DPREFETCH (128 * 1024)	// down: bytes asked of L2 per CTA before the wait
 					// (times ~2 CTAs per SM: well inside the 50 MB L2)
 
@@ -291,38 +296,191 @@ small_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int3
 	}
 }
 
-// Rows c and c + 1 of a down matrix (w0, w1 of nc chunks; w1 NULL past hidden) against
-// total pairs' activations: pair p is i = pairs[p] (pairs NULL: i = p), its row at src
-// + i * ld4; the two dot products go to dst[i * SM_DCOLS] and the next. The warp calls it.
-__device__ void down_item(const uint4 *w0, const uint4 *w1, int nc, const float4 *src, int ld4,
-			  const int *pairs, int total, float *dst, int lane)
+// One down item as its warp sees it: rows w0 and w1 (nc chunks each) of a down matrix
+// against total pairs' activations (pair p is i = pairs[p], or p where pairs is NULL;
+// its row at src + i * ld4), the two sums to dst[i * SM_DCOLS] and the next.
+struct down_job {
+	const uint4 *w0, *w1;
+	const float4 *src;
+	const int *pairs;
+	float *dst;
+	int nc, ld4, total;
+};
+
+// Item q of small_down_kernel's CTA: (used expert, column pair) below n_routed, then
+// (shared piece, column pair). Every item's columns lie inside hidden (a multiple of
+// SM_DCOLS: k_cuda_moe_small_fits). ys (MOE_SMALL_MAX_PAIRS, SM_DCOLS), yss
+// (MOE_SMALL_SH_PIECES, MOE_SMALL_MAX_PAIRS, SM_DCOLS).
+__device__ __forceinline__ down_job down_job_of(int q, int n_routed, const small_plan &sp,
+						const uint16_t *const *expert_w, const float *act,
+						const moe_small_shared &sh, int M, int c0, int inter,
+						float *ys, float *yss)
 {
-	for (int p0 = 0; p0 < total; p0 += SM_RP) {
-		int np = min(SM_RP, total - p0), off[SM_RP];
+	int cps = SM_DCOLS / 2, cp = q % cps, c = c0 + 2 * cp;
+	down_job j;
+
+	if (q < n_routed) {
+		int u = q / cps;
+		const uint16_t *w = expert_w[3 * sp.used_e[u] + 2] + (size_t)c * inter;
+
+		j.w0 = (const uint4 *)w;
+		j.w1 = (const uint4 *)(w + inter);
+		j.src = (const float4 *)act;
+		j.pairs = sp.sorted + sp.used_start[u];
+		j.dst = ys + 2 * cp;
+		j.nc = inter / 8;
+		j.ld4 = inter / 4;
+		j.total = sp.used_n[u];
+	} else {
+		int k = (q - n_routed) / cps, ka = k * inter;	// piece k: [ka, ka + inter)
+		const uint16_t *w = sh.down + (size_t)c * sh.inter + ka;
+
+		j.w0 = (const uint4 *)w;
+		j.w1 = (const uint4 *)(w + sh.inter);
+		j.src = (const float4 *)(sh.act + ka);
+		j.pairs = nullptr;
+		j.dst = yss + k * MOE_SMALL_MAX_PAIRS * SM_DCOLS + 2 * cp;
+		j.nc = min(inter, sh.inter - ka) / 8;
+		j.ld4 = sh.inter / 4;
+		j.total = M;
+	}
+	return j;
+}
+
+// The warp's two sums per pair (acc0, acc1: lane partials) into the job's dst.
+__device__ __forceinline__ void down_job_store(const down_job &j, int p0, int np,
+					       const float *acc0, const float *acc1, int lane)
+{
+#pragma unroll
+	for (int r = 0; r < SM_RP; r++) {
+		float s0, s1;
+		int i;
+
+		if (r >= np)
+			break;
+		s0 = warp_sum(acc0[r]);
+		s1 = warp_sum(acc1[r]);
+		i = j.pairs ? j.pairs[p0 + r] : p0 + r;
+		if (lane == 0) {
+			j.dst[i * SM_DCOLS] = s0;
+			j.dst[i * SM_DCOLS + 1] = s1;
+		}
+	}
+}
+
+// The job's pair offsets p0 .. p0 + SM_RP - 1 (the last one repeated past np).
+__device__ __forceinline__ void down_job_offsets(const down_job &j, int p0, int np, int *off)
+{
+#pragma unroll
+	for (int r = 0; r < SM_RP; r++) {	// i * ld4 < 64 * 4 * inter / 4: an int
+		int p = p0 + min(r, np - 1);
+
+		off[r] = (j.pairs ? j.pairs[p] : p) * j.ld4;
+	}
+}
+
+// Registers: the job's weights come in SM_KB chunks per lane and row at a time.
+__device__ void down_job_run(const down_job &j, int lane)
+{
+	for (int p0 = 0; p0 < j.total; p0 += SM_RP) {
+		int np = min(SM_RP, j.total - p0), off[SM_RP];
 		float a0[SM_RP], a1[SM_RP];
 
-#pragma unroll
-		for (int r = 0; r < SM_RP; r++) {	// i * ld4 < 64 * 4 * inter / 4: an int
-			int p = p0 + min(r, np - 1);
+		down_job_offsets(j, p0, np, off);
+		dot2_rows(j.w0, j.w1, j.nc, j.src, off, np, a0, a1, lane);
+		down_job_store(j, p0, np, a0, a1, lane);
+	}
+}
 
-			off[r] = (pairs ? pairs[p] : p) * ld4;
-		}
-		dot2_rows(w0, w1, nc, src, off, np, a0, a1, lane);
-#pragma unroll
-		for (int r = 0; r < SM_RP; r++) {
-			float s0, s1;
-			int i;
+// The lane's chunks (c = lane, lane + 32, ...) of the job's two rows into registers,
+// all of them (nc <= 32 * SM_KB: down_use_staged); they stay in flight until used.
+__device__ __forceinline__ void down_job_load(const down_job &j, uint4 *wa, uint4 *wb, int lane)
+{
+	const uint4 zero = make_uint4(0, 0, 0, 0);
 
-			if (r >= np)
+#pragma unroll
+	for (int b = 0; b < SM_KB; b++) {
+		int c = 32 * b + lane;
+
+		wa[b] = c < j.nc ? __ldcs(j.w0 + c) : zero;
+		wb[b] = c < j.nc ? __ldcs(j.w1 + c) : zero;
+	}
+}
+
+// The job against its weights in registers (down_job_load), every pass of SM_RP pairs
+// from the same registers; chunks in dot2_rows's order, so the same sums bit for bit.
+__device__ __forceinline__ void down_job_run_loaded(const down_job &j, const uint4 *wa,
+						    const uint4 *wb, int lane)
+{
+	for (int p0 = 0; p0 < j.total; p0 += SM_RP) {
+		int np = min(SM_RP, j.total - p0), off[SM_RP];
+		float a0[SM_RP], a1[SM_RP];
+
+		down_job_offsets(j, p0, np, off);
+#pragma unroll
+		for (int r = 0; r < SM_RP; r++)
+			a0[r] = a1[r] = 0.0f;
+#pragma unroll
+		for (int b = 0; b < SM_KB; b++) {
+			int c = 32 * b + lane;
+
+			if (c >= j.nc)
 				break;
-			s0 = warp_sum(a0[r]);
-			s1 = warp_sum(a1[r]);
-			i = pairs ? pairs[p0 + r] : p0 + r;
-			if (lane == 0) {
-				dst[i * SM_DCOLS] = s0;
-				dst[i * SM_DCOLS + 1] = s1;
+#pragma unroll
+			for (int r = 0; r < SM_RP; r++) {
+				float4 lo, hi;
+
+				if (r >= np)
+					break;
+				lo = j.src[off[r] + 2 * c];
+				hi = j.src[off[r] + 2 * c + 1];
+				fma8(a0[r], wa[b], lo, hi);
+				fma8(a1[r], wb[b], lo, hi);
 			}
 		}
+		down_job_store(j, p0, np, a0, a1, lane);
+	}
+}
+
+// Asynchronous copy: the lane's chunks (c = lane, lane + 32, ...) of both rows into
+// stage (rows 0 and 1 at stage and stage + ncm). The lane alone reads them back
+// (down_job_run_staged), so no barrier is needed between copy and use.
+__device__ __forceinline__ void down_job_issue(const down_job &j, uint4 *stage, int ncm, int lane)
+{
+	for (int c = lane; c < j.nc; c += 32) {
+		cp_async16(stage + c, j.w0 + c, true);
+		cp_async16(stage + ncm + c, j.w1 + c, true);
+	}
+}
+
+// The job against its weights staged by down_job_issue; the lane's chunks in the
+// order dot2_rows takes them, so the sums equal the register path's bit for bit.
+__device__ void down_job_run_staged(const down_job &j, const uint4 *stage, int ncm, int lane)
+{
+	for (int p0 = 0; p0 < j.total; p0 += SM_RP) {
+		int np = min(SM_RP, j.total - p0), off[SM_RP];
+		float a0[SM_RP], a1[SM_RP];
+
+		down_job_offsets(j, p0, np, off);
+#pragma unroll
+		for (int r = 0; r < SM_RP; r++)
+			a0[r] = a1[r] = 0.0f;
+		for (int c = lane; c < j.nc; c += 32) {
+			uint4 wa = stage[c], wb = stage[ncm + c];
+
+#pragma unroll
+			for (int r = 0; r < SM_RP; r++) {
+				float4 lo, hi;
+
+				if (r >= np)
+					break;
+				lo = j.src[off[r] + 2 * c];
+				hi = j.src[off[r] + 2 * c + 1];
+				fma8(a0[r], wa, lo, hi);
+				fma8(a1[r], wb, lo, hi);
+			}
+		}
+		down_job_store(j, p0, np, a0, a1, lane);
 	}
 }
 
@@ -347,21 +505,27 @@ __device__ __forceinline__ void prefetch_down_rows(const uint16_t *down, int c0,
 // piece, column pair): the shared expert's rows cut into inter-long pieces, so that
 // every item streams about as many bytes and the warps stay even. Each pair's dot
 // product (a piece's) is one item's, so ys and yss need no reduction across warps.
+// STAGED: each warp has a stage of dynamic shared memory (SM_WARPS * 2 * inter / 8
+// uint4) besides its registers, so two of its items stream at once (see below): twice
+// the bytes in flight of the register path, which loads an item's rows only after the
+// last item's arithmetic and holds one item at a time.
 // add 0: out (M, hidden) overwritten, rows without a valid pair included (zeros);
 // add 1: out += (routed sum + shared expert), the separate ops' order.
+template <bool STAGED>
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t *ids,
 		  const float *weights, int M, int top_k, int E, int hidden, int inter,
 		  moe_small_shared sh, int add, float *out)
 {
+	extern __shared__ uint4 stages[];	// STAGED: (SM_WARPS, 2, inter / 8)
 	__shared__ small_plan sp;
 	__shared__ float ys[MOE_SMALL_MAX_PAIRS][SM_DCOLS];	// pair's expert output
 	__shared__ float yss[MOE_SMALL_SH_PIECES][MOE_SMALL_MAX_PAIRS][SM_DCOLS];	// row's
 								// shared-expert pieces
 	__shared__ float sw[MOE_SMALL_MAX_PAIRS];		// pair's routing weight
 	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = M * top_k;
-	int c0 = blockIdx.x * SM_DCOLS, nc = inter / 8, q4 = inter / 4, cps = SM_DCOLS / 2;
-	int pieces = (sh.inter + inter - 1) / inter, n_routed;
+	int c0 = blockIdx.x * SM_DCOLS, cps = SM_DCOLS / 2;
+	int pieces = (sh.inter + inter - 1) / inter, n_routed, n_all;
 	size_t row_bytes = (size_t)inter * 2, sh_bytes = (size_t)sh.inter * 2 * SM_DCOLS;
 
 	// Launched early under PDL: the ids may come from the kernel before the previous
@@ -390,29 +554,51 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 	small_plan_build(sp, ids, n, E);	// its barriers publish sw too
 
 	n_routed = sp.n_used * cps;
-	for (int q = warp; q < n_routed + pieces * cps; q += SM_WARPS) {
-		int cp = q % cps, c = c0 + 2 * cp;
-		const uint16_t *w0;
+	n_all = n_routed + pieces * cps;
+	if (STAGED) {
+		// The warp's items alternate: even ones through its shared-memory stage
+		// (cp.async), odd ones through registers, each in flight while the warp dots
+		// the other, so two items' rows stream per warp.
+		int ncm = inter / 8;
+		uint4 *mine = stages + (size_t)warp * 2 * ncm;	// the warp's stage: two rows
 
-		if (c >= hidden)	// warp-uniform
-			continue;
-		if (q < n_routed) {
-			int u = q / cps, start = sp.used_start[u];
+		if (warp < n_all)
+			down_job_issue(down_job_of(warp, n_routed, sp, expert_w, act, sh, M, c0,
+						   inter, &ys[0][0], &yss[0][0][0]),
+				       mine, ncm, lane);
+		cp_async_commit();
+		for (int q = warp; q < n_all; q += 2 * SM_WARPS) {	// warp-uniform
+			bool odd = q + SM_WARPS < n_all;
+			uint4 wa[SM_KB], wb[SM_KB];
 
-			w0 = expert_w[3 * sp.used_e[u] + 2] + (size_t)c * inter;
-			down_item((const uint4 *)w0,
-				  c + 1 < hidden ? (const uint4 *)(w0 + inter) : nullptr, nc,
-				  (const float4 *)act, q4, sp.sorted + start, sp.used_n[u],
-				  &ys[0][2 * cp], lane);
-		} else {
-			int k = (q - n_routed) / cps, ka = k * inter;	// piece k: [ka, ka + inter)
-
-			w0 = sh.down + (size_t)c * sh.inter + ka;
-			down_item((const uint4 *)w0,
-				  c + 1 < hidden ? (const uint4 *)(w0 + sh.inter) : nullptr,
-				  min(inter, sh.inter - ka) / 8, (const float4 *)(sh.act + ka),
-				  sh.inter / 4, nullptr, M, &yss[k][0][2 * cp], lane);
+			// Jobs are rebuilt where used (a few shared-memory reads), not held:
+			// registers go to the odd item's rows.
+			if (odd)
+				down_job_load(down_job_of(q + SM_WARPS, n_routed, sp, expert_w, act, sh,
+							  M, c0, inter, &ys[0][0], &yss[0][0][0]),
+					      wa, wb, lane);
+			cp_async_wait<0>();	// item q's rows are in the stage
+			down_job_run_staged(down_job_of(q, n_routed, sp, expert_w, act, sh, M, c0,
+							inter, &ys[0][0], &yss[0][0][0]),
+					    mine, ncm, lane);
+			if (q + 2 * SM_WARPS < n_all)	// the stage is free again
+				down_job_issue(down_job_of(q + 2 * SM_WARPS, n_routed, sp, expert_w,
+							   act, sh, M, c0, inter, &ys[0][0],
+							   &yss[0][0][0]),
+					       mine, ncm, lane);
+			cp_async_commit();
+			if (odd)
+				down_job_run_loaded(down_job_of(q + SM_WARPS, n_routed, sp, expert_w,
+								act, sh, M, c0, inter, &ys[0][0],
+								&yss[0][0][0]),
+						    wa, wb, lane);
 		}
+		cp_async_wait<0>();
+	} else {
+		for (int q = warp; q < n_all; q += SM_WARPS)
+			down_job_run(down_job_of(q, n_routed, sp, expert_w, act, sh, M, c0, inter,
+						 &ys[0][0], &yss[0][0][0]),
+				     lane);
 	}
 	__syncthreads();
 
@@ -465,7 +651,35 @@ int k_cuda_moe_small_setup(void)
 {
 	return K_CUDA_CALL(cudaFuncSetAttribute(small_gate_up_kernel,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
-						SM_X_SMEM_MAX));
+						SM_X_SMEM_MAX)) ||
+	       K_CUDA_CALL(cudaFuncSetAttribute(small_down_kernel<true>,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						SM_DSTAGE_SMEM_MAX)) ||
+	       K_CUDA_CALL(cudaFuncSetAttribute(small_down_kernel<true>,
+						cudaFuncAttributePreferredSharedMemoryCarveout,
+						cudaSharedmemCarveoutMaxShared)) ? -EIO : 0;
+}
+
+// The down kernel's weight stages for inter, in bytes: SM_WARPS warps, 2 rows each.
+static size_t down_stage_bytes(int inter)
+{
+	return (size_t)SM_WARPS * 2 * (size_t)(inter / 8) * sizeof(uint4);
+}
+
+static int down_staged = -1;	// KDEC_MOE_DOWN_STAGED: 0 keeps the register path; -1: unread
+
+// Whether the down kernel streams through a shared-memory stage too: by default, where
+// a row fits the lane's registers in one go (inter <= 32 * SM_KB * 8 = 2048) and the
+// stages fit their budget.
+static bool down_use_staged(int inter)
+{
+	if (down_staged < 0) {
+		const char *e = getenv("KDEC_MOE_DOWN_STAGED");
+
+		down_staged = !(e && e[0] == '0');
+	}
+	return down_staged && inter / 8 <= 32 * SM_KB &&
+	       down_stage_bytes(inter) <= SM_DSTAGE_SMEM_MAX;
 }
 
 int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x, int M,
@@ -492,8 +706,14 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 			  rp, act, sh);
 	if ((ret = K_CUDA_LAUNCHED("moe small gate/up")))
 		return ret;
-	k_cuda_launch_pdl(s, dim3((hidden + SM_DCOLS - 1) / SM_DCOLS), dim3(SM_THREADS), 0,
-			  small_down_kernel, expert_w, (const float *)act, ids, weights, M, top_k,
-			  n_experts, hidden, inter, sh, add, out);
+	if (down_use_staged(inter))
+		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS),
+				  down_stage_bytes(inter), small_down_kernel<true>, expert_w,
+				  (const float *)act, ids, weights, M, top_k, n_experts, hidden, inter,
+				  sh, add, out);
+	else
+		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS), 0,
+				  small_down_kernel<false>, expert_w, (const float *)act, ids, weights,
+				  M, top_k, n_experts, hidden, inter, sh, add, out);
 	return K_CUDA_LAUNCHED("moe small down");
 }
