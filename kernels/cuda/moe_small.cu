@@ -2,9 +2,12 @@
 // kernel is latency-bound: two launches instead of plan, gate/up, down and combine.
 //
 // gate/up: one wave of CTAs shares the (used expert, feature) rows evenly; each CTA
-// streams its rows of gate and up once with 16-byte loads (SM_KB in flight per row and
-// lane) against fp32 x rows of the expert's pairs held in shared memory, and writes
-// silu(gate x) * up x per pair.
+// streams its rows of gate and up once with 16-byte loads against the fp32 x rows of
+// the expert's pairs, and writes silu(gate x) * up x per pair. Staged (hidden <= 2048,
+// the default): each warp has two features' rows in flight, one by cp.async into a
+// shared-memory stage, one in registers, and reads x through L1; otherwise (or with
+// KDEC_MOE_GATE_STAGED=0) one feature's rows in registers (SM_KB chunks per row and
+// lane) against x rows staged in shared memory.
 // down: a CTA owns SM_DCOLS output columns of every row; its warps dot the used
 // experts' down rows of those columns with the pairs' activations (two items' rows in
 // flight per warp, one by cp.async into shared memory, one into registers; rows
@@ -244,6 +247,23 @@ __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_
 	}
 }
 
+// Launched early under PDL, while the router still picks the experts: the shared
+// expert's rows do not depend on its choice, so each CTA asks L2 for its share of
+// them before the wait and the route kernel's time hides their fetch. Only a hint:
+// whichever CTA takes a row after the wait finds it in L2. The whole CTA calls it.
+__device__ __forceinline__ void prefetch_shared_gate_up(const moe_small_shared &sh, int hidden)
+{
+	if (sh.inter) {
+		int a = (int)((long long)sh.inter * blockIdx.x / gridDim.x);
+		int b = (int)((long long)sh.inter * (blockIdx.x + 1) / gridDim.x);
+
+		prefetch_l2(sh.gate + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
+			    SM_THREADS);
+		prefetch_l2(sh.up + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
+			    SM_THREADS);
+	}
+}
+
 // One wave of CTAs shares the n_used * inter (expert, feature) rows, then the shared
 // expert's sh.inter (prefetched before the wait), evenly: CTA b takes [W b / G, W (b + 1) / G) of them in that
 // order, at most a few slots. Dynamic shared memory: rp fp32 x rows of hidden. act
@@ -258,19 +278,7 @@ small_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int3
 	__shared__ small_plan sp;
 	long long Wr, W, lo, hi;
 
-	// Launched early under PDL, while the router still picks the experts: the shared
-	// expert's rows do not depend on its choice, so each CTA asks L2 for its share of
-	// them now and the route kernel's time hides their fetch. Only a hint: whichever
-	// CTA takes a row after the wait finds it in L2.
-	if (sh.inter) {
-		int a = (int)((long long)sh.inter * blockIdx.x / gridDim.x);
-		int b = (int)((long long)sh.inter * (blockIdx.x + 1) / gridDim.x);
-
-		prefetch_l2(sh.gate + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
-			    SM_THREADS);
-		prefetch_l2(sh.up + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
-			    SM_THREADS);
-	}
+	prefetch_shared_gate_up(sh, hidden);
 	k_cuda_pdl_wait();
 	small_plan_build(sp, ids, n, E);
 	Wr = (long long)sp.n_used * inter;
@@ -296,29 +304,32 @@ small_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int3
 	}
 }
 
-// One down item as its warp sees it: rows w0 and w1 (nc chunks each) of a down matrix
-// against total pairs' activations (pair p is i = pairs[p], or p where pairs is NULL;
-// its row at src + i * ld4), the two sums to dst[i * SM_DCOLS] and the next.
-struct down_job {
+// One item as its warp sees it: two weight rows w0 and w1 (nc chunks each) against
+// total pairs' fp32 rows (pair p is i = pairs[p], or p where pairs is NULL; its row
+// at src + (i / div) * ld4). Down: the two sums to dst[i * dst_ld] and the next;
+// gate/up (w0 gate, w1 up): silu(gate) * up to dst[i * dst_ld].
+struct dot_job {
 	const uint4 *w0, *w1;
 	const float4 *src;
 	const int *pairs;
 	float *dst;
-	int nc, ld4, total;
+	int nc, ld4, total, div, dst_ld;
 };
 
 // Item q of small_down_kernel's CTA: (used expert, column pair) below n_routed, then
 // (shared piece, column pair). Every item's columns lie inside hidden (a multiple of
 // SM_DCOLS: k_cuda_moe_small_fits). ys (MOE_SMALL_MAX_PAIRS, SM_DCOLS), yss
 // (MOE_SMALL_SH_PIECES, MOE_SMALL_MAX_PAIRS, SM_DCOLS).
-__device__ __forceinline__ down_job down_job_of(int q, int n_routed, const small_plan &sp,
-						const uint16_t *const *expert_w, const float *act,
-						const moe_small_shared &sh, int M, int c0, int inter,
-						float *ys, float *yss)
+__device__ __forceinline__ dot_job down_job_of(int q, int n_routed, const small_plan &sp,
+					       const uint16_t *const *expert_w, const float *act,
+					       const moe_small_shared &sh, int M, int c0, int inter,
+					       float *ys, float *yss)
 {
 	int cps = SM_DCOLS / 2, cp = q % cps, c = c0 + 2 * cp;
-	down_job j;
+	dot_job j;
 
+	j.div = 1;
+	j.dst_ld = SM_DCOLS;
 	if (q < n_routed) {
 		int u = q / cps;
 		const uint16_t *w = expert_w[3 * sp.used_e[u] + 2] + (size_t)c * inter;
@@ -347,9 +358,48 @@ __device__ __forceinline__ down_job down_job_of(int q, int n_routed, const small
 	return j;
 }
 
-// The warp's two sums per pair (acc0, acc1: lane partials) into the job's dst.
-__device__ __forceinline__ void down_job_store(const down_job &j, int p0, int np,
-					       const float *acc0, const float *acc1, int lane)
+// Row pos of the staged gate/up kernel's (slot, feature) order: feature pos % inter
+// of used expert pos / inter below Wr = n_used * inter, then the shared expert's
+// feature pos - Wr. x (n / top_k, hidden); act (n, inter), sh.act (n / top_k, sh.inter).
+__device__ __forceinline__ dot_job gate_up_job_of(long long pos, long long Wr,
+						  const small_plan &sp,
+						  const uint16_t *const *expert_w, const float *x,
+						  const moe_small_shared &sh, int n, int top_k,
+						  int hidden, int inter, float *act)
+{
+	dot_job j;
+
+	j.src = (const float4 *)x;
+	j.nc = hidden / 8;
+	j.ld4 = hidden / 4;
+	if (pos < Wr) {
+		int u = (int)(pos / inter), f = (int)(pos % inter), e = sp.used_e[u];
+
+		j.w0 = (const uint4 *)(expert_w[3 * e] + (size_t)f * hidden);
+		j.w1 = (const uint4 *)(expert_w[3 * e + 1] + (size_t)f * hidden);
+		j.pairs = sp.sorted + sp.used_start[u];
+		j.total = sp.used_n[u];
+		j.div = top_k;
+		j.dst = act + f;
+		j.dst_ld = inter;
+	} else {
+		int f = (int)(pos - Wr);
+
+		j.w0 = (const uint4 *)(sh.gate + (size_t)f * hidden);
+		j.w1 = (const uint4 *)(sh.up + (size_t)f * hidden);
+		j.pairs = nullptr;
+		j.total = n / top_k;
+		j.div = 1;
+		j.dst = sh.act + f;
+		j.dst_ld = sh.inter;
+	}
+	return j;
+}
+
+// The warp's sums per pair (acc0, acc1: lane partials) into the job's dst.
+template <bool GATE>
+__device__ __forceinline__ void job_store(const dot_job &j, int p0, int np, const float *acc0,
+					  const float *acc1, int lane)
 {
 #pragma unroll
 	for (int r = 0; r < SM_RP; r++) {
@@ -361,40 +411,43 @@ __device__ __forceinline__ void down_job_store(const down_job &j, int p0, int np
 		s0 = warp_sum(acc0[r]);
 		s1 = warp_sum(acc1[r]);
 		i = j.pairs ? j.pairs[p0 + r] : p0 + r;
-		if (lane == 0) {
-			j.dst[i * SM_DCOLS] = s0;
-			j.dst[i * SM_DCOLS + 1] = s1;
+		if (lane == 0 && GATE) {
+			j.dst[(size_t)i * j.dst_ld] = silu_mul(s0, s1);
+		} else if (lane == 0) {
+			j.dst[i * j.dst_ld] = s0;
+			j.dst[i * j.dst_ld + 1] = s1;
 		}
 	}
 }
 
 // The job's pair offsets p0 .. p0 + SM_RP - 1 (the last one repeated past np).
-__device__ __forceinline__ void down_job_offsets(const down_job &j, int p0, int np, int *off)
+__device__ __forceinline__ void job_offsets(const dot_job &j, int p0, int np, int *off)
 {
 #pragma unroll
-	for (int r = 0; r < SM_RP; r++) {	// i * ld4 < 64 * 4 * inter / 4: an int
+	for (int r = 0; r < SM_RP; r++) {	// row * ld4 < 64 * 4 * inter / 4: an int
 		int p = p0 + min(r, np - 1);
 
-		off[r] = (j.pairs ? j.pairs[p] : p) * j.ld4;
+		off[r] = (j.pairs ? j.pairs[p] : p) / j.div * j.ld4;
 	}
 }
 
-// Registers: the job's weights come in SM_KB chunks per lane and row at a time.
-__device__ void down_job_run(const down_job &j, int lane)
+// Registers only (the down kernel's register path): SM_KB chunks per lane and row
+// at a time.
+__device__ void down_job_run(const dot_job &j, int lane)
 {
 	for (int p0 = 0; p0 < j.total; p0 += SM_RP) {
 		int np = min(SM_RP, j.total - p0), off[SM_RP];
 		float a0[SM_RP], a1[SM_RP];
 
-		down_job_offsets(j, p0, np, off);
+		job_offsets(j, p0, np, off);
 		dot2_rows(j.w0, j.w1, j.nc, j.src, off, np, a0, a1, lane);
-		down_job_store(j, p0, np, a0, a1, lane);
+		job_store<false>(j, p0, np, a0, a1, lane);
 	}
 }
 
 // The lane's chunks (c = lane, lane + 32, ...) of the job's two rows into registers,
-// all of them (nc <= 32 * SM_KB: down_use_staged); they stay in flight until used.
-__device__ __forceinline__ void down_job_load(const down_job &j, uint4 *wa, uint4 *wb, int lane)
+// all of them (nc <= 32 * SM_KB: the staged predicates); they stay in flight until used.
+__device__ __forceinline__ void job_load(const dot_job &j, uint4 *wa, uint4 *wb, int lane)
 {
 	const uint4 zero = make_uint4(0, 0, 0, 0);
 
@@ -407,16 +460,17 @@ __device__ __forceinline__ void down_job_load(const down_job &j, uint4 *wa, uint
 	}
 }
 
-// The job against its weights in registers (down_job_load), every pass of SM_RP pairs
+// The job against its weights in registers (job_load), every pass of SM_RP pairs
 // from the same registers; chunks in dot2_rows's order, so the same sums bit for bit.
-__device__ __forceinline__ void down_job_run_loaded(const down_job &j, const uint4 *wa,
-						    const uint4 *wb, int lane)
+template <bool GATE>
+__device__ __forceinline__ void job_run_loaded(const dot_job &j, const uint4 *wa, const uint4 *wb,
+					       int lane)
 {
 	for (int p0 = 0; p0 < j.total; p0 += SM_RP) {
 		int np = min(SM_RP, j.total - p0), off[SM_RP];
 		float a0[SM_RP], a1[SM_RP];
 
-		down_job_offsets(j, p0, np, off);
+		job_offsets(j, p0, np, off);
 #pragma unroll
 		for (int r = 0; r < SM_RP; r++)
 			a0[r] = a1[r] = 0.0f;
@@ -438,14 +492,14 @@ __device__ __forceinline__ void down_job_run_loaded(const down_job &j, const uin
 				fma8(a1[r], wb[b], lo, hi);
 			}
 		}
-		down_job_store(j, p0, np, a0, a1, lane);
+		job_store<GATE>(j, p0, np, a0, a1, lane);
 	}
 }
 
 // Asynchronous copy: the lane's chunks (c = lane, lane + 32, ...) of both rows into
 // stage (rows 0 and 1 at stage and stage + ncm). The lane alone reads them back
-// (down_job_run_staged), so no barrier is needed between copy and use.
-__device__ __forceinline__ void down_job_issue(const down_job &j, uint4 *stage, int ncm, int lane)
+// (job_run_staged), so no barrier is needed between copy and use.
+__device__ __forceinline__ void job_issue(const dot_job &j, uint4 *stage, int ncm, int lane)
 {
 	for (int c = lane; c < j.nc; c += 32) {
 		cp_async16(stage + c, j.w0 + c, true);
@@ -453,15 +507,16 @@ __device__ __forceinline__ void down_job_issue(const down_job &j, uint4 *stage, 
 	}
 }
 
-// The job against its weights staged by down_job_issue; the lane's chunks in the
-// order dot2_rows takes them, so the sums equal the register path's bit for bit.
-__device__ void down_job_run_staged(const down_job &j, const uint4 *stage, int ncm, int lane)
+// The job against its weights staged by job_issue; the lane's chunks in the order
+// dot2_rows takes them, so the sums equal the register path's bit for bit.
+template <bool GATE>
+__device__ void job_run_staged(const dot_job &j, const uint4 *stage, int ncm, int lane)
 {
 	for (int p0 = 0; p0 < j.total; p0 += SM_RP) {
 		int np = min(SM_RP, j.total - p0), off[SM_RP];
 		float a0[SM_RP], a1[SM_RP];
 
-		down_job_offsets(j, p0, np, off);
+		job_offsets(j, p0, np, off);
 #pragma unroll
 		for (int r = 0; r < SM_RP; r++)
 			a0[r] = a1[r] = 0.0f;
@@ -480,8 +535,65 @@ __device__ void down_job_run_staged(const down_job &j, const uint4 *stage, int n
 				fma8(a1[r], wb, lo, hi);
 			}
 		}
-		down_job_store(j, p0, np, a0, a1, lane);
+		job_store<GATE>(j, p0, np, a0, a1, lane);
 	}
+}
+
+// small_gate_up_kernel's work and grid, each warp with two rows in flight at a time
+// like small_down_kernel's STAGED path: its items (the CTA's rows lo + warp, lo + warp
+// + SM_WARPS, ...) alternate between a shared-memory stage (cp.async) and registers.
+// x is read through L1 (M rows, every warp's), not staged, so the warps share nothing
+// and the CTA needs no barrier after the plan. Dynamic shared memory: the stages,
+// (SM_WARPS, 2, hidden / 8) uint4. Rows of at most 32 * SM_KB chunks.
+__global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
+small_gate_up_staged_kernel(const uint16_t *const *expert_w, const float *x, const int32_t *ids,
+			    int n, int top_k, int E, int hidden, int inter, float *act,
+			    moe_small_shared sh)
+{
+	extern __shared__ uint4 gstages[];	// (SM_WARPS, 2, hidden / 8)
+	__shared__ small_plan sp;
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ncm = hidden / 8;
+	uint4 *mine = gstages + (size_t)warp * 2 * ncm;	// the warp's stage: two rows
+	long long Wr, W, lo, hi;
+	int rows;
+
+	prefetch_shared_gate_up(sh, hidden);
+	k_cuda_pdl_wait();
+	small_plan_build(sp, ids, n, E);
+	Wr = (long long)sp.n_used * inter;
+	W = Wr + sh.inter;
+	lo = W * blockIdx.x / gridDim.x;
+	hi = W * (blockIdx.x + 1) / gridDim.x;
+	rows = (int)(hi - lo);
+
+	if (warp < rows)
+		job_issue(gate_up_job_of(lo + warp, Wr, sp, expert_w, x, sh, n, top_k, hidden, inter,
+					 act),
+			  mine, ncm, lane);
+	cp_async_commit();
+	for (int t = warp; t < rows; t += 2 * SM_WARPS) {	// warp-uniform
+		bool odd = t + SM_WARPS < rows;
+		uint4 wa[SM_KB], wb[SM_KB];
+
+		if (odd)
+			job_load(gate_up_job_of(lo + t + SM_WARPS, Wr, sp, expert_w, x, sh, n, top_k,
+						hidden, inter, act),
+				 wa, wb, lane);
+		cp_async_wait<0>();	// row t's gate and up are in the stage
+		job_run_staged<true>(gate_up_job_of(lo + t, Wr, sp, expert_w, x, sh, n, top_k,
+						    hidden, inter, act),
+				     mine, ncm, lane);
+		if (t + 2 * SM_WARPS < rows)	// the stage is free again
+			job_issue(gate_up_job_of(lo + t + 2 * SM_WARPS, Wr, sp, expert_w, x, sh, n,
+						 top_k, hidden, inter, act),
+				  mine, ncm, lane);
+		cp_async_commit();
+		if (odd)
+			job_run_loaded<true>(gate_up_job_of(lo + t + SM_WARPS, Wr, sp, expert_w, x, sh,
+							    n, top_k, hidden, inter, act),
+					     wa, wb, lane);
+	}
+	cp_async_wait<0>();
 }
 
 // Asks L2 for the CTA's SM_DCOLS down rows of row_bytes each at down (row stride
@@ -563,7 +675,7 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 		uint4 *mine = stages + (size_t)warp * 2 * ncm;	// the warp's stage: two rows
 
 		if (warp < n_all)
-			down_job_issue(down_job_of(warp, n_routed, sp, expert_w, act, sh, M, c0,
+			job_issue(down_job_of(warp, n_routed, sp, expert_w, act, sh, M, c0,
 						   inter, &ys[0][0], &yss[0][0][0]),
 				       mine, ncm, lane);
 		cp_async_commit();
@@ -574,21 +686,21 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 			// Jobs are rebuilt where used (a few shared-memory reads), not held:
 			// registers go to the odd item's rows.
 			if (odd)
-				down_job_load(down_job_of(q + SM_WARPS, n_routed, sp, expert_w, act, sh,
+				job_load(down_job_of(q + SM_WARPS, n_routed, sp, expert_w, act, sh,
 							  M, c0, inter, &ys[0][0], &yss[0][0][0]),
 					      wa, wb, lane);
 			cp_async_wait<0>();	// item q's rows are in the stage
-			down_job_run_staged(down_job_of(q, n_routed, sp, expert_w, act, sh, M, c0,
+			job_run_staged<false>(down_job_of(q, n_routed, sp, expert_w, act, sh, M, c0,
 							inter, &ys[0][0], &yss[0][0][0]),
 					    mine, ncm, lane);
 			if (q + 2 * SM_WARPS < n_all)	// the stage is free again
-				down_job_issue(down_job_of(q + 2 * SM_WARPS, n_routed, sp, expert_w,
+				job_issue(down_job_of(q + 2 * SM_WARPS, n_routed, sp, expert_w,
 							   act, sh, M, c0, inter, &ys[0][0],
 							   &yss[0][0][0]),
 					       mine, ncm, lane);
 			cp_async_commit();
 			if (odd)
-				down_job_run_loaded(down_job_of(q + SM_WARPS, n_routed, sp, expert_w,
+				job_run_loaded<false>(down_job_of(q + SM_WARPS, n_routed, sp, expert_w,
 								act, sh, M, c0, inter, &ys[0][0],
 								&yss[0][0][0]),
 						    wa, wb, lane);
@@ -647,39 +759,48 @@ bool k_cuda_moe_small_fits(int M, int top_k, int hidden, int inter, const float 
 	       (uintptr_t)sh->up % 16 == 0 && (uintptr_t)sh->down % 16 == 0;
 }
 
+// The staged kernels leave the L1 / shared-memory split to the driver, which sizes it
+// for their occupancy (two CTAs per SM) and leaves the rest to L1 for x and act.
 int k_cuda_moe_small_setup(void)
 {
 	return K_CUDA_CALL(cudaFuncSetAttribute(small_gate_up_kernel,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
 						SM_X_SMEM_MAX)) ||
-	       K_CUDA_CALL(cudaFuncSetAttribute(small_down_kernel<true>,
+	       K_CUDA_CALL(cudaFuncSetAttribute(small_gate_up_staged_kernel,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
 						SM_DSTAGE_SMEM_MAX)) ||
 	       K_CUDA_CALL(cudaFuncSetAttribute(small_down_kernel<true>,
-						cudaFuncAttributePreferredSharedMemoryCarveout,
-						cudaSharedmemCarveoutMaxShared)) ? -EIO : 0;
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						SM_DSTAGE_SMEM_MAX)) ? -EIO : 0;
 }
 
-// The down kernel's weight stages for inter, in bytes: SM_WARPS warps, 2 rows each.
-static size_t down_stage_bytes(int inter)
+// A staged kernel's weight stages for rows of len values, in bytes: SM_WARPS warps,
+// 2 rows each.
+static size_t stage_bytes(int len)
 {
-	return (size_t)SM_WARPS * 2 * (size_t)(inter / 8) * sizeof(uint4);
+	return (size_t)SM_WARPS * 2 * (size_t)(len / 8) * sizeof(uint4);
 }
 
-static int down_staged = -1;	// KDEC_MOE_DOWN_STAGED: 0 keeps the register path; -1: unread
+// KDEC_MOE_GATE_STAGED, KDEC_MOE_DOWN_STAGED: 0 keeps that kernel's register-only
+// path; -1: not read yet.
+static int gate_staged = -1, down_staged = -1;
 
-// Whether the down kernel streams through a shared-memory stage too: by default, where
-// a row fits the lane's registers in one go (inter <= 32 * SM_KB * 8 = 2048) and the
-// stages fit their budget.
-static bool down_use_staged(int inter)
+static bool env_on(int *v, const char *name)
 {
-	if (down_staged < 0) {
-		const char *e = getenv("KDEC_MOE_DOWN_STAGED");
+	if (*v < 0) {
+		const char *e = getenv(name);
 
-		down_staged = !(e && e[0] == '0');
+		*v = !(e && e[0] == '0');
 	}
-	return down_staged && inter / 8 <= 32 * SM_KB &&
-	       down_stage_bytes(inter) <= SM_DSTAGE_SMEM_MAX;
+	return *v != 0;
+}
+
+// Whether a kernel streams rows of len values through a shared-memory stage besides
+// its registers: by default, where a row fits the lane's registers in one go
+// (len <= 32 * SM_KB * 8 = 2048) and the stages fit their budget.
+static bool use_staged(int *v, const char *name, int len)
+{
+	return env_on(v, name) && len / 8 <= 32 * SM_KB && stage_bytes(len) <= SM_DSTAGE_SMEM_MAX;
 }
 
 int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x, int M,
@@ -701,14 +822,19 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	rp = rp < M ? rp : M;
 	// A failed launch is also the runtime's last error, which K_CUDA_LAUNCHED reports.
 	ctas = ctas < most ? ctas : (int)most;
-	k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), (size_t)rp * hidden * sizeof(float),
-			  small_gate_up_kernel, expert_w, x, ids, n, top_k, n_experts, hidden, inter,
-			  rp, act, sh);
+	if (use_staged(&gate_staged, "KDEC_MOE_GATE_STAGED", hidden))
+		k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), stage_bytes(hidden),
+				  small_gate_up_staged_kernel, expert_w, x, ids, n, top_k, n_experts,
+				  hidden, inter, act, sh);
+	else
+		k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS),
+				  (size_t)rp * hidden * sizeof(float), small_gate_up_kernel, expert_w,
+				  x, ids, n, top_k, n_experts, hidden, inter, rp, act, sh);
 	if ((ret = K_CUDA_LAUNCHED("moe small gate/up")))
 		return ret;
-	if (down_use_staged(inter))
+	if (use_staged(&down_staged, "KDEC_MOE_DOWN_STAGED", inter))
 		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS),
-				  down_stage_bytes(inter), small_down_kernel<true>, expert_w,
+				  stage_bytes(inter), small_down_kernel<true>, expert_w,
 				  (const float *)act, ids, weights, M, top_k, n_experts, hidden, inter,
 				  sh, add, out);
 	else
