@@ -1,5 +1,5 @@
-// Between the MoE launcher (moe_experts.cu) and its small-batch path (moe_small.cu):
-// CUDA C++ only, not part of the C interface (k_cuda_moe.h).
+// Between the MoE launcher (moe_experts.cu) and its small-batch path (moe_small.cu,
+// moe_small_gate_up.cu): CUDA C++ only, not part of the C interface (k_cuda_moe.h).
 #ifndef KD_KERNELS_CUDA_MOE_INTERNAL_H
 #define KD_KERNELS_CUDA_MOE_INTERNAL_H
 
@@ -31,6 +31,16 @@ bool k_cuda_moe_small_fits(int M, int top_k, int hidden, int inter, const float 
 // Once per process before the first launch (not a stream operation, so never inside
 // a capture): lets the gate/up kernel use its shared-memory budget. 0 or -EIO.
 int k_cuda_moe_small_setup(void);
+
+// moe_small_gate_up.cu for moe_small.cu: the gate/up kernels' one-time set-up (0 or
+// -EIO), and one launch of ctas CTAs, staged (two features' rows in flight per warp;
+// rows of at most 2048) or with rp x rows staged in shared memory instead. Its error,
+// if any, is the runtime's last error.
+int moe_small_gate_up_setup(void);
+void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp,
+			      const uint16_t *const *expert_w, const float *x, const int32_t *ids,
+			      int n, int top_k, int n_experts, int hidden, int inter, float *act,
+			      const struct moe_small_shared &sh);
 
 // out (M, hidden) = the routed experts' sum (add 0: overwritten) or out += routed sum
 // + the shared expert sh (add 1; sh.inter 0: none); act (M * top_k, inter) fp32 scratch
