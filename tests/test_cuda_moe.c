@@ -10,10 +10,11 @@
  * reference gets a valid id with weight 0 there). Experts nobody chose point at NaN
  * weights, so reading one fails; outputs are poisoned with NaN first, so an element
  * left unwritten fails. Tolerance rel L2 <= 1e-4 (grouped: bf16 hi+lo activations,
- * small: fp32 activations; fp32 accumulation: ~1e-5 expected).
+ * small: fp32 activations; fp32 accumulation: ~1e-5 expected). The small path runs
+ * with its kernels staged (the default) and registers only (k_cuda_moe_set_staged).
  * Experts plus shared expert plus residual (k_cuda_moe_experts_add) against the CPU's
  * ops in forward.c's order (k_cpu_moe_experts, the shared SwiGLU MLP by k_cpu_linear
- * and k_cpu_silu_mul, two adds) on fresh random inputs: DeepSeek-V2-Lite (shared 2816
+ * and k_cpu_silu_mul, two adds) on fresh random inputs, both ways too: DeepSeek-V2-Lite (shared 2816
  * = 2 pieces of 1408) and Qwen3 (no shared expert) at M 1, 2, 5, 8 and 10 (60 pairs),
  * odd shapes (a shared width not a multiple of inter: a short last piece; 3 and 4
  * pieces; top_k 1 at M 64, the most rows the small path takes), dup and bad ids.
@@ -521,11 +522,16 @@ static void test_experts_add_shape(const struct shape *s, int si)
 		return;
 	weights_make(&w, s);
 	shared_make(&sw, s->hidden, si > 0 ? si : 8);
-	for (int m = 0; m < 4; m++) {
-		int M = (int[]){ 1, 2, 5, most }[m];
+	for (int staged = 1; staged >= 0; staged--) {
+		k_cuda_moe_set_staged(staged);
+		printf("(%s)\n", staged ? "staged" : "registers only");
+		for (int m = 0; m < 4; m++) {
+			int M = (int[]){ 1, 2, 5, most }[m];
 
-		test_experts_add(s, &w, &sw, si, ws, M, 0, K_CUDA_MOE_PATH_AUTO, 1);
+			test_experts_add(s, &w, &sw, si, ws, M, 0, K_CUDA_MOE_PATH_AUTO, 1);
+		}
 	}
+	k_cuda_moe_set_staged(-1);
 	test_experts_add(s, &w, &sw, si, ws, most > 3 ? 3 : 1, EX_DUP | EX_BAD_ID,
 			 K_CUDA_MOE_PATH_SMALL, 1);
 	test_experts_add(s, &w, &sw, si, ws, 1, 0, K_CUDA_MOE_PATH_GROUPED, 0);
@@ -659,13 +665,17 @@ static void test_experts_shape(const struct shape *s)
 	if (ret)
 		return;
 	weights_make(&w, s);
-	for (int pi = 0; pi < 2; pi++) {
+	for (int pi = 0; pi < 3; pi++) {	/* small staged, small registers, grouped */
+		enum k_cuda_moe_path path = paths[pi > 0 ? pi - 1 : 0];
+
+		k_cuda_moe_set_staged(pi != 1);
 		for (int m = 0; m < 4; m++)
-			test_experts(s, &w, ws, (int[]){ 1, 2, 3, 8 }[m], -1, 0, paths[pi]);
-		test_experts(s, &w, ws, 8, 3, EX_DUP, paths[pi]);	/* 9 pairs on expert 3 */
-		test_experts(s, &w, ws, 1, -1, EX_BAD_ID, paths[pi]);
-		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, paths[pi]);
+			test_experts(s, &w, ws, (int[]){ 1, 2, 3, 8 }[m], -1, 0, path);
+		test_experts(s, &w, ws, 8, 3, EX_DUP, path);	/* 9 pairs on expert 3 */
+		test_experts(s, &w, ws, 1, -1, EX_BAD_ID, path);
+		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, path);
 	}
+	k_cuda_moe_set_staged(-1);
 	/* auto: small at 5 rows (up to 64 pairs), grouped at 64 */
 	test_experts(s, &w, ws, 5, -1, 0, K_CUDA_MOE_PATH_AUTO);
 	test_experts(s, &w, ws, 64, -1, 0, K_CUDA_MOE_PATH_AUTO);
@@ -709,9 +719,16 @@ static void test_experts_all(void)
 		for (int m = 0; m < 2; m++) {
 			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_SMALL, -1);
 			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_GROUPED, -1);
-			/* fused: v2-lite with its 2 * 1408 shared expert, qwen3 without */
-			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_AUTO,
-				     si == 0 ? 2816 : 0);
+			/* fused: v2-lite with its 2 * 1408 shared expert, qwen3 without;
+			 * staged, then registers only */
+			for (int st = 1; st >= 0; st--) {
+				k_cuda_moe_set_staged(st);
+				if (!st)
+					printf("(registers only)\n");
+				time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_AUTO,
+					     si == 0 ? 2816 : 0);
+			}
+			k_cuda_moe_set_staged(-1);
 		}
 		time_experts(&shapes[si], 32, K_CUDA_MOE_PATH_AUTO, -1);
 		time_experts(&shapes[si], 64, K_CUDA_MOE_PATH_AUTO, -1);

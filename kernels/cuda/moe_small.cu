@@ -273,6 +273,11 @@ static bool env_on(int *v, const char *name)
 	return *v != 0;
 }
 
+extern "C" void k_cuda_moe_set_staged(int on)
+{
+	gate_staged = down_staged = on < 0 ? -1 : on != 0;
+}
+
 // Whether a kernel streams rows of len values through a shared-memory stage besides
 // its registers: by default, where a row fits the lane's registers in one go
 // (len <= 32 * SM_KB * 8 = 2048) and the stages fit their budget.
