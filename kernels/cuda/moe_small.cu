@@ -157,6 +157,12 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 
 	n_routed = sp.n_used * cps;
 	n_all = n_routed + pieces * cps;
+	// Jobs are rebuilt where used (a few shared-memory reads), not held: registers
+	// go to the weights.
+	auto job = [&](int q) {
+		return down_job_of(q, n_routed, sp, expert_w, act, sh, M, c0, inter, &ys[0][0],
+				   &yss[0][0][0]);
+	};
 	if (STAGED) {
 		// The warp's items alternate: even ones through its shared-memory stage
 		// (cp.async), odd ones through registers, each in flight while the warp dots
@@ -165,42 +171,26 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 		uint4 *mine = stages + (size_t)warp * 2 * ncm;	// the warp's stage: two rows
 
 		if (warp < n_all)
-			job_issue(down_job_of(warp, n_routed, sp, expert_w, act, sh, M, c0,
-						   inter, &ys[0][0], &yss[0][0][0]),
-				       mine, ncm, lane);
+			job_issue(job(warp), mine, ncm, lane);
 		cp_async_commit();
 		for (int q = warp; q < n_all; q += 2 * SM_WARPS) {	// warp-uniform
 			bool odd = q + SM_WARPS < n_all;
 			uint4 wa[SM_KB], wb[SM_KB];
 
-			// Jobs are rebuilt where used (a few shared-memory reads), not held:
-			// registers go to the odd item's rows.
 			if (odd)
-				job_load(down_job_of(q + SM_WARPS, n_routed, sp, expert_w, act, sh,
-							  M, c0, inter, &ys[0][0], &yss[0][0][0]),
-					      wa, wb, lane);
+				job_load(job(q + SM_WARPS), wa, wb, lane);
 			cp_async_wait<0>();	// item q's rows are in the stage
-			job_run_staged<false>(down_job_of(q, n_routed, sp, expert_w, act, sh, M, c0,
-							inter, &ys[0][0], &yss[0][0][0]),
-					    mine, ncm, lane);
+			job_run_staged<false>(job(q), mine, ncm, lane);
 			if (q + 2 * SM_WARPS < n_all)	// the stage is free again
-				job_issue(down_job_of(q + 2 * SM_WARPS, n_routed, sp, expert_w,
-							   act, sh, M, c0, inter, &ys[0][0],
-							   &yss[0][0][0]),
-					       mine, ncm, lane);
+				job_issue(job(q + 2 * SM_WARPS), mine, ncm, lane);
 			cp_async_commit();
 			if (odd)
-				job_run_loaded<false>(down_job_of(q + SM_WARPS, n_routed, sp, expert_w,
-								act, sh, M, c0, inter, &ys[0][0],
-								&yss[0][0][0]),
-						    wa, wb, lane);
+				job_run_loaded<false>(job(q + SM_WARPS), wa, wb, lane);
 		}
 		cp_async_wait<0>();
 	} else {
 		for (int q = warp; q < n_all; q += SM_WARPS)
-			down_job_run(down_job_of(q, n_routed, sp, expert_w, act, sh, M, c0, inter,
-						 &ys[0][0], &yss[0][0][0]),
-				     lane);
+			down_job_run(job(q), lane);
 	}
 	__syncthreads();
 

@@ -188,32 +188,26 @@ small_gate_up_staged_kernel(const uint16_t *const *expert_w, const float *x, con
 	hi = W * (blockIdx.x + 1) / gridDim.x;
 	rows = (int)(hi - lo);
 
+	// Jobs are rebuilt where used, not held: registers go to the weights.
+	auto job = [&](int t) {
+		return gate_up_job_of(lo + t, Wr, sp, expert_w, x, sh, n, top_k, hidden, inter, act);
+	};
 	if (warp < rows)
-		job_issue(gate_up_job_of(lo + warp, Wr, sp, expert_w, x, sh, n, top_k, hidden, inter,
-					 act),
-			  mine, ncm, lane);
+		job_issue(job(warp), mine, ncm, lane);
 	cp_async_commit();
 	for (int t = warp; t < rows; t += 2 * SM_WARPS) {	// warp-uniform
 		bool odd = t + SM_WARPS < rows;
 		uint4 wa[SM_KB], wb[SM_KB];
 
 		if (odd)
-			job_load(gate_up_job_of(lo + t + SM_WARPS, Wr, sp, expert_w, x, sh, n, top_k,
-						hidden, inter, act),
-				 wa, wb, lane);
+			job_load(job(t + SM_WARPS), wa, wb, lane);
 		cp_async_wait<0>();	// row t's gate and up are in the stage
-		job_run_staged<true>(gate_up_job_of(lo + t, Wr, sp, expert_w, x, sh, n, top_k,
-						    hidden, inter, act),
-				     mine, ncm, lane);
+		job_run_staged<true>(job(t), mine, ncm, lane);
 		if (t + 2 * SM_WARPS < rows)	// the stage is free again
-			job_issue(gate_up_job_of(lo + t + 2 * SM_WARPS, Wr, sp, expert_w, x, sh, n,
-						 top_k, hidden, inter, act),
-				  mine, ncm, lane);
+			job_issue(job(t + 2 * SM_WARPS), mine, ncm, lane);
 		cp_async_commit();
 		if (odd)
-			job_run_loaded<true>(gate_up_job_of(lo + t + SM_WARPS, Wr, sp, expert_w, x, sh,
-							    n, top_k, hidden, inter, act),
-					     wa, wb, lane);
+			job_run_loaded<true>(job(t + SM_WARPS), wa, wb, lane);
 	}
 	cp_async_wait<0>();
 }
