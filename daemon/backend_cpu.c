@@ -161,12 +161,18 @@ static int cpu_moe_experts_add(struct backend *be, float *y, const float *x, int
 			       int shared_inter)
 {
 	size_t nx = (size_t)M * (size_t)hidden, ns = (size_t)M * (size_t)shared_inter;
-	float *mlp = malloc(sizeof(float) * (nx + (shared_inter > 0 ? nx + 2 * ns : 0)));
-	float *down = mlp + nx, *gate = down + nx, *up = gate + ns;
+	float *mlp, *down, *gate, *up;
 	int ret;
 
+	if (shared_inter > 0 && (L->w_gate.rows != shared_inter || L->w_up.rows != shared_inter ||
+				 L->w_down.cols != shared_inter || L->w_down.rows != hidden))
+		return 1;	/* not the sizes this op was asked for: the ops will do */
+	mlp = malloc(sizeof(float) * (nx + (shared_inter > 0 ? nx + 2 * ns : 0)));
 	if (!mlp)
 		return -ENOMEM;
+	down = mlp + nx;
+	gate = down + nx;
+	up = gate + ns;
 	ret = cpu_moe_experts(be, mlp, x, M, ids, weights, top_k, L, hidden, inter, n_experts);
 	if (!ret && shared_inter > 0) {
 		cpu_linear(be, gate, x, &L->w_gate, M);
