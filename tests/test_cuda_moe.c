@@ -14,8 +14,9 @@
  * with its kernels staged (the default) and registers only (k_cuda_moe_set_staged).
  * Experts plus shared expert plus residual (k_cuda_moe_experts_add) against the CPU's
  * ops in forward.c's order (k_cpu_moe_experts, the shared SwiGLU MLP by k_cpu_linear
- * and k_cpu_silu_mul, two adds) on fresh random inputs, both ways too: DeepSeek-V2-Lite (shared 2816
- * = 2 pieces of 1408) and Qwen3 (no shared expert) at M 1, 2, 5, 8 and 10 (60 pairs),
+ * and k_cpu_silu_mul, two adds) on fresh random inputs, both ways too:
+ * DeepSeek-V2-Lite (shared 2816 = 2 pieces of 1408) and Qwen3 (no shared expert) at
+ * M 1, 2, 5 and the most rows (10 for V2-Lite: 60 pairs; 8 for Qwen3),
  * odd shapes (a shared width not a multiple of inter: a short last piece; 3 and 4
  * pieces; top_k 1 at M 64, the most rows the small path takes), dup and bad ids.
  * y starts as a random residual, so an element left unwritten keeps it and fails;
