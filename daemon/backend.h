@@ -113,6 +113,15 @@ struct backend_ops {
 	/* y (M, w->rows) += x (M, w->cols) @ w^T: the residual add fused into the linear */
 	void (*linear_add)(struct backend *be, float *y, const float *x, const struct model_tensor *w,
 			   int M);
+	/* y (M, hidden) += the routed experts' sum (moe_experts's arguments) + the shared
+	 * expert of L (w_gate, w_up, w_down; shared_inter wide, 0: none) of x: what
+	 * moe_experts, the shared SwiGLU MLP and add do, in the ops' order of the sums,
+	 * where the backend can fuse this call. 1: it cannot, nothing done (forward.c then
+	 * runs those ops); 0 or -errno. */
+	int (*moe_experts_add)(struct backend *be, float *y, const float *x, int M,
+			       const int32_t *ids, const float *weights, int top_k,
+			       const struct model_layer *L, int hidden, int inter, int n_experts,
+			       int shared_inter);
 	/* ids (M) drawn from logits (M, vocab) by params (M) at output indices steps (M),
 	 * the procedure of kernels/k_sample.h; all in backend memory. 0 or -errno. */
 	int (*sample)(struct backend *be, int32_t *ids, const float *logits, int M, int vocab,

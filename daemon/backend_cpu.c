@@ -153,6 +153,40 @@ static int cpu_moe_experts(struct backend *be, float *out, const float *x, int M
 				 L->expert_dtype, hidden, inter);
 }
 
+/* The reference for the fused op: the ops forward.c runs otherwise, in its order, with
+ * scratch of its own: mlp = routed, mlp += down(silu(gate h) * up h), y += mlp. */
+static int cpu_moe_experts_add(struct backend *be, float *y, const float *x, int M,
+			       const int32_t *ids, const float *weights, int top_k,
+			       const struct model_layer *L, int hidden, int inter, int n_experts,
+			       int shared_inter)
+{
+	size_t nx = (size_t)M * (size_t)hidden, ns = (size_t)M * (size_t)shared_inter;
+	float *mlp, *down, *gate, *up;
+	int ret;
+
+	if (shared_inter > 0 && (L->w_gate.rows != shared_inter || L->w_up.rows != shared_inter ||
+				 L->w_down.cols != shared_inter || L->w_down.rows != hidden))
+		return 1;	/* not the sizes this op was asked for: the ops will do */
+	mlp = malloc(sizeof(float) * (nx + (shared_inter > 0 ? nx + 2 * ns : 0)));
+	if (!mlp)
+		return -ENOMEM;
+	down = mlp + nx;
+	gate = down + nx;
+	up = gate + ns;
+	ret = cpu_moe_experts(be, mlp, x, M, ids, weights, top_k, L, hidden, inter, n_experts);
+	if (!ret && shared_inter > 0) {
+		cpu_linear(be, gate, x, &L->w_gate, M);
+		cpu_linear(be, up, x, &L->w_up, M);
+		k_cpu_silu_mul(gate, gate, up, ns);
+		cpu_linear(be, down, gate, &L->w_down, M);
+		k_cpu_add(mlp, down, nx);
+	}
+	if (!ret)
+		k_cpu_add(y, mlp, nx);
+	free(mlp);
+	return ret;
+}
+
 const struct backend_ops backend_cpu_ops = {
 	.name = "cpu",
 	.kv_dtype = K_F32,
@@ -175,4 +209,5 @@ const struct backend_ops backend_cpu_ops = {
 	.attn_mla = cpu_attn_mla,
 	.moe_route = cpu_moe_route,
 	.moe_experts = cpu_moe_experts,
+	.moe_experts_add = cpu_moe_experts_add,
 };

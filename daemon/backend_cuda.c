@@ -257,7 +257,9 @@ static int cuda_reserve(struct backend *be, int max_rows, int max_ctx, char *err
 	    (ret = k_cuda_attn_ws_create(&b->attn_ws, max_M, c->n_heads, max_dim, max_ctx)) ||
 	    (c->n_experts > 0 &&
 	     (ret = k_cuda_moe_ws_create(&b->moe_ws, max_M, c->top_k, c->n_experts, c->hidden_size,
-					 c->moe_intermediate_size))) ||
+					 c->moe_intermediate_size,
+					 c->n_shared_experts > 0 ?
+					 c->moe_intermediate_size * c->n_shared_experts : 0))) ||
 	    (ret = k_cuda_sample_ws_create(&b->sample_ws, 64, c->vocab_size)) ||
 	    (ret = cuda_fused_reserve(b, max_M))) {
 		cudaMemGetInfo(&free_b, &total_b);
@@ -490,6 +492,30 @@ static int cuda_moe_experts(struct backend *be, float *out, const float *x, int 
 	return ret;
 }
 
+static int cuda_moe_experts_add(struct backend *be, float *y, const float *x, int M,
+				const int32_t *ids, const float *weights, int top_k,
+				const struct model_layer *L, int hidden, int inter, int n_experts,
+				int shared_inter)
+{
+	struct backend_cuda *b = cuda_of(be);
+	cuda_prof_mark(b, "moe_experts_add");
+	const uint16_t *const *table = cuda_dev_of(b, L->experts, "moe_experts_add");
+	struct k_cuda_moe_shared sh = { 0 };
+	int ret = 1;	/* the shared matrices not as the kernels take them: the ops will do */
+
+	if (shared_inter > 0 && L->w_gate.rows == shared_inter && L->w_up.rows == shared_inter &&
+	    L->w_down.cols == shared_inter && L->w_gate.cols == hidden && L->w_up.cols == hidden &&
+	    L->w_down.rows == hidden)
+		sh = (struct k_cuda_moe_shared){ W(b, &L->w_gate), W(b, &L->w_up), W(b, &L->w_down),
+						 shared_inter };
+	if (shared_inter == 0 || sh.inter)
+		ret = k_cuda_moe_experts_add(b->stream, b->moe_ws, y, x, M, ids, weights, top_k,
+					     table, n_experts, hidden, inter,
+					     shared_inter > 0 ? &sh : NULL);
+	cuda_note(b, ret < 0 ? ret : 0, "moe_experts_add");
+	return ret;
+}
+
 static int cuda_sample(struct backend *be, int32_t *ids, const float *logits, int M, int vocab,
 		       const struct k_sample_params *params, const uint64_t *steps)
 {
@@ -576,6 +602,7 @@ const struct backend_ops backend_cuda_ops = {
 	.attn_mla = cuda_attn_mla,
 	.moe_route = cuda_moe_route,
 	.moe_experts = cuda_moe_experts,
+	.moe_experts_add = cuda_moe_experts_add,
 	.reserve = cuda_reserve,
 	.qkv_prep = cuda_qkv_prep,
 	.mla_post = cuda_mla_post,

@@ -329,22 +329,28 @@ static void dense_mlp(struct forward *f, const struct model_layer *L, int R, int
 	linear_residual(f, acc, scratch, f->gate, &L->w_down, R);
 }
 
-/* Routed experts plus the shared expert (DeepSeek): h in, f->mlp out. */
+/* Routed experts plus the shared expert (DeepSeek): h in, added to the residual f->x
+ * (in one op where the backend fuses them, else by way of f->mlp). */
 static int moe_mlp(struct forward *f, const struct model_layer *L, int R)
 {
 	const struct model_config *c = &f->m->cfg;
 	struct k_moe_route_params route = c->route;
+	int shared = c->n_shared_experts > 0 ? c->moe_intermediate_size * c->n_shared_experts : 0;
 	int ret;
 
 	route.bias = L->router_bias;
 	OP(f, linear, f->router, f->h, &L->router, R);
 	OP(f, moe_route, &route, f->router, R, f->route_ids, f->route_w);
+	if (f->be->ops->moe_experts_add &&
+	    (ret = OP(f, moe_experts_add, f->x, f->h, R, f->route_ids, f->route_w, c->top_k, L,
+		      c->hidden_size, c->moe_intermediate_size, c->n_experts, shared)) <= 0)
+		return ret;	/* fused: the experts, the shared expert and the residual add */
 	ret = OP(f, moe_experts, f->mlp, f->h, R, f->route_ids, f->route_w, c->top_k, L,
 		 c->hidden_size, c->moe_intermediate_size, c->n_experts);
 	if (ret)
 		return ret;
-	if (c->n_shared_experts > 0)
-		dense_mlp(f, L, R, c->moe_intermediate_size * c->n_shared_experts, f->mlp, f->h);
+	if (shared > 0)
+		dense_mlp(f, L, R, shared, f->mlp, f->h);
 	OP(f, add, f->x, f->mlp, (size_t)R * c->hidden_size);
 	return 0;
 }

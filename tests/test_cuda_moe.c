@@ -10,8 +10,19 @@
  * reference gets a valid id with weight 0 there). Experts nobody chose point at NaN
  * weights, so reading one fails; outputs are poisoned with NaN first, so an element
  * left unwritten fails. Tolerance rel L2 <= 1e-4 (grouped: bf16 hi+lo activations,
- * small: fp32 activations; fp32 accumulation: ~1e-5 expected). Skips (77) without
- * CUDA or a GPU. */
+ * small: fp32 activations; fp32 accumulation: ~1e-5 expected). The small path runs
+ * with its kernels staged (the default) and registers only (k_cuda_moe_set_staged).
+ * Experts plus shared expert plus residual (k_cuda_moe_experts_add) against the CPU's
+ * ops in forward.c's order (k_cpu_moe_experts, the shared SwiGLU MLP by k_cpu_linear
+ * and k_cpu_silu_mul, two adds) on fresh random inputs, both ways too:
+ * DeepSeek-V2-Lite (shared 2816 = 2 pieces of 1408) and Qwen3 (no shared expert) at
+ * M 1, 2, 5 and the most rows (10 for V2-Lite: 60 pairs; 8 for Qwen3),
+ * odd shapes (a shared width not a multiple of inter: a short last piece; 3 and 4
+ * pieces; top_k 1 at M 64, the most rows the small path takes), dup and bad ids.
+ * y starts as a random residual, so an element left unwritten keeps it and fails;
+ * tolerance rel L2 <= 1e-4 of the MLP's part (got - want over want - residual). Where
+ * the fused path does not apply (grouped path forced, more than 64 pairs) the call
+ * must return 1 and leave y bit for bit as it was. Skips (77) without CUDA or a GPU. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -352,10 +363,198 @@ static void test_experts(const struct shape *s, struct weights *w, struct k_cuda
 	free(used);
 }
 
+/* A shared expert of width si on host and device; bf16 like the layer's weights. */
+struct shared_w {
+	uint16_t *h[3];	/* gate, up (si, hidden); down (hidden, si) */
+	uint16_t *d[3];
+};
+
+static void shared_make(struct shared_w *w, int hidden, int si)
+{
+	size_t n = (size_t)hidden * si;
+
+	for (int j = 0; j < 3; j++) {
+		w->h[j] = malloc(sizeof(uint16_t) * n);
+		for (size_t i = 0; i < n; i++)
+			w->h[j][i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
+		w->d[j] = dev_from(w->h[j], sizeof(uint16_t) * n);
+	}
+}
+
+static void shared_free(struct shared_w *w)
+{
+	for (int j = 0; j < 3; j++) {
+		free(w->h[j]);
+		cudaFree(w->d[j]);
+	}
+}
+
+/* want (M, hidden) = y0 + (routed + shared(x)): the ops forward.c runs unfused. */
+static void cpu_experts_add(const struct shape *s, float *want, const float *y0, const float *x,
+			    int M, const int32_t *ids, const float *wts, const struct k_expert *ex,
+			    const struct shared_w *sw, int si)
+{
+	size_t nx = (size_t)M * s->hidden, ni = (size_t)M * (si > 0 ? si : 1);
+	float *mlp = malloc(sizeof(float) * nx), *down = malloc(sizeof(float) * nx);
+	float *gate = malloc(sizeof(float) * ni), *up = malloc(sizeof(float) * ni);
+
+	CHECK(k_cpu_moe_experts(pool, mlp, x, M, ids, wts, s->top_k, ex, s->n_experts, K_BF16,
+				s->hidden, s->inter) == 0, "cpu experts");
+	if (si > 0) {
+		k_cpu_linear(pool, gate, x, sw->h[0], K_BF16, M, si, s->hidden);
+		k_cpu_linear(pool, up, x, sw->h[1], K_BF16, M, si, s->hidden);
+		k_cpu_silu_mul(gate, gate, up, ni);
+		k_cpu_linear(pool, down, gate, sw->h[2], K_BF16, M, s->hidden, si);
+		k_cpu_add(mlp, down, nx);
+	}
+	memcpy(want, y0, sizeof(float) * nx);
+	k_cpu_add(want, mlp, nx);
+	free(mlp);
+	free(down);
+	free(gate);
+	free(up);
+}
+
+/* k_cuda_moe_experts_add at M rows; fused 0: the call must decline (1), y untouched. */
+static void test_experts_add(const struct shape *s, struct weights *w, const struct shared_w *sw,
+			     int si, struct k_cuda_moe_ws *ws, int M, int flags,
+			     enum k_cuda_moe_path path, int fused)
+{
+	size_t nx = (size_t)M * s->hidden, nk = (size_t)M * s->top_k;
+	float *x = malloc(sizeof(float) * nx), *y0 = malloc(sizeof(float) * nx);
+	float *want = malloc(sizeof(float) * nx), *got = malloc(sizeof(float) * nx);
+	float *wts = malloc(sizeof(float) * nk), *cpu_wts = malloc(sizeof(float) * nk);
+	int32_t *ids = malloc(sizeof(int32_t) * nk), *cpu_ids = malloc(sizeof(int32_t) * nk);
+	struct k_expert *ex = calloc((size_t)s->n_experts, sizeof(*ex));
+	const uint16_t **table = calloc((size_t)s->n_experts * 3, sizeof(*table));
+	unsigned char *used = calloc((size_t)s->n_experts, 1);
+	struct k_cuda_moe_shared sh = { sw->d[0], sw->d[1], sw->d[2], si };
+	double num = 0, den = 0, rel;
+	float *dx, *dw, *dy;
+	int32_t *dids;
+	void *dtable;
+	int ret, bad = 0, moved = 0;
+	char shape[112];
+
+	for (size_t i = 0; i < nx; i++) {
+		x[i] = test_randf(&seed) * 2;
+		y0[i] = test_randf(&seed) * 4;
+	}
+	make_ids(ids, wts, M, s, -1);
+	if ((flags & EX_DUP) && s->top_k > 1)
+		ids[1] = ids[0];
+	memcpy(cpu_ids, ids, sizeof(int32_t) * nk);
+	memcpy(cpu_wts, wts, sizeof(float) * nk);
+	if (flags & EX_BAD_ID) {	/* as test_experts */
+		ids[nk - 1] = (nk & 1) ? -1 : s->n_experts + 2;
+		cpu_ids[nk - 1] = 0;
+		cpu_wts[nk - 1] = 0.0f;
+	}
+	for (size_t i = 0; i < nk; i++)
+		if (ids[i] >= 0 && ids[i] < s->n_experts)
+			used[ids[i]] = 1;
+	for (int e = 0; e < s->n_experts; e++) {
+		int k = e % N_SETS;
+
+		ex[e] = (struct k_expert){ w->h[k][0], w->h[k][1], w->h[k][2] };
+		for (int j = 0; j < 3; j++)	/* an expert nobody chose must not be read */
+			table[3 * e + j] = used[e] ? w->d[k][j] : w->nan;
+	}
+	cpu_experts_add(s, want, y0, x, M, cpu_ids, cpu_wts, ex, sw, si);
+	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
+	dx = dev_from(x, sizeof(float) * nx);
+	dw = dev_from(wts, sizeof(float) * nk);
+	dids = dev_from(ids, sizeof(int32_t) * nk);
+	dy = dev_from(y0, sizeof(float) * nx);
+	k_cuda_moe_set_path(path);
+	ret = k_cuda_moe_experts_add(stream, ws, dy, dx, M, dids, dw, s->top_k,
+				     (const uint16_t *const *)dtable, s->n_experts, s->hidden,
+				     s->inter, si > 0 ? &sh : NULL);
+	to_host(got, dy, sizeof(float) * nx);
+	for (size_t i = 0; i < nx; i++) {
+		double d = (double)got[i] - want[i], m = (double)want[i] - y0[i];
+
+		num += d * d;
+		den += m * m;
+		bad |= got[i] != got[i];
+		moved |= memcmp(&got[i], &y0[i], sizeof(float)) != 0;
+	}
+	rel = den > 0 ? sqrt(num / den) : sqrt(num);
+	snprintf(shape, sizeof(shape), "%s shared %d M %d%s%s", s->name, si, M,
+		 flags & EX_DUP ? " dup" : "", flags & EX_BAD_ID ? " bad-id" : "");
+	if (fused) {
+		printf("%-12s %-7s %-62s rel_l2 %.3g%s  %s\n", "experts_add", path_name(path), shape,
+		       rel, bad ? "  NaN" : "", ret == 0 && !bad && rel <= EXPERT_TOL ? "PASS" : "FAIL");
+		CHECK(ret == 0 && !bad && rel <= EXPERT_TOL, "%s: ret %d rel %.3g", shape, ret, rel);
+	} else {
+		printf("%-12s %-7s %-62s declined %s\n", "experts_add", path_name(path), shape,
+		       ret == 1 && !moved ? "PASS" : "FAIL");
+		CHECK(ret == 1 && !moved, "%s: ret %d, y %s", shape, ret, moved ? "changed" : "kept");
+	}
+	cudaFree(dtable);
+	cudaFree(dx);
+	cudaFree(dw);
+	cudaFree(dids);
+	cudaFree(dy);
+	free(x);
+	free(y0);
+	free(want);
+	free(got);
+	free(wts);
+	free(cpu_wts);
+	free(ids);
+	free(cpu_ids);
+	free(ex);
+	free(table);
+	free(used);
+}
+
+/* The fused experts + shared + residual at one shape (si 0: no shared expert). */
+static void test_experts_add_shape(const struct shape *s, int si)
+{
+	struct k_cuda_moe_ws *ws;
+	struct shared_w sw;
+	struct weights w;
+	int most = 64 / s->top_k;	/* rows the small path takes */
+	int ret = k_cuda_moe_ws_create(&ws, 130, s->top_k, s->n_experts, s->hidden, s->inter, si);
+
+	CHECK(ret == 0, "ws create %d", ret);
+	if (ret)
+		return;
+	weights_make(&w, s);
+	shared_make(&sw, s->hidden, si > 0 ? si : 8);
+	for (int staged = 1; staged >= 0; staged--) {
+		k_cuda_moe_set_staged(staged);
+		printf("(%s)\n", staged ? "staged" : "registers only");
+		for (int m = 0; m < 4; m++) {
+			int M = (int[]){ 1, 2, 5, most }[m];
+
+			test_experts_add(s, &w, &sw, si, ws, M, 0, K_CUDA_MOE_PATH_AUTO, 1);
+		}
+	}
+	k_cuda_moe_set_staged(-1);
+	test_experts_add(s, &w, &sw, si, ws, most > 3 ? 3 : 1, EX_DUP | EX_BAD_ID,
+			 K_CUDA_MOE_PATH_SMALL, 1);
+	test_experts_add(s, &w, &sw, si, ws, 1, 0, K_CUDA_MOE_PATH_GROUPED, 0);
+	test_experts_add(s, &w, &sw, si, ws, most + 1, 0, K_CUDA_MOE_PATH_AUTO, 0);
+	test_experts_add(s, &w, &sw, si, ws, 64, 0, K_CUDA_MOE_PATH_AUTO, s->top_k == 1);
+	if (si > 0) {	/* wider than the workspace was made for */
+		struct k_cuda_moe_shared sh = { sw.d[0], sw.d[1], sw.d[2], si + 8 };
+
+		CHECK(k_cuda_moe_experts_add(stream, ws, NULL, NULL, 1, NULL, NULL, s->top_k, NULL,
+					     s->n_experts, s->hidden, s->inter, &sh) == -EINVAL,
+		      "shared wider than the workspace");
+	}
+	shared_free(&sw);
+	weights_free(&w);
+	k_cuda_moe_ws_destroy(ws);
+}
+
 /* Informational, no pass/fail: one call's time (median of 20 after warm-up) with
  * every expert in its own memory, against the bytes of the used experts' weights at
- * the 4.25 TB/s HBM floor (docs: DEVICE.md). */
-static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path)
+ * the 4.25 TB/s HBM floor (docs: DEVICE.md). si >= 0: k_cuda_moe_experts_add with a
+ * shared expert that wide (0: none), its weights counted too. */
+static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path, int si)
 {
 	size_t per = (size_t)s->hidden * s->inter, nk = (size_t)M * s->top_k;
 	uint16_t *one = malloc(sizeof(uint16_t) * per), *all;
@@ -368,9 +567,17 @@ static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path
 	float ms[20], med;
 	void *dtable, *dx, *dw, *dids, *dout;
 	double bytes = 0;
+	int n_rec = 0;	/* events recorded */
+	size_t sn = (size_t)s->hidden * (size_t)(si > 0 ? si : 1);
+	uint16_t *dsh = dev_alloc(sizeof(uint16_t) * 3 * sn);
+	struct k_cuda_moe_shared sh = { dsh, dsh + sn, dsh + 2 * sn, si };
 
-	if (k_cuda_moe_ws_create(&ws, M, s->top_k, s->n_experts, s->hidden, s->inter))
+	cu(cudaMemset(dsh, 0, sizeof(uint16_t) * 3 * sn), "zero shared");
+	if (k_cuda_moe_ws_create(&ws, M, s->top_k, s->n_experts, s->hidden, s->inter,
+				 si > 0 ? si : 0)) {
+		cudaFree(dsh);
 		return;
+	}
 	for (size_t i = 0; i < per; i++)
 		one[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
 	all = dev_alloc(sizeof(uint16_t) * per * 3 * (size_t)s->n_experts);
@@ -385,6 +592,7 @@ static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path
 		used[ids[i]] = 1;
 	for (int e = 0; e < s->n_experts; e++)
 		bytes += used[e] ? 3.0 * 2 * (double)per : 0;
+	bytes += si > 0 ? 3.0 * 2 * (double)sn : 0;
 	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
 	dx = dev_from(x, sizeof(float) * (size_t)M * s->hidden);
 	dw = dev_from(wts, sizeof(float) * nk);
@@ -392,15 +600,23 @@ static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path
 	dout = dev_alloc(sizeof(float) * (size_t)M * s->hidden);
 	for (int i = 0; i < 21; i++)
 		cu(cudaEventCreate(&ev[i]), "event");
+	cu(cudaMemset(dout, 0, sizeof(float) * (size_t)M * s->hidden), "zero out");
 	k_cuda_moe_set_path(path);
-	for (int i = 0; i < 3; i++)
-		k_cuda_moe_experts(stream, ws, dout, dx, M, dids, dw, s->top_k, dtable, s->n_experts,
-				   s->hidden, s->inter);
-	cu(cudaEventRecord(ev[0], stream), "record");
-	for (int i = 0; i < 20; i++) {
-		k_cuda_moe_experts(stream, ws, dout, dx, M, dids, dw, s->top_k, dtable, s->n_experts,
-				   s->hidden, s->inter);
-		cu(cudaEventRecord(ev[i + 1], stream), "record");
+	for (int i = 0; i < 23; i++) {
+		if (si < 0)
+			k_cuda_moe_experts(stream, ws, dout, dx, M, dids, dw, s->top_k, dtable,
+					   s->n_experts, s->hidden, s->inter);
+		else if (k_cuda_moe_experts_add(stream, ws, dout, dx, M, dids, dw, s->top_k, dtable,
+						s->n_experts, s->hidden, s->inter,
+						si > 0 ? &sh : NULL))
+			break;	/* declined or failed: no time to show */
+		if (i >= 2)
+			cu(cudaEventRecord(ev[i - 2], stream), "record");
+		n_rec = i - 1;
+	}
+	if (n_rec < 21) {
+		printf("experts_add time %-7s %-28s M %2d: declined\n", path_name(path), s->name, M);
+		goto out;
 	}
 	cu(cudaEventSynchronize(ev[20]), "sync");
 	for (int i = 0; i < 20; i++)
@@ -413,10 +629,13 @@ static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path
 			ms[j - 1] = t;
 		}
 	med = ms[10];
-	printf("moe_experts time %-7s %-28s M %2d: %3.0f MB of weights, %7.1f us = %.2f TB/s "
-	       "(floor %.1f us at 4.25 TB/s: %.0f%%)\n", path_name(path), s->name, M, bytes / 1e6,
+	printf("%s time %-7s %-28s M %2d shared %4d: %3.0f MB of weights, %7.1f us = %.2f TB/s "
+	       "(floor %.1f us at 4.25 TB/s: %.0f%%)\n", si < 0 ? "moe_experts" : "experts_add",
+	       path_name(path), s->name, M, si > 0 ? si : 0, bytes / 1e6,
 	       med * 1e3,
 	       bytes / (med * 1e-3) / 1e12, bytes / 4.25e12 * 1e6, 100 * (bytes / 4.25e12) / (med * 1e-3));
+out:
+	cu(cudaStreamSynchronize(stream), "sync");
 	for (int i = 0; i < 21; i++)
 		cudaEventDestroy(ev[i]);
 	cudaFree(all);
@@ -425,6 +644,7 @@ static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path
 	cudaFree(dw);
 	cudaFree(dids);
 	cudaFree(dout);
+	cudaFree(dsh);
 	k_cuda_moe_ws_destroy(ws);
 	free(one);
 	free(table);
@@ -440,19 +660,23 @@ static void test_experts_shape(const struct shape *s)
 	const enum k_cuda_moe_path paths[] = { K_CUDA_MOE_PATH_SMALL, K_CUDA_MOE_PATH_GROUPED };
 	struct k_cuda_moe_ws *ws;
 	struct weights w;
-	int ret = k_cuda_moe_ws_create(&ws, 130, s->top_k, s->n_experts, s->hidden, s->inter);
+	int ret = k_cuda_moe_ws_create(&ws, 130, s->top_k, s->n_experts, s->hidden, s->inter, 0);
 
 	CHECK(ret == 0, "ws create %d", ret);
 	if (ret)
 		return;
 	weights_make(&w, s);
-	for (int pi = 0; pi < 2; pi++) {
+	for (int pi = 0; pi < 3; pi++) {	/* small staged, small registers, grouped */
+		enum k_cuda_moe_path path = paths[pi > 0 ? pi - 1 : 0];
+
+		k_cuda_moe_set_staged(pi != 1);
 		for (int m = 0; m < 4; m++)
-			test_experts(s, &w, ws, (int[]){ 1, 2, 3, 8 }[m], -1, 0, paths[pi]);
-		test_experts(s, &w, ws, 8, 3, EX_DUP, paths[pi]);	/* 9 pairs on expert 3 */
-		test_experts(s, &w, ws, 1, -1, EX_BAD_ID, paths[pi]);
-		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, paths[pi]);
+			test_experts(s, &w, ws, (int[]){ 1, 2, 3, 8 }[m], -1, 0, path);
+		test_experts(s, &w, ws, 8, 3, EX_DUP, path);	/* 9 pairs on expert 3 */
+		test_experts(s, &w, ws, 1, -1, EX_BAD_ID, path);
+		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, path);
 	}
+	k_cuda_moe_set_staged(-1);
 	/* auto: small at 5 rows (up to 64 pairs), grouped at 64 */
 	test_experts(s, &w, ws, 5, -1, 0, K_CUDA_MOE_PATH_AUTO);
 	test_experts(s, &w, ws, 64, -1, 0, K_CUDA_MOE_PATH_AUTO);
@@ -476,15 +700,39 @@ static void test_experts_all(void)
 		{ "fallback 30x13 E4 k2", 30, 13, 4, 2 },
 	};
 
+	const struct {
+		struct shape s;
+		int shared;
+	} fused[] = {
+		{ { "v2-lite 2048x1408 E64 k6", 2048, 1408, 64, 6 }, 2816 },
+		{ { "qwen3-30b 2048x768 E128 k8", 2048, 768, 128, 8 }, 0 },
+		{ { "odd 136x56 E7 k3", 136, 56, 7, 3 }, 96 },		/* pieces 56 + 40 */
+		{ { "tiny 40x24 E5 k2", 40, 24, 5, 2 }, 72 },		/* 3 pieces */
+		{ { "wide 2304x2568 E6 k2", 2304, 2568, 6, 2 }, 2 * 2568 },
+		{ { "k1 64x40 E4 k1", 64, 40, 4, 1 }, 160 },		/* 4 pieces, 64 rows */
+	};
+
 	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
 		test_experts_shape(&shapes[si]);
+	for (size_t si = 0; si < sizeof(fused) / sizeof(fused[0]); si++)
+		test_experts_add_shape(&fused[si].s, fused[si].shared);
 	for (size_t si = 0; si < 2; si++) {
 		for (int m = 0; m < 2; m++) {
-			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_SMALL);
-			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_GROUPED);
+			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_SMALL, -1);
+			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_GROUPED, -1);
+			/* fused: v2-lite with its 2 * 1408 shared expert, qwen3 without;
+			 * staged, then registers only */
+			for (int st = 1; st >= 0; st--) {
+				k_cuda_moe_set_staged(st);
+				if (!st)
+					printf("(registers only)\n");
+				time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_AUTO,
+					     si == 0 ? 2816 : 0);
+			}
+			k_cuda_moe_set_staged(-1);
 		}
-		time_experts(&shapes[si], 32, K_CUDA_MOE_PATH_AUTO);
-		time_experts(&shapes[si], 64, K_CUDA_MOE_PATH_AUTO);
+		time_experts(&shapes[si], 32, K_CUDA_MOE_PATH_AUTO, -1);
+		time_experts(&shapes[si], 64, K_CUDA_MOE_PATH_AUTO, -1);
 	}
 	k_cuda_moe_set_path(K_CUDA_MOE_PATH_AUTO);
 }

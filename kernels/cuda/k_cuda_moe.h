@@ -27,13 +27,14 @@ int k_cuda_moe_route(cudaStream_t s, const struct k_moe_route_params *p,
 
 /* Scratch of k_cuda_moe_experts for up to max_M rows of one model's shapes: the
  * routing plan, x split into bf16 hi/lo parts, the SwiGLU activations, per-slot
- * outputs. Owned by the caller: k_cuda_moe_ws_destroy (accepts NULL). Allocates on the
+ * outputs, and the shared expert's activations (shared_inter wide; 0: the model has
+ * none). Owned by the caller: k_cuda_moe_ws_destroy (accepts NULL). Allocates on the
  * current device; 0, -EINVAL or -ENOMEM. hidden and inter: multiples of 8 for the
  * tensor-core path; other sizes take a slow CUDA-core path. */
 struct k_cuda_moe_ws;
 
 int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int top_k, int n_experts,
-			 int hidden, int inter);
+			 int hidden, int inter, int shared_inter);
 void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws);
 
 /* out[m] = sum_j weights[m, j] * expert_{ids[m, j]}(x[m]), out overwritten; expert(x)
@@ -57,6 +58,29 @@ int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out /* (
 		       const uint16_t *const *expert_w /* (n_experts, 3) */, int n_experts,
 		       int hidden, int inter);
 
+/* The shared expert of a DeepSeek MoE layer: one SwiGLU MLP that every row takes with
+ * weight 1 (routed_scaling_factor does not touch it). bf16, each 16-byte aligned. */
+struct k_cuda_moe_shared {
+	const uint16_t *gate;	/* (inter, hidden) */
+	const uint16_t *up;	/* (inter, hidden) */
+	const uint16_t *down;	/* (hidden, inter) */
+	int inter;		/* n_shared_experts * moe_intermediate_size */
+};
+
+/* y (M, hidden) += k_cuda_moe_experts's sum + sh's MLP of x (sh NULL: none), summed as
+ * the separate ops would: y + (routed + shared). Where the small path runs this call
+ * (see k_cuda_moe_experts) and KDEC_MOE_FUSED is not 0, its two launches do all of
+ * it: the shared expert's rows stream beside the routed ones as one more slot and the
+ * down kernel adds into y; y is read and written there, nowhere else. Elsewhere it
+ * launches nothing and returns 1: the caller runs the separate ops (k_cuda_moe_experts,
+ * the dense MLP, the add). sh->inter <= the workspace's shared_inter and a multiple of
+ * 8, at most 4 * inter. 0, 1, -EINVAL or -EIO. */
+int k_cuda_moe_experts_add(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y /* (M, hidden) */,
+			   const float *x /* (M, hidden) */, int M,
+			   const int32_t *ids /* (M, top_k) */, const float *weights /* (M, top_k) */,
+			   int top_k, const uint16_t *const *expert_w /* (n_experts, 3) */,
+			   int n_experts, int hidden, int inter, const struct k_cuda_moe_shared *sh);
+
 /* Which path k_cuda_moe_experts takes: AUTO (the default) picks by M * top_k; SMALL
  * takes the small-batch path wherever it can run (up to 64 pairs); GROUPED always
  * takes the grouped one. The environment's KDEC_MOE_PATH=small or =grouped sets it at
@@ -65,6 +89,13 @@ int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out /* (
 enum k_cuda_moe_path { K_CUDA_MOE_PATH_AUTO, K_CUDA_MOE_PATH_SMALL, K_CUDA_MOE_PATH_GROUPED };
 
 void k_cuda_moe_set_path(enum k_cuda_moe_path path);
+
+/* Whether the small path's kernels stream weights through a shared-memory stage as
+ * well as registers (the default, where rows are at most 2048 long): 1 both, 0
+ * neither (registers only), -1 back to the environment's KDEC_MOE_GATE_STAGED and
+ * KDEC_MOE_DOWN_STAGED (0 turns that kernel's stage off). The results are the same
+ * bit for bit; tests and A/B runs. Set it before capturing a graph. */
+void k_cuda_moe_set_staged(int on);
 
 #ifdef __cplusplus
 }

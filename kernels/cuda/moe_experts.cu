@@ -5,6 +5,8 @@
 // Small batches (M * top_k <= MOE_SMALL_MAX_PAIRS) take moe_small.cu instead: two
 // CUDA-core launches, no plan or combine. KDEC_MOE_PATH=small or =grouped forces one
 // path (small only where it fits), read once; k_cuda_moe_set_path overrides it.
+// k_cuda_moe_experts_add runs the small path with the shared expert and the residual
+// add folded in (KDEC_MOE_FUSED=0: it declines, the caller runs the separate ops).
 //
 // Bytes: each used expert's 3 * inter * hidden bf16 weights once per call; the
 // activations are small beside them (M * top_k rows). The weights are the B operand
@@ -33,11 +35,14 @@
 
 struct k_cuda_moe_ws {
 	int max_M, top_k, n_experts, hidden, inter;
+	int shared_inter;	// the shared expert's width; 0: none
 	int n_sm;		// the device's SMs: sizes the small path's grids
 	int *plan;		// n_used, then 4 arrays of max_M * top_k (see ex_plan)
 	uint32_t *xs;		// (max_M, hidden) x as split bf16 (see split_store)
 	uint32_t *hs;		// (max_M * top_k, inter) SwiGLU out, split (fallback, small: fp32)
 	float *y;		// (max_M * top_k, hidden) expert output of each (row, slot)
+	float *sh_act;		// (MOE_SMALL_MAX_PAIRS, shared_inter) the shared expert's
+				// SwiGLU out (small path)
 };
 
 // The routing plan in device memory; u indexes used experts in increasing id.
@@ -507,14 +512,28 @@ static enum k_cuda_moe_path moe_path(void)
 
 // At a few pairs the weights are read once per pair either way, and the grouped
 // path's plan and combine launches cost as much as its expert passes save.
-static bool moe_use_small(int M, int top_k, int hidden, int inter, const float *x)
+static bool moe_use_small(int M, int top_k, int hidden, int inter, const float *x,
+			  const k_cuda_moe_shared *sh)
 {
 	enum k_cuda_moe_path path = moe_path();
 
 	if (path == K_CUDA_MOE_PATH_GROUPED ||
 	    (path == K_CUDA_MOE_PATH_AUTO && (long)M * top_k > MOE_SMALL_AUTO_PAIRS))
 		return false;
-	return k_cuda_moe_small_fits(M, top_k, hidden, inter, x);
+	return k_cuda_moe_small_fits(M, top_k, hidden, inter, x, sh);
+}
+
+static int moe_fused = -1;	// KDEC_MOE_FUSED: 0 turns k_cuda_moe_experts_add off; -1: unread
+
+// Whether k_cuda_moe_experts_add may fuse (the default), read once.
+static bool moe_fused_on(void)
+{
+	if (moe_fused < 0) {
+		const char *e = getenv("KDEC_MOE_FUSED");
+
+		moe_fused = !(e && !strcmp(e, "0"));
+	}
+	return moe_fused != 0;
 }
 
 extern "C" void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws)
@@ -525,11 +544,12 @@ extern "C" void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws)
 	cudaFree(ws->xs);
 	cudaFree(ws->hs);
 	cudaFree(ws->y);
+	cudaFree(ws->sh_act);
 	free(ws);
 }
 
 extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int top_k,
-				    int n_experts, int hidden, int inter)
+				    int n_experts, int hidden, int inter, int shared_inter)
 {
 	k_cuda_moe_ws *ws;
 	size_t A = (size_t)max_M * top_k, smem = plan_smem((int)A, n_experts);
@@ -537,7 +557,8 @@ extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int t
 
 	*out = nullptr;
 	if (max_M <= 0 || top_k <= 0 || top_k > EX_MAX_TOPK || n_experts <= 0 ||
-	    n_experts > EX_MAX_EXPERTS || hidden <= 0 || inter <= 0 || A > (1u << 20))
+	    n_experts > EX_MAX_EXPERTS || hidden <= 0 || inter <= 0 || A > (1u << 20) ||
+	    shared_inter < 0)
 		return -EINVAL;
 	ws = (k_cuda_moe_ws *)calloc(1, sizeof(*ws));
 	if (!ws)
@@ -547,6 +568,7 @@ extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int t
 	ws->n_experts = n_experts;
 	ws->hidden = hidden;
 	ws->inter = inter;
+	ws->shared_inter = shared_inter;
 	if (K_CUDA_CALL(cudaGetDevice(&dev)) ||
 	    K_CUDA_CALL(cudaDeviceGetAttribute(&ws->n_sm, cudaDevAttrMultiProcessorCount, dev)) ||
 	    k_cuda_moe_small_setup()) {
@@ -556,7 +578,10 @@ extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int t
 	if (cudaMalloc(&ws->plan, sizeof(int) * (1 + 4 * A)) != cudaSuccess ||
 	    cudaMalloc(&ws->xs, sizeof(uint32_t) * (size_t)max_M * hidden) != cudaSuccess ||
 	    cudaMalloc(&ws->hs, sizeof(uint32_t) * A * inter) != cudaSuccess ||
-	    cudaMalloc(&ws->y, sizeof(float) * A * hidden) != cudaSuccess) {
+	    cudaMalloc(&ws->y, sizeof(float) * A * hidden) != cudaSuccess ||
+	    (shared_inter > 0 &&
+	     cudaMalloc(&ws->sh_act, sizeof(float) * MOE_SMALL_MAX_PAIRS * (size_t)shared_inter) !=
+		     cudaSuccess)) {
 		cudaGetLastError();
 		k_cuda_moe_ws_destroy(ws);
 		return -ENOMEM;
@@ -622,9 +647,10 @@ extern "C" int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, floa
 		return -EINVAL;
 	if (M == 0)
 		return 0;
-	if (moe_use_small(M, top_k, hidden, inter, x))
+	if (moe_use_small(M, top_k, hidden, inter, x, nullptr))
 		return k_cuda_moe_small_run(s, (float *)ws->hs, out, x, M, ids, weights, top_k,
-					    expert_w, n_experts, hidden, inter, ws->n_sm);
+					    expert_w, n_experts, hidden, inter, moe_small_shared{},
+					    0, ws->n_sm);
 	pl = ws_plan(ws);
 	n = M * top_k;
 	max_used = n < n_experts ? n : n_experts;
@@ -640,4 +666,25 @@ extern "C" int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, floa
 			     COMBINE_THREADS, 0, s>>>(out, ws->y, ids, weights, top_k, n_experts,
 						      hidden);
 	return K_CUDA_LAUNCHED("moe combine");
+}
+
+extern "C" int k_cuda_moe_experts_add(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y,
+				      const float *x, int M, const int32_t *ids,
+				      const float *weights, int top_k,
+				      const uint16_t *const *expert_w, int n_experts, int hidden,
+				      int inter, const struct k_cuda_moe_shared *sh)
+{
+	moe_small_shared ss = {};
+
+	if (!ws || M < 0 || M > ws->max_M || top_k != ws->top_k || n_experts != ws->n_experts ||
+	    hidden != ws->hidden || inter != ws->inter || (sh && sh->inter > ws->shared_inter))
+		return -EINVAL;
+	if (M == 0)
+		return 0;
+	if (!moe_fused_on() || !moe_use_small(M, top_k, hidden, inter, x, sh))
+		return 1;
+	if (sh)
+		ss = moe_small_shared{ sh->gate, sh->up, sh->down, sh->inter, ws->sh_act };
+	return k_cuda_moe_small_run(s, (float *)ws->hs, y, x, M, ids, weights, top_k, expert_w,
+				    n_experts, hidden, inter, ss, 1, ws->n_sm);
 }

@@ -1,0 +1,320 @@
+// Device helpers of the small-batch MoE kernels (moe_small_gate_up.cu, moe_small.cu):
+// the plan each CTA rebuilds from the ids, the dot products, and the item description
+// (dot_job) with its register and staged runners. CUDA C++ only.
+#ifndef KD_KERNELS_CUDA_MOE_SMALL_CUH
+#define KD_KERNELS_CUDA_MOE_SMALL_CUH
+
+#include <cstdint>
+
+#include "kernels/cuda/attn_ptx.cuh"
+#include "kernels/cuda/moe_internal.h"
+
+#define SM_THREADS 256
+#define SM_WARPS 8
+#define SM_CTAS_PER_SM 2	// gate/up grid: one wave at this occupancy
+#define SM_RP 4			// pairs per dot pass (accumulators per lane and row; 8 spills)
+#define SM_KB 8			// 16-byte chunks per lane and weight row in flight (2048 values)
+#define SM_DCOLS 8		// down: output columns per CTA (pairs of columns per item)
+#define SM_X_SMEM_MAX (96 * 1024)	// gate/up: bytes of fp32 x rows per CTA
+#define SM_DSTAGE_SMEM_MAX (64 * 1024)	// staged kernels: bytes of weight stages per CTA
+					// (two CTAs and their static arrays fit an SM)
+#define SM_DPREFETCH (128 * 1024)	// down: bytes asked of L2 per CTA before the wait
+					// (times ~2 CTAs per SM: well inside the 50 MB L2)
+
+// A staged kernel's weight stages for rows of len values, in bytes: SM_WARPS warps,
+// 2 rows each.
+static inline size_t moe_small_stage_bytes(int len)
+{
+	return (size_t)SM_WARPS * 2 * (size_t)(len / 8) * sizeof(uint4);
+}
+
+namespace {	// each including file's own copy
+
+// Which pairs i = m * top_k + j chose which expert, as each CTA rebuilds it.
+struct small_plan {
+	int n_used;				// distinct valid expert ids
+	int n_valid;				// pairs with a valid id
+	int id[MOE_SMALL_MAX_PAIRS];		// (n) the pair's expert, -1 outside [0, E)
+	int first[MOE_SMALL_MAX_PAIRS];		// (n) 1 at the first pair of each expert
+	int below[MOE_SMALL_MAX_PAIRS];		// (n) pairs with a smaller valid id
+	int same[MOE_SMALL_MAX_PAIRS];		// (n) pairs with the same id
+	int used_e[MOE_SMALL_MAX_PAIRS];	// (n_used) expert ids, increasing
+	int used_start[MOE_SMALL_MAX_PAIRS];	// (n_used) first position in sorted
+	int used_n[MOE_SMALL_MAX_PAIRS];	// (n_used) its number of pairs
+	int sorted[MOE_SMALL_MAX_PAIRS];	// (n_valid) pairs by (expert id, pair)
+};
+
+// The plan from ids (n <= MOE_SMALL_MAX_PAIRS <= blockDim.x); the whole CTA calls it.
+// O(n) per pair, which at n <= 64 is cheaper than a launch of its own.
+__device__ void small_plan_build(small_plan &sp, const int32_t *ids, int n, int E)
+{
+	int i = threadIdx.x;
+
+	if (i < n) {
+		int v = ids[i];
+
+		sp.id[i] = v >= 0 && v < E ? v : -1;
+	}
+	__syncthreads();
+	if (i < n) {
+		int v = sp.id[i], below = 0, before = 0, same = 0;
+
+		if (v >= 0) {
+			for (int j = 0; j < n; j++) {
+				int o = sp.id[j];
+
+				below += o >= 0 && o < v;
+				before += j < i && o == v;
+				same += o == v;
+			}
+			sp.sorted[below + before] = i;
+		}
+		sp.first[i] = v >= 0 && before == 0;
+		sp.below[i] = below;
+		sp.same[i] = same;
+	}
+	__syncthreads();
+	if (i < n && sp.first[i]) {
+		int v = sp.id[i], rank = 0;
+
+		for (int j = 0; j < n; j++)
+			rank += sp.first[j] && sp.id[j] < v;
+		sp.used_e[rank] = v;
+		sp.used_start[rank] = sp.below[i];
+		sp.used_n[rank] = sp.same[i];
+	}
+	if (i == 0) {
+		int used = 0, valid = 0;
+
+		for (int j = 0; j < n; j++) {
+			used += sp.first[j];
+			valid += sp.id[j] >= 0;
+		}
+		sp.n_used = used;
+		sp.n_valid = valid;
+	}
+	__syncthreads();
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+// acc += the 8 bf16 weights of w times a (values 0-3) and b (values 4-7).
+__device__ __forceinline__ void fma8(float &acc, uint4 w, float4 a, float4 b)
+{
+	acc = fmaf(__uint_as_float(w.x << 16), a.x, acc);
+	acc = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, acc);
+	acc = fmaf(__uint_as_float(w.y << 16), a.z, acc);
+	acc = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, acc);
+	acc = fmaf(__uint_as_float(w.z << 16), b.x, acc);
+	acc = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, acc);
+	acc = fmaf(__uint_as_float(w.w << 16), b.z, acc);
+	acc = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, acc);
+}
+
+// The lane's share of two weight rows (w0, w1: nc 16-byte chunks each; w1 may be
+// absent) dotted with np <= SM_RP fp32 rows src + off[r] (2 * nc float4 each, shared
+// or global): acc0[r], acc1[r]. Lane takes chunks lane, lane + 32, ...; the loads of
+// SM_KB chunks per row are issued before any is used. 32-bit offsets, not pointers:
+// registers are what limits the loads in flight.
+__device__ __forceinline__ void dot2_rows(const uint4 *w0, const uint4 *w1, int nc,
+					  const float4 *src, const int *off, int np, float *acc0,
+					  float *acc1, int lane)
+{
+	const uint4 zero = make_uint4(0, 0, 0, 0);
+
+#pragma unroll
+	for (int r = 0; r < SM_RP; r++)
+		acc0[r] = acc1[r] = 0.0f;
+	for (int c0 = 0; c0 < nc; c0 += 32 * SM_KB) {
+		uint4 wa[SM_KB], wb[SM_KB];
+
+#pragma unroll
+		for (int b = 0; b < SM_KB; b++) {
+			int c = c0 + 32 * b + lane;
+
+			wa[b] = c < nc ? __ldcs(w0 + c) : zero;
+			wb[b] = c < nc && w1 ? __ldcs(w1 + c) : zero;
+		}
+#pragma unroll
+		for (int b = 0; b < SM_KB; b++) {
+			int c = c0 + 32 * b + lane;
+
+			if (c >= nc)
+				break;
+#pragma unroll
+			for (int r = 0; r < SM_RP; r++) {
+				float4 lo, hi;
+
+				if (r >= np)
+					break;
+				lo = src[off[r] + 2 * c];
+				hi = src[off[r] + 2 * c + 1];
+				fma8(acc0[r], wa[b], lo, hi);
+				fma8(acc1[r], wb[b], lo, hi);
+			}
+		}
+	}
+}
+
+__device__ __forceinline__ float silu_mul(float g, float u)
+{
+	return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+// Speculative: asks L2 for bytes at p (one 128-byte line per lane step). A hint only,
+// never a fault, so it may use values that are not final yet.
+__device__ __forceinline__ void prefetch_l2(const void *p, size_t bytes, int lane, int step)
+{
+	for (size_t o = (size_t)lane * 128; o < bytes; o += (size_t)step * 128)
+		asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+}
+
+// One item as its warp sees it: two weight rows w0 and w1 (nc chunks each) against
+// total pairs' fp32 rows (pair p is i = pairs[p], or p where pairs is NULL; its row
+// at src + (i / div) * ld4). Down: the two sums to dst[i * dst_ld] and the next;
+// gate/up (w0 gate, w1 up): silu(gate) * up to dst[i * dst_ld].
+struct dot_job {
+	const uint4 *w0, *w1;
+	const float4 *src;
+	const int *pairs;
+	float *dst;
+	int nc, ld4, total, div, dst_ld;
+};
+
+// The warp's sums per pair (acc0, acc1: lane partials) into the job's dst.
+template <bool GATE>
+__device__ __forceinline__ void job_store(const dot_job &j, int p0, int np, const float *acc0,
+					  const float *acc1, int lane)
+{
+#pragma unroll
+	for (int r = 0; r < SM_RP; r++) {
+		float s0, s1;
+		int i;
+
+		if (r >= np)
+			break;
+		s0 = warp_sum(acc0[r]);
+		s1 = warp_sum(acc1[r]);
+		i = j.pairs ? j.pairs[p0 + r] : p0 + r;
+		if (lane == 0 && GATE) {
+			j.dst[(size_t)i * j.dst_ld] = silu_mul(s0, s1);
+		} else if (lane == 0) {
+			j.dst[i * j.dst_ld] = s0;
+			j.dst[i * j.dst_ld + 1] = s1;
+		}
+	}
+}
+
+// The job's pair offsets p0 .. p0 + SM_RP - 1 (the last one repeated past np).
+__device__ __forceinline__ void job_offsets(const dot_job &j, int p0, int np, int *off)
+{
+#pragma unroll
+	for (int r = 0; r < SM_RP; r++) {	// row * ld4 < 64 * 4 * inter / 4: an int
+		int p = p0 + min(r, np - 1);
+
+		off[r] = (j.pairs ? j.pairs[p] : p) / j.div * j.ld4;
+	}
+}
+
+// The lane's chunks (c = lane, lane + 32, ...) of the job's two rows into registers,
+// all of them (nc <= 32 * SM_KB: the staged predicates); they stay in flight until used.
+__device__ __forceinline__ void job_load(const dot_job &j, uint4 *wa, uint4 *wb, int lane)
+{
+	const uint4 zero = make_uint4(0, 0, 0, 0);
+
+#pragma unroll
+	for (int b = 0; b < SM_KB; b++) {
+		int c = 32 * b + lane;
+
+		wa[b] = c < j.nc ? __ldcs(j.w0 + c) : zero;
+		wb[b] = c < j.nc ? __ldcs(j.w1 + c) : zero;
+	}
+}
+
+// The job against its weights in registers (job_load), every pass of SM_RP pairs
+// from the same registers; chunks in dot2_rows's order, so the same sums bit for bit.
+template <bool GATE>
+__device__ __forceinline__ void job_run_loaded(const dot_job &j, const uint4 *wa, const uint4 *wb,
+					       int lane)
+{
+	for (int p0 = 0; p0 < j.total; p0 += SM_RP) {
+		int np = min(SM_RP, j.total - p0), off[SM_RP];
+		float a0[SM_RP], a1[SM_RP];
+
+		job_offsets(j, p0, np, off);
+#pragma unroll
+		for (int r = 0; r < SM_RP; r++)
+			a0[r] = a1[r] = 0.0f;
+#pragma unroll
+		for (int b = 0; b < SM_KB; b++) {
+			int c = 32 * b + lane;
+
+			if (c >= j.nc)
+				break;
+#pragma unroll
+			for (int r = 0; r < SM_RP; r++) {
+				float4 lo, hi;
+
+				if (r >= np)
+					break;
+				lo = j.src[off[r] + 2 * c];
+				hi = j.src[off[r] + 2 * c + 1];
+				fma8(a0[r], wa[b], lo, hi);
+				fma8(a1[r], wb[b], lo, hi);
+			}
+		}
+		job_store<GATE>(j, p0, np, a0, a1, lane);
+	}
+}
+
+// Asynchronous copy: the lane's chunks (c = lane, lane + 32, ...) of both rows into
+// stage (rows 0 and 1 at stage and stage + ncm). The lane alone reads them back
+// (job_run_staged), so no barrier is needed between copy and use.
+__device__ __forceinline__ void job_issue(const dot_job &j, uint4 *stage, int ncm, int lane)
+{
+	for (int c = lane; c < j.nc; c += 32) {
+		cp_async16(stage + c, j.w0 + c, true);
+		cp_async16(stage + ncm + c, j.w1 + c, true);
+	}
+}
+
+// The job against its weights staged by job_issue; the lane's chunks in the order
+// dot2_rows takes them, so the sums equal the register path's bit for bit.
+template <bool GATE>
+__device__ void job_run_staged(const dot_job &j, const uint4 *stage, int ncm, int lane)
+{
+	for (int p0 = 0; p0 < j.total; p0 += SM_RP) {
+		int np = min(SM_RP, j.total - p0), off[SM_RP];
+		float a0[SM_RP], a1[SM_RP];
+
+		job_offsets(j, p0, np, off);
+#pragma unroll
+		for (int r = 0; r < SM_RP; r++)
+			a0[r] = a1[r] = 0.0f;
+		for (int c = lane; c < j.nc; c += 32) {
+			uint4 wa = stage[c], wb = stage[ncm + c];
+
+#pragma unroll
+			for (int r = 0; r < SM_RP; r++) {
+				float4 lo, hi;
+
+				if (r >= np)
+					break;
+				lo = j.src[off[r] + 2 * c];
+				hi = j.src[off[r] + 2 * c + 1];
+				fma8(a0[r], wa, lo, hi);
+				fma8(a1[r], wb, lo, hi);
+			}
+		}
+		job_store<GATE>(j, p0, np, a0, a1, lane);
+	}
+}
+
+}	// namespace
+
+#endif

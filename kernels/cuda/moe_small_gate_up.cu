@@ -1,0 +1,242 @@
+// The gate/up half of the small-batch MoE path (see moe_small.cu): one wave of CTAs
+// shares the (used expert, feature) rows, then the shared expert's, evenly; each CTA
+// streams its rows of gate and up once against the fp32 x rows of the slot's pairs and
+// writes silu(gate x) * up x per pair. Two kernels: staged (each warp has two
+// features' rows in flight, x through L1) and the register-only one (x staged in
+// shared memory), kept for rows past 2048 and for A/B (KDEC_MOE_GATE_STAGED=0).
+#include <cstdint>
+
+#include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/moe_internal.h"
+#include "kernels/cuda/moe_small.cuh"
+
+namespace {	// kernels and their helpers stay private to this file
+
+// Features [fa, fb) of one slot's gate and up (inter, hidden): stage up to rp of its
+// total pairs' x rows (all of them unless a row repeats the expert or the budget is
+// small), then per feature dot them SM_RP at a time (a second group re-reads the two
+// weight rows just fetched, from L1/L2). Pair p is i = pairs[p] (pairs NULL: i = p),
+// of x row i / top_k, its activations act row i. The whole CTA calls it.
+__device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_t *up,
+				const int *pairs, int total, int fa, int fb, const float *x,
+				int top_k, int hidden, int inter, int rp, float *act)
+{
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nc = hidden / 8, q4 = hidden / 4;
+
+	if (fa + warp < fb) {	// the first rows start coming while x is staged
+		prefetch_l2(gate + (size_t)(fa + warp) * hidden, (size_t)hidden * 2, lane, 32);
+		prefetch_l2(up + (size_t)(fa + warp) * hidden, (size_t)hidden * 2, lane, 32);
+	}
+	for (int p0 = 0; p0 < total; p0 += rp) {
+		int ns = min(rp, total - p0);
+
+		__syncthreads();	// the last rows are done with xs4
+		for (int q = threadIdx.x; q < ns * q4; q += SM_THREADS) {
+			int r = q / q4, c = q % q4, i = pairs ? pairs[p0 + r] : p0 + r;
+
+			xs4[q] = ((const float4 *)(x + (size_t)(i / top_k) * hidden))[c];
+		}
+		__syncthreads();
+
+		for (int f = fa + warp; f < fb; f += SM_WARPS)
+			for (int g0 = 0; g0 < ns; g0 += SM_RP) {
+				int np = min(SM_RP, ns - g0), off[SM_RP];
+				float ag[SM_RP], au[SM_RP];
+
+#pragma unroll
+				for (int r = 0; r < SM_RP; r++)
+					off[r] = (g0 + min(r, np - 1)) * q4;
+				dot2_rows((const uint4 *)(gate + (size_t)f * hidden),
+					  (const uint4 *)(up + (size_t)f * hidden), nc, xs4, off, np,
+					  ag, au, lane);
+#pragma unroll
+				for (int r = 0; r < SM_RP; r++) {
+					float g, v;
+					int p = p0 + g0 + r, i;
+
+					if (r >= np)
+						break;
+					g = warp_sum(ag[r]);
+					v = warp_sum(au[r]);
+					i = pairs ? pairs[p] : p;
+					if (lane == 0)
+						act[(size_t)i * inter + f] = silu_mul(g, v);
+				}
+			}
+	}
+}
+
+// Launched early under PDL, while the router still picks the experts: the shared
+// expert's rows do not depend on its choice, so each CTA asks L2 for its share of
+// them before the wait and the route kernel's time hides their fetch. Only a hint:
+// whichever CTA takes a row after the wait finds it in L2. The whole CTA calls it.
+__device__ __forceinline__ void prefetch_shared_gate_up(const moe_small_shared &sh, int hidden)
+{
+	if (sh.inter) {
+		int a = (int)((long long)sh.inter * blockIdx.x / gridDim.x);
+		int b = (int)((long long)sh.inter * (blockIdx.x + 1) / gridDim.x);
+
+		prefetch_l2(sh.gate + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
+			    SM_THREADS);
+		prefetch_l2(sh.up + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
+			    SM_THREADS);
+	}
+}
+
+// One wave of CTAs shares the n_used * inter (expert, feature) rows, then the shared
+// expert's sh.inter (prefetched before the wait), evenly: CTA b takes
+// [W b / G, W (b + 1) / G) of them in that order, at most a few slots. Dynamic shared
+// memory: rp fp32 x rows of hidden. act (n, inter): silu(gate x) * up x of pair i at
+// row i; sh.act (n / top_k, sh.inter): the shared expert's of row m at row m.
+__global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
+small_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_t *ids,
+		     int n, int top_k, int E, int hidden, int inter, int rp, float *act,
+		     moe_small_shared sh)
+{
+	extern __shared__ float4 xs4[];		// (rp, hidden / 4)
+	__shared__ small_plan sp;
+	long long Wr, W, lo, hi;
+
+	prefetch_shared_gate_up(sh, hidden);
+	k_cuda_pdl_wait();
+	small_plan_build(sp, ids, n, E);
+	Wr = (long long)sp.n_used * inter;
+	W = Wr + sh.inter;
+	lo = W * blockIdx.x / gridDim.x;
+	hi = W * (blockIdx.x + 1) / gridDim.x;
+	for (long long pos = lo; pos < hi;) {	// CTA-uniform
+		if (pos < Wr) {
+			int u = (int)(pos / inter), fa = (int)(pos % inter), e = sp.used_e[u];
+			int fb = (int)min((long long)inter, fa + (hi - pos));
+
+			gate_up_segment(xs4, expert_w[3 * e], expert_w[3 * e + 1],
+					sp.sorted + sp.used_start[u], sp.used_n[u], fa, fb, x, top_k,
+					hidden, inter, rp, act);
+			pos += fb - fa;
+		} else {
+			int fa = (int)(pos - Wr), fb = (int)min((long long)sh.inter, fa + (hi - pos));
+
+			gate_up_segment(xs4, sh.gate, sh.up, nullptr, n / top_k, fa, fb, x, 1,
+					hidden, sh.inter, rp, sh.act);
+			pos += fb - fa;
+		}
+	}
+}
+
+// Row pos of the staged gate/up kernel's (slot, feature) order: feature pos % inter
+// of used expert pos / inter below Wr = n_used * inter, then the shared expert's
+// feature pos - Wr. x (n / top_k, hidden); act (n, inter), sh.act (n / top_k, sh.inter).
+__device__ __forceinline__ dot_job gate_up_job_of(long long pos, long long Wr,
+						  const small_plan &sp,
+						  const uint16_t *const *expert_w, const float *x,
+						  const moe_small_shared &sh, int n, int top_k,
+						  int hidden, int inter, float *act)
+{
+	dot_job j;
+
+	j.src = (const float4 *)x;
+	j.nc = hidden / 8;
+	j.ld4 = hidden / 4;
+	if (pos < Wr) {
+		int u = (int)(pos / inter), f = (int)(pos % inter), e = sp.used_e[u];
+
+		j.w0 = (const uint4 *)(expert_w[3 * e] + (size_t)f * hidden);
+		j.w1 = (const uint4 *)(expert_w[3 * e + 1] + (size_t)f * hidden);
+		j.pairs = sp.sorted + sp.used_start[u];
+		j.total = sp.used_n[u];
+		j.div = top_k;
+		j.dst = act + f;
+		j.dst_ld = inter;
+	} else {
+		int f = (int)(pos - Wr);
+
+		j.w0 = (const uint4 *)(sh.gate + (size_t)f * hidden);
+		j.w1 = (const uint4 *)(sh.up + (size_t)f * hidden);
+		j.pairs = nullptr;
+		j.total = n / top_k;
+		j.div = 1;
+		j.dst = sh.act + f;
+		j.dst_ld = sh.inter;
+	}
+	return j;
+}
+
+// small_gate_up_kernel's work and grid, each warp with two rows in flight at a time
+// like small_down_kernel's STAGED path: its items (the CTA's rows lo + warp, lo + warp
+// + SM_WARPS, ...) alternate between a shared-memory stage (cp.async) and registers.
+// x is read through L1 (M rows, every warp's), not staged, so the warps share nothing
+// and the CTA needs no barrier after the plan. Dynamic shared memory: the stages,
+// (SM_WARPS, 2, hidden / 8) uint4. Rows of at most 32 * SM_KB chunks.
+__global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
+small_gate_up_staged_kernel(const uint16_t *const *expert_w, const float *x, const int32_t *ids,
+			    int n, int top_k, int E, int hidden, int inter, float *act,
+			    moe_small_shared sh)
+{
+	extern __shared__ uint4 gstages[];	// (SM_WARPS, 2, hidden / 8)
+	__shared__ small_plan sp;
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ncm = hidden / 8;
+	uint4 *mine = gstages + (size_t)warp * 2 * ncm;	// the warp's stage: two rows
+	long long Wr, W, lo, hi;
+	int rows;
+
+	prefetch_shared_gate_up(sh, hidden);
+	k_cuda_pdl_wait();
+	small_plan_build(sp, ids, n, E);
+	Wr = (long long)sp.n_used * inter;
+	W = Wr + sh.inter;
+	lo = W * blockIdx.x / gridDim.x;
+	hi = W * (blockIdx.x + 1) / gridDim.x;
+	rows = (int)(hi - lo);
+
+	// Jobs are rebuilt where used, not held: registers go to the weights.
+	auto job = [&](int t) {
+		return gate_up_job_of(lo + t, Wr, sp, expert_w, x, sh, n, top_k, hidden, inter, act);
+	};
+	if (warp < rows)
+		job_issue(job(warp), mine, ncm, lane);
+	cp_async_commit();
+	for (int t = warp; t < rows; t += 2 * SM_WARPS) {	// warp-uniform
+		bool odd = t + SM_WARPS < rows;
+		uint4 wa[SM_KB], wb[SM_KB];
+
+		if (odd)
+			job_load(job(t + SM_WARPS), wa, wb, lane);
+		cp_async_wait<0>();	// row t's gate and up are in the stage
+		job_run_staged<true>(job(t), mine, ncm, lane);
+		if (t + 2 * SM_WARPS < rows)	// the stage is free again
+			job_issue(job(t + 2 * SM_WARPS), mine, ncm, lane);
+		cp_async_commit();
+		if (odd)
+			job_run_loaded<true>(job(t + SM_WARPS), wa, wb, lane);
+	}
+	cp_async_wait<0>();
+}
+
+}	// namespace
+
+// ---- launchers ----------------------------------------------------------------------
+
+int moe_small_gate_up_setup(void)
+{
+	return K_CUDA_CALL(cudaFuncSetAttribute(small_gate_up_kernel,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						SM_X_SMEM_MAX)) ||
+	       K_CUDA_CALL(cudaFuncSetAttribute(small_gate_up_staged_kernel,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						SM_DSTAGE_SMEM_MAX)) ? -EIO : 0;
+}
+
+void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp,
+			      const uint16_t *const *expert_w, const float *x, const int32_t *ids,
+			      int n, int top_k, int n_experts, int hidden, int inter, float *act,
+			      const struct moe_small_shared &sh)
+{
+	if (staged)
+		k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), moe_small_stage_bytes(hidden),
+				  small_gate_up_staged_kernel, expert_w, x, ids, n, top_k, n_experts,
+				  hidden, inter, act, sh);
+	else
+		k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS),
+				  (size_t)rp * hidden * sizeof(float), small_gate_up_kernel, expert_w,
+				  x, ids, n, top_k, n_experts, hidden, inter, rp, act, sh);
+}
