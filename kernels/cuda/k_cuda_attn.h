@@ -83,6 +83,18 @@ int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out, const
 		    const uint16_t *w_kv_b, const uint16_t *cache, int block_tokens,
 		    const struct k_cuda_attn_rows *rows, const struct k_mla_dims *d, float scale);
 
+/* The log-sum-exp merge of split partials that the attention calls run internally,
+ * exposed for its test: out(r, h, :dim) = sum_s w_s part_o(s, r, h, :) with
+ * w_s = exp2(part_lse(s, r, h) - max) / sum (base 2); splits with lse -inf are skipped
+ * without reading their partial; 0 where every split is -inf.
+ * part_o: device (n_splits, n_rows, n_heads, dim) fp32; part_lse: device (n_splits,
+ * n_rows, n_heads); out row r head h at out + r * out_rs + h * out_hs (floats); out_bf16
+ * NULL or at the same offsets, out rounded to bf16 (nearest even). ws: only its device
+ * facts are used. n_splits 1..128. KDEC_ATTN_MERGE=0: the 4-loads-at-a-time kernel. */
+int k_cuda_attn_merge(cudaStream_t s, const struct k_cuda_attn_ws *ws, const float *part_o,
+		      const float *part_lse, int n_splits, int n_rows, int n_heads, int dim,
+		      float *out, long out_rs, long out_hs, uint16_t *out_bf16);
+
 #ifdef __cplusplus
 }
 #endif
