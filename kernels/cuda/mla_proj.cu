@@ -22,7 +22,9 @@
 #define PROJ_PAD 8		// bf16 per smem row past the data: rows fall on other banks
 #define ABS_MMA_COLS (PROJ_WARPS * 8)	// latent columns per absorb block: one n8 tile a warp
 #define EXP_MMA_SMALL_ROWS 16	// up to here the expand blocks take 8 outputs, past it 16
-#define EXP_FOLD_ROWS 1		// rows up to which the expand merges the splits itself
+/* Rows up to which the expand merges the splits itself: none by default. Measured on
+ * H200 (DeepSeek-V2-Lite, batch 1, step p50): folding 3.155 ms, the merge kernel 3.022. */
+#define EXP_FOLD_ROWS 0
 #define EXP_FOLD_NJ 16		// outputs per merging expand block: half the blocks (and
 				// merged copies) of 8, one block per SM at DeepSeek's dims
 #define MERGE_BATCH 32		// partial loads a merging thread has in flight at once
