@@ -767,8 +767,8 @@ static void kv_write_case(int width, int pad, int n_rows, int n_slots)
 /* Tolerance of the merge against its double-precision reference, absolute per element:
  * partials in [-1, 1] and weights summing to 1 keep every output in [-1, 1], and the
  * fp32 weights and fmaf sums of <= 128 terms are off by ~1e-7; 1e-5 fails on any wrong,
- * missing or extra split, weight or element. The default (batched) kernel must also
- * match KDEC_ATTN_MERGE=0's kernel bit for bit, fp32 and bf16. */
+ * missing or extra split, weight or element. The batched kernel (KDEC_ATTN_MERGE=1)
+ * must also match the default block kernel bit for bit, fp32 and bf16. */
 #define MERGE_TOL 1e-5
 
 /* Which splits of each (row, head) saw tokens: the first `live` (as a step's splits
@@ -945,8 +945,9 @@ static size_t merge_verify(const struct merge_run *m, const float *out, const ui
 	return bad;
 }
 
-/* The default merge against the reference, then KDEC_ATTN_MERGE=0's against it bit
- * for bit; with KD_TEST_TIME the two timed. */
+/* The batched merge (KDEC_ATTN_MERGE=1) against the reference, then the default
+ * block kernel's (KDEC_ATTN_MERGE=0) against it bit for bit; with KD_TEST_TIME the
+ * two timed. */
 static void merge_case(struct merge_shape sh)
 {
 	struct merge_run m;
@@ -967,6 +968,7 @@ static void merge_case(struct merge_shape sh)
 	old = malloc(sizeof(float) * m.n_out);
 	got_bf = malloc(sizeof(uint16_t) * m.n_out);
 	old_bf = malloc(sizeof(uint16_t) * m.n_out);
+	setenv("KDEC_ATTN_MERGE", "1", 1);
 	if (merge_once(&m, got, got_bf))
 		goto out;
 	bad = merge_verify(&m, got, got_bf, &max_abs);
@@ -984,7 +986,7 @@ static void merge_case(struct merge_shape sh)
 	if (timing) {
 		double us_old = time_us(merge_call_void, &m);
 
-		unsetenv("KDEC_ATTN_MERGE");
+		setenv("KDEC_ATTN_MERGE", "1", 1);
 		fprintf(stderr, "%-72s time %.2f us (KDEC_ATTN_MERGE=0: %.2f us)\n", label,
 			time_us(merge_call_void, &m), us_old);
 	}
@@ -1208,8 +1210,7 @@ int main(void)
 	test_gqa();
 	test_mla();
 	/* The split merge folded into MLA's expand projection (off by default: the cases
-	 * above ran the merge kernel) at batch 1, then at every row count it takes. The
-	 * shared-memory carveout the MLA kernels ask for is on in all of them. */
+	 * above ran the merge kernel) at batch 1, then at every row count it takes. */
 	setenv("KDEC_MLA_FOLD_ROWS", "1", 1);
 	attn_path = "[mma fold1] ";
 	test_mla();
@@ -1217,6 +1218,11 @@ int main(void)
 	attn_path = "[mma fold16] ";
 	test_mla();
 	unsetenv("KDEC_MLA_FOLD_ROWS");
+	/* last: the carveout, once asked for at a workspace's creation, stays */
+	setenv("KDEC_MLA_CARVEOUT", "1", 1);
+	attn_path = "[mma carveout] ";
+	test_mla();
+	unsetenv("KDEC_MLA_CARVEOUT");
 	if (!quick) {
 		setenv("KDEC_ATTN_MMA_TK", "64", 1);
 		attn_path = "[mma tk64] ";

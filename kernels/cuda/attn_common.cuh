@@ -35,17 +35,18 @@
 		return -EINVAL;                                                    \
 	} while (0)
 
-// The kernels of MLA's attention chain (absorb, attention, expand) ask for the largest
-// shared-memory carveout, all the same one. An SM changes its L1 / shared split only
-// when idle, so a kernel launched early (programmatic launch) cannot join one of
-// another split until it drains. Measured on H200 (DeepSeek-V2-Lite, batch 1): 3.155 ms
-// without, 3.086 with. KDEC_MLA_CARVEOUT=0 leaves the driver's choice. At ws creation.
+// KDEC_MLA_CARVEOUT=1: the kernels of MLA's attention chain (absorb, attention,
+// expand) ask for the largest shared-memory carveout, all the same one. An SM changes
+// its L1 / shared split only when idle, so a kernel launched early (programmatic launch)
+// cannot join one of another split until it drains. Measured on H200 (DeepSeek-V2-Lite,
+// batch 1, two runs on two machines): 3.155 -> 3.086 ms with it, then 3.145 -> 3.173:
+// within the noise, so off (the driver's choice). At ws creation.
 template <typename K>
 static inline int attn_mla_carveout(K *kernel)
 {
 	const char *e = getenv("KDEC_MLA_CARVEOUT");
 
-	if (e && e[0] == '0')
+	if (!(e && e[0] == '1'))
 		return 0;
 	ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
 				      (int)cudaSharedmemCarveoutMaxShared));
