@@ -493,9 +493,10 @@ static int cuda_moe_experts(struct backend *be, float *out, const float *x, int 
 }
 
 /* Rows up to which the MoE layer runs as one fused call (routed + shared experts +
- * residual add). Measured on H200, DeepSeek-V2-Lite at ctx 1024: batch 1 3.17 ms fused
- * against 3.37 unfused; batch 8 16.3 ms fused (with the staged expert kernels) against
- * 7.8 before either existed, a loss not yet explained; so only batch 1 for now. */
+ * residual add, on the small path). Measured on H200, DeepSeek-V2-Lite: batch 1 3.17 ms
+ * a step fused (staged kernels) against 3.37 unfused; the fused call alone, timed with
+ * registers only, 50.9 us at batch 1 and 352 at batch 8, where the grouped path and the
+ * separate shared expert take ~236 (tests/test_cuda_moe). So batch 1 only. */
 #define CUDA_MOE_FUSED_MAX_ROWS 1
 
 static int cuda_moe_experts_add(struct backend *be, float *y, const float *x, int M,

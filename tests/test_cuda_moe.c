@@ -529,7 +529,7 @@ static void test_experts_add_shape(const struct shape *s, int si)
 		for (int m = 0; m < 4; m++) {
 			int M = (int[]){ 1, 2, 5, most }[m];
 
-			test_experts_add(s, &w, &sw, si, ws, M, 0, K_CUDA_MOE_PATH_AUTO, 1);
+			test_experts_add(s, &w, &sw, si, ws, M, 0, K_CUDA_MOE_PATH_SMALL, 1);
 		}
 	}
 	k_cuda_moe_set_staged(-1);
@@ -537,7 +537,8 @@ static void test_experts_add_shape(const struct shape *s, int si)
 			 K_CUDA_MOE_PATH_SMALL, 1);
 	test_experts_add(s, &w, &sw, si, ws, 1, 0, K_CUDA_MOE_PATH_GROUPED, 0);
 	test_experts_add(s, &w, &sw, si, ws, most + 1, 0, K_CUDA_MOE_PATH_AUTO, 0);
-	test_experts_add(s, &w, &sw, si, ws, 64, 0, K_CUDA_MOE_PATH_AUTO, s->top_k == 1);
+	/* auto: 64 rows are past the small path's share (16 pairs) at any top_k */
+	test_experts_add(s, &w, &sw, si, ws, 64, 0, K_CUDA_MOE_PATH_AUTO, 0);
 	if (si > 0) {	/* wider than the workspace was made for */
 		struct k_cuda_moe_shared sh = { sw.d[0], sw.d[1], sw.d[2], si + 8 };
 
@@ -726,7 +727,7 @@ static void test_experts_all(void)
 				k_cuda_moe_set_staged(st);
 				if (!st)
 					printf("(registers only)\n");
-				time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_AUTO,
+				time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_SMALL,
 					     si == 0 ? 2816 : 0);
 			}
 			k_cuda_moe_set_staged(-1);

@@ -91,11 +91,11 @@ enum k_cuda_moe_path { K_CUDA_MOE_PATH_AUTO, K_CUDA_MOE_PATH_SMALL, K_CUDA_MOE_P
 void k_cuda_moe_set_path(enum k_cuda_moe_path path);
 
 /* Whether the small path's kernels stream weights through a shared-memory stage as
- * well as registers (the default for one row of x, where rows are at most 2048 long):
- * 1 both at any row count, 0 neither (registers only), -1 back to the default and the
- * environment's KDEC_MOE_GATE_STAGED and
- * KDEC_MOE_DOWN_STAGED (0 turns that kernel's stage off). The results are the same
- * bit for bit; tests and A/B runs. Set it before capturing a graph. */
+ * well as registers (where rows are at most 2048 long; off by default, measured slower):
+ * 1 both, 0 neither (registers only), -1 back to the environment's
+ * KDEC_MOE_GATE_STAGED and KDEC_MOE_DOWN_STAGED (1 turns that kernel's stage on). The
+ * results are the same bit for bit; tests and A/B runs. Set it before capturing a
+ * graph. */
 void k_cuda_moe_set_staged(int on);
 
 #ifdef __cplusplus

@@ -249,39 +249,34 @@ int k_cuda_moe_small_setup(void)
 						SM_DSTAGE_SMEM_MAX)) ? -EIO : 0;
 }
 
-// KDEC_MOE_GATE_STAGED, KDEC_MOE_DOWN_STAGED: 0 keeps that kernel's register-only
-// path. Values: -1 not read yet, 0 off, 1 the default (up to SM_STAGED_MAX_ROWS rows),
-// 2 forced at any row count (k_cuda_moe_set_staged(1): tests, A/B runs).
+// KDEC_MOE_GATE_STAGED=1, KDEC_MOE_DOWN_STAGED=1: that kernel also streams weight rows
+// through a shared-memory stage (two items in flight per warp). Off by default: timed
+// on H200 (V2-Lite with its shared expert, tests/test_cuda_moe) the staged pair took
+// 63.1 us at batch 1 and 582 at batch 8 against 50.9 and 352 for registers only.
+// -1: not read yet.
 static int gate_staged = -1, down_staged = -1;
 
-/* Rows of x up to which the staged kernels are the default: measured at batch 1 only
- * (DeepSeek-V2-Lite, with the fused call: 3.17 ms against 3.37); batch 8 with them was
- * 16.3 ms against 7.8 before, a loss not yet explained. */
-#define SM_STAGED_MAX_ROWS 1
-
-static int env_mode(int *v, const char *name)
+static bool env_on(int *v, const char *name)
 {
 	if (*v < 0) {
 		const char *e = getenv(name);
 
-		*v = !(e && e[0] == '0');
+		*v = e && e[0] == '1';
 	}
-	return *v;
+	return *v != 0;
 }
 
 extern "C" void k_cuda_moe_set_staged(int on)
 {
-	gate_staged = down_staged = on < 0 ? -1 : on ? 2 : 0;
+	gate_staged = down_staged = on < 0 ? -1 : on != 0;
 }
 
 // Whether a kernel streams rows of len values through a shared-memory stage besides
-// its registers: where chosen (above) and where a row fits the lane's registers in one
-// go (len <= 32 * SM_KB * 8 = 2048) and the stages fit their budget.
-static bool use_staged(int *v, const char *name, int len, int M)
+// its registers: where turned on and where a row fits the lane's registers in one go
+// (len <= 32 * SM_KB * 8 = 2048) and the stages fit their budget.
+static bool use_staged(int *v, const char *name, int len)
 {
-	const int mode = env_mode(v, name);
-
-	return (mode == 2 || (mode == 1 && M <= SM_STAGED_MAX_ROWS)) && len / 8 <= 32 * SM_KB &&
+	return env_on(v, name) && len / 8 <= 32 * SM_KB &&
 	       moe_small_stage_bytes(len) <= SM_DSTAGE_SMEM_MAX;
 }
 
@@ -304,11 +299,11 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	rp = rp < M ? rp : M;
 	// A failed launch is also the runtime's last error, which K_CUDA_LAUNCHED reports.
 	ctas = ctas < most ? ctas : (int)most;
-	moe_small_gate_up_launch(s, use_staged(&gate_staged, "KDEC_MOE_GATE_STAGED", hidden, M),
-				 ctas, rp, expert_w, x, ids, n, top_k, n_experts, hidden, inter, act, sh);
+	moe_small_gate_up_launch(s, use_staged(&gate_staged, "KDEC_MOE_GATE_STAGED", hidden), ctas,
+				 rp, expert_w, x, ids, n, top_k, n_experts, hidden, inter, act, sh);
 	if ((ret = K_CUDA_LAUNCHED("moe small gate/up")))
 		return ret;
-	if (use_staged(&down_staged, "KDEC_MOE_DOWN_STAGED", inter, M))
+	if (use_staged(&down_staged, "KDEC_MOE_DOWN_STAGED", inter))
 		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS),
 				  moe_small_stage_bytes(inter), small_down_kernel<true>, expert_w,
 				  (const float *)act, ids, weights, M, top_k, n_experts, hidden, inter,
