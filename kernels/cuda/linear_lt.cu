@@ -5,7 +5,7 @@
 //
 // Why: cublasGemmEx's heuristic picks tiles for arithmetic; at decode M (2..64) the call
 // is a stream of the weights, and its pick leaves Llama-3.1-8B's q/k/v at 69%, o_proj at
-// 63% and down at 76% of the HBM floor at M = 64 (docs/results/cuda-linear-stream.txt),
+// 63% and down at 76% of the HBM floor at M = 64 (docs/results/cuda-linear-41224dd.txt),
 // where some of the other candidates fill the GPU better.
 #include <cerrno>
 #include <cstdint>
