@@ -140,7 +140,8 @@ static float lt_time(const struct k_cuda_linear *ctx, const struct lt_descs *d,
 	return best;
 }
 
-// Times the candidates for one shape and records the winner in a new cache entry.
+// Times the candidates for one shape and records the winner in its cache entry (use_lt
+// false: cublasGemmEx, also where tuning failed).
 static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const uint16_t *xb,
 		   const uint16_t *w, int M, int N, int K, int beta, struct lin_lt_entry *e)
 {
@@ -168,9 +169,17 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const ui
 		cublasLtMatmulPreferenceDestroy(pref);
 	if (ret || n == 0)
 		return ret;	// cublasGemmEx it is
-	if ((ret = LIN_CUDA(ctx->dev, cudaMalloc((void **)&ys, (size_t)M * N * sizeof(float)))) ||
-	    (ret = LIN_CUDA(ctx->dev, cudaMalloc(&flush, LT_FLUSH_BYTES))) ||
-	    (ret = LIN_CUDA(ctx->dev, cudaEventCreate(&e0))) ||
+	// scratch for the timed runs: where the device has no room for it (the KV cache
+	// may hold nearly all of it), cublasGemmEx stays, as without tuning
+	if (cudaMalloc((void **)&ys, (size_t)M * N * sizeof(float)) != cudaSuccess ||
+	    cudaMalloc(&flush, LT_FLUSH_BYTES) != cudaSuccess) {
+		cudaGetLastError();
+		fprintf(stderr, "cublasLt: M %d N %d K %d not tuned: no room on device %d for "
+			"%zu MB of timing scratch; cublasGemmEx's choice stays\n", M, N, K,
+			ctx->dev, ((size_t)M * N * sizeof(float) + LT_FLUSH_BYTES) >> 20);
+		goto out;
+	}
+	if ((ret = LIN_CUDA(ctx->dev, cudaEventCreate(&e0))) ||
 	    (ret = LIN_CUDA(ctx->dev, cudaEventCreate(&e1))))
 		goto out;
 	best = lt_time(ctx, d, cand, -1, ys, flush, xb, w, M, N, K, beta, e0, e1);
@@ -224,19 +233,17 @@ int k_cuda_lin_lt(struct k_cuda_linear *ctx, float *y, const uint16_t *xb, const
 		if (cudaStreamIsCapturing(ctx->stream, &cs) != cudaSuccess ||
 		    cs != cudaStreamCaptureStatusNone || ctx->lt_n == LIN_LT_CACHE)
 			return 0;
-		if ((ret = lt_descs_make(ctx->dev, &d, M, N, K)))
-			return ret;
-		e = &ctx->lt_cache[ctx->lt_n];
-		ret = lt_tune(ctx, &d, xb, w, M, N, K, beta, e);
+		// a tuning that fails (logged) leaves the shape to cublasGemmEx for good
+		e = &ctx->lt_cache[ctx->lt_n++];
+		if (lt_descs_make(ctx->dev, &d, M, N, K)) {
+			*e = lin_lt_entry{ M, N, K, beta, false, {} };
+			return 0;
+		}
+		lt_tune(ctx, &d, xb, w, M, N, K, beta, e);
 		lt_descs_free(&d);
-		if (ret)
-			return ret;
-		ctx->lt_n++;
 	}
-	if (!e->use_lt)
+	if (!e->use_lt || lt_descs_make(ctx->dev, &d, M, N, K))
 		return 0;
-	if ((ret = lt_descs_make(ctx->dev, &d, M, N, K)))
-		return ret;
 	ret = LT(ctx->dev, lt_run(ctx, &d, &e->algo, y, xb, w, beta));
 	lt_descs_free(&d);
 	*done = !ret;
