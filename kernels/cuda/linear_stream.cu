@@ -143,6 +143,18 @@ static __device__ __forceinline__ void st_compute(float (&acc)[2][NT][4], uint32
 	}
 }
 
+// Accumulator c (0..3) of the warp's m16 tile t and n8 tile j, for lane (g, t4): its
+// weight row within the CTA's tile and its x row.
+static __device__ __forceinline__ int st_frag_row(int warp, int t, int g, int c)
+{
+	return warp * 32 + t * 16 + g + (c >> 1) * 8;
+}
+
+static __device__ __forceinline__ int st_frag_m(int j, int t4, int c)
+{
+	return j * 8 + t4 * 2 + (c & 1);
+}
+
 // grid (tiles, S): blockIdx.x the 128-row tile, blockIdx.y the K slice [s KS, s KS + KS).
 // xb: bf16 x (M, K) row-major; ws: (tiles * S, XROWS, ST_ROWS) fp32 partials; cnt:
 // (tiles) arrival counters, zero between launches. Needs K % 8 == 0, w and xb 16-byte
@@ -204,7 +216,6 @@ st_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 	}
 	cp_async_wait<0>();
 
-	// fragment (t, j, c): weight row warp*32 + 16t + g + 8(c >> 1), x row 8j + 2 t4 + (c & 1)
 	if (S == 1) {
 #pragma unroll
 		for (int t = 0; t < 2; t++)
@@ -212,8 +223,8 @@ st_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 			for (int j = 0; j < NT; j++)
 #pragma unroll
 				for (int c = 0; c < 4; c++) {
-					const int n = n0 + warp * 32 + t * 16 + g + (c >> 1) * 8;
-					const int m = j * 8 + t4 * 2 + (c & 1);
+					const int n = n0 + st_frag_row(warp, t, g, c);
+					const int m = st_frag_m(j, t4, c);
 
 					if (m < M && n < N) {
 						float *p = y + (size_t)m * N + n;
@@ -231,8 +242,8 @@ st_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 		for (int j = 0; j < NT; j++)
 #pragma unroll
 			for (int c = 0; c < 4; c++) {
-				const int r = warp * 32 + t * 16 + g + (c >> 1) * 8;
-				const int m = j * 8 + t4 * 2 + (c & 1);
+				const int r = st_frag_row(warp, t, g, c);
+				const int m = st_frag_m(j, t4, c);
 
 				__stcg(part + m * ST_ROWS + r, acc[t][j][c]);
 			}
