@@ -1,5 +1,6 @@
-/* The GPU KV-cache write, split merge and attention kernels against the CPU references
- * (k_cpu_kv_write, a double-precision merge, k_cpu_attn_gqa, k_cpu_attn_mla) on fresh
+/* The GPU KV-cache write and attention kernels against the CPU references
+ * (k_cpu_kv_write, k_cpu_attn_gqa, k_cpu_attn_mla; the split merge on its own:
+ * test_cuda_merge) on fresh
  * random inputs: shuffled block tables, bf16 caches whose exact values the reference
  * also gets (as fp32), decode and prefill rows, outputs poisoned with NaN first, and a
  * captured graph replayed with new ctx and block tables. One line per case.
@@ -21,6 +22,7 @@
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
 #include "kernels/cuda/k_cuda_attn.h"
+#include "tests/cudatest.h"
 
 /* Tolerance, relative L2 against the reference. Both sides read the same bf16 K/V (the
  * reference as fp32) and the same fp32 q and weights, and both accumulate in fp32: they
@@ -34,41 +36,12 @@
 #define ATTN_TOL 2e-4
 #define ATTN_TOL_MMA 1e-2
 #define Q_AMP_GQA 4.0f	/* q scale: scores of std ~1.3, a softmax that picks tokens */
-#define TIME_RUNS 15
 
 static unsigned long long seed;
 static int quick, timing;
 static double attn_tol = ATTN_TOL;	/* of the pass running (see main) */
 static const char *attn_path = "";	/* its label prefix */
 static struct k_pool *pool;
-
-#define CU(call) cu_ok((call), #call, __LINE__)
-
-static int cu_ok(cudaError_t e, const char *what, int line)
-{
-	if (e == cudaSuccess)
-		return 1;
-	CHECK(0, "line %d: %s: %s", line, what, cudaGetErrorString(e));
-	return 0;
-}
-
-static void *dalloc(size_t bytes)
-{
-	void *p = NULL;
-
-	if (!CU(cudaMalloc(&p, bytes ? bytes : 16)))
-		return NULL;
-	return p;
-}
-
-static void *dup_to_device(const void *h, size_t bytes)
-{
-	void *d = dalloc(bytes);
-
-	if (d && bytes)
-		CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-	return d;
-}
 
 static float *rand_floats(size_t n, float amp)
 {
@@ -313,14 +286,6 @@ static void compare(const char *label, const float *got, const float *ref, size_
 	CHECK(pass, "%s%s (tolerance %g)", attn_path, label, attn_tol);
 }
 
-static float *download(const float *d, size_t n)
-{
-	float *h = malloc(sizeof(float) * n);
-
-	CU(cudaMemcpy(h, d, sizeof(float) * n, cudaMemcpyDeviceToHost));
-	return h;
-}
-
 static void ctx_range(const struct rows *r, int *lo, int *hi)
 {
 	*lo = *hi = r->n_rows ? r->ctx[0] : 0;
@@ -352,33 +317,6 @@ static int gqa_call(struct gqa_run *g, cudaStream_t s)
 
 	return k_cuda_attn_gqa(s, g->ws, g->d_out, g->d_q, g->k.d, g->v.d, g->r->bt, &gr,
 			       g->sh.h, g->sh.kv, g->sh.hd, g->scale);
-}
-
-/* Median time of one call, for KD_TEST_TIME. */
-static double time_us(int (*call)(void *), void *arg)
-{
-	cudaEvent_t a, b;
-	float ms[TIME_RUNS], t;
-
-	if (!CU(cudaEventCreate(&a)) || !CU(cudaEventCreate(&b)))
-		return 0;
-	call(arg);
-	for (int i = 0; i < TIME_RUNS; i++) {
-		cudaEventRecord(a, 0);
-		call(arg);
-		cudaEventRecord(b, 0);
-		cudaEventSynchronize(b);
-		cudaEventElapsedTime(&ms[i], a, b);
-	}
-	for (int i = 1; i < TIME_RUNS; i++)	/* insertion sort */
-		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-			t = ms[j];
-			ms[j] = ms[j - 1];
-			ms[j - 1] = t;
-		}
-	cudaEventDestroy(a);
-	cudaEventDestroy(b);
-	return ms[TIME_RUNS / 2] * 1000.0;
 }
 
 static int gqa_call_default(void *g)
@@ -762,275 +700,6 @@ static void kv_write_case(int width, int pad, int n_rows, int n_slots)
 	cudaFree(d_cache);
 }
 
-/* ---- the split merge ------------------------------------------------------ */
-
-/* Tolerance of the merge against its double-precision reference, absolute per element:
- * partials in [-1, 1] and weights summing to 1 keep every output in [-1, 1], and the
- * fp32 weights and fmaf sums of <= 128 terms are off by ~1e-7; 1e-5 fails on any wrong,
- * missing or extra split, weight or element. The batched kernel (KDEC_ATTN_MERGE=1)
- * must also match the default block kernel bit for bit, fp32 and bf16. */
-#define MERGE_TOL 1e-5
-
-/* Which splits of each (row, head) saw tokens: the first `live` (as a step's splits
- * past the context), `live` at random places, and with dead_rh every third (row, head)
- * none at all (ctx 0). */
-enum merge_live { MERGE_PREFIX, MERGE_SCATTER };
-
-struct merge_shape {
-	int n_splits, n_rows, n_heads, dim;
-	int live;
-	enum merge_live how;
-	int dead_rh;
-	int pad_h, pad_r;	/* out_hs = dim + pad_h, out_rs = n_heads * out_hs + pad_r */
-};
-
-/* Inputs of one merge: partials in [-1, 1] where live and NaN where not (a read one
- * would poison its output), lse in [-8, 8] or -inf; and the reference output. */
-struct merge_run {
-	struct merge_shape sh;
-	long out_rs, out_hs;
-	size_t n_out;			/* floats of out (n_rows * out_rs) */
-	float *o, *lse, *ref;		/* host */
-	float *d_o, *d_lse, *d_out;	/* device */
-	uint16_t *d_bf16;
-	struct k_cuda_attn_ws *ws;
-};
-
-static void merge_pick_live(const struct merge_shape *sh, size_t rh, char *on)
-{
-	int want = sh->dead_rh && rh % 3 == 1 ? 0 : sh->live, have = 0;
-
-	memset(on, 0, (size_t)sh->n_splits);
-	if (sh->how == MERGE_PREFIX) {
-		memset(on, 1, (size_t)want);
-		return;
-	}
-	while (have < want) {
-		int sp = rand_int(0, sh->n_splits - 1);
-
-		have += !on[sp];
-		on[sp] = 1;
-	}
-}
-
-/* The reference: out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max), in double. */
-static void merge_reference(struct merge_run *m)
-{
-	const struct merge_shape *sh = &m->sh;
-	size_t per_split = (size_t)sh->n_rows * sh->n_heads;
-
-	for (size_t rh = 0; rh < per_split; rh++) {
-		double mx = -INFINITY, sum = 0;
-
-		for (int sp = 0; sp < sh->n_splits; sp++)
-			if (m->lse[sp * per_split + rh] > mx)
-				mx = m->lse[sp * per_split + rh];
-		for (int sp = 0; sp < sh->n_splits; sp++)
-			if (isfinite(m->lse[sp * per_split + rh]))
-				sum += exp2(m->lse[sp * per_split + rh] - mx);
-		for (int d = 0; d < sh->dim; d++) {
-			double acc = 0;
-
-			for (int sp = 0; sp < sh->n_splits; sp++) {
-				size_t at = sp * per_split + rh;
-
-				if (isfinite(m->lse[at]))
-					acc += exp2(m->lse[at] - mx) * m->o[at * sh->dim + d];
-			}
-			m->ref[rh * sh->dim + d] = sum > 0 ? (float)(acc / sum) : 0.0f;
-		}
-	}
-}
-
-static int merge_setup(struct merge_run *m, struct merge_shape sh)
-{
-	size_t per_split = (size_t)sh.n_rows * sh.n_heads, n_o = sh.n_splits * per_split * sh.dim;
-	char on[128];
-
-	memset(m, 0, sizeof(*m));
-	m->sh = sh;
-	m->out_hs = sh.dim + sh.pad_h;
-	m->out_rs = sh.n_heads * m->out_hs + sh.pad_r;
-	m->n_out = (size_t)sh.n_rows * m->out_rs;
-	m->o = malloc(sizeof(float) * n_o);
-	m->lse = malloc(sizeof(float) * sh.n_splits * per_split);
-	m->ref = malloc(sizeof(float) * per_split * sh.dim);
-	for (size_t rh = 0; rh < per_split; rh++) {
-		merge_pick_live(&sh, rh, on);
-		for (int sp = 0; sp < sh.n_splits; sp++) {
-			size_t at = sp * per_split + rh;
-
-			m->lse[at] = on[sp] ? 8.0f * test_randf(&seed) : -INFINITY;
-			for (int d = 0; d < sh.dim; d++)
-				m->o[at * sh.dim + d] = on[sp] ? test_randf(&seed) : NAN;
-		}
-	}
-	merge_reference(m);
-	m->d_o = dup_to_device(m->o, sizeof(float) * n_o);
-	m->d_lse = dup_to_device(m->lse, sizeof(float) * sh.n_splits * per_split);
-	m->d_out = dalloc(sizeof(float) * m->n_out);
-	m->d_bf16 = dalloc(sizeof(uint16_t) * m->n_out);
-	if (!m->d_o || !m->d_lse || !m->d_out || !m->d_bf16)
-		return -1;
-	return k_cuda_attn_ws_create(&m->ws, 1, 1, 1, 0) ? -1 : 0;
-}
-
-static void merge_teardown(struct merge_run *m)
-{
-	k_cuda_attn_ws_destroy(m->ws);
-	free(m->o);
-	free(m->lse);
-	free(m->ref);
-	cudaFree(m->d_o);
-	cudaFree(m->d_lse);
-	cudaFree(m->d_out);
-	cudaFree(m->d_bf16);
-}
-
-static int merge_call(struct merge_run *m)
-{
-	return k_cuda_attn_merge(0, m->ws, m->d_o, m->d_lse, m->sh.n_splits, m->sh.n_rows,
-				 m->sh.n_heads, m->sh.dim, m->d_out, m->out_rs, m->out_hs,
-				 m->d_bf16);
-}
-
-static int merge_call_void(void *m)
-{
-	return merge_call(m);
-}
-
-/* Poisons out (NaN) and out_bf16 (0xffff), merges, downloads both; 0 or -1. */
-static int merge_once(struct merge_run *m, float *out, uint16_t *bf)
-{
-	int ret;
-
-	CU(cudaMemset(m->d_out, 0xff, sizeof(float) * m->n_out));
-	CU(cudaMemset(m->d_bf16, 0xff, sizeof(uint16_t) * m->n_out));
-	ret = merge_call(m);
-	CHECK(ret == 0, "k_cuda_attn_merge: %d", ret);
-	if (ret || !CU(cudaDeviceSynchronize()) ||
-	    !CU(cudaMemcpy(out, m->d_out, sizeof(float) * m->n_out, cudaMemcpyDeviceToHost)) ||
-	    !CU(cudaMemcpy(bf, m->d_bf16, sizeof(uint16_t) * m->n_out, cudaMemcpyDeviceToHost)))
-		return -1;
-	return 0;
-}
-
-/* Every output within MERGE_TOL of the reference and its bf16 its rounding; every
- * value between the rows' and heads' outputs (the strides' padding) still poison.
- * Returns the number of bad values; *max_abs the largest error. */
-static size_t merge_verify(const struct merge_run *m, const float *out, const uint16_t *bf,
-			   double *max_abs)
-{
-	const struct merge_shape *sh = &m->sh;
-	size_t bad = 0;
-
-	*max_abs = 0;
-	for (size_t i = 0; i < m->n_out; i++) {
-		long r = (long)(i / m->out_rs), in_r = (long)(i % m->out_rs);
-		long h = in_r / m->out_hs, d = in_r % m->out_hs;
-		uint32_t bits;
-		double err;
-
-		memcpy(&bits, &out[i], sizeof(bits));
-		if (h >= sh->n_heads || d >= sh->dim) {
-			bad += bits != 0xffffffffu || bf[i] != 0xffff;
-			continue;
-		}
-		err = fabs((double)out[i] - m->ref[((size_t)r * sh->n_heads + h) * sh->dim + d]);
-		if (!(err <= MERGE_TOL) || bf[i] != k_f32_to_bf16(out[i]))
-			bad++;
-		else if (err > *max_abs)
-			*max_abs = err;
-	}
-	return bad;
-}
-
-/* The batched merge (KDEC_ATTN_MERGE=1) against the reference, then the default
- * block kernel's (KDEC_ATTN_MERGE=0) against it bit for bit; with KD_TEST_TIME the
- * two timed. */
-static void merge_case(struct merge_shape sh)
-{
-	struct merge_run m;
-	float *got = NULL, *old = NULL;
-	uint16_t *got_bf = NULL, *old_bf = NULL;
-	size_t bad = 0, differ = 0;
-	double max_abs = 0;
-	char label[160];
-
-	snprintf(label, sizeof(label), "merge splits %d (%d live%s%s) rows %d heads %d dim %d "
-		 "pad %d/%d", sh.n_splits, sh.live, sh.how == MERGE_SCATTER ? ", scattered" : "",
-		 sh.dead_rh ? ", some none" : "", sh.n_rows, sh.n_heads, sh.dim, sh.pad_h, sh.pad_r);
-	if (merge_setup(&m, sh)) {
-		CHECK(0, "%s: setup", label);
-		goto out;
-	}
-	got = malloc(sizeof(float) * m.n_out);
-	old = malloc(sizeof(float) * m.n_out);
-	got_bf = malloc(sizeof(uint16_t) * m.n_out);
-	old_bf = malloc(sizeof(uint16_t) * m.n_out);
-	setenv("KDEC_ATTN_MERGE", "1", 1);
-	if (merge_once(&m, got, got_bf))
-		goto out;
-	bad = merge_verify(&m, got, got_bf, &max_abs);
-	setenv("KDEC_ATTN_MERGE", "0", 1);
-	if (merge_once(&m, old, old_bf) == 0)
-		for (size_t i = 0; i < m.n_out; i++)
-			differ += memcmp(&got[i], &old[i], sizeof(float)) != 0 ||
-				  got_bf[i] != old_bf[i];
-	else
-		differ = m.n_out;
-	fprintf(stderr, "%-72s max_abs %.2e bad %zu differ %zu %s\n", label, max_abs, bad, differ,
-		!bad && !differ ? "PASS" : "FAIL");
-	CHECK(!bad && !differ, "%s: %zu values off the reference (tolerance %g abs), %zu differ "
-	      "from KDEC_ATTN_MERGE=0's", label, bad, MERGE_TOL, differ);
-	if (timing) {
-		double us_old = time_us(merge_call_void, &m);
-
-		setenv("KDEC_ATTN_MERGE", "1", 1);
-		fprintf(stderr, "%-72s time %.2f us (KDEC_ATTN_MERGE=0: %.2f us)\n", label,
-			time_us(merge_call_void, &m), us_old);
-	}
-out:
-	unsetenv("KDEC_ATTN_MERGE");
-	merge_teardown(&m);
-	free(got);
-	free(old);
-	free(got_bf);
-	free(old_bf);
-}
-
-/* The split counts the attention calls use and the merge's lane widths (on a 132-SM
- * H200: 1 float where splits > 8 or few heads, 2 for 9..16 splits, 4 for <= 8 splits
- * on many heads, 1 where alignment forbids more): batch 1 as a Llama-3.1-8B graph sizes
- * it (50 splits, 32 live at ctx 1024), one live of many, all live, 33 (two rounds of
- * 32 loads), batch 64 (3 splits), odd counts and dims, strided and unaligned outputs,
- * heads where no split saw a token. */
-static void test_merge(void)
-{
-	static const struct merge_shape cases[] = {
-		{ 50, 1, 32, 128, 32, MERGE_PREFIX, 0, 0, 0 },
-		{ 128, 1, 32, 128, 1, MERGE_PREFIX, 0, 0, 0 },
-		{ 128, 1, 32, 128, 1, MERGE_SCATTER, 0, 0, 0 },
-		{ 128, 1, 32, 128, 128, MERGE_PREFIX, 0, 0, 0 },
-		{ 128, 1, 32, 128, 33, MERGE_SCATTER, 1, 0, 0 },
-		{ 64, 1, 8, 64, 61, MERGE_SCATTER, 0, 0, 0 },
-		{ 3, 64, 32, 128, 3, MERGE_PREFIX, 0, 0, 0 },
-		{ 3, 64, 32, 128, 2, MERGE_SCATTER, 1, 4, 8 },
-		{ 4, 64, 32, 128, 3, MERGE_SCATTER, 0, 1, 0 },
-		{ 13, 7, 32, 128, 11, MERGE_SCATTER, 1, 0, 0 },
-		{ 7, 5, 12, 24, 5, MERGE_SCATTER, 0, 0, 0 },
-		{ 9, 3, 5, 37, 4, MERGE_SCATTER, 1, 3, 1 },
-		{ 1, 3, 10, 40, 1, MERGE_PREFIX, 0, 0, 0 },
-		{ 2, 33, 10, 20, 2, MERGE_PREFIX, 1, 0, 0 },
-		{ 128, 2, 16, 512, 33, MERGE_PREFIX, 0, 0, 0 },
-		{ 5, 64, 16, 512, 5, MERGE_SCATTER, 1, 0, 4 },
-		{ 6, 16, 4, 256, 4, MERGE_SCATTER, 0, 2, 2 },
-	};
-
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-		merge_case(cases[i]);
-}
-
 /* ---- cases ---------------------------------------------------------------- */
 
 /* Sizes the kernels must refuse, with -EINVAL. */
@@ -1196,7 +865,6 @@ int main(void)
 	}
 	test_refusals();
 	test_kv_write();
-	test_merge();
 	/* The CUDA-core kernels (fp32) first, then the tensor-core decode kernel on the
 	 * decode-shaped cases, with each tile length it has for GQA. */
 	setenv("KDEC_ATTN_MMA", "0", 1);

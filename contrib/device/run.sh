@@ -35,8 +35,8 @@ run() {
 }
 
 gpu_tests() {
-	for t in ${GPU_TESTS:-test_cuda_smoke test_cuda_linear test_cuda_attn test_cuda_ops \
-		test_cuda_moe test_cuda_sample}; do
+	for t in ${GPU_TESTS:-test_cuda_smoke test_cuda_linear test_cuda_attn test_cuda_merge \
+		test_cuda_ops test_cuda_moe test_cuda_sample}; do
 		[ -x "$B/tests/$t" ] && echo "$t"
 	done
 }

@@ -1,0 +1,78 @@
+/* Helpers of the CUDA tests that check kernels case by case (test_cuda_attn,
+ * test_cuda_merge): a failed CUDA call is a failed check (CHECK, testutil.h), not an
+ * exit, so the other cases still run. Include after testutil.h and the CUDA runtime. */
+#ifndef KD_TESTS_CUDATEST_H
+#define KD_TESTS_CUDATEST_H
+
+#include <stdlib.h>
+
+#include <cuda_runtime_api.h>
+
+#include "tests/testutil.h"
+
+#define CUDATEST_TIME_RUNS 15	/* calls per time_us, after one warm-up */
+
+#define CU(call) cu_ok((call), #call, __LINE__)
+
+static inline int cu_ok(cudaError_t e, const char *what, int line)
+{
+	if (e == cudaSuccess)
+		return 1;
+	CHECK(0, "line %d: %s: %s", line, what, cudaGetErrorString(e));
+	return 0;
+}
+
+static inline void *dalloc(size_t bytes)
+{
+	void *p = NULL;
+
+	if (!CU(cudaMalloc(&p, bytes ? bytes : 16)))
+		return NULL;
+	return p;
+}
+
+static inline void *dup_to_device(const void *h, size_t bytes)
+{
+	void *d = dalloc(bytes);
+
+	if (d && bytes)
+		CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+	return d;
+}
+
+static inline float *download(const float *d, size_t n)
+{
+	float *h = malloc(sizeof(float) * n);
+
+	CU(cudaMemcpy(h, d, sizeof(float) * n, cudaMemcpyDeviceToHost));
+	return h;
+}
+
+/* Median time of one call, for KD_TEST_TIME. */
+static inline double time_us(int (*call)(void *), void *arg)
+{
+	cudaEvent_t a, b;
+	float ms[CUDATEST_TIME_RUNS], t;
+
+	if (!CU(cudaEventCreate(&a)) || !CU(cudaEventCreate(&b)))
+		return 0;
+	call(arg);
+	for (int i = 0; i < CUDATEST_TIME_RUNS; i++) {
+		cudaEventRecord(a, 0);
+		call(arg);
+		cudaEventRecord(b, 0);
+		cudaEventSynchronize(b);
+		cudaEventElapsedTime(&ms[i], a, b);
+	}
+	for (int i = 1; i < CUDATEST_TIME_RUNS; i++)	/* insertion sort */
+		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+			t = ms[j];
+			ms[j] = ms[j - 1];
+			ms[j - 1] = t;
+		}
+	cudaEventDestroy(a);
+	cudaEventDestroy(b);
+	return ms[CUDATEST_TIME_RUNS / 2] * 1000.0;
+}
+
+#endif
