@@ -205,4 +205,52 @@ int attn_mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, in
 // Opt-in shared memory and occupancy of the compiled shapes (at ws creation).
 int attn_mma_prepare(int smem_optin);
 
+#ifdef __CUDACC__
+// One warp lists the splits of (row, head) rh that count and their weights:
+// live[0 .. n) the split numbers in increasing order, w[i] = exp2(lse - max) / sum for
+// live[i]; returns n in every lane. Splits with lse = -inf saw no token: weight 0, so
+// never listed (their partial is never read); no split listed where none saw a token
+// (ctx 0). Lane l owns splits l + 32 k: ATTN_MAX_SPLITS / 32 loads in flight.
+static __device__ __forceinline__ int merge_list(const float *__restrict__ part_lse, int n_splits,
+					  size_t rh, size_t per_split, int *live, float *w)
+{
+	constexpr int PER = ATTN_MAX_SPLITS / 32;
+	const int lane = threadIdx.x % 32;
+	float x[PER], mx = -INFINITY, sum = 0.0f;
+	int base = 0;
+
+#pragma unroll
+	for (int k = 0; k < PER; k++) {
+		const int sp = lane + 32 * k;
+
+		x[k] = sp < n_splits ? part_lse[sp * per_split + rh] : -INFINITY;
+		mx = fmaxf(mx, x[k]);
+	}
+	for (int off = 16; off > 0; off >>= 1)
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+#pragma unroll
+	for (int k = 0; k < PER; k++) {
+		x[k] = x[k] == -INFINITY ? 0.0f : exp2f(x[k] - mx);
+		sum += x[k];
+	}
+	for (int off = 16; off > 0; off >>= 1)
+		sum += __shfl_xor_sync(0xffffffffu, sum, off);
+	// sum >= 1 unless no split saw a token (ctx 0): then no split is listed.
+#pragma unroll
+	for (int k = 0; k < PER; k++) {
+		const bool on = sum > 0.0f && x[k] != 0.0f;
+		const unsigned m = __ballot_sync(0xffffffffu, on);
+
+		if (on) {
+			const int at = base + __popc(m & ((1u << lane) - 1u));
+
+			live[at] = lane + 32 * k;
+			w[at] = x[k] / sum;
+		}
+		base += __popc(m);
+	}
+	return base;
+}
+#endif
+
 #endif

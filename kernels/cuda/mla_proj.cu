@@ -125,44 +125,13 @@ __device__ __forceinline__ void stage_merged(float *sa, int as, const proj_parts
 					     int h, int r0, int nr, int L, int *live, float *wts,
 					     int *n_live)
 {
-	constexpr int PER = ATTN_MAX_SPLITS / 32;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ns = p.n_splits;
 	const size_t per_split = (size_t)R * H, sstride = per_split * L;
 
 	for (int rr = warp; rr < nr; rr += PROJ_WARPS) {
 		const size_t rh = (size_t)(r0 + rr) * H + h;
-		float x[PER], mx = -INFINITY, sum = 0.0f;
-		int base = 0;
+		const int base = merge_list(p.lse, ns, rh, per_split, live + rr * ns, wts + rr * ns);
 
-#pragma unroll
-		for (int k = 0; k < PER; k++) {
-			const int sp = lane + 32 * k;
-
-			x[k] = sp < ns ? p.lse[sp * per_split + rh] : -INFINITY;
-			mx = fmaxf(mx, x[k]);
-		}
-		for (int off = 16; off > 0; off >>= 1)
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-#pragma unroll
-		for (int k = 0; k < PER; k++) {
-			x[k] = x[k] == -INFINITY ? 0.0f : exp2f(x[k] - mx);
-			sum += x[k];
-		}
-		for (int off = 16; off > 0; off >>= 1)
-			sum += __shfl_xor_sync(0xffffffffu, sum, off);
-#pragma unroll
-		for (int k = 0; k < PER; k++) {	// sum is 0 only where no split saw a token
-			const bool on = sum > 0.0f && x[k] != 0.0f;
-			const unsigned m = __ballot_sync(0xffffffffu, on);
-
-			if (on) {
-				const int at = base + __popc(m & ((1u << lane) - 1u));
-
-				live[rr * ns + at] = lane + 32 * k;
-				wts[rr * ns + at] = x[k] / sum;
-			}
-			base += __popc(m);
-		}
 		if (lane == 0)
 			n_live[rr] = base;
 	}
