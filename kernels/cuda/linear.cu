@@ -25,7 +25,7 @@
  * the GEMV and split-K kernels win) and up to this size (KDEC_LINEAR_STREAM_MB; 0 turns
  * it off): Llama-3.1-8B q/k/v 15.9 us against cuBLAS's 17.5 at M = 1, o_proj 11.9
  * against 12.8; even at M = 8; behind cuBLAS from M = 16, where its mma.sync tiles
- * start to be bound by arithmetic (docs/results/cuda-linear-41224dd.txt). */
+ * are bound by instruction issue, not bytes (docs/results/cuda-linear-41224dd.txt). */
 #define LIN_STREAM_MAX_M	8
 #define LIN_STREAM_WEIGHT_BYTES	((size_t)64 << 20)
 /* The vector kernels read 8 bf16 (16 bytes) of a weight row at a time. */
