@@ -537,7 +537,7 @@ static void test_experts_add_shape(const struct shape *s, int si)
 			 K_CUDA_MOE_PATH_SMALL, 1);
 	test_experts_add(s, &w, &sw, si, ws, 1, 0, K_CUDA_MOE_PATH_GROUPED, 0);
 	test_experts_add(s, &w, &sw, si, ws, most + 1, 0, K_CUDA_MOE_PATH_AUTO, 0);
-	/* auto: 64 rows are past the small path's share (16 pairs) at any top_k */
+	/* auto: 64 rows are past the small path's share (64 pairs) at any top_k > 1 */
 	test_experts_add(s, &w, &sw, si, ws, 64, 0, K_CUDA_MOE_PATH_AUTO, 0);
 	if (si > 0) {	/* wider than the workspace was made for */
 		struct k_cuda_moe_shared sh = { sw.d[0], sw.d[1], sw.d[2], si + 8 };

@@ -31,12 +31,14 @@
 #define EX_MAX_EXPERTS 4096
 #define FB_WARPS 8		// fallback: one output feature per warp
 #define COMBINE_THREADS 256
-/* Auto path: small up to this many (row, slot) pairs. Kernel timings on H200 (weights
- * rotated out of L2, tests/test_cuda_moe): at 6-8 pairs (batch 1) the small path
- * beats the grouped one (V2-Lite 49.6 vs 56.2 us, Qwen3-30B-A3B 39.1 vs 48.0); at 48-64
- * pairs (batch 8) the grouped one wins (215 vs 306, 174 vs 240). 16 lies between; the
- * crossover itself is not measured yet. */
-#define MOE_SMALL_AUTO_PAIRS 16
+/* Auto path: small up to this many (row, slot) pairs. Measured end to end on H200
+ * (kdbench decode, ctx 1024, commit 9ba981b, docs/results/cuda-ab-9ba981b.txt): the
+ * small path wins at batch 4 and 8 on both models, although the expert kernels alone time
+ * slower there (test_cuda_moe at batch 8: 306 vs 215 us): the grouped path's plan and
+ * combine launches and their dependent steps cost more than the small path loses.
+ * DeepSeek-V2-Lite (top 6) 5.35 vs 5.71 ms at batch 4, 7.83 vs 7.94 at 8; Qwen3-30B-A3B
+ * (top 8) 7.10 vs 7.71 and 10.62 vs 11.14. So the small path takes batch 8 of top-8. */
+#define MOE_SMALL_AUTO_PAIRS 64
 
 struct k_cuda_moe_ws {
 	int max_M, top_k, n_experts, hidden, inter;
