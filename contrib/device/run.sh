@@ -169,11 +169,15 @@ phase_ncu() {
 	done
 }
 
+# SAN_TESTS (default: the GPU tests), SAN_TOOLS (default: memcheck racecheck) and
+# SAN_TIMEOUT (seconds per test and tool, default 240: a run cut off says so, exit 124)
 phase_sanitize() {
-	local cs=/usr/local/cuda/bin/compute-sanitizer
-	for t in $(gpu_tests); do
-		run "memcheck_$t" "$cs" --tool memcheck --error-exitcode 9 "$B/tests/$t"
-		run "racecheck_$t" "$cs" --tool racecheck --error-exitcode 9 "$B/tests/$t"
+	local cs=/usr/local/cuda/bin/compute-sanitizer tool
+	for t in ${SAN_TESTS:-$(gpu_tests)}; do
+		for tool in ${SAN_TOOLS:-memcheck racecheck}; do
+			run "${tool}_$t" timeout "${SAN_TIMEOUT:-240}" "$cs" --tool "$tool" \
+				--error-exitcode 9 "$B/tests/$t"
+		done
 	done
 }
 
