@@ -5,7 +5,8 @@
  * also gets (as fp32), decode and prefill rows, outputs poisoned with NaN first, and a
  * captured graph replayed with new ctx and block tables. One line per case.
  * Skips (77) without CUDA or a GPU. KD_TEST_QUICK=1: only the small cases (for
- * compute-sanitizer); KD_TEST_SEED=n: repeat a run; KD_TEST_TIME=1: time each call. */
+ * compute-sanitizer); KD_TEST_SEED=n: repeat a run; KD_TEST_TIME=1: time each call,
+ * and Llama-3.1-8B's decode attention as a graph at batch 1 and 64 (test_gqa_time). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +42,7 @@ static unsigned long long seed;
 static int quick, timing;
 static double attn_tol = ATTN_TOL;	/* of the pass running (see main) */
 static const char *attn_path = "";	/* its label prefix */
+static int mma_pass;			/* the tensor-core decode kernel's pass */
 static struct k_pool *pool;
 
 static float *rand_floats(size_t n, float amp)
@@ -413,6 +415,30 @@ static void gqa_bf16_check(struct gqa_run *g)
 	free(got);
 }
 
+/* The tensor-core pass: the same inputs with the split merge as its own launch
+ * (KDEC_ATTN_MMA_FOLD=0) give the default's output (the last split merging in the
+ * kernel) bit for bit: both sum the same partials in the same order. */
+static void gqa_fold_check(struct gqa_run *g)
+{
+	size_t n = (size_t)g->r->n_rows * g->sh.h * g->sh.hd, bad = 0;
+	float *want = download(g->d_out, n), *got = NULL;
+	int ret;
+
+	setenv("KDEC_ATTN_MMA_FOLD", "0", 1);
+	CU(cudaMemset(g->d_out, 0xff, sizeof(float) * n));
+	ret = gqa_call(g, 0);
+	unsetenv("KDEC_ATTN_MMA_FOLD");
+	CHECK(ret == 0, "k_cuda_attn_gqa (KDEC_ATTN_MMA_FOLD=0): %d", ret);
+	if (ret == 0 && CU(cudaDeviceSynchronize())) {
+		got = download(g->d_out, n);
+		for (size_t i = 0; i < n; i++)
+			bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+		CHECK(!bad, "gqa merge folded vs launched: %zu of %zu values differ", bad, n);
+	}
+	free(want);
+	free(got);
+}
+
 static void gqa_case(struct gqa_shape sh, int bt, struct rows *r, int hint)
 {
 	struct gqa_run g;
@@ -430,6 +456,8 @@ static void gqa_case(struct gqa_shape sh, int bt, struct rows *r, int hint)
 	if (ret == 0 && CU(cudaDeviceSynchronize())) {
 		gqa_check(&g, "");
 		gqa_bf16_check(&g);
+		if (mma_pass)
+			gqa_fold_check(&g);
 	}
 	if (timing && ret == 0) {
 		char label[160];
@@ -482,6 +510,127 @@ out:
 	if (s)
 		cudaStreamDestroy(s);
 	gqa_teardown(&g);
+}
+
+/* Median of the graph's replays, each after a 256 MB memset (L2 holds 50 MB: the
+ * K/V comes from HBM as in a model step, where the layer's other weights passed
+ * between). The graph is what a step replays, launch gaps and PDL included. */
+#define GQA_TIME_RUNS 25
+#define GQA_FLUSH_BYTES (256u << 20)
+
+static double gqa_graph_us(struct gqa_run *g, void *flush)
+{
+	cudaStream_t s = NULL;
+	cudaGraph_t graph = NULL;
+	cudaGraphExec_t exec = NULL;
+	cudaEvent_t e0 = NULL, e1 = NULL;
+	float ms[GQA_TIME_RUNS], t;
+	double us = 0;
+	int ret = -1;
+
+	if (!CU(cudaStreamCreate(&s)) || !CU(cudaEventCreate(&e0)) || !CU(cudaEventCreate(&e1)))
+		goto out;
+	if (!CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal)))
+		goto out;
+	ret = gqa_call(g, s);
+	if (!CU(cudaStreamEndCapture(s, &graph)) || ret ||
+	    !CU(cudaGraphInstantiate(&exec, graph, 0)))
+		goto out;
+	for (int i = 0; i < 3; i++)
+		CU(cudaGraphLaunch(exec, s));
+	for (int i = 0; i < GQA_TIME_RUNS; i++) {
+		CU(cudaMemsetAsync(flush, i & 0xff, GQA_FLUSH_BYTES, s));
+		CU(cudaEventRecord(e0, s));
+		CU(cudaGraphLaunch(exec, s));
+		CU(cudaEventRecord(e1, s));
+		CU(cudaEventSynchronize(e1));
+		CU(cudaEventElapsedTime(&ms[i], e0, e1));
+	}
+	for (int i = 1; i < GQA_TIME_RUNS; i++)	/* insertion sort */
+		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+			t = ms[j];
+			ms[j] = ms[j - 1];
+			ms[j - 1] = t;
+		}
+	us = ms[GQA_TIME_RUNS / 2] * 1e3;
+out:
+	CHECK(ret == 0, "gqa timing graph: %d", ret);
+	if (exec)
+		cudaGraphExecDestroy(exec);
+	if (graph)
+		cudaGraphDestroy(graph);
+	if (e0)
+		cudaEventDestroy(e0);
+	if (e1)
+		cudaEventDestroy(e1);
+	if (s)
+		cudaStreamDestroy(s);
+	return us;
+}
+
+/* KD_TEST_TIME=1, tensor-core pass: Llama-3.1-8B's decode attention (32 q heads, 8 kv,
+ * head dim 128, 16-token blocks) at batch 1 and 64, ctx 1024, the merge folded into
+ * the kernel (default) against its own launch (KDEC_ATTN_MMA_FOLD=0), beside the HBM
+ * floor of the K/V bytes at 4.25 TB/s. */
+static void test_gqa_time(void)
+{
+	static const struct gqa_shape llama = { 32, 8, 128 };
+	static const int batches[] = { 1, 64 };
+	void *flush = dalloc(GQA_FLUSH_BYTES);
+
+	for (size_t b = 0; flush && b < 2; b++) {
+		struct rows *r = rows_decode(batches[b], 1024, 0, 1024);
+		double floor_us, fold, launch;
+		struct gqa_run g;
+		char label[160];
+
+		if (gqa_setup(&g, llama, 16, r, 0, 0)) {
+			CHECK(0, "gqa timing setup");
+			gqa_teardown(&g);
+			continue;
+		}
+		floor_us = rows_kv_bytes(r, 4.0 * llama.kv * llama.hd) / 4.25e6;
+		fold = gqa_graph_us(&g, flush);
+		setenv("KDEC_ATTN_MMA_FOLD", "0", 1);
+		launch = gqa_graph_us(&g, flush);
+		unsetenv("KDEC_ATTN_MMA_FOLD");
+		gqa_label(label, sizeof(label), &g, "graph");
+		fprintf(stderr, "%s%-72s fold %.1f us, merge launch (KDEC_ATTN_MMA_FOLD=0) %.1f us, "
+			"floor %.1f us (%.0f%% / %.0f%% of it)\n", attn_path, label, fold, launch,
+			floor_us, 100 * floor_us / fold, 100 * floor_us / launch);
+		/* batch 64: each split count the workspace holds (4 at its max rows) */
+		for (int n = 1; batches[b] > 1 && n <= 4; n++) {
+			char want[8];
+
+			snprintf(want, sizeof(want), "%d", n);
+			setenv("KDEC_ATTN_DEC_SPLITS", want, 1);
+			fold = gqa_graph_us(&g, flush);
+			setenv("KDEC_ATTN_MMA_FOLD", "0", 1);
+			launch = gqa_graph_us(&g, flush);
+			unsetenv("KDEC_ATTN_MMA_FOLD");
+			unsetenv("KDEC_ATTN_DEC_SPLITS");
+			fprintf(stderr, "%s%-72s KDEC_ATTN_DEC_SPLITS=%d: fold %.1f us, merge launch "
+				"%.1f us\n", attn_path, label, n, fold, launch);
+		}
+		gqa_teardown(&g);
+	}
+	cudaFree(flush);
+}
+
+/* The tensor-core pass: shapes where the last split merges (2..8 splits), with the
+ * merge-launch bits compared by gqa_case: Llama at batch 64 (3 splits), an odd batch
+ * (2), group 16 (a 16-head chunk per block), contexts up to 32k (7 splits, some
+ * empty). */
+static void test_gqa_fold(void)
+{
+	static const struct gqa_shape llama = { 32, 8, 128 }, g16 = { 32, 2, 128 },
+		odd = { 10, 2, 40 };
+
+	gqa_case(llama, 16, rows_decode(64, 1024, 0, 1024), 0);
+	gqa_case(llama, 16, rows_decode(33, quick ? 200 : 1000, 1, 1000), 0);
+	gqa_case(g16, 16, rows_decode(64, quick ? 200 : 2000, 1, 2000), 0);
+	gqa_case(odd, 7, rows_decode(45, quick ? 200 : 1000, 1, 1000), 0);
+	gqa_case(llama, 16, rows_decode(8, quick ? 300 : 32768, 1, 32768), 0);
 }
 
 /* ---- MLA ------------------------------------------------------------------ */
@@ -875,7 +1024,12 @@ int main(void)
 	setenv("KDEC_ATTN_MMA", "1", 1);
 	attn_tol = ATTN_TOL_MMA;
 	attn_path = "[mma] ";
+	mma_pass = 1;
 	test_gqa();
+	test_gqa_fold();
+	if (timing)
+		test_gqa_time();
+	mma_pass = 0;
 	test_mla();
 	/* The split merge folded into MLA's expand projection (off by default: the cases
 	 * above ran the merge kernel) at batch 1, then at every row count it takes. */
@@ -894,7 +1048,9 @@ int main(void)
 	if (!quick) {
 		setenv("KDEC_ATTN_MMA_TK", "64", 1);
 		attn_path = "[mma tk64] ";
+		mma_pass = 1;
 		test_gqa();
+		mma_pass = 0;
 		unsetenv("KDEC_ATTN_MMA_TK");
 	}
 	unsetenv("KDEC_ATTN_MMA");

@@ -159,6 +159,101 @@ __device__ __forceinline__ void mma_issue(const attn_tile_args &a,
 	}
 }
 
+// ---- GQA: the split merge folded into the last split ----------------------------
+
+// At a few splits (a batch of 64 Llama rows takes 3) the merge launch after the kernel
+// costs more than its work (~6 us a layer, a dependent step for ~4 MB of L2 traffic).
+// Instead the last split of each (row, head chunk) to finish merges them: every split
+// publishes its partial (a fence, then an add to the chunk's counter); the one that
+// counts n_splits - 1 before it reads the others' partials through L2 (ld.cg: its SM's
+// L1 may hold lines of them from another chunk's merge) in attn_merge_kernel's order,
+// so the bits are those of the merge launch, and puts the counter back to 0 for the
+// next launch (which starts after this one ends: the reset is seen).
+#define MMA_FOLD_MAX_SPLITS 8	// the lists and partials a thread holds
+#define MMA_FOLD_ITEMS 2	// (head, dim) outputs a thread merges per pass
+
+// All threads; smem: any 16-byte aligned shared bytes free for the rest of the block
+// (MMA_Q * MMA_FOLD_MAX_SPLITS * 8 + MMA_Q * 4 + 16).
+__device__ __forceinline__ void mma_fold_merge(const attn_tile_args &a, int r, int h0, int ng,
+					       uint16_t *out_bf16, unsigned char *smem)
+{
+	constexpr int F = MMA_FOLD_MAX_SPLITS;
+	int *flag = (int *)smem, *nl = (int *)(smem + 16);
+	float *w = (float *)(smem + 16 + 4 * MMA_Q);
+	int *live = (int *)(smem + 16 + 4 * MMA_Q + 4 * MMA_Q * F);
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const size_t per_split = (size_t)a.n_rows * a.n_heads;
+	const size_t sstride = per_split * a.dv;
+
+	__threadfence();	// this thread's partial and lse, before the arrival
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		unsigned *c = a.arrive + (size_t)r * gridDim.x + blockIdx.x;
+		const int last = atomicAdd(c, 1u) == (unsigned)a.n_splits - 1;
+
+		if (last)
+			*c = 0;
+		*flag = last;
+	}
+	__syncthreads();
+	if (!*flag)
+		return;
+	__threadfence();	// the others' partials: published before their arrivals
+
+	for (int g = warp; g < ng; g += MMA_WARPS) {
+		const int n = merge_list<true>(a.part_lse, a.n_splits,
+					       (size_t)r * a.n_heads + h0 + g, per_split,
+					       live + g * F, w + g * F);
+
+		if (lane == 0)
+			nl[g] = n;
+	}
+	__syncthreads();
+
+	// Output (g, d) = item i: the loads of MMA_FOLD_ITEMS items in flight at once, then
+	// sums as attn_merge_kernel: split j into accumulator j % 4 up to n & ~3, the rest
+	// into the first, (a0 + a1) + (a2 + a3).
+	const int n_items = ng * a.dv;
+
+	for (int i0 = threadIdx.x; i0 < n_items; i0 += MMA_THREADS * MMA_FOLD_ITEMS) {
+		float x[MMA_FOLD_ITEMS][F];
+
+#pragma unroll
+		for (int k = 0; k < MMA_FOLD_ITEMS; k++) {
+			const int i = i0 + k * MMA_THREADS, g = i / a.dv, d = i % a.dv;
+			const size_t rh = (size_t)r * a.n_heads + h0 + g;
+
+#pragma unroll
+			for (int j = 0; j < F; j++)
+				if (i < n_items && j < nl[g])
+					x[k][j] = __ldcg(a.part_o + live[g * F + j] * sstride +
+							 rh * a.dv + d);
+		}
+#pragma unroll
+		for (int k = 0; k < MMA_FOLD_ITEMS; k++) {
+			const int i = i0 + k * MMA_THREADS, g = i / a.dv, d = i % a.dv;
+			float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+
+			if (i >= n_items)
+				continue;
+			const int n = nl[g], n4 = n & ~3;
+#pragma unroll
+			for (int j = 0; j < F; j++) {
+				if (j < n4)
+					acc[j % 4] = fmaf(w[g * F + j], x[k][j], acc[j % 4]);
+				else if (j < n)
+					acc[0] = fmaf(w[g * F + j], x[k][j], acc[0]);
+			}
+			const float o = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+			const size_t at = (size_t)r * a.out_rs + (size_t)(h0 + g) * a.out_hs + d;
+
+			a.out[at] = o;
+			if (out_bf16)
+				out_bf16[at] = attn_bf16(o);
+		}
+	}
+}
+
 template <int DK, int DV, int TK, int ST, bool VSEP>
 __global__ void __launch_bounds__(MMA_THREADS)
 attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
@@ -201,6 +296,8 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 		if (threadIdx.x < ng)
 			a.part_lse[(size_t)split * a.n_rows * a.n_heads + (size_t)r * a.n_heads + h0 +
 				   threadIdx.x] = -INFINITY;
+		if (VSEP && a.arrive)	// still one of the splits the last one counts
+			mma_fold_merge(a, r, h0, ng, out_bf16, attn_smem);
 		return;
 	}
 
@@ -455,6 +552,8 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 			}
 		}
 	}
+	if (VSEP && a.arrive && a.n_splits > 1)	// K/V stages are free: the lists go there
+		mma_fold_merge(a, r, h0, ng, out_bf16, attn_smem + L::k);
 }
 
 // ---- launcher -----------------------------------------------------------------
@@ -574,8 +673,19 @@ static int mma_pick_splits(const k_cuda_attn_ws *ws, long base, long slots, int 
 	return best;
 }
 
-int attn_mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
-		 uint16_t *out_bf16, int forced_splits)
+// KDEC_ATTN_MMA_FOLD=0: GQA's split merge as its own launch again (read at each call:
+// the tests run both; the bits are the same).
+static int mma_fold_enabled(void)
+{
+	const char *e = getenv("KDEC_ATTN_MMA_FOLD");
+
+	return !(e && e[0] == '0');
+}
+
+// fold: GQA (attn_mma_launch) may let the last split merge; a->arrive is set here either
+// way (MLA's caller leaves it unset).
+static int mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
+		   uint16_t *out_bf16, int forced_splits, bool fold)
 {
 	const mma_shape *sh = mma_find(a->dk, a->dv, a->v != nullptr);
 	const int n_hc = attn_cdiv(a->group, MMA_Q);
@@ -592,18 +702,28 @@ int attn_mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, in
 	    (size_t)forced_splits * lse <= ws->lse_floats && forced_splits <= ATTN_MAX_SPLITS)
 		a->n_splits = forced_splits;
 	grid = dim3(a->kv_heads * n_hc, a->n_splits, a->n_rows);
+	a->arrive = nullptr;
+	if (fold && a->v && a->n_splits > 1 && a->n_splits <= MMA_FOLD_MAX_SPLITS && ws->arrive &&
+	    (size_t)a->n_rows * grid.x <= ws->arrive_n && mma_fold_enabled())
+		a->arrive = ws->arrive;
 	ATTN_TRY(k_cuda_launch_pdl(s, grid, MMA_THREADS, sh->smem, sh->kernel, *a, n_hc,
-				   a->n_splits == 1 ? out_bf16 : nullptr));
+				   a->n_splits == 1 || a->arrive ? out_bf16 : nullptr));
 	ATTN_LAUNCHED("attn_mma_kernel");
 	return 0;
+}
+
+int attn_mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
+		 uint16_t *out_bf16, int forced_splits)
+{
+	return mma_run(s, ws, a, max_ctx, out_bf16, forced_splits, false);
 }
 
 int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
 		    uint16_t *out_bf16, int forced_splits)
 {
-	int ret = attn_mma_run(s, ws, a, max_ctx, out_bf16, forced_splits);
+	int ret = mma_run(s, ws, a, max_ctx, out_bf16, forced_splits, true);
 
-	if (ret || a->n_splits == 1)
+	if (ret || a->n_splits == 1 || a->arrive)
 		return ret;
 	return attn_merge(s, ws, a->n_splits, a->n_rows, a->n_heads, a->dv, a->out, a->out_rs,
 			  a->out_hs, out_bf16);
