@@ -23,6 +23,7 @@
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
 #include "kernels/cuda/k_cuda_attn.h"
+#include "kernels/cuda/k_cuda_ops.h"
 #include "tests/cudatest.h"
 
 /* Tolerance, relative L2 against the reference. Both sides read the same bf16 K/V (the
@@ -518,7 +519,7 @@ out:
 #define GQA_TIME_RUNS 25
 #define GQA_FLUSH_BYTES (256u << 20)
 
-static double gqa_graph_us(struct gqa_run *g, void *flush)
+static double graph_us(int (*call)(void *, cudaStream_t), void *arg, void *flush)
 {
 	cudaStream_t s = NULL;
 	cudaGraph_t graph = NULL;
@@ -532,7 +533,7 @@ static double gqa_graph_us(struct gqa_run *g, void *flush)
 		goto out;
 	if (!CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal)))
 		goto out;
-	ret = gqa_call(g, s);
+	ret = call(arg, s);
 	if (!CU(cudaStreamEndCapture(s, &graph)) || ret ||
 	    !CU(cudaGraphInstantiate(&exec, graph, 0)))
 		goto out;
@@ -554,7 +555,7 @@ static double gqa_graph_us(struct gqa_run *g, void *flush)
 		}
 	us = ms[GQA_TIME_RUNS / 2] * 1e3;
 out:
-	CHECK(ret == 0, "gqa timing graph: %d", ret);
+	CHECK(ret == 0, "timing graph: %d", ret);
 	if (exec)
 		cudaGraphExecDestroy(exec);
 	if (graph)
@@ -566,6 +567,16 @@ out:
 	if (s)
 		cudaStreamDestroy(s);
 	return us;
+}
+
+static int gqa_call_stream(void *g, cudaStream_t s)
+{
+	return gqa_call(g, s);
+}
+
+static double gqa_graph_us(struct gqa_run *g, void *flush)
+{
+	return graph_us(gqa_call_stream, g, flush);
 }
 
 /* KD_TEST_TIME=1, tensor-core pass: Llama-3.1-8B's decode attention (32 q heads, 8 kv,
@@ -614,6 +625,131 @@ static void test_gqa_time(void)
 		}
 		gqa_teardown(&g);
 	}
+	cudaFree(flush);
+}
+
+/* ---- qkv_post: the early-load kernel against the one before it ------------------ */
+
+/* k_cuda_qkv_post (norm, rope, q out, K/V append) with KDEC_QKV_POST_EARLY=0 (the
+ * kernel that loads one input after another) and by default (every load at once):
+ * the same arithmetic, so q and both caches must agree bit for bit, unwritten cache
+ * (slot -1 rows, other slots) still poisoned in both. test_cuda_ops checks the values
+ * against the CPU. KD_TEST_TIME=1: both timed as a graph (cold L2). */
+struct qkv_run {
+	struct k_cuda_qkv_args a;
+	size_t nq, ncache;
+};
+
+static int qkv_call(void *p, cudaStream_t s)
+{
+	return k_cuda_qkv_post(s, &((struct qkv_run *)p)->a);
+}
+
+static void qkv_poison(struct qkv_run *q)
+{
+	CU(cudaMemset(q->a.q, 0xff, sizeof(float) * q->nq));
+	CU(cudaMemset(q->a.k_cache, 0xff, sizeof(uint16_t) * q->ncache));
+	CU(cudaMemset(q->a.v_cache, 0xff, sizeof(uint16_t) * q->ncache));
+}
+
+/* q, then the k and v caches, on the host as bytes. */
+static unsigned char *qkv_result(struct qkv_run *q)
+{
+	size_t bq = sizeof(float) * q->nq, bc = sizeof(uint16_t) * q->ncache;
+	unsigned char *h = malloc(bq + 2 * bc);
+
+	CU(cudaMemcpy(h, q->a.q, bq, cudaMemcpyDeviceToHost));
+	CU(cudaMemcpy(h + bq, q->a.k_cache, bc, cudaMemcpyDeviceToHost));
+	CU(cudaMemcpy(h + bq + bc, q->a.v_cache, bc, cudaMemcpyDeviceToHost));
+	return h;
+}
+
+static void qkv_case(int rows, int H, int KV, int D, int rope_dim, int qk_norm, int il,
+		     void *flush)
+{
+	const int nk = KV * D, n_slots = rows + 5;
+	const size_t nsrc = (size_t)rows * (H + 2 * KV) * D;
+	float *src = rand_floats(nsrc, 2.0f), *w = rand_floats(2 * (size_t)D, 1.0f);
+	float *fr = rand_floats((size_t)rope_dim / 2 + 1, 1.0f);
+	int32_t *pos = malloc(sizeof(int32_t) * rows), *slots = malloc(sizeof(int32_t) * rows);
+	float *dsrc, *dw, *dfr, *dq;
+	int32_t *dpos, *dslots;
+	uint16_t *dk, *dv;
+	unsigned char *old = NULL, *got = NULL;
+	struct qkv_run q;
+	size_t bytes, bad = 0;
+	int ret0, ret1;
+
+	for (int i = 0; i <= rope_dim / 2; i++)
+		fr[i] = fabsf(fr[i]);
+	for (int r = 0; r < rows; r++) {
+		pos[r] = rand_int(0, 32767);
+		slots[r] = r == rows / 2 && rows > 1 ? -1 : (r * 7 + 3) % n_slots;
+	}
+	dsrc = dup_to_device(src, sizeof(float) * nsrc);
+	dw = dup_to_device(w, sizeof(float) * 2 * D);
+	dfr = dup_to_device(fr, sizeof(float) * (rope_dim / 2 + 1));
+	dpos = dup_to_device(pos, sizeof(int32_t) * rows);
+	dslots = dup_to_device(slots, sizeof(int32_t) * rows);
+	memset(&q, 0, sizeof(q));
+	q.nq = (size_t)rows * H * D;
+	q.ncache = (size_t)n_slots * nk;
+	dq = dalloc(sizeof(float) * q.nq);
+	dk = dalloc(sizeof(uint16_t) * q.ncache);
+	dv = dalloc(sizeof(uint16_t) * q.ncache);
+	q.a = (struct k_cuda_qkv_args){
+		.q = dq, .q_src = dsrc, .k_src = dsrc + (size_t)H * D,
+		.v_src = dsrc + (size_t)(H + KV) * D, .q_rs = (long)(H + 2 * KV) * D,
+		.k_rs = (long)(H + 2 * KV) * D, .v_rs = (long)(H + 2 * KV) * D, .rows = rows,
+		.n_heads = H, .kv_heads = KV, .head_dim = D, .q_norm = qk_norm ? dw : NULL,
+		.k_norm = qk_norm ? dw + D : NULL, .eps = 1e-6f, .inv_freq = dfr,
+		.rope_dim = rope_dim, .interleaved = il, .attn_factor = 1.0f, .pos = dpos,
+		.k_cache = dk, .v_cache = dv, .slots = dslots,
+	};
+	setenv("KDEC_QKV_POST_EARLY", "0", 1);
+	qkv_poison(&q);
+	ret0 = qkv_call(&q, 0);
+	if (ret0 == 0 && CU(cudaDeviceSynchronize()))
+		old = qkv_result(&q);
+	unsetenv("KDEC_QKV_POST_EARLY");
+	qkv_poison(&q);
+	ret1 = qkv_call(&q, 0);
+	if (ret1 == 0 && CU(cudaDeviceSynchronize()))
+		got = qkv_result(&q);
+	CHECK(ret0 == 0 && ret1 == 0 && old && got, "qkv_post: %d / %d", ret0, ret1);
+	bytes = sizeof(float) * q.nq + 2 * sizeof(uint16_t) * q.ncache;
+	for (size_t i = 0; old && got && i < bytes; i++)
+		bad += old[i] != got[i];
+	fprintf(stderr, "qkv_post early vs old rows %d H %d KV %d D %d rope %d%s%s: "
+		"%zu of %zu bytes differ %s\n", rows, H, KV, D, rope_dim, qk_norm ? " qknorm" : "",
+		il ? " il" : "", bad, bytes, bad ? "FAIL" : "PASS");
+	CHECK(!bad, "qkv_post early vs old: %zu bytes differ", bad);
+	if (timing && flush) {
+		double t_new = graph_us(qkv_call, &q, flush), t_old;
+
+		setenv("KDEC_QKV_POST_EARLY", "0", 1);
+		t_old = graph_us(qkv_call, &q, flush);
+		unsetenv("KDEC_QKV_POST_EARLY");
+		fprintf(stderr, "qkv_post graph rows %d H %d KV %d D %d%s: early %.1f us, "
+			"KDEC_QKV_POST_EARLY=0 %.1f us\n", rows, H, KV, D,
+			qk_norm ? " qknorm" : "", t_new, t_old);
+	}
+	cudaFree(dsrc), cudaFree(dw), cudaFree(dfr), cudaFree(dpos), cudaFree(dslots);
+	cudaFree(dq), cudaFree(dk), cudaFree(dv);
+	free(src), free(w), free(fr), free(pos), free(slots), free(old), free(got);
+}
+
+static void test_qkv_post(void)
+{
+	void *flush = timing ? dalloc(GQA_FLUSH_BYTES) : NULL;
+
+	qkv_case(64, 32, 8, 128, 128, 0, 0, flush);	/* Llama-3.1-8B batch 64 */
+	qkv_case(1, 32, 8, 128, 128, 0, 0, flush);	/* batch 1 */
+	qkv_case(64, 32, 8, 128, 128, 1, 0, flush);	/* Qwen3: q/k RMSNorm */
+	qkv_case(7, 12, 4, 24, 16, 1, 1, NULL);		/* odd, partial interleaved rope */
+	qkv_case(5, 6, 2, 200, 64, 1, 0, NULL);		/* two values a thread */
+	qkv_case(3, 4, 2, 512, 512, 1, 1, NULL);	/* the widest head */
+	qkv_case(2, 4, 4, 40, 0, 0, 0, NULL);		/* no rope */
 	cudaFree(flush);
 }
 
@@ -1014,6 +1150,7 @@ int main(void)
 	}
 	test_refusals();
 	test_kv_write();
+	test_qkv_post();
 	/* The CUDA-core kernels (fp32) first, then the tensor-core decode kernel on the
 	 * decode-shaped cases, with each tile length it has for GQA. */
 	setenv("KDEC_ATTN_MMA", "0", 1);
