@@ -416,28 +416,37 @@ static void gqa_bf16_check(struct gqa_run *g)
 	free(got);
 }
 
-/* The tensor-core pass: the same inputs with the split merge as its own launch
- * (KDEC_ATTN_MMA_FOLD=0) give the default's output (the last split merging in the
- * kernel) bit for bit: both sum the same partials in the same order. */
-static void gqa_fold_check(struct gqa_run *g)
+/* The tensor-core pass: the same inputs with knob=0 give the default's output (in
+ * g->d_out) bit for bit. KDEC_ATTN_MMA_FOLD=0, the split merge as its own launch: both
+ * sum the same partials in the same order. KDEC_ATTN_MMA_EARLY=0, every copy after the
+ * PDL wait: the same copies, issued later. */
+static void gqa_same_bits(struct gqa_run *g, const char *knob)
 {
 	size_t n = (size_t)g->r->n_rows * g->sh.h * g->sh.hd, bad = 0;
 	float *want = download(g->d_out, n), *got = NULL;
 	int ret;
 
-	setenv("KDEC_ATTN_MMA_FOLD", "0", 1);
+	setenv(knob, "0", 1);
 	CU(cudaMemset(g->d_out, 0xff, sizeof(float) * n));
 	ret = gqa_call(g, 0);
-	unsetenv("KDEC_ATTN_MMA_FOLD");
-	CHECK(ret == 0, "k_cuda_attn_gqa (KDEC_ATTN_MMA_FOLD=0): %d", ret);
+	unsetenv(knob);
+	CHECK(ret == 0, "k_cuda_attn_gqa (%s=0): %d", knob, ret);
 	if (ret == 0 && CU(cudaDeviceSynchronize())) {
 		got = download(g->d_out, n);
 		for (size_t i = 0; i < n; i++)
 			bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
-		CHECK(!bad, "gqa merge folded vs launched: %zu of %zu values differ", bad, n);
+		CHECK(!bad, "gqa default vs %s=0: %zu of %zu values differ", knob, bad, n);
+		/* leave the default's output for the next comparison */
+		CU(cudaMemcpy(g->d_out, want, sizeof(float) * n, cudaMemcpyHostToDevice));
 	}
 	free(want);
 	free(got);
+}
+
+static void gqa_fold_check(struct gqa_run *g)
+{
+	gqa_same_bits(g, "KDEC_ATTN_MMA_FOLD");
+	gqa_same_bits(g, "KDEC_ATTN_MMA_EARLY");
 }
 
 static void gqa_case(struct gqa_shape sh, int bt, struct rows *r, int hint)
@@ -591,7 +600,7 @@ static void test_gqa_time(void)
 
 	for (size_t b = 0; flush && b < 2; b++) {
 		struct rows *r = rows_decode(batches[b], 1024, 0, 1024);
-		double floor_us, fold, launch;
+		double floor_us, fold, launch, both;
 		struct gqa_run g;
 		char label[160];
 
@@ -604,11 +613,15 @@ static void test_gqa_time(void)
 		fold = gqa_graph_us(&g, flush);
 		setenv("KDEC_ATTN_MMA_FOLD", "0", 1);
 		launch = gqa_graph_us(&g, flush);
+		setenv("KDEC_ATTN_MMA_EARLY", "0", 1);
+		both = gqa_graph_us(&g, flush);
+		unsetenv("KDEC_ATTN_MMA_EARLY");
 		unsetenv("KDEC_ATTN_MMA_FOLD");
 		gqa_label(label, sizeof(label), &g, "graph");
 		fprintf(stderr, "%s%-72s fold %.1f us, merge launch (KDEC_ATTN_MMA_FOLD=0) %.1f us, "
-			"floor %.1f us (%.0f%% / %.0f%% of it)\n", attn_path, label, fold, launch,
-			floor_us, 100 * floor_us / fold, 100 * floor_us / launch);
+			"and KDEC_ATTN_MMA_EARLY=0 (main) %.1f us, floor %.1f us (%.0f%% / %.0f%% / "
+			"%.0f%% of it)\n", attn_path, label, fold, launch, both, floor_us,
+			100 * floor_us / fold, 100 * floor_us / launch, 100 * floor_us / both);
 		/* batch 64: each split count the workspace holds (4 at its max rows) */
 		for (int n = 1; batches[b] > 1 && n <= 4; n++) {
 			char want[8];

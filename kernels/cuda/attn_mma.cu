@@ -274,12 +274,18 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 	const int qr0 = lane / 4, qr1 = qr0 + 8;	// the two query rows of a lane's accumulators
 	// GQA: K/V of this step's token come from the kernel just before (qkv_post), so
-	// everything waits for it. MLA: that kernel is the absorb projection, which wrote
-	// only q_lat and itself waited for mla_post (the cache append) before letting this
-	// launch start; so the block table and the first tiles' copies go out before the
-	// wait, overlapping the absorb's tail, and only q waits (k_cuda_attn_mla keeps that
-	// order).
-	if (VSEP)
+	// q and those tokens wait for it. Tokens below ctx - n_rows are none of them (a
+	// row's sequence appends at most n_rows tokens this step, at its last positions),
+	// and the ctx and block tables are the step's inputs, written before its first
+	// kernel: with a.early the first tiles that lie wholly below go out before the wait,
+	// overlapping qkv_post's tail (KDEC_ATTN_MMA_EARLY=0: everything waits). MLA: that
+	// kernel is the absorb projection, which wrote only q_lat and itself waited for
+	// mla_post (the cache append) before letting this launch start; so the block table
+	// and the first tiles' copies go out before the wait, overlapping the absorb's
+	// tail, and only q waits (k_cuda_attn_mla keeps that order).
+	const bool early = VSEP && a.early;
+
+	if (VSEP && !early)
 		k_cuda_pdl_wait();
 	const int ctx = a.ctx[r], per = attn_split_len(ctx, a.n_splits);
 	const int tb = (int)min((long)ctx, (long)split * per), te = min(ctx, tb + per);
@@ -291,7 +297,7 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	// batch 1 most are) says so in its log-sum-exp and stops: the merge never reads its
 	// partial, so it neither stages q nor writes (n_heads, dv) zeros.
 	if (n_tiles == 0 && a.n_splits > 1) {
-		if (!VSEP)
+		if (!VSEP || early)
 			k_cuda_pdl_wait();
 		if (threadIdx.x < ng)
 			a.part_lse[(size_t)split * a.n_rows * a.n_heads + (size_t)r * a.n_heads + h0 +
@@ -306,7 +312,22 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	// first, the stores wait until the first tiles' copies are issued: the block table's
 	// load and the K/V fetch behind it do not queue behind q's arrival.
 	int32_t pg[mma_fill<DK, TK>::NP];
+	int pre = 0;	// GQA early: the tiles (a prefix) issued before the wait
 
+	if (early) {
+		const int old_end = ctx - a.n_rows;
+
+#pragma unroll
+		for (int s = 0; s < ST - 1; s++)
+			if (s == pre && s < n_tiles && tb + (s + 1) * TK <= old_end) {
+				mma_page<DK, TK>(pg, a, table, tb + s * TK, te);
+				mma_issue<DK, DV, TK, VSEP>(a, pg, sk + s * TK * L::KS,
+							    sv + s * TK * L::VS, tb + s * TK, kvh);
+				cp_async_commit();
+				pre = s + 1;
+			}
+		k_cuda_pdl_wait();
+	}
 	if (!VSEP) {	// MLA: the first tiles before the wait (see above)
 #pragma unroll
 		for (int s = 0; s < ST - 1; s++) {
@@ -337,6 +358,8 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 
 #pragma unroll
 	for (int s = 0; s < ST - 1 && VSEP; s++) {
+		if (s < pre)	// went out before the wait
+			continue;
 		if (s < n_tiles) {
 			mma_page<DK, TK>(pg, a, table, tb + s * TK, te);
 			mma_issue<DK, DV, TK, VSEP>(a, pg, sk + s * TK * L::KS, sv + s * TK * L::VS,
@@ -682,8 +705,18 @@ static int mma_fold_enabled(void)
 	return !(e && e[0] == '0');
 }
 
-// fold: GQA (attn_mma_launch) may let the last split merge; a->arrive is set here either
-// way (MLA's caller leaves it unset).
+// KDEC_ATTN_MMA_EARLY=0: GQA's K/V copies all wait for the kernel before (read at each
+// call: the tests run both; the bits are the same).
+static int mma_early_enabled(void)
+{
+	const char *e = getenv("KDEC_ATTN_MMA_EARLY");
+
+	return !(e && e[0] == '0');
+}
+
+// fold: GQA (attn_mma_launch) may let the last split merge and issue its first copies
+// before the PDL wait; a->arrive and a->early are set here either way (MLA's caller
+// leaves them unset).
 static int mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
 		   uint16_t *out_bf16, int forced_splits, bool fold)
 {
@@ -702,6 +735,7 @@ static int mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, 
 	    (size_t)forced_splits * lse <= ws->lse_floats && forced_splits <= ATTN_MAX_SPLITS)
 		a->n_splits = forced_splits;
 	grid = dim3(a->kv_heads * n_hc, a->n_splits, a->n_rows);
+	a->early = fold && mma_early_enabled();
 	a->arrive = nullptr;
 	if (fold && a->v && a->n_splits > 1 && a->n_splits <= MMA_FOLD_MAX_SPLITS && ws->arrive &&
 	    (size_t)a->n_rows * grid.x <= ws->arrive_n && mma_fold_enabled())
