@@ -443,10 +443,28 @@ static void gqa_same_bits(struct gqa_run *g, const char *knob)
 	free(got);
 }
 
+/* q in registers (default) against q in shared memory (KDEC_ATTN_MMA_QREG=0): the
+ * same mma on the same values, but the shapes fit 4 and 3 blocks an SM, so the split
+ * rule may pick different counts: both forced to 2 splits, then bit for bit. */
+static void gqa_qreg_check(struct gqa_run *g)
+{
+	size_t n = (size_t)g->r->n_rows * g->sh.h * g->sh.hd;
+	int ret;
+
+	setenv("KDEC_ATTN_DEC_SPLITS", "2", 1);
+	CU(cudaMemset(g->d_out, 0xff, sizeof(float) * n));
+	ret = gqa_call(g, 0);
+	CHECK(ret == 0, "k_cuda_attn_gqa (2 splits): %d", ret);
+	if (ret == 0 && CU(cudaDeviceSynchronize()))
+		gqa_same_bits(g, "KDEC_ATTN_MMA_QREG");
+	unsetenv("KDEC_ATTN_DEC_SPLITS");
+}
+
 static void gqa_fold_check(struct gqa_run *g)
 {
 	gqa_same_bits(g, "KDEC_ATTN_MMA_FOLD");
 	gqa_same_bits(g, "KDEC_ATTN_MMA_EARLY");
+	gqa_qreg_check(g);	/* last: leaves the 2-split output */
 }
 
 static void gqa_case(struct gqa_shape sh, int bt, struct rows *r, int hint)
@@ -614,14 +632,17 @@ static void test_gqa_time(void)
 		setenv("KDEC_ATTN_MMA_FOLD", "0", 1);
 		launch = gqa_graph_us(&g, flush);
 		setenv("KDEC_ATTN_MMA_EARLY", "0", 1);
+		setenv("KDEC_ATTN_MMA_QREG", "0", 1);
 		both = gqa_graph_us(&g, flush);
+		unsetenv("KDEC_ATTN_MMA_QREG");
 		unsetenv("KDEC_ATTN_MMA_EARLY");
 		unsetenv("KDEC_ATTN_MMA_FOLD");
 		gqa_label(label, sizeof(label), &g, "graph");
-		fprintf(stderr, "%s%-72s fold %.1f us, merge launch (KDEC_ATTN_MMA_FOLD=0) %.1f us, "
-			"and KDEC_ATTN_MMA_EARLY=0 (main) %.1f us, floor %.1f us (%.0f%% / %.0f%% / "
-			"%.0f%% of it)\n", attn_path, label, fold, launch, both, floor_us,
-			100 * floor_us / fold, 100 * floor_us / launch, 100 * floor_us / both);
+		fprintf(stderr, "%s%-72s default %.1f us, KDEC_ATTN_MMA_FOLD=0 %.1f us, and "
+			"KDEC_ATTN_MMA_EARLY=0 KDEC_ATTN_MMA_QREG=0 (main's path) %.1f us; floor %.1f us "
+			"(%.0f%% / %.0f%% / %.0f%% of it)\n", attn_path, label, fold, launch, both,
+			floor_us, 100 * floor_us / fold, 100 * floor_us / launch,
+			100 * floor_us / both);
 		/* batch 64: each split count the workspace holds (4 at its max rows) */
 		for (int n = 1; batches[b] > 1 && n <= 4; n++) {
 			char want[8];
@@ -632,9 +653,13 @@ static void test_gqa_time(void)
 			setenv("KDEC_ATTN_MMA_FOLD", "0", 1);
 			launch = gqa_graph_us(&g, flush);
 			unsetenv("KDEC_ATTN_MMA_FOLD");
+			setenv("KDEC_ATTN_MMA_QREG", "0", 1);
+			both = gqa_graph_us(&g, flush);
+			unsetenv("KDEC_ATTN_MMA_QREG");
 			unsetenv("KDEC_ATTN_DEC_SPLITS");
-			fprintf(stderr, "%s%-72s KDEC_ATTN_DEC_SPLITS=%d: fold %.1f us, merge launch "
-				"%.1f us\n", attn_path, label, n, fold, launch);
+			fprintf(stderr, "%s%-72s KDEC_ATTN_DEC_SPLITS=%d: default %.1f us, "
+				"KDEC_ATTN_MMA_FOLD=0 %.1f us, KDEC_ATTN_MMA_QREG=0 %.1f us\n",
+				attn_path, label, n, fold, launch, both);
 		}
 		gqa_teardown(&g);
 	}

@@ -25,18 +25,22 @@
 // ---- shared memory ------------------------------------------------------------
 
 // Row strides are odd multiples of 16 bytes, so the 8 rows an ldmatrix phase reads fall
-// in 8 different bank groups.
-template <int DK, int DV, int TK, int ST, bool VSEP>
+// in 8 different bank groups. QREG (GQA, dk <= 128): q lives in registers as mma
+// fragments, staged once through the last K stage (free until the loop's first
+// barrier), so it takes no shared memory of its own: 4.3 KB less a block, which lets
+// Llama's shape fit 4 blocks an SM where it fit 3 (528 slots for 512 items at batch 64).
+template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false>
 struct mma_layout {
 	static constexpr int QS = DK + 8, KS = DK + 8, VS = VSEP ? DV + 8 : DK + 8, PS = TK + 8;
 	static constexpr unsigned q = 0;				// bf16 (MMA_Q, QS)
-	static constexpr unsigned k = q + 2u * MMA_Q * QS;		// bf16 (ST, TK, KS)
+	static constexpr unsigned k = q + (QREG ? 0u : 2u * MMA_Q * QS);	// bf16 (ST, TK, KS)
 	static constexpr unsigned v = k + 2u * ST * TK * KS;		// bf16 (ST, TK, VS)
 	static constexpr unsigned p = v + (VSEP ? 2u * ST * TK * VS : 0u);	// bf16 (MMA_Q, PS)
 	static constexpr unsigned red = p + 2u * MMA_Q * PS;		// float (MMA_WARPS, MMA_Q)
 	static constexpr unsigned total = red + 4u * MMA_WARPS * MMA_Q;
 	static_assert(DK % 32 == 0 && DV % 64 == 0 && TK % 32 == 0 && ST >= 2, "tile shape");
 	static_assert(q % 16 == 0 && k % 16 == 0 && v % 16 == 0 && p % 16 == 0, "alignment");
+	static_assert(!QREG || (VSEP && DK <= 128 && TK * KS >= MMA_Q * QS), "q in registers");
 };
 
 // ---- PTX ----------------------------------------------------------------------
@@ -254,17 +258,18 @@ __device__ __forceinline__ void mma_fold_merge(const attn_tile_args &a, int r, i
 	}
 }
 
-template <int DK, int DV, int TK, int ST, bool VSEP>
+template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false>
 __global__ void __launch_bounds__(MMA_THREADS)
 attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 {
-	using L = mma_layout<DK, DV, TK, ST, VSEP>;
+	using L = mma_layout<DK, DV, TK, ST, VSEP, QREG>;
 	constexpr int NT = TK / 32;		// n8 tiles of tokens per warp (S phase)
 	constexpr int WT = TK / MMA_WARPS;	// tokens per warp (S phase)
 	constexpr int DVW = DV / MMA_WARPS;	// value dims per warp (PV phase)
 	constexpr int NV = DVW / 8;		// n8 tiles of value dims per warp
 	extern __shared__ __align__(16) unsigned char attn_smem[];
-	uint16_t *sq = (uint16_t *)(attn_smem + L::q), *sk = (uint16_t *)(attn_smem + L::k);
+	uint16_t *sk = (uint16_t *)(attn_smem + L::k);
+	uint16_t *sq = QREG ? sk + (ST - 1) * TK * L::KS : (uint16_t *)(attn_smem + L::q);
 	uint16_t *sv = (uint16_t *)(attn_smem + L::v), *sp = (uint16_t *)(attn_smem + L::p);
 	float *red = (float *)(attn_smem + L::red);
 	// the kv heads of a row side by side in x: their K/V rows are neighbours in the cache
@@ -376,6 +381,16 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 				make_uint2(pack_bf16(qx[j].x * a.qscale, qx[j].y * a.qscale),
 					   pack_bf16(qx[j].z * a.qscale, qx[j].w * a.qscale));
 	}
+	// QREG: q's A fragments, read before the loop's first barrier lets tile ST - 1's
+	// copies into the stage that holds them.
+	uint32_t qf[QREG ? DK / 16 : 1][4];
+
+	if (QREG) {
+		__syncthreads();	// q staged
+#pragma unroll
+		for (int kk = 0; kk < (QREG ? DK / 16 : 0); kk++)
+			ldsm_x4(qf[kk], sq + (lane % 16) * L::QS + kk * 16 + lane / 16 * 8);
+	}
 	mma_page<DK, TK>(pg, a, table, tb + (ST - 1) * TK, te);
 	for (int it = 0; it < n_tiles; it++) {
 		const int buf = it % ST, t0 = tb + it * TK;
@@ -400,7 +415,26 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 #pragma unroll
 		for (int j = 0; j < NT; j++)
 			s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-		if (NT == 2) {
+		if (QREG && NT == 2) {	// the same mma as below, q from registers
+#pragma unroll
+			for (int kk = 0; kk < (QREG ? DK / 16 : 0); kk++) {
+				uint32_t kf[4];
+
+				ldsm_x4(kf, kb + (warp * WT + lane / 16 * 8 + lane % 8) * L::KS +
+						    kk * 16 + lane / 8 % 2 * 8);
+				mma_bf16(s[0], qf[kk], kf[0], kf[1]);
+				mma_bf16(s[NT - 1], qf[kk], kf[2], kf[3]);
+			}
+		} else if (QREG) {
+#pragma unroll
+			for (int kk = 0; kk < (QREG ? DK / 16 : 0); kk += 2) {
+				uint32_t kf[4];
+
+				ldsm_x4(kf, kb + (warp * WT + lane % 8) * L::KS + kk * 16 + lane / 8 * 8);
+				mma_bf16(s[0], qf[kk], kf[0], kf[1]);
+				mma_bf16(s[0], qf[kk + 1], kf[2], kf[3]);
+			}
+		} else if (NT == 2) {
 #pragma unroll 4
 			for (int kk = 0; kk < DK / 16; kk++) {
 				uint32_t qa[4], kf[4];
@@ -586,17 +620,17 @@ namespace {
 // One compiled shape: its kernel, dynamic shared memory and blocks per SM.
 struct mma_shape {
 	int dk, dv, tk;
-	bool vsep;
+	bool vsep, qreg;
 	void (*kernel)(const attn_tile_args, int, uint16_t *);
 	unsigned smem;
 	int per_sm;		// resident blocks per SM (from the occupancy query), 0 unusable
 };
 
-template <int DK, int DV, int TK, int ST, bool VSEP>
+template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false>
 mma_shape mma_make()
 {
-	return { DK, DV, TK, VSEP, attn_mma_kernel<DK, DV, TK, ST, VSEP>,
-		 mma_layout<DK, DV, TK, ST, VSEP>::total, 0 };
+	return { DK, DV, TK, VSEP, QREG, attn_mma_kernel<DK, DV, TK, ST, VSEP, QREG>,
+		 mma_layout<DK, DV, TK, ST, VSEP, QREG>::total, 0 };
 }
 
 mma_shape g_shapes[] = {
@@ -604,6 +638,10 @@ mma_shape g_shapes[] = {
 	mma_make<128, 128, 32, 3, true>(),	// GQA head_dim <= 128 (Llama, Qwen3)
 	mma_make<128, 128, 64, 2, true>(),	// the same, longer tiles (KDEC_ATTN_MMA_TK=64)
 	mma_make<576, 512, 32, 2, false>(),	// MLA kv_lora <= 512, + rope <= 64 (DeepSeek)
+	// GQA's shapes with q in registers (the default; KDEC_ATTN_MMA_QREG=0: the above)
+	mma_make<64, 64, 64, 2, true, true>(),
+	mma_make<128, 128, 32, 3, true, true>(),
+	mma_make<128, 128, 64, 2, true, true>(),
 };
 }  // namespace
 
@@ -639,22 +677,36 @@ static bool mma_q_ok(const attn_tile_args *a)
 	return a->dk % 4 == 0 && a->q_rs % 4 == 0 && a->q_hs % 4 == 0 && (uintptr_t)a->q % 16 == 0;
 }
 
+// KDEC_ATTN_MMA_QREG=0: GQA's shapes that stage q in shared memory for every tile
+// (read at each call: the tests run both; the bits are the same).
+static bool mma_qreg_enabled(void)
+{
+	const char *e = getenv("KDEC_ATTN_MMA_QREG");
+
+	return !(e && e[0] == '0');
+}
+
+// GQA: the shape of the wanted q placement first, the other where it is unusable.
 static const mma_shape *mma_find(int dk, int dv, bool vsep)
 {
 	const char *e = getenv("KDEC_ATTN_MMA_TK");
 	const int want_tk = e && atoi(e) == 64 ? 64 : 32;
+	const bool want_qreg = mma_qreg_enabled();
 
 	if (!mma_enabled() || dk % 8 || dv % 2)
 		return nullptr;
-	for (const mma_shape &sh : g_shapes) {
-		if (sh.per_sm < 1 || sh.vsep != vsep || dk > sh.dk || dv > sh.dv)
-			continue;
-		if (vsep && sh.dk == 128 && dk > 64 && sh.tk != want_tk)
-			continue;
-		if (vsep && dk <= 64 && sh.dk != 64)
-			continue;
-		return &sh;
-	}
+	for (int pass = 0; pass < 2; pass++)
+		for (const mma_shape &sh : g_shapes) {
+			if (sh.per_sm < 1 || sh.vsep != vsep || dk > sh.dk || dv > sh.dv)
+				continue;
+			if (vsep && sh.dk == 128 && dk > 64 && sh.tk != want_tk)
+				continue;
+			if (vsep && dk <= 64 && sh.dk != 64)
+				continue;
+			if (vsep && pass == 0 && sh.qreg != want_qreg)
+				continue;
+			return &sh;
+		}
 	return nullptr;
 }
 
@@ -667,7 +719,8 @@ int attn_mma_usable(const attn_tile_args *a)
 // (splits of at least MMA_MIN_SPLIT_TOKENS). Above, a block's time is the same in
 // every wave, so the step takes ceil(waves) of them: the fewest splits whose last wave
 // is at least MMA_WAVE_FILL full (a batch of 64 Llama rows is 512 blocks, 1.3 waves of
-// 3 per SM: 3 splits make it 3.9 of 4), and never more than MMA_MAX_WAVE_SPLITS.
+// 3 per SM: 3 splits make it 3.9 of 4), and never more than MMA_MAX_WAVE_SPLITS. With
+// q in registers (4 per SM, 528 slots) the 512 are below one wave: 2 splits, 1.94.
 #define MMA_WAVE_FILL 0.9
 #define MMA_MAX_WAVE_SPLITS 4
 #define MMA_MIN_WAVE_SPLIT_TOKENS 256
