@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(QKV_THREADS) qkv_post_early_kernel(const k_cud
 	const int kvh = j - a.n_heads;
 	const float *src = is_q ? a.q_src + (size_t)r * a.q_rs + (size_t)j * D
 				: a.k_src + (size_t)r * a.k_rs + (size_t)kvh * D;
-	const float *vs = a.v_src + (size_t)r * a.v_rs + (size_t)kvh * D;
+	const float *vs = is_q ? nullptr : a.v_src + (size_t)r * a.v_rs + (size_t)kvh * D;
 	const float *w = is_q ? a.q_norm : a.k_norm;
 	float wv[QKV_PER], fr[QKV_PER], xv[QKV_PER], vv[QKV_PER];
 
