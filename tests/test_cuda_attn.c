@@ -416,26 +416,26 @@ static void gqa_bf16_check(struct gqa_run *g)
 	free(got);
 }
 
-/* The tensor-core pass: the same inputs with knob=0 give the default's output (in
- * g->d_out) bit for bit. KDEC_ATTN_MMA_FOLD=0, the split merge as its own launch: both
- * sum the same partials in the same order. KDEC_ATTN_MMA_EARLY=0, every copy after the
- * PDL wait: the same copies, issued later. */
-static void gqa_same_bits(struct gqa_run *g, const char *knob)
+/* The tensor-core pass: the same inputs with knob=val give the default's output (in
+ * g->d_out) bit for bit. KDEC_ATTN_MMA_FOLD=1, the split merge in the attention kernel
+ * (the default is its own launch): both sum the same partials in the same order.
+ * KDEC_ATTN_MMA_EARLY=0, every copy after the PDL wait: the same copies, issued later. */
+static void gqa_same_bits(struct gqa_run *g, const char *knob, const char *val)
 {
 	size_t n = (size_t)g->r->n_rows * g->sh.h * g->sh.hd, bad = 0;
 	float *want = download(g->d_out, n), *got = NULL;
 	int ret;
 
-	setenv(knob, "0", 1);
+	setenv(knob, val, 1);
 	CU(cudaMemset(g->d_out, 0xff, sizeof(float) * n));
 	ret = gqa_call(g, 0);
 	unsetenv(knob);
-	CHECK(ret == 0, "k_cuda_attn_gqa (%s=0): %d", knob, ret);
+	CHECK(ret == 0, "k_cuda_attn_gqa (%s=%s): %d", knob, val, ret);
 	if (ret == 0 && CU(cudaDeviceSynchronize())) {
 		got = download(g->d_out, n);
 		for (size_t i = 0; i < n; i++)
 			bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
-		CHECK(!bad, "gqa default vs %s=0: %zu of %zu values differ", knob, bad, n);
+		CHECK(!bad, "gqa default vs %s=%s: %zu of %zu values differ", knob, val, bad, n);
 		/* leave the default's output for the next comparison */
 		CU(cudaMemcpy(g->d_out, want, sizeof(float) * n, cudaMemcpyHostToDevice));
 	}
@@ -456,14 +456,14 @@ static void gqa_qreg_check(struct gqa_run *g)
 	ret = gqa_call(g, 0);
 	CHECK(ret == 0, "k_cuda_attn_gqa (2 splits): %d", ret);
 	if (ret == 0 && CU(cudaDeviceSynchronize()))
-		gqa_same_bits(g, "KDEC_ATTN_MMA_QREG");
+		gqa_same_bits(g, "KDEC_ATTN_MMA_QREG", "0");
 	unsetenv("KDEC_ATTN_DEC_SPLITS");
 }
 
 static void gqa_fold_check(struct gqa_run *g)
 {
-	gqa_same_bits(g, "KDEC_ATTN_MMA_FOLD");
-	gqa_same_bits(g, "KDEC_ATTN_MMA_EARLY");
+	gqa_same_bits(g, "KDEC_ATTN_MMA_FOLD", "1");
+	gqa_same_bits(g, "KDEC_ATTN_MMA_EARLY", "0");
 	gqa_qreg_check(g);	/* last: leaves the 2-split output */
 }
 
@@ -607,8 +607,8 @@ static double gqa_graph_us(struct gqa_run *g, void *flush)
 }
 
 /* KD_TEST_TIME=1, tensor-core pass: Llama-3.1-8B's decode attention (32 q heads, 8 kv,
- * head dim 128, 16-token blocks) at batch 1 and 64, ctx 1024, the merge folded into
- * the kernel (default) against its own launch (KDEC_ATTN_MMA_FOLD=0), beside the HBM
+ * head dim 128, 16-token blocks) at batch 1 and 64, ctx 1024, the merge as its own
+ * launch (default) against the merge folded into the kernel (KDEC_ATTN_MMA_FOLD=1), beside the HBM
  * floor of the K/V bytes at 4.25 TB/s. */
 static void test_gqa_time(void)
 {
@@ -618,7 +618,7 @@ static void test_gqa_time(void)
 
 	for (size_t b = 0; flush && b < 2; b++) {
 		struct rows *r = rows_decode(batches[b], 1024, 0, 1024);
-		double floor_us, fold, launch, both;
+		double floor_us, fold, launch, both;	/* fold: KDEC_ATTN_MMA_FOLD=1 */
 		struct gqa_run g;
 		char label[160];
 
@@ -628,20 +628,20 @@ static void test_gqa_time(void)
 			continue;
 		}
 		floor_us = rows_kv_bytes(r, 4.0 * llama.kv * llama.hd) / 4.25e6;
-		fold = gqa_graph_us(&g, flush);
-		setenv("KDEC_ATTN_MMA_FOLD", "0", 1);
 		launch = gqa_graph_us(&g, flush);
+		setenv("KDEC_ATTN_MMA_FOLD", "1", 1);
+		fold = gqa_graph_us(&g, flush);
+		unsetenv("KDEC_ATTN_MMA_FOLD");
 		setenv("KDEC_ATTN_MMA_EARLY", "0", 1);
 		setenv("KDEC_ATTN_MMA_QREG", "0", 1);
 		both = gqa_graph_us(&g, flush);
 		unsetenv("KDEC_ATTN_MMA_QREG");
 		unsetenv("KDEC_ATTN_MMA_EARLY");
-		unsetenv("KDEC_ATTN_MMA_FOLD");
 		gqa_label(label, sizeof(label), &g, "graph");
-		fprintf(stderr, "%s%-72s default %.1f us, KDEC_ATTN_MMA_FOLD=0 %.1f us, and "
+		fprintf(stderr, "%s%-72s default %.1f us, KDEC_ATTN_MMA_FOLD=1 %.1f us, and "
 			"KDEC_ATTN_MMA_EARLY=0 KDEC_ATTN_MMA_QREG=0 (main's path) %.1f us; floor %.1f us "
-			"(%.0f%% / %.0f%% / %.0f%% of it)\n", attn_path, label, fold, launch, both,
-			floor_us, 100 * floor_us / fold, 100 * floor_us / launch,
+			"(%.0f%% / %.0f%% / %.0f%% of it)\n", attn_path, label, launch, fold, both,
+			floor_us, 100 * floor_us / launch, 100 * floor_us / fold,
 			100 * floor_us / both);
 		/* batch 64: each split count the workspace holds (4 at its max rows) */
 		for (int n = 1; batches[b] > 1 && n <= 4; n++) {
@@ -649,17 +649,17 @@ static void test_gqa_time(void)
 
 			snprintf(want, sizeof(want), "%d", n);
 			setenv("KDEC_ATTN_DEC_SPLITS", want, 1);
-			fold = gqa_graph_us(&g, flush);
-			setenv("KDEC_ATTN_MMA_FOLD", "0", 1);
 			launch = gqa_graph_us(&g, flush);
+			setenv("KDEC_ATTN_MMA_FOLD", "1", 1);
+			fold = gqa_graph_us(&g, flush);
 			unsetenv("KDEC_ATTN_MMA_FOLD");
 			setenv("KDEC_ATTN_MMA_QREG", "0", 1);
 			both = gqa_graph_us(&g, flush);
 			unsetenv("KDEC_ATTN_MMA_QREG");
 			unsetenv("KDEC_ATTN_DEC_SPLITS");
 			fprintf(stderr, "%s%-72s KDEC_ATTN_DEC_SPLITS=%d: default %.1f us, "
-				"KDEC_ATTN_MMA_FOLD=0 %.1f us, KDEC_ATTN_MMA_QREG=0 %.1f us\n",
-				attn_path, label, n, fold, launch, both);
+				"KDEC_ATTN_MMA_FOLD=1 %.1f us, KDEC_ATTN_MMA_QREG=0 %.1f us\n",
+				attn_path, label, n, launch, fold, both);
 		}
 		gqa_teardown(&g);
 	}

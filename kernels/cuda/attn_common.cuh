@@ -200,8 +200,8 @@ int attn_mma_usable(const attn_tile_args *a);
 
 // Launches it over a's rows (a->n_splits chosen here, or forced_splits when > 0 and it
 // fits the workspace), then merges the splits; out_bf16 as in k_cuda_attn_gqa_bf16.
-// GQA only. At 2..8 splits the last split of each (row, head chunk) merges them in the
-// kernel (the same bits as the merge launch; KDEC_ATTN_MMA_FOLD=0: the launch). The
+// GQA only. With KDEC_ATTN_MMA_FOLD=1, at 2..8 splits the last split of each (row, head
+// chunk) merges them in the kernel (the same bits as the merge launch, the default). The
 // first copies of tokens below ctx - n_rows go out before the PDL wait
 // (KDEC_ATTN_MMA_EARLY=0: after it).
 int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,

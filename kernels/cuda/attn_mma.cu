@@ -715,12 +715,14 @@ int attn_mma_usable(const attn_tile_args *a)
 	return a->vec && mma_q_ok(a) && mma_find(a->dk, a->dv, a->v != nullptr) != nullptr;
 }
 
-// Splits along the sequence. Below one wave of resident blocks, as many as fill it
-// (splits of at least MMA_MIN_SPLIT_TOKENS). Above, a block's time is the same in
-// every wave, so the step takes ceil(waves) of them: the fewest splits whose last wave
+// Splits along the sequence. Below MMA_WAVE_FILL of one wave of resident blocks, as many
+// as fill it (splits of at least MMA_MIN_SPLIT_TOKENS). Above, a block's time is the same
+// in every wave, so the step takes ceil(waves) of them: the fewest splits whose last wave
 // is at least MMA_WAVE_FILL full (a batch of 64 Llama rows is 512 blocks, 1.3 waves of
 // 3 per SM: 3 splits make it 3.9 of 4), and never more than MMA_MAX_WAVE_SPLITS. With
-// q in registers (4 per SM, 528 slots) the 512 are below one wave: 2 splits, 1.94.
+// q in registers (4 per SM, 528 slots) the 512 are 0.97 of a wave: one split, no merge.
+// Measured on H200 (test_cuda_attn, cold L2, Llama batch 64 ctx 1024): one split 82.6 us
+// against 88.8 with two and the merge launch (docs/results/cuda-attn-h3.txt).
 #define MMA_WAVE_FILL 0.9
 #define MMA_MAX_WAVE_SPLITS 4
 #define MMA_MIN_WAVE_SPLIT_TOKENS 256
@@ -730,7 +732,7 @@ static int mma_pick_splits(const k_cuda_attn_ws *ws, long base, long slots, int 
 	int n = 1, best = 1;
 	double best_fill = 0.0;
 
-	if (base < slots)
+	if (base < MMA_WAVE_FILL * slots)
 		return attn_pick_splits(ws, base, slots, max_ctx, MMA_MIN_SPLIT_TOKENS, part, lse);
 	for (n = 1; n <= MMA_MAX_WAVE_SPLITS; n++) {
 		const double waves = (double)base * n / slots;
@@ -749,13 +751,15 @@ static int mma_pick_splits(const k_cuda_attn_ws *ws, long base, long slots, int 
 	return best;
 }
 
-// KDEC_ATTN_MMA_FOLD=0: GQA's split merge as its own launch again (read at each call:
-// the tests run both; the bits are the same).
+// KDEC_ATTN_MMA_FOLD=1: GQA's split merge in the attention kernel (read at each call:
+// the tests run both; the bits are the same). Off by default: at Llama batch 64 with two
+// splits the folded merge measured 93.6 us against 88.8 with the merge launch (H200,
+// test_cuda_attn, cold L2).
 static int mma_fold_enabled(void)
 {
 	const char *e = getenv("KDEC_ATTN_MMA_FOLD");
 
-	return !(e && e[0] == '0');
+	return e && e[0] == '1';
 }
 
 // KDEC_ATTN_MMA_EARLY=0: GQA's K/V copies all wait for the kernel before (read at each
