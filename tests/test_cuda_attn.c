@@ -5,7 +5,8 @@
  * also gets (as fp32), decode and prefill rows, outputs poisoned with NaN first, and a
  * captured graph replayed with new ctx and block tables. One line per case.
  * Skips (77) without CUDA or a GPU. KD_TEST_QUICK=1: only the small cases (for
- * compute-sanitizer); KD_TEST_SEED=n: repeat a run; KD_TEST_TIME=1: time each call. */
+ * compute-sanitizer); KD_TEST_SEED=n: repeat a run; KD_TEST_TIME=1: time each call,
+ * and Llama-3.1-8B's decode attention as a graph at batch 1 and 64 (test_gqa_time). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
 #include "kernels/cuda/k_cuda_attn.h"
+#include "kernels/cuda/k_cuda_ops.h"
 #include "tests/cudatest.h"
 
 /* Tolerance, relative L2 against the reference. Both sides read the same bf16 K/V (the
@@ -41,6 +43,7 @@ static unsigned long long seed;
 static int quick, timing;
 static double attn_tol = ATTN_TOL;	/* of the pass running (see main) */
 static const char *attn_path = "";	/* its label prefix */
+static int mma_pass;			/* the tensor-core decode kernel's pass */
 static struct k_pool *pool;
 
 static float *rand_floats(size_t n, float amp)
@@ -413,6 +416,57 @@ static void gqa_bf16_check(struct gqa_run *g)
 	free(got);
 }
 
+/* The tensor-core pass: the same inputs with knob=val give the default's output (in
+ * g->d_out) bit for bit. KDEC_ATTN_MMA_FOLD=1, the split merge in the attention kernel
+ * (the default is its own launch): both sum the same partials in the same order.
+ * KDEC_ATTN_MMA_EARLY=0, every copy after the PDL wait: the same copies, issued later. */
+static void gqa_same_bits(struct gqa_run *g, const char *knob, const char *val)
+{
+	size_t n = (size_t)g->r->n_rows * g->sh.h * g->sh.hd, bad = 0;
+	float *want = download(g->d_out, n), *got = NULL;
+	int ret;
+
+	setenv(knob, val, 1);
+	CU(cudaMemset(g->d_out, 0xff, sizeof(float) * n));
+	ret = gqa_call(g, 0);
+	unsetenv(knob);
+	CHECK(ret == 0, "k_cuda_attn_gqa (%s=%s): %d", knob, val, ret);
+	if (ret == 0 && CU(cudaDeviceSynchronize())) {
+		got = download(g->d_out, n);
+		for (size_t i = 0; i < n; i++)
+			bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+		CHECK(!bad, "gqa default vs %s=%s: %zu of %zu values differ", knob, val, bad, n);
+		/* leave the default's output for the next comparison */
+		CU(cudaMemcpy(g->d_out, want, sizeof(float) * n, cudaMemcpyHostToDevice));
+	}
+	free(want);
+	free(got);
+}
+
+/* q in registers (default) against q in shared memory (KDEC_ATTN_MMA_QREG=0): the
+ * same mma on the same values, but the shapes fit 4 and 3 blocks an SM, so the split
+ * rule may pick different counts: both forced to 2 splits, then bit for bit. */
+static void gqa_qreg_check(struct gqa_run *g)
+{
+	size_t n = (size_t)g->r->n_rows * g->sh.h * g->sh.hd;
+	int ret;
+
+	setenv("KDEC_ATTN_DEC_SPLITS", "2", 1);
+	CU(cudaMemset(g->d_out, 0xff, sizeof(float) * n));
+	ret = gqa_call(g, 0);
+	CHECK(ret == 0, "k_cuda_attn_gqa (2 splits): %d", ret);
+	if (ret == 0 && CU(cudaDeviceSynchronize()))
+		gqa_same_bits(g, "KDEC_ATTN_MMA_QREG", "0");
+	unsetenv("KDEC_ATTN_DEC_SPLITS");
+}
+
+static void gqa_fold_check(struct gqa_run *g)
+{
+	gqa_same_bits(g, "KDEC_ATTN_MMA_FOLD", "1");
+	gqa_same_bits(g, "KDEC_ATTN_MMA_EARLY", "0");
+	gqa_qreg_check(g);	/* last: leaves the 2-split output */
+}
+
 static void gqa_case(struct gqa_shape sh, int bt, struct rows *r, int hint)
 {
 	struct gqa_run g;
@@ -430,6 +484,8 @@ static void gqa_case(struct gqa_shape sh, int bt, struct rows *r, int hint)
 	if (ret == 0 && CU(cudaDeviceSynchronize())) {
 		gqa_check(&g, "");
 		gqa_bf16_check(&g);
+		if (mma_pass)
+			gqa_fold_check(&g);
 	}
 	if (timing && ret == 0) {
 		char label[160];
@@ -482,6 +538,273 @@ out:
 	if (s)
 		cudaStreamDestroy(s);
 	gqa_teardown(&g);
+}
+
+/* Median of the graph's replays, each after a 256 MB memset (L2 holds 50 MB: the
+ * K/V comes from HBM as in a model step, where the layer's other weights passed
+ * between). The graph is what a step replays, launch gaps and PDL included. */
+#define GQA_TIME_RUNS 25
+#define GQA_FLUSH_BYTES (256u << 20)
+
+static double graph_us(int (*call)(void *, cudaStream_t), void *arg, void *flush)
+{
+	cudaStream_t s = NULL;
+	cudaGraph_t graph = NULL;
+	cudaGraphExec_t exec = NULL;
+	cudaEvent_t e0 = NULL, e1 = NULL;
+	float ms[GQA_TIME_RUNS], t;
+	double us = 0;
+	int ret = -1;
+
+	if (!CU(cudaStreamCreate(&s)) || !CU(cudaEventCreate(&e0)) || !CU(cudaEventCreate(&e1)))
+		goto out;
+	if (!CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal)))
+		goto out;
+	ret = call(arg, s);
+	if (!CU(cudaStreamEndCapture(s, &graph)) || ret ||
+	    !CU(cudaGraphInstantiate(&exec, graph, 0)))
+		goto out;
+	for (int i = 0; i < 3; i++)
+		CU(cudaGraphLaunch(exec, s));
+	for (int i = 0; i < GQA_TIME_RUNS; i++) {
+		CU(cudaMemsetAsync(flush, i & 0xff, GQA_FLUSH_BYTES, s));
+		CU(cudaEventRecord(e0, s));
+		CU(cudaGraphLaunch(exec, s));
+		CU(cudaEventRecord(e1, s));
+		CU(cudaEventSynchronize(e1));
+		CU(cudaEventElapsedTime(&ms[i], e0, e1));
+	}
+	for (int i = 1; i < GQA_TIME_RUNS; i++)	/* insertion sort */
+		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+			t = ms[j];
+			ms[j] = ms[j - 1];
+			ms[j - 1] = t;
+		}
+	us = ms[GQA_TIME_RUNS / 2] * 1e3;
+out:
+	CHECK(ret == 0, "timing graph: %d", ret);
+	if (exec)
+		cudaGraphExecDestroy(exec);
+	if (graph)
+		cudaGraphDestroy(graph);
+	if (e0)
+		cudaEventDestroy(e0);
+	if (e1)
+		cudaEventDestroy(e1);
+	if (s)
+		cudaStreamDestroy(s);
+	return us;
+}
+
+static int gqa_call_stream(void *g, cudaStream_t s)
+{
+	return gqa_call(g, s);
+}
+
+static double gqa_graph_us(struct gqa_run *g, void *flush)
+{
+	return graph_us(gqa_call_stream, g, flush);
+}
+
+/* KD_TEST_TIME=1, tensor-core pass: Llama-3.1-8B's decode attention (32 q heads, 8 kv,
+ * head dim 128, 16-token blocks) at batch 1 and 64, ctx 1024, the merge as its own
+ * launch (default) against the merge folded into the kernel (KDEC_ATTN_MMA_FOLD=1), beside the HBM
+ * floor of the K/V bytes at 4.25 TB/s. */
+static void test_gqa_time(void)
+{
+	static const struct gqa_shape llama = { 32, 8, 128 };
+	static const int batches[] = { 1, 64 };
+	void *flush = dalloc(GQA_FLUSH_BYTES);
+
+	for (size_t b = 0; flush && b < 2; b++) {
+		struct rows *r = rows_decode(batches[b], 1024, 0, 1024);
+		double floor_us, fold, launch, both;	/* fold: KDEC_ATTN_MMA_FOLD=1 */
+		struct gqa_run g;
+		char label[160];
+
+		if (gqa_setup(&g, llama, 16, r, 0, 0)) {
+			CHECK(0, "gqa timing setup");
+			gqa_teardown(&g);
+			continue;
+		}
+		floor_us = rows_kv_bytes(r, 4.0 * llama.kv * llama.hd) / 4.25e6;
+		launch = gqa_graph_us(&g, flush);
+		setenv("KDEC_ATTN_MMA_FOLD", "1", 1);
+		fold = gqa_graph_us(&g, flush);
+		unsetenv("KDEC_ATTN_MMA_FOLD");
+		setenv("KDEC_ATTN_MMA_EARLY", "0", 1);
+		setenv("KDEC_ATTN_MMA_QREG", "0", 1);
+		both = gqa_graph_us(&g, flush);
+		unsetenv("KDEC_ATTN_MMA_QREG");
+		unsetenv("KDEC_ATTN_MMA_EARLY");
+		gqa_label(label, sizeof(label), &g, "graph");
+		fprintf(stderr, "%s%-72s default %.1f us, KDEC_ATTN_MMA_FOLD=1 %.1f us, and "
+			"KDEC_ATTN_MMA_EARLY=0 KDEC_ATTN_MMA_QREG=0 (main's path) %.1f us; floor %.1f us "
+			"(%.0f%% / %.0f%% / %.0f%% of it)\n", attn_path, label, launch, fold, both,
+			floor_us, 100 * floor_us / launch, 100 * floor_us / fold,
+			100 * floor_us / both);
+		/* batch 64: each split count the workspace holds (4 at its max rows) */
+		for (int n = 1; batches[b] > 1 && n <= 4; n++) {
+			char want[8];
+
+			snprintf(want, sizeof(want), "%d", n);
+			setenv("KDEC_ATTN_DEC_SPLITS", want, 1);
+			launch = gqa_graph_us(&g, flush);
+			setenv("KDEC_ATTN_MMA_FOLD", "1", 1);
+			fold = gqa_graph_us(&g, flush);
+			unsetenv("KDEC_ATTN_MMA_FOLD");
+			setenv("KDEC_ATTN_MMA_QREG", "0", 1);
+			both = gqa_graph_us(&g, flush);
+			unsetenv("KDEC_ATTN_MMA_QREG");
+			unsetenv("KDEC_ATTN_DEC_SPLITS");
+			fprintf(stderr, "%s%-72s KDEC_ATTN_DEC_SPLITS=%d: default %.1f us, "
+				"KDEC_ATTN_MMA_FOLD=1 %.1f us, KDEC_ATTN_MMA_QREG=0 %.1f us\n",
+				attn_path, label, n, launch, fold, both);
+		}
+		gqa_teardown(&g);
+	}
+	cudaFree(flush);
+}
+
+/* ---- qkv_post: the early-load kernel against the one before it ------------------ */
+
+/* k_cuda_qkv_post (norm, rope, q out, K/V append) with KDEC_QKV_POST_EARLY=0 (the
+ * kernel that loads one input after another) and by default (every load at once):
+ * the same arithmetic, so q and both caches must agree bit for bit, unwritten cache
+ * (slot -1 rows, other slots) still poisoned in both. test_cuda_ops checks the values
+ * against the CPU. KD_TEST_TIME=1: both timed as a graph (cold L2). */
+struct qkv_run {
+	struct k_cuda_qkv_args a;
+	size_t nq, ncache;
+};
+
+static int qkv_call(void *p, cudaStream_t s)
+{
+	return k_cuda_qkv_post(s, &((struct qkv_run *)p)->a);
+}
+
+static void qkv_poison(struct qkv_run *q)
+{
+	CU(cudaMemset(q->a.q, 0xff, sizeof(float) * q->nq));
+	CU(cudaMemset(q->a.k_cache, 0xff, sizeof(uint16_t) * q->ncache));
+	CU(cudaMemset(q->a.v_cache, 0xff, sizeof(uint16_t) * q->ncache));
+}
+
+/* q, then the k and v caches, on the host as bytes. */
+static unsigned char *qkv_result(struct qkv_run *q)
+{
+	size_t bq = sizeof(float) * q->nq, bc = sizeof(uint16_t) * q->ncache;
+	unsigned char *h = malloc(bq + 2 * bc);
+
+	CU(cudaMemcpy(h, q->a.q, bq, cudaMemcpyDeviceToHost));
+	CU(cudaMemcpy(h + bq, q->a.k_cache, bc, cudaMemcpyDeviceToHost));
+	CU(cudaMemcpy(h + bq + bc, q->a.v_cache, bc, cudaMemcpyDeviceToHost));
+	return h;
+}
+
+static void qkv_case(int rows, int H, int KV, int D, int rope_dim, int qk_norm, int il,
+		     void *flush)
+{
+	const int nk = KV * D, n_slots = rows + 5;
+	const size_t nsrc = (size_t)rows * (H + 2 * KV) * D;
+	float *src = rand_floats(nsrc, 2.0f), *w = rand_floats(2 * (size_t)D, 1.0f);
+	float *fr = rand_floats((size_t)rope_dim / 2 + 1, 1.0f);
+	int32_t *pos = malloc(sizeof(int32_t) * rows), *slots = malloc(sizeof(int32_t) * rows);
+	float *dsrc, *dw, *dfr, *dq;
+	int32_t *dpos, *dslots;
+	uint16_t *dk, *dv;
+	unsigned char *old = NULL, *got = NULL;
+	struct qkv_run q;
+	size_t bytes, bad = 0;
+	int ret0, ret1;
+
+	for (int i = 0; i <= rope_dim / 2; i++)
+		fr[i] = fabsf(fr[i]);
+	for (int r = 0; r < rows; r++) {
+		pos[r] = rand_int(0, 32767);
+		slots[r] = r == rows / 2 && rows > 1 ? -1 : (r * 7 + 3) % n_slots;
+	}
+	dsrc = dup_to_device(src, sizeof(float) * nsrc);
+	dw = dup_to_device(w, sizeof(float) * 2 * D);
+	dfr = dup_to_device(fr, sizeof(float) * (rope_dim / 2 + 1));
+	dpos = dup_to_device(pos, sizeof(int32_t) * rows);
+	dslots = dup_to_device(slots, sizeof(int32_t) * rows);
+	memset(&q, 0, sizeof(q));
+	q.nq = (size_t)rows * H * D;
+	q.ncache = (size_t)n_slots * nk;
+	dq = dalloc(sizeof(float) * q.nq);
+	dk = dalloc(sizeof(uint16_t) * q.ncache);
+	dv = dalloc(sizeof(uint16_t) * q.ncache);
+	q.a = (struct k_cuda_qkv_args){
+		.q = dq, .q_src = dsrc, .k_src = dsrc + (size_t)H * D,
+		.v_src = dsrc + (size_t)(H + KV) * D, .q_rs = (long)(H + 2 * KV) * D,
+		.k_rs = (long)(H + 2 * KV) * D, .v_rs = (long)(H + 2 * KV) * D, .rows = rows,
+		.n_heads = H, .kv_heads = KV, .head_dim = D, .q_norm = qk_norm ? dw : NULL,
+		.k_norm = qk_norm ? dw + D : NULL, .eps = 1e-6f, .inv_freq = dfr,
+		.rope_dim = rope_dim, .interleaved = il, .attn_factor = 1.0f, .pos = dpos,
+		.k_cache = dk, .v_cache = dv, .slots = dslots,
+	};
+	setenv("KDEC_QKV_POST_EARLY", "0", 1);
+	qkv_poison(&q);
+	ret0 = qkv_call(&q, 0);
+	if (ret0 == 0 && CU(cudaDeviceSynchronize()))
+		old = qkv_result(&q);
+	unsetenv("KDEC_QKV_POST_EARLY");
+	qkv_poison(&q);
+	ret1 = qkv_call(&q, 0);
+	if (ret1 == 0 && CU(cudaDeviceSynchronize()))
+		got = qkv_result(&q);
+	CHECK(ret0 == 0 && ret1 == 0 && old && got, "qkv_post: %d / %d", ret0, ret1);
+	bytes = sizeof(float) * q.nq + 2 * sizeof(uint16_t) * q.ncache;
+	for (size_t i = 0; old && got && i < bytes; i++)
+		bad += old[i] != got[i];
+	fprintf(stderr, "qkv_post early vs old rows %d H %d KV %d D %d rope %d%s%s: "
+		"%zu of %zu bytes differ %s\n", rows, H, KV, D, rope_dim, qk_norm ? " qknorm" : "",
+		il ? " il" : "", bad, bytes, bad ? "FAIL" : "PASS");
+	CHECK(!bad, "qkv_post early vs old: %zu bytes differ", bad);
+	if (timing && flush) {
+		double t_new = graph_us(qkv_call, &q, flush), t_old;
+
+		setenv("KDEC_QKV_POST_EARLY", "0", 1);
+		t_old = graph_us(qkv_call, &q, flush);
+		unsetenv("KDEC_QKV_POST_EARLY");
+		fprintf(stderr, "qkv_post graph rows %d H %d KV %d D %d%s: early %.1f us, "
+			"KDEC_QKV_POST_EARLY=0 %.1f us\n", rows, H, KV, D,
+			qk_norm ? " qknorm" : "", t_new, t_old);
+	}
+	cudaFree(dsrc), cudaFree(dw), cudaFree(dfr), cudaFree(dpos), cudaFree(dslots);
+	cudaFree(dq), cudaFree(dk), cudaFree(dv);
+	free(src), free(w), free(fr), free(pos), free(slots), free(old), free(got);
+}
+
+static void test_qkv_post(void)
+{
+	void *flush = timing ? dalloc(GQA_FLUSH_BYTES) : NULL;
+
+	qkv_case(64, 32, 8, 128, 128, 0, 0, flush);	/* Llama-3.1-8B batch 64 */
+	qkv_case(1, 32, 8, 128, 128, 0, 0, flush);	/* batch 1 */
+	qkv_case(64, 32, 8, 128, 128, 1, 0, flush);	/* Qwen3: q/k RMSNorm */
+	qkv_case(7, 12, 4, 24, 16, 1, 1, NULL);		/* odd, partial interleaved rope */
+	qkv_case(5, 6, 2, 200, 64, 1, 0, NULL);		/* two values a thread */
+	qkv_case(3, 4, 2, 512, 512, 1, 1, NULL);	/* the widest head */
+	qkv_case(2, 4, 4, 40, 0, 0, 0, NULL);		/* no rope */
+	cudaFree(flush);
+}
+
+/* The tensor-core pass: shapes where the last split merges (2..8 splits), with the
+ * merge-launch bits compared by gqa_case: Llama at batch 64 (3 splits), an odd batch
+ * (2), group 16 (a 16-head chunk per block), contexts up to 32k (7 splits, some
+ * empty). */
+static void test_gqa_fold(void)
+{
+	static const struct gqa_shape llama = { 32, 8, 128 }, g16 = { 32, 2, 128 },
+		odd = { 10, 2, 40 };
+
+	gqa_case(llama, 16, rows_decode(64, 1024, 0, 1024), 0);
+	gqa_case(llama, 16, rows_decode(33, quick ? 200 : 1000, 1, 1000), 0);
+	gqa_case(g16, 16, rows_decode(64, quick ? 200 : 2000, 1, 2000), 0);
+	gqa_case(odd, 7, rows_decode(45, quick ? 200 : 1000, 1, 1000), 0);
+	gqa_case(llama, 16, rows_decode(8, quick ? 300 : 32768, 1, 32768), 0);
 }
 
 /* ---- MLA ------------------------------------------------------------------ */
@@ -865,6 +1188,7 @@ int main(void)
 	}
 	test_refusals();
 	test_kv_write();
+	test_qkv_post();
 	/* The CUDA-core kernels (fp32) first, then the tensor-core decode kernel on the
 	 * decode-shaped cases, with each tile length it has for GQA. */
 	setenv("KDEC_ATTN_MMA", "0", 1);
@@ -875,7 +1199,12 @@ int main(void)
 	setenv("KDEC_ATTN_MMA", "1", 1);
 	attn_tol = ATTN_TOL_MMA;
 	attn_path = "[mma] ";
+	mma_pass = 1;
 	test_gqa();
+	test_gqa_fold();
+	if (timing)
+		test_gqa_time();
+	mma_pass = 0;
 	test_mla();
 	/* The split merge folded into MLA's expand projection (off by default: the cases
 	 * above ran the merge kernel) at batch 1, then at every row count it takes. */
@@ -894,7 +1223,9 @@ int main(void)
 	if (!quick) {
 		setenv("KDEC_ATTN_MMA_TK", "64", 1);
 		attn_path = "[mma tk64] ";
+		mma_pass = 1;
 		test_gqa();
+		mma_pass = 0;
 		unsetenv("KDEC_ATTN_MMA_TK");
 	}
 	unsetenv("KDEC_ATTN_MMA");

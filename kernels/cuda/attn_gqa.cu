@@ -283,17 +283,13 @@ static int aligned16(const void *p)
 }
 
 // KDEC_ATTN_DEC_SPLITS (experiments): a fixed split count for the decode kernel, read
-// once; 0 when unset or not a positive number.
+// at each call (a host launch; a graph reads it once, at capture: the tests sweep it);
+// 0 when unset or not a positive number.
 static int dec_forced_splits(void)
 {
-	static int n = -1;
+	const char *e = getenv("KDEC_ATTN_DEC_SPLITS");
 
-	if (n < 0) {
-		const char *e = getenv("KDEC_ATTN_DEC_SPLITS");
-
-		n = e && atoi(e) > 0 ? atoi(e) : 0;
-	}
-	return n;
+	return e && atoi(e) > 0 ? atoi(e) : 0;
 }
 
 // A GQA launch over the paged cache as the shared attention arguments (tiled and

@@ -25,18 +25,22 @@
 // ---- shared memory ------------------------------------------------------------
 
 // Row strides are odd multiples of 16 bytes, so the 8 rows an ldmatrix phase reads fall
-// in 8 different bank groups.
-template <int DK, int DV, int TK, int ST, bool VSEP>
+// in 8 different bank groups. QREG (GQA, dk <= 128): q lives in registers as mma
+// fragments, staged once through the last K stage (free until the loop's first
+// barrier), so it takes no shared memory of its own: 4.3 KB less a block, which lets
+// Llama's shape fit 4 blocks an SM where it fit 3 (528 slots for 512 items at batch 64).
+template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false>
 struct mma_layout {
 	static constexpr int QS = DK + 8, KS = DK + 8, VS = VSEP ? DV + 8 : DK + 8, PS = TK + 8;
 	static constexpr unsigned q = 0;				// bf16 (MMA_Q, QS)
-	static constexpr unsigned k = q + 2u * MMA_Q * QS;		// bf16 (ST, TK, KS)
+	static constexpr unsigned k = q + (QREG ? 0u : 2u * MMA_Q * QS);	// bf16 (ST, TK, KS)
 	static constexpr unsigned v = k + 2u * ST * TK * KS;		// bf16 (ST, TK, VS)
 	static constexpr unsigned p = v + (VSEP ? 2u * ST * TK * VS : 0u);	// bf16 (MMA_Q, PS)
 	static constexpr unsigned red = p + 2u * MMA_Q * PS;		// float (MMA_WARPS, MMA_Q)
 	static constexpr unsigned total = red + 4u * MMA_WARPS * MMA_Q;
 	static_assert(DK % 32 == 0 && DV % 64 == 0 && TK % 32 == 0 && ST >= 2, "tile shape");
 	static_assert(q % 16 == 0 && k % 16 == 0 && v % 16 == 0 && p % 16 == 0, "alignment");
+	static_assert(!QREG || (VSEP && DK <= 128 && TK * KS >= MMA_Q * QS), "q in registers");
 };
 
 // ---- PTX ----------------------------------------------------------------------
@@ -159,17 +163,113 @@ __device__ __forceinline__ void mma_issue(const attn_tile_args &a,
 	}
 }
 
-template <int DK, int DV, int TK, int ST, bool VSEP>
+// ---- GQA: the split merge folded into the last split ----------------------------
+
+// At a few splits (a batch of 64 Llama rows takes 3) the merge launch after the kernel
+// costs more than its work (~6 us a layer, a dependent step for ~4 MB of L2 traffic).
+// Instead the last split of each (row, head chunk) to finish merges them: every split
+// publishes its partial (a fence, then an add to the chunk's counter); the one that
+// counts n_splits - 1 before it reads the others' partials through L2 (ld.cg: its SM's
+// L1 may hold lines of them from another chunk's merge) in attn_merge_kernel's order,
+// so the bits are those of the merge launch, and puts the counter back to 0 for the
+// next launch (which starts after this one ends: the reset is seen).
+#define MMA_FOLD_MAX_SPLITS 8	// the lists and partials a thread holds
+#define MMA_FOLD_ITEMS 2	// (head, dim) outputs a thread merges per pass
+
+// All threads; smem: any 16-byte aligned shared bytes free for the rest of the block
+// (MMA_Q * MMA_FOLD_MAX_SPLITS * 8 + MMA_Q * 4 + 16).
+__device__ __forceinline__ void mma_fold_merge(const attn_tile_args &a, int r, int h0, int ng,
+					       uint16_t *out_bf16, unsigned char *smem)
+{
+	constexpr int F = MMA_FOLD_MAX_SPLITS;
+	int *flag = (int *)smem, *nl = (int *)(smem + 16);
+	float *w = (float *)(smem + 16 + 4 * MMA_Q);
+	int *live = (int *)(smem + 16 + 4 * MMA_Q + 4 * MMA_Q * F);
+	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	const size_t per_split = (size_t)a.n_rows * a.n_heads;
+	const size_t sstride = per_split * a.dv;
+
+	__threadfence();	// this thread's partial and lse, before the arrival
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		unsigned *c = a.arrive + (size_t)r * gridDim.x + blockIdx.x;
+		const int last = atomicAdd(c, 1u) == (unsigned)a.n_splits - 1;
+
+		if (last)
+			*c = 0;
+		*flag = last;
+	}
+	__syncthreads();
+	if (!*flag)
+		return;
+	__threadfence();	// the others' partials: published before their arrivals
+
+	for (int g = warp; g < ng; g += MMA_WARPS) {
+		const int n = merge_list<true>(a.part_lse, a.n_splits,
+					       (size_t)r * a.n_heads + h0 + g, per_split,
+					       live + g * F, w + g * F);
+
+		if (lane == 0)
+			nl[g] = n;
+	}
+	__syncthreads();
+
+	// Output (g, d) = item i: the loads of MMA_FOLD_ITEMS items in flight at once, then
+	// sums as attn_merge_kernel: split j into accumulator j % 4 up to n & ~3, the rest
+	// into the first, (a0 + a1) + (a2 + a3).
+	const int n_items = ng * a.dv;
+
+	for (int i0 = threadIdx.x; i0 < n_items; i0 += MMA_THREADS * MMA_FOLD_ITEMS) {
+		float x[MMA_FOLD_ITEMS][F];
+
+#pragma unroll
+		for (int k = 0; k < MMA_FOLD_ITEMS; k++) {
+			const int i = i0 + k * MMA_THREADS, g = i / a.dv, d = i % a.dv;
+			const size_t rh = (size_t)r * a.n_heads + h0 + g;
+
+#pragma unroll
+			for (int j = 0; j < F; j++)
+				if (i < n_items && j < nl[g])
+					x[k][j] = __ldcg(a.part_o + live[g * F + j] * sstride +
+							 rh * a.dv + d);
+		}
+#pragma unroll
+		for (int k = 0; k < MMA_FOLD_ITEMS; k++) {
+			const int i = i0 + k * MMA_THREADS, g = i / a.dv, d = i % a.dv;
+			float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+
+			if (i >= n_items)
+				continue;
+			const int n = nl[g], n4 = n & ~3;
+#pragma unroll
+			for (int j = 0; j < F; j++) {
+				if (j < n4)
+					acc[j % 4] = fmaf(w[g * F + j], x[k][j], acc[j % 4]);
+				else if (j < n)
+					acc[0] = fmaf(w[g * F + j], x[k][j], acc[0]);
+			}
+			const float o = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+			const size_t at = (size_t)r * a.out_rs + (size_t)(h0 + g) * a.out_hs + d;
+
+			a.out[at] = o;
+			if (out_bf16)
+				out_bf16[at] = attn_bf16(o);
+		}
+	}
+}
+
+template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false>
 __global__ void __launch_bounds__(MMA_THREADS)
 attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 {
-	using L = mma_layout<DK, DV, TK, ST, VSEP>;
+	using L = mma_layout<DK, DV, TK, ST, VSEP, QREG>;
 	constexpr int NT = TK / 32;		// n8 tiles of tokens per warp (S phase)
 	constexpr int WT = TK / MMA_WARPS;	// tokens per warp (S phase)
 	constexpr int DVW = DV / MMA_WARPS;	// value dims per warp (PV phase)
 	constexpr int NV = DVW / 8;		// n8 tiles of value dims per warp
 	extern __shared__ __align__(16) unsigned char attn_smem[];
-	uint16_t *sq = (uint16_t *)(attn_smem + L::q), *sk = (uint16_t *)(attn_smem + L::k);
+	uint16_t *sk = (uint16_t *)(attn_smem + L::k);
+	uint16_t *sq = QREG ? sk + (ST - 1) * TK * L::KS : (uint16_t *)(attn_smem + L::q);
 	uint16_t *sv = (uint16_t *)(attn_smem + L::v), *sp = (uint16_t *)(attn_smem + L::p);
 	float *red = (float *)(attn_smem + L::red);
 	// the kv heads of a row side by side in x: their K/V rows are neighbours in the cache
@@ -179,12 +279,18 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 	const int qr0 = lane / 4, qr1 = qr0 + 8;	// the two query rows of a lane's accumulators
 	// GQA: K/V of this step's token come from the kernel just before (qkv_post), so
-	// everything waits for it. MLA: that kernel is the absorb projection, which wrote
-	// only q_lat and itself waited for mla_post (the cache append) before letting this
-	// launch start; so the block table and the first tiles' copies go out before the
-	// wait, overlapping the absorb's tail, and only q waits (k_cuda_attn_mla keeps that
-	// order).
-	if (VSEP)
+	// q and those tokens wait for it. Tokens below ctx - n_rows are none of them (a
+	// row's sequence appends at most n_rows tokens this step, at its last positions),
+	// and the ctx and block tables are the step's inputs, written before its first
+	// kernel: with a.early the first tiles that lie wholly below go out before the wait,
+	// overlapping qkv_post's tail (KDEC_ATTN_MMA_EARLY=0: everything waits). MLA: that
+	// kernel is the absorb projection, which wrote only q_lat and itself waited for
+	// mla_post (the cache append) before letting this launch start; so the block table
+	// and the first tiles' copies go out before the wait, overlapping the absorb's
+	// tail, and only q waits (k_cuda_attn_mla keeps that order).
+	const bool early = VSEP && a.early;
+
+	if (VSEP && !early)
 		k_cuda_pdl_wait();
 	const int ctx = a.ctx[r], per = attn_split_len(ctx, a.n_splits);
 	const int tb = (int)min((long)ctx, (long)split * per), te = min(ctx, tb + per);
@@ -196,11 +302,13 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	// batch 1 most are) says so in its log-sum-exp and stops: the merge never reads its
 	// partial, so it neither stages q nor writes (n_heads, dv) zeros.
 	if (n_tiles == 0 && a.n_splits > 1) {
-		if (!VSEP)
+		if (!VSEP || early)
 			k_cuda_pdl_wait();
 		if (threadIdx.x < ng)
 			a.part_lse[(size_t)split * a.n_rows * a.n_heads + (size_t)r * a.n_heads + h0 +
 				   threadIdx.x] = -INFINITY;
+		if (VSEP && a.arrive)	// still one of the splits the last one counts
+			mma_fold_merge(a, r, h0, ng, out_bf16, attn_smem);
 		return;
 	}
 
@@ -209,7 +317,22 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	// first, the stores wait until the first tiles' copies are issued: the block table's
 	// load and the K/V fetch behind it do not queue behind q's arrival.
 	int32_t pg[mma_fill<DK, TK>::NP];
+	int pre = 0;	// GQA early: the tiles (a prefix) issued before the wait
 
+	if (early) {
+		const int old_end = ctx - a.n_rows;
+
+#pragma unroll
+		for (int s = 0; s < ST - 1; s++)
+			if (s == pre && s < n_tiles && tb + (s + 1) * TK <= old_end) {
+				mma_page<DK, TK>(pg, a, table, tb + s * TK, te);
+				mma_issue<DK, DV, TK, VSEP>(a, pg, sk + s * TK * L::KS,
+							    sv + s * TK * L::VS, tb + s * TK, kvh);
+				cp_async_commit();
+				pre = s + 1;
+			}
+		k_cuda_pdl_wait();
+	}
 	if (!VSEP) {	// MLA: the first tiles before the wait (see above)
 #pragma unroll
 		for (int s = 0; s < ST - 1; s++) {
@@ -240,6 +363,8 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 
 #pragma unroll
 	for (int s = 0; s < ST - 1 && VSEP; s++) {
+		if (s < pre)	// went out before the wait
+			continue;
 		if (s < n_tiles) {
 			mma_page<DK, TK>(pg, a, table, tb + s * TK, te);
 			mma_issue<DK, DV, TK, VSEP>(a, pg, sk + s * TK * L::KS, sv + s * TK * L::VS,
@@ -255,6 +380,16 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 			*(uint2 *)(sq + g * L::QS + c * 4) =
 				make_uint2(pack_bf16(qx[j].x * a.qscale, qx[j].y * a.qscale),
 					   pack_bf16(qx[j].z * a.qscale, qx[j].w * a.qscale));
+	}
+	// QREG: q's A fragments, read before the loop's first barrier lets tile ST - 1's
+	// copies into the stage that holds them.
+	uint32_t qf[QREG ? DK / 16 : 1][4];
+
+	if (QREG) {
+		__syncthreads();	// q staged
+#pragma unroll
+		for (int kk = 0; kk < (QREG ? DK / 16 : 0); kk++)
+			ldsm_x4(qf[kk], sq + (lane % 16) * L::QS + kk * 16 + lane / 16 * 8);
 	}
 	mma_page<DK, TK>(pg, a, table, tb + (ST - 1) * TK, te);
 	for (int it = 0; it < n_tiles; it++) {
@@ -280,7 +415,26 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 #pragma unroll
 		for (int j = 0; j < NT; j++)
 			s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-		if (NT == 2) {
+		if (QREG && NT == 2) {	// the same mma as below, q from registers
+#pragma unroll
+			for (int kk = 0; kk < (QREG ? DK / 16 : 0); kk++) {
+				uint32_t kf[4];
+
+				ldsm_x4(kf, kb + (warp * WT + lane / 16 * 8 + lane % 8) * L::KS +
+						    kk * 16 + lane / 8 % 2 * 8);
+				mma_bf16(s[0], qf[kk], kf[0], kf[1]);
+				mma_bf16(s[NT - 1], qf[kk], kf[2], kf[3]);
+			}
+		} else if (QREG) {
+#pragma unroll
+			for (int kk = 0; kk < (QREG ? DK / 16 : 0); kk += 2) {
+				uint32_t kf[4];
+
+				ldsm_x4(kf, kb + (warp * WT + lane % 8) * L::KS + kk * 16 + lane / 8 * 8);
+				mma_bf16(s[0], qf[kk], kf[0], kf[1]);
+				mma_bf16(s[0], qf[kk + 1], kf[2], kf[3]);
+			}
+		} else if (NT == 2) {
 #pragma unroll 4
 			for (int kk = 0; kk < DK / 16; kk++) {
 				uint32_t qa[4], kf[4];
@@ -455,6 +609,8 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 			}
 		}
 	}
+	if (VSEP && a.arrive && a.n_splits > 1)	// K/V stages are free: the lists go there
+		mma_fold_merge(a, r, h0, ng, out_bf16, attn_smem + L::k);
 }
 
 // ---- launcher -----------------------------------------------------------------
@@ -464,17 +620,17 @@ namespace {
 // One compiled shape: its kernel, dynamic shared memory and blocks per SM.
 struct mma_shape {
 	int dk, dv, tk;
-	bool vsep;
+	bool vsep, qreg;
 	void (*kernel)(const attn_tile_args, int, uint16_t *);
 	unsigned smem;
 	int per_sm;		// resident blocks per SM (from the occupancy query), 0 unusable
 };
 
-template <int DK, int DV, int TK, int ST, bool VSEP>
+template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false>
 mma_shape mma_make()
 {
-	return { DK, DV, TK, VSEP, attn_mma_kernel<DK, DV, TK, ST, VSEP>,
-		 mma_layout<DK, DV, TK, ST, VSEP>::total, 0 };
+	return { DK, DV, TK, VSEP, QREG, attn_mma_kernel<DK, DV, TK, ST, VSEP, QREG>,
+		 mma_layout<DK, DV, TK, ST, VSEP, QREG>::total, 0 };
 }
 
 mma_shape g_shapes[] = {
@@ -482,6 +638,10 @@ mma_shape g_shapes[] = {
 	mma_make<128, 128, 32, 3, true>(),	// GQA head_dim <= 128 (Llama, Qwen3)
 	mma_make<128, 128, 64, 2, true>(),	// the same, longer tiles (KDEC_ATTN_MMA_TK=64)
 	mma_make<576, 512, 32, 2, false>(),	// MLA kv_lora <= 512, + rope <= 64 (DeepSeek)
+	// GQA's shapes with q in registers (the default; KDEC_ATTN_MMA_QREG=0: the above)
+	mma_make<64, 64, 64, 2, true, true>(),
+	mma_make<128, 128, 32, 3, true, true>(),
+	mma_make<128, 128, 64, 2, true, true>(),
 };
 }  // namespace
 
@@ -517,22 +677,36 @@ static bool mma_q_ok(const attn_tile_args *a)
 	return a->dk % 4 == 0 && a->q_rs % 4 == 0 && a->q_hs % 4 == 0 && (uintptr_t)a->q % 16 == 0;
 }
 
+// KDEC_ATTN_MMA_QREG=0: GQA's shapes that stage q in shared memory for every tile
+// (read at each call: the tests run both; the bits are the same).
+static bool mma_qreg_enabled(void)
+{
+	const char *e = getenv("KDEC_ATTN_MMA_QREG");
+
+	return !(e && e[0] == '0');
+}
+
+// GQA: the shape of the wanted q placement first, the other where it is unusable.
 static const mma_shape *mma_find(int dk, int dv, bool vsep)
 {
 	const char *e = getenv("KDEC_ATTN_MMA_TK");
 	const int want_tk = e && atoi(e) == 64 ? 64 : 32;
+	const bool want_qreg = mma_qreg_enabled();
 
 	if (!mma_enabled() || dk % 8 || dv % 2)
 		return nullptr;
-	for (const mma_shape &sh : g_shapes) {
-		if (sh.per_sm < 1 || sh.vsep != vsep || dk > sh.dk || dv > sh.dv)
-			continue;
-		if (vsep && sh.dk == 128 && dk > 64 && sh.tk != want_tk)
-			continue;
-		if (vsep && dk <= 64 && sh.dk != 64)
-			continue;
-		return &sh;
-	}
+	for (int pass = 0; pass < 2; pass++)
+		for (const mma_shape &sh : g_shapes) {
+			if (sh.per_sm < 1 || sh.vsep != vsep || dk > sh.dk || dv > sh.dv)
+				continue;
+			if (vsep && sh.dk == 128 && dk > 64 && sh.tk != want_tk)
+				continue;
+			if (vsep && dk <= 64 && sh.dk != 64)
+				continue;
+			if (vsep && pass == 0 && sh.qreg != want_qreg)
+				continue;
+			return &sh;
+		}
 	return nullptr;
 }
 
@@ -541,11 +715,14 @@ int attn_mma_usable(const attn_tile_args *a)
 	return a->vec && mma_q_ok(a) && mma_find(a->dk, a->dv, a->v != nullptr) != nullptr;
 }
 
-// Splits along the sequence. Below one wave of resident blocks, as many as fill it
-// (splits of at least MMA_MIN_SPLIT_TOKENS). Above, a block's time is the same in
-// every wave, so the step takes ceil(waves) of them: the fewest splits whose last wave
+// Splits along the sequence. Below MMA_WAVE_FILL of one wave of resident blocks, as many
+// as fill it (splits of at least MMA_MIN_SPLIT_TOKENS). Above, a block's time is the same
+// in every wave, so the step takes ceil(waves) of them: the fewest splits whose last wave
 // is at least MMA_WAVE_FILL full (a batch of 64 Llama rows is 512 blocks, 1.3 waves of
-// 3 per SM: 3 splits make it 3.9 of 4), and never more than MMA_MAX_WAVE_SPLITS.
+// 3 per SM: 3 splits make it 3.9 of 4), and never more than MMA_MAX_WAVE_SPLITS. With
+// q in registers (4 per SM, 528 slots) the 512 are 0.97 of a wave: one split, no merge.
+// Measured on H200 (test_cuda_attn, cold L2, Llama batch 64 ctx 1024): one split 82.6 us
+// against 88.8 with two and the merge launch (docs/results/cuda-attn-h3.txt).
 #define MMA_WAVE_FILL 0.9
 #define MMA_MAX_WAVE_SPLITS 4
 #define MMA_MIN_WAVE_SPLIT_TOKENS 256
@@ -555,7 +732,7 @@ static int mma_pick_splits(const k_cuda_attn_ws *ws, long base, long slots, int 
 	int n = 1, best = 1;
 	double best_fill = 0.0;
 
-	if (base < slots)
+	if (base < MMA_WAVE_FILL * slots)
 		return attn_pick_splits(ws, base, slots, max_ctx, MMA_MIN_SPLIT_TOKENS, part, lse);
 	for (n = 1; n <= MMA_MAX_WAVE_SPLITS; n++) {
 		const double waves = (double)base * n / slots;
@@ -574,8 +751,31 @@ static int mma_pick_splits(const k_cuda_attn_ws *ws, long base, long slots, int 
 	return best;
 }
 
-int attn_mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
-		 uint16_t *out_bf16, int forced_splits)
+// KDEC_ATTN_MMA_FOLD=1: GQA's split merge in the attention kernel (read at each call:
+// the tests run both; the bits are the same). Off by default: at Llama batch 64 with two
+// splits the folded merge measured 93.6 us against 88.8 with the merge launch (H200,
+// test_cuda_attn, cold L2).
+static int mma_fold_enabled(void)
+{
+	const char *e = getenv("KDEC_ATTN_MMA_FOLD");
+
+	return e && e[0] == '1';
+}
+
+// KDEC_ATTN_MMA_EARLY=0: GQA's K/V copies all wait for the kernel before (read at each
+// call: the tests run both; the bits are the same).
+static int mma_early_enabled(void)
+{
+	const char *e = getenv("KDEC_ATTN_MMA_EARLY");
+
+	return !(e && e[0] == '0');
+}
+
+// fold: GQA (attn_mma_launch) may let the last split merge and issue its first copies
+// before the PDL wait; a->arrive and a->early are set here either way (MLA's caller
+// leaves them unset).
+static int mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
+		   uint16_t *out_bf16, int forced_splits, bool fold)
 {
 	const mma_shape *sh = mma_find(a->dk, a->dv, a->v != nullptr);
 	const int n_hc = attn_cdiv(a->group, MMA_Q);
@@ -592,18 +792,29 @@ int attn_mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, in
 	    (size_t)forced_splits * lse <= ws->lse_floats && forced_splits <= ATTN_MAX_SPLITS)
 		a->n_splits = forced_splits;
 	grid = dim3(a->kv_heads * n_hc, a->n_splits, a->n_rows);
+	a->early = fold && mma_early_enabled();
+	a->arrive = nullptr;
+	if (fold && a->v && a->n_splits > 1 && a->n_splits <= MMA_FOLD_MAX_SPLITS && ws->arrive &&
+	    (size_t)a->n_rows * grid.x <= ws->arrive_n && mma_fold_enabled())
+		a->arrive = ws->arrive;
 	ATTN_TRY(k_cuda_launch_pdl(s, grid, MMA_THREADS, sh->smem, sh->kernel, *a, n_hc,
-				   a->n_splits == 1 ? out_bf16 : nullptr));
+				   a->n_splits == 1 || a->arrive ? out_bf16 : nullptr));
 	ATTN_LAUNCHED("attn_mma_kernel");
 	return 0;
+}
+
+int attn_mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
+		 uint16_t *out_bf16, int forced_splits)
+{
+	return mma_run(s, ws, a, max_ctx, out_bf16, forced_splits, false);
 }
 
 int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
 		    uint16_t *out_bf16, int forced_splits)
 {
-	int ret = attn_mma_run(s, ws, a, max_ctx, out_bf16, forced_splits);
+	int ret = mma_run(s, ws, a, max_ctx, out_bf16, forced_splits, true);
 
-	if (ret || a->n_splits == 1)
+	if (ret || a->n_splits == 1 || a->arrive)
 		return ret;
 	return attn_merge(s, ws, a->n_splits, a->n_rows, a->n_heads, a->dv, a->out, a->out_rs,
 			  a->out_hs, out_bf16);
