@@ -24,6 +24,10 @@ enum k_cuda_linear_kind {
 	 * pipeline in shared memory into mma.sync, x in bf16, K split over CTAs to fill
 	 * whole waves, partial tiles added in split order by the last CTA of each tile */
 	K_CUDA_LINEAR_STREAM,
+	/* 8 < M <= 64 (walked in blocks of 64 beyond): the streaming kernel's pipeline and
+	 * split with warpgroup tensor-core products (wgmma, sm_90a) on 128-row weight tiles
+	 * against all x rows at once, which keep up with HBM where mma.sync cannot */
+	K_CUDA_LINEAR_WGMMA,
 	/* larger M (prefill): x rounded to bf16 into the context's scratch, then
 	 * cublasGemmEx with fp32 accumulation and fp32 output */
 	K_CUDA_LINEAR_CUBLAS,
@@ -60,9 +64,9 @@ enum k_cuda_linear_kind k_cuda_linear_pick(int M, int N, int K);
 enum k_cuda_linear_kind k_cuda_linear_choose(const float *x, const uint16_t *w, int M, int N,
 					     int K);
 
-/* 1 when `kind` can run this call: GEMV, SPLITK and STREAM need K % 8 == 0 and x, w
+/* 1 when `kind` can run this call: GEMV, SPLITK, STREAM and WGMMA need K % 8 == 0 and x, w
  * 16-byte aligned; CUBLAS and GENERIC take anything. Any M is allowed (GEMV walks M
- * in pairs, SPLITK and STREAM in blocks of 64, re-reading the weights: for tests). */
+ * in pairs, SPLITK, STREAM and WGMMA in blocks of 64, re-reading the weights: for tests). */
 int k_cuda_linear_supports(enum k_cuda_linear_kind kind, const float *x, const uint16_t *w,
 			   int M, int N, int K);
 
@@ -89,7 +93,7 @@ void k_cuda_linear_x_ready(struct k_cuda_linear *ctx, const float *x, int M, int
  * before it reads y. Kernels launched without it are ordered as usual. 0 turns it off. */
 void k_cuda_linear_set_pdl(struct k_cuda_linear *ctx, int on);
 
-/* "gemv", "splitk", "stream", "cublas", "generic". */
+/* "gemv", "splitk", "stream", "wgmma", "cublas", "generic". */
 const char *k_cuda_linear_kind_name(enum k_cuda_linear_kind kind);
 
 /* A one-line description of how `kind` would launch this shape (grid, split,

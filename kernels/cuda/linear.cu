@@ -28,6 +28,12 @@
  * are bound by instruction issue, not bytes (docs/results/cuda-linear-41224dd.txt). */
 #define LIN_STREAM_MAX_M	8
 #define LIN_STREAM_WEIGHT_BYTES	((size_t)64 << 20)
+/* The wgmma kernel (linear_wgmma.cu) takes 8 < M <= 64 on matrices above
+ * LIN_SMALL_WEIGHT_BYTES: Llama-3.1-8B q/k/v, o_proj, gate_up, down and lm_head, where
+ * cuBLAS reaches 61-85% of the HBM floor at M = 64 and the streaming kernel is bound by
+ * mma.sync issue; KDEC_LINEAR_WGMMA=0 turns it off (cuBLAS again). */
+#define LIN_WGMMA_MIN_M		9
+#define LIN_WGMMA_MAX_M		64
 /* The vector kernels read 8 bf16 (16 bytes) of a weight row at a time. */
 #define LIN_VEC_K		8
 
@@ -107,6 +113,25 @@ static bool lin_use_stream(int M, int N, int K)
 	       (size_t)N * (size_t)K * sizeof(uint16_t) <= lin_stream_limit();
 }
 
+// KDEC_LINEAR_WGMMA: 0 turns the wgmma kernel off.
+static bool lin_wgmma_on(void)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *e = getenv("KDEC_LINEAR_WGMMA");
+
+		on = !e || atoi(e) != 0;
+	}
+	return on;
+}
+
+static bool lin_use_wgmma(int M, int N, int K)
+{
+	return M >= LIN_WGMMA_MIN_M && M <= LIN_WGMMA_MAX_M && K % LIN_VEC_K == 0 &&
+	       !lin_small_weights(N, K) && lin_wgmma_on();
+}
+
 static bool lin_use_gemv(int M, int N, int K)
 {
 	return M <= LIN_GEMV_MAX_M && K % LIN_VEC_K == 0 && lin_small_weights(N, K);
@@ -128,6 +153,8 @@ extern "C" enum k_cuda_linear_kind k_cuda_linear_pick(int M, int N, int K)
 {
 	if (lin_use_stream(M, N, K))
 		return K_CUDA_LINEAR_STREAM;
+	if (lin_use_wgmma(M, N, K))
+		return K_CUDA_LINEAR_WGMMA;
 	if (lin_use_gemv(M, N, K))
 		return K_CUDA_LINEAR_GEMV;
 	if (lin_use_splitk(M, N, K))
@@ -146,6 +173,7 @@ extern "C" int k_cuda_linear_supports(enum k_cuda_linear_kind kind, const float 
 	case K_CUDA_LINEAR_GEMV:
 	case K_CUDA_LINEAR_SPLITK:
 	case K_CUDA_LINEAR_STREAM:
+	case K_CUDA_LINEAR_WGMMA:
 		return lin_vec_ok(x, w, K);
 	case K_CUDA_LINEAR_CUBLAS:
 	case K_CUDA_LINEAR_GENERIC:
@@ -161,6 +189,7 @@ extern "C" const char *k_cuda_linear_kind_name(enum k_cuda_linear_kind kind)
 	case K_CUDA_LINEAR_GEMV: return "gemv";
 	case K_CUDA_LINEAR_SPLITK: return "splitk";
 	case K_CUDA_LINEAR_STREAM: return "stream";
+	case K_CUDA_LINEAR_WGMMA: return "wgmma";
 	case K_CUDA_LINEAR_CUBLAS: return "cublas";
 	case K_CUDA_LINEAR_GENERIC: return "generic";
 	default: return "?";
@@ -230,6 +259,8 @@ extern "C" int k_cuda_linear_create(struct k_cuda_linear **out, cudaStream_t str
 	if (!ret)
 		ret = k_cuda_lin_stream_setup(ctx);
 	if (!ret)
+		ret = k_cuda_lin_wgmma_setup(ctx);
+	if (!ret)
 		ret = k_cuda_lin_splitk_setup(ctx);
 	if (ret)
 		goto err;
@@ -290,6 +321,8 @@ extern "C" int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_lin
 		return k_cuda_lin_splitk(ctx, y, x, w, M, N, K, accumulate);
 	case K_CUDA_LINEAR_STREAM:
 		return k_cuda_lin_stream(ctx, y, x, w, M, N, K, accumulate, ready);
+	case K_CUDA_LINEAR_WGMMA:
+		return k_cuda_lin_wgmma(ctx, y, x, w, M, N, K, accumulate, ready);
 	case K_CUDA_LINEAR_CUBLAS:
 		return lin_cublas(ctx, y, x, w, M, N, K, accumulate, ready);
 	case K_CUDA_LINEAR_GENERIC:
@@ -361,6 +394,12 @@ extern "C" void k_cuda_linear_describe(const struct k_cuda_linear *ctx,
 			k_cuda_lin_stream_describe(ctx, M, N, K, buf, len);
 		else
 			snprintf(buf, len, "stream");
+		break;
+	case K_CUDA_LINEAR_WGMMA:
+		if (ctx)
+			k_cuda_lin_wgmma_describe(ctx, M, N, K, buf, len);
+		else
+			snprintf(buf, len, "wgmma");
 		break;
 	case K_CUDA_LINEAR_CUBLAS:
 		snprintf(buf, len, "cublas: to_bf16 + cublasGemmEx bf16 x bf16 -> fp32");

@@ -24,6 +24,9 @@
 #define LIN_ST_MAX_M		64
 #define LIN_ST_MAX_SPLIT	8
 #define LIN_ST_MAX_UNITS	768
+/* The wgmma kernel: instantiations for 2, 4, 8 n8 tiles (wgmma N = 16, 32, 64); it
+ * shares the streaming kernel's split workspace and counters (one launch at a time). */
+#define LIN_WG_N_NT		3
 /* cuBLAS workspace: what NVIDIA recommends for Hopper. */
 #define LIN_BLAS_WS_BYTES	((size_t)32 << 20)
 /* cuBLASLt tuning: calls of M <= 64 rows, at most this many shapes per context. */
@@ -44,6 +47,7 @@ struct k_cuda_linear {
 	int sk_cap[LIN_SK_N_MT][LIN_SK_MAX_SPLIT + 1];
 	int gemv_resident;		/* GEMV CTAs resident at once */
 	int st_cap[LIN_ST_N_NT];	/* streaming-kernel CTAs resident at once */
+	int wg_cap[LIN_WG_N_NT];	/* wgmma-kernel CTAs resident at once */
 	float *st_ws;			/* (LIN_ST_MAX_UNITS, LIN_ST_MAX_M, 128) fp32 partials */
 	unsigned *st_cnt;		/* (LIN_ST_MAX_UNITS) arrivals per tile, 0 between launches */
 	cublasHandle_t blas;
@@ -94,6 +98,15 @@ int k_cuda_lin_stream(const struct k_cuda_linear *ctx, float *y, const float *x,
 		      const uint16_t *w, int M, int N, int K, int accumulate, bool ready);
 int k_cuda_lin_stream_describe(const struct k_cuda_linear *ctx, int M, int N, int K,
 			       char *buf, size_t len);
+
+/* Kernel attributes and ctx->wg_cap; once, at create, after k_cuda_lin_stream_setup
+ * (whose workspace and counters the wgmma kernel uses for its splits). */
+int k_cuda_lin_wgmma_setup(struct k_cuda_linear *ctx);
+/* ready: ctx->xb already holds bf16(x); otherwise x is rounded into it first. */
+int k_cuda_lin_wgmma(const struct k_cuda_linear *ctx, float *y, const float *x,
+		     const uint16_t *w, int M, int N, int K, int accumulate, bool ready);
+int k_cuda_lin_wgmma_describe(const struct k_cuda_linear *ctx, int M, int N, int K,
+			      char *buf, size_t len);
 
 /* cuBLASLt with the algorithm timed fastest for this shape (first call of a shape
  * outside graph capture: tunes, synchronising the stream); *done = false where it did

@@ -1,0 +1,524 @@
+// The warpgroup tensor-core (wgmma, sm_90a) weight-streaming kernel for decode batches of
+// 9..64 rows: the linear_stream.cu pipeline (cp.async stages of swizzled 128-byte rows,
+// weights issued before the PDL wait, K split over CTAs with a fixed-order reduction by
+// the last CTA of each tile), with the products on wgmma.mma_async instead of mma.sync.
+//
+// Why: at M = 64 and 4.25 TB/s an SM must sustain ~1040 bf16 flop/clk, ~80% of what
+// mma.sync issues on H200, so linear_stream is bound by instruction issue there and
+// cuBLAS leaves the Llama-3.1-8B layers at 61-85% of the HBM floor. wgmma does twice the
+// work per issue and reads both operands from shared memory itself (no ldmatrix).
+//
+// Layout. A CTA is one warpgroup (4 warps, 128 threads) owning WG_ROWS (128) weight rows,
+// two m64 tiles, and one K slice. y^T (N, M) = W (N, K) x^T: W is the A operand (64 rows
+// of one m64 tile, k contiguous), x the B operand (XROWS = 16/32/64 rows, k contiguous),
+// both K-major in shared memory with the 128-byte swizzle: a stage holds 64 k (one
+// 128-byte line) of every row, 16-byte chunk c of row r at r * 128 + ((c ^ (r & 7)) << 4)
+// from a 1024-byte aligned base, which is the address pattern the hardware's 128B mode
+// applies (address bits 4-6 ^= bits 7-9). The descriptors: start >> 4, stride byte
+// offset 1024 (from one 8-row group to the next), leading byte offset unused (each k16
+// step lies inside the 128-byte line: its start advances 32 bytes), mode 1 = 128B.
+//
+// Accumulators (m64nN, fp32): thread (warp w, lane l) holds d[4i + c] for weight row
+// 16w + l/4 + 8 (c >> 1) of the m64 tile and x row 8i + 2 (l % 4) + (c & 1).
+//
+// Proxies: cp.async writes shared memory through the generic proxy and wgmma reads it
+// through the async proxy, so each thread fences (fence.proxy.async) after its copies
+// land and before the barrier that lets the warpgroup issue wgmma on them; a buffer is
+// refilled only after wgmma.wait_group 0 has retired every read of it.
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/attn_ptx.cuh"
+#include "kernels/cuda/linear_internal.h"
+
+#define WG_THREADS	128	/* one warpgroup */
+#define WG_ROWS		128	/* weight rows per CTA: two m64 tiles */
+#define WG_BK		64	/* k per stage: one 128-byte line of each row */
+#define WG_STAGES	4	/* buffers; WG_STAGES - 1 stages in flight ahead */
+#define WG_AHEAD	(WG_STAGES - 1)
+#define WG_ALIGN	1024	/* the 128B swizzle pattern repeats every 8 rows of 128 bytes */
+/* Fixed cost of a CTA (prologue, epilogue, pipeline ramp) in stages, for the split. */
+#define WG_CTA_OVERHEAD	3
+
+template <int NT> struct wg_cfg {
+	static constexpr int XROWS = NT * 8;			// x rows per launch: the wgmma N
+	static constexpr int ACC = NT * 4;			// fp32 accumulators per m64 tile
+	static constexpr int W_BYTES = WG_ROWS * WG_BK * 2;	// 16 KB
+	static constexpr int X_BYTES = XROWS * WG_BK * 2;	// 2, 4, 8 KB
+	static constexpr int STAGE_BYTES = W_BYTES + X_BYTES;	// multiples of WG_ALIGN
+	static constexpr int SMEM = WG_STAGES * STAGE_BYTES + WG_ALIGN;	// + alignment slack
+};
+
+// ---- PTX --------------------------------------------------------------------------
+
+// nvcc -arch=sm_90a also builds compute_90 PTX, which has no wgmma: there the kernel
+// traps (the device runs the sm_90a image; the PTX would only be JIT-compiled for
+// another architecture, where the launch is never made on purpose).
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+#define WG_ASM(...)	asm volatile(__VA_ARGS__)
+#else
+#define WG_ASM(...)	__trap()
+#endif
+
+// Shared-memory matrix descriptor of a K-major, 128B-swizzled tile at shared address
+// addr (1024-byte aligned, or advanced by k16 steps of 32 bytes within its lines).
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t addr)
+{
+	return (uint64_t)((addr & 0x3ffff) >> 4) |		// start address, bits 0-13
+	       ((uint64_t)1 << 16) |				// leading byte offset: unused
+	       ((uint64_t)(1024 >> 4) << 32) |			// stride byte offset, 8 rows
+	       ((uint64_t)1 << 62);				// 128B swizzle
+}
+
+static __device__ __forceinline__ void wg_fence_proxy_async()
+{
+	asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+static __device__ __forceinline__ void wg_fence()
+{
+	WG_ASM("wgmma.fence.sync.aligned;" ::: "memory");
+}
+
+static __device__ __forceinline__ void wg_commit()
+{
+	WG_ASM("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+static __device__ __forceinline__ void wg_wait_all()
+{
+	WG_ASM("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+
+// Keeps the compiler from moving reads or writes of an accumulator across the
+// asynchronous wgmma that owns it (the asm statements do not say when it lands).
+template <int R> static __device__ __forceinline__ void wg_fence_regs(float (&d)[R])
+{
+#pragma unroll
+	for (int i = 0; i < R; i++)
+		asm volatile("" : "+f"(d[i]) : : "memory");
+}
+
+// The products. scale-d is a predicate (true: add to d); then the immediates scale A
+// and B by 1 and transpose neither (both K-major).
+
+// d (64 x 16) += A (64 x 16, descriptor a) B^T (B 16 x 16, descriptor b), both K-major.
+static __device__ __forceinline__ void wg_mma_n16(float (&d)[8], uint64_t a, uint64_t b)
+{
+	WG_ASM("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %10, 0;\n\t"
+	       "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+	       "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+	       "%8, %9, p, 1, 1, 0, 0;\n}"
+	       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+	         "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+	       : "l"(a), "l"(b), "r"(1));
+}
+
+// d (64 x 32) += A (64 x 16, descriptor a) B^T (B 32 x 16, descriptor b), both K-major.
+static __device__ __forceinline__ void wg_mma_n32(float (&d)[16], uint64_t a, uint64_t b)
+{
+	WG_ASM("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %18, 0;\n\t"
+	       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+	       "{%0, %1, %2, %3, %4, %5, %6, %7,"
+	       "%8, %9, %10, %11, %12, %13, %14, %15}, "
+	       "%16, %17, p, 1, 1, 0, 0;\n}"
+	       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+	         "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+	         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+	         "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+	       : "l"(a), "l"(b), "r"(1));
+}
+
+// d (64 x 64) += A (64 x 16, descriptor a) B^T (B 64 x 16, descriptor b), both K-major.
+static __device__ __forceinline__ void wg_mma_n64(float (&d)[32], uint64_t a, uint64_t b)
+{
+	WG_ASM("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %34, 0;\n\t"
+	       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+	       "{%0, %1, %2, %3, %4, %5, %6, %7,"
+	       "%8, %9, %10, %11, %12, %13, %14, %15,"
+	       "%16, %17, %18, %19, %20, %21, %22, %23,"
+	       "%24, %25, %26, %27, %28, %29, %30, %31}, "
+	       "%32, %33, p, 1, 1, 0, 0;\n}"
+	       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+	         "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+	         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+	         "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+	         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+	         "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+	         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+	         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+	       : "l"(a), "l"(b), "r"(1));
+}
+
+template <int NT>
+static __device__ __forceinline__ void wg_mma(float (&d)[NT * 4], uint64_t a, uint64_t b)
+{
+	if constexpr (NT == 2)
+		wg_mma_n16(d, a, b);
+	else if constexpr (NT == 4)
+		wg_mma_n32(d, a, b);
+	else
+		wg_mma_n64(d, a, b);
+}
+
+// ---- kernel -----------------------------------------------------------------------
+
+// Byte offset of (row, 16-byte chunk) in a tile of 128-byte rows (128B swizzle).
+static __device__ __forceinline__ uint32_t wg_swz(int row, int chunk)
+{
+	return (uint32_t)(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+// The weight part of a stage: rows n0 .. n0+127, k k0 .. k0+63 (zeros past N or kend).
+static __device__ __forceinline__ void wg_load_w(unsigned char *ws, const uint16_t *w, int N,
+						 int K, int n0, int k0, int kend, int tid)
+{
+#pragma unroll
+	for (int j = 0; j < WG_ROWS * 8 / WG_THREADS; j++) {
+		const int i = tid + j * WG_THREADS, r = i >> 3, c = i & 7, k = k0 + c * 8;
+		const bool ok = n0 + r < N && k < kend;
+
+		cp_async16(ws + wg_swz(r, c), ok ? w + (size_t)(n0 + r) * K + k : w, ok);
+	}
+}
+
+// The x part of a stage: x rows 0 .. XROWS-1 (zeros past M), same k.
+template <int NT>
+static __device__ __forceinline__ void wg_load_x(unsigned char *xs, const uint16_t *xb, int M,
+						 int K, int k0, int kend, int tid)
+{
+#pragma unroll
+	for (int j = 0; j < wg_cfg<NT>::XROWS * 8 / WG_THREADS; j++) {
+		const int i = tid + j * WG_THREADS, r = i >> 3, c = i & 7, k = k0 + c * 8;
+		const bool ok = r < M && k < kend;
+
+		cp_async16(xs + wg_swz(r, c), ok ? xb + (size_t)r * K + k : xb, ok);
+	}
+}
+
+// One stage: 4 k16 steps of both m64 weight tiles against the x tile, issued as one
+// wgmma group and retired before returning (the caller then may refill any buffer).
+template <int NT>
+static __device__ __forceinline__ void wg_compute(float (&acc)[2][NT * 4], uint32_t wsa,
+						  uint32_t xsa)
+{
+	wg_fence_regs(acc[0]);
+	wg_fence_regs(acc[1]);
+	wg_fence();
+#pragma unroll
+	for (int kk = 0; kk < WG_BK / 16; kk++) {
+		const uint64_t b = wg_desc(xsa + kk * 32);
+
+#pragma unroll
+		for (int t = 0; t < 2; t++)
+			wg_mma<NT>(acc[t], wg_desc(wsa + t * 64 * 128 + kk * 32), b);
+	}
+	wg_commit();
+	wg_wait_all();
+	wg_fence_regs(acc[0]);
+	wg_fence_regs(acc[1]);
+}
+
+// Accumulator c (0..3) of n8 group i of m64 tile t, for warp w and lane l: its weight
+// row within the CTA's tile and its x row.
+static __device__ __forceinline__ int wg_frag_row(int warp, int t, int lane, int c)
+{
+	return t * 64 + warp * 16 + (lane >> 2) + (c >> 1) * 8;
+}
+
+static __device__ __forceinline__ int wg_frag_m(int i, int lane, int c)
+{
+	return i * 8 + (lane & 3) * 2 + (c & 1);
+}
+
+// The S partial tiles of this CTA's weight tile, added in split order into y by the CTA
+// that arrived last; tp: (S, XROWS, WG_ROWS) fp32.
+template <int NT>
+static __device__ __forceinline__ void wg_reduce(float *y, const float *tp, int M, int N, int n0,
+						 int S, int accumulate, int tid)
+{
+	constexpr int TILE = wg_cfg<NT>::XROWS * WG_ROWS;
+
+	// 4 outputs per thread and step, all S loads issued before the adds (in split
+	// order): the sum is latency-bound, not bandwidth-bound
+#pragma unroll 2
+	for (int e = tid * 4; e < M * WG_ROWS; e += WG_THREADS * 4) {
+		const int m = e / WG_ROWS, r = e % WG_ROWS;
+		float4 v[LIN_ST_MAX_SPLIT];
+		float sum[4];
+
+#pragma unroll
+		for (int q = 0; q < LIN_ST_MAX_SPLIT; q++)
+			if (q < S)
+				v[q] = __ldcg((const float4 *)(tp + (size_t)q * TILE + e));
+		sum[0] = v[0].x;
+		sum[1] = v[0].y;
+		sum[2] = v[0].z;
+		sum[3] = v[0].w;
+#pragma unroll
+		for (int q = 1; q < LIN_ST_MAX_SPLIT; q++)
+			if (q < S) {
+				sum[0] += v[q].x;
+				sum[1] += v[q].y;
+				sum[2] += v[q].z;
+				sum[3] += v[q].w;
+			}
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			if (n0 + r + i < N) {
+				float *p = y + (size_t)m * N + n0 + r + i;
+
+				*p = accumulate ? *p + sum[i] : sum[i];
+			}
+	}
+}
+
+// grid (tiles, S): blockIdx.x the 128-row tile, blockIdx.y the K slice [s KS, s KS + KS).
+// xb: bf16 x (M, K) row-major; ws: (tiles * S, XROWS, WG_ROWS) fp32 partials; cnt:
+// (tiles) arrival counters, zero between launches. Needs K % 8 == 0, w and xb 16-byte
+// aligned, M <= XROWS.
+template <int NT>
+__global__ void __launch_bounds__(WG_THREADS)
+wg_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, int N, int K,
+	  int KS, int accumulate, float *ws, unsigned *cnt, int pdl)
+{
+	using C = wg_cfg<NT>;
+	extern __shared__ __align__(128) unsigned char wg_smem_raw[];
+	__shared__ bool wg_last;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int tile = blockIdx.x, S = gridDim.y, s = blockIdx.y;
+	const int n0 = tile * WG_ROWS, k0 = s * KS, kend = min(K, k0 + KS);
+	const int nb = (kend - k0 + WG_BK - 1) / WG_BK;
+	const uint32_t raw = (uint32_t)__cvta_generic_to_shared(wg_smem_raw);
+	// the swizzle atoms must start on 1024 bytes; dynamic shared memory follows wg_last
+	const uint32_t pad = (WG_ALIGN - (raw & (WG_ALIGN - 1))) & (WG_ALIGN - 1);
+	unsigned char *smem_p = wg_smem_raw + pad;
+	const uint32_t smem = raw + pad;
+	float acc[2][C::ACC];
+
+#pragma unroll
+	for (int t = 0; t < 2; t++)
+#pragma unroll
+		for (int i = 0; i < C::ACC; i++)
+			acc[t][i] = 0.f;
+
+	// weights are constant: the first stages stream in while the previous kernel drains
+#pragma unroll
+	for (int i = 0; i < WG_AHEAD; i++) {
+		if (i < nb)
+			wg_load_w(smem_p + i * C::STAGE_BYTES, w, N, K, n0, k0 + i * WG_BK, kend, tid);
+		cp_async_commit();
+	}
+	k_cuda_lin_inputs_ready(pdl);	// x and y only from here on
+#pragma unroll
+	for (int i = 0; i < WG_AHEAD; i++) {
+		if (i < nb)
+			wg_load_x<NT>(smem_p + i * C::STAGE_BYTES + C::W_BYTES, xb, M, K,
+				      k0 + i * WG_BK, kend, tid);
+		cp_async_commit();
+	}
+	// groups so far: W0 W1 W2 X0 X1 X2; then one (W, X) group per iteration. Before
+	// iteration i, stage i's last group has exactly WG_AHEAD - 1 newer ones.
+	for (int i = 0; i < nb; i++) {
+		const int nx = i + WG_AHEAD;
+
+		cp_async_wait<WG_AHEAD - 1>();
+		wg_fence_proxy_async();	// this thread's copies, visible to wgmma
+		__syncthreads();	// everyone's; stage i - 1's buffer retired (wait_group 0)
+		if (nx < nb) {
+			unsigned char *st = smem_p + (nx % WG_STAGES) * C::STAGE_BYTES;
+
+			wg_load_w(st, w, N, K, n0, k0 + nx * WG_BK, kend, tid);
+			wg_load_x<NT>(st + C::W_BYTES, xb, M, K, k0 + nx * WG_BK, kend, tid);
+		}
+		cp_async_commit();
+		const uint32_t st = smem + (i % WG_STAGES) * C::STAGE_BYTES;
+
+		wg_compute<NT>(acc, st, st + C::W_BYTES);
+	}
+	cp_async_wait<0>();
+
+	if (S == 1) {
+#pragma unroll
+		for (int t = 0; t < 2; t++)
+#pragma unroll
+			for (int i = 0; i < NT; i++)
+#pragma unroll
+				for (int c = 0; c < 4; c++) {
+					const int n = n0 + wg_frag_row(warp, t, lane, c);
+					const int m = wg_frag_m(i, lane, c);
+
+					if (m < M && n < N) {
+						float *p = y + (size_t)m * N + n;
+
+						*p = accumulate ? *p + acc[t][4 * i + c]
+								: acc[t][4 * i + c];
+					}
+				}
+		return;
+	}
+	float *part = ws + ((size_t)tile * S + s) * C::XROWS * WG_ROWS;
+
+#pragma unroll
+	for (int t = 0; t < 2; t++)
+#pragma unroll
+		for (int i = 0; i < NT; i++)
+#pragma unroll
+			for (int c = 0; c < 4; c++)
+				__stcg(part + wg_frag_m(i, lane, c) * WG_ROWS +
+				       wg_frag_row(warp, t, lane, c), acc[t][4 * i + c]);
+	__threadfence();	// partials visible device-wide before this CTA counts
+	__syncthreads();
+	if (tid == 0)
+		wg_last = atomicAdd(cnt + tile, 1u) == (unsigned)S - 1;
+	__syncthreads();
+	if (!wg_last)
+		return;
+	__threadfence();	// every other CTA's partials, which its count published
+	wg_reduce<NT>(y, ws + (size_t)tile * S * C::XROWS * WG_ROWS, M, N, n0, S, accumulate, tid);
+	if (tid == 0)
+		cnt[tile] = 0;
+}
+
+// ---- launchers --------------------------------------------------------------------
+
+/* Instantiations for 2, 4, 8 n8 tiles of x rows (M <= 16, 32, 64 per launch). */
+static int wg_nt_index(int M)
+{
+	return M <= 16 ? 0 : M <= 32 ? 1 : 2;
+}
+
+static const int wg_smem_of[LIN_WG_N_NT] = {
+	wg_cfg<2>::SMEM, wg_cfg<4>::SMEM, wg_cfg<8>::SMEM,
+};
+
+struct wg_plan {
+	int nt;		// n8 tiles of x rows
+	int tiles;	// 128-row weight tiles
+	int S;		// K slices
+	int KS;		// k per slice (a multiple of WG_BK)
+	int waves;	// of the resident slots
+};
+
+// As linear_stream's plan: every split S of the K stages is tried, time ~ waves *
+// (stages per slice + overhead), ties to the smaller split, at most LIN_ST_MAX_UNITS
+// CTAs where it splits (the shared workspace).
+static void wg_make_plan(const struct k_cuda_linear *ctx, int M, int N, int K, struct wg_plan *p)
+{
+	const int ni = wg_nt_index(M);
+	const int tiles = (N + WG_ROWS - 1) / WG_ROWS, nbk = (K + WG_BK - 1) / WG_BK;
+	const long slots = ctx->wg_cap[ni] > 0 ? ctx->wg_cap[ni] : 1;
+	long best = -1;
+
+	p->nt = 2 << ni;
+	p->tiles = tiles;
+	p->S = 1;
+	p->KS = nbk * WG_BK;
+	p->waves = (int)((tiles + slots - 1) / slots);
+	for (int S = 1; S <= LIN_ST_MAX_SPLIT && S <= nbk; S++) {
+		const int kb = (nbk + S - 1) / S;
+		const long units = (long)tiles * S, waves = (units + slots - 1) / slots;
+		long cost;
+
+		if ((nbk + kb - 1) / kb != S)	// the same slices as a smaller S
+			continue;
+		if (S > 1 && units > LIN_ST_MAX_UNITS)
+			break;
+		cost = waves * (kb + WG_CTA_OVERHEAD);
+		if (best < 0 || cost < best) {
+			best = cost;
+			p->S = S;
+			p->KS = kb * WG_BK;
+			p->waves = (int)waves;
+		}
+	}
+}
+
+template <int NT>
+static int wg_launch(const struct k_cuda_linear *ctx, const struct wg_plan *p, float *y,
+		     const uint16_t *xb, const uint16_t *w, int M, int N, int K, int accumulate)
+{
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute attr[1] = {};
+
+	cfg.gridDim = dim3(p->tiles, p->S, 1);
+	cfg.blockDim = dim3(WG_THREADS, 1, 1);
+	cfg.dynamicSmemBytes = wg_cfg<NT>::SMEM;
+	cfg.stream = ctx->stream;
+	cfg.attrs = attr;
+	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
+	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, wg_kernel<NT>, y, xb, w, M, N, K, p->KS,
+						     accumulate, ctx->st_ws, ctx->st_cnt,
+						     ctx->pdl));
+}
+
+int k_cuda_lin_wgmma(const struct k_cuda_linear *ctx, float *y, const float *x,
+		     const uint16_t *w, int M, int N, int K, int accumulate, bool ready)
+{
+	int ret = 0;
+
+	if (!ready)
+		ret = k_cuda_lin_to_bf16(ctx, ctx->xb, x, (size_t)M * K);
+	for (int m0 = 0; m0 < M && !ret; m0 += LIN_ST_MAX_M) {
+		const int mc = M - m0 < LIN_ST_MAX_M ? M - m0 : LIN_ST_MAX_M;
+		float *yc = y + (size_t)m0 * N;
+		const uint16_t *xc = ctx->xb + (size_t)m0 * K;
+		struct wg_plan p;
+
+		wg_make_plan(ctx, mc, N, K, &p);
+		switch (p.nt) {
+		case 2: ret = wg_launch<2>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
+		case 4: ret = wg_launch<4>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
+		default: ret = wg_launch<8>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
+		}
+	}
+	return ret;
+}
+
+int k_cuda_lin_wgmma_describe(const struct k_cuda_linear *ctx, int M, int N, int K, char *buf,
+			      size_t len)
+{
+	const int mc = M < LIN_ST_MAX_M ? M : LIN_ST_MAX_M;
+	struct wg_plan p;
+
+	wg_make_plan(ctx, mc, N, K, &p);
+	return snprintf(buf, len, "wgmma n=%d grid=%dx%d k/slice=%d waves=%d cap=%d smem=%d%s",
+			p.nt * 8, p.tiles, p.S, p.KS, p.waves, ctx->wg_cap[wg_nt_index(mc)],
+			wg_smem_of[wg_nt_index(mc)], M > LIN_ST_MAX_M ? " (per 64 rows)" : "");
+}
+
+template <int NT> static int wg_setup_nt(struct k_cuda_linear *ctx, int ni)
+{
+	int ret, bps = 0;
+
+	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(wg_kernel<NT>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize, wg_cfg<NT>::SMEM));
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps,
+					wg_kernel<NT>, WG_THREADS, wg_cfg<NT>::SMEM));
+	if (ret)
+		return ret;
+	if (bps < 1) {
+		fprintf(stderr, "cuda: wgmma linear kernel (n %d, %d bytes of shared memory) fits "
+			"no multiprocessor of device %d\n", NT * 8, wg_cfg<NT>::SMEM, ctx->dev);
+		return -EIO;
+	}
+	ctx->wg_cap[ni] = bps * ctx->n_sm;
+	return 0;
+}
+
+// Needs k_cuda_lin_stream_setup first: the split workspace and counters are its.
+int k_cuda_lin_wgmma_setup(struct k_cuda_linear *ctx)
+{
+	int ret;
+
+	ret = wg_setup_nt<2>(ctx, 0);
+	if (!ret)
+		ret = wg_setup_nt<4>(ctx, 1);
+	if (!ret)
+		ret = wg_setup_nt<8>(ctx, 2);
+	return ret;
+}
