@@ -7,7 +7,9 @@
  * median of SAMPLES samples after warm-up is reported. Bytes = weights + x + y, each
  * once; floor = bytes / 4.25 TB/s (the measured H200 read bandwidth, DEVICE.md).
  * The cuBLAS column includes its x -> bf16 rounding launch: same inputs, same output.
- * The stream column forces the streaming kernel (its x rounding launch included).
+ * The stream column forces the streaming kernel (its x rounding launch included), the
+ * wgmma column the wgmma kernel (likewise; KDEC_LINEAR_WGMMA=0 takes it out of "pick"
+ * but not out of its own column).
  * "us" has programmatic dependent launch on (each launch streams its weights while the
  * previous one drains, as kdec's own kernels allow), "us nopdl" has it off: a decode
  * step sees the first where the op before a linear layer triggers early too.
@@ -170,7 +172,7 @@ int main(int argc, char **argv)
 	const int *ms = all_ms;
 	int n_ms = N_MS, count = 0, major, minor;
 	double llama_us[N_MS] = { 0 }, llama_cb[N_MS] = { 0 }, llama_floor[N_MS] = { 0 };
-	double llama_st[N_MS] = { 0 };
+	double llama_st[N_MS] = { 0 }, llama_wg[N_MS] = { 0 };
 	float *x, *y, *hx;
 	char name[128];
 	double gib;
@@ -204,9 +206,10 @@ int main(int argc, char **argv)
 	CUDA_OK(cudaMemcpyAsync(x, hx, sizeof(float) * MAX_M * 16384, cudaMemcpyHostToDevice, stream));
 	CUDA_OK(cudaStreamSynchronize(stream));
 	free(hx);
-	printf("%-17s %6s %5s %2s | %-6s %8s %6s %6s %8s | %8s %6s %6s | %8s %6s | %8s %5s | %s\n",
-	       "shape", "N", "K", "M", "pick", "us", "TB/s", "floor%", "us nopdl", "cublas", "TB/s",
-	       "floor%", "stream", "floor%", "floor us", "x cb", "plan");
+	printf("%-17s %6s %5s %2s | %-6s %8s %6s %6s %8s | %8s %6s %6s | %8s %6s | %8s %6s | "
+	       "%8s %5s | %s\n", "shape", "N", "K", "M", "pick", "us", "TB/s", "floor%", "us nopdl",
+	       "cublas", "TB/s", "floor%", "stream", "floor%", "wgmma", "floor%", "floor us", "x cb",
+	       "plan");
 	for (int si = 0; si < N_SHAPES; si++) {
 		const struct shape *s = &shapes[si];
 		size_t wbytes = (size_t)s->N * s->K * 2;
@@ -224,20 +227,25 @@ int main(int argc, char **argv)
 			double us_nopdl = time_us_nopdl(y, x, w, copies, M, s->N, s->K);
 			double cb = time_us(K_CUDA_LINEAR_CUBLAS, y, x, w, copies, M, s->N, s->K);
 			double st = time_us(K_CUDA_LINEAR_STREAM, y, x, w, copies, M, s->N, s->K);
-			char plan[160];
+			double wg = time_us(K_CUDA_LINEAR_WGMMA, y, x, w, copies, M, s->N, s->K);
+			char plan[160], wplan[160];
 
 			k_cuda_linear_describe(lin, kind, M, s->N, s->K, plan, sizeof(plan));
+			k_cuda_linear_describe(lin, K_CUDA_LINEAR_WGMMA, M, s->N, s->K, wplan,
+					       sizeof(wplan));
 			printf("%-17s %6d %5d %2d | %-6s %8.2f %6.2f %5.1f%% %8.2f | %8.2f %6.2f %5.1f%% | "
-			       "%8.2f %5.1f%% | %8.2f %5.2f | %s\n", s->name, s->N, s->K, M,
-			       k_cuda_linear_kind_name(kind), us, bytes / us / 1e6, 100.0 * floor_us / us,
-			       us_nopdl, cb, bytes / cb / 1e6, 100.0 * floor_us / cb, st,
-			       100.0 * floor_us / st, floor_us, cb / us, plan);
+			       "%8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.2f | %s; %s\n", s->name, s->N,
+			       s->K, M, k_cuda_linear_kind_name(kind), us, bytes / us / 1e6,
+			       100.0 * floor_us / us, us_nopdl, cb, bytes / cb / 1e6, 100.0 * floor_us / cb,
+			       st, 100.0 * floor_us / st, wg, 100.0 * floor_us / wg, floor_us, cb / us,
+			       plan, kind == K_CUDA_LINEAR_WGMMA ? "" : wplan);
 			for (int a = 0; a < N_MS; a++) {
 				if (all_ms[a] != M || !s->llama_layer)
 					continue;
 				llama_us[a] += us;
 				llama_cb[a] += cb;
 				llama_st[a] += st;
+				llama_wg[a] += wg;
 				llama_floor[a] += floor_us;
 			}
 		}
@@ -248,11 +256,12 @@ int main(int argc, char **argv)
 	for (int a = 0; a < N_MS; a++) {
 		if (llama_us[a] == 0)
 			continue;
-		printf("  M=%-2d kdec %8.1f us  cublas %8.1f us  stream %8.1f us  floor %8.1f us  "
-		       "(%.1f%% of floor; cublas %.1f%%, stream %.1f%%)\n", all_ms[a],
-		       32 * llama_us[a], 32 * llama_cb[a], 32 * llama_st[a], 32 * llama_floor[a],
-		       100.0 * llama_floor[a] / llama_us[a], 100.0 * llama_floor[a] / llama_cb[a],
-		       100.0 * llama_floor[a] / llama_st[a]);
+		printf("  M=%-2d kdec %8.1f us  cublas %8.1f us  stream %8.1f us  wgmma %8.1f us  "
+		       "floor %8.1f us  (%.1f%% of floor; cublas %.1f%%, stream %.1f%%, wgmma %.1f%%)\n",
+		       all_ms[a], 32 * llama_us[a], 32 * llama_cb[a], 32 * llama_st[a],
+		       32 * llama_wg[a], 32 * llama_floor[a], 100.0 * llama_floor[a] / llama_us[a],
+		       100.0 * llama_floor[a] / llama_cb[a], 100.0 * llama_floor[a] / llama_st[a],
+		       100.0 * llama_floor[a] / llama_wg[a]);
 	}
 	cudaFree(x);
 	cudaFree(y);

@@ -41,13 +41,23 @@ struct shape {
 	int N, K;
 	const int *Ms;
 	int n_ms;
+	int only;	/* the one kind forced (besides auto), or -1 for every kind */
 };
 
 static const int all_ms[] = { 1, 2, 3, 7, 16, 33, 64, 200 };
 static const int big_ms[] = { 1, 33, 64 };
+/* the wgmma kernel's range, every M (the fragment of each x row and n8 group), and
+ * the rows past it that walk blocks of 64 */
+static const int wg_ms[] = {
+	1, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28,
+	29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49,
+	50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 130,
+};
+static const int wg_big_ms[] = { 9, 16, 17, 31, 48, 64 };
 
-#define ALL(n, k) { n, k, all_ms, (int)(sizeof(all_ms) / sizeof(all_ms[0])) }
-#define BIG(n, k) { n, k, big_ms, (int)(sizeof(big_ms) / sizeof(big_ms[0])) }
+#define ALL(n, k) { n, k, all_ms, (int)(sizeof(all_ms) / sizeof(all_ms[0])), -1 }
+#define BIG(n, k) { n, k, big_ms, (int)(sizeof(big_ms) / sizeof(big_ms[0])), -1 }
+#define WG(n, k, ms) { n, k, ms, (int)(sizeof(ms) / sizeof(ms[0])), K_CUDA_LINEAR_WGMMA }
 
 static const struct shape shapes[] = {
 	ALL(1, 8), ALL(17, 24), ALL(1000, 8), ALL(1000, 1000), ALL(17, 4100), ALL(1, 4096),
@@ -56,6 +66,11 @@ static const struct shape shapes[] = {
 	ALL(40000, 256),	/* more 256-row groups than CTAs: split-K walks groups */
 	ALL(6144, 4096),	/* Llama-3.1-8B q/k/v: the streaming kernel splits K */
 	BIG(4096, 4096), BIG(14336, 4096),
+	/* wgmma: N not a multiple of its 128-row tile, K not of its 64-k stage; split K
+	 * over 8 slices (1000 x 1000), 1 slice (40000 x 264), and the Llama-3.1-8B o_proj
+	 * and down shapes (the last reduces through the workspace from 8 slices) */
+	WG(1000, 1000, wg_ms), WG(40000, 264, wg_ms), WG(4096, 4096, wg_big_ms),
+	WG(4096, 14336, wg_big_ms),
 };
 
 #define CUDA_OK(call)                                                                   \
@@ -127,7 +142,7 @@ static struct errs compare(const float *got, const float *base, const float *ref
 static int is_bf16_x(enum k_cuda_linear_kind kind)
 {
 	return kind == K_CUDA_LINEAR_SPLITK || kind == K_CUDA_LINEAR_STREAM ||
-	       kind == K_CUDA_LINEAR_CUBLAS;
+	       kind == K_CUDA_LINEAR_WGMMA || kind == K_CUDA_LINEAR_CUBLAS;
 }
 
 /* One case's inputs and both references, host side. */
@@ -251,6 +266,8 @@ static void test_shape(const struct shape *s)
 		k_cpu_linear(pool, r16, x16, w, K_BF16, M, s->N, s->K);
 		copy(b.x, x, (size_t)M * s->K * sizeof(float), cudaMemcpyHostToDevice);
 		for (int k = 0; k < K_CUDA_LINEAR_N_KINDS; k++) {
+			if (s->only >= 0 && k != s->only)
+				continue;
 			if (!k_cuda_linear_supports(k, b.x, b.w, M, s->N, s->K)) {
 				CHECK(k_cuda_linear_run_kind(lin, k, b.y, b.x, b.w, M, s->N, s->K, 0) ==
 				      -EINVAL, "unsupported %s must return -EINVAL",
@@ -396,8 +413,8 @@ int main(void)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	CHECK(k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor) == 0, "describe");
 	printf("device 0: %s, %.1f GiB, sm_%d%d\n", name, gib, major, minor);
-	printf("tolerances: gemv/generic rel_l2 <= 1e-5, max_abs/rms <= 1e-4; splitk/stream/cublas "
-	       "rel_l2 <= 5e-4, max_abs/rms <= 5e-3 (bf16-x ref) and 1e-2, 5e-2 (fp32-x ref)\n");
+	printf("tolerances: gemv/generic rel_l2 <= 1e-5, max_abs/rms <= 1e-4; splitk/stream/wgmma/"
+	       "cublas rel_l2 <= 5e-4, max_abs/rms <= 5e-3 (bf16-x ref) and 1e-2, 5e-2 (fp32-x ref)\n");
 	if (k_pool_create(&pool, cpus > 16 ? 16 : cpus > 0 ? (int)cpus : 1)) {
 		fprintf(stderr, "FATAL: k_pool_create\n");
 		return 1;
