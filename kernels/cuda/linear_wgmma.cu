@@ -8,8 +8,10 @@
 // cuBLAS leaves the Llama-3.1-8B layers at 61-85% of the HBM floor. wgmma does twice the
 // work per issue and reads both operands from shared memory itself (no ldmatrix).
 //
-// Layout. A CTA is one warpgroup (4 warps, 128 threads) owning WG_ROWS (128) weight rows,
-// two m64 tiles, and one K slice. y^T (N, M) = W (N, K) x^T: W is the A operand (64 rows
+// Layout. A CTA owns WG_ROWS (128) weight rows and one K slice; its two warpgroups (4
+// warps each) one m64 tile of 64 rows each, against all x rows: two warpgroups rather
+// than one with both tiles give the copies, the fragment stores and the split reduction
+// twice the threads, so twice the loads in flight. y^T (N, M) = W (N, K) x^T: W is the A operand (64 rows
 // of one m64 tile, k contiguous), x the B operand (XROWS = 16/32/64 rows, k contiguous),
 // both K-major in shared memory with the 128-byte swizzle: a stage holds 64 k (one
 // 128-byte line) of every row, 16-byte chunk c of row r at r * 128 + ((c ^ (r & 7)) << 4)
@@ -18,8 +20,8 @@
 // offset 1024 (from one 8-row group to the next), leading byte offset unused (each k16
 // step lies inside the 128-byte line: its start advances 32 bytes), mode 1 = 128B.
 //
-// Accumulators (m64nN, fp32): thread (warp w, lane l) holds d[4i + c] for weight row
-// 16w + l/4 + 8 (c >> 1) of the m64 tile and x row 8i + 2 (l % 4) + (c & 1).
+// Accumulators (m64nN, fp32): thread (warp w of its warpgroup, lane l) holds d[4i + c]
+// for weight row 16w + l/4 + 8 (c >> 1) of its m64 tile and x row 8i + 2 (l % 4) + (c & 1).
 //
 // Proxies: cp.async writes shared memory through the generic proxy and wgmma reads it
 // through the async proxy, so each thread fences (fence.proxy.async) after its copies
@@ -34,8 +36,8 @@
 #include "kernels/cuda/attn_ptx.cuh"
 #include "kernels/cuda/linear_internal.h"
 
-#define WG_THREADS	128	/* one warpgroup */
-#define WG_ROWS		128	/* weight rows per CTA: two m64 tiles */
+#define WG_THREADS	256	/* two warpgroups */
+#define WG_ROWS		128	/* weight rows per CTA: one m64 tile per warpgroup */
 #define WG_BK		64	/* k per stage: one 128-byte line of each row */
 #define WG_STAGES	4	/* buffers; WG_STAGES - 1 stages in flight ahead */
 #define WG_AHEAD	(WG_STAGES - 1)
@@ -191,42 +193,36 @@ static __device__ __forceinline__ void wg_load_x(unsigned char *xs, const uint16
 						 int K, int k0, int kend, int tid)
 {
 #pragma unroll
-	for (int j = 0; j < wg_cfg<NT>::XROWS * 8 / WG_THREADS; j++) {
-		const int i = tid + j * WG_THREADS, r = i >> 3, c = i & 7, k = k0 + c * 8;
+	for (int i = tid; i < wg_cfg<NT>::XROWS * 8; i += WG_THREADS) {
+		const int r = i >> 3, c = i & 7, k = k0 + c * 8;
 		const bool ok = r < M && k < kend;
 
 		cp_async16(xs + wg_swz(r, c), ok ? xb + (size_t)r * K + k : xb, ok);
 	}
 }
 
-// One stage: 4 k16 steps of both m64 weight tiles against the x tile, issued as one
-// wgmma group and retired before returning (the caller then may refill any buffer).
+// One stage: 4 k16 steps of the warpgroup's m64 weight tile (wsa: its first row)
+// against the x tile, issued as one wgmma group and retired before returning (the
+// caller then may refill any buffer).
 template <int NT>
-static __device__ __forceinline__ void wg_compute(float (&acc)[2][NT * 4], uint32_t wsa,
+static __device__ __forceinline__ void wg_compute(float (&acc)[NT * 4], uint32_t wsa,
 						  uint32_t xsa)
 {
-	wg_fence_regs(acc[0]);
-	wg_fence_regs(acc[1]);
+	wg_fence_regs(acc);
 	wg_fence();
 #pragma unroll
-	for (int kk = 0; kk < WG_BK / 16; kk++) {
-		const uint64_t b = wg_desc(xsa + kk * 32);
-
-#pragma unroll
-		for (int t = 0; t < 2; t++)
-			wg_mma<NT>(acc[t], wg_desc(wsa + t * 64 * 128 + kk * 32), b);
-	}
+	for (int kk = 0; kk < WG_BK / 16; kk++)
+		wg_mma<NT>(acc, wg_desc(wsa + kk * 32), wg_desc(xsa + kk * 32));
 	wg_commit();
 	wg_wait_all();
-	wg_fence_regs(acc[0]);
-	wg_fence_regs(acc[1]);
+	wg_fence_regs(acc);
 }
 
-// Accumulator c (0..3) of n8 group i of m64 tile t, for warp w and lane l: its weight
-// row within the CTA's tile and its x row.
-static __device__ __forceinline__ int wg_frag_row(int warp, int t, int lane, int c)
+// Accumulator c (0..3) of n8 group i, for warp w (of the CTA: warpgroup w / 4) and
+// lane l: its weight row within the CTA's tile and its x row.
+static __device__ __forceinline__ int wg_frag_row(int warp, int lane, int c)
 {
-	return t * 64 + warp * 16 + (lane >> 2) + (c >> 1) * 8;
+	return warp * 16 + (lane >> 2) + (c >> 1) * 8;
 }
 
 static __device__ __forceinline__ int wg_frag_m(int i, int lane, int c)
@@ -242,37 +238,45 @@ static __device__ __forceinline__ void wg_reduce(float *y, const float *tp, int 
 {
 	constexpr int TILE = wg_cfg<NT>::XROWS * WG_ROWS;
 
-	// 4 outputs per thread and step, all S loads issued before the adds (in split
-	// order): the sum is latency-bound, not bandwidth-bound
-#pragma unroll 2
-	for (int e = tid * 4; e < M * WG_ROWS; e += WG_THREADS * 4) {
-		const int m = e / WG_ROWS, r = e % WG_ROWS;
-		float4 v[LIN_ST_MAX_SPLIT];
-		float sum[4];
+	// 2 x 4 outputs per thread and step, all 2 S loads issued before the adds (in split
+	// order) and the stores: the sum is latency-bound, not bandwidth-bound (at M = 64
+	// and S = 8 a tile's partials are 256 KB)
+	for (int e0 = tid * 4; e0 < M * WG_ROWS; e0 += 2 * WG_THREADS * 4) {
+		float4 v[2][LIN_ST_MAX_SPLIT];
 
 #pragma unroll
-		for (int q = 0; q < LIN_ST_MAX_SPLIT; q++)
-			if (q < S)
-				v[q] = __ldcg((const float4 *)(tp + (size_t)q * TILE + e));
-		sum[0] = v[0].x;
-		sum[1] = v[0].y;
-		sum[2] = v[0].z;
-		sum[3] = v[0].w;
-#pragma unroll
-		for (int q = 1; q < LIN_ST_MAX_SPLIT; q++)
-			if (q < S) {
-				sum[0] += v[q].x;
-				sum[1] += v[q].y;
-				sum[2] += v[q].z;
-				sum[3] += v[q].w;
-			}
-#pragma unroll
-		for (int i = 0; i < 4; i++)
-			if (n0 + r + i < N) {
-				float *p = y + (size_t)m * N + n0 + r + i;
+		for (int h = 0; h < 2; h++) {
+			const int e = e0 + h * WG_THREADS * 4;
 
-				*p = accumulate ? *p + sum[i] : sum[i];
-			}
+#pragma unroll
+			for (int q = 0; q < LIN_ST_MAX_SPLIT; q++)
+				if (q < S && e < M * WG_ROWS)
+					v[h][q] = __ldcg((const float4 *)(tp + (size_t)q * TILE + e));
+		}
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const int e = e0 + h * WG_THREADS * 4, m = e / WG_ROWS, r = e % WG_ROWS;
+
+			if (e >= M * WG_ROWS)
+				break;
+			float sum[4] = { v[h][0].x, v[h][0].y, v[h][0].z, v[h][0].w };
+
+#pragma unroll
+			for (int q = 1; q < LIN_ST_MAX_SPLIT; q++)
+				if (q < S) {
+					sum[0] += v[h][q].x;
+					sum[1] += v[h][q].y;
+					sum[2] += v[h][q].z;
+					sum[3] += v[h][q].w;
+				}
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				if (n0 + r + i < N) {
+					float *p = y + (size_t)m * N + n0 + r + i;
+
+					*p = accumulate ? *p + sum[i] : sum[i];
+				}
+		}
 	}
 }
 
@@ -281,14 +285,14 @@ static __device__ __forceinline__ void wg_reduce(float *y, const float *tp, int 
 // (tiles) arrival counters, zero between launches. Needs K % 8 == 0, w and xb 16-byte
 // aligned, M <= XROWS.
 template <int NT>
-__global__ void __launch_bounds__(WG_THREADS)
+__global__ void __launch_bounds__(WG_THREADS, 2)
 wg_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, int N, int K,
 	  int KS, int accumulate, float *ws, unsigned *cnt, int pdl)
 {
 	using C = wg_cfg<NT>;
 	extern __shared__ __align__(128) unsigned char wg_smem_raw[];
 	__shared__ bool wg_last;
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
 	const int tile = blockIdx.x, S = gridDim.y, s = blockIdx.y;
 	const int n0 = tile * WG_ROWS, k0 = s * KS, kend = min(K, k0 + KS);
 	const int nb = (kend - k0 + WG_BK - 1) / WG_BK;
@@ -297,13 +301,11 @@ wg_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 	const uint32_t pad = (WG_ALIGN - (raw & (WG_ALIGN - 1))) & (WG_ALIGN - 1);
 	unsigned char *smem_p = wg_smem_raw + pad;
 	const uint32_t smem = raw + pad;
-	float acc[2][C::ACC];
+	float acc[C::ACC];
 
 #pragma unroll
-	for (int t = 0; t < 2; t++)
-#pragma unroll
-		for (int i = 0; i < C::ACC; i++)
-			acc[t][i] = 0.f;
+	for (int i = 0; i < C::ACC; i++)
+		acc[i] = 0.f;
 
 	// weights are constant: the first stages stream in while the previous kernel drains
 #pragma unroll
@@ -337,39 +339,34 @@ wg_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 		cp_async_commit();
 		const uint32_t st = smem + (i % WG_STAGES) * C::STAGE_BYTES;
 
-		wg_compute<NT>(acc, st, st + C::W_BYTES);
+		wg_compute<NT>(acc, st + wg * 64 * 128, st + C::W_BYTES);
 	}
 	cp_async_wait<0>();
 
 	if (S == 1) {
 #pragma unroll
-		for (int t = 0; t < 2; t++)
+		for (int i = 0; i < NT; i++)
 #pragma unroll
-			for (int i = 0; i < NT; i++)
-#pragma unroll
-				for (int c = 0; c < 4; c++) {
-					const int n = n0 + wg_frag_row(warp, t, lane, c);
-					const int m = wg_frag_m(i, lane, c);
+			for (int c = 0; c < 4; c++) {
+				const int n = n0 + wg_frag_row(warp, lane, c);
+				const int m = wg_frag_m(i, lane, c);
 
-					if (m < M && n < N) {
-						float *p = y + (size_t)m * N + n;
+				if (m < M && n < N) {
+					float *p = y + (size_t)m * N + n;
 
-						*p = accumulate ? *p + acc[t][4 * i + c]
-								: acc[t][4 * i + c];
-					}
+					*p = accumulate ? *p + acc[4 * i + c] : acc[4 * i + c];
 				}
+			}
 		return;
 	}
 	float *part = ws + ((size_t)tile * S + s) * C::XROWS * WG_ROWS;
 
 #pragma unroll
-	for (int t = 0; t < 2; t++)
+	for (int i = 0; i < NT; i++)
 #pragma unroll
-		for (int i = 0; i < NT; i++)
-#pragma unroll
-			for (int c = 0; c < 4; c++)
-				__stcg(part + wg_frag_m(i, lane, c) * WG_ROWS +
-				       wg_frag_row(warp, t, lane, c), acc[t][4 * i + c]);
+		for (int c = 0; c < 4; c++)
+			__stcg(part + wg_frag_m(i, lane, c) * WG_ROWS + wg_frag_row(warp, lane, c),
+			       acc[4 * i + c]);
 	__threadfence();	// partials visible device-wide before this CTA counts
 	__syncthreads();
 	if (tid == 0)
