@@ -30,6 +30,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 
 #include <cuda_runtime.h>
 
@@ -400,6 +401,22 @@ struct wg_plan {
 	int waves;	// of the resident slots
 };
 
+// KDEC_LINEAR_WGMMA_SPLIT (experiments): the largest split tried, 1..LIN_ST_MAX_SPLIT.
+// At M = 64 the last CTA of a tile sums S partial tiles of 32 KB: a tail the plan's
+// cost below does not count, which this bounds for A/B runs.
+static int wg_max_split(void)
+{
+	static int max;
+
+	if (!max) {
+		const char *e = getenv("KDEC_LINEAR_WGMMA_SPLIT");
+		const int v = e ? atoi(e) : 0;
+
+		max = v >= 1 && v <= LIN_ST_MAX_SPLIT ? v : LIN_ST_MAX_SPLIT;
+	}
+	return max;
+}
+
 // As linear_stream's plan: every split S of the K stages is tried, time ~ waves *
 // (stages per slice + overhead), ties to the smaller split, at most LIN_ST_MAX_UNITS
 // CTAs where it splits (the shared workspace).
@@ -415,7 +432,7 @@ static void wg_make_plan(const struct k_cuda_linear *ctx, int M, int N, int K, s
 	p->S = 1;
 	p->KS = nbk * WG_BK;
 	p->waves = (int)((tiles + slots - 1) / slots);
-	for (int S = 1; S <= LIN_ST_MAX_SPLIT && S <= nbk; S++) {
+	for (int S = 1; S <= wg_max_split() && S <= nbk; S++) {
 		const int kb = (nbk + S - 1) / S;
 		const long units = (long)tiles * S, waves = (units + slots - 1) / slots;
 		long cost;
