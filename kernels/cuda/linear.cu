@@ -17,7 +17,8 @@
  * 1.0-1.8x faster, as cuBLAS pays a fixed ~6 us there), the GEMV at M = 1 and split-K
  * up to M = 16; for the 32-64 MB ones (Llama-3.1-8B q/k/v, o_proj) the streaming
  * kernel up to M = 8. On the 117-235 MB matrices cuBLAS streams at 3.7-4.2 TB/s and
- * wins at every M, so it gets them. */
+ * beats both at every M. Above 16 MB and for 8 < M <= 64 the wgmma kernel is tried
+ * instead of cuBLAS (not yet measured: LIN_WGMMA_* below). */
 #define LIN_GEMV_MAX_M		1
 #define LIN_SPLITK_MAX_M	16
 #define LIN_SMALL_WEIGHT_BYTES	((size_t)16 << 20)
@@ -30,8 +31,8 @@
 #define LIN_STREAM_WEIGHT_BYTES	((size_t)64 << 20)
 /* The wgmma kernel (linear_wgmma.cu) takes 8 < M <= 64 on matrices above
  * LIN_SMALL_WEIGHT_BYTES: Llama-3.1-8B q/k/v, o_proj, gate_up, down and lm_head, where
- * cuBLAS reaches 61-85% of the HBM floor at M = 64 and the streaming kernel is bound by
- * mma.sync issue; KDEC_LINEAR_WGMMA=0 turns it off (cuBLAS again). */
+ * cuBLAS reaches 61-85% of the HBM floor at M = 64 (ncu, d5bbc12) and the streaming
+ * kernel is bound by mma.sync issue; KDEC_LINEAR_WGMMA=0 turns it off (cuBLAS again). */
 #define LIN_WGMMA_MIN_M		9
 #define LIN_WGMMA_MAX_M		64
 /* The vector kernels read 8 bf16 (16 bytes) of a weight row at a time. */
