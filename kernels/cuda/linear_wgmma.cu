@@ -8,20 +8,22 @@
 // cuBLAS leaves the Llama-3.1-8B layers at 61-85% of the HBM floor. wgmma does twice the
 // work per issue and reads both operands from shared memory itself (no ldmatrix).
 //
-// Layout. A CTA owns WG_ROWS (128) weight rows and one K slice; its two warpgroups (4
-// warps each) one m64 tile of 64 rows each, against all x rows: two warpgroups rather
-// than one with both tiles give the copies, the fragment stores and the split reduction
-// twice the threads, so twice the loads in flight. y^T (N, M) = W (N, K) x^T: W is the A operand (64 rows
-// of one m64 tile, k contiguous), x the B operand (XROWS = 16/32/64 rows, k contiguous),
-// both K-major in shared memory with the 128-byte swizzle: a stage holds 64 k (one
-// 128-byte line) of every row, 16-byte chunk c of row r at r * 128 + ((c ^ (r & 7)) << 4)
-// from a 1024-byte aligned base, which is the address pattern the hardware's 128B mode
-// applies (address bits 4-6 ^= bits 7-9). The descriptors: start >> 4, stride byte
-// offset 1024 (from one 8-row group to the next), leading byte offset unused (each k16
-// step lies inside the 128-byte line: its start advances 32 bytes), mode 1 = 128B.
+// Layout. A CTA owns WG_ROWS (128) weight rows and one K slice; each of its two
+// warpgroups (4 warps) one m64 tile of 64 rows, against all x rows: two warpgroups
+// rather than one with both tiles give the copies, the fragment stores and the split
+// reduction twice the threads, so twice the loads in flight. y^T (N, M) = W (N, K) x^T:
+// W is the A operand (the 64 rows of an m64 tile, k contiguous), x the B operand
+// (XROWS = 16/32/64 rows, k contiguous), both K-major in shared memory with the 128-byte
+// swizzle: a stage holds 64 k (one 128-byte line) of every row, 16-byte chunk c of row
+// r at r * 128 + ((c ^ (r & 7)) << 4) from a 1024-byte aligned base, which is the
+// address pattern the hardware's 128B mode applies (address bits 4-6 ^= bits 7-9). The
+// descriptors: start >> 4, stride byte offset 1024 (from one 8-row group to the next),
+// leading byte offset unused (each k16 step lies inside the 128-byte line: its start
+// advances 32 bytes), mode 1 = 128B.
 //
 // Accumulators (m64nN, fp32): thread (warp w of its warpgroup, lane l) holds d[4i + c]
-// for weight row 16w + l/4 + 8 (c >> 1) of its m64 tile and x row 8i + 2 (l % 4) + (c & 1).
+// for weight row 16w + l/4 + 8 (c >> 1) of its m64 tile and x row 8i + 2 (l % 4) +
+// (c & 1).
 //
 // Proxies: cp.async writes shared memory through the generic proxy and wgmma reads it
 // through the async proxy, so each thread fences (fence.proxy.async) after its copies
