@@ -8,8 +8,8 @@
  * once; floor = bytes / 4.25 TB/s (the measured H200 read bandwidth, DEVICE.md).
  * The cuBLAS column includes its x -> bf16 rounding launch: same inputs, same output.
  * The stream column forces the streaming kernel (its x rounding launch included), the
- * wgmma column the wgmma kernel (likewise; KDEC_LINEAR_WGMMA=0 takes it out of "pick"
- * but not out of its own column).
+ * wgmma column the wgmma kernel (likewise; KDEC_LINEAR_WGMMA=1 puts it into "pick",
+ * off by default, but it has its own column either way).
  * "us" has programmatic dependent launch on (each launch streams its weights while the
  * previous one drains, as kdec's own kernels allow), "us nopdl" has it off: a decode
  * step sees the first where the op before a linear layer triggers early too.

@@ -17,8 +17,8 @@
  * 1.0-1.8x faster, as cuBLAS pays a fixed ~6 us there), the GEMV at M = 1 and split-K
  * up to M = 16; for the 32-64 MB ones (Llama-3.1-8B q/k/v, o_proj) the streaming
  * kernel up to M = 8. On the 117-235 MB matrices cuBLAS streams at 3.7-4.2 TB/s and
- * beats both at every M. Above 16 MB and for 8 < M <= 64 the wgmma kernel is tried
- * instead of cuBLAS (not yet measured: LIN_WGMMA_* below). */
+ * beats both at every M. The wgmma kernel (8 < M <= 64, above 16 MB) replaces cuBLAS
+ * only where KDEC_LINEAR_WGMMA=1 (LIN_WGMMA_* below). */
 #define LIN_GEMV_MAX_M		1
 #define LIN_SPLITK_MAX_M	16
 #define LIN_SMALL_WEIGHT_BYTES	((size_t)16 << 20)
@@ -29,12 +29,17 @@
  * are bound by instruction issue, not bytes (docs/results/cuda-linear-41224dd.txt). */
 #define LIN_STREAM_MAX_M	8
 #define LIN_STREAM_WEIGHT_BYTES	((size_t)64 << 20)
-/* The wgmma kernel (linear_wgmma.cu) takes 8 < M <= 64 on matrices above
- * LIN_SMALL_WEIGHT_BYTES: Llama-3.1-8B q/k/v, o_proj, gate_up, down and lm_head, where
- * cuBLAS reaches 61-85% of the HBM floor at M = 64 (ncu, d5bbc12) and the streaming
- * kernel is bound by mma.sync issue; KDEC_LINEAR_WGMMA=0 turns it off (cuBLAS again). */
+/* The wgmma kernel (linear_wgmma.cu) is OFF by default: at e526db2 it lost to cuBLAS
+ * (Lt tuned) at every M >= 16 on the Llama-3.1-8B shapes but gate_up at M = 16, and
+ * end to end at batch 32 and 64 (6.70 / 8.54 ms against 6.40 / 7.45; bench_cuda_linear
+ * and kdbench on H200). KDEC_LINEAR_WGMMA=1 turns it on for 8 < M <= 64 on matrices
+ * of LIN_WGMMA_MIN_BYTES .. LIN_WGMMA_MAX_BYTES; to enable it by default where a bench
+ * shows it winning, set LIN_WGMMA_DEFAULT to 1 and narrow these bounds. */
+#define LIN_WGMMA_DEFAULT	0
 #define LIN_WGMMA_MIN_M		9
 #define LIN_WGMMA_MAX_M		64
+#define LIN_WGMMA_MIN_BYTES	(LIN_SMALL_WEIGHT_BYTES + 1)
+#define LIN_WGMMA_MAX_BYTES	((size_t)1 << 40)
 /* The vector kernels read 8 bf16 (16 bytes) of a weight row at a time. */
 #define LIN_VEC_K		8
 
@@ -114,7 +119,7 @@ static bool lin_use_stream(int M, int N, int K)
 	       (size_t)N * (size_t)K * sizeof(uint16_t) <= lin_stream_limit();
 }
 
-// KDEC_LINEAR_WGMMA: 0 turns the wgmma kernel off.
+// KDEC_LINEAR_WGMMA: 1 turns the wgmma kernel on, 0 off (default LIN_WGMMA_DEFAULT).
 static bool lin_wgmma_on(void)
 {
 	static int on = -1;
@@ -122,14 +127,17 @@ static bool lin_wgmma_on(void)
 	if (on < 0) {
 		const char *e = getenv("KDEC_LINEAR_WGMMA");
 
-		on = !e || atoi(e) != 0;
+		on = e ? atoi(e) != 0 : LIN_WGMMA_DEFAULT;
 	}
 	return on;
 }
 
 static bool lin_use_wgmma(int M, int N, int K)
 {
+	const size_t bytes = (size_t)N * (size_t)K * sizeof(uint16_t);
+
 	return M >= LIN_WGMMA_MIN_M && M <= LIN_WGMMA_MAX_M && K % LIN_VEC_K == 0 &&
+	       bytes >= LIN_WGMMA_MIN_BYTES && bytes <= LIN_WGMMA_MAX_BYTES &&
 	       !lin_small_weights(N, K) && lin_wgmma_on();
 }
 
