@@ -24,9 +24,9 @@ enum k_cuda_linear_kind {
 	 * pipeline in shared memory into mma.sync, x in bf16, K split over CTAs to fill
 	 * whole waves, partial tiles added in split order by the last CTA of each tile */
 	K_CUDA_LINEAR_STREAM,
-	/* 8 < M <= 64 (walked in blocks of 64 beyond): the streaming kernel's pipeline and
-	 * split with warpgroup tensor-core products (wgmma, sm_90a) on 128-row weight tiles
-	 * against all x rows at once, which keep up with HBM where mma.sync cannot */
+	/* 8 < M <= 64 (walked in blocks of 64 beyond): the streaming kernel's pipeline with
+	 * warpgroup tensor-core products (wgmma, sm_90a) on 128-row weight tiles against
+	 * all x rows at once, K split over a cluster reduced in distributed shared memory */
 	K_CUDA_LINEAR_WGMMA,
 	/* larger M (prefill): x rounded to bf16 into the context's scratch, then
 	 * cublasGemmEx with fp32 accumulation and fp32 output */
@@ -92,6 +92,12 @@ void k_cuda_linear_x_ready(struct k_cuda_linear *ctx, const float *x, int M, int
  * launched after them WITH programmatic serialisation must wait (griddepcontrol.wait)
  * before it reads y. Kernels launched without it are ordered as usual. 0 turns it off. */
 void k_cuda_linear_set_pdl(struct k_cuda_linear *ctx, int on);
+
+/* How the wgmma kernel adds its K slices: 1 (the default; KDEC_LINEAR_WGMMA_CLUSTER=0
+ * at create makes it 0) through the distributed shared memory of a thread-block cluster
+ * of the slices, each CTA summing 1/S of the tile; 0 through a global workspace, summed
+ * by the last CTA of each tile. Both add in slice order: the same bits. */
+void k_cuda_linear_set_wgmma_cluster(struct k_cuda_linear *ctx, int on);
 
 /* "gemv", "splitk", "stream", "wgmma", "cublas", "generic". */
 const char *k_cuda_linear_kind_name(enum k_cuda_linear_kind kind);

@@ -381,6 +381,12 @@ extern "C" void k_cuda_linear_set_pdl(struct k_cuda_linear *ctx, int on)
 		ctx->pdl = on && ctx->pdl_ok;
 }
 
+extern "C" void k_cuda_linear_set_wgmma_cluster(struct k_cuda_linear *ctx, int on)
+{
+	if (ctx)
+		ctx->wg_cluster = on != 0;
+}
+
 extern "C" void k_cuda_linear_describe(const struct k_cuda_linear *ctx,
 				       enum k_cuda_linear_kind kind, int M, int N, int K,
 				       char *buf, size_t len)

@@ -25,7 +25,8 @@
 #define LIN_ST_MAX_SPLIT	8
 #define LIN_ST_MAX_UNITS	768
 /* The wgmma kernel: instantiations for 2, 4, 8 n8 tiles (wgmma N = 16, 32, 64); it
- * shares the streaming kernel's split workspace and counters (one launch at a time). */
+ * splits K over a cluster (reduced in distributed shared memory) or, with
+ * ctx->wg_cluster = 0, over the streaming kernel's split workspace and counters. */
 #define LIN_WG_N_NT		3
 /* cuBLAS workspace: what NVIDIA recommends for Hopper. */
 #define LIN_BLAS_WS_BYTES	((size_t)32 << 20)
@@ -48,6 +49,11 @@ struct k_cuda_linear {
 	int gemv_resident;		/* GEMV CTAs resident at once */
 	int st_cap[LIN_ST_N_NT];	/* streaming-kernel CTAs resident at once */
 	int wg_cap[LIN_WG_N_NT];	/* wgmma-kernel CTAs resident at once */
+	/* wgmma CTAs resident at once in clusters of S (index 1..LIN_ST_MAX_SPLIT; 0 where
+	 * that cluster size cannot launch), and whether its K splits reduce through the
+	 * clusters' shared memory (1) or the workspace below (0) */
+	int wg_ccap[LIN_WG_N_NT][LIN_ST_MAX_SPLIT + 1];
+	int wg_cluster;
 	float *st_ws;			/* (LIN_ST_MAX_UNITS, LIN_ST_MAX_M, 128) fp32 partials */
 	unsigned *st_cnt;		/* (LIN_ST_MAX_UNITS) arrivals per tile, 0 between launches */
 	cublasHandle_t blas;

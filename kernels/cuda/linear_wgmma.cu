@@ -34,10 +34,13 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/attn_ptx.cuh"
 #include "kernels/cuda/linear_internal.h"
+
+namespace cg = cooperative_groups;
 
 #define WG_THREADS	256	/* two warpgroups */
 #define WG_ROWS		128	/* weight rows per CTA: one m64 tile per warpgroup */
@@ -47,6 +50,10 @@
 #define WG_ALIGN	1024	/* the 128B swizzle pattern repeats every 8 rows of 128 bytes */
 /* Fixed cost of a CTA (prologue, epilogue, pipeline ramp) in stages, for the split. */
 #define WG_CTA_OVERHEAD	3
+/* Row stride (floats) of a partial tile (x row, weight row) in shared memory for the
+ * cluster reduction: +4 puts the 4 x rows a warp's fragment store spans (2 apart) on
+ * banks 8 apart, so the 32 lanes hit 32 banks. */
+#define WG_PSTRIDE	(WG_ROWS + 4)
 
 template <int NT> struct wg_cfg {
 	static constexpr int XROWS = NT * 8;			// x rows per launch: the wgmma N
@@ -55,6 +62,8 @@ template <int NT> struct wg_cfg {
 	static constexpr int X_BYTES = XROWS * WG_BK * 2;	// 2, 4, 8 KB
 	static constexpr int STAGE_BYTES = W_BYTES + X_BYTES;	// multiples of WG_ALIGN
 	static constexpr int SMEM = WG_STAGES * STAGE_BYTES + WG_ALIGN;	// + alignment slack
+	static_assert(XROWS * WG_PSTRIDE * 4 <= WG_STAGES * STAGE_BYTES,
+		      "the cluster reduction's partial tile reuses the stages");
 };
 
 // ---- PTX --------------------------------------------------------------------------
@@ -283,14 +292,69 @@ static __device__ __forceinline__ void wg_reduce(float *y, const float *tp, int 
 	}
 }
 
+// The cluster's S partial tiles of its weight tile, in rank (= slice) order, as
+// wg_reduce adds them: each CTA writes its tile into its own (idle) stage buffers, then
+// sums 1/S of the tile's outputs from all S CTAs' shared memory into y. No global
+// workspace, no counter, no CTA that sums alone; part: 1024-aligned shared memory.
+template <int NT>
+static __device__ __forceinline__ void wg_cluster_reduce(float *y, const float (&acc)[NT * 4],
+							 float *part, int M, int N, int n0,
+							 int accumulate, int warp, int lane, int tid)
+{
+	constexpr int Q = WG_ROWS / 4;	// float4 groups per partial row
+	cg::cluster_group cluster = cg::this_cluster();
+	const int S = (int)cluster.num_blocks(), s = (int)cluster.block_rank();
+	const int E = M * Q, per = (E + S - 1) / S, e1 = min(E, (s + 1) * per);
+
+	__syncthreads();	// both warpgroups' last wgmma (reads of the stages) retired
+#pragma unroll
+	for (int i = 0; i < NT; i++)
+#pragma unroll
+		for (int c = 0; c < 4; c++)
+			part[wg_frag_m(i, lane, c) * WG_PSTRIDE + wg_frag_row(warp, lane, c)] =
+				acc[4 * i + c];
+	cluster.sync();		// every rank's partials written and visible
+	for (int e = s * per + tid; e < e1; e += WG_THREADS) {
+		const int m = e / Q, r = (e % Q) * 4;
+		const float *src = part + m * WG_PSTRIDE + r;
+		float4 v[LIN_ST_MAX_SPLIT];
+
+		// all S loads in flight before the adds: distributed shared memory has
+		// ~L2-like latency
+#pragma unroll
+		for (int q = 0; q < LIN_ST_MAX_SPLIT; q++)
+			if (q < S)
+				v[q] = *(const float4 *)cluster.map_shared_rank(src, q);
+		float sum[4] = { v[0].x, v[0].y, v[0].z, v[0].w };
+
+#pragma unroll
+		for (int q = 1; q < LIN_ST_MAX_SPLIT; q++)
+			if (q < S) {
+				sum[0] += v[q].x;
+				sum[1] += v[q].y;
+				sum[2] += v[q].z;
+				sum[3] += v[q].w;
+			}
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			if (n0 + r + i < N) {
+				float *p = y + (size_t)m * N + n0 + r + i;
+
+				*p = accumulate ? *p + sum[i] : sum[i];
+			}
+	}
+	cluster.sync();		// keep the partials alive until every rank has read them
+}
+
 // grid (tiles, S): blockIdx.x the 128-row tile, blockIdx.y the K slice [s KS, s KS + KS).
-// xb: bf16 x (M, K) row-major; ws: (tiles * S, XROWS, WG_ROWS) fp32 partials; cnt:
+// xb: bf16 x (M, K) row-major. cl: launched in clusters of (1, S, 1), which reduce in
+// shared memory; otherwise ws: (tiles * S, XROWS, WG_ROWS) fp32 partials and cnt:
 // (tiles) arrival counters, zero between launches. Needs K % 8 == 0, w and xb 16-byte
 // aligned, M <= XROWS.
 template <int NT>
 __global__ void __launch_bounds__(WG_THREADS, 2)
 wg_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, int N, int K,
-	  int KS, int accumulate, float *ws, unsigned *cnt, int pdl)
+	  int KS, int accumulate, int cl, float *ws, unsigned *cnt, int pdl)
 {
 	using C = wg_cfg<NT>;
 	extern __shared__ __align__(128) unsigned char wg_smem_raw[];
@@ -362,6 +426,11 @@ wg_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 			}
 		return;
 	}
+	if (cl) {
+		wg_cluster_reduce<NT>(y, acc, (float *)smem_p, M, N, n0, accumulate, warp, lane,
+				      tid);
+		return;
+	}
 	float *part = ws + ((size_t)tile * S + s) * C::XROWS * WG_ROWS;
 
 #pragma unroll
@@ -401,6 +470,7 @@ struct wg_plan {
 	int S;		// K slices
 	int KS;		// k per slice (a multiple of WG_BK)
 	int waves;	// of the resident slots
+	int cl;		// S > 1 in clusters of (1, S, 1), reduced in their shared memory
 };
 
 // KDEC_LINEAR_WGMMA_SPLIT (experiments): the largest split tried, 1..LIN_ST_MAX_SPLIT.
@@ -420,37 +490,58 @@ static int wg_max_split(void)
 }
 
 // As linear_stream's plan: every split S of the K stages is tried, time ~ waves *
-// (stages per slice + overhead), ties to the smaller split, at most LIN_ST_MAX_UNITS
-// CTAs where it splits (the shared workspace).
+// (stages per slice + overhead), ties to the smaller split. With ctx->wg_cluster the
+// resident slots are those of clusters of S (sizes that cannot launch are skipped);
+// otherwise at most LIN_ST_MAX_UNITS CTAs where it splits (the shared workspace).
 static void wg_make_plan(const struct k_cuda_linear *ctx, int M, int N, int K, struct wg_plan *p)
 {
 	const int ni = wg_nt_index(M);
 	const int tiles = (N + WG_ROWS - 1) / WG_ROWS, nbk = (K + WG_BK - 1) / WG_BK;
-	const long slots = ctx->wg_cap[ni] > 0 ? ctx->wg_cap[ni] : 1;
+	const long slots1 = ctx->wg_cap[ni] > 0 ? ctx->wg_cap[ni] : 1;
 	long best = -1;
 
 	p->nt = 2 << ni;
 	p->tiles = tiles;
 	p->S = 1;
 	p->KS = nbk * WG_BK;
-	p->waves = (int)((tiles + slots - 1) / slots);
+	p->waves = (int)((tiles + slots1 - 1) / slots1);
+	p->cl = 0;
 	for (int S = 1; S <= wg_max_split() && S <= nbk; S++) {
 		const int kb = (nbk + S - 1) / S;
-		const long units = (long)tiles * S, waves = (units + slots - 1) / slots;
-		long cost;
+		const long units = (long)tiles * S;
+		long slots = slots1, waves, cost;
 
 		if ((nbk + kb - 1) / kb != S)	// the same slices as a smaller S
 			continue;
-		if (S > 1 && units > LIN_ST_MAX_UNITS)
+		if (S > 1 && ctx->wg_cluster) {
+			slots = ctx->wg_ccap[ni][S];
+			if (slots < 1)
+				continue;
+		} else if (S > 1 && units > LIN_ST_MAX_UNITS) {
 			break;
+		}
+		waves = (units + slots - 1) / slots;
 		cost = waves * (kb + WG_CTA_OVERHEAD);
 		if (best < 0 || cost < best) {
 			best = cost;
 			p->S = S;
 			p->KS = kb * WG_BK;
 			p->waves = (int)waves;
+			p->cl = S > 1 && ctx->wg_cluster;
 		}
 	}
+}
+
+// The cluster-size attribute (1, S, 1); returns the number of attributes filled.
+static int wg_cluster_attr(cudaLaunchAttribute *attr, int S)
+{
+	if (S <= 1)
+		return 0;
+	attr->id = cudaLaunchAttributeClusterDimension;
+	attr->val.clusterDim.x = 1;
+	attr->val.clusterDim.y = S;
+	attr->val.clusterDim.z = 1;
+	return 1;
 }
 
 template <int NT>
@@ -458,16 +549,17 @@ static int wg_launch(const struct k_cuda_linear *ctx, const struct wg_plan *p, f
 		     const uint16_t *xb, const uint16_t *w, int M, int N, int K, int accumulate)
 {
 	cudaLaunchConfig_t cfg = {};
-	cudaLaunchAttribute attr[1] = {};
+	cudaLaunchAttribute attr[2] = {};
 
 	cfg.gridDim = dim3(p->tiles, p->S, 1);
 	cfg.blockDim = dim3(WG_THREADS, 1, 1);
 	cfg.dynamicSmemBytes = wg_cfg<NT>::SMEM;
 	cfg.stream = ctx->stream;
 	cfg.attrs = attr;
-	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
+	cfg.numAttrs = p->cl ? wg_cluster_attr(attr, p->S) : 0;
+	cfg.numAttrs += k_cuda_lin_pdl_attr(ctx, attr + cfg.numAttrs);
 	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, wg_kernel<NT>, y, xb, w, M, N, K, p->KS,
-						     accumulate, ctx->st_ws, ctx->st_cnt,
+						     accumulate, p->cl, ctx->st_ws, ctx->st_cnt,
 						     ctx->pdl));
 }
 
@@ -501,9 +593,11 @@ int k_cuda_lin_wgmma_describe(const struct k_cuda_linear *ctx, int M, int N, int
 	struct wg_plan p;
 
 	wg_make_plan(ctx, mc, N, K, &p);
-	return snprintf(buf, len, "wgmma n=%d grid=%dx%d k/slice=%d waves=%d cap=%d smem=%d%s",
-			p.nt * 8, p.tiles, p.S, p.KS, p.waves, ctx->wg_cap[wg_nt_index(mc)],
-			wg_smem_of[wg_nt_index(mc)], M > LIN_ST_MAX_M ? " (per 64 rows)" : "");
+	return snprintf(buf, len, "wgmma n=%d grid=%dx%d k/slice=%d waves=%d cap=%d smem=%d %s%s",
+			p.nt * 8, p.tiles, p.S, p.KS, p.waves,
+			p.cl ? ctx->wg_ccap[wg_nt_index(mc)][p.S] : ctx->wg_cap[wg_nt_index(mc)],
+			wg_smem_of[wg_nt_index(mc)], p.S == 1 ? "nosplit" : p.cl ? "cluster" : "ws",
+			M > LIN_ST_MAX_M ? " (per 64 rows)" : "");
 }
 
 template <int NT> static int wg_setup_nt(struct k_cuda_linear *ctx, int ni)
@@ -523,14 +617,35 @@ template <int NT> static int wg_setup_nt(struct k_cuda_linear *ctx, int ni)
 		return -EIO;
 	}
 	ctx->wg_cap[ni] = bps * ctx->n_sm;
+	ctx->wg_ccap[ni][1] = ctx->wg_cap[ni];
+	for (int S = 2; S <= LIN_ST_MAX_SPLIT; S++) {
+		cudaLaunchConfig_t cfg = {};
+		cudaLaunchAttribute attr[1] = {};
+		int clusters = 0;
+
+		cfg.gridDim = dim3(1, S, 1);
+		cfg.blockDim = dim3(WG_THREADS, 1, 1);
+		cfg.dynamicSmemBytes = wg_cfg<NT>::SMEM;
+		cfg.attrs = attr;
+		cfg.numAttrs = wg_cluster_attr(attr, S);
+		// a cluster size the device refuses is simply never chosen
+		if (cudaOccupancyMaxActiveClusters(&clusters, wg_kernel<NT>, &cfg) != cudaSuccess) {
+			cudaGetLastError();
+			clusters = 0;
+		}
+		ctx->wg_ccap[ni][S] = clusters * S;
+	}
 	return 0;
 }
 
 // Needs k_cuda_lin_stream_setup first: the split workspace and counters are its.
+// KDEC_LINEAR_WGMMA_CLUSTER=0: splits through that workspace (k_cuda_linear_set_wgmma_cluster).
 int k_cuda_lin_wgmma_setup(struct k_cuda_linear *ctx)
 {
+	const char *e = getenv("KDEC_LINEAR_WGMMA_CLUSTER");
 	int ret;
 
+	ctx->wg_cluster = !e || atoi(e) != 0;
 	ret = wg_setup_nt<2>(ctx, 0);
 	if (!ret)
 		ret = wg_setup_nt<4>(ctx, 1);
