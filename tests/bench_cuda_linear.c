@@ -9,7 +9,8 @@
  * The cuBLAS column includes its x -> bf16 rounding launch: same inputs, same output.
  * The stream column forces the streaming kernel (its x rounding launch included), the
  * wgmma column the wgmma kernel (likewise; KDEC_LINEAR_WGMMA=1 puts it into "pick",
- * off by default, but it has its own column either way).
+ * off by default, but it has its own column either way) with K splits reduced in
+ * cluster shared memory, wg-ws the same with the global-workspace reduction.
  * "us" has programmatic dependent launch on (each launch streams its weights while the
  * previous one drains, as kdec's own kernels allow), "us nopdl" has it off: a decode
  * step sees the first where the op before a linear layer triggers early too.
@@ -141,6 +142,19 @@ static double time_us_nopdl(float *y, const float *x, const uint16_t *w, int cop
 	return us;
 }
 
+/* The wgmma kernel with its K slices reduced through the global workspace by the last
+ * CTA of each tile (the wgmma column reduces in cluster shared memory), then back. */
+static double time_us_wgmma_ws(float *y, const float *x, const uint16_t *w, int copies, int M,
+			       int N, int K)
+{
+	double us;
+
+	k_cuda_linear_set_wgmma_cluster(lin, 0);
+	us = time_us(K_CUDA_LINEAR_WGMMA, y, x, w, copies, M, N, K);
+	k_cuda_linear_set_wgmma_cluster(lin, 1);
+	return us;
+}
+
 /* Random bf16 in [-1, 1) on the host, copied to every device copy. */
 static uint16_t *weights_create(int N, int K, int copies)
 {
@@ -172,7 +186,7 @@ int main(int argc, char **argv)
 	const int *ms = all_ms;
 	int n_ms = N_MS, count = 0, major, minor;
 	double llama_us[N_MS] = { 0 }, llama_cb[N_MS] = { 0 }, llama_floor[N_MS] = { 0 };
-	double llama_st[N_MS] = { 0 }, llama_wg[N_MS] = { 0 };
+	double llama_st[N_MS] = { 0 }, llama_wg[N_MS] = { 0 }, llama_ws[N_MS] = { 0 };
 	float *x, *y, *hx;
 	char name[128];
 	double gib;
@@ -207,9 +221,9 @@ int main(int argc, char **argv)
 	CUDA_OK(cudaStreamSynchronize(stream));
 	free(hx);
 	printf("%-17s %6s %5s %2s | %-6s %8s %6s %6s %8s | %8s %6s %6s | %8s %6s | %8s %6s | "
-	       "%8s %5s | %s\n", "shape", "N", "K", "M", "pick", "us", "TB/s", "floor%", "us nopdl",
-	       "cublas", "TB/s", "floor%", "stream", "floor%", "wgmma", "floor%", "floor us", "x cb",
-	       "plan");
+	       "%8s %6s | %8s %5s | %s\n", "shape", "N", "K", "M", "pick", "us", "TB/s", "floor%",
+	       "us nopdl", "cublas", "TB/s", "floor%", "stream", "floor%", "wgmma", "floor%",
+	       "wg-ws", "floor%", "floor us", "x cb", "plan");
 	for (int si = 0; si < N_SHAPES; si++) {
 		const struct shape *s = &shapes[si];
 		size_t wbytes = (size_t)s->N * s->K * 2;
@@ -228,16 +242,18 @@ int main(int argc, char **argv)
 			double cb = time_us(K_CUDA_LINEAR_CUBLAS, y, x, w, copies, M, s->N, s->K);
 			double st = time_us(K_CUDA_LINEAR_STREAM, y, x, w, copies, M, s->N, s->K);
 			double wg = time_us(K_CUDA_LINEAR_WGMMA, y, x, w, copies, M, s->N, s->K);
+			double ws = time_us_wgmma_ws(y, x, w, copies, M, s->N, s->K);
 			char plan[160], wplan[160];
 
 			k_cuda_linear_describe(lin, kind, M, s->N, s->K, plan, sizeof(plan));
 			k_cuda_linear_describe(lin, K_CUDA_LINEAR_WGMMA, M, s->N, s->K, wplan,
 					       sizeof(wplan));
 			printf("%-17s %6d %5d %2d | %-6s %8.2f %6.2f %5.1f%% %8.2f | %8.2f %6.2f %5.1f%% | "
-			       "%8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.2f | %s; %s\n", s->name, s->N,
-			       s->K, M, k_cuda_linear_kind_name(kind), us, bytes / us / 1e6,
-			       100.0 * floor_us / us, us_nopdl, cb, bytes / cb / 1e6, 100.0 * floor_us / cb,
-			       st, 100.0 * floor_us / st, wg, 100.0 * floor_us / wg, floor_us, cb / us,
+			       "%8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.2f | %s; %s\n",
+			       s->name, s->N, s->K, M, k_cuda_linear_kind_name(kind), us,
+			       bytes / us / 1e6, 100.0 * floor_us / us, us_nopdl, cb, bytes / cb / 1e6,
+			       100.0 * floor_us / cb, st, 100.0 * floor_us / st, wg,
+			       100.0 * floor_us / wg, ws, 100.0 * floor_us / ws, floor_us, cb / us,
 			       plan, kind == K_CUDA_LINEAR_WGMMA ? "" : wplan);
 			for (int a = 0; a < N_MS; a++) {
 				if (all_ms[a] != M || !s->llama_layer)
@@ -246,6 +262,7 @@ int main(int argc, char **argv)
 				llama_cb[a] += cb;
 				llama_st[a] += st;
 				llama_wg[a] += wg;
+				llama_ws[a] += ws;
 				llama_floor[a] += floor_us;
 			}
 		}
@@ -257,11 +274,12 @@ int main(int argc, char **argv)
 		if (llama_us[a] == 0)
 			continue;
 		printf("  M=%-2d kdec %8.1f us  cublas %8.1f us  stream %8.1f us  wgmma %8.1f us  "
-		       "floor %8.1f us  (%.1f%% of floor; cublas %.1f%%, stream %.1f%%, wgmma %.1f%%)\n",
-		       all_ms[a], 32 * llama_us[a], 32 * llama_cb[a], 32 * llama_st[a],
-		       32 * llama_wg[a], 32 * llama_floor[a], 100.0 * llama_floor[a] / llama_us[a],
+		       "wg-ws %8.1f us  floor %8.1f us  (%.1f%% of floor; cublas %.1f%%, stream "
+		       "%.1f%%, wgmma %.1f%%, wg-ws %.1f%%)\n", all_ms[a], 32 * llama_us[a],
+		       32 * llama_cb[a], 32 * llama_st[a], 32 * llama_wg[a], 32 * llama_ws[a],
+		       32 * llama_floor[a], 100.0 * llama_floor[a] / llama_us[a],
 		       100.0 * llama_floor[a] / llama_cb[a], 100.0 * llama_floor[a] / llama_st[a],
-		       100.0 * llama_floor[a] / llama_wg[a]);
+		       100.0 * llama_floor[a] / llama_wg[a], 100.0 * llama_floor[a] / llama_ws[a]);
 	}
 	cudaFree(x);
 	cudaFree(y);

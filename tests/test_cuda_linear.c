@@ -232,6 +232,34 @@ static void check_kind(enum k_cuda_linear_kind kind, int use_auto, const struct 
 	CHECK(pass, "N=%d K=%d M=%d %s acc=%d", r->N, r->K, r->M, name, acc);
 }
 
+/* The wgmma kernel with its K slices reduced in cluster shared memory, then through the
+ * global workspace (its plan in brackets says which; "nosplit" where one slice), each
+ * checked as any kind; then both once more on the same inputs: the same bits, as both
+ * add the slices in slice order. */
+static void check_wgmma(const struct bufs *b, const struct ref *r, float *out, float *out2)
+{
+	const enum k_cuda_linear_kind k = K_CUDA_LINEAR_WGMMA;
+	size_t n = (size_t)r->M * r->N, u1 = 0, u2 = 0;
+	int g1 = 0, g2 = 0, same;
+
+	for (int cl = 1; cl >= 0; cl--) {
+		k_cuda_linear_set_wgmma_cluster(lin, cl);
+		for (int acc = 0; acc <= 1; acc++)
+			check_kind(k, 0, b, b->x, r, acc, out, out2);
+	}
+	k_cuda_linear_set_wgmma_cluster(lin, 1);
+	if (run_once(k, 0, b, b->x, r, 0, out, &u1, &g1))
+		return;		/* check_kind has reported it */
+	k_cuda_linear_set_wgmma_cluster(lin, 0);
+	if (!run_once(k, 0, b, b->x, r, 0, out2, &u2, &g2)) {
+		same = memcmp(out, out2, n * sizeof(float)) == 0;
+		printf("N=%-6d K=%-5d M=%-3d wgmma cluster vs workspace reduction: %s  %s\n",
+		       r->N, r->K, r->M, same ? "same bits" : "BITS DIFFER", same ? "PASS" : "FAIL");
+		CHECK(same, "N=%d K=%d M=%d wgmma cluster vs workspace bits", r->N, r->K, r->M);
+	}
+	k_cuda_linear_set_wgmma_cluster(lin, 1);
+}
+
 static void rand_fill(float *p, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
@@ -274,6 +302,10 @@ static void test_shape(const struct shape *s)
 				      k_cuda_linear_kind_name(k));
 				printf("N=%-6d K=%-5d M=%-3d %-7s: not supported (K %% 8 or alignment)\n",
 				       s->N, s->K, M, k_cuda_linear_kind_name(k));
+				continue;
+			}
+			if (k == K_CUDA_LINEAR_WGMMA) {
+				check_wgmma(&b, &r, out, out2);
 				continue;
 			}
 			for (int acc = 0; acc <= 1; acc++)
