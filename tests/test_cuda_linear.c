@@ -245,7 +245,7 @@ static void wgmma_geometry(const char *desc, int g[3])
 /* The wgmma kernel with its K slices reduced in cluster shared memory, then through the
  * global workspace (its plan in brackets says which; "nosplit" where one slice), each
  * checked as any kind; then both once more on the same inputs: the same bits where
- * both plans split K alike, as both add the slices in slice order. */
+ * both plans split K alike (M <= 64: one plan), as both add the slices in slice order. */
 static void check_wgmma(const struct bufs *b, const struct ref *r, float *out, float *out2)
 {
 	const enum k_cuda_linear_kind k = K_CUDA_LINEAR_WGMMA;
@@ -266,7 +266,9 @@ static void check_wgmma(const struct bufs *b, const struct ref *r, float *out, f
 	k_cuda_linear_set_wgmma_cluster(lin, 0);
 	k_cuda_linear_describe(lin, k, r->M, r->N, r->K, desc, sizeof(desc));
 	wgmma_geometry(desc, geo2);
-	if (memcmp(geo1, geo2, sizeof(geo1)))
+	if (r->M > 64)	/* blocks of 64 rows, each with its own plan: not compared */
+		;
+	else if (memcmp(geo1, geo2, sizeof(geo1)))
 		printf("N=%-6d K=%-5d M=%-3d wgmma cluster vs workspace reduction: other splits "
 		       "(%dx%d vs %dx%d), bits not compared\n", r->N, r->K, r->M, geo1[0], geo1[1],
 		       geo2[0], geo2[1]);
