@@ -242,10 +242,11 @@ static void wgmma_geometry(const char *desc, int g[3])
 		sscanf(p, "grid=%dx%d k/slice=%d", &g[0], &g[1], &g[2]);
 }
 
-/* The wgmma kernel with its K slices reduced in cluster shared memory, then through the
- * global workspace (its plan in brackets says which; "nosplit" where one slice), each
- * checked as any kind; then both once more on the same inputs: the same bits where
- * both plans split K alike (M <= 64: one plan), as both add the slices in slice order. */
+/* The wgmma kernel at 128 and 256 weight rows per CTA, each with its K slices reduced
+ * in cluster shared memory, then through the global workspace (its plan in brackets
+ * says which; "nosplit" where one slice), each checked as any kind; then both
+ * reductions once more on the same inputs: the same bits where both plans split K alike
+ * (M <= 64: one plan), as both add the slices in slice order. */
 static void check_wgmma(const struct bufs *b, const struct ref *r, float *out, float *out2)
 {
 	const enum k_cuda_linear_kind k = K_CUDA_LINEAR_WGMMA;
@@ -253,32 +254,38 @@ static void check_wgmma(const struct bufs *b, const struct ref *r, float *out, f
 	int g1 = 0, g2 = 0, same, geo1[3], geo2[3];
 	char desc[160];
 
-	for (int cl = 1; cl >= 0; cl--) {
-		k_cuda_linear_set_wgmma_cluster(lin, cl);
-		for (int acc = 0; acc <= 1; acc++)
-			check_kind(k, 0, b, b->x, r, acc, out, out2);
+	for (int rows = 128; rows <= 256; rows += 128) {
+		k_cuda_linear_set_wgmma_rows(lin, rows);
+		for (int cl = 1; cl >= 0; cl--) {
+			k_cuda_linear_set_wgmma_cluster(lin, cl);
+			for (int acc = 0; acc <= 1; acc++)
+				check_kind(k, 0, b, b->x, r, acc, out, out2);
+		}
+		k_cuda_linear_set_wgmma_cluster(lin, 1);
+		k_cuda_linear_describe(lin, k, r->M, r->N, r->K, desc, sizeof(desc));
+		wgmma_geometry(desc, geo1);
+		if (run_once(k, 0, b, b->x, r, 0, out, &u1, &g1))
+			continue;	/* check_kind has reported it */
+		k_cuda_linear_set_wgmma_cluster(lin, 0);
+		k_cuda_linear_describe(lin, k, r->M, r->N, r->K, desc, sizeof(desc));
+		wgmma_geometry(desc, geo2);
+		if (r->M > 64)	/* blocks of 64 rows, each with its own plan: not compared */
+			;
+		else if (memcmp(geo1, geo2, sizeof(geo1)))
+			printf("N=%-6d K=%-5d M=%-3d wgmma rows %d cluster vs workspace reduction: "
+			       "other splits (%dx%d vs %dx%d), bits not compared\n", r->N, r->K,
+			       r->M, rows, geo1[0], geo1[1], geo2[0], geo2[1]);
+		else if (!run_once(k, 0, b, b->x, r, 0, out2, &u2, &g2)) {
+			same = memcmp(out, out2, n * sizeof(float)) == 0;
+			printf("N=%-6d K=%-5d M=%-3d wgmma rows %d cluster vs workspace reduction: "
+			       "%s  %s\n", r->N, r->K, r->M, rows, same ? "same bits" : "BITS DIFFER",
+			       same ? "PASS" : "FAIL");
+			CHECK(same, "N=%d K=%d M=%d wgmma rows %d cluster vs workspace bits", r->N,
+			      r->K, r->M, rows);
+		}
+		k_cuda_linear_set_wgmma_cluster(lin, 1);
 	}
-	k_cuda_linear_set_wgmma_cluster(lin, 1);
-	k_cuda_linear_describe(lin, k, r->M, r->N, r->K, desc, sizeof(desc));
-	wgmma_geometry(desc, geo1);
-	if (run_once(k, 0, b, b->x, r, 0, out, &u1, &g1))
-		return;		/* check_kind has reported it */
-	k_cuda_linear_set_wgmma_cluster(lin, 0);
-	k_cuda_linear_describe(lin, k, r->M, r->N, r->K, desc, sizeof(desc));
-	wgmma_geometry(desc, geo2);
-	if (r->M > 64)	/* blocks of 64 rows, each with its own plan: not compared */
-		;
-	else if (memcmp(geo1, geo2, sizeof(geo1)))
-		printf("N=%-6d K=%-5d M=%-3d wgmma cluster vs workspace reduction: other splits "
-		       "(%dx%d vs %dx%d), bits not compared\n", r->N, r->K, r->M, geo1[0], geo1[1],
-		       geo2[0], geo2[1]);
-	else if (!run_once(k, 0, b, b->x, r, 0, out2, &u2, &g2)) {
-		same = memcmp(out, out2, n * sizeof(float)) == 0;
-		printf("N=%-6d K=%-5d M=%-3d wgmma cluster vs workspace reduction: %s  %s\n",
-		       r->N, r->K, r->M, same ? "same bits" : "BITS DIFFER", same ? "PASS" : "FAIL");
-		CHECK(same, "N=%d K=%d M=%d wgmma cluster vs workspace bits", r->N, r->K, r->M);
-	}
-	k_cuda_linear_set_wgmma_cluster(lin, 1);
+	k_cuda_linear_set_wgmma_rows(lin, 128);
 }
 
 static void rand_fill(float *p, size_t n)
@@ -442,6 +449,14 @@ static void test_graph(void)
 		for (int k = 0; k < K_CUDA_LINEAR_N_KINDS; k++)
 			for (int mi = 0; mi < 3; mi++)
 				graph_case(k, Ms[mi], pdl, N, K, w, x, dw, dx, dy, ref, out);
+	/* the wgmma kernel at 256 weight rows per CTA too (above: 128), clusters of the
+	 * 1000 x 4096 split captured with programmatic launch on and off */
+	printf("(wgmma at 256 rows per CTA)\n");
+	k_cuda_linear_set_wgmma_rows(lin, 256);
+	for (int pdl = 1; pdl >= 0; pdl--)
+		for (int mi = 1; mi < 3; mi++)
+			graph_case(K_CUDA_LINEAR_WGMMA, Ms[mi], pdl, N, K, w, x, dw, dx, dy, ref, out);
+	k_cuda_linear_set_wgmma_rows(lin, 128);
 	cudaFree(dw);
 	cudaFree(dx);
 	cudaFree(dy);

@@ -98,6 +98,11 @@ void k_cuda_linear_set_pdl(struct k_cuda_linear *ctx, int on);
  * of the slices, each CTA summing 1/S of the tile; 0 through a global workspace, summed
  * by the last CTA of each tile. Both add in slice order: the same bits. */
 void k_cuda_linear_set_wgmma_cluster(struct k_cuda_linear *ctx, int on);
+/* Weight rows per CTA of the wgmma kernel: 128 (the default; two warpgroups, two CTAs
+ * per multiprocessor) or 256 (KDEC_LINEAR_WGMMA_ROWS=256 at create; four warpgroups,
+ * one CTA, each x stage shared by twice the weight rows: x adds 25% to the bytes an SM
+ * loads at M = 64 instead of 50%). Other values are ignored. */
+void k_cuda_linear_set_wgmma_rows(struct k_cuda_linear *ctx, int rows);
 
 /* "gemv", "splitk", "stream", "wgmma", "cublas", "generic". */
 const char *k_cuda_linear_kind_name(enum k_cuda_linear_kind kind);

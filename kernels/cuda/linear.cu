@@ -387,6 +387,12 @@ extern "C" void k_cuda_linear_set_wgmma_cluster(struct k_cuda_linear *ctx, int o
 		ctx->wg_cluster = on != 0;
 }
 
+extern "C" void k_cuda_linear_set_wgmma_rows(struct k_cuda_linear *ctx, int rows)
+{
+	if (ctx && (rows == 128 || rows == 256))
+		ctx->wg_rows = rows;
+}
+
 extern "C" void k_cuda_linear_describe(const struct k_cuda_linear *ctx,
 				       enum k_cuda_linear_kind kind, int M, int N, int K,
 				       char *buf, size_t len)

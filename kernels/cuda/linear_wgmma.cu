@@ -1,17 +1,23 @@
 // The warpgroup tensor-core (wgmma, sm_90a) weight-streaming kernel for decode batches of
 // 9..64 rows: the linear_stream.cu pipeline (cp.async stages of swizzled 128-byte rows,
-// weights issued before the PDL wait, K split over CTAs with a fixed-order reduction by
-// the last CTA of each tile), with the products on wgmma.mma_async instead of mma.sync.
+// weights issued before the PDL wait, K split over CTAs), with the products on
+// wgmma.mma_async instead of mma.sync. The K slices of a tile are added in slice order
+// either by the S CTAs of a thread-block cluster through distributed shared memory, each
+// summing 1/S of the tile (the default), or by the last CTA of the tile through a global
+// workspace (ctx->wg_cluster = 0): the same bits, but the latter round-trips 32 KB per
+// CTA at M = 64 through L2 and leaves one CTA summing S of them alone at the end.
 //
 // Why: at M = 64 and 4.25 TB/s an SM must sustain ~1040 bf16 flop/clk, ~80% of what
 // mma.sync issues on H200, so linear_stream is bound by instruction issue there and
 // cuBLAS leaves the Llama-3.1-8B layers at 61-85% of the HBM floor. wgmma does twice the
 // work per issue and reads both operands from shared memory itself (no ldmatrix).
 //
-// Layout. A CTA owns WG_ROWS (128) weight rows and one K slice; each of its two
-// warpgroups (4 warps) one m64 tile of 64 rows, against all x rows: two warpgroups
-// rather than one with both tiles give the copies, the fragment stores and the split
-// reduction twice the threads, so twice the loads in flight. y^T (N, M) = W (N, K) x^T:
+// Layout. A CTA owns ROWS (128 or 256) weight rows and one K slice; each of its 2 or 4
+// warpgroups (4 warps) one m64 tile of 64 rows, against all x rows: a warpgroup per
+// tile rather than one with several tiles gives the copies, the fragment stores and
+// the split reduction more threads, so more loads in flight. Every stage carries the x
+// rows (XROWS x 64 k) beside the weights: at M = 64 that adds 50% to the bytes an SM
+// loads with 128 rows and 25% with 256 (one CTA per SM then, 5 stages). y^T (N, M) = W (N, K) x^T:
 // W is the A operand (the 64 rows of an m64 tile, k contiguous), x the B operand
 // (XROWS = 16/32/64 rows, k contiguous), both K-major in shared memory with the 128-byte
 // swizzle: a stage holds 64 k (one 128-byte line) of every row, 16-byte chunk c of row
@@ -42,28 +48,32 @@
 
 namespace cg = cooperative_groups;
 
-#define WG_THREADS	256	/* two warpgroups */
-#define WG_ROWS		128	/* weight rows per CTA: one m64 tile per warpgroup */
 #define WG_BK		64	/* k per stage: one 128-byte line of each row */
-#define WG_STAGES	4	/* buffers; WG_STAGES - 1 stages in flight ahead */
-#define WG_AHEAD	(WG_STAGES - 1)
 #define WG_ALIGN	1024	/* the 128B swizzle pattern repeats every 8 rows of 128 bytes */
 /* Fixed cost of a CTA (prologue, epilogue, pipeline ramp) in stages, for the split. */
 #define WG_CTA_OVERHEAD	3
-/* Row stride (floats) of a partial tile (x row, weight row) in shared memory for the
- * cluster reduction: +4 puts the 4 x rows a warp's fragment store spans (2 apart) on
- * banks 8 apart, so the 32 lanes hit 32 banks. */
-#define WG_PSTRIDE	(WG_ROWS + 4)
 
-template <int NT> struct wg_cfg {
+/* NT n8 tiles of x rows; ROWS weight rows per CTA (128: 2 warpgroups, 2 CTAs per SM;
+ * 256: 4 warpgroups, 1 CTA per SM, each stage's x shared by twice the weight rows). */
+template <int NT, int ROWS> struct wg_cfg {
+	static_assert(ROWS == 128 || ROWS == 256, "one m64 tile per warpgroup, 2 or 4");
+	static constexpr int THREADS = ROWS * 2;		// one warpgroup per 64 rows
+	static constexpr int MIN_BLOCKS = ROWS == 128 ? 2 : 1;	// per SM (launch bounds)
+	static constexpr int STAGES = ROWS == 128 ? 4 : 5;	// buffers
+	static constexpr int AHEAD = STAGES - 1;		// stages in flight ahead
 	static constexpr int XROWS = NT * 8;			// x rows per launch: the wgmma N
 	static constexpr int ACC = NT * 4;			// fp32 accumulators per m64 tile
-	static constexpr int W_BYTES = WG_ROWS * WG_BK * 2;	// 16 KB
+	static constexpr int W_BYTES = ROWS * WG_BK * 2;	// 16, 32 KB
 	static constexpr int X_BYTES = XROWS * WG_BK * 2;	// 2, 4, 8 KB
 	static constexpr int STAGE_BYTES = W_BYTES + X_BYTES;	// multiples of WG_ALIGN
-	static constexpr int SMEM = WG_STAGES * STAGE_BYTES + WG_ALIGN;	// + alignment slack
-	static_assert(XROWS * WG_PSTRIDE * 4 <= WG_STAGES * STAGE_BYTES,
+	static constexpr int SMEM = STAGES * STAGE_BYTES + WG_ALIGN;	// + alignment slack
+	// Row stride (floats) of a partial tile (x row, weight row) in shared memory for
+	// the cluster reduction: +4 puts the 4 x rows a warp's fragment store spans (2
+	// apart) on banks 8 apart, so the 32 lanes hit 32 banks.
+	static constexpr int PSTRIDE = ROWS + 4;
+	static_assert(XROWS * PSTRIDE * 4 <= STAGES * STAGE_BYTES,
 		      "the cluster reduction's partial tile reuses the stages");
+	static_assert(SMEM <= 227 * 1024, "one CTA per SM at most");
 };
 
 // ---- PTX --------------------------------------------------------------------------
@@ -186,13 +196,16 @@ static __device__ __forceinline__ uint32_t wg_swz(int row, int chunk)
 	return (uint32_t)(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
-// The weight part of a stage: rows n0 .. n0+127, k k0 .. k0+63 (zeros past N or kend).
+// The weight part of a stage: rows n0 .. n0+ROWS-1, k k0 .. k0+63 (zeros past N or kend).
+template <int ROWS>
 static __device__ __forceinline__ void wg_load_w(unsigned char *ws, const uint16_t *w, int N,
 						 int K, int n0, int k0, int kend, int tid)
 {
+	constexpr int T = wg_cfg<2, ROWS>::THREADS;
+
 #pragma unroll
-	for (int j = 0; j < WG_ROWS * 8 / WG_THREADS; j++) {
-		const int i = tid + j * WG_THREADS, r = i >> 3, c = i & 7, k = k0 + c * 8;
+	for (int j = 0; j < ROWS * 8 / T; j++) {
+		const int i = tid + j * T, r = i >> 3, c = i & 7, k = k0 + c * 8;
 		const bool ok = n0 + r < N && k < kend;
 
 		cp_async16(ws + wg_swz(r, c), ok ? w + (size_t)(n0 + r) * K + k : w, ok);
@@ -200,12 +213,12 @@ static __device__ __forceinline__ void wg_load_w(unsigned char *ws, const uint16
 }
 
 // The x part of a stage: x rows 0 .. XROWS-1 (zeros past M), same k.
-template <int NT>
+template <int NT, int ROWS>
 static __device__ __forceinline__ void wg_load_x(unsigned char *xs, const uint16_t *xb, int M,
 						 int K, int k0, int kend, int tid)
 {
 #pragma unroll
-	for (int i = tid; i < wg_cfg<NT>::XROWS * 8; i += WG_THREADS) {
+	for (int i = tid; i < wg_cfg<NT, ROWS>::XROWS * 8; i += wg_cfg<NT, ROWS>::THREADS) {
 		const int r = i >> 3, c = i & 7, k = k0 + c * 8;
 		const bool ok = r < M && k < kend;
 
@@ -243,12 +256,13 @@ static __device__ __forceinline__ int wg_frag_m(int i, int lane, int c)
 }
 
 // The S partial tiles of this CTA's weight tile, added in split order into y by the CTA
-// that arrived last; tp: (S, XROWS, WG_ROWS) fp32.
-template <int NT>
+// that arrived last; tp: (S, XROWS, ROWS) fp32.
+template <int NT, int ROWS>
 static __device__ __forceinline__ void wg_reduce(float *y, const float *tp, int M, int N, int n0,
 						 int S, int accumulate, int tid)
 {
-	constexpr int TILE = wg_cfg<NT>::XROWS * WG_ROWS;
+	constexpr int TILE = wg_cfg<NT, ROWS>::XROWS * ROWS, WG_ROWS = ROWS;
+	constexpr int WG_THREADS = wg_cfg<NT, ROWS>::THREADS;
 
 	// 2 x 4 outputs per thread and step, all 2 S loads issued before the adds (in split
 	// order) and the stores: the sum is latency-bound, not bandwidth-bound (at M = 64
@@ -296,12 +310,14 @@ static __device__ __forceinline__ void wg_reduce(float *y, const float *tp, int 
 // wg_reduce adds them: each CTA writes its tile into its own (idle) stage buffers, then
 // sums 1/S of the tile's outputs from all S CTAs' shared memory into y. No global
 // workspace, no counter, no CTA that sums alone; part: 1024-aligned shared memory.
-template <int NT>
+template <int NT, int ROWS>
 static __device__ __forceinline__ void wg_cluster_reduce(float *y, const float (&acc)[NT * 4],
 							 float *part, int M, int N, int n0,
 							 int accumulate, int warp, int lane, int tid)
 {
-	constexpr int Q = WG_ROWS / 4;	// float4 groups per partial row
+	constexpr int Q = ROWS / 4;	// float4 groups per partial row
+	constexpr int WG_PSTRIDE = wg_cfg<NT, ROWS>::PSTRIDE;
+	constexpr int WG_THREADS = wg_cfg<NT, ROWS>::THREADS;
 	cg::cluster_group cluster = cg::this_cluster();
 	const int S = (int)cluster.num_blocks(), s = (int)cluster.block_rank();
 	const int E = M * Q, per = (E + S - 1) / S, e1 = min(E, (s + 1) * per);
@@ -346,17 +362,18 @@ static __device__ __forceinline__ void wg_cluster_reduce(float *y, const float (
 	cluster.sync();		// keep the partials alive until every rank has read them
 }
 
-// grid (tiles, S): blockIdx.x the 128-row tile, blockIdx.y the K slice [s KS, s KS + KS).
+// grid (tiles, S): blockIdx.x the ROWS-row tile, blockIdx.y the K slice [s KS, s KS + KS).
 // xb: bf16 x (M, K) row-major. cl: launched in clusters of (1, S, 1), which reduce in
-// shared memory; otherwise ws: (tiles * S, XROWS, WG_ROWS) fp32 partials and cnt:
+// shared memory; otherwise ws: (tiles * S, XROWS, ROWS) fp32 partials and cnt:
 // (tiles) arrival counters, zero between launches. Needs K % 8 == 0, w and xb 16-byte
 // aligned, M <= XROWS.
-template <int NT>
-__global__ void __launch_bounds__(WG_THREADS, 2)
+template <int NT, int ROWS>
+__global__ void __launch_bounds__(wg_cfg<NT, ROWS>::THREADS, wg_cfg<NT, ROWS>::MIN_BLOCKS)
 wg_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, int N, int K,
 	  int KS, int accumulate, int cl, float *ws, unsigned *cnt, int pdl)
 {
-	using C = wg_cfg<NT>;
+	using C = wg_cfg<NT, ROWS>;
+	constexpr int WG_ROWS = ROWS, WG_STAGES = C::STAGES, WG_AHEAD = C::AHEAD;
 	extern __shared__ __align__(128) unsigned char wg_smem_raw[];
 	__shared__ bool wg_last;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
@@ -378,19 +395,20 @@ wg_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 #pragma unroll
 	for (int i = 0; i < WG_AHEAD; i++) {
 		if (i < nb)
-			wg_load_w(smem_p + i * C::STAGE_BYTES, w, N, K, n0, k0 + i * WG_BK, kend, tid);
+			wg_load_w<ROWS>(smem_p + i * C::STAGE_BYTES, w, N, K, n0, k0 + i * WG_BK,
+					kend, tid);
 		cp_async_commit();
 	}
 	k_cuda_lin_inputs_ready(pdl);	// x and y only from here on
 #pragma unroll
 	for (int i = 0; i < WG_AHEAD; i++) {
 		if (i < nb)
-			wg_load_x<NT>(smem_p + i * C::STAGE_BYTES + C::W_BYTES, xb, M, K,
-				      k0 + i * WG_BK, kend, tid);
+			wg_load_x<NT, ROWS>(smem_p + i * C::STAGE_BYTES + C::W_BYTES, xb, M, K,
+					    k0 + i * WG_BK, kend, tid);
 		cp_async_commit();
 	}
-	// groups so far: W0 W1 W2 X0 X1 X2; then one (W, X) group per iteration. Before
-	// iteration i, stage i's last group has exactly WG_AHEAD - 1 newer ones.
+	// groups so far: W0 .. W(AHEAD-1), X0 .. X(AHEAD-1); then one (W, X) group per
+	// iteration. Before iteration i, stage i's last group has exactly AHEAD - 1 newer ones.
 	for (int i = 0; i < nb; i++) {
 		const int nx = i + WG_AHEAD;
 
@@ -400,8 +418,8 @@ wg_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 		if (nx < nb) {
 			unsigned char *st = smem_p + (nx % WG_STAGES) * C::STAGE_BYTES;
 
-			wg_load_w(st, w, N, K, n0, k0 + nx * WG_BK, kend, tid);
-			wg_load_x<NT>(st + C::W_BYTES, xb, M, K, k0 + nx * WG_BK, kend, tid);
+			wg_load_w<ROWS>(st, w, N, K, n0, k0 + nx * WG_BK, kend, tid);
+			wg_load_x<NT, ROWS>(st + C::W_BYTES, xb, M, K, k0 + nx * WG_BK, kend, tid);
 		}
 		cp_async_commit();
 		const uint32_t st = smem + (i % WG_STAGES) * C::STAGE_BYTES;
@@ -427,8 +445,8 @@ wg_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 		return;
 	}
 	if (cl) {
-		wg_cluster_reduce<NT>(y, acc, (float *)smem_p, M, N, n0, accumulate, warp, lane,
-				      tid);
+		wg_cluster_reduce<NT, ROWS>(y, acc, (float *)smem_p, M, N, n0, accumulate, warp,
+					    lane, tid);
 		return;
 	}
 	float *part = ws + ((size_t)tile * S + s) * C::XROWS * WG_ROWS;
@@ -447,7 +465,8 @@ wg_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 	if (!wg_last)
 		return;
 	__threadfence();	// every other CTA's partials, which its count published
-	wg_reduce<NT>(y, ws + (size_t)tile * S * C::XROWS * WG_ROWS, M, N, n0, S, accumulate, tid);
+	wg_reduce<NT, ROWS>(y, ws + (size_t)tile * S * C::XROWS * WG_ROWS, M, N, n0, S, accumulate,
+			    tid);
 	if (tid == 0)
 		cnt[tile] = 0;
 }
@@ -460,22 +479,29 @@ static int wg_nt_index(int M)
 	return M <= 16 ? 0 : M <= 32 ? 1 : 2;
 }
 
-static const int wg_smem_of[LIN_WG_N_NT] = {
-	wg_cfg<2>::SMEM, wg_cfg<4>::SMEM, wg_cfg<8>::SMEM,
+/* Instantiations for 128 and 256 weight rows per CTA. */
+static int wg_rows_index(int rows)
+{
+	return rows == 256;
+}
+
+static const int wg_smem_of[2][LIN_WG_N_NT] = {
+	{ wg_cfg<2, 128>::SMEM, wg_cfg<4, 128>::SMEM, wg_cfg<8, 128>::SMEM },
+	{ wg_cfg<2, 256>::SMEM, wg_cfg<4, 256>::SMEM, wg_cfg<8, 256>::SMEM },
 };
 
 struct wg_plan {
 	int nt;		// n8 tiles of x rows
-	int tiles;	// 128-row weight tiles
+	int rows;	// weight rows per CTA
+	int tiles;	// weight tiles of rows
 	int S;		// K slices
 	int KS;		// k per slice (a multiple of WG_BK)
 	int waves;	// of the resident slots
 	int cl;		// S > 1 in clusters of (1, S, 1), reduced in their shared memory
+	int cap;	// resident slots
 };
 
 // KDEC_LINEAR_WGMMA_SPLIT (experiments): the largest split tried, 1..LIN_ST_MAX_SPLIT.
-// At M = 64 the last CTA of a tile sums S partial tiles of 32 KB: a tail the plan's
-// cost below does not count, which this bounds for A/B runs.
 static int wg_max_split(void)
 {
 	static int max;
@@ -492,20 +518,24 @@ static int wg_max_split(void)
 // As linear_stream's plan: every split S of the K stages is tried, time ~ waves *
 // (stages per slice + overhead), ties to the smaller split. With ctx->wg_cluster the
 // resident slots are those of clusters of S (sizes that cannot launch are skipped);
-// otherwise at most LIN_ST_MAX_UNITS CTAs where it splits (the shared workspace).
+// otherwise the partial tiles must fit the shared workspace (LIN_ST_MAX_UNITS tiles
+// of 128 rows).
 static void wg_make_plan(const struct k_cuda_linear *ctx, int M, int N, int K, struct wg_plan *p)
 {
-	const int ni = wg_nt_index(M);
-	const int tiles = (N + WG_ROWS - 1) / WG_ROWS, nbk = (K + WG_BK - 1) / WG_BK;
-	const long slots1 = ctx->wg_cap[ni] > 0 ? ctx->wg_cap[ni] : 1;
+	const int ni = wg_nt_index(M), ri = wg_rows_index(ctx->wg_rows), rows = ri ? 256 : 128;
+	const int tiles = (N + rows - 1) / rows, nbk = (K + WG_BK - 1) / WG_BK;
+	const int *ccap = ctx->wg_ccap[ri][ni];
+	const long slots1 = ccap[1] > 0 ? ccap[1] : 1;
 	long best = -1;
 
 	p->nt = 2 << ni;
+	p->rows = rows;
 	p->tiles = tiles;
 	p->S = 1;
 	p->KS = nbk * WG_BK;
 	p->waves = (int)((tiles + slots1 - 1) / slots1);
 	p->cl = 0;
+	p->cap = (int)slots1;
 	for (int S = 1; S <= wg_max_split() && S <= nbk; S++) {
 		const int kb = (nbk + S - 1) / S;
 		const long units = (long)tiles * S;
@@ -514,10 +544,10 @@ static void wg_make_plan(const struct k_cuda_linear *ctx, int M, int N, int K, s
 		if ((nbk + kb - 1) / kb != S)	// the same slices as a smaller S
 			continue;
 		if (S > 1 && ctx->wg_cluster) {
-			slots = ctx->wg_ccap[ni][S];
+			slots = ccap[S];
 			if (slots < 1)
 				continue;
-		} else if (S > 1 && units > LIN_ST_MAX_UNITS) {
+		} else if (S > 1 && units * (rows / 128) > LIN_ST_MAX_UNITS) {
 			break;
 		}
 		waves = (units + slots - 1) / slots;
@@ -528,6 +558,7 @@ static void wg_make_plan(const struct k_cuda_linear *ctx, int M, int N, int K, s
 			p->KS = kb * WG_BK;
 			p->waves = (int)waves;
 			p->cl = S > 1 && ctx->wg_cluster;
+			p->cap = (int)slots;
 		}
 	}
 }
@@ -544,7 +575,7 @@ static int wg_cluster_attr(cudaLaunchAttribute *attr, int S)
 	return 1;
 }
 
-template <int NT>
+template <int NT, int ROWS>
 static int wg_launch(const struct k_cuda_linear *ctx, const struct wg_plan *p, float *y,
 		     const uint16_t *xb, const uint16_t *w, int M, int N, int K, int accumulate)
 {
@@ -552,15 +583,15 @@ static int wg_launch(const struct k_cuda_linear *ctx, const struct wg_plan *p, f
 	cudaLaunchAttribute attr[2] = {};
 
 	cfg.gridDim = dim3(p->tiles, p->S, 1);
-	cfg.blockDim = dim3(WG_THREADS, 1, 1);
-	cfg.dynamicSmemBytes = wg_cfg<NT>::SMEM;
+	cfg.blockDim = dim3(wg_cfg<NT, ROWS>::THREADS, 1, 1);
+	cfg.dynamicSmemBytes = wg_cfg<NT, ROWS>::SMEM;
 	cfg.stream = ctx->stream;
 	cfg.attrs = attr;
 	cfg.numAttrs = p->cl ? wg_cluster_attr(attr, p->S) : 0;
 	cfg.numAttrs += k_cuda_lin_pdl_attr(ctx, attr + cfg.numAttrs);
-	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, wg_kernel<NT>, y, xb, w, M, N, K, p->KS,
-						     accumulate, p->cl, ctx->st_ws, ctx->st_cnt,
-						     ctx->pdl));
+	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, wg_kernel<NT, ROWS>, y, xb, w, M, N, K,
+						     p->KS, accumulate, p->cl, ctx->st_ws,
+						     ctx->st_cnt, ctx->pdl));
 }
 
 int k_cuda_lin_wgmma(const struct k_cuda_linear *ctx, float *y, const float *x,
@@ -577,10 +608,13 @@ int k_cuda_lin_wgmma(const struct k_cuda_linear *ctx, float *y, const float *x,
 		struct wg_plan p;
 
 		wg_make_plan(ctx, mc, N, K, &p);
-		switch (p.nt) {
-		case 2: ret = wg_launch<2>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
-		case 4: ret = wg_launch<4>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
-		default: ret = wg_launch<8>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
+		switch (p.nt * 1000 + p.rows) {
+		case 2128: ret = wg_launch<2, 128>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
+		case 4128: ret = wg_launch<4, 128>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
+		case 8128: ret = wg_launch<8, 128>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
+		case 2256: ret = wg_launch<2, 256>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
+		case 4256: ret = wg_launch<4, 256>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
+		default: ret = wg_launch<8, 256>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
 		}
 	}
 	return ret;
@@ -593,63 +627,74 @@ int k_cuda_lin_wgmma_describe(const struct k_cuda_linear *ctx, int M, int N, int
 	struct wg_plan p;
 
 	wg_make_plan(ctx, mc, N, K, &p);
-	return snprintf(buf, len, "wgmma n=%d grid=%dx%d k/slice=%d waves=%d cap=%d smem=%d %s%s",
-			p.nt * 8, p.tiles, p.S, p.KS, p.waves,
-			p.cl ? ctx->wg_ccap[wg_nt_index(mc)][p.S] : ctx->wg_cap[wg_nt_index(mc)],
-			wg_smem_of[wg_nt_index(mc)], p.S == 1 ? "nosplit" : p.cl ? "cluster" : "ws",
+	return snprintf(buf, len, "wgmma n=%d rows=%d grid=%dx%d k/slice=%d waves=%d cap=%d "
+			"smem=%d %s%s", p.nt * 8, p.rows, p.tiles, p.S, p.KS, p.waves, p.cap,
+			wg_smem_of[wg_rows_index(p.rows)][wg_nt_index(mc)],
+			p.S == 1 ? "nosplit" : p.cl ? "cluster" : "ws",
 			M > LIN_ST_MAX_M ? " (per 64 rows)" : "");
 }
 
-template <int NT> static int wg_setup_nt(struct k_cuda_linear *ctx, int ni)
+// ctx->wg_ccap[ri][ni]: CTAs resident at once, alone (index 1) and in clusters of S.
+template <int NT, int ROWS> static int wg_setup_nt(struct k_cuda_linear *ctx, int ri, int ni)
 {
+	using C = wg_cfg<NT, ROWS>;
 	int ret, bps = 0;
 
-	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(wg_kernel<NT>,
-				cudaFuncAttributeMaxDynamicSharedMemorySize, wg_cfg<NT>::SMEM));
+	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(wg_kernel<NT, ROWS>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
 	if (!ret)
 		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps,
-					wg_kernel<NT>, WG_THREADS, wg_cfg<NT>::SMEM));
+					wg_kernel<NT, ROWS>, C::THREADS, C::SMEM));
 	if (ret)
 		return ret;
 	if (bps < 1) {
-		fprintf(stderr, "cuda: wgmma linear kernel (n %d, %d bytes of shared memory) fits "
-			"no multiprocessor of device %d\n", NT * 8, wg_cfg<NT>::SMEM, ctx->dev);
+		fprintf(stderr, "cuda: wgmma linear kernel (n %d, %d rows, %d bytes of shared "
+			"memory) fits no multiprocessor of device %d\n", NT * 8, ROWS, C::SMEM,
+			ctx->dev);
 		return -EIO;
 	}
-	ctx->wg_cap[ni] = bps * ctx->n_sm;
-	ctx->wg_ccap[ni][1] = ctx->wg_cap[ni];
+	ctx->wg_ccap[ri][ni][1] = bps * ctx->n_sm;
 	for (int S = 2; S <= LIN_ST_MAX_SPLIT; S++) {
 		cudaLaunchConfig_t cfg = {};
 		cudaLaunchAttribute attr[1] = {};
 		int clusters = 0;
 
 		cfg.gridDim = dim3(1, S, 1);
-		cfg.blockDim = dim3(WG_THREADS, 1, 1);
-		cfg.dynamicSmemBytes = wg_cfg<NT>::SMEM;
+		cfg.blockDim = dim3(C::THREADS, 1, 1);
+		cfg.dynamicSmemBytes = C::SMEM;
 		cfg.attrs = attr;
 		cfg.numAttrs = wg_cluster_attr(attr, S);
 		// a cluster size the device refuses is simply never chosen
-		if (cudaOccupancyMaxActiveClusters(&clusters, wg_kernel<NT>, &cfg) != cudaSuccess) {
+		if (cudaOccupancyMaxActiveClusters(&clusters, wg_kernel<NT, ROWS>, &cfg) !=
+		    cudaSuccess) {
 			cudaGetLastError();
 			clusters = 0;
 		}
-		ctx->wg_ccap[ni][S] = clusters * S;
+		ctx->wg_ccap[ri][ni][S] = clusters * S;
 	}
 	return 0;
 }
 
 // Needs k_cuda_lin_stream_setup first: the split workspace and counters are its.
-// KDEC_LINEAR_WGMMA_CLUSTER=0: splits through that workspace (k_cuda_linear_set_wgmma_cluster).
+// KDEC_LINEAR_WGMMA_CLUSTER=0: splits through that workspace; KDEC_LINEAR_WGMMA_ROWS=256:
+// 256 weight rows per CTA (k_cuda_linear_set_wgmma_cluster, _rows).
 int k_cuda_lin_wgmma_setup(struct k_cuda_linear *ctx)
 {
-	const char *e = getenv("KDEC_LINEAR_WGMMA_CLUSTER");
+	const char *e = getenv("KDEC_LINEAR_WGMMA_CLUSTER"), *r = getenv("KDEC_LINEAR_WGMMA_ROWS");
 	int ret;
 
 	ctx->wg_cluster = !e || atoi(e) != 0;
-	ret = wg_setup_nt<2>(ctx, 0);
+	ctx->wg_rows = r && atoi(r) == 256 ? 256 : 128;
+	ret = wg_setup_nt<2, 128>(ctx, 0, 0);
 	if (!ret)
-		ret = wg_setup_nt<4>(ctx, 1);
+		ret = wg_setup_nt<4, 128>(ctx, 0, 1);
 	if (!ret)
-		ret = wg_setup_nt<8>(ctx, 2);
+		ret = wg_setup_nt<8, 128>(ctx, 0, 2);
+	if (!ret)
+		ret = wg_setup_nt<2, 256>(ctx, 1, 0);
+	if (!ret)
+		ret = wg_setup_nt<4, 256>(ctx, 1, 1);
+	if (!ret)
+		ret = wg_setup_nt<8, 256>(ctx, 1, 2);
 	return ret;
 }
