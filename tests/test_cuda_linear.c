@@ -242,50 +242,76 @@ static void wgmma_geometry(const char *desc, int g[3])
 		sscanf(p, "grid=%dx%d k/slice=%d", &g[0], &g[1], &g[2]);
 }
 
-/* The wgmma kernel at 128 and 256 weight rows per CTA, each with its K slices reduced
- * in cluster shared memory, then through the global workspace (its plan in brackets
- * says which; "nosplit" where one slice), each checked as any kind; then both
- * reductions once more on the same inputs: the same bits where both plans split K alike
- * (M <= 64: one plan), as both add the slices in slice order. */
-static void check_wgmma(const struct bufs *b, const struct ref *r, float *out, float *out2)
+/* The wgmma kernel in one mode (rows per CTA, cluster or workspace reduction, TMA or
+ * cp.async stages) into out, its plan's geometry into geo; nonzero on failure. */
+static int wgmma_run(int rows, int cl, int tma, const struct bufs *b, const struct ref *r,
+		     float *out, int geo[3])
 {
-	const enum k_cuda_linear_kind k = K_CUDA_LINEAR_WGMMA;
-	size_t n = (size_t)r->M * r->N, u1 = 0, u2 = 0;
-	int g1 = 0, g2 = 0, same, geo1[3], geo2[3];
+	size_t unwritten = 0;
+	int guard = 0, ret;
 	char desc[160];
 
+	k_cuda_linear_set_wgmma_rows(lin, rows);
+	k_cuda_linear_set_wgmma_cluster(lin, cl);
+	k_cuda_linear_set_wgmma_tma(lin, tma);
+	k_cuda_linear_describe(lin, K_CUDA_LINEAR_WGMMA, r->M, r->N, r->K, desc, sizeof(desc));
+	wgmma_geometry(desc, geo);
+	ret = run_once(K_CUDA_LINEAR_WGMMA, 0, b, b->x, r, 0, out, &unwritten, &guard);
+	return ret || unwritten || !guard;
+}
+
+/* Two wgmma modes on the same inputs: the same bits where both plans split K alike (M
+ * <= 64: one plan), as every mode adds the same products in the same order. */
+static void wgmma_same(const char *what, const int m1[3], const int m2[3], const struct bufs *b,
+		       const struct ref *r, float *out, float *out2)
+{
+	size_t n = (size_t)r->M * r->N;
+	int geo1[3], geo2[3], same;
+
+	if (r->M > 64)	/* blocks of 64 rows, each with its own plan: not compared */
+		return;
+	if (wgmma_run(m1[0], m1[1], m1[2], b, r, out, geo1) ||
+	    wgmma_run(m2[0], m2[1], m2[2], b, r, out2, geo2))
+		return;		/* check_kind has reported it */
+	if (memcmp(geo1, geo2, sizeof(geo1))) {
+		printf("N=%-6d K=%-5d M=%-3d wgmma %s: other splits (%dx%d vs %dx%d), bits not "
+		       "compared\n", r->N, r->K, r->M, what, geo1[0], geo1[1], geo2[0], geo2[1]);
+		return;
+	}
+	same = memcmp(out, out2, n * sizeof(float)) == 0;
+	printf("N=%-6d K=%-5d M=%-3d wgmma %s: %s  %s\n", r->N, r->K, r->M, what,
+	       same ? "same bits" : "BITS DIFFER", same ? "PASS" : "FAIL");
+	CHECK(same, "N=%d K=%d M=%d wgmma %s bits", r->N, r->K, r->M, what);
+}
+
+/* The wgmma kernel at 128 and 256 weight rows per CTA, with cp.async and TMA stages,
+ * each with its K slices reduced in cluster shared memory, then through the global
+ * workspace (its plan in brackets says which; "nosplit" where one slice), each checked
+ * as any kind; then modes against each other bit for bit. */
+static void check_wgmma(const struct bufs *b, const struct ref *r, float *out, float *out2)
+{
 	for (int rows = 128; rows <= 256; rows += 128) {
-		k_cuda_linear_set_wgmma_rows(lin, rows);
-		for (int cl = 1; cl >= 0; cl--) {
-			k_cuda_linear_set_wgmma_cluster(lin, cl);
-			for (int acc = 0; acc <= 1; acc++)
-				check_kind(k, 0, b, b->x, r, acc, out, out2);
-		}
-		k_cuda_linear_set_wgmma_cluster(lin, 1);
-		k_cuda_linear_describe(lin, k, r->M, r->N, r->K, desc, sizeof(desc));
-		wgmma_geometry(desc, geo1);
-		if (run_once(k, 0, b, b->x, r, 0, out, &u1, &g1))
-			continue;	/* check_kind has reported it */
-		k_cuda_linear_set_wgmma_cluster(lin, 0);
-		k_cuda_linear_describe(lin, k, r->M, r->N, r->K, desc, sizeof(desc));
-		wgmma_geometry(desc, geo2);
-		if (r->M > 64)	/* blocks of 64 rows, each with its own plan: not compared */
-			;
-		else if (memcmp(geo1, geo2, sizeof(geo1)))
-			printf("N=%-6d K=%-5d M=%-3d wgmma rows %d cluster vs workspace reduction: "
-			       "other splits (%dx%d vs %dx%d), bits not compared\n", r->N, r->K,
-			       r->M, rows, geo1[0], geo1[1], geo2[0], geo2[1]);
-		else if (!run_once(k, 0, b, b->x, r, 0, out2, &u2, &g2)) {
-			same = memcmp(out, out2, n * sizeof(float)) == 0;
-			printf("N=%-6d K=%-5d M=%-3d wgmma rows %d cluster vs workspace reduction: "
-			       "%s  %s\n", r->N, r->K, r->M, rows, same ? "same bits" : "BITS DIFFER",
-			       same ? "PASS" : "FAIL");
-			CHECK(same, "N=%d K=%d M=%d wgmma rows %d cluster vs workspace bits", r->N,
-			      r->K, r->M, rows);
-		}
-		k_cuda_linear_set_wgmma_cluster(lin, 1);
+		const int cl_cp[3] = { rows, 1, 0 }, ws_cp[3] = { rows, 0, 0 };
+		const int cl_tma[3] = { rows, 1, 1 };
+
+		for (int tma = 0; tma <= 1; tma++)
+			for (int cl = 1; cl >= 0; cl--) {
+				k_cuda_linear_set_wgmma_rows(lin, rows);
+				k_cuda_linear_set_wgmma_cluster(lin, cl);
+				k_cuda_linear_set_wgmma_tma(lin, tma);
+				for (int acc = 0; acc <= 1; acc++)
+					check_kind(K_CUDA_LINEAR_WGMMA, 0, b, b->x, r, acc, out,
+						   out2);
+			}
+		wgmma_same(rows == 128 ? "rows 128 cluster vs workspace" :
+					 "rows 256 cluster vs workspace", cl_cp, ws_cp, b, r, out,
+			   out2);
+		wgmma_same(rows == 128 ? "rows 128 tma vs cp.async" : "rows 256 tma vs cp.async",
+			   cl_tma, cl_cp, b, r, out, out2);
 	}
 	k_cuda_linear_set_wgmma_rows(lin, 128);
+	k_cuda_linear_set_wgmma_cluster(lin, 1);
+	k_cuda_linear_set_wgmma_tma(lin, 0);
 }
 
 static void rand_fill(float *p, size_t n)
@@ -449,14 +475,21 @@ static void test_graph(void)
 		for (int k = 0; k < K_CUDA_LINEAR_N_KINDS; k++)
 			for (int mi = 0; mi < 3; mi++)
 				graph_case(k, Ms[mi], pdl, N, K, w, x, dw, dx, dy, ref, out);
-	/* the wgmma kernel at 256 weight rows per CTA too (above: 128), clusters of the
-	 * 1000 x 4096 split captured with programmatic launch on and off */
-	printf("(wgmma at 256 rows per CTA)\n");
-	k_cuda_linear_set_wgmma_rows(lin, 256);
-	for (int pdl = 1; pdl >= 0; pdl--)
-		for (int mi = 1; mi < 3; mi++)
-			graph_case(K_CUDA_LINEAR_WGMMA, Ms[mi], pdl, N, K, w, x, dw, dx, dy, ref, out);
+	/* the wgmma kernel at 256 weight rows per CTA too (above: 128), and with TMA
+	 * stages, clusters of the 1000 x 4096 split captured with programmatic launch on
+	 * and off (the tensor maps are kernel parameters: captured by value) */
+	for (int mode = 1; mode < 4; mode++) {
+		printf("(wgmma at %d rows per CTA, %s stages)\n", mode & 1 ? 256 : 128,
+		       mode & 2 ? "tma" : "cp.async");
+		k_cuda_linear_set_wgmma_rows(lin, mode & 1 ? 256 : 128);
+		k_cuda_linear_set_wgmma_tma(lin, mode >> 1);
+		for (int pdl = 1; pdl >= 0; pdl--)
+			for (int mi = 1; mi < 3; mi++)
+				graph_case(K_CUDA_LINEAR_WGMMA, Ms[mi], pdl, N, K, w, x, dw, dx, dy,
+					   ref, out);
+	}
 	k_cuda_linear_set_wgmma_rows(lin, 128);
+	k_cuda_linear_set_wgmma_tma(lin, 0);
 	cudaFree(dw);
 	cudaFree(dx);
 	cudaFree(dy);

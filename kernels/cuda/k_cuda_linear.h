@@ -103,6 +103,11 @@ void k_cuda_linear_set_wgmma_cluster(struct k_cuda_linear *ctx, int on);
  * one CTA, each x stage shared by twice the weight rows: x adds 25% to the bytes an SM
  * loads at M = 64 instead of 50%). Other values are ignored. */
 void k_cuda_linear_set_wgmma_rows(struct k_cuda_linear *ctx, int rows);
+/* 1: the wgmma kernel's stages are loaded by tensor copies (TMA) that one thread issues
+ * per stage, signalling an mbarrier per buffer; 0 (the default; KDEC_LINEAR_WGMMA_TMA=1
+ * at create makes it 1): by cp.async from every thread. Ignored where the driver has no
+ * tensor-map encoder. The same bits either way. */
+void k_cuda_linear_set_wgmma_tma(struct k_cuda_linear *ctx, int on);
 
 /* "gemv", "splitk", "stream", "wgmma", "cublas", "generic". */
 const char *k_cuda_linear_kind_name(enum k_cuda_linear_kind kind);

@@ -393,6 +393,12 @@ extern "C" void k_cuda_linear_set_wgmma_rows(struct k_cuda_linear *ctx, int rows
 		ctx->wg_rows = rows;
 }
 
+extern "C" void k_cuda_linear_set_wgmma_tma(struct k_cuda_linear *ctx, int on)
+{
+	if (ctx)
+		ctx->wg_tma = on != 0;
+}
+
 extern "C" void k_cuda_linear_describe(const struct k_cuda_linear *ctx,
 				       enum k_cuda_linear_kind kind, int M, int N, int K,
 				       char *buf, size_t len)

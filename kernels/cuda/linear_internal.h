@@ -56,6 +56,7 @@ struct k_cuda_linear {
 	int wg_ccap[2][LIN_WG_N_NT][LIN_ST_MAX_SPLIT + 1];
 	int wg_cluster;
 	int wg_rows;
+	int wg_tma;			/* wgmma stages by tensor copies (TMA), where they encode */
 	float *st_ws;			/* (LIN_ST_MAX_UNITS, LIN_ST_MAX_M, 128) fp32 partials */
 	unsigned *st_cnt;		/* (LIN_ST_MAX_UNITS) arrivals per tile, 0 between launches */
 	cublasHandle_t blas;

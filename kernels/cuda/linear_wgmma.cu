@@ -41,6 +41,8 @@
 #include <cstdlib>
 
 #include <cooperative_groups.h>
+#include <cuda.h>		// CUtensorMap (the encoder comes from the runtime's entry point)
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/attn_ptx.cuh"
@@ -95,6 +97,52 @@ static __device__ __forceinline__ uint64_t wg_desc(uint32_t addr)
 	       ((uint64_t)1 << 16) |				// leading byte offset: unused
 	       ((uint64_t)(1024 >> 4) << 32) |			// stride byte offset, 8 rows
 	       ((uint64_t)1 << 62);				// 128B swizzle
+}
+
+// ---- TMA (ctx->wg_tma) ----------------------------------------------------------------
+// One thread per CTA issues each stage as two tensor copies (cp.async.bulk.tensor: the
+// weight box ROWS x 64 k, the x box XROWS x 64 k) that signal the stage's mbarrier with
+// their byte count; every thread waits on that barrier's phase. The tensor maps carry the
+// 128B swizzle, the same pattern wg_swz writes, and fill rows past N or M and k past K
+// with zeros (counted in the bytes).
+
+static __device__ __forceinline__ void wg_mbar_init(uint32_t bar, unsigned count)
+{
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" : : "r"(bar), "r"(count) : "memory");
+}
+
+// Makes the barrier inits visible to the async proxy (the tensor copies) and the cluster.
+static __device__ __forceinline__ void wg_mbar_init_fence()
+{
+	asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
+}
+
+// This thread's arrival (the barrier's only one) with bytes more to come.
+static __device__ __forceinline__ void wg_mbar_expect(uint32_t bar, unsigned bytes)
+{
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+		     : : "r"(bar), "r"(bytes) : "memory");
+}
+
+static __device__ __forceinline__ void wg_mbar_wait(uint32_t bar, unsigned parity)
+{
+	uint32_t done;
+
+	do {
+		asm volatile("{\n\t.reg .pred p;\n\t"
+			     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+			     "selp.u32 %0, 1, 0, p;\n}"
+			     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+	} while (!done);
+}
+
+// The box at (c0 = k, c1 = row) of map into shared memory dst, completing on bar.
+static __device__ __forceinline__ void wg_tma_2d(uint32_t dst, const CUtensorMap *map, int c0,
+						 int c1, uint32_t bar)
+{
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile"
+		     ".mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+		     : : "r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
 
 static __device__ __forceinline__ void wg_fence_proxy_async()
@@ -367,15 +415,17 @@ static __device__ __forceinline__ void wg_cluster_reduce(float *y, const float (
 // shared memory; otherwise ws: (tiles * S, XROWS, ROWS) fp32 partials and cnt:
 // (tiles) arrival counters, zero between launches. Needs K % 8 == 0, w and xb 16-byte
 // aligned, M <= XROWS.
-template <int NT, int ROWS>
+template <int NT, int ROWS, bool TMA>
 __global__ void __launch_bounds__(wg_cfg<NT, ROWS>::THREADS, wg_cfg<NT, ROWS>::MIN_BLOCKS)
 wg_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, int N, int K,
-	  int KS, int accumulate, int cl, float *ws, unsigned *cnt, int pdl)
+	  int KS, int accumulate, int cl, float *ws, unsigned *cnt, int pdl,
+	  const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx)
 {
 	using C = wg_cfg<NT, ROWS>;
 	constexpr int WG_ROWS = ROWS, WG_STAGES = C::STAGES, WG_AHEAD = C::AHEAD;
 	extern __shared__ __align__(128) unsigned char wg_smem_raw[];
 	__shared__ bool wg_last;
+	__shared__ __align__(8) uint64_t wg_bar[wg_cfg<NT, ROWS>::STAGES];	// TMA only
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
 	const int tile = blockIdx.x, S = gridDim.y, s = blockIdx.y;
 	const int n0 = tile * WG_ROWS, k0 = s * KS, kend = min(K, k0 + KS);
@@ -391,42 +441,82 @@ wg_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 	for (int i = 0; i < C::ACC; i++)
 		acc[i] = 0.f;
 
-	// weights are constant: the first stages stream in while the previous kernel drains
+	const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(wg_bar);
+
+	if constexpr (TMA) {
+		// weights are constant: the first stages stream in while the previous kernel
+		// drains; each stage's barrier expects its weight and x bytes at once
+		if (tid == 0) {
+			for (int b = 0; b < WG_STAGES; b++)
+				wg_mbar_init(bar0 + 8 * b, 1);
+			wg_mbar_init_fence();
+			for (int i = 0; i < WG_AHEAD && i < nb; i++) {
+				wg_mbar_expect(bar0 + 8 * i, C::STAGE_BYTES);
+				wg_tma_2d(smem + i * C::STAGE_BYTES, &tw, k0 + i * WG_BK, n0,
+					  bar0 + 8 * i);
+			}
+		}
+		k_cuda_lin_inputs_ready(pdl);	// x and y only from here on
+		if (tid == 0)
+			for (int i = 0; i < WG_AHEAD && i < nb; i++)
+				wg_tma_2d(smem + i * C::STAGE_BYTES + C::W_BYTES, &tx,
+					  k0 + i * WG_BK, 0, bar0 + 8 * i);
+		__syncthreads();	// the barriers initialised before anyone waits on them
+	} else {
+		// weights are constant: the first stages stream in while the previous kernel
+		// drains
 #pragma unroll
-	for (int i = 0; i < WG_AHEAD; i++) {
-		if (i < nb)
-			wg_load_w<ROWS>(smem_p + i * C::STAGE_BYTES, w, N, K, n0, k0 + i * WG_BK,
-					kend, tid);
-		cp_async_commit();
-	}
-	k_cuda_lin_inputs_ready(pdl);	// x and y only from here on
+		for (int i = 0; i < WG_AHEAD; i++) {
+			if (i < nb)
+				wg_load_w<ROWS>(smem_p + i * C::STAGE_BYTES, w, N, K, n0,
+						k0 + i * WG_BK, kend, tid);
+			cp_async_commit();
+		}
+		k_cuda_lin_inputs_ready(pdl);	// x and y only from here on
 #pragma unroll
-	for (int i = 0; i < WG_AHEAD; i++) {
-		if (i < nb)
-			wg_load_x<NT, ROWS>(smem_p + i * C::STAGE_BYTES + C::W_BYTES, xb, M, K,
-					    k0 + i * WG_BK, kend, tid);
-		cp_async_commit();
+		for (int i = 0; i < WG_AHEAD; i++) {
+			if (i < nb)
+				wg_load_x<NT, ROWS>(smem_p + i * C::STAGE_BYTES + C::W_BYTES, xb, M,
+						    K, k0 + i * WG_BK, kend, tid);
+			cp_async_commit();
+		}
 	}
 	// groups so far: W0 .. W(AHEAD-1), X0 .. X(AHEAD-1); then one (W, X) group per
 	// iteration. Before iteration i, stage i's last group has exactly AHEAD - 1 newer ones.
+	// (TMA: stage i is use i / STAGES of its buffer's barrier, whose phase parity that is)
 	for (int i = 0; i < nb; i++) {
 		const int nx = i + WG_AHEAD;
 
-		cp_async_wait<WG_AHEAD - 1>();
-		wg_fence_proxy_async();	// this thread's copies, visible to wgmma
-		__syncthreads();	// everyone's; stage i - 1's buffer retired (wait_group 0)
-		if (nx < nb) {
-			unsigned char *st = smem_p + (nx % WG_STAGES) * C::STAGE_BYTES;
+		if constexpr (TMA) {
+			wg_mbar_wait(bar0 + 8 * (i % WG_STAGES), (unsigned)(i / WG_STAGES) & 1);
+			__syncthreads();	// stage i - 1's buffer retired (wait_group 0)
+			if (tid == 0 && nx < nb) {
+				const int b = nx % WG_STAGES;
+				const uint32_t st = smem + b * C::STAGE_BYTES;
 
-			wg_load_w<ROWS>(st, w, N, K, n0, k0 + nx * WG_BK, kend, tid);
-			wg_load_x<NT, ROWS>(st + C::W_BYTES, xb, M, K, k0 + nx * WG_BK, kend, tid);
+				wg_mbar_expect(bar0 + 8 * b, C::STAGE_BYTES);
+				wg_tma_2d(st, &tw, k0 + nx * WG_BK, n0, bar0 + 8 * b);
+				wg_tma_2d(st + C::W_BYTES, &tx, k0 + nx * WG_BK, 0, bar0 + 8 * b);
+			}
+		} else {
+			cp_async_wait<WG_AHEAD - 1>();
+			wg_fence_proxy_async();	// this thread's copies, visible to wgmma
+			__syncthreads();	// everyone's; stage i - 1's buffer retired
+			if (nx < nb) {
+				unsigned char *st = smem_p + (nx % WG_STAGES) * C::STAGE_BYTES;
+
+				wg_load_w<ROWS>(st, w, N, K, n0, k0 + nx * WG_BK, kend, tid);
+				wg_load_x<NT, ROWS>(st + C::W_BYTES, xb, M, K, k0 + nx * WG_BK, kend,
+						    tid);
+			}
+			cp_async_commit();
 		}
-		cp_async_commit();
 		const uint32_t st = smem + (i % WG_STAGES) * C::STAGE_BYTES;
 
 		wg_compute<NT>(acc, st + wg * 64 * 128, st + C::W_BYTES);
 	}
-	cp_async_wait<0>();
+	if constexpr (!TMA)
+		cp_async_wait<0>();	// (empty groups only: every stage was waited for)
 
 	if (S == 1) {
 #pragma unroll
@@ -499,7 +589,33 @@ struct wg_plan {
 	int waves;	// of the resident slots
 	int cl;		// S > 1 in clusters of (1, S, 1), reduced in their shared memory
 	int cap;	// resident slots
+	int tma;	// stages loaded by tensor copies (ctx->wg_tma where the maps encode)
 };
+
+// cuTensorMapEncodeTiled from the driver, through the runtime (no libcuda link); NULL
+// where the driver has none: then the cp.async path only.
+static PFN_cuTensorMapEncodeTiled_v12000 wg_encode;
+
+// A 2-D bf16 tensor map of rows x cols (row-major, cols contiguous) with boxes of
+// box_rows x 64 cols, 128B-swizzled, zeros outside. 0 or -EIO.
+static int wg_map(CUtensorMap *map, const uint16_t *base, int rows, int cols, int box_rows)
+{
+	const cuuint64_t dim[2] = { (cuuint64_t)cols, (cuuint64_t)rows };
+	const cuuint64_t stride[1] = { (cuuint64_t)cols * sizeof(uint16_t) };
+	const cuuint32_t box[2] = { WG_BK, (cuuint32_t)box_rows };
+	const cuuint32_t estride[2] = { 1, 1 };
+	CUresult r;
+
+	r = wg_encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dim, stride, box,
+		      estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+		      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	if (r != CUDA_SUCCESS) {
+		fprintf(stderr, "cuda: cuTensorMapEncodeTiled (%d x %d, box %d x %d) failed: %d\n",
+			rows, cols, box_rows, WG_BK, (int)r);
+		return -EIO;
+	}
+	return 0;
+}
 
 // KDEC_LINEAR_WGMMA_SPLIT (experiments): the largest split tried, 1..LIN_ST_MAX_SPLIT.
 static int wg_max_split(void)
@@ -536,6 +652,7 @@ static void wg_make_plan(const struct k_cuda_linear *ctx, int M, int N, int K, s
 	p->waves = (int)((tiles + slots1 - 1) / slots1);
 	p->cl = 0;
 	p->cap = (int)slots1;
+	p->tma = ctx->wg_tma && wg_encode;
 	for (int S = 1; S <= wg_max_split() && S <= nbk; S++) {
 		const int kb = (nbk + S - 1) / S;
 		const long units = (long)tiles * S;
@@ -575,13 +692,16 @@ static int wg_cluster_attr(cudaLaunchAttribute *attr, int S)
 	return 1;
 }
 
-template <int NT, int ROWS>
+template <int NT, int ROWS, bool TMA>
 static int wg_launch(const struct k_cuda_linear *ctx, const struct wg_plan *p, float *y,
 		     const uint16_t *xb, const uint16_t *w, int M, int N, int K, int accumulate)
 {
 	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[2] = {};
+	CUtensorMap tw = {}, tx = {};
 
+	if (TMA && (wg_map(&tw, w, N, K, ROWS) || wg_map(&tx, xb, M, K, NT * 8)))
+		return -EIO;
 	cfg.gridDim = dim3(p->tiles, p->S, 1);
 	cfg.blockDim = dim3(wg_cfg<NT, ROWS>::THREADS, 1, 1);
 	cfg.dynamicSmemBytes = wg_cfg<NT, ROWS>::SMEM;
@@ -589,13 +709,21 @@ static int wg_launch(const struct k_cuda_linear *ctx, const struct wg_plan *p, f
 	cfg.attrs = attr;
 	cfg.numAttrs = p->cl ? wg_cluster_attr(attr, p->S) : 0;
 	cfg.numAttrs += k_cuda_lin_pdl_attr(ctx, attr + cfg.numAttrs);
-	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, wg_kernel<NT, ROWS>, y, xb, w, M, N, K,
-						     p->KS, accumulate, p->cl, ctx->st_ws,
-						     ctx->st_cnt, ctx->pdl));
+	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, wg_kernel<NT, ROWS, TMA>, y, xb, w, M,
+						     N, K, p->KS, accumulate, p->cl, ctx->st_ws,
+						     ctx->st_cnt, ctx->pdl, tw, tx));
+}
+
+template <int NT, int ROWS>
+static int wg_launch_nr(const struct k_cuda_linear *ctx, const struct wg_plan *p, float *y,
+			const uint16_t *xb, const uint16_t *w, int M, int N, int K, int accumulate)
+{
+	return p->tma ? wg_launch<NT, ROWS, true>(ctx, p, y, xb, w, M, N, K, accumulate)
+		      : wg_launch<NT, ROWS, false>(ctx, p, y, xb, w, M, N, K, accumulate);
 }
 
 int k_cuda_lin_wgmma(const struct k_cuda_linear *ctx, float *y, const float *x,
-		     const uint16_t *w, int M, int N, int K, int accumulate, bool ready)
+		     const uint16_t *w, int M, int N, int K, int acc, bool ready)
 {
 	int ret = 0;
 
@@ -609,12 +737,12 @@ int k_cuda_lin_wgmma(const struct k_cuda_linear *ctx, float *y, const float *x,
 
 		wg_make_plan(ctx, mc, N, K, &p);
 		switch (p.nt * 1000 + p.rows) {
-		case 2128: ret = wg_launch<2, 128>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
-		case 4128: ret = wg_launch<4, 128>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
-		case 8128: ret = wg_launch<8, 128>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
-		case 2256: ret = wg_launch<2, 256>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
-		case 4256: ret = wg_launch<4, 256>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
-		default: ret = wg_launch<8, 256>(ctx, &p, yc, xc, w, mc, N, K, accumulate); break;
+		case 2128: ret = wg_launch_nr<2, 128>(ctx, &p, yc, xc, w, mc, N, K, acc); break;
+		case 4128: ret = wg_launch_nr<4, 128>(ctx, &p, yc, xc, w, mc, N, K, acc); break;
+		case 8128: ret = wg_launch_nr<8, 128>(ctx, &p, yc, xc, w, mc, N, K, acc); break;
+		case 2256: ret = wg_launch_nr<2, 256>(ctx, &p, yc, xc, w, mc, N, K, acc); break;
+		case 4256: ret = wg_launch_nr<4, 256>(ctx, &p, yc, xc, w, mc, N, K, acc); break;
+		default: ret = wg_launch_nr<8, 256>(ctx, &p, yc, xc, w, mc, N, K, acc); break;
 		}
 	}
 	return ret;
@@ -628,63 +756,94 @@ int k_cuda_lin_wgmma_describe(const struct k_cuda_linear *ctx, int M, int N, int
 
 	wg_make_plan(ctx, mc, N, K, &p);
 	return snprintf(buf, len, "wgmma n=%d rows=%d grid=%dx%d k/slice=%d waves=%d cap=%d "
-			"smem=%d %s%s", p.nt * 8, p.rows, p.tiles, p.S, p.KS, p.waves, p.cap,
+			"smem=%d %s %s%s", p.nt * 8, p.rows, p.tiles, p.S, p.KS, p.waves, p.cap,
 			wg_smem_of[wg_rows_index(p.rows)][wg_nt_index(mc)],
-			p.S == 1 ? "nosplit" : p.cl ? "cluster" : "ws",
+			p.tma ? "tma" : "cp.async", p.S == 1 ? "nosplit" : p.cl ? "cluster" : "ws",
 			M > LIN_ST_MAX_M ? " (per 64 rows)" : "");
 }
 
-// ctx->wg_ccap[ri][ni]: CTAs resident at once, alone (index 1) and in clusters of S.
-template <int NT, int ROWS> static int wg_setup_nt(struct k_cuda_linear *ctx, int ri, int ni)
+// One instantiation's shared-memory attribute; its occupancy alone (bps) and in clusters
+// of S (clusters[S]).
+template <int NT, int ROWS, bool TMA>
+static int wg_setup_one(struct k_cuda_linear *ctx, int *bps, int (&clusters)[LIN_ST_MAX_SPLIT + 1])
 {
 	using C = wg_cfg<NT, ROWS>;
-	int ret, bps = 0;
+	int ret;
 
-	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(wg_kernel<NT, ROWS>,
+	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(wg_kernel<NT, ROWS, TMA>,
 				cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
 	if (!ret)
-		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps,
-					wg_kernel<NT, ROWS>, C::THREADS, C::SMEM));
+		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(bps,
+					wg_kernel<NT, ROWS, TMA>, C::THREADS, C::SMEM));
 	if (ret)
 		return ret;
-	if (bps < 1) {
-		fprintf(stderr, "cuda: wgmma linear kernel (n %d, %d rows, %d bytes of shared "
-			"memory) fits no multiprocessor of device %d\n", NT * 8, ROWS, C::SMEM,
-			ctx->dev);
-		return -EIO;
-	}
-	ctx->wg_ccap[ri][ni][1] = bps * ctx->n_sm;
 	for (int S = 2; S <= LIN_ST_MAX_SPLIT; S++) {
 		cudaLaunchConfig_t cfg = {};
 		cudaLaunchAttribute attr[1] = {};
-		int clusters = 0;
 
 		cfg.gridDim = dim3(1, S, 1);
 		cfg.blockDim = dim3(C::THREADS, 1, 1);
 		cfg.dynamicSmemBytes = C::SMEM;
 		cfg.attrs = attr;
 		cfg.numAttrs = wg_cluster_attr(attr, S);
+		clusters[S] = 0;
 		// a cluster size the device refuses is simply never chosen
-		if (cudaOccupancyMaxActiveClusters(&clusters, wg_kernel<NT, ROWS>, &cfg) !=
+		if (cudaOccupancyMaxActiveClusters(&clusters[S], wg_kernel<NT, ROWS, TMA>, &cfg) !=
 		    cudaSuccess) {
 			cudaGetLastError();
-			clusters = 0;
+			clusters[S] = 0;
 		}
-		ctx->wg_ccap[ri][ni][S] = clusters * S;
 	}
+	return 0;
+}
+
+// ctx->wg_ccap[ri][ni]: CTAs resident at once, alone (index 1) and in clusters of S, of
+// both the cp.async and the TMA instantiation (the smaller: the plan serves both).
+template <int NT, int ROWS> static int wg_setup_nt(struct k_cuda_linear *ctx, int ri, int ni)
+{
+	int bps[2] = { 0, 0 }, cl[2][LIN_ST_MAX_SPLIT + 1] = {};
+	int ret;
+
+	ret = wg_setup_one<NT, ROWS, false>(ctx, &bps[0], cl[0]);
+	if (!ret)
+		ret = wg_setup_one<NT, ROWS, true>(ctx, &bps[1], cl[1]);
+	if (ret)
+		return ret;
+	if (bps[0] < 1 || bps[1] < 1) {
+		fprintf(stderr, "cuda: wgmma linear kernel (n %d, %d rows, %d bytes of shared "
+			"memory) fits no multiprocessor of device %d\n", NT * 8, ROWS,
+			wg_cfg<NT, ROWS>::SMEM, ctx->dev);
+		return -EIO;
+	}
+	ctx->wg_ccap[ri][ni][1] = (bps[0] < bps[1] ? bps[0] : bps[1]) * ctx->n_sm;
+	for (int S = 2; S <= LIN_ST_MAX_SPLIT; S++)
+		ctx->wg_ccap[ri][ni][S] = (cl[0][S] < cl[1][S] ? cl[0][S] : cl[1][S]) * S;
 	return 0;
 }
 
 // Needs k_cuda_lin_stream_setup first: the split workspace and counters are its.
 // KDEC_LINEAR_WGMMA_CLUSTER=0: splits through that workspace; KDEC_LINEAR_WGMMA_ROWS=256:
-// 256 weight rows per CTA (k_cuda_linear_set_wgmma_cluster, _rows).
+// 256 weight rows per CTA; KDEC_LINEAR_WGMMA_TMA=1: stages by tensor copies
+// (k_cuda_linear_set_wgmma_cluster, _rows, _tma).
 int k_cuda_lin_wgmma_setup(struct k_cuda_linear *ctx)
 {
 	const char *e = getenv("KDEC_LINEAR_WGMMA_CLUSTER"), *r = getenv("KDEC_LINEAR_WGMMA_ROWS");
+	const char *t = getenv("KDEC_LINEAR_WGMMA_TMA");
+	cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+	void *fn = NULL;
 	int ret;
 
 	ctx->wg_cluster = !e || atoi(e) != 0;
 	ctx->wg_rows = r && atoi(r) == 256 ? 256 : 128;
+	ctx->wg_tma = t && atoi(t) != 0;
+	if (!wg_encode) {
+		if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+						     cudaEnableDefault, &q) == cudaSuccess &&
+		    q == cudaDriverEntryPointSuccess && fn)
+			wg_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+		else
+			cudaGetLastError();
+	}
 	ret = wg_setup_nt<2, 128>(ctx, 0, 0);
 	if (!ret)
 		ret = wg_setup_nt<4, 128>(ctx, 0, 1);
