@@ -34,7 +34,10 @@
  * end to end at batch 32 and 64 (6.70 / 8.54 ms against 6.40 / 7.45; bench_cuda_linear
  * and kdbench on H200). KDEC_LINEAR_WGMMA=1 turns it on for 8 < M <= 64 on matrices
  * of LIN_WGMMA_MIN_BYTES .. LIN_WGMMA_MAX_BYTES; to enable it by default where a bench
- * shows it winning, set LIN_WGMMA_DEFAULT to 1 and narrow these bounds. */
+ * shows it winning, set LIN_WGMMA_DEFAULT to 1 and narrow these bounds. Its modes
+ * (bench_cuda_linear times each): KDEC_LINEAR_WGMMA_CLUSTER (1: K splits reduced in
+ * cluster shared memory), _ROWS (128 or 256 weight rows per CTA), _TMA (1: stages by
+ * tensor copies), read at context creation. */
 #define LIN_WGMMA_DEFAULT	0
 #define LIN_WGMMA_MIN_M		9
 #define LIN_WGMMA_MAX_M		64
