@@ -170,6 +170,8 @@ struct attn_tile_args {
 	int n_rows, n_heads, group, kv_heads, dk, dv, n_splits;
 	float qscale;			// scale * log2(e): scores in base 2
 	int vec;			// 16-byte copies (dims, strides, offsets, bases aligned)
+	int min_split;			// MLA tensor-core kernel only: tokens per split at least
+					// this (a multiple of ATTN_SPLIT_ALIGN; 0: no floor)
 };
 
 // Grid (tiles, kv heads, a->n_splits) of tq query vectors per tile: 64 (GQA prefill) or

@@ -1,6 +1,8 @@
 // Absorbed multi-head latent attention (DeepSeek-V2/V3) over the latent paged cache:
 // q_lat = W_UK^T q_nope per head, attention over [latent ; rope key] by the tiled kernel
 // (the heads of a row share each latent tile), out = W_UV o_lat.
+#include <cstdlib>
+
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/attn_ptx.cuh"
@@ -165,6 +167,23 @@ mla_expand_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 
 // ---- launchers --------------------------------------------------------------
 
+// Tokens per split of the tensor-core kernel, at least (a multiple of ATTN_SPLIT_ALIGN):
+// KDEC_MLA_SPLIT_MIN=N, 0 for none (the former: at batch 1 a graph sized for the whole
+// cache gives a split of 32 tokens per tile of the context). Each split writes a
+// (heads, kv_lora) fp32 partial, 32 KB for V2-Lite, and the merge reads them all, 4 at a
+// time; 64 halves both at short contexts for one more tile per block. Read at each call:
+// the tests run both.
+#define MLA_SPLIT_MIN_DEFAULT 64
+static int mla_split_min(void)
+{
+	const char *e = getenv("KDEC_MLA_SPLIT_MIN");
+	const int n = e ? atoi(e) : MLA_SPLIT_MIN_DEFAULT;
+
+	if (n <= 0)
+		return 0;
+	return (min(n, 1 << 20) + ATTN_SPLIT_ALIGN - 1) / ATTN_SPLIT_ALIGN * ATTN_SPLIT_ALIGN;
+}
+
 int attn_mla_prepare(int smem_optin)
 {
 	ATTN_TRY(cudaFuncSetAttribute(mla_absorb_kernel,
@@ -219,6 +238,7 @@ static int mla_attend(cudaStream_t s, k_cuda_attn_ws *ws, const uint16_t *cache,
 	a.dv = L;
 	a.qscale = qscale;
 	a.vec = wd % 8 == 0 && (uintptr_t)cache % 16 == 0;
+	a.min_split = mla_split_min();
 	*n_split = 1;
 	if (attn_mma_usable(&a)) {	// the tensor-core decode kernel
 		int ret = attn_mma_run(s, ws, &a, rows->max_ctx, nullptr, 0);
