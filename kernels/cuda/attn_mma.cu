@@ -178,6 +178,8 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	constexpr int WT = TK / MMA_WARPS;	// tokens per warp (S phase)
 	constexpr int DVW = DV / W;		// value dims per warp (PV phase)
 	constexpr int NV = DVW / 8;		// n8 tiles of value dims per warp
+	// tiles issued before the loop: every stage where the K-split kernel runs (MLA)
+	constexpr int PRE = KH == 2 ? ST : ST - 1;
 	static_assert(KH == 1 || (KH == 2 && !VSEP && NT == 1 && DK > 128 && DK % 64 == 0 &&
 				  DV % (8 * 16) == 0), "the K-split is MLA's 32-token tiles");
 	extern __shared__ __align__(16) unsigned char attn_smem[];
@@ -231,14 +233,21 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	int32_t pg[mma_fill<DK, TK, T>::NP];
 
 	if (!VSEP) {	// MLA: the first tiles before the wait (see above)
+		// The K-split kernel fills every stage here, their table entries loaded
+		// together (one latency, not one per tile), and issues no tile at the top of
+		// its first iteration (below): with a 64-token split floor a block's second
+		// tile is in flight with its first instead of behind it.
+		int32_t pgs[PRE][mma_fill<DK, TK, T>::NP];
+
 #pragma unroll
-		for (int s = 0; s < ST - 1; s++) {
-			if (s < n_tiles) {
-				mma_page<DK, TK, T>(pg, a, table, tb + s * TK, te);
-				mma_issue<DK, DV, TK, VSEP, T>(a, pg, sk + s * TK * L::KS,
+		for (int s = 0; s < PRE; s++)
+			mma_page<DK, TK, T>(pgs[s], a, table, tb + s * TK, te);
+#pragma unroll
+		for (int s = 0; s < PRE; s++) {
+			if (s < n_tiles)
+				mma_issue<DK, DV, TK, VSEP, T>(a, pgs[s], sk + s * TK * L::KS,
 							       sv + s * TK * L::VS, tb + s * TK,
 							       kvh);
-			}
 			cp_async_commit();
 		}
 		k_cuda_pdl_wait();
@@ -277,16 +286,20 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 				make_uint2(pack_bf16(qx[j].x * a.qscale, qx[j].y * a.qscale),
 					   pack_bf16(qx[j].z * a.qscale, qx[j].w * a.qscale));
 	}
-	mma_page<DK, TK, T>(pg, a, table, tb + (ST - 1) * TK, te);
+	mma_page<DK, TK, T>(pg, a, table, tb + PRE * TK, te);
 	for (int it = 0; it < n_tiles; it++) {
 		const int buf = it % ST, t0 = tb + it * TK;
 		const uint16_t *kb = sk + buf * TK * L::KS;
 		const uint16_t *vb = (VSEP ? sv + buf * TK * L::VS : kb);
 		float s[NT][4];
 
-		cp_async_wait<ST - 2>();
+		// commit groups so far: tiles 0 .. it + ST - 2 (ST at it 0 where PRE is ST)
+		if (PRE == ST && it == 0)
+			cp_async_wait<ST - 1>();
+		else
+			cp_async_wait<ST - 2>();
 		__syncthreads();	// tile it landed; every warp is done with tile it - 1
-		{
+		if (PRE < ST || it > 0) {	// tile it + ST - 1 into tile it - 1's buffer
 			const int nx = it + ST - 1, nb = nx % ST;
 
 			if (nx < n_tiles) {
