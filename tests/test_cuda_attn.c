@@ -686,14 +686,15 @@ static double mla_time_cold(struct mla_run *m)
 static void mla_ab_case(struct k_mla_dims d, int n_rows, int ctx, int spread, int max_ctx)
 {
 	static const struct {
-		const char *name, *ksplit, *split_min, *merge;
+		const char *name, *ksplit, *split_min, *merge, *fold;
 	} cfg[] = {
-		{ "old (ksplit 0, split_min 0)", "0", "0", "0" },
-		{ "ksplit only (split_min 0)", "1", "0", "0" },
-		{ "split_min 64 only (ksplit 0)", "0", "64", "0" },
-		{ "new default (ksplit, split_min 64)", NULL, NULL, "0" },
-		{ "ksplit, split_min 128", "1", "128", "0" },
-		{ "new default + batched merge", NULL, NULL, "1" },
+		{ "old (ksplit 0, split_min 0)", "0", "0", "0", "0" },
+		{ "ksplit only (split_min 0)", "1", "0", "0", "0" },
+		{ "split_min 64 only (ksplit 0)", "0", "64", "0", "0" },
+		{ "new default (ksplit, split_min 64)", NULL, NULL, "0", "0" },
+		{ "ksplit, split_min 128", "1", "128", "0", "0" },
+		{ "new default + batched merge", NULL, NULL, "1", "0" },
+		{ "new default + merge in expand", NULL, NULL, "0", "16" },
 	};
 	size_t n = (size_t)n_rows * d.n_heads * d.v_dim;
 	struct rows *r = rows_decode(n_rows, ctx, spread, max_ctx);
@@ -713,6 +714,7 @@ static void mla_ab_case(struct k_mla_dims d, int n_rows, int ctx, int spread, in
 		cfg[c].split_min ? setenv("KDEC_MLA_SPLIT_MIN", cfg[c].split_min, 1)
 				 : unsetenv("KDEC_MLA_SPLIT_MIN");
 		setenv("KDEC_ATTN_MERGE", cfg[c].merge, 1);
+		setenv("KDEC_MLA_FOLD_ROWS", cfg[c].fold, 1);
 		snprintf(label, sizeof(label), "[a/b %s]", cfg[c].name);
 		CU(cudaMemset(m.d_out, 0xff, sizeof(float) * n));
 		ret = mla_call(&m, 0);
@@ -727,6 +729,7 @@ static void mla_ab_case(struct k_mla_dims d, int n_rows, int ctx, int spread, in
 	unsetenv("KDEC_MLA_MMA_KSPLIT");
 	unsetenv("KDEC_MLA_SPLIT_MIN");
 	unsetenv("KDEC_ATTN_MERGE");
+	unsetenv("KDEC_MLA_FOLD_ROWS");
 	mla_teardown(&m);
 }
 

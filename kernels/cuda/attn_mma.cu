@@ -87,7 +87,8 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 // whole row, so each copy instruction covers whole 128-byte lines (L2 serves full
 // lines: with 64 bytes per row and instruction it ran at 81% of its throughput for 65%
 // of DRAM's at batch 64), and a thread copies NP tokens of the tile. Otherwise (MLA's
-// 72 chunks) MMA_THREADS / TK threads share one token, every TPT-th chunk each.
+// 72 chunks) T / TK threads share one token, every TPT-th chunk each (T: the
+// block's threads, MMA_THREADS but for the MLA K-split kernel).
 template <int DK, int TK, int T = MMA_THREADS>
 struct mma_fill {
 	static constexpr int CH = DK / 8;
