@@ -686,15 +686,18 @@ static double mla_time_cold(struct mla_run *m)
 static void mla_ab_case(struct k_mla_dims d, int n_rows, int ctx, int spread, int max_ctx)
 {
 	static const struct {
-		const char *name, *ksplit, *split_min, *merge, *fold;
+		const char *name, *ksplit, *split_min, *split_live, *merge, *fold;
 	} cfg[] = {
-		{ "old (ksplit 0, split_min 0)", "0", "0", "0", "0" },
-		{ "ksplit only (split_min 0)", "1", "0", "0", "0" },
-		{ "split_min 64 only (ksplit 0)", "0", "64", "0", "0" },
-		{ "new default (ksplit, split_min 64)", NULL, NULL, "0", "0" },
-		{ "ksplit, split_min 128", "1", "128", "0", "0" },
-		{ "new default + batched merge", NULL, NULL, "1", "0" },
-		{ "new default + merge in expand", NULL, NULL, "0", "16" },
+		{ "old (ksplit 0, split_min 0)", "0", "0", NULL, "0", "0" },
+		{ "ksplit only (split_min 0)", "1", "0", NULL, "0", "0" },
+		{ "split_min 64 only (ksplit 0)", "0", "64", NULL, "0", "0" },
+		{ "phase 1 (ksplit, split_min 64 always)", "1", "64", NULL, "0", "0" },
+		{ "ksplit, split_min 128", "1", "128", NULL, "0", "0" },
+		{ "new default (ksplit, floor past 64 live)", NULL, NULL, NULL, "0", "0" },
+		{ "default, floor past 32 live", NULL, NULL, "32", "0", "0" },
+		{ "default, floor past 128 live", NULL, NULL, "128", "0", "0" },
+		{ "new default + batched merge", NULL, NULL, NULL, "1", "0" },
+		{ "new default + merge in expand", NULL, NULL, NULL, "0", "16" },
 	};
 	size_t n = (size_t)n_rows * d.n_heads * d.v_dim;
 	struct rows *r = rows_decode(n_rows, ctx, spread, max_ctx);
@@ -713,6 +716,8 @@ static void mla_ab_case(struct k_mla_dims d, int n_rows, int ctx, int spread, in
 			      : unsetenv("KDEC_MLA_MMA_KSPLIT");
 		cfg[c].split_min ? setenv("KDEC_MLA_SPLIT_MIN", cfg[c].split_min, 1)
 				 : unsetenv("KDEC_MLA_SPLIT_MIN");
+		cfg[c].split_live ? setenv("KDEC_MLA_SPLIT_LIVE", cfg[c].split_live, 1)
+				  : unsetenv("KDEC_MLA_SPLIT_LIVE");
 		setenv("KDEC_ATTN_MERGE", cfg[c].merge, 1);
 		setenv("KDEC_MLA_FOLD_ROWS", cfg[c].fold, 1);
 		snprintf(label, sizeof(label), "[a/b %s]", cfg[c].name);
@@ -728,6 +733,7 @@ static void mla_ab_case(struct k_mla_dims d, int n_rows, int ctx, int spread, in
 	}
 	unsetenv("KDEC_MLA_MMA_KSPLIT");
 	unsetenv("KDEC_MLA_SPLIT_MIN");
+	unsetenv("KDEC_MLA_SPLIT_LIVE");
 	unsetenv("KDEC_ATTN_MERGE");
 	unsetenv("KDEC_MLA_FOLD_ROWS");
 	mla_teardown(&m);
@@ -905,9 +911,13 @@ static void test_mla(void)
 	mla_case(lite, 64, rows_decode(1, 1, 0, 1), 0);
 	mla_case(lite, 64, rows_decode(1, quick ? 300 : 1000, 0, 1000), 0);
 	/* batch 1 as a graph sizes it: 128 splits of 32 tokens, 33 live (the fold's 32
-	 * loads in flight and one more; 17 of 64 with KDEC_MLA_SPLIT_MIN's default), the
-	 * rest empty */
+	 * loads in flight and one more; 17 of 64 with KDEC_MLA_SPLIT_MIN=64), the rest
+	 * empty */
 	mla_case(lite, 64, rows_decode(1, 1040, 0, 4096), 0);
+	/* past 64 splits' worth the default floor of 64 tokens (47 live at 3000), and rows
+	 * on both sides of it in one launch: each row's floor from its own ctx */
+	mla_case(lite, 64, rows_decode(1, 3000, 0, 32768), 0);
+	mla_case(lite, 16, rows_decode(5, quick ? 2500 : 5000, 1, 32768), 0);
 	mla_case(lite, 16, rows_decode(7, quick ? 200 : 1000, 1, 32768), 0);
 	mla_case(lite, 64, rows_decode(64, quick ? 40 : 4096, 1, quick ? 64 : 4096), 0);
 	mla_case(tiny, 16, rows_decode(1, 17, 0, 17), 0);
@@ -938,7 +948,10 @@ static void test_mla_ab(void)
 	mla_ab_case(odd, 3, 333, 1, 4096);
 	if (quick)
 		return;
+	mla_ab_case(lite, 1, 2048, 0, 32768);	/* the default floor's edge: 64 splits */
+	mla_ab_case(lite, 1, 3000, 0, 32768);	/* past it: 47 of 64 tokens, not 94 */
 	mla_ab_case(lite, 1, 4096, 0, 32768);
+	mla_ab_case(lite, 1, 8192, 0, 32768);
 	mla_ab_case(lite, 1, 32768, 0, 32768);
 	mla_ab_case(lite, 64, 1024, 0, 1024);
 	mla_ab_case(lite, 64, 1024, 1, 4096);
@@ -996,6 +1009,11 @@ int main(void)
 	setenv("KDEC_MLA_SPLIT_MIN", "256", 1);
 	attn_path = "[mma split_min256] ";
 	test_mla();
+	/* a floor between the two: min(256, ctx / 4 rounded up to 32) */
+	setenv("KDEC_MLA_SPLIT_LIVE", "4", 1);
+	attn_path = "[mma split_min256 live4] ";
+	test_mla();
+	unsetenv("KDEC_MLA_SPLIT_LIVE");
 	unsetenv("KDEC_MLA_SPLIT_MIN");
 	attn_tol = ATTN_TOL_MMA;
 	test_mla_ab();

@@ -171,7 +171,9 @@ struct attn_tile_args {
 	float qscale;			// scale * log2(e): scores in base 2
 	int vec;			// 16-byte copies (dims, strides, offsets, bases aligned)
 	int min_split;			// MLA tensor-core kernel only: tokens per split at least
-					// this (a multiple of ATTN_SPLIT_ALIGN; 0: no floor)
+					// this (a multiple of ATTN_SPLIT_ALIGN; 0: no floor),
+	int split_live;			// or, where > 0, only as much of it as keeps the splits
+					// that hold tokens at most this many (the ctx's own floor)
 };
 
 // Grid (tiles, kv heads, a->n_splits) of tq query vectors per tile: 64 (GQA prefill) or

@@ -162,6 +162,18 @@ __device__ __forceinline__ void mma_issue(const attn_tile_args &a,
 	}
 }
 
+// MLA's split floor at this ctx: a.min_split tokens, or (a.split_live > 0) no more of
+// them than keeps at most a.split_live splits holding tokens. Measured at batch 1
+// (V2-Lite, cold): ctx 1024 ran faster with 33 one-tile splits than with 17 of two
+// (20.5 / 22.0 us), ctx 4096 slower with 128 than with 64 (27.7 / 25.9 us): below 64
+// splits a block's second tile costs more than the merge's extra partials, past it
+// less. With 64, ctx <= 2048 keeps the 32-token splits, longer ones get 64.
+__device__ __forceinline__ int mma_mla_floor(const attn_tile_args &a, int ctx)
+{
+	return a.split_live > 0 ? min(a.min_split, attn_split_len(ctx, a.split_live))
+				: a.min_split;
+}
+
 // W warps: MMA_WARPS, or (MLA, one n8 tile of tokens per warp) 2 * MMA_WARPS, where
 // warps w and w + MMA_WARPS score the same tokens over the two halves of the 576 key
 // dims (KH = 2): at batch 1 a block holds one or two tiles, and the dependent chain of
@@ -204,12 +216,12 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	// order).
 	if (VSEP)
 		k_cuda_pdl_wait();
-	// MLA: splits of at least a.min_split tokens, the ones past ctx empty (a graph sizes
-	// the splits for the whole cache; at a short ctx each would hold one tile, and the
-	// merge reads a 32 KB partial per split). GQA never reads the field.
+	// MLA: splits of at least mma_mla_floor tokens, the ones past ctx empty (a graph
+	// sizes the splits for the whole cache; at a short ctx each would hold one tile, and
+	// the merge reads a 32 KB partial per split). GQA never reads the fields.
 	const int ctx = a.ctx[r];
 	const int per = VSEP ? attn_split_len(ctx, a.n_splits)
-			     : max(attn_split_len(ctx, a.n_splits), a.min_split);
+			     : max(attn_split_len(ctx, a.n_splits), mma_mla_floor(a, ctx));
 	const int tb = (int)min((long)ctx, (long)split * per), te = min(ctx, tb + per);
 	const int n_tiles = (te - tb + TK - 1) / TK;
 	const int32_t *table = a.blocks[r];
