@@ -685,19 +685,22 @@ static double mla_time_cold(struct mla_run *m)
  * merge and expand together; ncu or nsys for the kernels one by one). */
 static void mla_ab_case(struct k_mla_dims d, int n_rows, int ctx, int spread, int max_ctx)
 {
+	/* NULL: the knob unset (its default) */
 	static const struct {
-		const char *name, *ksplit, *split_min, *split_live, *merge, *fold;
+		const char *name, *ksplit, *split_min, *split_live, *merge, *fold, *cluster;
 	} cfg[] = {
-		{ "old (ksplit 0, split_min 0)", "0", "0", NULL, "0", "0" },
-		{ "ksplit only (split_min 0)", "1", "0", NULL, "0", "0" },
-		{ "split_min 64 only (ksplit 0)", "0", "64", NULL, "0", "0" },
-		{ "phase 1 (ksplit, split_min 64 always)", "1", "64", NULL, "0", "0" },
-		{ "ksplit, split_min 128", "1", "128", NULL, "0", "0" },
-		{ "new default (ksplit, floor past 64 live)", NULL, NULL, NULL, "0", "0" },
-		{ "default, floor past 32 live", NULL, NULL, "32", "0", "0" },
-		{ "default, floor past 128 live", NULL, NULL, "128", "0", "0" },
-		{ "new default + batched merge", NULL, NULL, NULL, "1", "0" },
-		{ "new default + merge in expand", NULL, NULL, NULL, "0", "16" },
+		{ "old (ksplit 0, split_min 0, merge kernel)", "0", "0", NULL, "0", "0", NULL },
+		{ "ksplit only (split_min 0)", "1", "0", NULL, "0", "0", NULL },
+		{ "split_min 64 only (ksplit 0)", "0", "64", NULL, "0", "0", NULL },
+		{ "phase 1 (ksplit, split_min 64 always)", "1", "64", NULL, "0", "0", NULL },
+		{ "ksplit, split_min 128", "1", "128", NULL, "0", "0", NULL },
+		{ "ksplit, floor past 64 live", NULL, NULL, NULL, "0", "0", NULL },
+		{ "ksplit, floor past 32 live", NULL, NULL, "32", "0", "0", NULL },
+		{ "ksplit, floor past 128 live", NULL, NULL, "128", "0", "0", NULL },
+		{ "floor past 64 + batched merge", NULL, NULL, NULL, "1", "0", NULL },
+		{ "floor past 64 + fold, no cluster", NULL, NULL, NULL, "0", "16", "0" },
+		{ "new default (+ cluster fold, 1 row)", NULL, NULL, NULL, NULL, NULL, NULL },
+		{ "new default, cluster fold to 16 rows", NULL, NULL, NULL, NULL, "16", NULL },
 	};
 	size_t n = (size_t)n_rows * d.n_heads * d.v_dim;
 	struct rows *r = rows_decode(n_rows, ctx, spread, max_ctx);
@@ -718,8 +721,11 @@ static void mla_ab_case(struct k_mla_dims d, int n_rows, int ctx, int spread, in
 				 : unsetenv("KDEC_MLA_SPLIT_MIN");
 		cfg[c].split_live ? setenv("KDEC_MLA_SPLIT_LIVE", cfg[c].split_live, 1)
 				  : unsetenv("KDEC_MLA_SPLIT_LIVE");
-		setenv("KDEC_ATTN_MERGE", cfg[c].merge, 1);
-		setenv("KDEC_MLA_FOLD_ROWS", cfg[c].fold, 1);
+		cfg[c].merge ? setenv("KDEC_ATTN_MERGE", cfg[c].merge, 1) : unsetenv("KDEC_ATTN_MERGE");
+		cfg[c].fold ? setenv("KDEC_MLA_FOLD_ROWS", cfg[c].fold, 1)
+			    : unsetenv("KDEC_MLA_FOLD_ROWS");
+		cfg[c].cluster ? setenv("KDEC_MLA_FOLD_CLUSTER", cfg[c].cluster, 1)
+			       : unsetenv("KDEC_MLA_FOLD_CLUSTER");
 		snprintf(label, sizeof(label), "[a/b %s]", cfg[c].name);
 		CU(cudaMemset(m.d_out, 0xff, sizeof(float) * n));
 		ret = mla_call(&m, 0);
@@ -727,7 +733,7 @@ static void mla_ab_case(struct k_mla_dims d, int n_rows, int ctx, int spread, in
 		if (ret == 0 && CU(cudaDeviceSynchronize()))
 			mla_check(&m, label);
 		if (timing && ret == 0)
-			fprintf(stderr, "mla a/b batch %d ctx %d%s max %d %-38s cold %.1f us\n",
+			fprintf(stderr, "mla a/b batch %d ctx %d%s max %d %-42s cold %.1f us\n",
 				n_rows, ctx, spread ? " (spread)" : "", max_ctx, cfg[c].name,
 				mla_time_cold(&m));
 	}
@@ -736,6 +742,7 @@ static void mla_ab_case(struct k_mla_dims d, int n_rows, int ctx, int spread, in
 	unsetenv("KDEC_MLA_SPLIT_LIVE");
 	unsetenv("KDEC_ATTN_MERGE");
 	unsetenv("KDEC_MLA_FOLD_ROWS");
+	unsetenv("KDEC_MLA_FOLD_CLUSTER");
 	mla_teardown(&m);
 }
 
@@ -903,9 +910,13 @@ static void test_gqa_prefill(void)
 
 static void test_mla(void)
 {
+	/* clu2, clu4: the folding expand's clusters of 2 and 4 blocks a head, the float4
+	 * columns of a row (14, 30) not a multiple of them, the latent + rope a multiple
+	 * of 8 (the tensor-core kernel, whose splits the expand merges) */
 	static const struct k_mla_dims lite = { 16, 128, 64, 128, 512 },
 		tiny = { 3, 16, 8, 16, 32 }, odd = { 5, 12, 6, 10, 37 },
-		v3 = { 128, 128, 64, 128, 512 };
+		v3 = { 128, 128, 64, 128, 512 }, clu2 = { 4, 16, 12, 32, 36 },
+		clu4 = { 3, 16, 4, 64, 100 };
 	int run = 64, pos = quick ? 100 : 4000, runs[] = { 20, 1, 9 }, pos3[] = { 50, 7, 0 };
 
 	mla_case(lite, 64, rows_decode(1, 1, 0, 1), 0);
@@ -926,6 +937,9 @@ static void test_mla(void)
 	mla_case(odd, 7, rows_decode(7, quick ? 200 : 1000, 1, 1000), 0);
 	mla_case(odd, 16, rows_prefill(3, runs, pos3, 80), 1);
 	mla_case(v3, 64, rows_decode(2, quick ? 100 : 1000, 1, 1000), 0);
+	mla_case(clu2, 16, rows_decode(1, 700, 0, 4096), 0);
+	mla_case(clu4, 16, rows_decode(1, 700, 0, 4096), 0);
+	mla_case(clu4, 16, rows_decode(9, quick ? 300 : 3000, 1, 4096), 0);
 	mla_case(lite, 64, rows_prefill(1, &run, &pos, pos + run), 1);
 	if (!quick) {
 		mla_case(lite, 64, rows_decode(1, 32768, 0, 32768), 0);
@@ -933,6 +947,7 @@ static void test_mla(void)
 	}
 	mla_graph_case(tiny, 16, 5, quick ? 256 : 4096);
 	mla_graph_case(lite, 64, 3, quick ? 256 : 4096);
+	mla_graph_case(lite, 64, 1, quick ? 256 : 4096);	/* the cluster fold's launch */
 }
 
 /* DeepSeek-V2-Lite's layer at batch 1 and 64 through each MLA knob (mla_ab_case). */
@@ -1017,13 +1032,21 @@ int main(void)
 	unsetenv("KDEC_MLA_SPLIT_MIN");
 	attn_tol = ATTN_TOL_MMA;
 	test_mla_ab();
-	/* The split merge folded into MLA's expand projection (off by default: the cases
-	 * above ran the merge kernel) at batch 1, then at every row count it takes. */
-	setenv("KDEC_MLA_FOLD_ROWS", "1", 1);
-	attn_path = "[mma fold1] ";
-	test_mla();
+	/* The split merge folded into MLA's expand projection (by default at batch 1, a
+	 * cluster of a head's expand blocks sharing it: the cases above) at every row count
+	 * it takes, then each block merging on its own, then never (the merge kernel). */
 	setenv("KDEC_MLA_FOLD_ROWS", "16", 1);
 	attn_path = "[mma fold16] ";
+	test_mla();
+	setenv("KDEC_MLA_FOLD_CLUSTER", "0", 1);
+	attn_path = "[mma fold16 nocluster] ";
+	test_mla();
+	setenv("KDEC_MLA_FOLD_ROWS", "1", 1);
+	attn_path = "[mma fold1 nocluster] ";
+	test_mla();
+	unsetenv("KDEC_MLA_FOLD_CLUSTER");
+	setenv("KDEC_MLA_FOLD_ROWS", "0", 1);
+	attn_path = "[mma fold0] ";
 	test_mla();
 	unsetenv("KDEC_MLA_FOLD_ROWS");
 	/* last: the carveout, once asked for at a workspace's creation, stays */

@@ -8,6 +8,7 @@
 // cores keep 64 rows as cheap as one.
 #include <cstdlib>
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/attn_common.cuh"
@@ -22,12 +23,17 @@
 #define PROJ_PAD 8		// bf16 per smem row past the data: rows fall on other banks
 #define ABS_MMA_COLS (PROJ_WARPS * 8)	// latent columns per absorb block: one n8 tile a warp
 #define EXP_MMA_SMALL_ROWS 16	// up to here the expand blocks take 8 outputs, past it 16
-/* Rows up to which the expand merges the splits itself: none by default. Measured on
- * H200 (DeepSeek-V2-Lite, batch 1, step p50): folding 3.155 ms, the merge kernel 3.022. */
-#define EXP_FOLD_ROWS 0
+/* Rows up to which the expand merges the splits itself: batch 1. Measured on H200
+ * (DeepSeek-V2-Lite, batch 1, step p50) before the cluster (each block merged the whole
+ * head again): folding 3.155 ms, the merge kernel 3.022; later, cold, 22.1 / 22.0 us a
+ * call. The cluster reads each partial once (see mla_expand_mma_kernel). */
+#define EXP_FOLD_ROWS 1
 #define EXP_FOLD_NJ 16		// outputs per merging expand block: half the blocks (and
 				// merged copies) of 8, one block per SM at DeepSeek's dims
 #define MERGE_BATCH 32		// partial loads a merging thread has in flight at once
+#define EXP_FOLD_CLUSTER 8	// most expand blocks of a head that share one merge
+
+namespace cg = cooperative_groups;
 
 namespace {	// kernels and their helpers stay private to this file
 
@@ -120,10 +126,10 @@ struct proj_parts {
 // (so o_lat is bit for bit what attn_merge writes): warp w lists the live splits of rows
 // w, w + 4, ... and their weights (live, wts: (nr, n_splits); n_live: (nr)); then each
 // float4 of a row sums w_i o(live_i) with four accumulators, MERGE_BATCH loads at a
-// time in flight.
+// time in flight. Only the float4 columns [q0, q1) of each row (a cluster rank's share).
 __device__ __forceinline__ void stage_merged(float *sa, int as, const proj_parts p, int R, int H,
 					     int h, int r0, int nr, int L, int *live, float *wts,
-					     int *n_live)
+					     int *n_live, int q0, int q1)
 {
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ns = p.n_splits;
 	const size_t per_split = (size_t)R * H, sstride = per_split * L;
@@ -136,8 +142,10 @@ __device__ __forceinline__ void stage_merged(float *sa, int as, const proj_parts
 			n_live[rr] = base;
 	}
 	__syncthreads();
-	for (int i = threadIdx.x; i < nr * (as / 4); i += PROJ_THREADS) {
-		const int rr = i / (as / 4), c = i % (as / 4) * 4, n = n_live[rr];
+	const int nq = q1 - q0;
+
+	for (int i = threadIdx.x; i < nr * nq; i += PROJ_THREADS) {
+		const int rr = i / nq, c = (q0 + i % nq) * 4, n = n_live[rr];
 		const int *lv = live + rr * ns;
 		const float *wv = wts + rr * ns;
 		const float *po = p.o + ((size_t)(r0 + rr) * H + h) * L + c;
@@ -272,7 +280,12 @@ mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *__restrict__ q,
 // added in a fixed order through shared memory (the tiles' space, reused). With split
 // partials (FOLD, parts.n_splits > 1) the rows are merged from them instead of read
 // from o_lat, while the weight tile is in flight; the split lists follow the tiles.
-template <int MT, int NT, bool FOLD>
+// CLU: the blocks of a thread-block cluster (along x: the same head and rows, other
+// outputs) share that merge: rank k merges its share of the float4 columns into its
+// own tile, then copies the others' shares from theirs (distributed shared memory), so
+// each partial is read from L2 once a head, not once a block (33 splits at batch 1:
+// 1 MB, not 8 x 1 MB).
+template <int MT, int NT, bool FOLD, bool CLU = false>
 __global__ void __launch_bounds__(PROJ_THREADS)
 mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 		      const uint16_t *__restrict__ w, int n_rows, int H, int nope, int vdim, int L,
@@ -312,8 +325,36 @@ mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 		float *wts = (float *)(live + am * parts.n_splits);	// (am, n_splits)
 
 		cp_async_commit();
-		stage_merged(sa, as, parts, n_rows, H, h, r0, nr, L, live, wts,
-			     (int *)(wts + am * parts.n_splits));
+		if (CLU) {
+			cg::cluster_group cl = cg::this_cluster();
+			// rank and share again after the merge: not kept live across it
+			const auto share = [&](int &rk, int &per) {
+				rk = (int)cl.block_rank();
+				per = (as / 4 + (int)cl.num_blocks() - 1) / (int)cl.num_blocks();
+			};
+			const int q4 = as / 4;
+			int rk, per;
+
+			share(rk, per);
+			stage_merged(sa, as, parts, n_rows, H, h, r0, nr, L, live, wts,
+				     (int *)(wts + am * parts.n_splits), rk * per,
+				     min(q4, (rk + 1) * per));
+			cl.sync();	// every rank's share written (release / acquire)
+			share(rk, per);
+			for (int i = threadIdx.x; i < nr * q4; i += PROJ_THREADS) {
+				const int o = i % q4 / per, at = i / q4 * as + i % q4 * 4;
+
+				if (o != rk)
+					*(float4 *)(sa + at) =
+						*(const float4 *)(cl.map_shared_rank(sa, o) + at);
+			}
+			// every rank done reading the others' tiles (red below reuses them,
+			// and a block's shared memory goes when it exits)
+			cl.sync();
+		} else {
+			stage_merged(sa, as, parts, n_rows, H, h, r0, nr, L, live, wts,
+				     (int *)(wts + am * parts.n_splits), 0, as / 4);
+		}
 	} else {
 		stage_a(sa, as, o_lat + ((size_t)r0 * H + h) * L, (size_t)H * L, nr, L,
 			L % 4 == 0 && (uintptr_t)o_lat % 16 == 0);
@@ -405,10 +446,13 @@ int mla_proj_prepare(int smem_optin)
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
 	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>,
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true, true>,
+				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
 	if (attn_mla_carveout(mla_absorb_mma_kernel) ||
 	    attn_mla_carveout(mla_expand_mma_kernel<1, 1, false>) ||
 	    attn_mla_carveout(mla_expand_mma_kernel<2, 2, false>) ||
-	    attn_mla_carveout(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>))
+	    attn_mla_carveout(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>) ||
+	    attn_mla_carveout(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true, true>))
 		return -EIO;
 	return 0;
 }
@@ -454,6 +498,28 @@ static int fold_rows_env(void)
 	return e && *e ? atoi(e) : EXP_FOLD_ROWS;
 }
 
+// KDEC_MLA_FOLD_CLUSTER=0: every merging expand block merges its head's partials
+// itself (no cluster). Read at each call: the tests run both.
+static bool fold_cluster_env(void)
+{
+	const char *e = getenv("KDEC_MLA_FOLD_CLUSTER");
+
+	return !(e && e[0] == '0');
+}
+
+// Blocks of a cluster sharing a head's merge: the most (up to EXP_FOLD_CLUSTER, a
+// power of 2: the portable cluster sizes) that divides the head's blocks; 1: none.
+static int fold_cluster(int blocks_x)
+{
+	int c = EXP_FOLD_CLUSTER;
+
+	if (!fold_cluster_env())
+		return 1;
+	while (c > 1 && blocks_x % c)
+		c /= 2;
+	return c;
+}
+
 int mla_expand_folds(int R, const k_mla_dims *d, int n_splits)
 {
 	return proj_mma_env() && R <= fold_rows_env() && R <= EXP_MMA_SMALL_ROWS &&
@@ -472,13 +538,38 @@ int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *
 	if (n_splits > 1) {	// the caller checked mla_expand_folds
 		const dim3 grid(attn_cdiv(d->v_dim, EXP_FOLD_NJ), d->n_heads, attn_cdiv(R, 16));
 
+		const size_t smem = expand_smem(R, d->kv_lora, 16, EXP_FOLD_NJ, n_splits);
+		const int cl = fold_cluster((int)grid.x);
+
 		if (!mla_expand_folds(R, d, n_splits))
 			ATTN_INVAL("mla_expand_mma: %d rows of %d splits cannot be merged here", R,
 				   n_splits);
-		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS,
-					   expand_smem(R, d->kv_lora, 16, EXP_FOLD_NJ, n_splits),
-					   mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>, out, o_lat, w, R,
-					   d->n_heads, d->nope_dim, d->v_dim, d->kv_lora, vec, parts));
+		if (cl > 1) {	// a cluster of cl blocks along x shares each head's merge
+			cudaLaunchConfig_t cfg = {};
+			cudaLaunchAttribute attr[2] = {};
+
+			attr[0].id = cudaLaunchAttributeClusterDimension;
+			attr[0].val.clusterDim.x = cl;
+			attr[0].val.clusterDim.y = 1;
+			attr[0].val.clusterDim.z = 1;
+			attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+			attr[1].val.programmaticStreamSerializationAllowed = 1;
+			cfg.gridDim = grid;
+			cfg.blockDim = dim3(PROJ_THREADS);
+			cfg.dynamicSmemBytes = smem;
+			cfg.stream = s;
+			cfg.attrs = attr;
+			cfg.numAttrs = k_cuda_pdl_enabled() ? 2 : 1;
+			ATTN_TRY(cudaLaunchKernelEx(&cfg,
+						    mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true, true>,
+						    out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim,
+						    d->kv_lora, vec, parts));
+		} else {
+			ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem,
+						   mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>, out,
+						   o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim,
+						   d->kv_lora, vec, parts));
+		}
 		ATTN_LAUNCHED("mla_expand_mma_kernel");
 		return 0;
 	}
