@@ -31,6 +31,7 @@
 #define EXP_FOLD_NJ 16		// outputs per merging expand block: half the blocks (and
 				// merged copies) of 8, one block per SM at DeepSeek's dims
 #define MERGE_BATCH 32		// partial loads a merging thread has in flight at once
+#define MERGE_BATCH_1 64	// the same, one float a load (a cluster rank's few columns)
 #define EXP_FOLD_CLUSTER 8	// most expand blocks of a head that share one merge
 
 namespace cg = cooperative_groups;
@@ -121,12 +122,50 @@ struct proj_parts {
 	int n_splits;
 };
 
+// stage_merged's COLS case (the cluster ranks' shares): columns [c0, c0 + n_cols) of
+// each of nr rows, a float a thread and pass, MERGE_BATCH_1 loads in flight.
+__device__ __forceinline__ void merge_cols(float *sa, int as, const float *o, size_t sstride,
+					int H, int h, int r0, int nr, int L, const int *live,
+					const float *wts, const int *n_live, int ns, int c0,
+					int n_cols)
+{
+	const int ss = (int)sstride;	// mla_expand_folds: the partials index in an int
+
+	for (int i = threadIdx.x; i < nr * n_cols; i += PROJ_THREADS) {
+		const int rr = i / n_cols, c = c0 + i % n_cols;
+		const int n = n_live[rr], n4 = n & ~3, *lv = live + rr * ns;
+		const float *wv = wts + rr * ns;
+		const float *po = o + ((size_t)(r0 + rr) * H + h) * L + c;
+		float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+
+		for (int j0 = 0; c < L && j0 < n; j0 += MERGE_BATCH_1) {
+			float x[MERGE_BATCH_1];
+
+#pragma unroll
+			for (int k = 0; k < MERGE_BATCH_1; k++)
+				if (j0 + k < n)
+					x[k] = po[lv[j0 + k] * ss];
+#pragma unroll
+			for (int k = 0; k < MERGE_BATCH_1; k++) {
+				const int j = j0 + k;
+
+				if (j < n4)
+					acc[k % 4] = fmaf(wv[j], x[k], acc[k % 4]);
+				else if (j < n)
+					acc[0] = fmaf(wv[j], x[k], acc[0]);
+			}
+		}
+		sa[rr * as + c] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+	}
+}
+
 // Rows r0 .. r0 + nr - 1 of head h merged from the partials into sa (nr, as), zero past
 // L (L % 4 == 0, parts 16-byte aligned), with the merge kernel's arithmetic in its order
 // (so o_lat is bit for bit what attn_merge writes): warp w lists the live splits of rows
 // w, w + 4, ... and their weights (live, wts: (nr, n_splits); n_live: (nr)); then each
 // float4 of a row sums w_i o(live_i) with four accumulators, MERGE_BATCH loads at a
 // time in flight. Only the float4 columns [q0, q1) of each row (a cluster rank's share).
+template <bool COLS>
 __device__ __forceinline__ void stage_merged(float *sa, int as, const proj_parts p, int R, int H,
 					     int h, int r0, int nr, int L, int *live, float *wts,
 					     int *n_live, int q0, int q1)
@@ -144,42 +183,52 @@ __device__ __forceinline__ void stage_merged(float *sa, int as, const proj_parts
 	__syncthreads();
 	const int nq = q1 - q0;
 
-	for (int i = threadIdx.x; i < nr * nq; i += PROJ_THREADS) {
-		const int rr = i / nq, c = (q0 + i % nq) * 4, n = n_live[rr];
-		const int *lv = live + rr * ns;
-		const float *wv = wts + rr * ns;
-		const float *po = p.o + ((size_t)(r0 + rr) * H + h) * L + c;
-		const int n4 = n & ~3;
-		float4 acc[4];
+	// COLS (the cluster's ranks: a share of the columns, 64 floats a row at batch 1): a
+	// float a thread, so more threads work and MERGE_BATCH_1 loads are in flight (33
+	// splits cost one memory latency, not two); the same sums in the same order. Not
+	// both paths in one kernel: together they spill.
+	if constexpr (COLS) {
+		if (nq > 0)
+			merge_cols(sa, as, p.o, sstride, H, h, r0, nr, L, live, wts, n_live, ns,
+				   q0 * 4, nq * 4);
+	} else {
+		for (int i = threadIdx.x; i < nr * nq; i += PROJ_THREADS) {
+			const int rr = i / nq, c = (q0 + i % nq) * 4, n = n_live[rr];
+			const int *lv = live + rr * ns;
+			const float *wv = wts + rr * ns;
+			const float *po = p.o + ((size_t)(r0 + rr) * H + h) * L + c;
+			const int n4 = n & ~3;
+			float4 acc[4];
 
 #pragma unroll
-		for (int k = 0; k < 4; k++)
-			acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-		// MERGE_BATCH loads in flight, then their sums: the merge kernel's order (split
-		// j into accumulator j % 4 up to n4, the rest into the first), so a row of 33
-		// splits (batch 1, ctx 1024) costs two memory latencies, not nine
-		for (int j0 = 0; c < L && j0 < n; j0 += MERGE_BATCH) {
-			float4 o[MERGE_BATCH];
+			for (int k = 0; k < 4; k++)
+				acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			// MERGE_BATCH loads in flight, then their sums: the merge kernel's order
+			// (split j into accumulator j % 4 up to n4, the rest into the first), so a
+			// row of 33 splits (batch 1, ctx 1024) costs two memory latencies, not nine
+			for (int j0 = 0; c < L && j0 < n; j0 += MERGE_BATCH) {
+				float4 o[MERGE_BATCH];
 
 #pragma unroll
-			for (int k = 0; k < MERGE_BATCH; k++)
-				if (j0 + k < n)
-					o[k] = *(const float4 *)(po + lv[j0 + k] * sstride);
+				for (int k = 0; k < MERGE_BATCH; k++)
+					if (j0 + k < n)
+						o[k] = *(const float4 *)(po + lv[j0 + k] * sstride);
 #pragma unroll
-			for (int k = 0; k < MERGE_BATCH; k++) {
-				const int j = j0 + k;
+				for (int k = 0; k < MERGE_BATCH; k++) {
+					const int j = j0 + k;
 
-				if (j < n4)
-					acc[k % 4] = fma4(wv[j], o[k], acc[k % 4]);
-				else if (j < n)
-					acc[0] = fma4(wv[j], o[k], acc[0]);
+					if (j < n4)
+						acc[k % 4] = fma4(wv[j], o[k], acc[k % 4]);
+					else if (j < n)
+						acc[0] = fma4(wv[j], o[k], acc[0]);
+				}
 			}
+			*(float4 *)(sa + rr * as + c) = make_float4(
+				(acc[0].x + acc[1].x) + (acc[2].x + acc[3].x),
+				(acc[0].y + acc[1].y) + (acc[2].y + acc[3].y),
+				(acc[0].z + acc[1].z) + (acc[2].z + acc[3].z),
+				(acc[0].w + acc[1].w) + (acc[2].w + acc[3].w));
 		}
-		*(float4 *)(sa + rr * as + c) = make_float4(
-			(acc[0].x + acc[1].x) + (acc[2].x + acc[3].x),
-			(acc[0].y + acc[1].y) + (acc[2].y + acc[3].y),
-			(acc[0].z + acc[1].z) + (acc[2].z + acc[3].z),
-			(acc[0].w + acc[1].w) + (acc[2].w + acc[3].w));
 	}
 }
 
@@ -325,22 +374,15 @@ mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 		float *wts = (float *)(live + am * parts.n_splits);	// (am, n_splits)
 
 		cp_async_commit();
-		if (CLU) {
+		if constexpr (CLU) {
 			cg::cluster_group cl = cg::this_cluster();
-			// rank and share again after the merge: not kept live across it
-			const auto share = [&](int &rk, int &per) {
-				rk = (int)cl.block_rank();
-				per = (as / 4 + (int)cl.num_blocks() - 1) / (int)cl.num_blocks();
-			};
-			const int q4 = as / 4;
-			int rk, per;
+			const int nb = (int)cl.num_blocks(), rk = (int)cl.block_rank();
+			const int q4 = as / 4, per = (q4 + nb - 1) / nb;	// float4s a rank
 
-			share(rk, per);
-			stage_merged(sa, as, parts, n_rows, H, h, r0, nr, L, live, wts,
-				     (int *)(wts + am * parts.n_splits), rk * per,
-				     min(q4, (rk + 1) * per));
+			stage_merged<true>(sa, as, parts, n_rows, H, h, r0, nr, L, live, wts,
+					   (int *)(wts + am * parts.n_splits), rk * per,
+					   min(q4, (rk + 1) * per));
 			cl.sync();	// every rank's share written (release / acquire)
-			share(rk, per);
 			for (int i = threadIdx.x; i < nr * q4; i += PROJ_THREADS) {
 				const int o = i % q4 / per, at = i / q4 * as + i % q4 * 4;
 
@@ -352,8 +394,8 @@ mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 			// and a block's shared memory goes when it exits)
 			cl.sync();
 		} else {
-			stage_merged(sa, as, parts, n_rows, H, h, r0, nr, L, live, wts,
-				     (int *)(wts + am * parts.n_splits), 0, as / 4);
+			stage_merged<false>(sa, as, parts, n_rows, H, h, r0, nr, L, live, wts,
+					    (int *)(wts + am * parts.n_splits), 0, as / 4);
 		}
 	} else {
 		stage_a(sa, as, o_lat + ((size_t)r0 * H + h) * L, (size_t)H * L, nr, L,
@@ -524,6 +566,7 @@ int mla_expand_folds(int R, const k_mla_dims *d, int n_splits)
 {
 	return proj_mma_env() && R <= fold_rows_env() && R <= EXP_MMA_SMALL_ROWS &&
 	       d->kv_lora % 4 == 0 && n_splits <= ATTN_MAX_SPLITS &&
+	       (size_t)n_splits * R * d->n_heads * d->kv_lora <= 0x7fffffffu &&
 	       expand_smem(R, d->kv_lora, 16, EXP_FOLD_NJ, n_splits) <= (size_t)proj_smem_optin;
 }
 
@@ -540,6 +583,8 @@ int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *
 
 		const size_t smem = expand_smem(R, d->kv_lora, 16, EXP_FOLD_NJ, n_splits);
 		const int cl = fold_cluster((int)grid.x);
+		auto fold = mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>;
+		auto fold_cl = mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true, true>;
 
 		if (!mla_expand_folds(R, d, n_splits))
 			ATTN_INVAL("mla_expand_mma: %d rows of %d splits cannot be merged here", R,
@@ -560,15 +605,12 @@ int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *
 			cfg.stream = s;
 			cfg.attrs = attr;
 			cfg.numAttrs = k_cuda_pdl_enabled() ? 2 : 1;
-			ATTN_TRY(cudaLaunchKernelEx(&cfg,
-						    mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true, true>,
-						    out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim,
-						    d->kv_lora, vec, parts));
+			ATTN_TRY(cudaLaunchKernelEx(&cfg, fold_cl, out, o_lat, w, R, d->n_heads,
+						    d->nope_dim, d->v_dim, d->kv_lora, vec, parts));
 		} else {
-			ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem,
-						   mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>, out,
-						   o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim,
-						   d->kv_lora, vec, parts));
+			ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, fold, out, o_lat, w,
+						   R, d->n_heads, d->nope_dim, d->v_dim, d->kv_lora,
+						   vec, parts));
 		}
 		ATTN_LAUNCHED("mla_expand_mma_kernel");
 		return 0;
