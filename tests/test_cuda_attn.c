@@ -701,6 +701,9 @@ static void mla_ab_case(struct k_mla_dims d, int n_rows, int ctx, int spread, in
 		{ "floor past 64 + fold, no cluster", NULL, NULL, NULL, "0", "16", "0" },
 		{ "new default (+ cluster fold, 1 row)", NULL, NULL, NULL, NULL, NULL, NULL },
 		{ "new default, cluster fold to 16 rows", NULL, NULL, NULL, NULL, "16", NULL },
+		/* the floor's edge again with the fold's cheaper merge */
+		{ "new default, floor past 128 live", NULL, NULL, "128", NULL, NULL, NULL },
+		{ "new default, split_min 0", NULL, "0", NULL, NULL, NULL, NULL },
 	};
 	size_t n = (size_t)n_rows * d.n_heads * d.v_dim;
 	struct rows *r = rows_decode(n_rows, ctx, spread, max_ctx);
