@@ -969,6 +969,109 @@ out:
 	mla_teardown(&m);
 }
 
+/* Median microseconds of k_cuda_attn_mla over 25 calls after one, each behind a 256 MB
+ * memset that leaves neither the latent cache nor w_kv_b in L2 (as in a step, where
+ * the other layers' weights pass through it); 0 without a scratch buffer. */
+#define MLA_AB_RUNS 25
+static double mla_time_cold(struct mla_run *m)
+{
+	static void *flush;
+	const size_t flush_bytes = (size_t)256 << 20;
+	float ms[MLA_AB_RUNS], t;
+	cudaEvent_t a, b;
+
+	if ((!flush && !(flush = dalloc(flush_bytes))) || !CU(cudaEventCreate(&a)) ||
+	    !CU(cudaEventCreate(&b)))
+		return 0;
+	mla_call(m, 0);
+	for (int i = 0; i < MLA_AB_RUNS; i++) {
+		cudaMemsetAsync(flush, i, flush_bytes, 0);
+		cudaEventRecord(a, 0);
+		mla_call(m, 0);
+		cudaEventRecord(b, 0);
+		cudaEventSynchronize(b);
+		cudaEventElapsedTime(&ms[i], a, b);
+	}
+	for (int i = 1; i < MLA_AB_RUNS; i++)	/* insertion sort */
+		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+			t = ms[j];
+			ms[j] = ms[j - 1];
+			ms[j - 1] = t;
+		}
+	cudaEventDestroy(a);
+	cudaEventDestroy(b);
+	return ms[MLA_AB_RUNS / 2] * 1e3;
+}
+
+/* The MLA knobs side by side on one set of inputs: each checked against the reference
+ * (output poisoned first) and, with KD_TEST_TIME=1, timed cold (absorb, attention,
+ * merge and expand together; ncu or nsys for the kernels one by one). */
+static void mla_ab_case(struct k_mla_dims d, int n_rows, int ctx, int spread, int max_ctx)
+{
+	/* NULL: the knob unset (its default) */
+	static const struct {
+		const char *name, *ksplit, *split_min, *split_live, *merge, *fold, *cluster;
+	} cfg[] = {
+		{ "old (ksplit 0, split_min 0, merge kernel)", "0", "0", NULL, "0", "0", NULL },
+		{ "ksplit only (split_min 0)", "1", "0", NULL, "0", "0", NULL },
+		{ "split_min 64 only (ksplit 0)", "0", "64", NULL, "0", "0", NULL },
+		{ "phase 1 (ksplit, split_min 64 always)", "1", "64", NULL, "0", "0", NULL },
+		{ "ksplit, split_min 128", "1", "128", NULL, "0", "0", NULL },
+		{ "ksplit, floor past 64 live", NULL, NULL, NULL, "0", "0", NULL },
+		{ "ksplit, floor past 32 live", NULL, NULL, "32", "0", "0", NULL },
+		{ "ksplit, floor past 128 live", NULL, NULL, "128", "0", "0", NULL },
+		{ "floor past 64 + batched merge", NULL, NULL, NULL, "1", "0", NULL },
+		{ "floor past 64 + fold, no cluster", NULL, NULL, NULL, "0", "16", "0" },
+		{ "new default (+ cluster fold, 1 row)", NULL, NULL, NULL, NULL, NULL, NULL },
+		{ "new default, cluster fold to 16 rows", NULL, NULL, NULL, NULL, "16", NULL },
+		/* the floor's edge again with the fold's cheaper merge */
+		{ "new default, floor past 128 live", NULL, NULL, "128", NULL, NULL, NULL },
+		{ "new default, split_min 0", NULL, "0", NULL, NULL, NULL, NULL },
+	};
+	size_t n = (size_t)n_rows * d.n_heads * d.v_dim;
+	struct rows *r = rows_decode(n_rows, ctx, spread, max_ctx);
+	struct mla_run m;
+	char label[200];
+
+	if (mla_setup(&m, d, 64, r, 0, 0)) {
+		CHECK(0, "mla a/b setup");
+		mla_teardown(&m);
+		return;
+	}
+	for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++) {
+		int ret;
+
+		cfg[c].ksplit ? setenv("KDEC_MLA_MMA_KSPLIT", cfg[c].ksplit, 1)
+			      : unsetenv("KDEC_MLA_MMA_KSPLIT");
+		cfg[c].split_min ? setenv("KDEC_MLA_SPLIT_MIN", cfg[c].split_min, 1)
+				 : unsetenv("KDEC_MLA_SPLIT_MIN");
+		cfg[c].split_live ? setenv("KDEC_MLA_SPLIT_LIVE", cfg[c].split_live, 1)
+				  : unsetenv("KDEC_MLA_SPLIT_LIVE");
+		cfg[c].merge ? setenv("KDEC_ATTN_MERGE", cfg[c].merge, 1) : unsetenv("KDEC_ATTN_MERGE");
+		cfg[c].fold ? setenv("KDEC_MLA_FOLD_ROWS", cfg[c].fold, 1)
+			    : unsetenv("KDEC_MLA_FOLD_ROWS");
+		cfg[c].cluster ? setenv("KDEC_MLA_FOLD_CLUSTER", cfg[c].cluster, 1)
+			       : unsetenv("KDEC_MLA_FOLD_CLUSTER");
+		snprintf(label, sizeof(label), "[a/b %s]", cfg[c].name);
+		CU(cudaMemset(m.d_out, 0xff, sizeof(float) * n));
+		ret = mla_call(&m, 0);
+		CHECK(ret == 0, "%s k_cuda_attn_mla: %d", label, ret);
+		if (ret == 0 && CU(cudaDeviceSynchronize()))
+			mla_check(&m, label);
+		if (timing && ret == 0)
+			fprintf(stderr, "mla a/b batch %d ctx %d%s max %d %-42s cold %.1f us\n",
+				n_rows, ctx, spread ? " (spread)" : "", max_ctx, cfg[c].name,
+				mla_time_cold(&m));
+	}
+	unsetenv("KDEC_MLA_MMA_KSPLIT");
+	unsetenv("KDEC_MLA_SPLIT_MIN");
+	unsetenv("KDEC_MLA_SPLIT_LIVE");
+	unsetenv("KDEC_ATTN_MERGE");
+	unsetenv("KDEC_MLA_FOLD_ROWS");
+	unsetenv("KDEC_MLA_FOLD_CLUSTER");
+	mla_teardown(&m);
+}
+
 /* ---- KV write ------------------------------------------------------------- */
 
 /* n_rows random rows (a few special values among them) into distinct shuffled slots of a
@@ -1133,16 +1236,25 @@ static void test_gqa_prefill(void)
 
 static void test_mla(void)
 {
+	/* clu2, clu4: the folding expand's clusters of 2 and 4 blocks a head, the float4
+	 * columns of a row (14, 30) not a multiple of them, the latent + rope a multiple
+	 * of 8 (the tensor-core kernel, whose splits the expand merges) */
 	static const struct k_mla_dims lite = { 16, 128, 64, 128, 512 },
 		tiny = { 3, 16, 8, 16, 32 }, odd = { 5, 12, 6, 10, 37 },
-		v3 = { 128, 128, 64, 128, 512 };
+		v3 = { 128, 128, 64, 128, 512 }, clu2 = { 4, 16, 12, 32, 36 },
+		clu4 = { 3, 16, 4, 64, 100 };
 	int run = 64, pos = quick ? 100 : 4000, runs[] = { 20, 1, 9 }, pos3[] = { 50, 7, 0 };
 
 	mla_case(lite, 64, rows_decode(1, 1, 0, 1), 0);
 	mla_case(lite, 64, rows_decode(1, quick ? 300 : 1000, 0, 1000), 0);
 	/* batch 1 as a graph sizes it: 128 splits of 32 tokens, 33 live (the fold's 32
-	 * loads in flight and one more), the rest empty */
+	 * loads in flight and one more; 17 of 64 with KDEC_MLA_SPLIT_MIN=64), the rest
+	 * empty */
 	mla_case(lite, 64, rows_decode(1, 1040, 0, 4096), 0);
+	/* past 64 splits' worth the default floor of 64 tokens (47 live at 3000), and rows
+	 * on both sides of it in one launch: each row's floor from its own ctx */
+	mla_case(lite, 64, rows_decode(1, 3000, 0, 32768), 0);
+	mla_case(lite, 16, rows_decode(5, quick ? 2500 : 5000, 1, 32768), 0);
 	mla_case(lite, 16, rows_decode(7, quick ? 200 : 1000, 1, 32768), 0);
 	mla_case(lite, 64, rows_decode(64, quick ? 40 : 4096, 1, quick ? 64 : 4096), 0);
 	mla_case(tiny, 16, rows_decode(1, 17, 0, 17), 0);
@@ -1151,6 +1263,9 @@ static void test_mla(void)
 	mla_case(odd, 7, rows_decode(7, quick ? 200 : 1000, 1, 1000), 0);
 	mla_case(odd, 16, rows_prefill(3, runs, pos3, 80), 1);
 	mla_case(v3, 64, rows_decode(2, quick ? 100 : 1000, 1, 1000), 0);
+	mla_case(clu2, 16, rows_decode(1, 700, 0, 4096), 0);
+	mla_case(clu4, 16, rows_decode(1, 700, 0, 4096), 0);
+	mla_case(clu4, 16, rows_decode(9, quick ? 300 : 3000, 1, 4096), 0);
 	mla_case(lite, 64, rows_prefill(1, &run, &pos, pos + run), 1);
 	if (!quick) {
 		mla_case(lite, 64, rows_decode(1, 32768, 0, 32768), 0);
@@ -1158,6 +1273,30 @@ static void test_mla(void)
 	}
 	mla_graph_case(tiny, 16, 5, quick ? 256 : 4096);
 	mla_graph_case(lite, 64, 3, quick ? 256 : 4096);
+	mla_graph_case(lite, 64, 1, quick ? 256 : 4096);	/* the cluster fold's launch */
+}
+
+/* DeepSeek-V2-Lite's layer at batch 1 and 64 through each MLA knob (mla_ab_case). */
+static void test_mla_ab(void)
+{
+	static const struct k_mla_dims lite = { 16, 128, 64, 128, 512 },
+		odd = { 5, 12, 6, 10, 37 };
+
+	attn_path = "";
+	mla_ab_case(lite, 1, 1024, 0, 1024);
+	mla_ab_case(lite, 1, 1024, 0, 32768);	/* a graph's splits: 128 */
+	mla_ab_case(lite, 1, 1000, 0, 4096);	/* a short last tile */
+	mla_ab_case(odd, 3, 333, 1, 4096);
+	if (quick)
+		return;
+	mla_ab_case(lite, 1, 2048, 0, 32768);	/* the default floor's edge: 64 splits */
+	mla_ab_case(lite, 1, 3000, 0, 32768);	/* past it: 47 of 64 tokens, not 94 */
+	mla_ab_case(lite, 1, 4096, 0, 32768);
+	mla_ab_case(lite, 1, 8192, 0, 32768);
+	mla_ab_case(lite, 1, 32768, 0, 32768);
+	mla_ab_case(lite, 64, 1024, 0, 1024);
+	mla_ab_case(lite, 64, 1024, 1, 4096);
+	mla_ab_case(lite, 8, 1024, 0, 1024);
 }
 
 int main(void)
@@ -1206,13 +1345,40 @@ int main(void)
 		test_gqa_time();
 	mma_pass = 0;
 	test_mla();
-	/* The split merge folded into MLA's expand projection (off by default: the cases
-	 * above ran the merge kernel) at batch 1, then at every row count it takes. */
-	setenv("KDEC_MLA_FOLD_ROWS", "1", 1);
-	attn_path = "[mma fold1] ";
+	/* MLA's 4-warp kernel (no key-dim split) and its former split floor */
+	setenv("KDEC_MLA_MMA_KSPLIT", "0", 1);
+	attn_path = "[mma ksplit0] ";
 	test_mla();
+	unsetenv("KDEC_MLA_MMA_KSPLIT");
+	setenv("KDEC_MLA_SPLIT_MIN", "0", 1);
+	attn_path = "[mma split_min0] ";
+	test_mla();
+	setenv("KDEC_MLA_SPLIT_MIN", "256", 1);
+	attn_path = "[mma split_min256] ";
+	test_mla();
+	/* a floor between the two: min(256, ctx / 4 rounded up to 32) */
+	setenv("KDEC_MLA_SPLIT_LIVE", "4", 1);
+	attn_path = "[mma split_min256 live4] ";
+	test_mla();
+	unsetenv("KDEC_MLA_SPLIT_LIVE");
+	unsetenv("KDEC_MLA_SPLIT_MIN");
+	attn_tol = ATTN_TOL_MMA;
+	test_mla_ab();
+	/* The split merge folded into MLA's expand projection (by default at batch 1, a
+	 * cluster of a head's expand blocks sharing it: the cases above) at every row count
+	 * it takes, then each block merging on its own, then never (the merge kernel). */
 	setenv("KDEC_MLA_FOLD_ROWS", "16", 1);
 	attn_path = "[mma fold16] ";
+	test_mla();
+	setenv("KDEC_MLA_FOLD_CLUSTER", "0", 1);
+	attn_path = "[mma fold16 nocluster] ";
+	test_mla();
+	setenv("KDEC_MLA_FOLD_ROWS", "1", 1);
+	attn_path = "[mma fold1 nocluster] ";
+	test_mla();
+	unsetenv("KDEC_MLA_FOLD_CLUSTER");
+	setenv("KDEC_MLA_FOLD_ROWS", "0", 1);
+	attn_path = "[mma fold0] ";
 	test_mla();
 	unsetenv("KDEC_MLA_FOLD_ROWS");
 	/* last: the carveout, once asked for at a workspace's creation, stays */

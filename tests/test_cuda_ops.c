@@ -500,6 +500,66 @@ static void test_qkv_post(int rows, int H, int KV, int D, int qk_norm, int inter
 
 /* ---- fused MLA inputs: latent norm + both ropes + cache append -------------- */
 
+/* Median microseconds of a PDL-launched rmsnorm of 132 rows of 64k floats (one wave,
+ * ~70 MB: a stand-in for the projection before mla_post), then mla_post when a is set:
+ * their difference is what mla_post adds to a step where it overlaps its predecessor.
+ * 25 runs after one. */
+#define MLAP_TIME_RUNS 25
+static double mla_post_after_norm_us(const struct k_cuda_mla_post_args *a)
+{
+	static float *x, *w;
+	const int rows = 132, dim = 65536;
+	float ms[MLAP_TIME_RUNS], t;
+	cudaEvent_t e0, e1;
+
+	if (!x) {
+		x = dev_alloc(sizeof(float) * (size_t)rows * dim);
+		w = dev_alloc(sizeof(float) * dim);
+		cu(cudaMemset(x, 0, sizeof(float) * (size_t)rows * dim), "memset");
+		cu(cudaMemset(w, 0, sizeof(float) * dim), "memset");
+	}
+	cu(cudaEventCreate(&e0), "event");
+	cu(cudaEventCreate(&e1), "event");
+	for (int i = -1; i < MLAP_TIME_RUNS; i++) {
+		cudaEventRecord(e0, stream);
+		k_cuda_rmsnorm(stream, x, dim, x, dim, w, rows, dim, 1e-6f);
+		if (a)
+			k_cuda_mla_post(stream, a);
+		cudaEventRecord(e1, stream);
+		cudaEventSynchronize(e1);
+		if (i >= 0)
+			cudaEventElapsedTime(&ms[i], e0, e1);
+	}
+	for (int i = 1; i < MLAP_TIME_RUNS; i++)	/* insertion sort */
+		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+			t = ms[j];
+			ms[j] = ms[j - 1];
+			ms[j - 1] = t;
+		}
+	cudaEventDestroy(e0);
+	cudaEventDestroy(e1);
+	return ms[MLAP_TIME_RUNS / 2] * 1e3;
+}
+
+/* KD_TEST_TIME=1: mla_post behind the norm above, its cos/sin table before the PDL wait
+ * (the default) and after it (KDEC_MLA_POST_EARLY=0). The fused form: the source is
+ * only read, so the runs repeat one computation. */
+static void mla_post_time(const struct k_cuda_mla_post_args *a, const char *shape)
+{
+	const char *e = getenv("KD_TEST_TIME");
+	double base, early, late;
+
+	if (!(e && atoi(e)) || getenv("KDEC_MLA_POST_EARLY"))	/* the default pass only */
+		return;
+	base = mla_post_after_norm_us(NULL);
+	early = mla_post_after_norm_us(a);
+	setenv("KDEC_MLA_POST_EARLY", "0", 1);
+	late = mla_post_after_norm_us(a);
+	unsetenv("KDEC_MLA_POST_EARLY");
+	printf("%-14s %-40s after a %.1f us norm: +%.1f us (table early), +%.1f us (after the "
+	       "wait)\n", "mla_post time", shape, base, early - base, late - base);
+}
+
 /* Rows of q (rows, H, nope + pe) and kv_a (rows, kv_rs) through k_cuda_mla_post against
  * k_cpu_rmsnorm + k_cpu_rope (q_pe, key) + bf16 rounding, as forward.c's op-by-op path.
  * fused: q and kv_a side by side in the rows of one source (mla_prep's [q | kv_a]), q
@@ -617,6 +677,8 @@ static void test_mla_post(int rows, int H, int nope, int pe, int lora, int kv_pa
 	printf("%-14s %-40s %zu bf16 values differ  %s\n", "mla_post cache", shape, bad,
 	       bad ? "FAIL" : "PASS");
 	CHECK(!bad, "mla_post cache %s: %zu bf16 values differ", shape, bad);
+	if (fused && H == 16 && lora == 512 && !strcmp(name, "yarn") && !rp->interleaved)
+		mla_post_time(&a, shape);
 	cudaFree(dq), cudaFree(dkv), cudaFree(dw), cudaFree(dinv), cudaFree(dpos);
 	cudaFree(dslots), cudaFree(dc), cudaFree(dsrc);
 	k_rope_fini(&rope);
@@ -700,6 +762,10 @@ int main(void)
 	test_qkv_post(5, 6, 2, 64, 1, 1, 1);	/* interleaved pairs */
 	test_qkv_post(3, 3, 3, 14, 0, 0, 0);	/* odd sizes, MHA */
 	test_mla_post_all();
+	setenv("KDEC_MLA_POST_EARLY", "0", 1);	/* the cos/sin table after the PDL wait */
+	printf("mla_post again, KDEC_MLA_POST_EARLY=0:\n");
+	test_mla_post_all();
+	unsetenv("KDEC_MLA_POST_EARLY");
 
 	cudaStreamDestroy(stream);
 	return test_result("test_cuda_ops");

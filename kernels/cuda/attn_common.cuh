@@ -177,6 +177,10 @@ struct attn_tile_args {
 					// the last split merges, else null (others leave it unset)
 	int early;			// attn_mma GQA only, set by its launcher: the first
 					// tiles of old tokens go out before the PDL wait
+	int min_split;			// MLA tensor-core kernel only: tokens per split at least
+					// this (a multiple of ATTN_SPLIT_ALIGN; 0: no floor),
+	int split_live;			// or, where > 0, only as much of it as keeps the splits
+					// that hold tokens at most this many (the ctx's own floor)
 };
 
 // Grid (tiles, kv heads, a->n_splits) of tq query vectors per tile: 64 (GQA prefill) or

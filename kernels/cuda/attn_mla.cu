@@ -1,6 +1,8 @@
 // Absorbed multi-head latent attention (DeepSeek-V2/V3) over the latent paged cache:
 // q_lat = W_UK^T q_nope per head, attention over [latent ; rope key] by the tiled kernel
 // (the heads of a row share each latent tile), out = W_UV o_lat.
+#include <cstdlib>
+
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/attn_ptx.cuh"
@@ -165,6 +167,34 @@ mla_expand_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 
 // ---- launchers --------------------------------------------------------------
 
+// Tokens per split of the tensor-core kernel, at least (a multiple of ATTN_SPLIT_ALIGN;
+// the kernel's mma_mla_floor): at batch 1 a graph sized for the whole cache gives a
+// split of 32 tokens per tile of the context, and each split writes a (heads, kv_lora)
+// fp32 partial, 32 KB for V2-Lite, that the merge reads. Default: 64 tokens, only
+// where the ctx would otherwise fill more than 64 splits (past 2048 tokens), decided
+// on the device from each row's ctx. KDEC_MLA_SPLIT_MIN=N: a floor of N tokens at every
+// ctx (0: none, the former; 64: phase 1's default), KDEC_MLA_SPLIT_LIVE=M: the split
+// count past which the floor applies (0: always). Read at each call: the tests run them.
+#define MLA_SPLIT_MIN_DEFAULT 64
+#define MLA_SPLIT_LIVE_DEFAULT 64
+static int mla_env_int(const char *name, int dflt)
+{
+	const char *e = getenv(name);
+
+	return e && *e ? atoi(e) : dflt;
+}
+
+static void mla_split_floor(attn_tile_args *a)
+{
+	const int n = mla_env_int("KDEC_MLA_SPLIT_MIN", MLA_SPLIT_MIN_DEFAULT);
+	const bool fixed = getenv("KDEC_MLA_SPLIT_MIN") != nullptr;
+	const int live = mla_env_int("KDEC_MLA_SPLIT_LIVE", fixed ? 0 : MLA_SPLIT_LIVE_DEFAULT);
+
+	a->min_split = n <= 0 ? 0 : (min(n, 1 << 20) + ATTN_SPLIT_ALIGN - 1) / ATTN_SPLIT_ALIGN *
+					    ATTN_SPLIT_ALIGN;
+	a->split_live = max(0, min(live, ATTN_MAX_SPLITS));
+}
+
 int attn_mla_prepare(int smem_optin)
 {
 	ATTN_TRY(cudaFuncSetAttribute(mla_absorb_kernel,
@@ -219,6 +249,7 @@ static int mla_attend(cudaStream_t s, k_cuda_attn_ws *ws, const uint16_t *cache,
 	a.dv = L;
 	a.qscale = qscale;
 	a.vec = wd % 8 == 0 && (uintptr_t)cache % 16 == 0;
+	mla_split_floor(&a);
 	*n_split = 1;
 	if (attn_mma_usable(&a)) {	// the tensor-core decode kernel
 		int ret = attn_mma_run(s, ws, &a, rows->max_ctx, nullptr, 0);

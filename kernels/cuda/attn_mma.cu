@@ -29,15 +29,18 @@
 // fragments, staged once through the last K stage (free until the loop's first
 // barrier), so it takes no shared memory of its own: 4.3 KB less a block, which lets
 // Llama's shape fit 4 blocks an SM where it fit 3 (528 slots for 512 items at batch 64).
-template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false>
+// W: warps of the block (MLA's key-split kernel has 2 * MMA_WARPS, see the kernel).
+template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false, int W = MMA_WARPS>
 struct mma_layout {
 	static constexpr int QS = DK + 8, KS = DK + 8, VS = VSEP ? DV + 8 : DK + 8, PS = TK + 8;
 	static constexpr unsigned q = 0;				// bf16 (MMA_Q, QS)
 	static constexpr unsigned k = q + (QREG ? 0u : 2u * MMA_Q * QS);	// bf16 (ST, TK, KS)
 	static constexpr unsigned v = k + 2u * ST * TK * KS;		// bf16 (ST, TK, VS)
 	static constexpr unsigned p = v + (VSEP ? 2u * ST * TK * VS : 0u);	// bf16 (MMA_Q, PS)
-	static constexpr unsigned red = p + 2u * MMA_Q * PS;		// float (MMA_WARPS, MMA_Q)
-	static constexpr unsigned total = red + 4u * MMA_WARPS * MMA_Q;
+	static constexpr unsigned red = p + 2u * MMA_Q * PS;		// float (W, MMA_Q)
+	// float (W - MMA_WARPS, 32, 4): the score fragments of the K-split's second half
+	static constexpr unsigned sx = red + 4u * W * MMA_Q;
+	static constexpr unsigned total = sx + 4u * (W - MMA_WARPS) * 32 * 4;
 	static_assert(DK % 32 == 0 && DV % 64 == 0 && TK % 32 == 0 && ST >= 2, "tile shape");
 	static_assert(q % 16 == 0 && k % 16 == 0 && v % 16 == 0 && p % 16 == 0, "alignment");
 	static_assert(!QREG || (VSEP && DK <= 128 && TK * KS >= MMA_Q * QS), "q in registers");
@@ -89,14 +92,15 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 // whole row, so each copy instruction covers whole 128-byte lines (L2 serves full
 // lines: with 64 bytes per row and instruction it ran at 81% of its throughput for 65%
 // of DRAM's at batch 64), and a thread copies NP tokens of the tile. Otherwise (MLA's
-// 72 chunks) MMA_THREADS / TK threads share one token, every TPT-th chunk each.
-template <int DK, int TK>
+// 72 chunks) T / TK threads share one token, every TPT-th chunk each (T: the
+// block's threads, MMA_THREADS but for the MLA K-split kernel).
+template <int DK, int TK, int T = MMA_THREADS>
 struct mma_fill {
 	static constexpr int CH = DK / 8;
-	static constexpr bool ROWS = MMA_THREADS % CH == 0 && TK % (MMA_THREADS / CH) == 0;
-	static constexpr int TPP = ROWS ? MMA_THREADS / CH : MMA_THREADS / TK;	// tokens/pass
+	static constexpr bool ROWS = T % CH == 0 && TK % (T / CH) == 0;
+	static constexpr int TPP = ROWS ? T / CH : T / TK;	// tokens/pass
 	static constexpr int NP = ROWS ? TK / TPP : 1;		// tokens per thread
-	static constexpr int TPT = MMA_THREADS / TK;		// (not ROWS) threads per token
+	static constexpr int TPT = T / TK;			// (not ROWS) threads per token
 
 	__device__ static int tok(int j)
 	{
@@ -106,12 +110,12 @@ struct mma_fill {
 
 // The cache blocks (table entries) of this thread's tokens of the tile at t0, -1 past
 // te: loaded one tile ahead of their use, so the copies never wait for the table.
-template <int DK, int TK>
-__device__ __forceinline__ void mma_page(int32_t (&pg)[mma_fill<DK, TK>::NP],
+template <int DK, int TK, int T = MMA_THREADS>
+__device__ __forceinline__ void mma_page(int32_t (&pg)[mma_fill<DK, TK, T>::NP],
 					 const attn_tile_args &a, const int32_t *table, int t0,
 					 int te)
 {
-	using F = mma_fill<DK, TK>;
+	using F = mma_fill<DK, TK, T>;
 
 #pragma unroll
 	for (int j = 0; j < F::NP; j++) {
@@ -123,12 +127,12 @@ __device__ __forceinline__ void mma_page(int32_t (&pg)[mma_fill<DK, TK>::NP],
 
 // Tokens [t0, t0 + TK) of the block's row into stage buffers (see mma_fill); chunks past
 // dk (dv) and tokens past te (page -1) are zero-filled, never read.
-template <int DK, int DV, int TK, bool VSEP>
+template <int DK, int DV, int TK, bool VSEP, int T = MMA_THREADS>
 __device__ __forceinline__ void mma_issue(const attn_tile_args &a,
-					  const int32_t (&pg)[mma_fill<DK, TK>::NP], uint16_t *sk,
+					  const int32_t (&pg)[mma_fill<DK, TK, T>::NP], uint16_t *sk,
 					  uint16_t *sv, int t0, int kvh)
 {
-	using F = mma_fill<DK, TK>;
+	using F = mma_fill<DK, TK, T>;
 	constexpr int KS = DK + 8, VS = VSEP ? DV + 8 : KS;
 	static_assert(!F::ROWS || !VSEP || DV == DK, "whole-row copies assume dv == dk");
 
@@ -258,25 +262,52 @@ __device__ __forceinline__ void mma_fold_merge(const attn_tile_args &a, int r, i
 	}
 }
 
-template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false>
-__global__ void __launch_bounds__(MMA_THREADS)
+// MLA's split floor at this ctx: a.min_split tokens, or (a.split_live > 0) no more of
+// them than keeps at most a.split_live splits holding tokens. Measured at batch 1
+// (V2-Lite, cold): ctx 1024 ran faster with 33 one-tile splits than with 17 of two
+// (20.5 / 22.0 us), ctx 4096 slower with 128 than with 64 (27.7 / 25.9 us): below 64
+// splits a block's second tile costs more than the merge's extra partials, past it
+// less. With 64, ctx <= 2048 keeps the 32-token splits, longer ones get 64.
+__device__ __forceinline__ int mma_mla_floor(const attn_tile_args &a, int ctx)
+{
+	return a.split_live > 0 ? min(a.min_split, attn_split_len(ctx, a.split_live))
+				: a.min_split;
+}
+
+// W warps: MMA_WARPS, or (MLA, one n8 tile of tokens per warp) 2 * MMA_WARPS, where
+// warps w and w + MMA_WARPS score the same tokens over the two halves of the 576 key
+// dims (KH = 2): at batch 1 a block holds one or two tiles, and the dependent chain of
+// each warp's k16 steps, value columns and partial stores, not bandwidth, is its time;
+// twice the warps halve each of them. The second half's scores reach the first through
+// shared memory (one more barrier per tile); the first half alone runs the softmax.
+template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false, int W = MMA_WARPS>
+__global__ void __launch_bounds__(W * 32)
 attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 {
-	using L = mma_layout<DK, DV, TK, ST, VSEP, QREG>;
+	using L = mma_layout<DK, DV, TK, ST, VSEP, QREG, W>;
+	constexpr int T = W * 32;		// threads
+	constexpr int KH = W / MMA_WARPS;	// warps per token group: halves of the key dims
 	constexpr int NT = TK / 32;		// n8 tiles of tokens per warp (S phase)
 	constexpr int WT = TK / MMA_WARPS;	// tokens per warp (S phase)
-	constexpr int DVW = DV / MMA_WARPS;	// value dims per warp (PV phase)
+	constexpr int DVW = DV / W;		// value dims per warp (PV phase)
 	constexpr int NV = DVW / 8;		// n8 tiles of value dims per warp
+	// tiles issued before the loop: every stage where the K-split kernel runs (MLA)
+	constexpr int PRE = KH == 2 ? ST : ST - 1;
+	static_assert(KH == 1 || (KH == 2 && !VSEP && NT == 1 && DK > 128 && DK % 64 == 0 &&
+				  DV % (8 * 16) == 0), "the K-split is MLA's 32-token tiles");
 	extern __shared__ __align__(16) unsigned char attn_smem[];
 	uint16_t *sk = (uint16_t *)(attn_smem + L::k);
 	uint16_t *sq = QREG ? sk + (ST - 1) * TK * L::KS : (uint16_t *)(attn_smem + L::q);
 	uint16_t *sv = (uint16_t *)(attn_smem + L::v), *sp = (uint16_t *)(attn_smem + L::p);
 	float *red = (float *)(attn_smem + L::red);
+	float4 *sx = (float4 *)(attn_smem + L::sx);
 	// the kv heads of a row side by side in x: their K/V rows are neighbours in the cache
 	const int split = blockIdx.y, hc = blockIdx.x;
 	const int r = blockIdx.z, kvh = hc / n_hc, g0 = (hc % n_hc) * MMA_Q;
 	const int ng = min(MMA_Q, a.group - g0), h0 = kvh * a.group + g0;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	// the warp's tokens (tg) and half of the key dims (kh); with KH 1 the warp and 0
+	const int tg = KH == 1 ? warp : warp % MMA_WARPS, kh = KH == 1 ? 0 : warp / MMA_WARPS;
 	const int qr0 = lane / 4, qr1 = qr0 + 8;	// the two query rows of a lane's accumulators
 	// GQA: K/V of this step's token come from the kernel just before (qkv_post), so
 	// q and those tokens wait for it. Tokens below ctx - n_rows are none of them (a
@@ -292,7 +323,12 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 
 	if (VSEP && !early)
 		k_cuda_pdl_wait();
-	const int ctx = a.ctx[r], per = attn_split_len(ctx, a.n_splits);
+	// MLA: splits of at least mma_mla_floor tokens, the ones past ctx empty (a graph
+	// sizes the splits for the whole cache; at a short ctx each would hold one tile, and
+	// the merge reads a 32 KB partial per split). GQA never reads the fields.
+	const int ctx = a.ctx[r];
+	const int per = VSEP ? attn_split_len(ctx, a.n_splits)
+			     : max(attn_split_len(ctx, a.n_splits), mma_mla_floor(a, ctx));
 	const int tb = (int)min((long)ctx, (long)split * per), te = min(ctx, tb + per);
 	const int n_tiles = (te - tb + TK - 1) / TK;
 	const int32_t *table = a.blocks[r];
@@ -316,7 +352,7 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	// before the first store (one memory latency, not one per row). The loads go out
 	// first, the stores wait until the first tiles' copies are issued: the block table's
 	// load and the K/V fetch behind it do not queue behind q's arrival.
-	int32_t pg[mma_fill<DK, TK>::NP];
+	int32_t pg[mma_fill<DK, TK, T>::NP];
 	int pre = 0;	// GQA early: the tiles (a prefix) issued before the wait
 
 	if (early) {
@@ -325,8 +361,8 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 #pragma unroll
 		for (int s = 0; s < ST - 1; s++)
 			if (s == pre && s < n_tiles && tb + (s + 1) * TK <= old_end) {
-				mma_page<DK, TK>(pg, a, table, tb + s * TK, te);
-				mma_issue<DK, DV, TK, VSEP>(a, pg, sk + s * TK * L::KS,
+				mma_page<DK, TK, T>(pg, a, table, tb + s * TK, te);
+				mma_issue<DK, DV, TK, VSEP, T>(a, pg, sk + s * TK * L::KS,
 							    sv + s * TK * L::VS, tb + s * TK, kvh);
 				cp_async_commit();
 				pre = s + 1;
@@ -334,23 +370,31 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 		k_cuda_pdl_wait();
 	}
 	if (!VSEP) {	// MLA: the first tiles before the wait (see above)
+		// The K-split kernel fills every stage here, their table entries loaded
+		// together (one latency, not one per tile), and issues no tile at the top of
+		// its first iteration (below): with a 64-token split floor a block's second
+		// tile is in flight with its first instead of behind it.
+		int32_t pgs[PRE][mma_fill<DK, TK, T>::NP];
+
 #pragma unroll
-		for (int s = 0; s < ST - 1; s++) {
-			if (s < n_tiles) {
-				mma_page<DK, TK>(pg, a, table, tb + s * TK, te);
-				mma_issue<DK, DV, TK, VSEP>(a, pg, sk + s * TK * L::KS,
-							    sv + s * TK * L::VS, tb + s * TK, kvh);
-			}
+		for (int s = 0; s < PRE; s++)
+			mma_page<DK, TK, T>(pgs[s], a, table, tb + s * TK, te);
+#pragma unroll
+		for (int s = 0; s < PRE; s++) {
+			if (s < n_tiles)
+				mma_issue<DK, DV, TK, VSEP, T>(a, pgs[s], sk + s * TK * L::KS,
+							       sv + s * TK * L::VS, tb + s * TK,
+							       kvh);
 			cp_async_commit();
 		}
 		k_cuda_pdl_wait();
 	}
-	constexpr int QV = DK / 4, QPT = (MMA_Q * QV + MMA_THREADS - 1) / MMA_THREADS;
+	constexpr int QV = DK / 4, QPT = (MMA_Q * QV + T - 1) / T;
 	float4 qx[QPT];
 
 #pragma unroll
 	for (int j = 0; j < QPT; j++) {
-		const int i = threadIdx.x + j * MMA_THREADS, g = i / QV, c = i % QV;
+		const int i = threadIdx.x + j * T, g = i / QV, c = i % QV;
 
 		qx[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 		if (i < MMA_Q * QV && g < ng && c * 4 < a.dk)
@@ -366,15 +410,15 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 		if (s < pre)	// went out before the wait
 			continue;
 		if (s < n_tiles) {
-			mma_page<DK, TK>(pg, a, table, tb + s * TK, te);
-			mma_issue<DK, DV, TK, VSEP>(a, pg, sk + s * TK * L::KS, sv + s * TK * L::VS,
-						    tb + s * TK, kvh);
+			mma_page<DK, TK, T>(pg, a, table, tb + s * TK, te);
+			mma_issue<DK, DV, TK, VSEP, T>(a, pg, sk + s * TK * L::KS,
+						       sv + s * TK * L::VS, tb + s * TK, kvh);
 		}
 		cp_async_commit();
 	}
 #pragma unroll
 	for (int j = 0; j < QPT; j++) {
-		const int i = threadIdx.x + j * MMA_THREADS, g = i / QV, c = i % QV;
+		const int i = threadIdx.x + j * T, g = i / QV, c = i % QV;
 
 		if (i < MMA_Q * QV)
 			*(uint2 *)(sq + g * L::QS + c * 4) =
@@ -391,22 +435,27 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 		for (int kk = 0; kk < (QREG ? DK / 16 : 0); kk++)
 			ldsm_x4(qf[kk], sq + (lane % 16) * L::QS + kk * 16 + lane / 16 * 8);
 	}
-	mma_page<DK, TK>(pg, a, table, tb + (ST - 1) * TK, te);
+	mma_page<DK, TK, T>(pg, a, table, tb + PRE * TK, te);
 	for (int it = 0; it < n_tiles; it++) {
 		const int buf = it % ST, t0 = tb + it * TK;
 		const uint16_t *kb = sk + buf * TK * L::KS;
 		const uint16_t *vb = (VSEP ? sv + buf * TK * L::VS : kb);
 		float s[NT][4];
 
-		cp_async_wait<ST - 2>();
+		// commit groups so far: tiles 0 .. it + ST - 2 (ST at it 0 where PRE is ST)
+		if (PRE == ST && it == 0)
+			cp_async_wait<ST - 1>();
+		else
+			cp_async_wait<ST - 2>();
 		__syncthreads();	// tile it landed; every warp is done with tile it - 1
-		{
+		if (PRE < ST || it > 0) {	// tile it + ST - 1 into tile it - 1's buffer
 			const int nx = it + ST - 1, nb = nx % ST;
 
 			if (nx < n_tiles) {
-				mma_issue<DK, DV, TK, VSEP>(a, pg, sk + nb * TK * L::KS,
-							    sv + nb * TK * L::VS, tb + nx * TK, kvh);
-				mma_page<DK, TK>(pg, a, table, tb + (nx + 1) * TK, te);
+				mma_issue<DK, DV, TK, VSEP, T>(a, pg, sk + nb * TK * L::KS,
+							       sv + nb * TK * L::VS, tb + nx * TK,
+							       kvh);
+				mma_page<DK, TK, T>(pg, a, table, tb + (nx + 1) * TK, te);
 			}
 			cp_async_commit();
 		}
@@ -440,7 +489,7 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 				uint32_t qa[4], kf[4];
 
 				ldsm_x4(qa, sq + (lane % 16) * L::QS + kk * 16 + lane / 16 * 8);
-				ldsm_x4(kf, kb + (warp * WT + lane / 16 * 8 + lane % 8) * L::KS +
+				ldsm_x4(kf, kb + (tg * WT + lane / 16 * 8 + lane % 8) * L::KS +
 						    kk * 16 + lane / 8 % 2 * 8);
 				mma_bf16(s[0], qa, kf[0], kf[1]);
 				mma_bf16(s[NT - 1], qa, kf[2], kf[3]);
@@ -452,28 +501,44 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 
 				ldsm_x4(qa, sq + (lane % 16) * L::QS + kk * 16 + lane / 16 * 8);
 				ldsm_x4(qb, sq + (lane % 16) * L::QS + kk * 16 + 16 + lane / 16 * 8);
-				ldsm_x4(kf, kb + (warp * WT + lane % 8) * L::KS + kk * 16 + lane / 8 * 8);
+				ldsm_x4(kf, kb + (tg * WT + lane % 8) * L::KS + kk * 16 + lane / 8 * 8);
 				mma_bf16(s[0], qa, kf[0], kf[1]);
 				mma_bf16(s[0], qb, kf[2], kf[3]);
 			}
 		} else {
-			// MLA's 36 k16 steps: two accumulators, so the dependent chain of mma
-			// latencies (the kernel's critical path at batch 1) is half as long.
+			// MLA's 36 k16 steps (18 a warp where KH is 2): two accumulators, so
+			// the dependent chain of mma latencies (the kernel's critical path at
+			// batch 1) is half as long.
+			constexpr int KK = DK / 16 / KH;
 			float s1[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
 
 #pragma unroll 6
-			for (int kk = 0; kk < DK / 16; kk += 2) {
+			for (int kk = kh * KK; kk < (kh + 1) * KK; kk += 2) {
 				uint32_t qa[4], qb[4], kf[4];
 
 				ldsm_x4(qa, sq + (lane % 16) * L::QS + kk * 16 + lane / 16 * 8);
 				ldsm_x4(qb, sq + (lane % 16) * L::QS + kk * 16 + 16 + lane / 16 * 8);
-				ldsm_x4(kf, kb + (warp * WT + lane % 8) * L::KS + kk * 16 + lane / 8 * 8);
+				ldsm_x4(kf, kb + (tg * WT + lane % 8) * L::KS + kk * 16 + lane / 8 * 8);
 				mma_bf16(s[0], qa, kf[0], kf[1]);
 				mma_bf16(s1, qb, kf[2], kf[3]);
 			}
 #pragma unroll
 			for (int e = 0; e < 4; e++)
 				s[0][e] += s1[e];
+			if (KH == 2) {	// the second half's scores to the first: same fragment
+				if (kh)
+					sx[tg * 32 + lane] = make_float4(s[0][0], s[0][1], s[0][2],
+									 s[0][3]);
+				__syncthreads();
+				if (!kh) {
+					const float4 x = sx[tg * 32 + lane];
+
+					s[0][0] += x.x;
+					s[0][1] += x.y;
+					s[0][2] += x.z;
+					s[0][3] += x.w;
+				}
+			}
 		}
 
 		// Mask past te, per-warp row maxima, shared.
@@ -482,7 +547,7 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 		for (int j = 0; j < NT; j++)
 #pragma unroll
 			for (int e = 0; e < 2; e++) {
-				const int t = t0 + warp * WT + j * 8 + lane % 4 * 2 + e;
+				const int t = t0 + tg * WT + j * 8 + lane % 4 * 2 + e;
 
 				if (t >= te)
 					s[j][e] = s[j][2 + e] = -INFINITY;
@@ -494,14 +559,14 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 			mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
 			mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
 		}
-		if (lane % 4 == 0) {
+		if (lane % 4 == 0 && !kh) {	// the second half's s is partial: not a score
 			red[warp * MMA_Q + qr0] = mx0;
 			red[warp * MMA_Q + qr1] = mx1;
 		}
 		__syncthreads();
 		float n0 = m0, n1 = m1;
 #pragma unroll
-		for (int w = 0; w < MMA_WARPS; w++) {
+		for (int w = 0; w < MMA_WARPS; w++) {	// the first half's warps
 			n0 = fmaxf(n0, red[w * MMA_Q + qr0]);
 			n1 = fmaxf(n1, red[w * MMA_Q + qr1]);
 		}
@@ -513,8 +578,8 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 		l0 *= al0;
 		l1 *= al1;
 #pragma unroll
-		for (int j = 0; j < NT; j++) {
-			const int c = warp * WT + j * 8 + lane % 4 * 2;
+		for (int j = 0; j < NT && !kh; j++) {	// P: the first half (l stays 0 in the second)
+			const int c = tg * WT + j * 8 + lane % 4 * 2;
 			const float p0 = exp2f(s[j][0] - n0), p1 = exp2f(s[j][1] - n0);
 			const float p2 = exp2f(s[j][2] - n1), p3 = exp2f(s[j][3] - n1);
 
@@ -565,7 +630,7 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	__syncthreads();
 	l0 = l1 = 0.0f;
 #pragma unroll
-	for (int w = 0; w < MMA_WARPS; w++) {
+	for (int w = 0; w < W; w++) {
 		l0 += red[w * MMA_Q + qr0];
 		l1 += red[w * MMA_Q + qr1];
 	}
@@ -621,22 +686,24 @@ namespace {
 struct mma_shape {
 	int dk, dv, tk;
 	bool vsep, qreg;
+	int threads;
 	void (*kernel)(const attn_tile_args, int, uint16_t *);
 	unsigned smem;
 	int per_sm;		// resident blocks per SM (from the occupancy query), 0 unusable
 };
 
-template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false>
+template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false, int W = MMA_WARPS>
 mma_shape mma_make()
 {
-	return { DK, DV, TK, VSEP, QREG, attn_mma_kernel<DK, DV, TK, ST, VSEP, QREG>,
-		 mma_layout<DK, DV, TK, ST, VSEP, QREG>::total, 0 };
+	return { DK, DV, TK, VSEP, QREG, W * 32, attn_mma_kernel<DK, DV, TK, ST, VSEP, QREG, W>,
+		 mma_layout<DK, DV, TK, ST, VSEP, QREG, W>::total, 0 };
 }
 
 mma_shape g_shapes[] = {
 	mma_make<64, 64, 64, 2, true>(),	// GQA head_dim <= 64
 	mma_make<128, 128, 32, 3, true>(),	// GQA head_dim <= 128 (Llama, Qwen3)
 	mma_make<128, 128, 64, 2, true>(),	// the same, longer tiles (KDEC_ATTN_MMA_TK=64)
+	mma_make<576, 512, 32, 2, false, false, 2 * MMA_WARPS>(),	// MLA, the key dims split (below)
 	mma_make<576, 512, 32, 2, false>(),	// MLA kv_lora <= 512, + rope <= 64 (DeepSeek)
 	// GQA's shapes with q in registers (the default; KDEC_ATTN_MMA_QREG=0: the above)
 	mma_make<64, 64, 64, 2, true, true>(),
@@ -656,7 +723,7 @@ int attn_mma_prepare(int smem_optin)
 		if (!sh.vsep && attn_mla_carveout(sh.kernel))
 			return -EIO;
 		ATTN_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&sh.per_sm, sh.kernel,
-								       MMA_THREADS, sh.smem));
+								       sh.threads, sh.smem));
 	}
 	return 0;
 }
@@ -667,6 +734,15 @@ int attn_mma_prepare(int smem_optin)
 static int mma_enabled(void)
 {
 	const char *e = getenv("KDEC_ATTN_MMA");
+
+	return !(e && e[0] == '0');
+}
+
+// KDEC_MLA_MMA_KSPLIT=0: MLA's kernel with 4 warps, each over all 576 key dims of its
+// tokens, instead of 8 that split them in two (attn_mma_kernel's W). Read at each call.
+static bool mla_ksplit(void)
+{
+	const char *e = getenv("KDEC_MLA_MMA_KSPLIT");
 
 	return !(e && e[0] == '0');
 }
@@ -704,6 +780,8 @@ static const mma_shape *mma_find(int dk, int dv, bool vsep)
 			if (vsep && dk <= 64 && sh.dk != 64)
 				continue;
 			if (vsep && pass == 0 && sh.qreg != want_qreg)
+				continue;
+			if (!vsep && (sh.threads != MMA_THREADS) != mla_ksplit())
 				continue;
 			return &sh;
 		}
@@ -797,7 +875,7 @@ static int mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, 
 	if (fold && a->v && a->n_splits > 1 && a->n_splits <= MMA_FOLD_MAX_SPLITS && ws->arrive &&
 	    (size_t)a->n_rows * grid.x <= ws->arrive_n && mma_fold_enabled())
 		a->arrive = ws->arrive;
-	ATTN_TRY(k_cuda_launch_pdl(s, grid, MMA_THREADS, sh->smem, sh->kernel, *a, n_hc,
+	ATTN_TRY(k_cuda_launch_pdl(s, grid, sh->threads, sh->smem, sh->kernel, *a, n_hc,
 				   a->n_splits == 1 || a->arrive ? out_bf16 : nullptr));
 	ATTN_LAUNCHED("attn_mma_kernel");
 	return 0;

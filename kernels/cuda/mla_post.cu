@@ -5,6 +5,8 @@
 // is that of rmsnorm.cu, rope.cu and kv_write.cu (fp64 sum of squares, fp64 cos/sin
 // rounded to fp32, no FMA), so the fused and the op-by-op paths agree to the order of
 // one fp64 sum.
+#include <cstdlib>
+
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/k_cuda_ops.h"
 #include "kernels/cuda/launch_check.cuh"
@@ -37,10 +39,30 @@ __device__ __forceinline__ void mlap_rotate(float x1, float x2, float c, float s
 	o2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
 }
 
-// Block (row r). Every load is issued first (the latent, this thread's first q pairs),
-// then the row's cos/sin table (fp64 sincos: the long pole) is computed while they
-// arrive; then q_pe of every head in place and, for slot >= 0, the normalised latent
-// and the rotated key into the cache.
+// The row's cos/sin table at position p, scaled by attn_factor, into cs.
+__device__ __forceinline__ void mlap_table(const k_cuda_mla_post_args &a, float p, int half,
+					   float (*cs)[MLAP_MAX_HALF])
+{
+	for (int i = threadIdx.x; i < half; i += MLAP_THREADS) {
+		const float angle = __fmul_rn(p, a.inv_freq[i]);
+		double sd, cd;
+
+		sincos((double)angle, &sd, &cd);
+		cs[0][i] = __fmul_rn((float)cd, a.attn_factor);
+		cs[1][i] = __fmul_rn((float)sd, a.attn_factor);
+	}
+}
+
+// Block (row r). The row's cos/sin table (fp64 sincos: the long pole) needs only the
+// step's positions and the constant inv_freq, which no kernel of the step writes (they
+// are uploaded before its first kernel, and a kernel launched by PDL starts only once
+// the one two before it has completed): so it is computed before the PDL wait, while
+// the projection before this kernel drains, as the attention kernel reads its block
+// tables early. KDEC_MLA_POST_EARLY=0: after the wait, as before (the table then
+// computed while the latent and q loads, issued first, arrive). Then q_pe of every
+// head in place and, for slot >= 0, the normalised latent and the rotated key into
+// the cache.
+template <bool EARLY>
 __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla_post_args a)
 {
 	__shared__ float cs[2][MLAP_MAX_HALF];
@@ -56,9 +78,16 @@ __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla
 	int32_t slot;
 	float p;
 
-	k_cuda_pdl_wait();
-	slot = a.slots[r];
-	p = (float)a.pos[r];
+	if (EARLY) {
+		slot = a.slots[r];
+		p = (float)a.pos[r];
+		mlap_table(a, p, half, cs);
+		k_cuda_pdl_wait();
+	} else {
+		k_cuda_pdl_wait();
+		slot = a.slots[r];
+		p = (float)a.pos[r];
+	}
 #pragma unroll
 	for (int k = 0; k < MLAP_PER; k++) {
 		const int i = threadIdx.x + k * MLAP_THREADS;
@@ -79,14 +108,8 @@ __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla
 
 		cq[k] = i < nc ? qs[mlap_copy_at(a, i)] : 0.0f;
 	}
-	for (int i = threadIdx.x; i < half; i += MLAP_THREADS) {
-		const float angle = __fmul_rn(p, a.inv_freq[i]);
-		double sd, cd;
-
-		sincos((double)angle, &sd, &cd);
-		cs[0][i] = __fmul_rn((float)cd, a.attn_factor);
-		cs[1][i] = __fmul_rn((float)sd, a.attn_factor);
-	}
+	if (!EARLY)
+		mlap_table(a, p, half, cs);
 #pragma unroll
 	for (int k = 0; k < MLAP_PER; k++)
 		ss += (double)lat[k] * (double)lat[k];	// zeros past L add nothing
@@ -143,6 +166,15 @@ __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla
 
 // ---- launchers --------------------------------------------------------------
 
+// KDEC_MLA_POST_EARLY=0: the cos/sin table after the PDL wait (see mla_post_kernel).
+// Read at each call: the tests run both.
+static bool mlap_early(void)
+{
+	const char *e = getenv("KDEC_MLA_POST_EARLY");
+
+	return !(e && e[0] == '0');
+}
+
 extern "C" int k_cuda_mla_post(cudaStream_t s, const struct k_cuda_mla_post_args *a)
 {
 	if (!a || a->rows < 0 || a->n_heads < 0 || a->kv_lora < 1 || a->kv_lora > MLAP_MAX_LORA ||
@@ -158,6 +190,7 @@ extern "C" int k_cuda_mla_post(cudaStream_t s, const struct k_cuda_mla_post_args
 	}
 	if (a->rows == 0)
 		return 0;
-	k_cuda_launch_pdl(s, dim3(a->rows), MLAP_THREADS, 0, mla_post_kernel, *a);
+	k_cuda_launch_pdl(s, dim3(a->rows), MLAP_THREADS, 0,
+			  mlap_early() ? mla_post_kernel<true> : mla_post_kernel<false>, *a);
 	return K_CUDA_LAUNCHED("mla_post");
 }

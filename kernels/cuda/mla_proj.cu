@@ -8,6 +8,7 @@
 // cores keep 64 rows as cheap as one.
 #include <cstdlib>
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/attn_common.cuh"
@@ -22,12 +23,18 @@
 #define PROJ_PAD 8		// bf16 per smem row past the data: rows fall on other banks
 #define ABS_MMA_COLS (PROJ_WARPS * 8)	// latent columns per absorb block: one n8 tile a warp
 #define EXP_MMA_SMALL_ROWS 16	// up to here the expand blocks take 8 outputs, past it 16
-/* Rows up to which the expand merges the splits itself: none by default. Measured on
- * H200 (DeepSeek-V2-Lite, batch 1, step p50): folding 3.155 ms, the merge kernel 3.022. */
-#define EXP_FOLD_ROWS 0
+/* Rows up to which the expand merges the splits itself: batch 1. Measured on H200
+ * (DeepSeek-V2-Lite, batch 1, step p50) before the cluster (each block merged the whole
+ * head again): folding 3.155 ms, the merge kernel 3.022; later, cold, 22.1 / 22.0 us a
+ * call. The cluster reads each partial once (see mla_expand_mma_kernel). */
+#define EXP_FOLD_ROWS 1
 #define EXP_FOLD_NJ 16		// outputs per merging expand block: half the blocks (and
 				// merged copies) of 8, one block per SM at DeepSeek's dims
 #define MERGE_BATCH 32		// partial loads a merging thread has in flight at once
+#define MERGE_BATCH_1 64	// the same, one float a load (a cluster rank's few columns)
+#define EXP_FOLD_CLUSTER 8	// most expand blocks of a head that share one merge
+
+namespace cg = cooperative_groups;
 
 namespace {	// kernels and their helpers stay private to this file
 
@@ -115,15 +122,53 @@ struct proj_parts {
 	int n_splits;
 };
 
+// stage_merged's COLS case (the cluster ranks' shares): columns [c0, c0 + n_cols) of
+// each of nr rows, a float a thread and pass, MERGE_BATCH_1 loads in flight.
+__device__ __forceinline__ void merge_cols(float *sa, int as, const float *o, size_t sstride,
+					int H, int h, int r0, int nr, int L, const int *live,
+					const float *wts, const int *n_live, int ns, int c0,
+					int n_cols)
+{
+	const int ss = (int)sstride;	// mla_expand_folds: the partials index in an int
+
+	for (int i = threadIdx.x; i < nr * n_cols; i += PROJ_THREADS) {
+		const int rr = i / n_cols, c = c0 + i % n_cols;
+		const int n = n_live[rr], n4 = n & ~3, *lv = live + rr * ns;
+		const float *wv = wts + rr * ns;
+		const float *po = o + ((size_t)(r0 + rr) * H + h) * L + c;
+		float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+
+		for (int j0 = 0; c < L && j0 < n; j0 += MERGE_BATCH_1) {
+			float x[MERGE_BATCH_1];
+
+#pragma unroll
+			for (int k = 0; k < MERGE_BATCH_1; k++)
+				if (j0 + k < n)
+					x[k] = po[lv[j0 + k] * ss];
+#pragma unroll
+			for (int k = 0; k < MERGE_BATCH_1; k++) {
+				const int j = j0 + k;
+
+				if (j < n4)
+					acc[k % 4] = fmaf(wv[j], x[k], acc[k % 4]);
+				else if (j < n)
+					acc[0] = fmaf(wv[j], x[k], acc[0]);
+			}
+		}
+		sa[rr * as + c] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+	}
+}
+
 // Rows r0 .. r0 + nr - 1 of head h merged from the partials into sa (nr, as), zero past
 // L (L % 4 == 0, parts 16-byte aligned), with the merge kernel's arithmetic in its order
 // (so o_lat is bit for bit what attn_merge writes): warp w lists the live splits of rows
 // w, w + 4, ... and their weights (live, wts: (nr, n_splits); n_live: (nr)); then each
 // float4 of a row sums w_i o(live_i) with four accumulators, MERGE_BATCH loads at a
-// time in flight.
+// time in flight. Only the float4 columns [q0, q1) of each row (a cluster rank's share).
+template <bool COLS>
 __device__ __forceinline__ void stage_merged(float *sa, int as, const proj_parts p, int R, int H,
 					     int h, int r0, int nr, int L, int *live, float *wts,
-					     int *n_live)
+					     int *n_live, int q0, int q1)
 {
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ns = p.n_splits;
 	const size_t per_split = (size_t)R * H, sstride = per_split * L;
@@ -136,42 +181,54 @@ __device__ __forceinline__ void stage_merged(float *sa, int as, const proj_parts
 			n_live[rr] = base;
 	}
 	__syncthreads();
-	for (int i = threadIdx.x; i < nr * (as / 4); i += PROJ_THREADS) {
-		const int rr = i / (as / 4), c = i % (as / 4) * 4, n = n_live[rr];
-		const int *lv = live + rr * ns;
-		const float *wv = wts + rr * ns;
-		const float *po = p.o + ((size_t)(r0 + rr) * H + h) * L + c;
-		const int n4 = n & ~3;
-		float4 acc[4];
+	const int nq = q1 - q0;
+
+	// COLS (the cluster's ranks: a share of the columns, 64 floats a row at batch 1): a
+	// float a thread, so more threads work and MERGE_BATCH_1 loads are in flight (33
+	// splits cost one memory latency, not two); the same sums in the same order. Not
+	// both paths in one kernel: together they spill.
+	if constexpr (COLS) {
+		if (nq > 0)
+			merge_cols(sa, as, p.o, sstride, H, h, r0, nr, L, live, wts, n_live, ns,
+				   q0 * 4, nq * 4);
+	} else {
+		for (int i = threadIdx.x; i < nr * nq; i += PROJ_THREADS) {
+			const int rr = i / nq, c = (q0 + i % nq) * 4, n = n_live[rr];
+			const int *lv = live + rr * ns;
+			const float *wv = wts + rr * ns;
+			const float *po = p.o + ((size_t)(r0 + rr) * H + h) * L + c;
+			const int n4 = n & ~3;
+			float4 acc[4];
 
 #pragma unroll
-		for (int k = 0; k < 4; k++)
-			acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-		// MERGE_BATCH loads in flight, then their sums: the merge kernel's order (split
-		// j into accumulator j % 4 up to n4, the rest into the first), so a row of 33
-		// splits (batch 1, ctx 1024) costs two memory latencies, not nine
-		for (int j0 = 0; c < L && j0 < n; j0 += MERGE_BATCH) {
-			float4 o[MERGE_BATCH];
+			for (int k = 0; k < 4; k++)
+				acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			// MERGE_BATCH loads in flight, then their sums: the merge kernel's order
+			// (split j into accumulator j % 4 up to n4, the rest into the first), so a
+			// row of 33 splits (batch 1, ctx 1024) costs two memory latencies, not nine
+			for (int j0 = 0; c < L && j0 < n; j0 += MERGE_BATCH) {
+				float4 o[MERGE_BATCH];
 
 #pragma unroll
-			for (int k = 0; k < MERGE_BATCH; k++)
-				if (j0 + k < n)
-					o[k] = *(const float4 *)(po + lv[j0 + k] * sstride);
+				for (int k = 0; k < MERGE_BATCH; k++)
+					if (j0 + k < n)
+						o[k] = *(const float4 *)(po + lv[j0 + k] * sstride);
 #pragma unroll
-			for (int k = 0; k < MERGE_BATCH; k++) {
-				const int j = j0 + k;
+				for (int k = 0; k < MERGE_BATCH; k++) {
+					const int j = j0 + k;
 
-				if (j < n4)
-					acc[k % 4] = fma4(wv[j], o[k], acc[k % 4]);
-				else if (j < n)
-					acc[0] = fma4(wv[j], o[k], acc[0]);
+					if (j < n4)
+						acc[k % 4] = fma4(wv[j], o[k], acc[k % 4]);
+					else if (j < n)
+						acc[0] = fma4(wv[j], o[k], acc[0]);
+				}
 			}
+			*(float4 *)(sa + rr * as + c) = make_float4(
+				(acc[0].x + acc[1].x) + (acc[2].x + acc[3].x),
+				(acc[0].y + acc[1].y) + (acc[2].y + acc[3].y),
+				(acc[0].z + acc[1].z) + (acc[2].z + acc[3].z),
+				(acc[0].w + acc[1].w) + (acc[2].w + acc[3].w));
 		}
-		*(float4 *)(sa + rr * as + c) = make_float4(
-			(acc[0].x + acc[1].x) + (acc[2].x + acc[3].x),
-			(acc[0].y + acc[1].y) + (acc[2].y + acc[3].y),
-			(acc[0].z + acc[1].z) + (acc[2].z + acc[3].z),
-			(acc[0].w + acc[1].w) + (acc[2].w + acc[3].w));
 	}
 }
 
@@ -272,7 +329,12 @@ mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *__restrict__ q,
 // added in a fixed order through shared memory (the tiles' space, reused). With split
 // partials (FOLD, parts.n_splits > 1) the rows are merged from them instead of read
 // from o_lat, while the weight tile is in flight; the split lists follow the tiles.
-template <int MT, int NT, bool FOLD>
+// CLU: the blocks of a thread-block cluster (along x: the same head and rows, other
+// outputs) share that merge: rank k merges its share of the float4 columns into its
+// own tile, then copies the others' shares from theirs (distributed shared memory), so
+// each partial is read from L2 once a head, not once a block (33 splits at batch 1:
+// 1 MB, not 8 x 1 MB).
+template <int MT, int NT, bool FOLD, bool CLU = false>
 __global__ void __launch_bounds__(PROJ_THREADS)
 mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 		      const uint16_t *__restrict__ w, int n_rows, int H, int nope, int vdim, int L,
@@ -312,8 +374,29 @@ mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 		float *wts = (float *)(live + am * parts.n_splits);	// (am, n_splits)
 
 		cp_async_commit();
-		stage_merged(sa, as, parts, n_rows, H, h, r0, nr, L, live, wts,
-			     (int *)(wts + am * parts.n_splits));
+		if constexpr (CLU) {
+			cg::cluster_group cl = cg::this_cluster();
+			const int nb = (int)cl.num_blocks(), rk = (int)cl.block_rank();
+			const int q4 = as / 4, per = (q4 + nb - 1) / nb;	// float4s a rank
+
+			stage_merged<true>(sa, as, parts, n_rows, H, h, r0, nr, L, live, wts,
+					   (int *)(wts + am * parts.n_splits), rk * per,
+					   min(q4, (rk + 1) * per));
+			cl.sync();	// every rank's share written (release / acquire)
+			for (int i = threadIdx.x; i < nr * q4; i += PROJ_THREADS) {
+				const int o = i % q4 / per, at = i / q4 * as + i % q4 * 4;
+
+				if (o != rk)
+					*(float4 *)(sa + at) =
+						*(const float4 *)(cl.map_shared_rank(sa, o) + at);
+			}
+			// every rank done reading the others' tiles (red below reuses them,
+			// and a block's shared memory goes when it exits)
+			cl.sync();
+		} else {
+			stage_merged<false>(sa, as, parts, n_rows, H, h, r0, nr, L, live, wts,
+					    (int *)(wts + am * parts.n_splits), 0, as / 4);
+		}
 	} else {
 		stage_a(sa, as, o_lat + ((size_t)r0 * H + h) * L, (size_t)H * L, nr, L,
 			L % 4 == 0 && (uintptr_t)o_lat % 16 == 0);
@@ -405,10 +488,13 @@ int mla_proj_prepare(int smem_optin)
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
 	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>,
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true, true>,
+				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
 	if (attn_mla_carveout(mla_absorb_mma_kernel) ||
 	    attn_mla_carveout(mla_expand_mma_kernel<1, 1, false>) ||
 	    attn_mla_carveout(mla_expand_mma_kernel<2, 2, false>) ||
-	    attn_mla_carveout(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>))
+	    attn_mla_carveout(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>) ||
+	    attn_mla_carveout(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true, true>))
 		return -EIO;
 	return 0;
 }
@@ -454,10 +540,33 @@ static int fold_rows_env(void)
 	return e && *e ? atoi(e) : EXP_FOLD_ROWS;
 }
 
+// KDEC_MLA_FOLD_CLUSTER=0: every merging expand block merges its head's partials
+// itself (no cluster). Read at each call: the tests run both.
+static bool fold_cluster_env(void)
+{
+	const char *e = getenv("KDEC_MLA_FOLD_CLUSTER");
+
+	return !(e && e[0] == '0');
+}
+
+// Blocks of a cluster sharing a head's merge: the most (up to EXP_FOLD_CLUSTER, a
+// power of 2: the portable cluster sizes) that divides the head's blocks; 1: none.
+static int fold_cluster(int blocks_x)
+{
+	int c = EXP_FOLD_CLUSTER;
+
+	if (!fold_cluster_env())
+		return 1;
+	while (c > 1 && blocks_x % c)
+		c /= 2;
+	return c;
+}
+
 int mla_expand_folds(int R, const k_mla_dims *d, int n_splits)
 {
 	return proj_mma_env() && R <= fold_rows_env() && R <= EXP_MMA_SMALL_ROWS &&
 	       d->kv_lora % 4 == 0 && n_splits <= ATTN_MAX_SPLITS &&
+	       (size_t)n_splits * R * d->n_heads * d->kv_lora <= 0x7fffffffu &&
 	       expand_smem(R, d->kv_lora, 16, EXP_FOLD_NJ, n_splits) <= (size_t)proj_smem_optin;
 }
 
@@ -472,13 +581,37 @@ int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *
 	if (n_splits > 1) {	// the caller checked mla_expand_folds
 		const dim3 grid(attn_cdiv(d->v_dim, EXP_FOLD_NJ), d->n_heads, attn_cdiv(R, 16));
 
+		const size_t smem = expand_smem(R, d->kv_lora, 16, EXP_FOLD_NJ, n_splits);
+		const int cl = fold_cluster((int)grid.x);
+		auto fold = mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>;
+		auto fold_cl = mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true, true>;
+
 		if (!mla_expand_folds(R, d, n_splits))
 			ATTN_INVAL("mla_expand_mma: %d rows of %d splits cannot be merged here", R,
 				   n_splits);
-		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS,
-					   expand_smem(R, d->kv_lora, 16, EXP_FOLD_NJ, n_splits),
-					   mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>, out, o_lat, w, R,
-					   d->n_heads, d->nope_dim, d->v_dim, d->kv_lora, vec, parts));
+		if (cl > 1) {	// a cluster of cl blocks along x shares each head's merge
+			cudaLaunchConfig_t cfg = {};
+			cudaLaunchAttribute attr[2] = {};
+
+			attr[0].id = cudaLaunchAttributeClusterDimension;
+			attr[0].val.clusterDim.x = cl;
+			attr[0].val.clusterDim.y = 1;
+			attr[0].val.clusterDim.z = 1;
+			attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+			attr[1].val.programmaticStreamSerializationAllowed = 1;
+			cfg.gridDim = grid;
+			cfg.blockDim = dim3(PROJ_THREADS);
+			cfg.dynamicSmemBytes = smem;
+			cfg.stream = s;
+			cfg.attrs = attr;
+			cfg.numAttrs = k_cuda_pdl_enabled() ? 2 : 1;
+			ATTN_TRY(cudaLaunchKernelEx(&cfg, fold_cl, out, o_lat, w, R, d->n_heads,
+						    d->nope_dim, d->v_dim, d->kv_lora, vec, parts));
+		} else {
+			ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, fold, out, o_lat, w,
+						   R, d->n_heads, d->nope_dim, d->v_dim, d->kv_lora,
+						   vec, parts));
+		}
 		ATTN_LAUNCHED("mla_expand_mma_kernel");
 		return 0;
 	}
