@@ -44,8 +44,8 @@ gpu_tests() {
 phase_check() {
 	nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader |
 		tee -a "$summary"
-	for t in $(gpu_tests); do
-		run "$t" "$B/tests/$t"
+	for t in $(gpu_tests); do	# TEST_TIMEOUT: seconds per test (a hang costs no more)
+		run "$t" timeout "${TEST_TIMEOUT:-300}" "$B/tests/$t"
 	done
 	run golden_cuda env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
 	for m in llama3 qwen3 qwen3_moe deepseek_v2 deepseek_v3; do
@@ -182,7 +182,7 @@ phase_sanitize() {
 }
 
 phase_bench() {
-	[ -x "$B/tests/bench_cuda_linear" ] && run bench_linear "$B/tests/bench_cuda_linear"
+	[ -x "$B/tests/bench_cuda_linear" ] && run bench_linear timeout 300 "$B/tests/bench_cuda_linear"
 	run decode_llama8b "$B/kdbench" decode --model tests/data/configs/llama3.1-8b.json \
 		--synthetic-weights --backend cuda --batch 1,8,32,64 --ctx 1024 --steps 64 --warmup 8 \
 		--out "$out/decode.jsonl"
