@@ -311,11 +311,10 @@ moe_router_route_kernel(k_moe_route_params p, const float *x, int M, const uint1
 	}
 
 	// Arrival: the fence publishes this CTA's logits before it counts.
+	__threadfence();
 	__syncthreads();
-	if (threadIdx.x == 0) {
-		__threadfence();
+	if (threadIdx.x == 0)
 		last = atomicAdd(cnt, 1u) == gridDim.x - 1;
-	}
 	__syncthreads();
 	if (!last)
 		return;
