@@ -125,6 +125,7 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 	__shared__ float yss[MOE_SMALL_SH_PIECES][MOE_SMALL_MAX_PAIRS][SM_DCOLS];	// row's
 								// shared-expert pieces
 	__shared__ float sw[MOE_SMALL_MAX_PAIRS];		// pair's routing weight
+	__shared__ const uint16_t *pre_w[MOE_SMALL_MAX_PAIRS];	// pair's down matrix (hint)
 	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = M * top_k;
 	int c0 = blockIdx.x * SM_DCOLS, cps = SM_DCOLS / 2;
 	int pieces = (sh.inter + inter - 1) / inter, n_routed, n_all;
@@ -133,7 +134,9 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 	// Launched early under PDL: the ids may come from the kernel before the previous
 	// one, so ask L2 for the down rows they name while gate/up drains, up to a budget
 	// that keeps them there until used; the shared expert's rows first, as they do not
-	// depend on the ids. Only a hint: the plan is built after the wait.
+	// depend on the ids. Only a hint: the plan is built after the wait. Each pair's
+	// matrix is looked up once (id, then table: two round trips for the CTA, not two
+	// per prefetch loop iteration).
 	if (sh.inter)
 		prefetch_down_rows(sh.down, c0, hidden, (size_t)sh.inter * 2);
 	{
@@ -141,12 +144,18 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 		size_t left = SM_DPREFETCH > sh_bytes ? SM_DPREFETCH - sh_bytes : 0;
 		int pairs = min(n, (int)(left / (row_bytes * SM_DCOLS)));
 
+		if (threadIdx.x < pairs) {
+			int v = __ldcg(ids + threadIdx.x);
+
+			pre_w[threadIdx.x] = v >= 0 && v < E ? expert_w[3 * v + 2] : nullptr;
+		}
+		__syncthreads();
 		for (int q = threadIdx.x; q < pairs * SM_DCOLS * lines; q += SM_THREADS) {
 			int i = q / (SM_DCOLS * lines), col = c0 + q / lines % SM_DCOLS;
-			int v = __ldcg(ids + i);
+			const uint16_t *w = pre_w[i];
 
-			if (v >= 0 && v < E && col < hidden)
-				prefetch_l2((const char *)(expert_w[3 * v + 2] + (size_t)col * inter) +
+			if (w && col < hidden)
+				prefetch_l2((const char *)(w + (size_t)col * inter) +
 						    (size_t)(q % lines) * 128, 1, 0, 1);
 		}
 	}
