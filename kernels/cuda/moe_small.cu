@@ -33,9 +33,10 @@ namespace {	// kernels and their helpers stay private to this file
 // Item q of small_down_kernel's CTA: (used expert, column pair) below n_routed, then
 // (shared piece, column pair). Every item's columns lie inside hidden (a multiple of
 // SM_DCOLS: k_cuda_moe_small_fits). ys (MOE_SMALL_MAX_PAIRS, SM_DCOLS), yss
-// (MOE_SMALL_SH_PIECES, MOE_SMALL_MAX_PAIRS, SM_DCOLS).
+// (MOE_SMALL_SH_PIECES, MOE_SMALL_MAX_PAIRS, SM_DCOLS); used_w (sp.n_used) the used
+// experts' down matrices.
 __device__ __forceinline__ dot_job down_job_of(int q, int n_routed, const small_plan &sp,
-					       const uint16_t *const *expert_w, const float *act,
+					       const uint16_t *const *used_w, const float *act,
 					       const moe_small_shared &sh, int M, int c0, int inter,
 					       float *ys, float *yss)
 {
@@ -46,7 +47,7 @@ __device__ __forceinline__ dot_job down_job_of(int q, int n_routed, const small_
 	j.dst_ld = SM_DCOLS;
 	if (q < n_routed) {
 		int u = q / cps;
-		const uint16_t *w = expert_w[3 * sp.used_e[u] + 2] + (size_t)c * inter;
+		const uint16_t *w = used_w[u] + (size_t)c * inter;
 
 		j.w0 = (const uint4 *)w;
 		j.w1 = (const uint4 *)(w + inter);
@@ -126,6 +127,7 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 								// shared-expert pieces
 	__shared__ float sw[MOE_SMALL_MAX_PAIRS];		// pair's routing weight
 	__shared__ const uint16_t *pre_w[MOE_SMALL_MAX_PAIRS];	// pair's down matrix (hint)
+	__shared__ const uint16_t *used_w[MOE_SMALL_MAX_PAIRS];	// used expert's down matrix
 	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = M * top_k;
 	int c0 = blockIdx.x * SM_DCOLS, cps = SM_DCOLS / 2;
 	int pieces = (sh.inter + inter - 1) / inter, n_routed, n_all;
@@ -163,13 +165,18 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 	if (threadIdx.x < n)
 		sw[threadIdx.x] = weights[threadIdx.x];
 	small_plan_build(sp, ids, n, E);	// its barriers publish sw too
+	// Every used expert's matrix looked up at once: one round trip for the CTA where
+	// each warp would otherwise wait on one per item of a new expert.
+	if (threadIdx.x < sp.n_used)
+		used_w[threadIdx.x] = expert_w[3 * sp.used_e[threadIdx.x] + 2];
+	__syncthreads();
 
 	n_routed = sp.n_used * cps;
 	n_all = n_routed + pieces * cps;
 	// Jobs are rebuilt where used (a few shared-memory reads), not held: registers
 	// go to the weights.
 	auto job = [&](int q) {
-		return down_job_of(q, n_routed, sp, expert_w, act, sh, M, c0, inter, &ys[0][0],
+		return down_job_of(q, n_routed, sp, used_w, act, sh, M, c0, inter, &ys[0][0],
 				   &yss[0][0][0]);
 	};
 	if (STAGED) {
