@@ -245,7 +245,7 @@ moe_route_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float 
 // meet in shared memory in warp order. The CTA that counts last on *cnt routes: warp
 // m takes row m, from the logits the others wrote. The weights are constant: each CTA
 // asks L2 for its expert's row before the PDL wait.
-__global__ void __launch_bounds__(RR_WARPS * 32)
+__global__ void __launch_bounds__(RR_WARPS * 32, 2)	// <= 128 registers: no spills
 moe_router_route_kernel(k_moe_route_params p, const float *x, int M, const uint16_t *router,
 			int hidden, float *logits, int32_t *ids, float *weights, unsigned *cnt)
 {
@@ -267,7 +267,7 @@ moe_router_route_kernel(k_moe_route_params p, const float *x, int M, const uint1
 #pragma unroll
 	for (int m = 0; m < RR_MAX_M; m++)
 		acc[m] = 0.0f;
-#pragma unroll 4
+#pragma unroll 2	// 4: 128 registers and spills (ptxas, nvcc 13.0)
 	for (int c = threadIdx.x; c < nc; c += RR_WARPS * 32) {
 		uint4 v = __ldg((const uint4 *)wr + c);
 		float wf[8] = {
@@ -296,6 +296,8 @@ moe_router_route_kernel(k_moe_route_params p, const float *x, int M, const uint1
 	}
 #pragma unroll
 	for (int m = 0; m < RR_MAX_M; m++) {
+		if (m >= M)	// uniform
+			break;
 		for (int o = 16; o > 0; o >>= 1)
 			acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
 		if (lane == 0)
