@@ -1,7 +1,10 @@
 /* CUDA MoE against the CPU references. Routing: every scoring/selection mode, near
  * ties (quantised logits, one-ulp neighbours, biases that tie exactly); the ids must be
  * identical and the weights within 1e-6 (the kernel is meant to be bit-exact; the line
- * says how many weights differ at all). Experts, both paths (forced with
+ * says how many weights differ at all). Router + routing in one launch
+ * (k_cuda_moe_router_route) at M 1..8 against an fp64 GEMV and k_cpu_moe_route of the
+ * logits it wrote, declines past its limits, and its time beside linear + route (see
+ * test_router_route). Experts, both paths (forced with
  * k_cuda_moe_set_path): DeepSeek-V2-Lite and Qwen3-30B-A3B shapes at M 1, 2, 3, 5, 8
  * (64 on the grouped path), small odd shapes (partial k chunks; hidden and inter past
  * one 2048-value batch; the CUDA-core fallback), every row on one expert (64 rows; 130
