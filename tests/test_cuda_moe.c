@@ -439,6 +439,107 @@ out:
 	free(x);
 }
 
+/* ---- one MoE layer's launches, timed ------------------------------------------ */
+
+struct layer_time {
+	struct rr_time r;		/* the router part (its copies rotated) */
+	struct k_cuda_moe_ws *ews;	/* the experts' workspace */
+	const uint16_t *const *table;	/* device (n_experts, 3) */
+	const struct k_cuda_moe_shared *sh;	/* NULL: none */
+	int inter;
+	float *y;			/* (M, hidden) residual, accumulated */
+};
+
+static void layer_experts(struct layer_time *t)
+{
+	k_cuda_moe_experts_add(stream, t->ews, t->y, t->r.x, t->r.M, t->r.ids, t->r.wts,
+			       t->r.p.top_k, t->table, t->r.p.n_experts, t->r.hidden, t->inter,
+			       t->sh);
+}
+
+static void layer_old(void *ctx, int i)
+{
+	rr_old(ctx, i);
+	layer_experts(ctx);
+}
+
+static void layer_new(void *ctx, int i)
+{
+	rr_new(ctx, i);
+	layer_experts(ctx);
+}
+
+/* Informational: router, route and experts_add (routed + shared expert + residual,
+ * the fused small path) as the decode graph queues them at M rows, with the router as
+ * two launches (k_cuda_linear + k_cuda_moe_route) and as one (k_cuda_moe_router_route):
+ * the end-to-end A/B of one MoE layer minus its rmsnorm, PDL between the launches of a
+ * call as in the graph. Every expert has its own memory (the used ones' 100 MB do not
+ * stay in L2), the router rotates over RR_COPIES copies. */
+static void time_moe_layer(const char *name, struct k_moe_route_params p, int hidden,
+			   int inter, int si, int M)
+{
+	size_t per = (size_t)hidden * inter, nw = (size_t)p.n_experts * hidden;
+	size_t sn = (size_t)hidden * (size_t)(si > 0 ? si : 1);
+	const uint16_t **table = malloc(sizeof(*table) * (size_t)p.n_experts * 3);
+	uint16_t *one = malloc(sizeof(uint16_t) * (per > nw ? per : nw));
+	float *x = malloc(sizeof(float) * (size_t)M * hidden);
+	uint16_t *all = dev_alloc(sizeof(uint16_t) * per * 3 * (size_t)p.n_experts);
+	uint16_t *rall = dev_alloc(sizeof(uint16_t) * nw * RR_COPIES);
+	uint16_t *dsh = dev_alloc(sizeof(uint16_t) * 3 * sn);
+	struct k_cuda_moe_shared sh = { dsh, dsh + sn, dsh + 2 * sn, si };
+	struct layer_time t = { .r = { .p = p, .M = M, .hidden = hidden }, .inter = inter,
+				.sh = si > 0 ? &sh : NULL };
+	float old_us, new_us;
+
+	for (size_t i = 0; i < (per > nw ? per : nw); i++)
+		one[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
+	for (int e = 0; e < 3 * p.n_experts; e++) {
+		cu(cudaMemcpy(all + per * e, one, sizeof(uint16_t) * per, cudaMemcpyHostToDevice), "upload");
+		table[e] = all + per * e;
+	}
+	for (int c = 0; c < RR_COPIES; c++)
+		cu(cudaMemcpy(rall + nw * c, one, sizeof(uint16_t) * nw, cudaMemcpyHostToDevice), "upload");
+	cu(cudaMemset(dsh, 0, sizeof(uint16_t) * 3 * sn), "zero shared");
+	for (size_t i = 0; i < (size_t)M * hidden; i++)
+		x[i] = test_randf(&seed);
+	t.r.w = rall;
+	t.r.x = dev_from(x, sizeof(float) * (size_t)M * hidden);
+	t.r.logits = dev_alloc(sizeof(float) * (size_t)M * p.n_experts);
+	t.r.wts = dev_alloc(sizeof(float) * (size_t)M * p.top_k);
+	t.r.ids = dev_alloc(sizeof(int32_t) * (size_t)M * p.top_k);
+	t.table = dev_from(table, sizeof(*table) * (size_t)p.n_experts * 3);
+	t.y = dev_alloc(sizeof(float) * (size_t)M * hidden);
+	cu(cudaMemset(t.y, 0, sizeof(float) * (size_t)M * hidden), "zero y");
+	if (k_cuda_linear_create(&t.r.lin, stream, 64, hidden) ||
+	    k_cuda_moe_ws_create(&t.r.ws, 64, p.top_k, p.n_experts, hidden, 8, 0) ||
+	    k_cuda_moe_ws_create(&t.ews, M, p.top_k, p.n_experts, hidden, inter, si)) {
+		fprintf(stderr, "test_cuda_moe: layer timing: no context\n");
+		goto out;
+	}
+	old_us = median_us(layer_old, &t);
+	new_us = median_us(layer_new, &t);
+	printf("moe layer time %-22s shared %4d M %d: linear+route+experts_add %6.1f us, "
+	       "router_route+experts_add %6.1f us (%+.1f us)\n", name, si, M, old_us, new_us,
+	       new_us - old_us);
+out:
+	cu(cudaStreamSynchronize(stream), "sync");
+	k_cuda_linear_destroy(t.r.lin);
+	k_cuda_moe_ws_destroy(t.r.ws);
+	k_cuda_moe_ws_destroy(t.ews);
+	cudaFree(all);
+	cudaFree(rall);
+	cudaFree(dsh);
+	cudaFree((void *)t.r.x);
+	cudaFree(t.r.logits);
+	cudaFree(t.r.wts);
+	cudaFree(t.r.ids);
+	cudaFree((void *)t.table);
+	cudaFree(t.y);
+	free(table);
+	free(one);
+	free(x);
+}
+
 static void test_router_route_all(void)
 {
 	const struct {
@@ -492,6 +593,11 @@ static void test_router_route_all(void)
 	for (size_t c = 0; c < 2; c++)
 		for (int m = 0; m < 4; m++)
 			time_router_route(cfg[c].name, cfg[c].p, cfg[c].hidden, (int[]){ 1, 2, 4, 8 }[m]);
+	/* the layer: v2-lite (inter 1408, shared 2 * 1408), qwen3 (inter 768, none) */
+	for (size_t c = 0; c < 2; c++)
+		for (int m = 0; m < 4; m++)
+			time_moe_layer(cfg[c].name, cfg[c].p, cfg[c].hidden, c ? 768 : 1408,
+				       c ? 0 : 2816, (int[]){ 1, 2, 4, 8 }[m]);
 }
 
 /* ---- experts --------------------------------------------------------------- */
@@ -1007,17 +1113,18 @@ static void test_experts_all(void)
 	for (size_t si = 0; si < sizeof(fused) / sizeof(fused[0]); si++)
 		test_experts_add_shape(&fused[si].s, fused[si].shared);
 	for (size_t si = 0; si < 2; si++) {
-		for (int m = 0; m < 2; m++) {
-			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_SMALL, -1);
-			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_GROUPED, -1);
+		for (int m = 0; m < 4; m++) {
+			int M = (int[]){ 1, 2, 4, 8 }[m];
+
+			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, -1);
+			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_GROUPED, -1);
 			/* fused: v2-lite with its 2 * 1408 shared expert, qwen3 without;
 			 * staged, then registers only */
 			for (int st = 1; st >= 0; st--) {
 				k_cuda_moe_set_staged(st);
 				if (!st)
 					printf("(registers only)\n");
-				time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_SMALL,
-					     si == 0 ? 2816 : 0);
+				time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
 			}
 			k_cuda_moe_set_staged(-1);
 		}
