@@ -1117,6 +1117,10 @@ static void test_experts_all(void)
 			int M = (int[]){ 1, 2, 4, 8 }[m];
 
 			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, -1);
+			k_cuda_moe_set_prefetch_ahead(0);
+			printf("(no prefetch ahead)\n");
+			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, -1);
+			k_cuda_moe_set_prefetch_ahead(-1);
 			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_GROUPED, -1);
 			/* fused: v2-lite with its 2 * 1408 shared expert, qwen3 without;
 			 * staged, then registers only */
@@ -1127,6 +1131,10 @@ static void test_experts_all(void)
 				time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
 			}
 			k_cuda_moe_set_staged(-1);
+			k_cuda_moe_set_prefetch_ahead(0);
+			printf("(registers only, no prefetch ahead)\n");
+			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
+			k_cuda_moe_set_prefetch_ahead(-1);
 		}
 		time_experts(&shapes[si], 32, K_CUDA_MOE_PATH_AUTO, -1);
 		time_experts(&shapes[si], 64, K_CUDA_MOE_PATH_AUTO, -1);

@@ -121,6 +121,12 @@ void k_cuda_moe_set_path(enum k_cuda_moe_path path);
  * graph. */
 void k_cuda_moe_set_staged(int on);
 
+/* Whether the small path's register-only kernels ask L2 for each warp's next weight
+ * rows two turns ahead (on by default): 1 on, 0 off, -1 back to the environment's
+ * KDEC_MOE_PREFETCH_AHEAD (0: off). The results are the same bit for bit; tests and A/B
+ * runs. Set it before capturing a graph. */
+void k_cuda_moe_set_prefetch_ahead(int on);
+
 #ifdef __cplusplus
 }
 #endif

@@ -34,10 +34,11 @@ int k_cuda_moe_small_setup(void);
 
 // moe_small_gate_up.cu for moe_small.cu: the gate/up kernels' one-time set-up (0 or
 // -EIO), and one launch of ctas CTAs, staged (two features' rows in flight per warp;
-// rows of at most 2048) or with rp x rows staged in shared memory instead. Its error,
+// rows of at most 2048) or with rp x rows staged in shared memory instead (ahead 1:
+// each warp asks L2 for its rows two turns ahead). Its error,
 // if any, is the runtime's last error.
 int moe_small_gate_up_setup(void);
-void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp,
+void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp, int ahead,
 			      const uint16_t *const *expert_w, const float *x, const int32_t *ids,
 			      int n, int top_k, int n_experts, int hidden, int inter, float *act,
 			      const struct moe_small_shared &sh);

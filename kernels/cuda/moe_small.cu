@@ -22,6 +22,8 @@
 // product is one fixed order (lane's chunks, then a shuffle tree), independent of the
 // other rows.
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/cuda/k_cuda_moe.h"
 #include "kernels/cuda/launch_check.cuh"
@@ -118,7 +120,7 @@ template <bool STAGED>
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t *ids,
 		  const float *weights, int M, int top_k, int E, int hidden, int inter,
-		  moe_small_shared sh, int add, float *out)
+		  moe_small_shared sh, int add, int ahead, float *out)
 {
 	extern __shared__ uint4 stages[];	// STAGED: (SM_WARPS, 2, inter / 8)
 	__shared__ small_plan sp;
@@ -205,8 +207,16 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 		}
 		cp_async_wait<0>();
 	} else {
-		for (int q = warp; q < n_all; q += SM_WARPS)
+		// ahead: the warp's next two items' rows are asked of L2 while it dots this
+		// one, so each item's loads wait on L2 rather than HBM (one item in registers
+		// at a time: no room for a second).
+		if (ahead && warp + SM_WARPS < n_all)
+			job_prefetch(job(warp + SM_WARPS), lane);
+		for (int q = warp; q < n_all; q += SM_WARPS) {
+			if (ahead && q + 2 * SM_WARPS < n_all)
+				job_prefetch(job(q + 2 * SM_WARPS), lane);
 			down_job_run(job(q), lane);
+		}
 	}
 	__syncthreads();
 
@@ -272,6 +282,25 @@ int k_cuda_moe_small_setup(void)
 // -1: not read yet.
 static int gate_staged = -1, down_staged = -1;
 
+// KDEC_MOE_PREFETCH_AHEAD=0: the register-path kernels do not ask L2 for their next
+// rows ahead of time (see small_down_kernel); -1: not read yet.
+static int prefetch_ahead = -1;
+
+extern "C" void k_cuda_moe_set_prefetch_ahead(int on)
+{
+	prefetch_ahead = on < 0 ? -1 : on != 0;
+}
+
+static bool ahead_on(void)
+{
+	if (prefetch_ahead < 0) {
+		const char *e = getenv("KDEC_MOE_PREFETCH_AHEAD");
+
+		prefetch_ahead = !(e && !strcmp(e, "0"));
+	}
+	return prefetch_ahead != 0;
+}
+
 static bool env_on(int *v, const char *name)
 {
 	if (*v < 0) {
@@ -309,24 +338,25 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	long long most = (long long)max_used * ((inter + SM_WARPS - 1) / SM_WARPS) +
 			 (sh.inter + SM_WARPS - 1) / SM_WARPS;
 	int ctas = SM_CTAS_PER_SM * (n_sm > 0 ? n_sm : 1);
-	int rp = SM_X_SMEM_MAX / (hidden * (int)sizeof(float));
+	int rp = SM_X_SMEM_MAX / (hidden * (int)sizeof(float)), ahead = ahead_on();
 	int ret;
 
 	rp = rp < M ? rp : M;
 	// A failed launch is also the runtime's last error, which K_CUDA_LAUNCHED reports.
 	ctas = ctas < most ? ctas : (int)most;
 	moe_small_gate_up_launch(s, use_staged(&gate_staged, "KDEC_MOE_GATE_STAGED", hidden), ctas,
-				 rp, expert_w, x, ids, n, top_k, n_experts, hidden, inter, act, sh);
+				 rp, ahead, expert_w, x, ids, n, top_k, n_experts, hidden, inter, act,
+				 sh);
 	if ((ret = K_CUDA_LAUNCHED("moe small gate/up")))
 		return ret;
 	if (use_staged(&down_staged, "KDEC_MOE_DOWN_STAGED", inter))
 		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS),
 				  moe_small_stage_bytes(inter), small_down_kernel<true>, expert_w,
 				  (const float *)act, ids, weights, M, top_k, n_experts, hidden, inter,
-				  sh, add, out);
+				  sh, add, ahead, out);
 	else
 		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS), 0,
 				  small_down_kernel<false>, expert_w, (const float *)act, ids, weights,
-				  M, top_k, n_experts, hidden, inter, sh, add, out);
+				  M, top_k, n_experts, hidden, inter, sh, add, ahead, out);
 	return K_CUDA_LAUNCHED("moe small down");
 }
