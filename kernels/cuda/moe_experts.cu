@@ -625,6 +625,9 @@ extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int t
 	    cudaMalloc(&ws->y, sizeof(float) * A * hidden) != cudaSuccess ||
 	    cudaMalloc(&ws->route_cnt, sizeof(unsigned)) != cudaSuccess ||
 	    cudaMemset(ws->route_cnt, 0, sizeof(unsigned)) != cudaSuccess ||
+	    // done before the first launch on any stream (a non-blocking one does not
+	    // wait for the legacy stream's memset)
+	    cudaDeviceSynchronize() != cudaSuccess ||
 	    (shared_inter > 0 &&
 	     cudaMalloc(&ws->sh_act, sizeof(float) * MOE_SMALL_MAX_PAIRS * (size_t)shared_inter) !=
 		     cudaSuccess)) {
