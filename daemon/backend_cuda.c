@@ -521,6 +521,22 @@ static int cuda_moe_experts(struct backend *be, float *out, const float *x, int 
  * separate shared expert take ~236 (tests/test_cuda_moe). So batch 1 only. */
 #define CUDA_MOE_FUSED_MAX_ROWS 1
 
+/* CUDA_MOE_FUSED_MAX_ROWS, or KDEC_MOE_FUSED_ROWS where set (A/B runs: the fused call's
+ * timings at 2..8 rows are in tests/test_cuda_moe), read once. */
+static int moe_fused_max_rows(void)
+{
+	static int rows = -1;
+
+	if (rows < 0) {
+		const char *e = getenv("KDEC_MOE_FUSED_ROWS");
+
+		rows = e && *e ? atoi(e) : CUDA_MOE_FUSED_MAX_ROWS;
+		if (rows < 0)
+			rows = 0;
+	}
+	return rows;
+}
+
 static int cuda_moe_experts_add(struct backend *be, float *y, const float *x, int M,
 				const int32_t *ids, const float *weights, int top_k,
 				const struct model_layer *L, int hidden, int inter, int n_experts,
@@ -532,7 +548,7 @@ static int cuda_moe_experts_add(struct backend *be, float *y, const float *x, in
 	struct k_cuda_moe_shared sh = { 0 };
 	int ret = 1;	/* the shared matrices not as the kernels take them: the ops will do */
 
-	if (M > CUDA_MOE_FUSED_MAX_ROWS)
+	if (M > moe_fused_max_rows())
 		return 1;
 	if (shared_inter > 0 && L->w_gate.rows == shared_inter && L->w_up.rows == shared_inter &&
 	    L->w_down.cols == shared_inter && L->w_gate.cols == hidden && L->w_up.cols == hidden &&
