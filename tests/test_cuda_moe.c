@@ -1117,8 +1117,8 @@ static void test_experts_all(void)
 			int M = (int[]){ 1, 2, 4, 8 }[m];
 
 			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, -1);
-			k_cuda_moe_set_prefetch_ahead(0);
-			printf("(no prefetch ahead)\n");
+			k_cuda_moe_set_prefetch_ahead(1);
+			printf("(prefetch ahead)\n");
 			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, -1);
 			k_cuda_moe_set_prefetch_ahead(-1);
 			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_GROUPED, -1);
@@ -1131,8 +1131,8 @@ static void test_experts_all(void)
 				time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
 			}
 			k_cuda_moe_set_staged(-1);
-			k_cuda_moe_set_prefetch_ahead(0);
-			printf("(registers only, no prefetch ahead)\n");
+			k_cuda_moe_set_prefetch_ahead(1);
+			printf("(registers only, prefetch ahead)\n");
 			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
 			k_cuda_moe_set_prefetch_ahead(-1);
 		}

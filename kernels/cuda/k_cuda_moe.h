@@ -122,8 +122,8 @@ void k_cuda_moe_set_path(enum k_cuda_moe_path path);
 void k_cuda_moe_set_staged(int on);
 
 /* Whether the small path's register-only kernels ask L2 for each warp's next weight
- * rows two turns ahead (on by default): 1 on, 0 off, -1 back to the environment's
- * KDEC_MOE_PREFETCH_AHEAD (0: off). The results are the same bit for bit; tests and A/B
+ * rows two turns ahead (off by default: measured slower end to end): 1 on, 0 off, -1
+ * back to the environment's KDEC_MOE_PREFETCH_AHEAD (1: on). The results are the same bit for bit; tests and A/B
  * runs. Set it before capturing a graph. */
 void k_cuda_moe_set_prefetch_ahead(int on);
 
