@@ -86,7 +86,7 @@ __device__ int warp_argmax(const float *v, const unsigned char *flag, unsigned c
 	float bv = 0.0f;
 	int bi = -1;
 
-	for (int i = threadIdx.x; i < n; i += 32)
+	for (int i = threadIdx.x % 32; i < n; i += 32)	// the lane, in any warp of the CTA
 		if (!(flag[i] & skip) && (bi < 0 || v[i] > bv)) {
 			bv = v[i];
 			bi = i;
