@@ -332,8 +332,7 @@ moe_router_route_kernel(k_moe_route_params p, const float *x, int M, const uint1
 	int nc = hidden / 8;	// 16-byte chunks of a row
 	const uint16_t *wr = router + (size_t)e * hidden;
 	float acc[RR_MAX_M];
-
-	uint64_t tab = expf_tab_lane();
+	uint64_t tab = expf_tab_lane();	// constant: before the wait
 
 	for (int off = threadIdx.x * 128; off < hidden * 2; off += RR_WARPS * 32 * 128)
 		asm volatile("prefetch.global.L2 [%0];" : : "l"((const char *)wr + off));
