@@ -284,25 +284,27 @@ __device__ __forceinline__ void route_row(const k_moe_route_params &p, const flo
 	__syncwarp();
 }
 
-// One warp per row; shared: score (E), choice (E), bias (E where p.bias) floats, flag
-// (E) bytes. The logits come into score in one round trip; the constants (expf table,
-// bias) are read before the PDL wait.
+// One warp per row; shared: score (E), choice (E), bias (E where bias_smem) floats,
+// flag (E) bytes. The logits come into score in one round trip; the constants (expf
+// table, bias) are read before the PDL wait. bias_smem 0: a bias too large for shared
+// memory is read from global memory where used.
 __global__ void __launch_bounds__(32)
-moe_route_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float *weights)
+moe_route_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float *weights,
+		 int bias_smem)
 {
 	extern __shared__ float smem[];
 	__shared__ float gs[ROUTE_MAX_GROUPS], w[ROUTE_MAX_TOPK];
 	__shared__ unsigned char keep[ROUTE_MAX_GROUPS];
 	int E = p.n_experts, m = blockIdx.x;
-	float *bias = p.bias ? smem + 2 * E : NULL;
-	route_scratch r = { smem, smem + E, gs, w, (unsigned char *)(smem + (p.bias ? 3 : 2) * E),
+	float *sbias = bias_smem ? smem + 2 * E : NULL;
+	route_scratch r = { smem, smem + E, gs, w, (unsigned char *)(smem + (bias_smem ? 3 : 2) * E),
 			    keep };
 	uint64_t tab = expf_tab_lane();
-	const float *lg = logits + (size_t)m * E;
+	const float *lg = logits + (size_t)m * E, *bias = sbias ? sbias : p.bias;
 
-	if (bias)
+	if (sbias)
 		for (int e = threadIdx.x; e < E; e += 32)
-			bias[e] = __ldg(p.bias + e);
+			sbias[e] = __ldg(p.bias + e);
 	k_cuda_pdl_wait();	// launched early under PDL: the logits are the router's output
 	for (int e = threadIdx.x; e < E; e += 32)
 		r.score[e] = lg[e];
@@ -432,14 +434,21 @@ extern "C" int k_cuda_moe_route(cudaStream_t s, const struct k_moe_route_params 
 				const float *logits, int M, int32_t *ids, float *weights)
 {
 	size_t smem;
+	int bias_smem;
 
 	if (M < 0 || !route_params_ok(p))
 		return -EINVAL;
 	if (M == 0)
 		return 0;
-	smem = (size_t)p->n_experts * ((p->bias ? 3 : 2) * sizeof(float) + 1);
+	// The bias's shared copy while the whole stays under the 48 KB a launch gets
+	// without opting in (the static arrays take under 2 KB): up to ~3500 experts.
+	smem = (size_t)p->n_experts * (3 * sizeof(float) + 1);
+	bias_smem = p->bias && smem <= 46 * 1024;
+	if (!bias_smem)
+		smem = (size_t)p->n_experts * (2 * sizeof(float) + 1);
 	// Programmatic dependent launch: scheduled while the router GEMM drains.
-	k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_kernel, *p, logits, ids, weights);
+	k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_kernel, *p, logits, ids, weights,
+			  bias_smem);
 	return K_CUDA_LAUNCHED("moe_route");
 }
 
