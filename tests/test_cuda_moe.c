@@ -196,6 +196,10 @@ static void test_route_all(void)
 		{ "tiny top2 groups of 1", { .n_experts = 6, .top_k = 4, .scoring = K_MOE_SIGMOID,
 			.select = K_MOE_GROUP_TOP2, .n_group = 6, .topk_group = 3,
 			.routed_scaling = 1 }, 1 },
+		/* past 48 KB of shared memory with the bias's copy: the bias from global */
+		{ "4000e softmax greedy bias", { .n_experts = 4000, .top_k = 8,
+			.scoring = K_MOE_SOFTMAX, .select = K_MOE_GREEDY, .norm_topk_prob = 1,
+			.routed_scaling = 1 }, 1 },
 	};
 	const int Ms[] = { 1, 5, 64, 257 };
 
