@@ -478,6 +478,28 @@ static void cuda_moe_route(struct backend *be, const struct k_moe_route_params *
 	cuda_note(b, k_cuda_moe_route(b->stream, &dp, logits, M, ids, weights), "moe_route");
 }
 
+static int cuda_moe_router_route(struct backend *be, const struct k_moe_route_params *p,
+				 float *logits, const float *x, const struct model_tensor *router,
+				 int M, int32_t *ids, float *weights)
+{
+	struct backend_cuda *b = cuda_of(be);
+	struct k_moe_route_params dp = *p;
+	const uint16_t *w;
+	int ret;
+
+	/* Declines before marking the op: the linear that runs instead keeps the bf16
+	 * copy of x that the op before may have left for it. */
+	if (!b->moe_ws || router->rows != p->n_experts ||
+	    !k_cuda_moe_router_route_fits(p, x, M, w = W(b, router), (int)router->cols))
+		return 1;
+	cuda_prof_mark(b, "moe_router_route");
+	dp.bias = p->bias ? cuda_dev_of(b, p->bias, "moe_router_route bias") : NULL;
+	ret = k_cuda_moe_router_route(b->stream, b->moe_ws, &dp, x, M, w, (int)router->cols,
+				      logits, ids, weights);
+	cuda_note(b, ret < 0 ? ret : 0, "moe_router_route");
+	return ret;
+}
+
 static int cuda_moe_experts(struct backend *be, float *out, const float *x, int M, const int32_t *ids,
 			    const float *weights, int top_k, const struct model_layer *L, int hidden,
 			    int inter, int n_experts)
@@ -499,6 +521,22 @@ static int cuda_moe_experts(struct backend *be, float *out, const float *x, int 
  * separate shared expert take ~236 (tests/test_cuda_moe). So batch 1 only. */
 #define CUDA_MOE_FUSED_MAX_ROWS 1
 
+/* CUDA_MOE_FUSED_MAX_ROWS, or KDEC_MOE_FUSED_ROWS where set (A/B runs: the fused call's
+ * timings at 2..8 rows are in tests/test_cuda_moe), read once. */
+static int moe_fused_max_rows(void)
+{
+	static int rows = -1;
+
+	if (rows < 0) {
+		const char *e = getenv("KDEC_MOE_FUSED_ROWS");
+
+		rows = e && *e ? atoi(e) : CUDA_MOE_FUSED_MAX_ROWS;
+		if (rows < 0)
+			rows = 0;
+	}
+	return rows;
+}
+
 static int cuda_moe_experts_add(struct backend *be, float *y, const float *x, int M,
 				const int32_t *ids, const float *weights, int top_k,
 				const struct model_layer *L, int hidden, int inter, int n_experts,
@@ -510,7 +548,7 @@ static int cuda_moe_experts_add(struct backend *be, float *y, const float *x, in
 	struct k_cuda_moe_shared sh = { 0 };
 	int ret = 1;	/* the shared matrices not as the kernels take them: the ops will do */
 
-	if (M > CUDA_MOE_FUSED_MAX_ROWS)
+	if (M > moe_fused_max_rows())
 		return 1;
 	if (shared_inter > 0 && L->w_gate.rows == shared_inter && L->w_up.rows == shared_inter &&
 	    L->w_down.cols == shared_inter && L->w_gate.cols == hidden && L->w_up.cols == hidden &&
@@ -612,6 +650,7 @@ const struct backend_ops backend_cuda_ops = {
 	.moe_route = cuda_moe_route,
 	.moe_experts = cuda_moe_experts,
 	.moe_experts_add = cuda_moe_experts_add,
+	.moe_router_route = cuda_moe_router_route,
 	.reserve = cuda_reserve,
 	.qkv_prep = cuda_qkv_prep,
 	.mla_post = cuda_mla_post,

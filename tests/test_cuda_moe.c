@@ -1,7 +1,10 @@
 /* CUDA MoE against the CPU references. Routing: every scoring/selection mode, near
  * ties (quantised logits, one-ulp neighbours, biases that tie exactly); the ids must be
  * identical and the weights within 1e-6 (the kernel is meant to be bit-exact; the line
- * says how many weights differ at all). Experts, both paths (forced with
+ * says how many weights differ at all). Router + routing in one launch
+ * (k_cuda_moe_router_route) at M 1..8 against an fp64 GEMV and k_cpu_moe_route of the
+ * logits it wrote, declines past its limits, and its time beside linear + route (see
+ * test_router_route). Experts, both paths (forced with
  * k_cuda_moe_set_path): DeepSeek-V2-Lite and Qwen3-30B-A3B shapes at M 1, 2, 3, 5, 8
  * (64 on the grouped path), small odd shapes (partial k chunks; hidden and inter past
  * one 2048-value batch; the CUDA-core fallback), every row on one expert (64 rows; 130
@@ -36,6 +39,7 @@
 
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/k_cuda_linear.h"
 #include "kernels/cuda/k_cuda_moe.h"
 
 #define W_TOL 1e-6
@@ -192,6 +196,10 @@ static void test_route_all(void)
 		{ "tiny top2 groups of 1", { .n_experts = 6, .top_k = 4, .scoring = K_MOE_SIGMOID,
 			.select = K_MOE_GROUP_TOP2, .n_group = 6, .topk_group = 3,
 			.routed_scaling = 1 }, 1 },
+		/* past 48 KB of shared memory with the bias's copy: the bias from global */
+		{ "4000e softmax greedy bias", { .n_experts = 4000, .top_k = 8,
+			.scoring = K_MOE_SOFTMAX, .select = K_MOE_GREEDY, .norm_topk_prob = 1,
+			.routed_scaling = 1 }, 1 },
 	};
 	const int Ms[] = { 1, 5, 64, 257 };
 
@@ -203,6 +211,457 @@ static void test_route_all(void)
 				snprintf(name, sizeof(name), "%s%s", cfg[c].name, ties ? " ties" : "");
 				test_route(name, cfg[c].p, Ms[m], ties, cfg[c].bias);
 			}
+}
+
+/* ---- router + route in one launch ------------------------------------------ */
+
+/* k_cuda_moe_router_route at M rows of x (M, hidden) against an fp64 GEMV and
+ * k_cpu_moe_route of the logits it wrote. ties: experts e >= 4 copy the router row of
+ * e % 4, so their logits tie exactly (each expert's sum runs the same code on the same
+ * data) and the tie rule decides. The logits must be within 1e-5 of sum |w x| of the
+ * fp64 value (fp32 accumulation over <= 7168 terms, ~1e-6 expected); the ids must be
+ * identical and the weights within W_TOL of the CPU's on those logits. Outputs are
+ * poisoned (NaN / -1) first; it runs twice on fresh x, so the arrival counter must be
+ * back at zero after each launch. Where it does not apply (M > 8, n_experts > 256,
+ * hidden % 8), it must return 1 and leave the outputs as they were. */
+static void test_router_route(const char *name, struct k_moe_route_params p, int hidden, int M,
+			      int ties, int with_bias, struct k_cuda_moe_ws *ws)
+{
+	int E = p.n_experts, K = p.top_k, want_run = M >= 1 && M <= 8 && E <= 256 && hidden % 8 == 0;
+	size_t nx = (size_t)M * hidden, nw = (size_t)E * hidden, nl = (size_t)M * E, nk = (size_t)M * K;
+	float *x = malloc(sizeof(float) * nx), *bias = malloc(sizeof(float) * E);
+	float *lg = malloc(sizeof(float) * nl), *w_cpu = malloc(sizeof(float) * nk);
+	float *w_gpu = malloc(sizeof(float) * nk);
+	uint16_t *rw = malloc(sizeof(uint16_t) * nw);
+	int32_t *id_cpu = malloc(sizeof(int32_t) * nk), *id_gpu = malloc(sizeof(int32_t) * nk);
+	float *dx = dev_alloc(sizeof(float) * nx), *dl = dev_alloc(sizeof(float) * nl);
+	float *dw = dev_alloc(sizeof(float) * nk), *dbias = NULL;
+	int32_t *dids = dev_alloc(sizeof(int32_t) * nk);
+	uint16_t *drw;
+	struct k_moe_route_params dp = p;
+	double max_lg = 0;
+	int id_bad = 0, w_bad = 0, lg_bad = 0, ret = 0;
+
+	for (size_t i = 0; i < nw; i++)
+		rw[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
+	if (ties)
+		for (int e = 4; e < E; e++)
+			memcpy(rw + (size_t)e * hidden, rw + (size_t)(e % 4) * hidden,
+			       sizeof(uint16_t) * hidden);
+	for (int e = 0; e < E; e++)
+		bias[e] = test_randf(&seed) * 0.1f;
+	drw = dev_from(rw, sizeof(uint16_t) * nw);
+	if (with_bias)
+		dbias = dev_from(bias, sizeof(float) * E);
+	dp.bias = dbias;
+	p.bias = with_bias ? bias : NULL;
+	for (int rep = 0; rep < 2; rep++) {
+		for (size_t i = 0; i < nx; i++)
+			x[i] = test_randf(&seed);
+		cu(cudaMemcpy(dx, x, sizeof(float) * nx, cudaMemcpyHostToDevice), "upload x");
+		cu(cudaMemset(dl, 0xff, sizeof(float) * nl), "poison");
+		cu(cudaMemset(dids, 0xff, sizeof(int32_t) * nk), "poison");
+		cu(cudaMemset(dw, 0xff, sizeof(float) * nk), "poison");
+		ret = k_cuda_moe_router_route(stream, ws, &dp, dx, M, drw, hidden, dl, dids, dw);
+		cu(cudaStreamSynchronize(stream), "router_route");
+		to_host(lg, dl, sizeof(float) * nl);
+		to_host(id_gpu, dids, sizeof(int32_t) * nk);
+		to_host(w_gpu, dw, sizeof(float) * nk);
+		if (!want_run) {	/* declined: everything as poisoned */
+			for (size_t i = 0; i < nk; i++)
+				id_bad += id_gpu[i] != -1;
+			break;
+		}
+		for (size_t i = 0; i < nl; i++) {	/* fp64 reference of each logit */
+			const float *xr = x + (i / E) * hidden;
+			const uint16_t *wr = rw + (i % E) * hidden;
+			double ref = 0, mag = 0, d;
+
+			for (int k = 0; k < hidden; k++) {
+				double t = (double)k_bf16_to_f32(wr[k]) * xr[k];
+
+				ref += t;
+				mag += fabs(t);
+			}
+			d = fabs((double)lg[i] - ref) / (mag > 0 ? mag : 1);
+			if (!(d <= max_lg))
+				max_lg = d;
+			lg_bad += !(d <= 1e-5);
+		}
+		k_cpu_moe_route(&p, lg, M, id_cpu, w_cpu);
+		for (size_t i = 0; i < nk; i++) {
+			if (id_gpu[i] != id_cpu[i] && id_bad++ < 3)
+				fprintf(stderr, "  %s: row %zu slot %zu: id %d, cpu %d\n", name,
+					i / K, i % K, id_gpu[i], id_cpu[i]);
+			w_bad += !(fabs((double)w_gpu[i] - (double)w_cpu[i]) <= W_TOL);
+		}
+	}
+	if (!want_run) {
+		printf("%-16s %-30s hidden %4d M %2d  returned %d, outputs untouched: %s\n",
+		       "router_route", name, hidden, M, ret, ret == 1 && !id_bad ? "PASS" : "FAIL");
+		CHECK(ret == 1 && !id_bad, "%s M %d: returned %d, %d ids written", name, M, ret, id_bad);
+	} else {
+		printf("%-16s %-30s hidden %4d M %2d  logits max rel %.2g  ids differ %d  weights off %d  %s\n",
+		       "router_route", name, hidden, M, max_lg, id_bad, w_bad,
+		       !ret && !lg_bad && !id_bad && !w_bad ? "PASS" : "FAIL");
+		CHECK(!ret && !lg_bad && !id_bad && !w_bad,
+		      "%s M %d: ret %d, %d logits off (max %.3g), %d ids differ, %d weights off",
+		      name, M, ret, lg_bad, max_lg, id_bad, w_bad);
+	}
+	cudaFree(dx);
+	cudaFree(dl);
+	cudaFree(dw);
+	cudaFree(dids);
+	cudaFree(drw);
+	cudaFree(dbias);
+	free(x);
+	free(bias);
+	free(lg);
+	free(w_cpu);
+	free(w_gpu);
+	free(rw);
+	free(id_cpu);
+	free(id_gpu);
+}
+
+/* Median of 20 per-call times (events between consecutive calls, after 3 warm-up
+ * calls); call(i) queues call i. */
+static float median_us(void (*call)(void *ctx, int i), void *ctx)
+{
+	cudaEvent_t ev[21];
+	float ms[20];
+
+	for (int i = 0; i < 21; i++)
+		cu(cudaEventCreate(&ev[i]), "event");
+	for (int i = 0; i < 23; i++) {
+		call(ctx, i);
+		if (i >= 2)
+			cu(cudaEventRecord(ev[i - 2], stream), "record");
+	}
+	cu(cudaEventSynchronize(ev[20]), "sync");
+	for (int i = 0; i < 20; i++)
+		cu(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]), "elapsed");
+	for (int i = 0; i < 21; i++)
+		cudaEventDestroy(ev[i]);
+	for (int i = 1; i < 20; i++)	/* insertion sort for the median */
+		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+			float t = ms[j];
+
+			ms[j] = ms[j - 1];
+			ms[j - 1] = t;
+		}
+	return ms[10] * 1e3f;
+}
+
+/* Per-call time inside a CUDA graph of GRAPH_CALLS calls (median of 20 replays after
+ * 2 warm-up replays, divided by GRAPH_CALLS), as a decode step runs them: no host
+ * launch cost between calls, PDL edges. Negative where capture fails. */
+#define GRAPH_CALLS 20
+static float graph_us(void (*call)(void *ctx, int i), void *ctx)
+{
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t ge = NULL;
+	cudaEvent_t ev[21];
+	float ms[20], us = -1.0f;
+
+	if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+		return -1.0f;
+	for (int i = 0; i < GRAPH_CALLS; i++)
+		call(ctx, i);
+	if (cudaStreamEndCapture(stream, &g) != cudaSuccess ||
+	    cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) {
+		cudaGetLastError();
+		goto out;
+	}
+	for (int i = 0; i < 21; i++)
+		cu(cudaEventCreate(&ev[i]), "event");
+	for (int i = 0; i < 23; i++) {
+		cu(cudaGraphLaunch(ge, stream), "graph launch");
+		if (i >= 2)
+			cu(cudaEventRecord(ev[i - 2], stream), "record");
+	}
+	cu(cudaEventSynchronize(ev[20]), "sync");
+	for (int i = 0; i < 20; i++)
+		cu(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]), "elapsed");
+	for (int i = 0; i < 21; i++)
+		cudaEventDestroy(ev[i]);
+	for (int i = 1; i < 20; i++)	/* insertion sort for the median */
+		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+			float t = ms[j];
+
+			ms[j] = ms[j - 1];
+			ms[j - 1] = t;
+		}
+	us = ms[10] * 1e3f / GRAPH_CALLS;
+out:
+	if (ge)
+		cudaGraphExecDestroy(ge);
+	if (g)
+		cudaGraphDestroy(g);
+	return us;
+}
+
+#define RR_COPIES 256	/* router copies rotated per call: >= 64 MB, past the 50 MB L2 */
+
+struct rr_time {
+	struct k_moe_route_params p;
+	int M, hidden;
+	struct k_cuda_linear *lin;
+	struct k_cuda_moe_ws *ws;
+	const float *x;
+	const uint16_t *w;	/* RR_COPIES routers, (n_experts, hidden) each */
+	float *logits, *wts;
+	int32_t *ids;
+};
+
+static const uint16_t *rr_router(const struct rr_time *t, int i)
+{
+	return t->w + (size_t)(i % RR_COPIES) * t->p.n_experts * t->hidden;
+}
+
+static void rr_old(void *ctx, int i)
+{
+	struct rr_time *t = ctx;
+
+	k_cuda_linear(t->lin, t->logits, t->x, rr_router(t, i), t->M, t->p.n_experts, t->hidden, 0);
+	k_cuda_moe_route(stream, &t->p, t->logits, t->M, t->ids, t->wts);
+}
+
+static void rr_route_only(void *ctx, int i)
+{
+	struct rr_time *t = ctx;
+
+	(void)i;
+	k_cuda_moe_route(stream, &t->p, t->logits, t->M, t->ids, t->wts);
+}
+
+static void rr_new(void *ctx, int i)
+{
+	struct rr_time *t = ctx;
+
+	k_cuda_moe_router_route(stream, t->ws, &t->p, t->x, t->M, rr_router(t, i), t->hidden,
+				t->logits, t->ids, t->wts);
+}
+
+/* Informational: the router GEMV + route as two launches (k_cuda_linear, then
+ * k_cuda_moe_route; the route alone too) against k_cuda_moe_router_route, each call on
+ * the next of RR_COPIES router copies (cold in L2), floor: the router's bytes at
+ * 4.25 TB/s. */
+static void time_router_route(const char *name, struct k_moe_route_params p, int hidden, int M)
+{
+	size_t nw = (size_t)p.n_experts * hidden;
+	uint16_t *one = malloc(sizeof(uint16_t) * nw);
+	float *x = malloc(sizeof(float) * (size_t)M * hidden);
+	struct rr_time t = { .p = p, .M = M, .hidden = hidden };
+	uint16_t *all = dev_alloc(sizeof(uint16_t) * nw * RR_COPIES);
+	float old_us, route_us, new_us, floor_us = 2.0 * nw / 4.25e12 * 1e6;
+	float g_old, g_route, g_new;
+
+	for (size_t i = 0; i < nw; i++)
+		one[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
+	for (int c = 0; c < RR_COPIES; c++)
+		cu(cudaMemcpy(all + nw * c, one, sizeof(uint16_t) * nw, cudaMemcpyHostToDevice), "upload");
+	for (size_t i = 0; i < (size_t)M * hidden; i++)
+		x[i] = test_randf(&seed);
+	t.w = all;
+	t.x = dev_from(x, sizeof(float) * (size_t)M * hidden);
+	t.logits = dev_alloc(sizeof(float) * (size_t)M * p.n_experts);
+	t.wts = dev_alloc(sizeof(float) * (size_t)M * p.top_k);
+	t.ids = dev_alloc(sizeof(int32_t) * (size_t)M * p.top_k);
+	if (k_cuda_linear_create(&t.lin, stream, 64, hidden) ||
+	    k_cuda_moe_ws_create(&t.ws, 64, p.top_k, p.n_experts, hidden, 8, 0)) {
+		fprintf(stderr, "test_cuda_moe: router_route timing: no context\n");
+		goto out;
+	}
+	old_us = median_us(rr_old, &t);
+	route_us = median_us(rr_route_only, &t);
+	new_us = median_us(rr_new, &t);
+	printf("router_route time %-22s E %3d hidden %4d M %d: linear+route %5.1f us (route alone "
+	       "%4.1f), fused %5.1f us; floor %.2f us (%.0f KB at 4.25 TB/s)\n", name, p.n_experts,
+	       hidden, M, old_us, route_us, new_us, floor_us, 2.0 * nw / 1024);
+	/* the same in a graph of 20 calls (20 router copies, 5..10 MB: warm in L2 after the
+	 * first replay), which leaves out the host's launch cost the stream timing includes */
+	g_old = graph_us(rr_old, &t);
+	g_route = graph_us(rr_route_only, &t);
+	g_new = graph_us(rr_new, &t);
+	printf("router_route graph %-22s E %3d hidden %4d M %d: linear+route %5.2f us (route alone "
+	       "%5.2f), fused %5.2f us per call\n", name, p.n_experts, hidden, M, g_old, g_route,
+	       g_new);
+out:
+	cu(cudaStreamSynchronize(stream), "sync");
+	k_cuda_linear_destroy(t.lin);
+	k_cuda_moe_ws_destroy(t.ws);
+	cudaFree(all);
+	cudaFree((void *)t.x);
+	cudaFree(t.logits);
+	cudaFree(t.wts);
+	cudaFree(t.ids);
+	free(one);
+	free(x);
+}
+
+/* ---- one MoE layer's launches, timed ------------------------------------------ */
+
+struct layer_time {
+	struct rr_time r;		/* the router part (its copies rotated) */
+	struct k_cuda_moe_ws *ews;	/* the experts' workspace */
+	const uint16_t *const *table;	/* device (n_experts, 3) */
+	const struct k_cuda_moe_shared *sh;	/* NULL: none */
+	int inter;
+	float *y;			/* (M, hidden) residual, accumulated */
+};
+
+static void layer_experts(struct layer_time *t)
+{
+	k_cuda_moe_experts_add(stream, t->ews, t->y, t->r.x, t->r.M, t->r.ids, t->r.wts,
+			       t->r.p.top_k, t->table, t->r.p.n_experts, t->r.hidden, t->inter,
+			       t->sh);
+}
+
+static void layer_old(void *ctx, int i)
+{
+	rr_old(ctx, i);
+	layer_experts(ctx);
+}
+
+static void layer_new(void *ctx, int i)
+{
+	rr_new(ctx, i);
+	layer_experts(ctx);
+}
+
+/* Informational: router, route and experts_add (routed + shared expert + residual,
+ * the fused small path) as the decode graph queues them at M rows, with the router as
+ * two launches (k_cuda_linear + k_cuda_moe_route) and as one (k_cuda_moe_router_route):
+ * the end-to-end A/B of one MoE layer minus its rmsnorm, PDL between the launches of a
+ * call as in the graph. Every expert has its own memory (the used ones' 100 MB do not
+ * stay in L2), the router rotates over RR_COPIES copies. */
+static void time_moe_layer(const char *name, struct k_moe_route_params p, int hidden,
+			   int inter, int si, int M)
+{
+	size_t per = (size_t)hidden * inter, nw = (size_t)p.n_experts * hidden;
+	size_t sn = (size_t)hidden * (size_t)(si > 0 ? si : 1);
+	const uint16_t **table = malloc(sizeof(*table) * (size_t)p.n_experts * 3);
+	uint16_t *one = malloc(sizeof(uint16_t) * (per > nw ? per : nw));
+	float *x = malloc(sizeof(float) * (size_t)M * hidden);
+	uint16_t *all = dev_alloc(sizeof(uint16_t) * per * 3 * (size_t)p.n_experts);
+	uint16_t *rall = dev_alloc(sizeof(uint16_t) * nw * RR_COPIES);
+	uint16_t *dsh = dev_alloc(sizeof(uint16_t) * 3 * sn);
+	struct k_cuda_moe_shared sh = { dsh, dsh + sn, dsh + 2 * sn, si };
+	struct layer_time t = { .r = { .p = p, .M = M, .hidden = hidden }, .inter = inter,
+				.sh = si > 0 ? &sh : NULL };
+	float old_us, new_us;
+
+	for (size_t i = 0; i < (per > nw ? per : nw); i++)
+		one[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
+	for (int e = 0; e < 3 * p.n_experts; e++) {
+		cu(cudaMemcpy(all + per * e, one, sizeof(uint16_t) * per, cudaMemcpyHostToDevice), "upload");
+		table[e] = all + per * e;
+	}
+	for (int c = 0; c < RR_COPIES; c++)
+		cu(cudaMemcpy(rall + nw * c, one, sizeof(uint16_t) * nw, cudaMemcpyHostToDevice), "upload");
+	cu(cudaMemset(dsh, 0, sizeof(uint16_t) * 3 * sn), "zero shared");
+	for (size_t i = 0; i < (size_t)M * hidden; i++)
+		x[i] = test_randf(&seed);
+	t.r.w = rall;
+	t.r.x = dev_from(x, sizeof(float) * (size_t)M * hidden);
+	t.r.logits = dev_alloc(sizeof(float) * (size_t)M * p.n_experts);
+	t.r.wts = dev_alloc(sizeof(float) * (size_t)M * p.top_k);
+	t.r.ids = dev_alloc(sizeof(int32_t) * (size_t)M * p.top_k);
+	t.table = dev_from(table, sizeof(*table) * (size_t)p.n_experts * 3);
+	t.y = dev_alloc(sizeof(float) * (size_t)M * hidden);
+	cu(cudaMemset(t.y, 0, sizeof(float) * (size_t)M * hidden), "zero y");
+	if (k_cuda_linear_create(&t.r.lin, stream, 64, hidden) ||
+	    k_cuda_moe_ws_create(&t.r.ws, 64, p.top_k, p.n_experts, hidden, 8, 0) ||
+	    k_cuda_moe_ws_create(&t.ews, M, p.top_k, p.n_experts, hidden, inter, si)) {
+		fprintf(stderr, "test_cuda_moe: layer timing: no context\n");
+		goto out;
+	}
+	old_us = median_us(layer_old, &t);
+	new_us = median_us(layer_new, &t);
+	printf("moe layer time %-22s shared %4d M %d: linear+route+experts_add %6.1f us, "
+	       "router_route+experts_add %6.1f us (%+.1f us)\n", name, si, M, old_us, new_us,
+	       new_us - old_us);
+out:
+	cu(cudaStreamSynchronize(stream), "sync");
+	k_cuda_linear_destroy(t.r.lin);
+	k_cuda_moe_ws_destroy(t.r.ws);
+	k_cuda_moe_ws_destroy(t.ews);
+	cudaFree(all);
+	cudaFree(rall);
+	cudaFree(dsh);
+	cudaFree((void *)t.r.x);
+	cudaFree(t.r.logits);
+	cudaFree(t.r.wts);
+	cudaFree(t.r.ids);
+	cudaFree((void *)t.table);
+	cudaFree(t.y);
+	free(table);
+	free(one);
+	free(x);
+}
+
+static void test_router_route_all(void)
+{
+	const struct {
+		const char *name;
+		struct k_moe_route_params p;
+		int hidden, bias;
+	} cfg[] = {
+		{ "v2lite softmax greedy", { .n_experts = 64, .top_k = 6, .scoring = K_MOE_SOFTMAX,
+			.select = K_MOE_GREEDY, .routed_scaling = 1 }, 2048, 0 },
+		{ "qwen3 softmax norm", { .n_experts = 128, .top_k = 8, .scoring = K_MOE_SOFTMAX,
+			.select = K_MOE_GREEDY, .norm_topk_prob = 1, .routed_scaling = 1 }, 2048, 0 },
+		{ "v2 group_max", { .n_experts = 160, .top_k = 6, .scoring = K_MOE_SOFTMAX,
+			.select = K_MOE_GROUP_MAX, .n_group = 8, .topk_group = 3,
+			.routed_scaling = 16 }, 5120, 0 },
+		{ "v3 sigmoid top2 bias", { .n_experts = 256, .top_k = 8, .scoring = K_MOE_SIGMOID,
+			.select = K_MOE_GROUP_TOP2, .n_group = 8, .topk_group = 4,
+			.norm_topk_prob = 1, .routed_scaling = 2.5f }, 7168, 1 },
+		{ "tiny odd", { .n_experts = 7, .top_k = 3, .scoring = K_MOE_SOFTMAX,
+			.select = K_MOE_GREEDY, .norm_topk_prob = 1, .routed_scaling = 1 }, 40, 0 },
+		{ "100e sigmoid top2 bias", { .n_experts = 100, .top_k = 5, .scoring = K_MOE_SIGMOID,
+			.select = K_MOE_GROUP_TOP2, .n_group = 4, .topk_group = 2,
+			.norm_topk_prob = 1, .routed_scaling = 1.5f }, 136, 1 },
+		{ "hidden 8 sigmoid greedy", { .n_experts = 12, .top_k = 4, .scoring = K_MOE_SIGMOID,
+			.select = K_MOE_GREEDY, .routed_scaling = 2.827f }, 8, 1 },
+		{ "384 experts (declines)", { .n_experts = 384, .top_k = 8, .scoring = K_MOE_SIGMOID,
+			.select = K_MOE_GREEDY, .norm_topk_prob = 1, .routed_scaling = 2.827f }, 2048, 1 },
+		{ "hidden 44 (declines)", { .n_experts = 7, .top_k = 3, .scoring = K_MOE_SOFTMAX,
+			.select = K_MOE_GREEDY, .routed_scaling = 1 }, 44, 0 },
+	};
+	const int Ms[] = { 1, 2, 3, 4, 5, 8, 9, 64 };
+	struct k_cuda_moe_ws *ws;
+
+	/* one workspace for every call: its counter must come back to zero each time */
+	if (k_cuda_moe_ws_create(&ws, 64, 8, 384, 64, 8, 0)) {
+		CHECK(0, "router_route: no workspace");
+		return;
+	}
+	k_cuda_moe_set_route_fused(1);
+	for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++)
+		for (int m = 0; m < 8; m++)
+			for (int ties = 0; ties < 2; ties++) {
+				char name[64];
+
+				snprintf(name, sizeof(name), "%s%s", cfg[c].name, ties ? " ties" : "");
+				test_router_route(name, cfg[c].p, cfg[c].hidden, Ms[m], ties,
+						  cfg[c].bias, ws);
+			}
+	/* switched off, it declines wherever it would run */
+	k_cuda_moe_set_route_fused(0);
+	CHECK(k_cuda_moe_router_route(stream, ws, &cfg[0].p, NULL, 1, NULL, 2048, NULL, NULL, NULL) == 1,
+	      "router_route: KDEC_MOE_ROUTE_FUSED off must decline");
+	k_cuda_moe_set_route_fused(-1);
+	k_cuda_moe_ws_destroy(ws);
+	for (size_t c = 0; c < 2; c++)
+		for (int m = 0; m < 4; m++)
+			time_router_route(cfg[c].name, cfg[c].p, cfg[c].hidden, (int[]){ 1, 2, 4, 8 }[m]);
+	/* the layer: v2-lite (inter 1408, shared 2 * 1408), qwen3 (inter 768, none) */
+	for (size_t c = 0; c < 2; c++)
+		for (int m = 0; m < 4; m++)
+			time_moe_layer(cfg[c].name, cfg[c].p, cfg[c].hidden, c ? 768 : 1408,
+				       c ? 0 : 2816, (int[]){ 1, 2, 4, 8 }[m]);
 }
 
 /* ---- experts --------------------------------------------------------------- */
@@ -538,7 +997,8 @@ static void test_experts_add_shape(const struct shape *s, int si)
 	test_experts_add(s, &w, &sw, si, ws, 1, 0, K_CUDA_MOE_PATH_GROUPED, 0);
 	test_experts_add(s, &w, &sw, si, ws, most + 1, 0, K_CUDA_MOE_PATH_AUTO, 0);
 	/* auto: 64 rows are past the small path's share (64 pairs) at any top_k > 1 */
-	test_experts_add(s, &w, &sw, si, ws, 64, 0, K_CUDA_MOE_PATH_AUTO, 0);
+	if (s->top_k > 1)	/* at top_k 1, 64 rows are the small path's own (above) */
+		test_experts_add(s, &w, &sw, si, ws, 64, 0, K_CUDA_MOE_PATH_AUTO, 0);
 	if (si > 0) {	/* wider than the workspace was made for */
 		struct k_cuda_moe_shared sh = { sw.d[0], sw.d[1], sw.d[2], si + 8 };
 
@@ -718,19 +1178,28 @@ static void test_experts_all(void)
 	for (size_t si = 0; si < sizeof(fused) / sizeof(fused[0]); si++)
 		test_experts_add_shape(&fused[si].s, fused[si].shared);
 	for (size_t si = 0; si < 2; si++) {
-		for (int m = 0; m < 2; m++) {
-			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_SMALL, -1);
-			time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_GROUPED, -1);
+		for (int m = 0; m < 4; m++) {
+			int M = (int[]){ 1, 2, 4, 8 }[m];
+
+			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, -1);
+			k_cuda_moe_set_prefetch_ahead(1);
+			printf("(prefetch ahead)\n");
+			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, -1);
+			k_cuda_moe_set_prefetch_ahead(-1);
+			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_GROUPED, -1);
 			/* fused: v2-lite with its 2 * 1408 shared expert, qwen3 without;
 			 * staged, then registers only */
 			for (int st = 1; st >= 0; st--) {
 				k_cuda_moe_set_staged(st);
 				if (!st)
 					printf("(registers only)\n");
-				time_experts(&shapes[si], (int[]){ 1, 8 }[m], K_CUDA_MOE_PATH_SMALL,
-					     si == 0 ? 2816 : 0);
+				time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
 			}
 			k_cuda_moe_set_staged(-1);
+			k_cuda_moe_set_prefetch_ahead(1);
+			printf("(registers only, prefetch ahead)\n");
+			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
+			k_cuda_moe_set_prefetch_ahead(-1);
 		}
 		time_experts(&shapes[si], 32, K_CUDA_MOE_PATH_AUTO, -1);
 		time_experts(&shapes[si], 64, K_CUDA_MOE_PATH_AUTO, -1);
@@ -751,6 +1220,7 @@ int main(void)
 	if (k_pool_create(&pool, 16))
 		return 1;
 	test_route_all();
+	test_router_route_all();
 	test_experts_all();
 	k_pool_destroy(pool);
 	cudaStreamDestroy(stream);

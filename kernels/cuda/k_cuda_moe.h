@@ -25,14 +25,37 @@ int k_cuda_moe_route(cudaStream_t s, const struct k_moe_route_params *p,
 		     const float *logits /* (M, n_experts) */, int M,
 		     int32_t *ids /* (M, top_k) */, float *weights /* (M, top_k) */);
 
+struct k_cuda_moe_ws;
+
+/* The router and the routing in one launch for a few rows: logits (M, n_experts) =
+ * x (M, hidden) @ router^T (router (n_experts, hidden) bf16; fp32 products summed per
+ * lane, then across the lanes and warps in a fixed order: deterministic, within fp32
+ * rounding of k_cuda_linear's), then ids and weights exactly as k_cuda_moe_route gives
+ * for those logits. ws (any workspace: one arrival counter) serialises launches on one
+ * stream only. Returns 1 and launches nothing where it does not apply (M outside
+ * 1..8, n_experts > 256, hidden not a multiple of 8, x or router not 16-byte aligned,
+ * or KDEC_MOE_ROUTE_FUSED=0 / k_cuda_moe_set_route_fused(0)): the caller runs
+ * k_cuda_linear and k_cuda_moe_route. 0, 1, -EINVAL or -EIO. */
+int k_cuda_moe_router_route(cudaStream_t s, struct k_cuda_moe_ws *ws,
+			    const struct k_moe_route_params *p, const float *x /* (M, hidden) */,
+			    int M, const uint16_t *router /* (n_experts, hidden) */, int hidden,
+			    float *logits /* (M, n_experts) */, int32_t *ids /* (M, top_k) */,
+			    float *weights /* (M, top_k) */);
+
+/* 1 where k_cuda_moe_router_route would launch with these arguments, else 0. */
+int k_cuda_moe_router_route_fits(const struct k_moe_route_params *p, const float *x, int M,
+				 const uint16_t *router, int hidden);
+
+/* Whether k_cuda_moe_router_route runs: 1 yes, 0 no (returns 1), -1 back to the
+ * environment's KDEC_MOE_ROUTE_FUSED (0: no). Set it before capturing a graph. */
+void k_cuda_moe_set_route_fused(int on);
+
 /* Scratch of k_cuda_moe_experts for up to max_M rows of one model's shapes: the
  * routing plan, x split into bf16 hi/lo parts, the SwiGLU activations, per-slot
  * outputs, and the shared expert's activations (shared_inter wide; 0: the model has
  * none). Owned by the caller: k_cuda_moe_ws_destroy (accepts NULL). Allocates on the
  * current device; 0, -EINVAL or -ENOMEM. hidden and inter: multiples of 8 for the
  * tensor-core path; other sizes take a slow CUDA-core path. */
-struct k_cuda_moe_ws;
-
 int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int top_k, int n_experts,
 			 int hidden, int inter, int shared_inter);
 void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws);
@@ -97,6 +120,12 @@ void k_cuda_moe_set_path(enum k_cuda_moe_path path);
  * results are the same bit for bit; tests and A/B runs. Set it before capturing a
  * graph. */
 void k_cuda_moe_set_staged(int on);
+
+/* Whether the small path's register-only kernels ask L2 for each warp's next weight
+ * rows two turns ahead (off by default: measured slower end to end): 1 on, 0 off, -1
+ * back to the environment's KDEC_MOE_PREFETCH_AHEAD (1: on). The results are the same bit for bit; tests and A/B
+ * runs. Set it before capturing a graph. */
+void k_cuda_moe_set_prefetch_ahead(int on);
 
 #ifdef __cplusplus
 }

@@ -34,10 +34,11 @@ int k_cuda_moe_small_setup(void);
 
 // moe_small_gate_up.cu for moe_small.cu: the gate/up kernels' one-time set-up (0 or
 // -EIO), and one launch of ctas CTAs, staged (two features' rows in flight per warp;
-// rows of at most 2048) or with rp x rows staged in shared memory instead. Its error,
+// rows of at most 2048) or with rp x rows staged in shared memory instead (ahead 1:
+// each warp asks L2 for its rows two turns ahead). Its error,
 // if any, is the runtime's last error.
 int moe_small_gate_up_setup(void);
-void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp,
+void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp, int ahead,
 			      const uint16_t *const *expert_w, const float *x, const int32_t *ids,
 			      int n, int top_k, int n_experts, int hidden, int inter, float *act,
 			      const struct moe_small_shared &sh);
@@ -50,5 +51,15 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 			 const int32_t *ids, const float *weights, int top_k,
 			 const uint16_t *const *expert_w, int n_experts, int hidden, int inter,
 			 const struct moe_small_shared &sh, int add, int n_sm);
+
+// moe_route.cu for moe_experts.cu (k_cuda_moe_router_route): the router GEMV and the
+// routing in one launch where it applies (1 <= M <= 8, n_experts <= 256, hidden a
+// multiple of 8, x and router 16-byte aligned; else 1, nothing launched). cnt: one
+// device counter, zero before and after each launch. 0, 1, -EINVAL or -EIO.
+bool moe_router_route_fits(const k_moe_route_params *p, const float *x, int M,
+			   const uint16_t *router, int hidden);
+int moe_router_route_launch(cudaStream_t s, unsigned *cnt, const k_moe_route_params *p,
+			    const float *x, int M, const uint16_t *router, int hidden,
+			    float *logits, int32_t *ids, float *weights);
 
 #endif

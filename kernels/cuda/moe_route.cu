@@ -1,17 +1,29 @@
 // The MoE router on the GPU: one warp per row, k_cpu_moe_route's arithmetic step for
 // step (glibc's expf ported, the softmax sum and the weight sums in the CPU's order,
 // the same group scores and argmax tie rule), so the chosen ids and the weights equal
-// the CPU's exactly, near-ties included.
+// the CPU's exactly, near-ties included. For a few rows also the router GEMV and the
+// routing as one launch (moe_router_route_kernel).
+//
+// Latency is all that counts here (one warp, 64..256 values): after the PDL wait the
+// chain holds one round trip for the logits and nothing else from memory (the expf table
+// sits in the lanes' registers, the bias in shared memory, both read before the wait),
+// warp maxima are one redux.sync on order-preserving keys, and the top-k rounds rescan
+// only the lane that owned the last winner.
+#include <climits>
 #include <cstdint>
 
 #include "kernels/cuda/k_cuda_moe.h"
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/moe_internal.h"
 
 #define ROUTE_MAX_EXPERTS 4096	// as kernels/cpu/moe.c
 #define ROUTE_MAX_GROUPS 256
 #define ROUTE_MAX_TOPK 64
 #define FLAG_MASKED 1		// expert of a dropped group
 #define FLAG_TAKEN 2		// already chosen
+#define RR_WARPS 8		// router + route: warps of a CTA, rows routed at once
+#define RR_MAX_M 8		// router + route: rows it takes
+#define RR_MAX_EXPERTS 256	// router + route: experts (a warp's scratch in shared memory)
 
 namespace {	// kernels and their helpers stay private to this file
 
@@ -22,7 +34,9 @@ namespace {	// kernels and their helpers stay private to this file
 // op is written out so that nvcc cannot contract it: this is the non-FMA build, which
 // equals glibc's FMA build except where an fp64 result sits within 2^-52 of a float
 // rounding boundary. Checked against glibc on 25M inputs in [-104, 89]: no difference.
-__constant__ uint64_t expf_tab[32] = {
+// Lane i keeps entry i in a register (expf_tab_lane, loaded before the PDL wait) and
+// glibc_expf fetches entry ki % 32 with a shuffle: no memory round trip per call.
+__device__ const uint64_t expf_tab[32] = {
 	0x3ff0000000000000ull, 0x3fefd9b0d3158574ull, 0x3fefb5586cf9890full, 0x3fef9301d0125b51ull,
 	0x3fef72b83c7d517bull, 0x3fef54873168b9aaull, 0x3fef387a6e756238ull, 0x3fef1e9df51fdee1ull,
 	0x3fef06fe0a31b715ull, 0x3feef1a7373aa9cbull, 0x3feedea64c123422ull, 0x3feece086061892dull,
@@ -33,7 +47,15 @@ __constant__ uint64_t expf_tab[32] = {
 	0x3fef5818dcfba487ull, 0x3fef7c97337b9b5full, 0x3fefa4afa2a490daull, 0x3fefd0765b6e4540ull,
 };
 
-__device__ float glibc_expf(float x)
+// This lane's entry of expf_tab, for glibc_expf; the table is constant, so kernels load
+// it before their PDL wait.
+__device__ __forceinline__ uint64_t expf_tab_lane(void)
+{
+	return __ldg(&expf_tab[threadIdx.x % 32]);
+}
+
+// All 32 lanes must call it together (the table shuffle); tab: expf_tab_lane().
+__device__ float glibc_expf(float x, uint64_t tab)
 {
 	const double inv_ln2_n = 0x1.71547652b82fep+0 * 32, shift = 0x1.8p+52;
 	const double c0 = 0x1.c6af84b912394p-5 / 32 / 32 / 32;
@@ -42,18 +64,21 @@ __device__ float glibc_expf(float x)
 	double z, kd, r, r2, y, s, p;
 	uint64_t ki, t;
 
+	// The shuffle comes before the special cases so that every lane takes part; for
+	// them ki is garbage and the result is replaced below.
+	z = __dmul_rn(inv_ln2_n, (double)x);
+	kd = __dadd_rn(z, shift);
+	ki = (uint64_t)__double_as_longlong(kd);
+	t = __shfl_sync(0xffffffffu, (unsigned long long)tab, (int)(ki % 32));
 	if (isnan(x))
 		return x + x;
 	if (x > 0x1.62e42ep6f)		// exp(x) > FLT_MAX
 		return __int_as_float(0x7f800000);
 	if (x < -0x1.9fe368p6f)		// exp(x) < 2^-150
 		return 0.0f;
-	z = __dmul_rn(inv_ln2_n, (double)x);
-	kd = __dadd_rn(z, shift);
-	ki = (uint64_t)__double_as_longlong(kd);
 	kd = __dsub_rn(kd, shift);
 	r = __dsub_rn(z, kd);
-	t = expf_tab[ki % 32] + (ki << 47);
+	t += ki << 47;
 	s = __longlong_as_double((long long)t);
 	p = __dadd_rn(__dmul_rn(c0, r), c1);
 	r2 = __dmul_rn(r, r);
@@ -62,57 +87,87 @@ __device__ float glibc_expf(float x)
 	return (float)__dmul_rn(y, s);
 }
 
-// (value, index) pairs: the larger value wins, equal values go to the lower index,
-// index -1 is nothing. A lane scans its indices in increasing order, so "v > best"
-// there already keeps the lowest index of a tie.
-__device__ __forceinline__ void better(float v, int i, float *bv, int *bi)
+// A float as an unsigned with the same order, so that one redux.sync finds a warp's
+// maximum. -0 is folded into +0 first: the CPU's ">" sees them as equal. (NaN has no
+// place in the CPU's order either; it is not expected in logits.)
+__device__ __forceinline__ unsigned ord_key(float v)
 {
-	if (i >= 0 && (*bi < 0 || v > *bv || (v == *bv && i < *bi))) {
-		*bv = v;
-		*bi = i;
-	}
+	unsigned u = __float_as_uint(__fadd_rn(v, 0.0f));
+
+	return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+__device__ __forceinline__ float ord_float(unsigned k)
+{
+	return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k);
+}
+
+// The warp's best of each lane's (key, index): the largest key, of those the lowest
+// index (k_cpu's route_argmax tie rule); -1 where no lane has one (index INT_MAX).
+__device__ __forceinline__ int warp_pick(unsigned key, int idx)
+{
+	unsigned m = __reduce_max_sync(0xffffffffu, key);
+	int i = __reduce_min_sync(0xffffffffu, key == m ? idx : INT_MAX);
+
+	return i == INT_MAX ? -1 : i;
+}
+
+// This lane's best of v[lane], v[lane + 32], ... below n minus the entries with
+// flag & skip: increasing order and ">" keep the lowest index of a tie.
+__device__ __forceinline__ void lane_best(const float *v, const unsigned char *flag,
+					  unsigned char skip, int n, unsigned *key, int *idx)
+{
+	*key = 0;
+	*idx = INT_MAX;
+	for (int i = threadIdx.x % 32; i < n; i += 32)	// the lane, in any warp of the CTA
+		if (!(flag[i] & skip)) {
+			unsigned k = ord_key(v[i]);
+
+			if (*idx == INT_MAX || k > *key) {
+				*key = k;
+				*idx = i;
+			}
+		}
 }
 
 // k_cpu's route_argmax over v[0..n) minus the entries with flag & skip, for the warp.
 __device__ int warp_argmax(const float *v, const unsigned char *flag, unsigned char skip, int n)
 {
-	float bv = 0.0f;
-	int bi = -1;
+	unsigned key;
+	int idx;
 
-	for (int i = threadIdx.x; i < n; i += 32)
-		if (!(flag[i] & skip) && (bi < 0 || v[i] > bv)) {
-			bv = v[i];
-			bi = i;
-		}
-	for (int o = 16; o > 0; o >>= 1) {
-		float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-		int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-
-		better(ov, oi, &bv, &bi);
-	}
-	return bi;
+	lane_best(v, flag, skip, n, &key, &idx);
+	return warp_pick(key, idx);
 }
 
 // score[e] = softmax(lg) as route_softmax: max, expf, a sequential fp32 sum, divide.
-__device__ void route_softmax(float *score, const float *lg, int E)
+// lg may be score itself. The maximum may come out +0 where the CPU's is -0: lg - max
+// differs only for lg = -0, and expf(+-0) = 1 either way.
+__device__ void route_softmax(float *score, const float *lg, int E, uint64_t tab)
 {
-	float max = lg[0], sum = 0.0f;
+	unsigned mk = 0;
+	float mx, sum = 0.0f;
 
-	for (int e = threadIdx.x; e < E; e += 32)
-		max = lg[e] > max ? lg[e] : max;
-	for (int o = 16; o > 0; o >>= 1) {
-		float om = __shfl_xor_sync(0xffffffffu, max, o);
+	for (int e = threadIdx.x % 32; e < E; e += 32)
+		mk = max(mk, ord_key(lg[e]));
+	mx = ord_float(__reduce_max_sync(0xffffffffu, mk));
+	for (int b = 0; b < E; b += 32) {	// warp-uniform: glibc_expf shuffles
+		int e = b + threadIdx.x % 32;
+		float v = glibc_expf(__fsub_rn(e < E ? lg[e] : mx, mx), tab);
 
-		max = om > max ? om : max;
+		if (e < E)
+			score[e] = v;
 	}
-	for (int e = threadIdx.x; e < E; e += 32)
-		score[e] = glibc_expf(__fsub_rn(lg[e], max));
 	__syncwarp();
-	if (threadIdx.x == 0)
+	// One lane, in index order, as the CPU; unrolled so that the loads run ahead of
+	// the chain of adds.
+	if (threadIdx.x % 32 == 0) {
+#pragma unroll 8
 		for (int e = 0; e < E; e++)
 			sum = __fadd_rn(sum, score[e]);
+	}
 	sum = __shfl_sync(0xffffffffu, sum, 0);
-	for (int e = threadIdx.x; e < E; e += 32)
+	for (int e = threadIdx.x % 32; e < E; e += 32)
 		score[e] = __fdiv_rn(score[e], sum);
 }
 
@@ -132,81 +187,233 @@ __device__ float group_score(const float *c, int per, int top2)
 	return !top2 || per < 2 ? a : __fadd_rn(a, b);
 }
 
+// One warp's shared scratch for routing one row: n_experts floats in score and choice,
+// n_experts bytes in flag, n_group in gs and keep, top_k in w.
+struct route_scratch {
+	float *score, *choice, *gs, *w;
+	unsigned char *flag, *keep;
+};
+
 // route_mask_groups: experts outside the topk_group best groups get the fill value
 // (0 for GROUP_MAX, -inf for GROUP_TOP2) and the MASKED flag.
-__device__ void route_mask_groups(const k_moe_route_params &p, float *choice, unsigned char *flag)
+__device__ void route_mask_groups(const k_moe_route_params &p, const route_scratch &r)
 {
-	__shared__ float gs[ROUTE_MAX_GROUPS];
-	__shared__ unsigned char keep[ROUTE_MAX_GROUPS];
 	int per = p.n_experts / p.n_group, top2 = p.select == K_MOE_GROUP_TOP2;
+	int lane = threadIdx.x % 32;
 	float fill = top2 ? -INFINITY : 0.0f;
 
-	for (int g = threadIdx.x; g < p.n_group; g += 32) {
-		gs[g] = group_score(choice + g * per, per, top2);
-		keep[g] = 0;
+	for (int g = lane; g < p.n_group; g += 32) {
+		r.gs[g] = group_score(r.choice + g * per, per, top2);
+		r.keep[g] = 0;
 	}
 	__syncwarp();
 	for (int i = 0; i < p.topk_group && i < p.n_group; i++) {
-		int g = warp_argmax(gs, keep, 1, p.n_group);
+		int g = warp_argmax(r.gs, r.keep, 1, p.n_group);
 
-		if (threadIdx.x == 0)
-			keep[g] = 1;
+		if (lane == 0)
+			r.keep[g] = 1;
 		__syncwarp();
 	}
-	for (int e = threadIdx.x; e < p.n_experts; e += 32)
-		if (!keep[e / per]) {
-			flag[e] |= FLAG_MASKED;
-			choice[e] = fill;
+	for (int e = lane; e < p.n_experts; e += 32)
+		if (!r.keep[e / per]) {
+			r.flag[e] |= FLAG_MASKED;
+			r.choice[e] = fill;
 		}
 	__syncwarp();
 }
 
-// One warp per row; shared: score (E), choice (E) floats, flag (E) bytes.
-__global__ void __launch_bounds__(32)
-moe_route_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float *weights)
+// One row's routing by one warp (all 32 lanes): lg (n_experts) logits (may be r.score),
+// bias (n_experts; NULL: none) a copy of p.bias in shared memory, tab expf_tab_lane();
+// ids and weights (top_k) out.
+__device__ __forceinline__ void route_row(const k_moe_route_params &p, const float *lg,
+					  const float *bias, uint64_t tab, const route_scratch &r,
+					  int32_t *ids, float *weights)
 {
-	extern __shared__ float smem[];
-	__shared__ float w[ROUTE_MAX_TOPK];
-	int E = p.n_experts, K = p.top_k, m = blockIdx.x;
-	float *score = smem, *choice = smem + E;
-	unsigned char *flag = (unsigned char *)(smem + 2 * E);
-	const float *lg = logits + (size_t)m * E;
+	int E = p.n_experts, K = p.top_k, lane = threadIdx.x % 32;
 	float sum = 0.0f;
+	unsigned key;
+	int idx;
 
-	k_cuda_pdl_wait();	// launched early under PDL: the logits are the router's output
-	if (p.scoring == K_MOE_SOFTMAX)
-		route_softmax(score, lg, E);
-	else
-		for (int e = threadIdx.x; e < E; e += 32)
-			score[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, glibc_expf(-lg[e])));
-	for (int e = threadIdx.x; e < E; e += 32) {
-		choice[e] = p.bias ? __fadd_rn(score[e], p.bias[e]) : score[e];
-		flag[e] = 0;
+	if (p.scoring == K_MOE_SOFTMAX) {
+		route_softmax(r.score, lg, E, tab);
+	} else {
+		for (int b = 0; b < E; b += 32) {	// warp-uniform: glibc_expf shuffles
+			int e = b + lane;
+			float v = glibc_expf(e < E ? -lg[e] : 0.0f, tab);
+
+			if (e < E)
+				r.score[e] = __fdiv_rn(1.0f, __fadd_rn(1.0f, v));
+		}
+	}
+	for (int e = lane; e < E; e += 32) {
+		r.choice[e] = bias ? __fadd_rn(r.score[e], bias[e]) : r.score[e];
+		r.flag[e] = 0;
 	}
 	__syncwarp();
 	if (p.select != K_MOE_GREEDY && p.n_group > 0)
-		route_mask_groups(p, choice, flag);
+		route_mask_groups(p, r);
 
+	// Top-k: each lane keeps the best of its own experts (e % 32 == lane); a round is
+	// one warp pick, then only the winner's lane marks it and looks again at its own.
+	lane_best(r.choice, r.flag, FLAG_TAKEN, E, &key, &idx);
 	for (int j = 0; j < K; j++) {
-		int e = warp_argmax(choice, flag, FLAG_TAKEN, E);
+		int e = warp_pick(key, idx);
 
-		if (threadIdx.x == 0) {
-			flag[e] |= FLAG_TAKEN;
-			ids[(size_t)m * K + j] = e;
+		if (e >= 0 && e % 32 == lane) {
+			r.flag[e] |= FLAG_TAKEN;
+			ids[j] = e;
 			// V2 takes its weights from the masked scores, V3 from the raw ones.
-			w[j] = (flag[e] & FLAG_MASKED) && p.select == K_MOE_GROUP_MAX ? 0.0f : score[e];
-			sum = __fadd_rn(sum, w[j]);
+			r.w[j] = (r.flag[e] & FLAG_MASKED) && p.select == K_MOE_GROUP_MAX ?
+				 0.0f : r.score[e];
+			lane_best(r.choice, r.flag, FLAG_TAKEN, E, &key, &idx);
 		}
-		__syncwarp();
 	}
-	if (threadIdx.x == 0)
-		for (int j = 0; j < K; j++) {
-			float v = w[j];
+	__syncwarp();
+	// The weight sum in slot order, as the CPU; then each slot's division by its lane.
+	if (lane == 0)
+		for (int j = 0; j < K; j++)
+			sum = __fadd_rn(sum, r.w[j]);
+	sum = __shfl_sync(0xffffffffu, sum, 0);
+	for (int j = lane; j < K; j += 32) {
+		float v = r.w[j];
 
-			if (p.norm_topk_prob)
-				v = __fdiv_rn(v, __fadd_rn(sum, 1e-20f));
-			weights[(size_t)m * K + j] = __fmul_rn(v, p.routed_scaling);
+		if (p.norm_topk_prob)
+			v = __fdiv_rn(v, __fadd_rn(sum, 1e-20f));
+		weights[j] = __fmul_rn(v, p.routed_scaling);
+	}
+	__syncwarp();
+}
+
+// One warp per row; shared: score (E), choice (E), bias (E where bias_smem) floats,
+// flag (E) bytes. The logits come into score in one round trip; the constants (expf
+// table, bias) are read before the PDL wait. bias_smem 0: a bias too large for shared
+// memory is read from global memory where used.
+__global__ void __launch_bounds__(32)
+moe_route_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float *weights,
+		 int bias_smem)
+{
+	extern __shared__ float smem[];
+	__shared__ float gs[ROUTE_MAX_GROUPS], w[ROUTE_MAX_TOPK];
+	__shared__ unsigned char keep[ROUTE_MAX_GROUPS];
+	int E = p.n_experts, m = blockIdx.x;
+	float *sbias = bias_smem ? smem + 2 * E : NULL;
+	route_scratch r = { smem, smem + E, gs, w, (unsigned char *)(smem + (bias_smem ? 3 : 2) * E),
+			    keep };
+	uint64_t tab = expf_tab_lane();
+	const float *lg = logits + (size_t)m * E, *bias = sbias ? sbias : p.bias;
+
+	if (sbias)
+		for (int e = threadIdx.x; e < E; e += 32)
+			sbias[e] = __ldg(p.bias + e);
+	k_cuda_pdl_wait();	// launched early under PDL: the logits are the router's output
+	for (int e = threadIdx.x; e < E; e += 32)
+		r.score[e] = lg[e];
+	__syncwarp();
+	route_row(p, r.score, bias, tab, r, ids + (size_t)m * p.top_k,
+		  weights + (size_t)m * p.top_k);
+}
+
+// ---- kernel: router and routing in one launch --------------------------------
+
+// One CTA per expert: its RR_WARPS warps split the hidden dimension, each lane 8
+// values at a time (one 16-byte load of bf16 weights), for every row; the partial sums
+// meet in shared memory in warp order. The CTA that counts last on *cnt routes: warp
+// m takes row m, from the logits the others wrote. The weights are constant: each CTA
+// asks L2 for its expert's row before the PDL wait.
+__global__ void __launch_bounds__(RR_WARPS * 32, 2)	// <= 128 registers: no spills
+moe_router_route_kernel(k_moe_route_params p, const float *x, int M, const uint16_t *router,
+			int hidden, float *logits, int32_t *ids, float *weights, unsigned *cnt)
+{
+	__shared__ float part[RR_WARPS][RR_MAX_M];
+	__shared__ float sc_score[RR_WARPS][RR_MAX_EXPERTS], sc_choice[RR_WARPS][RR_MAX_EXPERTS];
+	__shared__ float sc_bias[RR_MAX_EXPERTS], sc_gs[RR_WARPS][RR_MAX_EXPERTS];
+	__shared__ float sc_w[RR_WARPS][ROUTE_MAX_TOPK];
+	__shared__ unsigned char sc_flag[RR_WARPS][RR_MAX_EXPERTS], sc_keep[RR_WARPS][RR_MAX_EXPERTS];
+	__shared__ bool last;
+	int E = p.n_experts, e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	int nc = hidden / 8;	// 16-byte chunks of a row
+	const uint16_t *wr = router + (size_t)e * hidden;
+	float acc[RR_MAX_M];
+	uint64_t tab = expf_tab_lane();	// constant: before the wait
+
+	for (int off = threadIdx.x * 128; off < hidden * 2; off += RR_WARPS * 32 * 128)
+		asm volatile("prefetch.global.L2 [%0];" : : "l"((const char *)wr + off));
+	// The routing constants too (any CTA may be the last): a wasted 1 KB at most.
+	if (p.bias)
+		for (int i = threadIdx.x; i < E; i += RR_WARPS * 32)
+			sc_bias[i] = __ldg(p.bias + i);
+	k_cuda_pdl_wait();	// x is the previous kernel's output
+
+#pragma unroll
+	for (int m = 0; m < RR_MAX_M; m++)
+		acc[m] = 0.0f;
+#pragma unroll 2	// 4: 128 registers and spills (ptxas, nvcc 13.0)
+	for (int c = threadIdx.x; c < nc; c += RR_WARPS * 32) {
+		uint4 v = __ldg((const uint4 *)wr + c);
+		float wf[8] = {
+			__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+			__uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u),
+			__uint_as_float(v.z << 16), __uint_as_float(v.z & 0xffff0000u),
+			__uint_as_float(v.w << 16), __uint_as_float(v.w & 0xffff0000u),
+		};
+
+#pragma unroll
+		for (int m = 0; m < RR_MAX_M; m++) {
+			if (m < M) {
+				const float4 *xr = (const float4 *)(x + (size_t)m * hidden) + 2 * c;
+				float4 a = xr[0], b = xr[1];
+
+				acc[m] = fmaf(wf[0], a.x, acc[m]);
+				acc[m] = fmaf(wf[1], a.y, acc[m]);
+				acc[m] = fmaf(wf[2], a.z, acc[m]);
+				acc[m] = fmaf(wf[3], a.w, acc[m]);
+				acc[m] = fmaf(wf[4], b.x, acc[m]);
+				acc[m] = fmaf(wf[5], b.y, acc[m]);
+				acc[m] = fmaf(wf[6], b.z, acc[m]);
+				acc[m] = fmaf(wf[7], b.w, acc[m]);
+			}
 		}
+	}
+#pragma unroll
+	for (int m = 0; m < RR_MAX_M; m++) {
+		if (m >= M)	// uniform
+			break;
+		for (int o = 16; o > 0; o >>= 1)
+			acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+		if (lane == 0)
+			part[warp][m] = acc[m];
+	}
+	__syncthreads();
+	if (threadIdx.x < M) {
+		float l = 0.0f;
+
+		for (int w = 0; w < RR_WARPS; w++)
+			l += part[w][threadIdx.x];
+		logits[(size_t)threadIdx.x * E + e] = l;
+	}
+
+	// Arrival: the fence publishes this CTA's logits before it counts.
+	__threadfence();
+	__syncthreads();
+	if (threadIdx.x == 0)
+		last = atomicAdd(cnt, 1u) == gridDim.x - 1;
+	__syncthreads();
+	if (!last)
+		return;
+	__threadfence();	// the others' logits, which their counts published
+	if (threadIdx.x == 0)
+		*cnt = 0;	// for the next launch or graph replay
+	for (int m = warp; m < M; m += RR_WARPS) {
+		route_scratch r = { sc_score[warp], sc_choice[warp], sc_gs[warp], sc_w[warp],
+				    sc_flag[warp], sc_keep[warp] };
+
+		// Past L1 (another SM wrote them), into shared memory once.
+		for (int i = lane; i < E; i += 32)
+			sc_score[warp][i] = __ldcg(logits + (size_t)m * E + i);
+		__syncwarp();
+		route_row(p, sc_score[warp], p.bias ? sc_bias : NULL, tab, r,
+			  ids + (size_t)m * p.top_k, weights + (size_t)m * p.top_k);
+	}
 }
 
 }	// namespace
@@ -227,13 +434,39 @@ extern "C" int k_cuda_moe_route(cudaStream_t s, const struct k_moe_route_params 
 				const float *logits, int M, int32_t *ids, float *weights)
 {
 	size_t smem;
+	int bias_smem;
 
 	if (M < 0 || !route_params_ok(p))
 		return -EINVAL;
 	if (M == 0)
 		return 0;
-	smem = (size_t)p->n_experts * (2 * sizeof(float) + 1);
+	// The bias's shared copy while the whole stays under the 48 KB a launch gets
+	// without opting in (the static arrays take under 2 KB): up to ~3500 experts.
+	smem = (size_t)p->n_experts * (3 * sizeof(float) + 1);
+	bias_smem = p->bias && smem <= 46 * 1024;
+	if (!bias_smem)
+		smem = (size_t)p->n_experts * (2 * sizeof(float) + 1);
 	// Programmatic dependent launch: scheduled while the router GEMM drains.
-	k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_kernel, *p, logits, ids, weights);
+	k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_kernel, *p, logits, ids, weights,
+			  bias_smem);
 	return K_CUDA_LAUNCHED("moe_route");
+}
+
+bool moe_router_route_fits(const k_moe_route_params *p, const float *x, int M,
+			   const uint16_t *router, int hidden)
+{
+	return M >= 1 && M <= RR_MAX_M && route_params_ok(p) && p->n_experts <= RR_MAX_EXPERTS &&
+	       hidden > 0 && hidden % 8 == 0 && (uintptr_t)x % 16 == 0 &&
+	       (uintptr_t)router % 16 == 0;
+}
+
+int moe_router_route_launch(cudaStream_t s, unsigned *cnt, const k_moe_route_params *p,
+			    const float *x, int M, const uint16_t *router, int hidden,
+			    float *logits, int32_t *ids, float *weights)
+{
+	if (!moe_router_route_fits(p, x, M, router, hidden))
+		return 1;
+	k_cuda_launch_pdl(s, dim3(p->n_experts), dim3(RR_WARPS * 32), 0, moe_router_route_kernel,
+			  *p, x, M, router, hidden, logits, ids, weights, cnt);
+	return K_CUDA_LAUNCHED("moe_router_route");
 }

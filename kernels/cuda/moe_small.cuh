@@ -186,6 +186,15 @@ struct dot_job {
 	int nc, ld4, total, div, dst_ld;
 };
 
+// Asks L2 for a job's two weight rows (nc chunks each) before its turn, so that its
+// loads then wait on L2, not HBM. A hint; the warp calls it.
+__device__ __forceinline__ void job_prefetch(const dot_job &j, int lane)
+{
+	prefetch_l2(j.w0, (size_t)j.nc * 16, lane, 32);
+	if (j.w1)
+		prefetch_l2(j.w1, (size_t)j.nc * 16, lane, 32);
+}
+
 // The warp's sums per pair (acc0, acc1: lane partials) into the job's dst.
 template <bool GATE>
 __device__ __forceinline__ void job_store(const dot_job &j, int p0, int np, const float *acc0,

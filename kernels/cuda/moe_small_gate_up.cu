@@ -19,13 +19,16 @@ namespace {	// kernels and their helpers stay private to this file
 // of x row i / top_k, its activations act row i. The whole CTA calls it.
 __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_t *up,
 				const int *pairs, int total, int fa, int fb, const float *x,
-				int top_k, int hidden, int inter, int rp, float *act)
+				int top_k, int hidden, int inter, int rp, int ahead, float *act)
 {
 	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nc = hidden / 8, q4 = hidden / 4;
 
-	if (fa + warp < fb) {	// the first rows start coming while x is staged
-		prefetch_l2(gate + (size_t)(fa + warp) * hidden, (size_t)hidden * 2, lane, 32);
-		prefetch_l2(up + (size_t)(fa + warp) * hidden, (size_t)hidden * 2, lane, 32);
+	// The first rows start coming while x is staged; ahead: the warp's second rows
+	// too, then each turn the rows two turns on, so that a row's loads wait on L2.
+	for (int f = fa + warp; f < fb && f < fa + warp + (ahead ? 2 : 1) * SM_WARPS;
+	     f += SM_WARPS) {
+		prefetch_l2(gate + (size_t)f * hidden, (size_t)hidden * 2, lane, 32);
+		prefetch_l2(up + (size_t)f * hidden, (size_t)hidden * 2, lane, 32);
 	}
 	for (int p0 = 0; p0 < total; p0 += rp) {
 		int ns = min(rp, total - p0);
@@ -38,7 +41,13 @@ __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_
 		}
 		__syncthreads();
 
-		for (int f = fa + warp; f < fb; f += SM_WARPS)
+		for (int f = fa + warp; f < fb; f += SM_WARPS) {
+			int fn = f + 2 * SM_WARPS;
+
+			if (ahead && p0 == 0 && fn < fb) {
+				prefetch_l2(gate + (size_t)fn * hidden, (size_t)hidden * 2, lane, 32);
+				prefetch_l2(up + (size_t)fn * hidden, (size_t)hidden * 2, lane, 32);
+			}
 			for (int g0 = 0; g0 < ns; g0 += SM_RP) {
 				int np = min(SM_RP, ns - g0), off[SM_RP];
 				float ag[SM_RP], au[SM_RP];
@@ -63,6 +72,7 @@ __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_
 						act[(size_t)i * inter + f] = silu_mul(g, v);
 				}
 			}
+		}
 	}
 }
 
@@ -90,7 +100,7 @@ __device__ __forceinline__ void prefetch_shared_gate_up(const moe_small_shared &
 // row i; sh.act (n / top_k, sh.inter): the shared expert's of row m at row m.
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 small_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_t *ids,
-		     int n, int top_k, int E, int hidden, int inter, int rp, float *act,
+		     int n, int top_k, int E, int hidden, int inter, int rp, int ahead, float *act,
 		     moe_small_shared sh)
 {
 	extern __shared__ float4 xs4[];		// (rp, hidden / 4)
@@ -111,13 +121,13 @@ small_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int3
 
 			gate_up_segment(xs4, expert_w[3 * e], expert_w[3 * e + 1],
 					sp.sorted + sp.used_start[u], sp.used_n[u], fa, fb, x, top_k,
-					hidden, inter, rp, act);
+					hidden, inter, rp, ahead, act);
 			pos += fb - fa;
 		} else {
 			int fa = (int)(pos - Wr), fb = (int)min((long long)sh.inter, fa + (hi - pos));
 
 			gate_up_segment(xs4, sh.gate, sh.up, nullptr, n / top_k, fa, fb, x, 1,
-					hidden, sh.inter, rp, sh.act);
+					hidden, sh.inter, rp, ahead, sh.act);
 			pos += fb - fa;
 		}
 	}
@@ -226,7 +236,7 @@ int moe_small_gate_up_setup(void)
 						SM_DSTAGE_SMEM_MAX)) ? -EIO : 0;
 }
 
-void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp,
+void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp, int ahead,
 			      const uint16_t *const *expert_w, const float *x, const int32_t *ids,
 			      int n, int top_k, int n_experts, int hidden, int inter, float *act,
 			      const struct moe_small_shared &sh)
@@ -238,5 +248,5 @@ void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp,
 	else
 		k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS),
 				  (size_t)rp * hidden * sizeof(float), small_gate_up_kernel, expert_w,
-				  x, ids, n, top_k, n_experts, hidden, inter, rp, act, sh);
+				  x, ids, n, top_k, n_experts, hidden, inter, rp, ahead, act, sh);
 }
