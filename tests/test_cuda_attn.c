@@ -1364,9 +1364,12 @@ int main(void)
 	unsetenv("KDEC_MLA_SPLIT_MIN");
 	attn_tol = ATTN_TOL_MMA;
 	test_mla_ab();
-	/* The split merge folded into MLA's expand projection (by default at batch 1, a
-	 * cluster of a head's expand blocks sharing it: the cases above) at every row count
-	 * it takes, then each block merging on its own, then never (the merge kernel). */
+	/* The split merge folded into MLA's expand projection (off by default: the merge
+	 * kernel, the cases above): at batch 1 by a cluster of a head's expand blocks
+	 * sharing it, at every row count it takes, then each block merging on its own. */
+	setenv("KDEC_MLA_FOLD_ROWS", "1", 1);
+	attn_path = "[mma fold1] ";
+	test_mla();
 	setenv("KDEC_MLA_FOLD_ROWS", "16", 1);
 	attn_path = "[mma fold16] ";
 	test_mla();
@@ -1377,9 +1380,6 @@ int main(void)
 	attn_path = "[mma fold1 nocluster] ";
 	test_mla();
 	unsetenv("KDEC_MLA_FOLD_CLUSTER");
-	setenv("KDEC_MLA_FOLD_ROWS", "0", 1);
-	attn_path = "[mma fold0] ";
-	test_mla();
 	unsetenv("KDEC_MLA_FOLD_ROWS");
 	/* last: the carveout, once asked for at a workspace's creation, stays */
 	setenv("KDEC_MLA_CARVEOUT", "1", 1);

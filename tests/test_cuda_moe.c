@@ -652,8 +652,9 @@ static void test_router_route_all(void)
 	k_cuda_moe_set_route_fused(0);
 	CHECK(k_cuda_moe_router_route(stream, ws, &cfg[0].p, NULL, 1, NULL, 2048, NULL, NULL, NULL) == 1,
 	      "router_route: KDEC_MOE_ROUTE_FUSED off must decline");
-	k_cuda_moe_set_route_fused(-1);
 	k_cuda_moe_ws_destroy(ws);
+	/* timed on (it is off by default) */
+	k_cuda_moe_set_route_fused(1);
 	for (size_t c = 0; c < 2; c++)
 		for (int m = 0; m < 4; m++)
 			time_router_route(cfg[c].name, cfg[c].p, cfg[c].hidden, (int[]){ 1, 2, 4, 8 }[m]);
@@ -662,6 +663,7 @@ static void test_router_route_all(void)
 		for (int m = 0; m < 4; m++)
 			time_moe_layer(cfg[c].name, cfg[c].p, cfg[c].hidden, c ? 768 : 1408,
 				       c ? 0 : 2816, (int[]){ 1, 2, 4, 8 }[m]);
+	k_cuda_moe_set_route_fused(-1);
 }
 
 /* ---- experts --------------------------------------------------------------- */

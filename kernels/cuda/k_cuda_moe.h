@@ -34,7 +34,8 @@ struct k_cuda_moe_ws;
  * for those logits. ws (any workspace: one arrival counter) serialises launches on one
  * stream only. Returns 1 and launches nothing where it does not apply (M outside
  * 1..8, n_experts > 256, hidden not a multiple of 8, x or router not 16-byte aligned,
- * or KDEC_MOE_ROUTE_FUSED=0 / k_cuda_moe_set_route_fused(0)): the caller runs
+ * or not turned on: off by default, KDEC_MOE_ROUTE_FUSED=1 / k_cuda_moe_set_route_fused(1)
+ * on, as it measured no faster in decode steps (moe_experts.cu)): the caller runs
  * k_cuda_linear and k_cuda_moe_route. 0, 1, -EINVAL or -EIO. */
 int k_cuda_moe_router_route(cudaStream_t s, struct k_cuda_moe_ws *ws,
 			    const struct k_moe_route_params *p, const float *x /* (M, hidden) */,
@@ -47,7 +48,7 @@ int k_cuda_moe_router_route_fits(const struct k_moe_route_params *p, const float
 				 const uint16_t *router, int hidden);
 
 /* Whether k_cuda_moe_router_route runs: 1 yes, 0 no (returns 1), -1 back to the
- * environment's KDEC_MOE_ROUTE_FUSED (0: no). Set it before capturing a graph. */
+ * environment's KDEC_MOE_ROUTE_FUSED (1: yes, else no). Set it before capturing a graph. */
 void k_cuda_moe_set_route_fused(int on);
 
 /* Scratch of k_cuda_moe_experts for up to max_M rows of one model's shapes: the

@@ -23,11 +23,12 @@
 #define PROJ_PAD 8		// bf16 per smem row past the data: rows fall on other banks
 #define ABS_MMA_COLS (PROJ_WARPS * 8)	// latent columns per absorb block: one n8 tile a warp
 #define EXP_MMA_SMALL_ROWS 16	// up to here the expand blocks take 8 outputs, past it 16
-/* Rows up to which the expand merges the splits itself: batch 1. Measured on H200
- * (DeepSeek-V2-Lite, batch 1, step p50) before the cluster (each block merged the whole
- * head again): folding 3.155 ms, the merge kernel 3.022; later, cold, 22.1 / 22.0 us a
- * call. The cluster reads each partial once (see mla_expand_mma_kernel). */
-#define EXP_FOLD_ROWS 1
+/* Rows up to which the expand merges the splits itself by default: none. Measured on
+ * H200 (DeepSeek-V2-Lite, batch 1, step p50) before the cluster (each block merged the
+ * whole head again): folding 3.155 ms, the merge kernel 3.022; with the cluster, which
+ * reads each partial once (see mla_expand_mma_kernel), 2.782 against 2.751
+ * (docs/results/cuda-final-e3af145.txt): still no faster. KDEC_MLA_FOLD_ROWS=1 on. */
+#define EXP_FOLD_ROWS 0
 #define EXP_FOLD_NJ 16		// outputs per merging expand block: half the blocks (and
 				// merged copies) of 8, one block per SM at DeepSeek's dims
 #define MERGE_BATCH 32		// partial loads a merging thread has in flight at once

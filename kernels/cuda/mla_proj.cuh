@@ -26,7 +26,7 @@ int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *
 		   const k_mla_dims *d, int vec);
 
 // 1 when mla_expand_mma merges n_splits partials of R rows itself: the tensor-core
-// projections on, R <= KDEC_MLA_FOLD_ROWS (default 1), L % 4 == 0, shared memory fits.
+// projections on, R <= KDEC_MLA_FOLD_ROWS (default 0), L % 4 == 0, shared memory fits.
 // Where a head's expand blocks divide into clusters (KDEC_MLA_FOLD_CLUSTER=0: never),
 // a cluster shares one merge of the head's partials.
 int mla_expand_folds(int R, const k_mla_dims *d, int n_splits);

@@ -544,20 +544,25 @@ static bool moe_fused_on(void)
 	return moe_fused != 0;
 }
 
-static int moe_route_fused = -1;	// KDEC_MOE_ROUTE_FUSED: 0 turns it off; -1: unread
+/* Off by default: on H200 the fused router saved 0.5 us a call in isolation but cost
+ * the layer 2.4 us (V2-Lite, batch 1, test_cuda_moe "moe layer time": the experts'
+ * kernel starts sooner and loses the window in which it fetches its weights early),
+ * and decode steps measured no faster (V2-Lite batch 1 2.782 vs 2.757 ms, Qwen3-30B-A3B
+ * 3.748 vs 3.731; docs/results/cuda-final-e3af145.txt). KDEC_MOE_ROUTE_FUSED=1 on. */
+static int moe_route_fused = -1;	// KDEC_MOE_ROUTE_FUSED: 1 turns it on; -1: unread
 
 extern "C" void k_cuda_moe_set_route_fused(int on)
 {
 	moe_route_fused = on < 0 ? -1 : on != 0;
 }
 
-// Whether k_cuda_moe_router_route may run (the default), read once.
+// Whether k_cuda_moe_router_route may run, read once.
 static bool moe_route_fused_on(void)
 {
 	if (moe_route_fused < 0) {
 		const char *e = getenv("KDEC_MOE_ROUTE_FUSED");
 
-		moe_route_fused = !(e && !strcmp(e, "0"));
+		moe_route_fused = e && !strcmp(e, "1");
 	}
 	return moe_route_fused != 0;
 }
