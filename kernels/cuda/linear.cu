@@ -135,13 +135,34 @@ static bool lin_wgmma_on(void)
 	return on;
 }
 
+// KDEC_LINEAR_WGMMA_MIN_M=m and KDEC_LINEAR_WGMMA_MAX_MB=n narrow its range for A/B runs
+// (defaults LIN_WGMMA_MIN_M, LIN_WGMMA_MAX_BYTES), read once.
+static void lin_wgmma_range(int *min_m, size_t *max_bytes)
+{
+	static int m = -1;
+	static size_t b;
+
+	if (m < 0) {
+		const char *em = getenv("KDEC_LINEAR_WGMMA_MIN_M"), *eb = getenv("KDEC_LINEAR_WGMMA_MAX_MB");
+
+		b = eb && atol(eb) > 0 ? (size_t)atol(eb) << 20 : LIN_WGMMA_MAX_BYTES;
+		m = em && atoi(em) > LIN_WGMMA_MIN_M ? atoi(em) : LIN_WGMMA_MIN_M;
+	}
+	*min_m = m;
+	*max_bytes = b;
+}
+
 static bool lin_use_wgmma(int M, int N, int K)
 {
 	const size_t bytes = (size_t)N * (size_t)K * sizeof(uint16_t);
+	size_t max_bytes;
+	int min_m;
 
-	return M >= LIN_WGMMA_MIN_M && M <= LIN_WGMMA_MAX_M && K % LIN_VEC_K == 0 &&
-	       bytes >= LIN_WGMMA_MIN_BYTES && bytes <= LIN_WGMMA_MAX_BYTES &&
-	       !lin_small_weights(N, K) && lin_wgmma_on();
+	if (!lin_wgmma_on())
+		return false;
+	lin_wgmma_range(&min_m, &max_bytes);
+	return M >= min_m && M <= LIN_WGMMA_MAX_M && K % LIN_VEC_K == 0 &&
+	       bytes >= LIN_WGMMA_MIN_BYTES && bytes <= max_bytes && !lin_small_weights(N, K);
 }
 
 static bool lin_use_gemv(int M, int N, int K)
