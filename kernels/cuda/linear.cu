@@ -143,7 +143,8 @@ static void lin_wgmma_range(int *min_m, size_t *max_bytes)
 	static size_t b;
 
 	if (m < 0) {
-		const char *em = getenv("KDEC_LINEAR_WGMMA_MIN_M"), *eb = getenv("KDEC_LINEAR_WGMMA_MAX_MB");
+		const char *em = getenv("KDEC_LINEAR_WGMMA_MIN_M");
+		const char *eb = getenv("KDEC_LINEAR_WGMMA_MAX_MB");
 
 		b = eb && atol(eb) > 0 ? (size_t)atol(eb) << 20 : LIN_WGMMA_MAX_BYTES;
 		m = em && atoi(em) > LIN_WGMMA_MIN_M ? atoi(em) : LIN_WGMMA_MIN_M;
