@@ -52,7 +52,7 @@ static inline float *download(const float *d, size_t n)
 static inline double time_us(int (*call)(void *), void *arg)
 {
 	cudaEvent_t a, b;
-	float ms[CUDATEST_TIME_RUNS], t;
+	float ms[CUDATEST_TIME_RUNS];
 
 	if (!CU(cudaEventCreate(&a)) || !CU(cudaEventCreate(&b)))
 		return 0;
@@ -64,15 +64,9 @@ static inline double time_us(int (*call)(void *), void *arg)
 		cudaEventSynchronize(b);
 		cudaEventElapsedTime(&ms[i], a, b);
 	}
-	for (int i = 1; i < CUDATEST_TIME_RUNS; i++)	/* insertion sort */
-		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-			t = ms[j];
-			ms[j] = ms[j - 1];
-			ms[j - 1] = t;
-		}
 	cudaEventDestroy(a);
 	cudaEventDestroy(b);
-	return ms[CUDATEST_TIME_RUNS / 2] * 1000.0;
+	return test_median(ms, CUDATEST_TIME_RUNS) * 1000.0;
 }
 
 #endif

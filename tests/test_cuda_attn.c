@@ -552,7 +552,7 @@ static double graph_us(int (*call)(void *, cudaStream_t), void *arg, void *flush
 	cudaGraph_t graph = NULL;
 	cudaGraphExec_t exec = NULL;
 	cudaEvent_t e0 = NULL, e1 = NULL;
-	float ms[GQA_TIME_RUNS], t;
+	float ms[GQA_TIME_RUNS];
 	double us = 0;
 	int ret = -1;
 
@@ -574,13 +574,7 @@ static double graph_us(int (*call)(void *, cudaStream_t), void *arg, void *flush
 		CU(cudaEventSynchronize(e1));
 		CU(cudaEventElapsedTime(&ms[i], e0, e1));
 	}
-	for (int i = 1; i < GQA_TIME_RUNS; i++)	/* insertion sort */
-		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-			t = ms[j];
-			ms[j] = ms[j - 1];
-			ms[j - 1] = t;
-		}
-	us = ms[GQA_TIME_RUNS / 2] * 1e3;
+	us = test_median(ms, GQA_TIME_RUNS) * 1e3;
 out:
 	CHECK(ret == 0, "timing graph: %d", ret);
 	if (exec)
@@ -977,7 +971,7 @@ static double mla_time_cold(struct mla_run *m)
 {
 	static void *flush;
 	const size_t flush_bytes = (size_t)256 << 20;
-	float ms[MLA_AB_RUNS], t;
+	float ms[MLA_AB_RUNS];
 	cudaEvent_t a, b;
 
 	if ((!flush && !(flush = dalloc(flush_bytes))) || !CU(cudaEventCreate(&a)) ||
@@ -992,15 +986,9 @@ static double mla_time_cold(struct mla_run *m)
 		cudaEventSynchronize(b);
 		cudaEventElapsedTime(&ms[i], a, b);
 	}
-	for (int i = 1; i < MLA_AB_RUNS; i++)	/* insertion sort */
-		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-			t = ms[j];
-			ms[j] = ms[j - 1];
-			ms[j - 1] = t;
-		}
 	cudaEventDestroy(a);
 	cudaEventDestroy(b);
-	return ms[MLA_AB_RUNS / 2] * 1e3;
+	return test_median(ms, MLA_AB_RUNS) * 1e3;
 }
 
 /* The MLA knobs side by side on one set of inputs: each checked against the reference

@@ -343,14 +343,7 @@ static float median_us(void (*call)(void *ctx, int i), void *ctx)
 		cu(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]), "elapsed");
 	for (int i = 0; i < 21; i++)
 		cudaEventDestroy(ev[i]);
-	for (int i = 1; i < 20; i++)	/* insertion sort for the median */
-		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-			float t = ms[j];
-
-			ms[j] = ms[j - 1];
-			ms[j - 1] = t;
-		}
-	return ms[10] * 1e3f;
+	return test_median(ms, 20) * 1e3f;
 }
 
 /* Per-call time inside a CUDA graph of GRAPH_CALLS calls (median of 20 replays after
@@ -385,14 +378,7 @@ static float graph_us(void (*call)(void *ctx, int i), void *ctx)
 		cu(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]), "elapsed");
 	for (int i = 0; i < 21; i++)
 		cudaEventDestroy(ev[i]);
-	for (int i = 1; i < 20; i++)	/* insertion sort for the median */
-		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-			float t = ms[j];
-
-			ms[j] = ms[j - 1];
-			ms[j - 1] = t;
-		}
-	us = ms[10] * 1e3f / GRAPH_CALLS;
+	us = test_median(ms, 20) * 1e3f / GRAPH_CALLS;
 out:
 	if (ge)
 		cudaGraphExecDestroy(ge);
@@ -1084,14 +1070,7 @@ static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path
 	cu(cudaEventSynchronize(ev[20]), "sync");
 	for (int i = 0; i < 20; i++)
 		cu(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]), "elapsed");
-	for (int i = 1; i < 20; i++)	/* insertion sort for the median */
-		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-			float t = ms[j];
-
-			ms[j] = ms[j - 1];
-			ms[j - 1] = t;
-		}
-	med = ms[10];
+	med = test_median(ms, 20);
 	printf("%s time %-7s %-28s M %2d shared %4d: %3.0f MB of weights, %7.1f us = %.2f TB/s "
 	       "(floor %.1f us at 4.25 TB/s: %.0f%%)\n", si < 0 ? "moe_experts" : "experts_add",
 	       path_name(path), s->name, M, si > 0 ? si : 0, bytes / 1e6,

@@ -509,7 +509,7 @@ static double mla_post_after_norm_us(const struct k_cuda_mla_post_args *a)
 {
 	static float *x, *w;
 	const int rows = 132, dim = 65536;
-	float ms[MLAP_TIME_RUNS], t;
+	float ms[MLAP_TIME_RUNS];
 	cudaEvent_t e0, e1;
 
 	if (!x) {
@@ -530,15 +530,9 @@ static double mla_post_after_norm_us(const struct k_cuda_mla_post_args *a)
 		if (i >= 0)
 			cudaEventElapsedTime(&ms[i], e0, e1);
 	}
-	for (int i = 1; i < MLAP_TIME_RUNS; i++)	/* insertion sort */
-		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-			t = ms[j];
-			ms[j] = ms[j - 1];
-			ms[j - 1] = t;
-		}
 	cudaEventDestroy(e0);
 	cudaEventDestroy(e1);
-	return ms[MLAP_TIME_RUNS / 2] * 1e3;
+	return test_median(ms, MLAP_TIME_RUNS) * 1e3;
 }
 
 /* KD_TEST_TIME=1: mla_post behind the norm above, its cos/sin table before the PDL wait

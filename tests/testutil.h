@@ -48,6 +48,19 @@ static inline double test_rel_l2(const float *a, const float *b, size_t n)
 	return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* Median of v[0..n-1] (sorted in place: insertion sort, n is a timing run's count). */
+static inline float test_median(float *v, int n)
+{
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+			float t = v[j];
+
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+	return v[n / 2];
+}
+
 /* Deterministic xorshift for test inputs. */
 static inline float test_randf(unsigned long long *s)
 {
