@@ -14,6 +14,20 @@
 
 namespace {	// kernels and their helpers stay private to this file
 
+// RoPE of the pair (x[at], x[at + gap]) by angle (cos and sin in fp64 as the CPU
+// reference, scaled by attn_factor), each product rounded as the CPU's.
+__device__ __forceinline__ void qkv_rotate(float *x, int at, int gap, float angle,
+						  float attn_factor)
+{
+	double sd, cd;
+
+	sincos((double)angle, &sd, &cd);
+	const float c = __fmul_rn((float)cd, attn_factor), sn = __fmul_rn((float)sd, attn_factor);
+	const float x1 = x[at], x2 = x[at + gap];
+
+	x[at] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
+	x[at + gap] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
+}
 
 // Block (head j of q heads then kv heads, row r). A kv-head block also copies v.
 __global__ void __launch_bounds__(QKV_THREADS) qkv_post_kernel(const k_cuda_qkv_args a)
@@ -52,19 +66,8 @@ __global__ void __launch_bounds__(QKV_THREADS) qkv_post_kernel(const k_cuda_qkv_
 		const float p = (float)a.pos[r];
 		const int step = a.interleaved ? 2 : 1, gap = a.interleaved ? 1 : half;
 
-		for (int i = threadIdx.x; i < half; i += QKV_THREADS) {
-			const float angle = __fmul_rn(p, a.inv_freq[i]);
-			double sd, cd;
-			float c, sn, x1, x2;
-
-			sincos((double)angle, &sd, &cd);
-			c = __fmul_rn((float)cd, a.attn_factor);
-			sn = __fmul_rn((float)sd, a.attn_factor);
-			x1 = x[i * step];
-			x2 = x[i * step + gap];
-			x[i * step] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
-			x[i * step + gap] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
-		}
+		for (int i = threadIdx.x; i < half; i += QKV_THREADS)
+			qkv_rotate(x, i * step, gap, __fmul_rn(p, a.inv_freq[i]), a.attn_factor);
 		__syncthreads();
 	}
 	if (is_q) {
@@ -152,19 +155,10 @@ __global__ void __launch_bounds__(QKV_THREADS) qkv_post_early_kernel(const k_cud
 #pragma unroll
 		for (int k = 0; k < QKV_PER; k++) {
 			const int i = threadIdx.x + k * QKV_THREADS;
-			const float angle = __fmul_rn(p, fr[k]);
-			double sd, cd;
-			float c, sn, x1, x2;
 
 			if (i >= half)
 				break;
-			sincos((double)angle, &sd, &cd);
-			c = __fmul_rn((float)cd, a.attn_factor);
-			sn = __fmul_rn((float)sd, a.attn_factor);
-			x1 = x[i * step];
-			x2 = x[i * step + gap];
-			x[i * step] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
-			x[i * step + gap] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
+			qkv_rotate(x, i * step, gap, __fmul_rn(p, fr[k]), a.attn_factor);
 		}
 		__syncthreads();
 	}
