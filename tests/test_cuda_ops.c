@@ -2,7 +2,9 @@
  * RMSNorm (strided, in place, fused with the residual add), add, SwiGLU (plain and
  * fused rows), RoPE (default, llama3, YaRN; interleaved and not), and the fused
  * attention inputs of GQA and MLA layers (norm + rope + cache append). Outputs are
- * poisoned (NaN) first, so an unwritten element fails. One line per case.
+ * poisoned (NaN) first, so an unwritten element fails. One line per case. RMSNorm's
+ * early form (KDEC_RMSNORM_EARLY=1) is also checked bit for bit against the old one,
+ * and with KD_TEST_TIME=1 timed beside it in a CUDA graph behind a PDL predecessor.
  * Tolerances: embed and add are exact; RMSNorm and RoPE follow the CPU's fp32/fp64
  * steps (rel L2 <= 1e-6, in practice 0); SiLU differs by expf's last bit (<= 1e-6).
  * Skips (77) without CUDA or a GPU. */
@@ -242,6 +244,229 @@ static void test_add_rmsnorm(int rows, int dim, int alias)
 	free(want);
 	free(got);
 	free(gx);
+}
+
+/* ---- RMSNorm, the early form (KDEC_RMSNORM_EARLY=1) against the old one ------ */
+
+/* One norm launch on fresh device copies: form 0 k_cuda_rmsnorm (in place when
+ * inplace), 1 k_cuda_rmsnorm_bf16, 2 k_cuda_add_rmsnorm (out = r when inplace). Outputs
+ * poisoned first. Fills out (rows, out_stride), ob (rows, dim) for form 1, nx (rows,
+ * x_stride): x after the call. early: KDEC_RMSNORM_EARLY=1 for this launch. */
+struct norm_case {
+	int rows, dim, x_stride, out_stride, form, inplace;
+	const float *x, *r, *w;	/* host inputs: x and r (rows, x_stride), w (dim) */
+};
+
+static void norm_run(const struct norm_case *c, int early, float *out, uint16_t *ob, float *nx)
+{
+	size_t nxs = (size_t)c->rows * c->x_stride, nos = (size_t)c->rows * c->out_stride;
+	size_t nb = (size_t)c->rows * c->dim;
+	float *dx = dev_from(c->x, sizeof(float) * nxs), *dw = dev_from(c->w, sizeof(float) * c->dim);
+	float *dr = c->form == 2 ? dev_from(c->r, sizeof(float) * nxs) : NULL, *dout;
+	uint16_t *db = c->form == 1 ? dev_alloc(sizeof(uint16_t) * nb) : NULL;
+	int ret;
+
+	dout = !c->inplace ? dev_alloc(sizeof(float) * nos) : c->form == 2 ? dr : dx;
+	if (!c->inplace)
+		poison(dout, sizeof(float) * nos);
+	if (db)
+		poison(db, sizeof(uint16_t) * nb);
+	if (early)
+		setenv("KDEC_RMSNORM_EARLY", "1", 1);
+	if (c->form == 0)
+		ret = k_cuda_rmsnorm(stream, dout, c->out_stride, dx, c->x_stride, dw, c->rows, c->dim,
+				     1e-6f);
+	else if (c->form == 1)
+		ret = k_cuda_rmsnorm_bf16(stream, dout, c->out_stride, dx, c->x_stride, dw, c->rows,
+					  c->dim, 1e-6f, db);
+	else
+		ret = k_cuda_add_rmsnorm(stream, dx, dr, dout, dw, c->rows, c->dim, 1e-6f);
+	unsetenv("KDEC_RMSNORM_EARLY");
+	CHECK(ret == 0, "norm form %d launch: %d", c->form, ret);
+	to_host(out, dout, sizeof(float) * nos);
+	to_host(nx, dx, sizeof(float) * nxs);
+	if (db)
+		to_host(ob, db, sizeof(uint16_t) * nb);
+	if (dout != dx && dout != dr)
+		cudaFree(dout);
+	cudaFree(dx), cudaFree(dw), cudaFree(dr), cudaFree(db);
+}
+
+static size_t bits_differ(const void *a, const void *b, size_t n, size_t size)
+{
+	size_t bad = 0;
+
+	for (size_t i = 0; i < n; i++)
+		bad += memcmp((const char *)a + i * size, (const char *)b + i * size, size) != 0;
+	return bad;
+}
+
+/* The early form against the old form bit for bit (every output float, the bf16 copy,
+ * x after the fused add, the gaps between rows still poison in both) and against
+ * k_cpu_rmsnorm (rel L2 <= REL_TOL, every row element written). */
+static void test_rmsnorm_early(int rows, int dim, int x_stride, int out_stride, int form,
+			       int inplace)
+{
+	static const char *const forms[] = { "rmsnorm", "rmsnorm_bf16", "add_rmsnorm" };
+	struct norm_case c = { rows, dim, x_stride, inplace && form != 2 ? x_stride : out_stride,
+			       form, inplace, NULL, NULL, NULL };
+	size_t nxs = (size_t)rows * x_stride, nos = (size_t)rows * c.out_stride;
+	size_t nb = (size_t)rows * dim, d32, db = 0, dx;
+	float *x = rand_floats(nxs, 3.0f), *r = rand_floats(nxs, 2.0f), *w = rand_floats(dim, 1.0f);
+	float *o0 = malloc(sizeof(float) * nos), *o1 = malloc(sizeof(float) * nos);
+	float *x0 = malloc(sizeof(float) * nxs), *x1 = malloc(sizeof(float) * nxs);
+	float *want = malloc(sizeof(float) * nb), *got = malloc(sizeof(float) * nb), *xin;
+	uint16_t *b0 = malloc(sizeof(uint16_t) * nb), *b1 = malloc(sizeof(uint16_t) * nb);
+	char shape[96];
+
+	if (form == 2)	/* contiguous rows */
+		CHECK(x_stride == dim && out_stride == dim, "add_rmsnorm case with strides");
+	c.x = x, c.r = r, c.w = w;
+	norm_run(&c, 0, o0, b0, x0);
+	norm_run(&c, 1, o1, b1, x1);
+	d32 = bits_differ(o0, o1, nos, sizeof(float));
+	dx = bits_differ(x0, x1, nxs, sizeof(float));
+	if (form == 1)
+		db = bits_differ(b0, b1, nb, sizeof(uint16_t));
+	xin = x;
+	if (form == 2) {	/* the norm's input: x + r, exact (k_cpu_add's) */
+		xin = memcpy(malloc(sizeof(float) * nxs), x, sizeof(float) * nxs);
+		k_cpu_add(xin, r, nxs);
+		report("rmsnorm early", "add_rmsnorm: x after x += r", x1, xin, nxs, 0);
+	}
+	k_cpu_rmsnorm(want, dim, xin, x_stride, w, K_F32, rows, dim, 1e-6f);
+	for (int i = 0; i < rows; i++)
+		memcpy(got + (size_t)i * dim, o1 + (size_t)i * c.out_stride, sizeof(float) * dim);
+	snprintf(shape, sizeof(shape), "%s rows %d dim %d stride %d/%d%s", forms[form], rows, dim,
+		 x_stride, c.out_stride, inplace ? " in place" : "");
+	printf("%-14s %-40s vs old: %zu fp32, %zu bf16, %zu x differ  %s\n", "rmsnorm early", shape,
+	       d32, db, dx, d32 || db || dx ? "FAIL" : "PASS");
+	CHECK(!d32 && !db && !dx, "early %s: %zu fp32, %zu bf16, %zu x differ from the old form",
+	      shape, d32, db, dx);
+	report("rmsnorm early", shape, got, want, nb, REL_TOL);
+	if (xin != x)
+		free(xin);
+	free(x), free(r), free(w), free(o0), free(o1), free(x0), free(x1), free(want), free(got);
+	free(b0), free(b1);
+}
+
+/* KD_TEST_TIME=1: k_cuda_rmsnorm_bf16 (rows, dim), the forward's pre-linear norm, in a
+ * CUDA graph behind a stand-in for the linear before it: k_cuda_add writes the norm's
+ * input (hot in L2, as the linear's output is), then an in-place rmsnorm of 132 rows of
+ * 16k floats (~8.6 MB each way, a few us, PDL) drains while the norm, PDL-launched, is
+ * scheduled. RN_REPS such triples in one graph, each norm with its own w, and before
+ * each replay a 256 MB memset evicts L2: so every w comes from HBM, as a layer's norm
+ * weights do in a step. Median of RN_TIME_RUNS replays after two, per triple: the graph
+ * without the norms, with the old form, with the early one. */
+#define RN_TIME_RUNS 25
+#define RN_REPS 8
+#define RN_FLUSH_BYTES ((size_t)256 << 20)
+#define RN_HBM_BPS 4.25e12
+
+static double rmsnorm_graph_us(int rows, int dim, int variant)
+{
+	static float *flush, *big, *bw, *zero, *x, *w, *out;
+	static uint16_t *ob;
+	const int brows = 132, bdim = 16384, wmax = 4096;
+	const size_t n = (size_t)rows * dim, nmax = (size_t)64 * wmax;
+	cudaGraph_t graph;
+	cudaGraphExec_t exec;
+	float ms[RN_TIME_RUNS];
+	cudaEvent_t e0, e1;
+	int bad = 0;
+
+	if (!flush) {	/* sized for the largest shape timed: 64 x 4096 */
+		flush = dev_alloc(RN_FLUSH_BYTES);
+		big = dev_alloc(sizeof(float) * brows * bdim);
+		bw = dev_alloc(sizeof(float) * bdim);	/* the stand-in's own: w stays cold */
+		zero = dev_alloc(sizeof(float) * nmax);
+		x = dev_alloc(sizeof(float) * nmax);
+		out = dev_alloc(sizeof(float) * nmax);
+		ob = dev_alloc(sizeof(uint16_t) * nmax);
+		w = dev_alloc(sizeof(float) * RN_REPS * wmax);
+		cu(cudaMemset(big, 0, sizeof(float) * brows * bdim), "memset");
+		cu(cudaMemset(bw, 0, sizeof(float) * bdim), "memset");
+		cu(cudaMemset(zero, 0, sizeof(float) * nmax), "memset");
+		cu(cudaMemset(x, 0x3f, sizeof(float) * nmax), "memset");	/* ~0.75 */
+		cu(cudaMemset(w, 0x3f, sizeof(float) * RN_REPS * wmax), "memset");
+	}
+	if (variant == 2)
+		setenv("KDEC_RMSNORM_EARLY", "1", 1);
+	cu(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+	for (int k = 0; k < RN_REPS; k++) {
+		bad |= k_cuda_add(stream, x, zero, n);
+		bad |= k_cuda_rmsnorm(stream, big, bdim, big, bdim, bw, brows, bdim, 1e-6f);
+		if (variant)
+			bad |= k_cuda_rmsnorm_bf16(stream, out, dim, x, dim, w + (size_t)k * wmax, rows,
+						   dim, 1e-6f, ob);
+	}
+	cu(cudaStreamEndCapture(stream, &graph), "end capture");
+	unsetenv("KDEC_RMSNORM_EARLY");
+	CHECK(!bad, "rmsnorm timing graph: a launch failed");
+	cu(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+	cu(cudaEventCreate(&e0), "event");
+	cu(cudaEventCreate(&e1), "event");
+	for (int i = -2; i < RN_TIME_RUNS; i++) {
+		cu(cudaMemsetAsync(flush, i & 0xff, RN_FLUSH_BYTES, stream), "flush");	/* cold L2 */
+		cudaEventRecord(e0, stream);
+		cu(cudaGraphLaunch(exec, stream), "graph launch");
+		cudaEventRecord(e1, stream);
+		cu(cudaEventSynchronize(e1), "graph replay");
+		if (i >= 0)
+			cudaEventElapsedTime(&ms[i], e0, e1);
+	}
+	cudaEventDestroy(e0);
+	cudaEventDestroy(e1);
+	cudaGraphExecDestroy(exec);
+	cudaGraphDestroy(graph);
+	return test_median(ms, RN_TIME_RUNS) * 1e3 / RN_REPS;
+}
+
+static void rmsnorm_time(int rows, int dim, const char *model)
+{
+	const char *e = getenv("KD_TEST_TIME");
+	/* x read, w read, fp32 and bf16 out written */
+	double bytes = (double)rows * dim * (4 + 4 + 2) + 4.0 * dim;
+	double base, old, early;
+	char shape[64];
+
+	if (!(e && atoi(e)))
+		return;
+	base = rmsnorm_graph_us(rows, dim, 0);
+	old = rmsnorm_graph_us(rows, dim, 1);
+	early = rmsnorm_graph_us(rows, dim, 2);
+	snprintf(shape, sizeof(shape), "%s rows %d dim %d", model, rows, dim);
+	printf("%-14s %-40s behind a %.2f us stand-in: old +%.2f us, early +%.2f us "
+	       "(saves %.2f us), HBM floor %.3f us\n", "rmsnorm time", shape, base, old - base,
+	       early - base, old - early, bytes / RN_HBM_BPS * 1e6);
+}
+
+/* The early form bit for bit against the old one: the measured shapes (DeepSeek-V2-Lite
+ * 2048, Llama 3 8B 4096, batch 1 and 64), each variant's edges (warp: 4..32 values a
+ * lane; block: 8, 16, 32 a thread and the two-loop form past 8192, which has no early
+ * variant), odd sizes and strides, in place and out = r; then the timing. */
+static void test_rmsnorm_early_all(void)
+{
+	static const int shapes[][2] = {
+		{ 1, 2048 }, { 64, 2048 }, { 1, 4096 }, { 64, 4096 }, { 1, 1 }, { 3, 7 },
+		{ 5, 100 }, { 2, 257 }, { 7, 513 }, { 9, 1000 }, { 2, 1024 }, { 3, 1025 },
+		{ 4, 2049 }, { 5, 4097 }, { 257, 7168 }, { 2, 8192 }, { 2, 9000 },
+	};
+
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+		for (int form = 0; form < 3; form++)
+			test_rmsnorm_early(shapes[s][0], shapes[s][1], shapes[s][1], shapes[s][1], form,
+					   form == 2 && s % 2);
+	test_rmsnorm_early(64, 512, 576, 576, 0, 1);	/* MLA kv_a slice in place */
+	test_rmsnorm_early(257 * 8, 128, 128, 128, 0, 1);	/* per-head q/k norm */
+	test_rmsnorm_early(5, 1536, 1539, 1600, 0, 0);	/* odd strides */
+	test_rmsnorm_early(5, 1536, 1539, 1600, 1, 0);
+	test_rmsnorm_early(3, 7, 9, 11, 1, 0);
+	test_rmsnorm_early(3, 3000, 3001, 3003, 1, 0);
+	rmsnorm_time(1, 2048, "dsv2-lite");
+	rmsnorm_time(64, 2048, "dsv2-lite");
+	rmsnorm_time(1, 4096, "llama3-8b");
+	rmsnorm_time(64, 4096, "llama3-8b");
 }
 
 /* ---- add and SwiGLU ------------------------------------------------------- */
@@ -736,6 +961,17 @@ int main(void)
 	test_rmsnorm(257 * 8, 128, 128, 128, 1);	/* per-head q/k norm */
 	test_rmsnorm(5, 1536, 1539, 1600, 0);	/* odd strides */
 	test_rmsnorm(3, 7, 9, 11, 0);
+	setenv("KDEC_RMSNORM_EARLY", "1", 1);	/* w before the PDL wait */
+	printf("rmsnorm again, KDEC_RMSNORM_EARLY=1:\n");
+	for (int d = 0; d < 5; d++)
+		for (int r = 0; r < 3; r++) {
+			test_rmsnorm(rows[r], dims[d], dims[d], dims[d], 0);
+			test_add_rmsnorm(rows[r], dims[d], r == 1);
+		}
+	test_rmsnorm(64, 512, 576, 576, 1);
+	test_rmsnorm(5, 1536, 1539, 1600, 0);
+	unsetenv("KDEC_RMSNORM_EARLY");
+	test_rmsnorm_early_all();
 	for (int d = 0; d < 5; d++) {
 		test_add((size_t)dims[d], 0);
 		test_silu_mul((size_t)dims[d], 0, 0);
