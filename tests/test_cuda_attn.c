@@ -1190,6 +1190,7 @@ static void mla_fold_case(struct k_mla_dims d, struct rows *r, int rot_dim, int 
 	int ret;
 
 	memset(&f, 0, sizeof(f));
+	label[0] = 0;
 	snprintf(what, sizeof(what), "[post in absorb, rope %d%s, %s]", rot_dim,
 		 interleaved ? " interleaved" : "", fused ? "fused q" : "q in place");
 	if (mla_setup(&f.m, d, 16, r, 0, 0) || fold_setup(&f, rot_dim, interleaved, fused)) {
