@@ -685,8 +685,9 @@ static bool absorb_post_fits(int R, const k_mla_dims *d, const k_cuda_mla_post_a
 	const long q_rs = p->q_src_pe ? p->q_src_rs : p->q_rs;
 
 	return R >= 1 && R <= ABS_POST_ROWS && R <= attn_cdiv(d->kv_lora, ABS_MMA_COLS) &&
-	       p->rows == R && p->n_heads == d->n_heads && p->q_hs == qk && q_rs >= (long)d->n_heads * qk &&
-	       p->kv_lora == d->kv_lora && p->kv_lora <= POST_MAX_LORA && p->pe_dim == d->rope_dim &&
+	       p->rows == R && p->n_heads == d->n_heads && p->q_hs == qk &&
+	       q_rs >= (long)d->n_heads * qk && p->kv_lora == d->kv_lora &&
+	       p->kv_lora <= POST_MAX_LORA && p->pe_dim == d->rope_dim &&
 	       p->rot_dim >= 0 && p->rot_dim % 2 == 0 && p->rot_dim <= p->pe_dim &&
 	       p->rot_dim / 2 <= POST_MAX_HALF && (p->rot_dim == 0 || p->inv_freq) &&
 	       p->kv_rs >= (long)p->kv_lora + p->pe_dim && p->q_pe && p->kv && p->norm &&
