@@ -63,6 +63,8 @@ void cuda_prof_mark(struct backend_cuda *b, const char *op)
 {
 	struct cuda_prof *p = b->prof;
 
+	if (b->mla_post_pending && strcmp(op, "attn_mla"))	/* only attn_mla takes it */
+		cuda_mla_post_flush(b);
 	if (!reads_x_bf16(op))
 		k_cuda_linear_x_ready(b->lin, NULL, 0, 0);
 	if (!p || b->capturing || p->n_pending >= CUDA_PROF_MAX_PENDING)
@@ -460,8 +462,22 @@ static int cuda_attn_mla(struct backend *be, float *out, const float *q, const s
 	struct backend_cuda *b = cuda_of(be);
 	cuda_prof_mark(b, "attn_mla");
 	struct k_cuda_attn_rows r = attn_rows(rows);
-	int ret = k_cuda_attn_mla(b->stream, b->attn_ws, out, q, W(b, w_kv_b), (const uint16_t *)kv->k,
-				  kv->block_tokens, &r, d, scale);
+	int ret;
+
+	/* mla_prep's mla_post work, where it left it for this layer's q and cache: in the
+	 * absorb launch (k_cuda_attn_mla_post); anything else runs it first */
+	if (b->mla_post_pending && (b->mla_post.cache != (uint16_t *)kv->k ||
+				    b->mla_post.q_pe != q + d->nope_dim))
+		cuda_mla_post_flush(b);
+	if (b->mla_post_pending) {
+		b->mla_post_pending = 0;
+		ret = k_cuda_attn_mla_post(b->stream, b->attn_ws, out, &b->mla_post,
+					   W(b, w_kv_b), (const uint16_t *)kv->k,
+					   kv->block_tokens, &r, d, scale);
+	} else {
+		ret = k_cuda_attn_mla(b->stream, b->attn_ws, out, q, W(b, w_kv_b),
+				      (const uint16_t *)kv->k, kv->block_tokens, &r, d, scale);
+	}
 
 	cuda_note(b, ret, "attn_mla");
 	return ret;

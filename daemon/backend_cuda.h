@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "daemon/backend.h"
+#include "kernels/cuda/k_cuda_ops.h"
 
 struct k_cuda_linear;
 struct k_cuda_attn_ws;
@@ -63,6 +64,10 @@ struct backend_cuda {
 	float *fused;			/* (fused_floats) fused projections' outputs:
 					 * (rows, q + 2 kv widths) or (rows, 2 * inter) */
 	size_t fused_floats;
+	struct k_cuda_mla_post_args mla_post;	/* KDEC_MLA_POST_IN_ABSORB=1: mla_prep's
+						 * mla_post work, left for attn_mla's absorb
+						 * launch while mla_post_pending */
+	int mla_post_pending;
 	int capturing;
 	struct cuda_prof *prof;		/* NULL unless KDEC_CUDA_OP_TIMES=1 */
 };
@@ -93,6 +98,9 @@ void cuda_mla_post(struct backend *be, float *q, float *kv_a, const struct model
 		   const struct backend_mla *p);
 void cuda_mla_prep(struct backend *be, float *q, const float *h, const struct model_layer *L,
 		   const struct backend_mla *p);
+/* Launches the mla_post work mla_prep left pending, if any (an op other than attn_mla
+ * is about to be queued after it). */
+void cuda_mla_post_flush(struct backend_cuda *b);
 void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		       const struct model_tensor *w_gate, const struct model_tensor *w_up, int M);
 

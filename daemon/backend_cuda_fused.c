@@ -148,15 +148,36 @@ static int mla_post_op_by_op(struct backend_cuda *b, float *q, float *kv_a,
 	return k_cuda_kv_write(b->stream, (uint16_t *)p->kv->k, width, kv_a, width, R, p->slots);
 }
 
-/* mla_post's kernel; q_src (NULL: q in place) and kv_a rows q_src_rs and kv_rs apart. */
-static int mla_post_kernel(struct backend_cuda *b, float *q, const float *q_src, long q_src_rs,
-			   const float *kv_a, long kv_rs, const struct model_layer *L,
-			   const struct backend_mla *p)
+/* KDEC_MLA_POST_IN_ABSORB=1: mla_prep leaves mla_post's work to attn_mla's absorb
+ * launch (k_cuda_attn_mla_post), one launch boundary fewer a layer. Read once. */
+static int mla_post_in_absorb(void)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *e = getenv("KDEC_MLA_POST_IN_ABSORB");
+
+		on = e && e[0] == '1';
+	}
+	return on;
+}
+
+void cuda_mla_post_flush(struct backend_cuda *b)
+{
+	if (!b->mla_post_pending)
+		return;
+	b->mla_post_pending = 0;
+	cuda_note(b, k_cuda_mla_post(b->stream, &b->mla_post), "mla_prep (its mla_post)");
+}
+
+/* mla_post's arguments; q_src (NULL: q in place) and kv_a rows q_src_rs and kv_rs apart. */
+static void mla_post_args(struct backend_cuda *b, struct k_cuda_mla_post_args *out, float *q,
+			  const float *q_src, long q_src_rs, const float *kv_a, long kv_rs,
+			  const struct model_layer *L, const struct backend_mla *p)
 {
 	const int qk = p->nope_dim + p->rope_dim;
-	struct k_cuda_mla_post_args a;
 
-	a = (struct k_cuda_mla_post_args){
+	*out = (struct k_cuda_mla_post_args){
 		.q_pe = q + p->nope_dim, .q_rs = (long)p->n_heads * qk, .q_hs = qk,
 		.q_src_pe = q_src ? q_src + p->nope_dim : NULL, .q_src_rs = q_src_rs,
 		.nope_dim = p->nope_dim,
@@ -167,6 +188,16 @@ static int mla_post_kernel(struct backend_cuda *b, float *q, const float *q_src,
 		.attn_factor = p->rope->attn_factor, .pos = p->pos, .cache = (uint16_t *)p->kv->k,
 		.slots = p->slots,
 	};
+}
+
+/* mla_post's kernel, arguments as mla_post_args. */
+static int mla_post_kernel(struct backend_cuda *b, float *q, const float *q_src, long q_src_rs,
+			   const float *kv_a, long kv_rs, const struct model_layer *L,
+			   const struct backend_mla *p)
+{
+	struct k_cuda_mla_post_args a;
+
+	mla_post_args(b, &a, q, q_src, q_src_rs, kv_a, kv_rs, L, p);
 	return k_cuda_mla_post(b->stream, &a);
 }
 
@@ -275,6 +306,12 @@ void cuda_mla_prep(struct backend *be, float *q, const float *h, const struct mo
 	if ((ret = group_linear(b, b->fused, h, w, 2, p->rows, off, rs)) ||
 	    (lora && (ret = mla_prep_lora(b, q, b->fused + off[0], rs[0], L, p, b->fused + pair)))) {
 		cuda_note(b, ret, "mla_prep");
+		return;
+	}
+	if (mla_post_in_absorb()) {	/* attn_mla, next, takes it (or flushes it) */
+		mla_post_args(b, &b->mla_post, q, lora ? NULL : b->fused + off[0], rs[0],
+			      b->fused + off[1], rs[1], L, p);
+		b->mla_post_pending = 1;
 		return;
 	}
 	cuda_note(b, mla_post_kernel(b, q, lora ? NULL : b->fused + off[0], rs[0],

@@ -1060,6 +1060,226 @@ static void mla_ab_case(struct k_mla_dims d, int n_rows, int ctx, int spread, in
 	mla_teardown(&m);
 }
 
+/* ---- MLA: mla_post's work in the absorb launch ----------------------------- */
+
+/* k_cuda_attn_mla_post against k_cuda_mla_post then k_cuda_attn_mla on the same
+ * inputs, two copies of one cache: out and every cache value equal bit for bit (the
+ * fold does mla_post's rounded operations in its order), and out against the CPU
+ * reference over the old path's q and cache (k_cuda_mla_post itself is checked
+ * against the CPU in test_cuda_ops). Outputs poisoned with NaN first; the new path's
+ * q buffer too where q comes from fused [q | kv_a] rows (the fold must read those,
+ * never q). Each row appends its token at ctx - 1, which the attention then reads:
+ * the new path's attention must copy that row after its PDL wait. */
+struct mla_fold {
+	struct mla_run m;	/* dims, rows, the old path's cache and q, w, out */
+	uint16_t *d_cache2;	/* the new path's cache */
+	float *d_q2, *d_out2;	/* its q (poisoned, fused) and out */
+	float *d_src;		/* (rows, src_rs): [q | kv_a] (fused) or kv_a alone */
+	float *d_inv;
+	int32_t *d_pos, *d_slots;
+	struct k_cuda_mla_post_args a_old, a_new;
+};
+
+static int fold_old(void *p, cudaStream_t s)
+{
+	struct mla_fold *f = p;
+	int ret = k_cuda_mla_post(s, &f->a_old);
+
+	return ret ? ret : mla_call(&f->m, s);
+}
+
+static int fold_new(void *p, cudaStream_t s)
+{
+	struct mla_fold *f = p;
+	struct k_cuda_attn_rows gr = rows_gpu(f->m.r, f->m.hint);
+
+	return k_cuda_attn_mla_post(s, f->m.ws, f->d_out2, &f->a_new, f->m.d_w, f->d_cache2,
+				    f->m.r->bt, &gr, &f->m.d, f->m.scale);
+}
+
+static int fold_setup(struct mla_fold *f, int rot_dim, int interleaved, int fused)
+{
+	const struct k_mla_dims *d = &f->m.d;
+	const struct rows *r = f->m.r;
+	const int R = r->n_rows, H = d->n_heads, qk = d->nope_dim + d->rope_dim;
+	const int width = d->kv_lora + d->rope_dim;
+	/* rows padded (interleaved cases): the absorb's q loads then one at a time */
+	const long src_rs = (fused ? (long)H * qk : 0) + width + (interleaved ? 3 : 0);
+	size_t nsrc = (size_t)R * src_rs, nq = (size_t)R * H * qk;
+	float *src = rand_floats(nsrc, 1.0f), inv[512];
+	int32_t pos[64], slots[64];
+
+	for (int i = 0; i < rot_dim / 2; i++)
+		inv[i] = powf(10000.0f, -2.0f * (float)i / (float)rot_dim);
+	for (int i = 0; i < R; i++) {	/* the row's token: ctx - 1, in its table */
+		pos[i] = r->ctx[i] - 1;
+		slots[i] = r->row_tab[i][pos[i] / r->bt] * r->bt + pos[i] % r->bt;
+	}
+	f->d_src = dup_to_device(src, sizeof(float) * nsrc);
+	f->d_inv = dup_to_device(inv, sizeof(float) * (size_t)(rot_dim / 2 + 1));
+	f->d_pos = dup_to_device(pos, sizeof(int32_t) * (size_t)R);
+	f->d_slots = dup_to_device(slots, sizeof(int32_t) * (size_t)R);
+	f->d_cache2 = dup_to_device(f->m.c.h, sizeof(uint16_t) * f->m.c.n);
+	f->d_q2 = dup_to_device(f->m.q, sizeof(float) * nq);	/* lora: q in place, both */
+	f->d_out2 = dalloc(sizeof(float) * (size_t)R * H * d->v_dim);
+	free(src);
+	if (!f->d_src || !f->d_inv || !f->d_pos || !f->d_slots || !f->d_cache2 || !f->d_q2 ||
+	    !f->d_out2)
+		return -1;
+	if (fused)	/* the fold must not read q: NaN there shows in out */
+		CU(cudaMemset(f->d_q2, 0xff, sizeof(float) * nq));
+	f->a_old = (struct k_cuda_mla_post_args){
+		.q_pe = f->m.d_q + d->nope_dim, .q_rs = (long)H * qk, .q_hs = qk,
+		.q_src_pe = fused ? f->d_src + d->nope_dim : NULL, .q_src_rs = src_rs,
+		.nope_dim = d->nope_dim, .n_heads = H,
+		.kv = f->d_src + (fused ? (long)H * qk : 0), .kv_rs = src_rs, .rows = R,
+		.kv_lora = d->kv_lora, .pe_dim = d->rope_dim,
+		.norm = f->d_src,	/* any (kv_lora) fp32 values serve as the norm weight */
+		.eps = 1e-6f, .inv_freq = f->d_inv, .rot_dim = rot_dim,
+		.interleaved = interleaved, .attn_factor = rot_dim % 4 ? 1.0f : 1.125f,
+		.pos = f->d_pos, .cache = f->m.c.d, .slots = f->d_slots,
+	};
+	f->a_new = f->a_old;
+	f->a_new.q_pe = f->d_q2 + d->nope_dim;
+	f->a_new.cache = f->d_cache2;
+	return 0;
+}
+
+static void fold_teardown(struct mla_fold *f)
+{
+	cudaFree(f->d_cache2);
+	cudaFree(f->d_q2);
+	cudaFree(f->d_out2);
+	cudaFree(f->d_src);
+	cudaFree(f->d_inv);
+	cudaFree(f->d_pos);
+	cudaFree(f->d_slots);
+	mla_teardown(&f->m);
+}
+
+/* Values of a and b (n of size sz) that differ. */
+static size_t fold_diff(const void *a, const void *b, size_t n, size_t sz)
+{
+	size_t bad = 0;
+
+	for (size_t i = 0; i < n; i++)
+		bad += memcmp((const char *)a + i * sz, (const char *)b + i * sz, sz) != 0;
+	return bad;
+}
+
+static void *fold_download(const void *d, size_t bytes)
+{
+	void *h = malloc(bytes);
+
+	if (h)
+		CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+	return h;
+}
+
+/* The checks above on one set of inputs, then (KD_TEST_TIME=1) both paths timed as a
+ * graph, cold (a 256 MB memset before each replay), median of GQA_TIME_RUNS. */
+static void mla_fold_case(struct k_mla_dims d, struct rows *r, int rot_dim, int interleaved,
+			  int fused)
+{
+	const size_t no = (size_t)r->n_rows * d.n_heads * d.v_dim;
+	const size_t nq = (size_t)r->n_rows * d.n_heads * (d.nope_dim + d.rope_dim);
+	struct mla_fold f;
+	float *o1 = NULL, *o2 = NULL, *q1 = NULL;
+	uint16_t *c1 = NULL, *c2 = NULL;
+	char label[200], what[64];
+	int ret;
+
+	memset(&f, 0, sizeof(f));
+	label[0] = 0;
+	snprintf(what, sizeof(what), "[post in absorb, rope %d%s, %s]", rot_dim,
+		 interleaved ? " interleaved" : "", fused ? "fused q" : "q in place");
+	if (mla_setup(&f.m, d, 16, r, 0, 0) || fold_setup(&f, rot_dim, interleaved, fused)) {
+		CHECK(0, "mla fold setup");
+		fold_teardown(&f);
+		return;
+	}
+	CU(cudaMemset(f.m.d_out, 0xff, sizeof(float) * no));
+	CU(cudaMemset(f.d_out2, 0xff, sizeof(float) * no));
+	ret = fold_old(&f, 0);
+	CHECK(ret == 0, "%s old path: %d", what, ret);
+	ret = ret ? ret : fold_new(&f, 0);
+	CHECK(ret == 0, "%s k_cuda_attn_mla_post: %d", what, ret);
+	if (ret == 0 && CU(cudaDeviceSynchronize())) {
+		size_t bo, bc;
+
+		o1 = download(f.m.d_out, no);
+		o2 = download(f.d_out2, no);
+		c1 = fold_download(f.m.c.d, sizeof(uint16_t) * f.m.c.n);
+		c2 = fold_download(f.d_cache2, sizeof(uint16_t) * f.m.c.n);
+		q1 = download(f.m.d_q, nq);
+		bo = fold_diff(o1, o2, no, sizeof(float));
+		bc = fold_diff(c1, c2, f.m.c.n, sizeof(uint16_t));
+		mla_label(label, sizeof(label), &f.m, what);
+		fprintf(stderr, "%s%-72s out %zu of %zu, cache %zu of %zu values differ from "
+			"mla_post + attn_mla  %s\n", attn_path, label, bo, no, bc, f.m.c.n,
+			bo || bc ? "FAIL" : "PASS");
+		CHECK(!bo && !bc, "%s%s: %zu outputs, %zu cache values differ", attn_path, label,
+		      bo, bc);
+		/* the reference over the old path's q and cache */
+		memcpy(f.m.q, q1, sizeof(float) * nq);
+		for (size_t i = 0; i < f.m.c.n; i++)
+			f.m.c.f[i] = k_bf16_to_f32(c1[i]);
+		{
+			float *keep = f.m.d_out;
+
+			f.m.d_out = f.d_out2;
+			mla_check(&f.m, what);
+			f.m.d_out = keep;
+		}
+	}
+	if (timing && ret == 0) {
+		static void *flush;
+		double old_us, new_us, bytes;
+
+		if (!flush)
+			flush = dalloc(GQA_FLUSH_BYTES);
+		old_us = flush ? graph_us(fold_old, &f, flush) : 0;
+		new_us = flush ? graph_us(fold_new, &f, flush) : 0;
+		bytes = rows_kv_bytes(r, 2.0 * (d.kv_lora + d.rope_dim)) +
+			2.0 * d.n_heads * (d.nope_dim + d.v_dim) * d.kv_lora;
+		fprintf(stderr, "mla post-in-absorb time batch %d %s: mla_post + attn_mla %.1f us, "
+			"attn_mla_post %.1f us (%+.1f); HBM floor %.1f us (w_kv_b + latent at "
+			"4.25 TB/s), graph, cold L2, median of %d\n", r->n_rows, label,
+			old_us, new_us, new_us - old_us, bytes / 4.25e6, GQA_TIME_RUNS);
+	}
+	free(o1);
+	free(o2);
+	free(c1);
+	free(c2);
+	free(q1);
+	fold_teardown(&f);
+}
+
+/* DeepSeek-V2-Lite's layer (and odd dims: a vec-less absorb, the tiled attention, a
+ * partial rope) at batch 1, 3, 8 (folded) and 64 (past the fold: the two launches). */
+static void test_mla_post_fold(void)
+{
+	static const struct k_mla_dims lite = { 16, 128, 64, 128, 512 },
+		odd = { 5, 12, 6, 10, 37 };
+	static const int runs[2] = { 3, 2 }, pos0[2] = { 500, 40 };
+
+	mla_fold_case(lite, rows_decode(1, 1024, 0, 1024), 64, 0, 1);
+	mla_fold_case(lite, rows_decode(1, 1000, 0, 32768), 64, 1, 1);
+	mla_fold_case(lite, rows_decode(1, 1, 0, 4096), 64, 0, 0);	/* the only token */
+	mla_fold_case(lite, rows_decode(3, 1024, 1, 4096), 64, 0, 1);
+	mla_fold_case(lite, rows_decode(8, 1024, 0, 1024), 64, 0, 1);
+	mla_fold_case(lite, rows_decode(8, 777, 1, 4096), 64, 1, 0);
+	mla_fold_case(lite, rows_prefill(2, runs, pos0, 1024), 64, 0, 1);	/* 5 rows, 2 seqs */
+	mla_fold_case(odd, rows_decode(2, 333, 1, 1024), 6, 0, 1);
+	mla_fold_case(odd, rows_decode(1, 100, 0, 1024), 4, 1, 0);	/* rope 4 of 6 */
+	mla_fold_case(odd, rows_decode(3, 333, 1, 1024), 6, 0, 1);	/* 3 rows: 2 chunks */
+	if (quick)
+		return;
+	mla_fold_case(lite, rows_decode(1, 4096, 0, 32768), 64, 0, 1);
+	mla_fold_case(lite, rows_decode(64, 1024, 0, 1024), 64, 0, 1);
+	mla_fold_case(lite, rows_decode(64, 1024, 1, 4096), 64, 1, 0);
+}
+
 /* ---- KV write ------------------------------------------------------------- */
 
 /* n_rows random rows (a few special values among them) into distinct shuffled slots of a
@@ -1323,6 +1543,7 @@ int main(void)
 	test_gqa();
 	test_gqa_prefill();
 	test_mla();
+	test_mla_post_fold();
 	setenv("KDEC_ATTN_MMA", "1", 1);
 	attn_tol = ATTN_TOL_MMA;
 	attn_path = "[mma] ";
@@ -1352,6 +1573,8 @@ int main(void)
 	unsetenv("KDEC_MLA_SPLIT_MIN");
 	attn_tol = ATTN_TOL_MMA;
 	test_mla_ab();
+	attn_path = "[mma] ";
+	test_mla_post_fold();
 	/* The split merge folded into MLA's expand projection (off by default: the merge
 	 * kernel, the cases above): at batch 1 by a cluster of a head's expand blocks
 	 * sharing it, at every row count it takes, then each block merging on its own. */

@@ -6,6 +6,7 @@
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/attn_ptx.cuh"
+#include "kernels/cuda/k_cuda_ops.h"
 #include "kernels/cuda/mla_proj.cuh"
 
 #define MLA_ROWS 16		// query rows per block of the absorb and expand kernels
@@ -217,10 +218,13 @@ static int mla_check(const k_mla_dims *d)
 
 // The latent attention proper: o_lat (R, H, L) from q_lat (R, H, L + rope). *n_split
 // comes back 1, or (tensor-core kernel, where the expand can merge them) the number of
-// split partials left unmerged in ws->part_o and ws->part_lse.
+// split partials left unmerged in ws->part_o and ws->part_lse. fresh: the launch just
+// before appended this step's cache rows (the absorb took mla_post's work), so the
+// tensor-core kernel copies them after its PDL wait, not before (the tiled kernel
+// waits for everything).
 static int mla_attend(cudaStream_t s, k_cuda_attn_ws *ws, const uint16_t *cache,
 		      int block_tokens, const k_cuda_attn_rows *rows, const k_mla_dims *d,
-		      float qscale, int *n_split)
+		      float qscale, bool fresh, int *n_split)
 {
 	const int R = rows->n_rows, H = d->n_heads, L = d->kv_lora, wd = L + d->rope_dim;
 	const long tiles = attn_cdiv(R * H, MLA_TILE_Q);
@@ -248,6 +252,7 @@ static int mla_attend(cudaStream_t s, k_cuda_attn_ws *ws, const uint16_t *cache,
 	a.dk = wd;
 	a.dv = L;
 	a.qscale = qscale;
+	a.early = fresh;
 	a.vec = wd % 8 == 0 && (uintptr_t)cache % 16 == 0;
 	mla_split_floor(&a);
 	*n_split = 1;
@@ -267,13 +272,16 @@ static int mla_attend(cudaStream_t s, k_cuda_attn_ws *ws, const uint16_t *cache,
 	return attn_tile_launch(s, ws, MLA_TILE_Q, &a);
 }
 
-extern "C" int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
-			       const float *q, const uint16_t *w_kv_b, const uint16_t *cache,
-			       int block_tokens, const struct k_cuda_attn_rows *rows,
-			       const struct k_mla_dims *d, float scale)
+// k_cuda_attn_mla, and (post) k_cuda_mla_post's work before it: in the absorb launch
+// where it takes it (mla_absorb_post_mma), else its own launch first and q = post's.
+static int mla_run(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out, const float *q,
+		   const struct k_cuda_mla_post_args *post, const uint16_t *w_kv_b,
+		   const uint16_t *cache, int block_tokens, const struct k_cuda_attn_rows *rows,
+		   const struct k_mla_dims *d, float scale)
 {
 	const float qscale = scale * 1.4426950408889634f;	// log2(e): exp2 in the kernels
 	int R, H, vec, ret, n_split;
+	bool folded = false;
 	size_t smem;
 
 	if (!d)
@@ -290,8 +298,17 @@ extern "C" int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float 
 	if (R == 0)
 		return 0;
 	vec = d->kv_lora % 8 == 0 && (uintptr_t)w_kv_b % 16 == 0;
+	if (post) {
+		if ((ret = mla_absorb_post_mma(s, ws->q_lat, post, w_kv_b, R, d, vec)) < 0)
+			return ret;
+		folded = ret == 0;
+		if (!folded && (ret = k_cuda_mla_post(s, post)))
+			return ret;
+	}
 	// the tensor-core projections (mla_proj.cu) unless they decline (KDEC_CUDA_MLA_PROJ=0)
-	if ((ret = mla_absorb_mma(s, ws->q_lat, q, w_kv_b, R, d, vec)) < 0)
+	if (folded)
+		ret = 0;
+	else if ((ret = mla_absorb_mma(s, ws->q_lat, q, w_kv_b, R, d, vec)) < 0)
 		return ret;
 	if (ret) {
 		smem = (size_t)d->nope_dim * (ABS_COLS * 2 + MLA_ROWS * 4);
@@ -300,7 +317,7 @@ extern "C" int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float 
 							    d->rope_dim, d->v_dim, d->kv_lora, vec);
 		ATTN_LAUNCHED("mla_absorb_kernel");
 	}
-	if ((ret = mla_attend(s, ws, cache, block_tokens, rows, d, qscale, &n_split)))
+	if ((ret = mla_attend(s, ws, cache, block_tokens, rows, d, qscale, folded, &n_split)))
 		return ret;
 	if ((ret = mla_expand_mma(s, out, ws->o_lat, ws->part_o, ws->part_lse, n_split, w_kv_b,
 				  R, d, vec)) < 0)
@@ -313,4 +330,24 @@ extern "C" int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float 
 		ATTN_LAUNCHED("mla_expand_kernel");
 	}
 	return 0;
+}
+
+extern "C" int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
+			       const float *q, const uint16_t *w_kv_b, const uint16_t *cache,
+			       int block_tokens, const struct k_cuda_attn_rows *rows,
+			       const struct k_mla_dims *d, float scale)
+{
+	return mla_run(s, ws, out, q, nullptr, w_kv_b, cache, block_tokens, rows, d, scale);
+}
+
+extern "C" int k_cuda_attn_mla_post(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
+				    const struct k_cuda_mla_post_args *post,
+				    const uint16_t *w_kv_b, const uint16_t *cache,
+				    int block_tokens, const struct k_cuda_attn_rows *rows,
+				    const struct k_mla_dims *d, float scale)
+{
+	if (!post || !post->q_pe || !d)
+		ATTN_INVAL("k_cuda_attn_mla_post: no post arguments or dims");
+	return mla_run(s, ws, out, post->q_pe - d->nope_dim, post, w_kv_b, cache, block_tokens,
+		       rows, d, scale);
 }

@@ -11,6 +11,7 @@
 // its quarter of the value dims for every token of the tile (O += P V). The CUDA-core
 // kernels (attn_gqa.cu, attn_tile.cu) keep q and p in fp32; here both enter the tensor
 // cores as bf16 (as the rest of the GPU path's activations do), ~3e-3 relative.
+#include <climits>
 #include <cstdlib>
 
 #include "kernels/cuda/attn_common.cuh"
@@ -126,11 +127,15 @@ __device__ __forceinline__ void mma_page(int32_t (&pg)[mma_fill<DK, TK, T>::NP],
 }
 
 // Tokens [t0, t0 + TK) of the block's row into stage buffers (see mma_fill); chunks past
-// dk (dv) and tokens past te (page -1) are zero-filled, never read.
+// dk (dv) and tokens past te (page -1) are zero-filled, never read. MLA with its cache
+// append in the kernel just before (a.early): the tokens from fresh up to te are not
+// issued (late false: no copy, not even a zero fill, may target their rows before the
+// PDL wait) or only they are (late true: their copies after the wait).
 template <int DK, int DV, int TK, bool VSEP, int T = MMA_THREADS>
 __device__ __forceinline__ void mma_issue(const attn_tile_args &a,
 					  const int32_t (&pg)[mma_fill<DK, TK, T>::NP], uint16_t *sk,
-					  uint16_t *sv, int t0, int kvh)
+					  uint16_t *sv, int t0, int kvh, int fresh = INT_MAX,
+					  bool late = false)
 {
 	using F = mma_fill<DK, TK, T>;
 	constexpr int KS = DK + 8, VS = VSEP ? DV + 8 : KS;
@@ -142,6 +147,8 @@ __device__ __forceinline__ void mma_issue(const attn_tile_args &a,
 		const bool ok = pg[j] >= 0;
 		size_t slot = 0;
 
+		if (!VSEP && (t >= fresh && ok) != late)	// (GQA: never)
+			continue;
 		if (ok)
 			slot = (size_t)pg[j] * a.bt.d + (t - attn_div_q(a.bt, (uint32_t)t) * a.bt.d);
 		const uint16_t *krow = a.k + slot * a.k_stride + kvh * a.k_hoff;
@@ -318,7 +325,9 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	// kernel is the absorb projection, which wrote only q_lat and itself waited for
 	// mla_post (the cache append) before letting this launch start; so the block table
 	// and the first tiles' copies go out before the wait, overlapping the absorb's
-	// tail, and only q waits (k_cuda_attn_mla keeps that order).
+	// tail, and only q waits (k_cuda_attn_mla keeps that order). Where the absorb
+	// launch makes the append itself (a.early, k_cuda_attn_mla_post), the rows of
+	// tokens from ctx - n_rows (this step's) are copied after the wait instead.
 	const bool early = VSEP && a.early;
 
 	if (VSEP && !early)
@@ -369,6 +378,11 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 			}
 		k_cuda_pdl_wait();
 	}
+	// MLA, a.early: this block holds tokens of this step (block-uniform); its first
+	// iteration then waits for every copy so far, the late group included.
+	const int fresh = !VSEP && a.early ? ctx - a.n_rows : INT_MAX;
+	const bool refresh = !VSEP && fresh < te;
+
 	if (!VSEP) {	// MLA: the first tiles before the wait (see above)
 		// The K-split kernel fills every stage here, their table entries loaded
 		// together (one latency, not one per tile), and issues no tile at the top of
@@ -384,10 +398,20 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 			if (s < n_tiles)
 				mma_issue<DK, DV, TK, VSEP, T>(a, pgs[s], sk + s * TK * L::KS,
 							       sv + s * TK * L::VS, tb + s * TK,
-							       kvh);
+							       kvh, fresh, false);
 			cp_async_commit();
 		}
 		k_cuda_pdl_wait();
+		if (refresh) {	// this step's rows, written by the launch just before
+#pragma unroll
+			for (int s = 0; s < PRE; s++)
+				if (s < n_tiles)
+					mma_issue<DK, DV, TK, VSEP, T>(a, pgs[s],
+								       sk + s * TK * L::KS,
+								       sv + s * TK * L::VS,
+								       tb + s * TK, kvh, fresh, true);
+			cp_async_commit();
+		}
 	}
 	constexpr int QV = DK / 4, QPT = (MMA_Q * QV + T - 1) / T;
 	float4 qx[QPT];
@@ -442,8 +466,11 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 		const uint16_t *vb = (VSEP ? sv + buf * TK * L::VS : kb);
 		float s[NT][4];
 
-		// commit groups so far: tiles 0 .. it + ST - 2 (ST at it 0 where PRE is ST)
-		if (PRE == ST && it == 0)
+		// commit groups so far: tiles 0 .. it + ST - 2 (ST at it 0 where PRE is ST),
+		// and (refresh) the late rows of the first PRE after them
+		if (!VSEP && refresh && it == 0)
+			cp_async_wait<0>();
+		else if (PRE == ST && it == 0)
 			cp_async_wait<ST - 1>();
 		else
 			cp_async_wait<ST - 2>();
@@ -850,8 +877,9 @@ static int mma_early_enabled(void)
 }
 
 // fold: GQA (attn_mma_launch) may let the last split merge and issue its first copies
-// before the PDL wait; a->arrive and a->early are set here either way (MLA's caller
-// leaves them unset).
+// before the PDL wait; a->arrive is set here either way, a->early too but for MLA
+// (attn_mma_run, no v), where its caller sets it: the cache append is in the launch
+// just before, so this step's rows are copied after the wait (see the kernel).
 static int mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
 		   uint16_t *out_bf16, int forced_splits, bool fold)
 {
@@ -870,7 +898,7 @@ static int mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, 
 	    (size_t)forced_splits * lse <= ws->lse_floats && forced_splits <= ATTN_MAX_SPLITS)
 		a->n_splits = forced_splits;
 	grid = dim3(a->kv_heads * n_hc, a->n_splits, a->n_rows);
-	a->early = fold && mma_early_enabled();
+	a->early = fold ? mma_early_enabled() : !a->v && a->early;	// MLA: its caller's
 	a->arrive = nullptr;
 	if (fold && a->v && a->n_splits > 1 && a->n_splits <= MMA_FOLD_MAX_SPLITS && ws->arrive &&
 	    (size_t)a->n_rows * grid.x <= ws->arrive_n && mma_fold_enabled())

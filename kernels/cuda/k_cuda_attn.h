@@ -83,6 +83,20 @@ int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out, const
 		    const uint16_t *w_kv_b, const uint16_t *cache, int block_tokens,
 		    const struct k_cuda_attn_rows *rows, const struct k_mla_dims *d, float scale);
 
+/* k_cuda_mla_post(post) then k_cuda_attn_mla(q = post->q_pe - nope_dim): at 1..8 rows
+ * (tensor-core projections on) in one launch fewer, the absorb launch doing mla_post's
+ * work (q's rope part rotated straight into the absorbed query, the latent normalised
+ * and appended by extra blocks) and the attention copying this step's cache rows after
+ * its wait; then q itself is never written (only mla_post's source read). The results
+ * (out, the cache rows) are the two calls' bit for bit. post: as k_cuda_mla_post, its
+ * rows n_rows, its heads and dims d's. */
+struct k_cuda_mla_post_args;	/* kernels/cuda/k_cuda_ops.h */
+int k_cuda_attn_mla_post(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
+			 const struct k_cuda_mla_post_args *post, const uint16_t *w_kv_b,
+			 const uint16_t *cache, int block_tokens,
+			 const struct k_cuda_attn_rows *rows, const struct k_mla_dims *d,
+			 float scale);
+
 /* The log-sum-exp merge of split partials that the attention calls run internally,
  * exposed for its test: out(r, h, :dim) = sum_s w_s part_o(s, r, h, :) with
  * w_s = exp2(part_lse(s, r, h) - max) / sum (base 2); splits with lse -inf are skipped

@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/attn_ptx.cuh"
+#include "kernels/cuda/k_cuda_ops.h"
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/mla_proj.cuh"
 
@@ -34,6 +35,10 @@
 #define MERGE_BATCH 32		// partial loads a merging thread has in flight at once
 #define MERGE_BATCH_1 64	// the same, one float a load (a cluster rank's few columns)
 #define EXP_FOLD_CLUSTER 8	// most expand blocks of a head that share one merge
+#define ABS_POST_ROWS 8		// rows up to which the absorb launch takes mla_post's work
+#define POST_MAX_LORA 2048	// latent values of a row (mla_post's bound), in registers
+#define POST_PER (POST_MAX_LORA / PROJ_THREADS)
+#define POST_MAX_HALF 512	// rotary pairs: the cos/sin table in shared memory
 
 namespace cg = cooperative_groups;
 
@@ -233,19 +238,129 @@ __device__ __forceinline__ void stage_merged(float *sa, int as, const proj_parts
 	}
 }
 
+// ---- mla_post's work in the absorb launch (k_cuda_attn_mla_post) ----
+
+// mla_post.cu's rotation and cos/sin of pair i at position p, the same rounded
+// operations: the folded launch's q_lat and cache rows are those of mla_post and the
+// absorb, bit for bit.
+__device__ __forceinline__ void post_rotate(float x1, float x2, float c, float sn, float &o1,
+					    float &o2)
+{
+	o1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
+	o2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
+}
+
+__device__ __forceinline__ void post_cs(const k_cuda_mla_post_args &a, float p, int i, float &c,
+					float &sn)
+{
+	const float angle = __fmul_rn(p, a.inv_freq[i]);
+	double sd, cd;
+
+	sincos((double)angle, &sd, &cd);
+	c = __fmul_rn((float)cd, a.attn_factor);
+	sn = __fmul_rn((float)sd, a.attn_factor);
+}
+
+// Bytes of shared memory a post block uses: the latent sum's warp partials, then the
+// row's cos/sin table (2, half).
+__host__ __device__ __forceinline__ size_t post_smem(int rot_dim)
+{
+	return (size_t)2 * PROJ_WARPS * sizeof(double) + (size_t)rot_dim * sizeof(float);
+}
+
+// A post block (row r): mla_post's cache work for the row, the latent RMS-normalised and
+// the rope key rotated, [latent ; key] rounded to bf16 into the row's slot. The cos/sin
+// table goes before the PDL wait (pos and inv_freq are inputs of the step, as in
+// mla_post). The sum of squares in mla_post's order: its 256 threads' sums, each of
+// these 128 threads holding two of them (its values k even, then odd), the same warp
+// trees and the eight warps' sums in order, so the cache row is mla_post's bit for bit.
+__device__ __forceinline__ void absorb_post_row(const k_cuda_mla_post_args &a, int r,
+						unsigned char *smem)
+{
+	double *red = (double *)smem;				// (2 * PROJ_WARPS)
+	float *cs = (float *)(smem + 2 * PROJ_WARPS * sizeof(double));	// (2, half)
+	const int L = a.kv_lora, half = a.rot_dim / 2, lane = threadIdx.x % 32;
+	const int step = a.interleaved ? 2 : 1, gap = a.interleaved ? 1 : half;
+	const int32_t slot = a.slots[r];	// a step input (as pos): before the wait
+	const float *kv = a.kv + (size_t)r * a.kv_rs;
+	float lat[POST_PER];
+	double s0 = 0.0, s1 = 0.0, ss = 0.0;
+
+	if (slot < 0)	// a padding row: no cache entry (its q is the absorb blocks')
+		return;
+	for (int i = threadIdx.x; i < half; i += PROJ_THREADS)
+		post_cs(a, (float)a.pos[r], i, cs[i], cs[half + i]);
+	k_cuda_pdl_wait();	// kv_a comes from the projection just before
+#pragma unroll
+	for (int k = 0; k < POST_PER; k++) {
+		const int i = threadIdx.x + k * PROJ_THREADS;
+
+		lat[k] = i < L ? kv[i] : 0.0f;
+	}
+#pragma unroll
+	for (int k = 0; k < POST_PER; k += 2) {	// zeros past L add nothing
+		s0 += (double)lat[k] * (double)lat[k];
+		s1 += (double)lat[k + 1] * (double)lat[k + 1];
+	}
+	for (int o = 16; o > 0; o >>= 1) {
+		s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+		s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+	}
+	if (lane == 0) {
+		red[threadIdx.x / 32] = s0;
+		red[PROJ_WARPS + threadIdx.x / 32] = s1;
+	}
+	__syncthreads();	// also publishes the cos/sin table
+	for (int wp = 0; wp < 2 * PROJ_WARPS; wp++)
+		ss += red[wp];
+
+	uint16_t *dst = a.cache + (size_t)slot * (size_t)(L + a.pe_dim);
+	const float rs = 1.0f / sqrtf((float)(ss / L) + a.eps);	// as rmsnorm.cu's row_rs
+
+#pragma unroll
+	for (int k = 0; k < POST_PER; k++) {
+		const int i = threadIdx.x + k * PROJ_THREADS;
+
+		if (i < L)
+			dst[i] = k_cuda_bf16_rn(__fmul_rn(a.norm[i], __fmul_rn(lat[k], rs)));
+	}
+	for (int i = threadIdx.x; i < half; i += PROJ_THREADS) {	// each key pair once
+		float o1, o2;
+
+		post_rotate(kv[L + i * step], kv[L + i * step + gap], cs[i], cs[half + i], o1, o2);
+		dst[L + i * step] = k_cuda_bf16_rn(o1);
+		dst[L + i * step + gap] = k_cuda_bf16_rn(o2);
+	}
+	for (int i = a.rot_dim + threadIdx.x; i < a.pe_dim; i += PROJ_THREADS)	// unrotated tail
+		dst[L + i] = k_cuda_bf16_rn(kv[L + i]);
+}
+
 // Block (column chunk of 32, head, row chunk of 64): warp w owns columns c0 + 8w .. +7
-// for every row and all of nope. The block's q rows (nks * 16 wide) and the weight tile
-// (nks * 16, 32) arrive in one burst of 16-byte copies, zero past nope and L. The blocks
-// of a head also copy the rope part of q, each a share.
+// for every row and all of nope. The block's q rows (nks * 16 wide, rows q_rs apart)
+// and the weight tile (nks * 16, 32) arrive in one burst of 16-byte copies, zero past
+// nope and L. The blocks of a head also copy the rope part of q, each a share. POST
+// (k_cuda_attn_mla_post): q is mla_post's source, unrotated; the blocks of y 0 are
+// post blocks (x the row: absorb_post_row), the heads' y 1 .. H, and the rope part
+// goes into q_lat rotated as mla_post would rotate it (its cos/sin, where a thread has
+// one pair, computed before the wait).
+template <bool POST>
 __global__ void __launch_bounds__(PROJ_THREADS)
-mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *__restrict__ q,
+mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *__restrict__ q, long q_rs,
 		      const uint16_t *__restrict__ w, int n_rows, int H, int nope, int rope,
-		      int vdim, int L, int vec)
+		      int vdim, int L, int vec, const k_cuda_mla_post_args pa)
 {
 	extern __shared__ __align__(16) unsigned char proj_smem[];
 	constexpr int LS = ABS_MMA_COLS + PROJ_PAD;
 	const int nks = (nope + 15) / 16, as = nks * 16 + 8;
-	const int h = blockIdx.y, r0 = blockIdx.z * PROJ_MROWS, nr = min(PROJ_MROWS, n_rows - r0);
+
+	if (POST && blockIdx.y == 0) {
+		if ((int)blockIdx.x < n_rows)
+			absorb_post_row(pa, blockIdx.x, proj_smem);
+		return;
+	}
+
+	const int h = POST ? blockIdx.y - 1 : blockIdx.y;
+	const int r0 = blockIdx.z * PROJ_MROWS, nr = min(PROJ_MROWS, n_rows - r0);
 	const int am = proj_a_rows(n_rows, PROJ_MROWS);	// as the launcher sized the tile
 	float *sa = (float *)proj_smem;					// (am, as)
 	uint16_t *sw = (uint16_t *)(proj_smem + (size_t)am * as * 4);	// (nks * 16, LS)
@@ -270,19 +385,51 @@ mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *__restrict__ q,
 								  : (uint16_t)0;
 		}
 	}
+	// POST: the rotary pairs of q's rope part, nr * hp (the tail past them),
+	// shared out over the column chunks; a thread's first pair's cos/sin before the wait.
+	const int hp = POST ? pa.rot_dim / 2 : 1, nrot = POST ? nr * hp : 0;
+	const int i0 = blockIdx.x * PROJ_THREADS + threadIdx.x;
+	float pc = 0.0f, ps = 0.0f;
+
+	if (POST && i0 < nrot)
+		post_cs(pa, (float)pa.pos[r0 + i0 / hp], i0 % hp, pc, ps);
 	// The weights are constants: their copies go out before the wait for the kernel
-	// that wrote q (mla_post), so with programmatic launch they overlap its tail.
+	// that wrote q (mla_post, or POST the projection), so with programmatic launch they
+	// overlap its tail.
 	k_cuda_pdl_wait();
-	stage_a(sa, as, q + ((size_t)r0 * H + h) * qk, (size_t)H * qk, nr, nope,
-		nope % 4 == 0 && qk % 4 == 0 && (uintptr_t)q % 16 == 0);
+	stage_a(sa, as, q + (size_t)r0 * q_rs + (size_t)h * qk, (size_t)q_rs, nr, nope,
+		nope % 4 == 0 && qk % 4 == 0 && q_rs % 4 == 0 && (uintptr_t)q % 16 == 0);
 	cp_async_commit();
 	// the rope part of q, shared out over the column chunks and in flight with the
 	// tiles (one block copying it all, a load at a time, took 15 us at 64 rows)
-	for (int i = blockIdx.x * PROJ_THREADS + threadIdx.x; i < nr * rope;
-	     i += gridDim.x * PROJ_THREADS) {
-		const size_t rh = (size_t)(r0 + i / rope) * H + h;
+	if (POST) {
+		const int step = pa.interleaved ? 2 : 1, gap = pa.interleaved ? 1 : hp;
+		const int nt = rope - pa.rot_dim;	// unrotated values past the pairs
 
-		q_lat[rh * wd + L + i % rope] = q[rh * qk + nope + i % rope];
+		for (int i = i0; i < nrot + nr * nt; i += gridDim.x * PROJ_THREADS) {
+			if (i < nrot) {
+				const int rr = i / hp, j = i % hp;
+				const float *src = q + (size_t)(r0 + rr) * q_rs + (size_t)h * qk +
+						   nope + j * step;
+				float *dst = q_lat + ((size_t)(r0 + rr) * H + h) * wd + L + j * step;
+				float c = pc, sn = ps;
+
+				if (i != i0)
+					post_cs(pa, (float)pa.pos[r0 + rr], j, c, sn);
+				post_rotate(src[0], src[gap], c, sn, dst[0], dst[gap]);
+			} else {
+				const int rr = (i - nrot) / nt, j = pa.rot_dim + (i - nrot) % nt;
+
+				q_lat[((size_t)(r0 + rr) * H + h) * wd + L + j] =
+					q[(size_t)(r0 + rr) * q_rs + (size_t)h * qk + nope + j];
+			}
+		}
+	} else {
+		for (int i = i0; i < nr * rope; i += gridDim.x * PROJ_THREADS) {
+			const size_t rh = (size_t)(r0 + i / rope) * H + h;
+
+			q_lat[rh * wd + L + i % rope] = q[rh * qk + nope + i % rope];
+		}
 	}
 	cp_async_wait<0>();
 	__syncthreads();
@@ -481,7 +628,9 @@ static int proj_smem_optin;	// set by mla_proj_prepare: the most a block may ask
 int mla_proj_prepare(int smem_optin)
 {
 	proj_smem_optin = smem_optin;
-	ATTN_TRY(cudaFuncSetAttribute(mla_absorb_mma_kernel,
+	ATTN_TRY(cudaFuncSetAttribute(mla_absorb_mma_kernel<false>,
+				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	ATTN_TRY(cudaFuncSetAttribute(mla_absorb_mma_kernel<true>,
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
 	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, 1, false>,
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
@@ -491,7 +640,8 @@ int mla_proj_prepare(int smem_optin)
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
 	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true, true>,
 				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-	if (attn_mla_carveout(mla_absorb_mma_kernel) ||
+	if (attn_mla_carveout(mla_absorb_mma_kernel<false>) ||
+	    attn_mla_carveout(mla_absorb_mma_kernel<true>) ||
 	    attn_mla_carveout(mla_expand_mma_kernel<1, 1, false>) ||
 	    attn_mla_carveout(mla_expand_mma_kernel<2, 2, false>) ||
 	    attn_mla_carveout(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>) ||
@@ -500,19 +650,65 @@ int mla_proj_prepare(int smem_optin)
 	return 0;
 }
 
+// The absorb tile's bytes: the q rows and the weight tile.
+static size_t absorb_smem(int R, const k_mla_dims *d)
+{
+	const size_t k16 = (size_t)(d->nope_dim + 15) / 16 * 16;
+
+	return (size_t)proj_a_rows(R, PROJ_MROWS) * (k16 + 8) * 4 +
+	       k16 * (ABS_MMA_COLS + PROJ_PAD) * 2;
+}
+
 int mla_absorb_mma(cudaStream_t s, float *q_lat, const float *q, const uint16_t *w, int R,
 		   const k_mla_dims *d, int vec)
 {
-	const size_t k16 = (size_t)(d->nope_dim + 15) / 16 * 16;
-	const size_t smem = (size_t)proj_a_rows(R, PROJ_MROWS) * (k16 + 8) * 4 +
-			    k16 * (ABS_MMA_COLS + PROJ_PAD) * 2;
+	const size_t smem = absorb_smem(R, d);
+	const k_cuda_mla_post_args none = {};
 
 	if (!proj_mma_env() || smem > (size_t)proj_smem_optin)
 		return 1;
 	ATTN_TRY(k_cuda_launch_pdl(s, dim3(attn_cdiv(d->kv_lora, ABS_MMA_COLS), d->n_heads,
 					   attn_cdiv(R, PROJ_MROWS)),
-				   PROJ_THREADS, smem, mla_absorb_mma_kernel, q_lat, q, w, R,
-				   d->n_heads, d->nope_dim, d->rope_dim, d->v_dim, d->kv_lora, vec));
+				   PROJ_THREADS, smem, mla_absorb_mma_kernel<false>, q_lat, q,
+				   (long)d->n_heads * (d->nope_dim + d->rope_dim), w, R,
+				   d->n_heads, d->nope_dim, d->rope_dim, d->v_dim, d->kv_lora, vec,
+				   none));
+	ATTN_LAUNCHED("mla_absorb_mma_kernel");
+	return 0;
+}
+
+// Whether the absorb launch can take p's work: a few rows (a post block each, one per
+// column chunk at most), p's shapes those of d, and mla_post's own bounds.
+static bool absorb_post_fits(int R, const k_mla_dims *d, const k_cuda_mla_post_args *p)
+{
+	const int qk = d->nope_dim + d->rope_dim;
+	const long q_rs = p->q_src_pe ? p->q_src_rs : p->q_rs;
+
+	return R >= 1 && R <= ABS_POST_ROWS && R <= attn_cdiv(d->kv_lora, ABS_MMA_COLS) &&
+	       p->rows == R && p->n_heads == d->n_heads && p->q_hs == qk &&
+	       q_rs >= (long)d->n_heads * qk && p->kv_lora == d->kv_lora &&
+	       p->kv_lora <= POST_MAX_LORA && p->pe_dim == d->rope_dim &&
+	       p->rot_dim >= 0 && p->rot_dim % 2 == 0 && p->rot_dim <= p->pe_dim &&
+	       p->rot_dim / 2 <= POST_MAX_HALF && (p->rot_dim == 0 || p->inv_freq) &&
+	       p->kv_rs >= (long)p->kv_lora + p->pe_dim && p->q_pe && p->kv && p->norm &&
+	       p->pos && p->slots && p->cache;
+}
+
+int mla_absorb_post_mma(cudaStream_t s, float *q_lat, const k_cuda_mla_post_args *p,
+			const uint16_t *w, int R, const k_mla_dims *d, int vec)
+{
+	size_t smem = absorb_smem(R, d);
+	const float *q = (p->q_src_pe ? p->q_src_pe : p->q_pe) - d->nope_dim;
+	const long q_rs = p->q_src_pe ? p->q_src_rs : p->q_rs;
+
+	if (post_smem(p->rot_dim) > smem)
+		smem = post_smem(p->rot_dim);
+	if (!proj_mma_env() || smem > (size_t)proj_smem_optin || !absorb_post_fits(R, d, p))
+		return 1;
+	ATTN_TRY(k_cuda_launch_pdl(s, dim3(attn_cdiv(d->kv_lora, ABS_MMA_COLS), d->n_heads + 1, 1),
+				   PROJ_THREADS, smem, mla_absorb_mma_kernel<true>, q_lat, q, q_rs,
+				   w, R, d->n_heads, d->nope_dim, d->rope_dim, d->v_dim,
+				   d->kv_lora, vec, *p));
 	ATTN_LAUNCHED("mla_absorb_mma_kernel");
 	return 0;
 }

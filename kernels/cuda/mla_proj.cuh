@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cpu/k_cpu.h"
+#include "kernels/cuda/k_cuda_ops.h"
 
 // Sets the kernels' shared-memory opt-in; once per device, before any launch. 0 or -EIO.
 int mla_proj_prepare(int smem_optin);
@@ -18,6 +19,14 @@ int mla_proj_prepare(int smem_optin);
 // 16-byte aligned. Launch configuration from the host arguments only (graph-safe).
 int mla_absorb_mma(cudaStream_t s, float *q_lat, const float *q, const uint16_t *w, int R,
 		   const k_mla_dims *d, int vec);
+// mla_absorb_mma with mla_post's work (p, k_cuda_mla_post) in the same launch, for
+// 1..8 rows: q read unrotated from p's source rows (q_src_pe, or q_pe in place; never
+// written), its rope part rotated straight into q_lat, and a block a row for the
+// latent's norm, the key's rotation and the cache append, all bit for bit as
+// mla_post then mla_absorb_mma. 0: launched; 1: declined (the caller runs the two);
+// -EIO. The attention after it must copy this step's cache rows after its PDL wait.
+int mla_absorb_post_mma(cudaStream_t s, float *q_lat, const k_cuda_mla_post_args *p,
+			const uint16_t *w, int R, const k_mla_dims *d, int vec);
 // expand: out from o_lat, or (n_splits > 1, where mla_expand_folds said yes) from the
 // attention's split partials part_o (n_splits, R, H, L) and part_lse (n_splits, R, H)
 // merged as attn_merge would, in the same launch; -EINVAL for partials it cannot merge.
