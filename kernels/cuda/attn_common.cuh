@@ -175,8 +175,10 @@ struct attn_tile_args {
 	int vec;			// 16-byte copies (dims, strides, offsets, bases aligned)
 	unsigned *arrive;		// attn_mma GQA only, set by its launcher: ws->arrive where
 					// the last split merges, else null (others leave it unset)
-	int early;			// attn_mma GQA only, set by its launcher: the first
-					// tiles of old tokens go out before the PDL wait
+	int early;			// attn_mma. GQA (set by its launcher): the first tiles
+					// of old tokens go out before the PDL wait. MLA (set
+					// by its caller): the launch before appended this
+					// step's rows, which are copied after the wait
 	int min_split;			// MLA tensor-core kernel only: tokens per split at least
 					// this (a multiple of ATTN_SPLIT_ALIGN; 0: no floor),
 	int split_live;			// or, where > 0, only as much of it as keeps the splits
