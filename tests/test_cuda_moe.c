@@ -721,6 +721,41 @@ static void make_ids(int32_t *ids, float *wts, int M, const struct shape *s, int
 		}
 }
 
+/* A case's routing: ids and weights (make_ids, then flags), the CPU's copies (a bad id
+ * becomes a valid one adding 0: the CPU cannot take it), and the device pointer table
+ * in which an expert nobody chose points at NaN weights (it must not be read); ex the
+ * host experts for the CPU. Returns the number of experts used. */
+static int case_routing(const struct shape *s, const struct weights *w, int M, int hot,
+			int flags, int32_t *ids, float *wts, int32_t *cpu_ids, float *cpu_wts,
+			struct k_expert *ex, const uint16_t **table, unsigned char *used)
+{
+	size_t nk = (size_t)M * s->top_k;
+	int n_used = 0;
+
+	make_ids(ids, wts, M, s, hot);
+	if ((flags & EX_DUP) && s->top_k > 1)
+		ids[1] = ids[0];
+	memcpy(cpu_ids, ids, sizeof(int32_t) * nk);
+	memcpy(cpu_wts, wts, sizeof(float) * nk);
+	if (flags & EX_BAD_ID) {
+		ids[nk - 1] = (nk & 1) ? -1 : s->n_experts + 2;
+		cpu_ids[nk - 1] = 0;
+		cpu_wts[nk - 1] = 0.0f;
+	}
+	for (size_t i = 0; i < nk; i++)
+		if (ids[i] >= 0 && ids[i] < s->n_experts)
+			used[ids[i]] = 1;
+	for (int e = 0; e < s->n_experts; e++) {
+		int k = e % N_SETS;
+
+		ex[e] = (struct k_expert){ w->h[k][0], w->h[k][1], w->h[k][2] };
+		for (int j = 0; j < 3; j++)
+			table[3 * e + j] = used[e] ? w->d[k][j] : w->nan;
+		n_used += used[e];
+	}
+	return n_used;
+}
+
 static void test_experts(const struct shape *s, struct weights *w, struct k_cuda_moe_ws *ws,
 			 int M, int hot, int flags, enum k_cuda_moe_path path)
 {
@@ -740,27 +775,7 @@ static void test_experts(const struct shape *s, struct weights *w, struct k_cuda
 
 	for (size_t i = 0; i < nx; i++)
 		x[i] = test_randf(&seed) * 2;
-	make_ids(ids, wts, M, s, hot);
-	if ((flags & EX_DUP) && s->top_k > 1)
-		ids[1] = ids[0];
-	memcpy(cpu_ids, ids, sizeof(int32_t) * nk);
-	memcpy(cpu_wts, wts, sizeof(float) * nk);
-	if (flags & EX_BAD_ID) {	/* the CPU cannot take it: a valid id adding 0 instead */
-		ids[nk - 1] = (nk & 1) ? -1 : s->n_experts + 2;
-		cpu_ids[nk - 1] = 0;
-		cpu_wts[nk - 1] = 0.0f;
-	}
-	for (size_t i = 0; i < nk; i++)
-		if (ids[i] >= 0 && ids[i] < s->n_experts)
-			used[ids[i]] = 1;
-	for (int e = 0; e < s->n_experts; e++) {
-		int k = e % N_SETS;
-
-		ex[e] = (struct k_expert){ w->h[k][0], w->h[k][1], w->h[k][2] };
-		for (int j = 0; j < 3; j++)	/* an expert nobody chose must not be read */
-			table[3 * e + j] = used[e] ? w->d[k][j] : w->nan;
-		n_used += used[e];
-	}
+	n_used = case_routing(s, w, M, hot, flags, ids, wts, cpu_ids, cpu_wts, ex, table, used);
 	CHECK(k_cpu_moe_experts(pool, want, x, M, cpu_ids, cpu_wts, s->top_k, ex, s->n_experts,
 				K_BF16, s->hidden, s->inter) == 0, "cpu experts");
 	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
@@ -887,26 +902,7 @@ static void test_experts_add(const struct shape *s, struct weights *w, const str
 		x[i] = test_randf(&seed) * 2;
 		y0[i] = test_randf(&seed) * 4;
 	}
-	make_ids(ids, wts, M, s, -1);
-	if ((flags & EX_DUP) && s->top_k > 1)
-		ids[1] = ids[0];
-	memcpy(cpu_ids, ids, sizeof(int32_t) * nk);
-	memcpy(cpu_wts, wts, sizeof(float) * nk);
-	if (flags & EX_BAD_ID) {	/* as test_experts */
-		ids[nk - 1] = (nk & 1) ? -1 : s->n_experts + 2;
-		cpu_ids[nk - 1] = 0;
-		cpu_wts[nk - 1] = 0.0f;
-	}
-	for (size_t i = 0; i < nk; i++)
-		if (ids[i] >= 0 && ids[i] < s->n_experts)
-			used[ids[i]] = 1;
-	for (int e = 0; e < s->n_experts; e++) {
-		int k = e % N_SETS;
-
-		ex[e] = (struct k_expert){ w->h[k][0], w->h[k][1], w->h[k][2] };
-		for (int j = 0; j < 3; j++)	/* an expert nobody chose must not be read */
-			table[3 * e + j] = used[e] ? w->d[k][j] : w->nan;
-	}
+	case_routing(s, w, M, -1, flags, ids, wts, cpu_ids, cpu_wts, ex, table, used);
 	cpu_experts_add(s, want, y0, x, M, cpu_ids, cpu_wts, ex, sw, si);
 	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
 	dx = dev_from(x, sizeof(float) * nx);
