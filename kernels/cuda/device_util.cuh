@@ -33,4 +33,25 @@ __device__ __forceinline__ double k_cuda_block_sum_d(double v, double *red)
 	return v;
 }
 
+// RoPE's cos and sin at angle p * inv_freq: fp64 sincos rounded to fp32, each scaled by
+// attn_factor, as the CPU reference rounds them (rope.cu, qkv_post.cu, mla_post.cu).
+__device__ __forceinline__ void k_cuda_rope_cs(float p, float inv_freq, float attn_factor,
+					       float &c, float &sn)
+{
+	double sd, cd;
+
+	sincos((double)__fmul_rn(p, inv_freq), &sd, &cd);
+	c = __fmul_rn((float)cd, attn_factor);
+	sn = __fmul_rn((float)sd, attn_factor);
+}
+
+// The pair (x1, x2) rotated by (c, sn), every product and sum rounded (no FMA), as the
+// CPU reference.
+__device__ __forceinline__ void k_cuda_rope_rotate(float x1, float x2, float c, float sn,
+						   float &o1, float &o2)
+{
+	o1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
+	o2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
+}
+
 #endif

@@ -32,25 +32,12 @@ __device__ __forceinline__ long mlap_copy_at(const k_cuda_mla_post_args &a, int 
 	return (long)h * a.q_hs + (j < nope ? j - nope : a.rot_dim + j - nope);
 }
 
-__device__ __forceinline__ void mlap_rotate(float x1, float x2, float c, float sn, float &o1,
-					    float &o2)
-{
-	o1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
-	o2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
-}
-
 // The row's cos/sin table at position p, scaled by attn_factor, into cs.
 __device__ __forceinline__ void mlap_table(const k_cuda_mla_post_args &a, float p, int half,
 					   float (*cs)[MLAP_MAX_HALF])
 {
-	for (int i = threadIdx.x; i < half; i += MLAP_THREADS) {
-		const float angle = __fmul_rn(p, a.inv_freq[i]);
-		double sd, cd;
-
-		sincos((double)angle, &sd, &cd);
-		cs[0][i] = __fmul_rn((float)cd, a.attn_factor);
-		cs[1][i] = __fmul_rn((float)sd, a.attn_factor);
-	}
+	for (int i = threadIdx.x; i < half; i += MLAP_THREADS)
+		k_cuda_rope_cs(p, a.inv_freq[i], a.attn_factor, cs[0][i], cs[1][i]);
 }
 
 // Block (row r). The row's cos/sin table (fp64 sincos: the long pole) needs only the
@@ -120,14 +107,14 @@ __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla
 		float *p1 = qr + (size_t)(it / max(half, 1)) * a.q_hs + i * step;
 
 		if (it < nq)
-			mlap_rotate(q1[k], q2[k], cs[0][i], cs[1][i], p1[0], p1[gap]);
+			k_cuda_rope_rotate(q1[k], q2[k], cs[0][i], cs[1][i], p1[0], p1[gap]);
 	}
 	for (int it = threadIdx.x + MLAP_QPRE * MLAP_THREADS; it < nq; it += MLAP_THREADS) {
 		const int h = it / half, i = it % half;
 		const float *s1 = qs + (size_t)h * a.q_hs + i * step;
 		float *p1 = qr + (size_t)h * a.q_hs + i * step;
 
-		mlap_rotate(s1[0], s1[gap], cs[0][i], cs[1][i], p1[0], p1[gap]);
+		k_cuda_rope_rotate(s1[0], s1[gap], cs[0][i], cs[1][i], p1[0], p1[gap]);
 	}
 #pragma unroll
 	for (int k = 0; k < MLAP_CPRE; k++) {
@@ -154,7 +141,8 @@ __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla
 	for (int i = threadIdx.x; i < half; i += MLAP_THREADS) {	// each key pair once
 		float o1, o2;
 
-		mlap_rotate(kv[L + i * step], kv[L + i * step + gap], cs[0][i], cs[1][i], o1, o2);
+		k_cuda_rope_rotate(kv[L + i * step], kv[L + i * step + gap], cs[0][i], cs[1][i], o1,
+				   o2);
 		dst[L + i * step] = k_cuda_bf16_rn(o1);
 		dst[L + i * step + gap] = k_cuda_bf16_rn(o2);
 	}

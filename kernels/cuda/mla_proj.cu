@@ -243,22 +243,10 @@ __device__ __forceinline__ void stage_merged(float *sa, int as, const proj_parts
 // mla_post.cu's rotation and cos/sin of pair i at position p, the same rounded
 // operations: the folded launch's q_lat and cache rows are those of mla_post and the
 // absorb, bit for bit.
-__device__ __forceinline__ void post_rotate(float x1, float x2, float c, float sn, float &o1,
-					    float &o2)
-{
-	o1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
-	o2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
-}
-
 __device__ __forceinline__ void post_cs(const k_cuda_mla_post_args &a, float p, int i, float &c,
 					float &sn)
 {
-	const float angle = __fmul_rn(p, a.inv_freq[i]);
-	double sd, cd;
-
-	sincos((double)angle, &sd, &cd);
-	c = __fmul_rn((float)cd, a.attn_factor);
-	sn = __fmul_rn((float)sd, a.attn_factor);
+	k_cuda_rope_cs(p, a.inv_freq[i], a.attn_factor, c, sn);
 }
 
 // Bytes of shared memory a post block uses: the latent sum's warp partials, then the
@@ -327,7 +315,8 @@ __device__ __forceinline__ void absorb_post_row(const k_cuda_mla_post_args &a, i
 	for (int i = threadIdx.x; i < half; i += PROJ_THREADS) {	// each key pair once
 		float o1, o2;
 
-		post_rotate(kv[L + i * step], kv[L + i * step + gap], cs[i], cs[half + i], o1, o2);
+		k_cuda_rope_rotate(kv[L + i * step], kv[L + i * step + gap], cs[i], cs[half + i], o1,
+				   o2);
 		dst[L + i * step] = k_cuda_bf16_rn(o1);
 		dst[L + i * step + gap] = k_cuda_bf16_rn(o2);
 	}
@@ -416,7 +405,7 @@ mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *__restrict__ q, lo
 
 				if (i != i0)
 					post_cs(pa, (float)pa.pos[r0 + rr], j, c, sn);
-				post_rotate(src[0], src[gap], c, sn, dst[0], dst[gap]);
+				k_cuda_rope_rotate(src[0], src[gap], c, sn, dst[0], dst[gap]);
 			} else {
 				const int rr = (i - nrot) / nt, j = pa.rot_dim + (i - nrot) % nt;
 

@@ -14,19 +14,14 @@
 
 namespace {	// kernels and their helpers stay private to this file
 
-// RoPE of the pair (x[at], x[at + gap]) by angle (cos and sin in fp64 as the CPU
-// reference, scaled by attn_factor), each product rounded as the CPU's.
-__device__ __forceinline__ void qkv_rotate(float *x, int at, int gap, float angle,
-						  float attn_factor)
+// RoPE of the pair (x[at], x[at + gap]) by angle p * inv_freq.
+__device__ __forceinline__ void qkv_rotate(float *x, int at, int gap, float p, float inv_freq,
+					   float attn_factor)
 {
-	double sd, cd;
+	float c, sn;
 
-	sincos((double)angle, &sd, &cd);
-	const float c = __fmul_rn((float)cd, attn_factor), sn = __fmul_rn((float)sd, attn_factor);
-	const float x1 = x[at], x2 = x[at + gap];
-
-	x[at] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
-	x[at + gap] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
+	k_cuda_rope_cs(p, inv_freq, attn_factor, c, sn);
+	k_cuda_rope_rotate(x[at], x[at + gap], c, sn, x[at], x[at + gap]);
 }
 
 // Block (head j of q heads then kv heads, row r). A kv-head block also copies v.
@@ -67,7 +62,7 @@ __global__ void __launch_bounds__(QKV_THREADS) qkv_post_kernel(const k_cuda_qkv_
 		const int step = a.interleaved ? 2 : 1, gap = a.interleaved ? 1 : half;
 
 		for (int i = threadIdx.x; i < half; i += QKV_THREADS)
-			qkv_rotate(x, i * step, gap, __fmul_rn(p, a.inv_freq[i]), a.attn_factor);
+			qkv_rotate(x, i * step, gap, p, a.inv_freq[i], a.attn_factor);
 		__syncthreads();
 	}
 	if (is_q) {
@@ -158,7 +153,7 @@ __global__ void __launch_bounds__(QKV_THREADS) qkv_post_early_kernel(const k_cud
 
 			if (i >= half)
 				break;
-			qkv_rotate(x, i * step, gap, __fmul_rn(p, fr[k]), a.attn_factor);
+			qkv_rotate(x, i * step, gap, p, fr[k], a.attn_factor);
 		}
 		__syncthreads();
 	}

@@ -2,6 +2,7 @@
 // pos * inv_freq, cos and sin in fp64 rounded to fp32 and scaled by attn_factor, each
 // product rounded before the sum (no FMA). Matches the CPU to the last bit except where
 // fp64 cos/sin differ from glibc's in a rounding that survives the cast (about never).
+#include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/k_cuda_ops.h"
 #include "kernels/cuda/launch_check.cuh"
 
@@ -26,23 +27,15 @@ rope_kernel(const float *inv_freq, int half, int interleaved, float attn_factor,
 	float p = (float)pos[r];
 	float *xr = x + (size_t)r * row_stride;
 
-	for (int i = threadIdx.x; i < half; i += ROPE_THREADS) {
-		float angle = __fmul_rn(p, inv_freq[i]);
-		double sd, cd;
-
-		sincos((double)angle, &sd, &cd);
-		cs[0][i] = __fmul_rn((float)cd, attn_factor);
-		cs[1][i] = __fmul_rn((float)sd, attn_factor);
-	}
+	for (int i = threadIdx.x; i < half; i += ROPE_THREADS)
+		k_cuda_rope_cs(p, inv_freq[i], attn_factor, cs[0][i], cs[1][i]);
 	__syncthreads();
 	for (int it = threadIdx.x; it < nh * half; it += ROPE_THREADS) {
 		int h = h0 + it / half, i = it % half;
 		float *p1 = xr + (size_t)h * head_stride + i * step;
 		float *p2 = p1 + gap;
-		float x1 = *p1, x2 = *p2, c = cs[0][i], sn = cs[1][i];
 
-		*p1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sn));
-		*p2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sn));
+		k_cuda_rope_rotate(*p1, *p2, cs[0][i], cs[1][i], *p1, *p2);
 	}
 }
 
