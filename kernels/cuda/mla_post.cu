@@ -10,6 +10,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/k_cuda_ops.h"
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/mla_cache_row.cuh"
 
 #define MLAP_THREADS 256
 #define MLAP_MAX_LORA 2048	// latent values per row, held in registers
@@ -131,23 +132,8 @@ __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla
 	uint16_t *dst = a.cache + (size_t)slot * (size_t)(L + a.pe_dim);
 	const float rs = 1.0f / sqrtf((float)(ss / L) + a.eps);	// as rmsnorm.cu's row_rs
 
-#pragma unroll
-	for (int k = 0; k < MLAP_PER; k++) {
-		const int i = threadIdx.x + k * MLAP_THREADS;
-
-		if (i < L)
-			dst[i] = k_cuda_bf16_rn(__fmul_rn(a.norm[i], __fmul_rn(lat[k], rs)));
-	}
-	for (int i = threadIdx.x; i < half; i += MLAP_THREADS) {	// each key pair once
-		float o1, o2;
-
-		k_cuda_rope_rotate(kv[L + i * step], kv[L + i * step + gap], cs[0][i], cs[1][i], o1,
-				   o2);
-		dst[L + i * step] = k_cuda_bf16_rn(o1);
-		dst[L + i * step + gap] = k_cuda_bf16_rn(o2);
-	}
-	for (int i = a.rot_dim + threadIdx.x; i < a.pe_dim; i += MLAP_THREADS)	// unrotated tail
-		dst[L + i] = k_cuda_bf16_rn(kv[L + i]);
+	mla_cache_row<MLAP_THREADS>(dst, lat, a.norm, rs, kv, cs[0], cs[1], L, half, step, gap,
+				    a.pe_dim);
 }
 
 }	// namespace

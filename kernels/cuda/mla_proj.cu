@@ -15,6 +15,7 @@
 #include "kernels/cuda/attn_ptx.cuh"
 #include "kernels/cuda/k_cuda_ops.h"
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/mla_cache_row.cuh"
 #include "kernels/cuda/mla_proj.cuh"
 
 #define PROJ_THREADS 128
@@ -305,23 +306,8 @@ __device__ __forceinline__ void absorb_post_row(const k_cuda_mla_post_args &a, i
 	uint16_t *dst = a.cache + (size_t)slot * (size_t)(L + a.pe_dim);
 	const float rs = 1.0f / sqrtf((float)(ss / L) + a.eps);	// as rmsnorm.cu's row_rs
 
-#pragma unroll
-	for (int k = 0; k < POST_PER; k++) {
-		const int i = threadIdx.x + k * PROJ_THREADS;
-
-		if (i < L)
-			dst[i] = k_cuda_bf16_rn(__fmul_rn(a.norm[i], __fmul_rn(lat[k], rs)));
-	}
-	for (int i = threadIdx.x; i < half; i += PROJ_THREADS) {	// each key pair once
-		float o1, o2;
-
-		k_cuda_rope_rotate(kv[L + i * step], kv[L + i * step + gap], cs[i], cs[half + i], o1,
-				   o2);
-		dst[L + i * step] = k_cuda_bf16_rn(o1);
-		dst[L + i * step + gap] = k_cuda_bf16_rn(o2);
-	}
-	for (int i = a.rot_dim + threadIdx.x; i < a.pe_dim; i += PROJ_THREADS)	// unrotated tail
-		dst[L + i] = k_cuda_bf16_rn(kv[L + i]);
+	mla_cache_row<PROJ_THREADS>(dst, lat, a.norm, rs, kv, cs, cs + half, L, half, step, gap,
+				    a.pe_dim);
 }
 
 // Block (column chunk of 32, head, row chunk of 64): warp w owns columns c0 + 8w .. +7
