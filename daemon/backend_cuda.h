@@ -64,9 +64,9 @@ struct backend_cuda {
 	float *fused;			/* (fused_floats) fused projections' outputs:
 					 * (rows, q + 2 kv widths) or (rows, 2 * inter) */
 	size_t fused_floats;
-	struct k_cuda_mla_post_args mla_post;	/* KDEC_MLA_POST_IN_ABSORB=1: mla_prep's
-						 * mla_post work, left for attn_mla's absorb
-						 * launch while mla_post_pending */
+	struct k_cuda_mla_post_args mla_post;	/* mla_prep's mla_post work, left
+						 * for attn_mla's absorb launch while
+						 * mla_post_pending */
 	int mla_post_pending;
 	int capturing;
 	struct cuda_prof *prof;		/* NULL unless KDEC_CUDA_OP_TIMES=1 */
