@@ -320,6 +320,22 @@ void cuda_mla_prep(struct backend *be, float *q, const float *h, const struct mo
 				     b->fused + off[1], rs[1], L, p), "mla_prep");
 }
 
+/* 1 where the down projection (M, inter) -> (M, hidden) that follows gate_up_silu
+ * reads its x in bf16 only (cuBLAS: Llama-3.1-8B's 117 MB one at every batch), so SwiGLU
+ * need not write the fp32 form (KDEC_SILU_BF16_ONLY=0 writes it anyway). Read once. */
+static int down_reads_bf16(int M, int hidden, int inter)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *e = getenv("KDEC_SILU_BF16_ONLY");
+
+		on = !(e && e[0] == '0');
+	}
+	return on && inter % 8 == 0 &&
+	       k_cuda_linear_kind_reads_bf16(k_cuda_linear_pick(M, hidden, inter));
+}
+
 void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		       const struct model_tensor *w_gate, const struct model_tensor *w_up, int M)
 {
@@ -339,11 +355,15 @@ void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		return;
 	}
 	if (rs[0] == 2L * inter) {	/* one GEMM: rows hold gate then up */
-		/* out in bf16 as well, for the down projection next */
+		/* out in bf16 as well, for the down projection next; in bf16 only where
+		 * that projection reads nothing else */
 		uint16_t *xb = k_cuda_linear_x_scratch(b->lin, M, inter);
+		const int only = xb && down_reads_bf16(M, (int)w_gate->cols, inter);
 
-		ret = k_cuda_silu_mul_rows_bf16(b->stream, out, b->fused, M, inter, xb);
-		if (!ret && xb)
+		ret = k_cuda_silu_mul_rows_bf16(b->stream, only ? NULL : out, b->fused, M, inter, xb);
+		if (!ret && only)
+			k_cuda_linear_x_ready_only(b->lin, out, M, inter);
+		else if (!ret && xb)
 			k_cuda_linear_x_ready(b->lin, out, M, inter);
 	} else
 		ret = k_cuda_silu_mul(b->stream, out, b->fused + off[0], b->fused + off[1],

@@ -412,6 +412,63 @@ static void test_bad_args(void)
 	cudaFree(w);
 }
 
+/* A producer that wrote x in bf16 only (k_cuda_linear_x_ready_only, SwiGLU before
+ * Llama's down projection): a bf16-x kind uses the scratch (the fp32 x is NaN here, so
+ * any read of it shows), and a kind that reads fp32 x refuses instead of reading it. */
+static void test_x_ready_only(void)
+{
+	enum { M = 64, N = 96, K = 256 };
+	float *x = xmalloc(sizeof(float) * M * K), *y = xmalloc(sizeof(float) * M * N);
+	uint16_t *xb = xmalloc(sizeof(uint16_t) * M * K), *w = xmalloc(sizeof(uint16_t) * N * K);
+	uint16_t *scratch = k_cuda_linear_x_scratch(lin, M, K), *dw = NULL;
+	float *dx = NULL, *dy = NULL, err = 0.f, scale = 0.f;
+	int ret;
+
+	rand_fill(x, (size_t)M * K);
+	for (size_t i = 0; i < (size_t)M * K; i++)
+		xb[i] = k_f32_to_bf16(x[i]);
+	for (size_t i = 0; i < (size_t)N * K; i++)
+		w[i] = k_f32_to_bf16(x[i % ((size_t)M * K)] * 0.5f);
+	CUDA_OK(cudaMalloc((void **)&dx, sizeof(float) * M * K));
+	CUDA_OK(cudaMalloc((void **)&dy, sizeof(float) * M * N));
+	CUDA_OK(cudaMalloc((void **)&dw, sizeof(uint16_t) * N * K));
+	fill(dx, 0xff, sizeof(float) * M * K);	/* NaN: never written */
+	fill(dy, 0xff, sizeof(float) * M * N);
+	copy(dw, w, sizeof(uint16_t) * N * K, cudaMemcpyHostToDevice);
+	copy(scratch, xb, sizeof(uint16_t) * M * K, cudaMemcpyHostToDevice);
+	k_cuda_linear_x_ready_only(lin, dx, M, K);
+	ret = k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_CUBLAS, dy, dx, dw, M, N, K, 0);
+	CHECK(ret == 0, "x ready in bf16 only: cublas returned %d", ret);
+	CUDA_OK(cudaStreamSynchronize(stream));
+	copy(y, dy, sizeof(float) * M * N, cudaMemcpyDeviceToHost);
+	for (int m = 0; m < M; m++)
+		for (int n = 0; n < N; n++) {
+			double want = 0;
+
+			for (int k = 0; k < K; k++)
+				want += (double)k_bf16_to_f32(xb[(size_t)m * K + k]) *
+					k_bf16_to_f32(w[(size_t)n * K + k]);
+			err = fmaxf(err, fabsf(y[(size_t)m * N + n] - (float)want));
+			scale = fmaxf(scale, fabsf((float)want));
+		}
+	/* y != y: NaN, an fp32 x read */
+	CHECK(err <= 1e-4f * scale && err == err, "x ready in bf16 only: max err %g of %g", err,
+	      scale);
+	printf("x ready in bf16 only: cublas max_abs %.2e of %.2e  %s\n", err, scale,
+	       err <= 1e-4f * scale && err == err ? "PASS" : "FAIL");
+	k_cuda_linear_x_ready_only(lin, dx, 1, K);
+	ret = k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_GEMV, dy, dx, dw, 1, N, K, 0);
+	CHECK(ret == -EINVAL, "x ready in bf16 only: gemv returned %d, not -EINVAL", ret);
+	printf("x ready in bf16 only: gemv (fp32 x) refused: %s\n", ret == -EINVAL ? "PASS" : "FAIL");
+	cudaFree(dx);
+	cudaFree(dy);
+	cudaFree(dw);
+	free(x);
+	free(y);
+	free(xb);
+	free(w);
+}
+
 /* One variant captured into a CUDA graph and replayed: no allocation or synchronisation
  * hides in a call. Runs eagerly first, so kernels and cuBLAS heuristics load outside
  * the capture (as an engine warms up before capturing). */
@@ -527,6 +584,7 @@ int main(void)
 	if (ret)
 		return test_result("test_cuda_linear");
 	test_bad_args();
+	test_x_ready_only();
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
 		test_shape(&shapes[i]);
 	test_graph();

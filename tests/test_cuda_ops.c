@@ -8,6 +8,7 @@
  * Tolerances: embed and add are exact; RMSNorm and RoPE follow the CPU's fp32/fp64
  * steps (rel L2 <= 1e-6, in practice 0); SiLU differs by expf's last bit (<= 1e-6).
  * Skips (77) without CUDA or a GPU. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -550,6 +551,22 @@ static void test_silu_mul_rows(int rows, int inter)
 			bad += memcmp(&h2[i], &got[i], sizeof(float)) != 0 || hb[i] != k_f32_to_bf16(got[i]);
 		printf("%-14s %-40s %zu differ  %s\n", "silu_rows_bf16", shape, bad, bad ? "FAIL" : "PASS");
 		CHECK(!bad, "silu_mul_rows_bf16 %s: %zu differ", shape, bad);
+		/* bf16 only (out NULL): the same bf16 bits where inter % 8 == 0, else refused */
+		poison(db, sizeof(uint16_t) * n);
+		if (inter % 8) {
+			CHECK(k_cuda_silu_mul_rows_bf16(stream, NULL, dgu, rows, inter, db) == -EINVAL,
+			      "silu_mul_rows_bf16 bf16-only %s: not refused", shape);
+		} else {
+			CHECK(k_cuda_silu_mul_rows_bf16(stream, NULL, dgu, rows, inter, db) == 0,
+			      "silu_mul_rows_bf16 bf16-only launch");
+			to_host(hb, db, sizeof(uint16_t) * n);
+			bad = 0;
+			for (size_t i = 0; i < n; i++)
+				bad += hb[i] != k_f32_to_bf16(got[i]);
+			printf("%-14s %-40s %zu differ  %s\n", "silu_rows_b16o", shape, bad,
+			       bad ? "FAIL" : "PASS");
+			CHECK(!bad, "silu_mul_rows_bf16 bf16-only %s: %zu differ", shape, bad);
+		}
 		cudaFree(db);
 		free(hb);
 		free(h2);
@@ -985,6 +1002,8 @@ int main(void)
 		test_silu_mul_rows(rows[r], 1408);
 	}
 	test_silu_mul_rows(2, 1);
+	test_silu_mul_rows(3, 1412);	/* four columns a thread */
+	test_silu_mul_rows(64, 14336);	/* Llama-3.1-8B at batch 64 */
 	test_rope_all();
 	for (int r = 0; r < 3; r++)
 		for (int v = 0; v < 4; v++)	/* Llama 3 8B and Qwen3 heads; fused and split */

@@ -125,6 +125,49 @@ __global__ void silu_mul_rows_kernel(float *out, const float *gu, int rows, int 
 	}
 }
 
+// Eight columns per thread (inter % 8 == 0, 16-byte aligned rows): out (NULL or fp32)
+// and ob (NULL or bf16) as above, ob in one 16-byte store. With out NULL only the bf16
+// copy is written, for a linear that reads x in bf16 (Llama-3.1-8B's down projection
+// at batch 64: 3.7 MB fewer bytes written a layer).
+__global__ void silu_mul_rows8_kernel(float *out, const float *gu, int rows, int inter,
+				      uint16_t *ob)
+{
+	const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per = (size_t)inter / 8;
+	const size_t r = i / per, c = i % per;
+
+	k_cuda_pdl_wait();
+	if (r >= (size_t)rows)
+		return;
+	const float4 *g = (const float4 *)(gu + r * 2 * (size_t)inter) + 2 * c;
+	const float4 *u = (const float4 *)(gu + r * 2 * (size_t)inter + inter) + 2 * c;
+	const float4 g0 = g[0], g1 = g[1], u0 = u[0], u1 = u[1];
+	float4 o0, o1;
+
+	o0.x = silu_mul1(g0.x, u0.x);
+	o0.y = silu_mul1(g0.y, u0.y);
+	o0.z = silu_mul1(g0.z, u0.z);
+	o0.w = silu_mul1(g0.w, u0.w);
+	o1.x = silu_mul1(g1.x, u1.x);
+	o1.y = silu_mul1(g1.y, u1.y);
+	o1.z = silu_mul1(g1.z, u1.z);
+	o1.w = silu_mul1(g1.w, u1.w);
+	if (out) {
+		float4 *op = (float4 *)(out + r * (size_t)inter) + 2 * c;
+
+		op[0] = o0;
+		op[1] = o1;
+	}
+	if (ob) {
+		uint4 v;
+
+		v.x = (uint32_t)ew_bf16(o0.x) | (uint32_t)ew_bf16(o0.y) << 16;
+		v.y = (uint32_t)ew_bf16(o0.z) | (uint32_t)ew_bf16(o0.w) << 16;
+		v.z = (uint32_t)ew_bf16(o1.x) | (uint32_t)ew_bf16(o1.y) << 16;
+		v.w = (uint32_t)ew_bf16(o1.z) | (uint32_t)ew_bf16(o1.w) << 16;
+		((uint4 *)(ob + r * (size_t)inter))[c] = v;
+	}
+}
+
 }	// namespace
 
 // ---- launchers --------------------------------------------------------------
@@ -174,10 +217,17 @@ extern "C" int k_cuda_silu_mul_rows_bf16(cudaStream_t s, float *out, const float
 {
 	int vec4;
 
-	if (rows < 0 || inter <= 0)
+	if (rows < 0 || inter <= 0 || (!out && !out_bf16))
 		return -EINVAL;
 	if (rows == 0)
 		return 0;
+	if (inter % 8 == 0 && aligned16(out) && aligned16(gate_up) && aligned16(out_bf16)) {
+		k_cuda_launch_pdl(s, ew_blocks((size_t)rows * (inter / 8)), EW_THREADS, 0,
+				  silu_mul_rows8_kernel, out, gate_up, rows, inter, out_bf16);
+		return K_CUDA_LAUNCHED("silu_mul_rows");
+	}
+	if (!out)	/* the bf16-only form needs the eight-column kernel */
+		return -EINVAL;
 	vec4 = inter % 4 == 0 && aligned16(out) && aligned16(gate_up);
 	k_cuda_launch_pdl(s, ew_blocks((size_t)rows * (vec4 ? inter / 4 : inter)), EW_THREADS, 0,
 			  silu_mul_rows_kernel, out, gate_up, rows, inter, vec4, out_bf16);

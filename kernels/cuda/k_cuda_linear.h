@@ -83,6 +83,12 @@ int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_linear_kind ki
  * round-to-nearest-even, as the context's own. */
 uint16_t *k_cuda_linear_x_scratch(struct k_cuda_linear *ctx, int M, int K);
 void k_cuda_linear_x_ready(struct k_cuda_linear *ctx, const float *x, int M, int K);
+/* 1 where `kind` reads x as bf16 from the scratch (STREAM, WGMMA, CUBLAS), so a producer
+ * for it may skip writing the fp32 x: it then marks the scratch with
+ * k_cuda_linear_x_ready_only, and a next call whose kind reads fp32 x fails (-EINVAL)
+ * instead of reading a stale x. */
+int k_cuda_linear_kind_reads_bf16(enum k_cuda_linear_kind kind);
+void k_cuda_linear_x_ready_only(struct k_cuda_linear *ctx, const float *x, int M, int K);
 
 /* Programmatic dependent launch, on by default where the device takes it: each kernel
  * may start while the previous kernel in the stream drains and prefetches its weights

@@ -59,7 +59,9 @@ int k_cuda_silu_mul(cudaStream_t s, float *out, const float *gate, const float *
  * then inter up values. out must not overlap gate_up. */
 int k_cuda_silu_mul_rows(cudaStream_t s, float *out /* (rows, inter) */,
 			 const float *gate_up /* (rows, 2 * inter) */, int rows, int inter);
-/* The same, also writing out rounded to bf16 (nearest even) into out_bf16 (rows, inter). */
+/* The same, also writing out rounded to bf16 (nearest even) into out_bf16 (rows, inter).
+ * out may be NULL (only the bf16 form written) where inter % 8 == 0 and gate_up and
+ * out_bf16 are 16-byte aligned; -EINVAL otherwise. */
 int k_cuda_silu_mul_rows_bf16(cudaStream_t s, float *out, const float *gate_up, int rows,
 			      int inter, uint16_t *out_bf16);
 

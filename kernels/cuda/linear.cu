@@ -347,6 +347,11 @@ extern "C" int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_lin
 		return -EINVAL;
 	ready = x == ctx->ready_x && M == ctx->ready_M && K == ctx->ready_K;
 	ctx->ready_x = nullptr;		// good for this one call
+	if (ready && ctx->ready_only && !k_cuda_linear_kind_reads_bf16(kind)) {
+		fprintf(stderr, "cuda linear: M %d N %d K %d: x was written in bf16 only, but the "
+			"%s kernel reads fp32 x\n", M, N, K, k_cuda_linear_kind_name(kind));
+		return -EINVAL;
+	}
 	accumulate = accumulate != 0;
 	switch (kind) {
 	case K_CUDA_LINEAR_GEMV:
@@ -398,6 +403,21 @@ extern "C" void k_cuda_linear_x_ready(struct k_cuda_linear *ctx, const float *x,
 	ctx->ready_x = x;
 	ctx->ready_M = M;
 	ctx->ready_K = K;
+	ctx->ready_only = false;
+}
+
+extern "C" int k_cuda_linear_kind_reads_bf16(enum k_cuda_linear_kind kind)
+{
+	return kind == K_CUDA_LINEAR_STREAM || kind == K_CUDA_LINEAR_WGMMA ||
+	       kind == K_CUDA_LINEAR_CUBLAS;
+}
+
+extern "C" void k_cuda_linear_x_ready_only(struct k_cuda_linear *ctx, const float *x, int M,
+					   int K)
+{
+	k_cuda_linear_x_ready(ctx, x, M, K);
+	if (ctx && x)
+		ctx->ready_only = true;
 }
 
 extern "C" void k_cuda_linear_set_pdl(struct k_cuda_linear *ctx, int on)

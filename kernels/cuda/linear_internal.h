@@ -67,6 +67,7 @@ struct k_cuda_linear {
 	uint16_t *xb;			/* (max_M, max_K) bf16: x rounded for cuBLAS */
 	const float *ready_x;		/* xb already holds bf16(ready_x) (ready_M, ready_K), */
 	int ready_M, ready_K;		/* written by its producer: k_cuda_linear_x_ready */
+	bool ready_only;		/* ... and the fp32 ready_x was never written */
 };
 
 /* 0 for cudaSuccess; otherwise logs call, file, line and device and returns -ENOMEM

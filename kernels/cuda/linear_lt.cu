@@ -18,7 +18,8 @@
 
 #include "kernels/cuda/linear_internal.h"
 
-#define LT_CANDIDATES	16	/* asked of the heuristic */
+#define LT_CANDIDATES	16	/* asked of the heuristic (KDEC_LT_CANDIDATES: 1..LT_MAX) */
+#define LT_MAX_CANDIDATES 64
 #define LT_REPS		3	/* timed runs per candidate; the fastest counts */
 /* Written between timed runs so that no weight is still in L2 (60 MB on H200). */
 #define LT_FLUSH_BYTES	((size_t)128 << 20)
@@ -140,12 +141,26 @@ static float lt_time(const struct k_cuda_linear *ctx, const struct lt_descs *d,
 	return best;
 }
 
+// How many candidates to ask for: LT_CANDIDATES, or KDEC_LT_CANDIDATES (1..64) for A/B
+// runs of a wider search. Read once.
+static int lt_candidates(void)
+{
+	static int n = -1;
+
+	if (n < 0) {
+		const char *e = getenv("KDEC_LT_CANDIDATES");
+
+		n = e && atoi(e) >= 1 && atoi(e) <= LT_MAX_CANDIDATES ? atoi(e) : LT_CANDIDATES;
+	}
+	return n;
+}
+
 // Times the candidates for one shape and records the winner in its cache entry (use_lt
 // false: cublasGemmEx, also where tuning failed).
 static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const uint16_t *xb,
 		   const uint16_t *w, int M, int N, int K, int beta, struct lin_lt_entry *e)
 {
-	cublasLtMatmulHeuristicResult_t cand[LT_CANDIDATES];
+	cublasLtMatmulHeuristicResult_t cand[LT_MAX_CANDIDATES];
 	cublasLtMatmulPreference_t pref = NULL;
 	const size_t ws = LIN_BLAS_WS_BYTES;
 	cudaEvent_t e0 = NULL, e1 = NULL;
@@ -164,7 +179,7 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const ui
 				CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
 	if (!ret)
 		ret = LT(ctx->dev, cublasLtMatmulAlgoGetHeuristic(ctx->lt, d->op, d->a, d->b, d->c,
-				d->c, pref, LT_CANDIDATES, cand, &n));
+				d->c, pref, lt_candidates(), cand, &n));
 	if (pref)
 		cublasLtMatmulPreferenceDestroy(pref);
 	if (ret || n == 0)
