@@ -10,13 +10,18 @@
 // per SM besides the stage in use; Little's law wants ~48 KB per SM), and the copies
 // cost no registers and one instruction per row.
 //
-// gate/up: one CTA per SM (the ring takes most of the shared memory), the same split
-// of (slot, feature) rows; x is staged in shared memory once, each row's 8-value
+// Both kernels start their shared-expert items into the stages before the PDL wait
+// (the weights are constants; the ids are not final yet), so HBM is busy while the
+// router finishes and while each CTA derives its plan.
+//
+// gate/up: one CTA per SM (the ring takes most of the shared memory), each with an
+// even share of the shared expert's rows and of the routed (slot, feature) rows; x
+// is staged in shared memory once, each row's 8-value
 // chunks split into a lo half and a hi half so that the lanes' 16-byte reads are
 // consecutive (the first form's stride of 32 bytes was a 2-way bank conflict).
-// down: the first form's grid (SM_DCOLS columns per CTA, two CTAs per SM), its items,
-// its prefetch before the PDL wait and its final sums, with the ring in place of the
-// cp.async stage and the register item.
+// down: the first form's grid (SM_DCOLS columns per CTA, two CTAs per SM), its items
+// (the shared expert's first), its L2 hints before the PDL wait and its final sums,
+// with the ring in place of the cp.async stage and the register item.
 #include <cstdint>
 
 #include "kernels/cuda/launch_check.cuh"
@@ -135,13 +140,18 @@ __device__ __forceinline__ void v2_ring(Job job, int first, int rows, uint4 *rin
 	}
 }
 
+// Lane 0 issues the warp's first items (t = first + k SM_WARPS, k < nst) that lie in
+// [begin, end), item k into stage k: before the PDL wait those that need no ids
+// (begin 0, end the shared expert's items), after it the rest.
 template <typename Job>
-__device__ __forceinline__ void v2_prime(Job job, int first, int rows, uint4 *ring, uint64_t *bars,
-					 int nst, int ncm, int lane)
+__device__ __forceinline__ void v2_prime(Job job, int first, int begin, int end, uint4 *ring,
+					 uint64_t *bars, int nst, int ncm, int lane)
 {
 	if (lane == 0)
-		for (int k = 0; k < nst && first + k * SM_WARPS < rows; k++)
-			v2_issue(job(first + k * SM_WARPS), ring + (size_t)k * 2 * ncm, ncm, &bars[k]);
+		for (int k = 0; k < nst && first + k * SM_WARPS < end; k++)
+			if (first + k * SM_WARPS >= begin)
+				v2_issue(job(first + k * SM_WARPS), ring + (size_t)k * 2 * ncm, ncm,
+					 &bars[k]);
 }
 
 // The warp's barriers, initialised by its lane 0 (made visible by a later
@@ -155,8 +165,9 @@ __device__ __forceinline__ void v2_bars_init(uint64_t *bars, int nst, int lane)
 	}
 }
 
-// small_gate_up_kernel's work (gate_up_job_of's rows, the same [lo, hi) split of them
-// over the grid) through per-warp rings. Dynamic shared memory: the M = n / top_k x
+// small_gate_up_kernel's work (gate_up_job_of's rows) through per-warp rings, split
+// over the grid as two even shares, the shared expert's (known before the PDL wait)
+// and the routed rows'. Dynamic shared memory: the M = n / top_k x
 // rows (hidden / 4 float4 each, chunk c's lo half at c, hi half at hidden / 8 + c),
 // then the rings (SM_WARPS, nst, 2, hidden / 8) uint4.
 __global__ void __launch_bounds__(SM_THREADS, 1)
@@ -168,29 +179,35 @@ small_gate_up_v2_kernel(const uint16_t *const *expert_w, const float *x, const i
 	__shared__ small_plan sp;
 	__shared__ uint64_t bars[SM_WARPS][MOE_SMALL_V2_MAX_ST];
 	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ncm = hidden / 8, M = n / top_k;
+	int G = gridDim.x, b = blockIdx.x;
+	int sa = (int)((long long)sh.inter * b / G), ns = (int)((long long)sh.inter * (b + 1) / G) - sa;
 	float4 *xs = (float4 *)gdyn;
 	uint4 *ring = gdyn + (size_t)M * 2 * ncm + (size_t)warp * nst * 2 * ncm;
-	long long Wr, W, lo, hi;
+	long long Wr = 0, ra = 0;
 	int rows;
 
-	prefetch_shared_gate_up(sh, hidden);
-	v2_bars_init(bars[warp], nst, lane);
-	k_cuda_pdl_wait();
-	small_plan_build(sp, ids, n, E);
-	Wr = (long long)sp.n_used * inter;
-	W = Wr + sh.inter;
-	lo = W * blockIdx.x / gridDim.x;
-	hi = W * (blockIdx.x + 1) / gridDim.x;
-	rows = (int)(hi - lo);
-
+	// The CTA's rows t: its share of the shared expert's features first (sa + t, t <
+	// ns: known before the wait), then its share of the routed (slot, feature) rows
+	// (gate_up_job_of's position ra + t - ns).
 	auto job = [&](int t) {
-		dot_job j = gate_up_job_of(lo + t, Wr, sp, expert_w, x, sh, n, top_k, hidden,
-					   inter, act);
+		dot_job j = t < ns ? gate_up_job_of(sa + t, 0, sp, expert_w, x, sh, n, top_k, hidden,
+						    inter, act)
+				   : gate_up_job_of(ra + t - ns, Wr, sp, expert_w, x, sh, n, top_k,
+						    hidden, inter, act);
 
 		j.src = xs;	// the staged rows: row m at m * hidden / 4, as in x
 		return j;
 	};
-	v2_prime(job, warp, rows, ring, bars[warp], nst, ncm, lane);
+	v2_bars_init(bars[warp], nst, lane);
+	// Launched early under PDL, while the router still picks the experts: the shared
+	// expert's rows do not depend on its choice, so they start into the stages now.
+	v2_prime(job, warp, 0, ns, ring, bars[warp], nst, ncm, lane);
+	k_cuda_pdl_wait();
+	small_plan_build(sp, ids, n, E);
+	Wr = (long long)sp.n_used * inter;
+	ra = Wr * b / G;
+	rows = ns + (int)(Wr * (b + 1) / G - ra);
+	v2_prime(job, warp, ns, rows, ring, bars[warp], nst, ncm, lane);
 	for (int q = threadIdx.x; q < M * ncm; q += SM_THREADS) {
 		int m = q / ncm, c = q % ncm;
 		const float4 *xr = (const float4 *)(x + (size_t)m * hidden);
@@ -204,7 +221,7 @@ small_gate_up_v2_kernel(const uint16_t *const *expert_w, const float *x, const i
 
 // small_down_kernel<STAGED> with the warp's items through its ring (nst stages of two
 // inter-long rows: dynamic shared memory (SM_WARPS, nst, 2, inter / 8) uint4). Grid,
-// items, prefetch and sums as there.
+// items (the shared pieces first), L2 hints and sums as there.
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 small_down_v2_kernel(const uint16_t *const *expert_w, const float *act, const int32_t *ids,
 		     const float *weights, int M, int top_k, int E, int hidden, int inter, int nst,
@@ -221,17 +238,28 @@ small_down_v2_kernel(const uint16_t *const *expert_w, const float *act, const in
 	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = M * top_k, ncm = inter / 8;
 	int c0 = blockIdx.x * SM_DCOLS, cps = SM_DCOLS / 2;
 	int pieces = (sh.inter + inter - 1) / inter, n_routed, n_all;
-	size_t row_bytes = (size_t)inter * 2, sh_bytes = (size_t)sh.inter * 2 * SM_DCOLS;
+	size_t row_bytes = (size_t)inter * 2;
 	uint4 *ring = ddyn + (size_t)warp * nst * 2 * ncm;
 
+	// The CTA's items q: the shared expert's (piece, column pair) first (q < n_sh:
+	// known before the wait), then (used expert, column pair) (down_job_of's q - n_sh).
+	int n_sh = pieces * cps;
+	auto job = [&](int q) {
+		return q < n_sh ? down_job_of(q, 0, sp, used_w, act, sh, M, c0, inter, &ys[0][0],
+					      &yss[0][0][0])
+				: down_job_of(q - n_sh, n_routed, sp, used_w, act, sh, M, c0, inter,
+					      &ys[0][0], &yss[0][0][0]);
+	};
+
+	n_routed = 0;
 	v2_bars_init(bars[warp], nst, lane);
-	// As small_down_kernel: ask L2 for the rows the ids (maybe not final yet) name.
-	if (sh.inter)
-		prefetch_down_rows(sh.down, c0, hidden, (size_t)sh.inter * 2);
+	// Launched early under PDL: the shared expert's rows start into the stages now;
+	// the rows the ids (maybe not final yet) name are asked of L2, as small_down_kernel.
+	v2_prime(job, warp, 0, n_sh, ring, bars[warp], nst, ncm, lane);
 	{
 		int lines = (int)((row_bytes + 127) / 128);
-		size_t left = SM_DPREFETCH > sh_bytes ? SM_DPREFETCH - sh_bytes : 0;
-		int pairs = min(n, (int)(left / (row_bytes * SM_DCOLS)));
+		// the whole budget: the shared rows go to the stages, not to L2
+		int pairs = min(n, (int)(SM_DPREFETCH / (row_bytes * SM_DCOLS)));
 
 		if (threadIdx.x < pairs) {
 			int v = __ldcg(ids + threadIdx.x);
@@ -257,12 +285,8 @@ small_down_v2_kernel(const uint16_t *const *expert_w, const float *act, const in
 	__syncthreads();
 
 	n_routed = sp.n_used * cps;
-	n_all = n_routed + pieces * cps;
-	auto job = [&](int q) {
-		return down_job_of(q, n_routed, sp, used_w, act, sh, M, c0, inter, &ys[0][0],
-				   &yss[0][0][0]);
-	};
-	v2_prime(job, warp, n_all, ring, bars[warp], nst, ncm, lane);
+	n_all = n_sh + n_routed;
+	v2_prime(job, warp, n_sh, n_all, ring, bars[warp], nst, ncm, lane);
 	v2_ring<false, false>(job, warp, n_all, ring, bars[warp], nst, ncm, lane);
 	__syncthreads();
 
@@ -296,14 +320,22 @@ small_down_v2_kernel(const uint16_t *const *expert_w, const float *act, const in
 
 // ---- launchers ----------------------------------------------------------------------
 
+// Both want the largest shared-memory carve-out (gate/up: one CTA of ~218 KB per SM;
+// down: two of ~110 KB), not whatever split the driver would pick.
 int moe_small_v2_setup(void)
 {
 	return K_CUDA_CALL(cudaFuncSetAttribute(small_gate_up_v2_kernel,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
 						MOE_SMALL_V2_GU_SMEM)) ||
+	       K_CUDA_CALL(cudaFuncSetAttribute(small_gate_up_v2_kernel,
+						cudaFuncAttributePreferredSharedMemoryCarveout,
+						cudaSharedmemCarveoutMaxShared)) ||
 	       K_CUDA_CALL(cudaFuncSetAttribute(small_down_v2_kernel,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
-						MOE_SMALL_V2_DOWN_SMEM)) ? -EIO : 0;
+						MOE_SMALL_V2_DOWN_SMEM)) ||
+	       K_CUDA_CALL(cudaFuncSetAttribute(small_down_v2_kernel,
+						cudaFuncAttributePreferredSharedMemoryCarveout,
+						cudaSharedmemCarveoutMaxShared)) ? -EIO : 0;
 }
 
 // Stages per warp: as many as fit the budget after fixed bytes, at most
