@@ -324,6 +324,122 @@ __device__ void job_run_staged(const dot_job &j, const uint4 *stage, int ncm, in
 	}
 }
 
+// ---- the items of both forms (moe_small_gate_up.cu, moe_small.cu, moe_small_v2.cu) ----
+
+// Launched early under PDL, while the router still picks the experts: the shared
+// expert's rows do not depend on its choice, so each CTA asks L2 for its share of
+// them before the wait and the route kernel's time hides their fetch. Only a hint:
+// whichever CTA takes a row after the wait finds it in L2. The whole CTA calls it.
+__device__ __forceinline__ void prefetch_shared_gate_up(const moe_small_shared &sh, int hidden)
+{
+	if (sh.inter) {
+		int a = (int)((long long)sh.inter * blockIdx.x / gridDim.x);
+		int b = (int)((long long)sh.inter * (blockIdx.x + 1) / gridDim.x);
+
+		prefetch_l2(sh.gate + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
+			    SM_THREADS);
+		prefetch_l2(sh.up + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
+			    SM_THREADS);
+	}
+}
+
+// Row pos of the staged gate/up kernel's (slot, feature) order: feature pos % inter
+// of used expert pos / inter below Wr = n_used * inter, then the shared expert's
+// feature pos - Wr. x (n / top_k, hidden); act (n, inter), sh.act (n / top_k, sh.inter).
+__device__ __forceinline__ dot_job gate_up_job_of(long long pos, long long Wr,
+						  const small_plan &sp,
+						  const uint16_t *const *expert_w, const float *x,
+						  const moe_small_shared &sh, int n, int top_k,
+						  int hidden, int inter, float *act)
+{
+	dot_job j;
+
+	j.src = (const float4 *)x;
+	j.nc = hidden / 8;
+	j.ld4 = hidden / 4;
+	if (pos < Wr) {
+		int u = (int)(pos / inter), f = (int)(pos % inter), e = sp.used_e[u];
+
+		j.w0 = (const uint4 *)(expert_w[3 * e] + (size_t)f * hidden);
+		j.w1 = (const uint4 *)(expert_w[3 * e + 1] + (size_t)f * hidden);
+		j.pairs = sp.sorted + sp.used_start[u];
+		j.total = sp.used_n[u];
+		j.div = top_k;
+		j.dst = act + f;
+		j.dst_ld = inter;
+	} else {
+		int f = (int)(pos - Wr);
+
+		j.w0 = (const uint4 *)(sh.gate + (size_t)f * hidden);
+		j.w1 = (const uint4 *)(sh.up + (size_t)f * hidden);
+		j.pairs = nullptr;
+		j.total = n / top_k;
+		j.div = 1;
+		j.dst = sh.act + f;
+		j.dst_ld = sh.inter;
+	}
+	return j;
+}
+
+// Item q of small_down_kernel's CTA: (used expert, column pair) below n_routed, then
+// (shared piece, column pair). Every item's columns lie inside hidden (a multiple of
+// SM_DCOLS: k_cuda_moe_small_fits). ys (MOE_SMALL_MAX_PAIRS, SM_DCOLS), yss
+// (MOE_SMALL_SH_PIECES, MOE_SMALL_MAX_PAIRS, SM_DCOLS); used_w (sp.n_used) the used
+// experts' down matrices.
+__device__ __forceinline__ dot_job down_job_of(int q, int n_routed, const small_plan &sp,
+					       const uint16_t *const *used_w, const float *act,
+					       const moe_small_shared &sh, int M, int c0, int inter,
+					       float *ys, float *yss)
+{
+	int cps = SM_DCOLS / 2, cp = q % cps, c = c0 + 2 * cp;
+	dot_job j;
+
+	j.div = 1;
+	j.dst_ld = SM_DCOLS;
+	if (q < n_routed) {
+		int u = q / cps;
+		const uint16_t *w = used_w[u] + (size_t)c * inter;
+
+		j.w0 = (const uint4 *)w;
+		j.w1 = (const uint4 *)(w + inter);
+		j.src = (const float4 *)act;
+		j.pairs = sp.sorted + sp.used_start[u];
+		j.dst = ys + 2 * cp;
+		j.nc = inter / 8;
+		j.ld4 = inter / 4;
+		j.total = sp.used_n[u];
+	} else {
+		int k = (q - n_routed) / cps, ka = k * inter;	// piece k: [ka, ka + inter)
+		const uint16_t *w = sh.down + (size_t)c * sh.inter + ka;
+
+		j.w0 = (const uint4 *)w;
+		j.w1 = (const uint4 *)(w + sh.inter);
+		j.src = (const float4 *)(sh.act + ka);
+		j.pairs = nullptr;
+		j.dst = yss + k * MOE_SMALL_MAX_PAIRS * SM_DCOLS + 2 * cp;
+		j.nc = min(inter, sh.inter - ka) / 8;
+		j.ld4 = sh.inter / 4;
+		j.total = M;
+	}
+	return j;
+}
+
+// Asks L2 for the CTA's SM_DCOLS down rows of row_bytes each at down (row stride
+// row_bytes); the whole CTA calls it, before the PDL wait.
+__device__ __forceinline__ void prefetch_down_rows(const uint16_t *down, int c0, int hidden,
+						   size_t row_bytes)
+{
+	int lines = (int)((row_bytes + 127) / 128);
+
+	for (int q = threadIdx.x; q < SM_DCOLS * lines; q += SM_THREADS) {
+		int col = c0 + q / lines;
+
+		if (col < hidden)
+			prefetch_l2((const char *)down + (size_t)col * row_bytes +
+					    (size_t)(q % lines) * 128, 1, 0, 1);
+	}
+}
+
 }	// namespace
 
 #endif
