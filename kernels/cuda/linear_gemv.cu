@@ -193,6 +193,7 @@ static __device__ __forceinline__ void gemv_norm_rows(float *xs, double (*part)[
 			const int vt = t + j * GEMV_WARPS * 32;
 			double ss = 0.0;
 
+#pragma unroll 8	// the loads of 8 elements in flight at once; the sum stays in order
 			for (int i = vt; i < K; i += GEMV_NORM_VT) {
 				const float v = x[(size_t)m * K + i];
 
@@ -214,6 +215,7 @@ static __device__ __forceinline__ void gemv_norm_rows(float *xs, double (*part)[
 		for (int i = 0; i < GEMV_NORM_VT / 32; i++)	// same order in every thread
 			ss += part[m][i];
 		rs = 1.0f / sqrtf((float)(ss / K) + eps);
+#pragma unroll 4
 		for (int i = t; i < K; i += GEMV_WARPS * 32) {
 			const float o = __fmul_rn(nw[i], __fmul_rn(x[(size_t)m * K + i], rs));
 
