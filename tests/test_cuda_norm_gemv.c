@@ -1,7 +1,8 @@
 /* The GEMV with the RMSNorm of its x folded in (k_cuda_linear_norm) against the two
  * launches it replaces, k_cuda_rmsnorm then the GEMV (k_cuda_linear_run_kind), on fresh
  * random inputs: M = 1 and 2, K = 1096 (an odd multiple of 8), 2048, 4096, 7168, odd N,
- * accumulate off and on. Tolerance: none. y and the normalised rows `out` must equal the
+ * accumulate off and on, and a GEMV of out queued after the fold (eager and from a
+ * graph: out reaches the next kernel through its PDL wait). Tolerance: none. y and the normalised rows `out` must equal the
  * two-launch path BIT FOR BIT (the fold repeats rmsnorm.cu's block-form sum order and
  * roundings, and the GEMV's FMA order); both are poisoned with NaN first and every
  * element compared, with a guard zone after each that must stay untouched. Then the
@@ -158,6 +159,47 @@ static int run_ref(const struct dev_case *c, int acc)
 	return ret;
 }
 
+/* A kernel queued right after the fold reads out through its PDL wait: a GEMV of out
+ * (into y), eagerly and replayed from a graph, against the same GEMV of out_ref. */
+static void check_chain(const struct dev_case *c)
+{
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t ge = NULL;
+	const size_t n = (size_t)c->M * c->N;
+	int ret;
+
+	for (int graph = 0; graph <= 1; graph++) {
+		poison(c->out, (size_t)c->M * c->K);
+		poison(c->y, n);
+		poison(c->y_ref, n);
+		ret = k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_GEMV, c->y_ref, c->out_ref, c->w,
+					     c->M, c->N, c->K, 0);
+		CU(cudaStreamSynchronize(stream));
+		if (graph && !CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal)))
+			return;
+		/* the fold's y is overwritten by the GEMV of its out */
+		ret = ret ? ret : k_cuda_linear_norm_gemv(lin, c->y, c->x, c->nw, EPS, c->out,
+							  c->w, c->M, c->N, c->K, 0);
+		ret = ret ? ret : k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_GEMV, c->y, c->out,
+							 c->w, c->M, c->N, c->K, 0);
+		if (graph) {
+			CU(cudaStreamEndCapture(stream, &g));
+			if (g && CU(cudaGraphInstantiate(&ge, g, 0)))
+				CU(cudaGraphLaunch(ge, stream));
+			if (ge)
+				cudaGraphExecDestroy(ge);
+			if (g)
+				cudaGraphDestroy(g);
+			g = NULL, ge = NULL;
+		}
+		CU(cudaStreamSynchronize(stream));
+		CHECK(ret == 0, "chain%s M=%d N=%d K=%d: %d", graph ? " (graph)" : "", c->M, c->N,
+		      c->K, ret);
+		same_bits(graph ? "gemv(out) after the fold, graph" : "gemv(out) after the fold", c,
+			  c->y, c->y_ref, n);
+	}
+}
+
 static void check_case(int M, int N, int K)
 {
 	struct dev_case c;
@@ -189,6 +231,7 @@ static void check_case(int M, int N, int K)
 		same_bits(acc ? "y (accumulate)" : "y", &c, c.y, c.y_ref, (size_t)M * N);
 		same_bits("out", &c, c.out, c.out_ref, (size_t)M * K);
 	}
+	check_chain(&c);
 	/* the picked form takes it exactly where k_cuda_linear runs the GEMV */
 	ret = k_cuda_linear_norm(lin, c.y, c.x, c.nw, EPS, c.out, c.w, M, N, K, 0);
 	if (k_cuda_linear_choose(c.out, c.w, M, N, K) == K_CUDA_LINEAR_GEMV)
