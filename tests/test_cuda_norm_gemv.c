@@ -2,15 +2,16 @@
  * launches it replaces, k_cuda_rmsnorm then the GEMV (k_cuda_linear_run_kind), on fresh
  * random inputs: M = 1 and 2, K = 1096 (an odd multiple of 8), 2048, 4096, 7168, odd N,
  * accumulate off and on, and a GEMV of out queued after the fold (eager and from a
- * graph: out reaches the next kernel through its PDL wait). Tolerance: none. y and the normalised rows `out` must equal the
- * two-launch path BIT FOR BIT (the fold repeats rmsnorm.cu's block-form sum order and
- * roundings, and the GEMV's FMA order); both are poisoned with NaN first and every
- * element compared, with a guard zone after each that must stay untouched. Then the
- * calls the fold must decline (batch 64, M = 2 where the pick is not the GEMV, matrices
- * past the GEMV's size, K the norm runs one warp per row, out over x), and a timing of
- * each model shape: rmsnorm + gemv against the fold, median of 25 event-timed runs, L2
- * flushed by a 128 MB memset before each, beside the HBM floor of the weights at
- * 4.25 TB/s. Skips (77) where the build has no CUDA or the machine has no GPU. */
+ * graph: out reaches the next kernel through its PDL wait). Tolerance: none. y and the
+ * normalised rows `out` must equal the two-launch path BIT FOR BIT (the fold repeats
+ * rmsnorm.cu's block-form sum order and roundings, and the GEMV's FMA order); both are
+ * poisoned with NaN first and every element compared, with a guard zone after each that
+ * must stay untouched. Then the calls the fold must decline (batch 64, M = 2 where the
+ * pick is not the GEMV, matrices past the GEMV's size, K the norm runs one warp per
+ * row, out over x), and a timing of each model shape: rmsnorm + gemv against the fold,
+ * median of 25 event-timed runs, L2 flushed by a 128 MB memset before each, beside the
+ * HBM floor of the weights at 4.25 TB/s. Skips (77) where the build has no CUDA or the
+ * machine has no GPU. */
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
