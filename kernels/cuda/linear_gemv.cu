@@ -407,7 +407,10 @@ int k_cuda_lin_gemv(const struct k_cuda_linear *ctx, float *y, const float *x,
 	return gemv_launch<2>(ctx, y, x, w, M, N, K, accumulate);
 }
 
-// The norm form's shared memory past the 48 KB default (2 rows of LIN_NORM_MAX_K).
+// The norm form's shared memory past the 48 KB default (2 rows of LIN_NORM_MAX_K), and
+// its CTAs resident at once per KB of shared memory they take (rounded up: a lower
+// bound), the ones that start early and prefetch (PDL). Tabled here, as a query at the
+// first launch of a K could fall inside a graph capture.
 static int gemv_norm_setup(struct k_cuda_linear *ctx)
 {
 	const int smem = 2 * LIN_NORM_MAX_K * (int)sizeof(float);
@@ -418,24 +421,21 @@ static int gemv_norm_setup(struct k_cuda_linear *ctx)
 	if (!ret)
 		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(gemv_norm_kernel<2>,
 					 cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-	return ret;
-}
+	for (int kb = 0; !ret && kb <= LIN_NORM_SMEM_KB; kb++) {
+		int b1 = 0, b2 = 0;
 
-// CTAs of the norm form resident at once with `smem` bytes each: the ones that start
-// early and prefetch (PDL). Computed once per M and K (models have one or two K).
-static int gemv_norm_resident(struct k_cuda_linear *ctx, int M, int K, int smem)
-{
-	int *k = &ctx->gemv_norm_k[M - 1], *n = &ctx->gemv_norm_res[M - 1], b = 0;
-
-	if (*k != K) {
-		if (LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-				 &b, M == 1 ? gemv_norm_kernel<1> : gemv_norm_kernel<2>,
-				 GEMV_WARPS * 32, smem)))
-			b = 0;	/* no early CTAs: correct, only slower */
-		*k = K;
-		*n = b * ctx->n_sm;
+		if (kb * 2 <= LIN_NORM_SMEM_KB)
+			ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+							 &b1, gemv_norm_kernel<1>, GEMV_WARPS * 32,
+							 (size_t)kb << 10));
+		if (!ret)
+			ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+							 &b2, gemv_norm_kernel<2>, GEMV_WARPS * 32,
+							 (size_t)kb << 10));
+		ctx->gemv_norm_res[0][kb] = b1 * ctx->n_sm;
+		ctx->gemv_norm_res[1][kb] = b2 * ctx->n_sm;
 	}
-	return *n;
+	return ret;
 }
 
 int k_cuda_lin_gemv_setup(struct k_cuda_linear *ctx)
@@ -451,7 +451,7 @@ int k_cuda_lin_gemv_setup(struct k_cuda_linear *ctx)
 	return ret ? ret : gemv_norm_setup(ctx);
 }
 
-int k_cuda_lin_gemv_norm(struct k_cuda_linear *ctx, float *y, const float *x,
+int k_cuda_lin_gemv_norm(const struct k_cuda_linear *ctx, float *y, const float *x,
 			 const float *norm_w, float eps, float *out, const uint16_t *w, int M,
 			 int N, int K, int accumulate)
 {
@@ -464,7 +464,7 @@ int k_cuda_lin_gemv_norm(struct k_cuda_linear *ctx, float *y, const float *x,
 
 	if (M < 1 || M > 2 || K > LIN_NORM_MAX_K)
 		return -EINVAL;
-	pdl = ctx->pdl ? gemv_norm_resident(ctx, M, K, smem) : 0;
+	pdl = ctx->pdl ? ctx->gemv_norm_res[M - 1][(smem + 1023) >> 10] : 0;
 	cfg.gridDim = grid;
 	cfg.blockDim = dim3(GEMV_WARPS * 32, 1, 1);
 	cfg.dynamicSmemBytes = smem;
