@@ -464,7 +464,10 @@ int k_cuda_lin_gemv_norm(const struct k_cuda_linear *ctx, float *y, const float 
 
 	if (M < 1 || M > 2 || K > LIN_NORM_MAX_K)
 		return -EINVAL;
+	// pdl != 0 is also what makes the kernel wait for its inputs: at least 1 with PDL
 	pdl = ctx->pdl ? ctx->gemv_norm_res[M - 1][(smem + 1023) >> 10] : 0;
+	if (ctx->pdl && pdl < 1)
+		pdl = 1;
 	cfg.gridDim = grid;
 	cfg.blockDim = dim3(GEMV_WARPS * 32, 1, 1);
 	cfg.dynamicSmemBytes = smem;
