@@ -68,6 +68,14 @@ struct backend_cuda {
 						 * for attn_mla's absorb launch while
 						 * mla_post_pending */
 	int mla_post_pending;
+	struct cuda_norm_args {		/* an RMSNorm left for the GEMV that reads out */
+		float *out;		/* (rows, dim) fp32, rows dim apart */
+		const float *x;		/* (rows, dim) fp32, rows dim apart, apart from out */
+		const float *w;		/* (dim) fp32 */
+		int rows, dim;
+		float eps;
+	} norm;
+	int norm_pending;		/* norm not launched yet: cuda_linear_run or a flush */
 	int capturing;
 	struct cuda_prof *prof;		/* NULL unless KDEC_CUDA_OP_TIMES=1 */
 };
@@ -83,8 +91,18 @@ int cuda_check(struct backend_cuda *b, cudaError_t e, const char *call, const ch
 
 /* An op's launcher result: the first failure sticks until sync. */
 void cuda_note(struct backend_cuda *b, int ret, const char *op);
-/* KDEC_CUDA_OP_TIMES: the op about to be queued. */
+/* The op about to be queued: launches the work earlier ops left pending that this op
+ * does not take (cuda_pending_flush), and marks its start for KDEC_CUDA_OP_TIMES. */
 void cuda_prof_mark(struct backend_cuda *b, const char *op);
+/* Launches whatever is pending: mla_prep's mla_post work and the RMSNorm left for a
+ * GEMV. Before anything that reads or writes device memory outside the ops (uploads,
+ * downloads, syncs, graph capture and launch). */
+void cuda_pending_flush(struct backend_cuda *b);
+/* k_cuda_linear on the backend's context, with the RMSNorm left pending for x (its out)
+ * folded into the GEMV where k_cuda_linear_norm takes it; otherwise that norm is
+ * launched first. The ops that read x through the linear context call this. */
+int cuda_linear_run(struct backend_cuda *b, float *y, const float *x, const uint16_t *w, int M,
+		    int N, int K, int accumulate);
 /* The device copy of a weight; a missing one is a bug in the upload walk. */
 const void *cuda_dev_of(struct backend_cuda *b, const void *host, const char *what);
 #define W(b, t) ((const uint16_t *)cuda_dev_of((b), (t)->data, __func__))
@@ -99,8 +117,10 @@ void cuda_mla_post(struct backend *be, float *q, float *kv_a, const struct model
 void cuda_mla_prep(struct backend *be, float *q, const float *h, const struct model_layer *L,
 		   const struct backend_mla *p);
 /* Launches the mla_post work mla_prep left pending, if any (an op other than attn_mla
- * is about to be queued after it). */
+ * is about to be queued after it). Failures are recorded, not timed as an op. */
 void cuda_mla_post_flush(struct backend_cuda *b);
+/* Records a failure of work launched for an op that is not the one being timed. */
+void cuda_note_untimed(struct backend_cuda *b, int ret, const char *what);
 void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		       const struct model_tensor *w_gate, const struct model_tensor *w_up, int M);
 
