@@ -68,6 +68,10 @@ struct backend_cuda {
 						 * for attn_mla's absorb launch while
 						 * mla_post_pending */
 	int mla_post_pending;
+	struct k_cuda_qkv_args qkv_post;	/* qkv_prep's qkv_post work (a decode
+						 * step), left for attn_gqa's launch
+						 * while qkv_post_pending */
+	int qkv_post_pending;
 	int capturing;
 	struct cuda_prof *prof;		/* NULL unless KDEC_CUDA_OP_TIMES=1 */
 };
@@ -101,6 +105,8 @@ void cuda_mla_prep(struct backend *be, float *q, const float *h, const struct mo
 /* Launches the mla_post work mla_prep left pending, if any (an op other than attn_mla
  * is about to be queued after it). */
 void cuda_mla_post_flush(struct backend_cuda *b);
+/* The same for the qkv_post work qkv_prep left pending (an op other than attn_gqa). */
+void cuda_qkv_post_flush(struct backend_cuda *b);
 void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		       const struct model_tensor *w_gate, const struct model_tensor *w_up, int M);
 
