@@ -972,12 +972,13 @@ out:
 /* Llama-3.1-8B (32 q / 8 kv heads, head 128, full rope), Qwen3 (q/k RMSNorm, 64 / 4:
  * a 16-head group), a head_dim 64 shape with partial interleaved rope, and a group of
  * 20 (the fold does not apply: the separate launches, the same results), at batch 1,
- * 3, 64, contexts 1..1024 and ~4000. Timing: Llama and Qwen3 at batch 1 and 64, ctx
- * 1024. */
+ * 3, 64, contexts 1..1024 and ~4000; then 3 splits at batch 64 (merge launch and the
+ * merge in the last split) and every copy after the wait. Timing: Llama and Qwen3 at
+ * batch 1 and 64, ctx 1024. */
 static void test_qkv_fold(void)
 {
 	static const struct gqa_shape llama = { 32, 8, 128 }, qwen3 = { 64, 4, 128 },
-		d64 = { 12, 4, 64 }, g20 = { 40, 2, 128 };
+		d64 = { 12, 4, 64 }, d96 = { 8, 2, 96 }, g20 = { 40, 2, 128 };
 	void *flush = timing ? dalloc(GQA_FLUSH_BYTES) : NULL;
 	const int big = quick ? 300 : 4000;
 
@@ -994,7 +995,20 @@ static void test_qkv_fold(void)
 	fold_case(qwen3, 128, 1, 0, 7, rows_decode(33, 1000, 1, 1000), "qwen3", NULL);
 	fold_case(d64, 32, 1, 1, 16, rows_decode(3, 700, 1, 700), "d64", NULL);
 	fold_case(d64, 64, 0, 0, 16, rows_decode(64, 1024, 1, 1024), "d64", NULL);
+	fold_case(d96, 64, 1, 0, 16, rows_decode(3, 300, 1, 300), "d96", NULL);
 	fold_case(g20, 128, 1, 0, 16, rows_decode(3, 500, 1, 500), "group20 (no fold)", NULL);
+	/* 3 splits at batch 64, merged by the last split (the arrive path) */
+	setenv("KDEC_ATTN_DEC_SPLITS", "3", 1);
+	setenv("KDEC_ATTN_MMA_FOLD", "1", 1);
+	fold_case(llama, 128, 0, 0, 16, rows_decode(64, 1024, 1, 1024), "llama splits3 fold",
+		  NULL);
+	unsetenv("KDEC_ATTN_MMA_FOLD");
+	fold_case(qwen3, 128, 1, 0, 16, rows_decode(64, 1024, 1, 1024), "qwen3 splits3", NULL);
+	unsetenv("KDEC_ATTN_DEC_SPLITS");
+	/* every copy after the wait */
+	setenv("KDEC_ATTN_MMA_EARLY", "0", 1);
+	fold_case(llama, 128, 0, 0, 16, rows_decode(64, 1024, 1, 1024), "llama early0", NULL);
+	unsetenv("KDEC_ATTN_MMA_EARLY");
 	cudaFree(flush);
 }
 
