@@ -357,6 +357,7 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, const k_cu
 	// (with no token, split 0: qkv_post writes the row's slot whatever its ctx)
 	const bool post_kv = POST && (ctx > 0 ? tb < ctx && te == ctx : split == 0);
 	unsigned char *post_sc = (unsigned char *)(sk + (ST - 1) * TK * L::KS);
+	float2 *post_cs = (float2 *)(post_sc + mma_post_scratch<DK>::cs);
 
 	// A split past the row's context (graphs size the splits for the whole cache: at
 	// batch 1 most are) says so in its log-sum-exp and stops: the merge never reads its
@@ -364,9 +365,12 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, const k_cu
 	if (n_tiles == 0 && a.n_splits > 1) {
 		if (!VSEP || early)
 			k_cuda_pdl_wait();
-		if (post_kv)
+		if (post_kv) {
+			mma_post_cs_table(p, r, post_cs);
+			__syncthreads();
 			mma_post_kv<DK>(p, r, kvh, (float *)(post_sc + mma_post_scratch<DK>::k),
-					(double *)(post_sc + mma_post_scratch<DK>::red));
+					(double *)(post_sc + mma_post_scratch<DK>::red), post_cs);
+		}
 		if (threadIdx.x < ng)
 			a.part_lse[(size_t)split * a.n_rows * a.n_heads + (size_t)r * a.n_heads + h0 +
 				   threadIdx.x] = -INFINITY;
@@ -444,10 +448,14 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, const k_cu
 			qx[j] = *(const float4 *)(a.q + (size_t)r * a.q_rs + (size_t)(h0 + g) * a.q_hs +
 						  c * 4);
 	}
-	// POST: before any copy that may hold the new token (the early ones do not)
-	if (post_kv)
+	// POST: before any copy that may hold the new token (the early ones do not); the
+	// other blocks make the angles' table after their copies go out
+	if (post_kv) {
+		mma_post_cs_table(p, r, post_cs);
+		__syncthreads();
 		mma_post_kv<DK>(p, r, kvh, (float *)(post_sc + mma_post_scratch<DK>::k),
-				(double *)(post_sc + mma_post_scratch<DK>::red));
+				(double *)(post_sc + mma_post_scratch<DK>::red), post_cs);
+	}
 #pragma unroll
 	for (int n = 0; n < NV; n++)
 		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -468,10 +476,15 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, const k_cu
 		float *sc = (float *)(post_sc + mma_post_scratch<DK>::q) +
 			    warp * MMA_POST_WARP_FLOATS;
 
-		mma_post_cs<(POST ? QV : 32)>(p, r, c, sn);
+		if (!post_kv) {
+			mma_post_cs_table(p, r, post_cs);
+			__syncthreads();
+		}
+		mma_post_cs<(POST ? QV : 32)>(p, post_cs, c, sn);
 #pragma unroll
-		for (int j = 0; j < QPT; j++)
-			mma_post_q<(POST ? QV : 32)>(p, qx[j], sc, c, sn);
+		for (int j = 0; j < QPT; j++)	// (warp-uniform) heads past the chunk stay 0
+			if ((warp * 32 + j * T) / QV < ng)
+				mma_post_q<(POST ? QV : 32)>(p, qx[j], sc, c, sn);
 	}
 #pragma unroll
 	for (int j = 0; j < QPT; j++) {

@@ -20,7 +20,9 @@
 //
 // Scratch: stage ST - 1 of K is free until the loop's first barrier (no tile is issued
 // into it before); with q in registers its first MMA_Q * QS bf16 stage q, and past them
-// lie a warp's 128 floats for q (mma_post_q), then the K row and the block sum's doubles.
+// lie a warp's 128 floats for q (mma_post_q), the K row, the block sum's doubles, and
+// RoPE's cos and sin per pair (one fp64 sincos a pair for the block, not one per value
+// of each head: qkv_post's angles, shared by q and k).
 #define MMA_POST_WARP_FLOATS 128
 
 template <int DK>
@@ -28,16 +30,33 @@ struct mma_post_scratch {
 	static constexpr unsigned q = 2u * MMA_Q * (DK + 8);	// bytes into stage ST - 1
 	static constexpr unsigned k = q + 4u * MMA_WARPS * MMA_POST_WARP_FLOATS;
 	static constexpr unsigned red = k + 4u * DK;
-	static constexpr unsigned total = red + 8u * MMA_WARPS;
+	static constexpr unsigned cs = red + 8u * MMA_WARPS;	// float2 (DK / 2)
+	static constexpr unsigned total = cs + 4u * DK;
+	static_assert(red % 8 == 0 && cs % 8 == 0, "alignment");
 };
+
+// cs[i] = (cos, sin) of pair i's angle at the row's position, as qkv_post computes it;
+// threads below rope_dim / 2. The caller's barrier publishes it.
+__device__ __forceinline__ void mma_post_cs_table(const k_cuda_qkv_args &p, int r, float2 *cs)
+{
+	const int half = p.rope_dim / 2;
+	const float ps = (float)p.pos[r];
+
+	for (int i = threadIdx.x; i < half; i += MMA_THREADS) {
+		float c, sn;
+
+		k_cuda_rope_cs(ps, p.inv_freq[i], p.attn_factor, c, sn);
+		cs[i] = make_float2(c, sn);
+	}
+}
 
 // The row's new K (k_norm, rope) and V of kv head kvh, rounded to bf16 into the cache at
 // its slot (none where the slot is < 0), published for the block's cp.async copies (L2)
 // before any of them is issued. All threads (block-uniform call); x: DK floats, red:
-// MMA_WARPS doubles of shared memory.
+// MMA_WARPS doubles of shared memory, cs: mma_post_cs_table's, published.
 template <int DK>
 __device__ __forceinline__ void mma_post_kv(const k_cuda_qkv_args &p, int r, int kvh, float *x,
-					    double *red)
+					    double *red, const float2 *cs)
 {
 	constexpr int PER = (DK + MMA_THREADS - 1) / MMA_THREADS;
 	const int D = p.head_dim, half = p.rope_dim / 2;
@@ -82,16 +101,11 @@ __device__ __forceinline__ void mma_post_kv(const k_cuda_qkv_args &p, int r, int
 			x[threadIdx.x + k * MMA_THREADS] = xv[k];
 	__syncthreads();
 	if (half > 0) {
-		const float ps = (float)p.pos[r];
 		const int step = p.interleaved ? 2 : 1, gap = p.interleaved ? 1 : half;
 
-		for (int i = threadIdx.x; i < half; i += MMA_THREADS) {
-			float c, sn;
-
-			k_cuda_rope_cs(ps, p.inv_freq[i], p.attn_factor, c, sn);
-			k_cuda_rope_rotate(x[i * step], x[i * step + gap], c, sn, x[i * step],
-					   x[i * step + gap]);
-		}
+		for (int i = threadIdx.x; i < half; i += MMA_THREADS)
+			k_cuda_rope_rotate(x[i * step], x[i * step + gap], cs[i].x, cs[i].y,
+					   x[i * step], x[i * step + gap]);
 		__syncthreads();
 	}
 	const size_t off = (size_t)slot * p.kv_heads * D + (size_t)kvh * D;
@@ -110,14 +124,13 @@ __device__ __forceinline__ void mma_post_kv(const k_cuda_qkv_args &p, int r, int
 }
 
 // RoPE's cos and sin for the 4 q values (lane % QV) * 4 + e a lane holds of every head
-// it stages (the same dims in each): the angle of element i's pair. Elements past the
-// rotary dims get none (never used).
+// it stages (the same dims in each): those of element i's pair, from the table (cs).
+// Elements past the rotary dims get none (never used).
 template <int QV>
-__device__ __forceinline__ void mma_post_cs(const k_cuda_qkv_args &p, int r, float (&c)[4],
-					    float (&sn)[4])
+__device__ __forceinline__ void mma_post_cs(const k_cuda_qkv_args &p, const float2 *cs,
+					    float (&c)[4], float (&sn)[4])
 {
 	const int half = p.rope_dim / 2, lane = threadIdx.x % 32;
-	const float ps = (float)p.pos[r];
 
 #pragma unroll
 	for (int e = 0; e < 4; e++) {
@@ -125,8 +138,10 @@ __device__ __forceinline__ void mma_post_cs(const k_cuda_qkv_args &p, int r, flo
 		const int pi = p.interleaved ? i / 2 : (i < half ? i : i - half);
 
 		c[e] = sn[e] = 0.0f;
-		if (i < 2 * half)
-			k_cuda_rope_cs(ps, p.inv_freq[pi], p.attn_factor, c[e], sn[e]);
+		if (i < 2 * half) {
+			c[e] = cs[pi].x;
+			sn[e] = cs[pi].y;
+		}
 	}
 }
 
