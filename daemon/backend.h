@@ -28,6 +28,9 @@ struct backend_qkv {
 	const int32_t *pos;		/* (rows) */
 	const int32_t *slots;		/* (rows) cache slot of each row's K/V */
 	struct k_kv_layer *kv;
+	int decode;			/* 1: each row is the only new token of its sequence,
+					 * at its last position (ctx - 1): the attention op
+					 * that follows may do the cache append itself */
 };
 
 /* An MLA layer's attention inputs for mla_post, after its q and kv_a projections. */

@@ -92,15 +92,19 @@ static void norm_flush(struct backend_cuda *b)
 void cuda_pending_flush(struct backend_cuda *b)
 {
 	cuda_mla_post_flush(b);
+	cuda_qkv_post_flush(b);
 	norm_flush(b);
 }
 
 /* What earlier ops left pending, launched unless `op` takes it: attn_mla takes mla_post,
- * the linear readers the norm (cuda_linear_run launches it if their GEMV does not). */
+ * attn_gqa qkv_post, the linear readers the norm (cuda_linear_run launches it if their
+ * GEMV does not). */
 static void pending_flush_for(struct backend_cuda *b, const char *op)
 {
 	if (strcmp(op, "attn_mla"))
 		cuda_mla_post_flush(b);
+	if (strcmp(op, "attn_gqa"))
+		cuda_qkv_post_flush(b);
 	if (!reads_x_linear(op))
 		norm_flush(b);
 }
@@ -558,9 +562,24 @@ static void cuda_attn_gqa(struct backend *be, float *out, const float *q, const 
 	int ret;
 
 	cuda_prof_mark(b, "attn_gqa");
-	ret = k_cuda_attn_gqa_bf16(b->stream, b->attn_ws, out, xb, q, (const uint16_t *)kv->k,
-				   (const uint16_t *)kv->v, kv->block_tokens, &r, n_heads, kv_heads,
-				   head_dim, scale);
+	/* qkv_prep's qkv_post work, where it left it for this q and cache: in the attention
+	 * launch (k_cuda_attn_gqa_qkv); anything else runs it first */
+	if (b->qkv_post_pending &&
+	    (b->qkv_post.q != q || b->qkv_post.k_cache != (uint16_t *)kv->k ||
+	     b->qkv_post.v_cache != (uint16_t *)kv->v || b->qkv_post.rows != rows->n_rows ||
+	     b->qkv_post.n_heads != n_heads || b->qkv_post.kv_heads != kv_heads ||
+	     b->qkv_post.head_dim != head_dim))
+		cuda_qkv_post_flush(b);
+	if (b->qkv_post_pending) {
+		b->qkv_post_pending = 0;
+		ret = k_cuda_attn_gqa_qkv(b->stream, b->attn_ws, out, xb, &b->qkv_post,
+					  kv->block_tokens, &r, scale);
+	} else {
+		ret = k_cuda_attn_gqa_bf16(b->stream, b->attn_ws, out, xb, q,
+					   (const uint16_t *)kv->k, (const uint16_t *)kv->v,
+					   kv->block_tokens, &r, n_heads, kv_heads, head_dim,
+					   scale);
+	}
 	cuda_note(b, ret < 0 ? ret : 0, "attn_gqa");
 	if (ret == 1)
 		k_cuda_linear_x_ready(b->lin, out, rows->n_rows, width);

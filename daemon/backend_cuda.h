@@ -76,6 +76,10 @@ struct backend_cuda {
 		float eps;
 	} norm;
 	int norm_pending;		/* norm not launched yet: cuda_linear_run or a flush */
+	struct k_cuda_qkv_args qkv_post;	/* qkv_prep's qkv_post work (a decode
+						 * step), left for attn_gqa's launch
+						 * while qkv_post_pending */
+	int qkv_post_pending;
 	int capturing;
 	struct cuda_prof *prof;		/* NULL unless KDEC_CUDA_OP_TIMES=1 */
 };
@@ -121,6 +125,8 @@ void cuda_mla_prep(struct backend *be, float *q, const float *h, const struct mo
 void cuda_mla_post_flush(struct backend_cuda *b);
 /* Records a failure of work launched for an op that is not the one being timed. */
 void cuda_note_untimed(struct backend_cuda *b, int ret, const char *what);
+/* The same for the qkv_post work qkv_prep left pending (an op other than attn_gqa). */
+void cuda_qkv_post_flush(struct backend_cuda *b);
 void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		       const struct model_tensor *w_gate, const struct model_tensor *w_up, int M);
 

@@ -83,6 +83,22 @@ static int group_linear(struct backend_cuda *b, float *y, const float *x,
 	return ret;
 }
 
+/* In a decode step qkv_prep leaves qkv_post's work to attn_gqa's attention launch
+ * (k_cuda_attn_gqa_qkv): one launch boundary fewer a layer, the new K/V row appended
+ * by the attention block that reads it. KDEC_QKV_IN_ATTN=0 returns the qkv_post
+ * launch. Read once. */
+static int qkv_in_attn(void)
+{
+	static int on = -1;
+
+	if (on < 0) {
+		const char *e = getenv("KDEC_QKV_IN_ATTN");
+
+		on = !(e && e[0] == '0');
+	}
+	return on;
+}
+
 void cuda_qkv_prep(struct backend *be, float *q, const float *h, const struct model_layer *L,
 		   const struct backend_qkv *p)
 {
@@ -113,7 +129,20 @@ void cuda_qkv_prep(struct backend *be, float *q, const float *h, const struct mo
 		.pos = p->pos, .k_cache = (uint16_t *)p->kv->k, .v_cache = (uint16_t *)p->kv->v,
 		.slots = p->slots,
 	};
+	if (p->decode && qkv_in_attn()) {	/* attn_gqa's launch takes it */
+		b->qkv_post = a;
+		b->qkv_post_pending = 1;
+		return;
+	}
 	cuda_note(b, k_cuda_qkv_post(b->stream, &a), "qkv_prep");
+}
+
+void cuda_qkv_post_flush(struct backend_cuda *b)
+{
+	if (!b->qkv_post_pending)
+		return;
+	b->qkv_post_pending = 0;
+	cuda_note_untimed(b, k_cuda_qkv_post(b->stream, &b->qkv_post), "qkv_prep (its qkv_post)");
 }
 
 /* KDEC_CUDA_MLA_POST=0: mla_post runs the four kernels of the op-by-op path instead of

@@ -230,6 +230,14 @@ static void gqa_inputs(struct forward *f, const struct model_layer *L, int l,
 	OP(f, kv_write, kv->v, kv->width, f->v, R, b->slots);
 }
 
+/* Every row its own sequence (n_seqs counts the runs of rows sharing a table; the
+ * tables themselves may be in backend memory), so each row's token is its sequence's
+ * only new one, at ctx - 1. */
+static int rows_one_per_seq(const struct fwd_batch *b)
+{
+	return b->attn.n_seqs == b->n_rows;
+}
+
 /* Llama / Qwen3 attention: h (rows, hidden) in, h (rows, hidden) out. */
 static void gqa_attention(struct forward *f, const struct model_layer *L, int l,
 			  const struct fwd_batch *b)
@@ -242,7 +250,7 @@ static void gqa_attention(struct forward *f, const struct model_layer *L, int l,
 		struct backend_qkv p = {
 			.rows = R, .n_heads = H, .kv_heads = KV, .head_dim = D, .qk_norm = c->qk_norm,
 			.eps = c->rms_norm_eps, .rope = &f->rope, .pos = b->pos, .slots = b->slots,
-			.kv = kv,
+			.kv = kv, .decode = rows_one_per_seq(b),
 		};
 
 		OP(f, qkv_prep, f->q, f->h, L, &p);

@@ -785,6 +785,233 @@ static void test_qkv_post(void)
 	cudaFree(flush);
 }
 
+/* ---- qkv_post folded into the decode attention (k_cuda_attn_gqa_qkv) ----------- */
+
+/* Decode rows (each its own sequence, the new token at ctx - 1) with their raw q/k/v
+ * rows of a fused projection, run through k_cuda_attn_gqa_qkv twice: with
+ * KDEC_QKV_IN_ATTN=0 (qkv_post's launch, then the attention: the reference) and by
+ * default (the attention launch doing qkv_post's work where it applies). Before each
+ * run the caches are reset to the same random contents with the new tokens' rows
+ * poisoned (bf16 NaN) and out, out_bf16 poisoned. Checked: both caches bit for bit the
+ * reference's (the new rows written, nothing else touched), out and out_bf16 bit for
+ * bit where the fold keeps qkv_post's arithmetic (it does: q's fp32 values are
+ * qkv_post's, the same mma after), with a hard bound of rel L2 1e-5 and every value
+ * finite, the bit differences printed. One row writes no K/V (slot -1) where rows > 2.
+ * KD_TEST_TIME=1 (flush given): both timed as a graph, cold L2. */
+#define FOLD_TOL 1e-5
+
+struct fold_run {
+	struct rows *r;
+	struct k_cuda_attn_ws *ws;
+	struct k_cuda_qkv_args a;
+	struct cache k, v;
+	float *d_out;
+	uint16_t *d_outb;
+	float scale;
+	size_t n_out;
+};
+
+static int fold_call(void *p, cudaStream_t s)
+{
+	struct fold_run *f = p;
+	struct k_cuda_attn_rows gr = rows_gpu(f->r, 0);
+	int ret = k_cuda_attn_gqa_qkv(s, f->ws, f->d_out, f->d_outb, &f->a, f->r->bt, &gr,
+				      f->scale);
+
+	return ret < 0 ? ret : ret == 1 ? 0 : -EPROTO;	/* decode rows: bf16 written */
+}
+
+/* Caches back to their random contents, the rows this step writes poisoned. */
+static void fold_reset(struct fold_run *f, const int32_t *slots)
+{
+	const size_t w = (size_t)f->a.kv_heads * f->a.head_dim;
+
+	CU(cudaMemcpy(f->k.d, f->k.h, sizeof(uint16_t) * f->k.n, cudaMemcpyHostToDevice));
+	CU(cudaMemcpy(f->v.d, f->v.h, sizeof(uint16_t) * f->v.n, cudaMemcpyHostToDevice));
+	for (int i = 0; i < f->r->n_rows; i++)
+		if (slots[i] >= 0) {
+			CU(cudaMemset(f->k.d + slots[i] * w, 0xff, sizeof(uint16_t) * w));
+			CU(cudaMemset(f->v.d + slots[i] * w, 0xff, sizeof(uint16_t) * w));
+		}
+	CU(cudaMemset(f->d_out, 0xff, sizeof(float) * f->n_out));
+	CU(cudaMemset(f->d_outb, 0xff, sizeof(uint16_t) * f->n_out));
+}
+
+/* out, out_bf16, k cache, v cache on the host as bytes. */
+static unsigned char *fold_result(struct fold_run *f)
+{
+	size_t bo = sizeof(float) * f->n_out, bb = sizeof(uint16_t) * f->n_out;
+	size_t bc = sizeof(uint16_t) * f->k.n;
+	unsigned char *h = malloc(bo + bb + 2 * bc);
+
+	CU(cudaMemcpy(h, f->d_out, bo, cudaMemcpyDeviceToHost));
+	CU(cudaMemcpy(h + bo, f->d_outb, bb, cudaMemcpyDeviceToHost));
+	CU(cudaMemcpy(h + bo + bb, f->k.d, bc, cudaMemcpyDeviceToHost));
+	CU(cudaMemcpy(h + bo + bb + bc, f->v.d, bc, cudaMemcpyDeviceToHost));
+	return h;
+}
+
+static void fold_case(struct gqa_shape sh, int rope_dim, int qk_norm, int il, int bt,
+		      struct rows *r, const char *name, void *flush)
+{
+	const int H = sh.h, KV = sh.kv, D = sh.hd, R = r->n_rows, width = KV * D;
+	const size_t nsrc = (size_t)R * (H + 2 * KV) * D;
+	float *src = NULL, *w = NULL, *fr = NULL;
+	int32_t *pos = malloc(sizeof(int32_t) * R), *slots = malloc(sizeof(int32_t) * R);
+	float *dsrc = NULL, *dw = NULL, *dfr = NULL, *dq = NULL;
+	int32_t *dpos = NULL, *dslots = NULL;
+	unsigned char *ref = NULL, *got = NULL;
+	struct fold_run f;
+	size_t bo, bad_out = 0, bad_outb = 0, bad_cache = 0, left = 0;
+	int ret0 = -1, ret1 = -1, lo, hi;
+	double rel = INFINITY;
+
+	memset(&f, 0, sizeof(f));
+	f.r = r;
+	f.scale = 1.0f / sqrtf((float)D);
+	f.n_out = (size_t)R * H * D;
+	if (rows_tables(r, bt, r->max_ctx) || cache_new(&f.k, r, width) ||
+	    cache_new(&f.v, r, width) || k_cuda_attn_ws_create(&f.ws, R, H, D, r->max_ctx)) {
+		CHECK(0, "fold setup");
+		goto out;
+	}
+	src = rand_floats(nsrc, 2.0f);
+	w = rand_floats(2 * (size_t)D, 1.0f);
+	fr = malloc(sizeof(float) * (rope_dim / 2 + 1));
+	for (int i = 0; i <= rope_dim / 2; i++)	/* Llama's base; long positions below */
+		fr[i] = powf(500000.0f, -2.0f * (float)i / (float)(rope_dim ? rope_dim : 1));
+	for (int i = 0; i < 2 * D; i++)
+		w[i] += 1.0f;
+	for (int i = 0; i < R; i++) {
+		const int t = r->ctx[i] - 1;
+
+		pos[i] = t;
+		slots[i] = r->tab[r->seq[i]][t / bt] * bt + t % bt;
+	}
+	if (R > 2)
+		slots[R / 2] = -1;
+	dsrc = dup_to_device(src, sizeof(float) * nsrc);
+	dw = dup_to_device(w, sizeof(float) * 2 * D);
+	dfr = dup_to_device(fr, sizeof(float) * (rope_dim / 2 + 1));
+	dpos = dup_to_device(pos, sizeof(int32_t) * R);
+	dslots = dup_to_device(slots, sizeof(int32_t) * R);
+	dq = dalloc(sizeof(float) * f.n_out);
+	f.d_out = dalloc(sizeof(float) * f.n_out);
+	f.d_outb = dalloc(sizeof(uint16_t) * f.n_out);
+	f.a = (struct k_cuda_qkv_args){
+		.q = dq, .q_src = dsrc, .k_src = dsrc + (size_t)H * D,
+		.v_src = dsrc + (size_t)(H + KV) * D, .q_rs = (long)(H + 2 * KV) * D,
+		.k_rs = (long)(H + 2 * KV) * D, .v_rs = (long)(H + 2 * KV) * D, .rows = R,
+		.n_heads = H, .kv_heads = KV, .head_dim = D, .q_norm = qk_norm ? dw : NULL,
+		.k_norm = qk_norm ? dw + D : NULL, .eps = 1e-6f, .inv_freq = dfr,
+		.rope_dim = rope_dim, .interleaved = il, .attn_factor = 1.0f, .pos = dpos,
+		.k_cache = f.k.d, .v_cache = f.v.d, .slots = dslots,
+	};
+	setenv("KDEC_QKV_IN_ATTN", "0", 1);
+	fold_reset(&f, slots);
+	ret0 = fold_call(&f, 0);
+	if (ret0 == 0 && CU(cudaDeviceSynchronize()))
+		ref = fold_result(&f);
+	unsetenv("KDEC_QKV_IN_ATTN");
+	fold_reset(&f, slots);
+	ret1 = fold_call(&f, 0);
+	if (ret1 == 0 && CU(cudaDeviceSynchronize()))
+		got = fold_result(&f);
+	CHECK(ret0 == 0 && ret1 == 0 && ref && got, "attn_gqa_qkv: %d / %d", ret0, ret1);
+	bo = sizeof(float) * f.n_out;
+	if (ref && got) {
+		const float *ro = (const float *)ref, *go = (const float *)got;
+		const uint16_t *rb = (const uint16_t *)(ref + bo), *gb = (const uint16_t *)(got + bo);
+		const uint16_t *rk = rb + f.n_out, *gk = gb + f.n_out;
+		int finite = 1;
+
+		for (size_t i = 0; i < f.n_out; i++) {
+			bad_out += memcmp(&ro[i], &go[i], sizeof(float)) != 0;
+			bad_outb += rb[i] != gb[i];
+			finite &= isfinite(go[i]) && isfinite(ro[i]) && gb[i] != 0xffff;
+		}
+		for (size_t i = 0; i < 2 * f.k.n; i++)
+			bad_cache += rk[i] != gk[i];
+		for (int i = 0; i < R; i++)	/* the new rows: none left poisoned */
+			for (int j = 0; slots[i] >= 0 && j < width; j++)
+				left += gk[(size_t)slots[i] * width + j] == 0xffff ||
+					gk[f.k.n + (size_t)slots[i] * width + j] == 0xffff;
+		rel = finite ? test_rel_l2(go, ro, f.n_out) : INFINITY;
+	}
+	ctx_range(r, &lo, &hi);
+	fprintf(stderr, "%sqkv fold %s h%d/kv%d/d%d rope %d%s%s bt%d rows %d ctx %d..%d: out rel_l2 "
+		"%.2e, %zu fp32 / %zu bf16 values differ (0 expected), cache %zu differ, %zu "
+		"unwritten %s\n", attn_path, name, H, KV, D, rope_dim, qk_norm ? " qknorm" : "",
+		il ? " il" : "", bt, R, lo, hi, rel, bad_out, bad_outb, bad_cache, left,
+		rel <= FOLD_TOL && !bad_cache && !left ? "PASS" : "FAIL");
+	CHECK(rel <= FOLD_TOL && !bad_cache && !left,
+	      "qkv fold %s rows %d: rel %g, cache %zu differ, %zu unwritten", name, R, rel,
+	      bad_cache, left);
+	if (timing && flush && ret0 == 0 && ret1 == 0) {
+		double t_fold = graph_us(fold_call, &f, flush), t_sep, floor_us;
+
+		setenv("KDEC_QKV_IN_ATTN", "0", 1);
+		t_sep = graph_us(fold_call, &f, flush);
+		unsetenv("KDEC_QKV_IN_ATTN");
+		floor_us = rows_kv_bytes(r, 4.0 * KV * D) / 4.25e6;
+		fprintf(stderr, "%sqkv fold %s graph rows %d ctx %d..%d: qkv_post + attention "
+			"(KDEC_QKV_IN_ATTN=0) %.1f us, folded %.1f us (%.1f us saved); KV floor "
+			"%.1f us at 4.25 TB/s\n", attn_path, name, R, lo, hi, t_sep, t_fold,
+			t_sep - t_fold, floor_us);
+	}
+out:
+	k_cuda_attn_ws_destroy(f.ws);
+	cache_free(&f.k);
+	cache_free(&f.v);
+	cudaFree(dsrc), cudaFree(dw), cudaFree(dfr), cudaFree(dpos), cudaFree(dslots);
+	cudaFree(dq), cudaFree(f.d_out), cudaFree(f.d_outb);
+	free(src), free(w), free(fr), free(pos), free(slots), free(ref), free(got);
+	rows_free(r);
+}
+
+/* Llama-3.1-8B (32 q / 8 kv heads, head 128, full rope), Qwen3 (q/k RMSNorm, 64 / 4:
+ * a 16-head group), a head_dim 64 shape with partial interleaved rope, and a group of
+ * 20 (the fold does not apply: the separate launches, the same results), at batch 1,
+ * 3, 64, contexts 1..1024 and ~4000; then 3 splits at batch 64 (merge launch and the
+ * merge in the last split) and every copy after the wait. Timing: Llama and Qwen3 at
+ * batch 1 and 64, ctx 1024. */
+static void test_qkv_fold(void)
+{
+	static const struct gqa_shape llama = { 32, 8, 128 }, qwen3 = { 64, 4, 128 },
+		d64 = { 12, 4, 64 }, d96 = { 8, 2, 96 }, g20 = { 40, 2, 128 };
+	void *flush = timing ? dalloc(GQA_FLUSH_BYTES) : NULL;
+	const int big = quick ? 300 : 4000;
+
+	fold_case(llama, 128, 0, 0, 16, rows_decode(1, 1024, 0, 1024), "llama", flush);
+	fold_case(llama, 128, 0, 0, 16, rows_decode(64, 1024, 0, 1024), "llama", flush);
+	fold_case(llama, 128, 0, 0, 16, rows_decode(3, 1024, 1, 1024), "llama", NULL);
+	fold_case(llama, 128, 0, 0, 16, rows_decode(64, 1024, 1, 1024), "llama", NULL);
+	fold_case(llama, 128, 0, 0, 16, rows_decode(1, big - 3, 0, big), "llama", NULL);
+	fold_case(llama, 128, 0, 0, 16, rows_decode(64, big, 1, big), "llama", NULL);
+	fold_case(llama, 128, 0, 0, 16, rows_decode(5, 1, 0, 64), "llama ctx1", NULL);
+	fold_case(qwen3, 128, 1, 0, 16, rows_decode(1, 1024, 0, 1024), "qwen3", flush);
+	fold_case(qwen3, 128, 1, 0, 16, rows_decode(64, 1024, 0, 1024), "qwen3", flush);
+	fold_case(qwen3, 128, 1, 0, 16, rows_decode(3, big, 1, big), "qwen3", NULL);
+	fold_case(qwen3, 128, 1, 0, 7, rows_decode(33, 1000, 1, 1000), "qwen3", NULL);
+	fold_case(d64, 32, 1, 1, 16, rows_decode(3, 700, 1, 700), "d64", NULL);
+	fold_case(d64, 64, 0, 0, 16, rows_decode(64, 1024, 1, 1024), "d64", NULL);
+	fold_case(d96, 64, 1, 0, 16, rows_decode(3, 300, 1, 300), "d96", NULL);
+	fold_case(g20, 128, 1, 0, 16, rows_decode(3, 500, 1, 500), "group20 (no fold)", NULL);
+	/* 3 splits at batch 64, merged by the last split (the arrive path) */
+	setenv("KDEC_ATTN_DEC_SPLITS", "3", 1);
+	setenv("KDEC_ATTN_MMA_FOLD", "1", 1);
+	fold_case(llama, 128, 0, 0, 16, rows_decode(64, 1024, 1, 1024), "llama splits3 fold",
+		  NULL);
+	unsetenv("KDEC_ATTN_MMA_FOLD");
+	fold_case(qwen3, 128, 1, 0, 16, rows_decode(64, 1024, 1, 1024), "qwen3 splits3", NULL);
+	unsetenv("KDEC_ATTN_DEC_SPLITS");
+	/* every copy after the wait */
+	setenv("KDEC_ATTN_MMA_EARLY", "0", 1);
+	fold_case(llama, 128, 0, 0, 16, rows_decode(64, 1024, 1, 1024), "llama early0", NULL);
+	unsetenv("KDEC_ATTN_MMA_EARLY");
+	cudaFree(flush);
+}
+
 /* The tensor-core pass: shapes where the last split merges (2..8 splits), with the
  * merge-launch bits compared by gqa_case: Llama at batch 64 (3 splits), an odd batch
  * (2), group 16 (a 16-head chunk per block), contexts up to 32k (7 splits, some
@@ -1550,6 +1777,7 @@ int main(void)
 	mma_pass = 1;
 	test_gqa();
 	test_gqa_fold();
+	test_qkv_fold();
 	if (timing)
 		test_gqa_time();
 	mma_pass = 0;

@@ -222,6 +222,18 @@ int attn_mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, in
 // Opt-in shared memory and occupancy of the compiled shapes (at ws creation).
 int attn_mma_prepare(int smem_optin);
 
+// attn_mma_launch with qkv_post's work in the launch (post: its arguments, for these
+// rows, head_dim a->dk; a->q its q_src, a->q_rs its q_rs): q normed and rotated as it
+// is staged, and each row's K/V appended by the block whose split holds the row's last
+// token, which must be its only new one (a decode step). q (post->q) is not written;
+// the cache rows are qkv_post's bits, out those of qkv_post + attn_mma_launch.
+// attn_mma_post_usable: whether a compiled shape runs a's rows that way (GQA, group
+// <= 16, the attn_mma_usable conditions).
+int attn_mma_post_usable(const attn_tile_args *a);
+int attn_mma_launch_post(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a,
+			 int max_ctx, uint16_t *out_bf16, int forced_splits,
+			 const struct k_cuda_qkv_args *post);
+
 #ifdef __CUDACC__
 // One warp lists the splits of (row, head) rh that count and their weights:
 // live[0 .. n) the split numbers in increasing order, w[i] = exp2(lse - max) / sum for

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/attn_common.cuh"
+#include "kernels/cuda/k_cuda_ops.h"
 #include "kernels/cuda/launch_check.cuh"
 
 #define DEC_WARPS 4
@@ -443,6 +444,51 @@ extern "C" int k_cuda_attn_gqa_bf16(cudaStream_t s, struct k_cuda_attn_ws *ws, f
 	ret = gqa_decode(s, ws, out, out_bf16, q, k_cache, v_cache, block_tokens, rows, n_heads,
 			 kv_heads, head_dim, qscale);
 	return ret ? ret : out_bf16 != nullptr;
+}
+
+// KDEC_QKV_IN_ATTN=0: k_cuda_attn_gqa_qkv launches qkv_post, then the attention (read
+// at each call: test_cuda_attn runs both and compares the bits).
+static bool qkv_in_attn(void)
+{
+	const char *e = getenv("KDEC_QKV_IN_ATTN");
+
+	return !(e && e[0] == '0');
+}
+
+// qkv_post's arguments that the folded launch handles (those k_cuda_qkv_post accepts).
+static bool qkv_args_ok(const k_cuda_qkv_args *p)
+{
+	return p->rope_dim >= 0 && p->rope_dim % 2 == 0 && p->rope_dim <= p->head_dim &&
+	       (p->rope_dim == 0 || p->inv_freq);
+}
+
+extern "C" int k_cuda_attn_gqa_qkv(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
+				   uint16_t *out_bf16, const struct k_cuda_qkv_args *post,
+				   int block_tokens, const struct k_cuda_attn_rows *rows,
+				   float scale)
+{
+	const int H = post->n_heads, KV = post->kv_heads, hd = post->head_dim;
+	const int seqs = rows->n_seqs > 0 ? rows->n_seqs : rows->n_rows;
+	int ret;
+
+	if (qkv_in_attn() && rows->n_rows == post->rows && seqs == rows->n_rows &&
+	    rows->n_rows > 0 && qkv_args_ok(post) && KV >= 1 && H % KV == 0 && hd <= 256 &&
+	    !attn_check_rows("k_cuda_attn_gqa_qkv", ws, rows, block_tokens, H, hd)) {
+		attn_tile_args a = gqa_args(ws, out, post->q_src, post->k_cache, post->v_cache,
+					    block_tokens, rows, H, KV, hd,
+					    scale * 1.4426950408889634f);
+
+		a.q_rs = post->q_rs;
+		if (attn_mma_post_usable(&a)) {
+			ret = attn_mma_launch_post(s, ws, &a, rows->max_ctx, out_bf16,
+						   dec_forced_splits(), post);
+			return ret ? ret : out_bf16 != nullptr;
+		}
+	}
+	if ((ret = k_cuda_qkv_post(s, post)))
+		return ret;
+	return k_cuda_attn_gqa_bf16(s, ws, out, out_bf16, post->q, post->k_cache, post->v_cache,
+				    block_tokens, rows, H, KV, hd, scale);
 }
 
 extern "C" int k_cuda_attn_gqa(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,

@@ -16,6 +16,7 @@
 
 #include "kernels/cuda/attn_common.cuh"
 #include "kernels/cuda/attn_ptx.cuh"
+#include "kernels/cuda/k_cuda_ops.h"
 #include "kernels/cuda/launch_check.cuh"
 
 #define MMA_WARPS 4
@@ -269,6 +270,10 @@ __device__ __forceinline__ void mma_fold_merge(const attn_tile_args &a, int r, i
 	}
 }
 
+// ---- GQA: qkv_post folded in (POST): attn_mma_post.cuh ------------------------
+
+#include "kernels/cuda/attn_mma_post.cuh"
+
 // MLA's split floor at this ctx: a.min_split tokens, or (a.split_live > 0) no more of
 // them than keeps at most a.split_live splits holding tokens. Measured at batch 1
 // (V2-Lite, cold): ctx 1024 ran faster with 33 one-tile splits than with 17 of two
@@ -287,9 +292,12 @@ __device__ __forceinline__ int mma_mla_floor(const attn_tile_args &a, int ctx)
 // each warp's k16 steps, value columns and partial stores, not bandwidth, is its time;
 // twice the warps halve each of them. The second half's scores reach the first through
 // shared memory (one more barrier per tile); the first half alone runs the softmax.
-template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false, int W = MMA_WARPS>
+// POST (GQA, q in registers, group <= MMA_Q): qkv_post's work in the launch, p its
+// arguments (see mma_post_kv); the others ignore p.
+template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false, int W = MMA_WARPS,
+	  bool POST = false>
 __global__ void __launch_bounds__(W * 32)
-attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
+attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, const k_cuda_qkv_args p)
 {
 	using L = mma_layout<DK, DV, TK, ST, VSEP, QREG, W>;
 	constexpr int T = W * 32;		// threads
@@ -302,6 +310,9 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	constexpr int PRE = KH == 2 ? ST : ST - 1;
 	static_assert(KH == 1 || (KH == 2 && !VSEP && NT == 1 && DK > 128 && DK % 64 == 0 &&
 				  DV % (8 * 16) == 0), "the K-split is MLA's 32-token tiles");
+	static_assert(!POST || (VSEP && QREG && W == MMA_WARPS &&
+				mma_post_scratch<DK>::total <= 2u * TK * L::KS),
+		      "qkv_post folded in: GQA, q in registers, its scratch in a K stage");
 	extern __shared__ __align__(16) unsigned char attn_smem[];
 	uint16_t *sk = (uint16_t *)(attn_smem + L::k);
 	uint16_t *sq = QREG ? sk + (ST - 1) * TK * L::KS : (uint16_t *)(attn_smem + L::q);
@@ -342,6 +353,11 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	const int n_tiles = (te - tb + TK - 1) / TK;
 	const int32_t *table = a.blocks[r];
 	float o[NV][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+	// POST: the block whose split holds the row's new token (ctx - 1) appends its K/V
+	// (with no token, split 0: qkv_post writes the row's slot whatever its ctx)
+	const bool post_kv = POST && (ctx > 0 ? tb < ctx && te == ctx : split == 0);
+	unsigned char *post_sc = (unsigned char *)(sk + (ST - 1) * TK * L::KS);
+	float2 *post_cs = (float2 *)(post_sc + mma_post_scratch<DK>::cs);
 
 	// A split past the row's context (graphs size the splits for the whole cache: at
 	// batch 1 most are) says so in its log-sum-exp and stops: the merge never reads its
@@ -349,6 +365,12 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	if (n_tiles == 0 && a.n_splits > 1) {
 		if (!VSEP || early)
 			k_cuda_pdl_wait();
+		if (post_kv) {
+			mma_post_cs_table(p, r, post_cs);
+			__syncthreads();
+			mma_post_kv<DK>(p, r, kvh, (float *)(post_sc + mma_post_scratch<DK>::k),
+					(double *)(post_sc + mma_post_scratch<DK>::red), post_cs);
+		}
 		if (threadIdx.x < ng)
 			a.part_lse[(size_t)split * a.n_rows * a.n_heads + (size_t)r * a.n_heads + h0 +
 				   threadIdx.x] = -INFINITY;
@@ -365,7 +387,8 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 	int pre = 0;	// GQA early: the tiles (a prefix) issued before the wait
 
 	if (early) {
-		const int old_end = ctx - a.n_rows;
+		// POST: this step's only token of the row is its last
+		const int old_end = POST ? ctx - 1 : ctx - a.n_rows;
 
 #pragma unroll
 		for (int s = 0; s < ST - 1; s++)
@@ -425,6 +448,14 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 			qx[j] = *(const float4 *)(a.q + (size_t)r * a.q_rs + (size_t)(h0 + g) * a.q_hs +
 						  c * 4);
 	}
+	// POST: before any copy that may hold the new token (the early ones do not); the
+	// other blocks make the angles' table after their copies go out
+	if (post_kv) {
+		mma_post_cs_table(p, r, post_cs);
+		__syncthreads();
+		mma_post_kv<DK>(p, r, kvh, (float *)(post_sc + mma_post_scratch<DK>::k),
+				(double *)(post_sc + mma_post_scratch<DK>::red), post_cs);
+	}
 #pragma unroll
 	for (int n = 0; n < NV; n++)
 		o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -439,6 +470,21 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16)
 						       sv + s * TK * L::VS, tb + s * TK, kvh);
 		}
 		cp_async_commit();
+	}
+	if (POST) {	// qkv_post's q from the raw projection (a.q), in place
+		float c[4], sn[4];
+		float *sc = (float *)(post_sc + mma_post_scratch<DK>::q) +
+			    warp * MMA_POST_WARP_FLOATS;
+
+		if (!post_kv) {
+			mma_post_cs_table(p, r, post_cs);
+			__syncthreads();
+		}
+		mma_post_cs<(POST ? QV : 32)>(p, post_cs, c, sn);
+#pragma unroll
+		for (int j = 0; j < QPT; j++)	// (warp-uniform) heads past the chunk stay 0
+			if ((warp * 32 + j * T) / QV < ng)
+				mma_post_q<(POST ? QV : 32)>(p, qx[j], sc, c, sn);
 	}
 #pragma unroll
 	for (int j = 0; j < QPT; j++) {
@@ -712,17 +758,19 @@ namespace {
 // One compiled shape: its kernel, dynamic shared memory and blocks per SM.
 struct mma_shape {
 	int dk, dv, tk;
-	bool vsep, qreg;
+	bool vsep, qreg, post;
 	int threads;
-	void (*kernel)(const attn_tile_args, int, uint16_t *);
+	void (*kernel)(const attn_tile_args, int, uint16_t *, const k_cuda_qkv_args);
 	unsigned smem;
 	int per_sm;		// resident blocks per SM (from the occupancy query), 0 unusable
 };
 
-template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false, int W = MMA_WARPS>
+template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false, int W = MMA_WARPS,
+	  bool POST = false>
 mma_shape mma_make()
 {
-	return { DK, DV, TK, VSEP, QREG, W * 32, attn_mma_kernel<DK, DV, TK, ST, VSEP, QREG, W>,
+	return { DK, DV, TK, VSEP, QREG, POST, W * 32,
+		 attn_mma_kernel<DK, DV, TK, ST, VSEP, QREG, W, POST>,
 		 mma_layout<DK, DV, TK, ST, VSEP, QREG, W>::total, 0 };
 }
 
@@ -736,6 +784,10 @@ mma_shape g_shapes[] = {
 	mma_make<64, 64, 64, 2, true, true>(),
 	mma_make<128, 128, 32, 3, true, true>(),
 	mma_make<128, 128, 64, 2, true, true>(),
+	// the same with qkv_post's work folded in (k_cuda_attn_gqa_qkv; only those pick them)
+	mma_make<64, 64, 64, 2, true, true, MMA_WARPS, true>(),
+	mma_make<128, 128, 32, 3, true, true, MMA_WARPS, true>(),
+	mma_make<128, 128, 64, 2, true, true, MMA_WARPS, true>(),
 };
 }  // namespace
 
@@ -790,7 +842,8 @@ static bool mma_qreg_enabled(void)
 }
 
 // GQA: the shape of the wanted q placement first, the other where it is unusable.
-static const mma_shape *mma_find(int dk, int dv, bool vsep)
+// post: only the shapes with qkv_post folded in (q in registers), else only the others.
+static const mma_shape *mma_find(int dk, int dv, bool vsep, bool post = false)
 {
 	const char *e = getenv("KDEC_ATTN_MMA_TK");
 	const int want_tk = e && atoi(e) == 64 ? 64 : 32;
@@ -800,13 +853,14 @@ static const mma_shape *mma_find(int dk, int dv, bool vsep)
 		return nullptr;
 	for (int pass = 0; pass < 2; pass++)
 		for (const mma_shape &sh : g_shapes) {
-			if (sh.per_sm < 1 || sh.vsep != vsep || dk > sh.dk || dv > sh.dv)
+			if (sh.per_sm < 1 || sh.vsep != vsep || dk > sh.dk || dv > sh.dv ||
+			    sh.post != post)
 				continue;
 			if (vsep && sh.dk == 128 && dk > 64 && sh.tk != want_tk)
 				continue;
 			if (vsep && dk <= 64 && sh.dk != 64)
 				continue;
-			if (vsep && pass == 0 && sh.qreg != want_qreg)
+			if (vsep && pass == 0 && sh.qreg != want_qreg && !post)
 				continue;
 			if (!vsep && (sh.threads != MMA_THREADS) != mla_ksplit())
 				continue;
@@ -880,10 +934,13 @@ static int mma_early_enabled(void)
 // before the PDL wait; a->arrive is set here either way, a->early too but for MLA
 // (attn_mma_run, no v), where its caller sets it: the cache append is in the launch
 // just before, so this step's rows are copied after the wait (see the kernel).
+// post: qkv_post's work in the launch (GQA, the POST shapes; see attn_mma_launch_post).
 static int mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
-		   uint16_t *out_bf16, int forced_splits, bool fold)
+		   uint16_t *out_bf16, int forced_splits, bool fold,
+		   const k_cuda_qkv_args *post = nullptr)
 {
-	const mma_shape *sh = mma_find(a->dk, a->dv, a->v != nullptr);
+	const mma_shape *sh = mma_find(a->dk, a->dv, a->v != nullptr, post != nullptr);
+	const k_cuda_qkv_args none = {};
 	const int n_hc = attn_cdiv(a->group, MMA_Q);
 	const size_t part = (size_t)a->n_rows * a->n_heads * a->dv;
 	const size_t lse = (size_t)a->n_rows * a->n_heads;
@@ -904,7 +961,8 @@ static int mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, 
 	    (size_t)a->n_rows * grid.x <= ws->arrive_n && mma_fold_enabled())
 		a->arrive = ws->arrive;
 	ATTN_TRY(k_cuda_launch_pdl(s, grid, sh->threads, sh->smem, sh->kernel, *a, n_hc,
-				   a->n_splits == 1 || a->arrive ? out_bf16 : nullptr));
+				   a->n_splits == 1 || a->arrive ? out_bf16 : nullptr,
+				   post ? *post : none));
 	ATTN_LAUNCHED("attn_mma_kernel");
 	return 0;
 }
@@ -913,6 +971,27 @@ int attn_mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, in
 		 uint16_t *out_bf16, int forced_splits)
 {
 	return mma_run(s, ws, a, max_ctx, out_bf16, forced_splits, false);
+}
+
+int attn_mma_post_usable(const attn_tile_args *a)
+{
+	return a->vec && mma_q_ok(a) && a->group <= MMA_Q && a->v &&
+	       mma_find(a->dk, a->dv, true, true) != nullptr;
+}
+
+int attn_mma_launch_post(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a,
+			 int max_ctx, uint16_t *out_bf16, int forced_splits,
+			 const k_cuda_qkv_args *post)
+{
+	if (!attn_mma_post_usable(a) || post->head_dim != a->dk || post->rows != a->n_rows)
+		ATTN_INVAL("attn_mma_launch_post: dk %d group %d rows %d unsupported", a->dk,
+			   a->group, a->n_rows);
+	int ret = mma_run(s, ws, a, max_ctx, out_bf16, forced_splits, true, post);
+
+	if (ret || a->n_splits == 1 || a->arrive)
+		return ret;
+	return attn_merge(s, ws, a->n_splits, a->n_rows, a->n_heads, a->dv, a->out, a->out_rs,
+			  a->out_hs, out_bf16);
 }
 
 int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,

@@ -73,6 +73,20 @@ int k_cuda_attn_gqa_bf16(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
 			 const struct k_cuda_attn_rows *rows, int n_heads, int kv_heads,
 			 int head_dim, float scale);
 
+/* k_cuda_qkv_post(post) then k_cuda_attn_gqa_bf16(q = post->q, the caches post's, its
+ * heads and head_dim), for rows that are each the only new token of their sequence (a
+ * decode step: every row its own sequence, n_seqs 0 or n_rows, at its last position
+ * ctx - 1, appended at its slot). Where the tensor-core decode kernel runs them (group
+ * <= 16, KDEC_QKV_IN_ATTN not 0), in one launch fewer: q normed and rotated as the
+ * attention stages it, each row's K/V appended by the block whose split holds its last
+ * token, before that block copies it; post->q is then not written. The cache rows are
+ * qkv_post's bits and out the two calls' (q's fp32 values are qkv_post's). Returns as
+ * k_cuda_attn_gqa_bf16. */
+struct k_cuda_qkv_args;		/* kernels/cuda/k_cuda_ops.h */
+int k_cuda_attn_gqa_qkv(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
+			uint16_t *out_bf16, const struct k_cuda_qkv_args *post, int block_tokens,
+			const struct k_cuda_attn_rows *rows, float scale);
+
 /* Absorbed MLA over the latent cache: q_lat = W_UK^T q_nope per head, scores over the
  * latent and the rope key, softmax, o_lat = sum_t p_t c_t, out = W_UV o_lat.
  * q: device (n_rows, n_heads, nope_dim + rope_dim) fp32, rope part rotated;
