@@ -966,17 +966,15 @@ static void test_experts_add_shape(const struct shape *s, int si)
 		return;
 	weights_make(&w, s);
 	shared_make(&sw, s->hidden, si > 0 ? si : 8);
-	for (int v = 0; v < 3; v++) {	/* v2 (the default), staged, registers only */
-		k_cuda_moe_set_small_v2(v == 0);
-		k_cuda_moe_set_staged(v == 1);
-		printf("(%s)\n", (const char *[]){ "small v2", "staged", "registers only" }[v]);
+	for (int staged = 1; staged >= 0; staged--) {
+		k_cuda_moe_set_staged(staged);
+		printf("(%s)\n", staged ? "staged" : "registers only");
 		for (int m = 0; m < 4; m++) {
 			int M = (int[]){ 1, 2, 5, most }[m];
 
 			test_experts_add(s, &w, &sw, si, ws, M, 0, K_CUDA_MOE_PATH_SMALL, 1);
 		}
 	}
-	k_cuda_moe_set_small_v2(-1);
 	k_cuda_moe_set_staged(-1);
 	test_experts_add(s, &w, &sw, si, ws, most > 3 ? 3 : 1, EX_DUP | EX_BAD_ID,
 			 K_CUDA_MOE_PATH_SMALL, 1);
@@ -992,128 +990,6 @@ static void test_experts_add_shape(const struct shape *s, int si)
 					     s->n_experts, s->hidden, s->inter, &sh) == -EINVAL,
 		      "shared wider than the workspace");
 	}
-	shared_free(&sw);
-	weights_free(&w);
-	k_cuda_moe_ws_destroy(ws);
-}
-
-/* The small path's second form (k_cuda_moe_set_small_v2) against its first
- * (registers only, and staged) bit for bit, on fresh random inputs: k_cuda_moe_experts
- * into NaN-poisoned outputs (every element must be written, and equal) and
- * k_cuda_moe_experts_add onto the same random residual with the shared expert sw of
- * width si (0: none). Tolerance: none, every element's bits equal. */
-static void test_v2_same(const struct shape *s, struct weights *w, const struct shared_w *sw,
-			 int si, struct k_cuda_moe_ws *ws, int M, int flags)
-{
-	size_t nx = (size_t)M * s->hidden, nk = (size_t)M * s->top_k;
-	float *x = malloc(sizeof(float) * nx), *y0 = malloc(sizeof(float) * nx);
-	float *got[3], *wts = malloc(sizeof(float) * nk), *cpu_wts = malloc(sizeof(float) * nk);
-	int32_t *ids = malloc(sizeof(int32_t) * nk), *cpu_ids = malloc(sizeof(int32_t) * nk);
-	struct k_expert *ex = calloc((size_t)s->n_experts, sizeof(*ex));
-	const uint16_t **table = calloc((size_t)s->n_experts * 3, sizeof(*table));
-	unsigned char *used = calloc((size_t)s->n_experts, 1);
-	struct k_cuda_moe_shared sh = { sw->d[0], sw->d[1], sw->d[2], si };
-	float *dx, *dw, *dout;
-	int32_t *dids;
-	void *dtable;
-	char shape[112];
-
-	for (int v = 0; v < 3; v++)
-		got[v] = malloc(sizeof(float) * nx);
-	for (size_t i = 0; i < nx; i++) {
-		x[i] = test_randf(&seed) * 2;
-		y0[i] = test_randf(&seed) * 4;
-	}
-	case_routing(s, w, M, -1, flags, ids, wts, cpu_ids, cpu_wts, ex, table, used);
-	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
-	dx = dev_from(x, sizeof(float) * nx);
-	dw = dev_from(wts, sizeof(float) * nk);
-	dids = dev_from(ids, sizeof(int32_t) * nk);
-	dout = dev_alloc(sizeof(float) * nx);
-	k_cuda_moe_set_path(K_CUDA_MOE_PATH_SMALL);
-	for (int add = 0; add < 2; add++) {
-		size_t diff[2] = { 0, 0 }, nan = 0;
-		int ret[3];
-
-		/* v 0: second form; 1: first, registers only; 2: first, staged */
-		for (int v = 0; v < 3; v++) {
-			k_cuda_moe_set_small_v2(v == 0);
-			k_cuda_moe_set_staged(v == 2);
-			if (add) {
-				cu(cudaMemcpy(dout, y0, sizeof(float) * nx, cudaMemcpyHostToDevice),
-				   "residual");
-				ret[v] = k_cuda_moe_experts_add(stream, ws, dout, dx, M, dids, dw,
-								s->top_k,
-								(const uint16_t *const *)dtable,
-								s->n_experts, s->hidden, s->inter,
-								si > 0 ? &sh : NULL);
-			} else {
-				cu(cudaMemset(dout, 0xff, sizeof(float) * nx), "poison");
-				ret[v] = k_cuda_moe_experts(stream, ws, dout, dx, M, dids, dw,
-							    s->top_k,
-							    (const uint16_t *const *)dtable,
-							    s->n_experts, s->hidden, s->inter);
-			}
-			to_host(got[v], dout, sizeof(float) * nx);
-		}
-		for (size_t i = 0; i < nx; i++) {
-			nan += got[0][i] != got[0][i];
-			diff[0] += memcmp(&got[0][i], &got[1][i], sizeof(float)) != 0;
-			diff[1] += memcmp(&got[0][i], &got[2][i], sizeof(float)) != 0;
-		}
-		snprintf(shape, sizeof(shape), "%s%s M %d shared %d%s%s", s->name,
-			 add ? " add" : "", M, si, flags & EX_DUP ? " dup" : "",
-			 flags & EX_BAD_ID ? " bad-id" : "");
-		printf("%-12s %-62s differ from registers %zu, staged %zu of %zu%s  %s\n",
-		       "small v2", shape, diff[0], diff[1], nx, nan ? "  NaN" : "",
-		       !ret[0] && !ret[1] && !ret[2] && !nan && !diff[0] && !diff[1] ? "PASS" :
-		       "FAIL");
-		CHECK(!ret[0] && !ret[1] && !ret[2] && !nan && !diff[0] && !diff[1],
-		      "small v2 %s: ret %d %d %d, %zu NaN, %zu / %zu differ", shape, ret[0], ret[1],
-		      ret[2], nan, diff[0], diff[1]);
-	}
-	k_cuda_moe_set_small_v2(-1);
-	k_cuda_moe_set_staged(-1);
-	k_cuda_moe_set_path(K_CUDA_MOE_PATH_AUTO);
-	cudaFree(dtable);
-	cudaFree(dx);
-	cudaFree(dw);
-	cudaFree(dids);
-	cudaFree(dout);
-	for (int v = 0; v < 3; v++)
-		free(got[v]);
-	free(x);
-	free(y0);
-	free(wts);
-	free(cpu_wts);
-	free(ids);
-	free(cpu_ids);
-	free(ex);
-	free(table);
-	free(used);
-}
-
-/* test_v2_same at M 1, 3, 8 and the most rows, and with a duplicated and a bad id. */
-static void test_v2_shape(const struct shape *s, int si)
-{
-	struct k_cuda_moe_ws *ws;
-	struct shared_w sw;
-	struct weights w;
-	int most = 64 / s->top_k;
-	int ret = k_cuda_moe_ws_create(&ws, 64, s->top_k, s->n_experts, s->hidden, s->inter, si);
-
-	CHECK(ret == 0, "ws create %d", ret);
-	if (ret)
-		return;
-	weights_make(&w, s);
-	shared_make(&sw, s->hidden, si > 0 ? si : 8);
-	for (int m = 0; m < 4; m++) {
-		int M = (int[]){ 1, 3, 8, most }[m];
-
-		if (M <= most)
-			test_v2_same(s, &w, &sw, si, ws, M, 0);
-	}
-	test_v2_same(s, &w, &sw, si, ws, most > 3 ? 3 : 1, EX_DUP | EX_BAD_ID);
 	shared_free(&sw);
 	weights_free(&w);
 	k_cuda_moe_ws_destroy(ws);
@@ -1216,113 +1092,6 @@ out:
 	free(used);
 }
 
-/* Informational, no pass/fail: the small path's second form beside its first
- * (registers only, the default before it) at M rows, k_cuda_moe_experts_add with a
- * shared expert si wide (0: none): per call, events around the call alone, L2 emptied
- * before each (a 256 MB memset outside the events), median of 20 after 3 warm-up
- * calls, against the used weights' bytes at the 4.25 TB/s HBM floor. */
-#define FLUSH_BYTES (256u << 20)
-static void time_small_ab(const struct shape *s, int M, int si)
-{
-	size_t per = (size_t)s->hidden * s->inter, nk = (size_t)M * s->top_k;
-	size_t sn = (size_t)s->hidden * (size_t)(si > 0 ? si : 1);
-	uint16_t *one = malloc(sizeof(uint16_t) * per), *all, *dsh;
-	const uint16_t **table = malloc(sizeof(*table) * (size_t)s->n_experts * 3);
-	float *x = malloc(sizeof(float) * (size_t)M * s->hidden), *wts = malloc(sizeof(float) * nk);
-	int32_t *ids = malloc(sizeof(int32_t) * nk);
-	unsigned char *used = calloc((size_t)s->n_experts, 1);
-	struct k_cuda_moe_ws *ws;
-	struct k_cuda_moe_shared sh;
-	void *dtable, *dx, *dw, *dids, *dout, *flush;
-	float us[2] = { -1, -1 };
-	double bytes = 0;
-
-	if (k_cuda_moe_ws_create(&ws, M, s->top_k, s->n_experts, s->hidden, s->inter, si))
-		goto free_host;
-	dsh = dev_alloc(sizeof(uint16_t) * 3 * sn);
-	cu(cudaMemset(dsh, 0, sizeof(uint16_t) * 3 * sn), "zero shared");
-	sh = (struct k_cuda_moe_shared){ dsh, dsh + sn, dsh + 2 * sn, si };
-	for (size_t i = 0; i < per; i++)
-		one[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
-	all = dev_alloc(sizeof(uint16_t) * per * 3 * (size_t)s->n_experts);
-	for (int e = 0; e < 3 * s->n_experts; e++) {
-		cu(cudaMemcpy(all + per * e, one, sizeof(uint16_t) * per, cudaMemcpyHostToDevice),
-		   "upload");
-		table[e] = all + per * e;
-	}
-	for (size_t i = 0; i < (size_t)M * s->hidden; i++)
-		x[i] = test_randf(&seed);
-	make_ids(ids, wts, M, s, -1);
-	for (size_t i = 0; i < nk; i++)
-		used[ids[i]] = 1;
-	for (int e = 0; e < s->n_experts; e++)
-		bytes += used[e] ? 3.0 * 2 * (double)per : 0;
-	bytes += si > 0 ? 3.0 * 2 * (double)sn : 0;
-	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
-	dx = dev_from(x, sizeof(float) * (size_t)M * s->hidden);
-	dw = dev_from(wts, sizeof(float) * nk);
-	dids = dev_from(ids, sizeof(int32_t) * nk);
-	dout = dev_alloc(sizeof(float) * (size_t)M * s->hidden);
-	flush = dev_alloc(FLUSH_BYTES);
-	cu(cudaMemset(dout, 0, sizeof(float) * (size_t)M * s->hidden), "zero out");
-	k_cuda_moe_set_path(K_CUDA_MOE_PATH_SMALL);
-	for (int v = 0; v < 2; v++) {	/* 0: second form, 1: first (registers only) */
-		cudaEvent_t ev[2][20];
-		float ms[20];
-		int ok = 1;
-
-		k_cuda_moe_set_small_v2(v == 0);
-		k_cuda_moe_set_staged(0);
-		for (int i = 0; i < 20; i++) {
-			cu(cudaEventCreate(&ev[0][i]), "event");
-			cu(cudaEventCreate(&ev[1][i]), "event");
-		}
-		for (int i = 0; i < 23 && ok; i++) {
-			cu(cudaMemsetAsync(flush, i & 0xff, FLUSH_BYTES, stream), "flush");
-			if (i >= 3)
-				cu(cudaEventRecord(ev[0][i - 3], stream), "record");
-			ok = !k_cuda_moe_experts_add(stream, ws, dout, dx, M, dids, dw, s->top_k,
-						     dtable, s->n_experts, s->hidden, s->inter,
-						     si > 0 ? &sh : NULL);
-			if (i >= 3)
-				cu(cudaEventRecord(ev[1][i - 3], stream), "record");
-		}
-		cu(cudaStreamSynchronize(stream), "sync");
-		if (ok) {
-			for (int i = 0; i < 20; i++)
-				cu(cudaEventElapsedTime(&ms[i], ev[0][i], ev[1][i]), "elapsed");
-			us[v] = test_median(ms, 20) * 1e3f;
-		}
-		for (int i = 0; i < 20; i++) {
-			cudaEventDestroy(ev[0][i]);
-			cudaEventDestroy(ev[1][i]);
-		}
-	}
-	k_cuda_moe_set_small_v2(-1);
-	k_cuda_moe_set_staged(-1);
-	k_cuda_moe_set_path(K_CUDA_MOE_PATH_AUTO);
-	printf("small v2 time %-28s M %2d shared %4d cold L2: %3.0f MB, v2 %7.1f us (%.2f TB/s), "
-	       "v1 registers %7.1f us (%.2f TB/s), floor %.1f us at 4.25 TB/s\n", s->name, M, si,
-	       bytes / 1e6, us[0], bytes / (us[0] * 1e-6) / 1e12, us[1],
-	       bytes / (us[1] * 1e-6) / 1e12, bytes / 4.25e12 * 1e6);
-	cudaFree(flush);
-	cudaFree(all);
-	cudaFree(dtable);
-	cudaFree(dx);
-	cudaFree(dw);
-	cudaFree(dids);
-	cudaFree(dout);
-	cudaFree(dsh);
-	k_cuda_moe_ws_destroy(ws);
-free_host:
-	free(one);
-	free(table);
-	free(x);
-	free(wts);
-	free(ids);
-	free(used);
-}
-
 /* Every path at one shape; M > 130 is refused. */
 static void test_experts_shape(const struct shape *s)
 {
@@ -1335,19 +1104,16 @@ static void test_experts_shape(const struct shape *s)
 	if (ret)
 		return;
 	weights_make(&w, s);
-	/* small v2 (the default), small staged, small registers, grouped */
-	for (int pi = 0; pi < 4; pi++) {
-		enum k_cuda_moe_path path = paths[pi > 2 ? 1 : 0];
+	for (int pi = 0; pi < 3; pi++) {	/* small staged, small registers, grouped */
+		enum k_cuda_moe_path path = paths[pi > 0 ? pi - 1 : 0];
 
-		k_cuda_moe_set_small_v2(pi == 0);
-		k_cuda_moe_set_staged(pi != 2);
+		k_cuda_moe_set_staged(pi != 1);
 		for (int m = 0; m < 4; m++)
 			test_experts(s, &w, ws, (int[]){ 1, 2, 3, 8 }[m], -1, 0, path);
 		test_experts(s, &w, ws, 8, 3, EX_DUP, path);	/* 9 pairs on expert 3 */
 		test_experts(s, &w, ws, 1, -1, EX_BAD_ID, path);
 		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, path);
 	}
-	k_cuda_moe_set_small_v2(-1);
 	k_cuda_moe_set_staged(-1);
 	/* auto: small at 5 rows (up to 64 pairs), grouped at 64 */
 	test_experts(s, &w, ws, 5, -1, 0, K_CUDA_MOE_PATH_AUTO);
@@ -1384,16 +1150,6 @@ static void test_experts_all(void)
 		{ { "k1 64x40 E4 k1", 64, 40, 4, 1 }, 160 },		/* 4 pieces, 64 rows */
 	};
 
-	/* the second form against the first, bit for bit, then their times */
-	for (size_t si = 0; si < sizeof(fused) / sizeof(fused[0]); si++)
-		test_v2_shape(&fused[si].s, fused[si].shared);
-	for (size_t si = 0; si < 2; si++)
-		for (int m = 0; m < 4; m++) {
-			int M = (int[]){ 1, 3, 8, 10 }[m];
-
-			if (M * shapes[si].top_k <= 64)
-				time_small_ab(&shapes[si], M, si == 0 ? 2816 : 0);
-		}
 	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
 		test_experts_shape(&shapes[si]);
 	for (size_t si = 0; si < sizeof(fused) / sizeof(fused[0]); si++)

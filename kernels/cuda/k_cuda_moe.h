@@ -128,14 +128,6 @@ void k_cuda_moe_set_staged(int on);
  * runs. Set it before capturing a graph. */
 void k_cuda_moe_set_prefetch_ahead(int on);
 
-/* Whether the small path runs its second form (moe_small_v2.cu: weight rows through a
- * per-warp ring of shared-memory stages filled by bulk copies; on by default where its
- * stages fit, at least 2 per warp): 1 on, 0 off (the first form: registers, or
- * k_cuda_moe_set_staged's stage), -1 back to the environment's KDEC_MOE_SMALL_V2 (0:
- * off). The results are the same bit for bit; tests and A/B runs. Set it before
- * capturing a graph. */
-void k_cuda_moe_set_small_v2(int on);
-
 #ifdef __cplusplus
 }
 #endif

@@ -11,10 +11,6 @@
 
 #define MOE_SMALL_MAX_PAIRS 64	// (row, slot) pairs a small-batch call may have
 #define MOE_SMALL_SH_PIECES 4	// down: a shared row in at most this many inter-long pieces
-#define MOE_SMALL_V2_MAX_ST 4	// v2: ring stages per warp at most
-#define MOE_SMALL_V2_GU_SMEM (216 * 1024)	// v2 gate/up: x rows + rings, one CTA per SM
-#define MOE_SMALL_V2_DOWN_SMEM (96 * 1024)	// v2 down: rings; two CTAs per SM with
-						// the static arrays (~14 KB each)
 
 // The shared expert as the small kernels take it (by value); inter 0: none. Every row
 // is its pair, with weight 1, after the routed ones.
@@ -46,22 +42,6 @@ void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp, int
 			      const uint16_t *const *expert_w, const float *x, const int32_t *ids,
 			      int n, int top_k, int n_experts, int hidden, int inter, float *act,
 			      const struct moe_small_shared &sh);
-
-// moe_small_v2.cu (KDEC_MOE_SMALL_V2): the ring kernels' one-time set-up (0 or -EIO);
-// the stages per warp each would have at this shape (under 2: the first form runs);
-// one launch of each, with nst such stages (gate/up: ctas CTAs, one per SM). Same
-// arguments, outputs and results bit for bit as the first form's kernels.
-int moe_small_v2_setup(void);
-int moe_small_v2_gate_up_stages(int M, int hidden);
-int moe_small_v2_down_stages(int inter);
-void moe_small_v2_gate_up_launch(cudaStream_t s, int ctas, int nst,
-				 const uint16_t *const *expert_w, const float *x,
-				 const int32_t *ids, int n, int top_k, int n_experts, int hidden,
-				 int inter, float *act, const struct moe_small_shared &sh);
-void moe_small_v2_down_launch(cudaStream_t s, int nst, const uint16_t *const *expert_w,
-			      const float *act, const int32_t *ids, const float *weights, int M,
-			      int top_k, int n_experts, int hidden, int inter,
-			      const struct moe_small_shared &sh, int add, float *out);
 
 // out (M, hidden) = the routed experts' sum (add 0: overwritten) or out += routed sum
 // + the shared expert sh (add 1; sh.inter 0: none); act (M * top_k, inter) fp32 scratch

@@ -32,6 +32,49 @@
 
 namespace {	// kernels and their helpers stay private to this file
 
+// Item q of small_down_kernel's CTA: (used expert, column pair) below n_routed, then
+// (shared piece, column pair). Every item's columns lie inside hidden (a multiple of
+// SM_DCOLS: k_cuda_moe_small_fits). ys (MOE_SMALL_MAX_PAIRS, SM_DCOLS), yss
+// (MOE_SMALL_SH_PIECES, MOE_SMALL_MAX_PAIRS, SM_DCOLS); used_w (sp.n_used) the used
+// experts' down matrices.
+__device__ __forceinline__ dot_job down_job_of(int q, int n_routed, const small_plan &sp,
+					       const uint16_t *const *used_w, const float *act,
+					       const moe_small_shared &sh, int M, int c0, int inter,
+					       float *ys, float *yss)
+{
+	int cps = SM_DCOLS / 2, cp = q % cps, c = c0 + 2 * cp;
+	dot_job j;
+
+	j.div = 1;
+	j.dst_ld = SM_DCOLS;
+	if (q < n_routed) {
+		int u = q / cps;
+		const uint16_t *w = used_w[u] + (size_t)c * inter;
+
+		j.w0 = (const uint4 *)w;
+		j.w1 = (const uint4 *)(w + inter);
+		j.src = (const float4 *)act;
+		j.pairs = sp.sorted + sp.used_start[u];
+		j.dst = ys + 2 * cp;
+		j.nc = inter / 8;
+		j.ld4 = inter / 4;
+		j.total = sp.used_n[u];
+	} else {
+		int k = (q - n_routed) / cps, ka = k * inter;	// piece k: [ka, ka + inter)
+		const uint16_t *w = sh.down + (size_t)c * sh.inter + ka;
+
+		j.w0 = (const uint4 *)w;
+		j.w1 = (const uint4 *)(w + sh.inter);
+		j.src = (const float4 *)(sh.act + ka);
+		j.pairs = nullptr;
+		j.dst = yss + k * MOE_SMALL_MAX_PAIRS * SM_DCOLS + 2 * cp;
+		j.nc = min(inter, sh.inter - ka) / 8;
+		j.ld4 = sh.inter / 4;
+		j.total = M;
+	}
+	return j;
+}
+
 // Registers only (the down kernel's register path): SM_KB chunks per lane and row
 // at a time.
 __device__ void down_job_run(const dot_job &j, int lane)
@@ -43,6 +86,22 @@ __device__ void down_job_run(const dot_job &j, int lane)
 		job_offsets(j, p0, np, off);
 		dot2_rows(j.w0, j.w1, j.nc, j.src, off, np, a0, a1, lane);
 		job_store<false>(j, p0, np, a0, a1, lane);
+	}
+}
+
+// Asks L2 for the CTA's SM_DCOLS down rows of row_bytes each at down (row stride
+// row_bytes); the whole CTA calls it, before the PDL wait.
+__device__ __forceinline__ void prefetch_down_rows(const uint16_t *down, int c0, int hidden,
+						   size_t row_bytes)
+{
+	int lines = (int)((row_bytes + 127) / 128);
+
+	for (int q = threadIdx.x; q < SM_DCOLS * lines; q += SM_THREADS) {
+		int col = c0 + q / lines;
+
+		if (col < hidden)
+			prefetch_l2((const char *)down + (size_t)col * row_bytes +
+					    (size_t)(q % lines) * 128, 1, 0, 1);
 	}
 }
 
@@ -210,7 +269,7 @@ bool k_cuda_moe_small_fits(int M, int top_k, int hidden, int inter, const float 
 // for their occupancy (two CTAs per SM) and leaves the rest to L1 for x and act.
 int k_cuda_moe_small_setup(void)
 {
-	return moe_small_gate_up_setup() || moe_small_v2_setup() ||
+	return moe_small_gate_up_setup() ||
 	       K_CUDA_CALL(cudaFuncSetAttribute(small_down_kernel<true>,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
 						SM_DSTAGE_SMEM_MAX)) ? -EIO : 0;
@@ -242,25 +301,6 @@ static bool ahead_on(void)
 		prefetch_ahead = e && !strcmp(e, "1");
 	}
 	return prefetch_ahead != 0;
-}
-
-// KDEC_MOE_SMALL_V2=0: the first form of the small kernels (see moe_small_v2.cu);
-// -1: not read yet.
-static int small_v2 = -1;
-
-extern "C" void k_cuda_moe_set_small_v2(int on)
-{
-	small_v2 = on < 0 ? -1 : on != 0;
-}
-
-static bool v2_on(void)
-{
-	if (small_v2 < 0) {
-		const char *e = getenv("KDEC_MOE_SMALL_V2");
-
-		small_v2 = !(e && e[0] == '0');
-	}
-	return small_v2 != 0;
 }
 
 static bool env_on(int *v, const char *name)
@@ -299,31 +339,19 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	// budget.
 	long long most = (long long)max_used * ((inter + SM_WARPS - 1) / SM_WARPS) +
 			 (sh.inter + SM_WARPS - 1) / SM_WARPS;
-	int one_wave = n_sm > 0 ? n_sm : 1, ctas = SM_CTAS_PER_SM * one_wave;
+	int ctas = SM_CTAS_PER_SM * (n_sm > 0 ? n_sm : 1);
 	int rp = SM_X_SMEM_MAX / (hidden * (int)sizeof(float)), ahead = ahead_on();
-	bool v2 = v2_on();
-	int ret, gu_st, dn_st;
+	int ret;
 
 	rp = rp < M ? rp : M;
 	// A failed launch is also the runtime's last error, which K_CUDA_LAUNCHED reports.
 	ctas = ctas < most ? ctas : (int)most;
-	gu_st = v2 ? moe_small_v2_gate_up_stages(M, hidden) : 0;
-	dn_st = v2 ? moe_small_v2_down_stages(inter) : 0;
-	if (gu_st >= 2)	// one CTA per SM: the ring takes most of its shared memory
-		moe_small_v2_gate_up_launch(s, (int)(most < one_wave ? most : one_wave), gu_st,
-					    expert_w, x, ids, n, top_k, n_experts, hidden, inter,
-					    act, sh);
-	else
-		moe_small_gate_up_launch(s, use_staged(&gate_staged, "KDEC_MOE_GATE_STAGED",
-						       hidden),
-					 ctas, rp, ahead, expert_w, x, ids, n, top_k, n_experts,
-					 hidden, inter, act, sh);
+	moe_small_gate_up_launch(s, use_staged(&gate_staged, "KDEC_MOE_GATE_STAGED", hidden), ctas,
+				 rp, ahead, expert_w, x, ids, n, top_k, n_experts, hidden, inter, act,
+				 sh);
 	if ((ret = K_CUDA_LAUNCHED("moe small gate/up")))
 		return ret;
-	if (dn_st >= 2)
-		moe_small_v2_down_launch(s, dn_st, expert_w, (const float *)act, ids, weights, M,
-					 top_k, n_experts, hidden, inter, sh, add, out);
-	else if (use_staged(&down_staged, "KDEC_MOE_DOWN_STAGED", inter))
+	if (use_staged(&down_staged, "KDEC_MOE_DOWN_STAGED", inter))
 		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS),
 				  moe_small_stage_bytes(inter), small_down_kernel<true>, expert_w,
 				  (const float *)act, ids, weights, M, top_k, n_experts, hidden, inter,

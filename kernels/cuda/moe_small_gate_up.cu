@@ -76,6 +76,23 @@ __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_
 	}
 }
 
+// Launched early under PDL, while the router still picks the experts: the shared
+// expert's rows do not depend on its choice, so each CTA asks L2 for its share of
+// them before the wait and the route kernel's time hides their fetch. Only a hint:
+// whichever CTA takes a row after the wait finds it in L2. The whole CTA calls it.
+__device__ __forceinline__ void prefetch_shared_gate_up(const moe_small_shared &sh, int hidden)
+{
+	if (sh.inter) {
+		int a = (int)((long long)sh.inter * blockIdx.x / gridDim.x);
+		int b = (int)((long long)sh.inter * (blockIdx.x + 1) / gridDim.x);
+
+		prefetch_l2(sh.gate + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
+			    SM_THREADS);
+		prefetch_l2(sh.up + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
+			    SM_THREADS);
+	}
+}
+
 // One wave of CTAs shares the n_used * inter (expert, feature) rows, then the shared
 // expert's sh.inter (prefetched before the wait), evenly: CTA b takes
 // [W b / G, W (b + 1) / G) of them in that order, at most a few slots. Dynamic shared
@@ -114,6 +131,44 @@ small_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int3
 			pos += fb - fa;
 		}
 	}
+}
+
+// Row pos of the staged gate/up kernel's (slot, feature) order: feature pos % inter
+// of used expert pos / inter below Wr = n_used * inter, then the shared expert's
+// feature pos - Wr. x (n / top_k, hidden); act (n, inter), sh.act (n / top_k, sh.inter).
+__device__ __forceinline__ dot_job gate_up_job_of(long long pos, long long Wr,
+						  const small_plan &sp,
+						  const uint16_t *const *expert_w, const float *x,
+						  const moe_small_shared &sh, int n, int top_k,
+						  int hidden, int inter, float *act)
+{
+	dot_job j;
+
+	j.src = (const float4 *)x;
+	j.nc = hidden / 8;
+	j.ld4 = hidden / 4;
+	if (pos < Wr) {
+		int u = (int)(pos / inter), f = (int)(pos % inter), e = sp.used_e[u];
+
+		j.w0 = (const uint4 *)(expert_w[3 * e] + (size_t)f * hidden);
+		j.w1 = (const uint4 *)(expert_w[3 * e + 1] + (size_t)f * hidden);
+		j.pairs = sp.sorted + sp.used_start[u];
+		j.total = sp.used_n[u];
+		j.div = top_k;
+		j.dst = act + f;
+		j.dst_ld = inter;
+	} else {
+		int f = (int)(pos - Wr);
+
+		j.w0 = (const uint4 *)(sh.gate + (size_t)f * hidden);
+		j.w1 = (const uint4 *)(sh.up + (size_t)f * hidden);
+		j.pairs = nullptr;
+		j.total = n / top_k;
+		j.div = 1;
+		j.dst = sh.act + f;
+		j.dst_ld = sh.inter;
+	}
+	return j;
 }
 
 // small_gate_up_kernel's work and grid, each warp with two rows in flight at a time
