@@ -411,10 +411,8 @@ static void cuda_embed(struct backend *be, float *out, const int32_t *ids, int n
 }
 
 /* Rows up to which an RMSNorm waits for the op after it, which folds it into its GEMV
- * where it can (cuda_linear_run): the GEMV's M. Off by default: on H200 the fold saved
- * 0.5 us on V2-Lite's q + kv_a GEMV and lost 1.3 us on its router (cold L2, unit test),
- * and decode steps were no faster (batch 1 2.643 vs 2.649 ms). KDEC_NORM_IN_GEMV=1 turns
- * it on. Read once. */
+ * where it can (cuda_linear_run): the GEMV's M. KDEC_NORM_IN_GEMV=0 launches every norm
+ * at once, as before. Read once. */
 #define CUDA_NORM_IN_GEMV_MAX_ROWS 2
 
 static int norm_in_gemv(void)
@@ -424,7 +422,7 @@ static int norm_in_gemv(void)
 	if (on < 0) {
 		const char *e = getenv("KDEC_NORM_IN_GEMV");
 
-		on = e && e[0] == '1';
+		on = !(e && e[0] == '0');
 	}
 	return on;
 }

@@ -38,12 +38,10 @@ int k_cuda_moe_small_setup(void);
 // each warp asks L2 for its rows two turns ahead). Its error,
 // if any, is the runtime's last error.
 int moe_small_gate_up_setup(void);
-// down_l2: percent of each down row to ask of L2 while gate/up streams (0: none; the
-// register kernel only).
 void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp, int ahead,
-			      int down_l2, const uint16_t *const *expert_w, const float *x,
-			      const int32_t *ids, int n, int top_k, int n_experts, int hidden,
-			      int inter, float *act, const struct moe_small_shared &sh);
+			      const uint16_t *const *expert_w, const float *x, const int32_t *ids,
+			      int n, int top_k, int n_experts, int hidden, int inter, float *act,
+			      const struct moe_small_shared &sh);
 
 // out (M, hidden) = the routed experts' sum (add 0: overwritten) or out += routed sum
 // + the shared expert sh (add 1; sh.inter 0: none); act (M * top_k, inter) fp32 scratch

@@ -303,22 +303,6 @@ static bool ahead_on(void)
 	return prefetch_ahead != 0;
 }
 
-// KDEC_MOE_DOWN_L2=pct: the gate/up kernel asks L2 for the first pct% of every down row
-// the step reads (prefetch_down_share), so that down finds them there; 0 (the default)
-// none. Read once.
-static int down_l2_pct(void)
-{
-	static int pct = -1;
-
-	if (pct < 0) {
-		const char *e = getenv("KDEC_MOE_DOWN_L2");
-
-		pct = e ? atoi(e) : 0;
-		pct = pct < 0 ? 0 : pct > 100 ? 100 : pct;
-	}
-	return pct;
-}
-
 static bool env_on(int *v, const char *name)
 {
 	if (*v < 0) {
@@ -363,8 +347,8 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	// A failed launch is also the runtime's last error, which K_CUDA_LAUNCHED reports.
 	ctas = ctas < most ? ctas : (int)most;
 	moe_small_gate_up_launch(s, use_staged(&gate_staged, "KDEC_MOE_GATE_STAGED", hidden), ctas,
-				 rp, ahead, down_l2_pct(), expert_w, x, ids, n, top_k, n_experts,
-				 hidden, inter, act, sh);
+				 rp, ahead, expert_w, x, ids, n, top_k, n_experts, hidden, inter, act,
+				 sh);
 	if ((ret = K_CUDA_LAUNCHED("moe small gate/up")))
 		return ret;
 	if (use_staged(&down_staged, "KDEC_MOE_DOWN_STAGED", inter))

@@ -98,43 +98,10 @@ __device__ __forceinline__ void prefetch_shared_gate_up(const moe_small_shared &
 // [W b / G, W (b + 1) / G) of them in that order, at most a few slots. Dynamic shared
 // memory: rp fp32 x rows of hidden. act (n, inter): silu(gate x) * up x of pair i at
 // row i; sh.act (n / top_k, sh.inter): the shared expert's of row m at row m.
-// The first pct% of every down row the step will read (the used experts' and the shared
-// expert's), asked of L2 with the evict-last priority, spread over the whole grid: the
-// down kernel cannot start its own prefetch before this kernel's CTAs leave the SMs
-// (they hold every register), and gate/up streams at ~2.8 TB/s, below what HBM gives,
-// so these bytes may come in its shadow. A hint: nothing waits for it.
-__device__ void prefetch_down_share(const small_plan &sp, const uint16_t *const *expert_w,
-				    const moe_small_shared &sh, int hidden, int inter, int pct)
-{
-	const int lines = (inter * 2 + 127) / 128, sh_lines = (sh.inter * 2 + 127) / 128;
-	const int L = (lines * pct + 99) / 100, SL = (sh_lines * pct + 99) / 100;
-	const long long nr = (long long)sp.n_used * hidden * L;
-	const long long total = nr + (sh.inter ? (long long)hidden * SL : 0);
-	const long long stride = (long long)gridDim.x * blockDim.x;
-
-	for (long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x; q < total;
-	     q += stride) {
-		const char *p;
-
-		if (q < nr) {
-			long long r = q / L;
-			int u = (int)(r / hidden), row = (int)(r % hidden);
-
-			p = (const char *)(expert_w[3 * sp.used_e[u] + 2] + (size_t)row * inter) +
-			    (q % L) * 128;
-		} else {
-			long long t = q - nr;
-
-			p = (const char *)(sh.down + (size_t)(t / SL) * sh.inter) + (t % SL) * 128;
-		}
-		asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p));
-	}
-}
-
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 small_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_t *ids,
-		     int n, int top_k, int E, int hidden, int inter, int rp, int ahead,
-		     int down_l2, float *act, moe_small_shared sh)
+		     int n, int top_k, int E, int hidden, int inter, int rp, int ahead, float *act,
+		     moe_small_shared sh)
 {
 	extern __shared__ float4 xs4[];		// (rp, hidden / 4)
 	__shared__ small_plan sp;
@@ -143,8 +110,6 @@ small_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int3
 	prefetch_shared_gate_up(sh, hidden);
 	k_cuda_pdl_wait();
 	small_plan_build(sp, ids, n, E);
-	if (down_l2 > 0)
-		prefetch_down_share(sp, expert_w, sh, hidden, inter, down_l2);
 	Wr = (long long)sp.n_used * inter;
 	W = Wr + sh.inter;
 	lo = W * blockIdx.x / gridDim.x;
@@ -272,9 +237,9 @@ int moe_small_gate_up_setup(void)
 }
 
 void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp, int ahead,
-			      int down_l2, const uint16_t *const *expert_w, const float *x,
-			      const int32_t *ids, int n, int top_k, int n_experts, int hidden,
-			      int inter, float *act, const struct moe_small_shared &sh)
+			      const uint16_t *const *expert_w, const float *x, const int32_t *ids,
+			      int n, int top_k, int n_experts, int hidden, int inter, float *act,
+			      const struct moe_small_shared &sh)
 {
 	if (staged)
 		k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), moe_small_stage_bytes(hidden),
@@ -283,6 +248,5 @@ void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp, int
 	else
 		k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS),
 				  (size_t)rp * hidden * sizeof(float), small_gate_up_kernel, expert_w,
-				  x, ids, n, top_k, n_experts, hidden, inter, rp, ahead, down_l2, act,
-				  sh);
+				  x, ids, n, top_k, n_experts, hidden, inter, rp, ahead, act, sh);
 }
