@@ -48,10 +48,9 @@ static void prof_create(struct backend_cuda *b)
 	log_info("cuda: timing every op (KDEC_CUDA_OP_TIMES=1); graphs record no times");
 }
 
-/* The ops that read their x through the linear context (cuda_linear_run): they may use
- * a bf16 copy of x that the op before them left in its scratch (k_cuda_linear_x_ready),
- * and take an RMSNorm left pending for that x into their GEMV. */
-static int reads_x_linear(const char *op)
+/* The ops that read their x through the linear context: they may use a bf16 copy of
+ * x that the op before them left in its scratch (k_cuda_linear_x_ready). */
+static int reads_x_bf16(const char *op)
 {
 	return !strcmp(op, "linear") || !strcmp(op, "linear_add") || !strcmp(op, "qkv_prep") ||
 	       !strcmp(op, "gate_up_silu") || !strcmp(op, "mla_prep");
@@ -65,48 +64,20 @@ void cuda_note_untimed(struct backend_cuda *b, int ret, const char *what)
 	}
 }
 
-/* The pending norm as cuda_rmsnorm launched it before the fold: with its bf16 copy
- * for a linear next where the scratch fits, so the kernels are those of the old path. */
-static void norm_flush(struct backend_cuda *b)
-{
-	const struct cuda_norm_args *n = &b->norm;
-	uint16_t *xb;
-	int ret;
-
-	if (!b->norm_pending)
-		return;
-	b->norm_pending = 0;
-	xb = k_cuda_linear_x_scratch(b->lin, n->rows, n->dim);
-	if (!xb) {
-		cuda_note_untimed(b, k_cuda_rmsnorm(b->stream, n->out, n->dim, n->x, n->dim, n->w,
-						    n->rows, n->dim, n->eps), "rmsnorm");
-		return;
-	}
-	ret = k_cuda_rmsnorm_bf16(b->stream, n->out, n->dim, n->x, n->dim, n->w, n->rows, n->dim,
-				  n->eps, xb);
-	cuda_note_untimed(b, ret, "rmsnorm");
-	if (!ret)
-		k_cuda_linear_x_ready(b->lin, n->out, n->rows, n->dim);
-}
-
 void cuda_pending_flush(struct backend_cuda *b)
 {
 	cuda_mla_post_flush(b);
 	cuda_qkv_post_flush(b);
-	norm_flush(b);
 }
 
 /* What earlier ops left pending, launched unless `op` takes it: attn_mla takes mla_post,
- * attn_gqa qkv_post, the linear readers the norm (cuda_linear_run launches it if their
- * GEMV does not). */
+ * attn_gqa qkv_post. */
 static void pending_flush_for(struct backend_cuda *b, const char *op)
 {
 	if (strcmp(op, "attn_mla"))
 		cuda_mla_post_flush(b);
 	if (strcmp(op, "attn_gqa"))
 		cuda_qkv_post_flush(b);
-	if (!reads_x_linear(op))
-		norm_flush(b);
 }
 
 /* Marks the start of an op: the previous op's end is this op's start. Any other op
@@ -117,7 +88,7 @@ void cuda_prof_mark(struct backend_cuda *b, const char *op)
 	struct cuda_prof *p = b->prof;
 
 	pending_flush_for(b, op);
-	if (!reads_x_linear(op))
+	if (!reads_x_bf16(op))
 		k_cuda_linear_x_ready(b->lin, NULL, 0, 0);
 	if (!p || b->capturing || p->n_pending >= CUDA_PROF_MAX_PENDING)
 		return;
@@ -410,54 +381,6 @@ static void cuda_embed(struct backend *be, float *out, const int32_t *ids, int n
 	cuda_note(b, k_cuda_embed(b->stream, out, ids, n, W(b, table), (int)table->cols), "embed");
 }
 
-/* Rows up to which an RMSNorm waits for the op after it, which folds it into its GEMV
- * where it can (cuda_linear_run): the GEMV's M. KDEC_NORM_IN_GEMV=0 launches every norm
- * at once, as before. Read once. */
-#define CUDA_NORM_IN_GEMV_MAX_ROWS 2
-
-static int norm_in_gemv(void)
-{
-	static int on = -1;
-
-	if (on < 0) {
-		const char *e = getenv("KDEC_NORM_IN_GEMV");
-
-		on = !(e && e[0] == '0');
-	}
-	return on;
-}
-
-/* Dense rows, out apart from x (the GEMV's CTAs read x while one writes out), and the
- * sizes k_cuda_linear_norm can take; it checks the rest when the linear comes. */
-static int norm_can_wait(const float *out, int out_stride, const float *x, int x_stride,
-			 int rows, int dim)
-{
-	const size_t bytes = (size_t)rows * (size_t)dim * sizeof(float);
-	const uintptr_t o = (uintptr_t)out, i = (uintptr_t)x;
-
-	return norm_in_gemv() && rows >= 1 && rows <= CUDA_NORM_IN_GEMV_MAX_ROWS &&
-	       out_stride == dim && x_stride == dim && dim > 1024 && dim <= 8192 && dim % 8 == 0 &&
-	       (o + bytes <= i || i + bytes <= o);
-}
-
-int cuda_linear_run(struct backend_cuda *b, float *y, const float *x, const uint16_t *w, int M,
-		    int N, int K, int accumulate)
-{
-	const struct cuda_norm_args *n = &b->norm;
-	int ret;
-
-	if (b->norm_pending && x == n->out && M == n->rows && K == n->dim) {
-		ret = k_cuda_linear_norm(b->lin, y, n->x, n->w, n->eps, n->out, w, M, N, K,
-					 accumulate);
-		if (ret != K_CUDA_LINEAR_NORM_NOT_TAKEN) {
-			b->norm_pending = 0;
-			return ret;
-		}
-	}
-	norm_flush(b);
-	return k_cuda_linear(b->lin, y, x, w, M, N, K, accumulate);
-}
-
 static void cuda_rmsnorm(struct backend *be, float *out, int out_stride, const float *x, int x_stride,
 			 const struct model_tensor *w, int rows, int dim, float eps)
 {
@@ -465,12 +388,6 @@ static void cuda_rmsnorm(struct backend *be, float *out, int out_stride, const f
 	uint16_t *xb = out_stride == dim ? k_cuda_linear_x_scratch(b->lin, rows, dim) : NULL;
 
 	cuda_prof_mark(b, "rmsnorm");
-	if (norm_can_wait(out, out_stride, x, x_stride, rows, dim)) {
-		/* for the op after: it runs the norm in its GEMV, or launches it */
-		b->norm = (struct cuda_norm_args){ out, x, V(b, w), rows, dim, eps };
-		b->norm_pending = 1;
-		return;
-	}
 	if (!xb) {
 		cuda_note(b, k_cuda_rmsnorm(b->stream, out, out_stride, x, x_stride, V(b, w), rows, dim,
 					    eps), "rmsnorm");
@@ -505,7 +422,7 @@ static void cuda_linear(struct backend *be, float *y, const float *x, const stru
 	if (b->prof && M > b->prof->max_M)
 		b->prof->max_M = M;
 
-	cuda_note(b, cuda_linear_run(b, y, x, W(b, w), M, (int)w->rows, (int)w->cols, 0), "linear");
+	cuda_note(b, k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows, (int)w->cols, 0), "linear");
 }
 
 static void cuda_linear_add(struct backend *be, float *y, const float *x, const struct model_tensor *w,
@@ -516,8 +433,7 @@ static void cuda_linear_add(struct backend *be, float *y, const float *x, const 
 	if (b->prof && M > b->prof->max_M)
 		b->prof->max_M = M;
 
-	cuda_note(b, cuda_linear_run(b, y, x, W(b, w), M, (int)w->rows, (int)w->cols, 1),
-		  "linear_add");
+	cuda_note(b, k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows, (int)w->cols, 1), "linear_add");
 }
 
 static void cuda_rope(struct backend *be, const struct k_rope *rope, float *x, int n_rows, int n_heads,

@@ -68,14 +68,6 @@ struct backend_cuda {
 						 * for attn_mla's absorb launch while
 						 * mla_post_pending */
 	int mla_post_pending;
-	struct cuda_norm_args {		/* an RMSNorm left for the GEMV that reads out */
-		float *out;		/* (rows, dim) fp32, rows dim apart */
-		const float *x;		/* (rows, dim) fp32, rows dim apart, apart from out */
-		const float *w;		/* (dim) fp32 */
-		int rows, dim;
-		float eps;
-	} norm;
-	int norm_pending;		/* norm not launched yet: cuda_linear_run or a flush */
 	struct k_cuda_qkv_args qkv_post;	/* qkv_prep's qkv_post work (a decode
 						 * step), left for attn_gqa's launch
 						 * while qkv_post_pending */
@@ -98,15 +90,10 @@ void cuda_note(struct backend_cuda *b, int ret, const char *op);
 /* The op about to be queued: launches the work earlier ops left pending that this op
  * does not take (cuda_pending_flush), and marks its start for KDEC_CUDA_OP_TIMES. */
 void cuda_prof_mark(struct backend_cuda *b, const char *op);
-/* Launches whatever is pending: mla_prep's mla_post work and the RMSNorm left for a
- * GEMV. Before anything that reads or writes device memory outside the ops (uploads,
+/* Launches whatever is pending: mla_prep's mla_post work and qkv_prep's qkv_post
+ * work. Before anything that reads or writes device memory outside the ops (uploads,
  * downloads, syncs, graph capture and launch). */
 void cuda_pending_flush(struct backend_cuda *b);
-/* k_cuda_linear on the backend's context, with the RMSNorm left pending for x (its out)
- * folded into the GEMV where k_cuda_linear_norm takes it; otherwise that norm is
- * launched first. The ops that read x through the linear context call this. */
-int cuda_linear_run(struct backend_cuda *b, float *y, const float *x, const uint16_t *w, int M,
-		    int N, int K, int accumulate);
 /* The device copy of a weight; a missing one is a bug in the upload walk. */
 const void *cuda_dev_of(struct backend_cuda *b, const void *host, const char *what);
 #define W(b, t) ((const uint16_t *)cuda_dev_of((b), (t)->data, __func__))

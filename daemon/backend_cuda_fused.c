@@ -73,12 +73,12 @@ static int group_linear(struct backend_cuda *b, float *y, const float *x,
 			off[i] = o;
 			rs[i] = total;
 		}
-		return cuda_linear_run(b, y, x, d[0], M, (int)total, (int)w[0]->cols, 0);
+		return k_cuda_linear(b->lin, y, x, d[0], M, (int)total, (int)w[0]->cols, 0);
 	}
 	for (long i = 0, o = 0; i < n && !ret; o += (long)M * (long)w[i]->rows, i++) {
 		off[i] = o;
 		rs[i] = (long)w[i]->rows;
-		ret = cuda_linear_run(b, y + o, x, d[i], M, (int)w[i]->rows, (int)w[i]->cols, 0);
+		ret = k_cuda_linear(b->lin, y + o, x, d[i], M, (int)w[i]->rows, (int)w[i]->cols, 0);
 	}
 	return ret;
 }
@@ -286,8 +286,8 @@ static int mla_prep_lora(struct backend_cuda *b, float *q, const float *q_a, lon
 		k_cuda_linear_x_ready(b->lin, scratch, R, n);
 	if (ret)
 		return ret;
-	return cuda_linear_run(b, q, scratch, W(b, &L->wq_b), R, (int)L->wq_b.rows,
-			       (int)L->wq_b.cols, 0);
+	return k_cuda_linear(b->lin, q, scratch, W(b, &L->wq_b), R, (int)L->wq_b.rows,
+			     (int)L->wq_b.cols, 0);
 }
 
 /* [q | kv_a] (rows, H * qk + kv_lora + rope) = h @ [wq_b; wkv_a]^T in b->fused, one
@@ -319,15 +319,15 @@ void cuda_mla_prep(struct backend *be, float *q, const float *h, const struct mo
 	if (!mla_prep_fused() || !mla_post_fused()) {	/* the op-by-op order */
 		float *q_a = b->fused, *kv_a = b->fused + R * (size_t)w[0]->rows;
 
-		if (lora && !(ret = cuda_linear_run(b, q_a, h, W(b, w[0]), p->rows,
-						    (int)w[0]->rows, (int)w[0]->cols, 0)))
+		if (lora && !(ret = k_cuda_linear(b->lin, q_a, h, W(b, w[0]), p->rows,
+						  (int)w[0]->rows, (int)w[0]->cols, 0)))
 			ret = mla_prep_lora(b, q, q_a, (long)w[0]->rows, L, p, b->fused + pair);
 		else if (!lora)
-			ret = cuda_linear_run(b, q, h, W(b, w[0]), p->rows, (int)w[0]->rows,
-					      (int)w[0]->cols, 0);
+			ret = k_cuda_linear(b->lin, q, h, W(b, w[0]), p->rows, (int)w[0]->rows,
+					    (int)w[0]->cols, 0);
 		if (!ret)
-			ret = cuda_linear_run(b, kv_a, h, W(b, w[1]), p->rows, (int)w[1]->rows,
-					      (int)w[1]->cols, 0);
+			ret = k_cuda_linear(b->lin, kv_a, h, W(b, w[1]), p->rows, (int)w[1]->rows,
+					    (int)w[1]->cols, 0);
 		if (!ret)
 			ret = mla_post_fused() ? mla_post_kernel(b, q, NULL, 0, kv_a, width, L, p)
 					       : mla_post_op_by_op(b, q, kv_a, L, p);

@@ -74,26 +74,6 @@ int k_cuda_linear_supports(enum k_cuda_linear_kind kind, const float *x, const u
 int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind, float *y,
 			   const float *x, const uint16_t *w, int M, int N, int K, int accumulate);
 
-/* What k_cuda_linear_norm returns where it launched nothing: the caller runs the norm
- * (k_cuda_rmsnorm) and then k_cuda_linear. */
-#define K_CUDA_LINEAR_NORM_NOT_TAKEN 1
-
-/* y (M, N) = rmsnorm(x) @ w^T (+= with accumulate) in one launch, where k_cuda_linear
- * would run the GEMV for (out, w, M, N, K) and K suits the fold (1024 < K <= 8192): the
- * GEMV normalises x (M, K) itself, rmsnorm(x) = norm_w (K) * (x * rs), and writes the
- * normalised rows to out (M, K) as well, with the same bits as k_cuda_rmsnorm(out, K,
- * x, K, norm_w, M, K, eps) followed by k_cuda_linear(y, out, ...). out must not overlap
- * x, y or w; kernels queued after see out (they wait for this one, as for y). Returns
- * 0, K_CUDA_LINEAR_NORM_NOT_TAKEN (nothing queued), -EINVAL or -EIO. */
-int k_cuda_linear_norm(struct k_cuda_linear *ctx, float *y, const float *x, const float *norm_w,
-		       float eps, float *out, const uint16_t *w, int M, int N, int K,
-		       int accumulate);
-/* The same with the GEMV forced at M <= 2 whatever the pick (tests, benchmarks);
- * -EINVAL where the fold cannot run these sizes or pointers. */
-int k_cuda_linear_norm_gemv(struct k_cuda_linear *ctx, float *y, const float *x,
-			    const float *norm_w, float eps, float *out, const uint16_t *w, int M,
-			    int N, int K, int accumulate);
-
 /* Producers that can write their output x (M, K) in bf16 as well spare the next call
  * its rounding pass: they write bf16(x), row-major (M, K), into the scratch that
  * k_cuda_linear_x_scratch returns (NULL where M, K exceed the context), then call

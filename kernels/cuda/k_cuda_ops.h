@@ -29,10 +29,7 @@ int k_cuda_embed(cudaStream_t s, float *out /* (n, dim) */, const int32_t *ids /
 
 /* out = x / sqrt(mean(x^2) + eps) * w over each row of dim values; rows are x_stride /
  * out_stride floats apart. In place (out == x, equal strides) is allowed; otherwise
- * out and x must not overlap. Sum of squares in fp64 like k_cpu_rmsnorm.
- * KDEC_RMSNORM_EARLY=1 (this and the two below, dim <= 8192): w is read before the PDL
- * wait, so it must be a constant that no kernel still running writes (a weight);
- * the output bits are the same either way. */
+ * out and x must not overlap. Sum of squares in fp64 like k_cpu_rmsnorm. */
 int k_cuda_rmsnorm(cudaStream_t s, float *out, int out_stride, const float *x, int x_stride,
 		   const float *w /* (dim) */, int rows, int dim, float eps);
 

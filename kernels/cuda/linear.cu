@@ -378,44 +378,6 @@ extern "C" int k_cuda_linear(struct k_cuda_linear *ctx, float *y, const float *x
 				      accumulate);
 }
 
-static bool lin_apart(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
-{
-	return (uintptr_t)a + a_bytes <= (uintptr_t)b || (uintptr_t)b + b_bytes <= (uintptr_t)a;
-}
-
-// The fold needs the GEMV's alignment for x (read by 4) and w, a K the norm's block
-// form covers, and x, out and y apart: CTAs write out and y while the others read x.
-static bool lin_norm_ok(const struct k_cuda_linear *ctx, const float *y, const float *x,
-			const float *norm_w, const float *out, const uint16_t *w, int M, int N,
-			int K)
-{
-	const size_t xs = (size_t)M * K * sizeof(float), ys = (size_t)M * N * sizeof(float);
-
-	return lin_args_ok(ctx, y, x, w, M, N, K) && norm_w && out && M <= 2 &&
-	       K >= LIN_NORM_MIN_K && K <= LIN_NORM_MAX_K && lin_vec_ok(x, w, K) &&
-	       lin_apart(x, xs, out, xs) && lin_apart(y, ys, x, xs) && lin_apart(y, ys, out, xs);
-}
-
-extern "C" int k_cuda_linear_norm_gemv(struct k_cuda_linear *ctx, float *y, const float *x,
-				       const float *norm_w, float eps, float *out,
-				       const uint16_t *w, int M, int N, int K, int accumulate)
-{
-	if (!lin_norm_ok(ctx, y, x, norm_w, out, w, M, N, K))
-		return -EINVAL;
-	ctx->ready_x = nullptr;		// as any call: the mark is good for one
-	return k_cuda_lin_gemv_norm(ctx, y, x, norm_w, eps, out, w, M, N, K, accumulate != 0);
-}
-
-extern "C" int k_cuda_linear_norm(struct k_cuda_linear *ctx, float *y, const float *x,
-				  const float *norm_w, float eps, float *out, const uint16_t *w,
-				  int M, int N, int K, int accumulate)
-{
-	if (!lin_norm_ok(ctx, y, x, norm_w, out, w, M, N, K) ||
-	    k_cuda_linear_choose(out, w, M, N, K) != K_CUDA_LINEAR_GEMV)
-		return K_CUDA_LINEAR_NORM_NOT_TAKEN;
-	return k_cuda_linear_norm_gemv(ctx, y, x, norm_w, eps, out, w, M, N, K, accumulate);
-}
-
 /* misaligned x or w (or K % 8): the kernel that takes any. cuBLAS too, though it
  * accepts any alignment: fed x one float off 16 bytes (test_cuda_linear), cuBLAS at
  * N = 40000, K = 256 gave 0.42 relative error on H200 and is not used so. */

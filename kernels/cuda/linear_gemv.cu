@@ -1,6 +1,5 @@
 // The CUDA-core linear kernels: the GEMV for M <= 2 (fp32 x, weights streamed in 16-byte
-// loads), its form with the RMSNorm of x folded in, the scalar fallback for any shape,
-// and the fp32 -> bf16 rounding of x for cuBLAS.
+// loads), the scalar fallback for any shape, and the fp32 -> bf16 rounding of x for cuBLAS.
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -154,156 +153,6 @@ gemv_kernel(float *y, const float *x, const uint16_t *__restrict__ w, int M, int
 	}
 }
 
-// ---- the GEMV with the RMSNorm of its x folded in ------------------------------
-//
-// y = W . (rmsnorm(x) * nw) at M <= 2: the norm's launch and its round trip through
-// global memory go; every CTA normalises the (8-32 KB) x rows itself from L2 into shared
-// memory while its first weight batch is in flight. The arithmetic is rmsnorm.cu's
-// block form (rmsnorm_block_kernel, RMSNORM_THREADS = 256, dims above 1024) operation
-// for operation, so h and y come out with the same bits as rmsnorm + gemv_kernel:
-// element i's square goes to virtual thread i % 256 in increasing i, in fp64; each
-// virtual warp's sums meet in the same xor tree; the 8 warp sums are added in order;
-// rs = 1 / sqrtf((float)(ss / dim) + eps); o = nw * (x * rs), each product rounded.
-
-#define GEMV_NORM_VT	256	/* rmsnorm.cu's RMSNORM_THREADS: the sum's partition */
-#define GEMV_NORM_VPT	(GEMV_NORM_VT / (GEMV_WARPS * 32))	/* virtual threads a thread */
-
-static __device__ __forceinline__ double gemv_warp_sum_d(double v)
-{
-	for (int o = 16; o > 0; o >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, o);
-	return v;
-}
-
-// Rows 0 .. mn-1 (at most MT) of x, normalised into xs (MT, K); also into out (same
-// layout) where out is set. part: (MT, 8) scratch. Ends with a barrier: xs is ready.
-template <int MT>
-static __device__ __forceinline__ void gemv_norm_rows(float *xs, double (*part)[GEMV_NORM_VT / 32],
-						      const float *x, const float *nw, float eps,
-						      float *out, int mn, int K)
-{
-	const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-
-#pragma unroll
-	for (int m = 0; m < MT; m++) {
-		if (m >= mn)
-			break;
-#pragma unroll
-		for (int j = 0; j < GEMV_NORM_VPT; j++) {
-			const int vt = t + j * GEMV_WARPS * 32;
-			double ss = 0.0;
-
-#pragma unroll 8	// the loads of 8 elements in flight at once; the sum stays in order
-			for (int i = vt; i < K; i += GEMV_NORM_VT) {
-				const float v = x[(size_t)m * K + i];
-
-				ss += (double)v * (double)v;
-			}
-			ss = gemv_warp_sum_d(ss);
-			if (lane == 0)
-				part[m][warp + j * GEMV_WARPS] = ss;
-		}
-	}
-	__syncthreads();
-#pragma unroll
-	for (int m = 0; m < MT; m++) {
-		double ss = 0.0;
-		float rs;
-
-		if (m >= mn)
-			break;
-		for (int i = 0; i < GEMV_NORM_VT / 32; i++)	// same order in every thread
-			ss += part[m][i];
-		rs = 1.0f / sqrtf((float)(ss / K) + eps);
-#pragma unroll 4
-		for (int i = t; i < K; i += GEMV_WARPS * 32) {
-			const float o = __fmul_rn(nw[i], __fmul_rn(x[(size_t)m * K + i], rs));
-
-			xs[(size_t)m * K + i] = o;
-			if (out)
-				out[(size_t)m * K + i] = o;
-		}
-	}
-	__syncthreads();
-}
-
-// gemv_kernel's warps, rows and loads, with x = the norm of x_raw's rows m0 .. m0+MT-1
-// from shared memory (dynamic: MT * K floats). Warps past N stay for the barriers and
-// load nothing. CTAs of blockIdx.x == 0 also write the normalised rows to out (M, K),
-// which no CTA of this grid reads: kernels after it see them through their PDL wait.
-template <int MT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_norm_kernel(float *y, const float *x_raw, const float *nw, float eps, float *out,
-		 const uint16_t *__restrict__ w, int M, int N, int K, int accumulate, int pdl)
-{
-	extern __shared__ float4 gemv_xs4[];
-	__shared__ double part[MT][GEMV_NORM_VT / 32];
-	float *xs = (float *)gemv_xs4;
-	const int lane = threadIdx.x & 31;
-	const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_ROWS;
-	const int m0 = blockIdx.y * MT;
-	const int nc = K >> 3;
-	const uint16_t *wr[GEMV_ROWS];
-	bool rok[GEMV_ROWS];
-	float acc[2][GEMV_ROWS][MT];
-	uint4 wv[GEMV_U][GEMV_ROWS];
-
-#pragma unroll
-	for (int r = 0; r < GEMV_ROWS; r++) {
-		rok[r] = row0 + r < N;
-		wr[r] = w + (size_t)(rok[r] ? row0 + r : 0) * K;
-#pragma unroll
-		for (int m = 0; m < MT; m++)
-			acc[0][r][m] = acc[1][r][m] = 0.f;
-	}
-	if (k_cuda_lin_early_cta(pdl)) {	// constants: weights and norm weights
-#pragma unroll
-		for (int u = 0; u < GEMV_U * GEMV_PREFETCH; u++) {
-			int c = u * 32 + lane;
-
-#pragma unroll
-			for (int r = 0; r < GEMV_ROWS; r++)
-				if (c < nc && rok[r])
-					k_cuda_lin_prefetch(wr[r] + c * 8);
-		}
-		for (int i = threadIdx.x * 32; i < K; i += GEMV_WARPS * 32 * 32)
-			k_cuda_lin_prefetch(nw + i);
-	}
-	k_cuda_lin_inputs_ready(pdl);
-	// the first weight batch in flight while the norm runs
-#pragma unroll
-	for (int u = 0; u < GEMV_U; u++)
-		gemv_load(wv[u], wr, rok, u * 32 + lane, nc);
-	gemv_norm_rows<MT>(xs, part, x_raw + (size_t)m0 * K, nw, eps,
-			   blockIdx.x == 0 && out ? out + (size_t)m0 * K : nullptr, M - m0, K);
-	for (int c0 = 0; c0 < nc; c0 += 32 * GEMV_U) {
-		const bool more = c0 + 32 * GEMV_U < nc;
-
-#pragma unroll
-		for (int u = 0; u < GEMV_U; u++) {
-			const int c = c0 + u * 32 + lane;
-
-			if (c < nc)
-				gemv_fma<MT>(acc[u & 1], wv[u], xs, 0, M - m0, K, c);
-			if (more)
-				gemv_load(wv[u], wr, rok, c + 32 * GEMV_U, nc);
-		}
-	}
-#pragma unroll
-	for (int r = 0; r < GEMV_ROWS; r++) {
-#pragma unroll
-		for (int m = 0; m < MT; m++) {
-			float v = lin_warp_sum(acc[0][r][m] + acc[1][r][m]);
-
-			if (lane == 0 && rok[r] && m0 + m < M) {
-				float *p = y + (size_t)(m0 + m) * N + row0 + r;
-
-				*p = accumulate ? *p + v : v;
-			}
-		}
-	}
-}
-
 // One warp per output y[m, n]: lane l sums k = l, l + 32, ...; any K, any alignment.
 __global__ void __launch_bounds__(GENERIC_WARPS * 32)
 generic_kernel(float *y, const float *x, const uint16_t *__restrict__ w, int M, int N, int K,
@@ -407,37 +256,6 @@ int k_cuda_lin_gemv(const struct k_cuda_linear *ctx, float *y, const float *x,
 	return gemv_launch<2>(ctx, y, x, w, M, N, K, accumulate);
 }
 
-// The norm form's shared memory past the 48 KB default (2 rows of LIN_NORM_MAX_K), and
-// its CTAs resident at once per KB of shared memory they take (rounded up: a lower
-// bound), the ones that start early and prefetch (PDL). Tabled here, as a query at the
-// first launch of a K could fall inside a graph capture.
-static int gemv_norm_setup(struct k_cuda_linear *ctx)
-{
-	const int smem = 2 * LIN_NORM_MAX_K * (int)sizeof(float);
-	int ret;
-
-	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(gemv_norm_kernel<1>,
-					 cudaFuncAttributeMaxDynamicSharedMemorySize, smem / 2));
-	if (!ret)
-		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(gemv_norm_kernel<2>,
-					 cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-	for (int kb = 0; !ret && kb <= LIN_NORM_SMEM_KB; kb++) {
-		int b1 = 0, b2 = 0;
-
-		if (kb * 2 <= LIN_NORM_SMEM_KB)
-			ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-							 &b1, gemv_norm_kernel<1>, GEMV_WARPS * 32,
-							 (size_t)kb << 10));
-		if (!ret)
-			ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-							 &b2, gemv_norm_kernel<2>, GEMV_WARPS * 32,
-							 (size_t)kb << 10));
-		ctx->gemv_norm_res[0][kb] = b1 * ctx->n_sm;
-		ctx->gemv_norm_res[1][kb] = b2 * ctx->n_sm;
-	}
-	return ret;
-}
-
 int k_cuda_lin_gemv_setup(struct k_cuda_linear *ctx)
 {
 	int b1 = 0, b2 = 0, ret;
@@ -448,37 +266,7 @@ int k_cuda_lin_gemv_setup(struct k_cuda_linear *ctx)
 		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
 						 &b2, gemv_kernel<2>, GEMV_WARPS * 32, 0));
 	ctx->gemv_resident = (b1 < b2 ? b1 : b2) * ctx->n_sm;
-	return ret ? ret : gemv_norm_setup(ctx);
-}
-
-int k_cuda_lin_gemv_norm(const struct k_cuda_linear *ctx, float *y, const float *x,
-			 const float *norm_w, float eps, float *out, const uint16_t *w, int M,
-			 int N, int K, int accumulate)
-{
-	const int rows_per_cta = GEMV_WARPS * GEMV_ROWS;
-	const dim3 grid((N + rows_per_cta - 1) / rows_per_cta, 1);
-	const int smem = M * K * (int)sizeof(float);
-	cudaLaunchConfig_t cfg = {};
-	cudaLaunchAttribute attr[1] = {};
-	int pdl;
-
-	if (M < 1 || M > 2 || K > LIN_NORM_MAX_K)
-		return -EINVAL;
-	// pdl != 0 is also what makes the kernel wait for its inputs: at least 1 with PDL
-	pdl = ctx->pdl ? ctx->gemv_norm_res[M - 1][(smem + 1023) >> 10] : 0;
-	if (ctx->pdl && pdl < 1)
-		pdl = 1;
-	cfg.gridDim = grid;
-	cfg.blockDim = dim3(GEMV_WARPS * 32, 1, 1);
-	cfg.dynamicSmemBytes = smem;
-	cfg.stream = ctx->stream;
-	cfg.attrs = attr;
-	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
-	return k_cuda_lin_check(M == 1 ? cudaLaunchKernelEx(&cfg, gemv_norm_kernel<1>, y, x, norm_w,
-							     eps, out, w, M, N, K, accumulate, pdl)
-				       : cudaLaunchKernelEx(&cfg, gemv_norm_kernel<2>, y, x, norm_w,
-							     eps, out, w, M, N, K, accumulate, pdl),
-				"gemv_norm_kernel", __FILE__, __LINE__, ctx->dev);
+	return ret;
 }
 
 int k_cuda_lin_generic(const struct k_cuda_linear *ctx, float *y, const float *x,

@@ -29,12 +29,6 @@
  * memory) or, with ctx->wg_cluster = 0, over the streaming kernel's split workspace and
  * counters. */
 #define LIN_WG_N_NT		3
-/* Widest x the GEMV with the norm folded in takes: 2 rows of it in shared memory. */
-#define LIN_NORM_MAX_K		8192
-#define LIN_NORM_SMEM_KB	(2 * LIN_NORM_MAX_K * 4 / 1024)
-/* Narrowest x it takes: rmsnorm.cu runs norms up to 1024 wide one warp a row
- * (RMSNORM_WARP_MAX_DIM), another sum order; the fold follows the block form's. */
-#define LIN_NORM_MIN_K		1025
 /* cuBLAS workspace: what NVIDIA recommends for Hopper. */
 #define LIN_BLAS_WS_BYTES	((size_t)32 << 20)
 /* cuBLASLt tuning: calls of M <= 64 rows, at most this many shapes per context. */
@@ -54,8 +48,6 @@ struct k_cuda_linear {
 	 * (index 1..LIN_SK_MAX_SPLIT; 0 where that cluster size cannot launch) */
 	int sk_cap[LIN_SK_N_MT][LIN_SK_MAX_SPLIT + 1];
 	int gemv_resident;		/* GEMV CTAs resident at once */
-	/* GEMV-with-norm CTAs resident at once, M = 1, 2, by KB of shared memory each */
-	int gemv_norm_res[2][LIN_NORM_SMEM_KB + 1];
 	int st_cap[LIN_ST_N_NT];	/* streaming-kernel CTAs resident at once */
 	/* wgmma CTAs resident at once per instantiation (128 or 256 rows, n8 tiles): alone
 	 * (index 1) and in clusters of S (2..LIN_ST_MAX_SPLIT; 0 where that cluster size
@@ -86,15 +78,10 @@ int k_cuda_lin_check(cudaError_t e, const char *call, const char *file, int line
 #define LIN_LAUNCHED(dev, what) \
 	k_cuda_lin_check(cudaGetLastError(), what, __FILE__, __LINE__, (dev))
 
-/* ctx->gemv_resident, the norm form's shared memory; once, by k_cuda_linear_create. */
+/* ctx->gemv_resident; called once by k_cuda_linear_create. */
 int k_cuda_lin_gemv_setup(struct k_cuda_linear *ctx);
 int k_cuda_lin_gemv(const struct k_cuda_linear *ctx, float *y, const float *x,
 		    const uint16_t *w, int M, int N, int K, int accumulate);
-/* y (M <= 2, N) = rmsnorm(x, norm_w, eps) @ w^T (+= with accumulate); the normalised
- * rows also into out (M, K) unless NULL. out must not overlap x, y or w. */
-int k_cuda_lin_gemv_norm(const struct k_cuda_linear *ctx, float *y, const float *x,
-			 const float *norm_w, float eps, float *out, const uint16_t *w, int M,
-			 int N, int K, int accumulate);
 int k_cuda_lin_generic(const struct k_cuda_linear *ctx, float *y, const float *x,
 		       const uint16_t *w, int M, int N, int K, int accumulate);
 /* dst (n) bf16 = src (n) fp32, rounded to nearest even. */

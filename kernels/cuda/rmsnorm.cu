@@ -118,66 +118,19 @@ __device__ __forceinline__ void regs_scale(float *out, uint16_t *ob, const float
 		}
 }
 
-// The early form (KDEC_RMSNORM_EARLY=1): the norm weights are constants of the model,
-// written by no kernel of a step, so each thread loads its PER values of w into
-// registers BEFORE the PDL wait, while the kernel before this one drains; the old form
-// loads them after the block reduction, one more dependent memory round trip (HBM: w
-// of a layer is long out of L2) on the critical path. Same elements per thread, same
-// fp64 sum order and the same rounded operations as regs_scale: the same bits.
-template <int PER>
-__device__ __forceinline__ void regs_w_early(float (&wv)[PER], const float *w, int dim, int lane,
-					     int step)
-{
-#pragma unroll
-	for (int k = 0; k < PER; k++)
-		wv[k] = lane + k * step < dim ? __ldg(w + lane + k * step) : 0.0f;
-}
-
-template <int PER>
-__device__ __forceinline__ void regs_scale_w(float *out, uint16_t *ob, const float (&v)[PER],
-					     const float (&wv)[PER], int dim, float rs, int lane,
-					     int step)
-{
-#pragma unroll
-	for (int k = 0; k < PER; k++)
-		if (lane + k * step < dim) {
-			const float o = __fmul_rn(wv[k], __fmul_rn(v[k], rs));
-
-			out[lane + k * step] = o;
-			if (ob)
-				ob[lane + k * step] = bf16_bits(o);
-		}
-}
-
-// row_rs without the fp64 divide's dependent steps after the reduction where dim is a
-// power of two (2048, 4096, ...): 1 / dim = 2^-k is then exact, built from its exponent
-// bits, and ss * 2^-k is the same correctly rounded value as ss / dim.
-__device__ __forceinline__ float row_rs_pow2(double ss, int dim, float eps)
-{
-	const double inv = __longlong_as_double((long long)(1023 - (__ffs(dim) - 1)) << 52);
-	float var = (float)((dim & (dim - 1)) == 0 ? ss * inv : ss / dim);
-
-	return 1.0f / sqrtf(var + eps);
-}
-
 // One warp per row. r (fused form) has x's stride. x is written only when r is set.
 // PER > 0: dim <= 32 * PER, values in registers; PER == 0: any dim, two loops.
-// EARLY (PER > 0 only): w loaded before the PDL wait (regs_w_early).
-template <int PER, bool EARLY>
+template <int PER>
 __global__ void rmsnorm_warp_kernel(float *out, int out_stride, float *x, int x_stride,
 				    const float *r, const float *w, int rows, int dim, float eps,
 				    uint16_t *ob)
 {
-	static_assert(!EARLY || PER > 0, "the early form holds w in registers");
 	int row = blockIdx.x * RMSNORM_ROWS_PER_CTA + threadIdx.x / 32;
 	int lane = threadIdx.x % 32;
-	float wv[EARLY ? PER : 1];
 	const float *rr;
 	float *xr;
 	double ss;
 
-	if constexpr (EARLY)
-		regs_w_early<PER>(wv, w, dim, lane, 32);
 	k_cuda_pdl_wait();
 	if (row >= rows)
 		return;
@@ -189,12 +142,8 @@ __global__ void rmsnorm_warp_kernel(float *out, int out_stride, float *x, int x_
 		float v[PER > 0 ? PER : 1];
 
 		ss = warp_sum_d(regs_sumsq<PER>(v, xr, rr, dim, lane, 32));
-		if constexpr (EARLY)
-			regs_scale_w<PER>(out + (size_t)row * out_stride, ob, v, wv, dim,
-					  row_rs_pow2(ss, dim, eps), lane, 32);
-		else
-			regs_scale<PER>(out + (size_t)row * out_stride, ob, v, w, dim,
-					row_rs(ss, dim, eps), lane, 32);
+		regs_scale<PER>(out + (size_t)row * out_stride, ob, v, w, dim, row_rs(ss, dim, eps),
+				lane, 32);
 	} else {
 		ss = warp_sum_d(row_sumsq(xr, rr, dim, lane, 32));
 		row_scale(out + (size_t)row * out_stride, ob, xr, w, dim, row_rs(ss, dim, eps), lane,
@@ -202,25 +151,21 @@ __global__ void rmsnorm_warp_kernel(float *out, int out_stride, float *x, int x_
 	}
 }
 
-// One block per row; PER and EARLY as in the warp kernel, with RMSNORM_THREADS for 32.
+// One block per row; PER as in the warp kernel, with RMSNORM_THREADS for 32.
 // The reduction is already the shortest chain for the fixed order: one shuffle tree,
 // one shared-memory step, then the warps' sums in order in every thread.
-template <int PER, bool EARLY>
+template <int PER>
 __global__ void __launch_bounds__(RMSNORM_THREADS)
 rmsnorm_block_kernel(float *out, int out_stride, float *x, int x_stride, const float *r,
 		     const float *w, int dim, float eps, uint16_t *ob)
 {
-	static_assert(!EARLY || PER > 0, "the early form holds w in registers");
 	__shared__ double part[RMSNORM_THREADS / 32];
 	int row = blockIdx.x, t = threadIdx.x;
 	float *xr = x + (size_t)row * x_stride;
 	const float *rr = r ? r + (size_t)row * x_stride : nullptr;
 	float v[PER > 0 ? PER : 1];
-	float wv[EARLY ? PER : 1];
 	double ss;
 
-	if constexpr (EARLY)
-		regs_w_early<PER>(wv, w, dim, t, RMSNORM_THREADS);
 	k_cuda_pdl_wait();
 	if constexpr (PER > 0)
 		ss = warp_sum_d(regs_sumsq<PER>(v, xr, rr, dim, t, RMSNORM_THREADS));
@@ -234,10 +179,7 @@ rmsnorm_block_kernel(float *out, int out_stride, float *x, int x_stride, const f
 		ss += part[i];
 	if (ob)
 		ob += (size_t)row * dim;
-	if constexpr (EARLY)
-		regs_scale_w<PER>(out + (size_t)row * out_stride, ob, v, wv, dim,
-				  row_rs_pow2(ss, dim, eps), t, RMSNORM_THREADS);
-	else if constexpr (PER > 0)
+	if constexpr (PER > 0)
 		regs_scale<PER>(out + (size_t)row * out_stride, ob, v, w, dim, row_rs(ss, dim, eps),
 				t, RMSNORM_THREADS);
 	else
@@ -254,63 +196,44 @@ static bool rmsnorm_use_warp(int dim)
 	return dim <= RMSNORM_WARP_MAX_DIM;
 }
 
-// KDEC_RMSNORM_EARLY=1: the early form (w before the PDL wait) where the values fit in
-// registers; off by default until a GPU run has timed it. Read at each call: the tests
-// run both.
-static bool rmsnorm_early(void)
-{
-	const char *e = getenv("KDEC_RMSNORM_EARLY");
-
-	return e && e[0] == '1';
-}
-
 typedef void (*rmsnorm_warp_fn)(float *, int, float *, int, const float *, const float *, int,
 				int, float, uint16_t *);
 typedef void (*rmsnorm_block_fn)(float *, int, float *, int, const float *, const float *, int,
 				 float, uint16_t *);
 
 // Values per lane: dim <= 1024, so one of 4, 8, 16, 32.
-static rmsnorm_warp_fn rmsnorm_warp_pick(int dim, bool early)
+static rmsnorm_warp_fn rmsnorm_warp_pick(int dim)
 {
 	const int per = (dim + 31) / 32;
 
-	if (early)
-		return per <= 4 ? rmsnorm_warp_kernel<4, true>
-		       : per <= 8 ? rmsnorm_warp_kernel<8, true>
-		       : per <= 16 ? rmsnorm_warp_kernel<16, true> : rmsnorm_warp_kernel<32, true>;
-	return per <= 4 ? rmsnorm_warp_kernel<4, false>
-	       : per <= 8 ? rmsnorm_warp_kernel<8, false>
-	       : per <= 16 ? rmsnorm_warp_kernel<16, false> : rmsnorm_warp_kernel<32, false>;
+	return per <= 4 ? rmsnorm_warp_kernel<4>
+	       : per <= 8 ? rmsnorm_warp_kernel<8>
+	       : per <= 16 ? rmsnorm_warp_kernel<16> : rmsnorm_warp_kernel<32>;
 }
 
-// Values per thread: past 32 (dim > 8192) the two-loop form, which has no early one.
-static rmsnorm_block_fn rmsnorm_block_pick(int dim, bool early)
+// Values per thread: past 32 (dim > 8192) the two-loop form.
+static rmsnorm_block_fn rmsnorm_block_pick(int dim)
 {
 	const int per = (dim + RMSNORM_THREADS - 1) / RMSNORM_THREADS;
 
-	if (early && per <= 32)
-		return per <= 8 ? rmsnorm_block_kernel<8, true>
-		       : per <= 16 ? rmsnorm_block_kernel<16, true> : rmsnorm_block_kernel<32, true>;
-	return per <= 8 ? rmsnorm_block_kernel<8, false>
-	       : per <= 16 ? rmsnorm_block_kernel<16, false>
-	       : per <= 32 ? rmsnorm_block_kernel<32, false> : rmsnorm_block_kernel<0, false>;
+	return per <= 8 ? rmsnorm_block_kernel<8>
+	       : per <= 16 ? rmsnorm_block_kernel<16>
+	       : per <= 32 ? rmsnorm_block_kernel<32> : rmsnorm_block_kernel<0>;
 }
 
 static int rmsnorm_launch(cudaStream_t s, float *out, int out_stride, float *x, int x_stride,
 			  const float *r, const float *w, int rows, int dim, float eps, uint16_t *ob)
 {
-	const bool early = rmsnorm_early();
-
 	if (rows < 0 || dim <= 0 || out_stride < dim || x_stride < dim)
 		return -EINVAL;
 	if (rows == 0)
 		return 0;
 	if (rmsnorm_use_warp(dim))
 		k_cuda_launch_pdl(s, (rows + RMSNORM_ROWS_PER_CTA - 1) / RMSNORM_ROWS_PER_CTA,
-				  RMSNORM_ROWS_PER_CTA * 32, 0, rmsnorm_warp_pick(dim, early), out,
+				  RMSNORM_ROWS_PER_CTA * 32, 0, rmsnorm_warp_pick(dim), out,
 				  out_stride, x, x_stride, r, w, rows, dim, eps, ob);
 	else
-		k_cuda_launch_pdl(s, rows, RMSNORM_THREADS, 0, rmsnorm_block_pick(dim, early), out,
+		k_cuda_launch_pdl(s, rows, RMSNORM_THREADS, 0, rmsnorm_block_pick(dim), out,
 				  out_stride, x, x_stride, r, w, dim, eps, ob);
 	return K_CUDA_LAUNCHED(r ? "add_rmsnorm" : "rmsnorm");
 }
