@@ -83,10 +83,11 @@ static int group_linear(struct backend_cuda *b, float *y, const float *x,
 	return ret;
 }
 
-/* In a decode step qkv_prep leaves qkv_post's work to attn_gqa's attention launch
- * (k_cuda_attn_gqa_qkv): one launch boundary fewer a layer, the new K/V row appended
- * by the attention block that reads it. KDEC_QKV_IN_ATTN=0 returns the qkv_post
- * launch. Read once. */
+/* In a decode step qkv_prep leaves qkv_post's work to attn_gqa (k_cuda_attn_gqa_qkv),
+ * which does it in the attention launch where the rows take one split (one launch
+ * boundary fewer a layer, the new K/V row appended by the block that reads it) and
+ * launches qkv_post first elsewhere. KDEC_QKV_IN_ATTN=0 launches qkv_post here, as
+ * before. Read once. */
 static int qkv_in_attn(void)
 {
 	static int on = -1;

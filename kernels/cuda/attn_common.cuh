@@ -230,6 +230,9 @@ int attn_mma_prepare(int smem_optin);
 // attn_mma_post_usable: whether a compiled shape runs a's rows that way (GQA, group
 // <= 16, the attn_mma_usable conditions).
 int attn_mma_post_usable(const attn_tile_args *a);
+// The splits attn_mma_launch_post would run a's rows with (0 where it cannot).
+int attn_mma_post_splits(const k_cuda_attn_ws *ws, const attn_tile_args *a, int max_ctx,
+			 int forced_splits);
 int attn_mma_launch_post(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a,
 			 int max_ctx, uint16_t *out_bf16, int forced_splits,
 			 const struct k_cuda_qkv_args *post);

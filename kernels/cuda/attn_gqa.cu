@@ -446,13 +446,21 @@ extern "C" int k_cuda_attn_gqa_bf16(cudaStream_t s, struct k_cuda_attn_ws *ws, f
 	return ret ? ret : out_bf16 != nullptr;
 }
 
-// KDEC_QKV_IN_ATTN=0: k_cuda_attn_gqa_qkv launches qkv_post, then the attention (read
-// at each call: test_cuda_attn runs both and compares the bits).
-static bool qkv_in_attn(void)
+// Whether k_cuda_attn_gqa_qkv folds qkv_post into the attention launch that runs
+// `splits` splits. Where the rows take one split (Llama-3.1-8B at batch 64: 512 items
+// on 528 slots), every block appends its own row and none waits on another: on H200
+// the step took 7.127 ms against 7.219 with the qkv_post launch. With more splits only
+// the last split's block does that work, after its wait, and it is the straggler:
+// Llama batch 1 4.606 against 4.535 ms, Qwen3-8B batch 64 (2 splits) 7.665 against
+// 7.611, so those keep the launch. KDEC_QKV_IN_ATTN=0 never folds, =1 folds at any
+// split count (read at each call: test_cuda_attn runs both and compares the bits).
+static bool qkv_in_attn(int splits)
 {
 	const char *e = getenv("KDEC_QKV_IN_ATTN");
 
-	return !(e && e[0] == '0');
+	if (e && e[0] == '0')
+		return false;
+	return (e && e[0] == '1') || splits == 1;
 }
 
 // qkv_post's arguments that the folded launch handles (those k_cuda_qkv_post accepts).
@@ -471,15 +479,16 @@ extern "C" int k_cuda_attn_gqa_qkv(cudaStream_t s, struct k_cuda_attn_ws *ws, fl
 	const int seqs = rows->n_seqs > 0 ? rows->n_seqs : rows->n_rows;
 	int ret;
 
-	if (qkv_in_attn() && rows->n_rows == post->rows && seqs == rows->n_rows &&
-	    rows->n_rows > 0 && qkv_args_ok(post) && KV >= 1 && H % KV == 0 && hd <= 256 &&
+	if (rows->n_rows == post->rows && seqs == rows->n_rows && rows->n_rows > 0 &&
+	    qkv_args_ok(post) && KV >= 1 && H % KV == 0 && hd <= 256 &&
 	    !attn_check_rows("k_cuda_attn_gqa_qkv", ws, rows, block_tokens, H, hd)) {
 		attn_tile_args a = gqa_args(ws, out, post->q_src, post->k_cache, post->v_cache,
 					    block_tokens, rows, H, KV, hd,
 					    scale * 1.4426950408889634f);
 
 		a.q_rs = post->q_rs;
-		if (attn_mma_post_usable(&a)) {
+		if (attn_mma_post_usable(&a) &&
+		    qkv_in_attn(attn_mma_post_splits(ws, &a, rows->max_ctx, dec_forced_splits()))) {
 			ret = attn_mma_launch_post(s, ws, &a, rows->max_ctx, out_bf16,
 						   dec_forced_splits(), post);
 			return ret ? ret : out_bf16 != nullptr;

@@ -930,6 +930,22 @@ static int mma_early_enabled(void)
 	return !(e && e[0] == '0');
 }
 
+// The splits mma_run takes for a on shape sh: one wave of resident blocks (see
+// mma_pick_splits), or forced_splits where the workspace holds them.
+static int mma_splits_of(const k_cuda_attn_ws *ws, const attn_tile_args *a, const mma_shape *sh,
+			 int max_ctx, int forced_splits)
+{
+	const int n_hc = attn_cdiv(a->group, MMA_Q);
+	const size_t part = (size_t)a->n_rows * a->n_heads * a->dv;
+	const size_t lse = (size_t)a->n_rows * a->n_heads;
+
+	if (forced_splits > 0 && (size_t)forced_splits * part <= ws->part_floats &&
+	    (size_t)forced_splits * lse <= ws->lse_floats && forced_splits <= ATTN_MAX_SPLITS)
+		return forced_splits;
+	return mma_pick_splits(ws, (long)a->n_rows * a->kv_heads * n_hc,
+			       (long)sh->per_sm * ws->n_sm, max_ctx, part, lse);
+}
+
 // fold: GQA (attn_mma_launch) may let the last split merge and issue its first copies
 // before the PDL wait; a->arrive is set here either way, a->early too but for MLA
 // (attn_mma_run, no v), where its caller sets it: the cache append is in the launch
@@ -942,18 +958,12 @@ static int mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, 
 	const mma_shape *sh = mma_find(a->dk, a->dv, a->v != nullptr, post != nullptr);
 	const k_cuda_qkv_args none = {};
 	const int n_hc = attn_cdiv(a->group, MMA_Q);
-	const size_t part = (size_t)a->n_rows * a->n_heads * a->dv;
-	const size_t lse = (size_t)a->n_rows * a->n_heads;
 	dim3 grid;
 
 	if (!sh || !a->vec || !mma_q_ok(a))
 		ATTN_INVAL("attn_mma_launch: dk %d dv %d not compiled, or not 16-byte aligned",
 			   a->dk, a->dv);
-	a->n_splits = mma_pick_splits(ws, (long)a->n_rows * a->kv_heads * n_hc,
-				      (long)sh->per_sm * ws->n_sm, max_ctx, part, lse);
-	if (forced_splits > 0 && (size_t)forced_splits * part <= ws->part_floats &&
-	    (size_t)forced_splits * lse <= ws->lse_floats && forced_splits <= ATTN_MAX_SPLITS)
-		a->n_splits = forced_splits;
+	a->n_splits = mma_splits_of(ws, a, sh, max_ctx, forced_splits);
 	grid = dim3(a->kv_heads * n_hc, a->n_splits, a->n_rows);
 	a->early = fold ? mma_early_enabled() : !a->v && a->early;	// MLA: its caller's
 	a->arrive = nullptr;
@@ -977,6 +987,14 @@ int attn_mma_post_usable(const attn_tile_args *a)
 {
 	return a->vec && mma_q_ok(a) && a->group <= MMA_Q && a->v &&
 	       mma_find(a->dk, a->dv, true, true) != nullptr;
+}
+
+int attn_mma_post_splits(const k_cuda_attn_ws *ws, const attn_tile_args *a, int max_ctx,
+			 int forced_splits)
+{
+	const mma_shape *sh = attn_mma_post_usable(a) ? mma_find(a->dk, a->dv, true, true) : nullptr;
+
+	return sh ? mma_splits_of(ws, a, sh, max_ctx, forced_splits) : 0;
 }
 
 int attn_mma_launch_post(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a,
