@@ -14,6 +14,18 @@
 #include "kernels/cuda/k_cuda_linear.h"
 #include "kernels/cuda/k_cuda_ops.h"
 
+/* A switch that is on unless its environment variable starts with '0', read once into
+ * *cache (-1: not read yet). */
+static int env_on_once(int *cache, const char *name)
+{
+	if (*cache < 0) {
+		const char *e = getenv(name);
+
+		*cache = !(e && e[0] == '0');
+	}
+	return *cache;
+}
+
 int cuda_fused_reserve(struct backend_cuda *b, int max_M)
 {
 	const struct model_config *c = &b->m->cfg;
@@ -92,12 +104,7 @@ static int qkv_in_attn(void)
 {
 	static int on = -1;
 
-	if (on < 0) {
-		const char *e = getenv("KDEC_QKV_IN_ATTN");
-
-		on = !(e && e[0] == '0');
-	}
-	return on;
+	return env_on_once(&on, "KDEC_QKV_IN_ATTN");
 }
 
 void cuda_qkv_prep(struct backend *be, float *q, const float *h, const struct model_layer *L,
@@ -152,12 +159,7 @@ static int mla_post_fused(void)
 {
 	static int on = -1;
 
-	if (on < 0) {
-		const char *e = getenv("KDEC_CUDA_MLA_POST");
-
-		on = !(e && e[0] == '0');
-	}
-	return on;
+	return env_on_once(&on, "KDEC_CUDA_MLA_POST");
 }
 
 static int mla_post_op_by_op(struct backend_cuda *b, float *q, float *kv_a,
@@ -186,12 +188,7 @@ static int mla_post_in_absorb(void)
 {
 	static int on = -1;
 
-	if (on < 0) {
-		const char *e = getenv("KDEC_MLA_POST_IN_ABSORB");
-
-		on = !(e && e[0] == '0');
-	}
-	return on;
+	return env_on_once(&on, "KDEC_MLA_POST_IN_ABSORB");
 }
 
 void cuda_mla_post_flush(struct backend_cuda *b)
@@ -262,12 +259,7 @@ static int mla_prep_fused(void)
 {
 	static int on = -1;
 
-	if (on < 0) {
-		const char *e = getenv("KDEC_CUDA_MLA_PREP");
-
-		on = !(e && e[0] == '0');
-	}
-	return on;
+	return env_on_once(&on, "KDEC_CUDA_MLA_PREP");
 }
 
 /* q-LoRA: q = rmsnorm(q_a) @ wq_b^T from the q_a part of the fused rows, through a
@@ -357,12 +349,7 @@ static int down_reads_bf16(int M, int hidden, int inter)
 {
 	static int on = -1;
 
-	if (on < 0) {
-		const char *e = getenv("KDEC_SILU_BF16_ONLY");
-
-		on = !(e && e[0] == '0');
-	}
-	return on && inter % 8 == 0 &&
+	return env_on_once(&on, "KDEC_SILU_BF16_ONLY") && inter % 8 == 0 &&
 	       k_cuda_linear_kind_reads_bf16(k_cuda_linear_pick(M, hidden, inter));
 }
 
