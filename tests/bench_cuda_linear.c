@@ -7,12 +7,7 @@
  * median of SAMPLES samples after warm-up is reported. Bytes = weights + x + y, each
  * once; floor = bytes / 4.25 TB/s (the measured H200 read bandwidth, DEVICE.md).
  * The cuBLAS column includes its x -> bf16 rounding launch: same inputs, same output.
- * The stream column forces the streaming kernel (its x rounding launch included), the
- * wgmma column the wgmma kernel (likewise; KDEC_LINEAR_WGMMA=1 puts it into "pick",
- * off by default, but it has its own column either way) with K splits reduced in
- * cluster shared memory, wg-ws the same with the global-workspace reduction (the
- * previous default), wg256 with clusters at 256 weight rows per CTA, wg-tma and
- * wg256t those two with stages loaded by TMA instead of cp.async.
+ * The stream column forces the streaming kernel (its x rounding launch included).
  * "us" has programmatic dependent launch on (each launch streams its weights while the
  * previous one drains, as kdec's own kernels allow), "us nopdl" has it off: a decode
  * step sees the first where the op before a linear layer triggers early too.
@@ -144,25 +139,6 @@ static double time_us_nopdl(float *y, const float *x, const uint16_t *w, int cop
 	return us;
 }
 
-/* The wgmma kernel with K slices reduced in cluster shared memory (cluster 1) or through
- * the global workspace by the last CTA of each tile (0), at rows weight rows per CTA,
- * stages by TMA (tma 1) or cp.async; then back to the defaults (cluster, 128 rows,
- * cp.async: the wgmma column). */
-static double time_us_wgmma(int cluster, int rows, int tma, float *y, const float *x,
-			    const uint16_t *w, int copies, int M, int N, int K)
-{
-	double us;
-
-	k_cuda_linear_set_wgmma_cluster(lin, cluster);
-	k_cuda_linear_set_wgmma_rows(lin, rows);
-	k_cuda_linear_set_wgmma_tma(lin, tma);
-	us = time_us(K_CUDA_LINEAR_WGMMA, y, x, w, copies, M, N, K);
-	k_cuda_linear_set_wgmma_cluster(lin, 1);
-	k_cuda_linear_set_wgmma_rows(lin, 128);
-	k_cuda_linear_set_wgmma_tma(lin, 0);
-	return us;
-}
-
 /* Random bf16 in [-1, 1) on the host, copied to every device copy. */
 static uint16_t *weights_create(int N, int K, int copies)
 {
@@ -194,8 +170,7 @@ int main(int argc, char **argv)
 	const int *ms = all_ms;
 	int n_ms = N_MS, count = 0, major, minor;
 	double llama_us[N_MS] = { 0 }, llama_cb[N_MS] = { 0 }, llama_floor[N_MS] = { 0 };
-	double llama_st[N_MS] = { 0 }, llama_wg[N_MS] = { 0 }, llama_ws[N_MS] = { 0 };
-	double llama_w2[N_MS] = { 0 }, llama_wt[N_MS] = { 0 }, llama_w2t[N_MS] = { 0 };
+	double llama_st[N_MS] = { 0 };
 	float *x, *y, *hx;
 	char name[128];
 	double gib;
@@ -229,11 +204,9 @@ int main(int argc, char **argv)
 	CUDA_OK(cudaMemcpyAsync(x, hx, sizeof(float) * MAX_M * 16384, cudaMemcpyHostToDevice, stream));
 	CUDA_OK(cudaStreamSynchronize(stream));
 	free(hx);
-	printf("%-17s %6s %5s %2s | %-6s %8s %6s %6s %8s | %8s %6s %6s | %8s %6s | %8s %6s | "
-	       "%8s %6s | %8s %6s | %8s %6s | %8s %6s | %8s %5s | %s\n", "shape", "N", "K", "M",
-	       "pick", "us", "TB/s", "floor%", "us nopdl", "cublas", "TB/s", "floor%", "stream",
-	       "floor%", "wgmma", "floor%", "wg-ws", "floor%", "wg256", "floor%", "wg-tma",
-	       "floor%", "wg256t", "floor%", "floor us", "x cb", "plan");
+	printf("%-17s %6s %5s %2s | %-6s %8s %6s %6s %8s | %8s %6s %6s | %8s %6s | %8s %5s | %s\n",
+	       "shape", "N", "K", "M", "pick", "us", "TB/s", "floor%", "us nopdl", "cublas", "TB/s",
+	       "floor%", "stream", "floor%", "floor us", "x cb", "plan");
 	for (int si = 0; si < N_SHAPES; si++) {
 		const struct shape *s = &shapes[si];
 		size_t wbytes = (size_t)s->N * s->K * 2;
@@ -251,41 +224,20 @@ int main(int argc, char **argv)
 			double us_nopdl = time_us_nopdl(y, x, w, copies, M, s->N, s->K);
 			double cb = time_us(K_CUDA_LINEAR_CUBLAS, y, x, w, copies, M, s->N, s->K);
 			double st = time_us(K_CUDA_LINEAR_STREAM, y, x, w, copies, M, s->N, s->K);
-			double wg = time_us_wgmma(1, 128, 0, y, x, w, copies, M, s->N, s->K);
-			double ws = time_us_wgmma(0, 128, 0, y, x, w, copies, M, s->N, s->K);
-			double w2 = time_us_wgmma(1, 256, 0, y, x, w, copies, M, s->N, s->K);
-			double wt = time_us_wgmma(1, 128, 1, y, x, w, copies, M, s->N, s->K);
-			double w2t = time_us_wgmma(1, 256, 1, y, x, w, copies, M, s->N, s->K);
-			char plan[160], wplan[160], w2plan[160];
+			char plan[160];
 
 			k_cuda_linear_describe(lin, kind, M, s->N, s->K, plan, sizeof(plan));
-			k_cuda_linear_describe(lin, K_CUDA_LINEAR_WGMMA, M, s->N, s->K, wplan,
-					       sizeof(wplan));
-			k_cuda_linear_set_wgmma_rows(lin, 256);
-			k_cuda_linear_describe(lin, K_CUDA_LINEAR_WGMMA, M, s->N, s->K, w2plan,
-					       sizeof(w2plan));
-			k_cuda_linear_set_wgmma_rows(lin, 128);
 			printf("%-17s %6d %5d %2d | %-6s %8.2f %6.2f %5.1f%% %8.2f | %8.2f %6.2f %5.1f%% | "
-			       "%8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.1f%% | "
-			       "%8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.2f | %s; %s; %s\n", s->name, s->N, s->K, M,
-			       k_cuda_linear_kind_name(kind), us, bytes / us / 1e6,
-			       100.0 * floor_us / us, us_nopdl, cb, bytes / cb / 1e6,
-			       100.0 * floor_us / cb, st, 100.0 * floor_us / st, wg,
-			       100.0 * floor_us / wg, ws, 100.0 * floor_us / ws, w2,
-			       100.0 * floor_us / w2, wt, 100.0 * floor_us / wt, w2t,
-			       100.0 * floor_us / w2t, floor_us, cb / us, plan,
-			       kind == K_CUDA_LINEAR_WGMMA ? "" : wplan, w2plan);
+			       "%8.2f %5.1f%% | %8.2f %5.2f | %s\n", s->name, s->N, s->K, M,
+			       k_cuda_linear_kind_name(kind), us, bytes / us / 1e6, 100.0 * floor_us / us,
+			       us_nopdl, cb, bytes / cb / 1e6, 100.0 * floor_us / cb, st,
+			       100.0 * floor_us / st, floor_us, cb / us, plan);
 			for (int a = 0; a < N_MS; a++) {
 				if (all_ms[a] != M || !s->llama_layer)
 					continue;
 				llama_us[a] += us;
 				llama_cb[a] += cb;
 				llama_st[a] += st;
-				llama_wg[a] += wg;
-				llama_ws[a] += ws;
-				llama_w2[a] += w2;
-				llama_wt[a] += wt;
-				llama_w2t[a] += w2t;
 				llama_floor[a] += floor_us;
 			}
 		}
@@ -296,17 +248,11 @@ int main(int argc, char **argv)
 	for (int a = 0; a < N_MS; a++) {
 		if (llama_us[a] == 0)
 			continue;
-		printf("  M=%-2d kdec %8.1f us  cublas %8.1f us  stream %8.1f us  wgmma %8.1f us  "
-		       "wg-ws %8.1f us  wg256 %8.1f us  wg-tma %8.1f us  wg256t %8.1f us  floor "
-		       "%8.1f us  (%.1f%% of floor; cublas %.1f%%, stream %.1f%%, wgmma %.1f%%, "
-		       "wg-ws %.1f%%, wg256 %.1f%%, wg-tma %.1f%%, wg256t %.1f%%)\n", all_ms[a],
-		       32 * llama_us[a], 32 * llama_cb[a], 32 * llama_st[a], 32 * llama_wg[a],
-		       32 * llama_ws[a], 32 * llama_w2[a], 32 * llama_wt[a], 32 * llama_w2t[a],
-		       32 * llama_floor[a], 100.0 * llama_floor[a] / llama_us[a],
-		       100.0 * llama_floor[a] / llama_cb[a], 100.0 * llama_floor[a] / llama_st[a],
-		       100.0 * llama_floor[a] / llama_wg[a], 100.0 * llama_floor[a] / llama_ws[a],
-		       100.0 * llama_floor[a] / llama_w2[a], 100.0 * llama_floor[a] / llama_wt[a],
-		       100.0 * llama_floor[a] / llama_w2t[a]);
+		printf("  M=%-2d kdec %8.1f us  cublas %8.1f us  stream %8.1f us  floor %8.1f us  "
+		       "(%.1f%% of floor; cublas %.1f%%, stream %.1f%%)\n", all_ms[a],
+		       32 * llama_us[a], 32 * llama_cb[a], 32 * llama_st[a], 32 * llama_floor[a],
+		       100.0 * llama_floor[a] / llama_us[a], 100.0 * llama_floor[a] / llama_cb[a],
+		       100.0 * llama_floor[a] / llama_st[a]);
 	}
 	cudaFree(x);
 	cudaFree(y);

@@ -24,10 +24,6 @@ enum k_cuda_linear_kind {
 	 * pipeline in shared memory into mma.sync, x in bf16, K split over CTAs to fill
 	 * whole waves, partial tiles added in split order by the last CTA of each tile */
 	K_CUDA_LINEAR_STREAM,
-	/* 8 < M <= 64 (walked in blocks of 64 beyond): the streaming kernel's pipeline with
-	 * warpgroup tensor-core products (wgmma, sm_90a) on 128-row weight tiles against
-	 * all x rows at once, K split over a cluster reduced in distributed shared memory */
-	K_CUDA_LINEAR_WGMMA,
 	/* larger M (prefill): x rounded to bf16 into the context's scratch, then
 	 * cublasGemmEx with fp32 accumulation and fp32 output */
 	K_CUDA_LINEAR_CUBLAS,
@@ -64,9 +60,9 @@ enum k_cuda_linear_kind k_cuda_linear_pick(int M, int N, int K);
 enum k_cuda_linear_kind k_cuda_linear_choose(const float *x, const uint16_t *w, int M, int N,
 					     int K);
 
-/* 1 when `kind` can run this call: GEMV, SPLITK, STREAM and WGMMA need K % 8 == 0 and x, w
+/* 1 when `kind` can run this call: GEMV, SPLITK and STREAM need K % 8 == 0 and x, w
  * 16-byte aligned; CUBLAS and GENERIC take anything. Any M is allowed (GEMV walks M
- * in pairs, SPLITK, STREAM and WGMMA in blocks of 64, re-reading the weights: for tests). */
+ * in pairs, SPLITK and STREAM in blocks of 64, re-reading the weights: for tests). */
 int k_cuda_linear_supports(enum k_cuda_linear_kind kind, const float *x, const uint16_t *w,
 			   int M, int N, int K);
 
@@ -83,7 +79,7 @@ int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_linear_kind ki
  * round-to-nearest-even, as the context's own. */
 uint16_t *k_cuda_linear_x_scratch(struct k_cuda_linear *ctx, int M, int K);
 void k_cuda_linear_x_ready(struct k_cuda_linear *ctx, const float *x, int M, int K);
-/* 1 where `kind` reads x as bf16 from the scratch (STREAM, WGMMA, CUBLAS), so a producer
+/* 1 where `kind` reads x as bf16 from the scratch (STREAM, CUBLAS), so a producer
  * for it may skip writing the fp32 x: it then marks the scratch with
  * k_cuda_linear_x_ready_only, and a next call whose kind reads fp32 x fails (-EINVAL)
  * instead of reading a stale x. */
@@ -99,23 +95,7 @@ void k_cuda_linear_x_ready_only(struct k_cuda_linear *ctx, const float *x, int M
  * before it reads y. Kernels launched without it are ordered as usual. 0 turns it off. */
 void k_cuda_linear_set_pdl(struct k_cuda_linear *ctx, int on);
 
-/* How the wgmma kernel adds its K slices: 1 (the default; KDEC_LINEAR_WGMMA_CLUSTER=0
- * at create makes it 0) through the distributed shared memory of a thread-block cluster
- * of the slices, each CTA summing 1/S of the tile; 0 through a global workspace, summed
- * by the last CTA of each tile. Both add in slice order: the same bits. */
-void k_cuda_linear_set_wgmma_cluster(struct k_cuda_linear *ctx, int on);
-/* Weight rows per CTA of the wgmma kernel: 128 (the default; two warpgroups, two CTAs
- * per multiprocessor) or 256 (KDEC_LINEAR_WGMMA_ROWS=256 at create; four warpgroups,
- * one CTA, each x stage shared by twice the weight rows: x adds 25% to the bytes an SM
- * loads at M = 64 instead of 50%). Other values are ignored. */
-void k_cuda_linear_set_wgmma_rows(struct k_cuda_linear *ctx, int rows);
-/* 1: the wgmma kernel's stages are loaded by tensor copies (TMA) that one thread issues
- * per stage, signalling an mbarrier per buffer; 0 (the default; KDEC_LINEAR_WGMMA_TMA=1
- * at create makes it 1): by cp.async from every thread. Ignored where the driver has no
- * tensor-map encoder. The same bits either way. */
-void k_cuda_linear_set_wgmma_tma(struct k_cuda_linear *ctx, int on);
-
-/* "gemv", "splitk", "stream", "wgmma", "cublas", "generic". */
+/* "gemv", "splitk", "stream", "cublas", "generic". */
 const char *k_cuda_linear_kind_name(enum k_cuda_linear_kind kind);
 
 /* A one-line description of how `kind` would launch this shape (grid, split,

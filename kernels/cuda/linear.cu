@@ -17,8 +17,11 @@
  * 1.0-1.8x faster, as cuBLAS pays a fixed ~6 us there), the GEMV at M = 1 and split-K
  * up to M = 16; for the 32-64 MB ones (Llama-3.1-8B q/k/v, o_proj) the streaming
  * kernel up to M = 8. On the 117-235 MB matrices cuBLAS streams at 3.7-4.2 TB/s and
- * beats both at every M. The wgmma kernel (8 < M <= 64, above 16 MB) replaces cuBLAS
- * only where KDEC_LINEAR_WGMMA=1 (LIN_WGMMA_* below). */
+ * beats both at every M. A wgmma (sm_90a) weight-streaming kernel for 8 < M <= 64 was
+ * tried and removed (2026-12-02): it lost to tuned cuBLAS at every measured shape, at
+ * M = 64 q/k/v 18.8 us against 17.6, o_proj 15.2 against 13.3, gate_up 67.5 against
+ * 61.8, down 39.4 against 37.0, and end to end (Llama-3.1-8B batch 64 7.19-7.32 ms
+ * against 7.16; docs/results/cuda-linear-97bfe73.txt). */
 #define LIN_GEMV_MAX_M		1
 #define LIN_SPLITK_MAX_M	16
 #define LIN_SMALL_WEIGHT_BYTES	((size_t)16 << 20)
@@ -29,20 +32,6 @@
  * are bound by instruction issue, not bytes (docs/results/cuda-linear-41224dd.txt). */
 #define LIN_STREAM_MAX_M	8
 #define LIN_STREAM_WEIGHT_BYTES	((size_t)64 << 20)
-/* The wgmma kernel (linear_wgmma.cu) is OFF by default: at e526db2 it lost to cuBLAS
- * (Lt tuned) at every M >= 16 on the Llama-3.1-8B shapes but gate_up at M = 16, and
- * end to end at batch 32 and 64 (6.70 / 8.54 ms against 6.40 / 7.45; bench_cuda_linear
- * and kdbench on H200). KDEC_LINEAR_WGMMA=1 turns it on for 8 < M <= 64 on matrices
- * of LIN_WGMMA_MIN_BYTES .. LIN_WGMMA_MAX_BYTES; to enable it by default where a bench
- * shows it winning, set LIN_WGMMA_DEFAULT to 1 and narrow these bounds. Its modes
- * (bench_cuda_linear times each): KDEC_LINEAR_WGMMA_CLUSTER (1: K splits reduced in
- * cluster shared memory), _ROWS (128 or 256 weight rows per CTA), _TMA (1: stages by
- * tensor copies), read at context creation. */
-#define LIN_WGMMA_DEFAULT	0
-#define LIN_WGMMA_MIN_M		9
-#define LIN_WGMMA_MAX_M		64
-#define LIN_WGMMA_MIN_BYTES	(LIN_SMALL_WEIGHT_BYTES + 1)
-#define LIN_WGMMA_MAX_BYTES	((size_t)1 << 40)
 /* The vector kernels read 8 bf16 (16 bytes) of a weight row at a time. */
 #define LIN_VEC_K		8
 
@@ -122,50 +111,6 @@ static bool lin_use_stream(int M, int N, int K)
 	       (size_t)N * (size_t)K * sizeof(uint16_t) <= lin_stream_limit();
 }
 
-// KDEC_LINEAR_WGMMA: 1 turns the wgmma kernel on, 0 off (default LIN_WGMMA_DEFAULT).
-static bool lin_wgmma_on(void)
-{
-	static int on = -1;
-
-	if (on < 0) {
-		const char *e = getenv("KDEC_LINEAR_WGMMA");
-
-		on = e ? atoi(e) != 0 : LIN_WGMMA_DEFAULT;
-	}
-	return on;
-}
-
-// KDEC_LINEAR_WGMMA_MIN_M=m and KDEC_LINEAR_WGMMA_MAX_MB=n narrow its range for A/B runs
-// (defaults LIN_WGMMA_MIN_M, LIN_WGMMA_MAX_BYTES), read once.
-static void lin_wgmma_range(int *min_m, size_t *max_bytes)
-{
-	static int m = -1;
-	static size_t b;
-
-	if (m < 0) {
-		const char *em = getenv("KDEC_LINEAR_WGMMA_MIN_M");
-		const char *eb = getenv("KDEC_LINEAR_WGMMA_MAX_MB");
-
-		b = eb && atol(eb) > 0 ? (size_t)atol(eb) << 20 : LIN_WGMMA_MAX_BYTES;
-		m = em && atoi(em) > LIN_WGMMA_MIN_M ? atoi(em) : LIN_WGMMA_MIN_M;
-	}
-	*min_m = m;
-	*max_bytes = b;
-}
-
-static bool lin_use_wgmma(int M, int N, int K)
-{
-	const size_t bytes = (size_t)N * (size_t)K * sizeof(uint16_t);
-	size_t max_bytes;
-	int min_m;
-
-	if (!lin_wgmma_on())
-		return false;
-	lin_wgmma_range(&min_m, &max_bytes);
-	return M >= min_m && M <= LIN_WGMMA_MAX_M && K % LIN_VEC_K == 0 &&
-	       bytes >= LIN_WGMMA_MIN_BYTES && bytes <= max_bytes && !lin_small_weights(N, K);
-}
-
 static bool lin_use_gemv(int M, int N, int K)
 {
 	return M <= LIN_GEMV_MAX_M && K % LIN_VEC_K == 0 && lin_small_weights(N, K);
@@ -187,8 +132,6 @@ extern "C" enum k_cuda_linear_kind k_cuda_linear_pick(int M, int N, int K)
 {
 	if (lin_use_stream(M, N, K))
 		return K_CUDA_LINEAR_STREAM;
-	if (lin_use_wgmma(M, N, K))
-		return K_CUDA_LINEAR_WGMMA;
 	if (lin_use_gemv(M, N, K))
 		return K_CUDA_LINEAR_GEMV;
 	if (lin_use_splitk(M, N, K))
@@ -207,7 +150,6 @@ extern "C" int k_cuda_linear_supports(enum k_cuda_linear_kind kind, const float 
 	case K_CUDA_LINEAR_GEMV:
 	case K_CUDA_LINEAR_SPLITK:
 	case K_CUDA_LINEAR_STREAM:
-	case K_CUDA_LINEAR_WGMMA:
 		return lin_vec_ok(x, w, K);
 	case K_CUDA_LINEAR_CUBLAS:
 	case K_CUDA_LINEAR_GENERIC:
@@ -223,7 +165,6 @@ extern "C" const char *k_cuda_linear_kind_name(enum k_cuda_linear_kind kind)
 	case K_CUDA_LINEAR_GEMV: return "gemv";
 	case K_CUDA_LINEAR_SPLITK: return "splitk";
 	case K_CUDA_LINEAR_STREAM: return "stream";
-	case K_CUDA_LINEAR_WGMMA: return "wgmma";
 	case K_CUDA_LINEAR_CUBLAS: return "cublas";
 	case K_CUDA_LINEAR_GENERIC: return "generic";
 	default: return "?";
@@ -293,8 +234,6 @@ extern "C" int k_cuda_linear_create(struct k_cuda_linear **out, cudaStream_t str
 	if (!ret)
 		ret = k_cuda_lin_stream_setup(ctx);
 	if (!ret)
-		ret = k_cuda_lin_wgmma_setup(ctx);
-	if (!ret)
 		ret = k_cuda_lin_splitk_setup(ctx);
 	if (ret)
 		goto err;
@@ -360,8 +299,6 @@ extern "C" int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_lin
 		return k_cuda_lin_splitk(ctx, y, x, w, M, N, K, accumulate);
 	case K_CUDA_LINEAR_STREAM:
 		return k_cuda_lin_stream(ctx, y, x, w, M, N, K, accumulate, ready);
-	case K_CUDA_LINEAR_WGMMA:
-		return k_cuda_lin_wgmma(ctx, y, x, w, M, N, K, accumulate, ready);
 	case K_CUDA_LINEAR_CUBLAS:
 		return lin_cublas(ctx, y, x, w, M, N, K, accumulate, ready);
 	case K_CUDA_LINEAR_GENERIC:
@@ -408,8 +345,7 @@ extern "C" void k_cuda_linear_x_ready(struct k_cuda_linear *ctx, const float *x,
 
 extern "C" int k_cuda_linear_kind_reads_bf16(enum k_cuda_linear_kind kind)
 {
-	return kind == K_CUDA_LINEAR_STREAM || kind == K_CUDA_LINEAR_WGMMA ||
-	       kind == K_CUDA_LINEAR_CUBLAS;
+	return kind == K_CUDA_LINEAR_STREAM || kind == K_CUDA_LINEAR_CUBLAS;
 }
 
 extern "C" void k_cuda_linear_x_ready_only(struct k_cuda_linear *ctx, const float *x, int M,
@@ -424,24 +360,6 @@ extern "C" void k_cuda_linear_set_pdl(struct k_cuda_linear *ctx, int on)
 {
 	if (ctx)
 		ctx->pdl = on && ctx->pdl_ok;
-}
-
-extern "C" void k_cuda_linear_set_wgmma_cluster(struct k_cuda_linear *ctx, int on)
-{
-	if (ctx)
-		ctx->wg_cluster = on != 0;
-}
-
-extern "C" void k_cuda_linear_set_wgmma_rows(struct k_cuda_linear *ctx, int rows)
-{
-	if (ctx && (rows == 128 || rows == 256))
-		ctx->wg_rows = rows;
-}
-
-extern "C" void k_cuda_linear_set_wgmma_tma(struct k_cuda_linear *ctx, int on)
-{
-	if (ctx)
-		ctx->wg_tma = on != 0;
 }
 
 extern "C" void k_cuda_linear_describe(const struct k_cuda_linear *ctx,
@@ -466,12 +384,6 @@ extern "C" void k_cuda_linear_describe(const struct k_cuda_linear *ctx,
 			k_cuda_lin_stream_describe(ctx, M, N, K, buf, len);
 		else
 			snprintf(buf, len, "stream");
-		break;
-	case K_CUDA_LINEAR_WGMMA:
-		if (ctx)
-			k_cuda_lin_wgmma_describe(ctx, M, N, K, buf, len);
-		else
-			snprintf(buf, len, "wgmma");
 		break;
 	case K_CUDA_LINEAR_CUBLAS:
 		snprintf(buf, len, "cublas: to_bf16 + cublasGemmEx bf16 x bf16 -> fp32");

@@ -24,11 +24,6 @@
 #define LIN_ST_MAX_M		64
 #define LIN_ST_MAX_SPLIT	8
 #define LIN_ST_MAX_UNITS	768
-/* The wgmma kernel: instantiations for 2, 4, 8 n8 tiles (wgmma N = 16, 32, 64) and 128
- * or 256 weight rows per CTA; it splits K over a cluster (reduced in distributed shared
- * memory) or, with ctx->wg_cluster = 0, over the streaming kernel's split workspace and
- * counters. */
-#define LIN_WG_N_NT		3
 /* cuBLAS workspace: what NVIDIA recommends for Hopper. */
 #define LIN_BLAS_WS_BYTES	((size_t)32 << 20)
 /* cuBLASLt tuning: calls of M <= 64 rows, at most this many shapes per context. */
@@ -49,14 +44,6 @@ struct k_cuda_linear {
 	int sk_cap[LIN_SK_N_MT][LIN_SK_MAX_SPLIT + 1];
 	int gemv_resident;		/* GEMV CTAs resident at once */
 	int st_cap[LIN_ST_N_NT];	/* streaming-kernel CTAs resident at once */
-	/* wgmma CTAs resident at once per instantiation (128 or 256 rows, n8 tiles): alone
-	 * (index 1) and in clusters of S (2..LIN_ST_MAX_SPLIT; 0 where that cluster size
-	 * cannot launch); whether its K splits reduce through the clusters' shared memory
-	 * (1) or the workspace below (0); its weight rows per CTA (128 or 256) */
-	int wg_ccap[2][LIN_WG_N_NT][LIN_ST_MAX_SPLIT + 1];
-	int wg_cluster;
-	int wg_rows;
-	int wg_tma;			/* wgmma stages by tensor copies (TMA), where they encode */
 	float *st_ws;			/* (LIN_ST_MAX_UNITS, LIN_ST_MAX_M, 128) fp32 partials */
 	unsigned *st_cnt;		/* (LIN_ST_MAX_UNITS) arrivals per tile, 0 between launches */
 	cublasHandle_t blas;
@@ -108,15 +95,6 @@ int k_cuda_lin_stream(const struct k_cuda_linear *ctx, float *y, const float *x,
 		      const uint16_t *w, int M, int N, int K, int accumulate, bool ready);
 int k_cuda_lin_stream_describe(const struct k_cuda_linear *ctx, int M, int N, int K,
 			       char *buf, size_t len);
-
-/* Kernel attributes and ctx->wg_ccap; once, at create, after k_cuda_lin_stream_setup
- * (whose workspace and counters the wgmma kernel uses for its splits). */
-int k_cuda_lin_wgmma_setup(struct k_cuda_linear *ctx);
-/* ready: ctx->xb already holds bf16(x); otherwise x is rounded into it first. */
-int k_cuda_lin_wgmma(const struct k_cuda_linear *ctx, float *y, const float *x,
-		     const uint16_t *w, int M, int N, int K, int accumulate, bool ready);
-int k_cuda_lin_wgmma_describe(const struct k_cuda_linear *ctx, int M, int N, int K,
-			      char *buf, size_t len);
 
 /* cuBLASLt with the algorithm timed fastest for this shape (first call of a shape
  * outside graph capture: tunes, synchronising the stream); *done = false where it did
