@@ -151,6 +151,7 @@ phase_optimes() {
 }
 
 # one decode step's kernels, each timed by ncu at the clocks the GPU runs (never locked)
+# (for ncu's per-line source counters, build with `../configure NVCC_EXTRA=-lineinfo`)
 # and with warm caches (kernels serialised: the sum is above the
 # graph's step time; what it shows is where each kernel stands against its bytes)
 phase_ncu() {
