@@ -4,6 +4,8 @@
 # test_golden and bench_cuda_linear, the real kdrun/kdctl (not libtool wrappers, whose
 # paths name this machine), and devlibs/ with libev, liburing and libkdclient.
 #   contrib/device/pack.sh [BUILD [OUT]]    (defaults: build devbuild)
+# The carry limit counts the tracked tree too (~33 MB now): PACK_TESTS="test_cuda_attn ..."
+# packs only those test programs, PACK_SERVE=0 leaves out kdecd, kdrun and kdctl.
 # then: device run "KDEC_BUILD_DIR=devbuild bash contrib/device/run.sh check"  carry ["devbuild"]
 set -eu
 cd "$(dirname "$0")/../.."
@@ -11,13 +13,20 @@ src=${1:-build} dst=${2:-devbuild}
 [ -x "$src/kdbench" ] || { echo "pack: no $src/kdbench: build first (make -C $src all check TESTS=)" >&2; exit 1; }
 rm -rf "$dst"
 mkdir -p "$dst/tests" "$dst/devlibs"
-cp "$src/kdecd" "$src/kdbench" "$dst/"
-cp "$src/.libs/kdrun" "$src/.libs/kdctl" "$dst/"
+cp "$src/kdbench" "$dst/"
+if [ "${PACK_SERVE:-1}" != 0 ]; then
+	cp "$src/kdecd" "$dst/"
+	cp "$src/.libs/kdrun" "$src/.libs/kdctl" "$dst/"
+fi
 cp -L "$src/.libs/libkdclient.so.1" "$dst/devlibs/"
 cp -L /lib/x86_64-linux-gnu/libev.so.4 /lib/x86_64-linux-gnu/liburing.so.2 "$dst/devlibs/"
 for t in "$src"/tests/test_cuda_* "$src/tests/test_golden" "$src/tests/bench_cuda_linear"; do
 	case $t in *.o) continue ;; esac
+	if [ -n "${PACK_TESTS:-}" ]; then
+		case " $PACK_TESTS " in *" $(basename "$t") "*) ;; *) continue ;; esac
+	fi
 	[ -x "$t" ] && cp "$t" "$dst/tests/"
 done
 strip --strip-debug "$dst"/kd* "$dst"/tests/*
-echo "pack: $dst $(du -sh "$dst" | cut -f1)" >&2
+tree=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
+echo "pack: $dst $(du -sh "$dst" | cut -f1); with the tracked tree $(( ($(du -sb "$dst" | cut -f1) + ${tree:-0}) >> 20 )) MiB of the 64 MiB carry limit" >&2
