@@ -48,16 +48,23 @@ static inline float *download(const float *d, size_t n)
 	return h;
 }
 
-/* Median time of one call, for KD_TEST_TIME. */
-static inline double time_us(int (*call)(void *), void *arg)
+/* Median time of one call over runs (1..CUDATEST_MAX_RUNS) after one warm-up call, for
+ * KD_TEST_TIME. flush (NULL: none): a buffer of flush_bytes memset before each timed run
+ * (outside the events), so that the call's inputs are not in L2. */
+#define CUDATEST_MAX_RUNS 64
+static inline double time_runs_us(int (*call)(void *), void *arg, int runs, void *flush,
+				  size_t flush_bytes)
 {
 	cudaEvent_t a, b;
-	float ms[CUDATEST_TIME_RUNS];
+	float ms[CUDATEST_MAX_RUNS];
 
-	if (!CU(cudaEventCreate(&a)) || !CU(cudaEventCreate(&b)))
+	if (runs < 1 || runs > CUDATEST_MAX_RUNS || !CU(cudaEventCreate(&a)) ||
+	    !CU(cudaEventCreate(&b)))
 		return 0;
 	call(arg);
-	for (int i = 0; i < CUDATEST_TIME_RUNS; i++) {
+	for (int i = 0; i < runs; i++) {
+		if (flush)
+			cudaMemsetAsync(flush, i, flush_bytes, 0);
 		cudaEventRecord(a, 0);
 		call(arg);
 		cudaEventRecord(b, 0);
@@ -66,7 +73,13 @@ static inline double time_us(int (*call)(void *), void *arg)
 	}
 	cudaEventDestroy(a);
 	cudaEventDestroy(b);
-	return test_median(ms, CUDATEST_TIME_RUNS) * 1000.0;
+	return test_median(ms, runs) * 1000.0;
+}
+
+/* The same, CUDATEST_TIME_RUNS runs with warm caches. */
+static inline double time_us(int (*call)(void *), void *arg)
+{
+	return time_runs_us(call, arg, CUDATEST_TIME_RUNS, NULL, 0);
 }
 
 #endif

@@ -1202,24 +1202,10 @@ static double mla_time_cold(struct mla_run *m)
 {
 	static void *flush;
 	const size_t flush_bytes = (size_t)256 << 20;
-	float ms[MLA_AB_RUNS];
-	cudaEvent_t a, b;
 
-	if ((!flush && !(flush = dalloc(flush_bytes))) || !CU(cudaEventCreate(&a)) ||
-	    !CU(cudaEventCreate(&b)))
+	if (!flush && !(flush = dalloc(flush_bytes)))
 		return 0;
-	mla_call(m, 0);
-	for (int i = 0; i < MLA_AB_RUNS; i++) {
-		cudaMemsetAsync(flush, i, flush_bytes, 0);
-		cudaEventRecord(a, 0);
-		mla_call(m, 0);
-		cudaEventRecord(b, 0);
-		cudaEventSynchronize(b);
-		cudaEventElapsedTime(&ms[i], a, b);
-	}
-	cudaEventDestroy(a);
-	cudaEventDestroy(b);
-	return test_median(ms, MLA_AB_RUNS) * 1e3;
+	return time_runs_us(mla_call_default, m, MLA_AB_RUNS, flush, flush_bytes);
 }
 
 /* The MLA knobs side by side on one set of inputs: each checked against the reference
