@@ -536,12 +536,7 @@ static int moe_fused = -1;	// KDEC_MOE_FUSED: 0 turns k_cuda_moe_experts_add off
 // Whether k_cuda_moe_experts_add may fuse (the default), read once.
 static bool moe_fused_on(void)
 {
-	if (moe_fused < 0) {
-		const char *e = getenv("KDEC_MOE_FUSED");
-
-		moe_fused = !(e && !strcmp(e, "0"));
-	}
-	return moe_fused != 0;
+	return moe_env_flag(&moe_fused, "KDEC_MOE_FUSED", 1);
 }
 
 /* Off by default: on H200 the fused router saved 0.5 us a call in isolation but cost
@@ -559,12 +554,7 @@ extern "C" void k_cuda_moe_set_route_fused(int on)
 // Whether k_cuda_moe_router_route may run, read once.
 static bool moe_route_fused_on(void)
 {
-	if (moe_route_fused < 0) {
-		const char *e = getenv("KDEC_MOE_ROUTE_FUSED");
-
-		moe_route_fused = e && !strcmp(e, "1");
-	}
-	return moe_route_fused != 0;
+	return moe_env_flag(&moe_route_fused, "KDEC_MOE_ROUTE_FUSED", 0);
 }
 
 extern "C" int k_cuda_moe_router_route_fits(const struct k_moe_route_params *p, const float *x,

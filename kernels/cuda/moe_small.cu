@@ -295,22 +295,7 @@ extern "C" void k_cuda_moe_set_prefetch_ahead(int on)
 
 static bool ahead_on(void)
 {
-	if (prefetch_ahead < 0) {
-		const char *e = getenv("KDEC_MOE_PREFETCH_AHEAD");
-
-		prefetch_ahead = e && !strcmp(e, "1");
-	}
-	return prefetch_ahead != 0;
-}
-
-static bool env_on(int *v, const char *name)
-{
-	if (*v < 0) {
-		const char *e = getenv(name);
-
-		*v = e && e[0] == '1';
-	}
-	return *v != 0;
+	return moe_env_flag(&prefetch_ahead, "KDEC_MOE_PREFETCH_AHEAD", 0);
 }
 
 extern "C" void k_cuda_moe_set_staged(int on)
@@ -323,7 +308,7 @@ extern "C" void k_cuda_moe_set_staged(int on)
 // (len <= 32 * SM_KB * 8 = 2048) and the stages fit their budget.
 static bool use_staged(int *v, const char *name, int len)
 {
-	return env_on(v, name) && len / 8 <= 32 * SM_KB &&
+	return moe_env_flag(v, name, 0) && len / 8 <= 32 * SM_KB &&
 	       moe_small_stage_bytes(len) <= SM_DSTAGE_SMEM_MAX;
 }
 
