@@ -14,7 +14,9 @@
  * weights, so reading one fails; outputs are poisoned with NaN first, so an element
  * left unwritten fails. Tolerance rel L2 <= 1e-4 (grouped: bf16 hi+lo activations,
  * small: fp32 activations; fp32 accumulation: ~1e-5 expected). The small path runs
- * with its kernels staged (the default) and registers only (k_cuda_moe_set_staged).
+ * with its kernels staged and registers only (k_cuda_moe_set_staged); a single row
+ * with moe_small_m1.cu's kernels (the default) and the general ones, which must give
+ * the same bits (k_cuda_moe_set_m1; repeated and bad ids too).
  * Experts plus shared expert plus residual (k_cuda_moe_experts_add) against the CPU's
  * ops in forward.c's order (k_cpu_moe_experts, the shared SwiGLU MLP by k_cpu_linear
  * and k_cpu_silu_mul, two adds) on fresh random inputs, both ways too:
@@ -952,6 +954,82 @@ static void test_experts_add(const struct shape *s, struct weights *w, const str
 	free(used);
 }
 
+/* One row (M = 1) on the small path, moe_small_m1.cu's kernels against the general
+ * ones (k_cuda_moe_set_m1): the same bits from k_cuda_moe_experts (add 0, output
+ * poisoned first) and from k_cuda_moe_experts_add (shared expert si, residual y0). */
+static void test_m1_bits(const struct shape *s, struct weights *w, const struct shared_w *sw,
+			 int si, struct k_cuda_moe_ws *ws, int flags)
+{
+	size_t nx = (size_t)s->hidden, nk = (size_t)s->top_k;
+	float *x = malloc(sizeof(float) * nx), *y0 = malloc(sizeof(float) * nx);
+	float *got[2][2], *wts = malloc(sizeof(float) * nk), *cpu_wts = malloc(sizeof(float) * nk);
+	int32_t *ids = malloc(sizeof(int32_t) * nk), *cpu_ids = malloc(sizeof(int32_t) * nk);
+	struct k_expert *ex = calloc((size_t)s->n_experts, sizeof(*ex));
+	const uint16_t **table = calloc((size_t)s->n_experts * 3, sizeof(*table));
+	unsigned char *used = calloc((size_t)s->n_experts, 1);
+	struct k_cuda_moe_shared sh = { sw->d[0], sw->d[1], sw->d[2], si };
+	float *dx, *dw, *dy;
+	int32_t *dids;
+	void *dtable;
+	int ret = 0, diff[2] = { 0, 0 };
+
+	for (size_t i = 0; i < nx; i++) {
+		x[i] = test_randf(&seed) * 2;
+		y0[i] = test_randf(&seed) * 4;
+	}
+	case_routing(s, w, 1, -1, flags, ids, wts, cpu_ids, cpu_wts, ex, table, used);
+	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
+	dx = dev_from(x, sizeof(float) * nx);
+	dw = dev_from(wts, sizeof(float) * nk);
+	dids = dev_from(ids, sizeof(int32_t) * nk);
+	dy = dev_alloc(sizeof(float) * nx);
+	k_cuda_moe_set_path(K_CUDA_MOE_PATH_SMALL);
+	k_cuda_moe_set_staged(0);
+	for (int m1 = 0; m1 < 2; m1++) {
+		k_cuda_moe_set_m1(m1);
+		got[m1][0] = malloc(sizeof(float) * nx);
+		got[m1][1] = malloc(sizeof(float) * nx);
+		cu(cudaMemset(dy, 0xff, sizeof(float) * nx), "poison");
+		ret |= k_cuda_moe_experts(stream, ws, dy, dx, 1, dids, dw, s->top_k,
+					  (const uint16_t *const *)dtable, s->n_experts, s->hidden,
+					  s->inter);
+		to_host(got[m1][0], dy, sizeof(float) * nx);
+		cu(cudaMemcpy(dy, y0, sizeof(float) * nx, cudaMemcpyHostToDevice), "y0");
+		ret |= k_cuda_moe_experts_add(stream, ws, dy, dx, 1, dids, dw, s->top_k,
+					      (const uint16_t *const *)dtable, s->n_experts,
+					      s->hidden, s->inter, si > 0 ? &sh : NULL);
+		to_host(got[m1][1], dy, sizeof(float) * nx);
+	}
+	k_cuda_moe_set_m1(-1);
+	k_cuda_moe_set_staged(-1);
+	for (int op = 0; op < 2; op++)
+		for (size_t i = 0; i < nx; i++)
+			diff[op] += memcmp(&got[0][op][i], &got[1][op][i], sizeof(float)) != 0;
+	printf("%-12s %-34s shared %4d%s%s  experts: %d of %zu differ, experts_add: %d  %s\n",
+	       "m1 bits", s->name, si, flags & EX_DUP ? " dup" : "", flags & EX_BAD_ID ? " bad-id" : "",
+	       diff[0], nx, diff[1], ret == 0 && !diff[0] && !diff[1] ? "PASS" : "FAIL");
+	CHECK(ret == 0 && !diff[0] && !diff[1], "m1 bits %s shared %d: ret %d, %d and %d differ",
+	      s->name, si, ret, diff[0], diff[1]);
+	for (int m1 = 0; m1 < 2; m1++) {
+		free(got[m1][0]);
+		free(got[m1][1]);
+	}
+	cudaFree(dtable);
+	cudaFree(dx);
+	cudaFree(dw);
+	cudaFree(dids);
+	cudaFree(dy);
+	free(x);
+	free(y0);
+	free(wts);
+	free(cpu_wts);
+	free(ids);
+	free(cpu_ids);
+	free(ex);
+	free(table);
+	free(used);
+}
+
 /* The fused experts + shared + residual at one shape (si 0: no shared expert). */
 static void test_experts_add_shape(const struct shape *s, int si)
 {
@@ -976,6 +1054,12 @@ static void test_experts_add_shape(const struct shape *s, int si)
 		}
 	}
 	k_cuda_moe_set_staged(-1);
+	k_cuda_moe_set_m1(0);	/* M = 1 above took moe_small_m1.cu's kernels */
+	printf("(registers only, general kernels at M 1)\n");
+	test_experts_add(s, &w, &sw, si, ws, 1, 0, K_CUDA_MOE_PATH_SMALL, 1);
+	k_cuda_moe_set_m1(-1);
+	test_m1_bits(s, &w, &sw, si, ws, 0);
+	test_m1_bits(s, &w, &sw, si, ws, EX_DUP | EX_BAD_ID);
 	test_experts_add(s, &w, &sw, si, ws, most > 3 ? 3 : 1, EX_DUP | EX_BAD_ID,
 			 K_CUDA_MOE_PATH_SMALL, 1);
 	test_experts_add(s, &w, &sw, si, ws, 1, 0, K_CUDA_MOE_PATH_GROUPED, 0);
@@ -1173,6 +1257,12 @@ static void test_experts_all(void)
 				time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
 			}
 			k_cuda_moe_set_staged(-1);
+			if (M == 1) {	/* the above took moe_small_m1.cu's kernels */
+				k_cuda_moe_set_m1(0);
+				printf("(registers only, general kernels at M 1)\n");
+				time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
+				k_cuda_moe_set_m1(-1);
+			}
 			k_cuda_moe_set_prefetch_ahead(1);
 			printf("(registers only, prefetch ahead)\n");
 			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);

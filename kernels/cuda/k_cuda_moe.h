@@ -128,6 +128,12 @@ void k_cuda_moe_set_staged(int on);
  * runs. Set it before capturing a graph. */
 void k_cuda_moe_set_prefetch_ahead(int on);
 
+/* Whether a single row (M = 1) on the small path takes its own kernels (each warp's
+ * weight rows a pipeline of register units; on by default) or the general ones: 1 own,
+ * 0 general, -1 back to the environment's KDEC_MOE_M1 (0: general). The results are the
+ * same bit for bit; tests and A/B runs. Set it before capturing a graph. */
+void k_cuda_moe_set_m1(int on);
+
 #ifdef __cplusplus
 }
 #endif

@@ -57,6 +57,19 @@ void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp, int
 			      int n, int top_k, int n_experts, int hidden, int inter, float *act,
 			      const struct moe_small_shared &sh);
 
+// moe_small_m1.cu for moe_small.cu: the kernels at M = 1 (each warp's weight rows a
+// pipeline of register units, x and the activations staged in shared memory; the
+// general kernels' results bit for bit). Whether a call fits them (the activations of
+// min(top_k, n_experts) experts and the shared expert within their shared-memory
+// budget), their one-time set-up (0 or -EIO), and the two launches (gate/up on
+// gate_up_ctas CTAs, then down; its error, if any, is the runtime's last error).
+bool moe_small_m1_fits(int top_k, int n_experts, int hidden, int inter, int sh_inter);
+int moe_small_m1_setup(void);
+void moe_small_m1_launch(cudaStream_t s, int gate_up_ctas, const uint16_t *const *expert_w,
+			 const float *x, const int32_t *ids, const float *weights, int top_k,
+			 int n_experts, int hidden, int inter, float *act,
+			 const struct moe_small_shared &sh, int add, float *out);
+
 // out (M, hidden) = the routed experts' sum (add 0: overwritten) or out += routed sum
 // + the shared expert sh (add 1; sh.inter 0: none); act (M * top_k, inter) fp32 scratch
 // (16-byte aligned) for the SwiGLU activations. n_sm: the device's SM count, sizes the

@@ -89,22 +89,6 @@ __device__ void down_job_run(const dot_job &j, int lane)
 	}
 }
 
-// Asks L2 for the CTA's SM_DCOLS down rows of row_bytes each at down (row stride
-// row_bytes); the whole CTA calls it, before the PDL wait.
-__device__ __forceinline__ void prefetch_down_rows(const uint16_t *down, int c0, int hidden,
-						   size_t row_bytes)
-{
-	int lines = (int)((row_bytes + 127) / 128);
-
-	for (int q = threadIdx.x; q < SM_DCOLS * lines; q += SM_THREADS) {
-		int col = c0 + q / lines;
-
-		if (col < hidden)
-			prefetch_l2((const char *)down + (size_t)col * row_bytes +
-					    (size_t)(q % lines) * 128, 1, 0, 1);
-	}
-}
-
 // Grid (hidden / SM_DCOLS). The CTA's items go round the warps: (used expert, column
 // pair), expert-major so that warps share the pairs' activations in L1, then (shared
 // piece, column pair): the shared expert's rows cut into inter-long pieces, so that
@@ -133,36 +117,8 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = M * top_k;
 	int c0 = blockIdx.x * SM_DCOLS, cps = SM_DCOLS / 2;
 	int pieces = (sh.inter + inter - 1) / inter, n_routed, n_all;
-	size_t row_bytes = (size_t)inter * 2, sh_bytes = (size_t)sh.inter * 2 * SM_DCOLS;
 
-	// Launched early under PDL: the ids may come from the kernel before the previous
-	// one, so ask L2 for the down rows they name while gate/up drains, up to a budget
-	// that keeps them there until used; the shared expert's rows first, as they do not
-	// depend on the ids. Only a hint: the plan is built after the wait. Each pair's
-	// matrix is looked up once (id, then table: two round trips for the CTA, not two
-	// per prefetch loop iteration).
-	if (sh.inter)
-		prefetch_down_rows(sh.down, c0, hidden, (size_t)sh.inter * 2);
-	{
-		int lines = (int)((row_bytes + 127) / 128);
-		size_t left = SM_DPREFETCH > sh_bytes ? SM_DPREFETCH - sh_bytes : 0;
-		int pairs = min(n, (int)(left / (row_bytes * SM_DCOLS)));
-
-		if (threadIdx.x < pairs) {
-			int v = __ldcg(ids + threadIdx.x);
-
-			pre_w[threadIdx.x] = v >= 0 && v < E ? expert_w[3 * v + 2] : nullptr;
-		}
-		__syncthreads();
-		for (int q = threadIdx.x; q < pairs * SM_DCOLS * lines; q += SM_THREADS) {
-			int i = q / (SM_DCOLS * lines), col = c0 + q / lines % SM_DCOLS;
-			const uint16_t *w = pre_w[i];
-
-			if (w && col < hidden)
-				prefetch_l2((const char *)(w + (size_t)col * inter) +
-						    (size_t)(q % lines) * 128, 1, 0, 1);
-		}
-	}
+	prefetch_down_before_wait(expert_w, ids, n, E, sh, c0, hidden, inter, pre_w);
 	k_cuda_pdl_wait();
 	if (threadIdx.x < n)
 		sw[threadIdx.x] = weights[threadIdx.x];
@@ -269,7 +225,7 @@ bool k_cuda_moe_small_fits(int M, int top_k, int hidden, int inter, const float 
 // for their occupancy (two CTAs per SM) and leaves the rest to L1 for x and act.
 int k_cuda_moe_small_setup(void)
 {
-	return moe_small_gate_up_setup() ||
+	return moe_small_gate_up_setup() || moe_small_m1_setup() ||
 	       K_CUDA_CALL(cudaFuncSetAttribute(small_down_kernel<true>,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
 						SM_DSTAGE_SMEM_MAX)) ? -EIO : 0;
@@ -296,6 +252,15 @@ extern "C" void k_cuda_moe_set_prefetch_ahead(int on)
 static bool ahead_on(void)
 {
 	return moe_env_flag(&prefetch_ahead, "KDEC_MOE_PREFETCH_AHEAD", 0);
+}
+
+// KDEC_MOE_M1=0: a single row (M = 1) takes the general register kernels rather
+// than moe_small_m1.cu's pipelined pair (same results bit for bit); -1: not read yet.
+static int m1_on = -1;
+
+extern "C" void k_cuda_moe_set_m1(int on)
+{
+	m1_on = on < 0 ? -1 : on != 0;
 }
 
 extern "C" void k_cuda_moe_set_staged(int on)
@@ -331,6 +296,14 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	rp = rp < M ? rp : M;
 	// A failed launch is also the runtime's last error, which K_CUDA_LAUNCHED reports.
 	ctas = ctas < most ? ctas : (int)most;
+	if (M == 1 && moe_env_flag(&m1_on, "KDEC_MOE_M1", 1) &&
+	    !use_staged(&gate_staged, "KDEC_MOE_GATE_STAGED", hidden) &&
+	    !use_staged(&down_staged, "KDEC_MOE_DOWN_STAGED", inter) &&
+	    moe_small_m1_fits(top_k, n_experts, hidden, inter, sh.inter)) {
+		moe_small_m1_launch(s, ctas, expert_w, x, ids, weights, top_k, n_experts, hidden,
+				    inter, act, sh, add, out);
+		return K_CUDA_LAUNCHED("moe small m1");
+	}
 	moe_small_gate_up_launch(s, use_staged(&gate_staged, "KDEC_MOE_GATE_STAGED", hidden), ctas,
 				 rp, ahead, expert_w, x, ids, n, top_k, n_experts, hidden, inter, act,
 				 sh);

@@ -174,6 +174,75 @@ __device__ __forceinline__ void prefetch_l2(const void *p, size_t bytes, int lan
 		asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
 }
 
+// Launched early under PDL, while the router still picks the experts: the shared
+// expert's rows do not depend on its choice, so each CTA asks L2 for its share of
+// them before the wait and the route kernel's time hides their fetch. Only a hint:
+// whichever CTA takes a row after the wait finds it in L2. The whole CTA calls it.
+__device__ __forceinline__ void prefetch_shared_gate_up(const moe_small_shared &sh, int hidden)
+{
+	if (sh.inter) {
+		int a = (int)((long long)sh.inter * blockIdx.x / gridDim.x);
+		int b = (int)((long long)sh.inter * (blockIdx.x + 1) / gridDim.x);
+
+		prefetch_l2(sh.gate + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
+			    SM_THREADS);
+		prefetch_l2(sh.up + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
+			    SM_THREADS);
+	}
+}
+
+// Asks L2 for the CTA's SM_DCOLS down rows of row_bytes each at down (row stride
+// row_bytes); the whole CTA calls it, before the PDL wait.
+__device__ __forceinline__ void prefetch_down_rows(const uint16_t *down, int c0, int hidden,
+						   size_t row_bytes)
+{
+	int lines = (int)((row_bytes + 127) / 128);
+
+	for (int q = threadIdx.x; q < SM_DCOLS * lines; q += SM_THREADS) {
+		int col = c0 + q / lines;
+
+		if (col < hidden)
+			prefetch_l2((const char *)down + (size_t)col * row_bytes +
+					    (size_t)(q % lines) * 128, 1, 0, 1);
+	}
+}
+
+// The down kernels' hint before the PDL wait: the ids may come from the kernel before
+// the previous one, so ask L2 for the CTA's down rows (columns c0 ..) that they name
+// while gate/up drains, up to a budget that keeps them there until used; the shared
+// expert's rows first, as they do not depend on the ids. Only a hint: the plan is
+// built after the wait. Each pair's matrix is looked up once (id, then table: two
+// round trips for the CTA, not two per loop iteration) into pre_w (shared, n entries).
+// The whole CTA calls it.
+__device__ __forceinline__ void prefetch_down_before_wait(const uint16_t *const *expert_w,
+							  const int32_t *ids, int n, int E,
+							  const moe_small_shared &sh, int c0,
+							  int hidden, int inter,
+							  const uint16_t **pre_w)
+{
+	size_t row_bytes = (size_t)inter * 2, sh_bytes = (size_t)sh.inter * 2 * SM_DCOLS;
+	int lines = (int)((row_bytes + 127) / 128);
+	size_t left = SM_DPREFETCH > sh_bytes ? SM_DPREFETCH - sh_bytes : 0;
+	int pairs = min(n, (int)(left / (row_bytes * SM_DCOLS)));
+
+	if (sh.inter)
+		prefetch_down_rows(sh.down, c0, hidden, (size_t)sh.inter * 2);
+	if (threadIdx.x < pairs) {
+		int v = __ldcg(ids + threadIdx.x);
+
+		pre_w[threadIdx.x] = v >= 0 && v < E ? expert_w[3 * v + 2] : nullptr;
+	}
+	__syncthreads();
+	for (int q = threadIdx.x; q < pairs * SM_DCOLS * lines; q += SM_THREADS) {
+		int i = q / (SM_DCOLS * lines), col = c0 + q / lines % SM_DCOLS;
+		const uint16_t *w = pre_w[i];
+
+		if (w && col < hidden)
+			prefetch_l2((const char *)(w + (size_t)col * inter) +
+					    (size_t)(q % lines) * 128, 1, 0, 1);
+	}
+}
+
 // One item as its warp sees it: two weight rows w0 and w1 (nc chunks each) against
 // total pairs' fp32 rows (pair p is i = pairs[p], or p where pairs is NULL; its row
 // at src + (i / div) * ld4). Down: the two sums to dst[i * dst_ld] and the next;

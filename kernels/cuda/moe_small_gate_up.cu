@@ -76,23 +76,6 @@ __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_
 	}
 }
 
-// Launched early under PDL, while the router still picks the experts: the shared
-// expert's rows do not depend on its choice, so each CTA asks L2 for its share of
-// them before the wait and the route kernel's time hides their fetch. Only a hint:
-// whichever CTA takes a row after the wait finds it in L2. The whole CTA calls it.
-__device__ __forceinline__ void prefetch_shared_gate_up(const moe_small_shared &sh, int hidden)
-{
-	if (sh.inter) {
-		int a = (int)((long long)sh.inter * blockIdx.x / gridDim.x);
-		int b = (int)((long long)sh.inter * (blockIdx.x + 1) / gridDim.x);
-
-		prefetch_l2(sh.gate + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
-			    SM_THREADS);
-		prefetch_l2(sh.up + (size_t)a * hidden, (size_t)(b - a) * hidden * 2, threadIdx.x,
-			    SM_THREADS);
-	}
-}
-
 // One wave of CTAs shares the n_used * inter (expert, feature) rows, then the shared
 // expert's sh.inter (prefetched before the wait), evenly: CTA b takes
 // [W b / G, W (b + 1) / G) of them in that order, at most a few slots. Dynamic shared
