@@ -119,14 +119,17 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 	int pieces = (sh.inter + inter - 1) / inter, n_routed, n_all;
 
 	prefetch_down_before_wait(expert_w, ids, n, E, sh, c0, hidden, inter, pre_w);
-	k_cuda_pdl_wait();
+	// The plan before the wait: launched right after gate/up, this kernel starts only
+	// once every gate/up CTA has passed its own wait, so the kernel that wrote ids and
+	// weights has completed (see m1_down_kernel). The activations come after the wait.
 	if (threadIdx.x < n)
-		sw[threadIdx.x] = weights[threadIdx.x];
+		sw[threadIdx.x] = __ldcg(weights + threadIdx.x);
 	small_plan_build(sp, ids, n, E);	// its barriers publish sw too
 	// Every used expert's matrix looked up at once: one round trip for the CTA where
 	// each warp would otherwise wait on one per item of a new expert.
 	if (threadIdx.x < sp.n_used)
 		used_w[threadIdx.x] = expert_w[3 * sp.used_e[threadIdx.x] + 2];
+	k_cuda_pdl_wait();	// and a barrier after it: used_w is published
 	__syncthreads();
 
 	n_routed = sp.n_used * cps;

@@ -51,7 +51,7 @@ __device__ void small_plan_build(small_plan &sp, const int32_t *ids, int n, int 
 	int i = threadIdx.x;
 
 	if (i < n) {
-		int v = ids[i];
+		int v = __ldcg(ids + i);	// L2: fresh even before a PDL wait (m1_down_kernel)
 
 		sp.id[i] = v >= 0 && v < E ? v : -1;
 	}

@@ -238,7 +238,7 @@ __device__ __forceinline__ dn_item dn_item_of(int q, int n_routed, int n_used,
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 m1_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t *ids,
 	       const float *weights, int top_k, int E, int hidden, int inter,
-	       moe_small_shared sh, int add, int bal, float *out)
+	       moe_small_shared sh, int add, int bal, int early, float *out)
 {
 	extern __shared__ float4 as4[];		// (max_used * inter + sh.inter) / 4
 	__shared__ small_plan sp;
@@ -253,9 +253,15 @@ m1_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t 
 	int ul = unit_len(nc, bal), nu = (nc + ul - 1) / ul, n_routed, n_all, K;
 
 	prefetch_down_before_wait(expert_w, ids, n, E, sh, c0, hidden, inter, pre_w);
-	k_cuda_pdl_wait();
+	if (!early)
+		k_cuda_pdl_wait();
+	// Before the wait: ids and weights are final here. This kernel is launched right
+	// after gate/up (k_cuda_moe_small_run), so it starts only once every gate/up CTA has
+	// passed its own wait, i.e. once the kernel that wrote them has completed. So the
+	// plan and the first weight units (constants) are in hand before the wait; only the
+	// activations, gate/up's output, are read after it.
 	if (threadIdx.x < n)
-		sw[threadIdx.x] = weights[threadIdx.x];
+		sw[threadIdx.x] = __ldcg(weights + threadIdx.x);
 	small_plan_build(sp, ids, n, E);	// its barriers publish sw too
 	if (threadIdx.x < sp.n_used)
 		used_w[threadIdx.x] = expert_w[3 * sp.used_e[threadIdx.x] + 2];
@@ -270,7 +276,6 @@ m1_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t 
 	};
 	auto load = [&](int k, uint4 *w0, uint4 *w1) {
 		dn_item it = item(k);
-
 		int cb = k % nu * ul;
 
 		unit_load(w0, w1, it.w0, it.w1, cb, min(cb + ul, it.nc), lane);
@@ -282,6 +287,8 @@ m1_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t 
 		load(0, wa0, wa1);
 	if (K > 1)
 		load(1, wb0, wb1);
+	if (early)
+		k_cuda_pdl_wait();
 	{	// the used experts' activation rows, then the shared expert's row
 		int r4 = inter / 4, routed4 = sp.n_used * r4, all4 = routed4 + sh.inter / 4;
 
@@ -395,6 +402,9 @@ static int m1_bal = -1;
 // shared expert is 35 MB at V2-Lite dims). -1: unread.
 static int m1_sh_down_early = -1;
 
+// KDEC_MOE_DOWN_EARLY=0: the down kernel waits before its plan and first loads (A/B).
+static int m1_down_early = -1;
+
 void moe_small_m1_launch(cudaStream_t s, int gate_up_ctas, const uint16_t *const *expert_w,
 			 const float *x, const int32_t *ids, const float *weights, int top_k,
 			 int n_experts, int hidden, int inter, float *act,
@@ -410,5 +420,5 @@ void moe_small_m1_launch(cudaStream_t s, int gate_up_ctas, const uint16_t *const
 	k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS),
 			  m1_down_smem(top_k, n_experts, inter, sh.inter), m1_down_kernel, expert_w,
 			  (const float *)act, ids, weights, top_k, n_experts, hidden, inter, sh, add,
-			  bal, out);
+			  bal, (int)moe_env_flag(&m1_down_early, "KDEC_MOE_DOWN_EARLY", 1), out);
 }
