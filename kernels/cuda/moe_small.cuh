@@ -96,6 +96,19 @@ __device__ void small_plan_build(small_plan &sp, const int32_t *ids, int n, int 
 	__syncthreads();
 }
 
+// CTA b's share [lo, hi) of a gate/up kernel's rows: the used experts' n_used * inter
+// (expert, feature) rows, then the shared expert's sh_inter, cut evenly across the grid.
+__device__ __forceinline__ void gate_up_share(const small_plan &sp, int inter, int sh_inter,
+					      long long &Wr, long long &lo, long long &hi)
+{
+	long long W;
+
+	Wr = (long long)sp.n_used * inter;
+	W = Wr + sh_inter;
+	lo = W * blockIdx.x / gridDim.x;
+	hi = W * (blockIdx.x + 1) / gridDim.x;
+}
+
 __device__ __forceinline__ float warp_sum(float v)
 {
 	for (int o = 16; o > 0; o >>= 1)

@@ -88,15 +88,12 @@ small_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int3
 {
 	extern __shared__ float4 xs4[];		// (rp, hidden / 4)
 	__shared__ small_plan sp;
-	long long Wr, W, lo, hi;
+	long long Wr, lo, hi;
 
 	prefetch_shared_gate_up(sh, hidden);
 	k_cuda_pdl_wait();
 	small_plan_build(sp, ids, n, E);
-	Wr = (long long)sp.n_used * inter;
-	W = Wr + sh.inter;
-	lo = W * blockIdx.x / gridDim.x;
-	hi = W * (blockIdx.x + 1) / gridDim.x;
+	gate_up_share(sp, inter, sh.inter, Wr, lo, hi);
 	for (long long pos = lo; pos < hi;) {	// CTA-uniform
 		if (pos < Wr) {
 			int u = (int)(pos / inter), fa = (int)(pos % inter), e = sp.used_e[u];
@@ -169,16 +166,13 @@ small_gate_up_staged_kernel(const uint16_t *const *expert_w, const float *x, con
 	__shared__ small_plan sp;
 	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ncm = hidden / 8;
 	uint4 *mine = gstages + (size_t)warp * 2 * ncm;	// the warp's stage: two rows
-	long long Wr, W, lo, hi;
+	long long Wr, lo, hi;
 	int rows;
 
 	prefetch_shared_gate_up(sh, hidden);
 	k_cuda_pdl_wait();
 	small_plan_build(sp, ids, n, E);
-	Wr = (long long)sp.n_used * inter;
-	W = Wr + sh.inter;
-	lo = W * blockIdx.x / gridDim.x;
-	hi = W * (blockIdx.x + 1) / gridDim.x;
+	gate_up_share(sp, inter, sh.inter, Wr, lo, hi);
 	rows = (int)(hi - lo);
 
 	// Jobs are rebuilt where used, not held: registers go to the weights.

@@ -67,6 +67,26 @@ __device__ __forceinline__ void unit_load(uint4 *w0, uint4 *w1, const uint4 *r0,
 	}
 }
 
+// The warp's units 0 .. K - 1 through two register buffers (a: even units, b: odd),
+// whose first two units load(k, w0, w1) has already issued: each unit is consumed
+// (consume(k, w0, w1)) and its buffer at once takes the loads of the unit two on.
+template <typename Load, typename Consume>
+__device__ __forceinline__ void unit_stream(int K, uint4 (&a0)[M1_UC], uint4 (&a1)[M1_UC],
+					    uint4 (&b0)[M1_UC], uint4 (&b1)[M1_UC], Load &load,
+					    Consume &consume)
+{
+	for (int k = 0; k < K; k += 2) {	// warp-uniform
+		consume(k, a0, a1);
+		if (k + 2 < K)
+			load(k + 2, a0, a1);
+		if (k + 1 < K) {
+			consume(k + 1, b0, b1);
+			if (k + 3 < K)
+				load(k + 3, b0, b1);
+		}
+	}
+}
+
 // Gate/up row pos of the CTA's share (the general kernel's order: used experts'
 // features, then the shared expert's): its gate and up rows, and the used expert u
 // (-1: the shared expert) with the feature f.
@@ -111,7 +131,7 @@ m1_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_t
 	__shared__ small_plan sp;
 	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nc = hidden / 8;
 	int ul = unit_len(nc, bal), nu = (nc + ul - 1) / ul;
-	long long Wr, W, lo, hi;
+	long long Wr, lo, hi;
 	int rows, K;
 
 	prefetch_shared_gate_up(sh, hidden);
@@ -124,10 +144,7 @@ m1_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_t
 	}
 	k_cuda_pdl_wait();
 	small_plan_build(sp, ids, n, E);
-	Wr = (long long)sp.n_used * inter;
-	W = Wr + sh.inter;
-	lo = W * blockIdx.x / gridDim.x;
-	hi = W * (blockIdx.x + 1) / gridDim.x;
+	gate_up_share(sp, inter, sh.inter, Wr, lo, hi);
 	rows = (int)(hi - lo);
 	K = warp < rows ? (rows - warp + SM_WARPS - 1) / SM_WARPS * nu : 0;	// warp's units
 
@@ -178,16 +195,7 @@ m1_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_t
 			ag = au = 0.0f;
 		}
 	};
-	for (int k = 0; k < K; k += 2) {	// warp-uniform
-		consume(k, ga, ua);
-		if (k + 2 < K)
-			load(k + 2, ga, ua);
-		if (k + 1 < K) {
-			consume(k + 1, gb, ub);
-			if (k + 3 < K)
-				load(k + 3, gb, ub);
-		}
-	}
+	unit_stream(K, ga, ua, gb, ub, load, consume);
 }
 
 // Down item q (small_down_kernel's order: (used expert, column pair), then (shared
@@ -328,16 +336,7 @@ m1_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t 
 			a0 = a1 = 0.0f;
 		}
 	};
-	for (int k = 0; k < K; k += 2) {	// warp-uniform
-		consume(k, wa0, wa1);
-		if (k + 2 < K)
-			load(k + 2, wa0, wa1);
-		if (k + 1 < K) {
-			consume(k + 1, wb0, wb1);
-			if (k + 3 < K)
-				load(k + 3, wb0, wb1);
-		}
-	}
+	unit_stream(K, wa0, wa1, wb0, wb1, load, consume);
 	__syncthreads();
 
 	// small_down_kernel's epilogue at M = 1: routed pairs in increasing (expert id,
