@@ -155,7 +155,6 @@ m1_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_t
 	};
 	auto load = [&](int k, uint4 *g, uint4 *u) {
 		gu_row r = row(k);
-
 		int cb = k % nu * ul;
 
 		unit_load(g, u, r.g, r.u, cb, min(cb + ul, nc), lane);
@@ -315,7 +314,6 @@ m1_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t 
 
 	auto consume = [&](int k, const uint4 *w0, const uint4 *w1) {
 		dn_item it = item(k);
-
 		int cb = k % nu * ul;
 
 		unit_dot(a0, a1, w0, w1, as4 + it.src4, cb, min(cb + ul, it.nc), lane);
