@@ -14,9 +14,8 @@
  * weights, so reading one fails; outputs are poisoned with NaN first, so an element
  * left unwritten fails. Tolerance rel L2 <= 1e-4 (grouped: bf16 hi+lo activations,
  * small: fp32 activations; fp32 accumulation: ~1e-5 expected). The small path runs
- * with its kernels staged and registers only (k_cuda_moe_set_staged); a single row
- * with moe_small_m1.cu's kernels (the default) and the general ones, which must give
- * the same bits (k_cuda_moe_set_m1; repeated and bad ids too).
+ * a single row with moe_small_m1.cu's kernels (the default) and the general ones,
+ * which must give the same bits (k_cuda_moe_set_m1; repeated and bad ids too).
  * Experts plus shared expert plus residual (k_cuda_moe_experts_add) against the CPU's
  * ops in forward.c's order (k_cpu_moe_experts, the shared SwiGLU MLP by k_cpu_linear
  * and k_cpu_silu_mul, two adds) on fresh random inputs, both ways too:
@@ -984,7 +983,6 @@ static void test_m1_bits(const struct shape *s, struct weights *w, const struct 
 	dids = dev_from(ids, sizeof(int32_t) * nk);
 	dy = dev_alloc(sizeof(float) * nx);
 	k_cuda_moe_set_path(K_CUDA_MOE_PATH_SMALL);
-	k_cuda_moe_set_staged(0);
 	for (int m1 = 0; m1 < 2; m1++) {
 		k_cuda_moe_set_m1(m1);
 		got[m1][0] = malloc(sizeof(float) * nx);
@@ -1001,7 +999,6 @@ static void test_m1_bits(const struct shape *s, struct weights *w, const struct 
 		to_host(got[m1][1], dy, sizeof(float) * nx);
 	}
 	k_cuda_moe_set_m1(-1);
-	k_cuda_moe_set_staged(-1);
 	for (int op = 0; op < 2; op++)
 		for (size_t i = 0; i < nx; i++)
 			diff[op] += memcmp(&got[0][op][i], &got[1][op][i], sizeof(float)) != 0;
@@ -1044,18 +1041,13 @@ static void test_experts_add_shape(const struct shape *s, int si)
 		return;
 	weights_make(&w, s);
 	shared_make(&sw, s->hidden, si > 0 ? si : 8);
-	for (int staged = 1; staged >= 0; staged--) {
-		k_cuda_moe_set_staged(staged);
-		printf("(%s)\n", staged ? "staged" : "registers only");
-		for (int m = 0; m < 4; m++) {
-			int M = (int[]){ 1, 2, 5, most }[m];
+	for (int m = 0; m < 4; m++) {
+		int M = (int[]){ 1, 2, 5, most }[m];
 
-			test_experts_add(s, &w, &sw, si, ws, M, 0, K_CUDA_MOE_PATH_SMALL, 1);
-		}
+		test_experts_add(s, &w, &sw, si, ws, M, 0, K_CUDA_MOE_PATH_SMALL, 1);
 	}
-	k_cuda_moe_set_staged(-1);
 	k_cuda_moe_set_m1(0);	/* M = 1 above took moe_small_m1.cu's kernels */
-	printf("(registers only, general kernels at M 1)\n");
+	printf("(general kernels at M 1)\n");
 	test_experts_add(s, &w, &sw, si, ws, 1, 0, K_CUDA_MOE_PATH_SMALL, 1);
 	k_cuda_moe_set_m1(-1);
 	test_m1_bits(s, &w, &sw, si, ws, 0);
@@ -1188,17 +1180,18 @@ static void test_experts_shape(const struct shape *s)
 	if (ret)
 		return;
 	weights_make(&w, s);
-	for (int pi = 0; pi < 3; pi++) {	/* small staged, small registers, grouped */
+	for (int pi = 0; pi < 3; pi++) {	/* small, small with M 1 on the general kernels,
+						 * grouped */
 		enum k_cuda_moe_path path = paths[pi > 0 ? pi - 1 : 0];
 
-		k_cuda_moe_set_staged(pi != 1);
+		k_cuda_moe_set_m1(pi != 1);
 		for (int m = 0; m < 4; m++)
 			test_experts(s, &w, ws, (int[]){ 1, 2, 3, 8 }[m], -1, 0, path);
 		test_experts(s, &w, ws, 8, 3, EX_DUP, path);	/* 9 pairs on expert 3 */
 		test_experts(s, &w, ws, 1, -1, EX_BAD_ID, path);
 		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, path);
 	}
-	k_cuda_moe_set_staged(-1);
+	k_cuda_moe_set_m1(-1);
 	/* auto: small at 5 rows (up to 64 pairs), grouped at 64 */
 	test_experts(s, &w, ws, 5, -1, 0, K_CUDA_MOE_PATH_AUTO);
 	test_experts(s, &w, ws, 64, -1, 0, K_CUDA_MOE_PATH_AUTO);
@@ -1248,23 +1241,16 @@ static void test_experts_all(void)
 			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, -1);
 			k_cuda_moe_set_prefetch_ahead(-1);
 			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_GROUPED, -1);
-			/* fused: v2-lite with its 2 * 1408 shared expert, qwen3 without;
-			 * staged, then registers only */
-			for (int st = 1; st >= 0; st--) {
-				k_cuda_moe_set_staged(st);
-				if (!st)
-					printf("(registers only)\n");
-				time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
-			}
-			k_cuda_moe_set_staged(-1);
+			/* fused: v2-lite with its 2 * 1408 shared expert, qwen3 without */
+			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
 			if (M == 1) {	/* the above took moe_small_m1.cu's kernels */
 				k_cuda_moe_set_m1(0);
-				printf("(registers only, general kernels at M 1)\n");
+				printf("(general kernels at M 1)\n");
 				time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
 				k_cuda_moe_set_m1(-1);
 			}
 			k_cuda_moe_set_prefetch_ahead(1);
-			printf("(registers only, prefetch ahead)\n");
+			printf("(prefetch ahead)\n");
 			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
 			k_cuda_moe_set_prefetch_ahead(-1);
 		}

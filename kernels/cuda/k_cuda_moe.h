@@ -114,14 +114,6 @@ enum k_cuda_moe_path { K_CUDA_MOE_PATH_AUTO, K_CUDA_MOE_PATH_SMALL, K_CUDA_MOE_P
 
 void k_cuda_moe_set_path(enum k_cuda_moe_path path);
 
-/* Whether the small path's kernels stream weights through a shared-memory stage as
- * well as registers (where rows are at most 2048 long; off by default, measured slower):
- * 1 both, 0 neither (registers only), -1 back to the environment's
- * KDEC_MOE_GATE_STAGED and KDEC_MOE_DOWN_STAGED (1 turns that kernel's stage on). The
- * results are the same bit for bit; tests and A/B runs. Set it before capturing a
- * graph. */
-void k_cuda_moe_set_staged(int on);
-
 /* Whether the small path's register-only kernels ask L2 for each warp's next weight
  * rows two turns ahead (off by default: measured slower end to end): 1 on, 0 off, -1
  * back to the environment's KDEC_MOE_PREFETCH_AHEAD (1: on). The results are the same bit for bit; tests and A/B

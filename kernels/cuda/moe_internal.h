@@ -46,13 +46,12 @@ bool k_cuda_moe_small_fits(int M, int top_k, int hidden, int inter, const float 
 // a capture): lets the gate/up kernel use its shared-memory budget. 0 or -EIO.
 int k_cuda_moe_small_setup(void);
 
-// moe_small_gate_up.cu for moe_small.cu: the gate/up kernels' one-time set-up (0 or
-// -EIO), and one launch of ctas CTAs, staged (two features' rows in flight per warp;
-// rows of at most 2048) or with rp x rows staged in shared memory instead (ahead 1:
-// each warp asks L2 for its rows two turns ahead). Its error,
-// if any, is the runtime's last error.
+// moe_small_gate_up.cu for moe_small.cu: the gate/up kernel's one-time set-up (0 or
+// -EIO), and one launch of ctas CTAs with rp x rows staged in shared memory (ahead 1:
+// each warp asks L2 for its rows two turns ahead). Its error, if any, is the
+// runtime's last error.
 int moe_small_gate_up_setup(void);
-void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp, int ahead,
+void moe_small_gate_up_launch(cudaStream_t s, int ctas, int rp, int ahead,
 			      const uint16_t *const *expert_w, const float *x, const int32_t *ids,
 			      int n, int top_k, int n_experts, int hidden, int inter, float *act,
 			      const struct moe_small_shared &sh);

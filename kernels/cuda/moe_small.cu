@@ -6,9 +6,7 @@
 // gate/up: one wave of CTAs shares the (used expert, feature) rows evenly and writes
 // silu(gate x) * up x per pair (see its file).
 // down: a CTA owns SM_DCOLS output columns of every row; its warps dot the used
-// experts' down rows of those columns with the pairs' activations (two items' rows in
-// flight per warp, one by cp.async into shared memory, one into registers; rows
-// longer than 2048 or KDEC_MOE_DOWN_STAGED=0: registers only), then it sums each
+// experts' down rows of those columns with the pairs' activations, then it sums each
 // row's pairs in increasing (expert id, pair) order, k_cpu_moe_experts's order, so no
 // combine kernel is needed. Each CTA derives the plan (which pairs chose which expert)
 // from the <= 64 ids itself, so no plan kernel either.
@@ -85,7 +83,7 @@ __device__ void down_job_run(const dot_job &j, int lane)
 
 		job_offsets(j, p0, np, off);
 		dot2_rows(j.w0, j.w1, j.nc, j.src, off, np, a0, a1, lane);
-		job_store<false>(j, p0, np, a0, a1, lane);
+		job_store(j, p0, np, a0, a1, lane);
 	}
 }
 
@@ -94,19 +92,13 @@ __device__ void down_job_run(const dot_job &j, int lane)
 // piece, column pair): the shared expert's rows cut into inter-long pieces, so that
 // every item streams about as many bytes and the warps stay even. Each pair's dot
 // product (a piece's) is one item's, so ys and yss need no reduction across warps.
-// STAGED: each warp has a stage of dynamic shared memory (SM_WARPS * 2 * inter / 8
-// uint4) besides its registers, so two of its items stream at once (see below): twice
-// the bytes in flight of the register path, which loads an item's rows only after the
-// last item's arithmetic and holds one item at a time.
 // add 0: out (M, hidden) overwritten, rows without a valid pair included (zeros);
 // add 1: out += (routed sum + shared expert), the separate ops' order.
-template <bool STAGED>
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t *ids,
 		  const float *weights, int M, int top_k, int E, int hidden, int inter,
 		  moe_small_shared sh, int add, int ahead, float *out)
 {
-	extern __shared__ uint4 stages[];	// STAGED: (SM_WARPS, 2, inter / 8)
 	__shared__ small_plan sp;
 	__shared__ float ys[MOE_SMALL_MAX_PAIRS][SM_DCOLS];	// pair's expert output
 	__shared__ float yss[MOE_SMALL_SH_PIECES][MOE_SMALL_MAX_PAIRS][SM_DCOLS];	// row's
@@ -140,42 +132,15 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 		return down_job_of(q, n_routed, sp, used_w, act, sh, M, c0, inter, &ys[0][0],
 				   &yss[0][0][0]);
 	};
-	if (STAGED) {
-		// The warp's items alternate: even ones through its shared-memory stage
-		// (cp.async), odd ones through registers, each in flight while the warp dots
-		// the other, so two items' rows stream per warp.
-		int ncm = inter / 8;
-		uint4 *mine = stages + (size_t)warp * 2 * ncm;	// the warp's stage: two rows
-
-		if (warp < n_all)
-			job_issue(job(warp), mine, ncm, lane);
-		cp_async_commit();
-		for (int q = warp; q < n_all; q += 2 * SM_WARPS) {	// warp-uniform
-			bool odd = q + SM_WARPS < n_all;
-			uint4 wa[SM_KB], wb[SM_KB];
-
-			if (odd)
-				job_load(job(q + SM_WARPS), wa, wb, lane);
-			cp_async_wait<0>();	// item q's rows are in the stage
-			job_run_staged<false>(job(q), mine, ncm, lane);
-			if (q + 2 * SM_WARPS < n_all)	// the stage is free again
-				job_issue(job(q + 2 * SM_WARPS), mine, ncm, lane);
-			cp_async_commit();
-			if (odd)
-				job_run_loaded<false>(job(q + SM_WARPS), wa, wb, lane);
-		}
-		cp_async_wait<0>();
-	} else {
-		// ahead: the warp's next two items' rows are asked of L2 while it dots this
-		// one, so each item's loads wait on L2 rather than HBM (one item in registers
-		// at a time: no room for a second).
-		if (ahead && warp + SM_WARPS < n_all)
-			job_prefetch(job(warp + SM_WARPS), lane);
-		for (int q = warp; q < n_all; q += SM_WARPS) {
-			if (ahead && q + 2 * SM_WARPS < n_all)
-				job_prefetch(job(q + 2 * SM_WARPS), lane);
-			down_job_run(job(q), lane);
-		}
+	// ahead: the warp's next two items' rows are asked of L2 while it dots this one,
+	// so each item's loads wait on L2 rather than HBM (one item in registers at a
+	// time: no room for a second).
+	if (ahead && warp + SM_WARPS < n_all)
+		job_prefetch(job(warp + SM_WARPS), lane);
+	for (int q = warp; q < n_all; q += SM_WARPS) {
+		if (ahead && q + 2 * SM_WARPS < n_all)
+			job_prefetch(job(q + 2 * SM_WARPS), lane);
+		down_job_run(job(q), lane);
 	}
 	__syncthreads();
 
@@ -224,22 +189,10 @@ bool k_cuda_moe_small_fits(int M, int top_k, int hidden, int inter, const float 
 	       (uintptr_t)sh->up % 16 == 0 && (uintptr_t)sh->down % 16 == 0;
 }
 
-// The staged kernels leave the L1 / shared-memory split to the driver, which sizes it
-// for their occupancy (two CTAs per SM) and leaves the rest to L1 for x and act.
 int k_cuda_moe_small_setup(void)
 {
-	return moe_small_gate_up_setup() || moe_small_m1_setup() ||
-	       K_CUDA_CALL(cudaFuncSetAttribute(small_down_kernel<true>,
-						cudaFuncAttributeMaxDynamicSharedMemorySize,
-						SM_DSTAGE_SMEM_MAX)) ? -EIO : 0;
+	return moe_small_gate_up_setup() || moe_small_m1_setup() ? -EIO : 0;
 }
-
-// KDEC_MOE_GATE_STAGED=1, KDEC_MOE_DOWN_STAGED=1: that kernel also streams weight rows
-// through a shared-memory stage (two items in flight per warp). Off by default: timed
-// on H200 (V2-Lite with its shared expert, tests/test_cuda_moe) the staged pair took
-// 63.1 us at batch 1 and 582 at batch 8 against 50.9 and 352 for registers only.
-// -1: not read yet.
-static int gate_staged = -1, down_staged = -1;
 
 // KDEC_MOE_PREFETCH_AHEAD=1: the register-path kernels ask L2 for their next rows
 // ahead of time (see small_down_kernel). Off by default: on H200 it cost V2-Lite batch 1
@@ -266,19 +219,6 @@ extern "C" void k_cuda_moe_set_m1(int on)
 	m1_on = on < 0 ? -1 : on != 0;
 }
 
-extern "C" void k_cuda_moe_set_staged(int on)
-{
-	gate_staged = down_staged = on < 0 ? -1 : on != 0;
-}
-
-// Whether a kernel streams rows of len values through a shared-memory stage besides
-// its registers: where turned on and where a row fits the lane's registers in one go
-// (len <= 32 * SM_KB * 8 = 2048) and the stages fit their budget.
-static bool use_staged(int *v, const char *name, int len)
-{
-	return moe_env_flag(v, name, 0) && len / 8 <= 32 * SM_KB &&
-	       moe_small_stage_bytes(len) <= SM_DSTAGE_SMEM_MAX;
-}
 
 int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x, int M,
 			 const int32_t *ids, const float *weights, int top_k,
@@ -300,26 +240,17 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	// A failed launch is also the runtime's last error, which K_CUDA_LAUNCHED reports.
 	ctas = ctas < most ? ctas : (int)most;
 	if (M == 1 && moe_env_flag(&m1_on, "KDEC_MOE_M1", 1) &&
-	    !use_staged(&gate_staged, "KDEC_MOE_GATE_STAGED", hidden) &&
-	    !use_staged(&down_staged, "KDEC_MOE_DOWN_STAGED", inter) &&
 	    moe_small_m1_fits(top_k, n_experts, hidden, inter, sh.inter)) {
 		moe_small_m1_launch(s, ctas, expert_w, x, ids, weights, top_k, n_experts, hidden,
 				    inter, act, sh, add, out);
 		return K_CUDA_LAUNCHED("moe small m1");
 	}
-	moe_small_gate_up_launch(s, use_staged(&gate_staged, "KDEC_MOE_GATE_STAGED", hidden), ctas,
-				 rp, ahead, expert_w, x, ids, n, top_k, n_experts, hidden, inter, act,
-				 sh);
+	moe_small_gate_up_launch(s, ctas, rp, ahead, expert_w, x, ids, n, top_k, n_experts, hidden,
+				 inter, act, sh);
 	if ((ret = K_CUDA_LAUNCHED("moe small gate/up")))
 		return ret;
-	if (use_staged(&down_staged, "KDEC_MOE_DOWN_STAGED", inter))
-		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS),
-				  moe_small_stage_bytes(inter), small_down_kernel<true>, expert_w,
-				  (const float *)act, ids, weights, M, top_k, n_experts, hidden, inter,
-				  sh, add, ahead, out);
-	else
-		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS), 0,
-				  small_down_kernel<false>, expert_w, (const float *)act, ids, weights,
-				  M, top_k, n_experts, hidden, inter, sh, add, ahead, out);
+	k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS), 0, small_down_kernel,
+			  expert_w, (const float *)act, ids, weights, M, top_k, n_experts, hidden, inter,
+			  sh, add, ahead, out);
 	return K_CUDA_LAUNCHED("moe small down");
 }

@@ -1,12 +1,11 @@
 // Device helpers of the small-batch MoE kernels (moe_small_gate_up.cu, moe_small.cu):
-// the plan each CTA rebuilds from the ids, the dot products, and the item description
-// (dot_job) with its register and staged runners. CUDA C++ only.
+// the plan each CTA rebuilds from the ids, the dot products, and the down kernel's item
+// description (dot_job). CUDA C++ only.
 #ifndef KD_KERNELS_CUDA_MOE_SMALL_CUH
 #define KD_KERNELS_CUDA_MOE_SMALL_CUH
 
 #include <cstdint>
 
-#include "kernels/cuda/attn_ptx.cuh"
 #include "kernels/cuda/moe_internal.h"
 
 #define SM_THREADS 256
@@ -16,17 +15,8 @@
 #define SM_KB 8			// 16-byte chunks per lane and weight row in flight (2048 values)
 #define SM_DCOLS 8		// down: output columns per CTA (pairs of columns per item)
 #define SM_X_SMEM_MAX (96 * 1024)	// gate/up: bytes of fp32 x rows per CTA
-#define SM_DSTAGE_SMEM_MAX (64 * 1024)	// staged kernels: bytes of weight stages per CTA
-					// (two CTAs and their static arrays fit an SM)
 #define SM_DPREFETCH (128 * 1024)	// down: bytes asked of L2 per CTA before the wait
 					// (times ~2 CTAs per SM: well inside the 50 MB L2)
-
-// A staged kernel's weight stages for rows of len values, in bytes: SM_WARPS warps,
-// 2 rows each.
-static inline size_t moe_small_stage_bytes(int len)
-{
-	return (size_t)SM_WARPS * 2 * (size_t)(len / 8) * sizeof(uint4);
-}
 
 namespace {	// each including file's own copy
 
@@ -256,10 +246,9 @@ __device__ __forceinline__ void prefetch_down_before_wait(const uint16_t *const 
 	}
 }
 
-// One item as its warp sees it: two weight rows w0 and w1 (nc chunks each) against
+// One down item as its warp sees it: two weight rows w0 and w1 (nc chunks each) against
 // total pairs' fp32 rows (pair p is i = pairs[p], or p where pairs is NULL; its row
-// at src + (i / div) * ld4). Down: the two sums to dst[i * dst_ld] and the next;
-// gate/up (w0 gate, w1 up): silu(gate) * up to dst[i * dst_ld].
+// at src + (i / div) * ld4); the two sums to dst[i * dst_ld] and the next.
 struct dot_job {
 	const uint4 *w0, *w1;
 	const float4 *src;
@@ -278,7 +267,6 @@ __device__ __forceinline__ void job_prefetch(const dot_job &j, int lane)
 }
 
 // The warp's sums per pair (acc0, acc1: lane partials) into the job's dst.
-template <bool GATE>
 __device__ __forceinline__ void job_store(const dot_job &j, int p0, int np, const float *acc0,
 					  const float *acc1, int lane)
 {
@@ -292,9 +280,7 @@ __device__ __forceinline__ void job_store(const dot_job &j, int p0, int np, cons
 		s0 = warp_sum(acc0[r]);
 		s1 = warp_sum(acc1[r]);
 		i = j.pairs ? j.pairs[p0 + r] : p0 + r;
-		if (lane == 0 && GATE) {
-			j.dst[(size_t)i * j.dst_ld] = silu_mul(s0, s1);
-		} else if (lane == 0) {
+		if (lane == 0) {
 			j.dst[i * j.dst_ld] = s0;
 			j.dst[i * j.dst_ld + 1] = s1;
 		}
@@ -309,100 +295,6 @@ __device__ __forceinline__ void job_offsets(const dot_job &j, int p0, int np, in
 		int p = p0 + min(r, np - 1);
 
 		off[r] = (j.pairs ? j.pairs[p] : p) / j.div * j.ld4;
-	}
-}
-
-// The lane's chunks (c = lane, lane + 32, ...) of the job's two rows into registers,
-// all of them (nc <= 32 * SM_KB: the staged predicates); they stay in flight until used.
-__device__ __forceinline__ void job_load(const dot_job &j, uint4 *wa, uint4 *wb, int lane)
-{
-	const uint4 zero = make_uint4(0, 0, 0, 0);
-
-#pragma unroll
-	for (int b = 0; b < SM_KB; b++) {
-		int c = 32 * b + lane;
-
-		wa[b] = c < j.nc ? __ldcs(j.w0 + c) : zero;
-		wb[b] = c < j.nc ? __ldcs(j.w1 + c) : zero;
-	}
-}
-
-// The job against its weights in registers (job_load), every pass of SM_RP pairs
-// from the same registers; chunks in dot2_rows's order, so the same sums bit for bit.
-template <bool GATE>
-__device__ __forceinline__ void job_run_loaded(const dot_job &j, const uint4 *wa, const uint4 *wb,
-					       int lane)
-{
-	for (int p0 = 0; p0 < j.total; p0 += SM_RP) {
-		int np = min(SM_RP, j.total - p0), off[SM_RP];
-		float a0[SM_RP], a1[SM_RP];
-
-		job_offsets(j, p0, np, off);
-#pragma unroll
-		for (int r = 0; r < SM_RP; r++)
-			a0[r] = a1[r] = 0.0f;
-#pragma unroll
-		for (int b = 0; b < SM_KB; b++) {
-			int c = 32 * b + lane;
-
-			if (c >= j.nc)
-				break;
-#pragma unroll
-			for (int r = 0; r < SM_RP; r++) {
-				float4 lo, hi;
-
-				if (r >= np)
-					break;
-				lo = j.src[off[r] + 2 * c];
-				hi = j.src[off[r] + 2 * c + 1];
-				fma8(a0[r], wa[b], lo, hi);
-				fma8(a1[r], wb[b], lo, hi);
-			}
-		}
-		job_store<GATE>(j, p0, np, a0, a1, lane);
-	}
-}
-
-// Asynchronous copy: the lane's chunks (c = lane, lane + 32, ...) of both rows into
-// stage (rows 0 and 1 at stage and stage + ncm). The lane alone reads them back
-// (job_run_staged), so no barrier is needed between copy and use.
-__device__ __forceinline__ void job_issue(const dot_job &j, uint4 *stage, int ncm, int lane)
-{
-	for (int c = lane; c < j.nc; c += 32) {
-		cp_async16(stage + c, j.w0 + c, true);
-		cp_async16(stage + ncm + c, j.w1 + c, true);
-	}
-}
-
-// The job against its weights staged by job_issue; the lane's chunks in the order
-// dot2_rows takes them, so the sums equal the register path's bit for bit.
-template <bool GATE>
-__device__ void job_run_staged(const dot_job &j, const uint4 *stage, int ncm, int lane)
-{
-	for (int p0 = 0; p0 < j.total; p0 += SM_RP) {
-		int np = min(SM_RP, j.total - p0), off[SM_RP];
-		float a0[SM_RP], a1[SM_RP];
-
-		job_offsets(j, p0, np, off);
-#pragma unroll
-		for (int r = 0; r < SM_RP; r++)
-			a0[r] = a1[r] = 0.0f;
-		for (int c = lane; c < j.nc; c += 32) {
-			uint4 wa = stage[c], wb = stage[ncm + c];
-
-#pragma unroll
-			for (int r = 0; r < SM_RP; r++) {
-				float4 lo, hi;
-
-				if (r >= np)
-					break;
-				lo = j.src[off[r] + 2 * c];
-				hi = j.src[off[r] + 2 * c + 1];
-				fma8(a0[r], wa, lo, hi);
-				fma8(a1[r], wb, lo, hi);
-			}
-		}
-		job_store<GATE>(j, p0, np, a0, a1, lane);
 	}
 }
 

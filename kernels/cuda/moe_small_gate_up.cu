@@ -1,9 +1,7 @@
 // The gate/up half of the small-batch MoE path (see moe_small.cu): one wave of CTAs
 // shares the (used expert, feature) rows, then the shared expert's, evenly; each CTA
 // streams its rows of gate and up once against the fp32 x rows of the slot's pairs and
-// writes silu(gate x) * up x per pair. Two kernels: staged (each warp has two
-// features' rows in flight, x through L1) and the register-only one (x staged in
-// shared memory), kept for rows past 2048 and for A/B (KDEC_MOE_GATE_STAGED=0).
+// writes silu(gate x) * up x per pair, with the pairs' x rows staged in shared memory.
 #include <cstdint>
 
 #include "kernels/cuda/launch_check.cuh"
@@ -113,92 +111,6 @@ small_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int3
 	}
 }
 
-// Row pos of the staged gate/up kernel's (slot, feature) order: feature pos % inter
-// of used expert pos / inter below Wr = n_used * inter, then the shared expert's
-// feature pos - Wr. x (n / top_k, hidden); act (n, inter), sh.act (n / top_k, sh.inter).
-__device__ __forceinline__ dot_job gate_up_job_of(long long pos, long long Wr,
-						  const small_plan &sp,
-						  const uint16_t *const *expert_w, const float *x,
-						  const moe_small_shared &sh, int n, int top_k,
-						  int hidden, int inter, float *act)
-{
-	dot_job j;
-
-	j.src = (const float4 *)x;
-	j.nc = hidden / 8;
-	j.ld4 = hidden / 4;
-	if (pos < Wr) {
-		int u = (int)(pos / inter), f = (int)(pos % inter), e = sp.used_e[u];
-
-		j.w0 = (const uint4 *)(expert_w[3 * e] + (size_t)f * hidden);
-		j.w1 = (const uint4 *)(expert_w[3 * e + 1] + (size_t)f * hidden);
-		j.pairs = sp.sorted + sp.used_start[u];
-		j.total = sp.used_n[u];
-		j.div = top_k;
-		j.dst = act + f;
-		j.dst_ld = inter;
-	} else {
-		int f = (int)(pos - Wr);
-
-		j.w0 = (const uint4 *)(sh.gate + (size_t)f * hidden);
-		j.w1 = (const uint4 *)(sh.up + (size_t)f * hidden);
-		j.pairs = nullptr;
-		j.total = n / top_k;
-		j.div = 1;
-		j.dst = sh.act + f;
-		j.dst_ld = sh.inter;
-	}
-	return j;
-}
-
-// small_gate_up_kernel's work and grid, each warp with two rows in flight at a time
-// like small_down_kernel's STAGED path: its items (the CTA's rows lo + warp, lo + warp
-// + SM_WARPS, ...) alternate between a shared-memory stage (cp.async) and registers.
-// x is read through L1 (M rows, every warp's), not staged, so the warps share nothing
-// and the CTA needs no barrier after the plan. Dynamic shared memory: the stages,
-// (SM_WARPS, 2, hidden / 8) uint4. Rows of at most 32 * SM_KB chunks.
-__global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
-small_gate_up_staged_kernel(const uint16_t *const *expert_w, const float *x, const int32_t *ids,
-			    int n, int top_k, int E, int hidden, int inter, float *act,
-			    moe_small_shared sh)
-{
-	extern __shared__ uint4 gstages[];	// (SM_WARPS, 2, hidden / 8)
-	__shared__ small_plan sp;
-	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, ncm = hidden / 8;
-	uint4 *mine = gstages + (size_t)warp * 2 * ncm;	// the warp's stage: two rows
-	long long Wr, lo, hi;
-	int rows;
-
-	prefetch_shared_gate_up(sh, hidden);
-	k_cuda_pdl_wait();
-	small_plan_build(sp, ids, n, E);
-	gate_up_share(sp, inter, sh.inter, Wr, lo, hi);
-	rows = (int)(hi - lo);
-
-	// Jobs are rebuilt where used, not held: registers go to the weights.
-	auto job = [&](int t) {
-		return gate_up_job_of(lo + t, Wr, sp, expert_w, x, sh, n, top_k, hidden, inter, act);
-	};
-	if (warp < rows)
-		job_issue(job(warp), mine, ncm, lane);
-	cp_async_commit();
-	for (int t = warp; t < rows; t += 2 * SM_WARPS) {	// warp-uniform
-		bool odd = t + SM_WARPS < rows;
-		uint4 wa[SM_KB], wb[SM_KB];
-
-		if (odd)
-			job_load(job(t + SM_WARPS), wa, wb, lane);
-		cp_async_wait<0>();	// row t's gate and up are in the stage
-		job_run_staged<true>(job(t), mine, ncm, lane);
-		if (t + 2 * SM_WARPS < rows)	// the stage is free again
-			job_issue(job(t + 2 * SM_WARPS), mine, ncm, lane);
-		cp_async_commit();
-		if (odd)
-			job_run_loaded<true>(job(t + SM_WARPS), wa, wb, lane);
-	}
-	cp_async_wait<0>();
-}
-
 }	// namespace
 
 // ---- launchers ----------------------------------------------------------------------
@@ -207,23 +119,15 @@ int moe_small_gate_up_setup(void)
 {
 	return K_CUDA_CALL(cudaFuncSetAttribute(small_gate_up_kernel,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
-						SM_X_SMEM_MAX)) ||
-	       K_CUDA_CALL(cudaFuncSetAttribute(small_gate_up_staged_kernel,
-						cudaFuncAttributeMaxDynamicSharedMemorySize,
-						SM_DSTAGE_SMEM_MAX)) ? -EIO : 0;
+						SM_X_SMEM_MAX)) ? -EIO : 0;
 }
 
-void moe_small_gate_up_launch(cudaStream_t s, bool staged, int ctas, int rp, int ahead,
+void moe_small_gate_up_launch(cudaStream_t s, int ctas, int rp, int ahead,
 			      const uint16_t *const *expert_w, const float *x, const int32_t *ids,
 			      int n, int top_k, int n_experts, int hidden, int inter, float *act,
 			      const struct moe_small_shared &sh)
 {
-	if (staged)
-		k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), moe_small_stage_bytes(hidden),
-				  small_gate_up_staged_kernel, expert_w, x, ids, n, top_k, n_experts,
-				  hidden, inter, act, sh);
-	else
-		k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS),
-				  (size_t)rp * hidden * sizeof(float), small_gate_up_kernel, expert_w,
-				  x, ids, n, top_k, n_experts, hidden, inter, rp, ahead, act, sh);
+	k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), (size_t)rp * hidden * sizeof(float),
+			  small_gate_up_kernel, expert_w, x, ids, n, top_k, n_experts, hidden, inter,
+			  rp, ahead, act, sh);
 }
