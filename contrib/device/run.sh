@@ -151,7 +151,8 @@ phase_optimes() {
 }
 
 # one decode step's kernels, each timed by ncu at the clocks the GPU runs (never locked)
-# (for ncu's per-line source counters, build with `../configure NVCC_EXTRA=-lineinfo`)
+# (for ncu's per-line source counters, build with `../configure NVCC_EXTRA=-lineinfo`;
+# contrib/device/ncu_stalls.py reads them: where each kernel's warps stall, line by line)
 # and with warm caches (kernels serialised: the sum is above the
 # graph's step time; what it shows is where each kernel stands against its bytes)
 phase_ncu() {
