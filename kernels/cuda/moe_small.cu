@@ -30,6 +30,58 @@
 
 namespace {	// kernels and their helpers stay private to this file
 
+// One item as its warp sees it: two weight rows w0 and w1 (nc chunks each) against
+// total pairs' fp32 rows (pair p is i = pairs[p], or p where pairs is NULL; its row
+// at src + i * ld4); the two sums to dst[i * SM_DCOLS] and the next.
+struct dot_job {
+	const uint4 *w0, *w1;
+	const float4 *src;
+	const int *pairs;
+	float *dst;
+	int nc, ld4, total;
+};
+
+// Asks L2 for a job's two weight rows (nc chunks each) before its turn, so that its
+// loads then wait on L2, not HBM. A hint; the warp calls it.
+__device__ __forceinline__ void job_prefetch(const dot_job &j, int lane)
+{
+	prefetch_l2(j.w0, (size_t)j.nc * 16, lane, 32);
+	if (j.w1)
+		prefetch_l2(j.w1, (size_t)j.nc * 16, lane, 32);
+}
+
+// The warp's sums per pair (acc0, acc1: lane partials) into the job's dst.
+__device__ __forceinline__ void job_store(const dot_job &j, int p0, int np, const float *acc0,
+					  const float *acc1, int lane)
+{
+#pragma unroll
+	for (int r = 0; r < SM_RP; r++) {
+		float s0, s1;
+		int i;
+
+		if (r >= np)
+			break;
+		s0 = warp_sum(acc0[r]);
+		s1 = warp_sum(acc1[r]);
+		i = j.pairs ? j.pairs[p0 + r] : p0 + r;
+		if (lane == 0) {
+			j.dst[i * SM_DCOLS] = s0;
+			j.dst[i * SM_DCOLS + 1] = s1;
+		}
+	}
+}
+
+// The job's pair offsets p0 .. p0 + SM_RP - 1 (the last one repeated past np).
+__device__ __forceinline__ void job_offsets(const dot_job &j, int p0, int np, int *off)
+{
+#pragma unroll
+	for (int r = 0; r < SM_RP; r++) {	// row * ld4 < 64 * 4 * inter / 4: an int
+		int p = p0 + min(r, np - 1);
+
+		off[r] = (j.pairs ? j.pairs[p] : p) * j.ld4;
+	}
+}
+
 // Item q of small_down_kernel's CTA: (used expert, column pair) below n_routed, then
 // (shared piece, column pair). Every item's columns lie inside hidden (a multiple of
 // SM_DCOLS: k_cuda_moe_small_fits). ys (MOE_SMALL_MAX_PAIRS, SM_DCOLS), yss
@@ -43,8 +95,6 @@ __device__ __forceinline__ dot_job down_job_of(int q, int n_routed, const small_
 	int cps = SM_DCOLS / 2, cp = q % cps, c = c0 + 2 * cp;
 	dot_job j;
 
-	j.div = 1;
-	j.dst_ld = SM_DCOLS;
 	if (q < n_routed) {
 		int u = q / cps;
 		const uint16_t *w = used_w[u] + (size_t)c * inter;

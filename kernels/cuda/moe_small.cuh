@@ -1,6 +1,6 @@
 // Device helpers of the small-batch MoE kernels (moe_small_gate_up.cu, moe_small.cu):
-// the plan each CTA rebuilds from the ids, the dot products, and the down kernel's item
-// description (dot_job). CUDA C++ only.
+// the plan each CTA rebuilds from the ids, the dot products and the L2 hints. CUDA C++
+// only.
 #ifndef KD_KERNELS_CUDA_MOE_SMALL_CUH
 #define KD_KERNELS_CUDA_MOE_SMALL_CUH
 
@@ -243,58 +243,6 @@ __device__ __forceinline__ void prefetch_down_before_wait(const uint16_t *const 
 		if (w && col < hidden)
 			prefetch_l2((const char *)(w + (size_t)col * inter) +
 					    (size_t)(q % lines) * 128, 1, 0, 1);
-	}
-}
-
-// One down item as its warp sees it: two weight rows w0 and w1 (nc chunks each) against
-// total pairs' fp32 rows (pair p is i = pairs[p], or p where pairs is NULL; its row
-// at src + (i / div) * ld4); the two sums to dst[i * dst_ld] and the next.
-struct dot_job {
-	const uint4 *w0, *w1;
-	const float4 *src;
-	const int *pairs;
-	float *dst;
-	int nc, ld4, total, div, dst_ld;
-};
-
-// Asks L2 for a job's two weight rows (nc chunks each) before its turn, so that its
-// loads then wait on L2, not HBM. A hint; the warp calls it.
-__device__ __forceinline__ void job_prefetch(const dot_job &j, int lane)
-{
-	prefetch_l2(j.w0, (size_t)j.nc * 16, lane, 32);
-	if (j.w1)
-		prefetch_l2(j.w1, (size_t)j.nc * 16, lane, 32);
-}
-
-// The warp's sums per pair (acc0, acc1: lane partials) into the job's dst.
-__device__ __forceinline__ void job_store(const dot_job &j, int p0, int np, const float *acc0,
-					  const float *acc1, int lane)
-{
-#pragma unroll
-	for (int r = 0; r < SM_RP; r++) {
-		float s0, s1;
-		int i;
-
-		if (r >= np)
-			break;
-		s0 = warp_sum(acc0[r]);
-		s1 = warp_sum(acc1[r]);
-		i = j.pairs ? j.pairs[p0 + r] : p0 + r;
-		if (lane == 0) {
-			j.dst[i * j.dst_ld] = s0;
-			j.dst[i * j.dst_ld + 1] = s1;
-		}
-	}
-}
-
-// The job's pair offsets p0 .. p0 + SM_RP - 1 (the last one repeated past np).
-__device__ __forceinline__ void job_offsets(const dot_job &j, int p0, int np, int *off)
-{
-#pragma unroll
-	for (int r = 0; r < SM_RP; r++) {	// row * ld4 < 64 * 4 * inter / 4: an int
-		int p = p0 + min(r, np - 1);
-
-		off[r] = (j.pairs ? j.pairs[p] : p) / j.div * j.ld4;
 	}
 }
 

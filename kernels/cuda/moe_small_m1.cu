@@ -67,9 +67,20 @@ __device__ __forceinline__ void unit_load(uint4 *w0, uint4 *w1, const uint4 *r0,
 	}
 }
 
-// The warp's units 0 .. K - 1 through two register buffers (a: even units, b: odd),
-// whose first two units load(k, w0, w1) has already issued: each unit is consumed
-// (consume(k, w0, w1)) and its buffer at once takes the loads of the unit two on.
+// The warp's units 0 .. K - 1 through two register buffers (a: even units, b: odd).
+// unit_prime issues the first two (load(k, w0, w1)); the CTA may stage its shared rows
+// meanwhile. unit_stream then consumes each unit (consume(k, w0, w1)), and its buffer
+// at once takes the loads of the unit two on.
+template <typename Load>
+__device__ __forceinline__ void unit_prime(int K, uint4 (&a0)[M1_UC], uint4 (&a1)[M1_UC],
+					   uint4 (&b0)[M1_UC], uint4 (&b1)[M1_UC], Load &load)
+{
+	if (K > 0)
+		load(0, a0, a1);
+	if (K > 1)
+		load(1, b0, b1);
+}
+
 template <typename Load, typename Consume>
 __device__ __forceinline__ void unit_stream(int K, uint4 (&a0)[M1_UC], uint4 (&a1)[M1_UC],
 					    uint4 (&b0)[M1_UC], uint4 (&b1)[M1_UC], Load &load,
@@ -162,10 +173,7 @@ m1_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_t
 	uint4 ga[M1_UC], ua[M1_UC], gb[M1_UC], ub[M1_UC];
 	float ag = 0.0f, au = 0.0f;
 
-	if (K > 0)
-		load(0, ga, ua);
-	if (K > 1)
-		load(1, gb, ub);
+	unit_prime(K, ga, ua, gb, ub, load);
 	for (int q = threadIdx.x; q < hidden / 4; q += SM_THREADS)
 		xs4[q] = ((const float4 *)x)[q];
 	__syncthreads();
@@ -237,7 +245,7 @@ __device__ __forceinline__ dn_item dn_item_of(int q, int n_routed, int n_used,
 	return it;
 }
 
-// small_down_kernel<false> at M = 1: the same grid, items and epilogue (the general
+// small_down_kernel at M = 1: the same grid, items and epilogue (the general
 // kernel's order of sums). Each used expert's activations (of its first pair: a
 // repeated id has the same ones) and the shared expert's are staged in shared memory
 // while the warps' first units load. Dynamic shared memory: (max_used * inter +
@@ -290,10 +298,7 @@ m1_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t 
 	uint4 wa0[M1_UC], wa1[M1_UC], wb0[M1_UC], wb1[M1_UC];
 	float a0 = 0.0f, a1 = 0.0f;
 
-	if (K > 0)
-		load(0, wa0, wa1);
-	if (K > 1)
-		load(1, wb0, wb1);
+	unit_prime(K, wa0, wa1, wb0, wb1, load);
 	if (early)
 		k_cuda_pdl_wait();
 	{	// the used experts' activation rows, then the shared expert's row
