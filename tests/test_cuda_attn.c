@@ -672,6 +672,26 @@ struct qkv_run {
 	size_t nq, ncache;
 };
 
+/* qkv_post's arguments for rows of the fused projection src (rows, (H + 2 KV) * D:
+ * q, k, v side by side); norm (2 D: q's weights, then k's) or NULL, eps 1e-6, rope over
+ * rope_dim dims (interleaved il) at pos with the inverse frequencies fr. */
+static struct k_cuda_qkv_args packed_qkv_args(const float *src, int rows, int H, int KV, int D,
+					      const float *norm, const float *fr, int rope_dim,
+					      int il, const int32_t *pos, const int32_t *slots,
+					      float *q, uint16_t *k_cache, uint16_t *v_cache)
+{
+	const long rs = (long)(H + 2 * KV) * D;
+
+	return (struct k_cuda_qkv_args){
+		.q = q, .q_src = src, .k_src = src + (size_t)H * D,
+		.v_src = src + (size_t)(H + KV) * D, .q_rs = rs, .k_rs = rs, .v_rs = rs,
+		.rows = rows, .n_heads = H, .kv_heads = KV, .head_dim = D, .q_norm = norm,
+		.k_norm = norm ? norm + D : NULL, .eps = 1e-6f, .inv_freq = fr,
+		.rope_dim = rope_dim, .interleaved = il, .attn_factor = 1.0f, .pos = pos,
+		.k_cache = k_cache, .v_cache = v_cache, .slots = slots,
+	};
+}
+
 static int qkv_call(void *p, cudaStream_t s)
 {
 	return k_cuda_qkv_post(s, &((struct qkv_run *)p)->a);
@@ -729,15 +749,8 @@ static void qkv_case(int rows, int H, int KV, int D, int rope_dim, int qk_norm, 
 	dq = dalloc(sizeof(float) * q.nq);
 	dk = dalloc(sizeof(uint16_t) * q.ncache);
 	dv = dalloc(sizeof(uint16_t) * q.ncache);
-	q.a = (struct k_cuda_qkv_args){
-		.q = dq, .q_src = dsrc, .k_src = dsrc + (size_t)H * D,
-		.v_src = dsrc + (size_t)(H + KV) * D, .q_rs = (long)(H + 2 * KV) * D,
-		.k_rs = (long)(H + 2 * KV) * D, .v_rs = (long)(H + 2 * KV) * D, .rows = rows,
-		.n_heads = H, .kv_heads = KV, .head_dim = D, .q_norm = qk_norm ? dw : NULL,
-		.k_norm = qk_norm ? dw + D : NULL, .eps = 1e-6f, .inv_freq = dfr,
-		.rope_dim = rope_dim, .interleaved = il, .attn_factor = 1.0f, .pos = dpos,
-		.k_cache = dk, .v_cache = dv, .slots = dslots,
-	};
+	q.a = packed_qkv_args(dsrc, rows, H, KV, D, qk_norm ? dw : NULL, dfr, rope_dim, il, dpos,
+			      dslots, dq, dk, dv);
 	setenv("KDEC_QKV_POST_EARLY", "0", 1);
 	qkv_poison(&q);
 	ret0 = qkv_call(&q, 0);
@@ -899,15 +912,8 @@ static void fold_case(struct gqa_shape sh, int rope_dim, int qk_norm, int il, in
 	dq = dalloc(sizeof(float) * f.n_out);
 	f.d_out = dalloc(sizeof(float) * f.n_out);
 	f.d_outb = dalloc(sizeof(uint16_t) * f.n_out);
-	f.a = (struct k_cuda_qkv_args){
-		.q = dq, .q_src = dsrc, .k_src = dsrc + (size_t)H * D,
-		.v_src = dsrc + (size_t)(H + KV) * D, .q_rs = (long)(H + 2 * KV) * D,
-		.k_rs = (long)(H + 2 * KV) * D, .v_rs = (long)(H + 2 * KV) * D, .rows = R,
-		.n_heads = H, .kv_heads = KV, .head_dim = D, .q_norm = qk_norm ? dw : NULL,
-		.k_norm = qk_norm ? dw + D : NULL, .eps = 1e-6f, .inv_freq = dfr,
-		.rope_dim = rope_dim, .interleaved = il, .attn_factor = 1.0f, .pos = dpos,
-		.k_cache = f.k.d, .v_cache = f.v.d, .slots = dslots,
-	};
+	f.a = packed_qkv_args(dsrc, R, H, KV, D, qk_norm ? dw : NULL, dfr, rope_dim, il, dpos,
+			      dslots, dq, f.k.d, f.v.d);
 	setenv("KDEC_QKV_IN_ATTN", "0", 1);
 	fold_reset(&f, slots);
 	ret0 = fold_call(&f, 0);
