@@ -59,7 +59,12 @@ struct backend_ops {
 	/* Backend memory, zeroed; NULL when exhausted. */
 	void *(*alloc)(struct backend *be, size_t bytes);
 	void (*free)(struct backend *be, void *p);
-	/* Host <-> backend copies; return 0 or -EIO. */
+	/* Optional: host memory the backend copies from and to fastest (page-locked),
+	 * zeroed; NULL when exhausted. Without them forward stages in malloc'd memory. */
+	void *(*host_alloc)(struct backend *be, size_t bytes);
+	void (*host_free)(struct backend *be, void *p);
+	/* Host <-> backend copies; return 0 or -EIO. An upload from host_alloc memory may
+	 * read its source until the next sync or download. */
 	int (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
 	int (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
 	int (*sync)(struct backend *be);

@@ -26,18 +26,25 @@ struct fwd_batch {
 #define FWD_GRAPH_MAX_ROWS 64		/* decode steps up to this many rows replay a graph */
 #define FWD_N_BUCKETS 7			/* graph batch buckets 1, 2, 4, ..., 64 */
 
-/* Step inputs in backend memory, for backends that cannot read host memory. */
+/* Step inputs in backend memory, for backends that cannot read host memory. One
+ * block holds a step's row inputs and then its block tables, laid out for the step's
+ * row count S (stage_layout): tokens, pos, slots, ctx (S int32 each), row_tables (S),
+ * params and steps (S each), tables (table_cap). A step's inputs are written into the
+ * host mirror and go over in one copy; a graph, captured at its bucket's S, finds
+ * them where it read them at capture. */
 struct fwd_stage {
-	int32_t *tokens, *pos, *slots, *ctx;	/* (max_rows) */
-	const int32_t **row_tables;	/* (max_rows) backend pointers into tables */
+	char *block;			/* (block_bytes) backend memory */
+	char *h_block;			/* (block_bytes) host mirror, pinned where the backend can */
+	size_t block_bytes;
+	int table_cap;			/* tables entries the block holds at max_rows */
+	int layout_rows;		/* S of the pointers below */
+	int32_t *tokens, *pos, *slots, *ctx;	/* (S) into block */
+	const int32_t **row_tables;	/* (S) backend pointers into tables */
+	struct k_sample_params *params;	/* (S) */
+	uint64_t *steps;		/* (S) */
 	int32_t *tables;		/* (table_cap) the step's block tables, back to back */
-	int table_cap;
-	const int32_t **h_row_tables;	/* (max_rows) host staging of row_tables */
-	int32_t *h_tables;		/* (table_cap) host staging of tables */
-	int32_t *h_rows;		/* (max_rows) host scratch for padded inputs */
-	struct k_sample_params *params;	/* (FWD_LOGIT_ROWS) */
-	uint64_t *steps;		/* (FWD_LOGIT_ROWS) */
-	int32_t *ids;			/* (FWD_LOGIT_ROWS) */
+	int32_t *ids;			/* (FWD_LOGIT_ROWS) backend: sampled ids */
+	int32_t *h_ids;			/* (FWD_LOGIT_ROWS) host, pinned where the backend can */
 };
 
 /* Sampling requested for the out rows of the steps that follow (forward_sample_set):

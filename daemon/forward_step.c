@@ -14,54 +14,106 @@
 
 /* ---- staging ------------------------------------------------------------ */
 
-static void *stage_alloc(struct forward *f, size_t bytes, int *failed)
+static size_t align_up(size_t n, size_t a)
 {
-	void *p = f->be->ops->alloc(f->be, bytes);
-
-	if (!p)
-		*failed = 1;
-	return p;
+	return (n + a - 1) / a * a;
 }
 
-static int stage_tables_alloc(struct forward *f, int cap)
+/* Byte offsets of the stage block's arrays for a step of S rows. */
+struct stage_offsets {
+	size_t tokens, pos, slots, ctx, row_tables, params, steps, tables;
+};
+
+static struct stage_offsets stage_offsets_of(size_t S)
+{
+	struct stage_offsets o;
+
+	o.tokens = 0;
+	o.pos = o.tokens + S * sizeof(int32_t);
+	o.slots = o.pos + S * sizeof(int32_t);
+	o.ctx = o.slots + S * sizeof(int32_t);
+	o.row_tables = align_up(o.ctx + S * sizeof(int32_t), 16);
+	o.params = align_up(o.row_tables + S * sizeof(int32_t *), 16);
+	o.steps = align_up(o.params + S * sizeof(struct k_sample_params), 16);
+	o.tables = align_up(o.steps + S * sizeof(uint64_t), 16);
+	return o;
+}
+
+/* Points the stage's arrays into the block as laid out for S rows. */
+static void stage_layout(struct fwd_stage *st, int S)
+{
+	struct stage_offsets o = stage_offsets_of((size_t)S);
+
+	st->layout_rows = S;
+	st->tokens = (int32_t *)(st->block + o.tokens);
+	st->pos = (int32_t *)(st->block + o.pos);
+	st->slots = (int32_t *)(st->block + o.slots);
+	st->ctx = (int32_t *)(st->block + o.ctx);
+	st->row_tables = (const int32_t **)(st->block + o.row_tables);
+	st->params = (struct k_sample_params *)(st->block + o.params);
+	st->steps = (uint64_t *)(st->block + o.steps);
+	st->tables = (int32_t *)(st->block + o.tables);
+}
+
+/* The host mirror of a place in the block. */
+static void *stage_host(const struct fwd_stage *st, const void *dev)
+{
+	return st->h_block + ((const char *)dev - st->block);
+}
+
+static void *host_alloc(struct forward *f, size_t bytes)
+{
+	return f->be->ops->host_alloc ? f->be->ops->host_alloc(f->be, bytes) : calloc(1, bytes);
+}
+
+static void host_free(struct forward *f, void *p)
+{
+	if (f->be->ops->host_free)
+		f->be->ops->host_free(f->be, p);
+	else
+		free(p);
+}
+
+/* A block for max_rows rows and table_cap table entries; replaces the old block. The
+ * old graphs read the old block, so they go too and are captured again. */
+static int stage_block_alloc(struct forward *f, int table_cap)
 {
 	struct fwd_stage *st = &f->st;
-	int32_t *h = malloc((size_t)cap * sizeof(*h));
-	int32_t *d = f->be->ops->alloc(f->be, (size_t)cap * sizeof(*d));
+	size_t bytes = stage_offsets_of((size_t)f->max_rows).tables + (size_t)table_cap * sizeof(int32_t);
+	char *d = f->be->ops->alloc(f->be, bytes), *h = host_alloc(f, bytes);
 
 	if (!h || !d) {
-		free(h);
+		if (h)
+			host_free(f, h);
 		if (d)
 			f->be->ops->free(f->be, d);
 		return -ENOMEM;
 	}
-	free(st->h_tables);
-	if (st->tables)
-		f->be->ops->free(f->be, st->tables);
-	st->h_tables = h;
-	st->tables = d;
-	st->table_cap = cap;
+	if (st->block)
+		f->be->ops->free(f->be, st->block);
+	if (st->h_block)
+		host_free(f, st->h_block);
+	for (int i = 0; i < FWD_N_BUCKETS; i++)
+		for (int j = 0; j < 2; j++) {
+			if (f->graphs[i][j])
+				f->be->ops->graph_destroy(f->be, f->graphs[i][j]);
+			f->graphs[i][j] = NULL;
+		}
+	st->block = d;
+	st->h_block = h;
+	st->block_bytes = bytes;
+	st->table_cap = table_cap;
+	stage_layout(st, f->max_rows);
 	return 0;
 }
 
 int forward_stage_create(struct forward *f, char *err, size_t err_len)
 {
 	struct fwd_stage *st = &f->st;
-	size_t R = (size_t)f->max_rows;
-	int failed = 0;
 
-	st->tokens = stage_alloc(f, R * sizeof(int32_t), &failed);
-	st->pos = stage_alloc(f, R * sizeof(int32_t), &failed);
-	st->slots = stage_alloc(f, R * sizeof(int32_t), &failed);
-	st->ctx = stage_alloc(f, R * sizeof(int32_t), &failed);
-	st->row_tables = stage_alloc(f, R * sizeof(*st->row_tables), &failed);
-	st->params = stage_alloc(f, FWD_LOGIT_ROWS * sizeof(*st->params), &failed);
-	st->steps = stage_alloc(f, FWD_LOGIT_ROWS * sizeof(*st->steps), &failed);
-	st->ids = stage_alloc(f, FWD_LOGIT_ROWS * sizeof(*st->ids), &failed);
-	st->h_row_tables = calloc(R, sizeof(*st->h_row_tables));
-	st->h_rows = calloc(R > FWD_GRAPH_MAX_ROWS ? R : FWD_GRAPH_MAX_ROWS, sizeof(*st->h_rows));
-	if (failed || !st->h_row_tables || !st->h_rows ||
-	    stage_tables_alloc(f, f->n_blocks + 2 * (int)R + 1)) {
+	st->ids = f->be->ops->alloc(f->be, FWD_LOGIT_ROWS * sizeof(*st->ids));
+	st->h_ids = host_alloc(f, FWD_LOGIT_ROWS * sizeof(*st->h_ids));
+	if (!st->ids || !st->h_ids || stage_block_alloc(f, f->n_blocks + 2 * f->max_rows + 1)) {
 		snprintf(err, err_len, "%s backend: out of memory for the step's inputs", f->be->ops->name);
 		return -ENOMEM;
 	}
@@ -71,15 +123,15 @@ int forward_stage_create(struct forward *f, char *err, size_t err_len)
 void forward_stage_destroy(struct forward *f)
 {
 	struct fwd_stage *st = &f->st;
-	void *dev[] = { st->tokens, st->pos, st->slots, st->ctx, (void *)st->row_tables,
-			st->tables, st->params, st->steps, st->ids };
 
-	for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
-		if (dev[i])
-			f->be->ops->free(f->be, dev[i]);
-	free(st->h_row_tables);
-	free(st->h_tables);
-	free(st->h_rows);
+	if (st->block)
+		f->be->ops->free(f->be, st->block);
+	if (st->ids)
+		f->be->ops->free(f->be, st->ids);
+	if (st->h_block)
+		host_free(f, st->h_block);
+	if (st->h_ids)
+		host_free(f, st->h_ids);
 	memset(st, 0, sizeof(*st));
 }
 
@@ -91,49 +143,66 @@ static int run_end(const struct fwd_batch *b, int r)
 	return r;
 }
 
-/* Block tables of the batch's sequences, each once, long enough for the sequence's
- * last row, then a one-entry table for padding rows. Fills h_tables and
- * h_row_tables (backend pointers); returns the entries used or -ENOMEM. */
-static int stage_tables(struct forward *f, const struct fwd_batch *b, int n_rows)
+/* Table entries the batch's step needs: each sequence's table once, long enough for
+ * its last row, then a one-entry table for padding rows. */
+static int stage_tables_need(const struct forward *f, const struct fwd_batch *b)
 {
-	struct fwd_stage *st = &f->st;
-	int bt = f->block_tokens, used = 0, need = 1;
+	int need = 1;
 
 	for (int r = 0, end; r < b->n_rows; r = end + 1) {
 		end = run_end(b, r);
-		need += (b->attn.ctx[end] + bt - 1) / bt;
+		need += (b->attn.ctx[end] + f->block_tokens - 1) / f->block_tokens;
 	}
-	if (need > st->table_cap && stage_tables_alloc(f, 2 * need))
-		return -ENOMEM;
+	return need;
+}
+
+/* Fills the host mirror's tables and row_tables (backend pointers into tables) for
+ * n_rows rows; returns the table entries used. */
+static int stage_tables(struct forward *f, const struct fwd_batch *b, int n_rows)
+{
+	struct fwd_stage *st = &f->st;
+	int32_t *h_tables = stage_host(st, st->tables);
+	const int32_t **h_row_tables = stage_host(st, st->row_tables);
+	int bt = f->block_tokens, used = 0;
+
 	for (int r = 0, end; r < b->n_rows; r = end + 1) {
 		int len;
 
 		end = run_end(b, r);
 		len = (b->attn.ctx[end] + bt - 1) / bt;
-		memcpy(st->h_tables + used, b->attn.blocks[r], (size_t)len * sizeof(int32_t));
+		memcpy(h_tables + used, b->attn.blocks[r], (size_t)len * sizeof(int32_t));
 		for (int i = r; i <= end; i++)
-			st->h_row_tables[i] = st->tables + used;
+			h_row_tables[i] = st->tables + used;
 		used += len;
 	}
-	st->h_tables[used] = f->dummy_block;
+	h_tables[used] = f->dummy_block;
 	for (int i = b->n_rows; i < n_rows; i++)
-		st->h_row_tables[i] = st->tables + used;
+		h_row_tables[i] = st->tables + used;
 	return used + 1;
 }
 
-/* Copies b's inputs into backend memory as n_rows rows (n_rows > b->n_rows pads
- * with rows that read and write only the dummy block) and fills *db to match. */
-static int stage_batch(struct forward *f, const struct fwd_batch *b, int n_rows,
-		       struct fwd_batch *db)
+/* Copies the host mirror's [dev, dev + bytes) to the block. */
+static int stage_upload(struct forward *f, const void *dev, size_t bytes)
+{
+	return f->be->ops->upload(f->be, (void *)dev, stage_host(&f->st, dev), bytes);
+}
+
+/* Writes b's inputs into the host mirror as n_rows rows (n_rows > b->n_rows pads
+ * with rows that read and write only the dummy block), laid out for n_rows, and fills
+ * *db to match. Returns the bytes of the block to upload (through the tables used),
+ * or -errno. The sampling parameters go in between (sample_fill) before the upload. */
+static long stage_batch(struct forward *f, const struct fwd_batch *b, int n_rows, struct fwd_batch *db)
 {
 	struct fwd_stage *st = &f->st;
-	struct backend *be = f->be;
-	size_t n = (size_t)b->n_rows, pad = (size_t)(n_rows - b->n_rows);
-	int used, ret, max_ctx = 1, n_seqs = 0;
+	size_t n = (size_t)b->n_rows;
+	int32_t *tok, *pos, *slots, *ctx;
+	int need, used, max_ctx = 1, n_seqs = 0;
 
+	need = stage_tables_need(f, b);
+	if (need > st->table_cap && stage_block_alloc(f, 2 * need))
+		return -ENOMEM;
+	stage_layout(st, n_rows);
 	used = stage_tables(f, b, n_rows);
-	if (used < 0)
-		return used;
 	for (int r = 0; r < b->n_rows; r = run_end(b, r) + 1)
 		n_seqs++;
 	n_seqs += n_rows - b->n_rows;	/* each padding row on its own */
@@ -142,30 +211,20 @@ static int stage_batch(struct forward *f, const struct fwd_batch *b, int n_rows,
 			max_ctx = b->attn.ctx[r];
 
 	/* real rows, then padding: token 0 at position 0 in the dummy block */
-	if ((ret = be->ops->upload(be, st->tokens, b->tokens, n * sizeof(int32_t))) ||
-	    (ret = be->ops->upload(be, st->pos, b->pos, n * sizeof(int32_t))) ||
-	    (ret = be->ops->upload(be, st->slots, b->slots, n * sizeof(int32_t))) ||
-	    (ret = be->ops->upload(be, st->ctx, b->attn.ctx, n * sizeof(int32_t))))
-		return ret;
-	if (pad) {
-		for (size_t i = 0; i < pad; i++)
-			st->h_rows[i] = 0;
-		if ((ret = be->ops->upload(be, st->tokens + n, st->h_rows, pad * sizeof(int32_t))) ||
-		    (ret = be->ops->upload(be, st->pos + n, st->h_rows, pad * sizeof(int32_t))))
-			return ret;
-		for (size_t i = 0; i < pad; i++)
-			st->h_rows[i] = f->dummy_block * f->block_tokens;
-		if ((ret = be->ops->upload(be, st->slots + n, st->h_rows, pad * sizeof(int32_t))))
-			return ret;
-		for (size_t i = 0; i < pad; i++)
-			st->h_rows[i] = 1;
-		if ((ret = be->ops->upload(be, st->ctx + n, st->h_rows, pad * sizeof(int32_t))))
-			return ret;
+	tok = stage_host(st, st->tokens);
+	pos = stage_host(st, st->pos);
+	slots = stage_host(st, st->slots);
+	ctx = stage_host(st, st->ctx);
+	memcpy(tok, b->tokens, n * sizeof(int32_t));
+	memcpy(pos, b->pos, n * sizeof(int32_t));
+	memcpy(slots, b->slots, n * sizeof(int32_t));
+	memcpy(ctx, b->attn.ctx, n * sizeof(int32_t));
+	for (size_t i = n; i < (size_t)n_rows; i++) {
+		tok[i] = 0;
+		pos[i] = 0;
+		slots[i] = f->dummy_block * f->block_tokens;
+		ctx[i] = 1;
 	}
-	if ((ret = be->ops->upload(be, st->tables, st->h_tables, (size_t)used * sizeof(int32_t))) ||
-	    (ret = be->ops->upload(be, (void *)st->row_tables, st->h_row_tables,
-				   (size_t)n_rows * sizeof(*st->row_tables))))
-		return ret;
 
 	*db = (struct fwd_batch){
 		.n_rows = n_rows,
@@ -177,7 +236,7 @@ static int stage_batch(struct forward *f, const struct fwd_batch *b, int n_rows,
 		.n_out = b->n_out,
 		.out_rows = b->out_rows,	/* host: forward_logits reads them */
 	};
-	return 0;
+	return (long)((const char *)(st->tables + used) - st->block);
 }
 
 /* ---- logits and sampling -------------------------------------------------- */
@@ -204,18 +263,28 @@ static int sampling(const struct forward *f)
 	return f->sample.params && f->be->ops->sample;
 }
 
-/* Uploads the sampling parameters of the next n out rows. */
+/* Writes the sampling parameters of the next n out rows into the host mirror. */
+static int sample_fill(struct forward *f, int n)
+{
+	const struct fwd_sample *s = &f->sample;
+	struct fwd_stage *st = &f->st;
+
+	if (s->done + n > s->n || n > st->layout_rows)
+		return -EINVAL;
+	memcpy(stage_host(st, st->params), s->params + s->done, (size_t)n * sizeof(*s->params));
+	memcpy(stage_host(st, st->steps), s->steps + s->done, (size_t)n * sizeof(*s->steps));
+	return 0;
+}
+
+/* Fills and uploads them, for a step run op by op. */
 static int sample_stage(struct forward *f, int n)
 {
-	struct backend *be = f->be;
-	const struct fwd_sample *s = &f->sample;
 	int ret;
 
-	if (s->done + n > s->n)
-		return -EINVAL;
-	if ((ret = be->ops->upload(be, f->st.params, s->params + s->done, (size_t)n * sizeof(*s->params))))
+	if ((ret = sample_fill(f, n)) ||
+	    (ret = stage_upload(f, f->st.params, (size_t)n * sizeof(*f->st.params))))
 		return ret;
-	return be->ops->upload(be, f->st.steps, s->steps + s->done, (size_t)n * sizeof(*s->steps));
+	return stage_upload(f, f->st.steps, (size_t)n * sizeof(*f->st.steps));
 }
 
 /* Final norm and lm_head of out rows [o, o + n) into f->logits, then the draw. */
@@ -258,9 +327,9 @@ static int logits_collect(struct forward *f, int n, float *logits)
 		}
 	}
 	if (sampling(f)) {
-		if ((ret = be->ops->download(be, f->sample.ids + f->sample.done, f->st.ids,
-					     (size_t)n * sizeof(int32_t))))
+		if ((ret = be->ops->download(be, f->st.h_ids, f->st.ids, (size_t)n * sizeof(int32_t))))
 			return ret;
+		memcpy(f->sample.ids + f->sample.done, f->st.h_ids, (size_t)n * sizeof(int32_t));
 		f->sample.done += n;
 	}
 	return 0;
@@ -297,17 +366,6 @@ static int run_eager(struct forward *f, const struct fwd_batch *b, float *logits
 
 /* ---- decode graphs -------------------------------------------------------- */
 
-/* A decode step: every row its own sequence and an out row, few enough rows. */
-static int graph_eligible(const struct forward *f, const struct fwd_batch *b)
-{
-	if (!f->use_graphs || b->n_rows > FWD_GRAPH_MAX_ROWS || !out_rows_are_all(b))
-		return 0;
-	for (int r = 1; r < b->n_rows; r++)
-		if (b->attn.blocks[r] == b->attn.blocks[r - 1])
-			return 0;
-	return 1;
-}
-
 static int bucket_of(int rows, int *size)
 {
 	int i = 0;
@@ -315,6 +373,22 @@ static int bucket_of(int rows, int *size)
 	for (*size = 1; *size < rows; *size *= 2)
 		i++;
 	return i;
+}
+
+/* A decode step: every row its own sequence and an out row, few enough rows, and a
+ * bucket no larger than the scratch (max_rows). */
+static int graph_eligible(const struct forward *f, const struct fwd_batch *b)
+{
+	int size;
+
+	bucket_of(b->n_rows, &size);
+	if (!f->use_graphs || b->n_rows > FWD_GRAPH_MAX_ROWS || size > f->max_rows ||
+	    !out_rows_are_all(b))
+		return 0;
+	for (int r = 1; r < b->n_rows; r++)
+		if (b->attn.blocks[r] == b->attn.blocks[r - 1])
+			return 0;
+	return 1;
 }
 
 /* Records one decode step of `size` rows reading the staged inputs. The attention
@@ -351,9 +425,21 @@ static int run_graph(struct forward *f, const struct fwd_batch *b, float *logits
 	struct fwd_batch db;
 	void **graph = &f->graphs[bucket][s];
 
-	if ((ret = stage_batch(f, b, size, &db)))
-		return ret;
-	if (s && (ret = sample_stage(f, b->n_rows)))
+	long bytes = stage_batch(f, b, size, &db);
+
+	if (bytes < 0)
+		return (int)bytes;
+	if (s) {
+		if ((ret = sample_fill(f, b->n_rows)))
+			return ret;
+		/* padding rows draw greedily from their dummy logits */
+		memset((struct k_sample_params *)stage_host(&f->st, f->st.params) + b->n_rows, 0,
+		       (size_t)(size - b->n_rows) * sizeof(*f->st.params));
+		memset((uint64_t *)stage_host(&f->st, f->st.steps) + b->n_rows, 0,
+		       (size_t)(size - b->n_rows) * sizeof(*f->st.steps));
+	}
+	/* the step's inputs, sampling parameters and tables in one copy */
+	if ((ret = stage_upload(f, f->st.block, (size_t)bytes)))
 		return ret;
 	if (!*graph) {
 		double t0 = cli_now();
@@ -378,6 +464,7 @@ static int run_graph(struct forward *f, const struct fwd_batch *b, float *logits
 int forward_run(struct forward *f, const struct fwd_batch *b, float *logits)
 {
 	struct fwd_batch db;
+	long bytes;
 	int ret;
 
 	if (b->n_rows <= 0 || b->n_rows > f->max_rows || b->n_out < 0 || b->n_out > b->n_rows)
@@ -389,7 +476,10 @@ int forward_run(struct forward *f, const struct fwd_batch *b, float *logits)
 		if (ret != -EAGAIN)
 			return ret;
 	}
-	if ((ret = stage_batch(f, b, b->n_rows, &db)))
+	bytes = stage_batch(f, b, b->n_rows, &db);
+	if (bytes < 0)
+		return (int)bytes;
+	if ((ret = stage_upload(f, f->st.block, (size_t)bytes)))
 		return ret;
 	return run_eager(f, &db, logits);
 }
