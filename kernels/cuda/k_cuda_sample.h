@@ -18,10 +18,12 @@
 extern "C" {
 #endif
 
-/* What k_cuda_sample needs prepared on the current device (its kernel's shared-memory
- * limit); the sampler keeps no per-row memory, so max_M is only advisory. vocab: the
- * largest vocabulary to sample from (<= 2^23). Owned by the caller:
- * k_cuda_sample_ws_destroy (accepts NULL). 0, -EINVAL, -ENOMEM or -EIO. */
+/* What k_cuda_sample needs prepared on the current device: its kernel's shared-memory
+ * limit and two slots per row for max_M rows, in which the blocks of a greedy row
+ * split over several combine their maxima (calls of more rows take a block per row).
+ * vocab: the largest vocabulary to sample from (<= 2^23). Owned by the caller:
+ * k_cuda_sample_ws_destroy (accepts NULL). 0, -EINVAL, -ENOMEM or -EIO. Calls that
+ * share a ws must not run concurrently. */
 struct k_cuda_sample_ws;
 
 int k_cuda_sample_ws_create(struct k_cuda_sample_ws **out, int max_M, int vocab);
@@ -33,7 +35,7 @@ void k_cuda_sample_ws_destroy(struct k_cuda_sample_ws *ws);
  * probabilities exp(l / T - max) are summed in 2^-40 fixed point, exactly and in any
  * order; the CPU sums in fp32, so the two can differ only where u or top_p falls within
  * fp32 rounding of a boundary. Deterministic: the same inputs give the same ids.
- * One block per row. */
+ * One block per row; a greedy row takes several where the rows leave SMs idle. */
 int k_cuda_sample(cudaStream_t s, struct k_cuda_sample_ws *ws, int32_t *ids /* (M) */,
 		  const float *logits /* (M, vocab) */, int M, int vocab,
 		  const struct k_sample_params *params /* (M) */, const uint64_t *steps /* (M) */);

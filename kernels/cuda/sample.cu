@@ -1,8 +1,9 @@
-// GPU sampling, one block per row. Elements are ranked by a 32-bit key that orders
-// logits (ties: the lower id) and weighed by exp(l / T - max) in 2^-40 fixed point, so
-// every sum is exact and order-free. The procedure of kernels/k_sample.h has up to three
-// stages, each "find the first element, in rank order, at which the running count
-// (top-k) or mass (top-p, the draw) reaches a target within the current set":
+// GPU sampling, one block per row (a greedy row may take several: sample_parts).
+// Elements are ranked by a 32-bit key that orders logits (ties: the lower id) and
+// weighed by exp(l / T - max) in 2^-40 fixed point, so every sum is exact and
+// order-free. The procedure of kernels/k_sample.h has up to three stages, each "find
+// the first element, in rank order, at which the running count (top-k) or mass (top-p,
+// the draw) reaches a target within the current set":
 //  - a stage is searched by a radix select over the key (12 + 12 + 8 bits), one pass
 //    over the row per digit; as soon as everything up to the boundary fits in shared
 //    memory (S_CAND elements) it is gathered, sorted and finished there;
@@ -27,8 +28,16 @@ typedef unsigned long long u64;
 
 enum { ST_TOPK, ST_TOPP, ST_SAMPLE };
 
+/* Greedy rows are split over up to S_MAX_PARTS blocks of at least S_MIN_PART elements
+ * where the rows leave SMs idle: one block streams a 128k-entry row at ~40 GB/s, so a
+ * batch-1 draw took ~10 us for 0.5 MB. */
+#define S_MAX_PARTS 16
+#define S_MIN_PART 4096
+
 struct k_cuda_sample_ws {
-	int max_M, vocab;
+	int max_M, vocab, n_sms;
+	u64 *best;		/* (max_M) device: a greedy row's running best packed key, 0 between launches */
+	unsigned *arrived;	/* (max_M) device: its blocks done so far, 0 between launches */
 };
 
 // One row's parameters and the current set: the elements ranked at or before
@@ -521,32 +530,59 @@ __device__ int sample_row(srow &R, smem_t &S, u64 mine)
 	}
 }
 
+// k_cpu_sample's argmax from the row's best packed key; with every logit NaN it ends on
+// the last id.
+__device__ __forceinline__ int32_t greedy_id(u64 best, int vocab)
+{
+	return (unsigned)(best >> 32) ? (int32_t)~(unsigned)best : vocab - 1;
+}
+
+// Block (row, part): a greedy row's parts each take `part` elements, fold their best
+// into ws_best[row], and the last to arrive writes the id and clears the row's slots
+// for the next launch. Any other row is drawn by its part-0 block alone.
 __global__ void __launch_bounds__(S_THREADS, 1)
 sample_kernel(int32_t *ids, const float *logits, int vocab, int vec4,
-	      const k_sample_params *params, const uint64_t *steps)
+	      const k_sample_params *params, const uint64_t *steps, int part, u64 *ws_best,
+	      unsigned *ws_arrived)
 {
 	extern __shared__ __align__(16) unsigned char smem_raw[];
 	smem_t &S = *reinterpret_cast<smem_t *>(smem_raw);
-	k_sample_params p = params[blockIdx.x];
+	const k_sample_params p = params[blockIdx.x];	// a step input: ready before the wait
+	const bool greedy = !(p.temperature > 0.0f) || vocab == 1;
+	const int base = greedy ? (int)blockIdx.y * part : 0;
 	srow R;
 	u64 mine = 0, best;
 	unsigned kmax;
 	int tok;
 
-	R.row = logits + (size_t)blockIdx.x * vocab;
-	R.vocab = vocab;
+	if (!greedy && blockIdx.y > 0)
+		return;
+	k_cuda_pdl_wait();
+	R.row = logits + (size_t)blockIdx.x * vocab + base;
+	R.vocab = gridDim.y > 1 && greedy ? min(part, vocab - base) : vocab;
 	R.vec4 = vec4;
 	row_scan(R, [&](int i, float l) {
-		u64 pk = ((u64)skey(l) << 32) | (unsigned)~i;
+		u64 pk = ((u64)skey(l) << 32) | (unsigned)~(base + i);
 
 		mine = pk > mine ? pk : mine;
 	});
 	best = block_max(mine, S);
 	kmax = (unsigned)(best >> 32);
-	if (!(p.temperature > 0.0f) || vocab == 1) {
-		// k_cpu_sample's argmax; with every logit NaN it ends on the last id
+	if (greedy && gridDim.y > 1) {
+		if (threadIdx.x == 0) {
+			atomicMax(&ws_best[blockIdx.x], best);
+			__threadfence();
+			if (atomicAdd(&ws_arrived[blockIdx.x], 1u) == gridDim.y - 1) {
+				best = atomicExch(&ws_best[blockIdx.x], 0ull);	// every part's max is in
+				ws_arrived[blockIdx.x] = 0;
+				ids[blockIdx.x] = greedy_id(best, vocab);
+			}
+		}
+		return;
+	}
+	if (greedy) {
 		if (threadIdx.x == 0)
-			ids[blockIdx.x] = kmax ? (int32_t)~(unsigned)best : vocab - 1;
+			ids[blockIdx.x] = greedy_id(best, vocab);
 		return;
 	}
 	if (kmax == 0) {	// every logit NaN
@@ -572,12 +608,17 @@ sample_kernel(int32_t *ids, const float *logits, int vocab, int vec4,
 
 extern "C" void k_cuda_sample_ws_destroy(struct k_cuda_sample_ws *ws)
 {
+	if (!ws)
+		return;
+	cudaFree(ws->best);
+	cudaFree(ws->arrived);
 	free(ws);
 }
 
 extern "C" int k_cuda_sample_ws_create(struct k_cuda_sample_ws **out, int max_M, int vocab)
 {
 	k_cuda_sample_ws *ws;
+	int dev = 0;
 
 	*out = nullptr;
 	if (max_M <= 0 || vocab <= 0 || vocab > S_MAX_VOCAB)
@@ -591,21 +632,49 @@ extern "C" int k_cuda_sample_ws_create(struct k_cuda_sample_ws **out, int max_M,
 		return -ENOMEM;
 	ws->max_M = max_M;
 	ws->vocab = vocab;
+	if (K_CUDA_CALL(cudaGetDevice(&dev)) ||
+	    K_CUDA_CALL(cudaDeviceGetAttribute(&ws->n_sms, cudaDevAttrMultiProcessorCount, dev)) ||
+	    K_CUDA_CALL(cudaMalloc((void **)&ws->best, (size_t)max_M * sizeof(*ws->best))) ||
+	    K_CUDA_CALL(cudaMalloc((void **)&ws->arrived, (size_t)max_M * sizeof(*ws->arrived))) ||
+	    K_CUDA_CALL(cudaMemset(ws->best, 0, (size_t)max_M * sizeof(*ws->best))) ||
+	    K_CUDA_CALL(cudaMemset(ws->arrived, 0, (size_t)max_M * sizeof(*ws->arrived)))) {
+		k_cuda_sample_ws_destroy(ws);
+		return -EIO;
+	}
 	*out = ws;
 	return 0;
+}
+
+// Blocks per greedy row: the SMs the rows leave idle, each part at least S_MIN_PART
+// elements; 1 where there are more rows than the workspace holds.
+static int sample_parts(const k_cuda_sample_ws *ws, int M, int vocab, int *part)
+{
+	int n = M <= ws->max_M ? ws->n_sms / M : 1;
+
+	n = n < S_MAX_PARTS ? n : S_MAX_PARTS;
+	n = n < vocab / S_MIN_PART ? n : vocab / S_MIN_PART;
+	if (n <= 1) {
+		*part = vocab;
+		return 1;
+	}
+	*part = (vocab + n - 1) / n;
+	*part = (*part + 1023) / 1024 * 1024;	// a multiple of 4: float4 loads stay aligned
+	return (vocab + *part - 1) / *part;
 }
 
 extern "C" int k_cuda_sample(cudaStream_t s, struct k_cuda_sample_ws *ws, int32_t *ids,
 			     const float *logits, int M, int vocab,
 			     const struct k_sample_params *params, const uint64_t *steps)
 {
-	int vec4;
+	int vec4, n, part;
 
 	if (!ws || M < 0 || vocab <= 0 || vocab > ws->vocab)
 		return -EINVAL;
 	if (M == 0)
 		return 0;
 	vec4 = vocab % 4 == 0 && (uintptr_t)logits % 16 == 0;
-	sample_kernel<<<M, S_THREADS, sizeof(smem_t), s>>>(ids, logits, vocab, vec4, params, steps);
+	n = sample_parts(ws, M, vocab, &part);
+	k_cuda_launch_pdl(s, dim3(M, n), dim3(S_THREADS), sizeof(smem_t), sample_kernel, ids, logits,
+			  vocab, vec4, params, steps, part, ws->best, ws->arrived);
 	return K_CUDA_LAUNCHED("sample");
 }
