@@ -353,6 +353,32 @@ static int down_reads_bf16(int M, int hidden, int inter)
 	       k_cuda_linear_kind_reads_bf16(k_cuda_linear_pick(M, hidden, inter));
 }
 
+/* Where the down projection reads bf16 only and gate/up is one cuBLAS GEMM, that GEMM
+ * writes gate and up in bf16 (rounded once from fp32 sums, as a bf16 model's own
+ * projections are) and SwiGLU reads them so: at Llama-3.1-8B batch 64 7.3 MB fewer
+ * bytes written and read a layer. 0 when it did it, -EOPNOTSUPP where the shape takes
+ * the fp32 form. KDEC_GATE_UP_BF16=0 keeps fp32. Read once. */
+static int gate_up_silu_bf16(struct backend_cuda *b, float *out, const float *x,
+			     const struct model_tensor *const *w, int M, int inter)
+{
+	static int on = -1;
+	const uint16_t *d[2] = { W(b, w[0]), W(b, w[1]) };
+	uint16_t *xb = k_cuda_linear_x_scratch(b->lin, M, inter);
+	int ret;
+
+	if (!env_on_once(&on, "KDEC_GATE_UP_BF16") || !xb || !adjacent(d, w, 2) ||
+	    !down_reads_bf16(M, (int)w[0]->cols, inter))
+		return -EOPNOTSUPP;
+	ret = k_cuda_linear_bf16_out(b->lin, (uint16_t *)b->fused, x, d[0], M, 2 * inter,
+				     (int)w[0]->cols);
+	if (ret)
+		return ret;
+	ret = k_cuda_silu_mul_rows_bf16in(b->stream, (const uint16_t *)b->fused, M, inter, xb);
+	if (!ret)
+		k_cuda_linear_x_ready_only(b->lin, out, M, inter);
+	return ret;
+}
+
 void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		       const struct model_tensor *w_gate, const struct model_tensor *w_up, int M)
 {
@@ -365,6 +391,10 @@ void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 	cuda_prof_mark(b, "gate_up_silu");
 	if ((size_t)M * 2 * (size_t)inter > b->fused_floats || w_up->rows != w_gate->rows) {
 		cuda_note(b, -EINVAL, "gate_up_silu (rows past the scratch, or gate and up differ)");
+		return;
+	}
+	if ((ret = gate_up_silu_bf16(b, out, x, w, M, inter)) != -EOPNOTSUPP) {
+		cuda_note(b, ret, "gate_up_silu");
 		return;
 	}
 	if ((ret = group_linear(b, b->fused, x, w, 2, M, off, rs))) {

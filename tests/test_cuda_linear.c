@@ -366,6 +366,67 @@ static void test_x_ready_only(void)
 	free(w);
 }
 
+/* k_cuda_linear_bf16_out: at M = 64 (cuBLAS; N * K past 16 MB of weights goes through
+ * the tuned cuBLASLt path, below through cublasGemmEx) every output written and within
+ * one bf16 rounding (2^-8 relative) plus 1e-4 of the scale of the reference fed the
+ * same bf16 x; at M = 1 (not cuBLAS) -EOPNOTSUPP. */
+static void test_bf16_out(int N, int K)
+{
+	enum { M = 64 };
+	size_t nx = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
+	float *x = xmalloc(sizeof(float) * nx), *dx = NULL, err = 0.f, scale = 0.f;
+	uint16_t *xb = xmalloc(sizeof(uint16_t) * nx), *w = xmalloc(sizeof(uint16_t) * nw);
+	uint16_t *y = xmalloc(sizeof(uint16_t) * ny), *dw = NULL, *dy = NULL;
+	double *want = xmalloc(sizeof(double) * ny);
+	int ret, bad = 0;
+
+	rand_fill(x, nx);
+	for (size_t i = 0; i < nx; i++)
+		xb[i] = k_f32_to_bf16(x[i]);
+	for (size_t i = 0; i < nw; i++)
+		w[i] = k_f32_to_bf16(x[(i * 7919) % nx]);
+	CUDA_OK(cudaMalloc((void **)&dx, sizeof(float) * nx));
+	CUDA_OK(cudaMalloc((void **)&dw, sizeof(uint16_t) * nw));
+	CUDA_OK(cudaMalloc((void **)&dy, sizeof(uint16_t) * ny));
+	copy(dx, x, sizeof(float) * nx, cudaMemcpyHostToDevice);
+	copy(dw, w, sizeof(uint16_t) * nw, cudaMemcpyHostToDevice);
+	fill(dy, 0xff, sizeof(uint16_t) * ny);	/* bf16 NaN: never written */
+	ret = k_cuda_linear_bf16_out(lin, dy, dx, dw, M, N, K);
+	CHECK(ret == 0, "bf16 out N %d K %d: returned %d", N, K, ret);
+	CUDA_OK(cudaStreamSynchronize(stream));
+	copy(y, dy, sizeof(uint16_t) * ny, cudaMemcpyDeviceToHost);
+	for (int m = 0; m < M; m++)
+		for (int n = 0; n < N; n++) {
+			double acc = 0;
+
+			for (int k = 0; k < K; k++)
+				acc += (double)k_bf16_to_f32(xb[(size_t)m * K + k]) *
+				       k_bf16_to_f32(w[(size_t)n * K + k]);
+			want[(size_t)m * N + n] = acc;
+			scale = fmaxf(scale, fabsf((float)acc));
+		}
+	for (size_t i = 0; i < ny; i++) {
+		float got = k_bf16_to_f32(y[i]), e = fabsf(got - (float)want[i]);
+
+		if (!(e <= fabsf((float)want[i]) / 256 + 1e-4f * scale))
+			bad++;
+		err = fmaxf(err, e == e ? e : INFINITY);
+	}
+	printf("bf16 out  N %5d K %5d M %d: max_abs %.2e of %.2e, %d outside  %s\n", N, K, M, err,
+	       scale, bad, bad ? "FAIL" : "PASS");
+	CHECK(!bad, "bf16 out N %d K %d: %d outputs outside one bf16 rounding", N, K, bad);
+	ret = k_cuda_linear_bf16_out(lin, dy, dx, dw, 1, N, K);
+	CHECK(ret == -EOPNOTSUPP, "bf16 out at M = 1: returned %d, not -EOPNOTSUPP", ret);
+	cudaFree(dx);
+	cudaFree(dw);
+	cudaFree(dy);
+	free(x);
+	free(xb);
+	free(w);
+	free(y);
+	free(want);
+}
+
 /* One variant captured into a CUDA graph and replayed: no allocation or synchronisation
  * hides in a call. Runs eagerly first, so kernels and cuBLAS heuristics load outside
  * the capture (as an engine warms up before capturing). */
@@ -467,6 +528,8 @@ int main(void)
 		return test_result("test_cuda_linear");
 	test_bad_args();
 	test_x_ready_only();
+	test_bf16_out(1000, 1000);	/* 2 MB of weights: cublasGemmEx */
+	test_bf16_out(8192, 4096);	/* 64 MB: the tuned cuBLASLt path */
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
 		test_shape(&shapes[i]);
 	test_graph();

@@ -295,6 +295,46 @@ static void test_silu_mul(size_t n, int off, int alias)
 	free(got);
 }
 
+/* gate_up in bf16 (k_cuda_silu_mul_rows_bf16in): the bf16 rounding of the fp32 kernel's
+ * output on the same bf16-rounded inputs, bit for bit. db: (rows, inter) bf16 scratch. */
+static void test_silu_rows_bf16in(const float *gu, int rows, int inter, uint16_t *db)
+{
+	size_t n = (size_t)rows * inter;
+	uint16_t *gb = malloc(sizeof(uint16_t) * 2 * n), *hb = malloc(sizeof(uint16_t) * n);
+	float *gr = malloc(sizeof(float) * 2 * n), *want = malloc(sizeof(float) * n);
+	float *dgr, *dout = dev_alloc(sizeof(float) * n);
+	uint16_t *dgb;
+	char shape[64];
+	size_t bad = 0;
+
+	for (size_t i = 0; i < 2 * n; i++) {
+		gb[i] = k_f32_to_bf16(gu[i]);
+		gr[i] = k_bf16_to_f32(gb[i]);
+	}
+	dgr = dev_from(gr, sizeof(float) * 2 * n);
+	dgb = dev_from(gb, sizeof(uint16_t) * 2 * n);
+	CHECK(k_cuda_silu_mul_rows(stream, dout, dgr, rows, inter) == 0, "silu_mul_rows launch");
+	to_host(want, dout, sizeof(float) * n);
+	poison(db, sizeof(uint16_t) * n);
+	CHECK(k_cuda_silu_mul_rows_bf16in(stream, dgb, rows, inter, db) == 0,
+	      "silu_mul_rows_bf16in launch");
+	to_host(hb, db, sizeof(uint16_t) * n);
+	for (size_t i = 0; i < n; i++)
+		bad += hb[i] != k_f32_to_bf16(want[i]);
+	snprintf(shape, sizeof(shape), "rows %d inter %d", rows, inter);
+	printf("%-14s %-40s %zu differ  %s\n", "silu_rows_b16i", shape, bad, bad ? "FAIL" : "PASS");
+	CHECK(!bad, "silu_mul_rows_bf16in %s: %zu differ", shape, bad);
+	CHECK(k_cuda_silu_mul_rows_bf16in(stream, dgb, rows, inter + 4, db) == -EINVAL,
+	      "silu_mul_rows_bf16in: inter %% 8 != 0 not refused");
+	cudaFree(dgr);
+	cudaFree(dgb);
+	cudaFree(dout);
+	free(gb);
+	free(hb);
+	free(gr);
+	free(want);
+}
+
 static void test_silu_mul_rows(int rows, int inter)
 {
 	size_t n = (size_t)rows * inter;
@@ -341,6 +381,7 @@ static void test_silu_mul_rows(int rows, int inter)
 			printf("%-14s %-40s %zu differ  %s\n", "silu_rows_b16o", shape, bad,
 			       bad ? "FAIL" : "PASS");
 			CHECK(!bad, "silu_mul_rows_bf16 bf16-only %s: %zu differ", shape, bad);
+			test_silu_rows_bf16in(gu, rows, inter, db);
 		}
 		cudaFree(db);
 		free(hb);

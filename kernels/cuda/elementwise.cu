@@ -168,6 +168,32 @@ __global__ void silu_mul_rows8_kernel(float *out, const float *gu, int rows, int
 	}
 }
 
+// The eight-column form with gate_up itself in bf16 (a linear that wrote it so): ob only.
+__global__ void silu_mul_rows8_bf16in_kernel(const uint16_t *gu, int rows, int inter,
+					     uint16_t *ob)
+{
+	const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per = (size_t)inter / 8;
+	const size_t r = i / per, c = i % per;
+
+	k_cuda_pdl_wait();
+	if (r >= (size_t)rows)
+		return;
+	const uint4 g = ((const uint4 *)(gu + r * 2 * (size_t)inter))[c];
+	const uint4 u = ((const uint4 *)(gu + r * 2 * (size_t)inter + inter))[c];
+	const uint32_t gw[4] = { g.x, g.y, g.z, g.w }, uw[4] = { u.x, u.y, u.z, u.w };
+	uint32_t v[4];
+
+#pragma unroll
+	for (int j = 0; j < 4; j++) {	// bf16 to float: the high half of the word
+		const float lo = silu_mul1(__uint_as_float(gw[j] << 16), __uint_as_float(uw[j] << 16));
+		const float hi = silu_mul1(__uint_as_float(gw[j] & 0xffff0000u),
+					   __uint_as_float(uw[j] & 0xffff0000u));
+
+		v[j] = (uint32_t)ew_bf16(lo) | (uint32_t)ew_bf16(hi) << 16;
+	}
+	((uint4 *)(ob + r * (size_t)inter))[c] = make_uint4(v[0], v[1], v[2], v[3]);
+}
+
 }	// namespace
 
 // ---- launchers --------------------------------------------------------------
@@ -210,6 +236,19 @@ extern "C" int k_cuda_silu_mul_rows(cudaStream_t s, float *out, const float *gat
 				    int inter)
 {
 	return k_cuda_silu_mul_rows_bf16(s, out, gate_up, rows, inter, nullptr);
+}
+
+extern "C" int k_cuda_silu_mul_rows_bf16in(cudaStream_t s, const uint16_t *gate_up, int rows,
+					   int inter, uint16_t *out_bf16)
+{
+	if (rows < 0 || inter <= 0 || inter % 8 || !out_bf16 || !aligned16(gate_up) ||
+	    !aligned16(out_bf16))
+		return -EINVAL;
+	if (rows == 0)
+		return 0;
+	k_cuda_launch_pdl(s, ew_blocks((size_t)rows * (inter / 8)), EW_THREADS, 0,
+			  silu_mul_rows8_bf16in_kernel, gate_up, rows, inter, out_bf16);
+	return K_CUDA_LAUNCHED("silu_mul_rows_bf16in");
 }
 
 extern "C" int k_cuda_silu_mul_rows_bf16(cudaStream_t s, float *out, const float *gate_up,

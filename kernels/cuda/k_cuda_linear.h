@@ -52,6 +52,14 @@ void k_cuda_linear_destroy(struct k_cuda_linear *ctx);	/* accepts NULL */
 int k_cuda_linear(struct k_cuda_linear *ctx, float *y, const float *x, const uint16_t *w,
 		  int M, int N, int K, int accumulate);
 
+/* k_cuda_linear (accumulate 0) with y (M, N) written in bf16 (fp32 accumulation, one
+ * rounding), for an output only a bf16 reader takes (SwiGLU's gate and up at batch
+ * sizes that go to cuBLAS: half the bytes written and read again). Only where
+ * k_cuda_linear_choose picks cuBLAS; -EOPNOTSUPP elsewhere (the caller takes the fp32
+ * form), else as k_cuda_linear. */
+int k_cuda_linear_bf16_out(struct k_cuda_linear *ctx, uint16_t *y, const float *x,
+			   const uint16_t *w, int M, int N, int K);
+
 /* The variant k_cuda_linear uses for this shape when x and w are 16-byte aligned
  * (otherwise it takes K_CUDA_LINEAR_GENERIC where the pick needs alignment). */
 enum k_cuda_linear_kind k_cuda_linear_pick(int M, int N, int K);

@@ -61,6 +61,10 @@ int k_cuda_silu_mul_rows(cudaStream_t s, float *out /* (rows, inter) */,
  * out_bf16 are 16-byte aligned; -EINVAL otherwise. */
 int k_cuda_silu_mul_rows_bf16(cudaStream_t s, float *out, const float *gate_up, int rows,
 			      int inter, uint16_t *out_bf16);
+/* The same from a gate_up in bf16 (rows, 2 * inter), into out_bf16 only (rows, inter);
+ * inter % 8 == 0 and both 16-byte aligned, else -EINVAL. */
+int k_cuda_silu_mul_rows_bf16in(cudaStream_t s, const uint16_t *gate_up, int rows, int inter,
+				uint16_t *out_bf16);
 
 /* Rotates x in place as k_cpu_rope does for a struct k_rope with these fields: head h
  * of row r starts at x + r*row_stride + h*head_stride, and its first dim values are

@@ -249,9 +249,10 @@ err:
 
 // x rounded to bf16 into the scratch, then y^T (N, M) = w (K, N col-major)^T x^T (K, M):
 // through cuBLASLt with a timed algorithm for decode-sized calls on large matrices
-// (linear_lt.cu), else cublasGemmEx. ready: xb holds bf16(x) already.
-static int lin_cublas(struct k_cuda_linear *ctx, float *y, const float *x, const uint16_t *w,
-		      int M, int N, int K, int accumulate, bool ready)
+// (linear_lt.cu), else cublasGemmEx. ready: xb holds bf16(x) already. y: fp32, or bf16
+// where y_bf16 (fp32 accumulation either way).
+static int lin_cublas(struct k_cuda_linear *ctx, void *y, bool y_bf16, const float *x,
+		      const uint16_t *w, int M, int N, int K, int accumulate, bool ready)
 {
 	const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
 	bool done = false;
@@ -259,14 +260,29 @@ static int lin_cublas(struct k_cuda_linear *ctx, float *y, const float *x, const
 
 	ret = ready ? 0 : k_cuda_lin_to_bf16(ctx, ctx->xb, x, (size_t)M * K);
 	if (!ret && !lin_small_weights(N, K))
-		ret = k_cuda_lin_lt(ctx, y, ctx->xb, w, M, N, K, accumulate, &done);
+		ret = k_cuda_lin_lt(ctx, y, y_bf16, ctx->xb, w, M, N, K, accumulate, &done);
 	if (ret || done)
 		return ret;
 	// beta = 0: cuBLAS does not read y, so poisoned or stale outputs are fine
 	return LIN_BLAS(ctx->dev, cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha,
 					       w, CUDA_R_16BF, K, ctx->xb, CUDA_R_16BF, K, &beta,
-					       y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
-					       CUBLAS_GEMM_DEFAULT));
+					       y, y_bf16 ? CUDA_R_16BF : CUDA_R_32F, N,
+					       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// Whether x is the one whose bf16 form a producer left in the scratch (good for this
+// one call); -EINVAL where it left only that form and kind reads fp32 x.
+static int lin_take_ready(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind,
+			  const float *x, int M, int N, int K, bool *ready)
+{
+	*ready = x == ctx->ready_x && M == ctx->ready_M && K == ctx->ready_K;
+	ctx->ready_x = nullptr;
+	if (*ready && ctx->ready_only && !k_cuda_linear_kind_reads_bf16(kind)) {
+		fprintf(stderr, "cuda linear: M %d N %d K %d: x was written in bf16 only, but the "
+			"%s kernel reads fp32 x\n", M, N, K, k_cuda_linear_kind_name(kind));
+		return -EINVAL;
+	}
+	return 0;
 }
 
 static bool lin_args_ok(const struct k_cuda_linear *ctx, const float *y, const float *x,
@@ -284,13 +300,8 @@ extern "C" int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_lin
 
 	if (!lin_args_ok(ctx, y, x, w, M, N, K) || !k_cuda_linear_supports(kind, x, w, M, N, K))
 		return -EINVAL;
-	ready = x == ctx->ready_x && M == ctx->ready_M && K == ctx->ready_K;
-	ctx->ready_x = nullptr;		// good for this one call
-	if (ready && ctx->ready_only && !k_cuda_linear_kind_reads_bf16(kind)) {
-		fprintf(stderr, "cuda linear: M %d N %d K %d: x was written in bf16 only, but the "
-			"%s kernel reads fp32 x\n", M, N, K, k_cuda_linear_kind_name(kind));
+	if (lin_take_ready(ctx, kind, x, M, N, K, &ready))
 		return -EINVAL;
-	}
 	accumulate = accumulate != 0;
 	switch (kind) {
 	case K_CUDA_LINEAR_GEMV:
@@ -300,12 +311,25 @@ extern "C" int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_lin
 	case K_CUDA_LINEAR_STREAM:
 		return k_cuda_lin_stream(ctx, y, x, w, M, N, K, accumulate, ready);
 	case K_CUDA_LINEAR_CUBLAS:
-		return lin_cublas(ctx, y, x, w, M, N, K, accumulate, ready);
+		return lin_cublas(ctx, y, false, x, w, M, N, K, accumulate, ready);
 	case K_CUDA_LINEAR_GENERIC:
 		return k_cuda_lin_generic(ctx, y, x, w, M, N, K, accumulate);
 	default:
 		return -EINVAL;
 	}
+}
+
+extern "C" int k_cuda_linear_bf16_out(struct k_cuda_linear *ctx, uint16_t *y, const float *x,
+				      const uint16_t *w, int M, int N, int K)
+{
+	bool ready;
+
+	if (!lin_args_ok(ctx, (const float *)y, x, w, M, N, K) ||
+	    k_cuda_linear_choose(x, w, M, N, K) != K_CUDA_LINEAR_CUBLAS)
+		return -EOPNOTSUPP;
+	if (lin_take_ready(ctx, K_CUDA_LINEAR_CUBLAS, x, M, N, K, &ready))
+		return -EINVAL;
+	return lin_cublas(ctx, y, true, x, w, M, N, K, 0, ready);
 }
 
 extern "C" int k_cuda_linear(struct k_cuda_linear *ctx, float *y, const float *x,

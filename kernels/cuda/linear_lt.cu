@@ -26,6 +26,7 @@
 
 struct lin_lt_entry {
 	int M, N, K, beta;
+	bool y_bf16;			/* y in bf16, else fp32 */
 	bool use_lt;			/* else cublasGemmEx was the fastest */
 	cublasLtMatmulAlgo_t algo;
 };
@@ -70,7 +71,12 @@ static void lt_descs_free(struct lt_descs *d)
 		cublasLtMatrixLayoutDestroy(d->c);
 }
 
-static int lt_descs_make(int dev, struct lt_descs *d, int M, int N, int K)
+static cudaDataType_t lt_ytype(bool y_bf16)
+{
+	return y_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+static int lt_descs_make(int dev, struct lt_descs *d, int M, int N, int K, bool y_bf16)
 {
 	const cublasOperation_t t = CUBLAS_OP_T;
 	int ret;
@@ -85,14 +91,14 @@ static int lt_descs_make(int dev, struct lt_descs *d, int M, int N, int K)
 	if (!ret)
 		ret = LT(dev, cublasLtMatrixLayoutCreate(&d->b, CUDA_R_16BF, K, M, K));
 	if (!ret)
-		ret = LT(dev, cublasLtMatrixLayoutCreate(&d->c, CUDA_R_32F, N, M, N));
+		ret = LT(dev, cublasLtMatrixLayoutCreate(&d->c, lt_ytype(y_bf16), N, M, N));
 	if (ret)
 		lt_descs_free(d);
 	return ret;
 }
 
 static cublasStatus_t lt_run(const struct k_cuda_linear *ctx, const struct lt_descs *d,
-			     const cublasLtMatmulAlgo_t *algo, float *y, const uint16_t *xb,
+			     const cublasLtMatmulAlgo_t *algo, void *y, const uint16_t *xb,
 			     const uint16_t *w, int beta)
 {
 	const float one = 1.0f, b = beta ? 1.0f : 0.0f;
@@ -101,13 +107,13 @@ static cublasStatus_t lt_run(const struct k_cuda_linear *ctx, const struct lt_de
 			      ctx->blas_ws, LIN_BLAS_WS_BYTES, ctx->stream);
 }
 
-static cublasStatus_t lt_gemmex(const struct k_cuda_linear *ctx, float *y, const uint16_t *xb,
-				const uint16_t *w, int M, int N, int K, int beta)
+static cublasStatus_t lt_gemmex(const struct k_cuda_linear *ctx, void *y, bool y_bf16,
+				const uint16_t *xb, const uint16_t *w, int M, int N, int K, int beta)
 {
 	const float one = 1.0f, b = beta ? 1.0f : 0.0f;
 
 	return cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w, CUDA_R_16BF, K,
-			    xb, CUDA_R_16BF, K, &b, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+			    xb, CUDA_R_16BF, K, &b, y, lt_ytype(y_bf16), N, CUBLAS_COMPUTE_32F,
 			    CUBLAS_GEMM_DEFAULT);
 }
 
@@ -118,9 +124,9 @@ static cublasStatus_t lt_gemmex(const struct k_cuda_linear *ctx, float *y, const
 // few tenths of a microsecond apart were picked by the noise of the fastest of three,
 // and the step's time moved with the pick (Llama-3.1-8B batch 64: 7.16 against 7.24 ms).
 static float lt_time(const struct k_cuda_linear *ctx, const struct lt_descs *d,
-		     const cublasLtMatmulHeuristicResult_t *cand, int i, float *ys, void *flush,
-		     const uint16_t *xb, const uint16_t *w, int M, int N, int K, int beta,
-		     cudaEvent_t e0, cudaEvent_t e1, int *nodes)
+		     const cublasLtMatmulHeuristicResult_t *cand, int i, void *ys, bool y_bf16,
+		     void *flush, const uint16_t *xb, const uint16_t *w, int M, int N, int K,
+		     int beta, cudaEvent_t e0, cudaEvent_t e1, int *nodes)
 {
 	float ms[LT_REPS], t = -1.0f;
 	cudaGraph_t g = NULL;
@@ -133,7 +139,8 @@ static float lt_time(const struct k_cuda_linear *ctx, const struct lt_descs *d,
 		cudaGetLastError();
 		return -1.0f;
 	}
-	s = i < 0 ? lt_gemmex(ctx, ys, xb, w, M, N, K, beta) : lt_run(ctx, d, &cand[i].algo, ys, xb, w, beta);
+	s = i < 0 ? lt_gemmex(ctx, ys, y_bf16, xb, w, M, N, K, beta)
+		  : lt_run(ctx, d, &cand[i].algo, ys, xb, w, beta);
 	if (cudaStreamEndCapture(ctx->stream, &g) != cudaSuccess || s != CUBLAS_STATUS_SUCCESS ||
 	    cudaGraphGetNodes(g, NULL, &n) != cudaSuccess ||
 	    cudaGraphInstantiate(&ge, g, 0) != cudaSuccess ||
@@ -197,13 +204,15 @@ static int lt_candidates(void)
 // Times the candidates for one shape and records the winner in its cache entry (use_lt
 // false: cublasGemmEx, also where tuning failed).
 static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const uint16_t *xb,
-		   const uint16_t *w, int M, int N, int K, int beta, struct lin_lt_entry *e)
+		   const uint16_t *w, int M, int N, int K, int beta, bool y_bf16,
+		   struct lin_lt_entry *e)
 {
 	cublasLtMatmulHeuristicResult_t cand[LT_MAX_CANDIDATES];
 	cublasLtMatmulPreference_t pref = NULL;
 	const size_t ws = LIN_BLAS_WS_BYTES;
 	cudaEvent_t e0 = NULL, e1 = NULL;
-	float *ys = NULL, best, gemmex;
+	void *ys = NULL;
+	float best, gemmex;
 	void *flush = NULL;
 	int n = 0, ret, pick = -1, gemmex_nodes = 0, best_nodes = 0;
 
@@ -211,6 +220,7 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const ui
 	e->N = N;
 	e->K = K;
 	e->beta = beta;
+	e->y_bf16 = y_bf16;
 	e->use_lt = false;
 	ret = LT(ctx->dev, cublasLtMatmulPreferenceCreate(&pref));
 	if (!ret)
@@ -225,18 +235,19 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const ui
 		return ret;	// cublasGemmEx it is
 	// scratch for the timed runs: where the device has no room for it (the KV cache
 	// may hold nearly all of it), cublasGemmEx stays, as without tuning
-	if (cudaMalloc((void **)&ys, (size_t)M * N * sizeof(float)) != cudaSuccess ||
+	if (cudaMalloc(&ys, (size_t)M * N * (y_bf16 ? 2 : 4)) != cudaSuccess ||
 	    cudaMalloc(&flush, LT_FLUSH_BYTES) != cudaSuccess) {
 		cudaGetLastError();
 		fprintf(stderr, "cublasLt: M %d N %d K %d not tuned: no room on device %d for "
 			"%zu MB of timing scratch; cublasGemmEx's choice stays\n", M, N, K,
-			ctx->dev, ((size_t)M * N * sizeof(float) + LT_FLUSH_BYTES) >> 20);
+			ctx->dev, ((size_t)M * N * (y_bf16 ? 2 : 4) + LT_FLUSH_BYTES) >> 20);
 		goto out;
 	}
 	if ((ret = LIN_CUDA(ctx->dev, cudaEventCreate(&e0))) ||
 	    (ret = LIN_CUDA(ctx->dev, cudaEventCreate(&e1))))
 		goto out;
-	gemmex = best = lt_time(ctx, d, cand, -1, ys, flush, xb, w, M, N, K, beta, e0, e1, &gemmex_nodes);
+	gemmex = best = lt_time(ctx, d, cand, -1, ys, y_bf16, flush, xb, w, M, N, K, beta, e0, e1,
+				&gemmex_nodes);
 	best_nodes = gemmex_nodes;
 	for (int i = 0; i < n; i++) {
 		float t;
@@ -244,7 +255,7 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const ui
 
 		if (cand[i].state != CUBLAS_STATUS_SUCCESS)
 			continue;
-		t = lt_time(ctx, d, cand, i, ys, flush, xb, w, M, N, K, beta, e0, e1, &nodes);
+		t = lt_time(ctx, d, cand, i, ys, y_bf16, flush, xb, w, M, N, K, beta, e0, e1, &nodes);
 		if (t > 0 && (best < 0 || t < best)) {
 			best = t;
 			best_nodes = nodes;
@@ -254,8 +265,9 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const ui
 		}
 	}
 	if (lt_log())
-		fprintf(stderr, "cublasLt: M %d N %d K %d beta %d: cublasGemmEx %.2f us (%d kernels); "
-			"kept %s%.2f us (%d kernels), %d candidates\n", M, N, K, beta, gemmex * 1e3,
+		fprintf(stderr, "cublasLt: M %d N %d K %d beta %d y %s: cublasGemmEx %.2f us (%d kernels); "
+			"kept %s%.2f us (%d kernels), %d candidates\n", M, N, K, beta,
+			y_bf16 ? "bf16" : "fp32", gemmex * 1e3,
 			gemmex_nodes, pick < 0 ? "cublasGemmEx " : "a candidate ", best * 1e3,
 			best_nodes, n);
 out:
@@ -268,19 +280,20 @@ out:
 	return ret;
 }
 
-static struct lin_lt_entry *lt_find(struct k_cuda_linear *ctx, int M, int N, int K, int beta)
+static struct lin_lt_entry *lt_find(struct k_cuda_linear *ctx, int M, int N, int K, int beta,
+				     bool y_bf16)
 {
 	for (int i = 0; i < ctx->lt_n; i++) {
 		struct lin_lt_entry *e = &ctx->lt_cache[i];
 
-		if (e->M == M && e->N == N && e->K == K && e->beta == beta)
+		if (e->M == M && e->N == N && e->K == K && e->beta == beta && e->y_bf16 == y_bf16)
 			return e;
 	}
 	return NULL;
 }
 
-int k_cuda_lin_lt(struct k_cuda_linear *ctx, float *y, const uint16_t *xb, const uint16_t *w,
-		  int M, int N, int K, int beta, bool *done)
+int k_cuda_lin_lt(struct k_cuda_linear *ctx, void *y, bool y_bf16, const uint16_t *xb,
+		  const uint16_t *w, int M, int N, int K, int beta, bool *done)
 {
 	struct lin_lt_entry *e;
 	struct lt_descs d;
@@ -290,7 +303,7 @@ int k_cuda_lin_lt(struct k_cuda_linear *ctx, float *y, const uint16_t *xb, const
 	*done = false;
 	if (!lt_enabled() || !ctx->lt || M > LIN_LT_MAX_M)
 		return 0;
-	e = lt_find(ctx, M, N, K, beta);
+	e = lt_find(ctx, M, N, K, beta, y_bf16);
 	if (!e) {
 		// timing needs a stream that runs: a shape first seen in capture keeps GemmEx
 		if (cudaStreamIsCapturing(ctx->stream, &cs) != cudaSuccess ||
@@ -298,14 +311,14 @@ int k_cuda_lin_lt(struct k_cuda_linear *ctx, float *y, const uint16_t *xb, const
 			return 0;
 		// a tuning that fails (logged) leaves the shape to cublasGemmEx for good
 		e = &ctx->lt_cache[ctx->lt_n++];
-		if (lt_descs_make(ctx->dev, &d, M, N, K)) {
-			*e = lin_lt_entry{ M, N, K, beta, false, {} };
+		if (lt_descs_make(ctx->dev, &d, M, N, K, y_bf16)) {
+			*e = lin_lt_entry{ M, N, K, beta, y_bf16, false, {} };
 			return 0;
 		}
-		lt_tune(ctx, &d, xb, w, M, N, K, beta, e);
+		lt_tune(ctx, &d, xb, w, M, N, K, beta, y_bf16, e);
 		lt_descs_free(&d);
 	}
-	if (!e->use_lt || lt_descs_make(ctx->dev, &d, M, N, K))
+	if (!e->use_lt || lt_descs_make(ctx->dev, &d, M, N, K, y_bf16))
 		return 0;
 	ret = LT(ctx->dev, lt_run(ctx, &d, &e->algo, y, xb, w, beta));
 	lt_descs_free(&d);
