@@ -49,6 +49,8 @@ static void decode_usage(FILE *f)
 		"  Median latency of a decode step at each batch size after a prefill of --ctx\n"
 		"  random tokens per sequence, with the bytes the step must read (weights it\n"
 		"  touches + KV cache) and the floor those bytes put under it at --hbm-tbs.\n"
+		"  replay_ms: the step's graph replayed alone (0 without graphs); p50 minus it is\n"
+		"  what the host adds to a step.\n"
 		"\n"
 		"  --batch LIST          batch sizes (default 1,8,32,64)\n"
 		"  --ctx N               context per sequence before the timed steps (default 1024)\n"
