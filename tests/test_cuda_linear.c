@@ -312,6 +312,17 @@ static void test_bad_args(void)
 /* A producer that wrote x in bf16 only (k_cuda_linear_x_ready_only, SwiGLU before
  * Llama's down projection): a bf16-x kind uses the scratch (the fp32 x is NaN here, so
  * any read of it shows), and a kind that reads fp32 x refuses instead of reading it. */
+/* The dot product of two bf16 rows of K, in double: the exact reference of a GEMM fed
+ * the same bf16 x and w. */
+static double bf16_dot(const uint16_t *a, const uint16_t *b, int K)
+{
+	double acc = 0;
+
+	for (int k = 0; k < K; k++)
+		acc += (double)k_bf16_to_f32(a[k]) * k_bf16_to_f32(b[k]);
+	return acc;
+}
+
 static void test_x_ready_only(void)
 {
 	enum { M = 64, N = 96, K = 256 };
@@ -340,11 +351,8 @@ static void test_x_ready_only(void)
 	copy(y, dy, sizeof(float) * M * N, cudaMemcpyDeviceToHost);
 	for (int m = 0; m < M; m++)
 		for (int n = 0; n < N; n++) {
-			double want = 0;
+			double want = bf16_dot(xb + (size_t)m * K, w + (size_t)n * K, K);
 
-			for (int k = 0; k < K; k++)
-				want += (double)k_bf16_to_f32(xb[(size_t)m * K + k]) *
-					k_bf16_to_f32(w[(size_t)n * K + k]);
 			err = fmaxf(err, fabsf(y[(size_t)m * N + n] - (float)want));
 			scale = fmaxf(scale, fabsf((float)want));
 		}
@@ -397,11 +405,8 @@ static void test_bf16_out(int N, int K)
 	copy(y, dy, sizeof(uint16_t) * ny, cudaMemcpyDeviceToHost);
 	for (int m = 0; m < M; m++)
 		for (int n = 0; n < N; n++) {
-			double acc = 0;
+			double acc = bf16_dot(xb + (size_t)m * K, w + (size_t)n * K, K);
 
-			for (int k = 0; k < K; k++)
-				acc += (double)k_bf16_to_f32(xb[(size_t)m * K + k]) *
-				       k_bf16_to_f32(w[(size_t)n * K + k]);
 			want[(size_t)m * N + n] = acc;
 			scale = fmaxf(scale, fabsf((float)acc));
 		}

@@ -125,6 +125,18 @@ __global__ void silu_mul_rows_kernel(float *out, const float *gu, int rows, int 
 	}
 }
 
+// The eight-column kernels' item: row r, column group c (of inter / 8); waits for the
+// kernel before (PDL); false past the last row.
+__device__ __forceinline__ bool rows8_item(int rows, int inter, size_t *r, size_t *c)
+{
+	const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per = (size_t)inter / 8;
+
+	*r = i / per;
+	*c = i % per;
+	k_cuda_pdl_wait();
+	return *r < (size_t)rows;
+}
+
 // Eight columns per thread (inter % 8 == 0, 16-byte aligned rows): out (NULL or fp32)
 // and ob (NULL or bf16) as above, ob in one 16-byte store. With out NULL only the bf16
 // copy is written, for a linear that reads x in bf16 (Llama-3.1-8B's down projection
@@ -132,11 +144,9 @@ __global__ void silu_mul_rows_kernel(float *out, const float *gu, int rows, int 
 __global__ void silu_mul_rows8_kernel(float *out, const float *gu, int rows, int inter,
 				      uint16_t *ob)
 {
-	const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per = (size_t)inter / 8;
-	const size_t r = i / per, c = i % per;
+	size_t r, c;
 
-	k_cuda_pdl_wait();
-	if (r >= (size_t)rows)
+	if (!rows8_item(rows, inter, &r, &c))
 		return;
 	const float4 *g = (const float4 *)(gu + r * 2 * (size_t)inter) + 2 * c;
 	const float4 *u = (const float4 *)(gu + r * 2 * (size_t)inter + inter) + 2 * c;
@@ -172,11 +182,9 @@ __global__ void silu_mul_rows8_kernel(float *out, const float *gu, int rows, int
 __global__ void silu_mul_rows8_bf16in_kernel(const uint16_t *gu, int rows, int inter,
 					     uint16_t *ob)
 {
-	const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per = (size_t)inter / 8;
-	const size_t r = i / per, c = i % per;
+	size_t r, c;
 
-	k_cuda_pdl_wait();
-	if (r >= (size_t)rows)
+	if (!rows8_item(rows, inter, &r, &c))
 		return;
 	const uint4 g = ((const uint4 *)(gu + r * 2 * (size_t)inter))[c];
 	const uint4 u = ((const uint4 *)(gu + r * 2 * (size_t)inter + inter))[c];
