@@ -5,7 +5,8 @@
  * also gets (as fp32), decode and prefill rows, outputs poisoned with NaN first, and a
  * captured graph replayed with new ctx and block tables. One line per case.
  * Skips (77) without CUDA or a GPU. KD_TEST_QUICK=1: only the small cases (for
- * compute-sanitizer); KD_TEST_SEED=n: repeat a run; KD_TEST_TIME=1: time each call,
+ * compute-sanitizer); KD_TEST_PART=gqa or mla: only those cases (KV write and q/k
+ * post go with gqa); KD_TEST_SEED=n: repeat a run; KD_TEST_TIME=1: time each call,
  * and Llama-3.1-8B's decode attention as a graph at batch 1 and 64 (test_gqa_time). */
 #include <errno.h>
 #include <stdio.h>
@@ -1730,43 +1731,18 @@ static void test_mla_ab(void)
 	mla_ab_case(lite, 8, 1024, 0, 1024);
 }
 
-int main(void)
+/* The KV write, q/k post and GQA cases: the CUDA-core kernels (fp32) first, then the
+ * tensor-core decode kernel on the decode-shaped cases, with each tile length it has. */
+static void gqa_part(void)
 {
-	const char *env;
-	char name[128];
-	double gib;
-	int count = 0, major, minor;
-	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-
-	k_cuda_device_count(&count);
-	if (count == 0) {
-		fprintf(stderr, "test_cuda_attn: skipped: no CUDA device on this machine\n");
-		return 77;
-	}
-	quick = (env = getenv("KD_TEST_QUICK")) && atoi(env);
-	timing = (env = getenv("KD_TEST_TIME")) && atoi(env);
-	seed = (env = getenv("KD_TEST_SEED")) ? strtoull(env, NULL, 0)
-					       : (unsigned long long)time(NULL) * 2654435761ull;
-	seed |= 1;
-	CHECK(k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor) == 0, "describe");
-	fprintf(stderr, "device 0: %s, %.1f GiB, sm_%d%d; seed %llu%s (KD_TEST_SEED repeats it); "
-		"tolerance rel L2 %g (tensor-core decode %g)\n", name, gib, major, minor, seed,
-		quick ? ", quick" : "", ATTN_TOL, ATTN_TOL_MMA);
-	if (k_pool_create(&pool, cpus > 16 ? 16 : cpus > 0 ? (int)cpus : 1)) {
-		fprintf(stderr, "test_cuda_attn: no thread pool\n");
-		return 1;
-	}
 	test_refusals();
 	test_kv_write();
 	test_qkv_post();
-	/* The CUDA-core kernels (fp32) first, then the tensor-core decode kernel on the
-	 * decode-shaped cases, with each tile length it has for GQA. */
 	setenv("KDEC_ATTN_MMA", "0", 1);
+	attn_tol = ATTN_TOL;
 	attn_path = "[fp32] ";
 	test_gqa();
 	test_gqa_prefill();
-	test_mla();
-	test_mla_post_fold();
 	setenv("KDEC_ATTN_MMA", "1", 1);
 	attn_tol = ATTN_TOL_MMA;
 	attn_path = "[mma] ";
@@ -1776,7 +1752,29 @@ int main(void)
 	test_qkv_fold();
 	if (timing)
 		test_gqa_time();
+	if (!quick) {
+		setenv("KDEC_ATTN_MMA_TK", "64", 1);
+		attn_path = "[mma tk64] ";
+		test_gqa();
+		unsetenv("KDEC_ATTN_MMA_TK");
+	}
 	mma_pass = 0;
+	unsetenv("KDEC_ATTN_MMA");
+}
+
+/* The MLA cases: the CUDA-core kernels (fp32), then the tensor-core kernels under each
+ * of their knobs; the carveout last (once asked for at a workspace's creation, it
+ * stays). */
+static void mla_part(void)
+{
+	setenv("KDEC_ATTN_MMA", "0", 1);
+	attn_tol = ATTN_TOL;
+	attn_path = "[fp32] ";
+	test_mla();
+	test_mla_post_fold();
+	setenv("KDEC_ATTN_MMA", "1", 1);
+	attn_tol = ATTN_TOL_MMA;
+	attn_path = "[mma] ";
 	test_mla();
 	/* MLA's 4-warp kernel (no key-dim split) and its former split floor */
 	setenv("KDEC_MLA_MMA_KSPLIT", "0", 1);
@@ -1795,7 +1793,6 @@ int main(void)
 	test_mla();
 	unsetenv("KDEC_MLA_SPLIT_LIVE");
 	unsetenv("KDEC_MLA_SPLIT_MIN");
-	attn_tol = ATTN_TOL_MMA;
 	test_mla_ab();
 	attn_path = "[mma] ";
 	test_mla_post_fold();
@@ -1816,20 +1813,48 @@ int main(void)
 	test_mla();
 	unsetenv("KDEC_MLA_FOLD_CLUSTER");
 	unsetenv("KDEC_MLA_FOLD_ROWS");
-	/* last: the carveout, once asked for at a workspace's creation, stays */
 	setenv("KDEC_MLA_CARVEOUT", "1", 1);
 	attn_path = "[mma carveout] ";
 	test_mla();
 	unsetenv("KDEC_MLA_CARVEOUT");
-	if (!quick) {
-		setenv("KDEC_ATTN_MMA_TK", "64", 1);
-		attn_path = "[mma tk64] ";
-		mma_pass = 1;
-		test_gqa();
-		mma_pass = 0;
-		unsetenv("KDEC_ATTN_MMA_TK");
-	}
 	unsetenv("KDEC_ATTN_MMA");
+}
+
+int main(void)
+{
+	const char *env, *part;
+	char name[128];
+	double gib;
+	int count = 0, major, minor;
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+	k_cuda_device_count(&count);
+	if (count == 0) {
+		fprintf(stderr, "test_cuda_attn: skipped: no CUDA device on this machine\n");
+		return 77;
+	}
+	part = getenv("KD_TEST_PART");
+	if (part && strcmp(part, "gqa") && strcmp(part, "mla")) {
+		fprintf(stderr, "test_cuda_attn: KD_TEST_PART=%s: want gqa or mla\n", part);
+		return 2;
+	}
+	quick = (env = getenv("KD_TEST_QUICK")) && atoi(env);
+	timing = (env = getenv("KD_TEST_TIME")) && atoi(env);
+	seed = (env = getenv("KD_TEST_SEED")) ? strtoull(env, NULL, 0)
+					       : (unsigned long long)time(NULL) * 2654435761ull;
+	seed |= 1;
+	CHECK(k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor) == 0, "describe");
+	fprintf(stderr, "device 0: %s, %.1f GiB, sm_%d%d; seed %llu%s (KD_TEST_SEED repeats it); "
+		"tolerance rel L2 %g (tensor-core decode %g)\n", name, gib, major, minor, seed,
+		quick ? ", quick" : "", ATTN_TOL, ATTN_TOL_MMA);
+	if (k_pool_create(&pool, cpus > 16 ? 16 : cpus > 0 ? (int)cpus : 1)) {
+		fprintf(stderr, "test_cuda_attn: no thread pool\n");
+		return 1;
+	}
+	if (!part || !strcmp(part, "gqa"))
+		gqa_part();
+	if (!part || !strcmp(part, "mla"))
+		mla_part();
 	k_pool_destroy(pool);
 	return test_result("test_cuda_attn");
 }

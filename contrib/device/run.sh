@@ -172,7 +172,10 @@ phase_ncu() {
 }
 
 # SAN_TESTS (default: the GPU tests), SAN_TOOLS (default: memcheck racecheck) and
-# SAN_TIMEOUT (seconds per test and tool, default 240: a run cut off says so, exit 124)
+# SAN_TIMEOUT (seconds per test and tool, default 240: a run cut off says so, exit 124).
+# The tests see the environment: KD_TEST_QUICK=1 (test_cuda_attn's small cases) and
+# KD_TEST_PART (test_cuda_attn: gqa or mla; test_cuda_moe: route or experts) fit a
+# tool's slower run into the cap.
 phase_sanitize() {
 	local cs=/usr/local/cuda/bin/compute-sanitizer tool
 	for t in ${SAN_TESTS:-$(gpu_tests)}; do
