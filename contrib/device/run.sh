@@ -180,7 +180,7 @@ phase_sanitize() {
 	local cs=/usr/local/cuda/bin/compute-sanitizer tool
 	for t in ${SAN_TESTS:-$(gpu_tests)}; do
 		for tool in ${SAN_TOOLS:-memcheck racecheck}; do
-			run "${tool}_$t" timeout "${SAN_TIMEOUT:-240}" "$cs" --tool "$tool" \
+			run "${tool}_$t${KD_TEST_PART:+_$KD_TEST_PART}" timeout "${SAN_TIMEOUT:-240}" "$cs" --tool "$tool" \
 				--error-exitcode 9 "$B/tests/$t"
 		done
 	done
