@@ -365,13 +365,16 @@ static int gate_up_silu_bf16(struct backend_cuda *b, float *out, const float *x,
 			     const struct model_tensor *const *w, int M, int inter)
 {
 	static int on = -1;
-	const uint16_t *d[2] = { W(b, w[0]), W(b, w[1]) };
 	uint16_t *xb = k_cuda_linear_x_scratch(b->lin, M, inter);
+	const uint16_t *d[2];
 	int ret;
 
 	if (!env_on_once(&on, "KDEC_GATE_UP_BF16") || b->m->cfg.n_experts > 0 || !xb ||
-	    !adjacent(d, w, 2) ||
 	    !down_reads_bf16(M, (int)w[0]->cols, inter))
+		return -EOPNOTSUPP;
+	d[0] = W(b, w[0]);
+	d[1] = W(b, w[1]);
+	if (!adjacent(d, w, 2))
 		return -EOPNOTSUPP;
 	ret = k_cuda_linear_bf16_out(b->lin, (uint16_t *)b->fused, x, d[0], M, 2 * inter,
 				     (int)w[0]->cols);

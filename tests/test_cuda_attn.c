@@ -1731,6 +1731,15 @@ static void test_mla_ab(void)
 	mla_ab_case(lite, 8, 1024, 0, 1024);
 }
 
+/* The pass that follows: the CUDA-core kernels (mma 0: fp32, ATTN_TOL) or the
+ * tensor-core decode kernels (ATTN_TOL_MMA), by KDEC_ATTN_MMA; lines tagged so. */
+static void attn_pass(int mma)
+{
+	setenv("KDEC_ATTN_MMA", mma ? "1" : "0", 1);
+	attn_tol = mma ? ATTN_TOL_MMA : ATTN_TOL;
+	attn_path = mma ? "[mma] " : "[fp32] ";
+}
+
 /* The KV write, q/k post and GQA cases: the CUDA-core kernels (fp32) first, then the
  * tensor-core decode kernel on the decode-shaped cases, with each tile length it has. */
 static void gqa_part(void)
@@ -1738,14 +1747,10 @@ static void gqa_part(void)
 	test_refusals();
 	test_kv_write();
 	test_qkv_post();
-	setenv("KDEC_ATTN_MMA", "0", 1);
-	attn_tol = ATTN_TOL;
-	attn_path = "[fp32] ";
+	attn_pass(0);
 	test_gqa();
 	test_gqa_prefill();
-	setenv("KDEC_ATTN_MMA", "1", 1);
-	attn_tol = ATTN_TOL_MMA;
-	attn_path = "[mma] ";
+	attn_pass(1);
 	mma_pass = 1;
 	test_gqa();
 	test_gqa_fold();
@@ -1767,14 +1772,10 @@ static void gqa_part(void)
  * stays). */
 static void mla_part(void)
 {
-	setenv("KDEC_ATTN_MMA", "0", 1);
-	attn_tol = ATTN_TOL;
-	attn_path = "[fp32] ";
+	attn_pass(0);
 	test_mla();
 	test_mla_post_fold();
-	setenv("KDEC_ATTN_MMA", "1", 1);
-	attn_tol = ATTN_TOL_MMA;
-	attn_path = "[mma] ";
+	attn_pass(1);
 	test_mla();
 	/* MLA's 4-warp kernel (no key-dim split) and its former split floor */
 	setenv("KDEC_MLA_MMA_KSPLIT", "0", 1);
@@ -1833,11 +1834,7 @@ int main(void)
 		fprintf(stderr, "test_cuda_attn: skipped: no CUDA device on this machine\n");
 		return 77;
 	}
-	part = getenv("KD_TEST_PART");
-	if (part && strcmp(part, "gqa") && strcmp(part, "mla")) {
-		fprintf(stderr, "test_cuda_attn: KD_TEST_PART=%s: want gqa or mla\n", part);
-		return 2;
-	}
+	part = test_part("test_cuda_attn", "gqa", "mla");
 	quick = (env = getenv("KD_TEST_QUICK")) && atoi(env);
 	timing = (env = getenv("KD_TEST_TIME")) && atoi(env);
 	seed = (env = getenv("KD_TEST_SEED")) ? strtoull(env, NULL, 0)
@@ -1851,9 +1848,9 @@ int main(void)
 		fprintf(stderr, "test_cuda_attn: no thread pool\n");
 		return 1;
 	}
-	if (!part || !strcmp(part, "gqa"))
+	if (test_part_runs(part, "gqa"))
 		gqa_part();
-	if (!part || !strcmp(part, "mla"))
+	if (test_part_runs(part, "mla"))
 		mla_part();
 	k_pool_destroy(pool);
 	return test_result("test_cuda_attn");

@@ -880,49 +880,91 @@ static void cpu_experts_add(const struct shape *s, float *want, const float *y0,
 }
 
 /* k_cuda_moe_experts_add at M rows; fused 0: the call must decline (1), y untouched. */
+/* One experts_add case: random x (M, hidden) and residual y0, routing by case_routing
+ * (host and device copies), freed by ex_case_free. */
+struct ex_case {
+	size_t nx, nk;
+	float *x, *y0, *wts, *cpu_wts;		/* host */
+	int32_t *ids, *cpu_ids;
+	struct k_expert *ex;
+	const uint16_t **table;
+	unsigned char *used;
+	float *dx, *dw;				/* device */
+	int32_t *dids;
+	void *dtable;
+};
+
+static void ex_case_make(struct ex_case *c, const struct shape *s, struct weights *w, int M,
+			 int flags)
+{
+	c->nx = (size_t)M * s->hidden;
+	c->nk = (size_t)M * s->top_k;
+	c->x = malloc(sizeof(float) * c->nx);
+	c->y0 = malloc(sizeof(float) * c->nx);
+	c->wts = malloc(sizeof(float) * c->nk);
+	c->cpu_wts = malloc(sizeof(float) * c->nk);
+	c->ids = malloc(sizeof(int32_t) * c->nk);
+	c->cpu_ids = malloc(sizeof(int32_t) * c->nk);
+	c->ex = calloc((size_t)s->n_experts, sizeof(*c->ex));
+	c->table = calloc((size_t)s->n_experts * 3, sizeof(*c->table));
+	c->used = calloc((size_t)s->n_experts, 1);
+	for (size_t i = 0; i < c->nx; i++) {
+		c->x[i] = test_randf(&seed) * 2;
+		c->y0[i] = test_randf(&seed) * 4;
+	}
+	case_routing(s, w, M, -1, flags, c->ids, c->wts, c->cpu_ids, c->cpu_wts, c->ex, c->table,
+		     c->used);
+	c->dtable = dev_from(c->table, sizeof(*c->table) * (size_t)s->n_experts * 3);
+	c->dx = dev_from(c->x, sizeof(float) * c->nx);
+	c->dw = dev_from(c->wts, sizeof(float) * c->nk);
+	c->dids = dev_from(c->ids, sizeof(int32_t) * c->nk);
+}
+
+static void ex_case_free(struct ex_case *c)
+{
+	cudaFree(c->dtable);
+	cudaFree(c->dx);
+	cudaFree(c->dw);
+	cudaFree(c->dids);
+	free(c->x);
+	free(c->y0);
+	free(c->wts);
+	free(c->cpu_wts);
+	free(c->ids);
+	free(c->cpu_ids);
+	free(c->ex);
+	free(c->table);
+	free(c->used);
+}
+
 static void test_experts_add(const struct shape *s, struct weights *w, const struct shared_w *sw,
 			     int si, struct k_cuda_moe_ws *ws, int M, int flags,
 			     enum k_cuda_moe_path path, int fused)
 {
-	size_t nx = (size_t)M * s->hidden, nk = (size_t)M * s->top_k;
-	float *x = malloc(sizeof(float) * nx), *y0 = malloc(sizeof(float) * nx);
-	float *want = malloc(sizeof(float) * nx), *got = malloc(sizeof(float) * nx);
-	float *wts = malloc(sizeof(float) * nk), *cpu_wts = malloc(sizeof(float) * nk);
-	int32_t *ids = malloc(sizeof(int32_t) * nk), *cpu_ids = malloc(sizeof(int32_t) * nk);
-	struct k_expert *ex = calloc((size_t)s->n_experts, sizeof(*ex));
-	const uint16_t **table = calloc((size_t)s->n_experts * 3, sizeof(*table));
-	unsigned char *used = calloc((size_t)s->n_experts, 1);
+	struct ex_case c;
 	struct k_cuda_moe_shared sh = { sw->d[0], sw->d[1], sw->d[2], si };
 	double num = 0, den = 0, rel;
-	float *dx, *dw, *dy;
-	int32_t *dids;
-	void *dtable;
+	float *want, *got, *dy;
 	int ret, bad = 0, moved = 0;
 	char shape[112];
 
-	for (size_t i = 0; i < nx; i++) {
-		x[i] = test_randf(&seed) * 2;
-		y0[i] = test_randf(&seed) * 4;
-	}
-	case_routing(s, w, M, -1, flags, ids, wts, cpu_ids, cpu_wts, ex, table, used);
-	cpu_experts_add(s, want, y0, x, M, cpu_ids, cpu_wts, ex, sw, si);
-	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
-	dx = dev_from(x, sizeof(float) * nx);
-	dw = dev_from(wts, sizeof(float) * nk);
-	dids = dev_from(ids, sizeof(int32_t) * nk);
-	dy = dev_from(y0, sizeof(float) * nx);
+	ex_case_make(&c, s, w, M, flags);
+	want = malloc(sizeof(float) * c.nx);
+	got = malloc(sizeof(float) * c.nx);
+	cpu_experts_add(s, want, c.y0, c.x, M, c.cpu_ids, c.cpu_wts, c.ex, sw, si);
+	dy = dev_from(c.y0, sizeof(float) * c.nx);
 	k_cuda_moe_set_path(path);
-	ret = k_cuda_moe_experts_add(stream, ws, dy, dx, M, dids, dw, s->top_k,
-				     (const uint16_t *const *)dtable, s->n_experts, s->hidden,
+	ret = k_cuda_moe_experts_add(stream, ws, dy, c.dx, M, c.dids, c.dw, s->top_k,
+				     (const uint16_t *const *)c.dtable, s->n_experts, s->hidden,
 				     s->inter, si > 0 ? &sh : NULL);
-	to_host(got, dy, sizeof(float) * nx);
-	for (size_t i = 0; i < nx; i++) {
-		double d = (double)got[i] - want[i], m = (double)want[i] - y0[i];
+	to_host(got, dy, sizeof(float) * c.nx);
+	for (size_t i = 0; i < c.nx; i++) {
+		double d = (double)got[i] - want[i], m = (double)want[i] - c.y0[i];
 
 		num += d * d;
 		den += m * m;
 		bad |= got[i] != got[i];
-		moved |= memcmp(&got[i], &y0[i], sizeof(float)) != 0;
+		moved |= memcmp(&got[i], &c.y0[i], sizeof(float)) != 0;
 	}
 	rel = den > 0 ? sqrt(num / den) : sqrt(num);
 	snprintf(shape, sizeof(shape), "%s shared %d M %d%s%s", s->name, si, M,
@@ -936,22 +978,10 @@ static void test_experts_add(const struct shape *s, struct weights *w, const str
 		       ret == 1 && !moved ? "PASS" : "FAIL");
 		CHECK(ret == 1 && !moved, "%s: ret %d, y %s", shape, ret, moved ? "changed" : "kept");
 	}
-	cudaFree(dtable);
-	cudaFree(dx);
-	cudaFree(dw);
-	cudaFree(dids);
 	cudaFree(dy);
-	free(x);
-	free(y0);
 	free(want);
 	free(got);
-	free(wts);
-	free(cpu_wts);
-	free(ids);
-	free(cpu_ids);
-	free(ex);
-	free(table);
-	free(used);
+	ex_case_free(&c);
 }
 
 /* One row (M = 1) on the small path, moe_small_m1.cu's kernels against the general
@@ -960,28 +990,14 @@ static void test_experts_add(const struct shape *s, struct weights *w, const str
 static void test_m1_bits(const struct shape *s, struct weights *w, const struct shared_w *sw,
 			 int si, struct k_cuda_moe_ws *ws, int flags)
 {
-	size_t nx = (size_t)s->hidden, nk = (size_t)s->top_k;
-	float *x = malloc(sizeof(float) * nx), *y0 = malloc(sizeof(float) * nx);
-	float *got[2][2], *wts = malloc(sizeof(float) * nk), *cpu_wts = malloc(sizeof(float) * nk);
-	int32_t *ids = malloc(sizeof(int32_t) * nk), *cpu_ids = malloc(sizeof(int32_t) * nk);
-	struct k_expert *ex = calloc((size_t)s->n_experts, sizeof(*ex));
-	const uint16_t **table = calloc((size_t)s->n_experts * 3, sizeof(*table));
-	unsigned char *used = calloc((size_t)s->n_experts, 1);
+	struct ex_case c;
 	struct k_cuda_moe_shared sh = { sw->d[0], sw->d[1], sw->d[2], si };
-	float *dx, *dw, *dy;
-	int32_t *dids;
-	void *dtable;
+	float *got[2][2], *dy;
 	int ret = 0, diff[2] = { 0, 0 };
+	size_t nx;
 
-	for (size_t i = 0; i < nx; i++) {
-		x[i] = test_randf(&seed) * 2;
-		y0[i] = test_randf(&seed) * 4;
-	}
-	case_routing(s, w, 1, -1, flags, ids, wts, cpu_ids, cpu_wts, ex, table, used);
-	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
-	dx = dev_from(x, sizeof(float) * nx);
-	dw = dev_from(wts, sizeof(float) * nk);
-	dids = dev_from(ids, sizeof(int32_t) * nk);
+	ex_case_make(&c, s, w, 1, flags);
+	nx = c.nx;
 	dy = dev_alloc(sizeof(float) * nx);
 	k_cuda_moe_set_path(K_CUDA_MOE_PATH_SMALL);
 	for (int m1 = 0; m1 < 2; m1++) {
@@ -989,13 +1005,13 @@ static void test_m1_bits(const struct shape *s, struct weights *w, const struct 
 		got[m1][0] = malloc(sizeof(float) * nx);
 		got[m1][1] = malloc(sizeof(float) * nx);
 		cu(cudaMemset(dy, 0xff, sizeof(float) * nx), "poison");
-		ret |= k_cuda_moe_experts(stream, ws, dy, dx, 1, dids, dw, s->top_k,
-					  (const uint16_t *const *)dtable, s->n_experts, s->hidden,
+		ret |= k_cuda_moe_experts(stream, ws, dy, c.dx, 1, c.dids, c.dw, s->top_k,
+					  (const uint16_t *const *)c.dtable, s->n_experts, s->hidden,
 					  s->inter);
 		to_host(got[m1][0], dy, sizeof(float) * nx);
-		cu(cudaMemcpy(dy, y0, sizeof(float) * nx, cudaMemcpyHostToDevice), "y0");
-		ret |= k_cuda_moe_experts_add(stream, ws, dy, dx, 1, dids, dw, s->top_k,
-					      (const uint16_t *const *)dtable, s->n_experts,
+		cu(cudaMemcpy(dy, c.y0, sizeof(float) * nx, cudaMemcpyHostToDevice), "y0");
+		ret |= k_cuda_moe_experts_add(stream, ws, dy, c.dx, 1, c.dids, c.dw, s->top_k,
+					      (const uint16_t *const *)c.dtable, s->n_experts,
 					      s->hidden, s->inter, si > 0 ? &sh : NULL);
 		to_host(got[m1][1], dy, sizeof(float) * nx);
 	}
@@ -1012,20 +1028,8 @@ static void test_m1_bits(const struct shape *s, struct weights *w, const struct 
 		free(got[m1][0]);
 		free(got[m1][1]);
 	}
-	cudaFree(dtable);
-	cudaFree(dx);
-	cudaFree(dw);
-	cudaFree(dids);
 	cudaFree(dy);
-	free(x);
-	free(y0);
-	free(wts);
-	free(cpu_wts);
-	free(ids);
-	free(cpu_ids);
-	free(ex);
-	free(table);
-	free(used);
+	ex_case_free(&c);
 }
 
 /* The fused experts + shared + residual at one shape (si 0: no shared expert). */
@@ -1271,19 +1275,15 @@ int main(void)
 		fprintf(stderr, "test_cuda_moe: skipped: no CUDA device on this machine\n");
 		return 77;
 	}
-	part = getenv("KD_TEST_PART");
-	if (part && strcmp(part, "route") && strcmp(part, "experts")) {
-		fprintf(stderr, "test_cuda_moe: KD_TEST_PART=%s: want route or experts\n", part);
-		return 2;
-	}
+	part = test_part("test_cuda_moe", "route", "experts");
 	cu(cudaStreamCreate(&stream), "stream");
 	if (k_pool_create(&pool, 16))
 		return 1;
-	if (!part || !strcmp(part, "route")) {
+	if (test_part_runs(part, "route")) {
 		test_route_all();
 		test_router_route_all();
 	}
-	if (!part || !strcmp(part, "experts"))
+	if (test_part_runs(part, "experts"))
 		test_experts_all();
 	k_pool_destroy(pool);
 	cudaStreamDestroy(stream);

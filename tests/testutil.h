@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int test_failures;
 static int test_checks;
@@ -88,6 +89,25 @@ static inline int32_t *test_shuffled_ids(int n, unsigned long long *seed)
 		perm[j] = t;
 	}
 	return perm;
+}
+
+/* KD_TEST_PART, for tests run by halves (compute-sanitizer's slower runs): NULL (every
+ * part) or one of a and b; any other value ends the test with exit 2. */
+static inline const char *test_part(const char *name, const char *a, const char *b)
+{
+	const char *part = getenv("KD_TEST_PART");
+
+	if (part && strcmp(part, a) && strcmp(part, b)) {
+		fprintf(stderr, "%s: KD_TEST_PART=%s: want %s or %s\n", name, part, a, b);
+		exit(2);
+	}
+	return part;
+}
+
+/* Whether a run of test_part's part includes p. */
+static inline int test_part_runs(const char *part, const char *p)
+{
+	return !part || !strcmp(part, p);
 }
 
 #endif
