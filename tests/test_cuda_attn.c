@@ -1823,7 +1823,7 @@ static void mla_part(void)
 
 int main(void)
 {
-	const char *env, *part;
+	const char *part;
 	char name[128];
 	double gib;
 	int count = 0, major, minor;
@@ -1835,11 +1835,9 @@ int main(void)
 		return 77;
 	}
 	part = test_part("test_cuda_attn", "gqa", "mla");
-	quick = (env = getenv("KD_TEST_QUICK")) && atoi(env);
-	timing = (env = getenv("KD_TEST_TIME")) && atoi(env);
-	seed = (env = getenv("KD_TEST_SEED")) ? strtoull(env, NULL, 0)
-					       : (unsigned long long)time(NULL) * 2654435761ull;
-	seed |= 1;
+	quick = test_env_flag("KD_TEST_QUICK");
+	timing = test_env_flag("KD_TEST_TIME");
+	seed = test_seed();
 	CHECK(k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor) == 0, "describe");
 	fprintf(stderr, "device 0: %s, %.1f GiB, sm_%d%d; seed %llu%s (KD_TEST_SEED repeats it); "
 		"tolerance rel L2 %g (tensor-core decode %g)\n", name, gib, major, minor, seed,

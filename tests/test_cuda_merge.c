@@ -301,7 +301,6 @@ static void test_merge(void)
 
 int main(void)
 {
-	const char *env;
 	char name[128];
 	double gib;
 	int count = 0, major, minor;
@@ -311,10 +310,8 @@ int main(void)
 		fprintf(stderr, "test_cuda_merge: skipped: no CUDA device on this machine\n");
 		return 77;
 	}
-	timing = (env = getenv("KD_TEST_TIME")) && atoi(env);
-	seed = (env = getenv("KD_TEST_SEED")) ? strtoull(env, NULL, 0)
-					       : (unsigned long long)time(NULL) * 2654435761ull;
-	seed |= 1;
+	timing = test_env_flag("KD_TEST_TIME");
+	seed = test_seed();
 	CHECK(k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor) == 0, "describe");
 	fprintf(stderr, "device 0: %s, %.1f GiB, sm_%d%d; seed %llu (KD_TEST_SEED repeats it); "
 		"tolerance %g absolute per element\n", name, gib, major, minor, seed, MERGE_TOL);

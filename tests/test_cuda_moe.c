@@ -27,7 +27,9 @@
  * tolerance rel L2 <= 1e-4 of the MLP's part (got - want over want - residual). Where
  * the fused path does not apply (grouped path forced, more than 64 pairs) the call
  * must return 1 and leave y bit for bit as it was. Skips (77) without CUDA or a GPU.
- * KD_TEST_PART=route or experts: only those cases (for compute-sanitizer). */
+ * KD_TEST_PART=route or experts: only those cases (for compute-sanitizer);
+ * KD_TEST_TIME=1: the timings too (router + route beside linear + route, the MoE layer,
+ * the expert paths at M 1..8, 32 and 64). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +53,7 @@
 static unsigned long long seed = 0x3c0ffee5ull;
 static cudaStream_t stream;
 static struct k_pool *pool;
+static int timing;	/* KD_TEST_TIME */
 
 static void cu(cudaError_t e, const char *what)
 {
@@ -641,6 +644,10 @@ static void test_router_route_all(void)
 	CHECK(k_cuda_moe_router_route(stream, ws, &cfg[0].p, NULL, 1, NULL, 2048, NULL, NULL, NULL) == 1,
 	      "router_route: KDEC_MOE_ROUTE_FUSED off must decline");
 	k_cuda_moe_ws_destroy(ws);
+	if (!timing) {
+		k_cuda_moe_set_route_fused(-1);
+		return;
+	}
 	/* timed on (it is off by default) */
 	k_cuda_moe_set_route_fused(1);
 	for (size_t c = 0; c < 2; c++)
@@ -1236,7 +1243,7 @@ static void test_experts_all(void)
 		test_experts_shape(&shapes[si]);
 	for (size_t si = 0; si < sizeof(fused) / sizeof(fused[0]); si++)
 		test_experts_add_shape(&fused[si].s, fused[si].shared);
-	for (size_t si = 0; si < 2; si++) {
+	for (size_t si = 0; timing && si < 2; si++) {
 		for (int m = 0; m < 4; m++) {
 			int M = (int[]){ 1, 2, 4, 8 }[m];
 
@@ -1276,6 +1283,7 @@ int main(void)
 		return 77;
 	}
 	part = test_part("test_cuda_moe", "route", "experts");
+	timing = test_env_flag("KD_TEST_TIME");
 	cu(cudaStreamCreate(&stream), "stream");
 	if (k_pool_create(&pool, 16))
 		return 1;

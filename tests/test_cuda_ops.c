@@ -598,10 +598,9 @@ static double mla_post_after_norm_us(const struct k_cuda_mla_post_args *a)
  * only read, so the runs repeat one computation. */
 static void mla_post_time(const struct k_cuda_mla_post_args *a, const char *shape)
 {
-	const char *e = getenv("KD_TEST_TIME");
 	double base, early, late;
 
-	if (!(e && atoi(e)) || getenv("KDEC_MLA_POST_EARLY"))	/* the default pass only */
+	if (!test_env_flag("KD_TEST_TIME") || getenv("KDEC_MLA_POST_EARLY"))	/* the default pass only */
 		return;
 	base = mla_post_after_norm_us(NULL);
 	early = mla_post_after_norm_us(a);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int test_failures;
 static int test_checks;
@@ -108,6 +109,24 @@ static inline const char *test_part(const char *name, const char *a, const char 
 static inline int test_part_runs(const char *part, const char *p)
 {
 	return !part || !strcmp(part, p);
+}
+
+
+/* An on/off switch of the environment (KD_TEST_TIME, KD_TEST_QUICK): set and nonzero. */
+static inline int test_env_flag(const char *name)
+{
+	const char *e = getenv(name);
+
+	return e && atoi(e);
+}
+
+/* KD_TEST_SEED, or one from the clock; odd, as the generators want. Tests print it, so
+ * that KD_TEST_SEED=n repeats a failing run. */
+static inline unsigned long long test_seed(void)
+{
+	const char *e = getenv("KD_TEST_SEED");
+
+	return (e ? strtoull(e, NULL, 0) : (unsigned long long)time(NULL) * 2654435761ull) | 1;
 }
 
 #endif

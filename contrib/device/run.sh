@@ -173,15 +173,21 @@ phase_ncu() {
 
 # SAN_TESTS (default: the GPU tests), SAN_TOOLS (default: memcheck racecheck) and
 # SAN_TIMEOUT (seconds per test and tool, default 240: a run cut off says so, exit 124).
-# The tests see the environment: KD_TEST_QUICK=1 (test_cuda_attn's small cases) and
+# The tests see the environment: KD_TEST_QUICK=1 (test_cuda_attn's small cases;
+# test_cuda_linear's own kernels at M <= 64, without cuBLAS) and
 # KD_TEST_PART (test_cuda_attn: gqa or mla; test_cuda_moe: route or experts) fit a
 # tool's slower run into the cap.
 phase_sanitize() {
 	local cs=/usr/local/cuda/bin/compute-sanitizer tool
 	for t in ${SAN_TESTS:-$(gpu_tests)}; do
 		for tool in ${SAN_TOOLS:-memcheck racecheck}; do
-			run "${tool}_$t${KD_TEST_PART:+_$KD_TEST_PART}" timeout "${SAN_TIMEOUT:-240}" "$cs" --tool "$tool" \
+			local name=${tool}_$t${KD_TEST_PART:+_$KD_TEST_PART}
+			run "$name" timeout "${SAN_TIMEOUT:-240}" "$cs" --tool "$tool" \
 				--error-exitcode 9 "$B/tests/$t"
+			# what it reported up to its end or its cut, and the test's own verdicts
+			say "  $name: $(grep -cE '^========= +(Error|Warning|Invalid|Race|Program hit)' \
+				"$out/$name.log") sanitizer reports, $(grep -c 'PASS' "$out/$name.log") PASS" \
+				"and $(grep -cE 'FAIL' "$out/$name.log") FAIL lines"
 		done
 	done
 }
@@ -225,9 +231,10 @@ phase_peers() {
 for p in "$@"; do
 	"phase_$p"
 done
-if [ -n "${OUT:-}" ]; then
-	logs=$OUT/logs.tgz n=1
-	while [ -e "$logs" ]; do n=$((n + 1)); logs=$OUT/logs$n.tgz; done
+# RUN_LOGS_DIR: where logs.tgz goes instead of $OUT (runs side by side, one folder each)
+if [ -n "${RUN_LOGS_DIR:-${OUT:-}}" ]; then
+	logs=${RUN_LOGS_DIR:-$OUT}/logs.tgz n=1
+	while [ -e "$logs" ]; do n=$((n + 1)); logs=${RUN_LOGS_DIR:-$OUT}/logs$n.tgz; done
 	tar czf "$logs" -C "$out" .
 fi
 exit $status

@@ -1,22 +1,51 @@
 #!/bin/bash
 # compute-sanitizer memcheck and racecheck of every GPU test, each run small enough to
 # finish inside its cap: test_cuda_attn in its quick cases, one half at a time
-# (KD_TEST_PART=gqa, then mla); test_cuda_moe one half at a time (route, then experts).
-# One summary line per test, tool and half, as run.sh sanitize writes them; a run cut
-# off by SAN_TIMEOUT (default 240 s) says so (exit 124).
+# (KD_TEST_PART=gqa, then mla); test_cuda_moe one half at a time (route, then experts);
+# test_cuda_linear quick (kdec's own kernels at M <= 64, without cuBLAS).
+# The runs go SAN_JOBS (default 8) at a time: a sanitizer's time is mostly the host's,
+# and the machine has 16 cores. One summary line per test, tool and half, as run.sh
+# sanitize writes them, all into one summary.txt; a run cut off by SAN_TIMEOUT (default
+# 480 s) says so (exit 124). The logs of every run come back as one sanlogs.tgz.
 #   device run "KDEC_BUILD_DIR=devbuild bash contrib/device/sanitize_all.sh"  carry ["devbuild"]
 # (after contrib/device/pack.sh; SAN_TOOLS="memcheck" or "racecheck" runs one tool)
 set -u
 cd "$(dirname "$0")/../.."
 R=contrib/device/run.sh
-export SAN_TOOLS=${SAN_TOOLS:-memcheck racecheck}
+export SAN_TIMEOUT=${SAN_TIMEOUT:-480}
+jobs=${SAN_JOBS:-8}
+logs=$(mktemp -d /tmp/kdec-san.XXXXXX)
+# the longest first: "VARIABLES...|tests"
+specs=(
+	"KD_TEST_QUICK=1 KD_TEST_PART=mla|test_cuda_attn"
+	"KD_TEST_PART=experts|test_cuda_moe"
+	"KD_TEST_PART=route|test_cuda_moe"
+	"KD_TEST_QUICK=1 KD_TEST_PART=gqa|test_cuda_attn"
+	"KD_TEST_QUICK=1|test_cuda_linear"
+	"|test_cuda_sample"
+	"|test_cuda_merge test_cuda_ops test_cuda_smoke"
+)
+# one run: its exit status in its folder's rc
+job() {
+	local dir=$1 tool=$2 spec=$3
+	env ${spec%%|*} SAN_TESTS="${spec#*|}" SAN_TOOLS=$tool RUN_LOGS_DIR="$dir" \
+		bash $R sanitize
+	echo $? >"$dir/rc"
+}
+i=0
+for spec in "${specs[@]}"; do
+	for tool in ${SAN_TOOLS:-memcheck racecheck}; do
+		while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+		i=$((i + 1))
+		mkdir -p "$logs/$i"
+		job "$logs/$i" "$tool" "$spec" &
+	done
+done
+wait
+[ -n "${OUT:-}" ] && tar czf "$OUT/sanlogs.tgz" -C "$logs" .
 status=0
-for part in gqa mla; do
-	KD_TEST_QUICK=1 KD_TEST_PART=$part SAN_TESTS=test_cuda_attn bash $R sanitize || status=1
+for rc in "$logs"/*/rc; do
+	[ "$(cat "$rc")" = 0 ] || status=1
 done
-for part in route experts; do
-	KD_TEST_PART=$part SAN_TESTS=test_cuda_moe bash $R sanitize || status=1
-done
-SAN_TESTS="test_cuda_linear test_cuda_merge test_cuda_ops test_cuda_sample test_cuda_smoke" \
-	bash $R sanitize || status=1
+echo "sanitize_all: $i runs, $(grep -lvx 0 "$logs"/*/rc | wc -l) failed or cut off"
 exit $status
