@@ -12,7 +12,8 @@
  * poisoned with NaN), nothing past y touched (a guard zone), and a second run must
  * give the same bits (kdec's own kernels; reported only for cuBLAS).
  * KD_TEST_QUICK=1 (for compute-sanitizer's racecheck, whose cost grows with every
- * shared-memory access): kdec's own kernels only, at M up to 64; no cuBLAS, no auto. */
+ * shared-memory access): kdec's own kernels only, at M up to 64; no cuBLAS, no auto.
+ * KD_TEST_PART=small or big: the shapes up to 1 x 4096 (and the graphs) or the rest. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,8 +53,11 @@ static const int big_ms[] = { 1, 33, 64 };
 #define ALL(n, k) { n, k, all_ms, (int)(sizeof(all_ms) / sizeof(all_ms[0])) }
 #define BIG(n, k) { n, k, big_ms, (int)(sizeof(big_ms) / sizeof(big_ms[0])) }
 
+#define N_SMALL_SHAPES	6	/* shapes[] before the big part */
+
 static const struct shape shapes[] = {
 	ALL(1, 8), ALL(17, 24), ALL(1000, 8), ALL(1000, 1000), ALL(17, 4100), ALL(1, 4096),
+	/* KD_TEST_PART=big from here */
 	ALL(1000, 4096), ALL(300, 4100),
 	ALL(2048, 1408),	/* batches that do not split evenly over 8 slices */
 	ALL(40000, 256),	/* more 256-row groups than CTAs: split-K walks groups */
@@ -500,7 +504,7 @@ static void test_graph(void)
 	copy(dx, x, (size_t)MM * K * sizeof(float), cudaMemcpyHostToDevice);
 	for (int pdl = 1; pdl >= 0; pdl--)
 		for (int k = 0; k < K_CUDA_LINEAR_N_KINDS; k++)
-			for (int mi = 0; mi < 3; mi++)
+			for (int mi = 0; mi < 3 && !(quick && k == K_CUDA_LINEAR_CUBLAS); mi++)
 				graph_case(k, Ms[mi], pdl, N, K, w, x, dw, dx, dy, ref, out);
 	cudaFree(dw);
 	cudaFree(dx);
@@ -513,6 +517,7 @@ static void test_graph(void)
 
 int main(void)
 {
+	const char *part;
 	char name[128];
 	double gib;
 	int count = 0, major, minor, ret;
@@ -523,6 +528,7 @@ int main(void)
 		fprintf(stderr, "test_cuda_linear: skipped: no CUDA device on this machine\n");
 		return 77;
 	}
+	part = test_part("test_cuda_linear", "small", "big");
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	CHECK(k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor) == 0, "describe");
 	printf("device 0: %s, %.1f GiB, sm_%d%d\n", name, gib, major, minor);
@@ -541,13 +547,15 @@ int main(void)
 	test_bad_args();
 	test_x_ready_only();
 	quick = test_env_flag("KD_TEST_QUICK");
-	if (!quick) {
+	if (!quick && test_part_runs(part, "small")) {
 		test_bf16_out(1000, 1000);	/* 2 MB of weights: cublasGemmEx */
 		test_bf16_out(8192, 4096);	/* 64 MB: the tuned cuBLASLt path */
 	}
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-		test_shape(&shapes[i]);
-	test_graph();
+		if (test_part_runs(part, i < N_SMALL_SHAPES ? "small" : "big"))
+			test_shape(&shapes[i]);
+	if (test_part_runs(part, "small"))
+		test_graph();
 	k_cuda_linear_destroy(lin);
 	k_cuda_linear_destroy(NULL);
 	cudaStreamDestroy(stream);

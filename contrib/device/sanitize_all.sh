@@ -2,7 +2,9 @@
 # compute-sanitizer memcheck and racecheck of every GPU test, each run small enough to
 # finish inside its cap: test_cuda_attn in its quick cases, one half at a time
 # (KD_TEST_PART=gqa, then mla); test_cuda_moe one half at a time (route, then experts);
-# test_cuda_linear quick (kdec's own kernels at M <= 64, without cuBLAS).
+# test_cuda_linear quick (kdec's own kernels at M <= 64, without cuBLAS), by halves
+# (small, big). Racecheck reports hazards inside cuBLAS's own split-K kernels
+# (nvjet_sm90_*_splitK, closed source), so the quick runs leave cuBLAS out.
 # The runs go SAN_JOBS (default 8) at a time: a sanitizer's time is mostly the host's,
 # and the machine has 16 cores. One summary line per test, tool and half, as run.sh
 # sanitize writes them, all into one summary.txt; a run cut off by SAN_TIMEOUT (default
@@ -21,7 +23,8 @@ specs=(
 	"KD_TEST_PART=experts|test_cuda_moe"
 	"KD_TEST_PART=route|test_cuda_moe"
 	"KD_TEST_QUICK=1 KD_TEST_PART=gqa|test_cuda_attn"
-	"KD_TEST_QUICK=1|test_cuda_linear"
+	"KD_TEST_QUICK=1 KD_TEST_PART=big|test_cuda_linear"
+	"KD_TEST_QUICK=1 KD_TEST_PART=small|test_cuda_linear"
 	"|test_cuda_sample"
 	"|test_cuda_merge test_cuda_ops test_cuda_smoke"
 )
