@@ -25,7 +25,7 @@ specs=(
 	"KD_TEST_QUICK=1 KD_TEST_PART=gqa|test_cuda_attn"
 	"KD_TEST_QUICK=1 KD_TEST_PART=big|test_cuda_linear"
 	"KD_TEST_QUICK=1 KD_TEST_PART=small|test_cuda_linear"
-	"|test_cuda_sample"
+	"KD_TEST_QUICK=1|test_cuda_sample"
 	"|test_cuda_merge test_cuda_ops test_cuda_smoke"
 )
 # one run: its exit status in its folder's rc
