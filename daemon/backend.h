@@ -130,12 +130,6 @@ struct backend_ops {
 			       const int32_t *ids, const float *weights, int top_k,
 			       const struct model_layer *L, int hidden, int inter, int n_experts,
 			       int shared_inter);
-	/* logits (M, router->rows) = x @ router^T (linear), then ids and weights as
-	 * moe_route of them, in one op where the backend can. 1: it cannot, nothing done
-	 * (forward.c runs linear and moe_route); 0 or -errno. */
-	int (*moe_router_route)(struct backend *be, const struct k_moe_route_params *p,
-				float *logits, const float *x, const struct model_tensor *router,
-				int M, int32_t *ids, float *weights);
 	/* ids (M) drawn from logits (M, vocab) by params (M) at output indices steps (M),
 	 * the procedure of kernels/k_sample.h; all in backend memory. 0 or -errno. */
 	int (*sample)(struct backend *be, int32_t *ids, const float *logits, int M, int vocab,

@@ -564,28 +564,6 @@ static void cuda_moe_route(struct backend *be, const struct k_moe_route_params *
 	cuda_note(b, k_cuda_moe_route(b->stream, &dp, logits, M, ids, weights), "moe_route");
 }
 
-static int cuda_moe_router_route(struct backend *be, const struct k_moe_route_params *p,
-				 float *logits, const float *x, const struct model_tensor *router,
-				 int M, int32_t *ids, float *weights)
-{
-	struct backend_cuda *b = cuda_of(be);
-	struct k_moe_route_params dp = *p;
-	const uint16_t *w;
-	int ret;
-
-	/* Declines before marking the op: the linear that runs instead keeps the bf16
-	 * copy of x that the op before may have left for it. */
-	if (!b->moe_ws || router->rows != p->n_experts ||
-	    !k_cuda_moe_router_route_fits(p, x, M, w = W(b, router), (int)router->cols))
-		return 1;
-	cuda_prof_mark(b, "moe_router_route");
-	dp.bias = p->bias ? cuda_dev_of(b, p->bias, "moe_router_route bias") : NULL;
-	ret = k_cuda_moe_router_route(b->stream, b->moe_ws, &dp, x, M, w, (int)router->cols,
-				      logits, ids, weights);
-	cuda_note(b, ret < 0 ? ret : 0, "moe_router_route");
-	return ret;
-}
-
 static int cuda_moe_experts(struct backend *be, float *out, const float *x, int M, const int32_t *ids,
 			    const float *weights, int top_k, const struct model_layer *L, int hidden,
 			    int inter, int n_experts)
@@ -744,7 +722,6 @@ const struct backend_ops backend_cuda_ops = {
 	.moe_route = cuda_moe_route,
 	.moe_experts = cuda_moe_experts,
 	.moe_experts_add = cuda_moe_experts_add,
-	.moe_router_route = cuda_moe_router_route,
 	.reserve = cuda_reserve,
 	.qkv_prep = cuda_qkv_prep,
 	.mla_post = cuda_mla_post,

@@ -347,12 +347,8 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int R)
 	int ret;
 
 	route.bias = L->router_bias;
-	if (!f->be->ops->moe_router_route ||
-	    OP(f, moe_router_route, &route, f->router, f->h, &L->router, R, f->route_ids,
-	       f->route_w) > 0) {
-		OP(f, linear, f->router, f->h, &L->router, R);
-		OP(f, moe_route, &route, f->router, R, f->route_ids, f->route_w);
-	}
+	OP(f, linear, f->router, f->h, &L->router, R);
+	OP(f, moe_route, &route, f->router, R, f->route_ids, f->route_w);
 	if (f->be->ops->moe_experts_add &&
 	    (ret = OP(f, moe_experts_add, f->x, f->h, R, f->route_ids, f->route_w, c->top_k, L,
 		      c->hidden_size, c->moe_intermediate_size, c->n_experts, shared)) <= 0)

@@ -27,30 +27,6 @@ int k_cuda_moe_route(cudaStream_t s, const struct k_moe_route_params *p,
 
 struct k_cuda_moe_ws;
 
-/* The router and the routing in one launch for a few rows: logits (M, n_experts) =
- * x (M, hidden) @ router^T (router (n_experts, hidden) bf16; fp32 products summed per
- * lane, then across the lanes and warps in a fixed order: deterministic, within fp32
- * rounding of k_cuda_linear's), then ids and weights exactly as k_cuda_moe_route gives
- * for those logits. ws (any workspace: one arrival counter) serialises launches on one
- * stream only. Returns 1 and launches nothing where it does not apply (M outside
- * 1..8, n_experts > 256, hidden not a multiple of 8, x or router not 16-byte aligned,
- * or not turned on: off by default, KDEC_MOE_ROUTE_FUSED=1 / k_cuda_moe_set_route_fused(1)
- * on, as it measured no faster in decode steps (moe_experts.cu)): the caller runs
- * k_cuda_linear and k_cuda_moe_route. 0, 1, -EINVAL or -EIO. */
-int k_cuda_moe_router_route(cudaStream_t s, struct k_cuda_moe_ws *ws,
-			    const struct k_moe_route_params *p, const float *x /* (M, hidden) */,
-			    int M, const uint16_t *router /* (n_experts, hidden) */, int hidden,
-			    float *logits /* (M, n_experts) */, int32_t *ids /* (M, top_k) */,
-			    float *weights /* (M, top_k) */);
-
-/* 1 where k_cuda_moe_router_route would launch with these arguments, else 0. */
-int k_cuda_moe_router_route_fits(const struct k_moe_route_params *p, const float *x, int M,
-				 const uint16_t *router, int hidden);
-
-/* Whether k_cuda_moe_router_route runs: 1 yes, 0 no (returns 1), -1 back to the
- * environment's KDEC_MOE_ROUTE_FUSED (1: yes, else no). Set it before capturing a graph. */
-void k_cuda_moe_set_route_fused(int on);
-
 /* Scratch of k_cuda_moe_experts for up to max_M rows of one model's shapes: the
  * routing plan, x split into bf16 hi/lo parts, the SwiGLU activations, per-slot
  * outputs, and the shared expert's activations (shared_inter wide; 0: the model has

@@ -50,7 +50,6 @@ struct k_cuda_moe_ws {
 	float *y;		// (max_M * top_k, hidden) expert output of each (row, slot)
 	float *sh_act;		// (MOE_SMALL_MAX_PAIRS, shared_inter) the shared expert's
 				// SwiGLU out (small path)
-	unsigned *route_cnt;	// (1) router + route's arrival counter, zero between launches
 };
 
 // The routing plan in device memory; u indexes used experts in increasing id.
@@ -539,41 +538,6 @@ static bool moe_fused_on(void)
 	return moe_env_flag(&moe_fused, "KDEC_MOE_FUSED", 1);
 }
 
-/* Off by default: on H200 the fused router saved 0.5 us a call in isolation but cost
- * the layer 2.4 us (V2-Lite, batch 1, test_cuda_moe "moe layer time": the experts'
- * kernel starts sooner and loses the window in which it fetches its weights early),
- * and decode steps measured no faster (V2-Lite batch 1 2.782 vs 2.757 ms, Qwen3-30B-A3B
- * 3.748 vs 3.731; docs/results/cuda-final-e3af145.txt). KDEC_MOE_ROUTE_FUSED=1 on. */
-static int moe_route_fused = -1;	// KDEC_MOE_ROUTE_FUSED: 1 turns it on; -1: unread
-
-extern "C" void k_cuda_moe_set_route_fused(int on)
-{
-	moe_route_fused = on < 0 ? -1 : on != 0;
-}
-
-// Whether k_cuda_moe_router_route may run, read once.
-static bool moe_route_fused_on(void)
-{
-	return moe_env_flag(&moe_route_fused, "KDEC_MOE_ROUTE_FUSED", 0);
-}
-
-extern "C" int k_cuda_moe_router_route_fits(const struct k_moe_route_params *p, const float *x,
-					    int M, const uint16_t *router, int hidden)
-{
-	return moe_route_fused_on() && moe_router_route_fits(p, x, M, router, hidden);
-}
-
-extern "C" int k_cuda_moe_router_route(cudaStream_t s, struct k_cuda_moe_ws *ws,
-				       const struct k_moe_route_params *p, const float *x, int M,
-				       const uint16_t *router, int hidden, float *logits,
-				       int32_t *ids, float *weights)
-{
-	if (!moe_route_fused_on())
-		return 1;
-	return moe_router_route_launch(s, ws->route_cnt, p, x, M, router, hidden, logits, ids,
-				       weights);
-}
-
 extern "C" void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws)
 {
 	if (!ws)
@@ -583,7 +547,6 @@ extern "C" void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws)
 	cudaFree(ws->hs);
 	cudaFree(ws->y);
 	cudaFree(ws->sh_act);
-	cudaFree(ws->route_cnt);
 	free(ws);
 }
 
@@ -618,11 +581,6 @@ extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int t
 	    cudaMalloc(&ws->xs, sizeof(uint32_t) * (size_t)max_M * hidden) != cudaSuccess ||
 	    cudaMalloc(&ws->hs, sizeof(uint32_t) * A * inter) != cudaSuccess ||
 	    cudaMalloc(&ws->y, sizeof(float) * A * hidden) != cudaSuccess ||
-	    cudaMalloc(&ws->route_cnt, sizeof(unsigned)) != cudaSuccess ||
-	    cudaMemset(ws->route_cnt, 0, sizeof(unsigned)) != cudaSuccess ||
-	    // done before the first launch on any stream (a non-blocking one does not
-	    // wait for the legacy stream's memset)
-	    cudaDeviceSynchronize() != cudaSuccess ||
 	    (shared_inter > 0 &&
 	     cudaMalloc(&ws->sh_act, sizeof(float) * MOE_SMALL_MAX_PAIRS * (size_t)shared_inter) !=
 		     cudaSuccess)) {

@@ -78,14 +78,4 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 			 const uint16_t *const *expert_w, int n_experts, int hidden, int inter,
 			 const struct moe_small_shared &sh, int add, int n_sm);
 
-// moe_route.cu for moe_experts.cu (k_cuda_moe_router_route): the router GEMV and the
-// routing in one launch where it applies (1 <= M <= 8, n_experts <= 256, hidden a
-// multiple of 8, x and router 16-byte aligned; else 1, nothing launched). cnt: one
-// device counter, zero before and after each launch. 0, 1, -EINVAL or -EIO.
-bool moe_router_route_fits(const k_moe_route_params *p, const float *x, int M,
-			   const uint16_t *router, int hidden);
-int moe_router_route_launch(cudaStream_t s, unsigned *cnt, const k_moe_route_params *p,
-			    const float *x, int M, const uint16_t *router, int hidden,
-			    float *logits, int32_t *ids, float *weights);
-
 #endif

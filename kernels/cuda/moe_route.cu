@@ -1,8 +1,7 @@
 // The MoE router on the GPU: one warp per row, k_cpu_moe_route's arithmetic step for
 // step (glibc's expf ported, the softmax sum and the weight sums in the CPU's order,
 // the same group scores and argmax tie rule), so the chosen ids and the weights equal
-// the CPU's exactly, near-ties included. For a few rows also the router GEMV and the
-// routing as one launch (moe_router_route_kernel).
+// the CPU's exactly, near-ties included.
 //
 // Latency is all that counts here (one warp, 64..256 values): after the PDL wait the
 // chain holds one round trip for the logits and nothing else from memory (the expf table
@@ -21,9 +20,6 @@
 #define ROUTE_MAX_TOPK 64
 #define FLAG_MASKED 1		// expert of a dropped group
 #define FLAG_TAKEN 2		// already chosen
-#define RR_WARPS 8		// router + route: warps of a CTA, rows routed at once
-#define RR_MAX_M 8		// router + route: rows it takes
-#define RR_MAX_EXPERTS 256	// router + route: experts (a warp's scratch in shared memory)
 
 namespace {	// kernels and their helpers stay private to this file
 
@@ -313,109 +309,6 @@ moe_route_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float 
 		  weights + (size_t)m * p.top_k);
 }
 
-// ---- kernel: router and routing in one launch --------------------------------
-
-// One CTA per expert: its RR_WARPS warps split the hidden dimension, each lane 8
-// values at a time (one 16-byte load of bf16 weights), for every row; the partial sums
-// meet in shared memory in warp order. The CTA that counts last on *cnt routes: warp
-// m takes row m, from the logits the others wrote. The weights are constant: each CTA
-// asks L2 for its expert's row before the PDL wait.
-__global__ void __launch_bounds__(RR_WARPS * 32, 2)	// <= 128 registers: no spills
-moe_router_route_kernel(k_moe_route_params p, const float *x, int M, const uint16_t *router,
-			int hidden, float *logits, int32_t *ids, float *weights, unsigned *cnt)
-{
-	__shared__ float part[RR_WARPS][RR_MAX_M];
-	__shared__ float sc_score[RR_WARPS][RR_MAX_EXPERTS], sc_choice[RR_WARPS][RR_MAX_EXPERTS];
-	__shared__ float sc_bias[RR_MAX_EXPERTS], sc_gs[RR_WARPS][RR_MAX_EXPERTS];
-	__shared__ float sc_w[RR_WARPS][ROUTE_MAX_TOPK];
-	__shared__ unsigned char sc_flag[RR_WARPS][RR_MAX_EXPERTS], sc_keep[RR_WARPS][RR_MAX_EXPERTS];
-	__shared__ bool last;
-	int E = p.n_experts, e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-	int nc = hidden / 8;	// 16-byte chunks of a row
-	const uint16_t *wr = router + (size_t)e * hidden;
-	float acc[RR_MAX_M];
-	uint64_t tab = expf_tab_lane();	// constant: before the wait
-
-	for (int off = threadIdx.x * 128; off < hidden * 2; off += RR_WARPS * 32 * 128)
-		asm volatile("prefetch.global.L2 [%0];" : : "l"((const char *)wr + off));
-	// The routing constants too (any CTA may be the last): a wasted 1 KB at most.
-	if (p.bias)
-		for (int i = threadIdx.x; i < E; i += RR_WARPS * 32)
-			sc_bias[i] = __ldg(p.bias + i);
-	k_cuda_pdl_wait();	// x is the previous kernel's output
-
-#pragma unroll
-	for (int m = 0; m < RR_MAX_M; m++)
-		acc[m] = 0.0f;
-#pragma unroll 2	// 4: 128 registers and spills (ptxas, nvcc 13.0)
-	for (int c = threadIdx.x; c < nc; c += RR_WARPS * 32) {
-		uint4 v = __ldg((const uint4 *)wr + c);
-		float wf[8] = {
-			__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
-			__uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u),
-			__uint_as_float(v.z << 16), __uint_as_float(v.z & 0xffff0000u),
-			__uint_as_float(v.w << 16), __uint_as_float(v.w & 0xffff0000u),
-		};
-
-#pragma unroll
-		for (int m = 0; m < RR_MAX_M; m++) {
-			if (m < M) {
-				const float4 *xr = (const float4 *)(x + (size_t)m * hidden) + 2 * c;
-				float4 a = xr[0], b = xr[1];
-
-				acc[m] = fmaf(wf[0], a.x, acc[m]);
-				acc[m] = fmaf(wf[1], a.y, acc[m]);
-				acc[m] = fmaf(wf[2], a.z, acc[m]);
-				acc[m] = fmaf(wf[3], a.w, acc[m]);
-				acc[m] = fmaf(wf[4], b.x, acc[m]);
-				acc[m] = fmaf(wf[5], b.y, acc[m]);
-				acc[m] = fmaf(wf[6], b.z, acc[m]);
-				acc[m] = fmaf(wf[7], b.w, acc[m]);
-			}
-		}
-	}
-#pragma unroll
-	for (int m = 0; m < RR_MAX_M; m++) {
-		if (m >= M)	// uniform
-			break;
-		for (int o = 16; o > 0; o >>= 1)
-			acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
-		if (lane == 0)
-			part[warp][m] = acc[m];
-	}
-	__syncthreads();
-	if (threadIdx.x < M) {
-		float l = 0.0f;
-
-		for (int w = 0; w < RR_WARPS; w++)
-			l += part[w][threadIdx.x];
-		logits[(size_t)threadIdx.x * E + e] = l;
-	}
-
-	// Arrival: the fence publishes this CTA's logits before it counts.
-	__threadfence();
-	__syncthreads();
-	if (threadIdx.x == 0)
-		last = atomicAdd(cnt, 1u) == gridDim.x - 1;
-	__syncthreads();
-	if (!last)
-		return;
-	__threadfence();	// the others' logits, which their counts published
-	if (threadIdx.x == 0)
-		*cnt = 0;	// for the next launch or graph replay
-	for (int m = warp; m < M; m += RR_WARPS) {
-		route_scratch r = { sc_score[warp], sc_choice[warp], sc_gs[warp], sc_w[warp],
-				    sc_flag[warp], sc_keep[warp] };
-
-		// Past L1 (another SM wrote them), into shared memory once.
-		for (int i = lane; i < E; i += 32)
-			sc_score[warp][i] = __ldcg(logits + (size_t)m * E + i);
-		__syncwarp();
-		route_row(p, sc_score[warp], p.bias ? sc_bias : NULL, tab, r,
-			  ids + (size_t)m * p.top_k, weights + (size_t)m * p.top_k);
-	}
-}
-
 }	// namespace
 
 // ---- launchers --------------------------------------------------------------
@@ -450,23 +343,4 @@ extern "C" int k_cuda_moe_route(cudaStream_t s, const struct k_moe_route_params 
 	k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_kernel, *p, logits, ids, weights,
 			  bias_smem);
 	return K_CUDA_LAUNCHED("moe_route");
-}
-
-bool moe_router_route_fits(const k_moe_route_params *p, const float *x, int M,
-			   const uint16_t *router, int hidden)
-{
-	return M >= 1 && M <= RR_MAX_M && route_params_ok(p) && p->n_experts <= RR_MAX_EXPERTS &&
-	       hidden > 0 && hidden % 8 == 0 && (uintptr_t)x % 16 == 0 &&
-	       (uintptr_t)router % 16 == 0;
-}
-
-int moe_router_route_launch(cudaStream_t s, unsigned *cnt, const k_moe_route_params *p,
-			    const float *x, int M, const uint16_t *router, int hidden,
-			    float *logits, int32_t *ids, float *weights)
-{
-	if (!moe_router_route_fits(p, x, M, router, hidden))
-		return 1;
-	k_cuda_launch_pdl(s, dim3(p->n_experts), dim3(RR_WARPS * 32), 0, moe_router_route_kernel,
-			  *p, x, M, router, hidden, logits, ids, weights, cnt);
-	return K_CUDA_LAUNCHED("moe_router_route");
 }
