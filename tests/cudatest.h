@@ -1,14 +1,29 @@
-/* Helpers of the CUDA tests that check kernels case by case (test_cuda_attn,
- * test_cuda_merge): a failed CUDA call is a failed check (CHECK, testutil.h), not an
- * exit, so the other cases still run. Include after testutil.h and the CUDA runtime. */
+/* Helpers of the CUDA tests: test_gpu_present for every one of them; for those that
+ * check kernels case by case (test_cuda_attn, test_cuda_merge), a failed CUDA call is a
+ * failed check (CHECK, testutil.h), not an exit, so the other cases still run. Include
+ * after testutil.h and the CUDA runtime. */
 #ifndef KD_TESTS_CUDATEST_H
 #define KD_TESTS_CUDATEST_H
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/k_cuda.h"
 #include "tests/testutil.h"
+
+/* Whether this machine has a CUDA device; without one it says that test name is
+ * skipped, and the test returns 77 (automake's skip). */
+static inline int test_gpu_present(const char *name)
+{
+	int count = 0;
+
+	k_cuda_device_count(&count);
+	if (count == 0)
+		fprintf(stderr, "%s: skipped: no CUDA device on this machine\n", name);
+	return count > 0;
+}
 
 #define CUDATEST_TIME_RUNS 15	/* calls per time_us, after one warm-up */
 

@@ -1826,14 +1826,11 @@ int main(void)
 	const char *part;
 	char name[128];
 	double gib;
-	int count = 0, major, minor;
+	int major, minor;
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 
-	k_cuda_device_count(&count);
-	if (count == 0) {
-		fprintf(stderr, "test_cuda_attn: skipped: no CUDA device on this machine\n");
+	if (!test_gpu_present("test_cuda_attn"))
 		return 77;
-	}
 	part = test_part("test_cuda_attn", "gqa", "mla");
 	quick = test_env_flag("KD_TEST_QUICK");
 	timing = test_env_flag("KD_TEST_TIME");

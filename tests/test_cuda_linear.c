@@ -29,6 +29,7 @@
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
 #include "kernels/cuda/k_cuda_linear.h"
+#include "tests/cudatest.h"
 
 #define MAX_M		200
 #define MAX_K		16384
@@ -40,6 +41,12 @@ static struct k_pool *pool;
 static cudaStream_t stream;
 static struct k_cuda_linear *lin;
 static int quick;	/* KD_TEST_QUICK */
+
+/* Whether the cases of kind k run: every kind, but cuBLAS under KD_TEST_QUICK. */
+static int kind_runs(int k)
+{
+	return !(quick && k == K_CUDA_LINEAR_CUBLAS);
+}
 
 struct shape {
 	int N, K;
@@ -260,7 +267,7 @@ static void test_shape(const struct shape *s)
 		k_cpu_linear(pool, r16, x16, w, K_BF16, M, s->N, s->K);
 		copy(b.x, x, (size_t)M * s->K * sizeof(float), cudaMemcpyHostToDevice);
 		for (int k = 0; k < K_CUDA_LINEAR_N_KINDS; k++) {
-			if (quick && k == K_CUDA_LINEAR_CUBLAS)
+			if (!kind_runs(k))
 				continue;
 			if (!k_cuda_linear_supports(k, b.x, b.w, M, s->N, s->K)) {
 				CHECK(k_cuda_linear_run_kind(lin, k, b.y, b.x, b.w, M, s->N, s->K, 0) ==
@@ -504,7 +511,7 @@ static void test_graph(void)
 	copy(dx, x, (size_t)MM * K * sizeof(float), cudaMemcpyHostToDevice);
 	for (int pdl = 1; pdl >= 0; pdl--)
 		for (int k = 0; k < K_CUDA_LINEAR_N_KINDS; k++)
-			for (int mi = 0; mi < 3 && !(quick && k == K_CUDA_LINEAR_CUBLAS); mi++)
+			for (int mi = 0; mi < 3 && kind_runs(k); mi++)
 				graph_case(k, Ms[mi], pdl, N, K, w, x, dw, dx, dy, ref, out);
 	cudaFree(dw);
 	cudaFree(dx);
@@ -520,14 +527,11 @@ int main(void)
 	const char *part;
 	char name[128];
 	double gib;
-	int count = 0, major, minor, ret;
+	int major, minor, ret;
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 
-	k_cuda_device_count(&count);
-	if (count == 0) {
-		fprintf(stderr, "test_cuda_linear: skipped: no CUDA device on this machine\n");
+	if (!test_gpu_present("test_cuda_linear"))
 		return 77;
-	}
 	part = test_part("test_cuda_linear", "small", "big");
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	CHECK(k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor) == 0, "describe");

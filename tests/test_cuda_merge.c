@@ -303,13 +303,10 @@ int main(void)
 {
 	char name[128];
 	double gib;
-	int count = 0, major, minor;
+	int major, minor;
 
-	k_cuda_device_count(&count);
-	if (count == 0) {
-		fprintf(stderr, "test_cuda_merge: skipped: no CUDA device on this machine\n");
+	if (!test_gpu_present("test_cuda_merge"))
 		return 77;
-	}
 	timing = test_env_flag("KD_TEST_TIME");
 	seed = test_seed();
 	CHECK(k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor) == 0, "describe");

@@ -40,6 +40,7 @@
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
 #include "kernels/cuda/k_cuda_moe.h"
+#include "tests/cudatest.h"
 
 #define W_TOL 1e-6
 #define EXPERT_TOL 1e-4
@@ -827,13 +828,9 @@ static void test_experts_all(void)
 int main(void)
 {
 	const char *part;
-	int count = 0;
 
-	k_cuda_device_count(&count);
-	if (count == 0) {
-		fprintf(stderr, "test_cuda_moe: skipped: no CUDA device on this machine\n");
+	if (!test_gpu_present("test_cuda_moe"))
 		return 77;
-	}
 	part = test_part("test_cuda_moe", "route", "experts");
 	timing = test_env_flag("KD_TEST_TIME");
 	cu(cudaStreamCreate(&stream), "stream");

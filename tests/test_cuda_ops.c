@@ -20,6 +20,7 @@
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
 #include "kernels/cuda/k_cuda_ops.h"
+#include "tests/cudatest.h"
 
 #define REL_TOL 1e-6
 
@@ -771,13 +772,9 @@ int main(void)
 {
 	const int dims[] = { 1, 7, 1000, 4096, 7168 };
 	const int rows[] = { 1, 64, 257 };
-	int count = 0;
 
-	k_cuda_device_count(&count);
-	if (count == 0) {
-		fprintf(stderr, "test_cuda_ops: skipped: no CUDA device on this machine\n");
+	if (!test_gpu_present("test_cuda_ops"))
 		return 77;
-	}
 	cu(cudaStreamCreate(&stream), "stream");
 
 	for (int d = 0; d < 5; d++) {

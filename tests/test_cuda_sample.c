@@ -27,6 +27,7 @@
 #include "kernels/cpu/k_cpu_sample.h"
 #include "kernels/cuda/k_cuda.h"
 #include "kernels/cuda/k_cuda_sample.h"
+#include "tests/cudatest.h"
 
 #define BIG_VOCAB 151936
 #define ROWS 64
@@ -459,13 +460,10 @@ static void test_vocab(int vocab, int M)
 
 int main(void)
 {
-	int count = 0, ret;
+	int ret;
 
-	k_cuda_device_count(&count);
-	if (count == 0) {
-		fprintf(stderr, "test_cuda_sample: skipped: no CUDA device on this machine\n");
+	if (!test_gpu_present("test_cuda_sample"))
 		return 77;
-	}
 	setvbuf(stdout, NULL, _IOLBF, 0);	/* a run cut off (a sanitizer's cap) shows its cases */
 	cu(cudaStreamCreate(&stream), "stream");
 	ret = k_cuda_sample_ws_create(&ws, ROWS, BIG_VOCAB);

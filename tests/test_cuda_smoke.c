@@ -8,6 +8,7 @@
 
 #ifdef KD_HAVE_CUDA
 #include "kernels/cuda/k_cuda.h"
+#include "tests/cudatest.h"
 
 int main(void)
 {
@@ -15,13 +16,10 @@ int main(void)
 	static float x[N], y[N];
 	char name[128];
 	double gib;
-	int count = 0, major, minor;
+	int major, minor;
 
-	k_cuda_device_count(&count);
-	if (count == 0) {
-		fprintf(stderr, "test_cuda_smoke: skipped: no CUDA device on this machine\n");
+	if (!test_gpu_present("test_cuda_smoke"))
 		return 77;
-	}
 	CHECK(k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor) == 0, "describe");
 	fprintf(stderr, "device 0: %s, %.1f GiB, sm_%d%d\n", name, gib, major, minor);
 	for (int i = 0; i < N; i++) {

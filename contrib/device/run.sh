@@ -174,9 +174,9 @@ phase_ncu() {
 # SAN_TESTS (default: the GPU tests), SAN_TOOLS (default: memcheck racecheck) and
 # SAN_TIMEOUT (seconds per test and tool, default 240: a run cut off says so, exit 124).
 # The tests see the environment: KD_TEST_QUICK=1 (test_cuda_attn's small cases;
-# test_cuda_linear's own kernels at M <= 64, without cuBLAS) and
-# KD_TEST_PART (test_cuda_attn: gqa or mla; test_cuda_moe: route or experts) fit a
-# tool's slower run into the cap.
+# test_cuda_linear's own kernels at M <= 64, without cuBLAS; test_cuda_sample at vocab
+# 32768) and KD_TEST_PART (test_cuda_attn: gqa or mla; test_cuda_moe: route or experts;
+# test_cuda_linear: small or big) fit a tool's slower run into the cap.
 phase_sanitize() {
 	local cs=/usr/local/cuda/bin/compute-sanitizer tool
 	for t in ${SAN_TESTS:-$(gpu_tests)}; do
@@ -232,9 +232,10 @@ for p in "$@"; do
 	"phase_$p"
 done
 # RUN_LOGS_DIR: where logs.tgz goes instead of $OUT (runs side by side, one folder each)
-if [ -n "${RUN_LOGS_DIR:-${OUT:-}}" ]; then
-	logs=${RUN_LOGS_DIR:-$OUT}/logs.tgz n=1
-	while [ -e "$logs" ]; do n=$((n + 1)); logs=${RUN_LOGS_DIR:-$OUT}/logs$n.tgz; done
+logs_dir=${RUN_LOGS_DIR:-${OUT:-}}
+if [ -n "$logs_dir" ]; then
+	logs=$logs_dir/logs.tgz n=1
+	while [ -e "$logs" ]; do n=$((n + 1)); logs=$logs_dir/logs$n.tgz; done
 	tar czf "$logs" -C "$out" .
 fi
 exit $status

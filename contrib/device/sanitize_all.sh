@@ -46,9 +46,6 @@ for spec in "${specs[@]}"; do
 done
 wait
 [ -n "${OUT:-}" ] && tar czf "$OUT/sanlogs.tgz" -C "$logs" .
-status=0
-for rc in "$logs"/*/rc; do
-	[ "$(cat "$rc")" = 0 ] || status=1
-done
-echo "sanitize_all: $i runs, $(grep -lvx 0 "$logs"/*/rc | wc -l) failed or cut off"
-exit $status
+bad=$((i - $(grep -lx 0 "$logs"/*/rc 2>/dev/null | wc -l)))	# a run without an rc counts
+echo "sanitize_all: $i runs, $bad failed or cut off"
+[ "$bad" -eq 0 ]
