@@ -14,19 +14,7 @@
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/k_cuda_attn.h"
-
-#define ATTN_TRY(call)                                                             \
-	do {                                                                       \
-		cudaError_t e_ = (call);                                           \
-		if (e_ != cudaSuccess) {                                           \
-			fprintf(stderr, "cuda: %s failed at %s:%d: %s\n", #call,   \
-				__FILE__, __LINE__, cudaGetErrorString(e_));       \
-			return -EIO;                                               \
-		}                                                                  \
-	} while (0)
-
-// After a launch: a bad configuration shows up here, not at the launch.
-#define ATTN_LAUNCHED(name) ATTN_TRY(cudaPeekAtLastError())
+#include "kernels/cuda/launch_check.cuh"
 
 #define ATTN_INVAL(...)                                                            \
 	do {                                                                       \
@@ -48,7 +36,7 @@ static inline int attn_mla_carveout(K *kernel)
 
 	if (!(e && e[0] == '1'))
 		return 0;
-	ATTN_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+	K_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
 				      (int)cudaSharedmemCarveoutMaxShared));
 	return 0;
 }

@@ -392,7 +392,7 @@ static int gqa_decode(cudaStream_t s, k_cuda_attn_ws *ws, float *out, uint16_t *
 		k_cuda_launch_pdl(s, grid, DEC_THREADS, 0,
 				  hd <= 32 ? attn_dec_kernel<4, false> : hd <= 64 ? attn_dec_kernel<8, false>
 				  : hd <= 128 ? attn_dec_kernel<16, false> : attn_dec_kernel<32, false>, a);
-	ATTN_LAUNCHED("attn_dec_kernel");
+	K_CUDA_TRY_LAUNCHED("attn_dec_kernel");
 	if (a.n_splits > 1)
 		return attn_merge(s, ws, a.n_splits, R, H, hd, out, (long)H * hd, hd, out_bf16);
 	return 0;

@@ -198,11 +198,11 @@ static void mla_split_floor(attn_tile_args *a)
 
 int attn_mla_prepare(int smem_optin)
 {
-	ATTN_TRY(cudaFuncSetAttribute(mla_absorb_kernel,
-				      cudaFuncAttributeMaxDynamicSharedMemorySize,
-				      smem_optin - (int)sizeof(float) * ABS_SLICES * MLA_ROWS * ABS_COLS));
-	ATTN_TRY(cudaFuncSetAttribute(mla_expand_kernel,
-				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	K_CUDA_TRY(cudaFuncSetAttribute(mla_absorb_kernel,
+					cudaFuncAttributeMaxDynamicSharedMemorySize,
+					smem_optin - (int)sizeof(float) * ABS_SLICES * MLA_ROWS * ABS_COLS));
+	K_CUDA_TRY(cudaFuncSetAttribute(mla_expand_kernel,
+					cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
 	return mla_proj_prepare(smem_optin);
 }
 
@@ -315,7 +315,7 @@ static int mla_run(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out, const 
 		mla_absorb_kernel<<<dim3(attn_cdiv(d->kv_lora, ABS_COLS), H, attn_cdiv(R, MLA_ROWS)),
 				    ABS_THREADS, smem, s>>>(ws->q_lat, q, w_kv_b, R, H, d->nope_dim,
 							    d->rope_dim, d->v_dim, d->kv_lora, vec);
-		ATTN_LAUNCHED("mla_absorb_kernel");
+		K_CUDA_TRY_LAUNCHED("mla_absorb_kernel");
 	}
 	if ((ret = mla_attend(s, ws, cache, block_tokens, rows, d, qscale, folded, &n_split)))
 		return ret;
@@ -327,7 +327,7 @@ static int mla_run(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out, const 
 		mla_expand_kernel<<<dim3(attn_cdiv(d->v_dim, EXP_J), H, attn_cdiv(R, MLA_ROWS)),
 				    EXP_THREADS, smem, s>>>(out, ws->o_lat, w_kv_b, R, H, d->nope_dim,
 							    d->v_dim, d->kv_lora, vec);
-		ATTN_LAUNCHED("mla_expand_kernel");
+		K_CUDA_TRY_LAUNCHED("mla_expand_kernel");
 	}
 	return 0;
 }

@@ -797,12 +797,12 @@ int attn_mma_prepare(int smem_optin)
 	for (mma_shape &sh : g_shapes) {
 		if ((int)sh.smem > smem_optin)
 			continue;
-		ATTN_TRY(cudaFuncSetAttribute(sh.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-					      (int)sh.smem));
+		K_CUDA_TRY(cudaFuncSetAttribute(sh.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+						(int)sh.smem));
 		if (!sh.vsep && attn_mla_carveout(sh.kernel))
 			return -EIO;
-		ATTN_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&sh.per_sm, sh.kernel,
-								       sh.threads, sh.smem));
+		K_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&sh.per_sm, sh.kernel,
+									 sh.threads, sh.smem));
 	}
 	return 0;
 }
@@ -970,10 +970,10 @@ static int mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, 
 	if (fold && a->v && a->n_splits > 1 && a->n_splits <= MMA_FOLD_MAX_SPLITS && ws->arrive &&
 	    (size_t)a->n_rows * grid.x <= ws->arrive_n && mma_fold_enabled())
 		a->arrive = ws->arrive;
-	ATTN_TRY(k_cuda_launch_pdl(s, grid, sh->threads, sh->smem, sh->kernel, *a, n_hc,
-				   a->n_splits == 1 || a->arrive ? out_bf16 : nullptr,
-				   post ? *post : none));
-	ATTN_LAUNCHED("attn_mma_kernel");
+	K_CUDA_TRY(k_cuda_launch_pdl(s, grid, sh->threads, sh->smem, sh->kernel, *a, n_hc,
+				     a->n_splits == 1 || a->arrive ? out_bf16 : nullptr,
+				     post ? *post : none));
+	K_CUDA_TRY_LAUNCHED("attn_mma_kernel");
 	return 0;
 }
 

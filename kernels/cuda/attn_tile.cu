@@ -433,7 +433,7 @@ int attn_tile_launch(cudaStream_t s, const k_cuda_attn_ws *ws, int tq, const att
 		attn_tile_kernel<16><<<grid, TILE_THREADS, smem, s>>>(*a);
 	else
 		ATTN_INVAL("attn_tile: %d query vectors per tile unsupported", tq);
-	ATTN_LAUNCHED("attn_tile_kernel");
+	K_CUDA_TRY_LAUNCHED("attn_tile_kernel");
 	if (a->n_splits > 1)
 		return attn_merge(s, ws, a->n_splits, a->n_rows, a->n_heads, a->dv, a->out,
 				  a->out_rs, a->out_hs, nullptr);
@@ -442,9 +442,9 @@ int attn_tile_launch(cudaStream_t s, const k_cuda_attn_ws *ws, int tq, const att
 
 int attn_tile_prepare(int smem_optin)
 {
-	ATTN_TRY(cudaFuncSetAttribute(attn_tile_kernel<64>,
-				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-	ATTN_TRY(cudaFuncSetAttribute(attn_tile_kernel<16>,
-				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	K_CUDA_TRY(cudaFuncSetAttribute(attn_tile_kernel<64>,
+					cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	K_CUDA_TRY(cudaFuncSetAttribute(attn_tile_kernel<16>,
+					cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
 	return 0;
 }

@@ -289,13 +289,13 @@ static int merge_launch(cudaStream_t s, int n_sm, const float *part_o, const flo
 					  attn_cdiv(dim, MERGE_THREADS)),
 				  MERGE_THREADS, 0, attn_merge_kernel, out, out_rs, out_hs, part_o,
 				  part_lse, n_splits, n_rows, n_heads, dim, out_bf16);
-		ATTN_LAUNCHED("attn_merge_kernel");
+		K_CUDA_TRY_LAUNCHED("attn_merge_kernel");
 		return 0;
 	}
 	k_cuda_launch_pdl(s, dim3((unsigned)blocks), wpb * 32, 0, kernel, out, out_rs, out_hs,
 			  part_o, part_lse, n_splits, n_rows, n_heads, dim,
 			  attn_cdiv(dim, 32 * V), (int)items, out_bf16);
-	ATTN_LAUNCHED("attn_merge_warp_kernel");
+	K_CUDA_TRY_LAUNCHED("attn_merge_warp_kernel");
 	return 0;
 }
 
@@ -333,7 +333,7 @@ extern "C" void k_cuda_attn_ws_destroy(struct k_cuda_attn_ws *ws)
 
 static int ws_alloc(float **p, size_t floats)
 {
-	ATTN_TRY(cudaMalloc((void **)p, floats * sizeof(float)));
+	K_CUDA_TRY(cudaMalloc((void **)p, floats * sizeof(float)));
 	return 0;
 }
 
@@ -341,10 +341,10 @@ static int ws_alloc(float **p, size_t floats)
 // chunks), all 0: each launch leaves them so.
 static int ws_alloc_arrive(k_cuda_attn_ws *ws, size_t n)
 {
-	ATTN_TRY(cudaMalloc((void **)&ws->arrive, n * sizeof(unsigned)));
-	ATTN_TRY(cudaMemset(ws->arrive, 0, n * sizeof(unsigned)));
-	ATTN_TRY(cudaDeviceSynchronize());	// before any stream's kernel reads them
-	ws->arrive_n = n;
+	K_CUDA_TRY(cudaMalloc((void **)&ws->arrive, n * sizeof(unsigned)));
+	K_CUDA_TRY(cudaMemset(ws->arrive, 0, n * sizeof(unsigned)));
+	K_CUDA_TRY(cudaDeviceSynchronize());	// before any stream's kernel reads them
+	  ws->arrive_n = n;
 	return 0;
 }
 
@@ -353,10 +353,10 @@ static int ws_query_device(k_cuda_attn_ws *ws)
 {
 	int dev;
 
-	ATTN_TRY(cudaGetDevice(&dev));
-	ATTN_TRY(cudaDeviceGetAttribute(&ws->n_sm, cudaDevAttrMultiProcessorCount, dev));
-	ATTN_TRY(cudaDeviceGetAttribute(&ws->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-					dev));
+	K_CUDA_TRY(cudaGetDevice(&dev));
+	K_CUDA_TRY(cudaDeviceGetAttribute(&ws->n_sm, cudaDevAttrMultiProcessorCount, dev));
+	K_CUDA_TRY(cudaDeviceGetAttribute(&ws->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+					  dev));
 	return 0;
 }
 

@@ -8,16 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/k_cuda.h"
-
-#define CUDA_TRY(call)                                                             \
-	do {                                                                       \
-		cudaError_t e_ = (call);                                           \
-		if (e_ != cudaSuccess) {                                           \
-			fprintf(stderr, "cuda: %s failed at %s:%d: %s\n", #call,   \
-				__FILE__, __LINE__, cudaGetErrorString(e_));       \
-			return -EIO;                                               \
-		}                                                                  \
-	} while (0)
+#include "kernels/cuda/launch_check.cuh"
 
 // ---- kernels ----------------------------------------------------------------
 
@@ -46,7 +37,7 @@ extern "C" int k_cuda_device_describe(int dev, char *name, unsigned long name_le
 {
 	cudaDeviceProp p;
 
-	CUDA_TRY(cudaGetDeviceProperties(&p, dev));
+	K_CUDA_TRY(cudaGetDeviceProperties(&p, dev));
 	snprintf(name, name_len, "%s", p.name);
 	*mem_gib = (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0);
 	*sm_major = p.major;
@@ -60,7 +51,7 @@ extern "C" int k_cuda_axpy_host(int dev, int n, float a, const float *x, float *
 	float *dx = nullptr, *dy = nullptr;
 	int ret = -EIO;
 
-	CUDA_TRY(cudaSetDevice(dev));
+	K_CUDA_TRY(cudaSetDevice(dev));
 	if (cudaMalloc(&dx, bytes) != cudaSuccess || cudaMalloc(&dy, bytes) != cudaSuccess)
 		goto out;
 	if (cudaMemcpy(dx, x, bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
@@ -81,6 +72,6 @@ out:
 
 extern "C" int k_cuda_profile_range(int on)
 {
-	CUDA_TRY(on ? cudaProfilerStart() : cudaProfilerStop());
+	K_CUDA_TRY(on ? cudaProfilerStart() : cudaProfilerStop());
 	return 0;
 }

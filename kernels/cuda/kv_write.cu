@@ -70,6 +70,6 @@ extern "C" int k_cuda_kv_write(cudaStream_t s, uint16_t *cache, int width, const
 		parts = 64;
 	kv_write_kernel<<<dim3(n_rows, parts), KVW_THREADS, 0, s>>>(cache, width, src, src_stride,
 								    slots, vec);
-	ATTN_LAUNCHED("kv_write_kernel");
+	K_CUDA_TRY_LAUNCHED("kv_write_kernel");
 	return 0;
 }

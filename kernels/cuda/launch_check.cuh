@@ -1,5 +1,6 @@
-// The launch check shared by the small-op, MoE and sampling launchers: a failed launch
-// becomes -EIO with the kernel, file, line and device logged. CUDA C++ only.
+// The CUDA error checks of every launcher and setup function: a failed launch or
+// runtime call becomes -EIO (-ENOMEM for an allocation) with the kernel or call, file,
+// line and device logged. CUDA C++ only.
 #ifndef KD_KERNELS_CUDA_LAUNCH_CHECK_CUH
 #define KD_KERNELS_CUDA_LAUNCH_CHECK_CUH
 
@@ -25,7 +26,8 @@ static inline int k_cuda_launch_status(const char *what, const char *file, int l
 
 #define K_CUDA_LAUNCHED(what) k_cuda_launch_status((what), __FILE__, __LINE__)
 
-// A CUDA runtime call outside a launch (allocation, attribute): 0 or -EIO, logged.
+// A CUDA runtime call outside a launch (allocation, attribute): 0, -ENOMEM (the
+// allocation failed) or -EIO, logged.
 static inline int k_cuda_call_status(cudaError_t e, const char *call, const char *file, int line)
 {
 	int dev = -1;
@@ -35,10 +37,24 @@ static inline int k_cuda_call_status(cudaError_t e, const char *call, const char
 	cudaGetDevice(&dev);
 	fprintf(stderr, "cuda: %s failed at %s:%d on device %d: %s\n", call, file, line, dev,
 		cudaGetErrorString(e));
-	return -EIO;
+	return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
 }
 
 #define K_CUDA_CALL(call) k_cuda_call_status((call), #call, __FILE__, __LINE__)
+
+// The same two checks for a function returning int: a failure returns its status.
+#define K_CUDA_TRY(call)                                                           \
+	do {                                                                       \
+		int kd_ret_ = K_CUDA_CALL(call);                                   \
+		if (kd_ret_)                                                       \
+			return kd_ret_;                                            \
+	} while (0)
+#define K_CUDA_TRY_LAUNCHED(what)                                                  \
+	do {                                                                       \
+		int kd_ret_ = K_CUDA_LAUNCHED(what);                               \
+		if (kd_ret_)                                                       \
+			return kd_ret_;                                            \
+	} while (0)
 
 // Programmatic dependent launch for the small ops: a kernel launched so may be
 // scheduled while the kernel before it in the stream drains, which hides most of the

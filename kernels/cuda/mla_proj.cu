@@ -603,18 +603,18 @@ static int proj_smem_optin;	// set by mla_proj_prepare: the most a block may ask
 int mla_proj_prepare(int smem_optin)
 {
 	proj_smem_optin = smem_optin;
-	ATTN_TRY(cudaFuncSetAttribute(mla_absorb_mma_kernel<false>,
-				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-	ATTN_TRY(cudaFuncSetAttribute(mla_absorb_mma_kernel<true>,
-				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, 1, false>,
-				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<2, 2, false>,
-				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>,
-				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-	ATTN_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true, true>,
-				      cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	K_CUDA_TRY(cudaFuncSetAttribute(mla_absorb_mma_kernel<false>,
+					cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	K_CUDA_TRY(cudaFuncSetAttribute(mla_absorb_mma_kernel<true>,
+					cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	K_CUDA_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, 1, false>,
+					cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	K_CUDA_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<2, 2, false>,
+					cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	K_CUDA_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true>,
+					cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+	K_CUDA_TRY(cudaFuncSetAttribute(mla_expand_mma_kernel<1, EXP_FOLD_NJ / 8, true, true>,
+					cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
 	if (attn_mla_carveout(mla_absorb_mma_kernel<false>) ||
 	    attn_mla_carveout(mla_absorb_mma_kernel<true>) ||
 	    attn_mla_carveout(mla_expand_mma_kernel<1, 1, false>) ||
@@ -642,13 +642,13 @@ int mla_absorb_mma(cudaStream_t s, float *q_lat, const float *q, const uint16_t 
 
 	if (!proj_mma_env() || smem > (size_t)proj_smem_optin)
 		return 1;
-	ATTN_TRY(k_cuda_launch_pdl(s, dim3(attn_cdiv(d->kv_lora, ABS_MMA_COLS), d->n_heads,
-					   attn_cdiv(R, PROJ_MROWS)),
-				   PROJ_THREADS, smem, mla_absorb_mma_kernel<false>, q_lat, q,
-				   (long)d->n_heads * (d->nope_dim + d->rope_dim), w, R,
-				   d->n_heads, d->nope_dim, d->rope_dim, d->v_dim, d->kv_lora, vec,
-				   none));
-	ATTN_LAUNCHED("mla_absorb_mma_kernel");
+	K_CUDA_TRY(k_cuda_launch_pdl(s, dim3(attn_cdiv(d->kv_lora, ABS_MMA_COLS), d->n_heads,
+					     attn_cdiv(R, PROJ_MROWS)),
+				     PROJ_THREADS, smem, mla_absorb_mma_kernel<false>, q_lat, q,
+				     (long)d->n_heads * (d->nope_dim + d->rope_dim), w, R,
+				     d->n_heads, d->nope_dim, d->rope_dim, d->v_dim, d->kv_lora, vec,
+				     none));
+	K_CUDA_TRY_LAUNCHED("mla_absorb_mma_kernel");
 	return 0;
 }
 
@@ -680,11 +680,11 @@ int mla_absorb_post_mma(cudaStream_t s, float *q_lat, const k_cuda_mla_post_args
 		smem = post_smem(p->rot_dim);
 	if (!proj_mma_env() || smem > (size_t)proj_smem_optin || !absorb_post_fits(R, d, p))
 		return 1;
-	ATTN_TRY(k_cuda_launch_pdl(s, dim3(attn_cdiv(d->kv_lora, ABS_MMA_COLS), d->n_heads + 1, 1),
-				   PROJ_THREADS, smem, mla_absorb_mma_kernel<true>, q_lat, q, q_rs,
-				   w, R, d->n_heads, d->nope_dim, d->rope_dim, d->v_dim,
-				   d->kv_lora, vec, *p));
-	ATTN_LAUNCHED("mla_absorb_mma_kernel");
+	K_CUDA_TRY(k_cuda_launch_pdl(s, dim3(attn_cdiv(d->kv_lora, ABS_MMA_COLS), d->n_heads + 1, 1),
+				     PROJ_THREADS, smem, mla_absorb_mma_kernel<true>, q_lat, q, q_rs,
+				     w, R, d->n_heads, d->nope_dim, d->rope_dim, d->v_dim,
+				     d->kv_lora, vec, *p));
+	K_CUDA_TRY_LAUNCHED("mla_absorb_mma_kernel");
 	return 0;
 }
 
@@ -777,14 +777,14 @@ int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *
 			cfg.stream = s;
 			cfg.attrs = attr;
 			cfg.numAttrs = k_cuda_pdl_enabled() ? 2 : 1;
-			ATTN_TRY(cudaLaunchKernelEx(&cfg, fold_cl, out, o_lat, w, R, d->n_heads,
-						    d->nope_dim, d->v_dim, d->kv_lora, vec, parts));
+			K_CUDA_TRY(cudaLaunchKernelEx(&cfg, fold_cl, out, o_lat, w, R, d->n_heads,
+						      d->nope_dim, d->v_dim, d->kv_lora, vec, parts));
 		} else {
-			ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, fold, out, o_lat, w,
-						   R, d->n_heads, d->nope_dim, d->v_dim, d->kv_lora,
-						   vec, parts));
+			K_CUDA_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, fold, out, o_lat, w,
+						     R, d->n_heads, d->nope_dim, d->v_dim, d->kv_lora,
+						     vec, parts));
 		}
-		ATTN_LAUNCHED("mla_expand_mma_kernel");
+		K_CUDA_TRY_LAUNCHED("mla_expand_mma_kernel");
 		return 0;
 	}
 
@@ -794,13 +794,13 @@ int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *
 	if (!proj_mma_env() || smem > (size_t)proj_smem_optin)
 		return 1;
 	if (small)	// more blocks, each a shorter burst
-		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, mla_expand_mma_kernel<1, 1, false>,
-					   out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim,
-					   d->kv_lora, vec, none));
+		K_CUDA_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, mla_expand_mma_kernel<1, 1, false>,
+					     out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim,
+					     d->kv_lora, vec, none));
 	else
-		ATTN_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, mla_expand_mma_kernel<2, 2, false>,
-					   out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim,
-					   d->kv_lora, vec, none));
-	ATTN_LAUNCHED("mla_expand_mma_kernel");
+		K_CUDA_TRY(k_cuda_launch_pdl(s, grid, PROJ_THREADS, smem, mla_expand_mma_kernel<2, 2, false>,
+					     out, o_lat, w, R, d->n_heads, d->nope_dim, d->v_dim,
+					     d->kv_lora, vec, none));
+	K_CUDA_TRY_LAUNCHED("mla_expand_mma_kernel");
 	return 0;
 }
