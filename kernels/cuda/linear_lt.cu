@@ -187,6 +187,31 @@ static bool lt_log(void)
 	return on;
 }
 
+// One KDEC_LT_LOG line: GemmEx's time, the pick's, and the fastest plan of another
+// kernel count (a split-K GEMM + reduce against one kernel), whose margin says how
+// near the pick was to a step with one kernel more or fewer per call.
+static void lt_log_pick(int M, int N, int K, int beta, bool y_bf16, float gemmex,
+			int gemmex_nodes, int pick, float best, int best_nodes, const float *ms,
+			const int *nodes, int n)
+{
+	float alt = gemmex_nodes != best_nodes && gemmex > 0 ? gemmex : -1.0f;
+	int alt_nodes = gemmex_nodes;
+
+	for (int i = 0; i < n; i++)
+		if (ms[i] > 0 && nodes[i] != best_nodes && (alt < 0 || ms[i] < alt)) {
+			alt = ms[i];
+			alt_nodes = nodes[i];
+		}
+	fprintf(stderr, "cublasLt: M %d N %d K %d beta %d y %s: cublasGemmEx %.2f us (%d kernels); "
+		"kept %s%.2f us (%d kernels), %d candidates", M, N, K, beta,
+		y_bf16 ? "bf16" : "fp32", gemmex * 1e3, gemmex_nodes,
+		pick < 0 ? "cublasGemmEx " : "a candidate ", best * 1e3, best_nodes, n);
+	if (alt > 0)
+		fprintf(stderr, "; fastest with %d kernels %.2f us (+%.1f%%)", alt_nodes, alt * 1e3,
+			100.0f * (alt - best) / best);
+	fputc('\n', stderr);
+}
+
 // How many candidates to ask for: LT_CANDIDATES, or KDEC_LT_CANDIDATES (1..64) for A/B
 // runs of a wider search. Read once.
 static int lt_candidates(void)
@@ -212,9 +237,10 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const ui
 	const size_t ws = LIN_BLAS_WS_BYTES;
 	cudaEvent_t e0 = NULL, e1 = NULL;
 	void *ys = NULL;
-	float best, gemmex;
+	float best, gemmex, ms[LT_MAX_CANDIDATES];	// ms[i]: candidate i (< 0: failed)
 	void *flush = NULL;
 	int n = 0, ret, pick = -1, gemmex_nodes = 0, best_nodes = 0;
+	int nodes[LT_MAX_CANDIDATES];
 
 	e->M = M;
 	e->N = N;
@@ -250,26 +276,24 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const ui
 				&gemmex_nodes);
 	best_nodes = gemmex_nodes;
 	for (int i = 0; i < n; i++) {
-		float t;
-		int nodes = 0;
+		float t = -1.0f;
 
-		if (cand[i].state != CUBLAS_STATUS_SUCCESS)
-			continue;
-		t = lt_time(ctx, d, cand, i, ys, y_bf16, flush, xb, w, M, N, K, beta, e0, e1, &nodes);
+		nodes[i] = 0;
+		if (cand[i].state == CUBLAS_STATUS_SUCCESS)
+			t = lt_time(ctx, d, cand, i, ys, y_bf16, flush, xb, w, M, N, K, beta, e0,
+				    e1, &nodes[i]);
+		ms[i] = t;
 		if (t > 0 && (best < 0 || t < best)) {
 			best = t;
-			best_nodes = nodes;
+			best_nodes = nodes[i];
 			pick = i;
 			e->use_lt = true;
 			e->algo = cand[i].algo;
 		}
 	}
 	if (lt_log())
-		fprintf(stderr, "cublasLt: M %d N %d K %d beta %d y %s: cublasGemmEx %.2f us (%d kernels); "
-			"kept %s%.2f us (%d kernels), %d candidates\n", M, N, K, beta,
-			y_bf16 ? "bf16" : "fp32", gemmex * 1e3,
-			gemmex_nodes, pick < 0 ? "cublasGemmEx " : "a candidate ", best * 1e3,
-			best_nodes, n);
+		lt_log_pick(M, N, K, beta, y_bf16, gemmex, gemmex_nodes, pick, best, best_nodes, ms,
+			    nodes, n);
 out:
 	if (e0)
 		cudaEventDestroy(e0);
