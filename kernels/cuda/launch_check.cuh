@@ -43,18 +43,14 @@ static inline int k_cuda_call_status(cudaError_t e, const char *call, const char
 #define K_CUDA_CALL(call) k_cuda_call_status((call), #call, __FILE__, __LINE__)
 
 // The same two checks for a function returning int: a failure returns its status.
-#define K_CUDA_TRY(call)                                                           \
+#define K_CUDA_RETURN_IF(status)                                                   \
 	do {                                                                       \
-		int kd_ret_ = K_CUDA_CALL(call);                                   \
+		int kd_ret_ = (status);                                            \
 		if (kd_ret_)                                                       \
 			return kd_ret_;                                            \
 	} while (0)
-#define K_CUDA_TRY_LAUNCHED(what)                                                  \
-	do {                                                                       \
-		int kd_ret_ = K_CUDA_LAUNCHED(what);                               \
-		if (kd_ret_)                                                       \
-			return kd_ret_;                                            \
-	} while (0)
+#define K_CUDA_TRY(call) K_CUDA_RETURN_IF(K_CUDA_CALL(call))
+#define K_CUDA_TRY_LAUNCHED(what) K_CUDA_RETURN_IF(K_CUDA_LAUNCHED(what))
 
 // Programmatic dependent launch for the small ops: a kernel launched so may be
 // scheduled while the kernel before it in the stream drains, which hides most of the
