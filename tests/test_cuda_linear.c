@@ -327,9 +327,6 @@ static void test_bad_args(void)
 	cudaFree(w);
 }
 
-/* A producer that wrote x in bf16 only (k_cuda_linear_x_ready_only, SwiGLU before
- * Llama's down projection): a bf16-x kind uses the scratch (the fp32 x is NaN here, so
- * any read of it shows), and a kind that reads fp32 x refuses instead of reading it. */
 /* The dot product of two bf16 rows of K, in double: the exact reference of a GEMM fed
  * the same bf16 x and w. */
 static double bf16_dot(const uint16_t *a, const uint16_t *b, int K)
@@ -341,6 +338,9 @@ static double bf16_dot(const uint16_t *a, const uint16_t *b, int K)
 	return acc;
 }
 
+/* A producer that wrote x in bf16 only (k_cuda_linear_x_ready_only, SwiGLU before
+ * Llama's down projection): a bf16-x kind uses the scratch (the fp32 x is NaN here, so
+ * any read of it shows), and a kind that reads fp32 x refuses instead of reading it. */
 static void test_x_ready_only(void)
 {
 	enum { M = 64, N = 96, K = 256 };

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include <cuda_runtime.h>
 
@@ -65,16 +66,24 @@ static __device__ __forceinline__ void k_cuda_pdl_wait(void)
 	cudaTriggerProgrammaticLaunchCompletion();
 }
 
+// A switch of the environment read once into *v (-1: not read yet): 1 where the
+// variable name is "1", 0 where it is "0", def otherwise. Tests and the k_cuda_moe_set_*
+// calls may write *v directly.
+static inline bool k_cuda_env_flag(int *v, const char *name, int def)
+{
+	if (*v < 0) {
+		const char *e = getenv(name);
+
+		*v = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "0") ? 0 : def;
+	}
+	return *v != 0;
+}
+
 static inline int k_cuda_pdl_enabled(void)
 {
 	static int on = -1;
 
-	if (on < 0) {
-		const char *e = getenv("KDEC_CUDA_PDL");
-
-		on = !(e && e[0] == '0');
-	}
-	return on;
+	return k_cuda_env_flag(&on, "KDEC_CUDA_PDL", 1);
 }
 
 template <typename... KArgs, typename... Args>

@@ -16,6 +16,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/linear_internal.h"
 
 #define LT_CANDIDATES	16	/* asked of the heuristic (KDEC_LT_CANDIDATES: 1..LT_MAX) */
@@ -36,12 +37,7 @@ static bool lt_enabled(void)
 {
 	static int on = -1;
 
-	if (on < 0) {
-		const char *e = getenv("KDEC_LINEAR_TUNE");
-
-		on = !(e && e[0] == '0');
-	}
-	return on;
+	return k_cuda_env_flag(&on, "KDEC_LINEAR_TUNE", 1);
 }
 
 static int lt_check(cublasStatus_t s, const char *call, int dev)
@@ -179,12 +175,7 @@ static bool lt_log(void)
 {
 	static int on = -1;
 
-	if (on < 0) {
-		const char *e = getenv("KDEC_LT_LOG");
-
-		on = e && e[0] == '1';
-	}
-	return on;
+	return k_cuda_env_flag(&on, "KDEC_LT_LOG", 0);
 }
 
 // One KDEC_LT_LOG line: GemmEx's time, the pick's, and the fastest plan of another

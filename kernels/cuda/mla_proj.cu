@@ -586,12 +586,7 @@ int proj_mma_env(void)
 {
 	static int on = -1;
 
-	if (on < 0) {
-		const char *e = getenv("KDEC_CUDA_MLA_PROJ");
-
-		on = !(e && e[0] == '0');
-	}
-	return on;
+	return k_cuda_env_flag(&on, "KDEC_CUDA_MLA_PROJ", 1);
 }
 
 }	// namespace

@@ -535,7 +535,7 @@ static int moe_fused = -1;	// KDEC_MOE_FUSED: 0 turns k_cuda_moe_experts_add off
 // Whether k_cuda_moe_experts_add may fuse (the default), read once.
 static bool moe_fused_on(void)
 {
-	return moe_env_flag(&moe_fused, "KDEC_MOE_FUSED", 1);
+	return k_cuda_env_flag(&moe_fused, "KDEC_MOE_FUSED", 1);
 }
 
 extern "C" void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws)

@@ -4,24 +4,11 @@
 #define KD_KERNELS_CUDA_MOE_INTERNAL_H
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/k_cuda_moe.h"
-
-// A knob read once into *v (-1: not read yet): 1 where the environment variable name is
-// "1", 0 where it is "0", def otherwise; the k_cuda_moe_set_* calls write *v directly.
-static inline bool moe_env_flag(int *v, const char *name, int def)
-{
-	if (*v < 0) {
-		const char *e = getenv(name);
-
-		*v = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "0") ? 0 : def;
-	}
-	return *v != 0;
-}
+#include "kernels/cuda/launch_check.cuh"
 
 #define MOE_SMALL_MAX_PAIRS 64	// (row, slot) pairs a small-batch call may have
 #define MOE_SMALL_SH_PIECES 4	// down: a shared row in at most this many inter-long pieces

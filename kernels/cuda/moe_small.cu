@@ -257,7 +257,7 @@ extern "C" void k_cuda_moe_set_prefetch_ahead(int on)
 
 static bool ahead_on(void)
 {
-	return moe_env_flag(&prefetch_ahead, "KDEC_MOE_PREFETCH_AHEAD", 0);
+	return k_cuda_env_flag(&prefetch_ahead, "KDEC_MOE_PREFETCH_AHEAD", 0);
 }
 
 // KDEC_MOE_M1=0: a single row (M = 1) takes the general register kernels rather
@@ -289,7 +289,7 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	rp = rp < M ? rp : M;
 	// A failed launch is also the runtime's last error, which K_CUDA_LAUNCHED reports.
 	ctas = ctas < most ? ctas : (int)most;
-	if (M == 1 && moe_env_flag(&m1_on, "KDEC_MOE_M1", 1) &&
+	if (M == 1 && k_cuda_env_flag(&m1_on, "KDEC_MOE_M1", 1) &&
 	    moe_small_m1_fits(top_k, n_experts, hidden, inter, sh.inter)) {
 		moe_small_m1_launch(s, ctas, expert_w, x, ids, weights, top_k, n_experts, hidden,
 				    inter, act, sh, add, out);

@@ -412,15 +412,15 @@ void moe_small_m1_launch(cudaStream_t s, int gate_up_ctas, const uint16_t *const
 			 int n_experts, int hidden, int inter, float *act,
 			 const struct moe_small_shared &sh, int add, float *out)
 {
-	int bal = moe_env_flag(&m1_bal, "KDEC_MOE_M1_BAL", 1);
+	int bal = k_cuda_env_flag(&m1_bal, "KDEC_MOE_M1_BAL", 1);
 
 	k_cuda_launch_pdl(s, dim3(gate_up_ctas), dim3(SM_THREADS), (size_t)hidden * sizeof(float),
 			  m1_gate_up_kernel, expert_w, x, ids, top_k, n_experts, hidden, inter, act,
-			  sh, bal, (int)moe_env_flag(&m1_sh_down_early, "KDEC_MOE_SH_DOWN_EARLY", 1));
+			  sh, bal, (int)k_cuda_env_flag(&m1_sh_down_early, "KDEC_MOE_SH_DOWN_EARLY", 1));
 	if (cudaPeekAtLastError() != cudaSuccess)
 		return;
 	k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS),
 			  m1_down_smem(top_k, n_experts, inter, sh.inter), m1_down_kernel, expert_w,
 			  (const float *)act, ids, weights, top_k, n_experts, hidden, inter, sh, add,
-			  bal, (int)moe_env_flag(&m1_down_early, "KDEC_MOE_DOWN_EARLY", 1), out);
+			  bal, (int)k_cuda_env_flag(&m1_down_early, "KDEC_MOE_DOWN_EARLY", 1), out);
 }
