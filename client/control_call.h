@@ -1,5 +1,5 @@
 /* One request to kdecd's control socket and its reply: the control protocol is one
- * JSON object per line each way (daemon/control.c). kdctl, kdrun and kdbench agent
+ * JSON object per line each way (daemon/serve/control.c). kdctl, kdrun and kdbench agent
  * compile this in; it is not part of libkdclient's API. */
 #ifndef KD_CLIENT_CONTROL_CALL_H
 #define KD_CLIENT_CONTROL_CALL_H

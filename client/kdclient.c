@@ -42,7 +42,7 @@ static struct ipc_seg_hdr *hdr(struct kd_client *c)
 	return c->seg;
 }
 
-/* Values of daemon_sleeping (daemon/engine_thread.c): 2 = asleep and a request of
+/* Values of daemon_sleeping (daemon/serve/engine_thread.c): 2 = asleep and a request of
  * ours may be paused on our full event ring, so reading events must ring too. */
 #define DAEMON_WANTS_SPACE 2u
 

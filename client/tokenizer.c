@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 
 #include "client/tokenizer.h"
-#include "daemon/gguf.h"
+#include "format/gguf.h"
 
 static __thread char tok_error[512];
 

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "client/tokenizer.h"
-#include "daemon/gguf.h"
+#include "format/gguf.h"
 
 /* token_type values (llama.cpp's llama_token_type) */
 enum { GGUF_TOKEN_CONTROL = 3, GGUF_TOKEN_USER_DEFINED = 4 };

@@ -1,5 +1,5 @@
 /* kdecd: the decode daemon. Loads the model, builds the engine, then serves local
- * clients over shared memory (daemon/server.c, the engine thread) until SIGTERM:
+ * clients over shared memory (daemon/serve/server.c, the engine thread) until SIGTERM:
  * the first stops admitting and lets running requests finish, a second stops now. */
 #include <errno.h>
 #include <ev.h>
@@ -13,12 +13,13 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "daemon/cli.h"
-#include "daemon/doorbell.h"
-#include "daemon/engine.h"
-#include "daemon/log.h"
-#include "daemon/model.h"
-#include "daemon/server.h"
+#include "daemon/base/cli.h"
+#include "daemon/base/clock.h"
+#include "daemon/base/log.h"
+#include "daemon/engine/engine.h"
+#include "daemon/model/model.h"
+#include "daemon/serve/doorbell.h"
+#include "daemon/serve/server.h"
 
 #define MAX_ALLOW 64
 
@@ -402,7 +403,7 @@ int main(int argc, char **argv)
 	if (parse_args(argc, argv, &a))
 		return 2;
 	signal(SIGPIPE, SIG_IGN);
-	t0 = cli_now();
+	t0 = clock_now();
 	ret = model_load(&m, a.model, &a.load, err, sizeof(err));
 	if (!ret)
 		ret = engine_create(&e, m, &a.eng, err, sizeof(err));
@@ -412,7 +413,7 @@ int main(int argc, char **argv)
 	}
 	log_info("model %s: %s, %d layers, %.1f MiB of weights; KV cache %.1f MiB; ready in %.2f s",
 		 a.model, m->cfg.model_type, m->cfg.n_layers, (double)m->weight_bytes / (1 << 20),
-		 (double)e->fwd->kv_bytes / (1 << 20), cli_now() - t0);
+		 (double)e->fwd->kv_bytes / (1 << 20), clock_now() - t0);
 	if (!a.check && a.srv.state_dir)
 		load_state(e, a.srv.state_dir);
 	if (!a.check)

@@ -189,7 +189,7 @@ static inline int32_t *ipc_seg_pay(void *seg)
  *   daemon -> client  {"ok":true,"protocol":3,"notify":"futex","seg_bytes":N,"client_id":I}
  *                     with SCM_RIGHTS: memfd, notify eventfd[, doorbell eventfd]
  *                  or {"ok":false,"error":"..."} and the socket closed
- *   kdctl  -> daemon  {"cmd":"status"} ... one reply line each (daemon/control.h) */
+ *   kdctl  -> daemon  {"cmd":"status"} ... one reply line each (daemon/serve/control.h) */
 
 /* The default socket: $XDG_RUNTIME_DIR/kdecd.sock; else /run/kdecd/kdecd.sock for root;
  * else /tmp/kdecd-$UID/kdecd.sock. Returns 0 or -ENAMETOOLONG. */

@@ -70,7 +70,7 @@ K_SAMPLE_FN int k_sample_has_penalty(const struct k_sample_params *p)
 }
 
 /* Whether p uses a step only the host sampler has (penalties, min-p, logprobs): the
- * GPU sampler (kernels/cuda/k_cuda_sample.h) does the rest. */
+ * GPU sampler (kernels/cuda/sample/k_cuda_sample.h) does the rest. */
 K_SAMPLE_FN int k_sample_host_only(const struct k_sample_params *p)
 {
 	return k_sample_has_penalty(p) || (p->min_p > 0 && p->temperature > 0) || p->logprobs;

@@ -1,6 +1,6 @@
 /* Sessions: a client's named conversation whose latest KV blocks stay referenced
  * between turns, on the device (block ids) or in the host tier (compressed blocks).
- * Bookkeeping only: the engine moves the bytes and decides when (daemon/engine_session.c). */
+ * Bookkeeping only: the engine moves the bytes and decides when (daemon/engine/engine_session.c). */
 #ifndef KD_KVCACHE_SESSION_H
 #define KD_KVCACHE_SESSION_H
 

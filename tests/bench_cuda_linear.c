@@ -21,9 +21,9 @@
 #ifdef KD_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "kernels/cpu/dtype.h"
+#include "kernels/dtype.h"
 #include "kernels/cuda/k_cuda.h"
-#include "kernels/cuda/k_cuda_linear.h"
+#include "kernels/cuda/linear/k_cuda_linear.h"
 
 #define HBM_BYTES_PER_S	4.25e12
 #define ROTATE_BYTES	((size_t)256 << 20)	/* > 4x the L2 */

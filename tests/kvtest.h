@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/engine.h"
-#include "daemon/model.h"
+#include "daemon/engine/engine.h"
+#include "daemon/model/model.h"
 
 /* A model of tests/data/tiny/<name>.json with synthetic weights (seed) and an engine. */
 static inline int kvt_open(const char *name, uint64_t seed, const struct engine_opts *eo,

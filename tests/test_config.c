@@ -8,7 +8,7 @@
 
 #include <jansson.h>
 
-#include "daemon/model_config.h"
+#include "daemon/model/model_config.h"
 #include "tests/testutil.h"
 
 static char err[512];

@@ -23,8 +23,8 @@
 
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
-#include "kernels/cuda/k_cuda_attn.h"
-#include "kernels/cuda/k_cuda_ops.h"
+#include "kernels/cuda/attn/k_cuda_attn.h"
+#include "kernels/cuda/ops/k_cuda_ops.h"
 #include "tests/cudatest.h"
 
 /* Tolerance, relative L2 against the reference. Both sides read the same bf16 K/V (the

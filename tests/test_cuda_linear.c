@@ -28,7 +28,7 @@
 
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
-#include "kernels/cuda/k_cuda_linear.h"
+#include "kernels/cuda/linear/k_cuda_linear.h"
 #include "tests/cudatest.h"
 
 #define MAX_M		200

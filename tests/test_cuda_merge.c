@@ -17,9 +17,9 @@
 #ifdef KD_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "kernels/cpu/dtype.h"
+#include "kernels/dtype.h"
 #include "kernels/cuda/k_cuda.h"
-#include "kernels/cuda/k_cuda_attn.h"
+#include "kernels/cuda/attn/k_cuda_attn.h"
 #include "tests/cudatest.h"
 
 static unsigned long long seed;

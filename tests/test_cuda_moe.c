@@ -39,7 +39,7 @@
 
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
-#include "kernels/cuda/k_cuda_moe.h"
+#include "kernels/cuda/moe/k_cuda_moe.h"
 #include "tests/cudatest.h"
 
 #define W_TOL 1e-6

@@ -19,7 +19,7 @@
 
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
-#include "kernels/cuda/k_cuda_ops.h"
+#include "kernels/cuda/ops/k_cuda_ops.h"
 #include "tests/cudatest.h"
 
 #define REL_TOL 1e-6

@@ -26,7 +26,7 @@
 
 #include "kernels/cpu/k_cpu_sample.h"
 #include "kernels/cuda/k_cuda.h"
-#include "kernels/cuda/k_cuda_sample.h"
+#include "kernels/cuda/sample/k_cuda_sample.h"
 #include "tests/cudatest.h"
 
 #define BIG_VOCAB 151936

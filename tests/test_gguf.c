@@ -8,9 +8,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "daemon/gguf.h"
-#include "daemon/gguf_dequant.h"
-#include "kernels/cpu/dtype.h"
+#include "format/gguf.h"
+#include "daemon/model/gguf_dequant.h"
+#include "kernels/dtype.h"
 #include "tests/testutil.h"
 
 static char err[512];

@@ -16,9 +16,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/engine.h"
-#include "daemon/gguf.h"
-#include "daemon/model.h"
+#include "daemon/engine/engine.h"
+#include "format/gguf.h"
+#include "daemon/model/model.h"
 #include "tests/testutil.h"
 
 /* Q8_0 keeps ~8 bits per weight (about 0.3% rms error each); through 3 layers of a

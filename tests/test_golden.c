@@ -24,8 +24,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/engine.h"
-#include "daemon/model.h"
+#include "daemon/engine/engine.h"
+#include "daemon/model/model.h"
 #include "tests/testutil.h"
 
 #define CPU_ROW_TOL 1e-4

@@ -9,9 +9,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "daemon/client_conn.h"
-#include "daemon/control.h"
-#include "daemon/metrics.h"
+#include "daemon/sched/client_conn.h"
+#include "daemon/serve/control.h"
+#include "daemon/sched/metrics.h"
 #include "ipc/ipc_record.h"
 #include "ipc/ipc_ring.h"
 #include "tests/testutil.h"

@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon/safetensors.h"
+#include "daemon/model/safetensors.h"
 #include "tests/testutil.h"
 
 static char err[512];

@@ -14,7 +14,7 @@
 
 #include "tests/testutil.h"
 #include "tests/kvtest.h"
-#include "daemon/engine_internal.h"
+#include "daemon/engine/engine_internal.h"
 
 #define BT 8
 

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/spec_ngram.h"
+#include "daemon/engine/spec_ngram.h"
 #include "tests/testutil.h"
 #include "tests/kvtest.h"
 

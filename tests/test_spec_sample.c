@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/spec_ngram.h"
+#include "daemon/engine/spec_ngram.h"
 #include "kernels/cpu/k_cpu_sample.h"
 #include "tests/testutil.h"
 

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/engine.h"
-#include "daemon/model.h"
+#include "daemon/engine/engine.h"
+#include "daemon/model/model.h"
 #include "tests/testutil.h"
 
 #define T 37		/* prompt length: crosses block boundaries of 16 and 5 */

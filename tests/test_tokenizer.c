@@ -19,7 +19,7 @@
 #include "client/kdclient.h"
 #include "client/tokenizer.h"
 #include "client/tokenizer_unicode.h"
-#include "daemon/gguf.h"
+#include "format/gguf.h"
 #include "tests/testutil.h"
 
 #define MAX_IDS 4096

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/cpu/dtype.h"
+#include "kernels/ops.h"
 
 /* ---- thread pool ------------------------------------------------------- */
 
@@ -54,44 +54,6 @@ void k_cpu_linear(struct k_pool *pool, float *y, const float *x, const void *w,
 
 /* ---- rotary position embedding ----------------------------------------- */
 
-enum k_rope_type {
-	K_ROPE_DEFAULT = 0,
-	K_ROPE_LINEAR,		/* positions divided by factor */
-	K_ROPE_LLAMA3,		/* Llama 3.x wavelength-banded scaling */
-	K_ROPE_YARN,		/* YaRN: ramp between interpolation and extrapolation + mscale */
-};
-
-/* Everything a config may say about RoPE; fields unused by a type are ignored. */
-struct k_rope_params {
-	enum k_rope_type type;
-	double theta;			/* base */
-	int dim;			/* rotary dims per head (even) */
-	int interleaved;		/* 1: pairs (2i, 2i+1); 0: pairs (i, i + dim/2) */
-	double factor;			/* linear, llama3, yarn */
-	double low_freq_factor;		/* llama3 */
-	double high_freq_factor;	/* llama3 */
-	double original_max_pos;	/* llama3, yarn */
-	double beta_fast, beta_slow;	/* yarn (0 means the defaults 32 and 1) */
-	double mscale, mscale_all_dim;	/* yarn (0 means absent) */
-	double attention_factor;	/* yarn; <= 0 means derive from factor/mscale */
-	int truncate;			/* yarn: floor/ceil the correction range (HF default 1) */
-	enum k_dtype freq_dtype;	/* inv_freq is rounded to this type (K_F32: kept) */
-};
-
-/* Precomputed frequencies, computed in float32 the way HF transformers does, then
- * rounded to freq_dtype: transformers keeps inv_freq as a buffer in the checkpoint's
- * dtype, so a bf16 checkpoint rotates by bf16-rounded frequencies. */
-struct k_rope {
-	int dim;		/* rotary dims */
-	int interleaved;
-	float attn_factor;	/* multiplies cos and sin (YaRN), else 1 */
-	float *inv_freq;	/* (dim / 2), owned */
-};
-
-/* Returns 0, or -EINVAL for a bad parameter (dim odd or <= 0, factor <= 0, ...). */
-int k_rope_init(struct k_rope *rope, const struct k_rope_params *p);
-void k_rope_fini(struct k_rope *rope);	/* accepts a zeroed or half-built rope */
-
 /* Rotates x in place. Head h of row r starts at x + r*row_stride + h*head_stride and
  * its first rope->dim values are rotated by angle pos[r] * inv_freq[i]. */
 void k_cpu_rope(const struct k_rope *rope, float *x, int n_rows, int n_heads,
@@ -99,32 +61,9 @@ void k_cpu_rope(const struct k_rope *rope, float *x, int n_rows, int n_heads,
 
 /* ---- paged KV cache and attention -------------------------------------- */
 
-/* One layer's cache. A token's row is at slot = block * block_tokens + offset.
- * GQA: k and v are (n_blocks, block_tokens, kv_heads, head_dim).
- * MLA: only k is used: (n_blocks, block_tokens, width) with width = kv_lora + rope_dim;
- *      the latent first, then the rotated rope part. */
-struct k_kv_layer {
-	float *k;
-	float *v;
-	int n_blocks;
-	int block_tokens;
-	int width;		/* floats per token in k (and in v for GQA) */
-};
-
 /* Copies row r of src (n_rows, width) into slot slots[r]. Slots must be in range. */
 void k_cpu_kv_write(float *cache, int width, const float *src, int n_rows,
 		    const int32_t *slots /* (n_rows) */);
-
-/* Which cache rows a query row attends to: the first ctx tokens of its sequence,
- * found through its block table. */
-struct k_attn_rows {
-	int n_rows;
-	int max_ctx;			/* bound on every ctx[r]; GPU launches are sized by it */
-	int n_seqs;			/* sequences among the rows (runs sharing a table); 0:
-					 * one per row. A hint for GPU kernel choice only */
-	const int32_t *ctx;		/* (n_rows) tokens visible to row r (its pos + 1) */
-	const int32_t *const *blocks;	/* (n_rows) pointer to the row's block table */
-};
 
 /* Causal GQA attention over the paged cache.
  * q, out: (n_rows, n_heads, head_dim); head h reads kv head h / (n_heads / kv_heads).
@@ -132,15 +71,6 @@ struct k_attn_rows {
 void k_cpu_attn_gqa(struct k_pool *pool, float *out, const float *q,
 		    const struct k_kv_layer *kv, const struct k_attn_rows *rows,
 		    int n_heads, int kv_heads, int head_dim, float scale);
-
-/* MLA dimensions (DeepSeek-V2/V3). */
-struct k_mla_dims {
-	int n_heads;
-	int nope_dim;	/* qk_nope_head_dim */
-	int rope_dim;	/* qk_rope_head_dim */
-	int v_dim;	/* v_head_dim */
-	int kv_lora;	/* kv_lora_rank */
-};
 
 /* Absorbed MLA decode/prefill over a latent cache (width kv_lora + rope_dim).
  * q: (n_rows, n_heads, nope_dim + rope_dim), rope part already rotated.
@@ -162,41 +92,11 @@ int k_cpu_attn_mla_expanded(float *out, const float *q, const void *w_kv_b,
 
 /* ---- mixture of experts ------------------------------------------------ */
 
-enum k_moe_scoring {
-	K_MOE_SOFTMAX = 0,	/* Qwen3-MoE, DeepSeek-V2 */
-	K_MOE_SIGMOID,		/* DeepSeek-V3, Kimi-K2 */
-};
-
-enum k_moe_select {
-	K_MOE_GREEDY = 0,	/* plain top-k over scores */
-	K_MOE_GROUP_MAX,	/* DeepSeek-V2 group_limited_greedy: group score = max */
-	K_MOE_GROUP_TOP2,	/* DeepSeek-V3 noaux_tc: group score = sum of top-2 biased scores */
-};
-
-struct k_moe_route_params {
-	int n_experts;
-	int top_k;
-	enum k_moe_scoring scoring;
-	enum k_moe_select select;
-	int n_group;		/* groups for the group-limited methods (divides n_experts) */
-	int topk_group;		/* groups kept */
-	int norm_topk_prob;	/* renormalise the chosen weights to sum 1 */
-	float routed_scaling;	/* multiplies the final weights */
-	const float *bias;	/* (n_experts) e_score_correction_bias, or NULL; choice only */
-};
-
 /* Router logits (M, n_experts) -> ids (M, top_k) and weights (M, top_k).
  * Scores: softmax or sigmoid in fp32. Choice uses score + bias; weights use the
  * unbiased score. Ties go to the lower expert id. */
 void k_cpu_moe_route(const struct k_moe_route_params *p, const float *logits, int M,
 		     int32_t *ids, float *weights);
-
-/* One expert's weights as stored: gate, up (inter, hidden); down (hidden, inter). */
-struct k_expert {
-	const void *gate;
-	const void *up;
-	const void *down;
-};
 
 /* out[m] = sum_j weights[m, j] * expert_{ids[m, j]}(x[m]), out (M, hidden) overwritten.
  * Reads only the experts that some row chose; rows that chose the same expert are

@@ -4,7 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "daemon/model_config.h"
+#include "daemon/model/model_config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -5,8 +5,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "daemon/control.h"
-#include "daemon/log.h"
+#include "daemon/serve/control.h"
+#include "daemon/base/log.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

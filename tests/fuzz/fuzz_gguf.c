@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/gguf.h"
-#include "daemon/gguf_dequant.h"
+#include "format/gguf.h"
+#include "daemon/model/gguf_dequant.h"
 
 #define FUZZ_MAX_DEQUANT 65536	/* elements dequantized per tensor at most */
 

@@ -1,0 +1,158 @@
+/* A backend provides memory, the ops a forward pass is composed of, and a way to run a
+ * step. The standard path (forward.c) calls only these entry points, so one definition
+ * of each architecture serves every backend. Activations are float (rows, width),
+ * row-major, in backend memory. Ops may run asynchronously; sync() waits for them. */
+#ifndef KD_DAEMON_BACKEND_H
+#define KD_DAEMON_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/model/model.h"
+#include "kernels/k_sample.h"
+#include "kernels/ops.h"
+
+struct backend;
+
+struct backend_opts {
+	int threads;		/* CPU worker threads; <= 0: one per online CPU */
+	int device;		/* first GPU (cuda) */
+};
+
+/* A GQA layer's attention inputs for qkv_prep: rows of h in, q out, K/V into the cache. */
+struct backend_qkv {
+	int rows, n_heads, kv_heads, head_dim;
+	int qk_norm;			/* Qwen3: RMSNorm of each q and k head (L->q_norm, k_norm) */
+	float eps;
+	const struct k_rope *rope;
+	const int32_t *pos;		/* (rows) */
+	const int32_t *slots;		/* (rows) cache slot of each row's K/V */
+	struct k_kv_layer *kv;
+	int decode;			/* 1: each row is the only new token of its sequence,
+					 * at its last position (ctx - 1): the attention op
+					 * that follows may do the cache append itself */
+};
+
+/* An MLA layer's attention inputs for mla_post, after its q and kv_a projections. */
+struct backend_mla {
+	int rows, n_heads, nope_dim, rope_dim, kv_lora;	/* rope_dim: q_pe and key width */
+	float eps;			/* of the latent's RMSNorm (L->kv_a_norm) */
+	const struct k_rope *rope;
+	const int32_t *pos;		/* (rows) */
+	const int32_t *slots;		/* (rows) cache slot of each row's latent; < 0: none */
+	struct k_kv_layer *kv;
+};
+
+struct backend_ops {
+	const char *name;
+	enum k_dtype kv_dtype;	/* element type of the KV cache: K_F32 (cpu), K_BF16 (cuda);
+				 * struct k_kv_layer's k and v point to storage of this type */
+	int host_memory;	/* 1: backend memory is host memory, so ops read a step's host
+				 * inputs (ids, positions, block tables) in place */
+
+	/* Prepares the backend for model m (which outlives it). Returns 0 or -errno with
+	 * one line in err. *out is released with destroy. */
+	int (*create)(struct backend **out, const struct model *m, const struct backend_opts *opts,
+		      char *err, size_t err_len);
+	void (*destroy)(struct backend *be);	/* accepts NULL */
+
+	/* Backend memory, zeroed; NULL when exhausted. */
+	void *(*alloc)(struct backend *be, size_t bytes);
+	void (*free)(struct backend *be, void *p);
+	/* Optional: host memory the backend copies from and to fastest (page-locked),
+	 * zeroed; NULL when exhausted. Without them forward stages in malloc'd memory. */
+	void *(*host_alloc)(struct backend *be, size_t bytes);
+	void (*host_free)(struct backend *be, void *p);
+	/* Host <-> backend copies; return 0 or -EIO. An upload from host_alloc memory may
+	 * read its source until the next sync or download. */
+	int (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
+	int (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
+	int (*sync)(struct backend *be);
+
+	/* ---- ops; shapes as in kernels/cpu/k_cpu.h ---- */
+	void (*embed)(struct backend *be, float *out, const int32_t *ids, int n,
+		      const struct model_tensor *table);
+	void (*rmsnorm)(struct backend *be, float *out, int out_stride, const float *x, int x_stride,
+			const struct model_tensor *w, int rows, int dim, float eps);
+	void (*add)(struct backend *be, float *y, const float *x, size_t n);
+	void (*silu_mul)(struct backend *be, float *out, const float *gate, const float *up, size_t n);
+	/* y (M, w->rows) = x (M, w->cols) @ w^T */
+	void (*linear)(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M);
+	void (*rope)(struct backend *be, const struct k_rope *rope, float *x, int n_rows, int n_heads,
+		     int row_stride, int head_stride, const int32_t *pos);
+	void (*kv_write)(struct backend *be, float *cache, int width, const float *src, int n_rows,
+			 const int32_t *slots);
+	void (*attn_gqa)(struct backend *be, float *out, const float *q, const struct k_kv_layer *kv,
+			 const struct k_attn_rows *rows, int n_heads, int kv_heads, int head_dim,
+			 float scale);
+	int (*attn_mla)(struct backend *be, float *out, const float *q, const struct model_tensor *w_kv_b,
+			const struct k_kv_layer *kv, const struct k_attn_rows *rows,
+			const struct k_mla_dims *d, float scale);
+	void (*moe_route)(struct backend *be, const struct k_moe_route_params *p, const float *logits,
+			  int M, int32_t *ids, float *weights);
+	int (*moe_experts)(struct backend *be, float *out, const float *x, int M, const int32_t *ids,
+			   const float *weights, int top_k, const struct model_layer *L, int hidden,
+			   int inter, int n_experts);
+
+	/* ---- optional: NULL where a backend lacks them (forward.c falls back) ---- */
+	/* q (rows, n_heads * head_dim) = rope(norm(h @ wq^T)); rope(norm(h @ wk^T)) and
+	 * h @ wv^T into the cache: what linear x3, rmsnorm x2, rope x2 and kv_write x2 do,
+	 * with the three projections as one matrix where the backend holds them adjacent. */
+	void (*qkv_prep)(struct backend *be, float *q, const float *h, const struct model_layer *L,
+			 const struct backend_qkv *p);
+	/* q (rows, n_heads, nope_dim + rope_dim): each head's rope part rotated in place;
+	 * kv_a (rows, kv_lora + rope_dim): [rmsnorm(latent) ; rope(key)] into the cache at
+	 * the slots. What rmsnorm, rope x2 and kv_write do; kv_a is scratch after. */
+	void (*mla_post)(struct backend *be, float *q, float *kv_a, const struct model_layer *L,
+			 const struct backend_mla *p);
+	/* q = h @ L->wq_b^T (q-LoRA: rmsnorm(h @ L->wq_a^T) @ L->wq_b^T) and kv_a =
+	 * h @ L->wkv_a^T, the first projection and kv_a's as one matrix where the backend
+	 * holds the two adjacent, then what mla_post does; h (rows, hidden) in, q (rows,
+	 * n_heads, nope_dim + rope_dim) out, kv_a in the backend's own scratch. */
+	void (*mla_prep)(struct backend *be, float *q, const float *h, const struct model_layer *L,
+			 const struct backend_mla *p);
+	/* out (M, w_gate->rows) = silu(x @ w_gate^T) * (x @ w_up^T), one matrix where the
+	 * backend holds the two adjacent. */
+	void (*gate_up_silu)(struct backend *be, float *out, const float *x,
+			     const struct model_tensor *w_gate, const struct model_tensor *w_up, int M);
+	/* Sizes the ops' workspaces for steps of up to max_rows rows attending to up to
+	 * max_ctx tokens; called once by forward_create. 0 or -errno with err. */
+	int (*reserve)(struct backend *be, int max_rows, int max_ctx, char *err, size_t err_len);
+	/* y (M, w->rows) += x (M, w->cols) @ w^T: the residual add fused into the linear */
+	void (*linear_add)(struct backend *be, float *y, const float *x, const struct model_tensor *w,
+			   int M);
+	/* y (M, hidden) += the routed experts' sum (moe_experts's arguments) + the shared
+	 * expert of L (w_gate, w_up, w_down; shared_inter wide, 0: none) of x: what
+	 * moe_experts, the shared SwiGLU MLP and add do, in the ops' order of the sums,
+	 * where the backend can fuse this call. 1: it cannot, nothing done (forward.c then
+	 * runs those ops); 0 or -errno. */
+	int (*moe_experts_add)(struct backend *be, float *y, const float *x, int M,
+			       const int32_t *ids, const float *weights, int top_k,
+			       const struct model_layer *L, int hidden, int inter, int n_experts,
+			       int shared_inter);
+	/* ids (M) drawn from logits (M, vocab) by params (M) at output indices steps (M),
+	 * the procedure of kernels/k_sample.h; all in backend memory. 0 or -errno. */
+	int (*sample)(struct backend *be, int32_t *ids, const float *logits, int M, int vocab,
+		      const struct k_sample_params *params, const uint64_t *steps);
+	/* Graphs: ops issued between capture_begin and capture_end are recorded into
+	 * *graph instead of running; graph_launch replays them on the current contents of
+	 * the same buffers; *n_nodes receives the kernels and copies recorded. 0 or -errno. */
+	int (*capture_begin)(struct backend *be);
+	int (*capture_end)(struct backend *be, void **graph, int *n_nodes);
+	int (*graph_launch)(struct backend *be, void *graph);
+	void (*graph_destroy)(struct backend *be, void *graph);	/* accepts NULL */
+};
+
+/* Every backend embeds this first, so the generic code can reach its ops. */
+struct backend {
+	const struct backend_ops *ops;
+};
+
+extern const struct backend_ops backend_cpu_ops;
+extern const struct backend_ops backend_cuda_ops;	/* in builds with CUDA */
+
+/* The backend called name ("cpu", "cuda"), or NULL with a message in err that lists
+ * the backends this build has. */
+const struct backend_ops *backend_find(const char *name, char *err, size_t err_len);
+
+#endif

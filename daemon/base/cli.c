@@ -1,0 +1,80 @@
+/* Strict parsing of numbers and token lists given on command lines. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "daemon/base/cli.h"
+
+int cli_parse_long(const char *s, long min, long max, long *out)
+{
+	char *end;
+	long v;
+
+	if (!s || !*s)
+		return -EINVAL;
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (*end)
+		return -EINVAL;
+	if (errno == ERANGE || v < min || v > max)
+		return -ERANGE;
+	*out = v;
+	return 0;
+}
+
+int cli_parse_tokens(const char *s, int max_n, int32_t **ids, int *n, char *err, size_t err_len)
+{
+	int32_t *v = NULL;
+	int count = 0, cap = 0;
+	const char *p = s;
+
+	*ids = NULL;
+	*n = 0;
+	while (*p) {
+		char *end;
+		long x;
+
+		while (*p == ' ')
+			p++;
+		errno = 0;
+		x = strtol(p, &end, 10);
+		if (end == p || errno == ERANGE || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+			snprintf(err, err_len, "token list: bad id at character %ld of '%s' (want ids like 1,2,3)",
+				 (long)(p - s) + 1, s);
+			free(v);
+			return -EINVAL;
+		}
+		if (count == max_n) {
+			snprintf(err, err_len, "token list: more than %d ids", max_n);
+			free(v);
+			return -E2BIG;
+		}
+		if (count == cap) {
+			int32_t *nv;
+
+			cap = cap ? 2 * cap : 64;
+			nv = realloc(v, (size_t)cap * sizeof(*v));
+			if (!nv) {
+				free(v);
+				return -ENOMEM;
+			}
+			v = nv;
+		}
+		v[count++] = (int32_t)x;
+		p = *end ? end + 1 : end;
+		if (*end == ',' && !*p) {
+			snprintf(err, err_len, "token list: trailing comma in '%s'", s);
+			free(v);
+			return -EINVAL;
+		}
+	}
+	if (!count) {
+		snprintf(err, err_len, "token list: empty");
+		free(v);
+		return -EINVAL;
+	}
+	*ids = v;
+	*n = count;
+	return 0;
+}

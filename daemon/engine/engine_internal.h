@@ -1,0 +1,47 @@
+/* What engine.c, engine_host.c, engine_session.c and engine_snapshot.c share; not an
+ * interface for anyone else. */
+#ifndef KD_DAEMON_ENGINE_INTERNAL_H
+#define KD_DAEMON_ENGINE_INTERNAL_H
+
+#include "daemon/engine/engine.h"
+
+static inline uint64_t engine_now(const struct engine *e)
+{
+	return e->clock_ns();
+}
+
+/* engine.c */
+/* Grows s's token and block arrays to hold n_tokens and n_blocks. 0 or -ENOMEM. */
+int engine_seq_reserve(struct engine_seq *s, int n_tokens, int n_blocks);
+/* Checks prompt (n tokens, ids < vocab) and readies the empty s to take it with
+ * prefix caching under salt. 0, -EINVAL, -ENOMEM. */
+int engine_seq_begin(struct engine *e, struct engine_seq *s, const int32_t *prompt, int n,
+		     uint64_t salt);
+/* Extends s, made only of keyed full blocks, with cached blocks of prompt (device,
+ * else host) up to max_blocks blocks in all. Arrays must be reserved. */
+void engine_seq_map_cached(struct engine *e, struct engine_seq *s, const int32_t *prompt,
+			   int max_blocks);
+/* Puts an in-use block under (key, salt) in the prefix cache unless the key has one. */
+void engine_register_block(struct engine *e, struct kv_key key, uint64_t salt, int32_t block);
+/* The key of each full block of tokens[0..n) in turn, into keys (n / block_tokens). */
+void engine_chain_keys(const struct engine *e, uint64_t salt, const int32_t *tokens, int n,
+		       struct kv_key *keys);
+
+/* engine_host.c */
+/* Host memory -> one device block (the inverse of engine_block_read). */
+int engine_block_write(struct engine *e, int32_t block, const void *src);
+/* Device block -> e->kv_frame: *zbytes its length. 0 or -errno. */
+int engine_block_compress(struct engine *e, int32_t block, size_t *zbytes);
+/* A new device block holding host block hb's contents: *block with one reference.
+ * 0, -ENOSPC (no device block), -EBADMSG, -EIO. Counts stats.restored_blocks; the
+ * callers time whole restores. */
+int engine_block_restore(struct engine *e, const struct kv_host_block *hb, int32_t *block);
+/* Frees host memory for bytes more by dropping the KV of host-only idle sessions
+ * (oldest first), never keep's. 0 or -ENOSPC. */
+int engine_host_make_room(struct engine *e, size_t bytes, const struct kv_session *keep);
+
+/* engine_session_offload and _restore without the busy check (a turn's own restore). */
+int engine_session_to_host(struct engine *e, struct kv_session *sess);
+int engine_session_to_device(struct engine *e, struct kv_session *sess);
+
+#endif

@@ -1,0 +1,399 @@
+/* The forward pass of every supported architecture, layer by layer, as backend ops.
+ * Reads like the models' Hugging Face definitions: pre-norm attention, then a dense or
+ * mixture-of-experts MLP, residual adds, final norm, lm_head. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/engine/forward.h"
+
+#define OP(f, name, ...) ((f)->be->ops->name((f)->be, __VA_ARGS__))
+
+/* ---- sizes -------------------------------------------------------------- */
+
+static int kv_width(const struct model_config *c)
+{
+	return c->mla ? c->kv_lora_rank + c->qk_rope_head_dim : c->n_kv_heads * c->head_dim;
+}
+
+/* Bytes per token of all layers' cache on the CPU backend (fp32); a backend with
+ * a narrower kv_dtype scales it by its element size. */
+size_t forward_kv_bytes_per_token(const struct model *m)
+{
+	const struct model_config *c = &m->cfg;
+	size_t per_layer = (size_t)kv_width(c) * (c->mla ? 1 : 2) * sizeof(float);
+
+	return per_layer * (size_t)c->n_layers;
+}
+
+static int max_inter(const struct model_config *c)
+{
+	int a = c->intermediate_size, b = c->moe_intermediate_size * c->n_shared_experts;
+
+	return a > b ? a : b;
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static int bytes_alloc(struct forward *f, void **p, size_t bytes, const char *what,
+		       char *err, size_t err_len)
+{
+	*p = f->be->ops->alloc(f->be, bytes);
+	if (!*p) {
+		snprintf(err, err_len, "%s backend: out of memory allocating %s (%.1f MiB)",
+			 f->be->ops->name, what, (double)bytes / (1 << 20));
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static int scratch_alloc(struct forward *f, void **p, size_t floats, const char *what,
+			 char *err, size_t err_len)
+{
+	return bytes_alloc(f, p, floats * sizeof(float), what, err, err_len);
+}
+
+/* The cache holds n_blocks blocks plus one (dummy_block) that padding rows of graph
+ * replays write into, so they never touch a sequence's blocks. */
+static int forward_alloc_cache(struct forward *f, char *err, size_t err_len)
+{
+	const struct model_config *c = &f->m->cfg;
+	size_t tokens = ((size_t)f->n_blocks + 1) * (size_t)f->block_tokens;
+	size_t elem = k_dtype_size(f->be->ops->kv_dtype);
+	int width = kv_width(c);
+	int ret;
+
+	f->kv = calloc((size_t)c->n_layers, sizeof(*f->kv));	/* host: the descriptors */
+	if (!f->kv)
+		return -ENOMEM;
+	for (int l = 0; l < c->n_layers; l++) {
+		struct k_kv_layer *kv = &f->kv[l];
+
+		kv->n_blocks = f->n_blocks + 1;
+		kv->block_tokens = f->block_tokens;
+		kv->width = width;
+		if ((ret = bytes_alloc(f, (void **)&kv->k, tokens * (size_t)width * elem, "the KV cache",
+				       err, err_len)))
+			return ret;
+		if (!c->mla && (ret = bytes_alloc(f, (void **)&kv->v, tokens * (size_t)width * elem,
+						  "the KV cache", err, err_len)))
+			return ret;
+	}
+	f->dummy_block = f->n_blocks;
+	f->kv_bytes = forward_kv_bytes_per_token(f->m) / sizeof(float) * elem * tokens;
+	return 0;
+}
+
+static int forward_alloc_scratch(struct forward *f, char *err, size_t err_len)
+{
+	const struct model_config *c = &f->m->cfg;
+	size_t R = (size_t)f->max_rows;
+	int qk = c->mla ? c->qk_nope_head_dim + c->qk_rope_head_dim : c->head_dim;
+	int vd = c->mla ? c->v_head_dim : c->head_dim;
+	struct {
+		void **p;
+		size_t floats;
+	} bufs[] = {
+		{ (void **)&f->x, R * c->hidden_size },
+		{ (void **)&f->h, R * c->hidden_size },
+		{ (void **)&f->q, R * c->n_heads * qk },
+		{ (void **)&f->k, c->mla ? 0 : R * c->n_kv_heads * c->head_dim },
+		{ (void **)&f->v, c->mla ? 0 : R * c->n_kv_heads * c->head_dim },
+		{ (void **)&f->q_a, R * c->q_lora_rank },
+		{ (void **)&f->kv_a, c->mla ? R * (size_t)kv_width(c) : 0 },
+		{ (void **)&f->attn, R * c->n_heads * vd },
+		{ (void **)&f->gate, R * max_inter(c) },
+		{ (void **)&f->up, R * max_inter(c) },
+		{ (void **)&f->mlp, R * c->hidden_size },
+		{ (void **)&f->router, R * c->n_experts },
+		{ (void **)&f->route_ids, R * c->top_k },
+		{ (void **)&f->route_w, R * c->top_k },
+		{ (void **)&f->logits, (size_t)FWD_LOGIT_ROWS * c->vocab_size },
+	};
+	int ret;
+
+	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) {
+		if (!bufs[i].floats)
+			continue;
+		if ((ret = scratch_alloc(f, bufs[i].p, bufs[i].floats, "activations", err, err_len)))
+			return ret;
+	}
+	return 0;
+}
+
+int forward_create(struct forward **out, const struct model *m, struct backend *be,
+		   int n_blocks, int block_tokens, int max_rows, char *err, size_t err_len)
+{
+	struct forward *f;
+	int ret;
+
+	*out = NULL;
+	if (n_blocks <= 0 || block_tokens <= 0 || max_rows <= 0) {
+		snprintf(err, err_len, "forward: bad sizes: %d blocks of %d tokens, %d rows",
+			 n_blocks, block_tokens, max_rows);
+		return -EINVAL;
+	}
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return -ENOMEM;
+	f->m = m;
+	f->be = be;
+	f->max_rows = max_rows;
+	f->block_tokens = block_tokens;
+	f->n_blocks = n_blocks;
+	ret = k_rope_init(&f->rope, &m->cfg.rope);
+	if (ret) {
+		snprintf(err, err_len, "%s: rope parameters rejected (dim %d, factor %g)",
+			 m->path, m->cfg.rope.dim, m->cfg.rope.factor);
+		goto err_destroy;
+	}
+	if ((ret = forward_alloc_cache(f, err, err_len)) || (ret = forward_alloc_scratch(f, err, err_len)))
+		goto err_destroy;
+	if (!be->ops->host_memory && (ret = forward_stage_create(f, err, err_len)))
+		goto err_destroy;
+	if (be->ops->reserve &&
+	    (ret = be->ops->reserve(be, max_rows, n_blocks * block_tokens, err, err_len)))
+		goto err_destroy;
+	f->use_graphs = be->ops->capture_begin != NULL;
+	*out = f;
+	return 0;
+
+err_destroy:
+	forward_destroy(f);
+	return ret;
+}
+
+void forward_destroy(struct forward *f)
+{
+	void *bufs[16];
+	int n = 0;
+
+	if (!f)
+		return;
+	for (int i = 0; i < FWD_N_BUCKETS; i++)
+		for (int j = 0; j < 2; j++)
+			if (f->graphs[i][j])
+				f->be->ops->graph_destroy(f->be, f->graphs[i][j]);
+	forward_stage_destroy(f);
+	if (f->kv) {
+		for (int l = 0; l < f->m->cfg.n_layers; l++) {
+			f->be->ops->free(f->be, f->kv[l].k);
+			f->be->ops->free(f->be, f->kv[l].v);
+		}
+		free(f->kv);
+	}
+	bufs[n++] = f->x, bufs[n++] = f->h, bufs[n++] = f->q, bufs[n++] = f->k;
+	bufs[n++] = f->v, bufs[n++] = f->q_a, bufs[n++] = f->kv_a, bufs[n++] = f->attn;
+	bufs[n++] = f->gate, bufs[n++] = f->up, bufs[n++] = f->mlp, bufs[n++] = f->router;
+	bufs[n++] = f->route_ids, bufs[n++] = f->route_w, bufs[n++] = f->logits;
+	for (int i = 0; i < n; i++)
+		if (bufs[i])
+			f->be->ops->free(f->be, bufs[i]);
+	k_rope_fini(&f->rope);
+	free(f);
+}
+
+/* ---- layers ------------------------------------------------------------- */
+
+/* residual (R, w->rows) += x @ w^T, fused where the backend can; otherwise through
+ * scratch (R, w->rows), exactly as an add after the linear. */
+static void linear_residual(struct forward *f, float *residual, float *scratch, const float *x,
+			    const struct model_tensor *w, int R)
+{
+	if (f->be->ops->linear_add) {
+		OP(f, linear_add, residual, x, w, R);
+		return;
+	}
+	OP(f, linear, scratch, x, w, R);
+	OP(f, add, residual, scratch, (size_t)R * (size_t)w->rows);
+}
+
+/* q, and K/V into the cache, op by op (backends without qkv_prep). */
+static void gqa_inputs(struct forward *f, const struct model_layer *L, int l,
+		       const struct fwd_batch *b)
+{
+	const struct model_config *c = &f->m->cfg;
+	int R = b->n_rows, H = c->n_heads, KV = c->n_kv_heads, D = c->head_dim;
+	struct k_kv_layer *kv = &f->kv[l];
+
+	OP(f, linear, f->q, f->h, &L->wq, R);
+	OP(f, linear, f->k, f->h, &L->wk, R);
+	OP(f, linear, f->v, f->h, &L->wv, R);
+	if (c->qk_norm) {	/* Qwen3: RMSNorm of every head before rope */
+		OP(f, rmsnorm, f->q, D, f->q, D, &L->q_norm, R * H, D, c->rms_norm_eps);
+		OP(f, rmsnorm, f->k, D, f->k, D, &L->k_norm, R * KV, D, c->rms_norm_eps);
+	}
+	OP(f, rope, &f->rope, f->q, R, H, H * D, D, b->pos);
+	OP(f, rope, &f->rope, f->k, R, KV, KV * D, D, b->pos);
+	OP(f, kv_write, kv->k, kv->width, f->k, R, b->slots);
+	OP(f, kv_write, kv->v, kv->width, f->v, R, b->slots);
+}
+
+/* Every row its own sequence (n_seqs counts the runs of rows sharing a table; the
+ * tables themselves may be in backend memory), so each row's token is its sequence's
+ * only new one, at ctx - 1. */
+static int rows_one_per_seq(const struct fwd_batch *b)
+{
+	return b->attn.n_seqs == b->n_rows;
+}
+
+/* Llama / Qwen3 attention: h (rows, hidden) in, h (rows, hidden) out. */
+static void gqa_attention(struct forward *f, const struct model_layer *L, int l,
+			  const struct fwd_batch *b)
+{
+	const struct model_config *c = &f->m->cfg;
+	int R = b->n_rows, H = c->n_heads, KV = c->n_kv_heads, D = c->head_dim;
+	struct k_kv_layer *kv = &f->kv[l];
+
+	if (f->be->ops->qkv_prep) {
+		struct backend_qkv p = {
+			.rows = R, .n_heads = H, .kv_heads = KV, .head_dim = D, .qk_norm = c->qk_norm,
+			.eps = c->rms_norm_eps, .rope = &f->rope, .pos = b->pos, .slots = b->slots,
+			.kv = kv, .decode = rows_one_per_seq(b),
+		};
+
+		OP(f, qkv_prep, f->q, f->h, L, &p);
+	} else {
+		gqa_inputs(f, L, l, b);
+	}
+	OP(f, attn_gqa, f->attn, f->q, kv, &b->attn, H, KV, D, c->attn_scale);
+	linear_residual(f, f->x, f->h, f->attn, &L->wo, R);
+}
+
+/* MLA's q and the latent into the cache, op by op (backends without mla_prep): q_a
+ * and its norm first where there is q-LoRA. */
+static void mla_inputs(struct forward *f, const struct model_layer *L, int l,
+		       const struct fwd_batch *b, const struct backend_mla *p)
+{
+	const struct model_config *c = &f->m->cfg;
+	int R = b->n_rows, H = c->n_heads;
+	int qk = c->qk_nope_head_dim + c->qk_rope_head_dim, width = kv_width(c);
+
+	if (c->q_lora_rank > 0) {
+		OP(f, linear, f->q_a, f->h, &L->wq_a, R);
+		OP(f, rmsnorm, f->q_a, c->q_lora_rank, f->q_a, c->q_lora_rank, &L->q_a_norm, R,
+		   c->q_lora_rank, c->rms_norm_eps);
+		OP(f, linear, f->q, f->q_a, &L->wq_b, R);
+	} else {
+		OP(f, linear, f->q, f->h, &L->wq_b, R);
+	}
+	OP(f, linear, f->kv_a, f->h, &L->wkv_a, R);
+	if (f->be->ops->mla_post) {
+		OP(f, mla_post, f->q, f->kv_a, L, p);
+	} else {	/* the latent normalised, q_pe and the key rotated, then appended */
+		OP(f, rmsnorm, f->kv_a, width, f->kv_a, width, &L->kv_a_norm, R, c->kv_lora_rank,
+		   c->rms_norm_eps);
+		OP(f, rope, &f->rope, f->q + c->qk_nope_head_dim, R, H, H * qk, qk, b->pos);
+		OP(f, rope, &f->rope, f->kv_a + c->kv_lora_rank, R, 1, width, 0, b->pos);
+		OP(f, kv_write, f->kv[l].k, width, f->kv_a, R, b->slots);
+	}
+}
+
+/* DeepSeek multi-head latent attention, absorbed: the cache holds the normalised
+ * kv_lora latent and the rotated rope key of each token, never per-head K/V. */
+static int mla_attention(struct forward *f, const struct model_layer *L, int l,
+			 const struct fwd_batch *b)
+{
+	const struct model_config *c = &f->m->cfg;
+	int R = b->n_rows, H = c->n_heads;
+	struct k_mla_dims d = {
+		.n_heads = H, .nope_dim = c->qk_nope_head_dim, .rope_dim = c->qk_rope_head_dim,
+		.v_dim = c->v_head_dim, .kv_lora = c->kv_lora_rank,
+	};
+	struct backend_mla p = {
+		.rows = R, .n_heads = H, .nope_dim = c->qk_nope_head_dim,
+		.rope_dim = c->qk_rope_head_dim, .kv_lora = c->kv_lora_rank,
+		.eps = c->rms_norm_eps, .rope = &f->rope, .pos = b->pos, .slots = b->slots,
+		.kv = &f->kv[l],
+	};
+	int ret;
+
+	if (f->be->ops->mla_prep)	/* q(_a) and kv_a projections: one matrix */
+		OP(f, mla_prep, f->q, f->h, L, &p);
+	else
+		mla_inputs(f, L, l, b, &p);
+	ret = OP(f, attn_mla, f->attn, f->q, &L->wkv_b, &f->kv[l], &b->attn, &d, c->attn_scale);
+	if (ret)
+		return ret;
+	linear_residual(f, f->x, f->h, f->attn, &L->wo, R);
+	return 0;
+}
+
+/* SwiGLU MLP of width inter: h in, added to acc (rows, hidden); scratch (rows,
+ * hidden) may be h itself, which gate and up have consumed by then. */
+static void dense_mlp(struct forward *f, const struct model_layer *L, int R, int inter, float *acc,
+		      float *scratch)
+{
+	size_t n = (size_t)R * (size_t)inter;
+
+	if (f->be->ops->gate_up_silu) {
+		OP(f, gate_up_silu, f->gate, f->h, &L->w_gate, &L->w_up, R);
+	} else {
+		OP(f, linear, f->gate, f->h, &L->w_gate, R);
+		OP(f, linear, f->up, f->h, &L->w_up, R);
+		OP(f, silu_mul, f->gate, f->gate, f->up, n);
+	}
+	linear_residual(f, acc, scratch, f->gate, &L->w_down, R);
+}
+
+/* Routed experts plus the shared expert (DeepSeek): h in, added to the residual f->x
+ * (in one op where the backend fuses them, else by way of f->mlp). */
+static int moe_mlp(struct forward *f, const struct model_layer *L, int R)
+{
+	const struct model_config *c = &f->m->cfg;
+	struct k_moe_route_params route = c->route;
+	int shared = c->n_shared_experts > 0 ? c->moe_intermediate_size * c->n_shared_experts : 0;
+	int ret;
+
+	route.bias = L->router_bias;
+	OP(f, linear, f->router, f->h, &L->router, R);
+	OP(f, moe_route, &route, f->router, R, f->route_ids, f->route_w);
+	if (f->be->ops->moe_experts_add &&
+	    (ret = OP(f, moe_experts_add, f->x, f->h, R, f->route_ids, f->route_w, c->top_k, L,
+		      c->hidden_size, c->moe_intermediate_size, c->n_experts, shared)) <= 0)
+		return ret;	/* fused: the experts, the shared expert and the residual add */
+	ret = OP(f, moe_experts, f->mlp, f->h, R, f->route_ids, f->route_w, c->top_k, L,
+		 c->hidden_size, c->moe_intermediate_size, c->n_experts);
+	if (ret)
+		return ret;
+	if (shared > 0)
+		dense_mlp(f, L, R, shared, f->mlp, f->h);
+	OP(f, add, f->x, f->mlp, (size_t)R * c->hidden_size);
+	return 0;
+}
+
+static int forward_layer(struct forward *f, int l, const struct fwd_batch *b)
+{
+	const struct model_config *c = &f->m->cfg;
+	const struct model_layer *L = &f->m->layers[l];
+	int R = b->n_rows, ret = 0;
+
+	OP(f, rmsnorm, f->h, c->hidden_size, f->x, c->hidden_size, &L->attn_norm, R, c->hidden_size,
+	   c->rms_norm_eps);
+	if (c->mla)
+		ret = mla_attention(f, L, l, b);
+	else
+		gqa_attention(f, L, l, b);
+	if (ret)
+		return ret;
+
+	OP(f, rmsnorm, f->h, c->hidden_size, f->x, c->hidden_size, &L->ffn_norm, R, c->hidden_size,
+	   c->rms_norm_eps);
+	if (L->is_moe)
+		return moe_mlp(f, L, R);
+	dense_mlp(f, L, R, c->intermediate_size, f->x, f->mlp);
+	return 0;
+}
+
+/* The embedding and every layer: f->x holds the final residual stream after. */
+int forward_layers(struct forward *f, const struct fwd_batch *b)
+{
+	int ret;
+
+	OP(f, embed, f->x, b->tokens, b->n_rows, &f->m->embed);
+	for (int l = 0; l < f->m->cfg.n_layers; l++)
+		if ((ret = forward_layer(f, l, b)))
+			return ret;
+	return 0;
+}

@@ -1,0 +1,129 @@
+/* The standard forward pass: one definition per architecture family (GQA dense,
+ * GQA + MoE, MLA + MoE), composed from backend ops, over a paged KV cache. */
+#ifndef KD_DAEMON_FORWARD_H
+#define KD_DAEMON_FORWARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/backend/backend.h"
+#include "daemon/model/model.h"
+
+/* One step: rows are tokens of one or more sequences, a sequence's rows in order.
+ * Every row's K/V is written to its slot before any row attends, so rows of one
+ * prefill see each other (causally, through ctx). */
+struct fwd_batch {
+	int n_rows;
+	const int32_t *tokens;		/* (n_rows) ids, already checked < vocab */
+	const int32_t *pos;		/* (n_rows) position of the row's token in its sequence */
+	const int32_t *slots;		/* (n_rows) cache slot: block * block_tokens + pos % block_tokens */
+	struct k_attn_rows attn;	/* per row: ctx = pos + 1 and its block table */
+	int n_out;
+	const int32_t *out_rows;	/* (n_out) rows whose logits are wanted */
+};
+
+#define FWD_LOGIT_ROWS 64		/* rows of logits one lm_head call computes */
+#define FWD_GRAPH_MAX_ROWS 64		/* decode steps up to this many rows replay a graph */
+#define FWD_N_BUCKETS 7			/* graph batch buckets 1, 2, 4, ..., 64 */
+
+/* Step inputs in backend memory, for backends that cannot read host memory. One
+ * block holds a step's row inputs and then its block tables, laid out for the step's
+ * row count S (stage_layout): tokens, pos, slots, ctx (S int32 each), row_tables (S),
+ * params and steps (S each), tables (table_cap). A step's inputs are written into the
+ * host mirror and go over in one copy; a graph, captured at its bucket's S, finds
+ * them where it read them at capture. */
+struct fwd_stage {
+	char *block;			/* (block_bytes) backend memory */
+	char *h_block;			/* (block_bytes) host mirror, pinned where the backend can */
+	size_t block_bytes;
+	int table_cap;			/* tables entries the block holds at max_rows */
+	int layout_rows;		/* S of the pointers below */
+	int32_t *tokens, *pos, *slots, *ctx;	/* (S) into block */
+	const int32_t **row_tables;	/* (S) backend pointers into tables */
+	struct k_sample_params *params;	/* (S) */
+	uint64_t *steps;		/* (S) */
+	int32_t *tables;		/* (table_cap) the step's block tables, back to back */
+	int32_t *ids;			/* (FWD_LOGIT_ROWS) backend: sampled ids */
+	int32_t *h_ids;			/* (FWD_LOGIT_ROWS) host, pinned where the backend can */
+};
+
+/* Sampling requested for the out rows of the steps that follow (forward_sample_set):
+ * arrays over all out rows of one engine step, in order; host memory. */
+struct fwd_sample {
+	const struct k_sample_params *params;	/* (n) or NULL: no sampling */
+	const uint64_t *steps;			/* (n) */
+	int32_t *ids;				/* (n) out */
+	int n;
+	int done;				/* out rows sampled so far */
+	int want_logits;			/* 1: logits are downloaded as well */
+	const uint8_t *host_rows;		/* (n) or NULL: 1 = download this row's
+						 * logits (without want_logits) */
+};
+
+struct forward {
+	const struct model *m;
+	struct backend *be;
+	int max_rows;			/* rows one forward_run accepts */
+	int block_tokens;
+	int n_blocks;
+	struct k_rope rope;
+	struct k_kv_layer *kv;		/* (n_layers) caches in backend memory */
+	size_t kv_bytes;		/* all layers' cache */
+
+	/* scratch, backend memory, (max_rows, width) floats */
+	float *x;			/* (rows, hidden) residual stream */
+	float *h;			/* (rows, hidden) normed input / sublayer output */
+	float *q;			/* (rows, n_heads * qk_dim) */
+	float *k;			/* (rows, kv_heads * head_dim) GQA */
+	float *v;			/* (rows, kv_heads * head_dim) GQA */
+	float *q_a;			/* (rows, q_lora) MLA */
+	float *kv_a;			/* (rows, kv_lora + rope) MLA latent + rope part */
+	float *attn;			/* (rows, n_heads * v_dim) */
+	float *gate;			/* (rows, max_inter) */
+	float *up;			/* (rows, max_inter) */
+	float *mlp;			/* (rows, hidden) */
+	float *router;			/* (rows, n_experts) */
+	int32_t *route_ids;		/* (rows, top_k) */
+	float *route_w;			/* (rows, top_k) */
+	float *logits;			/* (FWD_LOGIT_ROWS, vocab) */
+
+	struct fwd_stage st;		/* used when !be->ops->host_memory */
+	struct fwd_sample sample;
+	int dummy_block;		/* block id (== n_blocks) that padding rows write to */
+	void *graphs[FWD_N_BUCKETS][2];	/* decode graphs per bucket, [0] logits, [1] sampled */
+	int graph_nodes[FWD_N_BUCKETS][2];	/* kernels (and copies) each graph replays */
+	int use_graphs;			/* backend can capture and the caller did not disable it */
+	uint64_t graph_replays;		/* steps that replayed a graph */
+};
+
+/* Allocates the caches (n_blocks of block_tokens tokens, every layer) and the scratch.
+ * Returns 0 or -errno with one line in err (numbers for out-of-memory). */
+int forward_create(struct forward **out, const struct model *m, struct backend *be,
+		   int n_blocks, int block_tokens, int max_rows, char *err, size_t err_len);
+void forward_destroy(struct forward *f);	/* accepts NULL and half-built */
+
+/* Bytes of KV cache one token takes over all layers (fp32 on the CPU backend). */
+size_t forward_kv_bytes_per_token(const struct model *m);
+
+/* Runs the batch and writes logits (n_out, vocab) to host memory. 0 or -errno.
+ * Decode-shaped batches (one out row per row, each row its own sequence, at most
+ * FWD_GRAPH_MAX_ROWS) replay a graph captured per batch bucket where the backend
+ * can capture; everything else runs op by op. */
+int forward_run(struct forward *f, const struct fwd_batch *b, float *logits);
+
+/* Asks the following forward_run calls to draw a token for each out row on the
+ * backend (which must have a sample op): n out rows in all, over one or more calls.
+ * With want_logits 0 the logits are not copied back. forward_sample_clear ends it. */
+void forward_sample_set(struct forward *f, const struct k_sample_params *params,
+			const uint64_t *steps, int32_t *ids, int n, int want_logits);
+void forward_sample_clear(struct forward *f);
+/* After forward_sample_set: also download the logits of the out rows flagged in
+ * rows (n, host memory, kept by the caller until forward_sample_clear). */
+void forward_sample_host_rows(struct forward *f, const uint8_t *rows);
+
+/* ---- forward_step.c internals shared with forward.c ---- */
+int forward_layers(struct forward *f, const struct fwd_batch *b);
+int forward_stage_create(struct forward *f, char *err, size_t err_len);
+void forward_stage_destroy(struct forward *f);
+
+#endif

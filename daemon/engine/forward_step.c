@@ -1,0 +1,485 @@
+/* One forward call end to end: the step's inputs moved to backend memory, the layers
+ * run op by op or replayed from a graph captured per batch bucket, then the final
+ * norm, lm_head, and either logits to the host or tokens sampled on the backend. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/base/clock.h"
+#include "daemon/base/log.h"
+#include "daemon/engine/forward.h"
+
+#define OP(f, name, ...) ((f)->be->ops->name((f)->be, __VA_ARGS__))
+
+/* ---- staging ------------------------------------------------------------ */
+
+static size_t align_up(size_t n, size_t a)
+{
+	return (n + a - 1) / a * a;
+}
+
+/* Byte offsets of the stage block's arrays for a step of S rows. */
+struct stage_offsets {
+	size_t tokens, pos, slots, ctx, row_tables, params, steps, tables;
+};
+
+static struct stage_offsets stage_offsets_of(size_t S)
+{
+	struct stage_offsets o;
+
+	o.tokens = 0;
+	o.pos = o.tokens + S * sizeof(int32_t);
+	o.slots = o.pos + S * sizeof(int32_t);
+	o.ctx = o.slots + S * sizeof(int32_t);
+	o.row_tables = align_up(o.ctx + S * sizeof(int32_t), 16);
+	o.params = align_up(o.row_tables + S * sizeof(int32_t *), 16);
+	o.steps = align_up(o.params + S * sizeof(struct k_sample_params), 16);
+	o.tables = align_up(o.steps + S * sizeof(uint64_t), 16);
+	return o;
+}
+
+/* Points the stage's arrays into the block as laid out for S rows. */
+static void stage_layout(struct fwd_stage *st, int S)
+{
+	struct stage_offsets o = stage_offsets_of((size_t)S);
+
+	st->layout_rows = S;
+	st->tokens = (int32_t *)(st->block + o.tokens);
+	st->pos = (int32_t *)(st->block + o.pos);
+	st->slots = (int32_t *)(st->block + o.slots);
+	st->ctx = (int32_t *)(st->block + o.ctx);
+	st->row_tables = (const int32_t **)(st->block + o.row_tables);
+	st->params = (struct k_sample_params *)(st->block + o.params);
+	st->steps = (uint64_t *)(st->block + o.steps);
+	st->tables = (int32_t *)(st->block + o.tables);
+}
+
+/* The host mirror of a place in the block. */
+static void *stage_host(const struct fwd_stage *st, const void *dev)
+{
+	return st->h_block + ((const char *)dev - st->block);
+}
+
+static void *host_alloc(struct forward *f, size_t bytes)
+{
+	return f->be->ops->host_alloc ? f->be->ops->host_alloc(f->be, bytes) : calloc(1, bytes);
+}
+
+static void host_free(struct forward *f, void *p)
+{
+	if (f->be->ops->host_free)
+		f->be->ops->host_free(f->be, p);
+	else
+		free(p);
+}
+
+/* A block for max_rows rows and table_cap table entries; replaces the old block. The
+ * old graphs read the old block, so they go too and are captured again. */
+static int stage_block_alloc(struct forward *f, int table_cap)
+{
+	struct fwd_stage *st = &f->st;
+	size_t bytes = stage_offsets_of((size_t)f->max_rows).tables + (size_t)table_cap * sizeof(int32_t);
+	char *d = f->be->ops->alloc(f->be, bytes), *h = host_alloc(f, bytes);
+
+	if (!h || !d) {
+		if (h)
+			host_free(f, h);
+		if (d)
+			f->be->ops->free(f->be, d);
+		return -ENOMEM;
+	}
+	if (st->block)
+		f->be->ops->free(f->be, st->block);
+	if (st->h_block)
+		host_free(f, st->h_block);
+	for (int i = 0; i < FWD_N_BUCKETS; i++)
+		for (int j = 0; j < 2; j++) {
+			if (f->graphs[i][j])
+				f->be->ops->graph_destroy(f->be, f->graphs[i][j]);
+			f->graphs[i][j] = NULL;
+		}
+	st->block = d;
+	st->h_block = h;
+	st->block_bytes = bytes;
+	st->table_cap = table_cap;
+	stage_layout(st, f->max_rows);
+	return 0;
+}
+
+int forward_stage_create(struct forward *f, char *err, size_t err_len)
+{
+	struct fwd_stage *st = &f->st;
+
+	st->ids = f->be->ops->alloc(f->be, FWD_LOGIT_ROWS * sizeof(*st->ids));
+	st->h_ids = host_alloc(f, FWD_LOGIT_ROWS * sizeof(*st->h_ids));
+	if (!st->ids || !st->h_ids || stage_block_alloc(f, f->n_blocks + 2 * f->max_rows + 1)) {
+		snprintf(err, err_len, "%s backend: out of memory for the step's inputs", f->be->ops->name);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+void forward_stage_destroy(struct forward *f)
+{
+	struct fwd_stage *st = &f->st;
+
+	if (st->block)
+		f->be->ops->free(f->be, st->block);
+	if (st->ids)
+		f->be->ops->free(f->be, st->ids);
+	if (st->h_block)
+		host_free(f, st->h_block);
+	if (st->h_ids)
+		host_free(f, st->h_ids);
+	memset(st, 0, sizeof(*st));
+}
+
+/* Where sequence runs end: rows of one sequence are consecutive and share a table. */
+static int run_end(const struct fwd_batch *b, int r)
+{
+	while (r + 1 < b->n_rows && b->attn.blocks[r + 1] == b->attn.blocks[r])
+		r++;
+	return r;
+}
+
+/* Table entries the batch's step needs: each sequence's table once, long enough for
+ * its last row, then a one-entry table for padding rows. */
+static int stage_tables_need(const struct forward *f, const struct fwd_batch *b)
+{
+	int need = 1;
+
+	for (int r = 0, end; r < b->n_rows; r = end + 1) {
+		end = run_end(b, r);
+		need += (b->attn.ctx[end] + f->block_tokens - 1) / f->block_tokens;
+	}
+	return need;
+}
+
+/* Fills the host mirror's tables and row_tables (backend pointers into tables) for
+ * n_rows rows; returns the table entries used. */
+static int stage_tables(struct forward *f, const struct fwd_batch *b, int n_rows)
+{
+	struct fwd_stage *st = &f->st;
+	int32_t *h_tables = stage_host(st, st->tables);
+	const int32_t **h_row_tables = stage_host(st, st->row_tables);
+	int bt = f->block_tokens, used = 0;
+
+	for (int r = 0, end; r < b->n_rows; r = end + 1) {
+		int len;
+
+		end = run_end(b, r);
+		len = (b->attn.ctx[end] + bt - 1) / bt;
+		memcpy(h_tables + used, b->attn.blocks[r], (size_t)len * sizeof(int32_t));
+		for (int i = r; i <= end; i++)
+			h_row_tables[i] = st->tables + used;
+		used += len;
+	}
+	h_tables[used] = f->dummy_block;
+	for (int i = b->n_rows; i < n_rows; i++)
+		h_row_tables[i] = st->tables + used;
+	return used + 1;
+}
+
+/* Copies the host mirror's [dev, dev + bytes) to the block. */
+static int stage_upload(struct forward *f, const void *dev, size_t bytes)
+{
+	return f->be->ops->upload(f->be, (void *)dev, stage_host(&f->st, dev), bytes);
+}
+
+/* Writes b's inputs into the host mirror as n_rows rows (n_rows > b->n_rows pads
+ * with rows that read and write only the dummy block), laid out for n_rows, and fills
+ * *db to match. Returns the bytes of the block to upload (through the tables used),
+ * or -errno. The sampling parameters go in between (sample_fill) before the upload. */
+static long stage_batch(struct forward *f, const struct fwd_batch *b, int n_rows, struct fwd_batch *db)
+{
+	struct fwd_stage *st = &f->st;
+	size_t n = (size_t)b->n_rows;
+	int32_t *tok, *pos, *slots, *ctx;
+	int need, used, max_ctx = 1, n_seqs = 0;
+
+	need = stage_tables_need(f, b);
+	if (need > st->table_cap && stage_block_alloc(f, 2 * need))
+		return -ENOMEM;
+	stage_layout(st, n_rows);
+	used = stage_tables(f, b, n_rows);
+	for (int r = 0; r < b->n_rows; r = run_end(b, r) + 1)
+		n_seqs++;
+	n_seqs += n_rows - b->n_rows;	/* each padding row on its own */
+	for (int r = 0; r < b->n_rows; r++)
+		if (b->attn.ctx[r] > max_ctx)
+			max_ctx = b->attn.ctx[r];
+
+	/* real rows, then padding: token 0 at position 0 in the dummy block */
+	tok = stage_host(st, st->tokens);
+	pos = stage_host(st, st->pos);
+	slots = stage_host(st, st->slots);
+	ctx = stage_host(st, st->ctx);
+	memcpy(tok, b->tokens, n * sizeof(int32_t));
+	memcpy(pos, b->pos, n * sizeof(int32_t));
+	memcpy(slots, b->slots, n * sizeof(int32_t));
+	memcpy(ctx, b->attn.ctx, n * sizeof(int32_t));
+	for (size_t i = n; i < (size_t)n_rows; i++) {
+		tok[i] = 0;
+		pos[i] = 0;
+		slots[i] = f->dummy_block * f->block_tokens;
+		ctx[i] = 1;
+	}
+
+	*db = (struct fwd_batch){
+		.n_rows = n_rows,
+		.tokens = st->tokens,
+		.pos = st->pos,
+		.slots = st->slots,
+		.attn = { .n_rows = n_rows, .max_ctx = max_ctx, .n_seqs = n_seqs, .ctx = st->ctx,
+			  .blocks = st->row_tables },
+		.n_out = b->n_out,
+		.out_rows = b->out_rows,	/* host: forward_logits reads them */
+	};
+	return (long)((const char *)(st->tables + used) - st->block);
+}
+
+/* ---- logits and sampling -------------------------------------------------- */
+
+void forward_sample_set(struct forward *f, const struct k_sample_params *params,
+			const uint64_t *steps, int32_t *ids, int n, int want_logits)
+{
+	f->sample = (struct fwd_sample){ .params = params, .steps = steps, .ids = ids, .n = n,
+					 .want_logits = want_logits };
+}
+
+void forward_sample_host_rows(struct forward *f, const uint8_t *rows)
+{
+	f->sample.host_rows = rows;
+}
+
+void forward_sample_clear(struct forward *f)
+{
+	memset(&f->sample, 0, sizeof(f->sample));
+}
+
+static int sampling(const struct forward *f)
+{
+	return f->sample.params && f->be->ops->sample;
+}
+
+/* Writes the sampling parameters of the next n out rows into the host mirror. */
+static int sample_fill(struct forward *f, int n)
+{
+	const struct fwd_sample *s = &f->sample;
+	struct fwd_stage *st = &f->st;
+
+	if (s->done + n > s->n || n > st->layout_rows)
+		return -EINVAL;
+	memcpy(stage_host(st, st->params), s->params + s->done, (size_t)n * sizeof(*s->params));
+	memcpy(stage_host(st, st->steps), s->steps + s->done, (size_t)n * sizeof(*s->steps));
+	return 0;
+}
+
+/* Fills and uploads them, for a step run op by op. */
+static int sample_stage(struct forward *f, int n)
+{
+	int ret;
+
+	if ((ret = sample_fill(f, n)) ||
+	    (ret = stage_upload(f, f->st.params, (size_t)n * sizeof(*f->st.params))))
+		return ret;
+	return stage_upload(f, f->st.steps, (size_t)n * sizeof(*f->st.steps));
+}
+
+/* Final norm and lm_head of out rows [o, o + n) into f->logits, then the draw. */
+static void logits_ops(struct forward *f, const struct fwd_batch *b, int o, int n, int all_rows)
+{
+	const struct model_config *c = &f->m->cfg;
+	int hidden = c->hidden_size;
+
+	if (all_rows) {
+		OP(f, rmsnorm, f->h, hidden, f->x + (size_t)o * hidden, hidden, &f->m->final_norm, n,
+		   hidden, c->rms_norm_eps);
+	} else {
+		for (int i = 0; i < n; i++)
+			OP(f, rmsnorm, f->h + (size_t)i * hidden, hidden,
+			   f->x + (size_t)b->out_rows[o + i] * hidden, hidden, &f->m->final_norm, 1,
+			   hidden, c->rms_norm_eps);
+	}
+	OP(f, linear, f->logits, f->h, &f->m->lm_head, n);
+	if (sampling(f))
+		OP(f, sample, f->st.ids, f->logits, n, c->vocab_size, f->st.params, f->st.steps);
+}
+
+/* What logits_ops left: logits to the host (when wanted), ids to the caller. */
+static int logits_collect(struct forward *f, int n, float *logits)
+{
+	struct backend *be = f->be;
+	size_t row_bytes = (size_t)f->m->cfg.vocab_size * sizeof(float);
+	int ret;
+
+	if (!sampling(f) || f->sample.want_logits) {
+		if ((ret = be->ops->download(be, logits, f->logits, (size_t)n * row_bytes)))
+			return ret;
+	} else if (f->sample.host_rows) {
+		for (int i = 0; i < n; i++) {
+			size_t off = (size_t)i * f->m->cfg.vocab_size;
+
+			if (f->sample.host_rows[f->sample.done + i] &&
+			    (ret = be->ops->download(be, logits + off, f->logits + off, row_bytes)))
+				return ret;
+		}
+	}
+	if (sampling(f)) {
+		if ((ret = be->ops->download(be, f->st.h_ids, f->st.ids, (size_t)n * sizeof(int32_t))))
+			return ret;
+		memcpy(f->sample.ids + f->sample.done, f->st.h_ids, (size_t)n * sizeof(int32_t));
+		f->sample.done += n;
+	}
+	return 0;
+}
+
+static int out_rows_are_all(const struct fwd_batch *b)
+{
+	if (b->n_out != b->n_rows)
+		return 0;
+	for (int i = 0; i < b->n_out; i++)
+		if (b->out_rows[i] != i)
+			return 0;
+	return 1;
+}
+
+static int run_eager(struct forward *f, const struct fwd_batch *b, float *logits)
+{
+	size_t vocab = (size_t)f->m->cfg.vocab_size;
+	int all = out_rows_are_all(b), ret;
+
+	if ((ret = forward_layers(f, b)))
+		return ret;
+	for (int o = 0; o < b->n_out; o += FWD_LOGIT_ROWS) {
+		int n = b->n_out - o < FWD_LOGIT_ROWS ? b->n_out - o : FWD_LOGIT_ROWS;
+
+		if (sampling(f) && (ret = sample_stage(f, n)))
+			return ret;
+		logits_ops(f, b, o, n, all);
+		if ((ret = logits_collect(f, n, logits + (size_t)o * vocab)))
+			return ret;
+	}
+	return f->be->ops->sync(f->be);
+}
+
+/* ---- decode graphs -------------------------------------------------------- */
+
+static int bucket_of(int rows, int *size)
+{
+	int i = 0;
+
+	for (*size = 1; *size < rows; *size *= 2)
+		i++;
+	return i;
+}
+
+/* A decode step: every row its own sequence and an out row, few enough rows, and a
+ * bucket no larger than the scratch (max_rows). */
+static int graph_eligible(const struct forward *f, const struct fwd_batch *b)
+{
+	int size;
+
+	bucket_of(b->n_rows, &size);
+	if (!f->use_graphs || b->n_rows > FWD_GRAPH_MAX_ROWS || size > f->max_rows ||
+	    !out_rows_are_all(b))
+		return 0;
+	for (int r = 1; r < b->n_rows; r++)
+		if (b->attn.blocks[r] == b->attn.blocks[r - 1])
+			return 0;
+	return 1;
+}
+
+/* Records one decode step of `size` rows reading the staged inputs. The attention
+ * launches are sized for the whole cache, so any context fits a replay. */
+static int graph_capture(struct forward *f, const struct fwd_batch *db, int size, void **graph,
+			 int *n_nodes)
+{
+	struct backend *be = f->be;
+	struct fwd_batch cb = *db;
+	int ret, ret2;
+
+	cb.attn.max_ctx = f->n_blocks * f->block_tokens;
+	cb.n_out = size;
+	/* one eager pass first, so that every linear shape of the step is seen outside a
+	 * capture once (the CUDA backend times its cuBLASLt candidates then); the replay
+	 * writes the same K/V again */
+	if ((ret = forward_layers(f, &cb)))
+		return ret;
+	OP(f, linear, f->logits, f->h, &f->m->lm_head, size);
+	if ((ret = be->ops->sync(be)))
+		return ret;
+	if ((ret = be->ops->capture_begin(be)))
+		return ret;
+	ret = forward_layers(f, &cb);
+	if (!ret)
+		logits_ops(f, &cb, 0, size, 1);
+	ret2 = be->ops->capture_end(be, graph, n_nodes);
+	return ret ? ret : ret2;
+}
+
+static int run_graph(struct forward *f, const struct fwd_batch *b, float *logits)
+{
+	int size, bucket = bucket_of(b->n_rows, &size), s = sampling(f), ret;
+	struct fwd_batch db;
+	void **graph = &f->graphs[bucket][s];
+
+	long bytes = stage_batch(f, b, size, &db);
+
+	if (bytes < 0)
+		return (int)bytes;
+	if (s) {
+		if ((ret = sample_fill(f, b->n_rows)))
+			return ret;
+		/* padding rows draw greedily from their dummy logits */
+		memset((struct k_sample_params *)stage_host(&f->st, f->st.params) + b->n_rows, 0,
+		       (size_t)(size - b->n_rows) * sizeof(*f->st.params));
+		memset((uint64_t *)stage_host(&f->st, f->st.steps) + b->n_rows, 0,
+		       (size_t)(size - b->n_rows) * sizeof(*f->st.steps));
+	}
+	/* the step's inputs, sampling parameters and tables in one copy */
+	if ((ret = stage_upload(f, f->st.block, (size_t)bytes)))
+		return ret;
+	if (!*graph) {
+		double t0 = clock_now();
+
+		if ((ret = graph_capture(f, &db, size, graph, &f->graph_nodes[bucket][s]))) {
+			log_warn("forward: capturing the %d-row decode graph failed (%s); running op by op",
+				 size, strerror(-ret));
+			f->use_graphs = 0;
+			return -EAGAIN;
+		}
+		log_info("forward: captured the %d-row decode graph%s in %.1f ms: %d nodes", size,
+			 s ? " with sampling" : "", (clock_now() - t0) * 1e3, f->graph_nodes[bucket][s]);
+	}
+	if ((ret = f->be->ops->graph_launch(f->be, *graph)))
+		return ret;
+	f->graph_replays++;
+	if ((ret = logits_collect(f, b->n_rows, logits)))
+		return ret;
+	return f->be->ops->sync(f->be);
+}
+
+int forward_run(struct forward *f, const struct fwd_batch *b, float *logits)
+{
+	struct fwd_batch db;
+	long bytes;
+	int ret;
+
+	if (b->n_rows <= 0 || b->n_rows > f->max_rows || b->n_out < 0 || b->n_out > b->n_rows)
+		return -EINVAL;
+	if (f->be->ops->host_memory)
+		return run_eager(f, b, logits);
+	if (graph_eligible(f, b)) {
+		ret = run_graph(f, b, logits);
+		if (ret != -EAGAIN)
+			return ret;
+	}
+	bytes = stage_batch(f, b, b->n_rows, &db);
+	if (bytes < 0)
+		return (int)bytes;
+	if ((ret = stage_upload(f, f->st.block, (size_t)bytes)))
+		return ret;
+	return run_eager(f, &db, logits);
+}

@@ -1,0 +1,358 @@
+/* kdbench: run the engine in-process on a model. `logits` writes float32 logits for a
+ * token list (the correctness oracle's format); `generate` greedy-decodes and reports
+ * time to first token and tokens/s. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "daemon/base/cli.h"
+#include "daemon/base/clock.h"
+#include "daemon/base/log.h"
+#include "daemon/engine/engine.h"
+#include "daemon/kdbench/kdbench.h"
+#include "daemon/model/model.h"
+
+#define MAX_TOKENS_ARG (1 << 20)
+
+struct bench_args {
+	const char *cmd;
+	const char *model;
+	const char *tokens;		/* logits: --tokens; generate: --prompt */
+	const char *out;
+	long max_tokens;
+	int incremental;
+	struct spec_opts spec;		/* generate --spec; k == 0: off */
+	struct model_load_opts load;
+	struct engine_opts eng;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kdbench logits   --model DIR|FILE.gguf --tokens 1,2,3 --out FILE [--incremental] [options]\n"
+		"       kdbench generate --model DIR|FILE.gguf --prompt 1,2,3 --max-tokens N [options]\n"
+		"       kdbench decode   --model DIR|FILE.gguf|CONFIG.json [--batch 1,8,32,64 --ctx 1024 ...]  (decode --help)\n"
+		"       kdbench agent    --socket PATH [--sessions N --duration S ...]  (agent --help)\n"
+		"\n"
+		"  logits    write float32 little-endian logits, row-major [T, vocab]; row t sees\n"
+		"            tokens 0..t. Default: one prefill; --incremental feeds the tokens one\n"
+		"            at a time through the KV cache.\n"
+		"  generate  greedy-generate N tokens; the new ids go to stdout on one line, timing\n"
+		"            (time to first token, tokens/s) to stderr.\n"
+		"\n"
+		"options:\n"
+		"  --backend NAME        cpu (default) or cuda\n"
+		"  --threads N           CPU threads (default: all online CPUs)\n"
+		"  --synthetic-weights   deterministic random weights; --model may be a config.json\n"
+		"  --seed S              seed of the synthetic weights (default 0)\n"
+		"  --layers N            keep only the first N layers (benchmarks of huge configs)\n"
+		"  --kv-tokens N         KV cache capacity in tokens (default %d)\n"
+		"  --block-size N        tokens per KV block (default %d)\n"
+		"  --spec ngram:k=N[,n=M]  generate: n-gram speculative decoding, N drafts per\n"
+		"                        step matching the last M..1 tokens (default M %d)\n"
+		"  --log-level L         error, warn, info (default), debug\n"
+		"  --version, --help\n",
+		ENGINE_DEFAULT_KV_TOKENS, ENGINE_DEFAULT_BLOCK_TOKENS, SPEC_DEFAULT_N);
+}
+
+static int parse_num(const char *opt, const char *s, long min, long max, long *out)
+{
+	if (cli_parse_long(s, min, max, out)) {
+		fprintf(stderr, "kdbench: %s '%s': want an integer in [%ld, %ld]\n", opt, s, min, max);
+		return -1;
+	}
+	return 0;
+}
+
+static int parse_args(int argc, char **argv, struct bench_args *a)
+{
+	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_SEED, O_LAYERS, O_KV, O_BLOCK, O_LOG,
+	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC };
+	static const struct option opts[] = {
+		{ "model", required_argument, NULL, 'm' },
+		{ "tokens", required_argument, NULL, 't' },
+		{ "prompt", required_argument, NULL, 'p' },
+		{ "out", required_argument, NULL, 'o' },
+		{ "max-tokens", required_argument, NULL, O_MAXTOK },
+		{ "incremental", no_argument, NULL, O_INCR },
+		{ "spec", required_argument, NULL, O_SPEC },
+		{ "backend", required_argument, NULL, O_BACKEND },
+		{ "threads", required_argument, NULL, O_THREADS },
+		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
+		{ "seed", required_argument, NULL, O_SEED },
+		{ "layers", required_argument, NULL, O_LAYERS },
+		{ "kv-tokens", required_argument, NULL, O_KV },
+		{ "block-size", required_argument, NULL, O_BLOCK },
+		{ "log-level", required_argument, NULL, O_LOG },
+		{ "version", no_argument, NULL, O_VERSION },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	long v;
+	int c;
+
+	if (argc < 2 || argv[1][0] == '-') {
+		if (argc >= 2 && !strcmp(argv[1], "--version")) {
+			printf("kdbench (kdec) %s\n", PACKAGE_VERSION);
+			exit(0);
+		}
+		usage(argc >= 2 && !strcmp(argv[1], "--help") ? stdout : stderr);
+		exit(argc >= 2 && !strcmp(argv[1], "--help") ? 0 : 2);
+	}
+	a->cmd = argv[1];
+	a->max_tokens = -1;
+	optind = 2;
+	while ((c = getopt_long(argc, argv, "m:t:p:o:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'm': a->model = optarg; break;
+		case 't': a->tokens = optarg; break;
+		case 'p': a->tokens = optarg; break;
+		case 'o': a->out = optarg; break;
+		case O_INCR: a->incremental = 1; break;
+		case O_SPEC: {
+			char err[256];
+
+			if (spec_parse(optarg, &a->spec, err, sizeof(err))) {
+				fprintf(stderr, "kdbench: %s\n", err);
+				return -1;
+			}
+			break;
+		}
+		case O_BACKEND: a->eng.backend = optarg; break;
+		case O_SYNTH: a->load.synthetic = 1; break;
+		case O_MAXTOK:
+			if (parse_num("--max-tokens", optarg, 1, MAX_TOKENS_ARG, &a->max_tokens))
+				return -1;
+			break;
+		case O_THREADS:
+			if (parse_num("--threads", optarg, 1, 1024, &v))
+				return -1;
+			a->eng.threads = (int)v;
+			break;
+		case O_SEED:
+			if (parse_num("--seed", optarg, 0, __LONG_MAX__, &v))
+				return -1;
+			a->load.seed = (uint64_t)v;
+			break;
+		case O_LAYERS:
+			if (parse_num("--layers", optarg, 1, MODEL_MAX_LAYERS, &v))
+				return -1;
+			a->load.n_layers = (int)v;
+			break;
+		case O_KV:
+			if (parse_num("--kv-tokens", optarg, 1, 1L << 28, &v))
+				return -1;
+			a->eng.kv_tokens = (int)v;
+			break;
+		case O_BLOCK:
+			if (parse_num("--block-size", optarg, 1, 4096, &v))
+				return -1;
+			a->eng.block_tokens = (int)v;
+			break;
+		case O_LOG:
+			if (log_level_parse(optarg, &log_threshold)) {
+				fprintf(stderr, "kdbench: --log-level '%s': want error, warn, info or debug\n", optarg);
+				return -1;
+			}
+			break;
+		case O_VERSION:
+			printf("kdbench (kdec) %s\n", PACKAGE_VERSION);
+			exit(0);
+		case 'h':
+			usage(stdout);
+			exit(0);
+		default:
+			usage(stderr);
+			return -1;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kdbench: unexpected argument '%s'\n", argv[optind]);
+		return -1;
+	}
+	if (!a->model) {
+		fprintf(stderr, "kdbench %s: --model DIR|FILE.gguf is required\n", a->cmd);
+		return -1;
+	}
+	return 0;
+}
+
+static int open_engine(const struct bench_args *a, struct model **m, struct engine **e)
+{
+	char err[512] = "";
+	double t0 = clock_now(), t1;
+	int64_t params = 0;
+	int ret;
+
+	ret = model_load(m, a->model, &a->load, err, sizeof(err));
+	if (ret) {
+		fprintf(stderr, "kdbench: %s\n", err[0] ? err : strerror(-ret));
+		return ret;
+	}
+	t1 = clock_now();
+	ret = engine_create(e, *m, &a->eng, err, sizeof(err));
+	if (ret) {
+		fprintf(stderr, "kdbench: %s\n", err[0] ? err : strerror(-ret));
+		return ret;
+	}
+	model_count_params(&(*m)->cfg, &params);
+	log_info("model %s: %s, %d layers, hidden %d, vocab %d, %.3f B parameters, %.1f MiB of %sweights, "
+		 "loaded in %.3f s; KV cache %.1f MiB (%d blocks of %d tokens)",
+		 a->model, (*m)->cfg.model_type, (*m)->cfg.n_layers, (*m)->cfg.hidden_size,
+		 (*m)->cfg.vocab_size, (double)params / 1e9, (double)(*m)->weight_bytes / (1 << 20),
+		 (*m)->synthetic ? "synthetic " : "", t1 - t0, (double)(*e)->fwd->kv_bytes / (1 << 20),
+		 (*e)->pool.n_blocks, (*e)->pool.block_tokens);
+	return 0;
+}
+
+static int write_all(const char *path, const float *v, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+	int ok;
+
+	if (!f) {
+		fprintf(stderr, "kdbench: %s: %s\n", path, strerror(errno));
+		return -errno;
+	}
+	ok = fwrite(v, sizeof(float), n, f) == n;
+	ok = (fclose(f) == 0) && ok;
+	if (!ok) {
+		fprintf(stderr, "kdbench: %s: write failed: %s\n", path, strerror(errno));
+		return -EIO;
+	}
+	return 0;
+}
+
+static int cmd_logits(const struct bench_args *a, struct engine *e, const int32_t *ids, int n)
+{
+	size_t vocab = (size_t)e->model->cfg.vocab_size;
+	struct engine_seq seq;
+	char err[256] = "";
+	float *logits;
+	int ret = 0;
+
+	if (!a->out) {
+		fprintf(stderr, "kdbench logits: --out FILE is required\n");
+		return -EINVAL;
+	}
+	logits = malloc((size_t)n * vocab * sizeof(float));
+	if (!logits) {
+		fprintf(stderr, "kdbench logits: %d x %zu logits need %.2f GiB: out of memory\n", n, vocab,
+			(double)n * (double)vocab * sizeof(float) / (1u << 30));
+		return -ENOMEM;
+	}
+	engine_seq_init(&seq);
+	if (a->incremental) {
+		for (int t = 0; t < n && !ret; t++) {
+			struct engine_req r = { .seq = &seq, .tokens = &ids[t], .n_tokens = 1 };
+
+			ret = engine_step(e, &r, 1, logits + (size_t)t * vocab, err, sizeof(err));
+		}
+	} else {
+		struct engine_req r = { .seq = &seq, .tokens = ids, .n_tokens = n, .all_logits = 1 };
+
+		ret = engine_step(e, &r, 1, logits, err, sizeof(err));
+	}
+	if (ret)
+		fprintf(stderr, "kdbench logits: %s\n", err);
+	else
+		ret = write_all(a->out, logits, (size_t)n * vocab);
+	engine_seq_release(e, &seq);
+	free(logits);
+	return ret;
+}
+
+static int cmd_generate(const struct bench_args *a, struct engine *e, const int32_t *ids, int n)
+{
+	struct k_sample_params greedy = { .temperature = 0 };
+	struct engine_seq seq;
+	struct engine_req r;
+	char err[256] = "";
+	double t0, t_first, t_end;
+	uint64_t step = 0;
+	int32_t tok;
+	int ret;
+
+	if (a->max_tokens < 1) {
+		fprintf(stderr, "kdbench generate: --max-tokens N is required\n");
+		return -EINVAL;
+	}
+	if (a->spec.k)
+		return kdbench_generate_spec(e, ids, n, a->max_tokens, &a->spec);
+	engine_seq_init(&seq);
+	t0 = clock_now();
+	r = (struct engine_req){ .seq = &seq, .tokens = ids, .n_tokens = n };
+	ret = engine_step_sample(e, &r, 1, &greedy, &step, &tok, NULL, err, sizeof(err));
+	t_first = t_end = clock_now();
+	for (long i = 0; !ret && i < a->max_tokens; i++) {
+		printf("%s%d", i ? " " : "", tok);
+		fflush(stdout);
+		if (i + 1 == a->max_tokens)
+			break;
+		r = (struct engine_req){ .seq = &seq, .tokens = &tok, .n_tokens = 1 };
+		step = (uint64_t)i + 1;
+		ret = engine_step_sample(e, &r, 1, &greedy, &step, &tok, NULL, err, sizeof(err));
+		t_end = clock_now();
+	}
+	printf("\n");
+	fflush(stdout);	/* the ids before the timing when both go to one terminal */
+	if (ret) {
+		fprintf(stderr, "kdbench generate: %s\n", err);
+	} else {
+		double decode = t_end - t_first;
+
+		fprintf(stderr, "prompt %d tokens: time to first token %.2f ms (%.1f tokens/s prefill)\n",
+			n, (t_first - t0) * 1e3, n / (t_first - t0));
+		if (a->max_tokens > 1)
+			fprintf(stderr, "decode %ld tokens: %.2f ms/token, %.1f tokens/s\n",
+				a->max_tokens - 1, decode * 1e3 / (double)(a->max_tokens - 1),
+				(double)(a->max_tokens - 1) / decode);
+	}
+	engine_seq_release(e, &seq);
+	return ret;
+}
+
+int main(int argc, char **argv)
+{
+	struct bench_args a = { 0 };
+	struct model *m = NULL;
+	struct engine *e = NULL;
+	int32_t *ids = NULL;
+	char err[256];
+	int n = 0, ret;
+
+	if (argc >= 2 && !strcmp(argv[1], "decode"))
+		return kdbench_decode_main(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "kvcache"))
+		return kdbench_kvcache_main(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "ipc"))
+		return kdbench_ipc_main(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "agent"))
+		return kdbench_agent_main(argc - 1, argv + 1);
+
+	if (parse_args(argc, argv, &a))
+		return 2;
+	if (strcmp(a.cmd, "logits") && strcmp(a.cmd, "generate")) {
+		fprintf(stderr, "kdbench: unknown command '%s' (logits, generate)\n", a.cmd);
+		return 2;
+	}
+	if (!a.tokens) {
+		fprintf(stderr, "kdbench %s: %s is required\n", a.cmd,
+			!strcmp(a.cmd, "logits") ? "--tokens 1,2,3" : "--prompt 1,2,3");
+		return 2;
+	}
+	if ((ret = cli_parse_tokens(a.tokens, MAX_TOKENS_ARG, &ids, &n, err, sizeof(err)))) {
+		fprintf(stderr, "kdbench %s: %s\n", a.cmd, err);
+		return 2;
+	}
+	ret = open_engine(&a, &m, &e);
+	if (!ret)
+		ret = !strcmp(a.cmd, "logits") ? cmd_logits(&a, e, ids, n) : cmd_generate(&a, e, ids, n);
+	engine_destroy(e);
+	model_destroy(m);
+	free(ids);
+	return ret ? 1 : 0;
+}

@@ -1,0 +1,21 @@
+/* kdbench's subcommands that live in files of their own: each takes the arguments
+ * after "kdbench" (argv[0] is the subcommand) and returns the exit status. */
+#ifndef KD_DAEMON_KDBENCH_H
+#define KD_DAEMON_KDBENCH_H
+
+#include <stdint.h>
+
+#include "daemon/engine/engine.h"
+#include "daemon/engine/spec_ngram.h"
+
+int kdbench_decode_main(int argc, char **argv);		/* kdbench_decode.c */
+int kdbench_kvcache_main(int argc, char **argv);		/* kdbench_kvcache.c */
+int kdbench_ipc_main(int argc, char **argv);		/* kdbench_ipc.c */
+int kdbench_agent_main(int argc, char **argv);		/* kdbench_agent.c */
+
+/* generate with n-gram speculation (kdbench_spec.c): the ids of max_tokens greedy
+ * tokens after ids[0..n) to stdout, timing and acceptance to stderr. 0 or -errno. */
+int kdbench_generate_spec(struct engine *e, const int32_t *ids, int n, long max_tokens,
+			  const struct spec_opts *so);
+
+#endif

@@ -1,0 +1,411 @@
+/* kdbench decode: the latency of one decode step at each batch size, beside the
+ * floor that HBM bandwidth puts under it (bytes the step must read / bandwidth).
+ * Each batch size gets its own sequences, prefilled with distinct random prompts. */
+#include "config.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/base/cli.h"
+#include "daemon/base/clock.h"
+#include "daemon/base/log.h"
+#include "daemon/engine/engine.h"
+#include "daemon/kdbench/kdbench.h"
+#include "daemon/model/model.h"
+#ifdef KD_HAVE_CUDA
+#include "kernels/cuda/k_cuda.h"
+#endif
+
+#define MAX_BATCHES 16
+#define DEFAULT_HBM_TBS 4.25	/* H200, measured read bandwidth (DEVICE.md) */
+
+struct decode_args {
+	const char *model;
+	int batches[MAX_BATCHES];
+	int n_batches;
+	int ctx, steps, warmup, no_graphs;
+	double hbm_tbs;
+	const char *out;
+	struct model_load_opts load;
+	struct engine_opts eng;
+};
+
+struct decode_result {
+	int batch, ctx;
+	double prefill_s;
+	double p50_ms, p90_ms, min_ms;
+	double replay_ms;	/* p50 of the step's graph replayed alone (launch + sync), 0 without */
+	int launches;
+	double weight_gb, kv_gb, floor_ms;
+};
+
+static void decode_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: kdbench decode --model DIR|FILE.gguf|CONFIG.json [--synthetic-weights] [options]\n"
+		"\n"
+		"  Median latency of a decode step at each batch size after a prefill of --ctx\n"
+		"  random tokens per sequence, with the bytes the step must read (weights it\n"
+		"  touches + KV cache) and the floor those bytes put under it at --hbm-tbs.\n"
+		"  replay_ms: the step's graph replayed alone (0 without graphs); p50 minus it is\n"
+		"  what the host adds to a step.\n"
+		"\n"
+		"  --batch LIST          batch sizes (default 1,8,32,64)\n"
+		"  --ctx N               context per sequence before the timed steps (default 1024)\n"
+		"  --steps N             timed steps per batch size (default 64)\n"
+		"  --warmup N            untimed steps first (default 8)\n"
+		"  --backend NAME        cpu or cuda (default cpu)\n"
+		"  --synthetic-weights   random weights; --model may be a config.json\n"
+		"  --layers N            keep only the first N layers\n"
+		"  --kv-tokens N         KV cache capacity (default: what the largest batch needs)\n"
+		"  --threads N           CPU threads\n"
+		"  --no-graphs           run every step op by op\n"
+		"  --hbm-tbs X           bandwidth of the floor in TB/s (default %.2f)\n"
+		"  --out FILE            append one JSON line per batch size\n",
+		DEFAULT_HBM_TBS);
+}
+
+static int parse_batches(const char *s, struct decode_args *a)
+{
+	int32_t *v = NULL;
+	char err[128];
+	int n = 0;
+
+	if (cli_parse_tokens(s, MAX_BATCHES, &v, &n, err, sizeof(err)) || n == 0) {
+		fprintf(stderr, "kdbench decode: --batch '%s': want up to %d sizes like 1,8,32,64\n", s,
+			MAX_BATCHES);
+		free(v);
+		return -1;
+	}
+	for (int i = 0; i < n; i++) {
+		if (v[i] < 1 || v[i] > 1024) {
+			fprintf(stderr, "kdbench decode: --batch %d: want 1..1024\n", v[i]);
+			free(v);
+			return -1;
+		}
+		a->batches[i] = v[i];
+	}
+	a->n_batches = n;
+	free(v);
+	return 0;
+}
+
+static int num(const char *opt, const char *s, long min, long max, long *out)
+{
+	if (cli_parse_long(s, min, max, out)) {
+		fprintf(stderr, "kdbench decode: %s '%s': want an integer in [%ld, %ld]\n", opt, s, min, max);
+		return -1;
+	}
+	return 0;
+}
+
+static int decode_parse(int argc, char **argv, struct decode_args *a)
+{
+	enum { O_BATCH = 256, O_CTX, O_STEPS, O_WARM, O_BACKEND, O_SYNTH, O_LAYERS, O_KV, O_THREADS,
+	       O_NOGRAPH, O_HBM, O_OUT, O_SEED, O_LOG };
+	static const struct option opts[] = {
+		{ "model", required_argument, NULL, 'm' },
+		{ "config", required_argument, NULL, 'm' },
+		{ "batch", required_argument, NULL, O_BATCH },
+		{ "ctx", required_argument, NULL, O_CTX },
+		{ "steps", required_argument, NULL, O_STEPS },
+		{ "warmup", required_argument, NULL, O_WARM },
+		{ "backend", required_argument, NULL, O_BACKEND },
+		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
+		{ "layers", required_argument, NULL, O_LAYERS },
+		{ "kv-tokens", required_argument, NULL, O_KV },
+		{ "threads", required_argument, NULL, O_THREADS },
+		{ "no-graphs", no_argument, NULL, O_NOGRAPH },
+		{ "hbm-tbs", required_argument, NULL, O_HBM },
+		{ "out", required_argument, NULL, O_OUT },
+		{ "seed", required_argument, NULL, O_SEED },
+		{ "log-level", required_argument, NULL, O_LOG },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	long v;
+	int c;
+
+	*a = (struct decode_args){ .ctx = 1024, .steps = 64, .warmup = 8, .hbm_tbs = DEFAULT_HBM_TBS,
+				   .batches = { 1, 8, 32, 64 }, .n_batches = 4 };
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'm': a->model = optarg; break;
+		case O_BATCH: if (parse_batches(optarg, a)) return -1; break;
+		case O_CTX: if (num("--ctx", optarg, 1, 1 << 22, &v)) return -1; a->ctx = (int)v; break;
+		case O_STEPS: if (num("--steps", optarg, 1, 1 << 20, &v)) return -1; a->steps = (int)v; break;
+		case O_WARM: if (num("--warmup", optarg, 0, 1 << 20, &v)) return -1; a->warmup = (int)v; break;
+		case O_BACKEND: a->eng.backend = optarg; break;
+		case O_SYNTH: a->load.synthetic = 1; break;
+		case O_LAYERS:
+			if (num("--layers", optarg, 1, MODEL_MAX_LAYERS, &v))
+				return -1;
+			a->load.n_layers = (int)v;
+			break;
+		case O_KV: if (num("--kv-tokens", optarg, 1, 1L << 28, &v)) return -1; a->eng.kv_tokens = (int)v; break;
+		case O_THREADS: if (num("--threads", optarg, 1, 1024, &v)) return -1; a->eng.threads = (int)v; break;
+		case O_NOGRAPH: a->no_graphs = 1; break;
+		case O_HBM:
+			a->hbm_tbs = strtod(optarg, NULL);
+			if (!(a->hbm_tbs > 0 && a->hbm_tbs < 1000)) {
+				fprintf(stderr, "kdbench decode: --hbm-tbs '%s': want TB/s in (0, 1000)\n", optarg);
+				return -1;
+			}
+			break;
+		case O_OUT: a->out = optarg; break;
+		case O_SEED: if (num("--seed", optarg, 0, __LONG_MAX__, &v)) return -1; a->load.seed = (uint64_t)v; break;
+		case O_LOG:
+			if (log_level_parse(optarg, &log_threshold)) {
+				fprintf(stderr, "kdbench decode: --log-level '%s': want error, warn, info or debug\n", optarg);
+				return -1;
+			}
+			break;
+		case 'h': decode_usage(stdout); exit(0);
+		default: decode_usage(stderr); return -1;
+		}
+	}
+	if (optind < argc || !a->model) {
+		fprintf(stderr, "kdbench decode: %s\n", optind < argc ? "unexpected argument" : "--model is required");
+		return -1;
+	}
+	if (!a->eng.kv_tokens) {
+		int most = 0, bt = ENGINE_DEFAULT_BLOCK_TOKENS;
+
+		for (int i = 0; i < a->n_batches; i++)
+			most = a->batches[i] > most ? a->batches[i] : most;
+		a->eng.kv_tokens = most * ((a->ctx + a->warmup + a->steps + 2 * bt) / bt * bt);
+	}
+	return 0;
+}
+
+/* ---- bytes a step must read ------------------------------------------------- */
+
+/* Weights a decode step of B rows reads, in bf16 bytes: every matrix except the
+ * embedding table (B rows of it), and of the routed experts only those chosen.
+ * Which experts a batch chooses is known only on the GPU: the count assumes
+ * uniform routing, E * (1 - (1 - k/E)^B) distinct experts per MoE layer. */
+static double step_weight_bytes(const struct model *m, int B)
+{
+	const struct model_config *c = &m->cfg;
+	int64_t params = 0;
+	double embed = (double)c->vocab_size * c->hidden_size, bytes;
+	int moe_layers = 0;
+
+	model_count_params(c, &params);
+	bytes = (double)params;
+	if (m->lm_head.data != m->embed.data)
+		bytes -= embed;		/* the table itself is not streamed */
+	bytes += (double)B * c->hidden_size;
+	for (int l = 0; l < c->n_layers; l++)
+		moe_layers += m->layers[l].is_moe;
+	if (moe_layers) {
+		double E = c->n_experts, k = c->top_k, per = 3.0 * c->hidden_size * c->moe_intermediate_size;
+		double p_unused = 1, used;
+
+		for (int i = 0; i < B; i++)
+			p_unused *= 1 - k / E;
+		used = E * (1 - p_unused);
+		bytes -= moe_layers * E * per;
+		bytes += moe_layers * used * per;
+	}
+	return bytes * 2;
+}
+
+/* ---- one batch size --------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* KDEC_PROFILE_STEP=1: the last step of each batch size runs inside a profiler range
+ * (ncu --profile-from-start off), so a kernel profile holds exactly one decode step. */
+static void profile_range(const struct decode_args *a, int s, int on)
+{
+#ifdef KD_HAVE_CUDA
+	const char *env = getenv("KDEC_PROFILE_STEP");
+
+	if (env && *env == '1' && s == a->warmup + a->steps - 1)
+		k_cuda_profile_range(on);
+#else
+	(void)a, (void)s, (void)on;
+#endif
+}
+
+/* The median of n replays of the bucket's sampled decode graph on its own, inputs as
+ * the last step left them (it writes the same K/V again): the step's GPU time plus
+ * one launch and sync, so p50 minus this is what the host adds to a step. */
+static double replay_p50(struct engine *e, int bucket, double *times, int n)
+{
+	void *graph = bucket < FWD_N_BUCKETS && e->fwd->use_graphs ? e->fwd->graphs[bucket][1] : NULL;
+	struct backend *be = e->be;
+
+	if (!graph)
+		return 0;
+	for (int i = 0; i < n; i++) {
+		double t0 = clock_now();
+
+		if (be->ops->graph_launch(be, graph) || be->ops->sync(be))
+			return 0;
+		times[i] = clock_now() - t0;
+	}
+	qsort(times, (size_t)n, sizeof(*times), cmp_double);
+	return times[n / 2] * 1e3;
+}
+
+static int run_batch(const struct decode_args *a, struct engine *e, int B, struct decode_result *res)
+{
+	const struct model_config *c = &e->model->cfg;
+	struct engine_seq *seqs = calloc((size_t)B, sizeof(*seqs));
+	struct engine_req *reqs = calloc((size_t)B, sizeof(*reqs));
+	struct k_sample_params *sp = calloc((size_t)B, sizeof(*sp));
+	uint64_t *steps = calloc((size_t)B, sizeof(*steps)), rng = 0x9E3779B97F4A7C15ull * (uint64_t)B;
+	int32_t *prompt = malloc((size_t)a->ctx * (size_t)B * sizeof(int32_t));
+	int32_t *tok = calloc((size_t)B, sizeof(int32_t));
+	double *times = calloc((size_t)a->steps, sizeof(double)), t0;
+	char err[512] = "";
+	int ret = -ENOMEM, size = 1, bucket = 0;
+
+	if (!seqs || !reqs || !sp || !steps || !prompt || !tok || !times)
+		goto out;
+	for (int i = 0; i < B; i++) {
+		engine_seq_init(&seqs[i]);
+		for (int t = 0; t < a->ctx; t++)
+			prompt[(size_t)i * a->ctx + t] = (int32_t)(rng_next(&rng) % (uint64_t)c->vocab_size);
+		reqs[i] = (struct engine_req){ .seq = &seqs[i], .tokens = prompt + (size_t)i * a->ctx,
+					       .n_tokens = a->ctx };
+	}
+	t0 = clock_now();
+	if ((ret = engine_step_sample(e, reqs, B, sp, steps, tok, NULL, err, sizeof(err))))
+		goto fail;
+	res->prefill_s = clock_now() - t0;
+	for (int s = 0; s < a->warmup + a->steps; s++) {
+		for (int i = 0; i < B; i++) {
+			reqs[i] = (struct engine_req){ .seq = &seqs[i], .tokens = &tok[i], .n_tokens = 1 };
+			steps[i] = (uint64_t)s + 1;
+		}
+		t0 = clock_now();
+		profile_range(a, s, 1);
+		if ((ret = engine_step_sample(e, reqs, B, sp, steps, tok, NULL, err, sizeof(err))))
+			goto fail;
+		profile_range(a, s, 0);
+		if (s >= a->warmup)
+			times[s - a->warmup] = clock_now() - t0;
+	}
+	qsort(times, (size_t)a->steps, sizeof(*times), cmp_double);
+	res->batch = B;
+	res->ctx = a->ctx;
+	res->min_ms = times[0] * 1e3;
+	res->p50_ms = times[a->steps / 2] * 1e3;
+	res->p90_ms = times[(a->steps * 9) / 10 < a->steps ? (a->steps * 9) / 10 : a->steps - 1] * 1e3;
+	while (size < B)
+		size *= 2, bucket++;
+	res->launches = bucket < FWD_N_BUCKETS ? e->fwd->graph_nodes[bucket][1] : 0;
+	res->replay_ms = replay_p50(e, bucket, times, a->steps);
+	res->weight_gb = step_weight_bytes(e->model, B) / 1e9;
+	/* KV read by the median step: contexts ctx + warmup + steps / 2, bf16 or fp32 */
+	res->kv_gb = (double)forward_kv_bytes_per_token(e->model) / sizeof(float) *
+		     (double)k_dtype_size(e->be->ops->kv_dtype) * B *
+		     (a->ctx + a->warmup + a->steps / 2.0) / 1e9;
+	res->floor_ms = (res->weight_gb + res->kv_gb) / (a->hbm_tbs * 1e3) * 1e3;
+	ret = 0;
+	goto out;
+
+fail:
+	fprintf(stderr, "kdbench decode: batch %d: %s\n", B, err);
+out:
+	for (int i = 0; seqs && i < B; i++)
+		engine_seq_release(e, &seqs[i]);
+	free(seqs);
+	free(reqs);
+	free(sp);
+	free(steps);
+	free(prompt);
+	free(tok);
+	free(times);
+	return ret;
+}
+
+static void print_row(const struct decode_result *r, int n_layers)
+{
+	printf("%5d %6d %9.3f %9.3f %9.3f %9.3f %10.1f %11.1f %8d %9.2f %8.3f %8.3f %6.0f%% %9.1f %8.2f\n",
+	       r->batch, r->ctx, r->p50_ms, r->p90_ms, r->min_ms, r->replay_ms, 1e3 / r->p50_ms,
+	       r->batch * 1e3 / r->p50_ms, r->launches, r->weight_gb + r->kv_gb, r->kv_gb,
+	       r->floor_ms, 100 * r->floor_ms / r->p50_ms, r->p50_ms * 1e3 / n_layers,
+	       r->prefill_s);
+}
+
+static void write_json(FILE *f, const struct decode_args *a, const struct engine *e,
+		       const struct decode_result *r)
+{
+	fprintf(f,
+		"{\"model\":\"%s\",\"backend\":\"%s\",\"layers\":%d,\"batch\":%d,\"ctx\":%d,\"steps\":%d,"
+		"\"graphs\":%d,\"step_ms_p50\":%.4f,\"step_ms_p90\":%.4f,\"step_ms_min\":%.4f,"
+		"\"replay_ms_p50\":%.4f,\"tok_s_user\":%.2f,\"tok_s_total\":%.2f,\"launches\":%d,"
+		"\"weight_gb\":%.4f,\"kv_gb\":%.4f,\"floor_ms\":%.4f,\"hbm_tbs\":%.2f,\"floor_fraction\":%.4f,\"prefill_s\":%.3f}\n",
+		a->model, e->be->ops->name, e->model->cfg.n_layers, r->batch, r->ctx, a->steps,
+		!a->no_graphs && e->fwd->use_graphs, r->p50_ms, r->p90_ms, r->min_ms, r->replay_ms,
+		1e3 / r->p50_ms, r->batch * 1e3 / r->p50_ms, r->launches, r->weight_gb, r->kv_gb, r->floor_ms,
+		a->hbm_tbs, r->floor_ms / r->p50_ms, r->prefill_s);
+}
+
+int kdbench_decode_main(int argc, char **argv)
+{
+	struct decode_args a;
+	struct model *m = NULL;
+	struct engine *e = NULL;
+	char err[512] = "";
+	FILE *out = NULL;
+	int ret;
+
+	if (decode_parse(argc, argv, &a))
+		return 2;
+	if ((ret = model_load(&m, a.model, &a.load, err, sizeof(err))) ||
+	    (ret = engine_create(&e, m, &a.eng, err, sizeof(err)))) {
+		fprintf(stderr, "kdbench decode: %s\n", err[0] ? err : strerror(-ret));
+		goto out;
+	}
+	if (a.no_graphs)
+		e->fwd->use_graphs = 0;
+	if (a.out && !(out = fopen(a.out, "a"))) {
+		fprintf(stderr, "kdbench decode: %s: %s\n", a.out, strerror(errno));
+		ret = -errno;
+		goto out;
+	}
+	printf("# kdbench decode: %s (%s, %d layers), backend %s%s, ctx %d, %d steps after %d warm-up, floor at %.2f TB/s\n",
+	       a.model, m->cfg.model_type, m->cfg.n_layers, e->be->ops->name,
+	       e->fwd->use_graphs ? " with graphs" : "", a.ctx, a.steps, a.warmup, a.hbm_tbs);
+	printf("%5s %6s %9s %9s %9s %9s %10s %11s %8s %9s %8s %8s %7s %9s %8s\n", "batch", "ctx", "p50_ms",
+	       "p90_ms", "min_ms", "replay_ms", "tok/s/usr", "tok/s_total", "launches", "read_GB", "kv_GB",
+	       "floor_ms", "floor%", "us/layer", "prefill_s");
+	for (int i = 0; i < a.n_batches; i++) {
+		struct decode_result r = { 0 };
+
+		if ((ret = run_batch(&a, e, a.batches[i], &r)))
+			break;
+		print_row(&r, m->cfg.n_layers);
+		fflush(stdout);
+		if (out)
+			write_json(out, &a, e, &r);
+	}
+out:
+	if (out)
+		fclose(out);
+	engine_destroy(e);
+	model_destroy(m);
+	return ret ? 1 : 0;
+}

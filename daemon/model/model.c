@@ -1,0 +1,396 @@
+/* Model loading: config.json, then every tensor the architecture needs, bound by its
+ * Hugging Face name and checked for shape and dtype. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "daemon/model/model.h"
+#include "daemon/model/model_gguf.h"
+
+static const char *const layer_prefix = "model.layers";
+
+/* ---- what each architecture needs --------------------------------------- */
+
+struct walk {
+	struct model *m;
+	model_tensor_fn fn;
+	void *ctx;
+	char name[256];
+};
+
+static int need(struct walk *w, struct model_tensor *slot, int64_t rows, int64_t cols,
+		const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static int need(struct walk *w, struct model_tensor *slot, int64_t rows, int64_t cols,
+		const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(w->name, sizeof(w->name), fmt, ap);
+	va_end(ap);
+	return w->fn(w->ctx, w->name, slot, rows, cols);
+}
+
+static int walk_gqa_attention(struct walk *w, struct model_layer *L, int l)
+{
+	const struct model_config *c = &w->m->cfg;
+	int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+	int ret;
+
+	if ((ret = need(w, &L->wq, q, c->hidden_size, "%s.%d.self_attn.q_proj.weight", layer_prefix, l)) ||
+	    (ret = need(w, &L->wk, kv, c->hidden_size, "%s.%d.self_attn.k_proj.weight", layer_prefix, l)) ||
+	    (ret = need(w, &L->wv, kv, c->hidden_size, "%s.%d.self_attn.v_proj.weight", layer_prefix, l)) ||
+	    (ret = need(w, &L->wo, c->hidden_size, q, "%s.%d.self_attn.o_proj.weight", layer_prefix, l)))
+		return ret;
+	if (!c->qk_norm)
+		return 0;
+	if ((ret = need(w, &L->q_norm, c->head_dim, 1, "%s.%d.self_attn.q_norm.weight", layer_prefix, l)) ||
+	    (ret = need(w, &L->k_norm, c->head_dim, 1, "%s.%d.self_attn.k_norm.weight", layer_prefix, l)))
+		return ret;
+	return 0;
+}
+
+static int walk_mla_attention(struct walk *w, struct model_layer *L, int l)
+{
+	const struct model_config *c = &w->m->cfg;
+	int64_t qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+	int64_t q_out = (int64_t)c->n_heads * qk;
+	int ret;
+
+	if (c->q_lora_rank > 0) {
+		if ((ret = need(w, &L->wq_a, c->q_lora_rank, c->hidden_size,
+				"%s.%d.self_attn.q_a_proj.weight", layer_prefix, l)) ||
+		    (ret = need(w, &L->q_a_norm, c->q_lora_rank, 1,
+				"%s.%d.self_attn.q_a_layernorm.weight", layer_prefix, l)) ||
+		    (ret = need(w, &L->wq_b, q_out, c->q_lora_rank,
+				"%s.%d.self_attn.q_b_proj.weight", layer_prefix, l)))
+			return ret;
+	} else if ((ret = need(w, &L->wq_b, q_out, c->hidden_size,
+			       "%s.%d.self_attn.q_proj.weight", layer_prefix, l))) {
+		return ret;
+	}
+	if ((ret = need(w, &L->wkv_a, c->kv_lora_rank + c->qk_rope_head_dim, c->hidden_size,
+			"%s.%d.self_attn.kv_a_proj_with_mqa.weight", layer_prefix, l)) ||
+	    (ret = need(w, &L->kv_a_norm, c->kv_lora_rank, 1,
+			"%s.%d.self_attn.kv_a_layernorm.weight", layer_prefix, l)) ||
+	    (ret = need(w, &L->wkv_b, (int64_t)c->n_heads * (c->qk_nope_head_dim + c->v_head_dim),
+			c->kv_lora_rank, "%s.%d.self_attn.kv_b_proj.weight", layer_prefix, l)) ||
+	    (ret = need(w, &L->wo, c->hidden_size, (int64_t)c->n_heads * c->v_head_dim,
+			"%s.%d.self_attn.o_proj.weight", layer_prefix, l)))
+		return ret;
+	return 0;
+}
+
+static int walk_mlp(struct walk *w, struct model_layer *L, int l, const char *part, int64_t inter)
+{
+	int64_t hidden = w->m->cfg.hidden_size;
+	int ret;
+
+	if ((ret = need(w, &L->w_gate, inter, hidden, "%s.%d.mlp.%sgate_proj.weight", layer_prefix, l, part)) ||
+	    (ret = need(w, &L->w_up, inter, hidden, "%s.%d.mlp.%sup_proj.weight", layer_prefix, l, part)) ||
+	    (ret = need(w, &L->w_down, hidden, inter, "%s.%d.mlp.%sdown_proj.weight", layer_prefix, l, part)))
+		return ret;
+	return 0;
+}
+
+static int walk_moe(struct walk *w, struct model_layer *L, int l)
+{
+	const struct model_config *c = &w->m->cfg;
+	int64_t hidden = c->hidden_size, inter = c->moe_intermediate_size;
+	struct model_tensor t;
+	int ret;
+
+	if ((ret = need(w, &L->router, c->n_experts, hidden, "%s.%d.mlp.gate.weight", layer_prefix, l)))
+		return ret;
+	for (int e = 0; e < c->n_experts; e++) {
+		struct k_expert *x = &L->experts[e];
+
+		if ((ret = need(w, &t, inter, hidden, "%s.%d.mlp.experts.%d.gate_proj.weight", layer_prefix, l, e)))
+			return ret;
+		x->gate = t.data;
+		L->expert_dtype = t.dtype;
+		if ((ret = need(w, &t, inter, hidden, "%s.%d.mlp.experts.%d.up_proj.weight", layer_prefix, l, e)))
+			return ret;
+		x->up = t.data;
+		if (t.dtype != L->expert_dtype)
+			goto mixed;
+		if ((ret = need(w, &t, hidden, inter, "%s.%d.mlp.experts.%d.down_proj.weight", layer_prefix, l, e)))
+			return ret;
+		x->down = t.data;
+		if (t.dtype != L->expert_dtype)
+			goto mixed;
+	}
+	if (c->n_shared_experts > 0)
+		return walk_mlp(w, L, l, "shared_experts.", inter * c->n_shared_experts);
+	return 0;
+mixed:
+	return w->fn(w->ctx, w->name, NULL, -1, -1);	/* reports a dtype mix */
+}
+
+int model_for_each_tensor(struct model *m, model_tensor_fn fn, void *ctx)
+{
+	const struct model_config *c = &m->cfg;
+	struct walk w = { .m = m, .fn = fn, .ctx = ctx };
+	int ret;
+
+	if ((ret = need(&w, &m->embed, c->vocab_size, c->hidden_size, "model.embed_tokens.weight")))
+		return ret;
+	for (int l = 0; l < c->n_layers; l++) {
+		struct model_layer *L = &m->layers[l];
+
+		if ((ret = need(&w, &L->attn_norm, c->hidden_size, 1, "%s.%d.input_layernorm.weight", layer_prefix, l)) ||
+		    (ret = need(&w, &L->ffn_norm, c->hidden_size, 1, "%s.%d.post_attention_layernorm.weight", layer_prefix, l)))
+			return ret;
+		ret = c->mla ? walk_mla_attention(&w, L, l) : walk_gqa_attention(&w, L, l);
+		if (ret)
+			return ret;
+		ret = L->is_moe ? walk_moe(&w, L, l) : walk_mlp(&w, L, l, "", c->intermediate_size);
+		if (ret)
+			return ret;
+	}
+	if ((ret = need(&w, &m->final_norm, c->hidden_size, 1, "model.norm.weight")))
+		return ret;
+	if (c->tie_word_embeddings) {
+		m->lm_head = m->embed;
+		return 0;
+	}
+	return need(&w, &m->lm_head, c->vocab_size, c->hidden_size, "lm_head.weight");
+}
+
+/* ---- binding to safetensors --------------------------------------------- */
+
+struct bind {
+	struct model *m;
+	char *err;
+	size_t err_len;
+};
+
+static const char *base_name(const char *path)
+{
+	const char *s = strrchr(path, '/');
+
+	return s ? s + 1 : path;
+}
+
+static int bind_tensor(void *ctx, const char *name, struct model_tensor *slot,
+		       int64_t rows, int64_t cols)
+{
+	struct bind *b = ctx;
+	const struct st_file *file;
+	const struct st_tensor *t;
+	int shape_ok;
+
+	if (!slot) {
+		snprintf(b->err, b->err_len, "%s: tensor '%s': experts of one layer mix dtypes",
+			 b->m->path, name);
+		return -EINVAL;
+	}
+	t = st_set_find(&b->m->files, name, &file);
+	if (!t) {
+		snprintf(b->err, b->err_len, "%s: tensor '%s' is missing (needed by %s)",
+			 b->m->path, name, model_arch_name(b->m->cfg.arch));
+		return -EINVAL;
+	}
+	if (!t->dtype_ok) {
+		int fp8 = !strncmp(t->dtype_name, "F8", 2);
+
+		snprintf(b->err, b->err_len, "%s: tensor '%s': dtype %s is not supported%s",
+			 base_name(file->path), name, t->dtype_name,
+			 fp8 ? " yet (fp8 weights come in a later release)" : " (bf16, fp16, fp32 are)");
+		return -ENOTSUP;
+	}
+	if (cols == 1)
+		shape_ok = t->ndim == 1 && t->shape[0] == rows;
+	else
+		shape_ok = t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols;
+	if (!shape_ok) {
+		char got[96] = "";
+		size_t n = 0;
+
+		for (int i = 0; i < t->ndim && n < sizeof(got) - 24; i++)
+			n += (size_t)snprintf(got + n, sizeof(got) - n, "%s%" PRId64, i ? ", " : "", t->shape[i]);
+		if (cols == 1)
+			snprintf(b->err, b->err_len, "%s: tensor '%s': shape [%s], expected [%" PRId64 "]",
+				 base_name(file->path), name, got, rows);
+		else
+			snprintf(b->err, b->err_len,
+				 "%s: tensor '%s': shape [%s], expected [%" PRId64 ", %" PRId64 "]",
+				 base_name(file->path), name, got, rows, cols);
+		return -EINVAL;
+	}
+	slot->data = t->data;
+	slot->dtype = t->dtype;
+	slot->rows = rows;
+	slot->cols = cols;
+	b->m->weight_bytes += t->nbytes;
+	return 0;
+}
+
+/* e_score_correction_bias is a buffer, often fp32 while the rest is bf16: keep an
+ * fp32 copy so routing never depends on the stored dtype. */
+static int bind_router_bias(struct model *m, char *err, size_t err_len)
+{
+	struct bind b = { .m = m, .err = err, .err_len = err_len };
+	char name[128];
+
+	for (int l = 0; l < m->cfg.n_layers; l++) {
+		struct model_layer *L = &m->layers[l];
+		struct model_tensor t;
+		int ret;
+
+		if (!L->is_moe || m->cfg.route.scoring != K_MOE_SIGMOID)
+			continue;
+		snprintf(name, sizeof(name), "%s.%d.mlp.gate.e_score_correction_bias", layer_prefix, l);
+		if ((ret = bind_tensor(&b, name, &t, m->cfg.n_experts, 1)))
+			return ret;
+		L->router_bias = malloc((size_t)m->cfg.n_experts * sizeof(float));
+		if (!L->router_bias)
+			return -ENOMEM;
+		k_row_to_f32(L->router_bias, t.data, t.dtype, (size_t)m->cfg.n_experts);
+	}
+	return 0;
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static int model_alloc_layers(struct model *m)
+{
+	const struct model_config *c = &m->cfg;
+
+	m->layers = calloc((size_t)c->n_layers, sizeof(*m->layers));
+	if (!m->layers)
+		return -ENOMEM;
+	for (int l = 0; l < c->n_layers; l++) {
+		struct model_layer *L = &m->layers[l];
+
+		L->is_moe = model_config_layer_is_moe(c, l);
+		if (!L->is_moe)
+			continue;
+		L->experts = calloc((size_t)c->n_experts, sizeof(*L->experts));
+		if (!L->experts)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+static int count_tensor(void *ctx, const char *name, struct model_tensor *slot,
+			int64_t rows, int64_t cols)
+{
+	(void)name;
+	(void)slot;
+	*(int64_t *)ctx += rows * cols;
+	return 0;
+}
+
+int model_count_params(const struct model_config *cfg, int64_t *params)
+{
+	struct model *m = calloc(1, sizeof(*m));
+	int ret;
+
+	*params = 0;
+	if (!m)
+		return -ENOMEM;
+	m->cfg = *cfg;
+	ret = model_alloc_layers(m);
+	if (!ret)
+		ret = model_for_each_tensor(m, count_tensor, params);
+	model_destroy(m);
+	return ret;
+}
+
+/* A synthetic model may be given its config.json path or its directory. */
+static int load_config(struct model *m, const char *path, char *err, size_t err_len)
+{
+	struct stat st;
+
+	if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+		return model_config_load(&m->cfg, path, err, err_len);
+	return model_config_load_file(&m->cfg, path, err, err_len);
+}
+
+int model_load(struct model **out, const char *path, const struct model_load_opts *opts,
+	       char *err, size_t err_len)
+{
+	static const struct model_load_opts defaults;
+	struct model *m;
+	int ret;
+
+	if (!opts)
+		opts = &defaults;
+	*out = NULL;
+	if (err_len)
+		err[0] = '\0';
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->path = strdup(path);
+	if (!m->path) {
+		ret = -ENOMEM;
+		goto err_destroy;
+	}
+	if (gguf_is_gguf(path))
+		ret = model_gguf_open(m, path, err, err_len);
+	else
+		ret = opts->synthetic ? load_config(m, path, err, err_len)
+				      : model_config_load(&m->cfg, path, err, err_len);
+	if (ret)
+		goto err_destroy;
+	if (!opts->synthetic && m->cfg.fp8_weights) {
+		snprintf(err, err_len, "%s/config.json: quantization_config: fp8 weights (e4m3, "
+			 "128x128 block scales) are not supported yet; they come in a later "
+			 "release (--synthetic-weights benchmarks this config in bf16)", path);
+		ret = -ENOTSUP;
+		goto err_destroy;
+	}
+	if (opts->n_layers > 0 && opts->n_layers < m->cfg.n_layers)
+		m->cfg.n_layers = opts->n_layers;
+	if ((ret = model_alloc_layers(m)))
+		goto err_destroy;
+	if (opts->synthetic) {
+		m->synthetic = 1;
+		ret = model_synthesize(m, opts->seed, err, err_len);
+	} else if (m->gguf) {
+		ret = model_gguf_bind(m, opts->gguf_f32_limit, err, err_len);
+	} else {
+		struct bind b = { .m = m, .err = err, .err_len = err_len };
+
+		if ((ret = st_set_open(&m->files, path, err, err_len)))
+			goto err_destroy;
+		ret = model_for_each_tensor(m, bind_tensor, &b);
+		if (!ret)
+			ret = bind_router_bias(m, err, err_len);
+	}
+	if (ret)
+		goto err_destroy;
+	*out = m;
+	return 0;
+
+err_destroy:
+	if (ret == -ENOMEM && err_len && !err[0])
+		snprintf(err, err_len, "%s: out of memory while loading", path);
+	model_destroy(m);
+	return ret;
+}
+
+void model_destroy(struct model *m)
+{
+	if (!m)
+		return;
+	if (m->layers) {
+		for (int l = 0; l < m->cfg.n_layers; l++) {
+			free(m->layers[l].experts);
+			free(m->layers[l].router_bias);
+		}
+		free(m->layers);
+	}
+	st_set_close(&m->files);
+	model_gguf_release(m);
+	free(m->synthetic_buf);
+	free(m->path);
+	free(m);
+}

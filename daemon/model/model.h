@@ -1,0 +1,103 @@
+/* A loaded model: its config and a view of every weight tensor, checked by name,
+ * shape and dtype against what the architecture needs before anything runs.
+ * Weights stay where they are stored (mapped safetensors, or a synthetic buffer). */
+#ifndef KD_DAEMON_MODEL_H
+#define KD_DAEMON_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/model/model_config.h"
+#include "daemon/model/safetensors.h"
+#include "kernels/ops.h"
+
+struct gguf_file;
+
+/* A weight as stored, row-major (rows, cols); a vector has cols == 1. */
+struct model_tensor {
+	const void *data;
+	enum k_dtype dtype;
+	int64_t rows;
+	int64_t cols;
+};
+
+struct model_layer {
+	struct model_tensor attn_norm;	/* (hidden) input_layernorm */
+	struct model_tensor ffn_norm;	/* (hidden) post_attention_layernorm */
+
+	/* GQA (llama, qwen3, qwen3_moe) */
+	struct model_tensor wq;		/* (n_heads * head_dim, hidden) */
+	struct model_tensor wk;		/* (n_kv_heads * head_dim, hidden) */
+	struct model_tensor wv;		/* (n_kv_heads * head_dim, hidden) */
+	struct model_tensor q_norm;	/* (head_dim) qwen3 only */
+	struct model_tensor k_norm;	/* (head_dim) qwen3 only */
+
+	/* MLA (deepseek_v2, deepseek_v3, kimi_k2); qk = nope + rope dims */
+	struct model_tensor wq_a;	/* (q_lora, hidden) when q_lora_rank > 0 */
+	struct model_tensor q_a_norm;	/* (q_lora) */
+	struct model_tensor wq_b;	/* (n_heads * qk, q_lora), or q_proj (n_heads * qk, hidden) */
+	struct model_tensor wkv_a;	/* (kv_lora + rope, hidden) kv_a_proj_with_mqa */
+	struct model_tensor kv_a_norm;	/* (kv_lora) */
+	struct model_tensor wkv_b;	/* (n_heads * (nope + v), kv_lora): W_UK, W_UV per head */
+
+	struct model_tensor wo;		/* (hidden, n_heads * head_dim) or (hidden, n_heads * v) */
+
+	/* Dense MLP, or the shared expert of a MoE layer (absent when w_gate.data == NULL) */
+	struct model_tensor w_gate;	/* (inter, hidden) */
+	struct model_tensor w_up;	/* (inter, hidden) */
+	struct model_tensor w_down;	/* (hidden, inter) */
+
+	/* MoE */
+	int is_moe;
+	struct model_tensor router;	/* (n_experts, hidden) mlp.gate */
+	float *router_bias;		/* (n_experts) e_score_correction_bias as fp32, owned; or NULL */
+	enum k_dtype expert_dtype;	/* all experts of a layer share one dtype */
+	struct k_expert *experts;	/* (n_experts) gate/up (moe_inter, hidden), down (hidden, moe_inter); owned array */
+};
+
+struct model {
+	struct model_config cfg;
+	char *path;			/* directory, GGUF or config file it came from; owned */
+	int synthetic;			/* weights generated, not read */
+	struct st_set files;		/* mapped weight files (empty when synthetic) */
+	void *synthetic_buf;		/* owned storage of synthetic weights */
+	struct gguf_file *gguf;		/* owned: the mapped GGUF file the model came from, or NULL */
+	void *gguf_buf;			/* owned: weights dequantized from it (gguf_buf_bytes) */
+	size_t gguf_buf_bytes;
+	size_t weight_bytes;		/* total bytes of all bound weights */
+
+	struct model_tensor embed;	/* (vocab, hidden) */
+	struct model_tensor final_norm;	/* (hidden) */
+	struct model_tensor lm_head;	/* (vocab, hidden); the embedding when tied */
+	struct model_layer *layers;	/* (n_layers), owned */
+};
+
+struct model_load_opts {
+	int synthetic;		/* build deterministic random weights, read no weight file */
+	uint64_t seed;		/* synthetic weights' seed */
+	int n_layers;		/* > 0: keep only the first n layers (benchmarks of huge configs) */
+	uint64_t gguf_f32_limit;	/* GGUF: dequantize to fp32 up to this many bytes of
+					 * weights, else bf16; 0: MODEL_GGUF_F32_LIMIT (4 GiB) */
+};
+
+/* Loads DIR (config.json + safetensors) or a GGUF file (model_gguf.c), or with
+ * opts->synthetic a config given as a directory, a config.json or a GGUF path. Returns 0 or -errno with one line in err.
+ * *out is owned by the caller: model_destroy. */
+int model_load(struct model **out, const char *path, const struct model_load_opts *opts,
+	       char *err, size_t err_len);
+void model_destroy(struct model *m);	/* accepts NULL and half-built models */
+
+/* Parameters (elements) of all the weights cfg needs, counted over the same tensor list
+ * that loading binds, without allocating them. 0 or -ENOMEM. */
+int model_count_params(const struct model_config *cfg, int64_t *params);
+
+/* Fills every tensor of m from a synthetic buffer (model_synthetic.c). */
+int model_synthesize(struct model *m, uint64_t seed, char *err, size_t err_len);
+
+/* The shape of each tensor the architecture needs, in load order: calls fn for each
+ * with its HF name, the slot to fill and its shape. Shared by loading and synthesis. */
+typedef int (*model_tensor_fn)(void *ctx, const char *name, struct model_tensor *slot,
+			       int64_t rows, int64_t cols);
+int model_for_each_tensor(struct model *m, model_tensor_fn fn, void *ctx);
+
+#endif

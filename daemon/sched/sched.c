@@ -1,0 +1,696 @@
+/* Continuous batching: queues and admission, one decode token per running request
+ * per step, prefill in chunks within the step's token budget, events out. A request
+ * whose client leaves its event ring full is paused (it keeps its KV) and cancelled
+ * after stall_ms. KV claims and preemption: sched_preempt.c; drafts: sched_spec.c. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/base/log.h"
+#include "daemon/sched/sched_internal.h"
+#include "ipc/ipc_futex.h"
+
+int sched_create(struct sched **out, struct engine *e, const struct sched_opts *o)
+{
+	struct sched *s = calloc(1, sizeof(*s));
+	int n;
+
+	*out = NULL;
+	if (!s)
+		return -ENOMEM;
+	s->e = e;
+	s->o = *o;
+	if (s->o.max_batch <= 0)
+		s->o.max_batch = SCHED_DEFAULT_MAX_BATCH;
+	if (s->o.step_tokens <= 0)
+		s->o.step_tokens = SCHED_DEFAULT_STEP_TOKENS;
+	if (s->o.max_inflight <= 0)
+		s->o.max_inflight = SCHED_DEFAULT_MAX_INFLIGHT;
+	if (s->o.max_sessions <= 0)
+		s->o.max_sessions = SCHED_DEFAULT_MAX_SESSIONS;
+	if (s->o.stall_ms <= 0)
+		s->o.stall_ms = SCHED_DEFAULT_STALL_MS;
+	n = s->o.max_batch;
+	s->run = calloc((size_t)n, sizeof(*s->run));
+	s->ereq = calloc((size_t)n, sizeof(*s->ereq));
+	s->of = calloc((size_t)n, sizeof(*s->of));
+	s->row0 = calloc((size_t)n, sizeof(*s->row0));
+	if (!s->row0) {
+		sched_destroy(s);
+		return -ENOMEM;
+	}
+	/* the rest by row: room for every request to verify its largest draft */
+	n *= 1 + (s->o.spec.k > SPEC_DEFAULT_K ? s->o.spec.k : SPEC_DEFAULT_K);
+	s->rows_cap = n;
+	s->sp = calloc((size_t)n, sizeof(*s->sp));
+	s->hist = calloc((size_t)n, sizeof(*s->hist));
+	s->lp = calloc((size_t)n, sizeof(*s->lp));
+	s->steps = calloc((size_t)n, sizeof(*s->steps));
+	s->ids = calloc((size_t)n, sizeof(*s->ids));
+	if (!s->run || !s->ereq || !s->of || !s->sp || !s->hist || !s->lp || !s->steps || !s->ids) {
+		sched_destroy(s);
+		return -ENOMEM;
+	}
+	*out = s;
+	return 0;
+}
+
+static void req_free(struct sched *s, struct sched_req *r)
+{
+	if (r->kvs && r->keep) {
+		int ret = engine_session_save(s->e, r->kvs, &r->seq);
+
+		if (ret)
+			log_warn("session '%s': cannot keep its KV: %s", r->session, strerror(-ret));
+	} else if (r->kvs) {
+		engine_session_cancel(s->e, r->kvs);
+	}
+	engine_seq_release(s->e, &r->seq);
+	free(r->prompt);
+	free(r->resume);
+	free(r->out);
+	free(r);
+}
+
+void sched_destroy(struct sched *s)
+{
+	if (!s)
+		return;
+	for (int i = 0; i < s->n_run; i++)
+		req_free(s, s->run[i]);
+	for (int i = 0; i < s->n_wait; i++)
+		req_free(s, s->wait[i]);
+	free(s->run);
+	free(s->wait);
+	free(s->ses);
+	free(s->ereq);
+	free(s->of);
+	free(s->row0);
+	free(s->spec_hist);
+	free(s->sp);
+	free(s->hist);
+	free(s->lp);
+	free(s->steps);
+	free(s->ids);
+	free(s);
+}
+
+void sched_remove_ptr(struct sched_req **v, int *n, struct sched_req *r)
+{
+	for (int i = 0; i < *n; i++) {
+		if (v[i] == r) {
+			memmove(v + i, v + i + 1, (size_t)(*n - i - 1) * sizeof(*v));
+			(*n)--;
+			return;
+		}
+	}
+}
+
+static int session_find(struct sched *s, struct client_conn *c, const char *name)
+{
+	for (int i = 0; i < s->n_ses; i++)
+		if (s->ses[i].c == c && !strcmp(s->ses[i].name, name))
+			return i;
+	return -1;
+}
+
+/* Ends r: its final event (unless already carried by a token event), its KV back. */
+void sched_finish(struct sched *s, struct sched_req *r, uint16_t reason, uint16_t detail, int err,
+		  uint32_t a0, int emit_final)
+{
+	if (emit_final)
+		sched_emit(r->c, r->id, r->t_submit, r->t_pickup, -1, (uint32_t)r->n_gen, IPC_EV_FINAL,
+			   reason, detail, err, a0, 0, 0);
+	s->m.requests_finished[reason]++;
+	r->keep = reason == IPC_REASON_STOP || reason == IPC_REASON_LENGTH;
+	if (r->session[0]) {
+		int i = session_find(s, r->c, r->session);
+
+		if (i >= 0)
+			s->ses[i].inflight--;
+	}
+	r->c->n_inflight--;
+	r->c->inflight_tokens -= r->n_prompt + r->max_tokens;
+	if (r->running)
+		sched_remove_ptr(s->run, &s->n_run, r);
+	else
+		sched_remove_ptr(s->wait, &s->n_wait, r);
+	req_free(s, r);
+}
+
+static struct sched_req *find(struct sched *s, struct client_conn *c, uint64_t id)
+{
+	for (int i = 0; i < s->n_run; i++)
+		if (s->run[i]->c == c && s->run[i]->id == id)
+			return s->run[i];
+	for (int i = 0; i < s->n_wait; i++)
+		if (s->wait[i]->c == c && s->wait[i]->id == id)
+			return s->wait[i];
+	return NULL;
+}
+
+/* The session entry for (c, name), created if c has room; -1 if not. */
+static int session_get(struct sched *s, struct client_conn *c, const char *name)
+{
+	int mine = 0;
+
+	for (int i = 0; i < s->n_ses; i++) {
+		if (s->ses[i].c != c)
+			continue;
+		if (!strcmp(s->ses[i].name, name))
+			return i;
+		mine++;
+	}
+	if (mine >= s->o.max_sessions)
+		return -1;
+	if (s->n_ses == s->cap_ses) {
+		int cap = s->cap_ses ? 2 * s->cap_ses : 16;
+		struct sched_ses *v = realloc(s->ses, (size_t)cap * sizeof(*v));
+
+		if (!v)
+			return -1;
+		s->ses = v;
+		s->cap_ses = cap;
+	}
+	memset(&s->ses[s->n_ses], 0, sizeof(s->ses[0]));
+	snprintf(s->ses[s->n_ses].name, IPC_SESSION_MAX, "%s", name);
+	s->ses[s->n_ses].c = c;
+	return s->n_ses++;
+}
+
+/* Semantic checks of a structurally valid request: 0, or an error event sent. */
+static int refuse(struct sched *s, struct client_conn *c, const struct ipc_sub *rec,
+		  const int32_t *tokens, uint64_t t_pickup)
+{
+	uint32_t vocab = (uint32_t)s->e->model->cfg.vocab_size;
+	int64_t cap = (int64_t)s->e->pool.n_blocks * s->e->pool.block_tokens;
+	uint16_t detail = IPC_DETAIL_NONE;
+	uint32_t a0 = 0, a1 = 0;
+	int err = -EINVAL;
+
+	if (s->draining) {
+		detail = IPC_DETAIL_SHUTDOWN;
+		err = -ESHUTDOWN;
+	} else if (find(s, c, rec->req_id)) {
+		detail = IPC_DETAIL_DUP_ID;
+		err = -EEXIST;
+		a0 = (uint32_t)rec->req_id;
+	} else if ((int64_t)rec->n_tokens + rec->max_tokens > cap) {
+		detail = IPC_DETAIL_TOO_LONG;
+		err = -E2BIG;
+		a0 = rec->n_tokens + rec->max_tokens;
+		a1 = (uint32_t)cap;
+	} else if (c->inflight_tokens + rec->n_tokens + rec->max_tokens > cap) {
+		/* One client may hold at most a whole cache's worth of tokens in flight. */
+		detail = IPC_DETAIL_CLIENT_TOKENS;
+		err = -EAGAIN;
+		a0 = (uint32_t)(c->inflight_tokens + rec->n_tokens + rec->max_tokens);
+		a1 = (uint32_t)cap;
+	}
+	for (uint32_t i = 0; !detail && i < rec->n_tokens; i++) {
+		if ((uint32_t)tokens[i] >= vocab) {
+			detail = IPC_DETAIL_TOKEN_RANGE;
+			a0 = i;
+			a1 = (uint32_t)tokens[i];
+		}
+	}
+	for (uint32_t i = 0; !detail && i < rec->n_stop; i++) {
+		if ((uint32_t)rec->stop[i] >= vocab) {
+			detail = IPC_DETAIL_STOP_RANGE;
+			a0 = i;
+			a1 = (uint32_t)rec->stop[i];
+		}
+	}
+	if (!detail)
+		return 0;
+	sched_emit(c, rec->req_id, rec->t_submit_ns, t_pickup, -1, 0, IPC_EV_FINAL, IPC_REASON_ERROR,
+		   detail, err, a0, a1, vocab);
+	s->m.requests_finished[IPC_REASON_ERROR]++;
+	return -1;
+}
+
+static void enqueue(struct sched *s, struct sched_req *r)
+{
+	int i = s->n_wait;
+
+	/* Higher priority first; arrival order within a priority. */
+	while (i > 0 && s->wait[i - 1]->priority < r->priority)
+		i--;
+	memmove(s->wait + i + 1, s->wait + i, (size_t)(s->n_wait - i) * sizeof(*s->wait));
+	s->wait[i] = r;
+	s->n_wait++;
+}
+
+void sched_enqueue_front(struct sched *s, struct sched_req *r)
+{
+	int i = 0;
+
+	/* before the first of its priority: a preempted request resumes first */
+	while (i < s->n_wait && s->wait[i]->priority > r->priority)
+		i++;
+	memmove(s->wait + i + 1, s->wait + i, (size_t)(s->n_wait - i) * sizeof(*s->wait));
+	s->wait[i] = r;
+	s->n_wait++;
+}
+
+void sched_submit(struct sched *s, struct client_conn *c, const struct ipc_sub *rec,
+		  int32_t *tokens, uint64_t t_pickup_ns)
+{
+	struct sched_req *r;
+	int ses = -1;
+
+	if (rec->kind == IPC_SUB_CANCEL) {
+		r = find(s, c, rec->req_id);
+		if (r)
+			sched_finish(s, r, IPC_REASON_CANCELLED, IPC_DETAIL_CANCEL, 0, 0, 1);
+		return;
+	}
+	c->n_submitted++;
+	if (refuse(s, c, rec, tokens, t_pickup_ns))
+		goto out_free;
+	if (rec->session[0] && (ses = session_get(s, c, rec->session)) < 0) {
+		sched_emit(c, rec->req_id, rec->t_submit_ns, t_pickup_ns, -1, 0, IPC_EV_FINAL, IPC_REASON_ERROR,
+			   IPC_DETAIL_SESSIONS, -ENOSPC, (uint32_t)s->o.max_sessions, 0, 0);
+		goto out_free;
+	}
+	/* a slot for every request, running ones too: a preempted one comes back */
+	if (s->n_wait + s->n_run >= s->cap_wait) {
+		int cap = s->cap_wait ? 2 * s->cap_wait : 64 + s->o.max_batch;
+		struct sched_req **v = realloc(s->wait, (size_t)cap * sizeof(*v));
+
+		if (!v)
+			goto out_oom;
+		s->wait = v;
+		s->cap_wait = cap;
+	}
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		goto out_oom;
+	r->c = c;
+	r->id = rec->req_id;
+	engine_seq_init(&r->seq);
+	r->prompt = tokens;
+	r->n_prompt = (int)rec->n_tokens;
+	r->feed = r->prompt;
+	r->n_feed = r->n_prompt;
+	r->max_tokens = (int)rec->max_tokens;
+	r->sp = (struct k_sample_params){ .temperature = rec->temperature, .top_k = rec->top_k,
+					  .top_p = rec->top_p, .seed = rec->seed, .min_p = rec->min_p,
+					  .repetition_penalty = rec->repetition_penalty,
+					  .presence_penalty = rec->presence_penalty,
+					  .frequency_penalty = rec->frequency_penalty,
+					  .logprobs = !!(rec->flags & IPC_SUB_LOGPROBS),
+					  .top_logprobs = !!(rec->flags & IPC_SUB_TOP_LOGPROB) };
+	/* the daemon's --spec unless the request says; IPC_SUB_SPEC without a --spec
+	 * takes the defaults */
+	r->spec_k = s->o.spec.k;
+	r->spec_n = s->o.spec.n;
+	if ((rec->flags & IPC_SUB_SPEC) && !r->spec_k) {
+		r->spec_k = SPEC_DEFAULT_K;
+		r->spec_n = SPEC_DEFAULT_N;
+	}
+	if (rec->flags & IPC_SUB_NO_SPEC)
+		r->spec_k = 0;
+	memcpy(r->stop, rec->stop, sizeof(r->stop));
+	r->n_stop = (int)rec->n_stop;
+	r->priority = rec->priority;
+	memcpy(r->session, rec->session, sizeof(r->session));
+	r->seqno = s->seqno++;
+	r->t_submit = rec->t_submit_ns;
+	r->t_pickup = t_pickup_ns;
+	if (ses >= 0) {
+		s->ses[ses].inflight++;
+		s->ses[ses].total++;
+	}
+	c->n_inflight++;
+	c->inflight_tokens += r->n_prompt + r->max_tokens;
+	enqueue(s, r);
+	return;
+
+out_oom:
+	sched_emit(c, rec->req_id, rec->t_submit_ns, t_pickup_ns, -1, 0, IPC_EV_FINAL, IPC_REASON_ERROR,
+		   IPC_DETAIL_NONE, -ENOMEM, 0, 0, 0);
+out_free:
+	free(tokens);
+}
+
+void sched_drop_client(struct sched *s, struct client_conn *c)
+{
+	for (int i = s->n_run - 1; i >= 0; i--)
+		if (s->run[i]->c == c)
+			sched_finish(s, s->run[i], IPC_REASON_CANCELLED, IPC_DETAIL_CANCEL, 0, 0, 0);
+	for (int i = s->n_wait - 1; i >= 0; i--)
+		if (s->wait[i]->c == c)
+			sched_finish(s, s->wait[i], IPC_REASON_CANCELLED, IPC_DETAIL_CANCEL, 0, 0, 0);
+	for (int i = s->n_ses - 1; i >= 0; i--) {
+		if (s->ses[i].c != c)
+			continue;
+		s->ses[i] = s->ses[--s->n_ses];
+	}
+}
+
+void sched_set_draining(struct sched *s, int on)
+{
+	s->draining = on;
+}
+
+void sched_cancel_all(struct sched *s)
+{
+	while (s->n_run)
+		sched_finish(s, s->run[0], IPC_REASON_CANCELLED, IPC_DETAIL_SHUTDOWN, 0, 0, 1);
+	while (s->n_wait)
+		sched_finish(s, s->wait[0], IPC_REASON_CANCELLED, IPC_DETAIL_SHUTDOWN, 0, 0, 1);
+}
+
+int sched_busy(const struct sched *s)
+{
+	return s->n_run + s->n_wait;
+}
+
+/* Prefix-cache salt of c's requests: its uid, or one value for all. */
+static uint64_t salt_of(const struct sched *s, const struct client_conn *c)
+{
+	return s->o.share_prefix ? 0x6b646563736861ULL : (uint64_t)c->uid;
+}
+
+/* Starts r's sequence on its session's KV (owner: the client's uid), if it names
+ * one that has no other turn running, else on the prefix cache. */
+static int req_start(struct sched *s, struct sched_req *r)
+{
+	uint64_t salt = salt_of(s, r->c);
+	struct kv_session *kvs;
+	int cached = 0, ret;
+
+	if (r->session[0] && !engine_session_open(s->e, r->session, r->c->uid, salt, &kvs)) {
+		ret = engine_seq_start_session(s->e, &r->seq, kvs, r->feed, r->n_feed, &cached);
+		if (!ret)
+			r->kvs = kvs;
+		if (ret != -EBUSY)
+			goto out;
+		log_debug("session '%s' has a turn running: request %llu runs without it",
+			  r->session, (unsigned long long)r->id);
+	}
+	ret = engine_seq_start(s->e, &r->seq, r->feed, r->n_feed, salt, &cached);
+out:
+	if (!ret)
+		r->n_prefilled = cached;
+	return ret;
+}
+
+/* Whether the first waiting request w should wait a step: a running request with the
+ * same prefix-cache salt is still prefilling full blocks that w's prompt starts with
+ * too. Full blocks enter the prefix cache as each step completes them and admission
+ * maps what is there, so w, admitted a step or a few later, maps those blocks instead
+ * of computing them again beside the other (N agents arriving together with one
+ * system prompt compute it once, not N times). Bounded by SCHED_PREFIX_WAIT_STEPS, in
+ * case the other's prefill stalls (a paused client). */
+#define SCHED_PREFIX_WAIT_STEPS 64
+static int prefix_pending(struct sched *s, struct sched_req *w)
+{
+	struct engine_cache_status st;
+	uint64_t salt = salt_of(s, w->c);
+
+	if (s->o.no_prefix_wait || w->prefix_waits >= SCHED_PREFIX_WAIT_STEPS)
+		return 0;
+	engine_cache_status(s->e, &st);
+	for (int i = 0; i < s->n_run; i++) {
+		const struct sched_req *r = s->run[i];
+		int lim, common = 0, full;
+
+		if (r->n_prefilled >= r->n_feed || r->c->dead || salt_of(s, r->c) != salt)
+			continue;
+		/* w maps at most (n - 1) / bt blocks: one token is always computed */
+		lim = w->n_feed - 1 < r->n_feed ? w->n_feed - 1 : r->n_feed;
+		while (common < lim && w->feed[common] == r->feed[common])
+			common++;
+		full = common / st.block_tokens * st.block_tokens;
+		if (full > r->n_prefilled) {
+			w->prefix_waits++;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Moves the first waiting request into the batch with its cached prefix mapped;
+ * NULL if that fails (the request ended with an error) or if starting it took
+ * more blocks than the claims left (it waits again). */
+static struct sched_req *admit(struct sched *s)
+{
+	struct sched_req *r = s->wait[0];
+	int ret;
+
+	sched_remove_ptr(s->wait, &s->n_wait, r);
+	r->running = 1;
+	r->admit_no = s->admit_no++;
+	s->run[s->n_run++] = r;
+	ret = req_start(s, r);
+	if (ret) {
+		log_warn("client %u request %llu: cannot start: %s", r->c->id,
+			 (unsigned long long)r->id, strerror(-ret));
+		sched_finish(s, r, IPC_REASON_ERROR, IPC_DETAIL_ENGINE, ret, 0, 1);
+		return NULL;
+	}
+	/* a session's turn brings all its host blocks back, more than the prompt
+	 * may use: the step would not fit. Its blocks stay on the device (the
+	 * session's, idle), so the next look counts them. */
+	if (sched_spare(s) < 0) {
+		sched_unadmit(s, r);
+		return NULL;
+	}
+	if (r->n_preempted)
+		log_debug("client %u request %llu: resumed, %d of %d tokens from the prefix cache",
+			  r->c->id, (unsigned long long)r->id, r->n_prefilled, r->n_feed);
+	return r;
+}
+
+int sched_runnable(struct sched *s)
+{
+	for (int i = 0; i < s->n_run; i++) {
+		struct sched_req *r = s->run[i];
+
+		if (r->n_prefilled < r->n_feed || client_conn_ev_free(r->c) > 0)
+			return 1;
+	}
+	return sched_can_admit(s);
+}
+
+int64_t sched_next_timeout(const struct sched *s, uint64_t now_ns)
+{
+	int64_t best = INT64_MAX, stall = (int64_t)s->o.stall_ms * 1000000;
+
+	for (int i = 0; i < s->n_run; i++) {
+		const struct sched_req *r = s->run[i];
+		int64_t left;
+
+		if (!r->paused_since)
+			continue;
+		left = (int64_t)(r->paused_since + (uint64_t)stall - now_ns);
+		if (left < best)
+			best = left > 0 ? left : 0;
+	}
+	return best;
+}
+
+/* Event-ring slots each client has for this step; -1 = not yet looked at. */
+static int step_space(struct client_conn *c, int *space_cache)
+{
+	if (*space_cache < 0) {
+		int f = client_conn_ev_free(c);
+
+		if (f < 0) {
+			c->dead = 1;
+			f = 0;
+		}
+		*space_cache = f;
+	}
+	return *space_cache;
+}
+
+/* r cannot run for lack of event-ring space: pause it, or cancel it once it has
+ * waited stall_ms (returns 1: r is gone). */
+static int req_pause(struct sched *s, struct sched_req *r, uint64_t now)
+{
+	if (!r->paused_since) {
+		r->paused_since = now;
+		return 0;
+	}
+	if (now - r->paused_since < (uint64_t)s->o.stall_ms * 1000000u)
+		return 0;
+	log_info("client %u request %llu: event ring full for %d ms: cancelled",
+		 r->c->id, (unsigned long long)r->id, s->o.stall_ms);
+	sched_finish(s, r, IPC_REASON_CANCELLED, IPC_DETAIL_STALLED, 0, (uint32_t)s->o.stall_ms, 1);
+	return 1;
+}
+
+void sched_add(struct sched *s, int *n, struct sched_req *r, const int32_t *tok, int n_tok)
+{
+	s->ereq[*n] = (struct engine_req){ .seq = &r->seq, .tokens = tok, .n_tokens = n_tok };
+	s->of[*n] = r;
+	s->row0[*n] = s->n_rows;
+	s->sp[s->n_rows] = r->sp;
+	s->hist[s->n_rows] = (struct k_sample_hist){ .prompt = r->prompt, .n_prompt = r->n_prompt,
+						     .out = r->out, .n_out = r->out ? r->n_gen : 0 };
+	s->steps[s->n_rows] = (uint64_t)r->n_gen;
+	s->n_rows++;
+	(*n)++;
+}
+
+/* Picks the step's requests: decodes first, then prefill chunks, admitting waiting
+ * requests while the KV cache, the batch and the token budget allow. */
+static int build_step(struct sched *s, uint64_t now)
+{
+	int budget = s->o.step_tokens, n = 0;
+
+	s->n_rows = 0;
+
+	/* space_cache lives in the client for one step: reset it first, for the
+	 * clients of requests that may be admitted too */
+	for (int i = 0; i < s->n_run; i++) {
+		s->run[i]->c->step_space = -1;
+		s->run[i]->step_fed = 0;
+	}
+	for (int i = 0; i < s->n_wait; i++)
+		s->wait[i]->c->step_space = -1;
+	/* who decodes: each takes one event slot here (drafts get what is left);
+	 * those whose client has none pause */
+	for (int i = 0; i < s->n_run; i++) {
+		struct sched_req *r = s->run[i];
+
+		if (r->n_prefilled < r->n_feed || r->c->dead)
+			continue;
+		if (step_space(r->c, &r->c->step_space) > 0) {
+			r->paused_since = 0;
+			r->step_fed = 1;
+			r->c->step_space--;
+		} else if (req_pause(s, r, now)) {
+			i--;
+		}
+	}
+	/* the decodes' blocks, preempting when short; room for a waiting request of
+	 * higher priority */
+	sched_make_room(s);
+	for (int i = 0; i < s->n_run && budget > 0; i++) {
+		struct sched_req *r = s->run[i];
+
+		if (r->step_fed) {
+			r->c->step_space++;	/* its slot back: add_decode takes it */
+			sched_add_decode(s, &n, r, &budget);
+		}
+	}
+	for (int i = 0; budget > 0 && n < s->o.max_batch; i++) {
+		struct sched_req *r;
+		int rem, chunk;
+
+		if (i == s->n_run) {
+			if (!sched_can_admit(s) || prefix_pending(s, s->wait[0]))
+				break;
+			if (!admit(s)) {
+				i--;
+				continue;
+			}
+		}
+		r = s->run[i];
+		rem = r->n_feed - r->n_prefilled;
+		if (!rem || r->c->dead)
+			continue;
+		chunk = rem < budget ? rem : budget;
+		/* The chunk that ends the prompt yields the first token: it needs a slot. */
+		if (chunk == rem && step_space(r->c, &r->c->step_space) == 0)
+			chunk--;
+		if (chunk <= 0) {
+			if (req_pause(s, r, now))
+				i--;
+			continue;
+		}
+		r->paused_since = 0;
+		if (chunk == rem)
+			r->c->step_space--;
+		sched_add(s, &n, r, r->feed + r->n_prefilled, chunk);
+		budget -= chunk;
+	}
+	return n;
+}
+
+int sched_step(struct sched *s, uint64_t now_ns)
+{
+	char err[256] = "";
+	uint64_t now;
+	int n, ret;
+
+	n = build_step(s, now_ns);
+	if (!n)
+		return 0;
+	ret = engine_step_sample_ext(s->e, s->ereq, n, s->sp, s->steps, s->hist, s->ids, s->lp, NULL,
+				     err, sizeof(err));
+	if (ret) {
+		log_error("engine step of %d requests failed: %s", n, err[0] ? err : strerror(-ret));
+		for (int i = 0; i < n; i++)
+			sched_finish(s, s->of[i], IPC_REASON_ERROR, IPC_DETAIL_ENGINE, ret, 0, 1);
+		return ret;
+	}
+	now = ipc_now_ns();
+	for (int i = 0; i < n; i++) {
+		struct sched_req *r = s->of[i];
+
+		if (r->n_prefilled < r->n_feed) {
+			r->n_prefilled += s->ereq[i].n_tokens;
+			if (r->n_prefilled < r->n_feed)
+				continue;	/* a middle chunk: its sample is not a token */
+			if (!r->n_gen)	/* not a resume after a preemption */
+				s->m.prompt_tokens += (uint64_t)r->n_prompt;
+		}
+		if (s->ereq[i].n_draft)
+			sched_deliver_spec(s, r, &s->ereq[i], s->ids + s->row0[i], s->lp + s->row0[i],
+					   now);
+		else
+			sched_deliver(s, r, s->ids[s->row0[i]], &s->lp[s->row0[i]], now);
+	}
+	return n;
+}
+
+static int report_kv_sessions(struct sched *s, struct sched_report *r)
+{
+	int n = engine_sessions_list(s->e, NULL, 0);
+
+	if (!n)
+		return 0;
+	r->kv_sessions = calloc((size_t)n, sizeof(*r->kv_sessions));
+	if (!r->kv_sessions)
+		return -ENOMEM;
+	r->n_kv_sessions = engine_sessions_list(s->e, r->kv_sessions, n);
+	if (r->n_kv_sessions > n)
+		r->n_kv_sessions = n;
+	return 0;
+}
+
+int sched_report(struct sched *s, struct sched_report *r)
+{
+	int ret;
+
+	memset(r, 0, sizeof(*r));
+	r->running = s->n_run;
+	r->waiting = s->n_wait;
+	engine_cache_status(s->e, &r->cache);
+	r->kv_blocks_total = r->cache.blocks_total;
+	r->kv_blocks_used = r->cache.blocks_used;
+	r->draining = s->draining;
+	r->prefix_hit_tokens = s->e->stats.prefix_hit_tokens;
+	r->stats = s->e->stats;
+	r->m = s->m;
+	ret = report_kv_sessions(s, r);
+	if (ret || !s->n_ses)
+		return ret;
+	r->sessions = calloc((size_t)s->n_ses, sizeof(*r->sessions));
+	if (!r->sessions)
+		return -ENOMEM;
+	for (int i = 0; i < s->n_ses; i++) {
+		memcpy(r->sessions[i].name, s->ses[i].name, IPC_SESSION_MAX);
+		r->sessions[i].client_id = s->ses[i].c->id;
+		r->sessions[i].inflight = s->ses[i].inflight;
+		r->sessions[i].total = s->ses[i].total;
+	}
+	r->n_sessions = s->n_ses;
+	return 0;
+}

@@ -1,0 +1,106 @@
+/* Events out: a request's token and final events into its client's event ring,
+ * with the bookkeeping each token brings (metrics, the penalties' history, the end
+ * of a request at a stop token or max_tokens). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/sched/sched_internal.h"
+
+/* A final or token event to the request's client. A client that cannot take it
+ * (impossible ring indices, no memory) is marked dead; the engine thread drops it. */
+void sched_emit(struct client_conn *c, uint64_t id, uint64_t t_submit, uint64_t t_pickup,
+		int32_t tok, uint32_t index, uint32_t flags, uint16_t reason, uint16_t detail,
+		int err, uint32_t a0, uint32_t a1, uint32_t a2)
+{
+	struct ipc_event ev = {
+		.req_id = id, .token = tok, .index = index, .flags = flags,
+		.reason = reason, .detail = detail, .err = err,
+		.arg = { a0, a1, a2 }, .t_submit_ns = t_submit, .t_pickup_ns = t_pickup,
+	};
+	int ret;
+
+	if (c->dead)
+		return;
+	ret = client_conn_push(c, &ev);
+	if (ret < 0 && !c->dead) {
+		c->dead = 1;
+		if (ret != -EPROTO)
+			snprintf(c->why, sizeof(c->why), "cannot queue an event: %s", strerror(-ret));
+	}
+}
+
+/* Keeps tok in r->out when r's penalties need its output. 0 or -ENOMEM. */
+static int record_out(struct sched_req *r, int32_t tok)
+{
+	if (!k_sample_has_penalty(&r->sp))
+		return 0;
+	if (r->n_gen == r->cap_out) {
+		int cap = r->cap_out ? 2 * r->cap_out : 64;
+		int32_t *v = realloc(r->out, (size_t)cap * sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		r->out = v;
+		r->cap_out = cap;
+	}
+	r->out[r->n_gen] = tok;
+	return 0;
+}
+
+static uint32_t f32_bits(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+static void deliver_event(struct sched *s, struct sched_req *r, int32_t tok, uint32_t flags,
+			  const uint32_t *a, uint64_t now)
+{
+	uint32_t index = (uint32_t)r->n_gen++;
+	uint16_t reason = IPC_REASON_NONE;
+
+	s->m.generation_tokens++;
+	r->c->n_generated++;
+	if (index == 0)
+		metrics_observe_ttft(&s->m, (double)(now - r->t_pickup) * 1e-9);
+	else
+		metrics_observe_itl(&s->m, (double)(now - r->t_last) * 1e-9);
+	r->t_last = now;
+	for (int k = 0; k < r->n_stop; k++)
+		if (r->stop[k] == tok)
+			reason = IPC_REASON_STOP;
+	if (!reason && r->n_gen >= r->max_tokens)
+		reason = IPC_REASON_LENGTH;
+	sched_emit(r->c, r->id, r->t_submit, r->t_pickup, tok, index, flags | (reason ? IPC_EV_FINAL : 0),
+		   reason, IPC_DETAIL_NONE, 0, a[0], a[1], a[2]);
+	if (reason)
+		sched_finish(s, r, reason, IPC_DETAIL_NONE, 0, 0, 0);
+	else
+		r->last = tok;
+}
+
+/* Delivers tok, with its logprobs when the request asked (lp may be NULL: none). */
+void sched_deliver(struct sched *s, struct sched_req *r, int32_t tok,
+		   const struct k_sample_logprobs *lp, uint64_t now)
+{
+	uint32_t flags = 0, a[3] = { 0, 0, 0 };
+
+	if (record_out(r, tok)) {
+		sched_finish(s, r, IPC_REASON_ERROR, IPC_DETAIL_NONE, -ENOMEM, 0, 1);
+		return;
+	}
+	if (r->sp.logprobs && lp) {
+		flags = IPC_EV_LOGPROB;
+		a[0] = f32_bits(lp->logprob);
+		if (lp->n) {
+			flags |= IPC_EV_TOP_LOGPROB;
+			a[1] = (uint32_t)lp->ids[0];
+			a[2] = f32_bits(lp->logprobs[0]);
+		}
+	}
+	deliver_event(s, r, tok, flags, a, now);
+}

@@ -1,0 +1,423 @@
+// The linear-layer entry points: the per-stream context (cuBLAS handle, workspace, x
+// scratch), the choice of variant by shape, and the cuBLAS path for prefill-sized M.
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/linear/k_cuda_linear.h"
+#include "kernels/cuda/linear/linear_internal.h"
+
+/* Where the kernels of this file beat cuBLAS, measured on H200 (docs/PERFORMANCE.md,
+ * bench_cuda_linear, weights rotated out of L2, graph replays): for matrices of at
+ * most LIN_SMALL_WEIGHT_BYTES (DeepSeek-V2-Lite's 2048-wide projections and experts:
+ * 1.0-1.8x faster, as cuBLAS pays a fixed ~6 us there), the GEMV at M = 1 and split-K
+ * up to M = 16; for the 32-64 MB ones (Llama-3.1-8B q/k/v, o_proj) the streaming
+ * kernel up to M = 8. On the 117-235 MB matrices cuBLAS streams at 3.7-4.2 TB/s and
+ * beats both at every M. A wgmma (sm_90a) weight-streaming kernel for 8 < M <= 64 was
+ * tried and removed (2026-12-02): it lost to tuned cuBLAS at every measured shape, at
+ * M = 64 q/k/v 18.8 us against 17.6, o_proj 15.2 against 13.3, gate_up 67.5 against
+ * 61.8, down 39.4 against 37.0, and end to end (Llama-3.1-8B batch 64 7.19-7.32 ms
+ * against 7.16; docs/results/cuda-linear-97bfe73.txt). */
+#define LIN_GEMV_MAX_M		1
+#define LIN_SPLITK_MAX_M	16
+#define LIN_SMALL_WEIGHT_BYTES	((size_t)16 << 20)
+/* The streaming kernel takes M <= 8 on matrices above LIN_SMALL_WEIGHT_BYTES (where
+ * the GEMV and split-K kernels win) and up to this size (KDEC_LINEAR_STREAM_MB; 0 turns
+ * it off): Llama-3.1-8B q/k/v 15.9 us against cuBLAS's 17.5 at M = 1, o_proj 11.9
+ * against 12.8; even at M = 8; behind cuBLAS from M = 16, where its mma.sync tiles
+ * are bound by instruction issue, not bytes (docs/results/cuda-linear-41224dd.txt). */
+#define LIN_STREAM_MAX_M	8
+#define LIN_STREAM_WEIGHT_BYTES	((size_t)64 << 20)
+/* The vector kernels read 8 bf16 (16 bytes) of a weight row at a time. */
+#define LIN_VEC_K		8
+
+int k_cuda_lin_check(cudaError_t e, const char *call, const char *file, int line, int dev)
+{
+	if (e == cudaSuccess)
+		return 0;
+	fprintf(stderr, "cuda: %s failed at %s:%d (device %d): %s\n", call, file, line, dev,
+		cudaGetErrorString(e));
+	return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
+}
+
+int k_cuda_lin_pdl_attr(const struct k_cuda_linear *ctx, cudaLaunchAttribute *attrs)
+{
+	if (!ctx->pdl)
+		return 0;
+	attrs->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	attrs->val.programmaticStreamSerializationAllowed = 1;
+	return 1;
+}
+
+static int lin_blas_check(cublasStatus_t s, const char *call, const char *file, int line, int dev)
+{
+	if (s == CUBLAS_STATUS_SUCCESS)
+		return 0;
+	fprintf(stderr, "cublas: %s failed at %s:%d (device %d): %s\n", call, file, line, dev,
+		cublasGetStatusString(s));
+	return s == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;
+}
+#define LIN_BLAS(dev, call) lin_blas_check((call), #call, __FILE__, __LINE__, (dev))
+
+// ---- variant predicates, tried in this order -------------------------------
+
+static bool lin_vec_ok(const float *x, const uint16_t *w, int K)
+{
+	return K % LIN_VEC_K == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
+}
+
+// KDEC_LINEAR_SMALL_MB (experiments): the weight size up to which the project's kernels
+// are tried before cuBLAS.
+static size_t lin_small_limit(void)
+{
+	static size_t limit;
+
+	if (!limit) {
+		const char *e = getenv("KDEC_LINEAR_SMALL_MB");
+		const long mb = e ? atol(e) : 0;
+
+		limit = mb > 0 ? (size_t)mb << 20 : LIN_SMALL_WEIGHT_BYTES;
+	}
+	return limit;
+}
+
+static bool lin_small_weights(int N, int K)
+{
+	return (size_t)N * (size_t)K * sizeof(uint16_t) <= lin_small_limit();
+}
+
+// KDEC_LINEAR_STREAM_MB: the weight size up to which the streaming kernel is used.
+static size_t lin_stream_limit(void)
+{
+	static size_t limit;
+	static bool read;
+
+	if (!read) {
+		const char *e = getenv("KDEC_LINEAR_STREAM_MB");
+
+		limit = e ? (size_t)atol(e) << 20 : LIN_STREAM_WEIGHT_BYTES;
+		read = true;
+	}
+	return limit;
+}
+
+static bool lin_use_stream(int M, int N, int K)
+{
+	return M <= LIN_STREAM_MAX_M && K % LIN_VEC_K == 0 && !lin_small_weights(N, K) &&
+	       (size_t)N * (size_t)K * sizeof(uint16_t) <= lin_stream_limit();
+}
+
+static bool lin_use_gemv(int M, int N, int K)
+{
+	return M <= LIN_GEMV_MAX_M && K % LIN_VEC_K == 0 && lin_small_weights(N, K);
+}
+
+static bool lin_use_splitk(int M, int N, int K)
+{
+	return M <= LIN_SPLITK_MAX_M && K % LIN_VEC_K == 0 && lin_small_weights(N, K);
+}
+
+/* cuBLAS takes any shape; the generic kernel is left for tiny ones, where a cuBLAS
+ * call costs more than the work. */
+static bool lin_use_cublas(int M, int N, int K)
+{
+	return M > LIN_SPLITK_MAX_M || (size_t)N * (size_t)K >= 4096;
+}
+
+extern "C" enum k_cuda_linear_kind k_cuda_linear_pick(int M, int N, int K)
+{
+	if (lin_use_stream(M, N, K))
+		return K_CUDA_LINEAR_STREAM;
+	if (lin_use_gemv(M, N, K))
+		return K_CUDA_LINEAR_GEMV;
+	if (lin_use_splitk(M, N, K))
+		return K_CUDA_LINEAR_SPLITK;
+	if (lin_use_cublas(M, N, K))
+		return K_CUDA_LINEAR_CUBLAS;
+	return K_CUDA_LINEAR_GENERIC;
+}
+
+extern "C" int k_cuda_linear_supports(enum k_cuda_linear_kind kind, const float *x,
+				      const uint16_t *w, int M, int N, int K)
+{
+	if (M < 1 || N < 1 || K < 1)
+		return 0;
+	switch (kind) {
+	case K_CUDA_LINEAR_GEMV:
+	case K_CUDA_LINEAR_SPLITK:
+	case K_CUDA_LINEAR_STREAM:
+		return lin_vec_ok(x, w, K);
+	case K_CUDA_LINEAR_CUBLAS:
+	case K_CUDA_LINEAR_GENERIC:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+extern "C" const char *k_cuda_linear_kind_name(enum k_cuda_linear_kind kind)
+{
+	switch (kind) {
+	case K_CUDA_LINEAR_GEMV: return "gemv";
+	case K_CUDA_LINEAR_SPLITK: return "splitk";
+	case K_CUDA_LINEAR_STREAM: return "stream";
+	case K_CUDA_LINEAR_CUBLAS: return "cublas";
+	case K_CUDA_LINEAR_GENERIC: return "generic";
+	default: return "?";
+	}
+}
+
+// ---- context ----------------------------------------------------------------
+
+extern "C" void k_cuda_linear_destroy(struct k_cuda_linear *ctx)
+{
+	if (!ctx)
+		return;
+	if (ctx->blas)
+		cublasDestroy(ctx->blas);
+	k_cuda_lin_lt_destroy(ctx);
+	cudaFree(ctx->blas_ws);
+	cudaFree(ctx->xb);
+	cudaFree(ctx->st_ws);
+	cudaFree(ctx->st_cnt);
+	free(ctx);
+}
+
+extern "C" int k_cuda_linear_create(struct k_cuda_linear **out, cudaStream_t stream, int max_M,
+				    int max_K)
+{
+	struct k_cuda_linear *ctx;
+	int ret;
+
+	*out = NULL;
+	if (max_M < 1 || max_K < 1)
+		return -EINVAL;
+	ctx = (struct k_cuda_linear *)calloc(1, sizeof(*ctx));
+	if (!ctx)
+		return -ENOMEM;
+	ctx->stream = stream;
+	ctx->max_M = max_M;
+	ctx->max_K = max_K;
+	ctx->dev = -1;
+	ctx->pdl = 1;
+	ctx->pdl_ok = 1;
+	ret = LIN_CUDA(-1, cudaGetDevice(&ctx->dev));
+	if (ret)
+		goto err;
+	ret = LIN_CUDA(ctx->dev, cudaDeviceGetAttribute(&ctx->n_sm, cudaDevAttrMultiProcessorCount,
+							ctx->dev));
+	if (ret)
+		goto err;
+	ret = LIN_CUDA(ctx->dev, cudaMalloc((void **)&ctx->xb,
+					    (size_t)max_M * max_K * sizeof(uint16_t)));
+	if (ret)
+		goto err;
+	ret = LIN_CUDA(ctx->dev, cudaMalloc(&ctx->blas_ws, LIN_BLAS_WS_BYTES));
+	if (ret)
+		goto err;
+	ret = LIN_BLAS(ctx->dev, cublasCreate(&ctx->blas));
+	if (ret)
+		goto err;
+	// cublasSetStream resets the workspace to the default pool: set the stream first
+	ret = LIN_BLAS(ctx->dev, cublasSetStream(ctx->blas, stream));
+	if (!ret)
+		ret = LIN_BLAS(ctx->dev, cublasSetWorkspace(ctx->blas, ctx->blas_ws,
+							    LIN_BLAS_WS_BYTES));
+	if (!ret)
+		ret = k_cuda_lin_gemv_setup(ctx);
+	if (!ret)
+		ret = k_cuda_lin_lt_setup(ctx);
+	if (!ret)
+		ret = k_cuda_lin_stream_setup(ctx);
+	if (!ret)
+		ret = k_cuda_lin_splitk_setup(ctx);
+	if (ret)
+		goto err;
+	ctx->pdl_ok = ctx->pdl;
+	*out = ctx;
+	return 0;
+err:
+	k_cuda_linear_destroy(ctx);
+	return ret;
+}
+
+// ---- launchers --------------------------------------------------------------
+
+// x rounded to bf16 into the scratch, then y^T (N, M) = w (K, N col-major)^T x^T (K, M):
+// through cuBLASLt with a timed algorithm for decode-sized calls on large matrices
+// (linear_lt.cu), else cublasGemmEx. ready: xb holds bf16(x) already. y: fp32, or bf16
+// where y_bf16 (fp32 accumulation either way).
+static int lin_cublas(struct k_cuda_linear *ctx, void *y, bool y_bf16, const float *x,
+		      const uint16_t *w, int M, int N, int K, int accumulate, bool ready)
+{
+	const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+	bool done = false;
+	int ret;
+
+	ret = ready ? 0 : k_cuda_lin_to_bf16(ctx, ctx->xb, x, (size_t)M * K);
+	if (!ret && !lin_small_weights(N, K))
+		ret = k_cuda_lin_lt(ctx, y, y_bf16, ctx->xb, w, M, N, K, accumulate, &done);
+	if (ret || done)
+		return ret;
+	// beta = 0: cuBLAS does not read y, so poisoned or stale outputs are fine
+	return LIN_BLAS(ctx->dev, cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha,
+					       w, CUDA_R_16BF, K, ctx->xb, CUDA_R_16BF, K, &beta,
+					       y, y_bf16 ? CUDA_R_16BF : CUDA_R_32F, N,
+					       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// Whether x is the one whose bf16 form a producer left in the scratch (good for this
+// one call); -EINVAL where it left only that form and kind reads fp32 x.
+static int lin_take_ready(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind,
+			  const float *x, int M, int N, int K, bool *ready)
+{
+	*ready = x == ctx->ready_x && M == ctx->ready_M && K == ctx->ready_K;
+	ctx->ready_x = nullptr;
+	if (*ready && ctx->ready_only && !k_cuda_linear_kind_reads_bf16(kind)) {
+		fprintf(stderr, "cuda linear: M %d N %d K %d: x was written in bf16 only, but the "
+			"%s kernel reads fp32 x\n", M, N, K, k_cuda_linear_kind_name(kind));
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static bool lin_args_ok(const struct k_cuda_linear *ctx, const float *y, const float *x,
+			const uint16_t *w, int M, int N, int K)
+{
+	return ctx && y && x && w && M >= 1 && N >= 1 && K >= 1 && M <= ctx->max_M &&
+	       K <= ctx->max_K;
+}
+
+extern "C" int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind,
+				      float *y, const float *x, const uint16_t *w, int M, int N,
+				      int K, int accumulate)
+{
+	bool ready;
+
+	if (!lin_args_ok(ctx, y, x, w, M, N, K) || !k_cuda_linear_supports(kind, x, w, M, N, K))
+		return -EINVAL;
+	if (lin_take_ready(ctx, kind, x, M, N, K, &ready))
+		return -EINVAL;
+	accumulate = accumulate != 0;
+	switch (kind) {
+	case K_CUDA_LINEAR_GEMV:
+		return k_cuda_lin_gemv(ctx, y, x, w, M, N, K, accumulate);
+	case K_CUDA_LINEAR_SPLITK:
+		return k_cuda_lin_splitk(ctx, y, x, w, M, N, K, accumulate);
+	case K_CUDA_LINEAR_STREAM:
+		return k_cuda_lin_stream(ctx, y, x, w, M, N, K, accumulate, ready);
+	case K_CUDA_LINEAR_CUBLAS:
+		return lin_cublas(ctx, y, false, x, w, M, N, K, accumulate, ready);
+	case K_CUDA_LINEAR_GENERIC:
+		return k_cuda_lin_generic(ctx, y, x, w, M, N, K, accumulate);
+	default:
+		return -EINVAL;
+	}
+}
+
+extern "C" int k_cuda_linear_bf16_out(struct k_cuda_linear *ctx, uint16_t *y, const float *x,
+				      const uint16_t *w, int M, int N, int K)
+{
+	bool ready;
+
+	if (!lin_args_ok(ctx, (const float *)y, x, w, M, N, K) ||
+	    k_cuda_linear_choose(x, w, M, N, K) != K_CUDA_LINEAR_CUBLAS)
+		return -EOPNOTSUPP;
+	if (lin_take_ready(ctx, K_CUDA_LINEAR_CUBLAS, x, M, N, K, &ready))
+		return -EINVAL;
+	return lin_cublas(ctx, y, true, x, w, M, N, K, 0, ready);
+}
+
+extern "C" int k_cuda_linear(struct k_cuda_linear *ctx, float *y, const float *x,
+			     const uint16_t *w, int M, int N, int K, int accumulate)
+{
+	return k_cuda_linear_run_kind(ctx, k_cuda_linear_choose(x, w, M, N, K), y, x, w, M, N, K,
+				      accumulate);
+}
+
+/* misaligned x or w (or K % 8): the kernel that takes any. cuBLAS too, though it
+ * accepts any alignment: fed x one float off 16 bytes (test_cuda_linear), cuBLAS at
+ * N = 40000, K = 256 gave 0.42 relative error on H200 and is not used so. */
+extern "C" enum k_cuda_linear_kind k_cuda_linear_choose(const float *x, const uint16_t *w, int M,
+							 int N, int K)
+{
+	enum k_cuda_linear_kind kind = k_cuda_linear_pick(M, N, K);
+
+	if (!k_cuda_linear_supports(kind, x, w, M, N, K) || !lin_vec_ok(x, w, K))
+		kind = K_CUDA_LINEAR_GENERIC;
+	return kind;
+}
+
+extern "C" uint16_t *k_cuda_linear_x_scratch(struct k_cuda_linear *ctx, int M, int K)
+{
+	return ctx && M >= 1 && K >= 1 && M <= ctx->max_M && K <= ctx->max_K ? ctx->xb : nullptr;
+}
+
+extern "C" void k_cuda_linear_x_ready(struct k_cuda_linear *ctx, const float *x, int M, int K)
+{
+	if (!ctx)
+		return;
+	ctx->ready_x = x;
+	ctx->ready_M = M;
+	ctx->ready_K = K;
+	ctx->ready_only = false;
+}
+
+extern "C" int k_cuda_linear_kind_reads_bf16(enum k_cuda_linear_kind kind)
+{
+	return kind == K_CUDA_LINEAR_STREAM || kind == K_CUDA_LINEAR_CUBLAS;
+}
+
+extern "C" void k_cuda_linear_x_ready_only(struct k_cuda_linear *ctx, const float *x, int M,
+					   int K)
+{
+	k_cuda_linear_x_ready(ctx, x, M, K);
+	if (ctx && x)
+		ctx->ready_only = true;
+}
+
+extern "C" void k_cuda_linear_set_pdl(struct k_cuda_linear *ctx, int on)
+{
+	if (ctx)
+		ctx->pdl = on && ctx->pdl_ok;
+}
+
+extern "C" void k_cuda_linear_describe(const struct k_cuda_linear *ctx,
+				       enum k_cuda_linear_kind kind, int M, int N, int K,
+				       char *buf, size_t len)
+{
+	if (!len)
+		return;
+	switch (kind) {
+	case K_CUDA_LINEAR_GEMV:
+		snprintf(buf, len, "gemv grid=%dx%d (2 rows/warp, x rows %s)", (N + 7) / 8,
+			 M == 1 ? 1 : (M + 1) / 2, M == 1 ? "1" : "2 per CTA");
+		break;
+	case K_CUDA_LINEAR_SPLITK:
+		if (ctx)
+			k_cuda_lin_splitk_describe(ctx, M, N, K, buf, len);
+		else
+			snprintf(buf, len, "splitk");
+		break;
+	case K_CUDA_LINEAR_STREAM:
+		if (ctx)
+			k_cuda_lin_stream_describe(ctx, M, N, K, buf, len);
+		else
+			snprintf(buf, len, "stream");
+		break;
+	case K_CUDA_LINEAR_CUBLAS:
+		snprintf(buf, len, "cublas: to_bf16 + cublasGemmEx bf16 x bf16 -> fp32");
+		break;
+	case K_CUDA_LINEAR_GENERIC:
+		snprintf(buf, len, "generic grid=%dx%d (1 output/warp)", (N + 7) / 8,
+			 M < 65535 ? M : 65535);
+		break;
+	default:
+		snprintf(buf, len, "?");
+		break;
+	}
+}

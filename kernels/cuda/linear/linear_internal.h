@@ -1,0 +1,158 @@
+/* Shared by the linear-layer .cu files only: the context and the launchers of each
+ * variant (linear.cu dispatches, linear_gemv.cu and linear_splitk.cu hold kernels). */
+#ifndef KD_KERNELS_CUDA_LINEAR_INTERNAL_H
+#define KD_KERNELS_CUDA_LINEAR_INTERNAL_H
+
+#include <stdint.h>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/linear/k_cuda_linear.h"
+
+/* Largest thread-block cluster the split-K kernel uses: the portable limit. */
+#define LIN_SK_MAX_SPLIT	8
+/* Instantiations of the split-K kernel: 1, 2, 4, 8 m8 tiles (M <= 8, 16, 32, 64). */
+#define LIN_SK_N_MT		4
+/* Rows of x one split-K launch covers; more rows are walked in blocks of this. */
+#define LIN_SK_MAX_M		64
+/* The streaming kernel: instantiations for 1, 2, 4, 8 n8 tiles of x rows (M <= 8, 16,
+ * 32, 64 per launch), at most 8 K slices, and a workspace for the partial tiles of at
+ * most LIN_ST_MAX_UNITS CTAs of a split launch (24 MB). */
+#define LIN_ST_N_NT		4
+#define LIN_ST_MAX_M		64
+#define LIN_ST_MAX_SPLIT	8
+#define LIN_ST_MAX_UNITS	768
+/* cuBLAS workspace: what NVIDIA recommends for Hopper. */
+#define LIN_BLAS_WS_BYTES	((size_t)32 << 20)
+/* cuBLASLt tuning: calls of M <= 64 rows, at most this many shapes per context. */
+#define LIN_LT_MAX_M		64
+#define LIN_LT_CACHE		256
+
+struct lin_lt_entry;
+
+struct k_cuda_linear {
+	cudaStream_t stream;
+	int dev;			/* the device current at create */
+	int max_M, max_K;		/* largest call sizes; xb is sized for them */
+	int n_sm;			/* multiprocessors */
+	int pdl;			/* launch with programmatic stream serialisation */
+	int pdl_ok;			/* the device took it at create */
+	/* split-K CTAs resident at once, per m-tile instantiation and cluster size
+	 * (index 1..LIN_SK_MAX_SPLIT; 0 where that cluster size cannot launch) */
+	int sk_cap[LIN_SK_N_MT][LIN_SK_MAX_SPLIT + 1];
+	int gemv_resident;		/* GEMV CTAs resident at once */
+	int st_cap[LIN_ST_N_NT];	/* streaming-kernel CTAs resident at once */
+	float *st_ws;			/* (LIN_ST_MAX_UNITS, LIN_ST_MAX_M, 128) fp32 partials */
+	unsigned *st_cnt;		/* (LIN_ST_MAX_UNITS) arrivals per tile, 0 between launches */
+	cublasHandle_t blas;
+	cublasLtHandle_t lt;		/* NULL: no tuning */
+	struct lin_lt_entry *lt_cache;	/* (LIN_LT_CACHE) tuned shapes, lt_n of them used */
+	int lt_n;
+	void *blas_ws;			/* (LIN_BLAS_WS_BYTES) bytes, cuBLAS workspace */
+	uint16_t *xb;			/* (max_M, max_K) bf16: x rounded for cuBLAS */
+	const float *ready_x;		/* xb already holds bf16(ready_x) (ready_M, ready_K), */
+	int ready_M, ready_K;		/* written by its producer: k_cuda_linear_x_ready */
+	bool ready_only;		/* ... and the fp32 ready_x was never written */
+};
+
+/* 0 for cudaSuccess; otherwise logs call, file, line and device and returns -ENOMEM
+ * (allocation failure) or -EIO. */
+int k_cuda_lin_check(cudaError_t e, const char *call, const char *file, int line, int dev);
+#define LIN_CUDA(dev, call) k_cuda_lin_check((call), #call, __FILE__, __LINE__, (dev))
+/* The last launch's error, logged as `what`. */
+#define LIN_LAUNCHED(dev, what) \
+	k_cuda_lin_check(cudaGetLastError(), what, __FILE__, __LINE__, (dev))
+
+/* ctx->gemv_resident; called once by k_cuda_linear_create. */
+int k_cuda_lin_gemv_setup(struct k_cuda_linear *ctx);
+int k_cuda_lin_gemv(const struct k_cuda_linear *ctx, float *y, const float *x,
+		    const uint16_t *w, int M, int N, int K, int accumulate);
+int k_cuda_lin_generic(const struct k_cuda_linear *ctx, float *y, const float *x,
+		       const uint16_t *w, int M, int N, int K, int accumulate);
+/* dst (n) bf16 = src (n) fp32, rounded to nearest even. */
+int k_cuda_lin_to_bf16(const struct k_cuda_linear *ctx, uint16_t *dst, const float *src,
+		       size_t n);
+
+/* Fills attrs[0] with programmatic stream serialisation when ctx->pdl: the kernel may
+ * then start while its predecessor in the stream drains; it reads its inputs only after
+ * cudaGridDependencySynchronize(). Returns the number of attributes filled (0 or 1). */
+int k_cuda_lin_pdl_attr(const struct k_cuda_linear *ctx, cudaLaunchAttribute *attrs);
+
+/* Kernel attributes, ctx->sk_cap, and a probe launch that turns ctx->pdl off where a
+ * cluster launch with it fails; called once by k_cuda_linear_create (synchronises). */
+int k_cuda_lin_splitk_setup(struct k_cuda_linear *ctx);
+int k_cuda_lin_splitk(const struct k_cuda_linear *ctx, float *y, const float *x,
+		      const uint16_t *w, int M, int N, int K, int accumulate);
+int k_cuda_lin_splitk_describe(const struct k_cuda_linear *ctx, int M, int N, int K,
+			       char *buf, size_t len);
+
+/* Kernel attributes, ctx->st_cap, the split workspace and counters; once, at create. */
+int k_cuda_lin_stream_setup(struct k_cuda_linear *ctx);
+/* ready: ctx->xb already holds bf16(x); otherwise x is rounded into it first. */
+int k_cuda_lin_stream(const struct k_cuda_linear *ctx, float *y, const float *x,
+		      const uint16_t *w, int M, int N, int K, int accumulate, bool ready);
+int k_cuda_lin_stream_describe(const struct k_cuda_linear *ctx, int M, int N, int K,
+			       char *buf, size_t len);
+
+/* cuBLASLt with the algorithm timed fastest for this shape (first call of a shape
+ * outside graph capture: tunes, synchronising the stream); *done = false where it did
+ * not run (tuning off, M too large, shape first seen in capture, or cublasGemmEx won),
+ * and the caller runs cublasGemmEx. xb: bf16 x (M, K); y (M, N) in bf16 where y_bf16
+ * (tuned apart from the fp32 form), else fp32; beta 0 or 1. */
+int k_cuda_lin_lt(struct k_cuda_linear *ctx, void *y, bool y_bf16, const uint16_t *xb,
+		  const uint16_t *w, int M, int N, int K, int beta, bool *done);
+int k_cuda_lin_lt_setup(struct k_cuda_linear *ctx);
+void k_cuda_lin_lt_destroy(struct k_cuda_linear *ctx);
+
+#ifdef __CUDACC__
+/* Programmatic dependent launch. Kernels take `int pdl`: 0 when launched without it;
+ * otherwise the number of leading CTAs (blockIdx.y * gridDim.x + blockIdx.x below it)
+ * that can be resident at once, the only ones that start while the previous kernel
+ * drains and so the only ones that prefetch. */
+static __device__ __forceinline__ bool k_cuda_lin_early_cta(int pdl)
+{
+	return (unsigned)pdl > blockIdx.y * gridDim.x + blockIdx.x;
+}
+
+/* The weights are constant, so a kernel may fetch them before its predecessor finishes,
+ * but must call this before reading x or y; it then lets the next kernel launch early
+ * too. The early fetch is an L2 prefetch (k_cuda_lin_prefetch): ptxas (nvcc 13.0) moved
+ * register loads issued before the wait (ACQBULK) to after it, to save registers. */
+static __device__ __forceinline__ void k_cuda_lin_inputs_ready(int pdl)
+{
+	if (pdl) {
+		cudaGridDependencySynchronize();
+		cudaTriggerProgrammaticLaunchCompletion();
+	}
+}
+
+/* Asks L2 for the 16 bytes at p (weights to be read soon). */
+static __device__ __forceinline__ void k_cuda_lin_prefetch(const void *p)
+{
+	asm volatile("prefetch.global.L2 [%0];" : : "l"(p));
+}
+
+/* 16 bytes of weights that are read once: not kept in L1 (x lives there). Returns
+ * zeros without touching memory when !ok. */
+static __device__ __forceinline__ uint4 k_cuda_lin_ld_stream(const void *p, bool ok)
+{
+	uint4 v;
+
+	asm volatile("{\n\t"
+		     ".reg .pred p;\n\t"
+		     "setp.ne.b32 p, %5, 0;\n\t"
+		     "mov.b32 %0, 0;\n\t"
+		     "mov.b32 %1, 0;\n\t"
+		     "mov.b32 %2, 0;\n\t"
+		     "mov.b32 %3, 0;\n\t"
+		     "@p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n\t"
+		     "}"
+		     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+		     : "l"(p), "r"((int)ok));
+	return v;
+}
+#endif
+
+#endif

@@ -1,0 +1,357 @@
+// cuBLASLt for the decode-sized calls that go to cuBLAS: for each shape the heuristic's
+// candidate algorithms (and cublasGemmEx's own choice) are timed once, outside the
+// step's capture, each replayed alone as a graph from a cold L2 as a decode step sees
+// its weights, and the fastest median is kept for the life of the context.
+//
+// Why: cublasGemmEx's heuristic picks tiles for arithmetic; at decode M (2..64) the call
+// is a stream of the weights, and its pick leaves Llama-3.1-8B's q/k/v at 69%, o_proj at
+// 63% and down at 76% of the HBM floor at M = 64 (docs/results/cuda-linear-41224dd.txt),
+// where some of the other candidates fill the GPU better.
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/linear/linear_internal.h"
+
+#define LT_CANDIDATES	16	/* asked of the heuristic (KDEC_LT_CANDIDATES: 1..LT_MAX) */
+#define LT_MAX_CANDIDATES 64
+#define LT_REPS		5	/* timed replays per candidate; the median counts */
+/* Written between timed runs so that no weight is still in L2 (60 MB on H200). */
+#define LT_FLUSH_BYTES	((size_t)128 << 20)
+
+struct lin_lt_entry {
+	int M, N, K, beta;
+	bool y_bf16;			/* y in bf16, else fp32 */
+	bool use_lt;			/* else cublasGemmEx was the fastest */
+	cublasLtMatmulAlgo_t algo;
+};
+
+// KDEC_LINEAR_TUNE=0 keeps cublasGemmEx's own choice everywhere.
+static bool lt_enabled(void)
+{
+	static int on = -1;
+
+	return k_cuda_env_flag(&on, "KDEC_LINEAR_TUNE", 1);
+}
+
+static int lt_check(cublasStatus_t s, const char *call, int dev)
+{
+	if (s == CUBLAS_STATUS_SUCCESS)
+		return 0;
+	fprintf(stderr, "cublasLt: %s failed (device %d): %s\n", call, dev, cublasGetStatusString(s));
+	return s == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;
+}
+#define LT(dev, call) lt_check((call), #call, (dev))
+
+// The descriptors of y^T (N, M) = w^T (col-major K x N, transposed) . xb (col-major K x M).
+struct lt_descs {
+	cublasLtMatmulDesc_t op;
+	cublasLtMatrixLayout_t a, b, c;
+};
+
+static void lt_descs_free(struct lt_descs *d)
+{
+	if (d->op)
+		cublasLtMatmulDescDestroy(d->op);
+	if (d->a)
+		cublasLtMatrixLayoutDestroy(d->a);
+	if (d->b)
+		cublasLtMatrixLayoutDestroy(d->b);
+	if (d->c)
+		cublasLtMatrixLayoutDestroy(d->c);
+}
+
+static cudaDataType_t lt_ytype(bool y_bf16)
+{
+	return y_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+static int lt_descs_make(int dev, struct lt_descs *d, int M, int N, int K, bool y_bf16)
+{
+	const cublasOperation_t t = CUBLAS_OP_T;
+	int ret;
+
+	*d = {};
+	ret = LT(dev, cublasLtMatmulDescCreate(&d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+	if (!ret)
+		ret = LT(dev, cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &t,
+							     sizeof(t)));
+	if (!ret)
+		ret = LT(dev, cublasLtMatrixLayoutCreate(&d->a, CUDA_R_16BF, K, N, K));
+	if (!ret)
+		ret = LT(dev, cublasLtMatrixLayoutCreate(&d->b, CUDA_R_16BF, K, M, K));
+	if (!ret)
+		ret = LT(dev, cublasLtMatrixLayoutCreate(&d->c, lt_ytype(y_bf16), N, M, N));
+	if (ret)
+		lt_descs_free(d);
+	return ret;
+}
+
+static cublasStatus_t lt_run(const struct k_cuda_linear *ctx, const struct lt_descs *d,
+			     const cublasLtMatmulAlgo_t *algo, void *y, const uint16_t *xb,
+			     const uint16_t *w, int beta)
+{
+	const float one = 1.0f, b = beta ? 1.0f : 0.0f;
+
+	return cublasLtMatmul(ctx->lt, d->op, &one, w, d->a, xb, d->b, &b, y, d->c, y, d->c, algo,
+			      ctx->blas_ws, LIN_BLAS_WS_BYTES, ctx->stream);
+}
+
+static cublasStatus_t lt_gemmex(const struct k_cuda_linear *ctx, void *y, bool y_bf16,
+				const uint16_t *xb, const uint16_t *w, int M, int N, int K, int beta)
+{
+	const float one = 1.0f, b = beta ? 1.0f : 0.0f;
+
+	return cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, w, CUDA_R_16BF, K,
+			    xb, CUDA_R_16BF, K, &b, y, lt_ytype(y_bf16), N, CUBLAS_COMPUTE_32F,
+			    CUBLAS_GEMM_DEFAULT);
+}
+
+// Median of LT_REPS cold-L2 replays of candidate i (-1: cublasGemmEx) captured alone in
+// a graph, in ms, as a decode step replays it (a split-K candidate's reduction kernel
+// with its in-graph launch gap included); < 0 if it fails. *nodes: the graph's nodes
+// (kernels). Writes only the scratch y. The median, not the fastest: two candidates a
+// few tenths of a microsecond apart were picked by the noise of the fastest of three,
+// and the step's time moved with the pick (Llama-3.1-8B batch 64: 7.16 against 7.24 ms).
+static float lt_time(const struct k_cuda_linear *ctx, const struct lt_descs *d,
+		     const cublasLtMatmulHeuristicResult_t *cand, int i, void *ys, bool y_bf16,
+		     void *flush, const uint16_t *xb, const uint16_t *w, int M, int N, int K,
+		     int beta, cudaEvent_t e0, cudaEvent_t e1, int *nodes)
+{
+	float ms[LT_REPS], t = -1.0f;
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t ge = NULL;
+	cublasStatus_t s;
+	size_t n = 0;
+	int r;
+
+	if (cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+		cudaGetLastError();
+		return -1.0f;
+	}
+	s = i < 0 ? lt_gemmex(ctx, ys, y_bf16, xb, w, M, N, K, beta)
+		  : lt_run(ctx, d, &cand[i].algo, ys, xb, w, beta);
+	if (cudaStreamEndCapture(ctx->stream, &g) != cudaSuccess || s != CUBLAS_STATUS_SUCCESS ||
+	    cudaGraphGetNodes(g, NULL, &n) != cudaSuccess ||
+	    cudaGraphInstantiate(&ge, g, 0) != cudaSuccess ||
+	    cudaGraphLaunch(ge, ctx->stream) != cudaSuccess)	// first replay untimed
+		goto out;
+	for (r = 0; r < LT_REPS; r++) {
+		if (cudaMemsetAsync(flush, r, LT_FLUSH_BYTES, ctx->stream) != cudaSuccess ||
+		    cudaEventRecord(e0, ctx->stream) != cudaSuccess ||
+		    cudaGraphLaunch(ge, ctx->stream) != cudaSuccess ||
+		    cudaEventRecord(e1, ctx->stream) != cudaSuccess ||
+		    cudaEventSynchronize(e1) != cudaSuccess ||
+		    cudaEventElapsedTime(&ms[r], e0, e1) != cudaSuccess)
+			goto out;
+	}
+	for (r = 1; r < LT_REPS; r++)	// insertion sort of five
+		for (int j = r; j > 0 && ms[j] < ms[j - 1]; j--) {
+			float x = ms[j];
+
+			ms[j] = ms[j - 1];
+			ms[j - 1] = x;
+		}
+	t = ms[LT_REPS / 2];
+	*nodes = (int)n;
+out:
+	if (t < 0)
+		cudaGetLastError();
+	if (ge)
+		cudaGraphExecDestroy(ge);
+	if (g)
+		cudaGraphDestroy(g);
+	return t;
+}
+
+// KDEC_LT_LOG=1: one line per tuned shape on stderr (GemmEx's time, the pick's).
+static bool lt_log(void)
+{
+	static int on = -1;
+
+	return k_cuda_env_flag(&on, "KDEC_LT_LOG", 0);
+}
+
+// One KDEC_LT_LOG line: GemmEx's time, the pick's, and the fastest plan of another
+// kernel count (a split-K GEMM + reduce against one kernel), whose margin says how
+// near the pick was to a step with one kernel more or fewer per call.
+static void lt_log_pick(int M, int N, int K, int beta, bool y_bf16, float gemmex,
+			int gemmex_nodes, int pick, float best, int best_nodes, const float *ms,
+			const int *nodes, int n)
+{
+	float alt = gemmex_nodes != best_nodes && gemmex > 0 ? gemmex : -1.0f;
+	int alt_nodes = gemmex_nodes;
+
+	for (int i = 0; i < n; i++)
+		if (ms[i] > 0 && nodes[i] != best_nodes && (alt < 0 || ms[i] < alt)) {
+			alt = ms[i];
+			alt_nodes = nodes[i];
+		}
+	fprintf(stderr, "cublasLt: M %d N %d K %d beta %d y %s: cublasGemmEx %.2f us (%d kernels); "
+		"kept %s%.2f us (%d kernels), %d candidates", M, N, K, beta,
+		y_bf16 ? "bf16" : "fp32", gemmex * 1e3, gemmex_nodes,
+		pick < 0 ? "cublasGemmEx " : "a candidate ", best * 1e3, best_nodes, n);
+	if (alt > 0)
+		fprintf(stderr, "; fastest with %d kernels %.2f us (+%.1f%%)", alt_nodes, alt * 1e3,
+			100.0f * (alt - best) / best);
+	fputc('\n', stderr);
+}
+
+// How many candidates to ask for: LT_CANDIDATES, or KDEC_LT_CANDIDATES (1..64) for A/B
+// runs of a wider search. Read once.
+static int lt_candidates(void)
+{
+	static int n = -1;
+
+	if (n < 0) {
+		const char *e = getenv("KDEC_LT_CANDIDATES");
+
+		n = e && atoi(e) >= 1 && atoi(e) <= LT_MAX_CANDIDATES ? atoi(e) : LT_CANDIDATES;
+	}
+	return n;
+}
+
+// Times the candidates for one shape and records the winner in its cache entry (use_lt
+// false: cublasGemmEx, also where tuning failed).
+static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const uint16_t *xb,
+		   const uint16_t *w, int M, int N, int K, int beta, bool y_bf16,
+		   struct lin_lt_entry *e)
+{
+	cublasLtMatmulHeuristicResult_t cand[LT_MAX_CANDIDATES];
+	cublasLtMatmulPreference_t pref = NULL;
+	const size_t ws = LIN_BLAS_WS_BYTES;
+	cudaEvent_t e0 = NULL, e1 = NULL;
+	void *ys = NULL;
+	float best, gemmex, ms[LT_MAX_CANDIDATES];	// ms[i]: candidate i (< 0: failed)
+	void *flush = NULL;
+	int n = 0, ret, pick = -1, gemmex_nodes = 0, best_nodes = 0;
+	int nodes[LT_MAX_CANDIDATES];
+
+	e->M = M;
+	e->N = N;
+	e->K = K;
+	e->beta = beta;
+	e->y_bf16 = y_bf16;
+	e->use_lt = false;
+	ret = LT(ctx->dev, cublasLtMatmulPreferenceCreate(&pref));
+	if (!ret)
+		ret = LT(ctx->dev, cublasLtMatmulPreferenceSetAttribute(pref,
+				CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+	if (!ret)
+		ret = LT(ctx->dev, cublasLtMatmulAlgoGetHeuristic(ctx->lt, d->op, d->a, d->b, d->c,
+				d->c, pref, lt_candidates(), cand, &n));
+	if (pref)
+		cublasLtMatmulPreferenceDestroy(pref);
+	if (ret || n == 0)
+		return ret;	// cublasGemmEx it is
+	// scratch for the timed runs: where the device has no room for it (the KV cache
+	// may hold nearly all of it), cublasGemmEx stays, as without tuning
+	if (cudaMalloc(&ys, (size_t)M * N * (y_bf16 ? 2 : 4)) != cudaSuccess ||
+	    cudaMalloc(&flush, LT_FLUSH_BYTES) != cudaSuccess) {
+		cudaGetLastError();
+		fprintf(stderr, "cublasLt: M %d N %d K %d not tuned: no room on device %d for "
+			"%zu MB of timing scratch; cublasGemmEx's choice stays\n", M, N, K,
+			ctx->dev, ((size_t)M * N * (y_bf16 ? 2 : 4) + LT_FLUSH_BYTES) >> 20);
+		goto out;
+	}
+	if ((ret = LIN_CUDA(ctx->dev, cudaEventCreate(&e0))) ||
+	    (ret = LIN_CUDA(ctx->dev, cudaEventCreate(&e1))))
+		goto out;
+	gemmex = best = lt_time(ctx, d, cand, -1, ys, y_bf16, flush, xb, w, M, N, K, beta, e0, e1,
+				&gemmex_nodes);
+	best_nodes = gemmex_nodes;
+	for (int i = 0; i < n; i++) {
+		float t = -1.0f;
+
+		nodes[i] = 0;
+		if (cand[i].state == CUBLAS_STATUS_SUCCESS)
+			t = lt_time(ctx, d, cand, i, ys, y_bf16, flush, xb, w, M, N, K, beta, e0,
+				    e1, &nodes[i]);
+		ms[i] = t;
+		if (t > 0 && (best < 0 || t < best)) {
+			best = t;
+			best_nodes = nodes[i];
+			pick = i;
+			e->use_lt = true;
+			e->algo = cand[i].algo;
+		}
+	}
+	if (lt_log())
+		lt_log_pick(M, N, K, beta, y_bf16, gemmex, gemmex_nodes, pick, best, best_nodes, ms,
+			    nodes, n);
+out:
+	if (e0)
+		cudaEventDestroy(e0);
+	if (e1)
+		cudaEventDestroy(e1);
+	cudaFree(flush);
+	cudaFree(ys);
+	return ret;
+}
+
+static struct lin_lt_entry *lt_find(struct k_cuda_linear *ctx, int M, int N, int K, int beta,
+				     bool y_bf16)
+{
+	for (int i = 0; i < ctx->lt_n; i++) {
+		struct lin_lt_entry *e = &ctx->lt_cache[i];
+
+		if (e->M == M && e->N == N && e->K == K && e->beta == beta && e->y_bf16 == y_bf16)
+			return e;
+	}
+	return NULL;
+}
+
+int k_cuda_lin_lt(struct k_cuda_linear *ctx, void *y, bool y_bf16, const uint16_t *xb,
+		  const uint16_t *w, int M, int N, int K, int beta, bool *done)
+{
+	struct lin_lt_entry *e;
+	struct lt_descs d;
+	cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+	int ret;
+
+	*done = false;
+	if (!lt_enabled() || !ctx->lt || M > LIN_LT_MAX_M)
+		return 0;
+	e = lt_find(ctx, M, N, K, beta, y_bf16);
+	if (!e) {
+		// timing needs a stream that runs: a shape first seen in capture keeps GemmEx
+		if (cudaStreamIsCapturing(ctx->stream, &cs) != cudaSuccess ||
+		    cs != cudaStreamCaptureStatusNone || ctx->lt_n == LIN_LT_CACHE)
+			return 0;
+		// a tuning that fails (logged) leaves the shape to cublasGemmEx for good
+		e = &ctx->lt_cache[ctx->lt_n++];
+		if (lt_descs_make(ctx->dev, &d, M, N, K, y_bf16)) {
+			*e = lin_lt_entry{ M, N, K, beta, y_bf16, false, {} };
+			return 0;
+		}
+		lt_tune(ctx, &d, xb, w, M, N, K, beta, y_bf16, e);
+		lt_descs_free(&d);
+	}
+	if (!e->use_lt || lt_descs_make(ctx->dev, &d, M, N, K, y_bf16))
+		return 0;
+	ret = LT(ctx->dev, lt_run(ctx, &d, &e->algo, y, xb, w, beta));
+	lt_descs_free(&d);
+	*done = !ret;
+	return ret;
+}
+
+int k_cuda_lin_lt_setup(struct k_cuda_linear *ctx)
+{
+	ctx->lt_cache = (struct lin_lt_entry *)calloc(LIN_LT_CACHE, sizeof(*ctx->lt_cache));
+	if (!ctx->lt_cache)
+		return -ENOMEM;
+	return LT(ctx->dev, cublasLtCreate(&ctx->lt));
+}
+
+void k_cuda_lin_lt_destroy(struct k_cuda_linear *ctx)
+{
+	if (ctx->lt)
+		cublasLtDestroy(ctx->lt);
+	free(ctx->lt_cache);
+}

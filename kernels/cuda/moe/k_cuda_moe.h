@@ -1,0 +1,109 @@
+/* Mixture of experts on the GPU: the router (k_cpu_moe_route's choices, bit for bit)
+ * and the routed experts' SwiGLU MLPs grouped by expert across the batch.
+ * Pointers are device memory unless said; launchers return 0, -EINVAL or -EIO (logged),
+ * never allocate or synchronise, and can be captured into a CUDA graph. */
+#ifndef KD_KERNELS_CUDA_K_CUDA_MOE_H
+#define KD_KERNELS_CUDA_K_CUDA_MOE_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Router logits (M, n_experts) -> ids (M, top_k), weights (M, top_k), with the
+ * semantics of k_cpu_moe_route: softmax or sigmoid, bias for the choice only,
+ * greedy / GROUP_MAX / GROUP_TOP2, renormalise, routed scaling, ties to the lower id.
+ * p is a host struct whose bias is a DEVICE pointer (or NULL). The scores use a port
+ * of glibc's expf and the CPU's order of every sum, so ids and weights equal the CPU's
+ * exactly. Limits: n_experts <= 4096, top_k <= 64 and <= n_experts, n_group <= 256. */
+int k_cuda_moe_route(cudaStream_t s, const struct k_moe_route_params *p,
+		     const float *logits /* (M, n_experts) */, int M,
+		     int32_t *ids /* (M, top_k) */, float *weights /* (M, top_k) */);
+
+struct k_cuda_moe_ws;
+
+/* Scratch of k_cuda_moe_experts for up to max_M rows of one model's shapes: the
+ * routing plan, x split into bf16 hi/lo parts, the SwiGLU activations, per-slot
+ * outputs, and the shared expert's activations (shared_inter wide; 0: the model has
+ * none). Owned by the caller: k_cuda_moe_ws_destroy (accepts NULL). Allocates on the
+ * current device; 0, -EINVAL or -ENOMEM. hidden and inter: multiples of 8 for the
+ * tensor-core path; other sizes take a slow CUDA-core path. */
+int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int top_k, int n_experts,
+			 int hidden, int inter, int shared_inter);
+void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws);
+
+/* out[m] = sum_j weights[m, j] * expert_{ids[m, j]}(x[m]), out overwritten; expert(x)
+ * = down(silu(gate x) * up x). expert_w is a device array of n_experts * 3 device
+ * pointers (gate, up, down) to bf16 matrices, each 16-byte aligned: gate and up
+ * (inter, hidden), down (hidden, inter). Each used expert's weights are read once for
+ * all its rows. Two paths, picked by M * top_k (see k_cuda_moe_set_path):
+ * - small (M * top_k <= 64, hidden and inter multiples of 8, x 16-byte aligned): two
+ *   launches; bf16 weights times fp32 x and fp32 activations, fp32 accumulation;
+ * - grouped (larger M): the (row, slot) pairs are grouped by expert on the device (a
+ *   counting sort); x and the activations enter the tensor cores as bf16 hi + lo pairs
+ *   (about 16 bits of mantissa), fp32 accumulation.
+ * Either is within ~1e-5 relative of k_cpu_moe_experts. Each row's slots are summed in
+ * increasing expert id like the CPU, so the result is deterministic and independent of
+ * the other rows of the same path (the two paths differ in the last bits).
+ * M <= the workspace's max_M; top_k, n_experts, hidden, inter as at creation.
+ * An id outside [0, n_experts) contributes nothing. */
+int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out /* (M, hidden) */,
+		       const float *x /* (M, hidden) */, int M, const int32_t *ids /* (M, top_k) */,
+		       const float *weights /* (M, top_k) */, int top_k,
+		       const uint16_t *const *expert_w /* (n_experts, 3) */, int n_experts,
+		       int hidden, int inter);
+
+/* The shared expert of a DeepSeek MoE layer: one SwiGLU MLP that every row takes with
+ * weight 1 (routed_scaling_factor does not touch it). bf16, each 16-byte aligned. */
+struct k_cuda_moe_shared {
+	const uint16_t *gate;	/* (inter, hidden) */
+	const uint16_t *up;	/* (inter, hidden) */
+	const uint16_t *down;	/* (hidden, inter) */
+	int inter;		/* n_shared_experts * moe_intermediate_size */
+};
+
+/* y (M, hidden) += k_cuda_moe_experts's sum + sh's MLP of x (sh NULL: none), summed as
+ * the separate ops would: y + (routed + shared). Where the small path runs this call
+ * (see k_cuda_moe_experts) and KDEC_MOE_FUSED is not 0, its two launches do all of
+ * it: the shared expert's rows stream beside the routed ones as one more slot and the
+ * down kernel adds into y; y is read and written there, nowhere else. Elsewhere it
+ * launches nothing and returns 1: the caller runs the separate ops (k_cuda_moe_experts,
+ * the dense MLP, the add). sh->inter <= the workspace's shared_inter and a multiple of
+ * 8, at most 4 * inter. 0, 1, -EINVAL or -EIO. */
+int k_cuda_moe_experts_add(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y /* (M, hidden) */,
+			   const float *x /* (M, hidden) */, int M,
+			   const int32_t *ids /* (M, top_k) */, const float *weights /* (M, top_k) */,
+			   int top_k, const uint16_t *const *expert_w /* (n_experts, 3) */,
+			   int n_experts, int hidden, int inter, const struct k_cuda_moe_shared *sh);
+
+/* Which path k_cuda_moe_experts takes: AUTO (the default) picks by M * top_k; SMALL
+ * takes the small-batch path wherever it can run (up to 64 pairs); GROUPED always
+ * takes the grouped one. The environment's KDEC_MOE_PATH=small or =grouped sets it at
+ * the first call; this overrides it for the process (tests, A/B runs). Set it
+ * before capturing a graph: a graph keeps the path it was captured with. */
+enum k_cuda_moe_path { K_CUDA_MOE_PATH_AUTO, K_CUDA_MOE_PATH_SMALL, K_CUDA_MOE_PATH_GROUPED };
+
+void k_cuda_moe_set_path(enum k_cuda_moe_path path);
+
+/* Whether the small path's register-only kernels ask L2 for each warp's next weight
+ * rows two turns ahead (off by default: measured slower end to end): 1 on, 0 off, -1
+ * back to the environment's KDEC_MOE_PREFETCH_AHEAD (1: on). The results are the same bit for bit; tests and A/B
+ * runs. Set it before capturing a graph. */
+void k_cuda_moe_set_prefetch_ahead(int on);
+
+/* Whether a single row (M = 1) on the small path takes its own kernels (each warp's
+ * weight rows a pipeline of register units; on by default) or the general ones: 1 own,
+ * 0 general, -1 back to the environment's KDEC_MOE_M1 (0: general). The results are the
+ * same bit for bit; tests and A/B runs. Set it before capturing a graph. */
+void k_cuda_moe_set_m1(int on);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,692 @@
+// The routed experts on the GPU, grouped by expert across the batch: a counting sort
+// of the (row, slot) pairs by expert, one tensor-core pass over each used expert's
+// gate/up weights (SwiGLU fused into its epilogue), one over its down weights, then a
+// combine that sums each row's slots in increasing expert id like k_cpu_moe_experts.
+// Small batches (M * top_k <= MOE_SMALL_MAX_PAIRS) take moe_small.cu instead: two
+// CUDA-core launches, no plan or combine. KDEC_MOE_PATH=small or =grouped forces one
+// path (small only where it fits), read once; k_cuda_moe_set_path overrides it.
+// k_cuda_moe_experts_add runs the small path with the shared expert and the residual
+// add folded in (KDEC_MOE_FUSED=0: it declines, the caller runs the separate ops).
+//
+// Bytes: each used expert's 3 * inter * hidden bf16 weights once per call; the
+// activations are small beside them (M * top_k rows). The weights are the B operand
+// of mma.m16n8k16 (8 output features), the expert's rows the A operand (16 rows per
+// tile): x and the SwiGLU output are stored as bf16 hi + lo pairs and each product is
+// done twice (hi, lo), so the result carries ~16 bits of x's mantissa.
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/moe/k_cuda_moe.h"
+#include "kernels/cuda/moe/moe_internal.h"
+
+#define PLAN_THREADS 256
+#define EX_THREADS 128		// 4 warps split K
+#define EX_WARPS 4
+#define EX_MT 4			// m16 tiles per pass: 64 of an expert's rows
+#define EX_ROWS (EX_MT * 16)
+#define EX_KU 4			// 32-wide k chunks per warp in flight
+#define EX_MAX_TOPK 64
+#define EX_MAX_EXPERTS 4096
+#define FB_WARPS 8		// fallback: one output feature per warp
+#define COMBINE_THREADS 256
+/* Auto path: small up to this many (row, slot) pairs. Measured end to end on H200
+ * (kdbench decode, ctx 1024, commit 9ba981b, docs/results/cuda-ab-9ba981b.txt): the
+ * small path wins at batch 4 and 8 on both models, although the expert kernels alone time
+ * slower there (test_cuda_moe at batch 8: 306 vs 215 us): the grouped path's plan and
+ * combine launches and their dependent steps cost more than the small path loses.
+ * DeepSeek-V2-Lite (top 6) 5.35 vs 5.71 ms at batch 4, 7.83 vs 7.94 at 8; Qwen3-30B-A3B
+ * (top 8) 7.10 vs 7.71 and 10.62 vs 11.14. So the small path takes batch 8 of top-8. */
+#define MOE_SMALL_AUTO_PAIRS 64
+
+struct k_cuda_moe_ws {
+	int max_M, top_k, n_experts, hidden, inter;
+	int shared_inter;	// the shared expert's width; 0: none
+	int n_sm;		// the device's SMs: sizes the small path's grids
+	int *plan;		// n_used, then 4 arrays of max_M * top_k (see ex_plan)
+	uint32_t *xs;		// (max_M, hidden) x as split bf16 (see split_store)
+	uint32_t *hs;		// (max_M * top_k, inter) SwiGLU out, split (fallback, small: fp32)
+	float *y;		// (max_M * top_k, hidden) expert output of each (row, slot)
+	float *sh_act;		// (MOE_SMALL_MAX_PAIRS, shared_inter) the shared expert's
+				// SwiGLU out (small path)
+};
+
+// The routing plan in device memory; u indexes used experts in increasing id.
+struct ex_plan {
+	int *n_used;		// (1)
+	int *used_e;		// (A) expert id
+	int *used_start;	// (A) its first position in sorted
+	int *used_n;		// (A) its number of (row, slot) pairs
+	int *sorted;		// (A) m * top_k + j, grouped by expert, ascending within
+};
+
+namespace {	// kernels and their helpers stay private to this file
+
+// ---- kernels: plan ----------------------------------------------------------
+
+// Exclusive block scan of two ints over PLAN_THREADS threads; *ta, *tb get totals.
+__device__ void block_scan2(int a, int b, int *ea, int *eb, int *ta, int *tb)
+{
+	__shared__ int sa[PLAN_THREADS / 32], sb[PLAN_THREADS / 32];
+	int lane = threadIdx.x % 32, warp = threadIdx.x / 32, ia = a, ib = b, oa = 0, ob = 0;
+
+	for (int o = 1; o < 32; o <<= 1) {
+		int va = __shfl_up_sync(0xffffffffu, ia, o), vb = __shfl_up_sync(0xffffffffu, ib, o);
+
+		if (lane >= o) {
+			ia += va;
+			ib += vb;
+		}
+	}
+	if (lane == 31) {
+		sa[warp] = ia;
+		sb[warp] = ib;
+	}
+	__syncthreads();
+	*ta = *tb = 0;
+	for (int w = 0; w < PLAN_THREADS / 32; w++) {
+		if (w < warp) {
+			oa += sa[w];
+			ob += sb[w];
+		}
+		*ta += sa[w];
+		*tb += sb[w];
+	}
+	*ea = oa + ia - a;
+	*eb = ob + ib - b;
+}
+
+// bf16 round-to-nearest-even of f, as the low 16 bits (NaN kept quiet).
+__device__ __forceinline__ uint32_t bf16_bits(float f)
+{
+	return k_cuda_bf16_rn(f);
+}
+
+// f = hi + lo in bf16: hi = bf16(f), lo = bf16(f - hi) (the difference is exact).
+__device__ __forceinline__ void split2(float a, float b, uint32_t *hi, uint32_t *lo)
+{
+	uint32_t ha = bf16_bits(a), hb = bf16_bits(b);
+	uint32_t la = bf16_bits(__fsub_rn(a, __uint_as_float(ha << 16)));
+	uint32_t lb = bf16_bits(__fsub_rn(b, __uint_as_float(hb << 16)));
+
+	*hi = ha | (hb << 16);
+	*lo = la | (lb << 16);
+}
+
+// Split layout of a row of K values (K % 8 == 0): per 8 values, 4 words of hi pairs then
+// 4 words of lo pairs (32 bytes); element pair (2q, 2q+1) of chunk c sits in words
+// c*8 + q and c*8 + 4 + q.
+__device__ __forceinline__ void split_store(uint32_t *row, int pair, float a, float b)
+{
+	uint32_t hi, lo;
+	int c = pair / 4, q = pair % 4;
+
+	split2(a, b, &hi, &lo);
+	row[c * 8 + q] = hi;
+	row[c * 8 + 4 + q] = lo;
+}
+
+// Block m splits x row m (when xs is set); block 0 also builds the plan: counts per
+// expert, the used experts in increasing id, and the pairs grouped by expert with the
+// order of i = m * top_k + j kept inside each group (a stable counting sort).
+// Shared: s_ids (n), s_cnt (E), s_fill (E) ints.
+__global__ void __launch_bounds__(PLAN_THREADS)
+moe_plan_kernel(ex_plan pl, const int32_t *ids, int n, int E, const float *x, int hidden,
+		uint32_t *xs)
+{
+	extern __shared__ int psm[];
+	int *s_ids = psm, *s_cnt = psm + n, *s_fill = s_cnt + E;
+	int tid = threadIdx.x, per = (E + PLAN_THREADS - 1) / PLAN_THREADS;
+	int e0 = min(E, tid * per), e1 = min(E, e0 + per);
+	int cnt = 0, used = 0, ex_cnt, ex_used, tot_cnt, tot_used;
+
+	if (xs)
+		for (int p = tid; p < hidden / 2; p += PLAN_THREADS) {
+			const float *xr = x + (size_t)blockIdx.x * hidden;
+
+			split_store(xs + (size_t)blockIdx.x * hidden, p, xr[2 * p], xr[2 * p + 1]);
+		}
+	if (blockIdx.x != 0)
+		return;
+
+	for (int e = tid; e < E; e += PLAN_THREADS)
+		s_cnt[e] = 0;
+	__syncthreads();
+	for (int i = tid; i < n; i += PLAN_THREADS) {
+		int v = ids[i];
+
+		s_ids[i] = v >= 0 && v < E ? v : -1;
+		if (v >= 0 && v < E)
+			atomicAdd(&s_cnt[v], 1);
+	}
+	__syncthreads();
+	for (int e = e0; e < e1; e++) {
+		cnt += s_cnt[e];
+		used += s_cnt[e] > 0;
+	}
+	block_scan2(cnt, used, &ex_cnt, &ex_used, &tot_cnt, &tot_used);
+	for (int e = e0; e < e1; e++) {
+		s_fill[e] = ex_cnt;
+		if (s_cnt[e]) {
+			pl.used_e[ex_used] = e;
+			pl.used_start[ex_used] = ex_cnt;
+			pl.used_n[ex_used] = s_cnt[e];
+			ex_used++;
+		}
+		ex_cnt += s_cnt[e];
+	}
+	if (tid == 0)
+		*pl.n_used = tot_used;
+	__syncthreads();
+
+	// Warp 0 places the pairs 32 at a time in order: lanes with the same expert take
+	// consecutive places by lane, the leader advances the expert's fill.
+	if (tid < 32)
+		for (int c = 0; c < n; c += 32) {
+			int i = c + tid, e = i < n ? s_ids[i] : -1;
+			unsigned same = __match_any_sync(0xffffffffu, e);
+			int base = e >= 0 ? s_fill[e] : 0;
+
+			__syncwarp();
+			if (e >= 0) {
+				pl.sorted[base + __popc(same & ((1u << tid) - 1))] = i;
+				if (tid == __ffs(same) - 1)
+					s_fill[e] = base + __popc(same);
+			}
+			__syncwarp();
+		}
+}
+
+// ---- kernels: expert GEMMs --------------------------------------------------
+
+// c += a * b: m16n8k16, bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma16816(float *c, uint32_t a0, uint32_t a1, uint32_t a2,
+					 uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+	    "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+	    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One 32-wide k chunk into one m16 tile: lane (g, t) holds the 8 consecutive k values
+// 8t..8t+7 of its A rows (ha/la: row g, hb/lb: row g + 8) and of its weight rows (w0,
+// w1: feature g of tiles 0 and 1). mma's k slots {2t, 2t+1, 2t+8, 2t+9} take values
+// 0-3 in the first step and 4-7 in the second, the same mapping for A and B, so every
+// product pairs x and w of one k.
+__device__ __forceinline__ void mma_chunk(float (*acc)[4], uint4 ha, uint4 la, uint4 hb, uint4 lb,
+					  uint4 w0, uint4 w1)
+{
+	mma16816(acc[0], ha.x, hb.x, ha.y, hb.y, w0.x, w0.y);
+	mma16816(acc[0], la.x, lb.x, la.y, lb.y, w0.x, w0.y);
+	mma16816(acc[1], ha.x, hb.x, ha.y, hb.y, w1.x, w1.y);
+	mma16816(acc[1], la.x, lb.x, la.y, lb.y, w1.x, w1.y);
+	mma16816(acc[0], ha.z, hb.z, ha.w, hb.w, w0.z, w0.w);
+	mma16816(acc[0], la.z, lb.z, la.w, lb.w, w0.z, w0.w);
+	mma16816(acc[1], ha.z, hb.z, ha.w, hb.w, w1.z, w1.w);
+	mma16816(acc[1], la.z, lb.z, la.w, lb.w, w1.z, w1.w);
+}
+
+__device__ __forceinline__ float silu_mul1(float g, float u)
+{
+	return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+// Block (feature tile, used expert u). GLU: gate and up rows f0..f0+7 (f0 = 8 * x)
+// of the expert, A = x rows of its pairs, out = silu(gate) * up into hs (split) at the
+// pair's sorted position. Down: rows f0..f0+15 (f0 = 16 * x), A = hs rows, out into
+// y at the pair's index. K (% 8 == 0) is split over the 4 warps and reduced in shared
+// memory in a fixed order; warp w finishes m16 tile w.
+template <bool GLU>
+__global__ void __launch_bounds__(EX_THREADS)
+expert_mma_kernel(ex_plan pl, const uint16_t *const *expert_w, const uint4 *a_src, int top_k,
+		  int K, int N, uint32_t *hs, float *y)
+{
+	__shared__ float red[EX_WARPS][EX_MT * 8][32];
+	const uint4 zero = make_uint4(0, 0, 0, 0);
+	int u = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	int g = lane / 4, t = lane % 4, kw = K / 4;	// kw: uint4 per split row
+	int e, start, n, f0, n_kc = (K + 31) / 32;
+	const uint16_t *w0, *w1;
+	bool v0, v1;
+
+	if (u >= *pl.n_used)
+		return;
+	e = pl.used_e[u];
+	start = pl.used_start[u];
+	n = pl.used_n[u];
+	if (GLU) {
+		f0 = blockIdx.x * 8;
+		v0 = v1 = f0 + g < N;
+		w0 = expert_w[3 * e] + (size_t)(f0 + g) * K;
+		w1 = expert_w[3 * e + 1] + (size_t)(f0 + g) * K;
+	} else {
+		f0 = blockIdx.x * 16;
+		v0 = f0 + g < N;
+		v1 = f0 + 8 + g < N;
+		w0 = expert_w[3 * e + 2] + (size_t)(f0 + g) * K;
+		w1 = w0 + (size_t)8 * K;
+	}
+
+	for (int c0 = 0; c0 < n; c0 += EX_ROWS) {
+		int n_mt = (min(EX_ROWS, n - c0) + 15) / 16;
+		float acc[EX_MT][2][4];
+		int arow[EX_MT][2];	// A row of tile rows g and g + 8; -1: padding
+
+#pragma unroll
+		for (int mt = 0; mt < EX_MT; mt++)
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				int tok = c0 + mt * 16 + g + 8 * h;
+
+				arow[mt][h] = tok >= n ? -1 :
+					GLU ? pl.sorted[start + tok] / top_k : start + tok;
+#pragma unroll
+				for (int i = 0; i < 4; i++)
+					acc[mt][h][i] = 0.0f;
+			}
+
+		for (int kc = warp; kc < n_kc; kc += EX_WARPS * EX_KU) {
+			uint4 wv[EX_KU][2];
+
+#pragma unroll
+			for (int q = 0; q < EX_KU; q++) {
+				int k0 = (kc + q * EX_WARPS) * 32 + 8 * t;
+				bool in = kc + q * EX_WARPS < n_kc && k0 < K;
+
+				wv[q][0] = in && v0 ? __ldcs((const uint4 *)(w0 + k0)) : zero;
+				wv[q][1] = in && v1 ? __ldcs((const uint4 *)(w1 + k0)) : zero;
+			}
+#pragma unroll
+			for (int q = 0; q < EX_KU; q++) {
+				int k0 = (kc + q * EX_WARPS) * 32 + 8 * t;
+
+				if (kc + q * EX_WARPS >= n_kc)	// warp-uniform
+					break;
+#pragma unroll
+				for (int mt = 0; mt < EX_MT; mt++) {
+					uint4 ha = zero, la = zero, hb = zero, lb = zero;
+
+					if (mt >= n_mt)		// warp-uniform
+						break;
+					if (arow[mt][0] >= 0 && k0 < K) {
+						const uint4 *p = a_src + (size_t)arow[mt][0] * kw + k0 / 4;
+
+						ha = __ldg(p);
+						la = __ldg(p + 1);
+					}
+					if (arow[mt][1] >= 0 && k0 < K) {
+						const uint4 *p = a_src + (size_t)arow[mt][1] * kw + k0 / 4;
+
+						hb = __ldg(p);
+						lb = __ldg(p + 1);
+					}
+					mma_chunk(acc[mt], ha, la, hb, lb, wv[q][0], wv[q][1]);
+				}
+			}
+		}
+
+#pragma unroll
+		for (int mt = 0; mt < EX_MT; mt++)
+#pragma unroll
+			for (int i = 0; i < 8; i++)
+				red[warp][mt * 8 + i][lane] = acc[mt][i / 4][i % 4];
+		__syncthreads();
+		if (warp < n_mt) {
+			float v[8];
+			int ta = c0 + warp * 16 + g, tb = ta + 8;
+
+			for (int i = 0; i < 8; i++) {
+				v[i] = red[0][warp * 8 + i][lane];
+				for (int w = 1; w < EX_WARPS; w++)
+					v[i] = __fadd_rn(v[i], red[w][warp * 8 + i][lane]);
+			}
+			// v[0..3]: tile 0 (rows ta: 0, 1; tb: 2, 3), v[4..7]: tile 1; columns
+			// 2t, 2t + 1 of the tile.
+			if (GLU && v0) {
+				int pair = f0 / 2 + t;
+
+				if (ta < n)
+					split_store(hs + (size_t)(start + ta) * N, pair,
+						    silu_mul1(v[0], v[4]), silu_mul1(v[1], v[5]));
+				if (tb < n)
+					split_store(hs + (size_t)(start + tb) * N, pair,
+						    silu_mul1(v[2], v[6]), silu_mul1(v[3], v[7]));
+			} else if (!GLU) {
+				for (int tile = 0; tile < 2; tile++) {
+					int f = f0 + 8 * tile + 2 * t;
+
+					if (f >= N)
+						continue;
+					if (ta < n)
+						*(float2 *)(y + (size_t)pl.sorted[start + ta] * N + f) =
+							make_float2(v[4 * tile], v[4 * tile + 1]);
+					if (tb < n)
+						*(float2 *)(y + (size_t)pl.sorted[start + tb] * N + f) =
+							make_float2(v[4 * tile + 2], v[4 * tile + 3]);
+				}
+			}
+		}
+		__syncthreads();	// red is reused by the next 64 rows
+	}
+}
+
+// ---- kernels: CUDA-core fallback for sizes that are not multiples of 8 ----------
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+__device__ __forceinline__ float dot_bf16(const uint16_t *w, const float *x, int K, int lane)
+{
+	float s = 0.0f;
+
+	for (int k = lane; k < K; k += 32)
+		s = fmaf(__uint_as_float((uint32_t)w[k] << 16), x[k], s);
+	return warp_sum(s);
+}
+
+// One warp per (feature, used expert), every row of the expert in turn; GLU writes fp32
+// SwiGLU values into hs (as floats) at the sorted position, down writes y.
+template <bool GLU>
+__global__ void __launch_bounds__(FB_WARPS * 32)
+expert_fallback_kernel(ex_plan pl, const uint16_t *const *expert_w, const float *a_src,
+		       int top_k, int K, int N, float *hs, float *y)
+{
+	int u = blockIdx.y, lane = threadIdx.x % 32;
+	int f = blockIdx.x * FB_WARPS + threadIdx.x / 32, e, start, n;
+
+	if (u >= *pl.n_used || f >= N)
+		return;
+	e = pl.used_e[u];
+	start = pl.used_start[u];
+	n = pl.used_n[u];
+	for (int r = 0; r < n; r++) {
+		int i = pl.sorted[start + r];
+
+		if (GLU) {
+			const float *xr = a_src + (size_t)(i / top_k) * K;
+			float gsum = dot_bf16(expert_w[3 * e] + (size_t)f * K, xr, K, lane);
+			float usum = dot_bf16(expert_w[3 * e + 1] + (size_t)f * K, xr, K, lane);
+
+			if (lane == 0)
+				hs[(size_t)(start + r) * N + f] = silu_mul1(gsum, usum);
+		} else {
+			float s = dot_bf16(expert_w[3 * e + 2] + (size_t)f * K,
+					   a_src + (size_t)(start + r) * K, K, lane);
+
+			if (lane == 0)
+				y[(size_t)i * N + f] = s;
+		}
+	}
+}
+
+// ---- kernels: combine -------------------------------------------------------
+
+// out[m, c] = sum over row m's valid slots, by increasing (expert id, slot), of
+// y[m * top_k + j, c] * w[m, j]: k_cpu_moe_experts's order, each product rounded.
+__global__ void __launch_bounds__(COMBINE_THREADS)
+moe_combine_kernel(float *out, const float *y, const int32_t *ids, const float *w, int top_k,
+		   int E, int hidden)
+{
+	__shared__ int order[EX_MAX_TOPK];
+	__shared__ int n_ord;
+	int m = blockIdx.x, c = blockIdx.y * COMBINE_THREADS + threadIdx.x;
+	const int32_t *id = ids + (size_t)m * top_k;
+	float acc = 0.0f;
+
+	if (threadIdx.x == 0) {
+		int cnt = 0;
+		long long prev = -1;
+
+		for (;;) {
+			long long best = -1;
+
+			for (int j = 0; j < top_k; j++) {
+				long long key = (long long)id[j] * EX_MAX_TOPK + j;
+
+				if (id[j] >= 0 && id[j] < E && key > prev && (best < 0 || key < best))
+					best = key;
+			}
+			if (best < 0)
+				break;
+			order[cnt++] = (int)(best % EX_MAX_TOPK);
+			prev = best;
+		}
+		n_ord = cnt;
+	}
+	__syncthreads();
+	if (c >= hidden)
+		return;
+	for (int q = 0; q < n_ord; q++) {
+		size_t i = (size_t)m * top_k + order[q];
+
+		acc = __fadd_rn(acc, __fmul_rn(y[i * hidden + c], w[i]));
+	}
+	out[(size_t)m * hidden + c] = acc;
+}
+
+}	// namespace
+
+// ---- launchers --------------------------------------------------------------
+
+static ex_plan ws_plan(const k_cuda_moe_ws *ws)
+{
+	int A = ws->max_M * ws->top_k;
+	ex_plan pl;
+
+	pl.n_used = ws->plan;
+	pl.used_e = ws->plan + 1;
+	pl.used_start = pl.used_e + A;
+	pl.used_n = pl.used_start + A;
+	pl.sorted = pl.used_n + A;
+	return pl;
+}
+
+static size_t plan_smem(int n, int E)
+{
+	return sizeof(int) * ((size_t)n + 2 * (size_t)E);
+}
+
+// The tensor-core path needs whole 16-byte chunks of every row.
+static bool moe_use_mma(int hidden, int inter)
+{
+	return hidden % 8 == 0 && inter % 8 == 0;
+}
+
+static int moe_path_forced = -1;	// enum k_cuda_moe_path; -1: KDEC_MOE_PATH not read yet
+
+extern "C" void k_cuda_moe_set_path(enum k_cuda_moe_path path)
+{
+	moe_path_forced = path;
+}
+
+static enum k_cuda_moe_path moe_path(void)
+{
+	if (moe_path_forced < 0) {
+		const char *e = getenv("KDEC_MOE_PATH");
+
+		moe_path_forced = !e ? K_CUDA_MOE_PATH_AUTO :
+				  !strcmp(e, "small") ? K_CUDA_MOE_PATH_SMALL :
+				  !strcmp(e, "grouped") ? K_CUDA_MOE_PATH_GROUPED : K_CUDA_MOE_PATH_AUTO;
+	}
+	return (enum k_cuda_moe_path)moe_path_forced;
+}
+
+// At a few pairs the weights are read once per pair either way, and the grouped
+// path's plan and combine launches cost as much as its expert passes save.
+static bool moe_use_small(int M, int top_k, int hidden, int inter, const float *x,
+			  const k_cuda_moe_shared *sh)
+{
+	enum k_cuda_moe_path path = moe_path();
+
+	if (path == K_CUDA_MOE_PATH_GROUPED ||
+	    (path == K_CUDA_MOE_PATH_AUTO && (long)M * top_k > MOE_SMALL_AUTO_PAIRS))
+		return false;
+	return k_cuda_moe_small_fits(M, top_k, hidden, inter, x, sh);
+}
+
+static int moe_fused = -1;	// KDEC_MOE_FUSED: 0 turns k_cuda_moe_experts_add off; -1: unread
+
+// Whether k_cuda_moe_experts_add may fuse (the default), read once.
+static bool moe_fused_on(void)
+{
+	return k_cuda_env_flag(&moe_fused, "KDEC_MOE_FUSED", 1);
+}
+
+extern "C" void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws)
+{
+	if (!ws)
+		return;
+	cudaFree(ws->plan);
+	cudaFree(ws->xs);
+	cudaFree(ws->hs);
+	cudaFree(ws->y);
+	cudaFree(ws->sh_act);
+	free(ws);
+}
+
+extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int top_k,
+				    int n_experts, int hidden, int inter, int shared_inter)
+{
+	k_cuda_moe_ws *ws;
+	size_t A = (size_t)max_M * top_k, smem = plan_smem((int)A, n_experts);
+	int dev = 0;
+
+	*out = nullptr;
+	if (max_M <= 0 || top_k <= 0 || top_k > EX_MAX_TOPK || n_experts <= 0 ||
+	    n_experts > EX_MAX_EXPERTS || hidden <= 0 || inter <= 0 || A > (1u << 20) ||
+	    shared_inter < 0)
+		return -EINVAL;
+	ws = (k_cuda_moe_ws *)calloc(1, sizeof(*ws));
+	if (!ws)
+		return -ENOMEM;
+	ws->max_M = max_M;
+	ws->top_k = top_k;
+	ws->n_experts = n_experts;
+	ws->hidden = hidden;
+	ws->inter = inter;
+	ws->shared_inter = shared_inter;
+	if (K_CUDA_CALL(cudaGetDevice(&dev)) ||
+	    K_CUDA_CALL(cudaDeviceGetAttribute(&ws->n_sm, cudaDevAttrMultiProcessorCount, dev)) ||
+	    k_cuda_moe_small_setup()) {
+		k_cuda_moe_ws_destroy(ws);
+		return -EIO;
+	}
+	if (cudaMalloc(&ws->plan, sizeof(int) * (1 + 4 * A)) != cudaSuccess ||
+	    cudaMalloc(&ws->xs, sizeof(uint32_t) * (size_t)max_M * hidden) != cudaSuccess ||
+	    cudaMalloc(&ws->hs, sizeof(uint32_t) * A * inter) != cudaSuccess ||
+	    cudaMalloc(&ws->y, sizeof(float) * A * hidden) != cudaSuccess ||
+	    (shared_inter > 0 &&
+	     cudaMalloc(&ws->sh_act, sizeof(float) * MOE_SMALL_MAX_PAIRS * (size_t)shared_inter) !=
+		     cudaSuccess)) {
+		cudaGetLastError();
+		k_cuda_moe_ws_destroy(ws);
+		return -ENOMEM;
+	}
+	// The plan keeps the ids and two per-expert arrays in shared memory.
+	if (smem > 48 * 1024 &&
+	    K_CUDA_CALL(cudaFuncSetAttribute(moe_plan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					     (int)smem))) {
+		k_cuda_moe_ws_destroy(ws);
+		return -EINVAL;
+	}
+	*out = ws;
+	return 0;
+}
+
+static int moe_run_mma(cudaStream_t s, k_cuda_moe_ws *ws, const ex_plan &pl,
+		       const uint16_t *const *expert_w, int max_used)
+{
+	dim3 g1((ws->inter + 7) / 8, max_used), g2((ws->hidden + 15) / 16, max_used);
+	int ret;
+
+	expert_mma_kernel<true><<<g1, EX_THREADS, 0, s>>>(pl, expert_w, (const uint4 *)ws->xs,
+							   ws->top_k, ws->hidden, ws->inter,
+							   ws->hs, nullptr);
+	if ((ret = K_CUDA_LAUNCHED("moe gate/up")))
+		return ret;
+	expert_mma_kernel<false><<<g2, EX_THREADS, 0, s>>>(pl, expert_w, (const uint4 *)ws->hs,
+							    ws->top_k, ws->inter, ws->hidden,
+							    nullptr, ws->y);
+	return K_CUDA_LAUNCHED("moe down");
+}
+
+static int moe_run_fallback(cudaStream_t s, k_cuda_moe_ws *ws, const ex_plan &pl,
+			    const float *x, const uint16_t *const *expert_w, int max_used)
+{
+	dim3 g1((ws->inter + FB_WARPS - 1) / FB_WARPS, max_used);
+	dim3 g2((ws->hidden + FB_WARPS - 1) / FB_WARPS, max_used);
+	int ret;
+
+	expert_fallback_kernel<true><<<g1, FB_WARPS * 32, 0, s>>>(pl, expert_w, x, ws->top_k,
+								   ws->hidden, ws->inter,
+								   (float *)ws->hs, nullptr);
+	if ((ret = K_CUDA_LAUNCHED("moe gate/up (fallback)")))
+		return ret;
+	expert_fallback_kernel<false><<<g2, FB_WARPS * 32, 0, s>>>(pl, expert_w,
+								    (const float *)ws->hs,
+								    ws->top_k, ws->inter,
+								    ws->hidden, nullptr, ws->y);
+	return K_CUDA_LAUNCHED("moe down (fallback)");
+}
+
+extern "C" int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out,
+				  const float *x, int M, const int32_t *ids, const float *weights,
+				  int top_k, const uint16_t *const *expert_w, int n_experts,
+				  int hidden, int inter)
+{
+	ex_plan pl;
+	bool mma = moe_use_mma(hidden, inter);
+	int n, max_used, ret;
+
+	if (!ws || M < 0 || M > ws->max_M || top_k != ws->top_k || n_experts != ws->n_experts ||
+	    hidden != ws->hidden || inter != ws->inter)
+		return -EINVAL;
+	if (M == 0)
+		return 0;
+	if (moe_use_small(M, top_k, hidden, inter, x, nullptr))
+		return k_cuda_moe_small_run(s, (float *)ws->hs, out, x, M, ids, weights, top_k,
+					    expert_w, n_experts, hidden, inter, moe_small_shared{},
+					    0, ws->n_sm);
+	pl = ws_plan(ws);
+	n = M * top_k;
+	max_used = n < n_experts ? n : n_experts;
+	moe_plan_kernel<<<M, PLAN_THREADS, plan_smem(n, n_experts), s>>>(
+		pl, ids, n, n_experts, x, hidden, mma ? ws->xs : nullptr);
+	if ((ret = K_CUDA_LAUNCHED("moe plan")))
+		return ret;
+	ret = mma ? moe_run_mma(s, ws, pl, expert_w, max_used) :
+		    moe_run_fallback(s, ws, pl, x, expert_w, max_used);
+	if (ret)
+		return ret;
+	moe_combine_kernel<<<dim3(M, (hidden + COMBINE_THREADS - 1) / COMBINE_THREADS),
+			     COMBINE_THREADS, 0, s>>>(out, ws->y, ids, weights, top_k, n_experts,
+						      hidden);
+	return K_CUDA_LAUNCHED("moe combine");
+}
+
+extern "C" int k_cuda_moe_experts_add(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y,
+				      const float *x, int M, const int32_t *ids,
+				      const float *weights, int top_k,
+				      const uint16_t *const *expert_w, int n_experts, int hidden,
+				      int inter, const struct k_cuda_moe_shared *sh)
+{
+	moe_small_shared ss = {};
+
+	if (!ws || M < 0 || M > ws->max_M || top_k != ws->top_k || n_experts != ws->n_experts ||
+	    hidden != ws->hidden || inter != ws->inter || (sh && sh->inter > ws->shared_inter))
+		return -EINVAL;
+	if (M == 0)
+		return 0;
+	if (!moe_fused_on() || !moe_use_small(M, top_k, hidden, inter, x, sh))
+		return 1;
+	if (sh)
+		ss = moe_small_shared{ sh->gate, sh->up, sh->down, sh->inter, ws->sh_act };
+	return k_cuda_moe_small_run(s, (float *)ws->hs, y, x, M, ids, weights, top_k, expert_w,
+				    n_experts, hidden, inter, ss, 1, ws->n_sm);
+}

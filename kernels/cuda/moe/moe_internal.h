@@ -1,0 +1,68 @@
+// Between the MoE launcher (moe_experts.cu) and its small-batch path (moe_small.cu,
+// moe_small_gate_up.cu): CUDA C++ only, not part of the C interface (k_cuda_moe.h).
+#ifndef KD_KERNELS_CUDA_MOE_INTERNAL_H
+#define KD_KERNELS_CUDA_MOE_INTERNAL_H
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/moe/k_cuda_moe.h"
+
+#define MOE_SMALL_MAX_PAIRS 64	// (row, slot) pairs a small-batch call may have
+#define MOE_SMALL_SH_PIECES 4	// down: a shared row in at most this many inter-long pieces
+
+// The shared expert as the small kernels take it (by value); inter 0: none. Every row
+// is its pair, with weight 1, after the routed ones.
+struct moe_small_shared {
+	const uint16_t *gate, *up;	// (inter, hidden) bf16
+	const uint16_t *down;		// (hidden, inter) bf16
+	int inter;			// 0: no shared expert
+	float *act;			// (M, inter) fp32 scratch, 16-byte aligned
+};
+
+// Whether the small-batch path can run this call: M * top_k <= MOE_SMALL_MAX_PAIRS,
+// hidden and inter multiples of 8 (16-byte weight loads), one fp32 x row fits the
+// shared-memory budget, x 16-byte aligned; sh (NULL: none) a multiple of 8 wide, at
+// most MOE_SMALL_SH_PIECES * inter, its matrices 16-byte aligned.
+bool k_cuda_moe_small_fits(int M, int top_k, int hidden, int inter, const float *x,
+			   const struct k_cuda_moe_shared *sh);
+
+// Once per process before the first launch (not a stream operation, so never inside
+// a capture): lets the gate/up kernel use its shared-memory budget. 0 or -EIO.
+int k_cuda_moe_small_setup(void);
+
+// moe_small_gate_up.cu for moe_small.cu: the gate/up kernel's one-time set-up (0 or
+// -EIO), and one launch of ctas CTAs with rp x rows staged in shared memory (ahead 1:
+// each warp asks L2 for its rows two turns ahead). Its error, if any, is the
+// runtime's last error.
+int moe_small_gate_up_setup(void);
+void moe_small_gate_up_launch(cudaStream_t s, int ctas, int rp, int ahead,
+			      const uint16_t *const *expert_w, const float *x, const int32_t *ids,
+			      int n, int top_k, int n_experts, int hidden, int inter, float *act,
+			      const struct moe_small_shared &sh);
+
+// moe_small_m1.cu for moe_small.cu: the kernels at M = 1 (each warp's weight rows a
+// pipeline of register units, x and the activations staged in shared memory; the
+// general kernels' results bit for bit). Whether a call fits them (the activations of
+// min(top_k, n_experts) experts and the shared expert within their shared-memory
+// budget), their one-time set-up (0 or -EIO), and the two launches (gate/up on
+// gate_up_ctas CTAs, then down; its error, if any, is the runtime's last error).
+bool moe_small_m1_fits(int top_k, int n_experts, int hidden, int inter, int sh_inter);
+int moe_small_m1_setup(void);
+void moe_small_m1_launch(cudaStream_t s, int gate_up_ctas, const uint16_t *const *expert_w,
+			 const float *x, const int32_t *ids, const float *weights, int top_k,
+			 int n_experts, int hidden, int inter, float *act,
+			 const struct moe_small_shared &sh, int add, float *out);
+
+// out (M, hidden) = the routed experts' sum (add 0: overwritten) or out += routed sum
+// + the shared expert sh (add 1; sh.inter 0: none); act (M * top_k, inter) fp32 scratch
+// (16-byte aligned) for the SwiGLU activations. n_sm: the device's SM count, sizes the
+// grids. Two launches, both with programmatic dependent launch.
+int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x, int M,
+			 const int32_t *ids, const float *weights, int top_k,
+			 const uint16_t *const *expert_w, int n_experts, int hidden, int inter,
+			 const struct moe_small_shared &sh, int add, int n_sm);
+
+#endif

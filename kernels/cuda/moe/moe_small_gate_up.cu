@@ -1,0 +1,133 @@
+// The gate/up half of the small-batch MoE path (see moe_small.cu): one wave of CTAs
+// shares the (used expert, feature) rows, then the shared expert's, evenly; each CTA
+// streams its rows of gate and up once against the fp32 x rows of the slot's pairs and
+// writes silu(gate x) * up x per pair, with the pairs' x rows staged in shared memory.
+#include <cstdint>
+
+#include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/moe/moe_internal.h"
+#include "kernels/cuda/moe/moe_small.cuh"
+
+namespace {	// kernels and their helpers stay private to this file
+
+// Features [fa, fb) of one slot's gate and up (inter, hidden): stage up to rp of its
+// total pairs' x rows (all of them unless a row repeats the expert or the budget is
+// small), then per feature dot them SM_RP at a time (a second group re-reads the two
+// weight rows just fetched, from L1/L2). Pair p is i = pairs[p] (pairs NULL: i = p),
+// of x row i / top_k, its activations act row i. The whole CTA calls it.
+__device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_t *up,
+				const int *pairs, int total, int fa, int fb, const float *x,
+				int top_k, int hidden, int inter, int rp, int ahead, float *act)
+{
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nc = hidden / 8, q4 = hidden / 4;
+
+	// The first rows start coming while x is staged; ahead: the warp's second rows
+	// too, then each turn the rows two turns on, so that a row's loads wait on L2.
+	for (int f = fa + warp; f < fb && f < fa + warp + (ahead ? 2 : 1) * SM_WARPS;
+	     f += SM_WARPS) {
+		prefetch_l2(gate + (size_t)f * hidden, (size_t)hidden * 2, lane, 32);
+		prefetch_l2(up + (size_t)f * hidden, (size_t)hidden * 2, lane, 32);
+	}
+	for (int p0 = 0; p0 < total; p0 += rp) {
+		int ns = min(rp, total - p0);
+
+		__syncthreads();	// the last rows are done with xs4
+		for (int q = threadIdx.x; q < ns * q4; q += SM_THREADS) {
+			int r = q / q4, c = q % q4, i = pairs ? pairs[p0 + r] : p0 + r;
+
+			xs4[q] = ((const float4 *)(x + (size_t)(i / top_k) * hidden))[c];
+		}
+		__syncthreads();
+
+		for (int f = fa + warp; f < fb; f += SM_WARPS) {
+			int fn = f + 2 * SM_WARPS;
+
+			if (ahead && p0 == 0 && fn < fb) {
+				prefetch_l2(gate + (size_t)fn * hidden, (size_t)hidden * 2, lane, 32);
+				prefetch_l2(up + (size_t)fn * hidden, (size_t)hidden * 2, lane, 32);
+			}
+			for (int g0 = 0; g0 < ns; g0 += SM_RP) {
+				int np = min(SM_RP, ns - g0), off[SM_RP];
+				float ag[SM_RP], au[SM_RP];
+
+#pragma unroll
+				for (int r = 0; r < SM_RP; r++)
+					off[r] = (g0 + min(r, np - 1)) * q4;
+				dot2_rows((const uint4 *)(gate + (size_t)f * hidden),
+					  (const uint4 *)(up + (size_t)f * hidden), nc, xs4, off, np,
+					  ag, au, lane);
+#pragma unroll
+				for (int r = 0; r < SM_RP; r++) {
+					float g, v;
+					int p = p0 + g0 + r, i;
+
+					if (r >= np)
+						break;
+					g = warp_sum(ag[r]);
+					v = warp_sum(au[r]);
+					i = pairs ? pairs[p] : p;
+					if (lane == 0)
+						act[(size_t)i * inter + f] = silu_mul(g, v);
+				}
+			}
+		}
+	}
+}
+
+// One wave of CTAs shares the n_used * inter (expert, feature) rows, then the shared
+// expert's sh.inter (prefetched before the wait), evenly: CTA b takes
+// [W b / G, W (b + 1) / G) of them in that order, at most a few slots. Dynamic shared
+// memory: rp fp32 x rows of hidden. act (n, inter): silu(gate x) * up x of pair i at
+// row i; sh.act (n / top_k, sh.inter): the shared expert's of row m at row m.
+__global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
+small_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_t *ids,
+		     int n, int top_k, int E, int hidden, int inter, int rp, int ahead, float *act,
+		     moe_small_shared sh)
+{
+	extern __shared__ float4 xs4[];		// (rp, hidden / 4)
+	__shared__ small_plan sp;
+	long long Wr, lo, hi;
+
+	prefetch_shared_gate_up(sh, hidden);
+	k_cuda_pdl_wait();
+	small_plan_build(sp, ids, n, E);
+	gate_up_share(sp, inter, sh.inter, Wr, lo, hi);
+	for (long long pos = lo; pos < hi;) {	// CTA-uniform
+		if (pos < Wr) {
+			int u = (int)(pos / inter), fa = (int)(pos % inter), e = sp.used_e[u];
+			int fb = (int)min((long long)inter, fa + (hi - pos));
+
+			gate_up_segment(xs4, expert_w[3 * e], expert_w[3 * e + 1],
+					sp.sorted + sp.used_start[u], sp.used_n[u], fa, fb, x, top_k,
+					hidden, inter, rp, ahead, act);
+			pos += fb - fa;
+		} else {
+			int fa = (int)(pos - Wr), fb = (int)min((long long)sh.inter, fa + (hi - pos));
+
+			gate_up_segment(xs4, sh.gate, sh.up, nullptr, n / top_k, fa, fb, x, 1,
+					hidden, sh.inter, rp, ahead, sh.act);
+			pos += fb - fa;
+		}
+	}
+}
+
+}	// namespace
+
+// ---- launchers ----------------------------------------------------------------------
+
+int moe_small_gate_up_setup(void)
+{
+	return K_CUDA_CALL(cudaFuncSetAttribute(small_gate_up_kernel,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						SM_X_SMEM_MAX)) ? -EIO : 0;
+}
+
+void moe_small_gate_up_launch(cudaStream_t s, int ctas, int rp, int ahead,
+			      const uint16_t *const *expert_w, const float *x, const int32_t *ids,
+			      int n, int top_k, int n_experts, int hidden, int inter, float *act,
+			      const struct moe_small_shared &sh)
+{
+	k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), (size_t)rp * hidden * sizeof(float),
+			  small_gate_up_kernel, expert_w, x, ids, n, top_k, n_experts, hidden, inter,
+			  rp, ahead, act, sh);
+}

@@ -1,0 +1,426 @@
+// The small-batch MoE path at one row (M = 1: decode at batch 1), where every pair
+// dots the same x row and each used expert's down rows the same activation row. Same
+// work, grids and sums as the general kernels (moe_small_gate_up.cu, moe_small.cu),
+// bit for bit, but each warp streams its weight rows as a pipeline of units (M1_UC
+// 16-byte chunks per lane and row, two units in registers): the next unit's loads are
+// issued as soon as the last one's registers are free, so a warp's bytes in flight
+// never drop to zero between rows, and the loads of the first units are issued before
+// the CTA stages x (gate/up) or the activations (down) into shared memory, where every
+// dot product then reads them (no L1/L2 round trip inside the dot loop).
+//
+// Per lane the chunks come in the general kernels' order (lane, lane + 32, ...) and
+// the sums go through the same shuffle tree, so the results equal theirs exactly.
+#include <cstdint>
+
+#include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/moe/moe_internal.h"
+#include "kernels/cuda/moe/moe_small.cuh"
+
+#define M1_UC 4		// 16-byte chunks per lane and row in one unit (2 KB of a row)
+#define M1_UNIT (32 * M1_UC)	// chunks of a row in one unit
+#define M1_ACT_SMEM_MAX (96 * 1024)	// down: bytes of staged activations per CTA
+					// (two CTAs and their static arrays fit an SM)
+
+namespace {	// kernels and their helpers stay private to this file
+
+// A row of nc chunks in units of ulen chunks each (a multiple of 32, at most M1_UNIT):
+// as few units as M1_UNIT allows, evenly long where bal (a 176-chunk row: 96 + 80, not
+// 128 + 48, so that the second unit keeps as many bytes in flight as the first).
+__device__ __forceinline__ int unit_len(int nc, int bal)
+{
+	int nu = (nc + M1_UNIT - 1) / M1_UNIT;
+
+	return bal ? ((nc + nu - 1) / nu + 31) / 32 * 32 : M1_UNIT;
+}
+
+// acc += the unit's weights w (chunks cb + 32 b + lane below ce) dotted with the fp32
+// row at s4 (shared memory, 2 float4 per chunk).
+__device__ __forceinline__ void unit_dot(float &acc0, float &acc1, const uint4 *w0,
+					 const uint4 *w1, const float4 *s4, int cb, int ce, int lane)
+{
+#pragma unroll
+	for (int b = 0; b < M1_UC; b++) {
+		int c = cb + 32 * b + lane;
+
+		if (c >= ce)
+			break;
+		float4 lo = s4[2 * c], hi = s4[2 * c + 1];
+
+		fma8(acc0, w0[b], lo, hi);
+		fma8(acc1, w1[b], lo, hi);
+	}
+}
+
+// The unit's chunks (cb + 32 b + lane below ce) of two weight rows into registers
+// (zeros past ce).
+__device__ __forceinline__ void unit_load(uint4 *w0, uint4 *w1, const uint4 *r0, const uint4 *r1,
+					  int cb, int ce, int lane)
+{
+	const uint4 zero = make_uint4(0, 0, 0, 0);
+
+#pragma unroll
+	for (int b = 0; b < M1_UC; b++) {
+		int c = cb + 32 * b + lane;
+
+		w0[b] = c < ce ? __ldcs(r0 + c) : zero;
+		w1[b] = c < ce ? __ldcs(r1 + c) : zero;
+	}
+}
+
+// The warp's units 0 .. K - 1 through two register buffers (a: even units, b: odd).
+// unit_prime issues the first two (load(k, w0, w1)); the CTA may stage its shared rows
+// meanwhile. unit_stream then consumes each unit (consume(k, w0, w1)), and its buffer
+// at once takes the loads of the unit two on.
+template <typename Load>
+__device__ __forceinline__ void unit_prime(int K, uint4 (&a0)[M1_UC], uint4 (&a1)[M1_UC],
+					   uint4 (&b0)[M1_UC], uint4 (&b1)[M1_UC], Load &load)
+{
+	if (K > 0)
+		load(0, a0, a1);
+	if (K > 1)
+		load(1, b0, b1);
+}
+
+template <typename Load, typename Consume>
+__device__ __forceinline__ void unit_stream(int K, uint4 (&a0)[M1_UC], uint4 (&a1)[M1_UC],
+					    uint4 (&b0)[M1_UC], uint4 (&b1)[M1_UC], Load &load,
+					    Consume &consume)
+{
+	for (int k = 0; k < K; k += 2) {	// warp-uniform
+		consume(k, a0, a1);
+		if (k + 2 < K)
+			load(k + 2, a0, a1);
+		if (k + 1 < K) {
+			consume(k + 1, b0, b1);
+			if (k + 3 < K)
+				load(k + 3, b0, b1);
+		}
+	}
+}
+
+// Gate/up row pos of the CTA's share (the general kernel's order: used experts'
+// features, then the shared expert's): its gate and up rows, and the used expert u
+// (-1: the shared expert) with the feature f.
+struct gu_row {
+	const uint4 *g, *u;
+	int used, f;
+};
+
+__device__ __forceinline__ gu_row gu_row_of(long long pos, long long Wr, const small_plan &sp,
+					    const uint16_t *const *expert_w,
+					    const moe_small_shared &sh, int hidden, int inter)
+{
+	gu_row r;
+
+	if (pos < Wr) {
+		int u = (int)(pos / inter), e = sp.used_e[u];
+
+		r.used = u;
+		r.f = (int)(pos % inter);
+		r.g = (const uint4 *)(expert_w[3 * e] + (size_t)r.f * hidden);
+		r.u = (const uint4 *)(expert_w[3 * e + 1] + (size_t)r.f * hidden);
+	} else {
+		r.used = -1;
+		r.f = (int)(pos - Wr);
+		r.g = (const uint4 *)(sh.gate + (size_t)r.f * hidden);
+		r.u = (const uint4 *)(sh.up + (size_t)r.f * hidden);
+	}
+	return r;
+}
+
+// small_gate_up_kernel at M = 1 (n = top_k pairs, all of x row 0): the same grid and
+// share of rows per CTA. Warp w takes the CTA's rows w, w + SM_WARPS, ... as a stream of
+// units (nu per row). act (n, inter): every pair of a used expert gets its value (a
+// repeated id: the same dot product); sh.act (1, sh.inter). Dynamic shared memory: x
+// row 0 (hidden fp32).
+__global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
+m1_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_t *ids, int n,
+		  int E, int hidden, int inter, float *act, moe_small_shared sh, int bal,
+		  int sh_down_early)
+{
+	extern __shared__ float4 xs4[];		// (hidden / 4)
+	__shared__ small_plan sp;
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nc = hidden / 8;
+	int ul = unit_len(nc, bal), nu = (nc + ul - 1) / ul;
+	long long Wr, lo, hi;
+	int rows, K;
+
+	prefetch_shared_gate_up(sh, hidden);
+	if (sh_down_early && sh.inter) {	// the down kernel's shared rows too (see launcher)
+		size_t all = (size_t)hidden * sh.inter * 2;
+		size_t a = all * blockIdx.x / gridDim.x, b = all * (blockIdx.x + 1) / gridDim.x;
+
+		a &= ~(size_t)127;
+		prefetch_l2((const char *)sh.down + a, b - a, threadIdx.x, SM_THREADS);
+	}
+	k_cuda_pdl_wait();
+	small_plan_build(sp, ids, n, E);
+	gate_up_share(sp, inter, sh.inter, Wr, lo, hi);
+	rows = (int)(hi - lo);
+	K = warp < rows ? (rows - warp + SM_WARPS - 1) / SM_WARPS * nu : 0;	// warp's units
+
+	// Unit k: chunks from (k % nu) * ul of the warp's row k / nu.
+	auto row = [&](int k) {
+		return gu_row_of(lo + warp + (long long)SM_WARPS * (k / nu), Wr, sp, expert_w, sh,
+				 hidden, inter);
+	};
+	auto load = [&](int k, uint4 *g, uint4 *u) {
+		gu_row r = row(k);
+		int cb = k % nu * ul;
+
+		unit_load(g, u, r.g, r.u, cb, min(cb + ul, nc), lane);
+	};
+	uint4 ga[M1_UC], ua[M1_UC], gb[M1_UC], ub[M1_UC];
+	float ag = 0.0f, au = 0.0f;
+
+	unit_prime(K, ga, ua, gb, ub, load);
+	for (int q = threadIdx.x; q < hidden / 4; q += SM_THREADS)
+		xs4[q] = ((const float4 *)x)[q];
+	__syncthreads();
+
+	// The unit's sums; at a row's last unit, silu(gate x) * up x to its pairs.
+	auto consume = [&](int k, const uint4 *g, const uint4 *u) {
+		int cb = k % nu * ul;
+
+		unit_dot(ag, au, g, u, xs4, cb, min(cb + ul, nc), lane);
+		if (k % nu == nu - 1) {
+			gu_row r = row(k);
+			float s0 = warp_sum(ag), s1 = warp_sum(au);
+
+			if (lane == 0) {
+				float v = silu_mul(s0, s1);
+
+				if (r.used < 0) {
+					sh.act[r.f] = v;
+				} else {
+					const int *pairs = sp.sorted + sp.used_start[r.used];
+
+					for (int p = 0; p < sp.used_n[r.used]; p++)
+						act[(size_t)pairs[p] * inter + r.f] = v;
+				}
+			}
+			ag = au = 0.0f;
+		}
+	};
+	unit_stream(K, ga, ua, gb, ub, load, consume);
+}
+
+// Down item q (small_down_kernel's order: (used expert, column pair), then (shared
+// piece, column pair)): its two rows, their length in chunks, and where its fp32
+// activations start in the staged rows (float4 units).
+struct dn_item {
+	const uint4 *w0, *w1;
+	int nc, src4, used, piece, cp;
+};
+
+__device__ __forceinline__ dn_item dn_item_of(int q, int n_routed, int n_used,
+					      const uint16_t *const *used_w,
+					      const moe_small_shared &sh, int c0, int inter)
+{
+	int cps = SM_DCOLS / 2;
+	dn_item it;
+
+	it.cp = q % cps;
+	if (q < n_routed) {
+		const uint16_t *w;
+
+		it.used = q / cps;
+		it.piece = -1;
+		w = used_w[it.used] + (size_t)(c0 + 2 * it.cp) * inter;
+		it.w0 = (const uint4 *)w;
+		it.w1 = (const uint4 *)(w + inter);
+		it.nc = inter / 8;
+		it.src4 = it.used * (inter / 4);
+	} else {
+		int k = (q - n_routed) / cps, ka = k * inter;	// piece k: [ka, ka + inter)
+		const uint16_t *w = sh.down + (size_t)(c0 + 2 * it.cp) * sh.inter + ka;
+
+		it.used = -1;
+		it.piece = k;
+		it.w0 = (const uint4 *)w;
+		it.w1 = (const uint4 *)(w + sh.inter);
+		it.nc = min(inter, sh.inter - ka) / 8;
+		it.src4 = (n_used * inter + ka) / 4;
+	}
+	return it;
+}
+
+// small_down_kernel at M = 1: the same grid, items and epilogue (the general
+// kernel's order of sums). Each used expert's activations (of its first pair: a
+// repeated id has the same ones) and the shared expert's are staged in shared memory
+// while the warps' first units load. Dynamic shared memory: (max_used * inter +
+// sh.inter) fp32, max_used = min(n, E).
+__global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
+m1_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t *ids,
+	       const float *weights, int top_k, int E, int hidden, int inter,
+	       moe_small_shared sh, int add, int bal, int early, float *out)
+{
+	extern __shared__ float4 as4[];		// (max_used * inter + sh.inter) / 4
+	__shared__ small_plan sp;
+	__shared__ float ys[MOE_SMALL_MAX_PAIRS][SM_DCOLS];	// pair's expert output
+	__shared__ float yss[MOE_SMALL_SH_PIECES][SM_DCOLS];	// shared-expert pieces
+	__shared__ float sw[MOE_SMALL_MAX_PAIRS];		// pair's routing weight
+	__shared__ const uint16_t *pre_w[MOE_SMALL_MAX_PAIRS];	// pair's down matrix (hint)
+	__shared__ const uint16_t *used_w[MOE_SMALL_MAX_PAIRS];	// used expert's down matrix
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = top_k;
+	int c0 = blockIdx.x * SM_DCOLS, cps = SM_DCOLS / 2;
+	int pieces = (sh.inter + inter - 1) / inter, nc = inter / 8;
+	int ul = unit_len(nc, bal), nu = (nc + ul - 1) / ul, n_routed, n_all, K;
+
+	prefetch_down_before_wait(expert_w, ids, n, E, sh, c0, hidden, inter, pre_w);
+	if (!early)
+		k_cuda_pdl_wait();
+	// Before the wait: ids and weights are final here. This kernel is launched right
+	// after gate/up (k_cuda_moe_small_run), so it starts only once every gate/up CTA has
+	// passed its own wait, i.e. once the kernel that wrote them has completed. So the
+	// plan and the first weight units (constants) are in hand before the wait; only the
+	// activations, gate/up's output, are read after it.
+	if (threadIdx.x < n)
+		sw[threadIdx.x] = __ldcg(weights + threadIdx.x);
+	small_plan_build(sp, ids, n, E);	// its barriers publish sw too
+	if (threadIdx.x < sp.n_used)
+		used_w[threadIdx.x] = expert_w[3 * sp.used_e[threadIdx.x] + 2];
+	__syncthreads();
+
+	n_routed = sp.n_used * cps;
+	n_all = n_routed + pieces * cps;
+	K = warp < n_all ? (n_all - warp + SM_WARPS - 1) / SM_WARPS * nu : 0;
+	auto item = [&](int k) {
+		return dn_item_of(warp + SM_WARPS * (k / nu), n_routed, sp.n_used, used_w, sh, c0,
+				  inter);
+	};
+	auto load = [&](int k, uint4 *w0, uint4 *w1) {
+		dn_item it = item(k);
+		int cb = k % nu * ul;
+
+		unit_load(w0, w1, it.w0, it.w1, cb, min(cb + ul, it.nc), lane);
+	};
+	uint4 wa0[M1_UC], wa1[M1_UC], wb0[M1_UC], wb1[M1_UC];
+	float a0 = 0.0f, a1 = 0.0f;
+
+	unit_prime(K, wa0, wa1, wb0, wb1, load);
+	if (early)
+		k_cuda_pdl_wait();
+	{	// the used experts' activation rows, then the shared expert's row
+		int r4 = inter / 4, routed4 = sp.n_used * r4, all4 = routed4 + sh.inter / 4;
+
+		for (int q = threadIdx.x; q < all4; q += SM_THREADS) {
+			const float4 *s;
+
+			if (q < routed4)
+				s = (const float4 *)(act + (size_t)sp.sorted[sp.used_start[q / r4]] *
+								   inter) + q % r4;
+			else
+				s = (const float4 *)sh.act + (q - routed4);
+			as4[q] = __ldcg(s);
+		}
+	}
+	__syncthreads();
+
+	auto consume = [&](int k, const uint4 *w0, const uint4 *w1) {
+		dn_item it = item(k);
+		int cb = k % nu * ul;
+
+		unit_dot(a0, a1, w0, w1, as4 + it.src4, cb, min(cb + ul, it.nc), lane);
+		if (k % nu == nu - 1) {
+			float s0 = warp_sum(a0), s1 = warp_sum(a1);
+
+			if (lane == 0 && it.used < 0) {
+				yss[it.piece][2 * it.cp] = s0;
+				yss[it.piece][2 * it.cp + 1] = s1;
+			} else if (lane == 0) {
+				const int *pairs = sp.sorted + sp.used_start[it.used];
+
+				for (int p = 0; p < sp.used_n[it.used]; p++) {
+					ys[pairs[p]][2 * it.cp] = s0;
+					ys[pairs[p]][2 * it.cp + 1] = s1;
+				}
+			}
+			a0 = a1 = 0.0f;
+		}
+	};
+	unit_stream(K, wa0, wa1, wb0, wb1, load, consume);
+	__syncthreads();
+
+	// small_down_kernel's epilogue at M = 1: routed pairs in increasing (expert id,
+	// pair) order, products rounded, then the shared pieces in order, then the residual.
+	for (int cc = threadIdx.x; cc < SM_DCOLS; cc += SM_THREADS) {
+		float acc = 0.0f;
+
+		if (c0 + cc >= hidden)
+			continue;
+		for (int p = 0; p < sp.n_valid; p++) {
+			int i = sp.sorted[p];
+
+			acc = __fadd_rn(acc, __fmul_rn(ys[i][cc], sw[i]));
+		}
+		if (pieces) {
+			float t = yss[0][cc];
+
+			for (int k = 1; k < pieces; k++)
+				t = __fadd_rn(t, yss[k][cc]);
+			acc = __fadd_rn(acc, t);
+		}
+		if (add)
+			acc = __fadd_rn(out[c0 + cc], acc);
+		out[c0 + cc] = acc;
+	}
+}
+
+}	// namespace
+
+// ---- launchers ----------------------------------------------------------------------
+
+static size_t m1_down_smem(int top_k, int n_experts, int inter, int sh_inter)
+{
+	int max_used = top_k < n_experts ? top_k : n_experts;
+
+	return ((size_t)max_used * inter + (size_t)sh_inter) * sizeof(float);
+}
+
+bool moe_small_m1_fits(int top_k, int n_experts, int hidden, int inter, int sh_inter)
+{
+	return (size_t)hidden * sizeof(float) <= SM_X_SMEM_MAX &&
+	       m1_down_smem(top_k, n_experts, inter, sh_inter) <= M1_ACT_SMEM_MAX;
+}
+
+int moe_small_m1_setup(void)
+{
+	return K_CUDA_CALL(cudaFuncSetAttribute(m1_gate_up_kernel,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						SM_X_SMEM_MAX)) ||
+	       K_CUDA_CALL(cudaFuncSetAttribute(m1_down_kernel,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						M1_ACT_SMEM_MAX)) ? -EIO : 0;
+}
+
+// KDEC_MOE_M1_BAL=0: units of M1_UNIT chunks and a short last one (A/B); -1: unread.
+static int m1_bal = -1;
+
+// KDEC_MOE_SH_DOWN_EARLY=0: the shared expert's down rows are asked of L2 by the down
+// kernel alone, before its wait, while gate/up streams its rows (HBM-bound: the two
+// compete). By default the gate/up CTAs ask for them too before their own wait, in
+// the router's window where HBM is idle, so that down finds them in L2 (60 MB; the
+// shared expert is 35 MB at V2-Lite dims). -1: unread.
+static int m1_sh_down_early = -1;
+
+// KDEC_MOE_DOWN_EARLY=0: the down kernel waits before its plan and first loads (A/B).
+static int m1_down_early = -1;
+
+void moe_small_m1_launch(cudaStream_t s, int gate_up_ctas, const uint16_t *const *expert_w,
+			 const float *x, const int32_t *ids, const float *weights, int top_k,
+			 int n_experts, int hidden, int inter, float *act,
+			 const struct moe_small_shared &sh, int add, float *out)
+{
+	int bal = k_cuda_env_flag(&m1_bal, "KDEC_MOE_M1_BAL", 1);
+
+	k_cuda_launch_pdl(s, dim3(gate_up_ctas), dim3(SM_THREADS), (size_t)hidden * sizeof(float),
+			  m1_gate_up_kernel, expert_w, x, ids, top_k, n_experts, hidden, inter, act,
+			  sh, bal, (int)k_cuda_env_flag(&m1_sh_down_early, "KDEC_MOE_SH_DOWN_EARLY", 1));
+	if (cudaPeekAtLastError() != cudaSuccess)
+		return;
+	k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS),
+			  m1_down_smem(top_k, n_experts, inter, sh.inter), m1_down_kernel, expert_w,
+			  (const float *)act, ids, weights, top_k, n_experts, hidden, inter, sh, add,
+			  bal, (int)k_cuda_env_flag(&m1_down_early, "KDEC_MOE_DOWN_EARLY", 1), out);
+}

@@ -1,0 +1,202 @@
+// The attention inputs of a GQA layer in one launch: per head, the optional q/k
+// RMSNorm (Qwen3), RoPE, then q to its fp32 buffer and k, v rounded to bf16 into their
+// cache slots. The arithmetic is that of rmsnorm.cu, rope.cu and kv_write.cu (same
+// roundings, fp64 sum of squares), so the fused and the separate paths agree to the
+// order of one fp64 sum.
+#include <cstdlib>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/ops/k_cuda_ops.h"
+
+#define QKV_THREADS 128
+#define QKV_MAX_DIM 512		// head_dim held in shared memory
+
+namespace {	// kernels and their helpers stay private to this file
+
+// RoPE of the pair (x[at], x[at + gap]) by angle p * inv_freq.
+__device__ __forceinline__ void qkv_rotate(float *x, int at, int gap, float p, float inv_freq,
+					   float attn_factor)
+{
+	float c, sn;
+
+	k_cuda_rope_cs(p, inv_freq, attn_factor, c, sn);
+	k_cuda_rope_rotate(x[at], x[at + gap], c, sn, x[at], x[at + gap]);
+}
+
+// Block (head j of q heads then kv heads, row r). A kv-head block also copies v.
+__global__ void __launch_bounds__(QKV_THREADS) qkv_post_kernel(const k_cuda_qkv_args a)
+{
+	__shared__ float x[QKV_MAX_DIM];
+	__shared__ double red[QKV_THREADS / 32];
+	const int j = blockIdx.x, r = blockIdx.y, D = a.head_dim, half = a.rope_dim / 2;
+	const bool is_q = j < a.n_heads;
+	const int kvh = j - a.n_heads;
+	const float *src = is_q ? a.q_src + (size_t)r * a.q_rs + (size_t)j * D
+				: a.k_src + (size_t)r * a.k_rs + (size_t)kvh * D;
+	const float *w = is_q ? a.q_norm : a.k_norm;
+	int32_t slot;
+	size_t cache_off;
+
+	k_cuda_pdl_wait();
+	slot = a.slots[r];
+	cache_off = (size_t)slot * a.kv_heads * D + (size_t)kvh * D;
+	if (!is_q && slot < 0)
+		return;
+	for (int i = threadIdx.x; i < D; i += QKV_THREADS)
+		x[i] = src[i];
+	if (w) {
+		double ss = 0.0;
+		float rs;
+
+		for (int i = threadIdx.x; i < D; i += QKV_THREADS)
+			ss += (double)x[i] * (double)x[i];
+		ss = k_cuda_block_sum_d<QKV_THREADS>(ss, red);
+		rs = 1.0f / sqrtf((float)(ss / D) + a.eps);
+		for (int i = threadIdx.x; i < D; i += QKV_THREADS)
+			x[i] = __fmul_rn(w[i], __fmul_rn(x[i], rs));
+	}
+	__syncthreads();
+	if (half > 0) {
+		const float p = (float)a.pos[r];
+		const int step = a.interleaved ? 2 : 1, gap = a.interleaved ? 1 : half;
+
+		for (int i = threadIdx.x; i < half; i += QKV_THREADS)
+			qkv_rotate(x, i * step, gap, p, a.inv_freq[i], a.attn_factor);
+		__syncthreads();
+	}
+	if (is_q) {
+		float *dst = a.q + ((size_t)r * a.n_heads + j) * D;
+
+		for (int i = threadIdx.x; i < D; i += QKV_THREADS)
+			dst[i] = x[i];
+		return;
+	}
+	const float *vs = a.v_src + (size_t)r * a.v_rs + (size_t)kvh * D;
+
+	for (int i = threadIdx.x; i < D; i += QKV_THREADS) {
+		a.k_cache[cache_off + i] = k_cuda_bf16_rn(x[i]);
+		a.v_cache[cache_off + i] = k_cuda_bf16_rn(vs[i]);
+	}
+}
+
+#define QKV_PER (QKV_MAX_DIM / QKV_THREADS)	// values of a head a thread holds
+
+// qkv_post_kernel's blocks and arithmetic (the same bits), its loads reordered: the
+// block's weights and frequencies (constants) go out before the PDL wait, then every
+// input at once (the row's pos and slot, the head of q or k, and v), where the kernel
+// above waits on one after another (slot, then the head, then the weights, then the
+// frequencies and pos): 4 memory latencies a block, and at Llama batch 64 its 2560
+// blocks are 1.2 waves (16 a SM), so a step pays them twice (6.1 us measured).
+__global__ void __launch_bounds__(QKV_THREADS) qkv_post_early_kernel(const k_cuda_qkv_args a)
+{
+	__shared__ float x[QKV_MAX_DIM];
+	__shared__ double red[QKV_THREADS / 32];
+	const int j = blockIdx.x, r = blockIdx.y, D = a.head_dim, half = a.rope_dim / 2;
+	const bool is_q = j < a.n_heads;
+	const int kvh = j - a.n_heads;
+	const float *src = is_q ? a.q_src + (size_t)r * a.q_rs + (size_t)j * D
+				: a.k_src + (size_t)r * a.k_rs + (size_t)kvh * D;
+	const float *vs = is_q ? nullptr : a.v_src + (size_t)r * a.v_rs + (size_t)kvh * D;
+	const float *w = is_q ? a.q_norm : a.k_norm;
+	float wv[QKV_PER], fr[QKV_PER], xv[QKV_PER], vv[QKV_PER];
+
+#pragma unroll
+	for (int k = 0; k < QKV_PER; k++) {
+		const int i = threadIdx.x + k * QKV_THREADS;
+
+		wv[k] = w && i < D ? w[i] : 0.0f;
+		fr[k] = i < half ? a.inv_freq[i] : 0.0f;
+	}
+	k_cuda_pdl_wait();
+	const int32_t slot = a.slots[r];
+	const float p = (float)a.pos[r];
+
+#pragma unroll
+	for (int k = 0; k < QKV_PER; k++) {
+		const int i = threadIdx.x + k * QKV_THREADS;
+
+		xv[k] = vv[k] = 0.0f;
+		if (i < D) {
+			xv[k] = src[i];
+			if (!is_q)
+				vv[k] = vs[i];
+		}
+	}
+	if (!is_q && slot < 0)
+		return;
+	if (w) {
+		double ss = 0.0;
+		float rs;
+
+#pragma unroll
+		for (int k = 0; k < QKV_PER; k++)
+			if (threadIdx.x + k * QKV_THREADS < D)
+				ss += (double)xv[k] * (double)xv[k];
+		ss = k_cuda_block_sum_d<QKV_THREADS>(ss, red);
+		rs = 1.0f / sqrtf((float)(ss / D) + a.eps);
+#pragma unroll
+		for (int k = 0; k < QKV_PER; k++)
+			xv[k] = __fmul_rn(wv[k], __fmul_rn(xv[k], rs));
+	}
+#pragma unroll
+	for (int k = 0; k < QKV_PER; k++)
+		if (threadIdx.x + k * QKV_THREADS < D)
+			x[threadIdx.x + k * QKV_THREADS] = xv[k];
+	__syncthreads();
+	if (half > 0) {
+		const int step = a.interleaved ? 2 : 1, gap = a.interleaved ? 1 : half;
+
+#pragma unroll
+		for (int k = 0; k < QKV_PER; k++) {
+			const int i = threadIdx.x + k * QKV_THREADS;
+
+			if (i >= half)
+				break;
+			qkv_rotate(x, i * step, gap, p, fr[k], a.attn_factor);
+		}
+		__syncthreads();
+	}
+	if (is_q) {
+		float *dst = a.q + ((size_t)r * a.n_heads + j) * D;
+
+		for (int i = threadIdx.x; i < D; i += QKV_THREADS)
+			dst[i] = x[i];
+		return;
+	}
+	const size_t cache_off = (size_t)slot * a.kv_heads * D + (size_t)kvh * D;
+
+#pragma unroll
+	for (int k = 0; k < QKV_PER; k++) {
+		const int i = threadIdx.x + k * QKV_THREADS;
+
+		if (i < D) {
+			a.k_cache[cache_off + i] = k_cuda_bf16_rn(x[i]);
+			a.v_cache[cache_off + i] = k_cuda_bf16_rn(vv[k]);
+		}
+	}
+}
+
+}	// namespace
+
+// KDEC_QKV_POST_EARLY=0: the kernel that loads its inputs one after another (read at
+// each call: test_cuda_attn runs both and compares the bits).
+static int qkv_post_early(void)
+{
+	const char *e = getenv("KDEC_QKV_POST_EARLY");
+
+	return !(e && e[0] == '0');
+}
+
+extern "C" int k_cuda_qkv_post(cudaStream_t s, const struct k_cuda_qkv_args *a)
+{
+	if (!a || a->head_dim < 1 || a->head_dim > QKV_MAX_DIM || a->rope_dim < 0 ||
+	    a->rope_dim % 2 || a->rope_dim > a->head_dim || a->n_heads < 1 || a->kv_heads < 1 ||
+	    a->rows < 0 || a->rows > 65535 || (a->rope_dim && !a->inv_freq))
+		return -EINVAL;
+	if (a->rows == 0)
+		return 0;
+	k_cuda_launch_pdl(s, dim3(a->n_heads + a->kv_heads, a->rows), QKV_THREADS, 0,
+			  qkv_post_early() ? qkv_post_early_kernel : qkv_post_kernel, *a);
+	return K_CUDA_LAUNCHED("qkv_post");
+}
