@@ -1,0 +1,149 @@
+/* The CUDA path's tuning knobs in one struct: every KDEC_* environment switch of the
+ * kernels and of the CUDA backend, read once (k_cuda_tuning_from_env) and installed. */
+#ifndef KD_KERNELS_CUDA_K_CUDA_TUNING_H
+#define KD_KERNELS_CUDA_K_CUDA_TUNING_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Which path k_cuda_moe_experts takes: AUTO picks by M * top_k; SMALL takes the
+ * small-batch path wherever it can run (up to 64 pairs); GROUPED always the grouped one. */
+enum k_cuda_moe_path { K_CUDA_MOE_PATH_AUTO, K_CUDA_MOE_PATH_SMALL, K_CUDA_MOE_PATH_GROUPED };
+
+/* Every field is named after its variable (KDEC_ dropped, lower case) unless noted.
+ * "Flag" variables take 0 or 1; the defaults are the measured winners, the other
+ * values are kept for A/B runs and for tests that compare the bits of both paths.
+ * Unless noted, a variant gives the same results bit for bit. A kernel reads the
+ * installed struct at each launch, so a graph keeps what was installed at its
+ * capture. */
+struct k_cuda_tuning {
+	/* ---- launches ---- */
+	int cuda_pdl;		/* KDEC_CUDA_PDL, flag, 1: the small ops are launched with
+				 * programmatic stream serialisation (launch_check.cuh) */
+
+	/* ---- linear (kernels/cuda/linear) ---- */
+	int linear_tune;	/* KDEC_LINEAR_TUNE, flag, 1: each GEMM shape times cuBLASLt's
+				 * candidates once and keeps the fastest; 0: cublasGemmEx's own
+				 * choice everywhere */
+	int lt_log;		/* KDEC_LT_LOG, flag, 0: 1 prints one line per tuned shape on
+				 * stderr (GemmEx's time, the pick's, the nearest other plan) */
+	int lt_candidates;	/* KDEC_LT_CANDIDATES, 1..64, 16: candidates asked of
+				 * cuBLASLt's heuristic per shape */
+	long linear_small_mb;	/* KDEC_LINEAR_SMALL_MB, MiB (> 0), 16: weights up to this size
+				 * try the project's GEMV and split-K kernels before cuBLAS; the
+				 * variable set to 0 keeps the default */
+	long linear_stream_mb;	/* KDEC_LINEAR_STREAM_MB, MiB (>= 0), 64: weights above
+				 * linear_small_mb and up to this size take the streaming kernel
+				 * at M <= 8; 0: never */
+
+	/* ---- attention (kernels/cuda/attn) ---- */
+	int attn_mma;		/* KDEC_ATTN_MMA, flag, 1: the tensor-core decode kernel;
+				 * 0: the tiled and decode kernels only */
+	int attn_mma_tk;	/* KDEC_ATTN_MMA_TK, 32 or 64, 32: tokens per tile of GQA's
+				 * tensor-core kernel at head_dim 128 */
+	int attn_mma_qreg;	/* KDEC_ATTN_MMA_QREG, flag, 1: GQA's tensor-core kernel keeps
+				 * q in registers; 0: staged in shared memory for every tile */
+	int attn_mma_fold;	/* KDEC_ATTN_MMA_FOLD, flag, 0: 1 lets GQA's tensor-core kernel
+				 * merge its splits itself (the last split's block) instead of
+				 * a merge launch */
+	int attn_mma_early;	/* KDEC_ATTN_MMA_EARLY, flag, 1: GQA's tensor-core kernel issues
+				 * its first K/V copies before the programmatic-launch wait;
+				 * 0: all after it */
+	int attn_dec_splits;	/* KDEC_ATTN_DEC_SPLITS, >= 0, 0: a fixed split count for the
+				 * GQA decode kernels (where the workspace holds it); 0: chosen
+				 * by occupancy. Not bit-identical across values */
+	int attn_merge_batched;	/* KDEC_ATTN_MERGE, flag, 0: 1 merges splits with the batched
+				 * warp kernel instead of a block per head */
+	int qkv_in_attn;	/* KDEC_QKV_IN_ATTN, -1, 0 or 1, -1 (unset): in a decode step
+				 * qkv_post's work (norm, rope, cache append) is done in the GQA
+				 * attention launch where the rows take one split, else launched
+				 * before it; 0: never folded (the backend launches qkv_post
+				 * itself); 1: folded at any split count */
+	int qkv_post_early;	/* KDEC_QKV_POST_EARLY, flag, 1: qkv_post's kernel loads its
+				 * inputs together; 0: one after another */
+	int mla_post_early;	/* KDEC_MLA_POST_EARLY, flag, 1: mla_post's kernel reads the
+				 * cos/sin table before its programmatic-launch wait; 0: after */
+	int mla_carveout;	/* KDEC_MLA_CARVEOUT, flag, 0: 1 asks the largest shared-memory
+				 * carveout for MLA's attention chain (absorb, attention,
+				 * expand); read at workspace creation */
+	int mla_split_min;	/* KDEC_MLA_SPLIT_MIN, tokens (>= 0), 64: the fewest tokens per
+				 * split of MLA's tensor-core attention, rounded up to 32;
+				 * 0: no floor. Not bit-identical across values */
+	int mla_split_live;	/* KDEC_MLA_SPLIT_LIVE, splits (>= 0, at most 128 count), 64:
+				 * the split count past which mla_split_min applies; 0: always.
+				 * Unset while KDEC_MLA_SPLIT_MIN is set: 0 */
+	int mla_mma_ksplit;	/* KDEC_MLA_MMA_KSPLIT, flag, 1: MLA's tensor-core attention
+				 * with 8 warps splitting the 576 key dims in two; 0: 4 warps
+				 * over all of them */
+	int mla_proj_mma;	/* KDEC_CUDA_MLA_PROJ, flag, 1: MLA's absorb and expand on the
+				 * tensor-core kernels of mla_proj.cu; 0: the CUDA-core ones of
+				 * attn_mla.cu */
+	int mla_fold_rows;	/* KDEC_MLA_FOLD_ROWS, rows (>= 0), 0: up to this many rows the
+				 * expand merges the attention's splits itself; 0: never, the
+				 * merge kernel runs */
+	int mla_fold_cluster;	/* KDEC_MLA_FOLD_CLUSTER, flag, 1: a merging expand shares the
+				 * merge across a cluster of a head's blocks; 0: each block
+				 * merges the head's partials itself */
+
+	/* ---- MoE (kernels/cuda/moe) ---- */
+	int moe_path;		/* KDEC_MOE_PATH, enum k_cuda_moe_path, "auto", "small" or
+				 * "grouped", AUTO. Not bit-identical across values */
+	int moe_fused;		/* KDEC_MOE_FUSED, flag, 1: k_cuda_moe_experts_add does the
+				 * routed experts, the shared one and the add in two launches on
+				 * the small path; 0: it returns 1 (the caller runs the ops) */
+	int moe_prefetch_ahead;	/* KDEC_MOE_PREFETCH_AHEAD, flag, 0: 1 has the small path's
+				 * register kernels ask L2 for each warp's weight rows two turns
+				 * ahead */
+	int moe_m1;		/* KDEC_MOE_M1, flag, 1: a single row on the small path takes
+				 * moe_small_m1.cu's pipelined kernels; 0: the general ones */
+	int moe_m1_bal;		/* KDEC_MOE_M1_BAL, flag, 1: those kernels cut a weight row into
+				 * units of even length; 0: units of a fixed length and a short
+				 * last one */
+	int moe_sh_down_early;	/* KDEC_MOE_SH_DOWN_EARLY, flag, 1: the M = 1 gate/up CTAs ask
+				 * L2 for the shared expert's down rows before their wait; 0: the
+				 * down kernel alone does */
+	int moe_down_early;	/* KDEC_MOE_DOWN_EARLY, flag, 1: the M = 1 down kernel plans and
+				 * issues its first loads before its wait; 0: after */
+
+	/* ---- the CUDA backend (daemon/backend/cuda) ---- */
+	int op_times;		/* KDEC_CUDA_OP_TIMES, flag, 0: 1 times every op with events,
+				 * ops run one by one (no graphs) */
+	int moe_fused_rows;	/* KDEC_MOE_FUSED_ROWS, rows (>= 0), 1: up to this many rows a
+				 * MoE layer runs as one k_cuda_moe_experts_add call */
+	int mla_post_fused;	/* KDEC_CUDA_MLA_POST, flag, 1: mla_post is one kernel
+				 * (k_cuda_mla_post); 0: the four kernels of the op-by-op path */
+	int mla_prep_fused;	/* KDEC_CUDA_MLA_PREP, flag, 1: mla_prep runs q and kv_a as one
+				 * GEMM over the adjacent rows; 0: two linears */
+	int mla_post_in_absorb;	/* KDEC_MLA_POST_IN_ABSORB, flag, 1: mla_post's work is done in
+				 * the absorb launch where it fits; 0: its own launch */
+	int gate_up_bf16;	/* KDEC_GATE_UP_BF16, flag, 1: a dense model's gate/up GEMM
+				 * writes bf16 where the down projection reads bf16 only; 0: fp32.
+				 * Not bit-identical */
+	int silu_bf16_only;	/* KDEC_SILU_BF16_ONLY, flag, 1: SwiGLU writes only the bf16
+				 * form where the down projection reads nothing else; 0: fp32 too */
+};
+
+/* The built-in defaults (above), no environment. */
+void k_cuda_tuning_defaults(struct k_cuda_tuning *t);
+
+/* The defaults overridden by each KDEC_* variable above that is set and not empty.
+ * 0, or -EINVAL with a line naming the variable and its value in err (err_len bytes,
+ * may be NULL) where a value is malformed or out of range; *t is then the defaults. */
+int k_cuda_tuning_from_env(struct k_cuda_tuning *t, char *err, size_t err_len);
+
+/* Installs a copy of *t (NULL: the defaults) as the struct every later launch reads.
+ * Called at backend creation, and by tests between launches to flip a variant. Not
+ * safe against launches on other threads at the same time. */
+void k_cuda_tuning_set(const struct k_cuda_tuning *t);
+
+/* The installed struct: the defaults until k_cuda_tuning_set. Never NULL. */
+const struct k_cuda_tuning *k_cuda_tuning(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
