@@ -104,3 +104,19 @@ int file_fail(char *err, size_t err_len, int rc, const char *fmt, ...)
 	va_end(ap);
 	return rc;
 }
+
+int file_vfail(char *err, size_t err_len, int rc, const char *who, const char *fmt,
+	       va_list ap)
+{
+	int n;
+
+	if (!err || !err_len)
+		return rc;
+	n = snprintf(err, err_len, "%s: ", who);
+	if (n >= 0 && (size_t)n < err_len)
+		vsnprintf(err + n, err_len - (size_t)n, fmt, ap);
+	for (char *s = err; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			*s = '?';
+	return rc;
+}

@@ -1,9 +1,10 @@
 /* Reading small whole files (configs, shard indexes) with a size cap, mapping large
  * ones (weights), and the one-line errors of the parsers over them. libc only:
  * libkdclient compiles it in too. */
-#ifndef KD_DAEMON_FILE_READ_H
-#define KD_DAEMON_FILE_READ_H
+#ifndef KD_FORMAT_FILE_READ_H
+#define KD_FORMAT_FILE_READ_H
 
+#include <stdarg.h>
 #include <stddef.h>
 
 /* Reads the regular file path, at most cap bytes, into a malloc'd buffer with a NUL
@@ -20,5 +21,10 @@ int file_map(const char *path, void **map, size_t *size, char *err, size_t err_l
 /* The file readers' one-line errors: the message into err (when err_len > 0), rc back. */
 int file_fail(char *err, size_t err_len, int rc, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+
+/* As file_fail, for a parser's own variadic fail: "WHO: <message>" into err, with
+ * every control byte shown as '?' so that what the file held cannot break the line. */
+int file_vfail(char *err, size_t err_len, int rc, const char *who, const char *fmt,
+	       va_list ap) __attribute__((format(printf, 5, 0)));
 
 #endif

@@ -7,8 +7,8 @@
  * (string key, u32 type, value), then n_tensors (string name, u32 n_dims, u64 ne[n_dims],
  * u32 ggml type, u64 offset), padding to general.alignment (default 32), data. A string
  * is u64 length + bytes (no NUL). */
-#ifndef KD_DAEMON_GGUF_H
-#define KD_DAEMON_GGUF_H
+#ifndef KD_FORMAT_GGUF_H
+#define KD_FORMAT_GGUF_H
 
 #include <stddef.h>
 #include <stdint.h>

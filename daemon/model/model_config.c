@@ -5,8 +5,6 @@
 #include "format/file_read.h"
 
 #include <errno.h>
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,219 +41,6 @@ const char *model_arch_name(enum model_arch arch)
 		if (cfg_archs[i].arch == arch)
 			return cfg_archs[i].name;
 	return "?";
-}
-
-/* Messages must stay on one line whatever the input held. */
-static void cfg_flatten(char *s)
-{
-	for (; *s; s++)
-		if ((unsigned char)*s < 0x20 || *s == 0x7f)
-			*s = '?';
-}
-
-int cfg_fail(struct cfg_parse *p, int rc, const char *fmt, ...)
-{
-	va_list ap;
-	int n;
-
-	if (!p->err || !p->err_len)
-		return rc;
-	n = snprintf(p->err, p->err_len, "config.json: ");
-	if (n >= 0 && (size_t)n < p->err_len) {
-		va_start(ap, fmt);
-		vsnprintf(p->err + n, p->err_len - n, fmt, ap);
-		va_end(ap);
-	}
-	cfg_flatten(p->err);
-	return rc;
-}
-
-/* A short rendering of a JSON value for messages. */
-const char *cfg_show(const json_t *v, char *buf, size_t n)
-{
-	switch (json_typeof(v)) {
-	case JSON_INTEGER:
-		snprintf(buf, n, "%lld", (long long)json_integer_value(v));
-		break;
-	case JSON_REAL:
-		snprintf(buf, n, "%g", json_real_value(v));
-		break;
-	case JSON_STRING:
-		snprintf(buf, n, "'%.40s'", json_string_value(v));
-		break;
-	case JSON_TRUE:
-		snprintf(buf, n, "true");
-		break;
-	case JSON_FALSE:
-		snprintf(buf, n, "false");
-		break;
-	case JSON_OBJECT:
-		snprintf(buf, n, "an object");
-		break;
-	case JSON_ARRAY:
-		snprintf(buf, n, "an array");
-		break;
-	default:
-		snprintf(buf, n, "null");
-		break;
-	}
-	return buf;
-}
-
-/* NULL when the key is absent or JSON null: both mean "use the default". */
-json_t *cfg_obj_get(const json_t *obj, const char *key)
-{
-	json_t *v = obj ? json_object_get(obj, key) : NULL;
-
-	return json_is_null(v) ? NULL : v;
-}
-
-/* 8 and 8.0 say the same thing. */
-int cfg_values_equal(const json_t *a, const json_t *b)
-{
-	if (json_is_number(a) && json_is_number(b))
-		return json_number_value(a) == json_number_value(b);
-	return json_equal((json_t *)a, (json_t *)b);
-}
-
-/* The value of key or of its alias (may be NULL); *v is NULL if neither is set.
- * Returns 0, or -EINVAL when two spellings disagree. */
-static int cfg_get(struct cfg_parse *p, const json_t *obj, const char *key,
-		   const char *alias, json_t **v, const char **used)
-{
-	json_t *a = cfg_obj_get(obj, key);
-	json_t *b = alias ? cfg_obj_get(obj, alias) : NULL;
-	char sa[64], sb[64];
-
-	*v = NULL;
-	*used = key;
-	if (a && b && !cfg_values_equal(a, b))
-		return cfg_fail(p, -EINVAL, "%s%s and %s%s are contradictory (%s vs %s)",
-				p->prefix, key, p->prefix, alias, cfg_show(a, sa, sizeof(sa)),
-				cfg_show(b, sb, sizeof(sb)));
-	*v = a ? a : b;
-	if (!a && b)
-		*used = alias;
-	return 0;
-}
-
-/* Integer key in [lo, hi]. Returns 0 (set), 1 (absent, *out untouched) or -errno.
- * A real with an integral value (4096.0) is accepted. */
-static int cfg_int(struct cfg_parse *p, const json_t *obj, const char *key,
-		   const char *alias, long long lo, long long hi, int *out)
-{
-	const char *name;
-	char s[64];
-	json_t *v;
-	double d;
-	long long x;
-	int rc;
-
-	rc = cfg_get(p, obj, key, alias, &v, &name);
-	if (rc || !v)
-		return rc ? rc : 1;
-	if (json_is_integer(v)) {
-		x = json_integer_value(v);
-	} else if (json_is_real(v)) {
-		d = json_real_value(v);
-		if (!isfinite(d) || d != floor(d) || fabs(d) > 9e15)
-			return cfg_fail(p, -EINVAL, "%s%s: %s is not an integer", p->prefix,
-					name, cfg_show(v, s, sizeof(s)));
-		x = (long long)d;
-	} else {
-		return cfg_fail(p, -EINVAL, "%s%s: expected an integer, got %s", p->prefix,
-				name, cfg_show(v, s, sizeof(s)));
-	}
-	if (x < lo || x > hi)
-		return cfg_fail(p, -EINVAL, "%s%s: %lld is out of range [%lld, %lld]",
-				p->prefix, name, x, lo, hi);
-	*out = (int)x;
-	return 0;
-}
-
-static int cfg_req_int(struct cfg_parse *p, const json_t *obj, const char *key,
-		       const char *alias, long long lo, long long hi, int *out,
-		       const char *why)
-{
-	int rc = cfg_int(p, obj, key, alias, lo, hi, out);
-
-	if (rc == 1)
-		return cfg_fail(p, -EINVAL, "%s%s: required%s%s but missing", p->prefix, key,
-				why ? " " : "", why ? why : "");
-	return rc;
-}
-
-/* Number key in [lo, hi]. Returns 0 (set), 1 (absent) or -errno. */
-int cfg_num(struct cfg_parse *p, const json_t *obj, const char *key,
-		   const char *alias, double lo, double hi, double *out)
-{
-	const char *name;
-	char s[64];
-	json_t *v;
-	double d;
-	int rc;
-
-	rc = cfg_get(p, obj, key, alias, &v, &name);
-	if (rc || !v)
-		return rc ? rc : 1;
-	if (!json_is_number(v))
-		return cfg_fail(p, -EINVAL, "%s%s: expected a number, got %s", p->prefix, name,
-				cfg_show(v, s, sizeof(s)));
-	d = json_number_value(v);
-	if (!isfinite(d) || d < lo || d > hi)
-		return cfg_fail(p, -EINVAL, "%s%s: %g is out of range [%g, %g]", p->prefix,
-				name, d, lo, hi);
-	*out = d;
-	return 0;
-}
-
-static int cfg_req_num(struct cfg_parse *p, const json_t *obj, const char *key,
-		       double lo, double hi, double *out, const char *why)
-{
-	int rc = cfg_num(p, obj, key, NULL, lo, hi, out);
-
-	if (rc == 1)
-		return cfg_fail(p, -EINVAL, "%s%s: required%s%s but missing", p->prefix, key,
-				why ? " " : "", why ? why : "");
-	return rc;
-}
-
-/* Boolean key; absent leaves *out untouched. Returns 0 or -errno. */
-int cfg_bool(struct cfg_parse *p, const json_t *obj, const char *key, int *out)
-{
-	const char *name;
-	char s[64];
-	json_t *v;
-	int rc;
-
-	rc = cfg_get(p, obj, key, NULL, &v, &name);
-	if (rc || !v)
-		return rc;
-	if (!json_is_boolean(v))
-		return cfg_fail(p, -EINVAL, "%s%s: expected true or false, got %s", p->prefix,
-				name, cfg_show(v, s, sizeof(s)));
-	*out = json_is_true(v);
-	return 0;
-}
-
-/* String key (or alias); *out NULL when absent. */
-int cfg_str(struct cfg_parse *p, const json_t *obj, const char *key,
-		   const char *alias, const char **out)
-{
-	const char *name;
-	char s[64];
-	json_t *v;
-	int rc;
-
-	*out = NULL;
-	rc = cfg_get(p, obj, key, alias, &v, &name);
-	if (rc || !v)
-		return rc;
-	if (!json_is_string(v))
-		return cfg_fail(p, -EINVAL, "%s%s: expected a string, got %s", p->prefix, name,
-				cfg_show(v, s, sizeof(s)));
-	*out = json_string_value(v);
-	return 0;
 }
 
 static int parse_arch(struct cfg_parse *p, const json_t *root, struct model_config *cfg)
@@ -666,7 +451,6 @@ static int parse_moe_deepseek_v3(struct cfg_parse *p, const json_t *root,
 
 static int parse_moe(struct cfg_parse *p, const json_t *root, struct model_config *cfg)
 {
-	int all_moe;
 	int rc = 0;
 
 	switch (cfg->arch) {
@@ -685,10 +469,7 @@ static int parse_moe(struct cfg_parse *p, const json_t *root, struct model_confi
 	}
 	if (rc)
 		return rc;
-	all_moe = 1;
-	for (int l = 0; l < cfg->n_layers; l++)
-		all_moe &= model_config_layer_is_moe(cfg, l);
-	if (!all_moe && !cfg->intermediate_size)
+	if (model_config_has_dense_layer(cfg) && !cfg->intermediate_size)
 		return cfg_fail(p, -EINVAL, "intermediate_size: required (the model has dense "
 				"MLP layers) but missing");
 	return 0;
@@ -747,7 +528,8 @@ static int parse_root(struct cfg_parse *p, const json_t *root, struct model_conf
 int model_config_parse(struct model_config *cfg, const char *json, size_t len,
 		       char *err, size_t err_len)
 {
-	struct cfg_parse p = { err, err_len, "" };
+	struct cfg_parse p = { .err = err, .err_len = err_len, .source = "config.json",
+				.prefix = "" };
 	json_error_t jerr;
 	json_t *root;
 	int rc;
@@ -805,4 +587,12 @@ int model_config_layer_is_moe(const struct model_config *cfg, int l)
 	}
 	return l >= cfg->first_k_dense && cfg->moe_layer_freq > 0 &&
 	       l % cfg->moe_layer_freq == 0;
+}
+
+int model_config_has_dense_layer(const struct model_config *cfg)
+{
+	for (int l = 0; l < cfg->n_layers; l++)
+		if (!model_config_layer_is_moe(cfg, l))
+			return 1;
+	return 0;
 }

@@ -83,6 +83,10 @@ int model_config_load_file(struct model_config *cfg, const char *path, char *err
 /* Whether layer l has a mixture-of-experts MLP (else a dense one). */
 int model_config_layer_is_moe(const struct model_config *cfg, int l);
 
+/* Whether some layer has a dense MLP: then intermediate_size is required. Checked by
+ * both config readers. */
+int model_config_has_dense_layer(const struct model_config *cfg);
+
 /* cfg->attn_scale from head_dim and the rope: 1 / sqrt(head_dim), with YaRN's
  * mscale(factor, mscale_all_dim)^2 folded in for MLA. Set by both config readers. */
 void model_config_set_attn_scale(struct model_config *cfg);

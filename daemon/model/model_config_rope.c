@@ -65,9 +65,8 @@ static int rope_num(struct cfg_parse *p, const struct rope_src *r, const char *k
 	int rc;
 
 	rope_prefix(p, r, key);
-	rc = cfg_num(p, r->merged, key, NULL, lo, hi, out);
-	if (rc == 1 && required)
-		rc = cfg_fail(p, -EINVAL, "%s%s: required but missing", p->prefix, key);
+	rc = required ? cfg_req_num(p, r->merged, key, lo, hi, out, NULL)
+		      : cfg_num(p, r->merged, key, NULL, lo, hi, out);
 	p->prefix = "";
 	return rc;
 }

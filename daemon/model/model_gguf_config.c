@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon/model/model_gguf.h"
+#include "format/file_read.h"
 
 #define META_MAX_HIDDEN (1 << 17)
 #define META_MAX_VOCAB (1 << 23)
@@ -56,19 +57,10 @@ static int meta_fail(struct meta *g, int rc, const char *fmt, ...)
 static int meta_fail(struct meta *g, int rc, const char *fmt, ...)
 {
 	va_list ap;
-	int n;
 
-	if (!g->err_len)
-		return rc;
-	n = snprintf(g->err, g->err_len, "%s: ", g->name);
-	if (n >= 0 && (size_t)n < g->err_len) {
-		va_start(ap, fmt);
-		vsnprintf(g->err + n, g->err_len - (size_t)n, fmt, ap);
-		va_end(ap);
-	}
-	for (char *s = g->err; *s; s++)	/* one line whatever the file held */
-		if ((unsigned char)*s < 0x20 || *s == 0x7f)
-			*s = '?';
+	va_start(ap, fmt);
+	rc = file_vfail(g->err, g->err_len, rc, g->name, fmt, ap);
+	va_end(ap);
 	return rc;
 }
 
@@ -665,7 +657,7 @@ int model_gguf_config(struct model_config *cfg, const struct gguf_file *f, const
 		      char *err, size_t err_len)
 {
 	struct meta g = { .f = f, .name = name, .err = err, .err_len = err_len };
-	int rc, all_moe = 1;
+	int rc;
 
 	memset(cfg, 0, sizeof(*cfg));
 	rc = meta_arch(&g, cfg);
@@ -683,9 +675,7 @@ int model_gguf_config(struct model_config *cfg, const struct gguf_file *f, const
 	if (rc)
 		return rc;
 	model_config_set_attn_scale(cfg);
-	for (int l = 0; l < cfg->n_layers; l++)
-		all_moe &= model_config_layer_is_moe(cfg, l);
-	if (!all_moe && !cfg->intermediate_size)
+	if (model_config_has_dense_layer(cfg) && !cfg->intermediate_size)
 		return meta_fail(&g, -EINVAL, "%s.feed_forward_length: required (the model has "
 				 "dense MLP layers) but missing", g.arch);
 	return 0;
