@@ -1,9 +1,9 @@
 /* The scheduler: continuous batching over the engine. Each iteration the engine
  * thread hands it the requests taken from the clients' rings; sched_step then runs
- * one engine step that decodes one token for every running request and, within a
- * token budget, prefills chunks of new ones, and writes the sampled tokens into the
- * clients' event rings; requests are preempted when the KV cache runs short
- * (sched_preempt.c) and may speculate (sched_spec.c). Engine thread only. */
+ * one engine step (sched_step.c) that decodes one token for every running request
+ * and, within a token budget, prefills chunks of new ones, and writes the sampled
+ * tokens into the clients' event rings; requests are preempted when the KV cache
+ * runs short (sched_preempt.c) and may speculate (sched_spec.c). Engine thread only. */
 #ifndef KD_DAEMON_SCHED_H
 #define KD_DAEMON_SCHED_H
 

@@ -8,27 +8,28 @@
 
 #include "daemon/sched/sched_internal.h"
 
-/* A final or token event to the request's client. A client that cannot take it
- * (impossible ring indices, no memory) is marked dead; the engine thread drops it. */
-void sched_emit(struct client_conn *c, uint64_t id, uint64_t t_submit, uint64_t t_pickup,
-		int32_t tok, uint32_t index, uint32_t flags, uint16_t reason, uint16_t detail,
-		int err, uint32_t a0, uint32_t a1, uint32_t a2)
+/* A client that cannot take an event (impossible ring indices, no memory) is marked
+ * dead; the engine thread drops it. */
+void sched_emit(struct client_conn *c, const struct ipc_event *ev)
 {
-	struct ipc_event ev = {
-		.req_id = id, .token = tok, .index = index, .flags = flags,
-		.reason = reason, .detail = detail, .err = err,
-		.arg = { a0, a1, a2 }, .t_submit_ns = t_submit, .t_pickup_ns = t_pickup,
-	};
 	int ret;
 
 	if (c->dead)
 		return;
-	ret = client_conn_push(c, &ev);
+	ret = client_conn_push(c, ev);
 	if (ret < 0 && !c->dead) {
 		c->dead = 1;
 		if (ret != -EPROTO)
 			snprintf(c->why, sizeof(c->why), "cannot queue an event: %s", strerror(-ret));
 	}
+}
+
+void sched_emit_req(const struct sched_req *r, struct ipc_event ev)
+{
+	ev.req_id = r->id;
+	ev.t_submit_ns = r->t_submit;
+	ev.t_pickup_ns = r->t_pickup;
+	sched_emit(r->c, &ev);
 }
 
 /* Keeps tok in r->out when r's penalties need its output. 0 or -ENOMEM. */
@@ -75,8 +76,10 @@ static void deliver_event(struct sched *s, struct sched_req *r, int32_t tok, uin
 			reason = IPC_REASON_STOP;
 	if (!reason && r->n_gen >= r->max_tokens)
 		reason = IPC_REASON_LENGTH;
-	sched_emit(r->c, r->id, r->t_submit, r->t_pickup, tok, index, flags | (reason ? IPC_EV_FINAL : 0),
-		   reason, IPC_DETAIL_NONE, 0, a[0], a[1], a[2]);
+	sched_emit_req(r, (struct ipc_event){ .token = tok, .index = index,
+					      .flags = flags | (reason ? IPC_EV_FINAL : 0),
+					      .reason = reason, .detail = IPC_DETAIL_NONE,
+					      .arg = { a[0], a[1], a[2] } });
 	if (reason)
 		sched_finish(s, r, reason, IPC_DETAIL_NONE, 0, 0, 0);
 	else

@@ -1,6 +1,8 @@
-/* What the scheduler's files share (sched.c: queues, admission, steps, events;
- * sched_spec.c: speculation): the request and scheduler structs and the helpers
- * that cross between them. Engine thread only; not part of the scheduler's API. */
+/* What the scheduler's files share (sched.c: requests in, queues, the end of a
+ * request; sched_step.c: admission and steps; sched_events.c: events out;
+ * sched_preempt.c: KV claims; sched_spec.c: speculation): the request and scheduler
+ * structs and the helpers that cross between them. Engine thread only; not part of
+ * the scheduler's API. */
 #ifndef KD_DAEMON_SCHED_INTERNAL_H
 #define KD_DAEMON_SCHED_INTERNAL_H
 
@@ -42,7 +44,7 @@ struct sched_req {
 	uint64_t t_submit, t_pickup, t_last;	/* ns */
 	uint64_t paused_since;		/* ns; 0 = not paused */
 	int prefix_waits;		/* steps it waited for another request's prefill of
-					 * their shared prefix (see sched.c prefix_pending) */
+					 * their shared prefix (see sched_step.c prefix_pending) */
 };
 
 struct sched_ses {
@@ -82,11 +84,11 @@ struct sched {
 	int spec_cap;
 };
 
-/* sched_events.c: a final or token event to c. A client that cannot take it
- * (impossible ring indices, no memory) is marked dead; the engine thread drops it. */
-void sched_emit(struct client_conn *c, uint64_t id, uint64_t t_submit, uint64_t t_pickup,
-		int32_t tok, uint32_t index, uint32_t flags, uint16_t reason, uint16_t detail,
-		int err, uint32_t a0, uint32_t a1, uint32_t a2);
+/* sched_events.c: a final or token event (*ev, copied) into c's event ring. A
+ * client that cannot take it is marked dead; the engine thread drops it. */
+void sched_emit(struct client_conn *c, const struct ipc_event *ev);
+/* The same for r's client, with ev's request id and times set from r. */
+void sched_emit_req(const struct sched_req *r, struct ipc_event ev);
 
 /* Ends r: its final event (unless already carried by a token event), its KV back. */
 void sched_finish(struct sched *s, struct sched_req *r, uint16_t reason, uint16_t detail, int err,

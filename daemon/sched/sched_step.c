@@ -1,0 +1,294 @@
+/* Continuous batching, the steps: admission (the prefix cache, waits for another
+ * request's prefill of a shared prefix), one decode token per running request per
+ * step, then prefill in chunks within the step's token budget, and the step's samples
+ * delivered. A request whose client leaves its event ring full is paused (it keeps
+ * its KV) and cancelled after stall_ms. */
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "daemon/base/log.h"
+#include "daemon/sched/sched_internal.h"
+#include "ipc/ipc_futex.h"
+
+/* Prefix-cache salt of c's requests: its uid, or one value for all. */
+static uint64_t salt_of(const struct sched *s, const struct client_conn *c)
+{
+	return s->o.share_prefix ? 0x6b646563736861ULL : (uint64_t)c->uid;
+}
+
+/* Starts r's sequence on its session's KV (owner: the client's uid), if it names
+ * one that has no other turn running, else on the prefix cache. */
+static int req_start(struct sched *s, struct sched_req *r)
+{
+	uint64_t salt = salt_of(s, r->c);
+	struct kv_session *kvs;
+	int cached = 0, ret;
+
+	if (r->session[0] && !engine_session_open(s->e, r->session, r->c->uid, salt, &kvs)) {
+		ret = engine_seq_start_session(s->e, &r->seq, kvs, r->feed, r->n_feed, &cached);
+		if (!ret)
+			r->kvs = kvs;
+		if (ret != -EBUSY)
+			goto out;
+		log_debug("session '%s' has a turn running: request %llu runs without it",
+			  r->session, (unsigned long long)r->id);
+	}
+	ret = engine_seq_start(s->e, &r->seq, r->feed, r->n_feed, salt, &cached);
+out:
+	if (!ret)
+		r->n_prefilled = cached;
+	return ret;
+}
+
+/* Whether the first waiting request w should wait a step: a running request with the
+ * same prefix-cache salt is still prefilling full blocks that w's prompt starts with
+ * too. Full blocks enter the prefix cache as each step completes them and admission
+ * maps what is there, so w, admitted a step or a few later, maps those blocks instead
+ * of computing them again beside the other (N agents arriving together with one
+ * system prompt compute it once, not N times). Bounded by SCHED_PREFIX_WAIT_STEPS, in
+ * case the other's prefill stalls (a paused client). */
+#define SCHED_PREFIX_WAIT_STEPS 64
+static int prefix_pending(struct sched *s, struct sched_req *w)
+{
+	struct engine_cache_status st;
+	uint64_t salt = salt_of(s, w->c);
+
+	if (s->o.no_prefix_wait || w->prefix_waits >= SCHED_PREFIX_WAIT_STEPS)
+		return 0;
+	engine_cache_status(s->e, &st);
+	for (int i = 0; i < s->n_run; i++) {
+		const struct sched_req *r = s->run[i];
+		int lim, common = 0, full;
+
+		if (r->n_prefilled >= r->n_feed || r->c->dead || salt_of(s, r->c) != salt)
+			continue;
+		/* w maps at most (n - 1) / bt blocks: one token is always computed */
+		lim = w->n_feed - 1 < r->n_feed ? w->n_feed - 1 : r->n_feed;
+		while (common < lim && w->feed[common] == r->feed[common])
+			common++;
+		full = common / st.block_tokens * st.block_tokens;
+		if (full > r->n_prefilled) {
+			w->prefix_waits++;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Moves the first waiting request into the batch with its cached prefix mapped;
+ * NULL if that fails (the request ended with an error) or if starting it took
+ * more blocks than the claims left (it waits again). */
+static struct sched_req *admit(struct sched *s)
+{
+	struct sched_req *r = s->wait[0];
+	int ret;
+
+	sched_remove_ptr(s->wait, &s->n_wait, r);
+	r->running = 1;
+	r->admit_no = s->admit_no++;
+	s->run[s->n_run++] = r;
+	ret = req_start(s, r);
+	if (ret) {
+		log_warn("client %u request %llu: cannot start: %s", r->c->id,
+			 (unsigned long long)r->id, strerror(-ret));
+		sched_finish(s, r, IPC_REASON_ERROR, IPC_DETAIL_ENGINE, ret, 0, 1);
+		return NULL;
+	}
+	/* a session's turn brings all its host blocks back, more than the prompt
+	 * may use: the step would not fit. Its blocks stay on the device (the
+	 * session's, idle), so the next look counts them. */
+	if (sched_spare(s) < 0) {
+		sched_unadmit(s, r);
+		return NULL;
+	}
+	if (r->n_preempted)
+		log_debug("client %u request %llu: resumed, %d of %d tokens from the prefix cache",
+			  r->c->id, (unsigned long long)r->id, r->n_prefilled, r->n_feed);
+	return r;
+}
+
+int sched_runnable(struct sched *s)
+{
+	for (int i = 0; i < s->n_run; i++) {
+		struct sched_req *r = s->run[i];
+
+		if (r->n_prefilled < r->n_feed || client_conn_ev_free(r->c) > 0)
+			return 1;
+	}
+	return sched_can_admit(s);
+}
+
+int64_t sched_next_timeout(const struct sched *s, uint64_t now_ns)
+{
+	int64_t best = INT64_MAX, stall = (int64_t)s->o.stall_ms * 1000000;
+
+	for (int i = 0; i < s->n_run; i++) {
+		const struct sched_req *r = s->run[i];
+		int64_t left;
+
+		if (!r->paused_since)
+			continue;
+		left = (int64_t)(r->paused_since + (uint64_t)stall - now_ns);
+		if (left < best)
+			best = left > 0 ? left : 0;
+	}
+	return best;
+}
+
+/* Event-ring slots each client has for this step; -1 = not yet looked at. */
+static int step_space(struct client_conn *c, int *space_cache)
+{
+	if (*space_cache < 0) {
+		int f = client_conn_ev_free(c);
+
+		if (f < 0) {
+			c->dead = 1;
+			f = 0;
+		}
+		*space_cache = f;
+	}
+	return *space_cache;
+}
+
+/* r cannot run for lack of event-ring space: pause it, or cancel it once it has
+ * waited stall_ms (returns 1: r is gone). */
+static int req_pause(struct sched *s, struct sched_req *r, uint64_t now)
+{
+	if (!r->paused_since) {
+		r->paused_since = now;
+		return 0;
+	}
+	if (now - r->paused_since < (uint64_t)s->o.stall_ms * 1000000u)
+		return 0;
+	log_info("client %u request %llu: event ring full for %d ms: cancelled",
+		 r->c->id, (unsigned long long)r->id, s->o.stall_ms);
+	sched_finish(s, r, IPC_REASON_CANCELLED, IPC_DETAIL_STALLED, 0, (uint32_t)s->o.stall_ms, 1);
+	return 1;
+}
+
+void sched_add(struct sched *s, int *n, struct sched_req *r, const int32_t *tok, int n_tok)
+{
+	s->ereq[*n] = (struct engine_req){ .seq = &r->seq, .tokens = tok, .n_tokens = n_tok };
+	s->of[*n] = r;
+	s->row0[*n] = s->n_rows;
+	s->sp[s->n_rows] = r->sp;
+	s->hist[s->n_rows] = (struct k_sample_hist){ .prompt = r->prompt, .n_prompt = r->n_prompt,
+						     .out = r->out, .n_out = r->out ? r->n_gen : 0 };
+	s->steps[s->n_rows] = (uint64_t)r->n_gen;
+	s->n_rows++;
+	(*n)++;
+}
+
+/* Picks the step's requests: decodes first, then prefill chunks, admitting waiting
+ * requests while the KV cache, the batch and the token budget allow. */
+static int build_step(struct sched *s, uint64_t now)
+{
+	int budget = s->o.step_tokens, n = 0;
+
+	s->n_rows = 0;
+
+	/* space_cache lives in the client for one step: reset it first, for the
+	 * clients of requests that may be admitted too */
+	for (int i = 0; i < s->n_run; i++) {
+		s->run[i]->c->step_space = -1;
+		s->run[i]->step_fed = 0;
+	}
+	for (int i = 0; i < s->n_wait; i++)
+		s->wait[i]->c->step_space = -1;
+	/* who decodes: each takes one event slot here (drafts get what is left);
+	 * those whose client has none pause */
+	for (int i = 0; i < s->n_run; i++) {
+		struct sched_req *r = s->run[i];
+
+		if (r->n_prefilled < r->n_feed || r->c->dead)
+			continue;
+		if (step_space(r->c, &r->c->step_space) > 0) {
+			r->paused_since = 0;
+			r->step_fed = 1;
+			r->c->step_space--;
+		} else if (req_pause(s, r, now)) {
+			i--;
+		}
+	}
+	/* the decodes' blocks, preempting when short; room for a waiting request of
+	 * higher priority */
+	sched_make_room(s);
+	for (int i = 0; i < s->n_run && budget > 0; i++) {
+		struct sched_req *r = s->run[i];
+
+		if (r->step_fed) {
+			r->c->step_space++;	/* its slot back: add_decode takes it */
+			sched_add_decode(s, &n, r, &budget);
+		}
+	}
+	for (int i = 0; budget > 0 && n < s->o.max_batch; i++) {
+		struct sched_req *r;
+		int rem, chunk;
+
+		if (i == s->n_run) {
+			if (!sched_can_admit(s) || prefix_pending(s, s->wait[0]))
+				break;
+			if (!admit(s)) {
+				i--;
+				continue;
+			}
+		}
+		r = s->run[i];
+		rem = r->n_feed - r->n_prefilled;
+		if (!rem || r->c->dead)
+			continue;
+		chunk = rem < budget ? rem : budget;
+		/* The chunk that ends the prompt yields the first token: it needs a slot. */
+		if (chunk == rem && step_space(r->c, &r->c->step_space) == 0)
+			chunk--;
+		if (chunk <= 0) {
+			if (req_pause(s, r, now))
+				i--;
+			continue;
+		}
+		r->paused_since = 0;
+		if (chunk == rem)
+			r->c->step_space--;
+		sched_add(s, &n, r, r->feed + r->n_prefilled, chunk);
+		budget -= chunk;
+	}
+	return n;
+}
+
+int sched_step(struct sched *s, uint64_t now_ns)
+{
+	char err[256] = "";
+	uint64_t now;
+	int n, ret;
+
+	n = build_step(s, now_ns);
+	if (!n)
+		return 0;
+	ret = engine_step_sample_ext(s->e, s->ereq, n, s->sp, s->steps, s->hist, s->ids, s->lp, NULL,
+				     err, sizeof(err));
+	if (ret) {
+		log_error("engine step of %d requests failed: %s", n, err[0] ? err : strerror(-ret));
+		for (int i = 0; i < n; i++)
+			sched_finish(s, s->of[i], IPC_REASON_ERROR, IPC_DETAIL_ENGINE, ret, 0, 1);
+		return ret;
+	}
+	now = ipc_now_ns();
+	for (int i = 0; i < n; i++) {
+		struct sched_req *r = s->of[i];
+
+		if (r->n_prefilled < r->n_feed) {
+			r->n_prefilled += s->ereq[i].n_tokens;
+			if (r->n_prefilled < r->n_feed)
+				continue;	/* a middle chunk: its sample is not a token */
+			if (!r->n_gen)	/* not a resume after a preemption */
+				s->m.prompt_tokens += (uint64_t)r->n_prompt;
+		}
+		if (s->ereq[i].n_draft)
+			sched_deliver_spec(s, r, &s->ereq[i], s->ids + s->row0[i], s->lp + s->row0[i],
+					   now);
+		else
+			sched_deliver(s, r, s->ids[s->row0[i]], &s->lp[s->row0[i]], now);
+	}
+	return n;
+}
