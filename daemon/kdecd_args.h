@@ -1,0 +1,31 @@
+/* kdecd's command line: the options it takes, into the options of the model load,
+ * the engine and the server; its usage text. */
+#ifndef KD_DAEMON_KDECD_ARGS_H
+#define KD_DAEMON_KDECD_ARGS_H
+
+#include <sys/types.h>
+
+#include "daemon/engine/engine.h"
+#include "daemon/model/model.h"
+#include "daemon/serve/server.h"
+
+#define KDECD_MAX_ALLOW 64	/* ids in --allow-uid, and in --allow-gid */
+
+/* srv.allow_uid and srv.allow_gid point into uids and gids: parse in place, do not
+ * copy. */
+struct kdecd_args {
+	const char *model;	/* --model, from argv */
+	int check;		/* --check: load, build the engine, exit */
+	struct model_load_opts load;
+	struct engine_opts eng;
+	struct server_opts srv;
+	uid_t uids[KDECD_MAX_ALLOW];
+	gid_t gids[KDECD_MAX_ALLOW];
+};
+
+/* Parses argv into *a, which the caller zeroed; strings stay argv's. Returns 0 (run),
+ * 1 (--help or --version printed: exit 0) or -EINVAL / -ENOMEM (a message, and
+ * maybe the usage, on stderr). */
+int kdecd_args_parse(struct kdecd_args *a, int argc, char **argv);
+
+#endif
