@@ -58,13 +58,20 @@ static void usage(FILE *f)
 		ENGINE_DEFAULT_KV_TOKENS, ENGINE_DEFAULT_BLOCK_TOKENS, SPEC_DEFAULT_N);
 }
 
-static int parse_num(const char *opt, const char *s, long min, long max, long *out)
+int kdbench_parse_num(const char *who, const char *opt, const char *s, long min, long max,
+		      long *out)
 {
 	if (cli_parse_long(s, min, max, out)) {
-		fprintf(stderr, "kdbench: %s '%s': want an integer in [%ld, %ld]\n", opt, s, min, max);
+		fprintf(stderr, "%s: %s '%s': want an integer in [%ld, %ld]\n", who, opt, s, min,
+			max);
 		return -1;
 	}
 	return 0;
+}
+
+static int parse_num(const char *opt, const char *s, long min, long max, long *out)
+{
+	return kdbench_parse_num("kdbench", opt, s, min, max, out);
 }
 
 static int parse_args(int argc, char **argv, struct bench_args *a)

@@ -1,5 +1,6 @@
 /* kdbench's subcommands that live in files of their own: each takes the arguments
- * after "kdbench" (argv[0] is the subcommand) and returns the exit status. */
+ * after "kdbench" (argv[0] is the subcommand) and returns the exit status; and the
+ * option parsing they share. */
 #ifndef KD_DAEMON_KDBENCH_H
 #define KD_DAEMON_KDBENCH_H
 
@@ -12,6 +13,11 @@ int kdbench_decode_main(int argc, char **argv);		/* kdbench_decode.c */
 int kdbench_kvcache_main(int argc, char **argv);		/* kdbench_kvcache.c */
 int kdbench_ipc_main(int argc, char **argv);		/* kdbench_ipc.c */
 int kdbench_agent_main(int argc, char **argv);		/* kdbench_agent.c */
+
+/* An integer option of the command who ("kdbench", "kdbench decode"): s in [min, max]
+ * into *out, 0; else one line on stderr, -1. */
+int kdbench_parse_num(const char *who, const char *opt, const char *s, long min, long max,
+		      long *out);
 
 /* generate with n-gram speculation (kdbench_spec.c): the ids of max_tokens greedy
  * tokens after ids[0..n) to stdout, timing and acceptance to stderr. 0 or -errno. */

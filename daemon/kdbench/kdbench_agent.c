@@ -19,7 +19,6 @@
 #include <unistd.h>
 
 #include "client/kdclient.h"
-#include "daemon/base/cli.h"
 #include "daemon/kdbench/kdbench.h"
 #include "daemon/kdbench/kdbench_agent.h"
 
@@ -412,11 +411,7 @@ static void usage(FILE *f)
 
 static int num(const char *opt, const char *s, long min, long max, long *out)
 {
-	if (cli_parse_long(s, min, max, out)) {
-		fprintf(stderr, "kdbench agent: %s '%s': want an integer in [%ld, %ld]\n", opt, s, min, max);
-		return -1;
-	}
-	return 0;
+	return kdbench_parse_num("kdbench agent", opt, s, min, max, out);
 }
 
 static int real(const char *opt, const char *s, double min, double max, double *out)

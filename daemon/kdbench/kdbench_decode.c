@@ -95,11 +95,7 @@ static int parse_batches(const char *s, struct decode_args *a)
 
 static int num(const char *opt, const char *s, long min, long max, long *out)
 {
-	if (cli_parse_long(s, min, max, out)) {
-		fprintf(stderr, "kdbench decode: %s '%s': want an integer in [%ld, %ld]\n", opt, s, min, max);
-		return -1;
-	}
-	return 0;
+	return kdbench_parse_num("kdbench decode", opt, s, min, max, out);
 }
 
 static int decode_parse(int argc, char **argv, struct decode_args *a)
