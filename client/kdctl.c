@@ -10,7 +10,6 @@
 #include "client/control_call.h"
 #include "client/kdclient.h"
 
-
 static void usage(FILE *f)
 {
 	char sock[256];

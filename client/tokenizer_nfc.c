@@ -18,19 +18,7 @@
 
 static unsigned ccc_of(uint32_t cp)
 {
-	unsigned lo = 0, hi = tok_ccc_n_ranges;
-
-	while (lo < hi) {
-		unsigned mid = lo + (hi - lo) / 2;
-
-		if (cp < tok_ccc_ranges[mid].first)
-			hi = mid;
-		else if (cp > tok_ccc_ranges[mid].last)
-			lo = mid + 1;
-		else
-			return tok_ccc_ranges[mid].flags;
-	}
-	return 0;
+	return tok_cp_range_find(tok_ccc_ranges, tok_ccc_n_ranges, cp);
 }
 
 static const struct tok_nfd_entry *nfd_of(uint32_t cp)

@@ -1,5 +1,5 @@
 /* UTF-8 decoding for the pre-tokenizers (total: every byte string decodes) and the
- * code point class lookup over the generated range table. */
+ * lookups over the generated range tables. */
 #include "client/tokenizer_unicode.h"
 
 int tok_utf8_decode(const unsigned char *s, size_t len, uint32_t *cp)
@@ -37,23 +37,28 @@ bad:
 	return 1;
 }
 
-unsigned tok_cp_flags(uint32_t cp)
+unsigned tok_cp_range_find(const struct tok_cp_range *v, unsigned n, uint32_t cp)
 {
-	unsigned lo = 0, hi = tok_cp_n_ranges;
+	unsigned lo = 0, hi = n;
 
-	if (cp >= TOK_CP_INVALID)
-		return 0;
 	while (lo < hi) {
 		unsigned mid = lo + (hi - lo) / 2;
 
-		if (cp < tok_cp_ranges[mid].first)
+		if (cp < v[mid].first)
 			hi = mid;
-		else if (cp > tok_cp_ranges[mid].last)
+		else if (cp > v[mid].last)
 			lo = mid + 1;
 		else
-			return tok_cp_ranges[mid].flags;
+			return v[mid].flags;
 	}
 	return 0;
+}
+
+unsigned tok_cp_flags(uint32_t cp)
+{
+	if (cp >= TOK_CP_INVALID)
+		return 0;
+	return tok_cp_range_find(tok_cp_ranges, tok_cp_n_ranges, cp);
 }
 
 int tok_utf8_encode(uint32_t cp, char *out)

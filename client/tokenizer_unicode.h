@@ -61,6 +61,9 @@ int tok_utf8_decode(const unsigned char *s, size_t len, uint32_t *cp);
 /* The TOK_CP_* flags of cp (0 for TOK_CP_INVALID + x and unassigned code points). */
 unsigned tok_cp_flags(uint32_t cp);
 
+/* The flags of the range of v[0..n) (sorted, disjoint) that holds cp; 0 if none does. */
+unsigned tok_cp_range_find(const struct tok_cp_range *v, unsigned n, uint32_t cp);
+
 /* Writes cp (< 0x110000) as UTF-8 into out[4]; returns the byte count. */
 int tok_utf8_encode(uint32_t cp, char *out);
 

@@ -11,6 +11,18 @@
 
 #include "format/file_read.h"
 
+/* path opened read-only: the descriptor, or -errno with "PATH: reason" in err. */
+static int file_open_ro(const char *path, char *err, size_t err_len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0) {
+		fd = -errno;
+		snprintf(err, err_len, "%s: %s", path, strerror(-fd));
+	}
+	return fd;
+}
+
 int file_read_all(const char *path, size_t cap, char **out, size_t *len, char *err, size_t err_len)
 {
 	struct stat st;
@@ -20,12 +32,9 @@ int file_read_all(const char *path, size_t cap, char **out, size_t *len, char *e
 
 	*out = NULL;
 	*len = 0;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		rc = -errno;
-		snprintf(err, err_len, "%s: %s", path, strerror(-rc));
-		return rc;
-	}
+	fd = file_open_ro(path, err, err_len);
+	if (fd < 0)
+		return fd;
 	if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (unsigned long long)st.st_size > cap) {
 		snprintf(err, err_len, "%s: not a regular file of at most %zu bytes", path, cap);
 		rc = -EINVAL;
@@ -65,12 +74,9 @@ int file_map(const char *path, void **map, size_t *size, char *err, size_t err_l
 
 	*map = NULL;
 	*size = 0;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		rc = -errno;
-		snprintf(err, err_len, "%s: %s", path, strerror(-rc));
-		return rc;
-	}
+	fd = file_open_ro(path, err, err_len);
+	if (fd < 0)
+		return fd;
 	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
 		snprintf(err, err_len, "%s: not a regular file", path);
 		rc = -EINVAL;

@@ -88,8 +88,6 @@ int sched_step(struct sched *s, uint64_t now_ns);
 /* Nanoseconds until a paused request's stall timeout fires (INT64_MAX: none). */
 int64_t sched_next_timeout(const struct sched *s, uint64_t now_ns);
 
-
-
 /* Fills r (r->sessions malloc'd). 0 or -ENOMEM. */
 int sched_report(struct sched *s, struct sched_report *r);
 
