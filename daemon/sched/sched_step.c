@@ -1,8 +1,6 @@
-/* Continuous batching, the steps: admission (the prefix cache, waits for another
- * request's prefill of a shared prefix), one decode token per running request per
- * step, then prefill in chunks within the step's token budget, and the step's samples
- * delivered. A request whose client leaves its event ring full is paused (it keeps
- * its KV) and cancelled after stall_ms. */
+/* Continuous batching, the steps: admission, one decode token per running request,
+ * then prefill chunks within the step's token budget, and the samples delivered. A
+ * request whose client's event ring stays full is paused, then cancelled. */
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
