@@ -49,22 +49,19 @@ extern "C" int k_cuda_axpy_host(int dev, int n, float a, const float *x, float *
 {
 	size_t bytes = (size_t)n * sizeof(float);
 	float *dx = nullptr, *dy = nullptr;
-	int ret = -EIO;
+	int ret;
 
 	K_CUDA_TRY(cudaSetDevice(dev));
-	if (cudaMalloc(&dx, bytes) != cudaSuccess || cudaMalloc(&dy, bytes) != cudaSuccess)
-		goto out;
-	if (cudaMemcpy(dx, x, bytes, cudaMemcpyHostToDevice) != cudaSuccess ||
-	    cudaMemcpy(dy, y, bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+	if ((ret = K_CUDA_CALL(cudaMalloc(&dx, bytes))) ||
+	    (ret = K_CUDA_CALL(cudaMalloc(&dy, bytes))) ||
+	    (ret = K_CUDA_CALL(cudaMemcpy(dx, x, bytes, cudaMemcpyHostToDevice))) ||
+	    (ret = K_CUDA_CALL(cudaMemcpy(dy, y, bytes, cudaMemcpyHostToDevice))))
 		goto out;
 	axpy_kernel<<<(n + 255) / 256, 256>>>(n, a, dx, dy);
-	if (cudaGetLastError() != cudaSuccess ||
-	    cudaMemcpy(y, dy, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+	if ((ret = K_CUDA_LAUNCHED("axpy_kernel")) ||
+	    (ret = K_CUDA_CALL(cudaMemcpy(y, dy, bytes, cudaMemcpyDeviceToHost))))
 		goto out;
-	ret = 0;
 out:
-	if (ret)
-		fprintf(stderr, "cuda: axpy self-test failed: %s\n", cudaGetErrorString(cudaGetLastError()));
 	cudaFree(dx);
 	cudaFree(dy);
 	return ret;

@@ -1,47 +1,70 @@
-// The CUDA error checks of every launcher and setup function: a failed launch or
+// The CUDA error path of every launcher and setup function: a failed launch or
 // runtime call becomes -EIO (-ENOMEM for an allocation) with the kernel or call, file,
-// line and device logged. CUDA C++ only.
+// line and device logged through k_cuda_log, the one writer of the kernels' error
+// lines. CUDA C++ only.
 #ifndef KD_KERNELS_CUDA_LAUNCH_CHECK_CUH
 #define KD_KERNELS_CUDA_LAUNCH_CHECK_CUH
 
 #include <cerrno>
+#include <cstdarg>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 
 #include <cuda_runtime.h>
+
+#include "kernels/cuda/k_cuda_tuning.h"
+
+// One line on stderr (a newline is added), whole among other threads' lines: every
+// failure of kernels/cuda (CUDA, cuBLAS, bad arguments) and every fallback taken
+// because of one is reported here. The kernels have no logger of their own to call;
+// the daemon's log goes to stderr too.
+static inline void k_cuda_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline void k_cuda_log(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	flockfile(stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	funlockfile(stderr);
+	va_end(ap);
+}
+
+// dev < 0: the current device.
+static inline int k_cuda_dev_or_current(int dev)
+{
+	if (dev < 0)
+		cudaGetDevice(&dev);
+	return dev;
+}
 
 // cudaGetLastError is not a stream operation, so this is safe inside a graph capture.
 static inline int k_cuda_launch_status(const char *what, const char *file, int line)
 {
 	cudaError_t e = cudaGetLastError();
-	int dev = -1;
 
 	if (e == cudaSuccess)
 		return 0;
-	cudaGetDevice(&dev);
-	fprintf(stderr, "cuda: launch of %s failed at %s:%d on device %d: %s\n", what, file, line,
-		dev, cudaGetErrorString(e));
+	k_cuda_log("cuda: launch of %s failed at %s:%d on device %d: %s", what, file, line,
+		   k_cuda_dev_or_current(-1), cudaGetErrorString(e));
 	return -EIO;
 }
 
 #define K_CUDA_LAUNCHED(what) k_cuda_launch_status((what), __FILE__, __LINE__)
 
-// A CUDA runtime call outside a launch (allocation, attribute): 0, -ENOMEM (the
-// allocation failed) or -EIO, logged.
-static inline int k_cuda_call_status(cudaError_t e, const char *call, const char *file, int line)
+// A CUDA runtime call outside a launch (allocation, attribute) on device dev (< 0: the
+// current one): 0, -ENOMEM (the allocation failed) or -EIO, logged.
+static inline int k_cuda_call_status_on(cudaError_t e, const char *call, const char *file,
+					int line, int dev)
 {
-	int dev = -1;
-
 	if (e == cudaSuccess)
 		return 0;
-	cudaGetDevice(&dev);
-	fprintf(stderr, "cuda: %s failed at %s:%d on device %d: %s\n", call, file, line, dev,
-		cudaGetErrorString(e));
+	k_cuda_log("cuda: %s failed at %s:%d on device %d: %s", call, file, line,
+		   k_cuda_dev_or_current(dev), cudaGetErrorString(e));
 	return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
 }
 
-#define K_CUDA_CALL(call) k_cuda_call_status((call), #call, __FILE__, __LINE__)
+#define K_CUDA_CALL(call) k_cuda_call_status_on((call), #call, __FILE__, __LINE__, -1)
 
 // The same two checks for a function returning int: a failure returns its status.
 #define K_CUDA_RETURN_IF(status)                                                   \
@@ -59,31 +82,17 @@ static inline int k_cuda_call_status(cudaError_t e, const char *call, const char
 // k_cuda_pdl_wait() before it touches memory: that waits for the previous kernel to
 // complete (its writes visible) and lets the next kernel be scheduled in turn, which
 // is safe because that one waits the same way (or, launched without the attribute,
-// waits for completion anyway). KDEC_CUDA_PDL=0 turns the attribute off.
+// waits for completion anyway). k_cuda_tuning()->cuda_pdl 0 (KDEC_CUDA_PDL=0) turns the
+// attribute off.
 static __device__ __forceinline__ void k_cuda_pdl_wait(void)
 {
 	cudaGridDependencySynchronize();
 	cudaTriggerProgrammaticLaunchCompletion();
 }
 
-// A switch of the environment read once into *v (-1: not read yet): 1 where the
-// variable name is "1", 0 where it is "0", def otherwise. Tests and the k_cuda_moe_set_*
-// calls may write *v directly.
-static inline bool k_cuda_env_flag(int *v, const char *name, int def)
-{
-	if (*v < 0) {
-		const char *e = getenv(name);
-
-		*v = e && !strcmp(e, "1") ? 1 : e && !strcmp(e, "0") ? 0 : def;
-	}
-	return *v != 0;
-}
-
 static inline int k_cuda_pdl_enabled(void)
 {
-	static int on = -1;
-
-	return k_cuda_env_flag(&on, "KDEC_CUDA_PDL", 1);
+	return k_cuda_tuning()->cuda_pdl != 0;
 }
 
 template <typename... KArgs, typename... Args>

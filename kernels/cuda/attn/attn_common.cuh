@@ -18,13 +18,13 @@
 
 #define ATTN_INVAL(...)                                                            \
 	do {                                                                       \
-		fprintf(stderr, __VA_ARGS__);                                      \
-		fputc('\n', stderr);                                               \
+		k_cuda_log(__VA_ARGS__);                                           \
 		return -EINVAL;                                                    \
 	} while (0)
 
-// KDEC_MLA_CARVEOUT=1: the kernels of MLA's attention chain (absorb, attention,
-// expand) ask for the largest shared-memory carveout, all the same one. An SM changes
+// k_cuda_tuning()->mla_carveout (KDEC_MLA_CARVEOUT=1): the kernels of MLA's attention
+// chain (absorb, attention, expand) ask for the largest shared-memory carveout, all the
+// same one. An SM changes
 // its L1 / shared split only when idle, so a kernel launched early (programmatic launch)
 // cannot join one of another split until it drains. Measured on H200 (DeepSeek-V2-Lite,
 // batch 1, two runs on two machines): 3.155 -> 3.086 ms with it, then 3.145 -> 3.173:
@@ -32,9 +32,7 @@
 template <typename K>
 static inline int attn_mla_carveout(K *kernel)
 {
-	const char *e = getenv("KDEC_MLA_CARVEOUT");
-
-	if (!(e && e[0] == '1'))
+	if (!k_cuda_tuning()->mla_carveout)
 		return 0;
 	K_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
 				      (int)cudaSharedmemCarveoutMaxShared));

@@ -283,14 +283,14 @@ static int aligned16(const void *p)
 	return (uintptr_t)p % 16 == 0;
 }
 
-// KDEC_ATTN_DEC_SPLITS (experiments): a fixed split count for the decode kernel, read
-// at each call (a host launch; a graph reads it once, at capture: the tests sweep it);
-// 0 when unset or not a positive number.
+// k_cuda_tuning()->attn_dec_splits (KDEC_ATTN_DEC_SPLITS, experiments): a fixed split
+// count for the decode kernel, read at each call (a host launch; a graph reads it once,
+// at capture: the tests sweep it); 0 when not a positive number.
 static int dec_forced_splits(void)
 {
-	const char *e = getenv("KDEC_ATTN_DEC_SPLITS");
+	const int n = k_cuda_tuning()->attn_dec_splits;
 
-	return e && atoi(e) > 0 ? atoi(e) : 0;
+	return n > 0 ? n : 0;
 }
 
 // A GQA launch over the paged cache as the shared attention arguments (tiled and
@@ -452,15 +452,16 @@ extern "C" int k_cuda_attn_gqa_bf16(cudaStream_t s, struct k_cuda_attn_ws *ws, f
 // the step took 7.127 ms against 7.219 with the qkv_post launch. With more splits only
 // the last split's block does that work, after its wait, and it is the straggler:
 // Llama batch 1 4.606 against 4.535 ms, Qwen3-8B batch 64 (2 splits) 7.665 against
-// 7.611, so those keep the launch. KDEC_QKV_IN_ATTN=0 never folds, =1 folds at any
-// split count (read at each call: test_cuda_attn runs both and compares the bits).
+// 7.611, so those keep the launch. k_cuda_tuning()->qkv_in_attn (KDEC_QKV_IN_ATTN) 0
+// never folds, 1 folds at any split count (read at each call: test_cuda_attn runs both
+// and compares the bits).
 static bool qkv_in_attn(int splits)
 {
-	const char *e = getenv("KDEC_QKV_IN_ATTN");
+	const int on = k_cuda_tuning()->qkv_in_attn;
 
-	if (e && e[0] == '0')
+	if (on == 0)
 		return false;
-	return (e && e[0] == '1') || splits == 1;
+	return on == 1 || splits == 1;
 }
 
 // qkv_post's arguments that the folded launch handles (those k_cuda_qkv_post accepts).

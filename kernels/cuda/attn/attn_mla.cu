@@ -173,23 +173,15 @@ mla_expand_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 // split of 32 tokens per tile of the context, and each split writes a (heads, kv_lora)
 // fp32 partial, 32 KB for V2-Lite, that the merge reads. Default: 64 tokens, only
 // where the ctx would otherwise fill more than 64 splits (past 2048 tokens), decided
-// on the device from each row's ctx. KDEC_MLA_SPLIT_MIN=N: a floor of N tokens at every
-// ctx (0: none, the former; 64: phase 1's default), KDEC_MLA_SPLIT_LIVE=M: the split
-// count past which the floor applies (0: always). Read at each call: the tests run them.
-#define MLA_SPLIT_MIN_DEFAULT 64
-#define MLA_SPLIT_LIVE_DEFAULT 64
-static int mla_env_int(const char *name, int dflt)
-{
-	const char *e = getenv(name);
-
-	return e && *e ? atoi(e) : dflt;
-}
-
+// on the device from each row's ctx. k_cuda_tuning()->mla_split_min
+// (KDEC_MLA_SPLIT_MIN=N): a floor of N tokens at every ctx (0: none, the former; 64:
+// phase 1's default), mla_split_live (KDEC_MLA_SPLIT_LIVE=M): the split count past which
+// the floor applies (0: always; 0 too where KDEC_MLA_SPLIT_MIN alone is set). Read at
+// each call: the tests run them.
 static void mla_split_floor(attn_tile_args *a)
 {
-	const int n = mla_env_int("KDEC_MLA_SPLIT_MIN", MLA_SPLIT_MIN_DEFAULT);
-	const bool fixed = getenv("KDEC_MLA_SPLIT_MIN") != nullptr;
-	const int live = mla_env_int("KDEC_MLA_SPLIT_LIVE", fixed ? 0 : MLA_SPLIT_LIVE_DEFAULT);
+	const int n = k_cuda_tuning()->mla_split_min;
+	const int live = k_cuda_tuning()->mla_split_live;
 
 	a->min_split = n <= 0 ? 0 : (min(n, 1 << 20) + ATTN_SPLIT_ALIGN - 1) / ATTN_SPLIT_ALIGN *
 					    ATTN_SPLIT_ALIGN;

@@ -807,23 +807,20 @@ int attn_mma_prepare(int smem_optin)
 	return 0;
 }
 
-// KDEC_ATTN_MMA=0 turns the tensor-core decode kernel off (read at each call: tests
-// run both paths); KDEC_ATTN_MMA_TK=64 picks the 64-token GQA tiles (32 by default:
+// The switches below are k_cuda_tuning()'s, read at each call (the tests run every
+// path). attn_mma 0 (KDEC_ATTN_MMA=0) turns the tensor-core decode kernel off;
+// attn_mma_tk 64 (KDEC_ATTN_MMA_TK=64) picks the 64-token GQA tiles (32 by default:
 // 8.48 against 9.40 ms a Llama-3.1-8B step at batch 64 on H200, 3 stages in flight).
 static int mma_enabled(void)
 {
-	const char *e = getenv("KDEC_ATTN_MMA");
-
-	return !(e && e[0] == '0');
+	return k_cuda_tuning()->attn_mma != 0;
 }
 
-// KDEC_MLA_MMA_KSPLIT=0: MLA's kernel with 4 warps, each over all 576 key dims of its
-// tokens, instead of 8 that split them in two (attn_mma_kernel's W). Read at each call.
+// mla_mma_ksplit 0 (KDEC_MLA_MMA_KSPLIT=0): MLA's kernel with 4 warps, each over all
+// 576 key dims of its tokens, instead of 8 that split them in two (attn_mma_kernel's W).
 static bool mla_ksplit(void)
 {
-	const char *e = getenv("KDEC_MLA_MMA_KSPLIT");
-
-	return !(e && e[0] == '0');
+	return k_cuda_tuning()->mla_mma_ksplit != 0;
 }
 
 // q rows in float4: dk, the strides and the base 16-byte aligned.
@@ -832,21 +829,18 @@ static bool mma_q_ok(const attn_tile_args *a)
 	return a->dk % 4 == 0 && a->q_rs % 4 == 0 && a->q_hs % 4 == 0 && (uintptr_t)a->q % 16 == 0;
 }
 
-// KDEC_ATTN_MMA_QREG=0: GQA's shapes that stage q in shared memory for every tile
-// (read at each call: the tests run both; the bits are the same).
+// attn_mma_qreg 0 (KDEC_ATTN_MMA_QREG=0): GQA's shapes that stage q in shared memory
+// for every tile (the bits are the same).
 static bool mma_qreg_enabled(void)
 {
-	const char *e = getenv("KDEC_ATTN_MMA_QREG");
-
-	return !(e && e[0] == '0');
+	return k_cuda_tuning()->attn_mma_qreg != 0;
 }
 
 // GQA: the shape of the wanted q placement first, the other where it is unusable.
 // post: only the shapes with qkv_post folded in (q in registers), else only the others.
 static const mma_shape *mma_find(int dk, int dv, bool vsep, bool post = false)
 {
-	const char *e = getenv("KDEC_ATTN_MMA_TK");
-	const int want_tk = e && atoi(e) == 64 ? 64 : 32;
+	const int want_tk = k_cuda_tuning()->attn_mma_tk == 64 ? 64 : 32;
 	const bool want_qreg = mma_qreg_enabled();
 
 	if (!mma_enabled() || dk % 8 || dv % 2)
@@ -910,24 +904,19 @@ static int mma_pick_splits(const k_cuda_attn_ws *ws, long base, long slots, int 
 	return best;
 }
 
-// KDEC_ATTN_MMA_FOLD=1: GQA's split merge in the attention kernel (read at each call:
-// the tests run both; the bits are the same). Off by default: at Llama batch 64 with two
-// splits the folded merge measured 93.6 us against 88.8 with the merge launch (H200,
-// test_cuda_attn, cold L2).
+// attn_mma_fold (KDEC_ATTN_MMA_FOLD=1): GQA's split merge in the attention kernel (the
+// bits are the same). Off by default: at Llama batch 64 with two splits the folded merge
+// measured 93.6 us against 88.8 with the merge launch (H200, test_cuda_attn, cold L2).
 static int mma_fold_enabled(void)
 {
-	const char *e = getenv("KDEC_ATTN_MMA_FOLD");
-
-	return e && e[0] == '1';
+	return k_cuda_tuning()->attn_mma_fold != 0;
 }
 
-// KDEC_ATTN_MMA_EARLY=0: GQA's K/V copies all wait for the kernel before (read at each
-// call: the tests run both; the bits are the same).
+// attn_mma_early 0 (KDEC_ATTN_MMA_EARLY=0): GQA's K/V copies all wait for the kernel
+// before (the bits are the same).
 static int mma_early_enabled(void)
 {
-	const char *e = getenv("KDEC_ATTN_MMA_EARLY");
-
-	return !(e && e[0] == '0');
+	return k_cuda_tuning()->attn_mma_early != 0;
 }
 
 // The splits mma_run takes for a on shape sh: one wave of resident blocks (see

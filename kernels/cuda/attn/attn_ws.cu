@@ -213,16 +213,14 @@ int attn_check_rows(const char *who, const k_cuda_attn_ws *ws, const k_cuda_attn
 	return 0;
 }
 
-// KDEC_ATTN_MERGE=1: the batched warp kernel instead of attn_merge_kernel (a block per
-// head, 4 partial loads at a time). Off by default: measured on H200 (Llama-3.1-8B,
-// ctx 1024, step p50) the block kernel did no worse: 4.50 / 7.50 ms at batch 1 / 64
-// against 4.61 / 7.55 with the warp kernel, one run each. Read at each call: the
-// tests run both.
+// k_cuda_tuning()->attn_merge_batched (KDEC_ATTN_MERGE=1): the batched warp kernel
+// instead of attn_merge_kernel (a block per head, 4 partial loads at a time). Off by
+// default: measured on H200 (Llama-3.1-8B, ctx 1024, step p50) the block kernel did no
+// worse: 4.50 / 7.50 ms at batch 1 / 64 against 4.61 / 7.55 with the warp kernel, one
+// run each. Read at each call: the tests run both.
 static int merge_batched_env(void)
 {
-	const char *e = getenv("KDEC_ATTN_MERGE");
-
-	return e && e[0] == '1';
+	return k_cuda_tuning()->attn_merge_batched != 0;
 }
 
 // V-float vectors: dim and the strides multiples of V, the bases aligned to them.

@@ -25,12 +25,12 @@
 #define PROJ_PAD 8		// bf16 per smem row past the data: rows fall on other banks
 #define ABS_MMA_COLS (PROJ_WARPS * 8)	// latent columns per absorb block: one n8 tile a warp
 #define EXP_MMA_SMALL_ROWS 16	// up to here the expand blocks take 8 outputs, past it 16
-/* Rows up to which the expand merges the splits itself by default: none. Measured on
+/* Rows up to which the expand merges the splits itself by default (k_cuda_tuning's
+ * mla_fold_rows): none. Measured on
  * H200 (DeepSeek-V2-Lite, batch 1, step p50) before the cluster (each block merged the
  * whole head again): folding 3.155 ms, the merge kernel 3.022; with the cluster, which
  * reads each partial once (see mla_expand_mma_kernel), 2.782 against 2.751
  * (docs/results/cuda-final-e3af145.txt): still no faster. KDEC_MLA_FOLD_ROWS=1 on. */
-#define EXP_FOLD_ROWS 0
 #define EXP_FOLD_NJ 16		// outputs per merging expand block: half the blocks (and
 				// merged copies) of 8, one block per SM at DeepSeek's dims
 #define MERGE_BATCH 32		// partial loads a merging thread has in flight at once
@@ -581,12 +581,11 @@ mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 	}
 }
 
-// KDEC_CUDA_MLA_PROJ=0: the CUDA-core kernels of attn_mla.cu instead (A/B timing).
+// k_cuda_tuning()->mla_proj_mma 0 (KDEC_CUDA_MLA_PROJ=0): the CUDA-core kernels of
+// attn_mla.cu instead (A/B timing).
 int proj_mma_env(void)
 {
-	static int on = -1;
-
-	return k_cuda_env_flag(&on, "KDEC_CUDA_MLA_PROJ", 1);
+	return k_cuda_tuning()->mla_proj_mma != 0;
 }
 
 }	// namespace
@@ -695,25 +694,22 @@ static size_t expand_smem(int R, int L, int mr, int nj, int n_splits)
 	return tiles > red ? tiles : red;
 }
 
-// KDEC_MLA_FOLD_ROWS=n: the expand merges the attention's splits itself up to n rows
-// (default EXP_FOLD_ROWS; 0: never, the merge kernel runs). Each of a head's expand
-// blocks merges the head's partials again (bytes ~ rows x live splits x L x 4 per
-// block), which a row or two repay by the launch and round trip they spare.
+// k_cuda_tuning()->mla_fold_rows (KDEC_MLA_FOLD_ROWS=n): the expand merges the
+// attention's splits itself up to n rows (default 0: never, the merge kernel runs).
+// Each of a head's expand blocks merges the head's partials again (bytes ~ rows x live
+// splits x L x 4 per block), which a row or two repay by the launch and round trip
+// they spare.
 // Read at each call (a host lookup per layer): the tests run both paths.
 static int fold_rows_env(void)
 {
-	const char *e = getenv("KDEC_MLA_FOLD_ROWS");
-
-	return e && *e ? atoi(e) : EXP_FOLD_ROWS;
+	return k_cuda_tuning()->mla_fold_rows;
 }
 
-// KDEC_MLA_FOLD_CLUSTER=0: every merging expand block merges its head's partials
-// itself (no cluster). Read at each call: the tests run both.
+// mla_fold_cluster 0 (KDEC_MLA_FOLD_CLUSTER=0): every merging expand block merges its
+// head's partials itself (no cluster). Read at each call: the tests run both.
 static bool fold_cluster_env(void)
 {
-	const char *e = getenv("KDEC_MLA_FOLD_CLUSTER");
-
-	return !(e && e[0] == '0');
+	return k_cuda_tuning()->mla_fold_cluster != 0;
 }
 
 // Blocks of a cluster sharing a head's merge: the most (up to EXP_FOLD_CLUSTER, a

@@ -8,41 +8,31 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/linear/linear_internal.h"
 
 /* Where the kernels of this file beat cuBLAS, measured on H200 (docs/PERFORMANCE.md,
  * bench_cuda_linear, weights rotated out of L2, graph replays): for matrices of at
- * most LIN_SMALL_WEIGHT_BYTES (DeepSeek-V2-Lite's 2048-wide projections and experts:
- * 1.0-1.8x faster, as cuBLAS pays a fixed ~6 us there), the GEMV at M = 1 and split-K
- * up to M = 16; for the 32-64 MB ones (Llama-3.1-8B q/k/v, o_proj) the streaming
- * kernel up to M = 8. On the 117-235 MB matrices cuBLAS streams at 3.7-4.2 TB/s and
- * beats both at every M. A wgmma (sm_90a) weight-streaming kernel for 8 < M <= 64 was
+ * most 16 MiB (k_cuda_tuning's linear_small_mb; DeepSeek-V2-Lite's 2048-wide
+ * projections and experts: 1.0-1.8x faster, as cuBLAS pays a fixed ~6 us there), the
+ * GEMV at M = 1 and split-K up to M = 16; for the 32-64 MB ones (Llama-3.1-8B q/k/v,
+ * o_proj) the streaming kernel up to M = 8. On the 117-235 MB matrices cuBLAS streams
+ * at 3.7-4.2 TB/s and beats both at every M. A wgmma (sm_90a) weight-streaming kernel for 8 < M <= 64 was
  * tried and removed (2026-12-02): it lost to tuned cuBLAS at every measured shape, at
  * M = 64 q/k/v 18.8 us against 17.6, o_proj 15.2 against 13.3, gate_up 67.5 against
  * 61.8, down 39.4 against 37.0, and end to end (Llama-3.1-8B batch 64 7.19-7.32 ms
  * against 7.16; docs/results/cuda-linear-97bfe73.txt). */
 #define LIN_GEMV_MAX_M		1
 #define LIN_SPLITK_MAX_M	16
-#define LIN_SMALL_WEIGHT_BYTES	((size_t)16 << 20)
-/* The streaming kernel takes M <= 8 on matrices above LIN_SMALL_WEIGHT_BYTES (where
- * the GEMV and split-K kernels win) and up to this size (KDEC_LINEAR_STREAM_MB; 0 turns
- * it off): Llama-3.1-8B q/k/v 15.9 us against cuBLAS's 17.5 at M = 1, o_proj 11.9
- * against 12.8; even at M = 8; behind cuBLAS from M = 16, where its mma.sync tiles
- * are bound by instruction issue, not bytes (docs/results/cuda-linear-41224dd.txt). */
+/* The streaming kernel takes M <= 8 on matrices above linear_small_mb (where the GEMV
+ * and split-K kernels win) and up to linear_stream_mb (64 MiB; 0 turns it off):
+ * Llama-3.1-8B q/k/v 15.9 us against cuBLAS's 17.5 at M = 1, o_proj 11.9 against 12.8;
+ * even at M = 8; behind cuBLAS from M = 16, where its mma.sync tiles are bound by
+ * instruction issue, not bytes (docs/results/cuda-linear-41224dd.txt). */
 #define LIN_STREAM_MAX_M	8
-#define LIN_STREAM_WEIGHT_BYTES	((size_t)64 << 20)
 /* The vector kernels read 8 bf16 (16 bytes) of a weight row at a time. */
 #define LIN_VEC_K		8
-
-int k_cuda_lin_check(cudaError_t e, const char *call, const char *file, int line, int dev)
-{
-	if (e == cudaSuccess)
-		return 0;
-	fprintf(stderr, "cuda: %s failed at %s:%d (device %d): %s\n", call, file, line, dev,
-		cudaGetErrorString(e));
-	return e == cudaErrorMemoryAllocation ? -ENOMEM : -EIO;
-}
 
 int k_cuda_lin_pdl_attr(const struct k_cuda_linear *ctx, cudaLaunchAttribute *attrs)
 {
@@ -57,8 +47,8 @@ static int lin_blas_check(cublasStatus_t s, const char *call, const char *file, 
 {
 	if (s == CUBLAS_STATUS_SUCCESS)
 		return 0;
-	fprintf(stderr, "cublas: %s failed at %s:%d (device %d): %s\n", call, file, line, dev,
-		cublasGetStatusString(s));
+	k_cuda_log("cublas: %s failed at %s:%d on device %d: %s", call, file, line, dev,
+		   cublasGetStatusString(s));
 	return s == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;
 }
 #define LIN_BLAS(dev, call) lin_blas_check((call), #call, __FILE__, __LINE__, (dev))
@@ -70,45 +60,20 @@ static bool lin_vec_ok(const float *x, const uint16_t *w, int K)
 	return K % LIN_VEC_K == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)w & 15) == 0;
 }
 
-// KDEC_LINEAR_SMALL_MB (experiments): the weight size up to which the project's kernels
-// are tried before cuBLAS.
-static size_t lin_small_limit(void)
-{
-	static size_t limit;
-
-	if (!limit) {
-		const char *e = getenv("KDEC_LINEAR_SMALL_MB");
-		const long mb = e ? atol(e) : 0;
-
-		limit = mb > 0 ? (size_t)mb << 20 : LIN_SMALL_WEIGHT_BYTES;
-	}
-	return limit;
-}
-
+// k_cuda_tuning()->linear_small_mb (experiments): the weight size up to which the
+// project's kernels are tried before cuBLAS.
 static bool lin_small_weights(int N, int K)
 {
-	return (size_t)N * (size_t)K * sizeof(uint16_t) <= lin_small_limit();
+	return (size_t)N * (size_t)K * sizeof(uint16_t) <=
+	       (size_t)k_cuda_tuning()->linear_small_mb << 20;
 }
 
-// KDEC_LINEAR_STREAM_MB: the weight size up to which the streaming kernel is used.
-static size_t lin_stream_limit(void)
-{
-	static size_t limit;
-	static bool read;
-
-	if (!read) {
-		const char *e = getenv("KDEC_LINEAR_STREAM_MB");
-
-		limit = e ? (size_t)atol(e) << 20 : LIN_STREAM_WEIGHT_BYTES;
-		read = true;
-	}
-	return limit;
-}
-
+// linear_stream_mb: the weight size up to which the streaming kernel is used.
 static bool lin_use_stream(int M, int N, int K)
 {
 	return M <= LIN_STREAM_MAX_M && K % LIN_VEC_K == 0 && !lin_small_weights(N, K) &&
-	       (size_t)N * (size_t)K * sizeof(uint16_t) <= lin_stream_limit();
+	       (size_t)N * (size_t)K * sizeof(uint16_t) <=
+		       (size_t)k_cuda_tuning()->linear_stream_mb << 20;
 }
 
 static bool lin_use_gemv(int M, int N, int K)
@@ -278,8 +243,8 @@ static int lin_take_ready(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kin
 	*ready = x == ctx->ready_x && M == ctx->ready_M && K == ctx->ready_K;
 	ctx->ready_x = nullptr;
 	if (*ready && ctx->ready_only && !k_cuda_linear_kind_reads_bf16(kind)) {
-		fprintf(stderr, "cuda linear: M %d N %d K %d: x was written in bf16 only, but the "
-			"%s kernel reads fp32 x\n", M, N, K, k_cuda_linear_kind_name(kind));
+		k_cuda_log("cuda linear: M %d N %d K %d: x was written in bf16 only, but the %s "
+			   "kernel reads fp32 x", M, N, K, k_cuda_linear_kind_name(kind));
 		return -EINVAL;
 	}
 	return 0;

@@ -224,8 +224,8 @@ static int lin_launch(const struct k_cuda_linear *ctx, const char *what, dim3 gr
 	cfg.stream = ctx->stream;
 	cfg.attrs = attr;
 	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
-	return k_cuda_lin_check(cudaLaunchKernelEx(&cfg, kernel, args...), what, __FILE__, __LINE__,
-				ctx->dev);
+	return k_cuda_call_status_on(cudaLaunchKernelEx(&cfg, kernel, args...), what, __FILE__,
+				     __LINE__, ctx->dev);
 }
 
 template <int MT>

@@ -9,6 +9,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/linear/k_cuda_linear.h"
 
 /* Largest thread-block cluster the split-K kernel uses: the portable limit. */
@@ -57,13 +58,12 @@ struct k_cuda_linear {
 	bool ready_only;		/* ... and the fp32 ready_x was never written */
 };
 
-/* 0 for cudaSuccess; otherwise logs call, file, line and device and returns -ENOMEM
- * (allocation failure) or -EIO. */
-int k_cuda_lin_check(cudaError_t e, const char *call, const char *file, int line, int dev);
-#define LIN_CUDA(dev, call) k_cuda_lin_check((call), #call, __FILE__, __LINE__, (dev))
+/* launch_check.cuh's checks naming the context's device: 0 for cudaSuccess; otherwise
+ * logs call, file, line and device and returns -ENOMEM (allocation failure) or -EIO. */
+#define LIN_CUDA(dev, call) k_cuda_call_status_on((call), #call, __FILE__, __LINE__, (dev))
 /* The last launch's error, logged as `what`. */
 #define LIN_LAUNCHED(dev, what) \
-	k_cuda_lin_check(cudaGetLastError(), what, __FILE__, __LINE__, (dev))
+	k_cuda_call_status_on(cudaGetLastError(), what, __FILE__, __LINE__, (dev))
 
 /* ctx->gemv_resident; called once by k_cuda_linear_create. */
 int k_cuda_lin_gemv_setup(struct k_cuda_linear *ctx);

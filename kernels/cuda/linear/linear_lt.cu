@@ -19,7 +19,6 @@
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/linear/linear_internal.h"
 
-#define LT_CANDIDATES	16	/* asked of the heuristic (KDEC_LT_CANDIDATES: 1..LT_MAX) */
 #define LT_MAX_CANDIDATES 64
 #define LT_REPS		5	/* timed replays per candidate; the median counts */
 /* Written between timed runs so that no weight is still in L2 (60 MB on H200). */
@@ -32,19 +31,11 @@ struct lin_lt_entry {
 	cublasLtMatmulAlgo_t algo;
 };
 
-// KDEC_LINEAR_TUNE=0 keeps cublasGemmEx's own choice everywhere.
-static bool lt_enabled(void)
-{
-	static int on = -1;
-
-	return k_cuda_env_flag(&on, "KDEC_LINEAR_TUNE", 1);
-}
-
 static int lt_check(cublasStatus_t s, const char *call, int dev)
 {
 	if (s == CUBLAS_STATUS_SUCCESS)
 		return 0;
-	fprintf(stderr, "cublasLt: %s failed (device %d): %s\n", call, dev, cublasGetStatusString(s));
+	k_cuda_log("cublasLt: %s failed on device %d: %s", call, dev, cublasGetStatusString(s));
 	return s == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;
 }
 #define LT(dev, call) lt_check((call), #call, (dev))
@@ -170,17 +161,10 @@ out:
 	return t;
 }
 
-// KDEC_LT_LOG=1: one line per tuned shape on stderr (GemmEx's time, the pick's).
-static bool lt_log(void)
-{
-	static int on = -1;
-
-	return k_cuda_env_flag(&on, "KDEC_LT_LOG", 0);
-}
-
-// One KDEC_LT_LOG line: GemmEx's time, the pick's, and the fastest plan of another
-// kernel count (a split-K GEMM + reduce against one kernel), whose margin says how
-// near the pick was to a step with one kernel more or fewer per call.
+// One KDEC_LT_LOG line (k_cuda_tuning()->lt_log; a diagnostic behind a knob, so plain
+// prints): GemmEx's time, the pick's, and the fastest plan of another kernel count (a
+// split-K GEMM + reduce against one kernel), whose margin says how near the pick was to
+// a step with one kernel more or fewer per call.
 static void lt_log_pick(int M, int N, int K, int beta, bool y_bf16, float gemmex,
 			int gemmex_nodes, int pick, float best, int best_nodes, const float *ms,
 			const int *nodes, int n)
@@ -203,18 +187,13 @@ static void lt_log_pick(int M, int N, int K, int beta, bool y_bf16, float gemmex
 	fputc('\n', stderr);
 }
 
-// How many candidates to ask for: LT_CANDIDATES, or KDEC_LT_CANDIDATES (1..64) for A/B
-// runs of a wider search. Read once.
+// How many candidates to ask for: k_cuda_tuning()->lt_candidates (16; up to
+// LT_MAX_CANDIDATES for A/B runs of a wider search).
 static int lt_candidates(void)
 {
-	static int n = -1;
+	const int n = k_cuda_tuning()->lt_candidates;
 
-	if (n < 0) {
-		const char *e = getenv("KDEC_LT_CANDIDATES");
-
-		n = e && atoi(e) >= 1 && atoi(e) <= LT_MAX_CANDIDATES ? atoi(e) : LT_CANDIDATES;
-	}
-	return n;
+	return n < 1 ? 1 : n > LT_MAX_CANDIDATES ? LT_MAX_CANDIDATES : n;
 }
 
 // Times the candidates for one shape and records the winner in its cache entry (use_lt
@@ -255,9 +234,9 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const ui
 	if (cudaMalloc(&ys, (size_t)M * N * (y_bf16 ? 2 : 4)) != cudaSuccess ||
 	    cudaMalloc(&flush, LT_FLUSH_BYTES) != cudaSuccess) {
 		cudaGetLastError();
-		fprintf(stderr, "cublasLt: M %d N %d K %d not tuned: no room on device %d for "
-			"%zu MB of timing scratch; cublasGemmEx's choice stays\n", M, N, K,
-			ctx->dev, ((size_t)M * N * (y_bf16 ? 2 : 4) + LT_FLUSH_BYTES) >> 20);
+		k_cuda_log("cublasLt: M %d N %d K %d not tuned: no room on device %d for %zu MB "
+			   "of timing scratch; cublasGemmEx's choice stays", M, N, K, ctx->dev,
+			   ((size_t)M * N * (y_bf16 ? 2 : 4) + LT_FLUSH_BYTES) >> 20);
 		goto out;
 	}
 	if ((ret = LIN_CUDA(ctx->dev, cudaEventCreate(&e0))) ||
@@ -282,7 +261,7 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const ui
 			e->algo = cand[i].algo;
 		}
 	}
-	if (lt_log())
+	if (k_cuda_tuning()->lt_log)
 		lt_log_pick(M, N, K, beta, y_bf16, gemmex, gemmex_nodes, pick, best, best_nodes, ms,
 			    nodes, n);
 out:
@@ -316,7 +295,7 @@ int k_cuda_lin_lt(struct k_cuda_linear *ctx, void *y, bool y_bf16, const uint16_
 	int ret;
 
 	*done = false;
-	if (!lt_enabled() || !ctx->lt || M > LIN_LT_MAX_M)
+	if (!k_cuda_tuning()->linear_tune || !ctx->lt || M > LIN_LT_MAX_M)
 		return 0;
 	e = lt_find(ctx, M, N, K, beta, y_bf16);
 	if (!e) {

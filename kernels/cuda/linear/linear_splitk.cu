@@ -465,8 +465,8 @@ template <int MT> static int sk_setup_mt(struct k_cuda_linear *ctx, int mi)
 	if (ret)
 		return ret;
 	if (bps < 1) {
-		fprintf(stderr, "cuda: split-K linear kernel (mt %d) fits no multiprocessor of "
-			"device %d\n", MT, ctx->dev);
+		k_cuda_log("cuda: split-K linear kernel (mt %d) fits no multiprocessor of device %d",
+			   MT, ctx->dev);
 		return -EIO;
 	}
 	ctx->sk_cap[mi][1] = bps * ctx->n_sm;
@@ -527,9 +527,9 @@ int k_cuda_lin_splitk_setup(struct k_cuda_linear *ctx)
 	if (ret)
 		return ret;
 	if (ctx->pdl && sk_probe(ctx) != cudaSuccess) {
-		fprintf(stderr, "cuda: device %d refuses programmatic dependent launch of the "
-			"split-K linear kernel (%s); launching without it\n", ctx->dev,
-			cudaGetErrorString(cudaGetLastError()));
+		k_cuda_log("cuda: device %d refuses programmatic dependent launch of the split-K "
+			   "linear kernel (%s); launching without it", ctx->dev,
+			   cudaGetErrorString(cudaGetLastError()));
 		ctx->pdl = 0;
 	}
 	return LIN_CUDA(ctx->dev, sk_probe(ctx));

@@ -411,8 +411,8 @@ template <int NT> static int st_setup_nt(struct k_cuda_linear *ctx, int ni)
 	if (ret)
 		return ret;
 	if (bps < 1) {
-		fprintf(stderr, "cuda: streaming linear kernel (nt %d, %d bytes of shared memory) "
-			"fits no multiprocessor of device %d\n", NT, st_cfg<NT>::SMEM, ctx->dev);
+		k_cuda_log("cuda: streaming linear kernel (nt %d, %d bytes of shared memory) fits "
+			   "no multiprocessor of device %d", NT, st_cfg<NT>::SMEM, ctx->dev);
 		return -EIO;
 	}
 	ctx->st_cap[ni] = bps * ctx->n_sm;

@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/ops.h"
 
 #ifdef __cplusplus
@@ -41,7 +42,8 @@ void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws);
  * = down(silu(gate x) * up x). expert_w is a device array of n_experts * 3 device
  * pointers (gate, up, down) to bf16 matrices, each 16-byte aligned: gate and up
  * (inter, hidden), down (hidden, inter). Each used expert's weights are read once for
- * all its rows. Two paths, picked by M * top_k (see k_cuda_moe_set_path):
+ * all its rows. Two paths, picked by M * top_k unless k_cuda_tuning()->moe_path forces
+ * one (read at each call, like the other moe_* fields; a graph keeps those of its capture):
  * - small (M * top_k <= 64, hidden and inter multiples of 8, x 16-byte aligned): two
  *   launches; bf16 weights times fp32 x and fp32 activations, fp32 accumulation;
  * - grouped (larger M): the (row, slot) pairs are grouped by expert on the device (a
@@ -69,7 +71,7 @@ struct k_cuda_moe_shared {
 
 /* y (M, hidden) += k_cuda_moe_experts's sum + sh's MLP of x (sh NULL: none), summed as
  * the separate ops would: y + (routed + shared). Where the small path runs this call
- * (see k_cuda_moe_experts) and KDEC_MOE_FUSED is not 0, its two launches do all of
+ * (see k_cuda_moe_experts) and k_cuda_tuning()->moe_fused is on, its two launches do all of
  * it: the shared expert's rows stream beside the routed ones as one more slot and the
  * down kernel adds into y; y is read and written there, nowhere else. Elsewhere it
  * launches nothing and returns 1: the caller runs the separate ops (k_cuda_moe_experts,
@@ -80,27 +82,6 @@ int k_cuda_moe_experts_add(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y /*
 			   const int32_t *ids /* (M, top_k) */, const float *weights /* (M, top_k) */,
 			   int top_k, const uint16_t *const *expert_w /* (n_experts, 3) */,
 			   int n_experts, int hidden, int inter, const struct k_cuda_moe_shared *sh);
-
-/* Which path k_cuda_moe_experts takes: AUTO (the default) picks by M * top_k; SMALL
- * takes the small-batch path wherever it can run (up to 64 pairs); GROUPED always
- * takes the grouped one. The environment's KDEC_MOE_PATH=small or =grouped sets it at
- * the first call; this overrides it for the process (tests, A/B runs). Set it
- * before capturing a graph: a graph keeps the path it was captured with. */
-enum k_cuda_moe_path { K_CUDA_MOE_PATH_AUTO, K_CUDA_MOE_PATH_SMALL, K_CUDA_MOE_PATH_GROUPED };
-
-void k_cuda_moe_set_path(enum k_cuda_moe_path path);
-
-/* Whether the small path's register-only kernels ask L2 for each warp's next weight
- * rows two turns ahead (off by default: measured slower end to end): 1 on, 0 off, -1
- * back to the environment's KDEC_MOE_PREFETCH_AHEAD (1: on). The results are the same bit for bit; tests and A/B
- * runs. Set it before capturing a graph. */
-void k_cuda_moe_set_prefetch_ahead(int on);
-
-/* Whether a single row (M = 1) on the small path takes its own kernels (each warp's
- * weight rows a pipeline of register units; on by default) or the general ones: 1 own,
- * 0 general, -1 back to the environment's KDEC_MOE_M1 (0: general). The results are the
- * same bit for bit; tests and A/B runs. Set it before capturing a graph. */
-void k_cuda_moe_set_m1(int on);
 
 #ifdef __cplusplus
 }

@@ -3,10 +3,10 @@
 // gate/up weights (SwiGLU fused into its epilogue), one over its down weights, then a
 // combine that sums each row's slots in increasing expert id like k_cpu_moe_experts.
 // Small batches (M * top_k <= MOE_SMALL_MAX_PAIRS) take moe_small.cu instead: two
-// CUDA-core launches, no plan or combine. KDEC_MOE_PATH=small or =grouped forces one
-// path (small only where it fits), read once; k_cuda_moe_set_path overrides it.
+// CUDA-core launches, no plan or combine. k_cuda_tuning()->moe_path (KDEC_MOE_PATH)
+// may force one path (small only where it fits).
 // k_cuda_moe_experts_add runs the small path with the shared expert and the residual
-// add folded in (KDEC_MOE_FUSED=0: it declines, the caller runs the separate ops).
+// add folded in (moe_fused 0: it declines, the caller runs the separate ops).
 //
 // Bytes: each used expert's 3 * inter * hidden bf16 weights once per call; the
 // activations are small beside them (M * top_k rows). The weights are the B operand
@@ -498,44 +498,17 @@ static bool moe_use_mma(int hidden, int inter)
 	return hidden % 8 == 0 && inter % 8 == 0;
 }
 
-static int moe_path_forced = -1;	// enum k_cuda_moe_path; -1: KDEC_MOE_PATH not read yet
-
-extern "C" void k_cuda_moe_set_path(enum k_cuda_moe_path path)
-{
-	moe_path_forced = path;
-}
-
-static enum k_cuda_moe_path moe_path(void)
-{
-	if (moe_path_forced < 0) {
-		const char *e = getenv("KDEC_MOE_PATH");
-
-		moe_path_forced = !e ? K_CUDA_MOE_PATH_AUTO :
-				  !strcmp(e, "small") ? K_CUDA_MOE_PATH_SMALL :
-				  !strcmp(e, "grouped") ? K_CUDA_MOE_PATH_GROUPED : K_CUDA_MOE_PATH_AUTO;
-	}
-	return (enum k_cuda_moe_path)moe_path_forced;
-}
-
 // At a few pairs the weights are read once per pair either way, and the grouped
 // path's plan and combine launches cost as much as its expert passes save.
 static bool moe_use_small(int M, int top_k, int hidden, int inter, const float *x,
 			  const k_cuda_moe_shared *sh)
 {
-	enum k_cuda_moe_path path = moe_path();
+	const int path = k_cuda_tuning()->moe_path;
 
 	if (path == K_CUDA_MOE_PATH_GROUPED ||
 	    (path == K_CUDA_MOE_PATH_AUTO && (long)M * top_k > MOE_SMALL_AUTO_PAIRS))
 		return false;
 	return k_cuda_moe_small_fits(M, top_k, hidden, inter, x, sh);
-}
-
-static int moe_fused = -1;	// KDEC_MOE_FUSED: 0 turns k_cuda_moe_experts_add off; -1: unread
-
-// Whether k_cuda_moe_experts_add may fuse (the default), read once.
-static bool moe_fused_on(void)
-{
-	return k_cuda_env_flag(&moe_fused, "KDEC_MOE_FUSED", 1);
 }
 
 extern "C" void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws)
@@ -683,7 +656,7 @@ extern "C" int k_cuda_moe_experts_add(cudaStream_t s, struct k_cuda_moe_ws *ws, 
 		return -EINVAL;
 	if (M == 0)
 		return 0;
-	if (!moe_fused_on() || !moe_use_small(M, top_k, hidden, inter, x, sh))
+	if (!k_cuda_tuning()->moe_fused || !moe_use_small(M, top_k, hidden, inter, x, sh))
 		return 1;
 	if (sh)
 		ss = moe_small_shared{ sh->gate, sh->up, sh->down, sh->inter, ws->sh_act };

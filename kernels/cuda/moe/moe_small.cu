@@ -244,31 +244,12 @@ int k_cuda_moe_small_setup(void)
 	return moe_small_gate_up_setup() || moe_small_m1_setup() ? -EIO : 0;
 }
 
-// KDEC_MOE_PREFETCH_AHEAD=1: the register-path kernels ask L2 for their next rows
-// ahead of time (see small_down_kernel). Off by default: on H200 it cost V2-Lite batch 1
-// 3.213 ms a step against 2.856 without (Qwen3 4.036 against 3.823; likely the prefetches
-// take HBM slots from the demand loads of the same step); -1: not read yet.
-static int prefetch_ahead = -1;
-
-extern "C" void k_cuda_moe_set_prefetch_ahead(int on)
-{
-	prefetch_ahead = on < 0 ? -1 : on != 0;
-}
-
-static bool ahead_on(void)
-{
-	return k_cuda_env_flag(&prefetch_ahead, "KDEC_MOE_PREFETCH_AHEAD", 0);
-}
-
-// KDEC_MOE_M1=0: a single row (M = 1) takes the general register kernels rather
-// than moe_small_m1.cu's pipelined pair (same results bit for bit); -1: not read yet.
-static int m1_on = -1;
-
-extern "C" void k_cuda_moe_set_m1(int on)
-{
-	m1_on = on < 0 ? -1 : on != 0;
-}
-
+// k_cuda_tuning()->moe_prefetch_ahead (KDEC_MOE_PREFETCH_AHEAD=1): the register-path
+// kernels ask L2 for their next rows ahead of time (see small_down_kernel). Off by
+// default: on H200 it cost V2-Lite batch 1 3.213 ms a step against 2.856 without (Qwen3
+// 4.036 against 3.823; likely the prefetches take HBM slots from the demand loads of the
+// same step). moe_m1 0 (KDEC_MOE_M1=0): a single row (M = 1) takes the general register
+// kernels rather than moe_small_m1.cu's pipelined pair (same results bit for bit).
 
 int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x, int M,
 			 const int32_t *ids, const float *weights, int top_k,
@@ -283,13 +264,14 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	long long most = (long long)max_used * ((inter + SM_WARPS - 1) / SM_WARPS) +
 			 (sh.inter + SM_WARPS - 1) / SM_WARPS;
 	int ctas = SM_CTAS_PER_SM * (n_sm > 0 ? n_sm : 1);
-	int rp = SM_X_SMEM_MAX / (hidden * (int)sizeof(float)), ahead = ahead_on();
+	const struct k_cuda_tuning *tun = k_cuda_tuning();
+	int rp = SM_X_SMEM_MAX / (hidden * (int)sizeof(float)), ahead = tun->moe_prefetch_ahead != 0;
 	int ret;
 
 	rp = rp < M ? rp : M;
 	// A failed launch is also the runtime's last error, which K_CUDA_LAUNCHED reports.
 	ctas = ctas < most ? ctas : (int)most;
-	if (M == 1 && k_cuda_env_flag(&m1_on, "KDEC_MOE_M1", 1) &&
+	if (M == 1 && tun->moe_m1 &&
 	    moe_small_m1_fits(top_k, n_experts, hidden, inter, sh.inter)) {
 		moe_small_m1_launch(s, ctas, expert_w, x, ids, weights, top_k, n_experts, hidden,
 				    inter, act, sh, add, out);

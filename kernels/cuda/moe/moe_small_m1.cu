@@ -394,33 +394,29 @@ int moe_small_m1_setup(void)
 						M1_ACT_SMEM_MAX)) ? -EIO : 0;
 }
 
-// KDEC_MOE_M1_BAL=0: units of M1_UNIT chunks and a short last one (A/B); -1: unread.
-static int m1_bal = -1;
-
-// KDEC_MOE_SH_DOWN_EARLY=0: the shared expert's down rows are asked of L2 by the down
+// k_cuda_tuning()'s switches of these kernels (A/B runs): moe_m1_bal 0
+// (KDEC_MOE_M1_BAL=0): units of M1_UNIT chunks and a short last one. moe_sh_down_early 0
+// (KDEC_MOE_SH_DOWN_EARLY=0): the shared expert's down rows are asked of L2 by the down
 // kernel alone, before its wait, while gate/up streams its rows (HBM-bound: the two
 // compete). By default the gate/up CTAs ask for them too before their own wait, in
 // the router's window where HBM is idle, so that down finds them in L2 (60 MB; the
-// shared expert is 35 MB at V2-Lite dims). -1: unread.
-static int m1_sh_down_early = -1;
-
-// KDEC_MOE_DOWN_EARLY=0: the down kernel waits before its plan and first loads (A/B).
-static int m1_down_early = -1;
-
+// shared expert is 35 MB at V2-Lite dims). moe_down_early 0 (KDEC_MOE_DOWN_EARLY=0):
+// the down kernel waits before its plan and first loads.
 void moe_small_m1_launch(cudaStream_t s, int gate_up_ctas, const uint16_t *const *expert_w,
 			 const float *x, const int32_t *ids, const float *weights, int top_k,
 			 int n_experts, int hidden, int inter, float *act,
 			 const struct moe_small_shared &sh, int add, float *out)
 {
-	int bal = k_cuda_env_flag(&m1_bal, "KDEC_MOE_M1_BAL", 1);
+	const struct k_cuda_tuning *tun = k_cuda_tuning();
+	int bal = tun->moe_m1_bal != 0;
 
 	k_cuda_launch_pdl(s, dim3(gate_up_ctas), dim3(SM_THREADS), (size_t)hidden * sizeof(float),
 			  m1_gate_up_kernel, expert_w, x, ids, top_k, n_experts, hidden, inter, act,
-			  sh, bal, (int)k_cuda_env_flag(&m1_sh_down_early, "KDEC_MOE_SH_DOWN_EARLY", 1));
+			  sh, bal, (int)(tun->moe_sh_down_early != 0));
 	if (cudaPeekAtLastError() != cudaSuccess)
 		return;
 	k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS),
 			  m1_down_smem(top_k, n_experts, inter, sh.inter), m1_down_kernel, expert_w,
 			  (const float *)act, ids, weights, top_k, n_experts, hidden, inter, sh, add,
-			  bal, (int)k_cuda_env_flag(&m1_down_early, "KDEC_MOE_DOWN_EARLY", 1), out);
+			  bal, (int)(tun->moe_down_early != 0), out);
 }

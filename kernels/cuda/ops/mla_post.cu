@@ -140,13 +140,11 @@ __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla
 
 // ---- launchers --------------------------------------------------------------
 
-// KDEC_MLA_POST_EARLY=0: the cos/sin table after the PDL wait (see mla_post_kernel).
-// Read at each call: the tests run both.
+// k_cuda_tuning()->mla_post_early 0 (KDEC_MLA_POST_EARLY=0): the cos/sin table after
+// the PDL wait (see mla_post_kernel). Read at each call: the tests run both.
 static bool mlap_early(void)
 {
-	const char *e = getenv("KDEC_MLA_POST_EARLY");
-
-	return !(e && e[0] == '0');
+	return k_cuda_tuning()->mla_post_early != 0;
 }
 
 extern "C" int k_cuda_mla_post(cudaStream_t s, const struct k_cuda_mla_post_args *a)
@@ -156,10 +154,10 @@ extern "C" int k_cuda_mla_post(cudaStream_t s, const struct k_cuda_mla_post_args
 	    a->pe_dim < a->rot_dim || a->kv_rs < (long)a->kv_lora + a->pe_dim ||
 	    (a->rot_dim && !a->inv_freq) || (a->n_heads && a->q_hs < a->rot_dim) ||
 	    (a->q_src_pe && (a->nope_dim < 0 || a->q_hs < a->nope_dim + a->pe_dim))) {
-		fprintf(stderr, "k_cuda_mla_post: rows %d, heads %d, kv_lora %d (1..%d), rope %d of "
-			"%d (even, <= %d pairs), kv row stride %ld unsupported\n", a ? a->rows : -1,
-			a ? a->n_heads : -1, a ? a->kv_lora : -1, MLAP_MAX_LORA, a ? a->rot_dim : -1,
-			a ? a->pe_dim : -1, MLAP_MAX_HALF, a ? a->kv_rs : -1L);
+		k_cuda_log("k_cuda_mla_post: rows %d, heads %d, kv_lora %d (1..%d), rope %d of %d "
+			   "(even, <= %d pairs), kv row stride %ld unsupported", a ? a->rows : -1,
+			   a ? a->n_heads : -1, a ? a->kv_lora : -1, MLAP_MAX_LORA,
+			   a ? a->rot_dim : -1, a ? a->pe_dim : -1, MLAP_MAX_HALF, a ? a->kv_rs : -1L);
 		return -EINVAL;
 	}
 	if (a->rows == 0)

@@ -179,13 +179,12 @@ __global__ void __launch_bounds__(QKV_THREADS) qkv_post_early_kernel(const k_cud
 
 }	// namespace
 
-// KDEC_QKV_POST_EARLY=0: the kernel that loads its inputs one after another (read at
-// each call: test_cuda_attn runs both and compares the bits).
+// k_cuda_tuning()->qkv_post_early 0 (KDEC_QKV_POST_EARLY=0): the kernel that loads its
+// inputs one after another (read at each call: test_cuda_attn runs both and compares
+// the bits).
 static int qkv_post_early(void)
 {
-	const char *e = getenv("KDEC_QKV_POST_EARLY");
-
-	return !(e && e[0] == '0');
+	return k_cuda_tuning()->qkv_post_early != 0;
 }
 
 extern "C" int k_cuda_qkv_post(cudaStream_t s, const struct k_cuda_qkv_args *a)
