@@ -1,15 +1,11 @@
 // qkv_post's work (q/k RMSNorm, RoPE, the K/V append) as the GQA tensor-core decode
-// kernel does it in its prologue (attn_mma.cu's POST shapes); included there only,
-// after its MMA_Q, MMA_WARPS and MMA_THREADS.
+// kernel does it in its prologue (attn_mma.cu's POST shapes); included there only.
 #ifndef KD_KERNELS_CUDA_ATTN_MMA_POST_CUH
 #define KD_KERNELS_CUDA_ATTN_MMA_POST_CUH
 
 #include "kernels/cuda/attn/attn_common.cuh"
+#include "kernels/cuda/attn/attn_mma.cuh"
 #include "kernels/cuda/ops/k_cuda_ops.h"
-
-#if !defined(MMA_Q) || !defined(MMA_WARPS) || !defined(MMA_THREADS)
-#error "attn_mma_post.cuh: include it from attn_mma.cu, after its block shape"
-#endif
 
 // Where qkv_post's work runs in the attention launch (k_cuda_attn_gqa_qkv): a.q is the
 // fused projection's raw q (qkv_post's q_src), and the new token of each row, its last
