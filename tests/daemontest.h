@@ -1,29 +1,78 @@
-/* Helpers of the tests that run a real kdecd: start it and wait until it accepts
- * clients, stop it, clean up after it, and the offline reference (kdbench generate)
- * for a prompt. */
+/* Helpers of the tests that run a real kdecd: its paths, starting it and waiting until
+ * it accepts clients, stopping it, kdctl's answers, the offline reference (kdbench
+ * generate) for a prompt, and cleaning up after it. Include after testutil.h. */
 #ifndef KD_TESTS_DAEMONTEST_H
 #define KD_TESTS_DAEMONTEST_H
 
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "client/kdclient.h"
+#include "tests/testutil.h"
 
-/* Forks kdecd with argv (argv[0] is its path, NULL-terminated), its stderr appended
- * to log, and waits up to 10 s for sock to accept a client. *pid receives the
- * daemon's pid (0 when it died). Returns 0 once it answers, else -1. */
-static inline int daemontest_start(char *const argv[], const char *log, const char *sock,
-				   pid_t *pid_out)
+#define DAEMONTEST_MAX_ARGS 24	/* kdecd's argv, its own options included */
+
+/* One test's daemon: where the binaries and the model are, its scratch directory
+ * (logs, socket) and its process. */
+struct daemontest {
+	char builddir[512];	/* top_builddir: kdecd, kdbench, kdctl */
+	char model[512];	/* the tiny Llama 3 checkpoint under top_srcdir */
+	char dir[256];		/* a fresh /tmp/kdec_<tag>.XXXXXX */
+	char sock[300];		/* dir/kdecd.sock */
+	pid_t pid;		/* the running kdecd, or 0 */
+};
+
+/* Fills d's paths and makes its directory. Ignores SIGPIPE: a daemon that goes away
+ * mid-write must not end the test. 0, or -1 when the directory cannot be made. */
+static inline int daemontest_init(struct daemontest *d, const char *tag)
 {
-	struct kd_client *c;
-	pid_t pid = fork();
+	const char *b = getenv("top_builddir"), *s = getenv("top_srcdir");
+	char tmpl[200];
 
+	memset(d, 0, sizeof(*d));
+	snprintf(d->builddir, sizeof(d->builddir), "%s", b ? b : ".");
+	snprintf(d->model, sizeof(d->model), "%s/tests/data/golden/llama3", s ? s : ".");
+	snprintf(tmpl, sizeof(tmpl), "/tmp/kdec_%s.XXXXXX", tag);
+	if (!mkdtemp(tmpl)) {
+		perror("mkdtemp");
+		return -1;
+	}
+	snprintf(d->dir, sizeof(d->dir), "%s", tmpl);
+	snprintf(d->sock, sizeof(d->sock), "%s/kdecd.sock", d->dir);
+	signal(SIGPIPE, SIG_IGN);
+	return 0;
+}
+
+/* Forks `kdecd --model <model> --socket <sock> --threads 2` followed by the options
+ * given (strings, NULL last), its stderr appended to dir/log_name, and waits up to
+ * 10 s for the socket to accept a client. d->pid receives the daemon's pid (0 once it
+ * died). Returns 0 once it answers, else -1. */
+static inline int daemontest_start(struct daemontest *d, const char *log_name, ...)
+{
+	char kdecd[600], log[600];
+	char *argv[DAEMONTEST_MAX_ARGS] = { kdecd, "--model", d->model, "--socket", d->sock,
+					     "--threads", "2" };
+	int argc = 7;
+	struct kd_client *c;
+	va_list ap;
+	pid_t pid;
+
+	snprintf(kdecd, sizeof(kdecd), "%s/kdecd", d->builddir);
+	snprintf(log, sizeof(log), "%s/%s", d->dir, log_name);
+	va_start(ap, log_name);
+	while (argc < DAEMONTEST_MAX_ARGS - 1 && (argv[argc] = (char *)va_arg(ap, const char *)))
+		argc++;
+	va_end(ap);
+	argv[argc] = NULL;
+	pid = fork();
 	if (pid == 0) {
 		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
 
@@ -31,17 +80,17 @@ static inline int daemontest_start(char *const argv[], const char *log, const ch
 		execv(argv[0], argv);
 		_exit(127);
 	}
-	*pid_out = pid > 0 ? pid : 0;
+	d->pid = pid > 0 ? pid : 0;
 	if (pid < 0)
 		return -1;
 	for (int i = 0; i < 200; i++) {
 		int st;
 
 		if (waitpid(pid, &st, WNOHANG) == pid) {
-			*pid_out = 0;
+			d->pid = 0;
 			return -1;
 		}
-		if (!kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock })) {
+		if (!kd_connect(&c, &(struct kd_connect_opts){ .socket_path = d->sock })) {
 			kd_close(c);
 			return 0;
 		}
@@ -51,11 +100,13 @@ static inline int daemontest_start(char *const argv[], const char *log, const ch
 }
 
 /* SIGTERM to the daemon and its exit status: 0 for an orderly exit 0, 128 + signal
- * when a signal ended it, -1 when there is none (pid <= 0). */
-static inline int daemontest_stop(pid_t pid)
+ * when a signal ended it, -1 when none runs. d->pid is 0 after. */
+static inline int daemontest_stop(struct daemontest *d)
 {
+	pid_t pid = d->pid;
 	int st = 0;
 
+	d->pid = 0;
 	if (pid <= 0)
 		return -1;
 	kill(pid, SIGTERM);
@@ -64,46 +115,51 @@ static inline int daemontest_stop(pid_t pid)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-/* A daemon test's paths: builddir from top_builddir, model the tiny Llama 3 checkpoint
- * under top_srcdir, dir a fresh /tmp/kdec_<tag>.XXXXXX and sock its socket in it
- * (buffers of 512, 512, 256 and 300 bytes). Ignores SIGPIPE: a daemon that goes away
- * mid-write must not end the test. 0, or -1 when the directory cannot be made. */
-static inline int daemontest_paths(const char *tag, char *builddir, char *model, char *dir,
-				   char *sock)
+/* Output of `kdctl --socket <sock> <cmd>` into buf (len bytes, NUL-terminated).
+ * 0, or -1 when kdctl failed. */
+static inline int daemontest_kdctl(const struct daemontest *d, const char *cmd, char *buf,
+				   size_t len)
 {
-	const char *b = getenv("top_builddir"), *s = getenv("top_srcdir");
-	char tmpl[200];
+	char line[1024];
+	size_t n = 0, k;
+	FILE *f;
 
-	snprintf(builddir, 512, "%s", b ? b : ".");
-	snprintf(model, 512, "%s/tests/data/golden/llama3", s ? s : ".");
-	snprintf(tmpl, sizeof(tmpl), "/tmp/kdec_%s.XXXXXX", tag);
-	if (!mkdtemp(tmpl))
+	snprintf(line, sizeof(line), "'%s/kdctl' --socket '%s' %s", d->builddir, d->sock, cmd);
+	if (!(f = popen(line, "r")))
 		return -1;
-	snprintf(dir, 256, "%s", tmpl);
-	snprintf(sock, 300, "%s/kdecd.sock", dir);
-	signal(SIGPIPE, SIG_IGN);
-	return 0;
+	while (n + 1 < len && (k = fread(buf + n, 1, len - 1 - n, f)) > 0)
+		n += k;
+	buf[n] = 0;
+	return pclose(f) == 0 ? 0 : -1;
 }
 
-/* Removes the test's scratch directory (socket, daemon log) unless keep; then says
- * where the logs are instead. */
-static inline void daemontest_cleanup(const char *dir, int keep)
+/* The number after key (a metric's name after "\n", so not its # HELP line, or a JSON
+ * key) in the output of kdctl cmd, or -1. */
+static inline long long daemontest_number(const struct daemontest *d, const char *cmd,
+					  const char *key)
 {
-	char cmd[300];
+	static char buf[1 << 16];
+	const char *p;
 
-	if (keep) {
-		fprintf(stderr, "daemon log kept in %s\n", dir);
-		return;
+	if (daemontest_kdctl(d, cmd, buf, sizeof(buf)))
+		return -1;
+	for (p = buf; (p = strstr(p, key)); p++) {
+		p += strlen(key);
+		if (*p == '"')
+			p++;
+		if (*p == ':' || *p == ' ') {
+			while (*p == ':' || *p == ' ')
+				p++;
+			return (long long)strtod(p, NULL);
+		}
 	}
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	if (system(cmd))
-		fprintf(stderr, "cannot remove %s\n", dir);
+	return -1;
 }
 
 /* kdbench generate's greedy ids for prompt p (n ids), at most max_tokens into out;
  * returns how many, or -1. */
-static inline int daemontest_reference(const char *builddir, const char *model, const int32_t *p,
-				       int n, int max_tokens, int32_t *out)
+static inline int daemontest_reference(const struct daemontest *d, const int32_t *p, int n,
+				       int max_tokens, int32_t *out)
 {
 	char cmd[2048], ids[512] = "";
 	int len = 0, k = 0;
@@ -112,13 +168,31 @@ static inline int daemontest_reference(const char *builddir, const char *model, 
 	for (int j = 0; j < n; j++)
 		len += snprintf(ids + len, sizeof(ids) - (size_t)len, "%s%d", j ? "," : "", p[j]);
 	snprintf(cmd, sizeof(cmd), "'%s/kdbench' generate --model '%s' --prompt %s --max-tokens %d --threads 1 2>/dev/null",
-		 builddir, model, ids, max_tokens);
+		 d->builddir, d->model, ids, max_tokens);
 	if (!(f = popen(cmd, "r")))
 		return -1;
 	while (k < max_tokens && fscanf(f, "%d", &out[k]) == 1)
 		k++;
 	pclose(f);
 	return k;
+}
+
+/* The end of a daemon test: a daemon still running must exit 0 on SIGTERM (a failed
+ * check otherwise); the scratch directory goes, unless a check failed, when it stays
+ * for its logs and the test says where. */
+static inline void daemontest_finish(struct daemontest *d)
+{
+	char cmd[300];
+
+	if (d->pid > 0)
+		CHECK(daemontest_stop(d) == 0, "kdecd did not exit 0 on SIGTERM");
+	if (test_failures) {
+		fprintf(stderr, "daemon log kept in %s\n", d->dir);
+		return;
+	}
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d->dir);
+	if (system(cmd))
+		fprintf(stderr, "cannot remove %s\n", d->dir);
 }
 
 #endif

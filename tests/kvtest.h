@@ -83,6 +83,40 @@ static inline int kvt_greedy(struct engine *e, struct engine_seq *s, float *l, i
 	return 0;
 }
 
+/* Token ids for a test prompt: n of them from seed, spread over the vocabulary. */
+static inline void kvt_fill(int32_t *t, int n, unsigned seed, int vocab)
+{
+	for (int i = 0; i < n; i++)
+		t[i] = (int32_t)((seed * 2654435761u + (unsigned)i * 7919u + 13u) % (unsigned)vocab);
+}
+
+/* One turn on session sess: start on it with prompt (n tokens), compute what the
+ * session holds no KV for, generate n_gen tokens greedily into gen (the last one not
+ * run), save, release. last_logits (vocab floats, or NULL) receives the prompt's last
+ * logits. Returns the tokens the session supplied, -1 when the turn did not start. */
+static inline int kvt_turn(struct engine *e, struct kv_session *sess, const int32_t *prompt,
+			   int n, int n_gen, int32_t *gen, float *last_logits)
+{
+	int vocab = e->model->cfg.vocab_size, cached = -1, ret;
+	float *l = malloc((size_t)vocab * sizeof(float));
+	struct engine_seq s;
+
+	engine_seq_init(&s);
+	ret = engine_seq_start_session(e, &s, sess, prompt, n, &cached);
+	CHECK(ret == 0, "start a session turn of %d tokens: %d", n, ret);
+	if (ret == 0) {
+		if (!kvt_step(e, &s, prompt + cached, n - cached, l)) {
+			if (last_logits)
+				memcpy(last_logits, l, (size_t)vocab * sizeof(float));
+			kvt_greedy(e, &s, l, n_gen, gen);
+		}
+		CHECK(engine_session_save(e, sess, &s) == 0, "save a session turn");
+	}
+	engine_seq_release(e, &s);
+	free(l);
+	return ret == 0 ? cached : -1;
+}
+
 /* Every invariant of the pool, the prefix index, the sessions and the host tier,
  * with seqs[0..n_seqs) the live sequences (the only holders besides sessions).
  * Returns the number of violations (each also a failed CHECK). */

@@ -21,29 +21,20 @@
 
 #define MAX_REQUESTS 400
 
-static char builddir[512], model[512], dir[256], sock_path[300];
-static pid_t daemon_pid;
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static struct daemontest kdecd;
 
 /* Runs kdbench agent with args; its exit status, and how long it took in *secs. */
 static int agent(const char *args, double *secs)
 {
 	char cmd[2048];
-	double t0 = now_s();
+	double t0 = test_now_s();
 	int st;
 
-	snprintf(cmd, sizeof(cmd), "'%s/kdbench' agent --socket '%s' %s >>'%s/agent.out' 2>&1", builddir,
-		 sock_path, args, dir);
+	snprintf(cmd, sizeof(cmd), "'%s/kdbench' agent --socket '%s' %s >>'%s/agent.out' 2>&1",
+		 kdecd.builddir, kdecd.sock, args, kdecd.dir);
 	st = system(cmd);
 	if (secs)
-		*secs = now_s() - t0;
+		*secs = test_now_s() - t0;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
@@ -53,7 +44,7 @@ static json_t *load(const char *name)
 	json_error_t err;
 	json_t *o;
 
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	snprintf(path, sizeof(path), "%s/%s", kdecd.dir, name);
 	o = json_load_file(path, 0, &err);
 	CHECK(o != NULL, "%s: %s (line %d)", path, err.text, err.line);
 	return o;
@@ -117,12 +108,12 @@ static void test_run(void)
 	char png[300], args[1200];
 	FILE *f;
 
-	snprintf(png, sizeof(png), "%s/agent.png", dir);
+	snprintf(png, sizeof(png), "%s/agent.png", kdecd.dir);
 	snprintf(args, sizeof(args),
 		 "--sessions 4 --duration 3 --max-requests %d --turns 6 --think-ms 50 --first-prompt 256 "
 		 "--turn-tokens 32 --output-tokens 12 --subagent-prob 0.3 --seed 7 --vocab 512 "
-		 "--json '%s/agent.json' --plot '%s'", MAX_REQUESTS, dir, png);
-	CHECK(agent(args, &secs) == 0, "kdbench agent exit status (see %s/agent.out)", dir);
+		 "--json '%s/agent.json' --plot '%s'", MAX_REQUESTS, kdecd.dir, png);
+	CHECK(agent(args, &secs) == 0, "kdbench agent exit status (see %s/agent.out)", kdecd.dir);
 	CHECK(secs < 3 + 5 + 3, "run of 3 s + 5 s grace took %.1f s", secs);
 	if (!(root = load("agent.json")))
 		return;
@@ -164,7 +155,7 @@ static void test_bounds(void)
 
 	/* the count ends the run long before the duration */
 	snprintf(args, sizeof(args), "--sessions 4 --duration 20 --max-requests 6 --think-ms 0 "
-		 "--first-prompt 64 --output-tokens 8 --vocab 512 --json '%s/bounds.json'", dir);
+		 "--first-prompt 64 --output-tokens 8 --vocab 512 --json '%s/bounds.json'", kdecd.dir);
 	CHECK(agent(args, &secs) == 0, "--max-requests run");
 	CHECK(secs < 10, "--max-requests 6 of a 20 s run took %.1f s", secs);
 	if ((root = load("bounds.json"))) {
@@ -184,7 +175,7 @@ static void test_drain(void)
 	size_t i;
 
 	snprintf(args, sizeof(args), "--sessions 2 --duration 1 --grace 0.5 --first-prompt 32 "
-		 "--output-tokens 3000 --vocab 512 --json '%s/drain.json'", dir);
+		 "--output-tokens 3000 --vocab 512 --json '%s/drain.json'", kdecd.dir);
 	CHECK(agent(args, &secs) == 0, "drain run");
 	CHECK(secs < 1 + 0.5 + 2 + 2, "1 s run with 0.5 s grace took %.1f s", secs);
 	if (!(root = load("drain.json")))
@@ -208,31 +199,18 @@ static void test_options(void)
 	CHECK(agent("--plot \"it's.png\"", NULL) == 2, "a quote in --plot accepted");
 }
 
-static int start_daemon(void)
-{
-	char kdecd[600], log[300];
-	char *argv[] = { kdecd, "--model", model, "--socket", sock_path, "--threads", "2", "--notify",
-			 "eventfd", NULL };
-
-	snprintf(kdecd, sizeof(kdecd), "%s/kdecd", builddir);
-	snprintf(log, sizeof(log), "%s/daemon.log", dir);
-	return daemontest_start(argv, log, sock_path, &daemon_pid);
-}
-
 int main(void)
 {
-	if (daemontest_paths("agent", builddir, model, dir, sock_path))
+	if (daemontest_init(&kdecd, "agent"))
 		return 1;
 	test_options();
-	if (start_daemon() == 0) {
+	if (daemontest_start(&kdecd, "daemon.log", "--notify", "eventfd", NULL) == 0) {
 		test_run();
 		test_bounds();
 		test_drain();
 	} else {
-		CHECK(0, "kdecd did not start (log in %s)", dir);
+		CHECK(0, "kdecd did not start (log in %s)", kdecd.dir);
 	}
-	if (daemon_pid > 0)
-		CHECK(daemontest_stop(daemon_pid) == 0, "kdecd did not exit 0 on SIGTERM");
-	daemontest_cleanup(dir, test_failures);
+	daemontest_finish(&kdecd);
 	return test_result("test_agent_daemon");
 }

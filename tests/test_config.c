@@ -346,27 +346,6 @@ static void test_deepseek(void)
 		   "missing");
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf;
-	long n;
-
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	buf = malloc((size_t)n + 1);
-	if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-		free(buf);
-		buf = NULL;
-	}
-	fclose(f);
-	*len = (size_t)n;
-	return buf;
-}
-
 static int parse_real(struct model_config *c, const char *name)
 {
 	const char *top = getenv("top_srcdir") ? getenv("top_srcdir") : ".";
@@ -376,7 +355,7 @@ static int parse_real(struct model_config *c, const char *name)
 	int rc;
 
 	snprintf(path, sizeof(path), "%s/tests/data/configs/%s", top, name);
-	text = slurp(path, &len);
+	text = test_slurp(path, &len);
 	CHECK(text, "cannot read %s", path);
 	if (!text)
 		return -ENOENT;

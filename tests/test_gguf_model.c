@@ -45,21 +45,6 @@ static const char *top = ".";
 static const struct engine_opts eng_opts = { .backend = "cpu", .threads = 2, .kv_tokens = 4096,
 					     .block_tokens = 16, .max_rows = 128 };
 
-static float *read_floats(const char *path, size_t n)
-{
-	FILE *f = fopen(path, "rb");
-	float *v = malloc(n * sizeof(float) + 1);
-
-	if (!f || !v || fread(v, sizeof(float), n, f) != n) {
-		fprintf(stderr, "%s: cannot read %zu floats\n", path, n);
-		free(v);
-		v = NULL;
-	}
-	if (f)
-		fclose(f);
-	return v;
-}
-
 static int32_t *json_ids(json_t *arr, int *n)
 {
 	int32_t *v = malloc(json_array_size(arr) * sizeof(int32_t) + 1);
@@ -197,7 +182,7 @@ static void check_q8(void)
 
 		snprintf(path, sizeof(path), "%s/tests/data/golden/llama3/%s", top,
 			 json_string_value(json_object_get(c, "logits")));
-		ref = read_floats(path, (size_t)n * vocab);
+		ref = test_read_floats(path, (size_t)n * vocab);
 		got = ref ? run_logits(m, tok, n, "llama3-q8_0") : NULL;
 		for (int r = 0; got && r < n; r++) {
 			double e = test_rel_l2(got + (size_t)r * vocab, ref + (size_t)r * vocab, (size_t)vocab);
@@ -257,7 +242,7 @@ static void check_bf16(const char *name, const char *golden, double tol)
 	tok = json_ids(json_object_get(c, "tokens"), &n);
 	snprintf(path, sizeof(path), "%s/tests/data/golden/%s/%s", top, golden,
 		 json_string_value(json_object_get(c, "logits")));
-	ref = read_floats(path, (size_t)n * vocab);
+	ref = test_read_floats(path, (size_t)n * vocab);
 	got = ref ? run_logits(m, tok, n, name) : NULL;
 	for (int r = 0; got && r < n; r++)
 		worst = fmax(worst, test_rel_l2(got + (size_t)r * vocab, ref + (size_t)r * vocab, (size_t)vocab));
@@ -271,25 +256,6 @@ static void check_bf16(const char *name, const char *golden, double tol)
 }
 
 /* ---- damaged files --------------------------------------------------------- */
-
-static unsigned char *slurp(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	unsigned char *b = NULL;
-	long n;
-
-	if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) > 0 && fseek(f, 0, SEEK_SET) == 0) {
-		b = malloc((size_t)n);
-		if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-			free(b);
-			b = NULL;
-		}
-		*len = (size_t)n;
-	}
-	if (f)
-		fclose(f);
-	return b;
-}
 
 /* The first occurrence of a GGUF string (u64 length + bytes) holding s. */
 static unsigned char *find_gguf_str(unsigned char *b, size_t len, const char *s)
@@ -314,7 +280,7 @@ static void check_refusal(const char *name, const char *what, void (*edit)(unsig
 	int fd, ret;
 
 	snprintf(path, sizeof(path), "%s/tests/data/gguf-golden/%s.gguf", top, name);
-	b = slurp(path, &len);
+	b = test_slurp(path, &len);
 	CHECK(b != NULL, "%s: cannot read", path);
 	fd = mkstemp(tmp);
 	if (!b || fd < 0) {
@@ -388,7 +354,7 @@ static void check_corruption(const char *name, int rounds)
 	int fd, loaded = 0, refused = 0;
 
 	snprintf(path, sizeof(path), "%s/tests/data/gguf-golden/%s.gguf", top, name);
-	b = slurp(path, &len);
+	b = test_slurp(path, &len);
 	CHECK(b && gguf_open(&f, path, err, sizeof(err)) == 0 && f.n_tensors > 0, "%s: open", path);
 	if (!b || !f.n_tensors) {
 		free(b);
@@ -470,7 +436,7 @@ static int check_smollm2(void)
 	      n >= 2, "reference.json: vocab %d, top_k %d, %d tokens", vocab, k, n);
 	snprintf(path, sizeof(path), "%s/tests/data/smollm2/reference.bin", top);
 	/* int32 ids (n, k), float32 logits (n, k), lse (n), next-token logit (n) */
-	ref = read_floats(path, (size_t)n * (2 * k + 2));
+	ref = test_read_floats(path, (size_t)n * (2 * k + 2));
 	got = ref && k >= 1 && k <= 64 ? run_logits(m, tok, n, "smollm2") : NULL;
 	if (!got)
 		goto out;

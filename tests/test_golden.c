@@ -68,21 +68,6 @@ struct gcase {
 	float *ref;		/* (n, vocab) */
 };
 
-static float *read_floats(const char *path, size_t n)
-{
-	FILE *f = fopen(path, "rb");
-	float *v = malloc(n * sizeof(float));
-
-	if (!f || !v || fread(v, sizeof(float), n, f) != n) {
-		fprintf(stderr, "%s: cannot read %zu floats\n", path, n);
-		free(v);
-		v = NULL;
-	}
-	if (f)
-		fclose(f);
-	return v;
-}
-
 static int32_t *json_ids(json_t *arr, int *n)
 {
 	int32_t *v = malloc(json_array_size(arr) * sizeof(int32_t) + 1);
@@ -282,7 +267,7 @@ static void check_model(const char *top, const char *name, int threads)
 
 		cs[n].tokens = json_ids(json_object_get(c, "tokens"), &cs[n].n);
 		snprintf(path, sizeof(path), "%s/%s", dir, json_string_value(json_object_get(c, "logits")));
-		cs[n].ref = read_floats(path, (size_t)cs[n].n * vocab);
+		cs[n].ref = test_read_floats(path, (size_t)cs[n].n * vocab);
 		CHECK(cs[n].ref != NULL, "%s: reference logits", path);
 		if (cs[n].ref)
 			check_prefill_and_incremental(e, name, n, &cs[n]);

@@ -32,13 +32,7 @@
 #define VOCAB 512
 #define STALL_MS 5000		/* SCHED_DEFAULT_STALL_MS */
 
-static char builddir[512], model[512], dir[256], sock_path[300];
-static pid_t daemon_pid;
-
-static double now_s(void)
-{
-	return (double)ipc_now_ns() * 1e-9;
-}
+static struct daemontest kdecd;
 
 /* Prompt i: 3..9 ids spread over the vocabulary. */
 static int prompt_of(int i, int32_t *p)
@@ -50,29 +44,13 @@ static int prompt_of(int i, int32_t *p)
 	return n;
 }
 
-/* The offline reference: kdbench generate's ids for prompt i. */
-static int reference(const int32_t *p, int n, int max_tokens, int32_t *out)
-{
-	return daemontest_reference(builddir, model, p, n, max_tokens, out);
-}
-
+/* kdecd in notify mode (futex or eventfd), its log daemon-<notify>.log. */
 static int start_daemon(const char *notify)
 {
-	char kdecd[600], log[300];
-	char *argv[] = { kdecd, "--model", model, "--socket", sock_path, "--threads", "2", "--notify",
-			 (char *)notify, "--shutdown-timeout", "5", NULL };
+	char log[64];
 
-	snprintf(kdecd, sizeof(kdecd), "%s/kdecd", builddir);
-	snprintf(log, sizeof(log), "%s/daemon-%s.log", dir, notify);
-	return daemontest_start(argv, log, sock_path, &daemon_pid);
-}
-
-static int stop_daemon(void)
-{
-	int st = daemontest_stop(daemon_pid);
-
-	daemon_pid = 0;
-	return st;
+	snprintf(log, sizeof(log), "daemon-%s.log", notify);
+	return daemontest_start(&kdecd, log, "--notify", notify, "--shutdown-timeout", "5", NULL);
 }
 
 /* One control command; the value of "key" in the reply (an integer), or -1. */
@@ -85,7 +63,7 @@ static long long ctl(const char *cmd, const char *key)
 	const char *p;
 	int s;
 
-	strcpy(sa.sun_path, sock_path);
+	strcpy(sa.sun_path, kdecd.sock);
 	s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	snprintf(req, sizeof(req), "{\"cmd\":\"%s\"}\n", cmd);
 	if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) || write(s, req, strlen(req)) < 0) {
@@ -108,9 +86,9 @@ static long long ctl(const char *cmd, const char *key)
 /* Waits until status reports running == 0 and no KV block in use; -1 on timeout. */
 static int wait_idle(double timeout_s)
 {
-	double t_end = now_s() + timeout_s;
+	double t_end = test_now_s() + timeout_s;
 
-	while (now_s() < t_end) {
+	while (test_now_s() < t_end) {
 		if (ctl("status", "requests_running") == 0 && ctl("status", "requests_waiting") == 0 &&
 		    ctl("status", "kv_blocks_used") == 0)
 			return 0;
@@ -152,7 +130,7 @@ static int recv_events(struct kd_client *c, enum wait_style style, struct kd_eve
 static void *run_job(void *arg)
 {
 	struct job *j = arg;
-	struct kd_connect_opts o = { .socket_path = sock_path };
+	struct kd_connect_opts o = { .socket_path = kdecd.sock };
 	struct kd_request r = { .prompt = j->prompt, .n_prompt = (uint32_t)j->n_prompt,
 				.max_tokens = (uint32_t)j->max_tokens };
 	struct kd_client *c;
@@ -208,7 +186,7 @@ static void make_jobs(struct job *jobs, int n, int offset)
 		j->style = i % 8 == 3 ? WAIT_SPIN : i % 8 == 5 ? WAIT_FD : WAIT_SLEEP;
 		j->max_tokens = GEN_TOKENS;
 		j->n_prompt = prompt_of(i + offset, j->prompt);
-		if (reference(j->prompt, j->n_prompt, GEN_TOKENS, j->ref) != GEN_TOKENS)
+		if (daemontest_reference(&kdecd, j->prompt, j->n_prompt, GEN_TOKENS, j->ref) != GEN_TOKENS)
 			j->err = -ENOEXEC;
 	}
 }
@@ -249,10 +227,10 @@ static void test_concurrent(int n, const char *what)
 	double t0;
 
 	make_jobs(jobs, n, 0);
-	t0 = now_s();
+	t0 = test_now_s();
 	start_jobs(jobs, th, n);
 	check_jobs(jobs, th, n, what);
-	fprintf(stderr, "%s: %d clients x %d tokens in %.2f s\n", what, n, GEN_TOKENS, now_s() - t0);
+	fprintf(stderr, "%s: %d clients x %d tokens in %.2f s\n", what, n, GEN_TOKENS, test_now_s() - t0);
 	CHECK(wait_idle(5) == 0, "%s: daemon not idle afterwards", what);
 }
 
@@ -274,7 +252,7 @@ static void test_sigkill(void)
 		struct kd_request r = { .prompt = p, .n_prompt = 4, .max_tokens = 20000 };
 		int got = 0;
 
-		if (kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock_path }) ||
+		if (kd_connect(&c, &(struct kd_connect_opts){ .socket_path = kdecd.sock }) ||
 		    kd_submit(c, &r, NULL))
 			_exit(1);
 		while (got < 20) {
@@ -313,14 +291,14 @@ static void test_client_tokens(void)
 	struct kd_client *c;
 	uint64_t a, b;
 	int b_stop = -1, b_err = 0, a_stop = -1, a_tokens = 0;
-	double t_end = now_s() + 60;
+	double t_end = test_now_s() + 60;
 
-	if (kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock_path }) ||
+	if (kd_connect(&c, &(struct kd_connect_opts){ .socket_path = kdecd.sock }) ||
 	    kd_submit(c, &r, &a) || kd_submit(c, &r, &b)) {
 		CHECK(0, "client tokens: cannot submit");
 		return;
 	}
-	while (a_stop < 0 && now_s() < t_end) {
+	while (a_stop < 0 && test_now_s() < t_end) {
 		int n = kd_wait(c, ev, 64, 5000);
 
 		for (int i = 0; i < n; i++) {
@@ -363,17 +341,17 @@ static int run_sampled(const struct kd_sampling *sp, struct samp_run *o)
 	struct kd_request r = { .prompt = p, .n_prompt = 5, .max_tokens = GEN_TOKENS, .sampling = *sp };
 	struct kd_event ev[64];
 	struct kd_client *c;
-	double t_end = now_s() + 60;
+	double t_end = test_now_s() + 60;
 	int done = 0, ret;
 
 	memset(o, 0, sizeof(*o));
-	if ((ret = kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock_path })))
+	if ((ret = kd_connect(&c, &(struct kd_connect_opts){ .socket_path = kdecd.sock })))
 		return ret;
 	if ((ret = kd_submit(c, &r, NULL))) {
 		kd_close(c);
 		return ret;
 	}
-	while (!done && now_s() < t_end) {
+	while (!done && test_now_s() < t_end) {
 		int n = kd_wait(c, ev, 64, 5000);
 
 		for (int i = 0; i < n; i++) {
@@ -433,7 +411,7 @@ static int scribbler(int go_fd)
 	struct kd_request r = { .prompt = p, .n_prompt = 3, .max_tokens = 100000 / 16 };
 	char b;
 
-	if (kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock_path }) || kd_submit(c, &r, NULL))
+	if (kd_connect(&c, &(struct kd_connect_opts){ .socket_path = kdecd.sock }) || kd_submit(c, &r, NULL))
 		return 2;
 	if (read(go_fd, &b, 1) != 1)
 		return 2;
@@ -504,27 +482,27 @@ static void test_stall(void)
 	int n_got = 0, n_ref, final = -1, detail = -1;
 	double t0, t_jobs;
 
-	n_ref = reference(p, 5, IPC_EV_SLOTS, ref);
+	n_ref = daemontest_reference(&kdecd, p, 5, IPC_EV_SLOTS, ref);
 	make_jobs(jobs, 8, 200);
-	if (kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock_path }) || kd_submit(c, &r, NULL)) {
+	if (kd_connect(&c, &(struct kd_connect_opts){ .socket_path = kdecd.sock }) || kd_submit(c, &r, NULL)) {
 		CHECK(0, "stall: cannot connect");
 		return;
 	}
 	/* Wait until the stalled request has filled its event ring (the daemon keeps
 	 * one slot back for a final): from then on it is paused. */
-	t0 = now_s();
-	while (now_s() < t0 + 120) {
+	t0 = test_now_s();
+	while (test_now_s() < t0 + 120) {
 		struct ipc_seg_hdr *h = c->seg;
 
 		if (atomic_load(&h->ev_tail) - atomic_load(&h->ev_head) >= IPC_EV_SLOTS - 1)
 			break;
 		usleep(10000);
 	}
-	CHECK(now_s() < t0 + 120, "stall: the event ring did not fill");
-	t0 = now_s();
+	CHECK(test_now_s() < t0 + 120, "stall: the event ring did not fill");
+	t0 = test_now_s();
 	start_jobs(jobs, th, 8);
 	check_jobs(jobs, th, 8, "stall: the other clients");
-	t_jobs = now_s() - t0;
+	t_jobs = test_now_s() - t0;
 	CHECK(t_jobs < STALL_MS * 1e-3, "stall: the others took %.2f s (>= the stall timeout)", t_jobs);
 	CHECK(ctl("status", "requests_running") == 1, "stall: the paused request is not held (running %lld)",
 	      ctl("status", "requests_running"));
@@ -564,7 +542,7 @@ static void test_uid(void)
 		fprintf(stderr, "SKIP uid check: needs root to run a client as another uid\n");
 		return;
 	}
-	chmod(sock_path, 0666);	/* let the connect through: SO_PEERCRED must refuse it */
+	chmod(kdecd.sock, 0666);	/* let the connect through: SO_PEERCRED must refuse it */
 	pid = fork();
 	if (pid == 0) {
 		struct kd_client *c;
@@ -572,20 +550,20 @@ static void test_uid(void)
 
 		if (setgid(65534) || setuid(65534))
 			_exit(2);
-		ret = kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock_path });
+		ret = kd_connect(&c, &(struct kd_connect_opts){ .socket_path = kdecd.sock });
 		fprintf(stderr, "uid 65534: %s (%s)\n", kd_strerror(ret), kd_connect_error(NULL));
 		_exit(ret == -EACCES && strstr(kd_connect_error(NULL), "allow-list") ? 0 : 1);
 	}
 	waitpid(pid, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "uid: uid 65534 was not refused (status %d)", st);
-	chmod(sock_path, 0660);
+	chmod(kdecd.sock, 0660);
 }
 
 int main(void)
 {
-	if (daemontest_paths("ipc", builddir, model, dir, sock_path))
+	if (daemontest_init(&kdecd, "ipc"))
 		return 1;
-	chmod(dir, 0755);	/* the uid check's client must reach the socket */
+	chmod(kdecd.dir, 0755);	/* the uid check's client must reach the socket */
 
 	if (start_daemon("futex") == 0) {
 		test_concurrent(N_CLIENTS, "futex: 64 concurrent greedy clients");
@@ -594,11 +572,11 @@ int main(void)
 		test_scribble();
 		test_stall();
 		test_uid();
-		CHECK(stop_daemon() == 0, "futex: kdecd did not exit 0 on SIGTERM");
+		CHECK(daemontest_stop(&kdecd) == 0, "futex: kdecd did not exit 0 on SIGTERM");
 	} else {
 		char cmd[600];
 
-		snprintf(cmd, sizeof(cmd), "tail -n 2 %s/daemon-futex.log >&2", dir);
+		snprintf(cmd, sizeof(cmd), "tail -n 2 %s/daemon-futex.log >&2", kdecd.dir);
 		fprintf(stderr, "SKIP futex mode: kdecd --notify futex did not start:\n");
 		if (system(cmd))
 			fprintf(stderr, "(no log)\n");
@@ -608,10 +586,10 @@ int main(void)
 		test_sampling();
 		test_sigkill();
 		test_scribble();
-		CHECK(stop_daemon() == 0, "eventfd: kdecd did not exit 0 on SIGTERM");
+		CHECK(daemontest_stop(&kdecd) == 0, "eventfd: kdecd did not exit 0 on SIGTERM");
 	} else {
 		CHECK(0, "kdecd --notify eventfd did not start");
 	}
-	daemontest_cleanup(dir, test_failures);
+	daemontest_finish(&kdecd);
 	return test_result("test_ipc_daemon");
 }

@@ -10,19 +10,10 @@
 
 static unsigned long long seed = 0x9e3779b97f4a7c15ull;
 
-static float *rand_floats(size_t n, float amp)
-{
-	float *p = malloc(sizeof(float) * (n ? n : 1));
-
-	for (size_t i = 0; i < n; i++)
-		p[i] = test_randf(&seed) * amp;
-	return p;
-}
-
 /* The same random weights stored as dtype (values rounded to it) and as float. */
 static void *rand_weights(size_t n, enum k_dtype dt, float **as_f32)
 {
-	float *f = rand_floats(n, 1.0f);
+	float *f = test_rand_floats(n, 1.0f, &seed);
 	uint16_t *h;
 
 	*as_f32 = f;
@@ -147,7 +138,7 @@ static void test_linear_conversions(struct k_pool *pool)
 
 static void check_linear(struct k_pool *pool, enum k_dtype dt, int M, int N, int K)
 {
-	float *wf, *x = rand_floats((size_t)M * K, 1.0f);
+	float *wf, *x = test_rand_floats((size_t)M * K, 1.0f, &seed);
 	void *w = rand_weights((size_t)N * K, dt, &wf);
 	float *y = malloc(sizeof(float) * (size_t)M * N);
 	/* Rigorous fp32 bound for 16 lanes of K/16 terms plus a 4-level tree. */
@@ -181,7 +172,7 @@ static void check_linear(struct k_pool *pool, enum k_dtype dt, int M, int N, int
 static void test_linear_invariance(struct k_pool *pool)
 {
 	enum { M = 37, N = 77, K = 600 };
-	float *wf, *x = rand_floats((size_t)M * K, 1.0f);
+	float *wf, *x = test_rand_floats((size_t)M * K, 1.0f, &seed);
 	void *w = rand_weights((size_t)N * K, K_BF16, &wf);
 	float *y = malloc(sizeof(float) * M * N), *y1 = malloc(sizeof(float) * N);
 	float *yt = malloc(sizeof(float) * M * N);
@@ -221,7 +212,7 @@ static void test_linear(struct k_pool *pool)
 static void test_rmsnorm(void)
 {
 	enum { ROWS = 3, DIM = 50, XS = 64, OS = 70 };
-	float *x = rand_floats(ROWS * XS, 2.0f), *out = calloc(ROWS * OS, sizeof(float));
+	float *x = test_rand_floats(ROWS * XS, 2.0f, &seed), *out = calloc(ROWS * OS, sizeof(float));
 	float eps = 1e-6f;
 
 	for (int dt = K_F32; dt <= K_BF16; dt++) {
@@ -262,8 +253,9 @@ static void test_rmsnorm(void)
 static void test_silu_add_embed(void)
 {
 	enum { N = 1000, V = 11, D = 13 };
-	float *g = rand_floats(N, 12.0f), *u = rand_floats(N, 3.0f), *o = malloc(sizeof(float) * N);
-	float *y = rand_floats(N, 1.0f), *y0 = malloc(sizeof(float) * N);
+	float *g = test_rand_floats(N, 12.0f, &seed), *u = test_rand_floats(N, 3.0f, &seed);
+	float *o = malloc(sizeof(float) * N);
+	float *y = test_rand_floats(N, 1.0f, &seed), *y0 = malloc(sizeof(float) * N);
 	const int32_t ids[4] = { 3, 0, 10, 3 };
 	float emb[4 * D];
 	int bad = 0;
@@ -326,8 +318,8 @@ static void att_case_build(struct att_case *c, int bt)
 	total += 3;	/* spare blocks nobody uses */
 	perm = test_shuffled_ids(total, &seed);
 	c->kv = (struct k_kv_layer){ .n_blocks = total, .block_tokens = bt, .width = width };
-	c->kv.k = rand_floats((size_t)total * bt * width, 1.0f);	/* garbage elsewhere */
-	c->kv.v = rand_floats((size_t)total * bt * width, 1.0f);
+	c->kv.k = test_rand_floats((size_t)total * bt * width, 1.0f, &seed);	/* garbage elsewhere */
+	c->kv.v = test_rand_floats((size_t)total * bt * width, 1.0f, &seed);
 	for (int r = 0; r < AROWS; r++) {
 		int nb = (att_ctx[r] + bt - 1) / bt, n = att_ctx[r];
 		int32_t *slots = malloc(sizeof(int32_t) * n);
@@ -337,8 +329,8 @@ static void att_case_build(struct att_case *c, int bt)
 			c->tables[r][b] = perm[used++];
 		for (int t = 0; t < n; t++)
 			slots[t] = c->tables[r][t / bt] * bt + t % bt;
-		c->keys[r] = rand_floats((size_t)n * width, 1.0f);
-		c->vals[r] = rand_floats((size_t)n * width, 1.0f);
+		c->keys[r] = test_rand_floats((size_t)n * width, 1.0f, &seed);
+		c->vals[r] = test_rand_floats((size_t)n * width, 1.0f, &seed);
 		k_cpu_kv_write(c->kv.k, width, c->keys[r], n, slots);
 		k_cpu_kv_write(c->kv.v, width, c->vals[r], n, slots);
 		free(slots);
@@ -388,7 +380,7 @@ static void test_attn_gqa(struct k_pool *pool, int bt)
 {
 	struct att_case c;
 	const int32_t *const *tables;
-	float *q = rand_floats(AROWS * AH * AHD, 3.0f);	/* peaky enough softmaxes */
+	float *q = test_rand_floats(AROWS * AH * AHD, 3.0f, &seed);	/* peaky enough softmaxes */
 	float *out = malloc(sizeof(float) * AROWS * AH * AHD);
 	float *out1 = malloc(sizeof(float) * AROWS * AH * AHD);
 	float scale = 1.0f / sqrtf(AHD);
@@ -448,7 +440,7 @@ static void test_experts(struct k_pool *pool)
 {
 	/* Expert 3 is never chosen: its NULL weights would crash if touched. */
 	const int32_t ids[XM * XK] = { 0, 5, 5, 0, 1, 2, 4, 0, 2, 1 };
-	float w[XM * XK], *x = rand_floats(XM * XH, 1.0f), out[XM * XH], out1[XH];
+	float w[XM * XK], *x = test_rand_floats(XM * XH, 1.0f, &seed), out[XM * XH], out1[XH];
 	struct k_expert ex[XE] = { { 0 } };
 	float *f[XE][3];
 	double err = 0;

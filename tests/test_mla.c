@@ -13,15 +13,6 @@ enum { ROWS = 4 };
 static const int32_t ctxs[ROWS] = { 1, 37, 150, 300 };
 static unsigned long long seed = 12345;
 
-static float *rand_floats(size_t n)
-{
-	float *p = malloc(sizeof(float) * n);
-
-	for (size_t i = 0; i < n; i++)
-		p[i] = test_randf(&seed);
-	return p;
-}
-
 /* Stores floats as dtype and rounds the floats to what was stored. F16 draws its
  * own values (|w| in [1/8, 1)) so that no conversion from float is needed. */
 static void *store_as(float *f, size_t n, enum k_dtype dt)
@@ -59,10 +50,10 @@ static int build_cache(struct k_kv_layer *kv, int32_t **tables, int width, int b
 		total += (ctxs[r] + bt - 1) / bt;
 	perm = test_shuffled_ids(total, &seed);
 	*kv = (struct k_kv_layer){ .n_blocks = total, .block_tokens = bt, .width = width };
-	kv->k = rand_floats((size_t)total * bt * width);
+	kv->k = test_rand_floats((size_t)total * bt * width, 1.0f, &seed);
 	for (int r = 0; r < ROWS; r++) {
 		int nb = (ctxs[r] + bt - 1) / bt;
-		float *src = rand_floats((size_t)ctxs[r] * width);
+		float *src = test_rand_floats((size_t)ctxs[r] * width, 1.0f, &seed);
 		int32_t *slots = malloc(sizeof(int32_t) * ctxs[r]);
 
 		tables[r] = malloc(sizeof(int32_t) * nb);
@@ -83,7 +74,8 @@ static void check_mla(struct k_pool *pool, const struct k_mla_dims *d, enum k_dt
 	int qk = d->nope_dim + d->rope_dim, width = d->kv_lora + d->rope_dim;
 	size_t nw = (size_t)d->n_heads * (d->nope_dim + d->v_dim) * d->kv_lora;
 	size_t no = (size_t)ROWS * d->n_heads * d->v_dim;
-	float *wf = rand_floats(nw), *q = rand_floats((size_t)ROWS * d->n_heads * qk);
+	float *wf = test_rand_floats(nw, 1.0f, &seed);
+	float *q = test_rand_floats((size_t)ROWS * d->n_heads * qk, 1.0f, &seed);
 	void *w = store_as(wf, nw, dt);
 	float *a = malloc(sizeof(float) * no), *a1 = malloc(sizeof(float) * no);
 	float *e = malloc(sizeof(float) * no);

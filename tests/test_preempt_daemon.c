@@ -26,8 +26,8 @@
 #define N_CONN 4	/* one client may hold at most the cache's 256 tokens in flight */
 #define PROMPT 24
 
-static char builddir[512], model[512], dir[256], sock_path[300], log_path[300];
-static pid_t daemon_pid;
+static struct daemontest kdecd;
+static char log_path[300];	/* the daemon's log: it names each preemption */
 
 struct req {
 	int32_t prompt[PROMPT];
@@ -41,56 +41,10 @@ struct req {
 	const char *session;	/* NULL or a session name */
 };
 
-static int start_daemon(void)
-{
-	char kdecd[600];
-	char *argv[] = { kdecd, "--model", model, "--socket", sock_path, "--threads", "2", "--notify",
-			 "eventfd", "--kv-tokens", KV_TOKENS, "--log-level", "debug", NULL };
-
-	snprintf(kdecd, sizeof(kdecd), "%s/kdecd", builddir);
-	return daemontest_start(argv, log_path, sock_path, &daemon_pid);
-}
-
-/* Output of `kdctl [--json] cmd` into buf. 0 or -1. */
-static int kdctl(const char *cmd, char *buf, size_t len)
-{
-	char line[1024];
-	size_t n = 0, k;
-	FILE *f;
-
-	snprintf(line, sizeof(line), "'%s/kdctl' --socket '%s' %s", builddir, sock_path, cmd);
-	if (!(f = popen(line, "r")))
-		return -1;
-	while (n + 1 < len && (k = fread(buf + n, 1, len - 1 - n, f)) > 0)
-		n += k;
-	buf[n] = 0;
-	return pclose(f) == 0 ? 0 : -1;
-}
-
-/* A number after "key" (a metric line or a JSON key) in kdctl's output, or -1. */
-static long long number(const char *cmd, const char *key)
-{
-	static char buf[1 << 16];
-	const char *p;
-
-	if (kdctl(cmd, buf, sizeof(buf)))
-		return -1;
-	for (p = buf; (p = strstr(p, key)); p++) {
-		p += strlen(key);
-		if (*p == '"')
-			p++;
-		if (*p == ':' || *p == ' ') {
-			while (*p == ':' || *p == ' ')
-				p++;
-			return (long long)strtod(p, NULL);
-		}
-	}
-	return -1;
-}
-
 static long long preemptions(void)
 {
-	return number("metrics", "\nkd_preemptions_total");	/* not the # HELP line */
+	/* its line, not its # HELP line */
+	return daemontest_number(&kdecd, "metrics", "\nkd_preemptions_total");
 }
 
 static int submit(struct kd_client *c, struct req *q)
@@ -123,7 +77,7 @@ static int run(struct req *q, int n, long long cancel_after)
 	time_t t0 = time(NULL);
 
 	for (int k = 0; k < N_CONN && !ret; k++)
-		ret = kd_connect(&c[k], &(struct kd_connect_opts){ .socket_path = sock_path });
+		ret = kd_connect(&c[k], &(struct kd_connect_opts){ .socket_path = kdecd.sock });
 	for (int i = 0; i < n && !ret; i++) {
 		later += q[i].later;
 		if (!q[i].later)
@@ -144,7 +98,7 @@ static int run(struct req *q, int n, long long cancel_after)
 			break;
 		}
 		if (cancel_after > 0 && !cancelled && preemptions() >= cancel_after &&
-		    number("--json status", "requests_waiting") > 0) {
+		    daemontest_number(&kdecd, "--json status", "requests_waiting") > 0) {
 			for (int i = 0; i < n; i++)
 				kd_cancel(c[i % N_CONN], q[i].id);
 			cancelled = 1;
@@ -210,9 +164,9 @@ static void check_idle(const char *what)
 
 	/* the finals come out before the engine thread's bookkeeping is read: retry */
 	for (int t = 0; t < 50; t++) {
-		run = number("--json status", "requests_running");
-		wait = number("--json status", "requests_waiting");
-		used = number("--json status", "kv_blocks_used");
+		run = daemontest_number(&kdecd, "--json status", "requests_running");
+		wait = daemontest_number(&kdecd, "--json status", "requests_waiting");
+		used = daemontest_number(&kdecd, "--json status", "kv_blocks_used");
 		if (!run && !wait && !used)
 			break;
 		usleep(20000);
@@ -263,14 +217,15 @@ static void test_overcommit(void)
 	references(q, N_REQ);
 	off = log_size();
 	p0 = preemptions();
-	d0 = number("metrics", "\nkd_spec_draft_tokens_total");
+	d0 = daemontest_number(&kdecd, "metrics", "\nkd_spec_draft_tokens_total");
 	CHECK(p0 == 0, "requests alone were preempted (%lld)", p0);
 	CHECK(run(q, N_REQ, 0) == 0, "%d requests together", N_REQ);
 	check_same(q, N_REQ, "together");
 	p1 = preemptions();
 	CHECK(p1 > p0, "kd_preemptions_total did not move (%lld)", p1);
-	CHECK(number("--json status", "preemptions") == p1, "status's preemptions differ from the metric");
-	d0 = number("metrics", "\nkd_spec_draft_tokens_total") - d0;
+	CHECK(daemontest_number(&kdecd, "--json status", "preemptions") == p1,
+	      "status's preemptions differ from the metric");
+	d0 = daemontest_number(&kdecd, "metrics", "\nkd_spec_draft_tokens_total") - d0;
 	CHECK(d0 > 0, "no draft verified");
 	n_log = log_preemptions(off, "session '", &n_ses);
 	n_ses = n_log - n_ses;
@@ -281,8 +236,9 @@ static void test_overcommit(void)
 		/* the sessions keep their KV between turns: closed, nothing holds a block */
 		char out[1024];
 
-		CHECK(kdctl("session-close preempt-a", out, sizeof(out)) == 0 &&
-		      kdctl("session-close preempt-b", out, sizeof(out)) == 0, "session-close: %s", out);
+		CHECK(daemontest_kdctl(&kdecd, "session-close preempt-a", out, sizeof(out)) == 0 &&
+		      daemontest_kdctl(&kdecd, "session-close preempt-b", out, sizeof(out)) == 0,
+		      "session-close: %s", out);
 	}
 	check_idle("overcommit");
 }
@@ -367,18 +323,17 @@ static void test_cancel(void)
 
 int main(void)
 {
-	if (daemontest_paths("preempt", builddir, model, dir, sock_path))
+	if (daemontest_init(&kdecd, "preempt"))
 		return 1;
-	snprintf(log_path, sizeof(log_path), "%s/daemon.log", dir);
-	if (start_daemon() == 0) {
+	snprintf(log_path, sizeof(log_path), "%s/daemon.log", kdecd.dir);
+	if (daemontest_start(&kdecd, "daemon.log", "--notify", "eventfd", "--kv-tokens", KV_TOKENS,
+			     "--log-level", "debug", NULL) == 0) {
 		test_overcommit();
 		test_priority();
 		test_cancel();
 	} else {
 		CHECK(0, "kdecd --kv-tokens %s did not start", KV_TOKENS);
 	}
-	if (daemon_pid > 0)
-		CHECK(daemontest_stop(daemon_pid) == 0, "kdecd did not exit 0 on SIGTERM");
-	daemontest_cleanup(dir, test_failures);
+	daemontest_finish(&kdecd);
 	return test_result("test_preempt_daemon");
 }

@@ -31,26 +31,18 @@
  * ~45 s for the long prefill that takes ~2 s in a plain build. */
 #define TEST_WAIT_S 120
 
-static char builddir[512], model[512], dir[256], sock_path[300];
-static pid_t daemon_pid;
+static struct daemontest kdecd;
 
 static int start_daemon(const char *max_batch)
 {
-	char kdecd[600], log[300];
-	char *argv[] = { kdecd, "--model", model, "--socket", sock_path, "--threads", "2", "--notify",
-			 "eventfd", "--max-batch", (char *)max_batch, "--prefill-chunk", "64", NULL };
-
-	snprintf(kdecd, sizeof(kdecd), "%s/kdecd", builddir);
-	snprintf(log, sizeof(log), "%s/daemon.log", dir);
-	return daemontest_start(argv, log, sock_path, &daemon_pid);
+	return daemontest_start(&kdecd, "daemon.log", "--notify", "eventfd", "--max-batch", max_batch,
+				"--prefill-chunk", "64", NULL);
 }
 
 static void stop_daemon(void)
 {
-	if (daemon_pid <= 0)
-		return;
-	CHECK(daemontest_stop(daemon_pid) == 0, "kdecd did not exit 0 on SIGTERM");
-	daemon_pid = 0;
+	if (kdecd.pid > 0)
+		CHECK(daemontest_stop(&kdecd) == 0, "kdecd did not exit 0 on SIGTERM");
 }
 
 struct req {
@@ -76,7 +68,7 @@ static int run(struct req *reqs, int n, int nc)
 	uint64_t order = 0;
 
 	for (int k = 0; k < nc && !ret; k++)
-		ret = kd_connect(&c[k], &(struct kd_connect_opts){ .socket_path = sock_path });
+		ret = kd_connect(&c[k], &(struct kd_connect_opts){ .socket_path = kdecd.sock });
 	for (int i = 0; i < n && !ret; i++) {
 		struct kd_request r = { .prompt = reqs[i].prompt, .n_prompt = (uint32_t)reqs[i].n_prompt,
 					.max_tokens = (uint32_t)reqs[i].max_tokens, .sampling = reqs[i].sp,
@@ -192,11 +184,11 @@ static void test_prefill_itl(void)
 		sp[k] = k * 13 + 3;
 	for (int k = 0; k < LONG_PROMPT; k++)
 		lp[k] = (int32_t)((k * 7919u + 17u) % 512u);
-	if (kd_connect(&cs, &(struct kd_connect_opts){ .socket_path = sock_path })) {
+	if (kd_connect(&cs, &(struct kd_connect_opts){ .socket_path = kdecd.sock })) {
 		CHECK(0, "connect");
 		return;
 	}
-	if (kd_connect(&cl, &(struct kd_connect_opts){ .socket_path = sock_path })) {
+	if (kd_connect(&cl, &(struct kd_connect_opts){ .socket_path = kdecd.sock })) {
 		kd_close(cs);
 		CHECK(0, "connect");
 		return;
@@ -275,23 +267,10 @@ static void test_prefill_itl(void)
 	kd_close(cs);
 }
 
-/* --max-batch 1: a blocker runs; a low-priority request, then a high-priority one,
- * wait; the high one is admitted first. */
 /* prefix_hit_tokens from `kdctl status`; -1 when it cannot be read. */
 static long prefix_hits(void)
 {
-	char cmd[1300], line[256];
-	long v = -1;
-	FILE *f;
-
-	snprintf(cmd, sizeof(cmd), "'%s/kdctl' --socket '%s' status", builddir, sock_path);
-	if (!(f = popen(cmd, "r")))
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "prefix_hit_tokens %ld", &v) == 1)
-			break;
-	pclose(f);
-	return v;
+	return (long)daemontest_number(&kdecd, "--json status", "prefix_hit_tokens");
 }
 
 #define N_SHARED 6
@@ -321,6 +300,8 @@ static void test_shared_prefix(void)
 	      (N_SHARED - 1) * SHARED_TOKENS);
 }
 
+/* --max-batch 1: a blocker runs; a low-priority request, then a high-priority one,
+ * wait; the high one is admitted first. */
 static void test_priority(void)
 {
 	static struct req q[3];
@@ -340,7 +321,7 @@ static void test_priority(void)
 	q[0].priority = -1;	/* background */
 	q[1].priority = 0;
 	q[2].priority = 5;	/* interactive, submitted last */
-	if (kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock_path })) {
+	if (kd_connect(&c, &(struct kd_connect_opts){ .socket_path = kdecd.sock })) {
 		CHECK(0, "connect");
 		return;
 	}
@@ -368,7 +349,7 @@ static void test_priority(void)
 
 int main(void)
 {
-	if (daemontest_paths("sched", builddir, model, dir, sock_path))
+	if (daemontest_init(&kdecd, "sched"))
 		return 1;
 	if (start_daemon("64") == 0) {
 		test_determinism();
@@ -382,7 +363,6 @@ int main(void)
 		test_priority();
 	else
 		CHECK(0, "kdecd --max-batch 1 did not start");
-	stop_daemon();
-	daemontest_cleanup(dir, test_failures);
+	daemontest_finish(&kdecd);
 	return test_result("test_sched_daemon");
 }

@@ -25,34 +25,6 @@ static uint64_t fake_clock(void)
 	return fake_now;
 }
 
-static void fill(int32_t *t, int n, unsigned seed, int vocab)
-{
-	for (int i = 0; i < n; i++)
-		t[i] = (int32_t)((seed * 2654435761u + (unsigned)i * 7919u + 13u) % (unsigned)vocab);
-}
-
-/* One turn: start on sess with prompt, compute the rest, generate n_gen tokens
- * greedily (the last one not run), save, release. Returns the tokens cached. */
-static int turn(struct engine *e, struct kv_session *sess, const int32_t *prompt, int n, int n_gen,
-		int32_t *gen, float *last_logits)
-{
-	int vocab = e->model->cfg.vocab_size, cached = -1;
-	float *l = malloc((size_t)vocab * sizeof(float));
-	struct engine_seq s;
-
-	engine_seq_init(&s);
-	CHECK(engine_seq_start_session(e, &s, sess, prompt, n, &cached) == 0, "start session turn");
-	if (!kvt_step(e, &s, prompt + cached, n - cached, l)) {
-		if (last_logits)
-			memcpy(last_logits, l, (size_t)vocab * sizeof(float));
-		kvt_greedy(e, &s, l, n_gen, gen);
-	}
-	CHECK(engine_session_save(e, sess, &s) == 0, "save");
-	engine_seq_release(e, &s);
-	free(l);
-	return cached;
-}
-
 /* Bytes of every block of the session, in order, read from the device. */
 static uint8_t *session_kv(struct engine *e, const struct kv_session *s)
 {
@@ -85,12 +57,12 @@ static void test_multi_turn(const char *model)
 	CHECK(engine_session_open(e, "chat", 1000, 1000, &sess) == 0, "%s: open", model);
 
 	/* turn 1: 29 prompt tokens, 7 generated; the history the session keeps is 35 */
-	fill(hist, n1, 1, vocab);
-	CHECK(turn(e, sess, hist, n1, 7, gen, NULL) == 0, "%s: turn 1 starts cold", model);
+	kvt_fill(hist, n1, 1, vocab);
+	CHECK(kvt_turn(e, sess, hist, n1, 7, gen, NULL) == 0, "%s: turn 1 starts cold", model);
 	CHECK(sess->n_tokens == n1 + 6, "%s: session keeps %d tokens", model, sess->n_tokens);
 	memcpy(hist + n1, gen, 7 * sizeof(int32_t));
 	n2 = n1 + 7;
-	fill(hist + n2, 10, 2, vocab);	/* the user's next message */
+	kvt_fill(hist + n2, 10, 2, vocab);	/* the user's next message */
 	n2 += 10;
 	kvt_check_invariants(e, NULL, 0);
 
@@ -98,7 +70,7 @@ static void test_multi_turn(const char *model)
 	 * ones are computed, even the partial block of the history is reused */
 	computed = e->stats.prompt_tokens;
 	hits = e->stats.prefix_hit_tokens;
-	cached = turn(e, sess, hist, n2, 5, gen, l);
+	cached = kvt_turn(e, sess, hist, n2, 5, gen, l);
 	CHECK(cached == n1 + 6, "%s: turn 2 reuses %d tokens, want %d", model, cached, n1 + 6);
 	CHECK(e->stats.prefix_hit_tokens - hits == (uint64_t)(n1 + 6), "%s: hit counter", model);
 	CHECK(e->stats.prompt_tokens - computed == 11 + 4, "%s: turn 2 computed %llu tokens, want 11 + 4 decode",
@@ -136,12 +108,12 @@ static void test_multi_turn(const char *model)
 	kvt_check_invariants(e, NULL, 0);
 
 	/* turn 3 after the round trip: next-token logits as a cold run's */
-	fill(hist + n2, 6, 3, vocab);
+	kvt_fill(hist + n2, 6, 3, vocab);
 	n2 += 6;
 	{
 		int kept = sess->n_tokens;
 
-		cached = turn(e, sess, hist, n2, 1, gen, l);
+		cached = kvt_turn(e, sess, hist, n2, 1, gen, l);
 		CHECK(cached == kept, "%s: turn 3 reuses %d tokens, want the %d kept", model, cached, kept);
 	}
 	kvt_cold(cold, hist, n2, ref);
@@ -152,9 +124,9 @@ static void test_multi_turn(const char *model)
 	engine_cache_drop(e);
 	hist[n2] = gen[0];
 	n2 += 1;
-	fill(hist + n2, 3, 4, vocab);
+	kvt_fill(hist + n2, 3, 4, vocab);
 	n2 += 3;
-	cached = turn(e, sess, hist, n2, 1, gen, l);
+	cached = kvt_turn(e, sess, hist, n2, 1, gen, l);
 	CHECK(cached == n2 - 4, "%s: turn 4 on an offloaded session reuses %d, want %d", model, cached, n2 - 4);
 	kvt_cold(cold, hist, n2, ref);
 	CHECK(!memcmp(l, ref, (size_t)vocab * sizeof(float)), "%s: logits of a turn on an offloaded session", model);
@@ -185,7 +157,7 @@ static void test_lifecycle(void)
 	e->clock_ns = fake_clock;
 	fake_now = 1000000000ull;
 	vocab = m->cfg.vocab_size;
-	fill(p, 200, 9, vocab);
+	kvt_fill(p, 200, 9, vocab);
 
 	CHECK(engine_session_open(e, "a", 1, 1, &a) == 0 && engine_session_open(e, "b", 1, 1, &b) == 0, "open");
 	CHECK(engine_session_open(e, "c", 1, 1, &c) == -EDQUOT, "third session of owner 1 refused");
@@ -195,9 +167,9 @@ static void test_lifecycle(void)
 	CHECK(engine_session_close(e, "a", 2) == 0 && engine_session_close(e, "a", 2) == -ENOENT, "close");
 
 	/* quota 6 blocks: a (5 blocks) then b (5 blocks): a, the older, moves to host */
-	turn(e, a, p, 36, 2, gen, NULL);
+	kvt_turn(e, a, p, 36, 2, gen, NULL);
 	fake_now += 1000000000ull;
-	turn(e, b, p + 50, 36, 2, gen, NULL);
+	kvt_turn(e, b, p + 50, 36, 2, gen, NULL);
 	CHECK(kv_session_blocks_on_device(a) == 0 && kv_session_blocks_on_host(a) == 5, "quota: a offloaded");
 	CHECK(kv_session_blocks_on_device(b) == 5, "quota: b on the device");
 	kvt_check_invariants(e, NULL, 0);
@@ -299,9 +271,147 @@ struct p_seq {
 	struct kv_session *sess;	/* turn of this session, or NULL */
 };
 
-static unsigned p_rand(unsigned long long *st, unsigned n)
+/* The property test's state: the engine under test, a cold engine for reference
+ * logits, the live sequences, and the documents prompts are cut from. */
+struct p_run {
+	struct engine *e, *cold;
+	struct p_seq q[P_SEQS];
+	int32_t docs[P_DOCS][160], buf[200];
+	float *l, *ref;		/* (vocab) logits of the engine, of the cold run */
+	int vocab;
+	unsigned long long st;	/* the workload's random state */
+};
+
+static const char *const p_names[3] = { "s0", "s1", "s2" };
+
+static unsigned p_rand(struct p_run *p, unsigned n)
 {
-	return (unsigned)((test_randf(st) + 1.0f) * 0.5f * (float)n) % n;
+	return (unsigned)test_rand_int(0, (int)n - 1, &p->st);
+}
+
+/* Op kind 0 (plain) or 1 (a session's turn) on x: starts it on a document's prefix
+ * (a turn resends the session's history plus it) and compares its logits with a cold
+ * run's. Returns 1 where the op is dropped before it changes anything. */
+static int p_start(struct p_run *p, struct p_seq *x, unsigned kind, int op)
+{
+	struct engine *e = p->e;
+	int d = (int)p_rand(p, P_DOCS), n = 1 + (int)p_rand(p, 60), cached, ret;
+	uint64_t owner = p_rand(p, 2);
+
+	memcpy(p->buf, p->docs[d], (size_t)n * sizeof(int32_t));
+	engine_seq_init(&x->s);
+	x->sess = NULL;
+	if (kind == 1 && !engine_session_open(e, p_names[p_rand(p, 3)], owner, owner, &x->sess)) {
+		struct kv_session *ss = x->sess;
+
+		if (!ss->busy && ss->n_tokens && ss->n_tokens + n < 190) {
+			memcpy(p->buf, ss->tokens, (size_t)ss->n_tokens * sizeof(int32_t));
+			memcpy(p->buf + ss->n_tokens, p->docs[d], (size_t)n * sizeof(int32_t));
+			n += ss->n_tokens;
+		}
+		ret = engine_seq_start_session(e, &x->s, ss, p->buf, n, &cached);
+		if (ret) {
+			CHECK(ret == -EBUSY, "op %d: session start: %d", op, ret);
+			x->sess = NULL;
+			return 1;
+		}
+	} else {
+		x->sess = NULL;
+		CHECK(engine_seq_start(e, &x->s, p->buf, n, owner, &cached) == 0, "op %d: start", op);
+	}
+	x->live = 1;
+	if (engine_step(e, &(struct engine_req){ .seq = &x->s, .tokens = p->buf + cached,
+						 .n_tokens = n - cached }, 1, p->l, NULL, 0)) {
+		/* cache full: this turn is abandoned */
+		if (x->sess)
+			engine_session_cancel(e, x->sess);
+		engine_seq_release(e, &x->s);
+		x->live = 0;
+	} else {
+		kvt_cold(p->cold, p->buf, n, p->ref);
+		if (memcmp(p->l, p->ref, (size_t)p->vocab * sizeof(float)))
+			CHECK(0, "op %d: logits after start (%d cached of %d) differ from cold", op,
+			      cached, n);
+	}
+	return 0;
+}
+
+/* Op kind 2 on live x: a few more tokens, logits compared with a cold run's. Returns 1
+ * where the op is dropped (past the documents' length, or the cache full). */
+static int p_extend(struct p_run *p, struct p_seq *x, int op)
+{
+	int n = 1 + (int)p_rand(p, 12), at = x->s.n_tokens;
+	int32_t ext[12];
+
+	kvt_fill(ext, n, (unsigned)op, p->vocab);
+	if (at + n > 190 || engine_step(p->e, &(struct engine_req){ .seq = &x->s, .tokens = ext,
+								    .n_tokens = n }, 1, p->l, NULL, 0))
+		return 1;
+	memcpy(p->buf, x->s.tokens, (size_t)x->s.n_tokens * sizeof(int32_t));
+	kvt_cold(p->cold, p->buf, x->s.n_tokens, p->ref);
+	if (memcmp(p->l, p->ref, (size_t)p->vocab * sizeof(float)))
+		CHECK(0, "op %d: logits after extending to %d differ from cold", op, x->s.n_tokens);
+	return 0;
+}
+
+/* Op kind 8: closes a session; a running turn of it ends without it. */
+static void p_close(struct p_run *p)
+{
+	const char *nm = p_names[p_rand(p, 3)];
+	uint64_t owner = p_rand(p, 2);
+	struct kv_session *ss = engine_session_find(p->e, nm, owner);
+	int busy = ss && ss->busy;
+
+	engine_session_close(p->e, nm, owner);
+	for (int k = 0; k < P_SEQS && busy; k++) {
+		if (p->q[k].live && p->q[k].sess == ss) {
+			engine_session_cancel(p->e, ss);
+			p->q[k].sess = NULL;
+			busy = 0;
+		}
+	}
+}
+
+/* One op of kind on x (kinds 3..8 where they apply; others do nothing). Returns 1
+ * where the op is dropped before it changes anything (no invariants to check). */
+static int p_op(struct p_run *p, unsigned kind, struct p_seq *x, int op)
+{
+	struct engine *e = p->e;
+
+	if (kind <= 1 && !x->live) {
+		return p_start(p, x, kind, op);
+	} else if (kind == 2 && x->live) {
+		return p_extend(p, x, op);
+	} else if (kind == 3 && x->live && x->sess && !p_rand(p, 3)) {
+		/* save and go on: the sequence keeps writing past what the session
+		 * holds, so the next turn must not take over the shared last block */
+		engine_session_save(e, x->sess, &x->s);
+		x->sess = NULL;
+	} else if (kind == 3 && x->live) {	/* release, saving a session's turn */
+		if (x->sess && p_rand(p, 4))
+			engine_session_save(e, x->sess, &x->s);
+		else if (x->sess)
+			engine_session_cancel(e, x->sess);
+		engine_seq_release(e, &x->s);
+		x->live = 0;
+	} else if (kind == 4) {
+		struct kv_session *ss = engine_session_find(e, p_names[p_rand(p, 3)], p_rand(p, 2));
+		int ret = ss ? engine_session_offload(e, ss) : 0;
+
+		CHECK(!ret || ret == -EBUSY || ret == -ENOSPC, "op %d: offload %d", op, ret);
+	} else if (kind == 5) {
+		struct kv_session *ss = engine_session_find(e, p_names[p_rand(p, 3)], p_rand(p, 2));
+		int ret = ss ? engine_session_restore(e, ss) : 0;
+
+		CHECK(!ret || ret == -EBUSY || ret == -ENOSPC, "op %d: restore %d", op, ret);
+	} else if (kind == 6) {
+		engine_tick(e);
+	} else if (kind == 7 && p_rand(p, 4) == 0) {
+		engine_cache_drop(e);
+	} else if (kind == 8 && p_rand(p, 3) == 0) {
+		p_close(p);
+	}
+	return 0;
 }
 
 static void test_property(void)
@@ -310,130 +420,36 @@ static void test_property(void)
 				  .host_kv_bytes = 96 * 1024, .session_quota_blocks = 12, .max_sessions = 3,
 				  .offload_after_s = 5, .session_ttl_s = 60 };
 	struct engine_opts co = { .threads = 1, .block_tokens = 16, .kv_tokens = 1024, .max_rows = 64 };
-	static const char *const names[3] = { "s0", "s1", "s2" };
-	struct model *m, *cm;
-	struct engine *e, *cold;
-	struct p_seq q[P_SEQS];
+	struct model *m = NULL, *cm = NULL;
+	struct p_run p;
+	struct engine *e;
 	struct engine_seq *live[P_SEQS];
-	int32_t docs[P_DOCS][160], buf[200];
-	unsigned long long st = getenv("KVTEST_SEED") ? strtoull(getenv("KVTEST_SEED"), NULL, 0) : 99;
 	int n_ops = getenv("KVTEST_OPS") ? atoi(getenv("KVTEST_OPS")) : P_OPS;
-	float *l, *ref;
-	int vocab, counts[9] = { 0 }, bad = 0;
+	int counts[9] = { 0 }, bad = 0;
 
-	if (kvt_open("llama", 5, &eo, &m, &e) || kvt_open("llama", 5, &co, &cm, &cold))
+	memset(&p, 0, sizeof(p));
+	p.st = getenv("KVTEST_SEED") ? strtoull(getenv("KVTEST_SEED"), NULL, 0) : 99;
+	if (kvt_open("llama", 5, &eo, &m, &p.e) || kvt_open("llama", 5, &co, &cm, &p.cold))
 		goto out;
+	e = p.e;
 	e->clock_ns = fake_clock;
 	fake_now = 1;
-	vocab = m->cfg.vocab_size;
-	l = malloc((size_t)vocab * sizeof(float));
-	ref = malloc((size_t)vocab * sizeof(float));
+	p.vocab = m->cfg.vocab_size;
+	p.l = malloc((size_t)p.vocab * sizeof(float));
+	p.ref = malloc((size_t)p.vocab * sizeof(float));
 	for (int d = 0; d < P_DOCS; d++)
-		fill(docs[d], 160, 100 + (unsigned)d, vocab);
-	memset(q, 0, sizeof(q));
+		kvt_fill(p.docs[d], 160, 100 + (unsigned)d, p.vocab);
 	for (int op = 0; op < n_ops && !bad; op++) {
-		unsigned kind = p_rand(&st, 9), i = p_rand(&st, P_SEQS);
-		struct p_seq *x = &q[i];
+		unsigned kind = p_rand(&p, 9), i = p_rand(&p, P_SEQS);
 		int n_live = 0;
 
 		counts[kind]++;
-		fake_now += 1000000000ull * p_rand(&st, 3);
-		if (kind <= 1 && !x->live) {		/* start: plain, or a session's turn */
-			int d = (int)p_rand(&st, P_DOCS), n = 1 + (int)p_rand(&st, 60), cached, ret;
-			uint64_t owner = p_rand(&st, 2);
-
-			memcpy(buf, docs[d], (size_t)n * sizeof(int32_t));
-			engine_seq_init(&x->s);
-			x->sess = NULL;
-			if (kind == 1 && !engine_session_open(e, names[p_rand(&st, 3)], owner, owner, &x->sess)) {
-				/* a turn resends the session's history plus something */
-				struct kv_session *ss = x->sess;
-
-				if (!ss->busy && ss->n_tokens && ss->n_tokens + n < 190) {
-					memcpy(buf, ss->tokens, (size_t)ss->n_tokens * sizeof(int32_t));
-					memcpy(buf + ss->n_tokens, docs[d], (size_t)n * sizeof(int32_t));
-					n += ss->n_tokens;
-				}
-				ret = engine_seq_start_session(e, &x->s, ss, buf, n, &cached);
-				if (ret) {
-					CHECK(ret == -EBUSY, "op %d: session start: %d", op, ret);
-					x->sess = NULL;
-					continue;
-				}
-			} else {
-				x->sess = NULL;
-				CHECK(engine_seq_start(e, &x->s, buf, n, owner, &cached) == 0, "op %d: start", op);
-			}
-			x->live = 1;
-			if (engine_step(e, &(struct engine_req){ .seq = &x->s, .tokens = buf + cached,
-								 .n_tokens = n - cached }, 1, l, NULL, 0)) {
-				/* cache full: this turn is abandoned */
-				if (x->sess)
-					engine_session_cancel(e, x->sess);
-				engine_seq_release(e, &x->s);
-				x->live = 0;
-			} else {
-				kvt_cold(cold, buf, n, ref);
-				if (memcmp(l, ref, (size_t)vocab * sizeof(float)))
-					CHECK(0, "op %d: logits after start (%d cached of %d) differ from cold", op, cached, n);
-			}
-		} else if (kind == 2 && x->live) {	/* extend */
-			int n = 1 + (int)p_rand(&st, 12), at = x->s.n_tokens;
-			int32_t ext[12];
-
-			fill(ext, n, (unsigned)op, vocab);
-			if (at + n > 190 || engine_step(e, &(struct engine_req){ .seq = &x->s, .tokens = ext,
-										 .n_tokens = n }, 1, l, NULL, 0))
-				continue;
-			memcpy(buf, x->s.tokens, (size_t)x->s.n_tokens * sizeof(int32_t));
-			kvt_cold(cold, buf, x->s.n_tokens, ref);
-			if (memcmp(l, ref, (size_t)vocab * sizeof(float)))
-				CHECK(0, "op %d: logits after extending to %d differ from cold", op, x->s.n_tokens);
-		} else if (kind == 3 && x->live && x->sess && !p_rand(&st, 3)) {
-			/* save and go on: the sequence keeps writing past what the session
-			 * holds, so the next turn must not take over the shared last block */
-			engine_session_save(e, x->sess, &x->s);
-			x->sess = NULL;
-		} else if (kind == 3 && x->live) {	/* release, saving a session's turn */
-			if (x->sess && p_rand(&st, 4))
-				engine_session_save(e, x->sess, &x->s);
-			else if (x->sess)
-				engine_session_cancel(e, x->sess);
-			engine_seq_release(e, &x->s);
-			x->live = 0;
-		} else if (kind == 4) {
-			struct kv_session *ss = engine_session_find(e, names[p_rand(&st, 3)], p_rand(&st, 2));
-			int ret = ss ? engine_session_offload(e, ss) : 0;
-
-			CHECK(!ret || ret == -EBUSY || ret == -ENOSPC, "op %d: offload %d", op, ret);
-		} else if (kind == 5) {
-			struct kv_session *ss = engine_session_find(e, names[p_rand(&st, 3)], p_rand(&st, 2));
-			int ret = ss ? engine_session_restore(e, ss) : 0;
-
-			CHECK(!ret || ret == -EBUSY || ret == -ENOSPC, "op %d: restore %d", op, ret);
-		} else if (kind == 6) {
-			engine_tick(e);
-		} else if (kind == 7 && p_rand(&st, 4) == 0) {
-			engine_cache_drop(e);
-		} else if (kind == 8 && p_rand(&st, 3) == 0) {
-			const char *nm = names[p_rand(&st, 3)];
-			uint64_t owner = p_rand(&st, 2);
-			struct kv_session *ss = engine_session_find(e, nm, owner);
-			int busy = ss && ss->busy;
-
-			engine_session_close(e, nm, owner);
-			/* a closed session's running turn ends without it */
-			for (int k = 0; k < P_SEQS && busy; k++) {
-				if (q[k].live && q[k].sess == ss) {
-					engine_session_cancel(e, ss);
-					q[k].sess = NULL;
-					busy = 0;
-				}
-			}
-		}
+		fake_now += 1000000000ull * p_rand(&p, 3);
+		if (p_op(&p, kind, &p.q[i], op))
+			continue;
 		for (int k = 0; k < P_SEQS; k++)
-			if (q[k].live)
-				live[n_live++] = &q[k].s;
+			if (p.q[k].live)
+				live[n_live++] = &p.q[k].s;
 		bad = kvt_check_invariants(e, live, n_live);
 		if (bad)
 			fprintf(stderr, "property test: invariants broken after op %d (kind %u)\n", op, kind);
@@ -447,18 +463,18 @@ static void test_property(void)
 	CHECK(e->stats.prefix_hit_tokens > 0 && e->stats.restores > 0 && e->pool.n_evicted > 0,
 	      "the workload exercised hits, restores and evictions");
 	for (int k = 0; k < P_SEQS; k++) {
-		if (!q[k].live)
+		if (!p.q[k].live)
 			continue;
-		if (q[k].sess)
-			engine_session_cancel(e, q[k].sess);
-		engine_seq_release(e, &q[k].s);
+		if (p.q[k].sess)
+			engine_session_cancel(e, p.q[k].sess);
+		engine_seq_release(e, &p.q[k].s);
 	}
 	kvt_check_invariants(e, NULL, 0);
-	free(l);
-	free(ref);
+	free(p.l);
+	free(p.ref);
 out:
-	kvt_close(m, e);
-	kvt_close(cm, cold);
+	kvt_close(m, p.e);
+	kvt_close(cm, p.cold);
 }
 
 int main(void)

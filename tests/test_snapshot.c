@@ -19,49 +19,14 @@
 static char dir[64];
 static char path[128];
 
-static void fill(int32_t *t, int n, unsigned seed, int vocab)
-{
-	for (int i = 0; i < n; i++)
-		t[i] = (int32_t)((seed * 2654435761u + (unsigned)i * 7919u + 13u) % (unsigned)vocab);
-}
-
-/* A turn on session (name, owner): prompt, then n_gen greedy tokens into gen (the
- * last not run); saved. Returns the tokens reused. */
+/* A turn on session (name, owner), opened or created: kvt_turn. */
 static int turn(struct engine *e, const char *name, uint64_t owner, const int32_t *prompt, int n,
 		int n_gen, int32_t *gen)
 {
-	float *l = malloc((size_t)e->model->cfg.vocab_size * sizeof(float));
 	struct kv_session *sess = NULL;
-	struct engine_seq s;
-	int cached = -1;
 
-	engine_seq_init(&s);
 	CHECK(engine_session_open(e, name, owner, owner, &sess) == 0, "open %s", name);
-	if (sess && !engine_seq_start_session(e, &s, sess, prompt, n, &cached)) {
-		if (!kvt_step(e, &s, prompt + cached, n - cached, l))
-			kvt_greedy(e, &s, l, n_gen, gen);
-		CHECK(engine_session_save(e, sess, &s) == 0, "save %s", name);
-	}
-	engine_seq_release(e, &s);
-	free(l);
-	return cached;
-}
-
-static uint8_t *slurp(size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	uint8_t *b = NULL;
-	long n;
-
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	b = malloc((size_t)n + 16);
-	*len = fread(b, 1, (size_t)n, f);
-	fclose(f);
-	return b;
+	return sess ? kvt_turn(e, sess, prompt, n, n_gen, gen, NULL) : -1;
 }
 
 static void spit(const uint8_t *b, size_t len)
@@ -117,8 +82,8 @@ int main(void)
 	vocab = m->cfg.vocab_size;
 
 	/* two sessions, one left on the device, one offloaded */
-	fill(ha, na, 1, vocab);
-	fill(hb, nb, 2, vocab);
+	kvt_fill(ha, na, 1, vocab);
+	kvt_fill(hb, nb, 2, vocab);
 	turn(e, "alpha", 1, ha, na, 6, ha + na);
 	turn(e, "beta", 2, hb, nb, 3, hb + nb);
 	CHECK(engine_session_offload(e, engine_session_find(e, "beta", 2)) == 0, "offload beta");
@@ -130,8 +95,8 @@ int main(void)
 	/* the uninterrupted run: both sessions continue in the same engine */
 	na += 6;
 	nb += 3;
-	fill(ha + na, 5, 3, vocab);
-	fill(hb + nb, 4, 4, vocab);
+	kvt_fill(ha + na, 5, 3, vocab);
+	kvt_fill(hb + nb, 4, 4, vocab);
 	turn(e, "alpha", 1, ha, na + 5, GEN, ua);
 	turn(e, "beta", 2, hb, nb + 4, GEN, ub);
 
@@ -155,7 +120,7 @@ int main(void)
 	m2 = NULL;
 
 	/* damage: every refused, nothing loaded */
-	file = slurp(&len);
+	file = test_slurp(path, &len);
 	if (!file || kvt_open("llama", 7, &eo, &m2, &e2))
 		goto out;
 	{
@@ -207,12 +172,12 @@ int main(void)
 	{
 		struct kv_snap_meta meta = { .block_tokens = BT, .elem_bytes = 4, .block_bytes = 1, .flags = 1 };
 		struct kv_snap_session rec = { .name = "x", .tokens = ha, .n_tokens = 9 };
-		uint8_t *before = slurp(&len), *after;
+		uint8_t *before = test_slurp(path, &len), *after;
 		size_t len2 = 0;
 
 		CHECK(kv_snap_write(dir, &meta, &rec, 1, fail_frame, NULL, err, sizeof(err)) == -EIO,
 		      "failing write reports the error");
-		after = slurp(&len2);
+		after = test_slurp(path, &len2);
 		CHECK(after && len2 == len && !memcmp(before, after, len), "previous snapshot untouched");
 		snprintf(path, sizeof(path), "%s/.%s.tmp", dir, KV_SNAP_FILE);
 		CHECK(access(path, F_OK) != 0, "temporary file removed");

@@ -21,41 +21,15 @@
 #define MAX_GEN 40
 #define N_REQ 6
 
-static char builddir[512], model[512], dir[256], sock_path[300];
-static pid_t daemon_pid;
-
-static int reference(const int32_t *p, int n, int max_tokens, int32_t *out)
-{
-	return daemontest_reference(builddir, model, p, n, max_tokens, out);
-}
+static struct daemontest kdecd;
 
 /* A counter from kdctl metrics, or -1. */
 static long long metric(const char *name)
 {
-	char cmd[1024], line[512];
-	long long v = -1;
-	size_t nl = strlen(name);
-	FILE *f;
+	char key[128];
 
-	snprintf(cmd, sizeof(cmd), "'%s/kdctl' --socket '%s' metrics", builddir, sock_path);
-	if (!(f = popen(cmd, "r")))
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (!strncmp(line, name, nl) && line[nl] == ' ')
-			v = (long long)strtod(line + nl + 1, NULL);
-	pclose(f);
-	return v;
-}
-
-static int start_daemon(void)
-{
-	char kdecd[600], log[300];
-	char *argv[] = { kdecd, "--model", model, "--socket", sock_path, "--threads", "2", "--notify",
-			 "eventfd", "--spec", "ngram:k=4,n=2", NULL };
-
-	snprintf(kdecd, sizeof(kdecd), "%s/kdecd", builddir);
-	snprintf(log, sizeof(log), "%s/daemon.log", dir);
-	return daemontest_start(argv, log, sock_path, &daemon_pid);
+	snprintf(key, sizeof(key), "\n%s", name);	/* the metric's line, not its # HELP */
+	return daemontest_number(&kdecd, "metrics", key);
 }
 
 struct req {
@@ -76,7 +50,7 @@ static int run(struct req *reqs, int n)
 	struct kd_event ev[64];
 	int left = n, ret;
 
-	if ((ret = kd_connect(&c, &(struct kd_connect_opts){ .socket_path = sock_path })))
+	if ((ret = kd_connect(&c, &(struct kd_connect_opts){ .socket_path = kdecd.sock })))
 		return ret;
 	for (int i = 0; i < n; i++) {
 		struct kd_request r = { .prompt = reqs[i].prompt, .n_prompt = (uint32_t)reqs[i].n_prompt,
@@ -132,7 +106,8 @@ static void test_greedy(void)
 	q[1].flags = KD_REQUEST_NO_SPEC;
 	q[2].flags = KD_REQUEST_NO_SPEC;	/* the repeating prompt without speculation */
 	q[4].flags = KD_REQUEST_SPEC;
-	CHECK(reference(q[0].prompt, 23, 32, ref[0]) == 32 && reference(q[1].prompt, 23, 32, ref[1]) == 32,
+	CHECK(daemontest_reference(&kdecd, q[0].prompt, 23, 32, ref[0]) == 32 &&
+	      daemontest_reference(&kdecd, q[1].prompt, 23, 32, ref[1]) == 32,
 	      "kdbench generate references");
 	d0 = metric("kd_spec_draft_tokens_total");
 	a0 = metric("kd_spec_accepted_tokens_total");
@@ -194,16 +169,15 @@ static void test_sampled(void)
 
 int main(void)
 {
-	if (daemontest_paths("spec", builddir, model, dir, sock_path))
+	if (daemontest_init(&kdecd, "spec"))
 		return 1;
-	if (start_daemon() == 0) {
+	if (daemontest_start(&kdecd, "daemon.log", "--notify", "eventfd", "--spec", "ngram:k=4,n=2",
+			     NULL) == 0) {
 		test_greedy();
 		test_sampled();
 	} else {
 		CHECK(0, "kdecd --spec did not start");
 	}
-	if (daemon_pid > 0)
-		CHECK(daemontest_stop(daemon_pid) == 0, "kdecd did not exit 0 on SIGTERM");
-	daemontest_cleanup(dir, test_failures);
+	daemontest_finish(&kdecd);
 	return test_result("test_spec_daemon");
 }

@@ -1,5 +1,6 @@
-/* Tiny test helpers: CHECK records a failure and goes on; the test's main returns
- * test_result() (0 pass, 1 fail). Exit 77 means skipped (automake convention). */
+/* The helpers every test shares: CHECK records a failure and goes on, and the test's
+ * main returns test_result() (0 pass, 1 fail; exit 77 means skipped, automake's
+ * convention); seeded random inputs, KD_TEST_* switches, files and the clock. */
 #ifndef KD_TESTS_TESTUTIL_H
 #define KD_TESTS_TESTUTIL_H
 
@@ -72,6 +73,23 @@ static inline float test_randf(unsigned long long *s)
 	return (float)((*s >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
+/* n values test_randf * amp (in [-amp, amp)); malloc'd (at least one value), caller
+ * frees. */
+static inline float *test_rand_floats(size_t n, float amp, unsigned long long *s)
+{
+	float *p = malloc(sizeof(float) * (n ? n : 1));
+
+	for (size_t i = 0; p && i < n; i++)
+		p[i] = test_randf(s) * amp;
+	return p;
+}
+
+/* An integer in [lo, hi] from test_randf. */
+static inline int test_rand_int(int lo, int hi, unsigned long long *s)
+{
+	return lo + (int)((test_randf(s) + 1.0f) * 0.5f * (float)(hi - lo + 1)) % (hi - lo + 1);
+}
+
 /* 0..n-1 in a random order (Fisher-Yates over test_randf); malloc'd, caller frees.
  * Tests use it as shuffled, non-contiguous KV block tables. */
 static inline int32_t *test_shuffled_ids(int n, unsigned long long *seed)
@@ -126,6 +144,57 @@ static inline unsigned long long test_seed(void)
 	const char *e = getenv("KD_TEST_SEED");
 
 	return (e ? strtoull(e, NULL, 0) : (unsigned long long)time(NULL) * 2654435761ull) | 1;
+}
+
+/* Seconds on the monotonic clock, for timeouts and the durations a test prints. */
+static inline double test_now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The whole file at path and its length in *len, with a NUL after it (so a text file
+ * is a string, and one byte more may be written at [*len]); malloc'd, caller frees.
+ * NULL when it cannot be read. */
+static inline void *test_slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	long n;
+
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+	    (buf = malloc((size_t)n + 1))) {
+		if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
+			buf[n] = 0;
+			*len = (size_t)n;
+		} else {
+			free(buf);
+			buf = NULL;
+		}
+	}
+	fclose(f);
+	return buf;
+}
+
+/* n floats of a raw fp32 file (a reference's logits); malloc'd, caller frees. NULL,
+ * said on stderr, when the file has fewer. */
+static inline float *test_read_floats(const char *path, size_t n)
+{
+	FILE *f = fopen(path, "rb");
+	float *v = malloc(n * sizeof(float) + 1);
+
+	if (!f || !v || fread(v, sizeof(float), n, f) != n) {
+		fprintf(stderr, "%s: cannot read %zu floats\n", path, n);
+		free(v);
+		v = NULL;
+	}
+	if (f)
+		fclose(f);
+	return v;
 }
 
 #endif
