@@ -75,6 +75,10 @@ __device__ __forceinline__ void dec_unpack(uint4 w, float f[8])
 // block's q heads; groups, then warps, are combined at the end.
 // PF: the next iteration's K/V loads are issued before this one's arithmetic (more
 // registers, fewer resident warps): pays where the grid is a single wave.
+// One function of ~200 lines on purpose: q, the (m, l, acc) softmax state of every head
+// and (PF) the double-buffered K/V words live in registers from the q load through the
+// token loop to the lane-group combine; split into helpers they would all be passed by
+// reference. Its phases (q, the loop, lane groups, warps) are marked inside.
 template <int LPT, bool PF>
 __global__ void __launch_bounds__(DEC_THREADS) attn_dec_kernel(const dec_args a)
 {

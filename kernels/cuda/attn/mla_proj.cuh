@@ -1,6 +1,7 @@
-// The tensor-core absorb and expand projections of MLA (mla_proj.cu), for attn_mla.cu.
-// CUDA C++ only. Shapes as k_cuda_attn_mla: q (R, H, nope + rope), q_lat (R, H, L + rope),
-// o_lat (R, H, L), out (R, H, v), w the kv_b weight (H * (nope + v), L) bf16.
+// The tensor-core absorb and expand projections of MLA (mla_proj.cu, mla_expand.cu), for
+// attn_mla.cu. CUDA C++ only. Shapes as k_cuda_attn_mla: q (R, H, nope + rope), q_lat
+// (R, H, L + rope), o_lat (R, H, L), out (R, H, v), w the kv_b weight (H * (nope + v), L)
+// bf16.
 #ifndef KD_KERNELS_CUDA_MLA_PROJ_CUH
 #define KD_KERNELS_CUDA_MLA_PROJ_CUH
 
