@@ -182,20 +182,21 @@ size_t attn_tile_smem(const k_cuda_attn_ws *ws, int tq, int dk, int dv, int v_se
 int attn_tile_prepare(int smem_optin);
 int attn_mla_prepare(int smem_optin);
 
-// ---- the tensor-core decode kernel (attn_mma.cu): one block per (row, kv head, 16 q
-// heads of it, split); q and p enter the tensor cores in bf16 (~3e-3 relative) ----
+// ---- the tensor-core decode kernel (attn_mma.cu; these in attn_mma_launch.cu): one
+// block per (row, kv head, 16 q heads of it, split); q and p enter the tensor cores in
+// bf16 (~3e-3 relative) ----
 
 // Whether it can run a's attention: a compiled shape covers dk and dv (GQA: a->v set;
 // MLA: null, V is the key's first dv values), q and K/V 16-byte aligned (a->vec), and
-// KDEC_ATTN_MMA is not 0.
+// k_cuda_tuning()->attn_mma is not 0.
 int attn_mma_usable(const attn_tile_args *a);
 
 // Launches it over a's rows (a->n_splits chosen here, or forced_splits when > 0 and it
 // fits the workspace), then merges the splits; out_bf16 as in k_cuda_attn_gqa_bf16.
-// GQA only. With KDEC_ATTN_MMA_FOLD=1, at 2..8 splits the last split of each (row, head
+// GQA only. With k_cuda_tuning()->attn_mma_fold, at 2..8 splits the last split of each (row, head
 // chunk) merges them in the kernel (the same bits as the merge launch, the default). The
 // first copies of tokens below ctx - n_rows go out before the PDL wait
-// (KDEC_ATTN_MMA_EARLY=0: after it).
+// (attn_mma_early 0: after it).
 int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
 		    uint16_t *out_bf16, int forced_splits);
 

@@ -772,7 +772,8 @@ mma_shape attn_mma_shapes[] = {
 	mma_make<64, 64, 64, 2, true>(),	// GQA head_dim <= 64
 	mma_make<128, 128, 32, 3, true>(),	// GQA head_dim <= 128 (Llama, Qwen3)
 	mma_make<128, 128, 64, 2, true>(),	// the same, longer tiles (KDEC_ATTN_MMA_TK=64)
-	mma_make<576, 512, 32, 2, false, false, 2 * MMA_WARPS>(),	// MLA, key dims split (mla_ksplit)
+	// MLA, the key dims split (mla_ksplit in attn_mma_launch.cu)
+	mma_make<576, 512, 32, 2, false, false, 2 * MMA_WARPS>(),
 	mma_make<576, 512, 32, 2, false>(),	// MLA kv_lora <= 512, + rope <= 64 (DeepSeek)
 	// GQA's shapes with q in registers (the default; KDEC_ATTN_MMA_QREG=0: the above)
 	mma_make<64, 64, 64, 2, true, true>(),

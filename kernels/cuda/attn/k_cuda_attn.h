@@ -77,7 +77,7 @@ int k_cuda_attn_gqa_bf16(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
  * heads and head_dim), for rows that are each the only new token of their sequence (a
  * decode step: every row its own sequence, n_seqs 0 or n_rows, at its last position
  * ctx - 1, appended at its slot). Where the tensor-core decode kernel runs them (group
- * <= 16, KDEC_QKV_IN_ATTN not 0), in one launch fewer: q normed and rotated as the
+ * <= 16, k_cuda_tuning()->qkv_in_attn not 0), in one launch fewer: q normed and rotated as the
  * attention stages it, each row's K/V appended by the block whose split holds its last
  * token, before that block copies it; post->q is then not written. The cache rows are
  * qkv_post's bits and out the two calls' (q's fp32 values are qkv_post's). Returns as
@@ -118,7 +118,8 @@ int k_cuda_attn_mla_post(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
  * part_o: device (n_splits, n_rows, n_heads, dim) fp32; part_lse: device (n_splits,
  * n_rows, n_heads); out row r head h at out + r * out_rs + h * out_hs (floats); out_bf16
  * NULL or at the same offsets, out rounded to bf16 (nearest even). ws: only its device
- * facts are used. n_splits 1..128. KDEC_ATTN_MERGE=0: the 4-loads-at-a-time kernel. */
+ * facts are used. n_splits 1..128. k_cuda_tuning()->attn_merge_batched 0 (the default):
+ * the 4-loads-at-a-time kernel. */
 int k_cuda_attn_merge(cudaStream_t s, const struct k_cuda_attn_ws *ws, const float *part_o,
 		      const float *part_lse, int n_splits, int n_rows, int n_heads, int dim,
 		      float *out, long out_rs, long out_hs, uint16_t *out_bf16);

@@ -15,9 +15,9 @@
 // Sets the kernels' shared-memory opt-in; once per device, before any launch. 0 or -EIO.
 int mla_proj_prepare(int smem_optin);
 
-// 0: launched; 1: declined (KDEC_CUDA_MLA_PROJ=0, or the tiles exceed shared memory):
-// the caller runs its own kernels; -EIO: the launch failed. vec: L % 8 == 0 and w
-// 16-byte aligned. Launch configuration from the host arguments only (graph-safe).
+// 0: launched; 1: declined (k_cuda_tuning()->mla_proj_mma 0, or the tiles exceed shared
+// memory): the caller runs its own kernels; -EIO: the launch failed. vec: L % 8 == 0 and
+// w 16-byte aligned. Launch configuration from the host arguments only (graph-safe).
 int mla_absorb_mma(cudaStream_t s, float *q_lat, const float *q, const uint16_t *w, int R,
 		   const k_mla_dims *d, int vec);
 // mla_absorb_mma with mla_post's work (p, k_cuda_mla_post) in the same launch, for
@@ -36,8 +36,8 @@ int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *
 		   const k_mla_dims *d, int vec);
 
 // 1 when mla_expand_mma merges n_splits partials of R rows itself: the tensor-core
-// projections on, R <= KDEC_MLA_FOLD_ROWS (default 0), L % 4 == 0, shared memory fits.
-// Where a head's expand blocks divide into clusters (KDEC_MLA_FOLD_CLUSTER=0: never),
+// projections on, R <= k_cuda_tuning()->mla_fold_rows (default 0), L % 4 == 0, shared
+// memory fits. Where a head's expand blocks divide into clusters (mla_fold_cluster 0: never),
 // a cluster shares one merge of the head's partials.
 int mla_expand_folds(int R, const k_mla_dims *d, int n_splits);
 

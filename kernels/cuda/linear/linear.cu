@@ -18,11 +18,11 @@
  * projections and experts: 1.0-1.8x faster, as cuBLAS pays a fixed ~6 us there), the
  * GEMV at M = 1 and split-K up to M = 16; for the 32-64 MB ones (Llama-3.1-8B q/k/v,
  * o_proj) the streaming kernel up to M = 8. On the 117-235 MB matrices cuBLAS streams
- * at 3.7-4.2 TB/s and beats both at every M. A wgmma (sm_90a) weight-streaming kernel for 8 < M <= 64 was
- * tried and removed (2026-12-02): it lost to tuned cuBLAS at every measured shape, at
- * M = 64 q/k/v 18.8 us against 17.6, o_proj 15.2 against 13.3, gate_up 67.5 against
- * 61.8, down 39.4 against 37.0, and end to end (Llama-3.1-8B batch 64 7.19-7.32 ms
- * against 7.16; docs/results/cuda-linear-97bfe73.txt). */
+ * at 3.7-4.2 TB/s and beats both at every M. A wgmma (sm_90a) weight-streaming kernel
+ * for 8 < M <= 64 was tried and removed (2026-12-02): it lost to tuned cuBLAS at every
+ * measured shape, at M = 64 q/k/v 18.8 us against 17.6, o_proj 15.2 against 13.3,
+ * gate_up 67.5 against 61.8, down 39.4 against 37.0, and end to end (Llama-3.1-8B batch
+ * 64 7.19-7.32 ms against 7.16; docs/results/cuda-linear-97bfe73.txt). */
 #define LIN_GEMV_MAX_M		1
 #define LIN_SPLITK_MAX_M	16
 /* The streaming kernel takes M <= 8 on matrices above linear_small_mb (where the GEMV

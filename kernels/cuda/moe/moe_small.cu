@@ -265,7 +265,8 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 			 (sh.inter + SM_WARPS - 1) / SM_WARPS;
 	int ctas = SM_CTAS_PER_SM * (n_sm > 0 ? n_sm : 1);
 	const struct k_cuda_tuning *tun = k_cuda_tuning();
-	int rp = SM_X_SMEM_MAX / (hidden * (int)sizeof(float)), ahead = tun->moe_prefetch_ahead != 0;
+	const int ahead = tun->moe_prefetch_ahead != 0;
+	int rp = SM_X_SMEM_MAX / (hidden * (int)sizeof(float));
 	int ret;
 
 	rp = rp < M ? rp : M;

@@ -1,6 +1,6 @@
 // The cache row of an MLA step's token, as mla_post writes it (mla_post.cu) and the
 // absorb launch's post blocks write it too (mla_proj.cu; the default at batch <= 8,
-// KDEC_MLA_POST_IN_ABSORB=0 returns mla_post's launch).
+// k_cuda_tuning()->mla_post_in_absorb 0 returns mla_post's launch).
 #ifndef KD_KERNELS_CUDA_MLA_CACHE_ROW_CUH
 #define KD_KERNELS_CUDA_MLA_CACHE_ROW_CUH
 

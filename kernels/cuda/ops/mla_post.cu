@@ -157,7 +157,8 @@ extern "C" int k_cuda_mla_post(cudaStream_t s, const struct k_cuda_mla_post_args
 		k_cuda_log("k_cuda_mla_post: rows %d, heads %d, kv_lora %d (1..%d), rope %d of %d "
 			   "(even, <= %d pairs), kv row stride %ld unsupported", a ? a->rows : -1,
 			   a ? a->n_heads : -1, a ? a->kv_lora : -1, MLAP_MAX_LORA,
-			   a ? a->rot_dim : -1, a ? a->pe_dim : -1, MLAP_MAX_HALF, a ? a->kv_rs : -1L);
+			   a ? a->rot_dim : -1, a ? a->pe_dim : -1, MLAP_MAX_HALF,
+			   a ? a->kv_rs : -1L);
 		return -EINVAL;
 	}
 	if (a->rows == 0)
