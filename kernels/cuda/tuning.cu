@@ -76,6 +76,7 @@ extern "C" const struct k_cuda_tuning *k_cuda_tuning(void)
 
 enum tun_kind {
 	TUN_INT,	// an int field, lo..hi
+	TUN_EITHER,	// an int field, lo or hi
 	TUN_LONG,	// a long field, lo..hi
 	TUN_MOE_PATH,	// an int field, one of moe_path_words
 };
@@ -103,7 +104,7 @@ static const struct tun_var tun_vars[] = {
 	TUN_MB("KDEC_LINEAR_SMALL_MB", linear_small_mb, true),
 	TUN_MB("KDEC_LINEAR_STREAM_MB", linear_stream_mb, false),
 	TUN_FLAG("KDEC_ATTN_MMA", attn_mma),
-	TUN_INT("KDEC_ATTN_MMA_TK", attn_mma_tk, 32, 64),	// and 32 or 64: tuning_check
+	{ "KDEC_ATTN_MMA_TK", TUN_FIELD(attn_mma_tk), TUN_EITHER, 32, 64, false },
 	TUN_FLAG("KDEC_ATTN_MMA_QREG", attn_mma_qreg),
 	TUN_FLAG("KDEC_ATTN_MMA_FOLD", attn_mma_fold),
 	TUN_FLAG("KDEC_ATTN_MMA_EARLY", attn_mma_early),
@@ -140,8 +141,8 @@ static int tun_fail(const struct tun_var *v, const char *e, char *err, size_t er
 	if (err && err_len) {
 		if (v->kind == TUN_MOE_PATH)
 			snprintf(err, err_len, "%s=%s: want auto, small or grouped", v->name, e);
-		else if (v->lo == 0 && v->hi == 1)
-			snprintf(err, err_len, "%s=%s: want 0 or 1", v->name, e);
+		else if (v->kind == TUN_EITHER || (v->lo == 0 && v->hi == 1))
+			snprintf(err, err_len, "%s=%s: want %ld or %ld", v->name, e, v->lo, v->hi);
 		else
 			snprintf(err, err_len, "%s=%s: want an integer from %ld to %ld", v->name, e,
 				 v->lo, v->hi);
@@ -166,7 +167,8 @@ static int tun_read(const struct tun_var *v, const char *e, struct k_cuda_tuning
 	}
 	errno = 0;
 	n = strtol(e, &end, 10);
-	if (errno || *end || n < v->lo || n > v->hi)
+	if (errno || *end || n < v->lo || n > v->hi ||
+	    (v->kind == TUN_EITHER && n != v->lo && n != v->hi))
 		return tun_fail(v, e, err, err_len);
 	if (n == 0 && v->zero_keeps)
 		return 0;
@@ -199,13 +201,6 @@ extern "C" int k_cuda_tuning_from_env(struct k_cuda_tuning *t, char *err, size_t
 			*t = tuning_builtin();
 			return ret;
 		}
-	}
-	if (t->attn_mma_tk != 32 && t->attn_mma_tk != 64) {
-		if (err && err_len)
-			snprintf(err, err_len, "KDEC_ATTN_MMA_TK=%s: want 32 or 64",
-				 tun_env("KDEC_ATTN_MMA_TK"));
-		*t = tuning_builtin();
-		return -EINVAL;
 	}
 	// A split floor set alone applies at every split count, as it always did.
 	if (tun_env("KDEC_MLA_SPLIT_MIN") && !tun_env("KDEC_MLA_SPLIT_LIVE"))
