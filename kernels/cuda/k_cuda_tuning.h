@@ -72,7 +72,7 @@ struct k_cuda_tuning {
 	int mla_split_min;	/* KDEC_MLA_SPLIT_MIN, tokens (>= 0), 64: the fewest tokens per
 				 * split of MLA's tensor-core attention, rounded up to 32;
 				 * 0: no floor. Not bit-identical across values */
-	int mla_split_live;	/* KDEC_MLA_SPLIT_LIVE, splits (>= 0, at most 128 count), 64:
+	int mla_split_live;	/* KDEC_MLA_SPLIT_LIVE, splits (>= 0; past 128 as 128), 64:
 				 * the split count past which mla_split_min applies; 0: always.
 				 * Unset while KDEC_MLA_SPLIT_MIN is set: 0 */
 	int mla_mma_ksplit;	/* KDEC_MLA_MMA_KSPLIT, flag, 1: MLA's tensor-core attention
