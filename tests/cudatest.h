@@ -1,7 +1,8 @@
-/* Helpers of the CUDA tests: test_gpu_present for every one of them; for those that
- * check kernels case by case (test_cuda_attn, test_cuda_merge), a failed CUDA call is a
- * failed check (CHECK, testutil.h), not an exit, so the other cases still run. Include
- * after testutil.h and the CUDA runtime. */
+/* Helpers of the CUDA tests and benchmarks: test_gpu_present for every one of them,
+ * and device memory in and out. A failed CUDA call is a failed check (CHECK,
+ * testutil.h) naming the call, its file and line and the CUDA error, not an exit, so
+ * the other cases still run (a sticky error fails them too). Include after the CUDA
+ * runtime. */
 #ifndef KD_TESTS_CUDATEST_H
 #define KD_TESTS_CUDATEST_H
 
@@ -25,18 +26,20 @@ static inline int test_gpu_present(const char *name)
 	return count > 0;
 }
 
-#define CUDATEST_TIME_RUNS 15	/* calls per time_us, after one warm-up */
+/* CU(call): 1 when the CUDA call succeeded, else a failed check and 0. */
+#define CU(call) cu_ok((call), #call, __FILE__, __LINE__)
 
-#define CU(call) cu_ok((call), #call, __LINE__)
-
-static inline int cu_ok(cudaError_t e, const char *what, int line)
+static inline int cu_ok(cudaError_t e, const char *what, const char *file, int line)
 {
 	if (e == cudaSuccess)
 		return 1;
-	CHECK(0, "line %d: %s: %s", line, what, cudaGetErrorString(e));
+	test_checks++;
+	test_failures++;
+	fprintf(stderr, "FAIL %s:%d: %s: %s\n", file, line, what, cudaGetErrorString(e));
 	return 0;
 }
 
+/* bytes of device memory (16 for 0), or NULL after a failed check. */
 static inline void *dalloc(size_t bytes)
 {
 	void *p = NULL;
@@ -46,6 +49,7 @@ static inline void *dalloc(size_t bytes)
 	return p;
 }
 
+/* A device copy of h's bytes, or NULL after a failed check. */
 static inline void *dup_to_device(const void *h, size_t bytes)
 {
 	void *d = dalloc(bytes);
@@ -55,46 +59,37 @@ static inline void *dup_to_device(const void *h, size_t bytes)
 	return d;
 }
 
+/* The device's work finished (a kernel's failure shows here, as a failed check), then
+ * bytes of d into h. 1, or 0 after a failed check. */
+static inline int to_host(void *h, const void *d, size_t bytes)
+{
+	return CU(cudaDeviceSynchronize()) && CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+/* n floats of d in a malloc'd host copy (caller frees). */
 static inline float *download(const float *d, size_t n)
 {
-	float *h = malloc(sizeof(float) * n);
+	float *h = malloc(sizeof(float) * (n ? n : 1));
 
 	CU(cudaMemcpy(h, d, sizeof(float) * n, cudaMemcpyDeviceToHost));
 	return h;
 }
 
-/* Median time of one call over runs (1..CUDATEST_MAX_RUNS) after one warm-up call, for
- * KD_TEST_TIME. flush (NULL: none): a buffer of flush_bytes memset before each timed run
- * (outside the events), so that the call's inputs are not in L2. */
-#define CUDATEST_MAX_RUNS 64
-static inline double time_runs_us(int (*call)(void *), void *arg, int runs, void *flush,
-				  size_t flush_bytes)
+/* bytes of d in a malloc'd host copy (caller frees). */
+static inline void *download_bytes(const void *d, size_t bytes)
 {
-	cudaEvent_t a, b;
-	float ms[CUDATEST_MAX_RUNS];
+	void *h = malloc(bytes ? bytes : 1);
 
-	if (runs < 1 || runs > CUDATEST_MAX_RUNS || !CU(cudaEventCreate(&a)) ||
-	    !CU(cudaEventCreate(&b)))
-		return 0;
-	call(arg);
-	for (int i = 0; i < runs; i++) {
-		if (flush)
-			cudaMemsetAsync(flush, i, flush_bytes, 0);
-		cudaEventRecord(a, 0);
-		call(arg);
-		cudaEventRecord(b, 0);
-		cudaEventSynchronize(b);
-		cudaEventElapsedTime(&ms[i], a, b);
-	}
-	cudaEventDestroy(a);
-	cudaEventDestroy(b);
-	return test_median(ms, runs) * 1000.0;
+	if (h)
+		CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+	return h;
 }
 
-/* The same, CUDATEST_TIME_RUNS runs with warm caches. */
-static inline double time_us(int (*call)(void *), void *arg)
+/* bytes of d set to 0xff: a NaN in fp32 and bf16 alike, so an output element a kernel
+ * leaves unwritten fails its check. */
+static inline void poison(void *d, size_t bytes)
 {
-	return time_runs_us(call, arg, CUDATEST_TIME_RUNS, NULL, 0);
+	CU(cudaMemset(d, 0xff, bytes));
 }
 
 #endif

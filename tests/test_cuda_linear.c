@@ -72,16 +72,6 @@ static const struct shape shapes[] = {
 	BIG(4096, 4096), BIG(14336, 4096),
 };
 
-#define CUDA_OK(call)                                                                   \
-	do {                                                                            \
-		cudaError_t e_ = (call);                                                \
-		if (e_ != cudaSuccess) {                                                \
-			fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
-				cudaGetErrorString(e_));                                \
-			exit(1);                                                        \
-		}                                                                       \
-	} while (0)
-
 static void *xmalloc(size_t n)
 {
 	void *p = malloc(n ? n : 1);
@@ -97,13 +87,13 @@ static void *xmalloc(size_t n)
  * default stream; each copy has completed on return. */
 static void copy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind)
 {
-	CUDA_OK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
-	CUDA_OK(cudaStreamSynchronize(stream));
+	CU(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+	CU(cudaStreamSynchronize(stream));
 }
 
 static void fill(void *dst, int byte, size_t bytes)
 {
-	CUDA_OK(cudaMemsetAsync(dst, byte, bytes, stream));
+	CU(cudaMemsetAsync(dst, byte, bytes, stream));
 }
 
 /* Device buffers of one shape, sized for MAX_M rows. */
@@ -172,8 +162,8 @@ static int run_once(enum k_cuda_linear_kind kind, int use_auto, const struct buf
 		       : k_cuda_linear_run_kind(lin, kind, b->y, xdev, b->w, r->M, r->N, r->K, acc);
 	if (ret)
 		return ret;
-	CUDA_OK(cudaStreamSynchronize(stream));
-	CUDA_OK(cudaGetLastError());
+	CU(cudaStreamSynchronize(stream));
+	CU(cudaGetLastError());
 	copy(out, b->y, n * sizeof(float), cudaMemcpyDeviceToHost);
 	copy(guard, b->y + n, sizeof(guard), cudaMemcpyDeviceToHost);
 	*unwritten = 0;
@@ -249,9 +239,9 @@ static void test_shape(const struct shape *s)
 
 	for (size_t i = 0; i < wn; i++)
 		w[i] = k_f32_to_bf16(test_randf(&seed));
-	CUDA_OK(cudaMalloc((void **)&b.w, wn * sizeof(uint16_t)));
-	CUDA_OK(cudaMalloc((void **)&b.x, (xn + 4) * sizeof(float)));
-	CUDA_OK(cudaMalloc((void **)&b.y, (yn + GUARD) * sizeof(float)));
+	b.w = dalloc(wn * sizeof(uint16_t));
+	b.x = dalloc((xn + 4) * sizeof(float));
+	b.y = dalloc((yn + GUARD) * sizeof(float));
 	copy(b.w, w, wn * sizeof(uint16_t), cudaMemcpyHostToDevice);
 	for (int mi = 0; mi < s->n_ms; mi++) {
 		int M = s->Ms[mi];
@@ -310,9 +300,9 @@ static void test_bad_args(void)
 	float *y = NULL, *x = NULL;
 	uint16_t *w = NULL;
 
-	CUDA_OK(cudaMalloc((void **)&y, 4096));
-	CUDA_OK(cudaMalloc((void **)&x, 4096));
-	CUDA_OK(cudaMalloc((void **)&w, 4096));
+	y = dalloc(4096);
+	x = dalloc(4096);
+	w = dalloc(4096);
 	CHECK(k_cuda_linear(lin, y, x, w, 0, 8, 8, 0) == -EINVAL, "M = 0");
 	CHECK(k_cuda_linear(lin, y, x, w, 1, 0, 8, 0) == -EINVAL, "N = 0");
 	CHECK(k_cuda_linear(lin, y, x, w, 1, 8, 0, 0) == -EINVAL, "K = 0");
@@ -355,9 +345,9 @@ static void test_x_ready_only(void)
 		xb[i] = k_f32_to_bf16(x[i]);
 	for (size_t i = 0; i < (size_t)N * K; i++)
 		w[i] = k_f32_to_bf16(x[i % ((size_t)M * K)] * 0.5f);
-	CUDA_OK(cudaMalloc((void **)&dx, sizeof(float) * M * K));
-	CUDA_OK(cudaMalloc((void **)&dy, sizeof(float) * M * N));
-	CUDA_OK(cudaMalloc((void **)&dw, sizeof(uint16_t) * N * K));
+	dx = dalloc(sizeof(float) * M * K);
+	dy = dalloc(sizeof(float) * M * N);
+	dw = dalloc(sizeof(uint16_t) * N * K);
 	fill(dx, 0xff, sizeof(float) * M * K);	/* NaN: never written */
 	fill(dy, 0xff, sizeof(float) * M * N);
 	copy(dw, w, sizeof(uint16_t) * N * K, cudaMemcpyHostToDevice);
@@ -365,7 +355,7 @@ static void test_x_ready_only(void)
 	k_cuda_linear_x_ready_only(lin, dx, M, K);
 	ret = k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_CUBLAS, dy, dx, dw, M, N, K, 0);
 	CHECK(ret == 0, "x ready in bf16 only: cublas returned %d", ret);
-	CUDA_OK(cudaStreamSynchronize(stream));
+	CU(cudaStreamSynchronize(stream));
 	copy(y, dy, sizeof(float) * M * N, cudaMemcpyDeviceToHost);
 	for (int m = 0; m < M; m++)
 		for (int n = 0; n < N; n++) {
@@ -411,15 +401,15 @@ static void test_bf16_out(int N, int K)
 		xb[i] = k_f32_to_bf16(x[i]);
 	for (size_t i = 0; i < nw; i++)
 		w[i] = k_f32_to_bf16(x[(i * 7919) % nx]);
-	CUDA_OK(cudaMalloc((void **)&dx, sizeof(float) * nx));
-	CUDA_OK(cudaMalloc((void **)&dw, sizeof(uint16_t) * nw));
-	CUDA_OK(cudaMalloc((void **)&dy, sizeof(uint16_t) * ny));
+	dx = dalloc(sizeof(float) * nx);
+	dw = dalloc(sizeof(uint16_t) * nw);
+	dy = dalloc(sizeof(uint16_t) * ny);
 	copy(dx, x, sizeof(float) * nx, cudaMemcpyHostToDevice);
 	copy(dw, w, sizeof(uint16_t) * nw, cudaMemcpyHostToDevice);
 	fill(dy, 0xff, sizeof(uint16_t) * ny);	/* bf16 NaN: never written */
 	ret = k_cuda_linear_bf16_out(lin, dy, dx, dw, M, N, K);
 	CHECK(ret == 0, "bf16 out N %d K %d: returned %d", N, K, ret);
-	CUDA_OK(cudaStreamSynchronize(stream));
+	CU(cudaStreamSynchronize(stream));
 	copy(y, dy, sizeof(uint16_t) * ny, cudaMemcpyDeviceToHost);
 	for (int m = 0; m < M; m++)
 		for (int n = 0; n < N; n++) {
@@ -464,8 +454,8 @@ static void graph_case(enum k_cuda_linear_kind k, int M, int pdl, int N, int K, 
 
 	k_cuda_linear_set_pdl(lin, pdl);
 	ret = k_cuda_linear_run_kind(lin, k, dy, dx, dw, M, N, K, 0);
-	CUDA_OK(cudaStreamSynchronize(stream));
-	CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+	CU(cudaStreamSynchronize(stream));
+	CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
 	ret = ret ? ret : k_cuda_linear_run_kind(lin, k, dy, dx, dw, M, N, K, 0);
 	cap_ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess;
 	if (ret || !cap_ok || cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
@@ -479,8 +469,8 @@ static void graph_case(enum k_cuda_linear_kind k, int M, int pdl, int N, int K, 
 	}
 	k_cpu_linear(pool, ref, x, w, K_BF16, M, N, K);
 	fill(dy, 0xff, (size_t)M * N * sizeof(float));
-	CUDA_OK(cudaGraphLaunch(exec, stream));
-	CUDA_OK(cudaStreamSynchronize(stream));
+	CU(cudaGraphLaunch(exec, stream));
+	CU(cudaStreamSynchronize(stream));
 	copy(out, dy, (size_t)M * N * sizeof(float), cudaMemcpyDeviceToHost);
 	e = compare(out, NULL, ref, (size_t)M * N);
 	printf("graph %-7s M=%-3d pdl=%d: rel_l2 %.2e vs fp32-x ref  %s\n",
@@ -504,9 +494,9 @@ static void test_graph(void)
 	for (size_t i = 0; i < wn; i++)
 		w[i] = k_f32_to_bf16(test_randf(&seed));
 	rand_fill(x, (size_t)MM * K);
-	CUDA_OK(cudaMalloc((void **)&dw, wn * sizeof(uint16_t)));
-	CUDA_OK(cudaMalloc((void **)&dx, (size_t)MM * K * sizeof(float)));
-	CUDA_OK(cudaMalloc((void **)&dy, (size_t)MM * N * sizeof(float)));
+	dw = dalloc(wn * sizeof(uint16_t));
+	dx = dalloc((size_t)MM * K * sizeof(float));
+	dy = dalloc((size_t)MM * N * sizeof(float));
 	copy(dw, w, wn * sizeof(uint16_t), cudaMemcpyHostToDevice);
 	copy(dx, x, (size_t)MM * K * sizeof(float), cudaMemcpyHostToDevice);
 	for (int pdl = 1; pdl >= 0; pdl--)
@@ -542,8 +532,8 @@ int main(void)
 		fprintf(stderr, "FATAL: k_pool_create\n");
 		return 1;
 	}
-	CUDA_OK(cudaSetDevice(0));
-	CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	CU(cudaSetDevice(0));
+	CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 	ret = k_cuda_linear_create(&lin, stream, MAX_M, MAX_K);
 	CHECK(ret == 0, "k_cuda_linear_create: %d", ret);
 	if (ret)

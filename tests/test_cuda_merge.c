@@ -3,7 +3,7 @@
  * live, odd counts and dims, strided and unaligned outputs, heads where no split saw a
  * token (their partials NaN: a read one poisons its output), outputs poisoned first.
  * Both merge kernels, bit for bit alike. Skips (77) without CUDA or a GPU.
- * KD_TEST_SEED=n: repeat a run; KD_TEST_TIME=1: time each call. */
+ * KD_TEST_SEED=n: repeat a run. Timings: tests/bench/bench_cuda_attn. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,23 +19,18 @@
 
 #include "kernels/dtype.h"
 #include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/attn/k_cuda_attn.h"
 #include "tests/cudatest.h"
 
 static unsigned long long seed;
-static int timing;
-
-static int rand_int(int lo, int hi)	/* [lo, hi] */
-{
-	return lo + (int)((test_randf(&seed) + 1.0f) * 0.5f * (float)(hi - lo + 1)) % (hi - lo + 1);
-}
 
 /* ---- the split merge ------------------------------------------------------ */
 
 /* Tolerance of the merge against its double-precision reference, absolute per element:
  * partials in [-1, 1] and weights summing to 1 keep every output in [-1, 1], and the
  * fp32 weights and fmaf sums of <= 128 terms are off by ~1e-7; 1e-5 fails on any wrong,
- * missing or extra split, weight or element. The batched kernel (KDEC_ATTN_MERGE=1)
+ * missing or extra split, weight or element. The batched kernel (attn_merge_batched 1)
  * must also match the default block kernel bit for bit, fp32 and bf16. */
 #define MERGE_TOL 1e-5
 
@@ -74,7 +69,7 @@ static void merge_pick_live(const struct merge_shape *sh, size_t rh, char *on)
 		return;
 	}
 	while (have < want) {
-		int sp = rand_int(0, sh->n_splits - 1);
+		int sp = test_rand_int(0, sh->n_splits - 1, &seed);
 
 		have += !on[sp];
 		on[sp] = 1;
@@ -162,19 +157,20 @@ static int merge_call(struct merge_run *m)
 				 m->d_bf16);
 }
 
-static int merge_call_void(void *m)
+/* With the batched kernel (batched 1) or the block one: poisons out (NaN) and out_bf16
+ * (0xffff), merges, downloads both; 0 or -1. */
+static int merge_once(struct merge_run *m, int batched, float *out, uint16_t *bf)
 {
-	return merge_call(m);
-}
-
-/* Poisons out (NaN) and out_bf16 (0xffff), merges, downloads both; 0 or -1. */
-static int merge_once(struct merge_run *m, float *out, uint16_t *bf)
-{
+	const struct k_cuda_tuning was = *k_cuda_tuning();
+	struct k_cuda_tuning t = was;
 	int ret;
 
-	CU(cudaMemset(m->d_out, 0xff, sizeof(float) * m->n_out));
-	CU(cudaMemset(m->d_bf16, 0xff, sizeof(uint16_t) * m->n_out));
+	poison(m->d_out, sizeof(float) * m->n_out);
+	poison(m->d_bf16, sizeof(uint16_t) * m->n_out);
+	t.attn_merge_batched = batched;
+	k_cuda_tuning_set(&t);
 	ret = merge_call(m);
+	k_cuda_tuning_set(&was);
 	CHECK(ret == 0, "k_cuda_attn_merge: %d", ret);
 	if (ret || !CU(cudaDeviceSynchronize()) ||
 	    !CU(cudaMemcpy(out, m->d_out, sizeof(float) * m->n_out, cudaMemcpyDeviceToHost)) ||
@@ -213,9 +209,8 @@ static size_t merge_verify(const struct merge_run *m, const float *out, const ui
 	return bad;
 }
 
-/* The batched merge (KDEC_ATTN_MERGE=1) against the reference, then the default
- * block kernel's (KDEC_ATTN_MERGE=0) against it bit for bit; with KD_TEST_TIME the
- * two timed. */
+/* The batched merge against the reference, then the default block kernel's against it
+ * bit for bit. */
 static void merge_case(struct merge_shape sh)
 {
 	struct merge_run m;
@@ -236,12 +231,10 @@ static void merge_case(struct merge_shape sh)
 	old = malloc(sizeof(float) * m.n_out);
 	got_bf = malloc(sizeof(uint16_t) * m.n_out);
 	old_bf = malloc(sizeof(uint16_t) * m.n_out);
-	setenv("KDEC_ATTN_MERGE", "1", 1);
-	if (merge_once(&m, got, got_bf))
+	if (merge_once(&m, 1, got, got_bf))
 		goto out;
 	bad = merge_verify(&m, got, got_bf, &max_abs);
-	setenv("KDEC_ATTN_MERGE", "0", 1);
-	if (merge_once(&m, old, old_bf) == 0)
+	if (merge_once(&m, 0, old, old_bf) == 0)
 		for (size_t i = 0; i < m.n_out; i++)
 			differ += memcmp(&got[i], &old[i], sizeof(float)) != 0 ||
 				  got_bf[i] != old_bf[i];
@@ -250,16 +243,8 @@ static void merge_case(struct merge_shape sh)
 	fprintf(stderr, "%-72s max_abs %.2e bad %zu differ %zu %s\n", label, max_abs, bad, differ,
 		!bad && !differ ? "PASS" : "FAIL");
 	CHECK(!bad && !differ, "%s: %zu values off the reference (tolerance %g abs), %zu differ "
-	      "from KDEC_ATTN_MERGE=0's", label, bad, MERGE_TOL, differ);
-	if (timing) {
-		double us_old = time_us(merge_call_void, &m);
-
-		setenv("KDEC_ATTN_MERGE", "1", 1);
-		fprintf(stderr, "%-72s time %.2f us (KDEC_ATTN_MERGE=0: %.2f us)\n", label,
-			time_us(merge_call_void, &m), us_old);
-	}
+	      "from the block kernel's", label, bad, MERGE_TOL, differ);
 out:
-	unsetenv("KDEC_ATTN_MERGE");
 	merge_teardown(&m);
 	free(got);
 	free(old);
@@ -307,7 +292,6 @@ int main(void)
 
 	if (!test_gpu_present("test_cuda_merge"))
 		return 77;
-	timing = test_env_flag("KD_TEST_TIME");
 	seed = test_seed();
 	CHECK(k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor) == 0, "describe");
 	fprintf(stderr, "device 0: %s, %.1f GiB, sm_%d%d; seed %llu (KD_TEST_SEED repeats it); "

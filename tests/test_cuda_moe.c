@@ -2,7 +2,7 @@
  * ties (quantised logits, one-ulp neighbours, biases that tie exactly); the ids must be
  * identical and the weights within 1e-6 (the kernel is meant to be bit-exact; the line
  * says how many weights differ at all). Experts, both paths (forced with
- * k_cuda_moe_set_path): DeepSeek-V2-Lite and Qwen3-30B-A3B shapes at M 1, 2, 3, 5, 8
+ * the tuning's moe_path): DeepSeek-V2-Lite and Qwen3-30B-A3B shapes at M 1, 2, 3, 5, 8
  * (64 on the grouped path), small odd shapes (partial k chunks; hidden and inter past
  * one 2048-value batch; the CUDA-core fallback), every row on one expert (64 rows; 130
  * on the small shapes: more than one 64-row pass; small path: more pairs than one dot
@@ -12,7 +12,7 @@
  * left unwritten fails. Tolerance rel L2 <= 1e-4 (grouped: bf16 hi+lo activations,
  * small: fp32 activations; fp32 accumulation: ~1e-5 expected). The small path runs
  * a single row with moe_small_m1.cu's kernels (the default) and the general ones,
- * which must give the same bits (k_cuda_moe_set_m1; repeated and bad ids too).
+ * which must give the same bits (the tuning's moe_m1; repeated and bad ids too).
  * Experts plus shared expert plus residual (k_cuda_moe_experts_add) against the CPU's
  * ops in forward.c's order (k_cpu_moe_experts, the shared SwiGLU MLP by k_cpu_linear
  * and k_cpu_silu_mul, two adds) on fresh random inputs, both ways too:
@@ -24,8 +24,8 @@
  * tolerance rel L2 <= 1e-4 of the MLP's part (got - want over want - residual). Where
  * the fused path does not apply (grouped path forced, more than 64 pairs) the call
  * must return 1 and leave y bit for bit as it was. Skips (77) without CUDA or a GPU.
- * KD_TEST_PART=route or experts: only those cases (for compute-sanitizer);
- * KD_TEST_TIME=1: the expert paths timed too, at M 1..8, 32 and 64. */
+ * KD_TEST_PART=route or experts: only those cases (for compute-sanitizer). Timings:
+ * tests/bench/bench_cuda_moe. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +41,7 @@
 #include "kernels/cuda/k_cuda.h"
 #include "kernels/cuda/moe/k_cuda_moe.h"
 #include "tests/cudatest.h"
+#include "tests/moetest.h"
 
 #define W_TOL 1e-6
 #define EXPERT_TOL 1e-4
@@ -49,42 +50,6 @@
 static unsigned long long seed = 0x3c0ffee5ull;
 static cudaStream_t stream;
 static struct k_pool *pool;
-static int timing;	/* KD_TEST_TIME */
-
-static void cu(cudaError_t e, const char *what)
-{
-	if (e != cudaSuccess) {
-		fprintf(stderr, "test_cuda_moe: %s: %s\n", what, cudaGetErrorString(e));
-		exit(1);
-	}
-}
-
-static void *dev_alloc(size_t bytes)
-{
-	void *p = NULL;
-
-	cu(cudaMalloc(&p, bytes ? bytes : 4), "cudaMalloc");
-	return p;
-}
-
-static void *dev_from(const void *h, size_t bytes)
-{
-	void *p = dev_alloc(bytes);
-
-	cu(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice), "upload");
-	return p;
-}
-
-static void to_host(void *h, const void *d, size_t bytes)
-{
-	cu(cudaStreamSynchronize(stream), "kernel");
-	cu(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), "download");
-}
-
-static int rand_int(int n)
-{
-	return (int)((test_randf(&seed) + 1) * 0.5f * n) % n;
-}
 
 /* ---- routing --------------------------------------------------------------- */
 
@@ -93,7 +58,7 @@ static void tie_logits(float *l, size_t n, float amp)
 {
 	for (size_t i = 0; i < n; i++) {
 		float v = roundf(test_randf(&seed) * amp * 4) / 4;
-		int k = rand_int(4);
+		int k = test_rand_int(0, 3, &seed);
 
 		l[i] = k == 0 ? nextafterf(v, INFINITY) : k == 1 ? nextafterf(v, -INFINITY) : v;
 	}
@@ -122,13 +87,13 @@ static void test_route(const char *name, struct k_moe_route_params p, int M, int
 	p.bias = with_bias ? bias : NULL;
 	k_cpu_moe_route(&p, logits, M, id_cpu, w_cpu);
 
-	dl = dev_from(logits, sizeof(float) * nl);
+	dl = dup_to_device(logits, sizeof(float) * nl);
 	if (with_bias)
-		dbias = dev_from(bias, sizeof(float) * E);
-	dids = dev_alloc(sizeof(int32_t) * nk);
-	dw = dev_alloc(sizeof(float) * nk);
-	cu(cudaMemset(dids, 0xff, sizeof(int32_t) * nk), "poison");
-	cu(cudaMemset(dw, 0xff, sizeof(float) * nk), "poison");
+		dbias = dup_to_device(bias, sizeof(float) * E);
+	dids = dalloc(sizeof(int32_t) * nk);
+	dw = dalloc(sizeof(float) * nk);
+	CU(cudaMemset(dids, 0xff, sizeof(int32_t) * nk));
+	CU(cudaMemset(dw, 0xff, sizeof(float) * nk));
 	p.bias = dbias;
 	ret = k_cuda_moe_route(stream, &p, dl, M, dids, dw);
 	CHECK(ret == 0, "%s: route returned %d", name, ret);
@@ -216,11 +181,6 @@ static void test_route_all(void)
 
 /* ---- experts --------------------------------------------------------------- */
 
-struct shape {
-	const char *name;
-	int hidden, inter, n_experts, top_k;
-};
-
 /* N_SETS random expert weight sets on host and device, and one NaN expert. */
 struct weights {
 	uint16_t *h[N_SETS][3];
@@ -228,7 +188,7 @@ struct weights {
 	uint16_t *nan;	/* device: NaN bf16, big enough for any of the three */
 };
 
-static void weights_make(struct weights *w, const struct shape *s)
+static void weights_make(struct weights *w, const struct moe_shape *s)
 {
 	size_t n = (size_t)s->hidden * s->inter;
 	uint16_t *nan = malloc(sizeof(uint16_t) * n);
@@ -238,11 +198,11 @@ static void weights_make(struct weights *w, const struct shape *s)
 			w->h[k][j] = malloc(sizeof(uint16_t) * n);
 			for (size_t i = 0; i < n; i++)	/* ~1/sqrt(K) so outputs stay O(1) */
 				w->h[k][j][i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
-			w->d[k][j] = dev_from(w->h[k][j], sizeof(uint16_t) * n);
+			w->d[k][j] = dup_to_device(w->h[k][j], sizeof(uint16_t) * n);
 		}
 	for (size_t i = 0; i < n; i++)
 		nan[i] = 0x7fc0;
-	w->nan = dev_from(nan, sizeof(uint16_t) * n);
+	w->nan = dup_to_device(nan, sizeof(uint16_t) * n);
 	free(nan);
 }
 
@@ -259,42 +219,18 @@ static void weights_free(struct weights *w)
 #define EX_DUP 1		/* row 0 names its slot 0 expert in slot 1 too */
 #define EX_BAD_ID 2		/* the last row's last slot names no expert */
 
-static const char *path_name(enum k_cuda_moe_path path)
-{
-	return path == K_CUDA_MOE_PATH_SMALL ? "small" : path == K_CUDA_MOE_PATH_GROUPED ?
-	       "grouped" : "auto";
-}
-
-/* ids: distinct per row; hot >= 0 puts every row's slot 0 on expert hot. */
-static void make_ids(int32_t *ids, float *wts, int M, const struct shape *s, int hot)
-{
-	for (int m = 0; m < M; m++)
-		for (int j = 0; j < s->top_k; j++) {
-			int e, dup;
-
-			do {
-				e = j == 0 && hot >= 0 ? hot : rand_int(s->n_experts);
-				dup = 0;
-				for (int q = 0; q < j; q++)
-					dup |= ids[m * s->top_k + q] == e;
-			} while (dup);
-			ids[m * s->top_k + j] = e;
-			wts[m * s->top_k + j] = (test_randf(&seed) + 1.2f) * 0.4f;
-		}
-}
-
-/* A case's routing: ids and weights (make_ids, then flags), the CPU's copies (a bad id
- * becomes a valid one adding 0: the CPU cannot take it), and the device pointer table
- * in which an expert nobody chose points at NaN weights (it must not be read); ex the
- * host experts for the CPU. Returns the number of experts used. */
-static int case_routing(const struct shape *s, const struct weights *w, int M, int hot,
+/* A case's routing: ids and weights (moe_make_ids, then flags), the CPU's copies (a bad
+ * id becomes a valid one adding 0: the CPU cannot take it), and the device pointer
+ * table in which an expert nobody chose points at NaN weights (it must not be read); ex
+ * the host experts for the CPU. Returns the number of experts used. */
+static int case_routing(const struct moe_shape *s, const struct weights *w, int M, int hot,
 			int flags, int32_t *ids, float *wts, int32_t *cpu_ids, float *cpu_wts,
 			struct k_expert *ex, const uint16_t **table, unsigned char *used)
 {
 	size_t nk = (size_t)M * s->top_k;
 	int n_used = 0;
 
-	make_ids(ids, wts, M, s, hot);
+	moe_make_ids(ids, wts, M, s, hot, &seed);
 	if ((flags & EX_DUP) && s->top_k > 1)
 		ids[1] = ids[0];
 	memcpy(cpu_ids, ids, sizeof(int32_t) * nk);
@@ -318,7 +254,7 @@ static int case_routing(const struct shape *s, const struct weights *w, int M, i
 	return n_used;
 }
 
-static void test_experts(const struct shape *s, struct weights *w, struct k_cuda_moe_ws *ws,
+static void test_experts(const struct moe_shape *s, struct weights *w, struct k_cuda_moe_ws *ws,
 			 int M, int hot, int flags, enum k_cuda_moe_path path)
 {
 	size_t nx = (size_t)M * s->hidden, nk = (size_t)M * s->top_k;
@@ -340,13 +276,13 @@ static void test_experts(const struct shape *s, struct weights *w, struct k_cuda
 	n_used = case_routing(s, w, M, hot, flags, ids, wts, cpu_ids, cpu_wts, ex, table, used);
 	CHECK(k_cpu_moe_experts(pool, want, x, M, cpu_ids, cpu_wts, s->top_k, ex, s->n_experts,
 				K_BF16, s->hidden, s->inter) == 0, "cpu experts");
-	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
-	dx = dev_from(x, sizeof(float) * nx);
-	dw = dev_from(wts, sizeof(float) * nk);
-	dids = dev_from(ids, sizeof(int32_t) * nk);
-	dout = dev_alloc(sizeof(float) * nx);
-	cu(cudaMemset(dout, 0xff, sizeof(float) * nx), "poison");
-	k_cuda_moe_set_path(path);
+	dtable = dup_to_device(table, sizeof(*table) * (size_t)s->n_experts * 3);
+	dx = dup_to_device(x, sizeof(float) * nx);
+	dw = dup_to_device(wts, sizeof(float) * nk);
+	dids = dup_to_device(ids, sizeof(int32_t) * nk);
+	dout = dalloc(sizeof(float) * nx);
+	CU(cudaMemset(dout, 0xff, sizeof(float) * nx));
+	moe_set_path(path);
 	ret = k_cuda_moe_experts(stream, ws, dout, dx, M, dids, dw, s->top_k,
 				 (const uint16_t *const *)dtable, s->n_experts, s->hidden, s->inter);
 	CHECK(ret == 0, "moe_experts returned %d", ret);
@@ -366,7 +302,7 @@ static void test_experts(const struct shape *s, struct weights *w, struct k_cuda
 			 n_used, hot >= 0 ? " hot" : "", flags & EX_DUP ? " dup" : "",
 			 flags & EX_BAD_ID ? " bad-id" : "");
 		printf("%-12s %-7s %-62s max_abs %.3g rel_l2 %.3g%s  %s\n", "moe_experts",
-		       path_name(path), shape, max_abs, rel, bad ? "  NaN" : "",
+		       moe_path_name(path), shape, max_abs, rel, bad ? "  NaN" : "",
 		       !bad && rel <= EXPERT_TOL ? "PASS" : "FAIL");
 		CHECK(!bad && rel <= EXPERT_TOL, "%s: rel %.3g", shape, rel);
 	}
@@ -401,7 +337,7 @@ static void shared_make(struct shared_w *w, int hidden, int si)
 		w->h[j] = malloc(sizeof(uint16_t) * n);
 		for (size_t i = 0; i < n; i++)
 			w->h[j][i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
-		w->d[j] = dev_from(w->h[j], sizeof(uint16_t) * n);
+		w->d[j] = dup_to_device(w->h[j], sizeof(uint16_t) * n);
 	}
 }
 
@@ -414,7 +350,7 @@ static void shared_free(struct shared_w *w)
 }
 
 /* want (M, hidden) = y0 + (routed + shared(x)): the ops forward.c runs unfused. */
-static void cpu_experts_add(const struct shape *s, float *want, const float *y0, const float *x,
+static void cpu_experts_add(const struct moe_shape *s, float *want, const float *y0, const float *x,
 			    int M, const int32_t *ids, const float *wts, const struct k_expert *ex,
 			    const struct shared_w *sw, int si)
 {
@@ -454,7 +390,7 @@ struct ex_case {
 	void *dtable;
 };
 
-static void ex_case_make(struct ex_case *c, const struct shape *s, struct weights *w, int M,
+static void ex_case_make(struct ex_case *c, const struct moe_shape *s, struct weights *w, int M,
 			 int flags)
 {
 	c->nx = (size_t)M * s->hidden;
@@ -474,10 +410,10 @@ static void ex_case_make(struct ex_case *c, const struct shape *s, struct weight
 	}
 	case_routing(s, w, M, -1, flags, c->ids, c->wts, c->cpu_ids, c->cpu_wts, c->ex, c->table,
 		     c->used);
-	c->dtable = dev_from(c->table, sizeof(*c->table) * (size_t)s->n_experts * 3);
-	c->dx = dev_from(c->x, sizeof(float) * c->nx);
-	c->dw = dev_from(c->wts, sizeof(float) * c->nk);
-	c->dids = dev_from(c->ids, sizeof(int32_t) * c->nk);
+	c->dtable = dup_to_device(c->table, sizeof(*c->table) * (size_t)s->n_experts * 3);
+	c->dx = dup_to_device(c->x, sizeof(float) * c->nx);
+	c->dw = dup_to_device(c->wts, sizeof(float) * c->nk);
+	c->dids = dup_to_device(c->ids, sizeof(int32_t) * c->nk);
 }
 
 static void ex_case_free(struct ex_case *c)
@@ -497,9 +433,9 @@ static void ex_case_free(struct ex_case *c)
 	free(c->used);
 }
 
-static void test_experts_add(const struct shape *s, struct weights *w, const struct shared_w *sw,
-			     int si, struct k_cuda_moe_ws *ws, int M, int flags,
-			     enum k_cuda_moe_path path, int fused)
+static void test_experts_add(const struct moe_shape *s, struct weights *w,
+			     const struct shared_w *sw, int si, struct k_cuda_moe_ws *ws, int M,
+			     int flags, enum k_cuda_moe_path path, int fused)
 {
 	struct ex_case c;
 	struct k_cuda_moe_shared sh = { sw->d[0], sw->d[1], sw->d[2], si };
@@ -512,8 +448,8 @@ static void test_experts_add(const struct shape *s, struct weights *w, const str
 	want = malloc(sizeof(float) * c.nx);
 	got = malloc(sizeof(float) * c.nx);
 	cpu_experts_add(s, want, c.y0, c.x, M, c.cpu_ids, c.cpu_wts, c.ex, sw, si);
-	dy = dev_from(c.y0, sizeof(float) * c.nx);
-	k_cuda_moe_set_path(path);
+	dy = dup_to_device(c.y0, sizeof(float) * c.nx);
+	moe_set_path(path);
 	ret = k_cuda_moe_experts_add(stream, ws, dy, c.dx, M, c.dids, c.dw, s->top_k,
 				     (const uint16_t *const *)c.dtable, s->n_experts, s->hidden,
 				     s->inter, si > 0 ? &sh : NULL);
@@ -530,11 +466,11 @@ static void test_experts_add(const struct shape *s, struct weights *w, const str
 	snprintf(shape, sizeof(shape), "%s shared %d M %d%s%s", s->name, si, M,
 		 flags & EX_DUP ? " dup" : "", flags & EX_BAD_ID ? " bad-id" : "");
 	if (fused) {
-		printf("%-12s %-7s %-62s rel_l2 %.3g%s  %s\n", "experts_add", path_name(path), shape,
+		printf("%-12s %-7s %-62s rel_l2 %.3g%s  %s\n", "experts_add", moe_path_name(path), shape,
 		       rel, bad ? "  NaN" : "", ret == 0 && !bad && rel <= EXPERT_TOL ? "PASS" : "FAIL");
 		CHECK(ret == 0 && !bad && rel <= EXPERT_TOL, "%s: ret %d rel %.3g", shape, ret, rel);
 	} else {
-		printf("%-12s %-7s %-62s declined %s\n", "experts_add", path_name(path), shape,
+		printf("%-12s %-7s %-62s declined %s\n", "experts_add", moe_path_name(path), shape,
 		       ret == 1 && !moved ? "PASS" : "FAIL");
 		CHECK(ret == 1 && !moved, "%s: ret %d, y %s", shape, ret, moved ? "changed" : "kept");
 	}
@@ -545,9 +481,9 @@ static void test_experts_add(const struct shape *s, struct weights *w, const str
 }
 
 /* One row (M = 1) on the small path, moe_small_m1.cu's kernels against the general
- * ones (k_cuda_moe_set_m1): the same bits from k_cuda_moe_experts (add 0, output
+ * ones (the tuning's moe_m1): the same bits from k_cuda_moe_experts (add 0, output
  * poisoned first) and from k_cuda_moe_experts_add (shared expert si, residual y0). */
-static void test_m1_bits(const struct shape *s, struct weights *w, const struct shared_w *sw,
+static void test_m1_bits(const struct moe_shape *s, struct weights *w, const struct shared_w *sw,
 			 int si, struct k_cuda_moe_ws *ws, int flags)
 {
 	struct ex_case c;
@@ -558,24 +494,24 @@ static void test_m1_bits(const struct shape *s, struct weights *w, const struct 
 
 	ex_case_make(&c, s, w, 1, flags);
 	nx = c.nx;
-	dy = dev_alloc(sizeof(float) * nx);
-	k_cuda_moe_set_path(K_CUDA_MOE_PATH_SMALL);
+	dy = dalloc(sizeof(float) * nx);
+	moe_set_path(K_CUDA_MOE_PATH_SMALL);
 	for (int m1 = 0; m1 < 2; m1++) {
-		k_cuda_moe_set_m1(m1);
+		moe_set_m1(m1);
 		got[m1][0] = malloc(sizeof(float) * nx);
 		got[m1][1] = malloc(sizeof(float) * nx);
-		cu(cudaMemset(dy, 0xff, sizeof(float) * nx), "poison");
+		CU(cudaMemset(dy, 0xff, sizeof(float) * nx));
 		ret |= k_cuda_moe_experts(stream, ws, dy, c.dx, 1, c.dids, c.dw, s->top_k,
 					  (const uint16_t *const *)c.dtable, s->n_experts, s->hidden,
 					  s->inter);
 		to_host(got[m1][0], dy, sizeof(float) * nx);
-		cu(cudaMemcpy(dy, c.y0, sizeof(float) * nx, cudaMemcpyHostToDevice), "y0");
+		CU(cudaMemcpy(dy, c.y0, sizeof(float) * nx, cudaMemcpyHostToDevice));
 		ret |= k_cuda_moe_experts_add(stream, ws, dy, c.dx, 1, c.dids, c.dw, s->top_k,
 					      (const uint16_t *const *)c.dtable, s->n_experts,
 					      s->hidden, s->inter, si > 0 ? &sh : NULL);
 		to_host(got[m1][1], dy, sizeof(float) * nx);
 	}
-	k_cuda_moe_set_m1(-1);
+	moe_set_m1(-1);
 	for (int op = 0; op < 2; op++)
 		for (size_t i = 0; i < nx; i++)
 			diff[op] += memcmp(&got[0][op][i], &got[1][op][i], sizeof(float)) != 0;
@@ -593,7 +529,7 @@ static void test_m1_bits(const struct shape *s, struct weights *w, const struct 
 }
 
 /* The fused experts + shared + residual at one shape (si 0: no shared expert). */
-static void test_experts_add_shape(const struct shape *s, int si)
+static void test_experts_add_shape(const struct moe_shape *s, int si)
 {
 	struct k_cuda_moe_ws *ws;
 	struct shared_w sw;
@@ -611,10 +547,10 @@ static void test_experts_add_shape(const struct shape *s, int si)
 
 		test_experts_add(s, &w, &sw, si, ws, M, 0, K_CUDA_MOE_PATH_SMALL, 1);
 	}
-	k_cuda_moe_set_m1(0);	/* M = 1 above took moe_small_m1.cu's kernels */
+	moe_set_m1(0);	/* M = 1 above took moe_small_m1.cu's kernels */
 	printf("(general kernels at M 1)\n");
 	test_experts_add(s, &w, &sw, si, ws, 1, 0, K_CUDA_MOE_PATH_SMALL, 1);
-	k_cuda_moe_set_m1(-1);
+	moe_set_m1(-1);
 	test_m1_bits(s, &w, &sw, si, ws, 0);
 	test_m1_bits(s, &w, &sw, si, ws, EX_DUP | EX_BAD_ID);
 	test_experts_add(s, &w, &sw, si, ws, most > 3 ? 3 : 1, EX_DUP | EX_BAD_ID,
@@ -636,105 +572,8 @@ static void test_experts_add_shape(const struct shape *s, int si)
 	k_cuda_moe_ws_destroy(ws);
 }
 
-/* Informational, no pass/fail: one call's time (median of 20 after warm-up) with
- * every expert in its own memory, against the bytes of the used experts' weights at
- * the 4.25 TB/s HBM floor (docs: DEVICE.md). si >= 0: k_cuda_moe_experts_add with a
- * shared expert that wide (0: none), its weights counted too. */
-static void time_experts(const struct shape *s, int M, enum k_cuda_moe_path path, int si)
-{
-	size_t per = (size_t)s->hidden * s->inter, nk = (size_t)M * s->top_k;
-	uint16_t *one = malloc(sizeof(uint16_t) * per), *all;
-	const uint16_t **table = malloc(sizeof(*table) * (size_t)s->n_experts * 3);
-	float *x = malloc(sizeof(float) * (size_t)M * s->hidden), *wts = malloc(sizeof(float) * nk);
-	int32_t *ids = malloc(sizeof(int32_t) * nk);
-	unsigned char *used = calloc((size_t)s->n_experts, 1);
-	struct k_cuda_moe_ws *ws;
-	cudaEvent_t ev[21];
-	float ms[20], med;
-	void *dtable, *dx, *dw, *dids, *dout;
-	double bytes = 0;
-	int n_rec = 0;	/* events recorded */
-	size_t sn = (size_t)s->hidden * (size_t)(si > 0 ? si : 1);
-	uint16_t *dsh = dev_alloc(sizeof(uint16_t) * 3 * sn);
-	struct k_cuda_moe_shared sh = { dsh, dsh + sn, dsh + 2 * sn, si };
-
-	cu(cudaMemset(dsh, 0, sizeof(uint16_t) * 3 * sn), "zero shared");
-	if (k_cuda_moe_ws_create(&ws, M, s->top_k, s->n_experts, s->hidden, s->inter,
-				 si > 0 ? si : 0)) {
-		cudaFree(dsh);
-		return;
-	}
-	for (size_t i = 0; i < per; i++)
-		one[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
-	all = dev_alloc(sizeof(uint16_t) * per * 3 * (size_t)s->n_experts);
-	for (int e = 0; e < 3 * s->n_experts; e++) {
-		cu(cudaMemcpy(all + per * e, one, sizeof(uint16_t) * per, cudaMemcpyHostToDevice), "upload");
-		table[e] = all + per * e;
-	}
-	for (size_t i = 0; i < (size_t)M * s->hidden; i++)
-		x[i] = test_randf(&seed);
-	make_ids(ids, wts, M, s, -1);
-	for (size_t i = 0; i < nk; i++)
-		used[ids[i]] = 1;
-	for (int e = 0; e < s->n_experts; e++)
-		bytes += used[e] ? 3.0 * 2 * (double)per : 0;
-	bytes += si > 0 ? 3.0 * 2 * (double)sn : 0;
-	dtable = dev_from(table, sizeof(*table) * (size_t)s->n_experts * 3);
-	dx = dev_from(x, sizeof(float) * (size_t)M * s->hidden);
-	dw = dev_from(wts, sizeof(float) * nk);
-	dids = dev_from(ids, sizeof(int32_t) * nk);
-	dout = dev_alloc(sizeof(float) * (size_t)M * s->hidden);
-	for (int i = 0; i < 21; i++)
-		cu(cudaEventCreate(&ev[i]), "event");
-	cu(cudaMemset(dout, 0, sizeof(float) * (size_t)M * s->hidden), "zero out");
-	k_cuda_moe_set_path(path);
-	for (int i = 0; i < 23; i++) {
-		if (si < 0)
-			k_cuda_moe_experts(stream, ws, dout, dx, M, dids, dw, s->top_k, dtable,
-					   s->n_experts, s->hidden, s->inter);
-		else if (k_cuda_moe_experts_add(stream, ws, dout, dx, M, dids, dw, s->top_k, dtable,
-						s->n_experts, s->hidden, s->inter,
-						si > 0 ? &sh : NULL))
-			break;	/* declined or failed: no time to show */
-		if (i >= 2)
-			cu(cudaEventRecord(ev[i - 2], stream), "record");
-		n_rec = i - 1;
-	}
-	if (n_rec < 21) {
-		printf("experts_add time %-7s %-28s M %2d: declined\n", path_name(path), s->name, M);
-		goto out;
-	}
-	cu(cudaEventSynchronize(ev[20]), "sync");
-	for (int i = 0; i < 20; i++)
-		cu(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]), "elapsed");
-	med = test_median(ms, 20);
-	printf("%s time %-7s %-28s M %2d shared %4d: %3.0f MB of weights, %7.1f us = %.2f TB/s "
-	       "(floor %.1f us at 4.25 TB/s: %.0f%%)\n", si < 0 ? "moe_experts" : "experts_add",
-	       path_name(path), s->name, M, si > 0 ? si : 0, bytes / 1e6,
-	       med * 1e3,
-	       bytes / (med * 1e-3) / 1e12, bytes / 4.25e12 * 1e6, 100 * (bytes / 4.25e12) / (med * 1e-3));
-out:
-	cu(cudaStreamSynchronize(stream), "sync");
-	for (int i = 0; i < 21; i++)
-		cudaEventDestroy(ev[i]);
-	cudaFree(all);
-	cudaFree(dtable);
-	cudaFree(dx);
-	cudaFree(dw);
-	cudaFree(dids);
-	cudaFree(dout);
-	cudaFree(dsh);
-	k_cuda_moe_ws_destroy(ws);
-	free(one);
-	free(table);
-	free(x);
-	free(wts);
-	free(ids);
-	free(used);
-}
-
 /* Every path at one shape; M > 130 is refused. */
-static void test_experts_shape(const struct shape *s)
+static void test_experts_shape(const struct moe_shape *s)
 {
 	const enum k_cuda_moe_path paths[] = { K_CUDA_MOE_PATH_SMALL, K_CUDA_MOE_PATH_GROUPED };
 	struct k_cuda_moe_ws *ws;
@@ -749,14 +588,14 @@ static void test_experts_shape(const struct shape *s)
 						 * grouped */
 		enum k_cuda_moe_path path = paths[pi > 0 ? pi - 1 : 0];
 
-		k_cuda_moe_set_m1(pi != 1);
+		moe_set_m1(pi != 1);
 		for (int m = 0; m < 4; m++)
 			test_experts(s, &w, ws, (int[]){ 1, 2, 3, 8 }[m], -1, 0, path);
 		test_experts(s, &w, ws, 8, 3, EX_DUP, path);	/* 9 pairs on expert 3 */
 		test_experts(s, &w, ws, 1, -1, EX_BAD_ID, path);
 		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, path);
 	}
-	k_cuda_moe_set_m1(-1);
+	moe_set_m1(-1);
 	/* auto: small at 5 rows (up to 64 pairs), grouped at 64 */
 	test_experts(s, &w, ws, 5, -1, 0, K_CUDA_MOE_PATH_AUTO);
 	test_experts(s, &w, ws, 64, -1, 0, K_CUDA_MOE_PATH_AUTO);
@@ -771,7 +610,7 @@ static void test_experts_shape(const struct shape *s)
 
 static void test_experts_all(void)
 {
-	const struct shape shapes[] = {
+	const struct moe_shape shapes[] = {
 		{ "v2-lite 2048x1408 E64 k6", 2048, 1408, 64, 6 },
 		{ "qwen3-30b 2048x768 E128 k8", 2048, 768, 128, 8 },
 		{ "tiny 40x24 E5 k2", 40, 24, 5, 2 },
@@ -781,7 +620,7 @@ static void test_experts_all(void)
 	};
 
 	const struct {
-		struct shape s;
+		struct moe_shape s;
 		int shared;
 	} fused[] = {
 		{ { "v2-lite 2048x1408 E64 k6", 2048, 1408, 64, 6 }, 2816 },
@@ -796,33 +635,7 @@ static void test_experts_all(void)
 		test_experts_shape(&shapes[si]);
 	for (size_t si = 0; si < sizeof(fused) / sizeof(fused[0]); si++)
 		test_experts_add_shape(&fused[si].s, fused[si].shared);
-	for (size_t si = 0; timing && si < 2; si++) {
-		for (int m = 0; m < 4; m++) {
-			int M = (int[]){ 1, 2, 4, 8 }[m];
-
-			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, -1);
-			k_cuda_moe_set_prefetch_ahead(1);
-			printf("(prefetch ahead)\n");
-			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, -1);
-			k_cuda_moe_set_prefetch_ahead(-1);
-			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_GROUPED, -1);
-			/* fused: v2-lite with its 2 * 1408 shared expert, qwen3 without */
-			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
-			if (M == 1) {	/* the above took moe_small_m1.cu's kernels */
-				k_cuda_moe_set_m1(0);
-				printf("(general kernels at M 1)\n");
-				time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
-				k_cuda_moe_set_m1(-1);
-			}
-			k_cuda_moe_set_prefetch_ahead(1);
-			printf("(prefetch ahead)\n");
-			time_experts(&shapes[si], M, K_CUDA_MOE_PATH_SMALL, si == 0 ? 2816 : 0);
-			k_cuda_moe_set_prefetch_ahead(-1);
-		}
-		time_experts(&shapes[si], 32, K_CUDA_MOE_PATH_AUTO, -1);
-		time_experts(&shapes[si], 64, K_CUDA_MOE_PATH_AUTO, -1);
-	}
-	k_cuda_moe_set_path(K_CUDA_MOE_PATH_AUTO);
+	moe_set_path(K_CUDA_MOE_PATH_AUTO);
 }
 
 int main(void)
@@ -832,8 +645,7 @@ int main(void)
 	if (!test_gpu_present("test_cuda_moe"))
 		return 77;
 	part = test_part("test_cuda_moe", "route", "experts");
-	timing = test_env_flag("KD_TEST_TIME");
-	cu(cudaStreamCreate(&stream), "stream");
+	CU(cudaStreamCreate(&stream));
 	if (k_pool_create(&pool, 16))
 		return 1;
 	if (test_part_runs(part, "route"))

@@ -19,6 +19,7 @@
 
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/ops/k_cuda_ops.h"
 #include "tests/cudatest.h"
 
@@ -26,52 +27,6 @@
 
 static unsigned long long seed = 0x5eed0c0da0ull;
 static cudaStream_t stream;
-
-/* ---- device helpers: any CUDA failure ends the test ---------------------- */
-
-static void cu(cudaError_t e, const char *what)
-{
-	if (e != cudaSuccess) {
-		fprintf(stderr, "test_cuda_ops: %s: %s\n", what, cudaGetErrorString(e));
-		exit(1);
-	}
-}
-
-static void *dev_alloc(size_t bytes)
-{
-	void *p = NULL;
-
-	cu(cudaMalloc(&p, bytes ? bytes : 4), "cudaMalloc");
-	return p;
-}
-
-static void *dev_from(const void *h, size_t bytes)
-{
-	void *p = dev_alloc(bytes);
-
-	cu(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice), "upload");
-	return p;
-}
-
-static void to_host(void *h, const void *d, size_t bytes)
-{
-	cu(cudaStreamSynchronize(stream), "kernel");
-	cu(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost), "download");
-}
-
-static void poison(void *d, size_t bytes)
-{
-	cu(cudaMemset(d, 0xff, bytes), "poison");	/* 0xffffffff is a NaN */
-}
-
-static float *rand_floats(size_t n, float amp)
-{
-	float *p = malloc(sizeof(float) * (n ? n : 1));
-
-	for (size_t i = 0; i < n; i++)
-		p[i] = test_randf(&seed) * amp;
-	return p;
-}
 
 /* ---- comparison and the report line ------------------------------------- */
 
@@ -115,9 +70,9 @@ static void test_embed(int n, int dim)
 	for (int i = 0; i < n; i++)
 		ids[i] = (int32_t)((test_randf(&seed) + 1) * 0.5f * vocab) % vocab;
 	k_cpu_embed(want, ids, n, table, K_BF16, dim);
-	dt = dev_from(table, sizeof(uint16_t) * (size_t)vocab * dim);
-	di = dev_from(ids, sizeof(int32_t) * n);
-	dout = dev_alloc(sizeof(float) * (size_t)n * dim);
+	dt = dup_to_device(table, sizeof(uint16_t) * (size_t)vocab * dim);
+	di = dup_to_device(ids, sizeof(int32_t) * n);
+	dout = dalloc(sizeof(float) * (size_t)n * dim);
 	poison(dout, sizeof(float) * (size_t)n * dim);
 	CHECK(k_cuda_embed(stream, dout, di, n, dt, dim) == 0, "embed launch");
 	to_host(got, dout, sizeof(float) * (size_t)n * dim);
@@ -142,8 +97,8 @@ static void check_bf16_copy(const char *op, int rows, int dim, int out_stride, c
 			    float *dout_unused, const float *dx, int x_stride, const float *dw)
 {
 	size_t no = (size_t)rows * out_stride, nb = (size_t)rows * dim, bad = 0, bad32 = 0;
-	float *d2 = dev_alloc(sizeof(float) * no), *h2 = malloc(sizeof(float) * no);
-	uint16_t *db = dev_alloc(sizeof(uint16_t) * nb), *hb = malloc(sizeof(uint16_t) * nb);
+	float *d2 = dalloc(sizeof(float) * no), *h2 = malloc(sizeof(float) * no);
+	uint16_t *db = dalloc(sizeof(uint16_t) * nb), *hb = malloc(sizeof(uint16_t) * nb);
 
 	(void)dout_unused;
 	poison(d2, sizeof(float) * no);
@@ -171,10 +126,11 @@ static void check_bf16_copy(const char *op, int rows, int dim, int out_stride, c
 static void test_rmsnorm(int rows, int dim, int x_stride, int out_stride, int inplace)
 {
 	size_t nx = (size_t)rows * x_stride, no = (size_t)rows * out_stride;
-	float *x = rand_floats(nx, 3.0f), *w = rand_floats(dim, 1.0f);
+	float *x = test_rand_floats(nx, 3.0f, &seed), *w = test_rand_floats(dim, 1.0f, &seed);
 	float *want = malloc(sizeof(float) * (inplace ? nx : no));
 	float *got = malloc(sizeof(float) * (inplace ? nx : no));
-	float *dx = dev_from(x, sizeof(float) * nx), *dw = dev_from(w, sizeof(float) * dim), *dout;
+	float *dx = dup_to_device(x, sizeof(float) * nx);
+	float *dw = dup_to_device(w, sizeof(float) * dim), *dout;
 	char shape[80];
 
 	if (inplace) {
@@ -185,7 +141,7 @@ static void test_rmsnorm(int rows, int dim, int x_stride, int out_stride, int in
 		for (size_t i = 0; i < no; i++)		/* gaps keep the poison */
 			want[i] = NAN;
 		k_cpu_rmsnorm(want, out_stride, x, x_stride, w, K_F32, rows, dim, 1e-6f);
-		dout = dev_alloc(sizeof(float) * no);
+		dout = dalloc(sizeof(float) * no);
 		poison(dout, sizeof(float) * no);
 	}
 	CHECK(k_cuda_rmsnorm(stream, dout, inplace ? x_stride : out_stride, dx, x_stride, dw, rows,
@@ -216,11 +172,12 @@ static void test_rmsnorm(int rows, int dim, int x_stride, int out_stride, int in
 static void test_add_rmsnorm(int rows, int dim, int alias)
 {
 	size_t n = (size_t)rows * dim;
-	float *x = rand_floats(n, 2.0f), *r = rand_floats(n, 2.0f), *w = rand_floats(dim, 1.0f);
+	float *x = test_rand_floats(n, 2.0f, &seed), *r = test_rand_floats(n, 2.0f, &seed);
+	float *w = test_rand_floats(dim, 1.0f, &seed);
 	float *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
 	float *gx = malloc(sizeof(float) * n);
-	float *dx = dev_from(x, sizeof(float) * n), *dr = dev_from(r, sizeof(float) * n);
-	float *dw = dev_from(w, sizeof(float) * dim), *dout = alias ? dr : dev_alloc(sizeof(float) * n);
+	float *dx = dup_to_device(x, sizeof(float) * n), *dr = dup_to_device(r, sizeof(float) * n);
+	float *dw = dup_to_device(w, sizeof(float) * dim), *dout = alias ? dr : dalloc(sizeof(float) * n);
 	char shape[64];
 
 	k_cpu_add(x, r, n);
@@ -251,12 +208,13 @@ static void test_add_rmsnorm(int rows, int dim, int alias)
 /* off: floats into the buffers, so off % 4 != 0 takes the unaligned path. */
 static void test_add(size_t n, int off)
 {
-	float *y = rand_floats(n, 5.0f), *x = rand_floats(n, 5.0f), *got = malloc(sizeof(float) * n);
-	float *dy = dev_alloc(sizeof(float) * (n + off)), *dx = dev_alloc(sizeof(float) * (n + off));
+	float *y = test_rand_floats(n, 5.0f, &seed), *x = test_rand_floats(n, 5.0f, &seed);
+	float *got = malloc(sizeof(float) * n);
+	float *dy = dalloc(sizeof(float) * (n + off)), *dx = dalloc(sizeof(float) * (n + off));
 	char shape[64];
 
-	cu(cudaMemcpy(dy + off, y, sizeof(float) * n, cudaMemcpyHostToDevice), "upload");
-	cu(cudaMemcpy(dx + off, x, sizeof(float) * n, cudaMemcpyHostToDevice), "upload");
+	CU(cudaMemcpy(dy + off, y, sizeof(float) * n, cudaMemcpyHostToDevice));
+	CU(cudaMemcpy(dx + off, x, sizeof(float) * n, cudaMemcpyHostToDevice));
 	k_cpu_add(y, x, n);
 	CHECK(k_cuda_add(stream, dy + off, dx + off, n) == 0, "add launch");
 	to_host(got, dy + off, sizeof(float) * n);
@@ -271,14 +229,14 @@ static void test_add(size_t n, int off)
 
 static void test_silu_mul(size_t n, int off, int alias)
 {
-	float *g = rand_floats(n, 8.0f), *u = rand_floats(n, 2.0f);
+	float *g = test_rand_floats(n, 8.0f, &seed), *u = test_rand_floats(n, 2.0f, &seed);
 	float *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
-	float *dg = dev_alloc(sizeof(float) * (n + off)), *du = dev_alloc(sizeof(float) * (n + off));
-	float *dout = alias ? dg : dev_alloc(sizeof(float) * (n + off));
+	float *dg = dalloc(sizeof(float) * (n + off)), *du = dalloc(sizeof(float) * (n + off));
+	float *dout = alias ? dg : dalloc(sizeof(float) * (n + off));
 	char shape[64];
 
-	cu(cudaMemcpy(dg + off, g, sizeof(float) * n, cudaMemcpyHostToDevice), "upload");
-	cu(cudaMemcpy(du + off, u, sizeof(float) * n, cudaMemcpyHostToDevice), "upload");
+	CU(cudaMemcpy(dg + off, g, sizeof(float) * n, cudaMemcpyHostToDevice));
+	CU(cudaMemcpy(du + off, u, sizeof(float) * n, cudaMemcpyHostToDevice));
 	if (!alias)
 		poison(dout, sizeof(float) * (n + off));
 	k_cpu_silu_mul(want, g, u, n);
@@ -303,7 +261,7 @@ static void test_silu_rows_bf16in(const float *gu, int rows, int inter, uint16_t
 	size_t n = (size_t)rows * inter;
 	uint16_t *gb = malloc(sizeof(uint16_t) * 2 * n), *hb = malloc(sizeof(uint16_t) * n);
 	float *gr = malloc(sizeof(float) * 2 * n), *want = malloc(sizeof(float) * n);
-	float *dgr, *dout = dev_alloc(sizeof(float) * n);
+	float *dgr, *dout = dalloc(sizeof(float) * n);
 	uint16_t *dgb;
 	char shape[64];
 	size_t bad = 0;
@@ -312,8 +270,8 @@ static void test_silu_rows_bf16in(const float *gu, int rows, int inter, uint16_t
 		gb[i] = k_f32_to_bf16(gu[i]);
 		gr[i] = k_bf16_to_f32(gb[i]);
 	}
-	dgr = dev_from(gr, sizeof(float) * 2 * n);
-	dgb = dev_from(gb, sizeof(uint16_t) * 2 * n);
+	dgr = dup_to_device(gr, sizeof(float) * 2 * n);
+	dgb = dup_to_device(gb, sizeof(uint16_t) * 2 * n);
 	CHECK(k_cuda_silu_mul_rows(stream, dout, dgr, rows, inter) == 0, "silu_mul_rows launch");
 	to_host(want, dout, sizeof(float) * n);
 	poison(db, sizeof(uint16_t) * n);
@@ -339,9 +297,9 @@ static void test_silu_rows_bf16in(const float *gu, int rows, int inter, uint16_t
 static void test_silu_mul_rows(int rows, int inter)
 {
 	size_t n = (size_t)rows * inter;
-	float *gu = rand_floats(2 * n, 8.0f);
+	float *gu = test_rand_floats(2 * n, 8.0f, &seed);
 	float *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
-	float *dgu = dev_from(gu, sizeof(float) * 2 * n), *dout = dev_alloc(sizeof(float) * n);
+	float *dgu = dup_to_device(gu, sizeof(float) * 2 * n), *dout = dalloc(sizeof(float) * n);
 	char shape[64];
 
 	for (int r = 0; r < rows; r++)
@@ -353,7 +311,7 @@ static void test_silu_mul_rows(int rows, int inter)
 	snprintf(shape, sizeof(shape), "rows %d inter %d", rows, inter);
 	report("silu_mul_rows", shape, got, want, n, REL_TOL);
 	{	/* the bf16 form: the same fp32 bits, and their bf16 rounding */
-		uint16_t *db = dev_alloc(sizeof(uint16_t) * n), *hb = malloc(sizeof(uint16_t) * n);
+		uint16_t *db = dalloc(sizeof(uint16_t) * n), *hb = malloc(sizeof(uint16_t) * n);
 		float *h2 = malloc(sizeof(float) * n);
 		size_t bad = 0;
 
@@ -410,12 +368,12 @@ static void test_rope(const char *name, const struct k_rope_params *rp, int n_ro
 	char shape[96];
 
 	CHECK(k_rope_init(&rope, rp) == 0, "rope init");
-	x = rand_floats(n, 2.0f);
+	x = test_rand_floats(n, 2.0f, &seed);
 	for (int r = 0; r < n_rows; r++)	/* 0 and large positions included */
 		pos[r] = r == 0 ? 0 : (int32_t)((test_randf(&seed) + 1) * 0.5f * 32768);
-	dx = dev_from(x, sizeof(float) * n);
-	dpos = dev_from(pos, sizeof(int32_t) * n_rows);
-	dinv = dev_from(rope.inv_freq, sizeof(float) * (size_t)rope.dim / 2);
+	dx = dup_to_device(x, sizeof(float) * n);
+	dpos = dup_to_device(pos, sizeof(int32_t) * n_rows);
+	dinv = dup_to_device(rope.inv_freq, sizeof(float) * (size_t)rope.dim / 2);
 	k_cpu_rope(&rope, x + rope_off, n_rows, n_heads, row_stride, head_stride, pos);
 	CHECK(k_cuda_rope(stream, dinv, rope.dim, rope.interleaved, rope.attn_factor, dx + rope_off,
 			  n_rows, n_heads, row_stride, head_stride, dpos) == 0, "rope launch");
@@ -471,8 +429,8 @@ static void test_qkv_post(int rows, int H, int KV, int D, int qk_norm, int inter
 		.original_max_pos = 8192, .interleaved = interleaved };
 	const int nq = H * D, nk = KV * D, tot = nq + 2 * nk, n_slots = rows + 5;
 	const size_t nsrc = (size_t)rows * tot, ncache = (size_t)n_slots * nk;
-	float *src = rand_floats(nsrc, 2.0f), *qw = rand_floats((size_t)D, 1.0f);
-	float *kw = rand_floats((size_t)D, 1.0f);
+	float *src = test_rand_floats(nsrc, 2.0f, &seed), *qw = test_rand_floats((size_t)D, 1.0f, &seed);
+	float *kw = test_rand_floats((size_t)D, 1.0f, &seed);
 	float *qref = malloc(sizeof(float) * (size_t)rows * nq), *kref = malloc(sizeof(float) * (size_t)rows * nk);
 	float *got = malloc(sizeof(float) * (size_t)rows * nq), *kgot = malloc(sizeof(float) * ncache);
 	float *vgot = malloc(sizeof(float) * ncache), *kwant = malloc(sizeof(float) * ncache);
@@ -506,15 +464,15 @@ static void test_qkv_post(int rows, int H, int KV, int D, int qk_norm, int inter
 	k_cpu_rope(&rope, qref, rows, H, nq, D, pos);
 	k_cpu_rope(&rope, kref, rows, KV, nk, D, pos);
 
-	dsrc = dev_from(src, sizeof(float) * nsrc);
-	dqw = dev_from(qw, sizeof(float) * D);
-	dkw = dev_from(kw, sizeof(float) * D);
-	dinv = dev_from(rope.inv_freq, sizeof(float) * (size_t)D / 2);
-	dpos = dev_from(pos, sizeof(int32_t) * rows);
-	dslots = dev_from(slots, sizeof(int32_t) * rows);
-	dq = dev_alloc(sizeof(float) * (size_t)rows * nq);
-	dk = dev_alloc(sizeof(uint16_t) * ncache);
-	dv = dev_alloc(sizeof(uint16_t) * ncache);
+	dsrc = dup_to_device(src, sizeof(float) * nsrc);
+	dqw = dup_to_device(qw, sizeof(float) * D);
+	dkw = dup_to_device(kw, sizeof(float) * D);
+	dinv = dup_to_device(rope.inv_freq, sizeof(float) * (size_t)D / 2);
+	dpos = dup_to_device(pos, sizeof(int32_t) * rows);
+	dslots = dup_to_device(slots, sizeof(int32_t) * rows);
+	dq = dalloc(sizeof(float) * (size_t)rows * nq);
+	dk = dalloc(sizeof(uint16_t) * ncache);
+	dv = dalloc(sizeof(uint16_t) * ncache);
 	poison(dq, sizeof(float) * (size_t)rows * nq);
 	poison(dk, sizeof(uint16_t) * ncache);
 	poison(dv, sizeof(uint16_t) * ncache);
@@ -559,59 +517,6 @@ static void test_qkv_post(int rows, int H, int KV, int D, int qk_norm, int inter
 
 /* ---- fused MLA inputs: latent norm + both ropes + cache append -------------- */
 
-/* Median microseconds of a PDL-launched rmsnorm of 132 rows of 64k floats (one wave,
- * ~70 MB: a stand-in for the projection before mla_post), then mla_post when a is set:
- * their difference is what mla_post adds to a step where it overlaps its predecessor.
- * 25 runs after one. */
-#define MLAP_TIME_RUNS 25
-static double mla_post_after_norm_us(const struct k_cuda_mla_post_args *a)
-{
-	static float *x, *w;
-	const int rows = 132, dim = 65536;
-	float ms[MLAP_TIME_RUNS];
-	cudaEvent_t e0, e1;
-
-	if (!x) {
-		x = dev_alloc(sizeof(float) * (size_t)rows * dim);
-		w = dev_alloc(sizeof(float) * dim);
-		cu(cudaMemset(x, 0, sizeof(float) * (size_t)rows * dim), "memset");
-		cu(cudaMemset(w, 0, sizeof(float) * dim), "memset");
-	}
-	cu(cudaEventCreate(&e0), "event");
-	cu(cudaEventCreate(&e1), "event");
-	for (int i = -1; i < MLAP_TIME_RUNS; i++) {
-		cudaEventRecord(e0, stream);
-		k_cuda_rmsnorm(stream, x, dim, x, dim, w, rows, dim, 1e-6f);
-		if (a)
-			k_cuda_mla_post(stream, a);
-		cudaEventRecord(e1, stream);
-		cudaEventSynchronize(e1);
-		if (i >= 0)
-			cudaEventElapsedTime(&ms[i], e0, e1);
-	}
-	cudaEventDestroy(e0);
-	cudaEventDestroy(e1);
-	return test_median(ms, MLAP_TIME_RUNS) * 1e3;
-}
-
-/* KD_TEST_TIME=1: mla_post behind the norm above, its cos/sin table before the PDL wait
- * (the default) and after it (KDEC_MLA_POST_EARLY=0). The fused form: the source is
- * only read, so the runs repeat one computation. */
-static void mla_post_time(const struct k_cuda_mla_post_args *a, const char *shape)
-{
-	double base, early, late;
-
-	if (!test_env_flag("KD_TEST_TIME") || getenv("KDEC_MLA_POST_EARLY"))	/* the default pass only */
-		return;
-	base = mla_post_after_norm_us(NULL);
-	early = mla_post_after_norm_us(a);
-	setenv("KDEC_MLA_POST_EARLY", "0", 1);
-	late = mla_post_after_norm_us(a);
-	unsetenv("KDEC_MLA_POST_EARLY");
-	printf("%-14s %-40s after a %.1f us norm: +%.1f us (table early), +%.1f us (after the "
-	       "wait)\n", "mla_post time", shape, base, early - base, late - base);
-}
-
 /* Rows of q (rows, H, nope + pe) and kv_a (rows, kv_rs) through k_cuda_mla_post against
  * k_cpu_rmsnorm + k_cpu_rope (q_pe, key) + bf16 rounding, as forward.c's op-by-op path.
  * fused: q and kv_a side by side in the rows of one source (mla_prep's [q | kv_a]), q
@@ -627,7 +532,8 @@ static void test_mla_post(int rows, int H, int nope, int pe, int lora, int kv_pa
 	const int n_slots = (rows + 7) % 5 ? rows + 7 : rows + 8;	/* coprime to 5 */
 	const size_t nq = (size_t)rows * H * qk, nkv = (size_t)rows * kv_rs;
 	const size_t ncache = (size_t)n_slots * width;
-	float *q = rand_floats(nq, 2.0f), *kv = rand_floats(nkv, 3.0f), *w = rand_floats(lora, 1.0f);
+	float *q = test_rand_floats(nq, 2.0f, &seed), *kv = test_rand_floats(nkv, 3.0f, &seed);
+	float *w = test_rand_floats(lora, 1.0f, &seed);
 	float *qref = malloc(sizeof(float) * nq), *kvref = malloc(sizeof(float) * nkv);
 	float *qgot = malloc(sizeof(float) * nq), *kvgot = malloc(sizeof(float) * nkv);
 	uint16_t *hc = malloc(sizeof(uint16_t) * ncache);
@@ -653,26 +559,25 @@ static void test_mla_post(int rows, int H, int nope, int pe, int lora, int kv_pa
 	k_cpu_rope(&rope, qref + nope, rows, H, H * qk, qk, pos);
 	k_cpu_rope(&rope, kvref + lora, rows, 1, kv_rs, 0, pos);
 
-	dq = dev_from(q, sizeof(float) * nq);
-	dkv = dev_from(kv, sizeof(float) * nkv);
+	dq = dup_to_device(q, sizeof(float) * nq);
+	dkv = dup_to_device(kv, sizeof(float) * nkv);
 	if (fused) {	/* [q | kv_a] rows in dsrc; dq poisoned */
 		const size_t hq = (size_t)H * qk;
 
-		dsrc = dev_alloc(sizeof(float) * (size_t)rows * src_rs);
+		dsrc = dalloc(sizeof(float) * (size_t)rows * src_rs);
 		for (int r = 0; r < rows; r++) {
-			CHECK(cudaMemcpy(dsrc + (size_t)r * src_rs, q + r * hq, sizeof(float) * hq,
-					 cudaMemcpyHostToDevice) == cudaSuccess, "copy");
-			CHECK(cudaMemcpy(dsrc + (size_t)r * src_rs + hq, kv + (size_t)r * kv_rs,
-					 sizeof(float) * kv_rs, cudaMemcpyHostToDevice) == cudaSuccess,
-			      "copy");
+			CU(cudaMemcpy(dsrc + (size_t)r * src_rs, q + r * hq, sizeof(float) * hq,
+				      cudaMemcpyHostToDevice));
+			CU(cudaMemcpy(dsrc + (size_t)r * src_rs + hq, kv + (size_t)r * kv_rs,
+				      sizeof(float) * kv_rs, cudaMemcpyHostToDevice));
 		}
 		poison(dq, sizeof(float) * nq);
 	}
-	dw = dev_from(w, sizeof(float) * lora);
-	dinv = dev_from(rope.inv_freq, sizeof(float) * (size_t)rope.dim / 2);
-	dpos = dev_from(pos, sizeof(int32_t) * rows);
-	dslots = dev_from(slots, sizeof(int32_t) * rows);
-	dc = dev_alloc(sizeof(uint16_t) * ncache);
+	dw = dup_to_device(w, sizeof(float) * lora);
+	dinv = dup_to_device(rope.inv_freq, sizeof(float) * (size_t)rope.dim / 2);
+	dpos = dup_to_device(pos, sizeof(int32_t) * rows);
+	dslots = dup_to_device(slots, sizeof(int32_t) * rows);
+	dc = dalloc(sizeof(uint16_t) * ncache);
 	poison(dc, sizeof(uint16_t) * ncache);
 	a = (struct k_cuda_mla_post_args){
 		.q_pe = dq + nope, .q_rs = (long)H * qk, .q_hs = qk, .n_heads = H, .kv = dkv,
@@ -729,8 +634,6 @@ static void test_mla_post(int rows, int H, int nope, int pe, int lora, int kv_pa
 	printf("%-14s %-40s %zu bf16 values differ  %s\n", "mla_post cache", shape, bad,
 	       bad ? "FAIL" : "PASS");
 	CHECK(!bad, "mla_post cache %s: %zu bf16 values differ", shape, bad);
-	if (fused && H == 16 && lora == 512 && !strcmp(name, "yarn") && !rp->interleaved)
-		mla_post_time(&a, shape);
 	cudaFree(dq), cudaFree(dkv), cudaFree(dw), cudaFree(dinv), cudaFree(dpos);
 	cudaFree(dslots), cudaFree(dc), cudaFree(dsrc);
 	k_rope_fini(&rope);
@@ -772,10 +675,11 @@ int main(void)
 {
 	const int dims[] = { 1, 7, 1000, 4096, 7168 };
 	const int rows[] = { 1, 64, 257 };
+	struct k_cuda_tuning late;
 
 	if (!test_gpu_present("test_cuda_ops"))
 		return 77;
-	cu(cudaStreamCreate(&stream), "stream");
+	CU(cudaStreamCreate(&stream));
 
 	for (int d = 0; d < 5; d++) {
 		test_embed(1, dims[d]);
@@ -812,10 +716,12 @@ int main(void)
 	test_qkv_post(5, 6, 2, 64, 1, 1, 1);	/* interleaved pairs */
 	test_qkv_post(3, 3, 3, 14, 0, 0, 0);	/* odd sizes, MHA */
 	test_mla_post_all();
-	setenv("KDEC_MLA_POST_EARLY", "0", 1);	/* the cos/sin table after the PDL wait */
-	printf("mla_post again, KDEC_MLA_POST_EARLY=0:\n");
+	late = *k_cuda_tuning();
+	late.mla_post_early = 0;	/* the cos/sin table after the PDL wait */
+	k_cuda_tuning_set(&late);
+	printf("mla_post again, mla_post_early 0:\n");
 	test_mla_post_all();
-	unsetenv("KDEC_MLA_POST_EARLY");
+	k_cuda_tuning_set(NULL);
 
 	cudaStreamDestroy(stream);
 	return test_result("test_cuda_ops");

@@ -12,8 +12,8 @@
  * Also: repeated calls give the same ids, and a captured CUDA graph replays them.
  * Vocab 151936 (64 rows) and 1001 (9 rows, unaligned). Skips (77) without CUDA/GPU.
  * KD_TEST_QUICK=1 (compute-sanitizer, whose racecheck tracks every shared-memory access
- * of the radix rounds): vocab 32768 (3 rows) instead of 151936 (64); KD_TEST_TIME=1:
- * each mode timed at 64 rows against the read floor. */
+ * of the radix rounds): vocab 32768 (3 rows) instead of 151936 (64). Timings:
+ * tests/bench/bench_cuda_sample. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +28,7 @@
 #include "kernels/cuda/k_cuda.h"
 #include "kernels/cuda/sample/k_cuda_sample.h"
 #include "tests/cudatest.h"
+#include "tests/sampletest.h"
 
 #define BIG_VOCAB 151936
 #define ROWS 64
@@ -39,64 +40,6 @@ static unsigned long long seed = 0x5a3b1eull;
 static cudaStream_t stream;
 static struct k_cuda_sample_ws *ws;
 static int n_draws, n_real, n_cpu_real, n_cpu_all, n_ref, n_outside;
-
-static void cu(cudaError_t e, const char *what)
-{
-	if (e != cudaSuccess) {
-		fprintf(stderr, "test_cuda_sample: %s: %s\n", what, cudaGetErrorString(e));
-		exit(1);
-	}
-}
-
-static void *dev_alloc(size_t bytes)
-{
-	void *p = NULL;
-
-	cu(cudaMalloc(&p, bytes ? bytes : 4), "cudaMalloc");
-	return p;
-}
-
-static int rand_int(int n)
-{
-	return (int)((test_randf(&seed) + 1) * 0.5f * n) % n;
-}
-
-/* Row r's kind: 0 flat, 1 and 2 realistic (a few tokens far above a long tail), 3
- * quantised (exact ties) with -inf and one NaN, 4 all equal (row 7). */
-static int row_kind(int r)
-{
-	return r == 7 ? 4 : r % 4;
-}
-
-static int realistic(int r)
-{
-	return row_kind(r) == 1 || row_kind(r) == 2;
-}
-
-static void make_logits(float *l, int vocab, int r)
-{
-	int kind = row_kind(r);
-
-	for (int i = 0; i < vocab; i++) {
-		float a = test_randf(&seed), b = test_randf(&seed), c = test_randf(&seed);
-
-		switch (kind) {
-		case 0: l[i] = a * 2; break;
-		case 1: l[i] = a * 3; break;
-		case 2: l[i] = (a + b + c) * 1.2f; break;
-		case 3: l[i] = roundf(a * 6) / 2; break;
-		default: l[i] = 1.5f; break;
-		}
-	}
-	if (kind == 1 || kind == 2)
-		for (int k = 0; k < (kind == 1 ? 8 : 12); k++)
-			l[rand_int(vocab)] += 16 + test_randf(&seed) * 8 + (kind == 1 ? 2 : 0);
-	if (kind == 3) {
-		for (int k = 0; k < vocab / 10; k++)
-			l[rand_int(vocab)] = -INFINITY;
-		l[rand_int(vocab)] = NAN;
-	}
-}
 
 /* ---- the allowed set, in fp64 --------------------------------------------- */
 
@@ -202,44 +145,28 @@ static int32_t ref_sample(const float *l, const int32_t *order, int n_ok,
 
 /* ---- one configuration over all rows and steps ------------------------------ */
 
-struct cfg {
-	float temperature;
-	int top_k;
-	float top_p;
-};
-
 static void run_gpu(int32_t *ids, const float *dl, int M, int vocab,
 		    const struct k_sample_params *params, const uint64_t *steps)
 {
-	struct k_sample_params *dp = dev_alloc(sizeof(*dp) * M);
-	uint64_t *ds = dev_alloc(sizeof(*ds) * M);
-	int32_t *di = dev_alloc(sizeof(*di) * M);
+	struct k_sample_params *dp = dalloc(sizeof(*dp) * M);
+	uint64_t *ds = dalloc(sizeof(*ds) * M);
+	int32_t *di = dalloc(sizeof(*di) * M);
 	int ret;
 
-	cu(cudaMemcpy(dp, params, sizeof(*dp) * M, cudaMemcpyHostToDevice), "upload");
-	cu(cudaMemcpy(ds, steps, sizeof(*ds) * M, cudaMemcpyHostToDevice), "upload");
-	cu(cudaMemset(di, 0xff, sizeof(*di) * M), "poison");
+	CU(cudaMemcpy(dp, params, sizeof(*dp) * M, cudaMemcpyHostToDevice));
+	CU(cudaMemcpy(ds, steps, sizeof(*ds) * M, cudaMemcpyHostToDevice));
+	CU(cudaMemset(di, 0xff, sizeof(*di) * M));
 	ret = k_cuda_sample(stream, ws, di, dl, M, vocab, dp, ds);
 	CHECK(ret == 0, "k_cuda_sample returned %d", ret);
-	cu(cudaStreamSynchronize(stream), "sample kernel");
-	cu(cudaMemcpy(ids, di, sizeof(*di) * M, cudaMemcpyDeviceToHost), "download");
+	CU(cudaStreamSynchronize(stream));
+	CU(cudaMemcpy(ids, di, sizeof(*di) * M, cudaMemcpyDeviceToHost));
 	cudaFree(dp);
 	cudaFree(ds);
 	cudaFree(di);
 }
 
-static void params_for(struct k_sample_params *p, uint64_t *steps, int M, const struct cfg *c,
-		       int step, int ci)
-{
-	for (int r = 0; r < M; r++) {
-		p[r] = (struct k_sample_params){ .temperature = c->temperature, .top_k = c->top_k,
-			.top_p = c->top_p, .seed = 0x1234567ull * (uint64_t)(r + 1) + (uint64_t)ci };
-		steps[r] = (uint64_t)step * 7 + (uint64_t)r % 3;
-	}
-}
-
 static void test_config(const float *l, const float *dl, int32_t *const *order, const int *n_ok,
-			int M, int vocab, const struct cfg *c, int ci, float *work)
+			int M, int vocab, const struct sample_cfg *c, int ci, float *work)
 {
 	struct k_sample_params p[ROWS];
 	uint64_t steps[ROWS];
@@ -247,7 +174,7 @@ static void test_config(const float *l, const float *dl, int32_t *const *order, 
 	int cpu_all = 0, cpu_real = 0, real = 0, ref = 0, out = 0, draws = 0;
 
 	for (int s = 0; s < STEPS; s++) {
-		params_for(p, steps, M, c, s, ci);
+		sample_params_for(p, steps, M, c, s, ci);
 		run_gpu(got, dl, M, vocab, p, steps);
 		for (int r = 0; r < M; r++) {
 			const float *row = l + (size_t)r * vocab;
@@ -255,12 +182,12 @@ static void test_config(const float *l, const float *dl, int32_t *const *order, 
 			int32_t exact = ref_sample(row, order[r], n_ok[r], &p[r], steps[r]);
 
 			draws++;
-			real += realistic(r);
+			real += sample_realistic(r);
 			cpu_all += got[r] != want;
-			cpu_real += got[r] != want && realistic(r);
+			cpu_real += got[r] != want && sample_realistic(r);
 			if (got[r] != exact && ref++ < 3)
 				fprintf(stderr, "  T %g k %d p %g row %d (kind %d) step %d: gpu %d, exact %d, cpu %d\n",
-					c->temperature, c->top_k, c->top_p, r, row_kind(r), s, got[r],
+					c->temperature, c->top_k, c->top_p, r, sample_row_kind(r), s, got[r],
 					exact, want);
 			if (got[r] < 0 || got[r] >= vocab ||
 			    !allowed(row, order[r], n_ok[r], &p[r], got[r])) {
@@ -288,7 +215,7 @@ static void test_greedy(float *l, int M, int vocab, float *work)
 	struct k_sample_params p[ROWS];
 	uint64_t steps[ROWS];
 	int32_t got[ROWS];
-	float *dl = dev_alloc(sizeof(float) * (size_t)M * vocab);
+	float *dl = dalloc(sizeof(float) * (size_t)M * vocab);
 	int bad = 0;
 
 	for (int r = 0; r < M; r++) {	/* exact ties of the max, before and after it */
@@ -299,13 +226,13 @@ static void test_greedy(float *l, int M, int vocab, float *work)
 			if (row[i] > row[best])
 				best = i;
 		if (r % 3 == 1)
-			row[rand_int(vocab)] = row[best];
+			row[test_rand_int(0, vocab - 1, &seed)] = row[best];
 		if (r % 3 == 2 && best > 0)
-			row[rand_int(best)] = row[best];
+			row[test_rand_int(0, best - 1, &seed)] = row[best];
 		p[r] = (struct k_sample_params){ .temperature = r % 2 ? 0.0f : -1.0f, .top_k = 5 };
 		steps[r] = 0;
 	}
-	cu(cudaMemcpy(dl, l, sizeof(float) * (size_t)M * vocab, cudaMemcpyHostToDevice), "upload");
+	CU(cudaMemcpy(dl, l, sizeof(float) * (size_t)M * vocab, cudaMemcpyHostToDevice));
 	/* twice: a row split over several blocks leaves its workspace slots clear */
 	for (int pass = 0; pass < 2; pass++) {
 		run_gpu(got, dl, M, vocab, p, steps);
@@ -326,124 +253,65 @@ static void test_greedy(float *l, int M, int vocab, float *work)
 /* The same call twice, and once through a captured graph: the same ids. */
 static void test_repeat_and_graph(const float *dl, int M, int vocab)
 {
-	struct cfg c = { 0.9f, 0, 0.95f };
-	struct k_sample_params p[ROWS], *dp = dev_alloc(sizeof(p));
-	uint64_t steps[ROWS], *ds = dev_alloc(sizeof(steps));
-	int32_t a[ROWS], b[ROWS], g[ROWS], *di = dev_alloc(sizeof(g));
-	cudaGraph_t graph;
-	cudaGraphExec_t exec;
-	int ret, same = 1;
+	struct sample_cfg c = { 0.9f, 0, 0.95f };
+	struct k_sample_params p[ROWS], *dp = dalloc(sizeof(p));
+	uint64_t steps[ROWS], *ds = dalloc(sizeof(steps));
+	int32_t a[ROWS], b[ROWS], g[ROWS], *di = dalloc(sizeof(g));
+	cudaGraph_t graph = NULL;
+	cudaGraphExec_t exec = NULL;
+	int ret, same = 1, ok;
 
-	params_for(p, steps, M, &c, 2, 99);
+	sample_params_for(p, steps, M, &c, 2, 99);
 	run_gpu(a, dl, M, vocab, p, steps);
 	run_gpu(b, dl, M, vocab, p, steps);
 	for (int r = 0; r < M; r++)
 		same &= a[r] == b[r];
-	cu(cudaMemcpy(dp, p, sizeof(*dp) * M, cudaMemcpyHostToDevice), "upload");
-	params_for(p, steps, M, &c, 0, 99);	/* captured with other steps, replayed with step 2's */
-	cu(cudaMemcpy(ds, steps, sizeof(*ds) * M, cudaMemcpyHostToDevice), "upload");
-	cu(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+	CU(cudaMemcpy(dp, p, sizeof(*dp) * M, cudaMemcpyHostToDevice));
+	/* captured with other steps, replayed with step 2's */
+	sample_params_for(p, steps, M, &c, 0, 99);
+	CU(cudaMemcpy(ds, steps, sizeof(*ds) * M, cudaMemcpyHostToDevice));
+	ok = CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
 	ret = k_cuda_sample(stream, ws, di, dl, M, vocab, dp, ds);
-	cu(cudaStreamEndCapture(stream, &graph), "end capture");
+	ok = CU(cudaStreamEndCapture(stream, &graph)) && ok;
 	CHECK(ret == 0, "captured k_cuda_sample returned %d", ret);
-	cu(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-	params_for(p, steps, M, &c, 2, 99);
-	cu(cudaMemcpy(ds, steps, sizeof(*ds) * M, cudaMemcpyHostToDevice), "upload");
-	cu(cudaMemset(di, 0xff, sizeof(g)), "poison");
-	cu(cudaGraphLaunch(exec, stream), "graph launch");
-	cu(cudaStreamSynchronize(stream), "graph");
-	cu(cudaMemcpy(g, di, sizeof(*di) * M, cudaMemcpyDeviceToHost), "download");
+	ok = ok && CU(cudaGraphInstantiate(&exec, graph, 0));
+	sample_params_for(p, steps, M, &c, 2, 99);
+	CU(cudaMemcpy(ds, steps, sizeof(*ds) * M, cudaMemcpyHostToDevice));
+	CU(cudaMemset(di, 0xff, sizeof(g)));
+	ok = ok && CU(cudaGraphLaunch(exec, stream)) && CU(cudaStreamSynchronize(stream)) &&
+	     CU(cudaMemcpy(g, di, sizeof(*di) * M, cudaMemcpyDeviceToHost));
 	for (int r = 0; r < M; r++)
-		same &= a[r] == g[r];
+		same &= ok && a[r] == g[r];
 	printf("sample  vocab %6d M %2d  repeat and graph replay identical: %s\n", vocab, M,
 	       same ? "PASS" : "FAIL");
 	CHECK(same, "repeat / graph replay gave other ids");
-	cudaGraphExecDestroy(exec);
-	cudaGraphDestroy(graph);
+	if (exec)
+		cudaGraphExecDestroy(exec);
+	if (graph)
+		cudaGraphDestroy(graph);
 	cudaFree(dp);
 	cudaFree(ds);
 	cudaFree(di);
-}
-
-/* Informational: one call's time (median of 20) on realistic rows, M rows. */
-static void time_sample(const float *dl, int M, int vocab, const struct cfg *c, const char *what)
-{
-	struct k_sample_params p[ROWS], *dp = dev_alloc(sizeof(p));
-	uint64_t steps[ROWS], *ds = dev_alloc(sizeof(steps));
-	int32_t *di = dev_alloc(sizeof(int32_t) * ROWS);
-	cudaEvent_t ev[21];
-	float ms[20];
-
-	params_for(p, steps, M, c, 1, 5);
-	cu(cudaMemcpy(dp, p, sizeof(*dp) * M, cudaMemcpyHostToDevice), "upload");
-	cu(cudaMemcpy(ds, steps, sizeof(*ds) * M, cudaMemcpyHostToDevice), "upload");
-	for (int i = 0; i < 21; i++)
-		cu(cudaEventCreate(&ev[i]), "event");
-	for (int i = 0; i < 3; i++)
-		k_cuda_sample(stream, ws, di, dl, M, vocab, dp, ds);
-	cu(cudaEventRecord(ev[0], stream), "record");
-	for (int i = 0; i < 20; i++) {
-		k_cuda_sample(stream, ws, di, dl, M, vocab, dp, ds);
-		cu(cudaEventRecord(ev[i + 1], stream), "record");
-	}
-	cu(cudaEventSynchronize(ev[20]), "sync");
-	for (int i = 0; i < 20; i++)
-		cu(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]), "elapsed");
-	for (int i = 1; i < 20; i++)
-		for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-			float t = ms[j];
-
-			ms[j] = ms[j - 1];
-			ms[j - 1] = t;
-		}
-	printf("sample time  vocab %6d M %2d %-24s %7.1f us "
-	       "(one read of the logits: %.1f us at 4.25 TB/s)\n",
-	       vocab, M, what, ms[10] * 1e3, (double)M * vocab * 4 / 4.25e12 * 1e6);
-	for (int i = 0; i < 21; i++)
-		cudaEventDestroy(ev[i]);
-	cudaFree(dp);
-	cudaFree(ds);
-	cudaFree(di);
-}
-
-static void time_all(int vocab)
-{
-	const struct cfg cfgs[] = { { 0, 0, 0 }, { 0.7f, 50, 0 }, { 0.8f, 40, 0.95f },
-				    { 1.0f, 0, 0.9f }, { 1.0f, 0, 0 } };
-	const char *names[] = { "greedy", "T 0.7 top_k 50", "T 0.8 top_k 40 top_p .95",
-				"T 1 top_p 0.9", "T 1 (full vocab)" };
-	size_t n = (size_t)ROWS * vocab;
-	float *l = malloc(sizeof(float) * n), *dl = dev_alloc(sizeof(float) * n);
-
-	for (int r = 0; r < ROWS; r++)
-		make_logits(l + (size_t)r * vocab, vocab, 2);	/* realistic rows */
-	cu(cudaMemcpy(dl, l, sizeof(float) * n, cudaMemcpyHostToDevice), "upload");
-	for (int c = 0; c < 5; c++) {
-		time_sample(dl, 1, vocab, &cfgs[c], names[c]);
-		time_sample(dl, ROWS, vocab, &cfgs[c], names[c]);
-	}
-	free(l);
-	cudaFree(dl);
 }
 
 static void test_vocab(int vocab, int M)
 {
-	const struct cfg cfgs[] = {
+	const struct sample_cfg cfgs[] = {
 		{ 1.0f, 0, 0 }, { 0.7f, 50, 0 }, { 1.0f, 0, 0.9f }, { 0.8f, 40, 0.95f },
 		{ 1.3f, 1, 0 }, { 1.0f, 2000, 0.9f }, { 0.6f, 0, 0.5f }, { 1.0f, 5000, 0 },
 	};
 	size_t n = (size_t)M * vocab;
-	float *l = malloc(sizeof(float) * n), *dl = dev_alloc(sizeof(float) * n);
+	float *l = malloc(sizeof(float) * n), *dl = dalloc(sizeof(float) * n);
 	float *work = malloc(sizeof(float) * K_CPU_SAMPLE_WORK(vocab));
 	int32_t *order[ROWS];
 	int n_ok[ROWS];
 
 	for (int r = 0; r < M; r++) {
-		make_logits(l + (size_t)r * vocab, vocab, r);
+		sample_make_logits(l + (size_t)r * vocab, vocab, r, &seed);
 		order[r] = malloc(sizeof(int32_t) * vocab);
 		n_ok[r] = rank_order(l + (size_t)r * vocab, vocab, order[r]);
 	}
-	cu(cudaMemcpy(dl, l, sizeof(float) * n, cudaMemcpyHostToDevice), "upload");
+	CU(cudaMemcpy(dl, l, sizeof(float) * n, cudaMemcpyHostToDevice));
 	for (size_t c = 0; c < sizeof(cfgs) / sizeof(cfgs[0]); c++)
 		test_config(l, dl, order, n_ok, M, vocab, &cfgs[c], (int)c, work);
 	test_repeat_and_graph(dl, M, vocab);
@@ -465,7 +333,7 @@ int main(void)
 	if (!test_gpu_present("test_cuda_sample"))
 		return 77;
 	setvbuf(stdout, NULL, _IOLBF, 0);	/* a run cut off (a sanitizer's cap) shows its cases */
-	cu(cudaStreamCreate(&stream), "stream");
+	CU(cudaStreamCreate(&stream));
 	ret = k_cuda_sample_ws_create(&ws, ROWS, BIG_VOCAB);
 	CHECK(ret == 0, "ws create %d", ret);
 	if (ret)
@@ -475,8 +343,6 @@ int main(void)
 	else
 		test_vocab(BIG_VOCAB, ROWS);
 	test_vocab(1001, 9);
-	if (test_env_flag("KD_TEST_TIME"))
-		time_all(BIG_VOCAB);
 	printf("sample  all: %d draws: differ from exact %d (%.3f%%); from cpu %d of %d realistic "
 	       "(%.3f%%), %d of all (%.3f%%, stress rows included); %d outside the set  %s\n",
 	       n_draws, n_ref, 100.0 * n_ref / n_draws, n_cpu_real, n_real,

@@ -1,0 +1,75 @@
+/* The fixtures of the MoE test and benchmark: expert shapes, a batch's routing (distinct
+ * experts per row, one of them hot if asked) and the tuning's MoE fields, which pick the
+ * path and its kernels. Include after tests/cudatest.h. */
+#ifndef KD_TESTS_MOETEST_H
+#define KD_TESTS_MOETEST_H
+
+#include <stdint.h>
+
+#include "kernels/cuda/k_cuda_tuning.h"
+#include "tests/testutil.h"
+
+struct moe_shape {
+	const char *name;
+	int hidden, inter, n_experts, top_k;
+};
+
+static inline const char *moe_path_name(int path)
+{
+	return path == K_CUDA_MOE_PATH_SMALL ? "small" : path == K_CUDA_MOE_PATH_GROUPED ?
+	       "grouped" : "auto";
+}
+
+/* ids (M, top_k): distinct per row; hot >= 0 puts every row's slot 0 on expert hot.
+ * wts: weights in [0.08, 0.88). */
+static inline void moe_make_ids(int32_t *ids, float *wts, int M, const struct moe_shape *s,
+				int hot, unsigned long long *seed)
+{
+	for (int m = 0; m < M; m++)
+		for (int j = 0; j < s->top_k; j++) {
+			int e, dup;
+
+			do {
+				e = j == 0 && hot >= 0 ? hot :
+				    test_rand_int(0, s->n_experts - 1, seed);
+				dup = 0;
+				for (int q = 0; q < j; q++)
+					dup |= ids[m * s->top_k + q] == e;
+			} while (dup);
+			ids[m * s->top_k + j] = e;
+			wts[m * s->top_k + j] = (test_randf(seed) + 1.2f) * 0.4f;
+		}
+}
+
+/* The path k_cuda_moe_experts takes (enum k_cuda_moe_path), installed. */
+static inline void moe_set_path(int path)
+{
+	struct k_cuda_tuning t = *k_cuda_tuning();
+
+	t.moe_path = path;
+	k_cuda_tuning_set(&t);
+}
+
+/* moe_m1 (a single row on the small path takes moe_small_m1.cu's kernels), installed:
+ * 0 or 1, or -1 for the built-in default. */
+static inline void moe_set_m1(int on)
+{
+	struct k_cuda_tuning t = *k_cuda_tuning(), def;
+
+	k_cuda_tuning_defaults(&def);
+	t.moe_m1 = on >= 0 ? on : def.moe_m1;
+	k_cuda_tuning_set(&t);
+}
+
+/* moe_prefetch_ahead (the register kernels ask L2 for weight rows two turns ahead),
+ * installed: 0 or 1, or -1 for the built-in default. */
+static inline void moe_set_prefetch_ahead(int on)
+{
+	struct k_cuda_tuning t = *k_cuda_tuning(), def;
+
+	k_cuda_tuning_defaults(&def);
+	t.moe_prefetch_ahead = on >= 0 ? on : def.moe_prefetch_ahead;
+	k_cuda_tuning_set(&t);
+}
+
+#endif
