@@ -6,7 +6,8 @@
 #         serve (kdecd --backend cuda serving kdrun), compare (cpu vs cuda logits by layer),
 #         optimes (per-op times), ncu (one step's kernels, clocks never locked),
 #         sanitize (compute-sanitizer memcheck + racecheck of the GPU tests),
-#         bench (kernel and decode benchmarks), peers (HF / torch.compile peers).
+#         bench (the linear layers' and decode benchmarks), kbench (every kernel
+#         benchmark of tests/bench), peers (HF / torch.compile peers).
 # Logs go to $OUT/logs.tgz (one file: the device tool returns few files) beside
 # $OUT/summary.txt, whose lines are also printed. The machine lacks libev and liburing
 # (kdecd and kdbench need them): pack.sh puts them in devbuild/devlibs.
@@ -34,9 +35,18 @@ run() {
 	return $rc
 }
 
+# A benchmark program's path: tests/bench/ of the build, or tests/ (a build carried
+# flat); nothing when it was not built.
+bench_bin() {
+	local p
+	for p in "$B/tests/bench/$1" "$B/tests/$1"; do
+		[ -x "$p" ] && { echo "$p"; return; }
+	done
+}
+
 gpu_tests() {
-	for t in ${GPU_TESTS:-test_cuda_smoke test_cuda_linear test_cuda_attn test_cuda_merge \
-		test_cuda_ops test_cuda_moe test_cuda_sample}; do
+	for t in ${GPU_TESTS:-test_cuda_smoke test_cuda_linear test_cuda_attn_gqa test_cuda_attn_qkv \
+		test_cuda_attn_mla test_cuda_merge test_cuda_ops test_cuda_moe test_cuda_sample}; do
 		[ -x "$B/tests/$t" ] && echo "$t"
 	done
 }
@@ -173,10 +183,10 @@ phase_ncu() {
 
 # SAN_TESTS (default: the GPU tests), SAN_TOOLS (default: memcheck racecheck) and
 # SAN_TIMEOUT (seconds per test and tool, default 240: a run cut off says so, exit 124).
-# The tests see the environment: KD_TEST_QUICK=1 (test_cuda_attn's small cases;
+# The tests see the environment: KD_TEST_QUICK=1 (test_cuda_attn_*'s small cases;
 # test_cuda_linear's own kernels at M <= 64, without cuBLAS; test_cuda_sample at vocab
-# 32768) and KD_TEST_PART (test_cuda_attn: gqa or mla; test_cuda_moe: route or experts;
-# test_cuda_linear: small or big) fit a tool's slower run into the cap.
+# 32768) and KD_TEST_PART (test_cuda_moe: route or experts; test_cuda_linear: small or
+# big) fit a tool's slower run into the cap.
 phase_sanitize() {
 	local cs=/usr/local/cuda/bin/compute-sanitizer tool
 	for t in ${SAN_TESTS:-$(gpu_tests)}; do
@@ -196,7 +206,8 @@ phase_sanitize() {
 # summary: a run that lands on an unusual plan (the launches column) shows there which
 # shape it tuned otherwise, and by what margin.
 phase_bench() {
-	[ -x "$B/tests/bench_cuda_linear" ] && run bench_linear timeout 300 "$B/tests/bench_cuda_linear"
+	local lin=$(bench_bin bench_cuda_linear)
+	[ -n "$lin" ] && run bench_linear timeout 300 "$lin"
 	run decode_llama8b env KDEC_LT_LOG=1 "$B/kdbench" decode --model tests/data/configs/llama3.1-8b.json \
 		--synthetic-weights --backend cuda --batch 1,8,32,64 --ctx 1024 --steps 64 --warmup 8 \
 		--out "$out/decode.jsonl"
@@ -206,6 +217,22 @@ phase_bench() {
 	[ -n "${OUT:-}" ] && cp "$out/decode.jsonl" "$OUT/"
 	grep -hv ' info \| warn \|^cublasLt: ' "$out/decode_llama8b.log" "$out/decode_v2lite.log" |
 		tee -a "$summary"
+}
+
+# The kernel benchmarks (tests/bench: attention, MoE, sampling, small ops, linear), each
+# figure beside its HBM floor; KBENCHES (default: all of them) picks some.
+phase_kbench() {
+	local b p
+	for b in ${KBENCHES:-bench_cuda_attn bench_cuda_moe bench_cuda_sample bench_cuda_ops \
+		bench_cuda_linear}; do
+		p=$(bench_bin "$b")
+		if [ -z "$p" ]; then
+			say "$b: not in $B/tests/bench"
+			continue
+		fi
+		run "${b#bench_cuda_}_bench" timeout "${TEST_TIMEOUT:-300}" "$p"
+		grep -v '^device 0' "$out/${b#bench_cuda_}_bench.log" | tee -a "$summary"
+	done
 }
 
 # A/B of decode knobs: AB_ENVS="KDEC_ATTN_MMA=0;KDEC_ATTN_MMA=1" (";" between runs,

@@ -1,7 +1,7 @@
 #!/bin/bash
 # compute-sanitizer memcheck and racecheck of every GPU test, each run small enough to
-# finish inside its cap: test_cuda_attn in its quick cases, one half at a time
-# (KD_TEST_PART=gqa, then mla); test_cuda_moe one half at a time (route, then experts);
+# finish inside its cap: the attention tests (test_cuda_attn_gqa, _qkv, _mla) in their
+# quick cases; test_cuda_moe one half at a time (route, then experts);
 # test_cuda_linear quick (kdec's own kernels at M <= 64, without cuBLAS), by halves
 # (small, big). Racecheck reports hazards inside cuBLAS's own split-K kernels
 # (nvjet_sm90_*_splitK, closed source), so the quick runs leave cuBLAS out.
@@ -19,10 +19,11 @@ jobs=${SAN_JOBS:-8}
 logs=$(mktemp -d /tmp/kdec-san.XXXXXX)
 # the longest first: "VARIABLES...|tests"
 specs=(
-	"KD_TEST_QUICK=1 KD_TEST_PART=mla|test_cuda_attn"
+	"KD_TEST_QUICK=1|test_cuda_attn_mla"
 	"KD_TEST_PART=experts|test_cuda_moe"
 	"KD_TEST_PART=route|test_cuda_moe"
-	"KD_TEST_QUICK=1 KD_TEST_PART=gqa|test_cuda_attn"
+	"KD_TEST_QUICK=1|test_cuda_attn_gqa"
+	"KD_TEST_QUICK=1|test_cuda_attn_qkv"
 	"KD_TEST_QUICK=1 KD_TEST_PART=big|test_cuda_linear"
 	"KD_TEST_QUICK=1 KD_TEST_PART=small|test_cuda_linear"
 	"KD_TEST_QUICK=1|test_cuda_sample"
