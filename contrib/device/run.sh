@@ -7,7 +7,9 @@
 #         optimes (per-op times), ncu (one step's kernels, clocks never locked),
 #         sanitize (compute-sanitizer memcheck + racecheck of the GPU tests),
 #         bench (the linear layers' and decode benchmarks), kbench (every kernel
-#         benchmark of tests/bench), peers (HF / torch.compile peers).
+#         benchmark of tests/bench), ab (decode under knob settings), abbuild (decode
+#         of another build's kdbench against this one's, alternating), peers (HF /
+#         torch.compile peers).
 # Logs go to $OUT/logs.tgz (one file: the device tool returns few files) beside
 # $OUT/summary.txt, whose lines are also printed. The machine lacks libev and liburing
 # (kdecd and kdbench need them): pack.sh puts them in devbuild/devlibs.
@@ -249,6 +251,26 @@ phase_ab() {
 				--warmup 4 --log-level warn >"$out/ab_$i.log" 2>&1
 			say "ab [$e] $cfg: exit $?"
 			grep -v ' info \| warn ' "$out/ab_$i.log" | tee -a "$summary"
+		done
+	done
+}
+
+# A/B of two builds: AB_BASE=DIR holding another build's kdbench (say the commit before
+# a refactor) against $B's, alternating AB_ROUNDS times, each on AB_MODELS at AB_BATCHES,
+# so that drift of the machine falls on both alike
+phase_abbuild() {
+	local r bin cfg i=0
+	[ -x "${AB_BASE:-}/kdbench" ] || { say "abbuild: no \$AB_BASE/kdbench (AB_BASE=${AB_BASE:-})"; status=1; return; }
+	for r in $(seq "${AB_ROUNDS:-3}"); do
+		for bin in "$AB_BASE/kdbench" "$B/kdbench"; do
+			for cfg in ${AB_MODELS:-llama3.1-8b deepseek-v2-lite}; do
+				i=$((i + 1))
+				"$bin" decode --model tests/data/configs/$cfg.json --synthetic-weights \
+					--backend cuda --batch ${AB_BATCHES:-1,8,64} --ctx 1024 --steps ${AB_STEPS:-64} \
+					--warmup 8 --log-level warn >"$out/abbuild_$i.log" 2>&1
+				say "abbuild round $r $bin $cfg: exit $?"
+				grep -v ' info \| warn \|^cublasLt: ' "$out/abbuild_$i.log" | tee -a "$summary"
+			done
 		done
 	done
 }
