@@ -317,6 +317,50 @@ static inline void ctx_range(const struct rows *r, int *lo, int *hi)
 	}
 }
 
+/* A captured launch replayed with new ctx and new block tables: call(run, stream) is
+ * captured once; two replays, the second over longer contexts (up to r->max_ctx, the
+ * first row at it), each after the tables are reshuffled and out (n floats) poisoned,
+ * each checked by check(run, label). The capture's result: 0, the call's error, or -1
+ * after a failed CUDA call. */
+static inline int attn_graph_replays(struct rows *r, int (*call)(void *, cudaStream_t),
+				     void (*check)(void *, const char *), void *run, float *out,
+				     size_t n)
+{
+	cudaStream_t s = NULL;
+	cudaGraph_t graph = NULL;
+	cudaGraphExec_t exec = NULL;
+	int ret = -1;
+
+	if (!CU(cudaStreamCreate(&s)) ||
+	    !CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal)))
+		goto out;
+	ret = call(run, s);
+	if (!CU(cudaStreamEndCapture(s, &graph)) || ret ||
+	    !CU(cudaGraphInstantiate(&exec, graph, 0))) {
+		ret = ret ? ret : -1;
+		goto out;
+	}
+	for (int round = 0; round < 2; round++) {
+		if (round == 1) {	/* longer contexts, new tables, same graph */
+			for (int i = 0; i < r->n_rows; i++)
+				r->ctx[i] = test_rand_int(1, r->max_ctx, &attn_seed);
+			r->ctx[0] = r->max_ctx;
+		}
+		rows_reshuffle(r);
+		poison(out, sizeof(float) * n);
+		if (CU(cudaGraphLaunch(exec, s)) && CU(cudaStreamSynchronize(s)))
+			check(run, round ? "graph replay 2" : "graph replay 1");
+	}
+out:
+	if (exec)
+		cudaGraphExecDestroy(exec);
+	if (graph)
+		cudaGraphDestroy(graph);
+	if (s)
+		cudaStreamDestroy(s);
+	return ret;
+}
+
 /* ---- GQA ------------------------------------------------------------------ */
 
 struct gqa_shape {
@@ -333,8 +377,10 @@ struct gqa_run {
 	float scale;
 };
 
-static inline int gqa_call(struct gqa_run *g, cudaStream_t s)
+/* One k_cuda_attn_gqa of the run g (a struct gqa_run) on s. */
+static inline int gqa_call(void *p, cudaStream_t s)
 {
+	struct gqa_run *g = p;
 	struct k_cuda_attn_rows gr = rows_gpu(g->r, g->hint);
 
 	return k_cuda_attn_gqa(s, g->ws, g->d_out, g->d_q, g->k.d, g->v.d, g->r->bt, &gr,
@@ -351,9 +397,10 @@ static inline void gqa_label(char *buf, size_t len, const struct gqa_run *g, con
 		 g->r->n_seqs, g->hint ? " hinted" : "");
 }
 
-/* Runs the kernel once (or, with s, as the caller arranged) and checks it. */
-static inline void gqa_check(struct gqa_run *g, const char *what)
+/* g's (a struct gqa_run) output against the CPU reference: one line, labelled what. */
+static inline void gqa_check(void *p, const char *what)
 {
+	struct gqa_run *g = p;
 	size_t n = (size_t)g->r->n_rows * g->sh.h * g->sh.hd;
 	struct k_kv_layer kv = { .k = g->k.f, .v = g->v.f, .n_blocks = g->r->n_blocks,
 		.block_tokens = g->r->bt, .width = g->sh.kv * g->sh.hd };
@@ -413,8 +460,10 @@ struct mla_run {
 	float scale;
 };
 
-static inline int mla_call(struct mla_run *m, cudaStream_t s)
+/* One k_cuda_attn_mla of the run m (a struct mla_run) on s. */
+static inline int mla_call(void *p, cudaStream_t s)
 {
+	struct mla_run *m = p;
 	struct k_cuda_attn_rows gr = rows_gpu(m->r, m->hint);
 
 	return k_cuda_attn_mla(s, m->ws, m->d_out, m->d_q, m->d_w, m->c.d, m->r->bt, &gr, &m->d,
@@ -431,8 +480,10 @@ static inline void mla_label(char *buf, size_t len, const struct mla_run *m, con
 		 m->r->bt, m->r->n_rows, lo, hi, m->r->max_ctx, m->hint ? " hinted" : "");
 }
 
-static inline void mla_check(struct mla_run *m, const char *what)
+/* m's (a struct mla_run) output against the CPU reference: one line, labelled what. */
+static inline void mla_check(void *p, const char *what)
 {
+	struct mla_run *m = p;
 	size_t n = (size_t)m->r->n_rows * m->d.n_heads * m->d.v_dim;
 	struct k_kv_layer kv = { .k = m->c.f, .n_blocks = m->r->n_blocks,
 		.block_tokens = m->r->bt, .width = m->d.kv_lora + m->d.rope_dim };

@@ -3,32 +3,8 @@
 # lifecycle, and bad input (corrupt files, bad ids, bad flags) failing with one clear
 # line and a plain exit status, never a crash.
 set -u
-top_srcdir=${top_srcdir:-.}
-top_builddir=${top_builddir:-.}
-B=$top_builddir
-M=$top_srcdir/tests/data/golden/llama3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-passes=0
-
-ok() { passes=$((passes + 1)); }
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-
-# expect_error STATUS TEXT CMD...: exits with STATUS, stderr's last line contains TEXT
-expect_error() {
-	want=$1 text=$2
-	shift 2
-	"$@" >"$tmp/out" 2>"$tmp/err"
-	st=$?
-	if [ "$st" -ne "$want" ]; then
-		fail "$* -> exit $st, want $want; stderr: $(tail -n 3 "$tmp/err")"
-	elif ! tail -n 1 "$tmp/err" | grep -q -- "$text"; then
-		fail "$* -> stderr lacks '$text': $(tail -n 3 "$tmp/err")"
-	else
-		ok
-	fi
-}
+test_name=cli_check
+. "${top_srcdir:-.}/tests/testutil.sh"
 
 # ---- kdbench logits: format and prefill == incremental ----
 "$B/kdbench" logits --model "$M" --tokens 5,17,300,2,9 --out "$tmp/p.f32" --threads 2 2>"$tmp/err" \
@@ -53,37 +29,37 @@ if command -v python3 >/dev/null 2>&1; then
 	cmp -s "$tmp/p.f32" "$tmp/s.f32" && ok || fail "sharded checkpoint gives other logits"
 	# a shard named in the index but missing
 	rm "$tmp/sharded/model-00002-of-00003.safetensors"
-	expect_error 1 "model-00002-of-00003.safetensors" "$B/kdbench" generate --model "$tmp/sharded" --prompt 1 --max-tokens 1
+	expect 1 "model-00002-of-00003.safetensors" "$B/kdbench" generate --model "$tmp/sharded" --prompt 1 --max-tokens 1
 else
 	echo "cli_check: sharded-checkpoint check skipped: no python3 to write the shards" >&2
 fi
 
 # ---- bad arguments ----
-expect_error 2 "unknown command" "$B/kdbench" frobnicate --model "$M"
-expect_error 2 "--model DIR|FILE.gguf is required" "$B/kdbench" logits --tokens 1 --out "$tmp/x"
-expect_error 2 "bad id" "$B/kdbench" logits --model "$M" --tokens 1,x,3 --out "$tmp/x"
-expect_error 2 "trailing comma" "$B/kdbench" logits --model "$M" --tokens 1,2, --out "$tmp/x"
-expect_error 2 "--threads" "$B/kdbench" generate --model "$M" --prompt 1 --max-tokens 2 --threads 0
-expect_error 1 "outside the vocabulary" "$B/kdbench" logits --model "$M" --tokens 1,512 --out "$tmp/x"
-expect_error 1 "config.json: No such file" "$B/kdbench" generate --model "$tmp" --prompt 1 --max-tokens 1
+expect 2 "unknown command" "$B/kdbench" frobnicate --model "$M"
+expect 2 "--model DIR|FILE.gguf is required" "$B/kdbench" logits --tokens 1 --out "$tmp/x"
+expect 2 "bad id" "$B/kdbench" logits --model "$M" --tokens 1,x,3 --out "$tmp/x"
+expect 2 "trailing comma" "$B/kdbench" logits --model "$M" --tokens 1,2, --out "$tmp/x"
+expect 2 "--threads" "$B/kdbench" generate --model "$M" --prompt 1 --max-tokens 2 --threads 0
+expect 1 "outside the vocabulary" "$B/kdbench" logits --model "$M" --tokens 1,512 --out "$tmp/x"
+expect 1 "config.json: No such file" "$B/kdbench" generate --model "$tmp" --prompt 1 --max-tokens 1
 mkdir "$tmp/noweights"; cp "$M/config.json" "$tmp/noweights/"
-expect_error 1 "no model.safetensors" "$B/kdbench" generate --model "$tmp/noweights" --prompt 1 --max-tokens 1
-expect_error 1 "unknown backend 'tpu'" "$B/kdbench" generate --model "$M" --prompt 1 --max-tokens 1 --backend tpu
+expect 1 "no model.safetensors" "$B/kdbench" generate --model "$tmp/noweights" --prompt 1 --max-tokens 1
+expect 1 "unknown backend 'tpu'" "$B/kdbench" generate --model "$M" --prompt 1 --max-tokens 1 --backend tpu
 
 # ---- damaged checkpoints: one line naming the file (and tensor) ----
 mk() { rm -rf "$tmp/m"; mkdir "$tmp/m"; cp "$M/config.json" "$M/model.safetensors" "$tmp/m/"; chmod u+w "$tmp/m"/*; }
 mk; head -c 100000 "$M/model.safetensors" >"$tmp/m/model.safetensors"
-expect_error 1 "model.safetensors" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
+expect 1 "model.safetensors" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
 mk; head -c 4 "$M/model.safetensors" >"$tmp/m/model.safetensors"
-expect_error 1 "model.safetensors" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
+expect 1 "model.safetensors" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
 mk; sed 's/"num_hidden_layers": 3/"num_hidden_layers": 4/' "$M/config.json" >"$tmp/m/config.json"
-expect_error 1 "model.layers.3" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
+expect 1 "model.layers.3" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
 mk; sed 's/"hidden_size": 128/"hidden_size": 64/' "$M/config.json" >"$tmp/m/config.json"
-expect_error 1 "shape" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
+expect 1 "shape" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
 mk; sed '/"num_attention_heads"/d' "$M/config.json" >"$tmp/m/config.json"
-expect_error 1 "num_attention_heads" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
+expect 1 "num_attention_heads" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
 mk; printf '{ "model_type": "llama", ' >"$tmp/m/config.json"
-expect_error 1 "config.json" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
+expect 1 "config.json" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-tokens 1
 
 # ---- synthetic weights from a full-size config, cut to 1 layer ----
 "$B/kdbench" generate --model "$top_srcdir/tests/data/tiny/kimi_k2.json" --synthetic-weights \
@@ -91,15 +67,10 @@ expect_error 1 "config.json" "$B/kdbench" generate --model "$tmp/m" --prompt 1 -
 
 # ---- kdecd: --check, then a foreground run stopped by SIGTERM ----
 "$B/kdecd" --model "$M" --check 2>"$tmp/err" && ok || fail "kdecd --check: $(cat "$tmp/err")"
-expect_error 1 "no model.safetensors" "$B/kdecd" --model "$tmp/noweights" --check
-expect_error 2 "want at least --max-batch" "$B/kdecd" --model "$M" --max-batch 8 --prefill-chunk 4
-: >"$tmp/daemon.err"
-"$B/kdecd" --model "$M" --threads 1 2>"$tmp/daemon.err" &
-pid=$!
-i=0
-while [ $i -lt 100 ] && ! grep -q running "$tmp/daemon.err"; do sleep 0.1; i=$((i + 1)); done
-kill -TERM $pid
-wait $pid
+expect 1 "no model.safetensors" "$B/kdecd" --model "$tmp/noweights" --check
+expect 2 "want at least --max-batch" "$B/kdecd" --model "$M" --max-batch 8 --prefill-chunk 4
+kdecd_start daemon.err 10 --model "$M" --threads 1
+kdecd_stop
 st=$?
 [ $st -eq 0 ] && grep -q "shutting down" "$tmp/daemon.err" && ok || fail "kdecd SIGTERM: exit $st: $(cat "$tmp/daemon.err")"
 
@@ -107,5 +78,4 @@ st=$?
 "$B/kdctl" --version | grep -q "protocol" && ok || fail "kdctl --version"
 "$B/kdrun" --version | grep -q "protocol" && ok || fail "kdrun --version"
 
-echo "cli_check: $passes passed, $fails failed" >&2
-[ $fails -eq 0 ]
+verdict

@@ -4,13 +4,9 @@
 # installed into a scratch DESTDIR first; under `make installcheck` (KD_INSTALLED=1)
 # the installed copy is used as it is. The tokens must equal kdbench generate's.
 set -u
-top_srcdir=${top_srcdir:-.}
-top_builddir=${top_builddir:-.}
-B=$(cd "$top_builddir" && pwd)
-M=$top_srcdir/tests/data/golden/llama3
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/kdec_example.XXXXXX") || exit 1
-pid=
-trap '[ -n "$pid" ] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
+test_name=client_example
+. "${top_srcdir:-.}/tests/testutil.sh"
+B=$(cd "$B" && pwd)
 
 command -v pkg-config >/dev/null || { echo "SKIP: no pkg-config"; exit 77; }
 cc=${CC:-cc}
@@ -39,10 +35,7 @@ fi
 echo "cc example.c $flags"
 $cc -std=c11 -Wall -Werror $san -o "$tmp/example" "$tmp/example.c" $flags || { echo "FAIL: the example does not build"; exit 1; }
 
-"$B/kdecd" --model "$M" --socket "$tmp/s" --threads 1 2>"$tmp/daemon.log" &
-pid=$!
-i=0
-while [ $i -lt 100 ] && ! [ -S "$tmp/s" ]; do sleep 0.1; i=$((i + 1)); done
+kdecd_start daemon.log 10 --model "$M" --socket "$tmp/s" --threads 1
 LD_LIBRARY_PATH=$libdir "$tmp/example" "$tmp/s" >"$tmp/out" 2>"$tmp/err" || {
 	cat "$tmp/err" "$tmp/daemon.log"; echo "FAIL: the example failed"; exit 1; }
 want=$("$B/kdbench" generate --model "$M" --prompt 113,124,11,408,469 --max-tokens 16 --threads 1 2>/dev/null)
@@ -50,6 +43,7 @@ got=$(head -n 1 "$tmp/out" | sed 's/ *$//')
 cat "$tmp/out"
 [ "$got" = "$want" ] || { echo "FAIL: example printed '$got', kdbench generate '$want'"; exit 1; }
 grep -q "max_tokens reached" "$tmp/out" || { echo "FAIL: no final event line"; exit 1; }
-kill -TERM $pid; wait $pid; st=$?; pid=
+kdecd_stop
+st=$?
 [ $st -eq 0 ] || { echo "FAIL: kdecd exit $st"; exit 1; }
 echo "PASS: docs/CLIENT.md's example against the installed library"

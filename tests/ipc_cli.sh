@@ -3,41 +3,16 @@
 # tokens, daemon-side refusals are one line and exit 1, kdctl's commands answer,
 # a wrong protocol version and bad options fail clearly, SIGTERM exits 0.
 set -u
-top_srcdir=${top_srcdir:-.}
-top_builddir=${top_builddir:-.}
-B=$top_builddir
-M=$top_srcdir/tests/data/golden/llama3
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/kdec_cli.XXXXXX") || exit 1
+test_name=ipc_cli
+. "${top_srcdir:-.}/tests/testutil.sh"
 S=$tmp/kdecd.sock
-pid=
-trap '[ -n "$pid" ] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-fails=0
-passes=0
-ok() { passes=$((passes + 1)); }
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
-
-# expect STATUS TEXT CMD...: exit STATUS, stderr's last line contains TEXT
-expect() {
-	want=$1 text=$2
-	shift 2
-	"$@" >"$tmp/out" 2>"$tmp/err"
-	st=$?
-	if [ "$st" -ne "$want" ] || ! tail -n 1 "$tmp/err" | grep -q -- "$text"; then
-		fail "$* -> exit $st (want $want), stderr: $(tail -n 2 "$tmp/err")"
-	else
-		ok
-	fi
-}
 
 expect 2 "--notify 'bell'" "$B/kdecd" --model "$M" --notify bell
 expect 2 "--allow-uid 'nosuchuser_kdec'" "$B/kdecd" --model "$M" --allow-uid nosuchuser_kdec
 expect 1 "cannot connect to kdecd" "$B/kdrun" --socket "$tmp/none.sock" --prompt 1,2
 expect 1 "cannot talk to kdecd" "$B/kdctl" --socket "$tmp/none.sock" status
 
-"$B/kdecd" --model "$M" --socket "$S" --threads 1 --shutdown-timeout 5 2>"$tmp/daemon.log" &
-pid=$!
-i=0
-while [ $i -lt 100 ] && ! grep -q running "$tmp/daemon.log"; do sleep 0.1; i=$((i + 1)); done
+kdecd_start daemon.log 10 --model "$M" --socket "$S" --threads 1 --shutdown-timeout 5
 [ "$(stat -c %a "$S")" = 660 ] && ok || fail "socket mode $(stat -c %a "$S"), want 660"
 expect 1 "already serving" "$B/kdecd" --model "$M" --socket "$S"
 
@@ -108,12 +83,9 @@ if command -v python3 >/dev/null; then
 	"$B/kdrun" --socket "$S" --prompt 1,2 --max-tokens 2 >/dev/null 2>&1 && ok || fail "not admitting after drain off"
 fi
 
-kill -TERM $pid
-wait $pid
+kdecd_stop
 st=$?
-pid=
 [ $st -eq 0 ] && grep -q "shutting down" "$tmp/daemon.log" && ok || fail "kdecd SIGTERM: exit $st"
 [ ! -e "$S" ] && ok || fail "socket left behind"
 
-echo "ipc_cli: $passes passed, $fails failed" >&2
-[ $fails -eq 0 ]
+verdict

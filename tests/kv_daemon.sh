@@ -3,32 +3,20 @@
 # cache (counter) with a cold run's tokens; two uids do not share cached prefixes
 # unless --share-prefix-cache; a session snapshotted with kdctl survives a restart.
 set -u
-top_srcdir=${top_srcdir:-.}
-top_builddir=${top_builddir:-.}
-B=$top_builddir
-M=$top_srcdir/tests/data/golden/llama3
+test_name=kv_daemon
+. "${top_srcdir:-.}/tests/testutil.sh"
 BT=16	# ENGINE_DEFAULT_BLOCK_TOKENS
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/kdec_kv.XXXXXX") || exit 1
 S=$tmp/kdecd.sock
 chmod 0711 "$tmp"	# the second uid reaches the socket
-pid=
-trap '[ -n "$pid" ] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-fails=0
-passes=0
-ok() { passes=$((passes + 1)); }
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 
+# a kdecd the second uid may use, its log fresh (a restart's lines alone)
 start() {
 	: >"$tmp/daemon.log"
-	"$B/kdecd" --model "$M" --socket "$S" --threads 1 --allow-uid 65534 "$@" 2>>"$tmp/daemon.log" &
-	pid=$!
-	i=0
-	while [ $i -lt 100 ] && ! grep -q running "$tmp/daemon.log"; do sleep 0.1; i=$((i + 1)); done
+	kdecd_start daemon.log 10 --model "$M" --socket "$S" --threads 1 --allow-uid 65534 "$@"
 	chmod 0666 "$S" 2>/dev/null	# lets the second uid in (the test's own choice)
 }
 stop() {
-	kill $pid; wait $pid 2>/dev/null
-	pid=
+	kdecd_stop 2>/dev/null
 }
 hits() { "$B/kdctl" --socket "$S" metrics | awk '/^kd_prefix_cache_hit_tokens_total/ { print $2 }'; }
 csv() { echo "$*" | tr ' ' ','; }
@@ -101,5 +89,4 @@ grep -q "snapshot not loaded" "$tmp/daemon.log" && "$B/kdctl" --socket "$S" stat
 	fail "damaged snapshot: $(cat "$tmp/daemon.log")"
 stop
 
-echo "kv_daemon: $passes passed, $fails failed"
-[ $fails -eq 0 ]
+verdict

@@ -48,16 +48,6 @@ static inline int kvt_step(struct engine *e, struct engine_seq *s, const int32_t
 	return ret;
 }
 
-static inline int32_t kvt_argmax(const float *l, int vocab)
-{
-	int32_t best = 0;
-
-	for (int i = 1; i < vocab; i++)
-		if (l[i] > l[best])
-			best = i;
-	return best;
-}
-
 /* Cold reference: logits of the last of toks[0..n) in a fresh sequence, no cache. */
 static inline int kvt_cold(struct engine *e, const int32_t *toks, int n, float *logits)
 {
@@ -76,7 +66,7 @@ static inline int kvt_greedy(struct engine *e, struct engine_seq *s, float *l, i
 	int vocab = e->model->cfg.vocab_size;
 
 	for (int i = 0; i < n_gen; i++) {
-		out[i] = kvt_argmax(l, vocab);
+		out[i] = test_argmax(l, vocab);
 		if (i + 1 < n_gen && kvt_step(e, s, &out[i], 1, l))
 			return -1;
 	}

@@ -3,15 +3,9 @@
 # on a repeating prompt, where drafts must also get accepted (acceptance > 1); bad
 # --spec values refused with one clear line.
 set -u
-top_srcdir=${top_srcdir:-.}
-top_builddir=${top_builddir:-.}
-B=$top_builddir
+test_name=spec_cli
+. "${top_srcdir:-.}/tests/testutil.sh"
 G=$top_srcdir/tests/data/golden
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 
 # same MODEL PROMPT N SPEC: plain and speculative ids identical; prints the
 # acceptance line
@@ -20,9 +14,9 @@ same() {
 		>"$tmp/plain" 2>"$tmp/err" || { fail "plain $1: $(cat "$tmp/err")"; return; }
 	"$B/kdbench" generate --model "$1" --prompt "$2" --max-tokens "$3" --threads 2 --spec "$4" \
 		>"$tmp/spec" 2>"$tmp/err" || { fail "spec $1: $(cat "$tmp/err")"; return; }
-	cmp -s "$tmp/plain" "$tmp/spec" ||
+	cmp -s "$tmp/plain" "$tmp/spec" && ok ||
 		fail "$1 --spec $4: '$(cat "$tmp/spec")' differs from greedy '$(cat "$tmp/plain")'"
-	grep -q 'mean acceptance length' "$tmp/err" || fail "$1: no acceptance on stderr"
+	grep -q 'mean acceptance length' "$tmp/err" && ok || fail "$1: no acceptance on stderr"
 }
 
 rep=5,17,300,2,9,5,17,300,2,9,5,17,300,2,9,5,17,300,2,9,5,17,300
@@ -32,16 +26,15 @@ for m in "$G"/*/; do
 done
 same "$G/qwen3" "$rep" 40 ngram:k=3
 acc=$(sed -n 's/.*mean acceptance length \([0-9.]*\).*/\1/p' "$tmp/err")
-awk -v a="${acc:-0}" 'BEGIN { exit !(a > 1) }' ||
+awk -v a="${acc:-0}" 'BEGIN { exit !(a > 1) }' && ok ||
 	fail "repeating prompt: mean acceptance length '$acc', want > 1: $(cat "$tmp/err")"
 
 for bad in ngram ngram:k=0 ngram:k=2,n=99 ngram:k=2, lookup:k=2; do
 	"$B/kdbench" generate --model "$G/llama3" --prompt 1 --max-tokens 2 --spec "$bad" \
 		>/dev/null 2>"$tmp/err"
 	st=$?
-	[ "$st" -eq 2 ] && grep -q -- "--spec '$bad'" "$tmp/err" ||
+	[ "$st" -eq 2 ] && grep -q -- "--spec '$bad'" "$tmp/err" && ok ||
 		fail "--spec $bad: exit $st, stderr $(cat "$tmp/err")"
 done
 
-[ "$fails" -eq 0 ] && echo "spec_cli: all passed" && exit 0
-exit 1
+verdict

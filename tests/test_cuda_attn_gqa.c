@@ -204,40 +204,13 @@ static void gqa_case(struct gqa_shape sh, int bt, struct rows *r, int hint)
 static void gqa_graph_case(struct gqa_shape sh, int bt, int n_rows, int max_ctx)
 {
 	struct rows *r = rows_decode(n_rows, max_ctx / 8, 1, max_ctx);
-	size_t n = (size_t)n_rows * sh.h * sh.hd;
-	cudaStream_t s = NULL;
-	cudaGraph_t graph = NULL;
-	cudaGraphExec_t exec = NULL;
 	struct gqa_run g;
 	int ret = -1;
 
-	if (gqa_setup(&g, sh, bt, r, 0, max_ctx) || !CU(cudaStreamCreate(&s)))
-		goto out;
-	if (!CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal)))
-		goto out;
-	ret = gqa_call(&g, s);
-	if (!CU(cudaStreamEndCapture(s, &graph)) || ret ||
-	    !CU(cudaGraphInstantiate(&exec, graph, 0)))
-		goto out;
-	for (int round = 0; round < 2; round++) {
-		if (round == 1) {	/* longer contexts, new tables, same graph */
-			for (int i = 0; i < n_rows; i++)
-				r->ctx[i] = test_rand_int(1, max_ctx, &attn_seed);
-			r->ctx[0] = max_ctx;
-		}
-		rows_reshuffle(r);
-		poison(g.d_out, sizeof(float) * n);
-		if (CU(cudaGraphLaunch(exec, s)) && CU(cudaStreamSynchronize(s)))
-			gqa_check(&g, round ? "graph replay 2" : "graph replay 1");
-	}
-out:
+	if (!gqa_setup(&g, sh, bt, r, 0, max_ctx))
+		ret = attn_graph_replays(r, gqa_call, gqa_check, &g, g.d_out,
+					 (size_t)n_rows * sh.h * sh.hd);
 	CHECK(ret == 0, "gqa graph case: %d", ret);
-	if (exec)
-		cudaGraphExecDestroy(exec);
-	if (graph)
-		cudaGraphDestroy(graph);
-	if (s)
-		cudaStreamDestroy(s);
 	gqa_teardown(&g);
 }
 

@@ -49,43 +49,17 @@ static void mla_case(struct k_mla_dims d, int bt, struct rows *r, int hint)
 	mla_teardown(&m);
 }
 
+/* One captured launch replayed with new ctx and new block tables. */
 static void mla_graph_case(struct k_mla_dims d, int bt, int n_rows, int max_ctx)
 {
 	struct rows *r = rows_decode(n_rows, max_ctx / 8, 1, max_ctx);
-	size_t n = (size_t)n_rows * d.n_heads * d.v_dim;
-	cudaStream_t s = NULL;
-	cudaGraph_t graph = NULL;
-	cudaGraphExec_t exec = NULL;
 	struct mla_run m;
 	int ret = -1;
 
-	if (mla_setup(&m, d, bt, r, 0, max_ctx) || !CU(cudaStreamCreate(&s)))
-		goto out;
-	if (!CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal)))
-		goto out;
-	ret = mla_call(&m, s);
-	if (!CU(cudaStreamEndCapture(s, &graph)) || ret ||
-	    !CU(cudaGraphInstantiate(&exec, graph, 0)))
-		goto out;
-	for (int round = 0; round < 2; round++) {
-		if (round == 1) {
-			for (int i = 0; i < n_rows; i++)
-				r->ctx[i] = test_rand_int(1, max_ctx, &attn_seed);
-			r->ctx[0] = max_ctx;
-		}
-		rows_reshuffle(r);
-		poison(m.d_out, sizeof(float) * n);
-		if (CU(cudaGraphLaunch(exec, s)) && CU(cudaStreamSynchronize(s)))
-			mla_check(&m, round ? "graph replay 2" : "graph replay 1");
-	}
-out:
+	if (!mla_setup(&m, d, bt, r, 0, max_ctx))
+		ret = attn_graph_replays(r, mla_call, mla_check, &m, m.d_out,
+					 (size_t)n_rows * d.n_heads * d.v_dim);
 	CHECK(ret == 0, "mla graph case: %d", ret);
-	if (exec)
-		cudaGraphExecDestroy(exec);
-	if (graph)
-		cudaGraphDestroy(graph);
-	if (s)
-		cudaStreamDestroy(s);
 	mla_teardown(&m);
 }
 

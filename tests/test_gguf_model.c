@@ -20,6 +20,7 @@
 #include "format/gguf.h"
 #include "daemon/model/model.h"
 #include "tests/testutil.h"
+#include "tests/goldentest.h"
 
 /* Q8_0 keeps ~8 bits per weight (about 0.3% rms error each); through 3 layers of a
  * random tiny model rows move by up to 2.2% (measured), and the rope frequencies
@@ -45,16 +46,6 @@ static const char *top = ".";
 static const struct engine_opts eng_opts = { .backend = "cpu", .threads = 2, .kv_tokens = 4096,
 					     .block_tokens = 16, .max_rows = 128 };
 
-static int32_t *json_ids(json_t *arr, int *n)
-{
-	int32_t *v = malloc(json_array_size(arr) * sizeof(int32_t) + 1);
-
-	*n = (int)json_array_size(arr);
-	for (int i = 0; i < *n; i++)
-		v[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
-	return v;
-}
-
 /* All-position logits (n, vocab) of one prefill; NULL on failure (reported). */
 static float *run_logits(struct model *m, const int32_t *tokens, int n, const char *what)
 {
@@ -79,16 +70,6 @@ static float *run_logits(struct model *m, const int32_t *tokens, int n, const ch
 		out = NULL;
 	}
 	return out;
-}
-
-static int argmax(const float *v, int n)
-{
-	int best = 0;
-
-	for (int i = 1; i < n; i++)
-		if (v[i] > v[best])
-			best = i;
-	return best;
 }
 
 /* ---- config: metadata vs config.json ------------------------------------- */
@@ -177,19 +158,20 @@ static void check_q8(void)
 	for (size_t i = 0; i < json_array_size(cases); i++) {
 		json_t *c = json_array_get(cases, i);
 		int n, vocab = m->cfg.vocab_size;
-		int32_t *tok = json_ids(json_object_get(c, "tokens"), &n);
+		int32_t *tok = golden_ids(json_object_get(c, "tokens"), &n);
 		float *ref, *got;
 
 		snprintf(path, sizeof(path), "%s/tests/data/golden/llama3/%s", top,
 			 json_string_value(json_object_get(c, "logits")));
-		ref = test_read_floats(path, (size_t)n * vocab);
+		ref = golden_read_floats(path, (size_t)n * vocab);
 		got = ref ? run_logits(m, tok, n, "llama3-q8_0") : NULL;
 		for (int r = 0; got && r < n; r++) {
 			double e = test_rel_l2(got + (size_t)r * vocab, ref + (size_t)r * vocab, (size_t)vocab);
 
 			worst = fmax(worst, e);
 			CHECK(e <= Q8_ROW_TOL, "llama3-q8_0 case %zu row %d: rel L2 %.3g", i, r, e);
-			agree += argmax(got + (size_t)r * vocab, vocab) == argmax(ref + (size_t)r * vocab, vocab);
+			agree += test_argmax(got + (size_t)r * vocab, vocab) ==
+				 test_argmax(ref + (size_t)r * vocab, vocab);
 			rows++;
 		}
 		free(tok);
@@ -239,10 +221,10 @@ static void check_bf16(const char *name, const char *golden, double tol)
 	      k_dtype_name(m->embed.dtype), k_dtype_name(mlp), k_dtype_name(m->final_norm.dtype));
 	vocab = m->cfg.vocab_size;
 	c = json_array_get(json_object_get(gold, "cases"), 1);
-	tok = json_ids(json_object_get(c, "tokens"), &n);
+	tok = golden_ids(json_object_get(c, "tokens"), &n);
 	snprintf(path, sizeof(path), "%s/tests/data/golden/%s/%s", top, golden,
 		 json_string_value(json_object_get(c, "logits")));
-	ref = test_read_floats(path, (size_t)n * vocab);
+	ref = golden_read_floats(path, (size_t)n * vocab);
 	got = ref ? run_logits(m, tok, n, name) : NULL;
 	for (int r = 0; got && r < n; r++)
 		worst = fmax(worst, test_rel_l2(got + (size_t)r * vocab, ref + (size_t)r * vocab, (size_t)vocab));
@@ -431,12 +413,12 @@ static int check_smollm2(void)
 		goto out;
 	vocab = m->cfg.vocab_size;
 	k = (int)json_integer_value(json_object_get(meta, "top_k"));
-	tok = json_ids(json_object_get(meta, "tokens"), &n);
+	tok = golden_ids(json_object_get(meta, "tokens"), &n);
 	CHECK(vocab == json_integer_value(json_object_get(meta, "vocab")) && k >= 1 && k <= 64 &&
 	      n >= 2, "reference.json: vocab %d, top_k %d, %d tokens", vocab, k, n);
 	snprintf(path, sizeof(path), "%s/tests/data/smollm2/reference.bin", top);
 	/* int32 ids (n, k), float32 logits (n, k), lse (n), next-token logit (n) */
-	ref = test_read_floats(path, (size_t)n * (2 * k + 2));
+	ref = golden_read_floats(path, (size_t)n * (2 * k + 2));
 	got = ref && k >= 1 && k <= 64 ? run_logits(m, tok, n, "smollm2") : NULL;
 	if (!got)
 		goto out;
@@ -445,7 +427,7 @@ static int check_smollm2(void)
 		const float *row = got + (size_t)t * vocab, *rl = ref + (size_t)n * k + (size_t)t * k;
 		const int32_t *ri = ids + (size_t)t * k;
 		float sel[64], lse_ref = ref[(size_t)n * 2 * k + t];
-		double mx = row[argmax(row, vocab)], s = 0, lse, e;
+		double mx = row[test_argmax(row, vocab)], s = 0, lse, e;
 
 		for (int j = 0; j < k; j++)
 			sel[j] = ri[j] >= 0 && ri[j] < vocab ? row[ri[j]] : NAN;
@@ -458,10 +440,10 @@ static int check_smollm2(void)
 		worst_lse = fmax(worst_lse, fabs(lse - lse_ref));
 		CHECK(fabs(lse - lse_ref) <= SMOL_LSE_TOL, "smollm2 position %d: logsumexp %.6f vs %.6f",
 		      t, lse, (double)lse_ref);
-		agree += argmax(row, vocab) == ri[0];
+		agree += test_argmax(row, vocab) == ri[0];
 		if (k >= 2 && rl[0] - rl[1] > 1e-3) {
 			must++;
-			must_agree += argmax(row, vocab) == ri[0];
+			must_agree += test_argmax(row, vocab) == ri[0];
 		}
 		if (t + 1 < n) {
 			nll_ref += lse_ref - ref[(size_t)n * (2 * k + 1) + t];

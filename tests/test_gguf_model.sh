@@ -1,5 +1,5 @@
 #!/bin/sh
-# GGUF checkpoints into kdec's model (issue 7):
+# GGUF checkpoints into kdec's model:
 #  1. the five golden models as converted by llama.cpp's own converter
 #     (tests/make_gguf_golden.sh) through test_golden: the same references, the same
 #     tolerance as the safetensors checkpoints they were made from;

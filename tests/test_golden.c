@@ -27,6 +27,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/model/model.h"
 #include "tests/testutil.h"
+#include "tests/goldentest.h"
 
 #define CPU_ROW_TOL 1e-4
 #define CUDA_ROW_TOL 2e-2
@@ -67,16 +68,6 @@ struct gcase {
 	int n;
 	float *ref;		/* (n, vocab) */
 };
-
-static int32_t *json_ids(json_t *arr, int *n)
-{
-	int32_t *v = malloc(json_array_size(arr) * sizeof(int32_t) + 1);
-
-	*n = (int)json_array_size(arr);
-	for (int i = 0; i < *n; i++)
-		v[i] = (int32_t)json_integer_value(json_array_get(arr, (size_t)i));
-	return v;
-}
 
 /* Worst per-row relative L2 error of got against ref, and the rows over tolerance. */
 static double compare_rows(const float *got, const float *ref, int rows, int vocab, int *bad)
@@ -166,8 +157,8 @@ static void check_batched(struct engine *e, const char *name, const struct gcase
 static void check_greedy(struct engine *e, const char *name, json_t *greedy)
 {
 	int vocab = e->model->cfg.vocab_size, n_prompt, n_want, first_diff = -1, near = 0;
-	int32_t *prompt = json_ids(json_object_get(greedy, "prompt"), &n_prompt);
-	int32_t *want = json_ids(json_object_get(greedy, "output"), &n_want);
+	int32_t *prompt = golden_ids(json_object_get(greedy, "prompt"), &n_prompt);
+	int32_t *want = golden_ids(json_object_get(greedy, "output"), &n_want);
 	float *logits = malloc((size_t)vocab * sizeof(float));
 	struct engine_seq seq;
 	char err[256] = "";
@@ -265,9 +256,9 @@ static void check_model(const char *top, const char *name, int threads)
 		json_t *c = json_array_get(cases, i);
 		int vocab = m->cfg.vocab_size;
 
-		cs[n].tokens = json_ids(json_object_get(c, "tokens"), &cs[n].n);
+		cs[n].tokens = golden_ids(json_object_get(c, "tokens"), &cs[n].n);
 		snprintf(path, sizeof(path), "%s/%s", dir, json_string_value(json_object_get(c, "logits")));
-		cs[n].ref = test_read_floats(path, (size_t)cs[n].n * vocab);
+		cs[n].ref = golden_read_floats(path, (size_t)cs[n].n * vocab);
 		CHECK(cs[n].ref != NULL, "%s: reference logits", path);
 		if (cs[n].ref)
 			check_prefill_and_incremental(e, name, n, &cs[n]);

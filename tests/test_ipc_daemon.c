@@ -44,15 +44,6 @@ static int prompt_of(int i, int32_t *p)
 	return n;
 }
 
-/* kdecd in notify mode (futex or eventfd), its log daemon-<notify>.log. */
-static int start_daemon(const char *notify)
-{
-	char log[64];
-
-	snprintf(log, sizeof(log), "daemon-%s.log", notify);
-	return daemontest_start(&kdecd, log, "--notify", notify, "--shutdown-timeout", "5", NULL);
-}
-
 /* One control command; the value of "key" in the reply (an integer), or -1. */
 static long long ctl(const char *cmd, const char *key)
 {
@@ -326,7 +317,7 @@ static void test_client_tokens(void)
 	CHECK(wait_idle(5) == 0, "client tokens: daemon not idle afterwards");
 }
 
-/* ---- issue 6 sampling over the wire: penalties, min-p, logprobs ------------ */
+/* ---- sampling over the wire: penalties, min-p, logprobs ------------------ */
 
 struct samp_run {
 	int n;
@@ -565,7 +556,9 @@ int main(void)
 		return 1;
 	chmod(kdecd.dir, 0755);	/* the uid check's client must reach the socket */
 
-	if (start_daemon("futex") == 0) {
+	/* each notify mode, its own log */
+	if (daemontest_start(&kdecd, "daemon-futex.log", "--notify", "futex", "--shutdown-timeout",
+			     "5", NULL) == 0) {
 		test_concurrent(N_CLIENTS, "futex: 64 concurrent greedy clients");
 		test_sigkill();
 		test_client_tokens();
@@ -581,7 +574,8 @@ int main(void)
 		if (system(cmd))
 			fprintf(stderr, "(no log)\n");
 	}
-	if (start_daemon("eventfd") == 0) {
+	if (daemontest_start(&kdecd, "daemon-eventfd.log", "--notify", "eventfd",
+			     "--shutdown-timeout", "5", NULL) == 0) {
 		test_concurrent(16, "eventfd: 16 concurrent greedy clients");
 		test_sampling();
 		test_sigkill();

@@ -73,7 +73,7 @@ static void test_reader(void)
 	ipc_seg_sub(c->seg, 1)->reserved[3] = 1;
 	CHECK(client_conn_take(c, &rec, &tok) == -EPROTO && strstr(c->why, "reserved"), "reserved word: %s", c->why);
 	ipc_seg_sub(c->seg, 1)->reserved[3] = 0;
-	/* Sampling fields out of their bounds (issue 6). */
+	/* Sampling fields out of their bounds. */
 	{
 		struct ipc_sub *r = ipc_seg_sub(c->seg, 1);
 

@@ -33,17 +33,6 @@
 
 static struct daemontest kdecd;
 
-static int start_daemon(const char *max_batch)
-{
-	return daemontest_start(&kdecd, "daemon.log", "--notify", "eventfd", "--max-batch", max_batch,
-				"--prefill-chunk", "64", NULL);
-}
-
-static void stop_daemon(void)
-{
-	if (kdecd.pid > 0)
-		CHECK(daemontest_stop(&kdecd) == 0, "kdecd did not exit 0 on SIGTERM");
-}
 
 struct req {
 	int32_t prompt[64];
@@ -351,15 +340,19 @@ int main(void)
 {
 	if (daemontest_init(&kdecd, "sched"))
 		return 1;
-	if (start_daemon("64") == 0) {
+	/* prompts prefilled in chunks of 64 tokens, at most 64 requests a step, then 1 */
+	if (daemontest_start(&kdecd, "daemon.log", "--notify", "eventfd", "--max-batch", "64",
+			     "--prefill-chunk", "64", NULL) == 0) {
 		test_determinism();
 		test_prefill_itl();
 		test_shared_prefix();
 	} else {
 		CHECK(0, "kdecd did not start");
 	}
-	stop_daemon();
-	if (start_daemon("1") == 0)
+	if (kdecd.pid > 0)
+		CHECK(daemontest_stop(&kdecd) == 0, "kdecd did not exit 0 on SIGTERM");
+	if (daemontest_start(&kdecd, "daemon.log", "--notify", "eventfd", "--max-batch", "1",
+			     "--prefill-chunk", "64", NULL) == 0)
 		test_priority();
 	else
 		CHECK(0, "kdecd --max-batch 1 did not start");

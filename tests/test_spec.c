@@ -141,7 +141,7 @@ static void test_loop(struct engine *e, int vocab)
 
 	engine_seq_init(&s);
 	kvt_step(e, &s, hist, n, l);
-	hist[n++] = kvt_argmax(l, vocab);
+	hist[n++] = test_argmax(l, vocab);
 	out = 1;
 	while (out < N_GEN) {
 		int nd = spec_ngram_propose(hist, n, 3, K < N_GEN - out - 1 ? K : N_GEN - out - 1, drafts);

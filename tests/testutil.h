@@ -51,6 +51,17 @@ static inline double test_rel_l2(const float *a, const float *b, size_t n)
 	return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* The index of v[0..n-1]'s largest value, the first of equal ones (greedy's choice). */
+static inline int test_argmax(const float *v, int n)
+{
+	int best = 0;
+
+	for (int i = 1; i < n; i++)
+		if (v[i] > v[best])
+			best = i;
+	return best;
+}
+
 /* Median of v[0..n-1] (sorted in place: insertion sort, n is a timing run's count). */
 static inline float test_median(float *v, int n)
 {
@@ -178,23 +189,6 @@ static inline void *test_slurp(const char *path, size_t *len)
 	}
 	fclose(f);
 	return buf;
-}
-
-/* n floats of a raw fp32 file (a reference's logits); malloc'd, caller frees. NULL,
- * said on stderr, when the file has fewer. */
-static inline float *test_read_floats(const char *path, size_t n)
-{
-	FILE *f = fopen(path, "rb");
-	float *v = malloc(n * sizeof(float) + 1);
-
-	if (!f || !v || fread(v, sizeof(float), n, f) != n) {
-		fprintf(stderr, "%s: cannot read %zu floats\n", path, n);
-		free(v);
-		v = NULL;
-	}
-	if (f)
-		fclose(f);
-	return v;
 }
 
 #endif

@@ -6,35 +6,21 @@
 # Skips (77) where contrib/fetch-smollm2.sh has not fetched the model.
 set -u
 top_srcdir=${top_srcdir:-.}
-top_builddir=${top_builddir:-.}
-B=$top_builddir
 G=${KDEC_SMOLLM2_GGUF:-${KDEC_CACHE:-$HOME/.cache/kdec}/SmolLM2-135M-Instruct.Q4_1.gguf}
 F=$top_srcdir/tests/data/tokenizer/smollm2_greedy
 if [ ! -r "$G" ]; then
 	echo "text_daemon: skipped: $G absent (contrib/fetch-smollm2.sh fetches it)"
 	exit 77
 fi
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/kdec_text.XXXXXX") || exit 1
+test_name=text_daemon
+. "$top_srcdir/tests/testutil.sh"
 S=$tmp/kdecd.sock
-pid=
-trap '[ -n "$pid" ] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
-fails=0
-passes=0
-ok() { passes=$((passes + 1)); }
-fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 field() { sed -n "s/^$1=//p" "$F.txt"; }
 
 prompt=$(field prompt)
 max=$(field max_tokens)
-"$B/kdecd" --model "$G" --backend cpu --socket "$S" --threads 2 --kv-tokens 2048 2>"$tmp/daemon.log" &
-pid=$!
-i=0
-while [ $i -lt 600 ] && ! grep -q running "$tmp/daemon.log"; do
-	kill -0 $pid 2>/dev/null || break
-	sleep 0.1
-	i=$((i + 1))
-done
-grep -q running "$tmp/daemon.log" || { echo "FAIL: kdecd did not start: $(tail -n 3 "$tmp/daemon.log")"; exit 1; }
+kdecd_start daemon.log 60 --model "$G" --backend cpu --socket "$S" --threads 2 --kv-tokens 2048 ||
+	{ echo "FAIL: kdecd did not start: $(tail -n 3 "$tmp/daemon.log")"; exit 1; }
 
 # the text, streamed
 "$B/kdrun" --socket "$S" --tokenizer "$G" --text "$prompt" --chat --max-tokens "$max" \
@@ -57,8 +43,5 @@ cmp -s "$tmp/out2" "$F.out" && ok || fail "kdrun without --tokenizer: '$(cat "$t
 st=$?
 [ $st -eq 1 ] && grep -q -- "--tokenizer" "$tmp/err" && ok || fail "no daemon, no --tokenizer: exit $st, $(cat "$tmp/err")"
 
-kill $pid
-wait $pid
-pid=
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+kdecd_stop
+verdict

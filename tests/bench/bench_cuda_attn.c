@@ -34,11 +34,6 @@ static int gqa_call_default(void *g)
 	return gqa_call(g, 0);
 }
 
-static int gqa_call_stream(void *g, cudaStream_t s)
-{
-	return gqa_call(g, s);
-}
-
 /* Warm: one call repeated, the K/V read once per sequence. */
 static void gqa_warm(struct gqa_shape sh, int batch, int ctx)
 {
@@ -77,15 +72,15 @@ static void gqa_cold(struct gqa_shape sh, int batch, int ctx, void *flush)
 		return;
 	}
 	floor_us = bench_floor_us(rows_kv_bytes(g.r, 4.0 * sh.kv * sh.hd));
-	launch = bench_graph_us(gqa_call_stream, &g, flush);
+	launch = bench_graph_us(gqa_call, &g, flush);
 	t.attn_mma_fold = 1;
 	k_cuda_tuning_set(&t);
-	fold = bench_graph_us(gqa_call_stream, &g, flush);
+	fold = bench_graph_us(gqa_call, &g, flush);
 	t = was;
 	t.attn_mma_early = 0;
 	t.attn_mma_qreg = 0;
 	k_cuda_tuning_set(&t);
-	both = bench_graph_us(gqa_call_stream, &g, flush);
+	both = bench_graph_us(gqa_call, &g, flush);
 	k_cuda_tuning_set(&was);
 	gqa_label(label, sizeof(label), &g, "graph");
 	printf("%s%-72s default %.1f us, attn_mma_fold 1 %.1f us, and attn_mma_early 0 "
@@ -96,14 +91,14 @@ static void gqa_cold(struct gqa_shape sh, int batch, int ctx, void *flush)
 		t = was;
 		t.attn_dec_splits = n;
 		k_cuda_tuning_set(&t);
-		launch = bench_graph_us(gqa_call_stream, &g, flush);
+		launch = bench_graph_us(gqa_call, &g, flush);
 		t.attn_mma_fold = 1;
 		k_cuda_tuning_set(&t);
-		fold = bench_graph_us(gqa_call_stream, &g, flush);
+		fold = bench_graph_us(gqa_call, &g, flush);
 		t.attn_mma_fold = was.attn_mma_fold;
 		t.attn_mma_qreg = 0;
 		k_cuda_tuning_set(&t);
-		both = bench_graph_us(gqa_call_stream, &g, flush);
+		both = bench_graph_us(gqa_call, &g, flush);
 		k_cuda_tuning_set(&was);
 		printf("%s%-72s attn_dec_splits %d: default %.1f us, attn_mma_fold 1 %.1f us, "
 		       "attn_mma_qreg 0 %.1f us\n", attn_path, label, n, launch, fold, both);

@@ -1,0 +1,67 @@
+# The helpers every shell test shares (testutil.h's counterpart), sourced after
+# test_name is set: test_name=NAME; . "${top_srcdir:-.}/tests/testutil.sh"
+# The tree's paths (B the build, M the tiny Llama 3 checkpoint), a scratch directory
+# $tmp that goes at exit with the daemon in $pid, pass and fail counters, expect, a
+# kdecd started and stopped, and the verdict. A test exits 0 (pass), 1 (fail) or 77
+# (skipped, automake's convention).
+top_srcdir=${top_srcdir:-.}
+top_builddir=${top_builddir:-.}
+B=$top_builddir
+M=$top_srcdir/tests/data/golden/llama3
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kdec_$test_name.XXXXXX") || exit 1
+pid=
+trap '[ -n "$pid" ] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
+fails=0
+passes=0
+
+ok() { passes=$((passes + 1)); }
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+
+# expect STATUS TEXT CMD...: CMD exits with STATUS and its stderr's last line contains
+# TEXT (a refusal is one clear line and a plain exit status)
+expect() {
+	want=$1 text=$2
+	shift 2
+	"$@" >"$tmp/out" 2>"$tmp/err"
+	st=$?
+	if [ "$st" -ne "$want" ]; then
+		fail "$* -> exit $st, want $want; stderr: $(tail -n 3 "$tmp/err")"
+	elif ! tail -n 1 "$tmp/err" | grep -q -- "$text"; then
+		fail "$* -> stderr lacks '$text': $(tail -n 3 "$tmp/err")"
+	else
+		ok
+	fi
+}
+
+# kdecd_start LOG SECONDS ARG...: kdecd with ARG..., its stderr appended to $tmp/LOG, its
+# pid in $pid; waits up to SECONDS for it to say it is running. 0 once it does, 1 when
+# it died or took longer.
+kdecd_start() {
+	kd_log=$tmp/$1 kd_wait=$2
+	shift 2
+	: >>"$kd_log"
+	"$B/kdecd" "$@" 2>>"$kd_log" &
+	pid=$!
+	kd_i=0
+	while [ $kd_i -lt $((kd_wait * 10)) ] && ! grep -q running "$kd_log"; do
+		kill -0 $pid 2>/dev/null || break
+		sleep 0.1
+		kd_i=$((kd_i + 1))
+	done
+	grep -q running "$kd_log"
+}
+
+# kdecd_stop: SIGTERM to the daemon in $pid; its exit status.
+kdecd_stop() {
+	kill -TERM $pid
+	wait $pid
+	st=$?
+	pid=
+	return $st
+}
+
+# The verdict: the counts on stderr; the exit status.
+verdict() {
+	echo "$test_name: $passes passed, $fails failed" >&2
+	[ "$fails" -eq 0 ]
+}
