@@ -19,7 +19,8 @@ struct backend_opts {
 	int device;		/* first GPU (cuda) */
 };
 
-/* A GQA layer's attention inputs for qkv_prep: rows of h in, q out, K/V into the cache. */
+/* A GQA layer's attention inputs for qkv_prep (and qkv_prep_attn): rows of h in, q out,
+ * K/V into the cache. */
 struct backend_qkv {
 	int rows, n_heads, kv_heads, head_dim;
 	int qk_norm;			/* Qwen3: RMSNorm of each q and k head (L->q_norm, k_norm) */
@@ -28,12 +29,10 @@ struct backend_qkv {
 	const int32_t *pos;		/* (rows) */
 	const int32_t *slots;		/* (rows) cache slot of each row's K/V */
 	struct k_kv_layer *kv;
-	int decode;			/* 1: each row is the only new token of its sequence,
-					 * at its last position (ctx - 1): the attention op
-					 * that follows may do the cache append itself */
 };
 
-/* An MLA layer's attention inputs for mla_post, after its q and kv_a projections. */
+/* An MLA layer's attention inputs for mla_post (and mla_prep, mla_prep_attn), after or
+ * with its q and kv_a projections. */
 struct backend_mla {
 	int rows, n_heads, nope_dim, rope_dim, kv_lora;	/* rope_dim: q_pe and key width */
 	float eps;			/* of the latent's RMSNorm (L->kv_a_norm) */
@@ -69,7 +68,7 @@ struct backend_ops {
 	int (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
 	int (*sync)(struct backend *be);
 
-	/* ---- ops; shapes as in kernels/cpu/k_cpu.h ---- */
+	/* ---- ops; shapes as in kernels/cpu/k_cpu.h, types in kernels/ops.h ---- */
 	void (*embed)(struct backend *be, float *out, const int32_t *ids, int n,
 		      const struct model_tensor *table);
 	void (*rmsnorm)(struct backend *be, float *out, int out_stride, const float *x, int x_stride,
@@ -94,7 +93,8 @@ struct backend_ops {
 			   const float *weights, int top_k, const struct model_layer *L, int hidden,
 			   int inter, int n_experts);
 
-	/* ---- optional: NULL where a backend lacks them (forward.c falls back) ---- */
+	/* ---- optional: NULL where a backend lacks them (forward.c falls back to the
+	 * ops each stands for) ---- */
 	/* q (rows, n_heads * head_dim) = rope(norm(h @ wq^T)); rope(norm(h @ wk^T)) and
 	 * h @ wv^T into the cache: what linear x3, rmsnorm x2, rope x2 and kv_write x2 do,
 	 * with the three projections as one matrix where the backend holds them adjacent. */
@@ -130,6 +130,23 @@ struct backend_ops {
 			       const int32_t *ids, const float *weights, int top_k,
 			       const struct model_layer *L, int hidden, int inter, int n_experts,
 			       int shared_inter);
+	/* A decode step's attention, fused: what qkv_prep(q, h, L, p) then attn_gqa(out, q,
+	 * p->kv, rows, p's heads, scale) do, for rows that are each the only new token of
+	 * their sequence, at its last position (ctx - 1): the backend may then do qkv_prep's
+	 * norm, rope and cache append inside the attention launch. 1: it declines, nothing
+	 * queued (forward.c then runs the two ops); 0: done, failures kept for the next
+	 * sync as the two ops' are. */
+	int (*qkv_prep_attn)(struct backend *be, float *out, float *q, const float *h,
+			     const struct model_layer *L, const struct backend_qkv *p,
+			     const struct k_attn_rows *rows, float scale);
+	/* An MLA layer's attention, fused: what mla_prep(q, h, L, p) then attn_mla(out, q,
+	 * &L->wkv_b, p->kv, rows, d, scale) do, mla_post's work inside the attention's
+	 * first launch where the backend can. 1: it declines, nothing queued (forward.c
+	 * then runs the two ops); else attn_mla's result: 0 or -errno. */
+	int (*mla_prep_attn)(struct backend *be, float *out, float *q, const float *h,
+			     const struct model_layer *L, const struct backend_mla *p,
+			     const struct k_attn_rows *rows, const struct k_mla_dims *d,
+			     float scale);
 	/* ids (M) drawn from logits (M, vocab) by params (M) at output indices steps (M),
 	 * the procedure of kernels/k_sample.h; all in backend memory. 0 or -errno. */
 	int (*sample)(struct backend *be, int32_t *ids, const float *logits, int M, int vocab,

@@ -245,19 +245,21 @@ static void gqa_attention(struct forward *f, const struct model_layer *L, int l,
 	const struct model_config *c = &f->m->cfg;
 	int R = b->n_rows, H = c->n_heads, KV = c->n_kv_heads, D = c->head_dim;
 	struct k_kv_layer *kv = &f->kv[l];
+	struct backend_qkv p = {
+		.rows = R, .n_heads = H, .kv_heads = KV, .head_dim = D, .qk_norm = c->qk_norm,
+		.eps = c->rms_norm_eps, .rope = &f->rope, .pos = b->pos, .slots = b->slots, .kv = kv,
+	};
 
-	if (f->be->ops->qkv_prep) {
-		struct backend_qkv p = {
-			.rows = R, .n_heads = H, .kv_heads = KV, .head_dim = D, .qk_norm = c->qk_norm,
-			.eps = c->rms_norm_eps, .rope = &f->rope, .pos = b->pos, .slots = b->slots,
-			.kv = kv, .decode = rows_one_per_seq(b),
-		};
-
-		OP(f, qkv_prep, f->q, f->h, L, &p);
-	} else {
-		gqa_inputs(f, L, l, b);
+	/* a decode step: q/k/v and the attention as one op where the backend fuses them
+	 * (it declines with 1, and the ops below run) */
+	if (!rows_one_per_seq(b) || !f->be->ops->qkv_prep_attn ||
+	    OP(f, qkv_prep_attn, f->attn, f->q, f->h, L, &p, &b->attn, c->attn_scale) == 1) {
+		if (f->be->ops->qkv_prep)
+			OP(f, qkv_prep, f->q, f->h, L, &p);
+		else
+			gqa_inputs(f, L, l, b);
+		OP(f, attn_gqa, f->attn, f->q, kv, &b->attn, H, KV, D, c->attn_scale);
 	}
-	OP(f, attn_gqa, f->attn, f->q, kv, &b->attn, H, KV, D, c->attn_scale);
 	linear_residual(f, f->x, f->h, f->attn, &L->wo, R);
 }
 
@@ -307,13 +309,20 @@ static int mla_attention(struct forward *f, const struct model_layer *L, int l,
 		.eps = c->rms_norm_eps, .rope = &f->rope, .pos = b->pos, .slots = b->slots,
 		.kv = &f->kv[l],
 	};
-	int ret;
+	int ret = 1;
 
-	if (f->be->ops->mla_prep)	/* q(_a) and kv_a projections: one matrix */
-		OP(f, mla_prep, f->q, f->h, L, &p);
-	else
-		mla_inputs(f, L, l, b, &p);
-	ret = OP(f, attn_mla, f->attn, f->q, &L->wkv_b, &f->kv[l], &b->attn, &d, c->attn_scale);
+	/* the projections and the attention as one op where the backend fuses them (it
+	 * declines with 1, and the ops below run) */
+	if (f->be->ops->mla_prep_attn)
+		ret = OP(f, mla_prep_attn, f->attn, f->q, f->h, L, &p, &b->attn, &d, c->attn_scale);
+	if (ret == 1) {
+		if (f->be->ops->mla_prep)	/* q(_a) and kv_a projections: one matrix */
+			OP(f, mla_prep, f->q, f->h, L, &p);
+		else
+			mla_inputs(f, L, l, b, &p);
+		ret = OP(f, attn_mla, f->attn, f->q, &L->wkv_b, &f->kv[l], &b->attn, &d,
+			 c->attn_scale);
+	}
 	if (ret)
 		return ret;
 	linear_residual(f, f->x, f->h, f->attn, &L->wo, R);

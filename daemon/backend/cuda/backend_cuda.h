@@ -1,5 +1,5 @@
-/* The CUDA backend's internals shared by its files: the backend object, the weight
- * arena and the map from a host weight to its device copy. */
+/* The CUDA backend's internals shared by its files: the backend object, its ops by
+ * enum with their properties, the one error path, and what each file provides. */
 #ifndef KD_DAEMON_BACKEND_CUDA_H
 #define KD_DAEMON_BACKEND_CUDA_H
 
@@ -9,12 +9,13 @@
 #include <cuda_runtime_api.h>
 
 #include "daemon/backend/backend.h"
-#include "kernels/cuda/ops/k_cuda_ops.h"
+#include "kernels/cuda/attn/k_cuda_attn.h"
 
 struct k_cuda_linear;
 struct k_cuda_attn_ws;
 struct k_cuda_moe_ws;
 struct k_cuda_sample_ws;
+struct cuda_prof;
 
 /* host pointer -> device pointer, open addressing, never shrinks */
 struct cuda_ptr_map {
@@ -24,23 +25,45 @@ struct cuda_ptr_map {
 	size_t n;
 };
 
-/* Per-op GPU time, KDEC_CUDA_OP_TIMES=1, ops run one by one (no graphs): events
- * around each launcher call, resolved at sync, a table at destroy. */
-#define CUDA_PROF_MAX_PENDING 8192
-#define CUDA_PROF_MAX_OPS 32
+/* ---- ops ------------------------------------------------------------------ */
 
-struct cuda_prof {
-	int on;
-	int n_pending;
-	const char *pending_name[CUDA_PROF_MAX_PENDING];
-	cudaEvent_t ev[CUDA_PROF_MAX_PENDING + 1];	/* ev[i], ev[i + 1] bracket op i */
-	const char *name[CUDA_PROF_MAX_OPS];
-	double ms[CUDA_PROF_MAX_OPS];
-	long calls[CUDA_PROF_MAX_OPS];
-	int n_ops;
-	long syncs;
-	int max_M;		/* widest linear since the last sync: > 64 is prefill, dropped */
+/* Every op the backend queues, one per backend_ops entry that launches work. A fused
+ * op (QKV_PREP_ATTN, MLA_PREP_ATTN) is one op here: timed as one, failing as one. */
+enum cuda_op {
+	CUDA_OP_EMBED,
+	CUDA_OP_RMSNORM,
+	CUDA_OP_ADD,
+	CUDA_OP_SILU_MUL,
+	CUDA_OP_LINEAR,
+	CUDA_OP_LINEAR_ADD,
+	CUDA_OP_ROPE,
+	CUDA_OP_KV_WRITE,
+	CUDA_OP_QKV_PREP,
+	CUDA_OP_ATTN_GQA,
+	CUDA_OP_QKV_PREP_ATTN,
+	CUDA_OP_MLA_PREP,
+	CUDA_OP_MLA_POST,
+	CUDA_OP_ATTN_MLA,
+	CUDA_OP_MLA_PREP_ATTN,
+	CUDA_OP_GATE_UP_SILU,
+	CUDA_OP_MOE_ROUTE,
+	CUDA_OP_MOE_EXPERTS,
+	CUDA_OP_MOE_EXPERTS_ADD,
+	CUDA_OP_SAMPLE,
+	CUDA_OP_COUNT
 };
+
+struct cuda_op_info {
+	const char *name;	/* the backend_ops entry: in error lines and the op times */
+	int reads_x_bf16;	/* 1: its first kernel is a GEMM reading x through the linear
+				 * context, which may take the bf16 copy of x that the op
+				 * before left there (k_cuda_linear_x_ready); every other
+				 * op drops that mark, as it may be about to change x */
+};
+
+extern const struct cuda_op_info cuda_op_info[CUDA_OP_COUNT];	/* by enum cuda_op */
+
+/* ---- the backend object --------------------------------------------------- */
 
 struct backend_cuda {
 	struct backend base;
@@ -64,15 +87,7 @@ struct backend_cuda {
 	float *fused;			/* (fused_floats) fused projections' outputs:
 					 * (rows, q + 2 kv widths) or (rows, 2 * inter) */
 	size_t fused_floats;
-	struct k_cuda_mla_post_args mla_post;	/* mla_prep's mla_post work, left
-						 * for attn_mla's absorb launch while
-						 * mla_post_pending */
-	int mla_post_pending;
-	struct k_cuda_qkv_args qkv_post;	/* qkv_prep's qkv_post work (a decode
-						 * step), left for attn_gqa's launch
-						 * while qkv_post_pending */
-	int qkv_post_pending;
-	int capturing;
+	int capturing;			/* between capture_begin and capture_end */
 	struct cuda_prof *prof;		/* NULL unless KDEC_CUDA_OP_TIMES=1 */
 };
 
@@ -81,41 +96,101 @@ static inline struct backend_cuda *cuda_of(struct backend *be)
 	return (struct backend_cuda *)be;
 }
 
-/* Records a CUDA failure (call, file, line) once; returns -EIO, or 0 on success. */
+/* ---- errors (backend_cuda.c): the backend's one error path ------------------ */
+
+/* A CUDA runtime call's result: a failure is logged (call, file, line, GPU) and kept
+ * for the next sync; returns -EIO, or 0 on success. */
 int cuda_check(struct backend_cuda *b, cudaError_t e, const char *call, const char *file, int line);
 #define CUDA_CHECK(b, call) cuda_check((b), (call), #call, __FILE__, __LINE__)
+/* Any other failure ret (-errno) of what: the first since the last sync is logged and
+ * kept for it (one failing launch fails the rest of a step: one line, not hundreds). */
+void cuda_fail(struct backend_cuda *b, int ret, const char *what);
 
-/* An op's launcher result: the first failure sticks until sync. */
-void cuda_note(struct backend_cuda *b, int ret, const char *op);
-/* The op about to be queued: launches the work earlier ops left pending that this op
- * does not take (cuda_pending_flush), and marks its start for KDEC_CUDA_OP_TIMES. */
-void cuda_prof_mark(struct backend_cuda *b, const char *op);
-/* Launches whatever is pending: mla_prep's mla_post work and qkv_prep's qkv_post
- * work. Before anything that reads or writes device memory outside the ops (uploads,
- * downloads, syncs, graph capture and launch). */
-void cuda_pending_flush(struct backend_cuda *b);
+/* ---- an op's bracket (backend_cuda_ops.c) --------------------------------- */
+
+/* Every op calls cuda_op_begin before it queues anything and cuda_op_end (or
+ * cuda_op_fail) once after: begin drops the bf16 copy of x unless op reads it and
+ * starts op's time (KDEC_CUDA_OP_TIMES); end stops it and keeps a failure ret != 0. */
+void cuda_op_begin(struct backend_cuda *b, enum cuda_op op);
+void cuda_op_end(struct backend_cuda *b, enum cuda_op op, int ret);
+/* cuda_op_end with why the op refused its arguments in the error line. */
+void cuda_op_fail(struct backend_cuda *b, enum cuda_op op, int ret, const char *why);
+
 /* The device copy of a weight; a missing one is a bug in the upload walk. */
 const void *cuda_dev_of(struct backend_cuda *b, const void *host, const char *what);
 #define W(b, t) ((const uint16_t *)cuda_dev_of((b), (t)->data, __func__))
 #define V(b, t) ((const float *)cuda_dev_of((b), (t)->data, __func__))
 
-/* Fused ops (backend_cuda_fused.c): the scratch for max_M rows, and the ops. */
-int cuda_fused_reserve(struct backend_cuda *b, int max_M);
+static inline struct k_cuda_attn_rows cuda_attn_rows(const struct k_attn_rows *r)
+{
+	return (struct k_cuda_attn_rows){ .n_rows = r->n_rows, .ctx = r->ctx, .blocks = r->blocks,
+					  .max_ctx = r->max_ctx, .n_seqs = r->n_seqs };
+}
+
+/* ---- op times (backend_cuda_prof.c), KDEC_CUDA_OP_TIMES=1 -------------------- */
+
+/* Ops run one by one (no graphs): events around each op, resolved at each sync into a
+ * table by op, printed at destroy. Every call below does nothing while b->prof is NULL,
+ * and the timing ones nothing while capturing. */
+void cuda_prof_create(struct backend_cuda *b);	/* b->prof, where the variable says 1 */
+void cuda_prof_destroy(struct backend_cuda *b);	/* prints the table */
+void cuda_prof_begin(struct backend_cuda *b, enum cuda_op op);
+void cuda_prof_end(struct backend_cuda *b);
+void cuda_prof_rows(struct backend_cuda *b, int M);	/* a linear's rows: > 64 is prefill */
+void cuda_prof_collect(struct backend_cuda *b);		/* after a stream sync */
+
+/* ---- the ops (backend_cuda_ops.c): one kernel launcher each ----------------- */
+
+void cuda_embed(struct backend *be, float *out, const int32_t *ids, int n,
+		const struct model_tensor *table);
+void cuda_rmsnorm(struct backend *be, float *out, int out_stride, const float *x, int x_stride,
+		  const struct model_tensor *w, int rows, int dim, float eps);
+void cuda_add(struct backend *be, float *y, const float *x, size_t n);
+void cuda_silu_mul(struct backend *be, float *out, const float *gate, const float *up, size_t n);
+void cuda_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M);
+void cuda_linear_add(struct backend *be, float *y, const float *x, const struct model_tensor *w,
+		     int M);
+void cuda_rope(struct backend *be, const struct k_rope *rope, float *x, int n_rows, int n_heads,
+	       int row_stride, int head_stride, const int32_t *pos);
+void cuda_kv_write(struct backend *be, float *cache, int width, const float *src, int n_rows,
+		   const int32_t *slots);
+void cuda_attn_gqa(struct backend *be, float *out, const float *q, const struct k_kv_layer *kv,
+		   const struct k_attn_rows *rows, int n_heads, int kv_heads, int head_dim,
+		   float scale);
+int cuda_attn_mla(struct backend *be, float *out, const float *q, const struct model_tensor *w_kv_b,
+		  const struct k_kv_layer *kv, const struct k_attn_rows *rows,
+		  const struct k_mla_dims *d, float scale);
+void cuda_moe_route(struct backend *be, const struct k_moe_route_params *p, const float *logits,
+		    int M, int32_t *ids, float *weights);
+int cuda_moe_experts(struct backend *be, float *out, const float *x, int M, const int32_t *ids,
+		     const float *weights, int top_k, const struct model_layer *L, int hidden,
+		     int inter, int n_experts);
+int cuda_moe_experts_add(struct backend *be, float *y, const float *x, int M,
+			 const int32_t *ids, const float *weights, int top_k,
+			 const struct model_layer *L, int hidden, int inter, int n_experts,
+			 int shared_inter);
+int cuda_sample(struct backend *be, int32_t *ids, const float *logits, int M, int vocab,
+		const struct k_sample_params *params, const uint64_t *steps);
+
+/* ---- fused ops (backend_cuda_fused.c): several kernels, one op ------------ */
+
+int cuda_fused_reserve(struct backend_cuda *b, int max_M);	/* the scratch for max_M rows */
 void cuda_qkv_prep(struct backend *be, float *q, const float *h, const struct model_layer *L,
 		   const struct backend_qkv *p);
+int cuda_qkv_prep_attn(struct backend *be, float *out, float *q, const float *h,
+		       const struct model_layer *L, const struct backend_qkv *p,
+		       const struct k_attn_rows *rows, float scale);
 void cuda_mla_post(struct backend *be, float *q, float *kv_a, const struct model_layer *L,
 		   const struct backend_mla *p);
 void cuda_mla_prep(struct backend *be, float *q, const float *h, const struct model_layer *L,
 		   const struct backend_mla *p);
-/* Launches the mla_post work mla_prep left pending, if any (an op other than attn_mla
- * is about to be queued after it). Failures are recorded, not timed as an op. */
-void cuda_mla_post_flush(struct backend_cuda *b);
-/* Records a failure of work launched for an op that is not the one being timed. */
-void cuda_note_untimed(struct backend_cuda *b, int ret, const char *what);
-/* The same for the qkv_post work qkv_prep left pending (an op other than attn_gqa). */
-void cuda_qkv_post_flush(struct backend_cuda *b);
+int cuda_mla_prep_attn(struct backend *be, float *out, float *q, const float *h,
+		       const struct model_layer *L, const struct backend_mla *p,
+		       const struct k_attn_rows *rows, const struct k_mla_dims *d, float scale);
 void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		       const struct model_tensor *w_gate, const struct model_tensor *w_up, int M);
+
+/* ---- weights (backend_cuda_weights.c) ------------------------------------ */
 
 int cuda_ptr_map_put(struct cuda_ptr_map *m, const void *key, void *val);
 void *cuda_ptr_map_get(const struct cuda_ptr_map *m, const void *key);

@@ -4,27 +4,20 @@
  * append; SiLU-and-multiply). Where a group is not adjacent (odd sizes leave padding)
  * the projections run one by one into the same scratch layout. mla_post is the MLA
  * layer's counterpart of qkv_prep's kernel: latent norm, both ropes and the cache
- * append after the q and kv_a projections. */
+ * append after the q and kv_a projections. qkv_prep_attn and mla_prep_attn go one
+ * further: the projections, then an attention launch that does that kernel's work
+ * too. Every op finishes its own work: nothing is left for a later op to take over. */
 #include <errno.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "daemon/backend/cuda/backend_cuda.h"
 #include "kernels/cuda/attn/k_cuda_attn.h"
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/ops/k_cuda_ops.h"
 
-/* A switch that is on unless its environment variable starts with '0', read once into
- * *cache (-1: not read yet). */
-static int env_on_once(int *cache, const char *name)
-{
-	if (*cache < 0) {
-		const char *e = getenv(name);
-
-		*cache = !(e && e[0] == '0');
-	}
-	return *cache;
-}
+/* The switches below are the installed k_cuda_tuning's (filled from the KDEC_*
+ * environment at backend creation), read at each call as the kernels read theirs. */
 
 int cuda_fused_reserve(struct backend_cuda *b, int max_M)
 {
@@ -95,38 +88,37 @@ static int group_linear(struct backend_cuda *b, float *y, const float *x,
 	return ret;
 }
 
-/* In a decode step qkv_prep leaves qkv_post's work to attn_gqa (k_cuda_attn_gqa_qkv),
- * which does it in the attention launch where the rows take one split (one launch
- * boundary fewer a layer, the new K/V row appended by the block that reads it) and
- * launches qkv_post first elsewhere. KDEC_QKV_IN_ATTN=0 launches qkv_post here, as
- * before. Read once. */
+/* In a decode step qkv_prep_attn does qkv_post's work in the attention launch
+ * (k_cuda_attn_gqa_qkv) where the rows take one split: one launch boundary fewer a
+ * layer, the new K/V row appended by the block that reads it; elsewhere that launcher
+ * launches qkv_post first. KDEC_QKV_IN_ATTN=0: qkv_prep_attn declines, so qkv_prep
+ * launches qkv_post and attn_gqa follows. */
 static int qkv_in_attn(void)
 {
-	static int on = -1;
-
-	return env_on_once(&on, "KDEC_QKV_IN_ATTN");
+	return k_cuda_tuning()->qkv_in_attn != 0;
 }
 
-void cuda_qkv_prep(struct backend *be, float *q, const float *h, const struct model_layer *L,
-		   const struct backend_qkv *p)
+/* qkv_prep's projections: q/k/v of h (rows, hidden) into b->fused, one GEMM where the
+ * three are adjacent, and *a = qkv_post's arguments over them (q out, K/V into the
+ * cache). 0, or the failure, then already recorded as op's end. */
+static int qkv_project(struct backend_cuda *b, enum cuda_op op, struct k_cuda_qkv_args *a,
+		       float *q, const float *h, const struct model_layer *L,
+		       const struct backend_qkv *p)
 {
-	struct backend_cuda *b = (struct backend_cuda *)be;
 	const struct model_tensor *w[3] = { &L->wq, &L->wk, &L->wv };
 	long off[3], rs[3];
-	struct k_cuda_qkv_args a;
 	int ret;
 
-	cuda_prof_mark(b, "qkv_prep");
 	if ((size_t)p->rows * (size_t)(L->wq.rows + 2 * L->wk.rows) > b->fused_floats ||
 	    p->rope->dim != b->rope_dim) {
-		cuda_note(b, -EINVAL, "qkv_prep (rows past the scratch, or another model's rope)");
-		return;
+		cuda_op_fail(b, op, -EINVAL, "rows past the scratch, or another model's rope");
+		return -EINVAL;
 	}
 	if ((ret = group_linear(b, b->fused, h, w, 3, p->rows, off, rs))) {
-		cuda_note(b, ret, "qkv_prep");
-		return;
+		cuda_op_end(b, op, ret);
+		return ret;
 	}
-	a = (struct k_cuda_qkv_args){
+	*a = (struct k_cuda_qkv_args){
 		.q = q, .q_src = b->fused + off[0], .k_src = b->fused + off[1],
 		.v_src = b->fused + off[2], .q_rs = rs[0], .k_rs = rs[1], .v_rs = rs[2],
 		.rows = p->rows, .n_heads = p->n_heads, .kv_heads = p->kv_heads,
@@ -137,29 +129,56 @@ void cuda_qkv_prep(struct backend *be, float *q, const float *h, const struct mo
 		.pos = p->pos, .k_cache = (uint16_t *)p->kv->k, .v_cache = (uint16_t *)p->kv->v,
 		.slots = p->slots,
 	};
-	if (p->decode && qkv_in_attn()) {	/* attn_gqa's launch takes it */
-		b->qkv_post = a;
-		b->qkv_post_pending = 1;
-		return;
-	}
-	cuda_note(b, k_cuda_qkv_post(b->stream, &a), "qkv_prep");
+	return 0;
 }
 
-void cuda_qkv_post_flush(struct backend_cuda *b)
+void cuda_qkv_prep(struct backend *be, float *q, const float *h, const struct model_layer *L,
+		   const struct backend_qkv *p)
 {
-	if (!b->qkv_post_pending)
-		return;
-	b->qkv_post_pending = 0;
-	cuda_note_untimed(b, k_cuda_qkv_post(b->stream, &b->qkv_post), "qkv_prep (its qkv_post)");
+	struct backend_cuda *b = cuda_of(be);
+	struct k_cuda_qkv_args a;
+
+	cuda_op_begin(b, CUDA_OP_QKV_PREP);
+	if (!qkv_project(b, CUDA_OP_QKV_PREP, &a, q, h, L, p))
+		cuda_op_end(b, CUDA_OP_QKV_PREP, k_cuda_qkv_post(b->stream, &a));
+}
+
+/* qkv_prep then attn_gqa over its q and the layer's cache, qkv_post's work in the
+ * attention launch; declines where KDEC_QKV_IN_ATTN=0 or the attention's rows are not
+ * the projections'. */
+int cuda_qkv_prep_attn(struct backend *be, float *out, float *q, const float *h,
+		       const struct model_layer *L, const struct backend_qkv *p,
+		       const struct k_attn_rows *rows, float scale)
+{
+	struct backend_cuda *b = cuda_of(be);
+	struct k_cuda_attn_rows r = cuda_attn_rows(rows);
+	const int width = p->n_heads * p->head_dim;
+	/* the output in bf16 as well, for o_proj next */
+	uint16_t *xb = k_cuda_linear_x_scratch(b->lin, rows->n_rows, width);
+	struct k_cuda_qkv_args a;
+	int ret;
+
+	if (!qkv_in_attn() || rows->n_rows != p->rows)
+		return 1;
+	cuda_op_begin(b, CUDA_OP_QKV_PREP_ATTN);
+	if (qkv_project(b, CUDA_OP_QKV_PREP_ATTN, &a, q, h, L, p))
+		return 0;
+	/* the attention reads the projections' rows, not x: the bf16 copy of h goes, as
+	 * at the start of any op that does not read it */
+	k_cuda_linear_x_ready(b->lin, NULL, 0, 0);
+	ret = k_cuda_attn_gqa_qkv(b->stream, b->attn_ws, out, xb, &a, p->kv->block_tokens, &r,
+				  scale);
+	cuda_op_end(b, CUDA_OP_QKV_PREP_ATTN, ret < 0 ? ret : 0);
+	if (ret == 1)
+		k_cuda_linear_x_ready(b->lin, out, rows->n_rows, width);
+	return 0;
 }
 
 /* KDEC_CUDA_MLA_POST=0: mla_post runs the four kernels of the op-by-op path instead of
- * k_cuda_mla_post (for A/B timing and for bisecting a difference). Read once. */
+ * k_cuda_mla_post (for A/B timing and for bisecting a difference). */
 static int mla_post_fused(void)
 {
-	static int on = -1;
-
-	return env_on_once(&on, "KDEC_CUDA_MLA_POST");
+	return k_cuda_tuning()->mla_post_fused != 0;
 }
 
 static int mla_post_op_by_op(struct backend_cuda *b, float *q, float *kv_a,
@@ -180,23 +199,13 @@ static int mla_post_op_by_op(struct backend_cuda *b, float *q, float *kv_a,
 	return k_cuda_kv_write(b->stream, (uint16_t *)p->kv->k, width, kv_a, width, R, p->slots);
 }
 
-/* mla_prep leaves mla_post's work to attn_mla's absorb launch (k_cuda_attn_mla_post),
- * one launch boundary fewer a layer: V2-Lite batch 1 2.654 -> 2.554 ms, batch 8 7.727
- * -> 7.603 (H200, 64e33ca). KDEC_MLA_POST_IN_ABSORB=0 returns the mla_post launch.
- * Read once. */
+/* mla_prep_attn does mla_post's work in the absorb launch (k_cuda_attn_mla_post), one
+ * launch boundary fewer a layer: V2-Lite batch 1 2.654 -> 2.554 ms, batch 8 7.727 ->
+ * 7.603 (H200, 64e33ca). KDEC_MLA_POST_IN_ABSORB=0: mla_prep_attn declines, so mla_prep
+ * launches mla_post's kernel and attn_mla follows. */
 static int mla_post_in_absorb(void)
 {
-	static int on = -1;
-
-	return env_on_once(&on, "KDEC_MLA_POST_IN_ABSORB");
-}
-
-void cuda_mla_post_flush(struct backend_cuda *b)
-{
-	if (!b->mla_post_pending)
-		return;
-	b->mla_post_pending = 0;
-	cuda_note_untimed(b, k_cuda_mla_post(b->stream, &b->mla_post), "mla_prep (its mla_post)");
+	return k_cuda_tuning()->mla_post_in_absorb != 0;
 }
 
 /* mla_post's arguments; q_src (NULL: q in place) and kv_a rows q_src_rs and kv_rs apart. */
@@ -238,28 +247,27 @@ static int mla_rope_ok(struct backend_cuda *b, const struct backend_mla *p)
 void cuda_mla_post(struct backend *be, float *q, float *kv_a, const struct model_layer *L,
 		   const struct backend_mla *p)
 {
-	struct backend_cuda *b = (struct backend_cuda *)be;
+	struct backend_cuda *b = cuda_of(be);
 
-	cuda_prof_mark(b, "mla_post");
+	cuda_op_begin(b, CUDA_OP_MLA_POST);
 	if (!mla_rope_ok(b, p)) {
-		cuda_note(b, -EINVAL, "mla_post (another model's rope, or wider than the rope key)");
+		cuda_op_fail(b, CUDA_OP_MLA_POST, -EINVAL,
+			     "another model's rope, or wider than the rope key");
 		return;
 	}
 	if (!mla_post_fused()) {
-		cuda_note(b, mla_post_op_by_op(b, q, kv_a, L, p), "mla_post");
+		cuda_op_end(b, CUDA_OP_MLA_POST, mla_post_op_by_op(b, q, kv_a, L, p));
 		return;
 	}
-	cuda_note(b, mla_post_kernel(b, q, NULL, 0, kv_a, p->kv_lora + p->rope_dim, L, p),
-		  "mla_post");
+	cuda_op_end(b, CUDA_OP_MLA_POST,
+		    mla_post_kernel(b, q, NULL, 0, kv_a, p->kv_lora + p->rope_dim, L, p));
 }
 
 /* KDEC_CUDA_MLA_PREP=0: mla_prep runs q_b and kv_a as two linears (q straight into q)
- * and mla_post's kernel in place, as the op-by-op forward did. Read once. */
+ * and mla_post's kernel in place, as the op-by-op forward did. */
 static int mla_prep_fused(void)
 {
-	static int on = -1;
-
-	return env_on_once(&on, "KDEC_CUDA_MLA_PREP");
+	return k_cuda_tuning()->mla_prep_fused != 0;
 }
 
 /* q-LoRA: q = rmsnorm(q_a) @ wq_b^T from the q_a part of the fused rows, through a
@@ -283,73 +291,132 @@ static int mla_prep_lora(struct backend_cuda *b, float *q, const float *q_a, lon
 			     (int)L->wq_b.cols, 0);
 }
 
-/* [q | kv_a] (rows, H * qk + kv_lora + rope) = h @ [wq_b; wkv_a]^T in b->fused, one
- * linear where the arena holds the two adjacent (it places them so): at batch 1 one
- * weight stream of 15 MB where two launches read 12.6 and 2.4. Then mla_post's kernel
- * copies q out of the fused rows into q, rotating its rope part, and appends the
- * latent from the same rows. With q-LoRA the pair is [wq_a; wkv_a]: q_a's norm and
- * wq_b follow, and mla_post rotates q in place. */
-void cuda_mla_prep(struct backend *be, float *q, const float *h, const struct model_layer *L,
-		   const struct backend_mla *p)
+/* mla_prep's shapes and scratch: 0, or -EINVAL, then already recorded as op's end. */
+static int mla_prep_check(struct backend_cuda *b, enum cuda_op op, const struct model_layer *L,
+			  const struct backend_mla *p)
 {
-	struct backend_cuda *b = (struct backend_cuda *)be;
 	const int lora = L->wq_a.data != NULL;
 	const struct model_tensor *w[2] = { lora ? &L->wq_a : &L->wq_b, &L->wkv_a };
 	const long qk = p->nope_dim + p->rope_dim, width = p->kv_lora + p->rope_dim;
 	const size_t R = (size_t)p->rows, pair = R * (size_t)(w[0]->rows + w[1]->rows);
-	long off[2], rs[2];
-	int ret;
 
-	cuda_prof_mark(b, "mla_prep");
 	if (!mla_rope_ok(b, p) || L->wq_b.rows != (int64_t)p->n_heads * qk ||
 	    L->wkv_a.rows != width || w[0]->cols != w[1]->cols ||
 	    (lora && L->wq_b.cols != L->wq_a.rows) ||
 	    pair + (lora ? R * (size_t)L->wq_a.rows : 0) > b->fused_floats) {
-		cuda_note(b, -EINVAL, "mla_prep (another model's rope or shapes, or rows past the "
-			  "scratch)");
-		return;
+		cuda_op_fail(b, op, -EINVAL, "another model's rope or shapes, or rows past the "
+			     "scratch");
+		return -EINVAL;
 	}
-	if (!mla_prep_fused() || !mla_post_fused()) {	/* the op-by-op order */
-		float *q_a = b->fused, *kv_a = b->fused + R * (size_t)w[0]->rows;
+	return 0;
+}
 
-		if (lora && !(ret = k_cuda_linear(b->lin, q_a, h, W(b, w[0]), p->rows,
-						  (int)w[0]->rows, (int)w[0]->cols, 0)))
-			ret = mla_prep_lora(b, q, q_a, (long)w[0]->rows, L, p, b->fused + pair);
-		else if (!lora)
-			ret = k_cuda_linear(b->lin, q, h, W(b, w[0]), p->rows, (int)w[0]->rows,
-					    (int)w[0]->cols, 0);
-		if (!ret)
-			ret = k_cuda_linear(b->lin, kv_a, h, W(b, w[1]), p->rows, (int)w[1]->rows,
-					    (int)w[1]->cols, 0);
-		if (!ret)
-			ret = mla_post_fused() ? mla_post_kernel(b, q, NULL, 0, kv_a, width, L, p)
-					       : mla_post_op_by_op(b, q, kv_a, L, p);
-		cuda_note(b, ret, "mla_prep");
-		return;
-	}
+/* mla_prep with KDEC_CUDA_MLA_PREP=0 or KDEC_CUDA_MLA_POST=0: the op-by-op order, each
+ * projection its own linear (q straight into q), then mla_post's work in place. */
+static int mla_prep_op_by_op(struct backend_cuda *b, float *q, const float *h,
+			     const struct model_layer *L, const struct backend_mla *p)
+{
+	const int lora = L->wq_a.data != NULL;
+	const struct model_tensor *w[2] = { lora ? &L->wq_a : &L->wq_b, &L->wkv_a };
+	const long width = p->kv_lora + p->rope_dim;
+	const size_t R = (size_t)p->rows, pair = R * (size_t)(w[0]->rows + w[1]->rows);
+	float *q_a = b->fused, *kv_a = b->fused + R * (size_t)w[0]->rows;
+	int ret = 0;
+
+	if (lora && !(ret = k_cuda_linear(b->lin, q_a, h, W(b, w[0]), p->rows, (int)w[0]->rows,
+					  (int)w[0]->cols, 0)))
+		ret = mla_prep_lora(b, q, q_a, (long)w[0]->rows, L, p, b->fused + pair);
+	else if (!lora)
+		ret = k_cuda_linear(b->lin, q, h, W(b, w[0]), p->rows, (int)w[0]->rows,
+				    (int)w[0]->cols, 0);
+	if (!ret)
+		ret = k_cuda_linear(b->lin, kv_a, h, W(b, w[1]), p->rows, (int)w[1]->rows,
+				    (int)w[1]->cols, 0);
+	if (!ret)
+		ret = mla_post_fused() ? mla_post_kernel(b, q, NULL, 0, kv_a, width, L, p)
+				       : mla_post_op_by_op(b, q, kv_a, L, p);
+	return ret;
+}
+
+/* [q | kv_a] (rows, H * qk + kv_lora + rope) = h @ [wq_b; wkv_a]^T in b->fused, one
+ * linear where the arena holds the two adjacent (it places them so): at batch 1 one
+ * weight stream of 15 MB where two launches read 12.6 and 2.4. *a = mla_post's
+ * arguments over them: its kernel copies q out of the fused rows into q, rotating its
+ * rope part, and appends the latent from the same rows. With q-LoRA the pair is
+ * [wq_a; wkv_a]: q_a's norm and wq_b follow here, and mla_post rotates q in place.
+ * 0, or the failure, then already recorded as op's end. */
+static int mla_project(struct backend_cuda *b, enum cuda_op op, struct k_cuda_mla_post_args *a,
+		       float *q, const float *h, const struct model_layer *L,
+		       const struct backend_mla *p)
+{
+	const int lora = L->wq_a.data != NULL;
+	const struct model_tensor *w[2] = { lora ? &L->wq_a : &L->wq_b, &L->wkv_a };
+	const size_t R = (size_t)p->rows, pair = R * (size_t)(w[0]->rows + w[1]->rows);
+	long off[2], rs[2];
+	int ret;
+
 	if ((ret = group_linear(b, b->fused, h, w, 2, p->rows, off, rs)) ||
 	    (lora && (ret = mla_prep_lora(b, q, b->fused + off[0], rs[0], L, p, b->fused + pair)))) {
-		cuda_note(b, ret, "mla_prep");
+		cuda_op_end(b, op, ret);
+		return ret;
+	}
+	mla_post_args(b, a, q, lora ? NULL : b->fused + off[0], rs[0], b->fused + off[1], rs[1],
+		      L, p);
+	return 0;
+}
+
+void cuda_mla_prep(struct backend *be, float *q, const float *h, const struct model_layer *L,
+		   const struct backend_mla *p)
+{
+	struct backend_cuda *b = cuda_of(be);
+	struct k_cuda_mla_post_args a;
+
+	cuda_op_begin(b, CUDA_OP_MLA_PREP);
+	if (mla_prep_check(b, CUDA_OP_MLA_PREP, L, p))
+		return;
+	if (!mla_prep_fused() || !mla_post_fused()) {
+		cuda_op_end(b, CUDA_OP_MLA_PREP, mla_prep_op_by_op(b, q, h, L, p));
 		return;
 	}
-	if (mla_post_in_absorb()) {	/* attn_mla, next, takes it (or flushes it) */
-		mla_post_args(b, &b->mla_post, q, lora ? NULL : b->fused + off[0], rs[0],
-			      b->fused + off[1], rs[1], L, p);
-		b->mla_post_pending = 1;
-		return;
-	}
-	cuda_note(b, mla_post_kernel(b, q, lora ? NULL : b->fused + off[0], rs[0],
-				     b->fused + off[1], rs[1], L, p), "mla_prep");
+	if (!mla_project(b, CUDA_OP_MLA_PREP, &a, q, h, L, p))
+		cuda_op_end(b, CUDA_OP_MLA_PREP, k_cuda_mla_post(b->stream, &a));
+}
+
+/* mla_prep (fused) then attn_mla over its q and the layer's cache, mla_post's work in
+ * the absorb launch; declines where a KDEC_ switch turns a part of that off or the
+ * attention's rows are not the projections'. */
+int cuda_mla_prep_attn(struct backend *be, float *out, float *q, const float *h,
+		       const struct model_layer *L, const struct backend_mla *p,
+		       const struct k_attn_rows *rows, const struct k_mla_dims *d, float scale)
+{
+	struct backend_cuda *b = cuda_of(be);
+	struct k_cuda_mla_post_args a;
+	struct k_cuda_attn_rows r;
+	int ret;
+
+	if (!mla_prep_fused() || !mla_post_fused() || !mla_post_in_absorb() ||
+	    rows->n_rows != p->rows)
+		return 1;
+	cuda_op_begin(b, CUDA_OP_MLA_PREP_ATTN);
+	if (mla_prep_check(b, CUDA_OP_MLA_PREP_ATTN, L, p) ||
+	    mla_project(b, CUDA_OP_MLA_PREP_ATTN, &a, q, h, L, p))
+		return 0;
+	/* the absorb reads the projections' rows, not x: the bf16 copy of x goes, as at the
+	 * start of any op that does not read it */
+	k_cuda_linear_x_ready(b->lin, NULL, 0, 0);
+	r = cuda_attn_rows(rows);
+	ret = k_cuda_attn_mla_post(b->stream, b->attn_ws, out, &a, W(b, &L->wkv_b),
+				   (const uint16_t *)p->kv->k, p->kv->block_tokens, &r, d, scale);
+	cuda_op_end(b, CUDA_OP_MLA_PREP_ATTN, ret);
+	return ret < 0 ? ret : 0;
 }
 
 /* 1 where the down projection (M, inter) -> (M, hidden) that follows gate_up_silu
  * reads its x in bf16 only (cuBLAS: Llama-3.1-8B's 117 MB one at every batch), so SwiGLU
- * need not write the fp32 form (KDEC_SILU_BF16_ONLY=0 writes it anyway). Read once. */
+ * need not write the fp32 form (KDEC_SILU_BF16_ONLY=0 writes it anyway). */
 static int down_reads_bf16(int M, int hidden, int inter)
 {
-	static int on = -1;
-
-	return env_on_once(&on, "KDEC_SILU_BF16_ONLY") && inter % 8 == 0 &&
+	return k_cuda_tuning()->silu_bf16_only && inter % 8 == 0 &&
 	       k_cuda_linear_kind_reads_bf16(k_cuda_linear_pick(M, hidden, inter));
 }
 
@@ -360,16 +427,15 @@ static int down_reads_bf16(int M, int hidden, int inter)
  * MoE model the extra rounding reaches the routers, where a near-tie flips an expert
  * (the golden DeepSeek-V3's greedy output changed at token 12 with it; the dense golden
  * models' did not). 0 when it did it, -EOPNOTSUPP where the fp32 form is taken.
- * KDEC_GATE_UP_BF16=0 keeps fp32. Read once. */
+ * KDEC_GATE_UP_BF16=0 keeps fp32. */
 static int gate_up_silu_bf16(struct backend_cuda *b, float *out, const float *x,
 			     const struct model_tensor *const *w, int M, int inter)
 {
-	static int on = -1;
 	uint16_t *xb = k_cuda_linear_x_scratch(b->lin, M, inter);
 	const uint16_t *d[2];
 	int ret;
 
-	if (!env_on_once(&on, "KDEC_GATE_UP_BF16") || b->m->cfg.n_experts > 0 || !xb ||
+	if (!k_cuda_tuning()->gate_up_bf16 || b->m->cfg.n_experts > 0 || !xb ||
 	    !down_reads_bf16(M, (int)w[0]->cols, inter))
 		return -EOPNOTSUPP;
 	d[0] = W(b, w[0]);
@@ -389,23 +455,24 @@ static int gate_up_silu_bf16(struct backend_cuda *b, float *out, const float *x,
 void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		       const struct model_tensor *w_gate, const struct model_tensor *w_up, int M)
 {
-	struct backend_cuda *b = (struct backend_cuda *)be;
+	struct backend_cuda *b = cuda_of(be);
 	const struct model_tensor *w[2] = { w_gate, w_up };
 	const int inter = (int)w_gate->rows;
 	long off[2], rs[2];
 	int ret;
 
-	cuda_prof_mark(b, "gate_up_silu");
+	cuda_op_begin(b, CUDA_OP_GATE_UP_SILU);
 	if ((size_t)M * 2 * (size_t)inter > b->fused_floats || w_up->rows != w_gate->rows) {
-		cuda_note(b, -EINVAL, "gate_up_silu (rows past the scratch, or gate and up differ)");
+		cuda_op_fail(b, CUDA_OP_GATE_UP_SILU, -EINVAL,
+			     "rows past the scratch, or gate and up differ");
 		return;
 	}
 	if ((ret = gate_up_silu_bf16(b, out, x, w, M, inter)) != -EOPNOTSUPP) {
-		cuda_note(b, ret, "gate_up_silu");
+		cuda_op_end(b, CUDA_OP_GATE_UP_SILU, ret);
 		return;
 	}
 	if ((ret = group_linear(b, b->fused, x, w, 2, M, off, rs))) {
-		cuda_note(b, ret, "gate_up_silu");
+		cuda_op_end(b, CUDA_OP_GATE_UP_SILU, ret);
 		return;
 	}
 	if (rs[0] == 2L * inter) {	/* one GEMM: rows hold gate then up */
@@ -422,5 +489,5 @@ void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 	} else
 		ret = k_cuda_silu_mul(b->stream, out, b->fused + off[0], b->fused + off[1],
 				      (size_t)M * (size_t)inter);
-	cuda_note(b, ret, "gate_up_silu");
+	cuda_op_end(b, CUDA_OP_GATE_UP_SILU, ret);
 }

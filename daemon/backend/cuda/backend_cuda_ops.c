@@ -1,0 +1,272 @@
+/* The CUDA backend's ops: the table of their properties, the bracket every op runs in
+ * (cuda_op_begin / cuda_op_end), and the ops that are one kernel launcher each. */
+#include <errno.h>
+#include <stdio.h>
+
+#include "daemon/backend/cuda/backend_cuda.h"
+#include "kernels/cuda/attn/k_cuda_attn.h"
+#include "kernels/cuda/k_cuda_tuning.h"
+#include "kernels/cuda/linear/k_cuda_linear.h"
+#include "kernels/cuda/moe/k_cuda_moe.h"
+#include "kernels/cuda/ops/k_cuda_ops.h"
+#include "kernels/cuda/sample/k_cuda_sample.h"
+
+/* ---- the ops' properties -------------------------------------------------- */
+
+const struct cuda_op_info cuda_op_info[CUDA_OP_COUNT] = {
+	[CUDA_OP_EMBED] = { "embed", 0 },
+	[CUDA_OP_RMSNORM] = { "rmsnorm", 0 },
+	[CUDA_OP_ADD] = { "add", 0 },
+	[CUDA_OP_SILU_MUL] = { "silu_mul", 0 },
+	[CUDA_OP_LINEAR] = { "linear", 1 },
+	[CUDA_OP_LINEAR_ADD] = { "linear_add", 1 },
+	[CUDA_OP_ROPE] = { "rope", 0 },
+	[CUDA_OP_KV_WRITE] = { "kv_write", 0 },
+	[CUDA_OP_QKV_PREP] = { "qkv_prep", 1 },
+	[CUDA_OP_ATTN_GQA] = { "attn_gqa", 0 },
+	[CUDA_OP_QKV_PREP_ATTN] = { "qkv_prep_attn", 1 },
+	[CUDA_OP_MLA_PREP] = { "mla_prep", 1 },
+	[CUDA_OP_MLA_POST] = { "mla_post", 0 },
+	[CUDA_OP_ATTN_MLA] = { "attn_mla", 0 },
+	[CUDA_OP_MLA_PREP_ATTN] = { "mla_prep_attn", 1 },
+	[CUDA_OP_GATE_UP_SILU] = { "gate_up_silu", 1 },
+	[CUDA_OP_MOE_ROUTE] = { "moe_route", 0 },
+	[CUDA_OP_MOE_EXPERTS] = { "moe_experts", 0 },
+	[CUDA_OP_MOE_EXPERTS_ADD] = { "moe_experts_add", 0 },
+	[CUDA_OP_SAMPLE] = { "sample", 0 },
+};
+
+/* ---- an op's bracket ------------------------------------------------------ */
+
+void cuda_op_begin(struct backend_cuda *b, enum cuda_op op)
+{
+	if (!cuda_op_info[op].reads_x_bf16)
+		k_cuda_linear_x_ready(b->lin, NULL, 0, 0);
+	cuda_prof_begin(b, op);
+}
+
+void cuda_op_end(struct backend_cuda *b, enum cuda_op op, int ret)
+{
+	cuda_prof_end(b);
+	if (ret)
+		cuda_fail(b, ret, cuda_op_info[op].name);
+}
+
+void cuda_op_fail(struct backend_cuda *b, enum cuda_op op, int ret, const char *why)
+{
+	char what[160];
+
+	snprintf(what, sizeof(what), "%s (%s)", cuda_op_info[op].name, why);
+	cuda_prof_end(b);
+	cuda_fail(b, ret, what);
+}
+
+const void *cuda_dev_of(struct backend_cuda *b, const void *host, const char *what)
+{
+	const void *d = cuda_ptr_map_get(&b->map, host);
+
+	if (!d)
+		cuda_fail(b, -EFAULT, what);
+	return d;
+}
+
+/* ---- the ops -------------------------------------------------------------- */
+
+void cuda_embed(struct backend *be, float *out, const int32_t *ids, int n,
+		const struct model_tensor *table)
+{
+	struct backend_cuda *b = cuda_of(be);
+
+	cuda_op_begin(b, CUDA_OP_EMBED);
+	cuda_op_end(b, CUDA_OP_EMBED, k_cuda_embed(b->stream, out, ids, n, W(b, table), (int)table->cols));
+}
+
+void cuda_rmsnorm(struct backend *be, float *out, int out_stride, const float *x, int x_stride,
+		  const struct model_tensor *w, int rows, int dim, float eps)
+{
+	struct backend_cuda *b = cuda_of(be);
+	uint16_t *xb = out_stride == dim ? k_cuda_linear_x_scratch(b->lin, rows, dim) : NULL;
+
+	cuda_op_begin(b, CUDA_OP_RMSNORM);
+	if (!xb) {
+		cuda_op_end(b, CUDA_OP_RMSNORM, k_cuda_rmsnorm(b->stream, out, out_stride, x, x_stride,
+							       V(b, w), rows, dim, eps));
+		return;
+	}
+	/* the output in bf16 as well, for the linear that usually comes next */
+	cuda_op_end(b, CUDA_OP_RMSNORM, k_cuda_rmsnorm_bf16(b->stream, out, out_stride, x, x_stride,
+							    V(b, w), rows, dim, eps, xb));
+	k_cuda_linear_x_ready(b->lin, out, rows, dim);
+}
+
+void cuda_add(struct backend *be, float *y, const float *x, size_t n)
+{
+	struct backend_cuda *b = cuda_of(be);
+
+	cuda_op_begin(b, CUDA_OP_ADD);
+	cuda_op_end(b, CUDA_OP_ADD, k_cuda_add(b->stream, y, x, n));
+}
+
+void cuda_silu_mul(struct backend *be, float *out, const float *gate, const float *up, size_t n)
+{
+	struct backend_cuda *b = cuda_of(be);
+
+	cuda_op_begin(b, CUDA_OP_SILU_MUL);
+	cuda_op_end(b, CUDA_OP_SILU_MUL, k_cuda_silu_mul(b->stream, out, gate, up, n));
+}
+
+void cuda_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M)
+{
+	struct backend_cuda *b = cuda_of(be);
+
+	cuda_op_begin(b, CUDA_OP_LINEAR);
+	cuda_prof_rows(b, M);
+	cuda_op_end(b, CUDA_OP_LINEAR, k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows,
+						     (int)w->cols, 0));
+}
+
+void cuda_linear_add(struct backend *be, float *y, const float *x, const struct model_tensor *w,
+		     int M)
+{
+	struct backend_cuda *b = cuda_of(be);
+
+	cuda_op_begin(b, CUDA_OP_LINEAR_ADD);
+	cuda_prof_rows(b, M);
+	cuda_op_end(b, CUDA_OP_LINEAR_ADD, k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows,
+							 (int)w->cols, 1));
+}
+
+void cuda_rope(struct backend *be, const struct k_rope *rope, float *x, int n_rows, int n_heads,
+	       int row_stride, int head_stride, const int32_t *pos)
+{
+	struct backend_cuda *b = cuda_of(be);
+
+	cuda_op_begin(b, CUDA_OP_ROPE);
+	if (rope->dim != b->rope_dim) {
+		cuda_op_fail(b, CUDA_OP_ROPE, -EINVAL, "table of another model");
+		return;
+	}
+	cuda_op_end(b, CUDA_OP_ROPE, k_cuda_rope(b->stream, b->inv_freq, rope->dim, rope->interleaved,
+						 rope->attn_factor, x, n_rows, n_heads, row_stride,
+						 head_stride, pos));
+}
+
+void cuda_kv_write(struct backend *be, float *cache, int width, const float *src, int n_rows,
+		   const int32_t *slots)
+{
+	struct backend_cuda *b = cuda_of(be);
+
+	cuda_op_begin(b, CUDA_OP_KV_WRITE);
+	cuda_op_end(b, CUDA_OP_KV_WRITE, k_cuda_kv_write(b->stream, (uint16_t *)cache, width, src,
+							 width, n_rows, slots));
+}
+
+/* The attention over q as it is; cuda_qkv_prep_attn is the decode step's fused form. */
+void cuda_attn_gqa(struct backend *be, float *out, const float *q, const struct k_kv_layer *kv,
+		   const struct k_attn_rows *rows, int n_heads, int kv_heads, int head_dim,
+		   float scale)
+{
+	struct backend_cuda *b = cuda_of(be);
+	struct k_cuda_attn_rows r = cuda_attn_rows(rows);
+	const int width = n_heads * head_dim;
+	/* the output in bf16 as well, for o_proj next */
+	uint16_t *xb = k_cuda_linear_x_scratch(b->lin, rows->n_rows, width);
+	int ret;
+
+	cuda_op_begin(b, CUDA_OP_ATTN_GQA);
+	ret = k_cuda_attn_gqa_bf16(b->stream, b->attn_ws, out, xb, q, (const uint16_t *)kv->k,
+				   (const uint16_t *)kv->v, kv->block_tokens, &r, n_heads, kv_heads,
+				   head_dim, scale);
+	cuda_op_end(b, CUDA_OP_ATTN_GQA, ret < 0 ? ret : 0);
+	if (ret == 1)
+		k_cuda_linear_x_ready(b->lin, out, rows->n_rows, width);
+}
+
+/* The attention over q as it is; cuda_mla_prep_attn is the fused form. */
+int cuda_attn_mla(struct backend *be, float *out, const float *q, const struct model_tensor *w_kv_b,
+		  const struct k_kv_layer *kv, const struct k_attn_rows *rows,
+		  const struct k_mla_dims *d, float scale)
+{
+	struct backend_cuda *b = cuda_of(be);
+	struct k_cuda_attn_rows r;
+	int ret;
+
+	cuda_op_begin(b, CUDA_OP_ATTN_MLA);
+	r = cuda_attn_rows(rows);
+	ret = k_cuda_attn_mla(b->stream, b->attn_ws, out, q, W(b, w_kv_b), (const uint16_t *)kv->k,
+			      kv->block_tokens, &r, d, scale);
+	cuda_op_end(b, CUDA_OP_ATTN_MLA, ret);
+	return ret;
+}
+
+void cuda_moe_route(struct backend *be, const struct k_moe_route_params *p, const float *logits,
+		    int M, int32_t *ids, float *weights)
+{
+	struct backend_cuda *b = cuda_of(be);
+	struct k_moe_route_params dp = *p;
+
+	cuda_op_begin(b, CUDA_OP_MOE_ROUTE);
+	dp.bias = p->bias ? cuda_dev_of(b, p->bias, "moe_route bias") : NULL;
+	cuda_op_end(b, CUDA_OP_MOE_ROUTE, k_cuda_moe_route(b->stream, &dp, logits, M, ids, weights));
+}
+
+int cuda_moe_experts(struct backend *be, float *out, const float *x, int M, const int32_t *ids,
+		     const float *weights, int top_k, const struct model_layer *L, int hidden,
+		     int inter, int n_experts)
+{
+	struct backend_cuda *b = cuda_of(be);
+	const uint16_t *const *table;
+	int ret;
+
+	cuda_op_begin(b, CUDA_OP_MOE_EXPERTS);
+	table = cuda_dev_of(b, L->experts, "moe_experts");
+	ret = k_cuda_moe_experts(b->stream, b->moe_ws, out, x, M, ids, weights, top_k, table,
+				 n_experts, hidden, inter);
+	cuda_op_end(b, CUDA_OP_MOE_EXPERTS, ret);
+	return ret;
+}
+
+/* Declines (1) past k_cuda_tuning()->moe_fused_rows rows (KDEC_MOE_FUSED_ROWS, default
+ * 1) before anything is queued, and where the shared expert's matrices are not as the
+ * kernels take them. Batch 1 only, as measured on H200, DeepSeek-V2-Lite: batch 1 3.17
+ * ms a step fused (staged kernels) against 3.37 unfused; the fused call alone, timed
+ * with registers only, 50.9 us at batch 1 and 352 at batch 8, where the grouped path
+ * and the separate shared expert take ~236 (tests/test_cuda_moe). */
+int cuda_moe_experts_add(struct backend *be, float *y, const float *x, int M,
+			 const int32_t *ids, const float *weights, int top_k,
+			 const struct model_layer *L, int hidden, int inter, int n_experts,
+			 int shared_inter)
+{
+	struct backend_cuda *b = cuda_of(be);
+	const uint16_t *const *table;
+	struct k_cuda_moe_shared sh = { 0 };
+	int ret = 1;	/* the shared matrices not as the kernels take them: the ops will do */
+
+	if (M > k_cuda_tuning()->moe_fused_rows)
+		return 1;
+	cuda_op_begin(b, CUDA_OP_MOE_EXPERTS_ADD);
+	table = cuda_dev_of(b, L->experts, "moe_experts_add");
+	if (shared_inter > 0 && L->w_gate.rows == shared_inter && L->w_up.rows == shared_inter &&
+	    L->w_down.cols == shared_inter && L->w_gate.cols == hidden && L->w_up.cols == hidden &&
+	    L->w_down.rows == hidden)
+		sh = (struct k_cuda_moe_shared){ W(b, &L->w_gate), W(b, &L->w_up), W(b, &L->w_down),
+						 shared_inter };
+	if (shared_inter == 0 || sh.inter)
+		ret = k_cuda_moe_experts_add(b->stream, b->moe_ws, y, x, M, ids, weights, top_k,
+					     table, n_experts, hidden, inter,
+					     shared_inter > 0 ? &sh : NULL);
+	cuda_op_end(b, CUDA_OP_MOE_EXPERTS_ADD, ret < 0 ? ret : 0);
+	return ret;
+}
+
+int cuda_sample(struct backend *be, int32_t *ids, const float *logits, int M, int vocab,
+		const struct k_sample_params *params, const uint64_t *steps)
+{
+	struct backend_cuda *b = cuda_of(be);
+	int ret;
+
+	cuda_op_begin(b, CUDA_OP_SAMPLE);
+	ret = k_cuda_sample(b->stream, b->sample_ws, ids, logits, M, vocab, params, steps);
+	cuda_op_end(b, CUDA_OP_SAMPLE, ret);
+	return ret;
+}
