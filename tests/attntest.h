@@ -286,7 +286,7 @@ static inline void cache_free(struct cache *c)
 /* ---- checking ------------------------------------------------------------ */
 
 /* One line: label, max abs error, rel L2, unwritten (non-finite) outputs, verdict. */
-static inline void compare(const char *label, const float *got, const float *ref, size_t n)
+static inline void attn_compare(const char *label, const float *got, const float *ref, size_t n)
 {
 	size_t bad = 0;
 	double max_abs = 0, rel, norm = 0;
@@ -308,7 +308,7 @@ static inline void compare(const char *label, const float *got, const float *ref
 	CHECK(pass, "%s%s (tolerance %g)", attn_path, label, attn_tol);
 }
 
-static inline void ctx_range(const struct rows *r, int *lo, int *hi)
+static inline void rows_ctx_range(const struct rows *r, int *lo, int *hi)
 {
 	*lo = *hi = r->n_rows ? r->ctx[0] : 0;
 	for (int i = 0; i < r->n_rows; i++) {
@@ -391,7 +391,7 @@ static inline void gqa_label(char *buf, size_t len, const struct gqa_run *g, con
 {
 	int lo, hi;
 
-	ctx_range(g->r, &lo, &hi);
+	rows_ctx_range(g->r, &lo, &hi);
 	snprintf(buf, len, "gqa %s h%d/kv%d/d%d bt%d rows %d ctx %d..%d max %d seqs %d%s", what,
 		 g->sh.h, g->sh.kv, g->sh.hd, g->r->bt, g->r->n_rows, lo, hi, g->r->max_ctx,
 		 g->r->n_seqs, g->hint ? " hinted" : "");
@@ -410,7 +410,7 @@ static inline void gqa_check(void *p, const char *what)
 
 	gqa_label(label, sizeof(label), g, what);
 	k_cpu_attn_gqa(attn_pool, ref, g->q, &kv, &cr, g->sh.h, g->sh.kv, g->sh.hd, g->scale);
-	compare(label, got, ref, n);
+	attn_compare(label, got, ref, n);
 	free(ref);
 	free(got);
 }
@@ -474,7 +474,7 @@ static inline void mla_label(char *buf, size_t len, const struct mla_run *m, con
 {
 	int lo, hi;
 
-	ctx_range(m->r, &lo, &hi);
+	rows_ctx_range(m->r, &lo, &hi);
 	snprintf(buf, len, "mla %s h%d nope%d rope%d v%d lora%d bt%d rows %d ctx %d..%d max %d%s",
 		 what, m->d.n_heads, m->d.nope_dim, m->d.rope_dim, m->d.v_dim, m->d.kv_lora,
 		 m->r->bt, m->r->n_rows, lo, hi, m->r->max_ctx, m->hint ? " hinted" : "");
@@ -495,7 +495,7 @@ static inline void mla_check(void *p, const char *what)
 	mla_label(label, sizeof(label), m, what);
 	ret = k_cpu_attn_mla(attn_pool, ref, m->q, m->w, K_BF16, &kv, &cr, &m->d, m->scale);
 	CHECK(ret == 0, "k_cpu_attn_mla: %d", ret);
-	compare(label, got, ref, n);
+	attn_compare(label, got, ref, n);
 	free(ref);
 	free(got);
 }

@@ -218,7 +218,7 @@ static void test_mla(void)
 	mla_case(lite, 64, rows_decode(1, 1, 0, 1), 0);
 	mla_case(lite, 64, rows_decode(1, quick ? 300 : 1000, 0, 1000), 0);
 	/* batch 1 as a graph sizes it: 128 splits of 32 tokens, 33 live (the fold's 32
-	 * loads in flight and one more; 17 of 64 with KDEC_MLA_SPLIT_MIN=64), the rest
+	 * loads in flight and one more; 17 of 64 with mla_split_min 64 alone), the rest
 	 * empty */
 	mla_case(lite, 64, rows_decode(1, 1040, 0, 4096), 0);
 	/* past 64 splits' worth the default floor of 64 tokens (47 live at 3000), and rows

@@ -160,7 +160,7 @@ static void fold_case(struct gqa_shape sh, int rope_dim, int qk_norm, int il, in
 	CHECK(ret0 == 0 && ret1 == 0 && ref && got, "attn_gqa_qkv: %d / %d", ret0, ret1);
 	if (ref && got)
 		qkv_fold_diff(&f, ref, got, &bad_out, &bad_outb, &bad_cache, &left, &rel);
-	ctx_range(r, &lo, &hi);
+	rows_ctx_range(r, &lo, &hi);
 	fprintf(stderr, "%sqkv fold %s h%d/kv%d/d%d rope %d%s%s bt%d rows %d ctx %d..%d: out rel_l2 "
 		"%.2e, %zu fp32 / %zu bf16 values differ (0 expected), cache %zu differ, %zu "
 		"unwritten %s\n", attn_path, name, sh.h, sh.kv, sh.hd, rope_dim,

@@ -172,7 +172,7 @@ static void qkv_fold_cold(struct gqa_shape sh, int qk_norm, int batch, const cha
 	k_cuda_tuning_set(&t);
 	t_sep = bench_graph_us(qkv_fold_call, &f, flush);
 	k_cuda_tuning_set(&was);
-	ctx_range(f.r, &lo, &hi);
+	rows_ctx_range(f.r, &lo, &hi);
 	printf("%sqkv fold %s graph rows %d ctx %d..%d: qkv_post + attention (qkv_in_attn 0) "
 	       "%.1f us, folded %.1f us (%.1f us saved); KV floor %.1f us\n", attn_path, name,
 	       batch, lo, hi, t_sep, t_fold, t_sep - t_fold,

@@ -62,7 +62,7 @@ static struct k_cuda_linear *lin;
 static int samples = SAMPLES_MAX;	/* --quick: 11 */
 
 /* kind < 0: the variant k_cuda_linear picks; otherwise that one. */
-static int run(int kind, float *y, const float *x, const uint16_t *w, int M, int N, int K)
+static int run_kind(int kind, float *y, const float *x, const uint16_t *w, int M, int N, int K)
 {
 	return kind >= 0 ? k_cuda_linear_run_kind(lin, kind, y, x, w, M, N, K, 0)
 			 : k_cuda_linear(lin, y, x, w, M, N, K, 0);
@@ -83,12 +83,12 @@ static double linear_time_us(int kind, float *y, const float *x, const uint16_t 
 	int ret = 0;
 
 	for (int i = 0; i < 3 && !ret; i++)	/* kernels load, cuBLAS picks, outside capture */
-		ret = run(kind, y, x, w + (size_t)(i % copies) * wn, M, N, K);
+		ret = run_kind(kind, y, x, w + (size_t)(i % copies) * wn, M, N, K);
 	if (ret || !CU(cudaStreamSynchronize(stream)) ||
 	    !CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal)))
 		goto out;
 	for (int i = 0; i < launches && !ret; i++)
-		ret = run(kind, y, x, w + (size_t)(i % copies) * wn, M, N, K);
+		ret = run_kind(kind, y, x, w + (size_t)(i % copies) * wn, M, N, K);
 	if (!CU(cudaStreamEndCapture(stream, &graph)) || ret ||
 	    !CU(cudaGraphInstantiate(&exec, graph, 0)) || !CU(cudaEventCreate(&t0)) ||
 	    !CU(cudaEventCreate(&t1)) || !CU(cudaGraphLaunch(exec, stream)))	/* warm-up */
