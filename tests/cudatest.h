@@ -1,8 +1,7 @@
 /* Helpers of the CUDA tests and benchmarks: test_gpu_present for every one of them,
  * and device memory in and out. A failed CUDA call is a failed check (CHECK,
  * testutil.h) naming the call, its file and line and the CUDA error, not an exit, so
- * the other cases still run (a sticky error fails them too). Include after the CUDA
- * runtime. */
+ * the other cases still run (a sticky error fails them too). */
 #ifndef KD_TESTS_CUDATEST_H
 #define KD_TESTS_CUDATEST_H
 

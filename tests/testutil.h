@@ -140,7 +140,7 @@ static inline int test_part_runs(const char *part, const char *p)
 	return !part || !strcmp(part, p);
 }
 
-/* An on/off switch of the environment (KD_TEST_TIME, KD_TEST_QUICK): set and nonzero. */
+/* An on/off switch of the environment (KD_TEST_QUICK): set and nonzero. */
 static inline int test_env_flag(const char *name)
 {
 	const char *e = getenv(name);
