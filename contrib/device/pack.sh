@@ -1,7 +1,7 @@
 #!/bin/bash
 # Packs a CUDA build into a small folder to carry to the GPU machine (the device tool
 # carries at most 64 MiB beside the tree): binaries without debug info, the GPU tests,
-# test_golden and bench_cuda_linear, the real kdrun/kdctl (not libtool wrappers, whose
+# test_golden and the kernel benchmarks (tests/bench), the real kdrun/kdctl (not libtool wrappers, whose
 # paths name this machine), and devlibs/ with libev, liburing and libkdclient.
 #   contrib/device/pack.sh [BUILD [OUT]]    (defaults: build devbuild)
 # The carry limit counts the tracked tree too (~33 MB now): PACK_TESTS="test_cuda_attn ..."
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 src=${1:-build} dst=${2:-devbuild}
 [ -x "$src/kdbench" ] || { echo "pack: no $src/kdbench: build first (make -C $src all check TESTS=)" >&2; exit 1; }
 rm -rf "$dst"
-mkdir -p "$dst/tests" "$dst/devlibs"
+mkdir -p "$dst/tests/bench" "$dst/devlibs"
 cp "$src/kdbench" "$dst/"
 if [ "${PACK_SERVE:-1}" != 0 ]; then
 	cp "$src/kdecd" "$dst/"
@@ -20,12 +20,13 @@ if [ "${PACK_SERVE:-1}" != 0 ]; then
 fi
 cp -L "$src/.libs/libkdclient.so.1" "$dst/devlibs/"
 cp -L /lib/x86_64-linux-gnu/libev.so.4 /lib/x86_64-linux-gnu/liburing.so.2 "$dst/devlibs/"
-for t in "$src"/tests/test_cuda_* "$src/tests/test_golden" "$src/tests/bench_cuda_linear"; do
+for t in "$src"/tests/test_cuda_* "$src/tests/test_golden" "$src"/tests/bench/bench_cuda_*; do
 	case $t in *.o) continue ;; esac
 	if [ -n "${PACK_TESTS:-}" ]; then
 		case " $PACK_TESTS " in *" $(basename "$t") "*) ;; *) continue ;; esac
 	fi
-	[ -x "$t" ] && cp "$t" "$dst/tests/"
+	case $t in */bench/*) to=$dst/tests/bench/ ;; *) to=$dst/tests/ ;; esac
+	[ -x "$t" ] && cp "$t" "$to"
 done
 strip --strip-debug "$dst"/kd* $(find "$dst/tests" -type f)	# tests/ may be empty (PACK_TESTS)
 tree=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
