@@ -4,7 +4,7 @@
 # test_golden and the kernel benchmarks (tests/bench), the real kdrun/kdctl (not libtool wrappers, whose
 # paths name this machine), and devlibs/ with libev, liburing and libkdclient.
 #   contrib/device/pack.sh [BUILD [OUT]]    (defaults: build devbuild)
-# The carry limit counts the tracked tree too (~33 MB now): PACK_TESTS="test_cuda_attn ..."
+# The carry limit counts the tracked tree too (~28 MB now): PACK_TESTS="test_cuda_attn_gqa bench_cuda_attn ..."
 # packs only those test programs, PACK_SERVE=0 leaves out kdecd, kdrun and kdctl.
 # then: device run "KDEC_BUILD_DIR=devbuild bash contrib/device/run.sh check"  carry ["devbuild"]
 set -eu

@@ -457,7 +457,7 @@ extern "C" int k_cuda_attn_gqa_bf16(cudaStream_t s, struct k_cuda_attn_ws *ws, f
 // the last split's block does that work, after its wait, and it is the straggler:
 // Llama batch 1 4.606 against 4.535 ms, Qwen3-8B batch 64 (2 splits) 7.665 against
 // 7.611, so those keep the launch. k_cuda_tuning()->qkv_in_attn (KDEC_QKV_IN_ATTN) 0
-// never folds, 1 folds at any split count (read at each call: test_cuda_attn runs both
+// never folds, 1 folds at any split count (read at each call: test_cuda_attn_qkv runs both
 // and compares the bits).
 static bool qkv_in_attn(int splits)
 {

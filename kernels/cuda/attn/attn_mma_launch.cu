@@ -94,8 +94,9 @@ int attn_mma_usable(const attn_tile_args *a)
 // is at least MMA_WAVE_FILL full (a batch of 64 Llama rows is 512 blocks, 1.3 waves of
 // 3 per SM: 3 splits make it 3.9 of 4), and never more than MMA_MAX_WAVE_SPLITS. With
 // q in registers (4 per SM, 528 slots) the 512 are 0.97 of a wave: one split, no merge.
-// Measured on H200 (test_cuda_attn, cold L2, Llama batch 64 ctx 1024): one split 82.6 us
-// against 88.8 with two and the merge launch (docs/results/cuda-attn-h3.txt).
+// Measured on H200 (test_cuda_attn's timings, now bench_cuda_attn; cold L2, Llama batch
+// 64 ctx 1024): one split 82.6 us against 88.8 with two and the merge launch
+// (docs/results/cuda-attn-h3.txt).
 #define MMA_WAVE_FILL 0.9
 #define MMA_MAX_WAVE_SPLITS 4
 #define MMA_MIN_WAVE_SPLIT_TOKENS 256
@@ -126,7 +127,8 @@ static int mma_pick_splits(const k_cuda_attn_ws *ws, long base, long slots, int 
 
 // attn_mma_fold (KDEC_ATTN_MMA_FOLD=1): GQA's split merge in the attention kernel (the
 // bits are the same). Off by default: at Llama batch 64 with two splits the folded merge
-// measured 93.6 us against 88.8 with the merge launch (H200, test_cuda_attn, cold L2).
+// measured 93.6 us against 88.8 with the merge launch (H200, test_cuda_attn's
+// timings, now bench_cuda_attn; cold L2).
 static int mma_fold_enabled(void)
 {
 	return k_cuda_tuning()->attn_mma_fold != 0;

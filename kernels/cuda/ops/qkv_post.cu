@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(QKV_THREADS) qkv_post_early_kernel(const k_cud
 }	// namespace
 
 // k_cuda_tuning()->qkv_post_early 0 (KDEC_QKV_POST_EARLY=0): the kernel that loads its
-// inputs one after another (read at each call: test_cuda_attn runs both and compares
+// inputs one after another (read at each call: test_cuda_attn_qkv runs both and compares
 // the bits).
 static int qkv_post_early(void)
 {
