@@ -8,7 +8,8 @@
 #         sanitize (compute-sanitizer memcheck + racecheck of the GPU tests),
 #         bench (the linear layers' and decode benchmarks), kbench (every kernel
 #         benchmark of tests/bench), ab (decode under knob settings), abbuild (decode
-#         of another build's kdbench against this one's, alternating), peers (HF /
+#         of another build's kdbench against this one's, alternating), abagent (kdbench
+#         agent against another build's kdecd and this one's), peers (HF /
 #         torch.compile peers).
 # Logs go to $OUT/logs.tgz (one file: the device tool returns few files) beside
 # $OUT/summary.txt, whose lines are also printed. The machine lacks libev and liburing
@@ -272,6 +273,35 @@ phase_abbuild() {
 				grep -v ' info \| warn \|^cublasLt: ' "$out/abbuild_$i.log" | tee -a "$summary"
 			done
 		done
+	done
+}
+
+# kdbench agent (this build's) against AB_BASE's kdecd and $B's, one after the other, each
+# serving AB_AGENT_MODEL with synthetic weights on the GPU, at AB_SESSIONS sessions
+phase_abagent() {
+	local d sock pid n i=0 cfg=tests/data/configs/${AB_AGENT_MODEL:-llama3.1-8b}.json
+	[ -x "${AB_BASE:-}/kdecd" ] || { say "abagent: no \$AB_BASE/kdecd (AB_BASE=${AB_BASE:-})"; status=1; return; }
+	for d in "$AB_BASE" "$B"; do
+		sock=$out/agent$i.sock
+		"$d/kdecd" --model "$cfg" --synthetic-weights --backend cuda --kv-tokens 300000 \
+			--socket "$sock" --log-level warn >"$out/abagent_kdecd$i.log" 2>&1 &
+		pid=$!
+		until "$B/kdctl" --socket "$sock" status >/dev/null 2>&1; do
+			kill -0 $pid 2>/dev/null || break
+			sleep 0.2
+		done
+		for n in ${AB_SESSIONS:-1 16}; do
+			"$B/kdbench" agent --socket "$sock" --sessions $n --duration ${AB_AGENT_S:-20} \
+				--first-prompt 2048 --turn-tokens 256 --output-tokens 128 --think-ms 300 \
+				--vocab 32000 --max-context 16384 >"$out/abagent_${i}_$n.log" 2>&1
+			say "abagent $d/kdecd, $n sessions: exit $?"
+			grep -iE 'interactivity|time to first|inter-token|throughput|hit rate' \
+				"$out/abagent_${i}_$n.log" | tee -a "$summary"
+		done
+		"$B/kdctl" --socket "$sock" shutdown >/dev/null 2>&1
+		wait $pid
+		say "abagent $d/kdecd: exit $?"
+		i=$((i + 1))
 	done
 }
 
