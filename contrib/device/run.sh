@@ -173,10 +173,10 @@ phase_ncu() {
 	[ -n "$ncu" ] || { say "ncu: not on this machine"; return; }
 	for cfg in ${NCU_CONFIGS:-llama3.1-8b deepseek-v2-lite}; do
 		for b in ${NCU_BATCHES:-1 64}; do
-			KDEC_PROFILE_STEP=1 "$ncu" --profile-from-start off --clock-control none --cache-control none \
+			"$ncu" --profile-from-start off --clock-control none --cache-control none \
 				--metrics gpu__time_duration.sum \
 				--csv --print-units base "$B/kdbench" decode --model tests/data/configs/$cfg.json \
-				--synthetic-weights --backend cuda --batch $b --ctx 1024 --steps 2 --warmup 1 \
+				--synthetic-weights --backend cuda --batch $b --ctx 1024 --steps 2 --warmup 1 --profile-step \
 				--log-level warn >"$out/ncu_${cfg}_b$b.csv" 2>"$out/ncu_${cfg}_b$b.log"
 			say "ncu $cfg batch $b (one step; us per kernel name, calls, share):"
 			python3 contrib/device/ncu_summary.py "$out/ncu_${cfg}_b$b.csv" | tee -a "$summary"

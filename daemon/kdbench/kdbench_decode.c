@@ -27,6 +27,7 @@ struct decode_args {
 	int batches[MAX_BATCHES];
 	int n_batches;
 	int ctx, steps, warmup, no_graphs;
+	int profile_step;	/* --profile-step: the last step of each batch in a profiler range */
 	double hbm_tbs;
 	const char *out;
 	struct model_load_opts load;
@@ -63,6 +64,8 @@ static void decode_usage(FILE *f)
 		"  --kv-tokens N         KV cache capacity (default: what the largest batch needs)\n"
 		"  --threads N           CPU threads\n"
 		"  --no-graphs           run every step op by op\n"
+		"  --profile-step        the last timed step of each batch size runs inside a\n"
+		"                        profiler range (ncu --profile-from-start off)\n"
 		"  --hbm-tbs X           bandwidth of the floor in TB/s (default %.2f)\n"
 		"  --out FILE            append one JSON line per batch size\n",
 		DEFAULT_HBM_TBS);
@@ -101,7 +104,7 @@ static int num(const char *opt, const char *s, long min, long max, long *out)
 static int decode_parse(int argc, char **argv, struct decode_args *a)
 {
 	enum { O_BATCH = 256, O_CTX, O_STEPS, O_WARM, O_BACKEND, O_SYNTH, O_LAYERS, O_KV, O_THREADS,
-	       O_NOGRAPH, O_HBM, O_OUT, O_SEED, O_LOG };
+	       O_NOGRAPH, O_PROFILE, O_HBM, O_OUT, O_SEED, O_LOG };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "config", required_argument, NULL, 'm' },
@@ -115,6 +118,7 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		{ "kv-tokens", required_argument, NULL, O_KV },
 		{ "threads", required_argument, NULL, O_THREADS },
 		{ "no-graphs", no_argument, NULL, O_NOGRAPH },
+		{ "profile-step", no_argument, NULL, O_PROFILE },
 		{ "hbm-tbs", required_argument, NULL, O_HBM },
 		{ "out", required_argument, NULL, O_OUT },
 		{ "seed", required_argument, NULL, O_SEED },
@@ -145,6 +149,7 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		case O_KV: if (num("--kv-tokens", optarg, 1, 1L << 28, &v)) return -1; a->eng.kv_tokens = (int)v; break;
 		case O_THREADS: if (num("--threads", optarg, 1, 1024, &v)) return -1; a->eng.threads = (int)v; break;
 		case O_NOGRAPH: a->no_graphs = 1; break;
+		case O_PROFILE: a->profile_step = 1; break;
 		case O_HBM:
 			a->hbm_tbs = strtod(optarg, NULL);
 			if (!(a->hbm_tbs > 0 && a->hbm_tbs < 1000)) {
@@ -228,14 +233,12 @@ static int cmp_double(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* KDEC_PROFILE_STEP=1: the last step of each batch size runs inside a profiler range
- * (ncu --profile-from-start off), so a kernel profile holds exactly one decode step. */
+/* --profile-step: the last step of each batch size runs inside a profiler range (ncu
+ * --profile-from-start off), so a kernel profile holds exactly one decode step. */
 static void profile_range(const struct decode_args *a, int s, int on)
 {
 #ifdef KD_HAVE_CUDA
-	const char *env = getenv("KDEC_PROFILE_STEP");
-
-	if (env && *env == '1' && s == a->warmup + a->steps - 1)
+	if (a->profile_step && s == a->warmup + a->steps - 1)
 		k_cuda_profile_range(on);
 #else
 	(void)a, (void)s, (void)on;
