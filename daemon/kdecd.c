@@ -11,6 +11,7 @@
 #include "daemon/base/log.h"
 #include "daemon/engine/engine.h"
 #include "daemon/kdecd_args.h"
+#include "daemon/kdecd_ready.h"
 #include "daemon/model/model.h"
 #include "daemon/serve/doorbell.h"
 #include "daemon/serve/server.h"
@@ -47,7 +48,7 @@ static void load_state(struct engine *e, const char *dir)
 		log_info("state dir %s: %d sessions loaded, %d skipped (host memory)", dir, loaded, skipped);
 }
 
-static int serve(struct kdecd_args *a, struct engine *e)
+static int serve(struct kdecd_args *a, struct engine *e, struct kdecd_ready *rd)
 {
 	struct ev_loop *loop = ev_default_loop(EVFLAG_AUTO);
 	struct server *s = NULL;
@@ -74,17 +75,19 @@ static int serve(struct kdecd_args *a, struct engine *e)
 	ev_signal_start(loop, &sig_int);
 	log_info("running (pid %ld): socket %s, notify %s", (long)getpid(), server_socket_path(s),
 		 a->srv.notify == IPC_NOTIFY_FUTEX ? "futex" : "eventfd");
-	ev_run(loop, 0);
+	if (!(ret = kdecd_ready_tell(rd)))
+		ev_run(loop, 0);
 	server_destroy(s);
 	ev_signal_stop(loop, &sig_term);
 	ev_signal_stop(loop, &sig_int);
 	log_info("stopped");
-	return 0;
+	return ret;
 }
 
 int main(int argc, char **argv)
 {
 	struct kdecd_args a = { 0 };
+	struct kdecd_ready rd = { .fd = -1 };
 	struct model *m = NULL;
 	struct engine *e = NULL;
 	char err[512] = "";
@@ -95,6 +98,12 @@ int main(int argc, char **argv)
 	if (ret)
 		return ret > 0 ? 0 : 2;
 	signal(SIGPIPE, SIG_IGN);
+	rd.pid_file = a.pid_file;
+	/* before the model load: the backend may start threads, which a fork would lose */
+	if (a.daemon && !a.check && (ret = kdecd_daemonize(&rd))) {
+		log_error("--daemon: cannot fork: %s", strerror(-ret));
+		return 1;
+	}
 	t0 = clock_now();
 	ret = model_load(&m, a.model, &a.load, err, sizeof(err));
 	if (!ret)
@@ -109,9 +118,10 @@ int main(int argc, char **argv)
 	if (!a.check && a.srv.state_dir)
 		load_state(e, a.srv.state_dir);
 	if (!a.check)
-		ret = serve(&a, e);
+		ret = serve(&a, e, &rd);
 out:
 	engine_destroy(e);
 	model_destroy(m);
+	kdecd_ready_fini(&rd);
 	return ret ? 1 : 0;
 }

@@ -62,12 +62,17 @@ static void usage(FILE *f)
 		"  --shutdown-timeout S    seconds running requests get after SIGTERM (default %.0f)\n"
 		"  --synthetic-weights     deterministic random weights (benchmarks)\n"
 		"  --check                 load and check the model, build the engine, then exit\n"
+		"  --daemon                run in the background: the command returns 0 once kdecd\n"
+		"                          serves (model loaded, socket open), else the exit status\n"
+		"                          of the failed start after its error line\n"
+		"  --pid-file F            write kdecd's pid to F once it serves (removed at exit)\n"
 		"  --log-level L           error, warn, info (default), debug\n"
 		"  --version, --help\n"
 		"\n"
-		"Runs in the foreground and logs to stderr. SIGTERM or SIGINT: stop admitting,\n"
-		"finish running requests within --shutdown-timeout (then cancel them), exit 0;\n"
-		"a second signal stops at once. A client whose event ring stays full has its\n"
+		"Runs in the foreground (unless --daemon) and logs to stderr. With NOTIFY_SOCKET\n"
+		"set (systemd Type=notify) it sends READY=1 once it serves. SIGTERM or SIGINT:\n"
+		"stop admitting, finish running requests within --shutdown-timeout (then cancel\n"
+		"them), exit 0; a second signal stops at once. A client whose event ring stays full has its\n"
 		"request paused, then cancelled after %d ms.\n",
 		sock, SERVER_DEFAULT_MAX_CLIENTS, SCHED_DEFAULT_MAX_BATCH, SCHED_DEFAULT_STEP_TOKENS,
 		ENGINE_DEFAULT_KV_TOKENS,
@@ -152,7 +157,7 @@ static int parse_secs(const char *opt, const char *s, int *out)
 enum {
 	O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
 	O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_NOWAIT, O_TTL, O_OFFLOAD,
-	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK
+	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE
 };
 
 static const struct option kdecd_opts[] = {
@@ -177,6 +182,8 @@ static const struct option kdecd_opts[] = {
 	{ "state-dir", required_argument, NULL, O_STATE },
 	{ "synthetic-weights", no_argument, NULL, O_SYNTH },
 	{ "check", no_argument, NULL, O_CHECK },
+	{ "daemon", no_argument, NULL, O_DAEMON },
+	{ "pid-file", required_argument, NULL, O_PIDFILE },
 	{ "log-level", required_argument, NULL, O_LOG },
 	{ "version", no_argument, NULL, O_VERSION },
 	{ "help", no_argument, NULL, 'h' },
@@ -245,6 +252,8 @@ static int parse_opt(struct kdecd_args *a, int c, const char *arg)
 	case O_SOCKET: a->srv.socket_path = arg; break;
 	case O_SYNTH: a->load.synthetic = 1; break;
 	case O_CHECK: a->check = 1; break;
+	case O_DAEMON: a->daemon = 1; break;
+	case O_PIDFILE: a->pid_file = arg; break;
 	case O_SHARE: a->srv.sched.share_prefix = 1; break;
 	case O_NOWAIT: a->srv.sched.no_prefix_wait = 1; break;
 	case O_STATE: a->srv.state_dir = arg; break;

@@ -16,6 +16,8 @@
 struct kdecd_args {
 	const char *model;	/* --model, from argv */
 	int check;		/* --check: load, build the engine, exit */
+	int daemon;		/* --daemon: the parent exits once the child serves */
+	const char *pid_file;	/* --pid-file, from argv; NULL: none */
 	struct model_load_opts load;
 	struct engine_opts eng;
 	struct server_opts srv;
