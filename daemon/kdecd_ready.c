@@ -56,9 +56,12 @@ int kdecd_daemonize(struct kdecd_ready *r)
 	close(p[0]);
 	r->fd = p[1];
 	setsid();
-	null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	/* stdin and stdout to /dev/null, so that a caller reading our output (say a shell's
+	 * $(...)) sees its end when the parent exits; stderr keeps the log */
+	null = open("/dev/null", O_RDWR | O_CLOEXEC);
 	if (null >= 0) {
 		dup2(null, STDIN_FILENO);
+		dup2(null, STDOUT_FILENO);
 		close(null);
 	}
 	return 0;
