@@ -13,7 +13,8 @@ struct kdecd_ready {
 /* --daemon: forks. The parent never returns: it waits on a pipe and exits 0 when the
  * child reports ready, else with the child's exit status (1 if it died by a signal).
  * The child returns 0 with r->fd set, in a new session, stdin and stdout on /dev/null
- * (stderr stays: the log). Call before any thread exists. -errno if the fork or pipe fails (nothing forked). */
+ * (stderr stays: the log). Call before any thread exists. -errno if the fork or pipe
+ * fails (nothing forked). */
 int kdecd_daemonize(struct kdecd_ready *r);
 
 /* Once serving: writes the pid file, sends READY=1 where NOTIFY_SOCKET names a
