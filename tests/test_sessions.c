@@ -166,10 +166,26 @@ static void test_lifecycle(void)
 	CHECK(engine_session_open(e, "bad name", 1, 1, &c) == -EINVAL, "name with a space refused");
 	CHECK(engine_session_close(e, "a", 2) == 0 && engine_session_close(e, "a", 2) == -ENOENT, "close");
 
-	/* quota 6 blocks: a (5 blocks) then b (5 blocks): a, the older, moves to host */
+	/* quota 6 blocks while the cache is mostly free: a (5 blocks) and b (5 blocks)
+	 * both stay on the device */
 	kvt_turn(e, a, p, 36, 2, gen, NULL);
 	fake_now += 1000000000ull;
 	kvt_turn(e, b, p + 50, 36, 2, gen, NULL);
+	CHECK(kv_session_blocks_on_device(a) == 5 && kv_session_blocks_on_device(b) == 5,
+	      "quota does not bind in a free cache");
+	/* a live sequence holding 12 of the 24 blocks makes the cache contended: b's next
+	 * turn puts owner 1 over quota, and a, the older, moves to host */
+	{
+		struct engine_seq big;
+		float *l = malloc((size_t)vocab * sizeof(float));
+
+		engine_seq_init(&big);
+		CHECK(engine_seq_start(e, &big, p + 100, 12 * BT, 7, NULL) == 0, "hog start");
+		kvt_step(e, &big, p + 100, 12 * BT, l);
+		kvt_turn(e, b, p + 50, 36, 2, gen, NULL);
+		engine_seq_release(e, &big);
+		free(l);
+	}
 	CHECK(kv_session_blocks_on_device(a) == 0 && kv_session_blocks_on_host(a) == 5, "quota: a offloaded");
 	CHECK(kv_session_blocks_on_device(b) == 5, "quota: b on the device");
 	kvt_check_invariants(e, NULL, 0);

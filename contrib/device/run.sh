@@ -10,7 +10,8 @@
 #         benchmark of tests/bench), ab (decode under knob settings), abbuild (decode
 #         of another build's kdbench against this one's, alternating), abagent (kdbench
 #         agent against another build's kdecd and this one's), peers (HF /
-#         torch.compile peers).
+#         torch.compile peers), prefill (kdbench prefill beside eager PyTorch SDPA,
+#         per-op times of a prefill), agent (the serving benchmark, 1-64 sessions).
 # Logs go to $OUT/logs.tgz (one file: the device tool returns few files) beside
 # $OUT/summary.txt, whose lines are also printed. The machine lacks libev and liburing
 # (kdecd and kdbench need them): pack.sh puts them in devbuild/devlibs.
@@ -303,6 +304,36 @@ phase_abagent() {
 		say "abagent $d/kdecd: exit $?"
 		i=$((i + 1))
 	done
+}
+
+# prefill: kdbench prefill (chunks of 256, the daemon's default, and of 1024) beside eager
+# PyTorch SDPA and the cuBLAS roof, then one 1024-token prefill's per-op times
+# (KDEC_CUDA_OP_TIMES=2). PREFILL_TOKENS, PREFILL_MODEL (a config name).
+phase_prefill() {
+	local cfg=tests/data/configs/${PREFILL_MODEL:-llama3.1-8b}.json toks=${PREFILL_TOKENS:-1024,4096,16384,32768}
+	local roof
+	python3 contrib/bench/torch_prefill.py --config "$cfg" --tokens "$toks" --roof \
+		--json "$out/prefill.jsonl" >"$out/prefill_torch.log" 2>&1
+	say "prefill torch: exit $?"
+	tee -a "$summary" <"$out/prefill_torch.log"
+	roof=$(sed -n 's/^# roof: 8192^3 bf16 matmul \([0-9]*\) TFLOPS.*/\1/p' "$out/prefill_torch.log")
+	for chunk in ${PREFILL_CHUNKS:-256 1024}; do
+		run prefill_kdec_$chunk "$B/kdbench" prefill --model "$cfg" --synthetic-weights --backend cuda \
+			--tokens "$toks" --chunk $chunk ${roof:+--tc-tflops $roof} --log-level warn \
+			--out "$out/prefill.jsonl"
+		tee -a "$summary" <"$out/prefill_kdec_$chunk.log"
+	done
+	KDEC_CUDA_OP_TIMES=2 "$B/kdbench" prefill --model "$cfg" --synthetic-weights --backend cuda \
+		--tokens 1024 --reps 1 --log-level warn >"$out/prefill_optimes.log" 2>&1
+	sed -n "/cuda op times/,\$p" "$out/prefill_optimes.log" | tee -a "$summary"
+}
+
+# agent: contrib/bench/agent_serving.sh (1, 4, 16, 64 sessions, kdbench decode beside)
+phase_agent() {
+	run agent bash contrib/bench/agent_serving.sh "$B" "$out/agent" \
+		"tests/data/configs/${AGENT_MODEL:-llama3.1-8b}.json"
+	cat "$out/agent/agent_table.md" >>"$summary"
+	mkdir -p "${OUT:-$out}/agent" && cp "$out"/agent/*.png "$out"/agent/agent_table.md "${OUT:-$out}/agent/" 2>/dev/null
 }
 
 phase_peers() {

@@ -165,6 +165,12 @@ int engine_step(struct engine *e, struct engine_req *reqs, int n, float *logits,
  * in the request's output (the draw's counter), ids (n) out. Every request must
  * have all_logits == 0. logits: NULL, or (n, vocab) floats that receive the rows
  * sampled from. Errors as engine_step. */
+/* Prepares everything a request would otherwise pay for on first use (engine_warm.c):
+ * every decode graph bucket captured, with the backend's tunings at those sizes, and
+ * one prompt chunk of max_rows tokens run; the KV it used is released and the stats
+ * are as before. Nothing to do on a backend without graphs. 0 or -errno (err set). */
+int engine_warm(struct engine *e, char *err, size_t err_len);
+
 int engine_step_sample(struct engine *e, struct engine_req *reqs, int n,
 		       const struct k_sample_params *params, const uint64_t *steps, int32_t *ids,
 		       float *logits, char *err, size_t err_len);

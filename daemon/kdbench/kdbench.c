@@ -35,6 +35,7 @@ static void usage(FILE *f)
 		"usage: kdbench logits   --model DIR|FILE.gguf --tokens 1,2,3 --out FILE [--incremental] [options]\n"
 		"       kdbench generate --model DIR|FILE.gguf --prompt 1,2,3 --max-tokens N [options]\n"
 		"       kdbench decode   --model DIR|FILE.gguf|CONFIG.json [--batch 1,8,32,64 --ctx 1024 ...]  (decode --help)\n"
+		"       kdbench prefill  --model DIR|FILE.gguf|CONFIG.json [--tokens 1024,4096 ...]  (prefill --help)\n"
 		"       kdbench agent    --socket PATH [--sessions N --duration S ...]  (agent --help)\n"
 		"\n"
 		"  logits    write float32 little-endian logits, row-major [T, vocab]; row t sees\n"
@@ -333,6 +334,8 @@ int main(int argc, char **argv)
 
 	if (argc >= 2 && !strcmp(argv[1], "decode"))
 		return kdbench_decode_main(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "prefill"))
+		return kdbench_prefill_main(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "kvcache"))
 		return kdbench_kvcache_main(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "ipc"))

@@ -10,6 +10,7 @@
 #include "daemon/engine/spec_ngram.h"
 
 int kdbench_decode_main(int argc, char **argv);		/* kdbench_decode.c */
+int kdbench_prefill_main(int argc, char **argv);		/* kdbench_prefill.c */
 int kdbench_kvcache_main(int argc, char **argv);		/* kdbench_kvcache.c */
 int kdbench_ipc_main(int argc, char **argv);		/* kdbench_ipc.c */
 int kdbench_agent_main(int argc, char **argv);		/* kdbench_agent.c */

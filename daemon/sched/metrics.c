@@ -37,6 +37,12 @@ void metrics_observe_itl(struct metrics *m, double seconds)
 	observe(&m->itl, itl_le, METRICS_ITL_BUCKETS, seconds);
 }
 
+/* Steps share the inter-token buckets: a step is what a decoding stream waits for. */
+void metrics_observe_step(struct metrics *m, double seconds)
+{
+	observe(&m->step, itl_le, METRICS_ITL_BUCKETS, seconds);
+}
+
 struct buf {
 	char *p;
 	size_t len, cap;
@@ -105,6 +111,11 @@ char *metrics_format(const struct metrics *m, const struct metrics_gauges *g)
 		 &m->ttft, ttft_le, METRICS_TTFT_BUCKETS);
 	put_hist(&b, "kd_inter_token_latency_seconds",
 		 "Time between consecutive tokens of a request.", &m->itl, itl_le, METRICS_ITL_BUCKETS);
+	put_hist(&b, "kd_step_seconds", "Wall time of an engine step (decodes and prompt chunks).",
+		 &m->step, itl_le, METRICS_ITL_BUCKETS);
+	put_one(&b, "kd_engine_loop_gap_max_seconds", "gauge",
+		"The engine thread's longest pass through its loop (a step plus everything around it).",
+		m->loop_gap_max);
 	put_one(&b, "kd_requests_running", "gauge", "Requests in the running batch.", g->requests_running);
 	put_one(&b, "kd_requests_waiting", "gauge", "Requests waiting for admission.", g->requests_waiting);
 	put_one(&b, "kd_clients", "gauge", "Connected clients.", g->clients);

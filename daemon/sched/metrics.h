@@ -24,6 +24,8 @@ struct metrics {
 	uint64_t spec_draft_tokens;		/* n-gram drafts verified */
 	uint64_t spec_accepted_tokens;		/* of those, the ones emitted */
 	uint64_t preemptions;			/* running requests preempted for KV blocks */
+	struct metrics_hist step;		/* wall time of each engine step, seconds */
+	double loop_gap_max;			/* the engine loop's longest pass, seconds */
 };
 
 /* Gauges read at report time. */
@@ -39,6 +41,7 @@ struct metrics_gauges {
 
 void metrics_observe_ttft(struct metrics *m, double seconds);
 void metrics_observe_itl(struct metrics *m, double seconds);
+void metrics_observe_step(struct metrics *m, double seconds);
 
 /* The Prometheus text exposition; malloc'd, caller frees. NULL on ENOMEM. */
 char *metrics_format(const struct metrics *m, const struct metrics_gauges *g);

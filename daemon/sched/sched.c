@@ -24,6 +24,8 @@ int sched_create(struct sched **out, struct engine *e, const struct sched_opts *
 		s->o.max_batch = SCHED_DEFAULT_MAX_BATCH;
 	if (s->o.step_tokens <= 0)
 		s->o.step_tokens = SCHED_DEFAULT_STEP_TOKENS;
+	if (s->o.prefill_pace == 0)
+		s->o.prefill_pace = SCHED_DEFAULT_PREFILL_PACE;
 	if (s->o.max_inflight <= 0)
 		s->o.max_inflight = SCHED_DEFAULT_MAX_INFLIGHT;
 	if (s->o.max_sessions <= 0)

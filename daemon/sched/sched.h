@@ -20,6 +20,7 @@
 #define SCHED_DEFAULT_MAX_INFLIGHT 32
 #define SCHED_DEFAULT_MAX_SESSIONS 64
 #define SCHED_DEFAULT_STALL_MS 5000
+#define SCHED_DEFAULT_PREFILL_PACE 2.5
 
 struct sched_opts {
 	int max_batch;		/* requests in the running batch; <= 0: default */
@@ -30,6 +31,10 @@ struct sched_opts {
 	int share_prefix;	/* 1: one prefix-cache salt for every uid (--share-prefix-cache) */
 	int no_prefix_wait;	/* 1: admit a request at once even while another one is
 				 * prefilling the same prompt prefix (--no-prefix-wait) */
+	double prefill_pace;	/* a step that carries prompt chunks while requests decode
+				 * aims at no more than this many decode-only steps' time
+				 * (--prefill-pace); 0: the default; < 0: off (the token
+				 * budget alone) */
 	struct spec_opts spec;	/* --spec: requests' default (k == 0: off) */
 };
 
@@ -58,6 +63,9 @@ struct sched_report {
 struct sched;
 
 int sched_create(struct sched **out, struct engine *e, const struct sched_opts *o);
+
+/* The engine thread's pass through its loop took ns (kd_engine_loop_gap_max_seconds). */
+void sched_note_loop(struct sched *s, uint64_t ns);
 void sched_destroy(struct sched *s);	/* accepts NULL; releases every request's KV */
 
 /* A record taken from c's ring (client_conn_take): requests join the waiting queue

@@ -82,6 +82,10 @@ struct sched {
 	int n_rows, rows_cap;
 	int32_t *spec_hist;		/* (spec_cap) a request's tokens, for the drafter */
 	int spec_cap;
+	/* the pace of prompt chunks (sched_step.c): moving averages of what steps cost */
+	double decode_ns;		/* a decode-only step, ns; 0: none seen yet */
+	double prompt_tok_ns;		/* a prompt token's share of a step, ns; 0: none yet */
+	int step_decodes, step_prompt;	/* the step being built: decode rows, prompt tokens */
 };
 
 /* sched_events.c: a final or token event (*ev, copied) into c's event ring. A

@@ -178,8 +178,54 @@ void sched_add(struct sched *s, int *n, struct sched_req *r, const int32_t *tok,
 	(*n)++;
 }
 
+/* The pace of prompt chunks (Sarathi-style): while requests decode, a step that also
+ * carries prompt tokens should take at most prefill_pace decode-only steps, so a new
+ * prompt costs the streams a bounded stall per token, whatever its length. The step
+ * costs come from the steps themselves: a moving average of the decode-only steps and
+ * of a prompt token's share of the others. Small chunks would teach a per-token cost
+ * that is mostly the step's fixed overhead (an eager step launches every kernel one by
+ * one), so only chunks of at least PACE_LEARN_TOKENS teach it. */
+#define PACE_ALPHA 0.2
+#define PACE_LEARN_TOKENS 32
+#define PACE_MIN_TOKENS 16	/* a prompt always progresses */
+
+static void ema(double *avg, double v)
+{
+	*avg = *avg > 0 ? *avg + PACE_ALPHA * (v - *avg) : v;
+}
+
+/* What the step just run teaches, and kd_step_seconds. */
+static void pace_learn(struct sched *s, uint64_t ns)
+{
+	double extra;
+
+	metrics_observe_step(&s->m, (double)ns * 1e-9);
+	if (!s->step_prompt) {
+		if (s->step_decodes)
+			ema(&s->decode_ns, (double)ns);
+		return;
+	}
+	if (s->step_prompt < PACE_LEARN_TOKENS || (s->step_decodes && s->decode_ns <= 0))
+		return;
+	extra = (double)ns - (s->step_decodes ? s->decode_ns : 0);
+	ema(&s->prompt_tok_ns, (extra > 0 ? extra : 0) / s->step_prompt);
+}
+
+/* Prompt tokens this step may carry beside `decodes` decoding rows, out of budget. */
+static int pace_budget(const struct sched *s, int decodes, int budget)
+{
+	double tokens;
+
+	if (!decodes || s->o.prefill_pace < 0 || s->decode_ns <= 0 || s->prompt_tok_ns <= 0)
+		return budget;
+	tokens = (s->o.prefill_pace - 1) * s->decode_ns / s->prompt_tok_ns;
+	if (tokens < PACE_MIN_TOKENS)
+		tokens = PACE_MIN_TOKENS;
+	return tokens < budget ? (int)tokens : budget;
+}
+
 /* Picks the step's requests: decodes first, then prefill chunks, admitting waiting
- * requests while the KV cache, the batch and the token budget allow. */
+ * requests while the KV cache, the batch, the token budget and the pace allow. */
 static int build_step(struct sched *s, uint64_t now)
 {
 	int budget = s->o.step_tokens, n = 0;
@@ -220,6 +266,9 @@ static int build_step(struct sched *s, uint64_t now)
 			sched_add_decode(s, &n, r, &budget);
 		}
 	}
+	s->step_decodes = n;
+	s->step_prompt = 0;
+	budget = pace_budget(s, n, budget);
 	for (int i = 0; budget > 0 && n < s->o.max_batch; i++) {
 		struct sched_req *r;
 		int rem, chunk;
@@ -250,6 +299,7 @@ static int build_step(struct sched *s, uint64_t now)
 			r->c->step_space--;
 		sched_add(s, &n, r, r->feed + r->n_prefilled, chunk);
 		budget -= chunk;
+		s->step_prompt += chunk;
 	}
 	return n;
 }
@@ -263,8 +313,10 @@ int sched_step(struct sched *s, uint64_t now_ns)
 	n = build_step(s, now_ns);
 	if (!n)
 		return 0;
+	now = ipc_now_ns();
 	ret = engine_step_sample_ext(s->e, s->ereq, n, s->sp, s->steps, s->hist, s->ids, s->lp, NULL,
 				     err, sizeof(err));
+	pace_learn(s, ipc_now_ns() - now);
 	if (ret) {
 		log_error("engine step of %d requests failed: %s", n, err[0] ? err : strerror(-ret));
 		for (int i = 0; i < n; i++)
@@ -289,4 +341,10 @@ int sched_step(struct sched *s, uint64_t now_ns)
 			sched_deliver(s, r, s->ids[s->row0[i]], &s->lp[s->row0[i]], now);
 	}
 	return n;
+}
+
+void sched_note_loop(struct sched *s, uint64_t ns)
+{
+	if ((double)ns * 1e-9 > s->m.loop_gap_max)
+		s->m.loop_gap_max = (double)ns * 1e-9;
 }

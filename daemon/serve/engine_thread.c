@@ -446,7 +446,7 @@ static void *engine_main(void *arg)
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	for (;;) {
-		uint64_t now;
+		uint64_t now, pass0 = ipc_now_ns();	/* a pass's length is a stall's */
 		int n;
 
 		if (atomic_load(&t->has_in))
@@ -477,6 +477,7 @@ static void *engine_main(void *arg)
 			t->steps++;
 		publish_all(t);
 		doorbell_run(&t->db, 0, on_completion, t);
+		sched_note_loop(t->s, ipc_now_ns() - pass0);
 		if (n)
 			continue;
 		if (t->n_spin && spin(t))

@@ -109,8 +109,9 @@ struct k_cuda_tuning {
 				 * issues its first loads before its wait; 0: after */
 
 	/* ---- the CUDA backend (daemon/backend/cuda) ---- */
-	int op_times;		/* KDEC_CUDA_OP_TIMES, flag, 0: 1 times every op with events,
-				 * ops run one by one (no graphs) */
+	int op_times;		/* KDEC_CUDA_OP_TIMES, 0..2, 0: 1 times every op of the decode
+				 * steps with events, 2 those of the prefill chunks; ops then run
+				 * one by one (no graphs) */
 	int moe_fused_rows;	/* KDEC_MOE_FUSED_ROWS, rows (>= 0), 1: up to this many rows a
 				 * MoE layer runs as one k_cuda_moe_experts_add call */
 	int mla_post_fused;	/* KDEC_CUDA_MLA_POST, flag, 1: mla_post is one kernel

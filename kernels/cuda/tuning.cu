@@ -127,7 +127,7 @@ static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_MOE_M1_BAL", moe_m1_bal),
 	TUN_FLAG("KDEC_MOE_SH_DOWN_EARLY", moe_sh_down_early),
 	TUN_FLAG("KDEC_MOE_DOWN_EARLY", moe_down_early),
-	TUN_FLAG("KDEC_CUDA_OP_TIMES", op_times),
+	TUN_INT("KDEC_CUDA_OP_TIMES", op_times, 0, 2),
 	TUN_INT("KDEC_MOE_FUSED_ROWS", moe_fused_rows, 0, INT_MAX),
 	TUN_FLAG("KDEC_CUDA_MLA_POST", mla_post_fused),
 	TUN_FLAG("KDEC_CUDA_MLA_PREP", mla_prep_fused),

@@ -1,5 +1,6 @@
-/* The CUDA backend's op times (KDEC_CUDA_OP_TIMES=1): an event between every two ops
- * of an eager step, resolved at each sync into GPU time by op, a table at destroy. */
+/* The CUDA backend's op times (KDEC_CUDA_OP_TIMES=1: decode steps, 2: prefill chunks):
+ * an event between every two ops of an eager step, resolved at each sync into GPU time
+ * by op, a table at destroy. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -20,7 +21,8 @@ struct cuda_prof {
 	enum cuda_op order[CUDA_OP_COUNT];	/* the table's rows: ops as first timed */
 	int n_ops;
 	long syncs;
-	int max_M;		/* widest linear since the last sync: > 64 is prefill, dropped */
+	int max_M;		/* widest linear since the last sync: > 64 is prefill */
+	int prefill;		/* KDEC_CUDA_OP_TIMES=2: time prefill chunks, not decode steps */
 };
 
 void cuda_prof_create(struct backend_cuda *b)
@@ -36,8 +38,10 @@ void cuda_prof_create(struct backend_cuda *b)
 			free(p);
 			return;
 		}
+	p->prefill = k_cuda_tuning()->op_times == 2;
 	b->prof = p;
-	log_info("cuda: timing every op (KDEC_CUDA_OP_TIMES=1); graphs record no times");
+	log_info("cuda: timing every op of the %s (KDEC_CUDA_OP_TIMES=%d); graphs record no times",
+		 p->prefill ? "prefill chunks" : "decode steps", k_cuda_tuning()->op_times);
 }
 
 /* The previous op's end is this op's start. */
@@ -74,8 +78,8 @@ void cuda_prof_collect(struct backend_cuda *b)
 
 	if (!p)
 		return;
-	if (p->max_M > 64)
-		p->n_pending = 0;	/* a prefill chunk: decode steps only */
+	if ((p->max_M > 64) != p->prefill)
+		p->n_pending = 0;	/* a step of the other kind */
 	p->max_M = 0;
 	for (int i = 0; i < p->n_pending; i++) {
 		enum cuda_op op = p->pending_op[i];
@@ -102,8 +106,8 @@ void cuda_prof_destroy(struct backend_cuda *b)
 		return;
 	for (int k = 0; k < p->n_ops; k++)
 		total += p->ms[p->order[k]];
-	fprintf(stderr, "cuda op times of decode steps over %ld syncs (%.3f ms of GPU time in all):\n",
-		p->syncs, total);
+	fprintf(stderr, "cuda op times of %s over %ld syncs (%.3f ms of GPU time in all):\n",
+		p->prefill ? "prefill chunks" : "decode steps", p->syncs, total);
 	fprintf(stderr, "  %-15s %10s %9s %10s %7s\n", "op", "total_ms", "calls", "avg_us", "share");
 	for (int k = 0; k < p->n_ops; k++) {
 		enum cuda_op op = p->order[k];

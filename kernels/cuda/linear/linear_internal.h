@@ -96,10 +96,12 @@ int k_cuda_lin_stream(const struct k_cuda_linear *ctx, float *y, const float *x,
 int k_cuda_lin_stream_describe(const struct k_cuda_linear *ctx, int M, int N, int K,
 			       char *buf, size_t len);
 
-/* cuBLASLt with the algorithm timed fastest for this shape (first call of a shape
- * outside graph capture: tunes, synchronising the stream); *done = false where it did
- * not run (tuning off, M too large, shape first seen in capture, or cublasGemmEx won),
- * and the caller runs cublasGemmEx. xb: bf16 x (M, K); y (M, N) in bf16 where y_bf16
+/* cuBLASLt with the algorithm timed fastest for this shape at M's decode bucket (the
+ * next power of two; the first call at a bucket size outside graph capture tunes,
+ * synchronising the stream; another M takes its bucket's pick where it fits and never
+ * tunes); *done = false where it did not run (tuning off, M too large, bucket not
+ * tuned, shape first seen in capture, or cublasGemmEx won), and the caller runs
+ * cublasGemmEx. xb: bf16 x (M, K); y (M, N) in bf16 where y_bf16
  * (tuned apart from the fp32 form), else fp32; beta 0 or 1. */
 int k_cuda_lin_lt(struct k_cuda_linear *ctx, void *y, bool y_bf16, const uint16_t *xb,
 		  const uint16_t *w, int M, int N, int K, int beta, bool *done);

@@ -286,18 +286,45 @@ static struct lin_lt_entry *lt_find(struct k_cuda_linear *ctx, int M, int N, int
 	return NULL;
 }
 
+// The M whose tuned pick an M-row call takes: the decode graph bucket that holds it (the
+// next power of two). Tuning runs only at those sizes, which the engine's warm-up
+// captures before the daemon serves; an eager step of another M (decode rows beside a
+// prompt chunk: 17 logits rows) takes its bucket's algorithm where cuBLASLt accepts it
+// for M, instead of a ~20 ms tuning inside a request's step.
+static int lt_bucket(int M)
+{
+	int b = 1;
+
+	while (b < M)
+		b *= 2;
+	return b;
+}
+
+// Whether algo (tuned at another M) is valid for d's shape.
+static bool lt_algo_fits(const struct k_cuda_linear *ctx, const struct lt_descs *d,
+			 const cublasLtMatmulAlgo_t *algo)
+{
+	cublasLtMatmulHeuristicResult_t r = {};
+
+	return cublasLtMatmulAlgoCheck(ctx->lt, d->op, d->a, d->b, d->c, d->c, algo, &r) ==
+		       CUBLAS_STATUS_SUCCESS && r.workspaceSize <= LIN_BLAS_WS_BYTES;
+}
+
 int k_cuda_lin_lt(struct k_cuda_linear *ctx, void *y, bool y_bf16, const uint16_t *xb,
 		  const uint16_t *w, int M, int N, int K, int beta, bool *done)
 {
 	struct lin_lt_entry *e;
 	struct lt_descs d;
 	cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+	const int Mb = lt_bucket(M);
 	int ret;
 
 	*done = false;
 	if (!k_cuda_tuning()->linear_tune || !ctx->lt || M > LIN_LT_MAX_M)
 		return 0;
-	e = lt_find(ctx, M, N, K, beta, y_bf16);
+	e = lt_find(ctx, Mb, N, K, beta, y_bf16);
+	if (!e && Mb != M)
+		return 0;	// its bucket is not tuned: cublasGemmEx, no tuning here
 	if (!e) {
 		// timing needs a stream that runs: a shape first seen in capture keeps GemmEx
 		if (cudaStreamIsCapturing(ctx->stream, &cs) != cudaSuccess ||
@@ -314,6 +341,10 @@ int k_cuda_lin_lt(struct k_cuda_linear *ctx, void *y, bool y_bf16, const uint16_
 	}
 	if (!e->use_lt || lt_descs_make(ctx->dev, &d, M, N, K, y_bf16))
 		return 0;
+	if (Mb != M && !lt_algo_fits(ctx, &d, &e->algo)) {
+		lt_descs_free(&d);
+		return 0;
+	}
 	ret = LT(ctx->dev, lt_run(ctx, &d, &e->algo, y, xb, w, beta));
 	lt_descs_free(&d);
 	*done = !ret;
