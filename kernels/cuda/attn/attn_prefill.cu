@@ -1,5 +1,5 @@
 // GQA prefill attention on the tensor cores, flash-attention-2 style: a block takes
-// PF_Q consecutive query vectors (prefill rows x the q heads of one kv head) and streams
+// 16 W consecutive query vectors (prefill rows x the q heads of one kv head) and streams
 // the K/V tiles of their sequence through shared memory (cp.async, ST stages); each
 // warp keeps S = Q K^T, the online softmax and O += P V of its 16 queries in registers
 // (q and p enter mma.sync as bf16 A fragments, fp32 accumulation: ~3e-3 relative, as
@@ -14,9 +14,7 @@
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/ptx.cuh"
 
-#define PF_WARPS 4
-#define PF_THREADS (PF_WARPS * 32)
-#define PF_Q (PF_WARPS * 16)	// query vectors per block: 16 per warp, the m of m16n8k16
+#define PF_QW 16		// query vectors per warp: the m of m16n8k16
 // Splits along the context: none shorter than this many tokens (each costs a partial
 // and its share of the merge).
 #define PF_MIN_SPLIT_TOKENS 256
@@ -37,23 +35,23 @@ struct pf_layout {
 // How the block's threads share a tile's copies: CH consecutive threads take one K (and
 // V) row of 16-byte chunks, whole 128-byte lines per instruction; a thread copies NP
 // tokens of the tile, TPP apart.
-template <int DK, int TK>
+template <int DK, int TK, int W>
 struct pf_fill {
 	static constexpr int CH = DK / 8;
-	static constexpr int TPP = PF_THREADS / CH;
+	static constexpr int TPP = W * 32 / CH;
 	static constexpr int NP = TK / TPP;
-	static_assert(PF_THREADS % CH == 0 && TK % TPP == 0, "whole rows per pass");
+	static_assert(W * 32 % CH == 0 && TK % TPP == 0, "whole rows per pass");
 };
 
 // ---- kernel -------------------------------------------------------------------
 
 // The cache blocks (table entries) of this thread's tokens of the tile at t0, -1 from
 // te on: loaded a tile ahead of their copies, so those never wait for the table.
-template <int DK, int TK>
-__device__ __forceinline__ void pf_page(int32_t (&pg)[pf_fill<DK, TK>::NP], const attn_tile_args &a,
-					const int32_t *table, int t0, int te)
+template <int DK, int TK, int W>
+__device__ __forceinline__ void pf_page(int32_t (&pg)[pf_fill<DK, TK, W>::NP],
+					const attn_tile_args &a, const int32_t *table, int t0, int te)
 {
-	using F = pf_fill<DK, TK>;
+	using F = pf_fill<DK, TK, W>;
 
 #pragma unroll
 	for (int j = 0; j < F::NP; j++) {
@@ -65,12 +63,12 @@ __device__ __forceinline__ void pf_page(int32_t (&pg)[pf_fill<DK, TK>::NP], cons
 
 // Tokens [t0, t0 + TK) of kv head kvh into the stage at sk / sv; chunks past dk and
 // tokens without a page are zero-filled, never read.
-template <int DK, int TK>
+template <int DK, int TK, int W>
 __device__ __forceinline__ void pf_issue(const attn_tile_args &a,
-					 const int32_t (&pg)[pf_fill<DK, TK>::NP], uint16_t *sk,
+					 const int32_t (&pg)[pf_fill<DK, TK, W>::NP], uint16_t *sk,
 					 uint16_t *sv, int t0, int kvh)
 {
-	using F = pf_fill<DK, TK>;
+	using F = pf_fill<DK, TK, W>;
 	constexpr int KS = DK + 8;
 	const int c = threadIdx.x % F::CH;
 	const bool dim_ok = c * 8 < a.dk;
@@ -266,7 +264,7 @@ __device__ __forceinline__ void pf_store(const attn_tile_args &a, const pf_query
 // Rows [rs, re] of the block share table: their queries attend over this split's part
 // of [0, run_max), ST - 1 tiles in flight ahead of the one the warps work on. Tiles past
 // the block's last visible token are never loaded; a warp skips the tiles past its own.
-template <int DK, int TK, int ST>
+template <int DK, int TK, int ST, int W>
 __device__ __forceinline__ void pf_run(const attn_tile_args &a, const uint32_t (&qf)[DK / 16][4],
 				       const pf_query &qy, uint16_t *sk, uint16_t *sv,
 				       const int32_t *table, int rs, int re, int run_max,
@@ -277,7 +275,7 @@ __device__ __forceinline__ void pf_run(const attn_tile_args &a, const uint32_t (
 	const int per = ((run_max + a.n_splits - 1) / a.n_splits + TK - 1) / TK * TK;
 	const int tb = (int)min((long)run_max, (long)split * per), te = min(run_max, tb + per);
 	const int nt = (te - tb + TK - 1) / TK;
-	int32_t pg[pf_fill<DK, TK>::NP];
+	int32_t pg[pf_fill<DK, TK, W>::NP];
 	pf_acc<DK> s_;
 	int wlim;
 
@@ -300,21 +298,21 @@ __device__ __forceinline__ void pf_run(const attn_tile_args &a, const uint32_t (
 #pragma unroll
 	for (int st = 0; st < ST - 1; st++) {
 		if (st < nt) {
-			pf_page<DK, TK>(pg, a, table, tb + st * TK, te);
-			pf_issue<DK, TK>(a, pg, sk + st * TK * KS, sv + st * TK * KS, tb + st * TK, kvh);
+			pf_page<DK, TK, W>(pg, a, table, tb + st * TK, te);
+			pf_issue<DK, TK, W>(a, pg, sk + st * TK * KS, sv + st * TK * KS, tb + st * TK, kvh);
 		}
 		cp_async_commit();
 	}
-	pf_page<DK, TK>(pg, a, table, tb + (ST - 1) * TK, te);
+	pf_page<DK, TK, W>(pg, a, table, tb + (ST - 1) * TK, te);
 	for (int it = 0; it < nt; it++) {
 		const int buf = it % ST, t0 = tb + it * TK, nx = it + ST - 1;
 
 		cp_async_wait<ST - 2>();	// tiles 0 .. it + ST - 2 committed: tile it landed
 		__syncthreads();		// and every warp is done with tile it - 1's stage
 		if (nx < nt) {
-			pf_issue<DK, TK>(a, pg, sk + nx % ST * TK * KS, sv + nx % ST * TK * KS,
+			pf_issue<DK, TK, W>(a, pg, sk + nx % ST * TK * KS, sv + nx % ST * TK * KS,
 					 tb + nx * TK, kvh);
-			pf_page<DK, TK>(pg, a, table, tb + (nx + 1) * TK, te);
+			pf_page<DK, TK, W>(pg, a, table, tb + (nx + 1) * TK, te);
 		}
 		cp_async_commit();
 		if (t0 < wlim)		// (warp-uniform) a token of the tile is the warp's
@@ -326,15 +324,15 @@ __device__ __forceinline__ void pf_run(const attn_tile_args &a, const uint32_t (
 
 // Block (query tile, kv head, split): query vectors qi = row * group + g of the tile,
 // taken in runs of consecutive rows that share a block table.
-template <int DK, int TK, int ST>
-__global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(const attn_tile_args a,
-								 uint16_t *out_bf16)
+template <int DK, int TK, int ST, int W, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB) attn_prefill_kernel(const attn_tile_args a,
+								   uint16_t *out_bf16)
 {
 	using L = pf_layout<DK, TK, ST>;
 	extern __shared__ __align__(16) unsigned char attn_smem[];
 	uint16_t *sk = (uint16_t *)(attn_smem + L::k), *sv = (uint16_t *)(attn_smem + L::v);
-	const int nq = a.n_rows * a.group, qi0 = blockIdx.x * PF_Q;
-	const int r_lo = qi0 / a.group, r_hi = (min(qi0 + PF_Q, nq) - 1) / a.group;
+	const int nq = a.n_rows * a.group, qi0 = blockIdx.x * W * PF_QW;
+	const int r_lo = qi0 / a.group, r_hi = (min(qi0 + W * PF_QW, nq) - 1) / a.group;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 	uint32_t qf[DK / 16][4];
 	pf_query qy;
@@ -342,7 +340,7 @@ __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(const attn_til
 	k_cuda_pdl_wait();
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
-		const int qi = qi0 + warp * 16 + lane / 4 + 8 * i;
+		const int qi = qi0 + warp * PF_QW + lane / 4 + 8 * i;
 
 		qy.ok[i] = qi < nq;
 		qy.r[i] = qy.ok[i] ? qi / a.group : 0;
@@ -355,7 +353,7 @@ __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(const attn_til
 
 		while (re < r_hi && a.blocks[re + 1] == table)
 			run_max = max(run_max, a.ctx[++re]);
-		pf_run<DK, TK, ST>(a, qf, qy, sk, sv, table, rs, re, run_max, out_bf16);
+		pf_run<DK, TK, ST, W>(a, qf, qy, sk, sv, table, rs, re, run_max, out_bf16);
 		rs = re + 1;
 	}
 }
@@ -363,22 +361,24 @@ __global__ void __launch_bounds__(PF_THREADS) attn_prefill_kernel(const attn_til
 // ---- the compiled shapes and the launch ------------------------------------------
 
 struct pf_shape {
-	int dk, tk, st;
+	int dk, tk, st, warps;
 	void (*kernel)(const attn_tile_args, uint16_t *);
 	unsigned smem;
 	int per_sm;		// resident blocks per SM (the occupancy query), 0 unusable
 };
 
-template <int DK, int TK, int ST>
+// W warps of 16 query vectors; MINB: blocks an SM that __launch_bounds__ asks registers for.
+template <int DK, int TK, int ST, int W, int MINB>
 static pf_shape pf_make()
 {
-	return { DK, TK, ST, attn_prefill_kernel<DK, TK, ST>, pf_layout<DK, TK, ST>::total, 0 };
+	return { DK, TK, ST, W, attn_prefill_kernel<DK, TK, ST, W, MINB>, pf_layout<DK, TK, ST>::total,
+		 0 };
 }
 
 // In the order pf_find tries them: the first that holds head_dim.
 static pf_shape pf_shapes[] = {
-	pf_make<64, 64, 3>(),	// head_dim <= 64: 54 KB, 3 blocks an SM (168 registers)
-	pf_make<128, 64, 3>(),	// head_dim <= 128 (Llama 3, Qwen3): 102 KB, 2 an SM (245 registers)
+	pf_make<64, 64, 3, 4, 1>(),	// head_dim <= 64: 54 KB, 3 blocks an SM (168 registers)
+	pf_make<128, 64, 3, 4, 1>(),	// head_dim <= 128 (Llama 3, Qwen3): 102 KB, 2 an SM (245 registers)
 };
 
 int attn_prefill_prepare(int smem_optin)
@@ -389,7 +389,7 @@ int attn_prefill_prepare(int smem_optin)
 		K_CUDA_TRY(cudaFuncSetAttribute(sh.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
 						(int)sh.smem));
 		K_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&sh.per_sm, sh.kernel,
-									 PF_THREADS, sh.smem));
+									 sh.warps * 32, sh.smem));
 	}
 	return 0;
 }
@@ -442,7 +442,7 @@ int attn_prefill_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args
 			int max_ctx, uint16_t *out_bf16)
 {
 	const pf_shape *sh = pf_find(a->dk);
-	const long tiles = attn_cdiv(a->n_rows * a->group, PF_Q);
+	const long tiles = sh ? attn_cdiv(a->n_rows * a->group, sh->warps * PF_QW) : 0;
 	dim3 grid;
 
 	if (!sh || !attn_prefill_usable(a))
@@ -453,7 +453,7 @@ int attn_prefill_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args
 				     (size_t)a->n_rows * a->n_heads * a->dv,
 				     (size_t)a->n_rows * a->n_heads);
 	grid = dim3((unsigned)tiles, a->kv_heads, a->n_splits);
-	K_CUDA_TRY(k_cuda_launch_pdl(s, grid, PF_THREADS, sh->smem, sh->kernel, *a,
+	K_CUDA_TRY(k_cuda_launch_pdl(s, grid, sh->warps * 32, sh->smem, sh->kernel, *a,
 				     a->n_splits == 1 ? out_bf16 : nullptr));
 	K_CUDA_TRY_LAUNCHED("attn_prefill_kernel");
 	if (a->n_splits > 1)
