@@ -224,12 +224,13 @@ int attn_mma_launch_post(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_arg
 			 int max_ctx, uint16_t *out_bf16, int forced_splits,
 			 const struct k_cuda_qkv_args *post);
 
-// ---- the tensor-core prefill kernel (attn_prefill.cu): a block per (64 query vectors
-// of consecutive rows, kv head, split), flash-attention-2 style; q and p enter the
-// tensor cores in bf16 (~3e-3 relative) ----
+// ---- the tensor-core prefill kernel (attn_prefill.cu): a block per (128 query vectors
+// of consecutive rows, 64 at head_dim <= 64; kv head; split), flash-attention-2 style;
+// q and p enter the tensor cores in bf16 (~3e-3 relative) ----
 
-// Whether it can run a's GQA rows: head_dim (dk == dv) a multiple of 8 up to 128, q and
-// K/V aligned (a->vec), and k_cuda_tuning()->attn_mma and ->attn_prefill_mma not 0.
+// Whether it can run a's GQA rows: head_dim (dk == dv) a multiple of 8 up to 128, q in
+// float4 (strides and base 16-byte aligned), K/V aligned (a->vec), and
+// k_cuda_tuning()->attn_mma and ->attn_prefill_mma not 0.
 int attn_prefill_usable(const attn_tile_args *a);
 
 // Launches it over a's rows (a->n_splits chosen here from host values), then merges the

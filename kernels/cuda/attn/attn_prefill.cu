@@ -1,11 +1,12 @@
 // GQA prefill attention on the tensor cores, flash-attention-2 style: a block takes
-// 16 W consecutive query vectors (prefill rows x the q heads of one kv head) and streams
-// the K/V tiles of their sequence through shared memory (cp.async, ST stages); each
-// warp keeps S = Q K^T, the online softmax and O += P V of its 16 queries in registers
-// (q and p enter mma.sync as bf16 A fragments, fp32 accumulation: ~3e-3 relative, as
-// the decode kernel of attn_mma.cu). Rows of another sequence in the same tile are
-// taken in runs, as attn_tile.cu does; long contexts over few tiles split the context
-// over blocks and merge (attn_ws.cu).
+// 16 MW W consecutive query vectors (prefill rows x the q heads of one kv head), staged
+// once as bf16, and streams the K/V tiles of their sequence through shared memory
+// (cp.async, ST stages); each warp keeps S = Q K^T, the online softmax and O += P V of
+// its MW m16 tiles of queries in registers, each K and V fragment serving all of them
+// (q and p enter mma.sync as bf16, p straight from the score registers; fp32
+// accumulation: ~3e-3 relative, as the decode kernel of attn_mma.cu). Rows of another
+// sequence in the same tile are taken in runs, as attn_tile.cu does; long contexts over
+// few tiles split the context over blocks and merge (attn_ws.cu).
 #include <cstdint>
 
 #include "kernels/cuda/attn/attn_common.cuh"
@@ -14,19 +15,20 @@
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/ptx.cuh"
 
-#define PF_QW 16		// query vectors per warp: the m of m16n8k16
 // Splits along the context: none shorter than this many tokens (each costs a partial
 // and its share of the merge).
 #define PF_MIN_SPLIT_TOKENS 256
 
 // ---- shared memory ------------------------------------------------------------
 
-// K and V tiles (ST, TK, KS) bf16 each; the row stride is an odd multiple of 16 bytes,
-// so the 8 rows an ldmatrix phase reads fall in 8 different bank groups.
-template <int DK, int TK, int ST>
+// K and V tiles (ST, TK, KS) bf16 each, after the block's Q tile (NQ, KS) bf16; the row
+// stride is an odd multiple of 16 bytes, so the 8 rows an ldmatrix phase reads fall in 8
+// different bank groups.
+template <int DK, int TK, int ST, int NQ>
 struct pf_layout {
 	static constexpr int KS = DK + 8;
-	static constexpr unsigned k = 0;
+	static constexpr unsigned q = 0;
+	static constexpr unsigned k = q + 2u * NQ * KS;
 	static constexpr unsigned v = k + 2u * ST * TK * KS;
 	static constexpr unsigned total = v + 2u * ST * TK * KS;
 	static_assert(DK % 32 == 0 && TK % 16 == 0 && ST >= 2, "tile shape");
@@ -86,92 +88,111 @@ __device__ __forceinline__ void pf_issue(const attn_tile_args &a,
 	}
 }
 
-// The lane's two queries: accumulator rows lane / 4 and lane / 4 + 8 of the warp's 16.
+// The lane's queries: in each of the warp's MW m16 tiles, accumulator rows lane / 4 and
+// lane / 4 + 8; query i is tile i / 2, row half i % 2.
+template <int MW>
 struct pf_query {
-	int r[2], h[2];		// row and q head
-	bool ok[2];		// a query of the call (the last tile may run past them)
+	int r[2 * MW], h[2 * MW];	// row and q head
+	bool ok[2 * MW];		// a query of the call (the last tile may run past them)
 };
 
-// q * qscale in bf16 as the A fragments of the warp's 16 queries (k steps of 16 dims):
-// register i of a step holds row lane / 4 (+ 8 for odd i), dims 2 (lane % 4) (+ 8 for
-// i >= 2) and the next; zeros past dk and for queries past the call's.
-template <int DK>
-__device__ __forceinline__ void pf_load_q(const attn_tile_args &a, const pf_query &qy,
-					  uint32_t (&qf)[DK / 16][4])
+// q * qscale in bf16 into the block's Q tile (W * MW * 16, DK + 8), zeros past dk and
+// for query vectors past the call's: every load issued before the first store.
+template <int DK, int W, int MW>
+__device__ __forceinline__ void pf_stage_q(const attn_tile_args &a, uint16_t *sq, int qi0, int nq)
 {
-	const int lane = threadIdx.x % 32;
-	float2 x[DK / 16][4];
+	constexpr int QV = DK / 4, NQ = W * MW * 16, PER = (NQ * QV + W * 32 - 1) / (W * 32);
+	float4 x[PER];
 
 #pragma unroll
-	for (int kk = 0; kk < DK / 16; kk++)
-#pragma unroll
-		for (int i = 0; i < 4; i++) {
-			const int d = kk * 16 + i / 2 * 8 + lane % 4 * 2, w = i % 2;
+	for (int j = 0; j < PER; j++) {
+		const int i = threadIdx.x + j * W * 32, q = i / QV, c = i % QV, qi = qi0 + q;
 
-			x[kk][i] = make_float2(0.0f, 0.0f);
-			if (qy.ok[w] && d < a.dk)
-				x[kk][i] = *(const float2 *)(a.q + (size_t)qy.r[w] * a.q_rs +
-							     (size_t)qy.h[w] * a.q_hs + d);
-		}
+		x[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		if (q < NQ && qi < nq && c * 4 < a.dk)
+			x[j] = *(const float4 *)(a.q + (size_t)(qi / a.group) * a.q_rs +
+						 (size_t)(blockIdx.y * a.group + qi % a.group) * a.q_hs + c * 4);
+	}
 #pragma unroll
-	for (int kk = 0; kk < DK / 16; kk++)
-#pragma unroll
-		for (int i = 0; i < 4; i++)
-			qf[kk][i] = pack_bf16(x[kk][i].x * a.qscale, x[kk][i].y * a.qscale);
+	for (int j = 0; j < PER; j++) {
+		const int i = threadIdx.x + j * W * 32, q = i / QV, c = i % QV;
+
+		if (q < NQ)
+			*(uint2 *)(sq + q * (DK + 8) + c * 4) =
+				make_uint2(pack_bf16(x[j].x * a.qscale, x[j].y * a.qscale),
+					   pack_bf16(x[j].z * a.qscale, x[j].w * a.qscale));
+	}
 }
 
-// The run's online-softmax state of the lane's two queries (base 2) and its share of
-// their outputs: o[n] holds dims 8 n + 2 (lane % 4) and the next, rows as the scores.
-template <int DK>
+// The run's online-softmax state of the lane's queries (base 2) and its share of their
+// outputs: o[m][n] holds dims 8 n + 2 (lane % 4) and the next, rows as the scores.
+template <int DK, int MW>
 struct pf_acc {
-	float o[DK / 8][4];
-	float m[2], l[2];
-	int lim[2];		// tokens t < lim[i] count for query i (0: not in the run)
+	float o[MW][DK / 8][4];
+	float m[2 * MW], l[2 * MW];
+	int lim[2 * MW];	// tokens t < lim[i] count for query i (-1: not in the run)
 };
 
-// One tile of the warp's queries: S = Q K^T over the TK tokens at kb, masked per query,
-// the online softmax, then O += P V with V at vb (p from the score registers as bf16).
-template <int DK, int TK>
-__device__ __forceinline__ void pf_tile(const uint32_t (&qf)[DK / 16][4], const uint16_t *kb,
-					const uint16_t *vb, int t0, pf_acc<DK> &s_)
+// One tile of the warp's queries: S = Q K^T over the TK tokens at kb (q from the warp's
+// rows of sq), masked per query, the online softmax, then O += P V with V at vb (p from
+// the score registers as bf16). Each K and V fragment serves the MW m16 tiles.
+template <int DK, int TK, int MW>
+__device__ __forceinline__ void pf_tile(const uint16_t *sq, const uint16_t *kb,
+					const uint16_t *vb, int t0, pf_acc<DK, MW> &s_)
 {
 	constexpr int KS = DK + 8, NT = TK / 8, NO = DK / 8;
 	const int lane = threadIdx.x % 32;
-	float s[NT][4];
+	float s[MW][NT][4];
 
 #pragma unroll
-	for (int j = 0; j < NT; j++)
-		s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+	for (int m = 0; m < MW; m++)
 #pragma unroll
-	for (int kk = 0; kk < DK / 16; kk++)
+		for (int j = 0; j < NT; j++)
+			s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.0f;
+#pragma unroll
+	for (int kk = 0; kk < DK / 16; kk++) {
+		uint32_t qa[MW][4];
+
+#pragma unroll
+		for (int m = 0; m < MW; m++)
+			ldsm_x4(qa[m], sq + (m * 16 + lane % 16) * KS + kk * 16 + lane / 16 * 8);
 #pragma unroll
 		for (int j = 0; j < NT; j += 2) {
 			uint32_t kf[4];
 
 			ldsm_x4(kf, kb + (j * 8 + lane / 16 * 8 + lane % 8) * KS + kk * 16 +
 					    lane / 8 % 2 * 8);
-			mma_bf16(s[j], qf[kk], kf[0], kf[1]);
-			mma_bf16(s[j + 1], qf[kk], kf[2], kf[3]);
+#pragma unroll
+			for (int m = 0; m < MW; m++) {
+				mma_bf16(s[m][j], qa[m], kf[0], kf[1]);
+				mma_bf16(s[m][j + 1], qa[m], kf[2], kf[3]);
+			}
 		}
+	}
 
 	// The causal mask (and the split's end, in lim), the new running maxima.
-	float mx[2] = { s_.m[0], s_.m[1] }, base[2], al[2];
+	float mx[2 * MW], base[2 * MW], al[2 * MW];
 
 #pragma unroll
-	for (int j = 0; j < NT; j++)
+	for (int i = 0; i < 2 * MW; i++)
+		mx[i] = s_.m[i];
 #pragma unroll
-		for (int e = 0; e < 2; e++) {
-			const int t = t0 + j * 8 + lane % 4 * 2 + e;
+	for (int m = 0; m < MW; m++)
+#pragma unroll
+		for (int j = 0; j < NT; j++)
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				const int t = t0 + j * 8 + lane % 4 * 2 + e;
 
-			if (t >= s_.lim[0])
-				s[j][e] = -INFINITY;
-			if (t >= s_.lim[1])
-				s[j][2 + e] = -INFINITY;
-			mx[0] = fmaxf(mx[0], s[j][e]);
-			mx[1] = fmaxf(mx[1], s[j][2 + e]);
-		}
+				if (t >= s_.lim[2 * m])
+					s[m][j][e] = -INFINITY;
+				if (t >= s_.lim[2 * m + 1])
+					s[m][j][2 + e] = -INFINITY;
+				mx[2 * m] = fmaxf(mx[2 * m], s[m][j][e]);
+				mx[2 * m + 1] = fmaxf(mx[2 * m + 1], s[m][j][2 + e]);
+			}
 #pragma unroll
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 2 * MW; i++) {
 		mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
 		mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
 		al[i] = attn_rescale(s_.m[i], mx[i]);
@@ -180,56 +201,64 @@ __device__ __forceinline__ void pf_tile(const uint32_t (&qf)[DK / 16][4], const 
 		s_.l[i] *= al[i];
 	}
 #pragma unroll
-	for (int n = 0; n < NO; n++) {
-		s_.o[n][0] *= al[0];
-		s_.o[n][1] *= al[0];
-		s_.o[n][2] *= al[1];
-		s_.o[n][3] *= al[1];
-	}
+	for (int m = 0; m < MW; m++)
+#pragma unroll
+		for (int n = 0; n < NO; n++) {
+			s_.o[m][n][0] *= al[2 * m];
+			s_.o[m][n][1] *= al[2 * m];
+			s_.o[m][n][2] *= al[2 * m + 1];
+			s_.o[m][n][3] *= al[2 * m + 1];
+		}
 
 	// P as A fragments: the score tiles 2 ks and 2 ks + 1 are the k step ks's halves.
 #pragma unroll
 	for (int ks = 0; ks < TK / 16; ks++) {
-		uint32_t pa[4];
+		uint32_t pa[MW][4];
 
 #pragma unroll
-		for (int h = 0; h < 2; h++) {
-			const float *x = s[2 * ks + h];
-			const float p0 = exp2f(x[0] - base[0]), p1 = exp2f(x[1] - base[0]);
-			const float p2 = exp2f(x[2] - base[1]), p3 = exp2f(x[3] - base[1]);
+		for (int m = 0; m < MW; m++)
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				const float *x = s[m][2 * ks + h];
+				const float p0 = exp2f(x[0] - base[2 * m]), p1 = exp2f(x[1] - base[2 * m]);
+				const float p2 = exp2f(x[2] - base[2 * m + 1]);
+				const float p3 = exp2f(x[3] - base[2 * m + 1]);
 
-			s_.l[0] += p0 + p1;
-			s_.l[1] += p2 + p3;
-			pa[2 * h] = pack_bf16(p0, p1);
-			pa[2 * h + 1] = pack_bf16(p2, p3);
-		}
+				s_.l[2 * m] += p0 + p1;
+				s_.l[2 * m + 1] += p2 + p3;
+				pa[m][2 * h] = pack_bf16(p0, p1);
+				pa[m][2 * h + 1] = pack_bf16(p2, p3);
+			}
 #pragma unroll
 		for (int n = 0; n < NO; n += 2) {
 			uint32_t vf[4];
 
 			ldsm_x4_t(vf, vb + (ks * 16 + lane % 8 + lane / 8 % 2 * 8) * KS + n * 8 +
 					      lane / 16 * 8);
-			mma_bf16(s_.o[n], pa, vf[0], vf[1]);
-			mma_bf16(s_.o[n + 1], pa, vf[2], vf[3]);
+#pragma unroll
+			for (int m = 0; m < MW; m++) {
+				mma_bf16(s_.o[m][n], pa[m], vf[0], vf[1]);
+				mma_bf16(s_.o[m][n + 1], pa[m], vf[2], vf[3]);
+			}
 		}
 	}
 }
 
 // The run's output of the lane's queries in it, or this split's normalised partial and
 // its log2-sum-exp2.
-template <int DK>
-__device__ __forceinline__ void pf_store(const attn_tile_args &a, const pf_query &qy,
-					 pf_acc<DK> &s_, int split, uint16_t *out_bf16)
+template <int DK, int MW>
+__device__ __forceinline__ void pf_store(const attn_tile_args &a, const pf_query<MW> &qy,
+					 pf_acc<DK, MW> &s_, int split, uint16_t *out_bf16)
 {
 	const int lane = threadIdx.x % 32;
 
 #pragma unroll
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 2 * MW; i++) {
 		s_.l[i] += __shfl_xor_sync(0xffffffffu, s_.l[i], 1);
 		s_.l[i] += __shfl_xor_sync(0xffffffffu, s_.l[i], 2);
 	}
 #pragma unroll
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 2 * MW; i++) {
 		const float l = s_.l[i], inv = l > 0.0f ? 1.0f / l : 0.0f;
 		const size_t rh = (size_t)qy.r[i] * a.n_heads + qy.h[i];
 		const size_t sp = (size_t)split * a.n_rows * a.n_heads + rh;
@@ -241,7 +270,8 @@ __device__ __forceinline__ void pf_store(const attn_tile_args &a, const pf_query
 #pragma unroll
 		for (int n = 0; n < DK / 8; n++) {
 			const int d = n * 8 + lane % 4 * 2;
-			const float x0 = s_.o[n][2 * i] * inv, x1 = s_.o[n][2 * i + 1] * inv;
+			const float x0 = s_.o[i / 2][n][2 * (i % 2)] * inv;
+			const float x1 = s_.o[i / 2][n][2 * (i % 2) + 1] * inv;
 
 			if (d >= a.dv)
 				continue;
@@ -264,9 +294,9 @@ __device__ __forceinline__ void pf_store(const attn_tile_args &a, const pf_query
 // Rows [rs, re] of the block share table: their queries attend over this split's part
 // of [0, run_max), ST - 1 tiles in flight ahead of the one the warps work on. Tiles past
 // the block's last visible token are never loaded; a warp skips the tiles past its own.
-template <int DK, int TK, int ST, int W>
-__device__ __forceinline__ void pf_run(const attn_tile_args &a, const uint32_t (&qf)[DK / 16][4],
-				       const pf_query &qy, uint16_t *sk, uint16_t *sv,
+template <int DK, int TK, int ST, int W, int MW>
+__device__ __forceinline__ void pf_run(const attn_tile_args &a, const uint16_t *sq,
+				       const pf_query<MW> &qy, uint16_t *sk, uint16_t *sv,
 				       const int32_t *table, int rs, int re, int run_max,
 				       uint16_t *out_bf16)
 {
@@ -276,25 +306,27 @@ __device__ __forceinline__ void pf_run(const attn_tile_args &a, const uint32_t (
 	const int tb = (int)min((long)run_max, (long)split * per), te = min(run_max, tb + per);
 	const int nt = (te - tb + TK - 1) / TK;
 	int32_t pg[pf_fill<DK, TK, W>::NP];
-	pf_acc<DK> s_;
-	int wlim;
+	pf_acc<DK, MW> s_;
+	int wlim = -1;
 
 #pragma unroll
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < 2 * MW; i++) {
 		const bool in = qy.ok[i] && qy.r[i] >= rs && qy.r[i] <= re;
 
 		s_.lim[i] = in ? min(a.ctx[qy.r[i]], te) : -1;
 		s_.m[i] = -INFINITY;
 		s_.l[i] = 0.0f;
+		wlim = max(wlim, s_.lim[i]);
 	}
 #pragma unroll
-	for (int n = 0; n < DK / 8; n++)
-		s_.o[n][0] = s_.o[n][1] = s_.o[n][2] = s_.o[n][3] = 0.0f;
-	wlim = max(s_.lim[0], s_.lim[1]);
+	for (int m = 0; m < MW; m++)
+#pragma unroll
+		for (int n = 0; n < DK / 8; n++)
+			s_.o[m][n][0] = s_.o[m][n][1] = s_.o[m][n][2] = s_.o[m][n][3] = 0.0f;
 	for (int off = 16; off > 0; off >>= 1)
 		wlim = max(wlim, __shfl_xor_sync(0xffffffffu, wlim, off));
 
-	__syncthreads();	// the previous run is done with the stages
+	__syncthreads();	// the previous run is done with the stages (the first: q staged)
 #pragma unroll
 	for (int st = 0; st < ST - 1; st++) {
 		if (st < nt) {
@@ -311,49 +343,50 @@ __device__ __forceinline__ void pf_run(const attn_tile_args &a, const uint32_t (
 		__syncthreads();		// and every warp is done with tile it - 1's stage
 		if (nx < nt) {
 			pf_issue<DK, TK, W>(a, pg, sk + nx % ST * TK * KS, sv + nx % ST * TK * KS,
-					 tb + nx * TK, kvh);
+					    tb + nx * TK, kvh);
 			pf_page<DK, TK, W>(pg, a, table, tb + (nx + 1) * TK, te);
 		}
 		cp_async_commit();
 		if (t0 < wlim)		// (warp-uniform) a token of the tile is the warp's
-			pf_tile<DK, TK>(qf, sk + buf * TK * KS, sv + buf * TK * KS, t0, s_);
+			pf_tile<DK, TK, MW>(sq, sk + buf * TK * KS, sv + buf * TK * KS, t0, s_);
 	}
 	cp_async_wait<0>();
-	pf_store<DK>(a, qy, s_, split, out_bf16);
+	pf_store<DK, MW>(a, qy, s_, split, out_bf16);
 }
 
 // Block (query tile, kv head, split): query vectors qi = row * group + g of the tile,
 // taken in runs of consecutive rows that share a block table.
-template <int DK, int TK, int ST, int W, int MINB>
+template <int DK, int TK, int ST, int W, int MW, int MINB>
 __global__ void __launch_bounds__(W * 32, MINB) attn_prefill_kernel(const attn_tile_args a,
 								   uint16_t *out_bf16)
 {
-	using L = pf_layout<DK, TK, ST>;
+	using L = pf_layout<DK, TK, ST, W * MW * 16>;
 	extern __shared__ __align__(16) unsigned char attn_smem[];
 	uint16_t *sk = (uint16_t *)(attn_smem + L::k), *sv = (uint16_t *)(attn_smem + L::v);
-	const int nq = a.n_rows * a.group, qi0 = blockIdx.x * W * PF_QW;
-	const int r_lo = qi0 / a.group, r_hi = (min(qi0 + W * PF_QW, nq) - 1) / a.group;
+	uint16_t *sq = (uint16_t *)(attn_smem + L::q);
+	const int nq = a.n_rows * a.group, qi0 = blockIdx.x * W * MW * 16;
+	const int r_lo = qi0 / a.group, r_hi = (min(qi0 + W * MW * 16, nq) - 1) / a.group;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-	uint32_t qf[DK / 16][4];
-	pf_query qy;
+	pf_query<MW> qy;
 
 	k_cuda_pdl_wait();
 #pragma unroll
-	for (int i = 0; i < 2; i++) {
-		const int qi = qi0 + warp * PF_QW + lane / 4 + 8 * i;
+	for (int i = 0; i < 2 * MW; i++) {
+		const int qi = qi0 + (warp * MW + i / 2) * 16 + lane / 4 + 8 * (i % 2);
 
 		qy.ok[i] = qi < nq;
 		qy.r[i] = qy.ok[i] ? qi / a.group : 0;
 		qy.h[i] = blockIdx.y * a.group + qi % a.group;
 	}
-	pf_load_q<DK>(a, qy, qf);
+	pf_stage_q<DK, W, MW>(a, sq, qi0, nq);
 	for (int rs = r_lo; rs <= r_hi;) {
 		const int32_t *const table = a.blocks[rs];
 		int re = rs, run_max = a.ctx[rs];
 
 		while (re < r_hi && a.blocks[re + 1] == table)
 			run_max = max(run_max, a.ctx[++re]);
-		pf_run<DK, TK, ST, W>(a, qf, qy, sk, sv, table, rs, re, run_max, out_bf16);
+		pf_run<DK, TK, ST, W, MW>(a, sq + warp * MW * 16 * (DK + 8), qy, sk, sv, table, rs,
+					  re, run_max, out_bf16);
 		rs = re + 1;
 	}
 }
@@ -361,24 +394,31 @@ __global__ void __launch_bounds__(W * 32, MINB) attn_prefill_kernel(const attn_t
 // ---- the compiled shapes and the launch ------------------------------------------
 
 struct pf_shape {
-	int dk, tk, st, warps;
+	int dk, tk, st, warps, mw;
 	void (*kernel)(const attn_tile_args, uint16_t *);
 	unsigned smem;
 	int per_sm;		// resident blocks per SM (the occupancy query), 0 unusable
 };
 
-// W warps of 16 query vectors; MINB: blocks an SM that __launch_bounds__ asks registers for.
-template <int DK, int TK, int ST, int W, int MINB>
+// W warps of MW m16 tiles of query vectors; MINB: blocks an SM that __launch_bounds__
+// asks registers for.
+template <int DK, int TK, int ST, int W, int MW, int MINB>
 static pf_shape pf_make()
 {
-	return { DK, TK, ST, W, attn_prefill_kernel<DK, TK, ST, W, MINB>, pf_layout<DK, TK, ST>::total,
-		 0 };
+	return { DK, TK, ST, W, MW, attn_prefill_kernel<DK, TK, ST, W, MW, MINB>,
+		 pf_layout<DK, TK, ST, W * MW * 16>::total, 0 };
 }
 
 // In the order pf_find tries them: the first that holds head_dim.
 static pf_shape pf_shapes[] = {
-	pf_make<64, 64, 3, 4, 1>(),	// head_dim <= 64: 54 KB, 3 blocks an SM (168 registers)
-	pf_make<128, 64, 3, 4, 1>(),	// head_dim <= 128 (Llama 3, Qwen3): 102 KB, 2 an SM (245 registers)
+	// head_dim <= 64: 64 query vectors, 64-token tiles; 63 KB, 168 registers
+	pf_make<64, 64, 3, 4, 1, 1>(),
+	// head_dim <= 128 (Llama 3, Qwen3): 128 query vectors (two m16 tiles a warp),
+	// 32-token tiles; 87 KB, 255 registers, 2 blocks an SM. Measured on H200 (Llama-3.1-8B
+	// heads, 1024 rows over 32k): 263 TFLOPS; one m16 tile a warp with q in registers
+	// and 64-token tiles 238, with 32-token tiles at 3 blocks an SM 194, 8 such warps a
+	// block 236 (docs/results/cuda-attn-prefill-h200.txt)
+	pf_make<128, 32, 3, 4, 2, 1>(),
 };
 
 int attn_prefill_prepare(int smem_optin)
@@ -409,15 +449,15 @@ int attn_prefill_usable(const attn_tile_args *a)
 	const struct k_cuda_tuning *t = k_cuda_tuning();
 
 	return t->attn_mma && t->attn_prefill_mma && a->v && a->dk == a->dv && a->dk % 8 == 0 &&
-	       a->vec && a->q_rs % 2 == 0 && a->q_hs % 2 == 0 && (uintptr_t)a->q % 8 == 0 &&
+	       a->vec && a->q_rs % 4 == 0 && a->q_hs % 4 == 0 && (uintptr_t)a->q % 16 == 0 &&
 	       a->dv % 2 == 0 && pf_find(a->dk) != nullptr;
 }
 
 // Splits along the context: the count whose waves of resident blocks, each block doing
 // 1 / n of its tokens, take least time (ties to the fewer), splits of at least
 // PF_MIN_SPLIT_TOKENS, no more partials than the workspace holds. 256 new Llama rows
-// are 128 blocks: 2 splits fill the 264 slots of 2 blocks an SM; 1024 rows (512
-// blocks) take one. Host values only (graph safety).
+// are 64 blocks: 4 splits fill the 264 slots of 2 blocks an SM; 1024 rows (256 blocks)
+// take one. Host values only (graph safety).
 static int pf_pick_splits(const k_cuda_attn_ws *ws, long blocks, long slots, int max_ctx,
 			  size_t part, size_t lse)
 {
@@ -442,7 +482,7 @@ int attn_prefill_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args
 			int max_ctx, uint16_t *out_bf16)
 {
 	const pf_shape *sh = pf_find(a->dk);
-	const long tiles = sh ? attn_cdiv(a->n_rows * a->group, sh->warps * PF_QW) : 0;
+	const long tiles = sh ? attn_cdiv(a->n_rows * a->group, sh->warps * sh->mw * 16) : 0;
 	dim3 grid;
 
 	if (!sh || !attn_prefill_usable(a))
