@@ -25,9 +25,10 @@
  * ~1e-6..1e-5 relative at 32k tokens. 2e-4 leaves room for that and still fails on a
  * single wrong token at 32k (~1e-2 with these score spreads). Every output must also be
  * finite: the NaN poison overwritten.
- * The tensor-core decode kernel (attn_mma.cu) rounds q and the probabilities to bf16
- * (2^-9 relative each): ~2e-3..4e-3 relative L2 on these cases, so 1e-2 for it; an
- * indexing or masking error there is off by far more (a whole tile or head: > 1e-1). */
+ * The tensor-core decode and prefill kernels (attn_mma.cu, attn_prefill.cu) round q and
+ * the probabilities to bf16 (2^-9 relative each): ~2e-3..4e-3 relative L2 on these
+ * cases, so 1e-2 for them; an indexing or masking error there is off by far more (a
+ * whole tile or head: > 1e-1). */
 #define ATTN_TOL 2e-4
 #define ATTN_TOL_MMA 1e-2
 #define Q_AMP_GQA 4.0f	/* q scale: scores of std ~1.3, a softmax that picks tokens */
@@ -49,7 +50,7 @@ static inline int attn_begin(const char *name, int quick)
 	attn_seed = test_seed();
 	CHECK(k_cuda_device_describe(0, dev, sizeof(dev), &gib, &major, &minor) == 0, "describe");
 	fprintf(stderr, "device 0: %s, %.1f GiB, sm_%d%d; seed %llu%s (KD_TEST_SEED repeats it); "
-		"tolerance rel L2 %g (tensor-core decode %g)\n", dev, gib, major, minor, attn_seed,
+		"tolerance rel L2 %g (tensor-core kernels %g)\n", dev, gib, major, minor, attn_seed,
 		quick ? ", quick" : "", ATTN_TOL, ATTN_TOL_MMA);
 	if (k_pool_create(&attn_pool, cpus > 16 ? 16 : cpus > 0 ? (int)cpus : 1)) {
 		fprintf(stderr, "%s: no thread pool\n", name);

@@ -4,7 +4,9 @@
  * with NaN first, and a captured graph replayed with new ctx and block tables. The
  * CUDA-core kernels first, then the tensor-core decode kernel, whose variants (merge
  * folded, copies after the wait, q in shared memory, 64-token tiles) must give its
- * default's bits. One line per case. Skips (77) without CUDA or a GPU.
+ * default's bits, and the tensor-core prefill kernel (attn_prefill.cu; with
+ * attn_prefill_mma 0 the tiled kernel again, to the fp32 tolerance). One line per case.
+ * Skips (77) without CUDA or a GPU.
  * KD_TEST_QUICK=1: only the small cases (for compute-sanitizer); KD_TEST_SEED=n: repeat
  * a run. Timings: tests/bench/bench_cuda_attn. */
 #include <errno.h>
@@ -214,6 +216,73 @@ static void gqa_graph_case(struct gqa_shape sh, int bt, int n_rows, int max_ctx)
 	gqa_teardown(&g);
 }
 
+/* Prefill rows captured once and replayed with new ctx and block tables (hinted: the
+ * prefill kernels): run rows from pos, tables and splits sized for max_ctx. */
+static void gqa_prefill_graph_case(struct gqa_shape sh, int bt, int run, int pos, int max_ctx)
+{
+	struct rows *r = rows_prefill(1, &run, &pos, max_ctx);
+	struct gqa_run g;
+	int ret = -1;
+
+	if (!gqa_setup(&g, sh, bt, r, 1, max_ctx))
+		ret = attn_graph_replays(r, gqa_call, gqa_check, &g, g.d_out,
+					 (size_t)r->n_rows * sh.h * sh.hd);
+	CHECK(ret == 0, "gqa prefill graph case: %d", ret);
+	gqa_teardown(&g);
+}
+
+/* KDEC_ATTN_PREFILL_MMA=0 in the tensor-core pass: the prefill rows go to the tiled
+ * CUDA-core kernel again, which must meet the fp32 tolerance (the tensor-core kernel
+ * does not: its q and p are bf16). */
+static void gqa_prefill_off_case(struct gqa_shape sh, int bt, struct rows *r)
+{
+	const struct k_cuda_tuning was = *k_cuda_tuning();
+	struct k_cuda_tuning t = was;
+	const double tol = attn_tol;
+	const char *path = attn_path;
+
+	t.attn_prefill_mma = 0;
+	k_cuda_tuning_set(&t);
+	attn_tol = ATTN_TOL;
+	attn_path = "[mma, attn_prefill_mma 0: tiled fp32] ";
+	gqa_case(sh, bt, r, 1);
+	attn_tol = tol;
+	attn_path = path;
+	k_cuda_tuning_set(&was);
+}
+
+/* The tensor-core prefill kernel: head_dim 64 and 128 (and 24, 40: zero-padded to 64) at
+ * groups 1, 4 and 8; block_tokens 16, 64 and 7; a chunk that starts mid-context at an
+ * offset that is no multiple of a tile and ends in a partial query tile, a whole prompt
+ * from position 0; several sequences whose runs straddle the query tiles (one of a
+ * single row); 16 rows over 30k tokens (the context split over blocks, then merged) and
+ * a graph sized for 32k that the rows fill only partly (empty splits); head_dim 20 and
+ * 256 take the tiled kernel (the fallback). Then the knob off. */
+static void test_gqa_prefill_mma(void)
+{
+	static const struct gqa_shape shapes[] = {
+		{ 32, 8, 128 }, { 32, 4, 128 }, { 8, 8, 128 },	/* groups 4, 8, 1 */
+		{ 16, 4, 64 }, { 16, 2, 64 }, { 8, 8, 64 },
+		{ 12, 4, 24 }, { 10, 2, 40 },			/* padded to 64 */
+		{ 6, 2, 20 }, { 4, 2, 256 },			/* the fallback */
+	};
+	int run = quick ? 77 : 200, pos = quick ? 203 : 3037, zero = 0;
+	int runs[] = { 37, 100, 1, 70 }, pos0[] = { 1000, 0, 4000, 3001 };
+	int few = 16, far = quick ? 2000 : 30000;
+
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+		gqa_case(shapes[i], 16, rows_prefill(1, &run, &pos, pos + run), 1);
+		gqa_case(shapes[i], i % 2 ? 64 : 7, rows_prefill(1, &run, &zero, run), 1);
+	}
+	gqa_case(shapes[0], 16, rows_prefill(4, runs, pos0, 4200), 1);
+	gqa_case(shapes[4], 7, rows_prefill(4, runs, pos0, 4200), 1);
+	gqa_case(shapes[0], 16, rows_prefill(1, &few, &far, far + few), 1);
+	gqa_case(shapes[3], 16, rows_prefill(1, &few, &far, 32768), 1);
+	gqa_prefill_graph_case(shapes[0], 16, 64, quick ? 100 : 1000, quick ? 512 : 8192);
+	gqa_prefill_off_case(shapes[0], 16, rows_prefill(1, &run, &pos, pos + run));
+	gqa_prefill_off_case(shapes[3], 7, rows_prefill(4, runs, pos0, 4200));
+}
+
 /* ---- cases ---------------------------------------------------------------- */
 
 /* Sizes the kernels must refuse, with -EINVAL. */
@@ -339,7 +408,8 @@ static void test_gqa_fold(void)
 }
 
 /* The KV write and the GQA cases: the CUDA-core kernels (fp32) first, then the
- * tensor-core decode kernel on the decode-shaped cases, with each tile length it has. */
+ * tensor-core decode kernel on the decode-shaped cases, with each tile length it has,
+ * and the tensor-core prefill kernel on the prefill cases. */
 int main(void)
 {
 	struct k_cuda_tuning t;
@@ -358,6 +428,8 @@ int main(void)
 	mma_pass = 1;
 	test_gqa();
 	test_gqa_fold();
+	test_gqa_prefill();
+	test_gqa_prefill_mma();
 	if (!quick) {
 		t = *k_cuda_tuning();
 		t.attn_mma_tk = 64;

@@ -52,6 +52,10 @@ struct k_cuda_tuning {
 	int attn_mma_early;	/* KDEC_ATTN_MMA_EARLY, flag, 1: GQA's tensor-core kernel issues
 				 * its first K/V copies before the programmatic-launch wait;
 				 * 0: all after it */
+	int attn_prefill_mma;	/* KDEC_ATTN_PREFILL_MMA, flag, 1: GQA prefill rows (head_dim
+				 * <= 128) on the tensor-core prefill kernel (attn_prefill.cu)
+				 * where attn_mma is 1; 0: the tiled CUDA-core kernel. Not
+				 * bit-identical (q and p enter the tensor cores in bf16) */
 	int attn_dec_splits;	/* KDEC_ATTN_DEC_SPLITS, >= 0, 0: a fixed split count for the
 				 * GQA decode kernels (where the workspace holds it); 0: chosen
 				 * by occupancy. Not bit-identical across values */

@@ -5,7 +5,10 @@
  * floor of the bytes it must read. Cold figures replay a graph behind a 256 MB memset
  * (the step's other weights pass through L2 between two layers); warm ones repeat the
  * call. The checks of the same kernels: test_cuda_attn_*, test_cuda_merge.
- * Usage: bench_cuda_attn. Exits 77 without CUDA or a GPU. */
+ * GQA prefill (Llama-3.1-8B's heads, chunks over long contexts): the tensor-core prefill
+ * kernel beside the tiled CUDA-core one, in TFLOPS beside the tensor-core floor.
+ * Usage: bench_cuda_attn [prefill] (prefill: that table only). Exits 77 without CUDA or
+ * a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +124,70 @@ static void bench_gqa(void *flush)
 	attn_pass(1);
 	gqa_cold(llama, 1, 1024, flush);
 	gqa_cold(llama, 64, 1024, flush);
+}
+
+/* ---- GQA prefill -------------------------------------------------------------- */
+
+/* The floor of a prefill call: its FLOPs at the H200's dense bf16 tensor-core rate as
+ * NVIDIA's H200 SXM datasheet gives it (989 TFLOPS; without sparsity). mma.sync, which
+ * the kernels use, reaches less of it than Hopper's wgmma. */
+#define BENCH_BF16_FLOPS 989e12
+
+/* Causal attention FLOPs of the rows: 2 hd for q.k and 2 hd for p v per visible token
+ * and q head. */
+static double gqa_rows_flops(const struct rows *r, struct gqa_shape sh)
+{
+	double f = 0;
+
+	for (int i = 0; i < r->n_rows; i++)
+		f += (double)r->ctx[i] * 4.0 * sh.h * sh.hd;
+	return f;
+}
+
+/* One call of run new rows of one sequence ending at ctx, warm (median of
+ * BENCH_WARM_RUNS): the tensor-core prefill kernel beside the tiled CUDA-core one
+ * (attn_prefill_mma 0), achieved TFLOPS and the floor. */
+static void gqa_prefill_time(struct gqa_shape sh, int run, int ctx)
+{
+	const struct k_cuda_tuning was = *k_cuda_tuning();
+	struct k_cuda_tuning t = was;
+	int pos = ctx - run;
+	struct gqa_run g;
+	double flops, t_new, t_old;
+
+	if (gqa_setup(&g, sh, 16, rows_prefill(1, &run, &pos, ctx), 1, 0)) {
+		CHECK(0, "gqa prefill setup");
+		gqa_teardown(&g);
+		return;
+	}
+	flops = gqa_rows_flops(g.r, sh);
+	t_new = bench_time_us(gqa_call_default, &g);
+	t.attn_prefill_mma = 0;
+	k_cuda_tuning_set(&t);
+	t_old = bench_time_us(gqa_call_default, &g);
+	k_cuda_tuning_set(&was);
+	printf("gqa prefill h%d/kv%d/d%d rows %4d ctx %5d..%5d: tensor cores %8.1f us %5.1f TFLOPS"
+	       " | tiled fp32 %8.1f us %5.1f TFLOPS | %4.1fx; floor %6.1f us (%.0f%%)\n", sh.h,
+	       sh.kv, sh.hd, run, pos + 1, ctx, t_new, flops / t_new * 1e-6, t_old,
+	       flops / t_old * 1e-6, t_old / t_new, flops / BENCH_BF16_FLOPS * 1e6,
+	       100.0 * flops / BENCH_BF16_FLOPS * 1e6 / t_new);
+	gqa_teardown(&g);
+}
+
+/* Llama-3.1-8B's head shape: chunks of 256 and 1024 new tokens at the end of 1k..32k
+ * contexts, and whole 1k and 4k prompts in one call. */
+static void bench_gqa_prefill(void)
+{
+	static const int ctxs[] = { 1024, 4096, 16384, 32768 };
+
+	attn_pass(1);
+	printf("gqa prefill: warm, median of %d calls; floor: causal FLOPs at %.0f TFLOPS "
+	       "(H200 datasheet, dense bf16)\n", BENCH_WARM_RUNS, BENCH_BF16_FLOPS / 1e12);
+	for (int run = 256; run <= 1024; run *= 4)
+		for (size_t i = 0; i < sizeof(ctxs) / sizeof(ctxs[0]); i++)
+			gqa_prefill_time(llama, run, ctxs[i]);
+	gqa_prefill_time(llama, 1024, 1024);
+	gqa_prefill_time(llama, 4096, 4096);
 }
 
 /* ---- the fused inputs -------------------------------------------------------- */
@@ -362,13 +429,23 @@ static void bench_merge(void)
 	merge_warm(5, 64, 16, 512);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	const int prefill_only = argc > 1 && !strcmp(argv[1], "prefill");
 	void *flush;
 
+	if (argc > 2 || (argc == 2 && !prefill_only)) {
+		fprintf(stderr, "usage: bench_cuda_attn [prefill]\n");
+		return 2;
+	}
 	if (bench_begin("bench_cuda_attn"))
 		return 77;
 	attn_seed = 0x5eedull;
+	bench_gqa_prefill();
+	if (prefill_only) {
+		k_cuda_tuning_set(NULL);
+		return test_failures ? 1 : 0;
+	}
 	if (!(flush = bench_flush_buffer()))
 		return 1;
 	bench_gqa(flush);

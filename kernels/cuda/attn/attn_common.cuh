@@ -224,6 +224,23 @@ int attn_mma_launch_post(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_arg
 			 int max_ctx, uint16_t *out_bf16, int forced_splits,
 			 const struct k_cuda_qkv_args *post);
 
+// ---- the tensor-core prefill kernel (attn_prefill.cu): a block per (128 query vectors
+// of consecutive rows, 64 at head_dim <= 64; kv head; split), flash-attention-2 style;
+// q and p enter the tensor cores in bf16 (~3e-3 relative) ----
+
+// Whether it can run a's GQA rows: head_dim (dk == dv) a multiple of 8 up to 128, q in
+// float4 (strides and base 16-byte aligned), K/V aligned (a->vec), and
+// k_cuda_tuning()->attn_mma and ->attn_prefill_mma not 0.
+int attn_prefill_usable(const attn_tile_args *a);
+
+// Launches it over a's rows (a->n_splits chosen here from host values), then merges the
+// splits; out_bf16 (NULL or as in k_cuda_attn_gqa_bf16) written too.
+int attn_prefill_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a,
+			int max_ctx, uint16_t *out_bf16);
+
+// Opt-in shared memory and occupancy of its compiled shapes (at ws creation).
+int attn_prefill_prepare(int smem_optin);
+
 #ifdef __CUDACC__
 // One warp lists the splits of (row, head) rh that count and their weights:
 // live[0 .. n) the split numbers in increasing order, w[i] = exp2(lse - max) / sum for

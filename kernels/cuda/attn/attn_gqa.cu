@@ -1,6 +1,7 @@
 // GQA attention over the paged bf16 cache: the decode kernel (rows of distinct
 // sequences, split along the sequence, each K/V vector read once per kv head for all the
-// q heads of its group) and the launcher that picks it or the tiled prefill kernel.
+// q heads of its group) and the launcher that picks it or a prefill kernel (tensor-core
+// or tiled).
 #include <cstdlib>
 
 #include "kernels/cuda/attn/attn_common.cuh"
@@ -411,6 +412,22 @@ static int gqa_use_tiled(const k_cuda_attn_rows *rows)
 	return rows->n_rows >= GQA_TILED_MIN_ROWS_PER_SEQ * seqs;
 }
 
+// Prefill on the tensor cores (attn_prefill.cu): the rows gqa_use_tiled takes, at a
+// shape it compiled (head_dim a multiple of 8 up to 128), with k_cuda_tuning()->attn_mma
+// and ->attn_prefill_mma on (KDEC_ATTN_PREFILL_MMA=0: the tiled kernel below). At 256
+// new Llama-3.1-8B rows over 8k tokens the tiled kernel's fp32 arithmetic was the
+// whole cost of a prefill step's attention.
+static bool gqa_use_prefill_mma(const k_cuda_attn_rows *rows, const attn_tile_args *a)
+{
+	return gqa_use_tiled(rows) && attn_prefill_usable(a);
+}
+
+// The tiled CUDA-core kernel: the other prefill shapes that fit its shared memory.
+static bool gqa_use_prefill_tiled(const k_cuda_attn_ws *ws, const k_cuda_attn_rows *rows, int hd)
+{
+	return gqa_use_tiled(rows) && attn_tile_smem(ws, GQA_TILE_Q, hd, hd, 1) != 0;
+}
+
 static int gqa_tiled(cudaStream_t s, k_cuda_attn_ws *ws, float *out, const float *q,
 		     const uint16_t *k, const uint16_t *v, int block_tokens,
 		     const k_cuda_attn_rows *rows, int H, int KV, int hd, float qscale)
@@ -442,7 +459,15 @@ extern "C" int k_cuda_attn_gqa_bf16(cudaStream_t s, struct k_cuda_attn_ws *ws, f
 		ATTN_INVAL("k_cuda_attn_gqa: head_dim %d unsupported (1..256)", head_dim);
 	if (rows->n_rows == 0)
 		return 0;
-	if (gqa_use_tiled(rows) && attn_tile_smem(ws, GQA_TILE_Q, head_dim, head_dim, 1))
+	// The kernels by named predicates, in order; the decode kernel takes the rest.
+	attn_tile_args a = gqa_args(ws, out, q, k_cache, v_cache, block_tokens, rows, n_heads,
+				    kv_heads, head_dim, qscale);
+
+	if (gqa_use_prefill_mma(rows, &a)) {
+		ret = attn_prefill_launch(s, ws, &a, rows->max_ctx, out_bf16);
+		return ret ? ret : out_bf16 != nullptr;
+	}
+	if (gqa_use_prefill_tiled(ws, rows, head_dim))
 		return gqa_tiled(s, ws, out, q, k_cache, v_cache, block_tokens, rows, n_heads,
 				 kv_heads, head_dim, qscale);
 	ret = gqa_decode(s, ws, out, out_bf16, q, k_cache, v_cache, block_tokens, rows, n_heads,

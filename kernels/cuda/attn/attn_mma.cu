@@ -46,45 +46,6 @@ struct mma_layout {
 	static_assert(!QREG || (VSEP && DK <= 128 && TK * KS >= MMA_Q * QS), "q in registers");
 };
 
-// ---- PTX ----------------------------------------------------------------------
-
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p)
-{
-	const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-		     : "r"(a));
-}
-
-__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const uint16_t *p)
-{
-	const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-
-	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-		     : "r"(a));
-}
-
-// c += a b: a (16 x 16, row), b (16 x 8, col), bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
-					 uint32_t b1)
-{
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats to bf16 (nearest even) in one cvt instruction, lo in the low half.
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-	uint32_t v;
-
-	asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(hi), "f"(lo));
-	return v;
-}
-
 // ---- kernel -------------------------------------------------------------------
 
 // How a block's threads share the copies of a tile. Where a K row's 16-byte chunks

@@ -1,6 +1,7 @@
 // What the tensor-core decode attention's two halves share: attn_mma.cu (the kernels and
 // the table of their compiled shapes) and attn_mma_launch.cu (the host side: which
-// shape, how many splits, the launch). CUDA C++ only.
+// shape, how many splits, the launch); its mma.sync and ldmatrix wrappers serve the
+// prefill kernel (attn_prefill.cu) too. CUDA C++ only.
 #ifndef KD_KERNELS_CUDA_ATTN_MMA_CUH
 #define KD_KERNELS_CUDA_ATTN_MMA_CUH
 
@@ -16,6 +17,47 @@
 // GQA's split merge folded into the last split (attn_mma.cu): at most this many splits,
 // the lists and partials a thread holds.
 #define MMA_FOLD_MAX_SPLITS 8
+
+// ---- PTX (the decode and prefill tensor-core kernels) ----------------------------
+
+#ifdef __CUDACC__
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p)
+{
+	const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(a));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const uint16_t *p)
+{
+	const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(a));
+}
+
+// c += a b: a (16 x 16, row), b (16 x 8, col), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
+					 uint32_t b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+		     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats to bf16 (nearest even) in one cvt instruction, lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+	uint32_t v;
+
+	asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(v) : "f"(hi), "f"(lo));
+	return v;
+}
+#endif
 
 // One compiled shape: its kernel, dynamic shared memory and blocks per SM.
 struct mma_shape {

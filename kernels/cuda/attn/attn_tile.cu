@@ -3,9 +3,10 @@
 // so a prefill chunk reads the cache once per tile instead of once per row. Used for
 // GQA prefill (TQ 64) and for MLA (TQ 16: the heads of a row share each latent tile).
 //
-// The arithmetic is fp32 on the CUDA cores (fp32 register tiles over shared memory):
-// the standard path, exact to fp32 rounding; a tensor-core variant would be faster for
-// long prompts and for MLA at many heads.
+// The arithmetic is fp32 on the CUDA cores (fp32 register tiles over shared memory),
+// exact to fp32 rounding. GQA prefill at head_dim <= 128 runs on the tensor cores
+// instead (attn_prefill.cu) unless KDEC_ATTN_PREFILL_MMA=0; a tensor-core variant
+// would be faster for MLA at many heads too.
 #include "kernels/cuda/attn/attn_common.cuh"
 #include "kernels/cuda/ptx.cuh"
 

@@ -391,7 +391,8 @@ extern "C" int k_cuda_attn_ws_create(struct k_cuda_attn_ws **out, int max_rows, 
 	    (ret = ws_alloc(&ws->part_lse, ws->lse_floats)) ||
 	    (ret = ws_alloc_arrive(ws, (size_t)max_rows * max_heads)) ||
 	    (ret = attn_tile_prepare(ws->smem_optin)) || (ret = attn_mla_prepare(ws->smem_optin)) ||
-	    (ret = attn_mma_prepare(ws->smem_optin)))
+	    (ret = attn_mma_prepare(ws->smem_optin)) ||
+	    (ret = attn_prefill_prepare(ws->smem_optin)))
 		goto err;
 	*out = ws;
 	return 0;

@@ -65,8 +65,9 @@ int k_cuda_attn_gqa(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out, const
 
 /* k_cuda_attn_gqa that also writes out rounded to bf16 (nearest even), (n_rows, n_heads *
  * head_dim) contiguous, into out_bf16 where it runs the decode kernel (rows of distinct
- * sequences), for a linear layer that takes bf16 input next. Returns 1 when it wrote
- * out_bf16, 0 when not (the prefill kernel ran), or an error as k_cuda_attn_gqa. */
+ * sequences) or the tensor-core prefill kernel, for a linear layer that takes bf16
+ * input next. Returns 1 when it wrote out_bf16, 0 when not (the tiled prefill kernel
+ * ran), or an error as k_cuda_attn_gqa. */
 int k_cuda_attn_gqa_bf16(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,
 			 uint16_t *out_bf16, const float *q, const uint16_t *k_cache,
 			 const uint16_t *v_cache, int block_tokens,
