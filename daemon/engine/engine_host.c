@@ -563,12 +563,21 @@ static int host_only(const struct kv_session *s)
 	return s->n_blocks > 0 && kv_session_blocks_on_device(s) == 0;
 }
 
-static int offload_in_flight(const struct engine *e)
+/* Under pressure the restores in flight (but keep's) give their blocks back: the
+ * step needs them now, the waiting turn starts its restore again when there is room.
+ * Then whether any move on the mover will still release blocks. */
+static int moves_to_wait_for(struct engine *e, const struct kv_session *keep)
 {
+	int any = 0;
+
+	for (struct host_job *j = e->host_jobs, *next; j; j = next) {
+		next = j->next;	/* a cancel may release j */
+		if (j->sess && j->sess != keep && j->mj.restore && j->submitted)
+			engine_session_cancel_move(e, j->sess);
+	}
 	for (const struct host_job *j = e->host_jobs; j; j = j->next)
-		if (j->sess && !j->mj.restore && j->submitted)
-			return 1;
-	return 0;
+		any |= j->submitted && (!j->sess || !j->mj.restore || j->sess != keep);
+	return any;
 }
 
 /* Synchronous, unlike the idle and quota offloads: a step (or a restore) needs the
@@ -594,8 +603,9 @@ int engine_make_room(struct engine *e, int need, const struct kv_session *keep)
 			if (!skip && (!best || s->last_used_ns < best->last_used_ns))
 				best = s;
 		}
-		if (!best && offload_in_flight(e)) {
-			/* offloads already going free their blocks when committed */
+		if (!best && moves_to_wait_for(e, keep)) {
+			/* offloads already going free their blocks when committed, cancelled
+			 * moves when they come back */
 			engine_mover_wait(e->mover);
 			engine_host_poll(e);
 			continue;

@@ -77,15 +77,21 @@ static int prefix_pending(struct sched *s, struct sched_req *w)
 /* Whether w waits for its session's KV to come back from the host tier: the restore
  * runs on the engine's mover (started at the first look, with the device blocks it
  * fills) while the running requests step, and w is admitted once it is committed
- * (engine_host_poll), or at once where it cannot run (the turn then takes what it
- * can, engine_seq_start_session). start 0: only look. */
+ * (engine_host_poll). Where its blocks do not fit beside this step's claims, or the
+ * restore cannot run, w is admitted at once and its turn's start restores what it
+ * can (synchronously: the pressure path, then it may wait again, admit). start 0:
+ * only look. */
 static int session_restoring(struct sched *s, const struct sched_req *w, int start)
 {
 	struct kv_session *kvs;
 
 	if (!w->session[0] || !(kvs = engine_session_find(s->e, w->session, w->c->uid)))
 		return 0;
-	return start ? engine_session_restore_start(s->e, kvs) : engine_session_restoring(kvs);
+	if (engine_session_restoring(kvs))
+		return 1;
+	if (!start || kv_session_blocks_on_host(kvs) > sched_spare(s))
+		return 0;
+	return engine_session_restore_start(s->e, kvs);
 }
 
 /* Moves the first waiting request into the batch with its cached prefix mapped;
