@@ -52,6 +52,8 @@ struct engine_stats {
 	uint64_t restore_ns;		/* time those took, ns */
 	uint64_t sessions_expired;	/* closed by the idle TTL */
 	uint64_t sessions_dropped;	/* lost their KV for want of host memory */
+	uint64_t moves_in_flight;	/* gauge: host-tier moves on the mover, not yet committed */
+	uint64_t move_bytes_in_flight;	/* gauge: raw KV bytes they move */
 };
 
 /* Where the cache's blocks are (engine_cache_status). */
@@ -107,9 +109,7 @@ struct engine {
 
 	/* host tier moves off the engine thread (engine_host.c, engine_mover.h) */
 	struct engine_mover *mover;	/* made on the first move */
-	struct host_job *host_jobs;	/* started, not yet committed */
-	int host_jobs_n;
-	int64_t host_jobs_bytes;	/* raw KV bytes those move */
+	struct host_job *host_jobs;	/* started, not yet committed (stats.moves_in_flight) */
 	void (*host_wake)(void *);	/* called from the mover when a move is done */
 	void *host_wake_arg;
 	uint32_t host_delay_us;		/* tests only: the mover sleeps this long per block */

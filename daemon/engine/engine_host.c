@@ -114,7 +114,7 @@ static struct host_job *job_new(struct engine *e, struct kv_session *s, int rest
 	j->t0 = engine_now(e);
 	j->next = e->host_jobs;
 	e->host_jobs = j;
-	e->host_jobs_n++;
+	e->stats.moves_in_flight++;
 	s->job = j;
 	return j;
 }
@@ -129,7 +129,7 @@ static struct mover_block *job_add(struct engine *e, struct host_job *j, int idx
 	b->hb = hb;
 	if (dev >= 0) {
 		j->bytes += (int64_t)e->block_bytes;
-		e->host_jobs_bytes += (int64_t)e->block_bytes;
+		e->stats.move_bytes_in_flight += e->block_bytes;
 	}
 	return b;
 }
@@ -144,8 +144,8 @@ static void job_release(struct engine *e, struct host_job *j)
 		link = &(*link)->next;
 	if (*link)
 		*link = j->next;
-	e->host_jobs_n--;
-	e->host_jobs_bytes -= j->bytes;
+	e->stats.moves_in_flight--;
+	e->stats.move_bytes_in_flight -= (uint64_t)j->bytes;
 	if (j->sess && j->sess->job == j)
 		j->sess->job = NULL;
 	for (int k = j->mj.n - 1; k >= 0; k--) {
