@@ -5,7 +5,9 @@
  *    comes back bit for bit, the stream's logits equal a cold run's;
  *  - cancellation: a turn arriving mid-offload, a close during an offload and during a
  *    restore, the engine destroyed with a move in flight; every invariant (the moves'
- *    own references counted) after each step. */
+ *    own references counted) after each step.
+ * KDEC_TEST_BACKEND=cuda runs it on the GPU (the side copies beside graph replays;
+ * logits then within a tolerance, KV still bit for bit); exits 77 without a GPU. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,12 +17,22 @@
 #include "tests/testutil.h"
 #include "tests/kvtest.h"
 
-#define BT 8
+#define BT 16
+#define CUDA_ROW_TOL 2e-2	/* a decode row against a prefill row: other kernels */
 #define BIG_BLOCKS 40			/* the large session */
-#define DELAY_US 20000			/* per block: the slowed codec, 0.8 s a move */
+#define DELAY_US 40000			/* per block: the slowed codec, 1.6 s a move */
 #define SLOW_S (BIG_BLOCKS * DELAY_US * 1e-6)
 
 static uint64_t fake_now;
+static const char *backend = "cpu";
+
+/* Logits of the same tokens: bit for bit on the CPU (batch- and order-invariant). */
+static int same_logits(const float *a, const float *b, int vocab)
+{
+	if (!strcmp(backend, "cpu"))
+		return !memcmp(a, b, (size_t)vocab * sizeof(float));
+	return test_rel_l2(a, b, (size_t)vocab) <= CUDA_ROW_TOL;
+}
 
 static void sleep_ms(int ms)
 {
@@ -74,11 +86,29 @@ static void loop_once(struct engine *e, struct stream *d)
 
 static struct engine *open_engine(struct model **m, int kv_blocks)
 {
-	struct engine_opts eo = { .threads = 1, .block_tokens = BT, .kv_tokens = kv_blocks * BT,
-				  .max_rows = 64, .offload_after_s = 5, .session_ttl_s = 1000 };
+	struct engine_opts eo = { .backend = backend, .threads = 1, .block_tokens = BT,
+				  .kv_tokens = kv_blocks * BT, .max_rows = 64, .offload_after_s = 5,
+				  .session_ttl_s = 1000 };
+	const char *top = getenv("top_srcdir") ? getenv("top_srcdir") : ".";
+	struct model_load_opts lo = { .synthetic = 1, .seed = 11 };
 	struct engine *e;
+	char path[1024], err[512] = "";
+	int ret;
 
-	if (kvt_open("llama", 11, &eo, m, &e))
+	*m = NULL;
+	snprintf(path, sizeof(path), "%s/tests/data/tiny/llama.json", top);
+	ret = model_load(m, path, &lo, err, sizeof(err));
+	CHECK(ret == 0, "%s: %s", path, err);
+	if (ret)
+		return NULL;
+	ret = engine_create(&e, *m, &eo, err, sizeof(err));
+	if (ret && strcmp(backend, "cpu") && (ret == -ENODEV || ret == -ENOENT)) {
+		fprintf(stderr, "test_host_mover: SKIP: %s\n", err);
+		model_destroy(*m);
+		exit(77);
+	}
+	CHECK(ret == 0, "engine: %s", err);
+	if (ret)
 		return NULL;
 	e->clock_ns = fake_clock;
 	fake_now = 1000000000ull;
@@ -119,7 +149,7 @@ static void stream_check(struct engine *e, struct stream *d, const char *what)
 	float *ref = malloc((size_t)vocab * sizeof(float));
 
 	kvt_cold(e, d->tok, d->s.n_tokens, ref);
-	CHECK(!memcmp(d->l, ref, (size_t)vocab * sizeof(float)), "%s: the stream's logits differ from cold", what);
+	CHECK(same_logits(d->l, ref, vocab), "%s: the stream's logits differ from cold", what);
 	free(ref);
 }
 
@@ -165,7 +195,7 @@ static void test_steps_go_on(void)
 	/* the bounds are against the slow-down, not wall-clock tight: a synchronous move
 	 * takes SLOW_S in one iteration */
 	CHECK(offload_s >= SLOW_S * 0.9, "the offload ran on the slowed codec (%.3f s)", offload_s);
-	CHECK(tick_s < SLOW_S / 4 && d.max_gap < SLOW_S / 4,
+	CHECK(tick_s < SLOW_S / 2 && d.max_gap < SLOW_S / 2,
 	      "a step waited for the offload: tick %.3f s, iteration %.3f s", tick_s, d.max_gap);
 	CHECK(d.steps >= 4, "the stream stepped %d times during the offload", d.steps);
 	kvt_check_invariants(e, (struct engine_seq *[]){ &d.s }, 1);
@@ -182,7 +212,7 @@ static void test_steps_go_on(void)
 	restore_s = test_now_s() - t0;
 	fprintf(stderr, "  restore of %d blocks: %.3f s, %d steps beside it, longest loop iteration %.4f s\n",
 		BIG_BLOCKS, restore_s, d.steps - steps, d.max_gap);
-	CHECK(restore_s >= SLOW_S * 0.9 && d.max_gap < SLOW_S / 4 && d.steps - steps >= 4,
+	CHECK(restore_s >= SLOW_S * 0.9 && d.max_gap < SLOW_S / 2 && d.steps - steps >= 4,
 	      "a step waited for the restore: iteration %.3f s of %.3f s, %d steps", d.max_gap, restore_s,
 	      d.steps - steps);
 	CHECK(e->stats.restored_blocks - restored == BIG_BLOCKS, "every block decoded (%llu)",
@@ -206,7 +236,7 @@ static void test_steps_go_on(void)
 		CHECK(cached == n && e->stats.restored_blocks == restored, "turn: %d reused of %d, %llu restored",
 		      cached, n, (unsigned long long)(e->stats.restored_blocks - restored));
 		kvt_cold(e, hist, n + 5, ref);
-		CHECK(!memcmp(l, ref, (size_t)vocab * sizeof(float)), "turn after the restore: logits differ");
+		CHECK(same_logits(l, ref, vocab), "turn after the restore: logits differ");
 		free(l);
 		free(ref);
 	}
@@ -259,7 +289,7 @@ static void test_cancel(void)
 		CHECK(test_now_s() - t0 < SLOW_S / 2, "the turn waited for the offload (%.3f s)", test_now_s() - t0);
 		CHECK(cached >= n / BT * BT && cached <= n, "turn mid-offload reused %d of %d", cached, n);
 		kvt_cold(e, hist, n + 5, ref);
-		CHECK(!memcmp(l, ref, (size_t)vocab * sizeof(float)), "turn mid-offload: logits differ from cold");
+		CHECK(same_logits(l, ref, vocab), "turn mid-offload: logits differ from cold");
 		kvt_check_invariants(e, NULL, 0);
 		drain(e, NULL, 0);
 		CHECK(e->stats.offloaded_blocks == offloaded && kv_session_blocks_on_host(sess) == 0 &&
@@ -298,7 +328,9 @@ static void test_cancel(void)
 
 	/* closed during its restore */
 	sess = big_session(e, "r", hist, &n);
+	e->host_delay_us = 0;
 	CHECK(engine_session_offload(e, sess) == 0, "offload (waited for)");
+	e->host_delay_us = DELAY_US;
 	engine_cache_drop(e);
 	CHECK(engine_session_restore_start(e, sess) == 1, "restore started");
 	sleep_ms(30);
@@ -311,7 +343,9 @@ static void test_cancel(void)
 
 	/* a turn arriving mid-restore waits for it and uses it */
 	sess = big_session(e, "w", hist, &n);
+	e->host_delay_us = 0;
 	CHECK(engine_session_offload(e, sess) == 0, "offload (waited for)");
+	e->host_delay_us = DELAY_US;
 	engine_cache_drop(e);
 	CHECK(engine_session_restore_start(e, sess) == 1, "restore started");
 	{
@@ -332,6 +366,8 @@ out:
 
 int main(void)
 {
+	if (getenv("KDEC_TEST_BACKEND"))
+		backend = getenv("KDEC_TEST_BACKEND");
 	test_steps_go_on();
 	test_cancel();
 	return test_result("test_host_mover");
