@@ -4,6 +4,7 @@
  * submit and take. */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -96,7 +97,12 @@ static void run(struct engine_mover *m, struct mover_job *j)
 static void *worker(void *arg)
 {
 	struct engine_mover *m = arg;
+	struct sched_param sp = { 0 };
 
+	/* background work: never preempt the engine thread on a wake-up (where both
+	 * share a core, a woken worker ran its whole job before the engine thread's
+	 * next step); a refusal only costs that */
+	pthread_setschedparam(pthread_self(), SCHED_BATCH, &sp);
 	pthread_mutex_lock(&m->mu);
 	for (;;) {
 		struct mover_job *j;
