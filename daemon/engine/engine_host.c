@@ -375,6 +375,11 @@ int engine_session_offload_start(struct engine *e, struct kv_session *s, int fla
 			kv_host_ref(hb);
 			job_add(e, j, i, -1, hb);
 		} else {
+			/* Full blocks are never written. The partial last one is written
+			 * only by a turn that adopts it (refs 1: never while the job holds
+			 * it), or past the session's tokens by a sequence saved and still
+			 * going on (then the frame's bytes past them are garbage, as a
+			 * synchronous copy's would be). */
 			kv_pool_ref(&e->pool, s->dev[i]);
 			job_add(e, j, i, s->dev[i], NULL);
 		}
