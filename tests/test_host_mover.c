@@ -305,6 +305,7 @@ static void test_cancel(void)
 		goto out;
 	vocab = m->cfg.vocab_size;
 	e->host_delay_us = DELAY_US;
+	e->host_workers = 3;	/* a pool: blocks of one move claimed by several workers */
 
 	/* a turn arriving mid-offload: the offload is cancelled, the session is whole
 	 * on the device and the turn computes only what it adds (and perhaps the last

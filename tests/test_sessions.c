@@ -461,6 +461,7 @@ static void test_property(void)
 		goto out;
 	e = p.e;
 	e->host_delay_us = 300;	/* moves stay in flight across a few ops */
+	e->host_workers = 2;	/* and their blocks go through two workers */
 	e->clock_ns = fake_clock;
 	fake_now = 1;
 	p.vocab = m->cfg.vocab_size;

@@ -112,6 +112,7 @@ struct engine {
 	struct host_job *host_jobs;	/* started, not yet committed (stats.moves_in_flight) */
 	void (*host_wake)(void *);	/* called from the mover when a move is done */
 	void *host_wake_arg;
+	int host_workers;		/* mover threads, set before the first move; 0: by the CPUs */
 	uint32_t host_delay_us;		/* tests only: the mover sleeps this long per block */
 };
 

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/engine/engine_internal.h"
 
@@ -328,6 +329,17 @@ static int job_wait(struct engine *e, const struct host_job *want)
 	return ret;
 }
 
+/* The mover's threads: host_workers, else one per 8 online CPUs, 1 to 4 (the codec
+ * runs at 0.2-0.8 GB/s a core; the engine's own threads need the rest). */
+static int mover_workers(const struct engine *e)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN) / 8;
+
+	if (e->host_workers > 0)
+		return e->host_workers;
+	return n < 1 ? 1 : n > 4 ? 4 : (int)n;
+}
+
 /* Hands j to the mover (made on first use), or commits it at once when it has
  * nothing to move. 0 or -errno (then j is gone and nothing changed). */
 static int job_run(struct engine *e, struct host_job *j)
@@ -340,7 +352,8 @@ static int job_run(struct engine *e, struct host_job *j)
 		return job_commit(e, j);
 	if (!e->mover) {
 		ret = engine_mover_create(&e->mover, e->be, e->fwd, e->model->cfg.n_layers,
-					  e->pool.block_tokens, e->kv_elem_bytes, &e->codec);
+					  e->pool.block_tokens, e->kv_elem_bytes, &e->codec,
+					  mover_workers(e));
 		if (ret) {
 			j->sess = NULL;
 			job_release(e, j);

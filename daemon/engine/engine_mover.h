@@ -1,11 +1,14 @@
-/* The mover: a worker thread that copies KV blocks between the device cache and host
- * memory and runs the host tier's codec, so that the engine thread does neither.
+/* The mover: a small pool of worker threads that copy KV blocks between the device
+ * cache and host memory and run the host tier's codec, so that the engine thread does
+ * neither. The workers claim a job's blocks one at a time, so a big session's blocks
+ * are compressed or decompressed in parallel (blocks are independent frames).
  *
  * Ownership and locking. The engine thread owns every job: it fills one, hands it over
  * with engine_mover_submit and gets it back, done, from engine_mover_take. In between
- * the worker reads the job's inputs and writes its outputs (out frames, ret); the
- * engine thread touches only job->cancel (atomic). The mover's mutex guards its own
- * two lists (queued, done) and the wake callback, nothing else. The worker never
+ * the workers read the job's inputs and write its outputs (a block's out frame by the
+ * worker that claimed it; ret); the engine thread touches only job->cancel (atomic).
+ * The mover's mutex guards its two lists (queued, done), the jobs' claim counters and
+ * ret, and the wake callback, nothing else. A worker never
  * touches the pool, the prefix index, the sessions or the host tier's store: it reads
  * and writes device blocks the job holds references on (so nothing else uses them)
  * through the backend's side copies, which are safe beside the engine thread's ops,
@@ -37,22 +40,27 @@ struct mover_job {
 	int n;
 	struct mover_block *b;		/* (n) */
 	uint32_t delay_us;		/* tests: sleep per block moved (a slow codec) */
-	atomic_int cancel;		/* the engine thread's: stop at the next block */
-	int ret;			/* the worker's: 0 or -errno (-ECANCELED: stopped) */
+	atomic_int cancel;		/* the engine thread's: no block is started after it */
+	int ret;			/* the workers': 0 or -errno (-ECANCELED: stopped) */
+	int claimed, running, queued;	/* the mover's (its lock): blocks claimed, blocks in
+					 * workers' hands, on its queue */
 };
 
 struct engine_mover;
 
 /* A mover for the KV cache of f on be (blocks of block_tokens tokens, codec as c's
- * parameters, its own contexts); its thread starts at once. wake(arg) is called
- * from the worker each time a job is done (NULL: nobody sleeps on it). 0, -ENOMEM,
- * -errno of pthread_create. Destroyed with engine_mover_destroy. */
+ * parameters, each worker its own contexts) with n_workers threads (< 1: one),
+ * started at once. 0, -ENOMEM, -errno of pthread_create. Destroyed with
+ * engine_mover_destroy. */
 int engine_mover_create(struct engine_mover **out, struct backend *be, const struct forward *f,
-			int n_layers, int block_tokens, size_t elem_bytes, const struct kv_codec *c);
+			int n_layers, int block_tokens, size_t elem_bytes, const struct kv_codec *c,
+			int n_workers);
 /* Stops and joins the thread. The caller has taken back every job it submitted
  * (cancelled, waited for, taken). Accepts NULL. */
 void engine_mover_destroy(struct engine_mover *m);
 
+/* wake(arg) is called from a worker each time a job is done (NULL: nobody sleeps on
+ * the mover), under the mover's lock: it must not call the mover. */
 void engine_mover_set_wake(struct engine_mover *m, void (*wake)(void *), void *arg);
 
 /* Queues j (the worker owns it until engine_mover_take returns it). */
