@@ -212,26 +212,40 @@ static void maybe_grow(struct kv_host *h)
 	h->mask = n - 1;
 }
 
-int kv_host_add(struct kv_host *h, const struct kv_key *key, uint64_t salt, const void *z,
-		size_t zbytes, struct kv_host_block **out)
+struct kv_host_block *kv_host_block_new(const void *z, size_t zbytes)
 {
-	struct kv_host_block *b;
+	struct kv_host_block *b = malloc(sizeof(*b) + zbytes);
 
-	if (key && (b = kv_host_find(h, *key, salt))) {
-		b->refs++;
-		*out = b;
-		return 0;
-	}
-	if (h->used + kv_host_cost(zbytes) > h->budget)
-		return -ENOSPC;
-	b = malloc(sizeof(*b) + zbytes);
 	if (!b)
-		return -ENOMEM;
+		return NULL;
 	memset(b, 0, sizeof(*b));
 	memcpy(b->z, z, zbytes);
 	b->zbytes = zbytes;
+	return b;
+}
+
+void kv_host_block_free(struct kv_host_block *b)
+{
+	free(b);
+}
+
+int kv_host_insert(struct kv_host *h, const struct kv_key *key, uint64_t salt, struct kv_host_block *b,
+		   struct kv_host_block **out)
+{
+	struct kv_host_block *have;
+
+	if (key && (have = kv_host_find(h, *key, salt))) {
+		have->refs++;
+		free(b);
+		*out = have;
+		return 0;
+	}
+	if (h->used + kv_host_cost(b->zbytes) > h->budget)
+		return -ENOSPC;
 	b->refs = 1;
 	b->salt = salt;
+	b->keyed = 0;
+	b->next = NULL;
 	if (key) {
 		struct kv_host_block **head = bucket_of(h, *key);
 
@@ -240,12 +254,32 @@ int kv_host_add(struct kv_host *h, const struct kv_key *key, uint64_t salt, cons
 		b->next = *head;
 		*head = b;
 	}
-	h->used += kv_host_cost(zbytes);
+	h->used += kv_host_cost(b->zbytes);
 	h->n_blocks++;
 	if (key)
 		maybe_grow(h);
 	*out = b;
 	return 0;
+}
+
+int kv_host_add(struct kv_host *h, const struct kv_key *key, uint64_t salt, const void *z,
+		size_t zbytes, struct kv_host_block **out)
+{
+	struct kv_host_block *b;
+	int ret;
+
+	if (key && (b = kv_host_find(h, *key, salt))) {
+		b->refs++;
+		*out = b;
+		return 0;
+	}
+	if (h->used + kv_host_cost(zbytes) > h->budget)
+		return -ENOSPC;
+	if (!(b = kv_host_block_new(z, zbytes)))
+		return -ENOMEM;
+	if ((ret = kv_host_insert(h, key, salt, b, out)))
+		kv_host_block_free(b);
+	return ret;
 }
 
 void kv_host_ref(struct kv_host_block *b)

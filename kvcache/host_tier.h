@@ -84,6 +84,19 @@ struct kv_host_block *kv_host_find(const struct kv_host *h, struct kv_key key, u
 int kv_host_add(struct kv_host *h, const struct kv_key *key, uint64_t salt, const void *z,
 		size_t zbytes, struct kv_host_block **out);
 
+/* A block made outside the store (by the engine's mover thread, say): a copy of frame z,
+ * in no store, no reference; NULL when out of memory. Any thread. Freed by
+ * kv_host_block_free until kv_host_insert takes it. */
+struct kv_host_block *kv_host_block_new(const void *z, size_t zbytes);
+void kv_host_block_free(struct kv_host_block *b);	/* accepts NULL */
+
+/* kv_host_add without the copy: b (kv_host_block_new) into the store with one
+ * reference, or, keyed, the existing block (key, salt) with one more reference and b
+ * freed. *out is the block referenced. On error (-ENOSPC: over the budget) b stays
+ * the caller's. */
+int kv_host_insert(struct kv_host *h, const struct kv_key *key, uint64_t salt, struct kv_host_block *b,
+		   struct kv_host_block **out);
+
 void kv_host_ref(struct kv_host_block *b);
 /* Drops a reference; the block is freed at zero. */
 void kv_host_unref(struct kv_host *h, struct kv_host_block *b);

@@ -27,6 +27,8 @@ struct kv_session {
 	int blk_cap;
 	uint64_t last_used_ns;		/* engine clock at the end of its last turn */
 	uint64_t offload_failed_ns;	/* engine clock of the last failed idle offload; 0: none */
+	void *job;			/* the engine's move (offload, restore) in flight on it, or NULL */
+	int restore_failed;		/* the last such restore failed: the next turn recomputes */
 	int busy;			/* a turn is running on it */
 	int closing;			/* closed during a turn: freed when the turn ends */
 };

@@ -1,7 +1,8 @@
 #!/bin/sh
 # kdecd's KV cache over the real socket: a session's second turn is served from the
 # cache (counter) with a cold run's tokens; two uids do not share cached prefixes
-# unless --share-prefix-cache; a session snapshotted with kdctl survives a restart.
+# unless --share-prefix-cache; a session snapshotted with kdctl survives a restart; an
+# idle session offloaded and restored on the mover thread gives a cold run's tokens.
 set -u
 test_name=kv_daemon
 . "${top_srcdir:-.}/tests/testutil.sh"
@@ -81,6 +82,24 @@ h1=$(hits)
 [ $((h1 - h0)) -ge $want ] && ok || fail "after restart turn 2 hit $((h1 - h0)), want >= $want"
 cold=$("$B/kdbench" generate --model "$M" --prompt "$P2" --max-tokens 8 --threads 1 2>/dev/null)
 [ "$T2" = "$cold" ] && ok || fail "after restart turn 2 printed '$T2', a cold run '$cold'"
+stop
+# 4. an idle session moves to the host tier on the mover thread (--offload-after 1),
+# and its next turn waits for its restore there: the cold run's tokens
+metric() { "$B/kdctl" --socket "$S" metrics | awk -v m="$1" '$1 == m { print $2 }'; }
+start --offload-after 1
+T1=$("$B/kdrun" --socket "$S" --prompt "$P1" --max-tokens 8 --session idle 2>/dev/null)
+i=0
+until [ "$(metric kd_kv_offloaded_blocks_total)" -gt 0 ] 2>/dev/null || [ $i -ge 50 ]; do
+	sleep 0.1
+	i=$((i + 1))
+done
+[ "$(metric kd_kv_offloaded_blocks_total)" -gt 0 ] && ok || fail "idle session not offloaded in 5 s"
+P2="$P1,$(csv $T1),7,8,9"
+r0=$(metric kd_kv_restored_blocks_total)
+T2=$("$B/kdrun" --socket "$S" --prompt "$P2" --max-tokens 8 --session idle 2>/dev/null)
+cold=$("$B/kdbench" generate --model "$M" --prompt "$P2" --max-tokens 8 --threads 1 2>/dev/null)
+[ "$T2" = "$cold" ] && ok || fail "after an idle offload turn 2 printed '$T2', a cold run '$cold'"
+[ "$(metric kd_kv_restored_blocks_total)" -gt "$r0" ] && ok || fail "turn 2 restored nothing"
 stop
 # a damaged snapshot: one line, the daemon still starts
 printf 'garbage' >"$tmp/state/kv-sessions.snap"

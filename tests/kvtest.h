@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/engine_internal.h"
 #include "daemon/model/model.h"
 
 /* A model of tests/data/tiny/<name>.json with synthetic weights (seed) and an engine. */
@@ -107,6 +108,34 @@ static inline int kvt_turn(struct engine *e, struct kv_session *sess, const int3
 	return ret == 0 ? cached : -1;
 }
 
+/* Waits for every host-tier move in flight and commits it (the engine thread's
+ * engine_host_poll, blocking). */
+static inline void kvt_moves_wait(struct engine *e)
+{
+	while (e->host_jobs) {
+		engine_mover_wait(e->mover);
+		engine_host_poll(e);
+	}
+}
+
+/* One more reference to host block b in the distinct blocks seen so far. */
+static inline void kvt_count_host(const struct kv_host_block *b, const struct kv_host_block ***hb,
+				  uint32_t **hrefs, size_t *n_hb, size_t *host_used)
+{
+	size_t k = 0;
+
+	while (k < *n_hb && (*hb)[k] != b)
+		k++;
+	if (k == *n_hb) {
+		*hb = realloc(*hb, (*n_hb + 1) * sizeof(**hb));
+		*hrefs = realloc(*hrefs, (*n_hb + 1) * sizeof(**hrefs));
+		(*hb)[*n_hb] = b;
+		(*hrefs)[(*n_hb)++] = 0;
+		*host_used += kv_host_cost(b->zbytes);
+	}
+	(*hrefs)[k]++;
+}
+
 /* Every invariant of the pool, the prefix index, the sessions and the host tier,
  * with seqs[0..n_seqs) the live sequences (the only holders besides sessions).
  * Returns the number of violations (each also a failed CHECK). */
@@ -136,21 +165,23 @@ static inline int kvt_check_invariants(const struct engine *e, struct engine_seq
 			CHECK(s->dev[b] >= 0 || s->host[b], "session %s block %d nowhere", s->name, b);
 			if (s->dev[b] >= 0 && s->dev[b] < nb)
 				want[s->dev[b]]++;
-			if (s->host[b]) {
-				size_t k = 0;
-
-				while (k < n_hb && hb[k] != s->host[b])
-					k++;
-				if (k == n_hb) {
-					hb = realloc(hb, (n_hb + 1) * sizeof(*hb));
-					hrefs = realloc(hrefs, (n_hb + 1) * sizeof(*hrefs));
-					hb[n_hb] = s->host[b];
-					hrefs[n_hb++] = 0;
-					host_used += kv_host_cost(s->host[b]->zbytes);
-				}
-				hrefs[k]++;
-			}
+			if (s->host[b])
+				kvt_count_host(s->host[b], &hb, &hrefs, &n_hb, &host_used);
 		}
+		if (s->job)
+			CHECK(((const struct host_job *)s->job)->sess == s, "session %s: its move is not its", s->name);
+	}
+	/* moves in flight hold references of their own (engine_internal.h) */
+	for (const struct host_job *j = e->host_jobs; j; j = j->next) {
+		for (int k = 0; k < j->mj.n; k++) {
+			const struct mover_block *b = &j->mj.b[k];
+
+			if (b->dev >= 0 && b->dev < nb)
+				want[b->dev]++;
+			if (b->hb)
+				kvt_count_host(b->hb, &hb, &hrefs, &n_hb, &host_used);
+		}
+		CHECK(!j->sess || j->sess->job == j, "a move's session does not point back at it");
 	}
 	for (int i = 0; i < p->n_free; i++) {
 		int32_t id = p->free_ids[i];

@@ -5,7 +5,8 @@
  *  - quota, memory pressure, idle offload and TTL (fake clock), close during a turn,
  *    per-owner names and limits;
  *  - property test: a long random workload of starts, steps, releases, session turns,
- *    offloads, restores, ticks and cache drops, with every invariant checked after
+ *    offloads and restores (waited for, or left in flight on the mover and committed
+ *    by a later poll), ticks and cache drops, with every invariant checked after
  *    every operation and every computed logit row compared with a cold run. */
 #include <errno.h>
 #include <stdio.h>
@@ -183,9 +184,11 @@ static void test_lifecycle(void)
 		CHECK(engine_seq_start(e, &big, p + 100, 12 * BT, 7, NULL) == 0, "hog start");
 		kvt_step(e, &big, p + 100, 12 * BT, l);
 		kvt_turn(e, b, p + 50, 36, 2, gen, NULL);
+		CHECK(a->job && kv_session_blocks_on_device(a) == 5, "quota: a's offload in flight, a whole");
 		engine_seq_release(e, &big);
 		free(l);
 	}
+	kvt_moves_wait(e);	/* the quota's offload runs on the mover */
 	CHECK(kv_session_blocks_on_device(a) == 0 && kv_session_blocks_on_host(a) == 5, "quota: a offloaded");
 	CHECK(kv_session_blocks_on_device(b) == 5, "quota: b on the device");
 	kvt_check_invariants(e, NULL, 0);
@@ -214,6 +217,8 @@ static void test_lifecycle(void)
 	CHECK(engine_session_restore(e, b) == 0 && kv_session_blocks_on_device(b) == 5, "b back");
 	fake_now += 11000000000ull;
 	engine_tick(e);
+	CHECK(b->job && !engine_session_restoring(b), "idle past offload_after: b's offload in flight");
+	kvt_moves_wait(e);
 	CHECK(kv_session_blocks_on_device(b) == 0, "idle past offload_after: b to host");
 	fake_now += 88500000000ull;
 	engine_tick(e);
@@ -412,13 +417,20 @@ static int p_op(struct p_run *p, unsigned kind, struct p_seq *x, int op)
 		x->live = 0;
 	} else if (kind == 4) {
 		struct kv_session *ss = engine_session_find(e, p_names[p_rand(p, 3)], p_rand(p, 2));
-		int ret = ss ? engine_session_offload(e, ss) : 0;
+		int async = p_rand(p, 2), ret = 0;
 
+		/* on the mover, left in flight across the next ops, or waited for */
+		if (ss)
+			ret = async ? engine_session_offload_start(e, ss, 0) : engine_session_offload(e, ss);
 		CHECK(!ret || ret == -EBUSY || ret == -ENOSPC, "op %d: offload %d", op, ret);
 	} else if (kind == 5) {
 		struct kv_session *ss = engine_session_find(e, p_names[p_rand(p, 3)], p_rand(p, 2));
-		int ret = ss ? engine_session_restore(e, ss) : 0;
+		int async = p_rand(p, 2), ret = 0;
 
+		if (ss && async)
+			engine_session_restore_start(e, ss);
+		else if (ss)
+			ret = engine_session_restore(e, ss);
 		CHECK(!ret || ret == -EBUSY || ret == -ENOSPC, "op %d: restore %d", op, ret);
 	} else if (kind == 6) {
 		engine_tick(e);
@@ -448,6 +460,8 @@ static void test_property(void)
 	if (kvt_open("llama", 5, &eo, &m, &p.e) || kvt_open("llama", 5, &co, &cm, &p.cold))
 		goto out;
 	e = p.e;
+	e->host_delay_us = 300;	/* moves stay in flight across a few ops */
+	e->host_workers = 2;	/* and their blocks go through two workers */
 	e->clock_ns = fake_clock;
 	fake_now = 1;
 	p.vocab = m->cfg.vocab_size;
@@ -461,6 +475,8 @@ static void test_property(void)
 
 		counts[kind]++;
 		fake_now += 1000000000ull * p_rand(&p, 3);
+		if (!p_rand(&p, 3))	/* the engine loop's commit of the moves done */
+			engine_host_poll(e);
 		if (p_op(&p, kind, &p.q[i], op))
 			continue;
 		for (int k = 0; k < P_SEQS; k++)
@@ -485,6 +501,8 @@ static void test_property(void)
 			engine_session_cancel(e, p.q[k].sess);
 		engine_seq_release(e, &p.q[k].s);
 	}
+	kvt_check_invariants(e, NULL, 0);
+	kvt_moves_wait(e);
 	kvt_check_invariants(e, NULL, 0);
 	free(p.l);
 	free(p.ref);

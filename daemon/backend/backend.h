@@ -67,6 +67,16 @@ struct backend_ops {
 	int (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
 	int (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
 	int (*sync)(struct backend *be);
+	/* Optional, safe on another thread beside everything above (the host tier's mover
+	 * calls them; one caller at a time): copies that wait only for themselves.
+	 * side_download gathers n regions src[0..n) of bytes each (backend memory) into
+	 * dst (n * bytes of host memory, from host_alloc where the backend has it);
+	 * side_upload scatters src (the same) into dst[0..n). They return once the bytes
+	 * are there: 0 or -EIO. The caller keeps the ops from writing a region it reads
+	 * and from reading one it writes until then, and has seen (a sync) the ops that
+	 * wrote a region before it reads it. */
+	int (*side_download)(struct backend *be, void *dst, void *const *src, int n, size_t bytes);
+	int (*side_upload)(struct backend *be, void *const *dst, const void *src, int n, size_t bytes);
 
 	/* ---- ops; shapes as in kernels/cpu/k_cpu.h, types in kernels/ops.h ---- */
 	void (*embed)(struct backend *be, float *out, const int32_t *ids, int n,

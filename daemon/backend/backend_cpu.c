@@ -74,6 +74,23 @@ static int cpu_copy(struct backend *be, void *dst, const void *src, size_t bytes
 	return 0;
 }
 
+/* The cache is host memory: a side copy is memcpy, on the caller's thread. */
+static int cpu_side_download(struct backend *be, void *dst, void *const *src, int n, size_t bytes)
+{
+	(void)be;
+	for (int i = 0; i < n; i++)
+		memcpy((uint8_t *)dst + (size_t)i * bytes, src[i], bytes);
+	return 0;
+}
+
+static int cpu_side_upload(struct backend *be, void *const *dst, const void *src, int n, size_t bytes)
+{
+	(void)be;
+	for (int i = 0; i < n; i++)
+		memcpy(dst[i], (const uint8_t *)src + (size_t)i * bytes, bytes);
+	return 0;
+}
+
 static int cpu_sync(struct backend *be)
 {
 	(void)be;
@@ -199,6 +216,8 @@ const struct backend_ops backend_cpu_ops = {
 	.upload = cpu_copy,
 	.download = cpu_copy,
 	.sync = cpu_sync,
+	.side_download = cpu_side_download,
+	.side_upload = cpu_side_upload,
 	.embed = cpu_embed,
 	.rmsnorm = cpu_rmsnorm,
 	.add = cpu_add,

@@ -125,6 +125,7 @@ void engine_destroy(struct engine *e)
 	if (!e)
 		return;
 	engine_sampler_destroy(e->sampler);
+	engine_host_fini(e);	/* the mover's references first */
 	kv_sessions_fini(&e->sessions, &e->pool, &e->host);
 	kv_host_fini(&e->host);
 	kv_codec_fini(&e->codec);

@@ -52,6 +52,8 @@ struct engine_stats {
 	uint64_t restore_ns;		/* time those took, ns */
 	uint64_t sessions_expired;	/* closed by the idle TTL */
 	uint64_t sessions_dropped;	/* lost their KV for want of host memory */
+	uint64_t moves_in_flight;	/* gauge: host-tier moves on the mover, not yet committed */
+	uint64_t move_bytes_in_flight;	/* gauge: raw KV bytes they move */
 };
 
 /* Where the cache's blocks are (engine_cache_status). */
@@ -104,6 +106,14 @@ struct engine {
 	int64_t session_ttl_ns;		/* < 0: never */
 	int64_t offload_after_ns;	/* < 0: never */
 	uint64_t (*clock_ns)(void);	/* monotonic clock; tests substitute their own */
+
+	/* host tier moves off the engine thread (engine_host.c, engine_mover.h) */
+	struct engine_mover *mover;	/* made on the first move */
+	struct host_job *host_jobs;	/* started, not yet committed (stats.moves_in_flight) */
+	void (*host_wake)(void *);	/* called from the mover when a move is done */
+	void *host_wake_arg;
+	int host_workers;		/* mover threads, set before the first move; 0: by the CPUs */
+	uint32_t host_delay_us;		/* tests only: the mover sleeps this long per block */
 };
 
 /* A sequence's cache: its block table and how many tokens are in it. A sequence
@@ -262,6 +272,33 @@ int engine_session_restore(struct engine *e, struct kv_session *sess);
  * first; never keep, which may be NULL) until need blocks are available
  * (kv_pool_available). 0 or -ENOSPC. */
 int engine_make_room(struct engine *e, int need, const struct kv_session *keep);
+
+/* ---- host tier moves off the engine thread (engine_host.c) ------------------
+ * The idle offload (engine_tick), the quota's and a restore started by
+ * engine_session_restore_start run on the engine's mover thread (copies and codec);
+ * the engine thread only starts them and commits them in engine_host_poll. While one
+ * is in flight its session is whole (its blocks stay where they were, and the blocks
+ * being read or written are referenced by the move); a turn, a close or a drop of the
+ * session cancels an offload (its result is discarded); a turn waits for a restore.
+ * engine_session_offload / _restore and engine_make_room are the same moves, waited
+ * for. */
+
+/* wake(arg) is called from the mover thread each time a move is done (the engine
+ * thread's sleep ends; it then calls engine_host_poll). */
+void engine_host_set_wake(struct engine *e, void (*wake)(void *), void *arg);
+/* Commits the moves done: the number committed. Call it each loop iteration. */
+int engine_host_poll(struct engine *e);
+/* 1 when moves are done and wait for engine_host_poll (a cheap look, any time). */
+int engine_host_pending(const struct engine *e);
+/* Starts bringing sess's host blocks back to the device on the mover (the device
+ * blocks it fills are taken now; full blocks still cached on the device are taken
+ * back at once). 1: a restore is in flight, its turn should wait (call again after
+ * engine_host_poll); 0: nothing to wait for (on the device, busy, or the restore
+ * could not start or failed: the turn then takes what it can and recomputes the
+ * rest). An offload in flight is cancelled. */
+int engine_session_restore_start(struct engine *e, struct kv_session *sess);
+/* 1 while a restore of sess is in flight. */
+int engine_session_restoring(const struct kv_session *sess);
 
 /* Fills out[0..max) and returns the number of sessions (may exceed max). */
 int engine_sessions_list(const struct engine *e, struct engine_session_info *out, int max);

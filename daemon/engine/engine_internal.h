@@ -4,6 +4,7 @@
 #define KD_DAEMON_ENGINE_INTERNAL_H
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/engine_mover.h"
 
 static inline uint64_t engine_now(const struct engine *e)
 {
@@ -39,6 +40,39 @@ int engine_block_restore(struct engine *e, const struct kv_host_block *hb, int32
 /* Frees host memory for bytes more by dropping the KV of host-only idle sessions
  * (oldest first), never keep's. 0 or -ENOSPC. */
 int engine_host_make_room(struct engine *e, size_t bytes, const struct kv_session *keep);
+
+/* A move between the tiers in flight (engine_host.c): the mover's job plus what the
+ * engine thread needs to commit it. Engine thread only, but mj between submit and
+ * take (engine_mover.h). The references its blocks hold (mj.b[].dev, .hb) are the
+ * job's own: tests count them as holders (tests/kvtest.h). */
+enum host_move_flags {
+	HOST_MOVE_IDLE = 1,	/* engine_tick's: a failure is retried one offload_after later */
+	HOST_MOVE_QUOTA = 2,	/* the quota's: a failure drops the session's KV */
+};
+
+struct host_job {
+	struct mover_job mj;		/* first */
+	struct host_job *next;		/* e->host_jobs */
+	struct kv_session *sess;	/* NULL once cancelled: the result is discarded */
+	int flags;			/* enum host_move_flags */
+	int submitted;			/* 0: committed without the mover (nothing to move) */
+	int moved;			/* restore: blocks not on the device at the start */
+	int partial;			/* restore: some got no device block */
+	struct kv_key *keys;		/* (session's full blocks + 1) chained keys */
+	int64_t bytes;			/* raw KV bytes it moves */
+	uint64_t t0;			/* engine clock at the start */
+};
+
+/* Starts moving sess's device blocks to the host tier on the mover: 0 (started,
+ * or done at once), -EBUSY (a turn, or a restore in flight), -ENOTSUP, -ENOMEM. */
+int engine_session_offload_start(struct engine *e, struct kv_session *sess, int flags);
+/* Before a turn on sess: an offload in flight is cancelled, a restore waited for and
+ * committed. */
+void engine_session_settle(struct engine *e, struct kv_session *sess);
+/* Before sess's KV is dropped or sess freed: any move of it is cancelled. */
+void engine_session_cancel_move(struct engine *e, struct kv_session *sess);
+/* Cancels every move, waits for the mover and stops it (engine_destroy). */
+void engine_host_fini(struct engine *e);
 
 /* engine_session_offload and _restore without the busy check (a turn's own restore). */
 int engine_session_to_host(struct engine *e, struct kv_session *sess);

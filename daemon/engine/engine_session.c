@@ -8,6 +8,7 @@
 
 static void session_free(struct engine *e, struct kv_session *sess)
 {
+	engine_session_cancel_move(e, sess);
 	kv_session_destroy(&e->sessions, sess, &e->pool, &e->host);
 }
 
@@ -116,8 +117,10 @@ int engine_seq_start_session(struct engine *e, struct engine_seq *s, struct kv_s
 	if ((ret = engine_seq_begin(e, s, prompt, n, sess->salt)))
 		return ret;
 	sess->busy = 1;
-	/* a failed restore leaves the session whole: what came back is used, the rest
-	 * is recomputed */
+	/* an offload in flight is cancelled, a restore in flight waited for; a failed
+	 * restore leaves the session whole: what came back is used, the rest is
+	 * recomputed */
+	engine_session_settle(e, sess);
 	if (kv_session_blocks_on_host(sess))
 		engine_session_to_device(e, sess);
 	common = common_prefix(sess->tokens, sess->n_tokens, prompt, n);
@@ -146,19 +149,25 @@ static int cache_contended(const struct engine *e)
  * holds either way. */
 static void enforce_quota(struct engine *e, struct kv_session *sess)
 {
-	while (cache_contended(e) &&
-	       kv_sessions_owner_device_blocks(&e->sessions, sess->owner) > e->session_quota_blocks) {
+	/* offloads run on the mover: what they will free counts as gone already */
+	int pinned = kv_sessions_owner_device_blocks(&e->sessions, sess->owner);
+
+	for (struct kv_session *s = e->sessions.head; s; s = s->next)
+		if (s->owner == sess->owner && s->job && !engine_session_restoring(s))
+			pinned -= kv_session_blocks_on_device(s);
+	while (cache_contended(e) && pinned > e->session_quota_blocks) {
 		struct kv_session *v = NULL;
 
 		for (struct kv_session *s = e->sessions.head; s; s = s->next)
-			if (s != sess && s->owner == sess->owner && !s->busy &&
+			if (s != sess && s->owner == sess->owner && !s->busy && !s->job &&
 			    kv_session_blocks_on_device(s) && (!v || s->last_used_ns < v->last_used_ns))
 				v = s;
-		if (!v && kv_session_blocks_on_device(sess))
+		if (!v && !sess->job && kv_session_blocks_on_device(sess))
 			v = sess;
 		if (!v)
 			return;		/* the rest is pinned by running turns */
-		if (engine_session_to_host(e, v)) {
+		pinned -= kv_session_blocks_on_device(v);
+		if (engine_session_offload_start(e, v, HOST_MOVE_QUOTA)) {
 			kv_session_drop_kv(v, &e->pool, &e->host);
 			e->stats.sessions_dropped++;
 		}
@@ -255,11 +264,12 @@ void engine_tick(struct engine *e)
 			session_free(e, s);
 			e->stats.sessions_expired++;
 		} else if (e->offload_after_ns >= 0 && idle >= e->offload_after_ns && e->host_enabled &&
-			   kv_session_blocks_on_device(s) &&
+			   !s->job && kv_session_blocks_on_device(s) &&
 			   (!s->offload_failed_ns || now - s->offload_failed_ns >= (uint64_t)e->offload_after_ns)) {
-			/* a failure (host tier full) is retried one offload_after later, not
-			 * every tick: each try compresses the whole session */
-			s->offload_failed_ns = engine_session_to_host(e, s) ? (now ? now : 1) : 0;
+			/* on the mover; a failure (host tier full) is retried one
+			 * offload_after later, not every tick: each try compresses the
+			 * whole session */
+			s->offload_failed_ns = engine_session_offload_start(e, s, HOST_MOVE_IDLE) ? (now ? now : 1) : 0;
 		}
 	}
 }

@@ -145,6 +145,10 @@ char *metrics_format(const struct metrics *m, const struct metrics_gauges *g)
 		"KV blocks decompressed back into the device cache.", (double)g->restored_blocks);
 	put_one(&b, "kd_kv_restore_seconds_total", "counter",
 		"Time spent restoring from the host tier.", (double)g->restore_ns / 1e9);
+	put_one(&b, "kd_kv_moves_in_flight", "gauge",
+		"Host-tier offloads and restores running off the engine thread.", (double)g->moves_in_flight);
+	put_one(&b, "kd_kv_move_bytes_in_flight", "gauge",
+		"Raw KV bytes those moves copy.", (double)g->move_bytes_in_flight);
 	put(&b, "# HELP kd_requests_finished_total Requests finished, by reason.\n"
 		"# TYPE kd_requests_finished_total counter\n");
 	for (int i = 1; i < 5; i++)

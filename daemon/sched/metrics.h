@@ -36,6 +36,7 @@ struct metrics_gauges {
 	/* the host tier (engine_stats) */
 	uint64_t offloaded_blocks, offloaded_bytes, offloaded_zbytes;	/* bytes raw / compressed */
 	uint64_t restores, restored_blocks, restore_ns;
+	uint64_t moves_in_flight, move_bytes_in_flight;	/* host-tier moves on the mover */
 	double uptime_s;
 };
 

@@ -74,6 +74,26 @@ static int prefix_pending(struct sched *s, struct sched_req *w)
 	return 0;
 }
 
+/* Whether w waits for its session's KV to come back from the host tier: the restore
+ * runs on the engine's mover (started at the first look, with the device blocks it
+ * fills) while the running requests step, and w is admitted once it is committed
+ * (engine_host_poll). Where its blocks do not fit beside this step's claims, or the
+ * restore cannot run, w is admitted at once and its turn's start restores what it
+ * can (synchronously: the pressure path, then it may wait again, admit). start 0:
+ * only look. */
+static int session_restoring(struct sched *s, const struct sched_req *w, int start)
+{
+	struct kv_session *kvs;
+
+	if (!w->session[0] || !(kvs = engine_session_find(s->e, w->session, w->c->uid)))
+		return 0;
+	if (engine_session_restoring(kvs))
+		return 1;
+	if (!start || kv_session_blocks_on_host(kvs) > sched_spare(s))
+		return 0;
+	return engine_session_restore_start(s->e, kvs);
+}
+
 /* Moves the first waiting request into the batch with its cached prefix mapped;
  * NULL if that fails (the request ended with an error) or if starting it took
  * more blocks than the claims left (it waits again). */
@@ -114,7 +134,7 @@ int sched_runnable(struct sched *s)
 		if (r->n_prefilled < r->n_feed || client_conn_ev_free(r->c) > 0)
 			return 1;
 	}
-	return sched_can_admit(s);
+	return sched_can_admit(s) && !session_restoring(s, s->wait[0], 0);
 }
 
 int64_t sched_next_timeout(const struct sched *s, uint64_t now_ns)
@@ -274,7 +294,8 @@ static int build_step(struct sched *s, uint64_t now)
 		int rem, chunk;
 
 		if (i == s->n_run) {
-			if (!sched_can_admit(s) || prefix_pending(s, s->wait[0]))
+			if (!sched_can_admit(s) || prefix_pending(s, s->wait[0]) ||
+			    session_restoring(s, s->wait[0], 1))
 				break;
 			if (!admit(s)) {
 				i--;

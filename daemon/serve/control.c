@@ -242,6 +242,8 @@ static json_t *metrics(const struct et_report *r, const struct control_info *inf
 		.offloaded_bytes = r->s.stats.offloaded_bytes,
 		.offloaded_zbytes = r->s.stats.offloaded_zbytes, .restores = r->s.stats.restores,
 		.restored_blocks = r->s.stats.restored_blocks, .restore_ns = r->s.stats.restore_ns,
+		.moves_in_flight = r->s.stats.moves_in_flight,
+		.move_bytes_in_flight = r->s.stats.move_bytes_in_flight,
 		.uptime_s = info->uptime_s,
 	};
 	char *text = metrics_format(&r->s.m, &g);

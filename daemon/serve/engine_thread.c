@@ -61,6 +61,17 @@ static void reply(struct engine_thread *t, struct et_msg *m)
 	t->wake_main(t->wake_arg);
 }
 
+/* The mover finished a host-tier move (its thread): end the engine thread's sleep
+ * through the main thread's eventfd; the loop then commits it (engine_host_poll). */
+static void wake_from_mover(void *arg)
+{
+	struct engine_thread *t = arg;
+	uint64_t one = 1;
+
+	if (write(t->wake_efd, &one, sizeof(one)) < 0)
+		return;	/* saturated: the engine thread is awake anyway */
+}
+
 void engine_thread_post(struct engine_thread *t, struct et_msg *m)
 {
 	uint64_t one = 1;
@@ -341,7 +352,7 @@ static void on_completion(void *arg, uint64_t tag, int res)
 /* Whether anything could be done right now (rechecked after announcing a sleep). */
 static int work_waiting(struct engine_thread *t)
 {
-	if (atomic_load(&t->has_in))
+	if (atomic_load(&t->has_in) || engine_host_pending(t->e))
 		return 1;
 	for (int i = 1; i < t->n_slots; i++) {
 		struct client_conn *c = t->slot[i];
@@ -468,6 +479,7 @@ static void *engine_main(void *arg)
 			}
 			break;
 		}
+		engine_host_poll(t->e);	/* host-tier moves the mover finished */
 		if (now - t->t_tick >= 1000000000ull) {
 			engine_tick(t->e);
 			t->t_tick = now;
@@ -526,6 +538,7 @@ int engine_thread_start(struct engine_thread **out, struct engine *e, const stru
 		ret = -errno;
 		goto err;
 	}
+	engine_host_set_wake(e, wake_from_mover, t);
 	if ((ret = -pthread_create(&t->th, NULL, engine_main, t)))
 		goto err;
 	t->started = 1;
@@ -569,6 +582,8 @@ void engine_thread_destroy(struct engine_thread *t)
 	for (int i = 1; t->slot && i < t->n_slots; i++)
 		client_conn_destroy(t->slot[i]);
 	doorbell_fini(&t->db);
+	if (t->e)	/* the engine outlives t: no more wakes into it */
+		engine_host_set_wake(t->e, NULL, NULL);
 	if (t->wake_efd >= 0)
 		close(t->wake_efd);
 	pthread_mutex_destroy(&t->mu);

@@ -58,6 +58,9 @@ static void cuda_destroy(struct backend *be)
 	if (b->arena)
 		cudaFree(b->arena);
 	cuda_ptr_map_fini(&b->map);
+	if (b->side)
+		cudaStreamDestroy(b->side);
+	pthread_mutex_destroy(&b->side_mu);
 	if (b->stream)
 		cudaStreamDestroy(b->stream);
 	free(b);
@@ -122,6 +125,7 @@ static int cuda_create(struct backend **out, const struct model *m, const struct
 	if (!b)
 		return -ENOMEM;
 	b->base.ops = &backend_cuda_ops;
+	pthread_mutex_init(&b->side_mu, NULL);
 	b->m = m;
 	b->dev = opts && opts->device > 0 ? opts->device : 0;
 	if (b->dev >= count) {
@@ -270,6 +274,58 @@ static int cuda_sync(struct backend *be)
 	return ret;
 }
 
+/* ---- side copies (another thread) ---------------------------------------------
+ * The host tier's mover copies KV blocks while the engine thread runs steps: on a
+ * stream of their own, created non-blocking so it never waits for the legacy stream,
+ * from and to the caller's page-locked buffer (host_alloc: DMA, no staging), then a
+ * sync of that stream alone. The engine's graph captures use
+ * cudaStreamCaptureModeThreadLocal, so these calls from another thread neither break
+ * a capture nor are refused by one. Failures are logged here and returned, never kept
+ * in b->err, which belongs to the engine thread's ops. */
+
+static int side_check(const struct backend_cuda *b, cudaError_t e, const char *call)
+{
+	if (e == cudaSuccess)
+		return 0;
+	log_error("cuda: %s failed on GPU %d (side copy): %s", call, b->dev, cudaGetErrorString(e));
+	return -EIO;
+}
+
+static int side_copy(struct backend_cuda *b, void *const *dev, uint8_t *host, int n, size_t bytes,
+		     int to_device)
+{
+	int ret;
+
+	pthread_mutex_lock(&b->side_mu);
+	/* the current device is per thread: this one may never have set it */
+	ret = side_check(b, cudaSetDevice(b->dev), "cudaSetDevice");
+	if (!ret && !b->side)
+		ret = side_check(b, cudaStreamCreateWithFlags(&b->side, cudaStreamNonBlocking),
+				 "cudaStreamCreateWithFlags");
+	for (int i = 0; i < n && !ret; i++)
+		ret = side_check(b, to_device ?
+				 cudaMemcpyAsync(dev[i], host + (size_t)i * bytes, bytes, cudaMemcpyHostToDevice, b->side) :
+				 cudaMemcpyAsync(host + (size_t)i * bytes, dev[i], bytes, cudaMemcpyDeviceToHost, b->side),
+				 "cudaMemcpyAsync");
+	if (b->side) {	/* even after a failure: nothing of ours may still be in flight */
+		int r = side_check(b, cudaStreamSynchronize(b->side), "cudaStreamSynchronize");
+
+		ret = ret ? ret : r;
+	}
+	pthread_mutex_unlock(&b->side_mu);
+	return ret;
+}
+
+static int cuda_side_download(struct backend *be, void *dst, void *const *src, int n, size_t bytes)
+{
+	return side_copy(cuda_of(be), src, dst, n, bytes, 0);
+}
+
+static int cuda_side_upload(struct backend *be, void *const *dst, const void *src, int n, size_t bytes)
+{
+	return side_copy(cuda_of(be), dst, (uint8_t *)src, n, bytes, 1);
+}
+
 /* ---- graphs ---------------------------------------------------------------- */
 
 static int cuda_capture_begin(struct backend *be)
@@ -336,6 +392,8 @@ const struct backend_ops backend_cuda_ops = {
 	.upload = cuda_upload,
 	.download = cuda_download,
 	.sync = cuda_sync,
+	.side_download = cuda_side_download,
+	.side_upload = cuda_side_upload,
 	.embed = cuda_embed,
 	.rmsnorm = cuda_rmsnorm,
 	.add = cuda_add,

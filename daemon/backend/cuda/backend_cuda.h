@@ -3,6 +3,7 @@
 #ifndef KD_DAEMON_BACKEND_CUDA_H
 #define KD_DAEMON_BACKEND_CUDA_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -89,6 +90,10 @@ struct backend_cuda {
 	size_t fused_floats;
 	int capturing;			/* between capture_begin and capture_end */
 	struct cuda_prof *prof;		/* NULL unless KDEC_CUDA_OP_TIMES=1 */
+	/* side copies (the host tier's mover thread): their own non-blocking stream, made
+	 * on first use; side_mu serialises callers. Never touched by the ops or err. */
+	pthread_mutex_t side_mu;
+	cudaStream_t side;
 };
 
 static inline struct backend_cuda *cuda_of(struct backend *be)
