@@ -3,7 +3,7 @@
  * naming its pid; a stale socket is replaced; only the socket a daemon bound is removed
  * at its exit; a --socket path that is a file, directory, FIFO or symlink is left
  * alone; connections without a hello are capped and timed out; at the open-file limit
- * the main thread does not spin and kdctl still answers; pipelined commands whose
+ * the main thread does not spin and kdctl and clients still get in; pipelined commands whose
  * replies are never read do not grow the daemon; --allow-uid and --allow-gid peers can
  * connect (as root, through setresuid in a child; skipped otherwise). */
 #include <errno.h>
@@ -357,6 +357,7 @@ static void test_hello_less(const int32_t *p, int np, const int32_t *ref)
 	      t1 - t0, 3 * sysconf(_SC_CLK_TCK), n);
 	CHECK(log_has("pending.log", "Too many open files"), "no line on the open-file limit");
 	CHECK(!ctl_ok(d.sock, "status"), "kdctl status failed at the open-file limit");
+	CHECK(!generate(d.sock, p, np, ref), "a client at the open-file limit (its hello displaces silent ones)");
 	left = all_closed(fds, n, 30);
 	CHECK(!left, "%d of %d connections at the fd limit still open", left, n);
 	CHECK(!generate(d.sock, p, np, ref), "a client after the descriptors freed up");

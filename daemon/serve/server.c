@@ -188,6 +188,7 @@ static void do_hello(struct conn *c, const struct control_cmd *cmd)
 	struct et_msg *m;
 	char line[256], err[256] = "";
 	int fds[3], ret;
+	uint32_t id;
 
 	if (c->is_client) {
 		server_conn_refuse(c, "second hello on one connection", EPROTO);
@@ -210,12 +211,21 @@ static void do_hello(struct conn *c, const struct control_cmd *cmd)
 		server_conn_refuse(c, line, EUSERS);
 		return;
 	}
-	ret = client_conn_create(&cl, ++s->next_client, s->o.notify, &lim, err, sizeof(err));
+	id = ++s->next_client;
+	ret = client_conn_create(&cl, id, s->o.notify, &lim, err, sizeof(err));
+	/* At the open-file limit a hello displaces connections that sent none (its
+	 * segment takes up to 3 descriptors). */
+	for (int i = 0; (ret == -EMFILE || ret == -ENFILE) && i < 3 &&
+			server_make_room(s, c, "a client's hello at the open-file limit"); i++)
+		ret = client_conn_create(&cl, id, s->o.notify, &lim, err, sizeof(err));
 	m = calloc(1, sizeof(*m));
 	if (ret || !m) {
+		unsigned quiet;
+
 		free(m);
 		client_conn_destroy(ret ? NULL : cl);
-		log_error("client pid %d: %s", (int)c->pid, err[0] ? err : "out of memory");
+		if ((ret != -EMFILE && ret != -ENFILE) || server_ratelog_ok(&s->rl_fds, &quiet))
+			log_error("client pid %d: %s", (int)c->pid, err[0] ? err : "out of memory");
 		server_conn_refuse(c, "the daemon could not build a segment", ENOMEM);
 		return;
 	}

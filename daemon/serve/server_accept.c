@@ -97,13 +97,13 @@ static int pending_of(const struct server *s, uid_t uid)
 
 /* The oldest pending connection of the uid that holds the most (ties: the oldest of
  * theirs), or NULL. A flooding uid displaces its own connections, not others'. */
-static struct conn *pending_victim(const struct server *s, int *held)
+static struct conn *pending_victim(const struct server *s, const struct conn *spare, int *held)
 {
 	struct conn *victim = NULL;
 	int best = 0;
 
 	for (struct conn *c = s->conns; c; c = c->next) {
-		int n = c->is_client ? 0 : pending_of(s, c->uid);
+		int n = c->is_client || c == spare ? 0 : pending_of(s, c->uid);
 
 		if (n && (n > best || (n == best && c->t_open_ns < victim->t_open_ns))) {
 			best = n;
@@ -114,24 +114,31 @@ static struct conn *pending_victim(const struct server *s, int *held)
 	return victim;
 }
 
-/* Closes the victim with a reason on its socket; why says what made room necessary. */
-static int displace_pending(struct server *s, const char *why)
+int server_make_room(struct server *s, const struct conn *spare, const char *why)
 {
 	struct conn *v;
 	unsigned quiet;
+	uint64_t id;
 	int held;
 
-	if (!(v = pending_victim(s, &held)))
+	if (!(v = pending_victim(s, spare, &held)))
 		return 0;
 	if (server_ratelog_ok(&s->rl_evict, &quiet))
 		log_warn("%s: closing the oldest connection without a hello of uid %d, which holds %d of "
 			 "the %d (pid %d, open %.1f s; %u more not logged)", why, (int)v->uid, held,
 			 s->n_pending, (int)v->pid, (double)(ipc_now_ns() - v->t_open_ns) * 1e-9, quiet);
 	/* it may not read: the reply is best effort, the close is not */
+	id = v->id;
 	v->out_off = v->out_len;
+	v->close_after_write = 0;
 	server_conn_send(v, control_reply_error("too many connections without a hello: closed to make room",
 						EUSERS));
-	server_conn_close(v);
+	for (struct conn *c = s->conns; c; c = c->next) {
+		if (c->id == id) {
+			server_conn_close(c);
+			break;
+		}
+	}
 	return 1;
 }
 
@@ -145,7 +152,7 @@ static void out_of_fds(struct server *s, int err)
 
 	snprintf(why, sizeof(why), "accept: %s (RLIMIT_NOFILE %ld; %d clients, %d connections without a hello)",
 		 strerror(err), s->nofile, s->n_clients, s->n_pending);
-	if (displace_pending(s, why))
+	if (server_make_room(s, NULL, why))
 		return;	/* its descriptor is free: the next accept takes the new one */
 	if (server_ratelog_ok(&s->rl_fds, &quiet))
 		log_warn("%s: refusing new connections until descriptors free up (%u more not logged)",
@@ -260,7 +267,7 @@ void server_on_accept(struct ev_loop *loop, ev_io *w, int revents)
 
 		snprintf(why, sizeof(why), "--max-pending %d reached (pid %d uid %d connecting)",
 			 s->o.max_pending, (int)c->pid, (int)c->uid);
-		displace_pending(s, why);
+		server_make_room(s, NULL, why);
 	}
 	c->next = s->conns;
 	s->conns = c;

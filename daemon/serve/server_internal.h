@@ -78,6 +78,9 @@ void server_on_accept(struct ev_loop *loop, ev_io *w, int revents);
 void server_on_accept_pause(struct ev_loop *loop, ev_timer *w, int revents);
 /* Starts (again) a pending connection's idle timer: it made progress. */
 void server_conn_touch(struct conn *c);
+/* Closes the oldest pending connection (not spare) of the uid holding the most, with
+ * a line saying why; 1, or 0 when there is none. */
+int server_make_room(struct server *s, const struct conn *spare, const char *why);
 /* 1 when this kind of line may be logged now (and says how many were not). */
 int server_ratelog_ok(struct server_ratelog *r, unsigned *quiet);
 /* The open-file limit, raised to the hard limit; warns when --max-clients cannot fit. */
