@@ -196,7 +196,16 @@ void listen_socket_close(struct listen_socket *ls)
 	ls->lock_fd = -1;
 }
 
-int listen_socket_unreachable_dir(const char *path, char *dir, size_t dir_len)
+static int group_searchable(const struct stat *st, const gid_t *gids, int n)
+{
+	for (int i = 0; i < n && (st->st_mode & S_IXGRP); i++)
+		if (gids[i] == st->st_gid)
+			return 1;
+	return 0;
+}
+
+int listen_socket_unreachable_dir(const char *path, const gid_t *gids, int n, int group_ok, char *dir,
+				  size_t dir_len)
 {
 	char cur[108], copy[108];
 	struct stat st;
@@ -205,7 +214,7 @@ int listen_socket_unreachable_dir(const char *path, char *dir, size_t dir_len)
 	for (;;) {
 		snprintf(copy, sizeof(copy), "%s", cur);
 		snprintf(cur, sizeof(cur), "%s", dirname(copy));
-		if (!stat(cur, &st) && !(st.st_mode & S_IXOTH)) {
+		if (!stat(cur, &st) && !(st.st_mode & S_IXOTH) && !(group_ok && group_searchable(&st, gids, n))) {
 			snprintf(dir, dir_len, "%s", cur);
 			return 1;
 		}

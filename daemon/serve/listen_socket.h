@@ -29,8 +29,10 @@ int listen_socket_open(struct listen_socket *ls, const char *path, mode_t mode, 
  * drops the lock. Accepts an ls whose open failed, or one with fd = lock_fd = -1. */
 void listen_socket_close(struct listen_socket *ls);
 
-/* The first directory on the way to path that others cannot search (no o+x), into
- * dir; 0 if every one can be searched, 1 if one cannot. */
-int listen_socket_unreachable_dir(const char *path, char *dir, size_t dir_len);
+/* The first directory on the way to path that others cannot search (no o+x), unless
+ * group_ok and it is searchable by its group and gids (n) holds that group; into dir.
+ * 0 if every one can be searched, 1 if one cannot. */
+int listen_socket_unreachable_dir(const char *path, const gid_t *gids, int n, int group_ok, char *dir,
+				  size_t dir_len);
 
 #endif

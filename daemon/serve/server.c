@@ -469,9 +469,12 @@ static int open_socket(struct server *s, const char *path, char *err, size_t err
 
 	ret = listen_socket_open(&s->ls, path, listed ? 0666 : 0660, SOMAXCONN, !s->o.socket_path,
 				 dir_mode, err, err_len);
-	if (!ret && listed && listen_socket_unreachable_dir(path, dir, sizeof(dir)))
-		log_warn("%s is not searchable by others (no o+x): uids of --allow-uid / --allow-gid "
-			 "cannot reach %s", dir, path);
+	/* A directory searchable by an allowed group does for --allow-gid alone (the
+	 * systemd unit's 0750 RuntimeDirectory of group kdec); for uids we cannot tell. */
+	if (!ret && listed && listen_socket_unreachable_dir(path, s->o.allow_gid, s->o.n_allow_gid,
+							    !s->o.n_allow_uid, dir, sizeof(dir)))
+		log_warn("%s is not searchable by others (no o+x): peers of --allow-uid / --allow-gid "
+			 "may not reach %s", dir, path);
 	return ret;
 }
 
