@@ -187,6 +187,12 @@ static void test_takeover(void)
 	CHECK(st == 1, "a second kdecd on a stalled daemon's socket: exit %d, want 1", st);
 	CHECK(log_has("b.log", want), "the refusal does not name daemon A's pid: want '%s'", want);
 	CHECK(ino_of(d.sock) == ino, "the socket file of daemon A was replaced");
+	{	/* the claim comes before the model load: no model needed to be refused */
+		const char *args2[] = { "--socket", d.sock, "--model", "/nonexistent/model", NULL };
+
+		st = run_kdecd("b2.log", args2);
+		CHECK(st == 1 && log_has("b2.log", want), "the refusal does not come before the model load");
+	}
 	while (n > 0)
 		close(fill[--n]);
 	kill(a, SIGCONT);

@@ -460,19 +460,26 @@ static void wake_main(void *arg)
  * must be able to reach and open the socket: 0666, the directory 0711 (searchable,
  * not listable). The kernel's permission bits cannot name a list of uids; the
  * allow-list is the gate, checked on every connection before anything is read. */
-static int open_socket(struct server *s, const char *path, char *err, size_t err_len)
+int server_listen(struct listen_socket *ls, const struct server_opts *o, char *err, size_t err_len)
 {
-	int listed = s->o.n_allow_uid || s->o.n_allow_gid;
-	mode_t dir_mode = listed ? 0711 : strncmp(path, "/tmp/", 5) ? 0750 : 0700;
-	char dir[108];
-	int ret;
+	int listed = o->n_allow_uid || o->n_allow_gid, ret;
+	char def[108], dir[108];
+	const char *path = o->socket_path;
+	mode_t dir_mode;
 
-	ret = listen_socket_open(&s->ls, path, listed ? 0666 : 0660, SOMAXCONN, !s->o.socket_path,
-				 dir_mode, err, err_len);
+	ls->fd = ls->lock_fd = -1;
+	if (!path && (ret = ipc_default_socket(def, sizeof(def)))) {
+		snprintf(err, err_len, "no default socket path: %s", strerror(-ret));
+		return ret;
+	}
+	path = path ? path : def;
+	dir_mode = listed ? 0711 : strncmp(path, "/tmp/", 5) ? 0750 : 0700;
+	ret = listen_socket_open(ls, path, listed ? 0666 : 0660, SOMAXCONN, !o->socket_path, dir_mode,
+				 err, err_len);
 	/* A directory searchable by an allowed group does for --allow-gid alone (the
 	 * systemd unit's 0750 RuntimeDirectory of group kdec); for uids we cannot tell. */
-	if (!ret && listed && listen_socket_unreachable_dir(path, s->o.allow_gid, s->o.n_allow_gid,
-							    !s->o.n_allow_uid, dir, sizeof(dir)))
+	if (!ret && listed && listen_socket_unreachable_dir(path, o->allow_gid, o->n_allow_gid,
+							    !o->n_allow_uid, dir, sizeof(dir)))
 		log_warn("%s is not searchable by others (no o+x): peers of --allow-uid / --allow-gid "
 			 "may not reach %s", dir, path);
 	return ret;
@@ -502,10 +509,13 @@ int server_create(struct server **out, struct ev_loop *loop, struct engine *e,
 	if (s->o.handshake_timeout_s <= 0)
 		s->o.handshake_timeout_s = SERVER_DEFAULT_HANDSHAKE_S;
 	server_fd_limits(s);
-	if (!o->socket_path && (ret = ipc_default_socket(s->default_path, sizeof(s->default_path))))
+	if (o->ls) {	/* claimed by the caller before the model load: ours now */
+		s->ls = *o->ls;
+		o->ls->fd = o->ls->lock_fd = -1;
+		o->ls->bound = 0;
+	} else if ((ret = server_listen(&s->ls, o, err, err_len))) {
 		goto err;
-	if ((ret = open_socket(s, o->socket_path ? o->socket_path : s->default_path, err, err_len)))
-		goto err;
+	}
 	/* given up at the open-file limit to refuse a connection with a reason */
 	s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	eo = (struct et_opts){ .notify = o->notify, .max_clients = s->o.max_clients, .sched = o->sched,

@@ -10,6 +10,7 @@
 
 #include "daemon/engine/engine.h"
 #include "daemon/sched/sched.h"
+#include "daemon/serve/listen_socket.h"
 #include "ipc/ipc_proto.h"
 
 #define SERVER_DEFAULT_MAX_CLIENTS 128
@@ -35,13 +36,20 @@ struct server_opts {
 	struct sched_opts sched;
 	const char *backend;		/* for status */
 	const char *state_dir;		/* NULL, or where snapshots go (--state-dir) */
+	struct listen_socket *ls;	/* NULL: server_create claims the socket; else one
+					 * server_listen opened, which the server takes over */
 };
 
 struct server;
 
-/* Claims and binds the socket (daemon/serve/listen_socket.h; mode 0660, or 0666 with
- * an allow-list), starts the engine thread on e and registers with loop. 0 or -errno
- * with err. */
+/* Claims and binds o's socket (daemon/serve/listen_socket.h; mode 0660, or 0666 with
+ * an allow-list) into ls, for kdecd to do before it loads the model: a second kdecd on
+ * the path refuses at once, and no thread exists yet (the mode is set by a umask).
+ * 0 or -errno with err; listen_socket_close undoes it. */
+int server_listen(struct listen_socket *ls, const struct server_opts *o, char *err, size_t err_len);
+
+/* Takes o->ls (or claims the socket with server_listen), starts the engine thread on
+ * e and registers with loop. 0 or -errno with err; o->ls is the server's either way. */
 int server_create(struct server **out, struct ev_loop *loop, struct engine *e,
 		  const struct server_opts *o, char *err, size_t err_len);
 

@@ -48,7 +48,6 @@ struct server {
 	struct engine *e;
 	struct engine_thread *et;
 	struct listen_socket ls;
-	char default_path[108];		/* ipc_default_socket's, without --socket */
 	ev_io accept_io;
 	ev_timer accept_pause;		/* restarts accept_io after a pause (fds ran out) */
 	ev_async replies;
