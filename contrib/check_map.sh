@@ -4,7 +4,7 @@
 # "<!-- map -->" and "<!-- /map -->" (a row may name a header and its source together). Prints one line per difference, exits 1 if any.
 # Usage: check_map.sh [SRCDIR]   (default: the tree this script is in)
 set -eu
-src=${1:-$(cd "$(dirname "$0")/.." && pwd)}
+src=$(cd "${1:-$(dirname "$0")/..}" && pwd)
 doc=$src/docs/ARCHITECTURE.md
 [ -r "$doc" ] || { echo "check_map: $doc not readable" >&2; exit 2; }
 cd "$src"

@@ -88,6 +88,7 @@ int main(int argc, char **argv)
 {
 	struct kdecd_args a = { 0 };
 	struct kdecd_ready rd = { .fd = -1 };
+	struct listen_socket ls = { .fd = -1, .lock_fd = -1 };
 	struct model *m = NULL;
 	struct engine *e = NULL;
 	char err[512] = "";
@@ -104,6 +105,12 @@ int main(int argc, char **argv)
 		log_error("--daemon: cannot fork: %s", strerror(-ret));
 		return 1;
 	}
+	/* The socket first: a second kdecd on it refuses before loading a model. */
+	if (!a.check && (ret = server_listen(&ls, &a.srv, err, sizeof(err)))) {
+		log_error("%s", err);
+		goto out;
+	}
+	a.srv.ls = a.check ? NULL : &ls;
 	t0 = clock_now();
 	ret = model_load(&m, a.model, &a.load, err, sizeof(err));
 	if (!ret)
@@ -122,6 +129,7 @@ int main(int argc, char **argv)
 	if (!a.check)
 		ret = serve(&a, e, &rd);
 out:
+	listen_socket_close(&ls);	/* unless the server took it */
 	engine_destroy(e);
 	model_destroy(m);
 	kdecd_ready_fini(&rd);

@@ -29,9 +29,16 @@ static void usage(FILE *f)
 		"  --backend NAME          cpu (default)\n"
 		"  --socket PATH           Unix socket (default: $XDG_RUNTIME_DIR/kdecd.sock; else\n"
 		"                          /run/kdecd/kdecd.sock for root; else /tmp/kdecd-$UID/kdecd.sock;\n"
-		"                          here: %s); created with mode 0660\n"
+		"                          here: %s); created with mode 0660 (0666 with --allow-uid\n"
+		"                          or --allow-gid: those peers are checked by SO_PEERCRED);\n"
+		"                          claimed by an flock on PATH.lock for the daemon's life\n"
 		"  --threads N             CPU threads of the engine (default: all online CPUs)\n"
 		"  --max-clients N         connected clients (default %d)\n"
+		"  --max-pending N         connections without a hello (kdctl's too) (default %d);\n"
+		"                          past it a new one displaces the oldest of the uid\n"
+		"                          holding the most\n"
+		"  --handshake-timeout S   seconds a connection without a hello may make no\n"
+		"                          progress (no line in, no reply byte out) (default %.0f)\n"
 		"  --allow-uid U,...       uids (numbers or names) allowed besides ours and root\n"
 		"  --allow-gid G,...       groups allowed (a peer's primary or supplementary group)\n"
 		"  --notify futex|eventfd  how daemon and clients wake each other (default futex:\n"
@@ -78,7 +85,8 @@ static void usage(FILE *f)
 		"stop admitting, finish running requests within --shutdown-timeout (then cancel\n"
 		"them), exit 0; a second signal stops at once. A client whose event ring stays full has its\n"
 		"request paused, then cancelled after %d ms.\n",
-		sock, SERVER_DEFAULT_MAX_CLIENTS, SCHED_DEFAULT_MAX_BATCH, SCHED_DEFAULT_STEP_TOKENS,
+		sock, SERVER_DEFAULT_MAX_CLIENTS, SERVER_DEFAULT_MAX_PENDING, SERVER_DEFAULT_HANDSHAKE_S,
+		SCHED_DEFAULT_MAX_BATCH, SCHED_DEFAULT_STEP_TOKENS,
 		SCHED_DEFAULT_PREFILL_PACE, ENGINE_DEFAULT_KV_TOKENS,
 		ENGINE_DEFAULT_SESSION_TTL_S, ENGINE_DEFAULT_OFFLOAD_AFTER_S, SERVER_DEFAULT_SHUTDOWN_S, SCHED_DEFAULT_STALL_MS);
 }
@@ -161,7 +169,7 @@ static int parse_secs(const char *opt, const char *s, int *out)
 enum {
 	O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
 	O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_NOWAIT, O_TTL, O_OFFLOAD,
-	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE, O_PACE
+	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE, O_PACE, O_PENDING, O_HANDSHAKE
 };
 
 static const struct option kdecd_opts[] = {
@@ -170,6 +178,8 @@ static const struct option kdecd_opts[] = {
 	{ "socket", required_argument, NULL, O_SOCKET },
 	{ "threads", required_argument, NULL, O_THREADS },
 	{ "max-clients", required_argument, NULL, O_MAXCL },
+	{ "max-pending", required_argument, NULL, O_PENDING },
+	{ "handshake-timeout", required_argument, NULL, O_HANDSHAKE },
 	{ "allow-uid", required_argument, NULL, O_UID },
 	{ "allow-gid", required_argument, NULL, O_GID },
 	{ "notify", required_argument, NULL, O_NOTIFY },
@@ -210,6 +220,16 @@ static int parse_opt_num(struct kdecd_args *a, int c, const char *arg)
 		if (parse_num("--max-clients", arg, 1, 4096, &v))
 			return -EINVAL;
 		a->srv.max_clients = (int)v;
+		break;
+	case O_PENDING:
+		if (parse_num("--max-pending", arg, 1, 4096, &v))
+			return -EINVAL;
+		a->srv.max_pending = (int)v;
+		break;
+	case O_HANDSHAKE:
+		if (parse_num("--handshake-timeout", arg, 1, 3600, &v))
+			return -EINVAL;
+		a->srv.handshake_timeout_s = (double)v;
 		break;
 	case O_BATCH:
 		if (parse_num("--max-batch", arg, 1, 4096, &v))
@@ -284,7 +304,8 @@ static int parse_opt(struct kdecd_args *a, int c, const char *arg)
 	case O_SHARE: a->srv.sched.share_prefix = 1; break;
 	case O_NOWAIT: a->srv.sched.no_prefix_wait = 1; break;
 	case O_STATE: a->srv.state_dir = arg; break;
-	case O_THREADS: case O_MAXCL: case O_BATCH: case O_CHUNK: case O_PACE: case O_KV: case O_SHUT:
+	case O_THREADS: case O_MAXCL: case O_PENDING: case O_HANDSHAKE: case O_BATCH: case O_CHUNK:
+	case O_PACE: case O_KV: case O_SHUT:
 	case O_TTL: case O_OFFLOAD: case O_HOSTMEM:
 		return parse_opt_num(a, c, arg);
 	case O_SPEC:

@@ -14,7 +14,7 @@ expect 1 "cannot talk to kdecd" "$B/kdctl" --socket "$tmp/none.sock" status
 
 kdecd_start daemon.log 10 --model "$M" --socket "$S" --threads 1 --shutdown-timeout 5
 [ "$(stat -c %a "$S")" = 660 ] && ok || fail "socket mode $(stat -c %a "$S"), want 660"
-expect 1 "already serving" "$B/kdecd" --model "$M" --socket "$S"
+expect 1 "served by another kdecd (pid $pid" "$B/kdecd" --model "$M" --socket "$S"
 
 # kdrun: the same tokens as kdbench generate, timing on stderr
 want=$("$B/kdbench" generate --model "$M" --prompt 113,124,11,408,469 --max-tokens 24 --threads 1 2>/dev/null)

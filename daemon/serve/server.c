@@ -3,62 +3,21 @@
  * into a client connection that stays open for the client's life (EOF = the client
  * is gone); anything else is a kdctl command. */
 #include <errno.h>
-#include <grp.h>
-#include <libgen.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "daemon/base/log.h"
 #include "daemon/sched/client_conn.h"
 #include "daemon/serve/control.h"
 #include "daemon/serve/engine_thread.h"
-#include "daemon/serve/server.h"
+#include "daemon/serve/server_internal.h"
 #include "ipc/ipc_futex.h"
 
-struct conn {
-	ev_io rio, wio;
-	struct server *srv;
-	int fd;
-	uint64_t id;			/* cookie for the engine thread's replies */
-	pid_t pid;
-	uid_t uid;
-	gid_t gid;
-	int is_client;
-	uint32_t client_id;
-	int close_after_write;
-	char in[IPC_LINE_MAX];		/* a partial line */
-	size_t in_len;
-	char *out;			/* unsent bytes [out_off, out_len) */
-	size_t out_len, out_off;
-	struct conn *next;
-};
-
-struct server {
-	struct ev_loop *loop;
-	struct server_opts o;
-	struct engine *e;
-	struct engine_thread *et;
-	char path[108];
-	int lfd;
-	ev_io accept_io;
-	ev_async replies;
-	struct conn *conns;
-	uint64_t next_conn;
-	uint32_t next_client;
-	int n_clients;
-	int shutting_down;
-	int bound;			/* the socket file is ours to remove */
-	uint64_t t_start_ns;
-	uid_t *uids;
-	gid_t *gids;
-};
-
-static void conn_close(struct conn *c);
+static void conn_pump(struct conn *c);
 
 static struct conn *conn_by_id(struct server *s, uint64_t id)
 {
@@ -68,43 +27,62 @@ static struct conn *conn_by_id(struct server *s, uint64_t id)
 	return NULL;
 }
 
-static void on_write(struct ev_loop *loop, ev_io *w, int revents)
+/* Sends what the socket takes. 0, or -1 when c was closed (an error, or its last
+ * write done). */
+static int conn_flush(struct conn *c)
 {
-	struct conn *c = w->data;
-
-	(void)loop;
-	(void)revents;
 	while (c->out_off < c->out_len) {
 		ssize_t r = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
 				 MSG_NOSIGNAL | MSG_DONTWAIT);
 
 		if (r < 0 && errno == EINTR)
 			continue;
-		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			return;
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			if (!ev_is_active(&c->wio))
+				ev_io_start(c->srv->loop, &c->wio);
+			return 0;
+		}
 		if (r < 0) {
-			conn_close(c);
-			return;
+			server_conn_close(c);
+			return -1;
 		}
 		c->out_off += (size_t)r;
+		server_conn_touch(c);
 	}
 	ev_io_stop(c->srv->loop, &c->wio);
 	free(c->out);
 	c->out = NULL;
 	c->out_len = c->out_off = 0;
-	if (c->close_after_write)
-		conn_close(c);
+	if (c->close_after_write) {
+		server_conn_close(c);
+		return -1;
+	}
+	return 0;
 }
 
-/* Queues line (takes it) and sends what the socket takes now. */
-static void conn_send(struct conn *c, char *line)
+void server_on_write(struct ev_loop *loop, ev_io *w, int revents)
 {
-	size_t n;
+	struct conn *c = w->data;
+
+	(void)loop;
+	(void)revents;
+	if (!conn_flush(c))
+		conn_pump(c);	/* lines that waited for the backlog to drain */
+}
+
+void server_conn_send(struct conn *c, char *line)
+{
+	size_t n, pending = c->out_len - c->out_off;
 	char *p;
 
 	if (!line)
 		return;
 	n = strlen(line);
+	if (c->out_off && pending < c->out_off) {	/* reclaim what was sent */
+		memmove(c->out, c->out + c->out_off, pending);
+		c->out_len = pending;
+		c->out_off = 0;
+	}
 	p = realloc(c->out, c->out_len + n);
 	if (!p) {
 		free(line);
@@ -114,9 +92,7 @@ static void conn_send(struct conn *c, char *line)
 	free(line);
 	c->out = p;
 	c->out_len += n;
-	if (!ev_is_active(&c->wio))
-		ev_io_start(c->srv->loop, &c->wio);
-	on_write(c->srv->loop, &c->wio, EV_WRITE);
+	conn_flush(c);
 }
 
 static void post(struct server *s, enum et_msg_type type, uint32_t client_id, uint64_t cookie, int arg)
@@ -134,7 +110,7 @@ static void post(struct server *s, enum et_msg_type type, uint32_t client_id, ui
 	engine_thread_post(s->et, m);
 }
 
-static void conn_close(struct conn *c)
+void server_conn_close(struct conn *c)
 {
 	struct server *s = c->srv;
 	struct conn **pp;
@@ -144,8 +120,11 @@ static void conn_close(struct conn *c)
 		post(s, ET_REMOVE, c->client_id, 0, 0);
 		s->n_clients--;
 		log_info("client %u (pid %d) disconnected", c->client_id, (int)c->pid);
+	} else {
+		s->n_pending--;
 	}
 	ev_io_stop(s->loop, &c->rio);
+	ev_timer_stop(s->loop, &c->idle);
 	ev_io_stop(s->loop, &c->wio);
 	close(c->fd);
 	for (pp = &s->conns; *pp; pp = &(*pp)->next) {
@@ -182,12 +161,16 @@ static int send_fds(int fd, const char *line, const int *fds, int n_fds)
 	return r == (ssize_t)iov.iov_len ? 0 : -EIO;
 }
 
-static void refuse(struct conn *c, const char *why, int err)
+void server_conn_refuse(struct conn *c, const char *why, int err)
 {
-	conn_send(c, control_reply_error(why, err));
+	struct server *s = c->srv;
+	uint64_t id = c->id;
+
 	c->close_after_write = 1;
-	if (!c->out)
-		conn_close(c);
+	ev_io_stop(s->loop, &c->rio);	/* nothing more is read from it */
+	server_conn_send(c, control_reply_error(why, err));
+	if (conn_by_id(s, id) && !c->out)
+		server_conn_close(c);
 }
 
 static void do_hello(struct conn *c, const struct control_cmd *cmd)
@@ -205,35 +188,45 @@ static void do_hello(struct conn *c, const struct control_cmd *cmd)
 	struct et_msg *m;
 	char line[256], err[256] = "";
 	int fds[3], ret;
+	uint32_t id;
 
 	if (c->is_client) {
-		refuse(c, "second hello on one connection", EPROTO);
+		server_conn_refuse(c, "second hello on one connection", EPROTO);
 		return;
 	}
 	if (cmd->protocol != IPC_PROTOCOL_VERSION) {
 		snprintf(line, sizeof(line), "protocol version %lld is not supported: kdecd speaks %u",
 			 cmd->protocol, IPC_PROTOCOL_VERSION);
 		log_warn("client pid %d: %s", (int)c->pid, line);
-		refuse(c, line, EPROTO);
+		server_conn_refuse(c, line, EPROTO);
 		return;
 	}
 	if (s->shutting_down) {
-		refuse(c, "kdecd is shutting down", ESHUTDOWN);
+		server_conn_refuse(c, "kdecd is shutting down", ESHUTDOWN);
 		return;
 	}
 	if (s->n_clients >= s->o.max_clients) {
 		snprintf(line, sizeof(line), "too many clients (--max-clients %d)", s->o.max_clients);
 		log_warn("client pid %d refused: %s", (int)c->pid, line);
-		refuse(c, line, EUSERS);
+		server_conn_refuse(c, line, EUSERS);
 		return;
 	}
-	ret = client_conn_create(&cl, ++s->next_client, s->o.notify, &lim, err, sizeof(err));
+	id = ++s->next_client;
+	ret = client_conn_create(&cl, id, s->o.notify, &lim, err, sizeof(err));
+	/* At the open-file limit a hello displaces connections that sent none (its
+	 * segment takes up to 3 descriptors). */
+	for (int i = 0; (ret == -EMFILE || ret == -ENFILE) && i < 3 &&
+			server_make_room(s, c, "a client's hello at the open-file limit"); i++)
+		ret = client_conn_create(&cl, id, s->o.notify, &lim, err, sizeof(err));
 	m = calloc(1, sizeof(*m));
 	if (ret || !m) {
+		unsigned quiet;
+
 		free(m);
 		client_conn_destroy(ret ? NULL : cl);
-		log_error("client pid %d: %s", (int)c->pid, err[0] ? err : "out of memory");
-		refuse(c, "the daemon could not build a segment", ENOMEM);
+		if ((ret != -EMFILE && ret != -ENFILE) || server_ratelog_ok(&s->rl_fds, &quiet))
+			log_error("client pid %d: %s", (int)c->pid, err[0] ? err : "out of memory");
+		server_conn_refuse(c, "the daemon could not build a segment", ENOMEM);
 		return;
 	}
 	cl->pid = c->pid;
@@ -251,12 +244,14 @@ static void do_hello(struct conn *c, const struct control_cmd *cmd)
 		log_warn("client pid %d: the handshake reply could not be sent", (int)c->pid);
 		client_conn_destroy(cl);
 		free(m);
-		conn_close(c);
+		server_conn_close(c);
 		return;
 	}
 	c->is_client = 1;
 	c->client_id = cl->id;
 	s->n_clients++;
+	s->n_pending--;
+	ev_timer_stop(s->loop, &c->idle);	/* a client may stay silent for its whole life */
 	log_info("client %u connected: pid %d uid %d%s", cl->id, (int)c->pid, (int)c->uid,
 		 cl->spin ? ", spinning" : "");
 	m->type = ET_ADD;
@@ -273,9 +268,10 @@ static void post_query(struct server *s, struct conn *c, const struct control_cm
 	struct et_msg *m = calloc(1, sizeof(*m));
 
 	if (!m) {
-		conn_send(c, control_reply_error("out of memory", ENOMEM));
+		server_conn_send(c, control_reply_error("out of memory", ENOMEM));
 		return;
 	}
+	c->n_query++;	/* its next lines wait for this reply: in order, one at a time */
 	m->type = ET_QUERY;
 	m->cookie = c->id << 8 | (uint64_t)cmd->kind;
 	m->arg = q;
@@ -293,7 +289,7 @@ static void do_line(struct conn *c, const char *line, size_t len)
 	if (c->is_client)
 		return;	/* clients say nothing after the hello; ignore it */
 	if (control_parse(line, len, &cmd, err, sizeof(err))) {
-		conn_send(c, control_reply_error(err, EINVAL));
+		server_conn_send(c, control_reply_error(err, EINVAL));
 		return;
 	}
 	switch (cmd.kind) {
@@ -303,16 +299,16 @@ static void do_line(struct conn *c, const char *line, size_t len)
 	case CTL_DRAIN:
 		post(s, ET_DRAIN, 0, 0, cmd.on);
 		log_info("kdctl: drain %s", cmd.on ? "on" : "off");
-		conn_send(c, control_reply_ok());
+		server_conn_send(c, control_reply_ok());
 		return;
 	case CTL_SHUTDOWN:
 		log_info("kdctl: shutdown");
-		conn_send(c, control_reply_ok());
+		server_conn_send(c, control_reply_ok());
 		server_shutdown(s);
 		return;
 	case CTL_LOG_LEVEL:
 		log_threshold = (enum log_level)cmd.level;
-		conn_send(c, control_reply_ok());
+		server_conn_send(c, control_reply_ok());
 		return;
 	case CTL_SNAPSHOT:
 		log_info("kdctl: snapshot");
@@ -327,104 +323,66 @@ static void do_line(struct conn *c, const char *line, size_t len)
 	}
 }
 
-static void on_read(struct ev_loop *loop, ev_io *w, int revents)
+/* A control connection takes its next line only when the engine thread owes it no
+ * reply and its unsent replies are under SERVER_OUT_MAX: a peer that pipelines and
+ * never reads is held to that, its further input left in the kernel's buffers. */
+static int conn_blocked(const struct conn *c)
+{
+	return c->close_after_write || c->n_query ||
+	       (!c->is_client && c->out_len - c->out_off > SERVER_OUT_MAX);
+}
+
+/* Handles the complete lines buffered, then reads again only if it may go on. */
+static void conn_pump(struct conn *c)
+{
+	struct server *s = c->srv;
+	uint64_t id = c->id;
+	char *nl;
+
+	while (!conn_blocked(c) && (nl = memchr(c->in, '\n', c->in_len))) {
+		size_t n = (size_t)(nl - c->in);
+
+		do_line(c, c->in, n);
+		if (!conn_by_id(s, id))
+			return;	/* closed while handling the line */
+		memmove(c->in, nl + 1, c->in_len - n - 1);
+		c->in_len -= n + 1;
+		server_conn_touch(c);
+	}
+	if (!conn_blocked(c) && c->in_len == sizeof(c->in)) {
+		if (c->is_client) {
+			c->in_len = 0;	/* not a protocol we read: drop it */
+		} else {
+			server_conn_refuse(c, "line longer than 4096 bytes", E2BIG);
+			return;
+		}
+	}
+	if (conn_blocked(c))
+		ev_io_stop(s->loop, &c->rio);
+	else if (!ev_is_active(&c->rio))
+		ev_io_start(s->loop, &c->rio);
+}
+
+void server_on_read(struct ev_loop *loop, ev_io *w, int revents)
 {
 	struct conn *c = w->data;
 	ssize_t r;
-	char *nl;
 
 	(void)loop;
 	(void)revents;
+	if (conn_blocked(c)) {
+		ev_io_stop(c->srv->loop, &c->rio);
+		return;
+	}
 	r = recv(c->fd, c->in + c->in_len, sizeof(c->in) - c->in_len, MSG_DONTWAIT);
 	if (r < 0 && (errno == EAGAIN || errno == EINTR || errno == EWOULDBLOCK))
 		return;
 	if (r <= 0) {
-		conn_close(c);
+		server_conn_close(c);
 		return;
 	}
 	c->in_len += (size_t)r;
-	while ((nl = memchr(c->in, '\n', c->in_len))) {
-		size_t n = (size_t)(nl - c->in);
-		struct server *srv = c->srv;
-		uint64_t id = c->id;
-
-		do_line(c, c->in, n);
-		if (!conn_by_id(srv, id))
-			return;	/* closed while handling the line */
-		memmove(c->in, nl + 1, c->in_len - n - 1);
-		c->in_len -= n + 1;
-	}
-	if (c->in_len == sizeof(c->in)) {
-		if (c->is_client)
-			c->in_len = 0;	/* not a protocol we read: drop it */
-		else
-			refuse(c, "line longer than 4096 bytes", E2BIG);
-	}
-}
-
-static int allowed(const struct server *s, const struct conn *c)
-{
-	gid_t groups[64];
-	socklen_t len = sizeof(groups);
-	int n;
-
-	if (c->uid == 0 || c->uid == geteuid())
-		return 1;
-	for (int i = 0; i < s->o.n_allow_uid; i++)
-		if (s->o.allow_uid[i] == c->uid)
-			return 1;
-	if (!s->o.n_allow_gid)
-		return 0;
-	/* The peer's supplementary groups too, where the kernel tells them. */
-	n = getsockopt(c->fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) ? 0 : (int)(len / sizeof(gid_t));
-	for (int i = 0; i < s->o.n_allow_gid; i++) {
-		if (s->o.allow_gid[i] == c->gid)
-			return 1;
-		for (int k = 0; k < n; k++)
-			if (groups[k] == s->o.allow_gid[i])
-				return 1;
-	}
-	return 0;
-}
-
-static void on_accept(struct ev_loop *loop, ev_io *w, int revents)
-{
-	struct server *s = w->data;
-	struct ucred cred;
-	socklen_t len = sizeof(cred);
-	struct conn *c;
-	int fd;
-
-	(void)revents;
-	fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-	if (fd < 0)
-		return;
-	c = calloc(1, sizeof(*c));
-	if (!c || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len)) {
-		free(c);
-		close(fd);
-		return;
-	}
-	c->srv = s;
-	c->fd = fd;
-	c->id = ++s->next_conn;
-	c->pid = cred.pid;
-	c->uid = cred.uid;
-	c->gid = cred.gid;
-	ev_io_init(&c->rio, on_read, fd, EV_READ);
-	ev_io_init(&c->wio, on_write, fd, EV_WRITE);
-	c->rio.data = c->wio.data = c;
-	c->next = s->conns;
-	s->conns = c;
-	if (!allowed(s, c)) {
-		char why[128];
-
-		snprintf(why, sizeof(why), "uid %d is not on kdecd's allow-list", (int)c->uid);
-		log_warn("refused pid %d: %s", (int)c->pid, why);
-		refuse(c, why, EACCES);
-		return;
-	}
-	ev_io_start(loop, &c->rio);
+	conn_pump(c);
 }
 
 static void handle_reply(struct server *s, struct et_msg *m)
@@ -444,10 +402,13 @@ static void handle_reply(struct server *s, struct et_msg *m)
 		c = conn_by_id(s, m->cookie >> 8);
 		if (!c)
 			break;
+		c->n_query--;
 		if (!m->report)
-			conn_send(c, control_reply_error("out of memory", ENOMEM));
+			server_conn_send(c, control_reply_error("out of memory", ENOMEM));
 		else
-			conn_send(c, control_reply((enum control_kind)(m->cookie & 0xff), m->report, &info));
+			server_conn_send(c, control_reply((enum control_kind)(m->cookie & 0xff), m->report, &info));
+		if ((c = conn_by_id(s, m->cookie >> 8)))
+			conn_pump(c);	/* the lines that waited for this reply */
 		break;
 	case ET_KICK:
 		for (c = s->conns; c; c = c->next) {
@@ -456,7 +417,7 @@ static void handle_reply(struct server *s, struct et_msg *m)
 
 				log_warn("client %u (pid %d) disconnected: %s", c->client_id, (int)c->pid, m->why);
 				snprintf(why, sizeof(why), "protocol violation: %s", m->why);
-				refuse(c, why, EPROTO);
+				server_conn_refuse(c, why, EPROTO);
 				break;
 			}
 		}
@@ -493,58 +454,34 @@ static void wake_main(void *arg)
 	ev_async_send(s->loop, &s->replies);
 }
 
-/* Makes the socket's directory when it is one of the defaults. */
-static int make_dir(const char *path, char *err, size_t err_len)
+/* The socket's mode and, for a default path, its directory's. Without an allow-list
+ * only our uid (and root) may connect: 0660, the directory 0700 (/tmp) or 0750 (/run,
+ * for our group). With --allow-uid or --allow-gid the peers checked by SO_PEERCRED
+ * must be able to reach and open the socket: 0666, the directory 0711 (searchable,
+ * not listable). The kernel's permission bits cannot name a list of uids; the
+ * allow-list is the gate, checked on every connection before anything is read. */
+int server_listen(struct listen_socket *ls, const struct server_opts *o, char *err, size_t err_len)
 {
-	char copy[108], dir[108];
-	struct stat st;
+	int listed = o->n_allow_uid || o->n_allow_gid, ret;
+	char def[108], dir[108];
+	const char *path = o->socket_path;
+	mode_t dir_mode;
 
-	snprintf(copy, sizeof(copy), "%s", path);
-	snprintf(dir, sizeof(dir), "%s", dirname(copy));
-	if (!stat(dir, &st))
-		return 0;
-	/* /run/kdecd is for a group of users (0750 + --allow-gid); /tmp/kdecd-$UID is ours. */
-	if (mkdir(dir, strncmp(dir, "/tmp/", 5) ? 0750 : 0700) && errno != EEXIST) {
-		snprintf(err, err_len, "cannot create %s: %s", dir, strerror(errno));
-		return -errno;
-	}
-	return 0;
-}
-
-static int bind_socket(struct server *s, char *err, size_t err_len)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int ret;
-
-	if (strlen(s->path) >= sizeof(sa.sun_path)) {
-		snprintf(err, err_len, "socket path %s is too long", s->path);
-		return -ENAMETOOLONG;
-	}
-	strcpy(sa.sun_path, s->path);
-	if (!s->o.socket_path && (ret = make_dir(s->path, err, err_len)))
+	ls->fd = ls->lock_fd = -1;
+	if (!path && (ret = ipc_default_socket(def, sizeof(def)))) {
+		snprintf(err, err_len, "no default socket path: %s", strerror(-ret));
 		return ret;
-	s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (s->lfd < 0)
-		goto err_errno;
-	/* A socket file left by a dead daemon is replaced; a live daemon's is not. */
-	if (!connect(s->lfd, (struct sockaddr *)&sa, sizeof(sa))) {
-		snprintf(err, err_len, "%s: another kdecd is already serving it", s->path);
-		return -EADDRINUSE;
 	}
-	close(s->lfd);
-	s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (s->lfd < 0)
-		goto err_errno;
-	unlink(s->path);
-	if (bind(s->lfd, (struct sockaddr *)&sa, sizeof(sa)) || chmod(s->path, 0660) ||
-	    listen(s->lfd, 128))
-		goto err_errno;
-	s->bound = 1;
-	return 0;
-
-err_errno:
-	ret = -errno;
-	snprintf(err, err_len, "socket %s: %s", s->path, strerror(errno));
+	path = path ? path : def;
+	dir_mode = listed ? 0711 : strncmp(path, "/tmp/", 5) ? 0750 : 0700;
+	ret = listen_socket_open(ls, path, listed ? 0666 : 0660, SOMAXCONN, !o->socket_path, dir_mode,
+				 err, err_len);
+	/* A directory searchable by an allowed group does for --allow-gid alone (the
+	 * systemd unit's 0750 RuntimeDirectory of group kdec); for uids we cannot tell. */
+	if (!ret && listed && listen_socket_unreachable_dir(path, o->allow_gid, o->n_allow_gid,
+							    !o->n_allow_uid, dir, sizeof(dir)))
+		log_warn("%s is not searchable by others (no o+x): peers of --allow-uid / --allow-gid "
+			 "may not reach %s", dir, path);
 	return ret;
 }
 
@@ -561,18 +498,26 @@ int server_create(struct server **out, struct ev_loop *loop, struct engine *e,
 	s->loop = loop;
 	s->e = e;
 	s->o = *o;
-	s->lfd = -1;
+	s->ls.fd = s->ls.lock_fd = s->reserve_fd = -1;
 	s->t_start_ns = ipc_now_ns();
 	if (s->o.max_clients <= 0)
 		s->o.max_clients = SERVER_DEFAULT_MAX_CLIENTS;
 	if (s->o.shutdown_timeout_s < 0)
 		s->o.shutdown_timeout_s = SERVER_DEFAULT_SHUTDOWN_S;
-	if (o->socket_path)
-		snprintf(s->path, sizeof(s->path), "%s", o->socket_path);
-	else if ((ret = ipc_default_socket(s->path, sizeof(s->path))))
+	if (s->o.max_pending <= 0)
+		s->o.max_pending = SERVER_DEFAULT_MAX_PENDING;
+	if (s->o.handshake_timeout_s <= 0)
+		s->o.handshake_timeout_s = SERVER_DEFAULT_HANDSHAKE_S;
+	server_fd_limits(s);
+	if (o->ls) {	/* claimed by the caller before the model load: ours now */
+		s->ls = *o->ls;
+		o->ls->fd = o->ls->lock_fd = -1;
+		o->ls->bound = 0;
+	} else if ((ret = server_listen(&s->ls, o, err, err_len))) {
 		goto err;
-	if ((ret = bind_socket(s, err, err_len)))
-		goto err;
+	}
+	/* given up at the open-file limit to refuse a connection with a reason */
+	s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	eo = (struct et_opts){ .notify = o->notify, .max_clients = s->o.max_clients, .sched = o->sched,
 				 .state_dir = o->state_dir };
 	if ((ret = engine_thread_start(&s->et, e, &eo, wake_main, s, err, err_len)))
@@ -580,8 +525,10 @@ int server_create(struct server **out, struct ev_loop *loop, struct engine *e,
 	ev_async_init(&s->replies, on_replies);
 	s->replies.data = s;
 	ev_async_start(loop, &s->replies);
-	ev_io_init(&s->accept_io, on_accept, s->lfd, EV_READ);
+	ev_io_init(&s->accept_io, server_on_accept, s->ls.fd, EV_READ);
 	s->accept_io.data = s;
+	ev_init(&s->accept_pause, server_on_accept_pause);
+	s->accept_pause.data = s;
 	ev_io_start(loop, &s->accept_io);
 	*out = s;
 	return 0;
@@ -595,7 +542,7 @@ err:
 
 const char *server_socket_path(const struct server *s)
 {
-	return s->path;
+	return s->ls.path;
 }
 
 void server_shutdown(struct server *s)
@@ -626,8 +573,10 @@ void server_destroy(struct server *s)
 {
 	if (!s)
 		return;
-	if (s->loop && s->lfd >= 0)
+	if (s->loop && s->ls.fd >= 0) {
 		ev_io_stop(s->loop, &s->accept_io);
+		ev_timer_stop(s->loop, &s->accept_pause);
+	}
 	/* Join first: REMOVE messages posted by conn_close below then find no thread
 	 * and are freed with it. */
 	if (s->et) {
@@ -639,11 +588,10 @@ void server_destroy(struct server *s)
 		struct conn *c = s->conns;
 
 		c->is_client = 0;	/* its client_conn went with the engine thread */
-		conn_close(c);
+		server_conn_close(c);
 	}
-	if (s->lfd >= 0)
-		close(s->lfd);
-	if (s->bound)
-		unlink(s->path);
+	listen_socket_close(&s->ls);
+	if (s->reserve_fd >= 0)
+		close(s->reserve_fd);
 	free(s);
 }
