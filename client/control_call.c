@@ -13,7 +13,7 @@ int control_call(const char *path, const char *req, char **reply)
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	size_t len = 0, cap = 4096, n = strlen(req);
 	char *buf;
-	int s, ret = 0;
+	int s, ret = 0, send_err = 0;
 
 	if (strlen(path) >= sizeof(sa.sun_path))
 		return -ENAMETOOLONG;
@@ -21,9 +21,13 @@ int control_call(const char *path, const char *req, char **reply)
 	if (!(buf = malloc(cap)))
 		return -ENOMEM;
 	s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof(sa)) ||
-	    send(s, req, n, MSG_NOSIGNAL) != (ssize_t)n)
+	if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof(sa)))
 		ret = -errno;
+	/* A daemon that refuses this uid writes its reason and closes at once, maybe
+	 * before the request is sent: the send then fails (EPIPE), the reason is still
+	 * there to read, and it, not the send's errno, is the answer. */
+	if (!ret && send(s, req, n, MSG_NOSIGNAL) != (ssize_t)n)
+		send_err = -errno;
 	while (!ret) {
 		ssize_t r;
 
@@ -51,7 +55,7 @@ int control_call(const char *path, const char *req, char **reply)
 		close(s);
 	buf[len] = '\0';
 	if (!ret && !len)
-		ret = -ECONNRESET;
+		ret = send_err ? send_err : -ECONNRESET;
 	if (ret)
 		free(buf);
 	else

@@ -8,8 +8,9 @@
 
 /* Sends req (one line, '\n' included) to the Unix socket at path and reads the reply up
  * to its newline. 0 with *reply malloc'd and NUL-terminated, or -errno: -ENAMETOOLONG
- * (path), -ENOMEM, connect's or send's errno, -E2BIG (reply over CONTROL_REPLY_MAX),
- * -ECONNRESET (closed without a reply). */
+ * (path), -ENOMEM, connect's errno, -E2BIG (reply over CONTROL_REPLY_MAX), send's errno
+ * or -ECONNRESET (closed without a reply). A daemon that refused the peer and closed
+ * before the request went out still has its reply read: that line is the answer. */
 int control_call(const char *path, const char *req, char **reply);
 
 #endif

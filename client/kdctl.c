@@ -1,5 +1,6 @@
 /* kdctl: the operator's tool. One JSON line to kdecd's socket, one line back,
- * printed as text (or as the JSON itself with --json). */
+ * printed as text (or as the JSON itself with --json). The daemon decides who may
+ * run what (SO_PEERCRED): kdctl only sends and prints its answer. */
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -18,16 +19,21 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: kdctl [--socket PATH] [--json] COMMAND\n"
 		"\n"
+		"Any uid kdecd allows:\n"
 		"  status         model, backend, uptime, clients, requests, KV blocks\n"
-		"  clients        connected clients (id, pid, uid, requests)\n"
+		"  clients        connected clients (id, pid, uid, requests); yours only,\n"
+		"                 unless you are an operator\n"
 		"  sessions       sessions whose KV the daemon keeps: owner uid, tokens, device\n"
-		"                 and host blocks, idle seconds\n"
+		"                 and host blocks, idle seconds; yours only, unless you are an\n"
+		"                 operator\n"
 		"  session-close NAME  close your session NAME and drop its KV\n"
-		"  snapshot       write the sessions to kdecd's --state-dir\n"
 		"  metrics        Prometheus text (kd_* metrics)\n"
+		"Operators only (root, kdecd's uid, --operator-uid, --operator-gid):\n"
 		"  drain          stop admitting new requests (running ones finish)\n"
+		"  resume         admit requests again after drain\n"
 		"  shutdown       like SIGTERM: drain, finish or cancel, exit\n"
 		"  log-level L    error, warn, info or debug\n"
+		"  snapshot       write the sessions to kdecd's --state-dir\n"
 		"\n"
 		"  --socket PATH  kdecd's socket (default %s)\n"
 		"  --json         print the daemon's JSON reply\n"
@@ -89,6 +95,17 @@ static void print_table(json_t *o, const char *key)
 		       (long long)json_integer_value(json_object_get(e, "requests")));
 }
 
+static const char *const commands[] = { "status", "clients", "sessions", "metrics", "session-close",
+	"drain", "resume", "shutdown", "log-level", "snapshot" };
+
+static int known(const char *cmd)
+{
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		if (!strcmp(cmd, commands[i]))
+			return 1;
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *socket_path = NULL, *cmd = NULL, *level = NULL;
@@ -121,11 +138,9 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	if (strcmp(cmd, "status") && strcmp(cmd, "clients") && strcmp(cmd, "sessions") &&
-	    strcmp(cmd, "metrics") && strcmp(cmd, "drain") && strcmp(cmd, "shutdown") &&
-	    strcmp(cmd, "log-level") && strcmp(cmd, "snapshot") && strcmp(cmd, "session-close")) {
+	if (!known(cmd)) {
+		fprintf(stderr, "kdctl: unknown command '%s'\n\n", cmd);
 		usage(stderr);
-		fprintf(stderr, "kdctl: unknown command '%s'\n", cmd);
 		return 2;
 	}
 	if (!strcmp(cmd, "log-level")) {
@@ -156,7 +171,7 @@ int main(int argc, char **argv)
 	if (!o || !json_is_true(json_object_get(o, "ok"))) {
 		json_t *e = o ? json_object_get(o, "error") : NULL;
 
-		fprintf(stderr, "kdctl: %s: %s", cmd, json_is_string(e) ? json_string_value(e) : reply);
+		fprintf(stderr, "kdctl %s: %s", cmd, json_is_string(e) ? json_string_value(e) : reply);
 		fprintf(stderr, json_is_string(e) ? "\n" : "");
 		json_decref(o);
 		free(reply);

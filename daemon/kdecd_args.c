@@ -41,6 +41,11 @@ static void usage(FILE *f)
 		"                          progress (no line in, no reply byte out) (default %.0f)\n"
 		"  --allow-uid U,...       uids (numbers or names) allowed besides ours and root\n"
 		"  --allow-gid G,...       groups allowed (a peer's primary or supplementary group)\n"
+		"  --operator-uid U,...    uids that may run kdctl drain, resume, shutdown, log-level\n"
+		"                          and snapshot and see every client and session, besides\n"
+		"                          ours and root (allowed too); other allowed uids only\n"
+		"                          read, and see only their own clients and sessions\n"
+		"  --operator-gid G,...    groups whose members are operators (allowed too)\n"
 		"  --notify futex|eventfd  how daemon and clients wake each other (default futex:\n"
 		"                          io_uring futex ops, Linux 6.7+; eventfd elsewhere)\n"
 		"  --max-batch N           requests in the running batch (default %d)\n"
@@ -91,8 +96,8 @@ static void usage(FILE *f)
 		ENGINE_DEFAULT_SESSION_TTL_S, ENGINE_DEFAULT_OFFLOAD_AFTER_S, SERVER_DEFAULT_SHUTDOWN_S, SCHED_DEFAULT_STALL_MS);
 }
 
-/* "1000,alice" -> ids; names through getpwnam / getgrnam. */
-static int parse_ids(const char *opt, const char *s, int group, unsigned *ids, int *n)
+/* "1000,alice" -> ids (at most max); names through getpwnam / getgrnam. */
+static int parse_ids(const char *opt, const char *s, int group, unsigned *ids, int *n, int max)
 {
 	char *copy = strdup(s), *save = NULL, *tok;
 	int ret = 0;
@@ -102,8 +107,8 @@ static int parse_ids(const char *opt, const char *s, int group, unsigned *ids, i
 	for (tok = strtok_r(copy, ",", &save); tok && !ret; tok = strtok_r(NULL, ",", &save)) {
 		long v;
 
-		if (*n == KDECD_MAX_ALLOW) {
-			fprintf(stderr, "kdecd: %s: at most %d ids\n", opt, KDECD_MAX_ALLOW);
+		if (*n == max) {
+			fprintf(stderr, "kdecd: %s: at most %d ids\n", opt, max);
 			ret = -EINVAL;
 		} else if (!cli_parse_long(tok, 0, 0x7fffffff, &v)) {
 			ids[(*n)++] = (unsigned)v;
@@ -117,6 +122,30 @@ static int parse_ids(const char *opt, const char *s, int group, unsigned *ids, i
 		}
 	}
 	free(copy);
+	return ret;
+}
+
+/* --operator-uid / --operator-gid: the ids, and the same ids allowed. */
+static int parse_operators(struct kdecd_args *a, int group, const char *arg)
+{
+	struct control_operators *o = &a->srv.operators;
+	int *n = group ? &o->n_gid : &o->n_uid, first = *n, ret;
+
+	ret = parse_ids(group ? "--operator-gid" : "--operator-uid", arg, group,
+			group ? a->op_gids : a->op_uids, n, KDECD_MAX_OPERATORS);
+	for (int i = first; !ret && i < *n; i++) {
+		int *na = group ? &a->srv.n_allow_gid : &a->srv.n_allow_uid;
+
+		if (*na == KDECD_MAX_ALLOW) {
+			fprintf(stderr, "kdecd: --allow-%s with --operator-%s: at most %d ids\n",
+				group ? "gid" : "uid", group ? "gid" : "uid", KDECD_MAX_ALLOW);
+			return -EINVAL;
+		}
+		if (group)
+			a->gids[(*na)++] = a->op_gids[i];
+		else
+			a->uids[(*na)++] = a->op_uids[i];
+	}
 	return ret;
 }
 
@@ -169,7 +198,7 @@ static int parse_secs(const char *opt, const char *s, int *out)
 enum {
 	O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
 	O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_NOWAIT, O_TTL, O_OFFLOAD,
-	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE, O_PACE, O_PENDING, O_HANDSHAKE
+	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE, O_PACE, O_PENDING, O_HANDSHAKE, O_OPUID, O_OPGID
 };
 
 static const struct option kdecd_opts[] = {
@@ -182,6 +211,8 @@ static const struct option kdecd_opts[] = {
 	{ "handshake-timeout", required_argument, NULL, O_HANDSHAKE },
 	{ "allow-uid", required_argument, NULL, O_UID },
 	{ "allow-gid", required_argument, NULL, O_GID },
+	{ "operator-uid", required_argument, NULL, O_OPUID },
+	{ "operator-gid", required_argument, NULL, O_OPGID },
 	{ "notify", required_argument, NULL, O_NOTIFY },
 	{ "max-batch", required_argument, NULL, O_BATCH },
 	{ "prefill-chunk", required_argument, NULL, O_CHUNK },
@@ -315,9 +346,12 @@ static int parse_opt(struct kdecd_args *a, int c, const char *arg)
 		}
 		break;
 	case O_UID:
-		return parse_ids("--allow-uid", arg, 0, a->uids, &a->srv.n_allow_uid);
+		return parse_ids("--allow-uid", arg, 0, a->uids, &a->srv.n_allow_uid, KDECD_MAX_ALLOW);
 	case O_GID:
-		return parse_ids("--allow-gid", arg, 1, a->gids, &a->srv.n_allow_gid);
+		return parse_ids("--allow-gid", arg, 1, a->gids, &a->srv.n_allow_gid, KDECD_MAX_ALLOW);
+	case O_OPUID:
+	case O_OPGID:
+		return parse_operators(a, c == O_OPGID, arg);
 	case O_NOTIFY:
 		if (!strcmp(arg, "futex")) {
 			a->srv.notify = IPC_NOTIFY_FUTEX;
@@ -373,6 +407,8 @@ int kdecd_args_parse(struct kdecd_args *a, int argc, char **argv)
 	a->srv.shutdown_timeout_s = -1;
 	a->srv.allow_uid = a->uids;
 	a->srv.allow_gid = a->gids;
+	a->srv.operators.uid = a->op_uids;
+	a->srv.operators.gid = a->op_gids;
 	while ((c = getopt_long(argc, argv, "m:h", kdecd_opts, NULL)) != -1) {
 		ret = parse_opt(a, c, optarg);
 		if (ret)

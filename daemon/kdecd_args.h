@@ -10,9 +10,11 @@
 #include "daemon/serve/server.h"
 
 #define KDECD_MAX_ALLOW 64	/* ids in --allow-uid, and in --allow-gid */
+#define KDECD_MAX_OPERATORS 16	/* ids in --operator-uid, and in --operator-gid */
 
-/* srv.allow_uid and srv.allow_gid point into uids and gids: parse in place, do not
- * copy. */
+/* srv.allow_uid, srv.allow_gid and srv.operators point into uids, gids, op_uids and
+ * op_gids: parse in place, do not copy. An operator is allowed too: its id is also
+ * in uids or gids. */
 struct kdecd_args {
 	const char *model;	/* --model, from argv */
 	int check;		/* --check: load, build the engine, exit */
@@ -23,6 +25,8 @@ struct kdecd_args {
 	struct server_opts srv;
 	uid_t uids[KDECD_MAX_ALLOW];
 	gid_t gids[KDECD_MAX_ALLOW];
+	uid_t op_uids[KDECD_MAX_OPERATORS];
+	gid_t op_gids[KDECD_MAX_OPERATORS];
 };
 
 /* Parses argv into *a, which the caller zeroed; strings stay argv's. Returns 0 (run),

@@ -141,6 +141,7 @@ enum ipc_detail {
 	IPC_DETAIL_ENGINE = 8,		/* the step failed (see the daemon's log) */
 	IPC_DETAIL_CANCEL = 9,		/* cancelled by the client */
 	IPC_DETAIL_CLIENT_TOKENS = 10,	/* arg0 the client's tokens in flight with it, arg1 the cap */
+	IPC_DETAIL_SHUTDOWN_TIMEOUT = 11,	/* cancelled at shutdown: arg0 the timeout, ms */
 };
 
 /* Daemon -> client: one token, or the end of a request. 64 bytes. arg[] are detail

@@ -156,6 +156,10 @@ void ipc_detail_describe(const struct ipc_event *ev, char *buf, size_t len)
 	case IPC_DETAIL_CANCEL:
 		snprintf(buf, len, "cancelled by the client");
 		break;
+	case IPC_DETAIL_SHUTDOWN_TIMEOUT:
+		snprintf(buf, len, "cancelled: the daemon shut down and this request did not finish "
+			 "within its shutdown timeout (%u.%u s)", a[0] / 1000, a[0] % 1000 / 100);
+		break;
 	case IPC_DETAIL_CLIENT_TOKENS:
 		snprintf(buf, len, "the client's requests in flight would hold %u tokens (at most %u)",
 			 a[0], a[1]);

@@ -62,7 +62,8 @@ for k in kd_time_to_first_token_seconds_bucket kd_inter_token_latency_seconds_bu
 done
 "$B/kdctl" --socket "$S" log-level debug >/dev/null && ok || fail "kdctl log-level"
 expect 2 "log-level needs" "$B/kdctl" --socket "$S" log-level
-expect 2 "unknown command" "$B/kdctl" --socket "$S" frobnicate
+"$B/kdctl" --socket "$S" frobnicate 2>"$tmp/err"; st=$?
+[ $st -eq 2 ] && head -n 1 "$tmp/err" | grep -q "unknown command 'frobnicate'" && grep -q "^usage: kdctl" "$tmp/err" && ok || fail "kdctl frobnicate: exit $st, $(head -n 2 "$tmp/err")"
 # a wrong protocol version: a clear error on both sides
 if command -v python3 >/dev/null; then
 	python3 - "$S" >"$tmp/proto" <<'PY'

@@ -372,12 +372,12 @@ void sched_set_draining(struct sched *s, int on)
 	s->draining = on;
 }
 
-void sched_cancel_all(struct sched *s)
+void sched_cancel_all(struct sched *s, uint32_t timeout_ms)
 {
 	while (s->n_run)
-		sched_finish(s, s->run[0], IPC_REASON_CANCELLED, IPC_DETAIL_SHUTDOWN, 0, 0, 1);
+		sched_finish(s, s->run[0], IPC_REASON_CANCELLED, IPC_DETAIL_SHUTDOWN_TIMEOUT, 0, timeout_ms, 1);
 	while (s->n_wait)
-		sched_finish(s, s->wait[0], IPC_REASON_CANCELLED, IPC_DETAIL_SHUTDOWN, 0, 0, 1);
+		sched_finish(s, s->wait[0], IPC_REASON_CANCELLED, IPC_DETAIL_SHUTDOWN_TIMEOUT, 0, timeout_ms, 1);
 }
 
 int sched_busy(const struct sched *s)

@@ -79,8 +79,9 @@ void sched_drop_client(struct sched *s, struct client_conn *c);
 /* Draining: new requests end with IPC_DETAIL_SHUTDOWN errors; running ones go on. */
 void sched_set_draining(struct sched *s, int on);
 
-/* Ends every request with a CANCELLED event (shutdown timeout). */
-void sched_cancel_all(struct sched *s);
+/* Ends every request with a CANCELLED event: the shutdown timeout (timeout_ms, which
+ * the event's message states) ran out. */
+void sched_cancel_all(struct sched *s, uint32_t timeout_ms);
 
 /* Requests running or waiting. */
 int sched_busy(const struct sched *s);

@@ -5,20 +5,100 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "daemon/base/log.h"
 #include "daemon/sched/metrics.h"
 #include "daemon/serve/control.h"
 
+/* op: only operators may run it. The others read (a client sees its own rows) or
+ * act on the caller's own session only. */
 static const struct {
 	const char *name;
 	enum control_kind kind;
+	int op;
 } commands[] = {
-	{ "status", CTL_STATUS }, { "clients", CTL_CLIENTS }, { "sessions", CTL_SESSIONS },
-	{ "metrics", CTL_METRICS }, { "drain", CTL_DRAIN }, { "shutdown", CTL_SHUTDOWN },
-	{ "log-level", CTL_LOG_LEVEL }, { "snapshot", CTL_SNAPSHOT },
-	{ "session-close", CTL_SESSION_CLOSE },
+	{ "status", CTL_STATUS, 0 }, { "clients", CTL_CLIENTS, 0 }, { "sessions", CTL_SESSIONS, 0 },
+	{ "metrics", CTL_METRICS, 0 }, { "session-close", CTL_SESSION_CLOSE, 0 },
+	{ "drain", CTL_DRAIN, 1 }, { "resume", CTL_RESUME, 1 }, { "shutdown", CTL_SHUTDOWN, 1 },
+	{ "log-level", CTL_LOG_LEVEL, 1 }, { "snapshot", CTL_SNAPSHOT, 1 },
 };
+
+#define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+const char *control_cmd_name(enum control_kind kind)
+{
+	for (size_t i = 0; i < N_COMMANDS; i++)
+		if (commands[i].kind == kind)
+			return commands[i].name;
+	return "hello";
+}
+
+static int in_groups(gid_t g, gid_t primary, const gid_t *groups, int n)
+{
+	if (g == primary)
+		return 1;
+	for (int k = 0; k < n; k++)
+		if (groups[k] == g)
+			return 1;
+	return 0;
+}
+
+int control_peer_is_operator(const struct control_operators *o, int fd, uid_t uid, gid_t gid)
+{
+	gid_t groups[256];
+	socklen_t len = sizeof(groups);
+	int n;
+
+	if (uid == 0 || uid == geteuid())
+		return 1;
+	for (int i = 0; i < o->n_uid; i++)
+		if (o->uid[i] == uid)
+			return 1;
+	if (!o->n_gid)
+		return 0;
+	/* A peer in more groups than fit (ERANGE) is judged by its primary group. */
+	n = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) ? 0 : (int)(len / sizeof(gid_t));
+	for (int i = 0; i < o->n_gid; i++)
+		if (in_groups(o->gid[i], gid, groups, n))
+			return 1;
+	return 0;
+}
+
+/* "uid 0, 1000, 1002; gid 50": who the operators are, for a refusal. */
+static void describe_operators(const struct control_operators *o, char *buf, size_t len)
+{
+	uid_t me = geteuid();
+	size_t n;
+
+	n = (size_t)snprintf(buf, len, "uid 0");
+	if (me != 0 && n < len)
+		n += (size_t)snprintf(buf + n, len - n, ", %u", (unsigned)me);
+	for (int i = 0; i < o->n_uid && n < len; i++)
+		if (o->uid[i] != 0 && o->uid[i] != me)
+			n += (size_t)snprintf(buf + n, len - n, ", %u", (unsigned)o->uid[i]);
+	for (int i = 0; i < o->n_gid && n < len; i++)
+		n += (size_t)snprintf(buf + n, len - n, "%s%u", i ? ", " : "; gid ", (unsigned)o->gid[i]);
+}
+
+int control_permit(const struct control_cmd *cmd, const struct control_peer *p,
+		   const struct control_operators *o, char *err, size_t err_len)
+{
+	char ops[200];
+
+	if (p->op)
+		return 0;
+	for (size_t i = 0; i < N_COMMANDS; i++) {
+		if (commands[i].kind != cmd->kind || !commands[i].op)
+			continue;
+		describe_operators(o, ops, sizeof(ops));
+		snprintf(err, err_len, "uid %u is not an operator of this daemon (operators: %s)",
+			 (unsigned)p->uid, ops);
+		return -EPERM;
+	}
+	return 0;
+}
 
 static int parse_hello(json_t *o, struct control_cmd *cmd, char *err, size_t err_len)
 {
@@ -53,7 +133,7 @@ static int parse_cmd(json_t *o, struct control_cmd *cmd, char *err, size_t err_l
 		return -EINVAL;
 	}
 	name = json_string_value(c);
-	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+	for (size_t i = 0; i < N_COMMANDS; i++) {
 		if (strcmp(name, commands[i].name))
 			continue;
 		cmd->kind = commands[i].kind;
@@ -88,7 +168,7 @@ static int parse_cmd(json_t *o, struct control_cmd *cmd, char *err, size_t err_l
 		}
 		return 0;
 	}
-	snprintf(err, err_len, "unknown command (status, clients, sessions, metrics, drain, shutdown, log-level, snapshot, session-close)");
+	snprintf(err, err_len, "unknown command (status, clients, sessions, metrics, session-close, drain, resume, shutdown, log-level, snapshot)");
 	return -EINVAL;
 }
 
@@ -194,13 +274,15 @@ static json_t *status(const struct et_report *r, const struct control_info *info
 	return o;
 }
 
-static json_t *clients(const struct et_report *r)
+static json_t *clients(const struct et_report *r, const struct control_peer *p)
 {
 	json_t *a = json_array();
 
 	for (int i = 0; a && i < r->n_clients; i++) {
 		const struct et_client_info *c = &r->clients[i];
 
+		if (!p->op && c->uid != p->uid)
+			continue;	/* another user's pid and figures */
 		json_array_append_new(a, json_pack("{s:i, s:i, s:i, s:b, s:i, s:I, s:I, s:f}",
 						   "id", (int)c->id, "pid", (int)c->pid, "uid", (int)c->uid,
 						   "spin", c->spin, "requests", c->inflight,
@@ -211,8 +293,18 @@ static json_t *clients(const struct et_report *r)
 	return json_pack("{s:b, s:o}", "ok", 1, "clients", a);
 }
 
-/* The engine's sessions (the KV they keep), with the requests using each name. */
-static json_t *sessions(const struct et_report *r)
+/* The uid of connected client id, or (uint64_t)-1. */
+static uint64_t client_uid(const struct et_report *r, uint32_t id)
+{
+	for (int i = 0; i < r->n_clients; i++)
+		if (r->clients[i].id == id)
+			return r->clients[i].uid;
+	return (uint64_t)-1;
+}
+
+/* The engine's sessions (the KV they keep), with the requests using each (its
+ * owner's clients' requests with its name). */
+static json_t *sessions(const struct et_report *r, const struct control_peer *p)
 {
 	json_t *a = json_array();
 
@@ -220,8 +312,11 @@ static json_t *sessions(const struct et_report *r)
 		const struct engine_session_info *s = &r->s.kv_sessions[i];
 		int inflight = 0;
 
+		if (!p->op && s->owner != (uint64_t)p->uid)
+			continue;	/* another user's name and token count */
 		for (int k = 0; k < r->s.n_sessions; k++)
-			if (!strcmp(r->s.sessions[k].name, s->name))
+			if (!strcmp(r->s.sessions[k].name, s->name) &&
+			    client_uid(r, r->s.sessions[k].client_id) == s->owner)
 				inflight += r->s.sessions[k].inflight;
 		json_array_append_new(a, json_pack("{s:s, s:I, s:i, s:i, s:i, s:f, s:b, s:i}",
 						   "name", s->name, "owner", (json_int_t)s->owner,
@@ -256,7 +351,8 @@ static json_t *metrics(const struct et_report *r, const struct control_info *inf
 	return o;
 }
 
-char *control_reply(enum control_kind kind, const struct et_report *r, const struct control_info *info)
+char *control_reply(enum control_kind kind, const struct et_report *r, const struct control_info *info,
+		    const struct control_peer *p)
 {
 	switch (kind) {
 	case CTL_SNAPSHOT:
@@ -267,8 +363,8 @@ char *control_reply(enum control_kind kind, const struct et_report *r, const str
 			return line_of(json_pack("{s:b, s:i}", "ok", 1, "sessions", r->op_count));
 		return control_reply_ok();
 	case CTL_STATUS: return line_of(status(r, info));
-	case CTL_CLIENTS: return line_of(clients(r));
-	case CTL_SESSIONS: return line_of(sessions(r));
+	case CTL_CLIENTS: return line_of(clients(r, p));
+	case CTL_SESSIONS: return line_of(sessions(r, p));
 	case CTL_METRICS: return line_of(metrics(r, info));
 	default: return control_reply_ok();
 	}

@@ -46,6 +46,7 @@ struct engine_thread {
 	void *wake_arg;
 	int stopping, hard;
 	uint64_t deadline;		/* ns, with stopping */
+	uint32_t shutdown_ms;		/* the timeout that set deadline */
 	uint64_t steps;
 	int max_inflight;		/* requests per client */
 	uint64_t t_tick;		/* ns of the last engine_tick */
@@ -265,10 +266,15 @@ static void handle_msgs(struct engine_thread *t)
 		switch (m->type) {
 		case ET_ADD: add_client(t, m->client); break;
 		case ET_REMOVE: remove_client(t, m->client_id); break;
-		case ET_DRAIN: sched_set_draining(t->s, m->arg); break;
+		case ET_DRAIN:
+			/* once stopping, nothing admits again (the main thread refuses too) */
+			if (!t->stopping)
+				sched_set_draining(t->s, m->arg);
+			break;
 		case ET_SHUTDOWN:
 			t->stopping = 1;
 			t->deadline = m->deadline_ns;
+			t->shutdown_ms = m->arg > 0 ? (uint32_t)m->arg : 0;
 			sched_set_draining(t->s, 1);
 			break;
 		case ET_HARD_STOP: t->hard = 1; break;
@@ -469,7 +475,7 @@ static void *engine_main(void *arg)
 		if (t->stopping && (!sched_busy(t->s) || now >= t->deadline)) {
 			if (sched_busy(t->s))
 				log_warn("shutdown timeout: cancelling %d requests", sched_busy(t->s));
-			sched_cancel_all(t->s);
+			sched_cancel_all(t->s, t->shutdown_ms);
 			publish_all(t);
 			doorbell_run(&t->db, 0, on_completion, t);
 			if (t->o.state_dir) {

@@ -60,7 +60,8 @@ enum et_msg_type {
 	ET_REMOVE,		/* client_id: gone (EOF or kicked): release and destroy */
 	ET_QUERY,		/* cookie, arg (enum et_query): answer with ET_REPORT */
 	ET_DRAIN,		/* arg: 1 stop admitting, 0 admit again */
-	ET_SHUTDOWN,		/* deadline_ns: drain, finish or cancel by then, stop */
+	ET_SHUTDOWN,		/* deadline_ns: drain, finish or cancel by then, stop; arg: the
+				 * timeout in ms, for the cancelled requests' message */
 	ET_HARD_STOP,		/* stop after the current step */
 	/* engine -> main */
 	ET_KICK,		/* client_id broke the protocol (why): close its socket */

@@ -280,9 +280,15 @@ static void post_query(struct server *s, struct conn *c, const struct control_cm
 	engine_thread_post(s->et, m);
 }
 
+static struct control_peer peer_of(const struct conn *c)
+{
+	return (struct control_peer){ .pid = c->pid, .uid = c->uid, .gid = c->gid, .op = c->op };
+}
+
 static void do_line(struct conn *c, const char *line, size_t len)
 {
 	struct server *s = c->srv;
+	struct control_peer peer = peer_of(c);
 	struct control_cmd cmd;
 	char err[256];
 
@@ -292,30 +298,45 @@ static void do_line(struct conn *c, const char *line, size_t len)
 		server_conn_send(c, control_reply_error(err, EINVAL));
 		return;
 	}
+	if (control_permit(&cmd, &peer, &s->o.operators, err, sizeof(err))) {
+		log_warn("kdctl %s refused (pid %d): %s", control_cmd_name(cmd.kind), (int)c->pid, err);
+		server_conn_send(c, control_reply_error(err, EPERM));
+		return;
+	}
+	if (cmd.kind == CTL_DRAIN && !cmd.on)
+		cmd.kind = CTL_RESUME;
 	switch (cmd.kind) {
 	case CTL_HELLO:
 		do_hello(c, &cmd);
 		return;
 	case CTL_DRAIN:
-		post(s, ET_DRAIN, 0, 0, cmd.on);
-		log_info("kdctl: drain %s", cmd.on ? "on" : "off");
+	case CTL_RESUME:
+		/* A shutdown drains for good: nothing may admit requests again. */
+		if (cmd.kind == CTL_RESUME && s->shutting_down) {
+			server_conn_send(c, control_reply_error("kdecd is shutting down: resume cannot undo it",
+							 ESHUTDOWN));
+			return;
+		}
+		post(s, ET_DRAIN, 0, 0, cmd.kind == CTL_DRAIN);
+		log_info("kdctl %s by uid %d (pid %d)", control_cmd_name(cmd.kind), (int)c->uid, (int)c->pid);
 		server_conn_send(c, control_reply_ok());
 		return;
 	case CTL_SHUTDOWN:
-		log_info("kdctl: shutdown");
+		log_info("kdctl shutdown by uid %d (pid %d)", (int)c->uid, (int)c->pid);
 		server_conn_send(c, control_reply_ok());
 		server_shutdown(s);
 		return;
 	case CTL_LOG_LEVEL:
 		log_threshold = (enum log_level)cmd.level;
+		log_info("kdctl log-level by uid %d (pid %d)", (int)c->uid, (int)c->pid);
 		server_conn_send(c, control_reply_ok());
 		return;
 	case CTL_SNAPSHOT:
-		log_info("kdctl: snapshot");
+		log_info("kdctl snapshot by uid %d (pid %d)", (int)c->uid, (int)c->pid);
 		post_query(s, c, &cmd, ET_Q_SNAPSHOT);
 		return;
 	case CTL_SESSION_CLOSE:
-		log_info("kdctl: session-close '%s' (uid %d)", cmd.name, (int)c->uid);
+		log_info("kdctl session-close '%s' by uid %d (pid %d)", cmd.name, (int)c->uid, (int)c->pid);
 		post_query(s, c, &cmd, ET_Q_SESSION_CLOSE);
 		return;
 	default:
@@ -395,6 +416,7 @@ static void handle_reply(struct server *s, struct et_msg *m)
 		.uptime_s = (double)(ipc_now_ns() - s->t_start_ns) * 1e-9,
 		.max_clients = s->o.max_clients,
 	};
+	struct control_peer peer;
 	struct conn *c;
 
 	switch (m->type) {
@@ -403,10 +425,12 @@ static void handle_reply(struct server *s, struct et_msg *m)
 		if (!c)
 			break;
 		c->n_query--;
+		peer = peer_of(c);
 		if (!m->report)
 			server_conn_send(c, control_reply_error("out of memory", ENOMEM));
 		else
-			server_conn_send(c, control_reply((enum control_kind)(m->cookie & 0xff), m->report, &info));
+			server_conn_send(c, control_reply((enum control_kind)(m->cookie & 0xff), m->report, &info,
+								  &peer));
 		if ((c = conn_by_id(s, m->cookie >> 8)))
 			conn_pump(c);	/* the lines that waited for this reply */
 		break;
@@ -559,6 +583,7 @@ void server_shutdown(struct server *s)
 		return;
 	}
 	m->type = ET_SHUTDOWN;
+	m->arg = (int)(s->o.shutdown_timeout_s * 1000);
 	m->deadline_ns = ipc_now_ns() + (uint64_t)(s->o.shutdown_timeout_s * 1e9);
 	engine_thread_post(s->et, m);
 }

@@ -11,6 +11,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/sched/sched.h"
 #include "daemon/serve/listen_socket.h"
+#include "daemon/serve/control.h"
 #include "ipc/ipc_proto.h"
 
 #define SERVER_DEFAULT_MAX_CLIENTS 128
@@ -31,6 +32,7 @@ struct server_opts {
 	int n_allow_uid;
 	const gid_t *allow_gid;		/* (n_allow_gid) a peer in one of them is allowed */
 	int n_allow_gid;
+	struct control_operators operators;	/* who runs drain, shutdown, ... (besides root and us) */
 	enum ipc_notify notify;
 	double shutdown_timeout_s;	/* < 0: SERVER_DEFAULT_SHUTDOWN_S */
 	struct sched_opts sched;

@@ -235,6 +235,7 @@ static struct conn *conn_new(struct server *s, int fd, const struct ucred *cred)
 	c->pid = cred->pid;
 	c->uid = cred->uid;
 	c->gid = cred->gid;
+	c->op = control_peer_is_operator(&s->o.operators, fd, c->uid, c->gid);
 	ev_io_init(&c->rio, server_on_read, fd, EV_READ);
 	ev_io_init(&c->wio, server_on_write, fd, EV_WRITE);
 	ev_init(&c->idle, on_idle);

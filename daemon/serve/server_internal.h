@@ -25,6 +25,7 @@ struct conn {
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
+	int op;				/* an operator (control_peer_is_operator) */
 	int is_client;
 	uint32_t client_id;
 	int close_after_write;
