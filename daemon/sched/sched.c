@@ -201,8 +201,9 @@ static int refuse(struct sched *s, struct client_conn *c, const struct ipc_sub *
 {
 	uint32_t vocab = (uint32_t)s->e->model->cfg.vocab_size;
 	int64_t cap = (int64_t)s->e->pool.n_blocks * s->e->pool.block_tokens;
+	int64_t max_pos = s->e->model->cfg.max_position_embeddings;
 	uint16_t detail = IPC_DETAIL_NONE;
-	uint32_t a0 = 0, a1 = 0;
+	uint32_t a0 = 0, a1 = 0, a2 = vocab;
 	int err = -EINVAL;
 
 	if (s->draining) {
@@ -217,6 +218,15 @@ static int refuse(struct sched *s, struct client_conn *c, const struct ipc_sub *
 		err = -E2BIG;
 		a0 = rec->n_tokens + rec->max_tokens;
 		a1 = (uint32_t)cap;
+	} else if ((int64_t)rec->n_tokens + rec->max_tokens > max_pos) {
+		/* Refused, not cut at the last position: the client asked for max_tokens,
+		 * and positions past the model's were never trained (RoPE extrapolates to
+		 * noise); one clear refusal lets it shorten the prompt or max_tokens. */
+		detail = IPC_DETAIL_TOO_LONG;
+		err = -E2BIG;
+		a0 = rec->n_tokens + rec->max_tokens;
+		a1 = (uint32_t)max_pos;
+		a2 = IPC_LIMIT_POSITIONS;
 	} else if (c->inflight_tokens + rec->n_tokens + rec->max_tokens > cap) {
 		/* One client may hold at most a whole cache's worth of tokens in flight. */
 		detail = IPC_DETAIL_CLIENT_TOKENS;
@@ -241,7 +251,7 @@ static int refuse(struct sched *s, struct client_conn *c, const struct ipc_sub *
 	if (!detail)
 		return 0;
 	emit_refusal(c, rec, t_pickup, (struct ipc_event){ .detail = detail, .err = err,
-							   .arg = { a0, a1, vocab } });
+							   .arg = { a0, a1, a2 } });
 	s->m.requests_finished[IPC_REASON_ERROR]++;
 	return -1;
 }
