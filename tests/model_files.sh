@@ -3,8 +3,9 @@
 # file truncated or rewritten under a running daemon changes nothing it serves; a FIFO
 # (or any non-regular file) in place of a model file, config.json or the snapshot is
 # refused with the path named instead of blocking start-up in open(); a GGUF cut to a
-# few bytes names its size; a prompt plus max_tokens past the model's positions is
-# refused with both numbers; --backend auto picks (and logs) a backend of the build.
+# few bytes names its size; a prompt that fills the model's positions is refused with
+# both numbers, a max_tokens past them cut there; --backend auto picks (and logs) a
+# backend of the build.
 set -u
 test_name=model_files
 . "${top_srcdir:-.}/tests/testutil.sh"
@@ -107,15 +108,19 @@ fi
 
 # ---- 5. max_position_embeddings (4096 in the tiny model) is enforced ----
 ids() { awk -v n="$1" 'BEGIN { for (i = 0; i < n; i++) printf "%s%d", i ? "," : "", 3 + i % 500 }'; }
+# run_long N K: a prompt of N token ids, K tokens wanted (a short name for expect's lines)
+run_long() { "$B/kdrun" --socket "$S" --prompt "$(ids "$1")" --max-tokens "$2"; }
 if kdecd_start pos.log $T --backend cpu --model "$M" --socket "$S" --threads 2 --kv-tokens 8192; then
-	# the issue's case: a 5,000-token prompt on a 4,096-position model
+	# the issue's case: a 5,000-token prompt on a 4,096-position model is refused
 	expect 1 "prompt + max_tokens = 5008 tokens exceed the model's 4096 positions (max_position_embeddings)" \
-		"$B/kdrun" --socket "$S" --prompt "$(ids 5000)" --max-tokens 8
-	# a prompt that fits but whose max_tokens would run past the last position
-	expect 1 "prompt + max_tokens = 4100 tokens exceed the model's 4096 positions" \
-		"$B/kdrun" --socket "$S" --prompt "$(ids 4090)" --max-tokens 10
-	# exactly the model's positions: served (and the daemon serves on after the refusals)
-	got=$("$B/kdrun" --socket "$S" --prompt "$(ids 4088)" --max-tokens 8 2>"$tmp/err")
+		run_long 5000 8
+	# a prompt that fills every position leaves none to generate at
+	expect 1 "prompt + max_tokens = 4097 tokens exceed the model's 4096 positions" run_long 4096 1
+	# max_tokens past the last position is cut there: 4090 + 6 tokens, reason length
+	got=$(run_long 4090 10 2>"$tmp/err")
+	[ "$(echo $got | wc -w)" -eq 6 ] && ok || fail "4090 + 10 tokens: '$got', want 6 tokens ($(cat "$tmp/err"))"
+	# exactly the model's positions: served whole (and the daemon serves on)
+	got=$(run_long 4088 8 2>"$tmp/err")
 	[ "$(echo $got | wc -w)" -eq 8 ] && ok || fail "4088 + 8 tokens: '$got' ($(cat "$tmp/err"))"
 	kdecd_stop || fail "kdecd exited $?"
 else

@@ -218,10 +218,10 @@ static int refuse(struct sched *s, struct client_conn *c, const struct ipc_sub *
 		err = -E2BIG;
 		a0 = rec->n_tokens + rec->max_tokens;
 		a1 = (uint32_t)cap;
-	} else if ((int64_t)rec->n_tokens + rec->max_tokens > max_pos) {
-		/* Refused, not cut at the last position: the client asked for max_tokens,
-		 * and positions past the model's were never trained (RoPE extrapolates to
-		 * noise); one clear refusal lets it shorten the prompt or max_tokens. */
+	} else if ((int64_t)rec->n_tokens >= max_pos) {
+		/* A prompt that leaves no position to generate at is refused: positions
+		 * past the model's were never trained. (A max_tokens that would run past
+		 * them is cut instead: see sched_submit.) */
 		detail = IPC_DETAIL_TOO_LONG;
 		err = -E2BIG;
 		a0 = rec->n_tokens + rec->max_tokens;
@@ -322,6 +322,12 @@ void sched_submit(struct sched *s, struct client_conn *c, const struct ipc_sub *
 	r->feed = r->prompt;
 	r->n_feed = r->n_prompt;
 	r->max_tokens = (int)rec->max_tokens;
+	if ((int64_t)r->n_prompt + r->max_tokens > s->e->model->cfg.max_position_embeddings) {
+		/* cut at the model's last position (refuse() kept prompts that fill it): the
+		 * request ends with reason length there, the final event saying why */
+		r->max_tokens_asked = r->max_tokens;
+		r->max_tokens = s->e->model->cfg.max_position_embeddings - r->n_prompt;
+	}
 	r->sp = (struct k_sample_params){ .temperature = rec->temperature, .top_k = rec->top_k,
 					  .top_p = rec->top_p, .seed = rec->seed, .min_p = rec->min_p,
 					  .repetition_penalty = rec->repetition_penalty,
