@@ -117,6 +117,13 @@ static int session_find(struct sched *s, struct client_conn *c, const char *name
 }
 
 /* Ends r: its final event (unless already carried by a token event), its KV back. */
+/* What a request counts against its client's in-flight tokens: prompt + the max_tokens
+ * it asked for (refuse() checks the same sum), even where the model's positions cut it. */
+static int64_t inflight_claim(const struct sched_req *r)
+{
+	return (int64_t)r->n_prompt + (r->max_tokens_asked ? r->max_tokens_asked : r->max_tokens);
+}
+
 void sched_finish(struct sched *s, struct sched_req *r, uint16_t reason, uint16_t detail, int err,
 		  uint32_t a0, int emit_final)
 {
@@ -133,7 +140,7 @@ void sched_finish(struct sched *s, struct sched_req *r, uint16_t reason, uint16_
 			s->ses[i].inflight--;
 	}
 	r->c->n_inflight--;
-	r->c->inflight_tokens -= r->n_prompt + r->max_tokens;
+	r->c->inflight_tokens -= inflight_claim(r);
 	if (r->running)
 		sched_remove_ptr(s->run, &s->n_run, r);
 	else
@@ -357,7 +364,7 @@ void sched_submit(struct sched *s, struct client_conn *c, const struct ipc_sub *
 		s->ses[ses].total++;
 	}
 	c->n_inflight++;
-	c->inflight_tokens += r->n_prompt + r->max_tokens;
+	c->inflight_tokens += inflight_claim(r);
 	enqueue(s, r);
 	return;
 
