@@ -115,6 +115,8 @@ int main(int argc, char **argv)
 	ret = model_load(&m, a.model, &a.load, err, sizeof(err));
 	if (!ret)
 		ret = engine_create(&e, m, &a.eng, err, sizeof(err));
+	if (!ret)
+		a.srv.backend = e->be->ops->name;	/* what auto chose, for status */
 	if (!ret && !a.check)
 		ret = engine_warm(e, err, sizeof(err));
 	if (ret) {

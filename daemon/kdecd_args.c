@@ -15,9 +15,10 @@
 
 static void usage(FILE *f)
 {
-	char sock[256];
+	char sock[256], names[64];
 
 	ipc_default_socket(sock, sizeof(sock));
+	backend_names(names, sizeof(names));
 	fprintf(f,
 		"usage: kdecd --model DIR|FILE.gguf [options]\n"
 		"\n"
@@ -26,7 +27,9 @@ static void usage(FILE *f)
 		"\n"
 		"  --model DIR             Hugging Face checkpoint (config.json + safetensors),\n"
 		"                          or one GGUF file (llama.cpp's format; see docs/MODELS.md)\n"
-		"  --backend NAME          cpu (default)\n"
+		"  --backend NAME          auto (default: cuda where built in and a GPU is\n"
+		"                          visible, else cpu; the log says which and why), or one\n"
+		"                          of this build's: %s\n"
 		"  --socket PATH           Unix socket (default: $XDG_RUNTIME_DIR/kdecd.sock; else\n"
 		"                          /run/kdecd/kdecd.sock for root; else /tmp/kdecd-$UID/kdecd.sock;\n"
 		"                          here: %s); created with mode 0660 (0666 with --allow-uid\n"
@@ -90,7 +93,7 @@ static void usage(FILE *f)
 		"stop admitting, finish running requests within --shutdown-timeout (then cancel\n"
 		"them), exit 0; a second signal stops at once. A client whose event ring stays full has its\n"
 		"request paused, then cancelled after %d ms.\n",
-		sock, SERVER_DEFAULT_MAX_CLIENTS, SERVER_DEFAULT_MAX_PENDING, SERVER_DEFAULT_HANDSHAKE_S,
+		names, sock, SERVER_DEFAULT_MAX_CLIENTS, SERVER_DEFAULT_MAX_PENDING, SERVER_DEFAULT_HANDSHAKE_S,
 		SCHED_DEFAULT_MAX_BATCH, SCHED_DEFAULT_STEP_TOKENS,
 		SCHED_DEFAULT_PREFILL_PACE, ENGINE_DEFAULT_KV_TOKENS,
 		ENGINE_DEFAULT_SESSION_TTL_S, ENGINE_DEFAULT_OFFLOAD_AFTER_S, SERVER_DEFAULT_SHUTDOWN_S, SCHED_DEFAULT_STALL_MS);
@@ -326,7 +329,13 @@ static int parse_opt(struct kdecd_args *a, int c, const char *arg)
 
 	switch (c) {
 	case 'm': a->model = arg; break;
-	case O_BACKEND: a->eng.backend = a->srv.backend = arg; break;
+	case O_BACKEND:
+		if (strcmp(arg, BACKEND_AUTO) && !backend_find(arg, err, sizeof(err))) {
+			fprintf(stderr, "kdecd: --backend: %s\n", err);
+			return -EINVAL;
+		}
+		a->eng.backend = a->srv.backend = arg;
+		break;
 	case O_SOCKET: a->srv.socket_path = arg; break;
 	case O_SYNTH: a->load.synthetic = 1; break;
 	case O_CHECK: a->check = 1; break;
@@ -403,6 +412,7 @@ int kdecd_args_parse(struct kdecd_args *a, int argc, char **argv)
 {
 	int c, ret;
 
+	a->eng.backend = a->srv.backend = BACKEND_AUTO;
 	a->srv.notify = IPC_NOTIFY_FUTEX;
 	a->srv.shutdown_timeout_s = -1;
 	a->srv.allow_uid = a->uids;

@@ -615,7 +615,10 @@ fail:
 	return rc;
 }
 
-int gguf_open(struct gguf_file *f, const char *path, char *err, size_t err_len)
+/* path's image (mapped, or read into our memory when load), then gguf_parse. */
+static int gguf_take(struct gguf_file *f, const char *path, int load,
+		     void (*progress)(void *, const char *, size_t, size_t), void *ctx,
+		     char *err, size_t err_len)
 {
 	void *map;
 	size_t size;
@@ -623,10 +626,16 @@ int gguf_open(struct gguf_file *f, const char *path, char *err, size_t err_len)
 	int rc;
 
 	memset(f, 0, sizeof(*f));
-	if ((rc = file_map(path, &map, &size, err, err_len)))
+	rc = load ? file_load(path, &map, &size, progress, ctx, err, err_len)
+		  : file_map(path, &map, &size, err, err_len);
+	if (rc)
 		return rc;
-	if (!size)
-		return file_fail(err, err_len, -EINVAL, "%s: empty, not a GGUF file", path);
+	if (size < GGUF_HEADER_BYTES) {
+		if (map)
+			munmap(map, size);
+		return file_fail(err, err_len, -EINVAL, "%s: %zu bytes, too short for a GGUF "
+				 "header (needs at least %d)", path, size, GGUF_HEADER_BYTES);
+	}
 	pcopy = strdup(path);
 	if (!pcopy) {
 		munmap(map, size);
@@ -641,6 +650,18 @@ int gguf_open(struct gguf_file *f, const char *path, char *err, size_t err_len)
 	f->path = pcopy;
 	f->map = map;
 	return 0;
+}
+
+int gguf_open(struct gguf_file *f, const char *path, char *err, size_t err_len)
+{
+	return gguf_take(f, path, 0, NULL, NULL, err, err_len);
+}
+
+int gguf_load(struct gguf_file *f, const char *path,
+	      void (*progress)(void *ctx, const char *path, size_t done, size_t total),
+	      void *ctx, char *err, size_t err_len)
+{
+	return gguf_take(f, path, 1, progress, ctx, err, err_len);
 }
 
 void gguf_close(struct gguf_file *f)
@@ -664,7 +685,7 @@ int gguf_is_gguf(const char *path)
 	char m[4];
 	int fd, ok;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);	/* a FIFO: no wait for a writer */
 	if (fd < 0)
 		return 0;
 	ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && pread(fd, m, 4, 0) == 4 &&

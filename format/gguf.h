@@ -1,4 +1,4 @@
-/* GGUF files (llama.cpp's format, versions 2 and 3), memory-mapped: a bounded,
+/* GGUF files (llama.cpp's format, versions 2 and 3), mapped or read: a bounded,
  * checked parse of the header, the metadata key/values and the tensor infos.
  * Plain C and libc only: the daemon loads weights through it and libkdclient's
  * tokenizer reads tokenizer.ggml.* through it.
@@ -18,6 +18,7 @@
 #define GGUF_MAX_TENSORS (1u << 20)	/* tensor infos accepted */
 #define GGUF_MAX_NAME 256		/* bytes of a tensor name (llama.cpp: 64) */
 #define GGUF_DEFAULT_ALIGNMENT 32
+#define GGUF_HEADER_BYTES 24		/* magic, version, tensor count, metadata count */
 
 /* Metadata value types, as numbered in the file. */
 enum gguf_vtype {
@@ -67,7 +68,8 @@ struct gguf_tensor {
 
 struct gguf_file {
 	char *path;			/* owned; NULL for gguf_parse of a caller's buffer */
-	void *map;			/* the mapped file; NULL if not mapped by us */
+	void *map;			/* the file's image, mapped (gguf_open) or our copy
+					 * (gguf_load), munmap either way; NULL if not ours */
 	size_t size;			/* bytes of the image */
 	uint32_t version;		/* 2 or 3 */
 	uint64_t alignment;		/* general.alignment or the default; a power of two */
@@ -87,8 +89,17 @@ struct gguf_file {
 int gguf_parse(struct gguf_file *f, const void *buf, size_t size, const char *name,
 	       char *err, size_t err_len);
 
-/* Opens and maps path read-only, then gguf_parse. */
+/* Opens and maps path read-only (file_map), then gguf_parse: for a short look at the
+ * metadata (the client's tokenizer), since the mapping reads the file at each access.
+ * A file under GGUF_HEADER_BYTES is refused with "PATH: N bytes, too short for a GGUF
+ * header (needs at least 24)". */
 int gguf_open(struct gguf_file *f, const char *path, char *err, size_t err_len);
+
+/* As gguf_open, but reads the whole file into memory of our own (file_load, progress
+ * as there): what a daemon keeps weights from, immune to the file changing later. */
+int gguf_load(struct gguf_file *f, const char *path,
+	      void (*progress)(void *ctx, const char *path, size_t done, size_t total),
+	      void *ctx, char *err, size_t err_len);
 void gguf_close(struct gguf_file *f);	/* accepts a zeroed or half-built file */
 
 /* 1 if path is a regular file that starts with the GGUF magic, else 0. */

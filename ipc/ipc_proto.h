@@ -133,7 +133,9 @@ enum ipc_detail {
 	IPC_DETAIL_NONE = 0,
 	IPC_DETAIL_TOKEN_RANGE = 1,	/* arg0 index, arg1 token id, arg2 vocab size */
 	IPC_DETAIL_STOP_RANGE = 2,	/* arg0 index, arg1 token id, arg2 vocab size */
-	IPC_DETAIL_TOO_LONG = 3,	/* arg0 prompt + max_tokens, arg1 KV cache tokens */
+	IPC_DETAIL_TOO_LONG = 3,	/* arg0 prompt + max_tokens, arg1 the limit: the model's
+					 * positions when arg2 is IPC_LIMIT_POSITIONS, else
+					 * the KV cache's tokens */
 	IPC_DETAIL_SHUTDOWN = 4,	/* the daemon is draining or shutting down */
 	IPC_DETAIL_STALLED = 5,		/* arg0 ms the event ring stayed full */
 	IPC_DETAIL_DUP_ID = 6,		/* arg0 low 32 bits of the id already in flight */
@@ -143,6 +145,10 @@ enum ipc_detail {
 	IPC_DETAIL_CLIENT_TOKENS = 10,	/* arg0 the client's tokens in flight with it, arg1 the cap */
 	IPC_DETAIL_SHUTDOWN_TIMEOUT = 11,	/* cancelled at shutdown: arg0 the timeout, ms */
 };
+
+/* IPC_DETAIL_TOO_LONG's arg2 when the limit is the model's max_position_embeddings
+ * (any other value, the vocabulary size daemons have always sent there: the KV cache). */
+#define IPC_LIMIT_POSITIONS 0xffffffffu
 
 /* Daemon -> client: one token, or the end of a request. 64 bytes. arg[] are detail
  * arguments on error events and logprobs on token events with IPC_EV_LOGPROB. */

@@ -134,8 +134,12 @@ void ipc_detail_describe(const struct ipc_event *ev, char *buf, size_t len)
 			 a[1], a[0], a[2] ? a[2] - 1 : 0);
 		break;
 	case IPC_DETAIL_TOO_LONG:
-		snprintf(buf, len, "prompt + max_tokens = %u tokens exceed what the daemon allows (%u)",
-			 a[0], a[1]);
+		if (a[2] == IPC_LIMIT_POSITIONS)
+			snprintf(buf, len, "prompt + max_tokens = %u tokens exceed the model's %u "
+				 "positions (max_position_embeddings)", a[0], a[1]);
+		else
+			snprintf(buf, len, "prompt + max_tokens = %u tokens exceed what the daemon "
+				 "allows (%u)", a[0], a[1]);
 		break;
 	case IPC_DETAIL_SHUTDOWN:
 		snprintf(buf, len, "the daemon is draining or shutting down and admits no requests");

@@ -461,7 +461,8 @@ static int check_blocks(struct snap_reader *r, const struct snap_header *h, stru
 static int map_file(struct snap_reader *r, const char *path, void **map)
 {
 	struct stat st;
-	int fd = open(path, O_RDONLY | O_CLOEXEC), ret = 0;
+	/* O_NONBLOCK: a FIFO in the snapshot's place is refused below, not waited on */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK), ret = 0;
 
 	*map = NULL;
 	if (fd < 0) {

@@ -18,7 +18,7 @@ stop_daemon() {
 }
 
 for round in 1 2 3 4 5; do
-	if ! "$B/kdecd" --daemon --model "$M" --socket "$S" --pid-file "$P" --threads 1 \
+	if ! "$B/kdecd" --daemon --backend cpu --model "$M" --socket "$S" --pid-file "$P" --threads 1 \
 		2>>"$tmp/daemon.log"; then
 		fail "round $round: kdecd --daemon exited $?: $(tail -n 2 "$tmp/daemon.log")"
 		continue
@@ -53,7 +53,7 @@ PY
 	lpid=$!
 	i=0
 	while [ ! -e "$tmp/notify.out.bound" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-	NOTIFY_SOCKET=$tmp/notify.sock "$B/kdecd" --daemon --model "$M" --socket "$S" --pid-file "$P" \
+	NOTIFY_SOCKET=$tmp/notify.sock "$B/kdecd" --daemon --backend cpu --model "$M" --socket "$S" --pid-file "$P" \
 		--threads 1 2>>"$tmp/daemon.log" && ok || fail "kdecd --daemon with NOTIFY_SOCKET exited $?"
 	wait $lpid
 	[ "$(cat "$tmp/notify.out" 2>/dev/null)" = "READY=1" ] && ok ||

@@ -18,7 +18,7 @@
 #include "client/kdclient.h"
 #include "tests/testutil.h"
 
-#define DAEMONTEST_MAX_ARGS 24	/* kdecd's argv, its own options included */
+#define DAEMONTEST_MAX_ARGS 26	/* kdecd's argv, its own options included */
 
 /* One test's daemon: where the binaries and the model are, its scratch directory
  * (logs, socket) and its process. */
@@ -51,16 +51,18 @@ static inline int daemontest_init(struct daemontest *d, const char *tag)
 	return 0;
 }
 
-/* Forks `kdecd --model <model> --socket <sock> --threads 2` followed by the options
- * given (strings, NULL last), its stderr appended to dir/log_name, and waits up to
- * 10 s for the socket to accept a client. d->pid receives the daemon's pid (0 once it
+/* Forks `kdecd --backend cpu --model <model> --socket <sock> --threads 2` followed by
+ * the options given (strings, NULL last; a later --backend wins), its stderr appended
+ * to dir/log_name, and waits up to 10 s for the socket to accept a client. The CPU
+ * backend by name: the tests compare with CPU runs, and kdecd's default (auto) would
+ * take a GPU where one is present. d->pid receives the daemon's pid (0 once it
  * died). Returns 0 once it answers, else -1. */
 static inline int daemontest_start(struct daemontest *d, const char *log_name, ...)
 {
 	char kdecd[600], log[600];
-	char *argv[DAEMONTEST_MAX_ARGS] = { kdecd, "--model", d->model, "--socket", d->sock,
-					     "--threads", "2" };
-	int argc = 7;
+	char *argv[DAEMONTEST_MAX_ARGS] = { kdecd, "--backend", "cpu", "--model", d->model,
+					     "--socket", d->sock, "--threads", "2" };
+	int argc = 9;
 	struct kd_client *c;
 	va_list ap;
 	pid_t pid;

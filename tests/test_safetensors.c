@@ -9,7 +9,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/time.h>
+
 #include "daemon/model/safetensors.h"
+#include "format/file_read.h"
 #include "tests/testutil.h"
 
 static char err[512];
@@ -254,6 +258,82 @@ static void test_files(void)
 	CHECK(rc == -ENOENT && strstr(err, "/nonexistent/x.safetensors"), "%s", err);
 }
 
+/* What file_load's progress does to the file after its first chunk. */
+enum change { CHANGE_NONE, CHANGE_TRUNCATE, CHANGE_REWRITE };
+
+struct changer {
+	const char *path;
+	enum change what;
+	int calls;
+};
+
+static void change_file(void *ctx, const char *path, size_t done, size_t total)
+{
+	struct changer *c = ctx;
+	struct timeval tv[2] = { { 1000000000, 0 }, { 1000000000, 0 } };	/* 2001 */
+	int fd;
+
+	(void)path;
+	(void)total;
+	if (c->calls++ || done != FILE_LOAD_CHUNK)
+		return;
+	if (c->what == CHANGE_TRUNCATE) {
+		CHECK(truncate(c->path, 100) == 0, "truncate");
+	} else if (c->what == CHANGE_REWRITE) {
+		/* same size, new bytes; the mtime set apart from the load's start, as a
+		 * writer's would be (the clock's tick may be coarser than this test) */
+		fd = open(c->path, O_WRONLY);
+		CHECK(fd >= 0 && pwrite(fd, "x", 1, 5) == 1, "rewrite");
+		close(fd);
+		CHECK(utimes(c->path, tv) == 0, "utimes");
+	}
+}
+
+/* file_load: the file read into our own memory; a file changed while it is read is one
+ * -ESTALE line; a finished copy does not see the file change (no SIGBUS, no new bytes). */
+static void test_file_load(void)
+{
+	size_t size = FILE_LOAD_CHUNK + 4096, got_size;
+	char path[300];
+	struct changer c = { .path = path };
+	uint8_t *buf;
+	void *m;
+	int fd, rc;
+
+	snprintf(path, sizeof(path), "%s/big.bin", tmp);
+	for (int what = CHANGE_NONE; what <= CHANGE_REWRITE; what++) {
+		fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		/* sparse: two chunks of zeros without the disk space, a mark at its end */
+		CHECK(fd >= 0 && ftruncate(fd, (off_t)size) == 0 &&
+		      pwrite(fd, "end", 3, (off_t)size - 3) == 3, "big file");
+		close(fd);
+		c.what = (enum change)what;
+		c.calls = 0;
+		rc = file_load(path, &m, &got_size, change_file, &c, err, sizeof(err));
+		if (what == CHANGE_NONE) {
+			buf = m;
+			CHECK(rc == 0 && got_size == size && c.calls == 2 &&
+			      !memcmp(buf + size - 3, "end", 3), "load: rc %d (%s), %zu bytes, %d calls",
+			      rc, err, got_size, c.calls);
+			/* the copy outlives the file's truncation: reading it does not fault */
+			CHECK(truncate(path, 0) == 0, "truncate after the load");
+			CHECK(rc == 0 && !memcmp(buf + size - 3, "end", 3) && !buf[FILE_LOAD_CHUNK],
+			      "the copy changed with the file");
+			if (!rc)
+				munmap(m, got_size);
+		} else {
+			CHECK(rc == -ESTALE && !m && strstr(err, "big.bin: changed while being read"),
+			      "%s during the load: rc %d, %s", what == CHANGE_TRUNCATE ? "truncated" :
+			      "rewritten", rc, err);
+		}
+	}
+	unlink(path);
+	CHECK(mkfifo(path, 0600) == 0, "mkfifo");
+	rc = file_load(path, &m, &got_size, NULL, NULL, err, sizeof(err));
+	CHECK(rc == -EINVAL && strstr(err, "big.bin: not a regular file (a FIFO)"), "FIFO: %s", err);
+	unlink(path);
+}
+
 static const char *SHARD1 =
 	"{\"x\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,8]},"
 	"\"x2\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[8,16]}}";
@@ -362,6 +442,7 @@ int main(void)
 	test_good();
 	test_bad_headers();
 	test_files();
+	test_file_load();
 	test_sharded();
 	test_real();
 	if (nftw(tmp, rm_one, 16, FTW_DEPTH | FTW_PHYS))

@@ -49,6 +49,12 @@ struct backend_ops {
 	int host_memory;	/* 1: backend memory is host memory, so ops read a step's host
 				 * inputs (ids, positions, block tables) in place */
 
+	/* Optional (NULL: always usable): 1 when the backend can run here, with what it
+	 * would run on in why ("GPU 0: NVIDIA H200, 139.8 GiB"); 0 when it cannot, with
+	 * the reason in why. Must not leave state behind that a later fork would lose
+	 * beyond what create itself would. */
+	int (*available)(char *why, size_t why_len);
+
 	/* Prepares the backend for model m (which outlives it). Returns 0 or -errno with
 	 * one line in err. *out is released with destroy. */
 	int (*create)(struct backend **out, const struct model *m, const struct backend_opts *opts,
@@ -181,5 +187,18 @@ extern const struct backend_ops backend_cuda_ops;	/* in builds with CUDA */
 /* The backend called name ("cpu", "cuda"), or NULL with a message in err that lists
  * the backends this build has. */
 const struct backend_ops *backend_find(const char *name, char *err, size_t err_len);
+
+/* As backend_find, and "auto" (BACKEND_AUTO): the first backend of the build that says
+ * it is available, preferring a GPU (cuda when built with CUDA and a device is
+ * visible), else cpu; why (when not NULL) gets one line saying which and why, for the
+ * log ("auto: cuda (GPU 0: ...)", "auto: cpu (cuda: no usable GPU)"), and stays empty
+ * for a named backend. */
+#define BACKEND_AUTO "auto"
+const struct backend_ops *backend_pick(const char *name, char *why, size_t why_len,
+				       char *err, size_t err_len);
+
+/* The names of the backends compiled into this build, "cuda, cpu" style (the order
+ * auto tries them), into buf. */
+void backend_names(char *buf, size_t len);
 
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "daemon/base/log.h"
 #include "daemon/engine/engine_internal.h"
 
 static uint64_t clock_monotonic_ns(void)
@@ -69,6 +70,7 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 	const struct backend_ops *ops;
 	struct backend_opts bo;
 	struct engine *e;
+	char why[512];
 	int block_tokens, kv_tokens, max_rows, ret;
 
 	if (!opts)
@@ -82,9 +84,11 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 			 block_tokens, max_rows);
 		return -EINVAL;
 	}
-	ops = backend_find(opts->backend ? opts->backend : "cpu", err, err_len);
+	ops = backend_pick(opts->backend ? opts->backend : "cpu", why, sizeof(why), err, err_len);
 	if (!ops)
 		return -ENOENT;
+	if (why[0])
+		log_info("%s", why);	/* "auto": which backend, and why that one */
 	e = calloc(1, sizeof(*e));
 	if (!e)
 		return -ENOMEM;

@@ -26,7 +26,7 @@
 #define ENGINE_DEFAULT_OFFLOAD_AFTER_S 30
 
 struct engine_opts {
-	const char *backend;	/* "cpu" (default) */
+	const char *backend;	/* "cpu" (default), "cuda", or "auto" (backend_pick) */
 	int threads;		/* <= 0: one per online CPU */
 	int block_tokens;	/* <= 0: ENGINE_DEFAULT_BLOCK_TOKENS */
 	int kv_tokens;		/* cache capacity in tokens; <= 0: ENGINE_DEFAULT_KV_TOKENS */

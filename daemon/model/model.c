@@ -8,8 +8,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "daemon/base/clock.h"
+#include "daemon/base/log.h"
 #include "daemon/model/model.h"
 #include "daemon/model/model_gguf.h"
+#include "format/file_read.h"
 
 static const char *const layer_prefix = "model.layers";
 
@@ -303,6 +306,58 @@ int model_count_params(const struct model_config *cfg, int64_t *params)
 	return ret;
 }
 
+/* ---- reading the files ---------------------------------------------------- */
+
+#define PROGRESS_MIN_BYTES ((size_t)1 << 30)	/* smaller files load without a line */
+#define PROGRESS_EVERY_S 2.0
+
+/* file_load's progress: a line every few seconds while a large file is read (weights
+ * are read whole at start, so this is where a large model's start-up time goes). */
+void model_load_progress(void *ctx, const char *path, size_t done, size_t total)
+{
+	struct model_load_progress *p = ctx;
+	double now = clock_now();
+
+	if (total < PROGRESS_MIN_BYTES)
+		return;
+	if (done <= FILE_LOAD_CHUNK)	/* a file's first chunk */
+		p->t0 = p->last = now;
+	if (done < total && now - p->last < PROGRESS_EVERY_S)
+		return;
+	p->last = now;
+	log_info("model: reading %s: %5.1f%% (%.2f of %.2f GiB, %.2f GB/s)%s", path,
+		 100.0 * (double)done / (double)total, (double)done / (1u << 30),
+		 (double)total / (1u << 30), (double)done / 1e9 / (now - p->t0 > 1e-9 ? now - p->t0 : 1e-9),
+		 done == total ? ", done" : "");
+}
+
+/* What path is, for a model: 0 (a directory, or with synthetic a config file), 1 (a
+ * GGUF file), or -errno with one line in err: a file that is neither, or too short to
+ * tell (a GGUF cut to a few bytes is no directory either). */
+static int model_path_kind(const char *path, int synthetic, char *err, size_t err_len)
+{
+	size_t n = strlen(path);
+	struct stat st;
+
+	if (stat(path, &st))
+		return 0;	/* the config's open names the path and the reason */
+	if (S_ISDIR(st.st_mode))
+		return 0;
+	if (!S_ISREG(st.st_mode))
+		return file_fail(err, err_len, -EINVAL, "%s: not a model directory or a GGUF file "
+				 "(%s)", path, file_kind(st.st_mode));
+	if (gguf_is_gguf(path))
+		return 1;
+	if (synthetic && !(n >= 5 && !strcmp(path + n - 5, ".gguf")))
+		return 0;	/* a config.json */
+	if (st.st_size < GGUF_HEADER_BYTES)
+		return file_fail(err, err_len, -EINVAL, "%s: %lld bytes, too short for a GGUF "
+				 "header (needs at least %d)", path, (long long)st.st_size,
+				 GGUF_HEADER_BYTES);
+	return file_fail(err, err_len, -EINVAL, "%s: not a GGUF file (no \"GGUF\" magic at its "
+			 "start) and not a model directory", path);
+}
+
 /* A synthetic model may be given its config.json path or its directory. */
 static int load_config(struct model *m, const char *path, char *err, size_t err_len)
 {
@@ -333,7 +388,10 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 		ret = -ENOMEM;
 		goto err_destroy;
 	}
-	if (gguf_is_gguf(path))
+	ret = model_path_kind(path, opts->synthetic, err, err_len);
+	if (ret < 0)
+		goto err_destroy;
+	if (ret == 1)
 		ret = model_gguf_open(m, path, err, err_len);
 	else
 		ret = opts->synthetic ? load_config(m, path, err, err_len)
@@ -358,8 +416,10 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 		ret = model_gguf_bind(m, opts->gguf_f32_limit, err, err_len);
 	} else {
 		struct bind b = { .m = m, .err = err, .err_len = err_len };
+		struct model_load_progress lp = { 0 };
+		struct st_progress pr = { .fn = model_load_progress, .ctx = &lp };
 
-		if ((ret = st_set_open(&m->files, path, err, err_len)))
+		if ((ret = st_set_load(&m->files, path, &pr, err, err_len)))
 			goto err_destroy;
 		ret = model_for_each_tensor(m, bind_tensor, &b);
 		if (!ret)

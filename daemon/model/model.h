@@ -1,6 +1,8 @@
 /* A loaded model: its config and a view of every weight tensor, checked by name,
  * shape and dtype against what the architecture needs before anything runs.
- * Weights stay where they are stored (mapped safetensors, or a synthetic buffer). */
+ * Weights live in memory the model owns: the files read whole at load (never a mapping
+ * of a file, which a truncation would turn into SIGBUS and a rewrite into other
+ * weights under a running daemon), a dequantized copy, or a synthetic buffer. */
 #ifndef KD_DAEMON_MODEL_H
 #define KD_DAEMON_MODEL_H
 
@@ -59,9 +61,10 @@ struct model {
 	struct model_config cfg;
 	char *path;			/* directory, GGUF or config file it came from; owned */
 	int synthetic;			/* weights generated, not read */
-	struct st_set files;		/* mapped weight files (empty when synthetic) */
+	struct st_set files;		/* weight files, read whole (empty when synthetic) */
 	void *synthetic_buf;		/* owned storage of synthetic weights */
-	struct gguf_file *gguf;		/* owned: the mapped GGUF file the model came from, or NULL */
+	struct gguf_file *gguf;		/* owned: the GGUF file the model came from, read whole;
+					 * NULL, or released once every weight is in gguf_buf */
 	void *gguf_buf;			/* owned: weights dequantized from it (gguf_buf_bytes) */
 	size_t gguf_buf_bytes;
 	size_t weight_bytes;		/* total bytes of all bound weights */

@@ -1,6 +1,6 @@
 /* GGUF tensors -> struct model: model_for_each_tensor's walk by Hugging Face name, each
- * name translated to llama.cpp's, shape-checked, then either left in the mapped file
- * (already in the engine's dtype) or dequantized into one owned buffer, undoing the
+ * name translated to llama.cpp's, shape-checked, then either left in the file's image
+ * (our own copy, already in the engine's dtype) or dequantized into one owned buffer, undoing the
  * converter's layout changes (llama q/k row permutation, split MLA kv_b, stacked experts). */
 #include <errno.h>
 #include <inttypes.h>
@@ -35,6 +35,9 @@ struct gbind {
 	char *err;
 	size_t err_len;
 	int pass;		/* 0: check and count, 1: size the copy, 2: fill */
+	int copy_all;		/* passes 1-2: copy even what could stay in the file's image,
+				 * so the image can go (it is mostly quantized weights) */
+	size_t mappable;	/* pass 1: bytes that could stay in the image */
 	enum k_dtype dt;	/* dtype of dequantized weights */
 	int64_t elems;		/* pass 0: elements of all weights */
 	size_t used;		/* passes 1-2: bytes of m->gguf_buf handed out */
@@ -348,10 +351,16 @@ static int bind_one(void *ctx, const char *hf, struct model_tensor *slot, int64_
 	slot->rows = rows;
 	slot->cols = cols;
 	if (mapped) {
-		slot->data = src;
+		size_t bytes;
+
 		slot->dtype = t->type == GGUF_TT_F32 ? K_F32 : K_BF16;
+		bytes = (size_t)n * k_dtype_size(slot->dtype);
+		b->mappable += bytes;
+		slot->data = b->copy_all ? buf_take(b, bytes) : src;
+		if (b->pass == 2 && b->copy_all)
+			memcpy((void *)slot->data, src, bytes);
 		if (b->pass == 2)
-			b->m->weight_bytes += (size_t)n * k_dtype_size(slot->dtype);
+			b->m->weight_bytes += bytes;
 		return 0;
 	}
 	slot->dtype = b->dt;
@@ -413,6 +422,15 @@ int model_gguf_bind(struct model *m, uint64_t f32_limit, char *err, size_t err_l
 	b.pass = 1;
 	if ((ret = model_for_each_tensor(m, bind_one, &b)))
 		return ret;
+	/* The file's image is our own copy (gguf_load): kept only where most of it is
+	 * used as it is, else everything is copied out and the image released, so a
+	 * quantized file costs its size only while the model loads. */
+	if (b.mappable * 2 < m->gguf->size) {
+		b.copy_all = 1;
+		b.used = 0;
+		if ((ret = model_for_each_tensor(m, bind_one, &b)))
+			return ret;
+	}
 	if (b.used) {
 		m->gguf_buf = aligned_alloc(BUF_ALIGN, (b.used + BUF_ALIGN - 1) / BUF_ALIGN * BUF_ALIGN);
 		if (!m->gguf_buf) {
@@ -425,19 +443,25 @@ int model_gguf_bind(struct model *m, uint64_t f32_limit, char *err, size_t err_l
 	b.pass = 2;
 	b.used = 0;
 	m->weight_bytes = 0;
-	if ((ret = model_for_each_tensor(m, bind_one, &b)))
+	if ((ret = model_for_each_tensor(m, bind_one, &b)) || (ret = bind_router_bias(&b)))
 		return ret;
-	return bind_router_bias(&b);
+	if (b.copy_all) {
+		gguf_close(m->gguf);
+		free(m->gguf);
+		m->gguf = NULL;
+	}
+	return 0;
 }
 
 int model_gguf_open(struct model *m, const char *path, char *err, size_t err_len)
 {
 	int ret;
+	struct model_load_progress lp = { 0 };
 
 	m->gguf = calloc(1, sizeof(*m->gguf));
 	if (!m->gguf)
 		return -ENOMEM;
-	ret = gguf_open(m->gguf, path, err, err_len);
+	ret = gguf_load(m->gguf, path, model_load_progress, &lp, err, err_len);
 	if (ret)
 		return ret;
 	return model_gguf_config(&m->cfg, m->gguf, base_name(path), err, err_len);

@@ -29,6 +29,13 @@ int model_gguf_config(struct model_config *cfg, const struct gguf_file *f, const
  * and shape. */
 int model_gguf_bind(struct model *m, uint64_t f32_limit, char *err, size_t err_len);
 
+/* file_load's progress callback of model loading (model.c): a log line every few
+ * seconds while a large file is read; ctx a zeroed struct model_load_progress. */
+struct model_load_progress {
+	double t0, last;	/* clock_now() of the file's first chunk, of the last line */
+};
+void model_load_progress(void *ctx, const char *path, size_t done, size_t total);
+
 /* Frees m->gguf and m->gguf_buf; accepts a model that has neither. */
 void model_gguf_release(struct model *m);
 

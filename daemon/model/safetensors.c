@@ -1,5 +1,6 @@
-/* safetensors: header parse with every offset checked against the mapped image, and
- * the set of shard files a model directory names. Nothing here trusts the file. */
+/* safetensors: header parse with every offset checked against the file's image (our
+ * own copy of it), and the set of shard files a model directory names. Nothing here
+ * trusts the file. */
 #include "daemon/model/safetensors.h"
 #include "format/file_read.h"
 
@@ -333,7 +334,9 @@ out:
 	return rc;
 }
 
-int st_file_open(struct st_file *f, const char *path, char *err, size_t err_len)
+/* A file read into our own memory (file_load) and parsed; progress as st_set_load's. */
+static int st_file_load(struct st_file *f, const char *path, const struct st_progress *pr,
+			char *err, size_t err_len)
 {
 	static const uint8_t empty[1];
 	int rc;
@@ -342,12 +345,18 @@ int st_file_open(struct st_file *f, const char *path, char *err, size_t err_len)
 	f->path = strdup(path);
 	if (!f->path)
 		return file_fail(err, err_len, -ENOMEM, "%s: out of memory", path);
-	rc = file_map(path, &f->map, &f->size, err, err_len);
+	rc = file_load(path, &f->map, &f->size, pr ? pr->fn : NULL, pr ? pr->ctx : NULL, err,
+		       err_len);
 	if (!rc)
 		rc = st_parse(f, f->map ? f->map : empty, f->size, path, err, err_len);
 	if (rc)
 		st_file_close(f);
 	return rc;
+}
+
+int st_file_open(struct st_file *f, const char *path, char *err, size_t err_len)
+{
+	return st_file_load(f, path, NULL, err, err_len);
 }
 
 void st_file_close(struct st_file *f)
@@ -493,7 +502,7 @@ static int st_check_unique(const struct st_set *s, char *err, size_t err_len)
 }
 
 static int st_open_shards(struct st_set *s, const char *dir, const char **names, int n,
-			  char *err, size_t err_len)
+			  const struct st_progress *pr, char *err, size_t err_len)
 {
 	char *path;
 	int rc;
@@ -505,7 +514,7 @@ static int st_open_shards(struct st_set *s, const char *dir, const char **names,
 		path = st_join(dir, names[i]);
 		if (!path)
 			return file_fail(err, err_len, -ENOMEM, "%s: out of memory", dir);
-		rc = st_file_open(&s->files[i], path, err, err_len);
+		rc = st_file_load(&s->files[i], path, pr, err, err_len);
 		free(path);
 		if (rc)
 			return rc;
@@ -515,7 +524,8 @@ static int st_open_shards(struct st_set *s, const char *dir, const char **names,
 }
 
 static int st_set_from_index(struct st_set *s, const char *dir, const char *ipath,
-			     const char *text, size_t len, char *err, size_t err_len)
+			     const char *text, size_t len, const struct st_progress *pr,
+			     char *err, size_t err_len)
 {
 	const char **names = NULL;
 	json_error_t jerr;
@@ -536,7 +546,7 @@ static int st_set_from_index(struct st_set *s, const char *dir, const char *ipat
 	if (!rc && n == 0)
 		rc = file_fail(err, err_len, -EINVAL, "%s: weight_map is empty", ipath);
 	if (!rc)
-		rc = st_open_shards(s, dir, names, n, err, err_len);
+		rc = st_open_shards(s, dir, names, n, pr, err, err_len);
 	if (!rc)
 		rc = st_check_map(s, map, names, ipath, err, err_len);
 out:
@@ -545,7 +555,8 @@ out:
 	return rc;
 }
 
-int st_set_open(struct st_set *s, const char *dir, char *err, size_t err_len)
+int st_set_load(struct st_set *s, const char *dir, const struct st_progress *pr,
+		char *err, size_t err_len)
 {
 	char *ipath, *text = NULL;
 	size_t len = 0;
@@ -557,7 +568,7 @@ int st_set_open(struct st_set *s, const char *dir, char *err, size_t err_len)
 		return file_fail(err, err_len, -ENOMEM, "%s: out of memory", dir);
 	rc = file_read_all(ipath, ST_MAX_INDEX, &text, &len, err, err_len);
 	if (!rc) {
-		rc = st_set_from_index(s, dir, ipath, text, len, err, err_len);
+		rc = st_set_from_index(s, dir, ipath, text, len, pr, err, err_len);
 	} else if (rc == -ENOENT) {
 		free(ipath);
 		ipath = st_join(dir, ST_SINGLE_NAME);
@@ -571,7 +582,7 @@ int st_set_open(struct st_set *s, const char *dir, char *err, size_t err_len)
 				     ST_SINGLE_NAME, ST_INDEX_NAME);
 			goto out;
 		}
-		rc = st_file_open(&s->files[0], ipath, err, err_len);
+		rc = st_file_load(&s->files[0], ipath, pr, err, err_len);
 		if (!rc)
 			s->n_files = 1;
 	}
@@ -583,6 +594,11 @@ out:
 	if (rc)
 		st_set_close(s);
 	return rc;
+}
+
+int st_set_open(struct st_set *s, const char *dir, char *err, size_t err_len)
+{
+	return st_set_load(s, dir, NULL, err, err_len);
 }
 
 void st_set_close(struct st_set *s)

@@ -1,5 +1,7 @@
-/* safetensors files, memory-mapped: a bounded, checked parse of the JSON header and
- * the tensor index, single file or sharded through model.safetensors.index.json. */
+/* safetensors files, read into memory of our own (file_load: never a mapping of the
+ * file, so a file truncated or rewritten under a running daemon changes nothing): a
+ * bounded, checked parse of the JSON header and the tensor index, single file or
+ * sharded through model.safetensors.index.json. */
 #ifndef KD_DAEMON_SAFETENSORS_H
 #define KD_DAEMON_SAFETENSORS_H
 
@@ -24,7 +26,8 @@ struct st_tensor {
 
 struct st_file {
 	char *path;			/* owned */
-	void *map;			/* the whole file, read-only; NULL if not mapped by us */
+	void *map;			/* the whole file's copy (anonymous pages, munmap);
+					 * NULL if not read by us */
 	size_t size;			/* bytes */
 	int n_tensors;
 	struct st_tensor *tensors;	/* (n_tensors), owned, sorted by name */
@@ -39,7 +42,7 @@ struct st_file {
 int st_parse(struct st_file *f, const void *buf, size_t size, const char *name,
 	     char *err, size_t err_len);
 
-/* Opens and maps path, then st_parse. */
+/* Reads path whole (file_load), then st_parse. */
 int st_file_open(struct st_file *f, const char *path, char *err, size_t err_len);
 void st_file_close(struct st_file *f);	/* accepts a zeroed or half-built file */
 
@@ -56,6 +59,14 @@ struct st_set {
 };
 
 int st_set_open(struct st_set *s, const char *dir, char *err, size_t err_len);
+
+/* st_set_open, calling pr->fn (when pr is not NULL) as file_load reads each file. */
+struct st_progress {
+	void (*fn)(void *ctx, const char *path, size_t done, size_t total);
+	void *ctx;
+};
+int st_set_load(struct st_set *s, const char *dir, const struct st_progress *pr,
+		char *err, size_t err_len);
 void st_set_close(struct st_set *s);	/* accepts a zeroed or half-built set */
 
 /* Finds a tensor in any file; *file (if not NULL) gets the file that holds it. */

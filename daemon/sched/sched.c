@@ -117,6 +117,13 @@ static int session_find(struct sched *s, struct client_conn *c, const char *name
 }
 
 /* Ends r: its final event (unless already carried by a token event), its KV back. */
+/* What a request counts against its client's in-flight tokens: prompt + the max_tokens
+ * it asked for (refuse() checks the same sum), even where the model's positions cut it. */
+static int64_t inflight_claim(const struct sched_req *r)
+{
+	return (int64_t)r->n_prompt + (r->max_tokens_asked ? r->max_tokens_asked : r->max_tokens);
+}
+
 void sched_finish(struct sched *s, struct sched_req *r, uint16_t reason, uint16_t detail, int err,
 		  uint32_t a0, int emit_final)
 {
@@ -133,7 +140,7 @@ void sched_finish(struct sched *s, struct sched_req *r, uint16_t reason, uint16_
 			s->ses[i].inflight--;
 	}
 	r->c->n_inflight--;
-	r->c->inflight_tokens -= r->n_prompt + r->max_tokens;
+	r->c->inflight_tokens -= inflight_claim(r);
 	if (r->running)
 		sched_remove_ptr(s->run, &s->n_run, r);
 	else
@@ -201,8 +208,9 @@ static int refuse(struct sched *s, struct client_conn *c, const struct ipc_sub *
 {
 	uint32_t vocab = (uint32_t)s->e->model->cfg.vocab_size;
 	int64_t cap = (int64_t)s->e->pool.n_blocks * s->e->pool.block_tokens;
+	int64_t max_pos = s->e->model->cfg.max_position_embeddings;
 	uint16_t detail = IPC_DETAIL_NONE;
-	uint32_t a0 = 0, a1 = 0;
+	uint32_t a0 = 0, a1 = 0, a2 = vocab;
 	int err = -EINVAL;
 
 	if (s->draining) {
@@ -217,6 +225,15 @@ static int refuse(struct sched *s, struct client_conn *c, const struct ipc_sub *
 		err = -E2BIG;
 		a0 = rec->n_tokens + rec->max_tokens;
 		a1 = (uint32_t)cap;
+	} else if ((int64_t)rec->n_tokens >= max_pos) {
+		/* A prompt that leaves no position to generate at is refused: positions
+		 * past the model's were never trained. (A max_tokens that would run past
+		 * them is cut instead: see sched_submit.) */
+		detail = IPC_DETAIL_TOO_LONG;
+		err = -E2BIG;
+		a0 = rec->n_tokens + rec->max_tokens;
+		a1 = (uint32_t)max_pos;
+		a2 = IPC_LIMIT_POSITIONS;
 	} else if (c->inflight_tokens + rec->n_tokens + rec->max_tokens > cap) {
 		/* One client may hold at most a whole cache's worth of tokens in flight. */
 		detail = IPC_DETAIL_CLIENT_TOKENS;
@@ -241,7 +258,7 @@ static int refuse(struct sched *s, struct client_conn *c, const struct ipc_sub *
 	if (!detail)
 		return 0;
 	emit_refusal(c, rec, t_pickup, (struct ipc_event){ .detail = detail, .err = err,
-							   .arg = { a0, a1, vocab } });
+							   .arg = { a0, a1, a2 } });
 	s->m.requests_finished[IPC_REASON_ERROR]++;
 	return -1;
 }
@@ -312,6 +329,12 @@ void sched_submit(struct sched *s, struct client_conn *c, const struct ipc_sub *
 	r->feed = r->prompt;
 	r->n_feed = r->n_prompt;
 	r->max_tokens = (int)rec->max_tokens;
+	if ((int64_t)r->n_prompt + r->max_tokens > s->e->model->cfg.max_position_embeddings) {
+		/* cut at the model's last position (refuse() kept prompts that fill it): the
+		 * request ends with reason length there, the final event saying why */
+		r->max_tokens_asked = r->max_tokens;
+		r->max_tokens = s->e->model->cfg.max_position_embeddings - r->n_prompt;
+	}
 	r->sp = (struct k_sample_params){ .temperature = rec->temperature, .top_k = rec->top_k,
 					  .top_p = rec->top_p, .seed = rec->seed, .min_p = rec->min_p,
 					  .repetition_penalty = rec->repetition_penalty,
@@ -341,7 +364,7 @@ void sched_submit(struct sched *s, struct client_conn *c, const struct ipc_sub *
 		s->ses[ses].total++;
 	}
 	c->n_inflight++;
-	c->inflight_tokens += r->n_prompt + r->max_tokens;
+	c->inflight_tokens += inflight_claim(r);
 	enqueue(s, r);
 	return;
 

@@ -61,8 +61,8 @@ static uint32_t f32_bits(float f)
 static void deliver_event(struct sched *s, struct sched_req *r, int32_t tok, uint32_t flags,
 			  const uint32_t *a, uint64_t now)
 {
-	uint32_t index = (uint32_t)r->n_gen++;
-	uint16_t reason = IPC_REASON_NONE;
+	uint32_t index = (uint32_t)r->n_gen++, arg[3] = { a[0], a[1], a[2] };
+	uint16_t reason = IPC_REASON_NONE, detail = IPC_DETAIL_NONE;
 
 	s->m.generation_tokens++;
 	r->c->n_generated++;
@@ -76,10 +76,18 @@ static void deliver_event(struct sched *s, struct sched_req *r, int32_t tok, uin
 			reason = IPC_REASON_STOP;
 	if (!reason && r->n_gen >= r->max_tokens)
 		reason = IPC_REASON_LENGTH;
+	if (reason == IPC_REASON_LENGTH && r->max_tokens_asked && !(flags & IPC_EV_LOGPROB)) {
+		/* cut by the model's positions, not by max_tokens: say so (arg is free
+		 * where it carries no logprob) */
+		detail = IPC_DETAIL_TOO_LONG;
+		arg[0] = (uint32_t)(r->n_prompt + r->max_tokens_asked);
+		arg[1] = (uint32_t)(r->n_prompt + r->max_tokens);
+		arg[2] = IPC_LIMIT_POSITIONS;
+	}
 	sched_emit_req(r, (struct ipc_event){ .token = tok, .index = index,
 					      .flags = flags | (reason ? IPC_EV_FINAL : 0),
-					      .reason = reason, .detail = IPC_DETAIL_NONE,
-					      .arg = { a[0], a[1], a[2] } });
+					      .reason = reason, .detail = detail,
+					      .arg = { arg[0], arg[1], arg[2] } });
 	if (reason)
 		sched_finish(s, r, reason, IPC_DETAIL_NONE, 0, 0, 0);
 	else

@@ -26,6 +26,9 @@ struct sched_req {
 	int32_t last;			/* the token the next decode feeds */
 	int n_gen;			/* tokens generated */
 	int max_tokens;
+	int max_tokens_asked;		/* the client's max_tokens where the model's positions
+					 * cut max_tokens (max_position_embeddings - n_prompt);
+					 * 0: not cut */
 	int step_fed;			/* tokens it feeds in the step being built (decodes) */
 	int n_preempted;		/* times preempted */
 	uint64_t admit_no;		/* admission order: the newest is preempted first */

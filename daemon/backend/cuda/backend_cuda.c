@@ -105,6 +105,22 @@ static int tuning_install(char *err, size_t err_len)
 	return 0;
 }
 
+/* backend auto's question: a visible GPU, named in why. */
+static int cuda_available(char *why, size_t why_len)
+{
+	char name[128] = "?";
+	double gib = 0;
+	int count = 0, major = 0, minor = 0;
+
+	if (k_cuda_device_count(&count) || count == 0) {
+		snprintf(why, why_len, "no usable GPU (driver or device missing)");
+		return 0;
+	}
+	k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor);
+	snprintf(why, why_len, "GPU 0 of %d: %s, %.1f GiB, sm_%d%d", count, name, gib, major, minor);
+	return 1;
+}
+
 static int cuda_create(struct backend **out, const struct model *m, const struct backend_opts *opts,
 		       char *err, size_t err_len)
 {
@@ -383,6 +399,7 @@ const struct backend_ops backend_cuda_ops = {
 	.name = "cuda",
 	.kv_dtype = K_BF16,
 	.host_memory = 0,
+	.available = cuda_available,
 	.create = cuda_create,
 	.destroy = cuda_destroy,
 	.alloc = cuda_alloc,

@@ -1,6 +1,9 @@
 /* The model's weights on the GPU: one arena sized up front (so out-of-memory is
  * known before anything is copied, with the numbers), matrices converted to bf16,
- * vectors to fp32, copied through a pinned staging buffer with a progress line. */
+ * vectors to fp32, copied through a pinned staging buffer with a progress line. The
+ * sources are the model's own copy of its files (model.h: never a mapping), read here
+ * once at create; no op reads a host weight after, so nothing done to the files under
+ * a running daemon reaches the GPU's copy. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
