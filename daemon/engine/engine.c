@@ -125,6 +125,7 @@ void engine_destroy(struct engine *e)
 	if (!e)
 		return;
 	engine_sampler_destroy(e->sampler);
+	engine_snapshot_fini(e);
 	kv_sessions_fini(&e->sessions, &e->pool, &e->host);
 	kv_host_fini(&e->host);
 	kv_codec_fini(&e->codec);
