@@ -64,10 +64,10 @@ static void load_state(struct engine *e, const char *dir)
 	if (r.held)
 		log_warn("state dir %s: %s", dir, err);
 	else if (r.kept)
-		log_warn("state dir %s: %d sessions not loaded (%.1f MiB of compressed KV; host tier "
-			 "budget %.1f MiB): %d beyond the budget, %d over the per-user session limit of %d, "
+		log_warn("state dir %s: %d sessions not loaded (%llu bytes of compressed KV; host tier "
+			 "budget %llu bytes): %d beyond the budget, %d over the per-user session limit of %d, "
 			 "%d larger than the device cache, %d without a host tier; they stay in the snapshot",
-			 dir, r.kept, (double)r.kept_zbytes / (1 << 20), (double)r.host_budget / (1 << 20),
+			 dir, r.kept, (unsigned long long)r.kept_zbytes, (unsigned long long)r.host_budget,
 			 r.kept_budget, r.kept_quota, e->max_sessions, r.kept_too_big, r.kept_no_host);
 }
 
