@@ -16,7 +16,8 @@ static uint64_t salt_of(const struct sched *s, const struct client_conn *c)
 }
 
 /* Starts r's sequence on its session's KV (owner: the client's uid), if it names
- * one that has no other turn running, else on the prefix cache. */
+ * one that has no other turn running, else on the prefix cache. -EDQUOT: r names a
+ * new session and the uid has max_sessions. */
 static int req_start(struct sched *s, struct sched_req *r)
 {
 	uint64_t salt = salt_of(s, r->c);
