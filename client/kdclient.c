@@ -119,7 +119,7 @@ static int check_request(const struct kd_client *c, const struct kd_request *r)
 	for (int i = 0; i < 4; i++)
 		if (r->reserved[i])
 			return -EINVAL;
-	if (r->session && (strlen(r->session) > KD_SESSION_MAX || ipc_session_check(r->session, IPC_SESSION_MAX)))
+	if (r->session && r->session[0] && kd_session_name_check(r->session, NULL, 0))
 		return -EINVAL;
 	return 0;
 }
@@ -339,6 +339,36 @@ int kd_wait(struct kd_client *c, struct kd_event *ev, int max, int timeout_ms)
 		if ((n = kdclient_check_closed(c)))
 			return n;
 	}
+}
+
+int kd_session_name_check(const char *name, char *why, size_t why_len)
+{
+	size_t n = name ? strlen(name) : 0;
+
+	if (!n) {
+		snprintf(why, why_len, "the session name is empty (a session name is " KD_SESSION_RULE ")");
+		return -EINVAL;
+	}
+	if (n > KD_SESSION_MAX) {
+		snprintf(why, why_len, "the session name is %zu characters long, at most %d (a session "
+			 "name is " KD_SESSION_RULE ")", n, KD_SESSION_MAX);
+		return -ENAMETOOLONG;
+	}
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)name[i];
+		char one[2] = { (char)c, 0 };
+
+		if (!ipc_session_check(one, sizeof(one)))
+			continue;
+		if (c > 0x20 && c < 0x7f)
+			snprintf(why, why_len, "'%c' at position %zu of the session name is not allowed "
+				 "(a session name is " KD_SESSION_RULE ")", c, i + 1);
+		else
+			snprintf(why, why_len, "byte 0x%02x at position %zu of the session name is not "
+				 "allowed (a session name is " KD_SESSION_RULE ")", c, i + 1);
+		return -EINVAL;
+	}
+	return 0;
 }
 
 void kd_event_message(const struct kd_event *ev, char *buf, size_t len)

@@ -60,7 +60,14 @@ void kd_close(struct kd_client *c);
 int kd_default_socket(char *buf, size_t len);
 
 #define KD_MAX_STOP 8		/* stop tokens per request */
-#define KD_SESSION_MAX 63	/* session name length: [A-Za-z0-9._:-] */
+/* A session name is 1..KD_SESSION_MAX characters of A-Z a-z 0-9 . _ : - (the
+ * daemon keeps sessions per uid under these names; docs/KVCACHE.md says why). */
+#define KD_SESSION_MAX 63
+#define KD_SESSION_RULE "1-63 characters of A-Z a-z 0-9 . _ : -"
+
+/* 0 when name is a session name; else -ENAMETOOLONG or -EINVAL with one line in why
+ * (the length, or the first character not allowed and where), the rule included. */
+int kd_session_name_check(const char *name, char *why, size_t why_len);
 
 /* How the next token is picked: penalties first (over the prompt and the output so
  * far); then temperature <= 0 is greedy (ties: the lower id); otherwise top-k, then

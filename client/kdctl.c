@@ -150,9 +150,15 @@ int main(int argc, char **argv)
 		}
 		snprintf(req, sizeof(req), "{\"cmd\":\"log-level\",\"level\":\"%s\"}\n", level);
 	} else if (!strcmp(cmd, "session-close")) {
-		/* The daemon checks the name; keep quotes and escapes out of the JSON. */
-		if (!level || strlen(level) > 64 || strpbrk(level, "\"\\")) {
+		char why[200];
+
+		/* the rule keeps quotes and escapes out of the JSON */
+		if (!level) {
 			fprintf(stderr, "kdctl: session-close needs a session name\n");
+			return 2;
+		}
+		if (kd_session_name_check(level, why, sizeof(why))) {
+			fprintf(stderr, "kdctl: session-close: %s\n", why);
 			return 2;
 		}
 		snprintf(req, sizeof(req), "{\"cmd\":\"session-close\",\"name\":\"%s\"}\n", level);

@@ -62,7 +62,7 @@ static void usage(FILE *f)
 		"  --logprobs N        print each token's logprob on stderr, one line per token:\n"
 		"                      'logprob INDEX TOKEN LP' and with N = 1 'top TOKEN LP'\n"
 		"                      (the most probable token); N is 0 or 1 over the wire\n"
-		"  --session NAME      session name ([A-Za-z0-9._:-], at most 63 characters)\n"
+		"  --session NAME      session name (" KD_SESSION_RULE ")\n"
 		"  --stop IDS          stop token ids, comma-separated (at most %d)\n"
 		"  --spin              spin-then-sleep waiting (lowest latency, burns CPU)\n"
 		"  --version, --help\n",
@@ -224,7 +224,16 @@ static int parse_args(int argc, char **argv, struct run_args *a)
 			a->req.sampling.logprobs = 1;
 			a->req.sampling.top_logprobs = (int)v;
 			break;
-		case O_SES: a->req.session = optarg; break;
+		case O_SES: {
+			char why[200];
+
+			if (kd_session_name_check(optarg, why, sizeof(why))) {
+				fprintf(stderr, "kdrun: --session: %s\n", why);
+				return -1;
+			}
+			a->req.session = optarg;
+			break;
+		}
 		case O_SPIN:
 			a->conn.flags |= KD_CONNECT_SPIN;
 			a->conn.spin_us = 200;

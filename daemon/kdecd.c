@@ -15,6 +15,7 @@
 #include "daemon/model/model.h"
 #include "daemon/serve/doorbell.h"
 #include "daemon/serve/server.h"
+#include "kvcache/snapshot.h"
 
 static int n_signals;
 
@@ -33,19 +34,41 @@ static void on_signal(struct ev_loop *loop, ev_signal *w, int revents)
 	}
 }
 
-/* Sessions saved by an earlier run: a refused snapshot is one line, no failure. */
+/* Sessions saved by an earlier run. A refused snapshot is set aside (or held in place)
+ * and the daemon serves on; sessions that did not fit stay on disk. */
 static void load_state(struct engine *e, const char *dir)
 {
+	struct engine_snap_load r;
 	char err[512] = "";
-	int loaded = 0, skipped = 0, ret;
+	int ret;
 
-	ret = engine_snapshot_load(e, dir, &loaded, &skipped, err, sizeof(err));
-	if (ret == -ENOENT)
+	ret = engine_snapshot_load(e, dir, &r, err, sizeof(err));
+	if (r.stale_temps)
+		log_warn("state dir %s: removed %d temporary snapshot file(s) of a writer that was killed (%s)",
+			 dir, r.stale_temps, r.stale_temp);
+	if (ret == -ENOENT) {
 		log_info("state dir %s: no snapshot yet", dir);
-	else if (ret)
+		return;
+	}
+	if (ret) {
 		log_warn("state dir %s: snapshot not loaded: %s", dir, err[0] ? err : strerror(-ret));
-	else
-		log_info("state dir %s: %d sessions loaded, %d skipped (host memory)", dir, loaded, skipped);
+		if (r.set_aside[0])
+			log_warn("state dir %s: the refused snapshot is kept as %s (rename it to %s for a "
+				 "daemon it fits); new snapshots start afresh", dir, r.set_aside, KV_SNAP_FILE);
+		else if (r.held)
+			log_warn("state dir %s: %s is left as it is and snapshots are refused until it is "
+				 "moved away", dir, KV_SNAP_FILE);
+		return;
+	}
+	log_info("state dir %s: %d sessions loaded", dir, r.loaded);
+	if (r.held)
+		log_warn("state dir %s: %s", dir, err);
+	else if (r.kept)
+		log_warn("state dir %s: %d sessions not loaded (%llu bytes of compressed KV; host tier "
+			 "budget %llu bytes): %d beyond the budget, %d over the per-user session limit of %d, "
+			 "%d larger than the device cache, %d without a host tier; they stay in the snapshot",
+			 dir, r.kept, (unsigned long long)r.kept_zbytes, (unsigned long long)r.host_budget,
+			 r.kept_budget, r.kept_quota, e->max_sessions, r.kept_too_big, r.kept_no_host);
 }
 
 static int serve(struct kdecd_args *a, struct engine *e, struct kdecd_ready *rd)
@@ -130,6 +153,11 @@ int main(int argc, char **argv)
 		load_state(e, a.srv.state_dir);
 	if (!a.check)
 		ret = serve(&a, e, &rd);
+	/* an orderly stop writes the snapshot last: its failure (logged) is the exit status */
+	if (!a.check && !ret && a.srv.state_dir && n_signals < 2 && engine_snapshot_status(e) < 0) {
+		log_error("exiting with status 1: the sessions were not saved to %s", a.srv.state_dir);
+		ret = -EIO;
+	}
 out:
 	listen_socket_close(&ls);	/* unless the server took it */
 	engine_destroy(e);

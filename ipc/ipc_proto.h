@@ -103,7 +103,7 @@ struct ipc_sub {
 	uint32_t n_stop;		/* 0..IPC_STOP_MAX */
 	uint64_t seed;
 	int32_t stop[IPC_STOP_MAX];	/* stop token ids */
-	char session[IPC_SESSION_MAX];	/* "" or [A-Za-z0-9._:-]+, NUL-padded */
+	char session[IPC_SESSION_MAX];	/* "" or [A-Za-z0-9._:-]{1,63}, NUL-padded */
 	float min_p;			/* [0, 1]; 0 = off */
 	float repetition_penalty;	/* 0 = off, or (0, IPC_REP_PENALTY_MAX] */
 	float presence_penalty;		/* [-IPC_PENALTY_MAX, IPC_PENALTY_MAX]; 0 = off */
@@ -144,6 +144,7 @@ enum ipc_detail {
 	IPC_DETAIL_CANCEL = 9,		/* cancelled by the client */
 	IPC_DETAIL_CLIENT_TOKENS = 10,	/* arg0 the client's tokens in flight with it, arg1 the cap */
 	IPC_DETAIL_SHUTDOWN_TIMEOUT = 11,	/* cancelled at shutdown: arg0 the timeout, ms */
+	IPC_DETAIL_SESSION_LIMIT = 12,	/* arg0 sessions the uid keeps, arg1 the limit per uid, arg2 the uid */
 };
 
 /* IPC_DETAIL_TOO_LONG's arg2 when the limit is the model's max_position_embeddings

@@ -168,6 +168,10 @@ void ipc_detail_describe(const struct ipc_event *ev, char *buf, size_t len)
 		snprintf(buf, len, "the client's requests in flight would hold %u tokens (at most %u)",
 			 a[0], a[1]);
 		break;
+	case IPC_DETAIL_SESSION_LIMIT:
+		snprintf(buf, len, "uid %u already keeps %u sessions, the limit per user is %u: the new "
+			 "session is refused (kdctl session-close NAME closes one)", a[2], a[0], a[1]);
+		break;
 	default:
 		if (ev->reason == IPC_REASON_ERROR)
 			snprintf(buf, len, "%s", strerror(ev->err < 0 ? -ev->err : EIO));

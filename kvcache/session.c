@@ -27,7 +27,9 @@ int kv_session_name_ok(const char *name)
 	for (; name[n]; n++) {
 		unsigned char c = (unsigned char)name[n];
 
-		if (n >= KV_SESSION_NAME_MAX || c <= 0x20 || c >= 0x7f || c == '"' || c == '\\')
+		if (n >= KV_SESSION_NAME_MAX || !((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+						  (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+						  c == ':' || c == '-'))
 			return 0;
 	}
 	return n > 0;

@@ -9,7 +9,12 @@
 #include "kvcache/host_tier.h"
 #include "kvcache/kv_pool.h"
 
-#define KV_SESSION_NAME_MAX 64	/* bytes, printable ASCII without '"' and '\' */
+/* A session name: 1..KV_SESSION_NAME_MAX bytes of [A-Za-z0-9._:-]. The wire record
+ * holds 64 bytes with the NUL (ipc_proto.h); the characters need no escaping in logs,
+ * JSON, shells or file names. ipc_session_check and kd_session_name_check apply the
+ * same rule (test_sessions checks that all three agree). */
+#define KV_SESSION_NAME_MAX 63
+#define KV_SESSION_NAME_RULE "1-63 characters of A-Z a-z 0-9 . _ : -"
 
 /* Invariant: every block i < n_blocks has a device copy (dev[i] >= 0, one pool
  * reference held) or a host copy (host[i], one host reference held), or both. */
@@ -42,7 +47,7 @@ void kv_sessions_init(struct kv_sessions *t);
 /* Destroys every session (references dropped through pool and host). */
 void kv_sessions_fini(struct kv_sessions *t, struct kv_pool *pool, struct kv_host *host);
 
-/* 1 when name is 1..KV_SESSION_NAME_MAX printable ASCII bytes without quote or backslash. */
+/* 1 when name follows the rule above. */
 int kv_session_name_ok(const char *name);
 
 struct kv_session *kv_session_find(const struct kv_sessions *t, const char *name, uint64_t owner);

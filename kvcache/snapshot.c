@@ -1,12 +1,15 @@
 /* Snapshot file writer (atomic) and reader (all-or-nothing). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -16,6 +19,8 @@
 #define SNAP_MAGIC "KDKVSNAP"
 #define SNAP_META_LEVEL 3
 #define SNAP_MAX_META (1ULL << 32)	/* bytes of session records a reader accepts */
+#define SNAP_TMP_PREFIX "." KV_SNAP_FILE "."	/* then the writer's pid, then SNAP_TMP_SUFFIX */
+#define SNAP_TMP_SUFFIX ".tmp"
 
 /* A fixed, public key: the header checksum detects damage, not forgery. */
 static const uint64_t sum_key[2] = { 0x6b64656320736e61ULL, 0x70736875745f7631ULL };
@@ -264,11 +269,12 @@ int kv_snap_write(const char *dir, const struct kv_snap_meta *meta, const struct
 	int fd, ret;
 
 	if (snprintf(path, sizeof(path), "%s/%s", dir, KV_SNAP_FILE) >= (int)sizeof(path) ||
-	    snprintf(tmp, sizeof(tmp), "%s/.%s.tmp", dir, KV_SNAP_FILE) >= (int)sizeof(tmp)) {
+	    snprintf(tmp, sizeof(tmp), "%s/" SNAP_TMP_PREFIX "%ld" SNAP_TMP_SUFFIX, dir,
+		     (long)getpid()) >= (int)sizeof(tmp)) {
 		snprintf(err, err_len, "snapshot: state directory path too long");
 		return -ENAMETOOLONG;
 	}
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
 	if (fd < 0) {
 		ret = -errno;
 		snprintf(err, err_len, "snapshot: cannot create %s: %s", tmp, strerror(errno));
@@ -290,6 +296,99 @@ int kv_snap_write(const char *dir, const struct kv_snap_meta *meta, const struct
 	if ((ret = fsync_dir(dir)))
 		snprintf(err, err_len, "snapshot: fsync of %s: %s", dir, strerror(-ret));
 	return ret;
+}
+
+/* ---- files around the snapshot ------------------------------------------ */
+
+int kv_snap_set_aside(const char *dir, char *aside, size_t aside_len, char *err, size_t err_len)
+{
+	char path[4096], stamp[32];
+	time_t now = time(NULL);
+	struct tm tm;
+
+	if (snprintf(path, sizeof(path), "%s/%s", dir, KV_SNAP_FILE) >= (int)sizeof(path)) {
+		snprintf(err, err_len, "snapshot: state directory path too long");
+		return -ENAMETOOLONG;
+	}
+	gmtime_r(&now, &tm);
+	strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &tm);
+	/* link, then unlink: a name already taken (an earlier refusal) is never replaced */
+	for (int k = 1; k < 1000; k++) {
+		int n = k == 1 ? snprintf(aside, aside_len, "%s" KV_SNAP_ASIDE "%s", path, stamp)
+			       : snprintf(aside, aside_len, "%s" KV_SNAP_ASIDE "%s-%d", path, stamp, k);
+
+		if (n >= (int)aside_len) {
+			snprintf(err, err_len, "snapshot: state directory path too long");
+			return -ENAMETOOLONG;
+		}
+		if (!link(path, aside)) {
+			if (unlink(path)) {
+				int ret = -errno;
+
+				snprintf(err, err_len, "snapshot: cannot remove %s after linking it to %s: %s",
+					 path, aside, strerror(errno));
+				unlink(aside);
+				return ret;
+			}
+			fsync_dir(dir);	/* the rename is what matters; it is done */
+			return 0;
+		}
+		if (errno != EEXIST) {
+			int ret = -errno;
+
+			snprintf(err, err_len, "snapshot: cannot set %s aside as %s: %s", path, aside,
+				 strerror(errno));
+			return ret;
+		}
+	}
+	snprintf(err, err_len, "snapshot: cannot set %s aside: 999 refused snapshots of this second", path);
+	return -EEXIST;
+}
+
+/* The pid in a temporary file's name; 0: the pid-less name of older builds; -1: not ours. */
+static long temp_pid(const char *name)
+{
+	size_t np = strlen(SNAP_TMP_PREFIX), ns = strlen(SNAP_TMP_SUFFIX), n = strlen(name);
+	long pid = 0;
+
+	if (!strcmp(name, "." KV_SNAP_FILE SNAP_TMP_SUFFIX))
+		return 0;
+	if (n <= np + ns || strncmp(name, SNAP_TMP_PREFIX, np) || strcmp(name + n - ns, SNAP_TMP_SUFFIX))
+		return -1;
+	for (size_t i = np; i < n - ns; i++) {
+		if (name[i] < '0' || name[i] > '9' || pid > 1L << 40)
+			return -1;
+		pid = pid * 10 + (name[i] - '0');
+	}
+	return pid > 0 ? pid : -1;
+}
+
+int kv_snap_clean_temps(const char *dir, char *first, size_t first_len)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	int n = 0;
+
+	if (first_len)
+		first[0] = 0;
+	if (!d)
+		return 0;
+	while ((de = readdir(d))) {
+		long pid = temp_pid(de->d_name);
+		struct stat st;
+
+		if (pid < 0 || fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+			continue;
+		/* a live writer's (another daemon on this directory) stays */
+		if (pid > 0 && pid != (long)getpid() && (!kill((pid_t)pid, 0) || errno == EPERM))
+			continue;
+		if (unlinkat(dirfd(d), de->d_name, 0))
+			continue;
+		if (!n++ && first_len)
+			snprintf(first, first_len, "%s", de->d_name);
+	}
+	closedir(d);
+	return n;
 }
 
 /* ---- reader ------------------------------------------------------------- */

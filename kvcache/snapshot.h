@@ -8,8 +8,9 @@
  *           u8 name_len, name, u64 owner, u64 salt, u32 n_tokens, u32 tokens[n_tokens];
  *   blocks  per session, per block (ceil(n_tokens / block_tokens) of them): u64 length,
  *           then the block's zstd frame as the host tier stores it (host_tier.h).
- * Written to a temporary file, fsync'd, renamed over the old one, the directory
- * fsync'd: a crash leaves the previous snapshot or the new one, never a mix. */
+ * Written to a temporary file (.kv-sessions.snap.PID.tmp), fsync'd, renamed over the
+ * old one, the directory fsync'd: a crash leaves the previous snapshot or the new one,
+ * never a mix; kv_snap_clean_temps removes the temporary files of killed writers. */
 #ifndef KD_KVCACHE_SNAPSHOT_H
 #define KD_KVCACHE_SNAPSHOT_H
 
@@ -19,6 +20,7 @@
 #include "kvcache/session.h"
 
 #define KV_SNAP_FILE "kv-sessions.snap"
+#define KV_SNAP_ASIDE ".refused-"		/* KV_SNAP_FILE KV_SNAP_ASIDE time: set aside */
 #define KV_SNAP_VERSION 1
 #define KV_SNAP_HEADER_BYTES 128
 #define KV_SNAP_DESC_MAX 32		/* bytes of the description, NUL included */
@@ -75,5 +77,14 @@ struct kv_snap_file {
 int kv_snap_read(struct kv_snap_file *f, const char *dir, const struct kv_snap_meta *expect,
 		 char *err, size_t err_len);
 void kv_snap_release(struct kv_snap_file *f);	/* accepts a zeroed file */
+
+/* Renames dir/KV_SNAP_FILE to dir/KV_SNAP_FILE.refused-YYYYmmddTHHMMSSZ[-k], never
+ * over an existing file; the new path in aside. 0 or -errno with one line in err. */
+int kv_snap_set_aside(const char *dir, char *aside, size_t aside_len, char *err, size_t err_len);
+
+/* Removes dir's temporary snapshot files whose writer is gone (its pid is ours or no
+ * live process; the pid-less name of older builds): the number removed, the first
+ * one's name in first. Regular files only; errors leave a file where it is. */
+int kv_snap_clean_temps(const char *dir, char *first, size_t first_len);
 
 #endif

@@ -37,7 +37,7 @@ expect 1 "prompt token 512 at index 1 is outside the vocabulary (0..511)" "$B/kd
 expect 1 "stop token 9999" "$B/kdrun" --socket "$S" --prompt 1,2 --stop 9999
 expect 1 "exceed" "$B/kdrun" --socket "$S" --prompt 1,2 --max-tokens 16000000
 expect 2 "bad id" "$B/kdrun" --socket "$S" --prompt 1,x
-expect 1 "Invalid argument" "$B/kdrun" --socket "$S" --prompt 1,2 --session "bad name"
+expect 2 "position 4 of the session name is not allowed" "$B/kdrun" --socket "$S" --prompt 1,2 --session "bad name"
 
 # kdctl
 "$B/kdctl" --socket "$S" status --json >"$tmp/st" || fail "kdctl status --json"

@@ -1,7 +1,7 @@
 /* The shared-memory protocol without a daemon: the daemon's reader against records
  * written as libkdclient writes them (wrapped payload, bad records, impossible
  * indices), the event ring's back-pressure and queued finals, the control parser,
- * and the metrics text. */
+ * the metrics text, and one session-name rule on both sides. */
 #include <errno.h>
 #include <math.h>
 #include <fcntl.h>
@@ -11,9 +11,11 @@
 
 #include "daemon/sched/client_conn.h"
 #include "daemon/serve/control.h"
+#include "client/kdclient.h"
 #include "daemon/sched/metrics.h"
 #include "ipc/ipc_record.h"
 #include "ipc/ipc_ring.h"
+#include "kvcache/session.h"
 #include "tests/testutil.h"
 
 static void put_request(void *seg, uint32_t slot, uint32_t pos, uint32_t n)
@@ -178,8 +180,38 @@ static void test_metrics(void)
 	free(text);
 }
 
+_Static_assert(KD_SESSION_MAX == KV_SESSION_NAME_MAX && KV_SESSION_NAME_MAX == IPC_SESSION_MAX - 1,
+	       "one session-name length on the wire, in the client and in the engine");
+
+/* The wire check and the engine's agree on every byte at every length around the
+ * limit (the client's kd_session_name_check is the wire check per character). */
+static void test_session_names(void)
+{
+	char name[IPC_SESSION_MAX + 8];
+	int bad = 0;
+
+	for (int c = 1; c < 256; c++) {
+		for (int n = 0; n <= IPC_SESSION_MAX + 2; n++) {
+			int wire, engine;
+
+			memset(name, 'a', (size_t)n);
+			name[n] = 0;
+			if (n)
+				name[n / 2] = (char)c;
+			/* the wire record is NUL-padded: a name of 64 or more does not fit */
+			wire = n > 0 && n < IPC_SESSION_MAX && !ipc_session_check(name, IPC_SESSION_MAX);
+			engine = kv_session_name_ok(name);
+			bad += wire != engine;
+		}
+	}
+	CHECK(!bad, "%d names where the wire check and the engine disagree", bad);
+	CHECK(kv_session_name_ok("Ab0._:-") && !kv_session_name_ok("a/b") && !kv_session_name_ok("a b") &&
+	      !kv_session_name_ok("a\x1b"), "the rule's examples");
+}
+
 int main(void)
 {
+	test_session_names();
 	test_reader();
 	test_control();
 	test_metrics();

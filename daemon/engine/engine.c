@@ -130,6 +130,7 @@ void engine_destroy(struct engine *e)
 		return;
 	engine_sampler_destroy(e->sampler);
 	engine_host_fini(e);	/* the mover's references first */
+	engine_snapshot_fini(e);
 	kv_sessions_fini(&e->sessions, &e->pool, &e->host);
 	kv_host_fini(&e->host);
 	kv_codec_fini(&e->codec);

@@ -105,6 +105,7 @@ struct engine {
 	int max_sessions;
 	int64_t session_ttl_ns;		/* < 0: never */
 	int64_t offload_after_ns;	/* < 0: never */
+	struct engine_snap *snap;	/* engine_snapshot.c: sessions left on disk, a held file */
 	uint64_t (*clock_ns)(void);	/* monotonic clock; tests substitute their own */
 
 	/* host tier moves off the engine thread (engine_host.c, engine_mover.h) */
@@ -235,9 +236,9 @@ int engine_block_read(struct engine *e, int32_t block, void *dst);
  * The kv_session pointer stays valid until engine_session_close, engine_tick's TTL,
  * engine_destroy; a session closed during its turn is freed when the turn ends. */
 
-/* Finds session (name, owner) or creates an empty one; a found session takes salt.
- * -EINVAL (name: 1..64 printable ASCII bytes, no quote or backslash), -EDQUOT (owner
- * has max_sessions), -ENOMEM. */
+/* Finds session (name, owner) or creates an empty one (which replaces a session of
+ * that name the snapshot load left on disk); a found session takes salt. -EINVAL
+ * (name: KV_SESSION_NAME_RULE), -EDQUOT (owner has max_sessions), -ENOMEM. */
 int engine_session_open(struct engine *e, const char *name, uint64_t owner, uint64_t salt,
 			struct kv_session **out);
 struct kv_session *engine_session_find(const struct engine *e, const char *name, uint64_t owner);
@@ -259,7 +260,8 @@ int engine_session_save(struct engine *e, struct kv_session *sess, const struct 
 /* Ends the turn without keeping anything new. */
 void engine_session_cancel(struct engine *e, struct kv_session *sess);
 
-/* Closes (name, owner): 0 or -ENOENT. */
+/* Closes (name, owner), in memory or left on disk by the snapshot load: 0, -EINVAL
+ * (not a session name), -ENOENT (no such session of owner). */
 int engine_session_close(struct engine *e, const char *name, uint64_t owner);
 
 /* Moves an idle session's device blocks to the host tier (compressed), or brings
@@ -310,16 +312,43 @@ void engine_tick(struct engine *e);
 /* ---- persistence (engine_snapshot.c) -------------------------------------- */
 
 /* Writes every session (token history, compressed KV) to dir/kv-sessions.snap
- * atomically. 0 or -errno with one line in err. */
+ * atomically, with the sessions the load left on disk (below) carried over unchanged
+ * unless a session of the same name and owner replaced them. The number of sessions
+ * written, or -errno with one line in err (the file on disk is then as before): among
+ * them -EEXIST, a snapshot this engine could not load is still there (below). */
 int engine_snapshot_save(struct engine *e, const char *dir, char *err, size_t err_len);
 
+/* The last engine_snapshot_save's result: sessions written, or -errno; 0 when none
+ * ran. kdecd's exit status after an orderly stop (which always saves). */
+int engine_snapshot_status(const struct engine *e);
+
+/* What engine_snapshot_load did, for the daemon's log. */
+struct engine_snap_load {
+	int loaded;			/* sessions now in the host tier */
+	int kept;			/* sessions left on disk: written again by every save */
+	uint64_t kept_zbytes;		/* their compressed KV */
+	int kept_no_host;		/* of kept: no host tier (--host-kv-mem 0) */
+	int kept_too_big;		/* of kept: more blocks than the whole device cache */
+	int kept_quota;			/* of kept: over the owner's session limit */
+	int kept_budget;		/* of kept: beyond the host tier's budget */
+	uint64_t host_budget;		/* bytes of the host tier (--host-kv-mem) */
+	int stale_temps;		/* temporary files of killed writers removed */
+	char stale_temp[64];		/* the first of them */
+	char set_aside[4200];		/* a refused snapshot's new path, or "" */
+	int held;			/* 1: a snapshot not loaded stays in place, never written over */
+};
+
 /* Loads dir's snapshot into an engine that has no sessions: the sessions come back
- * with their KV in the host tier (restored to the device on their next turn).
- * Nothing is loaded unless the whole file checks: -ENOENT (none), -EBADMSG (damaged
- * or truncated), -ESTALE (another model, config, KV dtype or block size), -EBUSY
- * (sessions exist), -ENOMEM; one line in err. Sessions whose KV does not fit the
- * host budget are skipped; *n_loaded and *n_skipped (either may be NULL) count. */
-int engine_snapshot_load(struct engine *e, const char *dir, int *n_loaded, int *n_skipped,
+ * with their KV in the host tier (restored to the device on their next turn); first
+ * removes the temporary files of snapshot writers that were killed. Nothing is loaded
+ * unless the whole file checks: -ENOENT (none), -EBADMSG (damaged or truncated, or a
+ * token outside the vocabulary), -ESTALE (another model, config, KV dtype or block
+ * size), -EBUSY (sessions exist), -ENOMEM; one line in err. A refused file (-EBADMSG,
+ * -ESTALE) is renamed to kv-sessions.snap.refused-TIME (r->set_aside); a file that
+ * could not be read or set aside is held: saves refuse to replace it (r->held) until
+ * it is moved away. Sessions that do not fit (r->kept_*) stay on disk and are carried
+ * into every later snapshot. r may be NULL. */
+int engine_snapshot_load(struct engine *e, const char *dir, struct engine_snap_load *r,
 			 char *err, size_t err_len);
 
 #endif

@@ -78,4 +78,11 @@ void engine_host_fini(struct engine *e);
 int engine_session_to_host(struct engine *e, struct kv_session *sess);
 int engine_session_to_device(struct engine *e, struct kv_session *sess);
 
+/* engine_snapshot.c */
+/* Frees what the load left (carried sessions, held file); engine_destroy's. */
+void engine_snapshot_fini(struct engine *e);
+/* The session (name, owner) left on disk by the load is dropped (closed, or a new
+ * session of that name replaced it). 1 when there was one. */
+int engine_snapshot_forget(struct engine *e, const char *name, uint64_t owner);
+
 #endif

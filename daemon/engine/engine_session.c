@@ -33,6 +33,9 @@ int engine_session_open(struct engine *e, const char *name, uint64_t owner, uint
 		return -EDQUOT;
 	if ((ret = kv_session_create(&e->sessions, name, owner, salt, &s)))
 		return ret;
+	/* a session of this name the snapshot load left on disk is replaced: the new
+	 * one is what the next snapshot keeps */
+	engine_snapshot_forget(e, name, owner);
 	s->last_used_ns = engine_now(e);
 	*out = s;
 	return 0;
@@ -215,8 +218,10 @@ int engine_session_close(struct engine *e, const char *name, uint64_t owner)
 {
 	struct kv_session *s = kv_session_find(&e->sessions, name, owner);
 
-	if (!s || s->closing)
-		return -ENOENT;
+	if (!kv_session_name_ok(name))
+		return -EINVAL;
+	if (!s || s->closing)	/* one the load left on disk is closed there */
+		return engine_snapshot_forget(e, name, owner) ? 0 : -ENOENT;
 	if (s->busy)
 		s->closing = 1;
 	else

@@ -1,9 +1,13 @@
 /* Sessions to disk and back: the fingerprint that says which model and cache layout a
- * snapshot's KV belongs to, and the engine side of kvcache/snapshot.c. */
+ * snapshot's KV belongs to, and the engine side of kvcache/snapshot.c, with what a load
+ * leaves behind: the sessions that stayed on disk, or a file that must not be replaced. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "daemon/engine/engine_internal.h"
 #include "kvcache/snapshot.h"
@@ -105,19 +109,227 @@ static void engine_snap_meta(const struct engine *e, struct kv_snap_meta *meta)
 	meta->flags = KV_SNAP_SHUFFLED;
 }
 
+/* ---- what a load leaves ------------------------------------------------- */
+
+/* A session of the loaded snapshot that did not fit: its record, and where its frames
+ * are in the file it came from. */
+struct snap_carry {
+	char name[KV_SESSION_NAME_MAX + 1];
+	uint64_t owner;
+	uint64_t salt;
+	int32_t *tokens;	/* (n_tokens) */
+	int n_tokens;
+	int n_blocks;
+	uint64_t *off;		/* (n_blocks) frame offsets in the source file */
+	uint64_t *zbytes;	/* (n_blocks) frame lengths */
+	int gone;		/* closed, or replaced by a new session of its name */
+};
+
+struct engine_snap {
+	int last_ret;		/* the last save: sessions written or -errno; 0: none */
+	/* sessions carried: the source stays open, so a save that renames a new file
+	 * over it still reads the old inode */
+	int fd;			/* -1: nothing carried */
+	uint64_t len;		/* the source's bytes */
+	uint8_t header[KV_SNAP_HEADER_BYTES];	/* its header: the source is unchanged */
+	struct snap_carry *c;	/* (n) */
+	int n;
+	uint8_t *buf;		/* (buf_len) one frame read back */
+	size_t buf_len;
+	/* a snapshot that was not loaded and could not be set aside stays where it is */
+	int hold;
+	int hold_id;		/* 1: dev and ino identify it */
+	dev_t dev;
+	ino_t ino;
+	char why[320];
+};
+
+static struct engine_snap *snap_get(struct engine *e)
+{
+	if (!e->snap && (e->snap = calloc(1, sizeof(*e->snap))))
+		e->snap->fd = -1;
+	return e->snap;
+}
+
+static void carry_free(struct engine_snap *sn)
+{
+	for (int i = 0; i < sn->n; i++)
+		free(sn->c[i].off);	/* with zbytes and tokens */
+	free(sn->c);
+	sn->c = NULL;
+	sn->n = 0;
+	if (sn->fd >= 0)
+		close(sn->fd);
+	sn->fd = -1;
+}
+
+void engine_snapshot_fini(struct engine *e)
+{
+	if (!e->snap)
+		return;
+	carry_free(e->snap);
+	free(e->snap->buf);
+	free(e->snap);
+	e->snap = NULL;
+}
+
+int engine_snapshot_status(const struct engine *e)
+{
+	return e->snap ? e->snap->last_ret : 0;
+}
+
+int engine_snapshot_forget(struct engine *e, const char *name, uint64_t owner)
+{
+	struct engine_snap *sn = e->snap;
+
+	for (int i = 0; sn && i < sn->n; i++) {
+		if (!sn->c[i].gone && sn->c[i].owner == owner && !strcmp(sn->c[i].name, name)) {
+			sn->c[i].gone = 1;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Session r of f stays on disk: its record is copied, its frames are found by offset. */
+static int carry_add(struct engine_snap *sn, const struct kv_snap_file *f, const struct kv_snap_session *r)
+{
+	struct snap_carry *v = realloc(sn->c, (size_t)(sn->n + 1) * sizeof(*v)), *k;
+	size_t nt = (size_t)r->n_tokens, nb = (size_t)r->n_blocks;
+
+	if (!v)
+		return -ENOMEM;
+	sn->c = v;
+	k = &v[sn->n];
+	memset(k, 0, sizeof(*k));
+	/* one allocation: offsets, lengths, tokens */
+	k->off = malloc(nb * 16 + nt * sizeof(int32_t) + 1);
+	if (!k->off)
+		return -ENOMEM;
+	k->zbytes = k->off + nb;
+	k->tokens = (int32_t *)(k->zbytes + nb);
+	snprintf(k->name, sizeof(k->name), "%s", r->name);
+	k->owner = r->owner;
+	k->salt = r->salt;
+	k->n_tokens = r->n_tokens;
+	k->n_blocks = r->n_blocks;
+	if (nt)
+		memcpy(k->tokens, r->tokens, nt * sizeof(int32_t));
+	for (size_t b = 0; b < nb; b++) {
+		k->off[b] = (uint64_t)(r->z[b] - (const uint8_t *)f->map);
+		k->zbytes[b] = r->zbytes[b];
+	}
+	sn->n++;
+	return 0;
+}
+
+/* Opens the file the carried sessions came from: the same bytes f mapped, or -ESTALE. */
+static int carry_open(struct engine_snap *sn, const char *path, const struct kv_snap_file *f)
+{
+	struct stat st;
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
+
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->len ||
+	    pread(fd, sn->header, sizeof(sn->header), 0) != (ssize_t)sizeof(sn->header) ||
+	    memcmp(sn->header, f->map, sizeof(sn->header))) {
+		close(fd);
+		return -ESTALE;
+	}
+	sn->fd = fd;
+	sn->len = f->len;
+	return 0;
+}
+
+/* Still the file the carried sessions came from (nobody wrote into it since)? */
+static int carry_source_ok(struct engine_snap *sn)
+{
+	uint8_t h[KV_SNAP_HEADER_BYTES];
+	struct stat st;
+
+	return !fstat(sn->fd, &st) && (uint64_t)st.st_size == sn->len &&
+	       pread(sn->fd, h, sizeof(h), 0) == (ssize_t)sizeof(h) && !memcmp(h, sn->header, sizeof(h));
+}
+
+static int carry_frame(struct engine_snap *sn, const struct snap_carry *k, int b, const void **z,
+		       size_t *zbytes)
+{
+	size_t n = (size_t)k->zbytes[b], got = 0;
+
+	if (n > sn->buf_len) {
+		uint8_t *p = realloc(sn->buf, n);
+
+		if (!p)
+			return -ENOMEM;
+		sn->buf = p;
+		sn->buf_len = n;
+	}
+	while (got < n) {
+		ssize_t r = pread(sn->fd, sn->buf + got, n - got, (off_t)(k->off[b] + got));
+
+		if (r <= 0)
+			return r < 0 ? -errno : -EIO;
+		got += (size_t)r;
+	}
+	*z = sn->buf;
+	*zbytes = n;
+	return 0;
+}
+
+/* The snapshot at dir could not be loaded nor set aside: saves leave it in place. */
+static void hold_file(struct engine_snap *sn, const char *dir, const char *why)
+{
+	char path[4096];
+	struct stat st;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, KV_SNAP_FILE);
+	sn->hold = 1;
+	sn->hold_id = !lstat(path, &st);
+	if (sn->hold_id) {
+		sn->dev = st.st_dev;
+		sn->ino = st.st_ino;
+	}
+	snprintf(sn->why, sizeof(sn->why), "%s", why);
+}
+
+/* -EEXIST while the held file is still at dir; the hold ends once it is gone. */
+static int hold_check(struct engine_snap *sn, const char *dir, char *err, size_t err_len)
+{
+	char path[4096];
+	struct stat st;
+
+	if (!sn || !sn->hold)
+		return 0;
+	snprintf(path, sizeof(path), "%s/%s", dir, KV_SNAP_FILE);
+	if (lstat(path, &st) ? errno == ENOENT
+			     : sn->hold_id && (st.st_dev != sn->dev || st.st_ino != sn->ino)) {
+		sn->hold = 0;
+		return 0;
+	}
+	snprintf(err, err_len, "snapshot: not writing over %s, which was not loaded (%s); move it "
+		 "away to save sessions again", path, sn->why);
+	return -EEXIST;
+}
+
 /* ---- save ----------------------------------------------------------------- */
 
 struct save_ctx {
 	struct engine *e;
-	struct kv_session **sessions;	/* (n) in the order written */
+	struct kv_session **sessions;	/* (n_live) in the order written */
+	int n_live;
+	const struct snap_carry **carried;	/* then these */
 };
 
 static int save_frame(void *ctx, int si, int b, const void **z, size_t *zbytes)
 {
 	struct save_ctx *c = ctx;
-	struct kv_session *s = c->sessions[si];
+	struct kv_session *s;
 	int ret;
 
+	if (si >= c->n_live)
+		return carry_frame(c->e->snap, c->carried[si - c->n_live], b, z, zbytes);
+	s = c->sessions[si];
 	if (s->host[b]) {	/* already compressed */
 		*z = s->host[b]->z;
 		*zbytes = s->host[b]->zbytes;
@@ -129,21 +341,56 @@ static int save_frame(void *ctx, int si, int b, const void **z, size_t *zbytes)
 	return 0;
 }
 
+/* The carried sessions to write after the live ones: not gone, not replaced. */
+static int carried_to_write(struct engine *e, struct save_ctx *ctx, struct kv_snap_session *rec, int n)
+{
+	struct engine_snap *sn = e->snap;
+
+	if (!sn || sn->fd < 0)
+		return n;
+	if (!carry_source_ok(sn)) {
+		/* written into in place since the load: what is there is not theirs */
+		for (int i = 0; i < sn->n; i++)
+			e->stats.sessions_dropped += !sn->c[i].gone;
+		carry_free(sn);
+		return n;
+	}
+	for (int i = 0; i < sn->n; i++) {
+		struct snap_carry *k = &sn->c[i];
+
+		if (k->gone || kv_session_find(&e->sessions, k->name, k->owner))
+			continue;
+		snprintf(rec[n].name, sizeof(rec[n].name), "%s", k->name);
+		rec[n].owner = k->owner;
+		rec[n].salt = k->salt;
+		rec[n].tokens = k->tokens;
+		rec[n].n_tokens = k->n_tokens;
+		rec[n].n_blocks = k->n_blocks;
+		ctx->carried[n - ctx->n_live] = k;
+		n++;
+	}
+	return n;
+}
+
 int engine_snapshot_save(struct engine *e, const char *dir, char *err, size_t err_len)
 {
+	struct engine_snap *sn = snap_get(e);
 	struct kv_snap_meta meta;
 	struct kv_snap_session *rec;
 	struct save_ctx ctx = { .e = e };
-	int n = 0, ret;
+	int n = 0, cap = e->sessions.n + (sn ? sn->n : 0), ret;
 
 	engine_snap_meta(e, &meta);
-	rec = calloc((size_t)e->sessions.n + 1, sizeof(*rec));
+	rec = calloc((size_t)cap + 1, sizeof(*rec));
 	ctx.sessions = calloc((size_t)e->sessions.n + 1, sizeof(*ctx.sessions));
-	if (!rec || !ctx.sessions) {
+	ctx.carried = calloc((size_t)cap + 1, sizeof(*ctx.carried));
+	if (!sn || !rec || !ctx.sessions || !ctx.carried) {
 		ret = -ENOMEM;
 		snprintf(err, err_len, "snapshot: out of memory");
 		goto out;
 	}
+	if ((ret = hold_check(sn, dir, err, err_len)))
+		goto out;
 	for (struct kv_session *s = e->sessions.head; s; s = s->next) {
 		if (s->closing)
 			continue;
@@ -155,11 +402,16 @@ int engine_snapshot_save(struct engine *e, const char *dir, char *err, size_t er
 		rec[n].n_blocks = s->n_blocks;
 		ctx.sessions[n++] = s;
 	}
+	ctx.n_live = n;
+	n = carried_to_write(e, &ctx, rec, n);
 	ret = kv_snap_write(dir, &meta, rec, n, save_frame, &ctx, err, err_len);
 out:
 	free(rec);
 	free(ctx.sessions);
-	return ret;
+	free(ctx.carried);
+	if (sn)
+		sn->last_ret = ret ? ret : n;
+	return ret ? ret : n;
 }
 
 /* ---- load ----------------------------------------------------------------- */
@@ -217,53 +469,104 @@ static int check_loaded(const struct engine *e, const struct kv_snap_file *f, ch
 	return 0;
 }
 
-int engine_snapshot_load(struct engine *e, const char *dir, int *n_loaded, int *n_skipped,
+/* Session r into the host tier, or left on disk with the reason counted. */
+static int take_session(struct engine *e, const struct kv_snap_file *f, const struct kv_snap_session *r,
+			struct engine_snap_load *rep)
+{
+	int *why, ret;
+	uint64_t zb = 0;
+
+	if (!e->host_enabled)
+		why = &rep->kept_no_host;
+	else if (r->n_blocks > e->pool.n_blocks)
+		why = &rep->kept_too_big;
+	else if (kv_sessions_count_owner(&e->sessions, r->owner) >= e->max_sessions)
+		why = &rep->kept_quota;
+	else if ((ret = load_session(e, r)))
+		why = &rep->kept_budget;	/* -ENOSPC, or -ENOMEM: host memory either way */
+	else {
+		rep->loaded++;
+		return 0;
+	}
+	if ((ret = carry_add(e->snap, f, r)))
+		return ret;
+	for (int b = 0; b < r->n_blocks; b++)
+		zb += r->zbytes[b];
+	(*why)++;
+	rep->kept++;
+	rep->kept_zbytes += zb;
+	return 0;
+}
+
+/* A snapshot that was not loaded: set aside when refused, else held in place. */
+static void not_loaded(struct engine *e, const char *dir, int ret, struct engine_snap_load *rep,
+		       char *err, size_t err_len)
+{
+	char why[320];
+
+	snprintf(why, sizeof(why), "%s", err[0] ? err : strerror(-ret));
+	if ((ret == -EBADMSG || ret == -ESTALE) &&
+	    !kv_snap_set_aside(dir, rep->set_aside, sizeof(rep->set_aside), err, err_len)) {
+		snprintf(err, err_len, "%s", why);
+		return;
+	}
+	rep->set_aside[0] = 0;
+	rep->held = 1;
+	hold_file(e->snap, dir, why);
+	if (ret == -EBADMSG || ret == -ESTALE) {	/* err: why the set-aside failed */
+		size_t n = strlen(why);
+
+		snprintf(why + n, sizeof(why) - n, "; %s", err);
+	}
+	snprintf(err, err_len, "%s", why);
+}
+
+int engine_snapshot_load(struct engine *e, const char *dir, struct engine_snap_load *rep,
 			 char *err, size_t err_len)
 {
+	struct engine_snap_load spare;
 	struct kv_snap_meta meta;
-	struct kv_snap_file f;
-	int loaded = 0, skipped = 0, ret;
+	struct kv_snap_file f = { 0 };
+	char path[4096];
+	int ret;
 
-	if (n_loaded)
-		*n_loaded = 0;
-	if (n_skipped)
-		*n_skipped = 0;
-	if (e->sessions.n) {
+	if (!rep)
+		rep = &spare;
+	memset(rep, 0, sizeof(*rep));
+	rep->host_budget = e->host_enabled ? e->host.budget : 0;
+	if (e->sessions.n || (e->snap && e->snap->n)) {
 		snprintf(err, err_len, "snapshot: the engine already has %d sessions", e->sessions.n);
 		return -EBUSY;
 	}
-	engine_snap_meta(e, &meta);
-	if ((ret = kv_snap_read(&f, dir, &meta, err, err_len)))
-		return ret;
-	if ((ret = check_loaded(e, &f, err, err_len)))
-		goto out;
-	for (int i = 0; i < f.n_sessions; i++) {
-		const struct kv_snap_session *r = &f.sessions[i];
-
-		/* a session the device could never hold, over the owner's count, or
-		 * beyond the host budget stays on disk only */
-		if (!e->host_enabled || r->n_blocks > e->pool.n_blocks ||
-		    kv_sessions_count_owner(&e->sessions, r->owner) >= e->max_sessions) {
-			skipped++;
-			continue;
-		}
-		ret = load_session(e, r);
-		if (ret == -ENOMEM) {
-			snprintf(err, err_len, "snapshot: out of memory loading session '%s'", r->name);
-			kv_sessions_fini(&e->sessions, &e->pool, &e->host);
-			goto out;
-		}
-		if (ret)
-			skipped++;
-		else
-			loaded++;
+	if (!snap_get(e)) {
+		snprintf(err, err_len, "snapshot: out of memory");
+		return -ENOMEM;
 	}
-	ret = 0;
-	if (n_loaded)
-		*n_loaded = loaded;
-	if (n_skipped)
-		*n_skipped = skipped;
-out:
+	err[0] = 0;
+	rep->stale_temps = kv_snap_clean_temps(dir, rep->stale_temp, sizeof(rep->stale_temp));
+	engine_snap_meta(e, &meta);
+	ret = kv_snap_read(&f, dir, &meta, err, err_len);
+	if (!ret && (ret = check_loaded(e, &f, err, err_len)))
+		kv_snap_release(&f);
+	if (ret) {
+		if (ret != -ENOENT)
+			not_loaded(e, dir, ret, rep, err, err_len);
+		return ret;
+	}
+	for (int i = 0; i < f.n_sessions && !ret; i++)
+		ret = take_session(e, &f, &f.sessions[i], rep);
+	snprintf(path, sizeof(path), "%s/%s", dir, KV_SNAP_FILE);
+	if (!ret && e->snap->n)
+		ret = carry_open(e->snap, path, &f);
+	if (ret) {
+		/* the sessions that did not fit cannot be carried: the file stays as it is */
+		snprintf(err, err_len, "snapshot: %d sessions did not fit and cannot be carried over: %s",
+			 f.n_sessions - rep->loaded, strerror(-ret));
+		carry_free(e->snap);
+		rep->held = 1;
+		hold_file(e->snap, dir, err);
+		ret = 0;
+	}
 	kv_snap_release(&f);
 	return ret;
 }

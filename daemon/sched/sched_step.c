@@ -16,14 +16,18 @@ static uint64_t salt_of(const struct sched *s, const struct client_conn *c)
 }
 
 /* Starts r's sequence on its session's KV (owner: the client's uid), if it names
- * one that has no other turn running, else on the prefix cache. */
+ * one that has no other turn running, else on the prefix cache. -EDQUOT: r names a
+ * new session and the uid has max_sessions. */
 static int req_start(struct sched *s, struct sched_req *r)
 {
 	uint64_t salt = salt_of(s, r->c);
 	struct kv_session *kvs;
 	int cached = 0, ret;
 
-	if (r->session[0] && !engine_session_open(s->e, r->session, r->c->uid, salt, &kvs)) {
+	ret = r->session[0] ? engine_session_open(s->e, r->session, r->c->uid, salt, &kvs) : -ENOENT;
+	if (ret == -EDQUOT || ret == -ENOMEM)	/* the session would not be kept: refused */
+		return ret;
+	if (!ret) {
 		ret = engine_seq_start_session(s->e, &r->seq, kvs, r->feed, r->n_feed, &cached);
 		if (!ret)
 			r->kvs = kvs;
@@ -94,6 +98,22 @@ static int session_restoring(struct sched *s, const struct sched_req *w, int sta
 	return engine_session_restore_start(s->e, kvs);
 }
 
+/* r names a new session and its uid has the most the engine keeps: refused, the
+ * count and the limit in the event, rather than run without keeping the session. */
+static void refuse_session_limit(struct sched *s, struct sched_req *r)
+{
+	uint32_t n = (uint32_t)kv_sessions_count_owner(&s->e->sessions, r->c->uid);
+
+	log_info("client %u request %llu: uid %u has %u sessions, the limit: session '%s' refused",
+		 r->c->id, (unsigned long long)r->id, (unsigned)r->c->uid, n, r->session);
+	sched_emit_req(r, (struct ipc_event){ .token = -1, .flags = IPC_EV_FINAL,
+					      .reason = IPC_REASON_ERROR,
+					      .detail = IPC_DETAIL_SESSION_LIMIT, .err = -EDQUOT,
+					      .arg = { n, (uint32_t)s->e->max_sessions,
+						       (uint32_t)r->c->uid } });
+	sched_finish(s, r, IPC_REASON_ERROR, IPC_DETAIL_SESSION_LIMIT, -EDQUOT, 0, 0);
+}
+
 /* Moves the first waiting request into the batch with its cached prefix mapped;
  * NULL if that fails (the request ended with an error) or if starting it took
  * more blocks than the claims left (it waits again). */
@@ -107,6 +127,10 @@ static struct sched_req *admit(struct sched *s)
 	r->admit_no = s->admit_no++;
 	s->run[s->n_run++] = r;
 	ret = req_start(s, r);
+	if (ret == -EDQUOT) {
+		refuse_session_limit(s, r);
+		return NULL;
+	}
 	if (ret) {
 		log_warn("client %u request %llu: cannot start: %s", r->c->id,
 			 (unsigned long long)r->id, strerror(-ret));

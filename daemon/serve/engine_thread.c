@@ -216,19 +216,32 @@ static struct et_report *build_report(struct engine_thread *t)
 /* Writes the sessions to state_dir: the count, or -errno with one line in err. */
 static int snapshot(struct engine_thread *t, char *err, size_t err_len)
 {
-	int n = engine_sessions_list(t->e, NULL, 0), ret;
+	int n;
 
 	if (!t->o.state_dir) {
 		snprintf(err, err_len, "no --state-dir");
 		return -ENOTSUP;
 	}
-	ret = engine_snapshot_save(t->e, t->o.state_dir, err, err_len);
-	if (ret) {
-		log_error("snapshot to %s: %s", t->o.state_dir, err[0] ? err : strerror(-ret));
-		return ret;
+	n = engine_snapshot_save(t->e, t->o.state_dir, err, err_len);
+	if (n < 0) {
+		log_error("snapshot to %s: %s", t->o.state_dir, err[0] ? err : strerror(-n));
+		return n;
 	}
 	log_info("snapshot: %d sessions written to %s", n, t->o.state_dir);
 	return n;
+}
+
+/* kdctl session-close: 0 or -errno with the reason in err (the name is checked first,
+ * so it is safe to print). */
+static int session_close(struct engine_thread *t, const struct et_msg *m, char *err, size_t err_len)
+{
+	int ret = engine_session_close(t->e, m->why, m->uid);
+
+	if (ret == -EINVAL)
+		snprintf(err, err_len, "not a session name (a session name is " KV_SESSION_NAME_RULE ")");
+	else if (ret == -ENOENT)
+		snprintf(err, err_len, "no session '%.63s' for uid %u", m->why, (unsigned)m->uid);
+	return ret;
 }
 
 /* Runs what an ET_QUERY asks for, then builds the report that answers it. */
@@ -241,7 +254,7 @@ static struct et_report *answer(struct engine_thread *t, const struct et_msg *m)
 	if (m->arg == ET_Q_SNAPSHOT)
 		ret = snapshot(t, err, sizeof(err));
 	else if (m->arg == ET_Q_SESSION_CLOSE)
-		ret = engine_session_close(t->e, m->why, m->uid);
+		ret = session_close(t, m, err, sizeof(err));
 	r = build_report(t);
 	if (!r)
 		return NULL;
