@@ -56,6 +56,8 @@ static void usage(FILE *f)
 		"                          decode token first, then prompt chunks of new requests\n"
 		"                          (default %d; at least --max-batch), so a long prompt\n"
 		"                          never holds up the streams for more than one step\n"
+		"  --max-sessions N        sessions one uid keeps (KV saved between turns); a\n"
+		"                          request naming a new one past it is refused (default %d)\n"
 		"  --prefill-pace R        while streams decode, a step that also carries prompt\n"
 		"                          chunks aims at no more than R decode-only steps' time:\n"
 		"                          chunks are sized from the measured step costs\n"
@@ -95,7 +97,7 @@ static void usage(FILE *f)
 		"request paused, then cancelled after %d ms.\n",
 		names, sock, SERVER_DEFAULT_MAX_CLIENTS, SERVER_DEFAULT_MAX_PENDING, SERVER_DEFAULT_HANDSHAKE_S,
 		SCHED_DEFAULT_MAX_BATCH, SCHED_DEFAULT_STEP_TOKENS,
-		SCHED_DEFAULT_PREFILL_PACE, ENGINE_DEFAULT_KV_TOKENS,
+		ENGINE_DEFAULT_MAX_SESSIONS, SCHED_DEFAULT_PREFILL_PACE, ENGINE_DEFAULT_KV_TOKENS,
 		ENGINE_DEFAULT_SESSION_TTL_S, ENGINE_DEFAULT_OFFLOAD_AFTER_S, SERVER_DEFAULT_SHUTDOWN_S, SCHED_DEFAULT_STALL_MS);
 }
 
@@ -201,7 +203,7 @@ static int parse_secs(const char *opt, const char *s, int *out)
 enum {
 	O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
 	O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_NOWAIT, O_TTL, O_OFFLOAD,
-	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE, O_PACE, O_PENDING, O_HANDSHAKE, O_OPUID, O_OPGID
+	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE, O_PACE, O_PENDING, O_HANDSHAKE, O_OPUID, O_OPGID, O_MAXSESS
 };
 
 static const struct option kdecd_opts[] = {
@@ -220,6 +222,7 @@ static const struct option kdecd_opts[] = {
 	{ "max-batch", required_argument, NULL, O_BATCH },
 	{ "prefill-chunk", required_argument, NULL, O_CHUNK },
 	{ "prefill-pace", required_argument, NULL, O_PACE },
+	{ "max-sessions", required_argument, NULL, O_MAXSESS },
 	{ "kv-tokens", required_argument, NULL, O_KV },
 	{ "shutdown-timeout", required_argument, NULL, O_SHUT },
 	{ "share-prefix-cache", no_argument, NULL, O_SHARE },
@@ -297,6 +300,11 @@ static int parse_opt_num(struct kdecd_args *a, int c, const char *arg)
 		a->srv.sched.prefill_pace = r;
 		break;
 	}
+	case O_MAXSESS:
+		if (parse_num("--max-sessions", arg, 1, 1L << 20, &v))
+			return -EINVAL;
+		a->eng.max_sessions = (int)v;
+		break;
 	case O_KV:
 		if (parse_num("--kv-tokens", arg, 1, 1L << 28, &v))
 			return -EINVAL;

@@ -14,10 +14,13 @@ sock=$outdir/agent.sock
 mkdir -p "$outdir"
 rm -f "$outdir"/decode.jsonl "$outdir"/agent_*.json
 
-# The daemon: --daemon returns once it serves (or fails with its error line).
+# The daemon: --daemon returns once it serves (or fails with its error line). Every
+# agent here runs as one uid, whose 64-session default would refuse the 65th
+# conversation: the benchmark lifts it (real agents run under their own uids).
 # shellcheck disable=SC2086
 if ! "$B/kdecd" --model "$cfg" --synthetic-weights --backend "$backend" --kv-tokens "$kv" \
 	--socket "$sock" --log-level warn --daemon --pid-file "$outdir/kdecd.pid" \
+	--max-sessions 100000 \
 	${KDECD_ARGS:-} 2>"$outdir/kdecd.log"; then
 	echo "agent_serving: kdecd did not start (log: $outdir/kdecd.log)" >&2
 	exit 1
