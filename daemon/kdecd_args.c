@@ -353,7 +353,7 @@ static int parse_opt(struct kdecd_args *a, int c, const char *arg)
 	case O_NOWAIT: a->srv.sched.no_prefix_wait = 1; break;
 	case O_STATE: a->srv.state_dir = arg; break;
 	case O_THREADS: case O_MAXCL: case O_PENDING: case O_HANDSHAKE: case O_BATCH: case O_CHUNK:
-	case O_PACE: case O_KV: case O_SHUT:
+	case O_PACE: case O_MAXSESS: case O_KV: case O_SHUT:
 	case O_TTL: case O_OFFLOAD: case O_HOSTMEM:
 		return parse_opt_num(a, c, arg);
 	case O_SPEC:
