@@ -333,7 +333,8 @@ phase_agent() {
 	run agent bash contrib/bench/agent_serving.sh "$B" "$out/agent" \
 		"tests/data/configs/${AGENT_MODEL:-llama3.1-8b}.json"
 	cat "$out/agent/agent_table.md" >>"$summary"
-	mkdir -p "${OUT:-$out}/agent" && cp "$out"/agent/*.png "$out"/agent/agent_table.md "${OUT:-$out}/agent/" 2>/dev/null
+	# the GPU machine has no gnuplot: the .png.dat and .png.gp come back to be drawn here
+	mkdir -p "${OUT:-$out}/agent" && cp "$out"/agent/*.png* "$out"/agent/agent_table.md "${OUT:-$out}/agent/" 2>/dev/null
 }
 
 phase_peers() {
