@@ -11,7 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -115,6 +118,39 @@ static inline int daemontest_stop(struct daemontest *d)
 	if (waitpid(pid, &st, 0) != pid)
 		return -1;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* One control round trip on a raw connection to sock (no kdctl): line, which ends in
+ * "\n", out; the reply's first line into reply (len bytes, NUL-terminated). Sends and
+ * receives time out after timeout_s, so a hung daemon fails the check instead of
+ * hanging the test. 0, or -1 when the connection or the write failed. */
+static inline int daemontest_control(const char *sock, const char *line, char *reply, size_t len,
+				     int timeout_s)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct timeval tv = { .tv_sec = timeout_s };
+	size_t n = 0, k = strlen(sock);
+	ssize_t r;
+	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	reply[0] = 0;
+	if (s < 0)
+		return -1;
+	memcpy(sa.sun_path, sock, k < sizeof(sa.sun_path) ? k : sizeof(sa.sun_path) - 1);
+	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) || write(s, line, strlen(line)) < 0) {
+		close(s);
+		return -1;
+	}
+	while (n + 1 < len && (r = read(s, reply + n, len - 1 - n)) > 0) {
+		n += (size_t)r;
+		if (memchr(reply, '\n', n))
+			break;
+	}
+	close(s);
+	reply[n] = 0;
+	return 0;
 }
 
 /* Output of `kdctl --socket <sock> <cmd>` into buf (len bytes, NUL-terminated).

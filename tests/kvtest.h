@@ -136,6 +136,18 @@ static inline void kvt_count_host(const struct kv_host_block *b, const struct kv
 	(*hrefs)[k]++;
 }
 
+/* Bytes of every block of the session, in order, read from the device (malloc'd;
+ * the caller frees). */
+static inline uint8_t *kvt_session_kv(struct engine *e, const struct kv_session *s)
+{
+	uint8_t *buf = malloc(e->block_bytes * (size_t)s->n_blocks + 1);
+
+	for (int b = 0; b < s->n_blocks; b++)
+		CHECK(s->dev[b] >= 0 && engine_block_read(e, s->dev[b], buf + e->block_bytes * (size_t)b) == 0,
+		      "read block %d", b);
+	return buf;
+}
+
 /* Every invariant of the pool, the prefix index, the sessions and the host tier,
  * with seqs[0..n_seqs) the live sequences (the only holders besides sessions).
  * Returns the number of violations (each also a failed CHECK). */

@@ -76,23 +76,10 @@ static int raw_conn(int nonblock)
 static long long ctl(const char *cmd, const char *key)
 {
 	char line[16384], pat[64];
-	ssize_t n = 0, r;
 	const char *p;
-	int s = raw_conn(0);
 
-	if (s < 0)
+	if (daemontest_control(d.sock, cmd, line, sizeof(line), 5))
 		return -1;
-	if (write(s, cmd, strlen(cmd)) < 0) {
-		close(s);
-		return -1;
-	}
-	while (n < (ssize_t)sizeof(line) - 1 && (r = read(s, line + n, sizeof(line) - 1 - (size_t)n)) > 0) {
-		n += r;
-		if (memchr(line, '\n', (size_t)n))
-			break;
-	}
-	close(s);
-	line[n > 0 ? n : 0] = '\0';
 	snprintf(pat, sizeof(pat), "\"%s\":", key);
 	if (!(p = strstr(line, pat)))
 		return -1;

@@ -46,16 +46,6 @@ static uint64_t fake_clock(void)
 	return fake_now;
 }
 
-static uint8_t *session_kv(struct engine *e, const struct kv_session *s)
-{
-	uint8_t *buf = malloc(e->block_bytes * (size_t)s->n_blocks + 1);
-
-	for (int b = 0; b < s->n_blocks; b++)
-		CHECK(s->dev[b] >= 0 && engine_block_read(e, s->dev[b], buf + e->block_bytes * (size_t)b) == 0,
-		      "read block %d", b);
-	return buf;
-}
-
 struct stream {
 	struct engine_seq s;
 	int32_t tok[256];
@@ -175,7 +165,7 @@ static void test_steps_go_on(void)
 		goto out;
 	sess = big_session(e, "big", hist, &n);
 	stream_start(e, &d);
-	before = session_kv(e, sess);
+	before = kvt_session_kv(e, sess);
 	e->host_delay_us = DELAY_US;
 	/* one worker: a move then takes the codec's whole slow-down, whatever the CPUs
 	 * (with several, the blocks are shared and it takes a fraction: 0.8 s of 1.6 on
@@ -223,7 +213,7 @@ static void test_steps_go_on(void)
 	      (unsigned long long)(e->stats.restored_blocks - restored));
 	CHECK(kv_session_blocks_on_device(sess) == BIG_BLOCKS && kv_session_blocks_on_host(sess) == 0,
 	      "restored: all on the device, the host copies gone");
-	after = session_kv(e, sess);
+	after = kvt_session_kv(e, sess);
 	CHECK(!memcmp(before, after, e->block_bytes * BIG_BLOCKS), "restored KV differs");
 	kvt_check_invariants(e, (struct engine_seq *[]){ &d.s }, 1);
 	stream_check(e, &d, "offload and restore");

@@ -47,31 +47,14 @@ static int prompt_of(int i, int32_t *p)
 /* One control command; the value of "key" in the reply (an integer), or -1. */
 static long long ctl(const char *cmd, const char *key)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	char line[8192], pat[64], req[128];
-	long long v = -1;
-	ssize_t n = 0, r;
 	const char *p;
-	int s;
 
-	strcpy(sa.sun_path, kdecd.sock);
-	s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	snprintf(req, sizeof(req), "{\"cmd\":\"%s\"}\n", cmd);
-	if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) || write(s, req, strlen(req)) < 0) {
-		close(s);
+	if (daemontest_control(kdecd.sock, req, line, sizeof(line), 30))
 		return -1;
-	}
-	while (n < (ssize_t)sizeof(line) - 1 && (r = read(s, line + n, sizeof(line) - 1 - (size_t)n)) > 0) {
-		n += r;
-		if (memchr(line, '\n', (size_t)n))
-			break;
-	}
-	close(s);
-	line[n > 0 ? n : 0] = '\0';
 	snprintf(pat, sizeof(pat), "\"%s\":", key);
-	if ((p = strstr(line, pat)))
-		v = strtoll(p + strlen(pat), NULL, 10);
-	return v;
+	return (p = strstr(line, pat)) ? strtoll(p + strlen(pat), NULL, 10) : -1;
 }
 
 /* Waits until status reports running == 0 and no KV block in use; -1 on timeout. */

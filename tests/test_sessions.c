@@ -26,17 +26,6 @@ static uint64_t fake_clock(void)
 	return fake_now;
 }
 
-/* Bytes of every block of the session, in order, read from the device. */
-static uint8_t *session_kv(struct engine *e, const struct kv_session *s)
-{
-	uint8_t *buf = malloc(e->block_bytes * (size_t)s->n_blocks + 1);
-
-	for (int b = 0; b < s->n_blocks; b++)
-		CHECK(s->dev[b] >= 0 && engine_block_read(e, s->dev[b], buf + e->block_bytes * (size_t)b) == 0,
-		      "read block %d", b);
-	return buf;
-}
-
 static void test_multi_turn(const char *model)
 {
 	struct engine_opts eo = { .threads = 1, .block_tokens = BT, .kv_tokens = 64 * BT, .max_rows = 32 };
@@ -92,7 +81,7 @@ static void test_multi_turn(const char *model)
 	kvt_check_invariants(e, NULL, 0);
 
 	/* offload, evict the device copies, restore: the same bytes come back */
-	kv_before = session_kv(e, sess);
+	kv_before = kvt_session_kv(e, sess);
 	CHECK(engine_session_offload(e, sess) == 0, "%s: offload", model);
 	CHECK(kv_session_blocks_on_device(sess) == 0 && kv_session_blocks_on_host(sess) == sess->n_blocks,
 	      "%s: all blocks on host", model);
@@ -103,7 +92,7 @@ static void test_multi_turn(const char *model)
 	CHECK(engine_session_restore(e, sess) == 0, "%s: restore", model);
 	CHECK(e->stats.restored_blocks == (uint64_t)sess->n_blocks && e->stats.restores == 1,
 	      "%s: every block decompressed (%llu)", model, (unsigned long long)e->stats.restored_blocks);
-	kv_after = session_kv(e, sess);
+	kv_after = kvt_session_kv(e, sess);
 	CHECK(!memcmp(kv_before, kv_after, e->block_bytes * (size_t)sess->n_blocks),
 	      "%s: restored KV differs", model);
 	kvt_check_invariants(e, NULL, 0);

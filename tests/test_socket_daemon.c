@@ -43,27 +43,11 @@ static void set_path(struct sockaddr_un *sa, const char *path)
  * of hanging the test); 0 when the reply says "ok":true. */
 static int ctl_ok(const char *path, const char *cmd)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct timeval tv = { .tv_sec = CTL_TIMEOUT_S };
 	char req[128], line[8192];
-	ssize_t n = 0, r;
-	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
-	set_path(&sa, path);
 	snprintf(req, sizeof(req), "{\"cmd\":\"%s\"}\n", cmd);
-	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) || write(s, req, strlen(req)) < 0) {
-		close(s);
+	if (daemontest_control(path, req, line, sizeof(line), CTL_TIMEOUT_S))
 		return -1;
-	}
-	while (n < (ssize_t)sizeof(line) - 1 && (r = read(s, line + n, sizeof(line) - 1 - (size_t)n)) > 0) {
-		n += r;
-		if (memchr(line, '\n', (size_t)n))
-			break;
-	}
-	close(s);
-	line[n > 0 ? n : 0] = '\0';
 	return strstr(line, "\"ok\":true") ? 0 : -1;
 }
 

@@ -15,6 +15,23 @@ int kdbench_kvcache_main(int argc, char **argv);		/* kdbench_kvcache.c */
 int kdbench_ipc_main(int argc, char **argv);		/* kdbench_ipc.c */
 int kdbench_agent_main(int argc, char **argv);		/* kdbench_agent.c */
 
+/* xorshift64: the random prompt tokens of decode and prefill (*s never 0). */
+static inline uint64_t kdbench_rng_next(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+/* qsort's comparison of doubles, ascending. */
+static inline int kdbench_cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
 /* An integer option of the command who ("kdbench", "kdbench decode"): s in [min, max]
  * into *out, 0; else one line on stderr, -1. */
 int kdbench_parse_num(const char *who, const char *opt, const char *s, long min, long max,

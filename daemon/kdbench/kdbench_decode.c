@@ -218,21 +218,6 @@ static double step_weight_bytes(const struct model *m, int B)
 
 /* ---- one batch size --------------------------------------------------------- */
 
-static uint64_t rng_next(uint64_t *s)
-{
-	*s ^= *s << 13;
-	*s ^= *s >> 7;
-	*s ^= *s << 17;
-	return *s;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
 /* --profile-step: the last step of each batch size runs inside a profiler range (ncu
  * --profile-from-start off), so a kernel profile holds exactly one decode step. */
 static void profile_range(const struct decode_args *a, int s, int on)
@@ -262,7 +247,7 @@ static double replay_p50(struct engine *e, int bucket, double *times, int n)
 			return 0;
 		times[i] = clock_now() - t0;
 	}
-	qsort(times, (size_t)n, sizeof(*times), cmp_double);
+	qsort(times, (size_t)n, sizeof(*times), kdbench_cmp_double);
 	return times[n / 2] * 1e3;
 }
 
@@ -284,7 +269,7 @@ static int run_batch(const struct decode_args *a, struct engine *e, int B, struc
 	for (int i = 0; i < B; i++) {
 		engine_seq_init(&seqs[i]);
 		for (int t = 0; t < a->ctx; t++)
-			prompt[(size_t)i * a->ctx + t] = (int32_t)(rng_next(&rng) % (uint64_t)c->vocab_size);
+			prompt[(size_t)i * a->ctx + t] = (int32_t)(kdbench_rng_next(&rng) % (uint64_t)c->vocab_size);
 		reqs[i] = (struct engine_req){ .seq = &seqs[i], .tokens = prompt + (size_t)i * a->ctx,
 					       .n_tokens = a->ctx };
 	}
@@ -305,7 +290,7 @@ static int run_batch(const struct decode_args *a, struct engine *e, int B, struc
 		if (s >= a->warmup)
 			times[s - a->warmup] = clock_now() - t0;
 	}
-	qsort(times, (size_t)a->steps, sizeof(*times), cmp_double);
+	qsort(times, (size_t)a->steps, sizeof(*times), kdbench_cmp_double);
 	res->batch = B;
 	res->ctx = a->ctx;
 	res->min_ms = times[0] * 1e3;

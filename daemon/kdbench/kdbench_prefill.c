@@ -183,21 +183,6 @@ static double prefill_flops(const struct model *m, int T)
 
 /* ---- one length --------------------------------------------------------------- */
 
-static uint64_t rng_next(uint64_t *s)
-{
-	*s ^= *s << 13;
-	*s ^= *s >> 7;
-	*s ^= *s << 17;
-	return *s;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
 /* Prefills one fresh random prompt of T tokens; its seconds into *s. */
 static int prefill_once(struct engine *e, int T, uint64_t *rng, int32_t *prompt, double *s,
 			char *err, size_t err_len)
@@ -211,7 +196,7 @@ static int prefill_once(struct engine *e, int T, uint64_t *rng, int32_t *prompt,
 	int ret;
 
 	for (int t = 0; t < T; t++)
-		prompt[t] = (int32_t)(rng_next(rng) % (uint64_t)e->model->cfg.vocab_size);
+		prompt[t] = (int32_t)(kdbench_rng_next(rng) % (uint64_t)e->model->cfg.vocab_size);
 	engine_seq_init(&seq);
 	req = (struct engine_req){ .seq = &seq, .tokens = prompt, .n_tokens = T };
 	t0 = clock_now();
@@ -236,7 +221,7 @@ static int run_length(const struct prefill_args *a, struct engine *e, int T, FIL
 			fprintf(stderr, "kdbench prefill: %d tokens: %s\n", T, err[0] ? err : strerror(-ret));
 			goto out;
 		}
-	qsort(t, (size_t)a->reps, sizeof(*t), cmp_double);
+	qsort(t, (size_t)a->reps, sizeof(*t), kdbench_cmp_double);
 	p50 = t[a->reps / 2] * 1e3;
 	flops = prefill_flops(e->model, T);
 	floor_ms = flops / (a->tc_tflops * 1e12) * 1e3;
