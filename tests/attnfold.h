@@ -48,7 +48,9 @@ struct qkv_run {
 static inline int qkv_setup(struct qkv_run *q, int rows, int H, int KV, int D, int rope_dim,
 			    int qk_norm, int il)
 {
-	const int nk = KV * D, n_slots = rows + 5;
+	/* slots r * stride + 3 (mod n_slots) are distinct only for a stride prime to
+	 * n_slots: two rows on one slot would leave it to whichever kernel writes last */
+	const int nk = KV * D, n_slots = rows + 5, stride = n_slots % 7 ? 7 : n_slots % 11 ? 11 : 13;
 	const size_t nsrc = (size_t)rows * (H + 2 * KV) * D;
 	float *src = test_rand_floats(nsrc, 2.0f, &attn_seed);
 	float *w = test_rand_floats(2 * (size_t)D, 1.0f, &attn_seed);
@@ -59,7 +61,7 @@ static inline int qkv_setup(struct qkv_run *q, int rows, int H, int KV, int D, i
 		fr[i] = fabsf(fr[i]);
 	for (int r = 0; r < rows; r++) {
 		pos[r] = test_rand_int(0, 32767, &attn_seed);
-		slots[r] = r == rows / 2 && rows > 1 ? -1 : (r * 7 + 3) % n_slots;
+		slots[r] = r == rows / 2 && rows > 1 ? -1 : (r * stride + 3) % n_slots;
 	}
 	memset(q, 0, sizeof(*q));
 	q->d_src = dup_to_device(src, sizeof(float) * nsrc);

@@ -256,8 +256,9 @@ static void gqa_prefill_off_case(struct gqa_shape sh, int bt, struct rows *r)
  * offset that is no multiple of a tile and ends in a partial query tile, a whole prompt
  * from position 0; several sequences whose runs straddle the query tiles (one of a
  * single row); 16 rows over 30k tokens (the context split over blocks, then merged) and
- * a graph sized for 32k that the rows fill only partly (empty splits); head_dim 20 and
- * 256 take the tiled kernel (the fallback). Then the knob off. */
+ * a graph sized for 32k that the rows fill only partly (empty splits); whole prompts
+ * (query tiles paired first with last); head_dim 20 and 256 take the tiled kernel (the
+ * fallback). Then the knob off. */
 static void test_gqa_prefill_mma(void)
 {
 	static const struct gqa_shape shapes[] = {
@@ -269,6 +270,7 @@ static void test_gqa_prefill_mma(void)
 	int run = quick ? 77 : 200, pos = quick ? 203 : 3037, zero = 0;
 	int runs[] = { 37, 100, 1, 70 }, pos0[] = { 1000, 0, 4000, 3001 };
 	int few = 16, far = quick ? 2000 : 30000;
+	int runs2[] = { 300, 1, 211, 150 }, pos2[] = { 0, 90, 0, 20 }, whole = 2048;
 
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
 		gqa_case(shapes[i], 16, rows_prefill(1, &run, &pos, pos + run), 1);
@@ -278,6 +280,12 @@ static void test_gqa_prefill_mma(void)
 	gqa_case(shapes[4], 7, rows_prefill(4, runs, pos0, 4200), 1);
 	gqa_case(shapes[0], 16, rows_prefill(1, &few, &far, far + few), 1);
 	gqa_case(shapes[3], 16, rows_prefill(1, &few, &far, 32768), 1);
+	/* whole prompts (paired query tiles): several sequences from position 0 or near it;
+	 * one Llama prompt of 2,048 (pairs of 128 query vectors; below that, of 64) */
+	gqa_case(shapes[0], 16, rows_prefill(4, runs2, pos2, 400), 1);
+	gqa_case(shapes[1], 7, rows_prefill(4, runs2, pos2, 400), 1);
+	if (!quick)
+		gqa_case(shapes[0], 16, rows_prefill(1, &whole, &zero, whole), 1);
 	gqa_prefill_graph_case(shapes[0], 16, 64, quick ? 100 : 1000, quick ? 512 : 8192);
 	gqa_prefill_off_case(shapes[0], 16, rows_prefill(1, &run, &pos, pos + run));
 	gqa_prefill_off_case(shapes[3], 7, rows_prefill(4, runs, pos0, 4200));

@@ -36,9 +36,9 @@ static int quick;	/* KD_TEST_QUICK */
 /* ---- qkv_post: the early-load kernel against the one before it ------------------ */
 
 /* k_cuda_qkv_post with qkv_post_early 0 (the kernel that loads one input after another)
- * and by default (every load at once): the same arithmetic, so q and both caches must
- * agree bit for bit, unwritten cache (slot -1 rows, other slots) still poisoned in
- * both. */
+ * and by default (every load at once; from 65 rows on, the warp-per-head kernel): the
+ * same arithmetic, so q and both caches must agree bit for bit, unwritten cache (slot -1
+ * rows, other slots) still poisoned in both. */
 static void qkv_case(int rows, int H, int KV, int D, int rope_dim, int qk_norm, int il)
 {
 	const struct k_cuda_tuning was = *k_cuda_tuning();
@@ -86,6 +86,13 @@ static void test_qkv_post(void)
 	qkv_case(5, 6, 2, 200, 64, 1, 0);	/* two values a thread */
 	qkv_case(3, 4, 2, 512, 512, 1, 1);	/* the widest head */
 	qkv_case(2, 4, 4, 40, 0, 0, 0);		/* no rope */
+	/* from 65 rows on, one warp per (head, row): a prefill chunk */
+	qkv_case(1024, 32, 8, 128, 128, 0, 0);	/* Llama-3.1-8B, 1,024 prompt tokens */
+	qkv_case(300, 32, 8, 128, 128, 1, 0);	/* Qwen3 */
+	qkv_case(65, 12, 4, 24, 16, 1, 1);	/* odd, partial interleaved rope */
+	qkv_case(97, 6, 2, 200, 64, 1, 0);	/* a ragged last value a lane */
+	qkv_case(70, 4, 2, 512, 512, 1, 1);	/* the widest head */
+	qkv_case(66, 4, 4, 40, 0, 0, 0);	/* no rope */
 }
 
 /* ---- qkv_post folded into the decode attention (k_cuda_attn_gqa_qkv) ----------- */

@@ -48,6 +48,10 @@ struct backend_ops {
 				 * struct k_kv_layer's k and v point to storage of this type */
 	int host_memory;	/* 1: backend memory is host memory, so ops read a step's host
 				 * inputs (ids, positions, block tables) in place */
+	int prompt_rows;	/* rows per forward call that engine_create defaults to (0:
+				 * ENGINE_DEFAULT_MAX_ROWS) where one call of many rows costs
+				 * less per token than several of fewer: a lone prompt runs in
+				 * steps of that many tokens (sched_step.c) */
 
 	/* Optional (NULL: always usable): 1 when the backend can run here, with what it
 	 * would run on in why ("GPU 0: NVIDIA H200, 139.8 GiB"); 0 when it cannot, with

@@ -78,15 +78,22 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 	*out = NULL;
 	block_tokens = opts->block_tokens > 0 ? opts->block_tokens : ENGINE_DEFAULT_BLOCK_TOKENS;
 	kv_tokens = opts->kv_tokens > 0 ? opts->kv_tokens : ENGINE_DEFAULT_KV_TOKENS;
-	max_rows = opts->max_rows > 0 ? opts->max_rows : ENGINE_DEFAULT_MAX_ROWS;
+	ops = backend_pick(opts->backend ? opts->backend : "cpu", why, sizeof(why), err, err_len);
+	if (!ops)
+		return -ENOENT;
+	max_rows = opts->max_rows;
+	if (max_rows <= 0) {
+		max_rows = ENGINE_DEFAULT_MAX_ROWS;
+		if (ops->prompt_rows > max_rows)
+			max_rows = ops->prompt_rows;
+		if (opts->min_rows > max_rows)
+			max_rows = opts->min_rows;
+	}
 	if (block_tokens > 4096 || max_rows > 65536) {
 		snprintf(err, err_len, "block size %d (max 4096) or rows per step %d (max 65536) too large",
 			 block_tokens, max_rows);
 		return -EINVAL;
 	}
-	ops = backend_pick(opts->backend ? opts->backend : "cpu", why, sizeof(why), err, err_len);
-	if (!ops)
-		return -ENOENT;
 	if (why[0])
 		log_info("%s", why);	/* "auto": which backend, and why that one */
 	e = calloc(1, sizeof(*e));

@@ -30,7 +30,9 @@ struct engine_opts {
 	int threads;		/* <= 0: one per online CPU */
 	int block_tokens;	/* <= 0: ENGINE_DEFAULT_BLOCK_TOKENS */
 	int kv_tokens;		/* cache capacity in tokens; <= 0: ENGINE_DEFAULT_KV_TOKENS */
-	int max_rows;		/* tokens per forward call; <= 0: ENGINE_DEFAULT_MAX_ROWS */
+	int max_rows;		/* tokens per forward call; <= 0: the backend's prompt_rows,
+				 * at least ENGINE_DEFAULT_MAX_ROWS and min_rows */
+	int min_rows;		/* with max_rows <= 0: at least this many (--prefill-chunk) */
 	int64_t host_kv_bytes;	/* host tier budget (bytes); 0: ENGINE_DEFAULT_HOST_KV_BYTES; < 0: none */
 	int session_quota_blocks;	/* device blocks one owner's sessions may pin; <= 0: 1/4 of the cache */
 	int max_sessions;	/* sessions per owner; <= 0: ENGINE_DEFAULT_MAX_SESSIONS */

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "daemon/base/log.h"
+#include "daemon/backend/backend.h"
+#include "daemon/engine/forward.h"
 #include "daemon/sched/sched_internal.h"
 #include "ipc/ipc_futex.h"
 
@@ -312,6 +314,17 @@ static int build_step(struct sched *s, uint64_t now)
 	}
 	s->step_decodes = n;
 	s->step_prompt = 0;
+	/* nobody decodes: nobody waits for this step but the prompts, which run faster per
+	 * token in fewer, larger calls where the backend says so (the GPU's prompt_rows),
+	 * up to the engine's rows */
+	if (!n) {
+		int alone = s->e->be->ops->prompt_rows;
+
+		if (alone > s->e->fwd->max_rows)
+			alone = s->e->fwd->max_rows;
+		if (alone > budget)
+			budget = alone;
+	}
 	budget = pace_budget(s, n, budget);
 	for (int i = 0; budget > 0 && n < s->o.max_batch; i++) {
 		struct sched_req *r;

@@ -56,6 +56,9 @@ struct k_cuda_tuning {
 				 * <= 128) on the tensor-core prefill kernel (attn_prefill.cu)
 				 * where attn_mma is 1; 0: the tiled CUDA-core kernel. Not
 				 * bit-identical (q and p enter the tensor cores in bf16) */
+	int attn_prefill_pair;	/* KDEC_ATTN_PREFILL_PAIR, flag, 1: a causal prompt that is
+				 * most of its context runs that kernel with query tiles
+				 * paired first with last (equal work a block); 0: unpaired */
 	int attn_dec_splits;	/* KDEC_ATTN_DEC_SPLITS, >= 0, 0: a fixed split count for the
 				 * GQA decode kernels (where the workspace holds it); 0: chosen
 				 * by occupancy. Not bit-identical across values */

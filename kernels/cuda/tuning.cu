@@ -26,6 +26,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.attn_mma_fold = 0;
 	t.attn_mma_early = 1;
 	t.attn_prefill_mma = 1;
+	t.attn_prefill_pair = 1;
 	t.attn_dec_splits = 0;
 	t.attn_merge_batched = 0;
 	t.qkv_in_attn = -1;
@@ -110,6 +111,7 @@ static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_ATTN_MMA_FOLD", attn_mma_fold),
 	TUN_FLAG("KDEC_ATTN_MMA_EARLY", attn_mma_early),
 	TUN_FLAG("KDEC_ATTN_PREFILL_MMA", attn_prefill_mma),
+	TUN_FLAG("KDEC_ATTN_PREFILL_PAIR", attn_prefill_pair),
 	TUN_INT("KDEC_ATTN_DEC_SPLITS", attn_dec_splits, 0, INT_MAX),
 	TUN_FLAG("KDEC_ATTN_MERGE", attn_merge_batched),
 	TUN_FLAG("KDEC_QKV_IN_ATTN", qkv_in_attn),

@@ -145,15 +145,15 @@ static double gqa_rows_flops(const struct rows *r, struct gqa_shape sh)
 }
 
 /* One call of run new rows of one sequence ending at ctx, warm (median of
- * BENCH_WARM_RUNS): the tensor-core prefill kernel beside the tiled CUDA-core one
- * (attn_prefill_mma 0), achieved TFLOPS and the floor. */
+ * BENCH_WARM_RUNS): the tensor-core prefill kernel (and with attn_prefill_pair 0) beside
+ * the tiled CUDA-core one (attn_prefill_mma 0), achieved TFLOPS and the floor. */
 static void gqa_prefill_time(struct gqa_shape sh, int run, int ctx)
 {
 	const struct k_cuda_tuning was = *k_cuda_tuning();
 	struct k_cuda_tuning t = was;
 	int pos = ctx - run;
 	struct gqa_run g;
-	double flops, t_new, t_old;
+	double flops, t_new, t_unpaired, t_old;
 
 	if (gqa_setup(&g, sh, 16, rows_prefill(1, &run, &pos, ctx), 1, 0)) {
 		CHECK(0, "gqa prefill setup");
@@ -162,13 +162,16 @@ static void gqa_prefill_time(struct gqa_shape sh, int run, int ctx)
 	}
 	flops = gqa_rows_flops(g.r, sh);
 	t_new = bench_time_us(gqa_call_default, &g);
+	t.attn_prefill_pair = 0;
+	k_cuda_tuning_set(&t);
+	t_unpaired = bench_time_us(gqa_call_default, &g);
 	t.attn_prefill_mma = 0;
 	k_cuda_tuning_set(&t);
 	t_old = bench_time_us(gqa_call_default, &g);
 	k_cuda_tuning_set(&was);
 	printf("gqa prefill h%d/kv%d/d%d rows %4d ctx %5d..%5d: tensor cores %8.1f us %5.1f TFLOPS"
-	       " | tiled fp32 %8.1f us %5.1f TFLOPS | %4.1fx; floor %6.1f us (%.0f%%)\n", sh.h,
-	       sh.kv, sh.hd, run, pos + 1, ctx, t_new, flops / t_new * 1e-6, t_old,
+	       " (unpaired %8.1f us) | tiled fp32 %8.1f us %5.1f TFLOPS | %4.1fx; floor %6.1f us (%.0f%%)\n",
+	       sh.h, sh.kv, sh.hd, run, pos + 1, ctx, t_new, flops / t_new * 1e-6, t_unpaired, t_old,
 	       flops / t_old * 1e-6, t_old / t_new, flops / BENCH_BF16_FLOPS * 1e6,
 	       100.0 * flops / BENCH_BF16_FLOPS * 1e6 / t_new);
 	gqa_teardown(&g);
@@ -187,6 +190,7 @@ static void bench_gqa_prefill(void)
 		for (size_t i = 0; i < sizeof(ctxs) / sizeof(ctxs[0]); i++)
 			gqa_prefill_time(llama, run, ctxs[i]);
 	gqa_prefill_time(llama, 1024, 1024);
+	gqa_prefill_time(llama, 2048, 2048);
 	gqa_prefill_time(llama, 4096, 4096);
 }
 

@@ -399,6 +399,9 @@ const struct backend_ops backend_cuda_ops = {
 	.name = "cuda",
 	.kv_dtype = K_BF16,
 	.host_memory = 0,
+	/* H200, Llama-3.1-8B, 1,024 prompt tokens: 24.7 ms as one call, 36.4 ms as four of
+	 * 256 (GEMMs at M = 1,024 run at ~720 TFLOPS, at 256 at ~600; PERFORMANCE.md) */
+	.prompt_rows = 2048,
 	.available = cuda_available,
 	.create = cuda_create,
 	.destroy = cuda_destroy,

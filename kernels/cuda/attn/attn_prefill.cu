@@ -354,22 +354,17 @@ __device__ __forceinline__ void pf_run(const attn_tile_args &a, const uint16_t *
 	pf_store<DK, MW>(a, qy, s_, split, out_bf16);
 }
 
-// Block (query tile, kv head, split): query vectors qi = row * group + g of the tile,
-// taken in runs of consecutive rows that share a block table.
-template <int DK, int TK, int ST, int W, int MW, int MINB>
-__global__ void __launch_bounds__(W * 32, MINB) attn_prefill_kernel(const attn_tile_args a,
-								   uint16_t *out_bf16)
+// The block's query tile at qi0 (query vectors qi = row * group + g), taken in runs of
+// consecutive rows that share a block table.
+template <int DK, int TK, int ST, int W, int MW>
+__device__ __forceinline__ void pf_query_tile(const attn_tile_args &a, uint16_t *sq,
+					      uint16_t *sk, uint16_t *sv, int qi0, int nq,
+					      uint16_t *out_bf16)
 {
-	using L = pf_layout<DK, TK, ST, W * MW * 16>;
-	extern __shared__ __align__(16) unsigned char attn_smem[];
-	uint16_t *sk = (uint16_t *)(attn_smem + L::k), *sv = (uint16_t *)(attn_smem + L::v);
-	uint16_t *sq = (uint16_t *)(attn_smem + L::q);
-	const int nq = a.n_rows * a.group, qi0 = blockIdx.x * W * MW * 16;
 	const int r_lo = qi0 / a.group, r_hi = (min(qi0 + W * MW * 16, nq) - 1) / a.group;
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 	pf_query<MW> qy;
 
-	k_cuda_pdl_wait();
 #pragma unroll
 	for (int i = 0; i < 2 * MW; i++) {
 		const int qi = qi0 + (warp * MW + i / 2) * 16 + lane / 4 + 8 * (i % 2);
@@ -391,47 +386,93 @@ __global__ void __launch_bounds__(W * 32, MINB) attn_prefill_kernel(const attn_t
 	}
 }
 
+// Block (query tile, kv head, split). PAIR: block x takes tile x and tile T - 1 - x of
+// the T tiles: in a causal prompt tile x sees about x + 1 tiles of tokens, so every
+// pair sees about T + 1 and the blocks of one wave end together (a 1,024-token Llama
+// prefill unpaired: one wave of 256 blocks whose longest sees 32 times the shortest's
+// tokens).
+template <int DK, int TK, int ST, int W, int MW, int MINB, bool PAIR>
+__global__ void __launch_bounds__(W * 32, MINB) attn_prefill_kernel(const attn_tile_args a,
+								   uint16_t *out_bf16)
+{
+	using L = pf_layout<DK, TK, ST, W * MW * 16>;
+	constexpr int NQ = W * MW * 16;
+	extern __shared__ __align__(16) unsigned char attn_smem[];
+	uint16_t *sk = (uint16_t *)(attn_smem + L::k), *sv = (uint16_t *)(attn_smem + L::v);
+	uint16_t *sq = (uint16_t *)(attn_smem + L::q);
+	const int nq = a.n_rows * a.group, tiles = (nq + NQ - 1) / NQ;
+	const int x = blockIdx.x, y = tiles - 1 - x;
+
+	k_cuda_pdl_wait();
+	for (int k = 0; k < (PAIR && y > x ? 2 : 1); k++) {	// one body: no second copy
+		if (k)						// of its registers
+			__syncthreads();	// every warp is done with the first tile's q
+		pf_query_tile<DK, TK, ST, W, MW>(a, sq, sk, sv, (k ? y : x) * NQ, nq, out_bf16);
+	}
+}
+
 // ---- the compiled shapes and the launch ------------------------------------------
 
 struct pf_shape {
 	int dk, tk, st, warps, mw;
+	bool pair;
 	void (*kernel)(const attn_tile_args, uint16_t *);
 	unsigned smem;
 	int per_sm;		// resident blocks per SM (the occupancy query), 0 unusable
+	double tflops;		// its measured rate on long uniform work (the pick's model)
 };
 
 // W warps of MW m16 tiles of query vectors; MINB: blocks an SM that __launch_bounds__
 // asks registers for.
-template <int DK, int TK, int ST, int W, int MW, int MINB>
-static pf_shape pf_make()
+template <int DK, int TK, int ST, int W, int MW, int MINB, bool PAIR>
+static pf_shape pf_make(double tflops)
 {
-	return { DK, TK, ST, W, MW, attn_prefill_kernel<DK, TK, ST, W, MW, MINB>,
-		 pf_layout<DK, TK, ST, W * MW * 16>::total, 0 };
+	return { DK, TK, ST, W, MW, PAIR, attn_prefill_kernel<DK, TK, ST, W, MW, MINB, PAIR>,
+		 pf_layout<DK, TK, ST, W * MW * 16>::total, 0, tflops };
 }
 
-// In the order pf_find tries them: the first that holds head_dim.
+// Unpaired, in the order pf_find tries them: the first that holds head_dim.
 static pf_shape pf_shapes[] = {
 	// head_dim <= 64: 64 query vectors, 64-token tiles; 63 KB, 168 registers
-	pf_make<64, 64, 3, 4, 1, 1>(),
+	pf_make<64, 64, 3, 4, 1, 1, false>(0.0),
 	// head_dim <= 128 (Llama 3, Qwen3): 128 query vectors (two m16 tiles a warp),
 	// 32-token tiles; 87 KB, 255 registers, 2 blocks an SM. Measured on H200 (Llama-3.1-8B
 	// heads, 1024 rows over 32k): 263 TFLOPS; one m16 tile a warp with q in registers
 	// and 64-token tiles 238, with 32-token tiles at 3 blocks an SM 194, 8 such warps a
 	// block 236 (docs/results/cuda-attn-prefill-h200.txt)
-	pf_make<128, 32, 3, 4, 2, 1>(),
+	pf_make<128, 32, 3, 4, 2, 1, false>(263.0),
 };
+
+// Paired (causal prompts, pf_pick_paired): that 128-vector shape, and 64 query vectors
+// (one m16 tile a warp: twice the blocks, 3 an SM) for prompts whose pairs of 128 leave
+// SMs idle.
+static pf_shape pf_paired[] = {
+	pf_make<128, 32, 3, 4, 2, 1, true>(263.0),
+	pf_make<128, 32, 3, 4, 1, 2, true>(238.0),	// the rate W0 measured (its nearest)
+};
+
+static int pf_prepare_shape(pf_shape &sh, int smem_optin)
+{
+	if ((int)sh.smem > smem_optin)
+		return 0;
+	K_CUDA_TRY(cudaFuncSetAttribute(sh.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+					(int)sh.smem));
+	K_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&sh.per_sm, sh.kernel,
+								 sh.warps * 32, sh.smem));
+	return 0;
+}
 
 int attn_prefill_prepare(int smem_optin)
 {
-	for (pf_shape &sh : pf_shapes) {
-		if ((int)sh.smem > smem_optin)
-			continue;
-		K_CUDA_TRY(cudaFuncSetAttribute(sh.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-						(int)sh.smem));
-		K_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&sh.per_sm, sh.kernel,
-									 sh.warps * 32, sh.smem));
-	}
-	return 0;
+	int ret = 0;
+
+	for (pf_shape &sh : pf_shapes)
+		if (!ret)
+			ret = pf_prepare_shape(sh, smem_optin);
+	for (pf_shape &sh : pf_paired)
+		if (!ret)
+			ret = pf_prepare_shape(sh, smem_optin);
+	return ret;
 }
 
 static const pf_shape *pf_find(int dk)
@@ -478,10 +519,41 @@ static int pf_pick_splits(const k_cuda_attn_ws *ws, long blocks, long slots, int
 	return best;
 }
 
+// A causal prompt that is most of its own context (its rows see from a few tokens to
+// max_ctx: the 1,024 rows of a lone 1k prompt) takes a paired shape, unsplit: of those
+// that hold dk, the one whose waves of equal pair blocks, each ~ its query vectors times
+// the rows' tokens, at the shape's rate, take least time (ties to the first). NULL:
+// the rows see similar context lengths (a chunk deep in a prompt, decode rows): the
+// unpaired shape and its splits. KDEC_ATTN_PREFILL_PAIR=0: never.
+static const pf_shape *pf_pick_paired(const attn_tile_args *a, int n_sm, int max_ctx)
+{
+	const pf_shape *best = nullptr, *unpaired = pf_find(a->dk);
+	double best_cost = 0.0;
+
+	if (!k_cuda_tuning()->attn_prefill_pair || (long)max_ctx >= 2L * a->n_rows)
+		return nullptr;
+	for (const pf_shape &sh : pf_paired) {
+		const int nq = sh.warps * sh.mw * 16;
+		const long blocks = (attn_cdiv(a->n_rows * a->group, nq) + 1) / 2 * a->kv_heads;
+		const long slots = (long)sh.per_sm * n_sm;
+		double cost;
+
+		if (sh.per_sm <= 0 || !unpaired || sh.dk != unpaired->dk || slots <= 0)
+			continue;	// only where the unpaired shape is as wide: no padding
+		cost = (double)((blocks + slots - 1) / slots) * nq / sh.tflops;
+		if (!best || cost < best_cost - 1e-9) {
+			best = &sh;
+			best_cost = cost;
+		}
+	}
+	return best;
+}
+
 int attn_prefill_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a,
 			int max_ctx, uint16_t *out_bf16)
 {
-	const pf_shape *sh = pf_find(a->dk);
+	const pf_shape *paired = pf_pick_paired(a, ws->n_sm, max_ctx);
+	const pf_shape *sh = paired ? paired : pf_find(a->dk);
 	const long tiles = sh ? attn_cdiv(a->n_rows * a->group, sh->warps * sh->mw * 16) : 0;
 	dim3 grid;
 
@@ -489,10 +561,11 @@ int attn_prefill_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args
 		ATTN_INVAL("attn_prefill: dk %d dv %d not compiled, or not aligned", a->dk, a->dv);
 	if (a->kv_heads > 65535 || tiles < 1)
 		ATTN_INVAL("attn_prefill: %d kv heads, %ld tiles unsupported", a->kv_heads, tiles);
-	a->n_splits = pf_pick_splits(ws, tiles * a->kv_heads, (long)sh->per_sm * ws->n_sm, max_ctx,
+	a->n_splits = paired ? 1 :
+		      pf_pick_splits(ws, tiles * a->kv_heads, (long)sh->per_sm * ws->n_sm, max_ctx,
 				     (size_t)a->n_rows * a->n_heads * a->dv,
 				     (size_t)a->n_rows * a->n_heads);
-	grid = dim3((unsigned)tiles, a->kv_heads, a->n_splits);
+	grid = dim3((unsigned)(paired ? (tiles + 1) / 2 : tiles), a->kv_heads, a->n_splits);
 	K_CUDA_TRY(k_cuda_launch_pdl(s, grid, sh->warps * 32, sh->smem, sh->kernel, *a,
 				     a->n_splits == 1 ? out_bf16 : nullptr));
 	K_CUDA_TRY_LAUNCHED("attn_prefill_kernel");
