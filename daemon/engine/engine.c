@@ -333,8 +333,9 @@ int engine_step(struct engine *e, struct engine_req *reqs, int n, float *logits,
 {
 	size_t vocab = (size_t)e->model->cfg.vocab_size;
 	int grown_small[64], *grown = grown_small;
-	int rows = 0, outs = 0, ret;
+	int rows = 0, outs = 0, all_rows = 0, ret;
 	int bt = e->pool.block_tokens;
+	double ctx_tokens = 0;
 
 	if (n <= 0)
 		return 0;
@@ -355,6 +356,8 @@ int engine_step(struct engine *e, struct engine_req *reqs, int n, float *logits,
 			e->pos[rows] = p;
 			e->slots[rows] = s->blocks[p / bt] * bt + p % bt;
 			e->ctx[rows] = p + 1;
+			ctx_tokens += p + 1;
+			all_rows++;
 			e->row_blocks[rows] = s->blocks;
 			if (r->all_logits || t == r->n_tokens - 1)
 				e->out_rows[outs++] = rows;
@@ -379,6 +382,7 @@ int engine_step(struct engine *e, struct engine_req *reqs, int n, float *logits,
 		seq_register_full(e, s, s->n_tokens - reqs[i].n_draft);
 	}
 	e->stats.steps++;
+	e->last_step_bytes = engine_weight_bytes(e->model, all_rows) + engine_kv_bytes(e, ctx_tokens);
 	ret = 0;
 	goto out;
 

@@ -88,6 +88,8 @@ struct engine {
 	struct backend *be;
 	struct forward *fwd;
 	struct kv_pool pool;
+	double last_step_bytes;		/* the last engine_step's weights (at its rows) and KV
+					 * (its rows' contexts), bytes: engine_bytes.c */
 	/* per-step staging, (max_rows) each, host memory */
 	int32_t *tokens, *pos, *slots, *ctx, *out_rows;
 	const int32_t **row_blocks;
@@ -165,6 +167,12 @@ void engine_seq_release(struct engine *e, struct engine_seq *s);
  * 0, or -EINVAL (n_tokens outside [registered prefix, s->n_tokens]), -EBUSY (a
  * block to drop is shared or cached; s is unchanged). */
 int engine_seq_truncate(struct engine *e, struct engine_seq *s, int n_tokens);
+
+/* The bytes a decode step of `rows` rows reads of the weights (bf16; routed experts
+ * counted as uniform routing would choose them), and of the KV cache for `tokens`
+ * tokens of context in the backend's cache dtype (engine_bytes.c). */
+double engine_weight_bytes(const struct model *m, int rows);
+double engine_kv_bytes(const struct engine *e, double tokens);
 
 /* Runs reqs[0..n) as one step (split into forward calls of at most max_rows rows).
  * logits receives, request by request, n_tokens rows (all_logits) or one row, each

@@ -9,6 +9,9 @@
 #include "daemon/engine/engine.h"
 #include "daemon/engine/spec_ngram.h"
 
+/* The HBM bandwidth of the floors, TB/s: an H200's measured read bandwidth (DEVICE.md) */
+#define KDBENCH_HBM_TBS 4.25
+
 int kdbench_decode_main(int argc, char **argv);		/* kdbench_decode.c */
 int kdbench_prefill_main(int argc, char **argv);		/* kdbench_prefill.c */
 int kdbench_kvcache_main(int argc, char **argv);		/* kdbench_kvcache.c */

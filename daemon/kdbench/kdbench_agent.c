@@ -384,7 +384,7 @@ static void usage(FILE *f)
 		"                     [--turn-tokens TOKENS] [--output-tokens N] [--subagent-prob P]\n"
 		"                     [--subagents K] [--seed S] [--vocab V] [--max-context TOKENS]\n"
 		"                     [--grace S] [--long-prompt TOKENS [--long-at S]] [--control PATH]\n"
-		"                     [--json FILE] [--plot FILE.png]\n"
+		"                     [--hbm-tbs X] [--json FILE] [--plot FILE.png]\n"
 		"Agent-shaped load against a running kdecd; a table on stdout, optionally a JSON\n"
 		"file (summary and every request) and a PNG (gnuplot) of latency over time.\n"
 		"  --sessions N        concurrent conversations, 1..%d (default 8)\n"
@@ -405,8 +405,11 @@ static void usage(FILE *f)
 		"  --long-prompt N     one extra N-token request (max_tokens 1) at --long-at S\n"
 		"                      (default 2): reports the streams' ITL during its prefill;\n"
 		"                      the run ends 2 s after it (or at --duration)\n"
-		"  --control PATH      socket for the prefix-cache metrics (default: --socket)\n",
-		AGENT_MAX_SESSIONS, AGENT_MAX_SUBAGENTS);
+		"  --control PATH      socket for the daemon's metrics (default: --socket)\n"
+		"  --hbm-tbs X         bandwidth of the decode steps' floor in TB/s: the bytes\n"
+		"                      they must read (kd_decode_step_bytes_total) over it\n"
+		"                      (default %.2f, an H200's measured)\n",
+		AGENT_MAX_SESSIONS, AGENT_MAX_SUBAGENTS, KDBENCH_HBM_TBS);
 }
 
 static int num(const char *opt, const char *s, long min, long max, long *out)
@@ -439,7 +442,8 @@ static int parse(int argc, char **argv, struct agent_opts *o)
 		{ "output-tokens", 1, NULL, 'o' }, { "subagent-prob", 1, NULL, 'p' },
 		{ "subagents", 1, NULL, 'K' }, { "seed", 1, NULL, 's' }, { "vocab", 1, NULL, 'v' },
 		{ "max-context", 1, NULL, 'c' }, { "grace", 1, NULL, 'g' }, { "long-prompt", 1, NULL, 'L' },
-		{ "long-at", 1, NULL, 'a' }, { "help", 0, NULL, 'h' }, { NULL, 0, NULL, 0 },
+		{ "long-at", 1, NULL, 'a' }, { "hbm-tbs", 1, NULL, 'B' }, { "help", 0, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
 	};
 	long v;
 	int c, bad = 0;
@@ -467,6 +471,7 @@ static int parse(int argc, char **argv, struct agent_opts *o)
 		case 'g': bad = real("--grace", optarg, 0, 3600, &o->grace_s); break;
 		case 'L': bad = num("--long-prompt", optarg, 1, 1 << 20, &v); o->long_prompt = (int)v; break;
 		case 'a': bad = real("--long-at", optarg, 0, 86400, &o->long_at_s); break;
+		case 'B': bad = real("--hbm-tbs", optarg, 0.001, 1000, &o->hbm_tbs); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
 		}
@@ -533,10 +538,11 @@ int kdbench_agent_main(int argc, char **argv)
 	struct agent_run run = { .o = { .sessions = 8, .duration_s = 10, .max_requests = 10000, .turns = 8,
 					.think_ms = 500, .first_prompt = 512, .turn_tokens = 64,
 					.output_tokens = 32, .subagent_prob = 0.1, .subagents = 2,
-					.vocab = 256, .max_context = 4096, .grace_s = 5, .long_at_s = 2 },
+					.vocab = 256, .max_context = 4096, .grace_s = 5, .long_at_s = 2,
+					.hbm_tbs = KDBENCH_HBM_TBS },
 				 .long_idx = -1 };
 	struct kd_client *probe;
-	double h0 = 0, p0 = 0;
+	struct agent_counters c0;
 	uint64_t rng;
 	int32_t *sys = NULL;
 	int ret;
@@ -563,12 +569,14 @@ int kdbench_agent_main(int argc, char **argv)
 		return 1;
 	}
 	kd_close(probe);
-	run.have_metrics = !agent_read_metrics(run.o.control ? run.o.control : run.o.socket, &h0, &p0);
+	run.have_metrics = !agent_read_metrics(run.o.control ? run.o.control : run.o.socket, &c0);
 	ret = run_load(&run);
-	if (run.have_metrics &&
-	    !agent_read_metrics(run.o.control ? run.o.control : run.o.socket, &run.hit_tokens, &run.prompt_tokens)) {
-		run.hit_tokens -= h0;
-		run.prompt_tokens -= p0;
+	if (run.have_metrics && !agent_read_metrics(run.o.control ? run.o.control : run.o.socket, &run.d)) {
+		run.d.hit_tokens -= c0.hit_tokens;
+		run.d.prompt_tokens -= c0.prompt_tokens;
+		run.d.decode_steps -= c0.decode_steps;
+		run.d.decode_s -= c0.decode_s;
+		run.d.decode_bytes -= c0.decode_bytes;
 	} else {
 		run.have_metrics = 0;
 	}

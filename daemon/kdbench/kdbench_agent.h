@@ -28,6 +28,7 @@ struct agent_opts {
 	double grace_s;			/* after the stop, running requests get this long, then are cancelled */
 	int long_prompt;		/* > 0: one extra request of this many tokens ... */
 	double long_at_s;		/* ... submitted this long after the start */
+	double hbm_tbs;			/* bandwidth of the decode steps' floor, TB/s */
 };
 
 enum agent_kind { AGENT_TURN, AGENT_SUBAGENT, AGENT_LONG };
@@ -46,6 +47,13 @@ struct agent_req {
 	uint64_t *t_tok;		/* (max_tokens) receipt time of token i */
 };
 
+/* Counters of the daemon (kd_*_total) that the report uses. */
+struct agent_counters {
+	double hit_tokens, prompt_tokens;	/* prefix-cache hits, prompt tokens */
+	double decode_steps, decode_s, decode_bytes;	/* decode-only steps: count, wall
+							 * seconds, bytes they must read */
+};
+
 struct agent_run {
 	struct agent_opts o;
 	struct agent_req *reqs;		/* (o.max_requests + 1); the last is the long prompt */
@@ -54,15 +62,16 @@ struct agent_run {
 	uint64_t t0, t_stop, t_done;	/* start, end of submitting, end of the drain */
 	int errors;			/* connect or submit failures, protocol errors */
 	int have_metrics;		/* the daemon's counters were read before and after */
-	double hit_tokens, prompt_tokens;	/* their change over the run */
+	struct agent_counters d;	/* their change over the run */
 };
 
 /* Writes the table to stdout, then the JSON file and the plot when asked for.
  * 0, or -errno after one line on stderr. */
 int agent_report(struct agent_run *r);
 
-/* The daemon's counters kd_prefix_cache_hit_tokens_total and kd_prompt_tokens_total
+/* The daemon's counters kd_prefix_cache_hit_tokens_total, kd_prompt_tokens_total and
+ * kd_decode_step{s,_seconds,_bytes}_total (0 where a daemon predates them)
  * through its control socket. 0 or -errno. */
-int agent_read_metrics(const char *sock, double *hit_tokens, double *prompt_tokens);
+int agent_read_metrics(const char *sock, struct agent_counters *c);
 
 #endif

@@ -34,7 +34,7 @@ static int metric_value(const char *text, const char *name, double *out)
 	return -ENOENT;
 }
 
-int agent_read_metrics(const char *sock, double *hit_tokens, double *prompt_tokens)
+int agent_read_metrics(const char *sock, struct agent_counters *c)
 {
 	char *reply = NULL;
 	json_t *o;
@@ -48,9 +48,14 @@ int agent_read_metrics(const char *sock, double *hit_tokens, double *prompt_toke
 	o = json_loads(reply, 0, NULL);
 	text = json_string_value(json_object_get(o, "text"));
 	ret = -EPROTO;
-	if (text && !metric_value(text, "kd_prefix_cache_hit_tokens_total", hit_tokens) &&
-	    !metric_value(text, "kd_prompt_tokens_total", prompt_tokens))
+	*c = (struct agent_counters){ 0 };
+	if (text && !metric_value(text, "kd_prefix_cache_hit_tokens_total", &c->hit_tokens) &&
+	    !metric_value(text, "kd_prompt_tokens_total", &c->prompt_tokens)) {
 		ret = 0;
+		metric_value(text, "kd_decode_steps_total", &c->decode_steps);
+		metric_value(text, "kd_decode_step_seconds_total", &c->decode_s);
+		metric_value(text, "kd_decode_step_bytes_total", &c->decode_bytes);
+	}
 	else
 		fprintf(stderr, "kdbench agent: metrics from %s: no prefix-cache counters in the reply\n", sock);
 	json_decref(o);
@@ -174,9 +179,19 @@ static void summary_fini(struct summary *s)
 	free(s->during.v);
 }
 
+/* The decode-only steps' mean wall time and the floor their bytes put under it at
+ * --hbm-tbs, ms; NAN without them (no metrics, or none ran). */
+static void decode_floor(const struct agent_run *r, double *mean_ms, double *floor_ms)
+{
+	const double n = r->have_metrics ? r->d.decode_steps : 0;
+
+	*mean_ms = n > 0 ? r->d.decode_s / n * 1e3 : NAN;
+	*floor_ms = n > 0 ? r->d.decode_bytes / n / (r->o.hbm_tbs * 1e12) * 1e3 : NAN;
+}
+
 static double hit_rate(const struct agent_run *r)
 {
-	return r->have_metrics && r->prompt_tokens > 0 ? r->hit_tokens / r->prompt_tokens : NAN;
+	return r->have_metrics && r->d.prompt_tokens > 0 ? r->d.hit_tokens / r->d.prompt_tokens : NAN;
 }
 
 /* ---- table ----------------------------------------------------------------- */
@@ -190,6 +205,7 @@ static void print_dist(const char *name, const struct dist *d)
 static void print_table(const struct agent_run *r, const struct summary *s)
 {
 	const struct agent_opts *o = &r->o;
+	double mean_ms, floor_ms;
 
 	printf("kdbench agent: %d sessions, %.1f s (stopped at %.1f s, drained at %.1f s), %d turns,\n"
 	       "  think %.0f ms mean, prompt %d + %d per turn, output %d, sub-agents %d at p %.2f, seed %llu\n",
@@ -206,9 +222,14 @@ static void print_table(const struct agent_run *r, const struct summary *s)
 	       s->interactivity);
 	if (r->have_metrics)
 		printf("%-34s %10.3f (%.0f of %.0f prompt tokens, daemon-wide)\n", "prefix cache hit rate",
-		       hit_rate(r), r->hit_tokens, r->prompt_tokens);
+		       hit_rate(r), r->d.hit_tokens, r->d.prompt_tokens);
 	else
 		printf("%-34s %10s (no metrics from the control socket)\n", "prefix cache hit rate", "n/a");
+	decode_floor(r, &mean_ms, &floor_ms);
+	if (!isnan(mean_ms))
+		printf("%-34s %10.2f ms mean of %.0f; their bytes at %.2f TB/s: %.2f ms (%.0f%%)\n",
+		       "decode-only steps", mean_ms, r->d.decode_steps, o->hbm_tbs, floor_ms,
+		       100 * floor_ms / mean_ms);
 	printf("%-34s %10.1f tokens/s (%.0f tokens in %.2f s)\n", "output throughput", s->out_tokens / s->span_s,
 	       s->out_tokens, s->span_s);
 	printf("%-34s %10.2f requests/s\n", "request rate", (double)s->completed / s->span_s);
@@ -253,6 +274,7 @@ static int write_json(const struct agent_run *r, const struct summary *s)
 {
 	const struct agent_opts *o = &r->o;
 	json_t *reqs = json_array(), *root;
+	double mean_ms, floor_ms;
 	int ret;
 
 	for (long i = 0; i < r->n_reqs && reqs; i++)
@@ -272,11 +294,17 @@ static int write_json(const struct agent_run *r, const struct summary *s)
 			 "normalized_ms_per_token", dist_json(&s->norm),
 			 "p90_interactivity_tokens_per_s", isnan(s->interactivity) ? 0.0 : s->interactivity,
 			 "prefix_hit_rate", r->have_metrics ? (isnan(hit_rate(r)) ? 0.0 : hit_rate(r)) : -1.0,
-			 "prefix_hit_tokens", r->have_metrics ? r->hit_tokens : -1.0,
-			 "daemon_prompt_tokens", r->have_metrics ? r->prompt_tokens : -1.0,
+			 "prefix_hit_tokens", r->have_metrics ? r->d.hit_tokens : -1.0,
+			 "daemon_prompt_tokens", r->have_metrics ? r->d.prompt_tokens : -1.0,
 			 "output_tokens_per_s", s->out_tokens / s->span_s,
 			 "requests_per_s", (double)s->completed / s->span_s, "span_s", s->span_s,
 			 "records", reqs);
+	decode_floor(r, &mean_ms, &floor_ms);
+	if (root && !isnan(mean_ms))
+		json_object_set_new(root, "decode_steps",
+				    json_pack("{s:f, s:f, s:f, s:f}", "count", r->d.decode_steps,
+					      "mean_ms", mean_ms, "floor_ms", floor_ms,
+					      "hbm_tbs", o->hbm_tbs));
 	if (root && r->long_idx >= 0)
 		json_object_set_new(root, "long_prompt",
 				    json_pack("{s:i, s:f, s:o, s:o}", "tokens", o->long_prompt,

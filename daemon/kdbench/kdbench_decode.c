@@ -20,7 +20,6 @@
 #endif
 
 #define MAX_BATCHES 16
-#define DEFAULT_HBM_TBS 4.25	/* H200, measured read bandwidth (DEVICE.md) */
 
 struct decode_args {
 	const char *model;
@@ -68,7 +67,7 @@ static void decode_usage(FILE *f)
 		"                        profiler range (ncu --profile-from-start off)\n"
 		"  --hbm-tbs X           bandwidth of the floor in TB/s (default %.2f)\n"
 		"  --out FILE            append one JSON line per batch size\n",
-		DEFAULT_HBM_TBS);
+		KDBENCH_HBM_TBS);
 }
 
 static int parse_batches(const char *s, struct decode_args *a)
@@ -129,7 +128,7 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 	long v;
 	int c;
 
-	*a = (struct decode_args){ .ctx = 1024, .steps = 64, .warmup = 8, .hbm_tbs = DEFAULT_HBM_TBS,
+	*a = (struct decode_args){ .ctx = 1024, .steps = 64, .warmup = 8, .hbm_tbs = KDBENCH_HBM_TBS,
 				   .batches = { 1, 8, 32, 64 }, .n_batches = 4 };
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
@@ -181,39 +180,6 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		a->eng.kv_tokens = most * ((a->ctx + a->warmup + a->steps + 2 * bt) / bt * bt);
 	}
 	return 0;
-}
-
-/* ---- bytes a step must read ------------------------------------------------- */
-
-/* Weights a decode step of B rows reads, in bf16 bytes: every matrix except the
- * embedding table (B rows of it), and of the routed experts only those chosen.
- * Which experts a batch chooses is known only on the GPU: the count assumes
- * uniform routing, E * (1 - (1 - k/E)^B) distinct experts per MoE layer. */
-static double step_weight_bytes(const struct model *m, int B)
-{
-	const struct model_config *c = &m->cfg;
-	int64_t params = 0;
-	double embed = (double)c->vocab_size * c->hidden_size, bytes;
-	int moe_layers = 0;
-
-	model_count_params(c, &params);
-	bytes = (double)params;
-	if (m->lm_head.data != m->embed.data)
-		bytes -= embed;		/* the table itself is not streamed */
-	bytes += (double)B * c->hidden_size;
-	for (int l = 0; l < c->n_layers; l++)
-		moe_layers += m->layers[l].is_moe;
-	if (moe_layers) {
-		double E = c->n_experts, k = c->top_k, per = 3.0 * c->hidden_size * c->moe_intermediate_size;
-		double p_unused = 1, used;
-
-		for (int i = 0; i < B; i++)
-			p_unused *= 1 - k / E;
-		used = E * (1 - p_unused);
-		bytes -= moe_layers * E * per;
-		bytes += moe_layers * used * per;
-	}
-	return bytes * 2;
 }
 
 /* ---- one batch size --------------------------------------------------------- */
@@ -300,11 +266,9 @@ static int run_batch(const struct decode_args *a, struct engine *e, int B, struc
 		size *= 2, bucket++;
 	res->launches = bucket < FWD_N_BUCKETS ? e->fwd->graph_nodes[bucket][1] : 0;
 	res->replay_ms = replay_p50(e, bucket, times, a->steps);
-	res->weight_gb = step_weight_bytes(e->model, B) / 1e9;
+	res->weight_gb = engine_weight_bytes(e->model, B) / 1e9;
 	/* KV read by the median step: contexts ctx + warmup + steps / 2, bf16 or fp32 */
-	res->kv_gb = (double)forward_kv_bytes_per_token(e->model) / sizeof(float) *
-		     (double)k_dtype_size(e->be->ops->kv_dtype) * B *
-		     (a->ctx + a->warmup + a->steps / 2.0) / 1e9;
+	res->kv_gb = engine_kv_bytes(e, B * (a->ctx + a->warmup + a->steps / 2.0)) / 1e9;
 	res->floor_ms = (res->weight_gb + res->kv_gb) / (a->hbm_tbs * 1e3) * 1e3;
 	ret = 0;
 	goto out;

@@ -113,6 +113,13 @@ char *metrics_format(const struct metrics *m, const struct metrics_gauges *g)
 		 "Time between consecutive tokens of a request.", &m->itl, itl_le, METRICS_ITL_BUCKETS);
 	put_hist(&b, "kd_step_seconds", "Wall time of an engine step (decodes and prompt chunks).",
 		 &m->step, itl_le, METRICS_ITL_BUCKETS);
+	put_one(&b, "kd_decode_steps_total", "counter", "Engine steps of decode rows only.",
+		(double)m->decode_steps);
+	put_one(&b, "kd_decode_step_seconds_total", "counter",
+		"Wall time of the decode-only steps.", m->decode_step_s);
+	put_one(&b, "kd_decode_step_bytes_total", "counter",
+		"Bytes the decode-only steps must read (weights they touch, their rows' KV): "
+		"over HBM bandwidth, the floor under their time.", m->decode_step_bytes);
 	put_one(&b, "kd_engine_loop_gap_max_seconds", "gauge",
 		"The engine thread's longest pass through its loop (a step plus everything around it).",
 		m->loop_gap_max);

@@ -25,6 +25,9 @@ struct metrics {
 	uint64_t spec_accepted_tokens;		/* of those, the ones emitted */
 	uint64_t preemptions;			/* running requests preempted for KV blocks */
 	struct metrics_hist step;		/* wall time of each engine step, seconds */
+	uint64_t decode_steps;			/* steps of decode rows only */
+	double decode_step_s;			/* their wall time, seconds */
+	double decode_step_bytes;		/* the bytes they must read (engine_bytes.c) */
 	double loop_gap_max;			/* the engine loop's longest pass, seconds */
 };
 

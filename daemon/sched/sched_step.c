@@ -247,8 +247,12 @@ static void pace_learn(struct sched *s, uint64_t ns)
 
 	metrics_observe_step(&s->m, (double)ns * 1e-9);
 	if (!s->step_prompt) {
-		if (s->step_decodes)
+		if (s->step_decodes) {
 			ema(&s->decode_ns, (double)ns);
+			s->m.decode_steps++;
+			s->m.decode_step_s += (double)ns * 1e-9;
+			s->m.decode_step_bytes += s->e->last_step_bytes;
+		}
 		return;
 	}
 	if (s->step_prompt < PACE_LEARN_TOKENS || (s->step_decodes && s->decode_ns <= 0))
