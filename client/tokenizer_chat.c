@@ -69,11 +69,12 @@ static int kimi_default_system(struct kd_tokenizer *t, const char *s, size_t n)
 }
 
 /* The families that render tools, each by strings only its template has: Kimi-K2
- * (Instruct, not Thinking), Qwen3 (Qwen2.5 has <tools> but no reasoning_content), and
+ * (Instruct as updated with its queue of call ids; not the first release, not
+ * Thinking), Qwen3 (Qwen2.5 has <tools> but no reasoning_content), and
  * DeepSeek-V3.1 (V3 and R1 lack the tool separator after the name and is_last_user). */
 static int detect_tools_family(struct kd_tokenizer *t, const char *tmpl, size_t len)
 {
-	if (find_mem(tmpl, len, "<|im_middle|>") &&
+	if (find_mem(tmpl, len, "<|im_middle|>") && find_mem(tmpl, len, "tool_response_queue") &&
 	    find_mem(tmpl, len, "<|tool_calls_section_begin|>") && !find_mem(tmpl, len, "<think>")) {
 		t->chat = TOK_CHAT_KIMI_K2;
 		return kimi_default_system(t, tmpl, len);

@@ -10,8 +10,9 @@ calls, tool results), the reference of kd_tokenizer_chat_tools (tests/test_tools
 
 TEMPLATE.jinja: the model's "chat_template" (Llama 3.1 8B Instruct, Qwen3, Kimi-K2-Instruct,
 DeepSeek-V3.1), e.g. from llama.cpp's models/templates (bundled in the llama-cpp-python
-sdist); kdec does not ship it. The fixture keeps the rendered texts, the inputs, and the
-template's text (kdec recognises the family from it, as from a model's tokenizer)."""
+sdist); kdec does not ship it. The fixture keeps the inputs, the rendered texts and only
+the strings of the template kdec recognises the family by (each checked to be in it)."""
+import re
 import json
 import sys
 
@@ -69,12 +70,29 @@ def conversations(single_call):
 
 
 FAMILIES = {
-    "llama3_1": {"bos": "<|begin_of_text|>", "eos": "<|eot_id|>", "single_call": True},
-    "qwen3": {"bos": None, "eos": "<|im_end|>", "single_call": False},
-    "kimi_k2": {"bos": "[BOS]", "eos": "[EOS]", "single_call": False, "mutable": True},
+    "llama3_1": {"bos": "<|begin_of_text|>", "eos": "<|eot_id|>", "single_call": True,
+                 "markers": ["<|start_header_id|>", "Cutting Knowledge"]},
+    "qwen3": {"bos": None, "eos": "<|im_end|>", "single_call": False,
+              "markers": ["<|im_start|>", "<tools>", "<tool_call>", "reasoning_content"]},
+    "kimi_k2": {"bos": "[BOS]", "eos": "[EOS]", "single_call": False, "mutable": True,
+                "markers": ["<|im_middle|>", "tool_response_queue", "<|tool_calls_section_begin|>",
+                            re.compile(r"<\|im_system\|>system<\|im_middle\|>[^'\"{<]+<\|im_end\|>")]},
     "deepseek_v3": {"bos": "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
-                    "eos": "<\uff5cend\u2581of\u2581sentence\uff5c>", "single_call": False},
+                    "eos": "<\uff5cend\u2581of\u2581sentence\uff5c>", "single_call": False,
+                    "markers": ["<\uff5cUser\uff5c>", "is_last_user", "<think></think>",
+                                "tool['function']['name'] + '<\uff5ctool\u2581sep\uff5c>'"]},
 }
+
+
+def markers(fam, tmpl):
+    """The recognised strings, each found in the template (a pattern: its match)."""
+    out = []
+    for m in fam["markers"]:
+        found = m.search(tmpl).group(0) if hasattr(m, "search") else (m if m in tmpl else None)
+        if not found:
+            sys.exit("marker %r not in the template: not this family's template" % m)
+        out.append(found)
+    return "markers of the template kdec recognises: " + " ... ".join(out)
 
 
 def mutable_sandbox():
@@ -104,7 +122,7 @@ def main():
         "family": name + " tools",
         "reference": "transformers %s render_jinja_template of the model's chat_template, with tools"
                      % transformers.__version__ + note,
-        "chat_template": tmpl,
+        "chat_template": markers(fam, tmpl),
         "chat": chats,
     }
     json.dump(doc, sys.stdout, ensure_ascii=False, indent=1)
