@@ -148,7 +148,7 @@ static void parse_qwen(struct parse *ps)
 	struct span s = { ps->s, ps->n };
 	const char *b, *e;
 
-	while ((b = find(s, open)) && (e = find(from(s, b), close))) {
+	while ((b = find(s, open)) && (e = find(from(s, b + sizeof(open) - 1), close))) {
 		struct span inner = { b + sizeof(open) - 1, (size_t)(e - b) - (sizeof(open) - 1) };
 		json_t *obj = parse_object(inner);
 
@@ -176,9 +176,10 @@ static int parse_section(struct parse *ps, const struct section_fmt *f, struct s
 
 	while ((cb = find(sec, f->call_begin))) {
 		struct span rest = from(sec, cb + strlen(f->call_begin));
-		const char *sep = find(rest, f->sep), *ce = find(rest, f->call_end);
+		const char *sep = find(rest, f->sep);
+		const char *ce = sep ? find(from(rest, sep + strlen(f->sep)), f->call_end) : NULL;
 
-		if (trim((struct span){ sec.p, (size_t)(cb - sec.p) }).n || !sep || !ce || ce < sep ||
+		if (trim((struct span){ sec.p, (size_t)(cb - sec.p) }).n || !sep || !ce ||
 		    f->call(ps, (struct span){ rest.p, (size_t)(sep - rest.p) },
 			    (struct span){ sep + strlen(f->sep), (size_t)(ce - sep) - strlen(f->sep) }))
 			goto bad;
