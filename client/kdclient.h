@@ -250,8 +250,9 @@ long kd_tokenizer_chat(const struct kd_tokenizer *t, const struct kd_chat_messag
 /* ---- Tools (function calling) ----------------------------------------------
  * Families whose template renders tool definitions and whose call format is parsed:
  * Llama 3.1-3.3 (JSON calls {"name", "parameters"}, tools in the first user turn),
- * Qwen3 (ChatML, <tools> in the system block, <tool_call>{...}</tool_call>),
- * DeepSeek-V3.1 (<｜tool▁calls▁begin｜>...), Kimi-K2 (<|tool_calls_section_begin|>...).
+ * Qwen2.5 and Qwen3 (ChatML, <tools> in the system block, <tool_call>{...}</tool_call>),
+ * Kimi-K2 (<|tool_calls_section_begin|>...). DeepSeek-V3.1's template renders calls and
+ * results but no tool definitions: its calls are parsed (V3's form too), tools refused.
  * docs/CLIENT.md shows each format. */
 
 /* 1 when t's chat template renders tools and its call format is parsed, else 0. */

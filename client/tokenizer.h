@@ -31,6 +31,8 @@ enum tok_chat {
 				 * with the knowledge cutoff and a date; tool results as JSON */
 	TOK_CHAT_DEEPSEEK2,	/* DeepSeek LLM / V2: bos, "User: c\n\n", "Assistant: c" eos,
 				 * system "c\n\n", then "Assistant:" */
+	TOK_CHAT_QWEN25,	/* Qwen2.5: ChatML with its default system message, <tools>
+				 * in the system block, <tool_call>/<tool_response> */
 	TOK_CHAT_QWEN3,		/* ChatML with <tools> in the system block, <think> kept
 				 * after the last query, <tool_call>/<tool_response> */
 	TOK_CHAT_KIMI_K2,	/* <|im_user|>role<|im_middle|>c<|im_end|>, tools declared
@@ -77,6 +79,8 @@ struct kd_tokenizer {
 	char *chat_system;		/* ChatML's / Kimi-K2's default system message; NULL: none */
 	int chat_today;			/* LLAMA31: the template dates the system block with
 					 * today's date (3.2), not its fixed 26 Jul 2024 */
+	int chat_tools;			/* LLAMA31: Meta's tool rendering (tools_in_user_message);
+					 * fine-tunes with their own (functionary) have none */
 	char *path;			/* what was opened, for messages */
 };
 

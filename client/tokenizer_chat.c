@@ -70,7 +70,7 @@ static int kimi_default_system(struct kd_tokenizer *t, const char *s, size_t n)
 
 /* The families that render tools, each by strings only its template has: Kimi-K2
  * (Instruct as updated with its queue of call ids; not the first release, not
- * Thinking), Qwen3 (Qwen2.5 has <tools> but no reasoning_content), and
+ * Thinking), Qwen3 (reasoning_content) and Qwen2.5 (<tools>, a default system), and
  * DeepSeek-V3.1 (V3 and R1 lack the tool separator after the name and is_last_user). */
 static int detect_tools_family(struct kd_tokenizer *t, const char *tmpl, size_t len)
 {
@@ -79,10 +79,21 @@ static int detect_tools_family(struct kd_tokenizer *t, const char *tmpl, size_t 
 		t->chat = TOK_CHAT_KIMI_K2;
 		return kimi_default_system(t, tmpl, len);
 	}
+	/* Qwen3-Coder and Qwen3.5 write calls as XML (<function=...>): not these */
 	if (find_mem(tmpl, len, "<|im_start|>") && find_mem(tmpl, len, "<tools>") &&
-	    find_mem(tmpl, len, "<tool_call>") && find_mem(tmpl, len, "reasoning_content")) {
-		t->chat = TOK_CHAT_QWEN3;
-		return 0;
+	    find_mem(tmpl, len, "<tool_call>") && !find_mem(tmpl, len, "<function=")) {
+		int rc;
+
+		if (find_mem(tmpl, len, "reasoning_content")) {
+			t->chat = TOK_CHAT_QWEN3;
+			return 0;
+		}
+		/* Qwen2.5 names its default system message in both branches; without one
+		 * the template is another ChatML with tools, left to plain ChatML */
+		rc = chatml_default_system(t, tmpl, len);
+		if (!rc && t->chat_system)
+			t->chat = TOK_CHAT_QWEN25;
+		return rc;
 	}
 	if (find_mem(tmpl, len, "<｜User｜>") &&
 	    find_mem(tmpl, len, "is_last_user") && find_mem(tmpl, len, "<think></think>") &&
@@ -113,6 +124,8 @@ int tok_chat_detect(struct kd_tokenizer *t, const char *tmpl, size_t len)
 	if (find_mem(tmpl, len, "<|start_header_id|>")) {
 		t->chat = find_mem(tmpl, len, "Cutting Knowledge") ? TOK_CHAT_LLAMA31 : TOK_CHAT_LLAMA3;
 		t->chat_today = t->chat == TOK_CHAT_LLAMA31 && find_mem(tmpl, len, "strftime_now");
+		t->chat_tools = t->chat == TOK_CHAT_LLAMA31 &&
+				find_mem(tmpl, len, "tools_in_user_message");
 	}
 	return 0;
 }

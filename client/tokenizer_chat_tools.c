@@ -1,6 +1,7 @@
 /* The chat templates that know tools, rendered in C as transformers renders each real
  * template: Llama 3.1-3.3 (tool schemas in the first user turn, one JSON call per
- * assistant turn), Qwen3 (<tools> in the system block, <think> after the last query),
+ * assistant turn), Qwen2.5 and Qwen3 (<tools> in the system block; Qwen3 keeps <think>
+ * after the last query),
  * Kimi-K2 (tools declared as JSON, calls numbered functions.NAME:N), DeepSeek-V3.1
  * (calls and results, no tool definitions). Input JSON is parsed and checked here. */
 #include <errno.h>
@@ -120,7 +121,7 @@ static int render_llama31(const struct kd_tokenizer *t, const struct tok_chat_in
 	return 0;
 }
 
-/* ---- Qwen3 -------------------------------------------------------------------- */
+/* ---- Qwen2.5 and Qwen3 -------------------------------------------------------------------- */
 
 static int starts_with(const char *s, const char *p)
 {
@@ -238,11 +239,27 @@ static void qwen3_assistant(const struct tok_chat_in *in, size_t i, size_t last_
 	tok_puts(o, "<|im_end|>\n");
 }
 
+/* Qwen2.5 and Qwen3 write the same tools block at the end of the system turn. */
+static void qwen_tools_block(const struct tok_chat_in *in, struct tok_out *o)
+{
+	size_t i;
+	json_t *tool;
+
+	tok_puts(o, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+		    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+	json_array_foreach(in->tools, i, tool) {
+		tok_puts(o, "\n");
+		tok_put_pyjson(o, tool, -1);
+	}
+	tok_puts(o, "\n</tools>\n\nFor each function call, return a json object with function name "
+		    "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+		    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+		    "</tool_call><|im_end|>\n");
+}
+
 static void qwen3_system(const struct tok_chat_in *in, struct tok_out *o)
 {
 	int sys = in->n && !strcmp(in->m[0].role, "system");
-	size_t i;
-	json_t *tool;
 
 	if (!in->tools) {
 		if (sys) {
@@ -257,16 +274,21 @@ static void qwen3_system(const struct tok_chat_in *in, struct tok_out *o)
 		tok_puts(o, str_or_empty(in->m[0].content));
 		tok_puts(o, "\n\n");
 	}
-	tok_puts(o, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-		    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
-	json_array_foreach(in->tools, i, tool) {
-		tok_puts(o, "\n");
-		tok_put_pyjson(o, tool, -1);
-	}
-	tok_puts(o, "\n</tools>\n\nFor each function call, return a json object with function name "
-		    "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-		    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
-		    "</tool_call><|im_end|>\n");
+	qwen_tools_block(in, o);
+}
+
+/* A run of tool results is one user turn of <tool_response> blocks (both Qwens). */
+static void qwen_tool_result(const struct tok_chat_in *in, size_t i, struct tok_out *o)
+{
+	const struct kd_chat_message *m = in->m;
+
+	if (!i || strcmp(m[i - 1].role, "tool"))
+		tok_puts(o, "<|im_start|>user");
+	tok_puts(o, "\n<tool_response>\n");
+	tok_puts(o, str_or_empty(m[i].content));
+	tok_puts(o, "\n</tool_response>");
+	if (i + 1 == in->n || strcmp(m[i + 1].role, "tool"))
+		tok_puts(o, "<|im_end|>\n");
 }
 
 static int render_qwen3(const struct tok_chat_in *in, struct tok_out *o)
@@ -285,13 +307,52 @@ static int render_qwen3(const struct tok_chat_in *in, struct tok_out *o)
 		} else if (!strcmp(m[i].role, "assistant")) {
 			qwen3_assistant(in, i, last_query, o);
 		} else if (!strcmp(m[i].role, "tool")) {
-			if (!i || strcmp(m[i - 1].role, "tool"))
-				tok_puts(o, "<|im_start|>user");
-			tok_puts(o, "\n<tool_response>\n");
-			tok_puts(o, str_or_empty(m[i].content));
-			tok_puts(o, "\n</tool_response>");
-			if (i + 1 == in->n || strcmp(m[i + 1].role, "tool"))
-				tok_puts(o, "<|im_end|>\n");
+			qwen_tool_result(in, i, o);
+		}
+	}
+	if (in->gen)
+		tok_puts(o, "<|im_start|>assistant\n");
+	return 0;
+}
+
+/* Qwen2.5: its default system message unless the first turn is one; the tools block
+ * after it; an assistant turn with calls writes its content (if any) then each call
+ * on its own line. */
+static int render_qwen25(const struct kd_tokenizer *t, const struct tok_chat_in *in,
+			 struct tok_out *o)
+{
+	const struct kd_chat_message *m = in->m;
+	int sys = in->n && !strcmp(m[0].role, "system");
+
+	tok_puts(o, "<|im_start|>system\n");
+	tok_puts(o, sys ? str_or_empty(m[0].content) : t->chat_system);
+	if (in->tools) {
+		tok_puts(o, "\n\n");
+		qwen_tools_block(in, o);
+	} else {
+		tok_puts(o, "<|im_end|>\n");
+	}
+	for (size_t i = 0; i < in->n; i++) {
+		int calls = json_array_size(in->calls[i]) > 0;
+		const char *c = str_or_empty(m[i].content);
+
+		if (!strcmp(m[i].role, "user") || (!strcmp(m[i].role, "system") && i) ||
+		    (!strcmp(m[i].role, "assistant") && !calls)) {
+			tok_puts(o, "<|im_start|>");
+			tok_puts(o, m[i].role);
+			tok_puts(o, "\n");
+			tok_puts(o, c);
+			tok_puts(o, "<|im_end|>\n");
+		} else if (!strcmp(m[i].role, "assistant")) {
+			tok_puts(o, "<|im_start|>assistant");
+			if (*c) {
+				tok_puts(o, "\n");
+				tok_puts(o, c);
+			}
+			put_qwen3_calls(o, in->calls[i], 1);
+			tok_puts(o, "<|im_end|>\n");
+		} else if (!strcmp(m[i].role, "tool")) {
+			qwen_tool_result(in, i, o);
 		}
 	}
 	if (in->gen)
@@ -481,6 +542,8 @@ int tok_render_tools(const struct kd_tokenizer *t, const struct tok_chat_in *in,
 	switch (t->chat) {
 	case TOK_CHAT_LLAMA31:
 		return render_llama31(t, in, o);
+	case TOK_CHAT_QWEN25:
+		return render_qwen25(t, in, o);
 	case TOK_CHAT_QWEN3:
 		return render_qwen3(in, o);
 	case TOK_CHAT_KIMI_K2:

@@ -1,6 +1,6 @@
 /* Tool calls out of generated text, one parser per documented format: Llama 3.1 JSON
- * ({"name", "parameters"}, optionally after <|python_tag|>, ';' between calls), Qwen3
- * (<tool_call>{"name", "arguments"}</tool_call>), Kimi-K2 and DeepSeek-V3 / V3.1
+ * ({"name", "parameters"}, optionally after <|python_tag|>, ';' between calls), Qwen2.5
+ * and Qwen3 (<tool_call>{"name", "arguments"}</tool_call>), Kimi-K2 and DeepSeek-V3 / V3.1
  * (marked sections of calls). A call that does not parse stays in the prose. */
 #include <errno.h>
 #include <stdio.h>
@@ -328,6 +328,7 @@ int kd_tokenizer_parse_tool_calls(const struct kd_tokenizer *t, const char *text
 		return -ENOMEM;
 	switch (t->chat) {
 	case TOK_CHAT_LLAMA31: parse_llama(&ps); break;
+	case TOK_CHAT_QWEN25:
 	case TOK_CHAT_QWEN3: parse_qwen(&ps); break;
 	case TOK_CHAT_KIMI_K2: parse_sections(&ps, &kimi_fmt); break;
 	case TOK_CHAT_DEEPSEEK3: parse_sections(&ps, &deepseek_fmt); break;

@@ -16,14 +16,15 @@ int kd_tokenizer_supports_tools(const struct kd_tokenizer *t)
 {
 	if (!t)
 		return 0;
-	return t->chat == TOK_CHAT_LLAMA31 || t->chat == TOK_CHAT_QWEN3 ||
-	       t->chat == TOK_CHAT_KIMI_K2;
+	return (t->chat == TOK_CHAT_LLAMA31 && t->chat_tools) || t->chat == TOK_CHAT_QWEN25 ||
+	       t->chat == TOK_CHAT_QWEN3 || t->chat == TOK_CHAT_KIMI_K2;
 }
 
 /* The families rendered in tokenizer_chat_tools.c, which read tool calls and results. */
 static int tools_family(const struct kd_tokenizer *t)
 {
-	return kd_tokenizer_supports_tools(t) || t->chat == TOK_CHAT_DEEPSEEK3;
+	return kd_tokenizer_supports_tools(t) || t->chat == TOK_CHAT_LLAMA31 ||
+	       t->chat == TOK_CHAT_DEEPSEEK3;
 }
 
 static const char *family_name(const struct kd_tokenizer *t)
@@ -31,8 +32,9 @@ static const char *family_name(const struct kd_tokenizer *t)
 	switch (t->chat) {
 	case TOK_CHAT_CHATML: return "ChatML";
 	case TOK_CHAT_LLAMA3: return "Llama 3.0";
-	case TOK_CHAT_LLAMA31: return "Llama 3.1";
+	case TOK_CHAT_LLAMA31: return t->chat_tools ? "Llama 3.1" : "Llama 3.1 fine-tune";
 	case TOK_CHAT_DEEPSEEK2: return "DeepSeek LLM / V2";
+	case TOK_CHAT_QWEN25: return "Qwen2.5";
 	case TOK_CHAT_QWEN3: return "Qwen3";
 	case TOK_CHAT_KIMI_K2: return "Kimi-K2";
 	case TOK_CHAT_DEEPSEEK3: return "DeepSeek-V3.1";

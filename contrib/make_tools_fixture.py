@@ -4,11 +4,12 @@ chat template rendering conversations with tools (tool definitions, assistant to
 calls, tool results), the reference of kd_tokenizer_chat_tools (tests/test_tools.c).
 
     python3 contrib/make_tools_fixture.py llama3_1 TEMPLATE.jinja > tests/data/tokenizer/llama3_1_tools.json
+    python3 contrib/make_tools_fixture.py qwen2_5 TEMPLATE.jinja > tests/data/tokenizer/qwen2_5_tools.json
     python3 contrib/make_tools_fixture.py qwen3 TEMPLATE.jinja > tests/data/tokenizer/qwen3_tools.json
     python3 contrib/make_tools_fixture.py kimi_k2 TEMPLATE.jinja > tests/data/tokenizer/kimi_k2_tools.json
     python3 contrib/make_tools_fixture.py deepseek_v3 TEMPLATE.jinja > tests/data/tokenizer/deepseek_v3_tools.json
 
-TEMPLATE.jinja: the model's "chat_template" (Llama 3.1 8B Instruct, Qwen3, Kimi-K2-Instruct,
+TEMPLATE.jinja: the model's "chat_template" (Llama 3.1 8B Instruct, Qwen2.5 Instruct, Qwen3, Kimi-K2-Instruct,
 DeepSeek-V3.1), e.g. from llama.cpp's models/templates (bundled in the llama-cpp-python
 sdist); kdec does not ship it. The fixture keeps the inputs, the rendered texts and only
 the strings of the template kdec recognises the family by (each checked to be in it)."""
@@ -71,7 +72,10 @@ def conversations(single_call):
 
 FAMILIES = {
     "llama3_1": {"bos": "<|begin_of_text|>", "eos": "<|eot_id|>", "single_call": True,
-                 "markers": ["<|start_header_id|>", "Cutting Knowledge"]},
+                 "markers": ["<|start_header_id|>", "Cutting Knowledge", "tools_in_user_message"]},
+    "qwen2_5": {"bos": None, "eos": "<|im_end|>", "single_call": False,
+                "markers": ["<|im_start|>", "<tools>", "<tool_call>",
+                            re.compile(r"<\|im_start\|>system\\n[^'\"{<]+<\|im_end\|>")]},
     "qwen3": {"bos": None, "eos": "<|im_end|>", "single_call": False,
               "markers": ["<|im_start|>", "<tools>", "<tool_call>", "reasoning_content"]},
     "kimi_k2": {"bos": "[BOS]", "eos": "[EOS]", "single_call": False, "mutable": True,

@@ -22,6 +22,7 @@ struct fam {
 
 static const struct fam fams[] = {
 	{ "llama3_1", "<|begin_of_text|>", TOK_CHAT_LLAMA31, 1 },
+	{ "qwen2_5", NULL, TOK_CHAT_QWEN25, 1 },
 	{ "qwen3", NULL, TOK_CHAT_QWEN3, 1 },
 	{ "kimi_k2", NULL, TOK_CHAT_KIMI_K2, 1 },
 	{ "deepseek_v3", "<｜begin▁of▁sentence｜>", TOK_CHAT_DEEPSEEK3, 0 },
@@ -171,6 +172,10 @@ static void fuzz_parse(const struct fam *f, struct kd_tokenizer *t, const json_t
 				      "\"", ":", ";", "<|python_tag|>", "\xff", "\xe4\xb8" };
 	size_t n_outs = json_array_size(outs), bad = 0;
 
+	CHECK(n_outs, "%s: no outputs to fuzz", f->name);
+	if (!n_outs)
+		return;
+
 	for (int it = 0; it < 3000; it++) {
 		const char *src = json_string_value(json_object_get(json_array_get(outs,
 						       next_rand() % n_outs), "text"));
@@ -265,6 +270,17 @@ static void check_errors(void)
 				      "\"f\"}}]", 1, buf, sizeof(buf)) == -ENOTSUP &&
 	      strstr(kd_tokenizer_error(), "ChatML"), "ChatML with tools: %s", kd_tokenizer_error());
 	CHECK(kd_tokenizer_chat_tools(t, m, 1, "[]", 1, buf, sizeof(buf)) > 0, "ChatML, tools []");
+	{	/* a Llama 3.1 fine-tune with its own tool format (functionary): no tools */
+		static const char ft[] = "<|start_header_id|> Cutting Knowledge ... functions";
+		struct kd_tokenizer *l = tok_with_template(NULL, ft, sizeof(ft) - 1);
+
+		CHECK(l && l->chat == TOK_CHAT_LLAMA31 && !kd_tokenizer_supports_tools(l) &&
+		      kd_tokenizer_chat_tools(l, m, 1, "[{\"function\": {\"name\": \"f\"}}]", 1, buf,
+					      sizeof(buf)) == -ENOTSUP &&
+		      kd_tokenizer_chat_tools(l, m, 1, NULL, 1, buf, sizeof(buf)) > 0,
+		      "Llama 3.1 fine-tune: %s", kd_tokenizer_error());
+		kd_tokenizer_close(l);
+	}
 	CHECK(kd_tokenizer_chat_tools(q, m, 1, "[{", 1, buf, sizeof(buf)) == -EINVAL &&
 	      strstr(kd_tokenizer_error(), "tools"), "malformed tools: %s", kd_tokenizer_error());
 	CHECK(kd_tokenizer_chat_tools(q, m, 1, "{}", 1, buf, sizeof(buf)) == -EINVAL, "tools {}");
