@@ -239,11 +239,14 @@ struct kd_chat_message {
 /* Renders a conversation with the model's chat template (ChatML, with the template's
  * default system message if it has one; Llama 3; Llama 3.1-3.3, whose system block is
  * dated as the template dates it and where role "tool" or "ipython" carries a tool's
- * result; tool definitions and calls are not rendered; DeepSeek LLM / V2), as HF
- * apply_chat_template would, and add_generation_prompt opens the assistant's turn. Encode the result with
+ * result; Qwen2.5; Qwen3; Kimi-K2; DeepSeek-V3.1; DeepSeek LLM / V2), as HF
+ * apply_chat_template would, and add_generation_prompt opens the assistant's turn.
+ * Assistant tool calls and tool results render where the family's template has them
+ * (kd_tokenizer_chat_tools below adds tool definitions). Encode the result with
  * KD_TOKENIZE_SPECIAL and without KD_TOKENIZE_ADD_SPECIAL (the text carries its BOS).
  * Writes a NUL-terminated string when len > the return value (the text's length), or
- * -ENOTSUP (no template or one not supported: kd_tokenizer_error names it), -EINVAL. */
+ * -ENOTSUP (no template or one not supported: kd_tokenizer_error names it), -EINVAL
+ * (a message without role, or without content where it has no tool calls). */
 long kd_tokenizer_chat(const struct kd_tokenizer *t, const struct kd_chat_message *msgs,
 		       size_t n, int add_generation_prompt, char *buf, size_t len);
 
