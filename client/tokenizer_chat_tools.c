@@ -375,10 +375,14 @@ static void put_kimi_id(struct tok_out *o, const char *name, size_t n)
 
 /* The template keeps a queue of the ids it gave calls; each tool turn takes the
  * oldest, or, with the queue empty, names itself from its own name and the count. */
+#define KIMI_QUEUE 64		/* unanswered calls remembered; more are not queued */
+
 struct kimi_queue {
-	const json_t *names[64];	/* call objects; a longer queue wraps (bounded) */
+	struct {
+		const json_t *call;	/* {"name", "arguments"} */
+		size_t n;		/* its number in functions.NAME:N */
+	} q[KIMI_QUEUE];
 	size_t head, tail, counter;
-	size_t ids[64];
 };
 
 static void kimi_calls(struct tok_out *o, const json_t *calls, struct kimi_queue *q)
@@ -390,9 +394,9 @@ static void kimi_calls(struct tok_out *o, const json_t *calls, struct kimi_queue
 	json_array_foreach(calls, i, call) {
 		tok_puts(o, "<|tool_call_begin|>");
 		put_kimi_id(o, json_string_value(json_object_get(call, "name")), q->counter);
-		if (q->tail - q->head < 64) {
-			q->names[q->tail % 64] = call;
-			q->ids[q->tail++ % 64] = q->counter;
+		if (q->tail - q->head < KIMI_QUEUE) {
+			q->q[q->tail % KIMI_QUEUE].call = call;
+			q->q[q->tail++ % KIMI_QUEUE].n = q->counter;
 		}
 		q->counter++;
 		tok_puts(o, "<|tool_call_argument_begin|>");
@@ -440,10 +444,10 @@ static int render_kimi(const struct kd_tokenizer *t, const struct tok_chat_in *i
 		} else if (!strcmp(m[i].role, "tool")) {
 			tok_puts(o, "## Return of ");
 			if (q.head < q.tail) {
-				const json_t *call = q.names[q.head % 64];
+				const json_t *call = q.q[q.head % KIMI_QUEUE].call;
 
 				put_kimi_id(o, json_string_value(json_object_get(call, "name")),
-					    q.ids[q.head++ % 64]);
+					    q.q[q.head++ % KIMI_QUEUE].n);
 			} else {
 				put_kimi_id(o, m[i].name ? m[i].name : "unknown", q.counter);
 			}
