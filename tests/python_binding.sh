@@ -3,7 +3,7 @@
 # a throwaway venv and run against a real kdecd on the bundled tiny Llama 3: greedy
 # tokens equal kdrun's for the same prompt ids, two requests interleaved, cancel, errors.
 # Where contrib/fetch-smollm2.sh fetched SmolLM2: its tokenizer through the binding
-# (chat, encode, decode, tools refused) gives transformers' prompt ids and kdrun
+# (chat, encode, decode, streamed decoding, tools refused) gives transformers' prompt ids and kdrun
 # --text --chat's answer. Skips (77) without python3 + venv, or when pip can build the
 # package neither offline (setuptools visible to the venv) nor from PyPI.
 set -u
@@ -139,6 +139,14 @@ with kdclient.Tokenizer(gguf) as tok:
     answer = tok.decode(out, skip_special=True)
     want = open(kdrun_out, encoding="utf-8").read()
     check(answer.strip() == want.strip(), "answer == kdrun --text --chat's: %r" % answer)
+    st = tok.stream(skip_special=True)
+    streamed = "".join(st.push(i) for i in out) + st.finish()
+    check(streamed == answer, "streamed decoding == decode")
+    # a character cut between tokens: held until complete, never half a character
+    emoji = tok.encode("\U0001f600\u4e2d")
+    st = tok.stream()
+    parts = [st.push(i) for i in emoji] + [st.finish()]
+    check("".join(parts) == "\U0001f600\u4e2d" and len(emoji) > 2, "stream holds cut characters: %r" % parts)
 sys.exit(1 if fails else 0)
 PYEOF
 st=$?

@@ -14,6 +14,41 @@ def _text(v):
     return None if v is None else (v if isinstance(v, bytes) else str(v).encode("utf-8"))
 
 
+class DecodeStream:
+    """Incremental decoding for streaming: push(id) returns the text that id completes
+    (a character cut between tokens waits for its end), finish() what is held (an
+    incomplete tail as U+FFFD). Keep the Tokenizer open while the stream lives."""
+
+    def __init__(self, tok, skip_special=False):
+        self._tok = tok  # the stream reads the tokenizer: keep it alive
+        self._s = ctypes.c_void_p()
+        flags = _lib.KD_DECODE_SKIP_SPECIAL if skip_special else 0
+        check(lib.kd_tokenizer_stream_create(ctypes.byref(self._s), tok._t, flags),
+              "kd_tokenizer_stream_create", _err)
+
+    def _take(self, rc, what, p, n):
+        check(rc, what, _err)
+        return ctypes.string_at(p.value, n.value).decode("utf-8") if n.value else ""
+
+    def push(self, token):
+        p, n = ctypes.c_void_p(), ctypes.c_size_t()
+        return self._take(lib.kd_tokenizer_stream_push(self._s, token, ctypes.byref(p), ctypes.byref(n)),
+                          "kd_tokenizer_stream_push", p, n)
+
+    def finish(self):
+        p, n = ctypes.c_void_p(), ctypes.c_size_t()
+        return self._take(lib.kd_tokenizer_stream_finish(self._s, ctypes.byref(p), ctypes.byref(n)),
+                          "kd_tokenizer_stream_finish", p, n)
+
+    def close(self):
+        if self._s:
+            lib.kd_tokenizer_stream_destroy(self._s)
+            self._s = ctypes.c_void_p()
+
+    def __del__(self):
+        self.close()
+
+
 class Tokenizer:
     """Tokenizer(path): a GGUF file or a Hugging Face directory (tokenizer.json)."""
 
@@ -66,6 +101,10 @@ class Tokenizer:
     def decode(self, ids, skip_special=False):
         """Text of ids; bytes that are not UTF-8 (a character cut between ids) become U+FFFD."""
         return self.decode_bytes(ids, skip_special).decode("utf-8", "replace")
+
+    def stream(self, skip_special=False):
+        """A DecodeStream: text as whole UTF-8 characters, one token at a time."""
+        return DecodeStream(self, skip_special)
 
     def chat(self, messages, add_generation_prompt=True, tools=None):
         """The conversation in the model's chat template, as apply_chat_template renders it.
