@@ -211,7 +211,7 @@ int tok_render_plain(const struct kd_tokenizer *t, const struct kd_chat_message 
 		return 0;
 	default:
 		tok_set_error("%s: no chat template kdec knows (ChatML, Llama 3, Llama 3.1-3.3, "
-			      "Qwen3, Kimi-K2, DeepSeek LLM / V2 / V3.1)", t->path);
+			      "Qwen2.5, Qwen3, Kimi-K2, DeepSeek LLM / V2 / V3.1)", t->path);
 		return -ENOTSUP;
 	}
 }
