@@ -225,20 +225,66 @@ int kd_tokenizer_stream_finish(struct kd_tokenizer_stream *s, const char **text,
 void kd_tokenizer_stream_destroy(struct kd_tokenizer_stream *s);	/* accepts NULL */
 
 struct kd_chat_message {
-	const char *role;	/* "system", "user", "assistant" */
+	const char *role;	/* "system", "user", "assistant", "tool" */
 	const char *content;
+	/* The rest NULL when unused (zero-initialised callers keep working): */
+	const char *tool_calls_json;	/* assistant: the OpenAI "tool_calls" array as JSON
+					 * text, [{"id", "type", "function": {"name",
+					 * "arguments"}}]; arguments a JSON object or the
+					 * string of one (as the API sends it) */
+	const char *tool_call_id;	/* tool: the id of the call this result answers */
+	const char *name;		/* tool: the function's name */
 };
 
 /* Renders a conversation with the model's chat template (ChatML, with the template's
  * default system message if it has one; Llama 3; Llama 3.1-3.3, whose system block is
  * dated as the template dates it and where role "tool" or "ipython" carries a tool's
- * result; tool definitions and calls are not rendered; DeepSeek LLM / V2), as HF
- * apply_chat_template would, and add_generation_prompt opens the assistant's turn. Encode the result with
+ * result; Qwen2.5; Qwen3; Kimi-K2; DeepSeek-V3.1; DeepSeek LLM / V2), as HF
+ * apply_chat_template would, and add_generation_prompt opens the assistant's turn.
+ * Assistant tool calls and tool results render where the family's template has them
+ * (kd_tokenizer_chat_tools below adds tool definitions). Encode the result with
  * KD_TOKENIZE_SPECIAL and without KD_TOKENIZE_ADD_SPECIAL (the text carries its BOS).
  * Writes a NUL-terminated string when len > the return value (the text's length), or
- * -ENOTSUP (no template or one not supported: kd_tokenizer_error names it), -EINVAL. */
+ * -ENOTSUP (no template or one not supported: kd_tokenizer_error names it), -EINVAL
+ * (a message without role, or without content where it has no tool calls). */
 long kd_tokenizer_chat(const struct kd_tokenizer *t, const struct kd_chat_message *msgs,
 		       size_t n, int add_generation_prompt, char *buf, size_t len);
+
+/* ---- Tools (function calling) ----------------------------------------------
+ * Families whose template renders tool definitions and whose call format is parsed:
+ * Llama 3.1-3.3 (JSON calls {"name", "parameters"}, tools in the first user turn),
+ * Qwen2.5 and Qwen3 (ChatML, <tools> in the system block, <tool_call>{...}</tool_call>),
+ * Kimi-K2 (<|tool_calls_section_begin|>...). DeepSeek-V3.1's template renders calls and
+ * results but no tool definitions: its calls are parsed (V3's form too), tools refused.
+ * docs/CLIENT.md shows each format. */
+
+/* 1 when t's chat template renders tools and its call format is parsed, else 0. */
+int kd_tokenizer_supports_tools(const struct kd_tokenizer *t);
+
+/* kd_tokenizer_chat with tool definitions: tools_json is the OpenAI "tools" array as
+ * JSON text ([{"type": "function", "function": {"name", "description", "parameters"}}]),
+ * written into the prompt as the family's template writes it (key order kept). NULL
+ * or "[]": the same text as kd_tokenizer_chat, which also renders assistant turns'
+ * tool_calls_json and "tool" turns for these families. Returns as kd_tokenizer_chat;
+ * -ENOTSUP (kd_tokenizer_error names the family) when t has no tool support and tools
+ * are given; -EINVAL for malformed tools or tool_calls JSON (kd_tokenizer_error says
+ * which message and why). */
+long kd_tokenizer_chat_tools(const struct kd_tokenizer *t, const struct kd_chat_message *msgs,
+			     size_t n, const char *tools_json, int add_generation_prompt,
+			     char *buf, size_t len);
+
+/* Splits a generated text (text[0..len), any bytes) into prose and tool calls in t's
+ * family's format. *json_out (malloc'd, NUL-terminated, freed with free() or
+ * kd_tool_calls_free) is {"content": "...", "tool_calls": [{"id", "name", "arguments"}]}
+ * with arguments the call's JSON object as compact JSON text, ids as the model wrote
+ * them (Kimi-K2: "functions.NAME:N") or "call_<index>" where the format has none.
+ * content is the text less the well-formed call blocks (trimmed at both ends when
+ * there were calls); a malformed or truncated call stays in content, never an error.
+ * No calls (or a family without tools): content is the whole text, tool_calls [].
+ * Returns 0, -EINVAL (NULL arguments), -ENOMEM. */
+int kd_tokenizer_parse_tool_calls(const struct kd_tokenizer *t, const char *text, size_t len,
+				  char **json_out);
+void kd_tool_calls_free(char *json);	/* accepts NULL; for callers with another allocator */
 
 #ifdef __cplusplus
 }

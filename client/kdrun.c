@@ -305,7 +305,7 @@ static char *daemon_model_path(const char *socket_path)
  * a message printed. */
 static int tokenize_prompt(struct run_args *a)
 {
-	struct kd_chat_message msg = { "user", a->text };
+	struct kd_chat_message msg = { .role = "user", .content = a->text };
 	const char *text = a->text;
 	char *chat = NULL;
 	unsigned flags = KD_TOKENIZE_ADD_SPECIAL;

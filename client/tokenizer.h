@@ -31,6 +31,14 @@ enum tok_chat {
 				 * with the knowledge cutoff and a date; tool results as JSON */
 	TOK_CHAT_DEEPSEEK2,	/* DeepSeek LLM / V2: bos, "User: c\n\n", "Assistant: c" eos,
 				 * system "c\n\n", then "Assistant:" */
+	TOK_CHAT_QWEN25,	/* Qwen2.5: ChatML with its default system message, <tools>
+				 * in the system block, <tool_call>/<tool_response> */
+	TOK_CHAT_QWEN3,		/* ChatML with <tools> in the system block, <think> kept
+				 * after the last query, <tool_call>/<tool_response> */
+	TOK_CHAT_KIMI_K2,	/* <|im_user|>role<|im_middle|>c<|im_end|>, tools declared
+				 * as JSON, <|tool_calls_section_begin|> */
+	TOK_CHAT_DEEPSEEK3,	/* DeepSeek-V3.1: bos system <｜User｜>c<｜Assistant｜><think></think>,
+				 * <｜tool▁calls▁begin｜>; renders no tool definitions */
 };
 
 struct tok_token {
@@ -68,9 +76,11 @@ struct kd_tokenizer {
 	int add_bos;			/* KD_TOKENIZE_ADD_SPECIAL prepends bos */
 	int32_t bos, eos, eot;		/* -1: none */
 	enum tok_chat chat;
-	char *chat_system;		/* ChatML's default system message; NULL: none */
+	char *chat_system;		/* ChatML's / Kimi-K2's default system message; NULL: none */
 	int chat_today;			/* LLAMA31: the template dates the system block with
 					 * today's date (3.2), not its fixed 26 Jul 2024 */
+	int chat_tools;			/* LLAMA31: Meta's tool rendering (tools_in_user_message);
+					 * fine-tunes with their own (functionary) have none */
 	char *path;			/* what was opened, for messages */
 };
 
@@ -98,6 +108,39 @@ int tok_pre_from_name(const char *name, enum tok_pre *out, int *ignore_merges);
  * pieces cover the text exactly. 0 or -ENOMEM. */
 int tok_pretokenize(enum tok_pre pre, const char *text, size_t len,
 		    int (*emit)(void *ctx, size_t off, size_t n), void *ctx);
+
+/* Text output into a caller's buffer that counts what did not fit (tokenizer_text.c):
+ * k is the length the whole text needs; buf gets its first len bytes. */
+struct tok_out {
+	char *buf;
+	size_t len, k;
+};
+void tok_put(struct tok_out *o, const char *s, size_t n);
+void tok_puts(struct tok_out *o, const char *s);
+void tok_put_trimmed(struct tok_out *o, const char *s);	/* Python's str.strip() */
+void tok_put_token(struct tok_out *o, const struct kd_tokenizer *t, int32_t id);
+/* s[0..n) as Python's json.dumps(s, ensure_ascii=False) writes a string. */
+void tok_put_json_string(struct tok_out *o, const char *s, size_t n);
+/* A jansson value as transformers' tojson filter writes it (json.dumps, ensure_ascii
+ * False, key order kept): indent < 0 one line with ", " and ": ", else that indent. */
+struct json_t;
+void tok_put_pyjson(struct tok_out *o, const struct json_t *v, int indent);
+int tok_is_py_space(unsigned char c);
+
+/* Renderers of the families with tools (tokenizer_chat_tools.c); tools: a non-empty
+ * JSON array or NULL; calls[i]: message i's tool_calls array or NULL. */
+struct tok_chat_in {
+	const struct kd_chat_message *m;
+	struct json_t **calls;
+	size_t n;
+	const struct json_t *tools;
+	int gen;
+};
+int tok_render_tools(const struct kd_tokenizer *t, const struct tok_chat_in *in,
+		     struct tok_out *o);
+/* The families without tools (tokenizer_chat.c); -ENOTSUP with a message for others. */
+int tok_render_plain(const struct kd_tokenizer *t, const struct kd_chat_message *m, size_t n,
+		     int gen, struct tok_out *o);
 
 /* The thread's last error message (kd_tokenizer_error), printf-style setter. */
 void tok_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

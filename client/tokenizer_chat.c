@@ -1,9 +1,9 @@
 /* Chat templates. Models ship a Jinja template; kdec does not run Jinja but recognises
- * the families it supports from the template's text and renders them in C:
+ * the families it supports from the template's text and renders them in C: here
  * ChatML (SmolLM2, Qwen2) with the default system message the template may carry,
- * Llama 3 (bos, header ids, trimmed content, <|eot_id|>), and Llama 3.1-3.3 (Llama 3
- * after a system block dated as the template dates it; tool results as a JSON string;
- * tool definitions and tool calls are not rendered). */
+ * Llama 3 (bos, header ids, trimmed content, <|eot_id|>) and DeepSeek LLM / V2; the
+ * families whose templates know tools (Llama 3.1-3.3, Qwen3, Kimi-K2, DeepSeek-V3.1)
+ * render in tokenizer_chat_tools.c. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,9 +46,69 @@ static int chatml_default_system(struct kd_tokenizer *t, const char *s, size_t n
 	return 0;
 }
 
+/* Kimi-K2 writes its default system message as a literal after this marker. */
+static int kimi_default_system(struct kd_tokenizer *t, const char *s, size_t n)
+{
+	static const char open[] = "<|im_system|>system<|im_middle|>";
+	const char *p = s, *end = s + n;
+
+	while ((p = find_mem(p, (size_t)(end - p), open))) {
+		const char *q = p + sizeof(open) - 1;
+		const char *close = find_mem(q, (size_t)(end - q), "<|im_end|>");
+
+		p = q;
+		if (!close || close == q || memchr(q, '\'', (size_t)(close - q)) ||
+		    memchr(q, '"', (size_t)(close - q)) || find_mem(q, (size_t)(close - q), "{"))
+			continue;
+		t->chat_system = strndup(q, (size_t)(close - q));
+		return t->chat_system ? 0 : -ENOMEM;
+	}
+	tok_set_error("%s: a Kimi-K2 template without its default system message", t->path);
+	t->chat = TOK_CHAT_NONE;
+	return 0;
+}
+
+/* The families that render tools, each by strings only its template has: Kimi-K2
+ * (Instruct as updated with its queue of call ids; not the first release, not
+ * Thinking), Qwen3 (reasoning_content) and Qwen2.5 (<tools>, a default system), and
+ * DeepSeek-V3.1 (V3 and R1 lack the tool separator after the name and is_last_user). */
+static int detect_tools_family(struct kd_tokenizer *t, const char *tmpl, size_t len)
+{
+	if (find_mem(tmpl, len, "<|im_middle|>") && find_mem(tmpl, len, "tool_response_queue") &&
+	    find_mem(tmpl, len, "<|tool_calls_section_begin|>") && !find_mem(tmpl, len, "<think>")) {
+		t->chat = TOK_CHAT_KIMI_K2;
+		return kimi_default_system(t, tmpl, len);
+	}
+	/* Qwen3-Coder and Qwen3.5 write calls as XML (<function=...>): not these */
+	if (find_mem(tmpl, len, "<|im_start|>") && find_mem(tmpl, len, "<tools>") &&
+	    find_mem(tmpl, len, "<tool_call>") && !find_mem(tmpl, len, "<function=")) {
+		int rc;
+
+		if (find_mem(tmpl, len, "reasoning_content")) {
+			t->chat = TOK_CHAT_QWEN3;
+			return 0;
+		}
+		/* Qwen2.5 names its default system message in both branches; without one
+		 * the template is another ChatML with tools, left to plain ChatML */
+		rc = chatml_default_system(t, tmpl, len);
+		if (!rc && t->chat_system)
+			t->chat = TOK_CHAT_QWEN25;
+		return rc;
+	}
+	if (find_mem(tmpl, len, "<｜User｜>") &&
+	    find_mem(tmpl, len, "is_last_user") && find_mem(tmpl, len, "<think></think>") &&
+	    find_mem(tmpl, len, "tool['function']['name'] + '<｜tool▁sep｜>'"))
+		t->chat = TOK_CHAT_DEEPSEEK3;
+	return 0;
+}
+
 int tok_chat_detect(struct kd_tokenizer *t, const char *tmpl, size_t len)
 {
 	t->chat = TOK_CHAT_NONE;
+	int rc = detect_tools_family(t, tmpl, len);
+
+	if (rc || t->chat != TOK_CHAT_NONE)
+		return rc;
 	if (find_mem(tmpl, len, "<|im_start|>")) {
 		t->chat = TOK_CHAT_CHATML;
 		return chatml_default_system(t, tmpl, len);
@@ -64,226 +124,100 @@ int tok_chat_detect(struct kd_tokenizer *t, const char *tmpl, size_t len)
 	if (find_mem(tmpl, len, "<|start_header_id|>")) {
 		t->chat = find_mem(tmpl, len, "Cutting Knowledge") ? TOK_CHAT_LLAMA31 : TOK_CHAT_LLAMA3;
 		t->chat_today = t->chat == TOK_CHAT_LLAMA31 && find_mem(tmpl, len, "strftime_now");
+		t->chat_tools = t->chat == TOK_CHAT_LLAMA31 &&
+				find_mem(tmpl, len, "tools_in_user_message");
 	}
 	return 0;
 }
 
-struct out_buf {
-	char *buf;
-	size_t len, k;
-};
-
-static void put(struct out_buf *o, const char *s, size_t n)
-{
-	if (o->k < o->len)
-		memcpy(o->buf + o->k, s, o->len - o->k < n ? o->len - o->k : n);
-	o->k += n;
-}
-
-static void puts_(struct out_buf *o, const char *s)
-{
-	put(o, s, strlen(s));
-}
-
-/* Jinja's trim (Python's str.strip): leading and trailing white space. */
-static int is_py_space(unsigned char c)
-{
-	return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f);
-}
-
-static void put_trimmed(struct out_buf *o, const char *s)
-{
-	size_t n = strlen(s);
-
-	while (n && is_py_space((unsigned char)*s)) {
-		s++;
-		n--;
-	}
-	while (n && is_py_space((unsigned char)s[n - 1]))
-		n--;
-	put(o, s, n);
-}
-
-static void put_token(struct out_buf *o, const struct kd_tokenizer *t, int32_t id)
-{
-	if (id >= 0)
-		put(o, t->strings + t->tokens[id].text_off, t->tokens[id].text_len);
-}
-
 static void render_chatml(const struct kd_tokenizer *t, const struct kd_chat_message *m,
-			  size_t n, int gen, struct out_buf *o)
+			  size_t n, int gen, struct tok_out *o)
 {
 	if (t->chat_system && (!n || strcmp(m[0].role, "system"))) {
-		puts_(o, "<|im_start|>system\n");
-		puts_(o, t->chat_system);
-		puts_(o, "<|im_end|>\n");
+		tok_puts(o, "<|im_start|>system\n");
+		tok_puts(o, t->chat_system);
+		tok_puts(o, "<|im_end|>\n");
 	}
 	for (size_t i = 0; i < n; i++) {
-		puts_(o, "<|im_start|>");
-		puts_(o, m[i].role);
-		puts_(o, "\n");
-		puts_(o, m[i].content);
-		puts_(o, "<|im_end|>\n");
+		tok_puts(o, "<|im_start|>");
+		tok_puts(o, m[i].role);
+		tok_puts(o, "\n");
+		tok_puts(o, m[i].content);
+		tok_puts(o, "<|im_end|>\n");
 	}
 	if (gen)
-		puts_(o, "<|im_start|>assistant\n");
+		tok_puts(o, "<|im_start|>assistant\n");
 }
 
 /* A Llama 3 turn: header, the trimmed content, <|eot_id|>. */
-static void put_llama3_turn(struct out_buf *o, const char *role, const char *content)
+static void put_llama3_turn(struct tok_out *o, const char *role, const char *content)
 {
-	puts_(o, "<|start_header_id|>");
-	puts_(o, role);
-	puts_(o, "<|end_header_id|>\n\n");
-	put_trimmed(o, content);
-	puts_(o, "<|eot_id|>");
+	tok_puts(o, "<|start_header_id|>");
+	tok_puts(o, role);
+	tok_puts(o, "<|end_header_id|>\n\n");
+	tok_put_trimmed(o, content);
+	tok_puts(o, "<|eot_id|>");
 }
 
 static const char llama3_gen[] = "<|start_header_id|>assistant<|end_header_id|>\n\n";
 
 static void render_llama3(const struct kd_tokenizer *t, const struct kd_chat_message *m,
-			  size_t n, int gen, struct out_buf *o)
+			  size_t n, int gen, struct tok_out *o)
 {
 	if (n)
-		put_token(o, t, t->bos);
+		tok_put_token(o, t, t->bos);
 	for (size_t i = 0; i < n; i++)
 		put_llama3_turn(o, m[i].role, m[i].content);
 	if (gen)
-		puts_(o, llama3_gen);
-}
-
-/* s as a JSON string, as Python's json.dumps(s, ensure_ascii=False) writes it (the
- * templates' tojson): quotes, backslashes and control characters escaped, the rest
- * as is. */
-static void put_json_string(struct out_buf *o, const char *s)
-{
-	static const char hex[] = "0123456789abcdef";
-
-	puts_(o, "\"");
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		char esc[7] = { '\\', 0 };
-
-		switch (c) {
-		case '"': esc[1] = '"'; break;
-		case '\\': esc[1] = '\\'; break;
-		case '\n': esc[1] = 'n'; break;
-		case '\r': esc[1] = 'r'; break;
-		case '\t': esc[1] = 't'; break;
-		case '\b': esc[1] = 'b'; break;
-		case '\f': esc[1] = 'f'; break;
-		default:
-			if (c >= 0x20) {
-				put(o, s, 1);
-				continue;
-			}
-			memcpy(esc + 1, "u00", 3);
-			esc[4] = hex[c >> 4];
-			esc[5] = hex[c & 15];
-		}
-		puts_(o, esc);
-	}
-	puts_(o, "\"");
-}
-
-/* Today as the 3.2 template's strftime_now("%d %b %Y") (local time), English month
- * names whatever the locale. */
-static void put_today(struct out_buf *o)
-{
-	static const char mon[12][4] = { "Jan", "Feb", "Mar", "Apr", "May", "Jun",
-					 "Jul", "Aug", "Sep", "Oct", "Nov", "Dec" };
-	time_t now = time(NULL);
-	struct tm tm;
-	char buf[64];
-
-	if (!localtime_r(&now, &tm))
-		memset(&tm, 0, sizeof(tm));
-	snprintf(buf, sizeof(buf), "%02d %.3s %04d", tm.tm_mday % 100,
-		 mon[(unsigned)tm.tm_mon % 12], (tm.tm_year + 1900) % 10000);
-	puts_(o, buf);
-}
-
-static void render_llama31(const struct kd_tokenizer *t, const struct kd_chat_message *m,
-			   size_t n, int gen, struct out_buf *o)
-{
-	size_t i = 0;
-
-	put_token(o, t, t->bos);
-	puts_(o, "<|start_header_id|>system<|end_header_id|>\n\n"
-		 "Cutting Knowledge Date: December 2023\nToday Date: ");
-	if (t->chat_today)
-		put_today(o);
-	else
-		puts_(o, "26 Jul 2024");
-	puts_(o, "\n\n");
-	if (n && !strcmp(m[0].role, "system"))
-		put_trimmed(o, m[i++].content);
-	puts_(o, "<|eot_id|>");
-	for (; i < n; i++) {
-		if (strcmp(m[i].role, "tool") && strcmp(m[i].role, "ipython")) {
-			put_llama3_turn(o, m[i].role, m[i].content);
-			continue;
-		}
-		puts_(o, "<|start_header_id|>ipython<|end_header_id|>\n\n");
-		put_json_string(o, m[i].content);
-		puts_(o, "<|eot_id|>");
-	}
-	if (gen)
-		puts_(o, llama3_gen);
+		tok_puts(o, llama3_gen);
 }
 
 /* Content as is (no trim); roles other than these three are not written. */
 static void render_deepseek2(const struct kd_tokenizer *t, const struct kd_chat_message *m,
-			     size_t n, int gen, struct out_buf *o)
+			     size_t n, int gen, struct tok_out *o)
 {
-	put_token(o, t, t->bos);
+	tok_put_token(o, t, t->bos);
 	for (size_t i = 0; i < n; i++) {
 		if (!strcmp(m[i].role, "user")) {
-			puts_(o, "User: ");
-			puts_(o, m[i].content);
-			puts_(o, "\n\n");
+			tok_puts(o, "User: ");
+			tok_puts(o, m[i].content);
+			tok_puts(o, "\n\n");
 		} else if (!strcmp(m[i].role, "assistant")) {
-			puts_(o, "Assistant: ");
-			puts_(o, m[i].content);
-			put_token(o, t, t->eos);
+			tok_puts(o, "Assistant: ");
+			tok_puts(o, m[i].content);
+			tok_put_token(o, t, t->eos);
 		} else if (!strcmp(m[i].role, "system")) {
-			puts_(o, m[i].content);
-			puts_(o, "\n\n");
+			tok_puts(o, m[i].content);
+			tok_puts(o, "\n\n");
 		}
 	}
 	if (gen)
-		puts_(o, "Assistant:");
+		tok_puts(o, "Assistant:");
+}
+
+/* The families without tools; -ENOTSUP (message set) for the rest. */
+int tok_render_plain(const struct kd_tokenizer *t, const struct kd_chat_message *m, size_t n,
+		     int gen, struct tok_out *o)
+{
+	switch (t->chat) {
+	case TOK_CHAT_CHATML:
+		render_chatml(t, m, n, gen, o);
+		return 0;
+	case TOK_CHAT_LLAMA3:
+		render_llama3(t, m, n, gen, o);
+		return 0;
+	case TOK_CHAT_DEEPSEEK2:
+		render_deepseek2(t, m, n, gen, o);
+		return 0;
+	default:
+		tok_set_error("%s: no chat template kdec knows (ChatML, Llama 3, Llama 3.1-3.3, "
+			      "Qwen2.5, Qwen3, Kimi-K2, DeepSeek LLM / V2 / V3.1)", t->path);
+		return -ENOTSUP;
+	}
 }
 
 long kd_tokenizer_chat(const struct kd_tokenizer *t, const struct kd_chat_message *msgs,
 		       size_t n, int add_generation_prompt, char *buf, size_t len)
 {
-	struct out_buf o = { buf, len, 0 };
-
-	if (!t || (!msgs && n) || (!buf && len))
-		return -EINVAL;
-	for (size_t i = 0; i < n; i++)
-		if (!msgs[i].role || !msgs[i].content)
-			return -EINVAL;
-	switch (t->chat) {
-	case TOK_CHAT_CHATML:
-		render_chatml(t, msgs, n, add_generation_prompt, &o);
-		break;
-	case TOK_CHAT_LLAMA3:
-		render_llama3(t, msgs, n, add_generation_prompt, &o);
-		break;
-	case TOK_CHAT_LLAMA31:
-		render_llama31(t, msgs, n, add_generation_prompt, &o);
-		break;
-	case TOK_CHAT_DEEPSEEK2:
-		render_deepseek2(t, msgs, n, add_generation_prompt, &o);
-		break;
-	default:
-		tok_set_error("%s: no chat template kdec knows (ChatML, Llama 3, Llama 3.1-3.3, "
-			      "DeepSeek LLM / V2)", t->path);
-		return -ENOTSUP;
-	}
-	if (o.k < len)
-		buf[o.k] = '\0';
-	return (long)o.k;
+	return kd_tokenizer_chat_tools(t, msgs, n, NULL, add_generation_prompt, buf, len);
 }

@@ -225,6 +225,7 @@ static void check_chat(struct kd_tokenizer *t, const char *fam, const json_t *do
 		json_t *mj;
 		long n;
 
+		memset(m, 0, sizeof(m));
 		json_array_foreach(msgs, j, mj) {
 			m[j].role = json_string_value(json_object_get(mj, "role"));
 			m[j].content = json_string_value(json_object_get(mj, "content"));
@@ -673,7 +674,7 @@ static void check_llama32_date(void)
 					 "Jul", "Aug", "Sep", "Oct", "Nov", "Dec" };
 	static const char t32[] = "{{- bos_token }} ... strftime_now(\"%d %b %Y\") ... "
 				  "<|start_header_id|>system ... Cutting Knowledge Date";
-	const struct kd_chat_message m[] = { { "user", "when?" } };
+	const struct kd_chat_message m[] = { { .role = "user", .content = "when?" } };
 	char path[PATH_MAX], want[64], buf[1024];
 	struct kd_tokenizer *t;
 	struct tm tm;
