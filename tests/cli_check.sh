@@ -31,7 +31,7 @@ if command -v python3 >/dev/null 2>&1; then
 	rm "$tmp/sharded/model-00002-of-00003.safetensors"
 	expect 1 "model-00002-of-00003.safetensors" "$B/kdbench" generate --model "$tmp/sharded" --prompt 1 --max-tokens 1
 else
-	echo "cli_check: sharded-checkpoint check skipped: no python3 to write the shards" >&2
+	skip "sharded-checkpoint check: no python3 to write the shards"
 fi
 
 # ---- bad arguments ----

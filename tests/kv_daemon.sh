@@ -46,7 +46,7 @@ cold=$("$B/kdbench" generate --model "$M" --prompt "$P2" --max-tokens 8 --thread
 # 2. two uids, the same prompt
 other() { setpriv --reuid 65534 --regid 65534 --clear-groups "$@"; }
 if [ "$(id -u)" != 0 ] || ! command -v setpriv >/dev/null; then
-	echo "kv_daemon: SKIP two-uid checks: need root and setpriv to run a second uid"
+	skip "two-uid checks: need root and setpriv to run a second uid"
 else
 	Q=$(seqn 200 247)
 	"$B/kdrun" --socket "$S" --prompt "$Q" --max-tokens 2 >/dev/null 2>&1
