@@ -69,7 +69,7 @@ expect 1 "config.json" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-t
 "$B/kdecd" --model "$M" --check 2>"$tmp/err" && ok || fail "kdecd --check: $(cat "$tmp/err")"
 expect 1 "no model.safetensors" "$B/kdecd" --model "$tmp/noweights" --check
 expect 2 "want at least --max-batch" "$B/kdecd" --model "$M" --max-batch 8 --prefill-chunk 4
-kdecd_start daemon.err 10 --model "$M" --threads 1
+kdecd_start daemon.err 60 --model "$M" --threads 1
 kdecd_stop
 st=$?
 [ $st -eq 0 ] && grep -q "shutting down" "$tmp/daemon.err" && ok || fail "kdecd SIGTERM: exit $st: $(cat "$tmp/daemon.err")"
