@@ -234,7 +234,7 @@ static void check_model(const char *top, const char *name, int threads)
 			return;
 		snprintf(mpath, sizeof(mpath), "%s/%s.gguf", gguf_dir, name + 7);
 		if (!test_file_exists(mpath)) {
-			fprintf(stderr, "  %-22s no %s: skipped\n", name, mpath);
+			test_skip("%s: no %s (tests/make_gguf_golden.sh makes it)", name, mpath);
 			return;
 		}
 	}
