@@ -31,7 +31,7 @@ if command -v python3 >/dev/null 2>&1; then
 	rm "$tmp/sharded/model-00002-of-00003.safetensors"
 	expect 1 "model-00002-of-00003.safetensors" "$B/kdbench" generate --model "$tmp/sharded" --prompt 1 --max-tokens 1
 else
-	echo "cli_check: sharded-checkpoint check skipped: no python3 to write the shards" >&2
+	skip "sharded-checkpoint check: no python3 to write the shards"
 fi
 
 # ---- bad arguments ----
@@ -69,7 +69,7 @@ expect 1 "config.json" "$B/kdbench" generate --model "$tmp/m" --prompt 1 --max-t
 "$B/kdecd" --model "$M" --check 2>"$tmp/err" && ok || fail "kdecd --check: $(cat "$tmp/err")"
 expect 1 "no model.safetensors" "$B/kdecd" --model "$tmp/noweights" --check
 expect 2 "want at least --max-batch" "$B/kdecd" --model "$M" --max-batch 8 --prefill-chunk 4
-kdecd_start daemon.err 10 --model "$M" --threads 1
+kdecd_start daemon.err 60 --model "$M" --threads 1
 kdecd_stop
 st=$?
 [ $st -eq 0 ] && grep -q "shutting down" "$tmp/daemon.err" && ok || fail "kdecd SIGTERM: exit $st: $(cat "$tmp/daemon.err")"

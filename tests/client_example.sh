@@ -35,7 +35,7 @@ fi
 echo "cc example.c $flags"
 $cc -std=c11 -Wall -Werror $san -o "$tmp/example" "$tmp/example.c" $flags || { echo "FAIL: the example does not build"; exit 1; }
 
-kdecd_start daemon.log 10 --model "$M" --socket "$tmp/s" --threads 1
+kdecd_start daemon.log 60 --model "$M" --socket "$tmp/s" --threads 1
 LD_LIBRARY_PATH=$libdir "$tmp/example" "$tmp/s" >"$tmp/out" 2>"$tmp/err" || {
 	cat "$tmp/err" "$tmp/daemon.log"; echo "FAIL: the example failed"; exit 1; }
 want=$("$B/kdbench" generate --model "$M" --prompt 113,124,11,408,469 --max-tokens 16 --threads 1 2>/dev/null)

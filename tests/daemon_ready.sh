@@ -61,6 +61,6 @@ PY
 	dpid=$(cat "$P" 2>/dev/null)
 	[ -n "$dpid" ] && stop_daemon "$dpid"
 else
-	echo "daemon_ready: python3 not found: the NOTIFY_SOCKET check is skipped" >&2
+	skip "the NOTIFY_SOCKET check: python3 not found"
 fi
 verdict

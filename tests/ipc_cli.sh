@@ -12,7 +12,7 @@ expect 2 "--allow-uid 'nosuchuser_kdec'" "$B/kdecd" --model "$M" --allow-uid nos
 expect 1 "cannot connect to kdecd" "$B/kdrun" --socket "$tmp/none.sock" --prompt 1,2
 expect 1 "cannot talk to kdecd" "$B/kdctl" --socket "$tmp/none.sock" status
 
-kdecd_start daemon.log 10 --model "$M" --socket "$S" --threads 1 --shutdown-timeout 5
+kdecd_start daemon.log 60 --model "$M" --socket "$S" --threads 1 --shutdown-timeout 5
 [ "$(stat -c %a "$S")" = 660 ] && ok || fail "socket mode $(stat -c %a "$S"), want 660"
 expect 1 "served by another kdecd (pid $pid" "$B/kdecd" --model "$M" --socket "$S"
 

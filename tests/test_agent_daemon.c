@@ -114,7 +114,9 @@ static void test_run(void)
 		 "--turn-tokens 32 --output-tokens 12 --subagent-prob 0.3 --seed 7 --vocab 512 "
 		 "--json '%s/agent.json' --plot '%s'", MAX_REQUESTS, kdecd.dir, png);
 	CHECK(agent(args, &secs) == 0, "kdbench agent exit status (see %s/agent.out)", kdecd.dir);
-	CHECK(secs < 3 + 5 + 3, "run of 3 s + 5 s grace took %.1f s", secs);
+	/* an outer bound only (the JSON's counts check the run): a loaded 2-core machine
+	 * under ASan may be seconds late; a run that never ended would not be */
+	CHECK(secs < 3 + 5 + 20, "run of 3 s + 5 s grace took %.1f s", secs);
 	if (!(root = load("agent.json")))
 		return;
 	CHECK(num(root, "requests") > 0 && num(root, "requests") <= MAX_REQUESTS, "requests %.0f",
@@ -137,13 +139,15 @@ static void test_run(void)
 		num(root, "prefix_hit_rate"), num(root, "output_tokens_per_s"), secs);
 	json_decref(root);
 	/* the plot exists when gnuplot does (the tool skips it, saying so, otherwise) */
-	if ((f = fopen(png, "rb"))) {
+	if (system("command -v gnuplot >/dev/null 2>&1")) {
+		test_skip("the latency plot: gnuplot is not installed here");
+	} else if ((f = fopen(png, "rb"))) {
 		unsigned char m[4] = { 0 };
 
 		CHECK(fread(m, 1, 4, f) == 4 && m[1] == 'P' && m[2] == 'N' && m[3] == 'G', "%s is not a PNG", png);
 		fclose(f);
 	} else {
-		fprintf(stderr, "no plot: gnuplot is not installed here\n");
+		CHECK(0, "gnuplot is installed, and kdbench agent --plot wrote no %s", png);
 	}
 }
 
@@ -157,7 +161,9 @@ static void test_bounds(void)
 	snprintf(args, sizeof(args), "--sessions 4 --duration 20 --max-requests 6 --think-ms 0 "
 		 "--first-prompt 64 --output-tokens 8 --vocab 512 --json '%s/bounds.json'", kdecd.dir);
 	CHECK(agent(args, &secs) == 0, "--max-requests run");
-	CHECK(secs < 10, "--max-requests 6 of a 20 s run took %.1f s", secs);
+	/* a run that ignored the count would take the 20 s (and the grace): any time
+	 * below that, however loaded the machine, shows the count ended it */
+	CHECK(secs < 19, "--max-requests 6 of a 20 s run took %.1f s", secs);
 	if ((root = load("bounds.json"))) {
 		CHECK(num(root, "requests") == 6 && num(root, "completed") == 6, "requests %.0f completed %.0f, want 6",
 		      num(root, "requests"), num(root, "completed"));
@@ -177,7 +183,9 @@ static void test_drain(void)
 	snprintf(args, sizeof(args), "--sessions 2 --duration 1 --grace 0.5 --first-prompt 32 "
 		 "--output-tokens 3000 --vocab 512 --json '%s/drain.json'", kdecd.dir);
 	CHECK(agent(args, &secs) == 0, "drain run");
-	CHECK(secs < 1 + 0.5 + 2 + 2, "1 s run with 0.5 s grace took %.1f s", secs);
+	/* an outer bound (the cancelled count below is the check that the drain cancels):
+	 * generous for a loaded 2-core machine under ASan */
+	CHECK(secs < 1 + 0.5 + 20, "1 s run with 0.5 s grace took %.1f s", secs);
 	if (!(root = load("drain.json")))
 		return;
 	CHECK(num(root, "requests") == 2 && num(root, "cancelled") == 2, "requests %.0f cancelled %.0f, want 2 and 2",

@@ -84,7 +84,7 @@ static void check_rope_tables(const char *name, const struct k_rope_params *a,
 	CHECK(ra.dim == rb.dim && ra.interleaved == rb.interleaved, "%s: rope dim %d/%d interleaved %d/%d",
 	      name, ra.dim, rb.dim, ra.interleaved, rb.interleaved);
 	for (int i = 0; i < ra.dim / 2 && ra.dim == rb.dim; i++)
-		worst = fmax(worst, fabs(ra.inv_freq[i] - rb.inv_freq[i]) / rb.inv_freq[i]);
+		worst = test_err_max(worst, test_abs_err(ra.inv_freq[i], rb.inv_freq[i]) / rb.inv_freq[i]);
 	CHECK(worst == 0, "%s: rope inv_freq differ by %.3g relative", name, worst);
 	CHECK_NEAR(ra.attn_factor, rb.attn_factor, 1e-7, "rope attention factor");
 	k_rope_fini(&ra);
@@ -168,7 +168,7 @@ static void check_q8(void)
 		for (int r = 0; got && r < n; r++) {
 			double e = test_rel_l2(got + (size_t)r * vocab, ref + (size_t)r * vocab, (size_t)vocab);
 
-			worst = fmax(worst, e);
+			worst = test_err_max(worst, e);
 			CHECK(e <= Q8_ROW_TOL, "llama3-q8_0 case %zu row %d: rel L2 %.3g", i, r, e);
 			agree += test_argmax(got + (size_t)r * vocab, vocab) ==
 				 test_argmax(ref + (size_t)r * vocab, vocab);
@@ -227,7 +227,8 @@ static void check_bf16(const char *name, const char *golden, double tol)
 	ref = golden_read_floats(path, (size_t)n * vocab);
 	got = ref ? run_logits(m, tok, n, name) : NULL;
 	for (int r = 0; got && r < n; r++)
-		worst = fmax(worst, test_rel_l2(got + (size_t)r * vocab, ref + (size_t)r * vocab, (size_t)vocab));
+		worst = test_err_max(worst, test_rel_l2(got + (size_t)r * vocab, ref + (size_t)r * vocab,
+							(size_t)vocab));
 	CHECK(got && worst <= tol, "%s (bf16): worst row rel L2 %.3g > %g", name, worst, tol);
 	fprintf(stderr, "  %-12s bf16 copy: T=%d worst row rel L2 %.3g (<= %g)\n", name, n, worst, tol);
 	free(tok);
@@ -432,13 +433,13 @@ static int check_smollm2(void)
 		for (int j = 0; j < k; j++)
 			sel[j] = ri[j] >= 0 && ri[j] < vocab ? row[ri[j]] : NAN;
 		e = test_rel_l2(sel, rl, (size_t)k);
-		worst = fmax(worst, e);
+		worst = test_err_max(worst, e);
 		CHECK(e <= SMOL_TOPK_TOL, "smollm2 position %d: rel L2 over top-%d %.3g", t, k, e);
 		for (int v = 0; v < vocab; v++)
 			s += exp(row[v] - mx);
 		lse = mx + log(s);
-		worst_lse = fmax(worst_lse, fabs(lse - lse_ref));
-		CHECK(fabs(lse - lse_ref) <= SMOL_LSE_TOL, "smollm2 position %d: logsumexp %.6f vs %.6f",
+		worst_lse = test_err_max(worst_lse, test_abs_err(lse, lse_ref));
+		CHECK(test_abs_err(lse, lse_ref) <= SMOL_LSE_TOL, "smollm2 position %d: logsumexp %.6f vs %.6f",
 		      t, lse, (double)lse_ref);
 		agree += test_argmax(row, vocab) == ri[0];
 		if (k >= 2 && rl[0] - rl[1] > 1e-3) {

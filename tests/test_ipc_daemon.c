@@ -513,7 +513,7 @@ static void test_uid(void)
 	pid_t pid;
 
 	if (geteuid() != 0) {
-		fprintf(stderr, "SKIP uid check: needs root to run a client as another uid\n");
+		test_skip("uid check: needs root to run a client as another uid");
 		return;
 	}
 	chmod(kdecd.sock, 0666);	/* let the connect through: SO_PEERCRED must refuse it */
@@ -553,7 +553,8 @@ int main(void)
 		char cmd[600];
 
 		snprintf(cmd, sizeof(cmd), "tail -n 2 %s/daemon-futex.log >&2", kdecd.dir);
-		fprintf(stderr, "SKIP futex mode: kdecd --notify futex did not start:\n");
+		test_skip("futex mode (64 clients, SIGKILL, tokens, scribble, stall, uid): "
+			  "kdecd --notify futex did not start (needs io_uring futex ops):");
 		if (system(cmd))
 			fprintf(stderr, "(no log)\n");
 	}

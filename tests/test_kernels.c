@@ -156,7 +156,7 @@ static void check_linear(struct k_pool *pool, enum k_dtype dt, int M, int N, int
 				ref += t;
 				mag += fabs(t);
 			}
-			if (fabs(y[(size_t)m * N + n] - ref) > gamma * mag + 1e-30)
+			if (!(test_abs_err(y[(size_t)m * N + n], ref) <= gamma * mag + 1e-30))
 				bad++;
 		}
 	}
@@ -180,10 +180,10 @@ static void test_linear_invariance(struct k_pool *pool)
 
 	k_cpu_linear(pool, y, x, w, K_BF16, M, N, K);
 	k_cpu_linear(NULL, yt, x, w, K_BF16, M, N, K);
-	CHECK(memcmp(y, yt, sizeof(float) * M * N) == 0, "linear: threads change bits");
+	CHECK(test_same_floats(y, yt, (size_t)M * N), "linear: threads change bits");
 	for (int m = 0; m < M; m++) {
 		k_cpu_linear(pool, y1, x + (size_t)m * K, w, K_BF16, 1, N, K);
-		bad += memcmp(y1, y + (size_t)m * N, sizeof(float) * N) != 0;
+		bad += !test_same_floats(y1, y + (size_t)m * N, N);
 	}
 	CHECK(bad == 0, "linear: %d rows differ between M=1 and M=%d", bad, M);
 	free(x);
@@ -264,7 +264,7 @@ static void test_silu_add_embed(void)
 	for (int i = 0; i < N; i++) {
 		double want = g[i] / (1 + exp(-(double)g[i])) * u[i];
 
-		bad += fabs(o[i] - want) > 4e-7 * fabs(want) + 1e-30;
+		bad += !(test_abs_err(o[i], want) <= 4e-7 * fabs(want) + 1e-30);
 	}
 	CHECK(bad == 0, "silu_mul: %d off", bad);
 	k_cpu_silu_mul(g, g, u, N);	/* out aliases gate */
@@ -392,13 +392,13 @@ static void test_attn_gqa(struct k_pool *pool, int bt)
 
 	k_cpu_attn_gqa(pool, out, q, &c.kv, &rows, AH, AKV, AHD, scale);
 	k_cpu_attn_gqa(NULL, out1, q, &c.kv, &rows, AH, AKV, AHD, scale);
-	CHECK(memcmp(out, out1, sizeof(float) * AROWS * AH * AHD) == 0,
+	CHECK(test_same_floats(out, out1, AROWS * AH * AHD),
 	      "attn bt=%d: 1 and 4 threads differ", bt);
 	for (int r = 0; r < AROWS; r++) {
 		for (int h = 0; h < AH; h++) {
 			att_ref(ref, q + (r * AH + h) * AHD, &c, r, h, scale);
 			for (int i = 0; i < AHD; i++)
-				err = fmax(err, fabs(out[(r * AH + h) * AHD + i] - ref[i]));
+				err = test_err_max(err, test_abs_err(out[(r * AH + h) * AHD + i], ref[i]));
 		}
 	}
 	/* Outputs are convex mixes of values in [-1, 1]; fp32 scores and weights
@@ -468,11 +468,11 @@ static void test_experts(struct k_pool *pool)
 				want[c] += w[m * XK + j] * y[c];
 		}
 		for (int c = 0; c < XH; c++)
-			err = fmax(err, fabs(out[m * XH + c] - want[c]) / (1 + fabs(want[c])));
+			err = test_err_max(err, test_abs_err(out[m * XH + c], want[c]) / (1 + fabs(want[c])));
 		/* Batch invariance: the row alone gives the same bits. */
 		ret = k_cpu_moe_experts(pool, out1, x + m * XH, 1, ids + m * XK, w + m * XK, XK,
 					ex, XE, K_BF16, XH, XI);
-		CHECK(ret == 0 && memcmp(out1, out + m * XH, sizeof(out1)) == 0,
+		CHECK(ret == 0 && test_same_floats(out1, out + m * XH, XH),
 		      "moe row %d differs alone", m);
 	}
 	/* Sums of ~40 products of O(1) terms in fp32. */
@@ -488,8 +488,8 @@ static void test_experts(struct k_pool *pool)
 		err = 0;
 		for (int c = 0; c < XH; c++) {
 			want[c] = w[1] * y[c];
-			err = fmax(err, fabs(out[c] - want[c]) / (1 + fabs(want[c])));
-			err = fmax(err, fabs(out[XH + c]));	/* no valid id: zeros */
+			err = test_err_max(err, test_abs_err(out[c], want[c]) / (1 + fabs(want[c])));
+			err = test_err_max(err, test_abs_err(out[XH + c], 0));	/* no valid id: zeros */
 		}
 		CHECK(err < 1e-5, "moe_experts with ids out of range: error %g", err);
 	}

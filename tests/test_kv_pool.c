@@ -61,12 +61,19 @@ int main(void)
 		int32_t id = (int32_t)((test_randf(&s) + 1.0f) * 48.5f) % 97;
 
 		if (r == 0) {
-			int got = kv_pool_alloc(&p);
+			int got = kv_pool_alloc(&p), model_free = 0;
 
-			if (got >= 0)
+			for (int b = 0; b < 97; b++)
+				model_free += model_refs[b] == 0;
+			/* the block handed out was free in the model, not one still held (a
+			 * model that just set its count to 1 would hide that) */
+			CHECK(got < 97 && (got < 0 || model_refs[got] == 0), "alloc returned %d, held %u times",
+			      got, got >= 0 && got < 97 ? model_refs[got] : 0);
+			if (got >= 0 && got < 97)
 				model_refs[got] = 1;
 			else
-				CHECK(got == -ENOSPC && p.n_free == 0, "alloc fails only when empty");
+				CHECK(got == -ENOSPC && model_free == 0, "alloc fails (%d) with %d blocks free",
+				      got, model_free);
 		} else if (r == 1) {
 			int ret = kv_pool_ref(&p, id);
 

@@ -95,7 +95,7 @@ static void check_mla(struct k_pool *pool, const struct k_mla_dims *d, enum k_dt
 	CHECK(ret == 0, "absorbed %d", ret);
 	ret = k_cpu_attn_mla_expanded(e, q, w, dt, &kv, &rows, d, scale);
 	CHECK(ret == 0, "expanded %d", ret);
-	CHECK(memcmp(a, a1, sizeof(float) * no) == 0, "absorbed: threads change bits");
+	CHECK(test_same_floats(a, a1, no), "absorbed: threads change bits");
 	err = test_rel_l2(a, e, no);
 	for (size_t i = 0; i < no; i++)
 		norm += (double)e[i] * e[i];

@@ -66,7 +66,7 @@ static void test_multi_turn(const char *model)
 	CHECK(e->stats.prompt_tokens - computed == 11 + 4, "%s: turn 2 computed %llu tokens, want 11 + 4 decode",
 	      model, (unsigned long long)(e->stats.prompt_tokens - computed));
 	kvt_cold(cold, hist, n2, ref);
-	CHECK(!memcmp(l, ref, (size_t)vocab * sizeof(float)), "%s: turn 2 logits differ from a cold run", model);
+	CHECK(test_same_floats(l, ref, (size_t)vocab), "%s: turn 2 logits differ from a cold run", model);
 	{
 		struct engine_seq cs;
 
@@ -107,7 +107,7 @@ static void test_multi_turn(const char *model)
 		CHECK(cached == kept, "%s: turn 3 reuses %d tokens, want the %d kept", model, cached, kept);
 	}
 	kvt_cold(cold, hist, n2, ref);
-	CHECK(!memcmp(l, ref, (size_t)vocab * sizeof(float)), "%s: logits after restore differ", model);
+	CHECK(test_same_floats(l, ref, (size_t)vocab), "%s: logits after restore differ", model);
 
 	/* offloaded session, next turn straight away: the turn restores it itself */
 	CHECK(engine_session_offload(e, sess) == 0, "%s: offload again", model);
@@ -119,7 +119,7 @@ static void test_multi_turn(const char *model)
 	cached = kvt_turn(e, sess, hist, n2, 1, gen, l);
 	CHECK(cached == n2 - 4, "%s: turn 4 on an offloaded session reuses %d, want %d", model, cached, n2 - 4);
 	kvt_cold(cold, hist, n2, ref);
-	CHECK(!memcmp(l, ref, (size_t)vocab * sizeof(float)), "%s: logits of a turn on an offloaded session", model);
+	CHECK(test_same_floats(l, ref, (size_t)vocab), "%s: logits of a turn on an offloaded session", model);
 	kvt_check_invariants(e, NULL, 0);
 	free(kv_before);
 	free(kv_after);
@@ -235,7 +235,7 @@ static void test_lifecycle(void)
 		kvt_step(e, &s2, p + cached, 30 - cached, l);
 		kvt_step(e, &s1, p + 21, 9, l);
 		kvt_cold(e, p, 30, ref);
-		CHECK(!memcmp(l, ref, (size_t)vocab * sizeof(float)), "the first sequence's KV was overwritten");
+		CHECK(test_same_floats(l, ref, (size_t)vocab), "the first sequence's KV was overwritten");
 		struct engine_seq *live[2] = { &s1, &s2 };
 		kvt_check_invariants(e, live, 2);
 		engine_session_cancel(e, a);
@@ -339,7 +339,7 @@ static int p_start(struct p_run *p, struct p_seq *x, unsigned kind, int op)
 		x->live = 0;
 	} else {
 		kvt_cold(p->cold, p->buf, n, p->ref);
-		if (memcmp(p->l, p->ref, (size_t)p->vocab * sizeof(float)))
+		if (!test_same_floats(p->l, p->ref, (size_t)p->vocab))
 			CHECK(0, "op %d: logits after start (%d cached of %d) differ from cold", op,
 			      cached, n);
 	}
@@ -359,7 +359,7 @@ static int p_extend(struct p_run *p, struct p_seq *x, int op)
 		return 1;
 	memcpy(p->buf, x->s.tokens, (size_t)x->s.n_tokens * sizeof(int32_t));
 	kvt_cold(p->cold, p->buf, x->s.n_tokens, p->ref);
-	if (memcmp(p->l, p->ref, (size_t)p->vocab * sizeof(float)))
+	if (!test_same_floats(p->l, p->ref, (size_t)p->vocab))
 		CHECK(0, "op %d: logits after extending to %d differ from cold", op, x->s.n_tokens);
 	return 0;
 }

@@ -449,7 +449,7 @@ static void test_allow(const int32_t *p, int np, const int32_t *ref)
 	struct stat st;
 
 	if (geteuid()) {
-		fprintf(stderr, "allow-list: skipped (needs root to act as other uids)\n");
+		test_skip("allow-list: needs root to act as other uids");
 		return;
 	}
 	chmod(d.dir, 0711);	/* mkdtemp's 0700 would stop them before the socket */

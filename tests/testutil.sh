@@ -13,9 +13,13 @@ pid=
 trap '[ -n "$pid" ] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
 fails=0
 passes=0
+skips=0
 
 ok() { passes=$((passes + 1)); }
 fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+# skip REASON: a part that cannot run here; the verdict is then 77 (SKIP) unless a
+# check failed, so a run that checked less does not count as a pass
+skip() { echo "SKIP: $test_name: $*" >&2; skips=$((skips + 1)); }
 
 # expect STATUS TEXT CMD...: CMD exits with STATUS and its stderr's last line contains
 # TEXT (a refusal is one clear line and a plain exit status)
@@ -62,8 +66,9 @@ kdecd_stop() {
 	return $st
 }
 
-# The verdict: the counts on stderr; the exit status.
+# The verdict: the counts on stderr; the exit status (0, 1, or 77 after a skip).
 verdict() {
-	echo "$test_name: $passes passed, $fails failed" >&2
-	[ "$fails" -eq 0 ]
+	echo "$test_name: $passes passed, $fails failed, $skips skipped" >&2
+	[ "$fails" -eq 0 ] || return 1
+	[ "$skips" -eq 0 ] || exit 77
 }
