@@ -230,7 +230,11 @@ void sched_add(struct sched *s, int *n, struct sched_req *r, const int32_t *tok,
  * costs come from the steps themselves: a moving average of the decode-only steps and
  * of a prompt token's share of the others. Small chunks would teach a per-token cost
  * that is mostly the step's fixed overhead (an eager step launches every kernel one by
- * one), so only chunks of at least PACE_LEARN_TOKENS teach it. */
+ * one), so only chunks of at least PACE_LEARN_TOKENS teach it; and only steps beside
+ * decodes, the steps it budgets: a step without any (a lone prompt, in up to the
+ * backend's prompt_rows) costs less per token, and learning from it made the chunks
+ * beside 16 agent sessions' decodes too long for the pace (H200: 85 against 96 tok/s
+ * per user at P90, PERFORMANCE.md). */
 #define PACE_ALPHA 0.2
 #define PACE_LEARN_TOKENS 32
 #define PACE_MIN_TOKENS 16	/* a prompt always progresses */
@@ -255,9 +259,9 @@ static void pace_learn(struct sched *s, uint64_t ns)
 		}
 		return;
 	}
-	if (s->step_prompt < PACE_LEARN_TOKENS || (s->step_decodes && s->decode_ns <= 0))
+	if (s->step_prompt < PACE_LEARN_TOKENS || !s->step_decodes || s->decode_ns <= 0)
 		return;
-	extra = (double)ns - (s->step_decodes ? s->decode_ns : 0);
+	extra = (double)ns - s->decode_ns;
 	ema(&s->prompt_tok_ns, (extra > 0 ? extra : 0) / s->step_prompt);
 }
 
