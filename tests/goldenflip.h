@@ -32,6 +32,8 @@ struct flip_row {
 struct flip_stats {
 	int rows, bad, flips_ok, argmax_ok;
 	double worst, median;
+	double same_route_worst;	/* worst row against the forced CPU run: the kernels'
+					 * error with the routing held equal (-1: no such run) */
 	long decisions, flipped;	/* MoE decisions compared, of them GPU != CPU's own */
 };
 
@@ -56,7 +58,8 @@ static int flip_sets_differ(const int32_t *a, const int32_t *b, int k)
 	return 0;
 }
 
-/* Decision key k flipped (GPU trace g forced on the CPU, whose own choice c recorded):
+/* Decision key k flipped (the experts g's run used, forced on the CPU run c, against
+ * c's own choice):
  * 1 flipped at a near-tie, -1 flipped beyond one, 0 not flipped. margin_out and
  * diff_out receive the CPU's margin and the largest choice difference. */
 static int flip_decision(const struct route_trace *g, const struct route_trace *c, long k,
@@ -67,7 +70,7 @@ static int flip_decision(const struct route_trace *g, const struct route_trace *
 	float cg[4096], cc[4096], margin;
 	double diff = 0;
 
-	if (!flip_sets_differ(g->ids + k * g->top_k, c->ids + k * c->top_k, g->top_k))
+	if (!flip_sets_differ(g->ids + k * g->top_k, c->own + k * c->top_k, g->top_k))
 		return 0;
 	margin = k_cpu_moe_route_margin(p, c->logits + k * E, NULL);
 	/* the choice values before any group mask: score + bias of every expert */
@@ -102,6 +105,12 @@ static int flip_judge(const char *what, const float *got, const float *ref, cons
 
 	memset(st, 0, sizeof(*st));
 	st->rows = n;
+	st->same_route_worst = -1;
+	for (int r = 0; cpu && r < n; r++) {
+		double e = test_rel_l2(got + (size_t)r * vocab, cpu + (size_t)r * vocab, (size_t)vocab);
+
+		st->same_route_worst = e > st->same_route_worst ? e : st->same_route_worst;
+	}
 	for (int r = 0; r < n; r++) {
 		const float *gr = got + (size_t)r * vocab, *rr = ref + (size_t)r * vocab;
 		double e = test_rel_l2(gr, rr, (size_t)vocab), ef, worst_margin = 0, worst_diff = 0;
@@ -166,7 +175,7 @@ static int flip_judge(const char *what, const float *got, const float *ref, cons
 						continue;
 					st->decisions++;
 					st->flipped += flip_sets_differ(g->ids + k * g->top_k,
-									c->ids + k * c->top_k, g->top_k);
+									c->own + k * c->top_k, g->top_k);
 				}
 	}
 	return fails;

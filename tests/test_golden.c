@@ -172,9 +172,9 @@ static void check_path(struct engine *e, const char *name, const char *path, pat
 				   trace_gpu, trace_cpu, &e->model->cfg.route, model_bias,
 				   (void *)e->model, &st);
 		fprintf(stderr, "  fidelity: %-22s %-14s rows %4d worst %.2e median %.2e argmax %d/%d "
-			"over %d flips %d flip-rate %ld/%ld tol %g\n", name, path, st.rows, st.worst,
-			st.median, st.argmax_ok, st.rows, st.bad, st.flips_ok, st.flipped, st.decisions,
-			row_tol);
+			"over %d flips %d flip-rate %ld/%ld same-routing-worst %.2e tol %g\n", name,
+			path, st.rows, st.worst, st.median, st.argmax_ok, st.rows, st.bad, st.flips_ok,
+			st.flipped, st.decisions, st.same_route_worst, row_tol);
 		CHECK(fails == 0, "%s: %d of %d rows over %g unexplained (worst %.3g)", what, fails,
 		      n_rows, row_tol, st.worst);
 	}

@@ -29,11 +29,12 @@ int route_trace_create(struct route_trace **out, int n_layers, int n_experts, in
 				   .max_seqs = max_seqs, .max_pos = max_pos };
 	t->seq_block = calloc((size_t)max_seqs, sizeof(int32_t));
 	t->ids = calloc(keys * (size_t)top_k, sizeof(int32_t));
+	t->own = calloc(keys * (size_t)top_k, sizeof(int32_t));
 	t->logits = calloc(keys * (size_t)n_experts, sizeof(float));
 	t->have = calloc(keys, 1);
 	t->force = calloc(keys * (size_t)top_k, sizeof(int32_t));
 	t->have_force = calloc(keys, 1);
-	if (!t->seq_block || !t->ids || !t->logits || !t->have || !t->force || !t->have_force) {
+	if (!t->seq_block || !t->ids || !t->own || !t->logits || !t->have || !t->force || !t->have_force) {
 		route_trace_destroy(t);
 		return -ENOMEM;
 	}
@@ -47,6 +48,7 @@ void route_trace_destroy(struct route_trace *t)
 		return;
 	free(t->seq_block);
 	free(t->ids);
+	free(t->own);
 	free(t->logits);
 	free(t->have);
 	free(t->force);
@@ -120,6 +122,7 @@ static int trace_row(struct route_trace *t, const struct k_moe_route_params *p, 
 {
 	int K = t->top_k;
 
+	memcpy(t->own + k * K, ids, sizeof(int32_t) * (size_t)K);
 	memcpy(t->ids + k * K, ids, sizeof(int32_t) * (size_t)K);
 	memcpy(t->logits + k * t->n_experts, lg, sizeof(float) * (size_t)t->n_experts);
 	t->have[k] = 1;
@@ -128,6 +131,7 @@ static int trace_row(struct route_trace *t, const struct k_moe_route_params *p, 
 	t->n_forced++;
 	t->n_differ += ids_differ(t->force + k * K, ids, K);
 	memcpy(ids, t->force + k * K, sizeof(int32_t) * (size_t)K);
+	memcpy(t->ids + k * K, ids, sizeof(int32_t) * (size_t)K);
 	return k_cpu_moe_route_forced(p, lg, ids, w) ? -EINVAL : 1;
 }
 

@@ -19,8 +19,10 @@ struct route_trace {
 	int n_layers, n_experts, top_k, max_seqs, max_pos;
 	int32_t *seq_block;	/* (max_seqs) first KV block of each sequence seen */
 	int n_seqs;
-	/* this engine's own choices, by key: ids (top_k), router logits (n_experts) */
+	/* by key: ids (top_k) the experts the step used (forced ones where forced), own
+	 * (top_k) this engine's own choice, logits (n_experts) its router logits */
 	int32_t *ids;
+	int32_t *own;
 	float *logits;
 	uint8_t *have;		/* 1 where recorded */
 	/* choices to force instead, by key (route_trace_force_from / _read) */
@@ -41,22 +43,22 @@ void route_trace_clear(struct route_trace *t);
 /* The key's index, or -1 out of range. */
 long route_trace_index(const struct route_trace *t, int seq, int layer, int pos);
 
-/* Forces src's recorded choices on the next runs: every decision src has. */
+/* Forces the choices src's steps used on the next runs: every decision src has. */
 int route_trace_force_from(struct route_trace *t, const struct route_trace *src);
 
 /* The hook of the forward pass, after a MoE layer's router: rows R of the step whose
  * host-side positions are pos and first blocks first_block; logits (R, E), ids and w
  * (R, top_k) in backend memory. Records the own choice; where a forced one exists and
  * differs, replaces ids and w by it (weights from this engine's own router logits,
- * k_cpu_moe_route_forced). 0 or -errno with one line in err. */
+ * k_cpu_moe_route_forced); records what is used. 0 or -errno with one line in err. */
 int route_trace_layer(struct route_trace *t, struct backend *be,
 		      const struct k_moe_route_params *p, int layer, int R, const int32_t *pos,
 		      const int32_t *first_block, const float *logits, int32_t *ids, float *w,
 		      char *err, size_t err_len);
 
 /* The file: a header line "kdec-routing 1 layers L experts E top_k K", then one line per
- * recorded decision "seq layer pos id... margin" (margin: k_cpu_moe_route_margin of
- * the recorded logits). p gives the routing for the margins (its bias is per layer:
+ * recorded decision "seq layer pos id... margin": the experts used, and the margin
+ * (k_cpu_moe_route_margin) of this engine's router logits there. p gives the routing for the margins (its bias is per layer:
  * bias_of(layer) or NULL). 0 or -errno. */
 int route_trace_write(const struct route_trace *t, FILE *f,
 		      const struct k_moe_route_params *p,

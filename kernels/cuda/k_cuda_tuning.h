@@ -136,6 +136,10 @@ struct k_cuda_tuning {
 				 * x at every row count, as the reference computes them; 0: the
 				 * linear layers' path (x rounded to bf16 from 2 rows on), for
 				 * measuring what that flips. Not bit-identical */
+	int linear_fp32x;	/* KDEC_LINEAR_FP32X, flag, 0: 1 runs every linear layer on the
+				 * kernels that read x in fp32 (the GEMV walked over M, or the
+				 * generic one): slow, for telling bf16 rounding of activations
+				 * from kernel errors (contrib/device/fidelity.sh) */
 };
 
 /* The built-in defaults (above), no environment. */
