@@ -15,6 +15,7 @@
 #include "daemon/engine/route_trace.h"
 #include "daemon/kdbench/kdbench.h"
 #include "daemon/model/model.h"
+#include "format/file_read.h"
 
 #define MAX_TOKENS_ARG (1 << 20)
 
@@ -27,6 +28,7 @@ struct bench_args {
 	const char *force_routing;	/* logits: --force-routing FILE */
 	long max_tokens;
 	int incremental;
+	long prefill_first;		/* logits --incremental --prefill N */
 	struct spec_opts spec;		/* generate --spec; k == 0: off */
 	struct model_load_opts load;
 	struct engine_opts eng;
@@ -35,7 +37,7 @@ struct bench_args {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: kdbench logits   --model DIR|FILE.gguf --tokens 1,2,3 --out FILE [--incremental]\n"
+		"usage: kdbench logits   --model DIR|FILE.gguf --tokens 1,2,3 --out FILE [--incremental [--prefill N]]\n"
 		"                        [--dump-routing FILE] [--force-routing FILE] [options]\n"
 		"       kdbench generate --model DIR|FILE.gguf --prompt 1,2,3 --max-tokens N [options]\n"
 		"       kdbench decode   --model DIR|FILE.gguf|CONFIG.json [--batch 1,8,32,64 --ctx 1024 ...]  (decode --help)\n"
@@ -44,13 +46,16 @@ static void usage(FILE *f)
 		"\n"
 		"  logits    write float32 little-endian logits, row-major [T, vocab]; row t sees\n"
 		"            tokens 0..t. Default: one prefill; --incremental feeds the tokens one\n"
-		"            at a time through the KV cache. MoE models: --dump-routing FILE writes\n"
+		"            at a time through the KV cache (with --prefill N, the first N tokens\n"
+		"            as one prefill first: decode at long positions). MoE models: --dump-routing FILE writes\n"
 		"            each layer's chosen experts per token and the router's top-k margin\n"
 		"            (text, docs/MODELS.md); --force-routing FILE takes such a file's choices\n"
 		"            instead of the engine's own (the reference run on another backend's\n"
 		"            routing) and says how many decisions it changed.\n"
 		"  generate  greedy-generate N tokens; the new ids go to stdout on one line, timing\n"
 		"            (time to first token, tokens/s) to stderr.\n"
+		"\n"
+		"  --tokens/--prompt @FILE reads the comma-separated ids from FILE.\n"
 		"\n"
 		"options:\n"
 		"  --backend NAME        cpu (default) or cuda\n"
@@ -86,7 +91,7 @@ static int parse_num(const char *opt, const char *s, long min, long max, long *o
 static int parse_args(int argc, char **argv, struct bench_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_SEED, O_LAYERS, O_KV, O_BLOCK, O_LOG,
-	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT };
+	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT, O_PREFILL };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "tokens", required_argument, NULL, 't' },
@@ -95,6 +100,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		{ "max-tokens", required_argument, NULL, O_MAXTOK },
 		{ "incremental", no_argument, NULL, O_INCR },
 		{ "dump-routing", required_argument, NULL, O_DUMP_RT },
+		{ "prefill", required_argument, NULL, O_PREFILL },
 		{ "force-routing", required_argument, NULL, O_FORCE_RT },
 		{ "spec", required_argument, NULL, O_SPEC },
 		{ "backend", required_argument, NULL, O_BACKEND },
@@ -131,6 +137,10 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		case 'o': a->out = optarg; break;
 		case O_INCR: a->incremental = 1; break;
 		case O_DUMP_RT: a->dump_routing = optarg; break;
+		case O_PREFILL:
+			if (parse_num("--prefill", optarg, 0, MAX_TOKENS_ARG, &a->prefill_first))
+				return -1;
+			break;
 		case O_FORCE_RT: a->force_routing = optarg; break;
 		case O_SPEC: {
 			char err[256];
@@ -341,7 +351,19 @@ static int cmd_logits(const struct bench_args *a, struct engine *e, const int32_
 	}
 	engine_seq_init(&seq);
 	if (a->incremental) {
-		for (int t = 0; t < n && !ret; t++) {
+		int t = 0;
+
+		if (a->prefill_first > 0 && a->prefill_first <= n) {
+			struct engine_req r = { .seq = &seq, .tokens = ids, .n_tokens = (int)a->prefill_first,
+						.all_logits = 1 };
+
+			ret = engine_step(e, &r, 1, logits, err, sizeof(err));
+			t = (int)a->prefill_first;
+		} else if (a->prefill_first > n) {
+			snprintf(err, sizeof(err), "--prefill %ld: more than the %d tokens", a->prefill_first, n);
+			ret = -EINVAL;
+		}
+		for (; t < n && !ret; t++) {
 			struct engine_req r = { .seq = &seq, .tokens = &ids[t], .n_tokens = 1 };
 
 			ret = engine_step(e, &r, 1, logits + (size_t)t * vocab, err, sizeof(err));
@@ -445,7 +467,23 @@ int main(int argc, char **argv)
 			!strcmp(a.cmd, "logits") ? "--tokens 1,2,3" : "--prompt 1,2,3");
 		return 2;
 	}
-	if ((ret = cli_parse_tokens(a.tokens, MAX_TOKENS_ARG, &ids, &n, err, sizeof(err)))) {
+	if (a.tokens[0] == '@') {	/* @FILE: the list in a file (past the argument limit) */
+		char *text = NULL;
+		size_t len;
+
+		if ((ret = file_read_all(a.tokens + 1, (size_t)MAX_TOKENS_ARG * 12, &text, &len, err,
+					 sizeof(err)))) {
+			fprintf(stderr, "kdbench %s: %s\n", a.cmd, err);
+			return 2;
+		}
+		while (len && (text[len - 1] == '\n' || text[len - 1] == ' '))
+			text[--len] = '\0';
+		ret = cli_parse_tokens(text, MAX_TOKENS_ARG, &ids, &n, err, sizeof(err));
+		free(text);
+	} else {
+		ret = cli_parse_tokens(a.tokens, MAX_TOKENS_ARG, &ids, &n, err, sizeof(err));
+	}
+	if (ret) {
 		fprintf(stderr, "kdbench %s: %s\n", a.cmd, err);
 		return 2;
 	}
