@@ -7,6 +7,7 @@
 # GPU's --dump-routing forced on the CPU) so the numbers are the kernels' and the bf16
 # KV cache's error. GQA decode also at forced split counts (KDEC_ATTN_DEC_SPLITS).
 #   device run: KDEC_BUILD_DIR=devbuild bash contrib/device/longctx.sh   (logs in $OUT)
+# LONG_LENS_GQA, LONG_LENS_MLA, LONG_SPLITS: other lengths and split counts.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B=${KDEC_BUILD_DIR:-devbuild}
@@ -49,7 +50,7 @@ for m in llama3 qwen3_moe deepseek_v2 deepseek_v3; do
 	cfg=$W/cfg/$m.json
 	vocab=$(python3 -c "import json; print(json.load(open('$cfg'))['vocab_size'])")
 	moe=$(python3 -c "import json; c = json.load(open('$cfg')); print(1 if c.get('num_experts') or c.get('n_routed_experts') else 0)")
-	case $m in deepseek*) lens="8192 32768 65536" ;; *) lens="8192 32768" ;; esac
+	case $m in deepseek*) lens=${LONG_LENS_MLA:-8192 32768 65536} ;; *) lens=${LONG_LENS_GQA:-8192 32768} ;; esac
 	for n in $lens; do
 		python3 -c "print(','.join(str((i * 7919 + 13) % $vocab) for i in range($n)))" >"$W/tok"
 		common=(--model "$cfg" --synthetic-weights --seed 3 --tokens "@$W/tok" --kv-tokens $((n + 64)) --log-level warn)
@@ -61,7 +62,7 @@ for m in llama3 qwen3_moe deepseek_v2 deepseek_v3; do
 			2>>"$O/longctx.log" || { say "longctx $m N=$n: cpu failed or timed out"; continue; }
 		compare "$m" $n $vocab "$W/gpu.f32" "$W/cpu.f32"
 		if [ $m = llama3 ] && [ $n = 32768 ]; then
-			for sp in 1 2 8 32 128; do
+			for sp in ${LONG_SPLITS:-1 2 8 32 128}; do
 				KDEC_ATTN_DEC_SPLITS=$sp timeout 120 "$B/kdbench" logits "${common[@]}" --backend cuda \
 					--incremental --prefill $((n - 4)) --out "$W/gpu.f32" 2>>"$O/longctx.log" &&
 					compare "$m splits=$sp" $n $vocab "$W/gpu.f32" "$W/cpu.f32"
