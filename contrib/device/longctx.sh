@@ -7,7 +7,7 @@
 # GPU's --dump-routing forced on the CPU) so the numbers are the kernels' and the bf16
 # KV cache's error. GQA decode also at forced split counts (KDEC_ATTN_DEC_SPLITS).
 #   device run: KDEC_BUILD_DIR=devbuild bash contrib/device/longctx.sh   (logs in $OUT)
-# LONG_LENS_GQA, LONG_LENS_MLA, LONG_SPLITS: other lengths and split counts.
+# LONG_MODELS, LONG_LENS_GQA, LONG_LENS_MLA, LONG_SPLITS: other models, lengths, split counts.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B=${KDEC_BUILD_DIR:-devbuild}
@@ -46,7 +46,7 @@ mkdir -p "$W/cfg"
 long_cfg tests/data/golden/llama3/config.json "$W/cfg/llama3.json"
 for m in qwen3_moe deepseek_v2 deepseek_v3; do long_cfg tests/data/tiny/$m.json "$W/cfg/$m.json"; done
 say "# longctx.sh $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader)"
-for m in llama3 qwen3_moe deepseek_v2 deepseek_v3; do
+for m in ${LONG_MODELS:-llama3 qwen3_moe deepseek_v2 deepseek_v3}; do
 	cfg=$W/cfg/$m.json
 	vocab=$(python3 -c "import json; print(json.load(open('$cfg'))['vocab_size'])")
 	moe=$(python3 -c "import json; c = json.load(open('$cfg')); print(1 if c.get('num_experts') or c.get('n_routed_experts') else 0)")
