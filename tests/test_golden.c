@@ -35,6 +35,11 @@
 static const char *backend = "cpu";
 static double row_tol = CPU_ROW_TOL;
 
+/* The greedy check only (issue 29's): on the GPU the two sigmoid-routed references
+ * (reference/deepseek_v3, kimi_k2) report a differing greedy token instead of failing
+ * it; their logits rows are held to the flip criterion like every other model's. */
+static int report_only;
+
 /* The model in hand on the GPU: the CPU reference engine that replays its routing
  * (MoE models only; NULL otherwise) and the traces of the two runs. */
 static struct engine *ref_e;
@@ -383,6 +388,8 @@ static void check_model(const char *top, const char *name, int threads)
 	}
 	if (e && row_tol != CPU_ROW_TOL && m->cfg.n_experts > 0)
 		reference_open(m, threads, max_pos);
+	report_only = row_tol != CPU_ROW_TOL && (!strcmp(name, "reference/deepseek_v3") ||
+						    !strcmp(name, "reference/kimi_k2"));
 	for (int i = 0; e && i < n; i++)
 		if (cs[i].ref)
 			check_case(e, name, i, &cs[i]);
