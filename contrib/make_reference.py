@@ -19,7 +19,7 @@ follows a varying sequence (one token repeated, as golden/qwen3's is, proves lit
 the versions that made it are recorded beside it. The cases are left as they are.
 
 Needs torch, transformers, safetensors and numpy (pip); not used at build or test time.
-usage: contrib/make_reference.py [--seed S] [--out DIR] [--greedy] [CONFIG.json ...]
+usage: contrib/make_reference.py [--seed S] [--out DIR] [--lengths 5,48,150] [--greedy] [CONFIG.json ...]
 """
 import argparse
 import glob
@@ -39,7 +39,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 HF_TYPE = {"kimi_k2": "deepseek_v3"}
 
 
-def make(cfg_path, out_root, seed):
+def make(cfg_path, out_root, seed, lengths=(5, 48, 150)):
     name = os.path.splitext(os.path.basename(cfg_path))[0]
     raw = json.load(open(cfg_path))
     dtype_name = raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"
@@ -76,7 +76,7 @@ def make(cfg_path, out_root, seed):
     g = torch.Generator().manual_seed(seed + 1)
     vocab = raw["vocab_size"]
     cases = []
-    for i, T in enumerate((5, 48, 150)):
+    for i, T in enumerate(lengths):
         tokens = torch.randint(0, vocab, (T,), generator=g).tolist()
         with torch.no_grad():
             logits = ref(torch.tensor([tokens])).logits[0].float().contiguous()
@@ -167,10 +167,15 @@ def main():
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--out", default="tests/data/reference")
     ap.add_argument("--greedy", action="store_true")
+    ap.add_argument("--lengths", default="5,48,150", help="tokens of each case")
     ap.add_argument("configs", nargs="*")
     a = ap.parse_args()
+    lengths = tuple(int(t) for t in a.lengths.split(","))
     for c in a.configs or sorted(glob.glob("tests/data/tiny/*.json")):
-        (greedy if a.greedy else make)(c, a.out, a.seed)
+        if a.greedy:
+            greedy(c, a.out, a.seed)
+        else:
+            make(c, a.out, a.seed, lengths)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,29 @@ size=$(wc -c <"$tmp/p.f32")
 [ "$size" -eq $((5 * 512 * 4)) ] && ok || fail "logits file is $size bytes, want $((5 * 512 * 4))"
 cmp -s "$tmp/p.f32" "$tmp/i.f32" && ok || fail "prefill and incremental logits differ"
 
+# ---- kdbench logits on a MoE model: routing dumped and forced back, --prefill, @FILE ----
+D=$top_srcdir/tests/data/golden/deepseek_v3
+echo 5,17,100,2,9,33,70,41 >"$tmp/ids"
+"$B/kdbench" logits --model "$D" --tokens "@$tmp/ids" --out "$tmp/r.f32" --threads 2 \
+	--dump-routing "$tmp/rt" 2>"$tmp/err" || fail "logits --dump-routing: $(cat "$tmp/err")"
+head -n 1 "$tmp/rt" | grep -q '^kdec-routing 1 layers 3 experts 16 top_k 4$' && ok ||
+	fail "routing file header: $(head -n 1 "$tmp/rt")"
+[ "$(grep -c '^0 ' "$tmp/rt")" -eq 16 ] && ok || fail "routing file: want 2 MoE layers x 8 tokens"
+"$B/kdbench" logits --model "$D" --tokens "@$tmp/ids" --out "$tmp/f.f32" --threads 2 \
+	--force-routing "$tmp/rt" 2>"$tmp/err" || fail "logits --force-routing: $(cat "$tmp/err")"
+cmp -s "$tmp/r.f32" "$tmp/f.f32" && grep -q ' 0 decisions replaced' "$tmp/err" && ok ||
+	fail "its own routing forced changed the logits: $(cat "$tmp/err")"
+"$B/kdbench" logits --model "$D" --tokens "@$tmp/ids" --out "$tmp/q.f32" --threads 2 \
+	--incremental --prefill 5 2>"$tmp/err" || fail "logits --prefill: $(cat "$tmp/err")"
+cmp -s "$tmp/r.f32" "$tmp/q.f32" && ok || fail "prefill 5 then 3 decode steps differ from one prefill"
+printf 'kdec-routing 1 layers 3 experts 16 top_k 4\n0 1 2 3 3 4 5\n' >"$tmp/bad_rt"
+expect 1 "expert 3 chosen twice" "$B/kdbench" logits --model "$D" --tokens 1,2,3 --out "$tmp/x" \
+	--force-routing "$tmp/bad_rt"
+expect 1 "has no experts" "$B/kdbench" logits --model "$M" --tokens 1,2 --out "$tmp/x" \
+	--dump-routing "$tmp/x.rt"
+expect 1 "more than the 2 tokens" "$B/kdbench" logits --model "$M" --tokens 1,2 --out "$tmp/x" \
+	--incremental --prefill 3
+
 # ---- kdbench generate: ids on stdout, timing on stderr ----
 "$B/kdbench" generate --model "$M" --prompt 1,2,3 --max-tokens 8 >"$tmp/gen" 2>"$tmp/err" \
 	|| fail "generate: $(cat "$tmp/err")"

@@ -141,6 +141,11 @@ struct backend_ops {
 	/* y (M, w->rows) += x (M, w->cols) @ w^T: the residual add fused into the linear */
 	void (*linear_add)(struct backend *be, float *y, const float *x, const struct model_tensor *w,
 			   int M);
+	/* linear with x kept in fp32 at every M (a backend's linear may round x to bf16 for
+	 * its tensor cores): the MoE router, where the reference decides routing from fp32
+	 * logits and a rounding flips experts at near-ties. NULL where linear already is. */
+	void (*linear_fp32x)(struct backend *be, float *y, const float *x,
+			     const struct model_tensor *w, int M);
 	/* y (M, hidden) += the routed experts' sum (moe_experts's arguments) + the shared
 	 * expert of L (w_gate, w_up, w_down; shared_inter wide, 0: none) of x: what
 	 * moe_experts, the shared SwiGLU MLP and add do, in the ops' order of the sums,

@@ -312,6 +312,12 @@ static void seq_register_full(struct engine *e, struct engine_seq *s, int upto)
 	}
 }
 
+void engine_set_route_trace(struct engine *e, struct route_trace *t)
+{
+	e->fwd->trace = t;
+	e->fwd->trace_err[0] = 0;
+}
+
 /* Runs the rows staged so far. */
 static int flush_rows(struct engine *e, int n_rows, int n_out, float *logits)
 {
@@ -388,7 +394,10 @@ int engine_step(struct engine *e, struct engine_req *reqs, int n, float *logits,
 
 err_forward:
 	release_grown(e, reqs, n, grown);
-	snprintf(err, err_len, "forward pass failed: %s", strerror(-ret));
+	if (e->fwd->trace && e->fwd->trace_err[0])
+		snprintf(err, err_len, "forward pass failed: %s", e->fwd->trace_err);
+	else
+		snprintf(err, err_len, "forward pass failed: %s", strerror(-ret));
 out:
 	if (grown != grown_small)
 		free(grown);

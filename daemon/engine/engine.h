@@ -178,6 +178,12 @@ double engine_kv_bytes(const struct engine *e, double tokens);
  * logits receives, request by request, n_tokens rows (all_logits) or one row, each
  * vocab floats. On error no sequence changes: -EINVAL (token id >= vocab, empty
  * request) or -ENOSPC (cache full) with one line in err. */
+/* Attaches a routing trace (route_trace.h; NULL detaches): the steps that follow
+ * record each MoE layer's choices into it and take its forced ones, and run op by op
+ * (no graph replays) while it is attached. The trace outlives the attachment. */
+struct route_trace;
+void engine_set_route_trace(struct engine *e, struct route_trace *t);
+
 int engine_step(struct engine *e, struct engine_req *reqs, int n, float *logits,
 		char *err, size_t err_len);
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "daemon/engine/forward.h"
+#include "daemon/engine/route_trace.h"
 
 #define OP(f, name, ...) ((f)->be->ops->name((f)->be, __VA_ARGS__))
 
@@ -191,6 +192,7 @@ void forward_destroy(struct forward *f)
 		if (bufs[i])
 			f->be->ops->free(f->be, bufs[i]);
 	k_rope_fini(&f->rope);
+	free(f->trace_first);
 	free(f);
 }
 
@@ -348,7 +350,7 @@ static void dense_mlp(struct forward *f, const struct model_layer *L, int R, int
 
 /* Routed experts plus the shared expert (DeepSeek): h in, added to the residual f->x
  * (in one op where the backend fuses them, else by way of f->mlp). */
-static int moe_mlp(struct forward *f, const struct model_layer *L, int R)
+static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 {
 	const struct model_config *c = &f->m->cfg;
 	struct k_moe_route_params route = c->route;
@@ -356,8 +358,17 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int R)
 	int ret;
 
 	route.bias = L->router_bias;
-	OP(f, linear, f->router, f->h, &L->router, R);
+	/* what decides routing at full precision, as the reference computes it: x in
+	 * fp32 at every row count (a backend's linear may round x to bf16) */
+	if (f->be->ops->linear_fp32x)
+		OP(f, linear_fp32x, f->router, f->h, &L->router, R);
+	else
+		OP(f, linear, f->router, f->h, &L->router, R);
 	OP(f, moe_route, &route, f->router, R, f->route_ids, f->route_w);
+	if (f->trace && (ret = route_trace_layer(f->trace, f->be, &route, l, R, f->trace_pos,
+						 f->trace_first, f->router, f->route_ids, f->route_w,
+						 f->trace_err, sizeof(f->trace_err))))
+		return ret;
 	if (f->be->ops->moe_experts_add &&
 	    (ret = OP(f, moe_experts_add, f->x, f->h, R, f->route_ids, f->route_w, c->top_k, L,
 		      c->hidden_size, c->moe_intermediate_size, c->n_experts, shared)) <= 0)
@@ -390,7 +401,7 @@ static int forward_layer(struct forward *f, int l, const struct fwd_batch *b)
 	OP(f, rmsnorm, f->h, c->hidden_size, f->x, c->hidden_size, &L->ffn_norm, R, c->hidden_size,
 	   c->rms_norm_eps);
 	if (L->is_moe)
-		return moe_mlp(f, L, R);
+		return moe_mlp(f, L, l, R);
 	dense_mlp(f, L, R, c->intermediate_size, f->x, f->mlp);
 	return 0;
 }

@@ -60,6 +60,8 @@ struct fwd_sample {
 						 * logits (without want_logits) */
 };
 
+struct route_trace;
+
 struct forward {
 	const struct model *m;
 	struct backend *be;
@@ -94,6 +96,12 @@ struct forward {
 	int graph_nodes[FWD_N_BUCKETS][2];	/* kernels (and copies) each graph replays */
 	int use_graphs;			/* backend can capture and the caller did not disable it */
 	uint64_t graph_replays;		/* steps that replayed a graph */
+
+	/* the routing trace (route_trace.h), or NULL; while set, steps run op by op */
+	struct route_trace *trace;
+	const int32_t *trace_pos;	/* (rows) host positions of the step in flight */
+	int32_t *trace_first;		/* (max_rows) host: each row's first KV block */
+	char trace_err[256];		/* the trace's failure, for the caller */
 };
 
 /* Allocates the caches (n_blocks of block_tokens tokens, every layer) and the scratch.

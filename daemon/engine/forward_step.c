@@ -461,6 +461,17 @@ static int run_graph(struct forward *f, const struct fwd_batch *b, float *logits
 	return f->be->ops->sync(f->be);
 }
 
+/* The host-side keys of the routing trace for this step: positions, first blocks. */
+static int trace_rows(struct forward *f, const struct fwd_batch *b)
+{
+	if (!f->trace_first && !(f->trace_first = malloc(sizeof(int32_t) * (size_t)f->max_rows)))
+		return -ENOMEM;
+	for (int r = 0; r < b->n_rows; r++)
+		f->trace_first[r] = b->attn.blocks[r][0];
+	f->trace_pos = b->pos;
+	return 0;
+}
+
 int forward_run(struct forward *f, const struct fwd_batch *b, float *logits)
 {
 	struct fwd_batch db;
@@ -469,9 +480,11 @@ int forward_run(struct forward *f, const struct fwd_batch *b, float *logits)
 
 	if (b->n_rows <= 0 || b->n_rows > f->max_rows || b->n_out < 0 || b->n_out > b->n_rows)
 		return -EINVAL;
+	if (f->trace && (ret = trace_rows(f, b)))
+		return ret;
 	if (f->be->ops->host_memory)
 		return run_eager(f, b, logits);
-	if (graph_eligible(f, b)) {
+	if (!f->trace && graph_eligible(f, b)) {
 		ret = run_graph(f, b, logits);
 		if (ret != -EAGAIN)
 			return ret;

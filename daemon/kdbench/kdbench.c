@@ -12,8 +12,10 @@
 #include "daemon/base/clock.h"
 #include "daemon/base/log.h"
 #include "daemon/engine/engine.h"
+#include "daemon/engine/route_trace.h"
 #include "daemon/kdbench/kdbench.h"
 #include "daemon/model/model.h"
+#include "format/file_read.h"
 
 #define MAX_TOKENS_ARG (1 << 20)
 
@@ -22,8 +24,11 @@ struct bench_args {
 	const char *model;
 	const char *tokens;		/* logits: --tokens; generate: --prompt */
 	const char *out;
+	const char *dump_routing;	/* logits: --dump-routing FILE */
+	const char *force_routing;	/* logits: --force-routing FILE */
 	long max_tokens;
 	int incremental;
+	long prefill_first;		/* logits --incremental --prefill N */
 	struct spec_opts spec;		/* generate --spec; k == 0: off */
 	struct model_load_opts load;
 	struct engine_opts eng;
@@ -32,7 +37,8 @@ struct bench_args {
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: kdbench logits   --model DIR|FILE.gguf --tokens 1,2,3 --out FILE [--incremental] [options]\n"
+		"usage: kdbench logits   --model DIR|FILE.gguf --tokens 1,2,3 --out FILE [--incremental [--prefill N]]\n"
+		"                        [--dump-routing FILE] [--force-routing FILE] [options]\n"
 		"       kdbench generate --model DIR|FILE.gguf --prompt 1,2,3 --max-tokens N [options]\n"
 		"       kdbench decode   --model DIR|FILE.gguf|CONFIG.json [--batch 1,8,32,64 --ctx 1024 ...]  (decode --help)\n"
 		"       kdbench prefill  --model DIR|FILE.gguf|CONFIG.json [--tokens 1024,4096 ...]  (prefill --help)\n"
@@ -40,9 +46,16 @@ static void usage(FILE *f)
 		"\n"
 		"  logits    write float32 little-endian logits, row-major [T, vocab]; row t sees\n"
 		"            tokens 0..t. Default: one prefill; --incremental feeds the tokens one\n"
-		"            at a time through the KV cache.\n"
+		"            at a time through the KV cache (with --prefill N, the first N tokens\n"
+		"            as one prefill first: decode at long positions). MoE models: --dump-routing FILE writes\n"
+		"            each layer's chosen experts per token and the router's top-k margin\n"
+		"            (text, docs/MODELS.md); --force-routing FILE takes such a file's choices\n"
+		"            instead of the engine's own (the reference run on another backend's\n"
+		"            routing) and says how many decisions it changed.\n"
 		"  generate  greedy-generate N tokens; the new ids go to stdout on one line, timing\n"
 		"            (time to first token, tokens/s) to stderr.\n"
+		"\n"
+		"  --tokens/--prompt @FILE reads the comma-separated ids from FILE.\n"
 		"\n"
 		"options:\n"
 		"  --backend NAME        cpu (default) or cuda\n"
@@ -78,7 +91,7 @@ static int parse_num(const char *opt, const char *s, long min, long max, long *o
 static int parse_args(int argc, char **argv, struct bench_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_SEED, O_LAYERS, O_KV, O_BLOCK, O_LOG,
-	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC };
+	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT, O_PREFILL };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "tokens", required_argument, NULL, 't' },
@@ -86,6 +99,9 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		{ "out", required_argument, NULL, 'o' },
 		{ "max-tokens", required_argument, NULL, O_MAXTOK },
 		{ "incremental", no_argument, NULL, O_INCR },
+		{ "dump-routing", required_argument, NULL, O_DUMP_RT },
+		{ "prefill", required_argument, NULL, O_PREFILL },
+		{ "force-routing", required_argument, NULL, O_FORCE_RT },
 		{ "spec", required_argument, NULL, O_SPEC },
 		{ "backend", required_argument, NULL, O_BACKEND },
 		{ "threads", required_argument, NULL, O_THREADS },
@@ -120,6 +136,12 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		case 'p': a->tokens = optarg; break;
 		case 'o': a->out = optarg; break;
 		case O_INCR: a->incremental = 1; break;
+		case O_DUMP_RT: a->dump_routing = optarg; break;
+		case O_PREFILL:
+			if (parse_num("--prefill", optarg, 0, MAX_TOKENS_ARG, &a->prefill_first))
+				return -1;
+			break;
+		case O_FORCE_RT: a->force_routing = optarg; break;
 		case O_SPEC: {
 			char err[256];
 
@@ -234,9 +256,79 @@ static int write_all(const char *path, const float *v, size_t n)
 	return 0;
 }
 
+static const float *layer_bias(void *arg, int layer)
+{
+	const struct model *m = arg;
+
+	return m->layers[layer].router_bias;
+}
+
+/* --force-routing / --dump-routing: a trace attached to e for n tokens (NULL where
+ * neither is asked for). 0 or -errno, said on stderr. */
+static int routing_begin(const struct bench_args *a, struct engine *e, int n,
+			 struct route_trace **t)
+{
+	const struct model_config *c = &e->model->cfg;
+	char err[256] = "";
+	FILE *f;
+	int ret;
+
+	*t = NULL;
+	if (!a->dump_routing && !a->force_routing)
+		return 0;
+	if (c->n_experts <= 0) {
+		fprintf(stderr, "kdbench logits: --dump-routing/--force-routing: %s has no experts\n",
+			a->model);
+		return -EINVAL;
+	}
+	if ((ret = route_trace_create(t, c->n_layers, c->n_experts, c->top_k, 1, n))) {
+		fprintf(stderr, "kdbench logits: routing trace: %s\n", strerror(-ret));
+		return ret;
+	}
+	if (a->force_routing) {
+		if (!(f = fopen(a->force_routing, "r"))) {
+			fprintf(stderr, "kdbench logits: %s: %s\n", a->force_routing, strerror(errno));
+			return -errno;
+		}
+		ret = route_trace_read_force(*t, f, err, sizeof(err));
+		fclose(f);
+		if (ret) {
+			fprintf(stderr, "kdbench logits: %s: %s\n", a->force_routing, err);
+			return ret;
+		}
+	}
+	engine_set_route_trace(e, *t);
+	return 0;
+}
+
+/* Says what forcing changed and writes --dump-routing: this run's own choices. */
+static int routing_end(const struct bench_args *a, struct engine *e, struct route_trace *t)
+{
+	FILE *f;
+	int ret;
+
+	engine_set_route_trace(e, NULL);
+	if (a->force_routing)
+		fprintf(stderr, "kdbench logits: forced routing: %ld decisions replaced, %ld of them "
+			"another set of experts than this engine's own\n", t->n_forced, t->n_differ);
+	if (!a->dump_routing)
+		return 0;
+	if (!(f = fopen(a->dump_routing, "w"))) {
+		fprintf(stderr, "kdbench logits: %s: %s\n", a->dump_routing, strerror(errno));
+		return -errno;
+	}
+	ret = route_trace_write(t, f, &e->model->cfg.route, layer_bias, e->model);
+	if (fclose(f) || ret) {
+		fprintf(stderr, "kdbench logits: %s: write failed\n", a->dump_routing);
+		return -EIO;
+	}
+	return 0;
+}
+
 static int cmd_logits(const struct bench_args *a, struct engine *e, const int32_t *ids, int n)
 {
 	size_t vocab = (size_t)e->model->cfg.vocab_size;
+	struct route_trace *trace = NULL;
 	struct engine_seq seq;
 	char err[256] = "";
 	float *logits;
@@ -252,9 +344,26 @@ static int cmd_logits(const struct bench_args *a, struct engine *e, const int32_
 			(double)n * (double)vocab * sizeof(float) / (1u << 30));
 		return -ENOMEM;
 	}
+	if ((ret = routing_begin(a, e, n, &trace))) {
+		route_trace_destroy(trace);
+		free(logits);
+		return ret;
+	}
 	engine_seq_init(&seq);
 	if (a->incremental) {
-		for (int t = 0; t < n && !ret; t++) {
+		int t = 0;
+
+		if (a->prefill_first > 0 && a->prefill_first <= n) {
+			struct engine_req r = { .seq = &seq, .tokens = ids, .n_tokens = (int)a->prefill_first,
+						.all_logits = 1 };
+
+			ret = engine_step(e, &r, 1, logits, err, sizeof(err));
+			t = (int)a->prefill_first;
+		} else if (a->prefill_first > n) {
+			snprintf(err, sizeof(err), "--prefill %ld: more than the %d tokens", a->prefill_first, n);
+			ret = -EINVAL;
+		}
+		for (; t < n && !ret; t++) {
 			struct engine_req r = { .seq = &seq, .tokens = &ids[t], .n_tokens = 1 };
 
 			ret = engine_step(e, &r, 1, logits + (size_t)t * vocab, err, sizeof(err));
@@ -268,6 +377,10 @@ static int cmd_logits(const struct bench_args *a, struct engine *e, const int32_
 		fprintf(stderr, "kdbench logits: %s\n", err);
 	else
 		ret = write_all(a->out, logits, (size_t)n * vocab);
+	if (trace && !ret)
+		ret = routing_end(a, e, trace);
+	engine_set_route_trace(e, NULL);
+	route_trace_destroy(trace);
 	engine_seq_release(e, &seq);
 	free(logits);
 	return ret;
@@ -354,7 +467,23 @@ int main(int argc, char **argv)
 			!strcmp(a.cmd, "logits") ? "--tokens 1,2,3" : "--prompt 1,2,3");
 		return 2;
 	}
-	if ((ret = cli_parse_tokens(a.tokens, MAX_TOKENS_ARG, &ids, &n, err, sizeof(err)))) {
+	if (a.tokens[0] == '@') {	/* @FILE: the list in a file (past the argument limit) */
+		char *text = NULL;
+		size_t len;
+
+		if ((ret = file_read_all(a.tokens + 1, (size_t)MAX_TOKENS_ARG * 12, &text, &len, err,
+					 sizeof(err)))) {
+			fprintf(stderr, "kdbench %s: %s\n", a.cmd, err);
+			return 2;
+		}
+		while (len && (text[len - 1] == '\n' || text[len - 1] == ' '))
+			text[--len] = '\0';
+		ret = cli_parse_tokens(text, MAX_TOKENS_ARG, &ids, &n, err, sizeof(err));
+		free(text);
+	} else {
+		ret = cli_parse_tokens(a.tokens, MAX_TOKENS_ARG, &ids, &n, err, sizeof(err));
+	}
+	if (ret) {
 		fprintf(stderr, "kdbench %s: %s\n", a.cmd, err);
 		return 2;
 	}

@@ -98,6 +98,21 @@ int k_cpu_attn_mla_expanded(float *out, const float *q, const void *w_kv_b,
 void k_cpu_moe_route(const struct k_moe_route_params *p, const float *logits, int M,
 		     int32_t *ids, float *weights);
 
+/* One row's weights w (top_k) for experts ids (top_k) chosen elsewhere (forced
+ * routing: the reference run on another engine's choices), by k_cpu_moe_route's
+ * arithmetic: each id's unbiased score, renormalised and scaled in slot order.
+ * 0, or -EINVAL for an id outside [0, n_experts). */
+int k_cpu_moe_route_forced(const struct k_moe_route_params *p, const float *logits /* (E) */,
+			   const int32_t *ids, float *w);
+
+/* How far one row's routing is from a tie: the k-th chosen expert's choice value
+ * (score + bias, dropped groups masked) minus the best expert left out, and for the
+ * group-limited methods the smaller of that and the last kept group's score minus the
+ * best dropped one's. 0 is a tie; +inf where top_k covers every expert. choice (E) or
+ * NULL receives the choice values. */
+float k_cpu_moe_route_margin(const struct k_moe_route_params *p, const float *logits /* (E) */,
+			     float *choice);
+
 /* out[m] = sum_j weights[m, j] * expert_{ids[m, j]}(x[m]), out (M, hidden) overwritten.
  * Reads only the experts that some row chose; rows that chose the same expert are
  * computed together; an id outside [0, n_experts) contributes nothing. Returns 0 or

@@ -78,13 +78,12 @@ static void route_mask_groups(const struct k_moe_route_params *p, float *choice,
 	}
 }
 
-static void route_row(const struct k_moe_route_params *p, const float *logits /* (E) */,
-		      int32_t *ids /* (top_k) */, float *w /* (top_k) */)
+/* score = softmax or sigmoid of the logits; choice = score + bias with the dropped
+ * groups masked (masked[e] set for those). */
+static void route_choice(const struct k_moe_route_params *p, const float *logits /* (E) */,
+			 float *score, float *choice, unsigned char *masked)
 {
-	float score[MOE_MAX_EXPERTS], choice[MOE_MAX_EXPERTS];
-	unsigned char masked[MOE_MAX_EXPERTS] = { 0 }, taken[MOE_MAX_EXPERTS] = { 0 };
 	int E = p->n_experts;
-	float sum = 0.0f;
 
 	if (p->scoring == K_MOE_SOFTMAX)
 		route_softmax(score, logits, E);
@@ -95,21 +94,38 @@ static void route_row(const struct k_moe_route_params *p, const float *logits /*
 		choice[e] = p->bias ? score[e] + p->bias[e] : score[e];
 	if (p->select != K_MOE_GREEDY && p->n_group > 0)
 		route_mask_groups(p, choice, masked);
+}
 
-	for (int j = 0; j < p->top_k; j++) {
-		int e = route_argmax(choice, taken, E);
+/* w (top_k) in slot order: renormalised where asked, then scaled. */
+static void route_finish_weights(const struct k_moe_route_params *p, float *w)
+{
+	float sum = 0.0f;
 
-		taken[e] = 1;
-		ids[j] = e;
-		/* V2 takes its weights from the masked scores, V3 from the raw ones. */
-		w[j] = masked[e] && p->select == K_MOE_GROUP_MAX ? 0.0f : score[e];
+	for (int j = 0; j < p->top_k; j++)
 		sum += w[j];
-	}
 	if (p->norm_topk_prob)
 		for (int j = 0; j < p->top_k; j++)
 			w[j] /= sum + 1e-20f;
 	for (int j = 0; j < p->top_k; j++)
 		w[j] *= p->routed_scaling;
+}
+
+static void route_row(const struct k_moe_route_params *p, const float *logits /* (E) */,
+		      int32_t *ids /* (top_k) */, float *w /* (top_k) */)
+{
+	float score[MOE_MAX_EXPERTS], choice[MOE_MAX_EXPERTS];
+	unsigned char masked[MOE_MAX_EXPERTS] = { 0 }, taken[MOE_MAX_EXPERTS] = { 0 };
+
+	route_choice(p, logits, score, choice, masked);
+	for (int j = 0; j < p->top_k; j++) {
+		int e = route_argmax(choice, taken, p->n_experts);
+
+		taken[e] = 1;
+		ids[j] = e;
+		/* V2 takes its weights from the masked scores, V3 from the raw ones. */
+		w[j] = masked[e] && p->select == K_MOE_GROUP_MAX ? 0.0f : score[e];
+	}
+	route_finish_weights(p, w);
 }
 
 void k_cpu_moe_route(const struct k_moe_route_params *p, const float *logits /* (M, E) */,
@@ -118,6 +134,75 @@ void k_cpu_moe_route(const struct k_moe_route_params *p, const float *logits /* 
 	for (int m = 0; m < M; m++)
 		route_row(p, logits + (size_t)m * p->n_experts, ids + (size_t)m * p->top_k,
 			  weights + (size_t)m * p->top_k);
+}
+
+/* ---- forced routing and margins (the fidelity tools) ---------------------- */
+
+int k_cpu_moe_route_forced(const struct k_moe_route_params *p, const float *logits,
+			   const int32_t *ids, float *w)
+{
+	float score[MOE_MAX_EXPERTS], choice[MOE_MAX_EXPERTS];
+	unsigned char masked[MOE_MAX_EXPERTS] = { 0 };
+
+	for (int j = 0; j < p->top_k; j++)
+		if (ids[j] < 0 || ids[j] >= p->n_experts)
+			return -EINVAL;
+	route_choice(p, logits, score, choice, masked);
+	/* the experts were chosen elsewhere, so their groups were kept there: the raw
+	 * score, as the reference weighs an expert of a kept group */
+	for (int j = 0; j < p->top_k; j++)
+		w[j] = score[ids[j]];
+	route_finish_weights(p, w);
+	return 0;
+}
+
+/* The largest of the choice values v (n) not taken; -inf where all are. */
+static float route_best_left(const float *v, const unsigned char *taken, int n)
+{
+	int e = route_argmax(v, taken, n);
+
+	return e < 0 ? -INFINITY : v[e];
+}
+
+float k_cpu_moe_route_margin(const struct k_moe_route_params *p, const float *logits,
+			     float *choice)
+{
+	float score[MOE_MAX_EXPERTS], mine[MOE_MAX_EXPERTS];
+	unsigned char masked[MOE_MAX_EXPERTS] = { 0 }, taken[MOE_MAX_EXPERTS] = { 0 };
+	float *c = choice ? choice : mine, last = 0.0f, margin;
+	int E = p->n_experts;
+
+	route_choice(p, logits, score, c, masked);
+	if (p->top_k >= E)
+		return INFINITY;
+	for (int j = 0; j < p->top_k; j++) {
+		int e = route_argmax(c, taken, E);
+
+		taken[e] = 1;
+		last = c[e];
+	}
+	margin = last - route_best_left(c, taken, E);
+	if (p->select != K_MOE_GREEDY && p->n_group > 0 && p->topk_group < p->n_group) {
+		/* the group choice is a decision too: the last kept group against the best
+		 * dropped one, by the scores the groups were ranked with (unmasked) */
+		int per = E / p->n_group;
+		float gs[MOE_MAX_GROUPS], raw[MOE_MAX_EXPERTS];
+		unsigned char keep[MOE_MAX_GROUPS] = { 0 };
+
+		for (int e = 0; e < E; e++)
+			raw[e] = p->bias ? score[e] + p->bias[e] : score[e];
+		for (int g = 0; g < p->n_group; g++)
+			gs[g] = route_group_score(raw + g * per, per, p->select);
+		for (int i = 0; i < p->topk_group; i++) {
+			int g = route_argmax(gs, keep, p->n_group);
+
+			keep[g] = 1;
+			last = gs[g];
+		}
+		if (last - route_best_left(gs, keep, p->n_group) < margin)
+			margin = last - route_best_left(gs, keep, p->n_group);
+	}
+	return margin;
 }
 
 /* ---- experts ------------------------------------------------------------- */

@@ -132,6 +132,14 @@ struct k_cuda_tuning {
 				 * Not bit-identical */
 	int silu_bf16_only;	/* KDEC_SILU_BF16_ONLY, flag, 1: SwiGLU writes only the bf16
 				 * form where the down projection reads nothing else; 0: fp32 too */
+	int router_fp32;	/* KDEC_ROUTER_FP32, flag, 1: the MoE router's logits from fp32
+				 * x at every row count, as the reference computes them; 0: the
+				 * linear layers' path (x rounded to bf16 from 2 rows on), for
+				 * measuring what that flips. Not bit-identical */
+	int linear_fp32x;	/* KDEC_LINEAR_FP32X, flag, 0: 1 runs every linear layer on the
+				 * kernels that read x in fp32 (the GEMV walked over M, or the
+				 * generic one): slow, for telling bf16 rounding of activations
+				 * from kernel errors (contrib/device/fidelity.sh) */
 };
 
 /* The built-in defaults (above), no environment. */

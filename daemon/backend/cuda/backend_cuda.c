@@ -432,6 +432,7 @@ const struct backend_ops backend_cuda_ops = {
 	.gate_up_silu = cuda_gate_up_silu,
 	.reserve = cuda_reserve,
 	.linear_add = cuda_linear_add,
+	.linear_fp32x = cuda_linear_fp32x,
 	.moe_experts_add = cuda_moe_experts_add,
 	.qkv_prep_attn = cuda_qkv_prep_attn,
 	.mla_prep_attn = cuda_mla_prep_attn,

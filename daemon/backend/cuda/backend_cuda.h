@@ -37,6 +37,7 @@ enum cuda_op {
 	CUDA_OP_SILU_MUL,
 	CUDA_OP_LINEAR,
 	CUDA_OP_LINEAR_ADD,
+	CUDA_OP_LINEAR_FP32X,
 	CUDA_OP_ROPE,
 	CUDA_OP_KV_WRITE,
 	CUDA_OP_QKV_PREP,
@@ -153,6 +154,8 @@ void cuda_rmsnorm(struct backend *be, float *out, int out_stride, const float *x
 void cuda_add(struct backend *be, float *y, const float *x, size_t n);
 void cuda_silu_mul(struct backend *be, float *out, const float *gate, const float *up, size_t n);
 void cuda_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M);
+void cuda_linear_fp32x(struct backend *be, float *y, const float *x, const struct model_tensor *w,
+		       int M);
 void cuda_linear_add(struct backend *be, float *y, const float *x, const struct model_tensor *w,
 		     int M);
 void cuda_rope(struct backend *be, const struct k_rope *rope, float *x, int n_rows, int n_heads,

@@ -20,6 +20,7 @@ const struct cuda_op_info cuda_op_info[CUDA_OP_COUNT] = {
 	[CUDA_OP_SILU_MUL] = { "silu_mul", 0 },
 	[CUDA_OP_LINEAR] = { "linear", 1 },
 	[CUDA_OP_LINEAR_ADD] = { "linear_add", 1 },
+	[CUDA_OP_LINEAR_FP32X] = { "linear_fp32x", 0 },
 	[CUDA_OP_ROPE] = { "rope", 0 },
 	[CUDA_OP_KV_WRITE] = { "kv_write", 0 },
 	[CUDA_OP_QKV_PREP] = { "qkv_prep", 1 },
@@ -123,6 +124,26 @@ void cuda_linear(struct backend *be, float *y, const float *x, const struct mode
 	cuda_prof_rows(b, M);
 	cuda_op_end(b, CUDA_OP_LINEAR, k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows,
 						     (int)w->cols, 0));
+}
+
+/* The router: x in fp32 on the CUDA cores at every M (the GEMV walks M in pairs; the
+ * generic kernel where x or w is misaligned), never rounded to bf16 as the tensor-core
+ * paths do. The router matrices are small (n_experts rows), so the repeated weight
+ * reads stay in L2. */
+void cuda_linear_fp32x(struct backend *be, float *y, const float *x, const struct model_tensor *w,
+		       int M)
+{
+	struct backend_cuda *b = cuda_of(be);
+	const uint16_t *dw = W(b, w);
+	int N = (int)w->rows, K = (int)w->cols;
+	enum k_cuda_linear_kind kind = k_cuda_linear_supports(K_CUDA_LINEAR_GEMV, x, dw, M, N, K) ?
+				       K_CUDA_LINEAR_GEMV : K_CUDA_LINEAR_GENERIC;
+
+	if (!k_cuda_tuning()->router_fp32)	/* KDEC_ROUTER_FP32=0: as any linear */
+		kind = k_cuda_linear_choose(x, dw, M, N, K);
+	cuda_op_begin(b, CUDA_OP_LINEAR_FP32X);
+	cuda_prof_rows(b, M);
+	cuda_op_end(b, CUDA_OP_LINEAR_FP32X, k_cuda_linear_run_kind(b->lin, kind, y, x, dw, M, N, K, 0));
 }
 
 void cuda_linear_add(struct backend *be, float *y, const float *x, const struct model_tensor *w,

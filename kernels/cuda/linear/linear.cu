@@ -95,6 +95,8 @@ static bool lin_use_cublas(int M, int N, int K)
 
 extern "C" enum k_cuda_linear_kind k_cuda_linear_pick(int M, int N, int K)
 {
+	if (k_cuda_tuning()->linear_fp32x)	// KDEC_LINEAR_FP32X: x never rounded
+		return K % LIN_VEC_K == 0 ? K_CUDA_LINEAR_GEMV : K_CUDA_LINEAR_GENERIC;
 	if (lin_use_stream(M, N, K))
 		return K_CUDA_LINEAR_STREAM;
 	if (lin_use_gemv(M, N, K))

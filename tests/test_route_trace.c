@@ -1,0 +1,284 @@
+/* The routing trace and test_golden's flip criterion on the CPU, where CI runs them:
+ * a recorded routing forced back changes nothing; one decision forced to another
+ * expert changes that token's row and the later ones and nothing before; the file
+ * round-trips and bad files are refused with their line; k_cpu_moe_route_margin is
+ * the gap between the k-th choice and the next; and goldenflip.h's judge fails a
+ * flip that is no near-tie (a wrong router) and a row that moved without a flip (a
+ * kernel error), and passes rows within tolerance. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/engine/engine.h"
+#include "daemon/model/model.h"
+#include "tests/testutil.h"
+#include "tests/goldentest.h"
+#include "tests/goldenflip.h"
+
+#define TOL 1e-4
+
+static struct model *m;
+static struct engine *e1, *e2;	/* two CPU engines: "GPU" and reference roles */
+static int32_t *toks;
+static int n_toks, vocab;
+
+static const float *bias_of(void *arg, int layer)
+{
+	(void)arg;
+	return m->layers[layer].router_bias;
+}
+
+static int prefill(struct engine *e, struct route_trace *t, float *out)
+{
+	struct engine_seq seq;
+	char err[256] = "";
+	int ret;
+
+	engine_set_route_trace(e, t);
+	engine_seq_init(&seq);
+	struct engine_req r = { .seq = &seq, .tokens = toks, .n_tokens = n_toks, .all_logits = 1 };
+	ret = engine_step(e, &r, 1, out, err, sizeof(err));
+	CHECK(ret == 0, "prefill: %s", err);
+	engine_seq_release(e, &seq);
+	engine_set_route_trace(e, NULL);
+	return ret;
+}
+
+/* The first layer with experts. */
+static int first_moe_layer(void)
+{
+	for (int l = 0; l < m->cfg.n_layers; l++)
+		if (m->layers[l].is_moe)
+			return l;
+	return -1;
+}
+
+static void test_margin(void)
+{
+	struct k_moe_route_params p = { .n_experts = 4, .top_k = 2, .scoring = K_MOE_SOFTMAX,
+					.routed_scaling = 1 };
+	const float lg[4] = { 1.0f, 3.0f, 2.0f, 2.5f };
+	double s = exp(1.0) + exp(3.0) + exp(2.0) + exp(2.5);
+	float w[2];
+	int32_t ids[2] = { 2, 0 };
+
+	/* picks 1 and 3; the next best is 2: margin = p3 - p2 */
+	CHECK_NEAR(k_cpu_moe_route_margin(&p, lg, NULL), (exp(2.5) - exp(2.0)) / s, 1e-6, "margin");
+	p.norm_topk_prob = 1;
+	CHECK(k_cpu_moe_route_forced(&p, lg, ids, w) == 0, "forced");
+	CHECK_NEAR(w[0], exp(2.0) / (exp(2.0) + exp(1.0)), 1e-6, "forced weight 0");
+	CHECK_NEAR(w[1], exp(1.0) / (exp(2.0) + exp(1.0)), 1e-6, "forced weight 1");
+	ids[1] = 4;
+	CHECK(k_cpu_moe_route_forced(&p, lg, ids, w) == -EINVAL, "forced id out of range");
+	p.top_k = 4;
+	CHECK(isinf(k_cpu_moe_route_margin(&p, lg, NULL)), "top_k = n_experts: no tie possible");
+}
+
+/* A file with one line changed: 0 when it reads, else the read's error. */
+static int read_text(struct route_trace *t, const char *text, char *err, size_t len)
+{
+	FILE *f = tmpfile();
+	int ret;
+
+	fputs(text, f);
+	rewind(f);
+	ret = route_trace_read_force(t, f, err, len);
+	fclose(f);
+	return ret;
+}
+
+static void test_file(struct route_trace *rec)
+{
+	const struct model_config *c = &m->cfg;
+	struct route_trace *t;
+	char err[256] = "", head[128], bad[256];
+	FILE *f = tmpfile();
+	long keys = (long)rec->max_seqs * rec->n_layers * rec->max_pos;
+	int K = c->top_k;
+
+	CHECK(route_trace_write(rec, f, &c->route, bias_of, NULL) == 0, "write");
+	rewind(f);
+	CHECK(route_trace_create(&t, c->n_layers, c->n_experts, K, 1, n_toks) == 0, "create");
+	CHECK(route_trace_read_force(t, f, err, sizeof(err)) == 0, "read back: %s", err);
+	fclose(f);
+	CHECK(!memcmp(t->have_force, rec->have, (size_t)keys), "the same decisions");
+	CHECK(!memcmp(t->force, rec->ids, sizeof(int32_t) * (size_t)(keys * K)), "the same experts");
+
+	snprintf(head, sizeof(head), "kdec-routing 1 layers %d experts %d top_k %d\n", c->n_layers,
+		 c->n_experts, K);
+	CHECK(read_text(t, "routing 1\n", err, sizeof(err)) == -EINVAL, "bad header");
+	snprintf(bad, sizeof(bad), "kdec-routing 1 layers %d experts %d top_k %d\n", c->n_layers + 1,
+		 c->n_experts, K);
+	CHECK(read_text(t, bad, err, sizeof(err)) == -EINVAL && strstr(err, "the model has"),
+	      "another model's file: %s", err);
+	snprintf(bad, sizeof(bad), "%s0 %d 0 %d", head, first_moe_layer(), c->n_experts);
+	CHECK(read_text(t, bad, err, sizeof(err)) == -EINVAL && strstr(err, "line 2"),
+	      "expert out of range: %s", err);
+	snprintf(bad, sizeof(bad), "%s0 %d %d 0 1\n", head, first_moe_layer(), n_toks);
+	CHECK(read_text(t, bad, err, sizeof(err)) == -EINVAL && strstr(err, "position"),
+	      "position out of range: %s", err);
+	if (K >= 2) {
+		snprintf(bad, sizeof(bad), "%s0 %d 0 1 1", head, first_moe_layer());
+		for (int j = 2; j < K; j++)
+			strcat(bad, " 2");
+		strcat(bad, "\n");
+		CHECK(read_text(t, bad, err, sizeof(err)) == -EINVAL && strstr(err, "twice"),
+		      "an expert twice: %s", err);
+	}
+	route_trace_destroy(t);
+}
+
+int main(void)
+{
+	const char *top = getenv("top_srcdir") ? getenv("top_srcdir") : ".";
+	struct engine_opts eo = { .backend = "cpu", .threads = 2, .kv_tokens = 1024,
+				  .block_tokens = 16, .max_rows = 128 };
+	char dir[1024], path[1200], err[512] = "";
+	struct route_trace *rec, *force;
+	float *base, *again, *moved, *ref, *noisy;
+	struct flip_row *rows;
+	struct flip_stats st;
+	json_t *g, *c;
+	int l, p, K, E;
+	long k;
+
+	test_margin();
+	snprintf(dir, sizeof(dir), "%s/tests/data/golden/deepseek_v3", top);
+	snprintf(path, sizeof(path), "%s/golden.json", dir);
+	g = json_load_file(path, 0, NULL);
+	CHECK(g != NULL, "%s", path);
+	CHECK(model_load(&m, dir, NULL, err, sizeof(err)) == 0, "load: %s", err);
+	CHECK(engine_create(&e1, m, &eo, err, sizeof(err)) == 0 &&
+	      engine_create(&e2, m, &eo, err, sizeof(err)) == 0, "engines: %s", err);
+	if (!g || !e1 || !e2)
+		return test_result("test_route_trace");
+	c = json_array_get(json_object_get(g, "cases"), 1);
+	toks = golden_ids(json_object_get(c, "tokens"), &n_toks);
+	vocab = m->cfg.vocab_size;
+	K = m->cfg.top_k;
+	E = m->cfg.n_experts;
+	snprintf(path, sizeof(path), "%s/%s", dir, json_string_value(json_object_get(c, "logits")));
+	ref = golden_read_floats(path, (size_t)n_toks * vocab);
+	base = malloc(sizeof(float) * (size_t)n_toks * vocab);
+	again = malloc(sizeof(float) * (size_t)n_toks * vocab);
+	moved = malloc(sizeof(float) * (size_t)n_toks * vocab);
+	noisy = malloc(sizeof(float) * (size_t)n_toks * vocab);
+	rows = malloc(sizeof(*rows) * (size_t)n_toks);
+	for (int t = 0; t < n_toks; t++)
+		rows[t] = (struct flip_row){ 0, t };
+	CHECK(route_trace_create(&rec, m->cfg.n_layers, E, K, 1, n_toks) == 0 &&
+	      route_trace_create(&force, m->cfg.n_layers, E, K, 1, n_toks) == 0, "traces");
+
+	/* recorded, then forced back: nothing changes */
+	prefill(e1, rec, base);
+	CHECK(rec->n_seqs == 1, "one sequence: %d", rec->n_seqs);
+	route_trace_force_from(force, rec);
+	prefill(e1, force, again);
+	CHECK(force->n_forced == 0 && !memcmp(base, again, sizeof(float) * (size_t)n_toks * vocab),
+	      "own routing forced: %ld replaced, logits %s", force->n_forced,
+	      memcmp(base, again, sizeof(float) * (size_t)n_toks * vocab) ? "differ" : "same");
+	test_file(rec);
+
+	/* one decision forced to the best expert left out: rows before it are unchanged */
+	l = first_moe_layer();
+	p = n_toks / 2;
+	k = route_trace_index(force, 0, l, p);
+	{
+		float choice[4096];
+		unsigned char taken[4096] = { 0 };
+		struct k_moe_route_params rp = m->cfg.route;
+		int best = -1;
+
+		rp.bias = m->layers[l].router_bias;
+		k_cpu_moe_route_margin(&rp, rec->logits + k * E, choice);
+		for (int j = 0; j < K; j++)
+			taken[rec->ids[k * K + j]] = 1;
+		for (int e = 0; e < E; e++)
+			if (!taken[e] && isfinite(choice[e]) && (best < 0 || choice[e] > choice[best]))
+				best = e;
+		CHECK(best >= 0, "an expert left out");
+		force->force[k * K + K - 1] = best;
+	}
+	route_trace_clear(force);
+	prefill(e1, force, moved);
+	/* (later decisions may come out in another order and are forced back too) */
+	CHECK(force->n_forced >= 1 && force->n_differ == 1, "one flip forced: %ld, %ld differ",
+	      force->n_forced, force->n_differ);
+	CHECK(!memcmp(base, moved, sizeof(float) * (size_t)p * vocab), "rows before the flip unchanged");
+	CHECK(test_rel_l2(moved + (size_t)p * vocab, base + (size_t)p * vocab, (size_t)vocab) > TOL,
+	      "the flipped row moved");
+
+	/* the judge: the same flip forced on the reference engine reproduces the rows, but
+	 * the two engines' router logits are equal, so it is no near-tie: failed */
+	{
+		struct route_trace *cpu_t;
+		float *cpu = malloc(sizeof(float) * (size_t)n_toks * vocab);
+		int fails;
+
+		route_trace_create(&cpu_t, m->cfg.n_layers, E, K, 1, n_toks);
+		route_trace_force_from(cpu_t, force);
+		prefill(e2, cpu_t, cpu);
+		CHECK(!memcmp(cpu, moved, sizeof(float) * (size_t)n_toks * vocab),
+		      "the forced reference run gives the forced run's rows");
+		fails = flip_judge("forced flip", moved, ref, cpu, rows, n_toks, vocab, TOL, force,
+				   cpu_t, &m->cfg.route, bias_of, NULL, &st);
+		CHECK(st.bad > 0 && fails == st.bad && st.flips_ok == 0,
+		      "a flip at no near-tie fails: %d bad, %d failed, %d explained", st.bad, fails,
+		      st.flips_ok);
+		CHECK(st.flipped == 1, "one decision flipped of %ld: %ld", st.decisions, st.flipped);
+
+		/* the unchanged run passes */
+		fails = flip_judge("own routing", base, ref, base, rows, n_toks, vocab, TOL, rec, rec,
+				   &m->cfg.route, bias_of, NULL, &st);
+		CHECK(fails == 0 && st.bad == 0 && st.flipped == 0, "own routing: %d failed", fails);
+
+		/* a row moved without any flip: a kernel error */
+		memcpy(noisy, base, sizeof(float) * (size_t)n_toks * vocab);
+		for (int v = 0; v < vocab; v++)
+			noisy[(size_t)3 * vocab + v] *= 1.01f;
+		fails = flip_judge("kernel error", noisy, ref, base, rows, n_toks, vocab, TOL, rec, rec,
+				   &m->cfg.route, bias_of, NULL, &st);
+		CHECK(fails == 1 && st.bad == 1, "a moved row without a flip fails: %d", fails);
+		fails = flip_judge("dense", noisy, ref, NULL, rows, n_toks, vocab, TOL, NULL, NULL,
+				   &m->cfg.route, bias_of, NULL, &st);
+		CHECK(fails == 1, "without a reference run every bad row fails: %d", fails);
+		free(cpu);
+		route_trace_destroy(cpu_t);
+	}
+
+	/* a trace too small for the step: one clear error, the engine goes on */
+	{
+		struct route_trace *small;
+		struct engine_seq seq;
+
+		route_trace_create(&small, m->cfg.n_layers, E, K, 1, 4);
+		engine_set_route_trace(e1, small);
+		engine_seq_init(&seq);
+		struct engine_req r = { .seq = &seq, .tokens = toks, .n_tokens = n_toks, .all_logits = 1 };
+		CHECK(engine_step(e1, &r, 1, again, err, sizeof(err)) != 0 && strstr(err, "past the trace"),
+		      "trace too small: %s", err);
+		engine_seq_release(e1, &seq);
+		engine_set_route_trace(e1, NULL);
+		route_trace_destroy(small);
+		prefill(e1, NULL, again);
+		CHECK(!memcmp(base, again, sizeof(float) * (size_t)n_toks * vocab), "then runs as before");
+	}
+
+	route_trace_destroy(rec);
+	route_trace_destroy(force);
+	free(base);
+	free(again);
+	free(moved);
+	free(noisy);
+	free(ref);
+	free(rows);
+	free(toks);
+	engine_destroy(e1);
+	engine_destroy(e2);
+	model_destroy(m);
+	json_decref(g);
+	return test_result("test_route_trace");
+}
