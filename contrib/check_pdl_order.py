@@ -9,8 +9,9 @@ from the entry along every path that has not yet passed an unpredicated ACQBULK
 (branches both ways, predicated exits and waits as not taken). On such a path it
 reports:
   - a global memory access (LDG, generic LD, LDGSTS, UTMALDG, UBLKCP, atomics,
-    reductions, stores) that lacks the early-load marker LTC256B: the .L2::256B
-    qualifier that only launch_check.cuh's k_cuda_pdl_early helpers emit, for
+    reductions, stores) that lacks the early-load marker LTC256B or LTC128B: the
+    .L2::256B / .L2::128B qualifiers that only launch_check.cuh's k_cuda_pdl_early
+    helpers emit, for
     weights and settled step inputs (docs/ARCHITECTURE.md, "Programmatic dependent
     launch"). One exception: an LDG whose address is a module-scope table's
     (constant bank 4, see from_symbol: CUDA's sincos reduction table, expf_tab);
@@ -41,7 +42,7 @@ TARGET = re.compile(r"\b0x([0-9a-f]+)\b")
 ACCESS = {"LDG", "LD", "LDGSTS", "UTMALDG", "UBLKCP", "ATOMG", "ATOM", "RED", "REDG",
 	  "REDAS", "STG", "ST", "UTMASTG", "UTMAREDG", "UBLKRED", "SULD", "SUST", "SUATOM",
 	  "SURED", "TLD", "TEX", "TLD4"}
-MARK = "LTC256B"
+MARKS = {"LTC256B", "LTC128B"}
 
 
 def parse(lines):
@@ -138,7 +139,7 @@ def check(name, insns):
 		base = op.split(".")[0]
 		if base == "ACQBULK" and always(pred):
 			continue	# this path has waited
-		if base in ACCESS and MARK not in op.split(".") and not (
+		if base in ACCESS and not MARKS & set(op.split(".")) and not (
 				base == "LDG" and from_symbol(insns, i)):
 			found.append((addr, text, "global access before the wait"))
 		elif base == "PREEXIT":

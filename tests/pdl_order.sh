@@ -36,9 +36,9 @@ fail=0
 
 # The marker is the early helpers' alone: any other source that writes it could make
 # a produced buffer's load look early.
-others=$(grep -rl 'L2::256B' "$src/kernels" | grep -v '/kernels/cuda/launch_check.cuh$')
+others=$(grep -rlE 'L2::(256|128)B' "$src/kernels" | grep -v '/kernels/cuda/launch_check.cuh$')
 if [ -n "$others" ]; then
-	echo "FAIL: the early-load marker .L2::256B outside launch_check.cuh: $others"
+	echo "FAIL: the early-load markers .L2::256B / .L2::128B outside launch_check.cuh: $others"
 	fail=1
 fi
 

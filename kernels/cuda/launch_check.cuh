@@ -98,8 +98,8 @@ static __device__ __forceinline__ void k_cuda_pdl_wait(void)
 // copy ahead of the step's first kernel, or written by a kernel two or more launches
 // back: every kernel's trigger follows its own wait, so the kernel in between has
 // waited for that writer before this one could start). Everything else is read after
-// the wait. Their loads carry the .L2::256B qualifier (SASS LTC256B), which nothing
-// else in kernels/cuda emits: tests/pdl_order.sh disassembles the built kernels and
+// the wait. Their loads carry the .L2::256B qualifier (SASS LTC256B), their copies
+// .L2::128B (LTC128B), which nothing else in kernels/cuda emits: tests/pdl_order.sh disassembles the built kernels and
 // fails on any other global access the control flow can reach before the wait
 // (docs/ARCHITECTURE.md, "Programmatic dependent launch"). .cg (L2, coherent): an SM's L1
 // may still hold an older step's line of a settled input. T: 2, 4, 8 or 16 bytes, or
@@ -139,13 +139,15 @@ static __device__ __forceinline__ T k_cuda_pdl_early(const T *p)
 }
 
 // cp.async of 16 bytes of weights into shared memory before the wait (zeros where
-// !valid), the early form of ptx.cuh's cp_async16.
+// !valid), the early form of ptx.cuh's cp_async16. .L2::128B, not 256B: with 256B the
+// streaming GEMM's early weight stages cost Llama-3.1-8B decode at batch 1 ~18 us a
+// step on H200 (4.657 ms against 4.639 unmarked); 128B measured as unmarked (4.640).
 static __device__ __forceinline__ void k_cuda_pdl_early_cp16(void *smem, const void *gmem,
 							      bool valid)
 {
 	unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
 
-	asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst),
+	asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst),
 		     "l"(gmem), "r"(valid ? 16 : 0)
 		     : "memory");
 }
