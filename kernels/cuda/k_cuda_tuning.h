@@ -112,8 +112,9 @@ struct k_cuda_tuning {
 	int moe_sh_down_early;	/* KDEC_MOE_SH_DOWN_EARLY, flag, 1: the M = 1 gate/up CTAs ask
 				 * L2 for the shared expert's down rows before their wait; 0: the
 				 * down kernel alone does */
-	int moe_down_early;	/* KDEC_MOE_DOWN_EARLY, flag, 1: the M = 1 down kernel plans and
-				 * issues its first loads before its wait; 0: after */
+	int moe_down_early;	/* KDEC_MOE_DOWN_EARLY, flag, 1: the M = 1 down kernel issues
+				 * its first weight loads before its wait; 0: after (its plan,
+				 * from settled ids, comes before the wait either way) */
 
 	/* ---- the CUDA backend (daemon/backend/cuda) ---- */
 	int op_times;		/* KDEC_CUDA_OP_TIMES, 0..2, 0: 1 times every op of the decode

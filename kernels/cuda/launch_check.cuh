@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 
 #include <cuda_runtime.h>
 
@@ -88,6 +89,67 @@ static __device__ __forceinline__ void k_cuda_pdl_wait(void)
 {
 	cudaGridDependencySynchronize();
 	cudaTriggerProgrammaticLaunchCompletion();
+}
+
+// Reads before k_cuda_pdl_wait(). A kernel launched with programmatic serialisation
+// may read global memory before its wait only through these two helpers, and only
+// where the data cannot be written by a kernel still in flight: weights (constant
+// while the model is loaded) and step inputs settled before the launch (uploaded by a
+// copy ahead of the step's first kernel, or written by a kernel two or more launches
+// back: every kernel's trigger follows its own wait, so the kernel in between has
+// waited for that writer before this one could start). Everything else is read after
+// the wait. Their loads carry the .L2::256B qualifier (SASS LTC256B), their copies
+// .L2::128B (LTC128B), which nothing else in kernels/cuda emits: tests/pdl_order.sh disassembles the built kernels and
+// fails on any other global access the control flow can reach before the wait
+// (docs/ARCHITECTURE.md, "Programmatic dependent launch"). .cg (L2, coherent): an SM's L1
+// may still hold an older step's line of a settled input. T: 2, 4, 8 or 16 bytes, or
+// a multiple of 4 bytes aligned to 4 (read a word at a time).
+template <typename T>
+static __device__ __forceinline__ T k_cuda_pdl_early(const T *p)
+{
+	T v;
+
+	if constexpr (sizeof(T) == 2) {
+		unsigned short x;
+
+		asm volatile("ld.global.cg.L2::256B.b16 %0, [%1];" : "=h"(x) : "l"(p));
+		memcpy(&v, &x, 2);
+	} else if constexpr (sizeof(T) == 8) {
+		unsigned long long x;
+
+		asm volatile("ld.global.cg.L2::256B.b64 %0, [%1];" : "=l"(x) : "l"(p));
+		memcpy(&v, &x, 8);
+	} else if constexpr (sizeof(T) == 16) {
+		uint4 x;
+
+		asm volatile("ld.global.cg.L2::256B.v4.b32 {%0, %1, %2, %3}, [%4];"
+			     : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "l"(p));
+		memcpy(&v, &x, 16);
+	} else {
+		static_assert(sizeof(T) % 4 == 0 && alignof(T) >= 4, "k_cuda_pdl_early: words");
+		unsigned x[sizeof(T) / 4];
+
+#pragma unroll
+		for (unsigned i = 0; i < sizeof(T) / 4; i++)
+			asm volatile("ld.global.cg.L2::256B.b32 %0, [%1];"
+				     : "=r"(x[i]) : "l"((const unsigned *)p + i));
+		memcpy(&v, x, sizeof(T));
+	}
+	return v;
+}
+
+// cp.async of 16 bytes of weights into shared memory before the wait (zeros where
+// !valid), the early form of ptx.cuh's cp_async16. .L2::128B, not 256B: with 256B the
+// streaming GEMM's early weight stages cost Llama-3.1-8B decode at batch 1 ~18 us a
+// step on H200 (4.657 ms against 4.639 unmarked); 128B measured as unmarked (4.640).
+static __device__ __forceinline__ void k_cuda_pdl_early_cp16(void *smem, const void *gmem,
+							      bool valid)
+{
+	unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+
+	asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst),
+		     "l"(gmem), "r"(valid ? 16 : 0)
+		     : "memory");
 }
 
 static inline int k_cuda_pdl_enabled(void)

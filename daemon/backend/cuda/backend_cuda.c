@@ -347,7 +347,13 @@ static int cuda_side_upload(struct backend *be, void *const *dst, const void *sr
 static int cuda_capture_begin(struct backend *be)
 {
 	struct backend_cuda *b = cuda_of(be);
-	int ret = CUDA_CHECK(b, cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
+	int ret;
+
+	/* A bf16 "x ready" mark left by a producer queued before the capture names a
+	 * scratch the graph never writes: its first linear call would take it and each
+	 * replay read whatever the scratch held then. */
+	k_cuda_linear_x_ready(b->lin, NULL, 0, 0);
+	ret = CUDA_CHECK(b, cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
 
 	b->capturing = !ret;
 	return ret;
@@ -363,6 +369,7 @@ static int cuda_capture_end(struct backend *be, void **graph, int *n_nodes)
 
 	ret = CUDA_CHECK(b, cudaStreamEndCapture(b->stream, &g));
 	b->capturing = 0;
+	k_cuda_linear_x_ready(b->lin, NULL, 0, 0);	/* nor one left inside it, after it */
 	*graph = NULL;
 	if (!ret)
 		ret = CUDA_CHECK(b, cudaGraphGetNodes(g, NULL, &nodes));

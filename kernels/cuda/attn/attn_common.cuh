@@ -250,7 +250,7 @@ int attn_prefill_prepare(int smem_optin);
 // CG: the loads go to L2 (ld.global.cg), for a caller in the kernel that wrote the lse
 // (GQA's folded merge: its SM's L1 may hold stale lines of them).
 template <bool CG = false>
-static __device__ __forceinline__ int merge_list(const float *__restrict__ part_lse, int n_splits,
+static __device__ __forceinline__ int merge_list(const float *part_lse, int n_splits,
 					  size_t rh, size_t per_split, int *live, float *w)
 {
 	constexpr int PER = ATTN_MAX_SPLITS / 32;

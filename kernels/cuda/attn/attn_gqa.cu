@@ -41,8 +41,9 @@ struct dec_args {
 // ---- kernels ----------------------------------------------------------------
 
 // Eight bf16 of a lane's slice [d0, d0 + 8) of one head vector at p + off; zeros where
-// the token is out of range or the dims are past hd.
-__device__ __forceinline__ uint4 dec_load8(const uint16_t *__restrict__ p, size_t off, bool ok,
+// the token is out of range or the dims are past hd. Plain loads, not __ldg: this
+// step's K/V rows are written by the kernel just before, inside the PDL overlap.
+__device__ __forceinline__ uint4 dec_load8(const uint16_t *p, size_t off, bool ok,
 					   int d0, int hd, int vec)
 {
 	uint32_t w[4] = { 0, 0, 0, 0 };
@@ -50,11 +51,11 @@ __device__ __forceinline__ uint4 dec_load8(const uint16_t *__restrict__ p, size_
 	if (!ok || d0 >= hd)
 		return make_uint4(0, 0, 0, 0);
 	if (vec)
-		return __ldg((const uint4 *)(p + off));
+		return *(const uint4 *)(p + off);
 #pragma unroll
 	for (int e = 0; e < 8; e++)
 		if (d0 + e < hd)
-			w[e / 2] |= (uint32_t)__ldg(p + off + e) << (16 * (e % 2));
+			w[e / 2] |= (uint32_t)p[off + e] << (16 * (e % 2));
 	return make_uint4(w[0], w[1], w[2], w[3]);
 }
 

@@ -306,6 +306,7 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, const k_cu
 	// tail, and only q waits (k_cuda_attn_mla keeps that order). Where the absorb
 	// launch makes the append itself (a.early, k_cuda_attn_mla_post), the rows of
 	// tokens from ctx - n_rows (this step's) are copied after the wait instead.
+	// pdl-order: waive attn_mma_kernel: its waits sit in branches (a.early, empty splits) that tests/pdl_order.sh's path-insensitive walk cannot pair, so it sees paths past every wait; before them it reads the step's ctx and block tables and (a.early) copies K/V tiles of tokens older than the step, all settled. To do: one wait per path, the early copies through k_cuda_pdl_early_cp16.
 	const bool early = VSEP && a.early;
 
 	if (VSEP && !early)

@@ -12,6 +12,9 @@
 #define MERGE_MAX_ITEMS (2147483647L - 32 * MERGE_WARPS)
 
 // ---- kernels ----------------------------------------------------------------
+// part_o and part_lse are written by the attention kernel just before, which these
+// merges overlap under PDL: plain pointers, never const __restrict__ (nvcc turns those
+// into non-coherent LDG.E.CONSTANT loads, which ptxas may move above the wait).
 
 // Block (r, h, dim chunk): out(r, h, d) = sum_s w_s o_s(d) / sum_s w_s with
 // w_s = exp2(lse_s - max), for the block's MERGE_THREADS dims. Warp 0 lists the splits
@@ -20,7 +23,7 @@
 // kernel below keeps. The default; KDEC_ATTN_MERGE=1 runs the batched one.
 __global__ void __launch_bounds__(MERGE_THREADS)
 attn_merge_kernel(float *__restrict__ out, long out_rs, long out_hs,
-		  const float *__restrict__ part_o, const float *__restrict__ part_lse,
+		  const float *part_o, const float *part_lse,
 		  int n_splits, int n_rows, int n_heads, int dim, uint16_t *__restrict__ out_bf16)
 {
 	__shared__ float w[ATTN_MAX_SPLITS];
@@ -111,7 +114,7 @@ __device__ __forceinline__ void merge_store(float *out, uint16_t *ob, const floa
 template <int V>
 __global__ void __launch_bounds__(MERGE_WARPS * 32)
 attn_merge_warp_kernel(float *__restrict__ out, long out_rs, long out_hs,
-		       const float *__restrict__ part_o, const float *__restrict__ part_lse,
+		       const float *part_o, const float *part_lse,
 		       int n_splits, int n_rows, int n_heads, int dim, int n_chunks, int n_items,
 		       uint16_t *__restrict__ out_bf16)
 {

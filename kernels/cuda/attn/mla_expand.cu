@@ -168,7 +168,7 @@ __device__ __forceinline__ void stage_merged(float *sa, int as, const proj_parts
 // 1 MB, not 8 x 1 MB).
 template <int MT, int NT, bool FOLD, bool CLU = false>
 __global__ void __launch_bounds__(PROJ_THREADS)
-mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
+mla_expand_mma_kernel(float *__restrict__ out, const float *o_lat,
 		      const uint16_t *__restrict__ w, int n_rows, int H, int nope, int vdim, int L,
 		      int vec, const proj_parts parts)
 {
@@ -190,13 +190,13 @@ mla_expand_mma_kernel(float *__restrict__ out, const float *__restrict__ o_lat,
 			const int j = i / (ls / 8), c = i % (ls / 8) * 8;
 			const bool ok = j < nj && c < L;
 
-			cp_async16(sw + j * ls + c, ok ? wh + (size_t)j * L + c : wh, ok);
+			k_cuda_pdl_early_cp16(sw + j * ls + c, ok ? wh + (size_t)j * L + c : wh, ok);
 		}
 	} else {
 		for (int i = threadIdx.x; i < NJ * ls; i += PROJ_THREADS) {
 			const int j = i / ls, c = i % ls;
 
-			sw[i] = j < nj && c < L ? wh[(size_t)j * L + c] : (uint16_t)0;
+			sw[i] = j < nj && c < L ? k_cuda_pdl_early(wh + (size_t)j * L + c) : (uint16_t)0;
 		}
 	}
 	k_cuda_pdl_wait();	// the weight copies above overlap the attention's tail

@@ -38,7 +38,7 @@ namespace {	// kernels and their helpers stay private to this file
 __device__ __forceinline__ void post_cs(const k_cuda_mla_post_args &a, float p, int i, float &c,
 					float &sn)
 {
-	k_cuda_rope_cs(p, a.inv_freq[i], a.attn_factor, c, sn);
+	k_cuda_rope_cs(p, k_cuda_pdl_early(a.inv_freq + i), a.attn_factor, c, sn);	// a constant
 }
 
 // Bytes of shared memory a post block uses: the latent sum's warp partials, then the
@@ -61,7 +61,7 @@ __device__ __forceinline__ void absorb_post_row(const k_cuda_mla_post_args &a, i
 	float *cs = (float *)(smem + 2 * PROJ_WARPS * sizeof(double));	// (2, half)
 	const int L = a.kv_lora, half = a.rot_dim / 2, lane = threadIdx.x % 32;
 	const int step = a.interleaved ? 2 : 1, gap = a.interleaved ? 1 : half;
-	const int32_t slot = a.slots[r];	// a step input (as pos): before the wait
+	const int32_t slot = k_cuda_pdl_early(a.slots + r);	// a step input (as pos)
 	const float *kv = a.kv + (size_t)r * a.kv_rs;
 	float lat[POST_PER];
 	double s0 = 0.0, s1 = 0.0, ss = 0.0;
@@ -69,7 +69,7 @@ __device__ __forceinline__ void absorb_post_row(const k_cuda_mla_post_args &a, i
 	if (slot < 0)	// a padding row: no cache entry (its q is the absorb blocks')
 		return;
 	for (int i = threadIdx.x; i < half; i += PROJ_THREADS)
-		post_cs(a, (float)a.pos[r], i, cs[i], cs[half + i]);
+		post_cs(a, (float)k_cuda_pdl_early(a.pos + r), i, cs[i], cs[half + i]);
 	k_cuda_pdl_wait();	// kv_a comes from the projection just before
 #pragma unroll
 	for (int k = 0; k < POST_PER; k++) {
@@ -111,7 +111,7 @@ __device__ __forceinline__ void absorb_post_row(const k_cuda_mla_post_args &a, i
 // one pair, computed before the wait).
 template <bool POST>
 __global__ void __launch_bounds__(PROJ_THREADS)
-mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *__restrict__ q, long q_rs,
+mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *q, long q_rs,
 		      const uint16_t *__restrict__ w, int n_rows, int H, int nope, int rope,
 		      int vdim, int L, int vec, const k_cuda_mla_post_args pa)
 {
@@ -141,14 +141,16 @@ mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *__restrict__ q, lo
 			const int k = i / (ABS_MMA_COLS / 8), cc = i % (ABS_MMA_COLS / 8) * 8;
 			const bool ok = k < nope && c0 + cc < L;
 
-			cp_async16(sw + k * LS + cc, ok ? wh + (size_t)k * L + c0 + cc : wh, ok);
+			k_cuda_pdl_early_cp16(sw + k * LS + cc, ok ? wh + (size_t)k * L + c0 + cc : wh,
+					      ok);
 		}
 	} else {
 		for (int i = threadIdx.x; i < nks * 16 * ABS_MMA_COLS; i += PROJ_THREADS) {
 			const int k = i / ABS_MMA_COLS, cc = i % ABS_MMA_COLS;
 
-			sw[k * LS + cc] = k < nope && c0 + cc < L ? wh[(size_t)k * L + c0 + cc]
-								  : (uint16_t)0;
+			sw[k * LS + cc] = k < nope && c0 + cc < L
+						  ? k_cuda_pdl_early(wh + (size_t)k * L + c0 + cc)
+						  : (uint16_t)0;
 		}
 	}
 	// POST: the rotary pairs of q's rope part, nr * hp (the tail past them),
@@ -158,7 +160,7 @@ mla_absorb_mma_kernel(float *__restrict__ q_lat, const float *__restrict__ q, lo
 	float pc = 0.0f, ps = 0.0f;
 
 	if (POST && i0 < nrot)
-		post_cs(pa, (float)pa.pos[r0 + i0 / hp], i0 % hp, pc, ps);
+		post_cs(pa, (float)k_cuda_pdl_early(pa.pos + r0 + i0 / hp), i0 % hp, pc, ps);
 	// The weights are constants: their copies go out before the wait for the kernel
 	// that wrote q (mla_post, or POST the projection), so with programmatic launch they
 	// overlap its tail.

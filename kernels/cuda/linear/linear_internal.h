@@ -121,13 +121,15 @@ static __device__ __forceinline__ bool k_cuda_lin_early_cta(int pdl)
 /* The weights are constant, so a kernel may fetch them before its predecessor finishes,
  * but must call this before reading x or y; it then lets the next kernel launch early
  * too. The early fetch is an L2 prefetch (k_cuda_lin_prefetch): ptxas (nvcc 13.0) moved
- * register loads issued before the wait (ACQBULK) to after it, to save registers. */
+ * register loads issued before the wait (ACQBULK) to after it, to save registers.
+ * The wait is unconditional (pdl unused): without the launch attribute it returns at
+ * once, and a wait that a branch can skip leaves every load after it reachable before
+ * it in the SASS that tests/pdl_order.sh checks. */
 static __device__ __forceinline__ void k_cuda_lin_inputs_ready(int pdl)
 {
-	if (pdl) {
-		cudaGridDependencySynchronize();
-		cudaTriggerProgrammaticLaunchCompletion();
-	}
+	(void)pdl;
+	cudaGridDependencySynchronize();
+	cudaTriggerProgrammaticLaunchCompletion();
 }
 
 /* Asks L2 for the 16 bytes at p (weights to be read soon). */

@@ -81,6 +81,8 @@ static __device__ __forceinline__ void st_mma(float (&c)[4], const uint32_t (&a)
 }
 
 // The weight part of a stage: rows n0 .. n0+127, k k0 .. k0+63 (zeros past N or kend).
+// EARLY: issued before the PDL wait (k_cuda_pdl_early_cp16).
+template <bool EARLY = false>
 static __device__ __forceinline__ void st_load_w(unsigned char *ws, const uint16_t *w, int N,
 						 int K, int n0, int k0, int kend, int tid)
 {
@@ -89,7 +91,11 @@ static __device__ __forceinline__ void st_load_w(unsigned char *ws, const uint16
 		const int i = tid + j * ST_THREADS, r = i >> 3, c = i & 7, k = k0 + c * 8;
 		const bool ok = n0 + r < N && k < kend;
 
-		cp_async16(ws + st_swz(r, c), ok ? w + (size_t)(n0 + r) * K + k : w, ok);
+		if (EARLY)
+			k_cuda_pdl_early_cp16(ws + st_swz(r, c), ok ? w + (size_t)(n0 + r) * K + k : w,
+					      ok);
+		else
+			cp_async16(ws + st_swz(r, c), ok ? w + (size_t)(n0 + r) * K + k : w, ok);
 	}
 }
 
@@ -185,7 +191,8 @@ st_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 #pragma unroll
 	for (int i = 0; i < ST_AHEAD; i++) {
 		if (i < nb)
-			st_load_w(st_smem + i * C::STAGE_BYTES, w, N, K, n0, k0 + i * ST_BK, kend, tid);
+			st_load_w<true>(st_smem + i * C::STAGE_BYTES, w, N, K, n0, k0 + i * ST_BK, kend,
+					tid);
 		cp_async_commit();
 	}
 	k_cuda_lin_inputs_ready(pdl);	// x and y only from here on

@@ -47,7 +47,7 @@ __device__ const uint64_t expf_tab[32] = {
 // it before their PDL wait.
 __device__ __forceinline__ uint64_t expf_tab_lane(void)
 {
-	return __ldg(&expf_tab[threadIdx.x % 32]);
+	return k_cuda_pdl_early(&expf_tab[threadIdx.x % 32]);
 }
 
 // All 32 lanes must call it together (the table shuffle); tab: expf_tab_lane().
@@ -300,7 +300,7 @@ moe_route_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float 
 
 	if (sbias)
 		for (int e = threadIdx.x; e < E; e += 32)
-			sbias[e] = __ldg(p.bias + e);
+			sbias[e] = k_cuda_pdl_early(p.bias + e);	// a weight
 	k_cuda_pdl_wait();	// launched early under PDL: the logits are the router's output
 	for (int e = threadIdx.x; e < E; e += 32)
 		r.score[e] = lg[e];

@@ -163,14 +163,16 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 	prefetch_down_before_wait(expert_w, ids, n, E, sh, c0, hidden, inter, pre_w);
 	// The plan before the wait: launched right after gate/up, this kernel starts only
 	// once every gate/up CTA has passed its own wait, so the kernel that wrote ids and
-	// weights has completed (see m1_down_kernel). The activations come after the wait.
+	// weights has completed (see m1_down_kernel; k_cuda_moe_small_run keeps the two
+	// launches adjacent, tests/pdl_order.sh checks every kernel's trigger follows its
+	// wait). The activations come after the wait.
 	if (threadIdx.x < n)
-		sw[threadIdx.x] = __ldcg(weights + threadIdx.x);
-	small_plan_build(sp, ids, n, E);	// its barriers publish sw too
+		sw[threadIdx.x] = k_cuda_pdl_early(weights + threadIdx.x);
+	small_plan_build<true>(sp, ids, n, E);	// its barriers publish sw too
 	// Every used expert's matrix looked up at once: one round trip for the CTA where
 	// each warp would otherwise wait on one per item of a new expert.
 	if (threadIdx.x < sp.n_used)
-		used_w[threadIdx.x] = expert_w[3 * sp.used_e[threadIdx.x] + 2];
+		used_w[threadIdx.x] = k_cuda_pdl_early(expert_w + 3 * sp.used_e[threadIdx.x] + 2);
 	k_cuda_pdl_wait();	// and a barrier after it: used_w is published
 	__syncthreads();
 
@@ -278,6 +280,9 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 				    inter, act, sh, add, out);
 		return K_CUDA_LAUNCHED("moe small m1");
 	}
+	// Launch order: gate/up, then down at once. Down reads ids and weights before its
+	// wait, settled only because gate/up (launched in between) waits for the router
+	// before it lets down start; nothing may be launched between these two.
 	moe_small_gate_up_launch(s, ctas, rp, ahead, expert_w, x, ids, n, top_k, n_experts, hidden,
 				 inter, act, sh);
 	if ((ret = K_CUDA_LAUNCHED("moe small gate/up")))

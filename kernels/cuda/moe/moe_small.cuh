@@ -35,13 +35,16 @@ struct small_plan {
 };
 
 // The plan from ids (n <= MOE_SMALL_MAX_PAIRS <= blockDim.x); the whole CTA calls it.
-// O(n) per pair, which at n <= 64 is cheaper than a launch of its own.
+// O(n) per pair, which at n <= 64 is cheaper than a launch of its own. EARLY: called
+// before the PDL wait by a down kernel, where ids are settled (written two launches
+// back: see k_cuda_pdl_early); otherwise after it.
+template <bool EARLY = false>
 __device__ void small_plan_build(small_plan &sp, const int32_t *ids, int n, int E)
 {
 	int i = threadIdx.x;
 
 	if (i < n) {
-		int v = __ldcg(ids + i);	// L2: fresh even before a PDL wait (m1_down_kernel)
+		int v = EARLY ? k_cuda_pdl_early(ids + i) : __ldcg(ids + i);
 
 		sp.id[i] = v >= 0 && v < E ? v : -1;
 	}
@@ -231,9 +234,9 @@ __device__ __forceinline__ void prefetch_down_before_wait(const uint16_t *const 
 	if (sh.inter)
 		prefetch_down_rows(sh.down, c0, hidden, (size_t)sh.inter * 2);
 	if (threadIdx.x < pairs) {
-		int v = __ldcg(ids + threadIdx.x);
+		int v = k_cuda_pdl_early(ids + threadIdx.x);	// settled (see the plan)
 
-		pre_w[threadIdx.x] = v >= 0 && v < E ? expert_w[3 * v + 2] : nullptr;
+		pre_w[threadIdx.x] = v >= 0 && v < E ? k_cuda_pdl_early(expert_w + 3 * v + 2) : nullptr;
 	}
 	__syncthreads();
 	for (int q = threadIdx.x; q < pairs * SM_DCOLS * lines; q += SM_THREADS) {

@@ -53,6 +53,8 @@ __device__ __forceinline__ void unit_dot(float &acc0, float &acc1, const uint4 *
 
 // The unit's chunks (cb + 32 b + lane below ce) of two weight rows into registers
 // (zeros past ce).
+// EARLY: issued before the PDL wait (weights: k_cuda_pdl_early).
+template <bool EARLY = false>
 __device__ __forceinline__ void unit_load(uint4 *w0, uint4 *w1, const uint4 *r0, const uint4 *r1,
 					  int cb, int ce, int lane)
 {
@@ -62,8 +64,8 @@ __device__ __forceinline__ void unit_load(uint4 *w0, uint4 *w1, const uint4 *r0,
 	for (int b = 0; b < M1_UC; b++) {
 		int c = cb + 32 * b + lane;
 
-		w0[b] = c < ce ? __ldcs(r0 + c) : zero;
-		w1[b] = c < ce ? __ldcs(r1 + c) : zero;
+		w0[b] = c >= ce ? zero : EARLY ? k_cuda_pdl_early(r0 + c) : __ldcs(r0 + c);
+		w1[b] = c >= ce ? zero : EARLY ? k_cuda_pdl_early(r1 + c) : __ldcs(r1 + c);
 	}
 }
 
@@ -268,18 +270,17 @@ m1_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t 
 	int ul = unit_len(nc, bal), nu = (nc + ul - 1) / ul, n_routed, n_all, K;
 
 	prefetch_down_before_wait(expert_w, ids, n, E, sh, c0, hidden, inter, pre_w);
-	if (!early)
-		k_cuda_pdl_wait();
 	// Before the wait: ids and weights are final here. This kernel is launched right
 	// after gate/up (k_cuda_moe_small_run), so it starts only once every gate/up CTA has
 	// passed its own wait, i.e. once the kernel that wrote them has completed. So the
-	// plan and the first weight units (constants) are in hand before the wait; only the
-	// activations, gate/up's output, are read after it.
+	// plan and (early) the first weight units (constants) are in hand before the wait;
+	// only the activations, gate/up's output, are read after it. One wait on every
+	// path, so that tests/pdl_order.sh can follow it in the SASS.
 	if (threadIdx.x < n)
-		sw[threadIdx.x] = __ldcg(weights + threadIdx.x);
-	small_plan_build(sp, ids, n, E);	// its barriers publish sw too
+		sw[threadIdx.x] = k_cuda_pdl_early(weights + threadIdx.x);
+	small_plan_build<true>(sp, ids, n, E);	// its barriers publish sw too
 	if (threadIdx.x < sp.n_used)
-		used_w[threadIdx.x] = expert_w[3 * sp.used_e[threadIdx.x] + 2];
+		used_w[threadIdx.x] = k_cuda_pdl_early(expert_w + 3 * sp.used_e[threadIdx.x] + 2);
 	__syncthreads();
 
 	n_routed = sp.n_used * cps;
@@ -295,12 +296,20 @@ m1_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t 
 
 		unit_load(w0, w1, it.w0, it.w1, cb, min(cb + ul, it.nc), lane);
 	};
+	auto load_early = [&](int k, uint4 *w0, uint4 *w1) {
+		dn_item it = item(k);
+		int cb = k % nu * ul;
+
+		unit_load<true>(w0, w1, it.w0, it.w1, cb, min(cb + ul, it.nc), lane);
+	};
 	uint4 wa0[M1_UC], wa1[M1_UC], wb0[M1_UC], wb1[M1_UC];
 	float a0 = 0.0f, a1 = 0.0f;
 
-	unit_prime(K, wa0, wa1, wb0, wb1, load);
 	if (early)
-		k_cuda_pdl_wait();
+		unit_prime(K, wa0, wa1, wb0, wb1, load_early);
+	k_cuda_pdl_wait();
+	if (!early)
+		unit_prime(K, wa0, wa1, wb0, wb1, load);
 	{	// the used experts' activation rows, then the shared expert's row
 		int r4 = inter / 4, routed4 = sp.n_used * r4, all4 = routed4 + sh.inter / 4;
 
@@ -401,7 +410,8 @@ int moe_small_m1_setup(void)
 // compete). By default the gate/up CTAs ask for them too before their own wait, in
 // the router's window where HBM is idle, so that down finds them in L2 (60 MB; the
 // shared expert is 35 MB at V2-Lite dims). moe_down_early 0 (KDEC_MOE_DOWN_EARLY=0):
-// the down kernel waits before its plan and first loads.
+// the down kernel issues its first weight loads after its wait (the plan, from settled
+// ids, comes before it either way).
 void moe_small_m1_launch(cudaStream_t s, int gate_up_ctas, const uint16_t *const *expert_w,
 			 const float *x, const int32_t *ids, const float *weights, int top_k,
 			 int n_experts, int hidden, int inter, float *act,
@@ -410,6 +420,7 @@ void moe_small_m1_launch(cudaStream_t s, int gate_up_ctas, const uint16_t *const
 	const struct k_cuda_tuning *tun = k_cuda_tuning();
 	int bal = tun->moe_m1_bal != 0;
 
+	// Launch order: gate/up, then down at once (see small_down_kernel's launch).
 	k_cuda_launch_pdl(s, dim3(gate_up_ctas), dim3(SM_THREADS), (size_t)hidden * sizeof(float),
 			  m1_gate_up_kernel, expert_w, x, ids, top_k, n_experts, hidden, inter, act,
 			  sh, bal, (int)(tun->moe_sh_down_early != 0));

@@ -38,7 +38,7 @@ __device__ __forceinline__ void mlap_table(const k_cuda_mla_post_args &a, float 
 					   float (*cs)[MLAP_MAX_HALF])
 {
 	for (int i = threadIdx.x; i < half; i += MLAP_THREADS)
-		k_cuda_rope_cs(p, a.inv_freq[i], a.attn_factor, cs[0][i], cs[1][i]);
+		k_cuda_rope_cs(p, k_cuda_pdl_early(a.inv_freq + i), a.attn_factor, cs[0][i], cs[1][i]);
 }
 
 // Block (row r). The row's cos/sin table (fp64 sincos: the long pole) needs only the
@@ -66,9 +66,9 @@ __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla
 	int32_t slot;
 	float p;
 
-	if (EARLY) {
-		slot = a.slots[r];
-		p = (float)a.pos[r];
+	if (EARLY) {	// step inputs
+		slot = k_cuda_pdl_early(a.slots + r);
+		p = (float)k_cuda_pdl_early(a.pos + r);
 		mlap_table(a, p, half, cs);
 		k_cuda_pdl_wait();
 	} else {

@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(QKV_THREADS) qkv_post_early_kernel(const k_cud
 	for (int k = 0; k < QKV_PER; k++) {
 		const int i = threadIdx.x + k * QKV_THREADS;
 
-		wv[k] = w && i < D ? w[i] : 0.0f;
-		fr[k] = i < half ? a.inv_freq[i] : 0.0f;
+		wv[k] = w && i < D ? k_cuda_pdl_early(w + i) : 0.0f;	// constants
+		fr[k] = i < half ? k_cuda_pdl_early(a.inv_freq + i) : 0.0f;
 	}
 	k_cuda_pdl_wait();
 	const int32_t slot = a.slots[r];

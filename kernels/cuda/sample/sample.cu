@@ -197,7 +197,8 @@ __device__ __forceinline__ u64 frac_target(float frac, u64 total)
 
 // f(id, logit) for every element of the row; this thread's ids 4i..4i+3 (vec4) or i.
 // The vector loop keeps S_UNROLL loads in flight per thread: one block has a whole
-// row, so its memory parallelism decides the pass time.
+// row, so its memory parallelism decides the pass time. Plain loads, not __ldg: the
+// logits are written by the kernel just before, which this one overlaps under PDL.
 template <class F>
 __device__ __forceinline__ void row_scan(const srow &R, F f)
 {
@@ -210,7 +211,7 @@ __device__ __forceinline__ void row_scan(const srow &R, F f)
 
 #pragma unroll
 			for (int u = 0; u < S_UNROLL; u++)
-				v[u] = __ldg(r4 + i + u * S_THREADS);
+				v[u] = r4[i + u * S_THREADS];
 #pragma unroll
 			for (int u = 0; u < S_UNROLL; u++) {
 				int b = 4 * (i + u * S_THREADS);
@@ -222,7 +223,7 @@ __device__ __forceinline__ void row_scan(const srow &R, F f)
 			}
 		}
 		for (; i < n4; i += S_THREADS) {
-			float4 v = __ldg(r4 + i);
+			float4 v = r4[i];
 
 			f(4 * i, v.x);
 			f(4 * i + 1, v.y);
@@ -231,7 +232,7 @@ __device__ __forceinline__ void row_scan(const srow &R, F f)
 		}
 	} else {
 		for (int i = threadIdx.x; i < R.vocab; i += S_THREADS)
-			f(i, __ldg(R.row + i));
+			f(i, R.row[i]);
 	}
 }
 
@@ -547,7 +548,7 @@ sample_kernel(int32_t *ids, const float *logits, int vocab, int vec4,
 {
 	extern __shared__ __align__(16) unsigned char smem_raw[];
 	smem_t &S = *reinterpret_cast<smem_t *>(smem_raw);
-	const k_sample_params p = params[blockIdx.x];	// a step input: ready before the wait
+	const k_sample_params p = k_cuda_pdl_early(params + blockIdx.x);	// a step input
 	const bool greedy = !(p.temperature > 0.0f) || vocab == 1;
 	const int base = greedy ? (int)blockIdx.y * part : 0;
 	srow R;
@@ -571,8 +572,9 @@ sample_kernel(int32_t *ids, const float *logits, int vocab, int vec4,
 	if (greedy && gridDim.y > 1) {
 		if (threadIdx.x == 0) {
 			atomicMax(&ws_best[blockIdx.x], best);
-			__threadfence();
+			__threadfence();	// release: the max before the arrival
 			if (atomicAdd(&ws_arrived[blockIdx.x], 1u) == gridDim.y - 1) {
+				__threadfence();	// acquire: the others' maxima after theirs
 				best = atomicExch(&ws_best[blockIdx.x], 0ull);	// every part's max is in
 				ws_arrived[blockIdx.x] = 0;
 				ids[blockIdx.x] = greedy_id(best, vocab);
