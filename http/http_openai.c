@@ -306,6 +306,7 @@ int openai_parse(struct call *c, json_t *body, struct call_err *e)
 	static const char *const chat_max[] = { "max_tokens", "max_completion_tokens", NULL };
 	static const char *const compl_max[] = { "max_tokens", NULL };
 	json_t *so = json_object_get(body, "stream_options"), *user = json_object_get(body, "user");
+	int ignore_eos = 0;
 
 	if (refuse_unsupported(c, body, e) || tools_check_openai(c, body, e) ||
 	    call_get_bool(body, "stream", &c->stream, e) || call_parse_sampling(c, body, e) ||
@@ -329,10 +330,10 @@ int openai_parse(struct call *c, json_t *body, struct call_err *e)
 		call_stop_at_eot(c);
 		return 0;
 	}
-	if (parse_prompt(c, body, e))
+	if (parse_prompt(c, body, e) || call_get_bool(body, "ignore_eos", &ignore_eos, e))
 		return -1;
-	/* a completion still ends at the end of text */
-	if (kd_tokenizer_eos(c->tok) >= 0) {
+	/* a completion still ends at the end of text, unless ignore_eos (vLLM's field) */
+	if (kd_tokenizer_eos(c->tok) >= 0 && !ignore_eos) {
 		c->stop_ids[0] = kd_tokenizer_eos(c->tok);
 		c->req.stop = c->stop_ids;
 		c->req.n_stop = 1;
