@@ -459,7 +459,7 @@ void call_fin_error(const struct call *c, struct call_err *e)
 	kd_event_message(&c->final, msg, sizeof(msg));
 	if (err == -E2BIG || err == -EINVAL || err == -ERANGE || err == -EEXIST)
 		status = 400;
-	else if (err == -ENOSPC || err == -EAGAIN || err == -EBUSY)
+	else if (err == -ENOSPC || err == -EAGAIN || err == -EBUSY || err == -EDQUOT)
 		status = 429;
 	else if (err == -ECONNRESET || err == -ESHUTDOWN || c->final.stop == KD_STOP_CANCELLED)
 		status = 503;
