@@ -465,7 +465,9 @@ static void completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 	if (!x)
 		return;
-	if (x->call.stream && why != MHD_REQUEST_TERMINATED_COMPLETED_OK && x->call.fin == FIN_NONE)
+	/* a streamed call whose client hung up: seen on its socket, or as a failed write */
+	if (x->call.stream && x->call.phase != 2 &&
+	    (x->call.client_gone || why != MHD_REQUEST_TERMINATED_COMPLETED_OK))
 		atomic_fetch_add(&s->disconnects, 1);
 	atomic_fetch_add(&s->completion_tokens, x->call.n_gen);
 	if (x->counted_running)
