@@ -8,7 +8,8 @@ src=$(pwd)
 build=${KDEC_BUILD_DIR:-$src/build}
 
 pkgs="build-essential autoconf automake libtool pkg-config liburing-dev libev-dev
-libzstd-dev libjansson-dev clang libclang-rt-14-dev"
+libzstd-dev libjansson-dev libmicrohttpd-dev clang libclang-rt-14-dev
+curl python3-venv"
 missing=
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

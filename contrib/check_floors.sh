@@ -22,7 +22,7 @@ table=$(awk '/<!-- floors -->/ { on = 1; next } /<!-- \/floors -->/ { on = 0 }
 [ -n "$table" ] || { echo "check_floors: no floors table in $doc" >&2; exit 2; }
 
 cd "$src"
-files=$(find client daemon format ipc kernels kvcache -type f \
+files=$(find client daemon format http ipc kernels kvcache -type f \
 	\( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) | sort)
 printf '%s\n' "$table" | awk -v files="$files" '
 	# folder of a path by the longest table entry that prefixes it

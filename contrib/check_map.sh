@@ -14,7 +14,7 @@ awk '/<!-- map -->/ { on = 1; next } /<!-- \/map -->/ { on = 0 }
 	on && /^\| *`/ { split($0, col, "|"); c = col[2]
 		while (match(c, /`[^`]*`/)) { print substr(c, RSTART + 1, RLENGTH - 2); c = substr(c, RSTART + RLENGTH) } }' "$doc" |
 	sort >"$tmp/doc"
-find client daemon format ipc kernels kvcache -type f \
+find client daemon format http ipc kernels kvcache -type f \
 	\( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) | sort >"$tmp/tree"
 [ -s "$tmp/doc" ] || { echo "check_map: no map rows in $doc" >&2; exit 2; }
 bad=0

@@ -1,0 +1,267 @@
+/* The Anthropic Messages API front end: a /v1/messages body (system, messages of text
+ * blocks, stop_sequences, max_tokens) into a call, and its answers: the message
+ * object, the message_start ... message_stop events, the {"type": "error"} body. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http/http_call.h"
+
+#define MAX_MESSAGES 4096
+
+/* A string, or an array of {"type": "text", "text": ...} blocks, as one malloc'd text. */
+static int blocks_text(json_t *v, const char *where, char **out, struct call_err *e)
+{
+	size_t j, len = 0;
+	json_t *b;
+	char *s = NULL;
+
+	if (json_is_string(v)) {
+		*out = strndup(json_string_value(v), json_string_length(v));
+		return *out ? 0 : call_errf(e, 500, NULL, "out of memory");
+	}
+	if (!json_is_array(v))
+		return call_errf(e, 400, where, "%s: want a string or an array of content blocks",
+				 where);
+	json_array_foreach(v, j, b) {
+		const char *type = json_string_value(json_object_get(b, "type"));
+		json_t *t = json_object_get(b, "text");
+		char *s2;
+
+		if (type && (!strcmp(type, "tool_use") || !strcmp(type, "tool_result"))) {
+			free(s);
+			return call_errf(e, 400, where, "%s[%zu]: a %s block: tool use is not "
+					 "available in this kdhttpd", where, j, type);
+		}
+		if (!type || strcmp(type, "text") || !json_is_string(t)) {
+			free(s);
+			return call_errf(e, 400, where, "%s[%zu]: type '%s': kdec serves text only "
+					 "(blocks of type \"text\" with a string \"text\")", where, j,
+					 type ? type : "(none)");
+		}
+		if (!(s2 = realloc(s, len + json_string_length(t) + 1))) {
+			free(s);
+			return call_errf(e, 500, NULL, "out of memory");
+		}
+		s = s2;
+		memcpy(s + len, json_string_value(t), json_string_length(t));
+		len += json_string_length(t);
+		s[len] = 0;
+	}
+	*out = s ? s : strdup("");
+	return *out ? 0 : call_errf(e, 500, NULL, "out of memory");
+}
+
+static int render(struct call *c, const struct kd_chat_message *m, size_t n, struct call_err *e)
+{
+	long len = kd_tokenizer_chat(c->tok, m, n, 1, NULL, 0);
+	char *text;
+	int ret;
+
+	if (len < 0)
+		return call_errf(e, 400, "messages", "the model's chat template: %s",
+				 kd_tokenizer_error());
+	if (!(text = malloc((size_t)len + 1)))
+		return call_errf(e, 500, NULL, "out of memory");
+	kd_tokenizer_chat(c->tok, m, n, 1, text, (size_t)len + 1);
+	ret = call_set_prompt(c, text, (size_t)len, 1, e);
+	free(text);
+	return ret;
+}
+
+/* system (optional) then messages of user / assistant turns. */
+static int parse_messages(struct call *c, json_t *body, struct call_err *e)
+{
+	json_t *msgs = json_object_get(body, "messages"), *sys = json_object_get(body, "system"), *m;
+	struct kd_chat_message *cm;
+	char **texts, where[48];
+	size_t i, n, k = 0;
+	int ret = 0;
+
+	if (!json_is_array(msgs) || !json_array_size(msgs))
+		return call_errf(e, 400, "messages", "messages: want a non-empty array");
+	if ((n = json_array_size(msgs)) > MAX_MESSAGES)
+		return call_errf(e, 400, "messages", "messages: %zu, at most %d", n, MAX_MESSAGES);
+	cm = calloc(n + 1, sizeof(*cm));
+	texts = calloc(n + 1, sizeof(*texts));
+	if (!cm || !texts) {
+		free(cm);
+		free(texts);
+		return call_errf(e, 500, NULL, "out of memory");
+	}
+	if (sys && !json_is_null(sys)) {
+		ret = blocks_text(sys, "system", &texts[k], e);
+		cm[k].role = "system";
+		cm[k].content = texts[k];
+		k++;
+	}
+	json_array_foreach(msgs, i, m) {
+		const char *role = json_string_value(json_object_get(m, "role"));
+
+		if (ret)
+			break;
+		if (!role || (strcmp(role, "user") && strcmp(role, "assistant"))) {
+			ret = call_errf(e, 400, "messages", "messages[%zu].role '%s': want user or "
+					"assistant (system goes in the top-level \"system\")", i,
+					role ? role : "(none)");
+			break;
+		}
+		snprintf(where, sizeof(where), "messages[%zu].content", i);
+		if ((ret = blocks_text(json_object_get(m, "content"), where, &texts[k], e)))
+			break;
+		cm[k].role = role;
+		cm[k].content = texts[k];
+		k++;
+	}
+	if (!ret)
+		ret = render(c, cm, k, e);
+	for (i = 0; i <= n; i++)
+		free(texts[i]);
+	free(texts);
+	free(cm);
+	return ret;
+}
+
+static int parse_stops(struct call *c, json_t *body, struct call_err *e)
+{
+	json_t *s = json_object_get(body, "stop_sequences"), *v;
+	size_t i;
+
+	if (!s || json_is_null(s))
+		return 0;
+	if (!json_is_array(s))
+		return call_errf(e, 400, "stop_sequences", "stop_sequences: want an array of strings");
+	json_array_foreach(s, i, v) {
+		if (!json_is_string(v))
+			return call_errf(e, 400, "stop_sequences", "stop_sequences[%zu]: want a string",
+					 i);
+		if (call_add_stop(c, json_string_value(v), json_string_length(v), "stop_sequences",
+				  e))
+			return -1;
+	}
+	return 0;
+}
+
+int anthropic_parse(struct call *c, json_t *body, struct call_err *e)
+{
+	static const char *const max_names[] = { "max_tokens", NULL };
+	json_t *md = json_object_get(body, "metadata"), *user = json_object_get(md, "user_id");
+
+	if (tools_check_anthropic(c, body, e) || call_get_bool(body, "stream", &c->stream, e) ||
+	    call_parse_sampling(c, body, e) || call_parse_max_tokens(c, body, max_names, 1, e) ||
+	    parse_stops(c, body, e))
+		return -1;
+	if (md && !json_is_null(md) && !json_is_object(md))
+		return call_errf(e, 400, "metadata", "metadata: want an object");
+	if (user && !json_is_null(user) && !json_is_string(user))
+		return call_errf(e, 400, "metadata.user_id", "metadata.user_id: want a string");
+	if (!c->session[0] && json_is_string(user) &&
+	    call_set_session(c, json_string_value(user), "metadata.user_id", e))
+		return -1;
+	if (parse_messages(c, body, e))
+		return -1;
+	call_stop_at_eot(c);
+	return 0;
+}
+
+static const char *stop_reason(const struct call *c)
+{
+	return c->fin == FIN_LENGTH ? "max_tokens" : c->fin == FIN_STOP ? "stop_sequence" : "end_turn";
+}
+
+static json_t *stop_sequence(const struct call *c)
+{
+	return c->fin == FIN_STOP ? json_string(c->stops[c->stop_index]) : json_null();
+}
+
+char *anthropic_response(struct call *c)
+{
+	json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s%}], s:s, s:o, s:{s:i, s:i}}",
+			      "id", c->id, "type", "message", "role", "assistant", "model", c->model,
+			      "content", "type", "text", "text", c->text ? c->text : "", c->len,
+			      "stop_reason", stop_reason(c), "stop_sequence", stop_sequence(c),
+			      "usage", "input_tokens", (int)c->req.n_prompt, "output_tokens",
+			      (int)c->n_gen);
+	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+
+	json_decref(o);
+	return s;
+}
+
+static void stream_start(struct call *c)
+{
+	call_out_sse(c, "message_start", json_pack(
+		"{s:s, s:{s:s, s:s, s:s, s:s, s:[], s:n, s:n, s:{s:i, s:i}}}", "type",
+		"message_start", "message", "id", c->id, "type", "message", "role", "assistant",
+		"model", c->model, "content", "stop_reason", "stop_sequence", "usage",
+		"input_tokens", (int)c->req.n_prompt, "output_tokens", 0));
+	call_out_sse(c, "content_block_start", json_pack("{s:s, s:i, s:{s:s, s:s}}", "type",
+		"content_block_start", "index", 0, "content_block", "type", "text", "text", ""));
+	call_out_sse(c, "ping", json_pack("{s:s}", "type", "ping"));
+}
+
+static void stream_end(struct call *c)
+{
+	if (c->fin == FIN_ERROR) {
+		struct call_err e;
+		char *body;
+
+		call_fin_error(c, &e);
+		body = anthropic_error_body(&e);
+		call_out(c, "event: error\ndata: ", 19);
+		call_out(c, body ? body : "{}", body ? strlen(body) : 2);
+		call_out(c, "\n\n", 2);
+		free(body);
+		return;
+	}
+	call_out_sse(c, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop",
+							 "index", 0));
+	call_out_sse(c, "message_delta", json_pack("{s:s, s:{s:s, s:o}, s:{s:i}}", "type",
+		"message_delta", "delta", "stop_reason", stop_reason(c), "stop_sequence",
+		stop_sequence(c), "usage", "output_tokens", (int)c->n_gen));
+	call_out_sse(c, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+}
+
+int anthropic_stream(struct call *c, int wait_ms)
+{
+	size_t ready;
+
+	if (c->phase == 2)
+		return 0;
+	if (c->phase == 0) {
+		c->phase = 1;
+		stream_start(c);
+		return 1;
+	}
+	if (c->fin == FIN_NONE && call_step(c, wait_ms) < 0)
+		return -1;
+	ready = call_ready(c);
+	if (ready > c->sent) {
+		call_out_sse(c, "content_block_delta", json_pack("{s:s, s:i, s:{s:s, s:s%}}", "type",
+			"content_block_delta", "index", 0, "delta", "type", "text_delta", "text",
+			c->text + c->sent, ready - c->sent));
+		c->sent = ready;
+	}
+	if (c->fin != FIN_NONE && c->sent == c->len) {
+		stream_end(c);
+		c->phase = 2;
+	}
+	return 1;
+}
+
+char *anthropic_error_body(const struct call_err *e)
+{
+	const char *type = e->type ? e->type : e->status == 401 ? "authentication_error" :
+			   e->status == 403 ? "permission_error" :
+			   e->status == 404 ? "not_found_error" :
+			   e->status == 413 ? "request_too_large" :
+			   e->status == 429 ? "rate_limit_error" :
+			   e->status == 503 ? "overloaded_error" :
+			   e->status >= 500 ? "api_error" : "invalid_request_error";
+	json_t *o = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", type,
+			      "message", e->msg);
+	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+
+	json_decref(o);
+	return s;
+}
