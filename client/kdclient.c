@@ -197,7 +197,9 @@ static void to_event(const struct ipc_event *w, struct kd_event *ev, uint64_t no
 	ev->index = w->index;
 	ev->flags = w->flags & IPC_EV_FINAL ? KD_EVENT_FINAL : 0;
 	ev->stop = ev->flags ? (enum kd_stop)w->reason : KD_STOP_NONE;
-	ev->error = w->err;
+	ev->error = (w->flags & IPC_EV_FINAL) && w->reason == IPC_REASON_ERROR ? w->err : 0;
+	if (w->token >= 0 && w->index == 0 && !ev->error)
+		ev->cached_tokens = w->cached;
 	ev->detail = w->detail;
 	ev->top_token = -1;
 	if ((w->flags & IPC_EV_LOGPROB) && w->token >= 0) {

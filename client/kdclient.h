@@ -143,6 +143,10 @@ struct kd_event {
 	/* CLOCK_MONOTONIC, ns: the client's submit, the daemon's pickup of the request,
 	 * the daemon's publication of this event, this library's receipt of it. */
 	uint64_t t_submit_ns, t_pickup_ns, t_publish_ns, t_receive_ns;
+	/* On the request's first token (index 0): how many of its prompt tokens the
+	 * daemon took from the KV cache (a shared prefix, or its session's previous
+	 * turns) instead of computing them; 0 on every other event. */
+	uint32_t cached_tokens;
 };
 
 /* A one-line explanation of a final event's stop or error into buf. */

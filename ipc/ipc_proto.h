@@ -160,7 +160,12 @@ struct ipc_event {
 	uint32_t flags;			/* IPC_EV_* */
 	uint16_t reason;		/* enum ipc_reason, with IPC_EV_FINAL */
 	uint16_t detail;		/* enum ipc_detail */
-	int32_t err;			/* negative errno with IPC_REASON_ERROR */
+	union {
+		int32_t err;		/* negative errno with IPC_REASON_ERROR */
+		uint32_t cached;	/* on a request's first token event (index 0, no
+					 * error): its prompt tokens taken from the KV cache
+					 * (prefix cache or session) instead of computed */
+	};
 	uint32_t arg[3];		/* detail arguments */
 	uint64_t t_submit_ns;		/* the request's own t_submit_ns, echoed */
 	uint64_t t_pickup_ns;		/* CLOCK_MONOTONIC when the daemon took the request */

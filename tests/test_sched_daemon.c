@@ -41,6 +41,7 @@ struct req {
 	uint64_t id;
 	int32_t got[MAX_GEN];
 	int n_got, done;
+	long cached;	/* the first token event's cached_tokens */
 	/* arrival order (1, 2, ...) of the first token and the final event among every
 	 * event run() took; not t_receive_ns, which is one value per kd_poll batch, so a
 	 * final and the next request's first token taken together would tie */
@@ -90,8 +91,10 @@ static int run(struct req *reqs, int n, int nc)
 					if (ev[e].id != q->id)
 						continue;
 					if (ev[e].token >= 0 && q->n_got < MAX_GEN) {
-						if (!q->n_got)
+						if (!q->n_got) {
 							q->t_first = order;
+							q->cached = ev[e].cached_tokens;
+						}
 						q->got[q->n_got++] = ev[e].token;
 					}
 					if (ev[e].flags & KD_EVENT_FINAL) {
@@ -307,6 +310,27 @@ static void test_shared_prefix(void)
 	CHECK(h1 - h0 >= (N_SHARED - 1) * SHARED_TOKENS,
 	      "shared prefix computed more than once: %ld cached tokens, want >= %d", h1 - h0,
 	      (N_SHARED - 1) * SHARED_TOKENS);
+	/* each request's own count (kd_event.cached_tokens, what kdhttpd reports as
+	 * cached_tokens) adds up to the daemon's, and is whole blocks of the shared part
+	 * for all but the one that computed it */
+	{
+		long sum = 0;
+		int hits = 0;
+
+		for (int i = 0; i < N_SHARED; i++) {
+			sum += q[i].cached;
+			hits += q[i].cached >= SHARED_TOKENS;
+			CHECK(q[i].cached >= 0 && q[i].cached < q[i].n_prompt,
+			      "request %d: cached_tokens %ld of a %d-token prompt", i, q[i].cached,
+			      q[i].n_prompt);
+		}
+		fprintf(stderr, "shared prefix: cached_tokens of the %d requests add up to %ld "
+			"(daemon: %ld), %d at least %d\n", N_SHARED, sum, h1 - h0, hits, SHARED_TOKENS);
+		CHECK(sum == h1 - h0, "cached_tokens add up to %ld, the daemon counted %ld", sum,
+		      h1 - h0);
+		CHECK(hits >= N_SHARED - 1, "%d requests report the shared prefix cached, want %d",
+		      hits, N_SHARED - 1);
+	}
 }
 
 /* --max-batch 1: a blocker runs; a low-priority request, then a high-priority one,

@@ -18,7 +18,7 @@ if [ "${PACK_SERVE:-1}" != 0 ]; then
 	cp "$src/kdecd" "$dst/"
 	cp "$src/.libs/kdrun" "$src/.libs/kdctl" "$dst/"
 fi
-cp -L "$src/.libs/libkdclient.so.1" "$dst/devlibs/"
+cp -L "$src"/.libs/libkdclient.so.[0-9] "$dst/devlibs/"
 cp -L /lib/x86_64-linux-gnu/libev.so.4 /lib/x86_64-linux-gnu/liburing.so.2 "$dst/devlibs/"
 for t in "$src"/tests/test_cuda_* "$src/tests/test_golden" "$src"/tests/bench/bench_cuda_*; do
 	case $t in *.o) continue ;; esac

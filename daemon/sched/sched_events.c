@@ -87,6 +87,7 @@ static void deliver_event(struct sched *s, struct sched_req *r, int32_t tok, uin
 	sched_emit_req(r, (struct ipc_event){ .token = tok, .index = index,
 					      .flags = flags | (reason ? IPC_EV_FINAL : 0),
 					      .reason = reason, .detail = detail,
+					      .cached = index == 0 ? (uint32_t)r->n_cached : 0,
 					      .arg = { arg[0], arg[1], arg[2] } });
 	if (reason)
 		sched_finish(s, r, reason, IPC_DETAIL_NONE, 0, 0, 0);

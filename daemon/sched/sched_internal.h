@@ -23,6 +23,7 @@ struct sched_req {
 	int n_feed;
 	int32_t *resume;		/* (n_feed) owned; NULL until a preemption */
 	int n_prefilled;		/* feed tokens in the KV cache */
+	int n_cached;			/* of those, the ones its last start found there */
 	int32_t last;			/* the token the next decode feeds */
 	int n_gen;			/* tokens generated */
 	int max_tokens;

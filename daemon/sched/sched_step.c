@@ -41,7 +41,7 @@ static int req_start(struct sched *s, struct sched_req *r)
 	ret = engine_seq_start(s->e, &r->seq, r->feed, r->n_feed, salt, &cached);
 out:
 	if (!ret)
-		r->n_prefilled = cached;
+		r->n_prefilled = r->n_cached = cached;
 	return ret;
 }
 

@@ -37,7 +37,7 @@ class CEvent(ctypes.Structure):
                 ("stop", c_int), ("error", c_int), ("detail", c_uint32), ("detail_arg", c_uint32 * 3),
                 ("logprob", c_float), ("top_logprob", c_float), ("top_token", c_int32),
                 ("t_submit_ns", c_uint64), ("t_pickup_ns", c_uint64), ("t_publish_ns", c_uint64),
-                ("t_receive_ns", c_uint64)]
+                ("t_receive_ns", c_uint64), ("cached_tokens", c_uint32)]
 
 
 class ChatMessage(ctypes.Structure):
@@ -51,7 +51,7 @@ class KdError(OSError):
 
 def _load():
     path = os.environ.get("KDCLIENT_LIB")
-    names = [path] if path else [ctypes.util.find_library("kdclient"), "libkdclient.so.1",
+    names = [path] if path else [ctypes.util.find_library("kdclient"), "libkdclient.so.4",
                                  "libkdclient.so"]
     errors = []
     for name in names:
