@@ -46,15 +46,18 @@ kdecd_start() {
 	kd_log=$tmp/$1 kd_wait=$2
 	shift 2
 	: >>"$kd_log"
+	# the log may hold an earlier daemon's "running" (a test that starts several with one
+	# log): wait for one more than it had, or a slow start passes as ready
+	kd_seen=$(grep -c running "$kd_log")
 	"$B/kdecd" --backend cpu "$@" 2>>"$kd_log" &
 	pid=$!
 	kd_i=0
-	while [ $kd_i -lt $((kd_wait * 10)) ] && ! grep -q running "$kd_log"; do
+	while [ $kd_i -lt $((kd_wait * 10)) ] && [ "$(grep -c running "$kd_log")" -le "$kd_seen" ]; do
 		kill -0 $pid 2>/dev/null || break
 		sleep 0.1
 		kd_i=$((kd_i + 1))
 	done
-	grep -q running "$kd_log"
+	[ "$(grep -c running "$kd_log")" -gt "$kd_seen" ]
 }
 
 # kdecd_stop: SIGTERM to the daemon in $pid; its exit status.
