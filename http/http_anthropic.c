@@ -28,11 +28,6 @@ static int blocks_text(json_t *v, const char *where, char **out, struct call_err
 		json_t *t = json_object_get(b, "text");
 		char *s2;
 
-		if (type && (!strcmp(type, "tool_use") || !strcmp(type, "tool_result"))) {
-			free(s);
-			return call_errf(e, 400, where, "%s[%zu]: a %s block: tool use is not "
-					 "available in this kdhttpd", where, j, type);
-		}
 		if (!type || strcmp(type, "text") || !json_is_string(t)) {
 			free(s);
 			return call_errf(e, 400, where, "%s[%zu]: type '%s': kdec serves text only "
@@ -52,47 +47,33 @@ static int blocks_text(json_t *v, const char *where, char **out, struct call_err
 	return *out ? 0 : call_errf(e, 500, NULL, "out of memory");
 }
 
-static int render(struct call *c, const struct kd_chat_message *m, size_t n, struct call_err *e)
-{
-	long len = kd_tokenizer_chat(c->tok, m, n, 1, NULL, 0);
-	char *text;
-	int ret;
-
-	if (len < 0)
-		return call_errf(e, 400, "messages", "the model's chat template: %s",
-				 kd_tokenizer_error());
-	if (!(text = malloc((size_t)len + 1)))
-		return call_errf(e, 500, NULL, "out of memory");
-	kd_tokenizer_chat(c->tok, m, n, 1, text, (size_t)len + 1);
-	ret = call_set_prompt(c, text, (size_t)len, 1, e);
-	free(text);
-	return ret;
-}
-
 /* system (optional) then messages of user / assistant turns. */
 static int parse_messages(struct call *c, json_t *body, struct call_err *e)
 {
 	json_t *msgs = json_object_get(body, "messages"), *sys = json_object_get(body, "system"), *m;
 	struct kd_chat_message *cm;
 	char **texts, where[48];
-	size_t i, n, k = 0;
+	size_t i, n, k = 0, ko = 0, cap = 1;
 	int ret = 0;
 
 	if (!json_is_array(msgs) || !json_array_size(msgs))
 		return call_errf(e, 400, "messages", "messages: want a non-empty array");
 	if ((n = json_array_size(msgs)) > MAX_MESSAGES)
 		return call_errf(e, 400, "messages", "messages: %zu, at most %d", n, MAX_MESSAGES);
-	cm = calloc(n + 1, sizeof(*cm));
-	texts = calloc(n + 1, sizeof(*texts));
+	/* a message with tool blocks becomes up to 1 + blocks turns, of 2 + blocks texts */
+	json_array_foreach(msgs, i, m)
+		cap += 2 + json_array_size(json_object_get(m, "content"));
+	cm = calloc(cap, sizeof(*cm));
+	texts = calloc(cap, sizeof(*texts));
 	if (!cm || !texts) {
 		free(cm);
 		free(texts);
 		return call_errf(e, 500, NULL, "out of memory");
 	}
 	if (sys && !json_is_null(sys)) {
-		ret = blocks_text(sys, "system", &texts[k], e);
+		ret = blocks_text(sys, "system", &texts[ko], e);
 		cm[k].role = "system";
-		cm[k].content = texts[k];
+		cm[k].content = texts[ko++];
 		k++;
 	}
 	json_array_foreach(msgs, i, m) {
@@ -106,16 +87,22 @@ static int parse_messages(struct call *c, json_t *body, struct call_err *e)
 					role ? role : "(none)");
 			break;
 		}
+		if (tools_anthropic_has_blocks(json_object_get(m, "content"))) {
+			if ((ret = tools_anthropic_message(c, json_object_get(m, "content"), role, i,
+							   cm, &k, texts, &ko, e)))
+				break;
+			continue;
+		}
 		snprintf(where, sizeof(where), "messages[%zu].content", i);
-		if ((ret = blocks_text(json_object_get(m, "content"), where, &texts[k], e)))
+		if ((ret = blocks_text(json_object_get(m, "content"), where, &texts[ko], e)))
 			break;
 		cm[k].role = role;
-		cm[k].content = texts[k];
+		cm[k].content = texts[ko++];
 		k++;
 	}
 	if (!ret)
-		ret = render(c, cm, k, e);
-	for (i = 0; i <= n; i++)
+		ret = tools_render(c, cm, k, e);
+	for (i = 0; i < cap; i++)
 		free(texts[i]);
 	free(texts);
 	free(cm);
@@ -164,9 +151,9 @@ int anthropic_parse(struct call *c, json_t *body, struct call_err *e)
 	return 0;
 }
 
-static const char *stop_reason(const struct call *c)
+static const char *stop_reason(const struct call *c, size_t n_calls)
 {
-	return c->fin == FIN_LENGTH ? "max_tokens" : c->fin == FIN_STOP ? "stop_sequence" : "end_turn";
+	return n_calls ? "tool_use" : c->fin == FIN_LENGTH ? "max_tokens" : c->fin == FIN_STOP ? "stop_sequence" : "end_turn";
 }
 
 static json_t *stop_sequence(const struct call *c)
@@ -174,17 +161,42 @@ static json_t *stop_sequence(const struct call *c)
 	return c->fin == FIN_STOP ? json_string(c->stops[c->stop_index]) : json_null();
 }
 
+/* The content blocks: the text (left out when empty and there are calls), then one
+ * tool_use block per call. */
+static json_t *content_blocks(struct call *c, const struct tools_answer *a)
+{
+	json_t *blocks = json_array();
+
+	if (a->content_len || !a->n_calls)
+		json_array_append_new(blocks, json_pack("{s:s, s:s%}", "type", "text", "text",
+							a->content, a->content_len));
+	for (size_t i = 0; i < a->n_calls; i++)
+		json_array_append_new(blocks, tools_anthropic_block(c, a, i, NULL));
+	return blocks;
+}
+
+/* The answer split by the tools' parser, or all text (no tools, or the parse failed). */
+static void answer(struct call *c, struct tools_answer *a)
+{
+	if (!c->tools_json || c->fin == FIN_ERROR || tools_answer(c, a))
+		*a = (struct tools_answer){ .content = c->text ? c->text : "", .content_len = c->len };
+}
+
 char *anthropic_response(struct call *c)
 {
-	json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:[{s:s, s:s%}], s:s, s:o, s:{s:i, s:i}}",
-			      "id", c->id, "type", "message", "role", "assistant", "model", c->model,
-			      "content", "type", "text", "text", c->text ? c->text : "", c->len,
-			      "stop_reason", stop_reason(c), "stop_sequence", stop_sequence(c),
-			      "usage", "input_tokens", (int)c->req.n_prompt, "output_tokens",
-			      (int)c->n_gen);
-	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	struct tools_answer a;
+	json_t *o;
+	char *s;
 
+	answer(c, &a);
+	o = json_pack("{s:s, s:s, s:s, s:s, s:o, s:s, s:o, s:{s:i, s:i}}", "id", c->id, "type",
+		      "message", "role", "assistant", "model", c->model, "content",
+		      content_blocks(c, &a), "stop_reason", stop_reason(c, a.n_calls),
+		      "stop_sequence", a.n_calls ? json_null() : stop_sequence(c), "usage",
+		      "input_tokens", (int)c->req.n_prompt, "output_tokens", (int)c->n_gen);
+	s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);
+	tools_answer_free(&a);
 	return s;
 }
 
@@ -195,9 +207,43 @@ static void stream_start(struct call *c)
 		"message_start", "message", "id", c->id, "type", "message", "role", "assistant",
 		"model", c->model, "content", "stop_reason", "stop_sequence", "usage",
 		"input_tokens", (int)c->req.n_prompt, "output_tokens", 0));
-	call_out_sse(c, "content_block_start", json_pack("{s:s, s:i, s:{s:s, s:s}}", "type",
-		"content_block_start", "index", 0, "content_block", "type", "text", "text", ""));
+	if (!c->tools_json)	/* with tools the blocks are known at the end */
+		call_out_sse(c, "content_block_start", json_pack("{s:s, s:i, s:{s:s, s:s}}",
+			"type", "content_block_start", "index", 0, "content_block", "type", "text",
+			"text", ""));
 	call_out_sse(c, "ping", json_pack("{s:s}", "type", "ping"));
+}
+
+/* A stream with tools held its text: the text block (when there is text) and each
+ * tool_use block, its input as one input_json_delta, each started, filled, stopped. */
+static void stream_tool_blocks(struct call *c, struct tools_answer *a)
+{
+	int index = 0;
+
+	if (a->content_len || !a->n_calls) {
+		call_out_sse(c, "content_block_start", json_pack("{s:s, s:i, s:{s:s, s:s}}",
+			"type", "content_block_start", "index", index, "content_block", "type",
+			"text", "text", ""));
+		if (a->content_len)
+			call_out_sse(c, "content_block_delta", json_pack("{s:s, s:i, s:{s:s, s:s%}}",
+				"type", "content_block_delta", "index", index, "delta", "type",
+				"text_delta", "text", a->content, a->content_len));
+		call_out_sse(c, "content_block_stop", json_pack("{s:s, s:i}", "type",
+			"content_block_stop", "index", index++));
+	}
+	for (size_t i = 0; i < a->n_calls; i++, index++) {
+		const char *input = "{}";
+		json_t *b = tools_anthropic_block(c, a, i, &input);
+
+		json_object_set_new(b, "input", json_object());	/* filled by the delta */
+		call_out_sse(c, "content_block_start", json_pack("{s:s, s:i, s:o}", "type",
+			"content_block_start", "index", index, "content_block", b));
+		call_out_sse(c, "content_block_delta", json_pack("{s:s, s:i, s:{s:s, s:s}}", "type",
+			"content_block_delta", "index", index, "delta", "type", "input_json_delta",
+			"partial_json", input));
+		call_out_sse(c, "content_block_stop", json_pack("{s:s, s:i}", "type",
+			"content_block_stop", "index", index));
+	}
 }
 
 static void stream_end(struct call *c)
@@ -214,12 +260,20 @@ static void stream_end(struct call *c)
 		free(body);
 		return;
 	}
-	call_out_sse(c, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop",
-							 "index", 0));
+	struct tools_answer a = { 0 };
+
+	if (c->tools_json) {
+		answer(c, &a);
+		stream_tool_blocks(c, &a);
+	} else {
+		call_out_sse(c, "content_block_stop", json_pack("{s:s, s:i}", "type",
+			"content_block_stop", "index", 0));
+	}
 	call_out_sse(c, "message_delta", json_pack("{s:s, s:{s:s, s:o}, s:{s:i}}", "type",
-		"message_delta", "delta", "stop_reason", stop_reason(c), "stop_sequence",
-		stop_sequence(c), "usage", "output_tokens", (int)c->n_gen));
+		"message_delta", "delta", "stop_reason", stop_reason(c, a.n_calls), "stop_sequence",
+		a.n_calls ? json_null() : stop_sequence(c), "usage", "output_tokens", (int)c->n_gen));
 	call_out_sse(c, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+	tools_answer_free(&a);
 }
 
 int anthropic_stream(struct call *c, int wait_ms)
@@ -235,14 +289,14 @@ int anthropic_stream(struct call *c, int wait_ms)
 	}
 	if (c->fin == FIN_NONE && call_step(c, wait_ms) < 0)
 		return -1;
-	ready = call_ready(c);
+	ready = c->tools_json ? 0 : call_ready(c);	/* with tools: held to the end */
 	if (ready > c->sent) {
 		call_out_sse(c, "content_block_delta", json_pack("{s:s, s:i, s:{s:s, s:s%}}", "type",
 			"content_block_delta", "index", 0, "delta", "type", "text_delta", "text",
 			c->text + c->sent, ready - c->sent));
 		c->sent = ready;
 	}
-	if (c->fin != FIN_NONE && c->sent == c->len) {
+	if (c->fin != FIN_NONE && (c->sent == c->len || c->tools_json)) {
 		stream_end(c);
 		c->phase = 2;
 	}

@@ -56,6 +56,8 @@ struct call {
 	char id[48];			/* chatcmpl-..., cmpl-..., msg_... */
 	long long created;		/* unix seconds */
 	int stream, include_usage;
+	char *tools_json;		/* the OpenAI "tools" array rendered and parsed back
+					 * (http_tools.c), malloc'd; NULL: no tools in play */
 	int logprobs, top_logprobs;	/* as asked (top_logprobs <= 1: kdecd's top-1) */
 	int client_fd;			/* the HTTP connection's socket: a hang-up cancels */
 	int timeout_ms;			/* a request queued for tokens in flight waits this long */
@@ -155,10 +157,46 @@ int anthropic_stream(struct call *c, int wait_ms);
 char *openai_error_body(const struct call_err *e);
 char *anthropic_error_body(const struct call_err *e);
 
-/* ---- http_tools.c ---------------------------------------------------------------- */
-/* tools, tool_choice, and tool messages / blocks: what this build can do with them.
- * 0 (none asked, or "none") or -1 with e. */
+/* ---- http_tools.c: tools in the request ------------------------------------------ */
+/* tools and tool_choice: checked, and kept in c->tools_json (OpenAI's form) when the
+ * model's template renders tools; "none" keeps nothing. 0 or -1 with e. */
 int tools_check_openai(struct call *c, json_t *body, struct call_err *e);
 int tools_check_anthropic(struct call *c, json_t *body, struct call_err *e);
+/* An OpenAI message of role "tool", or an assistant's with "tool_calls", into *m;
+ * *own gets the malloc'd text m points to beside content (freed by the caller). */
+int tools_openai_message(struct call *c, json_t *msg, size_t i, struct kd_chat_message *m,
+			 char **own, struct call_err *e);
+/* 1 when an Anthropic content array has tool_use or tool_result blocks. */
+int tools_anthropic_has_blocks(json_t *content);
+/* Such a message into kd messages m[*k ...] (tool results first, as separate "tool"
+ * turns; at most 1 + blocks of them) with their texts in own[*ko ...] (at most 2 +
+ * blocks). 0 or -1 with e. */
+int tools_anthropic_message(struct call *c, json_t *content, const char *role, size_t i,
+			    struct kd_chat_message *m, size_t *k, char **own, size_t *ko,
+			    struct call_err *e);
+/* The chat template with c->tools_json into c->prompt. 0 or -1 with e. */
+int tools_render(struct call *c, const struct kd_chat_message *m, size_t n, struct call_err *e);
+
+/* ---- http_tools_answer.c: tool calls in the answer --------------------------------- */
+/* The generated text split into prose and calls (kd_tokenizer_parse_tool_calls). */
+struct tools_answer {
+	json_t *parsed;			/* {"content", "tool_calls"} */
+	const char *content;
+	size_t content_len;
+	size_t n_calls;
+};
+int tools_answer(const struct call *c, struct tools_answer *a);	/* 0 or -ENOMEM */
+void tools_answer_free(struct tools_answer *a);
+/* Call i's id, unique per response: the parser's "call_N" become PREFIX<id>_N. */
+void tools_call_id(const struct call *c, const struct tools_answer *a, size_t i,
+		   const char *prefix, char *buf, size_t len);
+/* OpenAI's tool_calls array [{(index), id, type, function: {name, arguments}}] for
+ * calls [from, to). */
+json_t *tools_openai_calls(const struct call *c, const struct tools_answer *a, size_t from,
+			   size_t to, int with_index);
+/* Anthropic's {"type": "tool_use", id, name, input} block of call i; input_json gets
+ * the arguments' text (for input_json_delta) when not NULL. */
+json_t *tools_anthropic_block(const struct call *c, const struct tools_answer *a, size_t i,
+			      const char **input_json);
 
 #endif

@@ -476,6 +476,7 @@ void call_free(struct call *c)
 	for (int i = 0; i < c->n_stops; i++)
 		free(c->stops[i]);
 	free(c->prompt);
+	free(c->tools_json);
 	free(c->text);
 	free(c->lps);
 	free(c->out);

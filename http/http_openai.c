@@ -134,24 +134,6 @@ static int content_text(json_t *v, size_t i, char **out, struct call_err *e)
 	return *out ? 0 : call_errf(e, 500, NULL, "out of memory");
 }
 
-static int render_chat(struct call *c, const struct kd_chat_message *m, size_t n,
-		       struct call_err *e)
-{
-	long len = kd_tokenizer_chat(c->tok, m, n, 1, NULL, 0);
-	char *text;
-	int ret;
-
-	if (len < 0)
-		return call_errf(e, 400, "messages", "the model's chat template: %s (use "
-				 "/v1/completions with the text)", kd_tokenizer_error());
-	if (!(text = malloc((size_t)len + 1)))
-		return call_errf(e, 500, NULL, "out of memory");
-	kd_tokenizer_chat(c->tok, m, n, 1, text, (size_t)len + 1);
-	ret = call_set_prompt(c, text, (size_t)len, 1, e);
-	free(text);
-	return ret;
-}
-
 static int parse_messages(struct call *c, json_t *body, struct call_err *e)
 {
 	json_t *msgs = json_object_get(body, "messages"), *m;
@@ -165,7 +147,7 @@ static int parse_messages(struct call *c, json_t *body, struct call_err *e)
 	if ((n = json_array_size(msgs)) > MAX_MESSAGES)
 		return call_errf(e, 400, "messages", "messages: %zu, at most %d", n, MAX_MESSAGES);
 	cm = calloc(n, sizeof(*cm));
-	texts = calloc(n, sizeof(*texts));
+	texts = calloc(2 * n, sizeof(*texts));	/* content, then tool_calls JSON */
 	if (!cm || !texts) {
 		free(cm);
 		free(texts);
@@ -175,19 +157,21 @@ static int parse_messages(struct call *c, json_t *body, struct call_err *e)
 		const char *role = json_string_value(json_object_get(m, "role"));
 
 		if (!role || (strcmp(role, "system") && strcmp(role, "developer") &&
-			      strcmp(role, "user") && strcmp(role, "assistant"))) {
+			      strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "tool"))) {
 			ret = call_errf(e, 400, "messages", "messages[%zu].role '%s': want system, "
-					"developer, user or assistant", i, role ? role : "(none)");
+					"developer, user, assistant or tool", i, role ? role : "(none)");
 			break;
 		}
 		if ((ret = content_text(json_object_get(m, "content"), i, &texts[i], e)))
 			break;
 		cm[i].role = strcmp(role, "developer") ? role : "system";
 		cm[i].content = texts[i];
+		if ((ret = tools_openai_message(c, m, i, &cm[i], &texts[n + i], e)))
+			break;
 	}
 	if (!ret)
-		ret = render_chat(c, cm, n, e);
-	for (i = 0; i < n; i++)
+		ret = tools_render(c, cm, n, e);
+	for (i = 0; i < 2 * n; i++)
 		free(texts[i]);
 	free(texts);
 	free(cm);
@@ -341,9 +325,9 @@ int openai_parse(struct call *c, json_t *body, struct call_err *e)
 	return 0;
 }
 
-static const char *finish_reason(const struct call *c)
+static const char *finish_reason(const struct call *c, size_t n_calls)
 {
-	return c->fin == FIN_LENGTH ? "length" : "stop";
+	return n_calls ? "tool_calls" : c->fin == FIN_LENGTH ? "length" : "stop";
 }
 
 static json_t *usage(const struct call *c)
@@ -356,17 +340,27 @@ static json_t *usage(const struct call *c)
 char *openai_response(struct call *c)
 {
 	json_t *text = json_stringn(c->text ? c->text : "", c->len), *choice, *o;
+	struct tools_answer a = { 0 };
 	char *s;
 
+	if (c->tools_json && tools_answer(c, &a) == 0) {	/* prose and calls apart */
+		json_decref(text);
+		text = a.content_len || !a.n_calls ? json_stringn(a.content, a.content_len)
+						   : json_null();
+	}
 	if (c->api == API_CHAT)
 		choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0, "message", "role",
 				   "assistant", "content", text, "logprobs", c->logprobs ?
 				   chat_logprobs(c, 0, c->n_lp) : json_null(), "finish_reason",
-				   finish_reason(c));
+				   finish_reason(c, a.n_calls));
 	else
 		choice = json_pack("{s:o, s:i, s:o, s:s}", "text", text, "index", 0, "logprobs",
 				   c->logprobs ? completion_logprobs(c, 0, c->n_lp, 0) : json_null(),
-				   "finish_reason", finish_reason(c));
+				   "finish_reason", finish_reason(c, 0));
+	if (choice && a.n_calls)
+		json_object_set_new(json_object_get(choice, "message"), "tool_calls",
+				    tools_openai_calls(c, &a, 0, a.n_calls, 0));
+	tools_answer_free(&a);
 	o = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", c->id, "object",
 		      c->api == API_CHAT ? "chat.completion" : "text_completion", "created",
 		      (json_int_t)c->created, "model", c->model, "choices", choice, "usage", usage(c));
@@ -377,8 +371,8 @@ char *openai_response(struct call *c)
 
 /* One chunk: delta text (NULL: none), the logprobs of tokens [lp_from, lp_to), the
  * finish reason (NULL: not yet). */
-static int chunk(struct call *c, json_t *delta_text, int role, size_t lp_from, size_t lp_to,
-		 const char *fin)
+static int chunk(struct call *c, json_t *delta_text, json_t *calls, int role, size_t lp_from,
+		 size_t lp_to, const char *fin)
 {
 	json_t *choice, *lp = json_null(), *o;
 
@@ -392,6 +386,8 @@ static int chunk(struct call *c, json_t *delta_text, int role, size_t lp_from, s
 			json_object_set_new(delta, "role", json_string("assistant"));
 		if (delta_text)
 			json_object_set_new(delta, "content", delta_text);
+		if (calls)
+			json_object_set_new(delta, "tool_calls", calls);
 		choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs",
 				   lp, "finish_reason", fin ? json_string(fin) : json_null());
 	} else {
@@ -407,7 +403,7 @@ static int chunk(struct call *c, json_t *delta_text, int role, size_t lp_from, s
 	return call_out_sse(c, NULL, o);
 }
 
-static int stream_end(struct call *c)
+static int stream_end(struct call *c, size_t n_calls)
 {
 	if (c->fin == FIN_ERROR) {
 		struct call_err e;
@@ -421,7 +417,7 @@ static int stream_end(struct call *c)
 		free(body);
 		return 0;
 	}
-	chunk(c, NULL, 0, 0, 0, finish_reason(c));
+	chunk(c, NULL, NULL, 0, 0, 0, finish_reason(c, n_calls));
 	if (c->include_usage) {
 		json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", c->id, "object",
 				      c->api == API_CHAT ? "chat.completion.chunk" : "text_completion",
@@ -433,6 +429,25 @@ static int stream_end(struct call *c)
 	return call_out(c, "data: [DONE]\n\n", 14);
 }
 
+/* A stream with tools held its text: the calls are known only at the end. Then the
+ * prose as one content delta (with all the logprobs), each call as a tool_calls delta
+ * with its index, and the finish reason. */
+static void stream_tools_end(struct call *c)
+{
+	struct tools_answer a = { 0 };
+
+	if (c->fin != FIN_ERROR && tools_answer(c, &a))
+		a = (struct tools_answer){ .content = c->text ? c->text : "", .content_len = c->len };
+	if (c->fin != FIN_ERROR && (a.content_len || (c->logprobs && c->n_lp)))
+		chunk(c, json_stringn(a.content, a.content_len), NULL, 0, 0, c->n_lp, NULL);
+	for (size_t i = 0; i < a.n_calls; i++)
+		chunk(c, NULL, tools_openai_calls(c, &a, i, i + 1, 1), 0, 0, 0, NULL);
+	c->sent = c->len;
+	c->lp_sent = c->n_lp;
+	stream_end(c, a.n_calls);
+	tools_answer_free(&a);
+}
+
 int openai_stream(struct call *c, int wait_ms)
 {
 	size_t ready;
@@ -442,20 +457,27 @@ int openai_stream(struct call *c, int wait_ms)
 	if (c->phase == 0) {
 		c->phase = 1;
 		if (c->api == API_CHAT)
-			chunk(c, json_string(""), 1, 0, 0, NULL);
+			chunk(c, json_string(""), NULL, 1, 0, 0, NULL);
 		return 1;
 	}
 	if (c->fin == FIN_NONE && call_step(c, wait_ms) < 0)
 		return -1;
+	if (c->tools_json && c->api == API_CHAT) {
+		if (c->fin != FIN_NONE) {
+			stream_tools_end(c);
+			c->phase = 2;
+		}
+		return 1;
+	}
 	ready = call_ready(c);
 	if (ready > c->sent || (c->logprobs && c->n_lp > c->lp_sent)) {
-		chunk(c, json_stringn(c->text + c->sent, ready - c->sent), 0, c->lp_sent, c->n_lp,
-		      NULL);
+		chunk(c, json_stringn(c->text + c->sent, ready - c->sent), NULL, 0, c->lp_sent,
+		      c->n_lp, NULL);
 		c->sent = ready;
 		c->lp_sent = c->n_lp;
 	}
 	if (c->fin != FIN_NONE && c->sent == c->len) {
-		stream_end(c);
+		stream_end(c, 0);
 		c->phase = 2;
 	}
 	return 1;
