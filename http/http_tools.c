@@ -20,11 +20,11 @@ static int no_tool_support(struct call_err *e, const char *param, const char *wh
 			 "templates); send the request without tools", what);
 }
 
-static int check_name(json_t *v, const char *where, size_t i, struct call_err *e)
+static int check_name(json_t *v, const char *field, size_t i, struct call_err *e)
 {
 	if (!json_is_string(v) || !json_string_length(v) || json_string_length(v) > TOOL_NAME_MAX)
-		return call_errf(e, 400, "tools", "%s[%zu]: want a name of 1..%d bytes", where, i,
-				 TOOL_NAME_MAX);
+		return call_errf(e, 400, "tools", "tools[%zu].%s: want a string of 1..%d bytes", i,
+				 field, TOOL_NAME_MAX);
 	return 0;
 }
 
@@ -47,7 +47,7 @@ static int check_openai_tools(json_t *tools, struct call_err *e)
 		if (!json_is_object(t) || !type || strcmp(type, "function") || !json_is_object(f))
 			return call_errf(e, 400, "tools", "tools[%zu]: want {\"type\": \"function\", "
 					 "\"function\": {...}} (type '%s')", i, type ? type : "(none)");
-		if (check_name(json_object_get(f, "name"), "tools.function.name", i, e))
+		if (check_name(json_object_get(f, "name"), "function.name", i, e))
 			return -1;
 		d = json_object_get(f, "description");
 		p = json_object_get(f, "parameters");
@@ -121,7 +121,7 @@ static int convert_anthropic_tools(json_t *tools, json_t **out, struct call_err 
 					 "string), input_schema (an object)}; type '%s' (server tools "
 					 "are not served)", i, type ? type : "(none)");
 		}
-		if (check_name(json_object_get(t, "name"), "tools.name", i, e)) {
+		if (check_name(json_object_get(t, "name"), "name", i, e)) {
 			json_decref(conv);
 			return -1;
 		}
