@@ -1,6 +1,7 @@
 /* The Anthropic Messages API front end: a /v1/messages body (system, messages of text
- * blocks, stop_sequences, max_tokens) into a call, and its answers: the message
- * object, the message_start ... message_stop events, the {"type": "error"} body. */
+ * blocks, tool blocks through http_tools.c, stop_sequences, max_tokens) into a call, and
+ * its answers: the message object with text and tool_use blocks, the message_start ...
+ * message_stop events, the {"type": "error"} body. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

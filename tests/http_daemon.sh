@@ -125,7 +125,7 @@ status e4 400 /v1/chat/completions -d "$(chat x 4 ',"top_p":"high"')"
 status e5 400 /v1/chat/completions -d "$(chat x 4 ',"n":2')"
 status e6 400 /v1/chat/completions -d "$(chat x 4 ',"logprobs":true,"top_logprobs":5')"
 status e7 400 /v1/chat/completions -d "$(chat x 4 ',"tools":[{"type":"function","function":{"name":"f"}}]')"
-$H field "$tmp/e7" error.message | grep -q "tool use is not available" && ok || fail "tools: $(cat "$tmp/e7")"
+$H field "$tmp/e7" error.message | grep -q "chat template has no tool support" && ok || fail "tools: $(cat "$tmp/e7")"
 status e8 200 /v1/chat/completions -d "$(chat x 4 ',"tool_choice":"none"')"
 status e9 400 /v1/messages -d '{"messages":[{"role":"user","content":"x"}]}'
 [ "$($H field "$tmp/e9" type)" = error ] && [ "$($H field "$tmp/e9" error.type)" = invalid_request_error ] &&
