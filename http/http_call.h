@@ -185,7 +185,7 @@ struct tools_answer {
 	size_t content_len;
 	size_t n_calls;
 };
-int tools_answer(const struct call *c, struct tools_answer *a);	/* 0 or -ENOMEM */
+int tools_answer(const struct call *c, struct tools_answer *a);	/* 0 or -1 (memory) */
 void tools_answer_free(struct tools_answer *a);
 /* Call i's id, unique per response: the parser's "call_N" become PREFIX<id>_N. */
 void tools_call_id(const struct call *c, const struct tools_answer *a, size_t i,
