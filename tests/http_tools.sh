@@ -34,6 +34,7 @@ chmod 600 "$tmp/keys"
 
 # start_http NAME TOKENIZER: a kdhttpd on a free port; its URL on stdout
 start_http() {
+	: >"$tmp/$1.log"
 	"$B/kdhttpd" --socket "$S" --listen 127.0.0.1:0 --tokenizer "$2" --api-key-file "$tmp/keys" \
 		--timeout 30 >/dev/null 2>"$tmp/$1.log" &
 	echo $! >"$tmp/$1.pid"
