@@ -81,6 +81,8 @@ struct call {
 	struct call_lp *lps;		/* (n_lp) */
 	size_t n_lp, cap_lp, lp_sent;
 	uint32_t n_gen;			/* tokens generated */
+	uint32_t cached;		/* prompt tokens kdecd took from its KV cache (the
+					 * first token event's cached_tokens) */
 	enum call_fin fin;
 	int stop_index;
 	struct kd_event final;		/* the final event, for FIN_ERROR's message */

@@ -345,7 +345,8 @@ static void take_event(struct call *c, const struct kd_event *ev)
 	if (c->fin != FIN_NONE)
 		return;
 	if (ev->token >= 0) {
-		c->n_gen++;
+		if (!c->n_gen++)
+			c->cached = ev->cached_tokens;
 		if ((ev->flags & KD_EVENT_LOGPROB) && add_lp(c, ev))
 			c->fin = FIN_ERROR;
 		if (kd_tokenizer_stream_push(c->detok, ev->token, &piece, &n) ||

@@ -332,9 +332,10 @@ static const char *finish_reason(const struct call *c, size_t n_calls)
 
 static json_t *usage(const struct call *c)
 {
-	return json_pack("{s:i, s:i, s:i}", "prompt_tokens", (int)c->req.n_prompt,
+	return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (int)c->req.n_prompt,
 			 "completion_tokens", (int)c->n_gen, "total_tokens",
-			 (int)(c->req.n_prompt + c->n_gen));
+			 (int)(c->req.n_prompt + c->n_gen), "prompt_tokens_details",
+			 "cached_tokens", (int)c->cached);
 }
 
 char *openai_response(struct call *c)

@@ -95,6 +95,20 @@ status cmpls 200 /v1/completions -N -d '{"prompt":"Once upon","max_tokens":32,"t
 $H sse "$tmp/cmpls" >"$tmp/got" 2>/dev/null && cmp -s "$tmp/got" "$tmp/want" && ok ||
 	fail "completion stream '$(cat "$tmp/got")'"
 
+# ---- usage.prompt_tokens_details.cached_tokens: the prompt's tokens from the KV cache ----
+# the same 200-byte question twice (one token a byte): the second finds at least its whole
+# 16-token blocks but the last in kdecd's prefix cache; the first found at most the chat
+# template's opening, which other chats share
+Q=$(printf 'Cached tokens check %0180d' 7)
+status cache1 200 /v1/chat/completions -d "$(chat "$Q" 2)"
+status cache2 200 /v1/chat/completions -d "$(chat "$Q" 2)"
+n=$($H field "$tmp/cache2" usage.prompt_tokens)
+c1=$($H field "$tmp/cache1" usage.prompt_tokens_details.cached_tokens)
+c2=$($H field "$tmp/cache2" usage.prompt_tokens_details.cached_tokens)
+[ -n "$n" ] && [ -n "$c1" ] && [ -n "$c2" ] && [ "$c2" -lt "$n" ] && [ "$c2" -ge $((n - 32)) ] &&
+	[ "$c1" -lt $((n - 160)) ] && ok ||
+	fail "cached_tokens: first $c1, second $c2 of $n prompt tokens (want the second >= $((n - 32)), the first < $((n - 160)))"
+
 # ---- a stop string across a token boundary, whole and streamed ----
 if $H boundary_stop "$tmp/cmpl" >"$tmp/bs" 2>"$tmp/bs.err"; then
 	stop=$(head -n 1 "$tmp/bs")
