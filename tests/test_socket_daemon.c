@@ -99,17 +99,47 @@ static int run_kdecd(const char *log, const char **args)
 /* 1 when dir/log contains text. */
 static int log_has(const char *log, const char *text)
 {
-	char path[600], buf[1 << 16];
-	size_t n;
+	char path[600], *buf = NULL;
+	size_t cap = 0, n = 0;
+	int found = 0;
 	FILE *f;
 
 	snprintf(path, sizeof(path), "%s/%s", d.dir, log);
 	if (!(f = fopen(path, "r")))
 		return 0;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
+	for (;;) {	/* the whole log: a long run's line may sit past its first 64 KiB */
+		if (n + 4096 + 1 > cap) {
+			char *p = realloc(buf, cap = cap ? 2 * cap : 1 << 16);
+
+			if (!p)
+				break;
+			buf = p;
+		}
+		size_t r = fread(buf + n, 1, cap - n - 1, f);
+
+		if (!r)
+			break;
+		n += r;
+	}
 	fclose(f);
-	buf[n] = '\0';
-	return strstr(buf, text) != NULL;
+	if (buf) {
+		buf[n] = '\0';
+		found = strstr(buf, text) != NULL;
+	}
+	free(buf);
+	return found;
+}
+
+/* log_has, waiting up to s seconds: the peer may see its close before the daemon's
+ * line about it reaches the log (a loaded machine under ASan) */
+static int log_has_within(const char *log, const char *text, int s)
+{
+	for (int i = 0; i < s * 10; i++) {
+		if (log_has(log, text))
+			return 1;
+		usleep(100000);
+	}
+	return log_has(log, text);
 }
 
 static ino_t ino_of(const char *path)
@@ -412,7 +442,11 @@ static void test_pipelined(void)
 	CHECK(!ctl_ok(d.sock, "status"), "kdctl status failed beside the pipelining peer");
 	left = all_closed(&s, 1, 30);	/* 3 s of --handshake-timeout; slack for load */
 	CHECK(!left, "the peer that never reads was not closed");
-	CHECK(log_has("pipe.log", "bytes of replies unread"), "no line on closing it");
+	/* which line depends on where the replies sat when the timer fired: unsent in the
+	 * daemon ("bytes of replies unread"), or all handed to the kernel's socket buffer
+	 * by then, the peer still silent ("no hello or command"); seen both ways in CI */
+	CHECK(log_has_within("pipe.log", "bytes of replies unread", 10) ||
+	      log_has("pipe.log", "no hello or command"), "no line on closing it");
 	CHECK(daemontest_stop(&d) == 0, "kdecd did not exit 0");
 }
 
