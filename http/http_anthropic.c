@@ -10,44 +10,6 @@
 
 #define MAX_MESSAGES 4096
 
-/* A string, or an array of {"type": "text", "text": ...} blocks, as one malloc'd text. */
-static int blocks_text(json_t *v, const char *where, char **out, struct call_err *e)
-{
-	size_t j, len = 0;
-	json_t *b;
-	char *s = NULL;
-
-	if (json_is_string(v)) {
-		*out = strndup(json_string_value(v), json_string_length(v));
-		return *out ? 0 : call_errf(e, 500, NULL, "out of memory");
-	}
-	if (!json_is_array(v))
-		return call_errf(e, 400, where, "%s: want a string or an array of content blocks",
-				 where);
-	json_array_foreach(v, j, b) {
-		const char *type = json_string_value(json_object_get(b, "type"));
-		json_t *t = json_object_get(b, "text");
-		char *s2;
-
-		if (!type || strcmp(type, "text") || !json_is_string(t)) {
-			free(s);
-			return call_errf(e, 400, where, "%s[%zu]: type '%s': kdec serves text only "
-					 "(blocks of type \"text\" with a string \"text\")", where, j,
-					 type ? type : "(none)");
-		}
-		if (!(s2 = realloc(s, len + json_string_length(t) + 1))) {
-			free(s);
-			return call_errf(e, 500, NULL, "out of memory");
-		}
-		s = s2;
-		memcpy(s + len, json_string_value(t), json_string_length(t));
-		len += json_string_length(t);
-		s[len] = 0;
-	}
-	*out = s ? s : strdup("");
-	return *out ? 0 : call_errf(e, 500, NULL, "out of memory");
-}
-
 /* system (optional) then messages of user / assistant turns. */
 static int parse_messages(struct call *c, json_t *body, struct call_err *e)
 {
@@ -72,7 +34,7 @@ static int parse_messages(struct call *c, json_t *body, struct call_err *e)
 		return call_errf(e, 500, NULL, "out of memory");
 	}
 	if (sys && !json_is_null(sys)) {
-		ret = blocks_text(sys, "system", &texts[ko], e);
+		ret = call_text_parts(sys, "system", "system", 0, &texts[ko], e);
 		cm[k].role = "system";
 		cm[k].content = texts[ko++];
 		k++;
@@ -95,7 +57,8 @@ static int parse_messages(struct call *c, json_t *body, struct call_err *e)
 			continue;
 		}
 		snprintf(where, sizeof(where), "messages[%zu].content", i);
-		if ((ret = blocks_text(json_object_get(m, "content"), where, &texts[ko], e)))
+		if ((ret = call_text_parts(json_object_get(m, "content"), where, where, 0, &texts[ko],
+					   e)))
 			break;
 		cm[k].role = role;
 		cm[k].content = texts[ko++];

@@ -138,6 +138,11 @@ int call_get_num(json_t *body, const char *key, double min, double max, double *
 int call_get_int(json_t *body, const char *key, long long min, long long max, long long *out,
 		 struct call_err *e);
 int call_get_bool(json_t *body, const char *key, int *out, struct call_err *e);
+/* A message's content as one malloc'd text: a string, or an array of {"type": "text",
+ * "text": ...} parts concatenated (null or absent: "" where null_ok); other parts are
+ * refused with a 400 naming where (param: the error's param). */
+int call_text_parts(json_t *v, const char *where, const char *param, int null_ok, char **out,
+		    struct call_err *e);
 /* The sampling fields both APIs share (temperature, top_p, top_k, min_p, seed,
  * presence_penalty, frequency_penalty), and max_tokens under the names given. */
 int call_parse_sampling(struct call *c, json_t *body, struct call_err *e);

@@ -59,6 +59,47 @@ int call_get_int(json_t *body, const char *key, long long min, long long max, lo
 	return 0;
 }
 
+int call_text_parts(json_t *v, const char *where, const char *param, int null_ok, char **out,
+		    struct call_err *e)
+{
+	size_t j, len = 0;
+	json_t *b;
+	char *s = NULL;
+
+	if (json_is_string(v)) {
+		*out = strndup(json_string_value(v), json_string_length(v));
+		return *out ? 0 : call_errf(e, 500, NULL, "out of memory");
+	}
+	if (null_ok && (!v || json_is_null(v))) {
+		*out = strdup("");
+		return *out ? 0 : call_errf(e, 500, NULL, "out of memory");
+	}
+	if (!json_is_array(v))
+		return call_errf(e, 400, param, "%s: want a string or an array of text parts", where);
+	json_array_foreach(v, j, b) {
+		const char *type = json_string_value(json_object_get(b, "type"));
+		json_t *t = json_object_get(b, "text");
+		char *s2;
+
+		if (!type || strcmp(type, "text") || !json_is_string(t)) {
+			free(s);
+			return call_errf(e, 400, param, "%s[%zu]: type '%s': kdec serves text only "
+					 "(parts of type \"text\" with a string \"text\")", where, j,
+					 type ? type : "(none)");
+		}
+		if (!(s2 = realloc(s, len + json_string_length(t) + 1))) {
+			free(s);
+			return call_errf(e, 500, NULL, "out of memory");
+		}
+		s = s2;
+		memcpy(s + len, json_string_value(t), json_string_length(t));
+		len += json_string_length(t);
+		s[len] = 0;
+	}
+	*out = s ? s : strdup("");
+	return *out ? 0 : call_errf(e, 500, NULL, "out of memory");
+}
+
 int call_get_bool(json_t *body, const char *key, int *out, struct call_err *e)
 {
 	json_t *v = json_object_get(body, key);

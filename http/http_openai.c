@@ -92,53 +92,11 @@ static json_t *completion_logprobs(const struct call *c, size_t from, size_t to,
 			 "top_logprobs", tops, "text_offset", offs);
 }
 
-/* Concatenated text parts of a content array; other parts refused. */
-static int content_text(json_t *v, size_t i, char **out, struct call_err *e)
-{
-	size_t j, len = 0;
-	json_t *part;
-	char *s = NULL;
-
-	if (json_is_string(v)) {
-		*out = strndup(json_string_value(v), json_string_length(v));
-		return *out ? 0 : call_errf(e, 500, NULL, "out of memory");
-	}
-	if (json_is_null(v) || !v) {
-		*out = strdup("");
-		return *out ? 0 : call_errf(e, 500, NULL, "out of memory");
-	}
-	if (!json_is_array(v))
-		return call_errf(e, 400, "messages", "messages[%zu].content: want a string or an "
-				 "array of text parts", i);
-	json_array_foreach(v, j, part) {
-		const char *type = json_string_value(json_object_get(part, "type"));
-		json_t *t = json_object_get(part, "text");
-		char *s2;
-
-		if (!type || strcmp(type, "text") || !json_is_string(t)) {
-			free(s);
-			return call_errf(e, 400, "messages", "messages[%zu].content[%zu]: type '%s': "
-					 "kdec serves text only (parts of type \"text\" with a "
-					 "string \"text\")", i, j, type ? type : "(none)");
-		}
-		if (!(s2 = realloc(s, len + json_string_length(t) + 1))) {
-			free(s);
-			return call_errf(e, 500, NULL, "out of memory");
-		}
-		s = s2;
-		memcpy(s + len, json_string_value(t), json_string_length(t));
-		len += json_string_length(t);
-		s[len] = 0;
-	}
-	*out = s ? s : strdup("");
-	return *out ? 0 : call_errf(e, 500, NULL, "out of memory");
-}
-
 static int parse_messages(struct call *c, json_t *body, struct call_err *e)
 {
 	json_t *msgs = json_object_get(body, "messages"), *m;
 	struct kd_chat_message *cm;
-	char **texts;
+	char **texts, where[48];
 	size_t i, n;
 	int ret = 0;
 
@@ -162,7 +120,9 @@ static int parse_messages(struct call *c, json_t *body, struct call_err *e)
 					"developer, user, assistant or tool", i, role ? role : "(none)");
 			break;
 		}
-		if ((ret = content_text(json_object_get(m, "content"), i, &texts[i], e)))
+		snprintf(where, sizeof(where), "messages[%zu].content", i);
+		if ((ret = call_text_parts(json_object_get(m, "content"), where, "messages", 1,
+					   &texts[i], e)))
 			break;
 		cm[i].role = strcmp(role, "developer") ? role : "system";
 		cm[i].content = texts[i];

@@ -35,20 +35,10 @@ run() {
 	head -c -1 "$tmp/chat.out" >"$tmp/chat.want"	# kdrun's closing newline
 	head -c -1 "$tmp/cmpl.out" >"$tmp/cmpl.want"
 	echo "k-$$" >"$tmp/keys"
-	: >"$tmp/http.log"
-	"$B/kdhttpd" --socket "$S" --listen 127.0.0.1:0 --tokenizer "$tok" --api-key-file "$tmp/keys" \
-		--model-name test-model 2>"$tmp/http.log" &
-	hpid=$!
-	i=0
-	while [ $i -lt 600 ] && ! grep -q "connected to kdecd" "$tmp/http.log"; do
-		kill -0 $hpid 2>/dev/null || break
-		sleep 0.1
-		i=$((i + 1))
-	done
-	port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$tmp/http.log")
-	if [ -z "$port" ] || ! grep -q "connected to kdecd" "$tmp/http.log"; then
+	if ! kdhttpd_start http.log --socket "$S" --tokenizer "$tok" --api-key-file "$tmp/keys" \
+		--model-name test-model; then
 		fail "kdhttpd did not come up: $(cat "$tmp/http.log")"
-	elif "$tmp/venv/bin/python" "$top_srcdir/tests/http_clients.py" "http://127.0.0.1:$port" "k-$$" \
+	elif "$tmp/venv/bin/python" "$top_srcdir/tests/http_clients.py" "$hurl" "k-$$" \
 		test-model "$prompt" "$max" "$tmp/chat.want" "$tmp/cmpl.want"; then
 		ok
 	else

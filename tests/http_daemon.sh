@@ -24,19 +24,11 @@ kdecd_start daemon.log 60 --model "$M" --socket "$S" --threads 1 --kv-tokens 163
 KEY=kd-test-$$-key
 printf '# kdhttpd test key\n%s\n' "$KEY" >"$tmp/keys"
 chmod 600 "$tmp/keys"
-"$B/kdhttpd" --socket "$S" --listen 127.0.0.1:0 --tokenizer "$TOK" --api-key-file "$tmp/keys" \
-	--timeout 3 --max-body 65536 2>"$tmp/http.log" &
-hpid=$!
-i=0
-while [ $i -lt 600 ] && ! grep -q "connected to kdecd" "$tmp/http.log"; do
-	kill -0 $hpid 2>/dev/null || break
-	sleep 0.1
-	i=$((i + 1))
-done
-port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$tmp/http.log")
-grep -q "connected to kdecd" "$tmp/http.log" && [ -n "$port" ] ||
+kdhttpd_start http.log --socket "$S" --tokenizer "$TOK" --api-key-file "$tmp/keys" \
+	--timeout 3 --max-body 65536 ||
 	{ echo "FAIL: kdhttpd did not come up: $(cat "$tmp/http.log")"; exit 1; }
-U=http://127.0.0.1:$port
+U=$hurl
+port=${U##*:}
 
 # req OUT PATH [curl args]: the status on stdout, the body in $tmp/OUT
 req() {

@@ -32,27 +32,17 @@ KEY=kd-test-$$-key
 printf '%s\n' "$KEY" >"$tmp/keys"
 chmod 600 "$tmp/keys"
 
-# start_http NAME TOKENIZER: a kdhttpd on a free port; its URL on stdout
-start_http() {
-	: >"$tmp/$1.log"
-	"$B/kdhttpd" --socket "$S" --listen 127.0.0.1:0 --tokenizer "$2" --api-key-file "$tmp/keys" \
-		--timeout 30 >/dev/null 2>"$tmp/$1.log" &
-	echo $! >"$tmp/$1.pid"
-	i=0
-	while [ $i -lt 600 ] && ! grep -q "connected to kdecd" "$tmp/$1.log"; do
-		kill -0 "$(cat "$tmp/$1.pid")" 2>/dev/null || break
-		sleep 0.1
-		i=$((i + 1))
-	done
-	port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$tmp/$1.log")
-	[ -n "$port" ] && grep -q "connected to kdecd" "$tmp/$1.log" && echo "http://127.0.0.1:$port"
-}
-UT=$(start_http tools "$top_srcdir/tests/data/tokenizer/bytes512_qwen3")
-hpids="$(cat "$tmp/tools.pid")"
-[ -n "$UT" ] || { echo "FAIL: kdhttpd (Qwen3 template) did not come up: $(cat "$tmp/tools.log")"; exit 1; }
-UN=$(start_http plain "$top_srcdir/tests/data/tokenizer/bytes512")
-hpids="$hpids $(cat "$tmp/plain.pid")"
-[ -n "$UN" ] || { echo "FAIL: kdhttpd (ChatML) did not come up: $(cat "$tmp/plain.log")"; exit 1; }
+# one kdhttpd with the Qwen3-template tokenizer (tools), one with plain bytes512 (none)
+kh_ok=0
+kdhttpd_start tools.log --socket "$S" --tokenizer "$top_srcdir/tests/data/tokenizer/bytes512_qwen3" \
+	--api-key-file "$tmp/keys" --timeout 30 && kh_ok=1
+hpids=$hpid UT=$hurl
+[ $kh_ok = 1 ] || { echo "FAIL: kdhttpd (Qwen3 template) did not come up: $(cat "$tmp/tools.log")"; exit 1; }
+kh_ok=0
+kdhttpd_start plain.log --socket "$S" --tokenizer "$top_srcdir/tests/data/tokenizer/bytes512" \
+	--api-key-file "$tmp/keys" --timeout 30 && kh_ok=1
+hpids="$hpids $hpid" UN=$hurl
+[ $kh_ok = 1 ] || { echo "FAIL: kdhttpd (ChatML) did not come up: $(cat "$tmp/plain.log")"; exit 1; }
 
 env $pyenv PYTHONPATH="$top_srcdir/contrib/python" python3 "$top_srcdir/tests/http_tools.py" \
 	"$UT" "$UN" "$KEY" "$S" "$top_srcdir/tests/data/tokenizer/bytes512_qwen3" >"$tmp/py.out" 2>&1

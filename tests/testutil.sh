@@ -60,6 +60,26 @@ kdecd_start() {
 	[ "$(grep -c running "$kd_log")" -gt "$kd_seen" ]
 }
 
+# kdhttpd_start LOG ARG...: kdhttpd on a free port of 127.0.0.1 with ARG..., its stderr
+# in $tmp/LOG (emptied first), its pid in $hpid; waits up to 60 s until it has reached
+# kdecd. 0 with its base URL in $hurl once it has, 1 when it died or took longer.
+kdhttpd_start() {
+	kh_log=$tmp/$1
+	shift
+	: >"$kh_log"
+	"$B/kdhttpd" --listen 127.0.0.1:0 "$@" >/dev/null 2>"$kh_log" &
+	hpid=$!
+	kh_i=0
+	while [ $kh_i -lt 600 ] && ! grep -q "connected to kdecd" "$kh_log"; do
+		kill -0 $hpid 2>/dev/null || break
+		sleep 0.1
+		kh_i=$((kh_i + 1))
+	done
+	kh_port=$(sed -n 's#.*listening on http://127.0.0.1:\([0-9]*\).*#\1#p' "$kh_log")
+	hurl=http://127.0.0.1:$kh_port
+	[ -n "$kh_port" ] && grep -q "connected to kdecd" "$kh_log"
+}
+
 # kdecd_stop: SIGTERM to the daemon in $pid; its exit status.
 kdecd_stop() {
 	kill -TERM $pid
