@@ -5,13 +5,14 @@
  * KDEC_TEST_BACKEND=cpu (default): <= 1e-4 relative L2 per row (fp32 throughout).
  * KDEC_TEST_BACKEND=cuda: <= 2e-2 (bf16 weights, KV cache and tensor-core inputs);
  * a greedy token may differ only where the engine's own top-two gap is within that
- * error. Every row beyond tolerance fails, on the GPU too, unless a measured routing
- * flip explains it (goldenflip.h): mixture-of-experts models run each path twice on
- * the GPU's side, once recording the GPU's expert choices and once on the CPU
- * reference engine with those choices forced; the row must then be within tolerance
- * of the forced CPU row, and every flip before it a near-tie. One "fidelity:" line per
- * model and path gives worst and median row error, argmax agreement, rows explained by
- * flips and the flip rate (docs/MODELS.md's table). Checkpoints stored in fp16/fp32
+ * error. Every row beyond tolerance fails, on the GPU too, unless a measured cause
+ * explains it (goldenflip.h): mixture-of-experts models run each path twice on the
+ * GPU's side, once recording the GPU's expert choices and once on the CPU reference
+ * engine with those choices forced and its KV cache rounded to bf16 like the GPU's;
+ * the row must then be within tolerance of that CPU row, and be a near-tie routing
+ * flip or a row the bf16 cache alone moves by half the tolerance. One "fidelity:" line
+ * per model and path gives worst and median row error, argmax agreement, rows
+ * explained by flips and by the cache, and the flip rate (docs/MODELS.md's table). Checkpoints stored in fp16/fp32
  * are skipped on the GPU, which keeps bf16 weights: their references are not its
  * oracle. Exits 77 when the backend has no device. */
 #include <errno.h>
@@ -177,9 +178,9 @@ static void check_path(struct engine *e, const char *name, const char *path, pat
 				   trace_gpu, trace_cpu, &e->model->cfg.route, model_bias,
 				   (void *)e->model, &st);
 		fprintf(stderr, "  fidelity: %-22s %-14s rows %4d worst %.2e median %.2e argmax %d/%d "
-			"over %d flips %d flip-rate %ld/%ld same-routing-worst %.2e tol %g\n", name,
-			path, st.rows, st.worst, st.median, st.argmax_ok, st.rows, st.bad, st.flips_ok,
-			st.flipped, st.decisions, st.same_route_worst, row_tol);
+			"over %d flips %d cache %d flip-rate %ld/%ld same-routing-worst %.2e tol %g\n",
+			name, path, st.rows, st.worst, st.median, st.argmax_ok, st.rows, st.bad,
+			st.flips_ok, st.cache_ok, st.flipped, st.decisions, st.same_route_worst, row_tol);
 		CHECK(fails == 0, "%s: %d of %d rows over %g unexplained (worst %.3g)", what, fails,
 		      n_rows, row_tol, st.worst);
 	}
@@ -302,7 +303,8 @@ static const char *gguf_dir;
 static void reference_open(struct model *m, int threads, int max_pos)
 {
 	struct engine_opts eo = { .backend = "cpu", .threads = threads > 8 ? threads : 8,
-				  .kv_tokens = 4096, .block_tokens = 16, .max_rows = 128 };
+				  .kv_tokens = 4096, .block_tokens = 16, .max_rows = 128,
+				  .kv_bf16 = 1 };
 	const struct model_config *c = &m->cfg;
 	char err[512] = "";
 

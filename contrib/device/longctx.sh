@@ -1,11 +1,16 @@
 #!/bin/bash
 # Issue 22's long-context check on the GPU machine: synthetic models of each family with
 # long positions (llama3 rope scaling, YaRN for both MLA models) decode at 8k and 32k
-# tokens (64k for MLA) on cuda against the CPU reference's prefill of the same tokens.
+# tokens (64k for MLA: deepseek_v3) on cuda against the CPU reference's prefill of the
+# same tokens. At 8k the CPU runs again with its cache rounded to bf16 (--kv-bf16): the
+# bf16 KV cache's own share of the error, and the GPU against a reference that stores
+# what it stores.
 # The GPU prefills N - 4 tokens, then decodes 4 one at a time (the split-KV decode
 # kernels and their merge at long context); MoE models' routing is held equal (the
 # GPU's --dump-routing forced on the CPU) so the numbers are the kernels' and the bf16
-# KV cache's error. GQA decode also at forced split counts (KDEC_ATTN_DEC_SPLITS).
+# KV cache's error. At 32k, GQA decode also at forced split counts
+# (KDEC_ATTN_DEC_SPLITS) and MLA decode at split floors that give 1 to the most splits
+# (KDEC_MLA_SPLIT_MIN).
 #   device run: KDEC_BUILD_DIR=devbuild bash contrib/device/longctx.sh   (logs in $OUT)
 # LONG_MODELS, LONG_LENS_GQA, LONG_LENS_MLA, LONG_SPLITS: other models, lengths, split counts.
 set -u
@@ -17,11 +22,15 @@ W=$(mktemp -d /tmp/kdec-longw.XXXXXX)
 S=$O/longctx.txt
 say() { echo "$*" | tee -a "$S"; }
 
-# long_cfg SRC DST: the config with room for 65k positions, bf16
+# long_cfg SRC DST: the config with room for 65k positions, bf16; llama3's rope
+# scaling (Llama 3.1's parameters, from an 8k original context) where it has none
 long_cfg() {
 	python3 - "$1" "$2" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
+if c.get("model_type") == "llama" and not c.get("rope_scaling"):
+    c["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 c["max_position_embeddings"] = 70000
 c["torch_dtype"] = "bfloat16"
 c.pop("dtype", None)
@@ -29,7 +38,8 @@ json.dump(c, open(sys.argv[2], "w"))
 PY
 }
 
-# compare NAME N VOCAB GPU CPU: rel L2 at sampled prefill rows and every decode row
+# compare NAME N VOCAB GPU CPU: rel L2 at sampled prefill rows and every decode row (of
+# GPU against CPU: the GPU's error; or of one CPU run against another)
 compare() {
 	python3 - "$@" <<'PY' | tee -a "$S"
 import sys, numpy as np
@@ -50,7 +60,7 @@ for m in ${LONG_MODELS:-llama3 qwen3_moe deepseek_v2 deepseek_v3}; do
 	cfg=$W/cfg/$m.json
 	vocab=$(python3 -c "import json; print(json.load(open('$cfg'))['vocab_size'])")
 	moe=$(python3 -c "import json; c = json.load(open('$cfg')); print(1 if c.get('num_experts') or c.get('n_routed_experts') else 0)")
-	case $m in deepseek*) lens=${LONG_LENS_MLA:-8192 32768 65536} ;; *) lens=${LONG_LENS_GQA:-8192 32768} ;; esac
+	case $m in deepseek_v3) lens=${LONG_LENS_MLA:-8192 32768 65536} ;; *) lens=${LONG_LENS_GQA:-8192 32768} ;; esac
 	for n in $lens; do
 		python3 -c "print(','.join(str((i * 7919 + 13) % $vocab) for i in range($n)))" >"$W/tok"
 		common=(--model "$cfg" --synthetic-weights --seed 3 --tokens "@$W/tok" --kv-tokens $((n + 64)) --log-level warn)
@@ -61,11 +71,24 @@ for m in ${LONG_MODELS:-llama3 qwen3_moe deepseek_v2 deepseek_v3}; do
 		timeout 240 "$B/kdbench" logits "${common[@]}" --backend cpu --out "$W/cpu.f32" "${rt[@]}" \
 			2>>"$O/longctx.log" || { say "longctx $m N=$n: cpu failed or timed out"; continue; }
 		compare "$m" $n $vocab "$W/gpu.f32" "$W/cpu.f32"
+		if [ $n = 8192 ] && timeout 240 "$B/kdbench" logits "${common[@]}" --backend cpu --kv-bf16 \
+			--out "$W/cpu16.f32" "${rt[@]}" 2>>"$O/longctx.log"; then
+			compare "$m cpu-kv-bf16 vs cpu" $n $vocab "$W/cpu16.f32" "$W/cpu.f32"
+			compare "$m gpu vs cpu-kv-bf16" $n $vocab "$W/gpu.f32" "$W/cpu16.f32"
+		fi
 		if [ $m = llama3 ] && [ $n = 32768 ]; then
 			for sp in ${LONG_SPLITS:-1 2 8 32 128}; do
 				KDEC_ATTN_DEC_SPLITS=$sp timeout 120 "$B/kdbench" logits "${common[@]}" --backend cuda \
 					--incremental --prefill $((n - 4)) --out "$W/gpu.f32" 2>>"$O/longctx.log" &&
 					compare "$m splits=$sp" $n $vocab "$W/gpu.f32" "$W/cpu.f32"
+			done
+		fi
+		if [ $m = deepseek_v3 ] && [ $n = 32768 ]; then	# split floors: ~512 splits .. 1
+			for fl in ${LONG_MLA_FLOORS:-0 256 4096 65536}; do
+				KDEC_MLA_SPLIT_MIN=$fl timeout 120 "$B/kdbench" logits "${common[@]}" --backend cuda \
+					--incremental --prefill $((n - 4)) --out "$W/gpu.f32" "${rt[@]}" \
+					2>>"$O/longctx.log" &&
+					compare "$m split-min=$fl" $n $vocab "$W/gpu.f32" "$W/cpu.f32"
 			done
 		fi
 	done

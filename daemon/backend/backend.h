@@ -17,6 +17,9 @@ struct backend;
 struct backend_opts {
 	int threads;		/* CPU worker threads; <= 0: one per online CPU */
 	int device;		/* first GPU (cuda) */
+	int kv_bf16;		/* cpu: round each cached K/V value to bf16 as it is written,
+				 * as the cuda backend stores it, so a fidelity check can tell
+				 * the cache's rounding from the kernels' error (cuda: ignored) */
 };
 
 /* A GQA layer's attention inputs for qkv_prep (and qkv_prep_attn): rows of h in, q out,

@@ -12,6 +12,7 @@
 struct backend_cpu {
 	struct backend base;
 	struct k_pool *pool;
+	int kv_bf16;		/* backend_opts.kv_bf16 */
 };
 
 static struct k_pool *pool_of(struct backend *be)
@@ -37,6 +38,7 @@ static int cpu_create(struct backend **out, const struct model *m, const struct 
 	if (!b)
 		return -ENOMEM;
 	b->base.ops = &backend_cpu_ops;
+	b->kv_bf16 = opts && opts->kv_bf16;
 	ret = k_pool_create(&b->pool, (int)threads);
 	if (ret) {
 		snprintf(err, err_len, "cpu backend: cannot start %ld threads: %s", threads, strerror(-ret));
@@ -138,8 +140,14 @@ static void cpu_rope(struct backend *be, const struct k_rope *rope, float *x, in
 static void cpu_kv_write(struct backend *be, float *cache, int width, const float *src, int n_rows,
 			 const int32_t *slots)
 {
-	(void)be;
 	k_cpu_kv_write(cache, width, src, n_rows, slots);
+	if (((struct backend_cpu *)be)->kv_bf16)
+		for (int r = 0; r < n_rows; r++)
+			for (int i = 0; i < width; i++) {
+				float *c = cache + (size_t)slots[r] * width + i;
+
+				*c = k_round_to(*c, K_BF16);
+			}
 }
 
 static void cpu_attn_gqa(struct backend *be, float *out, const float *q, const struct k_kv_layer *kv,

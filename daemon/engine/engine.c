@@ -100,7 +100,7 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 	if (!e)
 		return -ENOMEM;
 	e->model = m;
-	bo = (struct backend_opts){ .threads = opts->threads };
+	bo = (struct backend_opts){ .threads = opts->threads, .kv_bf16 = opts->kv_bf16 };
 	if ((ret = ops->create(&e->be, m, &bo, err, err_len)))
 		goto err_destroy;
 	ret = kv_pool_init(&e->pool, (kv_tokens + block_tokens - 1) / block_tokens, block_tokens);

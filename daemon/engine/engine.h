@@ -39,6 +39,7 @@ struct engine_opts {
 	int session_ttl_s;	/* idle seconds until engine_tick closes a session; 0: default; < 0: never */
 	int offload_after_s;	/* idle seconds until engine_tick moves it to host; 0: default; < 0: never */
 	int zstd_level;		/* host tier compression; 0: KV_CODEC_DEFAULT_LEVEL */
+	int kv_bf16;		/* backend_opts.kv_bf16: a CPU cache rounded as the GPU's */
 };
 
 /* Counters since engine_create; read by metrics. */

@@ -65,6 +65,8 @@ static void usage(FILE *f)
 		"  --layers N            keep only the first N layers (benchmarks of huge configs)\n"
 		"  --kv-tokens N         KV cache capacity in tokens (default %d)\n"
 		"  --block-size N        tokens per KV block (default %d)\n"
+		"  --kv-bf16             cpu: round the cached K/V to bf16 as the cuda backend\n"
+		"                        stores them (the cache's share of a GPU row's error)\n"
 		"  --spec ngram:k=N[,n=M]  generate: n-gram speculative decoding, N drafts per\n"
 		"                        step matching the last M..1 tokens (default M %d)\n"
 		"  --log-level L         error, warn, info (default), debug\n"
@@ -91,7 +93,8 @@ static int parse_num(const char *opt, const char *s, long min, long max, long *o
 static int parse_args(int argc, char **argv, struct bench_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_SEED, O_LAYERS, O_KV, O_BLOCK, O_LOG,
-	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT, O_PREFILL };
+	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT, O_PREFILL,
+	       O_KV_BF16 };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "tokens", required_argument, NULL, 't' },
@@ -110,6 +113,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		{ "layers", required_argument, NULL, O_LAYERS },
 		{ "kv-tokens", required_argument, NULL, O_KV },
 		{ "block-size", required_argument, NULL, O_BLOCK },
+		{ "kv-bf16", no_argument, NULL, O_KV_BF16 },
 		{ "log-level", required_argument, NULL, O_LOG },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ "help", no_argument, NULL, 'h' },
@@ -181,6 +185,9 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 			if (parse_num("--block-size", optarg, 1, 4096, &v))
 				return -1;
 			a->eng.block_tokens = (int)v;
+			break;
+		case O_KV_BF16:
+			a->eng.kv_bf16 = 1;
 			break;
 		case O_LOG:
 			if (log_level_parse(optarg, &log_threshold)) {
