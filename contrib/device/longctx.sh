@@ -22,15 +22,16 @@ W=$(mktemp -d /tmp/kdec-longw.XXXXXX)
 S=$O/longctx.txt
 say() { echo "$*" | tee -a "$S"; }
 
-# long_cfg SRC DST: the config with room for 65k positions, bf16; llama3's rope
-# scaling (Llama 3.1's parameters, from an 8k original context) where it has none
+# long_cfg SRC DST [real-mla]: the config with room for 65k positions, bf16 (golden
+# llama3 carries llama3 rope scaling from a 64-token original context). real-mla: the
+# latent of the full-size models (kv_lora 512, rope key 64), which the tensor-core MLA
+# decode kernel and its split/merge take (the tiny dims go to the tiled kernel)
 long_cfg() {
-	python3 - "$1" "$2" <<'PY'
+	python3 - "$@" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
-if c.get("model_type") == "llama" and not c.get("rope_scaling"):
-    c["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+if len(sys.argv) > 3:
+    c.update(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32)
 c["max_position_embeddings"] = 70000
 c["torch_dtype"] = "bfloat16"
 c.pop("dtype", None)
@@ -55,12 +56,17 @@ PY
 mkdir -p "$W/cfg"
 long_cfg tests/data/golden/llama3/config.json "$W/cfg/llama3.json"
 for m in qwen3_moe deepseek_v2 deepseek_v3; do long_cfg tests/data/tiny/$m.json "$W/cfg/$m.json"; done
+long_cfg tests/data/tiny/deepseek_v3.json "$W/cfg/mla512.json" real-mla
 say "# longctx.sh $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader)"
-for m in ${LONG_MODELS:-llama3 qwen3_moe deepseek_v2 deepseek_v3}; do
+for m in ${LONG_MODELS:-llama3 qwen3_moe deepseek_v2 deepseek_v3 mla512}; do
 	cfg=$W/cfg/$m.json
 	vocab=$(python3 -c "import json; print(json.load(open('$cfg'))['vocab_size'])")
 	moe=$(python3 -c "import json; c = json.load(open('$cfg')); print(1 if c.get('num_experts') or c.get('n_routed_experts') else 0)")
-	case $m in deepseek_v3) lens=${LONG_LENS_MLA:-8192 32768 65536} ;; *) lens=${LONG_LENS_GQA:-8192 32768} ;; esac
+	case $m in
+	deepseek_v3) lens=${LONG_LENS_MLA:-8192 32768 65536} ;;
+	mla512) lens=${LONG_LENS_MLA512:-8192} ;;	# the CPU's latent attention is 30x the tiny one's
+	*) lens=${LONG_LENS_GQA:-8192 32768} ;;
+	esac
 	for n in $lens; do
 		python3 -c "print(','.join(str((i * 7919 + 13) % $vocab) for i in range($n)))" >"$W/tok"
 		common=(--model "$cfg" --synthetic-weights --seed 3 --tokens "@$W/tok" --kv-tokens $((n + 64)) --log-level warn)
@@ -83,8 +89,8 @@ for m in ${LONG_MODELS:-llama3 qwen3_moe deepseek_v2 deepseek_v3}; do
 					compare "$m splits=$sp" $n $vocab "$W/gpu.f32" "$W/cpu.f32"
 			done
 		fi
-		if [ $m = deepseek_v3 ] && [ $n = 32768 ]; then	# split floors: ~512 splits .. 1
-			for fl in ${LONG_MLA_FLOORS:-0 256 4096 65536}; do
+		if [ $m = mla512 ]; then	# split floors: the most splits .. 1
+			for fl in ${LONG_MLA_FLOORS:-0 64 512 2048 65536}; do
 				KDEC_MLA_SPLIT_MIN=$fl timeout 120 "$B/kdbench" logits "${common[@]}" --backend cuda \
 					--incremental --prefill $((n - 4)) --out "$W/gpu.f32" "${rt[@]}" \
 					2>>"$O/longctx.log" &&
