@@ -31,6 +31,60 @@ static const float *bias_of(void *arg, int layer)
 	return m->layers[layer].router_bias;
 }
 
+/* base's row 3 scaled by 1 + f: a row f (rel L2) from base's */
+static void scaled_row(float *out, const float *base, double f)
+{
+	memcpy(out, base, sizeof(float) * (size_t)n_toks * vocab);
+	for (int v = 0; v < vocab; v++)
+		out[(size_t)3 * vocab + v] *= (float)(1 + f);
+}
+
+/* The two causes besides a flip (goldenflip.h), with the own routing (no flip) and base
+ * as the reference: the bf16 cache (the forced CPU row itself half the tolerance off)
+ * and the GEMM inputs (the fp32-input row within tolerance), each against its near miss. */
+static void check_causes(const float *base, const struct flip_row *rows,
+			 const struct route_trace *rec, const struct k_moe_route_params *route)
+{
+	size_t n = (size_t)n_toks * vocab;
+	float *got = malloc(sizeof(float) * n), *cpu = malloc(sizeof(float) * n);
+	float *gx = malloc(sizeof(float) * n);
+	struct flip_stats st;
+	int fails;
+
+	scaled_row(got, base, 1.5 * TOL);
+	scaled_row(cpu, base, 0.8 * TOL);
+	fails = flip_judge("cache", got, base, cpu, NULL, rows, n_toks, vocab, TOL, rec, rec, route,
+			   bias_of, NULL, &st);
+	CHECK(fails == 0 && st.bad == 1 && st.cache_ok == 1,
+	      "a row the cache alone moves 0.8 tol, the GPU 0.7 tol from it: explained (%d failed)", fails);
+	scaled_row(got, base, 1.15 * TOL);
+	scaled_row(cpu, base, 0.2 * TOL);
+	fails = flip_judge("cache too small", got, base, cpu, NULL, rows, n_toks, vocab, TOL, rec, rec,
+			   route, bias_of, NULL, &st);
+	CHECK(fails == 1 && st.cache_ok == 0, "a row the cache moves only 0.2 tol: a kernel error (%d)",
+	      fails);
+
+	scaled_row(got, base, 2 * TOL);
+	memcpy(cpu, base, sizeof(float) * n);
+	scaled_row(gx, base, 0.5 * TOL);
+	fails = flip_judge("gemm inputs", got, base, cpu, gx, rows, n_toks, vocab, TOL, rec, rec, route,
+			   bias_of, NULL, &st);
+	CHECK(fails == 0 && st.gemm_ok == 1,
+	      "2 tol off, fp32 inputs 0.5 tol off: the GEMM inputs (%d failed)", fails);
+	scaled_row(gx, base, 1.5 * TOL);
+	fails = flip_judge("gemm inputs not it", got, base, cpu, gx, rows, n_toks, vocab, TOL, rec, rec,
+			   route, bias_of, NULL, &st);
+	CHECK(fails == 1 && st.gemm_ok == 0, "fp32 inputs 1.5 tol off explain nothing (%d)", fails);
+	scaled_row(got, base, 3 * TOL);
+	scaled_row(gx, base, 0.5 * TOL);
+	fails = flip_judge("gemm cap", got, base, cpu, gx, rows, n_toks, vocab, TOL, rec, rec, route,
+			   bias_of, NULL, &st);
+	CHECK(fails == 1 && st.gemm_ok == 0, "3 tol from the forced row is past GEMM_IN_CAP (%d)", fails);
+	free(got);
+	free(cpu);
+	free(gx);
+}
+
 static int prefill(struct engine *e, struct route_trace *t, float *out)
 {
 	struct engine_seq seq;
@@ -223,7 +277,7 @@ int main(void)
 		prefill(e2, cpu_t, cpu);
 		CHECK(!memcmp(cpu, moved, sizeof(float) * (size_t)n_toks * vocab),
 		      "the forced reference run gives the forced run's rows");
-		fails = flip_judge("forced flip", moved, ref, cpu, rows, n_toks, vocab, TOL, force,
+		fails = flip_judge("forced flip", moved, ref, cpu, NULL, rows, n_toks, vocab, TOL, force,
 				   cpu_t, &m->cfg.route, bias_of, NULL, &st);
 		CHECK(st.bad > 0 && fails == st.bad && st.flips_ok == 0,
 		      "a flip at no near-tie fails: %d bad, %d failed, %d explained", st.bad, fails,
@@ -231,7 +285,7 @@ int main(void)
 		CHECK(st.flipped == 1, "one decision flipped of %ld: %ld", st.decisions, st.flipped);
 
 		/* the unchanged run passes */
-		fails = flip_judge("own routing", base, ref, base, rows, n_toks, vocab, TOL, rec, rec,
+		fails = flip_judge("own routing", base, ref, base, NULL, rows, n_toks, vocab, TOL, rec, rec,
 				   &m->cfg.route, bias_of, NULL, &st);
 		CHECK(fails == 0 && st.bad == 0 && st.flipped == 0, "own routing: %d failed", fails);
 
@@ -239,12 +293,13 @@ int main(void)
 		memcpy(noisy, base, sizeof(float) * (size_t)n_toks * vocab);
 		for (int v = 0; v < vocab; v++)
 			noisy[(size_t)3 * vocab + v] *= 1.01f;
-		fails = flip_judge("kernel error", noisy, ref, base, rows, n_toks, vocab, TOL, rec, rec,
+		fails = flip_judge("kernel error", noisy, ref, base, NULL, rows, n_toks, vocab, TOL, rec, rec,
 				   &m->cfg.route, bias_of, NULL, &st);
 		CHECK(fails == 1 && st.bad == 1, "a moved row without a flip fails: %d", fails);
-		fails = flip_judge("dense", noisy, ref, NULL, rows, n_toks, vocab, TOL, NULL, NULL,
+		fails = flip_judge("dense", noisy, ref, NULL, NULL, rows, n_toks, vocab, TOL, NULL, NULL,
 				   &m->cfg.route, bias_of, NULL, &st);
 		CHECK(fails == 1, "without a reference run every bad row fails: %d", fails);
+		check_causes(base, rows, rec, &m->cfg.route);
 		free(cpu);
 		route_trace_destroy(cpu_t);
 	}
