@@ -194,7 +194,7 @@ phase_ncu() {
 phase_sanitize() {
 	local cs=/usr/local/cuda/bin/compute-sanitizer tool
 	for t in ${SAN_TESTS:-$(gpu_tests)}; do
-		for tool in ${SAN_TOOLS:-memcheck racecheck}; do
+		for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
 			local name=${tool}_$t${KD_TEST_PART:+_$KD_TEST_PART}
 			run "$name" timeout "${SAN_TIMEOUT:-240}" "$cs" --tool "$tool" \
 				--error-exitcode 9 "$B/tests/$t"

@@ -1,5 +1,5 @@
 #!/bin/bash
-# compute-sanitizer memcheck and racecheck of every GPU test, each run small enough to
+# compute-sanitizer memcheck, racecheck and synccheck of every GPU test, each run small enough to
 # finish inside its cap: the attention tests (test_cuda_attn_gqa, _qkv, _mla) in their
 # quick cases; test_cuda_moe one half at a time (route, then experts);
 # test_cuda_linear quick (kdec's own kernels at M <= 64, without cuBLAS), by halves
@@ -10,7 +10,8 @@
 # sanitize writes them, all into one summary.txt; a run cut off by SAN_TIMEOUT (default
 # 480 s) says so (exit 124). The logs of every run come back as one sanlogs.tgz.
 #   device run "KDEC_BUILD_DIR=devbuild bash contrib/device/sanitize_all.sh"  carry ["devbuild"]
-# (after contrib/device/pack.sh; SAN_TOOLS="memcheck" or "racecheck" runs one tool)
+# (after contrib/device/pack.sh; SAN_TOOLS="memcheck", "racecheck" or "synccheck" runs one
+# tool)
 set -u
 cd "$(dirname "$0")/../.."
 R=contrib/device/run.sh
@@ -27,7 +28,7 @@ specs=(
 	"KD_TEST_QUICK=1 KD_TEST_PART=big|test_cuda_linear"
 	"KD_TEST_QUICK=1 KD_TEST_PART=small|test_cuda_linear"
 	"KD_TEST_QUICK=1|test_cuda_sample"
-	"|test_cuda_merge test_cuda_ops test_cuda_smoke"
+	"|test_cuda_merge test_cuda_ops test_cuda_smoke test_cuda_pdl"
 )
 # one run: its exit status in its folder's rc
 job() {
@@ -38,7 +39,7 @@ job() {
 }
 i=0
 for spec in "${specs[@]}"; do
-	for tool in ${SAN_TOOLS:-memcheck racecheck}; do
+	for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
 		while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
 		i=$((i + 1))
 		mkdir -p "$logs/$i"
