@@ -6,9 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "daemon/base/log.h"
+#include "daemon/engine/forward_tp.h"
 #include "daemon/engine/engine_internal.h"
+#include "daemon/model/model_shard.h"
 
 static uint64_t clock_monotonic_ns(void)
 {
@@ -32,6 +35,9 @@ static int engine_kv_init(struct engine *e, const struct engine_opts *opts, char
 	uint64_t key[2];
 	int64_t host = opts->host_kv_bytes ? opts->host_kv_bytes : ENGINE_DEFAULT_HOST_KV_BYTES;
 	int ret;
+
+	if (e->fwd->tp)	/* the mover copies one cache: rank 0's (engine_tp_check) */
+		host = -1;
 
 	e->clock_ns = clock_monotonic_ns;
 	e->kv_elem_bytes = k_dtype_size(e->be->ops->kv_dtype);
@@ -61,6 +67,40 @@ static int engine_kv_init(struct engine *e, const struct engine_opts *opts, char
 	if (!e->kv_raw || !e->kv_frame)
 		return -ENOMEM;
 	return 0;
+}
+
+/* What --tp N needs before anything is built: shapes it divides, a backend whose ranks
+ * can run as threads, no host tier (it would move rank 0's cache only). */
+static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
+			   const struct engine_opts *opts, char *err, size_t err_len)
+{
+	int ret;
+
+	if (opts->tp <= 1)
+		return 0;
+	if (!ops->host_memory) {
+		snprintf(err, err_len,
+			 "--tp %d on the %s backend: the multi-GPU %s path is not built yet (issue 25); "
+			 "use --tp 1, or --backend cpu", opts->tp, ops->name, ops->name);
+		return -ENOTSUP;
+	}
+	if ((ret = model_shard_check(&m->cfg, opts->tp, err, err_len)))
+		return ret;
+	if (opts->host_kv_bytes > 0) {
+		snprintf(err, err_len, "--tp %d with --host-kv-mem: the host tier copies one rank's "
+			 "KV cache; not built for several yet", opts->tp);
+		return -ENOTSUP;
+	}
+	return 0;
+}
+
+/* Threads of each rank's pool: the engine's threads shared among the ranks. */
+static int engine_rank_threads(const struct engine_opts *opts)
+{
+	long t = opts->threads > 0 ? opts->threads : sysconf(_SC_NPROCESSORS_ONLN);
+	int n = opts->tp > 1 ? opts->tp : 1;
+
+	return t / n > 1 ? (int)(t / n) : 1;
 }
 
 int engine_create(struct engine **out, struct model *m, const struct engine_opts *opts,
@@ -94,19 +134,27 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 			 block_tokens, max_rows);
 		return -EINVAL;
 	}
+	if ((ret = engine_tp_check(m, ops, opts, err, err_len)))
+		return ret;
 	if (why[0])
 		log_info("%s", why);	/* "auto": which backend, and why that one */
 	e = calloc(1, sizeof(*e));
 	if (!e)
 		return -ENOMEM;
 	e->model = m;
-	bo = (struct backend_opts){ .threads = opts->threads, .kv_bf16 = opts->kv_bf16 };
+	bo = (struct backend_opts){ .threads = opts->tp > 1 ? engine_rank_threads(opts) : opts->threads,
+				    .kv_bf16 = opts->kv_bf16 };
 	if ((ret = ops->create(&e->be, m, &bo, err, err_len)))
 		goto err_destroy;
 	ret = kv_pool_init(&e->pool, (kv_tokens + block_tokens - 1) / block_tokens, block_tokens);
 	if (ret)
 		goto err_destroy;
-	ret = forward_create(&e->fwd, m, e->be, e->pool.n_blocks, block_tokens, max_rows, err, err_len);
+	if (opts->tp > 1)
+		ret = forward_tp_create(&e->fwd, m, e->be, opts->tp, &bo, e->pool.n_blocks,
+					block_tokens, max_rows, err, err_len);
+	else
+		ret = forward_create(&e->fwd, m, e->be, e->pool.n_blocks, block_tokens, max_rows,
+				     err, err_len);
 	if (ret)
 		goto err_destroy;
 	e->tokens = calloc((size_t)max_rows, sizeof(int32_t));

@@ -27,7 +27,9 @@
 
 struct engine_opts {
 	const char *backend;	/* "cpu" (default), "cuda", or "auto" (backend_pick) */
-	int threads;		/* <= 0: one per online CPU */
+	int threads;		/* <= 0: one per online CPU; with tp > 1, shared among the ranks */
+	int tp;			/* tensor-parallel ranks (docs/PARALLEL.md); <= 1: one. CPU
+				 * backend only for now; refuses the host tier */
 	int block_tokens;	/* <= 0: ENGINE_DEFAULT_BLOCK_TOKENS */
 	int kv_tokens;		/* cache capacity in tokens; <= 0: ENGINE_DEFAULT_KV_TOKENS */
 	int max_rows;		/* tokens per forward call; <= 0: the backend's prompt_rows,

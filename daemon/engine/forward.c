@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "daemon/engine/forward.h"
+#include "daemon/engine/forward_tp.h"
 #include "daemon/engine/route_trace.h"
 
 #define OP(f, name, ...) ((f)->be->ops->name((f)->be, __VA_ARGS__))
@@ -168,10 +169,13 @@ err_destroy:
 void forward_destroy(struct forward *f)
 {
 	void *bufs[16];
+	struct fwd_tp *tp;
 	int n = 0;
 
 	if (!f)
 		return;
+	tp = f->tp_rank == 0 ? f->tp : NULL;	/* rank 0 owns the other ranks */
+	forward_tp_stop(tp);
 	for (int i = 0; i < FWD_N_BUCKETS; i++)
 		for (int j = 0; j < 2; j++)
 			if (f->graphs[i][j])
@@ -194,6 +198,7 @@ void forward_destroy(struct forward *f)
 	k_rope_fini(&f->rope);
 	free(f->trace_first);
 	free(f);
+	forward_tp_free(tp);	/* the shards, rank 0's (f->m) among them */
 }
 
 /* ---- layers ------------------------------------------------------------- */
@@ -209,6 +214,23 @@ static void linear_residual(struct forward *f, float *residual, float *scratch, 
 	}
 	OP(f, linear, scratch, x, w, R);
 	OP(f, add, residual, scratch, (size_t)R * (size_t)w->rows);
+}
+
+/* The attention's output projection added to the residual: with tensor parallel the
+ * ranks' partial sums (their heads' columns of wo) are reduced first. */
+static int attn_out(struct forward *f, const struct model_layer *L, int R)
+{
+	int ret;
+
+	if (!f->tp) {
+		linear_residual(f, f->x, f->h, f->attn, &L->wo, R);
+		return 0;
+	}
+	OP(f, linear, f->h, f->attn, &L->wo, R);
+	if ((ret = forward_tp_reduce(f, f->h, (size_t)R * (size_t)L->wo.rows)))
+		return ret;
+	OP(f, add, f->x, f->h, (size_t)R * (size_t)L->wo.rows);
+	return 0;
 }
 
 /* q, and K/V into the cache, op by op (backends without qkv_prep). */
@@ -241,8 +263,8 @@ static int rows_one_per_seq(const struct fwd_batch *b)
 }
 
 /* Llama / Qwen3 attention: h (rows, hidden) in, h (rows, hidden) out. */
-static void gqa_attention(struct forward *f, const struct model_layer *L, int l,
-			  const struct fwd_batch *b)
+static int gqa_attention(struct forward *f, const struct model_layer *L, int l,
+			 const struct fwd_batch *b)
 {
 	const struct model_config *c = &f->m->cfg;
 	int R = b->n_rows, H = c->n_heads, KV = c->n_kv_heads, D = c->head_dim;
@@ -262,7 +284,7 @@ static void gqa_attention(struct forward *f, const struct model_layer *L, int l,
 			gqa_inputs(f, L, l, b);
 		OP(f, attn_gqa, f->attn, f->q, kv, &b->attn, H, KV, D, c->attn_scale);
 	}
-	linear_residual(f, f->x, f->h, f->attn, &L->wo, R);
+	return attn_out(f, L, R);
 }
 
 /* MLA's q and the latent into the cache, op by op (backends without mla_prep): q_a
@@ -327,8 +349,7 @@ static int mla_attention(struct forward *f, const struct model_layer *L, int l,
 	}
 	if (ret)
 		return ret;
-	linear_residual(f, f->x, f->h, f->attn, &L->wo, R);
-	return 0;
+	return attn_out(f, L, R);
 }
 
 /* SwiGLU MLP of width inter: h in, added to acc (rows, hidden); scratch (rows,
@@ -369,7 +390,7 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 						 f->trace_first, f->router, f->route_ids, f->route_w,
 						 f->trace_err, sizeof(f->trace_err))))
 		return ret;
-	if (f->be->ops->moe_experts_add &&
+	if (!f->tp && f->be->ops->moe_experts_add &&
 	    (ret = OP(f, moe_experts_add, f->x, f->h, R, f->route_ids, f->route_w, c->top_k, L,
 		      c->hidden_size, c->moe_intermediate_size, c->n_experts, shared)) <= 0)
 		return ret;	/* fused: the experts, the shared expert and the residual add */
@@ -379,6 +400,9 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 		return ret;
 	if (shared > 0)
 		dense_mlp(f, L, R, shared, f->mlp, f->h);
+	/* tensor parallel: routed and shared partial sums reduced together, once */
+	if (f->tp && (ret = forward_tp_reduce(f, f->mlp, (size_t)R * c->hidden_size)))
+		return ret;
 	OP(f, add, f->x, f->mlp, (size_t)R * c->hidden_size);
 	return 0;
 }
@@ -394,7 +418,7 @@ static int forward_layer(struct forward *f, int l, const struct fwd_batch *b)
 	if (c->mla)
 		ret = mla_attention(f, L, l, b);
 	else
-		gqa_attention(f, L, l, b);
+		ret = gqa_attention(f, L, l, b);
 	if (ret)
 		return ret;
 
@@ -402,6 +426,16 @@ static int forward_layer(struct forward *f, int l, const struct fwd_batch *b)
 	   c->rms_norm_eps);
 	if (L->is_moe)
 		return moe_mlp(f, L, l, R);
+	if (f->tp) {	/* this rank's columns into a zeroed f->mlp, reduced, then added */
+		size_t n = (size_t)R * c->hidden_size;
+
+		memset(f->mlp, 0, n * sizeof(float));
+		dense_mlp(f, L, R, c->intermediate_size, f->mlp, f->h);
+		if ((ret = forward_tp_reduce(f, f->mlp, n)))
+			return ret;
+		OP(f, add, f->x, f->mlp, n);
+		return 0;
+	}
 	dense_mlp(f, L, R, c->intermediate_size, f->x, f->mlp);
 	return 0;
 }
@@ -411,7 +445,10 @@ int forward_layers(struct forward *f, const struct fwd_batch *b)
 {
 	int ret;
 
-	OP(f, embed, f->x, b->tokens, b->n_rows, &f->m->embed);
+	if (f->tp && (ret = forward_tp_embed(f, b)))
+		return ret;
+	if (!f->tp)
+		OP(f, embed, f->x, b->tokens, b->n_rows, &f->m->embed);
 	for (int l = 0; l < f->m->cfg.n_layers; l++)
 		if ((ret = forward_layer(f, l, b)))
 			return ret;

@@ -61,6 +61,7 @@ struct fwd_sample {
 };
 
 struct route_trace;
+struct fwd_tp;
 
 struct forward {
 	const struct model *m;
@@ -102,6 +103,11 @@ struct forward {
 	const int32_t *trace_pos;	/* (rows) host positions of the step in flight */
 	int32_t *trace_first;		/* (max_rows) host: each row's first KV block */
 	char trace_err[256];		/* the trace's failure, for the caller */
+
+	/* tensor parallel (forward_tp.h): NULL with one rank; else this forward is rank
+	 * tp_rank's, over its shard, and forward.c reduces the partial sums */
+	struct fwd_tp *tp;
+	int tp_rank;
 };
 
 /* Allocates the caches (n_blocks of block_tokens tokens, every layer) and the scratch.

@@ -9,6 +9,7 @@
 #include "daemon/base/clock.h"
 #include "daemon/base/log.h"
 #include "daemon/engine/forward.h"
+#include "daemon/engine/forward_tp.h"
 
 #define OP(f, name, ...) ((f)->be->ops->name((f)->be, __VA_ARGS__))
 
@@ -482,6 +483,8 @@ int forward_run(struct forward *f, const struct fwd_batch *b, float *logits)
 		return -EINVAL;
 	if (f->trace && (ret = trace_rows(f, b)))
 		return ret;
+	if (f->tp)
+		return forward_tp_run(f, b, logits);
 	if (f->be->ops->host_memory)
 		return run_eager(f, b, logits);
 	if (!f->trace && graph_eligible(f, b)) {

@@ -451,6 +451,7 @@ void model_destroy(struct model *m)
 	st_set_close(&m->files);
 	model_gguf_release(m);
 	free(m->synthetic_buf);
+	free(m->shard_buf);
 	free(m->path);
 	free(m);
 }

@@ -67,6 +67,7 @@ struct model {
 					 * NULL, or released once every weight is in gguf_buf */
 	void *gguf_buf;			/* owned: weights dequantized from it (gguf_buf_bytes) */
 	size_t gguf_buf_bytes;
+	void *shard_buf;		/* owned: a tensor-parallel rank's weights (model_shard.c) */
 	size_t weight_bytes;		/* total bytes of all bound weights */
 
 	struct model_tensor embed;	/* (vocab, hidden) */

@@ -1,0 +1,343 @@
+/* Ranks as threads (docs/PARALLEL.md): each step rank 0 (the engine thread) wakes ranks
+ * 1..n-1, every rank runs forward_layers on its own shard and forward, the partial sums
+ * meet in forward_tp_reduce, and each rank writes its vocabulary columns of the logits.
+ * Barriers sleep, so n ranks on fewer cores wait instead of spinning; a rank that fails
+ * breaks the step's barrier and every rank returns instead of waiting forever. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/base/log.h"
+#include "daemon/engine/forward_tp.h"
+#include "daemon/model/model_shard.h"
+
+#define OP(f, name, ...) ((f)->be->ops->name((f)->be, __VA_ARGS__))
+
+struct tp_barrier {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int n, waiting;
+	unsigned gen;
+	int broken;		/* the step failed on some rank: waits return at once */
+};
+
+struct fwd_tp {
+	int n;
+	struct model *shard[MODEL_SHARD_MAX_RANKS];
+	struct backend *be[MODEL_SHARD_MAX_RANKS];	/* [0] the caller's */
+	struct forward *f[MODEL_SHARD_MAX_RANKS];
+	pthread_t thread[MODEL_SHARD_MAX_RANKS];
+	int started;			/* threads running (ranks 1..started) */
+	int vocab, v0[MODEL_SHARD_MAX_RANKS];
+
+	struct tp_barrier step;		/* start and finish of a step (never broken) */
+	struct tp_barrier red;		/* inside a step: the reductions */
+	float *bufs[MODEL_SHARD_MAX_RANKS];	/* each rank's partial, published */
+	float *sum;			/* (max_rows * hidden) the reduced result */
+	size_t sum_cap;
+
+	/* the step in flight, set by rank 0 before the start barrier */
+	const struct fwd_batch *b;
+	float *logits;
+	int quit;
+	int ret[MODEL_SHARD_MAX_RANKS];
+};
+
+static void barrier_init(struct tp_barrier *b, int n)
+{
+	pthread_mutex_init(&b->lock, NULL);
+	pthread_cond_init(&b->cond, NULL);
+	b->n = n;
+}
+
+static void barrier_fini(struct tp_barrier *b)
+{
+	pthread_mutex_destroy(&b->lock);
+	pthread_cond_destroy(&b->cond);
+}
+
+/* 0 once all n arrived; -ECANCELED when the barrier is (or gets) broken. */
+static int barrier_wait(struct tp_barrier *b)
+{
+	int ret = 0;
+
+	pthread_mutex_lock(&b->lock);
+	if (b->broken) {
+		ret = -ECANCELED;
+	} else if (++b->waiting == b->n) {
+		b->waiting = 0;
+		b->gen++;
+		pthread_cond_broadcast(&b->cond);
+	} else {
+		unsigned gen = b->gen;
+
+		while (gen == b->gen && !b->broken)
+			pthread_cond_wait(&b->cond, &b->lock);
+		if (gen == b->gen)
+			ret = -ECANCELED;
+	}
+	pthread_mutex_unlock(&b->lock);
+	return ret;
+}
+
+static void barrier_break(struct tp_barrier *b)
+{
+	pthread_mutex_lock(&b->lock);
+	b->broken = 1;
+	b->waiting = 0;
+	pthread_cond_broadcast(&b->cond);
+	pthread_mutex_unlock(&b->lock);
+}
+
+static void barrier_reset(struct tp_barrier *b)
+{
+	pthread_mutex_lock(&b->lock);
+	b->broken = 0;
+	b->waiting = 0;
+	pthread_mutex_unlock(&b->lock);
+}
+
+int forward_tp_reduce(struct forward *f, float *buf, size_t n)
+{
+	struct fwd_tp *g = f->tp;
+	int r = f->tp_rank, N = g->n, ret;
+	size_t i0 = n * (size_t)r / (size_t)N, i1 = n * (size_t)(r + 1) / (size_t)N;
+
+	if (n > g->sum_cap) {
+		barrier_break(&g->red);
+		return -EINVAL;
+	}
+	g->bufs[r] = buf;
+	if ((ret = barrier_wait(&g->red)))
+		return ret;
+	/* this rank's share of the elements, summed in rank order: the same bits
+	 * whichever rank sums them */
+	for (size_t i = i0; i < i1; i++) {
+		float s = g->bufs[0][i];
+
+		for (int k = 1; k < N; k++)
+			s += g->bufs[k][i];
+		g->sum[i] = s;
+	}
+	if ((ret = barrier_wait(&g->red)))
+		return ret;
+	memcpy(buf, g->sum, n * sizeof(float));
+	return 0;
+}
+
+int forward_tp_embed(struct forward *f, const struct fwd_batch *b)
+{
+	struct fwd_tp *g = f->tp;
+	int hidden = f->m->cfg.hidden_size, v0 = g->v0[f->tp_rank], vn = f->m->cfg.vocab_size;
+
+	for (int i = 0; i < b->n_rows; i++) {
+		float *row = f->x + (size_t)i * hidden;
+		int32_t id = b->tokens[i] - v0;
+
+		if (id >= 0 && id < vn)
+			OP(f, embed, row, &id, 1, &f->m->embed);
+		else	/* another rank's row: it contributes it to the sum */
+			memset(row, 0, sizeof(float) * (size_t)hidden);
+	}
+	return forward_tp_reduce(f, f->x, (size_t)b->n_rows * hidden);
+}
+
+/* The final norm and this rank's vocabulary columns of the out rows' logits, written
+ * straight into the caller's (n_out, vocab) rows. */
+static void rank_logits(struct forward *f, const struct fwd_batch *b, float *logits)
+{
+	struct fwd_tp *g = f->tp;
+	const struct model_config *c = &f->m->cfg;
+	int hidden = c->hidden_size, vn = c->vocab_size, v0 = g->v0[f->tp_rank];
+
+	for (int o = 0; o < b->n_out; o += FWD_LOGIT_ROWS) {
+		int n = b->n_out - o < FWD_LOGIT_ROWS ? b->n_out - o : FWD_LOGIT_ROWS;
+
+		for (int i = 0; i < n; i++)
+			OP(f, rmsnorm, f->h + (size_t)i * hidden, hidden,
+			   f->x + (size_t)b->out_rows[o + i] * hidden, hidden, &f->m->final_norm, 1,
+			   hidden, c->rms_norm_eps);
+		OP(f, linear, f->logits, f->h, &f->m->lm_head, n);
+		for (int i = 0; i < n; i++)
+			memcpy(logits + (size_t)(o + i) * g->vocab + v0, f->logits + (size_t)i * vn,
+			       sizeof(float) * (size_t)vn);
+	}
+}
+
+static int rank_step(struct forward *f)
+{
+	struct fwd_tp *g = f->tp;
+	int ret = forward_layers(f, g->b);
+
+	if (!ret)
+		rank_logits(f, g->b, g->logits);
+	if (ret)	/* the others must not wait for this rank at a reduction */
+		barrier_break(&g->red);
+	return ret;
+}
+
+static void *rank_main(void *arg)
+{
+	struct forward *f = arg;
+	struct fwd_tp *g = f->tp;
+
+	for (;;) {
+		barrier_wait(&g->step);
+		if (g->quit)
+			break;
+		g->ret[f->tp_rank] = rank_step(f);
+		barrier_wait(&g->step);
+	}
+	return NULL;
+}
+
+int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
+{
+	struct fwd_tp *g = f->tp;
+	int ret = 0;
+
+	if (b->n_rows <= 0 || b->n_rows > f->max_rows || b->n_out < 0 || b->n_out > b->n_rows)
+		return -EINVAL;
+	barrier_reset(&g->red);
+	g->b = b;
+	g->logits = logits;
+	barrier_wait(&g->step);
+	g->ret[0] = rank_step(f);
+	barrier_wait(&g->step);
+	/* the failing rank's error, not the -ECANCELED of those it stopped */
+	for (int r = 0; r < g->n; r++)
+		if (g->ret[r] && (!ret || ret == -ECANCELED))
+			ret = g->ret[r];
+	return ret;
+}
+
+void forward_tp_stop(struct fwd_tp *g)
+{
+	if (!g)
+		return;
+	if (g->started) {
+		g->quit = 1;
+		/* every started thread waits at the start barrier; the others count as
+		 * arrived (barrier of started + 1) */
+		barrier_wait(&g->step);
+		for (int r = 1; r <= g->started; r++)
+			pthread_join(g->thread[r], NULL);
+		g->started = 0;
+	}
+	for (int r = 1; r < g->n; r++) {
+		forward_destroy(g->f[r]);
+		g->f[r] = NULL;
+		if (g->be[r])
+			g->be[r]->ops->destroy(g->be[r]);
+		g->be[r] = NULL;
+	}
+}
+
+void forward_tp_free(struct fwd_tp *g)
+{
+	if (!g)
+		return;
+	for (int r = 0; r < g->n; r++)
+		model_destroy(g->shard[r]);
+	free(g->sum);
+	barrier_fini(&g->step);
+	barrier_fini(&g->red);
+	free(g);
+}
+
+int forward_tp_ranks(const struct fwd_tp *g)
+{
+	return g ? g->n : 1;
+}
+
+void forward_tp_rank_bytes(const struct fwd_tp *g, int r, size_t *weights, size_t *kv)
+{
+	*weights = g->shard[r]->weight_bytes;
+	*kv = g->f[r] ? g->f[r]->kv_bytes : 0;
+}
+
+/* The shards, backends and forwards of every rank (threads not yet started). */
+static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend *be0,
+			const struct backend_opts *bo, int n_blocks, int block_tokens, int max_rows,
+			char *err, size_t err_len)
+{
+	int ret;
+
+	for (int r = 0; r < g->n; r++) {
+		int vn;
+
+		if ((ret = model_shard_create(&g->shard[r], m, r, g->n, err, err_len)))
+			return ret;
+		model_shard_vocab(m->cfg.vocab_size, r, g->n, &g->v0[r], &vn);
+		if (r == 0)
+			g->be[0] = be0;
+		else if ((ret = be0->ops->create(&g->be[r], g->shard[r], bo, err, err_len)))
+			return ret;
+		if ((ret = forward_create(&g->f[r], g->shard[r], g->be[r], n_blocks, block_tokens,
+					  max_rows, err, err_len)))
+			return ret;
+		g->f[r]->tp = g;
+		g->f[r]->tp_rank = r;
+	}
+	return 0;
+}
+
+int forward_tp_create(struct forward **out, const struct model *m, struct backend *be0, int n,
+		      const struct backend_opts *bo, int n_blocks, int block_tokens, int max_rows, char *err,
+		      size_t err_len)
+{
+	struct fwd_tp *g;
+	int ret;
+
+	*out = NULL;
+	if ((ret = model_shard_check(&m->cfg, n, err, err_len)))
+		return ret;
+	if (n < 2 || !be0->ops->host_memory) {
+		snprintf(err, err_len, "tp %d on the %s backend: ranks as threads need host memory (cpu)",
+			 n, be0->ops->name);
+		return -EINVAL;
+	}
+	g = calloc(1, sizeof(*g));
+	if (!g)
+		return -ENOMEM;
+	g->n = n;
+	g->vocab = m->cfg.vocab_size;
+	barrier_init(&g->step, n);
+	barrier_init(&g->red, n);
+	g->sum_cap = (size_t)max_rows * (size_t)m->cfg.hidden_size;
+	g->sum = malloc(g->sum_cap * sizeof(float));
+	if (!g->sum)
+		ret = -ENOMEM;
+	else
+		ret = ranks_create(g, m, be0, bo, n_blocks, block_tokens, max_rows, err,
+				   err_len);
+	for (int r = 1; !ret && r < n; r++) {
+		if ((ret = -pthread_create(&g->thread[r], NULL, rank_main, g->f[r])))
+			snprintf(err, err_len, "tp %d: cannot start rank %d's thread: %s", n, r,
+				 strerror(-ret));
+		else
+			g->started = r;
+	}
+	if (ret) {
+		/* stop only what started: a barrier of the started threads and this one */
+		g->step.n = g->started + 1;
+		g->be[0] = NULL;	/* the caller's */
+		forward_tp_stop(g);
+		if (g->f[0]) {
+			g->f[0]->tp = NULL;
+			forward_destroy(g->f[0]);
+		}
+		forward_tp_free(g);
+		if (ret == -ENOMEM && err_len && !err[0])
+			snprintf(err, err_len, "tp %d: out of memory", n);
+		return ret;
+	}
+	for (int r = 0; r < n; r++)	/* what each rank holds: its shard, its cache */
+		log_info("tp %d: rank %d holds %.1f MiB of weights and %.1f MiB of KV cache", n, r,
+			 (double)g->shard[r]->weight_bytes / (1 << 20),
+			 (double)g->f[r]->kv_bytes / (1 << 20));
+	*out = g->f[0];
+	return 0;
+}

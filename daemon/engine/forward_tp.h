@@ -1,0 +1,41 @@
+/* Tensor parallel on the CPU backend (docs/PARALLEL.md): N ranks as threads, each a
+ * struct forward of its own over its shard of the model (model_shard.h), its own KV
+ * cache, scratch and backend; they meet at the reductions forward.c asks for. Rank 0
+ * is the caller's thread and its forward the one the engine holds. */
+#ifndef KD_DAEMON_FORWARD_TP_H
+#define KD_DAEMON_FORWARD_TP_H
+
+#include <stddef.h>
+
+#include "daemon/engine/forward.h"
+
+struct fwd_tp;
+
+/* Builds the n ranks (n >= 2) of model m: the shards, their backends (be0 for rank 0,
+ * created by the caller with bo; the others with bo too, owned here), forwards and
+ * threads. *out is rank 0's forward: forward_run fans each step out, forward_destroy
+ * stops everything. 0 or -errno with one line in err. */
+int forward_tp_create(struct forward **out, const struct model *m, struct backend *be0, int n,
+		      const struct backend_opts *bo, int n_blocks, int block_tokens, int max_rows, char *err,
+		      size_t err_len);
+
+/* Rank 0: runs the step on every rank; logits (n_out, full vocab) as forward_run. */
+int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits);
+
+/* Any rank, inside a step: buf (n floats) becomes the sum of every rank's buf, the same
+ * bits on every rank. 0, or -ECANCELED when another rank failed the step. */
+int forward_tp_reduce(struct forward *f, float *buf, size_t n);
+
+/* Any rank: the embedding of b's tokens into f->x, by vocabulary shard and reduction. */
+int forward_tp_embed(struct forward *f, const struct fwd_batch *b);
+
+/* Rank 0, from forward_destroy: stops the threads and destroys ranks 1..n-1; then
+ * forward_tp_free releases the shards (after rank 0's forward is gone). */
+void forward_tp_stop(struct fwd_tp *g);
+void forward_tp_free(struct fwd_tp *g);
+
+/* Ranks, and the weight and KV bytes rank r holds (for the log). */
+int forward_tp_ranks(const struct fwd_tp *g);
+void forward_tp_rank_bytes(const struct fwd_tp *g, int r, size_t *weights, size_t *kv);
+
+#endif

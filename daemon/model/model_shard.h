@@ -1,0 +1,27 @@
+/* A rank's shard of a loaded model for tensor parallel (docs/PARALLEL.md): the heads,
+ * intermediate columns and vocabulary rows rank r of n owns, copied into the shard's own
+ * memory, with a config that says the rank's sizes. Every forward op runs on a shard as
+ * on a whole model; the ranks' partial sums are reduced by the caller. */
+#ifndef KD_DAEMON_MODEL_SHARD_H
+#define KD_DAEMON_MODEL_SHARD_H
+
+#include <stddef.h>
+
+#include "daemon/model/model.h"
+
+#define MODEL_SHARD_MAX_RANKS 64
+
+/* Whether n ranks can split cfg's shapes: 0, or -EINVAL with one line in err naming
+ * the numbers ("tp 3 does not divide 8 query heads of llama"). */
+int model_shard_check(const struct model_config *cfg, int n, char *err, size_t err_len);
+
+/* The vocabulary rows [*first, *first + *count) rank r of n holds (uneven splits
+ * allowed: the first ranks get one row more). */
+void model_shard_vocab(int vocab, int r, int n, int *first, int *count);
+
+/* Rank r's shard of m (which it does not reference after). 0 or -errno with err;
+ * *out is released with model_destroy. */
+int model_shard_create(struct model **out, const struct model *m, int r, int n, char *err,
+		       size_t err_len);
+
+#endif

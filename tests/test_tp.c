@@ -1,0 +1,185 @@
+/* Tensor parallel on the CPU backend (docs/PARALLEL.md): for every golden and reference
+ * model and tp = 2, 3, 4, 8, an engine of that many ranks (threads, each over its own
+ * shard) must give tp 1's logits within 1e-5 relative L2 per row, by one prefill, by
+ * incremental decode and with the cases batched; where the shapes do not split, the
+ * engine must refuse with one line naming tp and the numbers. Then a sharding the test
+ * knows to be uneven: the vocabulary (reference models' vocabularies are odd). */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/engine/engine.h"
+#include "daemon/engine/forward.h"
+#include "daemon/model/model.h"
+#include "daemon/model/model_shard.h"
+#include "tests/testutil.h"
+#include "tests/goldentest.h"
+
+#define TP_ROW_TOL 1e-5
+#define MAX_CASES 4
+
+static const char *const models[] = {
+	"golden/llama3", "golden/qwen3", "golden/qwen3_moe", "golden/deepseek_v2", "golden/deepseek_v3",
+	"reference/llama", "reference/qwen3", "reference/qwen3_moe", "reference/deepseek_v2",
+	"reference/deepseek_v3", "reference/kimi_k2",
+};
+static const int tps[] = { 2, 3, 4, 8 };
+
+struct tcase {
+	int32_t *tokens;
+	int n;
+};
+
+/* Rows of every path, back to back: prefill (n rows), incremental (n), batched (2 per
+ * case); returns the rows written or -1 with the error said. */
+static int run_paths(struct engine *e, const struct tcase *cs, int nc, float *out, const char *what)
+{
+	int vocab = e->model->cfg.vocab_size, rows = 0, ret = 0;
+	struct engine_seq seq[MAX_CASES];
+	struct engine_req r[MAX_CASES];
+	char err[512] = "";
+
+	for (int i = 0; i < nc && !ret; i++) {	/* one prefill per case, every row's logits */
+		engine_seq_init(&seq[0]);
+		r[0] = (struct engine_req){ .seq = &seq[0], .tokens = cs[i].tokens, .n_tokens = cs[i].n,
+					    .all_logits = 1 };
+		ret = engine_step(e, r, 1, out + (size_t)rows * vocab, err, sizeof(err));
+		engine_seq_release(e, &seq[0]);
+		rows += cs[i].n;
+	}
+	for (int i = 0; i < nc && !ret; i++) {	/* incremental: one token a step */
+		engine_seq_init(&seq[0]);
+		for (int t = 0; t < cs[i].n && !ret; t++, rows++) {
+			r[0] = (struct engine_req){ .seq = &seq[0], .tokens = &cs[i].tokens[t], .n_tokens = 1 };
+			ret = engine_step(e, r, 1, out + (size_t)rows * vocab, err, sizeof(err));
+		}
+		engine_seq_release(e, &seq[0]);
+	}
+	for (int i = 0; i < nc; i++) {	/* batched: all cases in one step, then one decode */
+		engine_seq_init(&seq[i]);
+		r[i] = (struct engine_req){ .seq = &seq[i], .tokens = cs[i].tokens, .n_tokens = cs[i].n - 1 };
+	}
+	if (!ret)
+		ret = engine_step(e, r, nc, out + (size_t)rows * vocab, err, sizeof(err));
+	rows += nc;
+	for (int i = 0; i < nc && !ret; i++)
+		r[i] = (struct engine_req){ .seq = &seq[i], .tokens = &cs[i].tokens[cs[i].n - 1], .n_tokens = 1 };
+	if (!ret)
+		ret = engine_step(e, r, nc, out + (size_t)rows * vocab, err, sizeof(err));
+	rows += nc;
+	for (int i = 0; i < nc; i++)
+		engine_seq_release(e, &seq[i]);
+	CHECK(ret == 0, "%s: step: %s", what, err);
+	return ret ? -1 : rows;
+}
+
+static struct engine *open_engine(struct model *m, int tp, char *err, size_t err_len, int *ret)
+{
+	/* two threads in all, shared among the ranks: CI has two cores */
+	struct engine_opts eo = { .backend = "cpu", .threads = 2, .tp = tp, .kv_tokens = 1024,
+				  .block_tokens = 16, .max_rows = 64 };
+	struct engine *e = NULL;
+
+	*ret = engine_create(&e, m, &eo, err, err_len);
+	return e;
+}
+
+/* tp's refusal: one line that names tp and what it does not divide. */
+static void check_refusal(struct model *m, const char *name, int tp)
+{
+	char err[512] = "", want[32];
+	int ret;
+	struct engine *e = open_engine(m, tp, err, sizeof(err), &ret);
+
+	snprintf(want, sizeof(want), "tp %d ", tp);
+	CHECK(!e && ret == -EINVAL, "%s: tp %d: the shapes do not split, yet engine_create gave %d",
+	      name, tp, ret);
+	CHECK(strstr(err, want) && (strstr(err, "does not divide") || strstr(err, "more than")) &&
+	      !strchr(err, '\n'), "%s: tp %d: refusal '%s'", name, tp, err);
+	fprintf(stderr, "  %-22s tp %d refused: %s\n", name, tp, err);
+	engine_destroy(e);
+}
+
+static void check_model(const char *top, const char *name)
+{
+	char dir[1024], path[1200], err[512] = "";
+	struct tcase cs[MAX_CASES] = { 0 };
+	struct model *m = NULL;
+	struct engine *e;
+	json_error_t jerr;
+	json_t *g, *cases;
+	float *want = NULL, *got = NULL;
+	int nc = 0, total = 0, rows, ret;
+
+	snprintf(dir, sizeof(dir), "%s/tests/data/%s", top, name);
+	snprintf(path, sizeof(path), "%s/golden.json", dir);
+	g = json_load_file(path, 0, &jerr);
+	CHECK(g != NULL, "%s: %s", path, jerr.text);
+	if (!g)
+		return;
+	CHECK(model_load(&m, dir, NULL, err, sizeof(err)) == 0, "%s: load: %s", name, err);
+	cases = json_object_get(g, "cases");
+	for (size_t i = 0; m && i < json_array_size(cases) && nc < MAX_CASES; i++, nc++) {
+		cs[nc].tokens = golden_ids(json_object_get(json_array_get(cases, i), "tokens"), &cs[nc].n);
+		total += cs[nc].n;
+	}
+	if (m) {
+		size_t floats = (size_t)(2 * total + 2 * nc) * (size_t)m->cfg.vocab_size;
+
+		want = malloc(floats * sizeof(float));
+		got = malloc(floats * sizeof(float));
+	}
+	e = m ? open_engine(m, 1, err, sizeof(err), &ret) : NULL;
+	CHECK(!m || e, "%s: tp 1: %s", name, err);
+	rows = e ? run_paths(e, cs, nc, want, name) : -1;
+	engine_destroy(e);
+	for (size_t t = 0; rows > 0 && t < sizeof(tps) / sizeof(tps[0]); t++) {
+		double worst = 0;
+		int bad = 0, n;
+
+		if (model_shard_check(&m->cfg, tps[t], err, sizeof(err))) {
+			check_refusal(m, name, tps[t]);
+			continue;
+		}
+		e = open_engine(m, tps[t], err, sizeof(err), &ret);
+		CHECK(e != NULL, "%s: tp %d: %s", name, tps[t], err);
+		if (!e)
+			continue;
+		CHECK(e->fwd->tp != NULL, "%s: tp %d: the engine runs one rank", name, tps[t]);
+		memset(got, 0xff, (size_t)rows * m->cfg.vocab_size * sizeof(float));	/* NaN */
+		n = run_paths(e, cs, nc, got, name);
+		for (int i = 0; i < n; i++) {
+			size_t off = (size_t)i * m->cfg.vocab_size;
+			double rel = test_rel_l2(got + off, want + off, (size_t)m->cfg.vocab_size);
+
+			if (!(rel <= TP_ROW_TOL))
+				bad++;
+			worst = rel > worst || rel != rel ? rel : worst;
+		}
+		CHECK(n == rows && bad == 0, "%s: tp %d: %d of %d rows beyond %g (worst %.3g)", name,
+		      tps[t], bad, rows, TP_ROW_TOL, worst);
+		fprintf(stderr, "  %-22s tp %d: %d rows (prefill, incremental, batched), worst %.2e\n",
+			name, tps[t], n, worst);
+		engine_destroy(e);
+	}
+	for (int i = 0; i < nc; i++)
+		free(cs[i].tokens);
+	free(want);
+	free(got);
+	model_destroy(m);
+	json_decref(g);
+}
+
+int main(void)
+{
+	const char *top = getenv("top_srcdir") ? getenv("top_srcdir") : ".";
+
+	fprintf(stderr, "test_tp: cpu backend, tp 2 3 4 8 against tp 1, tolerance %g relative L2 per row\n",
+		TP_ROW_TOL);
+	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
+		check_model(top, models[i]);
+	return test_result("test_tp");
+}
