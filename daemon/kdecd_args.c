@@ -36,6 +36,12 @@ static void usage(FILE *f)
 		"                          or --allow-gid: those peers are checked by SO_PEERCRED);\n"
 		"                          claimed by an flock on PATH.lock for the daemon's life\n"
 		"  --threads N             CPU threads of the engine (default: all online CPUs)\n"
+		"  --tp N                  tensor parallel: N ranks, each holding its shard of every\n"
+		"                          layer (docs/PARALLEL.md); cpu backend: ranks as threads\n"
+		"                          sharing --threads; refused on cuda until the multi-GPU\n"
+		"                          path is built (default 1)\n"
+		"  --gpus LIST|all         the GPUs to run on (cuda), e.g. 0 or 2; more than one is\n"
+		"                          refused until the multi-GPU path is built (default: GPU 0)\n"
 		"  --max-clients N         connected clients (default %d)\n"
 		"  --max-pending N         connections without a hello (kdctl's too) (default %d);\n"
 		"                          past it a new one displaces the oldest of the uid\n"
@@ -205,7 +211,8 @@ static int parse_secs(const char *opt, const char *s, int *out)
 enum {
 	O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
 	O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_NOWAIT, O_TTL, O_OFFLOAD,
-	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE, O_PACE, O_PENDING, O_HANDSHAKE, O_OPUID, O_OPGID, O_MAXSESS
+	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE, O_PACE, O_PENDING, O_HANDSHAKE, O_OPUID, O_OPGID, O_MAXSESS,
+	O_TP, O_GPUS
 };
 
 static const struct option kdecd_opts[] = {
@@ -213,6 +220,8 @@ static const struct option kdecd_opts[] = {
 	{ "backend", required_argument, NULL, O_BACKEND },
 	{ "socket", required_argument, NULL, O_SOCKET },
 	{ "threads", required_argument, NULL, O_THREADS },
+	{ "tp", required_argument, NULL, O_TP },
+	{ "gpus", required_argument, NULL, O_GPUS },
 	{ "max-clients", required_argument, NULL, O_MAXCL },
 	{ "max-pending", required_argument, NULL, O_PENDING },
 	{ "handshake-timeout", required_argument, NULL, O_HANDSHAKE },
@@ -254,6 +263,11 @@ static int parse_opt_num(struct kdecd_args *a, int c, const char *arg)
 		if (parse_num("--threads", arg, 1, 1024, &v))
 			return -EINVAL;
 		a->eng.threads = (int)v;
+		break;
+	case O_TP:
+		if (parse_num("--tp", arg, 1, 64, &v))
+			return -EINVAL;
+		a->eng.tp = (int)v;
 		break;
 	case O_MAXCL:
 		if (parse_num("--max-clients", arg, 1, 4096, &v))
@@ -353,7 +367,13 @@ static int parse_opt(struct kdecd_args *a, int c, const char *arg)
 	case O_SHARE: a->srv.sched.share_prefix = 1; break;
 	case O_NOWAIT: a->srv.sched.no_prefix_wait = 1; break;
 	case O_STATE: a->srv.state_dir = arg; break;
-	case O_THREADS: case O_MAXCL: case O_PENDING: case O_HANDSHAKE: case O_BATCH: case O_CHUNK:
+	case O_GPUS:
+		if (cli_parse_gpus(arg, a->eng.gpus, ENGINE_MAX_GPUS, &a->eng.n_gpus, err, sizeof(err))) {
+			fprintf(stderr, "kdecd: %s\n", err);
+			return -EINVAL;
+		}
+		break;
+	case O_THREADS: case O_TP: case O_MAXCL: case O_PENDING: case O_HANDSHAKE: case O_BATCH: case O_CHUNK:
 	case O_PACE: case O_MAXSESS: case O_KV: case O_SHUT:
 	case O_TTL: case O_OFFLOAD: case O_HOSTMEM:
 		return parse_opt_num(a, c, arg);

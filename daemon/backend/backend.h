@@ -20,6 +20,8 @@ struct backend_opts {
 	int kv_bf16;		/* cpu: round each cached K/V value to bf16 as it is written,
 				 * as the cuda backend stores it, so a fidelity check can tell
 				 * the cache's rounding from the kernels' error (cuda: ignored) */
+	int all_gpus;		/* --gpus all (cuda): every visible GPU; more than one is
+				 * refused until the multi-GPU path is built (issue 25) */
 };
 
 /* A GQA layer's attention inputs for qkv_prep (and qkv_prep_attn): rows of h in, q out,

@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "daemon/base/cli.h"
 
@@ -76,5 +77,49 @@ int cli_parse_tokens(const char *s, int max_n, int32_t **ids, int *n, char *err,
 	}
 	*ids = v;
 	*n = count;
+	return 0;
+}
+
+int cli_parse_gpus(const char *s, int *ids, int max_n, int *n, char *err, size_t err_len)
+{
+	const char *p = s;
+
+	*n = 0;
+	if (s && !strcmp(s, "all")) {
+		*n = -1;
+		return 0;
+	}
+	while (p && *p) {
+		char *end;
+		long x;
+
+		while (*p == ' ')
+			p++;
+		errno = 0;
+		x = strtol(p, &end, 10);
+		if (end == p || errno || x < 0 || x > 1023 || (*end && *end != ',')) {
+			snprintf(err, err_len, "--gpus %s: give 'all' or GPU ids 0..1023 separated by commas", s);
+			return -EINVAL;
+		}
+		for (int i = 0; i < *n; i++)
+			if (ids[i] == (int)x) {
+				snprintf(err, err_len, "--gpus %s: GPU %ld is named twice", s, x);
+				return -EINVAL;
+			}
+		if (*n == max_n) {
+			snprintf(err, err_len, "--gpus %s: at most %d GPUs", s, max_n);
+			return -EINVAL;
+		}
+		ids[(*n)++] = (int)x;
+		p = *end ? end + 1 : end;
+		if (*end && !*p) {
+			snprintf(err, err_len, "--gpus %s: a comma with no GPU after it", s);
+			return -EINVAL;
+		}
+	}
+	if (*n == 0) {
+		snprintf(err, err_len, "--gpus: give 'all' or GPU ids separated by commas");
+		return -EINVAL;
+	}
 	return 0;
 }

@@ -69,13 +69,24 @@ static int engine_kv_init(struct engine *e, const struct engine_opts *opts, char
 	return 0;
 }
 
-/* What --tp N needs before anything is built: shapes it divides, a backend whose ranks
- * can run as threads, no host tier (it would move rank 0's cache only). */
+/* What --gpus and --tp N need before anything is built: one GPU at most (the multi-GPU
+ * path is not built), shapes that N divides, a backend whose ranks can run as threads,
+ * no host tier (it would move rank 0's cache only). */
 static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 			   const struct engine_opts *opts, char *err, size_t err_len)
 {
 	int ret;
 
+	if (opts->n_gpus != 0 && ops->host_memory) {
+		snprintf(err, err_len, "--gpus on the %s backend: it runs on no GPU (--backend cuda)",
+			 ops->name);
+		return -EINVAL;
+	}
+	if (opts->n_gpus > 1) {
+		snprintf(err, err_len, "--gpus: %d GPUs asked for: the multi-GPU %s path is not built "
+			 "yet (issue 25); name one GPU", opts->n_gpus, ops->name);
+		return -ENOTSUP;
+	}
 	if (opts->tp <= 1)
 		return 0;
 	if (!ops->host_memory) {
@@ -143,7 +154,9 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 		return -ENOMEM;
 	e->model = m;
 	bo = (struct backend_opts){ .threads = opts->tp > 1 ? engine_rank_threads(opts) : opts->threads,
-				    .kv_bf16 = opts->kv_bf16 };
+				    .kv_bf16 = opts->kv_bf16,
+				    .device = opts->n_gpus == 1 ? opts->gpus[0] : 0,
+				    .all_gpus = opts->n_gpus < 0 };
 	if ((ret = ops->create(&e->be, m, &bo, err, err_len)))
 		goto err_destroy;
 	ret = kv_pool_init(&e->pool, (kv_tokens + block_tokens - 1) / block_tokens, block_tokens);

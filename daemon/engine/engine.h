@@ -25,9 +25,13 @@
 #define ENGINE_DEFAULT_SESSION_TTL_S 3600
 #define ENGINE_DEFAULT_OFFLOAD_AFTER_S 30
 
+#define ENGINE_MAX_GPUS 64
+
 struct engine_opts {
 	const char *backend;	/* "cpu" (default), "cuda", or "auto" (backend_pick) */
 	int threads;		/* <= 0: one per online CPU; with tp > 1, shared among the ranks */
+	int gpus[ENGINE_MAX_GPUS];	/* --gpus (cuda): the GPUs to run on */
+	int n_gpus;		/* 0: not given (GPU 0); -1: all visible; else gpus[0..n) */
 	int tp;			/* tensor-parallel ranks (docs/PARALLEL.md); <= 1: one. CPU
 				 * backend only for now; refuses the host tier */
 	int block_tokens;	/* <= 0: ENGINE_DEFAULT_BLOCK_TOKENS */

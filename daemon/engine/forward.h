@@ -71,7 +71,7 @@ struct forward {
 	int n_blocks;
 	struct k_rope rope;
 	struct k_kv_layer *kv;		/* (n_layers) caches in backend memory */
-	size_t kv_bytes;		/* all layers' cache */
+	size_t kv_bytes;		/* all layers' cache (tensor parallel, rank 0: all ranks') */
 
 	/* scratch, backend memory, (max_rows, width) floats */
 	float *x;			/* (rows, hidden) residual stream */

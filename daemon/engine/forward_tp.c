@@ -247,17 +247,6 @@ void forward_tp_free(struct fwd_tp *g)
 	free(g);
 }
 
-int forward_tp_ranks(const struct fwd_tp *g)
-{
-	return g ? g->n : 1;
-}
-
-void forward_tp_rank_bytes(const struct fwd_tp *g, int r, size_t *weights, size_t *kv)
-{
-	*weights = g->shard[r]->weight_bytes;
-	*kv = g->f[r] ? g->f[r]->kv_bytes : 0;
-}
-
 /* The shards, backends and forwards of every rank (threads not yet started). */
 static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend *be0,
 			const struct backend_opts *bo, int n_blocks, int block_tokens, int max_rows,
@@ -338,6 +327,8 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 		log_info("tp %d: rank %d holds %.1f MiB of weights and %.1f MiB of KV cache", n, r,
 			 (double)g->shard[r]->weight_bytes / (1 << 20),
 			 (double)g->f[r]->kv_bytes / (1 << 20));
+	for (int r = 1; r < n; r++)	/* the engine's figure: every rank's cache */
+		g->f[0]->kv_bytes += g->f[r]->kv_bytes;
 	*out = g->f[0];
 	return 0;
 }

@@ -34,8 +34,4 @@ int forward_tp_embed(struct forward *f, const struct fwd_batch *b);
 void forward_tp_stop(struct fwd_tp *g);
 void forward_tp_free(struct fwd_tp *g);
 
-/* Ranks, and the weight and KV bytes rank r holds (for the log). */
-int forward_tp_ranks(const struct fwd_tp *g);
-void forward_tp_rank_bytes(const struct fwd_tp *g, int r, size_t *weights, size_t *kv);
-
 #endif

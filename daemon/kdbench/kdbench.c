@@ -60,6 +60,9 @@ static void usage(FILE *f)
 		"options:\n"
 		"  --backend NAME        cpu (default) or cuda\n"
 		"  --threads N           CPU threads (default: all online CPUs)\n"
+		"  --tp N                tensor-parallel ranks (cpu: threads sharing --threads;\n"
+		"                        docs/PARALLEL.md) (default 1)\n"
+		"  --gpus LIST|all       the GPUs to run on (cuda); one for now\n"
 		"  --synthetic-weights   deterministic random weights; --model may be a config.json\n"
 		"  --seed S              seed of the synthetic weights (default 0)\n"
 		"  --layers N            keep only the first N layers (benchmarks of huge configs)\n"
@@ -94,7 +97,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_SEED, O_LAYERS, O_KV, O_BLOCK, O_LOG,
 	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT, O_PREFILL,
-	       O_KV_BF16 };
+	       O_KV_BF16, O_TP, O_GPUS };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "tokens", required_argument, NULL, 't' },
@@ -108,6 +111,8 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		{ "spec", required_argument, NULL, O_SPEC },
 		{ "backend", required_argument, NULL, O_BACKEND },
 		{ "threads", required_argument, NULL, O_THREADS },
+		{ "tp", required_argument, NULL, O_TP },
+		{ "gpus", required_argument, NULL, O_GPUS },
 		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
 		{ "seed", required_argument, NULL, O_SEED },
 		{ "layers", required_argument, NULL, O_LAYERS },
@@ -166,6 +171,21 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 				return -1;
 			a->eng.threads = (int)v;
 			break;
+		case O_TP:
+			if (parse_num("--tp", optarg, 1, 64, &v))
+				return -1;
+			a->eng.tp = (int)v;
+			break;
+		case O_GPUS: {
+			char err[256];
+
+			if (cli_parse_gpus(optarg, a->eng.gpus, ENGINE_MAX_GPUS, &a->eng.n_gpus, err,
+					   sizeof(err))) {
+				fprintf(stderr, "kdbench: %s\n", err);
+				return -1;
+			}
+			break;
+		}
 		case O_SEED:
 			if (parse_num("--seed", optarg, 0, __LONG_MAX__, &v))
 				return -1;

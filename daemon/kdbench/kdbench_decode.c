@@ -62,6 +62,8 @@ static void decode_usage(FILE *f)
 		"  --layers N            keep only the first N layers\n"
 		"  --kv-tokens N         KV cache capacity (default: what the largest batch needs)\n"
 		"  --threads N           CPU threads\n"
+		"  --tp N                tensor-parallel ranks (cpu only for now; default 1)\n"
+		"  --gpus LIST|all       the GPUs to run on (cuda); one for now\n"
 		"  --no-graphs           run every step op by op\n"
 		"  --profile-step        the last timed step of each batch size runs inside a\n"
 		"                        profiler range (ncu --profile-from-start off)\n"
@@ -103,7 +105,7 @@ static int num(const char *opt, const char *s, long min, long max, long *out)
 static int decode_parse(int argc, char **argv, struct decode_args *a)
 {
 	enum { O_BATCH = 256, O_CTX, O_STEPS, O_WARM, O_BACKEND, O_SYNTH, O_LAYERS, O_KV, O_THREADS,
-	       O_NOGRAPH, O_PROFILE, O_HBM, O_OUT, O_SEED, O_LOG };
+	       O_NOGRAPH, O_PROFILE, O_HBM, O_OUT, O_SEED, O_LOG, O_TP, O_GPUS };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "config", required_argument, NULL, 'm' },
@@ -116,6 +118,8 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		{ "layers", required_argument, NULL, O_LAYERS },
 		{ "kv-tokens", required_argument, NULL, O_KV },
 		{ "threads", required_argument, NULL, O_THREADS },
+		{ "tp", required_argument, NULL, O_TP },
+		{ "gpus", required_argument, NULL, O_GPUS },
 		{ "no-graphs", no_argument, NULL, O_NOGRAPH },
 		{ "profile-step", no_argument, NULL, O_PROFILE },
 		{ "hbm-tbs", required_argument, NULL, O_HBM },
@@ -147,6 +151,17 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 			break;
 		case O_KV: if (num("--kv-tokens", optarg, 1, 1L << 28, &v)) return -1; a->eng.kv_tokens = (int)v; break;
 		case O_THREADS: if (num("--threads", optarg, 1, 1024, &v)) return -1; a->eng.threads = (int)v; break;
+		case O_TP: if (num("--tp", optarg, 1, 64, &v)) return -1; a->eng.tp = (int)v; break;
+		case O_GPUS: {
+			char err[256];
+
+			if (cli_parse_gpus(optarg, a->eng.gpus, ENGINE_MAX_GPUS, &a->eng.n_gpus, err,
+					   sizeof(err))) {
+				fprintf(stderr, "kdbench decode: %s\n", err);
+				return -1;
+			}
+			break;
+		}
 		case O_NOGRAPH: a->no_graphs = 1; break;
 		case O_PROFILE: a->profile_step = 1; break;
 		case O_HBM:

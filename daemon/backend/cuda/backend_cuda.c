@@ -137,6 +137,11 @@ static int cuda_create(struct backend **out, const struct model *m, const struct
 		snprintf(err, err_len, "cuda backend: no usable GPU (driver or device missing)");
 		return -ENODEV;
 	}
+	if (opts && opts->all_gpus && count > 1) {
+		snprintf(err, err_len, "cuda backend: --gpus all is %d GPUs: the multi-GPU CUDA path "
+			 "is not built yet (issue 25); name one GPU", count);
+		return -ENOTSUP;
+	}
 	b = calloc(1, sizeof(*b));
 	if (!b)
 		return -ENOMEM;

@@ -1,0 +1,81 @@
+#!/bin/sh
+# --tp and --gpus as a user gives them: kdbench logits with tp 2 and 4 within 1e-5
+# relative L2 per row of tp 1 (dense, MoE, MLA); kdbench generate and a real kdecd
+# --tp 2 over the socket give tp 1's greedy tokens; kdbench decode runs at tp 2; and
+# every bad --tp / --gpus fails with one clear line.
+set -u
+test_name=tp_cli
+. "${top_srcdir:-.}/tests/testutil.sh"
+G=$top_srcdir/tests/data/golden
+IDS=5,17,300,2,9,33,70,41,8,250
+
+# rows of two raw fp32 files of VOCAB columns: the worst relative L2 per row
+worst_rel() {
+	od -An -v -f -w4 "$1" >"$tmp/a.txt"
+	od -An -v -f -w4 "$2" >"$tmp/b.txt"
+	paste "$tmp/a.txt" "$tmp/b.txt" | awk -v V="$3" '
+		{ d = $1 - $2; num += d * d; den += $2 * $2; n++
+		  if (n % V == 0) { r = den > 0 ? sqrt(num / den) : sqrt(num); if (r > w) w = r; num = den = 0 } }
+		END { if (n == 0 || n % V) print "nan"; else printf "%.3g\n", w }'
+}
+
+# ---- kdbench logits: tp 2 and 4 against tp 1, prefill and incremental ----
+for model in llama3 qwen3_moe deepseek_v3; do
+	for mode in "" --incremental; do
+		"$B/kdbench" logits --model "$G/$model" --tokens $IDS --threads 2 $mode \
+			--out "$tmp/t1.f32" 2>"$tmp/err" || fail "$model tp 1 $mode: $(tail -n 1 "$tmp/err")"
+		for tp in 2 4; do
+			"$B/kdbench" logits --model "$G/$model" --tokens $IDS --threads 2 --tp $tp $mode \
+				--out "$tmp/tn.f32" 2>"$tmp/err" ||
+				fail "$model tp $tp $mode: $(tail -n 1 "$tmp/err")"
+			w=$(worst_rel "$tmp/tn.f32" "$tmp/t1.f32" 512)
+			awk -v w="$w" 'BEGIN { exit !(w != "nan" && w + 0 <= 1e-5) }' && ok ||
+				fail "$model tp $tp $mode: worst row $w relative L2 from tp 1 (want <= 1e-5)"
+		done
+	done
+done
+
+# ---- greedy tokens: kdbench generate, and kdecd --tp 2 over the socket ----
+"$B/kdbench" generate --model "$M" --prompt 1,2,3 --max-tokens 12 --threads 2 >"$tmp/g1" 2>"$tmp/err" ||
+	fail "generate tp 1: $(tail -n 1 "$tmp/err")"
+"$B/kdbench" generate --model "$M" --prompt 1,2,3 --max-tokens 12 --threads 2 --tp 4 >"$tmp/g4" 2>"$tmp/err" ||
+	fail "generate tp 4: $(tail -n 1 "$tmp/err")"
+[ -s "$tmp/g1" ] && cmp -s "$tmp/g1" "$tmp/g4" && ok || fail "generate tp 4: '$(cat "$tmp/g4")' vs tp 1 '$(cat "$tmp/g1")'"
+
+S=$tmp/kdecd.sock
+if kdecd_start daemon.log 60 --model "$M" --socket "$S" --threads 2 --tp 2; then
+	grep -q "tp 2: rank 1 holds" "$tmp/daemon.log" && ok || fail "kdecd --tp 2 logs no rank 1"
+	"$B/kdrun" --socket "$S" --prompt 1,2,3 --max-tokens 12 >"$tmp/d2" 2>"$tmp/err" ||
+		fail "kdrun on kdecd --tp 2: $(tail -n 1 "$tmp/err")"
+	[ "$(tr -s ' \n' ' ' <"$tmp/d2" | sed 's/ $//')" = "$(tr -s ' \n' ' ' <"$tmp/g1" | sed 's/ $//')" ] && ok ||
+		fail "kdecd --tp 2 generated '$(cat "$tmp/d2")', tp 1 '$(cat "$tmp/g1")'"
+	kdecd_stop && ok || fail "kdecd --tp 2 did not stop cleanly"
+else
+	fail "kdecd --tp 2 did not start: $(tail -n 3 "$tmp/daemon.log")"
+fi
+
+# ---- kdbench decode at tp 2 (the figures' format; no figure is checked) ----
+"$B/kdbench" decode --model "$G/qwen3_moe" --batch 1,4 --ctx 16 --steps 4 --warmup 1 --threads 2 --tp 2 \
+	>"$tmp/dec" 2>"$tmp/err" && grep -q 'tokens/s\|tok/s' "$tmp/dec" && ok ||
+	fail "decode --tp 2: $(tail -n 2 "$tmp/err") $(tail -n 2 "$tmp/dec")"
+
+# ---- refusals: one line each ----
+expect 1 "tp 3 does not divide 8 query heads of llama" "$B/kdbench" logits --model "$M" --tokens 1,2 --tp 3
+expect 1 "tp 3 does not divide 8 query heads of llama" "$B/kdecd" --backend cpu --model "$M" --check --tp 3
+expect 1 "tp 8 does not divide 4 query heads of qwen3" "$B/kdbench" generate --model "$G/qwen3" --prompt 1 \
+	--max-tokens 1 --tp 8
+expect 2 "--tp" "$B/kdecd" --model "$M" --check --tp 0
+expect 2 "GPU 1 is named twice" "$B/kdecd" --model "$M" --check --gpus 1,1
+expect 2 "give 'all' or GPU ids" "$B/kdecd" --model "$M" --check --gpus 0,x
+expect 2 "a comma with no GPU" "$B/kdbench" logits --model "$M" --tokens 1 --gpus 0,
+expect 1 "runs on no GPU" "$B/kdecd" --backend cpu --model "$M" --check --gpus 0
+expect 1 "host tier copies one rank" "$B/kdecd" --backend cpu --model "$M" --check --tp 2 --host-kv-mem 64M
+if "$B/kdbench" logits --backend cuda --model "$M" --tokens 1 --out "$tmp/x" >/dev/null 2>&1; then
+	expect 1 "multi-GPU cuda path is not built yet" "$B/kdbench" logits --backend cuda --model "$M" \
+		--tokens 1 --tp 2
+	expect 1 "multi-GPU cuda path is not built yet" "$B/kdbench" logits --backend cuda --model "$M" \
+		--tokens 1 --gpus 0,1
+else
+	echo "tp_cli: no cuda backend here: its refusals of --tp 2 and --gpus 0,1 are not checked" >&2
+fi
+verdict
