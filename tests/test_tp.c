@@ -2,14 +2,16 @@
  * model and tp = 2, 3, 4, 8, an engine of that many ranks (threads, each over its own
  * shard) must give tp 1's logits within 1e-5 relative L2 per row, by one prefill, by
  * incremental decode and with the cases batched; where the shapes do not split, the
- * engine must refuse with one line naming tp and the numbers. Then a sharding the test
- * knows to be uneven: the vocabulary (reference models' vocabularies are odd). */
+ * engine must refuse with one line naming tp and the numbers. Then synthetic variants
+ * of tests/data/tiny configs with shapes the checkpoints lack (tp 3; KV heads
+ * replicated). The reference models' odd vocabularies split unevenly. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/engine/engine.h"
 #include "daemon/engine/forward.h"
@@ -103,37 +105,21 @@ static void check_refusal(struct model *m, const char *name, int tp)
 	engine_destroy(e);
 }
 
-static void check_model(const char *top, const char *name)
+/* Every tp of tps[] against tp 1 on model m over the cases: within tolerance on every
+ * row of every path where the shapes split, refused with one line where they do not. */
+static void compare_tps(struct model *m, const char *name, const struct tcase *cs, int nc)
 {
-	char dir[1024], path[1200], err[512] = "";
-	struct tcase cs[MAX_CASES] = { 0 };
-	struct model *m = NULL;
 	struct engine *e;
-	json_error_t jerr;
-	json_t *g, *cases;
-	float *want = NULL, *got = NULL;
-	int nc = 0, total = 0, rows, ret;
+	float *want, *got;
+	char err[512] = "";
+	int total = 0, rows, ret;
 
-	snprintf(dir, sizeof(dir), "%s/tests/data/%s", top, name);
-	snprintf(path, sizeof(path), "%s/golden.json", dir);
-	g = json_load_file(path, 0, &jerr);
-	CHECK(g != NULL, "%s: %s", path, jerr.text);
-	if (!g)
-		return;
-	CHECK(model_load(&m, dir, NULL, err, sizeof(err)) == 0, "%s: load: %s", name, err);
-	cases = json_object_get(g, "cases");
-	for (size_t i = 0; m && i < json_array_size(cases) && nc < MAX_CASES; i++, nc++) {
-		cs[nc].tokens = golden_ids(json_object_get(json_array_get(cases, i), "tokens"), &cs[nc].n);
-		total += cs[nc].n;
-	}
-	if (m) {
-		size_t floats = (size_t)(2 * total + 2 * nc) * (size_t)m->cfg.vocab_size;
-
-		want = malloc(floats * sizeof(float));
-		got = malloc(floats * sizeof(float));
-	}
-	e = m ? open_engine(m, 1, err, sizeof(err), &ret) : NULL;
-	CHECK(!m || e, "%s: tp 1: %s", name, err);
+	for (int i = 0; i < nc; i++)
+		total += cs[i].n;
+	want = malloc((size_t)(2 * total + 2 * nc) * (size_t)m->cfg.vocab_size * sizeof(float));
+	got = malloc((size_t)(2 * total + 2 * nc) * (size_t)m->cfg.vocab_size * sizeof(float));
+	e = open_engine(m, 1, err, sizeof(err), &ret);
+	CHECK(e != NULL, "%s: tp 1: %s", name, err);
 	rows = e ? run_paths(e, cs, nc, want, name) : -1;
 	engine_destroy(e);
 	for (size_t t = 0; rows > 0 && t < sizeof(tps) / sizeof(tps[0]); t++) {
@@ -165,12 +151,83 @@ static void check_model(const char *top, const char *name)
 			name, tps[t], n, worst);
 		engine_destroy(e);
 	}
-	for (int i = 0; i < nc; i++)
-		free(cs[i].tokens);
 	free(want);
 	free(got);
+}
+
+static void check_model(const char *top, const char *name)
+{
+	char dir[1024], path[1200], err[512] = "";
+	struct tcase cs[MAX_CASES] = { 0 };
+	struct model *m = NULL;
+	json_error_t jerr;
+	json_t *g, *cases;
+	int nc = 0;
+
+	snprintf(dir, sizeof(dir), "%s/tests/data/%s", top, name);
+	snprintf(path, sizeof(path), "%s/golden.json", dir);
+	g = json_load_file(path, 0, &jerr);
+	CHECK(g != NULL, "%s: %s", path, jerr.text);
+	if (!g)
+		return;
+	CHECK(model_load(&m, dir, NULL, err, sizeof(err)) == 0, "%s: load: %s", name, err);
+	cases = json_object_get(g, "cases");
+	for (size_t i = 0; m && i < json_array_size(cases) && nc < MAX_CASES; i++, nc++)
+		cs[nc].tokens = golden_ids(json_object_get(json_array_get(cases, i), "tokens"), &cs[nc].n);
+	if (m)
+		compare_tps(m, name, cs, nc);
+	for (int i = 0; i < nc; i++)
+		free(cs[i].tokens);
 	model_destroy(m);
 	json_decref(g);
+}
+
+/* Shapes the checkpoints lack (tp 3, KV heads replicated 3 and 2 times, MLA at 3
+ * ranks): tests/data/tiny configs with other head counts and widths, synthetic
+ * weights. */
+static const struct {
+	const char *name, *tiny, *set;
+} variants[] = {
+	{ "tiny/llama h12 kv6", "llama",
+	  "{\"num_attention_heads\": 12, \"num_key_value_heads\": 6, \"head_dim\": 8, \"intermediate_size\": 168}" },
+	{ "tiny/qwen3_moe h6 kv1", "qwen3_moe",
+	  "{\"num_attention_heads\": 6, \"num_key_value_heads\": 1, \"moe_intermediate_size\": 24}" },
+	{ "tiny/deepseek_v3 h6", "deepseek_v3",
+	  "{\"num_attention_heads\": 6, \"num_key_value_heads\": 6, \"moe_intermediate_size\": 24, \"intermediate_size\": 120}" },
+};
+
+static void check_variant(const char *top, int v)
+{
+	static const int32_t a[] = { 3, 150, 7, 42, 99, 1, 120, 64, 5, 180, 33, 12, 77 };
+	static const int32_t b[] = { 190, 2, 2, 58, 140, 9, 101 };
+	struct tcase cs[2] = { { (int32_t *)a, (int)(sizeof(a) / sizeof(a[0])) },
+			       { (int32_t *)b, (int)(sizeof(b) / sizeof(b[0])) } };
+	struct model_load_opts lo = { .synthetic = 1, .seed = 7 };
+	char path[1200], tmpl[] = "/tmp/kdec_test_tp.XXXXXX", err[512] = "";
+	json_t *cfg, *set;
+	struct model *m = NULL;
+	json_error_t jerr;
+
+	snprintf(path, sizeof(path), "%s/tests/data/tiny/%s.json", top, variants[v].tiny);
+	cfg = json_load_file(path, 0, &jerr);
+	set = json_loads(variants[v].set, 0, &jerr);
+	CHECK(cfg && set && mkdtemp(tmpl), "%s: config %s", variants[v].name, path);
+	if (!cfg || !set) {
+		json_decref(cfg);
+		json_decref(set);
+		return;
+	}
+	json_object_update(cfg, set);
+	snprintf(path, sizeof(path), "%s/config.json", tmpl);
+	CHECK(json_dump_file(cfg, path, 0) == 0, "%s: cannot write", path);
+	CHECK(model_load(&m, path, &lo, err, sizeof(err)) == 0, "%s: load: %s", variants[v].name, err);
+	if (m)
+		compare_tps(m, variants[v].name, cs, 2);
+	model_destroy(m);
+	unlink(path);
+	rmdir(tmpl);
+	json_decref(cfg);
+	json_decref(set);
 }
 
 int main(void)
@@ -181,5 +238,7 @@ int main(void)
 		TP_ROW_TOL);
 	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
 		check_model(top, models[i]);
+	for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++)
+		check_variant(top, (int)i);
 	return test_result("test_tp");
 }
