@@ -68,6 +68,8 @@ expect 2 "--tp" "$B/kdecd" --model "$M" --check --tp 0
 expect 2 "GPU 1 is named twice" "$B/kdecd" --model "$M" --check --gpus 1,1
 expect 2 "give 'all' or GPU ids" "$B/kdecd" --model "$M" --check --gpus 0,x
 expect 2 "a comma with no GPU" "$B/kdbench" logits --model "$M" --tokens 1 --gpus 0,
+expect 1 "with --tp 2: not built" "$B/kdbench" logits --model "$G/qwen3_moe" --tokens 1,2 --out "$tmp/x" \
+	--tp 2 --dump-routing "$tmp/x.rt"
 expect 1 "runs on no GPU" "$B/kdecd" --backend cpu --model "$M" --check --gpus 0
 expect 1 "host tier copies one rank" "$B/kdecd" --backend cpu --model "$M" --check --tp 2 --host-kv-mem 64M
 if "$B/kdbench" logits --backend cuda --model "$M" --tokens 1 --out "$tmp/x" >/dev/null 2>&1; then
