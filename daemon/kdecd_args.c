@@ -40,6 +40,8 @@ static void usage(FILE *f)
 		"                          layer (docs/PARALLEL.md); cpu backend: ranks as threads\n"
 		"                          sharing --threads; refused on cuda until the multi-GPU\n"
 		"                          path is built (default 1)\n"
+		"  --ep                    with --tp N: expert parallel, each rank a share of the\n"
+		"                          routed experts whole (default: a slice of every expert)\n"
 		"  --gpus LIST|all         the GPUs to run on (cuda), e.g. 0 or 2; more than one is\n"
 		"                          refused until the multi-GPU path is built (default: GPU 0)\n"
 		"  --max-clients N         connected clients (default %d)\n"
@@ -212,7 +214,7 @@ enum {
 	O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
 	O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_NOWAIT, O_TTL, O_OFFLOAD,
 	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE, O_PACE, O_PENDING, O_HANDSHAKE, O_OPUID, O_OPGID, O_MAXSESS,
-	O_TP, O_GPUS
+	O_TP, O_GPUS, O_EP
 };
 
 static const struct option kdecd_opts[] = {
@@ -222,6 +224,7 @@ static const struct option kdecd_opts[] = {
 	{ "threads", required_argument, NULL, O_THREADS },
 	{ "tp", required_argument, NULL, O_TP },
 	{ "gpus", required_argument, NULL, O_GPUS },
+	{ "ep", no_argument, NULL, O_EP },
 	{ "max-clients", required_argument, NULL, O_MAXCL },
 	{ "max-pending", required_argument, NULL, O_PENDING },
 	{ "handshake-timeout", required_argument, NULL, O_HANDSHAKE },
@@ -367,6 +370,7 @@ static int parse_opt(struct kdecd_args *a, int c, const char *arg)
 	case O_SHARE: a->srv.sched.share_prefix = 1; break;
 	case O_NOWAIT: a->srv.sched.no_prefix_wait = 1; break;
 	case O_STATE: a->srv.state_dir = arg; break;
+	case O_EP: a->eng.ep = 1; break;
 	case O_GPUS:
 		if (cli_parse_gpus(arg, a->eng.gpus, ENGINE_MAX_GPUS, &a->eng.n_gpus, err, sizeof(err))) {
 			fprintf(stderr, "kdecd: %s\n", err);

@@ -2,7 +2,9 @@
  * model and tp = 2, 3, 4, 8, an engine of that many ranks (threads, each over its own
  * shard) must give tp 1's logits within 1e-5 relative L2 per row, by one prefill, by
  * incremental decode and with the cases batched; where the shapes do not split, the
- * engine must refuse with one line naming tp and the numbers. Then synthetic variants
+ * engine must refuse with one line naming tp and the numbers. MoE models run twice:
+ * tensor-parallel experts (a slice of each per rank) and expert parallel (a share of
+ * the experts whole per rank, --ep). Then synthetic variants
  * of tests/data/tiny configs with shapes the checkpoints lack (tp 3; KV heads
  * replicated). The reference models' odd vocabularies split unevenly. */
 #include <errno.h>
@@ -78,10 +80,11 @@ static int run_paths(struct engine *e, const struct tcase *cs, int nc, float *ou
 	return ret ? -1 : rows;
 }
 
-static struct engine *open_engine(struct model *m, int tp, char *err, size_t err_len, int *ret)
+static struct engine *open_engine(struct model *m, int tp, int ep, char *err, size_t err_len,
+				  int *ret)
 {
 	/* two threads in all, shared among the ranks: CI has two cores */
-	struct engine_opts eo = { .backend = "cpu", .threads = 2, .tp = tp, .kv_tokens = 1024,
+	struct engine_opts eo = { .backend = "cpu", .threads = 2, .tp = tp, .ep = ep, .kv_tokens = 1024,
 				  .block_tokens = 16, .max_rows = 64 };
 	struct engine *e = NULL;
 
@@ -90,23 +93,24 @@ static struct engine *open_engine(struct model *m, int tp, char *err, size_t err
 }
 
 /* tp's refusal: one line that names tp and what it does not divide. */
-static void check_refusal(struct model *m, const char *name, int tp)
+static void check_refusal(struct model *m, const char *name, int tp, int ep)
 {
 	char err[512] = "", want[32];
 	int ret;
-	struct engine *e = open_engine(m, tp, err, sizeof(err), &ret);
+	struct engine *e = open_engine(m, tp, ep, err, sizeof(err), &ret);
 
 	snprintf(want, sizeof(want), "tp %d ", tp);
 	CHECK(!e && ret == -EINVAL, "%s: tp %d: the shapes do not split, yet engine_create gave %d",
 	      name, tp, ret);
 	CHECK(strstr(err, want) && (strstr(err, "does not divide") || strstr(err, "more than")) &&
 	      !strchr(err, '\n'), "%s: tp %d: refusal '%s'", name, tp, err);
-	fprintf(stderr, "  %-22s tp %d refused: %s\n", name, tp, err);
+	fprintf(stderr, "  %-22s tp %d%s refused: %s\n", name, tp, ep ? " ep" : "", err);
 	engine_destroy(e);
 }
 
-/* Every tp of tps[] against tp 1 on model m over the cases: within tolerance on every
- * row of every path where the shapes split, refused with one line where they do not. */
+/* Every tp of tps[] against tp 1 on model m over the cases, the experts of a MoE model
+ * sliced and (ep) whole: within tolerance on every row of every path where the shapes
+ * split, refused with one line where they do not. */
 static void compare_tps(struct model *m, const char *name, const struct tcase *cs, int nc)
 {
 	struct engine *e;
@@ -118,23 +122,25 @@ static void compare_tps(struct model *m, const char *name, const struct tcase *c
 		total += cs[i].n;
 	want = malloc((size_t)(2 * total + 2 * nc) * (size_t)m->cfg.vocab_size * sizeof(float));
 	got = malloc((size_t)(2 * total + 2 * nc) * (size_t)m->cfg.vocab_size * sizeof(float));
-	e = open_engine(m, 1, err, sizeof(err), &ret);
+	e = open_engine(m, 1, 0, err, sizeof(err), &ret);
 	CHECK(e != NULL, "%s: tp 1: %s", name, err);
 	rows = e ? run_paths(e, cs, nc, want, name) : -1;
 	engine_destroy(e);
-	for (size_t t = 0; rows > 0 && t < sizeof(tps) / sizeof(tps[0]); t++) {
+	for (int k = 0; rows > 0 && k < 2 * (int)(sizeof(tps) / sizeof(tps[0])); k++) {
+		int tp = tps[k / 2], ep = k % 2, bad = 0, n;
 		double worst = 0;
-		int bad = 0, n;
 
-		if (model_shard_check(&m->cfg, tps[t], err, sizeof(err))) {
-			check_refusal(m, name, tps[t]);
+		if (ep && m->cfg.n_experts <= 0)
+			continue;
+		if (model_shard_check(&m->cfg, tp, ep, err, sizeof(err))) {
+			check_refusal(m, name, tp, ep);
 			continue;
 		}
-		e = open_engine(m, tps[t], err, sizeof(err), &ret);
-		CHECK(e != NULL, "%s: tp %d: %s", name, tps[t], err);
+		e = open_engine(m, tp, ep, err, sizeof(err), &ret);
+		CHECK(e != NULL, "%s: tp %d%s: %s", name, tp, ep ? " ep" : "", err);
 		if (!e)
 			continue;
-		CHECK(e->fwd->tp != NULL, "%s: tp %d: the engine runs one rank", name, tps[t]);
+		CHECK(e->fwd->tp != NULL, "%s: tp %d: the engine runs one rank", name, tp);
 		memset(got, 0xff, (size_t)rows * m->cfg.vocab_size * sizeof(float));	/* NaN */
 		n = run_paths(e, cs, nc, got, name);
 		for (int i = 0; i < n; i++) {
@@ -145,10 +151,10 @@ static void compare_tps(struct model *m, const char *name, const struct tcase *c
 				bad++;
 			worst = rel > worst || rel != rel ? rel : worst;
 		}
-		CHECK(n == rows && bad == 0, "%s: tp %d: %d of %d rows beyond %g (worst %.3g)", name,
-		      tps[t], bad, rows, TP_ROW_TOL, worst);
-		fprintf(stderr, "  %-22s tp %d: %d rows (prefill, incremental, batched), worst %.2e\n",
-			name, tps[t], n, worst);
+		CHECK(n == rows && bad == 0, "%s: tp %d%s: %d of %d rows beyond %g (worst %.3g)", name,
+		      tp, ep ? " ep" : "", bad, rows, TP_ROW_TOL, worst);
+		fprintf(stderr, "  %-22s tp %d%s: %d rows (prefill, incremental, batched), worst %.2e\n",
+			name, tp, ep ? " ep" : "", n, worst);
 		engine_destroy(e);
 	}
 	free(want);

@@ -1,6 +1,6 @@
 #!/bin/sh
-# --tp and --gpus as a user gives them: kdbench logits with tp 2 and 4 within 1e-5
-# relative L2 per row of tp 1 (dense, MoE, MLA); kdbench generate and a real kdecd
+# --tp and --gpus as a user gives them: kdbench logits with tp 2 and 4 (and 4 with
+# expert parallel, --ep) within 1e-5 relative L2 per row of tp 1 (dense, MoE, MLA); kdbench generate and a real kdecd
 # --tp 2 over the socket give tp 1's greedy tokens; kdbench decode runs at tp 2; and
 # every bad --tp / --gpus fails with one clear line.
 set -u
@@ -24,7 +24,8 @@ for model in llama3 qwen3_moe deepseek_v3; do
 	for mode in "" --incremental; do
 		"$B/kdbench" logits --model "$G/$model" --tokens $IDS --threads 2 $mode \
 			--out "$tmp/t1.f32" 2>"$tmp/err" || fail "$model tp 1 $mode: $(tail -n 1 "$tmp/err")"
-		for tp in 2 4; do
+		for tp in 2 4 "4 --ep"; do
+			[ "$model" = llama3 ] && [ "$tp" = "4 --ep" ] && continue	# no experts
 			"$B/kdbench" logits --model "$G/$model" --tokens $IDS --threads 2 --tp $tp $mode \
 				--out "$tmp/tn.f32" 2>"$tmp/err" ||
 				fail "$model tp $tp $mode: $(tail -n 1 "$tmp/err")"
@@ -70,6 +71,8 @@ expect 2 "give 'all' or GPU ids" "$B/kdecd" --model "$M" --check --gpus 0,x
 expect 2 "a comma with no GPU" "$B/kdbench" logits --model "$M" --tokens 1 --gpus 0,
 expect 1 "with --tp 2: not built" "$B/kdbench" logits --model "$G/qwen3_moe" --tokens 1,2 --out "$tmp/x" \
 	--tp 2 --dump-routing "$tmp/x.rt"
+expect 1 "needs --tp N of 2 or more" "$B/kdbench" logits --model "$G/qwen3_moe" --tokens 1 --ep
+expect 1 "has no routed experts" "$B/kdecd" --backend cpu --model "$M" --check --tp 2 --ep
 expect 1 "runs on no GPU" "$B/kdecd" --backend cpu --model "$M" --check --gpus 0
 expect 1 "host tier copies one rank" "$B/kdecd" --backend cpu --model "$M" --check --tp 2 --host-kv-mem 64M
 if "$B/kdbench" logits --backend cuda --model "$M" --tokens 1 --out "$tmp/x" >/dev/null 2>&1; then

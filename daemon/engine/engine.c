@@ -87,6 +87,14 @@ static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 			 "yet (issue 25); name one GPU", opts->n_gpus, ops->name);
 		return -ENOTSUP;
 	}
+	if (opts->ep && opts->tp <= 1) {
+		snprintf(err, err_len, "--ep: expert parallel needs --tp N of 2 or more");
+		return -EINVAL;
+	}
+	if (opts->ep && m->cfg.n_experts <= 0) {
+		snprintf(err, err_len, "--ep: %s has no routed experts", m->cfg.model_type);
+		return -EINVAL;
+	}
 	if (opts->tp <= 1)
 		return 0;
 	if (!ops->host_memory) {
@@ -95,7 +103,7 @@ static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 			 "use --tp 1, or --backend cpu", opts->tp, ops->name, ops->name);
 		return -ENOTSUP;
 	}
-	if ((ret = model_shard_check(&m->cfg, opts->tp, err, err_len)))
+	if ((ret = model_shard_check(&m->cfg, opts->tp, opts->ep, err, err_len)))
 		return ret;
 	if (opts->host_kv_bytes > 0) {
 		snprintf(err, err_len, "--tp %d with --host-kv-mem: the host tier copies one rank's "
@@ -163,7 +171,7 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 	if (ret)
 		goto err_destroy;
 	if (opts->tp > 1)
-		ret = forward_tp_create(&e->fwd, m, e->be, opts->tp, &bo, e->pool.n_blocks,
+		ret = forward_tp_create(&e->fwd, m, e->be, opts->tp, opts->ep, &bo, e->pool.n_blocks,
 					block_tokens, max_rows, err, err_len);
 	else
 		ret = forward_create(&e->fwd, m, e->be, e->pool.n_blocks, block_tokens, max_rows,

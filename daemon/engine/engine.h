@@ -34,6 +34,8 @@ struct engine_opts {
 	int n_gpus;		/* 0: not given (GPU 0); -1: all visible; else gpus[0..n) */
 	int tp;			/* tensor-parallel ranks (docs/PARALLEL.md); <= 1: one. CPU
 				 * backend only for now; refuses the host tier */
+	int ep;			/* with tp > 1: routed experts whole, a share per rank (expert
+				 * parallel), not sliced across all ranks */
 	int block_tokens;	/* <= 0: ENGINE_DEFAULT_BLOCK_TOKENS */
 	int kv_tokens;		/* cache capacity in tokens; <= 0: ENGINE_DEFAULT_KV_TOKENS */
 	int max_rows;		/* tokens per forward call; <= 0: the backend's prompt_rows,

@@ -376,7 +376,7 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 	const struct model_config *c = &f->m->cfg;
 	struct k_moe_route_params route = c->route;
 	int shared = c->n_shared_experts > 0 ? c->moe_intermediate_size * c->n_shared_experts : 0;
-	int ret;
+	int n_experts, ret;
 
 	route.bias = L->router_bias;
 	/* what decides routing at full precision, as the reference computes it: x in
@@ -394,11 +394,14 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 	    (ret = OP(f, moe_experts_add, f->x, f->h, R, f->route_ids, f->route_w, c->top_k, L,
 		      c->hidden_size, c->moe_intermediate_size, c->n_experts, shared)) <= 0)
 		return ret;	/* fused: the experts, the shared expert and the residual add */
+	/* tensor parallel: the experts this rank's shard holds (expert parallel: ids
+	 * renumbered into its share) */
+	n_experts = f->tp ? forward_tp_experts(f, f->route_ids, (size_t)R * c->top_k) : c->n_experts;
 	ret = OP(f, moe_experts, f->mlp, f->h, R, f->route_ids, f->route_w, c->top_k, L,
-		 c->hidden_size, c->moe_intermediate_size, c->n_experts);
+		 c->hidden_size, c->moe_intermediate_size, n_experts);
 	if (ret)
 		return ret;
-	if (shared > 0)
+	if (shared > 0 && L->w_gate.data)	/* expert parallel: rank 0's alone */
 		dense_mlp(f, L, R, shared, f->mlp, f->h);
 	/* tensor parallel: routed and shared partial sums reduced together, once */
 	if (f->tp && (ret = forward_tp_reduce(f, f->mlp, (size_t)R * c->hidden_size)))

@@ -31,6 +31,8 @@ struct fwd_tp {
 	pthread_t thread[MODEL_SHARD_MAX_RANKS];
 	int started;			/* threads running (ranks 1..started) */
 	int vocab, v0[MODEL_SHARD_MAX_RANKS];
+	int ep;				/* expert parallel: rank r holds experts [e0, e0 + ne) */
+	int e0[MODEL_SHARD_MAX_RANKS], ne[MODEL_SHARD_MAX_RANKS];
 
 	struct tp_barrier step;		/* start and finish of a step (never broken) */
 	struct tp_barrier red;		/* inside a step: the reductions */
@@ -142,6 +144,21 @@ int forward_tp_embed(struct forward *f, const struct fwd_batch *b)
 			memset(row, 0, sizeof(float) * (size_t)hidden);
 	}
 	return forward_tp_reduce(f, f->x, (size_t)b->n_rows * hidden);
+}
+
+int forward_tp_experts(struct forward *f, int32_t *ids, size_t n)
+{
+	struct fwd_tp *g = f->tp;
+	int e0, ne;
+
+	if (!g->ep)
+		return f->m->cfg.n_experts;
+	e0 = g->e0[f->tp_rank];
+	ne = g->ne[f->tp_rank];
+	/* another rank's expert: an id the kernel skips (it contributes nothing here) */
+	for (size_t i = 0; i < n; i++)
+		ids[i] = ids[i] >= e0 && ids[i] < e0 + ne ? ids[i] - e0 : -1;
+	return ne;
 }
 
 /* The final norm and this rank's vocabulary columns of the out rows' logits, written
@@ -257,9 +274,10 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 	for (int r = 0; r < g->n; r++) {
 		int vn;
 
-		if ((ret = model_shard_create(&g->shard[r], m, r, g->n, err, err_len)))
+		if ((ret = model_shard_create(&g->shard[r], m, r, g->n, g->ep, err, err_len)))
 			return ret;
 		model_shard_vocab(m->cfg.vocab_size, r, g->n, &g->v0[r], &vn);
+		model_shard_experts(m->cfg.n_experts, r, g->n, &g->e0[r], &g->ne[r]);
 		if (r == 0)
 			g->be[0] = be0;
 		else if ((ret = be0->ops->create(&g->be[r], g->shard[r], bo, err, err_len)))
@@ -274,14 +292,14 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 }
 
 int forward_tp_create(struct forward **out, const struct model *m, struct backend *be0, int n,
-		      const struct backend_opts *bo, int n_blocks, int block_tokens, int max_rows, char *err,
-		      size_t err_len)
+		      int ep, const struct backend_opts *bo, int n_blocks, int block_tokens,
+		      int max_rows, char *err, size_t err_len)
 {
 	struct fwd_tp *g;
 	int ret;
 
 	*out = NULL;
-	if ((ret = model_shard_check(&m->cfg, n, err, err_len)))
+	if ((ret = model_shard_check(&m->cfg, n, ep, err, err_len)))
 		return ret;
 	if (n < 2 || !be0->ops->host_memory) {
 		snprintf(err, err_len, "tp %d on the %s backend: ranks as threads need host memory (cpu)",
@@ -292,6 +310,7 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	if (!g)
 		return -ENOMEM;
 	g->n = n;
+	g->ep = ep;
 	g->vocab = m->cfg.vocab_size;
 	barrier_init(&g->step, n);
 	barrier_init(&g->red, n);
@@ -324,8 +343,8 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 		return ret;
 	}
 	for (int r = 0; r < n; r++)	/* what each rank holds: its shard, its cache */
-		log_info("tp %d: rank %d holds %.1f MiB of weights and %.1f MiB of KV cache", n, r,
-			 (double)g->shard[r]->weight_bytes / (1 << 20),
+		log_info("tp %d%s: rank %d holds %.1f MiB of weights and %.1f MiB of KV cache", n,
+			 ep ? " (experts parallel)" : "", r, (double)g->shard[r]->weight_bytes / (1 << 20),
 			 (double)g->f[r]->kv_bytes / (1 << 20));
 	for (int r = 1; r < n; r++)	/* the engine's figure: every rank's cache */
 		g->f[0]->kv_bytes += g->f[r]->kv_bytes;

@@ -6,18 +6,20 @@
 #define KD_DAEMON_FORWARD_TP_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "daemon/engine/forward.h"
 
 struct fwd_tp;
 
-/* Builds the n ranks (n >= 2) of model m: the shards, their backends (be0 for rank 0,
+/* Builds the n ranks (n >= 2) of model m, the routed experts sliced (ep 0) or whole, a
+ * share per rank (ep 1, expert parallel): the shards, their backends (be0 for rank 0,
  * created by the caller with bo; the others with bo too, owned here), forwards and
  * threads. *out is rank 0's forward: forward_run fans each step out, forward_destroy
  * stops everything. 0 or -errno with one line in err. */
 int forward_tp_create(struct forward **out, const struct model *m, struct backend *be0, int n,
-		      const struct backend_opts *bo, int n_blocks, int block_tokens, int max_rows, char *err,
-		      size_t err_len);
+		      int ep, const struct backend_opts *bo, int n_blocks, int block_tokens,
+		      int max_rows, char *err, size_t err_len);
 
 /* Rank 0: runs the step on every rank; logits (n_out, full vocab) as forward_run. */
 int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits);
@@ -25,6 +27,11 @@ int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits);
 /* Any rank, inside a step: buf (n floats) becomes the sum of every rank's buf, the same
  * bits on every rank. 0, or -ECANCELED when another rank failed the step. */
 int forward_tp_reduce(struct forward *f, float *buf, size_t n);
+
+/* Any rank, before its routed experts run: the expert count its shard holds, and with
+ * expert parallel ids (n, the router's choices) renumbered into them (-1: another
+ * rank's expert, which the experts op skips). */
+int forward_tp_experts(struct forward *f, int32_t *ids, size_t n);
 
 /* Any rank: the embedding of b's tokens into f->x, by vocabulary shard and reduction. */
 int forward_tp_embed(struct forward *f, const struct fwd_batch *b);

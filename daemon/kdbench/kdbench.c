@@ -62,6 +62,8 @@ static void usage(FILE *f)
 		"  --threads N           CPU threads (default: all online CPUs)\n"
 		"  --tp N                tensor-parallel ranks (cpu: threads sharing --threads;\n"
 		"                        docs/PARALLEL.md) (default 1)\n"
+		"  --ep                  with --tp N: expert parallel (each rank a share of the\n"
+		"                        routed experts whole)\n"
 		"  --gpus LIST|all       the GPUs to run on (cuda); one for now\n"
 		"  --synthetic-weights   deterministic random weights; --model may be a config.json\n"
 		"  --seed S              seed of the synthetic weights (default 0)\n"
@@ -97,7 +99,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_SEED, O_LAYERS, O_KV, O_BLOCK, O_LOG,
 	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT, O_PREFILL,
-	       O_KV_BF16, O_TP, O_GPUS };
+	       O_KV_BF16, O_TP, O_GPUS, O_EP };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "tokens", required_argument, NULL, 't' },
@@ -113,6 +115,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		{ "threads", required_argument, NULL, O_THREADS },
 		{ "tp", required_argument, NULL, O_TP },
 		{ "gpus", required_argument, NULL, O_GPUS },
+		{ "ep", no_argument, NULL, O_EP },
 		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
 		{ "seed", required_argument, NULL, O_SEED },
 		{ "layers", required_argument, NULL, O_LAYERS },
@@ -176,6 +179,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 				return -1;
 			a->eng.tp = (int)v;
 			break;
+		case O_EP: a->eng.ep = 1; break;
 		case O_GPUS: {
 			char err[256];
 

@@ -63,6 +63,7 @@ static void decode_usage(FILE *f)
 		"  --kv-tokens N         KV cache capacity (default: what the largest batch needs)\n"
 		"  --threads N           CPU threads\n"
 		"  --tp N                tensor-parallel ranks (cpu only for now; default 1)\n"
+		"  --ep                  with --tp N: expert parallel\n"
 		"  --gpus LIST|all       the GPUs to run on (cuda); one for now\n"
 		"  --no-graphs           run every step op by op\n"
 		"  --profile-step        the last timed step of each batch size runs inside a\n"
@@ -105,7 +106,7 @@ static int num(const char *opt, const char *s, long min, long max, long *out)
 static int decode_parse(int argc, char **argv, struct decode_args *a)
 {
 	enum { O_BATCH = 256, O_CTX, O_STEPS, O_WARM, O_BACKEND, O_SYNTH, O_LAYERS, O_KV, O_THREADS,
-	       O_NOGRAPH, O_PROFILE, O_HBM, O_OUT, O_SEED, O_LOG, O_TP, O_GPUS };
+	       O_NOGRAPH, O_PROFILE, O_HBM, O_OUT, O_SEED, O_LOG, O_TP, O_GPUS, O_EP };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "config", required_argument, NULL, 'm' },
@@ -120,6 +121,7 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		{ "threads", required_argument, NULL, O_THREADS },
 		{ "tp", required_argument, NULL, O_TP },
 		{ "gpus", required_argument, NULL, O_GPUS },
+		{ "ep", no_argument, NULL, O_EP },
 		{ "no-graphs", no_argument, NULL, O_NOGRAPH },
 		{ "profile-step", no_argument, NULL, O_PROFILE },
 		{ "hbm-tbs", required_argument, NULL, O_HBM },
@@ -152,6 +154,7 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		case O_KV: if (num("--kv-tokens", optarg, 1, 1L << 28, &v)) return -1; a->eng.kv_tokens = (int)v; break;
 		case O_THREADS: if (num("--threads", optarg, 1, 1024, &v)) return -1; a->eng.threads = (int)v; break;
 		case O_TP: if (num("--tp", optarg, 1, 64, &v)) return -1; a->eng.tp = (int)v; break;
+		case O_EP: a->eng.ep = 1; break;
 		case O_GPUS: {
 			char err[256];
 

@@ -1,7 +1,8 @@
 /* Tensor-parallel shards (docs/PARALLEL.md's table): query heads, KV heads (replicated
  * when fewer than ranks), MLA query heads, intermediate columns of dense MLPs, shared and
- * routed experts, and vocabulary rows, each rank's part copied into one allocation of
- * its own. Replicated: norms, the router, MLA's latent projections. */
+ * routed experts (or, expert parallel, a share of the routed experts whole and the
+ * shared one on rank 0), and vocabulary rows, each rank's part copied into one
+ * allocation of its own. Replicated: norms, the router, MLA's latent projections. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +12,7 @@
 
 #define SHARD_ALIGN 64
 
-int model_shard_check(const struct model_config *c, int n, char *err, size_t err_len)
+int model_shard_check(const struct model_config *c, int n, int ep, char *err, size_t err_len)
 {
 	const char *t = c->model_type;
 
@@ -34,7 +35,12 @@ int model_shard_check(const struct model_config *c, int n, char *err, size_t err
 			 n, c->intermediate_size, t);
 		return -EINVAL;
 	}
-	if (c->n_experts > 0 && c->moe_intermediate_size % n) {
+	if (ep && c->n_experts < n) {
+		snprintf(err, err_len, "tp %d with expert parallel: %s has %d routed experts, fewer than ranks",
+			 n, t, c->n_experts);
+		return -EINVAL;
+	}
+	if (!ep && c->n_experts > 0 && c->moe_intermediate_size % n) {
 		snprintf(err, err_len, "tp %d does not divide the experts' %d intermediate columns of %s",
 			 n, c->moe_intermediate_size, t);
 		return -EINVAL;
@@ -52,6 +58,11 @@ void model_shard_vocab(int vocab, int r, int n, int *first, int *count)
 
 	*first = r * base + (r < extra ? r : extra);
 	*count = base + (r < extra ? 1 : 0);
+}
+
+void model_shard_experts(int n_experts, int r, int n, int *first, int *count)
+{
+	model_shard_vocab(n_experts, r, n, first, count);	/* the same even split */
 }
 
 /* Two passes over the same calls: the first (buf NULL) sums the bytes, the second copies. */
@@ -194,8 +205,42 @@ static int shard_experts(struct arena *a, struct model_layer *d, const struct mo
 	return 0;
 }
 
+/* Expert parallel: this rank's experts whole, renumbered from 0. */
+static int shard_experts_whole(struct arena *a, struct model_layer *d, const struct model_layer *L,
+			       const struct model_config *c, int r, int n)
+{
+	size_t bytes = (size_t)c->moe_intermediate_size * (size_t)c->hidden_size *
+		       k_dtype_size(L->expert_dtype);
+	int e0, ne, E = c->n_experts;
+
+	whole(a, &d->router, &L->router);
+	d->expert_dtype = L->expert_dtype;
+	model_shard_experts(E, r, n, &e0, &ne);
+	if (a->buf) {
+		d->experts = calloc((size_t)ne, sizeof(*d->experts));
+		if (L->router_bias)
+			d->router_bias = malloc(sizeof(float) * (size_t)E);
+		if (!d->experts || (L->router_bias && !d->router_bias))
+			return -ENOMEM;
+		if (L->router_bias)
+			memcpy(d->router_bias, L->router_bias, sizeof(float) * (size_t)E);
+	}
+	for (int e = 0; e < ne; e++) {
+		const struct k_expert *x = &L->experts[e0 + e];
+		void *g = take(a, bytes), *u = take(a, bytes), *dn = take(a, bytes);
+
+		if (!a->buf)
+			continue;
+		memcpy(g, x->gate, bytes);
+		memcpy(u, x->up, bytes);
+		memcpy(dn, x->down, bytes);
+		d->experts[e] = (struct k_expert){ .gate = g, .up = u, .down = dn };
+	}
+	return 0;
+}
+
 /* One pass over every tensor of the shard (buf NULL: sizes only). */
-static int shard_all(struct arena *a, struct model *s, const struct model *m, int r, int n)
+static int shard_all(struct arena *a, struct model *s, const struct model *m, int r, int n, int ep)
 {
 	const struct model_config *c = &m->cfg;
 	int v0, vn, ret;
@@ -217,17 +262,25 @@ static int shard_all(struct arena *a, struct model *s, const struct model *m, in
 			shard_mla(a, d, L, c, r, n);
 		else
 			shard_gqa(a, d, L, c, r, n);
-		if (L->w_gate.data)
+		if (L->w_gate.data && L->is_moe && ep) {	/* the shared expert: rank 0's */
+			if (r == 0) {
+				whole(a, &d->w_gate, &L->w_gate);
+				whole(a, &d->w_up, &L->w_up);
+				whole(a, &d->w_down, &L->w_down);
+			}
+		} else if (L->w_gate.data) {
 			shard_mlp(a, d, L, r, n);
+		}
 		d->is_moe = L->is_moe;
-		if (L->is_moe && (ret = shard_experts(a, d, L, c, r, n)))
+		if (L->is_moe && (ret = ep ? shard_experts_whole(a, d, L, c, r, n)
+					   : shard_experts(a, d, L, c, r, n)))
 			return ret;
 	}
 	return 0;
 }
 
 /* The rank's config: its heads, widths and vocabulary rows. */
-static void shard_config(struct model_config *sc, const struct model_config *c, int r, int n)
+static void shard_config(struct model_config *sc, const struct model_config *c, int r, int n, int ep)
 {
 	int v0;
 
@@ -235,11 +288,11 @@ static void shard_config(struct model_config *sc, const struct model_config *c, 
 	sc->n_heads = c->n_heads / n;
 	sc->n_kv_heads = c->mla ? sc->n_heads : c->n_kv_heads >= n ? c->n_kv_heads / n : 1;
 	sc->intermediate_size = c->intermediate_size / n;
-	sc->moe_intermediate_size = c->moe_intermediate_size / n;
+	sc->moe_intermediate_size = ep ? c->moe_intermediate_size : c->moe_intermediate_size / n;
 	model_shard_vocab(c->vocab_size, r, n, &v0, &sc->vocab_size);
 }
 
-int model_shard_create(struct model **out, const struct model *m, int r, int n, char *err,
+int model_shard_create(struct model **out, const struct model *m, int r, int n, int ep, char *err,
 		       size_t err_len)
 {
 	struct arena a = { 0 };
@@ -247,14 +300,14 @@ int model_shard_create(struct model **out, const struct model *m, int r, int n, 
 	int ret;
 
 	*out = NULL;
-	if ((ret = model_shard_check(&m->cfg, n, err, err_len)))
+	if ((ret = model_shard_check(&m->cfg, n, ep, err, err_len)))
 		return ret;
 	if (r < 0 || r >= n)
 		return -EINVAL;
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	shard_config(&s->cfg, &m->cfg, r, n);
+	shard_config(&s->cfg, &m->cfg, r, n, ep);
 	s->synthetic = m->synthetic;
 	s->path = strdup(m->path ? m->path : "");
 	s->layers = calloc((size_t)m->cfg.n_layers, sizeof(*s->layers));
@@ -262,7 +315,7 @@ int model_shard_create(struct model **out, const struct model *m, int r, int n, 
 		ret = -ENOMEM;
 		goto fail;
 	}
-	shard_all(&a, s, m, r, n);	/* sizes */
+	shard_all(&a, s, m, r, n, ep);	/* sizes */
 	s->weight_bytes = a.used;
 	s->shard_buf = malloc(a.used ? a.used : 1);
 	if (!s->shard_buf) {
@@ -272,7 +325,7 @@ int model_shard_create(struct model **out, const struct model *m, int r, int n, 
 		goto fail;
 	}
 	a = (struct arena){ .buf = s->shard_buf };
-	if ((ret = shard_all(&a, s, m, r, n)))
+	if ((ret = shard_all(&a, s, m, r, n, ep)))
 		goto fail;
 	*out = s;
 	return 0;

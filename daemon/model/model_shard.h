@@ -11,17 +11,23 @@
 
 #define MODEL_SHARD_MAX_RANKS 64
 
-/* Whether n ranks can split cfg's shapes: 0, or -EINVAL with one line in err naming
- * the numbers ("tp 3 does not divide 8 query heads of llama"). */
-int model_shard_check(const struct model_config *cfg, int n, char *err, size_t err_len);
+/* Whether n ranks can split cfg's shapes, the routed experts sliced (ep 0: tensor-
+ * parallel experts) or whole, a share of them per rank (ep 1: expert parallel): 0, or
+ * -EINVAL with one line in err naming the numbers ("tp 3 does not divide 8 query
+ * heads of llama"). */
+int model_shard_check(const struct model_config *cfg, int n, int ep, char *err, size_t err_len);
 
 /* The vocabulary rows [*first, *first + *count) rank r of n holds (uneven splits
  * allowed: the first ranks get one row more). */
 void model_shard_vocab(int vocab, int r, int n, int *first, int *count);
 
-/* Rank r's shard of m (which it does not reference after). 0 or -errno with err;
- * *out is released with model_destroy. */
-int model_shard_create(struct model **out, const struct model *m, int r, int n, char *err,
+/* The routed experts [*first, *first + *count) rank r of n holds whole with ep. */
+void model_shard_experts(int n_experts, int r, int n, int *first, int *count);
+
+/* Rank r's shard of m (which it does not reference after). With ep, its share of the
+ * routed experts whole (their ids renumbered from 0) and the shared expert on rank 0
+ * only. 0 or -errno with err; *out is released with model_destroy. */
+int model_shard_create(struct model **out, const struct model *m, int r, int n, int ep, char *err,
 		       size_t err_len);
 
 #endif
