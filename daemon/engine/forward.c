@@ -217,20 +217,15 @@ static void linear_residual(struct forward *f, float *residual, float *scratch, 
 }
 
 /* The attention's output projection added to the residual: with tensor parallel the
- * ranks' partial sums (their heads' columns of wo) are reduced first. */
+ * ranks' partial sums (their heads' columns of wo) are reduced into it. */
 static int attn_out(struct forward *f, const struct model_layer *L, int R)
 {
-	int ret;
-
 	if (!f->tp) {
 		linear_residual(f, f->x, f->h, f->attn, &L->wo, R);
 		return 0;
 	}
 	OP(f, linear, f->h, f->attn, &L->wo, R);
-	if ((ret = forward_tp_reduce(f, f->h, (size_t)R * (size_t)L->wo.rows)))
-		return ret;
-	OP(f, add, f->x, f->h, (size_t)R * (size_t)L->wo.rows);
-	return 0;
+	return forward_tp_reduce(f, f->h, (size_t)R * (size_t)L->wo.rows, f->x);
 }
 
 /* q, and K/V into the cache, op by op (backends without qkv_prep). */
@@ -403,9 +398,10 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 		return ret;
 	if (shared > 0 && L->w_gate.data)	/* expert parallel: rank 0's alone */
 		dense_mlp(f, L, R, shared, f->mlp, f->h);
-	/* tensor parallel: routed and shared partial sums reduced together, once */
-	if (f->tp && (ret = forward_tp_reduce(f, f->mlp, (size_t)R * c->hidden_size)))
-		return ret;
+	/* tensor parallel: routed and shared partial sums reduced together, once, into
+	 * the residual */
+	if (f->tp)
+		return forward_tp_reduce(f, f->mlp, (size_t)R * c->hidden_size, f->x);
 	OP(f, add, f->x, f->mlp, (size_t)R * c->hidden_size);
 	return 0;
 }
@@ -429,15 +425,12 @@ static int forward_layer(struct forward *f, int l, const struct fwd_batch *b)
 	   c->rms_norm_eps);
 	if (L->is_moe)
 		return moe_mlp(f, L, l, R);
-	if (f->tp) {	/* this rank's columns into a zeroed f->mlp, reduced, then added */
+	if (f->tp) {	/* this rank's columns into a zeroed f->mlp, reduced into f->x */
 		size_t n = (size_t)R * c->hidden_size;
 
 		memset(f->mlp, 0, n * sizeof(float));
 		dense_mlp(f, L, R, c->intermediate_size, f->mlp, f->h);
-		if ((ret = forward_tp_reduce(f, f->mlp, n)))
-			return ret;
-		OP(f, add, f->x, f->mlp, n);
-		return 0;
+		return forward_tp_reduce(f, f->mlp, n, f->x);
 	}
 	dense_mlp(f, L, R, c->intermediate_size, f->x, f->mlp);
 	return 0;

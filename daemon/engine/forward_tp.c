@@ -101,7 +101,7 @@ static void barrier_reset(struct tp_barrier *b)
 	pthread_mutex_unlock(&b->lock);
 }
 
-int forward_tp_reduce(struct forward *f, float *buf, size_t n)
+int forward_tp_reduce(struct forward *f, float *buf, size_t n, float *residual)
 {
 	struct fwd_tp *g = f->tp;
 	int r = f->tp_rank, N = g->n, ret;
@@ -125,7 +125,13 @@ int forward_tp_reduce(struct forward *f, float *buf, size_t n)
 	}
 	if ((ret = barrier_wait(&g->red)))
 		return ret;
-	memcpy(buf, g->sum, n * sizeof(float));
+	if (!residual) {
+		memcpy(buf, g->sum, n * sizeof(float));
+		return 0;
+	}
+	/* the residual add fused into the reduction's read (y += x, as the add op does) */
+	for (size_t i = 0; i < n; i++)
+		residual[i] += g->sum[i];
 	return 0;
 }
 
@@ -143,7 +149,7 @@ int forward_tp_embed(struct forward *f, const struct fwd_batch *b)
 		else	/* another rank's row: it contributes it to the sum */
 			memset(row, 0, sizeof(float) * (size_t)hidden);
 	}
-	return forward_tp_reduce(f, f->x, (size_t)b->n_rows * hidden);
+	return forward_tp_reduce(f, f->x, (size_t)b->n_rows * hidden, NULL);
 }
 
 int forward_tp_experts(struct forward *f, int32_t *ids, size_t n)

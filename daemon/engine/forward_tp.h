@@ -24,9 +24,10 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 /* Rank 0: runs the step on every rank; logits (n_out, full vocab) as forward_run. */
 int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits);
 
-/* Any rank, inside a step: buf (n floats) becomes the sum of every rank's buf, the same
- * bits on every rank. 0, or -ECANCELED when another rank failed the step. */
-int forward_tp_reduce(struct forward *f, float *buf, size_t n);
+/* Any rank, inside a step: the sum of every rank's buf (n floats), the same bits on
+ * every rank, added to residual (n floats; the residual add fused) or, residual NULL,
+ * into buf. 0, or -ECANCELED when another rank failed the step. */
+int forward_tp_reduce(struct forward *f, float *buf, size_t n, float *residual);
 
 /* Any rank, before its routed experts run: the expert count its shard holds, and with
  * expert parallel ids (n, the router's choices) renumbered into them (-1: another
