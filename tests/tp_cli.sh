@@ -50,6 +50,21 @@ if kdecd_start daemon.log 60 --model "$M" --socket "$S" --threads 2 --tp 2; then
 		fail "kdrun on kdecd --tp 2: $(tail -n 1 "$tmp/err")"
 	[ "$(tr -s ' \n' ' ' <"$tmp/d2" | sed 's/ $//')" = "$(tr -s ' \n' ' ' <"$tmp/g1" | sed 's/ $//')" ] && ok ||
 		fail "kdecd --tp 2 generated '$(cat "$tmp/d2")', tp 1 '$(cat "$tmp/g1")'"
+	# four clients at once: their steps batched across the ranks, each its own tokens
+	cpids=
+	for i in 1 2 3 4; do
+		"$B/kdrun" --socket "$S" --prompt "$i,$((i * 7)),$((i * 31))" --max-tokens 10 \
+			>"$tmp/c$i" 2>/dev/null &
+		cpids="$cpids $!"
+	done
+	wait $cpids
+	for i in 1 2 3 4; do
+		"$B/kdbench" generate --model "$M" --prompt "$i,$((i * 7)),$((i * 31))" --max-tokens 10 \
+			--threads 2 >"$tmp/r$i" 2>/dev/null
+		[ -s "$tmp/r$i" ] && [ "$(tr -s ' \n' ' ' <"$tmp/c$i" | sed 's/ $//')" = \
+			"$(tr -s ' \n' ' ' <"$tmp/r$i" | sed 's/ $//')" ] && ok ||
+			fail "client $i of 4 on kdecd --tp 2: '$(cat "$tmp/c$i")', tp 1 alone '$(cat "$tmp/r$i")'"
+	done
 	kdecd_stop && ok || fail "kdecd --tp 2 did not stop cleanly"
 else
 	fail "kdecd --tp 2 did not start: $(tail -n 3 "$tmp/daemon.log")"

@@ -324,9 +324,17 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	g->sum = malloc(g->sum_cap * sizeof(float));
 	if (!g->sum)
 		ret = -ENOMEM;
-	else
-		ret = ranks_create(g, m, be0, bo, n_blocks, block_tokens, max_rows, err,
-				   err_len);
+	else if ((ret = ranks_create(g, m, be0, bo, n_blocks, block_tokens, max_rows, err,
+				     err_len)) && err_len && err[0]) {
+		char why[512];	/* which rank: their sizes differ (KV heads, experts) */
+
+		snprintf(why, sizeof(why), "%s", err);
+		for (int r = 0; r < n; r++)
+			if (!g->f[r]) {
+				snprintf(err, err_len, "tp %d, rank %d: %s", n, r, why);
+				break;
+			}
+	}
 	for (int r = 1; !ret && r < n; r++) {
 		if ((ret = -pthread_create(&g->thread[r], NULL, rank_main, g->f[r])))
 			snprintf(err, err_len, "tp %d: cannot start rank %d's thread: %s", n, r,
