@@ -11,17 +11,10 @@
 
 #include "daemon/base/log.h"
 #include "daemon/engine/forward_tp.h"
+#include "daemon/engine/tp_comm.h"
 #include "daemon/model/model_shard.h"
 
 #define OP(f, name, ...) ((f)->be->ops->name((f)->be, __VA_ARGS__))
-
-struct tp_barrier {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	int n, waiting;
-	unsigned gen;
-	int broken;		/* the step failed on some rank: waits return at once */
-};
 
 struct fwd_tp {
 	int n;
@@ -35,10 +28,7 @@ struct fwd_tp {
 	int e0[MODEL_SHARD_MAX_RANKS], ne[MODEL_SHARD_MAX_RANKS];
 
 	struct tp_barrier step;		/* start and finish of a step (never broken) */
-	struct tp_barrier red;		/* inside a step: the reductions */
-	float *bufs[MODEL_SHARD_MAX_RANKS];	/* each rank's partial, published */
-	float *sum;			/* (max_rows * hidden) the reduced result */
-	size_t sum_cap;
+	struct tp_comm comm;		/* inside a step: the reductions */
 
 	/* the step in flight, set by rank 0 before the start barrier */
 	const struct fwd_batch *b;
@@ -47,92 +37,9 @@ struct fwd_tp {
 	int ret[MODEL_SHARD_MAX_RANKS];
 };
 
-static void barrier_init(struct tp_barrier *b, int n)
-{
-	pthread_mutex_init(&b->lock, NULL);
-	pthread_cond_init(&b->cond, NULL);
-	b->n = n;
-}
-
-static void barrier_fini(struct tp_barrier *b)
-{
-	pthread_mutex_destroy(&b->lock);
-	pthread_cond_destroy(&b->cond);
-}
-
-/* 0 once all n arrived; -ECANCELED when the barrier is (or gets) broken. */
-static int barrier_wait(struct tp_barrier *b)
-{
-	int ret = 0;
-
-	pthread_mutex_lock(&b->lock);
-	if (b->broken) {
-		ret = -ECANCELED;
-	} else if (++b->waiting == b->n) {
-		b->waiting = 0;
-		b->gen++;
-		pthread_cond_broadcast(&b->cond);
-	} else {
-		unsigned gen = b->gen;
-
-		while (gen == b->gen && !b->broken)
-			pthread_cond_wait(&b->cond, &b->lock);
-		if (gen == b->gen)
-			ret = -ECANCELED;
-	}
-	pthread_mutex_unlock(&b->lock);
-	return ret;
-}
-
-static void barrier_break(struct tp_barrier *b)
-{
-	pthread_mutex_lock(&b->lock);
-	b->broken = 1;
-	b->waiting = 0;
-	pthread_cond_broadcast(&b->cond);
-	pthread_mutex_unlock(&b->lock);
-}
-
-static void barrier_reset(struct tp_barrier *b)
-{
-	pthread_mutex_lock(&b->lock);
-	b->broken = 0;
-	b->waiting = 0;
-	pthread_mutex_unlock(&b->lock);
-}
-
 int forward_tp_reduce(struct forward *f, float *buf, size_t n, float *residual)
 {
-	struct fwd_tp *g = f->tp;
-	int r = f->tp_rank, N = g->n, ret;
-	size_t i0 = n * (size_t)r / (size_t)N, i1 = n * (size_t)(r + 1) / (size_t)N;
-
-	if (n > g->sum_cap) {
-		barrier_break(&g->red);
-		return -EINVAL;
-	}
-	g->bufs[r] = buf;
-	if ((ret = barrier_wait(&g->red)))
-		return ret;
-	/* this rank's share of the elements, summed in rank order: the same bits
-	 * whichever rank sums them */
-	for (size_t i = i0; i < i1; i++) {
-		float s = g->bufs[0][i];
-
-		for (int k = 1; k < N; k++)
-			s += g->bufs[k][i];
-		g->sum[i] = s;
-	}
-	if ((ret = barrier_wait(&g->red)))
-		return ret;
-	if (!residual) {
-		memcpy(buf, g->sum, n * sizeof(float));
-		return 0;
-	}
-	/* the residual add fused into the reduction's read (y += x, as the add op does) */
-	for (size_t i = 0; i < n; i++)
-		residual[i] += g->sum[i];
-	return 0;
+	return tp_comm_reduce(&f->tp->comm, f->tp_rank, buf, n, residual);
 }
 
 int forward_tp_embed(struct forward *f, const struct fwd_batch *b)
@@ -197,7 +104,7 @@ static int rank_step(struct forward *f)
 	if (!ret)
 		rank_logits(f, g->b, g->logits);
 	if (ret)	/* the others must not wait for this rank at a reduction */
-		barrier_break(&g->red);
+		tp_barrier_break(&g->comm.bar);
 	return ret;
 }
 
@@ -207,11 +114,11 @@ static void *rank_main(void *arg)
 	struct fwd_tp *g = f->tp;
 
 	for (;;) {
-		barrier_wait(&g->step);
+		tp_barrier_wait(&g->step);
 		if (g->quit)
 			break;
 		g->ret[f->tp_rank] = rank_step(f);
-		barrier_wait(&g->step);
+		tp_barrier_wait(&g->step);
 	}
 	return NULL;
 }
@@ -223,12 +130,12 @@ int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 
 	if (b->n_rows <= 0 || b->n_rows > f->max_rows || b->n_out < 0 || b->n_out > b->n_rows)
 		return -EINVAL;
-	barrier_reset(&g->red);
+	tp_barrier_reset(&g->comm.bar);
 	g->b = b;
 	g->logits = logits;
-	barrier_wait(&g->step);
+	tp_barrier_wait(&g->step);
 	g->ret[0] = rank_step(f);
-	barrier_wait(&g->step);
+	tp_barrier_wait(&g->step);
 	/* the failing rank's error, not the -ECANCELED of those it stopped */
 	for (int r = 0; r < g->n; r++)
 		if (g->ret[r] && (!ret || ret == -ECANCELED))
@@ -244,7 +151,7 @@ void forward_tp_stop(struct fwd_tp *g)
 		g->quit = 1;
 		/* every started thread waits at the start barrier; the others count as
 		 * arrived (barrier of started + 1) */
-		barrier_wait(&g->step);
+		tp_barrier_wait(&g->step);
 		for (int r = 1; r <= g->started; r++)
 			pthread_join(g->thread[r], NULL);
 		g->started = 0;
@@ -264,9 +171,8 @@ void forward_tp_free(struct fwd_tp *g)
 		return;
 	for (int r = 0; r < g->n; r++)
 		model_destroy(g->shard[r]);
-	free(g->sum);
-	barrier_fini(&g->step);
-	barrier_fini(&g->red);
+	tp_comm_fini(&g->comm);
+	tp_barrier_fini(&g->step);
 	free(g);
 }
 
@@ -318,14 +224,11 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	g->n = n;
 	g->ep = ep;
 	g->vocab = m->cfg.vocab_size;
-	barrier_init(&g->step, n);
-	barrier_init(&g->red, n);
-	g->sum_cap = (size_t)max_rows * (size_t)m->cfg.hidden_size;
-	g->sum = malloc(g->sum_cap * sizeof(float));
-	if (!g->sum)
-		ret = -ENOMEM;
-	else if ((ret = ranks_create(g, m, be0, bo, n_blocks, block_tokens, max_rows, err,
-				     err_len)) && err_len && err[0]) {
+	tp_barrier_init(&g->step, n);
+	ret = tp_comm_init(&g->comm, n, (size_t)max_rows * (size_t)m->cfg.hidden_size);
+	if (!ret)
+		ret = ranks_create(g, m, be0, bo, n_blocks, block_tokens, max_rows, err, err_len);
+	if (ret && err_len && err[0]) {
 		char why[512];	/* which rank: their sizes differ (KV heads, experts) */
 
 		snprintf(why, sizeof(why), "%s", err);
