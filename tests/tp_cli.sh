@@ -1,8 +1,9 @@
 #!/bin/sh
 # --tp and --gpus as a user gives them: kdbench logits with tp 2 and 4 (and 4 with
-# expert parallel, --ep) within 1e-5 relative L2 per row of tp 1 (dense, MoE, MLA); kdbench generate and a real kdecd
-# --tp 2 over the socket give tp 1's greedy tokens; kdbench decode runs at tp 2; and
-# every bad --tp / --gpus fails with one clear line.
+# expert parallel, --ep) within 1e-5 relative L2 per row of tp 1 (dense, MoE, MLA);
+# kdbench generate and a real kdecd --tp 2 over the socket give tp 1's greedy tokens (one client, then four at once);
+# kdbench decode runs at tp 2; kdbench allreduce's sums come out right; and every bad
+# --tp / --gpus / --ep fails with one clear line.
 set -u
 test_name=tp_cli
 . "${top_srcdir:-.}/tests/testutil.sh"
@@ -74,6 +75,14 @@ fi
 "$B/kdbench" decode --model "$G/qwen3_moe" --batch 1,4 --ctx 16 --steps 4 --warmup 1 --threads 2 --tp 2 \
 	>"$tmp/dec" 2>"$tmp/err" && grep -q 'tokens/s\|tok/s' "$tmp/dec" && ok ||
 	fail "decode --tp 2: $(tail -n 2 "$tmp/err") $(tail -n 2 "$tmp/dec")"
+
+# ---- kdbench allreduce: the ranks' reduction alone, each result checked by it ----
+"$B/kdbench" allreduce --tp 3 --bytes 4,4096,65540 --iters 5 --warmup 1 >"$tmp/ar" 2>"$tmp/err" &&
+	grep -q '^# kdbench allreduce: cpu, tp 3' "$tmp/ar" &&
+	[ "$(grep -cE '^ +(4|4096|65540) +[0-9.]+ +[0-9.]+ ' "$tmp/ar")" -eq 3 ] && ok ||
+	fail "allreduce --tp 3: $(tail -n 1 "$tmp/err") $(cat "$tmp/ar")"
+expect 1 "not built yet" "$B/kdbench" allreduce --backend cuda
+expect 2 "multiple of 4" "$B/kdbench" allreduce --bytes 6
 
 # ---- refusals: one line each ----
 expect 1 "tp 3 does not divide 8 query heads of llama" "$B/kdbench" logits --model "$M" --tokens 1,2 --tp 3

@@ -43,6 +43,7 @@ static void usage(FILE *f)
 		"       kdbench decode   --model DIR|FILE.gguf|CONFIG.json [--batch 1,8,32,64 --ctx 1024 ...]  (decode --help)\n"
 		"       kdbench prefill  --model DIR|FILE.gguf|CONFIG.json [--tokens 1024,4096 ...]  (prefill --help)\n"
 		"       kdbench agent    --socket PATH [--sessions N --duration S ...]  (agent --help)\n"
+		"       kdbench allreduce [--tp N --bytes 4096,65536 ...]  (allreduce --help)\n"
 		"\n"
 		"  logits    write float32 little-endian logits, row-major [T, vocab]; row t sees\n"
 		"            tokens 0..t. Default: one prefill; --incremental feeds the tokens one\n"
@@ -491,6 +492,8 @@ int main(int argc, char **argv)
 		return kdbench_ipc_main(argc - 1, argv + 1);
 	if (argc >= 2 && !strcmp(argv[1], "agent"))
 		return kdbench_agent_main(argc - 1, argv + 1);
+	if (argc >= 2 && !strcmp(argv[1], "allreduce"))
+		return kdbench_allreduce_main(argc - 1, argv + 1);
 
 	if (parse_args(argc, argv, &a))
 		return 2;

@@ -17,6 +17,7 @@ int kdbench_prefill_main(int argc, char **argv);		/* kdbench_prefill.c */
 int kdbench_kvcache_main(int argc, char **argv);		/* kdbench_kvcache.c */
 int kdbench_ipc_main(int argc, char **argv);		/* kdbench_ipc.c */
 int kdbench_agent_main(int argc, char **argv);		/* kdbench_agent.c */
+int kdbench_allreduce_main(int argc, char **argv);	/* kdbench_allreduce.c */
 
 /* xorshift64: the random prompt tokens of decode and prefill (*s never 0). */
 static inline uint64_t kdbench_rng_next(uint64_t *s)
