@@ -130,6 +130,11 @@ int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 
 	if (b->n_rows <= 0 || b->n_rows > f->max_rows || b->n_out < 0 || b->n_out > b->n_rows)
 		return -EINVAL;
+	if (f->trace) {	/* it would record, or force, rank 0's routing alone */
+		snprintf(f->trace_err, sizeof(f->trace_err), "the routing trace with tp %d: not built",
+			 g->n);
+		return -ENOTSUP;
+	}
 	tp_barrier_reset(&g->comm.bar);
 	g->b = b;
 	g->logits = logits;
