@@ -17,6 +17,7 @@
 
 #include "daemon/engine/engine.h"
 #include "daemon/engine/forward.h"
+#include "daemon/engine/route_trace.h"
 #include "daemon/model/model.h"
 #include "daemon/model/model_shard.h"
 #include "tests/testutil.h"
@@ -164,6 +165,36 @@ static void compare_tps(struct model *m, const char *name, const struct tcase *c
 	free(got);
 }
 
+/* A routing trace would see (or force) rank 0's routing alone: a step with one set is
+ * refused with a line saying so. */
+static void check_trace_refused(struct model *m, const char *name)
+{
+	struct route_trace *t = NULL;
+	struct engine_seq seq;
+	struct engine_req r;
+	char err[512] = "";
+	int32_t tok = 1;
+	float *logits = malloc(sizeof(float) * (size_t)m->cfg.vocab_size);
+	int ret;
+	struct engine *e = open_engine(m, 2, 0, err, sizeof(err), &ret);
+
+	CHECK(e && logits && route_trace_create(&t, m->cfg.n_layers, m->cfg.n_experts, m->cfg.top_k,
+						 1, 8) == 0, "%s: tp 2 with a trace: %s", name, err);
+	if (e && t && logits) {
+		engine_set_route_trace(e, t);
+		engine_seq_init(&seq);
+		r = (struct engine_req){ .seq = &seq, .tokens = &tok, .n_tokens = 1 };
+		ret = engine_step(e, &r, 1, logits, err, sizeof(err));
+		CHECK(ret != 0 && strstr(err, "routing trace with tp 2"),
+		      "%s: tp 2 ran a step with a routing trace (%d: %s)", name, ret, err);
+		engine_seq_release(e, &seq);
+		engine_set_route_trace(e, NULL);
+	}
+	route_trace_destroy(t);
+	engine_destroy(e);
+	free(logits);
+}
+
 static void check_model(const char *top, const char *name)
 {
 	char dir[1024], path[1200], err[512] = "";
@@ -185,6 +216,8 @@ static void check_model(const char *top, const char *name)
 		cs[nc].tokens = golden_ids(json_object_get(json_array_get(cases, i), "tokens"), &cs[nc].n);
 	if (m)
 		compare_tps(m, name, cs, nc);
+	if (m && !strcmp(name, "golden/qwen3_moe"))
+		check_trace_refused(m, name);
 	for (int i = 0; i < nc; i++)
 		free(cs[i].tokens);
 	model_destroy(m);
