@@ -45,11 +45,15 @@ static struct engine *ref_e;
 static struct route_trace *trace_gpu, *trace_cpu, *trace_prefill, *trace_x;
 
 /* golden/: the shared references; reference/: made by contrib/make_reference.py from
- * tests/data/tiny configs (other dims, fp16 and fp32 checkpoints, kimi_k2). */
+ * tests/data/tiny configs (other dims, fp16 and fp32 checkpoints, kimi_k2); quant/:
+ * the published quantized layouts (contrib/make_quant_reference.py), whose reference
+ * is transformers on the dequantized weights in fp32. */
 static const char *const models[] = {
 	"golden/llama3", "golden/qwen3", "golden/qwen3_moe", "golden/deepseek_v2", "golden/deepseek_v3",
 	"reference/llama", "reference/qwen3", "reference/qwen3_moe", "reference/deepseek_v2",
 	"reference/deepseek_v3", "reference/kimi_k2",
+	"quant/llama_fp8_block", "quant/deepseek_v3_fp8_block", "quant/llama_fp8_channel",
+	"quant/qwen3_fp8_tensor", "quant/llama_int4", "quant/kimi_k2_int4",
 };
 
 static int test_file_exists(const char *path)
@@ -405,6 +409,18 @@ static void check_model(const char *top, const char *name, int threads)
 	if (!g)
 		return;
 	CHECK(model_load(&m, mpath, NULL, err, sizeof(err)) == 0, "%s: load: %s", name, err);
+	if (m && row_tol != CPU_ROW_TOL && m->n_quantized > 0) {
+		int ret = engine_create(&e, m, &eo, err, sizeof(err));
+
+		/* the GPU has no quantized kernels yet: it must refuse, in one line */
+		CHECK(ret == -ENOTSUP && strstr(err, "quantized") && !strchr(err, '\n'),
+		      "%s on %s: rc %d: %s", name, backend, ret, err);
+		fprintf(stderr, "  %-22s refused on %s: %s\n", name, backend, err);
+		engine_destroy(e);
+		model_destroy(m);
+		json_decref(g);
+		return;
+	}
 	if (m && row_tol != CPU_ROW_TOL && m->cfg.dtype != K_BF16) {
 		fprintf(stderr, "  %-22s skipped on %s: a %s checkpoint; the GPU keeps bf16 weights\n",
 			name, backend, k_dtype_name(m->cfg.dtype));

@@ -12,6 +12,7 @@
 #include "daemon/base/log.h"
 #include "daemon/model/model.h"
 #include "daemon/model/model_gguf.h"
+#include "daemon/model/model_quant.h"
 #include "format/file_read.h"
 
 static const char *const layer_prefix = "model.layers";
@@ -101,11 +102,27 @@ static int walk_mlp(struct walk *w, struct model_layer *L, int l, const char *pa
 	return 0;
 }
 
+/* Each expert is bound through the layer's expert_gate/up/down slots (so a walk sees
+ * real slots), then copied into L->experts; all experts must match the first. */
+static int walk_expert(struct walk *w, struct model_layer *L, int l, int e, struct model_tensor *slot,
+		       int64_t rows, int64_t cols, const char *part)
+{
+	struct model_tensor first = *slot;
+	int ret;
+
+	if ((ret = need(w, slot, rows, cols, "%s.%d.mlp.experts.%d.%s.weight", layer_prefix, l, e, part)))
+		return ret;
+	if (e == 0 && slot == &L->expert_gate)
+		L->expert_dtype = slot->dtype;
+	if (slot->dtype != L->expert_dtype || (e > 0 && slot->q.fmt != first.q.fmt))
+		return w->fn(w->ctx, w->name, NULL, -1, -1);	/* reports the mix */
+	return 0;
+}
+
 static int walk_moe(struct walk *w, struct model_layer *L, int l)
 {
 	const struct model_config *c = &w->m->cfg;
 	int64_t hidden = c->hidden_size, inter = c->moe_intermediate_size;
-	struct model_tensor t;
 	int ret;
 
 	if ((ret = need(w, &L->router, c->n_experts, hidden, "%s.%d.mlp.gate.weight", layer_prefix, l)))
@@ -113,26 +130,20 @@ static int walk_moe(struct walk *w, struct model_layer *L, int l)
 	for (int e = 0; e < c->n_experts; e++) {
 		struct k_expert *x = &L->experts[e];
 
-		if ((ret = need(w, &t, inter, hidden, "%s.%d.mlp.experts.%d.gate_proj.weight", layer_prefix, l, e)))
+		if ((ret = walk_expert(w, L, l, e, &L->expert_gate, inter, hidden, "gate_proj")) ||
+		    (ret = walk_expert(w, L, l, e, &L->expert_up, inter, hidden, "up_proj")) ||
+		    (ret = walk_expert(w, L, l, e, &L->expert_down, hidden, inter, "down_proj")))
 			return ret;
-		x->gate = t.data;
-		L->expert_dtype = t.dtype;
-		if ((ret = need(w, &t, inter, hidden, "%s.%d.mlp.experts.%d.up_proj.weight", layer_prefix, l, e)))
-			return ret;
-		x->up = t.data;
-		if (t.dtype != L->expert_dtype)
-			goto mixed;
-		if ((ret = need(w, &t, hidden, inter, "%s.%d.mlp.experts.%d.down_proj.weight", layer_prefix, l, e)))
-			return ret;
-		x->down = t.data;
-		if (t.dtype != L->expert_dtype)
-			goto mixed;
+		x->gate = L->expert_gate.data;
+		x->up = L->expert_up.data;
+		x->down = L->expert_down.data;
+		x->gate_q = L->expert_gate.q;
+		x->up_q = L->expert_up.q;
+		x->down_q = L->expert_down.q;
 	}
 	if (c->n_shared_experts > 0)
 		return walk_mlp(w, L, l, "shared_experts.", inter * c->n_shared_experts);
 	return 0;
-mixed:
-	return w->fn(w->ctx, w->name, NULL, -1, -1);	/* reports a dtype mix */
 }
 
 int model_for_each_tensor(struct model *m, model_tensor_fn fn, void *ctx)
@@ -186,13 +197,17 @@ static int bind_tensor(void *ctx, const char *name, struct model_tensor *slot,
 	struct bind *b = ctx;
 	const struct st_file *file;
 	const struct st_tensor *t;
-	int shape_ok;
+	int shape_ok, ret;
 
 	if (!slot) {
-		snprintf(b->err, b->err_len, "%s: tensor '%s': experts of one layer mix dtypes",
+		snprintf(b->err, b->err_len, "%s: tensor '%s': experts of one layer mix dtypes "
+			 "or quantization",
 			 b->m->path, name);
 		return -EINVAL;
 	}
+	if ((ret = model_quant_bind(b->m, name, slot, rows, cols, b->err, b->err_len)) <= 0)
+		return ret;
+	slot->q = (struct k_quant){ 0 };
 	t = st_set_find(&b->m->files, name, &file);
 	if (!t) {
 		snprintf(b->err, b->err_len, "%s: tensor '%s' is missing (needed by %s)",
@@ -204,7 +219,8 @@ static int bind_tensor(void *ctx, const char *name, struct model_tensor *slot,
 
 		snprintf(b->err, b->err_len, "%s: tensor '%s': dtype %s is not supported%s",
 			 base_name(file->path), name, t->dtype_name,
-			 fp8 ? " yet (fp8 weights come in a later release)" : " (bf16, fp16, fp32 are)");
+			 fp8 ? " without a quantization_config in config.json that says how it is "
+			 "scaled" : " (bf16, fp16, fp32 are)");
 		return -ENOTSUP;
 	}
 	if (cols == 1)
@@ -398,20 +414,13 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 				      : model_config_load(&m->cfg, path, err, err_len);
 	if (ret)
 		goto err_destroy;
-	if (!opts->synthetic && m->cfg.fp8_weights) {
-		snprintf(err, err_len, "%s/config.json: quantization_config: fp8 weights (e4m3, "
-			 "128x128 block scales) are not supported yet; they come in a later "
-			 "release (--synthetic-weights benchmarks this config in bf16)", path);
-		ret = -ENOTSUP;
-		goto err_destroy;
-	}
 	if (opts->n_layers > 0 && opts->n_layers < m->cfg.n_layers)
 		m->cfg.n_layers = opts->n_layers;
 	if ((ret = model_alloc_layers(m)))
 		goto err_destroy;
 	if (opts->synthetic) {
 		m->synthetic = 1;
-		ret = model_synthesize(m, opts->seed, err, err_len);
+		ret = model_synthesize(m, opts->seed, &opts->weight_format, err, err_len);
 	} else if (m->gguf) {
 		ret = model_gguf_bind(m, opts->gguf_f32_limit, err, err_len);
 	} else {
