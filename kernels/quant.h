@@ -64,6 +64,22 @@ static inline size_t k_quant_bytes(const struct k_quant *q, int64_t N, int64_t K
 	       (size_t)(srows * q->scale_cols) * k_dtype_size(q->scale_dtype);
 }
 
+/* Scale i as float. Scales sit wherever the file put them (an odd-sized fp8 tensor
+ * before an F32 scale leaves it unaligned), so they are read bytewise. */
+static inline float k_quant_scale(const struct k_quant *q, size_t i)
+{
+	const uint8_t *p = (const uint8_t *)q->scale + i * k_dtype_size(q->scale_dtype);
+	uint16_t h;
+	float f;
+
+	if (q->scale_dtype == K_F32) {
+		memcpy(&f, p, sizeof(f));
+		return f;
+	}
+	memcpy(&h, p, sizeof(h));
+	return q->scale_dtype == K_BF16 ? k_bf16_to_f32(h) : k_f16_to_f32(h);
+}
+
 /* Columns [k0, k0 + n) of row `row` of an (.., K) quantized weight w, as float. */
 static inline void k_quant_row_to_f32(float *dst, const void *w, const struct k_quant *q,
 				      int64_t K, int64_t row, int64_t k0, int64_t n)
@@ -73,7 +89,7 @@ static inline void k_quant_row_to_f32(float *dst, const void *w, const struct k_
 
 	for (int64_t i = 0; i < n; i++) {
 		int64_t k = k0 + i;
-		float s = k_load(q->scale, q->scale_dtype, srow + (size_t)(k / q->block_cols)), v;
+		float s = k_quant_scale(q, srow + (size_t)(k / q->block_cols)), v;
 
 		if (q->fmt == K_Q_INT4) {
 			uint32_t word;

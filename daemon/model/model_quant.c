@@ -78,8 +78,10 @@ static int qscale(const struct qbind *b, const char *base, const char *suffix, i
 				", %" PRId64 "] for weight [%" PRId64 ", %" PRId64 "] (%s)",
 				qbase(f->path), base, suffix, got, srows, scols, rows, cols, b->fmt), -EINVAL;
 	}
+	q->scale = s->data;
+	q->scale_dtype = s->dtype;
 	for (int64_t i = 0; i < want; i++) {
-		float v = k_load(s->data, s->dtype, (size_t)i);
+		float v = k_quant_scale(q, (size_t)i);
 
 		if (!isfinite(v))
 			return snprintf(b->err, b->err_len, "%s: tensor '%s%s': scale %" PRId64 " (row %"
