@@ -103,18 +103,24 @@ static int walk_mlp(struct walk *w, struct model_layer *L, int l, const char *pa
 }
 
 /* Each expert is bound through the layer's expert_gate/up/down slots (so a walk sees
- * real slots), then copied into L->experts; all experts must match the first. */
+ * real slots), loaded first with what expert e holds so that a walk that binds
+ * nothing (counting, engine_weight_bytes) changes nothing; all experts must match. */
 static int walk_expert(struct walk *w, struct model_layer *L, int l, int e, struct model_tensor *slot,
-		       int64_t rows, int64_t cols, const char *part)
+		       int64_t rows, int64_t cols, const char *part, const void **data,
+		       struct k_quant *q)
 {
-	struct model_tensor first = *slot;
+	enum k_qfmt prev = slot->q.fmt;
 	int ret;
 
+	slot->data = *data;
+	slot->q = *q;
 	if ((ret = need(w, slot, rows, cols, "%s.%d.mlp.experts.%d.%s.weight", layer_prefix, l, e, part)))
 		return ret;
+	*data = slot->data;
+	*q = slot->q;
 	if (e == 0 && slot == &L->expert_gate)
 		L->expert_dtype = slot->dtype;
-	if (slot->dtype != L->expert_dtype || (e > 0 && slot->q.fmt != first.q.fmt))
+	if (slot->dtype != L->expert_dtype || (e > 0 && slot->q.fmt != prev))
 		return w->fn(w->ctx, w->name, NULL, -1, -1);	/* reports the mix */
 	return 0;
 }
@@ -130,16 +136,13 @@ static int walk_moe(struct walk *w, struct model_layer *L, int l)
 	for (int e = 0; e < c->n_experts; e++) {
 		struct k_expert *x = &L->experts[e];
 
-		if ((ret = walk_expert(w, L, l, e, &L->expert_gate, inter, hidden, "gate_proj")) ||
-		    (ret = walk_expert(w, L, l, e, &L->expert_up, inter, hidden, "up_proj")) ||
-		    (ret = walk_expert(w, L, l, e, &L->expert_down, hidden, inter, "down_proj")))
+		if ((ret = walk_expert(w, L, l, e, &L->expert_gate, inter, hidden, "gate_proj", &x->gate,
+				       &x->gate_q)) ||
+		    (ret = walk_expert(w, L, l, e, &L->expert_up, inter, hidden, "up_proj", &x->up,
+				       &x->up_q)) ||
+		    (ret = walk_expert(w, L, l, e, &L->expert_down, hidden, inter, "down_proj", &x->down,
+				       &x->down_q)))
 			return ret;
-		x->gate = L->expert_gate.data;
-		x->up = L->expert_up.data;
-		x->down = L->expert_down.data;
-		x->gate_q = L->expert_gate.q;
-		x->up_q = L->expert_up.q;
-		x->down_q = L->expert_down.q;
 	}
 	if (c->n_shared_experts > 0)
 		return walk_mlp(w, L, l, "shared_experts.", inter * c->n_shared_experts);
@@ -404,6 +407,12 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 		ret = -ENOMEM;
 		goto err_destroy;
 	}
+	if (opts->weight_format.format != MODEL_Q_NONE && !opts->synthetic) {
+		snprintf(err, err_len, "--weight-format needs --synthetic-weights (a checkpoint's "
+			 "weights are in the format its files hold)");
+		ret = -EINVAL;
+		goto err_destroy;
+	}
 	ret = model_path_kind(path, opts->synthetic, err, err_len);
 	if (ret < 0)
 		goto err_destroy;
@@ -436,6 +445,7 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 	}
 	if (ret)
 		goto err_destroy;
+	model_count_stream_bytes(m);
 	*out = m;
 	return 0;
 

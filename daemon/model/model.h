@@ -75,6 +75,9 @@ struct model {
 	size_t weight_bytes;		/* total bytes of all bound weights (quantized: payload
 					 * + scales) */
 	int n_quantized;		/* weights bound quantized (q.fmt != K_Q_NONE) */
+	int stream_counted;		/* the two sums below are set (model_count_stream_bytes) */
+	double stream_dense_bytes;	/* every tensor but the routed experts, as streamed */
+	double stream_expert_bytes;	/* all routed experts, as streamed */
 
 	struct model_tensor embed;	/* (vocab, hidden) */
 	struct model_tensor final_norm;	/* (hidden) */
