@@ -15,6 +15,7 @@
 
 #define LQ_WARPS	4	/* warps (rows) per CTA */
 #define LQ_MT		4	/* x rows per pass; more are walked in passes */
+#define LQ_U		8	/* 16-byte loads per lane in flight */
 
 static __device__ __forceinline__ float lq_warp_sum(float v)
 {
@@ -37,65 +38,76 @@ static __device__ __forceinline__ float lq_scale(const float *s, const struct k_
 	return s[(size_t)(n / q.block_rows) * (size_t)q.scale_cols + (size_t)(k / q.block_cols)];
 }
 
-// The vectorised row: per lane, chunks of 32 values (32 fp8 bytes as two 16-byte
-// loads, or 16 int4 bytes as one), each inside one scale block, so each chunk's
-// partial dot product is scaled once.
+// The vectorised row: the row read as 16-byte chunks (16 fp8 or 32 int4 values), lane
+// l taking chunks l, l + 32, ..., LQ_U of them loaded before any is used (so a warp
+// has LQ_U * 512 bytes in flight, each load instruction 512 contiguous bytes); each
+// chunk lies in one scale block, so its partial dot product is scaled once.
 template <int FMT>
 static __global__ void __launch_bounds__(LQ_WARPS * 32)
 lq_vector(float *__restrict__ y, const float *__restrict__ x, const uint8_t *__restrict__ w,
 	  struct k_quant q, int M, int N, int K, int accumulate)
 {
+	constexpr int VPC = FMT == K_Q_INT4 ? 32 : 16;	// values per 16-byte chunk
 	const int lane = threadIdx.x & 31, n = blockIdx.x * LQ_WARPS + (threadIdx.x >> 5);
-	const size_t row_bytes = FMT == K_Q_INT4 ? (size_t)K / 2 : (size_t)K;
+	const int chunks = K / VPC;
 	const float *sc = (const float *)q.scale;
+	const size_t srow = (size_t)(n / q.block_rows) * (size_t)q.scale_cols;
 
 	if (n >= N)
 		return;
-	const uint8_t *wr = w + (size_t)n * row_bytes;
+	const uint4 *wr = reinterpret_cast<const uint4 *>(w + (size_t)n * (size_t)chunks * 16);
 	for (int m0 = 0; m0 < M; m0 += LQ_MT) {
 		float acc[LQ_MT] = { 0 };
 
-		for (int k0 = lane * 32; k0 < K; k0 += 32 * 32) {
-			float v[32];
-
-			if (FMT == K_Q_INT4) {
-				uint4 u = __ldg(reinterpret_cast<const uint4 *>(wr + (size_t)k0 / 2));
-				uint32_t words[4] = { u.x, u.y, u.z, u.w };
+		for (int base = 0; base < chunks; base += 32 * LQ_U) {
+			uint4 r[LQ_U];
 
 #pragma unroll
-				for (int i = 0; i < 32; i++)
-					v[i] = (float)((int)((words[i / 8] >> (4 * (i % 8))) & 0xfu) - 8);
-			} else {
-				uint4 a = __ldg(reinterpret_cast<const uint4 *>(wr + k0));
-				uint4 b = __ldg(reinterpret_cast<const uint4 *>(wr + k0 + 16));
-				uint32_t words[8] = { a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w };
+			for (int u = 0; u < LQ_U; u++) {
+				int c = base + u * 32 + lane;
 
-#pragma unroll
-				for (int i = 0; i < 16; i++) {
-					float2 f = lq_e4m3x2((uint16_t)(words[i / 2] >> (16 * (i % 2))));
-
-					v[2 * i] = f.x;
-					v[2 * i + 1] = f.y;
-				}
+				r[u] = c < chunks ? __ldg(wr + c) : make_uint4(0, 0, 0, 0);
 			}
-			float s = lq_scale(sc, q, n, k0);
 #pragma unroll
-			for (int mi = 0; mi < LQ_MT; mi++) {
-				if (m0 + mi >= M)
+			for (int u = 0; u < LQ_U; u++) {
+				const int c = base + u * 32 + lane, k0 = c * VPC;
+				const uint32_t words[4] = { r[u].x, r[u].y, r[u].z, r[u].w };
+				float v[VPC];
+
+				if (c >= chunks)
 					break;
-				const float4 *xr = reinterpret_cast<const float4 *>(x + (size_t)(m0 + mi) * K + k0);
-				float part = 0.0f;
+				if (FMT == K_Q_INT4) {
+#pragma unroll
+					for (int i = 0; i < 32; i++)
+						v[i] = (float)((int)((words[i / 8] >> (4 * (i % 8))) & 0xfu) - 8);
+				} else {
+#pragma unroll
+					for (int i = 0; i < 8; i++) {
+						float2 f = lq_e4m3x2((uint16_t)(words[i / 2] >> (16 * (i % 2))));
+
+						v[2 * i] = f.x;
+						v[2 * i + 1] = f.y;
+					}
+				}
+				const float s = sc[srow + (size_t)(k0 / q.block_cols)];
+#pragma unroll
+				for (int mi = 0; mi < LQ_MT; mi++) {
+					if (m0 + mi >= M)
+						break;
+					const float4 *xr = reinterpret_cast<const float4 *>(x + (size_t)(m0 + mi) * K + k0);
+					float part = 0.0f;
 
 #pragma unroll
-				for (int i = 0; i < 8; i++) {
-					float4 xv = __ldg(xr + i);
+					for (int i = 0; i < VPC / 4; i++) {
+						float4 xv = __ldg(xr + i);
 
-					part = fmaf(v[4 * i], xv.x, part);
-					part = fmaf(v[4 * i + 1], xv.y, part);
-					part = fmaf(v[4 * i + 2], xv.z, part);
-					part = fmaf(v[4 * i + 3], xv.w, part);
+						part = fmaf(v[4 * i], xv.x, part);
+						part = fmaf(v[4 * i + 1], xv.y, part);
+						part = fmaf(v[4 * i + 2], xv.z, part);
+						part = fmaf(v[4 * i + 3], xv.w, part);
+					}
+					acc[mi] = fmaf(part, s, acc[mi]);
 				}
-				acc[mi] = fmaf(part, s, acc[mi]);
 			}
 		}
 #pragma unroll
