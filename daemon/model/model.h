@@ -111,6 +111,11 @@ void model_destroy(struct model *m);	/* accepts NULL and half-built models */
  * that loading binds, without allocating them. 0 or -ENOMEM. */
 int model_count_params(const struct model_config *cfg, int64_t *params);
 
+/* m->stream_dense_bytes / stream_expert_bytes: every tensor's bytes as the GPU
+ * streams them (quantized: as stored, with scales; else bf16), routed experts apart
+ * (all of them). model_load calls it; engine_weight_bytes reads the sums. */
+void model_count_stream_bytes(struct model *m);
+
 /* Fills every tensor of m from a synthetic buffer (model_synthetic.c); with q's format
  * not MODEL_Q_NONE, every linear weight but the embedding, lm_head and the router is
  * stored quantized as q says, with random payloads and scales that keep activations

@@ -239,25 +239,3 @@ size_t model_tensor_bytes(const struct model_tensor *t, size_t unquantized_elem)
 	return (size_t)t->rows * (size_t)t->cols * unquantized_elem;
 }
 
-/* A tensor's bytes as the GPU streams them: quantized ones as stored (payload +
- * scales), the rest in bf16. Routed experts apart: their slots hold each expert in turn. */
-static int stream_tensor(void *ctx, const char *name, struct model_tensor *slot, int64_t rows,
-			 int64_t cols)
-{
-	struct model *m = ctx;
-	double b = slot && slot->q.fmt != K_Q_NONE ? (double)model_tensor_bytes(slot, 2)
-						     : 2.0 * (double)rows * (double)cols;
-
-	if (strstr(name, ".mlp.experts."))
-		m->stream_expert_bytes += b;
-	else
-		m->stream_dense_bytes += b;
-	return 0;
-}
-
-void model_count_stream_bytes(struct model *m)
-{
-	m->stream_dense_bytes = m->stream_expert_bytes = 0;
-	model_for_each_tensor(m, stream_tensor, m);
-	m->stream_counted = 1;
-}

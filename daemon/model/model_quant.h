@@ -19,9 +19,4 @@ int model_quant_bind(struct model *m, const char *name, struct model_tensor *slo
  * unquantized_elem. */
 size_t model_tensor_bytes(const struct model_tensor *t, size_t unquantized_elem);
 
-/* m->stream_dense_bytes / stream_expert_bytes: every tensor's bytes as the GPU
- * streams them (quantized: as stored, with scales; else bf16), routed experts apart
- * (all of them). model_load calls it; engine_weight_bytes reads the sums. */
-void model_count_stream_bytes(struct model *m);
-
 #endif
