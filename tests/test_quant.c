@@ -150,10 +150,11 @@ static void write_ckpt(const struct ckpt *c, const char *path)
 
 	for (int i = 0; i < c->n; i++) {
 		const struct tensor *t = &c->t[i];
-		json_t *sh = json_array();
+		json_t *sh;
 
 		if (!t->name[0])
 			continue;
+		sh = json_array();
 		for (int d = 0; d < t->ndim; d++)
 			json_array_append_new(sh, json_integer(t->shape[d]));
 		json_object_set_new(root, t->name, json_pack("{s:s, s:o, s:[I, I]}", "dtype", t->dtype,
@@ -190,22 +191,8 @@ static int rm_one(const char *path, const struct stat *st, int flag, struct FTW 
 	return remove(path);
 }
 
-static void copy_file(const char *from, const char *to)
-{
-	FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
-	char buf[65536];
-	size_t n;
-
-	while (a && b && (n = fread(buf, 1, sizeof(buf), a)) > 0)
-		fwrite(buf, 1, n, b);
-	if (a)
-		fclose(a);
-	if (b)
-		fclose(b);
-}
-
-/* The model folder `name` with its config's text passed through `edit` (NULL: as is)
- * and its single weight file rewritten from c. */
+/* The model folder `name` into dir: its config.json with the first `from` replaced by
+ * `to` (from NULL: as is), its single weight file rewritten from c. */
 static void stage(const char *name, const struct ckpt *c, const char *from, const char *to)
 {
 	char src[512], dst[512];
@@ -233,7 +220,6 @@ static void stage(const char *name, const struct ckpt *c, const char *from, cons
 	fclose(f);
 	snprintf(dst, sizeof(dst), "%s/model.safetensors", dir);
 	write_ckpt(c, dst);
-	(void)copy_file;
 }
 
 static void expect_load(const char *what, int want_ok, const char *want1, const char *want2)
@@ -254,8 +240,7 @@ static void expect_load(const char *what, int want_ok, const char *want1, const 
 	model_destroy(m);
 }
 
-/* One mutation of the good checkpoint of `model`: fn edits c, then the load must fail
- * naming want1 and want2. */
+/* The tensors of the good checkpoint of `model` into c, for a test to change. */
 static int load_good(struct ckpt *c, const char *model)
 {
 	char path[512];
