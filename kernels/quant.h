@@ -80,26 +80,31 @@ static inline float k_quant_scale(const struct k_quant *q, size_t i)
 	return q->scale_dtype == K_BF16 ? k_bf16_to_f32(h) : k_f16_to_f32(h);
 }
 
-/* Columns [k0, k0 + n) of row `row` of an (.., K) quantized weight w, as float. */
+/* Columns [k0, k0 + n) of row `row` of an (.., K) quantized weight w, as float: each
+ * run of columns that shares a scale is read with that one scale. */
 static inline void k_quant_row_to_f32(float *dst, const void *w, const struct k_quant *q,
 				      int64_t K, int64_t row, int64_t k0, int64_t n)
 {
 	const uint8_t *r = (const uint8_t *)w + (size_t)row * k_quant_row_bytes(q->fmt, K);
 	size_t srow = (size_t)(row / q->block_rows) * (size_t)q->scale_cols;
 
-	for (int64_t i = 0; i < n; i++) {
-		int64_t k = k0 + i;
-		float s = k_quant_scale(q, srow + (size_t)(k / q->block_cols)), v;
+	for (int64_t i = 0; i < n;) {
+		int64_t k = k0 + i, blk = k / q->block_cols;
+		int64_t end = (blk + 1) * q->block_cols - k0;	/* this scale's last column + 1 */
+		float s = k_quant_scale(q, srow + (size_t)blk);
 
+		if (end > n)
+			end = n;
 		if (q->fmt == K_Q_INT4) {
-			uint32_t word;
+			for (; i < end; i++) {
+				int64_t kk = k0 + i;
 
-			memcpy(&word, r + (size_t)(k / 8) * 4, sizeof(word));
-			v = (float)((int)((word >> (4 * (k % 8))) & 0xfu) - 8);
+				dst[i] = (float)((int)((r[kk / 2] >> (4 * (kk % 2))) & 0xfu) - 8) * s;
+			}
 		} else {
-			v = k_e4m3_to_f32(r[k]);
+			for (; i < end; i++)
+				dst[i] = k_e4m3_to_f32(r[k0 + i]) * s;
 		}
-		dst[i] = v * s;
 	}
 }
 
