@@ -297,9 +297,10 @@ int cuda_weights_upload(struct backend_cuda *b, char *err, size_t err_len)
 		cudaGetLastError();
 		b->arena = NULL;
 		snprintf(err, err_len,
-			 "cuda: out of GPU memory for the weights: they need %.2f GiB, GPU %d has %.2f GiB free of %.2f GiB",
+			 "cuda: out of GPU memory for the weights: they need %.2f GiB, GPU %d has %.2f GiB free of %.2f GiB%s",
 			 (double)b->arena_bytes / (1u << 30), b->dev, (double)free_b / (1u << 30),
-			 (double)total_b / (1u << 30));
+			 (double)total_b / (1u << 30), b->m->n_quantized > 0 ? " (quantized weights "
+			 "count as bf16: the interim fallback dequantizes them at load)" : "");
 		return -ENOMEM;
 	}
 	if (cudaHostAlloc(&u.stage, STAGE_BYTES, cudaHostAllocDefault) != cudaSuccess) {
