@@ -92,6 +92,8 @@ static void usage(FILE *f)
 		"                          and loaded at start\n"
 		"  --shutdown-timeout S    seconds running requests get after SIGTERM (default %.0f)\n"
 		"  --synthetic-weights     deterministic random weights (benchmarks)\n"
+		"  --weight-format F       with --synthetic-weights: bf16 (default), fp8-block,\n"
+		"                          fp8-channel, fp8-tensor or int4-g32 linear weights\n"
 		"  --check                 load and check the model, build the engine, then exit\n"
 		"  --daemon                run in the background: the command returns 0 once kdecd\n"
 		"                          serves (model loaded, socket open), else the exit status\n"
@@ -214,7 +216,7 @@ enum {
 	O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
 	O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_NOWAIT, O_TTL, O_OFFLOAD,
 	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE, O_PACE, O_PENDING, O_HANDSHAKE, O_OPUID, O_OPGID, O_MAXSESS,
-	O_TP, O_GPUS, O_EP
+	O_TP, O_GPUS, O_EP, O_WFMT
 };
 
 static const struct option kdecd_opts[] = {
@@ -247,6 +249,7 @@ static const struct option kdecd_opts[] = {
 	{ "host-kv-mem", required_argument, NULL, O_HOSTMEM },
 	{ "state-dir", required_argument, NULL, O_STATE },
 	{ "synthetic-weights", no_argument, NULL, O_SYNTH },
+	{ "weight-format", required_argument, NULL, O_WFMT },
 	{ "check", no_argument, NULL, O_CHECK },
 	{ "daemon", no_argument, NULL, O_DAEMON },
 	{ "pid-file", required_argument, NULL, O_PIDFILE },
@@ -364,6 +367,12 @@ static int parse_opt(struct kdecd_args *a, int c, const char *arg)
 		break;
 	case O_SOCKET: a->srv.socket_path = arg; break;
 	case O_SYNTH: a->load.synthetic = 1; break;
+	case O_WFMT:
+		if (model_weight_format_parse(arg, &a->load.weight_format, err, sizeof(err))) {
+			fprintf(stderr, "kdecd: %s\n", err);
+			return -EINVAL;
+		}
+		break;
 	case O_CHECK: a->check = 1; break;
 	case O_DAEMON: a->daemon = 1; break;
 	case O_PIDFILE: a->pid_file = arg; break;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "kernels/dtype.h"
+#include "kernels/quant.h"
 
 /* ---- rotary position embedding ----------------------------------------- */
 
@@ -111,11 +112,13 @@ struct k_moe_route_params {
 	const float *bias;	/* (n_experts) e_score_correction_bias, or NULL; choice only */
 };
 
-/* One expert's weights as stored: gate, up (inter, hidden); down (hidden, inter). */
+/* One expert's weights as stored: gate, up (inter, hidden); down (hidden, inter);
+ * each quantized as its *_q says (fmt K_Q_NONE: in the layer's expert dtype). */
 struct k_expert {
 	const void *gate;
 	const void *up;
 	const void *down;
+	struct k_quant gate_q, up_q, down_q;
 };
 
 #endif

@@ -111,7 +111,7 @@ static void test_llama(void)
 	CHECK(a.head_dim == 16 && a.n_kv_heads == 2 && a.n_layers == 3, "dims");
 	CHECK(a.dtype == K_BF16 && a.bos_token_id == -1 && a.n_eos == 0, "defaults");
 	CHECK(!a.tie_word_embeddings && !a.qk_norm && !a.mla && !a.n_experts &&
-	      !a.fp8_weights, "flags");
+	      !a.quant.format, "flags");
 	CHECK(a.rope.type == K_ROPE_LLAMA3 && a.rope.dim == 16 && !a.rope.interleaved, "rope");
 	CHECK_NEAR(a.rope.theta, 500000, 0, "theta");
 	CHECK_NEAR(a.rope.factor, 8, 0, "factor");
@@ -168,8 +168,52 @@ static void test_llama(void)
 	CHECK(b.dtype == K_F32 && b.n_eos == 1 && b.eos_token_ids[0] == 2, "torch_dtype");
 	CHECK(a.rope.freq_dtype == K_BF16 && b.rope.freq_dtype == K_F32, "freq_dtype");
 	CHECK(b.head_dim == 32 && b.n_kv_heads == 8 && b.rope.dim == 32, "head_dim key");
-	EXPECT_OK(&b, LLAMA, "{\"quantization_config\":{\"quant_method\":\"fp8\"}}");
-	CHECK(b.fp8_weights && b.rope.type == K_ROPE_LLAMA3, "fp8 parses");
+	EXPECT_OK(&b, LLAMA, "{\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e4m3\","
+		  "\"weight_block_size\":[128,64]}}");
+	CHECK(b.quant.format == MODEL_Q_FP8_BLOCK && b.quant.block_rows == 128 &&
+	      b.quant.block_cols == 64 && b.rope.type == K_ROPE_LLAMA3, "fp8 parses");
+	EXPECT_OK(&b, LLAMA, "{\"quantization_config\":{\"quant_method\":\"compressed-tensors\","
+		  "\"format\":\"pack-quantized\",\"config_groups\":{\"group_0\":{\"weights\":"
+		  "{\"type\":\"int\",\"num_bits\":4,\"strategy\":\"group\",\"group_size\":32,"
+		  "\"symmetric\":true,\"dynamic\":false}}},\"ignore\":[\"lm_head\"]}}");
+	CHECK(b.quant.format == MODEL_Q_INT4_GROUP && b.quant.group_size == 32, "int4 parses");
+	EXPECT_OK(&b, LLAMA, "{\"quantization_config\":{\"quant_method\":\"compressed-tensors\","
+		  "\"format\":\"float-quantized\",\"config_groups\":{\"g\":{\"weights\":"
+		  "{\"type\":\"float\",\"num_bits\":8,\"strategy\":\"channel\",\"symmetric\":true},"
+		  "\"input_activations\":{\"dynamic\":true,\"num_bits\":8,\"type\":\"float\"}}}}}");
+	CHECK(b.quant.format == MODEL_Q_FP8_CHANNEL, "fp8 channel parses");
+}
+
+/* Quantization configs kdec cannot load: one line naming the key and the format. */
+static void test_quant_errors(void)
+{
+	static const char *ct = "{\"quantization_config\":{\"quant_method\":\"compressed-tensors\","
+				"\"format\":\"%s\",\"config_groups\":{\"g\":{\"weights\":{%s}%s}}}}";
+	char patch[512];
+
+	EXPECT_ERR(LLAMA, "{\"quantization_config\":{\"quant_method\":\"fp8\"}}", -EINVAL,
+		   "weight_block_size", "fp8 block-scaled");
+	EXPECT_ERR(LLAMA, "{\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":"
+		   "[128,0]}}", -EINVAL, "weight_block_size[1]", "fp8 block-scaled");
+	EXPECT_ERR(LLAMA, "{\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e5m2\","
+		   "\"weight_block_size\":[128,128]}}", -ENOTSUP, "'e5m2'", "e4m3 only");
+	EXPECT_ERR(LLAMA, "{\"quantization_config\":{\"quant_method\":\"fp8\",\"activation_scheme\":"
+		   "\"static\",\"weight_block_size\":[128,128]}}", -ENOTSUP, "static", "dynamic only");
+	EXPECT_ERR(LLAMA, "{\"quantization_config\":{\"quant_method\":\"awq\"}}", -ENOTSUP, "'awq'",
+		   "compressed-tensors");
+	snprintf(patch, sizeof(patch), ct, "marlin-24", "\"type\":\"int\"", "");
+	EXPECT_ERR(LLAMA, patch, -ENOTSUP, "'marlin-24'", "pack-quantized");
+	snprintf(patch, sizeof(patch), ct, "pack-quantized",
+		 "\"type\":\"int\",\"num_bits\":4,\"strategy\":\"group\",\"group_size\":128,"
+		 "\"symmetric\":false", "");
+	EXPECT_ERR(LLAMA, patch, -ENOTSUP, "asymmetric", "pack-quantized");
+	snprintf(patch, sizeof(patch), ct, "float-quantized",
+		 "\"type\":\"float\",\"num_bits\":8,\"strategy\":\"channel\",\"symmetric\":true",
+		 ",\"input_activations\":{\"dynamic\":false,\"num_bits\":8}");
+	EXPECT_ERR(LLAMA, patch, -ENOTSUP, "input_activations", "static activation scales");
+	snprintf(patch, sizeof(patch), ct, "float-quantized",
+		 "\"type\":\"float\",\"num_bits\":8,\"strategy\":\"block\",\"symmetric\":true", "");
+	EXPECT_ERR(LLAMA, patch, -ENOTSUP, "strategy block", "float-quantized");
 }
 
 static void test_errors(void)
@@ -375,7 +419,7 @@ static void test_real(void)
 	int rc;
 
 	rc = parse_real(&c, "llama3.1-8b.json");
-	CHECK(rc == 0 && !c.fp8_weights && c.rope.type == K_ROPE_LLAMA3 && c.rope.factor == 8 &&
+	CHECK(rc == 0 && !c.quant.format && c.rope.type == K_ROPE_LLAMA3 && c.rope.factor == 8 &&
 	      c.rope.original_max_pos == 8192 && c.head_dim == 128 && c.n_kv_heads == 8,
 	      "llama3.1-8b: %s", err);
 	rc = parse_real(&c, "llama3.1-70b.json");
@@ -394,9 +438,10 @@ static void test_real(void)
 	CHECK_NEAR(c.attn_scale, m * m / sqrt(192.0), 1e-7, "v2-lite scale");
 	CHECK_NEAR(c.rope.mscale, 0.707, 0, "v2-lite mscale");
 
-	/* fp8 checkpoints parse; model_load refuses their weights. */
+	/* the published fp8 configs: 128x128 block scales */
 	rc = parse_real(&c, "deepseek-v3.json");
-	CHECK(rc == 0 && c.fp8_weights, "v3: rc %d %s", rc, err);
+	CHECK(rc == 0 && c.quant.format == MODEL_Q_FP8_BLOCK && c.quant.block_rows == 128 &&
+	      c.quant.block_cols == 128, "v3: rc %d %s", rc, err);
 	m = 0.1 * log(40.0) + 1;
 	CHECK_NEAR(c.attn_scale, m * m / sqrt(192.0), 1e-7, "v3 scale");
 	CHECK(c.rope.type == K_ROPE_YARN && c.rope.factor == 40 && c.rope.beta_fast == 32 &&
@@ -408,7 +453,7 @@ static void test_real(void)
 	CHECK(!model_config_layer_is_moe(&c, 2) && model_config_layer_is_moe(&c, 3) &&
 	      model_config_layer_is_moe(&c, 60), "v3 layers");
 	rc = parse_real(&c, "kimi-k2.json");
-	CHECK(rc == 0 && c.fp8_weights, "kimi: rc %d %s", rc, err);
+	CHECK(rc == 0 && c.quant.format == MODEL_Q_FP8_BLOCK, "kimi: rc %d %s", rc, err);
 	CHECK(c.arch == ARCH_KIMI_K2 && c.n_experts == 384 && c.n_heads == 64 &&
 	      c.rope.theta == 50000 && c.rope.factor == 32 && c.rope.beta_fast == 1, "kimi");
 	CHECK_NEAR(c.route.routed_scaling, 2.827, 1e-6, "kimi routed");
@@ -451,6 +496,7 @@ int main(void)
 {
 	test_llama();
 	test_errors();
+	test_quant_errors();
 	test_qwen();
 	test_deepseek();
 	test_real();

@@ -6,6 +6,7 @@
  *  - a sequence batched with others == the same sequence alone (bit-identical),
  *  - 1 thread == 3 threads (bit-identical), same seed == same weights, other seed differs,
  *  - logits finite. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,6 +157,106 @@ out:
 	model_destroy(m);
 }
 
+/* --weight-format: the linear weights stored quantized (embedding, lm_head and router
+ * not), the engine's logits finite and prefill == decode, and the decode floor's bytes
+ * those of the formats as published (payload + scales, counted here from the formats'
+ * own definitions) in place of bf16. */
+static double quant_bytes(enum model_qformat f, double N, double K)
+{
+	switch (f) {
+	case MODEL_Q_FP8_BLOCK: return N * K + ceil(N / 128) * ceil(K / 128) * 4;
+	case MODEL_Q_FP8_CHANNEL: return N * K + N * 2;
+	case MODEL_Q_FP8_TENSOR: return N * K + 2;
+	case MODEL_Q_INT4_GROUP: return N * ceil(K / 8) * 4 + N * ceil(K / 32) * 2;
+	default: return 2 * N * K;
+	}
+}
+
+static void check_weight_formats(const char *top)
+{
+	static const char *const fmts[] = { "fp8-block", "fp8-channel", "fp8-tensor", "int4-g32" };
+	char path[1024], err[512] = "";
+	double bf16_bytes = 0;
+	int32_t toks[T];
+
+	snprintf(path, sizeof(path), "%s/tests/data/tiny/llama.json", top);
+	for (int t = 0; t < T; t++)
+		toks[t] = (int32_t)((t * 37 + 11) % 301);
+	for (int i = -1; i < 4; i++) {
+		struct model_load_opts lo = { .synthetic = 1, .seed = 5 };
+		struct engine_opts eo = { .threads = 2, .kv_tokens = 256, .max_rows = 24 };
+		struct model *m = NULL;
+		struct engine *e = NULL;
+		double want, delta = 0;
+		float *pre = NULL, *inc = NULL;
+		size_t n;
+
+		if (i >= 0)
+			CHECK(model_weight_format_parse(fmts[i], &lo.weight_format, err, sizeof(err)) == 0,
+			      "%s: %s", fmts[i], err);
+		if (model_load(&m, path, &lo, err, sizeof(err)) || engine_create(&e, m, &eo, err, sizeof(err))) {
+			CHECK(0, "%s: %s", i >= 0 ? fmts[i] : "bf16", err);
+			engine_destroy(e);
+			model_destroy(m);
+			continue;
+		}
+		n = (size_t)T * (size_t)m->cfg.vocab_size;
+		if (i < 0) {
+			CHECK(m->n_quantized == 0, "bf16: nothing quantized");
+			bf16_bytes = engine_weight_bytes(m, 1);
+			goto next;
+		}
+		CHECK(m->n_quantized == 7 * m->cfg.n_layers && m->lm_head.q.fmt == K_Q_NONE &&
+		      m->embed.q.fmt == K_Q_NONE && m->layers[0].w_down.q.fmt != K_Q_NONE,
+		      "%s: %d quantized", fmts[i], m->n_quantized);
+		for (int l = 0; l < m->cfg.n_layers; l++) {
+			const struct model_layer *L = &m->layers[l];
+			const struct model_tensor *w[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate,
+							    &L->w_up, &L->w_down };
+
+			for (size_t k = 0; k < sizeof(w) / sizeof(w[0]); k++)
+				delta += quant_bytes(lo.weight_format.format, (double)w[k]->rows, (double)w[k]->cols) -
+					 2.0 * (double)w[k]->rows * (double)w[k]->cols;
+		}
+		want = bf16_bytes + delta;
+		CHECK(fabs(engine_weight_bytes(m, 1) - want) < 0.5, "%s: floor bytes %.0f, want %.0f",
+		      fmts[i], engine_weight_bytes(m, 1), want);
+		fprintf(stderr, "  llama %-12s decode bytes %.0f (bf16 %.0f)\n", fmts[i],
+			engine_weight_bytes(m, 1), bf16_bytes);
+		pre = malloc(n * sizeof(float));
+		inc = malloc(n * sizeof(float));
+		if (pre && inc && !run_seq(e, toks, T, 0, pre) && !run_seq(e, toks, T, 1, inc)) {
+			double d = 0, r = 0;
+			int finite = 1;
+
+			for (size_t j = 0; j < n; j++) {
+				finite &= isfinite(pre[j]) != 0;
+				d += (pre[j] - inc[j]) * (double)(pre[j] - inc[j]);
+				r += pre[j] * (double)pre[j];
+			}
+			CHECK(finite && r > 0, "%s: logits finite and not all zero", fmts[i]);
+			CHECK(sqrt(d / r) <= 1e-6, "%s: prefill vs decode %g", fmts[i], sqrt(d / r));
+		}
+		free(pre);
+		free(inc);
+next:
+		engine_destroy(e);
+		model_destroy(m);
+	}
+	{
+		struct model_load_opts lo = { .synthetic = 0 };
+		struct model *m = NULL;
+
+		model_weight_format_parse("int4-g32", &lo.weight_format, err, sizeof(err));
+		snprintf(path, sizeof(path), "%s/tests/data/reference/llama", top);
+		CHECK(model_load(&m, path, &lo, err, sizeof(err)) == -EINVAL && strstr(err, "--synthetic-weights"),
+		      "--weight-format on a checkpoint: %s", err);
+		model_destroy(m);
+		CHECK(model_weight_format_parse("int4-g33", &lo.weight_format, err, sizeof(err)) == -EINVAL &&
+		      strstr(err, "int4-g33"), "bad format name: %s", err);
+	}
+}
+
 /* The tensor list of full-size configs, counted: it must add up to the parameter
  * counts the model authors publish (fp8 scales and DeepSeek's MTP layer excluded). */
 static void check_full_size(const char *top)
@@ -198,5 +299,6 @@ int main(void)
 	for (size_t i = 0; i < sizeof(configs) / sizeof(configs[0]); i++)
 		check_config(top, configs[i]);
 	check_full_size(top);
+	check_weight_formats(top);
 	return test_result("test_synthetic");
 }

@@ -127,7 +127,7 @@ static void cpu_silu_mul(struct backend *be, float *out, const float *gate, cons
 
 static void cpu_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M)
 {
-	k_cpu_linear(pool_of(be), y, x, w->data, w->dtype, M, (int)w->rows, (int)w->cols);
+	k_cpu_linear_q(pool_of(be), y, x, w->data, w->dtype, &w->q, M, (int)w->rows, (int)w->cols);
 }
 
 static void cpu_rope(struct backend *be, const struct k_rope *rope, float *x, int n_rows, int n_heads,
@@ -161,7 +161,22 @@ static int cpu_attn_mla(struct backend *be, float *out, const float *q, const st
 			const struct k_kv_layer *kv, const struct k_attn_rows *rows,
 			const struct k_mla_dims *d, float scale)
 {
-	return k_cpu_attn_mla(pool_of(be), out, q, w_kv_b->data, w_kv_b->dtype, kv, rows, d, scale);
+	float *wf;
+	int ret;
+
+	if (w_kv_b->q.fmt == K_Q_NONE)
+		return k_cpu_attn_mla(pool_of(be), out, q, w_kv_b->data, w_kv_b->dtype, kv, rows, d, scale);
+	/* quantized kv_b_proj: dequantized for this call only (the reference keeps the
+	 * quantized bytes resident, as the GPU will) */
+	wf = malloc(sizeof(float) * (size_t)w_kv_b->rows * (size_t)w_kv_b->cols);
+	if (!wf)
+		return -ENOMEM;
+	for (int64_t r = 0; r < w_kv_b->rows; r++)
+		k_quant_row_to_f32(wf + r * w_kv_b->cols, w_kv_b->data, &w_kv_b->q, w_kv_b->cols, r, 0,
+				   w_kv_b->cols);
+	ret = k_cpu_attn_mla(pool_of(be), out, q, wf, K_F32, kv, rows, d, scale);
+	free(wf);
+	return ret;
 }
 
 static void cpu_moe_route(struct backend *be, const struct k_moe_route_params *p, const float *logits,

@@ -4,36 +4,32 @@
  * steps it runs under real traffic (kd_decode_step_bytes_total). */
 #include "daemon/engine/engine.h"
 #include "daemon/engine/forward.h"
+#include "daemon/model/model_quant.h"
 
-/* Every matrix except the embedding table (rows of it), in bf16 bytes, and of the
- * routed experts only those chosen. Which experts a batch chooses is known only on the
- * GPU: the count assumes uniform routing, E * (1 - (1 - k/E)^rows) distinct experts per
- * MoE layer. */
+/* Every matrix except the embedding table (rows of it), in bf16 bytes or as stored
+ * when quantized (scales included), and of the routed experts only those chosen. Which
+ * experts a batch chooses is known only on the GPU: the count assumes uniform routing,
+ * E * (1 - (1 - k/E)^rows) distinct experts per MoE layer. */
 double engine_weight_bytes(const struct model *m, int rows)
 {
 	const struct model_config *c = &m->cfg;
-	int64_t params = 0;
-	double embed = (double)c->vocab_size * c->hidden_size, bytes;
-	int moe_layers = 0;
+	double bytes, embed = 2.0 * c->vocab_size * c->hidden_size;
 
-	model_count_params(c, &params);
-	bytes = (double)params;
+	if (!m->stream_counted)	/* a model not made by model_load */
+		model_count_stream_bytes((struct model *)m);
+	bytes = m->stream_dense_bytes;
 	if (m->lm_head.data != m->embed.data)
-		bytes -= embed;		/* the table itself is not streamed */
-	bytes += (double)rows * c->hidden_size;
-	for (int l = 0; l < c->n_layers; l++)
-		moe_layers += m->layers[l].is_moe;
-	if (moe_layers) {
-		double E = c->n_experts, k = c->top_k, per = 3.0 * c->hidden_size * c->moe_intermediate_size;
-		double p_unused = 1, used;
+		bytes -= embed;	/* the table itself is not streamed */
+	bytes += 2.0 * rows * c->hidden_size;
+	if (c->n_experts > 0 && m->stream_expert_bytes > 0) {
+		double E = c->n_experts, k = c->top_k, p_unused = 1;
 
 		for (int i = 0; i < rows; i++)
 			p_unused *= 1 - k / E;
-		used = E * (1 - p_unused);
-		bytes -= moe_layers * E * per;
-		bytes += moe_layers * used * per;
+		/* stream_expert_bytes holds every expert of every MoE layer: the used share */
+		bytes += m->stream_expert_bytes * (1 - p_unused);
 	}
-	return bytes * 2;
+	return bytes;
 }
 
 double engine_kv_bytes(const struct engine *e, double tokens)

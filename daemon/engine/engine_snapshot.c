@@ -45,7 +45,9 @@ static void fp_tensor(struct kv_siphash *h, const struct model_tensor *t)
 	fp_u64(h, (uint64_t)t->cols);
 	if (!t->data)
 		return;
-	bytes = (size_t)t->rows * (size_t)t->cols * k_dtype_size(t->dtype);
+	fp_u64(h, (uint64_t)t->q.fmt);
+	bytes = t->q.fmt != K_Q_NONE ? (size_t)t->rows * k_quant_row_bytes(t->q.fmt, t->cols)
+				      : (size_t)t->rows * (size_t)t->cols * k_dtype_size(t->dtype);
 	n = bytes < FP_SAMPLE_BYTES ? bytes : FP_SAMPLE_BYTES;
 	kv_siphash_update(h, t->data, n);
 	kv_siphash_update(h, (const uint8_t *)t->data + bytes - n, n);
@@ -60,7 +62,7 @@ static void fp_config(struct kv_siphash *h, const struct model_config *c)
 		c->n_kv_heads, c->head_dim, c->intermediate_size, c->tie_word_embeddings, c->qk_norm,
 		c->mla, c->q_lora_rank, c->kv_lora_rank, c->qk_nope_head_dim, c->qk_rope_head_dim,
 		c->v_head_dim, c->n_experts, c->top_k, c->moe_intermediate_size, c->n_shared_experts,
-		c->first_k_dense, c->moe_layer_freq, c->decoder_sparse_step, c->fp8_weights,
+		c->first_k_dense, c->moe_layer_freq, c->decoder_sparse_step, (int)c->quant.format,
 		r->type, r->dim, r->interleaved, r->truncate, r->freq_dtype,
 		m->n_experts, m->top_k, m->scoring, m->select, m->n_group, m->topk_group, m->norm_topk_prob,
 	};

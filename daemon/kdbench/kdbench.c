@@ -67,6 +67,8 @@ static void usage(FILE *f)
 		"                        routed experts whole)\n"
 		"  --gpus LIST|all       the GPUs to run on (cuda); one for now\n"
 		"  --synthetic-weights   deterministic random weights; --model may be a config.json\n"
+		"  --weight-format F     with --synthetic-weights: bf16 (default), fp8-block,\n"
+		"                        fp8-channel, fp8-tensor or int4-g32 linear weights\n"
 		"  --seed S              seed of the synthetic weights (default 0)\n"
 		"  --layers N            keep only the first N layers (benchmarks of huge configs)\n"
 		"  --kv-tokens N         KV cache capacity in tokens (default %d)\n"
@@ -100,7 +102,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_SEED, O_LAYERS, O_KV, O_BLOCK, O_LOG,
 	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT, O_PREFILL,
-	       O_KV_BF16, O_TP, O_GPUS, O_EP };
+	       O_KV_BF16, O_TP, O_GPUS, O_EP, O_WFMT };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "tokens", required_argument, NULL, 't' },
@@ -118,6 +120,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		{ "gpus", required_argument, NULL, O_GPUS },
 		{ "ep", no_argument, NULL, O_EP },
 		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
+		{ "weight-format", required_argument, NULL, O_WFMT },
 		{ "seed", required_argument, NULL, O_SEED },
 		{ "layers", required_argument, NULL, O_LAYERS },
 		{ "kv-tokens", required_argument, NULL, O_KV },
@@ -166,6 +169,15 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		}
 		case O_BACKEND: a->eng.backend = optarg; break;
 		case O_SYNTH: a->load.synthetic = 1; break;
+		case O_WFMT: {
+			char werr[160];
+
+			if (model_weight_format_parse(optarg, &a->load.weight_format, werr, sizeof(werr))) {
+				fprintf(stderr, "kdbench: %s\n", werr);
+				return -1;
+			}
+			break;
+		}
 		case O_MAXTOK:
 			if (parse_num("--max-tokens", optarg, 1, MAX_TOKENS_ARG, &a->max_tokens))
 				return -1;

@@ -59,6 +59,8 @@ static void decode_usage(FILE *f)
 		"  --warmup N            untimed steps first (default 8)\n"
 		"  --backend NAME        cpu or cuda (default cpu)\n"
 		"  --synthetic-weights   random weights; --model may be a config.json\n"
+		"  --weight-format F     with --synthetic-weights: bf16 (default), fp8-block,\n"
+		"                        fp8-channel, fp8-tensor or int4-g32 linear weights\n"
 		"  --layers N            keep only the first N layers\n"
 		"  --kv-tokens N         KV cache capacity (default: what the largest batch needs)\n"
 		"  --threads N           CPU threads\n"
@@ -106,7 +108,7 @@ static int num(const char *opt, const char *s, long min, long max, long *out)
 static int decode_parse(int argc, char **argv, struct decode_args *a)
 {
 	enum { O_BATCH = 256, O_CTX, O_STEPS, O_WARM, O_BACKEND, O_SYNTH, O_LAYERS, O_KV, O_THREADS,
-	       O_NOGRAPH, O_PROFILE, O_HBM, O_OUT, O_SEED, O_LOG, O_TP, O_GPUS, O_EP };
+	       O_NOGRAPH, O_PROFILE, O_HBM, O_OUT, O_SEED, O_LOG, O_TP, O_GPUS, O_EP, O_WFMT };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "config", required_argument, NULL, 'm' },
@@ -116,6 +118,7 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		{ "warmup", required_argument, NULL, O_WARM },
 		{ "backend", required_argument, NULL, O_BACKEND },
 		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
+		{ "weight-format", required_argument, NULL, O_WFMT },
 		{ "layers", required_argument, NULL, O_LAYERS },
 		{ "kv-tokens", required_argument, NULL, O_KV },
 		{ "threads", required_argument, NULL, O_THREADS },
@@ -131,6 +134,7 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
+	char werr[160];
 	long v;
 	int c;
 
@@ -146,6 +150,12 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		case O_WARM: if (num("--warmup", optarg, 0, 1 << 20, &v)) return -1; a->warmup = (int)v; break;
 		case O_BACKEND: a->eng.backend = optarg; break;
 		case O_SYNTH: a->load.synthetic = 1; break;
+		case O_WFMT:
+			if (model_weight_format_parse(optarg, &a->load.weight_format, werr, sizeof(werr))) {
+				fprintf(stderr, "%s: %s\n", "kdbench decode", werr);
+				return -1;
+			}
+			break;
 		case O_LAYERS:
 			if (num("--layers", optarg, 1, MODEL_MAX_LAYERS, &v))
 				return -1;

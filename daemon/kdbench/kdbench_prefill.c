@@ -50,6 +50,8 @@ static void prefill_usage(FILE *f)
 		"  --reps N              timed prefills per length (default 3)\n"
 		"  --backend NAME        cpu or cuda (default cpu)\n"
 		"  --synthetic-weights   random weights; --model may be a config.json\n"
+		"  --weight-format F     with --synthetic-weights: bf16 (default), fp8-block,\n"
+		"                        fp8-channel, fp8-tensor or int4-g32 linear weights\n"
 		"  --layers N            keep only the first N layers\n"
 		"  --threads N           CPU threads\n"
 		"  --tc-tflops X         tensor-core rate of the floor (default %.0f)\n"
@@ -90,7 +92,7 @@ static int parse_lengths(const char *s, struct prefill_args *a)
 static int prefill_parse(int argc, char **argv, struct prefill_args *a)
 {
 	enum { O_TOKENS = 256, O_CHUNK, O_REPS, O_BACKEND, O_SYNTH, O_LAYERS, O_THREADS, O_TC,
-	       O_OUT, O_LOG };
+	       O_OUT, O_LOG, O_WFMT };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "config", required_argument, NULL, 'm' },
@@ -99,6 +101,7 @@ static int prefill_parse(int argc, char **argv, struct prefill_args *a)
 		{ "reps", required_argument, NULL, O_REPS },
 		{ "backend", required_argument, NULL, O_BACKEND },
 		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
+		{ "weight-format", required_argument, NULL, O_WFMT },
 		{ "layers", required_argument, NULL, O_LAYERS },
 		{ "threads", required_argument, NULL, O_THREADS },
 		{ "tc-tflops", required_argument, NULL, O_TC },
@@ -108,6 +111,7 @@ static int prefill_parse(int argc, char **argv, struct prefill_args *a)
 		{ NULL, 0, NULL, 0 },
 	};
 	int most = 0, c;
+	char werr[160];
 	long v;
 
 	*a = (struct prefill_args){ .lengths = { 1024, 4096, 16384, 32768 }, .n_lengths = 4,
@@ -121,6 +125,12 @@ static int prefill_parse(int argc, char **argv, struct prefill_args *a)
 		case O_REPS: if (num("--reps", optarg, 1, 1000, &v)) return -1; a->reps = (int)v; break;
 		case O_BACKEND: a->eng.backend = optarg; break;
 		case O_SYNTH: a->load.synthetic = 1; break;
+		case O_WFMT:
+			if (model_weight_format_parse(optarg, &a->load.weight_format, werr, sizeof(werr))) {
+				fprintf(stderr, "%s: %s\n", "kdbench prefill", werr);
+				return -1;
+			}
+			break;
 		case O_LAYERS:
 			if (num("--layers", optarg, 1, MODEL_MAX_LAYERS, &v))
 				return -1;

@@ -12,6 +12,7 @@
 #include "daemon/base/log.h"
 #include "daemon/model/model.h"
 #include "daemon/model/model_gguf.h"
+#include "daemon/model/model_quant.h"
 #include "format/file_read.h"
 
 static const char *const layer_prefix = "model.layers";
@@ -101,11 +102,33 @@ static int walk_mlp(struct walk *w, struct model_layer *L, int l, const char *pa
 	return 0;
 }
 
+/* Each expert is bound through the layer's expert_gate/up/down slots (so a walk sees
+ * real slots), loaded first with what expert e holds so that a walk that binds
+ * nothing (counting, engine_weight_bytes) changes nothing; all experts must match. */
+static int walk_expert(struct walk *w, struct model_layer *L, int l, int e, struct model_tensor *slot,
+		       int64_t rows, int64_t cols, const char *part, const void **data,
+		       struct k_quant *q)
+{
+	enum k_qfmt prev = slot->q.fmt;
+	int ret;
+
+	slot->data = *data;
+	slot->q = *q;
+	if ((ret = need(w, slot, rows, cols, "%s.%d.mlp.experts.%d.%s.weight", layer_prefix, l, e, part)))
+		return ret;
+	*data = slot->data;
+	*q = slot->q;
+	if (e == 0 && slot == &L->expert_gate)
+		L->expert_dtype = slot->dtype;
+	if (slot->dtype != L->expert_dtype || (e > 0 && slot->q.fmt != prev))
+		return w->fn(w->ctx, w->name, NULL, -1, -1);	/* reports the mix */
+	return 0;
+}
+
 static int walk_moe(struct walk *w, struct model_layer *L, int l)
 {
 	const struct model_config *c = &w->m->cfg;
 	int64_t hidden = c->hidden_size, inter = c->moe_intermediate_size;
-	struct model_tensor t;
 	int ret;
 
 	if ((ret = need(w, &L->router, c->n_experts, hidden, "%s.%d.mlp.gate.weight", layer_prefix, l)))
@@ -113,26 +136,17 @@ static int walk_moe(struct walk *w, struct model_layer *L, int l)
 	for (int e = 0; e < c->n_experts; e++) {
 		struct k_expert *x = &L->experts[e];
 
-		if ((ret = need(w, &t, inter, hidden, "%s.%d.mlp.experts.%d.gate_proj.weight", layer_prefix, l, e)))
+		if ((ret = walk_expert(w, L, l, e, &L->expert_gate, inter, hidden, "gate_proj", &x->gate,
+				       &x->gate_q)) ||
+		    (ret = walk_expert(w, L, l, e, &L->expert_up, inter, hidden, "up_proj", &x->up,
+				       &x->up_q)) ||
+		    (ret = walk_expert(w, L, l, e, &L->expert_down, hidden, inter, "down_proj", &x->down,
+				       &x->down_q)))
 			return ret;
-		x->gate = t.data;
-		L->expert_dtype = t.dtype;
-		if ((ret = need(w, &t, inter, hidden, "%s.%d.mlp.experts.%d.up_proj.weight", layer_prefix, l, e)))
-			return ret;
-		x->up = t.data;
-		if (t.dtype != L->expert_dtype)
-			goto mixed;
-		if ((ret = need(w, &t, hidden, inter, "%s.%d.mlp.experts.%d.down_proj.weight", layer_prefix, l, e)))
-			return ret;
-		x->down = t.data;
-		if (t.dtype != L->expert_dtype)
-			goto mixed;
 	}
 	if (c->n_shared_experts > 0)
 		return walk_mlp(w, L, l, "shared_experts.", inter * c->n_shared_experts);
 	return 0;
-mixed:
-	return w->fn(w->ctx, w->name, NULL, -1, -1);	/* reports a dtype mix */
 }
 
 int model_for_each_tensor(struct model *m, model_tensor_fn fn, void *ctx)
@@ -186,13 +200,17 @@ static int bind_tensor(void *ctx, const char *name, struct model_tensor *slot,
 	struct bind *b = ctx;
 	const struct st_file *file;
 	const struct st_tensor *t;
-	int shape_ok;
+	int shape_ok, ret;
 
 	if (!slot) {
-		snprintf(b->err, b->err_len, "%s: tensor '%s': experts of one layer mix dtypes",
+		snprintf(b->err, b->err_len, "%s: tensor '%s': experts of one layer mix dtypes "
+			 "or quantization",
 			 b->m->path, name);
 		return -EINVAL;
 	}
+	if ((ret = model_quant_bind(b->m, name, slot, rows, cols, b->err, b->err_len)) <= 0)
+		return ret;
+	slot->q = (struct k_quant){ 0 };
 	t = st_set_find(&b->m->files, name, &file);
 	if (!t) {
 		snprintf(b->err, b->err_len, "%s: tensor '%s' is missing (needed by %s)",
@@ -204,7 +222,8 @@ static int bind_tensor(void *ctx, const char *name, struct model_tensor *slot,
 
 		snprintf(b->err, b->err_len, "%s: tensor '%s': dtype %s is not supported%s",
 			 base_name(file->path), name, t->dtype_name,
-			 fp8 ? " yet (fp8 weights come in a later release)" : " (bf16, fp16, fp32 are)");
+			 fp8 ? " without a quantization_config in config.json that says how it is "
+			 "scaled" : " (bf16, fp16, fp32 are)");
 		return -ENOTSUP;
 	}
 	if (cols == 1)
@@ -306,6 +325,29 @@ int model_count_params(const struct model_config *cfg, int64_t *params)
 	return ret;
 }
 
+/* A tensor's bytes as the GPU streams them: quantized ones as stored (payload +
+ * scales), the rest in bf16. Routed experts apart: their slots hold each expert in turn. */
+static int stream_tensor(void *ctx, const char *name, struct model_tensor *slot, int64_t rows,
+			 int64_t cols)
+{
+	struct model *m = ctx;
+	double b = slot && slot->q.fmt != K_Q_NONE ? (double)model_tensor_bytes(slot, 2)
+						     : 2.0 * (double)rows * (double)cols;
+
+	if (strstr(name, ".mlp.experts."))
+		m->stream_expert_bytes += b;
+	else
+		m->stream_dense_bytes += b;
+	return 0;
+}
+
+void model_count_stream_bytes(struct model *m)
+{
+	m->stream_dense_bytes = m->stream_expert_bytes = 0;
+	model_for_each_tensor(m, stream_tensor, m);
+	m->stream_counted = 1;
+}
+
 /* ---- reading the files ---------------------------------------------------- */
 
 #define PROGRESS_MIN_BYTES ((size_t)1 << 30)	/* smaller files load without a line */
@@ -388,6 +430,12 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 		ret = -ENOMEM;
 		goto err_destroy;
 	}
+	if (opts->weight_format.format != MODEL_Q_NONE && !opts->synthetic) {
+		snprintf(err, err_len, "--weight-format needs --synthetic-weights (a checkpoint's "
+			 "weights are in the format its files hold)");
+		ret = -EINVAL;
+		goto err_destroy;
+	}
 	ret = model_path_kind(path, opts->synthetic, err, err_len);
 	if (ret < 0)
 		goto err_destroy;
@@ -398,20 +446,13 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 				      : model_config_load(&m->cfg, path, err, err_len);
 	if (ret)
 		goto err_destroy;
-	if (!opts->synthetic && m->cfg.fp8_weights) {
-		snprintf(err, err_len, "%s/config.json: quantization_config: fp8 weights (e4m3, "
-			 "128x128 block scales) are not supported yet; they come in a later "
-			 "release (--synthetic-weights benchmarks this config in bf16)", path);
-		ret = -ENOTSUP;
-		goto err_destroy;
-	}
 	if (opts->n_layers > 0 && opts->n_layers < m->cfg.n_layers)
 		m->cfg.n_layers = opts->n_layers;
 	if ((ret = model_alloc_layers(m)))
 		goto err_destroy;
 	if (opts->synthetic) {
 		m->synthetic = 1;
-		ret = model_synthesize(m, opts->seed, err, err_len);
+		ret = model_synthesize(m, opts->seed, &opts->weight_format, err, err_len);
 	} else if (m->gguf) {
 		ret = model_gguf_bind(m, opts->gguf_f32_limit, err, err_len);
 	} else {
@@ -427,6 +468,7 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 	}
 	if (ret)
 		goto err_destroy;
+	model_count_stream_bytes(m);
 	*out = m;
 	return 0;
 

@@ -15,12 +15,15 @@
 
 struct gguf_file;
 
-/* A weight as stored, row-major (rows, cols); a vector has cols == 1. */
+/* A weight as stored, row-major (rows, cols); a vector has cols == 1. A quantized
+ * weight (q.fmt != K_Q_NONE) keeps its payload in data and its scales in q; dtype is
+ * then the model's compute dtype and says nothing about data. */
 struct model_tensor {
 	const void *data;
 	enum k_dtype dtype;
 	int64_t rows;
 	int64_t cols;
+	struct k_quant q;
 };
 
 struct model_layer {
@@ -54,6 +57,8 @@ struct model_layer {
 	struct model_tensor router;	/* (n_experts, hidden) mlp.gate */
 	float *router_bias;		/* (n_experts) e_score_correction_bias as fp32, owned; or NULL */
 	enum k_dtype expert_dtype;	/* all experts of a layer share one dtype */
+	struct model_tensor expert_gate, expert_up, expert_down;	/* the last expert bound:
+					 * shape, dtype, quantization (all experts share them) */
 	struct k_expert *experts;	/* (n_experts) gate/up (moe_inter, hidden), down (hidden, moe_inter); owned array */
 };
 
@@ -68,7 +73,12 @@ struct model {
 	void *gguf_buf;			/* owned: weights dequantized from it (gguf_buf_bytes) */
 	size_t gguf_buf_bytes;
 	void *shard_buf;		/* owned: a tensor-parallel rank's weights (model_shard.c) */
-	size_t weight_bytes;		/* total bytes of all bound weights */
+	size_t weight_bytes;		/* total bytes of all bound weights (quantized: payload
+					 * + scales) */
+	int n_quantized;		/* weights bound quantized (q.fmt != K_Q_NONE) */
+	int stream_counted;		/* the two sums below are set (model_count_stream_bytes) */
+	double stream_dense_bytes;	/* every tensor but the routed experts, as streamed */
+	double stream_expert_bytes;	/* all routed experts, as streamed */
 
 	struct model_tensor embed;	/* (vocab, hidden) */
 	struct model_tensor final_norm;	/* (hidden) */
@@ -82,7 +92,14 @@ struct model_load_opts {
 	int n_layers;		/* > 0: keep only the first n layers (benchmarks of huge configs) */
 	uint64_t gguf_f32_limit;	/* GGUF: dequantize to fp32 up to this many bytes of
 					 * weights, else bf16; 0: MODEL_GGUF_F32_LIMIT (4 GiB) */
+	struct model_quant weight_format;	/* synthetic: store the linear weights
+					 * quantized so (format MODEL_Q_NONE: the config's
+					 * dtype; --weight-format) */
 };
+
+/* --weight-format NAME: bf16 (none), fp8-block (128x128), fp8-channel, fp8-tensor,
+ * int4-g32 (any int4-gN). 0, or -EINVAL with one line in err. */
+int model_weight_format_parse(const char *s, struct model_quant *q, char *err, size_t err_len);
 
 /* Loads DIR (config.json + safetensors) or a GGUF file (model_gguf.c), or with
  * opts->synthetic a config given as a directory, a config.json or a GGUF path. Returns 0 or -errno with one line in err.
@@ -95,8 +112,17 @@ void model_destroy(struct model *m);	/* accepts NULL and half-built models */
  * that loading binds, without allocating them. 0 or -ENOMEM. */
 int model_count_params(const struct model_config *cfg, int64_t *params);
 
-/* Fills every tensor of m from a synthetic buffer (model_synthetic.c). */
-int model_synthesize(struct model *m, uint64_t seed, char *err, size_t err_len);
+/* m->stream_dense_bytes / stream_expert_bytes: every tensor's bytes as the GPU
+ * streams them (quantized: as stored, with scales; else bf16), routed experts apart
+ * (all of them). model_load calls it; engine_weight_bytes reads the sums. */
+void model_count_stream_bytes(struct model *m);
+
+/* Fills every tensor of m from a synthetic buffer (model_synthetic.c); with q's format
+ * not MODEL_Q_NONE, every linear weight but the embedding, lm_head and the router is
+ * stored quantized as q says, with random payloads and scales that keep activations
+ * O(1) (the published checkpoints leave those three unquantized too). */
+int model_synthesize(struct model *m, uint64_t seed, const struct model_quant *q, char *err,
+		     size_t err_len);
 
 /* The shape of each tensor the architecture needs, in load order: calls fn for each
  * with its HF name, the slot to fill and its shape. Shared by loading and synthesis. */

@@ -475,31 +475,6 @@ static int parse_moe(struct cfg_parse *p, const json_t *root, struct model_confi
 	return 0;
 }
 
-/* fp8 is accepted so that the config is complete: model_load refuses to load such
- * weights, but synthetic weights can benchmark the shapes in bf16. */
-static int parse_quant(struct cfg_parse *p, const json_t *root, struct model_config *cfg)
-{
-	json_t *q = cfg_obj_get(root, "quantization_config");
-	const char *m = NULL;
-	int rc;
-
-	if (!q)
-		return 0;
-	if (!json_is_object(q))
-		return cfg_fail(p, -EINVAL, "quantization_config: expected an object");
-	p->prefix = "quantization_config.";
-	rc = cfg_str(p, q, "quant_method", NULL, &m);
-	p->prefix = "";
-	if (rc)
-		return rc;
-	if (m && !strcmp(m, "fp8")) {
-		cfg->fp8_weights = 1;
-		return 0;
-	}
-	return cfg_fail(p, -ENOTSUP, "quantization_config: quant_method '%.40s' is not "
-			"supported (unquantized or fp8 weights only)", m ? m : "(none)");
-}
-
 /* Quantization is checked last: on its -ENOTSUP (a quant_method other than fp8) the
  * rest of cfg is complete, so a caller that only wants the shapes may still use it. */
 static int parse_root(struct cfg_parse *p, const json_t *root, struct model_config *cfg)
@@ -522,7 +497,7 @@ static int parse_root(struct cfg_parse *p, const json_t *root, struct model_conf
 		rc = cfg_parse_rope(p, root, cfg);
 	if (rc)
 		return rc;
-	return parse_quant(p, root, cfg);
+	return cfg_parse_quant(p, root, cfg);
 }
 
 int model_config_parse(struct model_config *cfg, const char *json, size_t len,

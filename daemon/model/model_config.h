@@ -20,6 +20,20 @@ enum model_arch {
 	ARCH_KIMI_K2,		/* kimi_k2: the DeepSeek-V3 architecture */
 };
 
+enum model_qformat {
+	MODEL_Q_NONE = 0,
+	MODEL_Q_FP8_BLOCK,	/* quant_method fp8: e4m3 + weight_scale_inv per block */
+	MODEL_Q_FP8_CHANNEL,	/* compressed-tensors float-quantized, strategy channel */
+	MODEL_Q_FP8_TENSOR,	/* compressed-tensors float-quantized, strategy tensor */
+	MODEL_Q_INT4_GROUP,	/* compressed-tensors pack-quantized int4 symmetric, group */
+};
+
+struct model_quant {
+	enum model_qformat format;
+	int block_rows, block_cols;	/* fp8 block: weight_block_size */
+	int group_size;			/* int4: weights per scale along a row */
+};
+
 struct model_config {
 	char model_type[32];
 	enum model_arch arch;
@@ -63,10 +77,10 @@ struct model_config {
 	uint8_t mlp_only[MODEL_MAX_LAYERS / 8];	/* qwen3_moe mlp_only_layers bitmap */
 	struct k_moe_route_params route;	/* bias pointer left NULL here */
 
-	/* quantization_config says fp8 e4m3 weights with block scales. The weights cannot
-	 * be loaded yet, but the config is complete, so --synthetic-weights can benchmark
-	 * it in bf16. */
-	int fp8_weights;
+	/* quantization_config: how the quantized weights are stored (docs/MODELS.md);
+	 * which tensors are quantized is what the files hold (ignored modules are simply
+	 * stored in their dtype). */
+	struct model_quant quant;
 };
 
 /* Parses config.json text (len bytes, need not be NUL-terminated).
@@ -97,5 +111,14 @@ void model_config_set_attn_scale(struct model_config *cfg);
 void model_config_route_defaults(struct model_config *cfg);
 
 const char *model_arch_name(enum model_arch arch);
+
+/* "fp8-block", "fp8-channel", "fp8-tensor", "int4-g32" style names (the group size
+ * of q is used for int4); "none". Written into buf (n bytes); returns buf. */
+const char *model_quant_name(const struct model_quant *q, char *buf, size_t n);
+
+/* quantization_config of root into cfg->quant (model_config_quant.c); 0, or -EINVAL
+ * / -ENOTSUP with one line naming the key and the format. */
+struct cfg_parse;
+int cfg_parse_quant(struct cfg_parse *p, const void *root, struct model_config *cfg);
 
 #endif

@@ -1,6 +1,7 @@
 /* Synthetic weights: any supported config with deterministic random weights and no
  * weight files, so that full-size configs can be benchmarked. Values are uniform in
- * +-1/sqrt(cols) (norm weights near 1) so that activations stay O(1) through depth. */
+ * +-1/sqrt(cols) (norm weights near 1) so that activations stay O(1) through depth;
+ * --weight-format stores the linear weights quantized instead (plan_quant). */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -18,6 +19,7 @@
 
 struct synth_plan {
 	struct model *m;
+	const struct model_quant *q;	/* MODEL_Q_NONE: all in the config's dtype */
 	int assign;		/* 0: count bytes; 1: point slots into the buffer */
 	size_t bytes;
 	unsigned n_tensors;
@@ -26,7 +28,10 @@ struct synth_plan {
 
 struct synth_job {
 	void *data;
-	size_t n;		/* elements */
+	size_t n;		/* elements (raw: bytes) */
+	enum k_dtype dtype;
+	int raw;		/* random bytes & mask: a quantized payload */
+	uint8_t mask;
 	float scale;		/* uniform half-width */
 	float center;		/* 1 for norm weights, else 0 */
 	uint64_t key;
@@ -40,6 +45,57 @@ static uint64_t splitmix64(uint64_t x)
 	return x ^ (x >> 31);
 }
 
+/* Whether the published checkpoints quantize this weight: every linear but the
+ * embedding, lm_head and the router (kept bf16 by DeepSeek-V3's fp8, by the
+ * compressed-tensors recipes' ignore lists). */
+static int synth_quantized(const char *name, int64_t cols)
+{
+	size_t n = strlen(name);
+
+	return cols > 1 && strcmp(name, "model.embed_tokens.weight") && strcmp(name, "lm_head.weight") &&
+	       !(n >= 16 && !strcmp(name + n - 16, ".mlp.gate.weight"));
+}
+
+/* The payload and scales of one quantized weight: two jobs. Random e4m3 bytes with
+ * bit 6 clear (exponent <= 7: |v| < 2, never NaN, RMS about 0.5) scaled by
+ * 2/sqrt(cols); random int4 nibbles (RMS about 4.6) by 0.22/sqrt(cols). */
+static void plan_quant(struct synth_plan *p, struct model_tensor *slot, int64_t rows, int64_t cols)
+{
+	const struct model_quant *mq = p->q;
+	struct k_quant q = { .fmt = mq->format == MODEL_Q_INT4_GROUP ? K_Q_INT4 : K_Q_FP8,
+			     .scale_dtype = mq->format == MODEL_Q_FP8_BLOCK ? K_F32 : K_BF16 };
+	size_t payload, nscale;
+
+	switch (mq->format) {
+	case MODEL_Q_FP8_BLOCK: q.block_rows = mq->block_rows, q.block_cols = mq->block_cols; break;
+	case MODEL_Q_FP8_CHANNEL: q.block_rows = 1, q.block_cols = (int)cols; break;
+	case MODEL_Q_FP8_TENSOR: q.block_rows = (int)rows, q.block_cols = (int)cols; break;
+	default: q.block_rows = 1, q.block_cols = mq->group_size; break;
+	}
+	q.scale_cols = (cols + q.block_cols - 1) / q.block_cols;
+	payload = ((size_t)rows * k_quant_row_bytes(q.fmt, cols) + 63) & ~(size_t)63;
+	nscale = (size_t)((rows + q.block_rows - 1) / q.block_rows) * (size_t)q.scale_cols;
+	if (p->assign) {
+		struct synth_job *j = &p->jobs[p->n_tensors];
+
+		slot->data = (char *)p->m->synthetic_buf + p->bytes;
+		slot->dtype = p->m->cfg.dtype;
+		slot->rows = rows;
+		slot->cols = cols;
+		q.scale = (char *)p->m->synthetic_buf + p->bytes + payload;
+		slot->q = q;
+		*j = (struct synth_job){ .data = (void *)slot->data, .n = payload, .raw = 1,
+					 .mask = q.fmt == K_Q_FP8 ? 0xbf : 0xff,
+					 .key = splitmix64(p->n_tensors) };
+		j[1] = (struct synth_job){ .data = (void *)q.scale, .n = nscale, .dtype = q.scale_dtype,
+					   .center = (q.fmt == K_Q_FP8 ? 2.0f : 0.22f) / sqrtf((float)cols),
+					   .key = splitmix64(p->n_tensors + 1) };
+		p->m->n_quantized++;
+	}
+	p->bytes += payload + ((nscale * k_dtype_size(q.scale_dtype) + 63) & ~(size_t)63);
+	p->n_tensors += 2;
+}
+
 static int plan_tensor(void *ctx, const char *name, struct model_tensor *slot,
 		       int64_t rows, int64_t cols)
 {
@@ -50,6 +106,10 @@ static int plan_tensor(void *ctx, const char *name, struct model_tensor *slot,
 
 	if (!slot)
 		return -EINVAL;
+	if (p->q->format != MODEL_Q_NONE && synth_quantized(name, cols)) {
+		plan_quant(p, slot, rows, cols);
+		return 0;
+	}
 	if (p->assign) {
 		struct synth_job *j = &p->jobs[p->n_tensors];
 
@@ -57,15 +117,16 @@ static int plan_tensor(void *ctx, const char *name, struct model_tensor *slot,
 		slot->dtype = dt;
 		slot->rows = rows;
 		slot->cols = cols;
+		slot->q = (struct k_quant){ 0 };
 		j->data = (void *)slot->data;
 		j->n = n;
+		j->dtype = dt;
 		j->center = cols == 1 ? 1.0f : 0.0f;
 		j->scale = cols == 1 ? 0.1f : 1.0f / sqrtf((float)cols);
 		j->key = splitmix64(p->n_tensors);
 	}
 	p->bytes += bytes;
 	p->n_tensors++;
-	(void)name;
 	return 0;
 }
 
@@ -75,10 +136,11 @@ struct fill_ctx {
 	unsigned thread, n_threads;
 };
 
-static void fill_chunk(const struct synth_job *j, enum k_dtype dt, uint64_t seed, size_t c)
+static void fill_chunk(const struct synth_job *j, uint64_t seed, size_t c)
 {
 	size_t begin = c * FILL_CHUNK, end = begin + FILL_CHUNK < j->n ? begin + FILL_CHUNK : j->n;
 	uint64_t s = splitmix64(seed ^ j->key ^ splitmix64(c));
+	enum k_dtype dt = j->dtype;
 
 	for (size_t i = begin; i < end; i++) {
 		float v;
@@ -86,6 +148,10 @@ static void fill_chunk(const struct synth_job *j, enum k_dtype dt, uint64_t seed
 		s ^= s << 13;
 		s ^= s >> 7;
 		s ^= s << 17;
+		if (j->raw) {
+			((uint8_t *)j->data)[i] = (uint8_t)(s >> 32) & j->mask;
+			continue;
+		}
 		v = j->center + j->scale * ((float)(s >> 40) * (2.0f / 16777216.0f) - 1.0f);
 		if (dt == K_F32)
 			((float *)j->data)[i] = v;
@@ -110,7 +176,7 @@ static void *fill_thread(void *arg)
 
 		for (size_t c = 0; c < n_chunks; c++, k++)
 			if (k % f->n_threads == f->thread)
-				fill_chunk(j, p->m->cfg.dtype, f->seed, c);
+				fill_chunk(j, f->seed, c);
 	}
 	return NULL;
 }
@@ -137,9 +203,12 @@ static void fill_all(struct synth_plan *p, uint64_t seed)
 	}
 }
 
-int model_synthesize(struct model *m, uint64_t seed, char *err, size_t err_len)
+int model_synthesize(struct model *m, uint64_t seed, const struct model_quant *q, char *err,
+		     size_t err_len)
 {
-	struct synth_plan p = { .m = m };
+	static const struct model_quant none;
+	struct synth_plan p = { .m = m, .q = q ? q : &none };
+	char qname[24];
 	double t0;
 	int ret;
 
@@ -160,8 +229,11 @@ int model_synthesize(struct model *m, uint64_t seed, char *err, size_t err_len)
 	if ((ret = model_for_each_tensor(m, plan_tensor, &p)))
 		goto out;
 	t0 = clock_now();
-	log_info("synthesizing %.2f GiB of %s weights (seed %llu)...", (double)p.bytes / (1u << 30),
-		 k_dtype_name(m->cfg.dtype), (unsigned long long)seed);
+	m->cfg.quant = *p.q;	/* what the weights are, whatever the config said */
+	log_info("synthesizing %.2f GiB of %s weights%s%s (seed %llu)...", (double)p.bytes / (1u << 30),
+		 k_dtype_name(m->cfg.dtype), p.q->format != MODEL_Q_NONE ? ", linears " : "",
+		 p.q->format != MODEL_Q_NONE ? model_quant_name(p.q, qname, sizeof(qname)) : "",
+		 (unsigned long long)seed);
 	fill_all(&p, seed);
 	log_info("synthetic weights ready in %.1f s", clock_now() - t0);
 	for (int l = 0; l < m->cfg.n_layers; l++) {

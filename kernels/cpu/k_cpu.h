@@ -51,6 +51,11 @@ void k_cpu_silu_mul(float *out, const float *gate, const float *up, size_t n);
  * depend on M or on the other rows (batch invariance). Parallel over N. */
 void k_cpu_linear(struct k_pool *pool, float *y, const float *x, const void *w,
 		  enum k_dtype dtype, int M, int N, int K);
+/* The same with w quantized as q says (q NULL or K_Q_NONE: k_cpu_linear): each
+ * weight block is dequantized exactly (kernels/quant.h) into fp32 as it is used, so
+ * the quantized bytes are all that stay in memory; same order of sums. */
+void k_cpu_linear_q(struct k_pool *pool, float *y, const float *x, const void *w,
+		    enum k_dtype dtype, const struct k_quant *q, int M, int N, int K);
 
 /* ---- rotary position embedding ----------------------------------------- */
 

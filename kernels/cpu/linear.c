@@ -1,4 +1,5 @@
-/* CPU linear layer y = x @ w^T with weights widened from their stored type.
+/* CPU linear layer y = x @ w^T with weights widened from their stored type, or
+ * dequantized per use from fp8/int4 (kernels/quant.h) block by block.
  * Every output is one fixed-order dot product, so results are batch invariant. */
 #include <string.h>
 
@@ -25,6 +26,7 @@ struct lin_job {
 	const float *x;		/* (M, K) */
 	const void *w;		/* (N, K) as stored */
 	enum k_dtype dtype;
+	const struct k_quant *q;	/* NULL: w is stored in dtype */
 	int M, N, K;
 	int blocks_per_task;	/* column blocks of LIN_NB per task */
 };
@@ -131,7 +133,7 @@ static void lin_tile(const struct lin_job *job, int m0, int mt, int n0, int nb)
 {
 	float acc[LIN_MT][LIN_NB + 1][LIN_LANES];	/* +1: scratch for an odd nb */
 	union lin_wbuf wbuf;
-	const char *w = (const char *)job->w + (size_t)n0 * job->K * k_dtype_size(job->dtype);
+	const char *w = job->q ? NULL : (const char *)job->w + (size_t)n0 * job->K * k_dtype_size(job->dtype);
 	int K = job->K;
 
 	memset(acc, 0, sizeof(acc));
@@ -139,12 +141,16 @@ static void lin_tile(const struct lin_job *job, int m0, int mt, int n0, int nb)
 		int kb = K - k0 < LIN_KB ? K - k0 : LIN_KB;
 		const float *wr[LIN_NB + 1] = { 0 };
 
-		/* fp32 weights are read in place; the others are widened once per block */
-		if (job->dtype != K_F32)
+		/* fp32 weights are read in place; the others are widened once per block,
+		 * quantized ones dequantized (value * scale in fp32) into the same block */
+		if (job->q)
+			for (int n = 0; n < nb; n++)
+				k_quant_row_to_f32(wbuf.f + n * LIN_KB, job->w, job->q, K, n0 + n, k0, kb);
+		else if (job->dtype != K_F32)
 			lin_widen(&wbuf, (const uint16_t *)w, job->dtype, K, nb, k0, kb);
 		for (int n = 0; n < nb; n++)
-			wr[n] = job->dtype == K_F32 ? (const float *)w + (size_t)n * K + k0
-						    : wbuf.f + n * LIN_KB;
+			wr[n] = job->dtype == K_F32 && !job->q ? (const float *)w + (size_t)n * K + k0
+								: wbuf.f + n * LIN_KB;
 		wr[nb] = wr[nb - 1];	/* an odd nb pairs its last row with itself */
 		for (int m = 0; m < mt; m++) {
 			const float *xr = job->x + (size_t)(m0 + m) * K + k0;
@@ -181,8 +187,16 @@ static void lin_task(void *arg, int task)
 void k_cpu_linear(struct k_pool *pool, float *y /* (M, N) */, const float *x /* (M, K) */,
 		  const void *w /* (N, K) */, enum k_dtype dtype, int M, int N, int K)
 {
+	k_cpu_linear_q(pool, y, x, w, dtype, NULL, M, N, K);
+}
+
+void k_cpu_linear_q(struct k_pool *pool, float *y /* (M, N) */, const float *x /* (M, K) */,
+		    const void *w /* (N, K) */, enum k_dtype dtype, const struct k_quant *q,
+		    int M, int N, int K)
+{
 	struct lin_job job = {
-		.y = y, .x = x, .w = w, .dtype = dtype, .M = M, .N = N, .K = K,
+		.y = y, .x = x, .w = w, .dtype = dtype, .q = q && q->fmt != K_Q_NONE ? q : NULL,
+		.M = M, .N = N, .K = K,
 	};
 	int64_t block_macs = (int64_t)M * K * LIN_NB;
 	int n_blocks = (N + LIN_NB - 1) / LIN_NB;

@@ -277,10 +277,10 @@ static void moe_run_expert(struct k_pool *pool, float *out, const float *x,
 	for (int i = 0; i < n; i++)
 		memcpy(b->x + (size_t)i * hidden, x + (size_t)(entry[i] / top_k) * hidden,
 		       sizeof(float) * (size_t)hidden);
-	k_cpu_linear(pool, b->gate, b->x, ex->gate, dtype, n, inter, hidden);
-	k_cpu_linear(pool, b->up, b->x, ex->up, dtype, n, inter, hidden);
+	k_cpu_linear_q(pool, b->gate, b->x, ex->gate, dtype, &ex->gate_q, n, inter, hidden);
+	k_cpu_linear_q(pool, b->up, b->x, ex->up, dtype, &ex->up_q, n, inter, hidden);
 	k_cpu_silu_mul(b->gate, b->gate, b->up, (size_t)n * inter);
-	k_cpu_linear(pool, b->y, b->gate, ex->down, dtype, n, hidden, inter);
+	k_cpu_linear_q(pool, b->y, b->gate, ex->down, dtype, &ex->down_q, n, hidden, inter);
 	for (int i = 0; i < n; i++) {
 		float *o = out + (size_t)(entry[i] / top_k) * hidden;
 		const float *y = b->y + (size_t)i * hidden;

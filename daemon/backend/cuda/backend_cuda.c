@@ -130,6 +130,17 @@ static int cuda_create(struct backend **out, const struct model *m, const struct
 	int count = 0, major, minor, ret;
 
 	*out = NULL;
+	if (m && m->n_quantized > 0) {
+		/* The interim fallback, said where it happens: no kernel reads the quantized
+		 * bytes yet (W8A16/W4A16 GEMV and MoE experts, issue 24), so the upload
+		 * dequantizes them exactly and rounds to bf16 once: right results, but the
+		 * memory and bandwidth of bf16, not of the checkpoint. */
+		char fmt[24];
+
+		log_warn("cuda: %d %s quantized weights are dequantized to bf16 at load (interim "
+			 "fallback: no W8A16/W4A16 kernels yet; GPU memory and decode bytes are "
+			 "bf16's)", m->n_quantized, model_quant_name(&m->cfg.quant, fmt, sizeof(fmt)));
+	}
 	if ((ret = tuning_install(err, err_len)))
 		return ret;
 	k_cuda_device_count(&count);

@@ -82,7 +82,31 @@ struct weight_item {
 	enum k_dtype dtype;
 	size_t n;		/* elements */
 	int vector;		/* fp32 on the device, else bf16 */
+	const struct k_quant *q;	/* quantized (else NULL): dequantized to bf16 */
+	int64_t cols;		/* row length, for q */
 };
+
+/* Elements [i, i + n) of a quantized (.., cols) weight as bf16: dequantized exactly in
+ * fp32 (kernels/quant.h), then rounded once. The interim fallback until the GPU has
+ * kernels that read the quantized bytes (cuda_create logs it). */
+static void stage_quant(uint16_t *dst, const struct weight_item *w, size_t i, size_t n)
+{
+	float f[256];
+
+	for (size_t j = 0; j < n;) {
+		int64_t r = (int64_t)((i + j) / (size_t)w->cols), k = (int64_t)((i + j) % (size_t)w->cols);
+		int64_t len = w->cols - k;
+
+		if (len > 256)
+			len = 256;
+		if ((size_t)len > n - j)
+			len = (int64_t)(n - j);
+		k_quant_row_to_f32(f, w->src, w->q, w->cols, r, k, len);
+		for (int64_t t = 0; t < len; t++)
+			dst[j + (size_t)t] = k_f32_to_bf16(f[t]);
+		j += (size_t)len;
+	}
+}
 
 struct upload {
 	struct backend_cuda *b;
@@ -122,7 +146,9 @@ static int copy_item(struct upload *u, char *dst, const struct weight_item *w)
 	for (size_t i = 0; i < w->n; i += per) {
 		size_t n = w->n - i < per ? w->n - i : per;
 
-		if (w->vector) {
+		if (w->q) {
+			stage_quant(u->stage, w, i, n);
+		} else if (w->vector) {
 			float *s = u->stage;
 
 			for (size_t j = 0; j < n; j++)
@@ -168,7 +194,7 @@ static void place_tensor(struct upload *u, const struct model_tensor *t)
 {
 	struct weight_item w = {
 		.src = t->data, .dtype = t->dtype, .n = (size_t)t->rows * (size_t)t->cols,
-		.vector = t->cols == 1,
+		.vector = t->cols == 1, .q = t->q.fmt != K_Q_NONE ? &t->q : NULL, .cols = t->cols,
 	};
 
 	if (!w.vector && t->cols > u->b->max_K)
@@ -191,11 +217,15 @@ static void place_experts(struct upload *u, const struct model_layer *L)
 		return;
 	}
 	for (int e = 0; e < c->n_experts; e++) {
-		const void *src[3] = { L->experts[e].gate, L->experts[e].up, L->experts[e].down };
+		const struct k_expert *x = &L->experts[e];
+		const void *src[3] = { x->gate, x->up, x->down };
+		const struct k_quant *q[3] = { &x->gate_q, &x->up_q, &x->down_q };
 
 		for (int j = 0; j < 3; j++) {
 			struct weight_item w = { .src = src[j], .dtype = L->expert_dtype,
-						 .n = inter * hidden };
+						 .n = inter * hidden,
+						 .q = q[j]->fmt != K_Q_NONE ? q[j] : NULL,
+						 .cols = (int64_t)(j < 2 ? hidden : inter) };
 
 			place(u, src[j], &w);
 			if (table)
@@ -267,9 +297,10 @@ int cuda_weights_upload(struct backend_cuda *b, char *err, size_t err_len)
 		cudaGetLastError();
 		b->arena = NULL;
 		snprintf(err, err_len,
-			 "cuda: out of GPU memory for the weights: they need %.2f GiB, GPU %d has %.2f GiB free of %.2f GiB",
+			 "cuda: out of GPU memory for the weights: they need %.2f GiB, GPU %d has %.2f GiB free of %.2f GiB%s",
 			 (double)b->arena_bytes / (1u << 30), b->dev, (double)free_b / (1u << 30),
-			 (double)total_b / (1u << 30));
+			 (double)total_b / (1u << 30), b->m->n_quantized > 0 ? " (quantized weights "
+			 "count as bf16: the interim fallback dequantizes them at load)" : "");
 		return -ENOMEM;
 	}
 	if (cudaHostAlloc(&u.stage, STAGE_BYTES, cudaHostAllocDefault) != cudaSuccess) {
