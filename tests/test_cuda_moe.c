@@ -246,7 +246,7 @@ static int case_routing(const struct moe_shape *s, const struct weights *w, int 
 	for (int e = 0; e < s->n_experts; e++) {
 		int k = e % N_SETS;
 
-		ex[e] = (struct k_expert){ w->h[k][0], w->h[k][1], w->h[k][2] };
+		ex[e] = (struct k_expert){ .gate = w->h[k][0], .up = w->h[k][1], .down = w->h[k][2] };
 		for (int j = 0; j < 3; j++)
 			table[3 * e + j] = used[e] ? w->d[k][j] : w->nan;
 		n_used += used[e];
