@@ -155,7 +155,7 @@ __device__ void lat_route(const lat_args &a, char *scratch, int32_t *s_ids, floa
 	__syncthreads();
 }
 
-__global__ void __launch_bounds__(SM_THREADS, 1)
+__global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 lat_route_gate_up_kernel(lat_args a)
 {
 	extern __shared__ float4 smem4[];	// routing scratch, then the staged x rows
@@ -206,7 +206,7 @@ size_t lat_route_stride(int E, int top_k, int n_group)
 
 // The shared-memory budget of launch 1: the larger of the routing scratch and rp x
 // rows, rp as many as fit K_CUDA_MOE_LAT_SMEM (at least one).
-#define K_CUDA_MOE_LAT_SMEM (96 * 1024)
+#define K_CUDA_MOE_LAT_SMEM SM_X_SMEM_MAX
 
 extern "C" int k_cuda_moe_lat_config(struct k_cuda_moe_lat_cfg *cfg, int M, int top_k,
 				     int n_experts, int hidden, int inter, int n_group,
