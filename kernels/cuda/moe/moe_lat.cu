@@ -29,6 +29,9 @@
 #include "kernels/cuda/moe/moe_internal.h"
 #include "kernels/cuda/moe/moe_route.cuh"
 #include "kernels/cuda/moe/moe_small.cuh"
+#include "kernels/cuda/moe/moe_small_m1.cuh"
+
+#define LAT_ROUTER_U 8		// 16-byte router chunks per lane in flight (GEMV_U's)
 
 namespace {	// kernels and their helpers stay private to this file
 
@@ -45,6 +48,9 @@ struct lat_args {
 	moe_small_shared sh;
 	int M, hidden, inter, rp;
 	int route_stride;		// bytes of one warp's routing scratch
+	int m1;				// M = 1 gate/up by moe_small_m1.cuh's units: -1 no,
+					// else their bal
+	k_cuda_moe_lat_prefetch pf;	// (bytes already cut to the budget)
 };
 
 __device__ __forceinline__ unsigned ld_acquire(const unsigned *p)
@@ -93,21 +99,35 @@ __device__ void lat_router(const lat_args &a)
 #pragma unroll
 		for (int m = 0; m < K_CUDA_MOE_LAT_MAX_ROWS; m++)
 			acc0[m] = acc1[m] = 0.0f;
-		for (int c = lane; c < nc; c += 32) {
-			uint4 wv = __ldcs(w + c);
-			bool odd = (c >> 5) & 1;
+		// LAT_ROUTER_U chunks per lane loaded before any is used (the GEMV keeps as
+		// many in flight); the FMAs then go in the GEMV's order.
+		for (int c0 = 0; c0 < nc; c0 += 32 * LAT_ROUTER_U) {
+			uint4 wv[LAT_ROUTER_U];
 
 #pragma unroll
-			for (int m = 0; m < K_CUDA_MOE_LAT_MAX_ROWS; m++) {
-				const float4 *xp;
+			for (int u = 0; u < LAT_ROUTER_U; u++) {
+				int c = c0 + 32 * u + lane;
 
-				if (m >= a.M)
+				wv[u] = c < nc ? __ldcs(w + c) : make_uint4(0, 0, 0, 0);
+			}
+#pragma unroll
+			for (int u = 0; u < LAT_ROUTER_U; u++) {
+				int c = c0 + 32 * u + lane;
+
+				if (c >= nc)
 					break;
-				xp = (const float4 *)(a.x + (size_t)m * a.hidden) + 2 * c;
-				if (odd)
-					fma8(acc1[m], wv, xp[0], xp[1]);
-				else
-					fma8(acc0[m], wv, xp[0], xp[1]);
+#pragma unroll
+				for (int m = 0; m < K_CUDA_MOE_LAT_MAX_ROWS; m++) {
+					const float4 *xp;
+
+					if (m >= a.M)
+						break;
+					xp = (const float4 *)(a.x + (size_t)m * a.hidden) + 2 * c;
+					if ((c >> 5) & 1)
+						fma8(acc1[m], wv[u], xp[0], xp[1]);
+					else
+						fma8(acc0[m], wv[u], xp[0], xp[1]);
+				}
 			}
 		}
 #pragma unroll
@@ -155,6 +175,22 @@ __device__ void lat_route(const lat_args &a, char *scratch, int32_t *s_ids, floa
 	__syncthreads();
 }
 
+// The CTA's share of each prefetch range, asked of L2 with the evict-last priority so
+// that the experts' streaming loads (evict-first) pass them by.
+__device__ void lat_prefetch_next(const k_cuda_moe_lat_prefetch &pf)
+{
+	for (int r = 0; r < K_CUDA_MOE_LAT_PREFETCH; r++) {
+		size_t lines = (pf.bytes[r] + 127) / 128;
+		size_t a = lines * blockIdx.x / gridDim.x, b = lines * (blockIdx.x + 1) / gridDim.x;
+
+		if (!pf.p[r])
+			continue;
+		for (size_t q = a + threadIdx.x; q < b; q += SM_THREADS)
+			asm volatile("prefetch.global.L2::evict_last [%0];"
+				     ::"l"((const char *)pf.p[r] + q * 128));
+	}
+}
+
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 lat_route_gate_up_kernel(lat_args a)
 {
@@ -165,12 +201,21 @@ lat_route_gate_up_kernel(lat_args a)
 	int n = a.M * a.p.top_k, E = a.p.n_experts;
 	long long Wr, lo, hi;
 
-	prefetch_shared_gate_up(a.sh, a.hidden);	// weights: before the wait
+	// Weights, before the wait: the warp's router row (phase A's loads then find it
+	// in L2) and the CTA's share of the shared expert's gate/up rows.
+	for (int e = blockIdx.x * SM_WARPS + threadIdx.x / 32; e < E; e += gridDim.x * SM_WARPS)
+		prefetch_l2(a.router + (size_t)e * a.hidden, (size_t)a.hidden * 2, threadIdx.x % 32, 32);
+	prefetch_shared_gate_up(a.sh, a.hidden);
 	k_cuda_pdl_wait();	// x is the RMSNorm's output
 	lat_router(a);
+	lat_prefetch_next(a.pf);	// HBM is idle while the grid routes
 	lat_grid_barrier(a.bar);
 	lat_route(a, (char *)smem4, s_ids, s_w);
 	small_plan_build<false, true>(sp, s_ids, n, E);
+	if (a.m1 >= 0) {	// one row: moe_small_m1.cu's pipelined units
+		m1_gate_up_body(sp, a.expert_w, a.x, a.hidden, a.inter, a.act, a.sh, a.m1, smem4);
+		return;
+	}
 	gate_up_share(sp, a.inter, a.sh.inter, Wr, lo, hi);
 	for (long long pos = lo; pos < hi;) {	// CTA-uniform
 		if (pos < Wr) {
@@ -256,8 +301,11 @@ extern "C" int k_cuda_moe_lat(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y
 			      int M, const uint16_t *router, const struct k_moe_route_params *p,
 			      float *logits, int32_t *ids, float *weights,
 			      const uint16_t *const *expert_w, int n_experts, int hidden, int inter,
-			      const struct k_cuda_moe_shared *sh)
+			      const struct k_cuda_moe_shared *sh,
+			      const struct k_cuda_moe_lat_prefetch *pf)
 {
+	const struct k_cuda_tuning *tun = k_cuda_tuning();
+	size_t budget = (size_t)tun->moe_lat_prefetch_mb << 20;
 	struct moe_ws_parts w;
 	struct k_cuda_moe_lat_cfg cfg;
 	moe_small_shared ss = {};
@@ -306,6 +354,17 @@ extern "C" int k_cuda_moe_lat(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y
 	a.inter = inter;
 	a.rp = cfg.rp;
 	a.route_stride = (int)lat_route_stride(n_experts, p->top_k, a.p.n_group);
+	a.m1 = M == 1 && tun->moe_m1 && moe_small_m1_fits(p->top_k, n_experts, hidden, inter, ss.inter) ?
+	       (tun->moe_m1_bal != 0) : -1;
+	for (int r = 0; pf && r < K_CUDA_MOE_LAT_PREFETCH && budget; r++) {
+		size_t b = pf->bytes[r] < budget ? pf->bytes[r] : budget;
+
+		if (!pf->p[r] || !b)
+			continue;
+		a.pf.p[r] = pf->p[r];
+		a.pf.bytes[r] = b;
+		budget -= b;
+	}
 	k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), cfg.smem, lat_route_gate_up_kernel, a);
 	if ((ret = K_CUDA_LAUNCHED("moe lat router + gate/up")))
 		return ret;
