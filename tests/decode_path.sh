@@ -41,6 +41,8 @@ if kdecd_start kdecd.log 60 --model "$G/qwen3_moe" --socket "$S"; then
 	"$B/kdctl" --socket "$S" status --json >"$tmp/st" || fail "kdctl status --json"
 	grep -q '"decode_path": *"auto (latency kernels unused: the cpu backend has no latency path)"' \
 		"$tmp/st" && ok || fail "status lacks decode_path: $(cat "$tmp/st")"
+	"$B/kdctl" --socket "$S" status | grep -q "^decode_path  *auto (latency kernels unused" && ok ||
+		fail "kdctl status: $("$B/kdctl" --socket "$S" status | grep decode)"
 	"$B/kdctl" --socket "$S" metrics >"$tmp/m" || fail "kdctl metrics"
 	grep -q '^kd_decode_path_latency_buckets 0$' "$tmp/m" && ok ||
 		fail "metric: $(grep decode_path "$tmp/m")"

@@ -1,11 +1,11 @@
 #!/bin/sh
 # --decode-path on the GPU (issue 23): greedy tokens with the latency path forced,
-# the standard path forced and auto are the same on every golden model (40 tokens, the
-# decode graphs at 1 row; and 4 prompts at once through kdbench decode's batch 4 is
-# not checked here: generate is one sequence); on the MoE models the forced latency
-# path must really run (its graph's log line says "latency path"), on the dense ones it
-# runs the standard kernels and says so. kdecd --backend cuda --decode-path latency
-# serves kdrun the same tokens and kdctl status and the metric show the choice.
+# the standard path forced and auto are the same on every golden model (40 tokens of
+# one sequence: the 1-row decode graph); on the MoE models the forced latency path must
+# really run (its graph's log line says "latency path") and auto must have timed both,
+# on the dense ones the latency path runs the standard kernels and says so.
+# kdecd --backend cuda --decode-path latency serves kdrun the same tokens, and kdctl
+# status and the metric show the choice.
 # Exits 77 without a GPU or a CUDA build.
 set -u
 test_name=test_cuda_decode_path

@@ -81,7 +81,10 @@ static int engine_decode_path_set(struct engine *e, const char *name, char *err,
 		snprintf(err, err_len, "--decode-path latency: %s (use standard or auto)", why);
 		return -ENOTSUP;
 	}
-	log_info("engine: decode path %s: %s; the standard kernels run", fwd_path_name(p), why);
+	if (p == FWD_PATH_LATENCY)	/* asked for: say why it changes nothing */
+		log_info("engine: decode path latency: %s; the standard kernels run", why);
+	else
+		log_debug("engine: decode path auto: %s; the standard kernels run", why);
 	return 0;
 }
 
