@@ -12,10 +12,19 @@
 //   B. every CTA routes the M rows itself (one warp per row, moe_route.cuh's route_row,
 //      k_cpu_moe_route's arithmetic), builds the plan and takes its even share of the
 //      (used expert, feature) rows and the shared expert's, as the small path's gate/up
-//      does (gate_up_segment). CTA 0 also writes the ids and weights for launch 2.
+//      does (gate_up_segment; one row: moe_small_m1.cuh's pipelined units). CTA 0 also
+//      writes the ids and weights for launch 2.
+//   Before its PDL wait it asks L2 for its router rows and shared-expert rows
+//   (weights); after phase A it may ask L2 (evict-last) for the next layer's attention
+//   weights (KDEC_MOE_LAT_PREFETCH_MB; measured no faster, off by default).
 // Launch 2: the small path's down kernel (moe_small.cu) with the residual add and the
 // shared expert's down rows folded in, launched without programmatic serialisation
 // (it reads the ids before its wait).
+//
+// Measured on H200 (docs/PERFORMANCE.md, issue 23): correct and the standard path's
+// bits, but launch 1 takes longer than the router GEMV, moe_route and gate/up it
+// replaces except on Kimi-K2's shapes at one row, so --decode-path auto keeps the
+// standard path elsewhere.
 //
 // Precision: as the small path (bf16 weights times fp32 x and activations, fp32
 // accumulation, each row's slots summed in increasing expert id): its results bit for
@@ -329,8 +338,8 @@ extern "C" int k_cuda_moe_lat(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y
 	if (sh)
 		ss = moe_small_shared{ sh->gate, sh->up, sh->down, sh->inter, w.sh_act };
 	// One wave, all resident (the barrier), but no CTA with less than a feature per
-	// warp at the most experts (k_cuda_moe_small_run's rule); at least one CTA per
-	// 8 router rows' warps is not needed: any grid covers the router.
+	// warp at the most experts (k_cuda_moe_small_run's rule). Any grid covers the
+	// router: its warps take the expert rows in turn.
 	n = M * p->top_k;
 	max_used = n < n_experts ? n : n_experts;
 	most = (long long)max_used * ((inter + SM_WARPS - 1) / SM_WARPS) +
