@@ -149,6 +149,12 @@ int main(int argc, char **argv)
 	log_info("model %s: %s, %d layers, %.1f MiB of weights; KV cache %.1f MiB; ready in %.2f s",
 		 a.model, m->cfg.model_type, m->cfg.n_layers, (double)m->weight_bytes / (1 << 20),
 		 (double)e->fwd->kv_bytes / (1 << 20), clock_now() - t0);
+	if (!ret) {
+		char path[160];
+
+		engine_decode_path_describe(e, path, sizeof(path));
+		log_info("decode path: %s", path);
+	}
 	if (!a.check && a.srv.state_dir)
 		load_state(e, a.srv.state_dir);
 	if (!a.check)

@@ -76,6 +76,11 @@ static void usage(FILE *f)
 		"                          admitted when their prompt fits with a little room; when\n"
 		"                          the cache runs short the lowest-priority, newest one is\n"
 		"                          preempted and resumed later (kd_preemptions_total)\n"
+		"  --decode-path P         auto (default), standard or latency: the decode kernels\n"
+		"                          (latency: fused layers where the backend has them, MoE at\n"
+		"                          1-8 rows on cuda; auto times both at each batch bucket's\n"
+		"                          graph capture and keeps the faster; the cpu backend\n"
+		"                          refuses latency); kdctl status shows the choice\n"
 		"  --share-prefix-cache    share cached prompt prefixes across uids (default: per uid)\n"
 		"  --no-prefix-wait        admit a request at once even while another one is still\n"
 		"                          prefilling the same prompt prefix (default: wait for\n"
@@ -216,7 +221,7 @@ enum {
 	O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
 	O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_NOWAIT, O_TTL, O_OFFLOAD,
 	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE, O_PACE, O_PENDING, O_HANDSHAKE, O_OPUID, O_OPGID, O_MAXSESS,
-	O_TP, O_GPUS, O_EP, O_WFMT
+	O_TP, O_GPUS, O_EP, O_WFMT, O_DPATH
 };
 
 static const struct option kdecd_opts[] = {
@@ -240,6 +245,7 @@ static const struct option kdecd_opts[] = {
 	{ "prefill-pace", required_argument, NULL, O_PACE },
 	{ "max-sessions", required_argument, NULL, O_MAXSESS },
 	{ "kv-tokens", required_argument, NULL, O_KV },
+	{ "decode-path", required_argument, NULL, O_DPATH },
 	{ "shutdown-timeout", required_argument, NULL, O_SHUT },
 	{ "share-prefix-cache", no_argument, NULL, O_SHARE },
 	{ "no-prefix-wait", no_argument, NULL, O_NOWAIT },
@@ -385,6 +391,13 @@ static int parse_opt(struct kdecd_args *a, int c, const char *arg)
 			fprintf(stderr, "kdecd: %s\n", err);
 			return -EINVAL;
 		}
+		break;
+	case O_DPATH:
+		if (strcmp(arg, "auto") && strcmp(arg, "standard") && strcmp(arg, "latency")) {
+			fprintf(stderr, "kdecd: --decode-path '%s': want auto, standard or latency\n", arg);
+			return -EINVAL;
+		}
+		a->eng.decode_path = arg;
 		break;
 	case O_THREADS: case O_TP: case O_MAXCL: case O_PENDING: case O_HANDSHAKE: case O_BATCH: case O_CHUNK:
 	case O_PACE: case O_MAXSESS: case O_KV: case O_SHUT:

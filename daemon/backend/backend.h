@@ -160,6 +160,18 @@ struct backend_ops {
 			       const int32_t *ids, const float *weights, int top_k,
 			       const struct model_layer *L, int hidden, int inter, int n_experts,
 			       int shared_inter);
+	/* The latency path's MoE layer (--decode-path latency): y (M, hidden) += the MoE of
+	 * x, router L->router (x in fp32, logits into logits (M, n_experts)), the choice by
+	 * route (bias a host-side model pointer, as moe_route takes it; ids, weights (M,
+	 * top_k) written), the routed experts and the shared expert of L as
+	 * moe_experts_add sums them: what linear_fp32x, moe_route and moe_experts_add do,
+	 * in fewer launches. next (NULL: none): the layer after L, whose attention weights
+	 * the backend may ask its cache for meanwhile. 1: it declines, nothing queued
+	 * (forward.c then runs those ops); 0 or -errno. */
+	int (*moe_layer)(struct backend *be, float *y, const float *x, int M,
+			 const struct model_layer *L, const struct k_moe_route_params *route,
+			 float *logits, int32_t *ids, float *weights, int hidden, int inter,
+			 int n_experts, int shared_inter, const struct model_layer *next);
 	/* A decode step's attention, fused: what qkv_prep(q, h, L, p) then attn_gqa(out, q,
 	 * p->kv, rows, p's heads, scale) do, for rows that are each the only new token of
 	 * their sequence, at its last position (ctx - 1): the backend may then do qkv_prep's

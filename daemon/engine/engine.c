@@ -122,6 +122,64 @@ static int engine_rank_threads(const struct engine_opts *opts)
 	return t / n > 1 ? (int)(t / n) : 1;
 }
 
+/* --decode-path: parsed, refused with one line where the backend has no latency path
+ * at all (the CPU backend), logged where the latency path has nothing for the model. */
+static int engine_decode_path_set(struct engine *e, const char *name, char *err, size_t err_len)
+{
+	enum fwd_path p = FWD_PATH_AUTO;
+	char why[160];
+
+	if (name && fwd_path_parse(name, &p)) {
+		snprintf(err, err_len, "--decode-path '%s': want auto, standard or latency", name);
+		return -EINVAL;
+	}
+	e->fwd->path = p;
+	if (p == FWD_PATH_STANDARD || forward_latency_supported(e->fwd, 1, why, sizeof(why)))
+		return 0;
+	if (p == FWD_PATH_LATENCY && !e->be->ops->moe_layer) {
+		snprintf(err, err_len, "--decode-path latency: %s (use standard or auto)", why);
+		return -ENOTSUP;
+	}
+	if (p == FWD_PATH_LATENCY)	/* asked for: say why it changes nothing */
+		log_info("engine: decode path latency: %s; the standard kernels run", why);
+	else
+		log_debug("engine: decode path auto: %s; the standard kernels run", why);
+	return 0;
+}
+
+void engine_decode_path_describe(const struct engine *e, char *buf, size_t len)
+{
+	const struct forward *f = e->fwd;
+	size_t n = (size_t)snprintf(buf, len, "%s", fwd_path_name(f->path));
+	char why[160];
+	int any = 0;
+
+	if (f->path == FWD_PATH_STANDARD || n >= len)
+		return;
+	if (!forward_latency_supported(f, 1, why, sizeof(why))) {
+		snprintf(buf + n, len - n, " (latency kernels unused: %s)", why);
+		return;
+	}
+	for (int i = 0; i < FWD_N_BUCKETS && n < len; i++) {
+		if (f->bucket_lat[i] < 0)
+			continue;
+		n += (size_t)snprintf(buf + n, len - n, "%s%d: %s", any ? ", " : " (", 1 << i,
+				      f->bucket_lat[i] ? "latency" : "standard");
+		any = 1;
+	}
+	if (any && n < len)
+		snprintf(buf + n, len - n, ")");
+}
+
+unsigned engine_decode_path_latency_mask(const struct engine *e)
+{
+	unsigned m = 0;
+
+	for (int i = 0; i < FWD_N_BUCKETS; i++)
+		m |= (e->fwd->bucket_lat[i] > 0 ? 1u : 0u) << i;
+	return m;
+}
+
 int engine_create(struct engine **out, struct model *m, const struct engine_opts *opts,
 		  char *err, size_t err_len)
 {
@@ -177,6 +235,8 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 		ret = forward_create(&e->fwd, m, e->be, e->pool.n_blocks, block_tokens, max_rows,
 				     err, err_len);
 	if (ret)
+		goto err_destroy;
+	if ((ret = engine_decode_path_set(e, opts->decode_path, err, err_len)))
 		goto err_destroy;
 	e->tokens = calloc((size_t)max_rows, sizeof(int32_t));
 	e->pos = calloc((size_t)max_rows, sizeof(int32_t));

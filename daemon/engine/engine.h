@@ -48,6 +48,7 @@ struct engine_opts {
 	int offload_after_s;	/* idle seconds until engine_tick moves it to host; 0: default; < 0: never */
 	int zstd_level;		/* host tier compression; 0: KV_CODEC_DEFAULT_LEVEL */
 	int kv_bf16;		/* backend_opts.kv_bf16: a CPU cache rounded as the GPU's */
+	const char *decode_path;	/* --decode-path: "auto" (NULL), "standard", "latency" */
 };
 
 /* Counters since engine_create; read by metrics. */
@@ -162,6 +163,14 @@ struct engine_req {
 
 int engine_create(struct engine **out, struct model *m, const struct engine_opts *opts,
 		  char *err, size_t err_len);
+
+/* The decode path as asked and as chosen per graph bucket, one line for logs, kdctl
+ * status and the metric: "auto (1: latency, 8: standard)", "standard", "latency (its
+ * kernels unused: no fused layers for llama's dense layers yet)". */
+void engine_decode_path_describe(const struct engine *e, char *buf, size_t len);
+/* The buckets (1, 2, 4, ... rows) whose decode graphs take the latency path: bit i for
+ * bucket 2^i. */
+unsigned engine_decode_path_latency_mask(const struct engine *e);
 void engine_destroy(struct engine *e);	/* accepts NULL */
 
 void engine_seq_init(struct engine_seq *s);

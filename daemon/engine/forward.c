@@ -158,6 +158,7 @@ int forward_create(struct forward **out, const struct model *m, struct backend *
 	    (ret = be->ops->reserve(be, max_rows, n_blocks * block_tokens, err, err_len)))
 		goto err_destroy;
 	f->use_graphs = be->ops->capture_begin != NULL;
+	memset(f->bucket_lat, -1, sizeof(f->bucket_lat));
 	*out = f;
 	return 0;
 
@@ -199,6 +200,51 @@ void forward_destroy(struct forward *f)
 	free(f->trace_first);
 	free(f);
 	forward_tp_free(tp);	/* the shards, rank 0's (f->m) among them */
+}
+
+/* ---- the decode path ---------------------------------------------------- */
+
+static const char *const path_names[] = { "auto", "standard", "latency" };
+
+const char *fwd_path_name(enum fwd_path p)
+{
+	return (unsigned)p < 3 ? path_names[p] : NULL;
+}
+
+int fwd_path_parse(const char *s, enum fwd_path *out)
+{
+	for (int i = 0; i < 3; i++)
+		if (s && !strcmp(s, path_names[i])) {
+			*out = (enum fwd_path)i;
+			return 0;
+		}
+	return -EINVAL;
+}
+
+int forward_latency_supported(const struct forward *f, int n_rows, char *why, size_t why_len)
+{
+	const struct model_config *c = &f->m->cfg;
+	int moe = 0;
+
+	for (int l = 0; l < c->n_layers; l++)
+		moe |= f->m->layers[l].is_moe;
+	if (!f->be->ops->moe_layer) {
+		if (why)
+			snprintf(why, why_len, "the %s backend has no latency path", f->be->ops->name);
+		return 0;
+	}
+	if (!moe) {
+		if (why)
+			snprintf(why, why_len, "no fused layers for %s's dense layers yet", c->model_type);
+		return 0;
+	}
+	if (n_rows > FWD_LAT_MAX_ROWS) {
+		if (why)
+			snprintf(why, why_len, "%d rows (the fused MoE layer takes 1..%d)", n_rows,
+				 FWD_LAT_MAX_ROWS);
+		return 0;
+	}
+	return 1;
 }
 
 /* ---- layers ------------------------------------------------------------- */
@@ -374,6 +420,11 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 	int n_experts, ret;
 
 	route.bias = L->router_bias;
+	if (f->lat && R <= FWD_LAT_MAX_ROWS && f->be->ops->moe_layer && !f->trace &&
+	    (ret = OP(f, moe_layer, f->x, f->h, R, L, &route, f->router, f->route_ids, f->route_w,
+		      c->hidden_size, c->moe_intermediate_size, c->n_experts, shared,
+		      l + 1 < c->n_layers ? &f->m->layers[l + 1] : NULL)) <= 0)
+		return ret;	/* the latency path: router to residual add in two launches */
 	/* what decides routing at full precision, as the reference computes it: x in
 	 * fp32 at every row count (a backend's linear may round x to bf16) */
 	if (f->be->ops->linear_fp32x)
@@ -406,7 +457,7 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 	return 0;
 }
 
-static int forward_layer(struct forward *f, int l, const struct fwd_batch *b)
+int forward_layer(struct forward *f, int l, const struct fwd_batch *b)
 {
 	const struct model_config *c = &f->m->cfg;
 	const struct model_layer *L = &f->m->layers[l];

@@ -63,6 +63,21 @@ struct fwd_sample {
 struct route_trace;
 struct fwd_tp;
 
+/* Which kernels a decode step runs (--decode-path, issue 23). The latency path swaps
+ * in fused layers where the backend has them (today: the MoE layer at up to
+ * FWD_LAT_MAX_ROWS rows, backend op moe_layer); every other op is the standard one. */
+enum fwd_path {
+	FWD_PATH_AUTO = 0,	/* per batch bucket: latency where supported and measured
+				 * faster at the graph's capture, else standard */
+	FWD_PATH_STANDARD,
+	FWD_PATH_LATENCY,	/* wherever supported, graphs or not */
+};
+#define FWD_LAT_MAX_ROWS 8
+
+/* "auto", "standard", "latency" (NULL for anything else) and back. */
+const char *fwd_path_name(enum fwd_path p);
+int fwd_path_parse(const char *s, enum fwd_path *out);
+
 struct forward {
 	const struct model *m;
 	struct backend *be;
@@ -96,6 +111,12 @@ struct forward {
 	void *graphs[FWD_N_BUCKETS][2];	/* decode graphs per bucket, [0] logits, [1] sampled */
 	int graph_nodes[FWD_N_BUCKETS][2];	/* kernels (and copies) each graph replays */
 	int use_graphs;			/* backend can capture and the caller did not disable it */
+	enum fwd_path path;		/* what the caller asked for */
+	int lat;			/* 1 while the ops being issued take the latency path */
+	signed char bucket_lat[FWD_N_BUCKETS];	/* the bucket's graphs: 1 latency, 0
+						 * standard, -1 not captured yet */
+	double bucket_ms[FWD_N_BUCKETS][2];	/* auto's replay medians: standard, latency
+						 * (0: not timed) */
 	uint64_t graph_replays;		/* steps that replayed a graph */
 
 	/* the routing trace (route_trace.h), or NULL; while set, steps run op by op */
@@ -135,8 +156,28 @@ void forward_sample_clear(struct forward *f);
  * rows (n, host memory, kept by the caller until forward_sample_clear). */
 void forward_sample_host_rows(struct forward *f, const uint8_t *rows);
 
+/* Switches the decode path: the decode graphs go (captured again on the next steps)
+ * and so do the buckets' choices. For benchmarks of both paths in one process. */
+void forward_set_path(struct forward *f, enum fwd_path p);
+
+/* Whether the latency path has fused layers for this model at n_rows rows on this
+ * backend (the predicate of --decode-path; architecture, rows, dtype: the backend's
+ * moe_layer declines what it cannot take). Without, the latency path runs the
+ * standard ops. why (may be NULL) gets the reason when not. */
+int forward_latency_supported(const struct forward *f, int n_rows, char *why, size_t why_len);
+
+/* One decoder layer alone, for kdbench's layer_us: the graph of layer `layer` issued
+ * `reps` times over, captured at the bucket of `rows` on the inputs the last decode
+ * graph of that bucket staged, replayed `replays` times; *us_per_layer gets the replay
+ * time over reps (median of the replays), *nodes the kernels per layer. The layer
+ * writes its K/V slot again and adds into the residual stream, as a step does. Needs
+ * graphs and a decode step of that bucket run before. 0 or -errno. */
+int forward_layer_time(struct forward *f, int rows, int layer, int reps, int replays,
+		       double *us_per_layer, int *nodes);
+
 /* ---- forward_step.c internals shared with forward.c ---- */
 int forward_layers(struct forward *f, const struct fwd_batch *b);
+int forward_layer(struct forward *f, int l, const struct fwd_batch *b);
 int forward_stage_create(struct forward *f, char *err, size_t err_len);
 void forward_stage_destroy(struct forward *f);
 

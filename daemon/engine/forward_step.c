@@ -420,6 +420,81 @@ static int graph_capture(struct forward *f, const struct fwd_batch *db, int size
 	return ret ? ret : ret2;
 }
 
+/* The median of n replays of graph (launch + sync each), ms; 0 on a failure. */
+static double graph_replay_ms(struct forward *f, void *graph, int n)
+{
+	double t[16];
+
+	n = n < 16 ? n : 16;
+	for (int i = 0; i < n; i++) {
+		double t0 = clock_now();
+
+		if (f->be->ops->graph_launch(f->be, graph) || f->be->ops->sync(f->be))
+			return 0;
+		t[i] = clock_now() - t0;
+	}
+	for (int i = 1; i < n; i++)	/* insertion sort: n is small */
+		for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+			double v = t[j];
+
+			t[j] = t[j - 1];
+			t[j - 1] = v;
+		}
+	return t[n / 2] * 1e3;
+}
+
+/* The bucket's graph on the decode path: standard where the latency path has nothing
+ * for it or was not asked for; latency where forced; under auto, the first capture of
+ * the bucket records both and times each (replays of the staged step: they write the
+ * same K/V again), keeps the faster and remembers the choice for the bucket. */
+static int graph_capture_path(struct forward *f, const struct fwd_batch *db, int size, int bucket,
+			      int s)
+{
+	void *other = NULL;
+	int ret, n_other = 0, lat = f->bucket_lat[bucket];
+
+	if (lat < 0) {
+		lat = f->path != FWD_PATH_STANDARD && forward_latency_supported(f, size, NULL, 0);
+		if (lat && f->path == FWD_PATH_AUTO) {
+			double ms_std, ms_lat;
+
+			if ((ret = graph_capture(f, db, size, &other, &n_other)))
+				return ret;
+			f->lat = 1;
+			ret = graph_capture(f, db, size, &f->graphs[bucket][s], &f->graph_nodes[bucket][s]);
+			f->lat = 0;
+			if (ret) {
+				f->be->ops->graph_destroy(f->be, other);
+				return ret;
+			}
+			graph_replay_ms(f, other, 3);	/* warm both */
+			graph_replay_ms(f, f->graphs[bucket][s], 3);
+			ms_std = graph_replay_ms(f, other, 15);
+			ms_lat = graph_replay_ms(f, f->graphs[bucket][s], 15);
+			f->bucket_ms[bucket][0] = ms_std;
+			f->bucket_ms[bucket][1] = ms_lat;
+			lat = ms_lat > 0 && ms_lat < ms_std;
+			log_info("forward: decode path for %d rows: latency %.3f ms, standard %.3f ms a step: %s",
+				 size, ms_lat, ms_std, lat ? "latency" : "standard");
+			if (!lat) {	/* keep the standard graph */
+				void *g = f->graphs[bucket][s];
+
+				f->graphs[bucket][s] = other;
+				f->graph_nodes[bucket][s] = n_other;
+				other = g;
+			}
+			f->be->ops->graph_destroy(f->be, other);
+			f->bucket_lat[bucket] = (signed char)lat;
+			return 0;
+		}
+		f->bucket_lat[bucket] = (signed char)lat;
+	}
+	f->lat = lat;
+	ret = graph_capture(f, db, size, &f->graphs[bucket][s], &f->graph_nodes[bucket][s]);
+	f->lat = 0;
+	return ret;
+}
+
 static int run_graph(struct forward *f, const struct fwd_batch *b, float *logits)
 {
 	int size, bucket = bucket_of(b->n_rows, &size), s = sampling(f), ret;
@@ -445,14 +520,15 @@ static int run_graph(struct forward *f, const struct fwd_batch *b, float *logits
 	if (!*graph) {
 		double t0 = clock_now();
 
-		if ((ret = graph_capture(f, &db, size, graph, &f->graph_nodes[bucket][s]))) {
+		if ((ret = graph_capture_path(f, &db, size, bucket, s))) {
 			log_warn("forward: capturing the %d-row decode graph failed (%s); running op by op",
 				 size, strerror(-ret));
 			f->use_graphs = 0;
 			return -EAGAIN;
 		}
-		log_info("forward: captured the %d-row decode graph%s in %.1f ms: %d nodes", size,
-			 s ? " with sampling" : "", (clock_now() - t0) * 1e3, f->graph_nodes[bucket][s]);
+		log_info("forward: captured the %d-row decode graph%s in %.1f ms: %d nodes, %s path",
+			 size, s ? " with sampling" : "", (clock_now() - t0) * 1e3,
+			 f->graph_nodes[bucket][s], f->bucket_lat[bucket] ? "latency" : "standard");
 	}
 	if ((ret = f->be->ops->graph_launch(f->be, *graph)))
 		return ret;
@@ -497,5 +573,69 @@ int forward_run(struct forward *f, const struct fwd_batch *b, float *logits)
 		return (int)bytes;
 	if ((ret = stage_upload(f, f->st.block, (size_t)bytes)))
 		return ret;
-	return run_eager(f, &db, logits);
+	/* op by op: the latency path only where forced (auto chooses by graph replays) */
+	f->lat = f->path == FWD_PATH_LATENCY && forward_latency_supported(f, b->n_rows, NULL, 0);
+	ret = run_eager(f, &db, logits);
+	f->lat = 0;
+	return ret;
+}
+
+void forward_set_path(struct forward *f, enum fwd_path p)
+{
+	for (int i = 0; i < FWD_N_BUCKETS; i++)
+		for (int j = 0; j < 2; j++) {
+			if (f->graphs[i][j])
+				f->be->ops->graph_destroy(f->be, f->graphs[i][j]);
+			f->graphs[i][j] = NULL;
+			f->graph_nodes[i][j] = 0;
+		}
+	memset(f->bucket_lat, -1, sizeof(f->bucket_lat));
+	memset(f->bucket_ms, 0, sizeof(f->bucket_ms));
+	f->path = p;
+}
+
+/* ---- one layer alone (kdbench's layer_us) --------------------------------------- */
+
+int forward_layer_time(struct forward *f, int rows, int layer, int reps, int replays,
+		       double *us_per_layer, int *nodes)
+{
+	int size, bucket = bucket_of(rows, &size), ret, ret2, n = 0;
+	struct fwd_stage *st = &f->st;
+	struct fwd_batch db;
+	void *graph = NULL;
+	double ms;
+
+	if (!f->use_graphs || bucket >= FWD_N_BUCKETS || f->bucket_lat[bucket] < 0 ||
+	    st->layout_rows != size || layer < 0 || layer >= f->m->cfg.n_layers || reps < 1 ||
+	    replays < 1)
+		return -EINVAL;
+	/* the inputs the bucket's last step staged, as graph_capture reads them */
+	db = (struct fwd_batch){
+		.n_rows = size, .tokens = st->tokens, .pos = st->pos, .slots = st->slots,
+		.attn = { .n_rows = size, .max_ctx = f->n_blocks * f->block_tokens, .n_seqs = size,
+			  .ctx = st->ctx, .blocks = st->row_tables },
+		.n_out = size,
+	};
+	f->lat = f->bucket_lat[bucket];
+	if ((ret = f->be->ops->capture_begin(f->be))) {
+		f->lat = 0;
+		return ret;
+	}
+	ret = 0;
+	for (int i = 0; i < reps && !ret; i++)
+		ret = forward_layer(f, layer, &db);
+	ret2 = f->be->ops->capture_end(f->be, &graph, &n);
+	f->lat = 0;
+	if (ret || ret2) {
+		f->be->ops->graph_destroy(f->be, graph);
+		return ret ? ret : ret2;
+	}
+	graph_replay_ms(f, graph, 2);
+	ms = graph_replay_ms(f, graph, replays);
+	f->be->ops->graph_destroy(f->be, graph);
+	if (ms <= 0)
+		return -EIO;
+	*us_per_layer = ms * 1e3 / reps;
+	*nodes = n / reps;
+	return 0;
 }

@@ -75,6 +75,7 @@ static void usage(FILE *f)
 		"  --block-size N        tokens per KV block (default %d)\n"
 		"  --kv-bf16             cpu: round the cached K/V to bf16 as the cuda backend\n"
 		"                        stores them (the cache's share of a GPU row's error)\n"
+		"  --decode-path P       auto (default), standard or latency (kdecd --help)\n"
 		"  --spec ngram:k=N[,n=M]  generate: n-gram speculative decoding, N drafts per\n"
 		"                        step matching the last M..1 tokens (default M %d)\n"
 		"  --log-level L         error, warn, info (default), debug\n"
@@ -102,7 +103,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_SEED, O_LAYERS, O_KV, O_BLOCK, O_LOG,
 	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT, O_PREFILL,
-	       O_KV_BF16, O_TP, O_GPUS, O_EP, O_WFMT };
+	       O_KV_BF16, O_TP, O_GPUS, O_EP, O_WFMT, O_PATH };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "tokens", required_argument, NULL, 't' },
@@ -126,6 +127,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		{ "kv-tokens", required_argument, NULL, O_KV },
 		{ "block-size", required_argument, NULL, O_BLOCK },
 		{ "kv-bf16", no_argument, NULL, O_KV_BF16 },
+		{ "decode-path", required_argument, NULL, O_PATH },
 		{ "log-level", required_argument, NULL, O_LOG },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ "help", no_argument, NULL, 'h' },
@@ -168,6 +170,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 			break;
 		}
 		case O_BACKEND: a->eng.backend = optarg; break;
+		case O_PATH: a->eng.decode_path = optarg; break;
 		case O_SYNTH: a->load.synthetic = 1; break;
 		case O_WFMT: {
 			char werr[160];

@@ -29,6 +29,8 @@ struct decode_args {
 	int profile_step;	/* --profile-step: the last step of each batch in a profiler range */
 	double hbm_tbs;
 	const char *out;
+	enum fwd_path paths[3];	/* --decode-path: each batch size on each, in turn */
+	int n_paths;
 	struct model_load_opts load;
 	struct engine_opts eng;
 };
@@ -40,7 +42,12 @@ struct decode_result {
 	double replay_ms;	/* p50 of the step's graph replayed alone (launch + sync), 0 without */
 	int launches;
 	double weight_gb, kv_gb, floor_ms;
+	double layer_us;	/* one decoder layer alone (forward_layer_time), 0 without graphs */
+	int layer_launches;	/* its kernels */
+	int latency;		/* the bucket's graph takes the latency path */
 };
+
+#define LAYER_REPS 8		/* the layer graph issues the layer this many times */
 
 static void decode_usage(FILE *f)
 {
@@ -51,7 +58,11 @@ static void decode_usage(FILE *f)
 		"  random tokens per sequence, with the bytes the step must read (weights it\n"
 		"  touches + KV cache) and the floor those bytes put under it at --hbm-tbs.\n"
 		"  replay_ms: the step's graph replayed alone (0 without graphs); p50 minus it is\n"
-		"  what the host adds to a step.\n"
+		"  what the host adds to a step. layer_us: one decoder layer alone (the last: an\n"
+		"  MoE layer in MoE models), no embedding, final norm or lm_head: a graph of that\n"
+		"  layer issued 8 times over on the step's inputs, median of 16 replays / 8\n"
+		"  (0 without graphs); lay_lch: its launches. path: the decode path the batch's\n"
+		"  graph took.\n"
 		"\n"
 		"  --batch LIST          batch sizes (default 1,8,32,64)\n"
 		"  --ctx N               context per sequence before the timed steps (default 1024)\n"
@@ -68,6 +79,9 @@ static void decode_usage(FILE *f)
 		"  --ep                  with --tp N: expert parallel\n"
 		"  --gpus LIST|all       the GPUs to run on (cuda); one for now\n"
 		"  --no-graphs           run every step op by op\n"
+		"  --decode-path LIST    auto (default), standard or latency, or several of them\n"
+		"                        (standard,latency): every batch size on each in turn,\n"
+		"                        one model load (docs/PERFORMANCE.md)\n"
 		"  --profile-step        the last timed step of each batch size runs inside a\n"
 		"                        profiler range (ncu --profile-from-start off)\n"
 		"  --hbm-tbs X           bandwidth of the floor in TB/s (default %.2f)\n"
@@ -100,6 +114,30 @@ static int parse_batches(const char *s, struct decode_args *a)
 	return 0;
 }
 
+/* "standard,latency": the paths in turn; the engine starts on the first. */
+static int parse_paths(const char *s, struct decode_args *a)
+{
+	char buf[64], *save = NULL, *t;
+
+	if (strlen(s) >= sizeof(buf))
+		goto bad;
+	strcpy(buf, s);
+	a->n_paths = 0;
+	for (t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		if (a->n_paths == 3 || fwd_path_parse(t, &a->paths[a->n_paths]))
+			goto bad;
+		a->n_paths++;
+	}
+	if (!a->n_paths)
+		goto bad;
+	a->eng.decode_path = fwd_path_name(a->paths[0]);
+	return 0;
+bad:
+	fprintf(stderr, "kdbench decode: --decode-path '%s': want up to 3 of auto, standard, latency, "
+		"comma-separated\n", s);
+	return -1;
+}
+
 static int num(const char *opt, const char *s, long min, long max, long *out)
 {
 	return kdbench_parse_num("kdbench decode", opt, s, min, max, out);
@@ -108,7 +146,8 @@ static int num(const char *opt, const char *s, long min, long max, long *out)
 static int decode_parse(int argc, char **argv, struct decode_args *a)
 {
 	enum { O_BATCH = 256, O_CTX, O_STEPS, O_WARM, O_BACKEND, O_SYNTH, O_LAYERS, O_KV, O_THREADS,
-	       O_NOGRAPH, O_PROFILE, O_HBM, O_OUT, O_SEED, O_LOG, O_TP, O_GPUS, O_EP, O_WFMT };
+	       O_NOGRAPH, O_PROFILE, O_HBM, O_OUT, O_SEED, O_LOG, O_TP, O_GPUS, O_EP, O_WFMT,
+	       O_PATH };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "config", required_argument, NULL, 'm' },
@@ -126,6 +165,7 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		{ "gpus", required_argument, NULL, O_GPUS },
 		{ "ep", no_argument, NULL, O_EP },
 		{ "no-graphs", no_argument, NULL, O_NOGRAPH },
+		{ "decode-path", required_argument, NULL, O_PATH },
 		{ "profile-step", no_argument, NULL, O_PROFILE },
 		{ "hbm-tbs", required_argument, NULL, O_HBM },
 		{ "out", required_argument, NULL, O_OUT },
@@ -176,6 +216,7 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 			break;
 		}
 		case O_NOGRAPH: a->no_graphs = 1; break;
+		case O_PATH: if (parse_paths(optarg, a)) return -1; break;
 		case O_PROFILE: a->profile_step = 1; break;
 		case O_HBM:
 			a->hbm_tbs = strtod(optarg, NULL);
@@ -294,6 +335,11 @@ static int run_batch(const struct decode_args *a, struct engine *e, int B, struc
 		size *= 2, bucket++;
 	res->launches = bucket < FWD_N_BUCKETS ? e->fwd->graph_nodes[bucket][1] : 0;
 	res->replay_ms = replay_p50(e, bucket, times, a->steps);
+	res->latency = bucket < FWD_N_BUCKETS && e->fwd->bucket_lat[bucket] > 0;
+	if (res->replay_ms > 0 &&
+	    forward_layer_time(e->fwd, B, c->n_layers - 1, LAYER_REPS, 16, &res->layer_us,
+			       &res->layer_launches))
+		res->layer_us = 0, res->layer_launches = 0;
 	res->weight_gb = engine_weight_bytes(e->model, B) / 1e9;
 	/* KV read by the median step: contexts ctx + warmup + steps / 2, bf16 or fp32 */
 	res->kv_gb = engine_kv_bytes(e, B * (a->ctx + a->warmup + a->steps / 2.0)) / 1e9;
@@ -318,25 +364,27 @@ out:
 
 static void print_row(const struct decode_result *r, int n_layers)
 {
-	printf("%5d %6d %9.3f %9.3f %9.3f %9.3f %10.1f %11.1f %8d %9.2f %8.3f %8.3f %6.0f%% %9.1f %8.2f\n",
+	printf("%5d %6d %9.3f %9.3f %9.3f %9.3f %10.1f %11.1f %8d %9.2f %8.3f %8.3f %6.0f%% %9.1f %8.1f %7d %8s %8.2f\n",
 	       r->batch, r->ctx, r->p50_ms, r->p90_ms, r->min_ms, r->replay_ms, 1e3 / r->p50_ms,
 	       r->batch * 1e3 / r->p50_ms, r->launches, r->weight_gb + r->kv_gb, r->kv_gb,
 	       r->floor_ms, 100 * r->floor_ms / r->p50_ms, r->p50_ms * 1e3 / n_layers,
-	       r->prefill_s);
+	       r->layer_us, r->layer_launches, r->latency ? "latency" : "standard", r->prefill_s);
 }
 
 static void write_json(FILE *f, const struct decode_args *a, const struct engine *e,
-		       const struct decode_result *r)
+		       const struct decode_result *r, const char *asked)
 {
 	fprintf(f,
 		"{\"model\":\"%s\",\"backend\":\"%s\",\"layers\":%d,\"batch\":%d,\"ctx\":%d,\"steps\":%d,"
 		"\"graphs\":%d,\"step_ms_p50\":%.4f,\"step_ms_p90\":%.4f,\"step_ms_min\":%.4f,"
 		"\"replay_ms_p50\":%.4f,\"tok_s_user\":%.2f,\"tok_s_total\":%.2f,\"launches\":%d,"
-		"\"weight_gb\":%.4f,\"kv_gb\":%.4f,\"floor_ms\":%.4f,\"hbm_tbs\":%.2f,\"floor_fraction\":%.4f,\"prefill_s\":%.3f}\n",
+		"\"weight_gb\":%.4f,\"kv_gb\":%.4f,\"floor_ms\":%.4f,\"hbm_tbs\":%.2f,\"floor_fraction\":%.4f,\"prefill_s\":%.3f,"
+		"\"layer_us\":%.2f,\"layer_launches\":%d,\"decode_path_asked\":\"%s\",\"decode_path\":\"%s\"}\n",
 		a->model, e->be->ops->name, e->model->cfg.n_layers, r->batch, r->ctx, a->steps,
 		!a->no_graphs && e->fwd->use_graphs, r->p50_ms, r->p90_ms, r->min_ms, r->replay_ms,
 		1e3 / r->p50_ms, r->batch * 1e3 / r->p50_ms, r->launches, r->weight_gb, r->kv_gb, r->floor_ms,
-		a->hbm_tbs, r->floor_ms / r->p50_ms, r->prefill_s);
+		a->hbm_tbs, r->floor_ms / r->p50_ms, r->prefill_s, r->layer_us, r->layer_launches,
+		asked, r->latency ? "latency" : "standard");
 }
 
 int kdbench_decode_main(int argc, char **argv)
@@ -365,18 +413,30 @@ int kdbench_decode_main(int argc, char **argv)
 	printf("# kdbench decode: %s (%s, %d layers), backend %s%s, ctx %d, %d steps after %d warm-up, floor at %.2f TB/s\n",
 	       a.model, m->cfg.model_type, m->cfg.n_layers, e->be->ops->name,
 	       e->fwd->use_graphs ? " with graphs" : "", a.ctx, a.steps, a.warmup, a.hbm_tbs);
-	printf("%5s %6s %9s %9s %9s %9s %10s %11s %8s %9s %8s %8s %7s %9s %8s\n", "batch", "ctx", "p50_ms",
-	       "p90_ms", "min_ms", "replay_ms", "tok/s/usr", "tok/s_total", "launches", "read_GB", "kv_GB",
-	       "floor_ms", "floor%", "us/layer", "prefill_s");
-	for (int i = 0; i < a.n_batches; i++) {
-		struct decode_result r = { 0 };
+	printf("%5s %6s %9s %9s %9s %9s %10s %11s %8s %9s %8s %8s %7s %9s %8s %7s %8s %8s\n", "batch", "ctx",
+	       "p50_ms", "p90_ms", "min_ms", "replay_ms", "tok/s/usr", "tok/s_total", "launches",
+	       "read_GB", "kv_GB", "floor_ms", "floor%", "us/layer", "layer_us", "lay_lch", "path",
+	       "prefill_s");
+	if (!a.n_paths)
+		a.paths[a.n_paths++] = FWD_PATH_AUTO;
+	for (int pi = 0; pi < a.n_paths && !ret; pi++) {
+		char path[160];
 
-		if ((ret = run_batch(&a, e, a.batches[i], &r)))
-			break;
-		print_row(&r, m->cfg.n_layers);
-		fflush(stdout);
-		if (out)
-			write_json(out, &a, e, &r);
+		if (pi)
+			forward_set_path(e->fwd, a.paths[pi]);
+		printf("# decode path asked: %s\n", fwd_path_name(a.paths[pi]));
+		for (int i = 0; i < a.n_batches; i++) {
+			struct decode_result r = { 0 };
+
+			if ((ret = run_batch(&a, e, a.batches[i], &r)))
+				break;
+			print_row(&r, m->cfg.n_layers);
+			fflush(stdout);
+			if (out)
+				write_json(out, &a, e, &r, fwd_path_name(a.paths[pi]));
+		}
+		engine_decode_path_describe(e, path, sizeof(path));
+		printf("# decode path: %s\n", path);
 	}
 out:
 	if (out)

@@ -161,6 +161,9 @@ char *metrics_format(const struct metrics *m, const struct metrics_gauges *g)
 	for (int i = 1; i < 5; i++)
 		put(&b, "kd_requests_finished_total{reason=\"%s\"} %llu\n", reasons[i],
 		    (unsigned long long)m->requests_finished[i]);
+	put_one(&b, "kd_decode_path_latency_buckets", "gauge",
+		"Decode graphs on the latency path (--decode-path): bit i set for the 2^i-row bucket.",
+		(double)g->decode_lat_mask);
 	put_one(&b, "kd_uptime_seconds", "gauge", "Seconds since the daemon started.", g->uptime_s);
 	if (b.oom) {
 		free(b.p);

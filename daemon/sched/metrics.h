@@ -41,6 +41,7 @@ struct metrics_gauges {
 	uint64_t restores, restored_blocks, restore_ns;
 	uint64_t moves_in_flight, move_bytes_in_flight;	/* host-tier moves on the mover */
 	double uptime_s;
+	unsigned decode_lat_mask;	/* batch buckets on the latency path: bit i = 2^i rows */
 };
 
 void metrics_observe_ttft(struct metrics *m, double seconds);

@@ -267,6 +267,10 @@ static json_t *status(const struct et_report *r, const struct control_info *info
 		json_decref(o);
 		return NULL;
 	}
+	if (o && json_object_set_new(o, "decode_path", json_string(r->decode_path))) {
+		json_decref(o);
+		return NULL;
+	}
 	if (o && status_cache(o, r)) {
 		json_decref(o);
 		return NULL;
@@ -339,7 +343,7 @@ static json_t *metrics(const struct et_report *r, const struct control_info *inf
 		.restored_blocks = r->s.stats.restored_blocks, .restore_ns = r->s.stats.restore_ns,
 		.moves_in_flight = r->s.stats.moves_in_flight,
 		.move_bytes_in_flight = r->s.stats.move_bytes_in_flight,
-		.uptime_s = info->uptime_s,
+		.uptime_s = info->uptime_s, .decode_lat_mask = r->decode_lat_mask,
 	};
 	char *text = metrics_format(&r->s.m, &g);
 	json_t *o;

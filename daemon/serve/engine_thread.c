@@ -210,6 +210,8 @@ static struct et_report *build_report(struct engine_thread *t)
 	}
 	r->n_clients = n;
 	r->steps = t->steps;
+	engine_decode_path_describe(t->e, r->decode_path, sizeof(r->decode_path));
+	r->decode_lat_mask = engine_decode_path_latency_mask(t->e);
 	return r;
 }
 

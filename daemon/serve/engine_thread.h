@@ -39,6 +39,8 @@ struct et_report {
 	struct et_client_info *clients;	/* (n_clients) */
 	int n_clients;
 	uint64_t steps;
+	char decode_path[160];		/* engine_decode_path_describe */
+	unsigned decode_lat_mask;	/* engine_decode_path_latency_mask */
 	/* the outcome of ET_Q_SNAPSHOT or ET_Q_SESSION_CLOSE */
 	int op_ret;		/* 0 or -errno */
 	int op_count;		/* sessions written */

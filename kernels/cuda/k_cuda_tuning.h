@@ -115,6 +115,10 @@ struct k_cuda_tuning {
 	int moe_down_early;	/* KDEC_MOE_DOWN_EARLY, flag, 1: the M = 1 down kernel issues
 				 * its first weight loads before its wait; 0: after (its plan,
 				 * from settled ids, comes before the wait either way) */
+	int moe_lat_prefetch_mb;	/* KDEC_MOE_LAT_PREFETCH_MB, MB (>= 0), 0: the latency
+				 * path's MoE launch asks L2 (evict-last) for up to this many MB
+				 * of the next layer's attention weights once its router rows
+				 * are read, while it routes; 0: none */
 
 	/* ---- the CUDA backend (daemon/backend/cuda) ---- */
 	int op_times;		/* KDEC_CUDA_OP_TIMES, 0..2, 0: 1 times every op of the decode

@@ -3,7 +3,13 @@
  * small path's variants (prefetch ahead; the general kernels at M 1) and fused with
  * the shared expert and the residual add (k_cuda_moe_experts_add), each beside the HBM
  * floor of the used experts' weights. The checks of the same kernels: test_cuda_moe.
- * Usage: bench_cuda_moe. Exits 77 without CUDA or a GPU. */
+ * Then the whole MoE layer from the normed x to the residual ("moe_lat" lines), Qwen3,
+ * V2-Lite, DeepSeek-V3 and Kimi-K2 at M 1 and 8: the standard path's four launches
+ * (router GEMV, moe_route, the small path's gate/up and down) against the latency
+ * path's two (k_cuda_moe_lat), each a CUDA graph replayed behind an L2 flush, beside
+ * the floor of the router, the chosen experts and the shared expert (test_cuda_moe_lat
+ * checks those kernels). Usage: bench_cuda_moe [lat] (lat: only those lines).
+ * Exits 77 without CUDA or a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +23,7 @@
 #include "kernels/dtype.h"
 #include "kernels/cuda/k_cuda.h"
 #include "kernels/cuda/k_cuda_tuning.h"
+#include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/moe/k_cuda_moe.h"
 #include "tests/cudatest.h"
 #include "tests/moetest.h"
@@ -151,7 +158,182 @@ static void bench_shape(const struct moe_shape *s, int shared)
 	time_experts(s, 64, K_CUDA_MOE_PATH_AUTO, -1);
 }
 
-int main(void)
+/* ---- the whole MoE layer: standard kernels against k_cuda_moe_lat ---------------- */
+
+struct lat_bench {
+	const struct moe_shape *s;
+	struct k_moe_route_params p;	/* bias: device */
+	int M, shared, latency;
+	struct k_cuda_moe_ws *ws;
+	struct k_cuda_linear *lin;
+	const uint16_t *router;
+	const uint16_t *const *table;
+	struct k_cuda_moe_shared sh;
+	float *x, *y, *logits, *wts;
+	int32_t *ids;
+};
+
+/* One MoE layer on the benchmark's stream, the path lb->latency says. */
+static int lat_layer(struct lat_bench *lb)
+{
+	const struct moe_shape *s = lb->s;
+	const struct k_cuda_moe_shared *sh = lb->shared ? &lb->sh : NULL;
+	int ret;
+
+	if (lb->latency)
+		return k_cuda_moe_lat(stream, lb->ws, lb->y, lb->x, lb->M, lb->router, &lb->p,
+				      lb->logits, lb->ids, lb->wts, lb->table, s->n_experts,
+				      s->hidden, s->inter, sh, NULL);
+	if ((ret = k_cuda_linear_run_kind(lb->lin, K_CUDA_LINEAR_GEMV, lb->logits, lb->x,
+					  lb->router, lb->M, s->n_experts, s->hidden, 0)) ||
+	    (ret = k_cuda_moe_route(stream, &lb->p, lb->logits, lb->M, lb->ids, lb->wts)))
+		return ret;
+	return k_cuda_moe_experts_add(stream, lb->ws, lb->y, lb->x, lb->M, lb->ids, lb->wts,
+				      s->top_k, lb->table, s->n_experts, s->hidden, s->inter, sh);
+}
+
+/* Median of 25 replays of a graph of one layer, each behind an L2 flush; *nodes gets
+ * the graph's launches. 0 after a failure. */
+static double lat_graph_us(struct lat_bench *lb, void *flush, int *nodes)
+{
+	cudaGraph_t graph = NULL;
+	cudaGraphExec_t exec = NULL;
+	cudaEvent_t e0, e1;
+	float ms[25];
+	size_t n = 0;
+	int ret;
+
+	*nodes = 0;
+	if (!CU(cudaEventCreate(&e0)) || !CU(cudaEventCreate(&e1)) || lat_layer(lb) ||
+	    !CU(cudaStreamSynchronize(stream)))
+		return 0;
+	if (!CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal)))
+		return 0;
+	ret = lat_layer(lb);
+	if (!CU(cudaStreamEndCapture(stream, &graph)) || ret ||
+	    !CU(cudaGraphInstantiate(&exec, graph, 0)))
+		return 0;
+	CU(cudaGraphGetNodes(graph, NULL, &n));
+	*nodes = (int)n;
+	for (int i = 0; i < 3; i++)
+		CU(cudaGraphLaunch(exec, stream));
+	for (int i = 0; i < 25; i++) {
+		CU(cudaMemsetAsync(flush, i & 0xff, BENCH_FLUSH_BYTES, stream));
+		CU(cudaEventRecord(e0, stream));
+		CU(cudaGraphLaunch(exec, stream));
+		CU(cudaEventRecord(e1, stream));
+		CU(cudaEventSynchronize(e1));
+		CU(cudaEventElapsedTime(&ms[i], e0, e1));
+	}
+	cudaGraphExecDestroy(exec);
+	cudaGraphDestroy(graph);
+	cudaEventDestroy(e0);
+	cudaEventDestroy(e1);
+	return test_median(ms, 25) * 1e3;
+}
+
+/* Every expert in its own (zeroed) memory, a random router, random x: the standard
+ * and the latency path at M rows, each beside the floor of the bytes the layer reads
+ * (router, the experts its ids chose, the shared expert). */
+static void bench_lat(const struct moe_shape *s, struct k_moe_route_params p, int shared, int M)
+{
+	size_t per = (size_t)s->hidden * s->inter, nk = (size_t)M * s->top_k;
+	size_t nr = (size_t)s->n_experts * s->hidden, ns = (size_t)s->hidden * shared;
+	struct lat_bench lb = { .s = s, .p = p, .M = M, .shared = shared };
+	uint16_t *all = dalloc(sizeof(uint16_t) * (per * 3 * (size_t)s->n_experts + 3 * ns));
+	uint16_t *hr = malloc(sizeof(uint16_t) * nr);
+	const uint16_t **table = malloc(sizeof(*table) * 3 * (size_t)s->n_experts);
+	float *x = malloc(sizeof(float) * (size_t)M * s->hidden), *bias = NULL;
+	int32_t *ids = malloc(sizeof(int32_t) * nk);
+	unsigned char *used = calloc((size_t)s->n_experts, 1);
+	void *flush = bench_flush_buffer();
+	double us[2], bytes;
+	int nodes[2], n_used = 0;
+
+	if (!all || !flush)
+		goto out;
+	CU(cudaMemset(all, 0, sizeof(uint16_t) * (per * 3 * (size_t)s->n_experts + 3 * ns)));
+	for (int e = 0; e < 3 * s->n_experts; e++)
+		table[e] = all + per * e;
+	lb.sh = (struct k_cuda_moe_shared){ all + per * 3 * s->n_experts,
+					    all + per * 3 * s->n_experts + ns,
+					    all + per * 3 * s->n_experts + 2 * ns, shared };
+	for (size_t i = 0; i < nr; i++)
+		hr[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
+	for (size_t i = 0; i < (size_t)M * s->hidden; i++)
+		x[i] = test_randf(&seed);
+	if (p.scoring == K_MOE_SIGMOID) {
+		bias = malloc(sizeof(float) * s->n_experts);
+		for (int e = 0; e < s->n_experts; e++)
+			bias[e] = test_randf(&seed) * 0.05f;
+		lb.p.bias = dup_to_device(bias, sizeof(float) * s->n_experts);
+	}
+	lb.router = dup_to_device(hr, sizeof(uint16_t) * nr);
+	lb.table = dup_to_device(table, sizeof(*table) * 3 * (size_t)s->n_experts);
+	lb.x = dup_to_device(x, sizeof(float) * (size_t)M * s->hidden);
+	lb.y = dalloc(sizeof(float) * (size_t)M * s->hidden);
+	lb.logits = dalloc(sizeof(float) * (size_t)M * s->n_experts);
+	lb.wts = dalloc(sizeof(float) * nk);
+	lb.ids = dalloc(sizeof(int32_t) * nk);
+	if (k_cuda_moe_ws_create(&lb.ws, M, s->top_k, s->n_experts, s->hidden, s->inter, shared) ||
+	    k_cuda_linear_create(&lb.lin, stream, M, s->hidden))
+		goto out;
+	for (int l = 0; l < 2; l++) {
+		lb.latency = l;
+		us[l] = lat_graph_us(&lb, flush, &nodes[l]);
+	}
+	CU(cudaStreamSynchronize(stream));
+	to_host(ids, lb.ids, sizeof(int32_t) * nk);
+	for (size_t i = 0; i < nk; i++)
+		if (ids[i] >= 0 && ids[i] < s->n_experts && !used[ids[i]]++)
+			n_used++;
+	bytes = 2.0 * ((double)nr + 3.0 * (double)per * n_used + 3.0 * (double)ns);
+	for (int l = 0; l < 2; l++)
+		printf("moe_lat %-8s %-28s M %d shared %4d: %d launches, %3.0f MB (router + %d experts"
+		       "%s), %7.1f us = %.2f TB/s (floor %.1f us at 4.25 TB/s: %.0f%%)\n",
+		       l ? "latency" : "standard", s->name, M, shared, nodes[l], bytes / 1e6, n_used,
+		       shared ? " + shared" : "", us[l], us[l] > 0 ? bytes / (us[l] * 1e-6) / 1e12 : 0,
+		       bench_floor_us(bytes), us[l] > 0 ? 100 * bench_floor_us(bytes) / us[l] : 0);
+out:
+	k_cuda_linear_destroy(lb.lin);
+	k_cuda_moe_ws_destroy(lb.ws);
+	cudaFree(all);
+	cudaFree((void *)lb.router);
+	cudaFree((void *)lb.table);
+	cudaFree((void *)lb.p.bias);
+	cudaFree(lb.x);
+	cudaFree(lb.y);
+	cudaFree(lb.logits);
+	cudaFree(lb.wts);
+	cudaFree(lb.ids);
+	free(hr);
+	free(table);
+	free(x);
+	free(bias);
+	free(ids);
+	free(used);
+}
+
+static void bench_lat_all(void)
+{
+	static const struct moe_shape qwen3 = { "qwen3-30b 2048x768 E128 k8", 2048, 768, 128, 8 },
+		v2lite = { "v2-lite 2048x1408 E64 k6", 2048, 1408, 64, 6 },
+		v3 = { "deepseek-v3 7168x2048 E256 k8", 7168, 2048, 256, 8 },
+		kimi = { "kimi-k2 7168x2048 E384 k8", 7168, 2048, 384, 8 };
+	static const struct k_moe_route_params pq = { 128, 8, K_MOE_SOFTMAX, K_MOE_GREEDY, 0, 0, 1, 1.0f, NULL },
+		pv2 = { 64, 6, K_MOE_SOFTMAX, K_MOE_GREEDY, 1, 1, 0, 1.0f, NULL },
+		pv3 = { 256, 8, K_MOE_SIGMOID, K_MOE_GROUP_TOP2, 8, 4, 1, 2.5f, NULL },
+		pk = { 384, 8, K_MOE_SIGMOID, K_MOE_GROUP_TOP2, 1, 1, 1, 2.827f, NULL };
+
+	for (int M = 1; M <= 8; M += 7) {
+		bench_lat(&qwen3, pq, 0, M);
+		bench_lat(&v2lite, pv2, 2816, M);
+		bench_lat(&v3, pv3, 2048, M);
+		bench_lat(&kimi, pk, 2048, M);
+	}
+}
+
+int main(int argc, char **argv)
 {
 	static const struct moe_shape v2lite = { "v2-lite 2048x1408 E64 k6", 2048, 1408, 64, 6 },
 		qwen3 = { "qwen3-30b 2048x768 E128 k8", 2048, 768, 128, 8 };
@@ -159,8 +341,14 @@ int main(void)
 	if (bench_begin("bench_cuda_moe"))
 		return 77;
 	CU(cudaStreamCreate(&stream));
+	if (argc > 1 && !strcmp(argv[1], "lat")) {
+		bench_lat_all();
+		cudaStreamDestroy(stream);
+		return test_failures ? 1 : 0;
+	}
 	bench_shape(&v2lite, 2816);	/* its shared expert: 2 x 1408 */
 	bench_shape(&qwen3, 0);		/* none */
+	bench_lat_all();
 	k_cuda_tuning_set(NULL);
 	cudaStreamDestroy(stream);
 	return test_failures ? 1 : 0;

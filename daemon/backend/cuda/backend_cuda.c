@@ -457,6 +457,7 @@ const struct backend_ops backend_cuda_ops = {
 	.linear_add = cuda_linear_add,
 	.linear_fp32x = cuda_linear_fp32x,
 	.moe_experts_add = cuda_moe_experts_add,
+	.moe_layer = cuda_moe_layer,
 	.qkv_prep_attn = cuda_qkv_prep_attn,
 	.mla_prep_attn = cuda_mla_prep_attn,
 	.sample = cuda_sample,

@@ -2,6 +2,7 @@
  * (cuda_op_begin / cuda_op_end), and the ops that are one kernel launcher each. */
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "daemon/backend/cuda/backend_cuda.h"
 #include "kernels/cuda/attn/k_cuda_attn.h"
@@ -34,6 +35,7 @@ const struct cuda_op_info cuda_op_info[CUDA_OP_COUNT] = {
 	[CUDA_OP_MOE_ROUTE] = { "moe_route", 0 },
 	[CUDA_OP_MOE_EXPERTS] = { "moe_experts", 0 },
 	[CUDA_OP_MOE_EXPERTS_ADD] = { "moe_experts_add", 0 },
+	[CUDA_OP_MOE_LAYER] = { "moe_layer", 0 },
 	[CUDA_OP_SAMPLE] = { "sample", 0 },
 };
 
@@ -277,6 +279,67 @@ int cuda_moe_experts_add(struct backend *be, float *y, const float *x, int M,
 					     table, n_experts, hidden, inter,
 					     shared_inter > 0 ? &sh : NULL);
 	cuda_op_end(b, CUDA_OP_MOE_EXPERTS_ADD, ret < 0 ? ret : 0);
+	return ret;
+}
+
+/* The latency path's MoE layer (k_cuda_moe_lat, two launches). Declines (1) before
+ * anything is queued where the router would not be the fp32 GEMV the standard path runs
+ * (KDEC_ROUTER_FP32=0: then the two paths would choose differently), where the shared
+ * expert's matrices are not as the kernels take them, and where the kernels do not
+ * take the shapes (more than K_CUDA_MOE_LAT_MAX_ROWS rows, say). */
+/* The next layer's attention weights in the order its kernels read them, for
+ * k_cuda_moe_lat's L2 prefetch (its budget, k_cuda_tuning()->moe_lat_prefetch_mb, cuts
+ * the list). */
+static void lat_prefetch_of(struct backend_cuda *b, const struct model_layer *n,
+			    struct k_cuda_moe_lat_prefetch *pf)
+{
+	const struct model_tensor *t[] = { &n->wq, &n->wk, &n->wv, &n->wq_a, &n->wkv_a, &n->wq_b,
+					   &n->wkv_b, &n->wo };
+	int k = 0;
+
+	memset(pf, 0, sizeof(*pf));
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]) && k < K_CUDA_MOE_LAT_PREFETCH; i++) {
+		if (!t[i]->data || t[i]->dtype != K_BF16)
+			continue;
+		pf->p[k] = W(b, t[i]);
+		pf->bytes[k++] = (size_t)t[i]->rows * (size_t)t[i]->cols * 2;
+	}
+}
+
+int cuda_moe_layer(struct backend *be, float *y, const float *x, int M, const struct model_layer *L,
+		   const struct k_moe_route_params *route, float *logits, int32_t *ids,
+		   float *weights, int hidden, int inter, int n_experts, int shared_inter,
+		   const struct model_layer *next)
+{
+	struct k_cuda_moe_lat_prefetch pf;
+	struct backend_cuda *b = cuda_of(be);
+	struct k_cuda_moe_shared sh = { 0 };
+	struct k_moe_route_params dp = *route;
+	const uint16_t *router = W(b, &L->router);
+	int ret;
+
+	if (!k_cuda_tuning()->router_fp32 || M > K_CUDA_MOE_LAT_MAX_ROWS ||
+	    !k_cuda_linear_supports(K_CUDA_LINEAR_GEMV, x, router, M, (int)L->router.rows,
+				    (int)L->router.cols) || (int)L->router.rows != n_experts ||
+	    (int)L->router.cols != hidden)
+		return 1;
+	if (shared_inter > 0) {
+		if (L->w_gate.rows != shared_inter || L->w_up.rows != shared_inter ||
+		    L->w_down.cols != shared_inter || L->w_gate.cols != hidden ||
+		    L->w_up.cols != hidden || L->w_down.rows != hidden)
+			return 1;
+		sh = (struct k_cuda_moe_shared){ W(b, &L->w_gate), W(b, &L->w_up), W(b, &L->w_down),
+						 shared_inter };
+	}
+	cuda_op_begin(b, CUDA_OP_MOE_LAYER);
+	dp.bias = route->bias ? cuda_dev_of(b, route->bias, "moe_layer bias") : NULL;
+	if (next && k_cuda_tuning()->moe_lat_prefetch_mb)
+		lat_prefetch_of(b, next, &pf);
+	ret = k_cuda_moe_lat(b->stream, b->moe_ws, y, x, M, router, &dp, logits, ids, weights,
+			     cuda_dev_of(b, L->experts, "moe_layer"), n_experts, hidden, inter,
+			     shared_inter > 0 ? &sh : NULL,
+			     next && k_cuda_tuning()->moe_lat_prefetch_mb ? &pf : NULL);
+	cuda_op_end(b, CUDA_OP_MOE_LAYER, ret < 0 ? ret : 0);
 	return ret;
 }
 

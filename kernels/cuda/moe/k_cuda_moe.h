@@ -83,6 +83,51 @@ int k_cuda_moe_experts_add(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y /*
 			   int top_k, const uint16_t *const *expert_w /* (n_experts, 3) */,
 			   int n_experts, int hidden, int inter, const struct k_cuda_moe_shared *sh);
 
+/* ---- the latency path's MoE layer (moe_lat.cu; issue 23) ---- */
+
+#define K_CUDA_MOE_LAT_MAX_ROWS 8
+#define K_CUDA_MOE_LAT_PREFETCH 6	/* ranges of the next layer k_cuda_moe_lat asks L2 for */
+
+/* What k_cuda_moe_lat asks L2 for while it routes (weights the next launches read:
+ * the next layer's attention), in order, up to k_cuda_tuning()->moe_lat_prefetch_mb. */
+struct k_cuda_moe_lat_prefetch {
+	const void *p[K_CUDA_MOE_LAT_PREFETCH];
+	size_t bytes[K_CUDA_MOE_LAT_PREFETCH];
+};
+
+/* How k_cuda_moe_lat runs a call of these shapes. Launch 1 (router + routing + gate/up)
+ * is a grid with a barrier inside, so it is sized to be resident as a whole. */
+struct k_cuda_moe_lat_cfg {
+	int threads;		/* per CTA of launch 1 (and of launch 2, the small down kernel) */
+	int ctas_per_sm;	/* launch 1's resident CTAs per SM at smem (the grid's bound) */
+	int max_rows;		/* K_CUDA_MOE_LAT_MAX_ROWS */
+	int rp;			/* x rows staged in shared memory per pass */
+	size_t smem;		/* launch 1's dynamic shared memory: routing scratch / x rows */
+	int reserved;
+};
+
+/* 0: k_cuda_moe_lat takes these shapes (cfg filled); 1: it does not, with the reason
+ * in why (one line with the numbers); -EIO. n_group: the group count of a group-limited
+ * choice, else 0. Not a stream operation. */
+int k_cuda_moe_lat_config(struct k_cuda_moe_lat_cfg *cfg, int M, int top_k, int n_experts,
+			  int hidden, int inter, int n_group, const struct k_cuda_moe_shared *sh,
+			  const float *x, char *why, size_t why_len);
+
+/* y (M, hidden) += the MoE layer of x (M, hidden): router (n_experts, hidden) bf16 with
+ * x in fp32, the choice of k_cuda_moe_route by p (bias a DEVICE pointer), the routed
+ * experts and the shared expert sh (NULL: none) as k_cuda_moe_experts_add sums them.
+ * logits (M, n_experts), ids and weights (M, p->top_k) are written on the way (the
+ * standard path's values bit for bit). Two launches; M <= K_CUDA_MOE_LAT_MAX_ROWS and
+ * the small path's shapes (k_cuda_moe_lat_config): 1 where not, nothing launched.
+ * At M = 1 (with k_cuda_tuning()->moe_m1) gate/up takes moe_small_m1.cu's pipelined
+ * units. pf (NULL: none): weights to ask L2 for while routing (a hint). 0, 1, -EINVAL
+ * or -EIO. */
+int k_cuda_moe_lat(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y, const float *x, int M,
+		   const uint16_t *router, const struct k_moe_route_params *p, float *logits,
+		   int32_t *ids, float *weights, const uint16_t *const *expert_w, int n_experts,
+		   int hidden, int inter, const struct k_cuda_moe_shared *sh,
+		   const struct k_cuda_moe_lat_prefetch *pf);
+
 #ifdef __cplusplus
 }
 #endif

@@ -50,6 +50,7 @@ struct k_cuda_moe_ws {
 	float *y;		// (max_M * top_k, hidden) expert output of each (row, slot)
 	float *sh_act;		// (MOE_SMALL_MAX_PAIRS, shared_inter) the shared expert's
 				// SwiGLU out (small path)
+	unsigned *bar;		// (2) moe_lat.cu's grid barrier: arrivals, generation
 };
 
 // The routing plan in device memory; u indexes used experts in increasing id.
@@ -520,7 +521,14 @@ extern "C" void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws)
 	cudaFree(ws->hs);
 	cudaFree(ws->y);
 	cudaFree(ws->sh_act);
+	cudaFree(ws->bar);
 	free(ws);
+}
+
+struct moe_ws_parts moe_ws_parts_of(const struct k_cuda_moe_ws *ws)
+{
+	return moe_ws_parts{ ws->max_M, ws->top_k, ws->n_experts, ws->hidden, ws->inter,
+			     ws->shared_inter, ws->n_sm, (float *)ws->hs, ws->sh_act, ws->bar };
 }
 
 extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int top_k,
@@ -554,6 +562,8 @@ extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int t
 	    cudaMalloc(&ws->xs, sizeof(uint32_t) * (size_t)max_M * hidden) != cudaSuccess ||
 	    cudaMalloc(&ws->hs, sizeof(uint32_t) * A * inter) != cudaSuccess ||
 	    cudaMalloc(&ws->y, sizeof(float) * A * hidden) != cudaSuccess ||
+	    cudaMalloc(&ws->bar, 2 * sizeof(unsigned)) != cudaSuccess ||
+	    cudaMemset(ws->bar, 0, 2 * sizeof(unsigned)) != cudaSuccess ||
 	    (shared_inter > 0 &&
 	     cudaMalloc(&ws->sh_act, sizeof(float) * MOE_SMALL_MAX_PAIRS * (size_t)shared_inter) !=
 		     cudaSuccess)) {

@@ -65,4 +65,23 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 			 const uint16_t *const *expert_w, int n_experts, int hidden, int inter,
 			 const struct moe_small_shared &sh, int add, int n_sm);
 
+// moe_small.cu for moe_lat.cu: small_down_kernel (add 1) launched without programmatic
+// serialisation; its error, if any, is the runtime's last error.
+void moe_small_down_launch_plain(cudaStream_t s, const uint16_t *const *expert_w,
+				 const float *act, const int32_t *ids, const float *weights, int M,
+				 int top_k, int n_experts, int hidden, int inter,
+				 const struct moe_small_shared &sh, float *out);
+
+// moe_route.cu: the routing parameters its kernels take (limits of k_cuda_moe_route).
+bool moe_route_params_ok(const struct k_moe_route_params *p);
+
+// moe_experts.cu for moe_lat.cu: the workspace's parts (act: the small path's fp32
+// SwiGLU rows; sh_act: the shared expert's; bar: two zeroed words for a grid barrier).
+struct moe_ws_parts {
+	int max_M, top_k, n_experts, hidden, inter, shared_inter, n_sm;
+	float *act, *sh_act;
+	unsigned *bar;
+};
+struct moe_ws_parts moe_ws_parts_of(const struct k_cuda_moe_ws *ws);
+
 #endif

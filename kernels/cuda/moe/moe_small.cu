@@ -292,3 +292,16 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 			  sh, add, ahead, out);
 	return K_CUDA_LAUNCHED("moe small down");
 }
+
+// moe_lat.cu's second launch: the down kernel as k_cuda_moe_small_run launches it with
+// add 1, but without programmatic serialisation: the launch before it (moe_lat's
+// router + gate/up) writes the ids and weights this kernel reads before its wait.
+void moe_small_down_launch_plain(cudaStream_t s, const uint16_t *const *expert_w,
+				 const float *act, const int32_t *ids, const float *weights, int M,
+				 int top_k, int n_experts, int hidden, int inter,
+				 const struct moe_small_shared &sh, float *out)
+{
+	small_down_kernel<<<hidden / SM_DCOLS, SM_THREADS, 0, s>>>(expert_w, act, ids, weights, M,
+								      top_k, n_experts, hidden, inter,
+								      sh, 1, 0, out);
+}

@@ -1,6 +1,7 @@
-// Device helpers of the small-batch MoE kernels (moe_small_gate_up.cu, moe_small.cu):
-// the plan each CTA rebuilds from the ids, the dot products and the L2 hints. CUDA C++
-// only.
+// Device helpers of the small-batch MoE kernels (moe_small_gate_up.cu, moe_small.cu,
+// moe_lat.cu):
+// the plan each CTA rebuilds from the ids, the dot products, the L2 hints and the gate/up
+// segment. CUDA C++ only.
 #ifndef KD_KERNELS_CUDA_MOE_SMALL_CUH
 #define KD_KERNELS_CUDA_MOE_SMALL_CUH
 
@@ -38,13 +39,14 @@ struct small_plan {
 // O(n) per pair, which at n <= 64 is cheaper than a launch of its own. EARLY: called
 // before the PDL wait by a down kernel, where ids are settled (written two launches
 // back: see k_cuda_pdl_early); otherwise after it.
-template <bool EARLY = false>
+// PLAIN: ids in shared memory (moe_lat.cu's CTAs route for themselves), plain loads.
+template <bool EARLY = false, bool PLAIN = false>
 __device__ void small_plan_build(small_plan &sp, const int32_t *ids, int n, int E)
 {
 	int i = threadIdx.x;
 
 	if (i < n) {
-		int v = EARLY ? k_cuda_pdl_early(ids + i) : __ldcg(ids + i);
+		int v = PLAIN ? ids[i] : EARLY ? k_cuda_pdl_early(ids + i) : __ldcg(ids + i);
 
 		sp.id[i] = v >= 0 && v < E ? v : -1;
 	}
@@ -246,6 +248,70 @@ __device__ __forceinline__ void prefetch_down_before_wait(const uint16_t *const 
 		if (w && col < hidden)
 			prefetch_l2((const char *)(w + (size_t)col * inter) +
 					    (size_t)(q % lines) * 128, 1, 0, 1);
+	}
+}
+
+// Features [fa, fb) of one slot's gate and up (inter, hidden): stage up to rp of its
+// total pairs' x rows (all of them unless a row repeats the expert or the budget is
+// small), then per feature dot them SM_RP at a time (a second group re-reads the two
+// weight rows just fetched, from L1/L2). Pair p is i = pairs[p] (pairs NULL: i = p),
+// of x row i / top_k, its activations act row i. The whole CTA calls it.
+__device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_t *up,
+				const int *pairs, int total, int fa, int fb, const float *x,
+				int top_k, int hidden, int inter, int rp, int ahead, float *act)
+{
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nc = hidden / 8, q4 = hidden / 4;
+
+	// The first rows start coming while x is staged; ahead: the warp's second rows
+	// too, then each turn the rows two turns on, so that a row's loads wait on L2.
+	for (int f = fa + warp; f < fb && f < fa + warp + (ahead ? 2 : 1) * SM_WARPS;
+	     f += SM_WARPS) {
+		prefetch_l2(gate + (size_t)f * hidden, (size_t)hidden * 2, lane, 32);
+		prefetch_l2(up + (size_t)f * hidden, (size_t)hidden * 2, lane, 32);
+	}
+	for (int p0 = 0; p0 < total; p0 += rp) {
+		int ns = min(rp, total - p0);
+
+		__syncthreads();	// the last rows are done with xs4
+		for (int q = threadIdx.x; q < ns * q4; q += SM_THREADS) {
+			int r = q / q4, c = q % q4, i = pairs ? pairs[p0 + r] : p0 + r;
+
+			xs4[q] = ((const float4 *)(x + (size_t)(i / top_k) * hidden))[c];
+		}
+		__syncthreads();
+
+		for (int f = fa + warp; f < fb; f += SM_WARPS) {
+			int fn = f + 2 * SM_WARPS;
+
+			if (ahead && p0 == 0 && fn < fb) {
+				prefetch_l2(gate + (size_t)fn * hidden, (size_t)hidden * 2, lane, 32);
+				prefetch_l2(up + (size_t)fn * hidden, (size_t)hidden * 2, lane, 32);
+			}
+			for (int g0 = 0; g0 < ns; g0 += SM_RP) {
+				int np = min(SM_RP, ns - g0), off[SM_RP];
+				float ag[SM_RP], au[SM_RP];
+
+#pragma unroll
+				for (int r = 0; r < SM_RP; r++)
+					off[r] = (g0 + min(r, np - 1)) * q4;
+				dot2_rows((const uint4 *)(gate + (size_t)f * hidden),
+					  (const uint4 *)(up + (size_t)f * hidden), nc, xs4, off, np,
+					  ag, au, lane);
+#pragma unroll
+				for (int r = 0; r < SM_RP; r++) {
+					float g, v;
+					int p = p0 + g0 + r, i;
+
+					if (r >= np)
+						break;
+					g = warp_sum(ag[r]);
+					v = warp_sum(au[r]);
+					i = pairs ? pairs[p] : p;
+					if (lane == 0)
+						act[(size_t)i * inter + f] = silu_mul(g, v);
+				}
+			}
+		}
 	}
 }
 

@@ -16,120 +16,9 @@
 #include "kernels/cuda/moe/moe_internal.h"
 #include "kernels/cuda/moe/moe_small.cuh"
 
-#define M1_UC 4		// 16-byte chunks per lane and row in one unit (2 KB of a row)
-#define M1_UNIT (32 * M1_UC)	// chunks of a row in one unit
-#define M1_ACT_SMEM_MAX (96 * 1024)	// down: bytes of staged activations per CTA
-					// (two CTAs and their static arrays fit an SM)
+#include "kernels/cuda/moe/moe_small_m1.cuh"
 
 namespace {	// kernels and their helpers stay private to this file
-
-// A row of nc chunks in units of ulen chunks each (a multiple of 32, at most M1_UNIT):
-// as few units as M1_UNIT allows, evenly long where bal (a 176-chunk row: 96 + 80, not
-// 128 + 48, so that the second unit keeps as many bytes in flight as the first).
-__device__ __forceinline__ int unit_len(int nc, int bal)
-{
-	int nu = (nc + M1_UNIT - 1) / M1_UNIT;
-
-	return bal ? ((nc + nu - 1) / nu + 31) / 32 * 32 : M1_UNIT;
-}
-
-// acc += the unit's weights w (chunks cb + 32 b + lane below ce) dotted with the fp32
-// row at s4 (shared memory, 2 float4 per chunk).
-__device__ __forceinline__ void unit_dot(float &acc0, float &acc1, const uint4 *w0,
-					 const uint4 *w1, const float4 *s4, int cb, int ce, int lane)
-{
-#pragma unroll
-	for (int b = 0; b < M1_UC; b++) {
-		int c = cb + 32 * b + lane;
-
-		if (c >= ce)
-			break;
-		float4 lo = s4[2 * c], hi = s4[2 * c + 1];
-
-		fma8(acc0, w0[b], lo, hi);
-		fma8(acc1, w1[b], lo, hi);
-	}
-}
-
-// The unit's chunks (cb + 32 b + lane below ce) of two weight rows into registers
-// (zeros past ce).
-// EARLY: issued before the PDL wait (weights: k_cuda_pdl_early).
-template <bool EARLY = false>
-__device__ __forceinline__ void unit_load(uint4 *w0, uint4 *w1, const uint4 *r0, const uint4 *r1,
-					  int cb, int ce, int lane)
-{
-	const uint4 zero = make_uint4(0, 0, 0, 0);
-
-#pragma unroll
-	for (int b = 0; b < M1_UC; b++) {
-		int c = cb + 32 * b + lane;
-
-		w0[b] = c >= ce ? zero : EARLY ? k_cuda_pdl_early(r0 + c) : __ldcs(r0 + c);
-		w1[b] = c >= ce ? zero : EARLY ? k_cuda_pdl_early(r1 + c) : __ldcs(r1 + c);
-	}
-}
-
-// The warp's units 0 .. K - 1 through two register buffers (a: even units, b: odd).
-// unit_prime issues the first two (load(k, w0, w1)); the CTA may stage its shared rows
-// meanwhile. unit_stream then consumes each unit (consume(k, w0, w1)), and its buffer
-// at once takes the loads of the unit two on.
-template <typename Load>
-__device__ __forceinline__ void unit_prime(int K, uint4 (&a0)[M1_UC], uint4 (&a1)[M1_UC],
-					   uint4 (&b0)[M1_UC], uint4 (&b1)[M1_UC], Load &load)
-{
-	if (K > 0)
-		load(0, a0, a1);
-	if (K > 1)
-		load(1, b0, b1);
-}
-
-template <typename Load, typename Consume>
-__device__ __forceinline__ void unit_stream(int K, uint4 (&a0)[M1_UC], uint4 (&a1)[M1_UC],
-					    uint4 (&b0)[M1_UC], uint4 (&b1)[M1_UC], Load &load,
-					    Consume &consume)
-{
-	for (int k = 0; k < K; k += 2) {	// warp-uniform
-		consume(k, a0, a1);
-		if (k + 2 < K)
-			load(k + 2, a0, a1);
-		if (k + 1 < K) {
-			consume(k + 1, b0, b1);
-			if (k + 3 < K)
-				load(k + 3, b0, b1);
-		}
-	}
-}
-
-// Gate/up row pos of the CTA's share (the general kernel's order: used experts'
-// features, then the shared expert's): its gate and up rows, and the used expert u
-// (-1: the shared expert) with the feature f.
-struct gu_row {
-	const uint4 *g, *u;
-	int used, f;
-};
-
-__device__ __forceinline__ gu_row gu_row_of(long long pos, long long Wr, const small_plan &sp,
-					    const uint16_t *const *expert_w,
-					    const moe_small_shared &sh, int hidden, int inter)
-{
-	gu_row r;
-
-	if (pos < Wr) {
-		int u = (int)(pos / inter), e = sp.used_e[u];
-
-		r.used = u;
-		r.f = (int)(pos % inter);
-		r.g = (const uint4 *)(expert_w[3 * e] + (size_t)r.f * hidden);
-		r.u = (const uint4 *)(expert_w[3 * e + 1] + (size_t)r.f * hidden);
-	} else {
-		r.used = -1;
-		r.f = (int)(pos - Wr);
-		r.g = (const uint4 *)(sh.gate + (size_t)r.f * hidden);
-		r.u = (const uint4 *)(sh.up + (size_t)r.f * hidden);
-	}
-	return r;
-}
-
 // small_gate_up_kernel at M = 1 (n = top_k pairs, all of x row 0): the same grid and
 // share of rows per CTA. Warp w takes the CTA's rows w, w + SM_WARPS, ... as a stream of
 // units (nu per row). act (n, inter): every pair of a used expert gets its value (a
@@ -142,10 +31,6 @@ m1_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_t
 {
 	extern __shared__ float4 xs4[];		// (hidden / 4)
 	__shared__ small_plan sp;
-	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nc = hidden / 8;
-	int ul = unit_len(nc, bal), nu = (nc + ul - 1) / ul;
-	long long Wr, lo, hi;
-	int rows, K;
 
 	prefetch_shared_gate_up(sh, hidden);
 	if (sh_down_early && sh.inter) {	// the down kernel's shared rows too (see launcher)
@@ -157,54 +42,7 @@ m1_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_t
 	}
 	k_cuda_pdl_wait();
 	small_plan_build(sp, ids, n, E);
-	gate_up_share(sp, inter, sh.inter, Wr, lo, hi);
-	rows = (int)(hi - lo);
-	K = warp < rows ? (rows - warp + SM_WARPS - 1) / SM_WARPS * nu : 0;	// warp's units
-
-	// Unit k: chunks from (k % nu) * ul of the warp's row k / nu.
-	auto row = [&](int k) {
-		return gu_row_of(lo + warp + (long long)SM_WARPS * (k / nu), Wr, sp, expert_w, sh,
-				 hidden, inter);
-	};
-	auto load = [&](int k, uint4 *g, uint4 *u) {
-		gu_row r = row(k);
-		int cb = k % nu * ul;
-
-		unit_load(g, u, r.g, r.u, cb, min(cb + ul, nc), lane);
-	};
-	uint4 ga[M1_UC], ua[M1_UC], gb[M1_UC], ub[M1_UC];
-	float ag = 0.0f, au = 0.0f;
-
-	unit_prime(K, ga, ua, gb, ub, load);
-	for (int q = threadIdx.x; q < hidden / 4; q += SM_THREADS)
-		xs4[q] = ((const float4 *)x)[q];
-	__syncthreads();
-
-	// The unit's sums; at a row's last unit, silu(gate x) * up x to its pairs.
-	auto consume = [&](int k, const uint4 *g, const uint4 *u) {
-		int cb = k % nu * ul;
-
-		unit_dot(ag, au, g, u, xs4, cb, min(cb + ul, nc), lane);
-		if (k % nu == nu - 1) {
-			gu_row r = row(k);
-			float s0 = warp_sum(ag), s1 = warp_sum(au);
-
-			if (lane == 0) {
-				float v = silu_mul(s0, s1);
-
-				if (r.used < 0) {
-					sh.act[r.f] = v;
-				} else {
-					const int *pairs = sp.sorted + sp.used_start[r.used];
-
-					for (int p = 0; p < sp.used_n[r.used]; p++)
-						act[(size_t)pairs[p] * inter + r.f] = v;
-				}
-			}
-			ag = au = 0.0f;
-		}
-	};
-	unit_stream(K, ga, ua, gb, ub, load, consume);
+	m1_gate_up_body(sp, expert_w, x, hidden, inter, act, sh, bal, (float4 *)xs4);
 }
 
 // Down item q (small_down_kernel's order: (used expert, column pair), then (shared
