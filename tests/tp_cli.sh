@@ -98,7 +98,7 @@ expect 1 "with --tp 2: not built" "$B/kdbench" logits --model "$G/qwen3_moe" --t
 expect 1 "needs --tp N of 2 or more" "$B/kdbench" logits --model "$G/qwen3_moe" --tokens 1 --ep
 expect 1 "has no routed experts" "$B/kdecd" --backend cpu --model "$M" --check --tp 2 --ep
 expect 1 "runs on no GPU" "$B/kdecd" --backend cpu --model "$M" --check --gpus 0
-expect 1 "64 weights are quantized; tensor parallel" "$B/kdbench" logits --model "$top_srcdir/tests/data/quant/llama_fp8_block" \
+expect 1 "64 weights are quantized; tensor parallel" "$B/kdbench" logits --model "$top_srcdir/tests/data/quant/deepseek_v3_fp8_block" \
 	--tokens 1,2 --out "$tmp/x" --tp 2
 expect 1 "host tier copies one rank" "$B/kdecd" --backend cpu --model "$M" --check --tp 2 --host-kv-mem 64M
 if "$B/kdbench" logits --backend cuda --model "$M" --tokens 1 --out "$tmp/x" >/dev/null 2>&1; then

@@ -301,8 +301,8 @@ int model_shard_create(struct model **out, const struct model *m, int r, int n, 
 
 	*out = NULL;
 	if (n > 1 && m->n_quantized) {	/* the shards copy payloads, not the scales beside them */
-		snprintf(err, err_len, "tp %d: %d weights are quantized; tensor parallel runs bf16/fp32 "
-			 "weights only for now", n, m->n_quantized);
+		snprintf(err, err_len, "%d weights are quantized; tensor parallel runs bf16/fp32 "
+			 "weights only for now", m->n_quantized);
 		return -EOPNOTSUPP;
 	}
 	if ((ret = model_shard_check(&m->cfg, n, ep, err, err_len)))
