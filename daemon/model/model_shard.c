@@ -168,6 +168,19 @@ static void shard_mlp(struct arena *a, struct model_layer *d, const struct model
 	cols(a, &d->w_down, &L->w_down, r * il, il);
 }
 
+
+/* Every rank routes over all E experts: the router's bias whole (none: 0). */
+static int copy_router_bias(struct model_layer *d, const struct model_layer *L, int E)
+{
+	if (!L->router_bias)
+		return 0;
+	d->router_bias = malloc(sizeof(float) * (size_t)E);
+	if (!d->router_bias)
+		return -ENOMEM;
+	memcpy(d->router_bias, L->router_bias, sizeof(float) * (size_t)E);
+	return 0;
+}
+
 /* Every expert sliced as the dense MLP: a 1/n slice of each (tensor-parallel experts). */
 static int shard_experts(struct arena *a, struct model_layer *d, const struct model_layer *L,
 			 const struct model_config *c, int r, int n)
@@ -186,12 +199,8 @@ static int shard_experts(struct arena *a, struct model_layer *d, const struct mo
 		return 0;
 	}
 	d->experts = calloc((size_t)E, sizeof(*d->experts));
-	if (L->router_bias)
-		d->router_bias = malloc(sizeof(float) * (size_t)E);
-	if (!d->experts || (L->router_bias && !d->router_bias))
+	if (!d->experts || copy_router_bias(d, L, E))
 		return -ENOMEM;
-	if (L->router_bias)
-		memcpy(d->router_bias, L->router_bias, sizeof(float) * (size_t)E);
 	for (int e = 0; e < E; e++) {
 		char *gu = take(a, (size_t)(2 * il * H) * es);
 
@@ -218,12 +227,8 @@ static int shard_experts_whole(struct arena *a, struct model_layer *d, const str
 	model_shard_experts(E, r, n, &e0, &ne);
 	if (a->buf) {
 		d->experts = calloc((size_t)ne, sizeof(*d->experts));
-		if (L->router_bias)
-			d->router_bias = malloc(sizeof(float) * (size_t)E);
-		if (!d->experts || (L->router_bias && !d->router_bias))
+		if (!d->experts || copy_router_bias(d, L, E))
 			return -ENOMEM;
-		if (L->router_bias)
-			memcpy(d->router_bias, L->router_bias, sizeof(float) * (size_t)E);
 	}
 	for (int e = 0; e < ne; e++) {
 		const struct k_expert *x = &L->experts[e0 + e];
