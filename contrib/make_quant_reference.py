@@ -31,11 +31,9 @@ import argparse
 import importlib.util
 import json
 import os
-import re
 import shutil
 import tempfile
 
-import numpy
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
@@ -228,25 +226,9 @@ def make(name, out_root, seed, lengths=(5, 48, 150)):
             if n in deq and not torch.equal(p, deq[n]):
                 raise SystemExit(f"{name}: {n} did not load as written")
     ref.config._attn_implementation = "eager"
-    g = torch.Generator().manual_seed(seed + 1)
     vocab = raw["vocab_size"]
-    cases = []
-    for i, T in enumerate(lengths):
-        tokens = torch.randint(0, vocab, (T,), generator=g).tolist()
-        with torch.no_grad():
-            logits = ref(torch.tensor([tokens])).logits[0].float().contiguous()
-        fname = f"case{i}.logits.f32"
-        logits.numpy().astype("<f4").tofile(os.path.join(out, fname))
-        top2 = logits.topk(2, dim=-1).values
-        cases.append({"tokens": tokens, "logits": fname, "shape": [T, vocab],
-                      "min_top2_margin": float((top2[:, 0] - top2[:, 1]).min())})
-    g = torch.Generator().manual_seed(seed + 2)
-    best = None
-    for _ in range(mr.N_TRIES):
-        prompt = torch.randint(0, vocab, (mr.GREEDY_PROMPT,), generator=g).tolist()
-        output, margin = mr.decode(ref, prompt)
-        if len(set(output)) >= mr.MIN_DISTINCT and (best is None or margin > best[2]):
-            best = (prompt, output, margin)
+    cases = mr.write_cases(ref, vocab, lengths, seed, out)
+    best = mr.pick_greedy(ref, vocab, seed)
     meta = {"arch": raw["model_type"], "seed": seed, "transformers": transformers.__version__,
             "torch": torch.__version__, "dtype": "bfloat16",
             "quant": {"format": fmt, "quantized_tensors": n_q, "shards": shards},

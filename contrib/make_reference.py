@@ -39,6 +39,23 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 HF_TYPE = {"kimi_k2": "deepseek_v3"}
 
 
+def write_cases(ref, vocab, lengths, seed, out):
+    """One random case of each length: its fp32 logits into out/caseI.logits.f32, and the
+    golden.json entries (tokens, file, shape, smallest top-two margin)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    cases = []
+    for i, T in enumerate(lengths):
+        tokens = torch.randint(0, vocab, (T,), generator=g).tolist()
+        with torch.no_grad():
+            logits = ref(torch.tensor([tokens])).logits[0].float().contiguous()
+        fname = f"case{i}.logits.f32"
+        logits.numpy().astype("<f4").tofile(os.path.join(out, fname))
+        top2 = logits.topk(2, dim=-1).values
+        cases.append({"tokens": tokens, "logits": fname, "shape": [T, vocab],
+                      "min_top2_margin": float((top2[:, 0] - top2[:, 1]).min())})
+    return cases
+
+
 def make(cfg_path, out_root, seed, lengths=(5, 48, 150)):
     name = os.path.splitext(os.path.basename(cfg_path))[0]
     raw = json.load(open(cfg_path))
@@ -73,18 +90,7 @@ def make(cfg_path, out_root, seed, lengths=(5, 48, 150)):
     # carry the checkpoint dtype's rounding; do the same.
     ref = model.float().eval()
     ref.config._attn_implementation = "eager"
-    g = torch.Generator().manual_seed(seed + 1)
-    vocab = raw["vocab_size"]
-    cases = []
-    for i, T in enumerate(lengths):
-        tokens = torch.randint(0, vocab, (T,), generator=g).tolist()
-        with torch.no_grad():
-            logits = ref(torch.tensor([tokens])).logits[0].float().contiguous()
-        fname = f"case{i}.logits.f32"
-        logits.numpy().astype("<f4").tofile(os.path.join(out, fname))
-        top2 = logits.topk(2, dim=-1).values
-        cases.append({"tokens": tokens, "logits": fname, "shape": [T, vocab],
-                      "min_top2_margin": float((top2[:, 0] - top2[:, 1]).min())})
+    cases = write_cases(ref, raw["vocab_size"], lengths, seed, out)
     json.dump({"arch": raw["model_type"], "seed": seed, "transformers": transformers.__version__,
                "torch": torch.__version__, "dtype": dtype_name, "cases": cases},
               open(os.path.join(out, "golden.json"), "w"), indent=1)
@@ -109,6 +115,20 @@ def decode(ref, prompt):
             output.append(int(row.argmax()))
             o = ref(torch.tensor([[output[-1]]]), past_key_values=o.past_key_values, use_cache=True)
     return output, margin
+
+
+def pick_greedy(ref, vocab, seed):
+    """Of N_TRIES random prompts, the one whose greedy continuation has MIN_DISTINCT or
+    more different tokens and the largest smallest top-two margin: (prompt, output,
+    margin), or None."""
+    g = torch.Generator().manual_seed(seed + 2)
+    best = None
+    for _ in range(N_TRIES):
+        prompt = torch.randint(0, vocab, (GREEDY_PROMPT,), generator=g).tolist()
+        output, margin = decode(ref, prompt)
+        if len(set(output)) >= MIN_DISTINCT and (best is None or margin > best[2]):
+            best = (prompt, output, margin)
+    return best
 
 
 def greedy(cfg_path, out_root, seed):
@@ -143,13 +163,7 @@ def greedy(cfg_path, out_root, seed):
     err = float((l0 - want).norm() / want.norm())
     if not err <= 1e-5:
         raise SystemExit(f"{name}: the loaded checkpoint gives case 0 at rel L2 {err:.3g}, not the stored logits")
-    g = torch.Generator().manual_seed(seed + 2)
-    best = None
-    for _ in range(N_TRIES):
-        prompt = torch.randint(0, vocab, (GREEDY_PROMPT,), generator=g).tolist()
-        output, margin = decode(ref, prompt)
-        if len(set(output)) >= MIN_DISTINCT and (best is None or margin > best[2]):
-            best = (prompt, output, margin)
+    best = pick_greedy(ref, vocab, seed)
     if best is None:
         raise SystemExit(f"{name}: no prompt of {N_TRIES} with {MIN_DISTINCT} different tokens")
     prompt, output, margin = best
