@@ -24,6 +24,23 @@ int cli_parse_long(const char *s, long min, long max, long *out)
 	return 0;
 }
 
+/* One id of a comma-separated list at *p (spaces before it skipped): 0 with it in *x
+ * and *p past its comma; -EINVAL where it is no integer in [0, max] followed by a comma
+ * or the end (*p then at it, for the message); -ENODATA where a comma ends the list. */
+static int cli_list_item(const char **p, long max, long *x)
+{
+	char *end;
+
+	while (**p == ' ')
+		(*p)++;
+	errno = 0;
+	*x = strtol(*p, &end, 10);
+	if (end == *p || errno || *x < 0 || *x > max || (*end && *end != ','))
+		return -EINVAL;
+	*p = *end ? end + 1 : end;
+	return *end && !**p ? -ENODATA : 0;
+}
+
 int cli_parse_tokens(const char *s, int max_n, int32_t **ids, int *n, char *err, size_t err_len)
 {
 	int32_t *v = NULL;
@@ -33,14 +50,10 @@ int cli_parse_tokens(const char *s, int max_n, int32_t **ids, int *n, char *err,
 	*ids = NULL;
 	*n = 0;
 	while (*p) {
-		char *end;
+		int ret;
 		long x;
 
-		while (*p == ' ')
-			p++;
-		errno = 0;
-		x = strtol(p, &end, 10);
-		if (end == p || errno == ERANGE || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+		if ((ret = cli_list_item(&p, INT32_MAX, &x)) == -EINVAL) {
 			snprintf(err, err_len, "token list: bad id at character %ld of '%s' (want ids like 1,2,3)",
 				 (long)(p - s) + 1, s);
 			free(v);
@@ -63,8 +76,7 @@ int cli_parse_tokens(const char *s, int max_n, int32_t **ids, int *n, char *err,
 			v = nv;
 		}
 		v[count++] = (int32_t)x;
-		p = *end ? end + 1 : end;
-		if (*end == ',' && !*p) {
+		if (ret == -ENODATA) {
 			snprintf(err, err_len, "token list: trailing comma in '%s'", s);
 			free(v);
 			return -EINVAL;
@@ -90,14 +102,10 @@ int cli_parse_gpus(const char *s, int *ids, int max_n, int *n, char *err, size_t
 		return 0;
 	}
 	while (p && *p) {
-		char *end;
+		int ret;
 		long x;
 
-		while (*p == ' ')
-			p++;
-		errno = 0;
-		x = strtol(p, &end, 10);
-		if (end == p || errno || x < 0 || x > 1023 || (*end && *end != ',')) {
+		if ((ret = cli_list_item(&p, 1023, &x)) == -EINVAL) {
 			snprintf(err, err_len, "--gpus %s: give 'all' or GPU ids 0..1023 separated by commas", s);
 			return -EINVAL;
 		}
@@ -111,8 +119,7 @@ int cli_parse_gpus(const char *s, int *ids, int max_n, int *n, char *err, size_t
 			return -EINVAL;
 		}
 		ids[(*n)++] = (int)x;
-		p = *end ? end + 1 : end;
-		if (*end && !*p) {
+		if (ret == -ENODATA) {
 			snprintf(err, err_len, "--gpus %s: a comma with no GPU after it", s);
 			return -EINVAL;
 		}
