@@ -71,7 +71,9 @@ struct mma_fill {
 
 // The cache blocks (table entries) of this thread's tokens of the tile at t0, -1 past
 // te: loaded one tile ahead of their use, so the copies never wait for the table.
-template <int DK, int TK, int T = MMA_THREADS>
+// EARLY: before the kernel's PDL wait (the table is a settled step input), through
+// launch_check.cuh's early loads.
+template <int DK, int TK, int T = MMA_THREADS, bool EARLY = false>
 __device__ __forceinline__ void mma_page(int32_t (&pg)[mma_fill<DK, TK, T>::NP],
 					 const attn_tile_args &a, const int32_t *table, int t0,
 					 int te)
@@ -82,16 +84,29 @@ __device__ __forceinline__ void mma_page(int32_t (&pg)[mma_fill<DK, TK, T>::NP],
 	for (int j = 0; j < F::NP; j++) {
 		const int t = t0 + F::tok(j);
 
-		pg[j] = t < te ? __ldg(table + attn_div_q(a.bt, (uint32_t)t)) : -1;
+		const int32_t *e = table + attn_div_q(a.bt, (uint32_t)t);
+
+		pg[j] = t >= te ? -1 : EARLY ? k_cuda_pdl_early(e) : __ldg(e);
 	}
+}
+
+// 16 bytes of a K/V row into a stage: EARLY before the PDL wait (see mma_issue).
+template <bool EARLY>
+__device__ __forceinline__ void mma_cp16(uint16_t *smem, const uint16_t *gmem, bool valid)
+{
+	if (EARLY)
+		k_cuda_pdl_early_cp16(smem, gmem, valid);
+	else
+		cp_async16(smem, gmem, valid);
 }
 
 // Tokens [t0, t0 + TK) of the block's row into stage buffers (see mma_fill); chunks past
 // dk (dv) and tokens past te (page -1) are zero-filled, never read. MLA with its cache
 // append in the kernel just before (a.early): the tokens from fresh up to te are not
 // issued (late false: no copy, not even a zero fill, may target their rows before the
-// PDL wait) or only they are (late true: their copies after the wait).
-template <int DK, int DV, int TK, bool VSEP, int T = MMA_THREADS>
+// PDL wait) or only they are (late true: their copies after the wait). EARLY: issued
+// before that wait (tokens settled before the step), through k_cuda_pdl_early_cp16.
+template <int DK, int DV, int TK, bool VSEP, int T = MMA_THREADS, bool EARLY = false>
 __device__ __forceinline__ void mma_issue(const attn_tile_args &a,
 					  const int32_t (&pg)[mma_fill<DK, TK, T>::NP], uint16_t *sk,
 					  uint16_t *sv, int t0, int kvh, int fresh = INT_MAX,
@@ -117,18 +132,18 @@ __device__ __forceinline__ void mma_issue(const attn_tile_args &a,
 		if (F::ROWS) {
 			const int c = threadIdx.x % F::CH;
 
-			cp_async16(sk + tok * KS + c * 8, krow + c * 8, ok && c * 8 < a.dk);
+			mma_cp16<EARLY>(sk + tok * KS + c * 8, krow + c * 8, ok && c * 8 < a.dk);
 			if (VSEP)
-				cp_async16(sv + tok * VS + c * 8, vrow + c * 8, ok && c * 8 < a.dv);
+				mma_cp16<EARLY>(sv + tok * VS + c * 8, vrow + c * 8, ok && c * 8 < a.dv);
 		} else {
 			const int sub = threadIdx.x % F::TPT;
 #pragma unroll
 			for (int c = sub; c < DK / 8; c += F::TPT)
-				cp_async16(sk + tok * KS + c * 8, krow + c * 8, ok && c * 8 < a.dk);
+				mma_cp16<EARLY>(sk + tok * KS + c * 8, krow + c * 8, ok && c * 8 < a.dk);
 			if (VSEP)
 #pragma unroll
 				for (int c = sub; c < DV / 8; c += F::TPT)
-					cp_async16(sv + tok * VS + c * 8, vrow + c * 8,
+					mma_cp16<EARLY>(sv + tok * VS + c * 8, vrow + c * 8,
 						   ok && c * 8 < a.dv);
 		}
 	}
@@ -306,20 +321,19 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, const k_cu
 	// tail, and only q waits (k_cuda_attn_mla keeps that order). Where the absorb
 	// launch makes the append itself (a.early, k_cuda_attn_mla_post), the rows of
 	// tokens from ctx - n_rows (this step's) are copied after the wait instead.
-	// pdl-order: waive attn_mma_kernel: its waits sit in branches (a.early, empty splits) that tests/pdl_order.sh's path-insensitive walk cannot pair, so it sees paths past every wait; before them it reads the step's ctx and block tables and (a.early) copies K/V tiles of tokens older than the step, all settled. To do: one wait per path, the early copies through k_cuda_pdl_early_cp16.
+	// One wait on every path (tests/pdl_order.sh reads that off the SASS): before it only
+	// the early loads of the settled step inputs (ctx, block table) and the early copies
+	// of tokens older than the step; KDEC_ATTN_MMA_EARLY=0 (GQA) issues no copy before it.
 	const bool early = VSEP && a.early;
-
-	if (VSEP && !early)
-		k_cuda_pdl_wait();
 	// MLA: splits of at least mma_mla_floor tokens, the ones past ctx empty (a graph
 	// sizes the splits for the whole cache; at a short ctx each would hold one tile, and
 	// the merge reads a 32 KB partial per split). GQA never reads the fields.
-	const int ctx = a.ctx[r];
+	const int ctx = k_cuda_pdl_early(a.ctx + r);
 	const int per = VSEP ? attn_split_len(ctx, a.n_splits)
 			     : max(attn_split_len(ctx, a.n_splits), mma_mla_floor(a, ctx));
 	const int tb = (int)min((long)ctx, (long)split * per), te = min(ctx, tb + per);
 	const int n_tiles = (te - tb + TK - 1) / TK;
-	const int32_t *table = a.blocks[r];
+	const int32_t *table = k_cuda_pdl_early(a.blocks + r);
 	float o[NV][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 	// POST: the block whose split holds the row's new token (ctx - 1) appends its K/V
 	// (with no token, split 0: qkv_post writes the row's slot whatever its ctx)
@@ -331,8 +345,7 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, const k_cu
 	// batch 1 most are) says so in its log-sum-exp and stops: the merge never reads its
 	// partial, so it neither stages q nor writes (n_heads, dv) zeros.
 	if (n_tiles == 0 && a.n_splits > 1) {
-		if (!VSEP || early)
-			k_cuda_pdl_wait();
+		k_cuda_pdl_wait();
 		if (post_kv) {
 			mma_post_cs_table(p, r, post_cs);
 			__syncthreads();
@@ -361,48 +374,46 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, const k_cu
 #pragma unroll
 		for (int s = 0; s < ST - 1; s++)
 			if (s == pre && s < n_tiles && tb + (s + 1) * TK <= old_end) {
-				mma_page<DK, TK, T>(pg, a, table, tb + s * TK, te);
-				mma_issue<DK, DV, TK, VSEP, T>(a, pg, sk + s * TK * L::KS,
-							    sv + s * TK * L::VS, tb + s * TK, kvh);
+				mma_page<DK, TK, T, true>(pg, a, table, tb + s * TK, te);
+				mma_issue<DK, DV, TK, VSEP, T, true>(a, pg, sk + s * TK * L::KS,
+								     sv + s * TK * L::VS,
+								     tb + s * TK, kvh);
 				cp_async_commit();
 				pre = s + 1;
 			}
-		k_cuda_pdl_wait();
 	}
 	// MLA, a.early: this block holds tokens of this step (block-uniform); its first
 	// iteration then waits for every copy so far, the late group included.
 	const int fresh = !VSEP && a.early ? ctx - a.n_rows : INT_MAX;
 	const bool refresh = !VSEP && fresh < te;
+	// MLA: the first tiles before the wait (see above). The K-split kernel fills every
+	// stage here, their table entries loaded together (one latency, not one per tile),
+	// and issues no tile at the top of its first iteration (below): with a 64-token
+	// split floor a block's second tile is in flight with its first instead of behind it.
+	int32_t pgs[VSEP ? 1 : PRE][mma_fill<DK, TK, T>::NP];
 
-	if (!VSEP) {	// MLA: the first tiles before the wait (see above)
-		// The K-split kernel fills every stage here, their table entries loaded
-		// together (one latency, not one per tile), and issues no tile at the top of
-		// its first iteration (below): with a 64-token split floor a block's second
-		// tile is in flight with its first instead of behind it.
-		int32_t pgs[PRE][mma_fill<DK, TK, T>::NP];
-
+	if (!VSEP) {
 #pragma unroll
 		for (int s = 0; s < PRE; s++)
-			mma_page<DK, TK, T>(pgs[s], a, table, tb + s * TK, te);
+			mma_page<DK, TK, T, true>(pgs[s], a, table, tb + s * TK, te);
 #pragma unroll
 		for (int s = 0; s < PRE; s++) {
 			if (s < n_tiles)
-				mma_issue<DK, DV, TK, VSEP, T>(a, pgs[s], sk + s * TK * L::KS,
-							       sv + s * TK * L::VS, tb + s * TK,
-							       kvh, fresh, false);
+				mma_issue<DK, DV, TK, VSEP, T, true>(a, pgs[s], sk + s * TK * L::KS,
+								     sv + s * TK * L::VS,
+								     tb + s * TK, kvh, fresh, false);
 			cp_async_commit();
 		}
-		k_cuda_pdl_wait();
-		if (refresh) {	// this step's rows, written by the launch just before
+	}
+	k_cuda_pdl_wait();
+	if (refresh) {	// MLA: this step's rows, written by the launch just before
 #pragma unroll
-			for (int s = 0; s < PRE; s++)
-				if (s < n_tiles)
-					mma_issue<DK, DV, TK, VSEP, T>(a, pgs[s],
-								       sk + s * TK * L::KS,
-								       sv + s * TK * L::VS,
-								       tb + s * TK, kvh, fresh, true);
-			cp_async_commit();
-		}
+		for (int s = 0; s < PRE; s++)
+			if (s < n_tiles)
+				mma_issue<DK, DV, TK, VSEP, T>(a, pgs[VSEP ? 0 : s], sk + s * TK * L::KS,
+							       sv + s * TK * L::VS, tb + s * TK, kvh,
+							       fresh, true);
+		cp_async_commit();
 	}
 	constexpr int QV = DK / 4, QPT = (MMA_Q * QV + T - 1) / T;
 	float4 qx[QPT];
