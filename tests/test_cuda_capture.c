@@ -46,6 +46,8 @@ int main(void)
 	CHECK(k_pool_create(&pool, 2) == 0, "cpu pool");
 	if (!be || !pool)
 		return test_result("test_cuda_capture");
+	/* the linear context and the scratch its bf16 x lives in come with the workspaces */
+	CHECK(ops->reserve(be, ROWS, 64, err, sizeof(err)) == 0, "reserve: %s", err);
 
 	const struct model_layer *L = &m->layers[0];
 	int K = (int)L->wq.cols, N = (int)L->wq.rows;

@@ -10,11 +10,15 @@
  * GPU's side, once recording the GPU's expert choices and once on the CPU reference
  * engine with those choices forced and its KV cache rounded to bf16 like the GPU's;
  * the row must then be within tolerance of that CPU row, and be a near-tie routing
- * flip or a row the bf16 cache alone moves by half the tolerance. One "fidelity:" line
+ * flip or a row the bf16 cache alone moves by half the tolerance; or, run once more on
+ * the GPU with that routing and fp32 GEMM inputs, be within tolerance of both (the
+ * tensor cores' bf16 inputs, goldenflip.h's third cause). One "fidelity:" line
  * per model and path gives worst and median row error, argmax agreement, rows
  * explained by flips and by the cache, and the flip rate (docs/MODELS.md's table). Checkpoints stored in fp16/fp32
  * are skipped on the GPU, which keeps bf16 weights: their references are not its
  * oracle. Exits 77 when the backend has no device. */
+#include "config.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
