@@ -7,6 +7,11 @@
 # The carry limit counts the tracked tree too (~28 MB now): PACK_TESTS="test_cuda_attn_gqa bench_cuda_attn ..."
 # packs only those test programs, PACK_SERVE=0 leaves out kdecd, kdrun and kdctl.
 # then: device run "KDEC_BUILD_DIR=devbuild bash contrib/device/run.sh check"  carry ["devbuild"]
+# PACK_XZ=1 also writes OUT.tar.xz (xz -9: the binaries share libkdcuda's code, so all the
+# GPU tests, test_golden, kdbench and kdecd, ~70 MB, come to ~4 MB) and removes OUT:
+# carry ["OUT.tar.xz"] instead; run.sh and sanitize_all.sh unpack it where OUT is absent.
+# Put what else the call needs (another build's kdbench, a scratch script) into OUT first
+# with PACK_XZ=0, then archive it by hand the same way.
 set -eu
 cd "$(dirname "$0")/../.."
 src=${1:-build} dst=${2:-devbuild}
@@ -31,3 +36,8 @@ done
 strip --strip-debug "$dst"/kd* $(find "$dst/tests" -type f)	# tests/ may be empty (PACK_TESTS)
 tree=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
 echo "pack: $dst $(du -sh "$dst" | cut -f1); with the tracked tree $(( ($(du -sb "$dst" | cut -f1) + ${tree:-0}) >> 20 )) MiB of the 64 MiB carry limit" >&2
+if [ "${PACK_XZ:-0}" = 1 ]; then
+	tar -C "$(dirname "$dst")" -cf - "$(basename "$dst")" | xz -9 -T1 >"$dst.tar.xz"
+	rm -rf "$dst"
+	echo "pack: $dst.tar.xz $(du -h "$dst.tar.xz" | cut -f1) (carry it; run.sh unpacks it)" >&2
+fi

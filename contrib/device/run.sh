@@ -21,6 +21,8 @@ B=${KDEC_BUILD_DIR:-build}
 nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)
 export LD_LIBRARY_PATH="$PWD/$B/devlibs${nccl:+:$nccl/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export top_srcdir=$PWD top_builddir=$PWD/$B
+# a build carried as pack.sh's PACK_XZ archive: unpacked once, beside it
+[ -d "$B" ] || [ ! -f "$B.tar.xz" ] || python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$B.tar.xz" "$(dirname "$B")"
 out=$(mktemp -d /tmp/kdec-device.XXXXXX)
 summary=${OUT:-$out}/summary.txt	# written as it goes: a timed-out run still returns it
 status=0

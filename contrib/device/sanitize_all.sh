@@ -15,6 +15,8 @@
 set -u
 cd "$(dirname "$0")/../.."
 R=contrib/device/run.sh
+B=${KDEC_BUILD_DIR:-build}	# a PACK_XZ archive is unpacked here, before the runs go side by side
+[ -d "$B" ] || [ ! -f "$B.tar.xz" ] || python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$B.tar.xz" "$(dirname "$B")"
 export SAN_TIMEOUT=${SAN_TIMEOUT:-480}
 jobs=${SAN_JOBS:-8}
 logs=$(mktemp -d /tmp/kdec-san.XXXXXX)
@@ -28,7 +30,9 @@ specs=(
 	"KD_TEST_QUICK=1 KD_TEST_PART=big|test_cuda_linear"
 	"KD_TEST_QUICK=1 KD_TEST_PART=small|test_cuda_linear"
 	"KD_TEST_QUICK=1|test_cuda_sample"
-	"|test_cuda_merge test_cuda_ops test_cuda_smoke test_cuda_pdl"
+	"|test_cuda_moe_lat"
+	"|test_cuda_linear_q"
+	"|test_cuda_merge test_cuda_ops test_cuda_smoke test_cuda_pdl test_cuda_capture"
 )
 # one run: its exit status in its folder's rc
 job() {
