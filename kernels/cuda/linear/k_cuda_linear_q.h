@@ -19,11 +19,11 @@ extern "C" {
 #endif
 
 /* y (M, N) fp32 = x (M, K) fp32 @ w^T (y += with accumulate), w (N, K) quantized as q
- * says with q->scale fp32 in device memory (q->scale_dtype K_F32). One warp per
+ * says with q->scale in device memory (q->scale_dtype K_F32 or K_F16). One warp per
  * weight row: 16-byte loads of fp8 (16 values) or int4 (32 values) where K, the block
  * and the group allow (K % 32 == 0, block_cols and group multiples of 32 or the whole
  * row), else element by element. Queued on stream; 0 or -EINVAL (sizes, NULL, scale
- * not fp32) or -EIO (a launch failed; logged). */
+ * not fp32 or f16) or -EIO (a launch failed; logged). */
 int k_cuda_linear_q(cudaStream_t stream, float *y, const float *x, const void *w,
 		    const struct k_quant *q, int M, int N, int K, int accumulate);
 
@@ -73,9 +73,8 @@ enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *q, const fl
 					       size_t wtmp_elems);
 
 /* y (M, N) fp32 = x (M, K) fp32 @ w^T (y += with accumulate) on ctx's stream, w (N, K)
- * quantized as q says with q->scale in device memory (K_F32, or K_F16 for MMA and
- * DEQUANT); kind < 0: k_cuda_linear_q_pick's, else that one (-EINVAL where it cannot
- * run). wtmp: device scratch of wtmp_elems 16-bit values for DEQUANT (NULL, 0: none),
+ * quantized as q says with q->scale in device memory (K_F32 or K_F16); kind < 0:
+ * k_cuda_linear_q_pick's, else that one (-EINVAL where it cannot run). wtmp: device scratch of wtmp_elems 16-bit values for DEQUANT (NULL, 0: none),
  * owned by the caller, overwritten; DEQUANT also overwrites the context's x scratch
  * and needs M <= its max_M, K <= its max_K. Capturable into a CUDA graph; MMA and WARP never read the
  * bf16 copy of x (k_cuda_linear_x_ready): -EINVAL where only that copy was written.

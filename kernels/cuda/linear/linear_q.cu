@@ -37,9 +37,16 @@ static __device__ __forceinline__ float2 lq_e4m3x2(uint16_t v)
 	return __half22float2(h);
 }
 
-static __device__ __forceinline__ float lq_scale(const float *s, const struct k_quant &q, int n, int k)
+// Scale i, fp32 or f16 as q says.
+static __device__ __forceinline__ float lq_sc(const struct k_quant &q, size_t i)
 {
-	return s[(size_t)(n / q.block_rows) * (size_t)q.scale_cols + (size_t)(k / q.block_cols)];
+	return q.scale_dtype == K_F16 ? __half2float(((const __half *)q.scale)[i])
+				      : ((const float *)q.scale)[i];
+}
+
+static __device__ __forceinline__ float lq_scale(const struct k_quant &q, int n, int k)
+{
+	return lq_sc(q, (size_t)(n / q.block_rows) * (size_t)q.scale_cols + (size_t)(k / q.block_cols));
 }
 
 // The vectorised row: the row read as 16-byte chunks (16 fp8 or 32 int4 values), lane
@@ -54,7 +61,6 @@ lq_vector(float *__restrict__ y, const float *__restrict__ x, const uint8_t *__r
 	constexpr int VPC = FMT == K_Q_INT4 ? 32 : 16;	// values per 16-byte chunk
 	const int lane = threadIdx.x & 31, n = blockIdx.x * LQ_WARPS + (threadIdx.x >> 5);
 	const int chunks = K / VPC;
-	const float *sc = (const float *)q.scale;
 	const size_t srow = (size_t)(n / q.block_rows) * (size_t)q.scale_cols;
 
 	if (n >= N)
@@ -93,7 +99,7 @@ lq_vector(float *__restrict__ y, const float *__restrict__ x, const uint8_t *__r
 						v[2 * i + 1] = f.y;
 					}
 				}
-				const float s = sc[srow + (size_t)(k0 / q.block_cols)];
+				const float s = lq_sc(q, srow + (size_t)(k0 / q.block_cols));
 #pragma unroll
 				for (int mi = 0; mi < LQ_MT; mi++) {
 					if (m0 + mi >= M)
@@ -134,7 +140,6 @@ lq_generic(float *__restrict__ y, const float *__restrict__ x, const uint8_t *__
 {
 	const int lane = threadIdx.x & 31, n = blockIdx.x * LQ_WARPS + (threadIdx.x >> 5);
 	const size_t row_bytes = q.fmt == K_Q_INT4 ? (size_t)(K + 7) / 8 * 4 : (size_t)K;
-	const float *sc = (const float *)q.scale;
 
 	if (n >= N)
 		return;
@@ -149,7 +154,7 @@ lq_generic(float *__restrict__ y, const float *__restrict__ x, const uint8_t *__
 				v = (float)((int)((wr[k / 2] >> (4 * (k % 2))) & 0xfu) - 8);
 			else
 				v = lq_e4m3x2(wr[k]).x;
-			acc = fmaf(v * lq_scale(sc, q, n, k), x[(size_t)m * K + k], acc);
+			acc = fmaf(v * lq_scale(q, n, k), x[(size_t)m * K + k], acc);
 		}
 		acc = lq_warp_sum(acc);
 		if (lane == 0) {
@@ -173,7 +178,8 @@ extern "C" int k_cuda_linear_q(cudaStream_t stream, float *y, const float *x, co
 	dim3 grid((unsigned)((N + LQ_WARPS - 1) / LQ_WARPS)), block(LQ_WARPS * 32);
 	const uint8_t *wb = (const uint8_t *)w;
 
-	if (!y || !x || !w || !q || !q->scale || q->scale_dtype != K_F32 || M <= 0 || N <= 0 ||
+	if (!y || !x || !w || !q || !q->scale || (q->scale_dtype != K_F32 && q->scale_dtype != K_F16) ||
+	    M <= 0 || N <= 0 ||
 	    K <= 0 || q->block_rows <= 0 || q->block_cols <= 0 ||
 	    (q->fmt != K_Q_FP8 && q->fmt != K_Q_INT4))
 		return -EINVAL;
@@ -413,8 +419,6 @@ extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y
 			return ret;
 		return lq_dequant_gemm(ctx, y, x, w, q, M, N, K, accumulate, wtmp);
 	case K_CUDA_LINEAR_Q_WARP:
-		if (q->scale_dtype != K_F32)
-			return -EINVAL;
 		if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
 			return ret;
 		return k_cuda_linear_q(ctx->stream, y, x, w, q, M, N, K, accumulate);
