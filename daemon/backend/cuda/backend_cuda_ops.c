@@ -327,10 +327,14 @@ static void lat_prefetch_of(struct backend_cuda *b, const struct model_layer *n,
 
 	memset(pf, 0, sizeof(*pf));
 	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]) && k < K_CUDA_MOE_LAT_PREFETCH; i++) {
+		const struct cuda_qweight *qw;
+
 		if (!t[i]->data || t[i]->dtype != K_BF16)
 			continue;
 		pf->p[k] = W(b, t[i]);
-		pf->bytes[k++] = (size_t)t[i]->rows * (size_t)t[i]->cols * 2;
+		qw = cuda_qweight_of(b, t[i]);	/* kept quantized: its payload's bytes */
+		pf->bytes[k++] = (size_t)t[i]->rows * (qw ? k_quant_row_bytes(qw->q.fmt, t[i]->cols)
+							  : (size_t)t[i]->cols * 2);
 	}
 }
 
