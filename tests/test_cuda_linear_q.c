@@ -4,8 +4,9 @@
  *   element-by-element one (odd K, partial blocks and groups, misaligned x), M = 1..9,
  *   y = and y +=, against k_cpu_linear_q: both fp32 from the same exact values, rel L2
  *   per row <= 1e-5;
- * - the tensor-core GEMV (K_CUDA_LINEAR_Q_MMA), M = 1..8, one CTA to a cluster of 8 and
- *   slices of many slabs, partial slabs, f32 and f16 scales: against a double-precision
+ * - the tensor-core GEMV in both forms (K_CUDA_LINEAR_Q_STREAM, _MMA), M = 1..8 (and 17:
+ *   three launches), one CTA
+ *   to a cluster of 8 and slices of many stages, partial slabs, f32 and f16 scales: against a double-precision
  *   reference on x rounded to f16 as the kernel rounds it, rel L2 per row <= 1e-4
  *   (fp32 tensor-core sums), and within 2e-3 of the reference on fp32 x (the f16
  *   rounding of x, printed); the same bits on a second run;
@@ -209,9 +210,9 @@ static double worst_row(const float *out, const double *ref, const float *y0, in
 	return worst;
 }
 
-/* kind (MMA or DEQUANT) through k_cuda_linear_q_run against ref_double on the values it
+/* kind (STREAM, MMA or DEQUANT) through k_cuda_linear_q_run against ref_double on the values it
  * multiplies; f16s: the device scales in f16 (int4 scales here are bf16 values, f16 exact). */
-static void run_kind(const struct qcase *c, enum k_cuda_linear_q_kind kind, int N, int K, int M,
+static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 		     int accumulate, int f16s)
 {
 	struct k_quant q, dq;
@@ -269,8 +270,9 @@ static void run_kind(const struct qcase *c, enum k_cuda_linear_q_kind kind, int 
 		      k_cuda_linear_q_kind_name(kind), N, K, M, accumulate, f16s, e);
 		CHECK(e32 <= F16X_TOL, "%s %s N %d K %d M %d: rel L2 %.3g against fp32 x", c->what,
 		      k_cuda_linear_q_kind_name(kind), N, K, M, e32);
-		CHECK(kind != K_CUDA_LINEAR_Q_MMA || !memcmp(out, out2, ny * sizeof(float)),
-		      "%s mma N %d K %d M %d: two runs differ", c->what, N, K, M);
+		CHECK(kind == K_CUDA_LINEAR_Q_DEQUANT || !memcmp(out, out2, ny * sizeof(float)),
+		      "%s %s N %d K %d M %d: two runs differ", c->what, k_cuda_linear_q_kind_name(kind),
+		      N, K, M);
 		printf("  %-12s %-7s N %5d K %5d M %2d acc %d f16s %d rel L2 %.2e (fp32 x: %.2e)\n",
 		       c->what, k_cuda_linear_q_kind_name(kind), N, K, M, accumulate, f16s, e, e32);
 	}
@@ -389,12 +391,17 @@ int main(void)
 		for (size_t j = 0; j < sizeof(mma_ms) / sizeof(mma_ms[0]); j++) {
 			const int M = mma_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
 
-			run_kind(c, K_CUDA_LINEAR_Q_MMA, 300, 512, M, acc, f16s);
-			run_kind(c, K_CUDA_LINEAR_Q_MMA, 1000, 4096, M, !acc, f16s);	/* cluster */
-			run_kind(c, K_CUDA_LINEAR_Q_MMA, 130, odd_k, M, acc, 0);	/* partial slab */
+			for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA; kind++) {
+				run_kind(c, kind, 300, 512, M, acc, f16s);
+				run_kind(c, kind, 1000, 4096, M, !acc, f16s);	/* cluster */
+				run_kind(c, kind, 130, odd_k, M, acc, 0);	/* partial slab */
+			}
 		}
-		run_kind(c, K_CUDA_LINEAR_Q_MMA, 520, 14336, 8, 0, 0);	/* many slabs a warp */
-		run_kind(c, K_CUDA_LINEAR_Q_MMA, 6144, 4096, 1, 0, is_int4);
+		for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA; kind++) {
+			run_kind(c, kind, 300, 1024, 17, 1, 0);	/* 8 rows a launch */
+			run_kind(c, kind, 520, 14336, 8, 0, 0);	/* many stages a warp */
+			run_kind(c, kind, 6144, 4096, 1, 0, is_int4);
+		}
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 300, 512, 1, 0, 0);
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 1000, 4096, 9, 1, is_int4);
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 130, odd_k, 33, 0, 0);

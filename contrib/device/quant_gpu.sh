@@ -34,21 +34,21 @@ say "# quant_gpu.sh $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_vers
 for p in ${QG_PHASES:-test bench golden decode}; do
 	case $p in
 	test)
-		step linear_q 120 "$B/tests/test_cuda_linear_q"
+		step linear_q 90 "$B/tests/test_cuda_linear_q"
 		grep -E 'FAIL|PASS|rel L2 .*(mma|dequant)' "$O/linear_q.log" | grep -E 'FAIL|PASS|N  6144|N   520' | head -40 | tee -a "$S"
 		;;
 	bench)
-		step bench_q 150 "$B/tests/bench/bench_cuda_linear_q" ${QG_BENCH_ARGS:-}
+		step bench_q 90 "$B/tests/bench/bench_cuda_linear_q" ${QG_BENCH_ARGS:-}
 		tail -n 12 "$O/bench_q.log" | tee -a "$S"
 		;;
 	golden)
-		step golden 150 env KDEC_TEST_BACKEND=cuda KDEC_GOLDEN_ONLY=quant/ "$B/tests/test_golden"
+		step golden 90 env KDEC_TEST_BACKEND=cuda KDEC_GOLDEN_ONLY=quant/ "$B/tests/test_golden"
 		grep -E 'fidelity|greedy|FAIL|PASS|stay quantized' "$O/golden.log" | cut -c1-220 | tee -a "$S"
 		;;
 	decode)
 		for f in ${QG_FORMATS:-bf16 fp8-block fp8-channel int4-g32}; do
 			echo "## $f" >>"$O/decode.log"
-			step "decode" 100 "$B/kdbench" decode --model tests/data/configs/llama3.1-8b.json \
+			step "decode" 70 "$B/kdbench" decode --model tests/data/configs/llama3.1-8b.json \
 				--synthetic-weights --weight-format "$f" --backend cuda \
 				--batch "${QG_BATCH:-1,8,64}" --ctx 512 --steps 24 --warmup 4 --out "$O/decode.jsonl"
 		done

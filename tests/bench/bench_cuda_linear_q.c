@@ -1,5 +1,5 @@
 /* Quantized-weight linear benchmark on the GPU: k_cuda_linear_q_run (the tensor-core
- * GEMV at M <= 8) on the dense projections of Llama-3.1-8B, Qwen3-30B-A3B and
+ * GEMV at M <= 8: "us" the streaming form it picks, "mma us" the register-load form) on the dense projections of Llama-3.1-8B, Qwen3-30B-A3B and
  * DeepSeek-V3 / Kimi-K2 (q/k/v and gate/up stacked, as the CUDA backend places them),
  * in fp8 with 128 x 128 block scales, fp8 per channel and int4 in groups of 32 (f16
  * scales, as the backend keeps them), against the HBM floor of the bytes it must move.
@@ -221,8 +221,9 @@ int main(int argc, char **argv)
 		return 1;
 	CU(cudaMemcpy(x, hx, sizeof(float) * MAX_M * MAX_K, cudaMemcpyHostToDevice));
 	free(hx);
-	printf("%-18s %-11s %6s %5s %2s | %8s %6s %6s | %8s %7s | %8s | %s\n", "shape", "format", "N",
-	       "K", "M", "us", "TB/s", "floor%", "floor us", "MB", "warp us", "plan");
+	printf("%-18s %-11s %6s %5s %2s | %8s %6s %6s | %8s %7s | %8s %6s | %8s | %s\n", "shape",
+	       "format", "N", "K", "M", "us", "TB/s", "floor%", "floor us", "MB", "mma us", "floor%",
+	       "warp us", "plan");
 	for (int si = 0; si < N_SHAPES; si++) {
 		const struct shape *s = &shapes[si];
 
@@ -235,23 +236,25 @@ int main(int argc, char **argv)
 			}
 			for (int mi = 0; mi < n_ms; mi++) {
 				const int M = ms[mi];
-				const enum k_cuda_linear_q_kind kind = K_CUDA_LINEAR_Q_MMA;
+				const enum k_cuda_linear_q_kind kind = K_CUDA_LINEAR_Q_STREAM;
 				double bytes = (double)qw.wb + (double)((size_t)((s->N + qw.q.block_rows - 1) /
 						qw.q.block_rows) * (size_t)qw.q.scale_cols *
 						k_dtype_size(qw.q.scale_dtype)) + 4.0 * M * s->K + 4.0 * M * s->N;
-				double floor_us = bench_floor_us(bytes), us, warp = 0;
+				double floor_us = bench_floor_us(bytes), us, warp = 0, mma;
 				char plan[160];
 
 				qw.q.scale = qw.s;
 				CHECK(k_cuda_linear_q_pick(&qw.q, x, qw.w, M, s->N, s->K, 0) == kind,
-				      "%s %s M %d: not the tensor-core GEMV", s->name, fmts[fi].name, M);
+				      "%s %s M %d: not the streaming GEMV", s->name, fmts[fi].name, M);
 				us = time_us(&qw, kind, y, x, M, s->N, s->K);
+				mma = time_us(&qw, K_CUDA_LINEAR_Q_MMA, y, x, M, s->N, s->K);
 				if (M == 1 && qw.q.scale_dtype == K_F32)
 					warp = time_us(&qw, K_CUDA_LINEAR_Q_WARP, y, x, M, s->N, s->K);
 				k_cuda_linear_q_describe(lin, kind, &qw.q, M, s->N, s->K, plan, sizeof(plan));
-				printf("%-18s %-11s %6d %5d %2d | %8.2f %6.2f %5.1f%% | %8.2f %7.1f | %8.2f | %s\n",
+				printf("%-18s %-11s %6d %5d %2d | %8.2f %6.2f %5.1f%% | %8.2f %7.1f | %8.2f %5.1f%% | %8.2f | %s\n",
 				       s->name, fmts[fi].name, s->N, s->K, M, us, us > 0 ? bytes / us / 1e6 : 0,
-				       us > 0 ? 100.0 * floor_us / us : 0, floor_us, bytes / 1e6, warp, plan);
+				       us > 0 ? 100.0 * floor_us / us : 0, floor_us, bytes / 1e6, mma,
+				       mma > 0 ? 100.0 * floor_us / mma : 0, warp, plan);
 				if (s->llama_layer) {
 					llama_us[fi][M] += us;
 					llama_floor[fi][M] += floor_us;

@@ -130,8 +130,10 @@ int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const str
 	const int N = (int)w->rows;
 	int kind = k_cuda_linear_q_pick(&w->q, x, w->w, M, N, K, b->wtmp_elems);
 
-	if (kind == K_CUDA_LINEAR_Q_MMA && !w->mma_ok)	/* int4 with fp32 scales */
-		kind = M <= K_CUDA_LINEAR_Q_MMA_MAX_M ? K_CUDA_LINEAR_Q_WARP : K_CUDA_LINEAR_Q_DEQUANT;
+	if ((kind == K_CUDA_LINEAR_Q_STREAM || kind == K_CUDA_LINEAR_Q_MMA) &&
+	    !w->mma_ok)	/* int4 with fp32 scales */
+		kind = M <= K_CUDA_LINEAR_Q_MMA_MAX_M || !b->wtmp ? K_CUDA_LINEAR_Q_WARP
+							       : K_CUDA_LINEAR_Q_DEQUANT;
 	if (k_cuda_tuning()->linear_fp32x)	/* KDEC_LINEAR_FP32X: x never rounded */
 		kind = K_CUDA_LINEAR_Q_WARP;
 	return k_cuda_linear_q_run(b->lin, kind, y, x, w->w, &w->q, M, N, K, accumulate, b->wtmp,

@@ -101,10 +101,12 @@ int k_cuda_lin_stream_describe(const struct k_cuda_linear *ctx, int M, int N, in
  * ctx->qm_bps, once at create; the launch (k_cuda_linear_q_mma_supports must hold). */
 struct k_quant;
 int k_cuda_lin_qmma_setup(struct k_cuda_linear *ctx);
-int k_cuda_lin_qmma(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
-		    const struct k_quant *q, int M, int N, int K, int accumulate);
-int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
-			     int N, int K, char *buf, size_t len);
+/* stream: the form that copies the weights through a cp.async ring in shared memory
+ * (k_cuda_linear_q_stream_supports must hold then), else the register-load form. */
+int k_cuda_lin_qmma(const struct k_cuda_linear *ctx, bool stream, float *y, const float *x,
+		    const void *w, const struct k_quant *q, int M, int N, int K, int accumulate);
+int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, bool stream,
+			     const struct k_quant *q, int M, int N, int K, char *buf, size_t len);
 /* The bookkeeping of the bf16 copy of x (linear.cu): whether x is the one a producer
  * left there, cleared; -EINVAL (logged) where only that copy was written and kind
  * reads fp32 x. */

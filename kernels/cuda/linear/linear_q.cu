@@ -368,6 +368,7 @@ static int lq_dequant_gemm(struct k_cuda_linear *ctx, float *y, const float *x, 
 extern "C" const char *k_cuda_linear_q_kind_name(enum k_cuda_linear_q_kind kind)
 {
 	switch (kind) {
+	case K_CUDA_LINEAR_Q_STREAM: return "stream";
 	case K_CUDA_LINEAR_Q_MMA: return "mma";
 	case K_CUDA_LINEAR_Q_DEQUANT: return "dequant";
 	case K_CUDA_LINEAR_Q_WARP: return "warp";
@@ -385,7 +386,11 @@ extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *
 							  const float *x, const void *w, int M,
 							  int N, int K, size_t wtmp_elems)
 {
-	if (k_cuda_linear_q_mma_supports(q, x, w, M, N, K))
+	const int m8 = M < K_CUDA_LINEAR_Q_MMA_MAX_M ? M : K_CUDA_LINEAR_Q_MMA_MAX_M;
+
+	if (M <= K_CUDA_LINEAR_Q_PASS_MAX_M && k_cuda_linear_q_stream_supports(q, x, w, m8, N, K))
+		return K_CUDA_LINEAR_Q_STREAM;
+	if (M <= K_CUDA_LINEAR_Q_PASS_MAX_M && k_cuda_linear_q_mma_supports(q, x, w, m8, N, K))
 		return K_CUDA_LINEAR_Q_MMA;
 	if (lq_dequant_ok(q, N, K, wtmp_elems))
 		return K_CUDA_LINEAR_Q_DEQUANT;
@@ -404,13 +409,23 @@ extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y
 	if (kind < 0)
 		kind = k_cuda_linear_q_pick(q, x, w, M, N, K, wtmp ? wtmp_elems : 0);
 	switch (kind) {
-	case K_CUDA_LINEAR_Q_MMA:
-		if (!k_cuda_linear_q_mma_supports(q, x, w, M, N, K))
+	case K_CUDA_LINEAR_Q_STREAM:
+	case K_CUDA_LINEAR_Q_MMA: {
+		const int m8 = M < K_CUDA_LINEAR_Q_MMA_MAX_M ? M : K_CUDA_LINEAR_Q_MMA_MAX_M;
+
+		if (kind == K_CUDA_LINEAR_Q_STREAM ? !k_cuda_linear_q_stream_supports(q, x, w, m8, N, K)
+						   : !k_cuda_linear_q_mma_supports(q, x, w, m8, N, K))
 			return -EINVAL;
 		// fp32 x, as the GEMV reads it
 		if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
 			return ret;
-		return k_cuda_lin_qmma(ctx, y, x, w, q, M, N, K, accumulate);
+		// 8 rows of x a launch; more rows read the weights again, once per 8
+		for (int m0 = 0; m0 < M && !ret; m0 += K_CUDA_LINEAR_Q_MMA_MAX_M)
+			ret = k_cuda_lin_qmma(ctx, kind == K_CUDA_LINEAR_Q_STREAM, y + (size_t)m0 * N,
+					      x + (size_t)m0 * K, w, q, M - m0 < m8 ? M - m0 : m8, N,
+					      K, accumulate);
+		return ret;
+	}
 	case K_CUDA_LINEAR_Q_DEQUANT:
 		if (!wtmp || !lq_dequant_ok(q, N, K, wtmp_elems))
 			return -EINVAL;
@@ -431,8 +446,8 @@ extern "C" void k_cuda_linear_q_describe(const struct k_cuda_linear *ctx,
 					 enum k_cuda_linear_q_kind kind, const struct k_quant *q,
 					 int M, int N, int K, char *buf, size_t len)
 {
-	if (kind == K_CUDA_LINEAR_Q_MMA)
-		k_cuda_lin_qmma_describe(ctx, q, M, N, K, buf, len);
+	if (kind == K_CUDA_LINEAR_Q_STREAM || kind == K_CUDA_LINEAR_Q_MMA)
+		k_cuda_lin_qmma_describe(ctx, kind == K_CUDA_LINEAR_Q_STREAM, q, M, N, K, buf, len);
 	else if (kind == K_CUDA_LINEAR_Q_DEQUANT)
 		snprintf(buf, len, "dequant to f16 (%.1f MB written), then cublas f16",
 			 (double)N * K * 2 / 1e6);

@@ -40,6 +40,7 @@
 
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "kernels/cuda/linear/linear_internal.h"
+#include "kernels/cuda/ptx.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -337,7 +338,171 @@ qm_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 	qm_cluster_reduce(y, acc, (float *)qm_smem, a, n0, warp, g, t);
 }
 
+// ---- the streaming form: weights through a cp.async ring in shared memory -------
+//
+// Measured on H200 (bench_cuda_linear_q, first round): qm_kernel's register loads, 64
+// bytes of each of 8 rows per instruction, held every large matrix at 2.0 TB/s (fp8)
+// and 1.7 (int4), 48% and 40% of the floor, whatever the grid. Here each warp copies
+// its 16 rows 128 bytes a row (one whole L2 line; 4 rows per instruction) into its own
+// ring of QS_STAGES stages with cp.async, QS_AHEAD stages in flight from before the
+// wait on the previous kernel (weights are constant), and reads its fragments back
+// with 16-byte shared-memory loads: a stage is two slabs. No CTA-wide barrier in the
+// loop: a warp waits only for its own copies (cp.async.wait_group, __syncwarp).
+
+#define QS_STAGES	4
+#define QS_AHEAD	(QS_STAGES - 1)
+#define QS_ROW		128				/* bytes of a row per stage */
+#define QS_WSTAGE	(16 * QS_ROW)			/* a warp's stage: 2 KB */
+#define QS_RING		(QM_WARPS * QS_STAGES * QS_WSTAGE)	/* 64 KB */
+
+template <int FMT> struct qs_fmt {
+	static constexpr int SK = 2 * qm_fmt<FMT>::SLAB;	// k per stage
+};
+
+// Byte offset of 16-byte unit c of row r in a stage: rows of odd index swap their
+// halves, so that lanes (g, t) and (g + 1, t) of a quarter warp read different banks.
+static __device__ __forceinline__ int qs_off(int r, int c)
+{
+	return r * QS_ROW + ((c ^ ((r & 1) << 2)) << 4);
+}
+
+// Stage i of the warp's 16 rows from row0 into ring slot `slot`: four instructions of
+// 4 rows x 128 bytes; zeros past N and past the slice. EARLY: before the PDL wait.
+template <int FMT, bool EARLY>
+static __device__ __forceinline__ void qs_issue(unsigned char *slot, const uint8_t *w,
+						const qm_args &a, int row0, int kb0, int kb_end,
+						int i, int lane)
+{
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+		const int r = 4 * j + (lane >> 3), c = lane & 7, n = row0 + r;
+		const int kb = kb0 + i * QS_ROW + 16 * c;	// byte of the row
+		const bool ok = n < a.N && kb < kb_end;
+		const uint8_t *src = ok ? w + (size_t)n * a.row_bytes + kb : w;
+
+		if (EARLY)
+			k_cuda_pdl_early_cp16(slot + qs_off(r, c), src, ok);
+		else
+			cp_async16(slot + qs_off(r, c), src, ok);
+	}
+}
+
+// The scales stage i needs of the lane's rows: fp8 one a row (block_cols % 128 == 0 or
+// the whole row), int4 one a row and slab (the lane's 32 k of it).
+template <int FMT, typename ST>
+static __device__ __forceinline__ void qs_scales(float (&sr)[4], const ST *scale, const qm_args &a,
+						 size_t sra, size_t srb, bool aok, bool bok,
+						 int k0, int kend, int i, int t)
+{
+	if (FMT == K_Q_FP8) {
+		const int sc = (k0 + i * qs_fmt<FMT>::SK) >> a.bc_shift;
+
+		sr[0] = aok ? qm_scale(scale, sra + sc) : 0.f;
+		sr[1] = bok ? qm_scale(scale, srb + sc) : 0.f;
+	} else {
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const int k = k0 + i * qs_fmt<FMT>::SK + h * 128 + 32 * t;
+			const int sc = k >> a.bc_shift;
+
+			sr[2 * h] = aok && k < kend ? qm_scale(scale, sra + sc) : 0.f;
+			sr[2 * h + 1] = bok && k < kend ? qm_scale(scale, srb + sc) : 0.f;
+		}
+	}
+}
+
+template <int FMT, typename ST>
+__global__ void __launch_bounds__(QM_THREADS, 2)
+qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__restrict__ scale,
+	  qm_args a)
+{
+	using F = qm_fmt<FMT>;
+	constexpr int SK = qs_fmt<FMT>::SK, VPB = FMT == K_Q_INT4 ? 2 : 1;	// values a byte
+	extern __shared__ __align__(16) unsigned char qm_smem[];
+	uint4 *xs = (uint4 *)(qm_smem + QS_RING);
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+	const int n0 = blockIdx.x * QM_ROWS, row0 = n0 + warp * 16, ra = row0 + g, rb = ra + 8;
+	const int k0 = blockIdx.y * a.KC, kend = min(a.K, k0 + a.KC);
+	const int nst = k0 < kend ? (kend - k0 + SK - 1) / SK : 0;
+	const int kb0 = k0 / VPB, kb_end = kend / VPB;	// in bytes of a row
+	const bool aok = ra < a.N, bok = rb < a.N;
+	const size_t sra = (size_t)((aok ? ra : 0) / a.block_rows) * a.scale_cols;
+	const size_t srb = (size_t)((bok ? rb : 0) / a.block_rows) * a.scale_cols;
+	const int xs_row = (a.KC + 8) / 8;
+	unsigned char *ring = qm_smem + warp * QS_STAGES * QS_WSTAGE;
+	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
+	float sr[QS_STAGES][4];
+
+	// weights are constant: the first stages stream in while the previous kernel drains
+#pragma unroll
+	for (int i = 0; i < QS_AHEAD; i++) {
+		if (i < nst)
+			qs_issue<FMT, true>(ring + i * QS_WSTAGE, w, a, row0, kb0, kb_end, i, lane);
+		cp_async_commit();
+	}
+	k_cuda_lin_inputs_ready(a.pdl);	// x and y only from here on
+#pragma unroll
+	for (int i = 0; i < QS_AHEAD; i++)
+		qs_scales<FMT, ST>(sr[i], scale, a, sra, srb, aok, bok, k0, kend, i, t);
+	qm_stage_x<FMT>(xs, x, a.M, a.K, k0, a.KC);
+	__syncthreads();
+
+	const uint4 *xr = xs + g * xs_row + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
+	const bool xin = g < a.M;
+	const int sw = FMT == K_Q_INT4 ? (t >> 1) << 1 : 0;
+
+	for (int i0 = 0; i0 < nst; i0 += QS_STAGES) {
+#pragma unroll
+		for (int j = 0; j < QS_STAGES; j++) {
+			const int i = i0 + j, nx = (j + QS_AHEAD) % QS_STAGES;
+
+			if (i >= nst)
+				break;
+			cp_async_wait<QS_AHEAD - 1>();	// stage i is here
+			__syncwarp();			// ... for every lane; slot nx is read
+			if (i + QS_AHEAD < nst) {
+				qs_issue<FMT, false>(ring + nx * QS_WSTAGE, w, a, row0, kb0, kb_end,
+						     i + QS_AHEAD, lane);
+				qs_scales<FMT, ST>(sr[nx], scale, a, sra, srb, aok, bok, k0, kend,
+						   i + QS_AHEAD, t);
+			}
+			cp_async_commit();
+			const unsigned char *st = ring + j * QS_WSTAGE;
+
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				const uint4 wa = *(const uint4 *)(st + qs_off(g, 4 * h + t));
+				const uint4 wb = *(const uint4 *)(st + qs_off(g + 8, 4 * h + t));
+				const float sa = FMT == K_Q_INT4 ? sr[j][2 * h] : sr[j][0];
+				const float sb = FMT == K_Q_INT4 ? sr[j][2 * h + 1] : sr[j][1];
+
+				qm_slab<FMT>(acc, wa, wb, sa, sb, xr + (2 * i + h) * (F::SLAB / 8), sw, xin);
+			}
+		}
+	}
+	cp_async_wait<0>();
+
+	if (gridDim.y == 1) {
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+			const int m = 2 * t + (c & 1), n = c < 2 ? ra : rb;
+
+			if (m < a.M && n < a.N) {
+				float *p = y + (size_t)m * a.N + n;
+
+				*p = a.accumulate ? *p + acc[c] : acc[c];
+			}
+		}
+		return;
+	}
+	__syncthreads();	// every warp is past its ring: it takes the partial tile
+	qm_cluster_reduce(y, acc, (float *)qm_smem, a, n0, warp, g, t);
+}
+
 // ---- launchers ----------------------------------------------------------------
+
+#define QS_MAX_SMEM	(200 << 10)	/* the streaming form: ring + x slice, bytes */
+#define QS_SMEM_2CTA	(113 << 10)	/* two CTAs fit a multiprocessor up to this */
 
 static int qm_pow2_shift(int v)
 {
@@ -349,10 +514,10 @@ static int qm_pow2_shift(int v)
 }
 
 // The shift that maps k to its scale column, or -1 where the scales do not fit the
-// kernel (fp8: one column per 64-k slab; int4: per 32-k lane chunk; powers of two).
-static int qm_bc_shift(const struct k_quant *q, int K)
+// kernel: one column per `unit` k (fp8: a 64-k slab, or 128 for the streaming form's
+// stage; int4: a lane's 32 k); powers of two, or one column for the row.
+static int qm_bc_shift(const struct k_quant *q, int K, int unit)
 {
-	const int unit = q->fmt == K_Q_INT4 ? 32 : 64;
 	int sh;
 
 	if (q->block_cols >= K)
@@ -361,69 +526,97 @@ static int qm_bc_shift(const struct k_quant *q, int K)
 	return sh >= 0 && q->block_cols % unit == 0 ? sh : -1;
 }
 
-static int qm_smem_bytes(int M, int KC)
+static int qm_unit(const struct k_quant *q, bool stream)
+{
+	return q->fmt == K_Q_INT4 ? 32 : stream ? 128 : 64;
+}
+
+static int qm_smem_bytes(int M, int KC, bool stream)
 {
 	int xb = M * (KC + 8) * 2;
 
+	if (stream)
+		return QS_RING + xb;
 	return xb > QM_PART_BYTES ? xb : QM_PART_BYTES;
+}
+
+static bool qm_args_ok(const struct k_quant *q, const float *x, const void *w, int M, int N, int K)
+{
+	return q && x && w && M >= 1 && M <= K_CUDA_LINEAR_Q_MMA_MAX_M && N >= 1 && K >= 1 &&
+	       q->block_rows >= 1 && q->block_cols >= 1 && q->scale &&
+	       (q->scale_dtype == K_F32 || q->scale_dtype == K_F16) && !((uintptr_t)x & 15) &&
+	       !((uintptr_t)w & 15) && ((q->fmt == K_Q_FP8 && K % 16 == 0) ||
+					(q->fmt == K_Q_INT4 && K % 32 == 0));
 }
 
 extern "C" int k_cuda_linear_q_mma_supports(const struct k_quant *q, const float *x,
 					    const void *w, int M, int N, int K)
 {
-	if (!q || !x || !w || M < 1 || M > K_CUDA_LINEAR_Q_MMA_MAX_M || N < 1 || K < 1 ||
-	    q->block_rows < 1 || q->block_cols < 1 || !q->scale ||
-	    (q->scale_dtype != K_F32 && q->scale_dtype != K_F16) || ((uintptr_t)x & 15) ||
-	    ((uintptr_t)w & 15))
-		return 0;
-	if (q->fmt == K_Q_FP8 && K % 16 == 0)
-		return qm_bc_shift(q, K) >= 0;
-	if (q->fmt == K_Q_INT4 && K % 32 == 0)
-		return qm_bc_shift(q, K) >= 0;
-	return 0;
+	return qm_args_ok(q, x, w, M, N, K) && qm_bc_shift(q, K, qm_unit(q, false)) >= 0;
+}
+
+extern "C" int k_cuda_linear_q_stream_supports(const struct k_quant *q, const float *x,
+					       const void *w, int M, int N, int K)
+{
+	return qm_args_ok(q, x, w, M, N, K) && qm_bc_shift(q, K, qm_unit(q, true)) >= 0;
 }
 
 struct qm_plan {
 	int blocks, S, KC, smem, slots;
 };
 
+// CTAs of `smem` bytes resident on the GPU at once.
+static int qm_slots(const struct k_cuda_linear *ctx, int smem, bool stream)
+{
+	int bps = stream ? (smem <= QS_SMEM_2CTA ? 2 : 1) : ctx->qm_bps;
+
+	return (bps > 0 ? bps : 1) * ctx->n_sm;
+}
+
 // The split: S CTAs per 128 rows, the most (up to 8) whose CTAs are all resident at
 // once; S = 1 where even that is more than a wave. Then as many more as the x slice
-// needs to fit in shared memory.
-static int qm_make_plan(const struct k_cuda_linear *ctx, int slab, int bps, int M, int N,
+// needs to fit in shared memory. unit: k per slab (per stage, streaming).
+static int qm_make_plan(const struct k_cuda_linear *ctx, int unit, bool stream, int M, int N,
 			int K, struct qm_plan *p)
 {
-	const int nslab = (K + slab - 1) / slab;
+	const int nu = (K + unit - 1) / unit, max_smem = stream ? QS_MAX_SMEM : QM_MAX_SMEM;
 
 	p->blocks = (N + QM_ROWS - 1) / QM_ROWS;
-	p->slots = (bps > 0 ? bps : 1) * ctx->n_sm;
 	p->S = 1;
-	while (p->S < QM_MAX_SPLIT && p->S < nslab && (long)p->blocks * (p->S + 1) <= (long)p->slots)
-		p->S++;
 	for (;;) {
-		p->KC = (nslab + p->S - 1) / p->S * slab;
-		p->smem = qm_smem_bytes(M, p->KC);
-		if (p->smem <= QM_MAX_SMEM)
+		const int S = p->S + 1, kc = (nu + S - 1) / S * unit;
+
+		if (S > QM_MAX_SPLIT || S > nu ||
+		    (long)p->blocks * S > (long)qm_slots(ctx, qm_smem_bytes(M, kc, stream), stream))
+			break;
+		p->S = S;
+	}
+	for (;;) {
+		p->KC = (nu + p->S - 1) / p->S * unit;
+		p->smem = qm_smem_bytes(M, p->KC, stream);
+		p->slots = qm_slots(ctx, p->smem, stream);
+		if (p->smem <= max_smem)
 			return 0;
-		if (p->S >= QM_MAX_SPLIT || p->S >= nslab)
+		if (p->S >= QM_MAX_SPLIT || p->S >= nu)
 			return -EINVAL;
 		p->S++;
 	}
 }
 
-template <int FMT, typename ST>
+template <int FMT, typename ST, bool STREAM>
 static int qm_launch(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
 		     const struct k_quant *q, int M, int N, int K, int accumulate)
 {
+	const int unit = STREAM ? qs_fmt<FMT>::SK : qm_fmt<FMT>::SLAB;
 	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[2] = {};
 	struct qm_plan p;
 	qm_args a;
 
-	if (qm_make_plan(ctx, qm_fmt<FMT>::SLAB, ctx->qm_bps, M, N, K, &p))
+	if (qm_make_plan(ctx, unit, STREAM, M, N, K, &p))
 		return -EINVAL;
 	a = qm_args{ M, N, K, p.KC, (int)k_quant_row_bytes(q->fmt, K), q->block_rows,
-		     qm_bc_shift(q, K), (int)q->scale_cols, accumulate,
+		     qm_bc_shift(q, K, qm_unit(q, STREAM)), (int)q->scale_cols, accumulate,
 		     ctx->pdl ? (p.slots < p.blocks * p.S ? p.slots : p.blocks * p.S) : 0 };
 	cfg.gridDim = dim3(p.blocks, p.S, 1);
 	cfg.blockDim = dim3(QM_THREADS, 1, 1);
@@ -438,6 +631,9 @@ static int qm_launch(const struct k_cuda_linear *ctx, float *y, const float *x, 
 		cfg.numAttrs = 1;
 	}
 	cfg.numAttrs += k_cuda_lin_pdl_attr(ctx, attr + cfg.numAttrs);
+	if (STREAM)
+		return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST>, y, x,
+							     (const uint8_t *)w, (const ST *)q->scale, a));
 	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qm_kernel<FMT, ST>, y, x,
 						     (const uint8_t *)w, (const ST *)q->scale, a));
 }
@@ -448,9 +644,12 @@ template <int FMT, typename ST> static int qm_setup_one(struct k_cuda_linear *ct
 
 	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qm_kernel<FMT, ST>,
 				cudaFuncAttributeMaxDynamicSharedMemorySize, QM_MAX_SMEM));
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<FMT, ST>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize, QS_MAX_SMEM));
 	if (!ret)	// at a typical slice: 8 rows of 1024 k
 		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps,
-					qm_kernel<FMT, ST>, QM_THREADS, qm_smem_bytes(8, 1024)));
+					qm_kernel<FMT, ST>, QM_THREADS, qm_smem_bytes(8, 1024, false)));
 	if (!ret && (ctx->qm_bps == 0 || bps < ctx->qm_bps))
 		ctx->qm_bps = bps > 0 ? bps : 1;
 	return ret;
@@ -469,25 +668,34 @@ int k_cuda_lin_qmma_setup(struct k_cuda_linear *ctx)
 	return ret;
 }
 
-int k_cuda_lin_qmma(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
-		    const struct k_quant *q, int M, int N, int K, int accumulate)
+template <bool STREAM>
+static int qm_dispatch(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+		       const struct k_quant *q, int M, int N, int K, int accumulate)
 {
 	if (q->fmt == K_Q_INT4)
 		return q->scale_dtype == K_F16
-			       ? qm_launch<K_Q_INT4, __half>(ctx, y, x, w, q, M, N, K, accumulate)
-			       : qm_launch<K_Q_INT4, float>(ctx, y, x, w, q, M, N, K, accumulate);
+			       ? qm_launch<K_Q_INT4, __half, STREAM>(ctx, y, x, w, q, M, N, K, accumulate)
+			       : qm_launch<K_Q_INT4, float, STREAM>(ctx, y, x, w, q, M, N, K, accumulate);
 	return q->scale_dtype == K_F16
-		       ? qm_launch<K_Q_FP8, __half>(ctx, y, x, w, q, M, N, K, accumulate)
-		       : qm_launch<K_Q_FP8, float>(ctx, y, x, w, q, M, N, K, accumulate);
+		       ? qm_launch<K_Q_FP8, __half, STREAM>(ctx, y, x, w, q, M, N, K, accumulate)
+		       : qm_launch<K_Q_FP8, float, STREAM>(ctx, y, x, w, q, M, N, K, accumulate);
 }
 
-int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
-			     int N, int K, char *buf, size_t len)
+int k_cuda_lin_qmma(const struct k_cuda_linear *ctx, bool stream, float *y, const float *x,
+		    const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
 {
+	return stream ? qm_dispatch<true>(ctx, y, x, w, q, M, N, K, accumulate)
+		      : qm_dispatch<false>(ctx, y, x, w, q, M, N, K, accumulate);
+}
+
+int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, bool stream,
+			     const struct k_quant *q, int M, int N, int K, char *buf, size_t len)
+{
+	const int unit = q->fmt == K_Q_INT4 ? (stream ? 256 : 128) : (stream ? 128 : 64);
 	struct qm_plan p;
 
-	if (qm_make_plan(ctx, q->fmt == K_Q_INT4 ? 128 : 64, ctx->qm_bps, M, N, K, &p))
-		return snprintf(buf, len, "qmma: no plan (x slice too large)");
-	return snprintf(buf, len, "qmma grid=%dx%d k/slice=%d smem=%d", p.blocks, p.S, p.KC,
-			p.smem);
+	if (qm_make_plan(ctx, unit, stream, M, N, K, &p))
+		return snprintf(buf, len, "%s: no plan (x slice too large)", stream ? "qstream" : "qmma");
+	return snprintf(buf, len, "%s grid=%dx%d k/slice=%d smem=%d", stream ? "qstream" : "qmma",
+			p.blocks, p.S, p.KC, p.smem);
 }
