@@ -43,7 +43,7 @@ static double row_tol = CPU_ROW_TOL;
  * GEMV for up to 8 rows, x rounded to f16; an f16 copy of the weight and cuBLAS for
  * more), its MoE experts and MLA kv_b are dequantized to bf16 at load. Its rows are
  * judged against the reference (transformers on the exact dequantized weights) at the
- * GPU tolerance, as a bf16 model's (H200, a0d911a: dense rows to 1.1e-2), but for the
+ * GPU tolerance, as a bf16 model's (H200, 1de3db9: dense rows to 1.1e-2), but for the
  * models below, whose every quantized weight is a MoE expert still rounded to bf16 at
  * load: kimi_k2_int4's rows reached 0.57 with 4 and 15 rows unexplained (routing
  * flips), so only its greedy tokens are held. KDEC_GOLDEN_QUANT_ROWS=0: greedy only
