@@ -115,7 +115,8 @@ static void stage_quant(uint16_t *dst, const struct weight_item *w, size_t i, si
 struct upload {
 	struct backend_cuda *b;
 	int pass;		/* 0: size the arena; 1: copy */
-	int n_qw;		/* weights kept quantized so far */
+	int n_qw;		/* struct cuda_qweight entries so far (weights and stacks) */
+	int n_kept;		/* weights kept quantized */
 	size_t q_bytes;		/* their payload and scale bytes */
 	int n_deq;		/* quantized weights dequantized to bf16 */
 	size_t off;		/* bytes placed so far */
@@ -298,6 +299,7 @@ static void place_quant(struct upload *u, const struct model_tensor *const *t, i
 	u->q_bytes += pay + ns * k_dtype_size(sdt);
 	if (u->pass == 0) {
 		u->n_qw += n + (n > 1);
+		u->n_kept += n;
 		for (int i = 0; i < n && !u->ret; i++)
 			u->ret = cuda_ptr_map_put(&u->b->map, t[i]->data, (void *)1);	/* seen */
 		return;
@@ -488,7 +490,7 @@ int cuda_weights_upload(struct backend_cuda *b, char *err, size_t err_len)
 
 		log_info("cuda: %d %s weights stay quantized on GPU %d (%.2f GiB with their scales); "
 			 "%d are dequantized to bf16 at load (no quantized kernel reads them: MoE "
-			 "experts, MoE shared experts, MLA's kv_b)", u.n_qw,
+			 "experts, MoE shared experts, MLA's kv_b)", u.n_kept,
 			 model_quant_name(&b->m->cfg.quant, fmt, sizeof(fmt)), b->dev,
 			 (double)u.q_bytes / (1u << 30), u.n_deq);
 	}
