@@ -126,7 +126,10 @@ static int arc_setup(struct arc *b)
 						  .out_bf16 = (uint16_t *)((char *)p + e * 10),
 						  .gamma = (float *)((char *)p + e * 12) };
 	}
-	return ok && arc_ok(cudaDeviceSynchronize(), "setup") ? 0 : -1;
+	ok = ok && arc_ok(cudaDeviceSynchronize(), "setup");
+	/* one reduction outside any capture: the kernels loaded before the first graph */
+	ok = ok && k_cuda_ar_fused_all(b->ar, b->st[0], b->io, 1, b->width, 1e-5f) == 0;
+	return ok && arc_ok(cudaDeviceSynchronize(), "first reduction") ? 0 : -1;
 }
 
 static void arc_free(struct arc *b)
