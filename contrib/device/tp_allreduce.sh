@@ -14,19 +14,19 @@ t0=$SECONDS
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$O/gpu.txt"
 echo "nccl: ${nccl:-none}"
 run() { local n=$1 t=$SECONDS; shift; "$@" >"$O/$n.log" 2>&1; local rc=$?; echo "== $n: rc $rc in $((SECONDS-t)) s: $(tail -n 1 "$O/$n.log" | cut -c1-200)"; }
-run test timeout "${T_TEST:-90}" "$B/tests/test_cuda_allreduce"
+run test timeout "${T_TEST:-60}" "$B/tests/test_cuda_allreduce"
 grep -E "FAIL|done in|trap|seed" "$O/test.log" | head -20
 cs=/usr/local/cuda/bin/compute-sanitizer
 for tool in memcheck racecheck; do
-	KD_TEST_QUICK=1 run "san_$tool" timeout 60 $cs --tool $tool --error-exitcode 9 "$B/tests/test_cuda_allreduce"
+	KD_TEST_QUICK=1 run "san_$tool" timeout 40 $cs --tool $tool --error-exitcode 9 "$B/tests/test_cuda_allreduce"
 	grep -E "^========= +(Error|Invalid|Race|Program hit)|FAIL|ERROR SUMMARY|RACECHECK SUMMARY" "$O/san_$tool.log" | head -6
 done
-KD_TEST_QUICK=1 KD_TEST_PART=streams run san_memcheck_streams timeout 40 $cs --tool memcheck --error-exitcode 9 "$B/tests/test_cuda_allreduce"
+KD_TEST_QUICK=1 KD_TEST_PART=streams run san_memcheck_streams timeout 25 $cs --tool memcheck --error-exitcode 9 "$B/tests/test_cuda_allreduce"
 grep -E "ERROR SUMMARY|FAIL|trap" "$O/san_memcheck_streams.log" | head -4
 for tp in 2 4 8; do
-	run "bench_tp$tp" timeout 30 "$B/kdbench" allreduce --backend cuda --tp $tp --bytes 14336,57344,229376,917504
+	run "bench_tp$tp" timeout 15 "$B/kdbench" allreduce --backend cuda --tp $tp --bytes 14336,57344,229376,917504
 	cat "$O/bench_tp$tp.log"
 done
-run bench_tp8_w4096 timeout 30 "$B/kdbench" allreduce --backend cuda --tp 8 --width 4096 --bytes 8192,524288
+run bench_tp8_w4096 timeout 15 "$B/kdbench" allreduce --backend cuda --tp 8 --width 4096 --bytes 8192,524288
 cat "$O/bench_tp8_w4096.log"
 echo "total $((SECONDS - t0)) s"
