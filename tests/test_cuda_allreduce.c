@@ -11,7 +11,9 @@
  * ranks); thousands of back-to-back reductions of changing sizes and inputs with no
  * host sync (a stale buffer or a reset racing a peer's write changes the residual,
  * which sums them all); a captured graph of four reductions replayed; refused
- * arguments launching nothing. -0.0 (the sentinel's bits) is planted in the inputs.
+ * arguments launching nothing; with an fp32 payload also the plain reductions (no
+ * norm: residual += sum; out = sum, in place too) bit for bit. -0.0 (the sentinel's
+ * bits) is planted in the inputs.
  * KD_TEST_QUICK=1: a few reductions of two ranks in one launch (KD_TEST_PART=streams:
  * a launch per rank), for the sanitizers. Skips (77) without CUDA or a GPU. */
 #include <errno.h>
@@ -161,6 +163,16 @@ static int launch(struct world *w, enum form f, int k, int rows, int width)
 	if (f == ONE_LAUNCH)
 		return k_cuda_ar_fused_all(w->ar, w->st[0], io, rows, width, EPS);
 	for (int r = 0; r < w->n && !ret; r++)	/* issued rank by rank: see k_cuda_comm.h */
+		ret = k_cuda_ar_fused(w->ar, r, w->st[r], &io[r], rows, width, EPS);
+	return ret;
+}
+
+/* The reduction with the given io, a launch per rank; no sync. */
+static int launch_io(struct world *w, const struct k_cuda_ar_io *io, int rows, int width)
+{
+	int ret = 0;
+
+	for (int r = 0; r < w->n && !ret; r++)
 		ret = k_cuda_ar_fused(w->ar, r, w->st[r], &io[r], rows, width, EPS);
 	return ret;
 }
@@ -360,6 +372,60 @@ static void case_refused(struct world *w)
 	compare(w, 4, 7168, "after the refused calls");
 }
 
+/* The plain reductions (gamma NULL): residual += sum; out = sum (no residual); and out
+ * in place of the fp32 partial. Every value bit for bit. */
+static void case_plain(struct world *w)
+{
+	struct k_cuda_ar_io io[K_CUDA_AR_MAX_RANKS];
+	const int rows = 5, width = 4096;
+	const size_t e = (size_t)rows * width;
+	float *sum = malloc(e * sizeof(float));
+	int bad = 0;
+
+	for (size_t i = 0; i < e; i++) {
+		sum[i] = 0.0f;
+		for (int r = 0; r < w->n; r++)
+			sum[i] += w->hpart[r][0][i];
+	}
+	fill_residual(w);
+	for (int r = 0; r < w->n; r++)
+		io[r] = (struct k_cuda_ar_io){ w->part[r][0], w->res[r], NULL, NULL, NULL };
+	for (int r = 0; r < w->n; r++)
+		CHECK(k_cuda_ar_fused(w->ar, r, w->st[r], &io[r], rows, width, EPS) == 0, "plain r %d", r);
+	reference(w, 0, rows, width);	/* href += sum */
+	CU(cudaDeviceSynchronize());
+	for (int r = 0; r < w->n; r++) {
+		CU(cudaMemcpy(w->got, w->res[r], e * sizeof(float), cudaMemcpyDeviceToHost));
+		bad += !test_same_floats(w->got, w->href, e);
+	}
+	CHECK(bad == 0, "tp %d: residual += sum without norm: %d ranks differ", w->n, bad);
+	/* out = sum, then in place of the partial (fp32) */
+	for (int pass = 0; pass < 2; pass++) {
+		for (int r = 0; r < w->n; r++) {
+			float *o = pass ? (float *)w->part[r][0] : w->out[r];
+
+			io[r] = (struct k_cuda_ar_io){ w->part[r][0], NULL, NULL, o, w->ob[r] };
+		}
+		CHECK(launch_io(w, io, rows, width) == 0, "tp %d: sum into out (pass %d)", w->n, pass);
+		CU(cudaDeviceSynchronize());
+		bad = 0;
+		for (int r = 0; r < w->n; r++) {
+			const float *o = pass ? (float *)w->part[r][0] : w->out[r];
+
+			CU(cudaMemcpy(w->got, o, e * sizeof(float), cudaMemcpyDeviceToHost));
+			bad += !test_same_floats(w->got, sum, e);
+		}
+		CHECK(bad == 0, "tp %d: out = sum%s: %d ranks differ", w->n, pass ? " in place" : "",
+		      bad);
+	}
+	io[0] = (struct k_cuda_ar_io){ w->part[0][0], NULL, w->gamma, w->out[0], NULL };
+	CHECK(k_cuda_ar_fused(w->ar, 0, w->st[0], &io[0], rows, width, EPS) == -EINVAL,
+	      "gamma without a residual refused");
+	for (int r = 0; r < w->n; r++)
+		fill_set(w, r, 0);	/* the in-place pass overwrote set 0 */
+	free(sum);
+}
+
 static void run_full(void)
 {
 	static const int ns[4] = { 2, 3, 4, 8 };
@@ -389,6 +455,7 @@ static void run_full(void)
 		if (world_init(&w, 4, K_CUDA_AR_F32) == 0) {
 			case_sweep(&w, PER_STREAM, fw, 3, fr, 3);
 			case_sweep(&w, ONE_LAUNCH, fw, 3, fr, 3);
+			case_plain(&w);
 			case_stress(&w, 1000, PER_STREAM);
 		}
 		world_fini(&w);

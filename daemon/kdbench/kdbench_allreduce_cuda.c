@@ -15,8 +15,10 @@
 #ifdef KD_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "daemon/base/clock.h"
 #include "kernels/cuda/comm/k_cuda_comm.h"
 #include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/ops/k_cuda_ops.h"
 #ifdef KD_HAVE_NCCL
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"	/* nccl.h declares f() */
@@ -27,6 +29,7 @@
 #define ARC_MAX_ROWS 64
 #define ARC_CHAIN 32		/* reductions in the back-to-back graph */
 #define ARC_NVLINK_GBS 450.0	/* H200 NVLink 4: 900 GB/s both ways, 450 each way */
+#define ARC_WARM_S 0.3		/* busy first, so that the clocks are up before timing */
 
 struct arc {
 	int tp, width, iters, warmup;
@@ -34,6 +37,7 @@ struct arc {
 	cudaStream_t st[K_CUDA_AR_MAX_RANKS];
 	cudaEvent_t fork, join[K_CUDA_AR_MAX_RANKS], t0, t1;
 	struct k_cuda_ar_io io[K_CUDA_AR_MAX_RANKS];
+	float *h;		/* (ARC_MAX_ROWS, width) rank 0's: add_rmsnorm's addend */
 	double *us;		/* (warmup + iters) */
 };
 
@@ -47,7 +51,8 @@ static int arc_ok(cudaError_t e, const char *what)
 
 /* What a graph replays: 0 nothing (the fork and join alone, a 4-byte memset per
  * stream), 1 one reduction a launch per rank, 2 one reduction in one launch, 3
- * ARC_CHAIN reductions in one launch each. */
+ * ARC_CHAIN reductions in one launch each, 4 ARC_CHAIN k_cuda_add_rmsnorm of the same
+ * rows (the op that tp 1 runs where tp N runs the reduction). */
 static int arc_record(struct arc *b, int what, int rows)
 {
 	int ok = arc_ok(cudaEventRecord(b->fork, b->st[0]), "fork");
@@ -61,6 +66,9 @@ static int arc_record(struct arc *b, int what, int rows)
 		ok &= k_cuda_ar_fused(b->ar, r, b->st[r], &b->io[r], rows, b->width, 1e-5f) == 0;
 	for (int i = 0; i < (what == 2 ? 1 : what == 3 ? ARC_CHAIN : 0); i++)
 		ok &= k_cuda_ar_fused_all(b->ar, b->st[0], b->io, rows, b->width, 1e-5f) == 0;
+	for (int i = 0; what == 4 && i < ARC_CHAIN; i++)
+		ok &= k_cuda_add_rmsnorm(b->st[0], b->io[0].residual, b->h, b->io[0].out, b->io[0].gamma,
+					 rows, b->width, 1e-5f) == 0;
 	for (int r = 1; r < b->tp; r++) {
 		ok &= arc_ok(cudaEventRecord(b->join[r], b->st[r]), "join");
 		ok &= arc_ok(cudaStreamWaitEvent(b->st[0], b->join[r], 0), "join wait");
@@ -68,8 +76,9 @@ static int arc_record(struct arc *b, int what, int rows)
 	return ok ? 0 : -1;
 }
 
-/* p50/p99 us of replays of the graph arc_record(what, rows) captures. */
-static int arc_time(struct arc *b, int what, int rows, double *p50, double *p99)
+/* p50/p99 us of replays of the graph arc_record(what, rows) captures; warm: replayed
+ * back to back for ARC_WARM_S first. */
+static int arc_time(struct arc *b, int what, int rows, int warm, double *p50, double *p99)
 {
 	cudaGraph_t g = NULL;
 	cudaGraphExec_t x = NULL;
@@ -80,6 +89,15 @@ static int arc_time(struct arc *b, int what, int rows, double *p50, double *p99)
 		ok = 0;
 	ok &= arc_ok(cudaStreamEndCapture(b->st[0], &g), "end capture");
 	ok = ok && arc_ok(cudaGraphInstantiate(&x, g, 0), "instantiate");
+	if (ok && warm) {	/* replays back to back for ARC_WARM_S */
+		const double t0 = clock_now();
+
+		while (ok && clock_now() - t0 < ARC_WARM_S) {
+			for (int i = 0; ok && i < 50; i++)
+				ok = arc_ok(cudaGraphLaunch(x, b->st[0]), "replay");
+			ok = ok && arc_ok(cudaStreamSynchronize(b->st[0]), "replay");
+		}
+	}
 	for (int i = 0; ok && i < n; i++) {
 		float ms = 0;
 
@@ -116,15 +134,17 @@ static int arc_setup(struct arc *b)
 		ok &= arc_ok(cudaStreamCreateWithFlags(&b->st[r], cudaStreamNonBlocking), "stream");
 		ok &= arc_ok(cudaEventCreateWithFlags(&b->join[r], cudaEventDisableTiming), "event");
 		/* partial 2 bytes, residual, gamma, out 4 and out_bf16 2 bytes per value */
-		ok = ok && arc_ok(cudaMalloc(&p, e * 14 + 4 * (size_t)b->width), "cudaMalloc");
+		ok = ok && arc_ok(cudaMalloc(&p, e * 18 + 4 * (size_t)b->width), "cudaMalloc");
 		if (!ok)
 			break;
 		/* 0x3c: every bf16 and fp32 value about 0.01, no sentinel, no NaN */
-		ok &= arc_ok(cudaMemset(p, 0x3c, e * 14 + 4 * (size_t)b->width), "memset");
+		ok &= arc_ok(cudaMemset(p, 0x3c, e * 18 + 4 * (size_t)b->width), "memset");
 		b->io[r] = (struct k_cuda_ar_io){ .partial = p, .residual = (float *)((char *)p + e * 2),
 						  .out = (float *)((char *)p + e * 6),
 						  .out_bf16 = (uint16_t *)((char *)p + e * 10),
 						  .gamma = (float *)((char *)p + e * 12) };
+		if (r == 0)	/* after gamma: e * 2 >= 4 * width bytes */
+			b->h = (float *)((char *)p + e * 14);
 	}
 	ok = ok && arc_ok(cudaDeviceSynchronize(), "setup");
 	/* one reduction outside any capture: the kernels loaded before the first graph */
@@ -280,7 +300,8 @@ int kdbench_allreduce_cuda(int tp, int iters, int warmup, const long *bytes_in, 
 		return 1;
 	}
 	b.us = calloc((size_t)(warmup + iters), sizeof(double));
-	if (!b.us || arc_setup(&b) || arc_time(&b, 0, 1, &f50, &f99))
+	if (!b.us || arc_setup(&b) || arc_time(&b, 3, ARC_MAX_ROWS, 1, &f50, &f99) ||
+	    arc_time(&b, 0, 1, 0, &f50, &f99))
 		goto out;
 	if (k_cuda_ar_shape(b.ar, ARC_MAX_ROWS, width, &ctas, &threads))
 		goto out;
@@ -292,22 +313,24 @@ int kdbench_allreduce_cuda(int tp, int iters, int warmup, const long *bytes_in, 
 	       "p99 %.1f us; hbm_floor: bytes through one GPU's memory (all ranks) at %.2f TB/s; "
 	       "nvl_floor: one real rank's (tp-1) partials over NVLink at %.0f GB/s\n", f50, f99,
 	       KDBENCH_HBM_TBS, ARC_NVLINK_GBS);
-	printf("%9s %4s %10s %10s %10s %10s %10s %10s %10s\n", "bytes", "rows", "strm_p50",
-	       "strm_p99", "one_p50", "one_p99", "chain_us", "hbm_floor", "nvl_floor");
+	printf("%9s %4s %10s %10s %10s %10s %10s %10s %10s %10s\n", "bytes", "rows", "strm_p50",
+	       "strm_p99", "one_p50", "one_p99", "chain_us", "addnorm_us", "hbm_floor", "nvl_floor");
 	for (int i = 0; i < n_sizes; i++) {
 		const int rows = (int)(bytes[i] / (2L * width));
-		double s50, s99, o50, o99, c50, c99;
+		double s50, s99, o50, o99, c50, c99, a50, a99;
 
-		if (arc_time(&b, 1, rows, &s50, &s99) || arc_time(&b, 2, rows, &o50, &o99) ||
-		    arc_time(&b, 3, rows, &c50, &c99))
+		if (arc_time(&b, 1, rows, 0, &s50, &s99) || arc_time(&b, 2, rows, 0, &o50, &o99) ||
+		    arc_time(&b, 3, rows, 0, &c50, &c99) || arc_time(&b, 4, rows, 0, &a50, &a99))
 			goto out;
-		printf("%9ld %4d %10.1f %10.1f %10.1f %10.1f %10.2f %10.2f %10.2f\n", bytes[i], rows, s50,
-		       s99, o50, o99, c50 / ARC_CHAIN, arc_hbm_bytes(tp, rows, width) / (KDBENCH_HBM_TBS * 1e6),
+		printf("%9ld %4d %10.1f %10.1f %10.1f %10.1f %10.2f %10.2f %10.2f %10.2f\n", bytes[i], rows,
+		       s50, s99, o50, o99, c50 / ARC_CHAIN, a50 / ARC_CHAIN,
+		       arc_hbm_bytes(tp, rows, width) / (KDBENCH_HBM_TBS * 1e6),
 		       (tp - 1) * (double)bytes[i] / (ARC_NVLINK_GBS * 1e3));
 	}
 	printf("# strm: a launch per rank on its own stream (the multi-GPU form); one: all ranks in "
 	       "one launch (the one-GPU form); chain_us: p50 of a graph of %d one-launch reductions "
-	       "back to back / %d\n", ARC_CHAIN, ARC_CHAIN);
+	       "back to back / %d; addnorm_us: the same for k_cuda_add_rmsnorm of the rows (fp32, "
+	       "what tp 1 runs in its place)\n", ARC_CHAIN, ARC_CHAIN);
 #ifdef KD_HAVE_NCCL
 	arc_nccl_time(&b, bytes, n_sizes);
 #else

@@ -20,7 +20,7 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch_check.cuh"
 
-#define AR_MAX_THREADS 1024	// one CTA per row at a time, its threads across the row
+#define AR_MAX_THREADS 512	// one CTA per row at a time, its threads across the row
 #define AR_BATCH 4		// slots whose loads a thread has in flight together
 #define AR_WATCHDOG_NS 10000000000ull	// a wait this long means a rank never came: trap
 
@@ -214,9 +214,10 @@ __device__ __forceinline__ void ar_push(const ar_params &p, const ar_rank_dev &m
 
 // (2) the previous launch's buffer back to the sentinel, as much of each slot as it wrote.
 template <typename P>
-__device__ __forceinline__ void ar_reset(const ar_params &p, const ar_rank_dev &me, int old)
+__device__ __forceinline__ void ar_reset(const ar_params &p, const ar_rank_dev &me, int old,
+					 unsigned n_old)
 {
-	const size_t n16 = me.ctl->elems[old] / P::VEC;
+	const size_t n16 = n_old / P::VEC;
 	const uint4 s = make_uint4(P::SENT, P::SENT, P::SENT, P::SENT);
 
 	for (int from = 0; from < p.n; from++) {
@@ -237,31 +238,41 @@ __device__ __forceinline__ void ar_reduce_rows(const ar_params &p, const ar_rank
 	const int vpr = p.width / P::VEC;
 
 	for (int row = blockIdx.x; row < p.rows; row += gridDim.x) {
+		float4 *res = (float4 *)(me.residual + (size_t)row * p.width);	// if residual
 		float acc[PER][P::VEC];
+		// the residual loaded before the wait where registers allow (PER 1: no spill)
+		constexpr bool early = PER <= 2;
+		float4 rv[PER][P::VEC / 4];
 		double ss = 0.0;
 
 #pragma unroll
-		for (int k = 0; k < PER; k++)
+		for (int k = 0; k < PER; k++) {
+			const int v = threadIdx.x + k * blockDim.x;
+
 #pragma unroll
 			for (int e = 0; e < P::VEC; e++)
 				acc[k][e] = 0.0f;
+#pragma unroll
+			for (int q = 0; q < P::VEC / 4; q++)
+				if (early && me.residual && v < vpr)
+					rv[k][q] = res[v * (P::VEC / 4) + q];
+		}
 		// AR_BATCH slots' loads in flight at once, then summed in rank order
 		for (int f0 = 0; f0 < p.n; f0 += AR_BATCH)
 #pragma unroll
 			for (int k = 0; k < PER; k++) {
 				const int v = threadIdx.x + k * blockDim.x;
-				const uint4 *src[AR_BATCH];
+				const size_t step = p.slot / P::VEC;	// one slot to the next
+				const uint4 *src = me.own + ((size_t)(cur * p.n + f0) * p.slot +
+							     (size_t)row * p.width) / P::VEC + v;
 				uint4 x[AR_BATCH];
 
 				if (v >= vpr)
 					continue;
 #pragma unroll
-				for (int j = 0; j < AR_BATCH; j++) {
-					src[j] = me.own + ((size_t)(cur * p.n + f0 + j) * p.slot +
-							   (size_t)row * p.width) / P::VEC + v;
+				for (int j = 0; j < AR_BATCH; j++)
 					if (f0 + j < p.n)
-						x[j] = ld_volatile(src[j]);
-				}
+						x[j] = ld_volatile(src + j * step);
 #pragma unroll
 				for (int j = 0; j < AR_BATCH; j++) {
 					float f[P::VEC];
@@ -269,52 +280,62 @@ __device__ __forceinline__ void ar_reduce_rows(const ar_params &p, const ar_rank
 					if (f0 + j >= p.n)
 						break;
 					if (!P::ready(x[j]))
-						x[j] = wait_ready<P>(src[j], me.rank, f0 + j);
+						x[j] = wait_ready<P>(src + j * step, me.rank, f0 + j);
 					P::widen(x[j], f);
 #pragma unroll
 					for (int e = 0; e < P::VEC; e++)
 						acc[k][e] = __fadd_rn(acc[k][e], f[e]);
 				}
 			}
+		// x = residual + sum (written back), or the sum alone without a residual
 #pragma unroll
 		for (int k = 0; k < PER; k++) {
 			const int v = threadIdx.x + k * blockDim.x;
-			float4 *res = (float4 *)(me.residual + (size_t)row * p.width) + v * (P::VEC / 4);
 
 			if (v >= vpr)
 				continue;
 #pragma unroll
 			for (int q = 0; q < P::VEC / 4; q++) {
-				float4 x = res[q];
+				float *a = &acc[k][4 * q];
 
-				x.x = __fadd_rn(x.x, acc[k][4 * q]);
-				x.y = __fadd_rn(x.y, acc[k][4 * q + 1]);
-				x.z = __fadd_rn(x.z, acc[k][4 * q + 2]);
-				x.w = __fadd_rn(x.w, acc[k][4 * q + 3]);
-				res[q] = x;
-				acc[k][4 * q] = x.x;
-				acc[k][4 * q + 1] = x.y;
-				acc[k][4 * q + 2] = x.z;
-				acc[k][4 * q + 3] = x.w;
-				ss += (double)x.x * x.x + (double)x.y * x.y + (double)x.z * x.z +
-				      (double)x.w * x.w;
+				if (me.residual) {
+					const float4 r = early ? rv[k][q] : res[v * (P::VEC / 4) + q];
+
+					a[0] = __fadd_rn(r.x, a[0]);
+					a[1] = __fadd_rn(r.y, a[1]);
+					a[2] = __fadd_rn(r.z, a[2]);
+					a[3] = __fadd_rn(r.w, a[3]);
+					res[v * (P::VEC / 4) + q] = make_float4(a[0], a[1], a[2], a[3]);
+				}
+				ss += (double)a[0] * a[0] + (double)a[1] * a[1] + (double)a[2] * a[2] +
+				      (double)a[3] * a[3];
 			}
 		}
-		ss = block_sum_d(ss, red);
-		const float rs = 1.0f / sqrtf((float)(ss / p.width) + p.eps);
+		// out = rmsnorm(x) * gamma, or x itself without gamma (the same in every thread)
+		float rs = 1.0f;
 
+		if (me.gamma) {
+			ss = block_sum_d(ss, red);
+			rs = 1.0f / sqrtf((float)(ss / p.width) + p.eps);
+		}
 #pragma unroll
 		for (int k = 0; k < PER; k++) {
 			const int v = threadIdx.x + k * blockDim.x;
 			const size_t at = (size_t)row * p.width + (size_t)v * P::VEC;
 
-			if (v >= vpr)
+			if (v >= vpr || (!me.out && !me.out_bf16))
 				continue;
 #pragma unroll
 			for (int e = 0; e < P::VEC; e++) {
-				const float o = __fmul_rn(me.gamma[v * P::VEC + e],
-							  __fmul_rn(acc[k][e], rs));
+				float o = acc[k][e];
 
+				if (me.gamma) {
+					const float4 g = ((const float4 *)me.gamma)[v * (P::VEC / 4) + e / 4];
+					const float ge = e % 4 == 0 ? g.x : e % 4 == 1 ? g.y
+						       : e % 4 == 2 ? g.z : g.w;
+
+					o = __fmul_rn(ge, __fmul_rn(o, rs));
+				}
 				if (me.out)
 					me.out[at + e] = o;
 				if (me.out_bf16)
@@ -329,11 +350,13 @@ template <typename P, int PER>
 __global__ void __launch_bounds__(AR_MAX_THREADS) ar_fused_kernel(const __grid_constant__ ar_params p)
 {
 	const ar_rank_dev &me = p.r[blockIdx.y];
+	// the counter and the three sizes in one go (one line), not one after another
 	const unsigned k = *(volatile unsigned *)&me.ctl->launch;
+	const unsigned e0 = me.ctl->elems[0], e1 = me.ctl->elems[1], e2 = me.ctl->elems[2];
 	const int cur = (int)(k % 3), old = (int)((k + 2) % 3);
 
 	ar_push<P>(p, me, cur);
-	ar_reset<P>(p, me, old);
+	ar_reset<P>(p, me, old, old == 0 ? e0 : old == 1 ? e1 : e2);
 	ar_reduce_rows<P, PER>(p, me, cur);
 	__syncthreads();
 	if (threadIdx.x == 0) {
@@ -364,16 +387,18 @@ static int ar_pick(const struct k_cuda_ar *ar, int width, int *threads, ar_kerne
 {
 	const int groups = width / ar_vec(ar);
 	const int per = groups <= AR_MAX_THREADS ? 1 : groups <= 2 * AR_MAX_THREADS ? 2
-		      : groups <= 4 * AR_MAX_THREADS ? 4 : 0;
-	static const ar_kernel_fn table[2][3] = {
-		{ ar_fused_kernel<pay_bf16, 1>, ar_fused_kernel<pay_bf16, 2>, ar_fused_kernel<pay_bf16, 4> },
-		{ ar_fused_kernel<pay_f32, 1>, ar_fused_kernel<pay_f32, 2>, ar_fused_kernel<pay_f32, 4> },
+		      : groups <= 4 * AR_MAX_THREADS ? 4 : groups <= 8 * AR_MAX_THREADS ? 8 : 0;
+	static const ar_kernel_fn table[2][4] = {
+		{ ar_fused_kernel<pay_bf16, 1>, ar_fused_kernel<pay_bf16, 2>,
+		  ar_fused_kernel<pay_bf16, 4>, ar_fused_kernel<pay_bf16, 8> },
+		{ ar_fused_kernel<pay_f32, 1>, ar_fused_kernel<pay_f32, 2>,
+		  ar_fused_kernel<pay_f32, 4>, ar_fused_kernel<pay_f32, 8> },
 	};
 
 	if (!per)
 		return 0;
 	*threads = ((groups + per - 1) / per + 31) / 32 * 32;
-	*fn = table[ar->dtype][per == 1 ? 0 : per == 2 ? 1 : 2];
+	*fn = table[ar->dtype][per == 1 ? 0 : per == 2 ? 1 : per == 4 ? 2 : 3];
 	return per;
 }
 
@@ -416,11 +441,15 @@ static int ar_check(const struct k_cuda_ar *ar, const struct k_cuda_ar_io *io, i
 			   "%d..%d", rows, width, ar->max_rows, vec, vec, ar->max_width);
 		return -EINVAL;
 	}
-	if (!io->partial || !io->residual || !io->gamma || !ar_aligned(io->partial) ||
-	    !ar_aligned(io->residual) || !ar_aligned(io->gamma) || !ar_aligned(io->out) ||
-	    !ar_aligned(io->out_bf16)) {
-		k_cuda_log("k_cuda_ar: rank %d: partial, residual and gamma needed, every pointer "
-			   "16-byte aligned", rank);
+	if (!io->partial || (io->gamma && !io->residual) || (!io->residual && !io->out) ||
+	    !ar_aligned(io->partial) || !ar_aligned(io->residual) || !ar_aligned(io->gamma) ||
+	    !ar_aligned(io->out) || !ar_aligned(io->out_bf16)) {
+		k_cuda_log("k_cuda_ar: rank %d: a partial; with gamma a residual; without a residual "
+			   "an out; every pointer 16-byte aligned", rank);
+		return -EINVAL;
+	}
+	if (io->out && (const void *)io->out == io->partial && ar->dtype != K_CUDA_AR_F32) {
+		k_cuda_log("k_cuda_ar: rank %d: out in place of a bf16 partial", rank);
 		return -EINVAL;
 	}
 	return 0;

@@ -67,13 +67,18 @@ int k_cuda_ar_create(struct k_cuda_ar **out, int n_ranks, const int *devs,
 void k_cuda_ar_destroy(struct k_cuda_ar *ar);
 
 /* One rank's side of a reduction. All device pointers on the rank's device, 16-byte
- * aligned; residual and out (and out_bf16) do not overlap each other or partial. */
+ * aligned; residual, out and out_bf16 do not overlap each other or partial, except out
+ * may be partial itself with an fp32 payload (the sum in place).
+ *   x = residual + sum of every rank's partial (written back), or the sum alone where
+ *   residual is NULL; out = rmsnorm(x) * gamma, or x itself where gamma is NULL.
+ * The fused form: residual and gamma (k_cuda_add_rmsnorm after the reduction); the
+ * engine's plain reductions: gamma NULL (tp_comm_reduce's two forms). */
 struct k_cuda_ar_io {
 	const void *partial;	/* (rows, width) bf16 or fp32 as the communicator's dtype */
-	float *residual;	/* (rows, width) fp32: += the sum of every rank's partial */
-	const float *gamma;	/* (width) fp32 RMSNorm weight */
-	float *out;		/* (rows, width) fp32 rmsnorm(residual) * gamma, or NULL */
-	uint16_t *out_bf16;	/* (rows, width) the same rounded to bf16, or NULL */
+	float *residual;	/* (rows, width) fp32 in/out, or NULL (then out is needed) */
+	const float *gamma;	/* (width) fp32 RMSNorm weight, or NULL: no norm */
+	float *out;		/* (rows, width) fp32, or NULL */
+	uint16_t *out_bf16;	/* (rows, width) out rounded to bf16 (nearest even), or NULL */
 };
 
 /* The reduction for rank `rank`, launched on stream s (of the rank's device, which must
