@@ -23,10 +23,16 @@ for tool in memcheck racecheck; do
 done
 KD_TEST_QUICK=1 KD_TEST_PART=streams run san_memcheck_streams timeout 25 $cs --tool memcheck --error-exitcode 9 "$B/tests/test_cuda_allreduce"
 grep -E "ERROR SUMMARY|FAIL|trap" "$O/san_memcheck_streams.log" | head -4
+nvidia-smi --query-gpu=clocks.sm,clocks.mem --format=csv,noheader -lms 100 >"$O/clocks.txt" 2>&1 &
+smi=$!
 for tp in 2 4 8; do
 	run "bench_tp$tp" timeout 15 "$B/kdbench" allreduce --backend cuda --tp $tp --bytes 14336,57344,229376,917504
 	cat "$O/bench_tp$tp.log"
 done
 run bench_tp8_w4096 timeout 15 "$B/kdbench" allreduce --backend cuda --tp 8 --width 4096 --bytes 8192,524288
 cat "$O/bench_tp8_w4096.log"
+run bench_tp4_w8192 timeout 15 "$B/kdbench" allreduce --backend cuda --tp 4 --width 8192 --bytes 16384,1048576
+cat "$O/bench_tp4_w8192.log"
+kill "$smi" 2>/dev/null
+echo "SM clocks during the benchmarks (MHz): $(cut -d' ' -f1 "$O/clocks.txt" | sort -n | uniq -c | sort -rn | head -5 | tr '\n' ' ')"
 echo "total $((SECONDS - t0)) s"
