@@ -81,7 +81,14 @@ fi
 	grep -q '^# kdbench allreduce: cpu, tp 3' "$tmp/ar" &&
 	[ "$(grep -cE '^ +(4|4096|65540) +[0-9.]+ +[0-9.]+ ' "$tmp/ar")" -eq 3 ] && ok ||
 	fail "allreduce --tp 3: $(tail -n 1 "$tmp/err") $(cat "$tmp/ar")"
-expect 1 "not built yet" "$B/kdbench" allreduce --backend cuda
+# --backend cuda: the fused kernel's figures where a GPU is (contrib/device), else one line
+"$B/kdbench" allreduce --backend cuda --iters 2 --warmup 0 >"$tmp/ar" 2>"$tmp/err"
+case $? in
+0) grep -q '^# kdbench allreduce: cuda, tp 2' "$tmp/ar" && ok || fail "allreduce cuda: $(cat "$tmp/ar")" ;;
+1) tail -n 1 "$tmp/err" | grep -q "no CUDA device here\|built without CUDA" && ok ||
+	fail "allreduce --backend cuda without a GPU: $(tail -n 2 "$tmp/err")" ;;
+*) fail "allreduce --backend cuda: $(tail -n 2 "$tmp/err")" ;;
+esac
 expect 2 "multiple of 4" "$B/kdbench" allreduce --bytes 6
 
 # ---- refusals: one line each ----

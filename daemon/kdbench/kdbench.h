@@ -18,6 +18,11 @@ int kdbench_kvcache_main(int argc, char **argv);		/* kdbench_kvcache.c */
 int kdbench_ipc_main(int argc, char **argv);		/* kdbench_ipc.c */
 int kdbench_agent_main(int argc, char **argv);		/* kdbench_agent.c */
 int kdbench_allreduce_main(int argc, char **argv);	/* kdbench_allreduce.c */
+/* allreduce --backend cuda: the fused kernel with tp virtual ranks on GPU 0 over bf16
+ * messages bytes[0..n_sizes) of rows of width (n_sizes 0: 1, 4, 16, 64 rows); the
+ * exit status (kdbench_allreduce_cuda.c) */
+int kdbench_allreduce_cuda(int tp, int iters, int warmup, const long *bytes, int n_sizes,
+			   int width);
 
 /* xorshift64: the random prompt tokens of decode and prefill (*s never 0). */
 static inline uint64_t kdbench_rng_next(uint64_t *s)

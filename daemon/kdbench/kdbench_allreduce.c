@@ -1,8 +1,8 @@
-/* kdbench allreduce: the tensor-parallel all-reduce measured alone (issue 25). Now the
- * CPU ranks' (threads, shared memory: tp_comm.c), per message size p50/p99 of one
+/* kdbench allreduce: the tensor-parallel all-reduce measured alone (issue 25). The CPU
+ * ranks' (threads, shared memory: tp_comm.c), per message size p50/p99 of one
  * reduction with the residual add, beside its floor: the two barriers of a reduction
- * that moves no data. The GPU's fused one-shot kernel and NCCL are not built yet, so
- * --backend cuda says so. Every reduction's result is checked. */
+ * that moves no data; every reduction's result is checked. --backend cuda: the GPU's
+ * fused one-shot kernel with virtual ranks, and NCCL (kdbench_allreduce_cuda.c). */
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
@@ -17,7 +17,7 @@
 #define AR_MAX_SIZES 16
 
 struct ar_args {
-	int tp, iters, warmup, n_sizes;
+	int tp, iters, warmup, n_sizes, width, bytes_given;
 	long bytes[AR_MAX_SIZES];
 	const char *backend;
 };
@@ -133,6 +133,7 @@ static int ar_parse(int argc, char **argv, struct ar_args *a)
 		{ "iters", required_argument, NULL, 'i' },
 		{ "warmup", required_argument, NULL, 'w' },
 		{ "backend", required_argument, NULL, 'B' },
+		{ "width", required_argument, NULL, 'W' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -140,6 +141,7 @@ static int ar_parse(int argc, char **argv, struct ar_args *a)
 	int c;
 
 	*a = (struct ar_args){ .tp = 2, .iters = 200, .warmup = 20, .backend = "cpu", .n_sizes = 4,
+			       .width = 7168,
 			       .bytes = { 4096, 65536, 1 << 20, 16 << 20 } };
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -159,9 +161,15 @@ static int ar_parse(int argc, char **argv, struct ar_args *a)
 				return -1;
 			a->warmup = (int)v;
 			break;
+		case 'W':
+			if (kdbench_parse_num("kdbench allreduce", "--width", optarg, 8, 65536, &v))
+				return -1;
+			a->width = (int)v;
+			break;
 		case 'b': {
 			char *s = optarg, *end;
 
+			a->bytes_given = 1;
 			for (a->n_sizes = 0; *s; a->n_sizes++) {
 				errno = 0;
 				v = strtol(s, &end, 10);
@@ -180,11 +188,15 @@ static int ar_parse(int argc, char **argv, struct ar_args *a)
 		case 'B': a->backend = optarg; break;
 		case 'h':
 			printf("usage: kdbench allreduce [--tp N] [--bytes 4096,65536,...] [--iters N] "
-			       "[--warmup N] [--backend cpu]\n"
+			       "[--warmup N] [--backend cpu|cuda] [--width W]\n"
 			       "  the tensor-parallel all-reduce (sum + residual add) of each message size\n"
 			       "  over N ranks (default 2): p50/p99 microseconds and GB/s, beside the floor\n"
 			       "  (a reduction of nothing: its two barriers). cpu: ranks as threads over\n"
-			       "  shared memory (tp_comm.c); the GPU's fused kernel and NCCL: not built yet\n");
+			       "  shared memory (tp_comm.c). cuda: the fused one-shot all-reduce + residual\n"
+			       "  + RMSNorm with N virtual ranks on GPU 0, messages of bf16 rows of W values\n"
+			       "  (default 7168; --bytes a multiple of 2W, 1..64 rows; default 1, 4, 16, 64\n"
+			       "  rows), beside its launch, HBM and NVLink floors; and NCCL's one-rank\n"
+			       "  all-reduce where libnccl loads (NCCL cannot put two ranks on one GPU)\n");
 			exit(0);
 		default:
 			return -1;
@@ -200,10 +212,12 @@ int kdbench_allreduce_main(int argc, char **argv)
 
 	if (ar_parse(argc, argv, &a))
 		return 2;
+	if (!strcmp(a.backend, "cuda"))
+		return kdbench_allreduce_cuda(a.tp, a.iters, a.warmup, a.bytes_given ? a.bytes : NULL,
+					      a.bytes_given ? a.n_sizes : 0, a.width);
 	if (strcmp(a.backend, "cpu")) {
-		fprintf(stderr, "kdbench allreduce: --backend %s: the GPU all-reduces (fused one-shot "
-			"kernel, NCCL) are not built yet (issue 25); --backend cpu measures the "
-			"ranks-as-threads one\n", a.backend);
+		fprintf(stderr, "kdbench allreduce: --backend %s: cpu (ranks as threads) or cuda (the "
+			"fused one-shot kernel, virtual ranks on one GPU)\n", a.backend);
 		return 1;
 	}
 	if (ar_measure(&a, 0, &f50, &f99))
