@@ -10,6 +10,9 @@
 #    test_golden (KDEC_GOLDEN_EXTRA);
 # 4. kdbench logits --dump-routing on cuda, then --force-routing on cpu (the tool).
 # Logs under $OUT; summary.txt holds the lines the fidelity table is made of.
+# FID_STEPS picks the parts (default "tests golden unseen tool"); FID_REF_DIR: the unseen
+# references made beforehand (contrib/make_unseen_references.sh), so the GPU machine
+# needs no torch.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B=${KDEC_BUILD_DIR:-devbuild}
@@ -21,7 +24,9 @@ say() { echo "$*" | tee -a "$S"; }
 
 say "# fidelity.sh commit ${FID_COMMIT:-?} $(date -u +%FT%TZ)"
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
-for t in test_cuda_moe test_cuda_linear; do
+steps=" ${FID_STEPS:-tests golden unseen tool} "
+step() { [[ $steps == *" $1 "* ]]; }
+step tests && for t in test_cuda_moe test_cuda_linear; do
 	timeout 240 "$B/tests/$t" >"$O/$t.log" 2>&1
 	say "$t: exit $? ($(tail -n 1 "$O/$t.log"))"
 done
@@ -33,43 +38,37 @@ golden() {	# golden NAME [ENV...]: test_golden on cuda, its fidelity lines kept
 	say "golden $name: exit $? ($(tail -n 1 "$O/golden_$name.log"))"
 	grep -E "fidelity:|row [0-9]+ \(position" "$O/golden_$name.log" | sed "s/^/$name /" >>"$S"
 }
+if step golden; then
 golden fp32router
 golden bf16router KDEC_ROUTER_FP32=0
 # the rows left over without a flip: bf16 rounding of activations (prefill GEMMs on
 # the tensor cores, the prefill attention's bf16 tiles), or a kernel error? The same
 # with every linear on fp32 x and the CUDA-core prefill attention
 golden fp32act KDEC_LINEAR_FP32X=1 KDEC_ATTN_PREFILL_MMA=0
+fi
 
-# unseen checkpoints: seed 7, other dims, bf16
-mkdir -p "$O/cfg" /tmp/kdec-ref7
-for c in deepseek_v2 deepseek_v3 kimi_k2 qwen3_moe llama qwen3; do
-	python3 - "tests/data/tiny/$c.json" "$O/cfg/${c}_s7.json" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1]))
-c["torch_dtype"] = "bfloat16"
-c.pop("dtype", None)
-c["num_hidden_layers"] += 1
-for k in ("moe_intermediate_size", "intermediate_size"):
-    if k in c:
-        c[k] += 16
-json.dump(c, open(sys.argv[2], "w"), indent=1)
-PY
-done
-python3 "${FID_MAKE_REF:-contrib/make_reference.py}" --seed 7 --lengths 7,64,300 --out /tmp/kdec-ref7 "$O"/cfg/*.json \
-	>"$O/make_reference.log" 2>&1
-say "make_reference seed 7: exit $? ($(tail -n 1 "$O/make_reference.log"))"
-extra=$(ls -d /tmp/kdec-ref7/*/ 2>/dev/null | sed 's:/$::' | paste -sd:)
+# unseen checkpoints: seed 7, other dims, bf16 (contrib/make_unseen_references.sh); made
+# here unless FID_REF_DIR names them made elsewhere (torch on the CPU: seconds on any host)
+ref7=${FID_REF_DIR:-/tmp/kdec-ref7}
+if step unseen; then
+if [ -z "${FID_REF_DIR:-}" ]; then
+	contrib/make_unseen_references.sh "$ref7" >"$O/make_reference.log" 2>&1
+	say "make_unseen_references: exit $? ($(tail -n 1 "$O/make_reference.log"))"
+fi
+extra=$(ls -d "$ref7"/*_s7/ 2>/dev/null | sed 's:/$::' | paste -sd:)
 golden unseen KDEC_GOLDEN_EXTRA="$extra"
 golden unseen_fp32act KDEC_GOLDEN_EXTRA="$extra" KDEC_LINEAR_FP32X=1 KDEC_ATTN_PREFILL_MMA=0
-cp -r "$O/cfg" "$O/unseen_configs" 2>/dev/null
+fi
 
 # the tool: cuda routing forced on the cpu
 m=tests/data/golden/deepseek_v3
+step tool && {
 toks=$(python3 -c "import json; print(','.join(map(str, json.load(open('$m/golden.json'))['cases'][-1]['tokens'])))")
 "$B/kdbench" logits --model $m --backend cuda --tokens "$toks" --out "$O/dsv3_cuda.f32" \
 	--dump-routing "$O/dsv3_cuda.routing" --log-level warn 2>"$O/kdbench.log"
 "$B/kdbench" logits --model $m --backend cpu --tokens "$toks" --out "$O/dsv3_cpu_forced.f32" \
 	--force-routing "$O/dsv3_cuda.routing" --log-level warn 2>>"$O/kdbench.log"
 say "kdbench force-routing: $(tail -n 1 "$O/kdbench.log")"
+}
 tar czf "$O/logs.tgz" -C "$O" --exclude logs.tgz --exclude '*.f32' . 2>/dev/null
-rm -rf "$O/cfg" "$O/unseen_configs" "$O"/*.f32	# in logs.tgz; the device returns few files
+rm -f "$O"/*.f32	# in logs.tgz; the device returns few files

@@ -199,7 +199,9 @@ phase_sanitize() {
 	for t in ${SAN_TESTS:-$(gpu_tests)}; do
 		for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
 			local name=${tool}_$t${KD_TEST_PART:+_$KD_TEST_PART}
-			run "$name" timeout "${SAN_TIMEOUT:-240}" "$cs" --tool "$tool" \
+			# stdbuf (inherited by the test): a run cut by the timeout still shows
+			# how far it got
+			run "$name" timeout "${SAN_TIMEOUT:-240}" stdbuf -oL -eL "$cs" --tool "$tool" \
 				--error-exitcode 9 "$B/tests/$t"
 			# what it reported up to its end or its cut, and the test's own verdicts
 			say "  $name: $(grep -cE '^========= +(Error|Warning|Invalid|Race|Program hit)' \

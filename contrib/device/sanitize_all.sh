@@ -11,7 +11,7 @@
 # 480 s) says so (exit 124). The logs of every run come back as one sanlogs.tgz.
 #   device run "KDEC_BUILD_DIR=devbuild bash contrib/device/sanitize_all.sh"  carry ["devbuild"]
 # (after contrib/device/pack.sh; SAN_TOOLS="memcheck", "racecheck" or "synccheck" runs one
-# tool)
+# tool; SAN_MATCH=REGEX runs only the specs below that match it, e.g. "attn_mla|moe_lat")
 set -u
 cd "$(dirname "$0")/../.."
 R=contrib/device/run.sh
@@ -44,6 +44,7 @@ job() {
 }
 i=0
 for spec in "${specs[@]}"; do
+	[[ -z ${SAN_MATCH:-} || $spec =~ $SAN_MATCH ]] || continue
 	for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
 		while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
 		i=$((i + 1))
