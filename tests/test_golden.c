@@ -53,8 +53,9 @@ static int quant_on_gpu;
 
 /* The model in hand on the GPU: the CPU reference engine that replays its routing
  * (MoE models only; NULL otherwise) and the traces of the two runs. */
-static struct engine *ref_e;
-static struct route_trace *trace_gpu, *trace_cpu, *trace_prefill, *trace_x;
+static struct engine *ref_e, *ref_ex;	/* the CPU reference: cache rounded as the GPU's;
+					 * and GEMM inputs too (goldenflip.h) */
+static struct route_trace *trace_gpu, *trace_cpu, *trace_cpux, *trace_prefill, *trace_x;
 
 /* golden/: the shared references; reference/: made by contrib/make_reference.py from
  * tests/data/tiny configs (other dims, fp16 and fp32 checkpoints, kimi_k2); quant/:
@@ -189,8 +190,25 @@ static int run_fp32x(struct engine *e, path_fn run, const struct gcase *cs, int 
 #endif
 }
 
+/* The path on a reference engine with the GPU's routing forced; 0 or engine_step's error. */
+static int run_forced(struct engine *ref, struct route_trace *t, path_fn run,
+		      const struct gcase *cs, int n, float *out, char *err, size_t err_len)
+{
+	int ret;
+
+	route_trace_clear(t);
+	if (route_trace_force_from(t, trace_gpu)) {
+		snprintf(err, err_len, "forcing the GPU's routing");
+		return -EINVAL;
+	}
+	engine_set_route_trace(ref, t);
+	ret = run(ref, cs, n, out, err, err_len);
+	engine_set_route_trace(ref, NULL);
+	return ret;
+}
+
 /* Runs one path on the engine (recording its routing where the model has a reference
- * engine) and, for MoE models on the GPU, again on the reference with that routing
+ * engine) and, for MoE models on the GPU, again on the two references with that routing
  * forced and once more on the GPU with fp32 GEMM inputs (run_fp32x); then every row
  * is judged (goldenflip.h). */
 static void check_path(struct engine *e, const char *name, const char *path, path_fn run,
@@ -201,6 +219,7 @@ static void check_path(struct engine *e, const char *name, const char *path, pat
 	float *got = malloc((size_t)n_rows * vocab * sizeof(float));
 	float *cpu = ref_e ? malloc((size_t)n_rows * vocab * sizeof(float)) : NULL;
 	float *gx = ref_e ? malloc((size_t)n_rows * vocab * sizeof(float)) : NULL;
+	float *cpux = ref_e ? malloc((size_t)n_rows * vocab * sizeof(float)) : NULL;
 	struct flip_stats st;
 	char err[256] = "", what[96];
 	int ret;
@@ -214,12 +233,13 @@ static void check_path(struct engine *e, const char *name, const char *path, pat
 	engine_set_route_trace(e, NULL);
 	CHECK(ret == 0, "%s: %s", what, err);
 	if (ref_e && !ret) {
-		route_trace_clear(trace_cpu);
-		CHECK(route_trace_force_from(trace_cpu, trace_gpu) == 0, "%s: force", what);
-		engine_set_route_trace(ref_e, trace_cpu);
-		ret = run(ref_e, cs, n, cpu, err, sizeof(err));
-		engine_set_route_trace(ref_e, NULL);
+		ret = run_forced(ref_e, trace_cpu, run, cs, n, cpu, err, sizeof(err));
 		CHECK(ret == 0, "%s: the CPU run with the GPU's routing: %s", what, err);
+	}
+	if (ref_e && !ret) {
+		ret = run_forced(ref_ex, trace_cpux, run, cs, n, cpux, err, sizeof(err));
+		CHECK(ret == 0, "%s: the CPU run with the GPU's routing and GEMM inputs: %s", what,
+		      err);
 	}
 	if (ref_e && !ret) {
 		int rx = run_fp32x(e, run, cs, n, gx, err, sizeof(err));
@@ -231,19 +251,21 @@ static void check_path(struct engine *e, const char *name, const char *path, pat
 		}
 	}
 	if (!ret) {
-		fails = flip_judge(what, got, ref, cpu, gx, rows, n_rows, vocab, row_tol,
+		fails = flip_judge(what, got, ref, cpu, cpux, gx, rows, n_rows, vocab, row_tol,
 				   trace_gpu, trace_cpu, &e->model->cfg.route, model_bias,
 				   (void *)e->model, &st);
 		fprintf(stderr, "  fidelity: %-22s %-14s rows %4d worst %.2e median %.2e argmax %d/%d "
 			"over %d flips %d cache %d gemm-in %d flip-rate %ld/%ld same-routing-worst %.2e "
-			"fp32-in-worst %.2e tol %g\n", name, path, st.rows, st.worst, st.median,
-			st.argmax_ok, st.rows, st.bad, st.flips_ok, st.cache_ok, st.gemm_ok, st.flipped,
-			st.decisions, st.same_route_worst, st.fp32x_worst, row_tol);
+			"fp32-in-worst %.2e bf16-in-worst %.2e tol %g\n", name, path, st.rows, st.worst,
+			st.median, st.argmax_ok, st.rows, st.bad, st.flips_ok, st.cache_ok, st.gemm_ok,
+			st.flipped, st.decisions, st.same_route_worst, st.fp32x_worst, st.bf16x_worst,
+			row_tol);
 		CHECK(fails == 0, "%s: %d of %d rows over %g unexplained (worst %.3g)", what, fails,
 		      n_rows, row_tol, st.worst);
 	}
 	free(got);
 	free(cpu);
+	free(cpux);
 	free(gx);
 }
 
@@ -368,26 +390,33 @@ static void reference_open(struct model *m, int threads, int max_pos)
 	char err[512] = "";
 
 	CHECK(engine_create(&ref_e, m, &eo, err, sizeof(err)) == 0, "reference engine: %s", err);
+	eo.x_bf16 = 1;
+	CHECK(engine_create(&ref_ex, m, &eo, err, sizeof(err)) == 0, "reference engine, GEMM "
+	      "inputs in bf16: %s", err);
 	CHECK(route_trace_create(&trace_gpu, c->n_layers, c->n_experts, c->top_k, MAX_CASES, max_pos) == 0 &&
 	      route_trace_create(&trace_cpu, c->n_layers, c->n_experts, c->top_k, MAX_CASES, max_pos) == 0 &&
+	      route_trace_create(&trace_cpux, c->n_layers, c->n_experts, c->top_k, MAX_CASES, max_pos) == 0 &&
 	      route_trace_create(&trace_prefill, c->n_layers, c->n_experts, c->top_k, MAX_CASES, max_pos) == 0 &&
 	      route_trace_create(&trace_x, c->n_layers, c->n_experts, c->top_k, MAX_CASES, max_pos) == 0,
 	      "routing traces");
-	if (!trace_gpu || !trace_cpu || !trace_prefill || !trace_x) {
+	if (!ref_e || !ref_ex || !trace_gpu || !trace_cpu || !trace_cpux || !trace_prefill || !trace_x) {
 		engine_destroy(ref_e);
-		ref_e = NULL;
+		engine_destroy(ref_ex);
+		ref_e = ref_ex = NULL;
 	}
 }
 
 static void reference_close(void)
 {
 	engine_destroy(ref_e);
+	engine_destroy(ref_ex);
 	route_trace_destroy(trace_gpu);
 	route_trace_destroy(trace_cpu);
+	route_trace_destroy(trace_cpux);
 	route_trace_destroy(trace_prefill);
 	route_trace_destroy(trace_x);
-	ref_e = NULL;
-	trace_gpu = trace_cpu = trace_prefill = trace_x = NULL;
+	ref_e = ref_ex = NULL;
+	trace_gpu = trace_cpu = trace_cpux = trace_prefill = trace_x = NULL;
 }
 
 static void check_model(const char *top, const char *name, int threads)

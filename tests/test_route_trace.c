@@ -47,41 +47,53 @@ static void check_causes(const float *base, const struct flip_row *rows,
 {
 	size_t n = (size_t)n_toks * vocab;
 	float *got = malloc(sizeof(float) * n), *cpu = malloc(sizeof(float) * n);
-	float *gx = malloc(sizeof(float) * n);
+	float *gx = malloc(sizeof(float) * n), *cpux = malloc(sizeof(float) * n);
 	struct flip_stats st;
 	int fails;
 
 	scaled_row(got, base, 1.5 * TOL);
 	scaled_row(cpu, base, 0.8 * TOL);
-	fails = flip_judge("cache", got, base, cpu, NULL, rows, n_toks, vocab, TOL, rec, rec, route,
+	fails = flip_judge("cache", got, base, cpu, NULL, NULL, rows, n_toks, vocab, TOL, rec, rec, route,
 			   bias_of, NULL, &st);
 	CHECK(fails == 0 && st.bad == 1 && st.cache_ok == 1,
 	      "a row the cache alone moves 0.8 tol, the GPU 0.7 tol from it: explained (%d failed)", fails);
 	scaled_row(got, base, 1.15 * TOL);
 	scaled_row(cpu, base, 0.2 * TOL);
-	fails = flip_judge("cache too small", got, base, cpu, NULL, rows, n_toks, vocab, TOL, rec, rec,
+	fails = flip_judge("cache too small", got, base, cpu, NULL, NULL, rows, n_toks, vocab, TOL, rec, rec,
 			   route, bias_of, NULL, &st);
 	CHECK(fails == 1 && st.cache_ok == 0, "a row the cache moves only 0.2 tol: a kernel error (%d)",
 	      fails);
 
+	/* the GEMM inputs: the forced CPU run that rounds them as the GPU does (cpux) */
 	scaled_row(got, base, 2 * TOL);
 	memcpy(cpu, base, sizeof(float) * n);
-	scaled_row(gx, base, 0.5 * TOL);
-	fails = flip_judge("gemm inputs", got, base, cpu, gx, rows, n_toks, vocab, TOL, rec, rec, route,
-			   bias_of, NULL, &st);
-	CHECK(fails == 0 && st.gemm_ok == 1,
-	      "2 tol off, fp32 inputs 0.5 tol off: the GEMM inputs (%d failed)", fails);
-	scaled_row(gx, base, 1.5 * TOL);
-	fails = flip_judge("gemm inputs not it", got, base, cpu, gx, rows, n_toks, vocab, TOL, rec, rec,
-			   route, bias_of, NULL, &st);
-	CHECK(fails == 1 && st.gemm_ok == 0, "fp32 inputs 1.5 tol off explain nothing (%d)", fails);
-	scaled_row(got, base, 3 * TOL);
-	scaled_row(gx, base, 0.5 * TOL);
-	fails = flip_judge("gemm cap", got, base, cpu, gx, rows, n_toks, vocab, TOL, rec, rec, route,
-			   bias_of, NULL, &st);
-	CHECK(fails == 1 && st.gemm_ok == 0, "3 tol from the forced row is past GEMM_IN_CAP (%d)", fails);
+	scaled_row(cpux, base, 1.6 * TOL);
+	fails = flip_judge("gemm inputs", got, base, cpu, cpux, NULL, rows, n_toks, vocab, TOL, rec,
+			   rec, route, bias_of, NULL, &st);
+	CHECK(fails == 0 && st.gemm_ok == 1 && st.cache_ok == 0,
+	      "2 tol off, the CPU with the GPU's GEMM inputs 1.6 tol off and 0.4 from it: the GEMM "
+	      "inputs (%d failed)", fails);
+	scaled_row(cpux, base, 0.4 * TOL);
+	fails = flip_judge("gemm inputs not it", got, base, cpu, cpux, NULL, rows, n_toks, vocab, TOL,
+			   rec, rec, route, bias_of, NULL, &st);
+	CHECK(fails == 1 && st.gemm_ok == 0, "the CPU with the GPU's GEMM inputs 1.6 tol from the "
+	      "row explains nothing (%d)", fails);
+	scaled_row(got, base, 1.2 * TOL);
+	scaled_row(cpux, base, 0.3 * TOL);
+	fails = flip_judge("gemm inputs too small", got, base, cpu, cpux, NULL, rows, n_toks, vocab,
+			   TOL, rec, rec, route, bias_of, NULL, &st);
+	CHECK(fails == 1 && st.gemm_ok == 0, "GEMM inputs that move the CPU row only 0.3 tol: a "
+	      "kernel error (%d)", fails);
+	/* the fp32-input GPU run is measured, never an explanation */
+	scaled_row(got, base, 2 * TOL);
+	memcpy(gx, base, sizeof(float) * n);
+	fails = flip_judge("fp32 inputs", got, base, cpu, NULL, gx, rows, n_toks, vocab, TOL, rec,
+			   rec, route, bias_of, NULL, &st);
+	CHECK(fails == 1 && st.fp32x_worst == 0, "an fp32-input row equal to the reference "
+	      "explains nothing (%d)", fails);
 	free(got);
 	free(cpu);
+	free(cpux);
 	free(gx);
 }
 
@@ -277,7 +289,7 @@ int main(void)
 		prefill(e2, cpu_t, cpu);
 		CHECK(!memcmp(cpu, moved, sizeof(float) * (size_t)n_toks * vocab),
 		      "the forced reference run gives the forced run's rows");
-		fails = flip_judge("forced flip", moved, ref, cpu, NULL, rows, n_toks, vocab, TOL, force,
+		fails = flip_judge("forced flip", moved, ref, cpu, NULL, NULL, rows, n_toks, vocab, TOL, force,
 				   cpu_t, &m->cfg.route, bias_of, NULL, &st);
 		CHECK(st.bad > 0 && fails == st.bad && st.flips_ok == 0,
 		      "a flip at no near-tie fails: %d bad, %d failed, %d explained", st.bad, fails,
@@ -285,7 +297,7 @@ int main(void)
 		CHECK(st.flipped == 1, "one decision flipped of %ld: %ld", st.decisions, st.flipped);
 
 		/* the unchanged run passes */
-		fails = flip_judge("own routing", base, ref, base, NULL, rows, n_toks, vocab, TOL, rec, rec,
+		fails = flip_judge("own routing", base, ref, base, NULL, NULL, rows, n_toks, vocab, TOL, rec, rec,
 				   &m->cfg.route, bias_of, NULL, &st);
 		CHECK(fails == 0 && st.bad == 0 && st.flipped == 0, "own routing: %d failed", fails);
 
@@ -293,15 +305,42 @@ int main(void)
 		memcpy(noisy, base, sizeof(float) * (size_t)n_toks * vocab);
 		for (int v = 0; v < vocab; v++)
 			noisy[(size_t)3 * vocab + v] *= 1.01f;
-		fails = flip_judge("kernel error", noisy, ref, base, NULL, rows, n_toks, vocab, TOL, rec, rec,
+		fails = flip_judge("kernel error", noisy, ref, base, NULL, NULL, rows, n_toks, vocab, TOL, rec, rec,
 				   &m->cfg.route, bias_of, NULL, &st);
 		CHECK(fails == 1 && st.bad == 1, "a moved row without a flip fails: %d", fails);
-		fails = flip_judge("dense", noisy, ref, NULL, NULL, rows, n_toks, vocab, TOL, NULL, NULL,
+		fails = flip_judge("dense", noisy, ref, NULL, NULL, NULL, rows, n_toks, vocab, TOL, NULL, NULL,
 				   &m->cfg.route, bias_of, NULL, &st);
 		CHECK(fails == 1, "without a reference run every bad row fails: %d", fails);
 		check_causes(base, rows, rec, &m->cfg.route);
 		free(cpu);
 		route_trace_destroy(cpu_t);
+	}
+
+	/* x_bf16 (the reference with the GPU's GEMM inputs): a prefill's rows move by about
+	 * bf16's rounding, not more; a one-token step (the GPU's fp32-x GEMV) is unchanged */
+	{
+		struct engine_opts xo = { .backend = "cpu", .threads = 2, .x_bf16 = 1 };
+		struct engine *ex = NULL;
+		struct engine_seq seq;
+		double worst = 0;
+
+		CHECK(engine_create(&ex, m, &xo, err, sizeof(err)) == 0, "x_bf16 engine: %s", err);
+		prefill(ex, NULL, again);
+		for (int t = 0; t < n_toks; t++) {
+			double d = test_rel_l2(again + (size_t)t * vocab, base + (size_t)t * vocab,
+					       (size_t)vocab);
+
+			worst = d > worst ? d : worst;
+		}
+		CHECK(worst > 1e-6 && worst < 2e-2, "x_bf16 prefill: worst row %.3g from fp32 inputs "
+		      "(bf16 rounding: between 1e-6 and 2e-2)", worst);
+		engine_seq_init(&seq);
+		struct engine_req r = { .seq = &seq, .tokens = toks, .n_tokens = 1 };
+		CHECK(engine_step(ex, &r, 1, again, err, sizeof(err)) == 0, "x_bf16 step: %s", err);
+		CHECK(!memcmp(again, base, sizeof(float) * (size_t)vocab),
+		      "x_bf16: a one-token step equals fp32 inputs' (row 0)");
+		engine_seq_release(ex, &seq);
+		engine_destroy(ex);
 	}
 
 	/* a trace too small for the step: one clear error, the engine goes on */

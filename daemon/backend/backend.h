@@ -14,12 +14,20 @@
 
 struct backend;
 
+/* The fewest rows at which the cuda backend's linear layers take their input rounded to
+ * bf16 (K_CUDA_LINEAR_SPLITK and up; fewer rows run the fp32-x GEMV). */
+#define BACKEND_X_BF16_MIN_M	3
+
 struct backend_opts {
 	int threads;		/* CPU worker threads; <= 0: one per online CPU */
 	int device;		/* first GPU (cuda) */
 	int kv_bf16;		/* cpu: round each cached K/V value to bf16 as it is written,
 				 * as the cuda backend stores it, so a fidelity check can tell
 				 * the cache's rounding from the kernels' error (cuda: ignored) */
+	int x_bf16;		/* cpu: round a linear layer's input to bf16 where the cuda
+				 * backend's tensor-core kernels do (more than
+				 * BACKEND_X_BF16_MIN_M - 1 rows; never the router's
+				 * linear_fp32x), for the same reason (cuda: ignored) */
 	int all_gpus;		/* --gpus all (cuda): every visible GPU; more than one is
 				 * refused until the multi-GPU path is built (issue 25) */
 };

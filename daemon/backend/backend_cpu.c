@@ -13,6 +13,9 @@ struct backend_cpu {
 	struct backend base;
 	struct k_pool *pool;
 	int kv_bf16;		/* backend_opts.kv_bf16 */
+	int x_bf16;		/* backend_opts.x_bf16 */
+	float *xr;		/* (xr_cap) x rounded to bf16, for x_bf16 */
+	size_t xr_cap;
 };
 
 static struct k_pool *pool_of(struct backend *be)
@@ -39,6 +42,7 @@ static int cpu_create(struct backend **out, const struct model *m, const struct 
 		return -ENOMEM;
 	b->base.ops = &backend_cpu_ops;
 	b->kv_bf16 = opts && opts->kv_bf16;
+	b->x_bf16 = opts && opts->x_bf16;
 	ret = k_pool_create(&b->pool, (int)threads);
 	if (ret) {
 		snprintf(err, err_len, "cpu backend: cannot start %ld threads: %s", threads, strerror(-ret));
@@ -54,6 +58,7 @@ static void cpu_destroy(struct backend *be)
 	if (!be)
 		return;
 	k_pool_destroy(pool_of(be));
+	free(((struct backend_cpu *)be)->xr);
 	free(be);
 }
 
@@ -125,9 +130,36 @@ static void cpu_silu_mul(struct backend *be, float *out, const float *gate, cons
 	k_cpu_silu_mul(out, gate, up, n);
 }
 
-static void cpu_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M)
+/* The router's linear: fp32 input always, as on the GPU. */
+static void cpu_linear_fp32x(struct backend *be, float *y, const float *x,
+			     const struct model_tensor *w, int M)
 {
 	k_cpu_linear_q(pool_of(be), y, x, w->data, w->dtype, &w->q, M, (int)w->rows, (int)w->cols);
+}
+
+/* With x_bf16, x rounded to bf16 first where the GPU's kernels round it; a scratch that
+ * cannot grow leaves x as it is (the fidelity check then shows the difference). */
+static void cpu_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M)
+{
+	struct backend_cpu *b = (struct backend_cpu *)be;
+	size_t n = (size_t)M * (size_t)w->cols;
+
+	if (b->x_bf16 && M >= BACKEND_X_BF16_MIN_M) {
+		if (n > b->xr_cap) {
+			float *p = realloc(b->xr, n * sizeof(float));
+
+			if (p) {
+				b->xr = p;
+				b->xr_cap = n;
+			}
+		}
+		if (n <= b->xr_cap) {
+			for (size_t i = 0; i < n; i++)
+				b->xr[i] = k_round_to(x[i], K_BF16);
+			x = b->xr;
+		}
+	}
+	cpu_linear_fp32x(be, y, x, w, M);
 }
 
 static void cpu_rope(struct backend *be, const struct k_rope *rope, float *x, int n_rows, int n_heads,
@@ -246,6 +278,7 @@ const struct backend_ops backend_cpu_ops = {
 	.add = cpu_add,
 	.silu_mul = cpu_silu_mul,
 	.linear = cpu_linear,
+	.linear_fp32x = cpu_linear_fp32x,
 	.rope = cpu_rope,
 	.kv_write = cpu_kv_write,
 	.attn_gqa = cpu_attn_gqa,

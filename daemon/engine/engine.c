@@ -221,6 +221,7 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 	e->model = m;
 	bo = (struct backend_opts){ .threads = opts->tp > 1 ? engine_rank_threads(opts) : opts->threads,
 				    .kv_bf16 = opts->kv_bf16,
+				    .x_bf16 = opts->x_bf16,
 				    .device = opts->n_gpus == 1 ? opts->gpus[0] : 0,
 				    .all_gpus = opts->n_gpus < 0 };
 	if ((ret = ops->create(&e->be, m, &bo, err, err_len)))

@@ -75,6 +75,8 @@ static void usage(FILE *f)
 		"  --block-size N        tokens per KV block (default %d)\n"
 		"  --kv-bf16             cpu: round the cached K/V to bf16 as the cuda backend\n"
 		"                        stores them (the cache's share of a GPU row's error)\n"
+		"  --x-bf16              cpu: round the linear layers' inputs to bf16 where the\n"
+		"                        cuda backend's tensor-core kernels do (3+ rows)\n"
 		"  --decode-path P       auto (default), standard or latency (kdecd --help)\n"
 		"  --spec ngram:k=N[,n=M]  generate: n-gram speculative decoding, N drafts per\n"
 		"                        step matching the last M..1 tokens (default M %d)\n"
@@ -103,7 +105,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_SEED, O_LAYERS, O_KV, O_BLOCK, O_LOG,
 	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT, O_PREFILL,
-	       O_KV_BF16, O_TP, O_GPUS, O_EP, O_WFMT, O_PATH };
+	       O_KV_BF16, O_X_BF16, O_TP, O_GPUS, O_EP, O_WFMT, O_PATH };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "tokens", required_argument, NULL, 't' },
@@ -127,6 +129,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		{ "kv-tokens", required_argument, NULL, O_KV },
 		{ "block-size", required_argument, NULL, O_BLOCK },
 		{ "kv-bf16", no_argument, NULL, O_KV_BF16 },
+		{ "x-bf16", no_argument, NULL, O_X_BF16 },
 		{ "decode-path", required_argument, NULL, O_PATH },
 		{ "log-level", required_argument, NULL, O_LOG },
 		{ "version", no_argument, NULL, O_VERSION },
@@ -228,6 +231,9 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 			break;
 		case O_KV_BF16:
 			a->eng.kv_bf16 = 1;
+			break;
+		case O_X_BF16:
+			a->eng.x_bf16 = 1;
 			break;
 		case O_LOG:
 			if (log_level_parse(optarg, &log_threshold)) {
