@@ -10,7 +10,7 @@
 #    test_golden (KDEC_GOLDEN_EXTRA);
 # 4. kdbench logits --dump-routing on cuda, then --force-routing on cpu (the tool).
 # Logs under $OUT; summary.txt holds the lines the fidelity table is made of.
-# FID_STEPS picks the parts (default "tests golden unseen tool"); FID_REF_DIR: the unseen
+# FID_STEPS picks the parts (default "tests golden unseen unseen32 tool"); FID_REF_DIR: the unseen
 # references made beforehand (contrib/make_unseen_references.sh), so the GPU machine
 # needs no torch.
 set -u
@@ -24,7 +24,7 @@ say() { echo "$*" | tee -a "$S"; }
 
 say "# fidelity.sh commit ${FID_COMMIT:-?} $(date -u +%FT%TZ)"
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
-steps=" ${FID_STEPS:-tests golden unseen tool} "
+steps=" ${FID_STEPS:-tests golden unseen unseen32 tool} "
 step() { [[ $steps == *" $1 "* ]]; }
 step tests && for t in test_cuda_moe test_cuda_linear; do
 	timeout 240 "$B/tests/$t" >"$O/$t.log" 2>&1
@@ -57,7 +57,7 @@ if [ -z "${FID_REF_DIR:-}" ]; then
 fi
 extra=$(ls -d "$ref7"/*_s7/ 2>/dev/null | sed 's:/$::' | paste -sd:)
 golden unseen KDEC_GOLDEN_EXTRA="$extra"
-golden unseen_fp32act KDEC_GOLDEN_EXTRA="$extra" KDEC_LINEAR_FP32X=1 KDEC_ATTN_PREFILL_MMA=0
+step unseen32 && golden unseen_fp32act KDEC_GOLDEN_EXTRA="$extra" KDEC_LINEAR_FP32X=1 KDEC_ATTN_PREFILL_MMA=0
 fi
 
 # the tool: cuda routing forced on the cpu
