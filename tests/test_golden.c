@@ -159,10 +159,11 @@ static void trace_agreement(const struct route_trace *a, const struct route_trac
 		}
 }
 
-/* The path once more on the GPU, with the first run's routing forced and every linear
- * layer reading its input in fp32 (KDEC_LINEAR_FP32X's kernels) instead of rounded to
- * bf16 as the tensor-core GEMMs take it: what the rounding of the GEMM inputs alone
- * does to each row (goldenflip.h). Fills gx and returns 0, or 1 where there is no
+/* The path once more on the GPU, with the first run's routing forced (MoE), every
+ * linear layer reading its input in fp32 (KDEC_LINEAR_FP32X's kernels) instead of
+ * rounded to bf16 as the tensor-core GEMMs take it, and attention on the CUDA-core
+ * kernels (KDEC_ATTN_MMA=0: no bf16 q and p tiles): the GPU's kernels with nothing
+ * rounded but the cache (goldenflip.h). Fills gx and returns 0, or 1 where there is no
  * such switch (no CUDA), or engine_step's error. */
 static int run_fp32x(struct engine *e, path_fn run, const struct gcase *cs, int n, float *gx,
 		     char *err, size_t err_len)
@@ -172,14 +173,17 @@ static int run_fp32x(struct engine *e, path_fn run, const struct gcase *cs, int 
 	int ret;
 
 	t.linear_fp32x = 1;
+	t.attn_mma = 0;
 	k_cuda_tuning_set(&t);
-	route_trace_clear(trace_x);
-	if (route_trace_force_from(trace_x, trace_gpu)) {
-		k_cuda_tuning_set(&was);
-		snprintf(err, err_len, "forcing the GPU's routing");
-		return -EINVAL;
+	if (trace_gpu) {
+		route_trace_clear(trace_x);
+		if (route_trace_force_from(trace_x, trace_gpu)) {
+			k_cuda_tuning_set(&was);
+			snprintf(err, err_len, "forcing the GPU's routing");
+			return -EINVAL;
+		}
 	}
-	engine_set_route_trace(e, trace_x);
+	engine_set_route_trace(e, trace_gpu ? trace_x : NULL);
 	ret = run(e, cs, n, gx, err, err_len);
 	engine_set_route_trace(e, NULL);
 	k_cuda_tuning_set(&was);
@@ -190,16 +194,19 @@ static int run_fp32x(struct engine *e, path_fn run, const struct gcase *cs, int 
 #endif
 }
 
-/* The path on a reference engine with the GPU's routing forced; 0 or engine_step's error. */
+/* The path on a reference engine with the GPU's routing forced (MoE; a dense model
+ * has no traces); 0 or engine_step's error. */
 static int run_forced(struct engine *ref, struct route_trace *t, path_fn run,
 		      const struct gcase *cs, int n, float *out, char *err, size_t err_len)
 {
 	int ret;
 
-	route_trace_clear(t);
-	if (route_trace_force_from(t, trace_gpu)) {
-		snprintf(err, err_len, "forcing the GPU's routing");
-		return -EINVAL;
+	if (t) {
+		route_trace_clear(t);
+		if (route_trace_force_from(t, trace_gpu)) {
+			snprintf(err, err_len, "forcing the GPU's routing");
+			return -EINVAL;
+		}
 	}
 	engine_set_route_trace(ref, t);
 	ret = run(ref, cs, n, out, err, err_len);
@@ -225,7 +232,7 @@ static void check_path(struct engine *e, const char *name, const char *path, pat
 	int ret;
 
 	snprintf(what, sizeof(what), "%s %s", name, path);
-	if (ref_e) {
+	if (trace_gpu) {
 		route_trace_clear(trace_gpu);
 		engine_set_route_trace(e, trace_gpu);
 	}
@@ -278,7 +285,7 @@ static void check_case(struct engine *e, const char *name, int ci, const struct 
 		rows[t] = (struct flip_row){ 0, t };
 	snprintf(path, sizeof(path), "case%d-prefill", ci);
 	check_path(e, name, path, run_prefill, c, 1, c->ref, rows, c->n);
-	if (ref_e) {	/* the prefill's routing kept, to set beside the incremental one */
+	if (trace_gpu) {	/* the prefill's routing kept, to set beside the incremental one */
 		struct route_trace *t = trace_prefill;
 
 		trace_prefill = trace_gpu;
@@ -286,7 +293,7 @@ static void check_case(struct engine *e, const char *name, int ci, const struct 
 	}
 	snprintf(path, sizeof(path), "case%d-incr", ci);
 	check_path(e, name, path, run_incremental, c, 1, c->ref, rows, c->n);
-	if (ref_e) {
+	if (trace_gpu) {
 		long both, differ;
 
 		trace_agreement(trace_prefill, trace_gpu, &both, &differ);
@@ -380,7 +387,8 @@ static void check_greedy(struct engine *e, const char *name, json_t *greedy)
  * hold it to the same references and tolerance. */
 static const char *gguf_dir;
 
-/* The CPU reference engine and the traces for a MoE model checked on the GPU. */
+/* The CPU reference engines for a model checked on the GPU, and for a MoE model the
+ * routing traces. */
 static void reference_open(struct model *m, int threads, int max_pos)
 {
 	struct engine_opts eo = { .backend = "cpu", .threads = threads > 8 ? threads : 8,
@@ -393,6 +401,14 @@ static void reference_open(struct model *m, int threads, int max_pos)
 	eo.x_bf16 = 1;
 	CHECK(engine_create(&ref_ex, m, &eo, err, sizeof(err)) == 0, "reference engine, GEMM "
 	      "inputs in bf16: %s", err);
+	if (c->n_experts <= 0) {
+		if (!ref_e || !ref_ex) {
+			engine_destroy(ref_e);
+			engine_destroy(ref_ex);
+			ref_e = ref_ex = NULL;
+		}
+		return;
+	}
 	CHECK(route_trace_create(&trace_gpu, c->n_layers, c->n_experts, c->top_k, MAX_CASES, max_pos) == 0 &&
 	      route_trace_create(&trace_cpu, c->n_layers, c->n_experts, c->top_k, MAX_CASES, max_pos) == 0 &&
 	      route_trace_create(&trace_cpux, c->n_layers, c->n_experts, c->top_k, MAX_CASES, max_pos) == 0 &&
@@ -478,7 +494,7 @@ static void check_model(const char *top, const char *name, int threads)
 		CHECK(cs[n].ref != NULL, "%s: reference logits", path);
 		max_pos = cs[n].n > max_pos ? cs[n].n : max_pos;
 	}
-	if (e && row_tol != CPU_ROW_TOL && m->cfg.n_experts > 0)
+	if (e && row_tol != CPU_ROW_TOL)
 		reference_open(m, threads, max_pos);
 	quant_on_gpu = row_tol != CPU_ROW_TOL && m && m->n_quantized > 0;
 	if (e && quant_on_gpu)

@@ -84,10 +84,30 @@ static void check_causes(const float *base, const struct flip_row *rows,
 			   TOL, rec, rec, route, bias_of, NULL, &st);
 	CHECK(fails == 1 && st.gemm_ok == 0, "GEMM inputs that move the CPU row only 0.3 tol: a "
 	      "kernel error (%d)", fails);
-	/* the fp32-input GPU run is measured, never an explanation */
+	/* the GPU with nothing rounded right, and the row within tol + 2 x how far the
+	 * GEMM inputs' rounding moves the CPU row: the GPU's precision */
+	scaled_row(got, base, 2.5 * TOL);
+	scaled_row(cpux, base, 1.0 * TOL);
+	memcpy(gx, base, sizeof(float) * n);
+	fails = flip_judge("precision room", got, base, cpu, cpux, gx, rows, n_toks, vocab, TOL, rec,
+			   rec, route, bias_of, NULL, &st);
+	CHECK(fails == 0 && st.gemm_ok == 1, "2.5 tol off, 3 tol of room (rounding moves the CPU "
+	      "row 1 tol): the GPU's precision (%d failed)", fails);
+	scaled_row(cpux, base, 0.2 * TOL);
+	fails = flip_judge("precision room too small", got, base, cpu, cpux, gx, rows, n_toks, vocab,
+			   TOL, rec, rec, route, bias_of, NULL, &st);
+	CHECK(fails == 1 && st.gemm_ok == 0, "2.5 tol off with 1.4 tol of room: a kernel error (%d)",
+	      fails);
+	scaled_row(cpux, base, 1.0 * TOL);
+	scaled_row(gx, base, 1.5 * TOL);
+	fails = flip_judge("precision, kernels off", got, base, cpu, cpux, gx, rows, n_toks, vocab,
+			   TOL, rec, rec, route, bias_of, NULL, &st);
+	CHECK(fails == 1 && st.gemm_ok == 0, "the GPU with nothing rounded 1.5 tol from the CPU: a "
+	      "kernel error whatever the room (%d)", fails);
+	/* the fp32-input GPU run alone (no measured sensitivity) explains nothing */
 	scaled_row(got, base, 2 * TOL);
 	memcpy(gx, base, sizeof(float) * n);
-	fails = flip_judge("fp32 inputs", got, base, cpu, NULL, gx, rows, n_toks, vocab, TOL, rec,
+	fails = flip_judge("fp32 inputs alone", got, base, cpu, NULL, gx, rows, n_toks, vocab, TOL, rec,
 			   rec, route, bias_of, NULL, &st);
 	CHECK(fails == 1 && st.fp32x_worst == 0, "an fp32-input row equal to the reference "
 	      "explains nothing (%d)", fails);

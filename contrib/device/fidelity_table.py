@@ -39,9 +39,9 @@ def main():
 		if m.group(16):
 			r["bx"] = max(r["bx"], float(m.group(16)))
 	print("| model | path | rows | worst row | median row (longest case) | argmax agreement "
-	      "| rows over tol | flips | bf16 cache | GEMM inputs | unexplained | flip rate (decisions) "
+	      "| rows over tol | flips | bf16 cache | bf16 precision | unexplained | flip rate (decisions) "
 	      "| worst vs CPU with GPU routing + bf16 cache | the same + bf16 GEMM inputs "
-	      "| worst fp32-input run vs CPU with GPU routing + bf16 cache |")
+	      "| worst GPU with nothing rounded but the cache vs the first |")
 	print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for (name, path), r in rows.items():
 		unexpl = r["over"] - r["flips"] - r["cache"] - r["gemm"]
