@@ -6,15 +6,13 @@
  * KDEC_TEST_BACKEND=cuda: <= 2e-2 (bf16 weights, KV cache and tensor-core inputs);
  * a greedy token may differ only where the engine's own top-two gap is within that
  * error. Every row beyond tolerance fails, on the GPU too, unless a measured cause
- * explains it (goldenflip.h): mixture-of-experts models run each path twice on the
- * GPU's side, once recording the GPU's expert choices and once on the CPU reference
- * engine with those choices forced and its KV cache rounded to bf16 like the GPU's;
- * the row must then be within tolerance of that CPU row, and be a near-tie routing
- * flip or a row the bf16 cache alone moves by half the tolerance; or, run once more on
- * the GPU with that routing and fp32 GEMM inputs, be within tolerance of both (the
- * tensor cores' bf16 inputs, goldenflip.h's third cause). One "fidelity:" line
- * per model and path gives worst and median row error, argmax agreement, rows
- * explained by flips and by the cache, and the flip rate (docs/MODELS.md's table). Checkpoints stored in fp16/fp32
+ * explains it (goldenflip.h): on the GPU each path runs again on the CPU reference
+ * engine with the GPU's expert choices forced (MoE) and its KV cache rounded to bf16
+ * like the GPU's, then with the GEMM inputs rounded too, and once more on the GPU with
+ * nothing rounded but the cache; a bad row must be a near-tie routing flip, or what
+ * the GPU's bf16 precision measurably does to that row. One "fidelity:" line per model
+ * and path gives worst and median row error, argmax agreement, rows explained by each
+ * cause, and the flip rate (docs/MODELS.md's table). Checkpoints stored in fp16/fp32
  * are skipped on the GPU, which keeps bf16 weights: their references are not its
  * oracle. Exits 77 when the backend has no device. */
 #include "config.h"

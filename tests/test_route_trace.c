@@ -41,7 +41,9 @@ static void scaled_row(float *out, const float *base, double f)
 
 /* The two causes besides a flip (goldenflip.h), with the own routing (no flip) and base
  * as the reference: the bf16 cache (the forced CPU row itself half the tolerance off)
- * and the GEMM inputs (the fp32-input row within tolerance), each against its near miss. */
+ * and bf16 precision (the CPU row with the GPU's GEMM inputs close, or the GPU with
+ * nothing rounded right and the row within the measured room), each against its near
+ * miss. */
 static void check_causes(const float *base, const struct flip_row *rows,
 			 const struct route_trace *rec, const struct k_moe_route_params *route)
 {
