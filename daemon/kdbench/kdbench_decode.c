@@ -44,6 +44,7 @@ struct decode_result {
 	double stage_ms, launch_ms, wait_ms;	/* p50 host ms: staging, copy + launch calls,
 						 * the wait for the ids (forward.h) */
 	double var_ms;		/* p50 of replays on the timed steps' tokens in turn */
+	double var2_ms;		/* the same on the first two steps' tokens, alternating */
 	int launches;
 	double weight_gb, kv_gb, floor_ms;
 	double layer_us;	/* one decoder layer alone (forward_layer_time), 0 without graphs */
@@ -69,7 +70,8 @@ static void decode_usage(FILE *f)
 		"  graph took. gpu_ms: the step's time on the GPU (input copy and graph, CUDA\n"
 		"  events); stage/launch/wait_ms: host time staging the inputs, in the copy and\n"
 		"  launch calls, waiting for the ids; var_ms: the graph replayed alone on the\n"
-		"  timed steps' tokens in turn (routing as the steps had it). All medians.\n"
+		"  timed steps' tokens in turn (routing as the steps had it); var2_ms: on the\n"
+		"  first two steps' tokens, alternating. All medians.\n"
 		"\n"
 		"  --batch LIST          batch sizes (default 1,8,32,64)\n"
 		"  --ctx N               context per sequence before the timed steps (default 1024)\n"
@@ -294,12 +296,15 @@ static double replay_p50(struct engine *e, int bucket, double *times, int n)
 }
 
 /* The median of replays of the bucket's sampled graph, each on the tokens of the next
- * timed step in turn (toks: steps x B): the graph's time when its routing moves as
- * the steps' did, beside replay_p50's on one step's inputs. 0 without graphs. */
-static double replay_var_p50(struct engine *e, int B, const int32_t *toks, int steps, double *times)
+ * timed step in turn (toks: steps x B), cycling through the first `distinct` steps':
+ * the graph's time when its routing moves as the steps' did (distinct = steps), or
+ * between two routings only (2), beside replay_p50's on one step's inputs. 0 without
+ * graphs. */
+static double replay_var_p50(struct engine *e, int B, const int32_t *toks, int steps, int distinct,
+			     double *times)
 {
 	for (int i = 0; i < steps; i++)
-		if (forward_replay_tokens(e->fwd, B, toks + (size_t)i * B, &times[i]))
+		if (forward_replay_tokens(e->fwd, B, toks + (size_t)(i % distinct) * B, &times[i]))
 			return 0;
 	qsort(times, (size_t)steps, sizeof(*times), kdbench_cmp_double);
 	return times[steps / 2];
@@ -381,8 +386,10 @@ static int run_batch(const struct decode_args *a, struct engine *e, int B, struc
 		res->launch_ms = p50_of(split + 2 * a->steps, n_split);
 		res->wait_ms = p50_of(split + 3 * a->steps, n_split);
 	}
-	if (res->replay_ms > 0)
-		res->var_ms = replay_var_p50(e, B, toks, a->steps, times);
+	if (res->replay_ms > 0) {
+		res->var_ms = replay_var_p50(e, B, toks, a->steps, a->steps, times);
+		res->var2_ms = replay_var_p50(e, B, toks, a->steps, a->steps < 2 ? 1 : 2, times);
+	}
 	res->latency = bucket < FWD_N_BUCKETS && e->fwd->bucket_lat[bucket] > 0;
 	if (res->replay_ms > 0 &&
 	    forward_layer_time(e->fwd, B, c->n_layers - 1, LAYER_REPS, 16, &res->layer_us,
@@ -414,12 +421,12 @@ out:
 
 static void print_row(const struct decode_result *r, int n_layers)
 {
-	printf("%5d %6d %9.3f %9.3f %9.3f %9.3f %10.1f %11.1f %8d %9.2f %8.3f %8.3f %6.0f%% %9.1f %8.1f %7d %8s %8.2f %8.3f %8.3f %9.3f %8.3f %8.3f\n",
+	printf("%5d %6d %9.3f %9.3f %9.3f %9.3f %10.1f %11.1f %8d %9.2f %8.3f %8.3f %6.0f%% %9.1f %8.1f %7d %8s %8.2f %8.3f %8.3f %9.3f %8.3f %8.3f %8.3f\n",
 	       r->batch, r->ctx, r->p50_ms, r->p90_ms, r->min_ms, r->replay_ms, 1e3 / r->p50_ms,
 	       r->batch * 1e3 / r->p50_ms, r->launches, r->weight_gb + r->kv_gb, r->kv_gb,
 	       r->floor_ms, 100 * r->floor_ms / r->p50_ms, r->p50_ms * 1e3 / n_layers,
 	       r->layer_us, r->layer_launches, r->latency ? "latency" : "standard", r->prefill_s,
-	       r->gpu_ms, r->stage_ms, r->launch_ms, r->wait_ms, r->var_ms);
+	       r->gpu_ms, r->stage_ms, r->launch_ms, r->wait_ms, r->var_ms, r->var2_ms);
 }
 
 static void write_json(FILE *f, const struct decode_args *a, const struct engine *e,
@@ -432,13 +439,13 @@ static void write_json(FILE *f, const struct decode_args *a, const struct engine
 		"\"weight_gb\":%.4f,\"kv_gb\":%.4f,\"floor_ms\":%.4f,\"hbm_tbs\":%.2f,\"floor_fraction\":%.4f,\"prefill_s\":%.3f,"
 		"\"layer_us\":%.2f,\"layer_launches\":%d,\"decode_path_asked\":\"%s\",\"decode_path\":\"%s\","
 		"\"step_gpu_ms_p50\":%.4f,\"stage_ms_p50\":%.4f,\"launch_ms_p50\":%.4f,\"wait_ms_p50\":%.4f,"
-		"\"replay_var_ms_p50\":%.4f}\n",
+		"\"replay_var_ms_p50\":%.4f,\"replay_var2_ms_p50\":%.4f}\n",
 		a->model, e->be->ops->name, e->model->cfg.n_layers, r->batch, r->ctx, a->steps,
 		!a->no_graphs && e->fwd->use_graphs, r->p50_ms, r->p90_ms, r->min_ms, r->replay_ms,
 		1e3 / r->p50_ms, r->batch * 1e3 / r->p50_ms, r->launches, r->weight_gb, r->kv_gb, r->floor_ms,
 		a->hbm_tbs, r->floor_ms / r->p50_ms, r->prefill_s, r->layer_us, r->layer_launches,
 		asked, r->latency ? "latency" : "standard", r->gpu_ms, r->stage_ms, r->launch_ms,
-		r->wait_ms, r->var_ms);
+		r->wait_ms, r->var_ms, r->var2_ms);
 }
 
 int kdbench_decode_main(int argc, char **argv)
@@ -467,10 +474,10 @@ int kdbench_decode_main(int argc, char **argv)
 	printf("# kdbench decode: %s (%s, %d layers), backend %s%s, ctx %d, %d steps after %d warm-up, floor at %.2f TB/s\n",
 	       a.model, m->cfg.model_type, m->cfg.n_layers, e->be->ops->name,
 	       e->fwd->use_graphs ? " with graphs" : "", a.ctx, a.steps, a.warmup, a.hbm_tbs);
-	printf("%5s %6s %9s %9s %9s %9s %10s %11s %8s %9s %8s %8s %7s %9s %8s %7s %8s %8s %8s %8s %9s %8s %8s\n", "batch", "ctx",
+	printf("%5s %6s %9s %9s %9s %9s %10s %11s %8s %9s %8s %8s %7s %9s %8s %7s %8s %8s %8s %8s %9s %8s %8s %8s\n", "batch", "ctx",
 	       "p50_ms", "p90_ms", "min_ms", "replay_ms", "tok/s/usr", "tok/s_total", "launches",
 	       "read_GB", "kv_GB", "floor_ms", "floor%", "us/layer", "layer_us", "lay_lch", "path",
-	       "prefill_s", "gpu_ms", "stage_ms", "launch_ms", "wait_ms", "var_ms");
+	       "prefill_s", "gpu_ms", "stage_ms", "launch_ms", "wait_ms", "var_ms", "var2_ms");
 	if (!a.n_paths)
 		a.paths[a.n_paths++] = FWD_PATH_AUTO;
 	for (int pi = 0; pi < a.n_paths && !ret; pi++) {
