@@ -492,6 +492,12 @@ int kdbench_decode_main(int argc, char **argv)
 			if ((ret = run_batch(&a, e, a.batches[i], &r)))
 				break;
 			print_row(&r, m->cfg.n_layers);
+			/* what issue 23 found: a per-step host walk of every tensor name
+			 * (model_count_params, before eab10b6) added 2.2 ms to a Qwen3-30B-A3B
+			 * step that replay_ms did not show; say it wherever it comes back */
+			if (r.gpu_ms > 0 && r.p50_ms > 1.03 * r.gpu_ms + 0.05)
+				printf("# batch %d: the host adds %.3f ms to a step beyond its %.3f ms on the GPU (p50 %.3f)\n",
+				       r.batch, r.p50_ms - r.gpu_ms, r.gpu_ms, r.p50_ms);
 			fflush(stdout);
 			if (out)
 				write_json(out, &a, e, &r, fwd_path_name(a.paths[pi]));
