@@ -353,6 +353,7 @@ static int run_batch(const struct decode_args *a, struct engine *e, int B, struc
 		if (s >= a->warmup)
 			memcpy(toks + (size_t)(s - a->warmup) * B, tok, (size_t)B * sizeof(int32_t));
 		e->fwd->time_steps = 1;
+		e->fwd->step_gpu_ms = -1;	/* a step not replayed from a graph leaves it */
 		t0 = clock_now();
 		profile_range(a, s, 1);
 		if ((ret = engine_step_sample(e, reqs, B, sp, steps, tok, NULL, err, sizeof(err))))
