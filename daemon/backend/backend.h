@@ -208,6 +208,11 @@ struct backend_ops {
 	int (*capture_end)(struct backend *be, void **graph, int *n_nodes);
 	int (*graph_launch)(struct backend *be, void *graph);
 	void (*graph_destroy)(struct backend *be, void *graph);	/* accepts NULL */
+	/* Optional: the backend's own clock for what lies between two marks of its
+	 * queue (kdbench decode's gpu_ms). timer_mark(be, 0) and then (be, 1) in the queue
+	 * order of the ops between them; timer_ms after a sync: ms between the two, or -1. */
+	int (*timer_mark)(struct backend *be, int which);
+	double (*timer_ms)(struct backend *be);
 };
 
 /* Every backend embeds this first, so the generic code can reach its ops. */

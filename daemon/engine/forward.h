@@ -118,6 +118,12 @@ struct forward {
 	double bucket_ms[FWD_N_BUCKETS][2];	/* auto's replay medians: standard, latency
 						 * (0: not timed) */
 	uint64_t graph_replays;		/* steps that replayed a graph */
+	/* kdbench decode's split of a replayed step (time_steps set, the backend has a
+	 * timer): ms on the backend's queue from before the input copy to the graph's
+	 * end, and host wall ms of staging, of the copy and launch calls, and of the wait
+	 * for the ids (each -1 when the last step was not timed) */
+	int time_steps;
+	double step_gpu_ms, step_stage_ms, step_launch_ms, step_wait_ms;
 
 	/* the routing trace (route_trace.h), or NULL; while set, steps run op by op */
 	struct route_trace *trace;
@@ -174,6 +180,13 @@ int forward_latency_supported(const struct forward *f, int n_rows, char *why, si
  * graphs and a decode step of that bucket run before. 0 or -errno. */
 int forward_layer_time(struct forward *f, int rows, int layer, int reps, int replays,
 		       double *us_per_layer, int *nodes);
+
+/* One replay of the sampled decode graph of the bucket of `rows` on the inputs its
+ * last step staged but for the tokens, replaced by tokens (rows): what a step's GPU
+ * time is when its tokens (and with them the experts it routes to) change, without
+ * the rest of a step. Host wall ms of the token copy, the replay and its sync in *ms.
+ * Needs a sampled graph of that bucket and a step of it run before. 0 or -errno. */
+int forward_replay_tokens(struct forward *f, int rows, const int32_t *tokens, double *ms);
 
 /* ---- forward_step.c internals shared with forward.c ---- */
 int forward_layers(struct forward *f, const struct fwd_batch *b);

@@ -495,14 +495,43 @@ static int graph_capture_path(struct forward *f, const struct fwd_batch *db, int
 	return ret;
 }
 
+/* The kdbench split of a replayed step (forward.h): marks and host clock reads. */
+struct step_clock {
+	int on;
+	double t0, t1, t2;
+};
+
+static void step_clock_start(struct forward *f, struct step_clock *c)
+{
+	c->on = f->time_steps && f->be->ops->timer_mark && f->be->ops->timer_ms;
+	f->step_gpu_ms = f->step_stage_ms = f->step_launch_ms = f->step_wait_ms = -1;
+	if (c->on)
+		c->t0 = clock_now();
+}
+
+static void step_clock_end(struct forward *f, const struct step_clock *c)
+{
+	double t3;
+
+	if (!c->on)
+		return;
+	t3 = clock_now();
+	f->step_gpu_ms = f->be->ops->timer_ms(f->be);
+	f->step_stage_ms = (c->t1 - c->t0) * 1e3;
+	f->step_launch_ms = (c->t2 - c->t1) * 1e3;
+	f->step_wait_ms = (t3 - c->t2) * 1e3;
+}
+
 static int run_graph(struct forward *f, const struct fwd_batch *b, float *logits)
 {
 	int size, bucket = bucket_of(b->n_rows, &size), s = sampling(f), ret;
 	struct fwd_batch db;
 	void **graph = &f->graphs[bucket][s];
+	struct step_clock clk = { 0 };
+	long bytes;
 
-	long bytes = stage_batch(f, b, size, &db);
-
+	step_clock_start(f, &clk);
+	bytes = stage_batch(f, b, size, &db);
 	if (bytes < 0)
 		return (int)bytes;
 	if (s) {
@@ -514,10 +543,15 @@ static int run_graph(struct forward *f, const struct fwd_batch *b, float *logits
 		memset((uint64_t *)stage_host(&f->st, f->st.steps) + b->n_rows, 0,
 		       (size_t)(size - b->n_rows) * sizeof(*f->st.steps));
 	}
+	if (clk.on) {
+		clk.t1 = clock_now();
+		clk.on = !f->be->ops->timer_mark(f->be, 0);
+	}
 	/* the step's inputs, sampling parameters and tables in one copy */
 	if ((ret = stage_upload(f, f->st.block, (size_t)bytes)))
 		return ret;
 	if (!*graph) {
+		clk.on = 0;	/* a capture is no step to time */
 		double t0 = clock_now();
 
 		if ((ret = graph_capture_path(f, &db, size, bucket, s))) {
@@ -532,10 +566,34 @@ static int run_graph(struct forward *f, const struct fwd_batch *b, float *logits
 	}
 	if ((ret = f->be->ops->graph_launch(f->be, *graph)))
 		return ret;
+	if (clk.on) {
+		clk.on = !f->be->ops->timer_mark(f->be, 1);
+		clk.t2 = clock_now();
+	}
 	f->graph_replays++;
-	if ((ret = logits_collect(f, b->n_rows, logits)))
+	if ((ret = logits_collect(f, b->n_rows, logits)) || (ret = f->be->ops->sync(f->be)))
 		return ret;
-	return f->be->ops->sync(f->be);
+	step_clock_end(f, &clk);
+	return 0;
+}
+
+int forward_replay_tokens(struct forward *f, int rows, const int32_t *tokens, double *ms)
+{
+	int size, bucket = bucket_of(rows, &size), ret;
+	struct fwd_stage *st = &f->st;
+	double t0;
+
+	if (rows < 1 || bucket >= FWD_N_BUCKETS || !f->use_graphs || !f->graphs[bucket][1] ||
+	    st->layout_rows != size)
+		return -EINVAL;
+	t0 = clock_now();
+	memcpy(stage_host(st, st->tokens), tokens, (size_t)rows * sizeof(int32_t));
+	if ((ret = stage_upload(f, st->tokens, (size_t)rows * sizeof(int32_t))) ||
+	    (ret = f->be->ops->graph_launch(f->be, f->graphs[bucket][1])) ||
+	    (ret = f->be->ops->sync(f->be)))
+		return ret;
+	*ms = (clock_now() - t0) * 1e3;
+	return 0;
 }
 
 /* The host-side keys of the routing trace for this step: positions, first blocks. */

@@ -40,6 +40,11 @@ struct decode_result {
 	double prefill_s;
 	double p50_ms, p90_ms, min_ms;
 	double replay_ms;	/* p50 of the step's graph replayed alone (launch + sync), 0 without */
+	double gpu_ms;		/* p50 of the steps' time on the GPU's queue (input copy + graph) */
+	double stage_ms, launch_ms, wait_ms;	/* p50 host ms: staging, copy + launch calls,
+						 * the wait for the ids (forward.h) */
+	double var_ms;		/* p50 of replays on the timed steps' tokens in turn */
+	double var2_ms;		/* the same on the first two steps' tokens, alternating */
 	int launches;
 	double weight_gb, kv_gb, floor_ms;
 	double layer_us;	/* one decoder layer alone (forward_layer_time), 0 without graphs */
@@ -62,7 +67,11 @@ static void decode_usage(FILE *f)
 		"  MoE layer in MoE models), no embedding, final norm or lm_head: a graph of that\n"
 		"  layer issued 8 times over on the step's inputs, median of 16 replays / 8\n"
 		"  (0 without graphs); lay_lch: its launches. path: the decode path the batch's\n"
-		"  graph took.\n"
+		"  graph took. gpu_ms: the step's time on the GPU (input copy and graph, CUDA\n"
+		"  events); stage/launch/wait_ms: host time staging the inputs, in the copy and\n"
+		"  launch calls, waiting for the ids; var_ms: the graph replayed alone on the\n"
+		"  timed steps' tokens in turn (routing as the steps had it); var2_ms: on the\n"
+		"  first two steps' tokens, alternating. All medians.\n"
 		"\n"
 		"  --batch LIST          batch sizes (default 1,8,32,64)\n"
 		"  --ctx N               context per sequence before the timed steps (default 1024)\n"
@@ -286,6 +295,27 @@ static double replay_p50(struct engine *e, int bucket, double *times, int n)
 	return times[n / 2] * 1e3;
 }
 
+/* The median of replays of the bucket's sampled graph, each on the tokens of the next
+ * timed step in turn (toks: steps x B), cycling through the first `distinct` steps':
+ * the graph's time when its routing moves as the steps' did (distinct = steps), or
+ * between two routings only (2), beside replay_p50's on one step's inputs. 0 without
+ * graphs. */
+static double replay_var_p50(struct engine *e, int B, const int32_t *toks, int steps, int distinct,
+			     double *times)
+{
+	for (int i = 0; i < steps; i++)
+		if (forward_replay_tokens(e->fwd, B, toks + (size_t)(i % distinct) * B, &times[i]))
+			return 0;
+	qsort(times, (size_t)steps, sizeof(*times), kdbench_cmp_double);
+	return times[steps / 2];
+}
+
+static double p50_of(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), kdbench_cmp_double);
+	return v[n / 2];
+}
+
 static int run_batch(const struct decode_args *a, struct engine *e, int B, struct decode_result *res)
 {
 	const struct model_config *c = &e->model->cfg;
@@ -296,10 +326,13 @@ static int run_batch(const struct decode_args *a, struct engine *e, int B, struc
 	int32_t *prompt = malloc((size_t)a->ctx * (size_t)B * sizeof(int32_t));
 	int32_t *tok = calloc((size_t)B, sizeof(int32_t));
 	double *times = calloc((size_t)a->steps, sizeof(double)), t0;
+	double *split = calloc((size_t)a->steps * 4, sizeof(double));	/* gpu, stage, launch, wait */
+	int32_t *toks = malloc((size_t)a->steps * (size_t)B * sizeof(int32_t));
+	int n_split = 0;
 	char err[512] = "";
 	int ret = -ENOMEM, size = 1, bucket = 0;
 
-	if (!seqs || !reqs || !sp || !steps || !prompt || !tok || !times)
+	if (!seqs || !reqs || !sp || !steps || !prompt || !tok || !times || !split || !toks)
 		goto out;
 	for (int i = 0; i < B; i++) {
 		engine_seq_init(&seqs[i]);
@@ -317,14 +350,27 @@ static int run_batch(const struct decode_args *a, struct engine *e, int B, struc
 			reqs[i] = (struct engine_req){ .seq = &seqs[i], .tokens = &tok[i], .n_tokens = 1 };
 			steps[i] = (uint64_t)s + 1;
 		}
+		if (s >= a->warmup)
+			memcpy(toks + (size_t)(s - a->warmup) * B, tok, (size_t)B * sizeof(int32_t));
+		e->fwd->time_steps = 1;
+		e->fwd->step_gpu_ms = -1;	/* a step not replayed from a graph leaves it */
 		t0 = clock_now();
 		profile_range(a, s, 1);
 		if ((ret = engine_step_sample(e, reqs, B, sp, steps, tok, NULL, err, sizeof(err))))
 			goto fail;
 		profile_range(a, s, 0);
-		if (s >= a->warmup)
+		if (s >= a->warmup) {
 			times[s - a->warmup] = clock_now() - t0;
+			if (e->fwd->step_gpu_ms >= 0) {
+				split[n_split] = e->fwd->step_gpu_ms;
+				split[a->steps + n_split] = e->fwd->step_stage_ms;
+				split[2 * a->steps + n_split] = e->fwd->step_launch_ms;
+				split[3 * a->steps + n_split] = e->fwd->step_wait_ms;
+				n_split++;
+			}
+		}
 	}
+	e->fwd->time_steps = 0;
 	qsort(times, (size_t)a->steps, sizeof(*times), kdbench_cmp_double);
 	res->batch = B;
 	res->ctx = a->ctx;
@@ -335,6 +381,16 @@ static int run_batch(const struct decode_args *a, struct engine *e, int B, struc
 		size *= 2, bucket++;
 	res->launches = bucket < FWD_N_BUCKETS ? e->fwd->graph_nodes[bucket][1] : 0;
 	res->replay_ms = replay_p50(e, bucket, times, a->steps);
+	if (n_split) {
+		res->gpu_ms = p50_of(split, n_split);
+		res->stage_ms = p50_of(split + a->steps, n_split);
+		res->launch_ms = p50_of(split + 2 * a->steps, n_split);
+		res->wait_ms = p50_of(split + 3 * a->steps, n_split);
+	}
+	if (res->replay_ms > 0) {
+		res->var_ms = replay_var_p50(e, B, toks, a->steps, a->steps, times);
+		res->var2_ms = replay_var_p50(e, B, toks, a->steps, a->steps < 2 ? 1 : 2, times);
+	}
 	res->latency = bucket < FWD_N_BUCKETS && e->fwd->bucket_lat[bucket] > 0;
 	if (res->replay_ms > 0 &&
 	    forward_layer_time(e->fwd, B, c->n_layers - 1, LAYER_REPS, 16, &res->layer_us,
@@ -359,16 +415,19 @@ out:
 	free(prompt);
 	free(tok);
 	free(times);
+	free(split);
+	free(toks);
 	return ret;
 }
 
 static void print_row(const struct decode_result *r, int n_layers)
 {
-	printf("%5d %6d %9.3f %9.3f %9.3f %9.3f %10.1f %11.1f %8d %9.2f %8.3f %8.3f %6.0f%% %9.1f %8.1f %7d %8s %8.2f\n",
+	printf("%5d %6d %9.3f %9.3f %9.3f %9.3f %10.1f %11.1f %8d %9.2f %8.3f %8.3f %6.0f%% %9.1f %8.1f %7d %8s %8.2f %8.3f %8.3f %9.3f %8.3f %8.3f %8.3f\n",
 	       r->batch, r->ctx, r->p50_ms, r->p90_ms, r->min_ms, r->replay_ms, 1e3 / r->p50_ms,
 	       r->batch * 1e3 / r->p50_ms, r->launches, r->weight_gb + r->kv_gb, r->kv_gb,
 	       r->floor_ms, 100 * r->floor_ms / r->p50_ms, r->p50_ms * 1e3 / n_layers,
-	       r->layer_us, r->layer_launches, r->latency ? "latency" : "standard", r->prefill_s);
+	       r->layer_us, r->layer_launches, r->latency ? "latency" : "standard", r->prefill_s,
+	       r->gpu_ms, r->stage_ms, r->launch_ms, r->wait_ms, r->var_ms, r->var2_ms);
 }
 
 static void write_json(FILE *f, const struct decode_args *a, const struct engine *e,
@@ -379,12 +438,15 @@ static void write_json(FILE *f, const struct decode_args *a, const struct engine
 		"\"graphs\":%d,\"step_ms_p50\":%.4f,\"step_ms_p90\":%.4f,\"step_ms_min\":%.4f,"
 		"\"replay_ms_p50\":%.4f,\"tok_s_user\":%.2f,\"tok_s_total\":%.2f,\"launches\":%d,"
 		"\"weight_gb\":%.4f,\"kv_gb\":%.4f,\"floor_ms\":%.4f,\"hbm_tbs\":%.2f,\"floor_fraction\":%.4f,\"prefill_s\":%.3f,"
-		"\"layer_us\":%.2f,\"layer_launches\":%d,\"decode_path_asked\":\"%s\",\"decode_path\":\"%s\"}\n",
+		"\"layer_us\":%.2f,\"layer_launches\":%d,\"decode_path_asked\":\"%s\",\"decode_path\":\"%s\","
+		"\"step_gpu_ms_p50\":%.4f,\"stage_ms_p50\":%.4f,\"launch_ms_p50\":%.4f,\"wait_ms_p50\":%.4f,"
+		"\"replay_var_ms_p50\":%.4f,\"replay_var2_ms_p50\":%.4f}\n",
 		a->model, e->be->ops->name, e->model->cfg.n_layers, r->batch, r->ctx, a->steps,
 		!a->no_graphs && e->fwd->use_graphs, r->p50_ms, r->p90_ms, r->min_ms, r->replay_ms,
 		1e3 / r->p50_ms, r->batch * 1e3 / r->p50_ms, r->launches, r->weight_gb, r->kv_gb, r->floor_ms,
 		a->hbm_tbs, r->floor_ms / r->p50_ms, r->prefill_s, r->layer_us, r->layer_launches,
-		asked, r->latency ? "latency" : "standard");
+		asked, r->latency ? "latency" : "standard", r->gpu_ms, r->stage_ms, r->launch_ms,
+		r->wait_ms, r->var_ms, r->var2_ms);
 }
 
 int kdbench_decode_main(int argc, char **argv)
@@ -413,10 +475,10 @@ int kdbench_decode_main(int argc, char **argv)
 	printf("# kdbench decode: %s (%s, %d layers), backend %s%s, ctx %d, %d steps after %d warm-up, floor at %.2f TB/s\n",
 	       a.model, m->cfg.model_type, m->cfg.n_layers, e->be->ops->name,
 	       e->fwd->use_graphs ? " with graphs" : "", a.ctx, a.steps, a.warmup, a.hbm_tbs);
-	printf("%5s %6s %9s %9s %9s %9s %10s %11s %8s %9s %8s %8s %7s %9s %8s %7s %8s %8s\n", "batch", "ctx",
+	printf("%5s %6s %9s %9s %9s %9s %10s %11s %8s %9s %8s %8s %7s %9s %8s %7s %8s %8s %8s %8s %9s %8s %8s %8s\n", "batch", "ctx",
 	       "p50_ms", "p90_ms", "min_ms", "replay_ms", "tok/s/usr", "tok/s_total", "launches",
 	       "read_GB", "kv_GB", "floor_ms", "floor%", "us/layer", "layer_us", "lay_lch", "path",
-	       "prefill_s");
+	       "prefill_s", "gpu_ms", "stage_ms", "launch_ms", "wait_ms", "var_ms", "var2_ms");
 	if (!a.n_paths)
 		a.paths[a.n_paths++] = FWD_PATH_AUTO;
 	for (int pi = 0; pi < a.n_paths && !ret; pi++) {
@@ -431,6 +493,12 @@ int kdbench_decode_main(int argc, char **argv)
 			if ((ret = run_batch(&a, e, a.batches[i], &r)))
 				break;
 			print_row(&r, m->cfg.n_layers);
+			/* what issue 23 found: a per-step host walk of every tensor name
+			 * (model_count_params, before eab10b6) added 2.2 ms to a Qwen3-30B-A3B
+			 * step that replay_ms did not show; say it wherever it comes back */
+			if (r.gpu_ms > 0 && r.p50_ms > 1.03 * r.gpu_ms + 0.05)
+				printf("# batch %d: the host adds %.3f ms to a step beyond its %.3f ms on the GPU (p50 %.3f)\n",
+				       r.batch, r.p50_ms - r.gpu_ms, r.gpu_ms, r.p50_ms);
 			fflush(stdout);
 			if (out)
 				write_json(out, &a, e, &r, fwd_path_name(a.paths[pi]));

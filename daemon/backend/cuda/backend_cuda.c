@@ -48,6 +48,9 @@ static void cuda_destroy(struct backend *be)
 	if (!b)
 		return;
 	cuda_prof_destroy(b);
+	for (int i = 0; i < 2; i++)
+		if (b->timer[i])
+			cudaEventDestroy(b->timer[i]);
 	k_cuda_sample_ws_destroy(b->sample_ws);
 	cudaFree(b->fused);
 	k_cuda_moe_ws_destroy(b->moe_ws);
@@ -418,6 +421,33 @@ static void cuda_graph_destroy(struct backend *be, void *graph)
 		cudaGraphExecDestroy((cudaGraphExec_t)graph);
 }
 
+/* ---- the queue's own clock ------------------------------------------------------ */
+
+static int cuda_timer_mark(struct backend *be, int which)
+{
+	struct backend_cuda *b = cuda_of(be);
+	int ret = 0;
+
+	if (which < 0 || which > 1 || b->capturing)
+		return -EINVAL;
+	if (!b->timer[which])
+		ret = CUDA_CHECK(b, cudaEventCreate(&b->timer[which]));
+	return ret ? ret : CUDA_CHECK(b, cudaEventRecord(b->timer[which], b->stream));
+}
+
+static double cuda_timer_ms(struct backend *be)
+{
+	struct backend_cuda *b = cuda_of(be);
+	float ms = -1;
+
+	if (!b->timer[0] || !b->timer[1] ||
+	    cudaEventElapsedTime(&ms, b->timer[0], b->timer[1]) != cudaSuccess) {
+		cudaGetLastError();
+		return -1;
+	}
+	return ms;
+}
+
 const struct backend_ops backend_cuda_ops = {
 	.name = "cuda",
 	.kv_dtype = K_BF16,
@@ -465,4 +495,6 @@ const struct backend_ops backend_cuda_ops = {
 	.capture_end = cuda_capture_end,
 	.graph_launch = cuda_graph_launch,
 	.graph_destroy = cuda_graph_destroy,
+	.timer_mark = cuda_timer_mark,
+	.timer_ms = cuda_timer_ms,
 };

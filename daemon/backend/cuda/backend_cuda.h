@@ -96,6 +96,7 @@ struct backend_cuda {
 	 * on first use; side_mu serialises callers. Never touched by the ops or err. */
 	pthread_mutex_t side_mu;
 	cudaStream_t side;
+	cudaEvent_t timer[2];		/* timer_mark's two marks, made on first use */
 };
 
 static inline struct backend_cuda *cuda_of(struct backend *be)
