@@ -62,6 +62,7 @@ static void usage(FILE *f)
 		"  --backend NAME        cpu (default) or cuda\n"
 		"  --threads N           CPU threads (default: all online CPUs)\n"
 		"  --tp N                tensor-parallel ranks (cpu: threads sharing --threads;\n"
+		"                        cuda: 2 or 4 virtual ranks on one GPU, op by op;\n"
 		"                        docs/PARALLEL.md) (default 1)\n"
 		"  --ep                  with --tp N: expert parallel (each rank a share of the\n"
 		"                        routed experts whole)\n"
