@@ -235,14 +235,16 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 				    .kv_bf16 = opts->kv_bf16,
 				    .device = opts->n_gpus == 1 ? opts->gpus[0] : 0,
 				    .all_gpus = opts->n_gpus < 0 };
-	if ((ret = ops->create(&e->be, m, &bo, err, err_len)))
+	/* tp on a backend without host memory: rank 0's backend holds rank 0's shard
+	 * alone, made by forward_tp_create */
+	if ((opts->tp <= 1 || ops->host_memory) && (ret = ops->create(&e->be, m, &bo, err, err_len)))
 		goto err_destroy;
 	ret = kv_pool_init(&e->pool, (kv_tokens + block_tokens - 1) / block_tokens, block_tokens);
 	if (ret)
 		goto err_destroy;
 	if (opts->tp > 1)
-		ret = forward_tp_create(&e->fwd, m, e->be, opts->tp, opts->ep, &bo, e->pool.n_blocks,
-					block_tokens, max_rows, err, err_len);
+		ret = forward_tp_create(&e->fwd, m, &e->be, ops, opts->tp, opts->ep, &bo,
+					e->pool.n_blocks, block_tokens, max_rows, err, err_len);
 	else
 		ret = forward_create(&e->fwd, m, e->be, e->pool.n_blocks, block_tokens, max_rows,
 				     err, err_len);

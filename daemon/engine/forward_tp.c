@@ -27,6 +27,7 @@ struct fwd_tp {
 	struct forward *f[MODEL_SHARD_MAX_RANKS];
 	pthread_t thread[MODEL_SHARD_MAX_RANKS];
 	int started;			/* threads running (ranks 1..started) */
+	int own0;			/* be[0] made here (not yet handed to the caller) */
 	int vocab, v0[MODEL_SHARD_MAX_RANKS];
 	int ep;				/* expert parallel: rank r holds experts [e0, e0 + ne) */
 	int e0[MODEL_SHARD_MAX_RANKS], ne[MODEL_SHARD_MAX_RANKS];
@@ -245,10 +246,13 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 			return ret;
 		model_shard_vocab(m->cfg.vocab_size, r, g->n, &g->v0[r], &vn);
 		model_shard_experts(m->cfg.n_experts, r, g->n, &g->e0[r], &g->ne[r]);
-		if (r == 0)
+		if (r == 0 && be0) {
 			g->be[0] = be0;
-		else if ((ret = be0->ops->create(&g->be[r], g->shard[r], bo, err, err_len)))
-			return ret;
+		} else {	/* without host memory rank 0 too: a backend of its shard */
+			if ((ret = g->ops->create(&g->be[r], g->shard[r], bo, err, err_len)))
+				return ret;
+			g->own0 |= r == 0;
+		}
 		if ((ret = forward_create(&g->f[r], g->shard[r], g->be[r], n_blocks, block_tokens,
 					  max_rows, err, err_len)))
 			return ret;
@@ -258,19 +262,21 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 	return 0;
 }
 
-int forward_tp_create(struct forward **out, const struct model *m, struct backend *be0, int n,
-		      int ep, const struct backend_opts *bo, int n_blocks, int block_tokens,
-		      int max_rows, char *err, size_t err_len)
+int forward_tp_create(struct forward **out, const struct model *m, struct backend **be0_io,
+		      const struct backend_ops *ops, int n, int ep, const struct backend_opts *bo,
+		      int n_blocks, int block_tokens, int max_rows, char *err, size_t err_len)
 {
+	struct backend *be0 = *be0_io;
 	struct fwd_tp *g;
 	int ret;
 
 	*out = NULL;
 	if ((ret = model_shard_check(&m->cfg, n, ep, err, err_len)))
 		return ret;
-	if (n < 2 || (!be0->ops->host_memory && !be0->ops->tp_comm_create)) {
+	if (n < 2 || (!ops->host_memory && !ops->tp_comm_create) || (!be0 && ops->host_memory) ||
+	    (be0 && be0->ops != ops)) {
 		snprintf(err, err_len, "tp %d on the %s backend: it has no tensor-parallel reduction",
-			 n, be0->ops->name);
+			 n, ops->name);
 		return -EINVAL;
 	}
 	g = calloc(1, sizeof(*g));
@@ -279,15 +285,15 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	g->n = n;
 	g->ep = ep;
 	g->vocab = m->cfg.vocab_size;
-	g->ops = be0->ops;
+	g->ops = ops;
 	tp_barrier_init(&g->step, n);
 	/* the host buffers only where the ranks reduce through host memory */
-	ret = tp_comm_init(&g->comm, n, be0->ops->host_memory ?
+	ret = tp_comm_init(&g->comm, n, ops->host_memory ?
 			   (size_t)max_rows * (size_t)m->cfg.hidden_size : 0);
 	if (!ret)
 		ret = ranks_create(g, m, be0, bo, n_blocks, block_tokens, max_rows, err, err_len);
-	if (!ret && !be0->ops->host_memory)
-		ret = be0->ops->tp_comm_create(g->be, n, max_rows, m->cfg.hidden_size, &g->bcomm,
+	if (!ret && !ops->host_memory)
+		ret = ops->tp_comm_create(g->be, n, max_rows, m->cfg.hidden_size, &g->bcomm,
 					       err, err_len);
 	if (ret && err_len && err[0]) {
 		char why[512];	/* which rank: their sizes differ (KV heads, experts) */
@@ -309,12 +315,15 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	if (ret) {
 		/* stop only what started: a barrier of the started threads and this one */
 		g->step.n = g->started + 1;
-		g->be[0] = NULL;	/* the caller's */
+		if (!g->own0)
+			g->be[0] = NULL;	/* the caller's */
 		forward_tp_stop(g);
 		if (g->f[0]) {
 			g->f[0]->tp = NULL;
 			forward_destroy(g->f[0]);
 		}
+		if (g->own0)
+			g->be[0]->ops->destroy(g->be[0]);
 		forward_tp_free(g);
 		if (ret == -ENOMEM && err_len && !err[0])
 			snprintf(err, err_len, "tp %d: out of memory", n);
@@ -324,11 +333,13 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 		log_info("tp %d%s: rank %d holds %.1f MiB of weights and %.1f MiB of KV cache", n,
 			 ep ? " (experts parallel)" : "", r, (double)g->shard[r]->weight_bytes / (1 << 20),
 			 (double)g->f[r]->kv_bytes / (1 << 20));
-	if (!be0->ops->host_memory)
+	if (!ops->host_memory)
 		log_info("tp %d on %s: ranks as threads, one stream each, op by op (no graphs with "
-			 "tp > 1 yet)", n, be0->ops->name);
+			 "tp > 1 yet)", n, ops->name);
 	for (int r = 1; r < n; r++)	/* the engine's figure: every rank's cache */
 		g->f[0]->kv_bytes += g->f[r]->kv_bytes;
+	*be0_io = g->be[0];	/* the caller's from now on */
+	g->own0 = 0;
 	*out = g->f[0];
 	return 0;
 }

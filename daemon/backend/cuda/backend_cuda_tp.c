@@ -70,9 +70,9 @@ int cuda_tp_comm_create(struct backend *const *ranks, int n, int max_rows, int w
 	int devs[K_CUDA_AR_MAX_RANKS], ret;
 
 	*comm = NULL;
-	if (n < 2 || n > K_CUDA_AR_MAX_RANKS || width % 4 || width < 8) {
+	if (n < 2 || n > K_CUDA_AR_MAX_RANKS || width % 8 || width < 8) {
 		snprintf(err, err_len, "cuda: tp %d of hidden size %d: the GPU reduction takes 2..%d "
-			 "ranks and a hidden size that is a multiple of 4 (8 or more)", n, width,
+			 "ranks and a hidden size that is a multiple of 8", n, width,
 			 K_CUDA_AR_MAX_RANKS);
 		return -EINVAL;
 	}
