@@ -46,7 +46,7 @@ for dir in "$G/llama3" "$G/qwen3" "$G/qwen3_moe" "$G/deepseek_v2" "$G/deepseek_v
 	"$R/deepseek_v3" "$R/kimi_k2" "$R/qwen3_moe" "$R/llama" "$R/qwen3" "$R/deepseek_v2"; do
 	name=$(basename "$(dirname "$dir")")/$(basename "$dir")
 	V=$(vocab_of "$dir")
-	ids=$(echo $IDS | awk -F, -v V="$V" '{ for (i = 1; i <= NF; i++) printf "%s%d", i > 1 ? "," : "", $i % V }')
+	ids=$(echo $IDS | awk -F, -v V="$V" '{ for (i = 1; i <= NF; i++) printf "%s%d", (i > 1 ? "," : ""), $i % V }')
 	for mode in "" --incremental; do
 		"$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode \
 			--out "$tmp/t1.f32" 2>"$tmp/err" || { fail "$name tp 1 $mode: $(tail -n 1 "$tmp/err")"; continue; }
@@ -68,6 +68,19 @@ for dir in "$G/llama3" "$G/qwen3" "$G/qwen3_moe" "$G/deepseek_v2" "$G/deepseek_v
 				fail "$name tp $tp $mode: worst row $w relative L2 from tp 1 (want <= $TOL)"
 		done
 	done
+done
+
+# ---- a long prefill: 600 rows per reduction, more than one CTA per SM's share ----
+long=$(awk 'BEGIN { for (i = 0; i < 600; i++) printf "%s%d", (i ? "," : ""), (i * 37 + 11) % 512 }')
+"$B/kdbench" logits --model "$G/qwen3_moe" --backend cuda --tokens "$long" --out "$tmp/l1.f32" \
+	2>"$tmp/err" || fail "600-token prefill tp 1: $(tail -n 1 "$tmp/err")"
+for tp in 2 4; do
+	"$B/kdbench" logits --model "$G/qwen3_moe" --backend cuda --tokens "$long" --tp $tp \
+		--out "$tmp/ln.f32" 2>"$tmp/err" || { fail "600-token prefill tp $tp: $(tail -n 1 "$tmp/err")"; continue; }
+	w=$(worst_rel "$tmp/ln.f32" "$tmp/l1.f32" 512)
+	echo "golden/qwen3_moe 600-token prefill tp $tp: worst row $w relative L2 from cuda tp 1"
+	awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok ||
+		fail "600-token prefill tp $tp: worst row $w relative L2 from tp 1 (want <= $TOL)"
 done
 
 # ---- greedy tokens: kdbench generate ----
