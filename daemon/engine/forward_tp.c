@@ -15,6 +15,7 @@
 
 #include "daemon/base/log.h"
 #include "daemon/engine/forward_tp.h"
+#include "daemon/engine/route_trace.h"
 #include "daemon/engine/tp_comm.h"
 #include "daemon/model/model_shard.h"
 
@@ -172,6 +173,16 @@ static void *rank_main(void *arg)
 	return NULL;
 }
 
+/* Whether the trace holds choices to force. Recording alone is rank 0's (the trace is
+ * f[0]'s): the router is replicated and its input the same bits on every rank, so rank
+ * 0's choices are every rank's. */
+static int trace_forces(const struct route_trace *t)
+{
+	size_t keys = (size_t)t->max_seqs * (size_t)t->n_layers * (size_t)t->max_pos;
+
+	return memchr(t->have_force, 1, keys) != NULL;
+}
+
 int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 {
 	struct fwd_tp *g = f->tp;
@@ -179,9 +190,9 @@ int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 
 	if (b->n_rows <= 0 || b->n_rows > f->max_rows || b->n_out < 0 || b->n_out > b->n_rows)
 		return -EINVAL;
-	if (f->trace) {	/* it would record, or force, rank 0's routing alone */
-		snprintf(f->trace_err, sizeof(f->trace_err), "the routing trace with tp %d: not built",
-			 g->n);
+	if (f->trace && trace_forces(f->trace)) {	/* it would force rank 0's routing alone */
+		snprintf(f->trace_err, sizeof(f->trace_err), "forced routing with tp %d: not built "
+			 "(it would change rank 0's choices alone)", g->n);
 		return -ENOTSUP;
 	}
 	tp_barrier_reset(&g->comm.bar);
