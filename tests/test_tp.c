@@ -165,11 +165,12 @@ static void compare_tps(struct model *m, const char *name, const struct tcase *c
 	free(got);
 }
 
-/* A routing trace would see (or force) rank 0's routing alone: a step with one set is
- * refused with a line saying so. */
+/* A routing trace records rank 0's routing (every rank's: the router and its input are
+ * replicated): a step with one runs and records it; a trace that forces choices would
+ * change rank 0's alone: a step with one is refused with a line saying so. */
 static void check_trace_refused(struct model *m, const char *name)
 {
-	struct route_trace *t = NULL;
+	struct route_trace *t = NULL, *forced = NULL;
 	struct engine_seq seq;
 	struct engine_req r;
 	char err[512] = "";
@@ -179,17 +180,29 @@ static void check_trace_refused(struct model *m, const char *name)
 	struct engine *e = open_engine(m, 2, 0, err, sizeof(err), &ret);
 
 	CHECK(e && logits && route_trace_create(&t, m->cfg.n_layers, m->cfg.n_experts, m->cfg.top_k,
-						 1, 8) == 0, "%s: tp 2 with a trace: %s", name, err);
-	if (e && t && logits) {
+						 1, 8) == 0 &&
+	      route_trace_create(&forced, m->cfg.n_layers, m->cfg.n_experts, m->cfg.top_k, 1, 8) == 0,
+	      "%s: tp 2 with a trace: %s", name, err);
+	if (e && t && forced && logits) {
 		engine_set_route_trace(e, t);
 		engine_seq_init(&seq);
 		r = (struct engine_req){ .seq = &seq, .tokens = &tok, .n_tokens = 1 };
 		ret = engine_step(e, &r, 1, logits, err, sizeof(err));
-		CHECK(ret != 0 && strstr(err, "routing trace with tp 2"),
-		      "%s: tp 2 ran a step with a routing trace (%d: %s)", name, ret, err);
+		CHECK(ret == 0 && t->have[0], "%s: tp 2 with a recording trace: %d (%s), recorded %d",
+		      name, ret, err, t->have[0]);
+		engine_seq_release(e, &seq);
+		CHECK(route_trace_force_from(forced, t) == 0, "%s: forced choices", name);
+		engine_set_route_trace(e, forced);
+		engine_seq_init(&seq);
+		r = (struct engine_req){ .seq = &seq, .tokens = &tok, .n_tokens = 1 };
+		err[0] = 0;
+		ret = engine_step(e, &r, 1, logits, err, sizeof(err));
+		CHECK(ret != 0 && strstr(err, "forced routing with tp 2"),
+		      "%s: tp 2 ran a step with forced routing (%d: %s)", name, ret, err);
 		engine_seq_release(e, &seq);
 		engine_set_route_trace(e, NULL);
 	}
+	route_trace_destroy(forced);
 	route_trace_destroy(t);
 	engine_destroy(e);
 	free(logits);

@@ -100,8 +100,16 @@ expect 2 "--tp" "$B/kdecd" --model "$M" --check --tp 0
 expect 2 "GPU 1 is named twice" "$B/kdecd" --model "$M" --check --gpus 1,1
 expect 2 "give 'all' or GPU ids" "$B/kdecd" --model "$M" --check --gpus 0,x
 expect 2 "a comma with no GPU" "$B/kdbench" logits --model "$M" --tokens 1 --gpus 0,
+# the routing trace with tp: recorded on rank 0 (the router and its input are every
+# rank's), the same choices as tp 1's; forcing choices is refused
+for tp in 1 2; do
+	"$B/kdbench" logits --model "$G/deepseek_v3" --tokens $IDS --threads 2 --tp $tp --out "$tmp/x" \
+		--dump-routing "$tmp/rt$tp" 2>"$tmp/err" || fail "--dump-routing at tp $tp: $(tail -n 1 "$tmp/err")"
+done
+[ -s "$tmp/rt1" ] && [ "$(cut -d' ' -f1-7 "$tmp/rt1")" = "$(cut -d' ' -f1-7 "$tmp/rt2")" ] && ok ||
+	fail "--dump-routing at tp 2 chose other experts than tp 1: $(diff "$tmp/rt1" "$tmp/rt2" | head -n 4)"
 expect 1 "with --tp 2: not built" "$B/kdbench" logits --model "$G/qwen3_moe" --tokens 1,2 --out "$tmp/x" \
-	--tp 2 --dump-routing "$tmp/x.rt"
+	--tp 2 --force-routing "$tmp/rt1"
 expect 1 "needs --tp N of 2 or more" "$B/kdbench" logits --model "$G/qwen3_moe" --tokens 1 --ep
 expect 1 "has no routed experts" "$B/kdecd" --backend cpu --model "$M" --check --tp 2 --ep
 expect 1 "runs on no GPU" "$B/kdecd" --backend cpu --model "$M" --check --gpus 0
@@ -109,11 +117,12 @@ expect 1 "64 weights are quantized; tensor parallel" "$B/kdbench" logits --model
 	--tokens 1,2 --out "$tmp/x" --tp 2
 expect 1 "host tier copies one rank" "$B/kdecd" --backend cpu --model "$M" --check --tp 2 --host-kv-mem 64M
 if "$B/kdbench" logits --backend cuda --model "$M" --tokens 1 --out "$tmp/x" >/dev/null 2>&1; then
-	expect 1 "multi-GPU cuda path is not built yet" "$B/kdbench" logits --backend cuda --model "$M" \
-		--tokens 1 --tp 2
+	# (cuda --tp 2 and 4 run as virtual ranks: tests/test_cuda_tp.sh)
+	expect 1 "take --tp 2 or 4" "$B/kdbench" logits --backend cuda --model "$M" \
+		--tokens 1 --tp 8
 	expect 1 "multi-GPU cuda path is not built yet" "$B/kdbench" logits --backend cuda --model "$M" \
 		--tokens 1 --gpus 0,1
 else
-	echo "tp_cli: no cuda backend here: its refusals of --tp 2 and --gpus 0,1 are not checked" >&2
+	echo "tp_cli: no cuda backend here: its refusals of --tp 8 and --gpus 0,1 are not checked" >&2
 fi
 verdict

@@ -201,6 +201,30 @@ struct backend_ops {
 	 * the procedure of kernels/k_sample.h; all in backend memory. 0 or -errno. */
 	int (*sample)(struct backend *be, int32_t *ids, const float *logits, int M, int vocab,
 		      const struct k_sample_params *params, const uint64_t *steps);
+	/* ---- optional: tensor-parallel ranks of a backend without host memory
+	 * (forward_tp.c; docs/PARALLEL.md). Every rank is a backend of its own, its ops
+	 * queued by its own thread. ---- */
+	/* Makes the calling thread able to queue be's ops (cuda: be's GPU current). */
+	void (*thread_attach)(struct backend *be);
+	/* out (n, table->cols) = the rows of ids from table, a rank's shard holding the
+	 * vocabulary rows [v0, v0 + table->rows); a row whose id is outside it is zeros. */
+	void (*embed_shard)(struct backend *be, float *out, const int32_t *ids, int n,
+			    const struct model_tensor *table, int v0);
+	/* The reductions' communicator of n ranks, rank r's ops queued on ranks[r], for up
+	 * to max_rows rows of width floats: 0 or -errno with one line in err. */
+	int (*tp_comm_create)(struct backend *const *ranks, int n, int max_rows, int width,
+			      void **comm, char *err, size_t err_len);
+	void (*tp_comm_destroy)(void *comm);	/* accepts NULL; no reduction in flight */
+	/* One reduction, every rank in turn with the same rows: tp_arrive (rank r's work
+	 * so far, marked), then once every rank has arrived (the caller's barrier),
+	 * tp_reduce: rank r's part, queued to start once every rank's marked work is done;
+	 * buf (rows, width) is its partial; the sum over ranks in rank order (the same
+	 * bits on every rank) is added to residual (rows, width) or, residual NULL,
+	 * written to buf. No rank may queue more work before every rank has queued its
+	 * tp_reduce (the caller's second barrier). 0 or -errno. */
+	int (*tp_arrive)(struct backend *be, void *comm, int rank);
+	int (*tp_reduce)(struct backend *be, void *comm, int rank, float *buf, int rows,
+			 float *residual);
 	/* Graphs: ops issued between capture_begin and capture_end are recorded into
 	 * *graph instead of running; graph_launch replays them on the current contents of
 	 * the same buffers; *n_nodes receives the kernels and copies recorded. 0 or -errno. */

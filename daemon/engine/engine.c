@@ -70,8 +70,9 @@ static int engine_kv_init(struct engine *e, const struct engine_opts *opts, char
 }
 
 /* What --gpus and --tp N need before anything is built: one GPU at most (the multi-GPU
- * path is not built), shapes that N divides, a backend whose ranks can run as threads,
- * no host tier (it would move rank 0's cache only). */
+ * path is not built), shapes that N divides, a backend whose ranks can run as threads
+ * (cpu; cuda: N = 2 or 4 virtual ranks on the one GPU, without --ep), no host tier (it
+ * would move rank 0's cache only). */
 static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 			   const struct engine_opts *opts, char *err, size_t err_len)
 {
@@ -97,10 +98,21 @@ static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 	}
 	if (opts->tp <= 1)
 		return 0;
-	if (!ops->host_memory) {
-		snprintf(err, err_len,
-			 "--tp %d on the %s backend: the multi-GPU %s path is not built yet (issue 25); "
-			 "use --tp 1, or --backend cpu", opts->tp, ops->name, ops->name);
+	if (!ops->host_memory && !ops->tp_comm_create) {
+		snprintf(err, err_len, "--tp %d on the %s backend: it has no tensor-parallel reduction; "
+			 "use --tp 1, or --backend cpu", opts->tp, ops->name);
+		return -ENOTSUP;
+	}
+	if (!ops->host_memory && opts->tp != 2 && opts->tp != 4) {
+		snprintf(err, err_len, "--tp %d on %s: virtual ranks on one GPU take --tp 2 or 4 (the "
+			 "multi-GPU path is not built yet, issue 25); --backend cpu takes any N that "
+			 "divides the shapes", opts->tp, ops->name);
+		return -ENOTSUP;
+	}
+	if (!ops->host_memory && opts->ep) {
+		snprintf(err, err_len, "--tp %d --ep on %s: expert parallel renumbers the router's "
+			 "choices on the host; not built for GPU memory yet (use --tp %d without --ep, "
+			 "or --backend cpu)", opts->tp, ops->name, opts->tp);
 		return -ENOTSUP;
 	}
 	if ((ret = model_shard_check(&m->cfg, opts->tp, opts->ep, err, err_len)))
@@ -224,14 +236,16 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 				    .x_bf16 = opts->x_bf16,
 				    .device = opts->n_gpus == 1 ? opts->gpus[0] : 0,
 				    .all_gpus = opts->n_gpus < 0 };
-	if ((ret = ops->create(&e->be, m, &bo, err, err_len)))
+	/* tp on a backend without host memory: rank 0's backend holds rank 0's shard
+	 * alone, made by forward_tp_create */
+	if ((opts->tp <= 1 || ops->host_memory) && (ret = ops->create(&e->be, m, &bo, err, err_len)))
 		goto err_destroy;
 	ret = kv_pool_init(&e->pool, (kv_tokens + block_tokens - 1) / block_tokens, block_tokens);
 	if (ret)
 		goto err_destroy;
 	if (opts->tp > 1)
-		ret = forward_tp_create(&e->fwd, m, e->be, opts->tp, opts->ep, &bo, e->pool.n_blocks,
-					block_tokens, max_rows, err, err_len);
+		ret = forward_tp_create(&e->fwd, m, &e->be, ops, opts->tp, opts->ep, &bo,
+					e->pool.n_blocks, block_tokens, max_rows, err, err_len);
 	else
 		ret = forward_create(&e->fwd, m, e->be, e->pool.n_blocks, block_tokens, max_rows,
 				     err, err_len);

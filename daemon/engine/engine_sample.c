@@ -94,6 +94,9 @@ int engine_step_sample_ext(struct engine *e, struct engine_req *reqs, int n_reqs
 	 * n counts rows, not requests */
 	int n = engine_step_out_rows(reqs, n_reqs);
 	int vocab = e->model->cfg.vocab_size, ret, n_host = 0;
+	/* tensor parallel: every rank holds a vocabulary slice, so the draw is the host's
+	 * over the gathered logits (forward_tp_run fills them) */
+	int be_sample = e->be->ops->sample && !e->fwd->tp;
 	struct engine_sampler *s;
 
 	if ((ret = sampler_reserve(e, n))) {
@@ -104,13 +107,13 @@ int engine_step_sample_ext(struct engine *e, struct engine_req *reqs, int n_reqs
 	if (!logits)
 		logits = s->logits;
 	for (int i = 0; i < n; i++) {
-		s->host[i] = !e->be->ops->sample ||
+		s->host[i] = !be_sample ||
 			     on_host(&params[i], hist ? &hist[i] : NULL, lp ? &lp[i] : NULL);
 		n_host += s->host[i];
 		if (lp)
 			memset(&lp[i], 0, sizeof(lp[i]));
 	}
-	if (e->be->ops->sample)
+	if (be_sample)
 		ret = step_on_backend(e, reqs, n_reqs, n, params, steps, ids, logits, n_host, err, err_len);
 	else
 		ret = engine_step(e, reqs, n_reqs, logits, err, err_len);

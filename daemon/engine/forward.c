@@ -393,10 +393,8 @@ static int mla_attention(struct forward *f, const struct model_layer *L, int l,
 	return attn_out(f, L, R);
 }
 
-/* SwiGLU MLP of width inter: h in, added to acc (rows, hidden); scratch (rows,
- * hidden) may be h itself, which gate and up have consumed by then. */
-static void dense_mlp(struct forward *f, const struct model_layer *L, int R, int inter, float *acc,
-		      float *scratch)
+/* f->gate (rows, inter) = silu(h @ w_gate^T) * (h @ w_up^T). */
+static void swiglu(struct forward *f, const struct model_layer *L, int R, int inter)
 {
 	size_t n = (size_t)R * (size_t)inter;
 
@@ -407,6 +405,14 @@ static void dense_mlp(struct forward *f, const struct model_layer *L, int R, int
 		OP(f, linear, f->up, f->h, &L->w_up, R);
 		OP(f, silu_mul, f->gate, f->gate, f->up, n);
 	}
+}
+
+/* SwiGLU MLP of width inter: h in, added to acc (rows, hidden); scratch (rows,
+ * hidden) may be h itself, which gate and up have consumed by then. */
+static void dense_mlp(struct forward *f, const struct model_layer *L, int R, int inter, float *acc,
+		      float *scratch)
+{
+	swiglu(f, L, R, inter);
 	linear_residual(f, acc, scratch, f->gate, &L->w_down, R);
 }
 
@@ -476,12 +482,10 @@ int forward_layer(struct forward *f, int l, const struct fwd_batch *b)
 	   c->rms_norm_eps);
 	if (L->is_moe)
 		return moe_mlp(f, L, l, R);
-	if (f->tp) {	/* this rank's columns into a zeroed f->mlp, reduced into f->x */
-		size_t n = (size_t)R * c->hidden_size;
-
-		memset(f->mlp, 0, n * sizeof(float));
-		dense_mlp(f, L, R, c->intermediate_size, f->mlp, f->h);
-		return forward_tp_reduce(f, f->mlp, n, f->x);
+	if (f->tp) {	/* this rank's partial sum (its columns) into f->mlp, reduced into f->x */
+		swiglu(f, L, R, c->intermediate_size);
+		OP(f, linear, f->mlp, f->gate, &L->w_down, R);
+		return forward_tp_reduce(f, f->mlp, (size_t)R * c->hidden_size, f->x);
 	}
 	dense_mlp(f, L, R, c->intermediate_size, f->x, f->mlp);
 	return 0;

@@ -193,5 +193,8 @@ int forward_layers(struct forward *f, const struct fwd_batch *b);
 int forward_layer(struct forward *f, int l, const struct fwd_batch *b);
 int forward_stage_create(struct forward *f, char *err, size_t err_len);
 void forward_stage_destroy(struct forward *f);
+/* A tensor-parallel rank's step inputs (forward_tp.c): the host batch b staged into f's
+ * backend memory (backends without host memory) as *db, op by op's layout. 0 or -errno. */
+int forward_stage_step(struct forward *f, const struct fwd_batch *b, struct fwd_batch *db);
 
 #endif

@@ -240,6 +240,15 @@ static long stage_batch(struct forward *f, const struct fwd_batch *b, int n_rows
 	return (long)((const char *)(st->tables + used) - st->block);
 }
 
+int forward_stage_step(struct forward *f, const struct fwd_batch *b, struct fwd_batch *db)
+{
+	long bytes = stage_batch(f, b, b->n_rows, db);
+
+	if (bytes < 0)
+		return (int)bytes;
+	return stage_upload(f, f->st.block, (size_t)bytes);
+}
+
 /* ---- logits and sampling -------------------------------------------------- */
 
 void forward_sample_set(struct forward *f, const struct k_sample_params *params,

@@ -2,7 +2,11 @@
  * 1..n-1, every rank runs forward_layers on its own shard and forward, the partial sums
  * meet in forward_tp_reduce, and each rank writes its vocabulary columns of the logits.
  * Barriers sleep, so n ranks on fewer cores wait instead of spinning; a rank that fails
- * breaks the step's barrier and every rank returns instead of waiting forever. */
+ * breaks the step's barrier and every rank returns instead of waiting forever.
+ * A backend without host memory (cuda: virtual ranks on one GPU) stages each rank's
+ * inputs itself, reduces through the backend's tp_* ops between two barriers (their
+ * order is what keeps ranks sharing a GPU from deadlocking: backend_cuda_tp.c) and
+ * runs op by op (no graphs with tp > 1 yet). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -11,6 +15,7 @@
 
 #include "daemon/base/log.h"
 #include "daemon/engine/forward_tp.h"
+#include "daemon/engine/route_trace.h"
 #include "daemon/engine/tp_comm.h"
 #include "daemon/model/model_shard.h"
 
@@ -23,12 +28,16 @@ struct fwd_tp {
 	struct forward *f[MODEL_SHARD_MAX_RANKS];
 	pthread_t thread[MODEL_SHARD_MAX_RANKS];
 	int started;			/* threads running (ranks 1..started) */
+	int own0;			/* be[0] made here (not yet handed to the caller) */
 	int vocab, v0[MODEL_SHARD_MAX_RANKS];
 	int ep;				/* expert parallel: rank r holds experts [e0, e0 + ne) */
 	int e0[MODEL_SHARD_MAX_RANKS], ne[MODEL_SHARD_MAX_RANKS];
 
 	struct tp_barrier step;		/* start and finish of a step (never broken) */
 	struct tp_comm comm;		/* inside a step: the reductions */
+	const struct backend_ops *ops;	/* the ranks' backend */
+	void *bcomm;			/* its communicator (ops->tp_comm_create), or NULL:
+					 * host memory, tp_comm_reduce */
 
 	/* the step in flight, set by rank 0 before the start barrier */
 	const struct fwd_batch *b;
@@ -39,7 +48,21 @@ struct fwd_tp {
 
 int forward_tp_reduce(struct forward *f, float *buf, size_t n, float *residual)
 {
-	return tp_comm_reduce(&f->tp->comm, f->tp_rank, buf, n, residual);
+	struct fwd_tp *g = f->tp;
+	int hidden = f->m->cfg.hidden_size, ret;
+
+	if (!g->bcomm)
+		return tp_comm_reduce(&g->comm, f->tp_rank, buf, n, residual);
+	if (n % (size_t)hidden)
+		return -EINVAL;
+	/* every rank's work marked before any reduction is queued; every reduction
+	 * queued before any rank queues what follows it (backend_cuda_tp.c says why) */
+	if ((ret = g->ops->tp_arrive(f->be, g->bcomm, f->tp_rank)) ||
+	    (ret = tp_barrier_wait(&g->comm.bar)) ||
+	    (ret = g->ops->tp_reduce(f->be, g->bcomm, f->tp_rank, buf, (int)(n / (size_t)hidden),
+				     residual)))
+		return ret;
+	return tp_barrier_wait(&g->comm.bar);
 }
 
 int forward_tp_embed(struct forward *f, const struct fwd_batch *b)
@@ -47,6 +70,10 @@ int forward_tp_embed(struct forward *f, const struct fwd_batch *b)
 	struct fwd_tp *g = f->tp;
 	int hidden = f->m->cfg.hidden_size, v0 = g->v0[f->tp_rank], vn = f->m->cfg.vocab_size;
 
+	if (f->be->ops->embed_shard) {	/* b->tokens in backend memory */
+		OP(f, embed_shard, f->x, b->tokens, b->n_rows, &f->m->embed, v0);
+		return forward_tp_reduce(f, f->x, (size_t)b->n_rows * hidden, NULL);
+	}
 	for (int i = 0; i < b->n_rows; i++) {
 		float *row = f->x + (size_t)i * hidden;
 		int32_t id = b->tokens[i] - v0;
@@ -76,7 +103,7 @@ int forward_tp_experts(struct forward *f, int32_t *ids, size_t n)
 
 /* The final norm and this rank's vocabulary columns of the out rows' logits, written
  * straight into the caller's (n_out, vocab) rows. */
-static void rank_logits(struct forward *f, const struct fwd_batch *b, float *logits)
+static int rank_logits(struct forward *f, const struct fwd_batch *b, float *logits)
 {
 	struct fwd_tp *g = f->tp;
 	const struct model_config *c = &f->m->cfg;
@@ -90,19 +117,40 @@ static void rank_logits(struct forward *f, const struct fwd_batch *b, float *log
 			   f->x + (size_t)b->out_rows[o + i] * hidden, hidden, &f->m->final_norm, 1,
 			   hidden, c->rms_norm_eps);
 		OP(f, linear, f->logits, f->h, &f->m->lm_head, n);
-		for (int i = 0; i < n; i++)
-			memcpy(logits + (size_t)(o + i) * g->vocab + v0, f->logits + (size_t)i * vn,
-			       sizeof(float) * (size_t)vn);
+		for (int i = 0; i < n; i++) {
+			float *dst = logits + (size_t)(o + i) * g->vocab + v0;
+			int ret;
+
+			if (f->be->ops->host_memory)
+				memcpy(dst, f->logits + (size_t)i * vn, sizeof(float) * (size_t)vn);
+			else if ((ret = f->be->ops->download(f->be, dst, f->logits + (size_t)i * vn,
+							      sizeof(float) * (size_t)vn)))
+				return ret;
+		}
 	}
+	return 0;
 }
 
 static int rank_step(struct forward *f)
 {
 	struct fwd_tp *g = f->tp;
-	int ret = forward_layers(f, g->b);
+	const struct fwd_batch *b = g->b;
+	struct fwd_batch db;
+	int ret = 0;
 
+	if (!f->be->ops->host_memory) {	/* this rank's inputs in its backend's memory */
+		ret = forward_stage_step(f, g->b, &db);
+		b = &db;
+	}
 	if (!ret)
-		rank_logits(f, g->b, g->logits);
+		ret = forward_layers(f, b);
+	if (!ret)
+		ret = rank_logits(f, b, g->logits);
+	if (!f->be->ops->host_memory) {	/* done before the finish barrier */
+		int r = f->be->ops->sync(f->be);
+
+		ret = ret ? ret : r;
+	}
 	if (ret)	/* the others must not wait for this rank at a reduction */
 		tp_barrier_break(&g->comm.bar);
 	return ret;
@@ -113,6 +161,8 @@ static void *rank_main(void *arg)
 	struct forward *f = arg;
 	struct fwd_tp *g = f->tp;
 
+	if (f->be->ops->thread_attach)	/* cuda: the rank's GPU current on this thread */
+		f->be->ops->thread_attach(f->be);
 	for (;;) {
 		tp_barrier_wait(&g->step);
 		if (g->quit)
@@ -123,6 +173,16 @@ static void *rank_main(void *arg)
 	return NULL;
 }
 
+/* Whether the trace holds choices to force. Recording alone is rank 0's (the trace is
+ * f[0]'s): the router is replicated and its input the same bits on every rank, so rank
+ * 0's choices are every rank's. */
+static int trace_forces(const struct route_trace *t)
+{
+	size_t keys = (size_t)t->max_seqs * (size_t)t->n_layers * (size_t)t->max_pos;
+
+	return memchr(t->have_force, 1, keys) != NULL;
+}
+
 int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 {
 	struct fwd_tp *g = f->tp;
@@ -130,9 +190,9 @@ int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 
 	if (b->n_rows <= 0 || b->n_rows > f->max_rows || b->n_out < 0 || b->n_out > b->n_rows)
 		return -EINVAL;
-	if (f->trace) {	/* it would record, or force, rank 0's routing alone */
-		snprintf(f->trace_err, sizeof(f->trace_err), "the routing trace with tp %d: not built",
-			 g->n);
+	if (f->trace && trace_forces(f->trace)) {	/* it would force rank 0's routing alone */
+		snprintf(f->trace_err, sizeof(f->trace_err), "forced routing with tp %d: not built "
+			 "(it would change rank 0's choices alone)", g->n);
 		return -ENOTSUP;
 	}
 	tp_barrier_reset(&g->comm.bar);
@@ -174,6 +234,8 @@ void forward_tp_free(struct fwd_tp *g)
 {
 	if (!g)
 		return;
+	if (g->bcomm)	/* the threads are gone: no reduction in flight */
+		g->ops->tp_comm_destroy(g->bcomm);
 	for (int r = 0; r < g->n; r++)
 		model_destroy(g->shard[r]);
 	tp_comm_fini(&g->comm);
@@ -195,10 +257,13 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 			return ret;
 		model_shard_vocab(m->cfg.vocab_size, r, g->n, &g->v0[r], &vn);
 		model_shard_experts(m->cfg.n_experts, r, g->n, &g->e0[r], &g->ne[r]);
-		if (r == 0)
+		if (r == 0 && be0) {
 			g->be[0] = be0;
-		else if ((ret = be0->ops->create(&g->be[r], g->shard[r], bo, err, err_len)))
-			return ret;
+		} else {	/* without host memory rank 0 too: a backend of its shard */
+			if ((ret = g->ops->create(&g->be[r], g->shard[r], bo, err, err_len)))
+				return ret;
+			g->own0 |= r == 0;
+		}
 		if ((ret = forward_create(&g->f[r], g->shard[r], g->be[r], n_blocks, block_tokens,
 					  max_rows, err, err_len)))
 			return ret;
@@ -208,19 +273,21 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 	return 0;
 }
 
-int forward_tp_create(struct forward **out, const struct model *m, struct backend *be0, int n,
-		      int ep, const struct backend_opts *bo, int n_blocks, int block_tokens,
-		      int max_rows, char *err, size_t err_len)
+int forward_tp_create(struct forward **out, const struct model *m, struct backend **be0_io,
+		      const struct backend_ops *ops, int n, int ep, const struct backend_opts *bo,
+		      int n_blocks, int block_tokens, int max_rows, char *err, size_t err_len)
 {
+	struct backend *be0 = *be0_io;
 	struct fwd_tp *g;
 	int ret;
 
 	*out = NULL;
 	if ((ret = model_shard_check(&m->cfg, n, ep, err, err_len)))
 		return ret;
-	if (n < 2 || !be0->ops->host_memory) {
-		snprintf(err, err_len, "tp %d on the %s backend: ranks as threads need host memory (cpu)",
-			 n, be0->ops->name);
+	if (n < 2 || (!ops->host_memory && !ops->tp_comm_create) || (!be0 && ops->host_memory) ||
+	    (be0 && be0->ops != ops)) {
+		snprintf(err, err_len, "tp %d on the %s backend: it has no tensor-parallel reduction",
+			 n, ops->name);
 		return -EINVAL;
 	}
 	g = calloc(1, sizeof(*g));
@@ -229,10 +296,16 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	g->n = n;
 	g->ep = ep;
 	g->vocab = m->cfg.vocab_size;
+	g->ops = ops;
 	tp_barrier_init(&g->step, n);
-	ret = tp_comm_init(&g->comm, n, (size_t)max_rows * (size_t)m->cfg.hidden_size);
+	/* the host buffers only where the ranks reduce through host memory */
+	ret = tp_comm_init(&g->comm, n, ops->host_memory ?
+			   (size_t)max_rows * (size_t)m->cfg.hidden_size : 0);
 	if (!ret)
 		ret = ranks_create(g, m, be0, bo, n_blocks, block_tokens, max_rows, err, err_len);
+	if (!ret && !ops->host_memory)
+		ret = ops->tp_comm_create(g->be, n, max_rows, m->cfg.hidden_size, &g->bcomm,
+					       err, err_len);
 	if (ret && err_len && err[0]) {
 		char why[512];	/* which rank: their sizes differ (KV heads, experts) */
 
@@ -253,12 +326,15 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	if (ret) {
 		/* stop only what started: a barrier of the started threads and this one */
 		g->step.n = g->started + 1;
-		g->be[0] = NULL;	/* the caller's */
+		if (!g->own0)
+			g->be[0] = NULL;	/* the caller's */
 		forward_tp_stop(g);
 		if (g->f[0]) {
 			g->f[0]->tp = NULL;
 			forward_destroy(g->f[0]);
 		}
+		if (g->own0)
+			g->be[0]->ops->destroy(g->be[0]);
 		forward_tp_free(g);
 		if (ret == -ENOMEM && err_len && !err[0])
 			snprintf(err, err_len, "tp %d: out of memory", n);
@@ -268,8 +344,13 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 		log_info("tp %d%s: rank %d holds %.1f MiB of weights and %.1f MiB of KV cache", n,
 			 ep ? " (experts parallel)" : "", r, (double)g->shard[r]->weight_bytes / (1 << 20),
 			 (double)g->f[r]->kv_bytes / (1 << 20));
+	if (!ops->host_memory)
+		log_info("tp %d on %s: ranks as threads, one stream each, op by op (no graphs with "
+			 "tp > 1 yet)", n, ops->name);
 	for (int r = 1; r < n; r++)	/* the engine's figure: every rank's cache */
 		g->f[0]->kv_bytes += g->f[r]->kv_bytes;
+	*be0_io = g->be[0];	/* the caller's from now on */
+	g->own0 = 0;
 	*out = g->f[0];
 	return 0;
 }

@@ -13,13 +13,16 @@
 struct fwd_tp;
 
 /* Builds the n ranks (n >= 2) of model m, the routed experts sliced (ep 0) or whole, a
- * share per rank (ep 1, expert parallel): the shards, their backends (be0 for rank 0,
- * created by the caller with bo; the others with bo too, owned here), forwards and
- * threads. *out is rank 0's forward: forward_run fans each step out, forward_destroy
- * stops everything. 0 or -errno with one line in err. */
-int forward_tp_create(struct forward **out, const struct model *m, struct backend *be0, int n,
-		      int ep, const struct backend_opts *bo, int n_blocks, int block_tokens,
-		      int max_rows, char *err, size_t err_len);
+ * share per rank (ep 1, expert parallel): the shards, their backends of ops (rank 0's
+ * *be0_io, created by the caller with bo where ops has host memory; where it has not,
+ * *be0_io is NULL and rank 0's backend is made here of rank 0's shard, so no device
+ * ever holds the whole model, and handed back in *be0_io on success, the caller's to
+ * destroy after forward_destroy; the other ranks' with bo too, owned here), forwards
+ * and threads. *out is rank 0's forward: forward_run fans each step out,
+ * forward_destroy stops everything. 0 or -errno with one line in err. */
+int forward_tp_create(struct forward **out, const struct model *m, struct backend **be0_io,
+		      const struct backend_ops *ops, int n, int ep, const struct backend_opts *bo,
+		      int n_blocks, int block_tokens, int max_rows, char *err, size_t err_len);
 
 /* Rank 0: runs the step on every rank; logits (n_out, full vocab) as forward_run. */
 int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits);

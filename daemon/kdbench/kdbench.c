@@ -62,6 +62,7 @@ static void usage(FILE *f)
 		"  --backend NAME        cpu (default) or cuda\n"
 		"  --threads N           CPU threads (default: all online CPUs)\n"
 		"  --tp N                tensor-parallel ranks (cpu: threads sharing --threads;\n"
+		"                        cuda: 2 or 4 virtual ranks on one GPU, op by op;\n"
 		"                        docs/PARALLEL.md) (default 1)\n"
 		"  --ep                  with --tp N: expert parallel (each rank a share of the\n"
 		"                        routed experts whole)\n"
@@ -329,9 +330,10 @@ static int routing_begin(const struct bench_args *a, struct engine *e, int n,
 	*t = NULL;
 	if (!a->dump_routing && !a->force_routing)
 		return 0;
-	if (a->eng.tp > 1) {	/* the trace is rank 0's; forcing it would split the ranks */
-		fprintf(stderr, "kdbench logits: --dump-routing/--force-routing with --tp %d: not built "
-			"(one rank's routing of several)\n", a->eng.tp);
+	if (a->eng.tp > 1 && a->force_routing) {	/* it would force rank 0's routing alone */
+		fprintf(stderr, "kdbench logits: --force-routing with --tp %d: not built (one rank's "
+			"routing of several; --dump-routing records rank 0's, which every rank shares)\n",
+			a->eng.tp);
 		return -ENOTSUP;
 	}
 	if (c->n_experts <= 0) {

@@ -491,6 +491,13 @@ const struct backend_ops backend_cuda_ops = {
 	.qkv_prep_attn = cuda_qkv_prep_attn,
 	.mla_prep_attn = cuda_mla_prep_attn,
 	.sample = cuda_sample,
+	/* tensor-parallel ranks (backend_cuda_tp.c) */
+	.thread_attach = cuda_thread_attach,
+	.embed_shard = cuda_embed_shard,
+	.tp_comm_create = cuda_tp_comm_create,
+	.tp_comm_destroy = cuda_tp_comm_destroy,
+	.tp_arrive = cuda_tp_arrive,
+	.tp_reduce = cuda_tp_reduce,
 	.capture_begin = cuda_capture_begin,
 	.capture_end = cuda_capture_end,
 	.graph_launch = cuda_graph_launch,

@@ -204,6 +204,17 @@ int cuda_mla_prep_attn(struct backend *be, float *out, float *q, const float *h,
 void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		       const struct model_tensor *w_gate, const struct model_tensor *w_up, int M);
 
+/* ---- tensor-parallel ranks (backend_cuda_tp.c) ------------------------------ */
+
+void cuda_thread_attach(struct backend *be);
+void cuda_embed_shard(struct backend *be, float *out, const int32_t *ids, int n,
+		      const struct model_tensor *table, int v0);
+int cuda_tp_comm_create(struct backend *const *ranks, int n, int max_rows, int width,
+			void **comm, char *err, size_t err_len);
+void cuda_tp_comm_destroy(void *comm);
+int cuda_tp_arrive(struct backend *be, void *comm, int rank);
+int cuda_tp_reduce(struct backend *be, void *comm, int rank, float *buf, int rows, float *residual);
+
 /* ---- weights (backend_cuda_weights.c) ------------------------------------ */
 
 int cuda_ptr_map_put(struct cuda_ptr_map *m, const void *key, void *val);

@@ -102,6 +102,13 @@ int k_cuda_ar_shape(const struct k_cuda_ar *ar, int rows, int width, int *ctas, 
  * on one device. */
 int k_cuda_ar_ranks_per_device(const struct k_cuda_ar *ar);
 
+/* A tensor-parallel rank's embedding (shard_embed.cu): out (n, dim) = the rows of ids
+ * from table (vn, dim) bf16, which holds the vocabulary rows [v0, v0 + vn) (ids[i] - v0
+ * indexes it); a row whose id falls outside is zeros, another rank's to fill in the
+ * reduction. 0 or -EINVAL / -EIO. */
+int k_cuda_embed_shard(cudaStream_t s, float *out, const int32_t *ids, int n,
+		       const uint16_t *table, int vn, int dim, int v0);
+
 #ifdef __cplusplus
 }
 #endif
