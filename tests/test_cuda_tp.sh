@@ -9,9 +9,10 @@
 # fp32 in rank order, so the residual differs from tp 1 in its last bits, and a value
 # that crosses a bf16 rounding boundary at the next GEMM's input moves by 2^-9
 # relative; every worst row is printed (the measured figures are in docs/PARALLEL.md).
-# A MoE case beyond TOL fails and prints the routing of tp 1 and tp N where they
-# differ (kdbench --dump-routing: rank 0 records every rank's choice), the evidence of
-# a near-tie flip for whoever judges it.
+# A MoE case beyond TOL passes only as a routing flip: tp N chose other experts than
+# tp 1 (kdbench --dump-routing: rank 0 records every rank's choice) and tp 1 with tp N's
+# choices forced (--force-routing) is within TOL of tp N on every row; the differing
+# decisions are printed with tp 1's top-k margin.
 # Then greedy tokens equal (kdbench generate), kdecd --backend cuda --tp 2 serving
 # kdrun tp 1's tokens, kdbench decode at tp 2 giving figures, and the refusals of
 # --tp 3 and --ep on cuda. Exits 77 without a GPU or a CUDA build.
@@ -68,19 +69,30 @@ for dir in "$G/llama3" "$G/qwen3" "$G/qwen3_moe" "$G/deepseek_v2" "$G/deepseek_v
 			w=$(worst_rel "$tmp/tn.f32" "$tmp/t1.f32" "$V")
 			echo "$name tp $tp${mode:+ $mode}: worst row $w relative L2 from cuda tp 1"
 			awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok && continue
-			fail "$name tp $tp $mode: worst row $w relative L2 from tp 1 (want <= $TOL)"
-			# the evidence for a routing flip: tp 1's and tp N's choices (rank 0
-			# records every rank's), the differing lines with tp 1's top-k margin
+			# beyond TOL: a routing flip when tp N chose other experts than tp 1 and
+			# tp 1 run with tp N's choices forced gives tp N's rows within TOL (the
+			# issue's criterion: the same row with forced routing within tolerance);
+			# the differing decisions are printed with tp 1's top-k margin
 			if "$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode \
 				--out "$tmp/x.f32" --dump-routing "$tmp/rt1" 2>/dev/null &&
 			   "$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode --tp $tp \
-				--out "$tmp/x.f32" --dump-routing "$tmp/rtn" 2>/dev/null; then
+				--out "$tmp/x.f32" --dump-routing "$tmp/rtn" 2>/dev/null &&
+			   ! cmp -s "$tmp/rt1" "$tmp/rtn" &&
+			   "$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode \
+				--force-routing "$tmp/rtn" --out "$tmp/tf.f32" 2>"$tmp/ferr"; then
 				paste -d'|' "$tmp/rt1" "$tmp/rtn" | awk -F'|' -v N="$tp" -v W="$name tp $tp $mode" '
 					{ n = split($1, a, " "); split($2, b, " "); d = 0
 					  for (i = 1; i < n; i++) if (a[i] != b[i]) d = 1
-					  if (d) { print W ": routing differs (seq layer token experts.. tp 1 margin): tp 1 " $1 ", tp " N " " $2; c++ } }
-					END { if (!c) print W ": the same experts chosen as tp 1 (no routing flip)" }' | head -n 8
+					  if (d) { print W ": routing differs (seq layer token experts.. tp 1 margin): tp 1 " $1 ", tp " N " " $2; c++ } }' | head -n 8
+				wf=$(worst_rel "$tmp/tn.f32" "$tmp/tf.f32" "$V")
+				echo "$name tp $tp${mode:+ $mode}: with tp $tp's routing forced on tp 1 ($(tail -n 1 "$tmp/ferr" | sed 's/^kdbench logits: //')): worst row $wf"
+				if awk -v w="$wf" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }'; then
+					echo "$name tp $tp${mode:+ $mode}: explained by a routing flip"
+					ok
+					continue
+				fi
 			fi
+			fail "$name tp $tp $mode: worst row $w relative L2 from tp 1 (want <= $TOL), not a routing flip"
 		done
 	done
 done
