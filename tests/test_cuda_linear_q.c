@@ -13,6 +13,7 @@
  * - the DEQUANT kind (weights to f16, cuBLAS), M = 1, 9, 33: against the reference on
  *   f16 weights and f16 x, <= 1e-4; k_cuda_quant_dequant itself bit for bit against the
  *   host's dequantization rounded to bf16 and to f16.
+ * KD_TEST_QUICK=1: the sanitizers' size (main says what it leaves out).
  * Exits 77 without a GPU. Timing: tests/bench/bench_cuda_linear_q. */
 #include <errno.h>
 #include <math.h>
@@ -353,6 +354,11 @@ int main(void)
 {
 	static const int Ms[] = { 1, 2, 5, 9 };
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	/* KD_TEST_QUICK (the sanitizer runs): every kernel form, every M, clusters and
+	 * partial slabs still, without the largest shapes and with fewer CUDA-core M */
+	const char *qe = getenv("KD_TEST_QUICK");
+	const int quick = qe && *qe && strcmp(qe, "0");
+	const size_t n_ms = quick ? 2 : sizeof(Ms) / sizeof(Ms[0]);
 
 	if (!test_gpu_present("test_cuda_linear_q"))
 		return 77;
@@ -365,12 +371,15 @@ int main(void)
 	CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 	test_bad_args();
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		for (size_t j = 0; j < sizeof(Ms) / sizeof(Ms[0]); j++) {
-			run_case(&cases[i], 300, 512, Ms[j], (int)(j & 1), 0);	/* vector */
-			run_case(&cases[i], 77, 200, Ms[j], (int)(j & 1), 0);	/* generic: K % 32 */
-			run_case(&cases[i], 130, 384, Ms[j], 0, 1);		/* generic: x misaligned */
+		for (size_t j = 0; j < n_ms; j++) {
+			const int M = quick ? Ms[3 * j] : Ms[j];	/* quick: 1 and 9 */
+
+			run_case(&cases[i], 300, 512, M, (int)(j & 1), 0);	/* vector */
+			run_case(&cases[i], 77, 200, M, (int)(j & 1), 0);	/* generic: K % 32 */
+			run_case(&cases[i], 130, 384, M, 0, 1);		/* generic: x misaligned */
 		}
-		run_case(&cases[i], 1000, 4096, 1, 0, 0);
+		if (!quick)
+			run_case(&cases[i], 1000, 4096, 1, 0, 0);
 	}
 	wtmp_elems = (size_t)4096 * 4128;
 	wtmp = dalloc(wtmp_elems * 2);
@@ -399,8 +408,9 @@ int main(void)
 		}
 		for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA; kind++) {
 			run_kind(c, kind, 300, 1024, 17, 1, 0);	/* 8 rows a launch */
-			run_kind(c, kind, 520, 14336, 8, 0, 0);	/* many stages a warp */
-			run_kind(c, kind, 6144, 4096, 1, 0, is_int4);
+			run_kind(c, kind, quick ? 130 : 520, 14336, 8, 0, 0);	/* many stages a warp */
+			if (!quick)
+				run_kind(c, kind, 6144, 4096, 1, 0, is_int4);
 		}
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 300, 512, 1, 0, 0);
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 1000, 4096, 9, 1, is_int4);

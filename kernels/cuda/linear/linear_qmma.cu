@@ -388,17 +388,20 @@ static __device__ __forceinline__ void qs_issue(unsigned char *slot, const uint8
 }
 
 // The scales stage i needs of the lane's rows: fp8 one a row (block_cols % 128 == 0 or
-// the whole row), int4 one a row and slab (the lane's 32 k of it).
+// the whole row), int4 one a row and slab (the lane's 32 k of it); zeros for k past
+// the slice, where no scale is read.
 template <int FMT, typename ST>
 static __device__ __forceinline__ void qs_scales(float (&sr)[4], const ST *scale, const qm_args &a,
 						 size_t sra, size_t srb, bool aok, bool bok,
 						 int k0, int kend, int i, int t)
 {
 	if (FMT == K_Q_FP8) {
-		const int sc = (k0 + i * qs_fmt<FMT>::SK) >> a.bc_shift;
+		// stages past the slice (the prologue's, or a CTA whose slice starts past K)
+		// have no scale column: reading one would run past the scale tensor
+		const int k = k0 + i * qs_fmt<FMT>::SK, sc = k >> a.bc_shift;
 
-		sr[0] = aok ? qm_scale(scale, sra + sc) : 0.f;
-		sr[1] = bok ? qm_scale(scale, srb + sc) : 0.f;
+		sr[0] = aok && k < kend ? qm_scale(scale, sra + sc) : 0.f;
+		sr[1] = bok && k < kend ? qm_scale(scale, srb + sc) : 0.f;
 	} else {
 #pragma unroll
 		for (int h = 0; h < 2; h++) {
