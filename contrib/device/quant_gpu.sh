@@ -8,7 +8,7 @@
 #         contrib/device/pack.sh build /work/main/build-quant
 #         cp contrib/device/quant_gpu.sh /work/main/build-quant/
 #   device run: bash build-quant/quant_gpu.sh   carry ["build-quant"]
-# QG_PHASES (default "test bench golden decode") picks phases; QG_FORMATS the decode
+# QG_PHASES (default "test bench golden decode"; also san) picks phases; QG_FORMATS the decode
 # formats; QG_BATCH the batch sizes.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -33,6 +33,21 @@ step() {
 say "# quant_gpu.sh $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader)"
 for p in ${QG_PHASES:-test bench golden decode}; do
 	case $p in
+	san)	# compute-sanitizer memcheck, racecheck, synccheck of test_cuda_linear_q (quick
+		# size) side by side, each cut at QG_SAN_TIMEOUT (default 60 s)
+		cs=/usr/local/cuda/bin/compute-sanitizer
+		for tool in memcheck racecheck synccheck; do
+			env KD_TEST_QUICK=1 timeout "${QG_SAN_TIMEOUT:-60}" "$cs" --tool $tool --print-limit 20 \
+				--show-backtrace device --error-exitcode 9 "$B/tests/test_cuda_linear_q" \
+				>"$O/san_$tool.log" 2>&1 &
+		done
+		wait
+		for tool in memcheck racecheck synccheck; do
+			say "  $tool: $(grep -cE '^========= +(Error|Warning|Invalid|Race|Program hit)' "$O/san_$tool.log") reports," \
+				"$(grep -c 'PASS' "$O/san_$tool.log") PASS, $(grep -c FAIL "$O/san_$tool.log") FAIL lines;" \
+				"$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$O/san_$tool.log" | tail -n 1)"
+		done
+		;;
 	test)
 		step linear_q 90 "$B/tests/test_cuda_linear_q"
 		grep -E 'FAIL|PASS|rel L2 .*(mma|dequant)' "$O/linear_q.log" | grep -E 'FAIL|PASS|N  6144|N   520' | head -40 | tee -a "$S"
