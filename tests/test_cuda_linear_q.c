@@ -5,7 +5,8 @@
  *   y = and y +=, against k_cpu_linear_q: both fp32 from the same exact values, rel L2
  *   per row <= 1e-5;
  * - the tensor-core GEMV in both forms (K_CUDA_LINEAR_Q_STREAM, _MMA), M = 1..8 (and 17:
- *   three launches), one CTA
+ *   MMA three launches), STREAM at M = 9, 16, 33, 64 in one launch (x in chunks of k
+ *   where the slice is long), one CTA
  *   to a cluster of 8 and slices of many stages, partial slabs, f32 and f16 scales: against a double-precision
  *   reference on x rounded to f16 as the kernel rounds it, rel L2 per row <= 1e-4
  *   (fp32 tensor-core sums), and within 2e-3 of the reference on fp32 x (the f16
@@ -13,7 +14,8 @@
  * - the DEQUANT kind (weights to f16, cuBLAS), M = 1, 9, 33: against the reference on
  *   f16 weights and f16 x, <= 1e-4; k_cuda_quant_dequant itself bit for bit against the
  *   host's dequantization rounded to bf16 and to f16.
- * KD_TEST_QUICK=1: the sanitizers' size (main says what it leaves out).
+ * KD_TEST_QUICK=1: the sanitizers' size (main says what it leaves out); KD_TEST_PART=mma
+ * the tensor-core GEMV only; KD_TEST_CASES=SUBSTRING some formats only.
  * Exits 77 without a GPU. Timing: tests/bench/bench_cuda_linear_q. */
 #include <errno.h>
 #include <math.h>
@@ -359,6 +361,10 @@ int main(void)
 	const char *qe = getenv("KD_TEST_QUICK");
 	const int quick = qe && *qe && strcmp(qe, "0");
 	const size_t n_ms = quick ? 2 : sizeof(Ms) / sizeof(Ms[0]);
+	/* KD_TEST_PART=mma: the tensor-core GEMV only (racecheck: no cuBLAS, whose split-K
+	 * kernels it reports); KD_TEST_CASES=fp8 (a substring): those formats only */
+	const char *part = getenv("KD_TEST_PART"), *only = getenv("KD_TEST_CASES");
+	const int mma_only = part && !strcmp(part, "mma");
 
 	if (!test_gpu_present("test_cuda_linear_q"))
 		return 77;
@@ -370,7 +376,9 @@ int main(void)
 	CU(cudaSetDevice(0));
 	CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 	test_bad_args();
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && !mma_only; i++) {
+		if (only && !strstr(cases[i].what, only))
+			continue;
 		for (size_t j = 0; j < n_ms; j++) {
 			const int M = quick ? Ms[3 * j] : Ms[j];	/* quick: 1 and 9 */
 
@@ -395,8 +403,17 @@ int main(void)
 					 .block_rows = 1, .block_cols = c->block_cols ? c->block_cols : 200,
 					 .scale_cols = 1 };
 
+		if (only && !strstr(c->what, only))
+			continue;
+
 		CHECK(k_cuda_linear_q_pick(&probe, (const float *)wtmp, wtmp, 1, 77, 200, 0) ==
 		      K_CUDA_LINEAR_Q_WARP, "%s: K 200 is not the tensor-core GEMV's", c->what);
+		probe.block_cols = c->block_cols ? c->block_cols : 4096;
+		CHECK(k_cuda_linear_q_pick(&probe, (const float *)wtmp, wtmp, 64, 300, 4096, 1) ==
+			      K_CUDA_LINEAR_Q_STREAM &&
+		      k_cuda_linear_q_pick(&probe, (const float *)wtmp, wtmp, 65, 300, 4096, wtmp_elems) ==
+			      K_CUDA_LINEAR_Q_DEQUANT,
+		      "%s: M 64 takes STREAM, M 65 DEQUANT", c->what);
 		for (size_t j = 0; j < sizeof(mma_ms) / sizeof(mma_ms[0]); j++) {
 			const int M = mma_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
 
@@ -406,12 +423,31 @@ int main(void)
 				run_kind(c, kind, 130, odd_k, M, acc, 0);	/* partial slab */
 			}
 		}
+		/* STREAM at 8 < M <= 64: one launch, n8 tiles 2, 4, 8 (partial ones at 9, 33),
+		 * partial row blocks, clusters, partial slabs, x in chunks of k */
+		{
+			static const int wide_ms[] = { 9, 16, 33, 64 };
+
+			for (size_t j = 0; j < sizeof(wide_ms) / sizeof(wide_ms[0]); j++) {
+				const int M = wide_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
+
+				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 300, 512, M, acc, f16s);
+				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 1000, 4096, M, !acc, f16s);
+				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 130, odd_k, M, acc, 0);
+				/* 2 row blocks, 8 slices of 1792 k: x in two chunks */
+				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 130, 14336, M, 0, f16s);
+			}
+			if (!quick)	/* 34 row blocks, 3 slices, partial slab and chunk */
+				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 4352, odd_k, 64, 1, 0);
+		}
 		for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA; kind++) {
-			run_kind(c, kind, 300, 1024, 17, 1, 0);	/* 8 rows a launch */
+			run_kind(c, kind, 300, 1024, 17, 1, 0);	/* STREAM one launch, MMA 3 */
 			run_kind(c, kind, quick ? 130 : 520, 14336, 8, 0, 0);	/* many stages a warp */
 			if (!quick)
 				run_kind(c, kind, 6144, 4096, 1, 0, is_int4);
 		}
+		if (mma_only)
+			continue;
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 300, 512, 1, 0, 0);
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 1000, 4096, 9, 1, is_int4);
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 130, odd_k, 33, 0, 0);

@@ -1,5 +1,5 @@
 /* Quantized-weight linear benchmark on the GPU: k_cuda_linear_q_run (the tensor-core
- * GEMV at M <= 8: "us" the streaming form it picks, "mma us" the register-load form) on the dense projections of Llama-3.1-8B, Qwen3-30B-A3B and
+ * GEMV at M <= 64: "us" the streaming form it picks, "alt us" below) on the dense projections of Llama-3.1-8B, Qwen3-30B-A3B and
  * DeepSeek-V3 / Kimi-K2 (q/k/v and gate/up stacked, as the CUDA backend places them),
  * in fp8 with 128 x 128 block scales, fp8 per channel and int4 in groups of 32 (f16
  * scales, as the backend keeps them), against the HBM floor of the bytes it must move.
@@ -8,8 +8,11 @@
  * over enough copies of the weight (>= ROTATE_BYTES) that none is still in the 60 MB L2
  * when read again; sample / launches is one call; median of SAMPLES samples. Bytes =
  * payload + scales (as on the device) + x (M, K) fp32 + y (M, N) fp32, each once; floor
- * = bytes / 4.25 TB/s (bench_floor_us). "warp" is the CUDA-core GEMV (k_cuda_linear_q)
- * at M = 1, for comparison. Usage: bench_cuda_linear_q [--quick] (M = 1 and 8 only).
+ * = bytes / 4.25 TB/s (bench_floor_us). "alt us": the register-load form (MMA) at M <= 8,
+ * the DEQUANT kind (f16 copy + cuBLAS, what M > 8 took before) above. "warp" is the
+ * CUDA-core GEMV (k_cuda_linear_q) at M = 1, for comparison. M = 1, 2, 4, 8, 16, 32, 64
+ * (the streaming form in one launch up to 64). Usage: bench_cuda_linear_q [--quick]
+ * (M = 1, 8 and 64 only).
  * Exits 77 without CUDA or GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +34,7 @@
 #define ROTATE_BYTES	((size_t)256 << 20)	/* > 4x the L2 */
 #define MIN_LAUNCHES	20			/* per graph replay */
 #define SAMPLES		15
-#define MAX_M		8
+#define MAX_M		64
 #define MAX_K		18432
 
 struct shape {
@@ -73,6 +76,8 @@ static const struct fmt fmts[] = {
 
 static cudaStream_t stream;
 static struct k_cuda_linear *lin;
+static uint16_t *wtmp;		/* DEQUANT's f16 copy */
+static size_t wtmp_elems;
 
 /* A quantized weight in `copies` device copies: payloads wb apart, scales sb apart. */
 struct qweight {
@@ -93,7 +98,7 @@ static int call(const struct qweight *qw, int kind, int i, float *y, const float
 		return q.scale_dtype == K_F32 ? k_cuda_linear_q(stream, y, x, qw->w + (size_t)(i % qw->copies) * qw->wb,
 								&q, M, N, K, 0) : -1;
 	return k_cuda_linear_q_run(lin, kind, y, x, qw->w + (size_t)(i % qw->copies) * qw->wb, &q,
-				   M, N, K, 0, NULL, 0);
+				   M, N, K, 0, wtmp, wtmp_elems);
 }
 
 /* Median µs of one call. 0 after a failed check (or where kind cannot run). */
@@ -192,15 +197,15 @@ static int qweight_create(struct qweight *qw, const struct fmt *f, int N, int K)
 
 int main(int argc, char **argv)
 {
-	static const int all_ms[] = { 1, 2, 4, 8 }, quick_ms[] = { 1, 8 };
+	static const int all_ms[] = { 1, 2, 4, 8, 16, 32, 64 }, quick_ms[] = { 1, 8, 64 };
 	const int *ms = all_ms;
-	int n_ms = 4;
+	int n_ms = 7;
 	double llama_us[N_FMTS][MAX_M + 1] = { { 0 } }, llama_floor[N_FMTS][MAX_M + 1] = { { 0 } };
 	float *x, *y, *hx;
 
 	if (argc > 1 && !strcmp(argv[1], "--quick")) {
 		ms = quick_ms;
-		n_ms = 2;
+		n_ms = 3;
 	}
 	if (bench_begin("bench_cuda_linear_q"))
 		return 77;
@@ -217,12 +222,14 @@ int main(int argc, char **argv)
 		hx[i] = (float)((i * 2654435761u) % 2001) / 1000.0f - 1.0f;
 	x = dalloc(sizeof(float) * MAX_M * MAX_K);
 	y = dalloc(sizeof(float) * MAX_M * 65536);
-	if (!x || !y)
+	wtmp_elems = (size_t)36864 * 7168;	/* the largest shape: DEQUANT's f16 copy */
+	wtmp = dalloc(wtmp_elems * 2);
+	if (!x || !y || !wtmp)
 		return 1;
 	CU(cudaMemcpy(x, hx, sizeof(float) * MAX_M * MAX_K, cudaMemcpyHostToDevice));
 	free(hx);
 	printf("%-18s %-11s %6s %5s %2s | %8s %6s %6s | %8s %7s | %8s %6s | %8s | %s\n", "shape",
-	       "format", "N", "K", "M", "us", "TB/s", "floor%", "floor us", "MB", "mma us", "floor%",
+	       "format", "N", "K", "M", "us", "TB/s", "floor%", "floor us", "MB", "alt us", "floor%",
 	       "warp us", "plan");
 	for (int si = 0; si < N_SHAPES; si++) {
 		const struct shape *s = &shapes[si];
@@ -247,7 +254,8 @@ int main(int argc, char **argv)
 				CHECK(k_cuda_linear_q_pick(&qw.q, x, qw.w, M, s->N, s->K, 0) == kind,
 				      "%s %s M %d: not the streaming GEMV", s->name, fmts[fi].name, M);
 				us = time_us(&qw, kind, y, x, M, s->N, s->K);
-				mma = time_us(&qw, K_CUDA_LINEAR_Q_MMA, y, x, M, s->N, s->K);
+				mma = time_us(&qw, M <= 8 ? K_CUDA_LINEAR_Q_MMA : K_CUDA_LINEAR_Q_DEQUANT, y,
+					      x, M, s->N, s->K);
 				if (M == 1 && qw.q.scale_dtype == K_F32)
 					warp = time_us(&qw, K_CUDA_LINEAR_Q_WARP, y, x, M, s->N, s->K);
 				k_cuda_linear_q_describe(lin, kind, &qw.q, M, s->N, s->K, plan, sizeof(plan));
@@ -274,6 +282,7 @@ int main(int argc, char **argv)
 				       100.0 * llama_floor[fi][M] / llama_us[fi][M]);
 	cudaFree(x);
 	cudaFree(y);
+	cudaFree(wtmp);
 	k_cuda_linear_destroy(lin);
 	cudaStreamDestroy(stream);
 	return test_failures ? 1 : 0;

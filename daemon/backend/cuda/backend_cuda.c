@@ -177,7 +177,7 @@ err_destroy:
 	return ret;
 }
 
-/* The f16 copy of one quantized weight for the linears of more than 32 rows (prefill,
+/* The f16 copy of one quantized weight for the linears of more than 64 rows (prefill,
  * large batches): the largest kept quantized weight's size, written before each such
  * linear (k_cuda_linear_q_run's DEQUANT). */
 static int cuda_wtmp_reserve(struct backend_cuda *b)
@@ -191,7 +191,7 @@ static int cuda_wtmp_reserve(struct backend_cuda *b)
 	}
 	b->alloc_bytes += b->wtmp_elems * sizeof(uint16_t);
 	log_info("cuda: %.1f MiB of f16 scratch for the quantized linears of more than %d rows",
-		 (double)b->wtmp_elems * 2 / (1 << 20), K_CUDA_LINEAR_Q_PASS_MAX_M);
+		 (double)b->wtmp_elems * 2 / (1 << 20), K_CUDA_LINEAR_Q_STREAM_MAX_M);
 	return 0;
 }
 

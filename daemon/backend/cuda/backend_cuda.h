@@ -174,8 +174,8 @@ void cuda_rmsnorm(struct backend *be, float *out, int out_stride, const float *x
 void cuda_add(struct backend *be, float *y, const float *x, size_t n);
 void cuda_silu_mul(struct backend *be, float *out, const float *gate, const float *up, size_t n);
 /* y (M, w->rows) = x @ w^T (y += with accumulate) on the backend's stream: the quantized
- * kernels where w stayed quantized (k_cuda_linear_q_run: M <= 32 on the tensor-core
- * GEMV, 8 rows a launch; more through an f16 copy into b->wtmp), else k_cuda_linear
+ * kernels where w stayed quantized (k_cuda_linear_q_run: M <= 64 on the tensor-core
+ * GEMV, one launch; more through an f16 copy into b->wtmp), else k_cuda_linear
  * on its bf16 copy.
  * 0 or -errno (not yet recorded: the caller's op ends with it). */
 int cuda_linear_run(struct backend_cuda *b, float *y, const float *x, const struct model_tensor *w,

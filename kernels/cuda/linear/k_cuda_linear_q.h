@@ -31,18 +31,22 @@ int k_cuda_linear_q(cudaStream_t stream, float *y, const float *x, const void *w
  * both paths through shapes). */
 int k_cuda_linear_q_vector(const struct k_quant *q, int K);
 
-/* Rows of x the tensor-core GEMV takes in one launch (one n8 tile). */
+/* Rows of x the register-load tensor-core GEMV (MMA) takes in one launch (one n8 tile). */
 #define K_CUDA_LINEAR_Q_MMA_MAX_M 8
-/* Up to this many rows it takes them in launches of 8, reading the weights once each:
+/* Up to this many rows MMA takes them in launches of 8, reading the weights once each:
  * ceil(M / 8) bytes a weight byte, against the DEQUANT kind's ~5 (payload read, f16
  * written and read again: fp8) — fewer up to 32 rows. */
 #define K_CUDA_LINEAR_Q_PASS_MAX_M 32
+/* Rows of x the streaming form (STREAM) takes in one launch, reading the weights once:
+ * up to 8 n8 tiles, each weight fragment dequantized once for all of them. */
+#define K_CUDA_LINEAR_Q_STREAM_MAX_M 64
 
 /* The ways k_cuda_linear_q_run computes, in the order it tries them. */
 enum k_cuda_linear_q_kind {
-	/* M <= 8: weights copied 128 bytes a row through a cp.async ring in shared memory
-	 * into mma.sync f16 fragments, x rounded to f16 in shared memory, K split over a
-	 * cluster (linear_qmma.cu); fp8 scale columns of 128 k or more */
+	/* M <= 64: weights copied 128 bytes a row through a cp.async ring in shared memory
+	 * into mma.sync f16 fragments (one dequantization for all M rows), x rounded to
+	 * f16 in shared memory (in chunks of k at M > 8), K split over a cluster
+	 * (linear_qmma.cu); fp8 scale columns of 128 k or more */
 	K_CUDA_LINEAR_Q_STREAM = 0,
 	/* the same with the weights loaded straight into registers, 64 bytes a row per
 	 * instruction: fp8 scale columns of 64 k too */
@@ -56,7 +60,7 @@ enum k_cuda_linear_q_kind {
 	K_CUDA_LINEAR_Q_N_KINDS,
 };
 
-/* Whether the tensor-core GEMV (K_CUDA_LINEAR_Q_MMA) takes this call: M <= 8, K % 16 == 0 (fp8) or % 32
+/* Whether the tensor-core GEMV (K_CUDA_LINEAR_Q_MMA) takes this call: M <= 8 (a launch), K % 16 == 0 (fp8) or % 32
  * (int4), x and w 16-byte aligned, scales in device memory as K_F32 or K_F16, fp8
  * scale columns a power of two >= 64 wide or the whole row, int4 groups a power of two
  * >= 32 or the whole row. int4 values are scaled in f16 before the MMA: exact only
@@ -64,8 +68,8 @@ enum k_cuda_linear_q_kind {
  * scaled in fp32. x is rounded to f16 (|x| > 65504 becomes inf). */
 int k_cuda_linear_q_mma_supports(const struct k_quant *q, const float *x, const void *w, int M,
 				 int N, int K);
-/* The same for K_CUDA_LINEAR_Q_STREAM: fp8 scale columns a power of two >= 128 wide or
- * the whole row. */
+/* The same for K_CUDA_LINEAR_Q_STREAM: M <= K_CUDA_LINEAR_Q_STREAM_MAX_M (a launch), fp8
+ * scale columns a power of two >= 128 wide or the whole row. */
 int k_cuda_linear_q_stream_supports(const struct k_quant *q, const float *x, const void *w,
 				    int M, int N, int K);
 
@@ -78,9 +82,9 @@ static inline int k_quant_scale_f16_exact(float s)
 	return a >= 0x1p-14f && a <= 65504.0f && k_f16_to_f32(k_f32_to_f16(s)) == s;
 }
 
-/* The kind k_cuda_linear_q_run takes: for M <= K_CUDA_LINEAR_Q_PASS_MAX_M STREAM, else
- * MMA where supported (8 rows a launch); else DEQUANT where a scratch of N * K 16-bit
- * values is given (wtmp_elems); else WARP. */
+/* The kind k_cuda_linear_q_run takes: for M <= K_CUDA_LINEAR_Q_STREAM_MAX_M STREAM where
+ * supported (one launch), else for M <= K_CUDA_LINEAR_Q_PASS_MAX_M MMA (8 rows a launch);
+ * else DEQUANT where a scratch of N * K 16-bit values is given (wtmp_elems); else WARP. */
 enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *q, const float *x,
 					       const void *w, int M, int N, int K,
 					       size_t wtmp_elems);

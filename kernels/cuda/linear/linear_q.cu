@@ -388,7 +388,7 @@ extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *
 {
 	const int m8 = M < K_CUDA_LINEAR_Q_MMA_MAX_M ? M : K_CUDA_LINEAR_Q_MMA_MAX_M;
 
-	if (M <= K_CUDA_LINEAR_Q_PASS_MAX_M && k_cuda_linear_q_stream_supports(q, x, w, m8, N, K))
+	if (M <= K_CUDA_LINEAR_Q_STREAM_MAX_M && k_cuda_linear_q_stream_supports(q, x, w, M, N, K))
 		return K_CUDA_LINEAR_Q_STREAM;
 	if (M <= K_CUDA_LINEAR_Q_PASS_MAX_M && k_cuda_linear_q_mma_supports(q, x, w, m8, N, K))
 		return K_CUDA_LINEAR_Q_MMA;
@@ -411,19 +411,20 @@ extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y
 	switch (kind) {
 	case K_CUDA_LINEAR_Q_STREAM:
 	case K_CUDA_LINEAR_Q_MMA: {
-		const int m8 = M < K_CUDA_LINEAR_Q_MMA_MAX_M ? M : K_CUDA_LINEAR_Q_MMA_MAX_M;
+		const bool stream = kind == K_CUDA_LINEAR_Q_STREAM;
+		const int most = stream ? K_CUDA_LINEAR_Q_STREAM_MAX_M : K_CUDA_LINEAR_Q_MMA_MAX_M;
+		const int mp = M < most ? M : most;
 
-		if (kind == K_CUDA_LINEAR_Q_STREAM ? !k_cuda_linear_q_stream_supports(q, x, w, m8, N, K)
-						   : !k_cuda_linear_q_mma_supports(q, x, w, m8, N, K))
+		if (stream ? !k_cuda_linear_q_stream_supports(q, x, w, mp, N, K)
+			   : !k_cuda_linear_q_mma_supports(q, x, w, mp, N, K))
 			return -EINVAL;
 		// fp32 x, as the GEMV reads it
 		if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
 			return ret;
-		// 8 rows of x a launch; more rows read the weights again, once per 8
-		for (int m0 = 0; m0 < M && !ret; m0 += K_CUDA_LINEAR_Q_MMA_MAX_M)
-			ret = k_cuda_lin_qmma(ctx, kind == K_CUDA_LINEAR_Q_STREAM, y + (size_t)m0 * N,
-					      x + (size_t)m0 * K, w, q, M - m0 < m8 ? M - m0 : m8, N,
-					      K, accumulate);
+		// mp rows of x a launch (64 STREAM, 8 MMA); more rows read the weights again
+		for (int m0 = 0; m0 < M && !ret; m0 += mp)
+			ret = k_cuda_lin_qmma(ctx, stream, y + (size_t)m0 * N, x + (size_t)m0 * K, w, q,
+					      M - m0 < mp ? M - m0 : mp, N, K, accumulate);
 		return ret;
 	}
 	case K_CUDA_LINEAR_Q_DEQUANT:

@@ -65,6 +65,7 @@ template <int FMT> struct qm_fmt {
 struct qm_args {
 	int M, N, K;
 	int KC;			// k per CTA (a multiple of the slab)
+	int KX;			// k of x in shared memory at a time (streaming form, M > 8)
 	int row_bytes;		// bytes of a weight row
 	int block_rows;
 	int bc_shift;		// k >> bc_shift = scale column (31: one column)
@@ -169,7 +170,8 @@ static __device__ __forceinline__ float qm_scale(const ST *s, size_t i)
 
 // The S partial tiles of this CTA's rows, summed in cluster-rank order; rank s writes
 // its 1/S of the (M, 128) outputs.
-static __device__ void qm_cluster_reduce(float *y, const float (&acc)[4], float *part,
+template <int NT>
+static __device__ void qm_cluster_reduce(float *y, const float (&acc)[NT][4], float *part,
 					 const qm_args &a, int n0, int warp, int g, int t)
 {
 	cg::cluster_group cluster = cg::this_cluster();
@@ -177,11 +179,14 @@ static __device__ void qm_cluster_reduce(float *y, const float (&acc)[4], float 
 	const int E = a.M * QM_ROWS, per = (E + S - 1) / S, e1 = min(E, (s + 1) * per);
 
 #pragma unroll
-	for (int c = 0; c < 4; c++) {
-		const int m = 2 * t + (c & 1), r = warp * 16 + g + (c >> 1) * 8;
+	for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+			const int m = 8 * nt + 2 * t + (c & 1), r = warp * 16 + g + (c >> 1) * 8;
 
-		if (m < a.M)
-			part[m * QM_PSTRIDE + r] = acc[c];
+			if (m < a.M)
+				part[m * QM_PSTRIDE + r] = acc[nt][c];
+		}
 	}
 	cluster.sync();
 	for (int e = s * per + (int)threadIdx.x; e < e1; e += QM_THREADS) {
@@ -240,6 +245,67 @@ static __device__ __forceinline__ void qm_slab(float (&acc)[4], const uint4 &wa,
 				qm_mma(acc, qm_i4x2(wa_[q], p, ha), qm_i4x2(wb_[q], p, hb),
 				       qm_i4x2(wa_[q], p + 1, ha), qm_i4x2(wb_[q], p + 1, hb),
 				       h ? xq.z : xq.x, h ? xq.w : xq.y);
+			}
+		}
+	}
+}
+
+// qm_slab for NT n8 tiles of x (rows 8 nt + g, nt < NT): each weight fragment is
+// dequantized once and multiplied into every tile. xp: the lane's first unit of x row g
+// in this slab; xs_row: units a row; M: rows of x (tiles past it read zeros).
+template <int FMT, int NT>
+static __device__ __forceinline__ void qw_slab(float (&acc)[NT][4], const uint4 &wa,
+					       const uint4 &wb, float sa, float sb, const uint4 *xp,
+					       int xs_row, int sw, int g, int M)
+{
+	const uint4 z = make_uint4(0, 0, 0, 0);
+	const uint32_t wa_[4] = { wa.x, wa.y, wa.z, wa.w }, wb_[4] = { wb.x, wb.y, wb.z, wb.w };
+
+	if (FMT == K_Q_FP8) {
+		uint32_t af[4][4];
+
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			qm_e4m3x4(wa_[j], af[j][0], af[j][2]);
+			qm_e4m3x4(wb_[j], af[j][1], af[j][3]);
+		}
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++) {
+			const bool in = 8 * nt + g < M;
+			const uint4 *xq = xp + (size_t)8 * nt * xs_row;
+			const uint4 x0 = in ? xq[0] : z, x1 = in ? xq[1] : z;
+			const uint32_t xw[8] = { x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w };
+			float tmp[4] = { 0.f, 0.f, 0.f, 0.f };
+
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+				qm_mma(tmp, af[j][0], af[j][1], af[j][2], af[j][3], xw[2 * j],
+				       xw[2 * j + 1]);
+			acc[nt][0] = fmaf(tmp[0], sa, acc[nt][0]);
+			acc[nt][1] = fmaf(tmp[1], sa, acc[nt][1]);
+			acc[nt][2] = fmaf(tmp[2], sb, acc[nt][2]);
+			acc[nt][3] = fmaf(tmp[3], sb, acc[nt][3]);
+		}
+	} else {
+		const __half2 ha = __float2half2_rn(sa), hb = __float2half2_rn(sb);
+
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			uint32_t af[2][4];
+
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				af[h][0] = qm_i4x2(wa_[q], 2 * h, ha);
+				af[h][1] = qm_i4x2(wb_[q], 2 * h, hb);
+				af[h][2] = qm_i4x2(wa_[q], 2 * h + 1, ha);
+				af[h][3] = qm_i4x2(wb_[q], 2 * h + 1, hb);
+			}
+#pragma unroll
+			for (int nt = 0; nt < NT; nt++) {
+				const uint4 xq = 8 * nt + g < M ? xp[(size_t)8 * nt * xs_row + (q ^ sw)] : z;
+
+				qm_mma(acc[nt], af[0][0], af[0][1], af[0][2], af[0][3], xq.x, xq.y);
+				qm_mma(acc[nt], af[1][0], af[1][1], af[1][2], af[1][3], xq.z, xq.w);
 			}
 		}
 	}
@@ -335,7 +401,8 @@ qm_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 		return;
 	}
 	__syncthreads();	// the x slice is read: its room takes the partial tile
-	qm_cluster_reduce(y, acc, (float *)qm_smem, a, n0, warp, g, t);
+	qm_cluster_reduce<1>(y, reinterpret_cast<const float (&)[1][4]>(acc), (float *)qm_smem, a,
+			     n0, warp, g, t);
 }
 
 // ---- the streaming form: weights through a cp.async ring in shared memory -------
@@ -414,8 +481,13 @@ static __device__ __forceinline__ void qs_scales(float (&sr)[4], const ST *scale
 	}
 }
 
-template <int FMT, typename ST>
-__global__ void __launch_bounds__(QM_THREADS, 2)
+// NT n8 tiles of x rows (M <= 8 NT). NT = 1: the decode GEMV, x slice [k0, k0 + KC) in
+// shared memory at once. NT > 1 (8 < M <= 64): every weight fragment is dequantized
+// once for all M rows (the weights are read once whatever M), and x goes into shared
+// memory KX k at a time (an M = 64 slice does not fit beside the ring), the CTA's warps
+// meeting at a barrier between chunks; one CTA a multiprocessor.
+template <int FMT, typename ST, int NT>
+__global__ void __launch_bounds__(QM_THREADS, NT == 1 ? 2 : 1)
 qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__restrict__ scale,
 	  qm_args a)
 {
@@ -431,9 +503,9 @@ qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 	const bool aok = ra < a.N, bok = rb < a.N;
 	const size_t sra = (size_t)((aok ? ra : 0) / a.block_rows) * a.scale_cols;
 	const size_t srb = (size_t)((bok ? rb : 0) / a.block_rows) * a.scale_cols;
-	const int xs_row = (a.KC + 8) / 8;
+	const int KX = NT == 1 ? a.KC : a.KX, xs_row = (KX + 8) / 8, spc = KX / SK;
 	unsigned char *ring = qm_smem + warp * QS_STAGES * QS_WSTAGE;
-	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
+	float acc[NT][4] = {};
 	float sr[QS_STAGES][4];
 
 	// weights are constant: the first stages stream in while the previous kernel drains
@@ -447,12 +519,13 @@ qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 #pragma unroll
 	for (int i = 0; i < QS_AHEAD; i++)
 		qs_scales<FMT, ST>(sr[i], scale, a, sra, srb, aok, bok, k0, kend, i, t);
-	qm_stage_x<FMT>(xs, x, a.M, a.K, k0, a.KC);
+	qm_stage_x<FMT>(xs, x, a.M, a.K, k0, KX);
 	__syncthreads();
 
 	const uint4 *xr = xs + g * xs_row + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
 	const bool xin = g < a.M;
 	const int sw = FMT == K_Q_INT4 ? (t >> 1) << 1 : 0;
+	int ic = 0;	// the first stage of the x chunk in shared memory
 
 	for (int i0 = 0; i0 < nst; i0 += QS_STAGES) {
 #pragma unroll
@@ -461,6 +534,12 @@ qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 
 			if (i >= nst)
 				break;
+			if (NT > 1 && i - ic == spc) {	// the next chunk of x (i: the same in the CTA)
+				ic = i;
+				__syncthreads();	// every warp is done with the last one
+				qm_stage_x<FMT>(xs, x, a.M, a.K, k0 + i * SK, KX);
+				__syncthreads();
+			}
 			cp_async_wait<QS_AHEAD - 1>();	// stage i is here
 			__syncwarp();			// ... for every lane; slot nx is read
 			if (i + QS_AHEAD < nst) {
@@ -479,7 +558,13 @@ qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 				const float sa = FMT == K_Q_INT4 ? sr[j][2 * h] : sr[j][0];
 				const float sb = FMT == K_Q_INT4 ? sr[j][2 * h + 1] : sr[j][1];
 
-				qm_slab<FMT>(acc, wa, wb, sa, sb, xr + (2 * i + h) * (F::SLAB / 8), sw, xin);
+				if constexpr (NT == 1)
+					qm_slab<FMT>(acc[0], wa, wb, sa, sb,
+						     xr + (2 * i + h) * (F::SLAB / 8), sw, xin);
+				else
+					qw_slab<FMT, NT>(acc, wa, wb, sa, sb,
+							 xr + (2 * (i - ic) + h) * (F::SLAB / 8), xs_row,
+							 sw, g, a.M);
 			}
 		}
 	}
@@ -487,19 +572,23 @@ qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 
 	if (gridDim.y == 1) {
 #pragma unroll
-		for (int c = 0; c < 4; c++) {
-			const int m = 2 * t + (c & 1), n = c < 2 ? ra : rb;
+		for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+			for (int c = 0; c < 4; c++) {
+				const int m = 8 * nt + 2 * t + (c & 1), n = c < 2 ? ra : rb;
 
-			if (m < a.M && n < a.N) {
-				float *p = y + (size_t)m * a.N + n;
+				if (m < a.M && n < a.N) {
+					float *p = y + (size_t)m * a.N + n;
 
-				*p = a.accumulate ? *p + acc[c] : acc[c];
+					*p = a.accumulate ? *p + acc[nt][c] : acc[nt][c];
+				}
 			}
 		}
 		return;
 	}
-	__syncthreads();	// every warp is past its ring: it takes the partial tile
-	qm_cluster_reduce(y, acc, (float *)qm_smem, a, n0, warp, g, t);
+	__syncthreads();	// every warp is past its ring: it takes the partial tile (M x
+				// 132 floats <= 33 KB of the 64 KB ring)
+	qm_cluster_reduce<NT>(y, acc, (float *)qm_smem, a, n0, warp, g, t);
 }
 
 // ---- launchers ----------------------------------------------------------------
@@ -543,9 +632,20 @@ static int qm_smem_bytes(int M, int KC, bool stream)
 	return xb > QM_PART_BYTES ? xb : QM_PART_BYTES;
 }
 
-static bool qm_args_ok(const struct k_quant *q, const float *x, const void *w, int M, int N, int K)
+// The streaming form's x chunk at M > 8: KC, or the most whole units that fit beside
+// the ring.
+static int qs_kx(int M, int KC, int unit)
 {
-	return q && x && w && M >= 1 && M <= K_CUDA_LINEAR_Q_MMA_MAX_M && N >= 1 && K >= 1 &&
+	const int most = ((QS_MAX_SMEM - QS_RING) / (2 * M) - 8) / unit * unit;
+
+	return M <= K_CUDA_LINEAR_Q_MMA_MAX_M || KC <= most ? KC : most;
+}
+
+static bool qm_args_ok(const struct k_quant *q, const float *x, const void *w, int M, int N, int K,
+		       bool stream)
+{
+	return q && x && w && M >= 1 &&
+	       M <= (stream ? K_CUDA_LINEAR_Q_STREAM_MAX_M : K_CUDA_LINEAR_Q_MMA_MAX_M) && N >= 1 && K >= 1 &&
 	       q->block_rows >= 1 && q->block_cols >= 1 && q->scale &&
 	       (q->scale_dtype == K_F32 || q->scale_dtype == K_F16) && !((uintptr_t)x & 15) &&
 	       !((uintptr_t)w & 15) && ((q->fmt == K_Q_FP8 && K % 16 == 0) ||
@@ -555,30 +655,33 @@ static bool qm_args_ok(const struct k_quant *q, const float *x, const void *w, i
 extern "C" int k_cuda_linear_q_mma_supports(const struct k_quant *q, const float *x,
 					    const void *w, int M, int N, int K)
 {
-	return qm_args_ok(q, x, w, M, N, K) && qm_bc_shift(q, K, qm_unit(q, false)) >= 0;
+	return qm_args_ok(q, x, w, M, N, K, false) && qm_bc_shift(q, K, qm_unit(q, false)) >= 0;
 }
 
 extern "C" int k_cuda_linear_q_stream_supports(const struct k_quant *q, const float *x,
 					       const void *w, int M, int N, int K)
 {
-	return qm_args_ok(q, x, w, M, N, K) && qm_bc_shift(q, K, qm_unit(q, true)) >= 0;
+	return qm_args_ok(q, x, w, M, N, K, true) && qm_bc_shift(q, K, qm_unit(q, true)) >= 0;
 }
 
 struct qm_plan {
-	int blocks, S, KC, smem, slots;
+	int blocks, S, KC, KX, smem, slots;
 };
 
-// CTAs of `smem` bytes resident on the GPU at once.
-static int qm_slots(const struct k_cuda_linear *ctx, int smem, bool stream)
+// CTAs of `smem` bytes resident on the GPU at once (the streaming form at M > 8: one a
+// multiprocessor, its launch bounds).
+static int qm_slots(const struct k_cuda_linear *ctx, int smem, bool stream, int M)
 {
-	int bps = stream ? (smem <= QS_SMEM_2CTA ? 2 : 1) : ctx->qm_bps;
+	int bps = stream ? (smem <= QS_SMEM_2CTA && M <= K_CUDA_LINEAR_Q_MMA_MAX_M ? 2 : 1)
+			 : ctx->qm_bps;
 
 	return (bps > 0 ? bps : 1) * ctx->n_sm;
 }
 
 // The split: S CTAs per 128 rows, the most (up to 8) whose CTAs are all resident at
 // once; S = 1 where even that is more than a wave. Then as many more as the x slice
-// needs to fit in shared memory. unit: k per slab (per stage, streaming).
+// needs to fit in shared memory (the streaming form at M > 8 takes x in chunks
+// instead: qs_kx). unit: k per slab (per stage, streaming).
 static int qm_make_plan(const struct k_cuda_linear *ctx, int unit, bool stream, int M, int N,
 			int K, struct qm_plan *p)
 {
@@ -588,16 +691,20 @@ static int qm_make_plan(const struct k_cuda_linear *ctx, int unit, bool stream, 
 	p->S = 1;
 	for (;;) {
 		const int S = p->S + 1, kc = (nu + S - 1) / S * unit;
+		const int kx = stream ? qs_kx(M, kc, unit) : kc;
 
 		if (S > QM_MAX_SPLIT || S > nu ||
-		    (long)p->blocks * S > (long)qm_slots(ctx, qm_smem_bytes(M, kc, stream), stream))
+		    (long)p->blocks * S > (long)qm_slots(ctx, qm_smem_bytes(M, kx, stream), stream, M))
 			break;
 		p->S = S;
 	}
 	for (;;) {
 		p->KC = (nu + p->S - 1) / p->S * unit;
-		p->smem = qm_smem_bytes(M, p->KC, stream);
-		p->slots = qm_slots(ctx, p->smem, stream);
+		p->KX = stream ? qs_kx(M, p->KC, unit) : p->KC;
+		p->smem = qm_smem_bytes(M, p->KX, stream);
+		p->slots = qm_slots(ctx, p->smem, stream, M);
+		if (p->KX < unit)
+			return -EINVAL;
 		if (p->smem <= max_smem)
 			return 0;
 		if (p->S >= QM_MAX_SPLIT || p->S >= nu)
@@ -618,7 +725,7 @@ static int qm_launch(const struct k_cuda_linear *ctx, float *y, const float *x, 
 
 	if (qm_make_plan(ctx, unit, STREAM, M, N, K, &p))
 		return -EINVAL;
-	a = qm_args{ M, N, K, p.KC, (int)k_quant_row_bytes(q->fmt, K), q->block_rows,
+	a = qm_args{ M, N, K, p.KC, p.KX, (int)k_quant_row_bytes(q->fmt, K), q->block_rows,
 		     qm_bc_shift(q, K, qm_unit(q, STREAM)), (int)q->scale_cols, accumulate,
 		     ctx->pdl ? (p.slots < p.blocks * p.S ? p.slots : p.blocks * p.S) : 0 };
 	cfg.gridDim = dim3(p.blocks, p.S, 1);
@@ -634,9 +741,18 @@ static int qm_launch(const struct k_cuda_linear *ctx, float *y, const float *x, 
 		cfg.numAttrs = 1;
 	}
 	cfg.numAttrs += k_cuda_lin_pdl_attr(ctx, attr + cfg.numAttrs);
-	if (STREAM)
-		return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST>, y, x,
-							     (const uint8_t *)w, (const ST *)q->scale, a));
+	if (STREAM) {
+		const uint8_t *wb = (const uint8_t *)w;
+		const ST *sc = (const ST *)q->scale;
+
+		if (M <= 8)
+			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 1>, y, x, wb, sc, a));
+		if (M <= 16)
+			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 2>, y, x, wb, sc, a));
+		if (M <= 32)
+			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 4>, y, x, wb, sc, a));
+		return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 8>, y, x, wb, sc, a));
+	}
 	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qm_kernel<FMT, ST>, y, x,
 						     (const uint8_t *)w, (const ST *)q->scale, a));
 }
@@ -648,7 +764,16 @@ template <int FMT, typename ST> static int qm_setup_one(struct k_cuda_linear *ct
 	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qm_kernel<FMT, ST>,
 				cudaFuncAttributeMaxDynamicSharedMemorySize, QM_MAX_SMEM));
 	if (!ret)
-		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<FMT, ST>,
+		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<FMT, ST, 1>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize, QS_MAX_SMEM));
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<FMT, ST, 2>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize, QS_MAX_SMEM));
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<FMT, ST, 4>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize, QS_MAX_SMEM));
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<FMT, ST, 8>,
 				cudaFuncAttributeMaxDynamicSharedMemorySize, QS_MAX_SMEM));
 	if (!ret)	// at a typical slice: 8 rows of 1024 k
 		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps,
@@ -699,6 +824,9 @@ int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, bool stream,
 
 	if (qm_make_plan(ctx, unit, stream, M, N, K, &p))
 		return snprintf(buf, len, "%s: no plan (x slice too large)", stream ? "qstream" : "qmma");
+	if (p.KX < p.KC)
+		return snprintf(buf, len, "%s grid=%dx%d k/slice=%d x in %d-k chunks smem=%d",
+				stream ? "qstream" : "qmma", p.blocks, p.S, p.KC, p.KX, p.smem);
 	return snprintf(buf, len, "%s grid=%dx%d k/slice=%d smem=%d", stream ? "qstream" : "qmma",
 			p.blocks, p.S, p.KC, p.smem);
 }
