@@ -8,7 +8,8 @@
 #         contrib/device/pack.sh build /work/main/build-quant
 #         cp contrib/device/quant_gpu.sh /work/main/build-quant/
 #   device run: bash build-quant/quant_gpu.sh   carry ["build-quant"]
-# QG_PHASES (default "test bench golden decode"; also san) picks phases; QG_FORMATS the decode
+# QG_PHASES (default "test bench golden decode"; also san, and check: san + test +
+# golden side by side) picks phases; QG_FORMATS the decode
 # formats; QG_BATCH the batch sizes.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -33,20 +34,42 @@ step() {
 say "# quant_gpu.sh $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader)"
 for p in ${QG_PHASES:-test bench golden decode}; do
 	case $p in
-	san)	# compute-sanitizer memcheck, racecheck, synccheck of test_cuda_linear_q (quick
-		# size) side by side, each cut at QG_SAN_TIMEOUT (default 60 s)
+	san | check)	# compute-sanitizer memcheck and synccheck of test_cuda_linear_q (quick
+		# size), racecheck of its tensor-core part (no cuBLAS) one format at a time, side
+		# by side, each cut at QG_SAN_TIMEOUT (default 60 s); check: the test itself and
+		# golden quant/ beside them (correctness only: nothing timed runs meanwhile)
 		cs=/usr/local/cuda/bin/compute-sanitizer
-		for tool in memcheck racecheck synccheck; do
-			env KD_TEST_QUICK=1 timeout "${QG_SAN_TIMEOUT:-60}" "$cs" --tool $tool --print-limit 20 \
+		runs="memcheck synccheck"
+		for c in ${QG_RACE_CASES:-block channel tensor g32 g128}; do runs="$runs racecheck:$c"; done
+		for r in $runs; do
+			tool=${r%%:*} c=${r#*:}
+			[ "$c" = "$r" ] && c=
+			env KD_TEST_QUICK=1 ${c:+KD_TEST_PART=mma KD_TEST_CASES=$c} \
+				timeout "${QG_SAN_TIMEOUT:-60}" "$cs" --tool "$tool" --print-limit 20 \
 				--show-backtrace device --error-exitcode 9 "$B/tests/test_cuda_linear_q" \
-				>"$O/san_$tool.log" 2>&1 &
+				>"$O/san_$tool${c:+_$c}.log" 2>&1 &
 		done
+		if [ "$p" = check ]; then
+			timeout 60 "$B/tests/test_cuda_linear_q" >"$O/linear_q.log" 2>&1 &
+			timeout 60 env KDEC_TEST_BACKEND=cuda KDEC_GOLDEN_ONLY=quant/ "$B/tests/test_golden" \
+				>"$O/golden.log" 2>&1 &
+		fi
 		wait
-		for tool in memcheck racecheck synccheck; do
-			say "  $tool: $(grep -cE '^========= +(Error|Warning|Invalid|Race|Program hit)' "$O/san_$tool.log") reports," \
-				"$(grep -c 'PASS' "$O/san_$tool.log") PASS, $(grep -c FAIL "$O/san_$tool.log") FAIL lines;" \
-				"$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$O/san_$tool.log" | tail -n 1)"
+		for r in $runs; do
+			tool=${r%%:*} c=${r#*:}
+			[ "$c" = "$r" ] && c=
+			f=$O/san_$tool${c:+_$c}.log
+			say "  $tool${c:+ ($c, tensor-core part)}: $(grep -cE '^========= +(Error|Warning|Invalid|Race|Program hit)' "$f") reports;" \
+				"$(grep -c FAIL "$f") FAIL lines; $(grep -E 'checks passed|failed' "$f" | tail -n 1);" \
+				"$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | tail -n 1)"
 		done
+		if [ "$p" = check ]; then
+			grep -E 'FAIL|checks passed|failed' "$O/linear_q.log" | head -20 | tee -a "$S"
+			grep -E 'stream +N .* M +(9|16|33|64) ' "$O/linear_q.log" |
+				awk '{for (i = 1; i < NF; i++) if ($i == "L2") { print $(i + 1), $0; break }}' |
+				sort -g | tail -n 3 | tee -a "$S"
+			grep -E 'fidelity|greedy|FAIL|PASS|passed|failed' "$O/golden.log" | cut -c1-220 | tail -n 20 | tee -a "$S"
+		fi
 		;;
 	test)
 		step linear_q 90 "$B/tests/test_cuda_linear_q"
@@ -65,7 +88,8 @@ for p in ${QG_PHASES:-test bench golden decode}; do
 			echo "## $f" >>"$O/decode.log"
 			step "decode" 70 "$B/kdbench" decode --model tests/data/configs/llama3.1-8b.json \
 				--synthetic-weights --weight-format "$f" --backend cuda \
-				--batch "${QG_BATCH:-1,8,64}" --ctx 512 --steps 24 --warmup 4 --out "$O/decode.jsonl"
+				--batch "${QG_BATCH:-1,8,64}" --ctx 512 --steps "${QG_STEPS:-24}" --warmup 4 \
+				--out "$O/decode.jsonl"
 		done
 		grep -vE ' info | warn ' "$O/decode.log" | tee -a "$S"
 		;;
