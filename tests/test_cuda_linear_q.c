@@ -414,6 +414,29 @@ int main(void)
 		      k_cuda_linear_q_pick(&probe, (const float *)wtmp, wtmp, 65, 300, 4096, wtmp_elems) ==
 			      K_CUDA_LINEAR_Q_DEQUANT,
 		      "%s: M 64 takes STREAM, M 65 DEQUANT", c->what);
+		/* the context's choice: DEQUANT above 8 rows where STREAM would split K over
+		 * more than K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs (the split read off the plan) */
+		for (int si = 0; si < 2; si++) {
+			static const int shp[2][2] = { { 4096, 4096 }, { 28672, 4096 } };
+			const int N = shp[si][0], K = shp[si][1];
+			char d[160];
+			const char *gp;
+			int B = 0, S = 0;
+			enum k_cuda_linear_q_kind want;
+
+			probe.block_cols = c->block_cols ? c->block_cols : K;
+			k_cuda_linear_q_describe(lin, K_CUDA_LINEAR_Q_STREAM, &probe, 64, N, K, d, sizeof(d));
+			gp = strstr(d, "grid=");
+			CHECK(gp && sscanf(gp, "grid=%dx%d", &B, &S) == 2, "%s: plan '%s'", c->what, d);
+			want = S > K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT ? K_CUDA_LINEAR_Q_DEQUANT
+								   : K_CUDA_LINEAR_Q_STREAM;
+			CHECK(k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 64, N, K,
+						     (size_t)N * K) == want &&
+			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 8, N, K,
+						     (size_t)N * K) == K_CUDA_LINEAR_Q_STREAM,
+			      "%s N %d K %d (split %d): choose M 64 %s, M 8 stream", c->what, N, K, S,
+			      k_cuda_linear_q_kind_name(want));
+		}
 		for (size_t j = 0; j < sizeof(mma_ms) / sizeof(mma_ms[0]); j++) {
 			const int M = mma_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
 

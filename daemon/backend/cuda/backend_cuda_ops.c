@@ -128,7 +128,8 @@ int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const str
 		     int M, int K, int accumulate)
 {
 	const int N = (int)w->rows;
-	int kind = k_cuda_linear_q_pick(&w->q, x, w->w, M, N, K, b->wtmp_elems);
+	int kind = k_cuda_linear_q_choose(b->lin, &w->q, x, w->w, M, N, K,
+					  b->wtmp ? b->wtmp_elems : 0);
 
 	if ((kind == K_CUDA_LINEAR_Q_STREAM || kind == K_CUDA_LINEAR_Q_MMA) &&
 	    !w->mma_ok)	/* int4 with fp32 scales */

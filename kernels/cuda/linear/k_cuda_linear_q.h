@@ -40,6 +40,13 @@ int k_cuda_linear_q_vector(const struct k_quant *q, int K);
 /* Rows of x the streaming form (STREAM) takes in one launch, reading the weights once:
  * up to 8 n8 tiles, each weight fragment dequantized once for all of them. */
 #define K_CUDA_LINEAR_Q_STREAM_MAX_M 64
+/* Above 8 rows, k_cuda_linear_q_choose takes STREAM only where it splits K over at most
+ * this many CTAs (a cluster): its DSMEM reduction of M x 128 partials a CTA costs more
+ * than the f16 copy beyond that. Measured on H200 at M = 64 (bench_cuda_linear_q,
+ * fp8 and int4, 13 shapes): STREAM faster at S = 1, 2 (Llama q/k/v 35.0 against 38.6 us,
+ * gate_up 134 against 167), DEQUANT at S = 3..8 (Llama o_proj 26.3 against 37.2, down
+ * 93.2 against 122): the rule picks the faster kind in all 13. */
+#define K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT 2
 
 /* The ways k_cuda_linear_q_run computes, in the order it tries them. */
 enum k_cuda_linear_q_kind {
@@ -89,9 +96,17 @@ enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *q, const fl
 					       const void *w, int M, int N, int K,
 					       size_t wtmp_elems);
 
+/* k_cuda_linear_q_pick's kind, except DEQUANT for STREAM at M > 8 where ctx would split
+ * K over more than K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs and the scratch (wtmp_elems) and
+ * ctx's sizes allow it. */
+enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_linear *ctx,
+						 const struct k_quant *q, const float *x,
+						 const void *w, int M, int N, int K,
+						 size_t wtmp_elems);
+
 /* y (M, N) fp32 = x (M, K) fp32 @ w^T (y += with accumulate) on ctx's stream, w (N, K)
  * quantized as q says with q->scale in device memory (K_F32 or K_F16); kind < 0:
- * k_cuda_linear_q_pick's, else that one (-EINVAL where it cannot run). wtmp: device scratch of wtmp_elems 16-bit values for DEQUANT (NULL, 0: none),
+ * k_cuda_linear_q_choose's, else that one (-EINVAL where it cannot run). wtmp: device scratch of wtmp_elems 16-bit values for DEQUANT (NULL, 0: none),
  * owned by the caller, overwritten; DEQUANT also overwrites the context's x scratch
  * and needs M <= its max_M, K <= its max_K. Capturable into a CUDA graph; MMA and WARP never read the
  * bf16 copy of x (k_cuda_linear_x_ready): -EINVAL where only that copy was written.

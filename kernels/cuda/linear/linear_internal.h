@@ -107,6 +107,9 @@ int k_cuda_lin_qmma(const struct k_cuda_linear *ctx, bool stream, float *y, cons
 		    const void *w, const struct k_quant *q, int M, int N, int K, int accumulate);
 int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, bool stream,
 			     const struct k_quant *q, int M, int N, int K, char *buf, size_t len);
+/* The cluster size S (K slices per 128 rows) the form would launch with; 0: no plan. */
+int k_cuda_lin_qmma_split(const struct k_cuda_linear *ctx, bool stream, const struct k_quant *q,
+			  int M, int N, int K);
 /* The bookkeeping of the bf16 copy of x (linear.cu): whether x is the one a producer
  * left there, cleared; -EINVAL (logged) where only that copy was written and kind
  * reads fp32 x. */

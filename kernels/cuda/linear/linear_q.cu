@@ -397,6 +397,20 @@ extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *
 	return K_CUDA_LINEAR_Q_WARP;
 }
 
+extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_linear *ctx,
+							    const struct k_quant *q, const float *x,
+							    const void *w, int M, int N, int K,
+							    size_t wtmp_elems)
+{
+	enum k_cuda_linear_q_kind kind = k_cuda_linear_q_pick(q, x, w, M, N, K, wtmp_elems);
+
+	if (kind == K_CUDA_LINEAR_Q_STREAM && M > K_CUDA_LINEAR_Q_MMA_MAX_M &&
+	    lq_dequant_ok(q, N, K, wtmp_elems) && M <= ctx->max_M && K <= ctx->max_K &&
+	    k_cuda_lin_qmma_split(ctx, true, q, M, N, K) > K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT)
+		return K_CUDA_LINEAR_Q_DEQUANT;
+	return kind;
+}
+
 extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y,
 				   const float *x, const void *w, const struct k_quant *q, int M,
 				   int N, int K, int accumulate, uint16_t *wtmp, size_t wtmp_elems)
@@ -407,7 +421,7 @@ extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y
 	if (!ctx || !y || !x || !w || !q || M < 1 || N < 1 || K < 1)
 		return -EINVAL;
 	if (kind < 0)
-		kind = k_cuda_linear_q_pick(q, x, w, M, N, K, wtmp ? wtmp_elems : 0);
+		kind = k_cuda_linear_q_choose(ctx, q, x, w, M, N, K, wtmp ? wtmp_elems : 0);
 	switch (kind) {
 	case K_CUDA_LINEAR_Q_STREAM:
 	case K_CUDA_LINEAR_Q_MMA: {

@@ -1,6 +1,10 @@
-// The decode GEMV on quantized weights (M <= 8): fp8 e4m3 or int4 bytes streamed from HBM
-// straight into mma.sync f16 fragments, dequantized in registers; K split over the CTAs
-// of a thread-block cluster and reduced through distributed shared memory in rank order.
+// The decode GEMV on quantized weights (M <= 8; the streaming form up to 64): fp8 e4m3 or
+// int4 bytes streamed from HBM straight into mma.sync f16 fragments, dequantized in
+// registers; K split over the CTAs of a thread-block cluster and reduced through
+// distributed shared memory in rank order. Measured at M = 64 (H200): the weights are
+// read once, but the kernel is bound by instruction latency (~0.12 MMA a clock per
+// multiprocessor, one CTA of 8 warps each) and by the DSMEM reduction where K is split
+// over 3-8 CTAs: 12-22% of the HBM floor (docs/PERFORMANCE.md, "Quantized weights").
 //
 // Why tensor cores at M = 1: at the HBM floor an SM must take 16 bytes of weights a
 // clock, 16 fp8 or 32 int4 values. The CUDA-core kernel (linear_q.cu) spends a
@@ -814,6 +818,15 @@ int k_cuda_lin_qmma(const struct k_cuda_linear *ctx, bool stream, float *y, cons
 {
 	return stream ? qm_dispatch<true>(ctx, y, x, w, q, M, N, K, accumulate)
 		      : qm_dispatch<false>(ctx, y, x, w, q, M, N, K, accumulate);
+}
+
+int k_cuda_lin_qmma_split(const struct k_cuda_linear *ctx, bool stream, const struct k_quant *q,
+			  int M, int N, int K)
+{
+	const int unit = q->fmt == K_Q_INT4 ? (stream ? 256 : 128) : (stream ? 128 : 64);
+	struct qm_plan p;
+
+	return qm_make_plan(ctx, unit, stream, M, N, K, &p) ? 0 : p.S;
 }
 
 int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, bool stream,
