@@ -15,7 +15,8 @@
  *   f16 weights and f16 x, <= 1e-4; k_cuda_quant_dequant itself bit for bit against the
  *   host's dequantization rounded to bf16 and to f16.
  * KD_TEST_QUICK=1: the sanitizers' size (main says what it leaves out); KD_TEST_PART=mma
- * the tensor-core GEMV only; KD_TEST_CASES=SUBSTRING some formats only.
+ * the tensor-core GEMV only, =wide its streaming form at 8 < M <= 64 only (racecheck
+ * reaches those in its time); KD_TEST_CASES=SUBSTRING some formats only.
  * Exits 77 without a GPU. Timing: tests/bench/bench_cuda_linear_q. */
 #include <errno.h>
 #include <math.h>
@@ -364,7 +365,8 @@ int main(void)
 	/* KD_TEST_PART=mma: the tensor-core GEMV only (racecheck: no cuBLAS, whose split-K
 	 * kernels it reports); KD_TEST_CASES=fp8 (a substring): those formats only */
 	const char *part = getenv("KD_TEST_PART"), *only = getenv("KD_TEST_CASES");
-	const int mma_only = part && !strcmp(part, "mma");
+	const int wide_only = part && !strcmp(part, "wide");	/* STREAM at 8 < M <= 64 only */
+	const int mma_only = wide_only || (part && !strcmp(part, "mma"));
 
 	if (!test_gpu_present("test_cuda_linear_q"))
 		return 77;
@@ -437,7 +439,7 @@ int main(void)
 			      "%s N %d K %d (split %d): choose M 64 %s, M 8 stream", c->what, N, K, S,
 			      k_cuda_linear_q_kind_name(want));
 		}
-		for (size_t j = 0; j < sizeof(mma_ms) / sizeof(mma_ms[0]); j++) {
+		for (size_t j = 0; j < sizeof(mma_ms) / sizeof(mma_ms[0]) && !wide_only; j++) {
 			const int M = mma_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
 
 			for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA; kind++) {
@@ -463,7 +465,7 @@ int main(void)
 			if (!quick)	/* 34 row blocks, 3 slices, partial slab and chunk */
 				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 4352, odd_k, 64, 1, 0);
 		}
-		for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA; kind++) {
+		for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA && !wide_only; kind++) {
 			run_kind(c, kind, 300, 1024, 17, 1, 0);	/* STREAM one launch, MMA 3 */
 			run_kind(c, kind, quick ? 130 : 520, 14336, 8, 0, 0);	/* many stages a warp */
 			if (!quick)

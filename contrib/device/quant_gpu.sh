@@ -41,10 +41,12 @@ for p in ${QG_PHASES:-test bench golden decode}; do
 		cs=/usr/local/cuda/bin/compute-sanitizer
 		runs="memcheck synccheck"
 		for c in ${QG_RACE_CASES:-block channel tensor g32 g128}; do runs="$runs racecheck:$c"; done
+		# QG_RACE_PART=wide: racecheck only the 8 < M <= 64 streaming form (default mma:
+		# the tensor-core part, whose first 17-20 runs of a format fill 50 s)
 		for r in $runs; do
 			tool=${r%%:*} c=${r#*:}
 			[ "$c" = "$r" ] && c=
-			env KD_TEST_QUICK=1 ${c:+KD_TEST_PART=mma KD_TEST_CASES=$c} \
+			env KD_TEST_QUICK=1 ${c:+KD_TEST_PART=${QG_RACE_PART:-mma} KD_TEST_CASES=$c} \
 				timeout "${QG_SAN_TIMEOUT:-60}" "$cs" --tool "$tool" --print-limit 20 \
 				--show-backtrace device --error-exitcode 9 "$B/tests/test_cuda_linear_q" \
 				>"$O/san_$tool${c:+_$c}.log" 2>&1 &
