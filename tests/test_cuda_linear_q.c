@@ -1,10 +1,23 @@
-/* The quantized-weight GEMV (k_cuda_linear_q: fp8 block / channel / tensor scales,
- * int4 groups) against the CPU reference k_cpu_linear_q on random payloads and scales:
- * the vectorised path (K a multiple of 32) and the element-by-element one (odd K,
- * partial blocks and groups, misaligned x), M = 1..9, y = and y +=. Both compute in
- * fp32 from the same exact dequantized values, so rel L2 per row <= 1e-5. Then, at
- * Llama-3.1-8B's projection shapes, M = 1, the time per call and its share of the HBM
- * floor of the quantized bytes (printed, not judged). Exits 77 without a GPU. */
+/* The quantized-weight linears against references on the host, on random payloads and
+ * scales (fp8 block / channel / tensor scales, int4 groups of 32 and 128):
+ * - the CUDA-core GEMV (k_cuda_linear_q): vectorised path (K a multiple of 32) and the
+ *   element-by-element one (odd K, partial blocks and groups, misaligned x), M = 1..9,
+ *   y = and y +=, against k_cpu_linear_q: both fp32 from the same exact values, rel L2
+ *   per row <= 1e-5;
+ * - the tensor-core GEMV in both forms (K_CUDA_LINEAR_Q_STREAM, _MMA), M = 1..8 (and 17:
+ *   MMA three launches), STREAM at M = 9, 16, 33, 64 in one launch (x in chunks of k
+ *   where the slice is long), one CTA
+ *   to a cluster of 8 and slices of many stages, partial slabs, f32 and f16 scales: against a double-precision
+ *   reference on x rounded to f16 as the kernel rounds it, rel L2 per row <= 1e-4
+ *   (fp32 tensor-core sums), and within 2e-3 of the reference on fp32 x (the f16
+ *   rounding of x, printed); the same bits on a second run;
+ * - the DEQUANT kind (weights to f16, cuBLAS), M = 1, 9, 33: against the reference on
+ *   f16 weights and f16 x, <= 1e-4; k_cuda_quant_dequant itself bit for bit against the
+ *   host's dequantization rounded to bf16 and to f16.
+ * KD_TEST_QUICK=1: the sanitizers' size (main says what it leaves out); KD_TEST_PART=mma
+ * the tensor-core GEMV only, =wide its streaming form at 8 < M <= 64 only (racecheck
+ * reaches those in its time); KD_TEST_CASES=SUBSTRING some formats only.
+ * Exits 77 without a GPU. Timing: tests/bench/bench_cuda_linear_q. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,14 +33,21 @@
 
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "tests/cudatest.h"
 
-#define HBM_TBS 4.25
+#define MMA_TOL 1e-4	/* against the reference on the values the kernel multiplies */
+#define F16X_TOL 2e-3	/* against the reference on fp32 x: x rounded to f16 */
+#define MAX_M 64
+#define MAX_K 16384
 
 static unsigned long long seed = 0x9e3779b97f4a7c15ull;
 static struct k_pool *pool;
 static cudaStream_t stream;
+static struct k_cuda_linear *lin;
+static uint16_t *wtmp;		/* device scratch for DEQUANT */
+static size_t wtmp_elems;
 
 struct qcase {
 	const char *what;
@@ -142,50 +162,181 @@ static const struct qcase cases[] = {
 	{ "int4-g128", K_Q_INT4, 1, 128, K_BF16 },
 };
 
-static void bench(const struct qcase *c, int N, int K)
+static float round_f16(float v)
 {
-	struct k_quant q;
+	return k_f16_to_f32(k_f32_to_f16(v));
+}
+
+/* out (M, N) in double = x @ w^T over w's exact dequantized values (hq: host scales),
+ * each rounded to f16 where w16, and x rounded to f16 where x16. */
+static void ref_double(double *out, const float *x, const uint8_t *w, const struct k_quant *hq,
+		       int M, int N, int K, int w16, int x16)
+{
+	float *row = malloc((size_t)K * sizeof(float)), *xr = malloc((size_t)M * K * sizeof(float));
+
+	for (size_t i = 0; i < (size_t)M * K; i++)
+		xr[i] = x16 ? round_f16(x[i]) : x[i];
+	for (int n = 0; n < N; n++) {
+		k_quant_row_to_f32(row, w, hq, K, n, 0, K);
+		if (w16)
+			for (int k = 0; k < K; k++)
+				row[k] = round_f16(row[k]);
+		for (int m = 0; m < M; m++) {
+			double acc = 0;
+
+			for (int k = 0; k < K; k++)
+				acc += (double)row[k] * xr[(size_t)m * K + k];
+			out[(size_t)m * N + n] = acc;
+		}
+	}
+	free(row);
+	free(xr);
+}
+
+/* Worst rel L2 over the rows of out against ref (+ y0 where accumulate). */
+static double worst_row(const float *out, const double *ref, const float *y0, int accumulate,
+			int M, int N)
+{
+	double worst = 0;
+
+	for (int m = 0; m < M; m++) {
+		double d = 0, r = 0;
+
+		for (int n = 0; n < N; n++) {
+			size_t i = (size_t)m * N + n;
+			double want = ref[i] + (accumulate ? y0[i] : 0.0), e = out[i] - want;
+
+			d += e * e;
+			r += want * want;
+		}
+		worst = test_err_max(worst, sqrt(d / (r > 0 ? r : 1)));
+	}
+	return worst;
+}
+
+/* kind (STREAM, MMA or DEQUANT) through k_cuda_linear_q_run against ref_double on the values it
+ * multiplies; f16s: the device scales in f16 (int4 scales here are bf16 values, f16 exact). */
+static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
+		     int accumulate, int f16s)
+{
+	struct k_quant q, dq;
 	uint8_t *w;
-	void *hs, *dw;
-	float *fs, *dfs, *dx, *dy;
-	size_t wbytes, ns;
-	cudaEvent_t e0, e1;
-	float ms = 0;
-	const int reps = 200;
+	void *hs, *dsc = NULL;
+	float *fs, *x, *y0, *out, *out2, *dx, *dy;
+	double *ref, *ref32;
+	size_t wbytes, ns, nx = (size_t)M * K, ny = (size_t)M * N;
+	void *dw;
+	int w16 = kind == K_CUDA_LINEAR_Q_DEQUANT;
 
 	make_weight(c, N, K, &q, &w, &wbytes, &hs, &fs, &ns);
-	dw = dup_to_device(w, wbytes);
-	dfs = dup_to_device(fs, ns * 4);
-	dx = dalloc((size_t)K * sizeof(float));
-	dy = dalloc((size_t)N * sizeof(float));
-	q.scale = dfs;
-	q.scale_dtype = K_F32;
-	cudaEventCreate(&e0);
-	cudaEventCreate(&e1);
-	if (dw && dfs && dx && dy) {
-		double bytes = (double)wbytes + (double)ns * 4 + 4.0 * K + 4.0 * N, us;
+	x = test_rand_floats(nx, 1.0f, &seed);
+	y0 = test_rand_floats(ny, 1.0f, &seed);
+	ref = malloc(ny * sizeof(double));
+	ref32 = malloc(ny * sizeof(double));
+	out = malloc(ny * sizeof(float));
+	out2 = malloc(ny * sizeof(float));
+	q.scale = hs;
+	ref_double(ref, x, w, &q, M, N, K, w16, 1);
+	ref_double(ref32, x, w, &q, M, N, K, 0, 0);
+	if (f16s) {
+		uint16_t *h = malloc(ns * 2);
 
-		k_cuda_linear_q(stream, dy, dx, dw, &q, 1, N, K, 0);
-		cudaEventRecord(e0, stream);
-		for (int i = 0; i < reps; i++)
-			k_cuda_linear_q(stream, dy, dx, dw, &q, 1, N, K, 0);
-		cudaEventRecord(e1, stream);
-		CU(cudaEventSynchronize(e1));
-		cudaEventElapsedTime(&ms, e0, e1);
-		us = ms * 1e3 / reps;
-		printf("bench: %-10s N %5d K %5d M 1: %7.2f us, %6.1f MB, %5.2f TB/s, %4.0f%% of the floor "
-		       "(%.2f us at %.2f TB/s)\n", c->what, N, K, us, bytes / 1e6, bytes / us / 1e6,
-		       100 * bytes / (HBM_TBS * 1e6) / us, bytes / (HBM_TBS * 1e6), HBM_TBS);
+		for (size_t i = 0; i < ns; i++)
+			h[i] = k_f32_to_f16(fs[i]);
+		dsc = dup_to_device(h, ns * 2);
+		free(h);
+	} else {
+		dsc = dup_to_device(fs, ns * 4);
 	}
-	cudaEventDestroy(e0);
-	cudaEventDestroy(e1);
+	dw = dup_to_device(w, wbytes);
+	dx = dup_to_device(x, nx * sizeof(float));
+	dy = dalloc(ny * sizeof(float));
+	dq = q;
+	dq.scale = dsc;
+	dq.scale_dtype = f16s ? K_F16 : K_F32;
+	if (dw && dsc && dx && dy) {
+		double e, e32;
+		int ret = 0;
+
+		for (int rep = 0; rep < 2 && !ret; rep++) {
+			CU(cudaMemcpy(dy, y0, ny * sizeof(float), cudaMemcpyHostToDevice));
+			ret = k_cuda_linear_q_run(lin, kind, dy, dx, dw, &dq, M, N, K, accumulate, wtmp,
+						  wtmp_elems);
+			CU(cudaStreamSynchronize(stream));
+			CU(cudaMemcpy(rep ? out2 : out, dy, ny * sizeof(float), cudaMemcpyDeviceToHost));
+		}
+		CHECK(ret == 0, "%s %s N %d K %d M %d: rc %d", c->what, k_cuda_linear_q_kind_name(kind),
+		      N, K, M, ret);
+		e = worst_row(out, ref, y0, accumulate, M, N);
+		e32 = worst_row(out, ref32, y0, accumulate, M, N);
+		CHECK(e <= MMA_TOL, "%s %s N %d K %d M %d acc %d f16 scales %d: rel L2 %.3g against "
+		      "the reference on the values it multiplies", c->what,
+		      k_cuda_linear_q_kind_name(kind), N, K, M, accumulate, f16s, e);
+		CHECK(e32 <= F16X_TOL, "%s %s N %d K %d M %d: rel L2 %.3g against fp32 x", c->what,
+		      k_cuda_linear_q_kind_name(kind), N, K, M, e32);
+		CHECK(kind == K_CUDA_LINEAR_Q_DEQUANT || !memcmp(out, out2, ny * sizeof(float)),
+		      "%s %s N %d K %d M %d: two runs differ", c->what, k_cuda_linear_q_kind_name(kind),
+		      N, K, M);
+		printf("  %-12s %-7s N %5d K %5d M %2d acc %d f16s %d rel L2 %.2e (fp32 x: %.2e)\n",
+		       c->what, k_cuda_linear_q_kind_name(kind), N, K, M, accumulate, f16s, e, e32);
+	}
 	cudaFree(dw);
-	cudaFree(dfs);
+	cudaFree(dsc);
 	cudaFree(dx);
 	cudaFree(dy);
 	free(w);
 	free(hs);
 	free(fs);
+	free(x);
+	free(y0);
+	free(ref);
+	free(ref32);
+	free(out);
+	free(out2);
+}
+
+/* k_cuda_quant_dequant to bf16 and to f16, bit for bit against the host's values. */
+static void check_dequant(const struct qcase *c, int N, int K)
+{
+	struct k_quant q, dq;
+	uint8_t *w;
+	void *hs;
+	float *fs, *row = malloc((size_t)K * sizeof(float));
+	size_t wbytes, ns, n = (size_t)N * K;
+	uint16_t *got = malloc(n * 2), *dout = dalloc(n * 2);
+	void *dw, *dsc;
+
+	make_weight(c, N, K, &q, &w, &wbytes, &hs, &fs, &ns);
+	q.scale = hs;
+	dw = dup_to_device(w, wbytes);
+	dsc = dup_to_device(fs, ns * 4);
+	dq = q;
+	dq.scale = dsc;
+	dq.scale_dtype = K_F32;
+	for (int f16 = 0; f16 < 2 && dw && dsc && dout; f16++) {
+		size_t bad = 0;
+
+		CHECK(k_cuda_quant_dequant(stream, dout, f16 ? K_F16 : K_BF16, dw, &dq, N, K) == 0,
+		      "%s dequant rc", c->what);
+		CU(cudaStreamSynchronize(stream));
+		CU(cudaMemcpy(got, dout, n * 2, cudaMemcpyDeviceToHost));
+		for (int r = 0; r < N; r++) {
+			k_quant_row_to_f32(row, w, &q, K, r, 0, K);
+			for (int k = 0; k < K; k++)
+				bad += got[(size_t)r * K + k] !=
+				       (f16 ? k_f32_to_f16(row[k]) : k_f32_to_bf16(row[k]));
+		}
+		CHECK(bad == 0, "%s N %d K %d: %zu of %zu dequantized %s values differ from the host's",
+		      c->what, N, K, bad, n, f16 ? "f16" : "bf16");
+	}
+	cudaFree(dw);
+	cudaFree(dsc);
+	cudaFree(dout);
+	free(w);
+	free(hs);
+	free(fs);
+	free(row);
+	free(got);
 }
 
 static void test_bad_args(void)
@@ -206,6 +357,16 @@ int main(void)
 {
 	static const int Ms[] = { 1, 2, 5, 9 };
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	/* KD_TEST_QUICK (the sanitizer runs): every kernel form, every M, clusters and
+	 * partial slabs still, without the largest shapes and with fewer CUDA-core M */
+	const char *qe = getenv("KD_TEST_QUICK");
+	const int quick = qe && *qe && strcmp(qe, "0");
+	const size_t n_ms = quick ? 2 : sizeof(Ms) / sizeof(Ms[0]);
+	/* KD_TEST_PART=mma: the tensor-core GEMV only (racecheck: no cuBLAS, whose split-K
+	 * kernels it reports); KD_TEST_CASES=fp8 (a substring): those formats only */
+	const char *part = getenv("KD_TEST_PART"), *only = getenv("KD_TEST_CASES");
+	const int wide_only = part && !strcmp(part, "wide");	/* STREAM at 8 < M <= 64 only */
+	const int mma_only = wide_only || (part && !strcmp(part, "mma"));
 
 	if (!test_gpu_present("test_cuda_linear_q"))
 		return 77;
@@ -217,22 +378,109 @@ int main(void)
 	CU(cudaSetDevice(0));
 	CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 	test_bad_args();
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		for (size_t j = 0; j < sizeof(Ms) / sizeof(Ms[0]); j++) {
-			run_case(&cases[i], 300, 512, Ms[j], (int)(j & 1), 0);	/* vector */
-			run_case(&cases[i], 77, 200, Ms[j], (int)(j & 1), 0);	/* generic: K % 32 */
-			run_case(&cases[i], 130, 384, Ms[j], 0, 1);		/* generic: x misaligned */
-		}
-		run_case(&cases[i], 1000, 4096, 1, 0, 0);
-	}
-	if (!test_env_flag("KD_TEST_QUICK")) {
-		static const int shapes[][2] = { { 4096, 4096 }, { 1024, 4096 }, { 14336, 4096 },
-						 { 4096, 14336 } };
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && !mma_only; i++) {
+		if (only && !strstr(cases[i].what, only))
+			continue;
+		for (size_t j = 0; j < n_ms; j++) {
+			const int M = quick ? Ms[3 * j] : Ms[j];	/* quick: 1 and 9 */
 
-		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-			for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
-				bench(&cases[i], shapes[s][0], shapes[s][1]);
+			run_case(&cases[i], 300, 512, M, (int)(j & 1), 0);	/* vector */
+			run_case(&cases[i], 77, 200, M, (int)(j & 1), 0);	/* generic: K % 32 */
+			run_case(&cases[i], 130, 384, M, 0, 1);		/* generic: x misaligned */
+		}
+		if (!quick)
+			run_case(&cases[i], 1000, 4096, 1, 0, 0);
 	}
+	wtmp_elems = (size_t)4096 * 4128;
+	wtmp = dalloc(wtmp_elems * 2);
+	if (k_cuda_linear_create(&lin, stream, MAX_M, MAX_K) || !wtmp) {
+		fprintf(stderr, "FATAL: k_cuda_linear_create or the scratch\n");
+		return 1;
+	}
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		static const int mma_ms[] = { 1, 2, 3, 5, 8 };
+		const struct qcase *c = &cases[i];
+		const int is_int4 = c->fmt == K_Q_INT4, odd_k = is_int4 ? 4128 : 4112;
+		struct k_quant probe = { .fmt = c->fmt, .scale = &probe, .scale_dtype = K_F32,
+					 .block_rows = 1, .block_cols = c->block_cols ? c->block_cols : 200,
+					 .scale_cols = 1 };
+
+		if (only && !strstr(c->what, only))
+			continue;
+
+		CHECK(k_cuda_linear_q_pick(&probe, (const float *)wtmp, wtmp, 1, 77, 200, 0) ==
+		      K_CUDA_LINEAR_Q_WARP, "%s: K 200 is not the tensor-core GEMV's", c->what);
+		probe.block_cols = c->block_cols ? c->block_cols : 4096;
+		CHECK(k_cuda_linear_q_pick(&probe, (const float *)wtmp, wtmp, 64, 300, 4096, 1) ==
+			      K_CUDA_LINEAR_Q_STREAM &&
+		      k_cuda_linear_q_pick(&probe, (const float *)wtmp, wtmp, 65, 300, 4096, wtmp_elems) ==
+			      K_CUDA_LINEAR_Q_DEQUANT,
+		      "%s: M 64 takes STREAM, M 65 DEQUANT", c->what);
+		/* the context's choice: DEQUANT above 8 rows where STREAM would split K over
+		 * more than K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs (the split read off the plan) */
+		for (int si = 0; si < 2; si++) {
+			static const int shp[2][2] = { { 4096, 4096 }, { 28672, 4096 } };
+			const int N = shp[si][0], K = shp[si][1];
+			char d[160];
+			const char *gp;
+			int B = 0, S = 0;
+			enum k_cuda_linear_q_kind want;
+
+			probe.block_cols = c->block_cols ? c->block_cols : K;
+			k_cuda_linear_q_describe(lin, K_CUDA_LINEAR_Q_STREAM, &probe, 64, N, K, d, sizeof(d));
+			gp = strstr(d, "grid=");
+			CHECK(gp && sscanf(gp, "grid=%dx%d", &B, &S) == 2, "%s: plan '%s'", c->what, d);
+			want = S > K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT ? K_CUDA_LINEAR_Q_DEQUANT
+								   : K_CUDA_LINEAR_Q_STREAM;
+			CHECK(k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 64, N, K,
+						     (size_t)N * K) == want &&
+			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 8, N, K,
+						     (size_t)N * K) == K_CUDA_LINEAR_Q_STREAM,
+			      "%s N %d K %d (split %d): choose M 64 %s, M 8 stream", c->what, N, K, S,
+			      k_cuda_linear_q_kind_name(want));
+		}
+		for (size_t j = 0; j < sizeof(mma_ms) / sizeof(mma_ms[0]) && !wide_only; j++) {
+			const int M = mma_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
+
+			for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA; kind++) {
+				run_kind(c, kind, 300, 512, M, acc, f16s);
+				run_kind(c, kind, 1000, 4096, M, !acc, f16s);	/* cluster */
+				run_kind(c, kind, 130, odd_k, M, acc, 0);	/* partial slab */
+			}
+		}
+		/* STREAM at 8 < M <= 64: one launch, n8 tiles 2, 4, 8 (partial ones at 9, 33),
+		 * partial row blocks, clusters, partial slabs, x in chunks of k */
+		{
+			static const int wide_ms[] = { 9, 16, 33, 64 };
+
+			for (size_t j = 0; j < sizeof(wide_ms) / sizeof(wide_ms[0]); j++) {
+				const int M = wide_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
+
+				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 300, 512, M, acc, f16s);
+				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 1000, 4096, M, !acc, f16s);
+				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 130, odd_k, M, acc, 0);
+				/* 2 row blocks, 8 slices of 1792 k: x in two chunks */
+				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 130, 14336, M, 0, f16s);
+			}
+			if (!quick)	/* 34 row blocks, 3 slices, partial slab and chunk */
+				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 4352, odd_k, 64, 1, 0);
+		}
+		for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA && !wide_only; kind++) {
+			run_kind(c, kind, 300, 1024, 17, 1, 0);	/* STREAM one launch, MMA 3 */
+			run_kind(c, kind, quick ? 130 : 520, 14336, 8, 0, 0);	/* many stages a warp */
+			if (!quick)
+				run_kind(c, kind, 6144, 4096, 1, 0, is_int4);
+		}
+		if (mma_only)
+			continue;
+		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 300, 512, 1, 0, 0);
+		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 1000, 4096, 9, 1, is_int4);
+		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 130, odd_k, 33, 0, 0);
+		check_dequant(c, 300, 512);
+		check_dequant(c, 77, 200);
+	}
+	k_cuda_linear_destroy(lin);
+	cudaFree(wtmp);
 	cudaStreamDestroy(stream);
 	k_pool_destroy(pool);
 	return test_result("test_cuda_linear_q");

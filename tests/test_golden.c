@@ -41,12 +41,17 @@
 static const char *backend = "cpu";
 static double row_tol = CPU_ROW_TOL;
 
-/* A quantized model on the GPU, whose backend for now dequantizes the weights and
- * rounds them to bf16 at load (an interim fallback): its reference (transformers on
- * the exact dequantized weights) is not that engine's oracle, as fp16/fp32 checkpoints'
- * are not, so its rows are not judged there (measured on an H200: dense rows to
- * 2.5e-2). Its greedy tokens are still held identical. The rows will be held to the
- * tolerance when the GPU reads the quantized bytes (issue 24). */
+/* A quantized model on the GPU: its linears read the quantized bytes (the tensor-core
+ * GEMV for up to 8 rows, x rounded to f16; an f16 copy of the weight and cuBLAS for
+ * more), its MoE experts and MLA kv_b are dequantized to bf16 at load. Its rows are
+ * judged against the reference (transformers on the exact dequantized weights) at the
+ * GPU tolerance, as a bf16 model's (H200, 1de3db9: dense rows to 1.1e-2), but for the
+ * models below, whose every quantized weight is a MoE expert still rounded to bf16 at
+ * load: kimi_k2_int4's rows reached 0.57 with 4 and 15 rows unexplained (routing
+ * flips), so only its greedy tokens are held. KDEC_GOLDEN_QUANT_ROWS=0: greedy only
+ * for every quantized model (as before issue 24's kernels). */
+static const char *const quant_greedy_only[] = { "quant/kimi_k2_int4" };
+
 static int quant_on_gpu;
 
 /* The model in hand on the GPU: the CPU reference engine that replays its routing
@@ -58,8 +63,7 @@ static struct route_trace *trace_gpu, *trace_cpu, *trace_cpux, *trace_prefill, *
 /* golden/: the shared references; reference/: made by contrib/make_reference.py from
  * tests/data/tiny configs (other dims, fp16 and fp32 checkpoints, kimi_k2); quant/:
  * the published quantized layouts (contrib/make_quant_reference.py), whose reference
- * is transformers on the dequantized weights in fp32 (on the GPU, for now, dequantized
- * to bf16 at load: the same tolerance). */
+ * is transformers on the dequantized weights in fp32 (the same tolerance on the GPU). */
 static const char *const models[] = {
 	"golden/llama3", "golden/qwen3", "golden/qwen3_moe", "golden/deepseek_v2", "golden/deepseek_v3",
 	"reference/llama", "reference/qwen3", "reference/qwen3_moe", "reference/deepseek_v2",
@@ -494,10 +498,17 @@ static void check_model(const char *top, const char *name, int threads)
 	}
 	if (e && row_tol != CPU_ROW_TOL)
 		reference_open(m, threads, max_pos);
-	quant_on_gpu = row_tol != CPU_ROW_TOL && m && m->n_quantized > 0;
+	quant_on_gpu = 0;
+	if (row_tol != CPU_ROW_TOL && m && m->n_quantized > 0) {
+		const char *rows_env = getenv("KDEC_GOLDEN_QUANT_ROWS");
+
+		quant_on_gpu = rows_env && !strcmp(rows_env, "0");
+		for (size_t i = 0; i < sizeof(quant_greedy_only) / sizeof(quant_greedy_only[0]); i++)
+			quant_on_gpu |= !strcmp(name, quant_greedy_only[i]);
+	}
 	if (e && quant_on_gpu)
-		fprintf(stderr, "  %-22s rows not judged on the GPU: its weights are dequantized and "
-			"rounded to bf16 at load (interim); greedy only\n", name);
+		fprintf(stderr, "  %-22s rows not judged on the GPU (its quantized experts are "
+			"bf16 at load, or KDEC_GOLDEN_QUANT_ROWS=0); greedy only\n", name);
 	for (int i = 0; e && !quant_on_gpu && i < n; i++)
 		if (cs[i].ref)
 			check_case(e, name, i, &cs[i]);

@@ -15,6 +15,7 @@
 #include "kernels/cuda/k_cuda.h"
 #include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
+#include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "kernels/cuda/moe/k_cuda_moe.h"
 #include "kernels/cuda/sample/k_cuda_sample.h"
 
@@ -56,6 +57,8 @@ static void cuda_destroy(struct backend *be)
 	k_cuda_moe_ws_destroy(b->moe_ws);
 	k_cuda_attn_ws_destroy(b->attn_ws);
 	k_cuda_linear_destroy(b->lin);
+	cudaFree(b->wtmp);
+	free(b->qw);
 	if (b->inv_freq)
 		cudaFree(b->inv_freq);
 	if (b->arena)
@@ -133,17 +136,6 @@ static int cuda_create(struct backend **out, const struct model *m, const struct
 	int count = 0, major, minor, ret;
 
 	*out = NULL;
-	if (m && m->n_quantized > 0) {
-		/* The interim fallback, said where it happens: no kernel reads the quantized
-		 * bytes yet (W8A16/W4A16 GEMV and MoE experts, issue 24), so the upload
-		 * dequantizes them exactly and rounds to bf16 once: right results, but the
-		 * memory and bandwidth of bf16, not of the checkpoint. */
-		char fmt[24];
-
-		log_warn("cuda: %d %s quantized weights are dequantized to bf16 at load (interim "
-			 "fallback: no W8A16/W4A16 kernels yet; GPU memory and decode bytes are "
-			 "bf16's)", m->n_quantized, model_quant_name(&m->cfg.quant, fmt, sizeof(fmt)));
-	}
 	if ((ret = tuning_install(err, err_len)))
 		return ret;
 	k_cuda_device_count(&count);
@@ -188,6 +180,24 @@ err_destroy:
 	return ret;
 }
 
+/* The f16 copy of one quantized weight for the linears of more than 64 rows (prefill,
+ * large batches): the largest kept quantized weight's size, written before each such
+ * linear (k_cuda_linear_q_run's DEQUANT). */
+static int cuda_wtmp_reserve(struct backend_cuda *b)
+{
+	if (!b->n_qw || !b->wtmp_elems || b->wtmp)
+		return 0;
+	if (cudaMalloc((void **)&b->wtmp, b->wtmp_elems * sizeof(uint16_t)) != cudaSuccess) {
+		cudaGetLastError();
+		b->wtmp = NULL;
+		return -ENOMEM;
+	}
+	b->alloc_bytes += b->wtmp_elems * sizeof(uint16_t);
+	log_info("cuda: %.1f MiB of f16 scratch for the quantized linears of more than %d rows",
+		 (double)b->wtmp_elems * 2 / (1 << 20), K_CUDA_LINEAR_Q_STREAM_MAX_M);
+	return 0;
+}
+
 static int cuda_reserve(struct backend *be, int max_rows, int max_ctx, char *err, size_t err_len)
 {
 	struct backend_cuda *b = cuda_of(be);
@@ -207,7 +217,7 @@ static int cuda_reserve(struct backend *be, int max_rows, int max_ctx, char *err
 					 c->n_shared_experts > 0 ?
 					 c->moe_intermediate_size * c->n_shared_experts : 0))) ||
 	    (ret = k_cuda_sample_ws_create(&b->sample_ws, 64, c->vocab_size)) ||
-	    (ret = cuda_fused_reserve(b, max_M))) {
+	    (ret = cuda_fused_reserve(b, max_M)) || (ret = cuda_wtmp_reserve(b))) {
 		cudaMemGetInfo(&free_b, &total_b);
 		snprintf(err, err_len,
 			 "cuda: cannot make the workspaces for %d rows x %d tokens of context (%.2f GiB free on GPU %d)",

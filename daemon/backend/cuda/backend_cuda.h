@@ -11,6 +11,7 @@
 
 #include "daemon/backend/backend.h"
 #include "kernels/cuda/attn/k_cuda_attn.h"
+#include "kernels/quant.h"
 
 struct k_cuda_linear;
 struct k_cuda_attn_ws;
@@ -68,6 +69,18 @@ extern const struct cuda_op_info cuda_op_info[CUDA_OP_COUNT];	/* by enum cuda_op
 
 /* ---- the backend object --------------------------------------------------- */
 
+/* A linear weight kept quantized on the GPU (backend_cuda_weights.c). */
+struct cuda_qweight {
+	const void *w;		/* (rows, row bytes) payload in the arena, as in the file */
+	struct k_quant q;	/* scale: the arena's (scale rows, scale_cols) fp32 or f16 */
+	int64_t rows;
+	int mma_ok;		/* the tensor-core GEMV is exact for it (int4: f16 scales) */
+	/* a part of a stack (q/k/v, gate/up, MLA's q and kv_a placed as one matrix): the
+	 * stack's entry, its number of parts and this one's index; NULL, 1, 0 alone */
+	const struct cuda_qweight *group;
+	int group_n, group_i;
+};
+
 struct backend_cuda {
 	struct backend base;
 	const struct model *m;
@@ -77,7 +90,13 @@ struct backend_cuda {
 
 	void *arena;			/* every weight, one allocation */
 	size_t arena_bytes;
-	struct cuda_ptr_map map;	/* model_tensor.data / router_bias / experts -> device */
+	struct cuda_ptr_map map;	/* model_tensor.data / router_bias / experts -> device;
+					 * &model_tensor.q -> its qw entry (kept quantized) */
+	struct cuda_qweight *qw;	/* (n_qw) the weights kept quantized */
+	int n_qw;
+	uint16_t *wtmp;			/* (wtmp_elems) f16: one quantized weight dequantized,
+					 * for the linears of more than 32 rows */
+	size_t wtmp_elems;		/* the largest kept quantized weight's rows * cols */
 	float *inv_freq;		/* (rope dim / 2) device copy of the forward's rope */
 	int rope_dim;
 	int max_K;			/* widest matrix input (cols) */
@@ -155,6 +174,18 @@ void cuda_rmsnorm(struct backend *be, float *out, int out_stride, const float *x
 		  const struct model_tensor *w, int rows, int dim, float eps);
 void cuda_add(struct backend *be, float *y, const float *x, size_t n);
 void cuda_silu_mul(struct backend *be, float *out, const float *gate, const float *up, size_t n);
+/* y (M, w->rows) = x @ w^T (y += with accumulate) on the backend's stream: the quantized
+ * kernels where w stayed quantized (k_cuda_linear_q_run: M <= 64 on the tensor-core
+ * GEMV, one launch; more through an f16 copy into b->wtmp), else k_cuda_linear
+ * on its bf16 copy.
+ * 0 or -errno (not yet recorded: the caller's op ends with it). */
+int cuda_linear_run(struct backend_cuda *b, float *y, const float *x, const struct model_tensor *w,
+		    int M, int accumulate);
+/* The same for a weight kept quantized (or a stack of them), w->rows rows of K columns. */
+int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const struct cuda_qweight *w,
+		     int M, int K, int accumulate);
+/* w's entry where it stayed quantized on the GPU, else NULL. */
+const struct cuda_qweight *cuda_qweight_of(const struct backend_cuda *b, const struct model_tensor *w);
 void cuda_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M);
 void cuda_linear_fp32x(struct backend *be, float *y, const float *x, const struct model_tensor *w,
 		       int M);

@@ -49,14 +49,34 @@ int cuda_fused_reserve(struct backend_cuda *b, int max_M)
 	return 0;
 }
 
-/* 1 when the matrices w[0..n) lie one after another in the arena, each of K columns. */
+/* 1 when the bf16 matrices w[0..n) lie one after another in the arena, each of K
+ * columns (quantized ones, kept so, never count: their scales lie between). */
 static int adjacent(const uint16_t *const *d, const struct model_tensor *const *w, int n)
 {
+	for (int i = 0; i < n; i++)
+		if (w[i]->q.fmt != K_Q_NONE)
+			return 0;
 	for (int i = 1; i < n; i++)
 		if (!d[i] || d[i] != d[i - 1] + (size_t)w[i - 1]->rows * (size_t)w[i - 1]->cols ||
 		    w[i]->cols != w[0]->cols)
 			return 0;
 	return d[0] != NULL;
+}
+
+/* 1 when w[0..n) stayed quantized as the n parts of one stack, in this order. */
+static int quant_stacked(const struct backend_cuda *b, const struct model_tensor *const *w, int n)
+{
+	const struct cuda_qweight *q0 = cuda_qweight_of(b, w[0]);
+
+	if (!q0 || !q0->group || q0->group_n != n)
+		return 0;
+	for (int i = 0; i < n; i++) {
+		const struct cuda_qweight *qi = cuda_qweight_of(b, w[i]);
+
+		if (!qi || qi->group != q0->group || qi->group_i != i)
+			return 0;
+	}
+	return 1;
 }
 
 /* y (M, sum of rows) = x @ [w_0; ...; w_n-1]^T: one GEMM when adjacent. Otherwise each
@@ -73,17 +93,21 @@ static int group_linear(struct backend_cuda *b, float *y, const float *x,
 		d[i] = W(b, w[i]);
 		total += (long)w[i]->rows;
 	}
-	if (adjacent(d, w, n)) {
+	if (adjacent(d, w, n) || quant_stacked(b, w, n)) {
+		const struct cuda_qweight *qw = cuda_qweight_of(b, w[0]);
+
 		for (long i = 0, o = 0; i < n; o += (long)w[i]->rows, i++) {
 			off[i] = o;
 			rs[i] = total;
 		}
+		if (qw)
+			return cuda_qlinear_run(b, y, x, qw->group, M, (int)w[0]->cols, 0);
 		return k_cuda_linear(b->lin, y, x, d[0], M, (int)total, (int)w[0]->cols, 0);
 	}
 	for (long i = 0, o = 0; i < n && !ret; o += (long)M * (long)w[i]->rows, i++) {
 		off[i] = o;
 		rs[i] = (long)w[i]->rows;
-		ret = k_cuda_linear(b->lin, y + o, x, d[i], M, (int)w[i]->rows, (int)w[i]->cols, 0);
+		ret = cuda_linear_run(b, y + o, x, w[i], M, 0);
 	}
 	return ret;
 }
@@ -287,8 +311,7 @@ static int mla_prep_lora(struct backend_cuda *b, float *q, const float *q_a, lon
 		k_cuda_linear_x_ready(b->lin, scratch, R, n);
 	if (ret)
 		return ret;
-	return k_cuda_linear(b->lin, q, scratch, W(b, &L->wq_b), R, (int)L->wq_b.rows,
-			     (int)L->wq_b.cols, 0);
+	return cuda_linear_run(b, q, scratch, &L->wq_b, R, 0);
 }
 
 /* mla_prep's shapes and scratch: 0, or -EINVAL, then already recorded as op's end. */
@@ -323,15 +346,12 @@ static int mla_prep_op_by_op(struct backend_cuda *b, float *q, const float *h,
 	float *q_a = b->fused, *kv_a = b->fused + R * (size_t)w[0]->rows;
 	int ret = 0;
 
-	if (lora && !(ret = k_cuda_linear(b->lin, q_a, h, W(b, w[0]), p->rows, (int)w[0]->rows,
-					  (int)w[0]->cols, 0)))
+	if (lora && !(ret = cuda_linear_run(b, q_a, h, w[0], p->rows, 0)))
 		ret = mla_prep_lora(b, q, q_a, (long)w[0]->rows, L, p, b->fused + pair);
 	else if (!lora)
-		ret = k_cuda_linear(b->lin, q, h, W(b, w[0]), p->rows, (int)w[0]->rows,
-				    (int)w[0]->cols, 0);
+		ret = cuda_linear_run(b, q, h, w[0], p->rows, 0);
 	if (!ret)
-		ret = k_cuda_linear(b->lin, kv_a, h, W(b, w[1]), p->rows, (int)w[1]->rows,
-				    (int)w[1]->cols, 0);
+		ret = cuda_linear_run(b, kv_a, h, w[1], p->rows, 0);
 	if (!ret)
 		ret = mla_post_fused() ? mla_post_kernel(b, q, NULL, 0, kv_a, width, L, p)
 				       : mla_post_op_by_op(b, q, kv_a, L, p);
@@ -479,7 +499,9 @@ void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		/* out in bf16 as well, for the down projection next; in bf16 only where
 		 * that projection reads nothing else */
 		uint16_t *xb = k_cuda_linear_x_scratch(b->lin, M, inter);
-		const int only = xb && down_reads_bf16(M, (int)w_gate->cols, inter);
+		/* quantized gate/up: the down projection is too, and its GEMV reads fp32 x */
+		const int only = xb && w_gate->q.fmt == K_Q_NONE &&
+				 down_reads_bf16(M, (int)w_gate->cols, inter);
 
 		ret = k_cuda_silu_mul_rows_bf16(b->stream, only ? NULL : out, b->fused, M, inter, xb);
 		if (!ret && only)

@@ -8,6 +8,7 @@
 #include "kernels/cuda/attn/k_cuda_attn.h"
 #include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
+#include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "kernels/cuda/moe/k_cuda_moe.h"
 #include "kernels/cuda/ops/k_cuda_ops.h"
 #include "kernels/cuda/sample/k_cuda_sample.h"
@@ -118,14 +119,45 @@ void cuda_silu_mul(struct backend *be, float *out, const float *gate, const floa
 	cuda_op_end(b, CUDA_OP_SILU_MUL, k_cuda_silu_mul(b->stream, out, gate, up, n));
 }
 
+const struct cuda_qweight *cuda_qweight_of(const struct backend_cuda *b, const struct model_tensor *w)
+{
+	return w->q.fmt != K_Q_NONE ? cuda_ptr_map_get(&b->map, &w->q) : NULL;
+}
+
+int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const struct cuda_qweight *w,
+		     int M, int K, int accumulate)
+{
+	const int N = (int)w->rows;
+	int kind = k_cuda_linear_q_choose(b->lin, &w->q, x, w->w, M, N, K,
+					  b->wtmp ? b->wtmp_elems : 0);
+
+	if ((kind == K_CUDA_LINEAR_Q_STREAM || kind == K_CUDA_LINEAR_Q_MMA) &&
+	    !w->mma_ok)	/* int4 with fp32 scales */
+		kind = M <= K_CUDA_LINEAR_Q_MMA_MAX_M || !b->wtmp ? K_CUDA_LINEAR_Q_WARP
+							       : K_CUDA_LINEAR_Q_DEQUANT;
+	if (k_cuda_tuning()->linear_fp32x)	/* KDEC_LINEAR_FP32X: x never rounded */
+		kind = K_CUDA_LINEAR_Q_WARP;
+	return k_cuda_linear_q_run(b->lin, kind, y, x, w->w, &w->q, M, N, K, accumulate, b->wtmp,
+				   b->wtmp_elems);
+}
+
+int cuda_linear_run(struct backend_cuda *b, float *y, const float *x, const struct model_tensor *w,
+		    int M, int accumulate)
+{
+	const struct cuda_qweight *qw = cuda_qweight_of(b, w);
+
+	if (!qw)
+		return k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows, (int)w->cols, accumulate);
+	return cuda_qlinear_run(b, y, x, qw, M, (int)w->cols, accumulate);
+}
+
 void cuda_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M)
 {
 	struct backend_cuda *b = cuda_of(be);
 
 	cuda_op_begin(b, CUDA_OP_LINEAR);
 	cuda_prof_rows(b, M);
-	cuda_op_end(b, CUDA_OP_LINEAR, k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows,
-						     (int)w->cols, 0));
+	cuda_op_end(b, CUDA_OP_LINEAR, cuda_linear_run(b, y, x, w, M, 0));
 }
 
 /* The router: x in fp32 on the CUDA cores at every M (the GEMV walks M in pairs; the
@@ -155,8 +187,7 @@ void cuda_linear_add(struct backend *be, float *y, const float *x, const struct 
 
 	cuda_op_begin(b, CUDA_OP_LINEAR_ADD);
 	cuda_prof_rows(b, M);
-	cuda_op_end(b, CUDA_OP_LINEAR_ADD, k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows,
-							 (int)w->cols, 1));
+	cuda_op_end(b, CUDA_OP_LINEAR_ADD, cuda_linear_run(b, y, x, w, M, 1));
 }
 
 void cuda_rope(struct backend *be, const struct k_rope *rope, float *x, int n_rows, int n_heads,
@@ -299,10 +330,14 @@ static void lat_prefetch_of(struct backend_cuda *b, const struct model_layer *n,
 
 	memset(pf, 0, sizeof(*pf));
 	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]) && k < K_CUDA_MOE_LAT_PREFETCH; i++) {
+		const struct cuda_qweight *qw;
+
 		if (!t[i]->data || t[i]->dtype != K_BF16)
 			continue;
 		pf->p[k] = W(b, t[i]);
-		pf->bytes[k++] = (size_t)t[i]->rows * (size_t)t[i]->cols * 2;
+		qw = cuda_qweight_of(b, t[i]);	/* kept quantized: its payload's bytes */
+		pf->bytes[k++] = (size_t)t[i]->rows * (qw ? k_quant_row_bytes(qw->q.fmt, t[i]->cols)
+							  : (size_t)t[i]->cols * 2);
 	}
 }
 

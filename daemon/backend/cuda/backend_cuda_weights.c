@@ -1,6 +1,8 @@
 /* The model's weights on the GPU: one arena sized up front (so out-of-memory is
  * known before anything is copied, with the numbers), matrices converted to bf16,
- * vectors to fp32, copied through a pinned staging buffer with a progress line. The
+ * vectors to fp32, quantized linear weights kept quantized (payload as in the file,
+ * scales as fp32, or f16 for int4 where all are exact f16), copied through a pinned
+ * staging buffer with a progress line. The
  * sources are the model's own copy of its files (model.h: never a mapping), read here
  * once at create; no op reads a host weight after, so nothing done to the files under
  * a running daemon reaches the GPU's copy. */
@@ -12,6 +14,7 @@
 #include "daemon/backend/cuda/backend_cuda.h"
 #include "daemon/base/clock.h"
 #include "daemon/base/log.h"
+#include "kernels/cuda/linear/k_cuda_linear_q.h"
 
 #define STAGE_BYTES (64u << 20)	/* pinned staging buffer */
 #define ARENA_ALIGN 256
@@ -84,11 +87,12 @@ struct weight_item {
 	int vector;		/* fp32 on the device, else bf16 */
 	const struct k_quant *q;	/* quantized (else NULL): dequantized to bf16 */
 	int64_t cols;		/* row length, for q */
+	int raw;		/* copy the bytes as they are (n of them): a quantized payload */
 };
 
 /* Elements [i, i + n) of a quantized (.., cols) weight as bf16: dequantized exactly in
- * fp32 (kernels/quant.h), then rounded once. The interim fallback until the GPU has
- * kernels that read the quantized bytes (cuda_create logs it). */
+ * fp32 (kernels/quant.h), then rounded once. For the weights no quantized kernel reads
+ * (MoE experts, MLA's wkv_b: cuda_weights_upload logs which). */
 static void stage_quant(uint16_t *dst, const struct weight_item *w, size_t i, size_t n)
 {
 	float f[256];
@@ -111,6 +115,10 @@ static void stage_quant(uint16_t *dst, const struct weight_item *w, size_t i, si
 struct upload {
 	struct backend_cuda *b;
 	int pass;		/* 0: size the arena; 1: copy */
+	int n_qw;		/* struct cuda_qweight entries so far (weights and stacks) */
+	int n_kept;		/* weights kept quantized */
+	size_t q_bytes;		/* their payload and scale bytes */
+	int n_deq;		/* quantized weights dequantized to bf16 */
 	size_t off;		/* bytes placed so far */
 	size_t total;		/* bytes of the arena (pass 1) */
 	void *stage;		/* pinned (STAGE_BYTES) */
@@ -120,7 +128,7 @@ struct upload {
 
 static size_t item_bytes(const struct weight_item *w)
 {
-	return w->n * (w->vector ? sizeof(float) : sizeof(uint16_t));
+	return w->raw ? w->n : w->n * (w->vector ? sizeof(float) : sizeof(uint16_t));
 }
 
 static void report(struct upload *u, int done)
@@ -139,14 +147,16 @@ static void report(struct upload *u, int done)
 /* Converts and copies one item into dst through the staging buffer. */
 static int copy_item(struct upload *u, char *dst, const struct weight_item *w)
 {
-	size_t out_size = w->vector ? sizeof(float) : sizeof(uint16_t);
+	size_t out_size = w->raw ? 1 : w->vector ? sizeof(float) : sizeof(uint16_t);
 	size_t per = STAGE_BYTES / out_size;
 	int ret;
 
 	for (size_t i = 0; i < w->n; i += per) {
 		size_t n = w->n - i < per ? w->n - i : per;
 
-		if (w->q) {
+		if (w->raw) {
+			memcpy(u->stage, (const uint8_t *)w->src + i, n);
+		} else if (w->q) {
 			stage_quant(u->stage, w, i, n);
 		} else if (w->vector) {
 			float *s = u->stage;
@@ -190,16 +200,187 @@ static void place(struct upload *u, const void *key, const struct weight_item *w
 	report(u, 0);
 }
 
-static void place_tensor(struct upload *u, const struct model_tensor *t)
+/* The device type of a kept weight's scales: f16 for int4 where every scale is an exact
+ * f16 normal (the tensor-core GEMV scales int4 values in f16), else fp32. */
+static enum k_dtype qscale_dtype(const struct k_quant *q, size_t n)
+{
+	if (q->fmt != K_Q_INT4)
+		return K_F32;
+	for (size_t i = 0; i < n; i++)
+		if (!k_quant_scale_f16_exact(k_quant_scale(q, i)))
+			return K_F32;
+	return K_F16;
+}
+
+static size_t align_up(size_t v)
+{
+	return (v + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+}
+
+/* Scales [i, i + n) of q converted to dtype (K_F32 or K_F16) into the staging buffer,
+ * then copied to dst. */
+static int copy_scales(struct upload *u, char *dst, const struct k_quant *q, size_t total,
+		       enum k_dtype dtype)
+{
+	const size_t es = k_dtype_size(dtype), per = STAGE_BYTES / es;
+	int ret;
+
+	for (size_t i = 0; i < total; i += per) {
+		size_t n = total - i < per ? total - i : per;
+
+		for (size_t j = 0; j < n; j++) {
+			float f = k_quant_scale(q, i + j);
+
+			if (dtype == K_F16)
+				((uint16_t *)u->stage)[j] = k_f32_to_f16(f);
+			else
+				((float *)u->stage)[j] = f;
+		}
+		if ((ret = CUDA_CHECK(u->b, cudaMemcpy(dst + i * es, u->stage, n * es,
+						       cudaMemcpyHostToDevice))))
+			return ret;
+	}
+	return 0;
+}
+
+/* Whether quantized weights t[0..n) can stand as one matrix [t_0; ...; t_n-1]: the
+ * same format, columns and scale blocks, every part but the last a whole number of
+ * scale blocks of rows, so that their scales one after another are the stack's. */
+static int quant_stackable(const struct model_tensor *const *t, int n)
+{
+	for (int i = 0; i < n; i++) {
+		const struct k_quant *a = &t[0]->q, *q = &t[i]->q;
+
+		if (!t[i]->data || q->fmt != a->fmt || t[i]->cols != t[0]->cols ||
+		    q->block_rows != a->block_rows || q->block_cols != a->block_cols ||
+		    q->scale_cols != a->scale_cols || (i < n - 1 && t[i]->rows % q->block_rows))
+			return 0;
+	}
+	return 1;
+}
+
+static size_t scale_count(const struct model_tensor *t)
+{
+	return (size_t)((t->rows + t->q.block_rows - 1) / t->q.block_rows) * (size_t)t->q.scale_cols;
+}
+
+/* Quantized linear weights kept so: their payloads one after another, then their scales,
+ * each region aligned; t->data maps to its payload, &t->q to its struct cuda_qweight,
+ * and where n > 1 each entry's group to one more entry for the stack, which the fused
+ * projections (q/k/v, gate/up) run as one GEMV. */
+static void place_quant(struct upload *u, const struct model_tensor *const *t, int n)
+{
+	const struct k_quant *q = &t[0]->q;
+	const size_t row_bytes = k_quant_row_bytes(q->fmt, t[0]->cols);
+	enum k_dtype sdt = K_F32;
+	size_t pay = 0, ns = 0;
+	int64_t rows = 0;
+	char *payload, *scales;
+	struct cuda_qweight *grp = NULL;
+
+	if (u->ret)
+		return;
+	for (int i = 0; i < n; i++) {
+		rows += t[i]->rows;
+		pay += (size_t)t[i]->rows * row_bytes;
+		ns += scale_count(t[i]);
+	}
+	for (int i = 0; i < n; i++)
+		if ((sdt = qscale_dtype(&t[i]->q, scale_count(t[i]))) != K_F16)
+			break;
+	payload = u->b->arena ? (char *)u->b->arena + u->off : NULL;
+	u->off += align_up(pay);
+	scales = u->b->arena ? (char *)u->b->arena + u->off : NULL;
+	u->off += align_up(ns * k_dtype_size(sdt));
+	if (t[0]->cols > u->b->max_K)
+		u->b->max_K = (int)t[0]->cols;
+	if ((size_t)rows * (size_t)t[0]->cols > u->b->wtmp_elems)
+		u->b->wtmp_elems = (size_t)rows * (size_t)t[0]->cols;
+	u->q_bytes += pay + ns * k_dtype_size(sdt);
+	if (u->pass == 0) {
+		u->n_qw += n + (n > 1);
+		u->n_kept += n;
+		for (int i = 0; i < n && !u->ret; i++)
+			u->ret = cuda_ptr_map_put(&u->b->map, t[i]->data, (void *)1);	/* seen */
+		return;
+	}
+	if (n > 1) {
+		grp = &u->b->qw[u->n_qw++];
+		*grp = (struct cuda_qweight){ .w = payload, .q = *q, .rows = rows };
+		grp->q.scale = scales;
+		grp->q.scale_dtype = sdt;
+		/* int4 scaled in f16 is exact only with f16 scales; fp32 ones take the CUDA cores */
+		grp->mma_ok = q->fmt != K_Q_INT4 || sdt == K_F16;
+	}
+	for (int i = 0; i < n && !u->ret; i++) {
+		struct cuda_qweight *qw = &u->b->qw[u->n_qw++];
+		struct weight_item w = { .src = t[i]->data, .n = (size_t)t[i]->rows * row_bytes, .raw = 1 };
+		size_t nsi = scale_count(t[i]);
+
+		*qw = (struct cuda_qweight){ .w = payload, .q = t[i]->q, .rows = t[i]->rows,
+					     .mma_ok = q->fmt != K_Q_INT4 || sdt == K_F16,
+					     .group = grp, .group_n = n, .group_i = i };
+		qw->q.scale = scales;
+		qw->q.scale_dtype = sdt;
+		if (!(u->ret = copy_item(u, payload, &w)) &&
+		    !(u->ret = copy_scales(u, scales, &t[i]->q, nsi, sdt)) &&
+		    !(u->ret = cuda_ptr_map_put(&u->b->map, t[i]->data, payload)))
+			u->ret = cuda_ptr_map_put(&u->b->map, &t[i]->q, qw);
+		payload += w.n;
+		scales += nsi * k_dtype_size(sdt);
+	}
+	report(u, 0);
+}
+
+/* The quantized linears of t[0..n) that stack, as one group; each other one alone. */
+static void place_quant_stack(struct upload *u, const struct model_tensor *const *t, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (!t[i]->data || t[i]->q.fmt == K_Q_NONE || cuda_ptr_map_get(&u->b->map, t[i]->data))
+			return;
+	if (n > 1 && quant_stackable(t, n)) {
+		place_quant(u, t, n);
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		place_quant(u, &t[i], 1);
+}
+
+/* 1 where the backend reads t only through cuda_linear_run (so a quantized t can stay
+ * quantized): the attention projections but MLA's kv_b (the absorbed attention reads
+ * it), and the MLP's of a dense layer (a MoE layer's are its shared expert, which the
+ * MoE kernels read in bf16). */
+static int cuda_weight_is_linear(const struct model_layer *L, const struct model_tensor *t)
+{
+	if (t == &L->wq || t == &L->wk || t == &L->wv || t == &L->wo || t == &L->wq_a ||
+	    t == &L->wq_b || t == &L->wkv_a)
+		return 1;
+	return !L->is_moe && (t == &L->w_gate || t == &L->w_up || t == &L->w_down);
+}
+
+/* keep: t is read only through the linear ops, so a quantized t stays quantized. */
+static void place_tensor_as(struct upload *u, const struct model_tensor *t, int keep)
 {
 	struct weight_item w = {
 		.src = t->data, .dtype = t->dtype, .n = (size_t)t->rows * (size_t)t->cols,
 		.vector = t->cols == 1, .q = t->q.fmt != K_Q_NONE ? &t->q : NULL, .cols = t->cols,
 	};
 
+	if (w.q && keep && !w.vector) {
+		if (t->data && !cuda_ptr_map_get(&u->b->map, t->data))
+			place_quant(u, &t, 1);
+		return;
+	}
+	if (w.q && u->pass == 0 && t->data && !cuda_ptr_map_get(&u->b->map, t->data))
+		u->n_deq++;
 	if (!w.vector && t->cols > u->b->max_K)
 		u->b->max_K = (int)t->cols;
 	place(u, t->data, &w);
+}
+
+static void place_tensor(struct upload *u, const struct model_tensor *t)
+{
+	place_tensor_as(u, t, 0);
 }
 
 /* A MoE layer's experts: all gate/up/down matrices, then a device table (n_experts,
@@ -227,6 +408,8 @@ static void place_experts(struct upload *u, const struct model_layer *L)
 						 .q = q[j]->fmt != K_Q_NONE ? q[j] : NULL,
 						 .cols = (int64_t)(j < 2 ? hidden : inter) };
 
+			if (w.q && u->pass == 0 && src[j] && !cuda_ptr_map_get(&u->b->map, src[j]))
+				u->n_deq++;
 			place(u, src[j], &w);
 			if (table)
 				table[3 * e + j] = cuda_ptr_map_get(&u->b->map, src[j]);
@@ -251,15 +434,24 @@ static void place_layer(struct upload *u, const struct model_layer *L)
 	const struct model_config *c = &u->b->m->cfg;
 	const int lora = L->wq_a.data != NULL;
 	/* MLA: the projection of h before kv_a's (wq_a with q-LoRA, else wq_b) right
-	 * before wkv_a, so mla_prep reads the two as one matrix */
+	 * before wkv_a, so mla_prep reads the two as one matrix (bf16 only) */
 	const struct model_tensor *t[] = {
 		&L->attn_norm, &L->ffn_norm, &L->wq, &L->wk, &L->wv, &L->q_norm, &L->k_norm,
 		lora ? &L->wq_a : &L->wq_b, &L->wkv_a, &L->q_a_norm, lora ? &L->wq_b : &L->wq_a,
 		&L->kv_a_norm, &L->wkv_b, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->router,
 	};
 
+	/* the projections the fused ops run together, stacked where all stay quantized */
+	const struct model_tensor *qkv[] = { &L->wq, &L->wk, &L->wv };
+	const struct model_tensor *mla[] = { lora ? &L->wq_a : &L->wq_b, &L->wkv_a };
+	const struct model_tensor *gu[] = { &L->w_gate, &L->w_up };
+
+	place_quant_stack(u, qkv, 3);
+	place_quant_stack(u, mla, 2);
+	if (!L->is_moe)
+		place_quant_stack(u, gu, 2);
 	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
-		place_tensor(u, t[i]);
+		place_tensor_as(u, t[i], cuda_weight_is_linear(L, t[i]));
 	if (L->router_bias) {
 		struct weight_item w = { .src = L->router_bias, .dtype = K_F32,
 					 .n = (size_t)c->n_experts, .vector = 1 };
@@ -276,7 +468,7 @@ static void place_model(struct upload *u)
 
 	place_tensor(u, &m->embed);
 	place_tensor(u, &m->final_norm);
-	place_tensor(u, &m->lm_head);
+	place_tensor_as(u, &m->lm_head, m->lm_head.data != m->embed.data);
 	for (int l = 0; l < m->cfg.n_layers; l++)
 		place_layer(u, &m->layers[l]);
 }
@@ -291,6 +483,18 @@ int cuda_weights_upload(struct backend_cuda *b, char *err, size_t err_len)
 	cuda_ptr_map_fini(&b->map);
 	if (u.ret)
 		return u.ret;
+	if (u.n_qw && !(b->qw = calloc((size_t)u.n_qw, sizeof(*b->qw))))
+		return -ENOMEM;
+	if (u.n_qw || u.n_deq) {
+		char fmt[24];
+
+		log_info("cuda: %d %s weights stay quantized on GPU %d (%.2f GiB with their scales); "
+			 "%d are dequantized to bf16 at load (no quantized kernel reads them: MoE "
+			 "experts, MoE shared experts, MLA's kv_b)", u.n_kept,
+			 model_quant_name(&b->m->cfg.quant, fmt, sizeof(fmt)), b->dev,
+			 (double)u.q_bytes / (1u << 30), u.n_deq);
+	}
+	b->n_qw = u.n_qw;
 	b->arena_bytes = u.off;
 	cudaMemGetInfo(&free_b, &total_b);
 	if (cudaMalloc(&b->arena, b->arena_bytes) != cudaSuccess) {
@@ -299,8 +503,8 @@ int cuda_weights_upload(struct backend_cuda *b, char *err, size_t err_len)
 		snprintf(err, err_len,
 			 "cuda: out of GPU memory for the weights: they need %.2f GiB, GPU %d has %.2f GiB free of %.2f GiB%s",
 			 (double)b->arena_bytes / (1u << 30), b->dev, (double)free_b / (1u << 30),
-			 (double)total_b / (1u << 30), b->m->n_quantized > 0 ? " (quantized weights "
-			 "count as bf16: the interim fallback dequantizes them at load)" : "");
+			 (double)total_b / (1u << 30), u.n_deq > 0 ? " (quantized MoE experts "
+			 "and MLA kv_b count as bf16: they are dequantized at load)" : "");
 		return -ENOMEM;
 	}
 	if (cudaHostAlloc(&u.stage, STAGE_BYTES, cudaHostAllocDefault) != cudaSuccess) {
@@ -312,6 +516,7 @@ int cuda_weights_upload(struct backend_cuda *b, char *err, size_t err_len)
 	u.pass = 1;
 	u.total = u.off;
 	u.off = 0;
+	u.n_qw = 0;
 	u.t0 = u.last_report = clock_now();
 	place_model(&u);
 	ret = u.ret;

@@ -1,31 +1,134 @@
 /* Linear layers on quantized weights (W8A16 fp8, W4A16 int4; kernels/quant.h's
  * layouts as published): y = x @ w^T with the quantized bytes streamed from device
- * memory and dequantized in registers, fp32 x and accumulation. The decode GEMV of
- * issue 24, tested against k_cpu_linear_q; the backend does not call it yet (it still
- * dequantizes to bf16 at load). */
+ * memory and dequantized in registers, fp32 accumulation; larger M through a bf16
+ * copy of the weight and the bf16 GEMMs. Tested against k_cpu_linear_q. */
 #ifndef KD_KERNELS_CUDA_K_CUDA_LINEAR_Q_H
 #define KD_KERNELS_CUDA_K_CUDA_LINEAR_Q_H
+
+#include <stddef.h>
+#include <stdint.h>
 
 #include <cuda_runtime_api.h>
 
 #include "kernels/quant.h"
+
+struct k_cuda_linear;
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* y (M, N) fp32 = x (M, K) fp32 @ w^T (y += with accumulate), w (N, K) quantized as q
- * says with q->scale fp32 in device memory (q->scale_dtype K_F32). One warp per
+ * says with q->scale in device memory (q->scale_dtype K_F32 or K_F16). One warp per
  * weight row: 16-byte loads of fp8 (16 values) or int4 (32 values) where K, the block
  * and the group allow (K % 32 == 0, block_cols and group multiples of 32 or the whole
  * row), else element by element. Queued on stream; 0 or -EINVAL (sizes, NULL, scale
- * not fp32) or -EIO (a launch failed; logged). */
+ * not fp32 or f16) or -EIO (a launch failed; logged). */
 int k_cuda_linear_q(cudaStream_t stream, float *y, const float *x, const void *w,
 		    const struct k_quant *q, int M, int N, int K, int accumulate);
 
 /* Whether k_cuda_linear_q takes the vectorised path for this weight (tests force
  * both paths through shapes). */
 int k_cuda_linear_q_vector(const struct k_quant *q, int K);
+
+/* Rows of x the register-load tensor-core GEMV (MMA) takes in one launch (one n8 tile). */
+#define K_CUDA_LINEAR_Q_MMA_MAX_M 8
+/* Up to this many rows MMA takes them in launches of 8, reading the weights once each:
+ * ceil(M / 8) bytes a weight byte, against the DEQUANT kind's ~5 (payload read, f16
+ * written and read again: fp8) — fewer up to 32 rows. */
+#define K_CUDA_LINEAR_Q_PASS_MAX_M 32
+/* Rows of x the streaming form (STREAM) takes in one launch, reading the weights once:
+ * up to 8 n8 tiles, each weight fragment dequantized once for all of them. */
+#define K_CUDA_LINEAR_Q_STREAM_MAX_M 64
+/* Above 8 rows, k_cuda_linear_q_choose takes STREAM only where it splits K over at most
+ * this many CTAs (a cluster): its DSMEM reduction of M x 128 partials a CTA costs more
+ * than the f16 copy beyond that. Measured on H200 at M = 64 (bench_cuda_linear_q,
+ * fp8 and int4, 13 shapes): STREAM faster at S = 1, 2 (Llama q/k/v 35.0 against 38.6 us,
+ * gate_up 134 against 167), DEQUANT at S = 3..8 (Llama o_proj 26.3 against 37.2, down
+ * 93.2 against 122): the rule picks the faster kind in all 13. */
+#define K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT 2
+
+/* The ways k_cuda_linear_q_run computes, in the order it tries them. */
+enum k_cuda_linear_q_kind {
+	/* M <= 64: weights copied 128 bytes a row through a cp.async ring in shared memory
+	 * into mma.sync f16 fragments (one dequantization for all M rows), x rounded to
+	 * f16 in shared memory (in chunks of k at M > 8), K split over a cluster
+	 * (linear_qmma.cu); fp8 scale columns of 128 k or more */
+	K_CUDA_LINEAR_Q_STREAM = 0,
+	/* the same with the weights loaded straight into registers, 64 bytes a row per
+	 * instruction: fp8 scale columns of 64 k too */
+	K_CUDA_LINEAR_Q_MMA,
+	/* the weight dequantized into an f16 scratch (N, K) (k_cuda_quant_dequant: value *
+	 * scale rounded once to 11 significant bits), x rounded to f16, one cuBLAS GEMM
+	 * with fp32 accumulation: prefill and large batches */
+	K_CUDA_LINEAR_Q_DEQUANT,
+	/* k_cuda_linear_q: fp32 x on the CUDA cores, one warp per row; any shape */
+	K_CUDA_LINEAR_Q_WARP,
+	K_CUDA_LINEAR_Q_N_KINDS,
+};
+
+/* Whether the tensor-core GEMV (K_CUDA_LINEAR_Q_MMA) takes this call: M <= 8 (a launch), K % 16 == 0 (fp8) or % 32
+ * (int4), x and w 16-byte aligned, scales in device memory as K_F32 or K_F16, fp8
+ * scale columns a power of two >= 64 wide or the whole row, int4 groups a power of two
+ * >= 32 or the whole row. int4 values are scaled in f16 before the MMA: exact only
+ * where every scale is an f16 normal (k_quant_scale_f16_exact); fp8 values are
+ * scaled in fp32. x is rounded to f16 (|x| > 65504 becomes inf). */
+int k_cuda_linear_q_mma_supports(const struct k_quant *q, const float *x, const void *w, int M,
+				 int N, int K);
+/* The same for K_CUDA_LINEAR_Q_STREAM: M <= K_CUDA_LINEAR_Q_STREAM_MAX_M (a launch), fp8
+ * scale columns a power of two >= 128 wide or the whole row. */
+int k_cuda_linear_q_stream_supports(const struct k_quant *q, const float *x, const void *w,
+				    int M, int N, int K);
+
+/* 1 where the scale s is an f16 normal number exactly (int4 through the MMA kind is then
+ * exact: a 4-bit integer times s has at most 11 significant bits). */
+static inline int k_quant_scale_f16_exact(float s)
+{
+	float a = s < 0 ? -s : s;
+
+	return a >= 0x1p-14f && a <= 65504.0f && k_f16_to_f32(k_f32_to_f16(s)) == s;
+}
+
+/* The kind k_cuda_linear_q_run takes: for M <= K_CUDA_LINEAR_Q_STREAM_MAX_M STREAM where
+ * supported (one launch), else for M <= K_CUDA_LINEAR_Q_PASS_MAX_M MMA (8 rows a launch);
+ * else DEQUANT where a scratch of N * K 16-bit values is given (wtmp_elems); else WARP. */
+enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *q, const float *x,
+					       const void *w, int M, int N, int K,
+					       size_t wtmp_elems);
+
+/* k_cuda_linear_q_pick's kind, except DEQUANT for STREAM at M > 8 where ctx would split
+ * K over more than K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs and the scratch (wtmp_elems) and
+ * ctx's sizes allow it. */
+enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_linear *ctx,
+						 const struct k_quant *q, const float *x,
+						 const void *w, int M, int N, int K,
+						 size_t wtmp_elems);
+
+/* y (M, N) fp32 = x (M, K) fp32 @ w^T (y += with accumulate) on ctx's stream, w (N, K)
+ * quantized as q says with q->scale in device memory (K_F32 or K_F16); kind < 0:
+ * k_cuda_linear_q_choose's, else that one (-EINVAL where it cannot run). wtmp: device scratch of wtmp_elems 16-bit values for DEQUANT (NULL, 0: none),
+ * owned by the caller, overwritten; DEQUANT also overwrites the context's x scratch
+ * and needs M <= its max_M, K <= its max_K. Capturable into a CUDA graph; MMA and WARP never read the
+ * bf16 copy of x (k_cuda_linear_x_ready): -EINVAL where only that copy was written.
+ * 0, -EINVAL or -EIO (logged). */
+int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y, const float *x,
+			const void *w, const struct k_quant *q, int M, int N, int K,
+			int accumulate, uint16_t *wtmp, size_t wtmp_elems);
+
+/* dst (N, K) in out (K_BF16 or K_F16) = w dequantized (value * scale in fp32, rounded
+ * to nearest even once), q->scale in device memory (K_F32 or K_F16). Queued on stream
+ * without programmatic dependent launch (dst may be what the kernel before is
+ * reading). 0, -EINVAL, -EIO. */
+int k_cuda_quant_dequant(cudaStream_t stream, uint16_t *dst, enum k_dtype out, const void *w,
+			 const struct k_quant *q, int N, int K);
+
+/* "stream", "mma", "dequant", "warp". */
+const char *k_cuda_linear_q_kind_name(enum k_cuda_linear_q_kind kind);
+
+/* A one-line description of how `kind` would launch this shape, for benchmarks. */
+void k_cuda_linear_q_describe(const struct k_cuda_linear *ctx, enum k_cuda_linear_q_kind kind,
+			      const struct k_quant *q, int M, int N, int K, char *buf,
+			      size_t len);
 
 #ifdef __cplusplus
 }

@@ -202,6 +202,8 @@ extern "C" int k_cuda_linear_create(struct k_cuda_linear **out, cudaStream_t str
 		ret = k_cuda_lin_stream_setup(ctx);
 	if (!ret)
 		ret = k_cuda_lin_splitk_setup(ctx);
+	if (!ret)
+		ret = k_cuda_lin_qmma_setup(ctx);
 	if (ret)
 		goto err;
 	ctx->pdl_ok = ctx->pdl;
@@ -239,7 +241,7 @@ static int lin_cublas(struct k_cuda_linear *ctx, void *y, bool y_bf16, const flo
 
 // Whether x is the one whose bf16 form a producer left in the scratch (good for this
 // one call); -EINVAL where it left only that form and kind reads fp32 x.
-static int lin_take_ready(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind,
+int k_cuda_lin_take_ready(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind,
 			  const float *x, int M, int N, int K, bool *ready)
 {
 	*ready = x == ctx->ready_x && M == ctx->ready_M && K == ctx->ready_K;
@@ -267,7 +269,7 @@ extern "C" int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_lin
 
 	if (!lin_args_ok(ctx, y, x, w, M, N, K) || !k_cuda_linear_supports(kind, x, w, M, N, K))
 		return -EINVAL;
-	if (lin_take_ready(ctx, kind, x, M, N, K, &ready))
+	if (k_cuda_lin_take_ready(ctx, kind, x, M, N, K, &ready))
 		return -EINVAL;
 	accumulate = accumulate != 0;
 	switch (kind) {
@@ -294,7 +296,7 @@ extern "C" int k_cuda_linear_bf16_out(struct k_cuda_linear *ctx, uint16_t *y, co
 	if (!lin_args_ok(ctx, (const float *)y, x, w, M, N, K) ||
 	    k_cuda_linear_choose(x, w, M, N, K) != K_CUDA_LINEAR_CUBLAS)
 		return -EOPNOTSUPP;
-	if (lin_take_ready(ctx, K_CUDA_LINEAR_CUBLAS, x, M, N, K, &ready))
+	if (k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_CUBLAS, x, M, N, K, &ready))
 		return -EINVAL;
 	return lin_cublas(ctx, y, true, x, w, M, N, K, 0, ready);
 }

@@ -45,6 +45,7 @@ struct k_cuda_linear {
 	int sk_cap[LIN_SK_N_MT][LIN_SK_MAX_SPLIT + 1];
 	int gemv_resident;		/* GEMV CTAs resident at once */
 	int st_cap[LIN_ST_N_NT];	/* streaming-kernel CTAs resident at once */
+	int qm_bps;			/* quantized GEMV CTAs resident per multiprocessor */
 	float *st_ws;			/* (LIN_ST_MAX_UNITS, LIN_ST_MAX_M, 128) fp32 partials */
 	unsigned *st_cnt;		/* (LIN_ST_MAX_UNITS) arrivals per tile, 0 between launches */
 	cublasHandle_t blas;
@@ -95,6 +96,25 @@ int k_cuda_lin_stream(const struct k_cuda_linear *ctx, float *y, const float *x,
 		      const uint16_t *w, int M, int N, int K, int accumulate, bool ready);
 int k_cuda_lin_stream_describe(const struct k_cuda_linear *ctx, int M, int N, int K,
 			       char *buf, size_t len);
+
+/* The quantized-weight decode GEMV (linear_qmma.cu): kernel attributes and
+ * ctx->qm_bps, once at create; the launch (k_cuda_linear_q_mma_supports must hold). */
+struct k_quant;
+int k_cuda_lin_qmma_setup(struct k_cuda_linear *ctx);
+/* stream: the form that copies the weights through a cp.async ring in shared memory
+ * (k_cuda_linear_q_stream_supports must hold then), else the register-load form. */
+int k_cuda_lin_qmma(const struct k_cuda_linear *ctx, bool stream, float *y, const float *x,
+		    const void *w, const struct k_quant *q, int M, int N, int K, int accumulate);
+int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, bool stream,
+			     const struct k_quant *q, int M, int N, int K, char *buf, size_t len);
+/* The cluster size S (K slices per 128 rows) the form would launch with; 0: no plan. */
+int k_cuda_lin_qmma_split(const struct k_cuda_linear *ctx, bool stream, const struct k_quant *q,
+			  int M, int N, int K);
+/* The bookkeeping of the bf16 copy of x (linear.cu): whether x is the one a producer
+ * left there, cleared; -EINVAL (logged) where only that copy was written and kind
+ * reads fp32 x. */
+int k_cuda_lin_take_ready(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind,
+			  const float *x, int M, int N, int K, bool *ready);
 
 /* cuBLASLt with the algorithm timed fastest for this shape at M's decode bucket (the
  * next power of two; the first call at a bucket size outside graph capture tunes,

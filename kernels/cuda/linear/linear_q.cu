@@ -1,17 +1,21 @@
-// Quantized-weight GEMV (W8A16 fp8, W4A16 int4): one warp per weight row, the row's
-// bytes streamed in 16-byte loads, each value dequantized in registers (e4m3 through
-// the hardware fp8 -> half conversion, int4 as nibble - 8), multiplied into fp32 x, the
-// block's partial sum scaled once. Layouts: kernels/quant.h.
+// Quantized-weight linears: the choice between the tensor-core GEMV (linear_qmma.cu),
+// a bf16 copy for the bf16 GEMMs, and the CUDA-core GEMV here (W8A16 fp8, W4A16 int4:
+// one warp per weight row, the row's bytes streamed in 16-byte loads, each value
+// dequantized in registers, multiplied into fp32 x, the block's partial sum scaled
+// once), plus the dequantization kernel. Layouts: kernels/quant.h.
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
+#include "kernels/cuda/linear/linear_internal.h"
 
 #define LQ_WARPS	4	/* warps (rows) per CTA */
 #define LQ_MT		4	/* x rows per pass; more are walked in passes */
@@ -33,9 +37,16 @@ static __device__ __forceinline__ float2 lq_e4m3x2(uint16_t v)
 	return __half22float2(h);
 }
 
-static __device__ __forceinline__ float lq_scale(const float *s, const struct k_quant &q, int n, int k)
+// Scale i, fp32 or f16 as q says.
+static __device__ __forceinline__ float lq_sc(const struct k_quant &q, size_t i)
 {
-	return s[(size_t)(n / q.block_rows) * (size_t)q.scale_cols + (size_t)(k / q.block_cols)];
+	return q.scale_dtype == K_F16 ? __half2float(((const __half *)q.scale)[i])
+				      : ((const float *)q.scale)[i];
+}
+
+static __device__ __forceinline__ float lq_scale(const struct k_quant &q, int n, int k)
+{
+	return lq_sc(q, (size_t)(n / q.block_rows) * (size_t)q.scale_cols + (size_t)(k / q.block_cols));
 }
 
 // The vectorised row: the row read as 16-byte chunks (16 fp8 or 32 int4 values), lane
@@ -50,7 +61,6 @@ lq_vector(float *__restrict__ y, const float *__restrict__ x, const uint8_t *__r
 	constexpr int VPC = FMT == K_Q_INT4 ? 32 : 16;	// values per 16-byte chunk
 	const int lane = threadIdx.x & 31, n = blockIdx.x * LQ_WARPS + (threadIdx.x >> 5);
 	const int chunks = K / VPC;
-	const float *sc = (const float *)q.scale;
 	const size_t srow = (size_t)(n / q.block_rows) * (size_t)q.scale_cols;
 
 	if (n >= N)
@@ -89,7 +99,7 @@ lq_vector(float *__restrict__ y, const float *__restrict__ x, const uint8_t *__r
 						v[2 * i + 1] = f.y;
 					}
 				}
-				const float s = sc[srow + (size_t)(k0 / q.block_cols)];
+				const float s = lq_sc(q, srow + (size_t)(k0 / q.block_cols));
 #pragma unroll
 				for (int mi = 0; mi < LQ_MT; mi++) {
 					if (m0 + mi >= M)
@@ -130,7 +140,6 @@ lq_generic(float *__restrict__ y, const float *__restrict__ x, const uint8_t *__
 {
 	const int lane = threadIdx.x & 31, n = blockIdx.x * LQ_WARPS + (threadIdx.x >> 5);
 	const size_t row_bytes = q.fmt == K_Q_INT4 ? (size_t)(K + 7) / 8 * 4 : (size_t)K;
-	const float *sc = (const float *)q.scale;
 
 	if (n >= N)
 		return;
@@ -145,7 +154,7 @@ lq_generic(float *__restrict__ y, const float *__restrict__ x, const uint8_t *__
 				v = (float)((int)((wr[k / 2] >> (4 * (k % 2))) & 0xfu) - 8);
 			else
 				v = lq_e4m3x2(wr[k]).x;
-			acc = fmaf(v * lq_scale(sc, q, n, k), x[(size_t)m * K + k], acc);
+			acc = fmaf(v * lq_scale(q, n, k), x[(size_t)m * K + k], acc);
 		}
 		acc = lq_warp_sum(acc);
 		if (lane == 0) {
@@ -169,7 +178,8 @@ extern "C" int k_cuda_linear_q(cudaStream_t stream, float *y, const float *x, co
 	dim3 grid((unsigned)((N + LQ_WARPS - 1) / LQ_WARPS)), block(LQ_WARPS * 32);
 	const uint8_t *wb = (const uint8_t *)w;
 
-	if (!y || !x || !w || !q || !q->scale || q->scale_dtype != K_F32 || M <= 0 || N <= 0 ||
+	if (!y || !x || !w || !q || !q->scale || (q->scale_dtype != K_F32 && q->scale_dtype != K_F16) ||
+	    M <= 0 || N <= 0 ||
 	    K <= 0 || q->block_rows <= 0 || q->block_cols <= 0 ||
 	    (q->fmt != K_Q_FP8 && q->fmt != K_Q_INT4))
 		return -EINVAL;
@@ -189,4 +199,273 @@ extern "C" int k_cuda_linear_q(cudaStream_t stream, float *y, const float *x, co
 		return -EIO;
 	}
 	return 0;
+}
+
+// ---- dequantization to bf16 ----------------------------------------------------
+
+template <typename ST>
+static __device__ __forceinline__ float dq_scale(const ST *s, size_t i)
+{
+	if constexpr (sizeof(ST) == 2)
+		return __half2float(((const __half *)s)[i]);
+	else
+		return ((const float *)s)[i];
+}
+
+template <bool F16>
+static __device__ __forceinline__ uint16_t dq_out(float f)
+{
+	if constexpr (F16)
+		return __half_as_ushort(__float2half_rn(f));
+	else
+		return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+// Eight values k .. k+7 of row n per thread: one scale (block_cols % 8 == 0), 16-byte
+// stores. Needs K % 8 == 0.
+template <typename ST, bool F16>
+static __global__ void dq_vec8(uint16_t *__restrict__ dst, const uint8_t *__restrict__ w,
+			       const ST *__restrict__ sc, struct k_quant q, int N, int K)
+{
+	const size_t units = (size_t)N * (size_t)(K / 8);
+	const size_t row_bytes = q.fmt == K_Q_INT4 ? (size_t)K / 2 : (size_t)K;
+
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < units;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const int n = (int)(i / (size_t)(K / 8)), k = (int)(i % (size_t)(K / 8)) * 8;
+		const float s = dq_scale(sc, (size_t)(n / q.block_rows) * (size_t)q.scale_cols +
+						     (size_t)(k / q.block_cols));
+		float v[8];
+		uint4 o;
+
+		if (q.fmt == K_Q_INT4) {
+			const uint32_t word = *(const uint32_t *)(w + (size_t)n * row_bytes + k / 2);
+
+#pragma unroll
+			for (int j = 0; j < 8; j++)
+				v[j] = (float)((int)((word >> (4 * j)) & 0xfu) - 8);
+		} else {
+			const uint2 b = *(const uint2 *)(w + (size_t)n * row_bytes + k);
+			const uint32_t words[2] = { b.x, b.y };
+
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				float2 f = lq_e4m3x2((uint16_t)(words[j / 2] >> (16 * (j % 2))));
+
+				v[2 * j] = f.x;
+				v[2 * j + 1] = f.y;
+			}
+		}
+		o.x = (uint32_t)dq_out<F16>(v[0] * s) | (uint32_t)dq_out<F16>(v[1] * s) << 16;
+		o.y = (uint32_t)dq_out<F16>(v[2] * s) | (uint32_t)dq_out<F16>(v[3] * s) << 16;
+		o.z = (uint32_t)dq_out<F16>(v[4] * s) | (uint32_t)dq_out<F16>(v[5] * s) << 16;
+		o.w = (uint32_t)dq_out<F16>(v[6] * s) | (uint32_t)dq_out<F16>(v[7] * s) << 16;
+		*(uint4 *)(dst + (size_t)n * K + k) = o;
+	}
+}
+
+// Any shape: element by element.
+template <typename ST, bool F16>
+static __global__ void dq_generic(uint16_t *__restrict__ dst, const uint8_t *__restrict__ w,
+				  const ST *__restrict__ sc, struct k_quant q, int N, int K)
+{
+	const size_t total = (size_t)N * (size_t)K;
+	const size_t row_bytes = q.fmt == K_Q_INT4 ? (size_t)(K + 7) / 8 * 4 : (size_t)K;
+
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const int n = (int)(i / (size_t)K), k = (int)(i % (size_t)K);
+		const uint8_t *r = w + (size_t)n * row_bytes;
+		const float s = dq_scale(sc, (size_t)(n / q.block_rows) * (size_t)q.scale_cols +
+						     (size_t)(k / q.block_cols));
+		float v = q.fmt == K_Q_INT4 ? (float)((int)((r[k / 2] >> (4 * (k % 2))) & 0xfu) - 8)
+					    : lq_e4m3x2(r[k]).x;
+
+		dst[i] = dq_out<F16>(v * s);
+	}
+}
+
+template <typename ST, bool F16>
+static void dq_launch(cudaStream_t stream, uint16_t *dst, const uint8_t *w, const struct k_quant *q,
+		      int N, int K)
+{
+	const ST *sc = (const ST *)q->scale;
+	const size_t units = (size_t)N * (size_t)K / 8;
+	const unsigned blocks = (unsigned)(units / 256 + 1 < 132 * 16 ? units / 256 + 1 : 132 * 16);
+
+	if (K % 8 == 0 && q->block_cols % 8 == 0 && !((uintptr_t)w & 7) && !((uintptr_t)dst & 15))
+		dq_vec8<ST, F16><<<blocks, 256, 0, stream>>>(dst, w, sc, *q, N, K);
+	else
+		dq_generic<ST, F16><<<blocks, 256, 0, stream>>>(dst, w, sc, *q, N, K);
+}
+
+extern "C" int k_cuda_quant_dequant(cudaStream_t stream, uint16_t *dst, enum k_dtype out,
+				    const void *w, const struct k_quant *q, int N, int K)
+{
+	const uint8_t *wb = (const uint8_t *)w;
+
+	if (!dst || !w || !q || !q->scale || N < 1 || K < 1 || q->block_rows < 1 ||
+	    q->block_cols < 1 || (q->fmt != K_Q_FP8 && q->fmt != K_Q_INT4) ||
+	    (q->scale_dtype != K_F32 && q->scale_dtype != K_F16) || (out != K_BF16 && out != K_F16))
+		return -EINVAL;
+	if (q->scale_dtype == K_F16)
+		out == K_F16 ? dq_launch<__half, true>(stream, dst, wb, q, N, K)
+			     : dq_launch<__half, false>(stream, dst, wb, q, N, K);
+	else
+		out == K_F16 ? dq_launch<float, true>(stream, dst, wb, q, N, K)
+			     : dq_launch<float, false>(stream, dst, wb, q, N, K);
+	cudaError_t e = cudaGetLastError();
+	if (e != cudaSuccess) {
+		k_cuda_log("k_cuda_quant_dequant: launch failed (N %d K %d): %s", N, K,
+			   cudaGetErrorString(e));
+		return -EIO;
+	}
+	return 0;
+}
+
+// dst (n) f16 = src (n) fp32, rounded to nearest even (|x| > 65504 becomes inf).
+static __global__ void lq_to_f16(uint16_t *__restrict__ dst, const float *__restrict__ src, size_t n)
+{
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x)
+		dst[i] = __half_as_ushort(__float2half_rn(src[i]));
+}
+
+// The DEQUANT kind: the weight into wtmp as f16 (value * scale rounded once: 11
+// significant bits, where bf16 keeps 8), x into the context's scratch as f16, then one
+// cuBLAS GEMM with fp32 accumulation. Both kernels go without programmatic dependent
+// launch: wtmp may be what the kernel before reads.
+static int lq_dequant_gemm(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+			   const struct k_quant *q, int M, int N, int K, int accumulate,
+			   uint16_t *wtmp)
+{
+	const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+	const size_t n = (size_t)M * K;
+	cublasStatus_t st;
+	int ret;
+
+	if (M > ctx->max_M || K > ctx->max_K)
+		return -EINVAL;
+	if ((ret = k_cuda_quant_dequant(ctx->stream, wtmp, K_F16, w, q, N, K)))
+		return ret;
+	lq_to_f16<<<(unsigned)(n / 256 + 1 < 1024 ? n / 256 + 1 : 1024), 256, 0, ctx->stream>>>(
+		ctx->xb, x, n);
+	if ((ret = LIN_LAUNCHED(ctx->dev, "lq_to_f16")))
+		return ret;
+	st = cublasGemmEx(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, wtmp, CUDA_R_16F, K,
+			  ctx->xb, CUDA_R_16F, K, &beta, y, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
+			  CUBLAS_GEMM_DEFAULT);
+	if (st != CUBLAS_STATUS_SUCCESS) {
+		k_cuda_log("cublas: cublasGemmEx (f16, M %d N %d K %d) failed on device %d: %s", M, N,
+			   K, ctx->dev, cublasGetStatusString(st));
+		return -EIO;
+	}
+	return 0;
+}
+
+// ---- the choice ------------------------------------------------------------------
+
+extern "C" const char *k_cuda_linear_q_kind_name(enum k_cuda_linear_q_kind kind)
+{
+	switch (kind) {
+	case K_CUDA_LINEAR_Q_STREAM: return "stream";
+	case K_CUDA_LINEAR_Q_MMA: return "mma";
+	case K_CUDA_LINEAR_Q_DEQUANT: return "dequant";
+	case K_CUDA_LINEAR_Q_WARP: return "warp";
+	default: return "?";
+	}
+}
+
+static bool lq_dequant_ok(const struct k_quant *q, int N, int K, size_t wtmp_elems)
+{
+	return wtmp_elems >= (size_t)N * (size_t)K && q &&
+	       (q->scale_dtype == K_F32 || q->scale_dtype == K_F16);
+}
+
+extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *q,
+							  const float *x, const void *w, int M,
+							  int N, int K, size_t wtmp_elems)
+{
+	const int m8 = M < K_CUDA_LINEAR_Q_MMA_MAX_M ? M : K_CUDA_LINEAR_Q_MMA_MAX_M;
+
+	if (M <= K_CUDA_LINEAR_Q_STREAM_MAX_M && k_cuda_linear_q_stream_supports(q, x, w, M, N, K))
+		return K_CUDA_LINEAR_Q_STREAM;
+	if (M <= K_CUDA_LINEAR_Q_PASS_MAX_M && k_cuda_linear_q_mma_supports(q, x, w, m8, N, K))
+		return K_CUDA_LINEAR_Q_MMA;
+	if (lq_dequant_ok(q, N, K, wtmp_elems))
+		return K_CUDA_LINEAR_Q_DEQUANT;
+	return K_CUDA_LINEAR_Q_WARP;
+}
+
+extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_linear *ctx,
+							    const struct k_quant *q, const float *x,
+							    const void *w, int M, int N, int K,
+							    size_t wtmp_elems)
+{
+	enum k_cuda_linear_q_kind kind = k_cuda_linear_q_pick(q, x, w, M, N, K, wtmp_elems);
+
+	if (kind == K_CUDA_LINEAR_Q_STREAM && M > K_CUDA_LINEAR_Q_MMA_MAX_M &&
+	    lq_dequant_ok(q, N, K, wtmp_elems) && M <= ctx->max_M && K <= ctx->max_K &&
+	    k_cuda_lin_qmma_split(ctx, true, q, M, N, K) > K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT)
+		return K_CUDA_LINEAR_Q_DEQUANT;
+	return kind;
+}
+
+extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y,
+				   const float *x, const void *w, const struct k_quant *q, int M,
+				   int N, int K, int accumulate, uint16_t *wtmp, size_t wtmp_elems)
+{
+	bool ready;
+	int ret;
+
+	if (!ctx || !y || !x || !w || !q || M < 1 || N < 1 || K < 1)
+		return -EINVAL;
+	if (kind < 0)
+		kind = k_cuda_linear_q_choose(ctx, q, x, w, M, N, K, wtmp ? wtmp_elems : 0);
+	switch (kind) {
+	case K_CUDA_LINEAR_Q_STREAM:
+	case K_CUDA_LINEAR_Q_MMA: {
+		const bool stream = kind == K_CUDA_LINEAR_Q_STREAM;
+		const int most = stream ? K_CUDA_LINEAR_Q_STREAM_MAX_M : K_CUDA_LINEAR_Q_MMA_MAX_M;
+		const int mp = M < most ? M : most;
+
+		if (stream ? !k_cuda_linear_q_stream_supports(q, x, w, mp, N, K)
+			   : !k_cuda_linear_q_mma_supports(q, x, w, mp, N, K))
+			return -EINVAL;
+		// fp32 x, as the GEMV reads it
+		if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
+			return ret;
+		// mp rows of x a launch (64 STREAM, 8 MMA); more rows read the weights again
+		for (int m0 = 0; m0 < M && !ret; m0 += mp)
+			ret = k_cuda_lin_qmma(ctx, stream, y + (size_t)m0 * N, x + (size_t)m0 * K, w, q,
+					      M - m0 < mp ? M - m0 : mp, N, K, accumulate);
+		return ret;
+	}
+	case K_CUDA_LINEAR_Q_DEQUANT:
+		if (!wtmp || !lq_dequant_ok(q, N, K, wtmp_elems))
+			return -EINVAL;
+		// fp32 x, rounded to f16 into the scratch: the bf16 copy there goes
+		if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
+			return ret;
+		return lq_dequant_gemm(ctx, y, x, w, q, M, N, K, accumulate, wtmp);
+	case K_CUDA_LINEAR_Q_WARP:
+		if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
+			return ret;
+		return k_cuda_linear_q(ctx->stream, y, x, w, q, M, N, K, accumulate);
+	default:
+		return -EINVAL;
+	}
+}
+
+extern "C" void k_cuda_linear_q_describe(const struct k_cuda_linear *ctx,
+					 enum k_cuda_linear_q_kind kind, const struct k_quant *q,
+					 int M, int N, int K, char *buf, size_t len)
+{
+	if (kind == K_CUDA_LINEAR_Q_STREAM || kind == K_CUDA_LINEAR_Q_MMA)
+		k_cuda_lin_qmma_describe(ctx, kind == K_CUDA_LINEAR_Q_STREAM, q, M, N, K, buf, len);
+	else if (kind == K_CUDA_LINEAR_Q_DEQUANT)
+		snprintf(buf, len, "dequant to f16 (%.1f MB written), then cublas f16",
+			 (double)N * K * 2 / 1e6);
+	else
+		snprintf(buf, len, "warp grid=%d", (N + LQ_WARPS - 1) / LQ_WARPS);
 }

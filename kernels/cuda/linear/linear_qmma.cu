@@ -1,0 +1,845 @@
+// The decode GEMV on quantized weights (M <= 8; the streaming form up to 64): fp8 e4m3 or
+// int4 bytes streamed from HBM straight into mma.sync f16 fragments, dequantized in
+// registers; K split over the CTAs of a thread-block cluster and reduced through
+// distributed shared memory in rank order. Measured at M = 64 (H200): the weights are
+// read once, but the kernel is bound by instruction latency (~0.12 MMA a clock per
+// multiprocessor, one CTA of 8 warps each) and by the DSMEM reduction where K is split
+// over 3-8 CTAs: 12-22% of the HBM floor (docs/PERFORMANCE.md, "Quantized weights").
+//
+// Why tensor cores at M = 1: at the HBM floor an SM must take 16 bytes of weights a
+// clock, 16 fp8 or 32 int4 values. The CUDA-core kernel (linear_q.cu) spends a
+// conversion and an fma per value and per x row, and reads 4 bytes of fp32 x for every
+// weight byte: 16-32% (fp8) and 7-13% (int4) of the floor on H200. Here one mma takes
+// 16 x 16 values of 16 rows, x is read from shared memory once per 16 rows, and a value
+// costs half a conversion (two per cvt.rn.f16x2.e4m3x2) or about two operations per
+// pair of nibbles (mask into a 1024 + v half, subtract, scale).
+//
+// Layout. A CTA of 8 warps owns 128 weight rows (one m16 tile per warp) and one K slice
+// [k0, k0 + KC); its x rows [0, M) of that slice sit in shared memory as f16, loaded
+// once (x is rounded to f16: 11 significant bits; |x| above 65504 becomes inf). The S
+// CTAs of a cluster own the S slices of the same rows.
+//
+// Fragments. y^T (N, M) = W (N, K) x^T: W is the A operand (16 rows), x the B operand
+// (8 columns = x rows 0..7). A dot product does not depend on the order of its k, so
+// lane (g, t) loads 16 contiguous bytes of rows g and g + 8 of each 64-byte slab:
+//   fp8: k 16t .. 16t+15 of a 64-k slab; MMA j (0..3) takes k 16t+4j .. 16t+4j+3 as its
+//        k slots {2t, 2t+1, 2t+8, 2t+9}; scales are per slab (block_cols a multiple of
+//        64), applied to the slab's fp32 partial sum.
+//   int4: k 32t .. 32t+31 of a 128-k slab, one group (group a multiple of 32): word q
+//        holds k 8q .. 8q+7, and (w >> 4p) & 0x000f000f pairs nibbles p and p + 4; MMA
+//        j (0..7) takes pairs 2(j&1), 2(j&1)+1 of word j/2. The group scale multiplies
+//        the f16 values before the MMA (exact where the scale is an f16: a 4-bit
+//        integer times 11 significant bits; k_cuda_linear_q_f16_scales says where). x
+//        is stored in shared memory with each octet as k 0 4 1 5 2 6 3 7, so that a
+//        lane's B registers are whole words.
+// The lane's B fragment is x row g at the same k: 16-byte shared-memory loads.
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+#include <cooperative_groups.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/linear/k_cuda_linear_q.h"
+#include "kernels/cuda/linear/linear_internal.h"
+#include "kernels/cuda/ptx.cuh"
+
+namespace cg = cooperative_groups;
+
+#define QM_WARPS	8
+#define QM_THREADS	(QM_WARPS * 32)
+#define QM_ROWS		(QM_WARPS * 16)	/* weight rows per CTA */
+#define QM_SLAB_BYTES	64		/* bytes of a row per slab: 4 lanes x 16 */
+#define QM_U		8		/* slabs in flight per warp: 8 KB */
+#define QM_PREFETCH	1		/* batches of QM_U slabs prefetched before the wait */
+#define QM_MAX_SPLIT	8		/* cluster size: the portable limit */
+#define QM_PSTRIDE	(QM_ROWS + 4)	/* partial tile (m, row) stride, floats */
+#define QM_PART_BYTES	(K_CUDA_LINEAR_Q_MMA_MAX_M * QM_PSTRIDE * 4)
+#define QM_MAX_SMEM	(160 << 10)	/* x slice + partial tile per CTA, bytes */
+
+template <int FMT> struct qm_fmt {
+	static constexpr int SLAB = FMT == K_Q_INT4 ? 128 : 64;	// k per slab
+	static constexpr int VPC = SLAB / 4;			// k per lane and slab
+};
+
+// ---- kernel -------------------------------------------------------------------
+
+struct qm_args {
+	int M, N, K;
+	int KC;			// k per CTA (a multiple of the slab)
+	int KX;			// k of x in shared memory at a time (streaming form, M > 8)
+	int row_bytes;		// bytes of a weight row
+	int block_rows;
+	int bc_shift;		// k >> bc_shift = scale column (31: one column)
+	int scale_cols;
+	int accumulate;
+	int pdl;
+};
+
+static __device__ __forceinline__ void qm_mma(float (&c)[4], uint32_t a0, uint32_t a1,
+					      uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+	    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+	    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Bytes 0,1 and 2,3 of w (e4m3) as two f16 pairs, exactly; the low byte in the low half.
+static __device__ __forceinline__ void qm_e4m3x4(uint32_t w, uint32_t &lo, uint32_t &hi)
+{
+	asm("{\n\t.reg .b16 l, h;\n\t"
+	    "mov.b32 {l, h}, %2;\n\t"
+	    "cvt.rn.f16x2.e4m3x2 %0, l;\n\t"
+	    "cvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+	    : "=r"(lo), "=r"(hi)
+	    : "r"(w));
+}
+
+// Nibbles p and p + 4 of w as (nibble - 8) * s in an f16 pair (low half: nibble p).
+static __device__ __forceinline__ uint32_t qm_i4x2(uint32_t w, int p, __half2 s)
+{
+	const uint32_t v = ((w >> (4 * p)) & 0x000f000fu) | 0x64006400u;	// 1024 + nibble
+	__half2 h;
+	uint32_t r;
+
+	memcpy(&h, &v, 4);
+	h = __hmul2(__hsub2(h, __half2half2(__ushort_as_half((unsigned short)0x6408u))), s);
+	memcpy(&r, &h, 4);
+	return r;
+}
+
+// Index of the 16-byte unit holding x octet u of a row in shared memory: for int4, units
+// 8..15 of every 16 swap halves so that the four lanes of a row (units 4t + q) fall in
+// four different bank groups.
+template <int FMT>
+static __device__ __forceinline__ int qm_xunit(int u)
+{
+	return FMT == K_Q_INT4 ? u ^ (((u >> 3) & 1) << 1) : u;
+}
+
+static __device__ __forceinline__ uint32_t qm_pack_h2(float lo, float hi)
+{
+	__half2 h = __floats2half2_rn(lo, hi);
+	uint32_t u;
+
+	memcpy(&u, &h, 4);
+	return u;
+}
+
+// x rows [0, M), k [k0, k0 + KC) into shared memory as f16 (row stride KC + 8 halves),
+// zeros past K; int4 octets reordered k 0 4 1 5 2 6 3 7.
+template <int FMT>
+static __device__ __forceinline__ void qm_stage_x(uint4 *xs, const float *x, int M, int K,
+						  int k0, int KC)
+{
+	const int per_row = KC / 8, xs_row = (KC + 8) / 8;	// 16-byte units
+
+	for (int i = threadIdx.x; i < M * per_row; i += QM_THREADS) {
+		const int m = i / per_row, u = i % per_row, k = k0 + 8 * u;
+		float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+		uint4 o;
+
+		if (k < K) {	// K % 16 == 0: the octet is all in or all out
+			const float4 *p = (const float4 *)(x + (size_t)m * K + k);
+
+			a = p[0];
+			b = p[1];
+		}
+		if (FMT == K_Q_INT4) {
+			o.x = qm_pack_h2(a.x, b.x);
+			o.y = qm_pack_h2(a.y, b.y);
+			o.z = qm_pack_h2(a.z, b.z);
+			o.w = qm_pack_h2(a.w, b.w);
+		} else {
+			o.x = qm_pack_h2(a.x, a.y);
+			o.y = qm_pack_h2(a.z, a.w);
+			o.z = qm_pack_h2(b.x, b.y);
+			o.w = qm_pack_h2(b.z, b.w);
+		}
+		xs[m * xs_row + qm_xunit<FMT>(u)] = o;
+	}
+}
+
+template <typename ST>
+static __device__ __forceinline__ float qm_scale(const ST *s, size_t i)
+{
+	if constexpr (sizeof(ST) == 2)
+		return __half2float(__ldg((const __half *)s + i));
+	else
+		return __ldg((const float *)s + i);
+}
+
+// The S partial tiles of this CTA's rows, summed in cluster-rank order; rank s writes
+// its 1/S of the (M, 128) outputs.
+template <int NT>
+static __device__ void qm_cluster_reduce(float *y, const float (&acc)[NT][4], float *part,
+					 const qm_args &a, int n0, int warp, int g, int t)
+{
+	cg::cluster_group cluster = cg::this_cluster();
+	const int S = (int)cluster.num_blocks(), s = (int)cluster.block_rank();
+	const int E = a.M * QM_ROWS, per = (E + S - 1) / S, e1 = min(E, (s + 1) * per);
+
+#pragma unroll
+	for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+			const int m = 8 * nt + 2 * t + (c & 1), r = warp * 16 + g + (c >> 1) * 8;
+
+			if (m < a.M)
+				part[m * QM_PSTRIDE + r] = acc[nt][c];
+		}
+	}
+	cluster.sync();
+	for (int e = s * per + (int)threadIdx.x; e < e1; e += QM_THREADS) {
+		const int m = e / QM_ROWS, r = e % QM_ROWS, n = n0 + r;
+
+		if (n < a.N) {
+			float sum = 0.f;
+			float *p = y + (size_t)m * a.N + n;
+
+			for (int q = 0; q < S; q++)
+				sum += cluster.map_shared_rank(part, q)[m * QM_PSTRIDE + r];
+			*p = a.accumulate ? *p + sum : sum;
+		}
+	}
+	cluster.sync();		// the partials stay until every rank has read them
+}
+
+// One slab of the lane's two rows: fp8 into tmp then scaled, int4 scaled values into acc.
+// xp: the lane's first 16-byte unit of x in this slab; sw: the int4 unit swizzle of
+// the lane (qm_xunit: units 4t + q of a 16-unit slab sit at 4t + (q ^ sw)).
+template <int FMT>
+static __device__ __forceinline__ void qm_slab(float (&acc)[4], const uint4 &wa, const uint4 &wb,
+					       float sa, float sb, const uint4 *xp, int sw, bool xin)
+{
+	if (FMT == K_Q_FP8) {
+		float tmp[4] = { 0.f, 0.f, 0.f, 0.f };
+		const uint4 z = make_uint4(0, 0, 0, 0);
+		const uint4 x0 = xin ? xp[0] : z, x1 = xin ? xp[1] : z;
+		const uint32_t wa_[4] = { wa.x, wa.y, wa.z, wa.w }, wb_[4] = { wb.x, wb.y, wb.z, wb.w };
+		const uint32_t xw[8] = { x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w };
+
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			uint32_t a0, a1, a2, a3;
+
+			qm_e4m3x4(wa_[j], a0, a2);
+			qm_e4m3x4(wb_[j], a1, a3);
+			qm_mma(tmp, a0, a1, a2, a3, xw[2 * j], xw[2 * j + 1]);
+		}
+		acc[0] = fmaf(tmp[0], sa, acc[0]);
+		acc[1] = fmaf(tmp[1], sa, acc[1]);
+		acc[2] = fmaf(tmp[2], sb, acc[2]);
+		acc[3] = fmaf(tmp[3], sb, acc[3]);
+	} else {
+		const __half2 ha = __float2half2_rn(sa), hb = __float2half2_rn(sb);
+		const uint32_t wa_[4] = { wa.x, wa.y, wa.z, wa.w }, wb_[4] = { wb.x, wb.y, wb.z, wb.w };
+
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			const uint4 xq = xin ? xp[q ^ sw] : make_uint4(0, 0, 0, 0);
+
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				const int p = 2 * h;
+
+				qm_mma(acc, qm_i4x2(wa_[q], p, ha), qm_i4x2(wb_[q], p, hb),
+				       qm_i4x2(wa_[q], p + 1, ha), qm_i4x2(wb_[q], p + 1, hb),
+				       h ? xq.z : xq.x, h ? xq.w : xq.y);
+			}
+		}
+	}
+}
+
+// qm_slab for NT n8 tiles of x (rows 8 nt + g, nt < NT): each weight fragment is
+// dequantized once and multiplied into every tile. xp: the lane's first unit of x row g
+// in this slab; xs_row: units a row; M: rows of x (tiles past it read zeros).
+template <int FMT, int NT>
+static __device__ __forceinline__ void qw_slab(float (&acc)[NT][4], const uint4 &wa,
+					       const uint4 &wb, float sa, float sb, const uint4 *xp,
+					       int xs_row, int sw, int g, int M)
+{
+	const uint4 z = make_uint4(0, 0, 0, 0);
+	const uint32_t wa_[4] = { wa.x, wa.y, wa.z, wa.w }, wb_[4] = { wb.x, wb.y, wb.z, wb.w };
+
+	if (FMT == K_Q_FP8) {
+		uint32_t af[4][4];
+
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			qm_e4m3x4(wa_[j], af[j][0], af[j][2]);
+			qm_e4m3x4(wb_[j], af[j][1], af[j][3]);
+		}
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++) {
+			const bool in = 8 * nt + g < M;
+			const uint4 *xq = xp + (size_t)8 * nt * xs_row;
+			const uint4 x0 = in ? xq[0] : z, x1 = in ? xq[1] : z;
+			const uint32_t xw[8] = { x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w };
+			float tmp[4] = { 0.f, 0.f, 0.f, 0.f };
+
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+				qm_mma(tmp, af[j][0], af[j][1], af[j][2], af[j][3], xw[2 * j],
+				       xw[2 * j + 1]);
+			acc[nt][0] = fmaf(tmp[0], sa, acc[nt][0]);
+			acc[nt][1] = fmaf(tmp[1], sa, acc[nt][1]);
+			acc[nt][2] = fmaf(tmp[2], sb, acc[nt][2]);
+			acc[nt][3] = fmaf(tmp[3], sb, acc[nt][3]);
+		}
+	} else {
+		const __half2 ha = __float2half2_rn(sa), hb = __float2half2_rn(sb);
+
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			uint32_t af[2][4];
+
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				af[h][0] = qm_i4x2(wa_[q], 2 * h, ha);
+				af[h][1] = qm_i4x2(wb_[q], 2 * h, hb);
+				af[h][2] = qm_i4x2(wa_[q], 2 * h + 1, ha);
+				af[h][3] = qm_i4x2(wb_[q], 2 * h + 1, hb);
+			}
+#pragma unroll
+			for (int nt = 0; nt < NT; nt++) {
+				const uint4 xq = 8 * nt + g < M ? xp[(size_t)8 * nt * xs_row + (q ^ sw)] : z;
+
+				qm_mma(acc[nt], af[0][0], af[0][1], af[0][2], af[0][3], xq.x, xq.y);
+				qm_mma(acc[nt], af[1][0], af[1][1], af[1][2], af[1][3], xq.z, xq.w);
+			}
+		}
+	}
+}
+
+// grid (row blocks, S), cluster (1, S): blockIdx.x the 128 rows, blockIdx.y the K slice
+// and cluster rank. Needs K % 16 (fp8) or % 32 (int4) == 0, w rows and x 16-byte aligned,
+// M <= 8, the scale column constant over a slab (fp8) or a lane's 32 k (int4).
+template <int FMT, typename ST>
+__global__ void __launch_bounds__(QM_THREADS, 2)
+qm_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__restrict__ scale,
+	  qm_args a)
+{
+	using F = qm_fmt<FMT>;
+	extern __shared__ __align__(16) unsigned char qm_smem[];
+	uint4 *xs = (uint4 *)qm_smem;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+	const int n0 = blockIdx.x * QM_ROWS, ra = n0 + warp * 16 + g, rb = ra + 8;
+	const int k0 = blockIdx.y * a.KC, kend = min(a.K, k0 + a.KC);
+	const int ns = k0 < kend ? (kend - k0 + F::SLAB - 1) / F::SLAB : 0;
+	const bool aok = ra < a.N, bok = rb < a.N;
+	const uint8_t *pa = w + (size_t)(aok ? ra : 0) * a.row_bytes + (size_t)(k0 / F::SLAB) * QM_SLAB_BYTES + 16 * t;
+	const uint8_t *pb = w + (size_t)(bok ? rb : 0) * a.row_bytes + (size_t)(k0 / F::SLAB) * QM_SLAB_BYTES + 16 * t;
+	const size_t sra = (size_t)((aok ? ra : 0) / a.block_rows) * a.scale_cols;
+	const size_t srb = (size_t)((bok ? rb : 0) / a.block_rows) * a.scale_cols;
+	const int xs_row = (a.KC + 8) / 8;
+	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
+	uint4 wa[QM_U], wb[QM_U];
+	float sa[QM_U], sb[QM_U];
+
+	// the first slabs into L2 while the previous kernel drains (PDL): weights are constant
+	if (k_cuda_lin_early_cta(a.pdl)) {
+#pragma unroll
+		for (int u = 0; u < QM_U * QM_PREFETCH; u++) {
+			if (u < ns && k0 + u * F::SLAB + t * F::VPC < kend) {
+				if (aok)
+					k_cuda_lin_prefetch(pa + u * QM_SLAB_BYTES);
+				if (bok)
+					k_cuda_lin_prefetch(pb + u * QM_SLAB_BYTES);
+			}
+		}
+	}
+	k_cuda_lin_inputs_ready(a.pdl);	// x and y only from here on
+
+	// slab s of the lane's rows: its 16 bytes and scales (zeros past the slice)
+	auto load = [&](int u, int s) {
+		const int k = k0 + s * F::SLAB + t * F::VPC;
+		const bool in = s < ns && k < kend;
+		// fp8: the slab's scale multiplies a sum over all four lanes' k, so it is
+		// taken whenever the slab is, even where this lane's 16 bytes lie past K
+		const bool sin = FMT == K_Q_INT4 ? in : s < ns;
+		const int sc = (FMT == K_Q_INT4 ? k : k0 + s * F::SLAB) >> a.bc_shift;
+
+		wa[u] = k_cuda_lin_ld_stream(pa + (in ? s : 0) * QM_SLAB_BYTES, in && aok);
+		wb[u] = k_cuda_lin_ld_stream(pb + (in ? s : 0) * QM_SLAB_BYTES, in && bok);
+		sa[u] = sin && aok ? qm_scale(scale, sra + sc) : 0.f;
+		sb[u] = sin && bok ? qm_scale(scale, srb + sc) : 0.f;
+	};
+#pragma unroll
+	for (int u = 0; u < QM_U; u++)
+		load(u, u);
+	qm_stage_x<FMT>(xs, x, a.M, a.K, k0, a.KC);
+	__syncthreads();
+
+	const uint4 *xr = xs + g * xs_row + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
+	const bool xin = g < a.M;
+	const int sw = FMT == K_Q_INT4 ? (t >> 1) << 1 : 0;
+
+	for (int s0 = 0; s0 < ns; s0 += QM_U) {
+#pragma unroll
+		for (int u = 0; u < QM_U; u++) {
+			const int s = s0 + u;
+
+			if (s < ns)
+				qm_slab<FMT>(acc, wa[u], wb[u], sa[u], sb[u], xr + s * (F::SLAB / 8),
+					     sw, xin);
+			if (s + QM_U < ns)
+				load(u, s + QM_U);
+		}
+	}
+
+	if (gridDim.y == 1) {
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+			const int m = 2 * t + (c & 1), n = c < 2 ? ra : rb;
+
+			if (m < a.M && n < a.N) {
+				float *p = y + (size_t)m * a.N + n;
+
+				*p = a.accumulate ? *p + acc[c] : acc[c];
+			}
+		}
+		return;
+	}
+	__syncthreads();	// the x slice is read: its room takes the partial tile
+	qm_cluster_reduce<1>(y, reinterpret_cast<const float (&)[1][4]>(acc), (float *)qm_smem, a,
+			     n0, warp, g, t);
+}
+
+// ---- the streaming form: weights through a cp.async ring in shared memory -------
+//
+// Measured on H200 (bench_cuda_linear_q, first round): qm_kernel's register loads, 64
+// bytes of each of 8 rows per instruction, held every large matrix at 2.0 TB/s (fp8)
+// and 1.7 (int4), 48% and 40% of the floor, whatever the grid. Here each warp copies
+// its 16 rows 128 bytes a row (one whole L2 line; 4 rows per instruction) into its own
+// ring of QS_STAGES stages with cp.async, QS_AHEAD stages in flight from before the
+// wait on the previous kernel (weights are constant), and reads its fragments back
+// with 16-byte shared-memory loads: a stage is two slabs. No CTA-wide barrier in the
+// loop: a warp waits only for its own copies (cp.async.wait_group, __syncwarp).
+
+#define QS_STAGES	4
+#define QS_AHEAD	(QS_STAGES - 1)
+#define QS_ROW		128				/* bytes of a row per stage */
+#define QS_WSTAGE	(16 * QS_ROW)			/* a warp's stage: 2 KB */
+#define QS_RING		(QM_WARPS * QS_STAGES * QS_WSTAGE)	/* 64 KB */
+
+template <int FMT> struct qs_fmt {
+	static constexpr int SK = 2 * qm_fmt<FMT>::SLAB;	// k per stage
+};
+
+// Byte offset of 16-byte unit c of row r in a stage: rows of odd index swap their
+// halves, so that lanes (g, t) and (g + 1, t) of a quarter warp read different banks.
+static __device__ __forceinline__ int qs_off(int r, int c)
+{
+	return r * QS_ROW + ((c ^ ((r & 1) << 2)) << 4);
+}
+
+// Stage i of the warp's 16 rows from row0 into ring slot `slot`: four instructions of
+// 4 rows x 128 bytes; zeros past N and past the slice. EARLY: before the PDL wait.
+template <int FMT, bool EARLY>
+static __device__ __forceinline__ void qs_issue(unsigned char *slot, const uint8_t *w,
+						const qm_args &a, int row0, int kb0, int kb_end,
+						int i, int lane)
+{
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+		const int r = 4 * j + (lane >> 3), c = lane & 7, n = row0 + r;
+		const int kb = kb0 + i * QS_ROW + 16 * c;	// byte of the row
+		const bool ok = n < a.N && kb < kb_end;
+		const uint8_t *src = ok ? w + (size_t)n * a.row_bytes + kb : w;
+
+		if (EARLY)
+			k_cuda_pdl_early_cp16(slot + qs_off(r, c), src, ok);
+		else
+			cp_async16(slot + qs_off(r, c), src, ok);
+	}
+}
+
+// The scales stage i needs of the lane's rows: fp8 one a row (block_cols % 128 == 0 or
+// the whole row), int4 one a row and slab (the lane's 32 k of it); zeros for k past
+// the slice, where no scale is read.
+template <int FMT, typename ST>
+static __device__ __forceinline__ void qs_scales(float (&sr)[4], const ST *scale, const qm_args &a,
+						 size_t sra, size_t srb, bool aok, bool bok,
+						 int k0, int kend, int i, int t)
+{
+	if (FMT == K_Q_FP8) {
+		// stages past the slice (the prologue's, or a CTA whose slice starts past K)
+		// have no scale column: reading one would run past the scale tensor
+		const int k = k0 + i * qs_fmt<FMT>::SK, sc = k >> a.bc_shift;
+
+		sr[0] = aok && k < kend ? qm_scale(scale, sra + sc) : 0.f;
+		sr[1] = bok && k < kend ? qm_scale(scale, srb + sc) : 0.f;
+	} else {
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const int k = k0 + i * qs_fmt<FMT>::SK + h * 128 + 32 * t;
+			const int sc = k >> a.bc_shift;
+
+			sr[2 * h] = aok && k < kend ? qm_scale(scale, sra + sc) : 0.f;
+			sr[2 * h + 1] = bok && k < kend ? qm_scale(scale, srb + sc) : 0.f;
+		}
+	}
+}
+
+// NT n8 tiles of x rows (M <= 8 NT). NT = 1: the decode GEMV, x slice [k0, k0 + KC) in
+// shared memory at once. NT > 1 (8 < M <= 64): every weight fragment is dequantized
+// once for all M rows (the weights are read once whatever M), and x goes into shared
+// memory KX k at a time (an M = 64 slice does not fit beside the ring), the CTA's warps
+// meeting at a barrier between chunks; one CTA a multiprocessor.
+template <int FMT, typename ST, int NT>
+__global__ void __launch_bounds__(QM_THREADS, NT == 1 ? 2 : 1)
+qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__restrict__ scale,
+	  qm_args a)
+{
+	using F = qm_fmt<FMT>;
+	constexpr int SK = qs_fmt<FMT>::SK, VPB = FMT == K_Q_INT4 ? 2 : 1;	// values a byte
+	extern __shared__ __align__(16) unsigned char qm_smem[];
+	uint4 *xs = (uint4 *)(qm_smem + QS_RING);
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+	const int n0 = blockIdx.x * QM_ROWS, row0 = n0 + warp * 16, ra = row0 + g, rb = ra + 8;
+	const int k0 = blockIdx.y * a.KC, kend = min(a.K, k0 + a.KC);
+	const int nst = k0 < kend ? (kend - k0 + SK - 1) / SK : 0;
+	const int kb0 = k0 / VPB, kb_end = kend / VPB;	// in bytes of a row
+	const bool aok = ra < a.N, bok = rb < a.N;
+	const size_t sra = (size_t)((aok ? ra : 0) / a.block_rows) * a.scale_cols;
+	const size_t srb = (size_t)((bok ? rb : 0) / a.block_rows) * a.scale_cols;
+	const int KX = NT == 1 ? a.KC : a.KX, xs_row = (KX + 8) / 8, spc = KX / SK;
+	unsigned char *ring = qm_smem + warp * QS_STAGES * QS_WSTAGE;
+	float acc[NT][4] = {};
+	float sr[QS_STAGES][4];
+
+	// weights are constant: the first stages stream in while the previous kernel drains
+#pragma unroll
+	for (int i = 0; i < QS_AHEAD; i++) {
+		if (i < nst)
+			qs_issue<FMT, true>(ring + i * QS_WSTAGE, w, a, row0, kb0, kb_end, i, lane);
+		cp_async_commit();
+	}
+	k_cuda_lin_inputs_ready(a.pdl);	// x and y only from here on
+#pragma unroll
+	for (int i = 0; i < QS_AHEAD; i++)
+		qs_scales<FMT, ST>(sr[i], scale, a, sra, srb, aok, bok, k0, kend, i, t);
+	qm_stage_x<FMT>(xs, x, a.M, a.K, k0, KX);
+	__syncthreads();
+
+	const uint4 *xr = xs + g * xs_row + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
+	const bool xin = g < a.M;
+	const int sw = FMT == K_Q_INT4 ? (t >> 1) << 1 : 0;
+	int ic = 0;	// the first stage of the x chunk in shared memory
+
+	for (int i0 = 0; i0 < nst; i0 += QS_STAGES) {
+#pragma unroll
+		for (int j = 0; j < QS_STAGES; j++) {
+			const int i = i0 + j, nx = (j + QS_AHEAD) % QS_STAGES;
+
+			if (i >= nst)
+				break;
+			if (NT > 1 && i - ic == spc) {	// the next chunk of x (i: the same in the CTA)
+				ic = i;
+				__syncthreads();	// every warp is done with the last one
+				qm_stage_x<FMT>(xs, x, a.M, a.K, k0 + i * SK, KX);
+				__syncthreads();
+			}
+			cp_async_wait<QS_AHEAD - 1>();	// stage i is here
+			__syncwarp();			// ... for every lane; slot nx is read
+			if (i + QS_AHEAD < nst) {
+				qs_issue<FMT, false>(ring + nx * QS_WSTAGE, w, a, row0, kb0, kb_end,
+						     i + QS_AHEAD, lane);
+				qs_scales<FMT, ST>(sr[nx], scale, a, sra, srb, aok, bok, k0, kend,
+						   i + QS_AHEAD, t);
+			}
+			cp_async_commit();
+			const unsigned char *st = ring + j * QS_WSTAGE;
+
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				const uint4 wa = *(const uint4 *)(st + qs_off(g, 4 * h + t));
+				const uint4 wb = *(const uint4 *)(st + qs_off(g + 8, 4 * h + t));
+				const float sa = FMT == K_Q_INT4 ? sr[j][2 * h] : sr[j][0];
+				const float sb = FMT == K_Q_INT4 ? sr[j][2 * h + 1] : sr[j][1];
+
+				if constexpr (NT == 1)
+					qm_slab<FMT>(acc[0], wa, wb, sa, sb,
+						     xr + (2 * i + h) * (F::SLAB / 8), sw, xin);
+				else
+					qw_slab<FMT, NT>(acc, wa, wb, sa, sb,
+							 xr + (2 * (i - ic) + h) * (F::SLAB / 8), xs_row,
+							 sw, g, a.M);
+			}
+		}
+	}
+	cp_async_wait<0>();
+
+	if (gridDim.y == 1) {
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+			for (int c = 0; c < 4; c++) {
+				const int m = 8 * nt + 2 * t + (c & 1), n = c < 2 ? ra : rb;
+
+				if (m < a.M && n < a.N) {
+					float *p = y + (size_t)m * a.N + n;
+
+					*p = a.accumulate ? *p + acc[nt][c] : acc[nt][c];
+				}
+			}
+		}
+		return;
+	}
+	__syncthreads();	// every warp is past its ring: it takes the partial tile (M x
+				// 132 floats <= 33 KB of the 64 KB ring)
+	qm_cluster_reduce<NT>(y, acc, (float *)qm_smem, a, n0, warp, g, t);
+}
+
+// ---- launchers ----------------------------------------------------------------
+
+#define QS_MAX_SMEM	(200 << 10)	/* the streaming form: ring + x slice, bytes */
+#define QS_SMEM_2CTA	(113 << 10)	/* two CTAs fit a multiprocessor up to this */
+
+static int qm_pow2_shift(int v)
+{
+	int s = 0;
+
+	while ((1 << s) < v)
+		s++;
+	return (1 << s) == v ? s : -1;
+}
+
+// The shift that maps k to its scale column, or -1 where the scales do not fit the
+// kernel: one column per `unit` k (fp8: a 64-k slab, or 128 for the streaming form's
+// stage; int4: a lane's 32 k); powers of two, or one column for the row.
+static int qm_bc_shift(const struct k_quant *q, int K, int unit)
+{
+	int sh;
+
+	if (q->block_cols >= K)
+		return 31;
+	sh = qm_pow2_shift(q->block_cols);
+	return sh >= 0 && q->block_cols % unit == 0 ? sh : -1;
+}
+
+static int qm_unit(const struct k_quant *q, bool stream)
+{
+	return q->fmt == K_Q_INT4 ? 32 : stream ? 128 : 64;
+}
+
+static int qm_smem_bytes(int M, int KC, bool stream)
+{
+	int xb = M * (KC + 8) * 2;
+
+	if (stream)
+		return QS_RING + xb;
+	return xb > QM_PART_BYTES ? xb : QM_PART_BYTES;
+}
+
+// The streaming form's x chunk at M > 8: KC, or the most whole units that fit beside
+// the ring.
+static int qs_kx(int M, int KC, int unit)
+{
+	const int most = ((QS_MAX_SMEM - QS_RING) / (2 * M) - 8) / unit * unit;
+
+	return M <= K_CUDA_LINEAR_Q_MMA_MAX_M || KC <= most ? KC : most;
+}
+
+static bool qm_args_ok(const struct k_quant *q, const float *x, const void *w, int M, int N, int K,
+		       bool stream)
+{
+	return q && x && w && M >= 1 &&
+	       M <= (stream ? K_CUDA_LINEAR_Q_STREAM_MAX_M : K_CUDA_LINEAR_Q_MMA_MAX_M) && N >= 1 && K >= 1 &&
+	       q->block_rows >= 1 && q->block_cols >= 1 && q->scale &&
+	       (q->scale_dtype == K_F32 || q->scale_dtype == K_F16) && !((uintptr_t)x & 15) &&
+	       !((uintptr_t)w & 15) && ((q->fmt == K_Q_FP8 && K % 16 == 0) ||
+					(q->fmt == K_Q_INT4 && K % 32 == 0));
+}
+
+extern "C" int k_cuda_linear_q_mma_supports(const struct k_quant *q, const float *x,
+					    const void *w, int M, int N, int K)
+{
+	return qm_args_ok(q, x, w, M, N, K, false) && qm_bc_shift(q, K, qm_unit(q, false)) >= 0;
+}
+
+extern "C" int k_cuda_linear_q_stream_supports(const struct k_quant *q, const float *x,
+					       const void *w, int M, int N, int K)
+{
+	return qm_args_ok(q, x, w, M, N, K, true) && qm_bc_shift(q, K, qm_unit(q, true)) >= 0;
+}
+
+struct qm_plan {
+	int blocks, S, KC, KX, smem, slots;
+};
+
+// CTAs of `smem` bytes resident on the GPU at once (the streaming form at M > 8: one a
+// multiprocessor, its launch bounds).
+static int qm_slots(const struct k_cuda_linear *ctx, int smem, bool stream, int M)
+{
+	int bps = stream ? (smem <= QS_SMEM_2CTA && M <= K_CUDA_LINEAR_Q_MMA_MAX_M ? 2 : 1)
+			 : ctx->qm_bps;
+
+	return (bps > 0 ? bps : 1) * ctx->n_sm;
+}
+
+// The split: S CTAs per 128 rows, the most (up to 8) whose CTAs are all resident at
+// once; S = 1 where even that is more than a wave. Then as many more as the x slice
+// needs to fit in shared memory (the streaming form at M > 8 takes x in chunks
+// instead: qs_kx). unit: k per slab (per stage, streaming).
+static int qm_make_plan(const struct k_cuda_linear *ctx, int unit, bool stream, int M, int N,
+			int K, struct qm_plan *p)
+{
+	const int nu = (K + unit - 1) / unit, max_smem = stream ? QS_MAX_SMEM : QM_MAX_SMEM;
+
+	p->blocks = (N + QM_ROWS - 1) / QM_ROWS;
+	p->S = 1;
+	for (;;) {
+		const int S = p->S + 1, kc = (nu + S - 1) / S * unit;
+		const int kx = stream ? qs_kx(M, kc, unit) : kc;
+
+		if (S > QM_MAX_SPLIT || S > nu ||
+		    (long)p->blocks * S > (long)qm_slots(ctx, qm_smem_bytes(M, kx, stream), stream, M))
+			break;
+		p->S = S;
+	}
+	for (;;) {
+		p->KC = (nu + p->S - 1) / p->S * unit;
+		p->KX = stream ? qs_kx(M, p->KC, unit) : p->KC;
+		p->smem = qm_smem_bytes(M, p->KX, stream);
+		p->slots = qm_slots(ctx, p->smem, stream, M);
+		if (p->KX < unit)
+			return -EINVAL;
+		if (p->smem <= max_smem)
+			return 0;
+		if (p->S >= QM_MAX_SPLIT || p->S >= nu)
+			return -EINVAL;
+		p->S++;
+	}
+}
+
+template <int FMT, typename ST, bool STREAM>
+static int qm_launch(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+		     const struct k_quant *q, int M, int N, int K, int accumulate)
+{
+	const int unit = STREAM ? qs_fmt<FMT>::SK : qm_fmt<FMT>::SLAB;
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute attr[2] = {};
+	struct qm_plan p;
+	qm_args a;
+
+	if (qm_make_plan(ctx, unit, STREAM, M, N, K, &p))
+		return -EINVAL;
+	a = qm_args{ M, N, K, p.KC, p.KX, (int)k_quant_row_bytes(q->fmt, K), q->block_rows,
+		     qm_bc_shift(q, K, qm_unit(q, STREAM)), (int)q->scale_cols, accumulate,
+		     ctx->pdl ? (p.slots < p.blocks * p.S ? p.slots : p.blocks * p.S) : 0 };
+	cfg.gridDim = dim3(p.blocks, p.S, 1);
+	cfg.blockDim = dim3(QM_THREADS, 1, 1);
+	cfg.dynamicSmemBytes = p.smem;
+	cfg.stream = ctx->stream;
+	cfg.attrs = attr;
+	if (p.S > 1) {
+		attr[0].id = cudaLaunchAttributeClusterDimension;
+		attr[0].val.clusterDim.x = 1;
+		attr[0].val.clusterDim.y = p.S;
+		attr[0].val.clusterDim.z = 1;
+		cfg.numAttrs = 1;
+	}
+	cfg.numAttrs += k_cuda_lin_pdl_attr(ctx, attr + cfg.numAttrs);
+	if (STREAM) {
+		const uint8_t *wb = (const uint8_t *)w;
+		const ST *sc = (const ST *)q->scale;
+
+		if (M <= 8)
+			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 1>, y, x, wb, sc, a));
+		if (M <= 16)
+			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 2>, y, x, wb, sc, a));
+		if (M <= 32)
+			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 4>, y, x, wb, sc, a));
+		return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 8>, y, x, wb, sc, a));
+	}
+	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qm_kernel<FMT, ST>, y, x,
+						     (const uint8_t *)w, (const ST *)q->scale, a));
+}
+
+template <int FMT, typename ST> static int qm_setup_one(struct k_cuda_linear *ctx)
+{
+	int bps = 0, ret;
+
+	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qm_kernel<FMT, ST>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize, QM_MAX_SMEM));
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<FMT, ST, 1>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize, QS_MAX_SMEM));
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<FMT, ST, 2>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize, QS_MAX_SMEM));
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<FMT, ST, 4>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize, QS_MAX_SMEM));
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<FMT, ST, 8>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize, QS_MAX_SMEM));
+	if (!ret)	// at a typical slice: 8 rows of 1024 k
+		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps,
+					qm_kernel<FMT, ST>, QM_THREADS, qm_smem_bytes(8, 1024, false)));
+	if (!ret && (ctx->qm_bps == 0 || bps < ctx->qm_bps))
+		ctx->qm_bps = bps > 0 ? bps : 1;
+	return ret;
+}
+
+int k_cuda_lin_qmma_setup(struct k_cuda_linear *ctx)
+{
+	int ret = qm_setup_one<K_Q_FP8, float>(ctx);
+
+	if (!ret)
+		ret = qm_setup_one<K_Q_FP8, __half>(ctx);
+	if (!ret)
+		ret = qm_setup_one<K_Q_INT4, float>(ctx);
+	if (!ret)
+		ret = qm_setup_one<K_Q_INT4, __half>(ctx);
+	return ret;
+}
+
+template <bool STREAM>
+static int qm_dispatch(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+		       const struct k_quant *q, int M, int N, int K, int accumulate)
+{
+	if (q->fmt == K_Q_INT4)
+		return q->scale_dtype == K_F16
+			       ? qm_launch<K_Q_INT4, __half, STREAM>(ctx, y, x, w, q, M, N, K, accumulate)
+			       : qm_launch<K_Q_INT4, float, STREAM>(ctx, y, x, w, q, M, N, K, accumulate);
+	return q->scale_dtype == K_F16
+		       ? qm_launch<K_Q_FP8, __half, STREAM>(ctx, y, x, w, q, M, N, K, accumulate)
+		       : qm_launch<K_Q_FP8, float, STREAM>(ctx, y, x, w, q, M, N, K, accumulate);
+}
+
+int k_cuda_lin_qmma(const struct k_cuda_linear *ctx, bool stream, float *y, const float *x,
+		    const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
+{
+	return stream ? qm_dispatch<true>(ctx, y, x, w, q, M, N, K, accumulate)
+		      : qm_dispatch<false>(ctx, y, x, w, q, M, N, K, accumulate);
+}
+
+int k_cuda_lin_qmma_split(const struct k_cuda_linear *ctx, bool stream, const struct k_quant *q,
+			  int M, int N, int K)
+{
+	const int unit = q->fmt == K_Q_INT4 ? (stream ? 256 : 128) : (stream ? 128 : 64);
+	struct qm_plan p;
+
+	return qm_make_plan(ctx, unit, stream, M, N, K, &p) ? 0 : p.S;
+}
+
+int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, bool stream,
+			     const struct k_quant *q, int M, int N, int K, char *buf, size_t len)
+{
+	const int unit = q->fmt == K_Q_INT4 ? (stream ? 256 : 128) : (stream ? 128 : 64);
+	struct qm_plan p;
+
+	if (qm_make_plan(ctx, unit, stream, M, N, K, &p))
+		return snprintf(buf, len, "%s: no plan (x slice too large)", stream ? "qstream" : "qmma");
+	if (p.KX < p.KC)
+		return snprintf(buf, len, "%s grid=%dx%d k/slice=%d x in %d-k chunks smem=%d",
+				stream ? "qstream" : "qmma", p.blocks, p.S, p.KC, p.KX, p.smem);
+	return snprintf(buf, len, "%s grid=%dx%d k/slice=%d smem=%d", stream ? "qstream" : "qmma",
+			p.blocks, p.S, p.KC, p.smem);
+}
