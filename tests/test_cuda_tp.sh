@@ -30,16 +30,6 @@ if ! "$B/kdbench" generate --model "$G/llama3" --backend cuda --prompt 1 --max-t
 	exit 77
 fi
 
-# rows of two raw fp32 files of V columns: the worst relative L2 per row
-worst_rel() {
-	od -An -v -f -w4 "$1" >"$tmp/a.txt"
-	od -An -v -f -w4 "$2" >"$tmp/b.txt"
-	paste "$tmp/a.txt" "$tmp/b.txt" | awk -v V="$3" '
-		{ d = $1 - $2; num += d * d; den += $2 * $2; n++
-		  if (n % V == 0) { r = den > 0 ? sqrt(num / den) : sqrt(num); if (r > w) w = r; num = den = 0 } }
-		END { if (n == 0 || n % V) print "nan"; else printf "%.3g\n", w }'
-}
-
 vocab_of() {
 	python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$1/config.json" 2>/dev/null ||
 		sed -n 's/.*"vocab_size": *\([0-9]*\).*/\1/p' "$1/config.json" | head -n 1

@@ -89,6 +89,17 @@ kdecd_stop() {
 	return $st
 }
 
+# worst_rel A B V: the worst relative L2 over the rows of two raw fp32 files of V
+# columns ("nan" when their sizes do not make whole rows)
+worst_rel() {
+	od -An -v -f -w4 "$1" >"$tmp/a.txt"
+	od -An -v -f -w4 "$2" >"$tmp/b.txt"
+	paste "$tmp/a.txt" "$tmp/b.txt" | awk -v V="$3" '
+		{ d = $1 - $2; num += d * d; den += $2 * $2; n++
+		  if (n % V == 0) { r = den > 0 ? sqrt(num / den) : sqrt(num); if (r > w) w = r; num = den = 0 } }
+		END { if (n == 0 || n % V) print "nan"; else printf "%.3g\n", w }'
+}
+
 # The verdict: the counts on stderr; the exit status (0, 1, or 77 after a skip).
 verdict() {
 	echo "$test_name: $passes passed, $fails failed, $skips skipped" >&2

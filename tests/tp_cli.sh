@@ -10,16 +10,6 @@ test_name=tp_cli
 G=$top_srcdir/tests/data/golden
 IDS=5,17,300,2,9,33,70,41,8,250
 
-# rows of two raw fp32 files of VOCAB columns: the worst relative L2 per row
-worst_rel() {
-	od -An -v -f -w4 "$1" >"$tmp/a.txt"
-	od -An -v -f -w4 "$2" >"$tmp/b.txt"
-	paste "$tmp/a.txt" "$tmp/b.txt" | awk -v V="$3" '
-		{ d = $1 - $2; num += d * d; den += $2 * $2; n++
-		  if (n % V == 0) { r = den > 0 ? sqrt(num / den) : sqrt(num); if (r > w) w = r; num = den = 0 } }
-		END { if (n == 0 || n % V) print "nan"; else printf "%.3g\n", w }'
-}
-
 # ---- kdbench logits: tp 2 and 4 against tp 1, prefill and incremental ----
 for model in llama3 qwen3_moe deepseek_v3; do
 	for mode in "" --incremental; do
