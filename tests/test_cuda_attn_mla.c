@@ -6,8 +6,11 @@
  * folded into the expand, the carveout), the knobs side by side on DeepSeek-V2-Lite's
  * layer, and mla_post's work in the absorb launch against the two launches it
  * replaces, bit for bit. One line per case. Skips (77) without CUDA or a GPU.
- * KD_TEST_QUICK=1: only the small cases (for compute-sanitizer); KD_TEST_SEED=n: repeat
- * a run. Timings: tests/bench/bench_cuda_attn. */
+ * KD_TEST_QUICK=1: only the small cases (for compute-sanitizer); KD_TEST_QUICK=2 (race):
+ * under each knob variant a few cases that reach the code the knob changes (batch 1 as
+ * a graph sizes it, the expand's clusters, 64 rows, an odd shape, a graph), not the
+ * whole list: racecheck tracks every shared-memory access, and the quick list alone
+ * took over 380 s under it. KD_TEST_SEED=n: repeat a run. Timings: tests/bench/bench_cuda_attn. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +30,8 @@
 #include "tests/attnfold.h"
 
 static int quick;	/* KD_TEST_QUICK */
+static int race;	/* KD_TEST_QUICK=2 */
+static int in_variant;	/* test_mla under a knob variant (mla_variant) */
 
 /* ---- MLA ------------------------------------------------------------------ */
 
@@ -215,6 +220,15 @@ static void test_mla(void)
 		clu4 = { 3, 16, 4, 64, 100 };
 	int run = 64, pos = quick ? 100 : 4000, runs[] = { 20, 1, 9 }, pos3[] = { 50, 7, 0 };
 
+	if (race && in_variant) {
+		mla_case(lite, 64, rows_decode(1, 1040, 0, 4096), 0);
+		mla_case(lite, 64, rows_decode(64, 40, 1, 64), 0);
+		mla_case(odd, 7, rows_decode(7, 200, 1, 1000), 0);
+		mla_case(clu2, 16, rows_decode(1, 700, 0, 4096), 0);
+		mla_case(clu4, 16, rows_decode(9, 300, 1, 4096), 0);
+		mla_graph_case(lite, 64, 1, 256);
+		return;
+	}
 	mla_case(lite, 64, rows_decode(1, 1, 0, 1), 0);
 	mla_case(lite, 64, rows_decode(1, quick ? 300 : 1000, 0, 1000), 0);
 	/* batch 1 as a graph sizes it: 128 splits of 32 tokens, 33 live (the fold's 32
@@ -274,7 +288,9 @@ static void mla_variant(const struct k_cuda_tuning *t, const char *path)
 {
 	k_cuda_tuning_set(t);
 	attn_path = path;
+	in_variant = 1;
 	test_mla();
+	in_variant = 0;
 }
 
 /* The tensor-core kernels under each of their knobs, from mma (the pass's tuning):
@@ -325,6 +341,7 @@ int main(void)
 	if (!test_gpu_present("test_cuda_attn_mla"))
 		return 77;
 	quick = test_env_flag("KD_TEST_QUICK");
+	race = quick >= 2;
 	if (attn_begin("test_cuda_attn_mla", quick))
 		return 1;
 	attn_pass(0);

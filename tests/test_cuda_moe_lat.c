@@ -21,7 +21,12 @@
  * M 1 takes the single-row gate/up (moe_small_m1.cuh), the others the general one.
  * - 9 rows (past K_CUDA_MOE_LAT_MAX_ROWS) declines (1) and leaves y as it was.
  * Experts nobody chose point at NaN weights, so reading one fails. Skips (77) without
- * CUDA or a GPU. The timings: tests/bench/bench_cuda_moe ("moe_lat" lines). */
+ * CUDA or a GPU. The timings: tests/bench/bench_cuda_moe ("moe_lat" lines).
+ * KD_TEST_QUICK=1 (compute-sanitizer's racecheck, whose cost grows with every shared
+ * memory access: the full shapes took 380 s for 5 cases): each model's routing as it is
+ * (experts, top-k, groups, bias: the same warp picks and plans), hidden 512, expert and
+ * shared widths 128 and 256, M 1, 2 and 8 (the single-row and general gate/up, the most
+ * rows), 3 repeats. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,11 +50,13 @@
 #define Y_TOL 1e-4
 #define N_SETS 2		/* distinct expert weight sets; expert e uses set e % N_SETS */
 #define REPEATS 40
+#define QUICK_REPEATS 3
 
 static unsigned long long seed = 0x1a7e5c7ull;
 static cudaStream_t stream;
 static struct k_pool *pool;
 static struct k_cuda_linear *lin;
+static int repeats = REPEATS;	/* QUICK_REPEATS under KD_TEST_QUICK */
 
 struct lat_model {
 	const char *name;
@@ -289,7 +296,7 @@ static void test_case(const struct lat_model *s, const struct lat_weights *w,
 	d.pf.bytes[0] = sizeof(uint16_t) * s->n_experts * s->hidden;
 	d.pf.p[1] = d.x;
 	d.pf.bytes[1] = sizeof(float) * nx;
-	for (int r = 0; r < REPEATS && same_rep; r++) {
+	for (int r = 0; r < repeats && same_rep; r++) {
 		CU(cudaMemcpy(d.y2, y0, sizeof(float) * nx, cudaMemcpyHostToDevice));
 		ret = lat_call(s, w, ws, &d, d.y2, M);
 		CU(cudaStreamSynchronize(stream));
@@ -302,7 +309,7 @@ static void test_case(const struct lat_model *s, const struct lat_weights *w,
 	printf("%-10s %-18s M %d  logits %.2g  ids differ %d  weights %.2g  y rel_l2 %.3g  "
 	       "standard: logits %s, y %s  %d repeats %s  %s\n", "moe_lat", s->name, M, e_lg, id_bad,
 	       max_w, e_y, same_lg ? "same bits" : "DIFFER", same_std ? "same bits" : "DIFFER",
-	       REPEATS, same_rep ? "same" : "DIFFER", ok ? "PASS" : "FAIL");
+	       repeats, same_rep ? "same" : "DIFFER", ok ? "PASS" : "FAIL");
 	CHECK(e_lg <= LOGIT_TOL, "%s M %d: logits rel L2 %.3g", s->name, M, e_lg);
 	CHECK(!id_bad && max_w <= W_TOL, "%s M %d: %d ids differ, weights %.3g", s->name, M,
 	      id_bad, max_w);
@@ -381,18 +388,34 @@ static const struct lat_model models[] = {
 	  { 384, 8, K_MOE_SIGMOID, K_MOE_GROUP_TOP2, 1, 1, 1, 2.827f, NULL } },
 };
 
+/* The racecheck-sized form of model m (KD_TEST_QUICK): its routing whole, its widths cut. */
+static struct lat_model quick_model(const struct lat_model *m)
+{
+	struct lat_model q = *m;
+
+	q.hidden = 512;
+	q.inter = 128;
+	q.shared = m->shared ? 256 : 0;
+	return q;
+}
+
 int main(void)
 {
-	static const int rows[] = { 1, 2, 5, 8 };
+	static const int rows[] = { 1, 2, 5, 8 }, quick_rows[] = { 1, 2, 8 };
+	int quick = test_env_flag("KD_TEST_QUICK");
+	const int *rs = quick ? quick_rows : rows;
+	size_t n_rows = quick ? sizeof(quick_rows) / sizeof(quick_rows[0]) : sizeof(rows) / sizeof(rows[0]);
 
 	if (!test_gpu_present("test_cuda_moe_lat"))
 		return 77;
+	if (quick)
+		repeats = QUICK_REPEATS;
 	CU(cudaStreamCreate(&stream));
 	if (k_pool_create(&pool, 16))
 		return 1;
 	CHECK(k_cuda_linear_create(&lin, stream, K_CUDA_MOE_LAT_MAX_ROWS, 7168) == 0, "linear context");
 	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++) {
-		const struct lat_model *s = &models[i];
+		const struct lat_model sq = quick_model(&models[i]), *s = quick ? &sq : &models[i];
 		struct k_cuda_moe_ws *ws = NULL;
 		struct lat_weights w;
 
@@ -400,8 +423,8 @@ int main(void)
 		CHECK(k_cuda_moe_ws_create(&ws, K_CUDA_MOE_LAT_MAX_ROWS + 1, s->top_k, s->n_experts,
 					   s->hidden, s->inter, s->shared) == 0, "%s: workspace",
 		      s->name);
-		for (size_t r = 0; ws && r < sizeof(rows) / sizeof(rows[0]); r++)
-			test_case(s, &w, ws, rows[r]);
+		for (size_t r = 0; ws && r < n_rows; r++)
+			test_case(s, &w, ws, rs[r]);
 		if (ws)
 			test_decline(s, &w, ws);
 		k_cuda_moe_ws_destroy(ws);
