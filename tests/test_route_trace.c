@@ -39,6 +39,24 @@ static void scaled_row(float *out, const float *base, double f)
 		out[(size_t)3 * vocab + v] *= (float)(1 + f);
 }
 
+/* The bf16-precision cause and its near misses: the row (got), the CPU run with the GPU's
+ * GEMM inputs (cpux) and the GPU run with nothing rounded (gx; < 0: none), in tolerances
+ * from the reference row; what the judge must say. */
+struct precision_case {
+	const char *name;
+	double got, cpux, gx;
+	int fails, gemm_ok;
+};
+
+static const struct precision_case precision[] = {
+	{ "gemm inputs", 2.0, 1.6, -1, 0, 1 },		/* cpux 0.4 tol from the row */
+	{ "gemm inputs not it", 2.0, 0.4, -1, 1, 0 },	/* cpux 1.6 tol from the row */
+	{ "gemm inputs too small", 1.2, 0.3, -1, 1, 0 },	/* rounding moves the row 0.3 tol */
+	{ "precision room", 2.5, 1.0, 0, 0, 1 },	/* room tol + 2 x 1 = 3 tol */
+	{ "precision room too small", 2.5, 0.2, 0, 1, 0 },	/* room 1.4 tol */
+	{ "precision, kernels off", 2.5, 1.0, 1.5, 1, 0 },	/* gx 1.5 tol from the CPU */
+};
+
 /* The two causes besides a flip (goldenflip.h), with the own routing (no flip) and base
  * as the reference: the bf16 cache (the forced CPU row itself half the tolerance off)
  * and bf16 precision (the CPU row with the GPU's GEMM inputs close, or the GPU with
@@ -66,46 +84,26 @@ static void check_causes(const float *base, const struct flip_row *rows,
 	CHECK(fails == 1 && st.cache_ok == 0, "a row the cache moves only 0.2 tol: a kernel error (%d)",
 	      fails);
 
-	/* the GEMM inputs: the forced CPU run that rounds them as the GPU does (cpux) */
-	scaled_row(got, base, 2 * TOL);
+	/* bf16 precision, with the CPU row as the reference (cpu = base, so the cache
+	 * explains nothing): the forced CPU run that rounds the GEMM inputs as the GPU does
+	 * (cpux), and the GPU with nothing rounded (gx, room tol + 2 x |cpux - cpu|) */
 	memcpy(cpu, base, sizeof(float) * n);
-	scaled_row(cpux, base, 1.6 * TOL);
-	fails = flip_judge("gemm inputs", got, base, cpu, cpux, NULL, rows, n_toks, vocab, TOL, rec,
-			   rec, route, bias_of, NULL, &st);
-	CHECK(fails == 0 && st.gemm_ok == 1 && st.cache_ok == 0,
-	      "2 tol off, the CPU with the GPU's GEMM inputs 1.6 tol off and 0.4 from it: the GEMM "
-	      "inputs (%d failed)", fails);
-	scaled_row(cpux, base, 0.4 * TOL);
-	fails = flip_judge("gemm inputs not it", got, base, cpu, cpux, NULL, rows, n_toks, vocab, TOL,
-			   rec, rec, route, bias_of, NULL, &st);
-	CHECK(fails == 1 && st.gemm_ok == 0, "the CPU with the GPU's GEMM inputs 1.6 tol from the "
-	      "row explains nothing (%d)", fails);
-	scaled_row(got, base, 1.2 * TOL);
-	scaled_row(cpux, base, 0.3 * TOL);
-	fails = flip_judge("gemm inputs too small", got, base, cpu, cpux, NULL, rows, n_toks, vocab,
-			   TOL, rec, rec, route, bias_of, NULL, &st);
-	CHECK(fails == 1 && st.gemm_ok == 0, "GEMM inputs that move the CPU row only 0.3 tol: a "
-	      "kernel error (%d)", fails);
-	/* the GPU with nothing rounded right, and the row within tol + 2 x how far the
-	 * GEMM inputs' rounding moves the CPU row: the GPU's precision */
-	scaled_row(got, base, 2.5 * TOL);
-	scaled_row(cpux, base, 1.0 * TOL);
-	memcpy(gx, base, sizeof(float) * n);
-	fails = flip_judge("precision room", got, base, cpu, cpux, gx, rows, n_toks, vocab, TOL, rec,
-			   rec, route, bias_of, NULL, &st);
-	CHECK(fails == 0 && st.gemm_ok == 1, "2.5 tol off, 3 tol of room (rounding moves the CPU "
-	      "row 1 tol): the GPU's precision (%d failed)", fails);
-	scaled_row(cpux, base, 0.2 * TOL);
-	fails = flip_judge("precision room too small", got, base, cpu, cpux, gx, rows, n_toks, vocab,
-			   TOL, rec, rec, route, bias_of, NULL, &st);
-	CHECK(fails == 1 && st.gemm_ok == 0, "2.5 tol off with 1.4 tol of room: a kernel error (%d)",
-	      fails);
-	scaled_row(cpux, base, 1.0 * TOL);
-	scaled_row(gx, base, 1.5 * TOL);
-	fails = flip_judge("precision, kernels off", got, base, cpu, cpux, gx, rows, n_toks, vocab,
-			   TOL, rec, rec, route, bias_of, NULL, &st);
-	CHECK(fails == 1 && st.gemm_ok == 0, "the GPU with nothing rounded 1.5 tol from the CPU: a "
-	      "kernel error whatever the room (%d)", fails);
+	for (size_t i = 0; i < sizeof(precision) / sizeof(precision[0]); i++) {
+		const struct precision_case *c = &precision[i];
+
+		scaled_row(got, base, c->got * TOL);
+		scaled_row(cpux, base, c->cpux * TOL);
+		if (c->gx >= 0)
+			scaled_row(gx, base, c->gx * TOL);
+		fails = flip_judge(c->name, got, base, cpu, cpux, c->gx >= 0 ? gx : NULL, rows, n_toks,
+				   vocab, TOL, rec, rec, route, bias_of, NULL, &st);
+		CHECK(fails == c->fails && st.gemm_ok == c->gemm_ok && st.cache_ok == 0,
+		      "%s: the row %.1f tol off, the CPU with the GPU's GEMM inputs %.1f tol, the GPU "
+		      "with nothing rounded %.1f tol: want %s, got %d failed (gemm_ok %d)", c->name,
+		      c->got, c->cpux, c->gx, c->fails ? "a kernel error" : "bf16 precision", fails,
+		      st.gemm_ok);
+	}
+	/* the fp32-input GPU run alone (no measured sensitivity) explains nothing */
 	/* the fp32-input GPU run alone (no measured sensitivity) explains nothing */
 	scaled_row(got, base, 2 * TOL);
 	memcpy(gx, base, sizeof(float) * n);
