@@ -6,7 +6,9 @@
  * tensor-parallel experts (a slice of each per rank) and expert parallel (a share of
  * the experts whole per rank, --ep). Then synthetic variants
  * of tests/data/tiny configs with shapes the checkpoints lack (tp 3; KV heads
- * replicated). The reference models' odd vocabularies split unevenly. */
+ * replicated). The reference models' odd vocabularies split unevenly. The checkpoints'
+ * tp N engines build their shards from the files mapped (as kdecd --tp does); tp 1
+ * runs on the model read whole. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -114,8 +116,10 @@ static void check_refusal(struct model *m, const char *name, int tp, int ep)
 
 /* Every tp of tps[] against tp 1 on model m over the cases, the experts of a MoE model
  * sliced and (ep) whole: within tolerance on every row of every path where the shapes
- * split, refused with one line where they do not. */
-static void compare_tps(struct model *m, const char *name, const struct tcase *cs, int nc)
+ * split, refused with one line where they do not. The ranks' shards are built from mt:
+ * m itself, or the same checkpoint mapped (shards read straight from the files). */
+static void compare_tps(struct model *m, struct model *mt, const char *name, const struct tcase *cs,
+			int nc)
 {
 	struct engine *e;
 	float *want, *got;
@@ -137,10 +141,10 @@ static void compare_tps(struct model *m, const char *name, const struct tcase *c
 		if (ep && m->cfg.n_experts <= 0)
 			continue;
 		if (model_shard_check(&m->cfg, tp, ep, err, sizeof(err))) {
-			check_refusal(m, name, tp, ep);
+			check_refusal(mt, name, tp, ep);
 			continue;
 		}
-		e = open_engine(m, tp, ep, err, sizeof(err), &ret);
+		e = open_engine(mt, tp, ep, err, sizeof(err), &ret);
 		CHECK(e != NULL, "%s: tp %d%s: %s", name, tp, ep ? " ep" : "", err);
 		if (!e)
 			continue;
@@ -212,7 +216,8 @@ static void check_model(const char *top, const char *name)
 {
 	char dir[1024], path[1200], err[512] = "";
 	struct tcase cs[MAX_CASES] = { 0 };
-	struct model *m = NULL;
+	struct model_load_opts mapped = { .mapped = 1 };
+	struct model *m = NULL, *mt = NULL;
 	json_error_t jerr;
 	json_t *g, *cases;
 	int nc = 0;
@@ -224,15 +229,18 @@ static void check_model(const char *top, const char *name)
 	if (!g)
 		return;
 	CHECK(model_load(&m, dir, NULL, err, sizeof(err)) == 0, "%s: load: %s", name, err);
+	CHECK(model_load(&mt, dir, &mapped, err, sizeof(err)) == 0 && mt->mapped, "%s: load mapped: %s",
+	      name, err);
 	cases = json_object_get(g, "cases");
 	for (size_t i = 0; m && i < json_array_size(cases) && nc < MAX_CASES; i++, nc++)
 		cs[nc].tokens = golden_ids(json_object_get(json_array_get(cases, i), "tokens"), &cs[nc].n);
-	if (m)
-		compare_tps(m, name, cs, nc);
+	if (m && mt)
+		compare_tps(m, mt, name, cs, nc);
 	if (m && !strcmp(name, "golden/qwen3_moe"))
 		check_trace_refused(m, name);
 	for (int i = 0; i < nc; i++)
 		free(cs[i].tokens);
+	model_destroy(mt);
 	model_destroy(m);
 	json_decref(g);
 }
@@ -277,7 +285,7 @@ static void check_variant(const char *top, int v)
 	CHECK(json_dump_file(cfg, path, 0) == 0, "%s: cannot write", path);
 	CHECK(model_load(&m, path, &lo, err, sizeof(err)) == 0, "%s: load: %s", variants[v].name, err);
 	if (m)
-		compare_tps(m, variants[v].name, cs, 2);
+		compare_tps(m, m, variants[v].name, cs, 2);
 	model_destroy(m);
 	unlink(path);
 	rmdir(tmpl);

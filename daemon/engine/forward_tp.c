@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "daemon/base/log.h"
 #include "daemon/engine/forward_tp.h"
@@ -30,6 +31,9 @@ struct fwd_tp {
 	int started;			/* threads running (ranks 1..started) */
 	int own0;			/* be[0] made here (not yet handed to the caller) */
 	int vocab, v0[MODEL_SHARD_MAX_RANKS];
+	double peak_mib[MODEL_SHARD_MAX_RANKS];	/* the process's peak host memory (ru_maxrss)
+					 * once rank r's shard was built (and, without
+					 * host memory, copied to its device) */
 	int ep;				/* expert parallel: rank r holds experts [e0, e0 + ne) */
 	int e0[MODEL_SHARD_MAX_RANKS], ne[MODEL_SHARD_MAX_RANKS];
 
@@ -48,11 +52,25 @@ struct fwd_tp {
 
 int forward_tp_reduce(struct forward *f, float *buf, size_t n, float *residual)
 {
+	return forward_tp_reduce_norm(f, buf, n, residual, NULL, NULL);
+}
+
+int forward_tp_reduce_norm(struct forward *f, float *buf, size_t n, float *residual,
+			   const struct model_tensor *gamma, float *out)
+{
 	struct fwd_tp *g = f->tp;
 	int hidden = f->m->cfg.hidden_size, ret;
+	float eps = f->m->cfg.rms_norm_eps;
 
-	if (!g->bcomm)
-		return tp_comm_reduce(&g->comm, f->tp_rank, buf, n, residual);
+	if (!g->bcomm) {
+		struct tp_norm norm = { .width = hidden, .eps = eps, .out = out };
+
+		if (!gamma)
+			return tp_comm_reduce(&g->comm, f->tp_rank, buf, n, residual);
+		norm.gamma = gamma->data;
+		norm.dtype = gamma->dtype;
+		return tp_comm_reduce_norm(&g->comm, f->tp_rank, buf, n, residual, &norm);
+	}
 	if (n % (size_t)hidden)
 		return -EINVAL;
 	/* every rank's work marked before any reduction is queued; every reduction
@@ -60,7 +78,7 @@ int forward_tp_reduce(struct forward *f, float *buf, size_t n, float *residual)
 	if ((ret = g->ops->tp_arrive(f->be, g->bcomm, f->tp_rank)) ||
 	    (ret = tp_barrier_wait(&g->comm.bar)) ||
 	    (ret = g->ops->tp_reduce(f->be, g->bcomm, f->tp_rank, buf, (int)(n / (size_t)hidden),
-				     residual)))
+				     residual, gamma, out, eps)))
 		return ret;
 	return tp_barrier_wait(&g->comm.bar);
 }
@@ -243,6 +261,14 @@ void forward_tp_free(struct fwd_tp *g)
 	free(g);
 }
 
+/* The process's peak resident memory so far (Linux: ru_maxrss in KiB). */
+static double peak_host_mib(void)
+{
+	struct rusage ru;
+
+	return getrusage(RUSAGE_SELF, &ru) ? 0 : (double)ru.ru_maxrss / 1024.0;
+}
+
 /* The shards, backends and forwards of every rank (threads not yet started). */
 static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend *be0,
 			const struct backend_opts *bo, int n_blocks, int block_tokens, int max_rows,
@@ -264,6 +290,9 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 				return ret;
 			g->own0 |= r == 0;
 		}
+		if (!g->ops->host_memory)	/* on its device now: one rank's host copy at a time */
+			model_shard_drop_host(g->shard[r]);
+		g->peak_mib[r] = peak_host_mib();
 		if ((ret = forward_create(&g->f[r], g->shard[r], g->be[r], n_blocks, block_tokens,
 					  max_rows, err, err_len)))
 			return ret;
@@ -341,9 +370,14 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 		return ret;
 	}
 	for (int r = 0; r < n; r++)	/* what each rank holds: its shard, its cache */
-		log_info("tp %d%s: rank %d holds %.1f MiB of weights and %.1f MiB of KV cache", n,
-			 ep ? " (experts parallel)" : "", r, (double)g->shard[r]->weight_bytes / (1 << 20),
-			 (double)g->f[r]->kv_bytes / (1 << 20));
+		log_info("tp %d%s: rank %d holds %.1f MiB of weights and %.1f MiB of KV cache; peak "
+			 "host memory %.1f MiB", n, ep ? " (experts parallel)" : "", r,
+			 (double)g->shard[r]->weight_bytes / (1 << 20), (double)g->f[r]->kv_bytes / (1 << 20),
+			 g->peak_mib[r]);
+	log_info("tp %d: the shards of %.1f MiB of weights %s; peak host memory: the process's "
+		 "ru_maxrss once each rank was built", n, (double)m->weight_bytes / (1 << 20),
+		 m->mapped ? "read straight from the mapped files (the model never resident whole)"
+			   : "copied from the model in memory");
 	if (!ops->host_memory)
 		log_info("tp %d on %s: ranks as threads, one stream each, op by op (no graphs with "
 			 "tp > 1 yet)", n, ops->name);

@@ -32,6 +32,13 @@ int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits);
  * into buf. 0, or -ECANCELED when another rank failed the step. */
 int forward_tp_reduce(struct forward *f, float *buf, size_t n, float *residual);
 
+/* forward_tp_reduce into residual with the RMSNorm that follows it fused: out (n
+ * floats, rows of hidden; may be buf) = rmsnorm(residual) * gamma, computed inside
+ * the reduction (tp_comm_reduce_norm; on a backend, tp_reduce's gamma form). gamma
+ * NULL: forward_tp_reduce. */
+int forward_tp_reduce_norm(struct forward *f, float *buf, size_t n, float *residual,
+			   const struct model_tensor *gamma, float *out);
+
 /* Any rank, before its routed experts run: the expert count its shard holds, and with
  * expert parallel ids (n, the router's choices) renumbered into them (-1: another
  * rank's expert, which the experts op skips). */

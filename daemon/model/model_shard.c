@@ -2,11 +2,15 @@
  * when fewer than ranks), MLA query heads, intermediate columns of dense MLPs, shared and
  * routed experts (or, expert parallel, a share of the routed experts whole and the
  * shared one on rank 0), and vocabulary rows, each rank's part copied into one
- * allocation of its own. Replicated: norms, the router, MLA's latent projections. */
+ * allocation of its own. Replicated: norms, the router, MLA's latent projections.
+ * From a mapped model (model_load_opts.mapped) each slice is read straight from the
+ * files and the pages read are given back tensor by tensor, so building the shards
+ * never holds the whole model. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "daemon/model/model_shard.h"
 
@@ -69,7 +73,14 @@ void model_shard_experts(int n_experts, int r, int n, int *first, int *count)
 struct arena {
 	char *buf;
 	size_t used;
+	const struct model *src;	/* what the copies read: its pages given back after */
 };
+
+/* A source region copied: its file pages go back (a mapped source). */
+static void done_with(struct arena *a, const void *p, size_t bytes)
+{
+	model_release_pages(a->src, p, bytes);
+}
 
 static void *take(struct arena *a, size_t bytes)
 {
@@ -85,8 +96,10 @@ static void *copy_rows_raw(struct arena *a, const struct model_tensor *t, int64_
 	size_t row = (size_t)t->cols * k_dtype_size(t->dtype);
 	void *p = take(a, (size_t)n * row);
 
-	if (p)
+	if (p) {
 		memcpy(p, (const char *)t->data + (size_t)r0 * row, (size_t)n * row);
+		done_with(a, (const char *)t->data + (size_t)r0 * row, (size_t)n * row);
+	}
 	return p;
 }
 
@@ -109,11 +122,13 @@ static const void *copy_cols_raw(struct arena *a, const void *data, enum k_dtype
 	size_t es = k_dtype_size(dt);
 	char *p = take(a, (size_t)n_rows * (size_t)n * es);
 
-	if (p)
+	if (p) {
 		for (int64_t i = 0; i < n_rows; i++)
 			memcpy(p + (size_t)i * (size_t)n * es,
 			       (const char *)data + ((size_t)i * (size_t)cols + (size_t)c0) * es,
 			       (size_t)n * es);
+		done_with(a, data, (size_t)n_rows * (size_t)cols * es);
+	}
 	return p;
 }
 
@@ -207,6 +222,8 @@ static int shard_experts(struct arena *a, struct model_layer *d, const struct mo
 		memcpy(gu, (const char *)L->experts[e].gate + (size_t)(r * il * H) * es, (size_t)(il * H) * es);
 		memcpy(gu + (size_t)(il * H) * es, (const char *)L->experts[e].up + (size_t)(r * il * H) * es,
 		       (size_t)(il * H) * es);
+		done_with(a, (const char *)L->experts[e].gate + (size_t)(r * il * H) * es, (size_t)(il * H) * es);
+		done_with(a, (const char *)L->experts[e].up + (size_t)(r * il * H) * es, (size_t)(il * H) * es);
 		d->experts[e].gate = gu;
 		d->experts[e].up = gu + (size_t)(il * H) * es;
 		d->experts[e].down = copy_cols_raw(a, L->experts[e].down, L->expert_dtype, H, I, r * il, il);
@@ -239,6 +256,9 @@ static int shard_experts_whole(struct arena *a, struct model_layer *d, const str
 		memcpy(g, x->gate, bytes);
 		memcpy(u, x->up, bytes);
 		memcpy(dn, x->down, bytes);
+		done_with(a, x->gate, bytes);
+		done_with(a, x->up, bytes);
+		done_with(a, x->down, bytes);
 		d->experts[e] = (struct k_expert){ .gate = g, .up = u, .down = dn };
 	}
 	return 0;
@@ -327,14 +347,19 @@ int model_shard_create(struct model **out, const struct model *m, int r, int n, 
 	}
 	shard_all(&a, s, m, r, n, ep);	/* sizes */
 	s->weight_bytes = a.used;
-	s->shard_buf = malloc(a.used ? a.used : 1);
+	/* pages of its own (not malloc's), which model_shard_drop_host can give back */
+	s->shard_bytes = a.used ? a.used : 1;
+	s->shard_buf = mmap(NULL, s->shard_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			    -1, 0);
+	if (s->shard_buf == MAP_FAILED)
+		s->shard_buf = NULL;
 	if (!s->shard_buf) {
 		snprintf(err, err_len, "tp %d: out of memory for rank %d's %.1f MiB of weights", n, r,
 			 (double)a.used / (1 << 20));
 		ret = -ENOMEM;
 		goto fail;
 	}
-	a = (struct arena){ .buf = s->shard_buf };
+	a = (struct arena){ .buf = s->shard_buf, .src = m };
 	if ((ret = shard_all(&a, s, m, r, n, ep)))
 		goto fail;
 	*out = s;
@@ -344,4 +369,10 @@ fail:
 		snprintf(err, err_len, "tp %d: out of memory building rank %d's shard", n, r);
 	model_destroy(s);
 	return ret;
+}
+
+void model_shard_drop_host(struct model *s)
+{
+	if (s && s->shard_buf)
+		madvise(s->shard_buf, s->shard_bytes, MADV_DONTNEED);
 }

@@ -30,4 +30,11 @@ void model_shard_experts(int n_experts, int r, int n, int *first, int *count);
 int model_shard_create(struct model **out, const struct model *m, int r, int n, int ep, char *err,
 		       size_t err_len);
 
+/* Gives back the host pages of shard s's weights once a backend without host memory
+ * has copied them at create (cuda: it reads no host weight after, and keeps their
+ * addresses only as keys of its pointer map, which stay valid: the pages read as zeros
+ * after). So a rank's host copy lives only while its device copy is made, and the
+ * load holds one rank's shard at a time. */
+void model_shard_drop_host(struct model *s);
+
 #endif
