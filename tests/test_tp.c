@@ -19,9 +19,11 @@
 
 #include "daemon/engine/engine.h"
 #include "daemon/engine/forward.h"
+#include "daemon/engine/forward_tp.h"
 #include "daemon/engine/route_trace.h"
 #include "daemon/model/model.h"
 #include "daemon/model/model_shard.h"
+#include "kernels/cpu/k_cpu_sample.h"
 #include "tests/testutil.h"
 #include "tests/goldentest.h"
 
@@ -84,6 +86,78 @@ static int run_paths(struct engine *e, const struct tcase *cs, int nc, float *ou
 		engine_seq_release(e, &seq[i]);
 	CHECK(ret == 0, "%s: step: %s", what, err);
 	return ret ? -1 : rows;
+}
+
+/* Vocabulary-split greedy sampling: the token of each case's every prefill row, drawn
+ * by the ranks' slices (engine_step_sample without logits), must be exactly the argmax
+ * of that row's gathered logits (rows of got, the prefills first). */
+static void check_greedy(struct engine *e, const struct tcase *cs, int nc, const float *got,
+			 const char *what)
+{
+	int vocab = e->model->cfg.vocab_size, row = 0, bad = 0, ret = 0, total = 0;
+	struct k_sample_params greedy[256] = { 0 };
+	uint64_t steps[256] = { 0 };
+	int32_t ids[256];
+	char err[512] = "";
+
+	for (int i = 0; i < nc && !ret; i++) {
+		struct engine_seq seq;
+		struct engine_req r = { .seq = &seq, .tokens = cs[i].tokens, .n_tokens = cs[i].n,
+					.all_logits = 1 };
+
+		if (cs[i].n > 256) {
+			row += cs[i].n;
+			continue;
+		}
+		engine_seq_init(&seq);
+		ret = engine_step_sample(e, &r, 1, greedy, steps, ids, NULL, err, sizeof(err));
+		engine_seq_release(e, &seq);
+		for (int t = 0; !ret && t < cs[i].n; t++, row++) {
+			float v;
+
+			bad += ids[t] != forward_tp_argmax(got + (size_t)row * vocab, vocab, &v);
+			total++;
+		}
+	}
+	CHECK(ret == 0 && bad == 0, "%s: greedy by vocabulary slices: %d of %d rows differ from the "
+	      "gathered logits' argmax (%d: %s)", what, bad, total, ret, err);
+}
+
+/* The merge of the slices' argmaxes is the whole row's argmax by kernels/cpu/sample.c's
+ * rule, on rows made of few values (ties across slices), NaNs and all-NaN slices,
+ * for uneven splits. */
+static void check_argmax_merge(void)
+{
+	static const float vals[] = { -1.0f, 0.0f, 2.0f, 2.0f, NAN, -INFINITY };
+	struct k_sample_params greedy = { 0 };
+	uint64_t x = 5;
+	int bad = 0, cases = 0;
+
+	for (int vocab = 1; vocab <= 41; vocab += 4)
+		for (int n = 1; n <= 8 && n <= vocab; n++)
+			for (int k = 0; k < 50; k++, cases++) {
+				float l[41], v[8];
+				int32_t ids[8], want;
+
+				for (int i = 0; i < vocab; i++) {
+					x = x * 6364136223846793005ull + 1442695040888963407ull;
+					l[i] = vals[(x >> 33) % (k < 10 ? 6 : 4 + (k % 2))];
+				}
+				if (k % 7 == 0)	/* a whole first slice of NaN */
+					for (int i = 0; i < vocab / n; i++)
+						l[i] = NAN;
+				for (int r = 0; r < n; r++) {
+					int v0, vn;
+
+					model_shard_vocab(vocab, r, n, &v0, &vn);
+					ids[r] = v0 + forward_tp_argmax(l + v0, vn, &v[r]);
+				}
+				want = k_cpu_sample(l, vocab, &greedy, 0, NULL);
+				bad += forward_tp_argmax_merge(v, ids, n, 1) != want;
+			}
+	CHECK(bad == 0, "argmax merge: %d of %d rows differ from k_cpu_sample's greedy pick", bad, cases);
+	fprintf(stderr, "  argmax merge of vocabulary slices: %d rows with ties and NaNs, as k_cpu_sample\n",
+		cases);
 }
 
 static struct engine *open_engine(struct model *m, int tp, int ep, char *err, size_t err_len,
@@ -161,6 +235,8 @@ static void compare_tps(struct model *m, struct model *mt, const char *name, con
 		}
 		CHECK(n == rows && bad == 0, "%s: tp %d%s: %d of %d rows beyond %g (worst %.3g)", name,
 		      tp, ep ? " ep" : "", bad, rows, TP_ROW_TOL, worst);
+		if (n == rows)
+			check_greedy(e, cs, nc, got, name);
 		fprintf(stderr, "  %-22s tp %d%s: %d rows (prefill, incremental, batched), worst %.2e\n",
 			name, tp, ep ? " ep" : "", n, worst);
 		engine_destroy(e);
@@ -299,6 +375,7 @@ int main(void)
 
 	fprintf(stderr, "test_tp: cpu backend, tp 2 3 4 8 against tp 1, tolerance %g relative L2 per row\n",
 		TP_ROW_TOL);
+	check_argmax_merge();
 	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
 		check_model(top, models[i]);
 	for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++)
