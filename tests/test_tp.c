@@ -8,10 +8,14 @@
  * of tests/data/tiny configs with shapes the checkpoints lack (tp 3; KV heads
  * replicated). The reference models' odd vocabularies split unevenly. The checkpoints'
  * tp N engines build their shards from the files mapped (as kdecd --tp does); tp 1
- * runs on the model read whole. */
+ * runs on the model read whole. Every tp engine's greedy ids (drawn by vocabulary
+ * slices) equal the argmax of its gathered logits; the slices' merge equals
+ * k_cpu_sample's greedy pick on rows with ties and NaNs; the reduction with the next
+ * RMSNorm fused gives the bits of the reduction followed by the norm. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +25,10 @@
 #include "daemon/engine/forward.h"
 #include "daemon/engine/forward_tp.h"
 #include "daemon/engine/route_trace.h"
+#include "daemon/engine/tp_comm.h"
 #include "daemon/model/model.h"
 #include "daemon/model/model_shard.h"
+#include "kernels/cpu/k_cpu.h"
 #include "kernels/cpu/k_cpu_sample.h"
 #include "tests/testutil.h"
 #include "tests/goldentest.h"
@@ -121,6 +127,90 @@ static void check_greedy(struct engine *e, const struct tcase *cs, int nc, const
 	}
 	CHECK(ret == 0 && bad == 0, "%s: greedy by vocabulary slices: %d of %d rows differ from the "
 	      "gathered logits' argmax (%d: %s)", what, bad, total, ret, err);
+}
+
+/* The reduction with the next RMSNorm fused (tp_comm_reduce_norm): n ranks as threads,
+ * each with its partials and a copy of the same residual; every rank must end with the
+ * bits of the plain reduction (the sum in rank order added to the residual) followed by
+ * k_cpu_rmsnorm, residual and norm alike, for rows that do and do not divide by n. */
+#define RN_W 40
+#define RN_ROWS 7
+
+struct rn_rank {
+	struct tp_comm *c;
+	int r, rows;
+	float part[RN_ROWS * RN_W], res[RN_ROWS * RN_W], out[RN_ROWS * RN_W];
+	const uint16_t *gamma;
+	int ret;
+};
+
+static void *rn_main(void *arg)
+{
+	struct rn_rank *k = arg;
+	struct tp_norm norm = { .gamma = k->gamma, .dtype = K_BF16, .width = RN_W, .eps = 1e-5f,
+				.out = k->out };
+
+	/* out == part: the engine's buffers may be the same */
+	norm.out = k->r % 2 ? k->part : k->out;
+	k->ret = tp_comm_reduce_norm(k->c, k->r, k->part, (size_t)k->rows * RN_W, k->res, &norm);
+	if (norm.out == k->part)
+		memcpy(k->out, k->part, sizeof(k->out));
+	return NULL;
+}
+
+static void check_reduce_norm(void)
+{
+	static struct rn_rank ranks[8];
+	uint16_t gamma[RN_W];
+	uint64_t x = 3;
+	int bad = 0, cases = 0;
+
+	for (int i = 0; i < RN_W; i++)
+		gamma[i] = (uint16_t)(0x3f80 + i);	/* bf16 1.0 .. */
+	for (int n = 2; n <= 8; n *= 2)
+		for (int rows = 1; rows <= RN_ROWS; rows += 3, cases++) {
+			struct tp_comm c;
+			pthread_t th[8];
+			float res[RN_ROWS * RN_W], want[RN_ROWS * RN_W];
+			size_t m = (size_t)rows * RN_W;
+
+			for (size_t i = 0; i < m; i++) {
+				x = x * 6364136223846793005ull + 1442695040888963407ull;
+				res[i] = (float)((int64_t)(x >> 40) - (1 << 23)) / (1 << 21);
+			}
+			for (int r = 0; r < n; r++) {
+				ranks[r] = (struct rn_rank){ .c = &c, .r = r, .rows = rows, .gamma = gamma };
+				memcpy(ranks[r].res, res, m * sizeof(float));
+				for (size_t i = 0; i < m; i++) {
+					x = x * 6364136223846793005ull + 1442695040888963407ull;
+					ranks[r].part[i] = (float)((int64_t)(x >> 40) - (1 << 23)) / (1 << 20);
+				}
+			}
+			for (size_t i = 0; i < m; i++) {	/* the plain reduction, then the op */
+				float sum = ranks[0].part[i];
+
+				for (int r = 1; r < n; r++)
+					sum += ranks[r].part[i];
+				res[i] += sum;
+			}
+			k_cpu_rmsnorm(want, RN_W, res, RN_W, gamma, K_BF16, rows, RN_W, 1e-5f);
+			if (tp_comm_init(&c, n, m)) {
+				bad++;
+				continue;
+			}
+			for (int r = 0; r < n; r++)
+				pthread_create(&th[r], NULL, rn_main, &ranks[r]);
+			for (int r = 0; r < n; r++)
+				pthread_join(th[r], NULL);
+			for (int r = 0; r < n; r++)
+				bad += ranks[r].ret != 0 || memcmp(ranks[r].res, res, m * sizeof(float)) ||
+				       memcmp(ranks[r].out, want, m * sizeof(float));
+			tp_comm_fini(&c);
+		}
+	CHECK(bad == 0, "tp_comm_reduce_norm: %d rank results differ from the reduction followed by "
+	      "k_cpu_rmsnorm", bad);
+	fprintf(stderr, "  reduction + residual + RMSNorm fused: %d cases (tp 2, 4, 8; 1, 4, 7 rows), "
+		"bit for bit as reduction then norm\n", cases);
 }
 
 /* The merge of the slices' argmaxes is the whole row's argmax by kernels/cpu/sample.c's
@@ -376,6 +466,7 @@ int main(void)
 	fprintf(stderr, "test_tp: cpu backend, tp 2 3 4 8 against tp 1, tolerance %g relative L2 per row\n",
 		TP_ROW_TOL);
 	check_argmax_merge();
+	check_reduce_norm();
 	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
 		check_model(top, models[i]);
 	for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++)
