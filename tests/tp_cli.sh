@@ -1,7 +1,8 @@
 #!/bin/sh
 # --tp and --gpus as a user gives them: kdbench logits with tp 2 and 4 (and 4 with
 # expert parallel, --ep) within 1e-5 relative L2 per row of tp 1 (dense, MoE, MLA);
-# kdbench generate and a real kdecd --tp 2 over the socket give tp 1's greedy tokens (one client, then four at once);
+# kdbench generate and a real kdecd --tp 2 over the socket give tp 1's greedy tokens (one client, then four at once;
+# greedy with tp: drawn by vocabulary slices), kdecd reading its shards straight from the mapped files;
 # kdbench decode runs at tp 2; kdbench allreduce's sums come out right; and every bad
 # --tp / --gpus / --ep fails with one clear line.
 set -u
@@ -36,7 +37,11 @@ done
 
 S=$tmp/kdecd.sock
 if kdecd_start daemon.log 60 --model "$M" --socket "$S" --threads 2 --tp 2; then
-	grep -q "tp 2: rank 1 holds" "$tmp/daemon.log" && ok || fail "kdecd --tp 2 logs no rank 1"
+	grep -q "tp 2: rank 1 holds .* MiB of KV cache; peak host memory" "$tmp/daemon.log" && ok ||
+		fail "kdecd --tp 2 logs no rank 1 with its peak host memory"
+	# the shards came straight from the files (the model never read whole)
+	grep -q "tp 2: the shards of .* read straight from the mapped files" "$tmp/daemon.log" && ok ||
+		fail "kdecd --tp 2 did not read its shards from the mapped files"
 	"$B/kdrun" --socket "$S" --prompt 1,2,3 --max-tokens 12 >"$tmp/d2" 2>"$tmp/err" ||
 		fail "kdrun on kdecd --tp 2: $(tail -n 1 "$tmp/err")"
 	[ "$(tr -s ' \n' ' ' <"$tmp/d2" | sed 's/ $//')" = "$(tr -s ' \n' ' ' <"$tmp/g1" | sed 's/ $//')" ] && ok ||
