@@ -43,6 +43,9 @@ static const char *const models[] = {
 	"golden/llama3", "golden/qwen3", "golden/qwen3_moe", "golden/deepseek_v2", "golden/deepseek_v3",
 	"reference/llama", "reference/qwen3", "reference/qwen3_moe", "reference/deepseek_v2",
 	"reference/deepseek_v3", "reference/kimi_k2",
+	/* quantized checkpoints: shards of payloads and scales (fp8 128x128 blocks; int4
+	 * groups of 32, nibbles repacked where a rank's columns start inside a word) */
+	"quant/deepseek_v3_fp8_block", "quant/kimi_k2_int4",
 };
 static const int tps[] = { 2, 3, 4, 8 };
 
@@ -416,13 +419,28 @@ static void check_model(const char *top, const char *name)
  * weights. */
 static const struct {
 	const char *name, *tiny, *set;
+	const char *format;	/* --weight-format of the synthetic weights, or NULL */
+	const char *refused;	/* tp 2 must refuse with this in its line, or NULL */
 } variants[] = {
 	{ "tiny/llama h12 kv6", "llama",
-	  "{\"num_attention_heads\": 12, \"num_key_value_heads\": 6, \"head_dim\": 8, \"intermediate_size\": 168}" },
+	  "{\"num_attention_heads\": 12, \"num_key_value_heads\": 6, \"head_dim\": 8, \"intermediate_size\": 168}", NULL, NULL },
 	{ "tiny/qwen3_moe h6 kv1", "qwen3_moe",
-	  "{\"num_attention_heads\": 6, \"num_key_value_heads\": 1, \"moe_intermediate_size\": 24}" },
+	  "{\"num_attention_heads\": 6, \"num_key_value_heads\": 1, \"moe_intermediate_size\": 24}", NULL, NULL },
 	{ "tiny/deepseek_v3 h6", "deepseek_v3",
-	  "{\"num_attention_heads\": 6, \"num_key_value_heads\": 6, \"moe_intermediate_size\": 24, \"intermediate_size\": 120}" },
+	  "{\"num_attention_heads\": 6, \"num_key_value_heads\": 6, \"moe_intermediate_size\": 24, \"intermediate_size\": 120}", NULL, NULL },
+	/* quantized shards: each rank's slice of the payload and of the scales it uses
+	 * (128x128 blocks cut at block starts or kept whole; int4 groups of 32) */
+	{ "tiny/llama fp8-block", "llama",
+	  "{\"hidden_size\": 256, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 64, \"intermediate_size\": 512}",
+	  "fp8-block", NULL },
+	{ "tiny/qwen3_moe int4-g32", "qwen3_moe",
+	  "{\"hidden_size\": 128, \"head_dim\": 32, \"moe_intermediate_size\": 128, \"intermediate_size\": 256}",
+	  "int4-g32", NULL },
+	{ "tiny/deepseek_v3 fp8-channel", "deepseek_v3", "{}", "fp8-channel", NULL },
+	/* 96 query rows a rank: rank 1's [96, 192) straddles two 128-row blocks */
+	{ "tiny/llama fp8-block cut", "llama",
+	  "{\"hidden_size\": 256, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"head_dim\": 48, \"intermediate_size\": 512}",
+	  "fp8-block", "rows [96, 192) and columns [0, 256) of a 192x256 weight cut its 128x128 quantization blocks" },
 };
 
 static void check_variant(const char *top, int v)
@@ -449,9 +467,23 @@ static void check_variant(const char *top, int v)
 	json_object_update(cfg, set);
 	snprintf(path, sizeof(path), "%s/config.json", tmpl);
 	CHECK(json_dump_file(cfg, path, 0) == 0, "%s: cannot write", path);
+	if (variants[v].format)
+		CHECK(model_weight_format_parse(variants[v].format, &lo.weight_format, err, sizeof(err)) == 0,
+		      "%s: %s", variants[v].name, err);
 	CHECK(model_load(&m, path, &lo, err, sizeof(err)) == 0, "%s: load: %s", variants[v].name, err);
-	if (m)
+	CHECK(!variants[v].format || (m && m->n_quantized > 0), "%s: no weight quantized",
+	      variants[v].name);
+	if (m && variants[v].refused) {	/* a split that would cut scale blocks */
+		int ret;
+		struct engine *e = open_engine(m, 2, 0, err, sizeof(err), &ret);
+
+		CHECK(!e && ret == -EINVAL && strstr(err, variants[v].refused) && !strchr(err, '\n'),
+		      "%s: tp 2 gave %d, '%s'", variants[v].name, ret, err);
+		fprintf(stderr, "  %-22s tp 2 refused: %s\n", variants[v].name, err);
+		engine_destroy(e);
+	} else if (m) {
 		compare_tps(m, m, variants[v].name, cs, 2);
+	}
 	model_destroy(m);
 	unlink(path);
 	rmdir(tmpl);
