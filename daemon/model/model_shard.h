@@ -14,7 +14,8 @@
 /* Whether n ranks can split cfg's shapes, the routed experts sliced (ep 0: tensor-
  * parallel experts) or whole, a share of them per rank (ep 1: expert parallel): 0, or
  * -EINVAL with one line in err naming the numbers ("tp 3 does not divide 8 query
- * heads of llama"). */
+ * heads of llama"). Quantized weights must also split at their scale blocks:
+ * model_shard_create refuses a split that cuts one, in one line. */
 int model_shard_check(const struct model_config *cfg, int n, int ep, char *err, size_t err_len);
 
 /* The vocabulary rows [*first, *first + *count) rank r of n holds (uneven splits
