@@ -135,6 +135,8 @@ int main(int argc, char **argv)
 	}
 	a.srv.ls = a.check ? NULL : &ls;
 	t0 = clock_now();
+	/* tensor parallel: each rank's shard read straight from the files (model.h) */
+	a.load.mapped = a.eng.tp > 1;
 	ret = model_load(&m, a.model, &a.load, err, sizeof(err));
 	if (!ret)
 		ret = engine_create(&e, m, &a.eng, err, sizeof(err));

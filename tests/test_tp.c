@@ -6,10 +6,16 @@
  * tensor-parallel experts (a slice of each per rank) and expert parallel (a share of
  * the experts whole per rank, --ep). Then synthetic variants
  * of tests/data/tiny configs with shapes the checkpoints lack (tp 3; KV heads
- * replicated). The reference models' odd vocabularies split unevenly. */
+ * replicated). The reference models' odd vocabularies split unevenly. The checkpoints'
+ * tp N engines build their shards from the files mapped (as kdecd --tp does); tp 1
+ * runs on the model read whole. Every tp engine's greedy ids (drawn by vocabulary
+ * slices) equal the argmax of its gathered logits; the slices' merge equals
+ * k_cpu_sample's greedy pick on rows with ties and NaNs; the reduction with the next
+ * RMSNorm fused gives the bits of the reduction followed by the norm. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,9 +23,13 @@
 
 #include "daemon/engine/engine.h"
 #include "daemon/engine/forward.h"
+#include "daemon/engine/forward_tp.h"
 #include "daemon/engine/route_trace.h"
+#include "daemon/engine/tp_comm.h"
 #include "daemon/model/model.h"
 #include "daemon/model/model_shard.h"
+#include "kernels/cpu/k_cpu.h"
+#include "kernels/cpu/k_cpu_sample.h"
 #include "tests/testutil.h"
 #include "tests/goldentest.h"
 
@@ -33,6 +43,9 @@ static const char *const models[] = {
 	"golden/llama3", "golden/qwen3", "golden/qwen3_moe", "golden/deepseek_v2", "golden/deepseek_v3",
 	"reference/llama", "reference/qwen3", "reference/qwen3_moe", "reference/deepseek_v2",
 	"reference/deepseek_v3", "reference/kimi_k2",
+	/* quantized checkpoints: shards of payloads and scales (fp8 128x128 blocks; int4
+	 * groups of 32, nibbles repacked where a rank's columns start inside a word) */
+	"quant/deepseek_v3_fp8_block", "quant/kimi_k2_int4",
 };
 static const int tps[] = { 2, 3, 4, 8 };
 
@@ -84,6 +97,162 @@ static int run_paths(struct engine *e, const struct tcase *cs, int nc, float *ou
 	return ret ? -1 : rows;
 }
 
+/* Vocabulary-split greedy sampling: the token of each case's every prefill row, drawn
+ * by the ranks' slices (engine_step_sample without logits), must be exactly the argmax
+ * of that row's gathered logits (rows of got, the prefills first). */
+static void check_greedy(struct engine *e, const struct tcase *cs, int nc, const float *got,
+			 const char *what)
+{
+	int vocab = e->model->cfg.vocab_size, row = 0, bad = 0, ret = 0, total = 0;
+	struct k_sample_params greedy[256] = { 0 };
+	uint64_t steps[256] = { 0 };
+	int32_t ids[256];
+	char err[512] = "";
+
+	for (int i = 0; i < nc && !ret; i++) {
+		struct engine_seq seq;
+		struct engine_req r = { .seq = &seq, .tokens = cs[i].tokens, .n_tokens = cs[i].n,
+					.all_logits = 1 };
+
+		if (cs[i].n > 256) {
+			row += cs[i].n;
+			continue;
+		}
+		engine_seq_init(&seq);
+		ret = engine_step_sample(e, &r, 1, greedy, steps, ids, NULL, err, sizeof(err));
+		engine_seq_release(e, &seq);
+		for (int t = 0; !ret && t < cs[i].n; t++, row++) {
+			float v;
+
+			bad += ids[t] != forward_tp_argmax(got + (size_t)row * vocab, vocab, &v);
+			total++;
+		}
+	}
+	CHECK(ret == 0 && bad == 0, "%s: greedy by vocabulary slices: %d of %d rows differ from the "
+	      "gathered logits' argmax (%d: %s)", what, bad, total, ret, err);
+}
+
+/* The reduction with the next RMSNorm fused (tp_comm_reduce_norm): n ranks as threads,
+ * each with its partials and a copy of the same residual; every rank must end with the
+ * bits of the plain reduction (the sum in rank order added to the residual) followed by
+ * k_cpu_rmsnorm, residual and norm alike, for rows that do and do not divide by n. */
+#define RN_W 40
+#define RN_ROWS 7
+
+struct rn_rank {
+	struct tp_comm *c;
+	int r, rows;
+	float part[RN_ROWS * RN_W], res[RN_ROWS * RN_W], out[RN_ROWS * RN_W];
+	const uint16_t *gamma;
+	int ret;
+};
+
+static void *rn_main(void *arg)
+{
+	struct rn_rank *k = arg;
+	struct tp_norm norm = { .gamma = k->gamma, .dtype = K_BF16, .width = RN_W, .eps = 1e-5f,
+				.out = k->out };
+
+	/* out == part: the engine's buffers may be the same */
+	norm.out = k->r % 2 ? k->part : k->out;
+	k->ret = tp_comm_reduce_norm(k->c, k->r, k->part, (size_t)k->rows * RN_W, k->res, &norm);
+	if (norm.out == k->part)
+		memcpy(k->out, k->part, sizeof(k->out));
+	return NULL;
+}
+
+static void check_reduce_norm(void)
+{
+	static struct rn_rank ranks[8];
+	uint16_t gamma[RN_W];
+	uint64_t x = 3;
+	int bad = 0, cases = 0;
+
+	for (int i = 0; i < RN_W; i++)
+		gamma[i] = (uint16_t)(0x3f80 + i);	/* bf16 1.0 .. */
+	for (int n = 2; n <= 8; n *= 2)
+		for (int rows = 1; rows <= RN_ROWS; rows += 3, cases++) {
+			struct tp_comm c;
+			pthread_t th[8];
+			float res[RN_ROWS * RN_W], want[RN_ROWS * RN_W];
+			size_t m = (size_t)rows * RN_W;
+
+			for (size_t i = 0; i < m; i++) {
+				x = x * 6364136223846793005ull + 1442695040888963407ull;
+				res[i] = (float)((int64_t)(x >> 40) - (1 << 23)) / (1 << 21);
+			}
+			for (int r = 0; r < n; r++) {
+				ranks[r] = (struct rn_rank){ .c = &c, .r = r, .rows = rows, .gamma = gamma };
+				memcpy(ranks[r].res, res, m * sizeof(float));
+				for (size_t i = 0; i < m; i++) {
+					x = x * 6364136223846793005ull + 1442695040888963407ull;
+					ranks[r].part[i] = (float)((int64_t)(x >> 40) - (1 << 23)) / (1 << 20);
+				}
+			}
+			for (size_t i = 0; i < m; i++) {	/* the plain reduction, then the op */
+				float sum = ranks[0].part[i];
+
+				for (int r = 1; r < n; r++)
+					sum += ranks[r].part[i];
+				res[i] += sum;
+			}
+			k_cpu_rmsnorm(want, RN_W, res, RN_W, gamma, K_BF16, rows, RN_W, 1e-5f);
+			if (tp_comm_init(&c, n, m)) {
+				bad++;
+				continue;
+			}
+			for (int r = 0; r < n; r++)
+				pthread_create(&th[r], NULL, rn_main, &ranks[r]);
+			for (int r = 0; r < n; r++)
+				pthread_join(th[r], NULL);
+			for (int r = 0; r < n; r++)
+				bad += ranks[r].ret != 0 || memcmp(ranks[r].res, res, m * sizeof(float)) ||
+				       memcmp(ranks[r].out, want, m * sizeof(float));
+			tp_comm_fini(&c);
+		}
+	CHECK(bad == 0, "tp_comm_reduce_norm: %d rank results differ from the reduction followed by "
+	      "k_cpu_rmsnorm", bad);
+	fprintf(stderr, "  reduction + residual + RMSNorm fused: %d cases (tp 2, 4, 8; 1, 4, 7 rows), "
+		"bit for bit as reduction then norm\n", cases);
+}
+
+/* The merge of the slices' argmaxes is the whole row's argmax by kernels/cpu/sample.c's
+ * rule, on rows made of few values (ties across slices), NaNs and all-NaN slices,
+ * for uneven splits. */
+static void check_argmax_merge(void)
+{
+	static const float vals[] = { -1.0f, 0.0f, 2.0f, 2.0f, NAN, -INFINITY };
+	struct k_sample_params greedy = { 0 };
+	uint64_t x = 5;
+	int bad = 0, cases = 0;
+
+	for (int vocab = 1; vocab <= 41; vocab += 4)
+		for (int n = 1; n <= 8 && n <= vocab; n++)
+			for (int k = 0; k < 50; k++, cases++) {
+				float l[41], v[8];
+				int32_t ids[8], want;
+
+				for (int i = 0; i < vocab; i++) {
+					x = x * 6364136223846793005ull + 1442695040888963407ull;
+					l[i] = vals[(x >> 33) % (k < 10 ? 6 : 4 + (k % 2))];
+				}
+				if (k % 7 == 0)	/* a whole first slice of NaN */
+					for (int i = 0; i < vocab / n; i++)
+						l[i] = NAN;
+				for (int r = 0; r < n; r++) {
+					int v0, vn;
+
+					model_shard_vocab(vocab, r, n, &v0, &vn);
+					ids[r] = v0 + forward_tp_argmax(l + v0, vn, &v[r]);
+				}
+				want = k_cpu_sample(l, vocab, &greedy, 0, NULL);
+				bad += forward_tp_argmax_merge(v, ids, n, 1) != want;
+			}
+	CHECK(bad == 0, "argmax merge: %d of %d rows differ from k_cpu_sample's greedy pick", bad, cases);
+	fprintf(stderr, "  argmax merge of vocabulary slices: %d rows with ties and NaNs, as k_cpu_sample\n",
+		cases);
+}
+
 static struct engine *open_engine(struct model *m, int tp, int ep, char *err, size_t err_len,
 				  int *ret)
 {
@@ -114,8 +283,10 @@ static void check_refusal(struct model *m, const char *name, int tp, int ep)
 
 /* Every tp of tps[] against tp 1 on model m over the cases, the experts of a MoE model
  * sliced and (ep) whole: within tolerance on every row of every path where the shapes
- * split, refused with one line where they do not. */
-static void compare_tps(struct model *m, const char *name, const struct tcase *cs, int nc)
+ * split, refused with one line where they do not. The ranks' shards are built from mt:
+ * m itself, or the same checkpoint mapped (shards read straight from the files). */
+static void compare_tps(struct model *m, struct model *mt, const char *name, const struct tcase *cs,
+			int nc)
 {
 	struct engine *e;
 	float *want, *got;
@@ -137,10 +308,10 @@ static void compare_tps(struct model *m, const char *name, const struct tcase *c
 		if (ep && m->cfg.n_experts <= 0)
 			continue;
 		if (model_shard_check(&m->cfg, tp, ep, err, sizeof(err))) {
-			check_refusal(m, name, tp, ep);
+			check_refusal(mt, name, tp, ep);
 			continue;
 		}
-		e = open_engine(m, tp, ep, err, sizeof(err), &ret);
+		e = open_engine(mt, tp, ep, err, sizeof(err), &ret);
 		CHECK(e != NULL, "%s: tp %d%s: %s", name, tp, ep ? " ep" : "", err);
 		if (!e)
 			continue;
@@ -157,6 +328,8 @@ static void compare_tps(struct model *m, const char *name, const struct tcase *c
 		}
 		CHECK(n == rows && bad == 0, "%s: tp %d%s: %d of %d rows beyond %g (worst %.3g)", name,
 		      tp, ep ? " ep" : "", bad, rows, TP_ROW_TOL, worst);
+		if (n == rows)
+			check_greedy(e, cs, nc, got, name);
 		fprintf(stderr, "  %-22s tp %d%s: %d rows (prefill, incremental, batched), worst %.2e\n",
 			name, tp, ep ? " ep" : "", n, worst);
 		engine_destroy(e);
@@ -212,7 +385,8 @@ static void check_model(const char *top, const char *name)
 {
 	char dir[1024], path[1200], err[512] = "";
 	struct tcase cs[MAX_CASES] = { 0 };
-	struct model *m = NULL;
+	struct model_load_opts mapped = { .mapped = 1 };
+	struct model *m = NULL, *mt = NULL;
 	json_error_t jerr;
 	json_t *g, *cases;
 	int nc = 0;
@@ -224,15 +398,18 @@ static void check_model(const char *top, const char *name)
 	if (!g)
 		return;
 	CHECK(model_load(&m, dir, NULL, err, sizeof(err)) == 0, "%s: load: %s", name, err);
+	CHECK(model_load(&mt, dir, &mapped, err, sizeof(err)) == 0 && mt->mapped, "%s: load mapped: %s",
+	      name, err);
 	cases = json_object_get(g, "cases");
 	for (size_t i = 0; m && i < json_array_size(cases) && nc < MAX_CASES; i++, nc++)
 		cs[nc].tokens = golden_ids(json_object_get(json_array_get(cases, i), "tokens"), &cs[nc].n);
-	if (m)
-		compare_tps(m, name, cs, nc);
+	if (m && mt)
+		compare_tps(m, mt, name, cs, nc);
 	if (m && !strcmp(name, "golden/qwen3_moe"))
 		check_trace_refused(m, name);
 	for (int i = 0; i < nc; i++)
 		free(cs[i].tokens);
+	model_destroy(mt);
 	model_destroy(m);
 	json_decref(g);
 }
@@ -242,13 +419,28 @@ static void check_model(const char *top, const char *name)
  * weights. */
 static const struct {
 	const char *name, *tiny, *set;
+	const char *format;	/* --weight-format of the synthetic weights, or NULL */
+	const char *refused;	/* tp 2 must refuse with this in its line, or NULL */
 } variants[] = {
 	{ "tiny/llama h12 kv6", "llama",
-	  "{\"num_attention_heads\": 12, \"num_key_value_heads\": 6, \"head_dim\": 8, \"intermediate_size\": 168}" },
+	  "{\"num_attention_heads\": 12, \"num_key_value_heads\": 6, \"head_dim\": 8, \"intermediate_size\": 168}", NULL, NULL },
 	{ "tiny/qwen3_moe h6 kv1", "qwen3_moe",
-	  "{\"num_attention_heads\": 6, \"num_key_value_heads\": 1, \"moe_intermediate_size\": 24}" },
+	  "{\"num_attention_heads\": 6, \"num_key_value_heads\": 1, \"moe_intermediate_size\": 24}", NULL, NULL },
 	{ "tiny/deepseek_v3 h6", "deepseek_v3",
-	  "{\"num_attention_heads\": 6, \"num_key_value_heads\": 6, \"moe_intermediate_size\": 24, \"intermediate_size\": 120}" },
+	  "{\"num_attention_heads\": 6, \"num_key_value_heads\": 6, \"moe_intermediate_size\": 24, \"intermediate_size\": 120}", NULL, NULL },
+	/* quantized shards: each rank's slice of the payload and of the scales it uses
+	 * (128x128 blocks cut at block starts or kept whole; int4 groups of 32) */
+	{ "tiny/llama fp8-block", "llama",
+	  "{\"hidden_size\": 256, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 64, \"intermediate_size\": 512}",
+	  "fp8-block", NULL },
+	{ "tiny/qwen3_moe int4-g32", "qwen3_moe",
+	  "{\"hidden_size\": 128, \"head_dim\": 32, \"moe_intermediate_size\": 128, \"intermediate_size\": 256}",
+	  "int4-g32", NULL },
+	{ "tiny/deepseek_v3 fp8-channel", "deepseek_v3", "{}", "fp8-channel", NULL },
+	/* 96 query rows a rank: rank 1's [96, 192) straddles two 128-row blocks */
+	{ "tiny/llama fp8-block cut", "llama",
+	  "{\"hidden_size\": 256, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"head_dim\": 48, \"intermediate_size\": 512}",
+	  "fp8-block", "rows [96, 192) and columns [0, 256) of a 192x256 weight cut its 128x128 quantization blocks" },
 };
 
 static void check_variant(const char *top, int v)
@@ -275,9 +467,23 @@ static void check_variant(const char *top, int v)
 	json_object_update(cfg, set);
 	snprintf(path, sizeof(path), "%s/config.json", tmpl);
 	CHECK(json_dump_file(cfg, path, 0) == 0, "%s: cannot write", path);
+	if (variants[v].format)
+		CHECK(model_weight_format_parse(variants[v].format, &lo.weight_format, err, sizeof(err)) == 0,
+		      "%s: %s", variants[v].name, err);
 	CHECK(model_load(&m, path, &lo, err, sizeof(err)) == 0, "%s: load: %s", variants[v].name, err);
-	if (m)
-		compare_tps(m, variants[v].name, cs, 2);
+	CHECK(!variants[v].format || (m && m->n_quantized > 0), "%s: no weight quantized",
+	      variants[v].name);
+	if (m && variants[v].refused) {	/* a split that would cut scale blocks */
+		int ret;
+		struct engine *e = open_engine(m, 2, 0, err, sizeof(err), &ret);
+
+		CHECK(!e && ret == -EINVAL && strstr(err, variants[v].refused) && !strchr(err, '\n'),
+		      "%s: tp 2 gave %d, '%s'", variants[v].name, ret, err);
+		fprintf(stderr, "  %-22s tp 2 refused: %s\n", variants[v].name, err);
+		engine_destroy(e);
+	} else if (m) {
+		compare_tps(m, m, variants[v].name, cs, 2);
+	}
 	model_destroy(m);
 	unlink(path);
 	rmdir(tmpl);
@@ -291,6 +497,8 @@ int main(void)
 
 	fprintf(stderr, "test_tp: cpu backend, tp 2 3 4 8 against tp 1, tolerance %g relative L2 per row\n",
 		TP_ROW_TOL);
+	check_argmax_merge();
+	check_reduce_norm();
 	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
 		check_model(top, models[i]);
 	for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++)

@@ -1,8 +1,10 @@
 #!/bin/sh
 # --tp and --gpus as a user gives them: kdbench logits with tp 2 and 4 (and 4 with
 # expert parallel, --ep) within 1e-5 relative L2 per row of tp 1 (dense, MoE, MLA);
-# kdbench generate and a real kdecd --tp 2 over the socket give tp 1's greedy tokens (one client, then four at once);
-# kdbench decode runs at tp 2; kdbench allreduce's sums come out right; and every bad
+# kdbench generate and a real kdecd --tp 2 over the socket give tp 1's greedy tokens (one client, then four at once;
+# greedy with tp: drawn by vocabulary slices), kdecd reading its shards straight from the mapped files;
+# a quantized (fp8-block) checkpoint at tp 2 within 1e-5 of tp 1; kdbench decode runs at tp 2;
+# kdbench allreduce's sums come out right; and every bad
 # --tp / --gpus / --ep fails with one clear line.
 set -u
 test_name=tp_cli
@@ -36,7 +38,11 @@ done
 
 S=$tmp/kdecd.sock
 if kdecd_start daemon.log 60 --model "$M" --socket "$S" --threads 2 --tp 2; then
-	grep -q "tp 2: rank 1 holds" "$tmp/daemon.log" && ok || fail "kdecd --tp 2 logs no rank 1"
+	grep -q "tp 2: rank 1 holds .* MiB of KV cache; peak host memory" "$tmp/daemon.log" && ok ||
+		fail "kdecd --tp 2 logs no rank 1 with its peak host memory"
+	# the shards came straight from the files (the model never read whole)
+	grep -q "tp 2: the shards of .* read straight from the mapped files" "$tmp/daemon.log" && ok ||
+		fail "kdecd --tp 2 did not read its shards from the mapped files"
 	"$B/kdrun" --socket "$S" --prompt 1,2,3 --max-tokens 12 >"$tmp/d2" 2>"$tmp/err" ||
 		fail "kdrun on kdecd --tp 2: $(tail -n 1 "$tmp/err")"
 	[ "$(tr -s ' \n' ' ' <"$tmp/d2" | sed 's/ $//')" = "$(tr -s ' \n' ' ' <"$tmp/g1" | sed 's/ $//')" ] && ok ||
@@ -103,8 +109,16 @@ expect 1 "with --tp 2: not built" "$B/kdbench" logits --model "$G/qwen3_moe" --t
 expect 1 "needs --tp N of 2 or more" "$B/kdbench" logits --model "$G/qwen3_moe" --tokens 1 --ep
 expect 1 "has no routed experts" "$B/kdecd" --backend cpu --model "$M" --check --tp 2 --ep
 expect 1 "runs on no GPU" "$B/kdecd" --backend cpu --model "$M" --check --gpus 0
-expect 1 "64 weights are quantized; tensor parallel" "$B/kdbench" logits --model "$top_srcdir/tests/data/quant/deepseek_v3_fp8_block" \
-	--tokens 1,2 --out "$tmp/x" --tp 2
+# a quantized checkpoint shards too (its payloads and the scale blocks each slice uses)
+Q=$top_srcdir/tests/data/quant/deepseek_v3_fp8_block
+if "$B/kdbench" logits --model "$Q" --tokens 1,2,3 --threads 2 --out "$tmp/q1.f32" 2>"$tmp/err" &&
+   "$B/kdbench" logits --model "$Q" --tokens 1,2,3 --threads 2 --tp 2 --out "$tmp/q2.f32" 2>"$tmp/err"; then
+	w=$(worst_rel "$tmp/q2.f32" "$tmp/q1.f32" 199)
+	awk -v w="$w" 'BEGIN { exit !(w != "nan" && w + 0 <= 1e-5) }' && ok ||
+		fail "fp8-block deepseek_v3 tp 2: worst row $w relative L2 from tp 1 (want <= 1e-5)"
+else
+	fail "fp8-block deepseek_v3 tp 2: $(tail -n 1 "$tmp/err")"
+fi
 expect 1 "host tier copies one rank" "$B/kdecd" --backend cpu --model "$M" --check --tp 2 --host-kv-mem 64M
 if "$B/kdbench" logits --backend cuda --model "$M" --tokens 1 --out "$tmp/x" >/dev/null 2>&1; then
 	# (cuda --tp 2 and 4 run as virtual ranks: tests/test_cuda_tp.sh)

@@ -220,11 +220,13 @@ struct backend_ops {
 	 * tp_reduce: rank r's part, queued to start once every rank's marked work is done;
 	 * buf (rows, width) is its partial; the sum over ranks in rank order (the same
 	 * bits on every rank) is added to residual (rows, width) or, residual NULL,
-	 * written to buf. No rank may queue more work before every rank has queued its
-	 * tp_reduce (the caller's second barrier). 0 or -errno. */
+	 * written to buf; with gamma (a (width) norm weight; residual then needed) out
+	 * (rows, width) = rmsnorm(residual) * gamma in the same reduction (the next
+	 * layer's norm fused; out may be buf). No rank may queue more work before every
+	 * rank has queued its tp_reduce (the caller's second barrier). 0 or -errno. */
 	int (*tp_arrive)(struct backend *be, void *comm, int rank);
 	int (*tp_reduce)(struct backend *be, void *comm, int rank, float *buf, int rows,
-			 float *residual);
+			 float *residual, const struct model_tensor *gamma, float *out, float eps);
 	/* Graphs: ops issued between capture_begin and capture_end are recorded into
 	 * *graph instead of running; graph_launch replays them on the current contents of
 	 * the same buffers; *n_nodes receives the kernels and copies recorded. 0 or -errno. */

@@ -65,6 +65,17 @@ static int on_host(const struct k_sample_params *p, const struct k_sample_hist *
 	       (lp && p->logprobs);
 }
 
+/* Whether every row of a tensor-parallel step is a plain greedy pick (no penalty over
+ * a history, no logprobs): what the ranks draw by vocabulary slices. */
+static int tp_greedy(const struct k_sample_params *p, int n, const struct k_sample_hist *hist,
+		     const struct k_sample_logprobs *lp)
+{
+	for (int i = 0; i < n; i++)
+		if (p[i].temperature > 0 || on_host(&p[i], hist ? &hist[i] : NULL, lp ? &lp[i] : NULL))
+			return 0;
+	return n > 0;
+}
+
 /* The backend draws every row; rows flagged in s->host have their logits downloaded
  * and are drawn again on the host (n_host of them). */
 static int step_on_backend(struct engine *e, struct engine_req *reqs, int n_reqs, int n,
@@ -94,9 +105,12 @@ int engine_step_sample_ext(struct engine *e, struct engine_req *reqs, int n_reqs
 	 * n counts rows, not requests */
 	int n = engine_step_out_rows(reqs, n_reqs);
 	int vocab = e->model->cfg.vocab_size, ret, n_host = 0;
-	/* tensor parallel: every rank holds a vocabulary slice, so the draw is the host's
-	 * over the gathered logits (forward_tp_run fills them) */
-	int be_sample = e->be->ops->sample && !e->fwd->tp;
+	/* tensor parallel: every rank holds a vocabulary slice. Greedy rows, when the
+	 * caller does not want the logits: each rank's argmax of its slice, only (value,
+	 * id) pairs compared (forward_tp_run), the logits never gathered; any other draw
+	 * (temperature, penalties, logprobs) is the host's over the gathered logits. */
+	int be_sample = e->fwd->tp ? !logits && tp_greedy(params, n, hist, lp)
+				   : e->be->ops->sample != NULL;
 	struct engine_sampler *s;
 
 	if ((ret = sampler_reserve(e, n))) {

@@ -262,16 +262,34 @@ static void linear_residual(struct forward *f, float *residual, float *scratch, 
 	OP(f, add, residual, scratch, (size_t)R * (size_t)w->rows);
 }
 
+/* Tensor parallel: the ranks' partial sums part (R, hidden) reduced into the residual
+ * f->x, and the RMSNorm that comes next (norm; NULL: none) of it into f->h inside the
+ * same reduction (the fused all-reduce + residual + RMSNorm): forward_layer then
+ * skips that norm. */
+static int tp_reduce_norm(struct forward *f, float *part, int R, const struct model_tensor *norm)
+{
+	return forward_tp_reduce_norm(f, part, (size_t)R * (size_t)f->m->cfg.hidden_size, f->x, norm,
+				      f->h);
+}
+
+/* The next layer's input norm after layer l's MLP (none after the last: the final norm
+ * runs on the out rows alone). */
+static const struct model_tensor *next_norm(const struct forward *f, int l)
+{
+	return l + 1 < f->m->cfg.n_layers ? &f->m->layers[l + 1].attn_norm : NULL;
+}
+
 /* The attention's output projection added to the residual: with tensor parallel the
- * ranks' partial sums (their heads' columns of wo) are reduced into it. */
+ * ranks' partial sums (their heads' columns of wo) are reduced into it, with the
+ * MLP's input norm. */
 static int attn_out(struct forward *f, const struct model_layer *L, int R)
 {
 	if (!f->tp) {
 		linear_residual(f, f->x, f->h, f->attn, &L->wo, R);
 		return 0;
 	}
-	OP(f, linear, f->h, f->attn, &L->wo, R);
-	return forward_tp_reduce(f, f->h, (size_t)R * (size_t)L->wo.rows, f->x);
+	OP(f, linear, f->mlp, f->attn, &L->wo, R);
+	return tp_reduce_norm(f, f->mlp, R, &L->ffn_norm);
 }
 
 /* q, and K/V into the cache, op by op (backends without qkv_prep). */
@@ -456,9 +474,9 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 	if (shared > 0 && L->w_gate.data)	/* expert parallel: rank 0's alone */
 		dense_mlp(f, L, R, shared, f->mlp, f->h);
 	/* tensor parallel: routed and shared partial sums reduced together, once, into
-	 * the residual */
+	 * the residual, with the next layer's norm */
 	if (f->tp)
-		return forward_tp_reduce(f, f->mlp, (size_t)R * c->hidden_size, f->x);
+		return tp_reduce_norm(f, f->mlp, R, next_norm(f, l));
 	OP(f, add, f->x, f->mlp, (size_t)R * c->hidden_size);
 	return 0;
 }
@@ -469,8 +487,10 @@ int forward_layer(struct forward *f, int l, const struct fwd_batch *b)
 	const struct model_layer *L = &f->m->layers[l];
 	int R = b->n_rows, ret = 0;
 
-	OP(f, rmsnorm, f->h, c->hidden_size, f->x, c->hidden_size, &L->attn_norm, R, c->hidden_size,
-	   c->rms_norm_eps);
+	/* tensor parallel: the previous layer's last reduction normalised x into h */
+	if (!f->tp || l == 0)
+		OP(f, rmsnorm, f->h, c->hidden_size, f->x, c->hidden_size, &L->attn_norm, R,
+		   c->hidden_size, c->rms_norm_eps);
 	if (c->mla)
 		ret = mla_attention(f, L, l, b);
 	else
@@ -478,14 +498,15 @@ int forward_layer(struct forward *f, int l, const struct fwd_batch *b)
 	if (ret)
 		return ret;
 
-	OP(f, rmsnorm, f->h, c->hidden_size, f->x, c->hidden_size, &L->ffn_norm, R, c->hidden_size,
-	   c->rms_norm_eps);
+	if (!f->tp)	/* tensor parallel: attn_out's reduction normalised it */
+		OP(f, rmsnorm, f->h, c->hidden_size, f->x, c->hidden_size, &L->ffn_norm, R,
+		   c->hidden_size, c->rms_norm_eps);
 	if (L->is_moe)
 		return moe_mlp(f, L, l, R);
 	if (f->tp) {	/* this rank's partial sum (its columns) into f->mlp, reduced into f->x */
 		swiglu(f, L, R, c->intermediate_size);
 		OP(f, linear, f->mlp, f->gate, &L->w_down, R);
-		return forward_tp_reduce(f, f->mlp, (size_t)R * c->hidden_size, f->x);
+		return tp_reduce_norm(f, f->mlp, R, next_norm(f, l));
 	}
 	dense_mlp(f, L, R, c->intermediate_size, f->x, f->mlp);
 	return 0;

@@ -8,10 +8,12 @@
  * order is what keeps ranks sharing a GPU from deadlocking: backend_cuda_tp.c) and
  * runs op by op (no graphs with tp > 1 yet). */
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "daemon/base/log.h"
 #include "daemon/engine/forward_tp.h"
@@ -30,6 +32,9 @@ struct fwd_tp {
 	int started;			/* threads running (ranks 1..started) */
 	int own0;			/* be[0] made here (not yet handed to the caller) */
 	int vocab, v0[MODEL_SHARD_MAX_RANKS];
+	double peak_mib[MODEL_SHARD_MAX_RANKS];	/* the process's peak host memory (ru_maxrss)
+					 * once rank r's shard was built (and, without
+					 * host memory, copied to its device) */
 	int ep;				/* expert parallel: rank r holds experts [e0, e0 + ne) */
 	int e0[MODEL_SHARD_MAX_RANKS], ne[MODEL_SHARD_MAX_RANKS];
 
@@ -42,17 +47,62 @@ struct fwd_tp {
 	/* the step in flight, set by rank 0 before the start barrier */
 	const struct fwd_batch *b;
 	float *logits;
+	int greedy;			/* 1: each rank's argmax of its slice, no logits */
 	int quit;
 	int ret[MODEL_SHARD_MAX_RANKS];
+
+	/* vocabulary-split greedy sampling: rank r's best (value, id) per out row */
+	int max_rows;
+	float *best_v;			/* (n, max_rows) */
+	int32_t *best_i;		/* (n, max_rows) ids in the whole vocabulary */
+	float *slice[MODEL_SHARD_MAX_RANKS];	/* (FWD_LOGIT_ROWS, rank's vocab) host copy of
+					 * a rank's logits, backends without host memory */
 };
+
+int32_t forward_tp_argmax(const float *l, int n, float *value)
+{
+	int32_t best = 0;
+
+	for (int32_t i = 1; i < n; i++)	/* kernels/cpu/sample.c's rule */
+		if (l[i] > l[best] || isnan(l[best]))
+			best = i;
+	*value = l[best];
+	return best;
+}
+
+int forward_tp_argmax_merge(const float *v, const int32_t *ids, int n, size_t stride)
+{
+	int best = 0;
+
+	/* the slices in vocabulary order, by the scan's own rule: what a scan of the
+	 * whole row would pick (a slice that is all NaN passes on, as NaN elements do) */
+	for (int r = 1; r < n; r++)
+		if (v[(size_t)r * stride] > v[(size_t)best * stride] || isnan(v[(size_t)best * stride]))
+			best = r;
+	return ids[(size_t)best * stride];
+}
 
 int forward_tp_reduce(struct forward *f, float *buf, size_t n, float *residual)
 {
+	return forward_tp_reduce_norm(f, buf, n, residual, NULL, NULL);
+}
+
+int forward_tp_reduce_norm(struct forward *f, float *buf, size_t n, float *residual,
+			   const struct model_tensor *gamma, float *out)
+{
 	struct fwd_tp *g = f->tp;
 	int hidden = f->m->cfg.hidden_size, ret;
+	float eps = f->m->cfg.rms_norm_eps;
 
-	if (!g->bcomm)
-		return tp_comm_reduce(&g->comm, f->tp_rank, buf, n, residual);
+	if (!g->bcomm) {
+		struct tp_norm norm = { .width = hidden, .eps = eps, .out = out };
+
+		if (!gamma)
+			return tp_comm_reduce(&g->comm, f->tp_rank, buf, n, residual);
+		norm.gamma = gamma->data;
+		norm.dtype = gamma->dtype;
+		return tp_comm_reduce_norm(&g->comm, f->tp_rank, buf, n, residual, &norm);
+	}
 	if (n % (size_t)hidden)
 		return -EINVAL;
 	/* every rank's work marked before any reduction is queued; every reduction
@@ -60,7 +110,7 @@ int forward_tp_reduce(struct forward *f, float *buf, size_t n, float *residual)
 	if ((ret = g->ops->tp_arrive(f->be, g->bcomm, f->tp_rank)) ||
 	    (ret = tp_barrier_wait(&g->comm.bar)) ||
 	    (ret = g->ops->tp_reduce(f->be, g->bcomm, f->tp_rank, buf, (int)(n / (size_t)hidden),
-				     residual)))
+				     residual, gamma, out, eps)))
 		return ret;
 	return tp_barrier_wait(&g->comm.bar);
 }
@@ -101,8 +151,20 @@ int forward_tp_experts(struct forward *f, int32_t *ids, size_t n)
 	return ne;
 }
 
+/* Vocabulary-split greedy: rank r's (value, id) of the best logit of each of its n
+ * rows (rows, vn) of out rows o.. (host memory: the rank's own, or its slice copied
+ * down). */
+static void rank_best(struct fwd_tp *g, int r, const float *rows, int n, int vn, int o)
+{
+	for (int i = 0; i < n; i++) {
+		size_t k = (size_t)r * (size_t)g->max_rows + (size_t)(o + i);
+
+		g->best_i[k] = g->v0[r] + forward_tp_argmax(rows + (size_t)i * vn, vn, &g->best_v[k]);
+	}
+}
+
 /* The final norm and this rank's vocabulary columns of the out rows' logits, written
- * straight into the caller's (n_out, vocab) rows. */
+ * straight into the caller's (n_out, vocab) rows; or, greedy, only the best of them. */
 static int rank_logits(struct forward *f, const struct fwd_batch *b, float *logits)
 {
 	struct fwd_tp *g = f->tp;
@@ -117,6 +179,19 @@ static int rank_logits(struct forward *f, const struct fwd_batch *b, float *logi
 			   f->x + (size_t)b->out_rows[o + i] * hidden, hidden, &f->m->final_norm, 1,
 			   hidden, c->rms_norm_eps);
 		OP(f, linear, f->logits, f->h, &f->m->lm_head, n);
+		if (g->greedy) {
+			const float *rows = f->logits;
+			int ret;
+
+			if (!f->be->ops->host_memory) {	/* its slice alone crosses to the host */
+				rows = g->slice[f->tp_rank];
+				if ((ret = f->be->ops->download(f->be, g->slice[f->tp_rank], f->logits,
+								sizeof(float) * (size_t)n * (size_t)vn)))
+					return ret;
+			}
+			rank_best(g, f->tp_rank, rows, n, vn, o);
+			continue;
+		}
 		for (int i = 0; i < n; i++) {
 			float *dst = logits + (size_t)(o + i) * g->vocab + v0;
 			int ret;
@@ -195,6 +270,14 @@ int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 			 "(it would change rank 0's choices alone)", g->n);
 		return -ENOTSUP;
 	}
+	/* sampling asked for (engine_sample.c does so for greedy rows alone): each
+	 * rank's argmax of its vocabulary slice, only (value, id) pairs compared */
+	g->greedy = f->sample.params != NULL;
+	if (g->greedy && f->sample.done + b->n_out > f->sample.n)
+		return -EINVAL;
+	for (int o = 0; g->greedy && o < b->n_out; o++)
+		if (f->sample.params[f->sample.done + o].temperature > 0)
+			return -EINVAL;	/* no draw but greedy by slices */
 	tp_barrier_reset(&g->comm.bar);
 	g->b = b;
 	g->logits = logits;
@@ -205,6 +288,14 @@ int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 	for (int r = 0; r < g->n; r++)
 		if (g->ret[r] && (!ret || ret == -ECANCELED))
 			ret = g->ret[r];
+	if (!ret && g->greedy) {
+		for (int o = 0; o < b->n_out; o++)
+			f->sample.ids[f->sample.done + o] =
+				forward_tp_argmax_merge(g->best_v + o, g->best_i + o, g->n,
+							(size_t)g->max_rows);
+		f->sample.done += b->n_out;
+	}
+	g->greedy = 0;
 	return ret;
 }
 
@@ -236,11 +327,23 @@ void forward_tp_free(struct fwd_tp *g)
 		return;
 	if (g->bcomm)	/* the threads are gone: no reduction in flight */
 		g->ops->tp_comm_destroy(g->bcomm);
-	for (int r = 0; r < g->n; r++)
+	for (int r = 0; r < g->n; r++) {
 		model_destroy(g->shard[r]);
+		free(g->slice[r]);
+	}
+	free(g->best_v);
+	free(g->best_i);
 	tp_comm_fini(&g->comm);
 	tp_barrier_fini(&g->step);
 	free(g);
+}
+
+/* The process's peak resident memory so far (Linux: ru_maxrss in KiB). */
+static double peak_host_mib(void)
+{
+	struct rusage ru;
+
+	return getrusage(RUSAGE_SELF, &ru) ? 0 : (double)ru.ru_maxrss / 1024.0;
 }
 
 /* The shards, backends and forwards of every rank (threads not yet started). */
@@ -256,6 +359,9 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 		if ((ret = model_shard_create(&g->shard[r], m, r, g->n, g->ep, err, err_len)))
 			return ret;
 		model_shard_vocab(m->cfg.vocab_size, r, g->n, &g->v0[r], &vn);
+		if (!g->ops->host_memory &&
+		    !(g->slice[r] = malloc(sizeof(float) * FWD_LOGIT_ROWS * (size_t)vn)))
+			return -ENOMEM;
 		model_shard_experts(m->cfg.n_experts, r, g->n, &g->e0[r], &g->ne[r]);
 		if (r == 0 && be0) {
 			g->be[0] = be0;
@@ -264,6 +370,9 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 				return ret;
 			g->own0 |= r == 0;
 		}
+		if (!g->ops->host_memory)	/* on its device now: one rank's host copy at a time */
+			model_shard_drop_host(g->shard[r]);
+		g->peak_mib[r] = peak_host_mib();
 		if ((ret = forward_create(&g->f[r], g->shard[r], g->be[r], n_blocks, block_tokens,
 					  max_rows, err, err_len)))
 			return ret;
@@ -297,10 +406,15 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	g->ep = ep;
 	g->vocab = m->cfg.vocab_size;
 	g->ops = ops;
+	g->max_rows = max_rows;
+	g->best_v = malloc(sizeof(float) * (size_t)n * (size_t)max_rows);
+	g->best_i = malloc(sizeof(int32_t) * (size_t)n * (size_t)max_rows);
 	tp_barrier_init(&g->step, n);
 	/* the host buffers only where the ranks reduce through host memory */
 	ret = tp_comm_init(&g->comm, n, ops->host_memory ?
 			   (size_t)max_rows * (size_t)m->cfg.hidden_size : 0);
+	if (!ret && (!g->best_v || !g->best_i))
+		ret = -ENOMEM;
 	if (!ret)
 		ret = ranks_create(g, m, be0, bo, n_blocks, block_tokens, max_rows, err, err_len);
 	if (!ret && !ops->host_memory)
@@ -341,9 +455,14 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 		return ret;
 	}
 	for (int r = 0; r < n; r++)	/* what each rank holds: its shard, its cache */
-		log_info("tp %d%s: rank %d holds %.1f MiB of weights and %.1f MiB of KV cache", n,
-			 ep ? " (experts parallel)" : "", r, (double)g->shard[r]->weight_bytes / (1 << 20),
-			 (double)g->f[r]->kv_bytes / (1 << 20));
+		log_info("tp %d%s: rank %d holds %.1f MiB of weights and %.1f MiB of KV cache; peak "
+			 "host memory %.1f MiB", n, ep ? " (experts parallel)" : "", r,
+			 (double)g->shard[r]->weight_bytes / (1 << 20), (double)g->f[r]->kv_bytes / (1 << 20),
+			 g->peak_mib[r]);
+	log_info("tp %d: the shards of %.1f MiB of weights %s; peak host memory: the process's "
+		 "ru_maxrss once each rank was built", n, (double)m->weight_bytes / (1 << 20),
+		 m->mapped ? "read straight from the mapped files (the model never resident whole)"
+			   : "copied from the model in memory");
 	if (!ops->host_memory)
 		log_info("tp %d on %s: ranks as threads, one stream each, op by op (no graphs with "
 			 "tp > 1 yet)", n, ops->name);

@@ -24,13 +24,32 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 		      const struct backend_ops *ops, int n, int ep, const struct backend_opts *bo,
 		      int n_blocks, int block_tokens, int max_rows, char *err, size_t err_len);
 
-/* Rank 0: runs the step on every rank; logits (n_out, full vocab) as forward_run. */
+/* Rank 0: runs the step on every rank; logits (n_out, full vocab) as forward_run.
+ * With sampling set (forward_sample_set; every row greedy, else -EINVAL) no logits are
+ * written: each rank takes the argmax of its vocabulary slice of each out row and
+ * rank 0 compares the (value, id) pairs into f->sample.ids (vocabulary-split greedy
+ * sampling: the full logits are never gathered). */
 int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits);
+
+/* The greedy pick of kernels/cpu/sample.c over l (n): the highest value, the lower
+ * index on ties, NaNs passed over (all NaN: the last); its value in *value. */
+int32_t forward_tp_argmax(const float *l, int n, float *value);
+
+/* The ids[r * stride] whose v[r * stride] wins among n slices' argmaxes given in
+ * vocabulary order, by the same rule: the argmax of the whole row. */
+int forward_tp_argmax_merge(const float *v, const int32_t *ids, int n, size_t stride);
 
 /* Any rank, inside a step: the sum of every rank's buf (n floats), the same bits on
  * every rank, added to residual (n floats; the residual add fused) or, residual NULL,
  * into buf. 0, or -ECANCELED when another rank failed the step. */
 int forward_tp_reduce(struct forward *f, float *buf, size_t n, float *residual);
+
+/* forward_tp_reduce into residual with the RMSNorm that follows it fused: out (n
+ * floats, rows of hidden; may be buf) = rmsnorm(residual) * gamma, computed inside
+ * the reduction (tp_comm_reduce_norm; on a backend, tp_reduce's gamma form). gamma
+ * NULL: forward_tp_reduce. */
+int forward_tp_reduce_norm(struct forward *f, float *buf, size_t n, float *residual,
+			   const struct model_tensor *gamma, float *out);
 
 /* Any rank, before its routed experts run: the expert count its shard holds, and with
  * expert parallel ids (n, the router's choices) renumbered into them (-1: another

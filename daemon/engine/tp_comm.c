@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "daemon/engine/tp_comm.h"
+#include "kernels/cpu/k_cpu.h"
 
 void tp_barrier_init(struct tp_barrier *b, int n)
 {
@@ -65,8 +66,13 @@ int tp_comm_init(struct tp_comm *c, int n, size_t cap)
 	if (n < 1 || n > TP_COMM_MAX_RANKS)
 		return -EINVAL;
 	c->sum = malloc((cap ? cap : 1) * sizeof(float));
-	if (!c->sum)
+	c->normed = malloc((cap ? cap : 1) * sizeof(float));
+	if (!c->sum || !c->normed) {
+		free(c->sum);
+		free(c->normed);
+		c->sum = c->normed = NULL;
 		return -ENOMEM;
+	}
 	c->n = n;
 	c->cap = cap;
 	tp_barrier_init(&c->bar, n);
@@ -79,7 +85,8 @@ void tp_comm_fini(struct tp_comm *c)
 		return;
 	tp_barrier_fini(&c->bar);
 	free(c->sum);
-	c->sum = NULL;
+	free(c->normed);
+	c->sum = c->normed = NULL;
 }
 
 int tp_comm_reduce(struct tp_comm *c, int r, float *buf, size_t n, float *residual)
@@ -113,5 +120,45 @@ int tp_comm_reduce(struct tp_comm *c, int r, float *buf, size_t n, float *residu
 	}
 	for (size_t i = 0; i < n; i++)	/* y += x, as the add op does */
 		residual[i] += c->sum[i];
+	return 0;
+}
+
+int tp_comm_reduce_norm(struct tp_comm *c, int r, float *buf, size_t n, float *residual,
+			const struct tp_norm *norm)
+{
+	size_t w, rows, r0, r1;
+	int N = c->n, ret;
+
+	if (!norm)
+		return tp_comm_reduce(c, r, buf, n, residual);
+	w = (size_t)(norm->width > 0 ? norm->width : 1);
+	rows = n / w;
+	if (n > c->cap || !residual || n % w) {
+		tp_barrier_break(&c->bar);
+		return -EINVAL;
+	}
+	r0 = rows * (size_t)r / (size_t)N;
+	r1 = rows * (size_t)(r + 1) / (size_t)N;
+	c->bufs[r] = buf;
+	if ((ret = tp_barrier_wait(&c->bar)))
+		return ret;
+	/* this rank's rows: the sum in rank order added to the residual (every rank's
+	 * residual holds the same bits), then normalised, once for all ranks */
+	for (size_t i = r0 * w; i < r1 * w; i++) {
+		float s = c->bufs[0][i];
+
+		for (int k = 1; k < N; k++)
+			s += c->bufs[k][i];
+		c->sum[i] = residual[i] + s;
+	}
+	if (r1 > r0)
+		k_cpu_rmsnorm(c->normed + r0 * w, (int)w, c->sum + r0 * w, (int)w, norm->gamma,
+			      norm->dtype, (int)(r1 - r0), (int)w, norm->eps);
+	/* as tp_comm_reduce: after this barrier the bufs are read no more (out may be
+	 * one of them) */
+	if ((ret = tp_barrier_wait(&c->bar)))
+		return ret;
+	memcpy(residual, c->sum, n * sizeof(float));
+	memcpy(norm->out, c->normed, n * sizeof(float));
 	return 0;
 }

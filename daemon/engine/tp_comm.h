@@ -8,6 +8,8 @@
 #include <pthread.h>
 #include <stddef.h>
 
+#include "kernels/dtype.h"
+
 #define TP_COMM_MAX_RANKS 64
 
 struct tp_barrier {
@@ -31,7 +33,17 @@ struct tp_comm {
 	struct tp_barrier bar;
 	float *bufs[TP_COMM_MAX_RANKS];	/* each rank's partial, published */
 	float *sum;			/* (cap) the reduced result */
+	float *normed;			/* (cap) its RMSNorm (tp_comm_reduce_norm) */
 	size_t cap;
+};
+
+/* The RMSNorm that follows a reduction, done inside it (tp_comm_reduce_norm). */
+struct tp_norm {
+	const void *gamma;	/* (width) the norm's weight, as stored */
+	enum k_dtype dtype;	/* its dtype */
+	int width;		/* values per row (hidden) */
+	float eps;
+	float *out;		/* (rows, width) this rank's rmsnorm(residual) * gamma */
 };
 
 /* n ranks (1..TP_COMM_MAX_RANKS), reductions of up to cap floats. 0 or -errno. */
@@ -44,5 +56,14 @@ void tp_comm_fini(struct tp_comm *c);	/* accepts a zeroed one */
  * 0; -ECANCELED when another rank failed (the barrier broken); -EINVAL past cap
  * (then it breaks the barrier itself, so no rank waits for it). */
 int tp_comm_reduce(struct tp_comm *c, int r, float *buf, size_t n, float *residual);
+
+/* tp_comm_reduce with residual and the next RMSNorm fused (norm NULL: the plain
+ * form): rank r sums every rank's partial for its share of the rows (n / width rows,
+ * split by rows, not elements: the norm needs whole rows), adds its residual's rows
+ * and normalises them once, for every rank; then every rank copies the new residual
+ * and norm->out. The same bits as the reduction followed by k_cpu_rmsnorm (which it
+ * runs) on every rank. 0 or -errno as tp_comm_reduce. */
+int tp_comm_reduce_norm(struct tp_comm *c, int r, float *buf, size_t n, float *residual,
+			const struct tp_norm *norm);
 
 #endif

@@ -269,9 +269,11 @@ static int open_engine(const struct bench_args *a, struct model **m, struct engi
 	char err[512] = "";
 	double t0 = clock_now(), t1;
 	int64_t params = 0;
+	struct model_load_opts lo = a->load;
 	int ret;
 
-	ret = model_load(m, a->model, &a->load, err, sizeof(err));
+	lo.mapped = a->eng.tp > 1;	/* tensor parallel: shards read straight from the files */
+	ret = model_load(m, a->model, &lo, err, sizeof(err));
 	if (ret) {
 		fprintf(stderr, "kdbench: %s\n", err[0] ? err : strerror(-ret));
 		return ret;

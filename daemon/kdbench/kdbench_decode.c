@@ -461,6 +461,7 @@ int kdbench_decode_main(int argc, char **argv)
 
 	if (decode_parse(argc, argv, &a))
 		return 2;
+	a.load.mapped = a.eng.tp > 1;	/* tensor parallel: shards read from the files */
 	if ((ret = model_load(&m, a.model, &a.load, err, sizeof(err))) ||
 	    (ret = engine_create(&e, m, &a.eng, err, sizeof(err)))) {
 		fprintf(stderr, "kdbench decode: %s\n", err[0] ? err : strerror(-ret));

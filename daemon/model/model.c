@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "daemon/base/clock.h"
 #include "daemon/base/log.h"
@@ -460,7 +462,9 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 		struct model_load_progress lp = { 0 };
 		struct st_progress pr = { .fn = model_load_progress, .ctx = &lp };
 
-		if ((ret = st_set_load(&m->files, path, &pr, err, err_len)))
+		m->mapped = opts->mapped;
+		if ((ret = opts->mapped ? st_set_map(&m->files, path, err, err_len)
+					: st_set_load(&m->files, path, &pr, err, err_len)))
 			goto err_destroy;
 		ret = model_for_each_tensor(m, bind_tensor, &b);
 		if (!ret)
@@ -493,7 +497,29 @@ void model_destroy(struct model *m)
 	st_set_close(&m->files);
 	model_gguf_release(m);
 	free(m->synthetic_buf);
-	free(m->shard_buf);
+	if (m->shard_buf)
+		munmap(m->shard_buf, m->shard_bytes);
 	free(m->path);
 	free(m);
+}
+
+void model_release_pages(const struct model *m, const void *p, size_t bytes)
+{
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p, b = a + bytes;
+
+	if (!m->mapped || !bytes)
+		return;
+	for (int i = 0; i < m->files.n_files; i++) {
+		const struct st_file *f = &m->files.files[i];
+		uintptr_t lo = (uintptr_t)f->map, hi = lo + f->size;
+
+		if (!f->map || a < lo || b > hi)
+			continue;
+		/* whole pages around the range: a page shared with a neighbour is
+		 * read again from the file when the neighbour is copied */
+		a &= ~(page - 1);
+		b = (b + page - 1) & ~(page - 1);
+		madvise((void *)a, b - a, MADV_DONTNEED);
+		return;
+	}
 }

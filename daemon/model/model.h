@@ -2,7 +2,10 @@
  * shape and dtype against what the architecture needs before anything runs.
  * Weights live in memory the model owns: the files read whole at load (never a mapping
  * of a file, which a truncation would turn into SIGBUS and a rewrite into other
- * weights under a running daemon), a dequantized copy, or a synthetic buffer. */
+ * weights under a running daemon), a dequantized copy, or a synthetic buffer. The one
+ * exception, opts->mapped: a model that is only the source of tensor-parallel shards
+ * (model_shard.c reads each rank's slice straight from the mapped files at start, so
+ * the whole model is never resident; nothing reads the mapping after). */
 #ifndef KD_DAEMON_MODEL_H
 #define KD_DAEMON_MODEL_H
 
@@ -66,13 +69,17 @@ struct model {
 	struct model_config cfg;
 	char *path;			/* directory, GGUF or config file it came from; owned */
 	int synthetic;			/* weights generated, not read */
-	struct st_set files;		/* weight files, read whole (empty when synthetic) */
+	struct st_set files;		/* weight files, read whole, or mapped (empty when
+					 * synthetic) */
+	int mapped;			/* files mapped, not read (model_load_opts.mapped) */
 	void *synthetic_buf;		/* owned storage of synthetic weights */
 	struct gguf_file *gguf;		/* owned: the GGUF file the model came from, read whole;
 					 * NULL, or released once every weight is in gguf_buf */
 	void *gguf_buf;			/* owned: weights dequantized from it (gguf_buf_bytes) */
 	size_t gguf_buf_bytes;
-	void *shard_buf;		/* owned: a tensor-parallel rank's weights (model_shard.c) */
+	void *shard_buf;		/* owned: a tensor-parallel rank's weights (model_shard.c;
+					 * anonymous pages, munmap) */
+	size_t shard_bytes;		/* its size */
 	size_t weight_bytes;		/* total bytes of all bound weights (quantized: payload
 					 * + scales) */
 	int n_quantized;		/* weights bound quantized (q.fmt != K_Q_NONE) */
@@ -95,6 +102,9 @@ struct model_load_opts {
 	struct model_quant weight_format;	/* synthetic: store the linear weights
 					 * quantized so (format MODEL_Q_NONE: the config's
 					 * dtype; --weight-format) */
+	int mapped;		/* safetensors: map the files instead of reading them, for a
+				 * model that only feeds tensor-parallel shards (--tp > 1);
+				 * GGUF and synthetic models are read or made whole as ever */
 };
 
 /* --weight-format NAME: bf16 (none), fp8-block (128x128), fp8-channel, fp8-tensor,
@@ -107,6 +117,12 @@ int model_weight_format_parse(const char *s, struct model_quant *q, char *err, s
 int model_load(struct model **out, const char *path, const struct model_load_opts *opts,
 	       char *err, size_t err_len);
 void model_destroy(struct model *m);	/* accepts NULL and half-built models */
+
+/* Gives back the pages of a mapped model's files that hold [p, p + bytes) (madvise
+ * MADV_DONTNEED: they are read again from the file if touched again), so that a
+ * shard built tensor by tensor never keeps more than a tensor of the file resident.
+ * Nothing for a model that is not mapped, or a range outside its files. */
+void model_release_pages(const struct model *m, const void *p, size_t bytes);
 
 /* Parameters (elements) of all the weights cfg needs, counted over the same tensor list
  * that loading binds, without allocating them. 0 or -ENOMEM. */

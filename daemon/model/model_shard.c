@@ -2,11 +2,16 @@
  * when fewer than ranks), MLA query heads, intermediate columns of dense MLPs, shared and
  * routed experts (or, expert parallel, a share of the routed experts whole and the
  * shared one on rank 0), and vocabulary rows, each rank's part copied into one
- * allocation of its own. Replicated: norms, the router, MLA's latent projections. */
+ * allocation of its own. Replicated: norms, the router, MLA's latent projections.
+ * From a mapped model (model_load_opts.mapped) each slice is read straight from the
+ * files and the pages read are given back tensor by tensor, so building the shards
+ * never holds the whole model. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "daemon/model/model_shard.h"
 
@@ -65,11 +70,22 @@ void model_shard_experts(int n_experts, int r, int n, int *first, int *count)
 	model_shard_vocab(n_experts, r, n, first, count);	/* the same even split */
 }
 
-/* Two passes over the same calls: the first (buf NULL) sums the bytes, the second copies. */
+/* Two passes over the same calls: the first (buf NULL) sums the bytes and checks that
+ * quantized weights split on their scale blocks, the second copies. */
 struct arena {
 	char *buf;
 	size_t used;
+	const struct model *src;	/* what the copies read: its pages given back after */
+	char *err;			/* the first slice that cannot be made, or NULL */
+	size_t err_len;
+	int bad;
 };
+
+/* A source region copied: its file pages go back (a mapped source). */
+static void done_with(struct arena *a, const void *p, size_t bytes)
+{
+	model_release_pages(a->src, p, bytes);
+}
 
 static void *take(struct arena *a, size_t bytes)
 {
@@ -79,22 +95,114 @@ static void *take(struct arena *a, size_t bytes)
 	return p;
 }
 
-/* Rows [r0, r0 + n) of t, all its columns. */
-static void *copy_rows_raw(struct arena *a, const struct model_tensor *t, int64_t r0, int64_t n)
+/* Bytes of one stored row of t's payload, and of columns [c0, c0 + n) of it (int4:
+ * eight to a 32-bit word; the caller checks c0 is a word's first). */
+static size_t col_bytes(const struct model_tensor *t, int64_t n)
 {
-	size_t row = (size_t)t->cols * k_dtype_size(t->dtype);
-	void *p = take(a, (size_t)n * row);
-
-	if (p)
-		memcpy(p, (const char *)t->data + (size_t)r0 * row, (size_t)n * row);
-	return p;
+	if (t->q.fmt == K_Q_INT4)
+		return (size_t)((n + 7) / 8) * 4;
+	if (t->q.fmt == K_Q_FP8)
+		return (size_t)n;
+	return (size_t)n * k_dtype_size(t->dtype);
 }
 
+/* Whether [x0, x0 + n) of a dimension cut in blocks of b keeps the scale blocks: it
+ * starts on a block, or lies within one (then its one scale serves it). */
+static int keeps_blocks(int64_t x0, int64_t n, int64_t b)
+{
+	return b <= 1 || x0 % b == 0 || x0 / b == (x0 + n - 1) / b;
+}
+
+/* The scale blocks rows [r0, r0 + nr) and columns [c0, c0 + nc) of t use, copied:
+ * element (i, j) of the slice is element (r0 + i, c0 + j) of t, whose scale is
+ * [(r0 + i) / br][(c0 + j) / bc] = [r0 / br + i / br][c0 / bc + j / bc] when the
+ * slice keeps the blocks. */
+static void slice_scales(struct arena *a, struct k_quant *q, const struct model_tensor *t, int64_t r0,
+			 int64_t nr, int64_t c0, int64_t nc)
+{
+	int64_t br = t->q.block_rows, bc = t->q.block_cols;
+	int64_t s0 = r0 / br, sn = (r0 + nr - 1) / br - s0 + 1;
+	int64_t k0 = c0 / bc, kn = (c0 + nc - 1) / bc - k0 + 1;
+	size_t es = k_dtype_size(t->q.scale_dtype);
+	char *p = take(a, (size_t)(sn * kn) * es);
+
+	*q = t->q;
+	q->scale = p;
+	q->scale_cols = kn;
+	if (!p || !t->q.scale)
+		return;
+	for (int64_t i = 0; i < sn; i++)
+		memcpy(p + (size_t)(i * kn) * es,
+		       (const char *)t->q.scale + (size_t)((s0 + i) * t->q.scale_cols + k0) * es,
+		       (size_t)kn * es);
+	done_with(a, (const char *)t->q.scale + (size_t)(s0 * t->q.scale_cols) * es,
+		  (size_t)(sn * t->q.scale_cols) * es);
+}
+
+/* Columns [c0, c0 + n) of one int4 row (words of eight nibbles, low first) into dst,
+ * from its first nibble on; the last word's unused nibbles hold 8 (the value 0). */
+static void int4_cols(char *dst, const char *src, int64_t c0, int64_t n)
+{
+	for (int64_t w = 0; w < (n + 7) / 8; w++) {
+		uint32_t out = 0;
+
+		for (int k = 0; k < 8; k++) {
+			int64_t j = w * 8 + k, c = c0 + j;
+			uint32_t word, nib = 8;
+
+			if (j < n) {
+				memcpy(&word, src + (size_t)(c / 8) * 4, 4);
+				nib = word >> (4 * (c % 8)) & 0xfu;
+			}
+			out |= nib << (4 * k);
+		}
+		memcpy(dst + (size_t)w * 4, &out, 4);
+	}
+}
+
+/* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of t into the shard, stored (nr, nc):
+ * the payload as stored (quantized: its bytes, and the scales it uses). */
+static void slice(struct arena *a, struct model_tensor *dst, const struct model_tensor *t, int64_t r0,
+		  int64_t nr, int64_t c0, int64_t nc)
+{
+	size_t row = col_bytes(t, t->cols), off = col_bytes(t, c0), len = col_bytes(t, nc);
+	int quant = t->q.fmt != K_Q_NONE;
+	char *p;
+
+	*dst = (struct model_tensor){ .dtype = t->dtype, .rows = nr, .cols = nc };
+	if (!t->data)
+		return;
+	if (quant && (!keeps_blocks(r0, nr, t->q.block_rows) || !keeps_blocks(c0, nc, t->q.block_cols))) {
+		if (!a->bad++ && a->err)
+			snprintf(a->err, a->err_len, "rows [%lld, %lld) and columns [%lld, %lld) of a "
+				 "%lldx%lld weight cut its %dx%d quantization blocks (a quantized weight "
+				 "splits only at block starts, or inside one block)", (long long)r0,
+				 (long long)(r0 + nr), (long long)c0, (long long)(c0 + nc),
+				 (long long)t->rows, (long long)t->cols, t->q.block_rows, t->q.block_cols);
+		return;
+	}
+	p = take(a, (size_t)nr * len);
+	if (p && t->q.fmt == K_Q_INT4 && c0 % 8) {	/* not on a word: the nibbles moved */
+		for (int64_t i = 0; i < nr; i++)
+			int4_cols(p + (size_t)i * len, (const char *)t->data + (size_t)(r0 + i) * row, c0, nc);
+	} else if (p && nc == t->cols) {	/* whole rows: one run */
+		memcpy(p, (const char *)t->data + (size_t)r0 * row, (size_t)nr * len);
+	} else if (p) {
+		for (int64_t i = 0; i < nr; i++)
+			memcpy(p + (size_t)i * len, (const char *)t->data + (size_t)(r0 + i) * row + off, len);
+	}
+	if (p)
+		done_with(a, (const char *)t->data + (size_t)r0 * row, (size_t)nr * row);
+	dst->data = p;
+	if (quant)
+		slice_scales(a, &dst->q, t, r0, nr, c0, nc);
+}
+
+/* Rows [r0, r0 + n) of t, all its columns. */
 static void rows(struct arena *a, struct model_tensor *dst, const struct model_tensor *t, int64_t r0,
 		 int64_t n)
 {
-	*dst = (struct model_tensor){ .dtype = t->dtype, .rows = n, .cols = t->cols };
-	dst->data = t->data ? copy_rows_raw(a, t, r0, n) : NULL;
+	slice(a, dst, t, r0, n, 0, t->cols);
 }
 
 static void whole(struct arena *a, struct model_tensor *dst, const struct model_tensor *t)
@@ -103,25 +211,24 @@ static void whole(struct arena *a, struct model_tensor *dst, const struct model_
 }
 
 /* Columns [c0, c0 + n) of every row of t, stored (rows, n). */
-static const void *copy_cols_raw(struct arena *a, const void *data, enum k_dtype dt, int64_t n_rows,
-				 int64_t cols, int64_t c0, int64_t n)
-{
-	size_t es = k_dtype_size(dt);
-	char *p = take(a, (size_t)n_rows * (size_t)n * es);
-
-	if (p)
-		for (int64_t i = 0; i < n_rows; i++)
-			memcpy(p + (size_t)i * (size_t)n * es,
-			       (const char *)data + ((size_t)i * (size_t)cols + (size_t)c0) * es,
-			       (size_t)n * es);
-	return p;
-}
-
 static void cols(struct arena *a, struct model_tensor *dst, const struct model_tensor *t, int64_t c0,
 		 int64_t n)
 {
-	*dst = (struct model_tensor){ .dtype = t->dtype, .rows = t->rows, .cols = n };
-	dst->data = t->data ? copy_cols_raw(a, t->data, t->dtype, t->rows, t->cols, c0, n) : NULL;
+	slice(a, dst, t, 0, t->rows, c0, n);
+}
+
+/* Expert e of layer L as a tensor: which (0 gate, 1 up, 2 down). */
+static struct model_tensor expert_view(const struct model_layer *L, const struct model_config *c, int e,
+				       int which)
+{
+	const struct k_expert *x = &L->experts[e];
+	int64_t H = c->hidden_size, I = c->moe_intermediate_size;
+	struct model_tensor t = { .dtype = L->expert_dtype, .rows = which == 2 ? H : I,
+				  .cols = which == 2 ? I : H };
+
+	t.data = which == 0 ? x->gate : which == 1 ? x->up : x->down;
+	t.q = which == 0 ? x->gate_q : which == 1 ? x->up_q : x->down_q;
+	return t;
 }
 
 static void shard_gqa(struct arena *a, struct model_layer *d, const struct model_layer *L,
@@ -185,31 +292,26 @@ static int copy_router_bias(struct model_layer *d, const struct model_layer *L, 
 static int shard_experts(struct arena *a, struct model_layer *d, const struct model_layer *L,
 			 const struct model_config *c, int r, int n)
 {
-	int64_t H = c->hidden_size, I = c->moe_intermediate_size, il = I / n;
-	size_t es = k_dtype_size(L->expert_dtype);
+	int64_t il = c->moe_intermediate_size / n;
 	int E = c->n_experts;
 
 	whole(a, &d->router, &L->router);
 	d->expert_dtype = L->expert_dtype;
-	if (!a->buf) {
-		for (int e = 0; e < E; e++) {
-			take(a, (size_t)(2 * il * H) * es);
-			take(a, (size_t)(H * il) * es);
-		}
-		return 0;
+	if (a->buf) {
+		d->experts = calloc((size_t)E, sizeof(*d->experts));
+		if (!d->experts || copy_router_bias(d, L, E))
+			return -ENOMEM;
 	}
-	d->experts = calloc((size_t)E, sizeof(*d->experts));
-	if (!d->experts || copy_router_bias(d, L, E))
-		return -ENOMEM;
 	for (int e = 0; e < E; e++) {
-		char *gu = take(a, (size_t)(2 * il * H) * es);
+		struct model_tensor g = expert_view(L, c, e, 0), u = expert_view(L, c, e, 1);
+		struct model_tensor dn = expert_view(L, c, e, 2), sg, su, sd;
 
-		memcpy(gu, (const char *)L->experts[e].gate + (size_t)(r * il * H) * es, (size_t)(il * H) * es);
-		memcpy(gu + (size_t)(il * H) * es, (const char *)L->experts[e].up + (size_t)(r * il * H) * es,
-		       (size_t)(il * H) * es);
-		d->experts[e].gate = gu;
-		d->experts[e].up = gu + (size_t)(il * H) * es;
-		d->experts[e].down = copy_cols_raw(a, L->experts[e].down, L->expert_dtype, H, I, r * il, il);
+		rows(a, &sg, &g, r * il, il);
+		rows(a, &su, &u, r * il, il);
+		cols(a, &sd, &dn, r * il, il);
+		if (a->buf)
+			d->experts[e] = (struct k_expert){ .gate = sg.data, .up = su.data, .down = sd.data,
+							   .gate_q = sg.q, .up_q = su.q, .down_q = sd.q };
 	}
 	return 0;
 }
@@ -218,8 +320,6 @@ static int shard_experts(struct arena *a, struct model_layer *d, const struct mo
 static int shard_experts_whole(struct arena *a, struct model_layer *d, const struct model_layer *L,
 			       const struct model_config *c, int r, int n)
 {
-	size_t bytes = (size_t)c->moe_intermediate_size * (size_t)c->hidden_size *
-		       k_dtype_size(L->expert_dtype);
 	int e0, ne, E = c->n_experts;
 
 	whole(a, &d->router, &L->router);
@@ -231,15 +331,15 @@ static int shard_experts_whole(struct arena *a, struct model_layer *d, const str
 			return -ENOMEM;
 	}
 	for (int e = 0; e < ne; e++) {
-		const struct k_expert *x = &L->experts[e0 + e];
-		void *g = take(a, bytes), *u = take(a, bytes), *dn = take(a, bytes);
+		struct model_tensor g = expert_view(L, c, e0 + e, 0), u = expert_view(L, c, e0 + e, 1);
+		struct model_tensor dn = expert_view(L, c, e0 + e, 2), sg, su, sd;
 
-		if (!a->buf)
-			continue;
-		memcpy(g, x->gate, bytes);
-		memcpy(u, x->up, bytes);
-		memcpy(dn, x->down, bytes);
-		d->experts[e] = (struct k_expert){ .gate = g, .up = u, .down = dn };
+		whole(a, &sg, &g);
+		whole(a, &su, &u);
+		whole(a, &sd, &dn);
+		if (a->buf)
+			d->experts[e] = (struct k_expert){ .gate = sg.data, .up = su.data, .down = sd.data,
+							   .gate_q = sg.q, .up_q = su.q, .down_q = sd.q };
 	}
 	return 0;
 }
@@ -305,11 +405,6 @@ int model_shard_create(struct model **out, const struct model *m, int r, int n, 
 	int ret;
 
 	*out = NULL;
-	if (n > 1 && m->n_quantized) {	/* the shards copy payloads, not the scales beside them */
-		snprintf(err, err_len, "%d weights are quantized; tensor parallel runs bf16/fp32 "
-			 "weights only for now", m->n_quantized);
-		return -EOPNOTSUPP;
-	}
 	if ((ret = model_shard_check(&m->cfg, n, ep, err, err_len)))
 		return ret;
 	if (r < 0 || r >= n)
@@ -325,16 +420,27 @@ int model_shard_create(struct model **out, const struct model *m, int r, int n, 
 		ret = -ENOMEM;
 		goto fail;
 	}
-	shard_all(&a, s, m, r, n, ep);	/* sizes */
+	s->n_quantized = m->n_quantized;
+	a = (struct arena){ .src = m, .err = err, .err_len = err_len };
+	shard_all(&a, s, m, r, n, ep);	/* sizes, and whether the quantization blocks split */
+	if (a.bad) {
+		ret = -EINVAL;
+		goto fail;
+	}
 	s->weight_bytes = a.used;
-	s->shard_buf = malloc(a.used ? a.used : 1);
+	/* pages of its own (not malloc's), which model_shard_drop_host can give back */
+	s->shard_bytes = a.used ? a.used : 1;
+	s->shard_buf = mmap(NULL, s->shard_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			    -1, 0);
+	if (s->shard_buf == MAP_FAILED)
+		s->shard_buf = NULL;
 	if (!s->shard_buf) {
 		snprintf(err, err_len, "tp %d: out of memory for rank %d's %.1f MiB of weights", n, r,
 			 (double)a.used / (1 << 20));
 		ret = -ENOMEM;
 		goto fail;
 	}
-	a = (struct arena){ .buf = s->shard_buf };
+	a = (struct arena){ .buf = s->shard_buf, .src = m };
 	if ((ret = shard_all(&a, s, m, r, n, ep)))
 		goto fail;
 	*out = s;
@@ -344,4 +450,10 @@ fail:
 		snprintf(err, err_len, "tp %d: out of memory building rank %d's shard", n, r);
 	model_destroy(s);
 	return ret;
+}
+
+void model_shard_drop_host(struct model *s)
+{
+	if (s && s->shard_buf)
+		madvise(s->shard_buf, s->shard_bytes, MADV_DONTNEED);
 }

@@ -14,7 +14,8 @@
 /* Whether n ranks can split cfg's shapes, the routed experts sliced (ep 0: tensor-
  * parallel experts) or whole, a share of them per rank (ep 1: expert parallel): 0, or
  * -EINVAL with one line in err naming the numbers ("tp 3 does not divide 8 query
- * heads of llama"). */
+ * heads of llama"). Quantized weights must also split at their scale blocks:
+ * model_shard_create refuses a split that cuts one, in one line. */
 int model_shard_check(const struct model_config *cfg, int n, int ep, char *err, size_t err_len);
 
 /* The vocabulary rows [*first, *first + *count) rank r of n holds (uneven splits
@@ -29,5 +30,12 @@ void model_shard_experts(int n_experts, int r, int n, int *first, int *count);
  * only. 0 or -errno with err; *out is released with model_destroy. */
 int model_shard_create(struct model **out, const struct model *m, int r, int n, int ep, char *err,
 		       size_t err_len);
+
+/* Gives back the host pages of shard s's weights once a backend without host memory
+ * has copied them at create (cuda: it reads no host weight after, and keeps their
+ * addresses only as keys of its pointer map, which stay valid: the pages read as zeros
+ * after). So a rank's host copy lives only while its device copy is made, and the
+ * load holds one rank's shard at a time. */
+void model_shard_drop_host(struct model *s);
 
 #endif

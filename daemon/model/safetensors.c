@@ -334,9 +334,10 @@ out:
 	return rc;
 }
 
-/* A file read into our own memory (file_load) and parsed; progress as st_set_load's. */
+/* A file read into our own memory (file_load; or with map, a read-only mapping of it,
+ * file_map) and parsed; progress as st_set_load's. */
 static int st_file_load(struct st_file *f, const char *path, const struct st_progress *pr,
-			char *err, size_t err_len)
+			int map, char *err, size_t err_len)
 {
 	static const uint8_t empty[1];
 	int rc;
@@ -345,8 +346,12 @@ static int st_file_load(struct st_file *f, const char *path, const struct st_pro
 	f->path = strdup(path);
 	if (!f->path)
 		return file_fail(err, err_len, -ENOMEM, "%s: out of memory", path);
-	rc = file_load(path, &f->map, &f->size, pr ? pr->fn : NULL, pr ? pr->ctx : NULL, err,
-		       err_len);
+	f->mapped = map;
+	if (map)
+		rc = file_map(path, &f->map, &f->size, err, err_len);
+	else
+		rc = file_load(path, &f->map, &f->size, pr ? pr->fn : NULL, pr ? pr->ctx : NULL,
+			       err, err_len);
 	if (!rc)
 		rc = st_parse(f, f->map ? f->map : empty, f->size, path, err, err_len);
 	if (rc)
@@ -356,7 +361,7 @@ static int st_file_load(struct st_file *f, const char *path, const struct st_pro
 
 int st_file_open(struct st_file *f, const char *path, char *err, size_t err_len)
 {
-	return st_file_load(f, path, NULL, err, err_len);
+	return st_file_load(f, path, NULL, 0, err, err_len);
 }
 
 void st_file_close(struct st_file *f)
@@ -502,7 +507,7 @@ static int st_check_unique(const struct st_set *s, char *err, size_t err_len)
 }
 
 static int st_open_shards(struct st_set *s, const char *dir, const char **names, int n,
-			  const struct st_progress *pr, char *err, size_t err_len)
+			  const struct st_progress *pr, int map, char *err, size_t err_len)
 {
 	char *path;
 	int rc;
@@ -514,7 +519,7 @@ static int st_open_shards(struct st_set *s, const char *dir, const char **names,
 		path = st_join(dir, names[i]);
 		if (!path)
 			return file_fail(err, err_len, -ENOMEM, "%s: out of memory", dir);
-		rc = st_file_load(&s->files[i], path, pr, err, err_len);
+		rc = st_file_load(&s->files[i], path, pr, map, err, err_len);
 		free(path);
 		if (rc)
 			return rc;
@@ -524,7 +529,7 @@ static int st_open_shards(struct st_set *s, const char *dir, const char **names,
 }
 
 static int st_set_from_index(struct st_set *s, const char *dir, const char *ipath,
-			     const char *text, size_t len, const struct st_progress *pr,
+			     const char *text, size_t len, const struct st_progress *pr, int by_map,
 			     char *err, size_t err_len)
 {
 	const char **names = NULL;
@@ -546,7 +551,7 @@ static int st_set_from_index(struct st_set *s, const char *dir, const char *ipat
 	if (!rc && n == 0)
 		rc = file_fail(err, err_len, -EINVAL, "%s: weight_map is empty", ipath);
 	if (!rc)
-		rc = st_open_shards(s, dir, names, n, pr, err, err_len);
+		rc = st_open_shards(s, dir, names, n, pr, by_map, err, err_len);
 	if (!rc)
 		rc = st_check_map(s, map, names, ipath, err, err_len);
 out:
@@ -555,8 +560,8 @@ out:
 	return rc;
 }
 
-int st_set_load(struct st_set *s, const char *dir, const struct st_progress *pr,
-		char *err, size_t err_len)
+static int st_set_read(struct st_set *s, const char *dir, const struct st_progress *pr, int map,
+		       char *err, size_t err_len)
 {
 	char *ipath, *text = NULL;
 	size_t len = 0;
@@ -568,7 +573,7 @@ int st_set_load(struct st_set *s, const char *dir, const struct st_progress *pr,
 		return file_fail(err, err_len, -ENOMEM, "%s: out of memory", dir);
 	rc = file_read_all(ipath, ST_MAX_INDEX, &text, &len, err, err_len);
 	if (!rc) {
-		rc = st_set_from_index(s, dir, ipath, text, len, pr, err, err_len);
+		rc = st_set_from_index(s, dir, ipath, text, len, pr, map, err, err_len);
 	} else if (rc == -ENOENT) {
 		free(ipath);
 		ipath = st_join(dir, ST_SINGLE_NAME);
@@ -582,7 +587,7 @@ int st_set_load(struct st_set *s, const char *dir, const struct st_progress *pr,
 				     ST_SINGLE_NAME, ST_INDEX_NAME);
 			goto out;
 		}
-		rc = st_file_load(&s->files[0], ipath, pr, err, err_len);
+		rc = st_file_load(&s->files[0], ipath, pr, map, err, err_len);
 		if (!rc)
 			s->n_files = 1;
 	}
@@ -594,6 +599,17 @@ out:
 	if (rc)
 		st_set_close(s);
 	return rc;
+}
+
+int st_set_load(struct st_set *s, const char *dir, const struct st_progress *pr,
+		char *err, size_t err_len)
+{
+	return st_set_read(s, dir, pr, 0, err, err_len);
+}
+
+int st_set_map(struct st_set *s, const char *dir, char *err, size_t err_len)
+{
+	return st_set_read(s, dir, NULL, 1, err, err_len);
 }
 
 int st_set_open(struct st_set *s, const char *dir, char *err, size_t err_len)

@@ -26,8 +26,10 @@ struct st_tensor {
 
 struct st_file {
 	char *path;			/* owned */
-	void *map;			/* the whole file's copy (anonymous pages, munmap);
-					 * NULL if not read by us */
+	void *map;			/* the whole file's copy (anonymous pages, munmap),
+					 * or with mapped its read-only mapping; NULL if
+					 * not read by us */
+	int mapped;			/* map is the file mapped (st_set_map), not a copy */
 	size_t size;			/* bytes */
 	int n_tensors;
 	struct st_tensor *tensors;	/* (n_tensors), owned, sorted by name */
@@ -68,6 +70,14 @@ struct st_progress {
 int st_set_load(struct st_set *s, const char *dir, const struct st_progress *pr,
 		char *err, size_t err_len);
 void st_set_close(struct st_set *s);	/* accepts a zeroed or half-built set */
+
+/* As st_set_load, but every file mapped read-only (file_map) instead of read: nothing
+ * is read until a tensor's bytes are touched, and the pages touched can be given back
+ * (madvise). For tensor parallel's shards, which read each rank's slice of every
+ * tensor straight from the files (model_shard.c): a file truncated while mapped
+ * raises SIGBUS where it is read, so the shards are built at start and the mapping is
+ * read no more after. */
+int st_set_map(struct st_set *s, const char *dir, char *err, size_t err_len);
 
 /* Finds a tensor in any file; *file (if not NULL) gets the file that holds it. */
 const struct st_tensor *st_set_find(const struct st_set *s, const char *name,

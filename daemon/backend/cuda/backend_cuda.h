@@ -244,7 +244,8 @@ int cuda_tp_comm_create(struct backend *const *ranks, int n, int max_rows, int w
 			void **comm, char *err, size_t err_len);
 void cuda_tp_comm_destroy(void *comm);
 int cuda_tp_arrive(struct backend *be, void *comm, int rank);
-int cuda_tp_reduce(struct backend *be, void *comm, int rank, float *buf, int rows, float *residual);
+int cuda_tp_reduce(struct backend *be, void *comm, int rank, float *buf, int rows, float *residual,
+		   const struct model_tensor *gamma, float *out, float eps);
 
 /* ---- weights (backend_cuda_weights.c) ------------------------------------ */
 

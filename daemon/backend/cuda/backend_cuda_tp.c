@@ -1,6 +1,7 @@
 /* The CUDA backend's tensor-parallel ops (docs/PARALLEL.md): the ranks' embedding and
  * their reduction through k_cuda_ar_fused (fp32 payload, exact: the sum in rank order
- * as tp_comm.c computes it on the CPU). Virtual ranks (several on one GPU, each a
+ * as tp_comm.c computes it on the CPU), with the residual add and, where the engine
+ * asks, the next RMSNorm in the same kernel (its gamma form). Virtual ranks (several on one GPU, each a
  * backend with its own stream) are what one GPU can run; one rank per GPU waits for a
  * multi-GPU machine.
  *
@@ -113,20 +114,31 @@ int cuda_tp_arrive(struct backend *be, void *comm, int rank)
 	return CUDA_CHECK(b, cudaEventRecord(c->arrived[rank], b->stream));
 }
 
-int cuda_tp_reduce(struct backend *be, void *comm, int rank, float *buf, int rows, float *residual)
+int cuda_tp_reduce(struct backend *be, void *comm, int rank, float *buf, int rows, float *residual,
+		   const struct model_tensor *gamma, float *out, float eps)
 {
 	struct backend_cuda *b = cuda_of(be);
 	struct cuda_tp_comm *c = comm;
 	struct k_cuda_ar_io io = { .partial = buf, .residual = residual, .out = residual ? NULL : buf };
 	int ret = 0;
 
+	if (gamma) {	/* the next RMSNorm in the reduction: out fp32, and bf16 for the
+			 * linear that reads it next, as cuda_rmsnorm leaves it */
+		if (!residual || !out)
+			return -EINVAL;
+		io.gamma = V(b, gamma);
+		io.out = out;
+		io.out_bf16 = k_cuda_linear_x_scratch(b->lin, rows, c->width);
+	}
 	/* it writes the residual (or buf): a bf16 copy of x marked ready is stale after */
 	k_cuda_linear_x_ready(b->lin, NULL, 0, 0);
 	for (int r = 0; r < c->n && !ret; r++)
 		if (r != rank)
 			ret = CUDA_CHECK(b, cudaStreamWaitEvent(b->stream, c->arrived[r], 0));
 	if (!ret)
-		ret = k_cuda_ar_fused(c->ar, rank, b->stream, &io, rows, c->width, 0.0f);
+		ret = k_cuda_ar_fused(c->ar, rank, b->stream, &io, rows, c->width, eps);
+	if (!ret && io.out_bf16)
+		k_cuda_linear_x_ready(b->lin, out, rows, c->width);
 	cuda_fail(b, ret, "tp_reduce (k_cuda_ar_fused)");
 	return ret;
 }

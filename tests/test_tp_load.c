@@ -1,0 +1,333 @@
+/* Tensor-parallel shards read straight from the files (docs/PARALLEL.md, "Loading"):
+ * on a llama-shaped checkpoint written here (two safetensors files and an index,
+ * about 52 MiB), the shards built from the mapped files equal, byte for byte, those
+ * built from the model read whole; and the whole model is never resident: in a child
+ * process each, the peak resident memory (VmHWM) of building tp 4's shards from the
+ * mapped files, each rank's host copy given back once made (what a GPU rank does after
+ * its upload), stays under half the model; keeping every shard (the CPU ranks), under
+ * 1.35 models; and the old way (the model read whole, then its shards) is measured
+ * above 1.7 models, so the measurement can tell them apart. */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemon/model/model.h"
+#include "daemon/model/model_shard.h"
+#include "tests/testutil.h"
+
+#define HIDDEN 512
+#define HEADS 8
+#define KV_HEADS 4
+#define HEAD_DIM 64
+#define INTER 1536
+#define LAYERS 6
+#define VOCAB 8192
+#define TP 4
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
+
+struct wtensor {
+	char name[96];
+	int64_t rows, cols;	/* cols 0: a vector */
+	int file;		/* 0: embeddings, norms, head; 1: the layers */
+};
+
+static int list_tensors(struct wtensor *t)
+{
+	static const char *const attn[] = { "q_proj", "k_proj", "v_proj", "o_proj" };
+	static const char *const mlp[] = { "gate_proj", "up_proj", "down_proj" };
+	int n = 0;
+
+	t[n++] = (struct wtensor){ "model.embed_tokens.weight", VOCAB, HIDDEN, 0 };
+	t[n++] = (struct wtensor){ "model.norm.weight", HIDDEN, 0, 0 };
+	t[n++] = (struct wtensor){ "lm_head.weight", VOCAB, HIDDEN, 0 };
+	for (int l = 0; l < LAYERS; l++) {
+		snprintf(t[n].name, sizeof(t[n].name), "model.layers.%d.input_layernorm.weight", l);
+		t[n].rows = HIDDEN, t[n].cols = 0, t[n++].file = 1;
+		snprintf(t[n].name, sizeof(t[n].name), "model.layers.%d.post_attention_layernorm.weight", l);
+		t[n].rows = HIDDEN, t[n].cols = 0, t[n++].file = 1;
+		for (int i = 0; i < 4; i++) {
+			snprintf(t[n].name, sizeof(t[n].name), "model.layers.%d.self_attn.%s.weight", l, attn[i]);
+			t[n].rows = i == 3 ? HIDDEN : (i == 0 ? HEADS : KV_HEADS) * HEAD_DIM;
+			t[n].cols = i == 3 ? HEADS * HEAD_DIM : HIDDEN;
+			t[n++].file = 1;
+		}
+		for (int i = 0; i < 3; i++) {
+			snprintf(t[n].name, sizeof(t[n].name), "model.layers.%d.mlp.%s.weight", l, mlp[i]);
+			t[n].rows = i == 2 ? HIDDEN : INTER;
+			t[n].cols = i == 2 ? INTER : HIDDEN;
+			t[n++].file = 1;
+		}
+	}
+	return n;
+}
+
+/* One safetensors file of the tensors of list t in `file`: random bf16 (finite). */
+static int write_file(const char *path, const struct wtensor *t, int n, int file, uint64_t *seed)
+{
+	char *hdr = malloc(1 << 16);
+	size_t hl = 0;
+	uint64_t off = 0, len;
+	uint16_t buf[4096];
+	FILE *f;
+
+	if (!hdr)
+		return -1;
+	hl += (size_t)snprintf(hdr + hl, 65536 - hl, "{");
+	for (int i = 0; i < n; i++) {
+		uint64_t bytes = (uint64_t)t[i].rows * (uint64_t)(t[i].cols ? t[i].cols : 1) * 2;
+
+		if (t[i].file != file)
+			continue;
+		if (t[i].cols)
+			hl += (size_t)snprintf(hdr + hl, 65536 - hl, "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":"
+					       "[%lld,%lld],\"data_offsets\":[%llu,%llu]}", off ? "," : "",
+					       t[i].name, (long long)t[i].rows, (long long)t[i].cols,
+					       (unsigned long long)off, (unsigned long long)(off + bytes));
+		else
+			hl += (size_t)snprintf(hdr + hl, 65536 - hl, "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":"
+					       "[%lld],\"data_offsets\":[%llu,%llu]}", off ? "," : "",
+					       t[i].name, (long long)t[i].rows, (unsigned long long)off,
+					       (unsigned long long)(off + bytes));
+		off += bytes;
+	}
+	hl += (size_t)snprintf(hdr + hl, 65536 - hl, "}");
+	while (hl % 8)
+		hdr[hl++] = ' ';
+	f = fopen(path, "wb");
+	if (!f) {
+		free(hdr);
+		return -1;
+	}
+	len = hl;
+	for (int i = 0; i < 8; i++)
+		fputc((int)(len >> (8 * i)) & 0xff, f);
+	fwrite(hdr, 1, hl, f);
+	for (uint64_t done = 0; done < off; done += sizeof(buf)) {
+		size_t k = off - done < sizeof(buf) ? (size_t)(off - done) : sizeof(buf);
+
+		for (size_t j = 0; j < k / 2; j++) {	/* sign, exponent 120..127: finite */
+			*seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+			buf[j] = (uint16_t)(((*seed >> 33) & 0x807f) | (0x3c00 + ((*seed >> 40) & 0x380)));
+		}
+		fwrite(buf, 1, k, f);
+	}
+	free(hdr);
+	return fclose(f) ? -1 : 0;
+}
+
+static int write_model(const char *dir)
+{
+	struct wtensor *t = calloc(8 + 9 * LAYERS, sizeof(*t));
+	char path[1024];
+	uint64_t seed = 11;
+	FILE *f;
+	int n, ret = 0;
+
+	if (!t)
+		return -1;
+	n = list_tensors(t);
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	f = fopen(path, "w");
+	if (!f) {
+		free(t);
+		return -1;
+	}
+	fprintf(f, "{\"model_type\": \"llama\", \"vocab_size\": %d, \"hidden_size\": %d, "
+		"\"intermediate_size\": %d, \"num_hidden_layers\": %d, \"num_attention_heads\": %d, "
+		"\"num_key_value_heads\": %d, \"head_dim\": %d, \"rms_norm_eps\": 1e-5, "
+		"\"max_position_embeddings\": 2048, \"tie_word_embeddings\": false, "
+		"\"rope_theta\": 500000.0, \"torch_dtype\": \"bfloat16\"}\n", VOCAB, HIDDEN, INTER,
+		LAYERS, HEADS, KV_HEADS, HEAD_DIM);
+	ret |= fclose(f);
+	snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
+	f = fopen(path, "w");
+	if (!f) {
+		free(t);
+		return -1;
+	}
+	fprintf(f, "{\"weight_map\": {");
+	for (int i = 0; i < n; i++)
+		fprintf(f, "%s\"%s\": \"model-%05d-of-00002.safetensors\"", i ? ", " : "", t[i].name,
+			t[i].file + 1);
+	fprintf(f, "}}\n");
+	ret |= fclose(f);
+	for (int k = 0; k < 2 && !ret; k++) {
+		snprintf(path, sizeof(path), "%s/model-%05d-of-00002.safetensors", dir, k + 1);
+		ret = write_file(path, t, n, k, &seed);
+	}
+	free(t);
+	return ret;
+}
+
+/* The shards of both loads, byte for byte. */
+static void check_equal_shards(const char *dir)
+{
+	struct model_load_opts lo = { .mapped = 1 };
+	struct model *whole = NULL, *mapped = NULL;
+	char err[512] = "";
+
+	CHECK(model_load(&whole, dir, NULL, err, sizeof(err)) == 0, "load whole: %s", err);
+	CHECK(model_load(&mapped, dir, &lo, err, sizeof(err)) == 0, "load mapped: %s", err);
+	if (!whole || !mapped)
+		goto out;
+	CHECK(mapped->mapped && mapped->files.n_files == 2 && mapped->files.files[0].mapped &&
+	      !whole->mapped && !whole->files.files[0].mapped, "mapped %d (files %d), whole %d",
+	      mapped->mapped, mapped->files.n_files, whole->mapped);
+	for (int n = 2; n <= TP; n *= 2)
+		for (int r = 0; r < n; r++) {
+			struct model *a = NULL, *b = NULL;
+
+			CHECK(model_shard_create(&a, whole, r, n, 0, err, sizeof(err)) == 0 &&
+			      model_shard_create(&b, mapped, r, n, 0, err, sizeof(err)) == 0,
+			      "tp %d rank %d: %s", n, r, err);
+			CHECK(a && b && a->weight_bytes == b->weight_bytes &&
+			      !memcmp(a->shard_buf, b->shard_buf, a->weight_bytes),
+			      "tp %d rank %d: the shard read from the mapped files differs", n, r);
+			CHECK(a && a->weight_bytes < whole->weight_bytes / (size_t)n + ((size_t)1 << 20),
+			      "tp %d rank %d: %zu bytes of %zu", n, r, a ? a->weight_bytes : 0,
+			      whole->weight_bytes);
+			model_destroy(a);
+			model_destroy(b);
+		}
+	fprintf(stderr, "  shards of tp 2 and %d from the mapped files equal those from the model "
+		"read whole (%.1f MiB)\n", TP, (double)whole->weight_bytes / (1 << 20));
+out:
+	model_destroy(whole);
+	model_destroy(mapped);
+}
+
+static long status_kib(const char *key)
+{
+	char line[256];
+	long v = -1;
+	FILE *f = fopen("/proc/self/status", "r");
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, key, strlen(key)))
+			v = strtol(line + strlen(key), NULL, 10);
+	fclose(f);
+	return v;
+}
+
+enum how { MAPPED_DROP, MAPPED_KEEP, WHOLE_KEEP };
+static const char *const how_name[] = {
+	"mapped, each rank's host copy given back (a GPU rank)",
+	"mapped, every shard kept (the CPU ranks)",
+	"read whole, then every shard (the old way)",
+};
+
+/* In a child: the peak resident memory over its start of loading and building tp
+ * TP's shards as `how` says, in KiB; -1 where it cannot be measured. */
+static long peak_growth(const char *dir, enum how how)
+{
+	int fd[2];
+	long got = -1;
+	pid_t pid;
+
+	if (pipe(fd))
+		return -1;
+	pid = fork();
+	if (pid == 0) {
+		struct model_load_opts lo = { .mapped = how != WHOLE_KEEP };
+		struct model *m = NULL, *s[TP] = { 0 };
+		char err[512];
+		long base = status_kib("VmRSS:"), peak = -1;
+
+		close(fd[0]);
+		if (base >= 0 && model_load(&m, dir, &lo, err, sizeof(err)) == 0) {
+			int ok = 1;
+
+			for (int r = 0; r < TP && ok; r++) {
+				ok = model_shard_create(&s[r], m, r, TP, 0, err, sizeof(err)) == 0;
+				if (ok && how == MAPPED_DROP)
+					model_shard_drop_host(s[r]);
+			}
+			peak = ok ? status_kib("VmHWM:") : -1;
+			if (peak >= 0)
+				peak -= base;
+		}
+		if (write(fd[1], &peak, sizeof(peak)) != sizeof(peak))
+			_exit(1);
+		_exit(0);
+	}
+	close(fd[1]);
+	if (pid > 0 && read(fd[0], &got, sizeof(got)) != sizeof(got))
+		got = -1;
+	close(fd[0]);
+	if (pid > 0)
+		waitpid(pid, NULL, 0);
+	return got;
+}
+
+static void check_peaks(const char *dir)
+{
+	struct model_load_opts lo = { .mapped = 1 };
+	static const double most[] = { 0.5, 1.35, 1e9 }, least[] = { 0, 0, 1.7 };
+	struct model *m = NULL;
+	char err[512] = "";
+	double model_kib;
+
+	CHECK(model_load(&m, dir, &lo, err, sizeof(err)) == 0, "load mapped: %s", err);
+	if (!m)
+		return;
+	model_kib = (double)m->weight_bytes / 1024.0;
+	model_destroy(m);
+	if (UNDER_ASAN) {	/* its shadow and quarantine are resident memory too */
+		fprintf(stderr, "  peak resident memory not checked under ASan\n");
+		return;
+	}
+	for (int h = MAPPED_DROP; h <= WHOLE_KEEP; h++) {
+		long kib = peak_growth(dir, (enum how)h);
+
+		if (kib < 0) {
+			fprintf(stderr, "  %s: no VmHWM here, not checked\n", how_name[h]);
+			continue;
+		}
+		CHECK(kib <= most[h] * model_kib && kib >= least[h] * model_kib,
+		      "tp %d, %s: peak resident memory grew by %.2f models (expected %.2f..%.2f)", TP,
+		      how_name[h], kib / model_kib, least[h], most[h] < 1e8 ? most[h] : 99.0);
+		fprintf(stderr, "  tp %d, %s: peak resident memory +%.1f MiB = %.2f models\n", TP,
+			how_name[h], kib / 1024.0, kib / model_kib);
+	}
+}
+
+int main(void)
+{
+	char tmpl[] = "/tmp/kdec_test_tp_load.XXXXXX", path[1200];
+
+	if (!mkdtemp(tmpl)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	CHECK(write_model(tmpl) == 0, "cannot write the model into %s", tmpl);
+	if (!test_failures) {
+		check_peaks(tmpl);	/* first: the children fork a small process */
+		check_equal_shards(tmpl);
+	}
+	for (int k = 0; k < 2; k++) {
+		snprintf(path, sizeof(path), "%s/model-%05d-of-00002.safetensors", tmpl, k + 1);
+		unlink(path);
+	}
+	snprintf(path, sizeof(path), "%s/model.safetensors.index.json", tmpl);
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/config.json", tmpl);
+	unlink(path);
+	rmdir(tmpl);
+	return test_result("test_tp_load");
+}
