@@ -65,8 +65,8 @@ enum k_cuda_linear_q_kind {
 	/* 8 < M <= 64 (k_cuda_linear_q_choose; any M <= 64 runs): x rounded to f16 into the
 	 * context's scratch first, then 128 weight rows a CTA streamed 64 bytes a row at a
 	 * time through a cp.async pipeline together with the same k of every x row, each
-	 * warp's two m16 weight tiles dequantized once for all M rows, K split over a
-	 * cluster, partials summed in rank order through DSMEM (linear_qtile.cu) */
+	 * warp's two m16 weight tiles dequantized once for all M rows, K split over CTAs
+	 * whose partial tiles the last one adds in split order (linear_qtile.cu) */
 	K_CUDA_LINEAR_Q_TILE,
 	/* the weight dequantized into an f16 scratch (N, K) (k_cuda_quant_dequant: value *
 	 * scale rounded once to 11 significant bits), x rounded to f16, one cuBLAS GEMM

@@ -114,7 +114,8 @@ int k_cuda_lin_qmma_split(const struct k_cuda_linear *ctx, bool stream, const st
 			  int M, int N, int K);
 /* The quantized tile kernel (linear_qtile.cu, K_CUDA_LINEAR_Q_TILE): kernel attributes
  * and ctx->qt_bps, once at create; the launch: x rounded to f16 into ctx->xb (M <=
- * max_M, K <= max_K), then the kernel, K split over a cluster.
+ * max_M, K <= max_K), then the kernel, K split through ctx->st_ws / st_cnt (shared with
+ * the bf16 streaming kernel: calls on one context run in stream order).
  * -EINVAL where k_cuda_linear_q_tile_supports does not hold or the scratch is small. */
 int k_cuda_lin_qtile_setup(struct k_cuda_linear *ctx);
 int k_cuda_lin_qtile(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,

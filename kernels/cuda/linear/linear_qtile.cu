@@ -1,7 +1,7 @@
 // The quantized-weight tile kernel for decode batches of 9..64 rows (W8A16 fp8, W4A16
 // int4): weight tiles stream from HBM through a cp.async pipeline in shared memory, each
-// warp dequantizes its fragments once for every x row, and K splits over the CTAs of a
-// cluster whose partial tiles are summed in rank order through distributed shared memory.
+// warp dequantizes its fragments once for every x row, and K splits over CTAs whose
+// partial tiles the last CTA of each tile adds in split order.
 //
 // Why another kernel (linear_qmma.cu's streaming form covers M <= 64 too): at M = 64 it
 // ran at ~0.12 mma.sync a clock per multiprocessor. Its CTA of 8 warps (one m16 tile a
@@ -13,11 +13,8 @@
 // in the order the fragments want), and each stage brings 64 bytes of each of 128
 // weight rows AND that stage's k of every x row through the same cp.async groups, so x
 // costs no barrier of its own; a warp owns two m16 tiles (32 rows), so each x fragment
-// read from shared memory feeds two MMAs; the split partials stay on chip (DSMEM, each
-// rank summing 1/S of the tile with all S loads in flight). Measured (H200, first
-// round): partials through a global workspace summed by the last CTA of each tile, 16
-// dependent rounds of L2 latency for one CTA at M = 64, cost 12-16 us a call where K
-// was split (Llama o_proj at M = 64: 25.0 us against 9 for its stages).
+// read from shared memory feeds two MMAs; the split partials go through the context's
+// workspace (one pass, all S loads in flight).
 //
 // Bytes: at M = 64 x costs 2 * 64 bytes a k per CTA against 128 bytes a k of fp8 weights
 // (int4: 64): the L2 -> SM traffic is about twice (three times) the weight bytes, all
@@ -33,7 +30,6 @@
 #include <cstdint>
 #include <cstdio>
 
-#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -53,11 +49,6 @@
 /* Warps a multiprocessor needs before the tensor cores, not latency, bound it (the
  * split model's guess: 4 warps of one CTA leave it about half idle). */
 #define QT_FULL_WARPS	8
-/* The partial tile's row stride in floats (row = x row, 128 weight rows): 16-byte
- * aligned for the float4 sums; 132 puts lanes (g, t) of a fragment store in 32 banks. */
-#define QT_PSTRIDE	(QT_ROWS + 4)
-
-namespace cg = cooperative_groups;
 
 template <int FMT, int NT> struct qt_cfg {
 	static constexpr int SLAB = FMT == K_Q_INT4 ? 128 : 64;	// k per stage
@@ -67,7 +58,6 @@ template <int FMT, int NT> struct qt_cfg {
 	static constexpr int X_BYTES = XROWS * XSTRIDE;
 	static constexpr int STAGE = W_BYTES + X_BYTES;
 	static constexpr int SMEM = QT_STAGES * STAGE;
-	static_assert(XROWS * QT_PSTRIDE * 4 <= SMEM, "the partial tile fits the pipeline's room");
 };
 
 struct qt_args {
@@ -265,80 +255,20 @@ static __device__ __forceinline__ int qt_m(int nt, int t, int c)
 	return nt * 8 + 2 * t + (c & 1);
 }
 
-// The S partial tiles of one 128-row tile (the CTAs of a cluster, one per K slice),
-// each in its CTA's shared memory as (M, QT_PSTRIDE) fp32, summed in rank order; rank s
-// sums and writes its 1/S of the outputs, 4 a thread and step, all S remote loads
-// issued before the adds. The cluster's CTAs are co-resident by construction: no
-// workspace, no counters, and the partials never leave the chip.
-template <int NT>
-static __device__ __forceinline__ void qt_cluster_reduce(float *y, const float (&acc)[2][NT][4],
-							 float *part, const qt_args &a, int n0,
-							 int warp, int g, int t)
-{
-	cg::cluster_group cluster = cg::this_cluster();
-	const int S = (int)cluster.num_blocks(), s = (int)cluster.block_rank();
-	const int E4 = a.M * (QT_ROWS / 4), per = (E4 + S - 1) / S, e1 = min(E4, (s + 1) * per);
-
-	__syncthreads();	// every warp is past the pipeline: its buffers take the partials
-#pragma unroll
-	for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-		for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-			for (int c = 0; c < 4; c++) {
-				const int m = qt_m(nt, t, c);
-
-				if (m < a.M)
-					part[m * QT_PSTRIDE + qt_row(warp, mt, g, c)] = acc[mt][nt][c];
-			}
-	cluster.sync();		// every rank's partials written
-#pragma unroll 2
-	for (int i = s * per + (int)threadIdx.x; i < e1; i += QT_THREADS) {
-		const int m = i / (QT_ROWS / 4), r = (i % (QT_ROWS / 4)) * 4;
-		float4 v[LIN_ST_MAX_SPLIT];
-		float sum[4];
-
-#pragma unroll
-		for (int q = 0; q < LIN_ST_MAX_SPLIT; q++)
-			if (q < S)
-				v[q] = *(const float4 *)(cluster.map_shared_rank(part, q) +
-							 m * QT_PSTRIDE + r);
-		sum[0] = v[0].x;
-		sum[1] = v[0].y;
-		sum[2] = v[0].z;
-		sum[3] = v[0].w;
-#pragma unroll
-		for (int q = 1; q < LIN_ST_MAX_SPLIT; q++)
-			if (q < S) {
-				sum[0] += v[q].x;
-				sum[1] += v[q].y;
-				sum[2] += v[q].z;
-				sum[3] += v[q].w;
-			}
-#pragma unroll
-		for (int k = 0; k < 4; k++)
-			if (n0 + r + k < a.N) {
-				float *p = y + (size_t)m * a.N + n0 + r + k;
-
-				*p = a.accumulate ? *p + sum[k] : sum[k];
-			}
-	}
-	cluster.sync();		// the partials stay until every rank has read them
-}
-
-// grid (tiles, S), cluster (1, S) where S > 1: blockIdx.x the 128-row tile, blockIdx.y
-// the K slice [s KS, s KS + KS) and the cluster rank.
-// xh: x (M, K) in f16 as qt_x_kernel wrote it. Needs K % 16 (fp8) or
+// grid (tiles, S): blockIdx.x the 128-row tile, blockIdx.y the K slice [s KS, s KS + KS).
+// xh: x (M, K) in f16 as qt_x_kernel wrote it; ws: (tiles * S, XROWS, QT_ROWS) fp32
+// partials; cnt: (tiles) arrival counters, zero between launches. Needs K % 16 (fp8) or
 // % 32 (int4) == 0, w rows 16-byte aligned, M <= XROWS, a scale column constant over
 // a stage (fp8) or a lane's 32 k (int4).
 template <int FMT, typename ST, int NT>
 __global__ void __launch_bounds__(QT_THREADS)
 qt_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w, const ST *__restrict__ scale,
-	  qt_args a)
+	  qt_args a, float *ws, unsigned *cnt)
 {
 	using C = qt_cfg<FMT, NT>;
 	constexpr int VPB = FMT == K_Q_INT4 ? 2 : 1;	// values a byte
 	extern __shared__ __align__(128) unsigned char qt_smem[];
+	__shared__ bool qt_last;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 	const int tile = blockIdx.x, S = gridDim.y, s = blockIdx.y;
 	const int n0 = tile * QT_ROWS, k0 = s * a.KS, kend = min(a.K, k0 + a.KS);
@@ -416,7 +346,61 @@ qt_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w, const ST 
 				}
 		return;
 	}
-	qt_cluster_reduce<NT>(y, acc, (float *)qt_smem, a, n0, warp, g, t);
+	float *part = ws + ((size_t)tile * S + s) * C::XROWS * QT_ROWS;
+
+#pragma unroll
+	for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+			for (int c = 0; c < 4; c++) {
+				const int m = qt_m(nt, t, c);
+
+				if (m < a.M)
+					__stcg(part + m * QT_ROWS + qt_row(warp, mt, g, c), acc[mt][nt][c]);
+			}
+	__threadfence();	// partials visible device-wide before this CTA counts
+	__syncthreads();
+	if (tid == 0)
+		qt_last = atomicAdd(cnt + tile, 1u) == (unsigned)S - 1;
+	__syncthreads();
+	if (!qt_last)
+		return;
+	__threadfence();	// every other CTA's partials, which its count published
+	const float *tp = ws + (size_t)tile * S * C::XROWS * QT_ROWS;
+
+	// 4 outputs a thread and step, all S loads issued before the adds (in split order)
+	for (int e = tid * 4; e < a.M * QT_ROWS; e += QT_THREADS * 4) {
+		const int m = e / QT_ROWS, r = e % QT_ROWS;
+		float4 v[LIN_ST_MAX_SPLIT];
+		float sum[4];
+
+#pragma unroll
+		for (int q = 0; q < LIN_ST_MAX_SPLIT; q++)
+			if (q < S)
+				v[q] = __ldcg((const float4 *)(tp + (size_t)q * C::XROWS * QT_ROWS + e));
+		sum[0] = v[0].x;
+		sum[1] = v[0].y;
+		sum[2] = v[0].z;
+		sum[3] = v[0].w;
+#pragma unroll
+		for (int q = 1; q < LIN_ST_MAX_SPLIT; q++)
+			if (q < S) {
+				sum[0] += v[q].x;
+				sum[1] += v[q].y;
+				sum[2] += v[q].z;
+				sum[3] += v[q].w;
+			}
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			if (n0 + r + i < a.N) {
+				float *p = y + (size_t)m * a.N + n0 + r + i;
+
+				*p = a.accumulate ? *p + sum[i] : sum[i];
+			}
+	}
+	if (tid == 0)
+		cnt[tile] = 0;
 }
 
 // ---- launchers ----------------------------------------------------------------
@@ -463,8 +447,8 @@ struct qt_plan {
 
 // Every split S of the stages is tried: a multiprocessor's time ~ its CTAs x (stages
 // a slice + overhead), at a rate that grows with the warps it holds at once up to
-// QT_FULL_WARPS; ties go to the smaller split. A split is a cluster: at most
-// LIN_ST_MAX_SPLIT (8, the portable cluster size).
+// QT_FULL_WARPS; ties go to the smaller split. Splits need the workspace: at most
+// LIN_ST_MAX_UNITS CTAs.
 static void qt_make_plan(const struct k_cuda_linear *ctx, const struct k_quant *q, int M, int N,
 			 int K, struct qt_plan *p)
 {
@@ -487,6 +471,8 @@ static void qt_make_plan(const struct k_cuda_linear *ctx, const struct k_quant *
 
 		if ((nst + kb - 1) / kb != S)	// the same slices as a smaller S
 			continue;
+		if (S > 1 && units > LIN_ST_MAX_UNITS)
+			break;
 		cost = per_sm * (kb + QT_CTA_OVERHEAD) * QT_FULL_WARPS /
 		       (warps < QT_FULL_WARPS ? warps : QT_FULL_WARPS);
 		if (best < 0 || cost < best) {
@@ -503,7 +489,7 @@ static int qt_launch(const struct k_cuda_linear *ctx, const struct qt_plan *p, f
 		     const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
 {
 	cudaLaunchConfig_t cfg = {};
-	cudaLaunchAttribute attr[2] = {};
+	cudaLaunchAttribute attr[1] = {};
 	const qt_args a = { M, N, K, p->KS, (int)k_quant_row_bytes(q->fmt, K), q->block_rows,
 			    qm_bc_shift(q, K, FMT == K_Q_INT4 ? 32 : 64), (int)q->scale_cols,
 			    accumulate, ctx->pdl };
@@ -513,17 +499,10 @@ static int qt_launch(const struct k_cuda_linear *ctx, const struct qt_plan *p, f
 	cfg.dynamicSmemBytes = qt_cfg<FMT, NT>::SMEM;
 	cfg.stream = ctx->stream;
 	cfg.attrs = attr;
-	if (p->S > 1) {
-		attr[0].id = cudaLaunchAttributeClusterDimension;
-		attr[0].val.clusterDim.x = 1;
-		attr[0].val.clusterDim.y = p->S;
-		attr[0].val.clusterDim.z = 1;
-		cfg.numAttrs = 1;
-	}
-	cfg.numAttrs += k_cuda_lin_pdl_attr(ctx, attr + cfg.numAttrs);
+	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
 	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qt_kernel<FMT, ST, NT>, y,
 						     (const uint16_t *)ctx->xb, (const uint8_t *)w,
-						     (const ST *)q->scale, a));
+						     (const ST *)q->scale, a, ctx->st_ws, ctx->st_cnt));
 }
 
 template <int FMT, typename ST>
