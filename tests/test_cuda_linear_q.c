@@ -419,19 +419,33 @@ int main(void)
 		      k_cuda_linear_q_pick(&probe, (const float *)wtmp, wtmp, 65, 300, 4096, wtmp_elems) ==
 			      K_CUDA_LINEAR_Q_DEQUANT,
 		      "%s: M 64 takes STREAM, M 65 DEQUANT", c->what);
-		/* the context's choice: TILE at 8 < M <= 64 where its x scratch holds x */
+		/* the context's choice: TILE at 8 < M <= 64 where its x scratch holds x, but
+		 * STREAM up to K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M rows where that splits K over
+		 * at most K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs (the split read off its plan) */
 		for (int si = 0; si < 2; si++) {
 			static const int shp[2][2] = { { 4096, 4096 }, { 28672, 4096 } };
 			const int N = shp[si][0], K = shp[si][1];
+			char d[160];
+			const char *gp;
+			int B = 0, S = 0;
+			enum k_cuda_linear_q_kind want16;
 
 			probe.block_cols = c->block_cols ? c->block_cols : K;
+			k_cuda_linear_q_describe(lin, K_CUDA_LINEAR_Q_STREAM, &probe, 16, N, K, d, sizeof(d));
+			gp = strstr(d, "grid=");
+			CHECK(gp && sscanf(gp, "grid=%dx%d", &B, &S) == 2, "%s: plan '%s'", c->what, d);
+			want16 = S > K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT ? K_CUDA_LINEAR_Q_TILE
+								    : K_CUDA_LINEAR_Q_STREAM;
 			CHECK(k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 64, N, K,
 						     (size_t)N * K) == K_CUDA_LINEAR_Q_TILE &&
-			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 9, N, K, 0) ==
+			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 17, N, K, 0) ==
 				      K_CUDA_LINEAR_Q_TILE &&
+			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 16, N, K, 0) ==
+				      want16 &&
 			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 8, N, K,
 						     (size_t)N * K) == K_CUDA_LINEAR_Q_STREAM,
-			      "%s N %d K %d: choose M 64 and 9 tile, M 8 stream", c->what, N, K);
+			      "%s N %d K %d (stream split %d at M 16): choose M 64 and 17 tile, M 16 %s, "
+			      "M 8 stream", c->what, N, K, S, k_cuda_linear_q_kind_name(want16));
 		}
 		/* K past the context's x scratch (MAX_K): neither TILE nor DEQUANT (both round
 		 * x into it), so STREAM at M = 64 */

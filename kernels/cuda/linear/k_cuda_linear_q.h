@@ -50,6 +50,12 @@ int k_cuda_linear_q_vector(const struct k_quant *q, int K);
 
 /* Rows of x the tile kernel (TILE) takes in one launch. */
 #define K_CUDA_LINEAR_Q_TILE_MAX_M 64
+/* Up to this many rows STREAM stays where it splits K over at most
+ * K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs. Measured on H200 at M = 16 (bench_cuda_linear_q,
+ * fp8-block): STREAM faster on Llama q/k/v (13.1 against 14.1 us, split 2) and gate_up
+ * (47.2 against 51.1, split 1), TILE on o_proj (12.2 against 16.0) and down (30.5
+ * against 42.4), both split 4 by STREAM; at M = 64 TILE on all four. */
+#define K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M 16
 
 /* The ways k_cuda_linear_q_run computes (k_cuda_linear_q_pick and _choose say which
  * takes a call). */
@@ -115,9 +121,11 @@ enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *q, const fl
 					       size_t wtmp_elems);
 
 /* k_cuda_linear_q_pick's kind, except TILE at 8 < M <= 64 where it runs (ctx's x
- * scratch holds M x K); else DEQUANT for STREAM at M > 8 where ctx would split K over
- * more than K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs and the scratch (wtmp_elems) and ctx's
- * sizes allow it. */
+ * scratch holds M x K), but for STREAM at M <= K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M
+ * where STREAM splits K over at most K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs; else DEQUANT
+ * for STREAM at M > 8 where ctx would split K over more than
+ * K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs and the scratch (wtmp_elems) and ctx's sizes
+ * allow it. */
 enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_linear *ctx,
 						 const struct k_quant *q, const float *x,
 						 const void *w, int M, int N, int K,

@@ -14,7 +14,10 @@
 // weight rows AND that stage's k of every x row through the same cp.async groups, so x
 // costs no barrier of its own; a warp owns two m16 tiles (32 rows), so each x fragment
 // read from shared memory feeds two MMAs; the split partials go through the context's
-// workspace (one pass, all S loads in flight).
+// workspace (one pass, all S loads in flight). Measured against a cluster form (H200,
+// same call: the S slices a cluster, partials summed through DSMEM by all S ranks):
+// that one was 3-8% faster at M = 16 but 35-40% slower at M = 64 where K splits
+// (Llama q/k/v 36.4 against 27.0 us, down 65.4 against 46.7), and went back.
 //
 // Bytes: at M = 64 x costs 2 * 64 bytes a k per CTA against 128 bytes a k of fp8 weights
 // (int4: 64): the L2 -> SM traffic is about twice (three times) the weight bytes, all
