@@ -404,11 +404,14 @@ extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_
 							    size_t wtmp_elems)
 {
 	enum k_cuda_linear_q_kind kind = k_cuda_linear_q_pick(q, x, w, M, N, K, wtmp_elems);
+	// STREAM's split where it may keep 9..16 rows (0: not asked, or no plan)
+	const int split = kind == K_CUDA_LINEAR_Q_STREAM && M > K_CUDA_LINEAR_Q_MMA_MAX_M &&
+				  M <= K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M
+				  ? k_cuda_lin_qmma_split(ctx, true, q, M, N, K) : 0;
 
 	if (M > K_CUDA_LINEAR_Q_MMA_MAX_M && M <= K_CUDA_LINEAR_Q_TILE_MAX_M && M <= ctx->max_M &&
 	    K <= ctx->max_K && k_cuda_linear_q_tile_supports(q, x, w, M, N, K) &&
-	    !(kind == K_CUDA_LINEAR_Q_STREAM && M <= K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M &&
-	      k_cuda_lin_qmma_split(ctx, true, q, M, N, K) <= K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT))
+	    !(split >= 1 && split <= K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT))
 		return K_CUDA_LINEAR_Q_TILE;
 	if (kind == K_CUDA_LINEAR_Q_STREAM && M > K_CUDA_LINEAR_Q_MMA_MAX_M &&
 	    lq_dequant_ok(q, N, K, wtmp_elems) && M <= ctx->max_M && K <= ctx->max_K &&
