@@ -11,11 +11,14 @@
  *   reference on x rounded to f16 as the kernel rounds it, rel L2 per row <= 1e-4
  *   (fp32 tensor-core sums), and within 2e-3 of the reference on fp32 x (the f16
  *   rounding of x, printed); the same bits on a second run;
+ * - the tile kernel (K_CUDA_LINEAR_Q_TILE) at M = 1..65 (65: two launches): n8 tiles 2,
+ *   4, 8, K split over up to 8 CTAs and one slice, partial row tiles and stages, the
+ *   same tolerances and the same bits on a second run (fixed-order split sums);
  * - the DEQUANT kind (weights to f16, cuBLAS), M = 1, 9, 33: against the reference on
  *   f16 weights and f16 x, <= 1e-4; k_cuda_quant_dequant itself bit for bit against the
  *   host's dequantization rounded to bf16 and to f16.
  * KD_TEST_QUICK=1: the sanitizers' size (main says what it leaves out); KD_TEST_PART=mma
- * the tensor-core GEMV only, =wide its streaming form at 8 < M <= 64 only (racecheck
+ * the tensor-core kernels only, =wide their forms for 8 < M <= 64 only (racecheck
  * reaches those in its time); KD_TEST_CASES=SUBSTRING some formats only.
  * Exits 77 without a GPU. Timing: tests/bench/bench_cuda_linear_q. */
 #include <errno.h>
@@ -214,7 +217,7 @@ static double worst_row(const float *out, const double *ref, const float *y0, in
 	return worst;
 }
 
-/* kind (STREAM, MMA or DEQUANT) through k_cuda_linear_q_run against ref_double on the values it
+/* kind (STREAM, MMA, TILE or DEQUANT) through k_cuda_linear_q_run against ref_double on the values it
  * multiplies; f16s: the device scales in f16 (int4 scales here are bf16 values, f16 exact). */
 static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 		     int accumulate, int f16s)
@@ -416,29 +419,41 @@ int main(void)
 		      k_cuda_linear_q_pick(&probe, (const float *)wtmp, wtmp, 65, 300, 4096, wtmp_elems) ==
 			      K_CUDA_LINEAR_Q_DEQUANT,
 		      "%s: M 64 takes STREAM, M 65 DEQUANT", c->what);
-		/* the context's choice: DEQUANT above 8 rows where STREAM would split K over
-		 * more than K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs (the split read off the plan) */
+		/* the context's choice: TILE at 8 < M <= 64 where its x scratch holds x, but
+		 * STREAM up to K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M rows where that splits K over
+		 * at most K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs (the split read off its plan) */
 		for (int si = 0; si < 2; si++) {
 			static const int shp[2][2] = { { 4096, 4096 }, { 28672, 4096 } };
 			const int N = shp[si][0], K = shp[si][1];
 			char d[160];
 			const char *gp;
 			int B = 0, S = 0;
-			enum k_cuda_linear_q_kind want;
+			enum k_cuda_linear_q_kind want16;
 
 			probe.block_cols = c->block_cols ? c->block_cols : K;
-			k_cuda_linear_q_describe(lin, K_CUDA_LINEAR_Q_STREAM, &probe, 64, N, K, d, sizeof(d));
+			k_cuda_linear_q_describe(lin, K_CUDA_LINEAR_Q_STREAM, &probe, 16, N, K, d, sizeof(d));
 			gp = strstr(d, "grid=");
 			CHECK(gp && sscanf(gp, "grid=%dx%d", &B, &S) == 2, "%s: plan '%s'", c->what, d);
-			want = S > K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT ? K_CUDA_LINEAR_Q_DEQUANT
-								   : K_CUDA_LINEAR_Q_STREAM;
+			want16 = S > K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT ? K_CUDA_LINEAR_Q_TILE
+								    : K_CUDA_LINEAR_Q_STREAM;
 			CHECK(k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 64, N, K,
-						     (size_t)N * K) == want &&
+						     (size_t)N * K) == K_CUDA_LINEAR_Q_TILE &&
+			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 17, N, K, 0) ==
+				      K_CUDA_LINEAR_Q_TILE &&
+			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 16, N, K, 0) ==
+				      want16 &&
 			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 8, N, K,
 						     (size_t)N * K) == K_CUDA_LINEAR_Q_STREAM,
-			      "%s N %d K %d (split %d): choose M 64 %s, M 8 stream", c->what, N, K, S,
-			      k_cuda_linear_q_kind_name(want));
+			      "%s N %d K %d (stream split %d at M 16): choose M 64 and 17 tile, M 16 %s, "
+			      "M 8 stream", c->what, N, K, S, k_cuda_linear_q_kind_name(want16));
 		}
+		/* K past the context's x scratch (MAX_K): neither TILE nor DEQUANT (both round
+		 * x into it), so STREAM at M = 64 */
+		probe.block_cols = c->block_cols ? c->block_cols : MAX_K + 2048;
+		CHECK(k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 64, 4096,
+					     MAX_K + 2048, (size_t)4096 * (MAX_K + 2048)) ==
+			      K_CUDA_LINEAR_Q_STREAM,
+		      "%s K %d past the context: choose M 64 stream", c->what, MAX_K + 2048);
 		for (size_t j = 0; j < sizeof(mma_ms) / sizeof(mma_ms[0]) && !wide_only; j++) {
 			const int M = mma_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
 
@@ -464,6 +479,28 @@ int main(void)
 			}
 			if (!quick)	/* 34 row blocks, 3 slices, partial slab and chunk */
 				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 4352, odd_k, 64, 1, 0);
+		}
+		/* TILE: n8 tiles 2, 4, 8 (partial ones at 5, 9, 33), K split over 8 CTAs
+		 * through the workspace, partial row tiles and stages, one slice (N 16384 x K
+		 * 64: one stage; N 33792 x K 256: 264 tiles, 4 stages each), M 65 in two
+		 * launches */
+		{
+			static const int tile_ms[] = { 1, 5, 9, 16, 33, 64 };
+
+			for (size_t j = 0; j < sizeof(tile_ms) / sizeof(tile_ms[0]); j++) {
+				const int M = tile_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
+
+				run_kind(c, K_CUDA_LINEAR_Q_TILE, 300, 512, M, acc, f16s);
+				run_kind(c, K_CUDA_LINEAR_Q_TILE, 1000, 4096, M, !acc, f16s);
+				run_kind(c, K_CUDA_LINEAR_Q_TILE, 130, odd_k, M, acc, 0);
+				if (M > 8)
+					run_kind(c, K_CUDA_LINEAR_Q_TILE, 130, 14336, M, 0, f16s);
+			}
+			run_kind(c, K_CUDA_LINEAR_Q_TILE, 16384, 64, 33, 1, is_int4);
+			run_kind(c, K_CUDA_LINEAR_Q_TILE, quick ? 2304 : 33792, 256, 40, 0, 0);
+			run_kind(c, K_CUDA_LINEAR_Q_TILE, 520, 1024, 65, 1, is_int4);
+			if (!quick)
+				run_kind(c, K_CUDA_LINEAR_Q_TILE, 4352, odd_k, 64, 1, 0);
 		}
 		for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA && !wide_only; kind++) {
 			run_kind(c, kind, 300, 1024, 17, 1, 0);	/* STREAM one launch, MMA 3 */

@@ -1,5 +1,6 @@
-/* Quantized-weight linear benchmark on the GPU: k_cuda_linear_q_run (the tensor-core
- * GEMV at M <= 64: "us" the streaming form it picks, "alt us" below) on the dense projections of Llama-3.1-8B, Qwen3-30B-A3B and
+/* Quantized-weight linear benchmark on the GPU: k_cuda_linear_q_run ("us": the
+ * streaming GEMV at M <= 8, the tile kernel at 8 < M <= 64, "(choose: stream)" in the
+ * plan where k_cuda_linear_q_choose takes the streaming GEMV instead; "alt us" below) on the dense projections of Llama-3.1-8B, Qwen3-30B-A3B and
  * DeepSeek-V3 / Kimi-K2 (q/k/v and gate/up stacked, as the CUDA backend places them),
  * in fp8 with 128 x 128 block scales, fp8 per channel and int4 in groups of 32 (f16
  * scales, as the backend keeps them), against the HBM floor of the bytes it must move.
@@ -9,10 +10,12 @@
  * when read again; sample / launches is one call; median of SAMPLES samples. Bytes =
  * payload + scales (as on the device) + x (M, K) fp32 + y (M, N) fp32, each once; floor
  * = bytes / 4.25 TB/s (bench_floor_us). "alt us": the register-load form (MMA) at M <= 8,
- * the DEQUANT kind (f16 copy + cuBLAS, what M > 8 took before) above. "warp" is the
- * CUDA-core GEMV (k_cuda_linear_q) at M = 1, for comparison. M = 1, 2, 4, 8, 16, 32, 64
- * (the streaming form in one launch up to 64). Usage: bench_cuda_linear_q [--quick]
- * (M = 1, 8 and 64 only).
+ * above it the faster of the two kinds M > 8 took before the tile kernel (the streaming
+ * GEMV's wide form, the DEQUANT kind: f16 copy + cuBLAS). "bf16 us": k_cuda_linear on
+ * a bf16 weight of the same shape (its own kind), with its floor% (bf16 bytes). "warp"
+ * is the CUDA-core GEMV (k_cuda_linear_q) at M = 1, for comparison. M = 1, 2, 4, 8, 16,
+ * 32, 64. Usage: bench_cuda_linear_q [--quick] [--only SUBSTRING] (--quick: M = 1, 8,
+ * 16 and 64 only; --only: the shapes whose name holds SUBSTRING).
  * Exits 77 without CUDA or GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,11 +91,24 @@ struct qweight {
 	int copies;
 };
 
+/* A bf16 weight in `copies` device copies wb bytes apart (kind < 0 in call: k_cuda_linear). */
+struct bweight {
+	uint16_t *w;
+	size_t wb;
+	int copies;
+};
+
+static const struct bweight *bf16_w;	/* set while timing the bf16 linear */
+
 static int call(const struct qweight *qw, int kind, int i, float *y, const float *x, int M,
 		int N, int K)
 {
-	struct k_quant q = qw->q;
+	struct k_quant q;
 
+	if (kind < 0)
+		return k_cuda_linear(lin, y, x, bf16_w->w + (size_t)(i % bf16_w->copies) * (bf16_w->wb / 2),
+				     M, N, K, 0);
+	q = qw->q;
 	q.scale = qw->s + (size_t)(i % qw->copies) * qw->sb;
 	if (kind == K_CUDA_LINEAR_Q_WARP)	/* fp32 scales only: its own stream */
 		return q.scale_dtype == K_F32 ? k_cuda_linear_q(stream, y, x, qw->w + (size_t)(i % qw->copies) * qw->wb,
@@ -105,8 +121,8 @@ static int call(const struct qweight *qw, int kind, int i, float *y, const float
 static double time_us(const struct qweight *qw, int kind, float *y, const float *x, int M, int N,
 		      int K)
 {
-	int launches = qw->copies < MIN_LAUNCHES ? (MIN_LAUNCHES + qw->copies - 1) / qw->copies *
-						   qw->copies : qw->copies;
+	const int copies = kind < 0 ? bf16_w->copies : qw->copies;
+	int launches = copies < MIN_LAUNCHES ? (MIN_LAUNCHES + copies - 1) / copies * copies : copies;
 	cudaGraph_t graph = NULL;
 	cudaGraphExec_t exec = NULL;
 	cudaEvent_t t0 = NULL, t1 = NULL;
@@ -195,17 +211,47 @@ static int qweight_create(struct qweight *qw, const struct fmt *f, int N, int K)
 	return qw->w && qw->s ? 0 : -1;
 }
 
+/* Random bf16 weights in enough copies to leave L2 between reads. */
+static int bweight_create(struct bweight *bw, int N, int K)
+{
+	unsigned long long s = 0x51ed2701ull ^ ((size_t)N * K);
+	uint16_t *h;
+
+	bw->wb = (size_t)N * K * 2;
+	bw->copies = (int)((ROTATE_BYTES + bw->wb - 1) / bw->wb);
+	bw->copies = bw->copies < 2 ? 2 : bw->copies;
+	h = malloc(bw->wb);
+	if (!h)
+		return -1;
+	for (size_t i = 0; i < (size_t)N * K; i++)
+		h[i] = k_f32_to_bf16(test_randf(&s) * 0.05f);
+	bw->w = dalloc(bw->wb * (size_t)bw->copies);
+	for (int c = 0; bw->w && c < bw->copies; c++)
+		CU(cudaMemcpyAsync((uint8_t *)bw->w + (size_t)c * bw->wb, h, bw->wb,
+				   cudaMemcpyHostToDevice, stream));
+	CU(cudaStreamSynchronize(stream));
+	free(h);
+	return bw->w ? 0 : -1;
+}
+
 int main(int argc, char **argv)
 {
-	static const int all_ms[] = { 1, 2, 4, 8, 16, 32, 64 }, quick_ms[] = { 1, 8, 64 };
+	static const int all_ms[] = { 1, 2, 4, 8, 16, 32, 64 }, quick_ms[] = { 1, 8, 16, 64 };
 	const int *ms = all_ms;
 	int n_ms = 7;
 	double llama_us[N_FMTS][MAX_M + 1] = { { 0 } }, llama_floor[N_FMTS][MAX_M + 1] = { { 0 } };
+	double llama_bf16[MAX_M + 1] = { 0 }, llama_bf16_floor[MAX_M + 1] = { 0 };
 	float *x, *y, *hx;
 
-	if (argc > 1 && !strcmp(argv[1], "--quick")) {
-		ms = quick_ms;
-		n_ms = 3;
+	const char *only = NULL;
+
+	for (int a = 1; a < argc; a++) {
+		if (!strcmp(argv[a], "--quick")) {
+			ms = quick_ms;
+			n_ms = 4;
+		} else if (!strcmp(argv[a], "--only") && a + 1 < argc) {
+			only = argv[++a];
+		}
 	}
 	if (bench_begin("bench_cuda_linear_q"))
 		return 77;
@@ -228,11 +274,34 @@ int main(int argc, char **argv)
 		return 1;
 	CU(cudaMemcpy(x, hx, sizeof(float) * MAX_M * MAX_K, cudaMemcpyHostToDevice));
 	free(hx);
-	printf("%-18s %-11s %6s %5s %2s | %8s %6s %6s | %8s %7s | %8s %6s | %8s | %s\n", "shape",
-	       "format", "N", "K", "M", "us", "TB/s", "floor%", "floor us", "MB", "alt us", "floor%",
-	       "warp us", "plan");
+	printf("%-18s %-11s %6s %5s %2s | %8s %6s %6s | %8s %7s | %8s %6s | %8s %6s | %8s | %s\n",
+	       "shape", "format", "N", "K", "M", "us", "TB/s", "floor%", "floor us", "MB", "alt us",
+	       "floor%", "bf16 us", "floor%", "warp us", "plan");
 	for (int si = 0; si < N_SHAPES; si++) {
 		const struct shape *s = &shapes[si];
+		double bf16_us[MAX_M + 1] = { 0 }, bf16_floor[MAX_M + 1] = { 0 };
+		struct bweight bw;
+
+		if (only && !strstr(s->name, only))
+			continue;
+
+		/* the bf16 linear at each M first, its weights freed before the quantized */
+		if (bweight_create(&bw, s->N, s->K)) {
+			CHECK(0, "%s: bf16 weights", s->name);
+			continue;
+		}
+		bf16_w = &bw;
+		for (int mi = 0; mi < n_ms; mi++) {
+			const int M = ms[mi];
+
+			bf16_floor[M] = bench_floor_us((double)bw.wb + 4.0 * M * s->K + 4.0 * M * s->N);
+			bf16_us[M] = time_us(NULL, -1, y, x, M, s->N, s->K);
+			if (s->llama_layer) {
+				llama_bf16[M] += bf16_us[M];
+				llama_bf16_floor[M] += bf16_floor[M];
+			}
+		}
+		cudaFree(bw.w);
 
 		for (int fi = 0; fi < N_FMTS; fi++) {
 			struct qweight qw;
@@ -243,28 +312,41 @@ int main(int argc, char **argv)
 			}
 			for (int mi = 0; mi < n_ms; mi++) {
 				const int M = ms[mi];
-				const enum k_cuda_linear_q_kind kind = K_CUDA_LINEAR_Q_STREAM;
+				const enum k_cuda_linear_q_kind kind =
+					M <= K_CUDA_LINEAR_Q_MMA_MAX_M ? K_CUDA_LINEAR_Q_STREAM : K_CUDA_LINEAR_Q_TILE;
 				double bytes = (double)qw.wb + (double)((size_t)((s->N + qw.q.block_rows - 1) /
 						qw.q.block_rows) * (size_t)qw.q.scale_cols *
 						k_dtype_size(qw.q.scale_dtype)) + 4.0 * M * s->K + 4.0 * M * s->N;
-				double floor_us = bench_floor_us(bytes), us, warp = 0, mma;
+				double floor_us = bench_floor_us(bytes), us, warp = 0, mma, st = 0;
 				char plan[160];
 
 				qw.q.scale = qw.s;
-				CHECK(k_cuda_linear_q_pick(&qw.q, x, qw.w, M, s->N, s->K, 0) == kind,
-				      "%s %s M %d: not the streaming GEMV", s->name, fmts[fi].name, M);
+				const enum k_cuda_linear_q_kind chosen =
+					k_cuda_linear_q_choose(lin, &qw.q, x, qw.w, M, s->N, s->K, wtmp_elems);
+
+				CHECK(chosen == kind || (M > 8 && chosen == K_CUDA_LINEAR_Q_STREAM),
+				      "%s %s M %d: chose %s", s->name, fmts[fi].name, M,
+				      k_cuda_linear_q_kind_name(chosen));
 				us = time_us(&qw, kind, y, x, M, s->N, s->K);
 				mma = time_us(&qw, M <= 8 ? K_CUDA_LINEAR_Q_MMA : K_CUDA_LINEAR_Q_DEQUANT, y,
 					      x, M, s->N, s->K);
+				if (M > 8) {
+					st = time_us(&qw, K_CUDA_LINEAR_Q_STREAM, y, x, M, s->N, s->K);
+					mma = st > 0 && (mma <= 0 || st < mma) ? st : mma;
+				}
 				if (M == 1 && qw.q.scale_dtype == K_F32)
 					warp = time_us(&qw, K_CUDA_LINEAR_Q_WARP, y, x, M, s->N, s->K);
 				k_cuda_linear_q_describe(lin, kind, &qw.q, M, s->N, s->K, plan, sizeof(plan));
-				printf("%-18s %-11s %6d %5d %2d | %8.2f %6.2f %5.1f%% | %8.2f %7.1f | %8.2f %5.1f%% | %8.2f | %s\n",
+				if (chosen != kind)	/* the choice takes "alt" (STREAM) here */
+					snprintf(plan + strlen(plan), sizeof(plan) - strlen(plan),
+						 " (choose: %s)", k_cuda_linear_q_kind_name(chosen));
+				printf("%-18s %-11s %6d %5d %2d | %8.2f %6.2f %5.1f%% | %8.2f %7.1f | %8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f | %s\n",
 				       s->name, fmts[fi].name, s->N, s->K, M, us, us > 0 ? bytes / us / 1e6 : 0,
 				       us > 0 ? 100.0 * floor_us / us : 0, floor_us, bytes / 1e6, mma,
-				       mma > 0 ? 100.0 * floor_us / mma : 0, warp, plan);
+				       mma > 0 ? 100.0 * floor_us / mma : 0, bf16_us[M],
+				       bf16_us[M] > 0 ? 100.0 * bf16_floor[M] / bf16_us[M] : 0, warp, plan);
 				if (s->llama_layer) {
-					llama_us[fi][M] += us;
+					llama_us[fi][M] += chosen == kind ? us : st;	/* what decode runs */
 					llama_floor[fi][M] += floor_us;
 				}
 			}
@@ -277,9 +359,11 @@ int main(int argc, char **argv)
 	for (int fi = 0; fi < N_FMTS; fi++)
 		for (int M = 1; M <= MAX_M; M++)
 			if (llama_us[fi][M] > 0)
-				printf("  %-11s M=%d %8.1f us, floor %8.1f us: %.1f%% of the floor\n",
+				printf("  %-11s M=%d %8.1f us, floor %8.1f us: %.1f%% of the floor; bf16 %8.1f us (%.1f%% of its floor): %.2fx\n",
 				       fmts[fi].name, M, 32 * llama_us[fi][M], 32 * llama_floor[fi][M],
-				       100.0 * llama_floor[fi][M] / llama_us[fi][M]);
+				       100.0 * llama_floor[fi][M] / llama_us[fi][M], 32 * llama_bf16[M],
+				       llama_bf16[M] > 0 ? 100.0 * llama_bf16_floor[M] / llama_bf16[M] : 0,
+				       llama_bf16[M] / llama_us[fi][M]);
 	cudaFree(x);
 	cudaFree(y);
 	cudaFree(wtmp);

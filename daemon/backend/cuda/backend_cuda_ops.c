@@ -131,7 +131,8 @@ int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const str
 	int kind = k_cuda_linear_q_choose(b->lin, &w->q, x, w->w, M, N, K,
 					  b->wtmp ? b->wtmp_elems : 0);
 
-	if ((kind == K_CUDA_LINEAR_Q_STREAM || kind == K_CUDA_LINEAR_Q_MMA) &&
+	if ((kind == K_CUDA_LINEAR_Q_STREAM || kind == K_CUDA_LINEAR_Q_MMA ||
+	     kind == K_CUDA_LINEAR_Q_TILE) &&
 	    !w->mma_ok)	/* int4 with fp32 scales */
 		kind = M <= K_CUDA_LINEAR_Q_MMA_MAX_M || !b->wtmp ? K_CUDA_LINEAR_Q_WARP
 							       : K_CUDA_LINEAR_Q_DEQUANT;

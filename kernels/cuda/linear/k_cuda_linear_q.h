@@ -48,7 +48,17 @@ int k_cuda_linear_q_vector(const struct k_quant *q, int K);
  * 93.2 against 122): the rule picks the faster kind in all 13. */
 #define K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT 2
 
-/* The ways k_cuda_linear_q_run computes, in the order it tries them. */
+/* Rows of x the tile kernel (TILE) takes in one launch. */
+#define K_CUDA_LINEAR_Q_TILE_MAX_M 64
+/* Up to this many rows STREAM stays where it splits K over at most
+ * K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs. Measured on H200 at M = 16 (bench_cuda_linear_q,
+ * fp8-block): STREAM faster on Llama q/k/v (13.1 against 14.1 us, split 2) and gate_up
+ * (47.2 against 51.1, split 1), TILE on o_proj (12.2 against 16.0) and down (30.5
+ * against 42.4), both split 4 by STREAM; at M = 64 TILE on all four. */
+#define K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M 16
+
+/* The ways k_cuda_linear_q_run computes (k_cuda_linear_q_pick and _choose say which
+ * takes a call). */
 enum k_cuda_linear_q_kind {
 	/* M <= 64: weights copied 128 bytes a row through a cp.async ring in shared memory
 	 * into mma.sync f16 fragments (one dequantization for all M rows), x rounded to
@@ -58,6 +68,12 @@ enum k_cuda_linear_q_kind {
 	/* the same with the weights loaded straight into registers, 64 bytes a row per
 	 * instruction: fp8 scale columns of 64 k too */
 	K_CUDA_LINEAR_Q_MMA,
+	/* 8 < M <= 64 (k_cuda_linear_q_choose; any M <= 64 runs): x rounded to f16 into the
+	 * context's scratch first, then 128 weight rows a CTA streamed 64 bytes a row at a
+	 * time through a cp.async pipeline together with the same k of every x row, each
+	 * warp's two m16 weight tiles dequantized once for all M rows, K split over CTAs
+	 * whose partial tiles the last one adds in split order (linear_qtile.cu) */
+	K_CUDA_LINEAR_Q_TILE,
 	/* the weight dequantized into an f16 scratch (N, K) (k_cuda_quant_dequant: value *
 	 * scale rounded once to 11 significant bits), x rounded to f16, one cuBLAS GEMM
 	 * with fp32 accumulation: prefill and large batches */
@@ -80,6 +96,14 @@ int k_cuda_linear_q_mma_supports(const struct k_quant *q, const float *x, const 
 int k_cuda_linear_q_stream_supports(const struct k_quant *q, const float *x, const void *w,
 				    int M, int N, int K);
 
+/* The same for K_CUDA_LINEAR_Q_TILE: M <= K_CUDA_LINEAR_Q_TILE_MAX_M, K % 16 == 0 (fp8)
+ * or % 32 (int4), fp8 scale columns a power of two >= 64 wide or the whole row, int4
+ * groups a power of two >= 32 or the whole row; the same roundings as MMA (x to f16,
+ * int4 values scaled in f16, fp8 partial sums scaled in fp32). The context's scratch
+ * must hold x (M <= max_M, K <= max_K): k_cuda_linear_q_run says -EINVAL otherwise. */
+int k_cuda_linear_q_tile_supports(const struct k_quant *q, const float *x, const void *w,
+				  int M, int N, int K);
+
 /* 1 where the scale s is an f16 normal number exactly (int4 through the MMA kind is then
  * exact: a 4-bit integer times s has at most 11 significant bits). */
 static inline int k_quant_scale_f16_exact(float s)
@@ -96,9 +120,12 @@ enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *q, const fl
 					       const void *w, int M, int N, int K,
 					       size_t wtmp_elems);
 
-/* k_cuda_linear_q_pick's kind, except DEQUANT for STREAM at M > 8 where ctx would split
- * K over more than K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs and the scratch (wtmp_elems) and
- * ctx's sizes allow it. */
+/* k_cuda_linear_q_pick's kind, except TILE at 8 < M <= 64 where it runs (ctx's x
+ * scratch holds M x K), but for STREAM at M <= K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M
+ * where STREAM splits K over at most K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs; else DEQUANT
+ * for STREAM at M > 8 where ctx would split K over more than
+ * K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs and the scratch (wtmp_elems) and ctx's sizes
+ * allow it. */
 enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_linear *ctx,
 						 const struct k_quant *q, const float *x,
 						 const void *w, int M, int N, int K,
@@ -107,9 +134,10 @@ enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_linear *ctx
 /* y (M, N) fp32 = x (M, K) fp32 @ w^T (y += with accumulate) on ctx's stream, w (N, K)
  * quantized as q says with q->scale in device memory (K_F32 or K_F16); kind < 0:
  * k_cuda_linear_q_choose's, else that one (-EINVAL where it cannot run). wtmp: device scratch of wtmp_elems 16-bit values for DEQUANT (NULL, 0: none),
- * owned by the caller, overwritten; DEQUANT also overwrites the context's x scratch
- * and needs M <= its max_M, K <= its max_K. Capturable into a CUDA graph; MMA and WARP never read the
- * bf16 copy of x (k_cuda_linear_x_ready): -EINVAL where only that copy was written.
+ * owned by the caller, overwritten; DEQUANT and TILE also overwrite the context's x
+ * scratch and need M <= its max_M, K <= its max_K (TILE takes 64 rows a launch, reading
+ * the weights again beyond). Capturable into a CUDA graph; no kind reads the bf16 copy
+ * of x (k_cuda_linear_x_ready): -EINVAL where only that copy was written.
  * 0, -EINVAL or -EIO (logged). */
 int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y, const float *x,
 			const void *w, const struct k_quant *q, int M, int N, int K,
@@ -122,7 +150,7 @@ int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y, const flo
 int k_cuda_quant_dequant(cudaStream_t stream, uint16_t *dst, enum k_dtype out, const void *w,
 			 const struct k_quant *q, int N, int K);
 
-/* "stream", "mma", "dequant", "warp". */
+/* "stream", "mma", "tile", "dequant", "warp". */
 const char *k_cuda_linear_q_kind_name(enum k_cuda_linear_q_kind kind);
 
 /* A one-line description of how `kind` would launch this shape, for benchmarks. */

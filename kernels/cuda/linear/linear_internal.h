@@ -46,6 +46,8 @@ struct k_cuda_linear {
 	int gemv_resident;		/* GEMV CTAs resident at once */
 	int st_cap[LIN_ST_N_NT];	/* streaming-kernel CTAs resident at once */
 	int qm_bps;			/* quantized GEMV CTAs resident per multiprocessor */
+	/* quantized tile kernel CTAs resident per multiprocessor: [fp8, int4][M <= 16, 32, 64] */
+	int qt_bps[2][3];
 	float *st_ws;			/* (LIN_ST_MAX_UNITS, LIN_ST_MAX_M, 128) fp32 partials */
 	unsigned *st_cnt;		/* (LIN_ST_MAX_UNITS) arrivals per tile, 0 between launches */
 	cublasHandle_t blas;
@@ -110,6 +112,16 @@ int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, bool stream,
 /* The cluster size S (K slices per 128 rows) the form would launch with; 0: no plan. */
 int k_cuda_lin_qmma_split(const struct k_cuda_linear *ctx, bool stream, const struct k_quant *q,
 			  int M, int N, int K);
+/* The quantized tile kernel (linear_qtile.cu, K_CUDA_LINEAR_Q_TILE): kernel attributes
+ * and ctx->qt_bps, once at create; the launch: x rounded to f16 into ctx->xb (M <=
+ * max_M, K <= max_K), then the kernel, K split through ctx->st_ws / st_cnt (shared with
+ * the bf16 streaming kernel: calls on one context run in stream order).
+ * -EINVAL where k_cuda_linear_q_tile_supports does not hold or the scratch is small. */
+int k_cuda_lin_qtile_setup(struct k_cuda_linear *ctx);
+int k_cuda_lin_qtile(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+		     const struct k_quant *q, int M, int N, int K, int accumulate);
+int k_cuda_lin_qtile_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
+			      int N, int K, char *buf, size_t len);
 /* The bookkeeping of the bf16 copy of x (linear.cu): whether x is the one a producer
  * left there, cleared; -EINVAL (logged) where only that copy was written and kind
  * reads fp32 x. */

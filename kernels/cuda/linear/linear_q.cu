@@ -1,6 +1,6 @@
 // Quantized-weight linears: the choice between the tensor-core GEMV (linear_qmma.cu),
-// a bf16 copy for the bf16 GEMMs, and the CUDA-core GEMV here (W8A16 fp8, W4A16 int4:
-// one warp per weight row, the row's bytes streamed in 16-byte loads, each value
+// the tile kernel for 9..64 rows (linear_qtile.cu), an f16 copy for the GEMMs, and the
+// CUDA-core GEMV here (W8A16 fp8, W4A16 int4: one warp per weight row, the row's bytes streamed in 16-byte loads, each value
 // dequantized in registers, multiplied into fp32 x, the block's partial sum scaled
 // once), plus the dequantization kernel. Layouts: kernels/quant.h.
 #include <cerrno>
@@ -370,6 +370,7 @@ extern "C" const char *k_cuda_linear_q_kind_name(enum k_cuda_linear_q_kind kind)
 	switch (kind) {
 	case K_CUDA_LINEAR_Q_STREAM: return "stream";
 	case K_CUDA_LINEAR_Q_MMA: return "mma";
+	case K_CUDA_LINEAR_Q_TILE: return "tile";
 	case K_CUDA_LINEAR_Q_DEQUANT: return "dequant";
 	case K_CUDA_LINEAR_Q_WARP: return "warp";
 	default: return "?";
@@ -403,7 +404,15 @@ extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_
 							    size_t wtmp_elems)
 {
 	enum k_cuda_linear_q_kind kind = k_cuda_linear_q_pick(q, x, w, M, N, K, wtmp_elems);
+	// STREAM's split where it may keep 9..16 rows (0: not asked, or no plan)
+	const int split = kind == K_CUDA_LINEAR_Q_STREAM && M > K_CUDA_LINEAR_Q_MMA_MAX_M &&
+				  M <= K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M
+				  ? k_cuda_lin_qmma_split(ctx, true, q, M, N, K) : 0;
 
+	if (M > K_CUDA_LINEAR_Q_MMA_MAX_M && M <= K_CUDA_LINEAR_Q_TILE_MAX_M && M <= ctx->max_M &&
+	    K <= ctx->max_K && k_cuda_linear_q_tile_supports(q, x, w, M, N, K) &&
+	    !(split >= 1 && split <= K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT))
+		return K_CUDA_LINEAR_Q_TILE;
 	if (kind == K_CUDA_LINEAR_Q_STREAM && M > K_CUDA_LINEAR_Q_MMA_MAX_M &&
 	    lq_dequant_ok(q, N, K, wtmp_elems) && M <= ctx->max_M && K <= ctx->max_K &&
 	    k_cuda_lin_qmma_split(ctx, true, q, M, N, K) > K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT)
@@ -441,6 +450,20 @@ extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y
 					      M - m0 < mp ? M - m0 : mp, N, K, accumulate);
 		return ret;
 	}
+	case K_CUDA_LINEAR_Q_TILE: {
+		const int mp = M < K_CUDA_LINEAR_Q_TILE_MAX_M ? M : K_CUDA_LINEAR_Q_TILE_MAX_M;
+
+		if (!k_cuda_linear_q_tile_supports(q, x, w, mp, N, K) || mp > ctx->max_M ||
+		    K > ctx->max_K)
+			return -EINVAL;
+		// fp32 x, rounded to f16 into the scratch: the bf16 copy there goes
+		if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
+			return ret;
+		for (int m0 = 0; m0 < M && !ret; m0 += mp)
+			ret = k_cuda_lin_qtile(ctx, y + (size_t)m0 * N, x + (size_t)m0 * K, w, q,
+					       M - m0 < mp ? M - m0 : mp, N, K, accumulate);
+		return ret;
+	}
 	case K_CUDA_LINEAR_Q_DEQUANT:
 		if (!wtmp || !lq_dequant_ok(q, N, K, wtmp_elems))
 			return -EINVAL;
@@ -461,7 +484,9 @@ extern "C" void k_cuda_linear_q_describe(const struct k_cuda_linear *ctx,
 					 enum k_cuda_linear_q_kind kind, const struct k_quant *q,
 					 int M, int N, int K, char *buf, size_t len)
 {
-	if (kind == K_CUDA_LINEAR_Q_STREAM || kind == K_CUDA_LINEAR_Q_MMA)
+	if (kind == K_CUDA_LINEAR_Q_TILE)
+		k_cuda_lin_qtile_describe(ctx, q, M, N, K, buf, len);
+	else if (kind == K_CUDA_LINEAR_Q_STREAM || kind == K_CUDA_LINEAR_Q_MMA)
 		k_cuda_lin_qmma_describe(ctx, kind == K_CUDA_LINEAR_Q_STREAM, q, M, N, K, buf, len);
 	else if (kind == K_CUDA_LINEAR_Q_DEQUANT)
 		snprintf(buf, len, "dequant to f16 (%.1f MB written), then cublas f16",

@@ -44,6 +44,7 @@
 
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "kernels/cuda/linear/linear_internal.h"
+#include "kernels/cuda/linear/linear_qfrag.cuh"
 #include "kernels/cuda/ptx.cuh"
 
 namespace cg = cooperative_groups;
@@ -78,57 +79,6 @@ struct qm_args {
 	int pdl;
 };
 
-static __device__ __forceinline__ void qm_mma(float (&c)[4], uint32_t a0, uint32_t a1,
-					      uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
-{
-	asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-	    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-	    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Bytes 0,1 and 2,3 of w (e4m3) as two f16 pairs, exactly; the low byte in the low half.
-static __device__ __forceinline__ void qm_e4m3x4(uint32_t w, uint32_t &lo, uint32_t &hi)
-{
-	asm("{\n\t.reg .b16 l, h;\n\t"
-	    "mov.b32 {l, h}, %2;\n\t"
-	    "cvt.rn.f16x2.e4m3x2 %0, l;\n\t"
-	    "cvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
-	    : "=r"(lo), "=r"(hi)
-	    : "r"(w));
-}
-
-// Nibbles p and p + 4 of w as (nibble - 8) * s in an f16 pair (low half: nibble p).
-static __device__ __forceinline__ uint32_t qm_i4x2(uint32_t w, int p, __half2 s)
-{
-	const uint32_t v = ((w >> (4 * p)) & 0x000f000fu) | 0x64006400u;	// 1024 + nibble
-	__half2 h;
-	uint32_t r;
-
-	memcpy(&h, &v, 4);
-	h = __hmul2(__hsub2(h, __half2half2(__ushort_as_half((unsigned short)0x6408u))), s);
-	memcpy(&r, &h, 4);
-	return r;
-}
-
-// Index of the 16-byte unit holding x octet u of a row in shared memory: for int4, units
-// 8..15 of every 16 swap halves so that the four lanes of a row (units 4t + q) fall in
-// four different bank groups.
-template <int FMT>
-static __device__ __forceinline__ int qm_xunit(int u)
-{
-	return FMT == K_Q_INT4 ? u ^ (((u >> 3) & 1) << 1) : u;
-}
-
-static __device__ __forceinline__ uint32_t qm_pack_h2(float lo, float hi)
-{
-	__half2 h = __floats2half2_rn(lo, hi);
-	uint32_t u;
-
-	memcpy(&u, &h, 4);
-	return u;
-}
-
 // x rows [0, M), k [k0, k0 + KC) into shared memory as f16 (row stride KC + 8 halves),
 // zeros past K; int4 octets reordered k 0 4 1 5 2 6 3 7.
 template <int FMT>
@@ -161,15 +111,6 @@ static __device__ __forceinline__ void qm_stage_x(uint4 *xs, const float *x, int
 		}
 		xs[m * xs_row + qm_xunit<FMT>(u)] = o;
 	}
-}
-
-template <typename ST>
-static __device__ __forceinline__ float qm_scale(const ST *s, size_t i)
-{
-	if constexpr (sizeof(ST) == 2)
-		return __half2float(__ldg((const __half *)s + i));
-	else
-		return __ldg((const float *)s + i);
 }
 
 // The S partial tiles of this CTA's rows, summed in cluster-rank order; rank s writes
@@ -599,28 +540,6 @@ qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 
 #define QS_MAX_SMEM	(200 << 10)	/* the streaming form: ring + x slice, bytes */
 #define QS_SMEM_2CTA	(113 << 10)	/* two CTAs fit a multiprocessor up to this */
-
-static int qm_pow2_shift(int v)
-{
-	int s = 0;
-
-	while ((1 << s) < v)
-		s++;
-	return (1 << s) == v ? s : -1;
-}
-
-// The shift that maps k to its scale column, or -1 where the scales do not fit the
-// kernel: one column per `unit` k (fp8: a 64-k slab, or 128 for the streaming form's
-// stage; int4: a lane's 32 k); powers of two, or one column for the row.
-static int qm_bc_shift(const struct k_quant *q, int K, int unit)
-{
-	int sh;
-
-	if (q->block_cols >= K)
-		return 31;
-	sh = qm_pow2_shift(q->block_cols);
-	return sh >= 0 && q->block_cols % unit == 0 ? sh : -1;
-}
 
 static int qm_unit(const struct k_quant *q, bool stream)
 {
