@@ -17,7 +17,8 @@
  * - the DEQUANT kind (weights to f16, cuBLAS), M = 1, 9, 33: against the reference on
  *   f16 weights and f16 x, <= 1e-4; k_cuda_quant_dequant itself bit for bit against the
  *   host's dequantization rounded to bf16 and to f16.
- * KD_TEST_QUICK=1: the sanitizers' size (main says what it leaves out); KD_TEST_PART=mma
+ * KD_TEST_QUICK=1: the sanitizers' size (main says what it leaves out), 2: racecheck's
+ * (fewer M and deep slices, every kernel form and tile width still); KD_TEST_PART=mma
  * the tensor-core kernels only, =wide their forms for 8 < M <= 64 only (racecheck
  * reaches those in its time); KD_TEST_CASES=SUBSTRING some formats only.
  * Exits 77 without a GPU. Timing: tests/bench/bench_cuda_linear_q. */
@@ -364,6 +365,10 @@ int main(void)
 	 * partial slabs still, without the largest shapes and with fewer CUDA-core M */
 	const char *qe = getenv("KD_TEST_QUICK");
 	const int quick = qe && *qe && strcmp(qe, "0");
+	/* KD_TEST_QUICK=2 (racecheck, which tracks every shared-memory access): the
+	 * tensor-core kinds at fewer M (every tile width and partial tile still), without
+	 * the 14336-deep slices but the one of many stages a warp */
+	const int race = quick && atoi(qe) >= 2;
 	const size_t n_ms = quick ? 2 : sizeof(Ms) / sizeof(Ms[0]);
 	/* KD_TEST_PART=mma: the tensor-core GEMV only (racecheck: no cuBLAS, whose split-K
 	 * kernels it reports); KD_TEST_CASES=fp8 (a substring): those formats only */
@@ -457,6 +462,8 @@ int main(void)
 		for (size_t j = 0; j < sizeof(mma_ms) / sizeof(mma_ms[0]) && !wide_only; j++) {
 			const int M = mma_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
 
+			if (race && M != 1 && M != 5 && M != 8)
+				continue;
 			for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA; kind++) {
 				run_kind(c, kind, 300, 512, M, acc, f16s);
 				run_kind(c, kind, 1000, 4096, M, !acc, f16s);	/* cluster */
@@ -471,11 +478,14 @@ int main(void)
 			for (size_t j = 0; j < sizeof(wide_ms) / sizeof(wide_ms[0]); j++) {
 				const int M = wide_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
 
+				if (race && M == 16)
+					continue;
 				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 300, 512, M, acc, f16s);
 				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 1000, 4096, M, !acc, f16s);
 				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 130, odd_k, M, acc, 0);
 				/* 2 row blocks, 8 slices of 1792 k: x in two chunks */
-				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 130, 14336, M, 0, f16s);
+				if (!race || M == 64)
+					run_kind(c, K_CUDA_LINEAR_Q_STREAM, 130, 14336, M, 0, f16s);
 			}
 			if (!quick)	/* 34 row blocks, 3 slices, partial slab and chunk */
 				run_kind(c, K_CUDA_LINEAR_Q_STREAM, 4352, odd_k, 64, 1, 0);
@@ -490,10 +500,12 @@ int main(void)
 			for (size_t j = 0; j < sizeof(tile_ms) / sizeof(tile_ms[0]); j++) {
 				const int M = tile_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
 
+				if (race && (M == 1 || M == 16))
+					continue;
 				run_kind(c, K_CUDA_LINEAR_Q_TILE, 300, 512, M, acc, f16s);
 				run_kind(c, K_CUDA_LINEAR_Q_TILE, 1000, 4096, M, !acc, f16s);
 				run_kind(c, K_CUDA_LINEAR_Q_TILE, 130, odd_k, M, acc, 0);
-				if (M > 8)
+				if (M > 8 && (!race || M == 64))
 					run_kind(c, K_CUDA_LINEAR_Q_TILE, 130, 14336, M, 0, f16s);
 			}
 			run_kind(c, K_CUDA_LINEAR_Q_TILE, 16384, 64, 33, 1, is_int4);
