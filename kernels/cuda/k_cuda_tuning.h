@@ -106,6 +106,9 @@ struct k_cuda_tuning {
 				 * ahead */
 	int moe_m1;		/* KDEC_MOE_M1, flag, 1: a single row on the small path takes
 				 * moe_small_m1.cu's pipelined kernels; 0: the general ones */
+	int moe_m1_tma;		/* KDEC_MOE_M1_TMA, flag, 1: with moe_m1 those kernels stream
+				 * the weight rows by bulk copies into shared memory
+				 * (moe_small_tma.cu); 0: in registers (moe_small_m1.cu) */
 	int moe_m1_bal;		/* KDEC_MOE_M1_BAL, flag, 1: those kernels cut a weight row into
 				 * units of even length; 0: units of a fixed length and a short
 				 * last one */

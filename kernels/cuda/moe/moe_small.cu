@@ -243,7 +243,7 @@ bool k_cuda_moe_small_fits(int M, int top_k, int hidden, int inter, const float 
 
 int k_cuda_moe_small_setup(void)
 {
-	return moe_small_gate_up_setup() || moe_small_m1_setup() ? -EIO : 0;
+	return moe_small_gate_up_setup() || moe_small_m1_setup() || moe_small_tma_setup() ? -EIO : 0;
 }
 
 // k_cuda_tuning()->moe_prefetch_ahead (KDEC_MOE_PREFETCH_AHEAD=1): the register-path
@@ -251,7 +251,9 @@ int k_cuda_moe_small_setup(void)
 // default: on H200 it cost V2-Lite batch 1 3.213 ms a step against 2.856 without (Qwen3
 // 4.036 against 3.823; likely the prefetches take HBM slots from the demand loads of the
 // same step). moe_m1 0 (KDEC_MOE_M1=0): a single row (M = 1) takes the general register
-// kernels rather than moe_small_m1.cu's pipelined pair (same results bit for bit).
+// kernels rather than moe_small_m1.cu's pipelined pair (same results bit for bit);
+// with moe_m1 on, moe_m1_tma 1 (KDEC_MOE_M1_TMA) takes moe_small_tma.cu's pair where
+// the shapes fit its rings (the same bits again).
 
 int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x, int M,
 			 const int32_t *ids, const float *weights, int top_k,
@@ -274,6 +276,13 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	rp = rp < M ? rp : M;
 	// A failed launch is also the runtime's last error, which K_CUDA_LAUNCHED reports.
 	ctas = ctas < most ? ctas : (int)most;
+	if (M == 1 && tun->moe_m1 && tun->moe_m1_tma &&
+	    moe_small_tma_fits(top_k, n_experts, hidden, inter, sh.inter)) {
+		if ((ret = moe_small_tma_launch(s, n_sm, expert_w, x, ids, weights, top_k,
+						n_experts, hidden, inter, act, sh, add, out)))
+			return ret;
+		return K_CUDA_LAUNCHED("moe small m1 tma");
+	}
 	if (M == 1 && tun->moe_m1 &&
 	    moe_small_m1_fits(top_k, n_experts, hidden, inter, sh.inter)) {
 		moe_small_m1_launch(s, ctas, expert_w, x, ids, weights, top_k, n_experts, hidden,
