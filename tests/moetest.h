@@ -66,6 +66,17 @@ static inline void moe_set_m1(int mode)
 	k_cuda_tuning_set(&t);
 }
 
+/* moe_small_tma (2..64 pairs' rows take moe_small_tma.cu's rows kernels where they
+ * fit), installed: 0 or 1, or -1 for the built-in default. */
+static inline void moe_set_small_tma(int on)
+{
+	struct k_cuda_tuning t = *k_cuda_tuning(), def;
+
+	k_cuda_tuning_defaults(&def);
+	t.moe_small_tma = on >= 0 ? on : def.moe_small_tma;
+	k_cuda_tuning_set(&t);
+}
+
 static inline const char *moe_m1_name(int mode)
 {
 	return mode == MOE_M1_GENERAL ? "general" : mode == MOE_M1_REGS ? "m1 registers" :

@@ -538,6 +538,56 @@ static void test_m1_bits(const struct moe_shape *s, struct weights *w, const str
 	ex_case_free(&c);
 }
 
+/* M rows on the small path, moe_small_tma.cu's rows kernels against the register ones
+ * (moe_small_tma): the same bits from k_cuda_moe_experts and k_cuda_moe_experts_add,
+ * as test_m1_bits. */
+static void test_rows_tma_bits(const struct moe_shape *s, struct weights *w,
+			       const struct shared_w *sw, int si, struct k_cuda_moe_ws *ws, int M,
+			       int flags)
+{
+	struct ex_case c;
+	struct k_cuda_moe_shared sh = { sw->d[0], sw->d[1], sw->d[2], si };
+	float *got[2][2], *dy;
+	int ret = 0, diff[2] = { 0, 0 };
+	size_t nx;
+
+	ex_case_make(&c, s, w, M, flags);
+	nx = c.nx;
+	dy = dalloc(sizeof(float) * nx);
+	moe_set_path(K_CUDA_MOE_PATH_SMALL);
+	for (int t = 0; t < 2; t++) {
+		moe_set_small_tma(t);
+		got[t][0] = malloc(sizeof(float) * nx);
+		got[t][1] = malloc(sizeof(float) * nx);
+		CU(cudaMemset(dy, 0xff, sizeof(float) * nx));
+		ret |= k_cuda_moe_experts(stream, ws, dy, c.dx, M, c.dids, c.dw, s->top_k,
+					  (const uint16_t *const *)c.dtable, s->n_experts, s->hidden,
+					  s->inter);
+		to_host(got[t][0], dy, sizeof(float) * nx);
+		CU(cudaMemcpy(dy, c.y0, sizeof(float) * nx, cudaMemcpyHostToDevice));
+		ret |= k_cuda_moe_experts_add(stream, ws, dy, c.dx, M, c.dids, c.dw, s->top_k,
+					      (const uint16_t *const *)c.dtable, s->n_experts,
+					      s->hidden, s->inter, si > 0 ? &sh : NULL);
+		to_host(got[t][1], dy, sizeof(float) * nx);
+	}
+	moe_set_small_tma(-1);
+	for (int op = 0; op < 2; op++)
+		for (size_t i = 0; i < nx; i++)	/* finite too (see test_m1_bits) */
+			diff[op] += !test_same_floats(&got[0][op][i], &got[1][op][i], 1);
+	printf("%-12s %-34s shared %4d M %d%s%s  experts: %d of %zu differ, experts_add: %d  %s\n",
+	       "rows tma bits", s->name, si, M, flags & EX_DUP ? " dup" : "",
+	       flags & EX_BAD_ID ? " bad-id" : "", diff[0], nx, diff[1],
+	       ret == 0 && !diff[0] && !diff[1] ? "PASS" : "FAIL");
+	CHECK(ret == 0 && !diff[0] && !diff[1], "rows tma bits %s shared %d M %d: ret %d, %d and %d differ",
+	      s->name, si, M, ret, diff[0], diff[1]);
+	for (int t = 0; t < 2; t++) {
+		free(got[t][0]);
+		free(got[t][1]);
+	}
+	cudaFree(dy);
+	ex_case_free(&c);
+}
+
 /* The fused experts + shared + residual at one shape (si 0: no shared expert). */
 static void test_experts_add_shape(const struct moe_shape *s, int si)
 {
@@ -565,6 +615,14 @@ static void test_experts_add_shape(const struct moe_shape *s, int si)
 	moe_set_m1(-1);
 	test_m1_bits(s, &w, &sw, si, ws, 0);
 	test_m1_bits(s, &w, &sw, si, ws, EX_DUP | EX_BAD_ID);
+	test_rows_tma_bits(s, &w, &sw, si, ws, 2, 0);
+	test_rows_tma_bits(s, &w, &sw, si, ws, most, 0);
+	if (most > 3)
+		test_rows_tma_bits(s, &w, &sw, si, ws, 3, EX_DUP | EX_BAD_ID);
+	moe_set_small_tma(1);	/* against the CPU too */
+	printf("(rows tma kernels)\n");
+	test_experts_add(s, &w, &sw, si, ws, most, 0, K_CUDA_MOE_PATH_SMALL, 1);
+	moe_set_small_tma(-1);
 	test_experts_add(s, &w, &sw, si, ws, most > 3 ? 3 : 1, EX_DUP | EX_BAD_ID,
 			 K_CUDA_MOE_PATH_SMALL, 1);
 	test_experts_add(s, &w, &sw, si, ws, 1, 0, K_CUDA_MOE_PATH_GROUPED, 0);
@@ -596,13 +654,15 @@ static void test_experts_shape(const struct moe_shape *s)
 	if (ret)
 		return;
 	weights_make(&w, s);
-	for (int pi = 0; pi < 4; pi++) {	/* small with M 1 on the tma, the general and
-						 * the register kernels, then grouped */
+	for (int pi = 0; pi < 5; pi++) {	/* small with M 1 on the tma, the general and
+						 * the register kernels, grouped, then small
+						 * with the rows tma kernels */
 		enum k_cuda_moe_path path = paths[pi == 3];
 		int m1 = pi == 0 ? MOE_M1_TMA : pi == 1 ? MOE_M1_GENERAL : MOE_M1_REGS;
 
 		moe_set_m1(m1);
-		printf("(%s kernels at M 1)\n", moe_m1_name(m1));
+		moe_set_small_tma(pi == 4);
+		printf("(%s kernels at M 1%s)\n", moe_m1_name(m1), pi == 4 ? ", rows tma" : "");
 		for (int m = 0; m < 4; m++)
 			test_experts(s, &w, ws, (int[]){ 1, 2, 3, 8 }[m], -1, 0, path);
 		test_experts(s, &w, ws, 8, 3, EX_DUP, path);	/* 9 pairs on expert 3 */
@@ -610,6 +670,7 @@ static void test_experts_shape(const struct moe_shape *s)
 		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, path);
 	}
 	moe_set_m1(-1);
+	moe_set_small_tma(-1);
 	/* auto: small at 5 rows (up to 64 pairs), grouped at 64 */
 	test_experts(s, &w, ws, 5, -1, 0, K_CUDA_MOE_PATH_AUTO);
 	test_experts(s, &w, ws, 64, -1, 0, K_CUDA_MOE_PATH_AUTO);

@@ -8,9 +8,9 @@
  * (router GEMV, moe_route, the small path's gate/up and down) against the latency
  * path's two (k_cuda_moe_lat), each a CUDA graph replayed behind an L2 flush, beside
  * the floor of the router, the chosen experts and the shared expert (test_cuda_moe_lat
- * checks those kernels); at M 1 also the small path's two launches alone and the
- * standard layer on each single-row kernel pair ("moe_m1" lines: general, registers,
- * tma). Usage: bench_cuda_moe [lat] (lat: only those lines).
+ * checks those kernels); then the small path's two launches alone and the standard
+ * layer on each kernel pair ("moe_small" lines: at M 1 general, registers, tma; at M 8
+ * registers and rows tma). Usage: bench_cuda_moe [lat] (lat: only those lines).
  * Exits 77 without CUDA or a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -241,28 +241,39 @@ static double lat_graph_us(struct lat_bench *lb, void *flush, int *nodes)
 	return test_median(ms, 25) * 1e3;
 }
 
-/* One row: the small path's two launches alone (k_cuda_moe_experts_add on the ids
- * the layer chose; bytes: the chosen experts and the shared expert) on each kernel pair
- * (moe_set_m1), then the whole standard layer on the register and the tma pair. */
-static void bench_m1(struct lat_bench *lb, void *flush, double bytes, int n_used)
+/* The small path's two launches alone (k_cuda_moe_experts_add on the ids the layer
+ * chose; bytes: the chosen experts and the shared expert), then the whole standard
+ * layer, on each kernel pair: at one row the general, register and tma pairs
+ * (moe_set_m1), at more rows the register and the rows tma pair (moe_set_small_tma). */
+static void bench_pairs(struct lat_bench *lb, void *flush, double bytes, int n_used)
 {
 	for (int all = 0; all < 2; all++)
-		for (int m1 = all ? MOE_M1_REGS : MOE_M1_GENERAL; m1 <= MOE_M1_TMA; m1++) {
+		for (int v = all || lb->M > 1 ? 1 : 0; v <= 2; v++) {
 			double us, b = all ? bytes + 2.0 * lb->s->n_experts * lb->s->hidden : bytes;
+			const char *name;
 			int nodes;
 
-			moe_set_m1(m1);
+			if (lb->M == 1) {
+				moe_set_m1(v == 0 ? MOE_M1_GENERAL : v == 1 ? MOE_M1_REGS : MOE_M1_TMA);
+				name = moe_m1_name(v == 0 ? MOE_M1_GENERAL : v == 1 ? MOE_M1_REGS : MOE_M1_TMA);
+			} else {
+				if (v == 0)
+					continue;
+				moe_set_small_tma(v == 2);
+				name = v == 2 ? "rows tma" : "registers";
+			}
 			lb->latency = 0;
 			lb->experts_only = !all;
 			us = lat_graph_us(lb, flush, &nodes);
-			printf("moe_m1 %-6s %-13s %-28s shared %4d: %d launches, %3.0f MB (%s%d experts%s),"
+			printf("moe_small %-7s %-12s %-28s M %d shared %4d: %d launches, %3.0f MB (%s%d experts%s),"
 			       " %7.1f us = %.2f TB/s (floor %.1f us at 4.25 TB/s: %.0f%%)\n",
-			       all ? "layer" : "experts", moe_m1_name(m1), lb->s->name, lb->shared,
+			       all ? "layer" : "experts", name, lb->s->name, lb->M, lb->shared,
 			       nodes, b / 1e6, all ? "router + " : "", n_used,
 			       lb->shared ? " + shared" : "", us, us > 0 ? b / (us * 1e-6) / 1e12 : 0,
 			       bench_floor_us(b), us > 0 ? 100 * bench_floor_us(b) / us : 0);
 		}
 	moe_set_m1(-1);
+	moe_set_small_tma(-1);
 	lb->experts_only = 0;
 }
 
@@ -328,8 +339,7 @@ static void bench_lat(const struct moe_shape *s, struct k_moe_route_params p, in
 		       l ? "latency" : "standard", s->name, M, shared, nodes[l], bytes / 1e6, n_used,
 		       shared ? " + shared" : "", us[l], us[l] > 0 ? bytes / (us[l] * 1e-6) / 1e12 : 0,
 		       bench_floor_us(bytes), us[l] > 0 ? 100 * bench_floor_us(bytes) / us[l] : 0);
-	if (M == 1)
-		bench_m1(&lb, flush, bytes - 2.0 * (double)nr, n_used);
+	bench_pairs(&lb, flush, bytes - 2.0 * (double)nr, n_used);
 out:
 	k_cuda_linear_destroy(lb.lin);
 	k_cuda_moe_ws_destroy(lb.ws);

@@ -69,6 +69,16 @@ int moe_small_tma_launch(cudaStream_t s, int n_sm, const uint16_t *const *expert
 			 int n_experts, int hidden, int inter, float *act,
 			 const struct moe_small_shared &sh, int add, float *out);
 
+// The same for any M (M * top_k <= MOE_SMALL_MAX_PAIRS) with the general kernels' bits
+// (moe_small_gate_up.cu, small_down_kernel): the M x rows staged for gate/up, the
+// activations read from L2 by down.
+bool moe_small_tma_rows_fits(int M, int top_k, int n_experts, int hidden, int inter,
+			     int sh_inter);
+int moe_small_tma_rows_launch(cudaStream_t s, int n_sm, const uint16_t *const *expert_w,
+			      const float *x, int M, const int32_t *ids, const float *weights,
+			      int top_k, int n_experts, int hidden, int inter, float *act,
+			      const struct moe_small_shared &sh, int add, float *out);
+
 // out (M, hidden) = the routed experts' sum (add 0: overwritten) or out += routed sum
 // + the shared expert sh (add 1; sh.inter 0: none); act (M * top_k, inter) fp32 scratch
 // (16-byte aligned) for the SwiGLU activations. n_sm: the device's SM count, sizes the

@@ -352,6 +352,199 @@ tma_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t
 	m1_down_epilogue(sp, ys, yss, sw, pieces, c0, hidden, add, out);
 }
 
+// ---- any number of rows (M * top_k <= MOE_SMALL_MAX_PAIRS): the general kernels' bits
+
+// The gate/up row i of the CTA's share [lo, ...): used_g / used_u (shared) hold the
+// used experts' matrices.
+__device__ __forceinline__ gu_row tma_gu_row(long long pos, long long Wr,
+					     const uint16_t *const *used_g,
+					     const uint16_t *const *used_u, const moe_small_shared &sh,
+					     int hidden, int inter)
+{
+	gu_row g;
+
+	if (pos < Wr) {
+		g.used = (int)(pos / inter);
+		g.f = (int)(pos % inter);
+		g.g = (const uint4 *)(used_g[g.used] + (size_t)g.f * hidden);
+		g.u = (const uint4 *)(used_u[g.used] + (size_t)g.f * hidden);
+	} else {
+		g.used = -1;
+		g.f = (int)(pos - Wr);
+		g.g = (const uint4 *)(sh.gate + (size_t)g.f * hidden);
+		g.u = (const uint4 *)(sh.up + (size_t)g.f * hidden);
+	}
+	return g;
+}
+
+// Two weight rows dotted with an fp32 row in global memory (chunk c: src[2 c] and
+// src[2 c + 1]): dot2_rows's sums for one pair.
+__device__ __forceinline__ void slot_dot_global(float &acc0, float &acc1, const uint4 *w0,
+						const uint4 *w1, const float4 *src, int nc, int lane)
+{
+#pragma unroll 4
+	for (int c = lane; c < nc; c += 32) {
+		float4 a = src[2 * c], b = src[2 * c + 1];
+
+		fma8(acc0, w0[c], a, b);
+		fma8(acc1, w1[c], a, b);
+	}
+}
+
+// small_gate_up_kernel's work with the rows streamed into slots: each row pair dotted
+// with the x row of every pair of its used expert (act (n, inter), pair i at row i),
+// or of every row (the shared expert: sh.act (M, sh.inter)). Grid: one CTA per SM.
+// Dynamic shared memory: barriers, the M x rows (each as lo / hi halves), ns slots.
+__global__ void __launch_bounds__(TMA_THREADS, 1)
+tma_gate_up_rows_kernel(const uint16_t *const *expert_w, const float *x, const int32_t *ids,
+			int n, int top_k, int E, int hidden, int inter, float *act,
+			moe_small_shared sh, int ns)
+{
+	extern __shared__ __align__(128) unsigned char smem_gr[];
+	__shared__ small_plan sp;
+	__shared__ const uint16_t *used_g[MOE_SMALL_MAX_PAIRS], *used_u[MOE_SMALL_MAX_PAIRS];
+	int nc = hidden / 8, M = n / top_k, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	float4 *xv;
+	tma_ring r = tma_ring_init(smem_gr, M * hidden * 4, ns, hidden * 4, &xv);
+	long long Wr, lo, hi;
+
+	if (threadIdx.x < SM_THREADS)
+		prefetch_shared_gate_up(sh, hidden);
+	k_cuda_pdl_wait();
+	small_plan_build(sp, ids, n, E);
+	if (threadIdx.x < sp.n_used) {
+		used_g[threadIdx.x] = expert_w[3 * sp.used_e[threadIdx.x]];
+		used_u[threadIdx.x] = expert_w[3 * sp.used_e[threadIdx.x] + 1];
+	}
+	__syncthreads();	// and the barriers of tma_ring_init
+	gate_up_share(sp, inter, sh.inter, Wr, lo, hi);
+	int items = (int)(hi - lo);
+
+	if (warp == TMA_CWARPS) {
+		auto issue = [&](int i, unsigned char *slot, uint64_t *bar) {
+			gu_row g = tma_gu_row(lo + i, Wr, used_g, used_u, sh, hidden, inter);
+
+			mbar_expect_tx(bar, (unsigned)hidden * 4);
+			bulk_load(slot, g.g, (unsigned)hidden * 2, bar);
+			bulk_load(slot + (size_t)hidden * 2, g.u, (unsigned)hidden * 2, bar);
+		};
+		tma_produce(r, items, issue);
+		return;
+	}
+	for (int q = threadIdx.x; q < M * nc; q += 32 * TMA_CWARPS) {	// row m: lo, hi
+		int m = q / nc, c = q % nc;
+		const float4 *xr = (const float4 *)(x + (size_t)m * hidden);
+
+		xv[2 * m * nc + c] = xr[2 * c];
+		xv[2 * m * nc + nc + c] = xr[2 * c + 1];
+	}
+	asm volatile("bar.sync 1, %0;" ::"n"(32 * TMA_CWARPS) : "memory");	// consumers only
+	auto dot_store = [&](const uint4 *w, int m, float *dst) {
+		float ag = 0.0f, au = 0.0f;
+
+		slot_dot(ag, au, w, w + nc, xv + 2 * m * nc, xv + 2 * m * nc + nc, nc, lane);
+		ag = warp_sum(ag);
+		au = warp_sum(au);
+		if (lane == 0)
+			*dst = silu_mul(ag, au);
+	};
+	auto consume = [&](int i, const uint4 *w) {
+		gu_row g = tma_gu_row(lo + i, Wr, used_g, used_u, sh, hidden, inter);
+
+		if (g.used >= 0) {
+			const int *pairs = sp.sorted + sp.used_start[g.used];
+
+			for (int p = 0; p < sp.used_n[g.used]; p++)
+				dot_store(w, pairs[p] / top_k, act + (size_t)pairs[p] * inter + g.f);
+		} else {
+			for (int m = 0; m < M; m++)
+				dot_store(w, m, sh.act + (size_t)m * sh.inter + g.f);
+		}
+	};
+	tma_consume(r, items, consume);
+}
+
+// small_down_kernel's work with each item's two rows streamed into a slot, dotted with
+// the activation row of every pair of its used expert, or of every row (a shared
+// piece), read from global memory (L2: 64 pairs' rows do not fit shared memory beside
+// a ring). Grid (hidden / SM_DCOLS). Dynamic shared memory: barriers, ns slots.
+__global__ void __launch_bounds__(TMA_THREADS, 2)
+tma_down_rows_kernel(const uint16_t *const *expert_w, const float *act, const int32_t *ids,
+		     const float *weights, int M, int top_k, int E, int hidden, int inter,
+		     moe_small_shared sh, int add, int ns, float *out)
+{
+	extern __shared__ __align__(128) unsigned char smem_dr[];
+	__shared__ small_plan sp;
+	__shared__ float ys[MOE_SMALL_MAX_PAIRS][SM_DCOLS];	// pair's expert output
+	__shared__ float yss[MOE_SMALL_SH_PIECES][MOE_SMALL_MAX_PAIRS][SM_DCOLS];	// row's
+								// shared-expert pieces
+	__shared__ float sw[MOE_SMALL_MAX_PAIRS];		// pair's routing weight
+	__shared__ const uint16_t *pre_w[MOE_SMALL_MAX_PAIRS];	// pair's down matrix (hint)
+	__shared__ const uint16_t *used_w[MOE_SMALL_MAX_PAIRS];	// used expert's down matrix
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = M * top_k;
+	int c0 = blockIdx.x * SM_DCOLS, cps = SM_DCOLS / 2;
+	int pieces = (sh.inter + inter - 1) / inter, n_routed, n_all;
+	float4 *none;
+	tma_ring r = tma_ring_init(smem_dr, 0, ns, inter * 4, &none);
+
+	// small_down_kernel's steps before the wait (see there)
+	prefetch_down_before_wait(expert_w, ids, n, E, sh, c0, hidden, inter, pre_w);
+	if (threadIdx.x < n)
+		sw[threadIdx.x] = k_cuda_pdl_early(weights + threadIdx.x);
+	small_plan_build<true>(sp, ids, n, E);
+	if (threadIdx.x < sp.n_used)
+		used_w[threadIdx.x] = k_cuda_pdl_early(expert_w + 3 * sp.used_e[threadIdx.x] + 2);
+	__syncthreads();	// used_w, and the barriers of tma_ring_init
+	k_cuda_pdl_wait();
+
+	n_routed = sp.n_used * cps;
+	n_all = n_routed + pieces * cps;
+	auto item = [&](int q) {
+		return dn_item_of(q, n_routed, sp.n_used, used_w, sh, c0, inter);
+	};
+	if (warp == TMA_CWARPS) {
+		auto issue = [&](int q, unsigned char *slot, uint64_t *bar) {
+			dn_item it = item(q);
+
+			mbar_expect_tx(bar, (unsigned)it.nc * 32);
+			bulk_load(slot, it.w0, (unsigned)it.nc * 16, bar);
+			bulk_load(slot + (size_t)inter * 2, it.w1, (unsigned)it.nc * 16, bar);
+		};
+		tma_produce(r, n_all, issue);
+	} else {
+		auto consume = [&](int q, const uint4 *w) {
+			dn_item it = item(q);
+			int np = it.used >= 0 ? sp.used_n[it.used] : M;
+
+			for (int p = 0; p < np; p++) {
+				const float *src;
+				float a0 = 0.0f, a1 = 0.0f, *dst;
+
+				if (it.used >= 0) {
+					int i = sp.sorted[sp.used_start[it.used] + p];
+
+					src = act + (size_t)i * inter;
+					dst = &ys[i][2 * it.cp];
+				} else {
+					src = sh.act + (size_t)p * sh.inter + (size_t)it.piece * inter;
+					dst = &yss[it.piece][p][2 * it.cp];
+				}
+				slot_dot_global(a0, a1, w, w + inter / 8, (const float4 *)src, it.nc,
+						lane);
+				a0 = warp_sum(a0);
+				a1 = warp_sum(a1);
+				if (lane == 0) {
+					dst[0] = a0;
+					dst[1] = a1;
+				}
+			}
+		};
+		tma_consume(r, n_all, consume);
+	}
+	__syncthreads();
+	small_down_epilogue(sp, ys, yss, sw, M, top_k, pieces, c0, hidden, add, out);
+}
+
 }	// namespace
 
 // ---- launchers ----------------------------------------------------------------------
@@ -415,6 +608,12 @@ int moe_small_tma_setup(void)
 						TMA_GU_SMEM_BIG)) ||
 	       K_CUDA_CALL(cudaFuncSetAttribute(tma_down_kernel,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						TMA_DN_SMEM_BIG)) ||
+	       K_CUDA_CALL(cudaFuncSetAttribute(tma_gate_up_rows_kernel,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						TMA_GU_SMEM_BIG)) ||
+	       K_CUDA_CALL(cudaFuncSetAttribute(tma_down_rows_kernel,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
 						TMA_DN_SMEM_BIG)) ? -EIO : 0;
 }
 
@@ -443,5 +642,65 @@ int moe_small_tma_launch(cudaStream_t s, int n_sm, const uint16_t *const *expert
 	k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(TMA_THREADS), dn_smem, tma_down_kernel,
 			  expert_w, (const float *)act, ids, weights, top_k, n_experts, hidden, inter,
 			  sh, add, dn_ns, (int)dn_vec, out);
+	return 0;
+}
+
+// The rows kernels' rings (gate/up: x rows staged; down: no staged vector): false
+// where either would have fewer than TMA_CWARPS slots in its larger budget.
+static bool tma_rows_plan(int M, int top_k, int n_experts, int hidden, int inter, int sh_inter,
+			  int *gu_ns, size_t *gu_smem, int *dn_ns, size_t *dn_smem)
+{
+	size_t xv = (size_t)M * hidden * 4, gslot = (size_t)hidden * 4, dslot = (size_t)inter * 4;
+	int g = tma_slots(TMA_GU_SMEM, xv, gslot), d = tma_slots(TMA_DN_SMEM, 0, dslot);
+
+	(void)top_k;
+	(void)n_experts;
+	(void)sh_inter;
+	if (g < TMA_CWARPS)
+		g = tma_slots(TMA_GU_SMEM_BIG, xv, gslot);
+	if (d < TMA_CWARPS)
+		d = tma_slots(TMA_DN_SMEM_BIG, 0, dslot);
+	g = (g < TMA_BAR_BYTES / 16 ? g : TMA_BAR_BYTES / 16) / TMA_CWARPS * TMA_CWARPS;
+	d = (d < TMA_BAR_BYTES / 16 ? d : TMA_BAR_BYTES / 16) / TMA_CWARPS * TMA_CWARPS;
+	if (g < TMA_CWARPS || d < TMA_CWARPS)
+		return false;
+	*gu_ns = g;
+	*gu_smem = TMA_BAR_BYTES + xv + (size_t)g * gslot;
+	*dn_ns = d;
+	*dn_smem = TMA_BAR_BYTES + (size_t)d * dslot;
+	return true;
+}
+
+bool moe_small_tma_rows_fits(int M, int top_k, int n_experts, int hidden, int inter,
+			     int sh_inter)
+{
+	int g, d;
+	size_t gs, ds;
+
+	return M >= 1 && (long)M * top_k <= MOE_SMALL_MAX_PAIRS && hidden % 8 == 0 &&
+	       inter % 8 == 0 && sh_inter % 8 == 0 && sh_inter <= MOE_SMALL_SH_PIECES * inter &&
+	       tma_rows_plan(M, top_k, n_experts, hidden, inter, sh_inter, &g, &gs, &d, &ds);
+}
+
+int moe_small_tma_rows_launch(cudaStream_t s, int n_sm, const uint16_t *const *expert_w,
+			      const float *x, int M, const int32_t *ids, const float *weights,
+			      int top_k, int n_experts, int hidden, int inter, float *act,
+			      const struct moe_small_shared &sh, int add, float *out)
+{
+	int gu_ns, dn_ns;
+	size_t gu_smem, dn_smem;
+
+	if (!moe_small_tma_rows_fits(M, top_k, n_experts, hidden, inter, sh.inter) ||
+	    !tma_rows_plan(M, top_k, n_experts, hidden, inter, sh.inter, &gu_ns, &gu_smem, &dn_ns,
+			   &dn_smem))
+		return -EINVAL;
+	k_cuda_launch_pdl(s, dim3(n_sm > 0 ? n_sm : 1), dim3(TMA_THREADS), gu_smem,
+			  tma_gate_up_rows_kernel, expert_w, x, ids, M * top_k, top_k, n_experts,
+			  hidden, inter, act, sh, gu_ns);
+	if (cudaPeekAtLastError() != cudaSuccess)
+		return 0;
+	k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(TMA_THREADS), dn_smem,
+			  tma_down_rows_kernel, expert_w, (const float *)act, ids, weights, M, top_k,
+			  n_experts, hidden, inter, sh, add, dn_ns, out);
 	return 0;
 }
