@@ -11,7 +11,7 @@
  * weights, so reading one fails; outputs are poisoned with NaN first, so an element
  * left unwritten fails. Tolerance rel L2 <= 1e-4 (grouped: bf16 hi+lo activations,
  * small: fp32 activations; fp32 accumulation: ~1e-5 expected). The small path runs
- * a single row with moe_small_tma.cu's kernels (the default), moe_small_m1.cu's and
+ * a single row with moe_small_tma.cu's kernels, moe_small_m1.cu's (the default) and
  * the general ones, which must give the same bits (the tuning's moe_m1 and
  * moe_m1_tma; repeated and bad ids too).
  * Experts plus shared expert plus residual (k_cuda_moe_experts_add) against the CPU's

@@ -43,8 +43,8 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.moe_fused = 1;
 	t.moe_prefetch_ahead = 0;
 	t.moe_m1 = 1;
-	t.moe_m1_tma = 1;
-	t.moe_small_tma = 0;
+	t.moe_m1_tma = 0;	// on once measured on the GPU (moe_small_tma.cu)
+	t.moe_small_tma = 0;	// likewise
 	t.moe_m1_bal = 1;
 	t.moe_sh_down_early = 1;
 	t.moe_down_early = 1;

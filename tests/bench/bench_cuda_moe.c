@@ -145,8 +145,8 @@ static void bench_shape(const struct moe_shape *s, int shared)
 		moe_set_prefetch_ahead(-1);
 		time_experts(s, M, K_CUDA_MOE_PATH_GROUPED, -1);
 		time_experts(s, M, K_CUDA_MOE_PATH_SMALL, shared);	/* fused */
-		if (M == 1) {	/* the above took the default (moe_small_tma.cu's) kernels */
-			for (int m1 = MOE_M1_GENERAL; m1 < MOE_M1_TMA; m1++) {
+		if (M == 1) {	/* the above took the default kernels; each pair by name */
+			for (int m1 = MOE_M1_GENERAL; m1 <= MOE_M1_TMA; m1++) {
 				moe_set_m1(m1);
 				printf("(%s kernels at M 1)\n", moe_m1_name(m1));
 				time_experts(s, M, K_CUDA_MOE_PATH_SMALL, shared);

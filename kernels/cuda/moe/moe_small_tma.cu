@@ -1,6 +1,7 @@
-// The small MoE path at one row (M = 1: decode at batch 1) with its weights streamed by
-// the copy engine (Hopper's bulk copies, cp.async.bulk) into a ring of shared-memory
-// slots, where moe_small_m1.cu's kernels hold them in registers.
+// The small MoE path (decode at batch 1..8: at most 64 (row, slot) pairs) with its
+// weights streamed by the copy engine (Hopper's bulk copies, cp.async.bulk) into a
+// ring of shared-memory slots, where the register kernels (moe_small_m1.cu,
+// moe_small_gate_up.cu, moe_small.cu) hold them in registers.
 //
 // Why (issue 23, ncu of the register kernels at Qwen3-30B-A3B's shapes on H200): gate/up
 // 21.2 us against an 11.8 us floor, down 17.6 against 5.9, both stalled on global
@@ -18,6 +19,12 @@
 // ns is a multiple of TMA_CWARPS, so that a slot always has the same consumer warp,
 // which takes its uses in order: a parity wait can then never see the phase of a use
 // two ahead of the one it means.
+//
+// Two pairs: one row (tma_gate_up_kernel, tma_down_kernel: the activations staged in
+// shared memory, moe_small_m1.cu's shares) and any rows up to 64 pairs
+// (tma_gate_up_rows_kernel, tma_down_rows_kernel: the M x rows staged, the pairs'
+// activations read from L2). k_cuda_tuning()'s moe_m1_tma and moe_small_tma pick them
+// (KDEC_MOE_M1_TMA, KDEC_MOE_SMALL_TMA); both off until measured on the GPU.
 //
 // Same results bit for bit as moe_small_m1.cu's kernels (and so as the general ones):
 // the same items (moe_small_m1.cuh's gu_row_of, dn_item_of), each dot product lane's
@@ -135,8 +142,9 @@ __device__ __forceinline__ tma_ring tma_ring_init(unsigned char *smem, int vec_b
 }
 
 // The producer warp: items 0 .. n - 1, issue(i, slot, bar) asks for item i's bytes
-// (and returns how many). The first ring's items one per lane at once, the rest by
-// lane 0 in order, each once its slot's last consumer has let it go.
+// (its expect_tx on bar, then its copies into slot). The first ring's items one per
+// lane at once, the rest by lane 0 in order, each once its slot's consumer has let
+// it go.
 template <typename Issue>
 __device__ __forceinline__ void tma_produce(const tma_ring &r, int n, Issue &issue)
 {
@@ -186,6 +194,29 @@ __device__ __forceinline__ void slot_dot(float &acc0, float &acc1, const uint4 *
 	}
 }
 
+// Gate/up row pos (gu_row_of's order) where used_g / used_u (shared memory) hold the
+// used experts' matrices: no global round trip per row.
+__device__ __forceinline__ gu_row tma_gu_row(long long pos, long long Wr,
+					     const uint16_t *const *used_g,
+					     const uint16_t *const *used_u, const moe_small_shared &sh,
+					     int hidden, int inter)
+{
+	gu_row g;
+
+	if (pos < Wr) {
+		g.used = (int)(pos / inter);
+		g.f = (int)(pos % inter);
+		g.g = (const uint4 *)(used_g[g.used] + (size_t)g.f * hidden);
+		g.u = (const uint4 *)(used_u[g.used] + (size_t)g.f * hidden);
+	} else {
+		g.used = -1;
+		g.f = (int)(pos - Wr);
+		g.g = (const uint4 *)(sh.gate + (size_t)g.f * hidden);
+		g.u = (const uint4 *)(sh.up + (size_t)g.f * hidden);
+	}
+	return g;
+}
+
 // m1_gate_up_kernel's work with the rows streamed into slots (2 * hidden bf16: gate,
 // then up). Grid: one CTA per SM; CTA b takes its gate_up_share of the rows. Dynamic
 // shared memory: barriers, x row 0 (hidden fp32, as lo / hi halves), ns slots.
@@ -223,21 +254,7 @@ tma_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_
 	gate_up_share(sp, inter, sh.inter, Wr, lo, hi);
 	int items = (int)(hi - lo);
 	auto row = [&](int i) {
-		long long pos = lo + i;
-		gu_row g;
-
-		if (pos < Wr) {
-			g.used = (int)(pos / inter);
-			g.f = (int)(pos % inter);
-			g.g = (const uint4 *)(used_g[g.used] + (size_t)g.f * hidden);
-			g.u = (const uint4 *)(used_u[g.used] + (size_t)g.f * hidden);
-		} else {
-			g.used = -1;
-			g.f = (int)(pos - Wr);
-			g.g = (const uint4 *)(sh.gate + (size_t)g.f * hidden);
-			g.u = (const uint4 *)(sh.up + (size_t)g.f * hidden);
-		}
-		return g;
+		return tma_gu_row(lo + i, Wr, used_g, used_u, sh, hidden, inter);
 	};
 
 	if (warp == TMA_CWARPS) {
@@ -353,29 +370,6 @@ tma_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t
 }
 
 // ---- any number of rows (M * top_k <= MOE_SMALL_MAX_PAIRS): the general kernels' bits
-
-// The gate/up row i of the CTA's share [lo, ...): used_g / used_u (shared) hold the
-// used experts' matrices.
-__device__ __forceinline__ gu_row tma_gu_row(long long pos, long long Wr,
-					     const uint16_t *const *used_g,
-					     const uint16_t *const *used_u, const moe_small_shared &sh,
-					     int hidden, int inter)
-{
-	gu_row g;
-
-	if (pos < Wr) {
-		g.used = (int)(pos / inter);
-		g.f = (int)(pos % inter);
-		g.g = (const uint4 *)(used_g[g.used] + (size_t)g.f * hidden);
-		g.u = (const uint4 *)(used_u[g.used] + (size_t)g.f * hidden);
-	} else {
-		g.used = -1;
-		g.f = (int)(pos - Wr);
-		g.g = (const uint4 *)(sh.gate + (size_t)g.f * hidden);
-		g.u = (const uint4 *)(sh.up + (size_t)g.f * hidden);
-	}
-	return g;
-}
 
 // Two weight rows dotted with an fp32 row in global memory (chunk c: src[2 c] and
 // src[2 c + 1]): dot2_rows's sums for one pair.
