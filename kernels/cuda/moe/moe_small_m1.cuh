@@ -1,6 +1,7 @@
 // The single-row (M = 1) gate/up of the small MoE path as device code: moe_small_m1.cu's
 // kernel and moe_lat.cu's fused launch share it (each warp's weight rows a pipeline
-// of register units, see moe_small_m1.cu). CUDA C++ only.
+// of register units, see moe_small_m1.cu); the rows, items, stores and down epilogue
+// that moe_small_tma.cu's one-row kernels take too. CUDA C++ only.
 #ifndef KD_KERNELS_CUDA_MOE_SMALL_M1_CUH
 #define KD_KERNELS_CUDA_MOE_SMALL_M1_CUH
 
