@@ -573,9 +573,9 @@ static bool tma_plan(int top_k, int n_experts, int hidden, int inter, int sh_int
 	// multiple of TMA_CWARPS (see the file comment), within the barriers' region
 	g = g < gu_items + TMA_CWARPS - 1 ? g : gu_items + TMA_CWARPS - 1;
 	d = d < dn_items + TMA_CWARPS - 1 ? d : dn_items + TMA_CWARPS - 1;
-	g = g / TMA_CWARPS * TMA_CWARPS;
-	d = d / TMA_CWARPS * TMA_CWARPS;
-	if (g < TMA_CWARPS || d < TMA_CWARPS || g > TMA_BAR_BYTES / 16 || d > TMA_BAR_BYTES / 16)
+	g = (g < TMA_BAR_BYTES / 16 ? g : TMA_BAR_BYTES / 16) / TMA_CWARPS * TMA_CWARPS;
+	d = (d < TMA_BAR_BYTES / 16 ? d : TMA_BAR_BYTES / 16) / TMA_CWARPS * TMA_CWARPS;
+	if (g < TMA_CWARPS || d < TMA_CWARPS)
 		return false;
 	*gu_ns = g;
 	*gu_smem = TMA_BAR_BYTES + xv + (size_t)g * gslot;
