@@ -50,37 +50,15 @@ static inline void moe_set_path(int path)
 	k_cuda_tuning_set(&t);
 }
 
-/* Which kernels a single row on the small path takes, installed: MOE_M1_GENERAL (the
- * general ones: moe_m1 0), MOE_M1_REGS (moe_small_m1.cu's: moe_m1 1, moe_m1_tma 0),
- * MOE_M1_TMA (moe_small_tma.cu's where the shapes fit: both 1), or -1 for the
- * built-in defaults. */
-enum { MOE_M1_GENERAL, MOE_M1_REGS, MOE_M1_TMA };
-
-static inline void moe_set_m1(int mode)
+/* moe_m1 (a single row on the small path takes moe_small_m1.cu's kernels), installed:
+ * 0 or 1, or -1 for the built-in default. */
+static inline void moe_set_m1(int on)
 {
 	struct k_cuda_tuning t = *k_cuda_tuning(), def;
 
 	k_cuda_tuning_defaults(&def);
-	t.moe_m1 = mode >= 0 ? mode != MOE_M1_GENERAL : def.moe_m1;
-	t.moe_m1_tma = mode >= 0 ? mode == MOE_M1_TMA : def.moe_m1_tma;
+	t.moe_m1 = on >= 0 ? on : def.moe_m1;
 	k_cuda_tuning_set(&t);
-}
-
-/* moe_small_tma (2..64 pairs' rows take moe_small_tma.cu's rows kernels where they
- * fit), installed: 0 or 1, or -1 for the built-in default. */
-static inline void moe_set_small_tma(int on)
-{
-	struct k_cuda_tuning t = *k_cuda_tuning(), def;
-
-	k_cuda_tuning_defaults(&def);
-	t.moe_small_tma = on >= 0 ? on : def.moe_small_tma;
-	k_cuda_tuning_set(&t);
-}
-
-static inline const char *moe_m1_name(int mode)
-{
-	return mode == MOE_M1_GENERAL ? "general" : mode == MOE_M1_REGS ? "m1 registers" :
-	       mode == MOE_M1_TMA ? "m1 tma" : "default";
 }
 
 /* moe_prefetch_ahead (the register kernels ask L2 for weight rows two turns ahead),

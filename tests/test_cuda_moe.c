@@ -11,9 +11,8 @@
  * weights, so reading one fails; outputs are poisoned with NaN first, so an element
  * left unwritten fails. Tolerance rel L2 <= 1e-4 (grouped: bf16 hi+lo activations,
  * small: fp32 activations; fp32 accumulation: ~1e-5 expected). The small path runs
- * a single row with moe_small_tma.cu's kernels, moe_small_m1.cu's (the default) and
- * the general ones, which must give the same bits (the tuning's moe_m1 and
- * moe_m1_tma; repeated and bad ids too).
+ * a single row with moe_small_m1.cu's kernels (the default) and the general ones,
+ * which must give the same bits (the tuning's moe_m1; repeated and bad ids too).
  * Experts plus shared expert plus residual (k_cuda_moe_experts_add) against the CPU's
  * ops in forward.c's order (k_cpu_moe_experts, the shared SwiGLU MLP by k_cpu_linear
  * and k_cpu_silu_mul, two adds) on fresh random inputs, both ways too:
@@ -481,24 +480,23 @@ static void test_experts_add(const struct moe_shape *s, struct weights *w,
 	ex_case_free(&c);
 }
 
-/* One row (M = 1) on the small path, moe_small_m1.cu's kernels (registers) and
- * moe_small_tma.cu's (bulk copies) against the general ones (moe_set_m1): the same
- * bits from k_cuda_moe_experts (add 0, output poisoned first) and from
- * k_cuda_moe_experts_add (shared expert si, residual y0). */
+/* One row (M = 1) on the small path, moe_small_m1.cu's kernels against the general
+ * ones (the tuning's moe_m1): the same bits from k_cuda_moe_experts (add 0, output
+ * poisoned first) and from k_cuda_moe_experts_add (shared expert si, residual y0). */
 static void test_m1_bits(const struct moe_shape *s, struct weights *w, const struct shared_w *sw,
 			 int si, struct k_cuda_moe_ws *ws, int flags)
 {
 	struct ex_case c;
 	struct k_cuda_moe_shared sh = { sw->d[0], sw->d[1], sw->d[2], si };
-	float *got[3][2], *dy;
-	int ret = 0;
+	float *got[2][2], *dy;
+	int ret = 0, diff[2] = { 0, 0 };
 	size_t nx;
 
 	ex_case_make(&c, s, w, 1, flags);
 	nx = c.nx;
 	dy = dalloc(sizeof(float) * nx);
 	moe_set_path(K_CUDA_MOE_PATH_SMALL);
-	for (int m1 = MOE_M1_GENERAL; m1 <= MOE_M1_TMA; m1++) {
+	for (int m1 = 0; m1 < 2; m1++) {
 		moe_set_m1(m1);
 		got[m1][0] = malloc(sizeof(float) * nx);
 		got[m1][1] = malloc(sizeof(float) * nx);
@@ -514,75 +512,19 @@ static void test_m1_bits(const struct moe_shape *s, struct weights *w, const str
 		to_host(got[m1][1], dy, sizeof(float) * nx);
 	}
 	moe_set_m1(-1);
-	for (int m1 = MOE_M1_REGS; m1 <= MOE_M1_TMA; m1++) {
-		int diff[2] = { 0, 0 };
-
-		for (int op = 0; op < 2; op++)
-			for (size_t i = 0; i < nx; i++)
-				/* finite too: both outputs start as NaN, so two kernels that
-				 * wrote nothing would have the same bits */
-				diff[op] += !test_same_floats(&got[MOE_M1_GENERAL][op][i],
-							      &got[m1][op][i], 1);
-		printf("%-12s %-34s shared %4d%s%s %-12s experts: %d of %zu differ, experts_add: %d  %s\n",
-		       "m1 bits", s->name, si, flags & EX_DUP ? " dup" : "",
-		       flags & EX_BAD_ID ? " bad-id" : "", moe_m1_name(m1), diff[0], nx, diff[1],
-		       ret == 0 && !diff[0] && !diff[1] ? "PASS" : "FAIL");
-		CHECK(ret == 0 && !diff[0] && !diff[1], "m1 bits %s shared %d %s: ret %d, %d and %d differ",
-		      s->name, si, moe_m1_name(m1), ret, diff[0], diff[1]);
-	}
-	for (int m1 = MOE_M1_GENERAL; m1 <= MOE_M1_TMA; m1++) {
+	for (int op = 0; op < 2; op++)
+		for (size_t i = 0; i < nx; i++)
+			/* finite too: both outputs start as NaN, so two kernels that wrote
+			 * nothing would have the same bits */
+			diff[op] += !test_same_floats(&got[0][op][i], &got[1][op][i], 1);
+	printf("%-12s %-34s shared %4d%s%s  experts: %d of %zu differ, experts_add: %d  %s\n",
+	       "m1 bits", s->name, si, flags & EX_DUP ? " dup" : "", flags & EX_BAD_ID ? " bad-id" : "",
+	       diff[0], nx, diff[1], ret == 0 && !diff[0] && !diff[1] ? "PASS" : "FAIL");
+	CHECK(ret == 0 && !diff[0] && !diff[1], "m1 bits %s shared %d: ret %d, %d and %d differ",
+	      s->name, si, ret, diff[0], diff[1]);
+	for (int m1 = 0; m1 < 2; m1++) {
 		free(got[m1][0]);
 		free(got[m1][1]);
-	}
-	cudaFree(dy);
-	ex_case_free(&c);
-}
-
-/* M rows on the small path, moe_small_tma.cu's rows kernels against the register ones
- * (moe_small_tma): the same bits from k_cuda_moe_experts and k_cuda_moe_experts_add,
- * as test_m1_bits. */
-static void test_rows_tma_bits(const struct moe_shape *s, struct weights *w,
-			       const struct shared_w *sw, int si, struct k_cuda_moe_ws *ws, int M,
-			       int flags)
-{
-	struct ex_case c;
-	struct k_cuda_moe_shared sh = { sw->d[0], sw->d[1], sw->d[2], si };
-	float *got[2][2], *dy;
-	int ret = 0, diff[2] = { 0, 0 };
-	size_t nx;
-
-	ex_case_make(&c, s, w, M, flags);
-	nx = c.nx;
-	dy = dalloc(sizeof(float) * nx);
-	moe_set_path(K_CUDA_MOE_PATH_SMALL);
-	for (int t = 0; t < 2; t++) {
-		moe_set_small_tma(t);
-		got[t][0] = malloc(sizeof(float) * nx);
-		got[t][1] = malloc(sizeof(float) * nx);
-		CU(cudaMemset(dy, 0xff, sizeof(float) * nx));
-		ret |= k_cuda_moe_experts(stream, ws, dy, c.dx, M, c.dids, c.dw, s->top_k,
-					  (const uint16_t *const *)c.dtable, s->n_experts, s->hidden,
-					  s->inter);
-		to_host(got[t][0], dy, sizeof(float) * nx);
-		CU(cudaMemcpy(dy, c.y0, sizeof(float) * nx, cudaMemcpyHostToDevice));
-		ret |= k_cuda_moe_experts_add(stream, ws, dy, c.dx, M, c.dids, c.dw, s->top_k,
-					      (const uint16_t *const *)c.dtable, s->n_experts,
-					      s->hidden, s->inter, si > 0 ? &sh : NULL);
-		to_host(got[t][1], dy, sizeof(float) * nx);
-	}
-	moe_set_small_tma(-1);
-	for (int op = 0; op < 2; op++)
-		for (size_t i = 0; i < nx; i++)	/* finite too (see test_m1_bits) */
-			diff[op] += !test_same_floats(&got[0][op][i], &got[1][op][i], 1);
-	printf("%-12s %-34s shared %4d M %d%s%s  experts: %d of %zu differ, experts_add: %d  %s\n",
-	       "rows tma bits", s->name, si, M, flags & EX_DUP ? " dup" : "",
-	       flags & EX_BAD_ID ? " bad-id" : "", diff[0], nx, diff[1],
-	       ret == 0 && !diff[0] && !diff[1] ? "PASS" : "FAIL");
-	CHECK(ret == 0 && !diff[0] && !diff[1], "rows tma bits %s shared %d M %d: ret %d, %d and %d differ",
-	      s->name, si, M, ret, diff[0], diff[1]);
-	for (int t = 0; t < 2; t++) {
-		free(got[t][0]);
-		free(got[t][1]);
 	}
 	cudaFree(dy);
 	ex_case_free(&c);
@@ -607,22 +549,12 @@ static void test_experts_add_shape(const struct moe_shape *s, int si)
 
 		test_experts_add(s, &w, &sw, si, ws, M, 0, K_CUDA_MOE_PATH_SMALL, 1);
 	}
-	for (int m1 = MOE_M1_GENERAL; m1 <= MOE_M1_TMA; m1++) {	/* M = 1 above: the default */
-		moe_set_m1(m1);
-		printf("(%s kernels at M 1)\n", moe_m1_name(m1));
-		test_experts_add(s, &w, &sw, si, ws, 1, 0, K_CUDA_MOE_PATH_SMALL, 1);
-	}
+	moe_set_m1(0);	/* M = 1 above took moe_small_m1.cu's kernels */
+	printf("(general kernels at M 1)\n");
+	test_experts_add(s, &w, &sw, si, ws, 1, 0, K_CUDA_MOE_PATH_SMALL, 1);
 	moe_set_m1(-1);
 	test_m1_bits(s, &w, &sw, si, ws, 0);
 	test_m1_bits(s, &w, &sw, si, ws, EX_DUP | EX_BAD_ID);
-	test_rows_tma_bits(s, &w, &sw, si, ws, 2, 0);
-	test_rows_tma_bits(s, &w, &sw, si, ws, most, 0);
-	if (most > 3)
-		test_rows_tma_bits(s, &w, &sw, si, ws, 3, EX_DUP | EX_BAD_ID);
-	moe_set_small_tma(1);	/* against the CPU too */
-	printf("(rows tma kernels)\n");
-	test_experts_add(s, &w, &sw, si, ws, most, 0, K_CUDA_MOE_PATH_SMALL, 1);
-	moe_set_small_tma(-1);
 	test_experts_add(s, &w, &sw, si, ws, most > 3 ? 3 : 1, EX_DUP | EX_BAD_ID,
 			 K_CUDA_MOE_PATH_SMALL, 1);
 	test_experts_add(s, &w, &sw, si, ws, 1, 0, K_CUDA_MOE_PATH_GROUPED, 0);
@@ -654,15 +586,11 @@ static void test_experts_shape(const struct moe_shape *s)
 	if (ret)
 		return;
 	weights_make(&w, s);
-	for (int pi = 0; pi < 5; pi++) {	/* small with M 1 on the tma, the general and
-						 * the register kernels, grouped, then small
-						 * with the rows tma kernels */
-		enum k_cuda_moe_path path = paths[pi == 3];
-		int m1 = pi == 0 ? MOE_M1_TMA : pi == 1 ? MOE_M1_GENERAL : MOE_M1_REGS;
+	for (int pi = 0; pi < 3; pi++) {	/* small, small with M 1 on the general kernels,
+						 * grouped */
+		enum k_cuda_moe_path path = paths[pi > 0 ? pi - 1 : 0];
 
-		moe_set_m1(m1);
-		moe_set_small_tma(pi == 4);
-		printf("(%s kernels at M 1%s)\n", moe_m1_name(m1), pi == 4 ? ", rows tma" : "");
+		moe_set_m1(pi != 1);
 		for (int m = 0; m < 4; m++)
 			test_experts(s, &w, ws, (int[]){ 1, 2, 3, 8 }[m], -1, 0, path);
 		test_experts(s, &w, ws, 8, 3, EX_DUP, path);	/* 9 pairs on expert 3 */
@@ -670,7 +598,6 @@ static void test_experts_shape(const struct moe_shape *s)
 		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, path);
 	}
 	moe_set_m1(-1);
-	moe_set_small_tma(-1);
 	/* auto: small at 5 rows (up to 64 pairs), grouped at 64 */
 	test_experts(s, &w, ws, 5, -1, 0, K_CUDA_MOE_PATH_AUTO);
 	test_experts(s, &w, ws, 64, -1, 0, K_CUDA_MOE_PATH_AUTO);

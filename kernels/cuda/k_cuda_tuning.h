@@ -106,12 +106,6 @@ struct k_cuda_tuning {
 				 * ahead */
 	int moe_m1;		/* KDEC_MOE_M1, flag, 1: a single row on the small path takes
 				 * moe_small_m1.cu's pipelined kernels; 0: the general ones */
-	int moe_m1_tma;		/* KDEC_MOE_M1_TMA, flag, 0: 1 has those kernels stream the
-				 * weight rows by bulk copies into shared memory
-				 * (moe_small_tma.cu); 0: in registers (moe_small_m1.cu) */
-	int moe_small_tma;	/* KDEC_MOE_SMALL_TMA, flag, 0: 1 has the small path at 2..64
-				 * pairs' rows stream the weights by bulk copies too
-				 * (moe_small_tma.cu's rows kernels); 0: the register kernels */
 	int moe_m1_bal;		/* KDEC_MOE_M1_BAL, flag, 1: those kernels cut a weight row into
 				 * units of even length; 0: units of a fixed length and a short
 				 * last one */

@@ -43,8 +43,6 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.moe_fused = 1;
 	t.moe_prefetch_ahead = 0;
 	t.moe_m1 = 1;
-	t.moe_m1_tma = 0;	// on once measured on the GPU (moe_small_tma.cu)
-	t.moe_small_tma = 0;	// likewise
 	t.moe_m1_bal = 1;
 	t.moe_sh_down_early = 1;
 	t.moe_down_early = 1;
@@ -133,8 +131,6 @@ static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_MOE_FUSED", moe_fused),
 	TUN_FLAG("KDEC_MOE_PREFETCH_AHEAD", moe_prefetch_ahead),
 	TUN_FLAG("KDEC_MOE_M1", moe_m1),
-	TUN_FLAG("KDEC_MOE_M1_TMA", moe_m1_tma),
-	TUN_FLAG("KDEC_MOE_SMALL_TMA", moe_small_tma),
 	TUN_FLAG("KDEC_MOE_M1_BAL", moe_m1_bal),
 	TUN_FLAG("KDEC_MOE_SH_DOWN_EARLY", moe_sh_down_early),
 	TUN_FLAG("KDEC_MOE_DOWN_EARLY", moe_down_early),

@@ -8,9 +8,7 @@
  * (router GEMV, moe_route, the small path's gate/up and down) against the latency
  * path's two (k_cuda_moe_lat), each a CUDA graph replayed behind an L2 flush, beside
  * the floor of the router, the chosen experts and the shared expert (test_cuda_moe_lat
- * checks those kernels); then the small path's two launches alone and the standard
- * layer on each kernel pair ("moe_small" lines: at M 1 general, registers, tma; at M 8
- * registers and rows tma). Usage: bench_cuda_moe [lat] (lat: only those lines).
+ * checks those kernels). Usage: bench_cuda_moe [lat] (lat: only those lines).
  * Exits 77 without CUDA or a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,12 +143,10 @@ static void bench_shape(const struct moe_shape *s, int shared)
 		moe_set_prefetch_ahead(-1);
 		time_experts(s, M, K_CUDA_MOE_PATH_GROUPED, -1);
 		time_experts(s, M, K_CUDA_MOE_PATH_SMALL, shared);	/* fused */
-		if (M == 1) {	/* the above took the default kernels; each pair by name */
-			for (int m1 = MOE_M1_GENERAL; m1 <= MOE_M1_TMA; m1++) {
-				moe_set_m1(m1);
-				printf("(%s kernels at M 1)\n", moe_m1_name(m1));
-				time_experts(s, M, K_CUDA_MOE_PATH_SMALL, shared);
-			}
+		if (M == 1) {	/* the above took moe_small_m1.cu's kernels */
+			moe_set_m1(0);
+			printf("(general kernels at M 1)\n");
+			time_experts(s, M, K_CUDA_MOE_PATH_SMALL, shared);
 			moe_set_m1(-1);
 		}
 		moe_set_prefetch_ahead(1);
@@ -168,7 +164,6 @@ struct lat_bench {
 	const struct moe_shape *s;
 	struct k_moe_route_params p;	/* bias: device */
 	int M, shared, latency;
-	int experts_only;		/* only k_cuda_moe_experts_add, on ids set before */
 	struct k_cuda_moe_ws *ws;
 	struct k_cuda_linear *lin;
 	const uint16_t *router;
@@ -185,10 +180,6 @@ static int lat_layer(struct lat_bench *lb)
 	const struct k_cuda_moe_shared *sh = lb->shared ? &lb->sh : NULL;
 	int ret;
 
-	if (lb->experts_only)
-		return k_cuda_moe_experts_add(stream, lb->ws, lb->y, lb->x, lb->M, lb->ids, lb->wts,
-					      s->top_k, lb->table, s->n_experts, s->hidden,
-					      s->inter, sh);
 	if (lb->latency)
 		return k_cuda_moe_lat(stream, lb->ws, lb->y, lb->x, lb->M, lb->router, &lb->p,
 				      lb->logits, lb->ids, lb->wts, lb->table, s->n_experts,
@@ -239,42 +230,6 @@ static double lat_graph_us(struct lat_bench *lb, void *flush, int *nodes)
 	cudaEventDestroy(e0);
 	cudaEventDestroy(e1);
 	return test_median(ms, 25) * 1e3;
-}
-
-/* The small path's two launches alone (k_cuda_moe_experts_add on the ids the layer
- * chose; bytes: the chosen experts and the shared expert), then the whole standard
- * layer, on each kernel pair: at one row the general, register and tma pairs
- * (moe_set_m1), at more rows the register and the rows tma pair (moe_set_small_tma). */
-static void bench_pairs(struct lat_bench *lb, void *flush, double bytes, int n_used)
-{
-	for (int all = 0; all < 2; all++)
-		for (int v = all || lb->M > 1 ? 1 : 0; v <= 2; v++) {
-			double us, b = all ? bytes + 2.0 * lb->s->n_experts * lb->s->hidden : bytes;
-			const char *name;
-			int nodes;
-
-			if (lb->M == 1) {
-				moe_set_m1(v == 0 ? MOE_M1_GENERAL : v == 1 ? MOE_M1_REGS : MOE_M1_TMA);
-				name = moe_m1_name(v == 0 ? MOE_M1_GENERAL : v == 1 ? MOE_M1_REGS : MOE_M1_TMA);
-			} else {
-				if (v == 0)
-					continue;
-				moe_set_small_tma(v == 2);
-				name = v == 2 ? "rows tma" : "registers";
-			}
-			lb->latency = 0;
-			lb->experts_only = !all;
-			us = lat_graph_us(lb, flush, &nodes);
-			printf("moe_small %-7s %-12s %-28s M %d shared %4d: %d launches, %3.0f MB (%s%d experts%s),"
-			       " %7.1f us = %.2f TB/s (floor %.1f us at 4.25 TB/s: %.0f%%)\n",
-			       all ? "layer" : "experts", name, lb->s->name, lb->M, lb->shared,
-			       nodes, b / 1e6, all ? "router + " : "", n_used,
-			       lb->shared ? " + shared" : "", us, us > 0 ? b / (us * 1e-6) / 1e12 : 0,
-			       bench_floor_us(b), us > 0 ? 100 * bench_floor_us(b) / us : 0);
-		}
-	moe_set_m1(-1);
-	moe_set_small_tma(-1);
-	lb->experts_only = 0;
 }
 
 /* Every expert in its own (zeroed) memory, a random router, random x: the standard
@@ -339,7 +294,6 @@ static void bench_lat(const struct moe_shape *s, struct k_moe_route_params p, in
 		       l ? "latency" : "standard", s->name, M, shared, nodes[l], bytes / 1e6, n_used,
 		       shared ? " + shared" : "", us[l], us[l] > 0 ? bytes / (us[l] * 1e-6) / 1e12 : 0,
 		       bench_floor_us(bytes), us[l] > 0 ? 100 * bench_floor_us(bytes) / us[l] : 0);
-	bench_pairs(&lb, flush, bytes - 2.0 * (double)nr, n_used);
 out:
 	k_cuda_linear_destroy(lb.lin);
 	k_cuda_moe_ws_destroy(lb.ws);

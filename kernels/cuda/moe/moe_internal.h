@@ -56,29 +56,6 @@ void moe_small_m1_launch(cudaStream_t s, int gate_up_ctas, const uint16_t *const
 			 int n_experts, int hidden, int inter, float *act,
 			 const struct moe_small_shared &sh, int add, float *out);
 
-// moe_small_tma.cu for moe_small.cu: the kernels at M = 1 with the weight rows streamed
-// by bulk copies into shared-memory rings (moe_small_m1.cu's results bit for bit).
-// Whether a call fits them (each ring at least its least slots in its budget), their
-// one-time set-up (0 or -EIO), and the two launches (gate/up on n_sm CTAs, then down):
-// -EINVAL where the shapes do not fit (nothing launched), else 0 with a failed launch
-// the runtime's last error.
-bool moe_small_tma_fits(int top_k, int n_experts, int hidden, int inter, int sh_inter);
-int moe_small_tma_setup(void);
-int moe_small_tma_launch(cudaStream_t s, int n_sm, const uint16_t *const *expert_w,
-			 const float *x, const int32_t *ids, const float *weights, int top_k,
-			 int n_experts, int hidden, int inter, float *act,
-			 const struct moe_small_shared &sh, int add, float *out);
-
-// The same for any M (M * top_k <= MOE_SMALL_MAX_PAIRS) with the general kernels' bits
-// (moe_small_gate_up.cu, small_down_kernel): the M x rows staged for gate/up, the
-// activations read from L2 by down.
-bool moe_small_tma_rows_fits(int M, int top_k, int n_experts, int hidden, int inter,
-			     int sh_inter);
-int moe_small_tma_rows_launch(cudaStream_t s, int n_sm, const uint16_t *const *expert_w,
-			      const float *x, int M, const int32_t *ids, const float *weights,
-			      int top_k, int n_experts, int hidden, int inter, float *act,
-			      const struct moe_small_shared &sh, int add, float *out);
-
 // out (M, hidden) = the routed experts' sum (add 0: overwritten) or out += routed sum
 // + the shared expert sh (add 1; sh.inter 0: none); act (M * top_k, inter) fp32 scratch
 // (16-byte aligned) for the SwiGLU activations. n_sm: the device's SM count, sizes the

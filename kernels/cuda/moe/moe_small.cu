@@ -196,7 +196,31 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 	}
 	__syncthreads();
 
-	small_down_epilogue(sp, ys, yss, sw, M, top_k, pieces, c0, hidden, add, out);
+	// k_cpu_moe_experts's order: increasing expert id, then pair; products rounded.
+	// Then the shared expert (its pieces in order) and the residual, as the ops add.
+	for (int q = threadIdx.x; q < M * SM_DCOLS; q += SM_THREADS) {
+		int m = q / SM_DCOLS, cc = q % SM_DCOLS;
+		float acc = 0.0f;
+
+		if (c0 + cc >= hidden)
+			continue;
+		for (int p = 0; p < sp.n_valid; p++) {
+			int i = sp.sorted[p];
+
+			if (i / top_k == m)
+				acc = __fadd_rn(acc, __fmul_rn(ys[i][cc], sw[i]));
+		}
+		if (pieces) {
+			float t = yss[0][m][cc];
+
+			for (int k = 1; k < pieces; k++)
+				t = __fadd_rn(t, yss[k][m][cc]);
+			acc = __fadd_rn(acc, t);
+		}
+		if (add)
+			acc = __fadd_rn(out[(size_t)m * hidden + c0 + cc], acc);
+		out[(size_t)m * hidden + c0 + cc] = acc;
+	}
 }
 
 }	// namespace
@@ -219,7 +243,7 @@ bool k_cuda_moe_small_fits(int M, int top_k, int hidden, int inter, const float 
 
 int k_cuda_moe_small_setup(void)
 {
-	return moe_small_gate_up_setup() || moe_small_m1_setup() || moe_small_tma_setup() ? -EIO : 0;
+	return moe_small_gate_up_setup() || moe_small_m1_setup() ? -EIO : 0;
 }
 
 // k_cuda_tuning()->moe_prefetch_ahead (KDEC_MOE_PREFETCH_AHEAD=1): the register-path
@@ -227,10 +251,7 @@ int k_cuda_moe_small_setup(void)
 // default: on H200 it cost V2-Lite batch 1 3.213 ms a step against 2.856 without (Qwen3
 // 4.036 against 3.823; likely the prefetches take HBM slots from the demand loads of the
 // same step). moe_m1 0 (KDEC_MOE_M1=0): a single row (M = 1) takes the general register
-// kernels rather than moe_small_m1.cu's pipelined pair (same results bit for bit);
-// with moe_m1 on, moe_m1_tma 1 (KDEC_MOE_M1_TMA) takes moe_small_tma.cu's pair where
-// the shapes fit its rings (the same bits again). moe_small_tma 1 (KDEC_MOE_SMALL_TMA):
-// more rows take moe_small_tma.cu's rows pair where it fits (the general kernels' bits).
+// kernels rather than moe_small_m1.cu's pipelined pair (same results bit for bit).
 
 int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x, int M,
 			 const int32_t *ids, const float *weights, int top_k,
@@ -253,25 +274,11 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	rp = rp < M ? rp : M;
 	// A failed launch is also the runtime's last error, which K_CUDA_LAUNCHED reports.
 	ctas = ctas < most ? ctas : (int)most;
-	if (M == 1 && tun->moe_m1 && tun->moe_m1_tma &&
-	    moe_small_tma_fits(top_k, n_experts, hidden, inter, sh.inter)) {
-		if ((ret = moe_small_tma_launch(s, n_sm, expert_w, x, ids, weights, top_k,
-						n_experts, hidden, inter, act, sh, add, out)))
-			return ret;
-		return K_CUDA_LAUNCHED("moe small m1 tma");
-	}
 	if (M == 1 && tun->moe_m1 &&
 	    moe_small_m1_fits(top_k, n_experts, hidden, inter, sh.inter)) {
 		moe_small_m1_launch(s, ctas, expert_w, x, ids, weights, top_k, n_experts, hidden,
 				    inter, act, sh, add, out);
 		return K_CUDA_LAUNCHED("moe small m1");
-	}
-	if (M > 1 && tun->moe_small_tma &&
-	    moe_small_tma_rows_fits(M, top_k, n_experts, hidden, inter, sh.inter)) {
-		if ((ret = moe_small_tma_rows_launch(s, n_sm, expert_w, x, M, ids, weights, top_k,
-						     n_experts, hidden, inter, act, sh, add, out)))
-			return ret;
-		return K_CUDA_LAUNCHED("moe small tma");
 	}
 	// Launch order: gate/up, then down at once. Down reads ids and weights before its
 	// wait, settled only because gate/up (launched in between) waits for the router

@@ -315,42 +315,6 @@ __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_
 	}
 }
 
-// small_down_kernel's epilogue (its CTA's SM_DCOLS columns from c0 of the M rows), in
-// k_cpu_moe_experts's order: increasing expert id, then pair; products rounded. Then
-// the shared expert (its pieces in order) and the residual (add 1), as the ops add.
-// ys (pairs, SM_DCOLS), yss (MOE_SMALL_SH_PIECES, MOE_SMALL_MAX_PAIRS, SM_DCOLS) rows
-// by m, sw (pairs): shared memory, complete. The whole CTA calls it.
-__device__ __forceinline__ void small_down_epilogue(const small_plan &sp,
-						    const float (*ys)[SM_DCOLS],
-						    const float (*yss)[MOE_SMALL_MAX_PAIRS][SM_DCOLS],
-						    const float *sw, int M, int top_k, int pieces,
-						    int c0, int hidden, int add, float *out)
-{
-	for (int q = threadIdx.x; q < M * SM_DCOLS; q += blockDim.x) {
-		int m = q / SM_DCOLS, cc = q % SM_DCOLS;
-		float acc = 0.0f;
-
-		if (c0 + cc >= hidden)
-			continue;
-		for (int p = 0; p < sp.n_valid; p++) {
-			int i = sp.sorted[p];
-
-			if (i / top_k == m)
-				acc = __fadd_rn(acc, __fmul_rn(ys[i][cc], sw[i]));
-		}
-		if (pieces) {
-			float t = yss[0][m][cc];
-
-			for (int k = 1; k < pieces; k++)
-				t = __fadd_rn(t, yss[k][m][cc]);
-			acc = __fadd_rn(acc, t);
-		}
-		if (add)
-			acc = __fadd_rn(out[(size_t)m * hidden + c0 + cc], acc);
-		out[(size_t)m * hidden + c0 + cc] = acc;
-	}
-}
-
 }	// namespace
 
 #endif

@@ -45,6 +45,46 @@ m1_gate_up_kernel(const uint16_t *const *expert_w, const float *x, const int32_t
 	m1_gate_up_body(sp, expert_w, x, hidden, inter, act, sh, bal, (float4 *)xs4);
 }
 
+// Down item q (small_down_kernel's order: (used expert, column pair), then (shared
+// piece, column pair)): its two rows, their length in chunks, and where its fp32
+// activations start in the staged rows (float4 units).
+struct dn_item {
+	const uint4 *w0, *w1;
+	int nc, src4, used, piece, cp;
+};
+
+__device__ __forceinline__ dn_item dn_item_of(int q, int n_routed, int n_used,
+					      const uint16_t *const *used_w,
+					      const moe_small_shared &sh, int c0, int inter)
+{
+	int cps = SM_DCOLS / 2;
+	dn_item it;
+
+	it.cp = q % cps;
+	if (q < n_routed) {
+		const uint16_t *w;
+
+		it.used = q / cps;
+		it.piece = -1;
+		w = used_w[it.used] + (size_t)(c0 + 2 * it.cp) * inter;
+		it.w0 = (const uint4 *)w;
+		it.w1 = (const uint4 *)(w + inter);
+		it.nc = inter / 8;
+		it.src4 = it.used * (inter / 4);
+	} else {
+		int k = (q - n_routed) / cps, ka = k * inter;	// piece k: [ka, ka + inter)
+		const uint16_t *w = sh.down + (size_t)(c0 + 2 * it.cp) * sh.inter + ka;
+
+		it.used = -1;
+		it.piece = k;
+		it.w0 = (const uint4 *)w;
+		it.w1 = (const uint4 *)(w + sh.inter);
+		it.nc = min(inter, sh.inter - ka) / 8;
+		it.src4 = (n_used * inter + ka) / 4;
+	}
+	return it;
+}
+
 // small_down_kernel at M = 1: the same grid, items and epilogue (the general
 // kernel's order of sums). Each used expert's activations (of its first pair: a
 // repeated id has the same ones) and the shared expert's are staged in shared memory
@@ -132,15 +172,46 @@ m1_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t 
 		if (k % nu == nu - 1) {
 			float s0 = warp_sum(a0), s1 = warp_sum(a1);
 
-			if (lane == 0)
-				dn_item_store(sp, it, s0, s1, ys, yss);
+			if (lane == 0 && it.used < 0) {
+				yss[it.piece][2 * it.cp] = s0;
+				yss[it.piece][2 * it.cp + 1] = s1;
+			} else if (lane == 0) {
+				const int *pairs = sp.sorted + sp.used_start[it.used];
+
+				for (int p = 0; p < sp.used_n[it.used]; p++) {
+					ys[pairs[p]][2 * it.cp] = s0;
+					ys[pairs[p]][2 * it.cp + 1] = s1;
+				}
+			}
 			a0 = a1 = 0.0f;
 		}
 	};
 	unit_stream(K, wa0, wa1, wb0, wb1, load, consume);
 	__syncthreads();
 
-	m1_down_epilogue(sp, ys, yss, sw, pieces, c0, hidden, add, out);
+	// small_down_kernel's epilogue at M = 1: routed pairs in increasing (expert id,
+	// pair) order, products rounded, then the shared pieces in order, then the residual.
+	for (int cc = threadIdx.x; cc < SM_DCOLS; cc += SM_THREADS) {
+		float acc = 0.0f;
+
+		if (c0 + cc >= hidden)
+			continue;
+		for (int p = 0; p < sp.n_valid; p++) {
+			int i = sp.sorted[p];
+
+			acc = __fadd_rn(acc, __fmul_rn(ys[i][cc], sw[i]));
+		}
+		if (pieces) {
+			float t = yss[0][cc];
+
+			for (int k = 1; k < pieces; k++)
+				t = __fadd_rn(t, yss[k][cc]);
+			acc = __fadd_rn(acc, t);
+		}
+		if (add)
+			acc = __fadd_rn(out[c0 + cc], acc);
+		out[c0 + cc] = acc;
+	}
 }
 
 }	// namespace

@@ -1,7 +1,6 @@
 // The single-row (M = 1) gate/up of the small MoE path as device code: moe_small_m1.cu's
 // kernel and moe_lat.cu's fused launch share it (each warp's weight rows a pipeline
-// of register units, see moe_small_m1.cu); the rows, items, stores and down epilogue
-// that moe_small_tma.cu's one-row kernels take too. CUDA C++ only.
+// of register units, see moe_small_m1.cu). CUDA C++ only.
 #ifndef KD_KERNELS_CUDA_MOE_SMALL_M1_CUH
 #define KD_KERNELS_CUDA_MOE_SMALL_M1_CUH
 
@@ -123,21 +122,6 @@ __device__ __forceinline__ gu_row gu_row_of(long long pos, long long Wr, const s
 	return r;
 }
 
-// Row r's activation v to every pair of its used expert (act (n, inter)), or to the
-// shared expert's (sh.act) where r.used < 0. One lane calls it.
-__device__ __forceinline__ void gu_row_store(const small_plan &sp, const gu_row &r, float v,
-					     float *act, const moe_small_shared &sh, int inter)
-{
-	if (r.used < 0) {
-		sh.act[r.f] = v;
-	} else {
-		const int *pairs = sp.sorted + sp.used_start[r.used];
-
-		for (int p = 0; p < sp.used_n[r.used]; p++)
-			act[(size_t)pairs[p] * inter + r.f] = v;
-	}
-}
-
 // m1_gate_up_kernel's work after the plan (also moe_lat.cu's at one row): the CTA's
 // share of the (used expert, feature) rows and the shared expert's, each warp's rows
 // a stream of units whose first loads go out before x row 0 is staged in xs4 (hidden
@@ -184,102 +168,22 @@ __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 			gu_row r = row(k);
 			float s0 = warp_sum(ag), s1 = warp_sum(au);
 
-			if (lane == 0)
-				gu_row_store(sp, r, silu_mul(s0, s1), act, sh, inter);
+			if (lane == 0) {
+				float v = silu_mul(s0, s1);
+
+				if (r.used < 0) {
+					sh.act[r.f] = v;
+				} else {
+					const int *pairs = sp.sorted + sp.used_start[r.used];
+
+					for (int p = 0; p < sp.used_n[r.used]; p++)
+						act[(size_t)pairs[p] * inter + r.f] = v;
+				}
+			}
 			ag = au = 0.0f;
 		}
 	};
 	unit_stream(K, ga, ua, gb, ub, load, consume);
-}
-
-// Down item q (small_down_kernel's order: (used expert, column pair), then (shared
-// piece, column pair)): its two rows, their length in chunks, and where its fp32
-// activations start in the staged rows (float4 units).
-struct dn_item {
-	const uint4 *w0, *w1;
-	int nc, src4, used, piece, cp;
-};
-
-__device__ __forceinline__ dn_item dn_item_of(int q, int n_routed, int n_used,
-					      const uint16_t *const *used_w,
-					      const moe_small_shared &sh, int c0, int inter)
-{
-	int cps = SM_DCOLS / 2;
-	dn_item it;
-
-	it.cp = q % cps;
-	if (q < n_routed) {
-		const uint16_t *w;
-
-		it.used = q / cps;
-		it.piece = -1;
-		w = used_w[it.used] + (size_t)(c0 + 2 * it.cp) * inter;
-		it.w0 = (const uint4 *)w;
-		it.w1 = (const uint4 *)(w + inter);
-		it.nc = inter / 8;
-		it.src4 = it.used * (inter / 4);
-	} else {
-		int k = (q - n_routed) / cps, ka = k * inter;	// piece k: [ka, ka + inter)
-		const uint16_t *w = sh.down + (size_t)(c0 + 2 * it.cp) * sh.inter + ka;
-
-		it.used = -1;
-		it.piece = k;
-		it.w0 = (const uint4 *)w;
-		it.w1 = (const uint4 *)(w + sh.inter);
-		it.nc = min(inter, sh.inter - ka) / 8;
-		it.src4 = (n_used * inter + ka) / 4;
-	}
-	return it;
-}
-
-// Item it's two sums (columns 2 it.cp and the next) into ys for every pair of its used
-// expert, or into yss for a shared piece. One lane calls it.
-__device__ __forceinline__ void dn_item_store(const small_plan &sp, const dn_item &it, float s0,
-					      float s1, float (*ys)[SM_DCOLS], float (*yss)[SM_DCOLS])
-{
-	if (it.used < 0) {
-		yss[it.piece][2 * it.cp] = s0;
-		yss[it.piece][2 * it.cp + 1] = s1;
-	} else {
-		const int *pairs = sp.sorted + sp.used_start[it.used];
-
-		for (int p = 0; p < sp.used_n[it.used]; p++) {
-			ys[pairs[p]][2 * it.cp] = s0;
-			ys[pairs[p]][2 * it.cp + 1] = s1;
-		}
-	}
-}
-
-// small_down_kernel's epilogue at M = 1 (the CTA's SM_DCOLS columns from c0): routed
-// pairs in increasing (expert id, pair) order, products rounded, then the shared
-// pieces in order, then the residual (add 1). ys (pairs, SM_DCOLS), yss (pieces,
-// SM_DCOLS), sw (pairs): shared memory, complete. The whole CTA calls it.
-__device__ __forceinline__ void m1_down_epilogue(const small_plan &sp,
-						 const float (*ys)[SM_DCOLS],
-						 const float (*yss)[SM_DCOLS], const float *sw,
-						 int pieces, int c0, int hidden, int add, float *out)
-{
-	for (int cc = threadIdx.x; cc < SM_DCOLS; cc += blockDim.x) {
-		float acc = 0.0f;
-
-		if (c0 + cc >= hidden)
-			continue;
-		for (int p = 0; p < sp.n_valid; p++) {
-			int i = sp.sorted[p];
-
-			acc = __fadd_rn(acc, __fmul_rn(ys[i][cc], sw[i]));
-		}
-		if (pieces) {
-			float t = yss[0][cc];
-
-			for (int k = 1; k < pieces; k++)
-				t = __fadd_rn(t, yss[k][cc]);
-			acc = __fadd_rn(acc, t);
-		}
-		if (add)
-			acc = __fadd_rn(out[c0 + cc], acc);
-		out[c0 + cc] = acc;
-	}
 }
 
 }	// namespace
