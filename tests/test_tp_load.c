@@ -6,12 +6,15 @@
  * mapped files, each rank's host copy given back once made (what a GPU rank does after
  * its upload), stays under half the model; keeping every shard (the CPU ranks), under
  * 1.35 models; and the old way (the model read whole, then its shards) is measured
- * above 1.7 models, so the measurement can tell them apart. */
+ * above 1.7 models, so the measurement can tell them apart. A file cut short under the
+ * mapping fails the shard's build with -EIO and one line, not SIGBUS. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -307,6 +310,44 @@ static void check_peaks(const char *dir)
 	}
 }
 
+/* A weight file cut short after it was mapped (an operator rewriting the checkpoint
+ * while kdecd starts): building a shard fails with one line, -EIO, not SIGBUS; and a
+ * fault outside the guard still takes the default action (a child reading past the end
+ * of the same mapping dies of SIGBUS). Last: it truncates the model. */
+static void check_truncated(const char *dir)
+{
+	struct model_load_opts lo = { .mapped = 1 };
+	struct model *m = NULL, *s = NULL;
+	char err[512] = "", path[1200];
+	struct stat st;
+	int ret, status = 0;
+	pid_t pid;
+
+	CHECK(model_load(&m, dir, &lo, err, sizeof(err)) == 0, "load mapped: %s", err);
+	if (!m)
+		return;
+	snprintf(path, sizeof(path), "%s/model-00002-of-00002.safetensors", dir);
+	CHECK(stat(path, &st) == 0 && truncate(path, st.st_size / 2) == 0, "truncate %s", path);
+	err[0] = 0;
+	ret = model_shard_create(&s, m, 0, 2, 0, err, sizeof(err));
+	CHECK(ret == -EIO && !s && strstr(err, "shrank"),
+	      "a file cut short under the mapping: want -EIO and one line, got %d: %s", ret, err);
+	fprintf(stderr, "  truncated under the mapping: %s\n", err);
+	pid = fork();
+	if (pid == 0) {	/* unguarded: the default action, whatever the guard installed */
+		volatile char sink = 0;
+
+		for (int i = 0; i < m->files.n_files; i++)
+			if (m->files.files[i].map)
+				sink ^= ((const volatile char *)m->files.files[i].map)[m->files.files[i].size - 1];
+		_exit(sink == 0x7f ? 3 : 2);
+	}
+	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFSIGNALED(status) &&
+	      WTERMSIG(status) == SIGBUS, "an unguarded read past the end: want death by SIGBUS, "
+	      "got status 0x%x", status);
+	model_destroy(m);
+}
+
 int main(void)
 {
 	char tmpl[] = "/tmp/kdec_test_tp_load.XXXXXX", path[1200];
@@ -319,6 +360,7 @@ int main(void)
 	if (!test_failures) {
 		check_peaks(tmpl);	/* first: the children fork a small process */
 		check_equal_shards(tmpl);
+		check_truncated(tmpl);
 	}
 	for (int k = 0; k < 2; k++) {
 		snprintf(path, sizeof(path), "%s/model-%05d-of-00002.safetensors", tmpl, k + 1);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "daemon/base/sigbus_guard.h"
 #include "daemon/model/model_shard.h"
 
 #define SHARD_ALIGN 64
@@ -397,6 +398,30 @@ static void shard_config(struct model_config *sc, const struct model_config *c, 
 	model_shard_vocab(c->vocab_size, r, n, &v0, &sc->vocab_size);
 }
 
+/* The copying pass, with a mapped source's SIGBUS (a file shrunk under the mapping)
+ * turned into -EIO: everything it allocates hangs off s, which the caller frees. */
+struct copy_job {
+	struct arena *a;
+	struct model *s;
+	const struct model *m;
+	int r, n, ep;
+};
+
+static int copy_job_run(void *arg)
+{
+	struct copy_job *j = arg;
+
+	return shard_all(j->a, j->s, j->m, j->r, j->n, j->ep);
+}
+
+static int copy_guarded(struct arena *a, struct model *s, const struct model *m, int r, int n,
+			int ep)
+{
+	struct copy_job j = { a, s, m, r, n, ep };
+
+	return m->mapped ? sigbus_guard_run(copy_job_run, &j) : copy_job_run(&j);
+}
+
 int model_shard_create(struct model **out, const struct model *m, int r, int n, int ep, char *err,
 		       size_t err_len)
 {
@@ -441,7 +466,11 @@ int model_shard_create(struct model **out, const struct model *m, int r, int n, 
 		goto fail;
 	}
 	a = (struct arena){ .buf = s->shard_buf, .src = m };
-	if ((ret = shard_all(&a, s, m, r, n, ep)))
+	if ((ret = copy_guarded(&a, s, m, r, n, ep)) == -EIO && m->mapped)
+		snprintf(err, err_len, "tp %d: rank %d: a weight file of %s shrank while its shard was "
+			 "read (SIGBUS on the mapping): start again once the files are whole", n, r,
+			 m->path ? m->path : "the model");
+	if (ret)
 		goto fail;
 	*out = s;
 	return 0;

@@ -75,8 +75,9 @@ void st_set_close(struct st_set *s);	/* accepts a zeroed or half-built set */
  * is read until a tensor's bytes are touched, and the pages touched can be given back
  * (madvise). For tensor parallel's shards, which read each rank's slice of every
  * tensor straight from the files (model_shard.c): a file truncated while mapped
- * raises SIGBUS where it is read, so the shards are built at start and the mapping is
- * read no more after. */
+ * raises SIGBUS where it is read, so the shards are built at start, under
+ * sigbus_guard_run (the build fails with -EIO and one line), and the mapping is read
+ * no more after. */
 int st_set_map(struct st_set *s, const char *dir, char *err, size_t err_len);
 
 /* Finds a tensor in any file; *file (if not NULL) gets the file that holds it. */
