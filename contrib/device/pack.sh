@@ -35,9 +35,11 @@ for t in "$src"/tests/test_cuda_* "$src/tests/test_golden" "$src"/tests/bench/be
 done
 strip --strip-debug "$dst"/kd* $(find "$dst/tests" -type f)	# tests/ may be empty (PACK_TESTS)
 tree=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
-echo "pack: $dst $(du -sh "$dst" | cut -f1); with the tracked tree $(( ($(du -sb "$dst" | cut -f1) + ${tree:-0}) >> 20 )) MiB of the 64 MiB carry limit" >&2
+# what travels: the folder itself when carried as it is, its archive with PACK_XZ
+carried() { echo "with the tracked tree $(( ($(du -sb "$1" | cut -f1) + ${tree:-0}) >> 20 )) MiB of the 64 MiB carry limit"; }
+[ "${PACK_XZ:-0}" = 1 ] || echo "pack: $dst $(du -sh "$dst" | cut -f1), carried as it is $(carried "$dst") (an xz archive of it is about a tenth)" >&2
 if [ "${PACK_XZ:-0}" = 1 ]; then
 	tar -C "$(dirname "$dst")" -cf - "$(basename "$dst")" | xz -9 -T1 >"$dst.tar.xz"
 	rm -rf "$dst"
-	echo "pack: $dst.tar.xz $(du -h "$dst.tar.xz" | cut -f1) (carry it; run.sh unpacks it)" >&2
+	echo "pack: $dst.tar.xz $(du -h "$dst.tar.xz" | cut -f1), $(carried "$dst.tar.xz") (carry it; run.sh unpacks it)" >&2
 fi
