@@ -76,13 +76,37 @@ static int arc_record(struct arc *b, int what, int rows)
 	return ok ? 0 : -1;
 }
 
+/* p50/p99 us of warmup + iters replays of x on b->st[0], each timed by events (the
+ * first warmup left out). */
+static int arc_replays(struct arc *b, cudaGraphExec_t x, double *p50, double *p99)
+{
+	int ok = 1;
+
+	for (int i = 0; ok && i < b->warmup + b->iters; i++) {
+		float ms = 0;
+
+		ok = arc_ok(cudaEventRecord(b->t0, b->st[0]), "event") &&
+		     arc_ok(cudaGraphLaunch(x, b->st[0]), "replay") &&
+		     arc_ok(cudaEventRecord(b->t1, b->st[0]), "event") &&
+		     arc_ok(cudaEventSynchronize(b->t1), "replay") &&
+		     arc_ok(cudaEventElapsedTime(&ms, b->t0, b->t1), "elapsed");
+		b->us[i] = ms * 1e3;
+	}
+	if (!ok)
+		return -1;
+	qsort(b->us + b->warmup, (size_t)b->iters, sizeof(double), kdbench_cmp_double);
+	*p50 = b->us[b->warmup + b->iters / 2];
+	*p99 = b->us[b->warmup + (b->iters * 99) / 100];
+	return 0;
+}
+
 /* p50/p99 us of replays of the graph arc_record(what, rows) captures; warm: replayed
  * back to back for ARC_WARM_S first. */
 static int arc_time(struct arc *b, int what, int rows, int warm, double *p50, double *p99)
 {
 	cudaGraph_t g = NULL;
 	cudaGraphExec_t x = NULL;
-	int n = b->warmup + b->iters, ok;
+	int ok;
 
 	ok = arc_ok(cudaStreamBeginCapture(b->st[0], cudaStreamCaptureModeThreadLocal), "capture");
 	if (ok && arc_record(b, what, rows))
@@ -98,26 +122,12 @@ static int arc_time(struct arc *b, int what, int rows, int warm, double *p50, do
 			ok = ok && arc_ok(cudaStreamSynchronize(b->st[0]), "replay");
 		}
 	}
-	for (int i = 0; ok && i < n; i++) {
-		float ms = 0;
-
-		ok = arc_ok(cudaEventRecord(b->t0, b->st[0]), "event") &&
-		     arc_ok(cudaGraphLaunch(x, b->st[0]), "replay") &&
-		     arc_ok(cudaEventRecord(b->t1, b->st[0]), "event") &&
-		     arc_ok(cudaEventSynchronize(b->t1), "replay") &&
-		     arc_ok(cudaEventElapsedTime(&ms, b->t0, b->t1), "elapsed");
-		b->us[i] = ms * 1e3;
-	}
+	ok = ok && arc_replays(b, x, p50, p99) == 0;
 	if (x)
 		cudaGraphExecDestroy(x);
 	if (g)
 		cudaGraphDestroy(g);
-	if (!ok)
-		return -1;
-	qsort(b->us + b->warmup, (size_t)b->iters, sizeof(double), kdbench_cmp_double);
-	*p50 = b->us[b->warmup + b->iters / 2];
-	*p99 = b->us[b->warmup + (b->iters * 99) / 100];
-	return 0;
+	return ok ? 0 : -1;
 }
 
 static int arc_setup(struct arc *b)
@@ -215,6 +225,7 @@ static int arc_nccl_time(struct arc *b, const long *bytes, int n_sizes)
 	for (int i = 0; i < n_sizes; i++) {
 		cudaGraph_t g = NULL;
 		cudaGraphExec_t x = NULL;
+		double p50 = 0, p99 = 0;
 		int ok = arc_ok(cudaStreamBeginCapture(b->st[0], cudaStreamCaptureModeThreadLocal),
 				"capture");
 
@@ -222,16 +233,7 @@ static int arc_nccl_time(struct arc *b, const long *bytes, int n_sizes)
 					 b->st[0]) == ncclSuccess;
 		ok &= arc_ok(cudaStreamEndCapture(b->st[0], &g), "end capture");
 		ok = ok && arc_ok(cudaGraphInstantiate(&x, g, 0), "instantiate");
-		for (int k = 0; ok && k < b->warmup + b->iters; k++) {
-			float ms = 0;
-
-			ok = arc_ok(cudaEventRecord(b->t0, b->st[0]), "event") &&
-			     arc_ok(cudaGraphLaunch(x, b->st[0]), "replay") &&
-			     arc_ok(cudaEventRecord(b->t1, b->st[0]), "event") &&
-			     arc_ok(cudaEventSynchronize(b->t1), "sync") &&
-			     arc_ok(cudaEventElapsedTime(&ms, b->t0, b->t1), "elapsed");
-			b->us[k] = ms * 1e3;
-		}
+		ok = ok && arc_replays(b, x, &p50, &p99) == 0;
 		if (x)
 			cudaGraphExecDestroy(x);
 		if (g)
@@ -241,9 +243,7 @@ static int arc_nccl_time(struct arc *b, const long *bytes, int n_sizes)
 				bytes[i]);
 			goto out;
 		}
-		qsort(b->us + b->warmup, (size_t)b->iters, sizeof(double), kdbench_cmp_double);
-		printf("%10ld %10.1f %10.1f\n", bytes[i], b->us[b->warmup + b->iters / 2],
-		       b->us[b->warmup + (b->iters * 99) / 100]);
+		printf("%10ld %10.1f %10.1f\n", bytes[i], p50, p99);
 	}
 	ret = 0;
 out:
