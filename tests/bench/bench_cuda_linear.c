@@ -29,7 +29,6 @@
 #include "tests/bench/cudabench.h"
 
 #define ROTATE_BYTES	((size_t)256 << 20)	/* > 4x the L2 */
-#define MIN_LAUNCHES	20			/* per graph replay */
 #define MAX_M		64
 
 struct shape {
@@ -68,50 +67,33 @@ static int run_kind(int kind, float *y, const float *x, const uint16_t *w, int M
 			 : k_cuda_linear(lin, y, x, w, M, N, K, 0);
 }
 
+/* One call of linear_time_us's graph: weight copy i % copies. */
+struct lin_call {
+	int kind, M, N, K, copies;
+	float *y;
+	const float *x;
+	const uint16_t *w;
+};
+
+static int lin_call_run(void *arg, int i, cudaStream_t s)
+{
+	const struct lin_call *c = arg;
+
+	(void)s;	/* the context's own stream */
+	return run_kind(c->kind, c->y, c->x, c->w + (size_t)(i % c->copies) * c->N * c->K, c->M,
+			c->N, c->K);
+}
+
 /* Median µs of one launch; w holds `copies` weight matrices of N * K each. 0 after a
  * failed check. */
 static double linear_time_us(int kind, float *y, const float *x, const uint16_t *w, int copies,
 			     int M, int N, int K)
 {
-	int launches = copies < MIN_LAUNCHES ? (MIN_LAUNCHES + copies - 1) / copies * copies : copies;
-	size_t wn = (size_t)N * K;
-	cudaGraph_t graph = NULL;
-	cudaGraphExec_t exec = NULL;
-	cudaEvent_t t0 = NULL, t1 = NULL;
-	float ms[SAMPLES_MAX];
-	double us = 0;
-	int ret = 0;
+	struct lin_call c = { kind, M, N, K, copies, y, x, w };
+	char what[96];
 
-	for (int i = 0; i < 3 && !ret; i++)	/* kernels load, cuBLAS picks, outside capture */
-		ret = run_kind(kind, y, x, w + (size_t)(i % copies) * wn, M, N, K);
-	if (ret || !CU(cudaStreamSynchronize(stream)) ||
-	    !CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal)))
-		goto out;
-	for (int i = 0; i < launches && !ret; i++)
-		ret = run_kind(kind, y, x, w + (size_t)(i % copies) * wn, M, N, K);
-	if (!CU(cudaStreamEndCapture(stream, &graph)) || ret ||
-	    !CU(cudaGraphInstantiate(&exec, graph, 0)) || !CU(cudaEventCreate(&t0)) ||
-	    !CU(cudaEventCreate(&t1)) || !CU(cudaGraphLaunch(exec, stream)))	/* warm-up */
-		goto out;
-	for (int s = 0; s < samples; s++) {
-		CU(cudaEventRecord(t0, stream));
-		CU(cudaGraphLaunch(exec, stream));
-		CU(cudaEventRecord(t1, stream));
-		CU(cudaEventSynchronize(t1));
-		CU(cudaEventElapsedTime(&ms[s], t0, t1));
-	}
-	us = (double)test_median(ms, samples) * 1000.0 / launches;
-out:
-	CHECK(ret == 0, "linear kind %d failed (M %d N %d K %d): %d", kind, M, N, K, ret);
-	if (t0)
-		cudaEventDestroy(t0);
-	if (t1)
-		cudaEventDestroy(t1);
-	if (exec)
-		cudaGraphExecDestroy(exec);
-	if (graph)
-		cudaGraphDestroy(graph);
-	return us;
+	snprintf(what, sizeof(what), "linear kind %d (M %d N %d K %d)", kind, M, N, K);
+	return bench_rotated_us(lin_call_run, &c, stream, copies, 3, samples, what);
 }
 
 /* linear_time_us with programmatic dependent launch off, then back on. */

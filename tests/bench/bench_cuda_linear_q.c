@@ -35,7 +35,6 @@
 #include "tests/bench/cudabench.h"
 
 #define ROTATE_BYTES	((size_t)256 << 20)	/* > 4x the L2 */
-#define MIN_LAUNCHES	20			/* per graph replay */
 #define SAMPLES		15
 #define MAX_M		64
 #define MAX_K		18432
@@ -117,49 +116,32 @@ static int call(const struct qweight *qw, int kind, int i, float *y, const float
 				   M, N, K, 0, wtmp, wtmp_elems);
 }
 
+/* One call of time_us's graph. */
+struct q_call {
+	const struct qweight *qw;
+	int kind, M, N, K;
+	float *y;
+	const float *x;
+};
+
+static int q_call_run(void *arg, int i, cudaStream_t s)
+{
+	const struct q_call *c = arg;
+
+	(void)s;	/* the context's own stream */
+	return call(c->qw, c->kind, i, c->y, c->x, c->M, c->N, c->K);
+}
+
 /* Median µs of one call. 0 after a failed check (or where kind cannot run). */
 static double time_us(const struct qweight *qw, int kind, float *y, const float *x, int M, int N,
 		      int K)
 {
-	const int copies = kind < 0 ? bf16_w->copies : qw->copies;
-	int launches = copies < MIN_LAUNCHES ? (MIN_LAUNCHES + copies - 1) / copies * copies : copies;
-	cudaGraph_t graph = NULL;
-	cudaGraphExec_t exec = NULL;
-	cudaEvent_t t0 = NULL, t1 = NULL;
-	float ms[SAMPLES];
-	double us = 0;
-	int ret = 0;
+	struct q_call c = { qw, kind, M, N, K, y, x };
+	char what[96];
 
-	for (int i = 0; i < 2 && !ret; i++)
-		ret = call(qw, kind, i, y, x, M, N, K);
-	if (ret || !CU(cudaStreamSynchronize(stream)) ||
-	    !CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal)))
-		goto out;
-	for (int i = 0; i < launches && !ret; i++)
-		ret = call(qw, kind, i, y, x, M, N, K);
-	if (!CU(cudaStreamEndCapture(stream, &graph)) || ret ||
-	    !CU(cudaGraphInstantiate(&exec, graph, 0)) || !CU(cudaEventCreate(&t0)) ||
-	    !CU(cudaEventCreate(&t1)) || !CU(cudaGraphLaunch(exec, stream)))	/* warm-up */
-		goto out;
-	for (int s = 0; s < SAMPLES; s++) {
-		CU(cudaEventRecord(t0, stream));
-		CU(cudaGraphLaunch(exec, stream));
-		CU(cudaEventRecord(t1, stream));
-		CU(cudaEventSynchronize(t1));
-		CU(cudaEventElapsedTime(&ms[s], t0, t1));
-	}
-	us = (double)test_median(ms, SAMPLES) * 1000.0 / launches;
-out:
-	CHECK(ret == 0, "%s kind %d failed (M %d N %d K %d): %d", "linear_q", kind, M, N, K, ret);
-	if (t0)
-		cudaEventDestroy(t0);
-	if (t1)
-		cudaEventDestroy(t1);
-	if (exec)
-		cudaGraphExecDestroy(exec);
-	if (graph)
-		cudaGraphDestroy(graph);
-	return us;
+	snprintf(what, sizeof(what), "linear_q kind %d (M %d N %d K %d)", kind, M, N, K);
+	return bench_rotated_us(q_call_run, &c, stream, kind < 0 ? bf16_w->copies : qw->copies, 2,
+				SAMPLES, what);
 }
 
 /* Random payload (no fp8 NaN) and scales, in enough copies to leave L2 between reads. */

@@ -1,5 +1,6 @@
 /* Helpers of the CUDA benchmarks: a call's median time from events around it (warm, or
- * with L2 flushed before each run), a captured graph's median replay, and the HBM
+ * with L2 flushed before each run), a captured graph's median replay (of one call, or
+ * of many over rotated weight copies), and the HBM
  * floor each table prints beside its figures. Include after tests/cudatest.h. */
 #ifndef KD_TESTS_BENCH_CUDABENCH_H
 #define KD_TESTS_BENCH_CUDABENCH_H
@@ -121,6 +122,58 @@ out:
 		cudaEventDestroy(e1);
 	if (s)
 		cudaStreamDestroy(s);
+	return us;
+}
+
+/* Median µs of one call(arg, i, s) inside a graph of calls i = 0, 1, ... on stream s:
+ * enough of them (at least BENCH_ROTATED_MIN) to cycle whole over `copies` copies of the
+ * weights, so each call reads its copy from HBM (the copies outgrow L2); `eager` calls
+ * first, outside the capture (kernels load, cuBLAS picks), one untimed replay, then
+ * `samples` (<= BENCH_MAX_RUNS) timed. 0 after a failed call (checked, with what). */
+#define BENCH_ROTATED_MIN 20
+static inline double bench_rotated_us(int (*call)(void *arg, int i, cudaStream_t s), void *arg,
+				      cudaStream_t s, int copies, int eager, int samples,
+				      const char *what)
+{
+	int launches = copies < BENCH_ROTATED_MIN ?
+			       (BENCH_ROTATED_MIN + copies - 1) / copies * copies : copies;
+	cudaGraph_t graph = NULL;
+	cudaGraphExec_t exec = NULL;
+	cudaEvent_t t0 = NULL, t1 = NULL;
+	float ms[BENCH_MAX_RUNS];
+	double us = 0;
+	int ret = 0;
+
+	samples = samples < 1 ? 1 : samples > BENCH_MAX_RUNS ? BENCH_MAX_RUNS : samples;
+	for (int i = 0; i < eager && !ret; i++)
+		ret = call(arg, i, s);
+	if (ret || !CU(cudaStreamSynchronize(s)) ||
+	    !CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal)))
+		goto out;
+	for (int i = 0; i < launches && !ret; i++)
+		ret = call(arg, i, s);
+	if (!CU(cudaStreamEndCapture(s, &graph)) || ret ||
+	    !CU(cudaGraphInstantiate(&exec, graph, 0)) || !CU(cudaEventCreate(&t0)) ||
+	    !CU(cudaEventCreate(&t1)) || !CU(cudaGraphLaunch(exec, s)))	/* warm-up */
+		goto out;
+	for (int i = 0; i < samples; i++) {
+		CU(cudaEventRecord(t0, s));
+		CU(cudaGraphLaunch(exec, s));
+		CU(cudaEventRecord(t1, s));
+		CU(cudaEventSynchronize(t1));
+		CU(cudaEventElapsedTime(&ms[i], t0, t1));
+	}
+	us = (double)test_median(ms, samples) * 1000.0 / launches;
+out:
+	CHECK(ret == 0, "%s failed: %d", what, ret);
+	if (t0)
+		cudaEventDestroy(t0);
+	if (t1)
+		cudaEventDestroy(t1);
+	if (exec)
+		cudaGraphExecDestroy(exec);
+	if (graph)
+		cudaGraphDestroy(graph);
 	return us;
 }
 
