@@ -159,13 +159,6 @@ struct backend_ops {
 	 * logits and a rounding flips experts at near-ties. NULL where linear already is. */
 	void (*linear_fp32x)(struct backend *be, float *y, const float *x,
 			     const struct model_tensor *w, int M);
-	/* The MoE router and the choice in one call where the backend fuses them: what
-	 * linear_fp32x(logits, x, router, M) then moe_route(p, logits, M, ids, weights)
-	 * write (p's bias a host-side model pointer), the same values. 1: it cannot,
-	 * nothing done (forward.c then runs those two); 0 or -errno. */
-	int (*moe_router)(struct backend *be, const struct k_moe_route_params *p, float *logits,
-			  const float *x, const struct model_tensor *router, int M, int32_t *ids,
-			  float *weights);
 	/* y (M, hidden) += the routed experts' sum (moe_experts's arguments) + the shared
 	 * expert of L (w_gate, w_up, w_down; shared_inter wide, 0: none) of x: what
 	 * moe_experts, the shared SwiGLU MLP and add do, in the ops' order of the sums,

@@ -450,19 +450,12 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 		      l + 1 < c->n_layers ? &f->m->layers[l + 1] : NULL)) <= 0)
 		return ret;	/* the latency path: router to residual add in two launches */
 	/* what decides routing at full precision, as the reference computes it: x in
-	 * fp32 at every row count (a backend's linear may round x to bf16); in one call
-	 * where the backend fuses the router and the choice */
-	ret = f->be->ops->moe_router ? OP(f, moe_router, &route, f->router, f->h, &L->router, R,
-					  f->route_ids, f->route_w) : 1;
-	if (ret < 0)
-		return ret;
-	if (ret == 1) {
-		if (f->be->ops->linear_fp32x)
-			OP(f, linear_fp32x, f->router, f->h, &L->router, R);
-		else
-			OP(f, linear, f->router, f->h, &L->router, R);
-		OP(f, moe_route, &route, f->router, R, f->route_ids, f->route_w);
-	}
+	 * fp32 at every row count (a backend's linear may round x to bf16) */
+	if (f->be->ops->linear_fp32x)
+		OP(f, linear_fp32x, f->router, f->h, &L->router, R);
+	else
+		OP(f, linear, f->router, f->h, &L->router, R);
+	OP(f, moe_route, &route, f->router, R, f->route_ids, f->route_w);
 	if (f->trace && (ret = route_trace_layer(f->trace, f->be, &route, l, R, f->trace_pos,
 						 f->trace_first, f->router, f->route_ids, f->route_w,
 						 f->trace_err, sizeof(f->trace_err))))

@@ -115,9 +115,6 @@ struct k_cuda_tuning {
 	int moe_down_early;	/* KDEC_MOE_DOWN_EARLY, flag, 1: the M = 1 down kernel issues
 				 * its first weight loads before its wait; 0: after (its plan,
 				 * from settled ids, comes before the wait either way) */
-	int moe_router;		/* KDEC_MOE_ROUTER, flag, 1: the backend's moe_router runs the
-				 * router and the choice as one launch (k_cuda_moe_router) at
-				 * 1..8 rows; 0: it returns 1 (linear_fp32x, then moe_route) */
 	int moe_lat_prefetch_mb;	/* KDEC_MOE_LAT_PREFETCH_MB, MB (>= 0), 0: the latency
 				 * path's MoE launch asks L2 (evict-last) for up to this many MB
 				 * of the next layer's attention weights once its router rows

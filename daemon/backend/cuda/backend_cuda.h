@@ -50,7 +50,6 @@ enum cuda_op {
 	CUDA_OP_MLA_PREP_ATTN,
 	CUDA_OP_GATE_UP_SILU,
 	CUDA_OP_MOE_ROUTE,
-	CUDA_OP_MOE_ROUTER,
 	CUDA_OP_MOE_EXPERTS,
 	CUDA_OP_MOE_EXPERTS_ADD,
 	CUDA_OP_MOE_LAYER,
@@ -207,9 +206,6 @@ void cuda_moe_route(struct backend *be, const struct k_moe_route_params *p, cons
 int cuda_moe_experts(struct backend *be, float *out, const float *x, int M, const int32_t *ids,
 		     const float *weights, int top_k, const struct model_layer *L, int hidden,
 		     int inter, int n_experts);
-int cuda_moe_router(struct backend *be, const struct k_moe_route_params *p, float *logits,
-		    const float *x, const struct model_tensor *router, int M, int32_t *ids,
-		    float *weights);
 int cuda_moe_layer(struct backend *be, float *y, const float *x, int M, const struct model_layer *L,
 		   const struct k_moe_route_params *route, float *logits, int32_t *ids,
 		   float *weights, int hidden, int inter, int n_experts, int shared_inter,

@@ -34,7 +34,6 @@ const struct cuda_op_info cuda_op_info[CUDA_OP_COUNT] = {
 	[CUDA_OP_MLA_PREP_ATTN] = { "mla_prep_attn", 1 },
 	[CUDA_OP_GATE_UP_SILU] = { "gate_up_silu", 1 },
 	[CUDA_OP_MOE_ROUTE] = { "moe_route", 0 },
-	[CUDA_OP_MOE_ROUTER] = { "moe_router", 0 },
 	[CUDA_OP_MOE_EXPERTS] = { "moe_experts", 0 },
 	[CUDA_OP_MOE_EXPERTS_ADD] = { "moe_experts_add", 0 },
 	[CUDA_OP_MOE_LAYER] = { "moe_layer", 0 },
@@ -264,34 +263,6 @@ void cuda_moe_route(struct backend *be, const struct k_moe_route_params *p, cons
 	cuda_op_begin(b, CUDA_OP_MOE_ROUTE);
 	dp.bias = p->bias ? cuda_dev_of(b, p->bias, "moe_route bias") : NULL;
 	cuda_op_end(b, CUDA_OP_MOE_ROUTE, k_cuda_moe_route(b->stream, &dp, logits, M, ids, weights));
-}
-
-/* linear_fp32x and moe_route in one launch (k_cuda_moe_router) at the decode's row
- * counts: only where linear_fp32x would run the GEMV on a bf16 router, whose bits the
- * fused kernel reproduces. */
-int cuda_moe_router(struct backend *be, const struct k_moe_route_params *p, float *logits,
-		    const float *x, const struct model_tensor *router, int M, int32_t *ids,
-		    float *weights)
-{
-	struct backend_cuda *b = cuda_of(be);
-	struct k_moe_route_params dp = *p;
-	const uint16_t *dw;
-	int ret;
-
-	if (!k_cuda_tuning()->moe_router || !k_cuda_tuning()->router_fp32 || !b->moe_ws ||
-	    M < 1 || M > K_CUDA_MOE_LAT_MAX_ROWS || cuda_qweight_of(b, router) || (int)router->rows != p->n_experts)
-		return 1;
-	dw = W(b, router);
-	if (!k_cuda_linear_supports(K_CUDA_LINEAR_GEMV, x, dw, M, (int)router->rows,
-				    (int)router->cols))
-		return 1;
-	cuda_op_begin(b, CUDA_OP_MOE_ROUTER);
-	cuda_prof_rows(b, M);
-	dp.bias = p->bias ? cuda_dev_of(b, p->bias, "moe_router bias") : NULL;
-	ret = k_cuda_moe_router(b->stream, b->moe_ws, x, M, dw, (int)router->cols, &dp, logits,
-				ids, weights);
-	cuda_op_end(b, CUDA_OP_MOE_ROUTER, ret < 0 ? ret : 0);
-	return ret;
 }
 
 int cuda_moe_experts(struct backend *be, float *out, const float *x, int M, const int32_t *ids,

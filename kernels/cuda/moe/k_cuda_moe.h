@@ -86,18 +86,6 @@ int k_cuda_moe_experts_add(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y /*
 /* ---- the latency path's MoE layer (moe_lat.cu; issue 23) ---- */
 
 #define K_CUDA_MOE_LAT_MAX_ROWS 8
-
-/* The router and the choice in one launch (moe_router.cu) at 1..K_CUDA_MOE_LAT_MAX_ROWS
- * rows: logits (M, p->n_experts) = x (M, hidden) fp32 times router (n_experts, hidden)
- * bf16, with the arithmetic of k_cuda_linear's GEMV (what the backend's linear_fp32x
- * runs for the router), then k_cuda_moe_route's choice of them: logits, ids and
- * weights (M, top_k) the bits those two launches write. ws: of this model's shapes (a
- * ticket word in it). 0; 1 where it does not take the call (more rows, hidden not a
- * multiple of 8, x or router not 16-byte aligned, past ~1,000 experts), nothing
- * launched; -EINVAL or -EIO. */
-int k_cuda_moe_router(cudaStream_t s, struct k_cuda_moe_ws *ws, const float *x, int M,
-		      const uint16_t *router, int hidden, const struct k_moe_route_params *p,
-		      float *logits, int32_t *ids, float *weights);
 #define K_CUDA_MOE_LAT_PREFETCH 6	/* ranges of the next layer k_cuda_moe_lat asks L2 for */
 
 /* What k_cuda_moe_lat asks L2 for while it routes (weights the next launches read:

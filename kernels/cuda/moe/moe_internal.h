@@ -76,8 +76,7 @@ void moe_small_down_launch_plain(cudaStream_t s, const uint16_t *const *expert_w
 bool moe_route_params_ok(const struct k_moe_route_params *p);
 
 // moe_experts.cu for moe_lat.cu: the workspace's parts (act: the small path's fp32
-// SwiGLU rows; sh_act: the shared expert's; bar: three zeroed words, a grid barrier's
-// two and moe_router.cu's ticket).
+// SwiGLU rows; sh_act: the shared expert's; bar: two zeroed words for a grid barrier).
 struct moe_ws_parts {
 	int max_M, top_k, n_experts, hidden, inter, shared_inter, n_sm;
 	float *act, *sh_act;

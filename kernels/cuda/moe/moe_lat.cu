@@ -37,9 +37,10 @@
 #include "kernels/cuda/moe/k_cuda_moe.h"
 #include "kernels/cuda/moe/moe_internal.h"
 #include "kernels/cuda/moe/moe_route.cuh"
-#include "kernels/cuda/moe/moe_router.cuh"
 #include "kernels/cuda/moe/moe_small.cuh"
 #include "kernels/cuda/moe/moe_small_m1.cuh"
+
+#define LAT_ROUTER_U 8		// 16-byte router chunks per lane in flight (GEMV_U's)
 
 namespace {	// kernels and their helpers stay private to this file
 
@@ -93,8 +94,8 @@ __device__ void lat_grid_barrier(unsigned *bar)
 	__syncthreads();
 }
 
-// Phase A: logits[m, e] for the warp's expert rows e, all M rows of x at once
-// (moe_router.cuh: the router GEMV's order of operations).
+// Phase A: logits[m, e] for the warp's expert rows e, all M rows of x at once; the
+// router GEMV's order of operations (see the file comment).
 __device__ void lat_router(const lat_args &a)
 {
 	int E = a.p.n_experts, nc = a.hidden / 8, lane = threadIdx.x % 32;
@@ -102,10 +103,52 @@ __device__ void lat_router(const lat_args &a)
 
 	for (int e = gw; e < E; e += nw) {
 		const uint4 *w = (const uint4 *)(a.router + (size_t)e * a.hidden);
-		uint4 first[ROUTER_U];
+		float acc0[K_CUDA_MOE_LAT_MAX_ROWS], acc1[K_CUDA_MOE_LAT_MAX_ROWS];
 
-		router_load<false>(first, w, 0, nc, lane);
-		router_row(w, first, a.x, a.M, a.hidden, a.logits, E, e);
+#pragma unroll
+		for (int m = 0; m < K_CUDA_MOE_LAT_MAX_ROWS; m++)
+			acc0[m] = acc1[m] = 0.0f;
+		// LAT_ROUTER_U chunks per lane loaded before any is used (the GEMV keeps as
+		// many in flight); the FMAs then go in the GEMV's order.
+		for (int c0 = 0; c0 < nc; c0 += 32 * LAT_ROUTER_U) {
+			uint4 wv[LAT_ROUTER_U];
+
+#pragma unroll
+			for (int u = 0; u < LAT_ROUTER_U; u++) {
+				int c = c0 + 32 * u + lane;
+
+				wv[u] = c < nc ? __ldcs(w + c) : make_uint4(0, 0, 0, 0);
+			}
+#pragma unroll
+			for (int u = 0; u < LAT_ROUTER_U; u++) {
+				int c = c0 + 32 * u + lane;
+
+				if (c >= nc)
+					break;
+#pragma unroll
+				for (int m = 0; m < K_CUDA_MOE_LAT_MAX_ROWS; m++) {
+					const float4 *xp;
+
+					if (m >= a.M)
+						break;
+					xp = (const float4 *)(a.x + (size_t)m * a.hidden) + 2 * c;
+					if ((c >> 5) & 1)
+						fma8(acc1[m], wv[u], xp[0], xp[1]);
+					else
+						fma8(acc0[m], wv[u], xp[0], xp[1]);
+				}
+			}
+		}
+#pragma unroll
+		for (int m = 0; m < K_CUDA_MOE_LAT_MAX_ROWS; m++) {
+			float v;
+
+			if (m >= a.M)
+				break;
+			v = warp_sum(acc0[m] + acc1[m]);
+			if (lane == 0)
+				a.logits[(size_t)m * E + e] = v;
+		}
 	}
 }
 
@@ -115,12 +158,19 @@ __device__ void lat_router(const lat_args &a)
 __device__ void lat_route(const lat_args &a, char *scratch, int32_t *s_ids, float *s_w)
 {
 	int E = a.p.n_experts, K = a.p.top_k, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	int G = a.p.n_group > 0 ? a.p.n_group : 1;
 	uint64_t tab = expf_tab_lane();
 
 	if (warp < a.M) {
-		route_scratch r = route_scratch_at(scratch + (size_t)warp * a.route_stride, E, K,
-						   a.p.n_group);
+		char *base = scratch + (size_t)warp * a.route_stride;
+		route_scratch r;
 
+		r.score = (float *)base;
+		r.choice = r.score + E;
+		r.gs = r.choice + E;
+		r.w = r.gs + G;
+		r.flag = (unsigned char *)(r.w + K);
+		r.keep = r.flag + E;
 		for (int e = lane; e < E; e += 32)
 			r.score[e] = __ldcg(a.logits + (size_t)warp * E + e);
 		__syncwarp();
@@ -195,6 +245,15 @@ lat_route_gate_up_kernel(lat_args a)
 	}
 }
 
+// One warp's routing scratch (lat_route's layout), 16-byte multiple.
+size_t lat_route_stride(int E, int top_k, int n_group)
+{
+	size_t G = n_group > 0 ? (size_t)n_group : 1;
+	size_t b = (2 * (size_t)E + G + (size_t)top_k) * sizeof(float) + (size_t)E + G;
+
+	return (b + 15) / 16 * 16;
+}
+
 }	// namespace
 
 // ---- launcher -----------------------------------------------------------------------
@@ -222,7 +281,7 @@ extern "C" int k_cuda_moe_lat_config(struct k_cuda_moe_lat_cfg *cfg, int M, int 
 			 M, top_k, hidden, inter, sh ? ", shared expert" : "");
 		return 1;
 	}
-	route = route_scratch_bytes(n_experts, top_k, n_group) * (size_t)M;
+	route = lat_route_stride(n_experts, top_k, n_group) * (size_t)M;
 	if (route > K_CUDA_MOE_LAT_SMEM || xrow > K_CUDA_MOE_LAT_SMEM) {
 		snprintf(why, why_len, "%d experts or hidden %d past the shared-memory budget",
 			 n_experts, hidden);
@@ -290,7 +349,7 @@ extern "C" int k_cuda_moe_lat(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y
 	a.router = router;
 	a.p = *p;
 	if (a.p.select == K_MOE_GREEDY)
-		a.p.n_group = 0;	// route_scratch_at's layout: no group scratch
+		a.p.n_group = 0;	// lat_route_stride's layout: no group scratch
 	a.expert_w = expert_w;
 	a.x = x;
 	a.logits = logits;
@@ -303,7 +362,7 @@ extern "C" int k_cuda_moe_lat(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y
 	a.hidden = hidden;
 	a.inter = inter;
 	a.rp = cfg.rp;
-	a.route_stride = (int)route_scratch_bytes(n_experts, p->top_k, a.p.n_group);
+	a.route_stride = (int)lat_route_stride(n_experts, p->top_k, a.p.n_group);
 	a.m1 = M == 1 && tun->moe_m1 && moe_small_m1_fits(p->top_k, n_experts, hidden, inter, ss.inter) ?
 	       (tun->moe_m1_bal != 0) : -1;
 	for (int r = 0; pf && r < K_CUDA_MOE_LAT_PREFETCH && budget; r++) {

@@ -184,33 +184,6 @@ struct route_scratch {
 	unsigned char *flag, *keep;
 };
 
-// A warp's route_scratch laid out from base (16-byte aligned): score and choice (E
-// floats each), gs (n_group, at least 1) and w (top_k) floats, then flag (E) and keep
-// (n_group) bytes. route_scratch_bytes: its size rounded up to 16 bytes (the stride of
-// consecutive warps' scratch). n_group: that of a group-limited choice, else 0.
-__host__ __device__ __forceinline__ size_t route_scratch_bytes(int E, int top_k, int n_group)
-{
-	size_t G = n_group > 0 ? (size_t)n_group : 1;
-	size_t b = (2 * (size_t)E + G + (size_t)top_k) * sizeof(float) + (size_t)E + G;
-
-	return (b + 15) / 16 * 16;
-}
-
-__device__ __forceinline__ route_scratch route_scratch_at(char *base, int E, int top_k,
-							  int n_group)
-{
-	int G = n_group > 0 ? n_group : 1;
-	route_scratch r;
-
-	r.score = (float *)base;
-	r.choice = r.score + E;
-	r.gs = r.choice + E;
-	r.w = r.gs + G;
-	r.flag = (unsigned char *)(r.w + top_k);
-	r.keep = r.flag + E;
-	return r;
-}
-
 // route_mask_groups: experts outside the topk_group best groups get the fill value
 // (0 for GROUP_MAX, -inf for GROUP_TOP2) and the MASKED flag.
 __device__ void route_mask_groups(const k_moe_route_params &p, const route_scratch &r)
