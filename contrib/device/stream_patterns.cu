@@ -1,0 +1,330 @@
+// Which weight-streaming pattern of a one-row (M = 1) bf16 dot-product kernel reads HBM
+// at its floor on an H200? The MoE single-row kernels (moe_small_m1.cu) stream their
+// rows at 50-60% of the floor; this sweeps the pattern's knobs on the same arithmetic
+// (16-byte bf16 chunks times fp32 x from shared memory, fp32 sums, a warp's shuffle
+// tree per row) over buffers far larger than L2 or rotated copies of them.
+//   RPW: rows a warp streams together (2: gate and up); UC: 16-byte chunks per lane in
+//   one unit; D: units in flight per warp (a register ring); W: warps per CTA; C: CTAs
+//   per SM (the grid is one wave: n_sm * C CTAs, each a contiguous block of rows).
+//   batch_kernel: a group of RB whole rows loaded per warp before any FMA, in one wave
+//   or one group per warp over as many CTAs as that takes.
+// Prints per shape and pattern: us per call, TB/s, % of 4.25 TB/s; "plain read" is the
+// same bytes read with 8 independent 16-byte loads per thread at full occupancy.
+// Build: nvcc -O3 -arch=sm_90a -std=c++17 -o stream_patterns contrib/device/stream_patterns.cu
+// (a study, not part of the build; results: docs/results/stream-patterns-h200.txt).
+#include <cstdio>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+#include <algorithm>
+#include <cuda_runtime.h>
+
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
+
+__device__ __forceinline__ void fma8(float &acc, uint4 w, float4 a, float4 b)
+{
+	acc = fmaf(__uint_as_float(w.x << 16), a.x, acc);
+	acc = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, acc);
+	acc = fmaf(__uint_as_float(w.y << 16), a.z, acc);
+	acc = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, acc);
+	acc = fmaf(__uint_as_float(w.z << 16), b.x, acc);
+	acc = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, acc);
+	acc = fmaf(__uint_as_float(w.w << 16), b.z, acc);
+	acc = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, acc);
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+template <int RPW, int UC, int D, int W, int C, int LD>
+__global__ void __launch_bounds__(W * 32, C)
+stream_kernel(const uint16_t *w, const float *x, float *y, int R, int nc)
+{
+	extern __shared__ float4 xs[];
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	long long lo = (long long)R * blockIdx.x / gridDim.x, hi = (long long)R * (blockIdx.x + 1) / gridDim.x;
+	int groups = (int)((hi - lo + RPW - 1) / RPW);			// row groups of the CTA
+	int ulen = 32 * UC, nu = (nc + ulen - 1) / ulen;		// units per row
+	int my = warp < groups ? (groups - warp + W - 1) / W : 0;	// the warp's row groups
+	int K = my * nu;
+	uint4 buf[D][RPW][UC];
+	float acc[RPW];
+
+	auto rowp = [&](int g, int r) {
+		long long row = lo + (long long)(warp + W * g) * RPW + r;
+		return row < hi ? (const uint4 *)(w + row * (long long)nc * 8) : (const uint4 *)nullptr;
+	};
+	auto load = [&](int k, uint4 (&b)[RPW][UC]) {
+		int g = k / nu, cb = k % nu * ulen;
+#pragma unroll
+		for (int r = 0; r < RPW; r++) {
+			const uint4 *p = rowp(g, r);
+#pragma unroll
+			for (int u = 0; u < UC; u++) {
+				int c = cb + 32 * u + lane;
+				if (LD == 0)
+					b[r][u] = p && c < nc ? __ldcs(p + c) : make_uint4(0, 0, 0, 0);
+				else
+					b[r][u] = p && c < nc ? __ldg(p + c) : make_uint4(0, 0, 0, 0);
+			}
+		}
+	};
+#pragma unroll
+	for (int d = 0; d < D; d++)
+		if (d < K)
+			load(d, buf[d]);
+	for (int q = threadIdx.x; q < nc * 2; q += W * 32)
+		xs[q] = ((const float4 *)x)[q];
+	__syncthreads();
+#pragma unroll
+	for (int r = 0; r < RPW; r++)
+		acc[r] = 0.f;
+	for (int k0 = 0; k0 < K; k0 += D) {
+#pragma unroll
+		for (int d = 0; d < D; d++) {
+			int k = k0 + d;
+			if (k >= K)
+				break;
+			int cb = k % nu * ulen;
+#pragma unroll
+			for (int u = 0; u < UC; u++) {
+				int c = cb + 32 * u + lane;
+				if (c < nc) {
+					float4 a = xs[2 * c], b = xs[2 * c + 1];
+#pragma unroll
+					for (int r = 0; r < RPW; r++)
+						fma8(acc[r], buf[d][r][u], a, b);
+				}
+			}
+			if (k + D < K)
+				load(k + D, buf[d]);
+			if (k % nu == nu - 1) {
+				int g = k / nu;
+#pragma unroll
+				for (int r = 0; r < RPW; r++) {
+					float s = warp_sum(acc[r]);
+					long long row = lo + (long long)(warp + W * g) * RPW + r;
+					if (lane == 0 && row < hi)
+						y[row] = s;
+					acc[r] = 0.f;
+				}
+			}
+		}
+	}
+}
+
+
+// All of a group's loads first: each warp takes groups of RB rows, loads every chunk of
+// them (CPL 16-byte chunks per lane and row: the whole row) before any FMA. ONE_WAVE:
+// n_sm * C CTAs walk the groups; else one group per warp, as many CTAs as that takes.
+template <int RB, int CPL, int W, int C, bool ONE_WAVE>
+__global__ void __launch_bounds__(W * 32, C)
+batch_kernel(const uint16_t *w, const float *x, float *y, int R, int nc)
+{
+	extern __shared__ float4 xs[];
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	int groups = (R + RB - 1) / RB;
+	int g0 = ONE_WAVE ? blockIdx.x * W + warp : blockIdx.x * W + warp;
+	int gs = ONE_WAVE ? gridDim.x * W : groups;
+	uint4 b[RB][CPL];
+
+	for (int q = threadIdx.x; q < nc * 2; q += W * 32)
+		xs[q] = ((const float4 *)x)[q];
+	__syncthreads();
+	for (int g = g0; g < groups; g += gs) {
+#pragma unroll
+		for (int r = 0; r < RB; r++) {
+			long long row = (long long)g * RB + r;
+			const uint4 *p = (const uint4 *)(w + row * (long long)nc * 8);
+#pragma unroll
+			for (int u = 0; u < CPL; u++) {
+				int c = 32 * u + lane;
+				b[r][u] = row < R && c < nc ? __ldcs(p + c) : make_uint4(0, 0, 0, 0);
+			}
+		}
+#pragma unroll
+		for (int r = 0; r < RB; r++) {
+			float acc = 0.f;
+#pragma unroll
+			for (int u = 0; u < CPL; u++) {
+				int c = 32 * u + lane;
+				if (c < nc)
+					fma8(acc, b[r][u], xs[2 * c], xs[2 * c + 1]);
+			}
+			acc = warp_sum(acc);
+			long long row = (long long)g * RB + r;
+			if (lane == 0 && row < R)
+				y[row] = acc;
+		}
+	}
+}
+
+
+// Plain read: every thread 8 independent 16-byte loads in flight, grid-stride.
+__global__ void __launch_bounds__(256) read_kernel(const uint4 *p, size_t n, unsigned *sink)
+{
+	size_t i = (size_t)blockIdx.x * 256 + threadIdx.x, st = (size_t)gridDim.x * 256;
+	unsigned a = 0;
+	for (; i + 7 * st < n; i += 8 * st) {
+		uint4 v[8];
+#pragma unroll
+		for (int u = 0; u < 8; u++)
+			v[u] = __ldcs(p + i + u * st);
+#pragma unroll
+		for (int u = 0; u < 8; u++)
+			a ^= v[u].x ^ v[u].w;
+	}
+	if (a == 0x12345678u)
+		*sink = a;
+}
+
+struct shape { const char *name; int row_bytes; int rows; };
+static int n_sm;
+
+template <int RPW, int UC, int D, int W, int C, int LD>
+static void run(const char *tag, const shape &s, std::vector<uint16_t *> &bufs, const float *x, float *y)
+{
+	auto k = stream_kernel<RPW, UC, D, W, C, LD>;
+	int nc = s.row_bytes / 16;
+	size_t smem = (size_t)nc * 32;
+	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+	int occ = 0;
+	CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, W * 32, smem));
+	cudaFuncAttributes fa;
+	CK(cudaFuncGetAttributes(&fa, k));
+	int grid = n_sm * C;
+	cudaEvent_t a, b;
+	CK(cudaEventCreate(&a));
+	CK(cudaEventCreate(&b));
+	std::vector<float> t;
+	for (int it = 0; it < 24; it++) {
+		const uint16_t *w = bufs[it % bufs.size()];
+		CK(cudaEventRecord(a));
+		k<<<grid, W * 32, smem>>>(w, x, y, s.rows, nc);
+		CK(cudaEventRecord(b));
+		CK(cudaEventSynchronize(b));
+		float ms;
+		CK(cudaEventElapsedTime(&ms, a, b));
+		if (it >= 4)
+			t.push_back(ms * 1000.f);
+	}
+	CK(cudaGetLastError());
+	std::sort(t.begin(), t.end());
+	double us = t[t.size() / 2], bytes = (double)s.row_bytes * s.rows;
+	printf("%-14s %-28s regs %3d occ %d  %9.2f us  %5.2f TB/s  %3.0f%%\n", s.name, tag, fa.numRegs, occ, us,
+	       bytes / us / 1e6, 100.0 * bytes / us / 1e6 / 4.25);
+}
+
+
+template <int RB, int CPL, int W, int C, bool ONE_WAVE>
+static void runb(const char *tag, const shape &s, std::vector<uint16_t *> &bufs, const float *x, float *y)
+{
+	auto k = batch_kernel<RB, CPL, W, C, ONE_WAVE>;
+	int nc = s.row_bytes / 16;
+	size_t smem = (size_t)nc * 32;
+	if (nc > 32 * CPL)
+		return;
+	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+	int occ = 0;
+	CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, W * 32, smem));
+	cudaFuncAttributes fa;
+	CK(cudaFuncGetAttributes(&fa, k));
+	int groups = (s.rows + RB - 1) / RB;
+	int grid = ONE_WAVE ? n_sm * C : (groups + W - 1) / W;
+	cudaEvent_t a, b;
+	CK(cudaEventCreate(&a));
+	CK(cudaEventCreate(&b));
+	std::vector<float> t;
+	for (int it = 0; it < 24; it++) {
+		const uint16_t *w = bufs[it % bufs.size()];
+		CK(cudaEventRecord(a));
+		k<<<grid, W * 32, smem>>>(w, x, y, s.rows, nc);
+		CK(cudaEventRecord(b));
+		CK(cudaEventSynchronize(b));
+		float ms;
+		CK(cudaEventElapsedTime(&ms, a, b));
+		if (it >= 4)
+			t.push_back(ms * 1000.f);
+	}
+	CK(cudaGetLastError());
+	std::sort(t.begin(), t.end());
+	double us = t[t.size() / 2], bytes = (double)s.row_bytes * s.rows;
+	printf("%-14s %-28s regs %3d occ %d  %9.2f us  %5.2f TB/s  %3.0f%%  grid %d\n", s.name, tag, fa.numRegs, occ, us,
+	       bytes / us / 1e6, 100.0 * bytes / us / 1e6 / 4.25, grid);
+}
+
+int main()
+{
+	cudaDeviceProp pr;
+	CK(cudaGetDeviceProperties(&pr, 0));
+	n_sm = pr.multiProcessorCount;
+	shape shapes[] = {
+		{ "kimi-gate/up", 14336, 36864 },	// 9 experts x 4096 rows of 7168 bf16: 528 MB
+		{ "qwen3-gate/up", 4096, 12288 },	// 8 experts x 1536 rows of 2048: 50 MB
+		{ "qwen3-down", 1536, 16384 },		// 8 x 2048 rows of 768: 25 MB
+		{ "kimi-down", 4096, 64512 },		// 9 x 7168 rows of 2048: 264 MB
+	};
+	float *x, *y;
+	unsigned *sink;
+	CK(cudaMalloc(&x, 64 * 1024));
+	CK(cudaMalloc(&y, 64512 * sizeof(float)));
+	CK(cudaMalloc(&sink, 4));
+	{ std::vector<float> hx(16384); unsigned v = 7; for (auto &e : hx) { v = v * 1664525u + 1013904223u; e = (float)(v >> 8) / 16777216.f - 0.5f; } CK(cudaMemcpy(x, hx.data(), 64 * 1024, cudaMemcpyHostToDevice)); }
+	printf("# %s, %d SMs; median of 20 calls, each on the next of the rotated copies (>= 400 MB in all)\n", pr.name, n_sm);
+	for (auto &s : shapes) {
+		size_t bytes = (size_t)s.row_bytes * s.rows;
+		int copies = (int)std::max<size_t>(1, (400ull << 20) / bytes + 1);
+		std::vector<uint16_t *> bufs(copies);
+		for (auto &p : bufs) {
+			CK(cudaMalloc(&p, bytes));
+			CK(cudaMemset(p, 0, bytes));
+		}
+		{	// plain read of the same bytes
+			cudaEvent_t a, b;
+			CK(cudaEventCreate(&a));
+			CK(cudaEventCreate(&b));
+			std::vector<float> t;
+			for (int it = 0; it < 24; it++) {
+				CK(cudaEventRecord(a));
+				read_kernel<<<n_sm * 8, 256>>>((const uint4 *)bufs[it % copies], bytes / 16, sink);
+				CK(cudaEventRecord(b));
+				CK(cudaEventSynchronize(b));
+				float ms;
+				CK(cudaEventElapsedTime(&ms, a, b));
+				if (it >= 4)
+					t.push_back(ms * 1000.f);
+			}
+			std::sort(t.begin(), t.end());
+			double us = t[t.size() / 2];
+			printf("%-14s %-28s                  %9.2f us  %5.2f TB/s  %3.0f%%\n", s.name, "plain read 8x16B/thread", us,
+			       bytes / us / 1e6, 100.0 * bytes / us / 1e6 / 4.25);
+		}
+		run<2, 4, 2, 8, 2, 0>("RPW2 UC4 D2 W8 C2 (m1)", s, bufs, x, y);
+		run<2, 4, 2, 8, 2, 1>("RPW2 UC4 D2 W8 C2 ldg", s, bufs, x, y);
+		run<2, 2, 4, 8, 2, 0>("RPW2 UC2 D4 W8 C2", s, bufs, x, y);
+		run<2, 4, 3, 4, 2, 0>("RPW2 UC4 D3 W4 C2", s, bufs, x, y);
+		run<1, 4, 2, 8, 2, 0>("RPW1 UC4 D2 W8 C2", s, bufs, x, y);
+		run<1, 4, 4, 8, 2, 0>("RPW1 UC4 D4 W8 C2", s, bufs, x, y);
+		run<1, 8, 2, 8, 2, 0>("RPW1 UC8 D2 W8 C2", s, bufs, x, y);
+		run<1, 2, 4, 8, 4, 0>("RPW1 UC2 D4 W8 C4", s, bufs, x, y);
+		run<1, 4, 2, 8, 3, 0>("RPW1 UC4 D2 W8 C3", s, bufs, x, y);
+		run<1, 2, 8, 8, 2, 0>("RPW1 UC2 D8 W8 C2", s, bufs, x, y);
+		run<1, 4, 3, 4, 4, 0>("RPW1 UC4 D3 W4 C4", s, bufs, x, y);
+		run<2, 4, 2, 8, 1, 0>("RPW2 UC4 D2 W8 C1", s, bufs, x, y);
+		runb<8, 3, 8, 2, true>("batch RB8 CPL3 W8 C2 wave", s, bufs, x, y);
+		runb<8, 3, 8, 2, false>("batch RB8 CPL3 W8 C2 many", s, bufs, x, y);
+		runb<4, 3, 8, 3, false>("batch RB4 CPL3 W8 C3 many", s, bufs, x, y);
+		runb<2, 3, 4, 8, false>("batch RB2 CPL3 W4 C8 many", s, bufs, x, y);
+		runb<3, 8, 8, 2, true>("batch RB3 CPL8 W8 C2 wave", s, bufs, x, y);
+		runb<3, 8, 8, 2, false>("batch RB3 CPL8 W8 C2 many", s, bufs, x, y);
+		runb<2, 8, 8, 3, false>("batch RB2 CPL8 W8 C3 many", s, bufs, x, y);
+		runb<1, 8, 4, 8, false>("batch RB1 CPL8 W4 C8 many", s, bufs, x, y);
+		for (auto p : bufs)
+			cudaFree(p);
+	}
+	return 0;
+}
