@@ -96,6 +96,8 @@ static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 		snprintf(err, err_len, "--ep: %s has no routed experts", m->cfg.model_type);
 		return -EINVAL;
 	}
+	if (opts->mla_cp && (ret = forward_tp_cp_check(&m->cfg, ops, opts->tp, err, err_len)))
+		return ret;
 	if (opts->tp <= 1)
 		return 0;
 	if (!ops->host_memory && !ops->tp_comm_create) {
@@ -244,7 +246,7 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 	if (ret)
 		goto err_destroy;
 	if (opts->tp > 1)
-		ret = forward_tp_create(&e->fwd, m, &e->be, ops, opts->tp, opts->ep, &bo,
+		ret = forward_tp_create(&e->fwd, m, &e->be, ops, opts->tp, opts->ep, opts->mla_cp, &bo,
 					e->pool.n_blocks, block_tokens, max_rows, err, err_len);
 	else
 		ret = forward_create(&e->fwd, m, e->be, e->pool.n_blocks, block_tokens, max_rows,
