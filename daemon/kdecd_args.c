@@ -39,7 +39,7 @@ static void usage(FILE *f)
 		"  --tp N                  tensor parallel: N ranks, each holding its shard of every\n"
 		"                          layer (docs/PARALLEL.md); cpu backend: ranks as threads\n"
 		"                          sharing --threads; cuda: 2 or 4 virtual ranks on the\n"
-		"                          one GPU, op by op, without --ep (default 1)\n"
+		"                          one GPU, op by op (default 1)\n"
 		"  --ep                    with --tp N: expert parallel, each rank a share of the\n"
 		"                          routed experts whole (default: a slice of every expert)\n"
 		"  --mla-cp                with --tp N on an MLA model (cpu): the latent KV cache\n"

@@ -71,7 +71,7 @@ static int engine_kv_init(struct engine *e, const struct engine_opts *opts, char
 
 /* What --gpus and --tp N need before anything is built: one GPU at most (the multi-GPU
  * path is not built), shapes that N divides, a backend whose ranks can run as threads
- * (cpu; cuda: N = 2 or 4 virtual ranks on the one GPU, without --ep), no host tier (it
+ * (cpu; cuda: N = 2 or 4 virtual ranks on the one GPU), no host tier (it
  * would move rank 0's cache only). */
 static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 			   const struct engine_opts *opts, char *err, size_t err_len)
@@ -109,12 +109,6 @@ static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 		snprintf(err, err_len, "--tp %d on %s: virtual ranks on one GPU take --tp 2 or 4 (the "
 			 "multi-GPU path is not built yet, issue 25); --backend cpu takes any N that "
 			 "divides the shapes", opts->tp, ops->name);
-		return -ENOTSUP;
-	}
-	if (!ops->host_memory && opts->ep) {
-		snprintf(err, err_len, "--tp %d --ep on %s: expert parallel renumbers the router's "
-			 "choices on the host; not built for GPU memory yet (use --tp %d without --ep, "
-			 "or --backend cpu)", opts->tp, ops->name, opts->tp);
 		return -ENOTSUP;
 	}
 	if ((ret = model_shard_check(&m->cfg, opts->tp, opts->ep, err, err_len)))

@@ -473,6 +473,8 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 	/* tensor parallel: the experts this rank's shard holds (expert parallel: ids
 	 * renumbered into its share) */
 	n_experts = f->tp ? forward_tp_experts(f, f->route_ids, (size_t)R * c->top_k) : c->n_experts;
+	if (n_experts < 0)
+		return n_experts;
 	ret = OP(f, moe_experts, f->mlp, f->h, R, f->route_ids, f->route_w, c->top_k, L,
 		 c->hidden_size, c->moe_intermediate_size, n_experts);
 	if (ret)

@@ -39,6 +39,8 @@ struct fwd_tp {
 					 * host memory, copied to its device) */
 	int ep;				/* expert parallel: rank r holds experts [e0, e0 + ne) */
 	int e0[MODEL_SHARD_MAX_RANKS], ne[MODEL_SHARD_MAX_RANKS];
+	int32_t *ep_ids[MODEL_SHARD_MAX_RANKS];	/* (max_rows, top_k) host copy of the router's
+					 * choices, backends without host memory */
 
 	/* MLA decode context parallel (cp 1): rank r's latent cache holds the slots s
 	 * with s % n == r, at its row s / n (one more row takes the others' latents);
@@ -153,15 +155,24 @@ int forward_tp_embed(struct forward *f, const struct fwd_batch *b)
 int forward_tp_experts(struct forward *f, int32_t *ids, size_t n)
 {
 	struct fwd_tp *g = f->tp;
-	int e0, ne;
+	int32_t *h = ids;
+	int e0, ne, ret;
 
 	if (!g->ep)
 		return f->m->cfg.n_experts;
 	e0 = g->e0[f->tp_rank];
 	ne = g->ne[f->tp_rank];
+	/* backend memory (cuda): through the host, a synchronous copy each way (the
+	 * virtual ranks run eagerly, meeting on the host at every reduction anyway; a
+	 * device renumbering is what graphs per rank will need) */
+	if (!f->be->ops->host_memory &&
+	    (ret = f->be->ops->download(f->be, h = g->ep_ids[f->tp_rank], ids, n * sizeof(int32_t))))
+		return ret;
 	/* another rank's expert: an id the kernel skips (it contributes nothing here) */
 	for (size_t i = 0; i < n; i++)
-		ids[i] = ids[i] >= e0 && ids[i] < e0 + ne ? ids[i] - e0 : -1;
+		h[i] = h[i] >= e0 && h[i] < e0 + ne ? h[i] - e0 : -1;
+	if (h != ids && (ret = f->be->ops->upload(f->be, ids, h, n * sizeof(int32_t))))
+		return ret;
 	return ne;
 }
 
@@ -445,6 +456,7 @@ void forward_tp_free(struct fwd_tp *g)
 	for (int r = 0; r < g->n; r++) {
 		model_destroy(g->shard[r]);
 		free(g->slice[r]);
+		free(g->ep_ids[r]);
 		free(g->cp_slots[r]);
 		free(g->cp_o[r]);
 		free(g->cp_ml[r]);
@@ -480,6 +492,9 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 		model_shard_vocab(m->cfg.vocab_size, r, g->n, &g->v0[r], &vn);
 		if (!g->ops->host_memory &&
 		    !(g->slice[r] = malloc(sizeof(float) * FWD_LOGIT_ROWS * (size_t)vn)))
+			return -ENOMEM;
+		if (!g->ops->host_memory && g->ep &&
+		    !(g->ep_ids[r] = malloc(sizeof(int32_t) * (size_t)max_rows * (size_t)m->cfg.top_k)))
 			return -ENOMEM;
 		model_shard_experts(m->cfg.n_experts, r, g->n, &g->e0[r], &g->ne[r]);
 		if (r == 0 && be0) {

@@ -72,8 +72,9 @@ int forward_tp_reduce_norm(struct forward *f, float *buf, size_t n, float *resid
 			   const struct model_tensor *gamma, float *out);
 
 /* Any rank, before its routed experts run: the expert count its shard holds, and with
- * expert parallel ids (n, the router's choices) renumbered into them (-1: another
- * rank's expert, which the experts op skips). */
+ * expert parallel ids (n, the router's choices, in backend memory) renumbered into them
+ * (-1: another rank's expert, which the experts op skips); -errno where a copy of ids
+ * to or from the backend failed. */
 int forward_tp_experts(struct forward *f, int32_t *ids, size_t n);
 
 /* Any rank: the embedding of b's tokens into f->x, by vocabulary shard and reduction. */
