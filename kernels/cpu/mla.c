@@ -319,17 +319,14 @@ static void mla_attend_part(float *o, float *ml, const float *qa, const struct k
 		for (; t < ctx && n < MLA_CHUNK; t++) {	/* the chunk's tokens of this part */
 			size_t slot = (size_t)blocks[t / kv->block_tokens] * kv->block_tokens +
 				      (size_t)(t % kv->block_tokens);
+			const float *c;
 
 			if ((int)(slot % (size_t)n_parts) != part)
 				continue;
 			off[n] = slot / (size_t)n_parts * (size_t)kv->width;	/* its local row */
-			{
-				const float *c = kv->k + off[n];
-				float dot = k_dot_f32(qa, c, kv_lora) + k_dot_f32(qa + kv_lora, c + kv_lora,
-										 rope_dim);
-
-				sc[n] = dot * scale;
-			}
+			c = kv->k + off[n];
+			sc[n] = (k_dot_f32(qa, c, kv_lora) + k_dot_f32(qa + kv_lora, c + kv_lora, rope_dim)) *
+				scale;
 			cmax = sc[n] > cmax ? sc[n] : cmax;
 			n++;
 		}
