@@ -162,9 +162,11 @@ int forward_tp_experts(struct forward *f, int32_t *ids, size_t n)
 		return f->m->cfg.n_experts;
 	e0 = g->e0[f->tp_rank];
 	ne = g->ne[f->tp_rank];
-	/* backend memory (cuda): through the host, a synchronous copy each way (the
-	 * virtual ranks run eagerly, meeting on the host at every reduction anyway; a
-	 * device renumbering is what graphs per rank will need) */
+	if (f->be->ops->experts_shard) {	/* in backend memory, on its queue (cuda) */
+		OP(f, experts_shard, ids, (int)n, e0, ne);
+		return ne;
+	}
+	/* other backend memory: through the host, a synchronous copy each way */
 	if (!f->be->ops->host_memory &&
 	    (ret = f->be->ops->download(f->be, h = g->ep_ids[f->tp_rank], ids, n * sizeof(int32_t))))
 		return ret;

@@ -506,6 +506,7 @@ const struct backend_ops backend_cuda_ops = {
 	/* tensor-parallel ranks (backend_cuda_tp.c) */
 	.thread_attach = cuda_thread_attach,
 	.embed_shard = cuda_embed_shard,
+	.experts_shard = cuda_experts_shard,
 	.tp_comm_create = cuda_tp_comm_create,
 	.tp_comm_destroy = cuda_tp_comm_destroy,
 	.tp_arrive = cuda_tp_arrive,
