@@ -40,7 +40,8 @@ struct fwd_tp {
 	int ep;				/* expert parallel: rank r holds experts [e0, e0 + ne) */
 	int e0[MODEL_SHARD_MAX_RANKS], ne[MODEL_SHARD_MAX_RANKS];
 	int32_t *ep_ids[MODEL_SHARD_MAX_RANKS];	/* (max_rows, top_k) host copy of the router's
-					 * choices, backends without host memory */
+					 * choices, backends without host memory nor
+					 * experts_shard */
 
 	/* MLA decode context parallel (cp 1): rank r's latent cache holds the slots s
 	 * with s % n == r, at its row s / n (one more row takes the others' latents);
@@ -495,7 +496,7 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 		if (!g->ops->host_memory &&
 		    !(g->slice[r] = malloc(sizeof(float) * FWD_LOGIT_ROWS * (size_t)vn)))
 			return -ENOMEM;
-		if (!g->ops->host_memory && g->ep &&
+		if (!g->ops->host_memory && g->ep && !g->ops->experts_shard &&
 		    !(g->ep_ids[r] = malloc(sizeof(int32_t) * (size_t)max_rows * (size_t)m->cfg.top_k)))
 			return -ENOMEM;
 		model_shard_experts(m->cfg.n_experts, r, g->n, &g->e0[r], &g->ne[r]);
