@@ -39,9 +39,12 @@ static void usage(FILE *f)
 		"  --tp N                  tensor parallel: N ranks, each holding its shard of every\n"
 		"                          layer (docs/PARALLEL.md); cpu backend: ranks as threads\n"
 		"                          sharing --threads; cuda: 2 or 4 virtual ranks on the\n"
-		"                          one GPU, op by op, without --ep (default 1)\n"
+		"                          one GPU, op by op (default 1)\n"
 		"  --ep                    with --tp N: expert parallel, each rank a share of the\n"
 		"                          routed experts whole (default: a slice of every expert)\n"
+		"  --mla-cp                with --tp N on an MLA model (cpu): the latent KV cache\n"
+		"                          split by tokens, 1/N a rank (decode context parallel;\n"
+		"                          default: replicated on every rank)\n"
 		"  --gpus LIST|all         the GPUs to run on (cuda), e.g. 0 or 2; more than one is\n"
 		"                          refused until the multi-GPU path is built (default: GPU 0)\n"
 		"  --max-clients N         connected clients (default %d)\n"
@@ -221,7 +224,7 @@ enum {
 	O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
 	O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_NOWAIT, O_TTL, O_OFFLOAD,
 	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE, O_PACE, O_PENDING, O_HANDSHAKE, O_OPUID, O_OPGID, O_MAXSESS,
-	O_TP, O_GPUS, O_EP, O_WFMT, O_DPATH
+	O_TP, O_GPUS, O_EP, O_MLA_CP, O_WFMT, O_DPATH
 };
 
 static const struct option kdecd_opts[] = {
@@ -232,6 +235,7 @@ static const struct option kdecd_opts[] = {
 	{ "tp", required_argument, NULL, O_TP },
 	{ "gpus", required_argument, NULL, O_GPUS },
 	{ "ep", no_argument, NULL, O_EP },
+	{ "mla-cp", no_argument, NULL, O_MLA_CP },
 	{ "max-clients", required_argument, NULL, O_MAXCL },
 	{ "max-pending", required_argument, NULL, O_PENDING },
 	{ "handshake-timeout", required_argument, NULL, O_HANDSHAKE },
@@ -386,6 +390,7 @@ static int parse_opt(struct kdecd_args *a, int c, const char *arg)
 	case O_NOWAIT: a->srv.sched.no_prefix_wait = 1; break;
 	case O_STATE: a->srv.state_dir = arg; break;
 	case O_EP: a->eng.ep = 1; break;
+	case O_MLA_CP: a->eng.mla_cp = 1; break;
 	case O_GPUS:
 		if (cli_parse_gpus(arg, a->eng.gpus, ENGINE_MAX_GPUS, &a->eng.n_gpus, err, sizeof(err))) {
 			fprintf(stderr, "kdecd: %s\n", err);

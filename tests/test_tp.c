@@ -253,12 +253,17 @@ static void check_argmax_merge(void)
 		cases);
 }
 
-static struct engine *open_engine(struct model *m, int tp, int ep, char *err, size_t err_len,
+static const char *const mode_names[] = { "", " ep", " mla-cp" };
+
+/* mode: 0 the experts sliced, 1 expert parallel (--ep), 2 the MLA latent cache split
+ * by tokens (--mla-cp, decode context parallel). */
+static struct engine *open_engine(struct model *m, int tp, int mode, char *err, size_t err_len,
 				  int *ret)
 {
 	/* two threads in all, shared among the ranks: CI has two cores */
-	struct engine_opts eo = { .backend = "cpu", .threads = 2, .tp = tp, .ep = ep, .kv_tokens = 1024,
-				  .block_tokens = 16, .max_rows = 64 };
+	struct engine_opts eo = { .backend = "cpu", .threads = 2, .tp = tp, .ep = mode == 1,
+				  .mla_cp = mode == 2, .kv_tokens = 1024, .block_tokens = 16,
+				  .max_rows = 64 };
 	struct engine *e = NULL;
 
 	*ret = engine_create(&e, m, &eo, err, err_len);
@@ -266,23 +271,37 @@ static struct engine *open_engine(struct model *m, int tp, int ep, char *err, si
 }
 
 /* tp's refusal: one line that names tp and what it does not divide. */
-static void check_refusal(struct model *m, const char *name, int tp, int ep)
+static void check_refusal(struct model *m, const char *name, int tp, int mode)
 {
 	char err[512] = "", want[32];
 	int ret;
-	struct engine *e = open_engine(m, tp, ep, err, sizeof(err), &ret);
+	struct engine *e = open_engine(m, tp, mode, err, sizeof(err), &ret);
 
 	snprintf(want, sizeof(want), "tp %d ", tp);
 	CHECK(!e && ret == -EINVAL, "%s: tp %d: the shapes do not split, yet engine_create gave %d",
 	      name, tp, ret);
 	CHECK(strstr(err, want) && (strstr(err, "does not divide") || strstr(err, "more than")) &&
 	      !strchr(err, '\n'), "%s: tp %d: refusal '%s'", name, tp, err);
-	fprintf(stderr, "  %-22s tp %d%s refused: %s\n", name, tp, ep ? " ep" : "", err);
+	fprintf(stderr, "  %-22s tp %d%s refused: %s\n", name, tp, mode_names[mode], err);
+	engine_destroy(e);
+}
+
+/* --mla-cp where it cannot run (a model without MLA; one rank): one line. */
+static void check_cp_refused(struct model *m, const char *name, int tp)
+{
+	char err[512] = "";
+	int ret;
+	struct engine *e = open_engine(m, tp, 2, err, sizeof(err), &ret);
+
+	CHECK(!e && ret == -EINVAL && strstr(err, "--mla-cp") && !strchr(err, '\n'),
+	      "%s: tp %d mla-cp gave %d, '%s'", name, tp, ret, err);
+	fprintf(stderr, "  %-22s tp %d mla-cp refused: %s\n", name, tp, err);
 	engine_destroy(e);
 }
 
 /* Every tp of tps[] against tp 1 on model m over the cases, the experts of a MoE model
- * sliced and (ep) whole: within tolerance on every row of every path where the shapes
+ * sliced and (ep) whole, an MLA model's latent cache also split by tokens (mla-cp; its
+ * KV bytes per rank 1/tp of tp 1's, and one row): within tolerance on every row of every path where the shapes
  * split, refused with one line where they do not. The ranks' shards are built from mt:
  * m itself, or the same checkpoint mapped (shards read straight from the files). */
 static void compare_tps(struct model *m, struct model *mt, const char *name, const struct tcase *cs,
@@ -292,6 +311,7 @@ static void compare_tps(struct model *m, struct model *mt, const char *name, con
 	float *want, *got;
 	char err[512] = "";
 	int total = 0, rows, ret;
+	size_t kv1 = 0;
 
 	for (int i = 0; i < nc; i++)
 		total += cs[i].n;
@@ -300,21 +320,33 @@ static void compare_tps(struct model *m, struct model *mt, const char *name, con
 	e = open_engine(m, 1, 0, err, sizeof(err), &ret);
 	CHECK(e != NULL, "%s: tp 1: %s", name, err);
 	rows = e ? run_paths(e, cs, nc, want, name) : -1;
+	kv1 = e ? e->fwd->kv_bytes : 0;
 	engine_destroy(e);
-	for (int k = 0; rows > 0 && k < 2 * (int)(sizeof(tps) / sizeof(tps[0])); k++) {
-		int tp = tps[k / 2], ep = k % 2, bad = 0, n;
+	for (int k = 0; rows > 0 && k < 3 * (int)(sizeof(tps) / sizeof(tps[0])); k++) {
+		int tp = tps[k / 3], mode = k % 3, ep = mode == 1, bad = 0, n;
 		double worst = 0;
 
-		if (ep && m->cfg.n_experts <= 0)
+		if ((ep && m->cfg.n_experts <= 0) || (mode == 2 && !m->cfg.mla))
 			continue;
 		if (model_shard_check(&m->cfg, tp, ep, err, sizeof(err))) {
-			check_refusal(mt, name, tp, ep);
+			check_refusal(mt, name, tp, mode);
 			continue;
 		}
-		e = open_engine(mt, tp, ep, err, sizeof(err), &ret);
-		CHECK(e != NULL, "%s: tp %d%s: %s", name, tp, ep ? " ep" : "", err);
+		e = open_engine(mt, tp, mode, err, sizeof(err), &ret);
+		CHECK(e != NULL, "%s: tp %d%s: %s", name, tp, mode_names[mode], err);
 		if (!e)
 			continue;
+		if (mode == 2) {	/* each rank ceil(T / tp) + 1 of tp 1's T cache rows */
+			const struct model_config *c = &m->cfg;
+			size_t row = (size_t)(c->kv_lora_rank + c->qk_rope_head_dim) * sizeof(float) *
+				     (size_t)c->n_layers, T = kv1 / row;
+			size_t want_kv = (size_t)tp * ((T + (size_t)tp - 1) / (size_t)tp + 1) * row;
+
+			CHECK(e->fwd->kv_bytes == want_kv, "%s: tp %d mla-cp: %zu bytes of KV cache in "
+			      "all, want %zu (tp 1: %zu)", name, tp, e->fwd->kv_bytes, want_kv, kv1);
+			fprintf(stderr, "  %-22s tp %d mla-cp: KV cache %.1f KiB a rank (tp 1: %.1f KiB)\n",
+				name, tp, (double)e->fwd->kv_bytes / tp / 1024, (double)kv1 / 1024);
+		}
 		CHECK(e->fwd->tp != NULL, "%s: tp %d: the engine runs one rank", name, tp);
 		memset(got, 0xff, (size_t)rows * m->cfg.vocab_size * sizeof(float));	/* NaN */
 		n = run_paths(e, cs, nc, got, name);
@@ -327,11 +359,11 @@ static void compare_tps(struct model *m, struct model *mt, const char *name, con
 			worst = rel > worst || rel != rel ? rel : worst;
 		}
 		CHECK(n == rows && bad == 0, "%s: tp %d%s: %d of %d rows beyond %g (worst %.3g)", name,
-		      tp, ep ? " ep" : "", bad, rows, TP_ROW_TOL, worst);
+		      tp, mode_names[mode], bad, rows, TP_ROW_TOL, worst);
 		if (n == rows)
 			check_greedy(e, cs, nc, got, name);
 		fprintf(stderr, "  %-22s tp %d%s: %d rows (prefill, incremental, batched), worst %.2e\n",
-			name, tp, ep ? " ep" : "", n, worst);
+			name, tp, mode_names[mode], n, worst);
 		engine_destroy(e);
 	}
 	free(want);
@@ -407,6 +439,10 @@ static void check_model(const char *top, const char *name)
 		compare_tps(m, mt, name, cs, nc);
 	if (m && !strcmp(name, "golden/qwen3_moe"))
 		check_trace_refused(m, name);
+	if (m && !strcmp(name, "golden/llama3"))
+		check_cp_refused(m, name, 2);
+	if (m && !strcmp(name, "golden/deepseek_v3"))	/* one rank: nothing to split over */
+		check_cp_refused(m, name, 1);
 	for (int i = 0; i < nc; i++)
 		free(cs[i].tokens);
 	model_destroy(mt);
@@ -421,34 +457,42 @@ static const struct {
 	const char *name, *tiny, *set;
 	const char *format;	/* --weight-format of the synthetic weights, or NULL */
 	const char *refused;	/* tp 2 must refuse with this in its line, or NULL */
+	int long_case;		/* a third case of this many tokens (MLA context parallel:
+				 * more than a rank's 256-token softmax chunk at tp 2) */
 } variants[] = {
 	{ "tiny/llama h12 kv6", "llama",
-	  "{\"num_attention_heads\": 12, \"num_key_value_heads\": 6, \"head_dim\": 8, \"intermediate_size\": 168}", NULL, NULL },
+	  "{\"num_attention_heads\": 12, \"num_key_value_heads\": 6, \"head_dim\": 8, \"intermediate_size\": 168}", NULL, NULL, 0 },
 	{ "tiny/qwen3_moe h6 kv1", "qwen3_moe",
-	  "{\"num_attention_heads\": 6, \"num_key_value_heads\": 1, \"moe_intermediate_size\": 24}", NULL, NULL },
+	  "{\"num_attention_heads\": 6, \"num_key_value_heads\": 1, \"moe_intermediate_size\": 24}", NULL, NULL, 0 },
 	{ "tiny/deepseek_v3 h6", "deepseek_v3",
-	  "{\"num_attention_heads\": 6, \"num_key_value_heads\": 6, \"moe_intermediate_size\": 24, \"intermediate_size\": 120}", NULL, NULL },
+	  "{\"num_attention_heads\": 6, \"num_key_value_heads\": 6, \"moe_intermediate_size\": 24, \"intermediate_size\": 120}", NULL, NULL, 0 },
 	/* quantized shards: each rank's slice of the payload and of the scales it uses
 	 * (128x128 blocks cut at block starts or kept whole; int4 groups of 32) */
 	{ "tiny/llama fp8-block", "llama",
 	  "{\"hidden_size\": 256, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 64, \"intermediate_size\": 512}",
-	  "fp8-block", NULL },
+	  "fp8-block", NULL, 0 },
 	{ "tiny/qwen3_moe int4-g32", "qwen3_moe",
 	  "{\"hidden_size\": 128, \"head_dim\": 32, \"moe_intermediate_size\": 128, \"intermediate_size\": 256}",
-	  "int4-g32", NULL },
-	{ "tiny/deepseek_v3 fp8-channel", "deepseek_v3", "{}", "fp8-channel", NULL },
+	  "int4-g32", NULL, 0 },
+	{ "tiny/deepseek_v3 fp8-channel", "deepseek_v3", "{}", "fp8-channel", NULL, 0 },
+	/* MLA at 8 ranks, and a context past the softmax chunks of every rank's part */
+	{ "tiny/deepseek_v3 h8 long", "deepseek_v3",
+	  "{\"num_attention_heads\": 8, \"num_key_value_heads\": 8, \"moe_intermediate_size\": 24, \"intermediate_size\": 120}",
+	  NULL, NULL, 700 },
 	/* 96 query rows a rank: rank 1's [96, 192) straddles two 128-row blocks */
 	{ "tiny/llama fp8-block cut", "llama",
 	  "{\"hidden_size\": 256, \"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"head_dim\": 48, \"intermediate_size\": 512}",
-	  "fp8-block", "rows [96, 192) and columns [0, 256) of a 192x256 weight cut its 128x128 quantization blocks" },
+	  "fp8-block", "rows [96, 192) and columns [0, 256) of a 192x256 weight cut its 128x128 quantization blocks", 0 },
 };
 
 static void check_variant(const char *top, int v)
 {
 	static const int32_t a[] = { 3, 150, 7, 42, 99, 1, 120, 64, 5, 180, 33, 12, 77 };
 	static const int32_t b[] = { 190, 2, 2, 58, 140, 9, 101 };
-	struct tcase cs[2] = { { (int32_t *)a, (int)(sizeof(a) / sizeof(a[0])) },
+	struct tcase cs[3] = { { (int32_t *)a, (int)(sizeof(a) / sizeof(a[0])) },
 			       { (int32_t *)b, (int)(sizeof(b) / sizeof(b[0])) } };
+	int32_t *lc = NULL;
+	uint64_t x = 11;
 	struct model_load_opts lo = { .synthetic = 1, .seed = 7 };
 	char path[1200], tmpl[] = "/tmp/kdec_test_tp.XXXXXX", err[512] = "";
 	json_t *cfg, *set;
@@ -482,8 +526,18 @@ static void check_variant(const char *top, int v)
 		fprintf(stderr, "  %-22s tp 2 refused: %s\n", variants[v].name, err);
 		engine_destroy(e);
 	} else if (m) {
-		compare_tps(m, m, variants[v].name, cs, 2);
+		int nc = 2;
+
+		if (variants[v].long_case && (lc = malloc(sizeof(int32_t) * variants[v].long_case))) {
+			for (int i = 0; i < variants[v].long_case; i++) {
+				x = x * 6364136223846793005ull + 1442695040888963407ull;
+				lc[i] = (int32_t)((x >> 33) % (uint64_t)m->cfg.vocab_size);
+			}
+			cs[nc++] = (struct tcase){ lc, variants[v].long_case };
+		}
+		compare_tps(m, m, variants[v].name, cs, nc);
 	}
+	free(lc);
 	model_destroy(m);
 	unlink(path);
 	rmdir(tmpl);

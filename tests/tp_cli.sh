@@ -1,6 +1,6 @@
 #!/bin/sh
 # --tp and --gpus as a user gives them: kdbench logits with tp 2 and 4 (and 4 with
-# expert parallel, --ep) within 1e-5 relative L2 per row of tp 1 (dense, MoE, MLA);
+# expert parallel, --ep; MLA with its latent cache split by tokens, --mla-cp) within 1e-5 relative L2 per row of tp 1 (dense, MoE, MLA);
 # kdbench generate and a real kdecd --tp 2 over the socket give tp 1's greedy tokens (one client, then four at once;
 # greedy with tp: drawn by vocabulary slices), kdecd reading its shards straight from the mapped files;
 # a quantized (fp8-block) checkpoint at tp 2 within 1e-5 of tp 1; kdbench decode runs at tp 2;
@@ -17,8 +17,9 @@ for model in llama3 qwen3_moe deepseek_v3; do
 	for mode in "" --incremental; do
 		"$B/kdbench" logits --model "$G/$model" --tokens $IDS --threads 2 $mode \
 			--out "$tmp/t1.f32" 2>"$tmp/err" || fail "$model tp 1 $mode: $(tail -n 1 "$tmp/err")"
-		for tp in 2 4 "4 --ep"; do
+		for tp in 2 4 "4 --ep" "2 --mla-cp" "4 --mla-cp"; do
 			[ "$model" = llama3 ] && [ "$tp" = "4 --ep" ] && continue	# no experts
+			case "$tp" in *--mla-cp) [ "$model" = deepseek_v3 ] || continue ;; esac
 			"$B/kdbench" logits --model "$G/$model" --tokens $IDS --threads 2 --tp $tp $mode \
 				--out "$tmp/tn.f32" 2>"$tmp/err" ||
 				fail "$model tp $tp $mode: $(tail -n 1 "$tmp/err")"
@@ -109,6 +110,17 @@ expect 1 "with --tp 2: not built" "$B/kdbench" logits --model "$G/qwen3_moe" --t
 expect 1 "needs --tp N of 2 or more" "$B/kdbench" logits --model "$G/qwen3_moe" --tokens 1 --ep
 expect 1 "has no routed experts" "$B/kdecd" --backend cpu --model "$M" --check --tp 2 --ep
 expect 1 "runs on no GPU" "$B/kdecd" --backend cpu --model "$M" --check --gpus 0
+expect 1 "has no latent (MLA) attention" "$B/kdecd" --backend cpu --model "$M" --check --tp 2 --mla-cp
+expect 1 "needs --tp N of 2 or more" "$B/kdbench" logits --model "$G/deepseek_v3" --tokens 1 --mla-cp
+# MLA context parallel: greedy tokens of tp 1, and each rank's latent cache a half
+"$B/kdbench" generate --model "$G/deepseek_v3" --prompt 1,2,3 --max-tokens 12 --threads 2 >"$tmp/m1" \
+	2>"$tmp/err" || fail "generate deepseek_v3 tp 1: $(tail -n 1 "$tmp/err")"
+"$B/kdbench" generate --model "$G/deepseek_v3" --prompt 1,2,3 --max-tokens 12 --threads 2 --tp 2 \
+	--mla-cp >"$tmp/m2" 2>"$tmp/err" || fail "generate deepseek_v3 tp 2 --mla-cp: $(tail -n 1 "$tmp/err")"
+[ -s "$tmp/m1" ] && cmp -s "$tmp/m1" "$tmp/m2" && ok ||
+	fail "generate tp 2 --mla-cp: '$(cat "$tmp/m2")' vs tp 1 '$(cat "$tmp/m1")'"
+grep -q "tp 2 (MLA context parallel: latent cache split by tokens): rank 1 holds" "$tmp/err" && ok ||
+	fail "kdbench --tp 2 --mla-cp logs no rank with its split cache: $(grep 'rank 1' "$tmp/err")"
 # a quantized checkpoint shards too (its payloads and the scale blocks each slice uses)
 Q=$top_srcdir/tests/data/quant/deepseek_v3_fp8_block
 if "$B/kdbench" logits --model "$Q" --tokens 1,2,3 --threads 2 --out "$tmp/q1.f32" 2>"$tmp/err" &&
@@ -126,6 +138,8 @@ if "$B/kdbench" logits --backend cuda --model "$M" --tokens 1 --out "$tmp/x" >/d
 		--tokens 1 --tp 8
 	expect 1 "multi-GPU cuda path is not built yet" "$B/kdbench" logits --backend cuda --model "$M" \
 		--tokens 1 --gpus 0,1
+	expect 1 "split latent cache is built on the cpu backend only" "$B/kdbench" logits \
+		--backend cuda --model "$G/deepseek_v3" --tokens 1 --tp 2 --mla-cp
 else
 	echo "tp_cli: no cuda backend here: its refusals of --tp 8 and --gpus 0,1 are not checked" >&2
 fi

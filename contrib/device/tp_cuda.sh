@@ -1,7 +1,7 @@
 #!/bin/bash
 # cuda --tp N with virtual ranks on one GPU (issue 25): tests/test_cuda_tp.sh, then one
-# small tp 2 run (llama3) and one tp 4 (deepseek_v3: MLA, MoE) of kdbench logits under
-# compute-sanitizer memcheck, then kdbench decode --tp 1 A/B (this build's kdbench vs
+# small tp 2 run (llama3), one tp 4 (deepseek_v3: MLA, MoE) and one tp 2 --ep (qwen3_moe)
+# of kdbench logits under compute-sanitizer memcheck, then kdbench decode --tp 1 A/B (this build's kdbench vs
 # kdbench_main, the same call; AB=0 skips it) and cuda --tp $TPDEC's decode figures
 # (default 2) on Llama-3.1-8B's shapes with synthetic weights. Logs to $OUT. Packed with the build it runs:
 #   PACK_SERVE=1 PACK_TESTS=" " contrib/device/pack.sh build DIR; cp tests/test_cuda_tp.sh
@@ -25,6 +25,10 @@ run san_memcheck_tp4_mla timeout 40 $cs --tool memcheck --error-exitcode 9 "$B/k
 	--model tests/data/golden/deepseek_v3 --backend cuda --tp 4 --incremental --tokens 5,17,300,2 \
 	--out "$O/san4.f32"
 grep -E "ERROR SUMMARY|Invalid|Program hit" "$O/san_memcheck_tp4_mla.log" | head -6
+run san_memcheck_tp2_ep timeout 40 $cs --tool memcheck --error-exitcode 9 "$B/kdbench" logits \
+	--model tests/data/golden/qwen3_moe --backend cuda --tp 2 --ep --incremental --tokens 5,17,300,2 \
+	--out "$O/san_ep.f32"
+grep -E "ERROR SUMMARY|Invalid|Program hit" "$O/san_memcheck_tp2_ep.log" | head -6
 D="decode --model tests/data/configs/llama3.1-8b.json --synthetic-weights --backend cuda --batch 1,8 --ctx 1024 --steps 32 --warmup 8"
 if [ "${AB:-1}" = 1 ] && [ -x "$B/kdbench_main" ]; then
 	run decode_main timeout 40 "$B/kdbench_main" $D

@@ -210,6 +210,9 @@ struct backend_ops {
 	 * vocabulary rows [v0, v0 + table->rows); a row whose id is outside it is zeros. */
 	void (*embed_shard)(struct backend *be, float *out, const int32_t *ids, int n,
 			    const struct model_tensor *table, int v0);
+	/* Expert parallel: ids (n, the router's choices) in place, an expert of the rank's
+	 * share [e0, e0 + ne) renumbered to id - e0, any other to -1 (skipped). */
+	void (*experts_shard)(struct backend *be, int32_t *ids, int n, int e0, int ne);
 	/* The reductions' communicator of n ranks, rank r's ops queued on ranks[r], for up
 	 * to max_rows rows of width floats: 0 or -errno with one line in err. */
 	int (*tp_comm_create)(struct backend *const *ranks, int n, int max_rows, int width,

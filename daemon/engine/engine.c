@@ -71,7 +71,7 @@ static int engine_kv_init(struct engine *e, const struct engine_opts *opts, char
 
 /* What --gpus and --tp N need before anything is built: one GPU at most (the multi-GPU
  * path is not built), shapes that N divides, a backend whose ranks can run as threads
- * (cpu; cuda: N = 2 or 4 virtual ranks on the one GPU, without --ep), no host tier (it
+ * (cpu; cuda: N = 2 or 4 virtual ranks on the one GPU), no host tier (it
  * would move rank 0's cache only). */
 static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 			   const struct engine_opts *opts, char *err, size_t err_len)
@@ -96,6 +96,8 @@ static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 		snprintf(err, err_len, "--ep: %s has no routed experts", m->cfg.model_type);
 		return -EINVAL;
 	}
+	if (opts->mla_cp && (ret = forward_tp_cp_check(&m->cfg, ops, opts->tp, err, err_len)))
+		return ret;
 	if (opts->tp <= 1)
 		return 0;
 	if (!ops->host_memory && !ops->tp_comm_create) {
@@ -107,12 +109,6 @@ static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 		snprintf(err, err_len, "--tp %d on %s: virtual ranks on one GPU take --tp 2 or 4 (the "
 			 "multi-GPU path is not built yet, issue 25); --backend cpu takes any N that "
 			 "divides the shapes", opts->tp, ops->name);
-		return -ENOTSUP;
-	}
-	if (!ops->host_memory && opts->ep) {
-		snprintf(err, err_len, "--tp %d --ep on %s: expert parallel renumbers the router's "
-			 "choices on the host; not built for GPU memory yet (use --tp %d without --ep, "
-			 "or --backend cpu)", opts->tp, ops->name, opts->tp);
 		return -ENOTSUP;
 	}
 	if ((ret = model_shard_check(&m->cfg, opts->tp, opts->ep, err, err_len)))
@@ -244,7 +240,7 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 	if (ret)
 		goto err_destroy;
 	if (opts->tp > 1)
-		ret = forward_tp_create(&e->fwd, m, &e->be, ops, opts->tp, opts->ep, &bo,
+		ret = forward_tp_create(&e->fwd, m, &e->be, ops, opts->tp, opts->ep, opts->mla_cp, &bo,
 					e->pool.n_blocks, block_tokens, max_rows, err, err_len);
 	else
 		ret = forward_create(&e->fwd, m, e->be, e->pool.n_blocks, block_tokens, max_rows,

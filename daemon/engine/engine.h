@@ -36,6 +36,9 @@ struct engine_opts {
 				 * backend only for now; refuses the host tier */
 	int ep;			/* with tp > 1: routed experts whole, a share per rank (expert
 				 * parallel), not sliced across all ranks */
+	int mla_cp;		/* with tp > 1 on an MLA model: the latent cache split by
+				 * tokens across the ranks, 1/N each (decode context
+				 * parallel, --mla-cp), not replicated */
 	int block_tokens;	/* <= 0: ENGINE_DEFAULT_BLOCK_TOKENS */
 	int kv_tokens;		/* cache capacity in tokens; <= 0: ENGINE_DEFAULT_KV_TOKENS */
 	int max_rows;		/* tokens per forward call; <= 0: the backend's prompt_rows,

@@ -371,7 +371,7 @@ static void mla_inputs(struct forward *f, const struct model_layer *L, int l,
 		   c->rms_norm_eps);
 		OP(f, rope, &f->rope, f->q + c->qk_nope_head_dim, R, H, H * qk, qk, b->pos);
 		OP(f, rope, &f->rope, f->kv_a + c->kv_lora_rank, R, 1, width, 0, b->pos);
-		OP(f, kv_write, f->kv[l].k, width, f->kv_a, R, b->slots);
+		OP(f, kv_write, f->kv[l].k, width, f->kv_a, R, p->slots);
 	}
 }
 
@@ -382,6 +382,9 @@ static int mla_attention(struct forward *f, const struct model_layer *L, int l,
 {
 	const struct model_config *c = &f->m->cfg;
 	int R = b->n_rows, H = c->n_heads;
+	/* tensor parallel with the latent cache split by tokens (decode context
+	 * parallel): this rank's cache rows of the step's latents */
+	const int32_t *cp_slots = f->tp ? forward_tp_cp_slots(f) : NULL;
 	struct k_mla_dims d = {
 		.n_heads = H, .nope_dim = c->qk_nope_head_dim, .rope_dim = c->qk_rope_head_dim,
 		.v_dim = c->v_head_dim, .kv_lora = c->kv_lora_rank,
@@ -389,22 +392,25 @@ static int mla_attention(struct forward *f, const struct model_layer *L, int l,
 	struct backend_mla p = {
 		.rows = R, .n_heads = H, .nope_dim = c->qk_nope_head_dim,
 		.rope_dim = c->qk_rope_head_dim, .kv_lora = c->kv_lora_rank,
-		.eps = c->rms_norm_eps, .rope = &f->rope, .pos = b->pos, .slots = b->slots,
-		.kv = &f->kv[l],
+		.eps = c->rms_norm_eps, .rope = &f->rope, .pos = b->pos,
+		.slots = cp_slots ? cp_slots : b->slots, .kv = &f->kv[l],
 	};
 	int ret = 1;
 
 	/* the projections and the attention as one op where the backend fuses them (it
 	 * declines with 1, and the ops below run) */
-	if (f->be->ops->mla_prep_attn)
+	if (f->be->ops->mla_prep_attn && !cp_slots)
 		ret = OP(f, mla_prep_attn, f->attn, f->q, f->h, L, &p, &b->attn, &d, c->attn_scale);
 	if (ret == 1) {
 		if (f->be->ops->mla_prep)	/* q(_a) and kv_a projections: one matrix */
 			OP(f, mla_prep, f->q, f->h, L, &p);
 		else
 			mla_inputs(f, L, l, b, &p);
-		ret = OP(f, attn_mla, f->attn, f->q, &L->wkv_b, &f->kv[l], &b->attn, &d,
-			 c->attn_scale);
+		if (cp_slots)	/* the ranks' partials over their tokens, merged */
+			ret = forward_tp_mla_attn(f, L, l, &b->attn, &d, c->attn_scale);
+		else
+			ret = OP(f, attn_mla, f->attn, f->q, &L->wkv_b, &f->kv[l], &b->attn, &d,
+				 c->attn_scale);
 	}
 	if (ret)
 		return ret;
@@ -467,6 +473,8 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 	/* tensor parallel: the experts this rank's shard holds (expert parallel: ids
 	 * renumbered into its share) */
 	n_experts = f->tp ? forward_tp_experts(f, f->route_ids, (size_t)R * c->top_k) : c->n_experts;
+	if (n_experts < 0)
+		return n_experts;
 	ret = OP(f, moe_experts, f->mlp, f->h, R, f->route_ids, f->route_w, c->top_k, L,
 		 c->hidden_size, c->moe_intermediate_size, n_experts);
 	if (ret)

@@ -20,6 +20,8 @@
 #include "daemon/engine/route_trace.h"
 #include "daemon/engine/tp_comm.h"
 #include "daemon/model/model_shard.h"
+#include "kernels/cpu/k_cpu.h"
+#include "kernels/quant.h"
 
 #define OP(f, name, ...) ((f)->be->ops->name((f)->be, __VA_ARGS__))
 
@@ -37,6 +39,21 @@ struct fwd_tp {
 					 * host memory, copied to its device) */
 	int ep;				/* expert parallel: rank r holds experts [e0, e0 + ne) */
 	int e0[MODEL_SHARD_MAX_RANKS], ne[MODEL_SHARD_MAX_RANKS];
+	int32_t *ep_ids[MODEL_SHARD_MAX_RANKS];	/* (max_rows, top_k) host copy of the router's
+					 * choices, backends without host memory nor
+					 * experts_shard */
+
+	/* MLA decode context parallel (cp 1): rank r's latent cache holds the slots s
+	 * with s % n == r, at its row s / n (one more row takes the others' latents);
+	 * the buffers below are shared by the ranks (threads of one process) */
+	int cp;
+	int cp_heads;			/* the model's query heads (every rank's) */
+	int cp_trash;			/* the cache row a slot of another rank is written to */
+	int32_t *cp_slots[MODEL_SHARD_MAX_RANKS];	/* (max_rows) this step's rows' local rows */
+	float *cp_q;			/* (max_rows, cp_heads, kv_lora + rope) absorbed q, each
+					 * rank writing its heads' */
+	float *cp_o[MODEL_SHARD_MAX_RANKS];	/* (max_rows, cp_heads, kv_lora) rank r's partials */
+	float *cp_ml[MODEL_SHARD_MAX_RANKS];	/* (max_rows, cp_heads, 2) their (max, sum) */
 
 	struct tp_barrier step;		/* start and finish of a step (never broken) */
 	struct tp_comm comm;		/* inside a step: the reductions */
@@ -139,16 +156,125 @@ int forward_tp_embed(struct forward *f, const struct fwd_batch *b)
 int forward_tp_experts(struct forward *f, int32_t *ids, size_t n)
 {
 	struct fwd_tp *g = f->tp;
-	int e0, ne;
+	int32_t *h = ids;
+	int e0, ne, ret;
 
 	if (!g->ep)
 		return f->m->cfg.n_experts;
 	e0 = g->e0[f->tp_rank];
 	ne = g->ne[f->tp_rank];
+	if (f->be->ops->experts_shard) {	/* in backend memory, on its queue (cuda) */
+		OP(f, experts_shard, ids, (int)n, e0, ne);
+		return ne;
+	}
+	/* other backend memory: through the host, a synchronous copy each way */
+	if (!f->be->ops->host_memory &&
+	    (ret = f->be->ops->download(f->be, h = g->ep_ids[f->tp_rank], ids, n * sizeof(int32_t))))
+		return ret;
 	/* another rank's expert: an id the kernel skips (it contributes nothing here) */
 	for (size_t i = 0; i < n; i++)
-		ids[i] = ids[i] >= e0 && ids[i] < e0 + ne ? ids[i] - e0 : -1;
+		h[i] = h[i] >= e0 && h[i] < e0 + ne ? h[i] - e0 : -1;
+	if (h != ids && (ret = f->be->ops->upload(f->be, ids, h, n * sizeof(int32_t))))
+		return ret;
 	return ne;
+}
+
+const int32_t *forward_tp_cp_slots(const struct forward *f)
+{
+	return f->tp && f->tp->cp ? f->tp->cp_slots[f->tp_rank] : NULL;
+}
+
+/* w_kv_b as floats where it is quantized (as backend_cpu's attn_mla does, for this call
+ * only); *tmp the copy to free, or NULL: w's own data. */
+static const void *kv_b_data(const struct model_tensor *w, enum k_dtype *dtype, float **tmp)
+{
+	*tmp = NULL;
+	*dtype = w->dtype;
+	if (w->q.fmt == K_Q_NONE)
+		return w->data;
+	*tmp = malloc(sizeof(float) * (size_t)w->rows * (size_t)w->cols);
+	if (!*tmp)
+		return NULL;
+	for (int64_t r = 0; r < w->rows; r++)
+		k_quant_row_to_f32(*tmp + r * w->cols, w->data, &w->q, w->cols, r, 0, w->cols);
+	*dtype = K_F32;
+	return *tmp;
+}
+
+int forward_tp_mla_attn(struct forward *f, const struct model_layer *L, int l,
+			const struct k_attn_rows *rows, const struct k_mla_dims *d, float scale)
+{
+	struct fwd_tp *g = f->tp;
+	int r = f->tp_rank, H = g->cp_heads, width = d->kv_lora + d->rope_dim;
+	int h0 = r * d->n_heads, ret;
+	enum k_dtype dtype;
+	float *tmp;
+	const void *w = kv_b_data(&L->wkv_b, &dtype, &tmp);
+
+	if (!w)
+		ret = -ENOMEM;
+	else	/* 1. this rank's heads absorbed, into the rows every rank reads */
+		ret = k_cpu_mla_absorb(g->cp_q + (size_t)h0 * width, (size_t)H * width, f->q, w, dtype,
+				       rows->n_rows, d);
+	if (ret)
+		tp_barrier_break(&g->comm.bar);
+	/* 2. every head over this rank's tokens, once every rank's heads are in */
+	if (!ret && !(ret = tp_barrier_wait(&g->comm.bar)) &&
+	    (ret = k_cpu_attn_mla_part(NULL, g->cp_o[r], g->cp_ml[r], g->cp_q, &f->kv[l], rows, H,
+				       d->kv_lora, d->rope_dim, scale, r, g->n)))
+		tp_barrier_break(&g->comm.bar);
+	/* 3. this rank's heads merged over every rank's partials, then expanded. Nothing
+	 * here is written again before every rank has read it: the next writes are the
+	 * next layer's, after this layer's two reductions (barriers) */
+	if (!ret && !(ret = tp_barrier_wait(&g->comm.bar)) &&
+	    (ret = k_cpu_mla_merge_expand(f->attn, (const float *const *)g->cp_o,
+					  (const float *const *)g->cp_ml, g->n, rows->n_rows, H, h0,
+					  w, dtype, d)))
+		tp_barrier_break(&g->comm.bar);
+	free(tmp);
+	return ret;
+}
+
+/* Decode context parallel: rank r's latent cache cut to its slots (docs/PARALLEL.md),
+ * ceil(T / n) rows of the T the block tables address plus the row that takes the
+ * other ranks' latents, and the buffers the ranks exchange. */
+static int cp_create(struct fwd_tp *g, const struct model *m, int max_rows, char *err,
+		     size_t err_len)
+{
+	const struct model_config *c = &m->cfg;
+	struct forward *f0 = g->f[0];
+	size_t T = ((size_t)f0->n_blocks + 1) * (size_t)f0->block_tokens;
+	size_t rows = (T + (size_t)g->n - 1) / (size_t)g->n + 1, R = (size_t)max_rows;
+	size_t H = (size_t)c->n_heads, L = (size_t)c->kv_lora_rank;
+
+	g->cp_heads = c->n_heads;
+	g->cp_trash = (int)(rows - 1);
+	g->cp_q = malloc(sizeof(float) * R * H * (L + (size_t)c->qk_rope_head_dim));
+	if (!g->cp_q)
+		goto nomem;
+	for (int r = 0; r < g->n; r++) {
+		struct forward *f = g->f[r];
+		size_t elem = k_dtype_size(f->be->ops->kv_dtype);
+
+		g->cp_slots[r] = malloc(sizeof(int32_t) * R);
+		g->cp_o[r] = malloc(sizeof(float) * R * H * L);
+		g->cp_ml[r] = malloc(sizeof(float) * R * H * 2);
+		if (!g->cp_slots[r] || !g->cp_o[r] || !g->cp_ml[r])
+			goto nomem;
+		for (int l = 0; l < c->n_layers; l++) {
+			struct k_kv_layer *kv = &f->kv[l];
+
+			f->be->ops->free(f->be, kv->k);	/* forward_create's whole cache */
+			kv->k = f->be->ops->alloc(f->be, rows * (size_t)kv->width * elem);
+			if (!kv->k)
+				goto nomem;
+		}
+		f->kv_bytes = rows * (size_t)f->kv[0].width * elem * (size_t)c->n_layers;
+	}
+	return 0;
+nomem:
+	snprintf(err, err_len, "tp %d --mla-cp: out of memory for the split latent cache", g->n);
+	return -ENOMEM;
 }
 
 /* Vocabulary-split greedy: rank r's (value, id) of the best logit of each of its n
@@ -217,6 +343,9 @@ static int rank_step(struct forward *f)
 		ret = forward_stage_step(f, g->b, &db);
 		b = &db;
 	}
+	for (int i = 0; g->cp && i < b->n_rows; i++)	/* where this rank's latents go */
+		g->cp_slots[f->tp_rank][i] = b->slots[i] % g->n == f->tp_rank ? b->slots[i] / g->n
+									  : g->cp_trash;
 	if (!ret)
 		ret = forward_layers(f, b);
 	if (!ret)
@@ -330,7 +459,12 @@ void forward_tp_free(struct fwd_tp *g)
 	for (int r = 0; r < g->n; r++) {
 		model_destroy(g->shard[r]);
 		free(g->slice[r]);
+		free(g->ep_ids[r]);
+		free(g->cp_slots[r]);
+		free(g->cp_o[r]);
+		free(g->cp_ml[r]);
 	}
+	free(g->cp_q);
 	free(g->best_v);
 	free(g->best_i);
 	tp_comm_fini(&g->comm);
@@ -362,6 +496,9 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 		if (!g->ops->host_memory &&
 		    !(g->slice[r] = malloc(sizeof(float) * FWD_LOGIT_ROWS * (size_t)vn)))
 			return -ENOMEM;
+		if (!g->ops->host_memory && g->ep && !g->ops->experts_shard &&
+		    !(g->ep_ids[r] = malloc(sizeof(int32_t) * (size_t)max_rows * (size_t)m->cfg.top_k)))
+			return -ENOMEM;
 		model_shard_experts(m->cfg.n_experts, r, g->n, &g->e0[r], &g->ne[r]);
 		if (r == 0 && be0) {
 			g->be[0] = be0;
@@ -382,16 +519,39 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 	return 0;
 }
 
+int forward_tp_cp_check(const struct model_config *c, const struct backend_ops *ops, int n,
+			char *err, size_t err_len)
+{
+	if (!c->mla) {
+		snprintf(err, err_len, "--mla-cp: %s has no latent (MLA) attention; context parallel "
+			 "splits an MLA latent cache by tokens", c->model_type);
+		return -EINVAL;
+	}
+	if (n < 2) {
+		snprintf(err, err_len, "--mla-cp: context parallel needs --tp N of 2 or more");
+		return -EINVAL;
+	}
+	if (!ops->host_memory) {
+		snprintf(err, err_len, "--tp %d --mla-cp on %s: the split latent cache is built on the "
+			 "cpu backend only (use --tp %d without --mla-cp, or --backend cpu)", n,
+			 ops->name, n);
+		return -ENOTSUP;
+	}
+	return 0;
+}
+
 int forward_tp_create(struct forward **out, const struct model *m, struct backend **be0_io,
-		      const struct backend_ops *ops, int n, int ep, const struct backend_opts *bo,
-		      int n_blocks, int block_tokens, int max_rows, char *err, size_t err_len)
+		      const struct backend_ops *ops, int n, int ep, int cp,
+		      const struct backend_opts *bo, int n_blocks, int block_tokens, int max_rows,
+		      char *err, size_t err_len)
 {
 	struct backend *be0 = *be0_io;
 	struct fwd_tp *g;
 	int ret;
 
 	*out = NULL;
-	if ((ret = model_shard_check(&m->cfg, n, ep, err, err_len)))
+	if ((ret = model_shard_check(&m->cfg, n, ep, err, err_len)) ||
+	    (cp && (ret = forward_tp_cp_check(&m->cfg, ops, n, err, err_len))))
 		return ret;
 	if (n < 2 || (!ops->host_memory && !ops->tp_comm_create) || (!be0 && ops->host_memory) ||
 	    (be0 && be0->ops != ops)) {
@@ -404,6 +564,7 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 		return -ENOMEM;
 	g->n = n;
 	g->ep = ep;
+	g->cp = cp;
 	g->vocab = m->cfg.vocab_size;
 	g->ops = ops;
 	g->max_rows = max_rows;
@@ -417,6 +578,8 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 		ret = -ENOMEM;
 	if (!ret)
 		ret = ranks_create(g, m, be0, bo, n_blocks, block_tokens, max_rows, err, err_len);
+	if (!ret && cp)
+		ret = cp_create(g, m, max_rows, err, err_len);
 	if (!ret && !ops->host_memory)
 		ret = ops->tp_comm_create(g->be, n, max_rows, m->cfg.hidden_size, &g->bcomm,
 					       err, err_len);
@@ -455,8 +618,9 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 		return ret;
 	}
 	for (int r = 0; r < n; r++)	/* what each rank holds: its shard, its cache */
-		log_info("tp %d%s: rank %d holds %.1f MiB of weights and %.1f MiB of KV cache; peak "
-			 "host memory %.1f MiB", n, ep ? " (experts parallel)" : "", r,
+		log_info("tp %d%s%s: rank %d holds %.1f MiB of weights and %.1f MiB of KV cache; peak "
+			 "host memory %.1f MiB", n, ep ? " (experts parallel)" : "",
+			 cp ? " (MLA context parallel: latent cache split by tokens)" : "", r,
 			 (double)g->shard[r]->weight_bytes / (1 << 20), (double)g->f[r]->kv_bytes / (1 << 20),
 			 g->peak_mib[r]);
 	log_info("tp %d: the shards of %.1f MiB of weights %s; peak host memory: the process's "

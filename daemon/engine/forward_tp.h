@@ -13,7 +13,8 @@
 struct fwd_tp;
 
 /* Builds the n ranks (n >= 2) of model m, the routed experts sliced (ep 0) or whole, a
- * share per rank (ep 1, expert parallel): the shards, their backends of ops (rank 0's
+ * share per rank (ep 1, expert parallel), an MLA latent cache replicated (cp 0) or
+ * split by tokens (cp 1, decode context parallel, forward_tp_cp_check): the shards, their backends of ops (rank 0's
  * *be0_io, created by the caller with bo where ops has host memory; where it has not,
  * *be0_io is NULL and rank 0's backend is made here of rank 0's shard, so no device
  * ever holds the whole model, and handed back in *be0_io on success, the caller's to
@@ -21,8 +22,27 @@ struct fwd_tp;
  * and threads. *out is rank 0's forward: forward_run fans each step out,
  * forward_destroy stops everything. 0 or -errno with one line in err. */
 int forward_tp_create(struct forward **out, const struct model *m, struct backend **be0_io,
-		      const struct backend_ops *ops, int n, int ep, const struct backend_opts *bo,
-		      int n_blocks, int block_tokens, int max_rows, char *err, size_t err_len);
+		      const struct backend_ops *ops, int n, int ep, int cp,
+		      const struct backend_opts *bo, int n_blocks, int block_tokens, int max_rows,
+		      char *err, size_t err_len);
+
+/* Whether MLA decode context parallel (cp 1 of forward_tp_create, --mla-cp) can run
+ * model c at n ranks on ops: 0, or -EINVAL / -ENOTSUP with one line in err. */
+int forward_tp_cp_check(const struct model_config *c, const struct backend_ops *ops, int n,
+			char *err, size_t err_len);
+
+/* Any rank inside a step, with decode context parallel: the cache rows (this rank's
+ * local rows, or the row that takes other ranks' latents) of the step's rows, for the
+ * latent's write; NULL without it (the step's slots are every rank's). */
+const int32_t *forward_tp_cp_slots(const struct forward *f);
+
+/* Any rank, with decode context parallel: layer l's MLA attention of this rank's heads
+ * into f->attn (rows, heads, v_dim), from its q (f->q, rope applied) and the latents
+ * every rank holds of the rows' contexts: this rank's heads absorbed and shared, every
+ * head attended over this rank's tokens, its heads' partials merged by log-sum-exp and
+ * expanded. 0, or -errno (-ECANCELED: another rank failed). */
+int forward_tp_mla_attn(struct forward *f, const struct model_layer *L, int l,
+			const struct k_attn_rows *rows, const struct k_mla_dims *d, float scale);
 
 /* Rank 0: runs the step on every rank; logits (n_out, full vocab) as forward_run.
  * With sampling set (forward_sample_set; every row greedy, else -EINVAL) no logits are
@@ -52,8 +72,9 @@ int forward_tp_reduce_norm(struct forward *f, float *buf, size_t n, float *resid
 			   const struct model_tensor *gamma, float *out);
 
 /* Any rank, before its routed experts run: the expert count its shard holds, and with
- * expert parallel ids (n, the router's choices) renumbered into them (-1: another
- * rank's expert, which the experts op skips). */
+ * expert parallel ids (n, the router's choices, in backend memory) renumbered into them
+ * (-1: another rank's expert, which the experts op skips); -errno where a copy of ids
+ * to or from the backend failed. */
 int forward_tp_experts(struct forward *f, int32_t *ids, size_t n);
 
 /* Any rank: the embedding of b's tokens into f->x, by vocabulary shard and reduction. */

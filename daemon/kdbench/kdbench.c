@@ -66,6 +66,8 @@ static void usage(FILE *f)
 		"                        docs/PARALLEL.md) (default 1)\n"
 		"  --ep                  with --tp N: expert parallel (each rank a share of the\n"
 		"                        routed experts whole)\n"
+		"  --mla-cp              with --tp N on an MLA model (cpu): the latent cache split\n"
+		"                        by tokens across the ranks (decode context parallel)\n"
 		"  --gpus LIST|all       the GPUs to run on (cuda); one for now\n"
 		"  --synthetic-weights   deterministic random weights; --model may be a config.json\n"
 		"  --weight-format F     with --synthetic-weights: bf16 (default), fp8-block,\n"
@@ -106,7 +108,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_SEED, O_LAYERS, O_KV, O_BLOCK, O_LOG,
 	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT, O_PREFILL,
-	       O_KV_BF16, O_X_BF16, O_TP, O_GPUS, O_EP, O_WFMT, O_PATH };
+	       O_KV_BF16, O_X_BF16, O_TP, O_GPUS, O_EP, O_MLA_CP, O_WFMT, O_PATH };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "tokens", required_argument, NULL, 't' },
@@ -123,6 +125,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		{ "tp", required_argument, NULL, O_TP },
 		{ "gpus", required_argument, NULL, O_GPUS },
 		{ "ep", no_argument, NULL, O_EP },
+		{ "mla-cp", no_argument, NULL, O_MLA_CP },
 		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
 		{ "weight-format", required_argument, NULL, O_WFMT },
 		{ "seed", required_argument, NULL, O_SEED },
@@ -200,6 +203,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 			a->eng.tp = (int)v;
 			break;
 		case O_EP: a->eng.ep = 1; break;
+		case O_MLA_CP: a->eng.mla_cp = 1; break;
 		case O_GPUS: {
 			char err[256];
 

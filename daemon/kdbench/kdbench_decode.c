@@ -87,6 +87,7 @@ static void decode_usage(FILE *f)
 		"  --tp N                tensor-parallel ranks (cpu: threads; cuda: 2 or 4 virtual\n"
 		"                        ranks on one GPU, op by op, no graphs; default 1)\n"
 		"  --ep                  with --tp N: expert parallel\n"
+		"  --mla-cp              with --tp N: MLA latent cache split by tokens (cpu)\n"
 		"  --gpus LIST|all       the GPUs to run on (cuda); one for now\n"
 		"  --no-graphs           run every step op by op\n"
 		"  --decode-path LIST    auto (default), standard or latency, or several of them\n"
@@ -156,7 +157,7 @@ static int num(const char *opt, const char *s, long min, long max, long *out)
 static int decode_parse(int argc, char **argv, struct decode_args *a)
 {
 	enum { O_BATCH = 256, O_CTX, O_STEPS, O_WARM, O_BACKEND, O_SYNTH, O_LAYERS, O_KV, O_THREADS,
-	       O_NOGRAPH, O_PROFILE, O_HBM, O_OUT, O_SEED, O_LOG, O_TP, O_GPUS, O_EP, O_WFMT,
+	       O_NOGRAPH, O_PROFILE, O_HBM, O_OUT, O_SEED, O_LOG, O_TP, O_GPUS, O_EP, O_MLA_CP, O_WFMT,
 	       O_PATH };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
@@ -174,6 +175,7 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		{ "tp", required_argument, NULL, O_TP },
 		{ "gpus", required_argument, NULL, O_GPUS },
 		{ "ep", no_argument, NULL, O_EP },
+		{ "mla-cp", no_argument, NULL, O_MLA_CP },
 		{ "no-graphs", no_argument, NULL, O_NOGRAPH },
 		{ "decode-path", required_argument, NULL, O_PATH },
 		{ "profile-step", no_argument, NULL, O_PROFILE },
@@ -215,6 +217,7 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		case O_THREADS: if (num("--threads", optarg, 1, 1024, &v)) return -1; a->eng.threads = (int)v; break;
 		case O_TP: if (num("--tp", optarg, 1, 64, &v)) return -1; a->eng.tp = (int)v; break;
 		case O_EP: a->eng.ep = 1; break;
+		case O_MLA_CP: a->eng.mla_cp = 1; break;
 		case O_GPUS: {
 			char err[256];
 

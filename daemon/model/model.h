@@ -80,6 +80,9 @@ struct model {
 	void *shard_buf;		/* owned: a tensor-parallel rank's weights (model_shard.c;
 					 * anonymous pages, munmap) */
 	size_t shard_bytes;		/* its size */
+	int held_experts;		/* an expert-parallel shard: the experts each MoE layer's
+					 * array holds (its share, renumbered from 0); 0: all
+					 * cfg.n_experts */
 	size_t weight_bytes;		/* total bytes of all bound weights (quantized: payload
 					 * + scales) */
 	int n_quantized;		/* weights bound quantized (q.fmt != K_Q_NONE) */

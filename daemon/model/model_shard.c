@@ -438,6 +438,11 @@ int model_shard_create(struct model **out, const struct model *m, int r, int n, 
 	if (!s)
 		return -ENOMEM;
 	shard_config(&s->cfg, &m->cfg, r, n, ep);
+	if (ep && m->cfg.n_experts > 0) {	/* the router still scores all E */
+		int e0;
+
+		model_shard_experts(m->cfg.n_experts, r, n, &e0, &s->held_experts);
+	}
 	s->synthetic = m->synthetic;
 	s->path = strdup(m->path ? m->path : "");
 	s->layers = calloc((size_t)m->cfg.n_layers, sizeof(*s->layers));

@@ -95,6 +95,39 @@ int k_cpu_attn_mla_expanded(float *out, const float *q, const void *w_kv_b,
 			    const struct k_attn_rows *rows, const struct k_mla_dims *d,
 			    float scale);
 
+/* MLA decode context parallel (docs/PARALLEL.md): the latent cache split by tokens
+ * over n_parts ranks, cache slot s held by part s % n_parts at its row s / n_parts.
+ * Each rank absorbs its own heads' q (k_cpu_mla_absorb), the rows of every head are
+ * gathered, each rank attends every head over its tokens (k_cpu_attn_mla_part), and
+ * each rank merges its heads' partials by log-sum-exp and expands them
+ * (k_cpu_mla_merge_expand): k_cpu_attn_mla's result up to the order of the softmax's
+ * sums. */
+
+/* qa row r, head h (at qa + r * qa_row_stride + h * (kv_lora + rope_dim)) =
+ * [W_UK_h^T q_nope ; q_pe] for the d->n_heads heads of w_kv_b (as k_cpu_attn_mla
+ * absorbs them, the same rounding); q (n_rows, n_heads, nope_dim + rope_dim).
+ * 0 or -ENOMEM. */
+int k_cpu_mla_absorb(float *qa, size_t qa_row_stride, const float *q, const void *w_kv_b,
+		     enum k_dtype dtype, int n_rows, const struct k_mla_dims *d);
+
+/* Part `part` of n_parts: for every row and each of n_heads heads of qa (n_rows,
+ * n_heads, kv_lora + rope_dim), the online softmax over the row's ctx tokens whose slot
+ * this part holds, read at local row slot / n_parts of kv->k (kv's block_tokens is
+ * the block tables'): o (n_rows, n_heads, kv_lora) = sum_t exp(s_t - max) c_t, not
+ * normalised, ml (n_rows, n_heads, 2) = (max, sum); a row with none of its tokens
+ * here gets (-inf, 0) and o = 0. 0, -EINVAL or -ENOMEM. */
+int k_cpu_attn_mla_part(struct k_pool *pool, float *o, float *ml, const float *qa,
+			const struct k_kv_layer *kv, const struct k_attn_rows *rows, int n_heads,
+			int kv_lora, int rope_dim, float scale, int part, int n_parts);
+
+/* The exact log-sum-exp combine of the n_parts partials (o[p], ml[p] as
+ * k_cpu_attn_mla_part wrote them over n_heads_all heads) for heads [h0, h0 + d->n_heads),
+ * each expanded by its W_UV rows of w_kv_b (d->n_heads heads' rows, as stored) into
+ * out (n_rows, d->n_heads, v_dim). 0 or -ENOMEM. */
+int k_cpu_mla_merge_expand(float *out, const float *const *o, const float *const *ml, int n_parts,
+			   int n_rows, int n_heads_all, int h0, const void *w_kv_b, enum k_dtype dtype,
+			   const struct k_mla_dims *d);
+
 /* ---- mixture of experts ------------------------------------------------ */
 
 /* Router logits (M, n_experts) -> ids (M, top_k) and weights (M, top_k).

@@ -275,3 +275,167 @@ int k_cpu_attn_mla_expanded(float *out /* (n_rows, n_heads, v_dim) */,
 	free(wh);
 	return 0;
 }
+
+/* ---- decode context parallel (docs/PARALLEL.md "MLA decode context parallel") -- */
+
+int k_cpu_mla_absorb(float *qa, size_t qa_row_stride, const float *q, const void *w_kv_b,
+		      enum k_dtype dtype, int n_rows, const struct k_mla_dims *d)
+{
+	struct mla_job job = { .w = w_kv_b, .dtype = dtype, .d = d };
+	int qk = d->nope_dim + d->rope_dim, width = d->kv_lora + d->rope_dim;
+	struct mla_scratch s;
+	void *mem = mla_scratch_alloc(&s, d->kv_lora);
+
+	if (!mem)
+		return -ENOMEM;
+	for (int r = 0; r < n_rows; r++)
+		for (int h = 0; h < d->n_heads; h++) {
+			const float *qh = q + ((size_t)r * d->n_heads + h) * qk;
+			float *dst = qa + (size_t)r * qa_row_stride + (size_t)h * width;
+
+			mla_absorb_q(&job, &s, h, qh);	/* the rounding k_cpu_attn_mla does */
+			memcpy(dst, s.q_abs, sizeof(float) * (size_t)d->kv_lora);
+			memcpy(dst + d->kv_lora, qh + d->nope_dim, sizeof(float) * (size_t)d->rope_dim);
+		}
+	free(mem);
+	return 0;
+}
+
+/* One (row, head)'s online softmax over the part's tokens (the chunks of mla_attend,
+ * over the tokens this part holds): o (kv_lora) = sum_t exp(s_t - max) c_t, not
+ * normalised, and ml = (max, sum); (-inf, 0) and o = 0 where the part holds none. */
+static void mla_attend_part(float *o, float *ml, const float *qa, const struct k_kv_layer *kv,
+			    const int32_t *blocks, int ctx, int kv_lora, int rope_dim, float scale,
+			    int part, int n_parts, float *sc, size_t *off)
+{
+	float max = -INFINITY, sum = 0.0f;
+	int t = 0;
+
+	memset(o, 0, sizeof(float) * (size_t)kv_lora);
+	while (t < ctx) {
+		float cmax = -INFINITY;
+		int n = 0;
+
+		for (; t < ctx && n < MLA_CHUNK; t++) {	/* the chunk's tokens of this part */
+			size_t slot = (size_t)blocks[t / kv->block_tokens] * kv->block_tokens +
+				      (size_t)(t % kv->block_tokens);
+			const float *c;
+
+			if ((int)(slot % (size_t)n_parts) != part)
+				continue;
+			off[n] = slot / (size_t)n_parts * (size_t)kv->width;	/* its local row */
+			c = kv->k + off[n];
+			sc[n] = (k_dot_f32(qa, c, kv_lora) + k_dot_f32(qa + kv_lora, c + kv_lora, rope_dim)) *
+				scale;
+			cmax = sc[n] > cmax ? sc[n] : cmax;
+			n++;
+		}
+		if (!n)
+			continue;
+		if (cmax > max) {
+			float alpha = sum > 0 ? expf(max - cmax) : 0.0f;
+
+			for (int c = 0; c < kv_lora; c++)
+				o[c] *= alpha;
+			sum *= alpha;
+			max = cmax;
+		}
+		for (int j = 0; j < n; j++) {
+			const float *c = kv->k + off[j];
+			float p = expf(sc[j] - max);
+
+			sum += p;
+			for (int i = 0; i < kv_lora; i++)
+				o[i] += p * c[i];
+		}
+	}
+	ml[0] = max;
+	ml[1] = sum;
+}
+
+struct mla_part_job {
+	float *o, *ml;
+	const float *qa;
+	const struct k_kv_layer *kv;
+	const struct k_attn_rows *rows;
+	int n_heads, kv_lora, rope_dim, part, n_parts;
+	float scale;
+	atomic_int err;
+};
+
+static void mla_part_task(void *arg, int task)
+{
+	struct mla_part_job *j = arg;
+	int r = task / j->n_heads, h = task % j->n_heads;
+	size_t rh = (size_t)r * j->n_heads + h;
+	float *sc = malloc(MLA_CHUNK * (sizeof(float) + sizeof(size_t)));
+
+	if (!sc) {
+		atomic_store(&j->err, -ENOMEM);
+		return;
+	}
+	mla_attend_part(j->o + rh * j->kv_lora, j->ml + rh * 2,
+			j->qa + rh * (size_t)(j->kv_lora + j->rope_dim), j->kv, j->rows->blocks[r],
+			j->rows->ctx[r], j->kv_lora, j->rope_dim, j->scale, j->part, j->n_parts, sc,
+			(size_t *)(sc + MLA_CHUNK));
+	free(sc);
+}
+
+int k_cpu_attn_mla_part(struct k_pool *pool, float *o, float *ml, const float *qa,
+			const struct k_kv_layer *kv, const struct k_attn_rows *rows, int n_heads,
+			int kv_lora, int rope_dim, float scale, int part, int n_parts)
+{
+	struct mla_part_job job = {
+		.o = o, .ml = ml, .qa = qa, .kv = kv, .rows = rows, .n_heads = n_heads,
+		.kv_lora = kv_lora, .rope_dim = rope_dim, .part = part, .n_parts = n_parts,
+		.scale = scale,
+	};
+
+	if (n_parts < 1 || part < 0 || part >= n_parts)
+		return -EINVAL;
+	atomic_init(&job.err, 0);
+	k_pool_run(pool, mla_part_task, &job, rows->n_rows * n_heads);
+	return atomic_load(&job.err);
+}
+
+int k_cpu_mla_merge_expand(float *out, const float *const *o, const float *const *ml, int n_parts,
+			   int n_rows, int n_heads_all, int h0, const void *w_kv_b, enum k_dtype dtype,
+			   const struct k_mla_dims *d)
+{
+	struct mla_job job = { .w = w_kv_b, .dtype = dtype, .d = d };
+	struct mla_scratch s;
+	void *mem = mla_scratch_alloc(&s, d->kv_lora);
+	int L = d->kv_lora;
+
+	if (!mem)
+		return -ENOMEM;
+	for (int r = 0; r < n_rows; r++)
+		for (int h = 0; h < d->n_heads; h++) {
+			size_t rh = (size_t)r * n_heads_all + (size_t)(h0 + h);
+			float max = -INFINITY;
+			double den = 0.0;
+
+			for (int p = 0; p < n_parts; p++)	/* parts holding none: (-inf, 0) */
+				if (ml[p][rh * 2 + 1] > 0 && ml[p][rh * 2] > max)
+					max = ml[p][rh * 2];
+			for (int c = 0; c < L; c++)
+				s.dacc[c] = 0.0;
+			/* the exact log-sum-exp combine: every part rescaled to the common max,
+			 * numerators and denominators summed in part order, divided once */
+			for (int p = 0; p < n_parts; p++) {
+				double w;
+
+				if (!(ml[p][rh * 2 + 1] > 0))
+					continue;
+				w = exp((double)ml[p][rh * 2] - (double)max);
+				den += w * ml[p][rh * 2 + 1];
+				for (int c = 0; c < L; c++)
+					s.dacc[c] += w * o[p][rh * L + c];
+			}
+			for (int c = 0; c < L; c++)
+				s.o_lat[c] = den > 0 ? (float)(s.dacc[c] / den) : 0.0f;
+			mla_expand_out(&job, &s, h, out + ((size_t)r * d->n_heads + h) * d->v_dim);
+		}
+	free(mem);
+	return 0;
+}

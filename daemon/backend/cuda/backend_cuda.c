@@ -212,7 +212,9 @@ static int cuda_reserve(struct backend *be, int max_rows, int max_ctx, char *err
 	if ((ret = k_cuda_linear_create(&b->lin, b->stream, max_M, b->max_K)) ||
 	    (ret = k_cuda_attn_ws_create(&b->attn_ws, max_M, c->n_heads, max_dim, max_ctx)) ||
 	    (c->n_experts > 0 &&
-	     (ret = k_cuda_moe_ws_create(&b->moe_ws, max_M, c->top_k, c->n_experts, c->hidden_size,
+	     (ret = k_cuda_moe_ws_create(&b->moe_ws, max_M, c->top_k,
+					 b->m->held_experts ? b->m->held_experts : c->n_experts,
+					 c->hidden_size,
 					 c->moe_intermediate_size,
 					 c->n_shared_experts > 0 ?
 					 c->moe_intermediate_size * c->n_shared_experts : 0))) ||
@@ -504,6 +506,7 @@ const struct backend_ops backend_cuda_ops = {
 	/* tensor-parallel ranks (backend_cuda_tp.c) */
 	.thread_attach = cuda_thread_attach,
 	.embed_shard = cuda_embed_shard,
+	.experts_shard = cuda_experts_shard,
 	.tp_comm_create = cuda_tp_comm_create,
 	.tp_comm_destroy = cuda_tp_comm_destroy,
 	.tp_arrive = cuda_tp_arrive,

@@ -240,6 +240,7 @@ void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 void cuda_thread_attach(struct backend *be);
 void cuda_embed_shard(struct backend *be, float *out, const int32_t *ids, int n,
 		      const struct model_tensor *table, int v0);
+void cuda_experts_shard(struct backend *be, int32_t *ids, int n, int e0, int ne);
 int cuda_tp_comm_create(struct backend *const *ranks, int n, int max_rows, int width,
 			void **comm, char *err, size_t err_len);
 void cuda_tp_comm_destroy(void *comm);

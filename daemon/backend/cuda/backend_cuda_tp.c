@@ -51,6 +51,14 @@ void cuda_embed_shard(struct backend *be, float *out, const int32_t *ids, int n,
 							 (int)table->rows, (int)table->cols, v0));
 }
 
+void cuda_experts_shard(struct backend *be, int32_t *ids, int n, int e0, int ne)
+{
+	struct backend_cuda *b = cuda_of(be);
+
+	cuda_op_begin(b, CUDA_OP_MOE_ROUTE);	/* timed as the routing it finishes */
+	cuda_op_end(b, CUDA_OP_MOE_ROUTE, k_cuda_experts_shard(b->stream, ids, n, e0, ne));
+}
+
 void cuda_tp_comm_destroy(void *comm)
 {
 	struct cuda_tp_comm *c = comm;

@@ -384,12 +384,14 @@ static void place_tensor(struct upload *u, const struct model_tensor *t)
 }
 
 /* A MoE layer's experts: all gate/up/down matrices, then a device table (n_experts,
- * 3) of their device pointers, mapped under L->experts. */
+ * 3) of their device pointers, mapped under L->experts; an expert-parallel shard's
+ * share alone (held_experts). */
 static void place_experts(struct upload *u, const struct model_layer *L)
 {
 	const struct model_config *c = &u->b->m->cfg;
+	int held = u->b->m->held_experts ? u->b->m->held_experts : c->n_experts;
 	size_t inter = (size_t)c->moe_intermediate_size, hidden = (size_t)c->hidden_size;
-	size_t table_bytes = (size_t)c->n_experts * 3 * sizeof(void *);
+	size_t table_bytes = (size_t)held * 3 * sizeof(void *);
 	void **table = NULL;
 	char *dst;
 
@@ -397,7 +399,7 @@ static void place_experts(struct upload *u, const struct model_layer *L)
 		u->ret = -ENOMEM;
 		return;
 	}
-	for (int e = 0; e < c->n_experts; e++) {
+	for (int e = 0; e < held; e++) {
 		const struct k_expert *x = &L->experts[e];
 		const void *src[3] = { x->gate, x->up, x->down };
 		const struct k_quant *q[3] = { &x->gate_q, &x->up_q, &x->down_q };

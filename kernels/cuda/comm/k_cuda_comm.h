@@ -109,6 +109,11 @@ int k_cuda_ar_ranks_per_device(const struct k_cuda_ar *ar);
 int k_cuda_embed_shard(cudaStream_t s, float *out, const int32_t *ids, int n,
 		       const uint16_t *table, int vn, int dim, int v0);
 
+/* An expert-parallel rank's choices (shard_experts.cu): ids (n) in place, an id in
+ * [e0, e0 + ne) (the experts the rank holds) becomes id - e0, any other -1 (skipped by
+ * the experts kernels). 0 or -EINVAL / -EIO. */
+int k_cuda_experts_shard(cudaStream_t s, int32_t *ids, int n, int e0, int ne);
+
 #ifdef __cplusplus
 }
 #endif
