@@ -374,7 +374,11 @@ int main(void)
 	 * kernels it reports); KD_TEST_CASES=fp8 (a substring): those formats only */
 	const char *part = getenv("KD_TEST_PART"), *only = getenv("KD_TEST_CASES");
 	const int wide_only = part && !strcmp(part, "wide");	/* STREAM at 8 < M <= 64 only */
-	const int mma_only = wide_only || (part && !strcmp(part, "mma"));
+	/* KD_TEST_PART=gemv: the M <= 8 GEMV alone (linear_qgemv.cu) */
+	const int gemv_only = part && !strcmp(part, "gemv");
+	static const int small_kinds[3] = { K_CUDA_LINEAR_Q_STREAM, K_CUDA_LINEAR_Q_MMA,
+					    K_CUDA_LINEAR_Q_GEMV };
+	const int mma_only = wide_only || gemv_only || (part && !strcmp(part, "mma"));
 
 	if (!test_gpu_present("test_cuda_linear_q"))
 		return 77;
@@ -448,9 +452,11 @@ int main(void)
 			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 16, N, K, 0) ==
 				      want16 &&
 			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 8, N, K,
-						     (size_t)N * K) == K_CUDA_LINEAR_Q_STREAM,
+						     (size_t)N * K) == K_CUDA_LINEAR_Q_GEMV &&
+			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 1, N, K,
+						     0) == K_CUDA_LINEAR_Q_GEMV,
 			      "%s N %d K %d (stream split %d at M 16): choose M 64 and 17 tile, M 16 %s, "
-			      "M 8 stream", c->what, N, K, S, k_cuda_linear_q_kind_name(want16));
+			      "M 8 and 1 gemv", c->what, N, K, S, k_cuda_linear_q_kind_name(want16));
 		}
 		/* K past the context's x scratch (MAX_K): neither TILE nor DEQUANT (both round
 		 * x into it), so STREAM at M = 64 */
@@ -464,12 +470,29 @@ int main(void)
 
 			if (race && M != 1 && M != 5 && M != 8)
 				continue;
-			for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA; kind++) {
+			for (int ki = 0; ki < 3; ki++) {
+				const int kind = small_kinds[ki];
+
+				if (gemv_only && kind != K_CUDA_LINEAR_Q_GEMV)
+					continue;
 				run_kind(c, kind, 300, 512, M, acc, f16s);
 				run_kind(c, kind, 1000, 4096, M, !acc, f16s);	/* cluster */
 				run_kind(c, kind, 130, odd_k, M, acc, 0);	/* partial slab */
 			}
 		}
+		/* GEMV alone: K split over 1..8 CTAs (N 64, K 2048: 8 slices of one stage; N 8200,
+		 * K 1024: 129 row tiles, S 1 or 2), a row tile cut at N, the x slice at its
+		 * largest (K 16384 at M 8: 64 KB caps the slice), M 17 in three launches */
+		{
+			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 64, 2048, 3, 1, 0);
+			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 8200, 1024, 8, 0, is_int4);
+			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 70, odd_k, 1, 1, is_int4);
+			if (!race)
+				run_kind(c, K_CUDA_LINEAR_Q_GEMV, 200, 16384, 8, 1, 0);
+			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 300, 1024, 17, 0, is_int4);
+		}
+		if (gemv_only)
+			continue;
 		/* STREAM at 8 < M <= 64: one launch, n8 tiles 2, 4, 8 (partial ones at 9, 33),
 		 * partial row blocks, clusters, partial slabs, x in chunks of k */
 		{
@@ -527,6 +550,29 @@ int main(void)
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 130, odd_k, 33, 0, 0);
 		check_dequant(c, 300, 512);
 		check_dequant(c, 77, 200);
+	}
+	/* GEMV (the kind decode takes at M <= 8) on every projection of the supported models
+	 * (bench_cuda_linear_q's list), fp8 128 x 128 blocks and int4 groups of 32: M 1, and
+	 * M 8 where the matrix is under 20 M values (the host reference's time) */
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && !quick && !wide_only; i++) {
+		static const int model[][2] = {
+			{ 6144, 4096 }, { 4096, 4096 }, { 28672, 4096 }, { 4096, 14336 },
+			{ 5120, 2048 }, { 2048, 4096 }, { 2112, 7168 }, { 24576, 1536 },
+			{ 12288, 1536 }, { 7168, 16384 }, { 7168, 8192 }, { 36864, 7168 },
+			{ 7168, 18432 },
+		};
+		const struct qcase *c = &cases[i];
+
+		if ((strcmp(c->what, "fp8-block") && strcmp(c->what, "int4-g32")) ||
+		    (only && !strstr(c->what, only)))
+			continue;
+		for (size_t j = 0; j < sizeof(model) / sizeof(model[0]); j++) {
+			const int N = model[j][0], K = model[j][1], f16s = c->fmt == K_Q_INT4;
+
+			run_kind(c, K_CUDA_LINEAR_Q_GEMV, N, K, 1, (int)(j & 1), f16s);
+			if ((long)N * K < 20000000L)
+				run_kind(c, K_CUDA_LINEAR_Q_GEMV, N, K, 8, (int)!(j & 1), f16s);
+		}
 	}
 	k_cuda_linear_destroy(lin);
 	cudaFree(wtmp);

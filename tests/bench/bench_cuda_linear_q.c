@@ -1,5 +1,5 @@
 /* Quantized-weight linear benchmark on the GPU: k_cuda_linear_q_run ("us": the
- * streaming GEMV at M <= 8, the tile kernel at 8 < M <= 64, "(choose: stream)" in the
+ * decode GEMV (linear_qgemv.cu) at M <= 8, the tile kernel at 8 < M <= 64, "(choose: stream)" in the
  * plan where k_cuda_linear_q_choose takes the streaming GEMV instead; "alt us" below) on the dense projections of Llama-3.1-8B, Qwen3-30B-A3B and
  * DeepSeek-V3 / Kimi-K2 (q/k/v and gate/up stacked, as the CUDA backend places them),
  * in fp8 with 128 x 128 block scales, fp8 per channel and int4 in groups of 32 (f16
@@ -9,13 +9,14 @@
  * over enough copies of the weight (>= ROTATE_BYTES) that none is still in the 60 MB L2
  * when read again; sample / launches is one call; median of SAMPLES samples. Bytes =
  * payload + scales (as on the device) + x (M, K) fp32 + y (M, N) fp32, each once; floor
- * = bytes / 4.25 TB/s (bench_floor_us). "alt us": the register-load form (MMA) at M <= 8,
+ * = bytes / 4.25 TB/s (bench_floor_us). "alt us": the streaming GEMV (STREAM, clusters) at M <= 8,
  * above it the faster of the two kinds M > 8 took before the tile kernel (the streaming
  * GEMV's wide form, the DEQUANT kind: f16 copy + cuBLAS). "bf16 us": k_cuda_linear on
  * a bf16 weight of the same shape (its own kind), with its floor% (bf16 bytes). "warp"
  * is the CUDA-core GEMV (k_cuda_linear_q) at M = 1, for comparison. M = 1, 2, 4, 8, 16,
- * 32, 64. Usage: bench_cuda_linear_q [--quick] [--only SUBSTRING] (--quick: M = 1, 8,
- * 16 and 64 only; --only: the shapes whose name holds SUBSTRING).
+ * 32, 64. Usage: bench_cuda_linear_q [--quick] [--only SUBSTRING] [--m LIST] (--quick:
+ * M = 1, 8, 16 and 64 only; --only: the shapes whose name holds SUBSTRING; --m: those M,
+ * comma-separated, up to 7).
  * Exits 77 without CUDA or GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -219,6 +220,7 @@ static int bweight_create(struct bweight *bw, int N, int K)
 int main(int argc, char **argv)
 {
 	static const int all_ms[] = { 1, 2, 4, 8, 16, 32, 64 }, quick_ms[] = { 1, 8, 16, 64 };
+	static int user_ms[7];
 	const int *ms = all_ms;
 	int n_ms = 7;
 	double llama_us[N_FMTS][MAX_M + 1] = { { 0 } }, llama_floor[N_FMTS][MAX_M + 1] = { { 0 } };
@@ -233,6 +235,19 @@ int main(int argc, char **argv)
 			n_ms = 4;
 		} else if (!strcmp(argv[a], "--only") && a + 1 < argc) {
 			only = argv[++a];
+		} else if (!strcmp(argv[a], "--m") && a + 1 < argc) {
+			char *e = argv[++a];
+
+			ms = user_ms;
+			for (n_ms = 0; n_ms < 7 && *e;) {
+				long v = strtol(e, &e, 10);
+
+				if (v >= 1 && v <= MAX_M)
+					user_ms[n_ms++] = (int)v;
+				if (*e != ',')
+					break;
+				e++;
+			}
 		}
 	}
 	if (bench_begin("bench_cuda_linear_q"))
@@ -295,7 +310,7 @@ int main(int argc, char **argv)
 			for (int mi = 0; mi < n_ms; mi++) {
 				const int M = ms[mi];
 				const enum k_cuda_linear_q_kind kind =
-					M <= K_CUDA_LINEAR_Q_MMA_MAX_M ? K_CUDA_LINEAR_Q_STREAM : K_CUDA_LINEAR_Q_TILE;
+					M <= K_CUDA_LINEAR_Q_MMA_MAX_M ? K_CUDA_LINEAR_Q_GEMV : K_CUDA_LINEAR_Q_TILE;
 				double bytes = (double)qw.wb + (double)((size_t)((s->N + qw.q.block_rows - 1) /
 						qw.q.block_rows) * (size_t)qw.q.scale_cols *
 						k_dtype_size(qw.q.scale_dtype)) + 4.0 * M * s->K + 4.0 * M * s->N;
@@ -306,11 +321,12 @@ int main(int argc, char **argv)
 				const enum k_cuda_linear_q_kind chosen =
 					k_cuda_linear_q_choose(lin, &qw.q, x, qw.w, M, s->N, s->K, wtmp_elems);
 
-				CHECK(chosen == kind || (M > 8 && chosen == K_CUDA_LINEAR_Q_STREAM),
+				/* STREAM: 9..16 rows where it splits K little; M <= 8 under KDEC_QGEMV=0 */
+				CHECK(chosen == kind || chosen == K_CUDA_LINEAR_Q_STREAM,
 				      "%s %s M %d: chose %s", s->name, fmts[fi].name, M,
 				      k_cuda_linear_q_kind_name(chosen));
 				us = time_us(&qw, kind, y, x, M, s->N, s->K);
-				mma = time_us(&qw, M <= 8 ? K_CUDA_LINEAR_Q_MMA : K_CUDA_LINEAR_Q_DEQUANT, y,
+				mma = time_us(&qw, M <= 8 ? K_CUDA_LINEAR_Q_STREAM : K_CUDA_LINEAR_Q_DEQUANT, y,
 					      x, M, s->N, s->K);
 				if (M > 8) {
 					st = time_us(&qw, K_CUDA_LINEAR_Q_STREAM, y, x, M, s->N, s->K);
@@ -328,7 +344,8 @@ int main(int argc, char **argv)
 				       mma > 0 ? 100.0 * floor_us / mma : 0, bf16_us[M],
 				       bf16_us[M] > 0 ? 100.0 * bf16_floor[M] / bf16_us[M] : 0, warp, plan);
 				if (s->llama_layer) {
-					llama_us[fi][M] += chosen == kind ? us : st;	/* what decode runs */
+					/* what decode runs */
+					llama_us[fi][M] += chosen == kind ? us : M > 8 ? st : mma;
 					llama_floor[fi][M] += floor_us;
 				}
 			}

@@ -80,6 +80,13 @@ enum k_cuda_linear_q_kind {
 	K_CUDA_LINEAR_Q_DEQUANT,
 	/* k_cuda_linear_q: fp32 x on the CUDA cores, one warp per row; any shape */
 	K_CUDA_LINEAR_Q_WARP,
+	/* M <= 8 (k_cuda_linear_q_choose's pick there; more rows in launches of 8): STREAM's
+	 * fragments in CTAs of 4 warps (64 rows), each warp's weights through its own
+	 * cp.async ring 5 stages deep from before the PDL wait, K split over plain CTAs
+	 * whose partials the last one adds in split order (no cluster), the split sized so
+	 * every multiprocessor gets about the same bytes; int4 dequantized with one lop3 a
+	 * pair (linear_qgemv.cu); fp8 scale columns of 128 k or more */
+	K_CUDA_LINEAR_Q_GEMV,
 	K_CUDA_LINEAR_Q_N_KINDS,
 };
 
@@ -95,6 +102,15 @@ int k_cuda_linear_q_mma_supports(const struct k_quant *q, const float *x, const 
  * scale columns a power of two >= 128 wide or the whole row. */
 int k_cuda_linear_q_stream_supports(const struct k_quant *q, const float *x, const void *w,
 				    int M, int N, int K);
+
+/* The same for K_CUDA_LINEAR_Q_GEMV: M <= K_CUDA_LINEAR_Q_MMA_MAX_M (a launch), K % 16 == 0
+ * (fp8) or % 32 (int4), fp8 scale columns a power of two >= 128 wide or the whole row,
+ * int4 groups a power of two >= 32 or the whole row, and a K split whose x slice (M x
+ * KC f16) fits 64 KB of shared memory, with at most 768 row tiles of 64 where K must
+ * split; the same roundings as STREAM (x to f16, int4 values scaled in f16, fp8 partial
+ * sums scaled in fp32). */
+int k_cuda_linear_q_gemv_supports(const struct k_quant *q, const float *x, const void *w,
+				  int M, int N, int K);
 
 /* The same for K_CUDA_LINEAR_Q_TILE: M <= K_CUDA_LINEAR_Q_TILE_MAX_M, K % 16 == 0 (fp8)
  * or % 32 (int4), fp8 scale columns a power of two >= 64 wide or the whole row, int4
@@ -120,7 +136,8 @@ enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *q, const fl
 					       const void *w, int M, int N, int K,
 					       size_t wtmp_elems);
 
-/* k_cuda_linear_q_pick's kind, except TILE at 8 < M <= 64 where it runs (ctx's x
+/* k_cuda_linear_q_pick's kind, except GEMV at M <= 8 where it runs (unless KDEC_QGEMV=0
+ * at the context's create), TILE at 8 < M <= 64 where it runs (ctx's x
  * scratch holds M x K), but for STREAM at M <= K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M
  * where STREAM splits K over at most K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs; else DEQUANT
  * for STREAM at M > 8 where ctx would split K over more than
@@ -150,7 +167,7 @@ int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y, const flo
 int k_cuda_quant_dequant(cudaStream_t stream, uint16_t *dst, enum k_dtype out, const void *w,
 			 const struct k_quant *q, int N, int K);
 
-/* "stream", "mma", "tile", "dequant", "warp". */
+/* "stream", "mma", "tile", "dequant", "warp", "gemv". */
 const char *k_cuda_linear_q_kind_name(enum k_cuda_linear_q_kind kind);
 
 /* A one-line description of how `kind` would launch this shape, for benchmarks. */
