@@ -11,6 +11,10 @@
  *   reference on x rounded to f16 as the kernel rounds it, rel L2 per row <= 1e-4
  *   (fp32 tensor-core sums), and within 2e-3 of the reference on fp32 x (the f16
  *   rounding of x, printed); the same bits on a second run;
+ * - the decode GEMV (K_CUDA_LINEAR_Q_GEMV) at M = 1..8 (and 17: three launches): K split
+ *   over 1..8 plain CTAs, partial row tiles and stages, the x slice near its 64 KB, and on
+ *   every projection shape of the supported models (fp8 blocks, int4 g32; M 1, and 8
+ *   where small), the same tolerances and the same bits on a second run;
  * - the tile kernel (K_CUDA_LINEAR_Q_TILE) at M = 1..65 (65: two launches): n8 tiles 2,
  *   4, 8, K split over up to 8 CTAs and one slice, partial row tiles and stages, the
  *   same tolerances and the same bits on a second run (fixed-order split sums);
@@ -20,7 +24,8 @@
  * KD_TEST_QUICK=1: the sanitizers' size (main says what it leaves out), 2: racecheck's
  * (fewer M and deep slices, every kernel form and tile width still); KD_TEST_PART=mma
  * the tensor-core kernels only, =wide their forms for 8 < M <= 64 only (racecheck
- * reaches those in its time); KD_TEST_CASES=SUBSTRING some formats only.
+ * reaches those in its time), =gemv the M <= 8 GEMV alone, =tile the tile kernel alone;
+ * KD_TEST_CASES=SUBSTRING some formats only.
  * Exits 77 without a GPU. Timing: tests/bench/bench_cuda_linear_q. */
 #include <errno.h>
 #include <math.h>
@@ -376,9 +381,11 @@ int main(void)
 	const int wide_only = part && !strcmp(part, "wide");	/* STREAM at 8 < M <= 64 only */
 	/* KD_TEST_PART=gemv: the M <= 8 GEMV alone (linear_qgemv.cu) */
 	const int gemv_only = part && !strcmp(part, "gemv");
+	/* KD_TEST_PART=tile: the 8 < M <= 64 tile kernel alone (linear_qtile.cu) */
+	const int tile_only = part && !strcmp(part, "tile");
 	static const int small_kinds[3] = { K_CUDA_LINEAR_Q_STREAM, K_CUDA_LINEAR_Q_MMA,
 					    K_CUDA_LINEAR_Q_GEMV };
-	const int mma_only = wide_only || gemv_only || (part && !strcmp(part, "mma"));
+	const int mma_only = wide_only || gemv_only || tile_only || (part && !strcmp(part, "mma"));
 
 	if (!test_gpu_present("test_cuda_linear_q"))
 		return 77;
@@ -465,7 +472,7 @@ int main(void)
 					     MAX_K + 2048, (size_t)4096 * (MAX_K + 2048)) ==
 			      K_CUDA_LINEAR_Q_STREAM,
 		      "%s K %d past the context: choose M 64 stream", c->what, MAX_K + 2048);
-		for (size_t j = 0; j < sizeof(mma_ms) / sizeof(mma_ms[0]) && !wide_only; j++) {
+		for (size_t j = 0; j < sizeof(mma_ms) / sizeof(mma_ms[0]) && !wide_only && !tile_only; j++) {
 			const int M = mma_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
 
 			if (race && M != 1 && M != 5 && M != 8)
@@ -480,10 +487,10 @@ int main(void)
 				run_kind(c, kind, 130, odd_k, M, acc, 0);	/* partial slab */
 			}
 		}
-		/* GEMV alone: K split over 1..8 CTAs (N 64, K 2048: 8 slices of one stage; N 8200,
-		 * K 1024: 129 row tiles, S 1 or 2), a row tile cut at N, the x slice at its
+		/* GEMV alone: K split over 8 CTAs (N 64, K 2048: slices of 1 or 2 stages; N 8200,
+		 * K 1024: 129 row tiles, the last of 8 rows, S 1 or 2), the x slice near its
 		 * largest (K 16384 at M 8: 64 KB caps the slice), M 17 in three launches */
-		{
+		if (!tile_only && !wide_only) {
 			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 64, 2048, 3, 1, 0);
 			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 8200, 1024, 8, 0, is_int4);
 			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 70, odd_k, 1, 1, is_int4);
@@ -495,7 +502,7 @@ int main(void)
 			continue;
 		/* STREAM at 8 < M <= 64: one launch, n8 tiles 2, 4, 8 (partial ones at 9, 33),
 		 * partial row blocks, clusters, partial slabs, x in chunks of k */
-		{
+		if (!tile_only) {
 			static const int wide_ms[] = { 9, 16, 33, 64 };
 
 			for (size_t j = 0; j < sizeof(wide_ms) / sizeof(wide_ms[0]); j++) {
@@ -537,7 +544,8 @@ int main(void)
 			if (!quick)
 				run_kind(c, K_CUDA_LINEAR_Q_TILE, 4352, odd_k, 64, 1, 0);
 		}
-		for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA && !wide_only; kind++) {
+		for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA && !wide_only && !tile_only;
+		     kind++) {
 			run_kind(c, kind, 300, 1024, 17, 1, 0);	/* STREAM one launch, MMA 3 */
 			run_kind(c, kind, quick ? 130 : 520, 14336, 8, 0, 0);	/* many stages a warp */
 			if (!quick)

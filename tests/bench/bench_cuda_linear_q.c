@@ -14,9 +14,10 @@
  * GEMV's wide form, the DEQUANT kind: f16 copy + cuBLAS). "bf16 us": k_cuda_linear on
  * a bf16 weight of the same shape (its own kind), with its floor% (bf16 bytes). "warp"
  * is the CUDA-core GEMV (k_cuda_linear_q) at M = 1, for comparison. M = 1, 2, 4, 8, 16,
- * 32, 64. Usage: bench_cuda_linear_q [--quick] [--only SUBSTRING] [--m LIST] (--quick:
+ * 32, 64. Usage: bench_cuda_linear_q [--quick] [--only SUBSTRING] [--m LIST] [--fmt LIST] [--once] (--quick:
  * M = 1, 8, 16 and 64 only; --only: the shapes whose name holds SUBSTRING; --m: those M,
- * comma-separated, up to 7).
+ * comma-separated, up to 7; --fmt: those formats, comma-separated; --once: each of GEMV
+ * and STREAM once at each shape, format and M, eagerly and untimed, for ncu).
  * Exits 77 without CUDA or GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,6 +100,17 @@ struct bweight {
 };
 
 static const struct bweight *bf16_w;	/* set while timing the bf16 linear */
+
+/* Whether name is one of the comma-separated list's entries. */
+static int bench_listed(const char *list, const char *name)
+{
+	const size_t n = strlen(name);
+
+	for (const char *p = list; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+		if (!strncmp(p, name, n) && (p[n] == ',' || p[n] == 0))
+			return 1;
+	return 0;
+}
 
 static int call(const struct qweight *qw, int kind, int i, float *y, const float *x, int M,
 		int N, int K)
@@ -227,7 +239,8 @@ int main(int argc, char **argv)
 	double llama_bf16[MAX_M + 1] = { 0 }, llama_bf16_floor[MAX_M + 1] = { 0 };
 	float *x, *y, *hx;
 
-	const char *only = NULL;
+	const char *only = NULL, *fmt_only = NULL;
+	int once = 0;
 
 	for (int a = 1; a < argc; a++) {
 		if (!strcmp(argv[a], "--quick")) {
@@ -235,6 +248,10 @@ int main(int argc, char **argv)
 			n_ms = 4;
 		} else if (!strcmp(argv[a], "--only") && a + 1 < argc) {
 			only = argv[++a];
+		} else if (!strcmp(argv[a], "--fmt") && a + 1 < argc) {
+			fmt_only = argv[++a];
+		} else if (!strcmp(argv[a], "--once")) {
+			once = 1;
 		} else if (!strcmp(argv[a], "--m") && a + 1 < argc) {
 			char *e = argv[++a];
 
@@ -282,6 +299,26 @@ int main(int argc, char **argv)
 		if (only && !strstr(s->name, only))
 			continue;
 
+		if (once) {	/* each kind once, eagerly, for a profiler: no bf16, no timing */
+			for (int fi = 0; fi < N_FMTS; fi++) {
+				struct qweight qw;
+
+				if ((fmt_only && !bench_listed(fmt_only, fmts[fi].name)) ||
+				    qweight_create(&qw, &fmts[fi], s->N, s->K))
+					continue;
+				qw.q.scale = qw.s;
+				for (int mi = 0; mi < n_ms; mi++) {
+					CHECK(call(&qw, K_CUDA_LINEAR_Q_GEMV, 0, y, x, ms[mi], s->N, s->K) == 0 &&
+					      call(&qw, K_CUDA_LINEAR_Q_STREAM, 0, y, x, ms[mi], s->N, s->K) == 0,
+					      "%s %s M %d: once", s->name, fmts[fi].name, ms[mi]);
+					CU(cudaStreamSynchronize(stream));
+					printf("%s %s M %d: gemv and stream once\n", s->name, fmts[fi].name, ms[mi]);
+				}
+				cudaFree(qw.w);
+				cudaFree(qw.s);
+			}
+			continue;
+		}
 		/* the bf16 linear at each M first, its weights freed before the quantized */
 		if (bweight_create(&bw, s->N, s->K)) {
 			CHECK(0, "%s: bf16 weights", s->name);
@@ -303,6 +340,8 @@ int main(int argc, char **argv)
 		for (int fi = 0; fi < N_FMTS; fi++) {
 			struct qweight qw;
 
+			if (fmt_only && !bench_listed(fmt_only, fmts[fi].name))
+				continue;
 			if (qweight_create(&qw, &fmts[fi], s->N, s->K)) {
 				CHECK(0, "%s: weights", s->name);
 				continue;

@@ -50,6 +50,7 @@ struct k_cuda_linear {
 	int qt_bps[2][3];
 	int qg_bps;			/* quantized M <= 8 GEMV CTAs per multiprocessor (registers) */
 	int qg_smem_sm;			/* shared memory of a multiprocessor, bytes */
+	int qg_smem_cta;		/* a GEMV CTA's shared memory beyond the dynamic part */
 	int qg_off;			/* KDEC_QGEMV=0: the choice leaves M <= 8 to STREAM */
 	float *st_ws;			/* (LIN_ST_MAX_UNITS, LIN_ST_MAX_M, 128) fp32 partials */
 	unsigned *st_cnt;		/* (LIN_ST_MAX_UNITS) arrivals per tile, 0 between launches */

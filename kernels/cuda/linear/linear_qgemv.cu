@@ -20,12 +20,9 @@
 //   every multiprocessor gets about the same bytes;
 // - each warp keeps QG_AHEAD = 5 stages of 2 KB in flight (10 KB; 4 CTAs: 160 KB a
 //   multiprocessor), issued before the wait on the previous kernel (weights are constant).
-// int4 pairs of values are dequantized with one lop3 each: (w & 0x000f000f) | 0x64006400
-// is the f16 pair 1024 + nibble (nibbles p, p + 4), (w & 0x00f000f0) | 0x64006400 is
-// 1024 + 16 nibble (nibbles p + 1, p + 5); one hsub2 (minus 1032) or hfma2 (times 1/16,
-// minus 72) makes nibble - 8 exactly, and one hmul2 by the group scale in f16 rounds once
-// (the same bits as linear_qmma.cu's qm_i4x2: 9 + 4 operations a word of 8 values,
-// against its 15).
+// int4 pairs of values are dequantized with one lop3 each (quant_dequant.cuh's
+// k_dq_i4x8: 13 operations a word of 8 values where the shift-mask-subtract form
+// before took ~21 in the SASS; the same bits).
 //
 // Fragments and the k order: linear_qmma.cu's header (the streaming form's stage of 128
 // bytes a row, two slabs: fp8 64 k, int4 128 k a slab; lane (g, t) takes 16 bytes of
@@ -44,6 +41,7 @@
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "kernels/cuda/linear/linear_internal.h"
 #include "kernels/cuda/linear/linear_qfrag.cuh"
+#include "kernels/cuda/quant_dequant.cuh"
 #include "kernels/cuda/ptx.cuh"
 
 #define QG_WARPS	4
@@ -139,69 +137,52 @@ static __device__ __forceinline__ void qg_scales(float (&sr)[4], const ST *scale
 }
 
 // x rows [0, M), k [k0, k0 + KC) into shared memory as f16 (row stride KC + 8 halves),
-// zeros past K; int4 octets reordered k 0 4 1 5 2 6 3 7 and placed by qm_xunit.
+// zeros past K; int4 octets reordered k 0 4 1 5 2 6 3 7 and placed by qm_xunit. A
+// thread's octets QG_XU at a time, all loads before any store: at M = 8 and a 3584-k
+// slice a thread has 28 octets, whose dependent L2 round trips one at a time would cost
+// more than the slice's weights.
+#define QG_XU	4
 template <int FMT>
 static __device__ __forceinline__ void qg_stage_x(uint4 *xs, const float *x, int M, int K,
 						  int k0, int KC)
 {
-	const int per_row = KC / 8, xs_row = (KC + 8) / 8;	// 16-byte units
+	const int per_row = KC / 8, xs_row = (KC + 8) / 8, total = M * per_row;	// 16-byte units
 
-	for (int i = threadIdx.x; i < M * per_row; i += QG_THREADS) {
-		const int m = i / per_row, u = i % per_row, k = k0 + 8 * u;
-		float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-		uint4 o;
-
-		if (k < K) {	// K % 16 == 0: the octet is all in or all out
-			const float4 *p = (const float4 *)(x + (size_t)m * K + k);
-
-			a = p[0];
-			b = p[1];
-		}
-		if (FMT == K_Q_INT4) {
-			o.x = qm_pack_h2(a.x, b.x);
-			o.y = qm_pack_h2(a.y, b.y);
-			o.z = qm_pack_h2(a.z, b.z);
-			o.w = qm_pack_h2(a.w, b.w);
-		} else {
-			o.x = qm_pack_h2(a.x, a.y);
-			o.y = qm_pack_h2(a.z, a.w);
-			o.z = qm_pack_h2(b.x, b.y);
-			o.w = qm_pack_h2(b.z, b.w);
-		}
-		xs[m * xs_row + qm_xunit<FMT>(u)] = o;
-	}
-}
-
-static __device__ __forceinline__ uint32_t qg_lop3_or_and(uint32_t w, uint32_t mask, uint32_t bits)
-{
-	uint32_t r;
-
-	// (w & mask) | bits: immLut 0xea = (0xf0 & 0xcc) | 0xaa
-	asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(w), "r"(mask), "r"(bits));
-	return r;
-}
-
-// Word w (k 8q .. 8q+7, nibble p = k 8q + p) as four f16 pairs (nibble - 8) * s: o[p] holds
-// nibbles p (low half) and p + 4, as linear_qmma.cu's qm_i4x2(w, p, s), the same bits.
-static __device__ __forceinline__ void qg_i4x8(uint32_t w, __half2 s, uint32_t (&o)[4])
-{
-	const uint32_t lo = 0x000f000fu, hi = 0x00f000f0u, ex = 0x64006400u;
-	const __half2 b1032 = __half2half2(__ushort_as_half((unsigned short)0x6408u));	// 1032
-	const __half2 r16 = __half2half2(__ushort_as_half((unsigned short)0x2c00u));	// 1/16
-	const __half2 m72 = __half2half2(__ushort_as_half((unsigned short)0xd480u));	// -72
-	const uint32_t w8 = w >> 8;
-	uint32_t v[4] = { qg_lop3_or_and(w, lo, ex), qg_lop3_or_and(w, hi, ex),
-			  qg_lop3_or_and(w8, lo, ex), qg_lop3_or_and(w8, hi, ex) };
+	for (int i0 = threadIdx.x; i0 < total; i0 += QG_XU * QG_THREADS) {
+		float4 a[QG_XU], b[QG_XU];
 
 #pragma unroll
-	for (int p = 0; p < 4; p++) {
-		__half2 h;
+		for (int v = 0; v < QG_XU; v++) {
+			const int i = i0 + v * QG_THREADS, m = i / per_row, k = k0 + 8 * (i % per_row);
 
-		memcpy(&h, &v[p], 4);
-		// 1024 + n - 1032, or (1024 + 16 n) / 16 - 72: n - 8 exactly either way
-		h = p & 1 ? __hfma2(h, r16, m72) : __hsub2(h, b1032);
-		h = __hmul2(h, s);
-		memcpy(&o[p], &h, 4);
+			a[v] = b[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+			if (i < total && k < K) {	// K % 16 == 0: the octet is all in or all out
+				const float4 *p = (const float4 *)(x + (size_t)m * K + k);
+
+				a[v] = p[0];
+				b[v] = p[1];
+			}
+		}
+#pragma unroll
+		for (int v = 0; v < QG_XU; v++) {
+			const int i = i0 + v * QG_THREADS, m = i / per_row, u = i % per_row;
+			uint4 o;
+
+			if (i >= total)
+				break;
+			if (FMT == K_Q_INT4) {
+				o.x = qm_pack_h2(a[v].x, b[v].x);
+				o.y = qm_pack_h2(a[v].y, b[v].y);
+				o.z = qm_pack_h2(a[v].z, b[v].z);
+				o.w = qm_pack_h2(a[v].w, b[v].w);
+			} else {
+				o.x = qm_pack_h2(a[v].x, a[v].y);
+				o.y = qm_pack_h2(a[v].z, a[v].w);
+				o.z = qm_pack_h2(b[v].x, b[v].y);
+				o.w = qm_pack_h2(b[v].z, b[v].w);
+			}
+			xs[m * xs_row + qm_xunit<FMT>(u)] = o;
+		}
 	}
 }
 
@@ -240,8 +221,8 @@ static __device__ __forceinline__ void qg_slab(float (&acc)[4], const uint4 &wa,
 			const uint4 xq = xin ? xp[q ^ sw] : z;
 			uint32_t fa[4], fb[4];
 
-			qg_i4x8(wa_[q], ha, fa);
-			qg_i4x8(wb_[q], hb, fb);
+			k_dq_i4x8(wa_[q], ha, fa);
+			k_dq_i4x8(wb_[q], hb, fb);
 			qm_mma(acc, fa[0], fb[0], fa[1], fb[1], xq.x, xq.y);
 			qm_mma(acc, fa[2], fb[2], fa[3], fb[3], xq.z, xq.w);
 		}
@@ -408,10 +389,11 @@ struct qg_plan {
 // S > 1) is tried: the busiest multiprocessor's CTAs x (stages a slice + fixed cost),
 // at a rate that grows with the warps it holds at once up to QG_FULL_WARPS; a split
 // costs QG_SPLIT_COST stages more; ties go to the smaller split. n_sm, bps_regs,
-// smem_sm: 0 for a plan without a context (does any split fit: supports). -EINVAL
-// where none does.
-static int qg_make_plan(int n_sm, int bps_regs, int smem_sm, int sk, int M, int N, int K,
-			struct qg_plan *p)
+// smem_sm (a multiprocessor's shared memory), smem_cta (a CTA's beyond the dynamic
+// part): 0 for a plan without a context (does any split fit: supports). -EINVAL where
+// none does.
+static int qg_make_plan(int n_sm, int bps_regs, int smem_sm, int smem_cta, int sk, int M,
+			int N, int K, struct qg_plan *p)
 {
 	const int tiles = (N + QG_ROWS - 1) / QG_ROWS, nst = (K + sk - 1) / sk;
 	const long ws_floats = (long)LIN_ST_MAX_UNITS * LIN_ST_MAX_M * 128;
@@ -429,7 +411,7 @@ static int qg_make_plan(int n_sm, int bps_regs, int smem_sm, int sk, int M, int 
 		if (S > 1 && (tiles > LIN_ST_MAX_UNITS || ctas * QG_PART > ws_floats))
 			continue;
 		smem = QG_RING + (int)xb;
-		bps = smem_sm > 0 ? smem_sm / (smem + 1024) : 1;
+		bps = smem_sm > 0 ? smem_sm / (smem + smem_cta) : 1;
 		if (bps_regs > 0 && bps > bps_regs)
 			bps = bps_regs;
 		if (bps < 1)
@@ -450,7 +432,8 @@ static int qg_make_plan(int n_sm, int bps_regs, int smem_sm, int sk, int M, int 
 static int qg_ctx_plan(const struct k_cuda_linear *ctx, const struct k_quant *q, int M, int N,
 		       int K, struct qg_plan *p)
 {
-	return qg_make_plan(ctx->n_sm, ctx->qg_bps, ctx->qg_smem_sm, qg_stage_k(q), M, N, K, p);
+	return qg_make_plan(ctx->n_sm, ctx->qg_bps, ctx->qg_smem_sm, ctx->qg_smem_cta, qg_stage_k(q),
+			    M, N, K, p);
 }
 
 extern "C" int k_cuda_linear_q_gemv_supports(const struct k_quant *q, const float *x,
@@ -464,7 +447,7 @@ extern "C" int k_cuda_linear_q_gemv_supports(const struct k_quant *q, const floa
 	       (q->scale_dtype == K_F32 || q->scale_dtype == K_F16) && !((uintptr_t)x & 15) &&
 	       !((uintptr_t)w & 15) && K % (q->fmt == K_Q_INT4 ? 32 : 16) == 0 &&
 	       qm_bc_shift(q, K, q->fmt == K_Q_INT4 ? 32 : 128) >= 0 &&
-	       !qg_make_plan(0, 0, 0, qg_stage_k(q), M, N, K, &p);
+	       !qg_make_plan(0, 0, 0, 0, qg_stage_k(q), M, N, K, &p);
 }
 
 template <int FMT, typename ST>
@@ -519,6 +502,7 @@ int k_cuda_lin_qgemv_describe(const struct k_cuda_linear *ctx, const struct k_qu
 
 template <int FMT, typename ST> static int qg_setup_one(struct k_cuda_linear *ctx)
 {
+	cudaFuncAttributes fa = {};
 	int bps = 0, ret;
 
 	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qg_kernel<FMT, ST>,
@@ -526,9 +510,17 @@ template <int FMT, typename ST> static int qg_setup_one(struct k_cuda_linear *ct
 	if (!ret)	// registers and threads alone: the plan adds the shared memory
 		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps,
 					qg_kernel<FMT, ST>, QG_THREADS, 0));
-	if (!ret && (ctx->qg_bps == 0 || bps < ctx->qg_bps))
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaFuncGetAttributes(&fa, qg_kernel<FMT, ST>));
+	if (ret)
+		return ret;
+	if (ctx->qg_bps == 0 || bps < ctx->qg_bps)
 		ctx->qg_bps = bps > 0 ? bps : 1;
-	return ret;
+	// a CTA's shared memory beyond the dynamic part: its static part and the 1 KB the
+	// system reserves a CTA (sm_80+)
+	if ((int)fa.sharedSizeBytes + 1024 > ctx->qg_smem_cta)
+		ctx->qg_smem_cta = (int)fa.sharedSizeBytes + 1024;
+	return 0;
 }
 
 int k_cuda_lin_qgemv_setup(struct k_cuda_linear *ctx)
