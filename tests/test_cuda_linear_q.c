@@ -385,6 +385,7 @@ int main(void)
 	const int tile_only = part && !strcmp(part, "tile");
 	static const int small_kinds[3] = { K_CUDA_LINEAR_Q_STREAM, K_CUDA_LINEAR_Q_MMA,
 					    K_CUDA_LINEAR_Q_GEMV };
+	int n_sm = 0;
 	const int mma_only = wide_only || gemv_only || tile_only || (part && !strcmp(part, "mma"));
 
 	if (!test_gpu_present("test_cuda_linear_q"))
@@ -396,6 +397,7 @@ int main(void)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	CU(cudaSetDevice(0));
 	CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	CU(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
 	test_bad_args();
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && !mma_only; i++) {
 		if (only && !strstr(cases[i].what, only))
@@ -437,7 +439,8 @@ int main(void)
 		      "%s: M 64 takes STREAM, M 65 DEQUANT", c->what);
 		/* the context's choice: TILE at 8 < M <= 64 where its x scratch holds x, but
 		 * STREAM up to K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M rows where that splits K over
-		 * at most K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs (the split read off its plan) */
+		 * at most K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs (the split read off its plan); at
+		 * M <= 8 GEMV or STREAM (below) */
 		for (int si = 0; si < 2; si++) {
 			static const int shp[2][2] = { { 4096, 4096 }, { 28672, 4096 } };
 			const int N = shp[si][0], K = shp[si][1];
@@ -457,13 +460,30 @@ int main(void)
 			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 17, N, K, 0) ==
 				      K_CUDA_LINEAR_Q_TILE &&
 			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 16, N, K, 0) ==
-				      want16 &&
-			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 8, N, K,
-						     (size_t)N * K) == K_CUDA_LINEAR_Q_GEMV &&
-			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 1, N, K,
-						     0) == K_CUDA_LINEAR_Q_GEMV,
-			      "%s N %d K %d (stream split %d at M 16): choose M 64 and 17 tile, M 16 %s, "
-			      "M 8 and 1 gemv", c->what, N, K, S, k_cuda_linear_q_kind_name(want16));
+				      want16,
+			      "%s N %d K %d (stream split %d at M 16): choose M 64 and 17 tile, M 16 %s",
+			      c->what, N, K, S, k_cuda_linear_q_kind_name(want16));
+			/* M 1 and 8: GEMV where STREAM's clusters fill K_CUDA_LINEAR_Q_GEMV_FILL
+			 * percent of two CTAs a multiprocessor (4096 x 4096: 32 x 8), else STREAM
+			 * (28672 x 4096: 224 x 1) */
+			for (int M = 1; M <= 8; M += 7) {
+				enum k_cuda_linear_q_kind want;
+
+				k_cuda_linear_q_describe(lin, K_CUDA_LINEAR_Q_STREAM, &probe, M, N, K, d,
+							 sizeof(d));
+				gp = strstr(d, "grid=");
+				CHECK(gp && sscanf(gp, "grid=%dx%d", &B, &S) == 2, "%s: plan '%s'", c->what, d);
+				want = S >= 2 && (long)B * S * 100 >= (long)K_CUDA_LINEAR_Q_GEMV_FILL * 2 * n_sm
+					       ? K_CUDA_LINEAR_Q_GEMV : K_CUDA_LINEAR_Q_STREAM;
+				CHECK(k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, M, N, K,
+							     (size_t)N * K) == want,
+				      "%s N %d K %d M %d (stream %dx%d on %d SMs): choose %s", c->what, N, K,
+				      M, B, S, n_sm, k_cuda_linear_q_kind_name(want));
+				CHECK(n_sm != 132 || want == (N == 4096 ? K_CUDA_LINEAR_Q_GEMV
+									 : K_CUDA_LINEAR_Q_STREAM),
+				      "%s N %d M %d: on an H200 4096 x 4096 takes GEMV, 28672 x 4096 STREAM",
+				      c->what, N, M);
+			}
 		}
 		/* K past the context's x scratch (MAX_K): neither TILE nor DEQUANT (both round
 		 * x into it), so STREAM at M = 64 */

@@ -30,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "kernels/dtype.h"
@@ -269,6 +270,16 @@ int main(int argc, char **argv)
 	}
 	if (bench_begin("bench_cuda_linear_q"))
 		return 77;
+	{	/* KDEC_* variables apply here as in the daemon (A/B runs of a knob) */
+		struct k_cuda_tuning t;
+		char err[160];
+
+		if (k_cuda_tuning_from_env(&t, err, sizeof(err))) {
+			fprintf(stderr, "bench_cuda_linear_q: %s\n", err);
+			return 1;
+		}
+		k_cuda_tuning_set(&t);
+	}
 	printf("median of %d graph replays, weights rotated over >= %zu MB; floor at %.2f TB/s\n",
 	       SAMPLES, ROTATE_BYTES >> 20, BENCH_HBM_BYTES_PER_S / 1e12);
 	CU(cudaSetDevice(0));
@@ -360,7 +371,8 @@ int main(int argc, char **argv)
 				const enum k_cuda_linear_q_kind chosen =
 					k_cuda_linear_q_choose(lin, &qw.q, x, qw.w, M, s->N, s->K, wtmp_elems);
 
-				/* STREAM: 9..16 rows where it splits K little; M <= 8 under KDEC_QGEMV=0 */
+				/* STREAM: 9..16 rows where it splits K little; M <= 8 where the rule says, or
+				 * under KDEC_LINEAR_QGEMV=0 */
 				CHECK(chosen == kind || chosen == K_CUDA_LINEAR_Q_STREAM,
 				      "%s %s M %d: chose %s", s->name, fmts[fi].name, M,
 				      k_cuda_linear_q_kind_name(chosen));

@@ -48,6 +48,17 @@ int k_cuda_linear_q_vector(const struct k_quant *q, int K);
  * 93.2 against 122): the rule picks the faster kind in all 13. */
 #define K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT 2
 
+/* At M <= 8 k_cuda_linear_q_choose takes GEMV where STREAM would split K over clusters
+ * (S >= 2) whose CTAs fill at least this percent of two a multiprocessor, else STREAM.
+ * Measured on H200 (bench_cuda_linear_q, 13 shapes, fp8-block and int4-g32, M 1 and 8,
+ * docs/results/linear-q-50dc422.txt): GEMV faster on Llama q/k/v (240 of 264 slots: 10.4
+ * against 12.8 us fp8 M 1), o_proj and down (256: 8.1 against 9.2, 20.7 against 22.2) and
+ * Qwen3 q/k/v (240: 6.0 against 8.5), where a cluster that finds no room waits for a
+ * second round; STREAM faster where its one wave leaves room (Llama gate/up, no split:
+ * 31.2 against 37.2; Kimi-K2 o_proj, 224 CTAs: 16.4 against 25.1): the rule picks the
+ * faster kind in 49 of the 52 rows (the three others within 6%). */
+#define K_CUDA_LINEAR_Q_GEMV_FILL 90
+
 /* Rows of x the tile kernel (TILE) takes in one launch. */
 #define K_CUDA_LINEAR_Q_TILE_MAX_M 64
 /* Up to this many rows STREAM stays where it splits K over at most
@@ -80,7 +91,8 @@ enum k_cuda_linear_q_kind {
 	K_CUDA_LINEAR_Q_DEQUANT,
 	/* k_cuda_linear_q: fp32 x on the CUDA cores, one warp per row; any shape */
 	K_CUDA_LINEAR_Q_WARP,
-	/* M <= 8 (k_cuda_linear_q_choose's pick there; more rows in launches of 8): STREAM's
+	/* M <= 8 (k_cuda_linear_q_choose's pick where STREAM's clusters would fill the GPU;
+	 * more rows in launches of 8): STREAM's
 	 * fragments in CTAs of 4 warps (64 rows), each warp's weights through its own
 	 * cp.async ring 5 stages deep from before the PDL wait, K split over plain CTAs
 	 * whose partials the last one adds in split order (no cluster), the split sized so
@@ -136,8 +148,9 @@ enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *q, const fl
 					       const void *w, int M, int N, int K,
 					       size_t wtmp_elems);
 
-/* k_cuda_linear_q_pick's kind, except GEMV at M <= 8 where it runs (unless KDEC_QGEMV=0
- * at the context's create), TILE at 8 < M <= 64 where it runs (ctx's x
+/* k_cuda_linear_q_pick's kind, except GEMV at M <= 8 where it runs and STREAM's plan
+ * fills the GPU with clusters (K_CUDA_LINEAR_Q_GEMV_FILL; never under KDEC_LINEAR_QGEMV=0),
+ * TILE at 8 < M <= 64 where it runs (ctx's x
  * scratch holds M x K), but for STREAM at M <= K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M
  * where STREAM splits K over at most K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs; else DEQUANT
  * for STREAM at M > 8 where ctx would split K over more than

@@ -51,7 +51,6 @@ struct k_cuda_linear {
 	int qg_bps;			/* quantized M <= 8 GEMV CTAs per multiprocessor (registers) */
 	int qg_smem_sm;			/* shared memory of a multiprocessor, bytes */
 	int qg_smem_cta;		/* a GEMV CTA's shared memory beyond the dynamic part */
-	int qg_off;			/* KDEC_QGEMV=0: the choice leaves M <= 8 to STREAM */
 	float *st_ws;			/* (LIN_ST_MAX_UNITS, LIN_ST_MAX_M, 128) fp32 partials */
 	unsigned *st_cnt;		/* (LIN_ST_MAX_UNITS) arrivals per tile, 0 between launches */
 	cublasHandle_t blas;
@@ -127,7 +126,7 @@ int k_cuda_lin_qtile(const struct k_cuda_linear *ctx, float *y, const float *x, 
 int k_cuda_lin_qtile_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
 			      int N, int K, char *buf, size_t len);
 /* The quantized decode GEMV for M <= 8 (linear_qgemv.cu, K_CUDA_LINEAR_Q_GEMV): kernel
- * attributes, ctx->qg_bps, qg_smem_sm and qg_off (KDEC_QGEMV), once at create; the
+ * attributes, ctx->qg_bps, qg_smem_sm and qg_smem_cta, once at create; the
  * launch, K split through ctx->st_ws / st_cnt like the tile kernel (-EINVAL where
  * k_cuda_linear_q_gemv_supports does not hold). */
 int k_cuda_lin_qgemv_setup(struct k_cuda_linear *ctx);

@@ -13,6 +13,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
@@ -411,9 +412,16 @@ extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_
 				  M <= K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M
 				  ? k_cuda_lin_qmma_split(ctx, true, q, M, N, K) : 0;
 
-	if (M <= K_CUDA_LINEAR_Q_MMA_MAX_M && !ctx->qg_off &&
-	    k_cuda_linear_q_gemv_supports(q, x, w, M, N, K))
-		return K_CUDA_LINEAR_Q_GEMV;
+	if (M <= K_CUDA_LINEAR_Q_MMA_MAX_M && k_cuda_tuning()->linear_qgemv &&
+	    k_cuda_linear_q_gemv_supports(q, x, w, M, N, K)) {
+		// STREAM's clusters: S a row block of 128, all at once where they find room
+		const int S = kind == K_CUDA_LINEAR_Q_STREAM ? k_cuda_lin_qmma_split(ctx, true, q, M, N, K) : 0;
+		const long ctas = (long)((N + 127) / 128) * S;
+
+		if (kind != K_CUDA_LINEAR_Q_STREAM ||
+		    (S >= 2 && ctas * 100 >= (long)K_CUDA_LINEAR_Q_GEMV_FILL * 2 * ctx->n_sm))
+			return K_CUDA_LINEAR_Q_GEMV;
+	}
 	if (M > K_CUDA_LINEAR_Q_MMA_MAX_M && M <= K_CUDA_LINEAR_Q_TILE_MAX_M && M <= ctx->max_M &&
 	    K <= ctx->max_K && k_cuda_linear_q_tile_supports(q, x, w, M, N, K) &&
 	    !(split >= 1 && split <= K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT))

@@ -32,12 +32,11 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "kernels/cuda/linear/linear_internal.h"
 #include "kernels/cuda/linear/linear_qfrag.cuh"
@@ -56,12 +55,12 @@
 #define QG_MAX_SPLIT	LIN_ST_MAX_SPLIT
 #define QG_PART		(K_CUDA_LINEAR_Q_MMA_MAX_M * QG_ROWS)	/* floats of a partial tile */
 /* The plan's model (qg_make_plan), in stages of a warp: a CTA's fixed cost (x staged
- * behind the wait, ramp, epilogue), the extra cost of a split (partials out, the last
- * CTA's sum), and the warps a multiprocessor needs before bytes, not latency, bound it
- * (a warp has 10 KB in flight: ~5-6 warps cover ~32 KB/us at ~1.5-2 us of latency). */
+ * behind the wait, ramp, epilogue) and the extra cost of a split (partials out, the last
+ * CTA's sum); the warps a multiprocessor needs before bytes, not latency, bound it are
+ * k_cuda_tuning's linear_qgemv_warps (8: a warp has 10 KB in flight, ~5-6 warps cover
+ * ~32 KB/us at ~1.5-2 us of latency). */
 #define QG_CTA_OVERHEAD	2
 #define QG_SPLIT_COST	1
-#define QG_FULL_WARPS	8
 
 template <int FMT> struct qg_fmt {
 	static constexpr int SLAB = FMT == K_Q_INT4 ? 128 : 64;	// k per slab
@@ -387,7 +386,7 @@ struct qg_plan {
 
 // Every split S (distinct slices, x slice within QG_MAX_X, the workspace's room where
 // S > 1) is tried: the busiest multiprocessor's CTAs x (stages a slice + fixed cost),
-// at a rate that grows with the warps it holds at once up to QG_FULL_WARPS; a split
+// at a rate that grows with the warps it holds at once up to linear_qgemv_warps; a split
 // costs QG_SPLIT_COST stages more; ties go to the smaller split. n_sm, bps_regs,
 // smem_sm (a multiprocessor's shared memory), smem_cta (a CTA's beyond the dynamic
 // part): 0 for a plan without a context (does any split fit: supports). -EINVAL where
@@ -395,6 +394,7 @@ struct qg_plan {
 static int qg_make_plan(int n_sm, int bps_regs, int smem_sm, int smem_cta, int sk, int M,
 			int N, int K, struct qg_plan *p)
 {
+	const int full = k_cuda_tuning()->linear_qgemv_warps;
 	const int tiles = (N + QG_ROWS - 1) / QG_ROWS, nst = (K + sk - 1) / sk;
 	const long ws_floats = (long)LIN_ST_MAX_UNITS * LIN_ST_MAX_M * 128;
 	double best = -1;
@@ -419,7 +419,7 @@ static int qg_make_plan(int n_sm, int bps_regs, int smem_sm, int smem_cta, int s
 		per_sm = n_sm > 0 ? (ctas + n_sm - 1) / n_sm : 1;
 		conc = per_sm < bps ? per_sm : bps;
 		cost = (double)per_sm * (kb + QG_CTA_OVERHEAD) *
-		       (conc * QG_WARPS < QG_FULL_WARPS ? (double)QG_FULL_WARPS / (conc * QG_WARPS) : 1.0) +
+		       (conc * QG_WARPS < full ? (double)full / (conc * QG_WARPS) : 1.0) +
 		       (S > 1 ? QG_SPLIT_COST : 0);
 		if (best < 0 || cost < best - 1e-9) {
 			best = cost;
@@ -525,11 +525,8 @@ template <int FMT, typename ST> static int qg_setup_one(struct k_cuda_linear *ct
 
 int k_cuda_lin_qgemv_setup(struct k_cuda_linear *ctx)
 {
-	const char *e = getenv("KDEC_QGEMV");
 	int smem = 0, ret;
 
-	// KDEC_QGEMV=0: k_cuda_linear_q_choose leaves M <= 8 to the streaming form (A/B runs)
-	ctx->qg_off = e && !strcmp(e, "0");
 	ret = LIN_CUDA(ctx->dev, cudaDeviceGetAttribute(&smem,
 				cudaDevAttrMaxSharedMemoryPerMultiprocessor, ctx->dev));
 	ctx->qg_smem_sm = smem;
