@@ -176,30 +176,52 @@ static float round_f16(float v)
 	return k_f16_to_f32(k_f32_to_f16(v));
 }
 
-/* out (M, N) in double = x @ w^T over w's exact dequantized values (hq: host scales),
- * each rounded to f16 where w16, and x rounded to f16 where x16. */
-static void ref_double(double *out, const float *x, const uint8_t *w, const struct k_quant *hq,
-		       int M, int N, int K, int w16, int x16)
+/* The two references of run_kind, in one pass over the weight: ref (M, N) in double = x
+ * rounded to f16 @ w^T over w's exact dequantized values (each rounded to f16 where
+ * w16), ref32 = fp32 x @ the exact values. Rows split over the pool's threads (the model
+ * shapes are up to 264 M values). */
+struct ref_job {
+	double *ref, *ref32;
+	const float *x, *x16;
+	const uint8_t *w;
+	const struct k_quant *hq;
+	int M, N, K, w16, n_tasks;
+};
+
+static void ref_task(void *arg, int task)
 {
-	float *row = malloc((size_t)K * sizeof(float)), *xr = malloc((size_t)M * K * sizeof(float));
+	const struct ref_job *j = arg;
+	const int n0 = (int)((long)j->N * task / j->n_tasks);
+	const int n1 = (int)((long)j->N * (task + 1) / j->n_tasks);
+	float *row = malloc((size_t)j->K * sizeof(float));
 
-	for (size_t i = 0; i < (size_t)M * K; i++)
-		xr[i] = x16 ? round_f16(x[i]) : x[i];
-	for (int n = 0; n < N; n++) {
-		k_quant_row_to_f32(row, w, hq, K, n, 0, K);
-		if (w16)
-			for (int k = 0; k < K; k++)
-				row[k] = round_f16(row[k]);
-		for (int m = 0; m < M; m++) {
-			double acc = 0;
+	for (int n = n0; n < n1 && row; n++) {
+		k_quant_row_to_f32(row, j->w, j->hq, j->K, n, 0, j->K);
+		for (int m = 0; m < j->M; m++) {
+			const float *xr = j->x + (size_t)m * j->K, *hr = j->x16 + (size_t)m * j->K;
+			double acc = 0, acc32 = 0;
 
-			for (int k = 0; k < K; k++)
-				acc += (double)row[k] * xr[(size_t)m * K + k];
-			out[(size_t)m * N + n] = acc;
+			for (int k = 0; k < j->K; k++) {
+				acc += (double)(j->w16 ? round_f16(row[k]) : row[k]) * hr[k];
+				acc32 += (double)row[k] * xr[k];
+			}
+			j->ref[(size_t)m * j->N + n] = acc;
+			j->ref32[(size_t)m * j->N + n] = acc32;
 		}
 	}
 	free(row);
-	free(xr);
+}
+
+static void ref_double(double *ref, double *ref32, const float *x, const uint8_t *w,
+		       const struct k_quant *hq, int M, int N, int K, int w16)
+{
+	float *x16 = malloc((size_t)M * K * sizeof(float));
+	struct ref_job j = { ref, ref32, x, x16, w, hq, M, N, K, w16, N < 64 ? 1 : 64 };
+
+	for (size_t i = 0; i < (size_t)M * K; i++)
+		x16[i] = round_f16(x[i]);
+	k_pool_run(pool, ref_task, &j, j.n_tasks);
+	free(x16);
 }
 
 /* Worst rel L2 over the rows of out against ref (+ y0 where accumulate). */
@@ -245,8 +267,7 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 	out = malloc(ny * sizeof(float));
 	out2 = malloc(ny * sizeof(float));
 	q.scale = hs;
-	ref_double(ref, x, w, &q, M, N, K, w16, 1);
-	ref_double(ref32, x, w, &q, M, N, K, 0, 0);
+	ref_double(ref, ref32, x, w, &q, M, N, K, w16);
 	if (f16s) {
 		uint16_t *h = malloc(ns * 2);
 
