@@ -17,7 +17,8 @@
  * 32, 64. Usage: bench_cuda_linear_q [--quick] [--only SUBSTRING] [--m LIST] [--fmt LIST] [--once] (--quick:
  * M = 1, 8, 16 and 64 only; --only: the shapes whose name holds SUBSTRING; --m: those M,
  * comma-separated, up to 7; --fmt: those formats, comma-separated; --once: each of GEMV
- * and STREAM once at each shape, format and M, eagerly and untimed, for ncu).
+ * and STREAM once at each shape, format and M, eagerly and untimed, for ncu). The KDEC_*
+ * tuning variables apply (KDEC_LINEAR_QGEMV=0, KDEC_LINEAR_QGEMV_WARPS for A/B runs).
  * Exits 77 without CUDA or GPU. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -105,8 +105,10 @@ enum k_cuda_linear_q_kind {
 /* Whether the tensor-core GEMV (K_CUDA_LINEAR_Q_MMA) takes this call: M <= 8 (a launch), K % 16 == 0 (fp8) or % 32
  * (int4), x and w 16-byte aligned, scales in device memory as K_F32 or K_F16, fp8
  * scale columns a power of two >= 64 wide or the whole row, int4 groups a power of two
- * >= 32 or the whole row. int4 values are scaled in f16 before the MMA: exact only
- * where every scale is an f16 normal (k_quant_scale_f16_exact); fp8 values are
+ * >= 32 or the whole row. int4 values are scaled in f16 before the MMA: (v - 8) * s
+ * rounded once to f16, exact where s has at most 8 significant bits (|v - 8| has at most
+ * 3: bf16 scales such as Kimi-K2's), the scales being f16 normals
+ * (k_quant_scale_f16_exact; the backend keeps int4 off these kinds otherwise); fp8 values are
  * scaled in fp32. x is rounded to f16 (|x| > 65504 becomes inf). */
 int k_cuda_linear_q_mma_supports(const struct k_quant *q, const float *x, const void *w, int M,
 				 int N, int K);
@@ -132,8 +134,9 @@ int k_cuda_linear_q_gemv_supports(const struct k_quant *q, const float *x, const
 int k_cuda_linear_q_tile_supports(const struct k_quant *q, const float *x, const void *w,
 				  int M, int N, int K);
 
-/* 1 where the scale s is an f16 normal number exactly (int4 through the MMA kind is then
- * exact: a 4-bit integer times s has at most 11 significant bits). */
+/* 1 where the scale s is an f16 normal number exactly (int4 through the tensor-core
+ * kinds then rounds (v - 8) * s once to f16, exactly where s has at most 8 significant
+ * bits: |v - 8| has at most 3, f16 keeps 11). */
 static inline int k_quant_scale_f16_exact(float s)
 {
 	float a = s < 0 ? -s : s;

@@ -7,9 +7,10 @@
 // holds the large fp8 matrices at 88% of the HBM floor at M = 1 but the ones under ~60 MB
 // at 43-63% (Llama-3.1-8B q/k/v, o_proj, down), a fixed ~4-7 us a call. Its CTAs are 8
 // warps of 128 rows and its K split is a thread-block cluster of up to 8 CTAs reduced
-// through DSMEM, which the hardware must place whole in one GPC: a 16.8 MB o_proj is 32
-// clusters of 8 CTAs of 67 KB, about as many as fit at once, and a cluster that does not
-// fit waits for a whole second round. Here:
+// through DSMEM, which the hardware must place whole in one GPC: where its CTAs nearly
+// fill two a multiprocessor (a 16.8 MB o_proj: 32 clusters of 8 CTAs of 67 KB, 256 of 264
+// slots) a cluster that finds no room waits for a second round, and ncu counts 18% of its
+// warps' stall samples in the cluster barrier (docs/results/linear-q-50dc422.txt). Here:
 // - a CTA is 4 warps of 16 rows (64 rows): twice as many, half as long CTAs for the same
 //   rows, up to four a multiprocessor (48 KB ring + the x slice);
 // - no cluster: the split partials go through the context's workspace and the last CTA
@@ -23,6 +24,14 @@
 // int4 pairs of values are dequantized with one lop3 each (quant_dequant.cuh's
 // k_dq_i4x8: 13 operations a word of 8 values where the shift-mask-subtract form
 // before took ~21 in the SASS; the same bits).
+//
+// Measured (H200, docs/results/linear-q-50dc422.txt, M 1 and 8, fp8 and int4): faster
+// than the cluster form where that one's CTAs nearly fill two a multiprocessor (Llama
+// q/k/v 10.4 against 12.8 us, o_proj 8.1 against 9.2, down 20.7 against 22.2, Qwen3 q/k/v
+// 6.0 against 8.5 at fp8 M = 1), slower where the cluster form runs one wave with room to
+// spare (Llama gate/up 37.2 against 31.2: here 1.7 waves of 896 CTAs; Kimi-K2 o_proj 25.1
+// against 16.4: two CTAs of 4 warps a multiprocessor, too few warps for the bytes):
+// k_cuda_linear_q_choose takes it only in the first case (K_CUDA_LINEAR_Q_GEMV_FILL).
 //
 // Fragments and the k order: linear_qmma.cu's header (the streaming form's stage of 128
 // bytes a row, two slabs: fp8 64 k, int4 128 k a slab; lane (g, t) takes 16 bytes of

@@ -1,4 +1,6 @@
-// The decode GEMV on quantized weights (M <= 8; the streaming form up to 64): fp8 e4m3 or
+// The tensor-core GEMV on quantized weights (the register-load form M <= 8, the streaming
+// form up to 64; at M <= 8 k_cuda_linear_q_choose takes the streaming form where
+// linear_qgemv.cu's GEMV, which needs no cluster, is not faster): fp8 e4m3 or
 // int4 bytes streamed from HBM straight into mma.sync f16 fragments, dequantized in
 // registers; K split over the CTAs of a thread-block cluster and reduced through
 // distributed shared memory in rank order. Measured at M = 64 (H200): the weights are
