@@ -11,6 +11,10 @@
  *   reference on x rounded to f16 as the kernel rounds it, rel L2 per row <= 1e-4
  *   (fp32 tensor-core sums), and within 2e-3 of the reference on fp32 x (the f16
  *   rounding of x, printed); the same bits on a second run;
+ * - the decode GEMV (K_CUDA_LINEAR_Q_GEMV) at M = 1..8 (and 17: three launches): K split
+ *   over 1..8 plain CTAs, partial row tiles and stages, the x slice near its 64 KB, and on
+ *   every projection shape of the supported models (fp8 blocks, int4 g32; M 1, and 8
+ *   where small), the same tolerances and the same bits on a second run;
  * - the tile kernel (K_CUDA_LINEAR_Q_TILE) at M = 1..65 (65: two launches): n8 tiles 2,
  *   4, 8, K split over up to 8 CTAs and one slice, partial row tiles and stages, the
  *   same tolerances and the same bits on a second run (fixed-order split sums);
@@ -20,7 +24,8 @@
  * KD_TEST_QUICK=1: the sanitizers' size (main says what it leaves out), 2: racecheck's
  * (fewer M and deep slices, every kernel form and tile width still); KD_TEST_PART=mma
  * the tensor-core kernels only, =wide their forms for 8 < M <= 64 only (racecheck
- * reaches those in its time); KD_TEST_CASES=SUBSTRING some formats only.
+ * reaches those in its time), =gemv the M <= 8 GEMV alone, =tile the tile kernel alone;
+ * KD_TEST_CASES=SUBSTRING some formats only.
  * Exits 77 without a GPU. Timing: tests/bench/bench_cuda_linear_q. */
 #include <errno.h>
 #include <math.h>
@@ -171,30 +176,52 @@ static float round_f16(float v)
 	return k_f16_to_f32(k_f32_to_f16(v));
 }
 
-/* out (M, N) in double = x @ w^T over w's exact dequantized values (hq: host scales),
- * each rounded to f16 where w16, and x rounded to f16 where x16. */
-static void ref_double(double *out, const float *x, const uint8_t *w, const struct k_quant *hq,
-		       int M, int N, int K, int w16, int x16)
+/* The two references of run_kind, in one pass over the weight: ref (M, N) in double = x
+ * rounded to f16 @ w^T over w's exact dequantized values (each rounded to f16 where
+ * w16), ref32 = fp32 x @ the exact values. Rows split over the pool's threads (the model
+ * shapes are up to 264 M values). */
+struct ref_job {
+	double *ref, *ref32;
+	const float *x, *x16;
+	const uint8_t *w;
+	const struct k_quant *hq;
+	int M, N, K, w16, n_tasks;
+};
+
+static void ref_task(void *arg, int task)
 {
-	float *row = malloc((size_t)K * sizeof(float)), *xr = malloc((size_t)M * K * sizeof(float));
+	const struct ref_job *j = arg;
+	const int n0 = (int)((long)j->N * task / j->n_tasks);
+	const int n1 = (int)((long)j->N * (task + 1) / j->n_tasks);
+	float *row = malloc((size_t)j->K * sizeof(float));
 
-	for (size_t i = 0; i < (size_t)M * K; i++)
-		xr[i] = x16 ? round_f16(x[i]) : x[i];
-	for (int n = 0; n < N; n++) {
-		k_quant_row_to_f32(row, w, hq, K, n, 0, K);
-		if (w16)
-			for (int k = 0; k < K; k++)
-				row[k] = round_f16(row[k]);
-		for (int m = 0; m < M; m++) {
-			double acc = 0;
+	for (int n = n0; n < n1 && row; n++) {
+		k_quant_row_to_f32(row, j->w, j->hq, j->K, n, 0, j->K);
+		for (int m = 0; m < j->M; m++) {
+			const float *xr = j->x + (size_t)m * j->K, *hr = j->x16 + (size_t)m * j->K;
+			double acc = 0, acc32 = 0;
 
-			for (int k = 0; k < K; k++)
-				acc += (double)row[k] * xr[(size_t)m * K + k];
-			out[(size_t)m * N + n] = acc;
+			for (int k = 0; k < j->K; k++) {
+				acc += (double)(j->w16 ? round_f16(row[k]) : row[k]) * hr[k];
+				acc32 += (double)row[k] * xr[k];
+			}
+			j->ref[(size_t)m * j->N + n] = acc;
+			j->ref32[(size_t)m * j->N + n] = acc32;
 		}
 	}
 	free(row);
-	free(xr);
+}
+
+static void ref_double(double *ref, double *ref32, const float *x, const uint8_t *w,
+		       const struct k_quant *hq, int M, int N, int K, int w16)
+{
+	float *x16 = malloc((size_t)M * K * sizeof(float));
+	struct ref_job j = { ref, ref32, x, x16, w, hq, M, N, K, w16, N < 64 ? 1 : 64 };
+
+	for (size_t i = 0; i < (size_t)M * K; i++)
+		x16[i] = round_f16(x[i]);
+	k_pool_run(pool, ref_task, &j, j.n_tasks);
+	free(x16);
 }
 
 /* Worst rel L2 over the rows of out against ref (+ y0 where accumulate). */
@@ -240,8 +267,7 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 	out = malloc(ny * sizeof(float));
 	out2 = malloc(ny * sizeof(float));
 	q.scale = hs;
-	ref_double(ref, x, w, &q, M, N, K, w16, 1);
-	ref_double(ref32, x, w, &q, M, N, K, 0, 0);
+	ref_double(ref, ref32, x, w, &q, M, N, K, w16);
 	if (f16s) {
 		uint16_t *h = malloc(ns * 2);
 
@@ -374,7 +400,14 @@ int main(void)
 	 * kernels it reports); KD_TEST_CASES=fp8 (a substring): those formats only */
 	const char *part = getenv("KD_TEST_PART"), *only = getenv("KD_TEST_CASES");
 	const int wide_only = part && !strcmp(part, "wide");	/* STREAM at 8 < M <= 64 only */
-	const int mma_only = wide_only || (part && !strcmp(part, "mma"));
+	/* KD_TEST_PART=gemv: the M <= 8 GEMV alone (linear_qgemv.cu) */
+	const int gemv_only = part && !strcmp(part, "gemv");
+	/* KD_TEST_PART=tile: the 8 < M <= 64 tile kernel alone (linear_qtile.cu) */
+	const int tile_only = part && !strcmp(part, "tile");
+	static const int small_kinds[3] = { K_CUDA_LINEAR_Q_STREAM, K_CUDA_LINEAR_Q_MMA,
+					    K_CUDA_LINEAR_Q_GEMV };
+	int n_sm = 0;
+	const int mma_only = wide_only || gemv_only || tile_only || (part && !strcmp(part, "mma"));
 
 	if (!test_gpu_present("test_cuda_linear_q"))
 		return 77;
@@ -385,6 +418,7 @@ int main(void)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	CU(cudaSetDevice(0));
 	CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	CU(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
 	test_bad_args();
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && !mma_only; i++) {
 		if (only && !strstr(cases[i].what, only))
@@ -426,7 +460,8 @@ int main(void)
 		      "%s: M 64 takes STREAM, M 65 DEQUANT", c->what);
 		/* the context's choice: TILE at 8 < M <= 64 where its x scratch holds x, but
 		 * STREAM up to K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M rows where that splits K over
-		 * at most K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs (the split read off its plan) */
+		 * at most K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs (the split read off its plan); at
+		 * M <= 8 GEMV or STREAM (below) */
 		for (int si = 0; si < 2; si++) {
 			static const int shp[2][2] = { { 4096, 4096 }, { 28672, 4096 } };
 			const int N = shp[si][0], K = shp[si][1];
@@ -446,11 +481,30 @@ int main(void)
 			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 17, N, K, 0) ==
 				      K_CUDA_LINEAR_Q_TILE &&
 			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 16, N, K, 0) ==
-				      want16 &&
-			      k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, 8, N, K,
-						     (size_t)N * K) == K_CUDA_LINEAR_Q_STREAM,
-			      "%s N %d K %d (stream split %d at M 16): choose M 64 and 17 tile, M 16 %s, "
-			      "M 8 stream", c->what, N, K, S, k_cuda_linear_q_kind_name(want16));
+				      want16,
+			      "%s N %d K %d (stream split %d at M 16): choose M 64 and 17 tile, M 16 %s",
+			      c->what, N, K, S, k_cuda_linear_q_kind_name(want16));
+			/* M 1 and 8: GEMV where STREAM's clusters fill K_CUDA_LINEAR_Q_GEMV_FILL
+			 * percent of two CTAs a multiprocessor (4096 x 4096: 32 x 8), else STREAM
+			 * (28672 x 4096: 224 x 1) */
+			for (int M = 1; M <= 8; M += 7) {
+				enum k_cuda_linear_q_kind want;
+
+				k_cuda_linear_q_describe(lin, K_CUDA_LINEAR_Q_STREAM, &probe, M, N, K, d,
+							 sizeof(d));
+				gp = strstr(d, "grid=");
+				CHECK(gp && sscanf(gp, "grid=%dx%d", &B, &S) == 2, "%s: plan '%s'", c->what, d);
+				want = S >= 2 && (long)B * S * 100 >= (long)K_CUDA_LINEAR_Q_GEMV_FILL * 2 * n_sm
+					       ? K_CUDA_LINEAR_Q_GEMV : K_CUDA_LINEAR_Q_STREAM;
+				CHECK(k_cuda_linear_q_choose(lin, &probe, (const float *)wtmp, wtmp, M, N, K,
+							     (size_t)N * K) == want,
+				      "%s N %d K %d M %d (stream %dx%d on %d SMs): choose %s", c->what, N, K,
+				      M, B, S, n_sm, k_cuda_linear_q_kind_name(want));
+				CHECK(n_sm != 132 || want == (N == 4096 ? K_CUDA_LINEAR_Q_GEMV
+									 : K_CUDA_LINEAR_Q_STREAM),
+				      "%s N %d M %d: on an H200 4096 x 4096 takes GEMV, 28672 x 4096 STREAM",
+				      c->what, N, M);
+			}
 		}
 		/* K past the context's x scratch (MAX_K): neither TILE nor DEQUANT (both round
 		 * x into it), so STREAM at M = 64 */
@@ -459,20 +513,37 @@ int main(void)
 					     MAX_K + 2048, (size_t)4096 * (MAX_K + 2048)) ==
 			      K_CUDA_LINEAR_Q_STREAM,
 		      "%s K %d past the context: choose M 64 stream", c->what, MAX_K + 2048);
-		for (size_t j = 0; j < sizeof(mma_ms) / sizeof(mma_ms[0]) && !wide_only; j++) {
+		for (size_t j = 0; j < sizeof(mma_ms) / sizeof(mma_ms[0]) && !wide_only && !tile_only; j++) {
 			const int M = mma_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
 
 			if (race && M != 1 && M != 5 && M != 8)
 				continue;
-			for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA; kind++) {
+			for (int ki = 0; ki < 3; ki++) {
+				const int kind = small_kinds[ki];
+
+				if (gemv_only && kind != K_CUDA_LINEAR_Q_GEMV)
+					continue;
 				run_kind(c, kind, 300, 512, M, acc, f16s);
 				run_kind(c, kind, 1000, 4096, M, !acc, f16s);	/* cluster */
 				run_kind(c, kind, 130, odd_k, M, acc, 0);	/* partial slab */
 			}
 		}
+		/* GEMV alone: K split over 8 CTAs (N 64, K 2048: slices of 1 or 2 stages; N 8200,
+		 * K 1024: 129 row tiles, the last of 8 rows, S 1 or 2), the x slice near its
+		 * largest (K 16384 at M 8: 64 KB caps the slice), M 17 in three launches */
+		if (!tile_only && !wide_only) {
+			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 64, 2048, 3, 1, 0);
+			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 8200, 1024, 8, 0, is_int4);
+			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 70, odd_k, 1, 1, is_int4);
+			if (!race)
+				run_kind(c, K_CUDA_LINEAR_Q_GEMV, 200, 16384, 8, 1, 0);
+			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 300, 1024, 17, 0, is_int4);
+		}
+		if (gemv_only)
+			continue;
 		/* STREAM at 8 < M <= 64: one launch, n8 tiles 2, 4, 8 (partial ones at 9, 33),
 		 * partial row blocks, clusters, partial slabs, x in chunks of k */
-		{
+		if (!tile_only) {
 			static const int wide_ms[] = { 9, 16, 33, 64 };
 
 			for (size_t j = 0; j < sizeof(wide_ms) / sizeof(wide_ms[0]); j++) {
@@ -514,7 +585,8 @@ int main(void)
 			if (!quick)
 				run_kind(c, K_CUDA_LINEAR_Q_TILE, 4352, odd_k, 64, 1, 0);
 		}
-		for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA && !wide_only; kind++) {
+		for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA && !wide_only && !tile_only;
+		     kind++) {
 			run_kind(c, kind, 300, 1024, 17, 1, 0);	/* STREAM one launch, MMA 3 */
 			run_kind(c, kind, quick ? 130 : 520, 14336, 8, 0, 0);	/* many stages a warp */
 			if (!quick)
@@ -527,6 +599,29 @@ int main(void)
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 130, odd_k, 33, 0, 0);
 		check_dequant(c, 300, 512);
 		check_dequant(c, 77, 200);
+	}
+	/* GEMV (the kind decode takes at M <= 8) on every projection of the supported models
+	 * (bench_cuda_linear_q's list), fp8 128 x 128 blocks and int4 groups of 32: M 1, and
+	 * M 8 where the matrix is under 20 M values (the host reference's time) */
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && !quick && !wide_only; i++) {
+		static const int model[][2] = {
+			{ 6144, 4096 }, { 4096, 4096 }, { 28672, 4096 }, { 4096, 14336 },
+			{ 5120, 2048 }, { 2048, 4096 }, { 2112, 7168 }, { 24576, 1536 },
+			{ 12288, 1536 }, { 7168, 16384 }, { 7168, 8192 }, { 36864, 7168 },
+			{ 7168, 18432 },
+		};
+		const struct qcase *c = &cases[i];
+
+		if ((strcmp(c->what, "fp8-block") && strcmp(c->what, "int4-g32")) ||
+		    (only && !strstr(c->what, only)))
+			continue;
+		for (size_t j = 0; j < sizeof(model) / sizeof(model[0]); j++) {
+			const int N = model[j][0], K = model[j][1], f16s = c->fmt == K_Q_INT4;
+
+			run_kind(c, K_CUDA_LINEAR_Q_GEMV, N, K, 1, (int)(j & 1), f16s);
+			if ((long)N * K < 20000000L)
+				run_kind(c, K_CUDA_LINEAR_Q_GEMV, N, K, 8, (int)!(j & 1), f16s);
+		}
 	}
 	k_cuda_linear_destroy(lin);
 	cudaFree(wtmp);

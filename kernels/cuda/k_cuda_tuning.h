@@ -38,6 +38,12 @@ struct k_cuda_tuning {
 	long linear_stream_mb;	/* KDEC_LINEAR_STREAM_MB, MiB (>= 0), 64: weights above
 				 * linear_small_mb and up to this size take the streaming kernel
 				 * at M <= 8; 0: never */
+	int linear_qgemv;	/* KDEC_LINEAR_QGEMV, flag, 1: quantized linears of M <= 8 take
+				 * the decode GEMV (linear_qgemv.cu) where the choice rule says
+				 * (k_cuda_linear_q_choose); 0: the cluster streaming form there */
+	int linear_qgemv_warps;	/* KDEC_LINEAR_QGEMV_WARPS, 4..64, 8: warps a multiprocessor
+				 * needs before bytes bound that GEMV, in its split model (more
+				 * warps: more K slices, shorter CTAs); read at each call */
 
 	/* ---- attention (kernels/cuda/attn) ---- */
 	int attn_mma;		/* KDEC_ATTN_MMA, flag, 1: the tensor-core decode kernel;

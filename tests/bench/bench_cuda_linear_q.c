@@ -1,5 +1,5 @@
 /* Quantized-weight linear benchmark on the GPU: k_cuda_linear_q_run ("us": the
- * streaming GEMV at M <= 8, the tile kernel at 8 < M <= 64, "(choose: stream)" in the
+ * decode GEMV (linear_qgemv.cu) at M <= 8, the tile kernel at 8 < M <= 64, "(choose: stream)" in the
  * plan where k_cuda_linear_q_choose takes the streaming GEMV instead; "alt us" below) on the dense projections of Llama-3.1-8B, Qwen3-30B-A3B and
  * DeepSeek-V3 / Kimi-K2 (q/k/v and gate/up stacked, as the CUDA backend places them),
  * in fp8 with 128 x 128 block scales, fp8 per channel and int4 in groups of 32 (f16
@@ -9,13 +9,16 @@
  * over enough copies of the weight (>= ROTATE_BYTES) that none is still in the 60 MB L2
  * when read again; sample / launches is one call; median of SAMPLES samples. Bytes =
  * payload + scales (as on the device) + x (M, K) fp32 + y (M, N) fp32, each once; floor
- * = bytes / 4.25 TB/s (bench_floor_us). "alt us": the register-load form (MMA) at M <= 8,
+ * = bytes / 4.25 TB/s (bench_floor_us). "alt us": the streaming GEMV (STREAM, clusters) at M <= 8,
  * above it the faster of the two kinds M > 8 took before the tile kernel (the streaming
  * GEMV's wide form, the DEQUANT kind: f16 copy + cuBLAS). "bf16 us": k_cuda_linear on
  * a bf16 weight of the same shape (its own kind), with its floor% (bf16 bytes). "warp"
  * is the CUDA-core GEMV (k_cuda_linear_q) at M = 1, for comparison. M = 1, 2, 4, 8, 16,
- * 32, 64. Usage: bench_cuda_linear_q [--quick] [--only SUBSTRING] (--quick: M = 1, 8,
- * 16 and 64 only; --only: the shapes whose name holds SUBSTRING).
+ * 32, 64. Usage: bench_cuda_linear_q [--quick] [--only SUBSTRING] [--m LIST] [--fmt LIST] [--once] (--quick:
+ * M = 1, 8, 16 and 64 only; --only: the shapes whose name holds SUBSTRING; --m: those M,
+ * comma-separated, up to 7; --fmt: those formats, comma-separated; --once: each of GEMV
+ * and STREAM once at each shape, format and M, eagerly and untimed, for ncu). The KDEC_*
+ * tuning variables apply (KDEC_LINEAR_QGEMV=0, KDEC_LINEAR_QGEMV_WARPS for A/B runs).
  * Exits 77 without CUDA or GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +31,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "kernels/dtype.h"
@@ -98,6 +102,17 @@ struct bweight {
 };
 
 static const struct bweight *bf16_w;	/* set while timing the bf16 linear */
+
+/* Whether name is one of the comma-separated list's entries. */
+static int bench_listed(const char *list, const char *name)
+{
+	const size_t n = strlen(name);
+
+	for (const char *p = list; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+		if (!strncmp(p, name, n) && (p[n] == ',' || p[n] == 0))
+			return 1;
+	return 0;
+}
 
 static int call(const struct qweight *qw, int kind, int i, float *y, const float *x, int M,
 		int N, int K)
@@ -219,13 +234,15 @@ static int bweight_create(struct bweight *bw, int N, int K)
 int main(int argc, char **argv)
 {
 	static const int all_ms[] = { 1, 2, 4, 8, 16, 32, 64 }, quick_ms[] = { 1, 8, 16, 64 };
+	static int user_ms[7];
 	const int *ms = all_ms;
 	int n_ms = 7;
 	double llama_us[N_FMTS][MAX_M + 1] = { { 0 } }, llama_floor[N_FMTS][MAX_M + 1] = { { 0 } };
 	double llama_bf16[MAX_M + 1] = { 0 }, llama_bf16_floor[MAX_M + 1] = { 0 };
 	float *x, *y, *hx;
 
-	const char *only = NULL;
+	const char *only = NULL, *fmt_only = NULL;
+	int once = 0;
 
 	for (int a = 1; a < argc; a++) {
 		if (!strcmp(argv[a], "--quick")) {
@@ -233,10 +250,37 @@ int main(int argc, char **argv)
 			n_ms = 4;
 		} else if (!strcmp(argv[a], "--only") && a + 1 < argc) {
 			only = argv[++a];
+		} else if (!strcmp(argv[a], "--fmt") && a + 1 < argc) {
+			fmt_only = argv[++a];
+		} else if (!strcmp(argv[a], "--once")) {
+			once = 1;
+		} else if (!strcmp(argv[a], "--m") && a + 1 < argc) {
+			char *e = argv[++a];
+
+			ms = user_ms;
+			for (n_ms = 0; n_ms < 7 && *e;) {
+				long v = strtol(e, &e, 10);
+
+				if (v >= 1 && v <= MAX_M)
+					user_ms[n_ms++] = (int)v;
+				if (*e != ',')
+					break;
+				e++;
+			}
 		}
 	}
 	if (bench_begin("bench_cuda_linear_q"))
 		return 77;
+	{	/* KDEC_* variables apply here as in the daemon (A/B runs of a knob) */
+		struct k_cuda_tuning t;
+		char err[160];
+
+		if (k_cuda_tuning_from_env(&t, err, sizeof(err))) {
+			fprintf(stderr, "bench_cuda_linear_q: %s\n", err);
+			return 1;
+		}
+		k_cuda_tuning_set(&t);
+	}
 	printf("median of %d graph replays, weights rotated over >= %zu MB; floor at %.2f TB/s\n",
 	       SAMPLES, ROTATE_BYTES >> 20, BENCH_HBM_BYTES_PER_S / 1e12);
 	CU(cudaSetDevice(0));
@@ -267,6 +311,26 @@ int main(int argc, char **argv)
 		if (only && !strstr(s->name, only))
 			continue;
 
+		if (once) {	/* each kind once, eagerly, for a profiler: no bf16, no timing */
+			for (int fi = 0; fi < N_FMTS; fi++) {
+				struct qweight qw;
+
+				if ((fmt_only && !bench_listed(fmt_only, fmts[fi].name)) ||
+				    qweight_create(&qw, &fmts[fi], s->N, s->K))
+					continue;
+				qw.q.scale = qw.s;
+				for (int mi = 0; mi < n_ms; mi++) {
+					CHECK(call(&qw, K_CUDA_LINEAR_Q_GEMV, 0, y, x, ms[mi], s->N, s->K) == 0 &&
+					      call(&qw, K_CUDA_LINEAR_Q_STREAM, 0, y, x, ms[mi], s->N, s->K) == 0,
+					      "%s %s M %d: once", s->name, fmts[fi].name, ms[mi]);
+					CU(cudaStreamSynchronize(stream));
+					printf("%s %s M %d: gemv and stream once\n", s->name, fmts[fi].name, ms[mi]);
+				}
+				cudaFree(qw.w);
+				cudaFree(qw.s);
+			}
+			continue;
+		}
 		/* the bf16 linear at each M first, its weights freed before the quantized */
 		if (bweight_create(&bw, s->N, s->K)) {
 			CHECK(0, "%s: bf16 weights", s->name);
@@ -288,6 +352,8 @@ int main(int argc, char **argv)
 		for (int fi = 0; fi < N_FMTS; fi++) {
 			struct qweight qw;
 
+			if (fmt_only && !bench_listed(fmt_only, fmts[fi].name))
+				continue;
 			if (qweight_create(&qw, &fmts[fi], s->N, s->K)) {
 				CHECK(0, "%s: weights", s->name);
 				continue;
@@ -295,7 +361,7 @@ int main(int argc, char **argv)
 			for (int mi = 0; mi < n_ms; mi++) {
 				const int M = ms[mi];
 				const enum k_cuda_linear_q_kind kind =
-					M <= K_CUDA_LINEAR_Q_MMA_MAX_M ? K_CUDA_LINEAR_Q_STREAM : K_CUDA_LINEAR_Q_TILE;
+					M <= K_CUDA_LINEAR_Q_MMA_MAX_M ? K_CUDA_LINEAR_Q_GEMV : K_CUDA_LINEAR_Q_TILE;
 				double bytes = (double)qw.wb + (double)((size_t)((s->N + qw.q.block_rows - 1) /
 						qw.q.block_rows) * (size_t)qw.q.scale_cols *
 						k_dtype_size(qw.q.scale_dtype)) + 4.0 * M * s->K + 4.0 * M * s->N;
@@ -306,11 +372,13 @@ int main(int argc, char **argv)
 				const enum k_cuda_linear_q_kind chosen =
 					k_cuda_linear_q_choose(lin, &qw.q, x, qw.w, M, s->N, s->K, wtmp_elems);
 
-				CHECK(chosen == kind || (M > 8 && chosen == K_CUDA_LINEAR_Q_STREAM),
+				/* STREAM: 9..16 rows where it splits K little; M <= 8 where the rule says, or
+				 * under KDEC_LINEAR_QGEMV=0 */
+				CHECK(chosen == kind || chosen == K_CUDA_LINEAR_Q_STREAM,
 				      "%s %s M %d: chose %s", s->name, fmts[fi].name, M,
 				      k_cuda_linear_q_kind_name(chosen));
 				us = time_us(&qw, kind, y, x, M, s->N, s->K);
-				mma = time_us(&qw, M <= 8 ? K_CUDA_LINEAR_Q_MMA : K_CUDA_LINEAR_Q_DEQUANT, y,
+				mma = time_us(&qw, M <= 8 ? K_CUDA_LINEAR_Q_STREAM : K_CUDA_LINEAR_Q_DEQUANT, y,
 					      x, M, s->N, s->K);
 				if (M > 8) {
 					st = time_us(&qw, K_CUDA_LINEAR_Q_STREAM, y, x, M, s->N, s->K);
@@ -328,7 +396,8 @@ int main(int argc, char **argv)
 				       mma > 0 ? 100.0 * floor_us / mma : 0, bf16_us[M],
 				       bf16_us[M] > 0 ? 100.0 * bf16_floor[M] / bf16_us[M] : 0, warp, plan);
 				if (s->llama_layer) {
-					llama_us[fi][M] += chosen == kind ? us : st;	/* what decode runs */
+					/* what decode runs */
+					llama_us[fi][M] += chosen == kind ? us : M > 8 ? st : mma;
 					llama_floor[fi][M] += floor_us;
 				}
 			}

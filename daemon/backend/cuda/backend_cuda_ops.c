@@ -132,7 +132,7 @@ int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const str
 					  b->wtmp ? b->wtmp_elems : 0);
 
 	if ((kind == K_CUDA_LINEAR_Q_STREAM || kind == K_CUDA_LINEAR_Q_MMA ||
-	     kind == K_CUDA_LINEAR_Q_TILE) &&
+	     kind == K_CUDA_LINEAR_Q_TILE || kind == K_CUDA_LINEAR_Q_GEMV) &&
 	    !w->mma_ok)	/* int4 with fp32 scales */
 		kind = M <= K_CUDA_LINEAR_Q_MMA_MAX_M || !b->wtmp ? K_CUDA_LINEAR_Q_WARP
 							       : K_CUDA_LINEAR_Q_DEQUANT;

@@ -48,6 +48,17 @@ int k_cuda_linear_q_vector(const struct k_quant *q, int K);
  * 93.2 against 122): the rule picks the faster kind in all 13. */
 #define K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT 2
 
+/* At M <= 8 k_cuda_linear_q_choose takes GEMV where STREAM would split K over clusters
+ * (S >= 2) whose CTAs fill at least this percent of two a multiprocessor, else STREAM.
+ * Measured on H200 (bench_cuda_linear_q, 13 shapes, fp8-block and int4-g32, M 1 and 8,
+ * docs/results/linear-q-50dc422.txt): GEMV faster on Llama q/k/v (240 of 264 slots: 10.4
+ * against 12.8 us fp8 M 1), o_proj and down (256: 8.1 against 9.2, 20.7 against 22.2) and
+ * Qwen3 q/k/v (240: 6.0 against 8.5), where a cluster that finds no room waits for a
+ * second round; STREAM faster where its one wave leaves room (Llama gate/up, no split:
+ * 31.2 against 37.2; Kimi-K2 o_proj, 224 CTAs: 16.4 against 25.1): the rule picks the
+ * faster kind in 49 of the 52 rows (the three others within 6%). */
+#define K_CUDA_LINEAR_Q_GEMV_FILL 90
+
 /* Rows of x the tile kernel (TILE) takes in one launch. */
 #define K_CUDA_LINEAR_Q_TILE_MAX_M 64
 /* Up to this many rows STREAM stays where it splits K over at most
@@ -80,14 +91,24 @@ enum k_cuda_linear_q_kind {
 	K_CUDA_LINEAR_Q_DEQUANT,
 	/* k_cuda_linear_q: fp32 x on the CUDA cores, one warp per row; any shape */
 	K_CUDA_LINEAR_Q_WARP,
+	/* M <= 8 (k_cuda_linear_q_choose's pick where STREAM's clusters would fill the GPU;
+	 * more rows in launches of 8): STREAM's
+	 * fragments in CTAs of 4 warps (64 rows), each warp's weights through its own
+	 * cp.async ring 5 stages deep from before the PDL wait, K split over plain CTAs
+	 * whose partials the last one adds in split order (no cluster), the split sized so
+	 * every multiprocessor gets about the same bytes; int4 dequantized with one lop3 a
+	 * pair (linear_qgemv.cu); fp8 scale columns of 128 k or more */
+	K_CUDA_LINEAR_Q_GEMV,
 	K_CUDA_LINEAR_Q_N_KINDS,
 };
 
 /* Whether the tensor-core GEMV (K_CUDA_LINEAR_Q_MMA) takes this call: M <= 8 (a launch), K % 16 == 0 (fp8) or % 32
  * (int4), x and w 16-byte aligned, scales in device memory as K_F32 or K_F16, fp8
  * scale columns a power of two >= 64 wide or the whole row, int4 groups a power of two
- * >= 32 or the whole row. int4 values are scaled in f16 before the MMA: exact only
- * where every scale is an f16 normal (k_quant_scale_f16_exact); fp8 values are
+ * >= 32 or the whole row. int4 values are scaled in f16 before the MMA: (v - 8) * s
+ * rounded once to f16, exact where s has at most 8 significant bits (|v - 8| has at most
+ * 3: bf16 scales such as Kimi-K2's), the scales being f16 normals
+ * (k_quant_scale_f16_exact; the backend keeps int4 off these kinds otherwise); fp8 values are
  * scaled in fp32. x is rounded to f16 (|x| > 65504 becomes inf). */
 int k_cuda_linear_q_mma_supports(const struct k_quant *q, const float *x, const void *w, int M,
 				 int N, int K);
@@ -95,6 +116,15 @@ int k_cuda_linear_q_mma_supports(const struct k_quant *q, const float *x, const 
  * scale columns a power of two >= 128 wide or the whole row. */
 int k_cuda_linear_q_stream_supports(const struct k_quant *q, const float *x, const void *w,
 				    int M, int N, int K);
+
+/* The same for K_CUDA_LINEAR_Q_GEMV: M <= K_CUDA_LINEAR_Q_MMA_MAX_M (a launch), K % 16 == 0
+ * (fp8) or % 32 (int4), fp8 scale columns a power of two >= 128 wide or the whole row,
+ * int4 groups a power of two >= 32 or the whole row, and a K split whose x slice (M x
+ * KC f16) fits 64 KB of shared memory, with at most 768 row tiles of 64 where K must
+ * split; the same roundings as STREAM (x to f16, int4 values scaled in f16, fp8 partial
+ * sums scaled in fp32). */
+int k_cuda_linear_q_gemv_supports(const struct k_quant *q, const float *x, const void *w,
+				  int M, int N, int K);
 
 /* The same for K_CUDA_LINEAR_Q_TILE: M <= K_CUDA_LINEAR_Q_TILE_MAX_M, K % 16 == 0 (fp8)
  * or % 32 (int4), fp8 scale columns a power of two >= 64 wide or the whole row, int4
@@ -104,8 +134,9 @@ int k_cuda_linear_q_stream_supports(const struct k_quant *q, const float *x, con
 int k_cuda_linear_q_tile_supports(const struct k_quant *q, const float *x, const void *w,
 				  int M, int N, int K);
 
-/* 1 where the scale s is an f16 normal number exactly (int4 through the MMA kind is then
- * exact: a 4-bit integer times s has at most 11 significant bits). */
+/* 1 where the scale s is an f16 normal number exactly (int4 through the tensor-core
+ * kinds then rounds (v - 8) * s once to f16, exactly where s has at most 8 significant
+ * bits: |v - 8| has at most 3, f16 keeps 11). */
 static inline int k_quant_scale_f16_exact(float s)
 {
 	float a = s < 0 ? -s : s;
@@ -120,7 +151,9 @@ enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *q, const fl
 					       const void *w, int M, int N, int K,
 					       size_t wtmp_elems);
 
-/* k_cuda_linear_q_pick's kind, except TILE at 8 < M <= 64 where it runs (ctx's x
+/* k_cuda_linear_q_pick's kind, except GEMV at M <= 8 where it runs and STREAM's plan
+ * fills the GPU with clusters (K_CUDA_LINEAR_Q_GEMV_FILL; never under KDEC_LINEAR_QGEMV=0),
+ * TILE at 8 < M <= 64 where it runs (ctx's x
  * scratch holds M x K), but for STREAM at M <= K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M
  * where STREAM splits K over at most K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs; else DEQUANT
  * for STREAM at M > 8 where ctx would split K over more than
@@ -150,7 +183,7 @@ int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y, const flo
 int k_cuda_quant_dequant(cudaStream_t stream, uint16_t *dst, enum k_dtype out, const void *w,
 			 const struct k_quant *q, int N, int K);
 
-/* "stream", "mma", "tile", "dequant", "warp". */
+/* "stream", "mma", "tile", "dequant", "warp", "gemv". */
 const char *k_cuda_linear_q_kind_name(enum k_cuda_linear_q_kind kind);
 
 /* A one-line description of how `kind` would launch this shape, for benchmarks. */

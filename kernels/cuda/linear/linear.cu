@@ -206,6 +206,8 @@ extern "C" int k_cuda_linear_create(struct k_cuda_linear **out, cudaStream_t str
 		ret = k_cuda_lin_qmma_setup(ctx);
 	if (!ret)
 		ret = k_cuda_lin_qtile_setup(ctx);
+	if (!ret)
+		ret = k_cuda_lin_qgemv_setup(ctx);
 	if (ret)
 		goto err;
 	ctx->pdl_ok = ctx->pdl;

@@ -48,6 +48,9 @@ struct k_cuda_linear {
 	int qm_bps;			/* quantized GEMV CTAs resident per multiprocessor */
 	/* quantized tile kernel CTAs resident per multiprocessor: [fp8, int4][M <= 16, 32, 64] */
 	int qt_bps[2][3];
+	int qg_bps;			/* quantized M <= 8 GEMV CTAs per multiprocessor (registers) */
+	int qg_smem_sm;			/* shared memory of a multiprocessor, bytes */
+	int qg_smem_cta;		/* a GEMV CTA's shared memory beyond the dynamic part */
 	float *st_ws;			/* (LIN_ST_MAX_UNITS, LIN_ST_MAX_M, 128) fp32 partials */
 	unsigned *st_cnt;		/* (LIN_ST_MAX_UNITS) arrivals per tile, 0 between launches */
 	cublasHandle_t blas;
@@ -121,6 +124,15 @@ int k_cuda_lin_qtile_setup(struct k_cuda_linear *ctx);
 int k_cuda_lin_qtile(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
 		     const struct k_quant *q, int M, int N, int K, int accumulate);
 int k_cuda_lin_qtile_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
+			      int N, int K, char *buf, size_t len);
+/* The quantized decode GEMV for M <= 8 (linear_qgemv.cu, K_CUDA_LINEAR_Q_GEMV): kernel
+ * attributes, ctx->qg_bps, qg_smem_sm and qg_smem_cta, once at create; the
+ * launch, K split through ctx->st_ws / st_cnt like the tile kernel (-EINVAL where
+ * k_cuda_linear_q_gemv_supports does not hold). */
+int k_cuda_lin_qgemv_setup(struct k_cuda_linear *ctx);
+int k_cuda_lin_qgemv(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+		     const struct k_quant *q, int M, int N, int K, int accumulate);
+int k_cuda_lin_qgemv_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
 			      int N, int K, char *buf, size_t len);
 /* The bookkeeping of the bf16 copy of x (linear.cu): whether x is the one a producer
  * left there, cleared; -EINVAL (logged) where only that copy was written and kind

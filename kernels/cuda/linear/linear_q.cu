@@ -1,4 +1,5 @@
-// Quantized-weight linears: the choice between the tensor-core GEMV (linear_qmma.cu),
+// Quantized-weight linears: the choice between the decode GEMV for M <= 8
+// (linear_qgemv.cu), the tensor-core streaming GEMV (linear_qmma.cu),
 // the tile kernel for 9..64 rows (linear_qtile.cu), an f16 copy for the GEMMs, and the
 // CUDA-core GEMV here (W8A16 fp8, W4A16 int4: one warp per weight row, the row's bytes streamed in 16-byte loads, each value
 // dequantized in registers, multiplied into fp32 x, the block's partial sum scaled
@@ -12,6 +13,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
@@ -373,6 +375,7 @@ extern "C" const char *k_cuda_linear_q_kind_name(enum k_cuda_linear_q_kind kind)
 	case K_CUDA_LINEAR_Q_TILE: return "tile";
 	case K_CUDA_LINEAR_Q_DEQUANT: return "dequant";
 	case K_CUDA_LINEAR_Q_WARP: return "warp";
+	case K_CUDA_LINEAR_Q_GEMV: return "gemv";
 	default: return "?";
 	}
 }
@@ -409,6 +412,16 @@ extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_
 				  M <= K_CUDA_LINEAR_Q_TILE_MIN_STREAM_M
 				  ? k_cuda_lin_qmma_split(ctx, true, q, M, N, K) : 0;
 
+	if (M <= K_CUDA_LINEAR_Q_MMA_MAX_M && k_cuda_tuning()->linear_qgemv &&
+	    k_cuda_linear_q_gemv_supports(q, x, w, M, N, K)) {
+		// STREAM's clusters: S a row block of 128, all at once where they find room
+		const int S = kind == K_CUDA_LINEAR_Q_STREAM ? k_cuda_lin_qmma_split(ctx, true, q, M, N, K) : 0;
+		const long ctas = (long)((N + 127) / 128) * S;
+
+		if (kind != K_CUDA_LINEAR_Q_STREAM ||
+		    (S >= 2 && ctas * 100 >= (long)K_CUDA_LINEAR_Q_GEMV_FILL * 2 * ctx->n_sm))
+			return K_CUDA_LINEAR_Q_GEMV;
+	}
 	if (M > K_CUDA_LINEAR_Q_MMA_MAX_M && M <= K_CUDA_LINEAR_Q_TILE_MAX_M && M <= ctx->max_M &&
 	    K <= ctx->max_K && k_cuda_linear_q_tile_supports(q, x, w, M, N, K) &&
 	    !(split >= 1 && split <= K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT))
@@ -450,6 +463,20 @@ extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y
 					      M - m0 < mp ? M - m0 : mp, N, K, accumulate);
 		return ret;
 	}
+	case K_CUDA_LINEAR_Q_GEMV: {
+		const int mp = M < K_CUDA_LINEAR_Q_MMA_MAX_M ? M : K_CUDA_LINEAR_Q_MMA_MAX_M;
+
+		if (!k_cuda_linear_q_gemv_supports(q, x, w, mp, N, K))
+			return -EINVAL;
+		// fp32 x, as the GEMV reads it
+		if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
+			return ret;
+		// 8 rows of x a launch; more rows read the weights again
+		for (int m0 = 0; m0 < M && !ret; m0 += mp)
+			ret = k_cuda_lin_qgemv(ctx, y + (size_t)m0 * N, x + (size_t)m0 * K, w, q,
+					       M - m0 < mp ? M - m0 : mp, N, K, accumulate);
+		return ret;
+	}
 	case K_CUDA_LINEAR_Q_TILE: {
 		const int mp = M < K_CUDA_LINEAR_Q_TILE_MAX_M ? M : K_CUDA_LINEAR_Q_TILE_MAX_M;
 
@@ -486,6 +513,8 @@ extern "C" void k_cuda_linear_q_describe(const struct k_cuda_linear *ctx,
 {
 	if (kind == K_CUDA_LINEAR_Q_TILE)
 		k_cuda_lin_qtile_describe(ctx, q, M, N, K, buf, len);
+	else if (kind == K_CUDA_LINEAR_Q_GEMV)
+		k_cuda_lin_qgemv_describe(ctx, q, M, N, K, buf, len);
 	else if (kind == K_CUDA_LINEAR_Q_STREAM || kind == K_CUDA_LINEAR_Q_MMA)
 		k_cuda_lin_qmma_describe(ctx, kind == K_CUDA_LINEAR_Q_STREAM, q, M, N, K, buf, len);
 	else if (kind == K_CUDA_LINEAR_Q_DEQUANT)

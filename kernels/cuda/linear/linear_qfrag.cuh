@@ -1,6 +1,7 @@
 // The fragment arithmetic the quantized tensor-core kernels share (linear_qmma.cu's
-// GEMV, linear_qtile.cu's tile kernel): the f16 mma.sync, fp8 e4m3 and int4 values
-// dequantized into f16 pairs, the int4 layout of x in shared memory, scale reads.
+// GEMV, linear_qtile.cu's tile kernel, linear_qgemv.cu's decode GEMV): the f16 mma.sync,
+// the int4 layout of x in shared memory, scale reads; the values themselves into f16
+// pairs through kernels/cuda/quant_dequant.cuh.
 // The k orders these imply are documented at the top of linear_qmma.cu.
 #ifndef KD_KERNELS_CUDA_LINEAR_QFRAG_CUH
 #define KD_KERNELS_CUDA_LINEAR_QFRAG_CUH
@@ -10,6 +11,7 @@
 
 #include <cuda_fp16.h>
 
+#include "kernels/cuda/quant_dequant.cuh"
 #include "kernels/quant.h"
 
 // c += a (m16 x k16, f16, row) b (k16 x n8, f16, col), fp32 accumulators.
@@ -23,27 +25,10 @@ static __device__ __forceinline__ void qm_mma(float (&c)[4], uint32_t a0, uint32
 }
 
 // Bytes 0,1 and 2,3 of w (e4m3) as two f16 pairs, exactly; the low byte in the low half.
+// int4 words: quant_dequant.cuh's k_dq_i4x8.
 static __device__ __forceinline__ void qm_e4m3x4(uint32_t w, uint32_t &lo, uint32_t &hi)
 {
-	asm("{\n\t.reg .b16 l, h;\n\t"
-	    "mov.b32 {l, h}, %2;\n\t"
-	    "cvt.rn.f16x2.e4m3x2 %0, l;\n\t"
-	    "cvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
-	    : "=r"(lo), "=r"(hi)
-	    : "r"(w));
-}
-
-// Nibbles p and p + 4 of w as (nibble - 8) * s in an f16 pair (low half: nibble p).
-static __device__ __forceinline__ uint32_t qm_i4x2(uint32_t w, int p, __half2 s)
-{
-	const uint32_t v = ((w >> (4 * p)) & 0x000f000fu) | 0x64006400u;	// 1024 + nibble
-	__half2 h;
-	uint32_t r;
-
-	memcpy(&h, &v, 4);
-	h = __hmul2(__hsub2(h, __half2half2(__ushort_as_half((unsigned short)0x6408u))), s);
-	memcpy(&r, &h, 4);
-	return r;
+	k_dq_e4m3x4(w, lo, hi);
 }
 
 // Index of the 16-byte unit holding x octet u of a row in shared memory: for int4, units

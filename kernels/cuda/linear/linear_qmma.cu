@@ -1,4 +1,6 @@
-// The decode GEMV on quantized weights (M <= 8; the streaming form up to 64): fp8 e4m3 or
+// The tensor-core GEMV on quantized weights (the register-load form M <= 8, the streaming
+// form up to 64; at M <= 8 k_cuda_linear_q_choose takes the streaming form where
+// linear_qgemv.cu's GEMV, which needs no cluster, is not faster): fp8 e4m3 or
 // int4 bytes streamed from HBM straight into mma.sync f16 fragments, dequantized in
 // registers; K split over the CTAs of a thread-block cluster and reduced through
 // distributed shared memory in rank order. Measured at M = 64 (H200): the weights are
@@ -11,8 +13,9 @@
 // conversion and an fma per value and per x row, and reads 4 bytes of fp32 x for every
 // weight byte: 16-32% (fp8) and 7-13% (int4) of the floor on H200. Here one mma takes
 // 16 x 16 values of 16 rows, x is read from shared memory once per 16 rows, and a value
-// costs half a conversion (two per cvt.rn.f16x2.e4m3x2) or about two operations per
-// pair of nibbles (mask into a 1024 + v half, subtract, scale).
+// costs half a conversion (two per cvt.rn.f16x2.e4m3x2) or about three operations per
+// pair of nibbles (quant_dequant.cuh's k_dq_i4x8: lop3 into a 1024 + v half, subtract,
+// scale).
 //
 // Layout. A CTA of 8 warps owns 128 weight rows (one m16 tile per warp) and one K slice
 // [k0, k0 + KC); its x rows [0, M) of that slice sit in shared memory as f16, loaded
@@ -29,7 +32,8 @@
 //        holds k 8q .. 8q+7, and (w >> 4p) & 0x000f000f pairs nibbles p and p + 4; MMA
 //        j (0..7) takes pairs 2(j&1), 2(j&1)+1 of word j/2. The group scale multiplies
 //        the f16 values before the MMA (exact where the scale is an f16: a 4-bit
-//        integer times 11 significant bits; k_cuda_linear_q_f16_scales says where). x
+//        integer times 8 significant bits: bf16 scales such as Kimi-K2's; an f16 scale of
+//        more bits rounds the product once, to f16). x
 //        is stored in shared memory with each octet as k 0 4 1 5 2 6 3 7, so that a
 //        lane's B registers are whole words.
 // The lane's B fragment is x row g at the same k: 16-byte shared-memory loads.
@@ -182,15 +186,12 @@ static __device__ __forceinline__ void qm_slab(float (&acc)[4], const uint4 &wa,
 #pragma unroll
 		for (int q = 0; q < 4; q++) {
 			const uint4 xq = xin ? xp[q ^ sw] : make_uint4(0, 0, 0, 0);
+			uint32_t fa[4], fb[4];
 
-#pragma unroll
-			for (int h = 0; h < 2; h++) {
-				const int p = 2 * h;
-
-				qm_mma(acc, qm_i4x2(wa_[q], p, ha), qm_i4x2(wb_[q], p, hb),
-				       qm_i4x2(wa_[q], p + 1, ha), qm_i4x2(wb_[q], p + 1, hb),
-				       h ? xq.z : xq.x, h ? xq.w : xq.y);
-			}
+			k_dq_i4x8(wa_[q], ha, fa);
+			k_dq_i4x8(wb_[q], hb, fb);
+			qm_mma(acc, fa[0], fb[0], fa[1], fb[1], xq.x, xq.y);
+			qm_mma(acc, fa[2], fb[2], fa[3], fb[3], xq.z, xq.w);
 		}
 	}
 }
@@ -236,14 +237,16 @@ static __device__ __forceinline__ void qw_slab(float (&acc)[NT][4], const uint4 
 
 #pragma unroll
 		for (int q = 0; q < 4; q++) {
-			uint32_t af[2][4];
+			uint32_t af[2][4], fa[4], fb[4];
 
+			k_dq_i4x8(wa_[q], ha, fa);
+			k_dq_i4x8(wb_[q], hb, fb);
 #pragma unroll
 			for (int h = 0; h < 2; h++) {
-				af[h][0] = qm_i4x2(wa_[q], 2 * h, ha);
-				af[h][1] = qm_i4x2(wb_[q], 2 * h, hb);
-				af[h][2] = qm_i4x2(wa_[q], 2 * h + 1, ha);
-				af[h][3] = qm_i4x2(wb_[q], 2 * h + 1, hb);
+				af[h][0] = fa[2 * h];
+				af[h][1] = fb[2 * h];
+				af[h][2] = fa[2 * h + 1];
+				af[h][3] = fb[2 * h + 1];
 			}
 #pragma unroll
 			for (int nt = 0; nt < NT; nt++) {

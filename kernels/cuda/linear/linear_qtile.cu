@@ -222,14 +222,19 @@ static __device__ __forceinline__ void qt_compute(float (&acc)[2][NT][4], const 
 			uint32_t af[2][2][4];
 
 #pragma unroll
-			for (int mt = 0; mt < 2; mt++)
+			for (int mt = 0; mt < 2; mt++) {
+				uint32_t fa[4], fb[4];
+
+				k_dq_i4x8(wa[mt][q], hs[2 * mt], fa);
+				k_dq_i4x8(wb[mt][q], hs[2 * mt + 1], fb);
 #pragma unroll
 				for (int h = 0; h < 2; h++) {
-					af[mt][h][0] = qm_i4x2(wa[mt][q], 2 * h, hs[2 * mt]);
-					af[mt][h][1] = qm_i4x2(wb[mt][q], 2 * h, hs[2 * mt + 1]);
-					af[mt][h][2] = qm_i4x2(wa[mt][q], 2 * h + 1, hs[2 * mt]);
-					af[mt][h][3] = qm_i4x2(wb[mt][q], 2 * h + 1, hs[2 * mt + 1]);
+					af[mt][h][0] = fa[2 * h];
+					af[mt][h][1] = fb[2 * h];
+					af[mt][h][2] = fa[2 * h + 1];
+					af[mt][h][3] = fb[2 * h + 1];
 				}
+			}
 #pragma unroll
 			for (int nt = 0; nt < NT; nt++) {
 				const uint4 xq = *(const uint4 *)(xp + nt * 8 * C::XSTRIDE + 16 * (q ^ sw));

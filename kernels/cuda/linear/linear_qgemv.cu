@@ -1,0 +1,551 @@
+// The quantized-weight decode GEMV for M <= 8 rows (K_CUDA_LINEAR_Q_GEMV; W8A16 fp8,
+// W4A16 int4): weights streamed from HBM through a per-warp cp.async ring into mma.sync
+// f16 fragments, dequantized in registers, K split over plain CTAs whose partial tiles
+// the last one of each row tile adds in split order.
+//
+// Why another kernel (linear_qmma.cu's streaming form runs the same fragments): that one
+// holds the large fp8 matrices at 88% of the HBM floor at M = 1 but the ones under ~60 MB
+// at 43-63% (Llama-3.1-8B q/k/v, o_proj, down), a fixed ~4-7 us a call. Its CTAs are 8
+// warps of 128 rows and its K split is a thread-block cluster of up to 8 CTAs reduced
+// through DSMEM, which the hardware must place whole in one GPC: where its CTAs nearly
+// fill two a multiprocessor (a 16.8 MB o_proj: 32 clusters of 8 CTAs of 67 KB, 256 of 264
+// slots) a cluster that finds no room waits for a second round, and ncu counts 18% of its
+// warps' stall samples in the cluster barrier (docs/results/linear-q-50dc422.txt). Here:
+// - a CTA is 4 warps of 16 rows (64 rows): twice as many, half as long CTAs for the same
+//   rows, up to four a multiprocessor (48 KB ring + the x slice);
+// - no cluster: the split partials go through the context's workspace and the last CTA
+//   of a row tile (an atomic count) adds them in split order s = 0 .. S-1, so the sum has
+//   the same bits whoever comes last (linear_stream.cu's and linear_qtile.cu's scheme);
+// - the split and grid come from a model of the per-multiprocessor time (qg_make_plan):
+//   the busiest multiprocessor's stages over the rate its resident warps reach, so that
+//   every multiprocessor gets about the same bytes;
+// - each warp keeps QG_AHEAD = 5 stages of 2 KB in flight (10 KB; 4 CTAs: 160 KB a
+//   multiprocessor), issued before the wait on the previous kernel (weights are constant).
+// int4 pairs of values are dequantized with one lop3 each (quant_dequant.cuh's
+// k_dq_i4x8: 13 operations a word of 8 values where the shift-mask-subtract form
+// before took ~21 in the SASS; the same bits).
+//
+// Measured (H200, docs/results/linear-q-50dc422.txt, M 1 and 8, fp8 and int4): faster
+// than the cluster form where that one's CTAs nearly fill two a multiprocessor (Llama
+// q/k/v 10.4 against 12.8 us, o_proj 8.1 against 9.2, down 20.7 against 22.2, Qwen3 q/k/v
+// 6.0 against 8.5 at fp8 M = 1), slower where the cluster form runs one wave with room to
+// spare (Llama gate/up 37.2 against 31.2: here 1.7 waves of 896 CTAs; Kimi-K2 o_proj 25.1
+// against 16.4: two CTAs of 4 warps a multiprocessor, too few warps for the bytes):
+// k_cuda_linear_q_choose takes it only in the first case (K_CUDA_LINEAR_Q_GEMV_FILL).
+//
+// Fragments and the k order: linear_qmma.cu's header (the streaming form's stage of 128
+// bytes a row, two slabs: fp8 64 k, int4 128 k a slab; lane (g, t) takes 16 bytes of
+// rows g and g + 8 of each slab; x in shared memory as f16, int4 octets k 0 4 1 5 2 6 3 7).
+// x (M rows of the CTA's K slice) is rounded to f16 into shared memory once after the
+// wait; M * (KC + 8) * 2 bytes, at most QG_MAX_X (the plan splits K further otherwise).
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/k_cuda_tuning.h"
+#include "kernels/cuda/linear/k_cuda_linear_q.h"
+#include "kernels/cuda/linear/linear_internal.h"
+#include "kernels/cuda/linear/linear_qfrag.cuh"
+#include "kernels/cuda/quant_dequant.cuh"
+#include "kernels/cuda/ptx.cuh"
+
+#define QG_WARPS	4
+#define QG_THREADS	(QG_WARPS * 32)
+#define QG_ROWS		(QG_WARPS * 16)	/* weight rows per CTA: one m16 tile a warp */
+#define QG_STAGES	6		/* ring slots a warp */
+#define QG_AHEAD	(QG_STAGES - 1)	/* stages in flight ahead of the one computed */
+#define QG_ROW		128		/* bytes of a row per stage */
+#define QG_WSTAGE	(16 * QG_ROW)	/* a warp's stage: 2 KB */
+#define QG_RING		(QG_WARPS * QG_STAGES * QG_WSTAGE)	/* 48 KB */
+#define QG_MAX_X	(64 << 10)	/* bytes of the x slice in shared memory, at most */
+#define QG_MAX_SPLIT	LIN_ST_MAX_SPLIT
+#define QG_PART		(K_CUDA_LINEAR_Q_MMA_MAX_M * QG_ROWS)	/* floats of a partial tile */
+/* The plan's model (qg_make_plan), in stages of a warp: a CTA's fixed cost (x staged
+ * behind the wait, ramp, epilogue) and the extra cost of a split (partials out, the last
+ * CTA's sum); the warps a multiprocessor needs before bytes, not latency, bound it are
+ * k_cuda_tuning's linear_qgemv_warps (8: a warp has 10 KB in flight, ~5-6 warps cover
+ * ~32 KB/us at ~1.5-2 us of latency). */
+#define QG_CTA_OVERHEAD	2
+#define QG_SPLIT_COST	1
+
+template <int FMT> struct qg_fmt {
+	static constexpr int SLAB = FMT == K_Q_INT4 ? 128 : 64;	// k per slab
+	static constexpr int SK = 2 * SLAB;			// k per stage
+	static constexpr int VPB = FMT == K_Q_INT4 ? 2 : 1;	// values a byte
+};
+
+struct qg_args {
+	int M, N, K;
+	int KC;			// k per CTA (a multiple of the stage's k)
+	int row_bytes;		// bytes of a weight row
+	int block_rows;
+	int bc_shift;		// k >> bc_shift = scale column (31: one column)
+	int scale_cols;
+	int accumulate;
+	int pdl;
+};
+
+// ---- kernel -------------------------------------------------------------------
+
+// Byte offset of 16-byte unit c of row r in a warp's stage: rows of odd index swap their
+// halves, so that lanes (g, t) and (g + 1, t) of a quarter warp read different banks.
+static __device__ __forceinline__ int qg_off(int r, int c)
+{
+	return r * QG_ROW + ((c ^ ((r & 1) << 2)) << 4);
+}
+
+// Stage i of the warp's 16 rows from row0 into ring slot `slot`: four instructions of
+// 4 rows x 128 bytes; zeros past N and past the slice. EARLY: before the PDL wait.
+template <bool EARLY>
+static __device__ __forceinline__ void qg_issue(unsigned char *slot, const uint8_t *w,
+						const qg_args &a, int row0, int kb0, int kb_end,
+						int i, int lane)
+{
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+		const int r = 4 * j + (lane >> 3), c = lane & 7, n = row0 + r;
+		const int kb = kb0 + i * QG_ROW + 16 * c;	// byte of the row
+		const bool ok = n < a.N && kb < kb_end;
+		const uint8_t *src = ok ? w + (size_t)n * a.row_bytes + kb : w;
+
+		if (EARLY)
+			k_cuda_pdl_early_cp16(slot + qg_off(r, c), src, ok);
+		else
+			cp_async16(slot + qg_off(r, c), src, ok);
+	}
+}
+
+// The scales stage i needs of the lane's rows: fp8 one a row (scale columns of 128 k
+// or more, or the whole row), int4 one a row and slab (the lane's 32 k of it); zeros
+// past the slice, where no scale column exists.
+template <int FMT, typename ST>
+static __device__ __forceinline__ void qg_scales(float (&sr)[4], const ST *scale, const qg_args &a,
+						 size_t sra, size_t srb, bool aok, bool bok,
+						 int k0, int kend, int i, int t)
+{
+	if (FMT == K_Q_FP8) {
+		const int k = k0 + i * qg_fmt<FMT>::SK, sc = k >> a.bc_shift;
+
+		sr[0] = aok && k < kend ? qm_scale(scale, sra + sc) : 0.f;
+		sr[1] = bok && k < kend ? qm_scale(scale, srb + sc) : 0.f;
+		sr[2] = sr[3] = 0.f;
+	} else {
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const int k = k0 + i * qg_fmt<FMT>::SK + h * 128 + 32 * t;
+			const int sc = k >> a.bc_shift;
+
+			sr[2 * h] = aok && k < kend ? qm_scale(scale, sra + sc) : 0.f;
+			sr[2 * h + 1] = bok && k < kend ? qm_scale(scale, srb + sc) : 0.f;
+		}
+	}
+}
+
+// x rows [0, M), k [k0, k0 + KC) into shared memory as f16 (row stride KC + 8 halves),
+// zeros past K; int4 octets reordered k 0 4 1 5 2 6 3 7 and placed by qm_xunit. A
+// thread's octets QG_XU at a time, all loads before any store: at M = 8 and a 3584-k
+// slice a thread has 28 octets, whose dependent L2 round trips one at a time would cost
+// more than the slice's weights.
+#define QG_XU	4
+template <int FMT>
+static __device__ __forceinline__ void qg_stage_x(uint4 *xs, const float *x, int M, int K,
+						  int k0, int KC)
+{
+	const int per_row = KC / 8, xs_row = (KC + 8) / 8, total = M * per_row;	// 16-byte units
+
+	for (int i0 = threadIdx.x; i0 < total; i0 += QG_XU * QG_THREADS) {
+		float4 a[QG_XU], b[QG_XU];
+
+#pragma unroll
+		for (int v = 0; v < QG_XU; v++) {
+			const int i = i0 + v * QG_THREADS, m = i / per_row, k = k0 + 8 * (i % per_row);
+
+			a[v] = b[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+			if (i < total && k < K) {	// K % 16 == 0: the octet is all in or all out
+				const float4 *p = (const float4 *)(x + (size_t)m * K + k);
+
+				a[v] = p[0];
+				b[v] = p[1];
+			}
+		}
+#pragma unroll
+		for (int v = 0; v < QG_XU; v++) {
+			const int i = i0 + v * QG_THREADS, m = i / per_row, u = i % per_row;
+			uint4 o;
+
+			if (i >= total)
+				break;
+			if (FMT == K_Q_INT4) {
+				o.x = qm_pack_h2(a[v].x, b[v].x);
+				o.y = qm_pack_h2(a[v].y, b[v].y);
+				o.z = qm_pack_h2(a[v].z, b[v].z);
+				o.w = qm_pack_h2(a[v].w, b[v].w);
+			} else {
+				o.x = qm_pack_h2(a[v].x, a[v].y);
+				o.y = qm_pack_h2(a[v].z, a[v].w);
+				o.z = qm_pack_h2(b[v].x, b[v].y);
+				o.w = qm_pack_h2(b[v].z, b[v].w);
+			}
+			xs[m * xs_row + qm_xunit<FMT>(u)] = o;
+		}
+	}
+}
+
+// One slab of the lane's rows g and g + 8 (wa, wb: their 16 bytes), x row g from xp.
+// fp8: the slab's four MMAs into a temporary, scaled once in fp32; int4: values scaled
+// in f16 before the MMA (the lane's 32 k are one group). As linear_qmma.cu's qm_slab.
+template <int FMT>
+static __device__ __forceinline__ void qg_slab(float (&acc)[4], const uint4 &wa, const uint4 &wb,
+					       float sa, float sb, const uint4 *xp, int sw, bool xin)
+{
+	const uint32_t wa_[4] = { wa.x, wa.y, wa.z, wa.w }, wb_[4] = { wb.x, wb.y, wb.z, wb.w };
+	const uint4 z = make_uint4(0, 0, 0, 0);
+
+	if (FMT == K_Q_FP8) {
+		float tmp[4] = { 0.f, 0.f, 0.f, 0.f };
+		const uint4 x0 = xin ? xp[0] : z, x1 = xin ? xp[1] : z;
+		const uint32_t xw[8] = { x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w };
+
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			uint32_t a0, a1, a2, a3;
+
+			qm_e4m3x4(wa_[j], a0, a2);
+			qm_e4m3x4(wb_[j], a1, a3);
+			qm_mma(tmp, a0, a1, a2, a3, xw[2 * j], xw[2 * j + 1]);
+		}
+		acc[0] = fmaf(tmp[0], sa, acc[0]);
+		acc[1] = fmaf(tmp[1], sa, acc[1]);
+		acc[2] = fmaf(tmp[2], sb, acc[2]);
+		acc[3] = fmaf(tmp[3], sb, acc[3]);
+	} else {
+		const __half2 ha = __float2half2_rn(sa), hb = __float2half2_rn(sb);
+
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			const uint4 xq = xin ? xp[q ^ sw] : z;
+			uint32_t fa[4], fb[4];
+
+			k_dq_i4x8(wa_[q], ha, fa);
+			k_dq_i4x8(wb_[q], hb, fb);
+			qm_mma(acc, fa[0], fb[0], fa[1], fb[1], xq.x, xq.y);
+			qm_mma(acc, fa[2], fb[2], fa[3], fb[3], xq.z, xq.w);
+		}
+	}
+}
+
+// grid (row tiles, S): blockIdx.x the 64 rows, blockIdx.y the K slice [s KC, s KC + KC).
+// ws: (tiles * S, QG_PART) fp32 partials, cnt: (tiles) arrival counters, zero between
+// launches (S > 1 only). Needs K % 16 (fp8) or % 32 (int4) == 0, w rows and x 16-byte
+// aligned, M <= 8, the scale column constant over a stage (fp8) or a lane's 32 k (int4).
+template <int FMT, typename ST>
+__global__ void __launch_bounds__(QG_THREADS, 4)
+qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__restrict__ scale,
+	  qg_args a, float *ws, unsigned *cnt)
+{
+	using F = qg_fmt<FMT>;
+	extern __shared__ __align__(16) unsigned char qg_smem[];
+	__shared__ bool qg_last;
+	uint4 *xs = (uint4 *)(qg_smem + QG_RING);
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+	const int tile = blockIdx.x, S = gridDim.y, s = blockIdx.y;
+	const int n0 = tile * QG_ROWS, row0 = n0 + warp * 16, ra = row0 + g, rb = ra + 8;
+	const int k0 = s * a.KC, kend = min(a.K, k0 + a.KC);
+	const int nst = k0 < kend ? (kend - k0 + F::SK - 1) / F::SK : 0;
+	const int kb0 = k0 / F::VPB, kb_end = kend / F::VPB;	// in bytes of a row
+	const bool aok = ra < a.N, bok = rb < a.N;
+	const size_t sra = (size_t)((aok ? ra : 0) / a.block_rows) * a.scale_cols;
+	const size_t srb = (size_t)((bok ? rb : 0) / a.block_rows) * a.scale_cols;
+	const int xs_row = (a.KC + 8) / 8;
+	unsigned char *ring = qg_smem + warp * QG_STAGES * QG_WSTAGE;
+	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
+	float sr[QG_STAGES][4];
+
+	// weights are constant: the first stages stream in while the previous kernel drains
+#pragma unroll
+	for (int i = 0; i < QG_AHEAD; i++) {
+		if (i < nst)
+			qg_issue<true>(ring + i * QG_WSTAGE, w, a, row0, kb0, kb_end, i, lane);
+		cp_async_commit();
+	}
+	k_cuda_lin_inputs_ready(a.pdl);	// x, y and the scales only from here on
+#pragma unroll
+	for (int i = 0; i < QG_AHEAD; i++)
+		qg_scales<FMT, ST>(sr[i], scale, a, sra, srb, aok, bok, k0, kend, i, t);
+	qg_stage_x<FMT>(xs, x, a.M, a.K, k0, a.KC);
+	__syncthreads();
+
+	const uint4 *xr = xs + g * xs_row + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
+	const bool xin = g < a.M;
+	const int sw = FMT == K_Q_INT4 ? (t >> 1) << 1 : 0;
+
+	// groups: QG_AHEAD in the prologue, then one a stage; before stage i, its group has
+	// exactly QG_AHEAD - 1 newer ones. Stage i sits in slot i % QG_STAGES = j.
+	for (int i0 = 0; i0 < nst; i0 += QG_STAGES) {
+#pragma unroll
+		for (int j = 0; j < QG_STAGES; j++) {
+			const int i = i0 + j, nx = (j + QG_AHEAD) % QG_STAGES;
+
+			if (i >= nst)
+				break;
+			cp_async_wait<QG_AHEAD - 1>();	// stage i is here
+			__syncwarp();			// ... for every lane; slot nx is read
+			if (i + QG_AHEAD < nst) {
+				qg_issue<false>(ring + nx * QG_WSTAGE, w, a, row0, kb0, kb_end,
+						i + QG_AHEAD, lane);
+				qg_scales<FMT, ST>(sr[nx], scale, a, sra, srb, aok, bok, k0, kend,
+						   i + QG_AHEAD, t);
+			}
+			cp_async_commit();
+			const unsigned char *st = ring + j * QG_WSTAGE;
+
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				const uint4 wa = *(const uint4 *)(st + qg_off(g, 4 * h + t));
+				const uint4 wb = *(const uint4 *)(st + qg_off(g + 8, 4 * h + t));
+				const float sa = FMT == K_Q_INT4 ? sr[j][2 * h] : sr[j][0];
+				const float sb = FMT == K_Q_INT4 ? sr[j][2 * h + 1] : sr[j][1];
+
+				qg_slab<FMT>(acc, wa, wb, sa, sb, xr + (2 * i + h) * (F::SLAB / 8), sw,
+					     xin);
+			}
+		}
+	}
+	cp_async_wait<0>();
+
+	// accumulator c of lane (g, t): x row 2t + (c & 1), weight row g + 8 (c >> 1)
+	if (S == 1) {
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+			const int m = 2 * t + (c & 1), n = c < 2 ? ra : rb;
+
+			if (m < a.M && n < a.N) {
+				float *p = y + (size_t)m * a.N + n;
+
+				*p = a.accumulate ? *p + acc[c] : acc[c];
+			}
+		}
+		return;
+	}
+	float *part = ws + ((size_t)tile * S + s) * QG_PART;
+
+#pragma unroll
+	for (int c = 0; c < 4; c++) {
+		const int m = 2 * t + (c & 1), r = warp * 16 + g + 8 * (c >> 1);
+
+		if (m < a.M)
+			__stcg(part + m * QG_ROWS + r, acc[c]);
+	}
+	__threadfence();	// partials visible device-wide before this CTA counts
+	__syncthreads();
+	if (tid == 0)
+		qg_last = atomicAdd(cnt + tile, 1u) == (unsigned)S - 1;
+	__syncthreads();
+	if (!qg_last)
+		return;
+	__threadfence();	// every other CTA's partials, which its count published
+	const float *tp = ws + (size_t)tile * S * QG_PART;
+
+	// all S loads of an output issued before the adds, in split order
+	for (int e = tid; e < a.M * QG_ROWS; e += QG_THREADS) {
+		const int m = e / QG_ROWS, n = n0 + e % QG_ROWS;
+		float v[QG_MAX_SPLIT], sum;
+
+#pragma unroll
+		for (int q = 0; q < QG_MAX_SPLIT; q++)
+			v[q] = q < S ? __ldcg(tp + (size_t)q * QG_PART + e) : 0.f;
+		sum = v[0];
+#pragma unroll
+		for (int q = 1; q < QG_MAX_SPLIT; q++)
+			if (q < S)
+				sum += v[q];
+		if (n < a.N) {
+			float *p = y + (size_t)m * a.N + n;
+
+			*p = a.accumulate ? *p + sum : sum;
+		}
+	}
+	if (tid == 0)
+		cnt[tile] = 0;
+}
+
+// ---- launchers ----------------------------------------------------------------
+
+static int qg_stage_k(const struct k_quant *q)
+{
+	return q->fmt == K_Q_INT4 ? qg_fmt<K_Q_INT4>::SK : qg_fmt<K_Q_FP8>::SK;
+}
+
+static long qg_x_bytes(int M, int KC)
+{
+	return (long)M * (KC + 8) * 2;
+}
+
+struct qg_plan {
+	int tiles;	// 64-row tiles
+	int S;		// K slices
+	int KC;		// k per slice
+	int smem;	// dynamic shared memory of a CTA
+	int per_sm;	// CTAs the busiest multiprocessor runs
+	int bps;	// CTAs resident a multiprocessor
+};
+
+// Every split S (distinct slices, x slice within QG_MAX_X, the workspace's room where
+// S > 1) is tried: the busiest multiprocessor's CTAs x (stages a slice + fixed cost),
+// at a rate that grows with the warps it holds at once up to linear_qgemv_warps; a split
+// costs QG_SPLIT_COST stages more; ties go to the smaller split. n_sm, bps_regs,
+// smem_sm (a multiprocessor's shared memory), smem_cta (a CTA's beyond the dynamic
+// part): 0 for a plan without a context (does any split fit: supports). -EINVAL where
+// none does.
+static int qg_make_plan(int n_sm, int bps_regs, int smem_sm, int smem_cta, int sk, int M,
+			int N, int K, struct qg_plan *p)
+{
+	const int full = k_cuda_tuning()->linear_qgemv_warps;
+	const int tiles = (N + QG_ROWS - 1) / QG_ROWS, nst = (K + sk - 1) / sk;
+	const long ws_floats = (long)LIN_ST_MAX_UNITS * LIN_ST_MAX_M * 128;
+	double best = -1;
+
+	for (int S = 1; S <= QG_MAX_SPLIT && S <= nst; S++) {
+		const int kb = (nst + S - 1) / S, KC = kb * sk;
+		const long xb = qg_x_bytes(M, KC), ctas = (long)tiles * S;
+		long per_sm, conc;
+		int smem, bps;
+		double cost;
+
+		if ((nst + kb - 1) / kb != S || xb > QG_MAX_X)	// the same slices as a smaller S
+			continue;
+		if (S > 1 && (tiles > LIN_ST_MAX_UNITS || ctas * QG_PART > ws_floats))
+			continue;
+		smem = QG_RING + (int)xb;
+		bps = smem_sm > 0 ? smem_sm / (smem + smem_cta) : 1;
+		if (bps_regs > 0 && bps > bps_regs)
+			bps = bps_regs;
+		if (bps < 1)
+			bps = 1;
+		per_sm = n_sm > 0 ? (ctas + n_sm - 1) / n_sm : 1;
+		conc = per_sm < bps ? per_sm : bps;
+		cost = (double)per_sm * (kb + QG_CTA_OVERHEAD) *
+		       (conc * QG_WARPS < full ? (double)full / (conc * QG_WARPS) : 1.0) +
+		       (S > 1 ? QG_SPLIT_COST : 0);
+		if (best < 0 || cost < best - 1e-9) {
+			best = cost;
+			*p = qg_plan{ tiles, S, KC, smem, (int)per_sm, bps };
+		}
+	}
+	return best < 0 ? -EINVAL : 0;
+}
+
+static int qg_ctx_plan(const struct k_cuda_linear *ctx, const struct k_quant *q, int M, int N,
+		       int K, struct qg_plan *p)
+{
+	return qg_make_plan(ctx->n_sm, ctx->qg_bps, ctx->qg_smem_sm, ctx->qg_smem_cta, qg_stage_k(q),
+			    M, N, K, p);
+}
+
+extern "C" int k_cuda_linear_q_gemv_supports(const struct k_quant *q, const float *x,
+					     const void *w, int M, int N, int K)
+{
+	struct qg_plan p;
+
+	return q && x && w && M >= 1 && M <= K_CUDA_LINEAR_Q_MMA_MAX_M && N >= 1 && K >= 1 &&
+	       (q->fmt == K_Q_FP8 || q->fmt == K_Q_INT4) && q->block_rows >= 1 &&
+	       q->block_cols >= 1 && q->scale &&
+	       (q->scale_dtype == K_F32 || q->scale_dtype == K_F16) && !((uintptr_t)x & 15) &&
+	       !((uintptr_t)w & 15) && K % (q->fmt == K_Q_INT4 ? 32 : 16) == 0 &&
+	       qm_bc_shift(q, K, q->fmt == K_Q_INT4 ? 32 : 128) >= 0 &&
+	       !qg_make_plan(0, 0, 0, 0, qg_stage_k(q), M, N, K, &p);
+}
+
+template <int FMT, typename ST>
+static int qg_launch(const struct k_cuda_linear *ctx, const struct qg_plan *p, float *y,
+		     const float *x, const void *w, const struct k_quant *q, int M, int N, int K,
+		     int accumulate)
+{
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute attr[1] = {};
+	const qg_args a = { M, N, K, p->KC, (int)k_quant_row_bytes(q->fmt, K), q->block_rows,
+			    qm_bc_shift(q, K, FMT == K_Q_INT4 ? 32 : 128), (int)q->scale_cols,
+			    accumulate, ctx->pdl };
+
+	cfg.gridDim = dim3(p->tiles, p->S, 1);
+	cfg.blockDim = dim3(QG_THREADS, 1, 1);
+	cfg.dynamicSmemBytes = p->smem;
+	cfg.stream = ctx->stream;
+	cfg.attrs = attr;
+	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
+	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qg_kernel<FMT, ST>, y, x,
+						     (const uint8_t *)w, (const ST *)q->scale, a,
+						     ctx->st_ws, ctx->st_cnt));
+}
+
+int k_cuda_lin_qgemv(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+		     const struct k_quant *q, int M, int N, int K, int accumulate)
+{
+	struct qg_plan p;
+
+	if (!k_cuda_linear_q_gemv_supports(q, x, w, M, N, K) || qg_ctx_plan(ctx, q, M, N, K, &p))
+		return -EINVAL;
+	if (q->fmt == K_Q_INT4)
+		return q->scale_dtype == K_F16
+			       ? qg_launch<K_Q_INT4, __half>(ctx, &p, y, x, w, q, M, N, K, accumulate)
+			       : qg_launch<K_Q_INT4, float>(ctx, &p, y, x, w, q, M, N, K, accumulate);
+	return q->scale_dtype == K_F16
+		       ? qg_launch<K_Q_FP8, __half>(ctx, &p, y, x, w, q, M, N, K, accumulate)
+		       : qg_launch<K_Q_FP8, float>(ctx, &p, y, x, w, q, M, N, K, accumulate);
+}
+
+int k_cuda_lin_qgemv_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
+			      int N, int K, char *buf, size_t len)
+{
+	struct qg_plan p;
+	const int mc = M < K_CUDA_LINEAR_Q_MMA_MAX_M ? M : K_CUDA_LINEAR_Q_MMA_MAX_M;
+
+	if (qg_ctx_plan(ctx, q, mc, N, K, &p))
+		return snprintf(buf, len, "qgemv: no plan");
+	return snprintf(buf, len, "qgemv grid=%dx%d k/slice=%d ctas/sm=%d (%d resident) smem=%d",
+			p.tiles, p.S, p.KC, p.per_sm, p.bps, p.smem);
+}
+
+template <int FMT, typename ST> static int qg_setup_one(struct k_cuda_linear *ctx)
+{
+	cudaFuncAttributes fa = {};
+	int bps = 0, ret;
+
+	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qg_kernel<FMT, ST>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize, QG_RING + QG_MAX_X));
+	if (!ret)	// registers and threads alone: the plan adds the shared memory
+		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps,
+					qg_kernel<FMT, ST>, QG_THREADS, 0));
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaFuncGetAttributes(&fa, qg_kernel<FMT, ST>));
+	if (ret)
+		return ret;
+	if (ctx->qg_bps == 0 || bps < ctx->qg_bps)
+		ctx->qg_bps = bps > 0 ? bps : 1;
+	// a CTA's shared memory beyond the dynamic part: its static part and the 1 KB the
+	// system reserves a CTA (sm_80+)
+	if ((int)fa.sharedSizeBytes + 1024 > ctx->qg_smem_cta)
+		ctx->qg_smem_cta = (int)fa.sharedSizeBytes + 1024;
+	return 0;
+}
+
+int k_cuda_lin_qgemv_setup(struct k_cuda_linear *ctx)
+{
+	int smem = 0, ret;
+
+	ret = LIN_CUDA(ctx->dev, cudaDeviceGetAttribute(&smem,
+				cudaDevAttrMaxSharedMemoryPerMultiprocessor, ctx->dev));
+	ctx->qg_smem_sm = smem;
+	if (!ret)
+		ret = qg_setup_one<K_Q_FP8, float>(ctx);
+	if (!ret)
+		ret = qg_setup_one<K_Q_FP8, __half>(ctx);
+	if (!ret)
+		ret = qg_setup_one<K_Q_INT4, float>(ctx);
+	if (!ret)
+		ret = qg_setup_one<K_Q_INT4, __half>(ctx);
+	return ret;
+}
