@@ -185,76 +185,84 @@ __global__ void __launch_bounds__(256) read_kernel(const uint4 *p, size_t n, uns
 struct shape { const char *name; int row_bytes; int rows; };
 static int n_sm;
 
-template <int RPW, int UC, int D, int W, int C, int LD>
-static void run(const char *tag, const shape &s, std::vector<uint16_t *> &bufs, const float *x, float *y)
+// Median us of 20 calls (after 4) of launch(i), i the call's index (its rotated copy).
+template <typename Launch>
+static double time_calls(Launch launch)
 {
-	auto k = stream_kernel<RPW, UC, D, W, C, LD>;
-	int nc = s.row_bytes / 16;
-	size_t smem = (size_t)nc * 32;
-	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
-	int occ = 0;
-	CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, W * 32, smem));
-	cudaFuncAttributes fa;
-	CK(cudaFuncGetAttributes(&fa, k));
-	int grid = n_sm * C;
 	cudaEvent_t a, b;
+	std::vector<float> t;
+
 	CK(cudaEventCreate(&a));
 	CK(cudaEventCreate(&b));
-	std::vector<float> t;
 	for (int it = 0; it < 24; it++) {
-		const uint16_t *w = bufs[it % bufs.size()];
+		float ms;
+
 		CK(cudaEventRecord(a));
-		k<<<grid, W * 32, smem>>>(w, x, y, s.rows, nc);
+		launch(it);
 		CK(cudaEventRecord(b));
 		CK(cudaEventSynchronize(b));
-		float ms;
 		CK(cudaEventElapsedTime(&ms, a, b));
 		if (it >= 4)
 			t.push_back(ms * 1000.f);
 	}
 	CK(cudaGetLastError());
+	cudaEventDestroy(a);
+	cudaEventDestroy(b);
 	std::sort(t.begin(), t.end());
-	double us = t[t.size() / 2], bytes = (double)s.row_bytes * s.rows;
-	printf("%-14s %-28s regs %3d occ %d  %9.2f us  %5.2f TB/s  %3.0f%%\n", s.name, tag, fa.numRegs, occ, us,
-	       bytes / us / 1e6, 100.0 * bytes / us / 1e6 / 4.25);
+	return t[t.size() / 2];
 }
 
+// One table row: the pattern's registers and occupancy (kernel k; none for the plain
+// read), us per call, TB/s and % of the 4.25 TB/s floor.
+static void report(const shape &s, const char *tag, const void *k, int threads, size_t smem, double us,
+		   const char *extra)
+{
+	double bytes = (double)s.row_bytes * s.rows;
+	char kern[40] = "";
+
+	if (k) {
+		cudaFuncAttributes fa;
+		int occ = 0;
+
+		CK(cudaFuncGetAttributes(&fa, k));
+		CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, threads, smem));
+		snprintf(kern, sizeof(kern), "regs %3d occ %d", fa.numRegs, occ);
+	}
+	printf("%-14s %-28s %-16s %9.2f us  %5.2f TB/s  %3.0f%%%s\n", s.name, tag, kern, us, bytes / us / 1e6,
+	       100.0 * bytes / us / 1e6 / 4.25, extra);
+}
+
+template <int RPW, int UC, int D, int W, int C, int LD>
+static void run(const char *tag, const shape &s, std::vector<uint16_t *> &bufs, const float *x, float *y)
+{
+	auto k = stream_kernel<RPW, UC, D, W, C, LD>;
+	int nc = s.row_bytes / 16, grid = n_sm * C;
+	size_t smem = (size_t)nc * 32;
+
+	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+	double us = time_calls([&](int i) {
+		k<<<grid, W * 32, smem>>>(bufs[i % bufs.size()], x, y, s.rows, nc);
+	});
+	report(s, tag, (const void *)k, W * 32, smem, us, "");
+}
 
 template <int RB, int CPL, int W, int C, bool ONE_WAVE>
 static void runb(const char *tag, const shape &s, std::vector<uint16_t *> &bufs, const float *x, float *y)
 {
 	auto k = batch_kernel<RB, CPL, W, C, ONE_WAVE>;
-	int nc = s.row_bytes / 16;
+	int nc = s.row_bytes / 16, groups = (s.rows + RB - 1) / RB;
+	int grid = ONE_WAVE ? n_sm * C : (groups + W - 1) / W;
 	size_t smem = (size_t)nc * 32;
+	char extra[32];
+
 	if (nc > 32 * CPL)
 		return;
 	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
-	int occ = 0;
-	CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, W * 32, smem));
-	cudaFuncAttributes fa;
-	CK(cudaFuncGetAttributes(&fa, k));
-	int groups = (s.rows + RB - 1) / RB;
-	int grid = ONE_WAVE ? n_sm * C : (groups + W - 1) / W;
-	cudaEvent_t a, b;
-	CK(cudaEventCreate(&a));
-	CK(cudaEventCreate(&b));
-	std::vector<float> t;
-	for (int it = 0; it < 24; it++) {
-		const uint16_t *w = bufs[it % bufs.size()];
-		CK(cudaEventRecord(a));
-		k<<<grid, W * 32, smem>>>(w, x, y, s.rows, nc);
-		CK(cudaEventRecord(b));
-		CK(cudaEventSynchronize(b));
-		float ms;
-		CK(cudaEventElapsedTime(&ms, a, b));
-		if (it >= 4)
-			t.push_back(ms * 1000.f);
-	}
-	CK(cudaGetLastError());
-	std::sort(t.begin(), t.end());
-	double us = t[t.size() / 2], bytes = (double)s.row_bytes * s.rows;
-	printf("%-14s %-28s regs %3d occ %d  %9.2f us  %5.2f TB/s  %3.0f%%  grid %d\n", s.name, tag, fa.numRegs, occ, us,
-	       bytes / us / 1e6, 100.0 * bytes / us / 1e6 / 4.25, grid);
+	double us = time_calls([&](int i) {
+		k<<<grid, W * 32, smem>>>(bufs[i % bufs.size()], x, y, s.rows, nc);
+	});
+	snprintf(extra, sizeof(extra), "  grid %d", grid);
+	report(s, tag, (const void *)k, W * 32, smem, us, extra);
 }
 
 int main()
@@ -283,26 +291,9 @@ int main()
 			CK(cudaMalloc(&p, bytes));
 			CK(cudaMemset(p, 0, bytes));
 		}
-		{	// plain read of the same bytes
-			cudaEvent_t a, b;
-			CK(cudaEventCreate(&a));
-			CK(cudaEventCreate(&b));
-			std::vector<float> t;
-			for (int it = 0; it < 24; it++) {
-				CK(cudaEventRecord(a));
-				read_kernel<<<n_sm * 8, 256>>>((const uint4 *)bufs[it % copies], bytes / 16, sink);
-				CK(cudaEventRecord(b));
-				CK(cudaEventSynchronize(b));
-				float ms;
-				CK(cudaEventElapsedTime(&ms, a, b));
-				if (it >= 4)
-					t.push_back(ms * 1000.f);
-			}
-			std::sort(t.begin(), t.end());
-			double us = t[t.size() / 2];
-			printf("%-14s %-28s                  %9.2f us  %5.2f TB/s  %3.0f%%\n", s.name, "plain read 8x16B/thread", us,
-			       bytes / us / 1e6, 100.0 * bytes / us / 1e6 / 4.25);
-		}
+		report(s, "plain read 8x16B/thread", nullptr, 0, 0, time_calls([&](int i) {
+			read_kernel<<<n_sm * 8, 256>>>((const uint4 *)bufs[i % copies], bytes / 16, sink);
+		}), "");
 		run<2, 4, 2, 8, 2, 0>("RPW2 UC4 D2 W8 C2 (m1)", s, bufs, x, y);
 		run<2, 4, 2, 8, 2, 1>("RPW2 UC4 D2 W8 C2 ldg", s, bufs, x, y);
 		run<2, 2, 4, 8, 2, 0>("RPW2 UC2 D4 W8 C2", s, bufs, x, y);
