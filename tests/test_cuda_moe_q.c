@@ -16,7 +16,9 @@
  * expected). experts_add_q: without a shared expert (Qwen3) fused on the small path
  * (residual y0 + experts within 1e-4 of the MLP's part); with one (DeepSeek) it must
  * decline (1) and leave y bit for bit; k_cuda_moe_lat_config refuses quantized
- * experts (1, with its reason); bad blocks are -EINVAL. Skips (77) without CUDA or a
+ * experts (1, with its reason); bad formats are -EINVAL. Shapes outside the vector
+ * kernels (the quant goldens' tiny experts 64 x 20 and 96 x 24, an odd 136 x 56, blocks
+ * of 96) take the CUDA-core kernels at every M, the same cases. Skips (77) without CUDA or a
  * GPU. KD_TEST_QUICK=1: the two small models' shapes only (for compute-sanitizer). */
 #include <errno.h>
 #include <stdio.h>
@@ -421,8 +423,8 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 	k_cuda_moe_ws_destroy(ws);
 }
 
-/* Refusals: blocks the kernels cannot index, the latency launch, experts_add_q with
- * a shared expert (test_q_add). */
+/* Refusals: formats the kernels do not take, the latency launch, experts_add_q with a
+ * shared expert (test_q_add). */
 static void test_q_refusals(void)
 {
 	struct k_cuda_moe_quant q = { .fmt = K_Q_FP8, .scale_dtype = K_F32,
@@ -433,15 +435,15 @@ static void test_q_refusals(void)
 	int ret;
 
 	CHECK(k_cuda_moe_quant_ok(&q, 2048, 768) == 0, "fp8 128x128 taken");
-	q.block_cols[2] = 96;	/* not a power of two, less than inter */
-	CHECK(k_cuda_moe_quant_ok(&q, 2048, 768) == -EINVAL, "block 96 refused");
-	q.block_cols[2] = 16;	/* a power of two below the grouped path's 32-wide chunk */
-	CHECK(k_cuda_moe_quant_ok(&q, 2048, 768) == -EINVAL, "block 16 refused");
+	q.block_cols[2] = 0;
+	CHECK(k_cuda_moe_quant_ok(&q, 2048, 768) == -EINVAL, "block 0 refused");
 	q.block_cols[2] = 128;
-	CHECK(k_cuda_moe_quant_ok(&q, 2048, 776) == -EINVAL, "inter 776 refused");
 	q.scale_dtype = K_F16;
 	CHECK(k_cuda_moe_quant_ok(&q, 2048, 768) == -EINVAL, "f16 scales refused");
 	q.scale_dtype = K_F32;
+	q.scales = NULL;
+	CHECK(k_cuda_moe_quant_ok(&q, 2048, 768) == -EINVAL, "no scale table refused");
+	q.scales = (const void *const *)(uintptr_t)256;
 	ret = k_cuda_moe_lat_config(&cfg, 1, 8, 128, 2048, 768, 0, NULL, &q,
 				    (const float *)(uintptr_t)256, why, sizeof(why));
 	printf("%-12s k_cuda_moe_lat_config on fp8 experts: %d (%s)  %s\n", "moe_q lat", ret, why,
@@ -466,6 +468,17 @@ int main(void)
 		{ { "v3 7168x2048 E256 k8", 7168, 2048, 256, 8 }, 9, 2048 },
 		{ { "kimi-k2 7168x2048 E384 k8", 7168, 2048, 384, 8 }, 9, 2048 },
 	};
+	const struct {
+		struct moe_shape s;
+		struct qfmt f;
+		int grouped_M;
+	} odd[] = {
+		{ { "v3-golden 64x20 E8 k2", 64, 20, 8, 2 }, { "fp8-block", K_Q_FP8, K_F32, 128, 128 }, 40 },
+		{ { "kimi-golden 96x24 E12 k4", 96, 24, 12, 4 }, { "int4-g32", K_Q_INT4, K_BF16, 1, 32 }, 20 },
+		{ { "qwen3-30b 2048x768 E128 k8", 2048, 768, 128, 8 },
+		  { "fp8-b96", K_Q_FP8, K_F32, 96, 96 }, 9 },	/* blocks not a power of two */
+		{ { "odd 136x56 E7 k3", 136, 56, 7, 3 }, { "int4-g32", K_Q_INT4, K_F32, 1, 32 }, 30 },
+	};
 	int quick;
 
 	if (!test_gpu_present("test_cuda_moe_q"))
@@ -475,6 +488,10 @@ int main(void)
 	if (k_pool_create(&pool, 16))
 		return 1;
 	test_q_refusals();
+	/* the CUDA-core kernels: shapes and blocks outside the vector kernels (the
+	 * tests/data/quant goldens' experts: 64 x 20 fp8 128 x 128, 96 x 24 int4 g32) */
+	for (size_t oi = 0; oi < sizeof(odd) / sizeof(odd[0]); oi++)
+		test_q_shape(&odd[oi].s, &odd[oi].f, odd[oi].grouped_M, quick);
 	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
 		if (quick && shapes[si].s.hidden > 2048)
 			break;

@@ -63,13 +63,14 @@ int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out /* (
 
 /* Routed experts kept quantized as published (kernels/quant.h's layouts): the expert
  * table's pointers are then each matrix's payload (fp8 bytes (N, K), or int4 words
- * (N, K / 8)), 16-byte aligned, and scales a device table (n_experts, 3) of their
- * scales (gate, up, down: (ceil(N / block_rows), ceil(K / block_cols)) in scale_dtype,
- * K_F32 or K_BF16). Index j of the blocks: 0 gate, 1 up, 2 down. The kernels dequantize
- * in registers (value * scale, fp32 accumulation: each 16-byte chunk's partial dot
- * product scaled once), so block_rows and block_cols must each be a power of two or
- * cover the whole matrix, and hidden and inter multiples of 32 (-EINVAL otherwise).
- * NULL or fmt K_Q_NONE: bf16 experts. */
+ * (N, ceil(K / 8))), and scales a device table (n_experts, 3) of their scales (gate,
+ * up, down: (ceil(N / block_rows), ceil(K / block_cols)) in scale_dtype, K_F32 or
+ * K_BF16). Index j of the blocks: 0 gate, 1 up, 2 down. Where hidden and inter are
+ * multiples of 32, the payloads 16-byte aligned and every block a power of two (at
+ * least 32 columns) or the whole dimension, the vector kernels take them (each 16-byte
+ * chunk's partial dot product scaled once); other shapes take the CUDA-core kernels of
+ * the grouped path, element by element (value * scale, as the CPU). NULL or fmt
+ * K_Q_NONE: bf16 experts. */
 struct k_cuda_moe_quant {
 	enum k_qfmt fmt;		/* K_Q_FP8 or K_Q_INT4 */
 	enum k_dtype scale_dtype;	/* K_F32 or K_BF16 */
@@ -77,7 +78,8 @@ struct k_cuda_moe_quant {
 	const void *const *scales;	/* (n_experts, 3) device pointers */
 };
 
-/* 0 where the kernels take q at these shapes (NULL / K_Q_NONE included), else -EINVAL. */
+/* 0 where the kernels take q (NULL / K_Q_NONE included): fp8 or int4, fp32 or bf16
+ * scales, a scale table, positive blocks; else -EINVAL. */
 int k_cuda_moe_quant_ok(const struct k_cuda_moe_quant *q, int hidden, int inter);
 
 /* k_cuda_moe_experts with the experts quantized as q says (NULL: bf16, the same call).
@@ -85,6 +87,8 @@ int k_cuda_moe_quant_ok(const struct k_cuda_moe_quant *q, int hidden, int inter)
  * registers (W8A16 / W4A16 on the CUDA cores), the grouped one each tensor-core B
  * fragment (the fp8 or int4 values are exact in bf16; the scale multiplies each
  * 32-wide k chunk's fp32 partial sums), so no bf16 copy of an expert is ever made.
+ * Shapes outside the vector kernels (see struct k_cuda_moe_quant) take the grouped
+ * path's CUDA-core kernels at any M.
  * Within ~1e-5 relative of k_cpu_moe_experts on the same quantized experts. */
 int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out, const float *x,
 			 int M, const int32_t *ids, const float *weights, int top_k,
@@ -116,8 +120,9 @@ int k_cuda_moe_experts_add(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y /*
 
 /* k_cuda_moe_experts_add with the routed experts quantized as q says (NULL: bf16, the
  * same call). With quantized experts the fused small path runs only without a shared
- * expert (sh NULL); with one it returns 1 and the caller runs the separate ops (the
- * shared expert's bf16 rows and the experts' quantized ones are different streams). */
+ * expert (sh NULL) and at shapes the vector kernels take; otherwise it returns 1 and the
+ * caller runs the separate ops (the shared expert's bf16 rows and the experts' quantized
+ * ones are different streams). */
 int k_cuda_moe_experts_add_q(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y,
 			     const float *x, int M, const int32_t *ids, const float *weights,
 			     int top_k, const uint16_t *const *expert_w,

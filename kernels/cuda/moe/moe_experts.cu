@@ -470,12 +470,45 @@ __device__ __forceinline__ float dot_bf16(const uint16_t *w, const float *x, int
 	return warp_sum(s);
 }
 
+// Row n of quantized matrix j (payload w, scales sc) dotted with x, element by element as
+// k_cpu_linear_q has it: value * scale in fp32, then times x (any shape and blocks).
+template <int F>
+__device__ __forceinline__ float dot_q(const void *w, const void *sc, const moe_wq &wq, int j,
+				       int n, const float *x, int K, int lane)
+{
+	const uint8_t *r = (const uint8_t *)w + (size_t)n * (F == MQ_INT4 ? (size_t)(K + 7) / 8 * 4
+									  : (size_t)K);
+	size_t srow = (size_t)(n / wq.brows[j]) * (size_t)wq.scols[j];
+	float s = 0.0f;
+
+	for (int k = lane; k < K; k += 32) {
+		size_t i = srow + (size_t)(k / wq.bcols[j]);
+		float sv = wq.sbf16 ? __uint_as_float((uint32_t)((const uint16_t *)sc)[i] << 16)
+				    : ((const float *)sc)[i];
+		float v = F == MQ_INT4 ? (float)((int)((r[k / 2] >> (4 * (k % 2))) & 0xfu) - 8)
+				       : mq_e4m3x2(r[k]).x;
+
+		s = fmaf(v * sv, x[k], s);
+	}
+	return warp_sum(s);
+}
+
+template <int F>
+__device__ __forceinline__ float dot_w(const uint16_t *const *expert_w, const moe_wq &wq, int e,
+				       int j, int n, const float *x, int K, int lane)
+{
+	if (F == MQ_BF16)
+		return dot_bf16(expert_w[3 * e + j] + (size_t)n * K, x, K, lane);
+	return dot_q<F>(expert_w[3 * e + j], wq.scales[3 * e + j], wq, j, n, x, K, lane);
+}
+
 // One warp per (feature, used expert), every row of the expert in turn; GLU writes fp32
-// SwiGLU values into hs (as floats) at the sorted position, down writes y.
-template <bool GLU>
+// SwiGLU values into hs (as floats) at the sorted position, down writes y. F: the
+// experts' format (quantized: any shape, the scales as wq says).
+template <bool GLU, int F = MQ_BF16>
 __global__ void __launch_bounds__(FB_WARPS * 32)
 expert_fallback_kernel(ex_plan pl, const uint16_t *const *expert_w, const float *a_src,
-		       int top_k, int K, int N, float *hs, float *y)
+		       int top_k, int K, int N, float *hs, float *y, moe_wq wq = {})
 {
 	int u = blockIdx.y, lane = threadIdx.x % 32;
 	int f = blockIdx.x * FB_WARPS + threadIdx.x / 32, e, start, n;
@@ -490,14 +523,14 @@ expert_fallback_kernel(ex_plan pl, const uint16_t *const *expert_w, const float 
 
 		if (GLU) {
 			const float *xr = a_src + (size_t)(i / top_k) * K;
-			float gsum = dot_bf16(expert_w[3 * e] + (size_t)f * K, xr, K, lane);
-			float usum = dot_bf16(expert_w[3 * e + 1] + (size_t)f * K, xr, K, lane);
+			float gsum = dot_w<F>(expert_w, wq, e, 0, f, xr, K, lane);
+			float usum = dot_w<F>(expert_w, wq, e, 1, f, xr, K, lane);
 
 			if (lane == 0)
 				hs[(size_t)(start + r) * N + f] = silu_mul1(gsum, usum);
 		} else {
-			float s = dot_bf16(expert_w[3 * e + 2] + (size_t)f * K,
-					   a_src + (size_t)(start + r) * K, K, lane);
+			float s = dot_w<F>(expert_w, wq, e, 2, f, a_src + (size_t)(start + r) * K, K,
+					   lane);
 
 			if (lane == 0)
 				y[(size_t)i * N + f] = s;
@@ -679,23 +712,38 @@ static int moe_run_mma(cudaStream_t s, k_cuda_moe_ws *ws, const ex_plan &pl,
 	return K_CUDA_LAUNCHED("moe down");
 }
 
-static int moe_run_fallback(cudaStream_t s, k_cuda_moe_ws *ws, const ex_plan &pl,
-			    const float *x, const uint16_t *const *expert_w, int max_used)
+template <int F>
+static int moe_run_fallback_f(cudaStream_t s, k_cuda_moe_ws *ws, const ex_plan &pl,
+			      const float *x, const uint16_t *const *expert_w, const moe_wq &wq,
+			      int max_used)
 {
 	dim3 g1((ws->inter + FB_WARPS - 1) / FB_WARPS, max_used);
 	dim3 g2((ws->hidden + FB_WARPS - 1) / FB_WARPS, max_used);
 	int ret;
 
-	expert_fallback_kernel<true><<<g1, FB_WARPS * 32, 0, s>>>(pl, expert_w, x, ws->top_k,
-								   ws->hidden, ws->inter,
-								   (float *)ws->hs, nullptr);
+	expert_fallback_kernel<true, F><<<g1, FB_WARPS * 32, 0, s>>>(pl, expert_w, x, ws->top_k,
+								      ws->hidden, ws->inter,
+								      (float *)ws->hs, nullptr, wq);
 	if ((ret = K_CUDA_LAUNCHED("moe gate/up (fallback)")))
 		return ret;
-	expert_fallback_kernel<false><<<g2, FB_WARPS * 32, 0, s>>>(pl, expert_w,
-								    (const float *)ws->hs,
-								    ws->top_k, ws->inter,
-								    ws->hidden, nullptr, ws->y);
+	expert_fallback_kernel<false, F><<<g2, FB_WARPS * 32, 0, s>>>(pl, expert_w,
+								       (const float *)ws->hs,
+								       ws->top_k, ws->inter,
+								       ws->hidden, nullptr, ws->y, wq);
 	return K_CUDA_LAUNCHED("moe down (fallback)");
+}
+
+// The CUDA-core kernels: shapes the tensor cores do not take, and quantized experts
+// the vector kernels do not (moe_wq_vector).
+static int moe_run_fallback(cudaStream_t s, k_cuda_moe_ws *ws, const ex_plan &pl,
+			    const float *x, const uint16_t *const *expert_w, const moe_wq &wq,
+			    int max_used)
+{
+	if (wq.fmt == MQ_FP8)
+		return moe_run_fallback_f<MQ_FP8>(s, ws, pl, x, expert_w, wq, max_used);
+	if (wq.fmt == MQ_INT4)
+		return moe_run_fallback_f<MQ_INT4>(s, ws, pl, x, expert_w, wq, max_used);
+	return moe_run_fallback_f<MQ_BF16>(s, ws, pl, x, expert_w, wq, max_used);
 }
 
 // ---- quantized experts ----------------------------------------------------------
@@ -720,22 +768,16 @@ static int block_shift(int b, int n)
 
 extern "C" int k_cuda_moe_quant_ok(const struct k_cuda_moe_quant *q, int hidden, int inter)
 {
+	(void)hidden;
+	(void)inter;
 	if (!q || q->fmt == K_Q_NONE)
 		return 0;
 	if ((q->fmt != K_Q_FP8 && q->fmt != K_Q_INT4) ||
-	    (q->scale_dtype != K_F32 && q->scale_dtype != K_BF16) || !q->scales ||
-	    hidden % 32 || inter % 32)
+	    (q->scale_dtype != K_F32 && q->scale_dtype != K_BF16) || !q->scales)
 		return -EINVAL;
-	for (int j = 0; j < 3; j++) {
-		int N = j < 2 ? inter : hidden, K = j < 2 ? hidden : inter;
-
-		// A grouped k chunk (32 values) and a small path's 16-byte chunk (16 or 32
-		// values) each lie in one scale block.
-		if (q->block_rows[j] <= 0 || q->block_cols[j] <= 0 ||
-		    block_shift(q->block_rows[j], N) < 0 || block_shift(q->block_cols[j], K) < 0 ||
-		    (q->block_cols[j] < K && q->block_cols[j] < 32))
+	for (int j = 0; j < 3; j++)
+		if (q->block_rows[j] <= 0 || q->block_cols[j] <= 0)
 			return -EINVAL;
-	}
 	return 0;
 }
 
@@ -751,11 +793,25 @@ struct moe_wq moe_wq_of(const struct k_cuda_moe_quant *q, int hidden, int inter)
 	for (int j = 0; j < 3; j++) {
 		int N = j < 2 ? inter : hidden, K = j < 2 ? hidden : inter;
 
+		w.brows[j] = q->block_rows[j];
+		w.bcols[j] = q->block_cols[j];
 		w.rshift[j] = block_shift(q->block_rows[j], N);
 		w.kshift[j] = block_shift(q->block_cols[j], K);
 		w.scols[j] = (K + q->block_cols[j] - 1) / q->block_cols[j];
 	}
 	return w;
+}
+
+bool moe_wq_vector(const moe_wq &wq, int hidden, int inter)
+{
+	if (wq.fmt == MQ_BF16)
+		return true;
+	if (hidden % 32 || inter % 32)
+		return false;
+	for (int j = 0; j < 3; j++)
+		if (wq.rshift[j] < 0 || wq.kshift[j] < 0 || wq.kshift[j] < 5)
+			return false;	// kshift 5: blocks of 32 columns; 31: one block
+	return true;
 }
 
 extern "C" int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out,
@@ -775,7 +831,7 @@ extern "C" int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, fl
 				    int inter)
 {
 	ex_plan pl;
-	bool mma = moe_use_mma(hidden, inter);
+	bool mma = moe_use_mma(hidden, inter), vec;
 	int n, max_used, ret;
 	moe_wq wq;
 
@@ -785,10 +841,12 @@ extern "C" int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, fl
 	if (M == 0)
 		return 0;
 	wq = moe_wq_of(q, hidden, inter);
-	if (moe_use_small(M, top_k, hidden, inter, x, nullptr))
+	vec = moe_wq_vector(wq, hidden, inter);
+	if (vec && moe_use_small(M, top_k, hidden, inter, x, nullptr))
 		return k_cuda_moe_small_run(s, (float *)ws->hs, out, x, M, ids, weights, top_k,
 					    expert_w, wq, n_experts, hidden, inter,
 					    moe_small_shared{}, 0, ws->n_sm);
+	mma = mma && vec;
 	pl = ws_plan(ws);
 	n = M * top_k;
 	max_used = n < n_experts ? n : n_experts;
@@ -796,13 +854,14 @@ extern "C" int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, fl
 		pl, ids, n, n_experts, x, hidden, mma ? ws->xs : nullptr);
 	if ((ret = K_CUDA_LAUNCHED("moe plan")))
 		return ret;
-	if (wq.fmt == MQ_FP8)	// quantized: hidden, inter multiples of 32, so mma
+	if (!mma)
+		ret = moe_run_fallback(s, ws, pl, x, expert_w, wq, max_used);
+	else if (wq.fmt == MQ_FP8)
 		ret = moe_run_mma<MQ_FP8>(s, ws, pl, expert_w, wq, max_used);
 	else if (wq.fmt == MQ_INT4)
 		ret = moe_run_mma<MQ_INT4>(s, ws, pl, expert_w, wq, max_used);
 	else
-		ret = mma ? moe_run_mma<MQ_BF16>(s, ws, pl, expert_w, wq, max_used) :
-			    moe_run_fallback(s, ws, pl, x, expert_w, max_used);
+		ret = moe_run_mma<MQ_BF16>(s, ws, pl, expert_w, wq, max_used);
 	if (ret)
 		return ret;
 	moe_combine_kernel<<<dim3(M, (hidden + COMBINE_THREADS - 1) / COMBINE_THREADS),
@@ -839,7 +898,7 @@ extern "C" int k_cuda_moe_experts_add_q(cudaStream_t s, struct k_cuda_moe_ws *ws
 		return 0;
 	wq = moe_wq_of(q, hidden, inter);
 	if (!k_cuda_tuning()->moe_fused || !moe_use_small(M, top_k, hidden, inter, x, sh) ||
-	    (sh && wq.fmt != MQ_BF16))
+	    (sh && wq.fmt != MQ_BF16) || !moe_wq_vector(wq, hidden, inter))
 		return 1;
 	if (sh)
 		ss = moe_small_shared{ sh->gate, sh->up, sh->down, sh->inter, ws->sh_act };

@@ -36,12 +36,19 @@ struct moe_wq {
 	int fmt;			// MQ_BF16 (then nothing else is set), MQ_FP8, MQ_INT4
 	const void *const *scales;	// (E, 3) device pointers
 	int rshift[3], kshift[3], scols[3];
+	int brows[3], bcols[3];		// the blocks themselves (the any-shape kernel divides)
 	int sbf16;			// scales in bf16 (else fp32)
 };
 
 // q's moe_wq at these shapes (host; q valid per k_cuda_moe_quant_ok; NULL or K_Q_NONE:
-// MQ_BF16).
+// MQ_BF16; rshift / kshift -1 where a block is neither a power of two nor the whole
+// dimension: then only the any-shape kernel takes q, see moe_wq_vector).
 struct moe_wq moe_wq_of(const struct k_cuda_moe_quant *q, int hidden, int inter);
+
+// Whether the vector kernels (small path, tensor-core grouped path) take wq at these
+// shapes: hidden and inter multiples of 32 (16-byte chunks of whole rows), every 32
+// values of a row in one scale block, blocks indexed by shifts. bf16: always.
+bool moe_wq_vector(const struct moe_wq &wq, int hidden, int inter);
 
 // Whether the small-batch path can run this call: M * top_k <= MOE_SMALL_MAX_PAIRS,
 // hidden and inter multiples of 8 (16-byte weight loads), one fp32 x row fits the
