@@ -644,5 +644,13 @@ int cuda_weights_upload(struct backend_cuda *b, char *err, size_t err_len)
 		return ret;
 	}
 	report(&u, 1);
+	{	/* what the weights took of the GPU: quantized experts show here */
+		size_t free_a = 0, total_a = 0;
+
+		cudaMemGetInfo(&free_a, &total_a);
+		log_info("cuda: GPU %d memory: %.2f GiB free before the weights, %.2f after "
+			 "(arena %.2f GiB)", b->dev, (double)free_b / (1u << 30),
+			 (double)free_a / (1u << 30), (double)b->arena_bytes / (1u << 30));
+	}
 	return 0;
 }
