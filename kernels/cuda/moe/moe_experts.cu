@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/moe/k_cuda_moe.h"
@@ -247,12 +249,20 @@ __device__ __forceinline__ uint4 ex_qfrag(const uint8_t *row, int k0)
 		return make_uint4(bf16_pair_exact(mq_e4m3x2(v.x)), bf16_pair_exact(mq_e4m3x2(v.x >> 16)),
 				  bf16_pair_exact(mq_e4m3x2(v.y)), bf16_pair_exact(mq_e4m3x2(v.y >> 16)));
 	}
+	// int4: values 2p, 2p + 1 (nibbles of byte p) under the bf16 exponent of 128 (128 +
+	// n is exact in bf16), less 136 in one bf16x2 subtraction (exact: -8..7)
 	uint32_t v = __ldcs((const unsigned *)(row + k0 / 2));
+	uint32_t lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu, r[4];
+	const __nv_bfloat162 off = __floats2bfloat162_rn(136.0f, 136.0f);
 
-	return make_uint4(bf16_pair_exact(make_float2(mq_nib(v, 0), mq_nib(v, 4))),
-			  bf16_pair_exact(make_float2(mq_nib(v, 8), mq_nib(v, 12))),
-			  bf16_pair_exact(make_float2(mq_nib(v, 16), mq_nib(v, 20))),
-			  bf16_pair_exact(make_float2(mq_nib(v, 24), mq_nib(v, 28))));
+#pragma unroll
+	for (int p = 0; p < 4; p++) {
+		uint32_t t = (__byte_perm(lo, hi, p | ((4 + p) << 8)) & 0x000f000fu) | 0x43004300u;
+		__nv_bfloat162 b = __hsub2(*(const __nv_bfloat162 *)&t, off);
+
+		r[p] = *(const uint32_t *)&b;
+	}
+	return make_uint4(r[0], r[1], r[2], r[3]);
 }
 
 __device__ __forceinline__ float silu_mul1(float g, float u)

@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/moe/moe_internal.h"
 
 namespace {	// each including file's own copy
@@ -23,10 +24,11 @@ __device__ __forceinline__ float2 mq_e4m3x2(uint32_t v)
 	return __half22float2(h);
 }
 
-// int4 nibble (offset binary) n as n - 8, exactly: 2^23 + n as a float, less 2^23 + 8.
-__device__ __forceinline__ float mq_nib(uint32_t w, int sh)
+// Byte k of x (a value 0..15) less 8 as a float, exactly: the byte under the exponent of
+// 2^23 (one PRMT), less 2^23 + 8.
+__device__ __forceinline__ float mq_b2f(uint32_t x, int k)
 {
-	return __uint_as_float(((w >> sh) & 0xfu) | 0x4b000000u) - 8388616.0f;
+	return __uint_as_float(__byte_perm(x, 0x4b000000u, 0x7540 + k)) - 8388616.0f;
 }
 
 __device__ __forceinline__ uint32_t mq_word(uint4 w, int i)
@@ -44,10 +46,12 @@ __device__ __forceinline__ float4 mq_quad(uint4 w, int i)
 
 		return make_float4(a.x, a.y, b.x, b.y);
 	}
-	uint32_t v = mq_word(w, i / 2);	// int4: 8 nibbles a word, low first
-	int s = 16 * (i % 2);
+	// int4: 8 nibbles a word, low first; the even ones in the bytes of lo, the odd ones
+	// in hi's (two ops a word, shared by its two quads)
+	uint32_t v = mq_word(w, i / 2), lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu;
+	int h = 2 * (i % 2);
 
-	return make_float4(mq_nib(v, s), mq_nib(v, s + 4), mq_nib(v, s + 8), mq_nib(v, s + 12));
+	return make_float4(mq_b2f(lo, h), mq_b2f(hi, h), mq_b2f(lo, h + 1), mq_b2f(hi, h + 1));
 }
 
 // A quantized weight row's scales: its scale row and how a column finds its scale.
@@ -78,6 +82,18 @@ __device__ __forceinline__ float mq_scale(const mq_row &r, int k)
 		return 0.0f;
 	return r.sbf16 ? __uint_as_float((uint32_t)__ldg((const unsigned short *)r.s + i) << 16)
 		       : __ldg((const float *)r.s + i);
+}
+
+// The scale of the chunk of values from column k, issued before the PDL wait (weights
+// are constants: k_cuda_pdl_early's loads).
+__device__ __forceinline__ float mq_scale_early(const mq_row &r, int k)
+{
+	int i = k >> r.kshift;
+
+	if (!r.s)
+		return 0.0f;
+	return r.sbf16 ? __uint_as_float((uint32_t)k_cuda_pdl_early((const unsigned short *)r.s + i) << 16)
+		       : k_cuda_pdl_early((const float *)r.s + i);
 }
 
 // part += chunk w (values from column c * VPC) dotted with the fp32 values at x4

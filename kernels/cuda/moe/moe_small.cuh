@@ -139,22 +139,30 @@ __device__ __forceinline__ void dot2_rows(const uint4 *w0, const uint4 *w1, int 
 {
 	const uint4 zero = make_uint4(0, 0, 0, 0);
 	constexpr int Q4 = MQ_VPC(F) / 4;	// float4 of x per chunk
+	// chunks per lane and row in flight: quantized chunks hold 2-4x the values and
+	// their scales ride along, so half as many fit the registers (no spills)
+	constexpr int KB = F == MQ_BF16 ? SM_KB : SM_KB / 2;
 
 #pragma unroll
 	for (int r = 0; r < SM_RP; r++)
 		acc0[r] = acc1[r] = 0.0f;
-	for (int c0 = 0; c0 < nc; c0 += 32 * SM_KB) {
-		uint4 wa[SM_KB], wb[SM_KB];
+	for (int c0 = 0; c0 < nc; c0 += 32 * KB) {
+		uint4 wa[KB], wb[KB];
+		float sa[KB], sb[KB];	// quantized: the chunks' scales, loaded beside
 
 #pragma unroll
-		for (int b = 0; b < SM_KB; b++) {
+		for (int b = 0; b < KB; b++) {
 			int c = c0 + 32 * b + lane;
 
 			wa[b] = c < nc ? __ldcs(w0 + c) : zero;
 			wb[b] = c < nc && w1 ? __ldcs(w1 + c) : zero;
+			if (F != MQ_BF16) {
+				sa[b] = c < nc ? mq_scale(r0, c * MQ_VPC(F)) : 0.0f;
+				sb[b] = c < nc ? mq_scale(r1, c * MQ_VPC(F)) : 0.0f;
+			}
 		}
 #pragma unroll
-		for (int b = 0; b < SM_KB; b++) {
+		for (int b = 0; b < KB; b++) {
 			int c = c0 + 32 * b + lane;
 
 			if (c >= nc)
@@ -172,7 +180,7 @@ __device__ __forceinline__ void dot2_rows(const uint4 *w0, const uint4 *w1, int 
 					fma8(acc1[r], wb[b], lo, hi);
 				}
 			} else {
-				float s0 = mq_scale(r0, c * MQ_VPC(F)), s1 = mq_scale(r1, c * MQ_VPC(F));
+				float s0 = sa[b], s1 = sb[b];
 				float p0[SM_RP], p1[SM_RP];	// the chunk's partial sums
 
 #pragma unroll

@@ -156,12 +156,42 @@ m1_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *act, con
 	};
 	uint4 wa0[M1_UC], wa1[M1_UC], wb0[M1_UC], wb1[M1_UC];
 	float a0 = 0.0f, a1 = 0.0f;
+	// quantized: each buffer's scales (a: even units, b: odd), loaded with its weights
+	float sa0[M1_UC], sa1[M1_UC], sb0[M1_UC], sb1[M1_UC];
+	auto load_q = [&](int k, uint4 *w0, uint4 *w1) {
+		dn_item it = item(k);
+		int cb = k % nu * ul, ce = min(cb + ul, it.nc);
 
-	if (early)
-		unit_prime(K, wa0, wa1, wb0, wb1, load_early);
-	k_cuda_pdl_wait();
-	if (!early)
-		unit_prime(K, wa0, wa1, wb0, wb1, load);
+		unit_load(w0, w1, it.w0, it.w1, cb, ce, lane);
+		if (k & 1)
+			unit_scales<F>(sb0, sb1, it.r0, it.r1, cb, ce, lane);
+		else
+			unit_scales<F>(sa0, sa1, it.r0, it.r1, cb, ce, lane);
+	};
+	auto load_q_early = [&](int k, uint4 *w0, uint4 *w1) {
+		dn_item it = item(k);
+		int cb = k % nu * ul, ce = min(cb + ul, it.nc);
+
+		unit_load<true>(w0, w1, it.w0, it.w1, cb, ce, lane);
+		if (k & 1)
+			unit_scales<F, true>(sb0, sb1, it.r0, it.r1, cb, ce, lane);
+		else
+			unit_scales<F, true>(sa0, sa1, it.r0, it.r1, cb, ce, lane);
+	};
+
+	if (F != MQ_BF16) {
+		if (early)
+			unit_prime(K, wa0, wa1, wb0, wb1, load_q_early);
+		k_cuda_pdl_wait();
+		if (!early)
+			unit_prime(K, wa0, wa1, wb0, wb1, load_q);
+	} else {
+		if (early)
+			unit_prime(K, wa0, wa1, wb0, wb1, load_early);
+		k_cuda_pdl_wait();
+		if (!early)
+			unit_prime(K, wa0, wa1, wb0, wb1, load);
+	}
 	{	// the used experts' activation rows, then the shared expert's row
 		int r4 = inter / 4, routed4 = sp.n_used * r4, all4 = routed4 + sh.inter / 4;
 
@@ -184,9 +214,12 @@ m1_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *act, con
 
 		if (F == MQ_BF16)
 			unit_dot(a0, a1, w0, w1, as4 + it.src4, cb, min(cb + ul, it.nc), lane);
+		else if (k & 1)
+			unit_dot_qs<F>(a0, a1, w0, w1, as4 + it.src4, cb, min(cb + ul, it.nc), lane,
+				       sb0, sb1);
 		else
-			unit_dot<F>(a0, a1, w0, w1, as4 + it.src4, cb, min(cb + ul, it.nc), lane,
-				    it.r0, it.r1);
+			unit_dot_qs<F>(a0, a1, w0, w1, as4 + it.src4, cb, min(cb + ul, it.nc), lane,
+				       sa0, sa1);
 		if (k % nu == nu - 1) {
 			float s0 = warp_sum(a0), s1 = warp_sum(a1);
 
@@ -204,7 +237,10 @@ m1_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *act, con
 			a0 = a1 = 0.0f;
 		}
 	};
-	unit_stream(K, wa0, wa1, wb0, wb1, load, consume);
+	if (F != MQ_BF16)
+		unit_stream(K, wa0, wa1, wb0, wb1, load_q, consume);
+	else
+		unit_stream(K, wa0, wa1, wb0, wb1, load, consume);
 	__syncthreads();
 
 	// small_down_kernel's epilogue at M = 1: routed pairs in increasing (expert id,

@@ -71,6 +71,42 @@ __device__ __forceinline__ void unit_load(uint4 *w0, uint4 *w1, const uint4 *r0,
 	}
 }
 
+// Quantized units: the scales of the unit's chunks of two rows (zeros past ce) into
+// registers as its weights load, so that the dot products wait on no load of their
+// own. EARLY: issued before the PDL wait.
+template <int F, bool EARLY = false>
+__device__ __forceinline__ void unit_scales(float (&s0)[M1_UC], float (&s1)[M1_UC],
+					    const mq_row &r0, const mq_row &r1, int cb, int ce,
+					    int lane)
+{
+#pragma unroll
+	for (int b = 0; b < M1_UC; b++) {
+		int c = cb + 32 * b + lane;
+
+		s0[b] = c >= ce ? 0.0f : EARLY ? mq_scale_early(r0, c * MQ_VPC(F)) : mq_scale(r0, c * MQ_VPC(F));
+		s1[b] = c >= ce ? 0.0f : EARLY ? mq_scale_early(r1, c * MQ_VPC(F)) : mq_scale(r1, c * MQ_VPC(F));
+	}
+}
+
+// unit_dot of quantized rows with their chunks' scales in registers (unit_scales).
+template <int F>
+__device__ __forceinline__ void unit_dot_qs(float &acc0, float &acc1, const uint4 *w0,
+					    const uint4 *w1, const float4 *s4, int cb, int ce,
+					    int lane, const float (&s0)[M1_UC], const float (&s1)[M1_UC])
+{
+#pragma unroll
+	for (int b = 0; b < M1_UC; b++) {
+		int c = cb + 32 * b + lane;
+
+		if (c >= ce)
+			break;
+		const float4 *x4 = s4 + MQ_VPC(F) / 4 * c;
+
+		acc0 = fmaf(mq_chunk_dot<F>(w0[b], x4, 0.0f), s0[b], acc0);
+		acc1 = fmaf(mq_chunk_dot<F>(w1[b], x4, 0.0f), s1[b], acc1);
+	}
+}
+
 // The warp's units 0 .. K - 1 through two register buffers (a: even units, b: odd).
 // unit_prime issues the first two (load(k, w0, w1)); the CTA may stage its shared rows
 // meanwhile. unit_stream then consumes each unit (consume(k, w0, w1)), and its buffer
@@ -173,8 +209,23 @@ __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 	};
 	uint4 ga[M1_UC], ua[M1_UC], gb[M1_UC], ub[M1_UC];
 	float ag = 0.0f, au = 0.0f;
+	// quantized: each buffer's scales (a: even units, b: odd), loaded with its weights
+	float sga[M1_UC], sua[M1_UC], sgb[M1_UC], sub[M1_UC];
+	auto load_q = [&](int k, uint4 *g, uint4 *u) {
+		gu_row r = row(k);
+		int cb = k % nu * ul, ce = min(cb + ul, nc);
 
-	unit_prime(K, ga, ua, gb, ub, load);
+		unit_load(g, u, r.g, r.u, cb, ce, lane);
+		if (k & 1)
+			unit_scales<F>(sgb, sub, r.sg, r.su, cb, ce, lane);
+		else
+			unit_scales<F>(sga, sua, r.sg, r.su, cb, ce, lane);
+	};
+
+	if (F != MQ_BF16)
+		unit_prime(K, ga, ua, gb, ub, load_q);
+	else
+		unit_prime(K, ga, ua, gb, ub, load);
 	for (int q = threadIdx.x; q < hidden / 4; q += SM_THREADS)
 		xs4[q] = ((const float4 *)x)[q];
 	__syncthreads();
@@ -183,13 +234,12 @@ __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 	auto consume = [&](int k, const uint4 *g, const uint4 *u) {
 		int cb = k % nu * ul;
 
-		if (F == MQ_BF16) {
+		if (F == MQ_BF16)
 			unit_dot(ag, au, g, u, xs4, cb, min(cb + ul, nc), lane);
-		} else {
-			gu_row r = row(k);
-
-			unit_dot<F>(ag, au, g, u, xs4, cb, min(cb + ul, nc), lane, r.sg, r.su);
-		}
+		else if (k & 1)
+			unit_dot_qs<F>(ag, au, g, u, xs4, cb, min(cb + ul, nc), lane, sgb, sub);
+		else
+			unit_dot_qs<F>(ag, au, g, u, xs4, cb, min(cb + ul, nc), lane, sga, sua);
 		if (k % nu == nu - 1) {
 			gu_row r = row(k);
 			float s0 = warp_sum(ag), s1 = warp_sum(au);
@@ -209,7 +259,10 @@ __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 			ag = au = 0.0f;
 		}
 	};
-	unit_stream(K, ga, ua, gb, ub, load, consume);
+	if (F != MQ_BF16)
+		unit_stream(K, ga, ua, gb, ub, load_q, consume);
+	else
+		unit_stream(K, ga, ua, gb, ub, load, consume);
 }
 
 }	// namespace
