@@ -95,7 +95,8 @@ struct weight_item {
 
 /* Elements [i, i + n) of a quantized (.., cols) weight as bf16: dequantized exactly in
  * fp32 (kernels/quant.h), then rounded once. For the weights no quantized kernel reads
- * (MoE experts, MLA's wkv_b: cuda_weights_upload logs which). */
+ * (MLA's wkv_b, a shared expert beside bf16 routed experts: cuda_weights_upload logs
+ * how many). */
 static void stage_quant(uint16_t *dst, const struct weight_item *w, size_t i, size_t n)
 {
 	float f[256];
