@@ -24,7 +24,9 @@
  * tolerance rel L2 <= 1e-4 of the MLP's part (got - want over want - residual). Where
  * the fused path does not apply (grouped path forced, more than 64 pairs) the call
  * must return 1 and leave y bit for bit as it was. Skips (77) without CUDA or a GPU.
- * KD_TEST_PART=route or experts: only those cases (for compute-sanitizer). Timings:
+ * KD_TEST_PART=route or experts: only those cases (for compute-sanitizer).
+ * KD_TEST_DUMP=FILE: every GPU result of the experts' cases appended to FILE as raw
+ * floats, so that two builds' bits can be compared (cmp) on the same seed. Timings:
  * tests/bench/bench_cuda_moe. */
 #include <errno.h>
 #include <stdio.h>
@@ -50,6 +52,14 @@
 static unsigned long long seed = 0x3c0ffee5ull;
 static cudaStream_t stream;
 static struct k_pool *pool;
+static FILE *dump;	/* KD_TEST_DUMP */
+
+/* n GPU results to KD_TEST_DUMP's file, where set. */
+static void dump_floats(const float *v, size_t n)
+{
+	if (dump && fwrite(v, sizeof(float), n, dump) != n)
+		CHECK(0, "KD_TEST_DUMP: write failed");
+}
 
 /* ---- routing --------------------------------------------------------------- */
 
@@ -287,6 +297,7 @@ static void test_experts(const struct moe_shape *s, struct weights *w, struct k_
 				 (const uint16_t *const *)dtable, s->n_experts, s->hidden, s->inter);
 	CHECK(ret == 0, "moe_experts returned %d", ret);
 	to_host(got, dout, sizeof(float) * nx);
+	dump_floats(got, nx);
 	{
 		double rel = test_rel_l2(got, want, nx), max_abs = 0;
 		int bad = 0;
@@ -454,6 +465,7 @@ static void test_experts_add(const struct moe_shape *s, struct weights *w,
 				     (const uint16_t *const *)c.dtable, s->n_experts, s->hidden,
 				     s->inter, si > 0 ? &sh : NULL);
 	to_host(got, dy, sizeof(float) * c.nx);
+	dump_floats(got, c.nx);
 	for (size_t i = 0; i < c.nx; i++) {
 		double d = (double)got[i] - want[i], m = (double)want[i] - c.y0[i];
 
@@ -647,6 +659,10 @@ int main(void)
 	if (!test_gpu_present("test_cuda_moe"))
 		return 77;
 	part = test_part("test_cuda_moe", "route", "experts");
+	if (getenv("KD_TEST_DUMP") && !(dump = fopen(getenv("KD_TEST_DUMP"), "wb"))) {
+		fprintf(stderr, "test_cuda_moe: KD_TEST_DUMP %s: cannot open\n", getenv("KD_TEST_DUMP"));
+		return 1;
+	}
 	CU(cudaStreamCreate(&stream));
 	if (k_pool_create(&pool, 16))
 		return 1;
@@ -656,6 +672,8 @@ int main(void)
 		test_experts_all();
 	k_pool_destroy(pool);
 	cudaStreamDestroy(stream);
+	if (dump)
+		fclose(dump);
 	return test_result("test_cuda_moe");
 }
 #else

@@ -207,8 +207,8 @@ static int lat_call(const struct lat_model *s, const struct lat_weights *w,
 
 	p.bias = w->d_bias;
 	return k_cuda_moe_lat(stream, ws, y, d->x, M, w->d_router, &p, d->logits, d->ids, d->wts,
-			      (const uint16_t *const *)d->table, s->n_experts, s->hidden, s->inter,
-			      s->shared ? &sh : NULL, &d->pf);
+			      (const uint16_t *const *)d->table, NULL, s->n_experts, s->hidden,
+			      s->inter, s->shared ? &sh : NULL, &d->pf);
 }
 
 static void test_case(const struct lat_model *s, const struct lat_weights *w,

@@ -8,7 +8,10 @@
  * (router GEMV, moe_route, the small path's gate/up and down) against the latency
  * path's two (k_cuda_moe_lat), each a CUDA graph replayed behind an L2 flush, beside
  * the floor of the router, the chosen experts and the shared expert (test_cuda_moe_lat
- * checks those kernels). Usage: bench_cuda_moe [lat] (lat: only those lines).
+ * checks those kernels). Then ("moe_q" lines) the routed experts bf16, fp8 128 x 128
+ * and int4 g32 (k_cuda_moe_experts_q) at the four models' shapes, M 1, 2, 4, 8 and 64,
+ * beside the floor of their bytes as stored (test_cuda_moe_q checks those kernels).
+ * Usage: bench_cuda_moe [lat | q] (only those lines).
  * Exits 77 without CUDA or a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,7 +185,7 @@ static int lat_layer(struct lat_bench *lb)
 
 	if (lb->latency)
 		return k_cuda_moe_lat(stream, lb->ws, lb->y, lb->x, lb->M, lb->router, &lb->p,
-				      lb->logits, lb->ids, lb->wts, lb->table, s->n_experts,
+				      lb->logits, lb->ids, lb->wts, lb->table, NULL, s->n_experts,
 				      s->hidden, s->inter, sh, NULL);
 	if ((ret = k_cuda_linear_run_kind(lb->lin, K_CUDA_LINEAR_GEMV, lb->logits, lb->x,
 					  lb->router, lb->M, s->n_experts, s->hidden, 0)) ||
@@ -314,6 +317,123 @@ out:
 	free(used);
 }
 
+/* ---- quantized experts ("q" lines): k_cuda_moe_experts_q --------------------------- */
+
+struct qbench {
+	const struct moe_shape *s;
+	struct k_cuda_moe_ws *ws;
+	void *dtable, *dx, *dw, *dids, *dout;
+	struct k_cuda_moe_quant q;	/* fmt K_Q_NONE: bf16 experts */
+	int M;
+};
+
+static int qbench_call(void *arg, cudaStream_t st)
+{
+	struct qbench *b = arg;
+
+	return k_cuda_moe_experts_q(st, b->ws, b->dout, b->dx, b->M, b->dids, b->dw, b->s->top_k,
+				    b->dtable, b->q.fmt != K_Q_NONE ? &b->q : NULL,
+				    b->s->n_experts, b->s->hidden, b->s->inter);
+}
+
+/* One call of the routed experts at M rows in format fmt (K_Q_NONE: bf16; K_Q_FP8:
+ * 128 x 128 blocks, fp32 scales; K_Q_INT4: groups of 32, bf16 scales), every expert in
+ * its own memory, a graph replayed behind an L2 flush (bench_graph_us), beside the floor
+ * of the used experts' bytes as stored (payload + scales). Values do not matter to the
+ * time: the payloads and scales are a byte pattern (finite). */
+static void time_q(const struct moe_shape *s, enum k_qfmt fmt, int M)
+{
+	const char *fname = fmt == K_Q_FP8 ? "fp8-block" : fmt == K_Q_INT4 ? "int4-g32" : "bf16";
+	size_t per = (size_t)s->hidden * s->inter, nk = (size_t)M * s->top_k;
+	size_t pay = fmt == K_Q_FP8 ? per : fmt == K_Q_INT4 ? per / 2 : per * 2;
+	/* scales of one matrix: fp8 (N / 128) (K / 128) fp32; int4 N (K / 32) bf16 (either
+	 * orientation: the same count at these shapes) */
+	size_t sb = fmt == K_Q_FP8 ? (size_t)((s->inter + 127) / 128) * ((s->hidden + 127) / 128) * 4
+		  : fmt == K_Q_INT4 ? per / 32 * 2 : 0;
+	size_t pay_al = (pay + 255) & ~(size_t)255, sb_al = (sb + 255) & ~(size_t)255;
+	void **table = malloc(sizeof(void *) * (size_t)s->n_experts * 3);
+	void **stable = malloc(sizeof(void *) * (size_t)s->n_experts * 3);
+	float *x = malloc(sizeof(float) * (size_t)M * s->hidden), *wts = malloc(sizeof(float) * nk);
+	int32_t *ids = malloc(sizeof(int32_t) * nk);
+	unsigned char *used = calloc((size_t)s->n_experts, 1);
+	struct qbench b = { .s = s, .M = M };
+	char *all = NULL, *sall = NULL;
+	double bytes = 0, us;
+	int n_used = 0;
+
+	if (k_cuda_moe_ws_create(&b.ws, M, s->top_k, s->n_experts, s->hidden, s->inter, 0))
+		goto out;
+	all = dalloc(pay_al * 3 * (size_t)s->n_experts);
+	CU(cudaMemset(all, 0x3c, pay_al * 3 * (size_t)s->n_experts));
+	if (sb) {
+		sall = dalloc(sb_al * 3 * (size_t)s->n_experts);
+		CU(cudaMemset(sall, 0x3c, sb_al * 3 * (size_t)s->n_experts));
+	}
+	for (int e = 0; e < 3 * s->n_experts; e++) {
+		table[e] = all + pay_al * e;
+		stable[e] = sall ? sall + sb_al * e : NULL;
+	}
+	for (size_t i = 0; i < (size_t)M * s->hidden; i++)
+		x[i] = test_randf(&seed);
+	moe_make_ids(ids, wts, M, s, -1, &seed);
+	for (size_t i = 0; i < nk; i++)
+		used[ids[i]] = 1;
+	for (int e = 0; e < s->n_experts; e++)
+		n_used += used[e];
+	bytes = 3.0 * (double)(pay + sb) * n_used;
+	b.dtable = dup_to_device(table, sizeof(void *) * (size_t)s->n_experts * 3);
+	b.dx = dup_to_device(x, sizeof(float) * (size_t)M * s->hidden);
+	b.dw = dup_to_device(wts, sizeof(float) * nk);
+	b.dids = dup_to_device(ids, sizeof(int32_t) * nk);
+	b.dout = dalloc(sizeof(float) * (size_t)M * s->hidden);
+	if (fmt != K_Q_NONE) {
+		int bc = fmt == K_Q_FP8 ? 128 : 32, br = fmt == K_Q_FP8 ? 128 : 1;
+
+		b.q = (struct k_cuda_moe_quant){ .fmt = fmt, .scale_dtype = fmt == K_Q_FP8 ? K_F32 : K_BF16,
+						 .block_rows = { br, br, br }, .block_cols = { bc, bc, bc } };
+		b.q.scales = dup_to_device(stable, sizeof(void *) * (size_t)s->n_experts * 3);
+	}
+	us = bench_graph_us(qbench_call, &b, bench_flush_buffer());
+	printf("moe_q time %-9s %-7s %-29s M %2d: %d experts, %5.1f MB (payload + scales), "
+	       "%7.1f us = %.2f TB/s (floor %.1f us at 4.25 TB/s: %.0f%%)\n", fname,
+	       (long)M * s->top_k <= 64 ? "small" : "grouped", s->name, M, n_used, bytes / 1e6, us,
+	       us > 0 ? bytes / (us * 1e-6) / 1e12 : 0, bench_floor_us(bytes),
+	       us > 0 ? 100 * bench_floor_us(bytes) / us : 0);
+out:
+	k_cuda_moe_ws_destroy(b.ws);
+	cudaFree(all);
+	cudaFree(sall);
+	cudaFree(b.dtable);
+	cudaFree((void *)b.q.scales);
+	cudaFree(b.dx);
+	cudaFree(b.dw);
+	cudaFree(b.dids);
+	cudaFree(b.dout);
+	free(table);
+	free(stable);
+	free(x);
+	free(wts);
+	free(ids);
+	free(used);
+}
+
+static void bench_q_all(void)
+{
+	static const struct moe_shape shapes[] = {
+		{ "qwen3-30b 2048x768 E128 k8", 2048, 768, 128, 8 },
+		{ "v2-lite 2048x1408 E64 k6", 2048, 1408, 64, 6 },
+		{ "deepseek-v3 7168x2048 E256 k8", 7168, 2048, 256, 8 },
+		{ "kimi-k2 7168x2048 E384 k8", 7168, 2048, 384, 8 },
+	};
+	const enum k_qfmt fmts[] = { K_Q_NONE, K_Q_FP8, K_Q_INT4 };
+
+	moe_set_path(K_CUDA_MOE_PATH_AUTO);
+	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+		for (int m = 0; m < 5; m++)
+			for (int f = 0; f < 3; f++)
+				time_q(&shapes[i], fmts[f], (int[]){ 1, 2, 4, 8, 64 }[m]);
+}
+
 static void bench_lat_all(void)
 {
 	static const struct moe_shape qwen3 = { "qwen3-30b 2048x768 E128 k8", 2048, 768, 128, 8 },
@@ -346,9 +466,16 @@ int main(int argc, char **argv)
 		cudaStreamDestroy(stream);
 		return test_failures ? 1 : 0;
 	}
+	if (argc > 1 && !strcmp(argv[1], "q")) {
+		bench_q_all();
+		k_cuda_tuning_set(NULL);
+		cudaStreamDestroy(stream);
+		return test_failures ? 1 : 0;
+	}
 	bench_shape(&v2lite, 2816);	/* its shared expert: 2 x 1408 */
 	bench_shape(&qwen3, 0);		/* none */
 	bench_lat_all();
+	bench_q_all();
 	k_cuda_tuning_set(NULL);
 	cudaStreamDestroy(stream);
 	return test_failures ? 1 : 0;

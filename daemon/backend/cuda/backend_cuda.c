@@ -59,6 +59,7 @@ static void cuda_destroy(struct backend *be)
 	k_cuda_linear_destroy(b->lin);
 	cudaFree(b->wtmp);
 	free(b->qw);
+	free(b->moe_q);
 	if (b->inv_freq)
 		cudaFree(b->inv_freq);
 	if (b->arena)

@@ -16,6 +16,7 @@
 struct k_cuda_linear;
 struct k_cuda_attn_ws;
 struct k_cuda_moe_ws;
+struct k_cuda_moe_quant;
 struct k_cuda_sample_ws;
 struct cuda_prof;
 
@@ -94,6 +95,8 @@ struct backend_cuda {
 					 * &model_tensor.q -> its qw entry (kept quantized) */
 	struct cuda_qweight *qw;	/* (n_qw) the weights kept quantized */
 	int n_qw;
+	struct k_cuda_moe_quant *moe_q;	/* (n_layers) the routed experts' format where they
+					 * stay quantized (fmt K_Q_NONE: bf16); cuda_moe_q_of */
 	uint16_t *wtmp;			/* (wtmp_elems) f16: one quantized weight dequantized,
 					 * for the linears of more than 32 rows */
 	size_t wtmp_elems;		/* the largest kept quantized weight's rows * cols */
@@ -145,6 +148,9 @@ void cuda_op_fail(struct backend_cuda *b, enum cuda_op op, int ret, const char *
 
 /* The device copy of a weight; a missing one is a bug in the upload walk. */
 const void *cuda_dev_of(struct backend_cuda *b, const void *host, const char *what);
+/* The quantized format of L's routed experts on the GPU, or NULL where they are bf16. */
+const struct k_cuda_moe_quant *cuda_moe_q_of(const struct backend_cuda *b,
+					     const struct model_layer *L);
 #define W(b, t) ((const uint16_t *)cuda_dev_of((b), (t)->data, __func__))
 #define V(b, t) ((const float *)cuda_dev_of((b), (t)->data, __func__))
 

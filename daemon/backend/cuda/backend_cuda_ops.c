@@ -275,8 +275,8 @@ int cuda_moe_experts(struct backend *be, float *out, const float *x, int M, cons
 
 	cuda_op_begin(b, CUDA_OP_MOE_EXPERTS);
 	table = cuda_dev_of(b, L->experts, "moe_experts");
-	ret = k_cuda_moe_experts(b->stream, b->moe_ws, out, x, M, ids, weights, top_k, table,
-				 n_experts, hidden, inter);
+	ret = k_cuda_moe_experts_q(b->stream, b->moe_ws, out, x, M, ids, weights, top_k, table,
+				   cuda_moe_q_of(b, L), n_experts, hidden, inter);
 	cuda_op_end(b, CUDA_OP_MOE_EXPERTS, ret);
 	return ret;
 }
@@ -286,7 +286,9 @@ int cuda_moe_experts(struct backend *be, float *out, const float *x, int M, cons
  * kernels take them. Batch 1 only, as measured on H200, DeepSeek-V2-Lite: batch 1 3.17
  * ms a step fused (staged kernels) against 3.37 unfused; the fused call alone, timed
  * with registers only, 50.9 us at batch 1 and 352 at batch 8, where the grouped path
- * and the separate shared expert take ~236 (tests/test_cuda_moe). */
+ * and the separate shared expert take ~236 (tests/test_cuda_moe). With quantized
+ * routed experts (cuda_moe_q_of) and a shared expert, k_cuda_moe_experts_add_q declines
+ * too: the shared expert is then quantized linears (backend_cuda_weights.c). */
 int cuda_moe_experts_add(struct backend *be, float *y, const float *x, int M,
 			 const int32_t *ids, const float *weights, int top_k,
 			 const struct model_layer *L, int hidden, int inter, int n_experts,
@@ -307,9 +309,9 @@ int cuda_moe_experts_add(struct backend *be, float *y, const float *x, int M,
 		sh = (struct k_cuda_moe_shared){ W(b, &L->w_gate), W(b, &L->w_up), W(b, &L->w_down),
 						 shared_inter };
 	if (shared_inter == 0 || sh.inter)
-		ret = k_cuda_moe_experts_add(b->stream, b->moe_ws, y, x, M, ids, weights, top_k,
-					     table, n_experts, hidden, inter,
-					     shared_inter > 0 ? &sh : NULL);
+		ret = k_cuda_moe_experts_add_q(b->stream, b->moe_ws, y, x, M, ids, weights, top_k,
+					       table, cuda_moe_q_of(b, L), n_experts, hidden, inter,
+					       shared_inter > 0 ? &sh : NULL);
 	cuda_op_end(b, CUDA_OP_MOE_EXPERTS_ADD, ret < 0 ? ret : 0);
 	return ret;
 }
@@ -372,7 +374,8 @@ int cuda_moe_layer(struct backend *be, float *y, const float *x, int M, const st
 	if (next && k_cuda_tuning()->moe_lat_prefetch_mb)
 		lat_prefetch_of(b, next, &pf);
 	ret = k_cuda_moe_lat(b->stream, b->moe_ws, y, x, M, router, &dp, logits, ids, weights,
-			     cuda_dev_of(b, L->experts, "moe_layer"), n_experts, hidden, inter,
+			     cuda_dev_of(b, L->experts, "moe_layer"), cuda_moe_q_of(b, L), n_experts,
+			     hidden, inter,
 			     shared_inter > 0 ? &sh : NULL,
 			     next && k_cuda_tuning()->moe_lat_prefetch_mb ? &pf : NULL);
 	cuda_op_end(b, CUDA_OP_MOE_LAYER, ret < 0 ? ret : 0);

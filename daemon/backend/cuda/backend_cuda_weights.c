@@ -1,7 +1,9 @@
 /* The model's weights on the GPU: one arena sized up front (so out-of-memory is
  * known before anything is copied, with the numbers), matrices converted to bf16,
  * vectors to fp32, quantized linear weights kept quantized (payload as in the file,
- * scales as fp32, or f16 for int4 where all are exact f16), copied through a pinned
+ * scales as fp32, or f16 for int4 where all are exact f16), quantized routed experts
+ * too (payload as in the file, scales in bf16 where the file's are, else fp32; with
+ * them the shared expert, which then runs as linears), copied through a pinned
  * staging buffer with a progress line. The
  * sources are the model's own copy of its files (model.h: never a mapping), read here
  * once at create; no op reads a host weight after, so nothing done to the files under
@@ -15,6 +17,7 @@
 #include "daemon/base/clock.h"
 #include "daemon/base/log.h"
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
+#include "kernels/cuda/moe/k_cuda_moe.h"
 
 #define STAGE_BYTES (64u << 20)	/* pinned staging buffer */
 #define ARENA_ALIGN 256
@@ -92,7 +95,8 @@ struct weight_item {
 
 /* Elements [i, i + n) of a quantized (.., cols) weight as bf16: dequantized exactly in
  * fp32 (kernels/quant.h), then rounded once. For the weights no quantized kernel reads
- * (MoE experts, MLA's wkv_b: cuda_weights_upload logs which). */
+ * (MLA's wkv_b, a shared expert beside bf16 routed experts: cuda_weights_upload logs
+ * how many). */
 static void stage_quant(uint16_t *dst, const struct weight_item *w, size_t i, size_t n)
 {
 	float f[256];
@@ -119,6 +123,8 @@ struct upload {
 	int n_kept;		/* weights kept quantized */
 	size_t q_bytes;		/* their payload and scale bytes */
 	int n_deq;		/* quantized weights dequantized to bf16 */
+	int n_qexp;		/* routed experts' matrices kept quantized */
+	size_t qexp_bytes;	/* their payload and scale bytes */
 	size_t off;		/* bytes placed so far */
 	size_t total;		/* bytes of the arena (pass 1) */
 	void *stage;		/* pinned (STAGE_BYTES) */
@@ -217,7 +223,7 @@ static size_t align_up(size_t v)
 	return (v + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
 }
 
-/* Scales [i, i + n) of q converted to dtype (K_F32 or K_F16) into the staging buffer,
+/* Scales [i, i + n) of q converted to dtype (K_F32, K_F16, K_BF16) into the staging buffer,
  * then copied to dst. */
 static int copy_scales(struct upload *u, char *dst, const struct k_quant *q, size_t total,
 		       enum k_dtype dtype)
@@ -233,6 +239,8 @@ static int copy_scales(struct upload *u, char *dst, const struct k_quant *q, siz
 
 			if (dtype == K_F16)
 				((uint16_t *)u->stage)[j] = k_f32_to_f16(f);
+			else if (dtype == K_BF16)	/* bf16 scales only: exact */
+				((uint16_t *)u->stage)[j] = k_f32_to_bf16(f);
 			else
 				((float *)u->stage)[j] = f;
 		}
@@ -346,16 +354,64 @@ static void place_quant_stack(struct upload *u, const struct model_tensor *const
 		place_quant(u, &t[i], 1);
 }
 
+/* Whether L's routed experts stay quantized on the GPU: all of them quantized alike (the
+ * model loader checks every expert's format; the blocks and scale dtype are checked
+ * here) in blocks the MoE kernels take (k_cuda_moe_quant_ok). Fills q (scales unset)
+ * where so. */
+static int experts_keep_quant(const struct model *m, const struct model_layer *L,
+			      struct k_cuda_moe_quant *q)
+{
+	const struct model_config *c = &m->cfg;
+	const struct k_expert *x0 = L->experts;
+	int n_experts = m->held_experts ? m->held_experts : c->n_experts;	/* an ep shard's */
+
+	memset(q, 0, sizeof(*q));
+	if (!L->is_moe || !x0 || n_experts <= 0 || x0->gate_q.fmt == K_Q_NONE)
+		return 0;
+	for (int e = 0; e < n_experts; e++) {
+		const struct k_quant *a[3] = { &x0->gate_q, &x0->up_q, &x0->down_q };
+		const struct k_quant *b[3] = { &L->experts[e].gate_q, &L->experts[e].up_q,
+					       &L->experts[e].down_q };
+
+		for (int j = 0; j < 3; j++)
+			if (b[j]->fmt != a[0]->fmt || b[j]->block_rows != a[j]->block_rows ||
+			    b[j]->block_cols != a[j]->block_cols ||
+			    b[j]->scale_dtype != a[0]->scale_dtype || !b[j]->scale)
+				return 0;
+	}
+	q->fmt = x0->gate_q.fmt;
+	q->scale_dtype = x0->gate_q.scale_dtype == K_BF16 ? K_BF16 : K_F32;
+	q->block_rows[0] = x0->gate_q.block_rows;
+	q->block_cols[0] = x0->gate_q.block_cols;
+	q->block_rows[1] = x0->up_q.block_rows;
+	q->block_cols[1] = x0->up_q.block_cols;
+	q->block_rows[2] = x0->down_q.block_rows;
+	q->block_cols[2] = x0->down_q.block_cols;
+	q->scales = (const void *const *)(uintptr_t)1;	/* for the check only */
+	if (k_cuda_moe_quant_ok(q, c->hidden_size, c->moe_intermediate_size)) {
+		memset(q, 0, sizeof(*q));
+		return 0;
+	}
+	q->scales = NULL;
+	return 1;
+}
+
 /* 1 where the backend reads t only through cuda_linear_run (so a quantized t can stay
  * quantized): the attention projections but MLA's kv_b (the absorbed attention reads
- * it), and the MLP's of a dense layer (a MoE layer's are its shared expert, which the
- * MoE kernels read in bf16). */
-static int cuda_weight_is_linear(const struct model_layer *L, const struct model_tensor *t)
+ * it), and the MLP's of a dense layer; a MoE layer's MLP is its shared expert, which the
+ * fused MoE kernels read in bf16, so it stays quantized only where the routed experts
+ * do (the fused kernels then decline and it runs as linears). */
+static int cuda_weight_is_linear(const struct model *m, const struct model_layer *L,
+				 const struct model_tensor *t)
 {
+	struct k_cuda_moe_quant q;
+
 	if (t == &L->wq || t == &L->wk || t == &L->wv || t == &L->wo || t == &L->wq_a ||
 	    t == &L->wq_b || t == &L->wkv_a)
 		return 1;
-	return !L->is_moe && (t == &L->w_gate || t == &L->w_up || t == &L->w_down);
+	if (t != &L->w_gate && t != &L->w_up && t != &L->w_down)
+		return 0;
+	return !L->is_moe || experts_keep_quant(m, L, &q);
 }
 
 /* keep: t is read only through the linear ops, so a quantized t stays quantized. */
@@ -383,19 +439,50 @@ static void place_tensor(struct upload *u, const struct model_tensor *t)
 	place_tensor_as(u, t, 0);
 }
 
-/* A MoE layer's experts: all gate/up/down matrices, then a device table (n_experts,
- * 3) of their device pointers, mapped under L->experts; an expert-parallel shard's
- * share alone (held_experts). */
-static void place_experts(struct upload *u, const struct model_layer *L)
+/* One quantized expert matrix kept so: its payload, then its scales (as in the file
+ * where bf16, else fp32), each aligned; the payload mapped under src, the scales under
+ * q->scale. */
+static void place_qexpert(struct upload *u, const void *src, const struct k_quant *q,
+			  int64_t rows, int64_t cols, enum k_dtype sdt)
+{
+	struct weight_item w = { .src = src, .n = (size_t)rows * k_quant_row_bytes(q->fmt, cols),
+				 .raw = 1 };
+	size_t ns = (size_t)((rows + q->block_rows - 1) / q->block_rows) * (size_t)q->scale_cols;
+	char *dst;
+
+	if (u->ret || !src || cuda_ptr_map_get(&u->b->map, src))
+		return;
+	if (u->pass == 0) {
+		u->qexp_bytes += w.n + ns * k_dtype_size(sdt);
+		u->n_qexp++;
+	}
+	place(u, src, &w);
+	dst = u->b->arena ? (char *)u->b->arena + u->off : NULL;
+	u->off += align_up(ns * k_dtype_size(sdt));
+	if (u->pass == 0 || u->ret)
+		return;
+	if (!(u->ret = copy_scales(u, dst, q, ns, sdt)))
+		u->ret = cuda_ptr_map_put(&u->b->map, q->scale, dst);
+}
+
+/* A MoE layer's experts: all gate/up/down matrices (kept quantized where
+ * experts_keep_quant says: then b->moe_q[l] holds their format), then a device table
+ * (n_experts, 3) of their device pointers, mapped under L->experts, and with quantized
+ * experts one (n_experts, 3) of their scales; an expert-parallel shard's share alone
+ * (held_experts). */
+static void place_experts(struct upload *u, const struct model_layer *L, int l)
 {
 	const struct model_config *c = &u->b->m->cfg;
 	int held = u->b->m->held_experts ? u->b->m->held_experts : c->n_experts;
 	size_t inter = (size_t)c->moe_intermediate_size, hidden = (size_t)c->hidden_size;
 	size_t table_bytes = (size_t)held * 3 * sizeof(void *);
-	void **table = NULL;
+	void **table = NULL, **stable = NULL;
+	struct k_cuda_moe_quant mq;
+	const int keep = experts_keep_quant(u->b->m, L, &mq);
 	char *dst;
 
-	if (u->pass == 1 && !(table = malloc(table_bytes))) {
+	if (u->pass == 1 && (!(table = malloc(table_bytes)) || (keep && !(stable = malloc(table_bytes))))) {
+		free(table);
 		u->ret = -ENOMEM;
 		return;
 	}
@@ -410,9 +497,16 @@ static void place_experts(struct upload *u, const struct model_layer *L)
 						 .q = q[j]->fmt != K_Q_NONE ? q[j] : NULL,
 						 .cols = (int64_t)(j < 2 ? hidden : inter) };
 
-			if (w.q && u->pass == 0 && src[j] && !cuda_ptr_map_get(&u->b->map, src[j]))
-				u->n_deq++;
-			place(u, src[j], &w);
+			if (keep) {
+				place_qexpert(u, src[j], q[j], j < 2 ? (int64_t)inter : (int64_t)hidden,
+					      w.cols, mq.scale_dtype);
+				if (stable)
+					stable[3 * e + j] = cuda_ptr_map_get(&u->b->map, q[j]->scale);
+			} else {
+				if (w.q && u->pass == 0 && src[j] && !cuda_ptr_map_get(&u->b->map, src[j]))
+					u->n_deq++;
+				place(u, src[j], &w);
+			}
 			if (table)
 				table[3 * e + j] = cuda_ptr_map_get(&u->b->map, src[j]);
 		}
@@ -422,16 +516,38 @@ static void place_experts(struct upload *u, const struct model_layer *L)
 	if ((size_t)u->b->max_K < hidden)
 		u->b->max_K = (int)hidden;
 	dst = u->b->arena ? (char *)u->b->arena + u->off : NULL;
-	u->off += (table_bytes + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+	u->off += align_up(table_bytes);
 	if (table && !u->ret) {
 		u->ret = CUDA_CHECK(u->b, cudaMemcpy(dst, table, table_bytes, cudaMemcpyHostToDevice));
 		if (!u->ret)
 			u->ret = cuda_ptr_map_put(&u->b->map, L->experts, dst);
 	}
+	if (keep) {	/* the scales' table */
+		dst = u->b->arena ? (char *)u->b->arena + u->off : NULL;
+		u->off += align_up(table_bytes);
+		if (stable && !u->ret)
+			u->ret = CUDA_CHECK(u->b, cudaMemcpy(dst, stable, table_bytes,
+							     cudaMemcpyHostToDevice));
+		if (u->pass == 1 && !u->ret) {
+			mq.scales = (const void *const *)dst;
+			u->b->moe_q[l] = mq;
+		}
+	}
 	free(table);
+	free(stable);
 }
 
-static void place_layer(struct upload *u, const struct model_layer *L)
+const struct k_cuda_moe_quant *cuda_moe_q_of(const struct backend_cuda *b,
+					     const struct model_layer *L)
+{
+	ptrdiff_t l = L - b->m->layers;
+
+	if (!b->moe_q || l < 0 || l >= b->m->cfg.n_layers || b->moe_q[l].fmt == K_Q_NONE)
+		return NULL;
+	return &b->moe_q[l];
+}
+
+static void place_layer(struct upload *u, const struct model_layer *L, int l)
 {
 	const struct model_config *c = &u->b->m->cfg;
 	const int lora = L->wq_a.data != NULL;
@@ -450,10 +566,10 @@ static void place_layer(struct upload *u, const struct model_layer *L)
 
 	place_quant_stack(u, qkv, 3);
 	place_quant_stack(u, mla, 2);
-	if (!L->is_moe)
+	if (cuda_weight_is_linear(u->b->m, L, &L->w_gate))
 		place_quant_stack(u, gu, 2);
 	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
-		place_tensor_as(u, t[i], cuda_weight_is_linear(L, t[i]));
+		place_tensor_as(u, t[i], cuda_weight_is_linear(u->b->m, L, t[i]));
 	if (L->router_bias) {
 		struct weight_item w = { .src = L->router_bias, .dtype = K_F32,
 					 .n = (size_t)c->n_experts, .vector = 1 };
@@ -461,7 +577,7 @@ static void place_layer(struct upload *u, const struct model_layer *L)
 		place(u, L->router_bias, &w);
 	}
 	if (L->is_moe && L->experts)
-		place_experts(u, L);
+		place_experts(u, L, l);
 }
 
 static void place_model(struct upload *u)
@@ -472,7 +588,7 @@ static void place_model(struct upload *u)
 	place_tensor(u, &m->final_norm);
 	place_tensor_as(u, &m->lm_head, m->lm_head.data != m->embed.data);
 	for (int l = 0; l < m->cfg.n_layers; l++)
-		place_layer(u, &m->layers[l]);
+		place_layer(u, &m->layers[l], l);
 }
 
 int cuda_weights_upload(struct backend_cuda *b, char *err, size_t err_len)
@@ -487,14 +603,19 @@ int cuda_weights_upload(struct backend_cuda *b, char *err, size_t err_len)
 		return u.ret;
 	if (u.n_qw && !(b->qw = calloc((size_t)u.n_qw, sizeof(*b->qw))))
 		return -ENOMEM;
-	if (u.n_qw || u.n_deq) {
+	if (u.n_qexp && !(b->moe_q = calloc((size_t)b->m->cfg.n_layers, sizeof(*b->moe_q))))
+		return -ENOMEM;
+	if (u.n_qw || u.n_deq || u.n_qexp) {
 		char fmt[24];
 
+		model_quant_name(&b->m->cfg.quant, fmt, sizeof(fmt));
 		log_info("cuda: %d %s weights stay quantized on GPU %d (%.2f GiB with their scales); "
-			 "%d are dequantized to bf16 at load (no quantized kernel reads them: MoE "
-			 "experts, MoE shared experts, MLA's kv_b)", u.n_kept,
-			 model_quant_name(&b->m->cfg.quant, fmt, sizeof(fmt)), b->dev,
-			 (double)u.q_bytes / (1u << 30), u.n_deq);
+			 "%d routed-expert matrices stay quantized too (%.2f GiB with their scales, "
+			 "read by the MoE kernels as they are); %d are dequantized to bf16 at load "
+			 "(no quantized kernel reads them: MLA's kv_b, MoE shared experts beside "
+			 "bf16 routed ones, experts in blocks the MoE kernels do not take)",
+			 u.n_kept, fmt, b->dev, (double)u.q_bytes / (1u << 30), u.n_qexp,
+			 (double)u.qexp_bytes / (1u << 30), u.n_deq);
 	}
 	b->n_qw = u.n_qw;
 	b->arena_bytes = u.off;
@@ -505,8 +626,8 @@ int cuda_weights_upload(struct backend_cuda *b, char *err, size_t err_len)
 		snprintf(err, err_len,
 			 "cuda: out of GPU memory for the weights: they need %.2f GiB, GPU %d has %.2f GiB free of %.2f GiB%s",
 			 (double)b->arena_bytes / (1u << 30), b->dev, (double)free_b / (1u << 30),
-			 (double)total_b / (1u << 30), u.n_deq > 0 ? " (quantized MoE experts "
-			 "and MLA kv_b count as bf16: they are dequantized at load)" : "");
+			 (double)total_b / (1u << 30), u.n_deq > 0 ? " (the quantized weights "
+			 "dequantized at load count as bf16)" : "");
 		return -ENOMEM;
 	}
 	if (cudaHostAlloc(&u.stage, STAGE_BYTES, cudaHostAllocDefault) != cudaSuccess) {
@@ -528,5 +649,13 @@ int cuda_weights_upload(struct backend_cuda *b, char *err, size_t err_len)
 		return ret;
 	}
 	report(&u, 1);
+	{	/* what the weights took of the GPU: quantized experts show here */
+		size_t free_a = 0, total_a = 0;
+
+		cudaMemGetInfo(&free_a, &total_a);
+		log_info("cuda: GPU %d memory: %.2f GiB free before the weights, %.2f after "
+			 "(arena %.2f GiB)", b->dev, (double)free_b / (1u << 30),
+			 (double)free_a / (1u << 30), (double)b->arena_bytes / (1u << 30));
+	}
 	return 0;
 }

@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/ops.h"
+#include "kernels/quant.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -60,6 +61,40 @@ int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out /* (
 		       const uint16_t *const *expert_w /* (n_experts, 3) */, int n_experts,
 		       int hidden, int inter);
 
+/* Routed experts kept quantized as published (kernels/quant.h's layouts): the expert
+ * table's pointers are then each matrix's payload (fp8 bytes (N, K), or int4 words
+ * (N, ceil(K / 8))), and scales a device table (n_experts, 3) of their scales (gate,
+ * up, down: (ceil(N / block_rows), ceil(K / block_cols)) in scale_dtype, K_F32 or
+ * K_BF16). Index j of the blocks: 0 gate, 1 up, 2 down. Where hidden and inter are
+ * multiples of 32, the payloads 16-byte aligned and every block a power of two (at
+ * least 32 columns) or the whole dimension, the vector kernels take them (each 16-byte
+ * chunk's partial dot product scaled once); other shapes take the CUDA-core kernels of
+ * the grouped path, element by element (value * scale, as the CPU). NULL or fmt
+ * K_Q_NONE: bf16 experts. */
+struct k_cuda_moe_quant {
+	enum k_qfmt fmt;		/* K_Q_FP8 or K_Q_INT4 */
+	enum k_dtype scale_dtype;	/* K_F32 or K_BF16 */
+	int block_rows[3], block_cols[3];
+	const void *const *scales;	/* (n_experts, 3) device pointers */
+};
+
+/* 0 where the kernels take q (NULL / K_Q_NONE included): fp8 or int4, fp32 or bf16
+ * scales, a scale table, positive blocks; else -EINVAL. */
+int k_cuda_moe_quant_ok(const struct k_cuda_moe_quant *q, int hidden, int inter);
+
+/* k_cuda_moe_experts with the experts quantized as q says (NULL: bf16, the same call).
+ * Both paths read the quantized bytes: the small one dequantizes each weight chunk in
+ * registers (W8A16 / W4A16 on the CUDA cores), the grouped one each tensor-core B
+ * fragment (the fp8 or int4 values are exact in bf16; the scale multiplies each
+ * 32-wide k chunk's fp32 partial sums), so no bf16 copy of an expert is ever made.
+ * Shapes outside the vector kernels (see struct k_cuda_moe_quant) take the grouped
+ * path's CUDA-core kernels at any M.
+ * Within ~1e-5 relative of k_cpu_moe_experts on the same quantized experts. */
+int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out, const float *x,
+			 int M, const int32_t *ids, const float *weights, int top_k,
+			 const uint16_t *const *expert_w, const struct k_cuda_moe_quant *q,
+			 int n_experts, int hidden, int inter);
+
 /* The shared expert of a DeepSeek MoE layer: one SwiGLU MLP that every row takes with
  * weight 1 (routed_scaling_factor does not touch it). bf16, each 16-byte aligned. */
 struct k_cuda_moe_shared {
@@ -82,6 +117,17 @@ int k_cuda_moe_experts_add(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y /*
 			   const int32_t *ids /* (M, top_k) */, const float *weights /* (M, top_k) */,
 			   int top_k, const uint16_t *const *expert_w /* (n_experts, 3) */,
 			   int n_experts, int hidden, int inter, const struct k_cuda_moe_shared *sh);
+
+/* k_cuda_moe_experts_add with the routed experts quantized as q says (NULL: bf16, the
+ * same call). With quantized experts the fused small path runs only without a shared
+ * expert (sh NULL) and at shapes the vector kernels take; otherwise it returns 1 and the
+ * caller runs the separate ops (the shared expert's bf16 rows and the experts' quantized
+ * ones are different streams). */
+int k_cuda_moe_experts_add_q(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y,
+			     const float *x, int M, const int32_t *ids, const float *weights,
+			     int top_k, const uint16_t *const *expert_w,
+			     const struct k_cuda_moe_quant *q, int n_experts, int hidden, int inter,
+			     const struct k_cuda_moe_shared *sh);
 
 /* ---- the latency path's MoE layer (moe_lat.cu; issue 23) ---- */
 
@@ -107,11 +153,13 @@ struct k_cuda_moe_lat_cfg {
 };
 
 /* 0: k_cuda_moe_lat takes these shapes (cfg filled); 1: it does not, with the reason
- * in why (one line with the numbers); -EIO. n_group: the group count of a group-limited
+ * in why (one line with the numbers); -EIO. q (NULL: bf16): quantized experts are
+ * refused (1): its fused launch reads bf16 experts only; the standard ops run them. n_group: the group count of a group-limited
  * choice, else 0. Not a stream operation. */
 int k_cuda_moe_lat_config(struct k_cuda_moe_lat_cfg *cfg, int M, int top_k, int n_experts,
 			  int hidden, int inter, int n_group, const struct k_cuda_moe_shared *sh,
-			  const float *x, char *why, size_t why_len);
+			  const struct k_cuda_moe_quant *q, const float *x, char *why,
+			  size_t why_len);
 
 /* y (M, hidden) += the MoE layer of x (M, hidden): router (n_experts, hidden) bf16 with
  * x in fp32, the choice of k_cuda_moe_route by p (bias a DEVICE pointer), the routed
@@ -124,8 +172,9 @@ int k_cuda_moe_lat_config(struct k_cuda_moe_lat_cfg *cfg, int M, int top_k, int 
  * or -EIO. */
 int k_cuda_moe_lat(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y, const float *x, int M,
 		   const uint16_t *router, const struct k_moe_route_params *p, float *logits,
-		   int32_t *ids, float *weights, const uint16_t *const *expert_w, int n_experts,
-		   int hidden, int inter, const struct k_cuda_moe_shared *sh,
+		   int32_t *ids, float *weights, const uint16_t *const *expert_w,
+		   const struct k_cuda_moe_quant *q, int n_experts, int hidden, int inter,
+		   const struct k_cuda_moe_shared *sh,
 		   const struct k_cuda_moe_lat_prefetch *pf);
 
 #ifdef __cplusplus

@@ -16,10 +16,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/moe/k_cuda_moe.h"
 #include "kernels/cuda/moe/moe_internal.h"
+#include "kernels/cuda/moe/moe_quant.cuh"
 
 #define PLAN_THREADS 256
 #define EX_THREADS 128		// 4 warps split K
@@ -229,6 +232,39 @@ __device__ __forceinline__ void mma_chunk(float (*acc)[4], uint4 ha, uint4 la, u
 	mma16816(acc[1], la.z, lb.z, la.w, lb.w, w1.z, w1.w);
 }
 
+// Two floats that are exact in bf16 as one bf16 pair (low first).
+__device__ __forceinline__ uint32_t bf16_pair_exact(float2 f)
+{
+	return (__float_as_uint(f.x) >> 16) | (__float_as_uint(f.y) & 0xffff0000u);
+}
+
+// A lane's B fragment of a quantized row (row: its payload bytes): the 8 values from
+// column k0 as bf16 pairs, exactly (e4m3 values and int4's -8..7 are all bf16 numbers).
+template <int F>
+__device__ __forceinline__ uint4 ex_qfrag(const uint8_t *row, int k0)
+{
+	if (F == MQ_FP8) {
+		uint2 v = __ldcs((const uint2 *)(row + k0));
+
+		return make_uint4(bf16_pair_exact(mq_e4m3x2(v.x)), bf16_pair_exact(mq_e4m3x2(v.x >> 16)),
+				  bf16_pair_exact(mq_e4m3x2(v.y)), bf16_pair_exact(mq_e4m3x2(v.y >> 16)));
+	}
+	// int4: values 2p, 2p + 1 (nibbles of byte p) under the bf16 exponent of 128 (128 +
+	// n is exact in bf16), less 136 in one bf16x2 subtraction (exact: -8..7)
+	uint32_t v = __ldcs((const unsigned *)(row + k0 / 2));
+	uint32_t lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu, r[4];
+	const __nv_bfloat162 off = __floats2bfloat162_rn(136.0f, 136.0f);
+
+#pragma unroll
+	for (int p = 0; p < 4; p++) {
+		uint32_t t = (__byte_perm(lo, hi, p | ((4 + p) << 8)) & 0x000f000fu) | 0x43004300u;
+		__nv_bfloat162 b = __hsub2(*(const __nv_bfloat162 *)&t, off);
+
+		r[p] = *(const uint32_t *)&b;
+	}
+	return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
 __device__ __forceinline__ float silu_mul1(float g, float u)
 {
 	return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
@@ -239,10 +275,14 @@ __device__ __forceinline__ float silu_mul1(float g, float u)
 // pair's sorted position. Down: rows f0..f0+15 (f0 = 16 * x), A = hs rows, out into
 // y at the pair's index. K (% 8 == 0) is split over the 4 warps and reduced in shared
 // memory in a fixed order; warp w finishes m16 tile w.
-template <bool GLU>
+// F: the experts' format. Quantized (wq), each lane's B fragment is dequantized from the
+// payload (the values, exact in bf16), each 32-wide k chunk's products go to a partial
+// accumulator that the chunk's scales (of the lane's two output columns) multiply
+// into acc: no bf16 copy of the weights, and the same precision as bf16 weights.
+template <bool GLU, int F = MQ_BF16>
 __global__ void __launch_bounds__(EX_THREADS)
 expert_mma_kernel(ex_plan pl, const uint16_t *const *expert_w, const uint4 *a_src, int top_k,
-		  int K, int N, uint32_t *hs, float *y)
+		  int K, int N, uint32_t *hs, float *y, moe_wq wq = {})
 {
 	__shared__ float red[EX_WARPS][EX_MT * 8][32];
 	const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -251,13 +291,37 @@ expert_mma_kernel(ex_plan pl, const uint16_t *const *expert_w, const uint4 *a_sr
 	int e, start, n, f0, n_kc = (K + 31) / 32;
 	const uint16_t *w0, *w1;
 	bool v0, v1;
+	const size_t rb = F == MQ_INT4 ? (size_t)K / 2 : F == MQ_FP8 ? (size_t)K : (size_t)K * 2;
+	mq_row sr[2][2];	// quantized: scales of the lane's output columns 2t, 2t + 1 per tile
 
 	if (u >= *pl.n_used)
 		return;
 	e = pl.used_e[u];
 	start = pl.used_start[u];
 	n = pl.used_n[u];
-	if (GLU) {
+	if (F != MQ_BF16) {
+		if (GLU) {
+			f0 = blockIdx.x * 8;
+			v0 = v1 = f0 + g < N;
+			w0 = (const uint16_t *)((const uint8_t *)expert_w[3 * e] + (size_t)(f0 + g) * rb);
+			w1 = (const uint16_t *)((const uint8_t *)expert_w[3 * e + 1] + (size_t)(f0 + g) * rb);
+		} else {
+			f0 = blockIdx.x * 16;
+			v0 = f0 + g < N;
+			v1 = f0 + 8 + g < N;
+			w0 = (const uint16_t *)((const uint8_t *)expert_w[3 * e + 2] + (size_t)(f0 + g) * rb);
+			w1 = (const uint16_t *)((const uint8_t *)w0 + 8 * rb);
+		}
+#pragma unroll
+		for (int tile = 0; tile < 2; tile++)
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				int j = GLU ? tile : 2, col = f0 + (GLU ? 0 : 8 * tile) + 2 * t + h;
+
+				sr[tile][h] = mq_row_of(wq, col < N ? wq.scales[3 * e + j] : nullptr, j,
+							col);
+			}
+	} else if (GLU) {
 		f0 = blockIdx.x * 8;
 		v0 = v1 = f0 + g < N;
 		w0 = expert_w[3 * e] + (size_t)(f0 + g) * K;
@@ -296,15 +360,28 @@ expert_mma_kernel(ex_plan pl, const uint16_t *const *expert_w, const uint4 *a_sr
 				int k0 = (kc + q * EX_WARPS) * 32 + 8 * t;
 				bool in = kc + q * EX_WARPS < n_kc && k0 < K;
 
-				wv[q][0] = in && v0 ? __ldcs((const uint4 *)(w0 + k0)) : zero;
-				wv[q][1] = in && v1 ? __ldcs((const uint4 *)(w1 + k0)) : zero;
+				if (F == MQ_BF16) {
+					wv[q][0] = in && v0 ? __ldcs((const uint4 *)(w0 + k0)) : zero;
+					wv[q][1] = in && v1 ? __ldcs((const uint4 *)(w1 + k0)) : zero;
+				} else {
+					wv[q][0] = in && v0 ? ex_qfrag<F>((const uint8_t *)w0, k0) : zero;
+					wv[q][1] = in && v1 ? ex_qfrag<F>((const uint8_t *)w1, k0) : zero;
+				}
 			}
 #pragma unroll
 			for (int q = 0; q < EX_KU; q++) {
 				int k0 = (kc + q * EX_WARPS) * 32 + 8 * t;
+				float s[2][2];
 
 				if (kc + q * EX_WARPS >= n_kc)	// warp-uniform
 					break;
+				if (F != MQ_BF16)
+#pragma unroll
+					for (int tile = 0; tile < 2; tile++)
+#pragma unroll
+						for (int h = 0; h < 2; h++)
+							s[tile][h] = mq_scale(sr[tile][h],
+									      (kc + q * EX_WARPS) * 32);
 #pragma unroll
 				for (int mt = 0; mt < EX_MT; mt++) {
 					uint4 ha = zero, la = zero, hb = zero, lb = zero;
@@ -323,7 +400,19 @@ expert_mma_kernel(ex_plan pl, const uint16_t *const *expert_w, const uint4 *a_sr
 						hb = __ldg(p);
 						lb = __ldg(p + 1);
 					}
-					mma_chunk(acc[mt], ha, la, hb, lb, wv[q][0], wv[q][1]);
+					if (F == MQ_BF16) {
+						mma_chunk(acc[mt], ha, la, hb, lb, wv[q][0], wv[q][1]);
+					} else {
+						float part[2][4] = {};
+
+						mma_chunk(part, ha, la, hb, lb, wv[q][0], wv[q][1]);
+#pragma unroll
+						for (int tile = 0; tile < 2; tile++)
+#pragma unroll
+							for (int i = 0; i < 4; i++)
+								acc[mt][tile][i] = fmaf(part[tile][i], s[tile][i % 2],
+											acc[mt][tile][i]);
+					}
 				}
 			}
 		}
@@ -391,12 +480,45 @@ __device__ __forceinline__ float dot_bf16(const uint16_t *w, const float *x, int
 	return warp_sum(s);
 }
 
+// Row n of quantized matrix j (payload w, scales sc) dotted with x, element by element as
+// k_cpu_linear_q has it: value * scale in fp32, then times x (any shape and blocks).
+template <int F>
+__device__ __forceinline__ float dot_q(const void *w, const void *sc, const moe_wq &wq, int j,
+				       int n, const float *x, int K, int lane)
+{
+	const uint8_t *r = (const uint8_t *)w + (size_t)n * (F == MQ_INT4 ? (size_t)(K + 7) / 8 * 4
+									  : (size_t)K);
+	size_t srow = (size_t)(n / wq.brows[j]) * (size_t)wq.scols[j];
+	float s = 0.0f;
+
+	for (int k = lane; k < K; k += 32) {
+		size_t i = srow + (size_t)(k / wq.bcols[j]);
+		float sv = wq.sbf16 ? __uint_as_float((uint32_t)((const uint16_t *)sc)[i] << 16)
+				    : ((const float *)sc)[i];
+		float v = F == MQ_INT4 ? (float)((int)((r[k / 2] >> (4 * (k % 2))) & 0xfu) - 8)
+				       : mq_e4m3x2(r[k]).x;
+
+		s = fmaf(v * sv, x[k], s);
+	}
+	return warp_sum(s);
+}
+
+template <int F>
+__device__ __forceinline__ float dot_w(const uint16_t *const *expert_w, const moe_wq &wq, int e,
+				       int j, int n, const float *x, int K, int lane)
+{
+	if (F == MQ_BF16)
+		return dot_bf16(expert_w[3 * e + j] + (size_t)n * K, x, K, lane);
+	return dot_q<F>(expert_w[3 * e + j], wq.scales[3 * e + j], wq, j, n, x, K, lane);
+}
+
 // One warp per (feature, used expert), every row of the expert in turn; GLU writes fp32
-// SwiGLU values into hs (as floats) at the sorted position, down writes y.
-template <bool GLU>
+// SwiGLU values into hs (as floats) at the sorted position, down writes y. F: the
+// experts' format (quantized: any shape, the scales as wq says).
+template <bool GLU, int F = MQ_BF16>
 __global__ void __launch_bounds__(FB_WARPS * 32)
 expert_fallback_kernel(ex_plan pl, const uint16_t *const *expert_w, const float *a_src,
-		       int top_k, int K, int N, float *hs, float *y)
+		       int top_k, int K, int N, float *hs, float *y, moe_wq wq = {})
 {
 	int u = blockIdx.y, lane = threadIdx.x % 32;
 	int f = blockIdx.x * FB_WARPS + threadIdx.x / 32, e, start, n;
@@ -411,14 +533,14 @@ expert_fallback_kernel(ex_plan pl, const uint16_t *const *expert_w, const float 
 
 		if (GLU) {
 			const float *xr = a_src + (size_t)(i / top_k) * K;
-			float gsum = dot_bf16(expert_w[3 * e] + (size_t)f * K, xr, K, lane);
-			float usum = dot_bf16(expert_w[3 * e + 1] + (size_t)f * K, xr, K, lane);
+			float gsum = dot_w<F>(expert_w, wq, e, 0, f, xr, K, lane);
+			float usum = dot_w<F>(expert_w, wq, e, 1, f, xr, K, lane);
 
 			if (lane == 0)
 				hs[(size_t)(start + r) * N + f] = silu_mul1(gsum, usum);
 		} else {
-			float s = dot_bf16(expert_w[3 * e + 2] + (size_t)f * K,
-					   a_src + (size_t)(start + r) * K, K, lane);
+			float s = dot_w<F>(expert_w, wq, e, 2, f, a_src + (size_t)(start + r) * K, K,
+					   lane);
 
 			if (lane == 0)
 				y[(size_t)i * N + f] = s;
@@ -582,40 +704,124 @@ extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int t
 	return 0;
 }
 
+template <int F>
 static int moe_run_mma(cudaStream_t s, k_cuda_moe_ws *ws, const ex_plan &pl,
-		       const uint16_t *const *expert_w, int max_used)
+		       const uint16_t *const *expert_w, const moe_wq &wq, int max_used)
 {
 	dim3 g1((ws->inter + 7) / 8, max_used), g2((ws->hidden + 15) / 16, max_used);
 	int ret;
 
-	expert_mma_kernel<true><<<g1, EX_THREADS, 0, s>>>(pl, expert_w, (const uint4 *)ws->xs,
-							   ws->top_k, ws->hidden, ws->inter,
-							   ws->hs, nullptr);
+	expert_mma_kernel<true, F><<<g1, EX_THREADS, 0, s>>>(pl, expert_w, (const uint4 *)ws->xs,
+							      ws->top_k, ws->hidden, ws->inter,
+							      ws->hs, nullptr, wq);
 	if ((ret = K_CUDA_LAUNCHED("moe gate/up")))
 		return ret;
-	expert_mma_kernel<false><<<g2, EX_THREADS, 0, s>>>(pl, expert_w, (const uint4 *)ws->hs,
-							    ws->top_k, ws->inter, ws->hidden,
-							    nullptr, ws->y);
+	expert_mma_kernel<false, F><<<g2, EX_THREADS, 0, s>>>(pl, expert_w, (const uint4 *)ws->hs,
+							       ws->top_k, ws->inter, ws->hidden,
+							       nullptr, ws->y, wq);
 	return K_CUDA_LAUNCHED("moe down");
 }
 
-static int moe_run_fallback(cudaStream_t s, k_cuda_moe_ws *ws, const ex_plan &pl,
-			    const float *x, const uint16_t *const *expert_w, int max_used)
+template <int F>
+static int moe_run_fallback_f(cudaStream_t s, k_cuda_moe_ws *ws, const ex_plan &pl,
+			      const float *x, const uint16_t *const *expert_w, const moe_wq &wq,
+			      int max_used)
 {
 	dim3 g1((ws->inter + FB_WARPS - 1) / FB_WARPS, max_used);
 	dim3 g2((ws->hidden + FB_WARPS - 1) / FB_WARPS, max_used);
 	int ret;
 
-	expert_fallback_kernel<true><<<g1, FB_WARPS * 32, 0, s>>>(pl, expert_w, x, ws->top_k,
-								   ws->hidden, ws->inter,
-								   (float *)ws->hs, nullptr);
+	expert_fallback_kernel<true, F><<<g1, FB_WARPS * 32, 0, s>>>(pl, expert_w, x, ws->top_k,
+								      ws->hidden, ws->inter,
+								      (float *)ws->hs, nullptr, wq);
 	if ((ret = K_CUDA_LAUNCHED("moe gate/up (fallback)")))
 		return ret;
-	expert_fallback_kernel<false><<<g2, FB_WARPS * 32, 0, s>>>(pl, expert_w,
-								    (const float *)ws->hs,
-								    ws->top_k, ws->inter,
-								    ws->hidden, nullptr, ws->y);
+	expert_fallback_kernel<false, F><<<g2, FB_WARPS * 32, 0, s>>>(pl, expert_w,
+								       (const float *)ws->hs,
+								       ws->top_k, ws->inter,
+								       ws->hidden, nullptr, ws->y, wq);
 	return K_CUDA_LAUNCHED("moe down (fallback)");
+}
+
+// The CUDA-core kernels: shapes the tensor cores do not take, and quantized experts
+// the vector kernels do not (moe_wq_vector).
+static int moe_run_fallback(cudaStream_t s, k_cuda_moe_ws *ws, const ex_plan &pl,
+			    const float *x, const uint16_t *const *expert_w, const moe_wq &wq,
+			    int max_used)
+{
+	if (wq.fmt == MQ_FP8)
+		return moe_run_fallback_f<MQ_FP8>(s, ws, pl, x, expert_w, wq, max_used);
+	if (wq.fmt == MQ_INT4)
+		return moe_run_fallback_f<MQ_INT4>(s, ws, pl, x, expert_w, wq, max_used);
+	return moe_run_fallback_f<MQ_BF16>(s, ws, pl, x, expert_w, wq, max_used);
+}
+
+// ---- quantized experts ----------------------------------------------------------
+
+// log2 of v where v is a power of two, else -1.
+static int log2_exact(long long v)
+{
+	int l = 0;
+
+	if (v <= 0 || (v & (v - 1)))
+		return -1;
+	while ((1ll << l) < v)
+		l++;
+	return l;
+}
+
+// The shift that maps an index below n to its block of b: 31 where one block covers all.
+static int block_shift(int b, int n)
+{
+	return b >= n ? 31 : log2_exact(b);
+}
+
+extern "C" int k_cuda_moe_quant_ok(const struct k_cuda_moe_quant *q, int hidden, int inter)
+{
+	(void)hidden;
+	(void)inter;
+	if (!q || q->fmt == K_Q_NONE)
+		return 0;
+	if ((q->fmt != K_Q_FP8 && q->fmt != K_Q_INT4) ||
+	    (q->scale_dtype != K_F32 && q->scale_dtype != K_BF16) || !q->scales)
+		return -EINVAL;
+	for (int j = 0; j < 3; j++)
+		if (q->block_rows[j] <= 0 || q->block_cols[j] <= 0)
+			return -EINVAL;
+	return 0;
+}
+
+struct moe_wq moe_wq_of(const struct k_cuda_moe_quant *q, int hidden, int inter)
+{
+	moe_wq w = {};
+
+	if (!q || q->fmt == K_Q_NONE)
+		return w;
+	w.fmt = q->fmt == K_Q_INT4 ? MQ_INT4 : MQ_FP8;
+	w.scales = q->scales;
+	w.sbf16 = q->scale_dtype == K_BF16;
+	for (int j = 0; j < 3; j++) {
+		int N = j < 2 ? inter : hidden, K = j < 2 ? hidden : inter;
+
+		w.brows[j] = q->block_rows[j];
+		w.bcols[j] = q->block_cols[j];
+		w.rshift[j] = block_shift(q->block_rows[j], N);
+		w.kshift[j] = block_shift(q->block_cols[j], K);
+		w.scols[j] = (K + q->block_cols[j] - 1) / q->block_cols[j];
+	}
+	return w;
+}
+
+bool moe_wq_vector(const moe_wq &wq, int hidden, int inter)
+{
+	if (wq.fmt == MQ_BF16)
+		return true;
+	if (hidden % 32 || inter % 32)
+		return false;
+	for (int j = 0; j < 3; j++)
+		if (wq.rshift[j] < 0 || wq.kshift[j] < 0 || wq.kshift[j] < 5)
+			return false;	// kshift 5: blocks of 32 columns; 31: one block
+	return true;
 }
 
 extern "C" int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out,
@@ -623,19 +829,34 @@ extern "C" int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, floa
 				  int top_k, const uint16_t *const *expert_w, int n_experts,
 				  int hidden, int inter)
 {
+	return k_cuda_moe_experts_q(s, ws, out, x, M, ids, weights, top_k, expert_w, nullptr,
+				    n_experts, hidden, inter);
+}
+
+extern "C" int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out,
+				    const float *x, int M, const int32_t *ids,
+				    const float *weights, int top_k,
+				    const uint16_t *const *expert_w,
+				    const struct k_cuda_moe_quant *q, int n_experts, int hidden,
+				    int inter)
+{
 	ex_plan pl;
-	bool mma = moe_use_mma(hidden, inter);
+	bool mma = moe_use_mma(hidden, inter), vec;
 	int n, max_used, ret;
+	moe_wq wq;
 
 	if (!ws || M < 0 || M > ws->max_M || top_k != ws->top_k || n_experts != ws->n_experts ||
-	    hidden != ws->hidden || inter != ws->inter)
+	    hidden != ws->hidden || inter != ws->inter || k_cuda_moe_quant_ok(q, hidden, inter))
 		return -EINVAL;
 	if (M == 0)
 		return 0;
-	if (moe_use_small(M, top_k, hidden, inter, x, nullptr))
+	wq = moe_wq_of(q, hidden, inter);
+	vec = moe_wq_vector(wq, hidden, inter);
+	if (vec && moe_use_small(M, top_k, hidden, inter, x, nullptr))
 		return k_cuda_moe_small_run(s, (float *)ws->hs, out, x, M, ids, weights, top_k,
-					    expert_w, n_experts, hidden, inter, moe_small_shared{},
-					    0, ws->n_sm);
+					    expert_w, wq, n_experts, hidden, inter,
+					    moe_small_shared{}, 0, ws->n_sm);
+	mma = mma && vec;
 	pl = ws_plan(ws);
 	n = M * top_k;
 	max_used = n < n_experts ? n : n_experts;
@@ -643,8 +864,14 @@ extern "C" int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, floa
 		pl, ids, n, n_experts, x, hidden, mma ? ws->xs : nullptr);
 	if ((ret = K_CUDA_LAUNCHED("moe plan")))
 		return ret;
-	ret = mma ? moe_run_mma(s, ws, pl, expert_w, max_used) :
-		    moe_run_fallback(s, ws, pl, x, expert_w, max_used);
+	if (!mma)
+		ret = moe_run_fallback(s, ws, pl, x, expert_w, wq, max_used);
+	else if (wq.fmt == MQ_FP8)
+		ret = moe_run_mma<MQ_FP8>(s, ws, pl, expert_w, wq, max_used);
+	else if (wq.fmt == MQ_INT4)
+		ret = moe_run_mma<MQ_INT4>(s, ws, pl, expert_w, wq, max_used);
+	else
+		ret = moe_run_mma<MQ_BF16>(s, ws, pl, expert_w, wq, max_used);
 	if (ret)
 		return ret;
 	moe_combine_kernel<<<dim3(M, (hidden + COMBINE_THREADS - 1) / COMBINE_THREADS),
@@ -659,17 +886,32 @@ extern "C" int k_cuda_moe_experts_add(cudaStream_t s, struct k_cuda_moe_ws *ws, 
 				      const uint16_t *const *expert_w, int n_experts, int hidden,
 				      int inter, const struct k_cuda_moe_shared *sh)
 {
+	return k_cuda_moe_experts_add_q(s, ws, y, x, M, ids, weights, top_k, expert_w, nullptr,
+					n_experts, hidden, inter, sh);
+}
+
+extern "C" int k_cuda_moe_experts_add_q(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y,
+					const float *x, int M, const int32_t *ids,
+					const float *weights, int top_k,
+					const uint16_t *const *expert_w,
+					const struct k_cuda_moe_quant *q, int n_experts, int hidden,
+					int inter, const struct k_cuda_moe_shared *sh)
+{
 	moe_small_shared ss = {};
+	moe_wq wq;
 
 	if (!ws || M < 0 || M > ws->max_M || top_k != ws->top_k || n_experts != ws->n_experts ||
-	    hidden != ws->hidden || inter != ws->inter || (sh && sh->inter > ws->shared_inter))
+	    hidden != ws->hidden || inter != ws->inter || (sh && sh->inter > ws->shared_inter) ||
+	    k_cuda_moe_quant_ok(q, hidden, inter))
 		return -EINVAL;
 	if (M == 0)
 		return 0;
-	if (!k_cuda_tuning()->moe_fused || !moe_use_small(M, top_k, hidden, inter, x, sh))
+	wq = moe_wq_of(q, hidden, inter);
+	if (!k_cuda_tuning()->moe_fused || !moe_use_small(M, top_k, hidden, inter, x, sh) ||
+	    (sh && wq.fmt != MQ_BF16) || !moe_wq_vector(wq, hidden, inter))
 		return 1;
 	if (sh)
 		ss = moe_small_shared{ sh->gate, sh->up, sh->down, sh->inter, ws->sh_act };
-	return k_cuda_moe_small_run(s, (float *)ws->hs, y, x, M, ids, weights, top_k, expert_w,
+	return k_cuda_moe_small_run(s, (float *)ws->hs, y, x, M, ids, weights, top_k, expert_w, wq,
 				    n_experts, hidden, inter, ss, 1, ws->n_sm);
 }

@@ -22,6 +22,34 @@ struct moe_small_shared {
 	float *act;			// (M, inter) fp32 scratch, 16-byte aligned
 };
 
+// The experts' weight format as the kernels take it (a template parameter, F): bf16,
+// or kept quantized (k_cuda_moe_quant). Values per 16-byte chunk: 8, 16, 32.
+#define MQ_BF16 0
+#define MQ_FP8 1
+#define MQ_INT4 2
+#define MQ_VPC(F) ((F) == MQ_BF16 ? 8 : (F) == MQ_FP8 ? 16 : 32)
+
+// Where a quantized expert's scales are, by value into the kernels; per matrix j (0
+// gate, 1 up, 2 down): weight row n's scale row is n >> rshift[j] (31: one row), column
+// k's scale column k >> kshift[j] (31: one column), scols[j] scale columns a row.
+struct moe_wq {
+	int fmt;			// MQ_BF16 (then nothing else is set), MQ_FP8, MQ_INT4
+	const void *const *scales;	// (E, 3) device pointers
+	int rshift[3], kshift[3], scols[3];
+	int brows[3], bcols[3];		// the blocks themselves (the any-shape kernel divides)
+	int sbf16;			// scales in bf16 (else fp32)
+};
+
+// q's moe_wq at these shapes (host; q valid per k_cuda_moe_quant_ok; NULL or K_Q_NONE:
+// MQ_BF16; rshift / kshift -1 where a block is neither a power of two nor the whole
+// dimension: then only the any-shape kernel takes q, see moe_wq_vector).
+struct moe_wq moe_wq_of(const struct k_cuda_moe_quant *q, int hidden, int inter);
+
+// Whether the vector kernels (small path, tensor-core grouped path) take wq at these
+// shapes: hidden and inter multiples of 32 (16-byte chunks of whole rows), every 32
+// values of a row in one scale block, blocks indexed by shifts. bf16: always.
+bool moe_wq_vector(const struct moe_wq &wq, int hidden, int inter);
+
 // Whether the small-batch path can run this call: M * top_k <= MOE_SMALL_MAX_PAIRS,
 // hidden and inter multiples of 8 (16-byte weight loads), one fp32 x row fits the
 // shared-memory budget, x 16-byte aligned; sh (NULL: none) a multiple of 8 wide, at
@@ -39,7 +67,8 @@ int k_cuda_moe_small_setup(void);
 // runtime's last error.
 int moe_small_gate_up_setup(void);
 void moe_small_gate_up_launch(cudaStream_t s, int ctas, int rp, int ahead,
-			      const uint16_t *const *expert_w, const float *x, const int32_t *ids,
+			      const uint16_t *const *expert_w, const struct moe_wq &wq,
+			      const float *x, const int32_t *ids,
 			      int n, int top_k, int n_experts, int hidden, int inter, float *act,
 			      const struct moe_small_shared &sh);
 
@@ -52,7 +81,7 @@ void moe_small_gate_up_launch(cudaStream_t s, int ctas, int rp, int ahead,
 bool moe_small_m1_fits(int top_k, int n_experts, int hidden, int inter, int sh_inter);
 int moe_small_m1_setup(void);
 void moe_small_m1_launch(cudaStream_t s, int gate_up_ctas, const uint16_t *const *expert_w,
-			 const float *x, const int32_t *ids, const float *weights, int top_k,
+			 const struct moe_wq &wq, const float *x, const int32_t *ids, const float *weights, int top_k,
 			 int n_experts, int hidden, int inter, float *act,
 			 const struct moe_small_shared &sh, int add, float *out);
 
@@ -60,10 +89,11 @@ void moe_small_m1_launch(cudaStream_t s, int gate_up_ctas, const uint16_t *const
 // + the shared expert sh (add 1; sh.inter 0: none); act (M * top_k, inter) fp32 scratch
 // (16-byte aligned) for the SwiGLU activations. n_sm: the device's SM count, sizes the
 // grids. Two launches, both with programmatic dependent launch.
+// wq: the experts' format (moe_wq_of; quantized only with sh.inter 0).
 int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x, int M,
 			 const int32_t *ids, const float *weights, int top_k,
-			 const uint16_t *const *expert_w, int n_experts, int hidden, int inter,
-			 const struct moe_small_shared &sh, int add, int n_sm);
+			 const uint16_t *const *expert_w, const struct moe_wq &wq, int n_experts,
+			 int hidden, int inter, const struct moe_small_shared &sh, int add, int n_sm);
 
 // moe_small.cu for moe_lat.cu: small_down_kernel (add 1) launched without programmatic
 // serialisation; its error, if any, is the runtime's last error.

@@ -264,13 +264,20 @@ size_t lat_route_stride(int E, int top_k, int n_group)
 
 extern "C" int k_cuda_moe_lat_config(struct k_cuda_moe_lat_cfg *cfg, int M, int top_k,
 				     int n_experts, int hidden, int inter, int n_group,
-				     const struct k_cuda_moe_shared *sh, const float *x, char *why,
+				     const struct k_cuda_moe_shared *sh,
+				     const struct k_cuda_moe_quant *q, const float *x, char *why,
 				     size_t why_len)
 {
 	size_t route, xrow = (size_t)hidden * sizeof(float);
 	static int setup_done;
 
 	*cfg = (struct k_cuda_moe_lat_cfg){ SM_THREADS, 1, K_CUDA_MOE_LAT_MAX_ROWS, 0, 0, 0 };
+	if (q && q->fmt != K_Q_NONE) {	// its launch 1 streams bf16 expert rows only
+		snprintf(why, why_len, "experts kept %s (the latency MoE reads bf16 experts; "
+			 "the standard ops dequantize in registers)",
+			 q->fmt == K_Q_INT4 ? "int4" : "fp8");
+		return 1;
+	}
 	if (M < 1 || M > K_CUDA_MOE_LAT_MAX_ROWS) {
 		snprintf(why, why_len, "%d rows (the latency MoE takes 1..%d)", M,
 			 K_CUDA_MOE_LAT_MAX_ROWS);
@@ -309,8 +316,8 @@ extern "C" int k_cuda_moe_lat_config(struct k_cuda_moe_lat_cfg *cfg, int M, int 
 extern "C" int k_cuda_moe_lat(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y, const float *x,
 			      int M, const uint16_t *router, const struct k_moe_route_params *p,
 			      float *logits, int32_t *ids, float *weights,
-			      const uint16_t *const *expert_w, int n_experts, int hidden, int inter,
-			      const struct k_cuda_moe_shared *sh,
+			      const uint16_t *const *expert_w, const struct k_cuda_moe_quant *q,
+			      int n_experts, int hidden, int inter, const struct k_cuda_moe_shared *sh,
 			      const struct k_cuda_moe_lat_prefetch *pf)
 {
 	const struct k_cuda_tuning *tun = k_cuda_tuning();
@@ -332,7 +339,7 @@ extern "C" int k_cuda_moe_lat(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y
 	if (M == 0)
 		return 0;
 	if ((ret = k_cuda_moe_lat_config(&cfg, M, p->top_k, n_experts, hidden, inter,
-					 p->select != K_MOE_GREEDY ? p->n_group : 0, sh, x, why,
+					 p->select != K_MOE_GREEDY ? p->n_group : 0, sh, q, x, why,
 					 sizeof(why))))
 		return ret;
 	if (sh)

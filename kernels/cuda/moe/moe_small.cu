@@ -39,6 +39,7 @@ struct dot_job {
 	const int *pairs;
 	float *dst;
 	int nc, ld4, total;
+	mq_row r0, r1;		// quantized rows' scales (bf16: unset)
 };
 
 // Asks L2 for a job's two weight rows (nc chunks each) before its turn, so that its
@@ -86,27 +87,33 @@ __device__ __forceinline__ void job_offsets(const dot_job &j, int p0, int np, in
 // (shared piece, column pair). Every item's columns lie inside hidden (a multiple of
 // SM_DCOLS: k_cuda_moe_small_fits). ys (MOE_SMALL_MAX_PAIRS, SM_DCOLS), yss
 // (MOE_SMALL_SH_PIECES, MOE_SMALL_MAX_PAIRS, SM_DCOLS); used_w (sp.n_used) the used
-// experts' down matrices.
+// experts' down matrices, in format F (quantized: used_s their scales, as wq says).
+template <int F>
 __device__ __forceinline__ dot_job down_job_of(int q, int n_routed, const small_plan &sp,
-					       const uint16_t *const *used_w, const float *act,
-					       const moe_small_shared &sh, int M, int c0, int inter,
-					       float *ys, float *yss)
+					       const uint16_t *const *used_w,
+					       const void *const *used_s, const moe_wq &wq,
+					       const float *act, const moe_small_shared &sh, int M,
+					       int c0, int inter, float *ys, float *yss)
 {
 	int cps = SM_DCOLS / 2, cp = q % cps, c = c0 + 2 * cp;
 	dot_job j;
 
 	if (q < n_routed) {
-		int u = q / cps;
-		const uint16_t *w = used_w[u] + (size_t)c * inter;
+		int u = q / cps, nc = inter / MQ_VPC(F);
+		const uint4 *w = (const uint4 *)used_w[u] + (size_t)c * nc;
 
-		j.w0 = (const uint4 *)w;
-		j.w1 = (const uint4 *)(w + inter);
+		j.w0 = w;
+		j.w1 = w + nc;
 		j.src = (const float4 *)act;
 		j.pairs = sp.sorted + sp.used_start[u];
 		j.dst = ys + 2 * cp;
-		j.nc = inter / 8;
+		j.nc = nc;
 		j.ld4 = inter / 4;
 		j.total = sp.used_n[u];
+		if (F != MQ_BF16) {
+			j.r0 = mq_row_of(wq, used_s[u], 2, c);
+			j.r1 = mq_row_of(wq, used_s[u], 2, c + 1);
+		}
 	} else {
 		int k = (q - n_routed) / cps, ka = k * inter;	// piece k: [ka, ka + inter)
 		const uint16_t *w = sh.down + (size_t)c * sh.inter + ka;
@@ -125,6 +132,7 @@ __device__ __forceinline__ dot_job down_job_of(int q, int n_routed, const small_
 
 // Registers only (the down kernel's register path): SM_KB chunks per lane and row
 // at a time.
+template <int F>
 __device__ void down_job_run(const dot_job &j, int lane)
 {
 	for (int p0 = 0; p0 < j.total; p0 += SM_RP) {
@@ -132,7 +140,10 @@ __device__ void down_job_run(const dot_job &j, int lane)
 		float a0[SM_RP], a1[SM_RP];
 
 		job_offsets(j, p0, np, off);
-		dot2_rows(j.w0, j.w1, j.nc, j.src, off, np, a0, a1, lane);
+		if (F == MQ_BF16)
+			dot2_rows(j.w0, j.w1, j.nc, j.src, off, np, a0, a1, lane);
+		else
+			dot2_rows<F>(j.w0, j.w1, j.nc, j.src, off, np, a0, a1, lane, j.r0, j.r1);
 		job_store(j, p0, np, a0, a1, lane);
 	}
 }
@@ -143,11 +154,13 @@ __device__ void down_job_run(const dot_job &j, int lane)
 // every item streams about as many bytes and the warps stay even. Each pair's dot
 // product (a piece's) is one item's, so ys and yss need no reduction across warps.
 // add 0: out (M, hidden) overwritten, rows without a valid pair included (zeros);
-// add 1: out += (routed sum + shared expert), the separate ops' order.
+// add 1: out += (routed sum + shared expert), the separate ops' order. F: the routed
+// experts' format (quantized: wq, and no shared expert).
+template <int F>
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
-small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32_t *ids,
-		  const float *weights, int M, int top_k, int E, int hidden, int inter,
-		  moe_small_shared sh, int add, int ahead, float *out)
+small_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *act,
+		  const int32_t *ids, const float *weights, int M, int top_k, int E, int hidden,
+		  int inter, moe_small_shared sh, int add, int ahead, float *out)
 {
 	__shared__ small_plan sp;
 	__shared__ float ys[MOE_SMALL_MAX_PAIRS][SM_DCOLS];	// pair's expert output
@@ -156,11 +169,13 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 	__shared__ float sw[MOE_SMALL_MAX_PAIRS];		// pair's routing weight
 	__shared__ const uint16_t *pre_w[MOE_SMALL_MAX_PAIRS];	// pair's down matrix (hint)
 	__shared__ const uint16_t *used_w[MOE_SMALL_MAX_PAIRS];	// used expert's down matrix
+	__shared__ const void *used_s[MOE_SMALL_MAX_PAIRS];	// and its scales (quantized)
 	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n = M * top_k;
 	int c0 = blockIdx.x * SM_DCOLS, cps = SM_DCOLS / 2;
 	int pieces = (sh.inter + inter - 1) / inter, n_routed, n_all;
 
-	prefetch_down_before_wait(expert_w, ids, n, E, sh, c0, hidden, inter, pre_w);
+	prefetch_down_before_wait(expert_w, ids, n, E, sh, c0, hidden,
+				  (size_t)inter / MQ_VPC(F) * 16, pre_w);
 	// The plan before the wait: launched right after gate/up, this kernel starts only
 	// once every gate/up CTA has passed its own wait, so the kernel that wrote ids and
 	// weights has completed (see m1_down_kernel; k_cuda_moe_small_run keeps the two
@@ -171,8 +186,11 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 	small_plan_build<true>(sp, ids, n, E);	// its barriers publish sw too
 	// Every used expert's matrix looked up at once: one round trip for the CTA where
 	// each warp would otherwise wait on one per item of a new expert.
-	if (threadIdx.x < sp.n_used)
+	if (threadIdx.x < sp.n_used) {
 		used_w[threadIdx.x] = k_cuda_pdl_early(expert_w + 3 * sp.used_e[threadIdx.x] + 2);
+		if (F != MQ_BF16)	// a constant table, like expert_w
+			used_s[threadIdx.x] = k_cuda_pdl_early(wq.scales + 3 * sp.used_e[threadIdx.x] + 2);
+	}
 	k_cuda_pdl_wait();	// and a barrier after it: used_w is published
 	__syncthreads();
 
@@ -181,8 +199,8 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 	// Jobs are rebuilt where used (a few shared-memory reads), not held: registers
 	// go to the weights.
 	auto job = [&](int q) {
-		return down_job_of(q, n_routed, sp, used_w, act, sh, M, c0, inter, &ys[0][0],
-				   &yss[0][0][0]);
+		return down_job_of<F>(q, n_routed, sp, used_w, used_s, wq, act, sh, M, c0, inter,
+				      &ys[0][0], &yss[0][0][0]);
 	};
 	// ahead: the warp's next two items' rows are asked of L2 while it dots this one,
 	// so each item's loads wait on L2 rather than HBM (one item in registers at a
@@ -192,7 +210,7 @@ small_down_kernel(const uint16_t *const *expert_w, const float *act, const int32
 	for (int q = warp; q < n_all; q += SM_WARPS) {
 		if (ahead && q + 2 * SM_WARPS < n_all)
 			job_prefetch(job(q + 2 * SM_WARPS), lane);
-		down_job_run(job(q), lane);
+		down_job_run<F>(job(q), lane);
 	}
 	__syncthreads();
 
@@ -255,8 +273,8 @@ int k_cuda_moe_small_setup(void)
 
 int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x, int M,
 			 const int32_t *ids, const float *weights, int top_k,
-			 const uint16_t *const *expert_w, int n_experts, int hidden, int inter,
-			 const struct moe_small_shared &sh, int add, int n_sm)
+			 const uint16_t *const *expert_w, const struct moe_wq &wq, int n_experts,
+			 int hidden, int inter, const struct moe_small_shared &sh, int add, int n_sm)
 {
 	int n = M * top_k, max_used = n < n_experts ? n : n_experts;
 	// One wave at SM_CTAS_PER_SM, but no CTA with less than a feature per warp at the
@@ -276,20 +294,29 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	ctas = ctas < most ? ctas : (int)most;
 	if (M == 1 && tun->moe_m1 &&
 	    moe_small_m1_fits(top_k, n_experts, hidden, inter, sh.inter)) {
-		moe_small_m1_launch(s, ctas, expert_w, x, ids, weights, top_k, n_experts, hidden,
+		moe_small_m1_launch(s, ctas, expert_w, wq, x, ids, weights, top_k, n_experts, hidden,
 				    inter, act, sh, add, out);
 		return K_CUDA_LAUNCHED("moe small m1");
 	}
 	// Launch order: gate/up, then down at once. Down reads ids and weights before its
 	// wait, settled only because gate/up (launched in between) waits for the router
 	// before it lets down start; nothing may be launched between these two.
-	moe_small_gate_up_launch(s, ctas, rp, ahead, expert_w, x, ids, n, top_k, n_experts, hidden,
-				 inter, act, sh);
+	moe_small_gate_up_launch(s, ctas, rp, ahead, expert_w, wq, x, ids, n, top_k, n_experts,
+				 hidden, inter, act, sh);
 	if ((ret = K_CUDA_LAUNCHED("moe small gate/up")))
 		return ret;
-	k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS), 0, small_down_kernel,
-			  expert_w, (const float *)act, ids, weights, M, top_k, n_experts, hidden, inter,
-			  sh, add, ahead, out);
+	if (wq.fmt == MQ_BF16)
+		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS), 0,
+				  small_down_kernel<MQ_BF16>, expert_w, wq, (const float *)act, ids,
+				  weights, M, top_k, n_experts, hidden, inter, sh, add, ahead, out);
+	else if (wq.fmt == MQ_INT4)
+		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS), 0,
+				  small_down_kernel<MQ_INT4>, expert_w, wq, (const float *)act, ids,
+				  weights, M, top_k, n_experts, hidden, inter, sh, add, ahead, out);
+	else
+		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS), 0,
+				  small_down_kernel<MQ_FP8>, expert_w, wq, (const float *)act, ids,
+				  weights, M, top_k, n_experts, hidden, inter, sh, add, ahead, out);
 	return K_CUDA_LAUNCHED("moe small down");
 }
 
@@ -301,7 +328,7 @@ void moe_small_down_launch_plain(cudaStream_t s, const uint16_t *const *expert_w
 				 int top_k, int n_experts, int hidden, int inter,
 				 const struct moe_small_shared &sh, float *out)
 {
-	small_down_kernel<<<hidden / SM_DCOLS, SM_THREADS, 0, s>>>(expert_w, act, ids, weights, M,
-								      top_k, n_experts, hidden, inter,
-								      sh, 1, 0, out);
+	small_down_kernel<MQ_BF16><<<hidden / SM_DCOLS, SM_THREADS, 0, s>>>(
+		expert_w, moe_wq{}, act, ids, weights, M, top_k, n_experts, hidden, inter, sh, 1, 0,
+		out);
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/moe/moe_internal.h"
+#include "kernels/cuda/moe/moe_quant.cuh"
 
 #define SM_THREADS 256
 #define SM_WARPS 8
@@ -125,45 +126,95 @@ __device__ __forceinline__ void fma8(float &acc, uint4 w, float4 a, float4 b)
 }
 
 // The lane's share of two weight rows (w0, w1: nc 16-byte chunks each; w1 may be
-// absent) dotted with np <= SM_RP fp32 rows src + off[r] (2 * nc float4 each, shared
-// or global): acc0[r], acc1[r]. Lane takes chunks lane, lane + 32, ...; the loads of
-// SM_KB chunks per row are issued before any is used. 32-bit offsets, not pointers:
-// registers are what limits the loads in flight.
+// absent) dotted with np <= SM_RP fp32 rows src + off[r] (nc * VPC / 4 float4 each,
+// shared or global): acc0[r], acc1[r]. Lane takes chunks lane, lane + 32, ...; the loads
+// of SM_KB chunks per row are issued before any is used. 32-bit offsets, not pointers:
+// registers are what limits the loads in flight. F: the rows' format; quantized (r0,
+// r1: their scales), each chunk's values dot each row into a partial sum that the
+// chunk's scale multiplies once.
+template <int F = MQ_BF16>
 __device__ __forceinline__ void dot2_rows(const uint4 *w0, const uint4 *w1, int nc,
 					  const float4 *src, const int *off, int np, float *acc0,
-					  float *acc1, int lane)
+					  float *acc1, int lane, mq_row r0 = {}, mq_row r1 = {})
 {
 	const uint4 zero = make_uint4(0, 0, 0, 0);
+	constexpr int Q4 = MQ_VPC(F) / 4;	// float4 of x per chunk
+	// chunks per lane and row in flight: quantized chunks hold 2-4x the values and
+	// their scales ride along, so half as many fit the registers (no spills)
+	constexpr int KB = F == MQ_BF16 ? SM_KB : SM_KB / 2;
 
 #pragma unroll
 	for (int r = 0; r < SM_RP; r++)
 		acc0[r] = acc1[r] = 0.0f;
-	for (int c0 = 0; c0 < nc; c0 += 32 * SM_KB) {
-		uint4 wa[SM_KB], wb[SM_KB];
+	for (int c0 = 0; c0 < nc; c0 += 32 * KB) {
+		uint4 wa[KB], wb[KB];
+		float sa[KB], sb[KB];	// quantized: the chunks' scales, loaded beside
 
 #pragma unroll
-		for (int b = 0; b < SM_KB; b++) {
+		for (int b = 0; b < KB; b++) {
 			int c = c0 + 32 * b + lane;
 
 			wa[b] = c < nc ? __ldcs(w0 + c) : zero;
 			wb[b] = c < nc && w1 ? __ldcs(w1 + c) : zero;
+			if (F != MQ_BF16) {
+				sa[b] = c < nc ? mq_scale(r0, c * MQ_VPC(F)) : 0.0f;
+				sb[b] = c < nc ? mq_scale(r1, c * MQ_VPC(F)) : 0.0f;
+			}
 		}
 #pragma unroll
-		for (int b = 0; b < SM_KB; b++) {
+		for (int b = 0; b < KB; b++) {
 			int c = c0 + 32 * b + lane;
 
 			if (c >= nc)
 				break;
+			if (F == MQ_BF16) {
 #pragma unroll
-			for (int r = 0; r < SM_RP; r++) {
-				float4 lo, hi;
+				for (int r = 0; r < SM_RP; r++) {
+					float4 lo, hi;
 
-				if (r >= np)
-					break;
-				lo = src[off[r] + 2 * c];
-				hi = src[off[r] + 2 * c + 1];
-				fma8(acc0[r], wa[b], lo, hi);
-				fma8(acc1[r], wb[b], lo, hi);
+					if (r >= np)
+						break;
+					lo = src[off[r] + 2 * c];
+					hi = src[off[r] + 2 * c + 1];
+					fma8(acc0[r], wa[b], lo, hi);
+					fma8(acc1[r], wb[b], lo, hi);
+				}
+			} else {
+				float s0 = sa[b], s1 = sb[b];
+				float p0[SM_RP], p1[SM_RP];	// the chunk's partial sums
+
+#pragma unroll
+				for (int r = 0; r < SM_RP; r++)
+					p0[r] = p1[r] = 0.0f;
+				// Four values of each row at a time (few registers: the loads in
+				// flight hold them), each against every pair.
+#pragma unroll
+				for (int i = 0; i < Q4; i++) {
+					float4 va = mq_quad<F>(wa[b], i), vb = mq_quad<F>(wb[b], i);
+
+#pragma unroll
+					for (int r = 0; r < SM_RP; r++) {
+						if (r >= np)
+							break;
+						float4 xv = src[off[r] + Q4 * c + i];
+
+						p0[r] = fmaf(va.x, xv.x, p0[r]);
+						p0[r] = fmaf(va.y, xv.y, p0[r]);
+						p0[r] = fmaf(va.z, xv.z, p0[r]);
+						p0[r] = fmaf(va.w, xv.w, p0[r]);
+						p1[r] = fmaf(vb.x, xv.x, p1[r]);
+						p1[r] = fmaf(vb.y, xv.y, p1[r]);
+						p1[r] = fmaf(vb.z, xv.z, p1[r]);
+						p1[r] = fmaf(vb.w, xv.w, p1[r]);
+					}
+				}
+#pragma unroll
+				for (int r = 0; r < SM_RP; r++) {
+					if (r >= np)
+						break;
+					acc0[r] = fmaf(p0[r], s0, acc0[r]);
+					acc1[r] = fmaf(p1[r], s1, acc1[r]);
+				}
 			}
 		}
 	}
@@ -222,13 +273,14 @@ __device__ __forceinline__ void prefetch_down_rows(const uint16_t *down, int c0,
 // built after the wait. Each pair's matrix is looked up once (id, then table: two
 // round trips for the CTA, not two per loop iteration) into pre_w (shared, n entries).
 // The whole CTA calls it.
+// row_bytes: a down row's (inter values in the experts' format).
 __device__ __forceinline__ void prefetch_down_before_wait(const uint16_t *const *expert_w,
 							  const int32_t *ids, int n, int E,
 							  const moe_small_shared &sh, int c0,
-							  int hidden, int inter,
+							  int hidden, size_t row_bytes,
 							  const uint16_t **pre_w)
 {
-	size_t row_bytes = (size_t)inter * 2, sh_bytes = (size_t)sh.inter * 2 * SM_DCOLS;
+	size_t sh_bytes = (size_t)sh.inter * 2 * SM_DCOLS;
 	int lines = (int)((row_bytes + 127) / 128);
 	size_t left = SM_DPREFETCH > sh_bytes ? SM_DPREFETCH - sh_bytes : 0;
 	int pairs = min(n, (int)(left / (row_bytes * SM_DCOLS)));
@@ -246,7 +298,7 @@ __device__ __forceinline__ void prefetch_down_before_wait(const uint16_t *const 
 		const uint16_t *w = pre_w[i];
 
 		if (w && col < hidden)
-			prefetch_l2((const char *)(w + (size_t)col * inter) +
+			prefetch_l2((const char *)w + (size_t)col * row_bytes +
 					    (size_t)(q % lines) * 128, 1, 0, 1);
 	}
 }
@@ -255,19 +307,26 @@ __device__ __forceinline__ void prefetch_down_before_wait(const uint16_t *const 
 // total pairs' x rows (all of them unless a row repeats the expert or the budget is
 // small), then per feature dot them SM_RP at a time (a second group re-reads the two
 // weight rows just fetched, from L1/L2). Pair p is i = pairs[p] (pairs NULL: i = p),
-// of x row i / top_k, its activations act row i. The whole CTA calls it.
+// of x row i / top_k, its activations act row i. F: gate and up's format (quantized:
+// wq and their scales sg, su). The whole CTA calls it.
+template <int F = MQ_BF16>
 __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_t *up,
 				const int *pairs, int total, int fa, int fb, const float *x,
-				int top_k, int hidden, int inter, int rp, int ahead, float *act)
+				int top_k, int hidden, int inter, int rp, int ahead, float *act,
+				const moe_wq &wq = {}, const void *sg = nullptr,
+				const void *su = nullptr)
 {
-	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nc = hidden / 8, q4 = hidden / 4;
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nc = hidden / MQ_VPC(F);
+	int q4 = hidden / 4;
+	size_t rb = (size_t)nc * 16;	// bytes of a row
+	const uint4 *g4 = (const uint4 *)gate, *u4 = (const uint4 *)up;
 
 	// The first rows start coming while x is staged; ahead: the warp's second rows
 	// too, then each turn the rows two turns on, so that a row's loads wait on L2.
 	for (int f = fa + warp; f < fb && f < fa + warp + (ahead ? 2 : 1) * SM_WARPS;
 	     f += SM_WARPS) {
-		prefetch_l2(gate + (size_t)f * hidden, (size_t)hidden * 2, lane, 32);
-		prefetch_l2(up + (size_t)f * hidden, (size_t)hidden * 2, lane, 32);
+		prefetch_l2(g4 + (size_t)f * nc, rb, lane, 32);
+		prefetch_l2(u4 + (size_t)f * nc, rb, lane, 32);
 	}
 	for (int p0 = 0; p0 < total; p0 += rp) {
 		int ns = min(rp, total - p0);
@@ -284,8 +343,8 @@ __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_
 			int fn = f + 2 * SM_WARPS;
 
 			if (ahead && p0 == 0 && fn < fb) {
-				prefetch_l2(gate + (size_t)fn * hidden, (size_t)hidden * 2, lane, 32);
-				prefetch_l2(up + (size_t)fn * hidden, (size_t)hidden * 2, lane, 32);
+				prefetch_l2(g4 + (size_t)fn * nc, rb, lane, 32);
+				prefetch_l2(u4 + (size_t)fn * nc, rb, lane, 32);
 			}
 			for (int g0 = 0; g0 < ns; g0 += SM_RP) {
 				int np = min(SM_RP, ns - g0), off[SM_RP];
@@ -294,9 +353,13 @@ __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_
 #pragma unroll
 				for (int r = 0; r < SM_RP; r++)
 					off[r] = (g0 + min(r, np - 1)) * q4;
-				dot2_rows((const uint4 *)(gate + (size_t)f * hidden),
-					  (const uint4 *)(up + (size_t)f * hidden), nc, xs4, off, np,
-					  ag, au, lane);
+				if (F == MQ_BF16)
+					dot2_rows(g4 + (size_t)f * nc, u4 + (size_t)f * nc, nc, xs4, off,
+						  np, ag, au, lane);
+				else
+					dot2_rows<F>(g4 + (size_t)f * nc, u4 + (size_t)f * nc, nc, xs4,
+						     off, np, ag, au, lane, mq_row_of(wq, sg, 0, f),
+						     mq_row_of(wq, su, 1, f));
 #pragma unroll
 				for (int r = 0; r < SM_RP; r++) {
 					float g, v;

@@ -26,9 +26,12 @@ __device__ __forceinline__ int unit_len(int nc, int bal)
 }
 
 // acc += the unit's weights w (chunks cb + 32 b + lane below ce) dotted with the fp32
-// row at s4 (shared memory, 2 float4 per chunk).
+// row at s4 (shared memory, VPC / 4 float4 per chunk). F: the rows' format (quantized:
+// r0, r1 their scales; each chunk's partial sum scaled once).
+template <int F = MQ_BF16>
 __device__ __forceinline__ void unit_dot(float &acc0, float &acc1, const uint4 *w0,
-					 const uint4 *w1, const float4 *s4, int cb, int ce, int lane)
+					 const uint4 *w1, const float4 *s4, int cb, int ce, int lane,
+					 const mq_row &r0 = {}, const mq_row &r1 = {})
 {
 #pragma unroll
 	for (int b = 0; b < M1_UC; b++) {
@@ -36,10 +39,17 @@ __device__ __forceinline__ void unit_dot(float &acc0, float &acc1, const uint4 *
 
 		if (c >= ce)
 			break;
-		float4 lo = s4[2 * c], hi = s4[2 * c + 1];
+		if (F == MQ_BF16) {
+			float4 lo = s4[2 * c], hi = s4[2 * c + 1];
 
-		fma8(acc0, w0[b], lo, hi);
-		fma8(acc1, w1[b], lo, hi);
+			fma8(acc0, w0[b], lo, hi);
+			fma8(acc1, w1[b], lo, hi);
+		} else {
+			const float4 *x4 = s4 + MQ_VPC(F) / 4 * c;
+
+			acc0 = fmaf(mq_chunk_dot<F>(w0[b], x4, 0.0f), mq_scale(r0, c * MQ_VPC(F)), acc0);
+			acc1 = fmaf(mq_chunk_dot<F>(w1[b], x4, 0.0f), mq_scale(r1, c * MQ_VPC(F)), acc1);
+		}
 	}
 }
 
@@ -58,6 +68,42 @@ __device__ __forceinline__ void unit_load(uint4 *w0, uint4 *w1, const uint4 *r0,
 
 		w0[b] = c >= ce ? zero : EARLY ? k_cuda_pdl_early(r0 + c) : __ldcs(r0 + c);
 		w1[b] = c >= ce ? zero : EARLY ? k_cuda_pdl_early(r1 + c) : __ldcs(r1 + c);
+	}
+}
+
+// Quantized units: the scales of the unit's chunks of two rows (zeros past ce) into
+// registers as its weights load, so that the dot products wait on no load of their
+// own. EARLY: issued before the PDL wait.
+template <int F, bool EARLY = false>
+__device__ __forceinline__ void unit_scales(float (&s0)[M1_UC], float (&s1)[M1_UC],
+					    const mq_row &r0, const mq_row &r1, int cb, int ce,
+					    int lane)
+{
+#pragma unroll
+	for (int b = 0; b < M1_UC; b++) {
+		int c = cb + 32 * b + lane;
+
+		s0[b] = c >= ce ? 0.0f : EARLY ? mq_scale_early(r0, c * MQ_VPC(F)) : mq_scale(r0, c * MQ_VPC(F));
+		s1[b] = c >= ce ? 0.0f : EARLY ? mq_scale_early(r1, c * MQ_VPC(F)) : mq_scale(r1, c * MQ_VPC(F));
+	}
+}
+
+// unit_dot of quantized rows with their chunks' scales in registers (unit_scales).
+template <int F>
+__device__ __forceinline__ void unit_dot_qs(float &acc0, float &acc1, const uint4 *w0,
+					    const uint4 *w1, const float4 *s4, int cb, int ce,
+					    int lane, const float (&s0)[M1_UC], const float (&s1)[M1_UC])
+{
+#pragma unroll
+	for (int b = 0; b < M1_UC; b++) {
+		int c = cb + 32 * b + lane;
+
+		if (c >= ce)
+			break;
+		const float4 *x4 = s4 + MQ_VPC(F) / 4 * c;
+
+		acc0 = fmaf(mq_chunk_dot<F>(w0[b], x4, 0.0f), s0[b], acc0);
+		acc1 = fmaf(mq_chunk_dot<F>(w1[b], x4, 0.0f), s1[b], acc1);
 	}
 }
 
@@ -98,21 +144,28 @@ __device__ __forceinline__ void unit_stream(int K, uint4 (&a0)[M1_UC], uint4 (&a
 struct gu_row {
 	const uint4 *g, *u;
 	int used, f;
+	mq_row sg, su;		// quantized: the rows' scales
 };
 
+// F: the routed experts' format (quantized: wq; no shared expert then).
+template <int F = MQ_BF16>
 __device__ __forceinline__ gu_row gu_row_of(long long pos, long long Wr, const small_plan &sp,
-					    const uint16_t *const *expert_w,
+					    const uint16_t *const *expert_w, const moe_wq &wq,
 					    const moe_small_shared &sh, int hidden, int inter)
 {
 	gu_row r;
 
 	if (pos < Wr) {
-		int u = (int)(pos / inter), e = sp.used_e[u];
+		int u = (int)(pos / inter), e = sp.used_e[u], nc = hidden / MQ_VPC(F);
 
 		r.used = u;
 		r.f = (int)(pos % inter);
-		r.g = (const uint4 *)(expert_w[3 * e] + (size_t)r.f * hidden);
-		r.u = (const uint4 *)(expert_w[3 * e + 1] + (size_t)r.f * hidden);
+		r.g = (const uint4 *)expert_w[3 * e] + (size_t)r.f * nc;
+		r.u = (const uint4 *)expert_w[3 * e + 1] + (size_t)r.f * nc;
+		if (F != MQ_BF16) {
+			r.sg = mq_row_of(wq, wq.scales[3 * e], 0, r.f);
+			r.su = mq_row_of(wq, wq.scales[3 * e + 1], 1, r.f);
+		}
 	} else {
 		r.used = -1;
 		r.f = (int)(pos - Wr);
@@ -125,13 +178,16 @@ __device__ __forceinline__ gu_row gu_row_of(long long pos, long long Wr, const s
 // m1_gate_up_kernel's work after the plan (also moe_lat.cu's at one row): the CTA's
 // share of the (used expert, feature) rows and the shared expert's, each warp's rows
 // a stream of units whose first loads go out before x row 0 is staged in xs4 (hidden
-// fp32 of shared memory). act and sh.act as m1_gate_up_kernel's. The whole CTA calls it.
+// fp32 of shared memory). act and sh.act as m1_gate_up_kernel's. F and wq: the routed
+// experts' format (quantized: no shared expert). The whole CTA calls it.
+template <int F = MQ_BF16>
 __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 						const uint16_t *const *expert_w, const float *x,
 						int hidden, int inter, float *act,
-						const moe_small_shared &sh, int bal, float4 *xs4)
+						const moe_small_shared &sh, int bal, float4 *xs4,
+						const moe_wq &wq = {})
 {
-	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nc = hidden / 8;
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nc = hidden / MQ_VPC(F);
 	int ul = unit_len(nc, bal), nu = (nc + ul - 1) / ul;
 	long long Wr, lo, hi;
 	int rows, K;
@@ -142,8 +198,8 @@ __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 
 	// Unit k: chunks from (k % nu) * ul of the warp's row k / nu.
 	auto row = [&](int k) {
-		return gu_row_of(lo + warp + (long long)SM_WARPS * (k / nu), Wr, sp, expert_w, sh,
-				 hidden, inter);
+		return gu_row_of<F>(lo + warp + (long long)SM_WARPS * (k / nu), Wr, sp, expert_w, wq,
+				    sh, hidden, inter);
 	};
 	auto load = [&](int k, uint4 *g, uint4 *u) {
 		gu_row r = row(k);
@@ -153,8 +209,23 @@ __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 	};
 	uint4 ga[M1_UC], ua[M1_UC], gb[M1_UC], ub[M1_UC];
 	float ag = 0.0f, au = 0.0f;
+	// quantized: each buffer's scales (a: even units, b: odd), loaded with its weights
+	float sga[M1_UC], sua[M1_UC], sgb[M1_UC], sub[M1_UC];
+	auto load_q = [&](int k, uint4 *g, uint4 *u) {
+		gu_row r = row(k);
+		int cb = k % nu * ul, ce = min(cb + ul, nc);
 
-	unit_prime(K, ga, ua, gb, ub, load);
+		unit_load(g, u, r.g, r.u, cb, ce, lane);
+		if (k & 1)
+			unit_scales<F>(sgb, sub, r.sg, r.su, cb, ce, lane);
+		else
+			unit_scales<F>(sga, sua, r.sg, r.su, cb, ce, lane);
+	};
+
+	if (F != MQ_BF16)
+		unit_prime(K, ga, ua, gb, ub, load_q);
+	else
+		unit_prime(K, ga, ua, gb, ub, load);
 	for (int q = threadIdx.x; q < hidden / 4; q += SM_THREADS)
 		xs4[q] = ((const float4 *)x)[q];
 	__syncthreads();
@@ -163,7 +234,12 @@ __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 	auto consume = [&](int k, const uint4 *g, const uint4 *u) {
 		int cb = k % nu * ul;
 
-		unit_dot(ag, au, g, u, xs4, cb, min(cb + ul, nc), lane);
+		if (F == MQ_BF16)
+			unit_dot(ag, au, g, u, xs4, cb, min(cb + ul, nc), lane);
+		else if (k & 1)
+			unit_dot_qs<F>(ag, au, g, u, xs4, cb, min(cb + ul, nc), lane, sgb, sub);
+		else
+			unit_dot_qs<F>(ag, au, g, u, xs4, cb, min(cb + ul, nc), lane, sga, sua);
 		if (k % nu == nu - 1) {
 			gu_row r = row(k);
 			float s0 = warp_sum(ag), s1 = warp_sum(au);
@@ -183,7 +259,10 @@ __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 			ag = au = 0.0f;
 		}
 	};
-	unit_stream(K, ga, ua, gb, ub, load, consume);
+	if (F != MQ_BF16)
+		unit_stream(K, ga, ua, gb, ub, load_q, consume);
+	else
+		unit_stream(K, ga, ua, gb, ub, load, consume);
 }
 
 }	// namespace

@@ -1,0 +1,118 @@
+// Quantized experts in registers (W8A16 fp8, W4A16 int4; kernels/quant.h's layouts): a
+// 16-byte chunk of a weight row as float values, four at a time, and its scale. The
+// small kernels (moe_small.cuh, moe_small_m1.cuh) dot each chunk's values with fp32 x
+// into a partial sum that its one scale then multiplies (every chunk lies in one scale
+// block: k_cuda_moe_quant_ok); fp32 accumulation throughout. CUDA C++ only.
+#ifndef KD_KERNELS_CUDA_MOE_QUANT_CUH
+#define KD_KERNELS_CUDA_MOE_QUANT_CUH
+
+#include <cstdint>
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/moe/moe_internal.h"
+
+namespace {	// each including file's own copy
+
+// Two e4m3 bytes (low first) as floats, exactly (every e4m3 value is an f16).
+__device__ __forceinline__ float2 mq_e4m3x2(uint32_t v)
+{
+	__half2 h(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3));
+
+	return __half22float2(h);
+}
+
+// Byte k of x (a value 0..15) less 8 as a float, exactly: the byte under the exponent of
+// 2^23 (one PRMT), less 2^23 + 8.
+__device__ __forceinline__ float mq_b2f(uint32_t x, int k)
+{
+	return __uint_as_float(__byte_perm(x, 0x4b000000u, 0x7540 + k)) - 8388616.0f;
+}
+
+__device__ __forceinline__ uint32_t mq_word(uint4 w, int i)
+{
+	return i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
+}
+
+// Values 4 i .. 4 i + 3 of a chunk (i a compile-time constant after unrolling).
+template <int F>
+__device__ __forceinline__ float4 mq_quad(uint4 w, int i)
+{
+	if (F == MQ_FP8) {	// 4 bytes a word
+		uint32_t v = mq_word(w, i);
+		float2 a = mq_e4m3x2(v), b = mq_e4m3x2(v >> 16);
+
+		return make_float4(a.x, a.y, b.x, b.y);
+	}
+	// int4: 8 nibbles a word, low first; the even ones in the bytes of lo, the odd ones
+	// in hi's (two ops a word, shared by its two quads)
+	uint32_t v = mq_word(w, i / 2), lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu;
+	int h = 2 * (i % 2);
+
+	return make_float4(mq_b2f(lo, h), mq_b2f(hi, h), mq_b2f(lo, h + 1), mq_b2f(hi, h + 1));
+}
+
+// A quantized weight row's scales: its scale row and how a column finds its scale.
+struct mq_row {
+	const void *s;		// the row's scale row (NULL: no row)
+	int kshift;		// column k's scale: s[k >> kshift]
+	int sbf16;		// bf16 scales (else fp32)
+};
+
+// Row n of matrix j (0 gate, 1 up, 2 down) of the expert whose scales start at base.
+__device__ __forceinline__ mq_row mq_row_of(const moe_wq &wq, const void *base, int j, int n)
+{
+	mq_row r;
+	size_t i = (size_t)(n >> wq.rshift[j]) * (size_t)wq.scols[j];
+
+	r.s = base ? (const char *)base + i * (wq.sbf16 ? 2 : 4) : nullptr;
+	r.kshift = wq.kshift[j];
+	r.sbf16 = wq.sbf16;
+	return r;
+}
+
+// The scale of the chunk of values from column k.
+__device__ __forceinline__ float mq_scale(const mq_row &r, int k)
+{
+	int i = k >> r.kshift;
+
+	if (!r.s)
+		return 0.0f;
+	return r.sbf16 ? __uint_as_float((uint32_t)__ldg((const unsigned short *)r.s + i) << 16)
+		       : __ldg((const float *)r.s + i);
+}
+
+// The scale of the chunk of values from column k, issued before the PDL wait (weights
+// are constants: k_cuda_pdl_early's loads).
+__device__ __forceinline__ float mq_scale_early(const mq_row &r, int k)
+{
+	int i = k >> r.kshift;
+
+	if (!r.s)
+		return 0.0f;
+	return r.sbf16 ? __uint_as_float((uint32_t)k_cuda_pdl_early((const unsigned short *)r.s + i) << 16)
+		       : k_cuda_pdl_early((const float *)r.s + i);
+}
+
+// part += chunk w (values from column c * VPC) dotted with the fp32 values at x4
+// (VPC / 4 float4).
+template <int F>
+__device__ __forceinline__ float mq_chunk_dot(uint4 w, const float4 *x4, float part)
+{
+#pragma unroll
+	for (int i = 0; i < MQ_VPC(F) / 4; i++) {
+		float4 v = mq_quad<F>(w, i), xv = x4[i];
+
+		part = fmaf(v.x, xv.x, part);
+		part = fmaf(v.y, xv.y, part);
+		part = fmaf(v.z, xv.z, part);
+		part = fmaf(v.w, xv.w, part);
+	}
+	return part;
+}
+
+}	// namespace
+
+#endif
