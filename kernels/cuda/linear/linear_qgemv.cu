@@ -168,7 +168,8 @@ qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 		return;
 	const float *tp = ws + (size_t)tile * S * QG_PART;
 
-	// all S loads of an output issued before the adds, in split order
+	// all S loads of an output issued before the adds, in split order (one output a
+	// thread: not linear_split.cuh's float4 sum of stream and qtile, kept as measured)
 	for (int e = tid; e < a.M * QG_ROWS; e += QG_THREADS) {
 		const int m = e / QG_ROWS, n = n0 + e % QG_ROWS;
 		float v[QG_MAX_SPLIT], sum;
