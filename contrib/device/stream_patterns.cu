@@ -10,35 +10,24 @@
 //   or one group per warp over as many CTAs as that takes.
 // Prints per shape and pattern: us per call, TB/s, % of 4.25 TB/s; "plain read" is the
 // same bytes read with 8 independent 16-byte loads per thread at full occupancy.
-// Build: nvcc -O3 -arch=sm_90a -std=c++17 -o stream_patterns contrib/device/stream_patterns.cu
+// Build (repository root): nvcc -O3 -arch=sm_90a -std=c++17 -I. -o stream_patterns
+// contrib/device/stream_patterns.cu
 // (a study, not part of the build; results: docs/results/stream-patterns-h200.txt).
+//   ring (tma_kernel): the per-SM share in flight at once in shared memory by bulk copies.
+//   `stream_patterns check`: the ring's checks alone (for compute-sanitizer).
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 #include <algorithm>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/moe/moe_small.cuh"
+
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
 
-__device__ __forceinline__ void fma8(float &acc, uint4 w, float4 a, float4 b)
-{
-	acc = fmaf(__uint_as_float(w.x << 16), a.x, acc);
-	acc = fmaf(__uint_as_float(w.x & 0xffff0000u), a.y, acc);
-	acc = fmaf(__uint_as_float(w.y << 16), a.z, acc);
-	acc = fmaf(__uint_as_float(w.y & 0xffff0000u), a.w, acc);
-	acc = fmaf(__uint_as_float(w.z << 16), b.x, acc);
-	acc = fmaf(__uint_as_float(w.z & 0xffff0000u), b.y, acc);
-	acc = fmaf(__uint_as_float(w.w << 16), b.z, acc);
-	acc = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, acc);
-}
-
-__device__ __forceinline__ float warp_sum(float v)
-{
-	for (int o = 16; o > 0; o >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, o);
-	return v;
-}
+// fma8 (the small MoE kernels' bf16 dot product) and warp_sum: moe_small.cuh's own.
 
 template <int RPW, int UC, int D, int W, int C, int LD>
 __global__ void __launch_bounds__(W * 32, C)
@@ -164,6 +153,97 @@ batch_kernel(const uint16_t *w, const float *x, float *y, int R, int nc)
 }
 
 
+// Shared-memory ring fed by bulk copies (TMA, cp.async.bulk): one CTA per SM owns a
+// contiguous block of rows; slots of SR whole rows (<= 16 KB), NS slots (<= ~200 KB in
+// flight per SM, no registers held). Every slot's copy is issued at the start; a warp
+// takes rows r = warp, warp + W, ... of the block, waits for its slot's mbarrier, dots
+// the row from shared memory; the warp that finishes a slot's last row re-issues the
+// slot for the rows NS slots on. A warp may reach slot s + NS's rows before another
+// warp finished slot s's, and a parity wait cannot tell phase p from p - 2, so a warp
+// first waits until its slot's copy is issued (`issued`): without that guard the first
+// H200 run faulted on Kimi-K2's shapes (one-row slots); with it, not yet run.
+__device__ __forceinline__ void mbar_init(unsigned long long *m, unsigned n)
+{
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(m)), "r"(n));
+}
+__device__ __forceinline__ void mbar_expect(unsigned long long *m, unsigned bytes)
+{
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(m)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, unsigned long long *m)
+{
+	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+		     ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes),
+		     "r"((unsigned)__cvta_generic_to_shared(m)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long *m, unsigned parity)
+{
+	asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}"
+		     ::"r"((unsigned)__cvta_generic_to_shared(m)), "r"(parity) : "memory");
+}
+
+template <int W, int NS>
+__global__ void __launch_bounds__(W * 32, 1)
+tma_kernel(const uint16_t *w, const float *x, float *y, int R, int nc, int SR)
+{
+	extern __shared__ __align__(128) unsigned char sm[];
+	__shared__ unsigned long long full[NS];
+	__shared__ unsigned done[NS];
+	__shared__ int issued[NS];	// uses of each ring entry issued so far (phases)
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	size_t rb = (size_t)nc * 16;
+	long long lo = (long long)R * blockIdx.x / gridDim.x, hi = (long long)R * (blockIdx.x + 1) / gridDim.x;
+	int n = (int)(hi - lo), nslot = (n + SR - 1) / SR;
+	float4 *xs = (float4 *)(sm + (size_t)NS * SR * rb);
+
+	auto issue = [&](int s) {	// slot s (of the block) into ring entry s % NS
+		int r0 = s * SR, cnt = min(SR, n - r0);
+		unsigned bytes = (unsigned)(cnt * rb);
+		mbar_expect(&full[s % NS], bytes);
+		bulk_copy(sm + (size_t)(s % NS) * SR * rb, w + (lo + r0) * (long long)nc * 8, bytes, &full[s % NS]);
+		*(volatile int *)&issued[s % NS] = s / NS + 1;
+	};
+	if (threadIdx.x == 0) {
+		for (int i = 0; i < NS; i++) {
+			mbar_init(&full[i], 1);
+			done[i] = 0;
+			issued[i] = 0;
+		}
+		asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+		for (int s = 0; s < nslot && s < NS; s++)
+			issue(s);
+	}
+	for (int q = threadIdx.x; q < nc * 2; q += W * 32)
+		xs[q] = ((const float4 *)x)[q];
+	__syncthreads();
+	for (int r = warp; r < n; r += W) {
+		int s = r / SR, e = s % NS;
+		const uint4 *row = (const uint4 *)(sm + (size_t)e * SR * rb + (size_t)(r % SR) * rb);
+		float acc = 0.f;
+
+		// a parity wait cannot tell phase p from p - 2: wait until slot s's copy is
+		// issued (entry e's phase s / NS began), then for its completion
+		while (*(volatile int *)&issued[e] <= s / NS)
+			;
+		mbar_wait(&full[e], (unsigned)(s / NS) & 1);
+		for (int c = lane; c < nc; c += 32)
+			fma8(acc, row[c], xs[2 * c], xs[2 * c + 1]);
+		acc = warp_sum(acc);
+		if (lane == 0) {
+			int cnt = min(SR, n - s * SR);
+			y[lo + r] = acc;
+			if (atomicAdd(&done[e], 1u) == (unsigned)cnt - 1) {	// the slot's last row
+				done[e] = 0;
+				if (s + NS < nslot) {
+					asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+					issue(s + NS);
+				}
+			}
+		}
+		__syncwarp();
+	}
+}
+
 // Plain read: every thread 8 independent 16-byte loads in flight, grid-stride.
 __global__ void __launch_bounds__(256) read_kernel(const uint4 *p, size_t n, unsigned *sink)
 {
@@ -265,7 +345,62 @@ static void runb(const char *tag, const shape &s, std::vector<uint16_t *> &bufs,
 	report(s, tag, (const void *)k, W * 32, smem, us, extra);
 }
 
-int main()
+template <int W, int NS>
+static void runt(const char *tag, const shape &s, std::vector<uint16_t *> &bufs, const float *x, float *y,
+		 int slot_bytes)
+{
+	auto k = tma_kernel<W, NS>;
+	int nc = s.row_bytes / 16, SR = std::max(1, slot_bytes / s.row_bytes);
+	size_t smem = (size_t)NS * SR * s.row_bytes + (size_t)nc * 32;
+	char extra[32];
+
+	if (smem > 227 * 1024)
+		return;
+	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	double us = time_calls([&](int i) {
+		k<<<n_sm, W * 32, smem>>>(bufs[i % bufs.size()], x, y, s.rows, nc, SR);
+	});
+	snprintf(extra, sizeof(extra), "  slot %d rows", SR);
+	report(s, tag, (const void *)k, W * 32, smem, us, extra);
+}
+
+// The ring kernel's y against the register kernel's (the same sum order: equal bits) on
+// random weights.
+static void check_tma(const shape &s, const float *x, float *y)
+{
+	size_t bytes = (size_t)s.row_bytes * s.rows;
+	int nc = s.row_bytes / 16, SR = std::max(1, 16384 / s.row_bytes), bad = 0;
+	size_t smem = (size_t)12 * SR * s.row_bytes + (size_t)nc * 32;
+	std::vector<uint16_t> h(bytes / 2);
+	std::vector<float> a(s.rows), b(s.rows);
+	auto k = tma_kernel<8, 12>;
+	auto k2 = stream_kernel<1, 4, 2, 8, 2, 0>;
+	unsigned v = 12345;
+	uint16_t *d;
+	float *y2;
+
+	for (auto &e : h) {
+		v = v * 1664525u + 1013904223u;
+		e = (uint16_t)(0x3c00 + (v >> 24));
+	}
+	CK(cudaMalloc(&d, bytes));
+	CK(cudaMalloc(&y2, s.rows * sizeof(float)));
+	CK(cudaMemcpy(d, h.data(), bytes, cudaMemcpyHostToDevice));
+	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	CK(cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+	k<<<n_sm, 256, smem>>>(d, x, y, s.rows, nc, SR);
+	k2<<<n_sm * 2, 256, nc * 32>>>(d, x, y2, s.rows, nc);
+	CK(cudaDeviceSynchronize());
+	CK(cudaMemcpy(a.data(), y, s.rows * 4, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(b.data(), y2, s.rows * 4, cudaMemcpyDeviceToHost));
+	for (int i = 0; i < s.rows; i++)
+		bad += a[i] != b[i];
+	printf("%-14s ring check: %d of %d rows differ from the register kernel\n", s.name, bad, s.rows);
+	cudaFree(d);
+	cudaFree(y2);
+}
+
+int main(int argc, char **argv)
 {
 	cudaDeviceProp pr;
 	CK(cudaGetDeviceProperties(&pr, 0));
@@ -282,6 +417,11 @@ int main()
 	CK(cudaMalloc(&y, 64512 * sizeof(float)));
 	CK(cudaMalloc(&sink, 4));
 	{ std::vector<float> hx(16384); unsigned v = 7; for (auto &e : hx) { v = v * 1664525u + 1013904223u; e = (float)(v >> 8) / 16777216.f - 0.5f; } CK(cudaMemcpy(x, hx.data(), 64 * 1024, cudaMemcpyHostToDevice)); }
+	for (auto &s : shapes)	// "check": the ring kernel's checks alone (compute-sanitizer)
+		if (argc == 1 || !strcmp(argv[1], "check"))
+			check_tma(s, x, y);
+	if (argc > 1)
+		return 0;
 	printf("# %s, %d SMs; median of 20 calls, each on the next of the rotated copies (>= 400 MB in all)\n", pr.name, n_sm);
 	for (auto &s : shapes) {
 		size_t bytes = (size_t)s.row_bytes * s.rows;
@@ -306,6 +446,11 @@ int main()
 		run<1, 2, 8, 8, 2, 0>("RPW1 UC2 D8 W8 C2", s, bufs, x, y);
 		run<1, 4, 3, 4, 4, 0>("RPW1 UC4 D3 W4 C4", s, bufs, x, y);
 		run<2, 4, 2, 8, 1, 0>("RPW2 UC4 D2 W8 C1", s, bufs, x, y);
+		runt<8, 12>("ring W8 12x16KB", s, bufs, x, y, 16384);
+		runt<8, 6>("ring W8 6x32KB", s, bufs, x, y, 32768);
+		runt<16, 12>("ring W16 12x16KB", s, bufs, x, y, 16384);
+		runt<8, 24>("ring W8 24x8KB", s, bufs, x, y, 8192);
+		runt<8, 4>("ring W8 4x16KB (small ring)", s, bufs, x, y, 16384);
 		runb<8, 3, 8, 2, true>("batch RB8 CPL3 W8 C2 wave", s, bufs, x, y);
 		runb<8, 3, 8, 2, false>("batch RB8 CPL3 W8 C2 many", s, bufs, x, y);
 		runb<4, 3, 8, 3, false>("batch RB4 CPL3 W8 C3 many", s, bufs, x, y);
