@@ -48,13 +48,16 @@ static inline void *dalloc(size_t bytes)
 	return p;
 }
 
-/* A device copy of h's bytes, or NULL after a failed check. */
+/* A device copy of h's bytes, or NULL after a failed check. The copy has landed when
+ * this returns: a cudaMemcpy from pageable memory may return before its DMA reaches the
+ * device, and the tests' kernels run on non-blocking streams, which do not wait for the
+ * legacy stream's copies. */
 static inline void *dup_to_device(const void *h, size_t bytes)
 {
 	void *d = dalloc(bytes);
 
-	if (d && bytes)
-		CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+	if (d && bytes && CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice)))
+		CU(cudaDeviceSynchronize());
 	return d;
 }
 

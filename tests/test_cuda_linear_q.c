@@ -285,11 +285,14 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 	dq.scale = dsc;
 	dq.scale_dtype = f16s ? K_F16 : K_F32;
 	if (dw && dsc && dx && dy) {
-		double e, e32;
+		double e, e32, dmax = 0;
+		size_t nd = 0, nd_y0 = 0, first = 0;
 		int ret = 0;
 
 		for (int rep = 0; rep < 2 && !ret; rep++) {
-			CU(cudaMemcpy(dy, y0, ny * sizeof(float), cudaMemcpyHostToDevice));
+			/* on the kernel's stream: a pageable cudaMemcpy may return before its
+			 * DMA lands, and `stream` (non-blocking) does not wait for it */
+			CU(cudaMemcpyAsync(dy, y0, ny * sizeof(float), cudaMemcpyHostToDevice, stream));
 			ret = k_cuda_linear_q_run(lin, kind, dy, dx, dw, &dq, M, N, K, accumulate, wtmp,
 						  wtmp_elems);
 			CU(cudaStreamSynchronize(stream));
@@ -304,9 +307,18 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 		      k_cuda_linear_q_kind_name(kind), N, K, M, accumulate, f16s, e);
 		CHECK(e32 <= F16X_TOL, "%s %s N %d K %d M %d: rel L2 %.3g against fp32 x", c->what,
 		      k_cuda_linear_q_kind_name(kind), N, K, M, e32);
-		CHECK(kind == K_CUDA_LINEAR_Q_DEQUANT || !memcmp(out, out2, ny * sizeof(float)),
-		      "%s %s N %d K %d M %d: two runs differ", c->what, k_cuda_linear_q_kind_name(kind),
-		      N, K, M);
+		for (size_t i = 0; i < ny; i++) {	/* what differs, for the message */
+			if (!memcmp(&out[i], &out2[i], sizeof(float)))
+				continue;
+			first = nd++ ? first : i;
+			nd_y0 += !memcmp(&out2[i], &y0[i], sizeof(float));
+			dmax = fmax(dmax, fabs((double)out[i] - out2[i]));
+		}
+		CHECK(kind == K_CUDA_LINEAR_Q_DEQUANT || nd == 0,
+		      "%s %s N %d K %d M %d: two runs differ: %zu of %zu values (first m %zu n %zu), "
+		      "max |diff| %.3g, %zu of them y0's; second run rel L2 %.3g", c->what,
+		      k_cuda_linear_q_kind_name(kind), N, K, M, nd, ny, first / (size_t)N,
+		      first % (size_t)N, dmax, nd_y0, worst_row(out2, ref, y0, accumulate, M, N));
 		printf("  %-12s %-7s N %5d K %5d M %2d acc %d f16s %d rel L2 %.2e (fp32 x: %.2e)\n",
 		       c->what, k_cuda_linear_q_kind_name(kind), N, K, M, accumulate, f16s, e, e32);
 	}

@@ -168,8 +168,15 @@ static int cuda_create(struct backend **out, const struct model *m, const struct
 	}
 	k_cuda_device_describe(b->dev, name, sizeof(name), &gib, &major, &minor);
 	log_info("cuda: GPU %d: %s, %.1f GiB, sm_%d%d", b->dev, name, gib, major, minor);
+	/* then all in place before anything runs: a cudaMemcpy from pageable memory (the
+	 * expert tables, the RoPE frequencies) may return before its DMA lands, and b->stream,
+	 * non-blocking, would not wait for the legacy stream's copies */
 	if ((ret = cuda_weights_upload(b, err, err_len)) || (ret = upload_rope(b, err, err_len)))
 		goto err_destroy;
+	if ((ret = CUDA_CHECK(b, cudaDeviceSynchronize()))) {
+		snprintf(err, err_len, "cuda: copying the weights to GPU %d failed", b->dev);
+		goto err_destroy;
+	}
 	log_info("cuda: %.2f GiB of weights on GPU %d in %.1f s", (double)b->arena_bytes / (1u << 30),
 		 b->dev, clock_now() - t0);
 	cuda_prof_create(b);
@@ -225,6 +232,12 @@ static int cuda_reserve(struct backend *be, int max_rows, int max_ctx, char *err
 		snprintf(err, err_len,
 			 "cuda: cannot make the workspaces for %d rows x %d tokens of context (%.2f GiB free on GPU %d)",
 			 max_rows, max_ctx, (double)free_b / (1u << 30), b->dev);
+		return ret;
+	}
+	/* the workspaces' counters are zeroed by cudaMemset on the legacy stream, which
+	 * b->stream (non-blocking) does not wait for: done before the first kernel */
+	if ((ret = CUDA_CHECK(b, cudaDeviceSynchronize()))) {
+		snprintf(err, err_len, "cuda: zeroing the workspaces on GPU %d failed", b->dev);
 		return ret;
 	}
 	cudaMemGetInfo(&free_b, &total_b);
