@@ -11,7 +11,11 @@
  * runs on the model read whole. Every tp engine's greedy ids (drawn by vocabulary
  * slices) equal the argmax of its gathered logits; the slices' merge equals
  * k_cpu_sample's greedy pick on rows with ties and NaNs; the reduction with the next
- * RMSNorm fused gives the bits of the reduction followed by the norm. */
+ * RMSNorm fused gives the bits of the reduction followed by the norm. The GGUF
+ * checkpoints (tests/data/gguf-golden) run the same way, their tp N shards read from
+ * the mapped file slice by slice (nothing of the model dequantized whole), byte-equal to
+ * those cut from the model read whole; the Q8_0 one, whose MLP columns do not split on
+ * its 32-element blocks, is refused in one line. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -28,6 +32,7 @@
 #include "daemon/engine/tp_comm.h"
 #include "daemon/model/model.h"
 #include "daemon/model/model_shard.h"
+#include "format/gguf.h"
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cpu/k_cpu_sample.h"
 #include "tests/testutil.h"
@@ -48,6 +53,11 @@ static const char *const models[] = {
 	"quant/deepseek_v3_fp8_block", "quant/kimi_k2_int4",
 };
 static const int tps[] = { 2, 3, 4, 8 };
+/* tests/data/gguf-golden (bf16; made from the golden checkpoints by llama.cpp's
+ * converter): their tp N shards dequantized slice by slice from the mapped file */
+static const char *const gguf_models[] = {
+	"llama3", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3",	/* llama31_rope: one head */
+};
 
 struct tcase {
 	int32_t *tokens;
@@ -450,6 +460,73 @@ static void check_model(const char *top, const char *name)
 	json_decref(g);
 }
 
+/* A GGUF checkpoint at tp 2, 3, 4, 8 (where the shapes split): its mapped load holds
+ * no weight dequantized (the shards dequantize their slices), each rank's shard equals
+ * byte for byte the one cut from the model read whole, and the engines on the mapped
+ * model give tp 1's logits. refused: the line a tp 2 engine must refuse with. */
+static void check_gguf(const char *top, const char *file, const char *refused)
+{
+	int32_t a[] = { 3, 150, 7, 42, 99, 1, 120, 64, 5, 180, 33, 12, 77 };
+	int32_t b[] = { 190, 2, 2, 58, 140, 9, 101 };
+	struct tcase cs[2] = { { a, (int)(sizeof(a) / sizeof(a[0])) },
+			       { b, (int)(sizeof(b) / sizeof(b[0])) } };
+	struct model_load_opts mapped = { .mapped = 1 };
+	struct model *m = NULL, *mt = NULL;
+	char path[1200], name[128], err[512] = "";
+
+	snprintf(path, sizeof(path), "%s/tests/data/gguf-golden/%s.gguf", top, file);
+	snprintf(name, sizeof(name), "gguf/%s", file);
+	CHECK(model_load(&m, path, NULL, err, sizeof(err)) == 0, "%s: load: %s", name, err);
+	CHECK(model_load(&mt, path, &mapped, err, sizeof(err)) == 0, "%s: load mapped: %s", name, err);
+	if (!m || !mt)
+		goto out;
+	for (int i = 0; i < cs[0].n || i < cs[1].n; i++) {	/* a small vocabulary's ids */
+		a[i % cs[0].n] %= m->cfg.vocab_size;
+		b[i % cs[1].n] %= m->cfg.vocab_size;
+	}
+	/* the loader's accounting: nothing dequantized, every slot in the mapping */
+	CHECK(mt->mapped && mt->gguf && !mt->gguf_buf && !mt->gguf_buf_bytes &&
+	      mt->weight_bytes == m->weight_bytes && (const char *)mt->embed.data >=
+	      (const char *)mt->gguf->map && (const char *)mt->embed.data <
+	      (const char *)mt->gguf->map + mt->gguf->size,
+	      "%s: the mapped load read the model whole (mapped %d, %zu bytes dequantized, %zu of %zu "
+	      "weight bytes)", name, mt->mapped, mt->gguf_buf_bytes, mt->weight_bytes, m->weight_bytes);
+	if (refused) {	/* a column split off the blocks */
+		int ret;
+		struct engine *e = open_engine(mt, 2, 0, err, sizeof(err), &ret);
+
+		CHECK(!e && ret == -EINVAL && strstr(err, refused) && !strchr(err, '\n'),
+		      "%s: tp 2 gave %d, '%s'", name, ret, err);
+		fprintf(stderr, "  %-22s tp 2 refused: %s\n", name, err);
+		engine_destroy(e);
+		goto out;
+	}
+	for (size_t k = 0; k < sizeof(tps) / sizeof(tps[0]); k++) {
+		int n = tps[k];
+
+		if (model_shard_check(&m->cfg, n, 0, err, sizeof(err)))
+			continue;
+		for (int r = 0; r < n; r++) {
+			struct model *sw = NULL, *sm = NULL;
+
+			CHECK(model_shard_create(&sw, m, r, n, 0, err, sizeof(err)) == 0 &&
+			      model_shard_create(&sm, mt, r, n, 0, err, sizeof(err)) == 0,
+			      "%s: tp %d rank %d: %s", name, n, r, err);
+			CHECK(sw && sm && sw->weight_bytes == sm->weight_bytes &&
+			      !memcmp(sw->shard_buf, sm->shard_buf, sw->weight_bytes),
+			      "%s: tp %d rank %d: the shard read from the mapped file differs", name, n, r);
+			model_destroy(sw);
+			model_destroy(sm);
+		}
+		fprintf(stderr, "  %-22s tp %d: shards from the mapped file equal those of the model "
+			"read whole\n", name, n);
+	}
+	compare_tps(m, mt, name, cs, 2);
+out:
+	model_destroy(mt);
+	model_destroy(m);
+}
+
 /* Shapes the checkpoints lack (tp 3, KV heads replicated 3 and 2 times, MLA at 3
  * ranks): tests/data/tiny configs with other head counts and widths, synthetic
  * weights. */
@@ -555,6 +632,9 @@ int main(void)
 	check_reduce_norm();
 	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
 		check_model(top, models[i]);
+	for (size_t i = 0; i < sizeof(gguf_models) / sizeof(gguf_models[0]); i++)
+		check_gguf(top, gguf_models[i], NULL);
+	check_gguf(top, "llama3-q8_0", "cut its Q8_0 blocks of 32 elements");
 	for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++)
 		check_variant(top, (int)i);
 	return test_result("test_tp");

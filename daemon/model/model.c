@@ -442,7 +442,7 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 	if (ret < 0)
 		goto err_destroy;
 	if (ret == 1)
-		ret = model_gguf_open(m, path, err, err_len);
+		ret = model_gguf_open(m, path, opts->mapped && !opts->synthetic, err, err_len);
 	else
 		ret = opts->synthetic ? load_config(m, path, err, err_len)
 				      : model_config_load(&m->cfg, path, err, err_len);
@@ -509,11 +509,12 @@ void model_release_pages(const struct model *m, const void *p, size_t bytes)
 
 	if (!m->mapped || !bytes)
 		return;
-	for (int i = 0; i < m->files.n_files; i++) {
-		const struct st_file *f = &m->files.files[i];
-		uintptr_t lo = (uintptr_t)f->map, hi = lo + f->size;
+	for (int i = 0; i <= m->files.n_files; i++) {	/* the files, then a mapped GGUF */
+		const void *map = i < m->files.n_files ? m->files.files[i].map : m->gguf ? m->gguf->map : NULL;
+		size_t size = i < m->files.n_files ? m->files.files[i].size : m->gguf ? m->gguf->size : 0;
+		uintptr_t lo = (uintptr_t)map, hi = lo + size;
 
-		if (!f->map || a < lo || b > hi)
+		if (!map || a < lo || b > hi)
 			continue;
 		/* whole pages around the range: a page shared with a neighbour is
 		 * read again from the file when the neighbour is copied */

@@ -105,9 +105,10 @@ struct model_load_opts {
 	struct model_quant weight_format;	/* synthetic: store the linear weights
 					 * quantized so (format MODEL_Q_NONE: the config's
 					 * dtype; --weight-format) */
-	int mapped;		/* safetensors: map the files instead of reading them, for a
-				 * model that only feeds tensor-parallel shards (--tp > 1);
-				 * GGUF and synthetic models are read or made whole as ever */
+	int mapped;		/* map the files (safetensors, or a GGUF) instead of reading
+				 * them, for a model that only feeds tensor-parallel shards
+				 * (--tp > 1): a GGUF's tensors are then dequantized slice by
+				 * slice into the shards; synthetic models are made whole */
 };
 
 /* --weight-format NAME: bf16 (none), fp8-block (128x128), fp8-channel, fp8-tensor,

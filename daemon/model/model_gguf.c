@@ -34,7 +34,8 @@ struct gbind {
 	const char *fname;	/* the file, for messages */
 	char *err;
 	size_t err_len;
-	int pass;		/* 0: check and count, 1: size the copy, 2: fill */
+	int pass;		/* 0: check and count, 1: size the copy, 2: fill; 3 (a mapped
+				 * model): point each slot at its source in the mapping */
 	int copy_all;		/* passes 1-2: copy even what could stay in the file's image,
 				 * so the image can go (it is mostly quantized weights) */
 	size_t mappable;	/* pass 1: bytes that could stay in the image */
@@ -350,6 +351,12 @@ static int bind_one(void *ctx, const char *hf, struct model_tensor *slot, int64_
 		  (t->type == GGUF_TT_BF16 && (uintptr_t)src % 2 == 0 && b->dt == K_BF16));
 	slot->rows = rows;
 	slot->cols = cols;
+	if (b->pass == 3) {	/* the dtype pass 2 would give; data: the source */
+		slot->dtype = mapped ? (t->type == GGUF_TT_F32 ? K_F32 : K_BF16) : b->dt;
+		slot->data = s.kind == SRC_UNPERMUTE || s.kind == SRC_KV_B ? t->data : src;
+		b->m->weight_bytes += (size_t)n * k_dtype_size(slot->dtype);
+		return 0;
+	}
 	if (mapped) {
 		size_t bytes;
 
@@ -419,6 +426,13 @@ int model_gguf_bind(struct model *m, uint64_t f32_limit, char *err, size_t err_l
 	if (!f32_limit)
 		f32_limit = MODEL_GGUF_F32_LIMIT;
 	b.dt = (uint64_t)b.elems * sizeof(float) <= f32_limit ? K_F32 : K_BF16;
+	if (m->mapped) {	/* the shards dequantize their slices (model_gguf_slice) */
+		b.pass = 3;
+		m->weight_bytes = 0;
+		if ((ret = model_for_each_tensor(m, bind_one, &b)))
+			return ret;
+		return bind_router_bias(&b);
+	}
 	b.pass = 1;
 	if ((ret = model_for_each_tensor(m, bind_one, &b)))
 		return ret;
@@ -453,7 +467,7 @@ int model_gguf_bind(struct model *m, uint64_t f32_limit, char *err, size_t err_l
 	return 0;
 }
 
-int model_gguf_open(struct model *m, const char *path, char *err, size_t err_len)
+int model_gguf_open(struct model *m, const char *path, int mapped, char *err, size_t err_len)
 {
 	int ret;
 	struct model_load_progress lp = { 0 };
@@ -461,7 +475,9 @@ int model_gguf_open(struct model *m, const char *path, char *err, size_t err_len
 	m->gguf = calloc(1, sizeof(*m->gguf));
 	if (!m->gguf)
 		return -ENOMEM;
-	ret = gguf_load(m->gguf, path, model_load_progress, &lp, err, err_len);
+	m->mapped = mapped;
+	ret = mapped ? gguf_open(m->gguf, path, err, err_len)
+		     : gguf_load(m->gguf, path, model_load_progress, &lp, err, err_len);
 	if (ret)
 		return ret;
 	return model_gguf_config(&m->cfg, m->gguf, base_name(path), err, err_len);

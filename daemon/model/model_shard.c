@@ -5,7 +5,8 @@
  * allocation of its own. Replicated: norms, the router, MLA's latent projections.
  * From a mapped model (model_load_opts.mapped) each slice is read straight from the
  * files and the pages read are given back tensor by tensor, so building the shards
- * never holds the whole model. */
+ * never holds the whole model; from a mapped GGUF each slice is dequantized alone
+ * (model_gguf_shard.c). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include <sys/mman.h>
 
 #include "daemon/base/sigbus_guard.h"
+#include "daemon/model/model_gguf.h"
 #include "daemon/model/model_shard.h"
 
 #define SHARD_ALIGN 64
@@ -80,6 +82,8 @@ struct arena {
 	char *err;			/* the first slice that cannot be made, or NULL */
 	size_t err_len;
 	int bad;
+	int ret;			/* the copying pass: its first error (a GGUF slice's) */
+	struct model_gguf_scratch sc;	/* a mapped GGUF's dequantization rows */
 };
 
 /* A source region copied: its file pages go back (a mapped source). */
@@ -161,6 +165,26 @@ static void int4_cols(char *dst, const char *src, int64_t c0, int64_t n)
 	}
 }
 
+/* A mapped GGUF's slice, dequantized from the file into the shard (the first pass
+ * checks that its columns keep the type's blocks). */
+static void gguf_slice(struct arena *a, struct model_tensor *dst, const struct model_tensor *t,
+		       int64_t r0, int64_t nr, int64_t c0, int64_t nc)
+{
+	char *p = take(a, (size_t)nr * col_bytes(t, nc));
+	int ret;
+
+	if (!a->buf) {
+		if (model_gguf_slice(a->src, t, r0, nr, c0, nc, NULL, NULL, a->bad ? NULL : a->err,
+				     a->err_len))
+			a->bad++;
+		return;
+	}
+	ret = model_gguf_slice(a->src, t, r0, nr, c0, nc, p, &a->sc, NULL, 0);
+	if (ret && !a->ret)
+		a->ret = ret;
+	dst->data = p;
+}
+
 /* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of t into the shard, stored (nr, nc):
  * the payload as stored (quantized: its bytes, and the scales it uses). */
 static void slice(struct arena *a, struct model_tensor *dst, const struct model_tensor *t, int64_t r0,
@@ -173,6 +197,10 @@ static void slice(struct arena *a, struct model_tensor *dst, const struct model_
 	*dst = (struct model_tensor){ .dtype = t->dtype, .rows = nr, .cols = nc };
 	if (!t->data)
 		return;
+	if (a->src->mapped && a->src->gguf) {
+		gguf_slice(a, dst, t, r0, nr, c0, nc);
+		return;
+	}
 	if (quant && (!keeps_blocks(r0, nr, t->q.block_rows) || !keeps_blocks(c0, nc, t->q.block_cols))) {
 		if (!a->bad++ && a->err)
 			snprintf(a->err, a->err_len, "rows [%lld, %lld) and columns [%lld, %lld) of a "
@@ -471,7 +499,14 @@ int model_shard_create(struct model **out, const struct model *m, int r, int n, 
 		goto fail;
 	}
 	a = (struct arena){ .buf = s->shard_buf, .src = m };
-	if ((ret = copy_guarded(&a, s, m, r, n, ep)) == -EIO && m->mapped)
+	ret = copy_guarded(&a, s, m, r, n, ep);
+	free(a.sc.buf);
+	if (!ret && a.ret) {
+		ret = a.ret;
+		snprintf(err, err_len, "tp %d: rank %d: a slice of %s could not be dequantized (%d)", n, r,
+			 m->path ? m->path : "the GGUF", ret);
+	}
+	if (ret == -EIO && m->mapped)
 		snprintf(err, err_len, "tp %d: rank %d: a weight file of %s shrank while its shard was "
 			 "read (SIGBUS on the mapping): start again once the files are whole", n, r,
 			 m->path ? m->path : "the model");
