@@ -7,7 +7,10 @@
  * its upload), stays under half the model; keeping every shard (the CPU ranks), under
  * 1.35 models; and the old way (the model read whole, then its shards) is measured
  * above 1.7 models, so the measurement can tell them apart. A file cut short under the
- * mapping fails the shard's build with -EIO and one line, not SIGBUS. */
+ * mapping fails the shard's build with -EIO and one line, not SIGBUS. The same for a
+ * GGUF (tests/data/gguf-golden/qwen3.gguf, bf16, copied here): its mapped load
+ * dequantizes nothing whole, each rank's slice alone, and the peaks and the cut file
+ * are checked as above (the peaks in models of the dequantized fp32 weights). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -278,10 +281,10 @@ static long peak_growth(const char *dir, enum how how)
 	return got;
 }
 
-static void check_peaks(const char *dir)
+/* most, least: bounds of the three ways, in models (the weights as bound) */
+static void check_peaks(const char *dir, const char *what, const double *most, const double *least)
 {
 	struct model_load_opts lo = { .mapped = 1 };
-	static const double most[] = { 0.5, 1.35, 1e9 }, least[] = { 0, 0, 1.7 };
 	struct model *m = NULL;
 	char err[512] = "";
 	double model_kib;
@@ -303,10 +306,10 @@ static void check_peaks(const char *dir)
 			continue;
 		}
 		CHECK(kib <= most[h] * model_kib && kib >= least[h] * model_kib,
-		      "tp %d, %s: peak resident memory grew by %.2f models (expected %.2f..%.2f)", TP,
-		      how_name[h], kib / model_kib, least[h], most[h] < 1e8 ? most[h] : 99.0);
-		fprintf(stderr, "  tp %d, %s: peak resident memory +%.1f MiB = %.2f models\n", TP,
-			how_name[h], kib / 1024.0, kib / model_kib);
+		      "%s tp %d, %s: peak resident memory grew by %.2f models (expected %.2f..%.2f)",
+		      what, TP, how_name[h], kib / model_kib, least[h], most[h] < 1e8 ? most[h] : 99.0);
+		fprintf(stderr, "  %s tp %d, %s: peak resident memory +%.1f MiB = %.2f models\n", what,
+			TP, how_name[h], kib / 1024.0, kib / model_kib);
 	}
 }
 
@@ -348,8 +351,56 @@ static void check_truncated(const char *dir)
 	model_destroy(m);
 }
 
+/* A GGUF: a copy of qwen3.gguf (bf16 matrices, fp32 norms; dequantized to fp32 at
+ * load), its peaks as the safetensors model's, then the copy cut short under the
+ * mapping: -EIO and one line. */
+static void check_gguf(const char *top, const char *dir)
+{
+	struct model_load_opts lo = { .mapped = 1 };
+	struct model *m = NULL, *s = NULL;
+	char src[1200], path[1200], err[512] = "", buf[1 << 16];
+	FILE *in, *out;
+	size_t k;
+	int ret;
+
+	snprintf(src, sizeof(src), "%s/tests/data/gguf-golden/qwen3.gguf", top);
+	snprintf(path, sizeof(path), "%s/qwen3.gguf", dir);
+	in = fopen(src, "rb");
+	out = fopen(path, "wb");
+	CHECK(in && out, "cannot copy %s to %s", src, path);
+	while (in && out && (k = fread(buf, 1, sizeof(buf), in)) > 0)
+		CHECK(fwrite(buf, 1, k, out) == k, "write %s", path);
+	if (in)
+		fclose(in);
+	if (out)
+		CHECK(fclose(out) == 0, "close %s", path);
+	if (test_failures)
+		goto out;
+	/* A 3 MiB model: the fixed costs weigh more. Read whole, the file's image (0.5
+	 * models: bf16) and its fp32 copy (1 model) come before any shard, so the mapped
+	 * bounds below (one shard 0.25 at a time, or all four kept) are missed by 0.5. */
+	static const double most[] = { 1.0, 1.9, 1e9 }, least[] = { 0, 0, 2.0 };
+
+	check_peaks(path, "gguf", most, least);
+	CHECK(model_load(&m, path, &lo, err, sizeof(err)) == 0 && m->mapped && !m->gguf_buf,
+	      "gguf: load mapped: %s", err);
+	if (!m)
+		goto out;
+	CHECK(truncate(path, 4096) == 0, "truncate %s", path);
+	err[0] = 0;
+	ret = model_shard_create(&s, m, 1, 2, 0, err, sizeof(err));
+	CHECK(ret == -EIO && !s && strstr(err, "shrank") && !strchr(err, '\n'),
+	      "gguf: a file cut short under the mapping: want -EIO and one line, got %d: %s", ret, err);
+	fprintf(stderr, "  gguf truncated under the mapping: %s\n", err);
+	model_destroy(s);
+	model_destroy(m);
+out:
+	unlink(path);
+}
+
 int main(void)
 {
+	const char *top = getenv("top_srcdir") ? getenv("top_srcdir") : ".";
 	char tmpl[] = "/tmp/kdec_test_tp_load.XXXXXX", path[1200];
 
 	if (!mkdtemp(tmpl)) {
@@ -358,10 +409,13 @@ int main(void)
 	}
 	CHECK(write_model(tmpl) == 0, "cannot write the model into %s", tmpl);
 	if (!test_failures) {
-		check_peaks(tmpl);	/* first: the children fork a small process */
+		static const double most[] = { 0.5, 1.35, 1e9 }, least[] = { 0, 0, 1.7 };
+
+		check_peaks(tmpl, "safetensors", most, least);	/* first: the children fork a small process */
 		check_equal_shards(tmpl);
 		check_truncated(tmpl);
 	}
+	check_gguf(top, tmpl);
 	for (int k = 0; k < 2; k++) {
 		snprintf(path, sizeof(path), "%s/model-%05d-of-00002.safetensors", tmpl, k + 1);
 		unlink(path);
