@@ -3,7 +3,8 @@
 # expert parallel, --ep; MLA with its latent cache split by tokens, --mla-cp) within 1e-5 relative L2 per row of tp 1 (dense, MoE, MLA);
 # kdbench generate and a real kdecd --tp 2 over the socket give tp 1's greedy tokens (one client, then four at once;
 # greedy with tp: drawn by vocabulary slices), kdecd reading its shards straight from the mapped files;
-# a quantized (fp8-block) checkpoint at tp 2 within 1e-5 of tp 1; kdbench decode runs at tp 2;
+# a quantized (fp8-block) checkpoint at tp 2 within 1e-5 of tp 1; a GGUF at tp 2
+# within 1e-5 of tp 1, its shards read from the mapped file; kdbench decode runs at tp 2;
 # kdbench allreduce's sums come out right; and every bad
 # --tp / --gpus / --ep fails with one clear line.
 set -u
@@ -29,6 +30,18 @@ for model in llama3 qwen3_moe deepseek_v3; do
 		done
 	done
 done
+
+# ---- a GGUF at tp 2: its shards dequantized slice by slice from the mapped file ----
+GG=$top_srcdir/tests/data/gguf-golden/qwen3_moe.gguf
+"$B/kdbench" logits --model "$GG" --tokens $IDS --threads 2 --out "$tmp/t1.f32" 2>"$tmp/err" ||
+	fail "qwen3_moe.gguf tp 1: $(tail -n 1 "$tmp/err")"
+"$B/kdbench" logits --model "$GG" --tokens $IDS --threads 2 --tp 2 --out "$tmp/tn.f32" 2>"$tmp/err" ||
+	fail "qwen3_moe.gguf tp 2: $(tail -n 1 "$tmp/err")"
+grep -q "tp 2: the shards of .* read straight from the mapped files" "$tmp/err" && ok ||
+	fail "qwen3_moe.gguf tp 2 did not read its shards from the mapped file: $(tail -n 2 "$tmp/err")"
+w=$(worst_rel "$tmp/tn.f32" "$tmp/t1.f32" 512)
+awk -v w="$w" 'BEGIN { exit !(w != "nan" && w + 0 <= 1e-5) }' && ok ||
+	fail "qwen3_moe.gguf tp 2: worst row $w relative L2 from tp 1 (want <= 1e-5)"
 
 # ---- greedy tokens: kdbench generate, and kdecd --tp 2 over the socket ----
 "$B/kdbench" generate --model "$M" --prompt 1,2,3 --max-tokens 12 --threads 2 >"$tmp/g1" 2>"$tmp/err" ||
