@@ -10,7 +10,11 @@
  * mapping fails the shard's build with -EIO and one line, not SIGBUS. The same for a
  * GGUF (tests/data/gguf-golden/qwen3.gguf, bf16, copied here): its mapped load
  * dequantizes nothing whole, each rank's slice alone, and the peaks and the cut file
- * are checked as above (the peaks in models of the dequantized fp32 weights). */
+ * are checked as above (the peaks in models of the dequantized fp32 weights). And Q8_0
+ * slices (llama3-q8_0.gguf, blocks of 32 along a row): rows and block-aligned columns
+ * of plain, rope-permuted (attn_q) and embedding weights dequantized from the mapping
+ * equal the same elements of the model read whole, bit for bit; columns off a block
+ * are refused in one line. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +26,7 @@
 #include <unistd.h>
 
 #include "daemon/model/model.h"
+#include "daemon/model/model_gguf.h"
 #include "daemon/model/model_shard.h"
 #include "tests/testutil.h"
 
@@ -398,6 +403,66 @@ out:
 	unlink(path);
 }
 
+/* A slice of tm, a slot of the mapped mt, against the same elements of tw, the slot's
+ * whole copy (fp32) in the model read whole. */
+static void check_q8_slice(const struct model *mt, const struct model_tensor *tw,
+			   const struct model_tensor *tm, const char *what, int64_t r0, int64_t nr,
+			   int64_t c0, int64_t nc)
+{
+	struct model_gguf_scratch sc = { 0 };
+	float *got = malloc(sizeof(float) * (size_t)(nr * nc));
+	char err[512] = "";
+	int ret, same = 1;
+
+	CHECK(tw->dtype == K_F32 && tm->dtype == K_F32 && got, "q8_0 %s: dtypes %d %d", what,
+	      (int)tw->dtype, (int)tm->dtype);
+	if (!got || tw->dtype != K_F32)
+		goto out;
+	ret = model_gguf_slice(mt, tm, r0, nr, c0, nc, got, &sc, err, sizeof(err));
+	CHECK(ret == 0, "q8_0 %s: slice rows [%lld, +%lld) columns [%lld, +%lld): %d %s", what,
+	      (long long)r0, (long long)nr, (long long)c0, (long long)nc, ret, err);
+	for (int64_t i = 0; !ret && i < nr; i++)
+		same &= !memcmp(got + i * nc, (const float *)tw->data + (r0 + i) * tw->cols + c0,
+				sizeof(float) * (size_t)nc);
+	CHECK(!ret && same, "q8_0 %s: the slice differs from the model read whole", what);
+out:
+	free(sc.buf);
+	free(got);
+}
+
+static void check_q8(const char *top)
+{
+	struct model_load_opts lo = { .mapped = 1 };
+	struct model *m = NULL, *mt = NULL;
+	char path[1200], err[512] = "";
+	int ret;
+
+	snprintf(path, sizeof(path), "%s/tests/data/gguf-golden/llama3-q8_0.gguf", top);
+	CHECK(model_load(&m, path, NULL, err, sizeof(err)) == 0, "q8_0: load: %s", err);
+	CHECK(model_load(&mt, path, &lo, err, sizeof(err)) == 0 && mt->mapped && !mt->gguf_buf,
+	      "q8_0: load mapped: %s", err);
+	if (!m || !mt)
+		goto out;
+	check_q8_slice(mt, &m->embed, &mt->embed, "token_embd rows", 100, 37, 0, m->embed.cols);
+	check_q8_slice(mt, &m->layers[0].wo, &mt->layers[0].wo, "attn_output columns", 0,
+		       m->layers[0].wo.rows, 32, 64);
+	check_q8_slice(mt, &m->layers[1].wq, &mt->layers[1].wq, "attn_q (rope rows) block", 40, 50,
+		       64, 32);
+	check_q8_slice(mt, &m->layers[1].wk, &mt->layers[1].wk, "attn_k (rope rows)", 0,
+		       m->layers[1].wk.rows, 0, m->layers[1].wk.cols);
+	check_q8_slice(mt, &m->layers[0].w_down, &mt->layers[0].w_down, "ffn_down block", 7, 20,
+		       320, 32);
+	check_q8_slice(mt, &m->layers[0].w_gate, &mt->layers[0].w_gate, "ffn_gate rows", 176, 176, 0,
+		       m->layers[0].w_gate.cols);
+	ret = model_gguf_slice(mt, &mt->layers[0].w_down, 0, 16, 176, 176, NULL, NULL, err, sizeof(err));
+	CHECK(ret == -EINVAL && strstr(err, "columns [176, 352)") && strstr(err, "Q8_0 blocks of 32") &&
+	      !strchr(err, '\n'), "q8_0: columns off a block: %d '%s'", ret, err);
+	fprintf(stderr, "  q8_0 slices from the mapping equal the model read whole; refused: %s\n", err);
+out:
+	model_destroy(mt);
+	model_destroy(m);
+}
+
 int main(void)
 {
 	const char *top = getenv("top_srcdir") ? getenv("top_srcdir") : ".";
@@ -416,6 +481,7 @@ int main(void)
 		check_truncated(tmpl);
 	}
 	check_gguf(top, tmpl);
+	check_q8(top);
 	for (int k = 0; k < 2; k++) {
 		snprintf(path, sizeof(path), "%s/model-%05d-of-00002.safetensors", tmpl, k + 1);
 		unlink(path);
