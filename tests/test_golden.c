@@ -501,10 +501,10 @@ static void check_model(const char *top, const char *name, int threads)
 	quant_on_gpu = 0;
 	if (row_tol != CPU_ROW_TOL && m && m->n_quantized > 0) {
 		const char *rows_env = getenv("KDEC_GOLDEN_QUANT_ROWS");
+		int all = rows_env && !strcmp(rows_env, "all");
 
 		quant_on_gpu = rows_env && !strcmp(rows_env, "0");
-		for (size_t i = 0; i < sizeof(quant_greedy_only) / sizeof(quant_greedy_only[0]) &&
-				   !(rows_env && !strcmp(rows_env, "all")); i++)
+		for (size_t i = 0; !all && i < sizeof(quant_greedy_only) / sizeof(quant_greedy_only[0]); i++)
 			quant_on_gpu |= !strcmp(name, quant_greedy_only[i]);
 	}
 	if (e && quant_on_gpu)
