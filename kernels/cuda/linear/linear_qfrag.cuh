@@ -1,7 +1,9 @@
 // The fragment arithmetic the quantized tensor-core kernels share (linear_qmma.cu's
-// GEMV, linear_qtile.cu's tile kernel, linear_qgemv.cu's decode GEMV): the f16 mma.sync,
-// the int4 layout of x in shared memory, scale reads; the values themselves into f16
-// pairs through kernels/cuda/quant_dequant.cuh.
+// GEMV, linear_qtile.cu's tile kernel, linear_qgemv.cu's decode GEMV): their arguments,
+// the formats' slab sizes, the f16 mma.sync, x rounded to f16 and the int4 layout of x
+// in shared memory, scale reads, one slab of a warp's m16 tile against one n8 tile of x
+// and the store of its accumulators; the values themselves into f16 pairs through
+// kernels/cuda/quant_dequant.cuh.
 // The k orders these imply are documented at the top of linear_qmma.cu.
 #ifndef KD_KERNELS_CUDA_LINEAR_QFRAG_CUH
 #define KD_KERNELS_CUDA_LINEAR_QFRAG_CUH
@@ -13,6 +15,25 @@
 
 #include "kernels/cuda/quant_dequant.cuh"
 #include "kernels/quant.h"
+
+// A launch's shape and quantization, as the kernels read them.
+struct qf_args {
+	int M, N, K;
+	int KC;			// k per CTA: its K slice (a multiple of the kernel's stage)
+	int row_bytes;		// bytes of a weight row
+	int block_rows;
+	int bc_shift;		// k >> bc_shift = scale column (31: one column)
+	int scale_cols;
+	int accumulate;
+	int pdl;
+};
+
+// A lane takes 16 bytes of a row's 64-byte slab: fp8 16 k, int4 32 k (one group).
+template <int FMT> struct qm_fmt {
+	static constexpr int SLAB = FMT == K_Q_INT4 ? 128 : 64;	// k per slab
+	static constexpr int VPC = SLAB / 4;			// k per lane and slab
+	static constexpr int VPB = FMT == K_Q_INT4 ? 2 : 1;	// values a byte
+};
 
 // c += a (m16 x k16, f16, row) b (k16 x n8, f16, col), fp32 accumulators.
 static __device__ __forceinline__ void qm_mma(float (&c)[4], uint32_t a0, uint32_t a1,
@@ -49,6 +70,27 @@ static __device__ __forceinline__ uint32_t qm_pack_h2(float lo, float hi)
 	return u;
 }
 
+// x octet k 0..7 (a: k 0..3, b: k 4..7) rounded to f16, as one 16-byte unit; PERM
+// (int4): stored as k 0 4 1 5 2 6 3 7, so that a lane's B registers are whole words.
+template <bool PERM>
+static __device__ __forceinline__ uint4 qm_pack_x8(const float4 &a, const float4 &b)
+{
+	uint4 o;
+
+	if (PERM) {
+		o.x = qm_pack_h2(a.x, b.x);
+		o.y = qm_pack_h2(a.y, b.y);
+		o.z = qm_pack_h2(a.z, b.z);
+		o.w = qm_pack_h2(a.w, b.w);
+	} else {
+		o.x = qm_pack_h2(a.x, a.y);
+		o.y = qm_pack_h2(a.z, a.w);
+		o.z = qm_pack_h2(b.x, b.y);
+		o.w = qm_pack_h2(b.z, b.w);
+	}
+	return o;
+}
+
 template <typename ST>
 static __device__ __forceinline__ float qm_scale(const ST *s, size_t i)
 {
@@ -56,6 +98,74 @@ static __device__ __forceinline__ float qm_scale(const ST *s, size_t i)
 		return __half2float(__ldg((const __half *)s + i));
 	else
 		return __ldg((const float *)s + i);
+}
+
+// One slab of the lane's two rows g and g + 8 (wa, wb: their 16 bytes; sa, sb: their
+// scales), x row g: fp8 the slab's four MMAs into a temporary, scaled once in fp32; int4
+// values scaled in f16 before the MMA (the lane's 32 k are one group), into acc.
+// xp: the lane's first 16-byte unit of x in this slab; sw: the int4 unit swizzle of
+// the lane (qm_xunit: units 4t + q of a 16-unit slab sit at 4t + (q ^ sw)); xin: x row g
+// exists (zeros otherwise).
+template <int FMT>
+static __device__ __forceinline__ void qm_slab(float (&acc)[4], const uint4 &wa, const uint4 &wb,
+					       float sa, float sb, const uint4 *xp, int sw, bool xin)
+{
+	if (FMT == K_Q_FP8) {
+		float tmp[4] = { 0.f, 0.f, 0.f, 0.f };
+		const uint4 z = make_uint4(0, 0, 0, 0);
+		const uint4 x0 = xin ? xp[0] : z, x1 = xin ? xp[1] : z;
+		const uint32_t wa_[4] = { wa.x, wa.y, wa.z, wa.w }, wb_[4] = { wb.x, wb.y, wb.z, wb.w };
+		const uint32_t xw[8] = { x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w };
+
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			uint32_t a0, a1, a2, a3;
+
+			qm_e4m3x4(wa_[j], a0, a2);
+			qm_e4m3x4(wb_[j], a1, a3);
+			qm_mma(tmp, a0, a1, a2, a3, xw[2 * j], xw[2 * j + 1]);
+		}
+		acc[0] = fmaf(tmp[0], sa, acc[0]);
+		acc[1] = fmaf(tmp[1], sa, acc[1]);
+		acc[2] = fmaf(tmp[2], sb, acc[2]);
+		acc[3] = fmaf(tmp[3], sb, acc[3]);
+	} else {
+		const __half2 ha = __float2half2_rn(sa), hb = __float2half2_rn(sb);
+		const uint32_t wa_[4] = { wa.x, wa.y, wa.z, wa.w }, wb_[4] = { wb.x, wb.y, wb.z, wb.w };
+
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			const uint4 xq = xin ? xp[q ^ sw] : make_uint4(0, 0, 0, 0);
+			uint32_t fa[4], fb[4];
+
+			k_dq_i4x8(wa_[q], ha, fa);
+			k_dq_i4x8(wb_[q], hb, fb);
+			qm_mma(acc, fa[0], fb[0], fa[1], fb[1], xq.x, xq.y);
+			qm_mma(acc, fa[2], fb[2], fa[3], fb[3], xq.z, xq.w);
+		}
+	}
+}
+
+// y (M, N) (+)= the accumulators of a warp's m16 tile (rows ra = row0 + g, rb = ra + 8)
+// against NT n8 tiles of x, where K is not split: accumulator c of lane (g, t) and tile
+// nt is x row 8 nt + 2t + (c & 1), weight row ra (c < 2) or rb.
+template <int NT, typename A>
+static __device__ __forceinline__ void qm_store_acc(float *y, const float (&acc)[NT][4],
+						    const A &a, int ra, int rb, int t)
+{
+#pragma unroll
+	for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+			const int m = 8 * nt + 2 * t + (c & 1), n = c < 2 ? ra : rb;
+
+			if (m < a.M && n < a.N) {
+				float *p = y + (size_t)m * a.N + n;
+
+				*p = a.accumulate ? *p + acc[nt][c] : acc[nt][c];
+			}
+		}
+	}
 }
 
 // ---- host ----------------------------------------------------------------------
@@ -80,6 +190,15 @@ static inline int qm_bc_shift(const struct k_quant *q, int K, int unit)
 		return 31;
 	sh = qm_pow2_shift(q->block_cols);
 	return sh >= 0 && q->block_cols % unit == 0 ? sh : -1;
+}
+
+// The arguments of a launch over K slices of KC k; unit: qm_bc_shift's (the caller has
+// checked that the scales fit it).
+static inline qf_args qf_make_args(const struct k_quant *q, int M, int N, int K, int KC,
+				   int unit, int accumulate, int pdl)
+{
+	return qf_args{ M, N, K, KC, (int)k_quant_row_bytes(q->fmt, K), q->block_rows,
+			qm_bc_shift(q, K, unit), (int)q->scale_cols, accumulate, pdl };
 }
 
 #endif

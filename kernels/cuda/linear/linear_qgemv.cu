@@ -49,6 +49,8 @@
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "kernels/cuda/linear/linear_internal.h"
 #include "kernels/cuda/linear/linear_qfrag.cuh"
+#include "kernels/cuda/linear/linear_qstream.cuh"
+#include "kernels/cuda/linear/linear_split.cuh"
 #include "kernels/cuda/quant_dequant.cuh"
 #include "kernels/cuda/ptx.cuh"
 
@@ -57,9 +59,7 @@
 #define QG_ROWS		(QG_WARPS * 16)	/* weight rows per CTA: one m16 tile a warp */
 #define QG_STAGES	6		/* ring slots a warp */
 #define QG_AHEAD	(QG_STAGES - 1)	/* stages in flight ahead of the one computed */
-#define QG_ROW		128		/* bytes of a row per stage */
-#define QG_WSTAGE	(16 * QG_ROW)	/* a warp's stage: 2 KB */
-#define QG_RING		(QG_WARPS * QG_STAGES * QG_WSTAGE)	/* 48 KB */
+#define QG_RING		(QG_WARPS * QG_STAGES * QS_WSTAGE)	/* 48 KB */
 #define QG_MAX_X	(64 << 10)	/* bytes of the x slice in shared memory, at most */
 #define QG_MAX_SPLIT	LIN_ST_MAX_SPLIT
 #define QG_PART		(K_CUDA_LINEAR_Q_MMA_MAX_M * QG_ROWS)	/* floats of a partial tile */
@@ -71,78 +71,7 @@
 #define QG_CTA_OVERHEAD	2
 #define QG_SPLIT_COST	1
 
-template <int FMT> struct qg_fmt {
-	static constexpr int SLAB = FMT == K_Q_INT4 ? 128 : 64;	// k per slab
-	static constexpr int SK = 2 * SLAB;			// k per stage
-	static constexpr int VPB = FMT == K_Q_INT4 ? 2 : 1;	// values a byte
-};
-
-struct qg_args {
-	int M, N, K;
-	int KC;			// k per CTA (a multiple of the stage's k)
-	int row_bytes;		// bytes of a weight row
-	int block_rows;
-	int bc_shift;		// k >> bc_shift = scale column (31: one column)
-	int scale_cols;
-	int accumulate;
-	int pdl;
-};
-
 // ---- kernel -------------------------------------------------------------------
-
-// Byte offset of 16-byte unit c of row r in a warp's stage: rows of odd index swap their
-// halves, so that lanes (g, t) and (g + 1, t) of a quarter warp read different banks.
-static __device__ __forceinline__ int qg_off(int r, int c)
-{
-	return r * QG_ROW + ((c ^ ((r & 1) << 2)) << 4);
-}
-
-// Stage i of the warp's 16 rows from row0 into ring slot `slot`: four instructions of
-// 4 rows x 128 bytes; zeros past N and past the slice. EARLY: before the PDL wait.
-template <bool EARLY>
-static __device__ __forceinline__ void qg_issue(unsigned char *slot, const uint8_t *w,
-						const qg_args &a, int row0, int kb0, int kb_end,
-						int i, int lane)
-{
-#pragma unroll
-	for (int j = 0; j < 4; j++) {
-		const int r = 4 * j + (lane >> 3), c = lane & 7, n = row0 + r;
-		const int kb = kb0 + i * QG_ROW + 16 * c;	// byte of the row
-		const bool ok = n < a.N && kb < kb_end;
-		const uint8_t *src = ok ? w + (size_t)n * a.row_bytes + kb : w;
-
-		if (EARLY)
-			k_cuda_pdl_early_cp16(slot + qg_off(r, c), src, ok);
-		else
-			cp_async16(slot + qg_off(r, c), src, ok);
-	}
-}
-
-// The scales stage i needs of the lane's rows: fp8 one a row (scale columns of 128 k
-// or more, or the whole row), int4 one a row and slab (the lane's 32 k of it); zeros
-// past the slice, where no scale column exists.
-template <int FMT, typename ST>
-static __device__ __forceinline__ void qg_scales(float (&sr)[4], const ST *scale, const qg_args &a,
-						 size_t sra, size_t srb, bool aok, bool bok,
-						 int k0, int kend, int i, int t)
-{
-	if (FMT == K_Q_FP8) {
-		const int k = k0 + i * qg_fmt<FMT>::SK, sc = k >> a.bc_shift;
-
-		sr[0] = aok && k < kend ? qm_scale(scale, sra + sc) : 0.f;
-		sr[1] = bok && k < kend ? qm_scale(scale, srb + sc) : 0.f;
-		sr[2] = sr[3] = 0.f;
-	} else {
-#pragma unroll
-		for (int h = 0; h < 2; h++) {
-			const int k = k0 + i * qg_fmt<FMT>::SK + h * 128 + 32 * t;
-			const int sc = k >> a.bc_shift;
-
-			sr[2 * h] = aok && k < kend ? qm_scale(scale, sra + sc) : 0.f;
-			sr[2 * h + 1] = bok && k < kend ? qm_scale(scale, srb + sc) : 0.f;
-		}
-	}
-}
 
 // x rows [0, M), k [k0, k0 + KC) into shared memory as f16 (row stride KC + 8 halves),
 // zeros past K; int4 octets reordered k 0 4 1 5 2 6 3 7 and placed by qm_xunit. A
@@ -174,65 +103,10 @@ static __device__ __forceinline__ void qg_stage_x(uint4 *xs, const float *x, int
 #pragma unroll
 		for (int v = 0; v < QG_XU; v++) {
 			const int i = i0 + v * QG_THREADS, m = i / per_row, u = i % per_row;
-			uint4 o;
 
 			if (i >= total)
 				break;
-			if (FMT == K_Q_INT4) {
-				o.x = qm_pack_h2(a[v].x, b[v].x);
-				o.y = qm_pack_h2(a[v].y, b[v].y);
-				o.z = qm_pack_h2(a[v].z, b[v].z);
-				o.w = qm_pack_h2(a[v].w, b[v].w);
-			} else {
-				o.x = qm_pack_h2(a[v].x, a[v].y);
-				o.y = qm_pack_h2(a[v].z, a[v].w);
-				o.z = qm_pack_h2(b[v].x, b[v].y);
-				o.w = qm_pack_h2(b[v].z, b[v].w);
-			}
-			xs[m * xs_row + qm_xunit<FMT>(u)] = o;
-		}
-	}
-}
-
-// One slab of the lane's rows g and g + 8 (wa, wb: their 16 bytes), x row g from xp.
-// fp8: the slab's four MMAs into a temporary, scaled once in fp32; int4: values scaled
-// in f16 before the MMA (the lane's 32 k are one group). As linear_qmma.cu's qm_slab.
-template <int FMT>
-static __device__ __forceinline__ void qg_slab(float (&acc)[4], const uint4 &wa, const uint4 &wb,
-					       float sa, float sb, const uint4 *xp, int sw, bool xin)
-{
-	const uint32_t wa_[4] = { wa.x, wa.y, wa.z, wa.w }, wb_[4] = { wb.x, wb.y, wb.z, wb.w };
-	const uint4 z = make_uint4(0, 0, 0, 0);
-
-	if (FMT == K_Q_FP8) {
-		float tmp[4] = { 0.f, 0.f, 0.f, 0.f };
-		const uint4 x0 = xin ? xp[0] : z, x1 = xin ? xp[1] : z;
-		const uint32_t xw[8] = { x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w };
-
-#pragma unroll
-		for (int j = 0; j < 4; j++) {
-			uint32_t a0, a1, a2, a3;
-
-			qm_e4m3x4(wa_[j], a0, a2);
-			qm_e4m3x4(wb_[j], a1, a3);
-			qm_mma(tmp, a0, a1, a2, a3, xw[2 * j], xw[2 * j + 1]);
-		}
-		acc[0] = fmaf(tmp[0], sa, acc[0]);
-		acc[1] = fmaf(tmp[1], sa, acc[1]);
-		acc[2] = fmaf(tmp[2], sb, acc[2]);
-		acc[3] = fmaf(tmp[3], sb, acc[3]);
-	} else {
-		const __half2 ha = __float2half2_rn(sa), hb = __float2half2_rn(sb);
-
-#pragma unroll
-		for (int q = 0; q < 4; q++) {
-			const uint4 xq = xin ? xp[q ^ sw] : z;
-			uint32_t fa[4], fb[4];
-
-			k_dq_i4x8(wa_[q], ha, fa);
-			k_dq_i4x8(wb_[q], hb, fb);
-			qm_mma(acc, fa[0], fb[0], fa[1], fb[1], xq.x, xq.y);
-			qm_mma(acc, fa[2], fb[2], fa[3], fb[3], xq.z, xq.w);
+			xs[m * xs_row + qm_xunit<FMT>(u)] = qm_pack_x8<FMT == K_Q_INT4>(a[v], b[v]);
 		}
 	}
 }
@@ -244,90 +118,41 @@ static __device__ __forceinline__ void qg_slab(float (&acc)[4], const uint4 &wa,
 template <int FMT, typename ST>
 __global__ void __launch_bounds__(QG_THREADS, 4)
 qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__restrict__ scale,
-	  qg_args a, float *ws, unsigned *cnt)
+	  qf_args a, float *ws, unsigned *cnt)
 {
-	using F = qg_fmt<FMT>;
+	using F = qm_fmt<FMT>;
 	extern __shared__ __align__(16) unsigned char qg_smem[];
-	__shared__ bool qg_last;
 	uint4 *xs = (uint4 *)(qg_smem + QG_RING);
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-	const int tile = blockIdx.x, S = gridDim.y, s = blockIdx.y;
-	const int n0 = tile * QG_ROWS, row0 = n0 + warp * 16, ra = row0 + g, rb = ra + 8;
-	const int k0 = s * a.KC, kend = min(a.K, k0 + a.KC);
-	const int nst = k0 < kend ? (kend - k0 + F::SK - 1) / F::SK : 0;
-	const int kb0 = k0 / F::VPB, kb_end = kend / F::VPB;	// in bytes of a row
-	const bool aok = ra < a.N, bok = rb < a.N;
-	const size_t sra = (size_t)((aok ? ra : 0) / a.block_rows) * a.scale_cols;
-	const size_t srb = (size_t)((bok ? rb : 0) / a.block_rows) * a.scale_cols;
-	const int xs_row = (a.KC + 8) / 8;
-	unsigned char *ring = qg_smem + warp * QG_STAGES * QG_WSTAGE;
+	const int tid = threadIdx.x, warp = tid >> 5;
+	const int tile = blockIdx.x, S = gridDim.y, s = blockIdx.y, n0 = tile * QG_ROWS;
+	const qs_warp<FMT, ST, qf_args, QG_AHEAD> qw(a, w, scale,
+						     qg_smem + warp * QG_STAGES * QS_WSTAGE,
+						     n0 + warp * 16, s * a.KC);
+	const int g = qw.g, t = qw.t, xs_row = (a.KC + 8) / 8;
 	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
 	float sr[QG_STAGES][4];
 
-	// weights are constant: the first stages stream in while the previous kernel drains
-#pragma unroll
-	for (int i = 0; i < QG_AHEAD; i++) {
-		if (i < nst)
-			qg_issue<true>(ring + i * QG_WSTAGE, w, a, row0, kb0, kb_end, i, lane);
-		cp_async_commit();
-	}
+	qw.start();	// weights stream in while the previous kernel drains
 	k_cuda_lin_inputs_ready(a.pdl);	// x, y and the scales only from here on
 #pragma unroll
 	for (int i = 0; i < QG_AHEAD; i++)
-		qg_scales<FMT, ST>(sr[i], scale, a, sra, srb, aok, bok, k0, kend, i, t);
-	qg_stage_x<FMT>(xs, x, a.M, a.K, k0, a.KC);
+		qw.scales(sr[i], i);
+	qg_stage_x<FMT>(xs, x, a.M, a.K, qw.k0, a.KC);
 	__syncthreads();
 
 	const uint4 *xr = xs + g * xs_row + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
 	const bool xin = g < a.M;
 	const int sw = FMT == K_Q_INT4 ? (t >> 1) << 1 : 0;
 
-	// groups: QG_AHEAD in the prologue, then one a stage; before stage i, its group has
-	// exactly QG_AHEAD - 1 newer ones. Stage i sits in slot i % QG_STAGES = j.
-	for (int i0 = 0; i0 < nst; i0 += QG_STAGES) {
-#pragma unroll
-		for (int j = 0; j < QG_STAGES; j++) {
-			const int i = i0 + j, nx = (j + QG_AHEAD) % QG_STAGES;
-
-			if (i >= nst)
-				break;
-			cp_async_wait<QG_AHEAD - 1>();	// stage i is here
-			__syncwarp();			// ... for every lane; slot nx is read
-			if (i + QG_AHEAD < nst) {
-				qg_issue<false>(ring + nx * QG_WSTAGE, w, a, row0, kb0, kb_end,
-						i + QG_AHEAD, lane);
-				qg_scales<FMT, ST>(sr[nx], scale, a, sra, srb, aok, bok, k0, kend,
-						   i + QG_AHEAD, t);
-			}
-			cp_async_commit();
-			const unsigned char *st = ring + j * QG_WSTAGE;
-
-#pragma unroll
-			for (int h = 0; h < 2; h++) {
-				const uint4 wa = *(const uint4 *)(st + qg_off(g, 4 * h + t));
-				const uint4 wb = *(const uint4 *)(st + qg_off(g + 8, 4 * h + t));
-				const float sa = FMT == K_Q_INT4 ? sr[j][2 * h] : sr[j][0];
-				const float sb = FMT == K_Q_INT4 ? sr[j][2 * h + 1] : sr[j][1];
-
-				qg_slab<FMT>(acc, wa, wb, sa, sb, xr + (2 * i + h) * (F::SLAB / 8), sw,
-					     xin);
-			}
-		}
-	}
+	qw.run(sr, [](int) {},
+	       [&](int i, int h, const uint4 &wa, const uint4 &wb, float sa, float sb) {
+		       qm_slab<FMT>(acc, wa, wb, sa, sb, xr + (2 * i + h) * (F::SLAB / 8), sw, xin);
+	       });
 	cp_async_wait<0>();
 
 	// accumulator c of lane (g, t): x row 2t + (c & 1), weight row g + 8 (c >> 1)
 	if (S == 1) {
-#pragma unroll
-		for (int c = 0; c < 4; c++) {
-			const int m = 2 * t + (c & 1), n = c < 2 ? ra : rb;
-
-			if (m < a.M && n < a.N) {
-				float *p = y + (size_t)m * a.N + n;
-
-				*p = a.accumulate ? *p + acc[c] : acc[c];
-			}
-		}
+		qm_store_acc<1>(y, reinterpret_cast<const float (&)[1][4]>(acc), a, qw.ra, qw.rb, t);
 		return;
 	}
 	float *part = ws + ((size_t)tile * S + s) * QG_PART;
@@ -339,17 +164,12 @@ qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 		if (m < a.M)
 			__stcg(part + m * QG_ROWS + r, acc[c]);
 	}
-	__threadfence();	// partials visible device-wide before this CTA counts
-	__syncthreads();
-	if (tid == 0)
-		qg_last = atomicAdd(cnt + tile, 1u) == (unsigned)S - 1;
-	__syncthreads();
-	if (!qg_last)
+	if (!lin_split_last(cnt, tile, S))
 		return;
-	__threadfence();	// every other CTA's partials, which its count published
 	const float *tp = ws + (size_t)tile * S * QG_PART;
 
-	// all S loads of an output issued before the adds, in split order
+	// all S loads of an output issued before the adds, in split order (one output a
+	// thread: not linear_split.cuh's float4 sum of stream and qtile, kept as measured)
 	for (int e = tid; e < a.M * QG_ROWS; e += QG_THREADS) {
 		const int m = e / QG_ROWS, n = n0 + e % QG_ROWS;
 		float v[QG_MAX_SPLIT], sum;
@@ -376,7 +196,7 @@ qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 
 static int qg_stage_k(const struct k_quant *q)
 {
-	return q->fmt == K_Q_INT4 ? qg_fmt<K_Q_INT4>::SK : qg_fmt<K_Q_FP8>::SK;
+	return q->fmt == K_Q_INT4 ? qs_fmt<K_Q_INT4>::SK : qs_fmt<K_Q_FP8>::SK;
 }
 
 static long qg_x_bytes(int M, int KC)
@@ -466,9 +286,8 @@ static int qg_launch(const struct k_cuda_linear *ctx, const struct qg_plan *p, f
 {
 	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[1] = {};
-	const qg_args a = { M, N, K, p->KC, (int)k_quant_row_bytes(q->fmt, K), q->block_rows,
-			    qm_bc_shift(q, K, FMT == K_Q_INT4 ? 32 : 128), (int)q->scale_cols,
-			    accumulate, ctx->pdl };
+	const qf_args a = qf_make_args(q, M, N, K, p->KC, FMT == K_Q_INT4 ? 32 : 128, accumulate,
+				       ctx->pdl);
 
 	cfg.gridDim = dim3(p->tiles, p->S, 1);
 	cfg.blockDim = dim3(QG_THREADS, 1, 1);

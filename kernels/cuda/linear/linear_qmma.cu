@@ -49,6 +49,7 @@
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "kernels/cuda/linear/linear_internal.h"
 #include "kernels/cuda/linear/linear_qfrag.cuh"
+#include "kernels/cuda/linear/linear_qstream.cuh"
 #include "kernels/cuda/ptx.cuh"
 
 namespace cg = cooperative_groups;
@@ -63,11 +64,6 @@ namespace cg = cooperative_groups;
 #define QM_PSTRIDE	(QM_ROWS + 4)	/* partial tile (m, row) stride, floats */
 #define QM_PART_BYTES	(K_CUDA_LINEAR_Q_MMA_MAX_M * QM_PSTRIDE * 4)
 #define QM_MAX_SMEM	(160 << 10)	/* x slice + partial tile per CTA, bytes */
-
-template <int FMT> struct qm_fmt {
-	static constexpr int SLAB = FMT == K_Q_INT4 ? 128 : 64;	// k per slab
-	static constexpr int VPC = SLAB / 4;			// k per lane and slab
-};
 
 // ---- kernel -------------------------------------------------------------------
 
@@ -94,7 +90,6 @@ static __device__ __forceinline__ void qm_stage_x(uint4 *xs, const float *x, int
 	for (int i = threadIdx.x; i < M * per_row; i += QM_THREADS) {
 		const int m = i / per_row, u = i % per_row, k = k0 + 8 * u;
 		float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-		uint4 o;
 
 		if (k < K) {	// K % 16 == 0: the octet is all in or all out
 			const float4 *p = (const float4 *)(x + (size_t)m * K + k);
@@ -102,18 +97,7 @@ static __device__ __forceinline__ void qm_stage_x(uint4 *xs, const float *x, int
 			a = p[0];
 			b = p[1];
 		}
-		if (FMT == K_Q_INT4) {
-			o.x = qm_pack_h2(a.x, b.x);
-			o.y = qm_pack_h2(a.y, b.y);
-			o.z = qm_pack_h2(a.z, b.z);
-			o.w = qm_pack_h2(a.w, b.w);
-		} else {
-			o.x = qm_pack_h2(a.x, a.y);
-			o.y = qm_pack_h2(a.z, a.w);
-			o.z = qm_pack_h2(b.x, b.y);
-			o.w = qm_pack_h2(b.z, b.w);
-		}
-		xs[m * xs_row + qm_xunit<FMT>(u)] = o;
+		xs[m * xs_row + qm_xunit<FMT>(u)] = qm_pack_x8<FMT == K_Q_INT4>(a, b);
 	}
 }
 
@@ -151,49 +135,6 @@ static __device__ void qm_cluster_reduce(float *y, const float (&acc)[NT][4], fl
 		}
 	}
 	cluster.sync();		// the partials stay until every rank has read them
-}
-
-// One slab of the lane's two rows: fp8 into tmp then scaled, int4 scaled values into acc.
-// xp: the lane's first 16-byte unit of x in this slab; sw: the int4 unit swizzle of
-// the lane (qm_xunit: units 4t + q of a 16-unit slab sit at 4t + (q ^ sw)).
-template <int FMT>
-static __device__ __forceinline__ void qm_slab(float (&acc)[4], const uint4 &wa, const uint4 &wb,
-					       float sa, float sb, const uint4 *xp, int sw, bool xin)
-{
-	if (FMT == K_Q_FP8) {
-		float tmp[4] = { 0.f, 0.f, 0.f, 0.f };
-		const uint4 z = make_uint4(0, 0, 0, 0);
-		const uint4 x0 = xin ? xp[0] : z, x1 = xin ? xp[1] : z;
-		const uint32_t wa_[4] = { wa.x, wa.y, wa.z, wa.w }, wb_[4] = { wb.x, wb.y, wb.z, wb.w };
-		const uint32_t xw[8] = { x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w };
-
-#pragma unroll
-		for (int j = 0; j < 4; j++) {
-			uint32_t a0, a1, a2, a3;
-
-			qm_e4m3x4(wa_[j], a0, a2);
-			qm_e4m3x4(wb_[j], a1, a3);
-			qm_mma(tmp, a0, a1, a2, a3, xw[2 * j], xw[2 * j + 1]);
-		}
-		acc[0] = fmaf(tmp[0], sa, acc[0]);
-		acc[1] = fmaf(tmp[1], sa, acc[1]);
-		acc[2] = fmaf(tmp[2], sb, acc[2]);
-		acc[3] = fmaf(tmp[3], sb, acc[3]);
-	} else {
-		const __half2 ha = __float2half2_rn(sa), hb = __float2half2_rn(sb);
-		const uint32_t wa_[4] = { wa.x, wa.y, wa.z, wa.w }, wb_[4] = { wb.x, wb.y, wb.z, wb.w };
-
-#pragma unroll
-		for (int q = 0; q < 4; q++) {
-			const uint4 xq = xin ? xp[q ^ sw] : make_uint4(0, 0, 0, 0);
-			uint32_t fa[4], fb[4];
-
-			k_dq_i4x8(wa_[q], ha, fa);
-			k_dq_i4x8(wb_[q], hb, fb);
-			qm_mma(acc, fa[0], fb[0], fa[1], fb[1], xq.x, xq.y);
-			qm_mma(acc, fa[2], fb[2], fa[3], fb[3], xq.z, xq.w);
-		}
-	}
 }
 
 // qm_slab for NT n8 tiles of x (rows 8 nt + g, nt < NT): each weight fragment is
@@ -336,16 +277,7 @@ qm_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 	}
 
 	if (gridDim.y == 1) {
-#pragma unroll
-		for (int c = 0; c < 4; c++) {
-			const int m = 2 * t + (c & 1), n = c < 2 ? ra : rb;
-
-			if (m < a.M && n < a.N) {
-				float *p = y + (size_t)m * a.N + n;
-
-				*p = a.accumulate ? *p + acc[c] : acc[c];
-			}
-		}
+		qm_store_acc<1>(y, reinterpret_cast<const float (&)[1][4]>(acc), a, ra, rb, t);
 		return;
 	}
 	__syncthreads();	// the x slice is read: its room takes the partial tile
@@ -366,68 +298,7 @@ qm_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 
 #define QS_STAGES	4
 #define QS_AHEAD	(QS_STAGES - 1)
-#define QS_ROW		128				/* bytes of a row per stage */
-#define QS_WSTAGE	(16 * QS_ROW)			/* a warp's stage: 2 KB */
 #define QS_RING		(QM_WARPS * QS_STAGES * QS_WSTAGE)	/* 64 KB */
-
-template <int FMT> struct qs_fmt {
-	static constexpr int SK = 2 * qm_fmt<FMT>::SLAB;	// k per stage
-};
-
-// Byte offset of 16-byte unit c of row r in a stage: rows of odd index swap their
-// halves, so that lanes (g, t) and (g + 1, t) of a quarter warp read different banks.
-static __device__ __forceinline__ int qs_off(int r, int c)
-{
-	return r * QS_ROW + ((c ^ ((r & 1) << 2)) << 4);
-}
-
-// Stage i of the warp's 16 rows from row0 into ring slot `slot`: four instructions of
-// 4 rows x 128 bytes; zeros past N and past the slice. EARLY: before the PDL wait.
-template <int FMT, bool EARLY>
-static __device__ __forceinline__ void qs_issue(unsigned char *slot, const uint8_t *w,
-						const qm_args &a, int row0, int kb0, int kb_end,
-						int i, int lane)
-{
-#pragma unroll
-	for (int j = 0; j < 4; j++) {
-		const int r = 4 * j + (lane >> 3), c = lane & 7, n = row0 + r;
-		const int kb = kb0 + i * QS_ROW + 16 * c;	// byte of the row
-		const bool ok = n < a.N && kb < kb_end;
-		const uint8_t *src = ok ? w + (size_t)n * a.row_bytes + kb : w;
-
-		if (EARLY)
-			k_cuda_pdl_early_cp16(slot + qs_off(r, c), src, ok);
-		else
-			cp_async16(slot + qs_off(r, c), src, ok);
-	}
-}
-
-// The scales stage i needs of the lane's rows: fp8 one a row (block_cols % 128 == 0 or
-// the whole row), int4 one a row and slab (the lane's 32 k of it); zeros for k past
-// the slice, where no scale is read.
-template <int FMT, typename ST>
-static __device__ __forceinline__ void qs_scales(float (&sr)[4], const ST *scale, const qm_args &a,
-						 size_t sra, size_t srb, bool aok, bool bok,
-						 int k0, int kend, int i, int t)
-{
-	if (FMT == K_Q_FP8) {
-		// stages past the slice (the prologue's, or a CTA whose slice starts past K)
-		// have no scale column: reading one would run past the scale tensor
-		const int k = k0 + i * qs_fmt<FMT>::SK, sc = k >> a.bc_shift;
-
-		sr[0] = aok && k < kend ? qm_scale(scale, sra + sc) : 0.f;
-		sr[1] = bok && k < kend ? qm_scale(scale, srb + sc) : 0.f;
-	} else {
-#pragma unroll
-		for (int h = 0; h < 2; h++) {
-			const int k = k0 + i * qs_fmt<FMT>::SK + h * 128 + 32 * t;
-			const int sc = k >> a.bc_shift;
-
-			sr[2 * h] = aok && k < kend ? qm_scale(scale, sra + sc) : 0.f;
-			sr[2 * h + 1] = bok && k < kend ? qm_scale(scale, srb + sc) : 0.f;
-		}
-	}
-}
 
 // NT n8 tiles of x rows (M <= 8 NT). NT = 1: the decode GEMV, x slice [k0, k0 + KC) in
 // shared memory at once. NT > 1 (8 < M <= 64): every weight fragment is dequantized
@@ -440,33 +311,23 @@ qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 	  qm_args a)
 {
 	using F = qm_fmt<FMT>;
-	constexpr int SK = qs_fmt<FMT>::SK, VPB = FMT == K_Q_INT4 ? 2 : 1;	// values a byte
+	constexpr int SK = qs_fmt<FMT>::SK;
 	extern __shared__ __align__(16) unsigned char qm_smem[];
 	uint4 *xs = (uint4 *)(qm_smem + QS_RING);
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-	const int n0 = blockIdx.x * QM_ROWS, row0 = n0 + warp * 16, ra = row0 + g, rb = ra + 8;
-	const int k0 = blockIdx.y * a.KC, kend = min(a.K, k0 + a.KC);
-	const int nst = k0 < kend ? (kend - k0 + SK - 1) / SK : 0;
-	const int kb0 = k0 / VPB, kb_end = kend / VPB;	// in bytes of a row
-	const bool aok = ra < a.N, bok = rb < a.N;
-	const size_t sra = (size_t)((aok ? ra : 0) / a.block_rows) * a.scale_cols;
-	const size_t srb = (size_t)((bok ? rb : 0) / a.block_rows) * a.scale_cols;
+	const int tid = threadIdx.x, warp = tid >> 5, n0 = blockIdx.x * QM_ROWS;
+	const qs_warp<FMT, ST, qm_args, QS_AHEAD> qw(a, w, scale,
+						     qm_smem + warp * QS_STAGES * QS_WSTAGE,
+						     n0 + warp * 16, blockIdx.y * a.KC);
+	const int g = qw.g, t = qw.t, k0 = qw.k0;
 	const int KX = NT == 1 ? a.KC : a.KX, xs_row = (KX + 8) / 8, spc = KX / SK;
-	unsigned char *ring = qm_smem + warp * QS_STAGES * QS_WSTAGE;
 	float acc[NT][4] = {};
 	float sr[QS_STAGES][4];
 
-	// weights are constant: the first stages stream in while the previous kernel drains
-#pragma unroll
-	for (int i = 0; i < QS_AHEAD; i++) {
-		if (i < nst)
-			qs_issue<FMT, true>(ring + i * QS_WSTAGE, w, a, row0, kb0, kb_end, i, lane);
-		cp_async_commit();
-	}
+	qw.start();	// weights stream in while the previous kernel drains
 	k_cuda_lin_inputs_ready(a.pdl);	// x and y only from here on
 #pragma unroll
 	for (int i = 0; i < QS_AHEAD; i++)
-		qs_scales<FMT, ST>(sr[i], scale, a, sra, srb, aok, bok, k0, kend, i, t);
+		qw.scales(sr[i], i);
 	qm_stage_x<FMT>(xs, x, a.M, a.K, k0, KX);
 	__syncthreads();
 
@@ -475,63 +336,28 @@ qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 	const int sw = FMT == K_Q_INT4 ? (t >> 1) << 1 : 0;
 	int ic = 0;	// the first stage of the x chunk in shared memory
 
-	for (int i0 = 0; i0 < nst; i0 += QS_STAGES) {
-#pragma unroll
-		for (int j = 0; j < QS_STAGES; j++) {
-			const int i = i0 + j, nx = (j + QS_AHEAD) % QS_STAGES;
-
-			if (i >= nst)
-				break;
-			if (NT > 1 && i - ic == spc) {	// the next chunk of x (i: the same in the CTA)
-				ic = i;
-				__syncthreads();	// every warp is done with the last one
-				qm_stage_x<FMT>(xs, x, a.M, a.K, k0 + i * SK, KX);
-				__syncthreads();
-			}
-			cp_async_wait<QS_AHEAD - 1>();	// stage i is here
-			__syncwarp();			// ... for every lane; slot nx is read
-			if (i + QS_AHEAD < nst) {
-				qs_issue<FMT, false>(ring + nx * QS_WSTAGE, w, a, row0, kb0, kb_end,
-						     i + QS_AHEAD, lane);
-				qs_scales<FMT, ST>(sr[nx], scale, a, sra, srb, aok, bok, k0, kend,
-						   i + QS_AHEAD, t);
-			}
-			cp_async_commit();
-			const unsigned char *st = ring + j * QS_WSTAGE;
-
-#pragma unroll
-			for (int h = 0; h < 2; h++) {
-				const uint4 wa = *(const uint4 *)(st + qs_off(g, 4 * h + t));
-				const uint4 wb = *(const uint4 *)(st + qs_off(g + 8, 4 * h + t));
-				const float sa = FMT == K_Q_INT4 ? sr[j][2 * h] : sr[j][0];
-				const float sb = FMT == K_Q_INT4 ? sr[j][2 * h + 1] : sr[j][1];
-
-				if constexpr (NT == 1)
-					qm_slab<FMT>(acc[0], wa, wb, sa, sb,
-						     xr + (2 * i + h) * (F::SLAB / 8), sw, xin);
-				else
-					qw_slab<FMT, NT>(acc, wa, wb, sa, sb,
-							 xr + (2 * (i - ic) + h) * (F::SLAB / 8), xs_row,
-							 sw, g, a.M);
-			}
-		}
-	}
+	qw.run(sr,
+	       [&](int i) {
+		       if (NT > 1 && i - ic == spc) {	// the next chunk of x (i: the same in the CTA)
+			       ic = i;
+			       __syncthreads();	// every warp is done with the last one
+			       qm_stage_x<FMT>(xs, x, a.M, a.K, k0 + i * SK, KX);
+			       __syncthreads();
+		       }
+	       },
+	       [&](int i, int h, const uint4 &wa, const uint4 &wb, float sa, float sb) {
+		       if constexpr (NT == 1)
+			       qm_slab<FMT>(acc[0], wa, wb, sa, sb, xr + (2 * i + h) * (F::SLAB / 8),
+					    sw, xin);
+		       else
+			       qw_slab<FMT, NT>(acc, wa, wb, sa, sb,
+						xr + (2 * (i - ic) + h) * (F::SLAB / 8), xs_row, sw,
+						g, a.M);
+	       });
 	cp_async_wait<0>();
 
 	if (gridDim.y == 1) {
-#pragma unroll
-		for (int nt = 0; nt < NT; nt++) {
-#pragma unroll
-			for (int c = 0; c < 4; c++) {
-				const int m = 8 * nt + 2 * t + (c & 1), n = c < 2 ? ra : rb;
-
-				if (m < a.M && n < a.N) {
-					float *p = y + (size_t)m * a.N + n;
-
-					*p = a.accumulate ? *p + acc[nt][c] : acc[nt][c];
-				}
-			}
-		}
+		qm_store_acc<NT>(y, acc, a, qw.ra, qw.rb, t);
 		return;
 	}
 	__syncthreads();	// every warp is past its ring: it takes the partial tile (M x

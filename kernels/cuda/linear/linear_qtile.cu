@@ -39,6 +39,7 @@
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "kernels/cuda/linear/linear_internal.h"
 #include "kernels/cuda/linear/linear_qfrag.cuh"
+#include "kernels/cuda/linear/linear_split.cuh"
 #include "kernels/cuda/ptx.cuh"
 
 #define QT_WARPS	4
@@ -54,24 +55,13 @@
 #define QT_FULL_WARPS	8
 
 template <int FMT, int NT> struct qt_cfg {
-	static constexpr int SLAB = FMT == K_Q_INT4 ? 128 : 64;	// k per stage
+	static constexpr int SLAB = qm_fmt<FMT>::SLAB;		// k per stage
 	static constexpr int XROWS = 8 * NT;			// x rows per launch
 	static constexpr int XSTRIDE = (SLAB + 8) * 2;		// bytes a row of x: 16 pad
 	static constexpr int W_BYTES = QT_ROWS * QT_SB;		// 8 KB
 	static constexpr int X_BYTES = XROWS * XSTRIDE;
 	static constexpr int STAGE = W_BYTES + X_BYTES;
 	static constexpr int SMEM = QT_STAGES * STAGE;
-};
-
-struct qt_args {
-	int M, N, K;
-	int KS;			// k per slice (a multiple of the stage's k)
-	int row_bytes;		// bytes of a weight row
-	int block_rows;
-	int bc_shift;		// k >> bc_shift = scale column (31: one column)
-	int scale_cols;
-	int accumulate;
-	int pdl;
 };
 
 // ---- kernels ------------------------------------------------------------------
@@ -87,20 +77,8 @@ qt_x_kernel(uint16_t *xh, const float *x, size_t octets, int pdl)
 	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < octets;
 	     i += (size_t)gridDim.x * blockDim.x) {
 		const float4 a = ((const float4 *)x)[2 * i], b = ((const float4 *)x)[2 * i + 1];
-		uint4 o;
 
-		if (PERM) {
-			o.x = qm_pack_h2(a.x, b.x);
-			o.y = qm_pack_h2(a.y, b.y);
-			o.z = qm_pack_h2(a.z, b.z);
-			o.w = qm_pack_h2(a.w, b.w);
-		} else {
-			o.x = qm_pack_h2(a.x, a.y);
-			o.y = qm_pack_h2(a.z, a.w);
-			o.z = qm_pack_h2(b.x, b.y);
-			o.w = qm_pack_h2(b.z, b.w);
-		}
-		((uint4 *)xh)[i] = o;
+		((uint4 *)xh)[i] = qm_pack_x8<PERM>(a, b);
 	}
 }
 
@@ -109,7 +87,7 @@ qt_x_kernel(uint16_t *xh, const float *x, size_t octets, int pdl)
 // zeros past N and past the slice. EARLY: issued before the PDL wait.
 template <bool EARLY>
 static __device__ __forceinline__ void qt_load_w(unsigned char *ws, const uint8_t *w,
-						 const qt_args &a, int n0, int kb, int kb_end, int tid)
+						 const qf_args &a, int n0, int kb, int kb_end, int tid)
 {
 #pragma unroll
 	for (int j = 0; j < QT_ROWS * (QT_SB / 16) / QT_THREADS; j++) {
@@ -128,7 +106,7 @@ static __device__ __forceinline__ void qt_load_w(unsigned char *ws, const uint8_
 // the slice), row m at m * XSTRIDE, int4 units placed by qm_xunit.
 template <int FMT, int NT>
 static __device__ __forceinline__ void qt_load_x(unsigned char *xs, const uint16_t *xh,
-						 const qt_args &a, int k, int kend, int tid)
+						 const qf_args &a, int k, int kend, int tid)
 {
 	using C = qt_cfg<FMT, NT>;
 	constexpr int UPR = C::SLAB / 8;	// 16-byte units a row
@@ -148,7 +126,7 @@ static __device__ __forceinline__ void qt_load_x(unsigned char *xs, const uint16
 // it is taken whenever the stage is), int4 the group of the lane's 32 k. Zeros where no
 // scale exists (past N, past the slice).
 template <int FMT, typename ST>
-static __device__ __forceinline__ void qt_scales(float (&sr)[4], const ST *scale, const qt_args &a,
+static __device__ __forceinline__ void qt_scales(float (&sr)[4], const ST *scale, const qf_args &a,
 						 const size_t (&srow)[4], const bool (&rok)[4], int k,
 						 int kend, int t)
 {
@@ -251,19 +229,7 @@ static __device__ __forceinline__ void qt_compute(float (&acc)[2][NT][4], const 
 	}
 }
 
-// Accumulator c of m16 tile mt, n8 tile nt, lane (g, t): its weight row in the CTA's
-// tile and its x row.
-static __device__ __forceinline__ int qt_row(int warp, int mt, int g, int c)
-{
-	return warp * 32 + mt * 16 + g + (c >> 1) * 8;
-}
-
-static __device__ __forceinline__ int qt_m(int nt, int t, int c)
-{
-	return nt * 8 + 2 * t + (c & 1);
-}
-
-// grid (tiles, S): blockIdx.x the 128-row tile, blockIdx.y the K slice [s KS, s KS + KS).
+// grid (tiles, S): blockIdx.x the 128-row tile, blockIdx.y the K slice [s KC, s KC + KC).
 // xh: x (M, K) in f16 as qt_x_kernel wrote it; ws: (tiles * S, XROWS, QT_ROWS) fp32
 // partials; cnt: (tiles) arrival counters, zero between launches. Needs K % 16 (fp8) or
 // % 32 (int4) == 0, w rows 16-byte aligned, M <= XROWS, a scale column constant over
@@ -271,15 +237,14 @@ static __device__ __forceinline__ int qt_m(int nt, int t, int c)
 template <int FMT, typename ST, int NT>
 __global__ void __launch_bounds__(QT_THREADS)
 qt_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w, const ST *__restrict__ scale,
-	  qt_args a, float *ws, unsigned *cnt)
+	  qf_args a, float *ws, unsigned *cnt)
 {
 	using C = qt_cfg<FMT, NT>;
-	constexpr int VPB = FMT == K_Q_INT4 ? 2 : 1;	// values a byte
+	constexpr int VPB = qm_fmt<FMT>::VPB;	// values a byte
 	extern __shared__ __align__(128) unsigned char qt_smem[];
-	__shared__ bool qt_last;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 	const int tile = blockIdx.x, S = gridDim.y, s = blockIdx.y;
-	const int n0 = tile * QT_ROWS, k0 = s * a.KS, kend = min(a.K, k0 + a.KS);
+	const int n0 = tile * QT_ROWS, k0 = s * a.KC, kend = min(a.K, k0 + a.KC);
 	const int nst = k0 < kend ? (kend - k0 + C::SLAB - 1) / C::SLAB : 0;
 	const int kb0 = k0 / VPB, kb_end = kend / VPB;	// in bytes of a row
 	size_t srow[4];
@@ -289,7 +254,7 @@ qt_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w, const ST 
 
 #pragma unroll
 	for (int c = 0; c < 4; c++) {
-		const int n = n0 + qt_row(warp, c >> 1, g, 2 * (c & 1));
+		const int n = n0 + lin_frag_row(warp, c >> 1, g, 2 * (c & 1));
 
 		rok[c] = n < a.N;
 		srow[c] = (size_t)((rok[c] ? n : 0) / a.block_rows) * (size_t)a.scale_cols;
@@ -338,20 +303,7 @@ qt_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w, const ST 
 	cp_async_wait<0>();
 
 	if (S == 1) {
-#pragma unroll
-		for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-			for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-				for (int c = 0; c < 4; c++) {
-					const int n = n0 + qt_row(warp, mt, g, c), m = qt_m(nt, t, c);
-
-					if (m < a.M && n < a.N) {
-						float *p = y + (size_t)m * a.N + n;
-
-						*p = a.accumulate ? *p + acc[mt][nt][c] : acc[mt][nt][c];
-					}
-				}
+		lin_store_tiles<NT>(y, acc, a.M, a.N, n0, a.accumulate, warp, g, t);
 		return;
 	}
 	float *part = ws + ((size_t)tile * S + s) * C::XROWS * QT_ROWS;
@@ -362,51 +314,16 @@ qt_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w, const ST 
 		for (int nt = 0; nt < NT; nt++)
 #pragma unroll
 			for (int c = 0; c < 4; c++) {
-				const int m = qt_m(nt, t, c);
+				const int m = lin_frag_m(nt, t, c);
 
 				if (m < a.M)
-					__stcg(part + m * QT_ROWS + qt_row(warp, mt, g, c), acc[mt][nt][c]);
+					__stcg(part + m * QT_ROWS + lin_frag_row(warp, mt, g, c), acc[mt][nt][c]);
 			}
-	__threadfence();	// partials visible device-wide before this CTA counts
-	__syncthreads();
-	if (tid == 0)
-		qt_last = atomicAdd(cnt + tile, 1u) == (unsigned)S - 1;
-	__syncthreads();
-	if (!qt_last)
+	if (!lin_split_last(cnt, tile, S))
 		return;
-	__threadfence();	// every other CTA's partials, which its count published
-	const float *tp = ws + (size_t)tile * S * C::XROWS * QT_ROWS;
-
-	// 4 outputs a thread and step, all S loads issued before the adds (in split order)
-	for (int e = tid * 4; e < a.M * QT_ROWS; e += QT_THREADS * 4) {
-		const int m = e / QT_ROWS, r = e % QT_ROWS;
-		float4 v[LIN_ST_MAX_SPLIT];
-		float sum[4];
-
-#pragma unroll
-		for (int q = 0; q < LIN_ST_MAX_SPLIT; q++)
-			if (q < S)
-				v[q] = __ldcg((const float4 *)(tp + (size_t)q * C::XROWS * QT_ROWS + e));
-		sum[0] = v[0].x;
-		sum[1] = v[0].y;
-		sum[2] = v[0].z;
-		sum[3] = v[0].w;
-#pragma unroll
-		for (int q = 1; q < LIN_ST_MAX_SPLIT; q++)
-			if (q < S) {
-				sum[0] += v[q].x;
-				sum[1] += v[q].y;
-				sum[2] += v[q].z;
-				sum[3] += v[q].w;
-			}
-#pragma unroll
-		for (int i = 0; i < 4; i++)
-			if (n0 + r + i < a.N) {
-				float *p = y + (size_t)m * a.N + n0 + r + i;
-
-				*p = a.accumulate ? *p + sum[i] : sum[i];
-			}
-	}
+	lin_split_sum4<QT_ROWS, QT_THREADS, 0>(y, ws + (size_t)tile * S * C::XROWS * QT_ROWS,
+					       (size_t)C::XROWS * QT_ROWS, a.M, a.N, n0, S,
+					       a.accumulate, tid);
 	if (tid == 0)
 		cnt[tile] = 0;
 }
@@ -498,9 +415,8 @@ static int qt_launch(const struct k_cuda_linear *ctx, const struct qt_plan *p, f
 {
 	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[1] = {};
-	const qt_args a = { M, N, K, p->KS, (int)k_quant_row_bytes(q->fmt, K), q->block_rows,
-			    qm_bc_shift(q, K, FMT == K_Q_INT4 ? 32 : 64), (int)q->scale_cols,
-			    accumulate, ctx->pdl };
+	const qf_args a = qf_make_args(q, M, N, K, p->KS, FMT == K_Q_INT4 ? 32 : 64, accumulate,
+				       ctx->pdl);
 
 	cfg.gridDim = dim3(p->tiles, p->S, 1);
 	cfg.blockDim = dim3(QT_THREADS, 1, 1);

@@ -30,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/linear/linear_internal.h"
+#include "kernels/cuda/linear/linear_split.cuh"
 #include "kernels/cuda/ptx.cuh"
 
 #define ST_WARPS	4
@@ -149,18 +150,6 @@ static __device__ __forceinline__ void st_compute(float (&acc)[2][NT][4], uint32
 	}
 }
 
-// Accumulator c (0..3) of the warp's m16 tile t and n8 tile j, for lane (g, t4): its
-// weight row within the CTA's tile and its x row.
-static __device__ __forceinline__ int st_frag_row(int warp, int t, int g, int c)
-{
-	return warp * 32 + t * 16 + g + (c >> 1) * 8;
-}
-
-static __device__ __forceinline__ int st_frag_m(int j, int t4, int c)
-{
-	return j * 8 + t4 * 2 + (c & 1);
-}
-
 // grid (tiles, S): blockIdx.x the 128-row tile, blockIdx.y the K slice [s KS, s KS + KS).
 // xb: bf16 x (M, K) row-major; ws: (tiles * S, XROWS, ST_ROWS) fp32 partials; cnt:
 // (tiles) arrival counters, zero between launches. Needs K % 8 == 0, w and xb 16-byte
@@ -172,7 +161,6 @@ st_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 {
 	using C = st_cfg<NT>;
 	extern __shared__ __align__(128) unsigned char st_smem[];
-	__shared__ bool st_last;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int g = lane >> 2, t4 = lane & 3;
 	const int tile = blockIdx.x, S = gridDim.y, s = blockIdx.y;
@@ -224,21 +212,7 @@ st_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 	cp_async_wait<0>();
 
 	if (S == 1) {
-#pragma unroll
-		for (int t = 0; t < 2; t++)
-#pragma unroll
-			for (int j = 0; j < NT; j++)
-#pragma unroll
-				for (int c = 0; c < 4; c++) {
-					const int n = n0 + st_frag_row(warp, t, g, c);
-					const int m = st_frag_m(j, t4, c);
-
-					if (m < M && n < N) {
-						float *p = y + (size_t)m * N + n;
-
-						*p = accumulate ? *p + acc[t][j][c] : acc[t][j][c];
-					}
-				}
+		lin_store_tiles<NT>(y, acc, M, N, n0, accumulate, warp, g, t4);
 		return;
 	}
 	float *part = ws + ((size_t)tile * S + s) * C::XROWS * ST_ROWS;
@@ -249,53 +223,15 @@ st_kernel(float *y, const uint16_t *xb, const uint16_t *__restrict__ w, int M, i
 		for (int j = 0; j < NT; j++)
 #pragma unroll
 			for (int c = 0; c < 4; c++) {
-				const int r = st_frag_row(warp, t, g, c);
-				const int m = st_frag_m(j, t4, c);
+				const int r = lin_frag_row(warp, t, g, c);
+				const int m = lin_frag_m(j, t4, c);
 
 				__stcg(part + m * ST_ROWS + r, acc[t][j][c]);
 			}
-	__threadfence();	// partials visible device-wide before this CTA counts
-	__syncthreads();
-	if (tid == 0)
-		st_last = atomicAdd(cnt + tile, 1u) == (unsigned)S - 1;
-	__syncthreads();
-	if (!st_last)
+	if (!lin_split_last(cnt, tile, S))
 		return;
-	__threadfence();	// every other CTA's partials, which its count published
-	const float *tp = ws + (size_t)tile * S * C::XROWS * ST_ROWS;
-
-	// 4 outputs per thread and step, all S loads issued before the adds (in split
-	// order): the sum is latency-bound, not bandwidth-bound
-#pragma unroll 2
-	for (int e = tid * 4; e < M * ST_ROWS; e += ST_THREADS * 4) {
-		const int m = e / ST_ROWS, r = e % ST_ROWS;
-		float4 v[LIN_ST_MAX_SPLIT];
-		float sum[4];
-
-#pragma unroll
-		for (int q = 0; q < LIN_ST_MAX_SPLIT; q++)
-			if (q < S)
-				v[q] = __ldcg((const float4 *)(tp + (size_t)q * C::XROWS * ST_ROWS + e));
-		sum[0] = v[0].x;
-		sum[1] = v[0].y;
-		sum[2] = v[0].z;
-		sum[3] = v[0].w;
-#pragma unroll
-		for (int q = 1; q < LIN_ST_MAX_SPLIT; q++)
-			if (q < S) {
-				sum[0] += v[q].x;
-				sum[1] += v[q].y;
-				sum[2] += v[q].z;
-				sum[3] += v[q].w;
-			}
-#pragma unroll
-		for (int i = 0; i < 4; i++)
-			if (n0 + r + i < N) {
-				float *p = y + (size_t)m * N + n0 + r + i;
-
-				*p = accumulate ? *p + sum[i] : sum[i];
-			}
-	}
+	lin_split_sum4<ST_ROWS, ST_THREADS, 2>(y, ws + (size_t)tile * S * C::XROWS * ST_ROWS,
+					       (size_t)C::XROWS * ST_ROWS, M, N, n0, S, accumulate, tid);
 	if (tid == 0)
 		cnt[tile] = 0;
 }
