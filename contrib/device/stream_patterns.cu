@@ -14,7 +14,8 @@
 // contrib/device/stream_patterns.cu
 // (a study, not part of the build; results: docs/results/stream-patterns-h200.txt).
 //   ring (tma_kernel): the per-SM share in flight at once in shared memory by bulk copies.
-//   `stream_patterns check`: the ring's checks alone (for compute-sanitizer).
+//   `stream_patterns check`: the ring's checks alone (for compute-sanitizer);
+//   `stream_patterns only SHAPE`: one shape's rows, no checks (for ncu).
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
@@ -244,19 +245,24 @@ tma_kernel(const uint16_t *w, const float *x, float *y, int R, int nc, int SR)
 	}
 }
 
-// Plain read: every thread 8 independent 16-byte loads in flight, grid-stride.
+// Plain read: every thread 8 independent 16-byte loads in flight, grid-stride, the
+// tail (fewer than 8 strides left: all of a 25 MB buffer at this grid) loaded too.
+// Session 8's version skipped the tail, so its Qwen3 rows read nothing (down) or 2/3
+// of the bytes (gate/up): its "plain read" figures for them were wrong.
+__global__ void empty_kernel() {}
+
 __global__ void __launch_bounds__(256) read_kernel(const uint4 *p, size_t n, unsigned *sink)
 {
 	size_t i = (size_t)blockIdx.x * 256 + threadIdx.x, st = (size_t)gridDim.x * 256;
 	unsigned a = 0;
-	for (; i + 7 * st < n; i += 8 * st) {
+	for (; i < n; i += 8 * st) {
 		uint4 v[8];
 #pragma unroll
 		for (int u = 0; u < 8; u++)
-			v[u] = __ldcs(p + i + u * st);
+			v[u] = i + u * st < n ? __ldcs(p + i + u * st) : make_uint4(0, 0, 0, 0);
 #pragma unroll
 		for (int u = 0; u < 8; u++)
-			a ^= v[u].x ^ v[u].w;
+			a ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
 	}
 	if (a == 0x12345678u)
 		*sink = a;
@@ -265,16 +271,24 @@ __global__ void __launch_bounds__(256) read_kernel(const uint4 *p, size_t n, uns
 struct shape { const char *name; int row_bytes; int rows; };
 static int n_sm;
 
-// Median us of 20 calls (after 4) of launch(i), i the call's index (its rotated copy).
+// us per call of launch(i), i the call's index (its rotated copy): single, the median of
+// 20 calls (after 4) each alone between two events, which adds the launch and the
+// events' own cost (~5 us, the empty kernel's row); b2b, the median of 5 runs (after 2)
+// of 16 calls back to back between two events, divided by 16: the launches overlap the
+// kernels before them, so this is about the kernel alone. Session 8's tables were single.
+struct timing {
+	double single, b2b;
+};
+
 template <typename Launch>
-static double time_calls(Launch launch)
+static timing time_calls(Launch launch)
 {
 	cudaEvent_t a, b;
-	std::vector<float> t;
+	std::vector<float> t, tb;
 
 	CK(cudaEventCreate(&a));
 	CK(cudaEventCreate(&b));
-	for (int it = 0; it < 24; it++) {
+	for (int it = 0; it < 24; it++) {	// one call between two events
 		float ms;
 
 		CK(cudaEventRecord(a));
@@ -285,16 +299,29 @@ static double time_calls(Launch launch)
 		if (it >= 4)
 			t.push_back(ms * 1000.f);
 	}
+	for (int it = 0; it < 7; it++) {	// 16 calls back to back between two events
+		float ms;
+
+		CK(cudaEventRecord(a));
+		for (int c = 0; c < 16; c++)
+			launch(it * 16 + c);
+		CK(cudaEventRecord(b));
+		CK(cudaEventSynchronize(b));
+		CK(cudaEventElapsedTime(&ms, a, b));
+		if (it >= 2)
+			tb.push_back(ms * 1000.f / 16);
+	}
 	CK(cudaGetLastError());
 	cudaEventDestroy(a);
 	cudaEventDestroy(b);
 	std::sort(t.begin(), t.end());
-	return t[t.size() / 2];
+	std::sort(tb.begin(), tb.end());
+	return { t[t.size() / 2], tb[tb.size() / 2] };
 }
 
 // One table row: the pattern's registers and occupancy (kernel k; none for the plain
 // read), us per call, TB/s and % of the 4.25 TB/s floor.
-static void report(const shape &s, const char *tag, const void *k, int threads, size_t smem, double us,
+static void report(const shape &s, const char *tag, const void *k, int threads, size_t smem, timing tm,
 		   const char *extra)
 {
 	double bytes = (double)s.row_bytes * s.rows;
@@ -308,8 +335,10 @@ static void report(const shape &s, const char *tag, const void *k, int threads, 
 		CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k, threads, smem));
 		snprintf(kern, sizeof(kern), "regs %3d occ %d", fa.numRegs, occ);
 	}
-	printf("%-14s %-28s %-16s %9.2f us  %5.2f TB/s  %3.0f%%%s\n", s.name, tag, kern, us, bytes / us / 1e6,
-	       100.0 * bytes / us / 1e6 / 4.25, extra);
+	double us = tm.b2b;
+
+	printf("%-14s %-28s %-16s %9.2f us  %5.2f TB/s  %3.0f%%  (alone %7.2f us)%s\n", s.name, tag, kern, us,
+	       bytes / us / 1e6, 100.0 * bytes / us / 1e6 / 4.25, tm.single, extra);
 }
 
 template <int RPW, int UC, int D, int W, int C, int LD>
@@ -320,7 +349,7 @@ static void run(const char *tag, const shape &s, std::vector<uint16_t *> &bufs, 
 	size_t smem = (size_t)nc * 32;
 
 	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
-	double us = time_calls([&](int i) {
+	timing us = time_calls([&](int i) {
 		k<<<grid, W * 32, smem>>>(bufs[i % bufs.size()], x, y, s.rows, nc);
 	});
 	report(s, tag, (const void *)k, W * 32, smem, us, "");
@@ -338,7 +367,7 @@ static void runb(const char *tag, const shape &s, std::vector<uint16_t *> &bufs,
 	if (nc > 32 * CPL)
 		return;
 	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
-	double us = time_calls([&](int i) {
+	timing us = time_calls([&](int i) {
 		k<<<grid, W * 32, smem>>>(bufs[i % bufs.size()], x, y, s.rows, nc);
 	});
 	snprintf(extra, sizeof(extra), "  grid %d", grid);
@@ -357,7 +386,7 @@ static void runt(const char *tag, const shape &s, std::vector<uint16_t *> &bufs,
 	if (smem > 227 * 1024)
 		return;
 	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	double us = time_calls([&](int i) {
+	timing us = time_calls([&](int i) {
 		k<<<n_sm, W * 32, smem>>>(bufs[i % bufs.size()], x, y, s.rows, nc, SR);
 	});
 	snprintf(extra, sizeof(extra), "  slot %d rows", SR);
@@ -420,10 +449,13 @@ int main(int argc, char **argv)
 	for (auto &s : shapes)	// "check": the ring kernel's checks alone (compute-sanitizer)
 		if (argc == 1 || !strcmp(argv[1], "check"))
 			check_tma(s, x, y);
-	if (argc > 1)
+	const char *only = argc > 2 && !strcmp(argv[1], "only") ? argv[2] : nullptr;
+	if (argc > 1 && !only)
 		return 0;
 	printf("# %s, %d SMs; median of 20 calls, each on the next of the rotated copies (>= 400 MB in all)\n", pr.name, n_sm);
 	for (auto &s : shapes) {
+		if (only && strcmp(only, s.name))
+			continue;
 		size_t bytes = (size_t)s.row_bytes * s.rows;
 		int copies = (int)std::max<size_t>(1, (400ull << 20) / bytes + 1);
 		std::vector<uint16_t *> bufs(copies);
@@ -431,6 +463,9 @@ int main(int argc, char **argv)
 			CK(cudaMalloc(&p, bytes));
 			CK(cudaMemset(p, 0, bytes));
 		}
+		report(s, "empty kernel (fixed cost)", nullptr, 0, 0, time_calls([&](int) {
+			empty_kernel<<<n_sm * 8, 256>>>();
+		}), "");
 		report(s, "plain read 8x16B/thread", nullptr, 0, 0, time_calls([&](int i) {
 			read_kernel<<<n_sm * 8, 256>>>((const uint4 *)bufs[i % copies], bytes / 16, sink);
 		}), "");
