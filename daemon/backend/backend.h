@@ -28,8 +28,8 @@ struct backend_opts {
 				 * backend's tensor-core kernels do (more than
 				 * BACKEND_X_BF16_MIN_M - 1 rows; never the router's
 				 * linear_fp32x), for the same reason (cuda: ignored) */
-	int all_gpus;		/* --gpus all (cuda): every visible GPU; more than one is
-				 * refused until the multi-GPU path is built (issue 25) */
+	const int *rank_devices; /* tp > 1 (cuda): rank r's backend on GPU rank_devices[r]
+				  * (engine_rank_devices); NULL: every rank on device */
 };
 
 /* A GQA layer's attention inputs for qkv_prep (and qkv_prep_attn): rows of h in, q out,
@@ -71,6 +71,10 @@ struct backend_ops {
 	 * the reason in why. Must not leave state behind that a later fork would lose
 	 * beyond what create itself would. */
 	int (*available)(char *why, size_t why_len);
+
+	/* Optional (NULL: the backend runs on no GPU): how many GPUs it can see, 0 when
+	 * none (--gpus all is resolved by it). */
+	int (*device_count)(void);
 
 	/* Prepares the backend for model m (which outlives it). Returns 0 or -errno with
 	 * one line in err. *out is released with destroy. */

@@ -69,25 +69,25 @@ static int engine_kv_init(struct engine *e, const struct engine_opts *opts, char
 	return 0;
 }
 
-/* What --gpus and --tp N need before anything is built: one GPU at most (the multi-GPU
- * path is not built), shapes that N divides, a backend whose ranks can run as threads
- * (cpu; cuda: N = 2 or 4 virtual ranks on the one GPU), no host tier (it
- * would move rank 0's cache only). */
+/* What --gpus and --tp N need before anything is built: GPUs for a backend that runs on
+ * them, rank r's GPU in devs (engine_rank_devices: one rank per GPU, or every rank on
+ * one GPU), shapes that N divides, a backend whose ranks can run as threads (cpu; cuda:
+ * one rank per GPU, or N = 2 or 4 virtual ranks on one GPU), no host tier (it would
+ * move rank 0's cache only). */
 static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
-			   const struct engine_opts *opts, char *err, size_t err_len)
+			   const struct engine_opts *opts, int *devs, char *err, size_t err_len)
 {
-	int ret;
+	int ret, n_devs = 1;
 
-	if (opts->n_gpus != 0 && ops->host_memory) {
+	devs[0] = 0;
+	if (opts->n_gpus != 0 && !ops->device_count) {
 		snprintf(err, err_len, "--gpus on the %s backend: it runs on no GPU (--backend cuda)",
 			 ops->name);
 		return -EINVAL;
 	}
-	if (opts->n_gpus > 1) {
-		snprintf(err, err_len, "--gpus: %d GPUs asked for: the multi-GPU %s path is not built "
-			 "yet (issue 25); name one GPU", opts->n_gpus, ops->name);
-		return -ENOTSUP;
-	}
+	if (ops->device_count &&
+	    (ret = engine_rank_devices(opts, ops->device_count(), devs, &n_devs, err, err_len)))
+		return ret;
 	if (opts->ep && opts->tp <= 1) {
 		snprintf(err, err_len, "--ep: expert parallel needs --tp N of 2 or more");
 		return -EINVAL;
@@ -105,10 +105,10 @@ static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 			 "use --tp 1, or --backend cpu", opts->tp, ops->name);
 		return -ENOTSUP;
 	}
-	if (!ops->host_memory && opts->tp != 2 && opts->tp != 4) {
-		snprintf(err, err_len, "--tp %d on %s: virtual ranks on one GPU take --tp 2 or 4 (the "
-			 "multi-GPU path is not built yet, issue 25); --backend cpu takes any N that "
-			 "divides the shapes", opts->tp, ops->name);
+	if (!ops->host_memory && n_devs == 1 && opts->tp != 2 && opts->tp != 4) {
+		snprintf(err, err_len, "--tp %d on %s with one GPU: virtual ranks on one GPU take --tp "
+			 "2 or 4; name %d GPUs (--gpus) for one rank each; --backend cpu takes any N "
+			 "that divides the shapes", opts->tp, ops->name, opts->tp);
 		return -ENOTSUP;
 	}
 	if ((ret = model_shard_check(&m->cfg, opts->tp, opts->ep, err, err_len)))
@@ -196,7 +196,7 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 	struct backend_opts bo;
 	struct engine *e;
 	char why[512];
-	int block_tokens, kv_tokens, max_rows, ret;
+	int block_tokens, kv_tokens, max_rows, ret, devs[ENGINE_MAX_GPUS];
 
 	if (!opts)
 		opts = &defaults;
@@ -219,7 +219,7 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 			 block_tokens, max_rows);
 		return -EINVAL;
 	}
-	if ((ret = engine_tp_check(m, ops, opts, err, err_len)))
+	if ((ret = engine_tp_check(m, ops, opts, devs, err, err_len)))
 		return ret;
 	if (why[0])
 		log_info("%s", why);	/* "auto": which backend, and why that one */
@@ -230,8 +230,8 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 	bo = (struct backend_opts){ .threads = opts->tp > 1 ? engine_rank_threads(opts) : opts->threads,
 				    .kv_bf16 = opts->kv_bf16,
 				    .x_bf16 = opts->x_bf16,
-				    .device = opts->n_gpus == 1 ? opts->gpus[0] : 0,
-				    .all_gpus = opts->n_gpus < 0 };
+				    .device = devs[0],
+				    .rank_devices = opts->tp > 1 ? devs : NULL };
 	/* tp on a backend without host memory: rank 0's backend holds rank 0's shard
 	 * alone, made by forward_tp_create */
 	if ((opts->tp <= 1 || ops->host_memory) && (ret = ops->create(&e->be, m, &bo, err, err_len)))
@@ -269,6 +269,12 @@ err_destroy:
 		snprintf(err, err_len, "engine: out of memory");
 	engine_destroy(e);
 	return ret;
+}
+
+void engine_thread_attach(struct engine *e)
+{
+	if (e->be && e->be->ops->thread_attach)
+		e->be->ops->thread_attach(e->be);
 }
 
 void engine_destroy(struct engine *e)

@@ -177,6 +177,11 @@ void engine_decode_path_describe(const struct engine *e, char *buf, size_t len);
 unsigned engine_decode_path_latency_mask(const struct engine *e);
 void engine_destroy(struct engine *e);	/* accepts NULL */
 
+/* The calling thread made ready to step e: its backend's GPU (rank 0's with tp > 1)
+ * current on it (cuda; nothing on the cpu). Call once on a thread other than the one
+ * that created e before it calls engine_step or the session functions. */
+void engine_thread_attach(struct engine *e);
+
 void engine_seq_init(struct engine_seq *s);
 /* Drops the sequence's blocks and empties it: registered full blocks stay in the
  * prefix cache (LRU), the others return to the free list. */

@@ -85,4 +85,10 @@ void engine_snapshot_fini(struct engine *e);
  * session of that name replaced it). 1 when there was one. */
 int engine_snapshot_forget(struct engine *e, const char *name, uint64_t owner);
 
+/* engine_gpus.c: rank r's GPU into devs[r] (r < max(tp, 1)) from o->gpus / n_gpus and
+ * o->tp, given how many GPUs are visible; *n_devs the number of distinct GPUs (1:
+ * every rank on devs[0]). 0, or -EINVAL / -ENODEV with one line in err. */
+int engine_rank_devices(const struct engine_opts *o, int visible, int *devs, int *n_devs,
+			char *err, size_t err_len);
+
 #endif

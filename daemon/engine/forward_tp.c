@@ -503,7 +503,12 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 		if (r == 0 && be0) {
 			g->be[0] = be0;
 		} else {	/* without host memory rank 0 too: a backend of its shard */
-			if ((ret = g->ops->create(&g->be[r], g->shard[r], bo, err, err_len)))
+			struct backend_opts br = *bo;
+
+			if (bo->rank_devices)	/* cuda: the rank's GPU (engine_rank_devices) */
+				br.device = bo->rank_devices[r];
+			br.rank_devices = NULL;
+			if ((ret = g->ops->create(&g->be[r], g->shard[r], &br, err, err_len)))
 				return ret;
 			g->own0 |= r == 0;
 		}

@@ -477,6 +477,7 @@ static void *engine_main(void *arg)
 	/* Signals are the main loop's business. */
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	engine_thread_attach(t->e);	/* --gpus N: GPU N current here, not GPU 0 */
 	for (;;) {
 		uint64_t now, pass0 = ipc_now_ns();	/* a pass's length is a stall's */
 		int n;

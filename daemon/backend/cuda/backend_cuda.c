@@ -128,6 +128,13 @@ static int cuda_available(char *why, size_t why_len)
 	return 1;
 }
 
+static int cuda_device_count(void)
+{
+	int count = 0;
+
+	return k_cuda_device_count(&count) ? 0 : count;
+}
+
 static int cuda_create(struct backend **out, const struct model *m, const struct backend_opts *opts,
 		       char *err, size_t err_len)
 {
@@ -143,11 +150,6 @@ static int cuda_create(struct backend **out, const struct model *m, const struct
 	if (count == 0) {
 		snprintf(err, err_len, "cuda backend: no usable GPU (driver or device missing)");
 		return -ENODEV;
-	}
-	if (opts && opts->all_gpus && count > 1) {
-		snprintf(err, err_len, "cuda backend: --gpus all is %d GPUs: the multi-GPU CUDA path "
-			 "is not built yet (issue 25); name one GPU", count);
-		return -ENOTSUP;
 	}
 	b = calloc(1, sizeof(*b));
 	if (!b)
@@ -482,6 +484,7 @@ const struct backend_ops backend_cuda_ops = {
 	 * 256 (GEMMs at M = 1,024 run at ~720 TFLOPS, at 256 at ~600; PERFORMANCE.md) */
 	.prompt_rows = 2048,
 	.available = cuda_available,
+	.device_count = cuda_device_count,
 	.create = cuda_create,
 	.destroy = cuda_destroy,
 	.alloc = cuda_alloc,
