@@ -460,6 +460,39 @@ static void check_model(const char *top, const char *name)
 	json_decref(g);
 }
 
+/* Every rank's shard cut from mt (mapped, or a lazy synthetic model) byte for byte the
+ * one cut from m (the same model read or made whole), at every tp of tps[] the shapes
+ * split, experts sliced and (a MoE model) whole. */
+static void check_shards_equal(const struct model *m, const struct model *mt, const char *name,
+			       const char *how)
+{
+	char err[512] = "";
+
+	for (size_t k = 0; k < sizeof(tps) / sizeof(tps[0]); k++) {
+		for (int ep = 0; ep <= (m->cfg.n_experts > 0); ep++) {
+			int n = tps[k];
+
+			if (model_shard_check(&m->cfg, n, ep, err, sizeof(err)))
+				continue;
+			for (int r = 0; r < n; r++) {
+				struct model *sw = NULL, *sm = NULL;
+
+				CHECK(model_shard_create(&sw, m, r, n, ep, err, sizeof(err)) == 0 &&
+				      model_shard_create(&sm, mt, r, n, ep, err, sizeof(err)) == 0,
+				      "%s: tp %d%s rank %d: %s", name, n, ep ? " ep" : "", r, err);
+				CHECK(sw && sm && sw->weight_bytes == sm->weight_bytes &&
+				      !memcmp(sw->shard_buf, sm->shard_buf, sw->weight_bytes),
+				      "%s: tp %d%s rank %d: the shard %s differs", name, n, ep ? " ep" : "",
+				      r, how);
+				model_destroy(sw);
+				model_destroy(sm);
+			}
+			fprintf(stderr, "  %-22s tp %d%s: shards %s equal those of the model whole\n",
+				name, n, ep ? " ep" : "", how);
+		}
+	}
+}
+
 /* A GGUF checkpoint at tp 2, 3, 4, 8 (where the shapes split): its mapped load holds
  * no weight dequantized (the shards dequantize their slices), each rank's shard equals
  * byte for byte the one cut from the model read whole, and the engines on the mapped
@@ -501,26 +534,7 @@ static void check_gguf(const char *top, const char *file, const char *refused)
 		engine_destroy(e);
 		goto out;
 	}
-	for (size_t k = 0; k < sizeof(tps) / sizeof(tps[0]); k++) {
-		int n = tps[k];
-
-		if (model_shard_check(&m->cfg, n, 0, err, sizeof(err)))
-			continue;
-		for (int r = 0; r < n; r++) {
-			struct model *sw = NULL, *sm = NULL;
-
-			CHECK(model_shard_create(&sw, m, r, n, 0, err, sizeof(err)) == 0 &&
-			      model_shard_create(&sm, mt, r, n, 0, err, sizeof(err)) == 0,
-			      "%s: tp %d rank %d: %s", name, n, r, err);
-			CHECK(sw && sm && sw->weight_bytes == sm->weight_bytes &&
-			      !memcmp(sw->shard_buf, sm->shard_buf, sw->weight_bytes),
-			      "%s: tp %d rank %d: the shard read from the mapped file differs", name, n, r);
-			model_destroy(sw);
-			model_destroy(sm);
-		}
-		fprintf(stderr, "  %-22s tp %d: shards from the mapped file equal those of the model "
-			"read whole\n", name, n);
-	}
+	check_shards_equal(m, mt, name, "read from the mapped file");
 	compare_tps(m, mt, name, cs, 2);
 out:
 	model_destroy(mt);
@@ -612,7 +626,18 @@ static void check_variant(const char *top, int v)
 			}
 			cs[nc++] = (struct tcase){ lc, variants[v].long_case };
 		}
-		compare_tps(m, m, variants[v].name, cs, nc);
+		/* the same weights made lazily (as kdecd/kdbench --tp N --synthetic-weights
+		 * load them): each rank's slices generated alone, never the whole model */
+		struct model_load_opts ll = lo;
+		struct model *mt = NULL;
+
+		ll.mapped = 1;
+		CHECK(model_load(&mt, path, &ll, err, sizeof(err)) == 0 && mt->synth_jobs &&
+		      !mt->synthetic_buf, "%s: lazy load: %s", variants[v].name, err);
+		if (mt)
+			check_shards_equal(m, mt, variants[v].name, "generated alone");
+		compare_tps(m, mt ? mt : m, variants[v].name, cs, nc);
+		model_destroy(mt);
 	}
 	free(lc);
 	model_destroy(m);

@@ -454,7 +454,7 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 		goto err_destroy;
 	if (opts->synthetic) {
 		m->synthetic = 1;
-		ret = model_synthesize(m, opts->seed, &opts->weight_format, err, err_len);
+		ret = model_synthesize(m, opts->seed, &opts->weight_format, opts->mapped, err, err_len);
 	} else if (m->gguf) {
 		ret = model_gguf_bind(m, opts->gguf_f32_limit, err, err_len);
 	} else {
@@ -497,6 +497,9 @@ void model_destroy(struct model *m)
 	st_set_close(&m->files);
 	model_gguf_release(m);
 	free(m->synthetic_buf);
+	free(m->synth_jobs);
+	if (m->synth_reserve)
+		munmap(m->synth_reserve, m->synth_reserve_bytes);
 	if (m->shard_buf)
 		munmap(m->shard_buf, m->shard_bytes);
 	free(m->path);

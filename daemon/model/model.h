@@ -65,6 +65,8 @@ struct model_layer {
 	struct k_expert *experts;	/* (n_experts) gate/up (moe_inter, hidden), down (hidden, moe_inter); owned array */
 };
 
+struct synth_job;	/* model_synthetic.c */
+
 struct model {
 	struct model_config cfg;
 	char *path;			/* directory, GGUF or config file it came from; owned */
@@ -73,6 +75,16 @@ struct model {
 					 * synthetic) */
 	int mapped;			/* files mapped, not read (model_load_opts.mapped) */
 	void *synthetic_buf;		/* owned storage of synthetic weights */
+	struct synth_job *synth_jobs;	/* owned: a synthetic model made lazily (synthetic +
+					 * mapped: it only feeds tensor-parallel shards): what each
+					 * tensor's values are, generated slice by slice into the
+					 * shards (model_synthetic_read); its tensors point into
+					 * synth_reserve, address space no page backs (a read
+					 * faults) */
+	unsigned n_synth_jobs;
+	uint64_t synth_seed;
+	void *synth_reserve;		/* owned: PROT_NONE reservation, synth_reserve_bytes */
+	size_t synth_reserve_bytes;
 	struct gguf_file *gguf;		/* owned: the GGUF file the model came from, read whole;
 					 * NULL, or released once every weight is in gguf_buf */
 	void *gguf_buf;			/* owned: weights dequantized from it (gguf_buf_bytes) */
@@ -108,7 +120,8 @@ struct model_load_opts {
 	int mapped;		/* map the files (safetensors, or a GGUF) instead of reading
 				 * them, for a model that only feeds tensor-parallel shards
 				 * (--tp > 1): a GGUF's tensors are then dequantized slice by
-				 * slice into the shards; synthetic models are made whole */
+				 * slice into the shards; a synthetic model's values are
+				 * generated slice by slice into the shards (never whole) */
 };
 
 /* --weight-format NAME: bf16 (none), fp8-block (128x128), fp8-channel, fp8-tensor,
@@ -137,12 +150,18 @@ int model_count_params(const struct model_config *cfg, int64_t *params);
  * (all of them). model_load calls it; engine_weight_bytes reads the sums. */
 void model_count_stream_bytes(struct model *m);
 
-/* Fills every tensor of m from a synthetic buffer (model_synthetic.c); with q's format
+/* Fills every tensor of m from a synthetic buffer (model_synthetic.c), or with lazy
+ * only reserves its addresses and keeps how each tensor is made; with q's format
  * not MODEL_Q_NONE, every linear weight but the embedding, lm_head and the router is
  * stored quantized as q says, with random payloads and scales that keep activations
  * O(1) (the published checkpoints leave those three unquantized too). */
-int model_synthesize(struct model *m, uint64_t seed, const struct model_quant *q, char *err,
-		     size_t err_len);
+int model_synthesize(struct model *m, uint64_t seed, const struct model_quant *q, int lazy,
+		     char *err, size_t err_len);
+
+/* A lazy synthetic model (lazy above): the bytes [src, src + bytes) of one tensor (payload
+ * or scales) would hold, into dst. 0, or -EINVAL when the range is not inside one tensor
+ * (or not on its elements). */
+int model_synthetic_read(const struct model *m, void *dst, const void *src, size_t bytes);
 
 /* The shape of each tensor the architecture needs, in load order: calls fn for each
  * with its HF name, the slot to fill and its shape. Shared by loading and synthesis. */

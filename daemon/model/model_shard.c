@@ -86,6 +86,18 @@ struct arena {
 	struct model_gguf_scratch sc;	/* a mapped GGUF's dequantization rows */
 };
 
+/* bytes of the source at src into dst: a copy, or a lazy synthetic model's values made
+ * for just that range (model_synthetic_read). */
+static void src_read(struct arena *a, void *dst, const void *src, size_t bytes)
+{
+	if (!a->src->synth_jobs) {
+		memcpy(dst, src, bytes);
+		return;
+	}
+	if (model_synthetic_read(a->src, dst, src, bytes) && !a->ret)
+		a->ret = -EINVAL;	/* a slice off its tensor: a bug, never a user's input */
+}
+
 /* A source region copied: its file pages go back (a mapped source). */
 static void done_with(struct arena *a, const void *p, size_t bytes)
 {
@@ -137,9 +149,9 @@ static void slice_scales(struct arena *a, struct k_quant *q, const struct model_
 	if (!p || !t->q.scale)
 		return;
 	for (int64_t i = 0; i < sn; i++)
-		memcpy(p + (size_t)(i * kn) * es,
-		       (const char *)t->q.scale + (size_t)((s0 + i) * t->q.scale_cols + k0) * es,
-		       (size_t)kn * es);
+		src_read(a, p + (size_t)(i * kn) * es,
+			 (const char *)t->q.scale + (size_t)((s0 + i) * t->q.scale_cols + k0) * es,
+			 (size_t)kn * es);
 	done_with(a, (const char *)t->q.scale + (size_t)(s0 * t->q.scale_cols) * es,
 		  (size_t)(sn * t->q.scale_cols) * es);
 }
@@ -212,13 +224,26 @@ static void slice(struct arena *a, struct model_tensor *dst, const struct model_
 	}
 	p = take(a, (size_t)nr * len);
 	if (p && t->q.fmt == K_Q_INT4 && c0 % 8) {	/* not on a word: the nibbles moved */
-		for (int64_t i = 0; i < nr; i++)
-			int4_cols(p + (size_t)i * len, (const char *)t->data + (size_t)(r0 + i) * row, c0, nc);
+		char *tmp = a->src->synth_jobs ? malloc(row) : NULL;
+
+		if (a->src->synth_jobs && !tmp) {
+			a->ret = a->ret ? a->ret : -ENOMEM;
+			return;
+		}
+		for (int64_t i = 0; i < nr; i++) {
+			const char *src = (const char *)t->data + (size_t)(r0 + i) * row;
+
+			if (tmp)	/* lazy: the whole source row made first */
+				src_read(a, tmp, src, row);
+			int4_cols(p + (size_t)i * len, tmp ? tmp : src, c0, nc);
+		}
+		free(tmp);
 	} else if (p && nc == t->cols) {	/* whole rows: one run */
-		memcpy(p, (const char *)t->data + (size_t)r0 * row, (size_t)nr * len);
+		src_read(a, p, (const char *)t->data + (size_t)r0 * row, (size_t)nr * len);
 	} else if (p) {
 		for (int64_t i = 0; i < nr; i++)
-			memcpy(p + (size_t)i * len, (const char *)t->data + (size_t)(r0 + i) * row + off, len);
+			src_read(a, p + (size_t)i * len, (const char *)t->data + (size_t)(r0 + i) * row + off,
+				 len);
 	}
 	if (p)
 		done_with(a, (const char *)t->data + (size_t)r0 * row, (size_t)nr * row);
@@ -503,7 +528,7 @@ int model_shard_create(struct model **out, const struct model *m, int r, int n, 
 	free(a.sc.buf);
 	if (!ret && a.ret) {
 		ret = a.ret;
-		snprintf(err, err_len, "tp %d: rank %d: a slice of %s could not be dequantized (%d)", n, r,
+		snprintf(err, err_len, "tp %d: rank %d: a slice of %s could not be made (%d)", n, r,
 			 m->path ? m->path : "the GGUF", ret);
 	}
 	if (ret == -EIO && m->mapped)

@@ -1,26 +1,32 @@
 /* Synthetic weights: any supported config with deterministic random weights and no
  * weight files, so that full-size configs can be benchmarked. Values are uniform in
  * +-1/sqrt(cols) (norm weights near 1) so that activations stay O(1) through depth;
- * --weight-format stores the linear weights quantized instead (plan_quant). */
+ * --weight-format stores the linear weights quantized instead (plan_quant). Element i of
+ * a tensor depends only on the seed, the tensor and i (a generator seeded per group of
+ * SYNTH_GROUP elements), so that a tensor-parallel shard's slices are generated alone
+ * (lazy: model_synthetic_read), equal to those of the model made whole. */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "daemon/base/clock.h"
 #include "daemon/base/log.h"
 #include "daemon/model/model.h"
 
-#define FILL_CHUNK (1u << 20)	/* elements per independently seeded chunk */
+#define FILL_CHUNK (1u << 20)	/* elements a fill thread takes at once */
+#define SYNTH_GROUP 64		/* elements per independently seeded generator */
 #define FILL_THREADS_MAX 16
 
 struct synth_plan {
 	struct model *m;
 	const struct model_quant *q;	/* MODEL_Q_NONE: all in the config's dtype */
 	int assign;		/* 0: count bytes; 1: point slots into the buffer */
+	char *base;		/* the buffer (or a lazy model's reservation) */
 	size_t bytes;
 	unsigned n_tensors;
 	struct synth_job *jobs;	/* (n_tensors) when assign */
@@ -78,11 +84,11 @@ static void plan_quant(struct synth_plan *p, struct model_tensor *slot, int64_t 
 	if (p->assign) {
 		struct synth_job *j = &p->jobs[p->n_tensors];
 
-		slot->data = (char *)p->m->synthetic_buf + p->bytes;
+		slot->data = p->base + p->bytes;
 		slot->dtype = p->m->cfg.dtype;
 		slot->rows = rows;
 		slot->cols = cols;
-		q.scale = (char *)p->m->synthetic_buf + p->bytes + payload;
+		q.scale = p->base + p->bytes + payload;
 		slot->q = q;
 		*j = (struct synth_job){ .data = (void *)slot->data, .n = payload, .raw = 1,
 					 .mask = q.fmt == K_Q_FP8 ? 0xbf : 0xff,
@@ -113,7 +119,7 @@ static int plan_tensor(void *ctx, const char *name, struct model_tensor *slot,
 	if (p->assign) {
 		struct synth_job *j = &p->jobs[p->n_tensors];
 
-		slot->data = (char *)p->m->synthetic_buf + p->bytes;
+		slot->data = p->base + p->bytes;
 		slot->dtype = dt;
 		slot->rows = rows;
 		slot->cols = cols;
@@ -136,30 +142,47 @@ struct fill_ctx {
 	unsigned thread, n_threads;
 };
 
-static void fill_chunk(const struct synth_job *j, uint64_t seed, size_t c)
+/* Elements [i0, i0 + n) of job j into dst (element i0's place). */
+static void synth_run(const struct synth_job *j, uint64_t seed, size_t i0, size_t n, void *dst)
 {
-	size_t begin = c * FILL_CHUNK, end = begin + FILL_CHUNK < j->n ? begin + FILL_CHUNK : j->n;
-	uint64_t s = splitmix64(seed ^ j->key ^ splitmix64(c));
 	enum k_dtype dt = j->dtype;
+	size_t g = i0 / SYNTH_GROUP;
+	uint64_t s = 0;
 
-	for (size_t i = begin; i < end; i++) {
+	for (size_t i = i0 - i0 % SYNTH_GROUP, k = 0; k < n; i++) {
 		float v;
 
+		if (i % SYNTH_GROUP == 0)
+			s = splitmix64(seed ^ j->key ^ splitmix64(g++)) | 1;	/* xorshift: never 0 */
 		s ^= s << 13;
 		s ^= s >> 7;
 		s ^= s << 17;
+		if (i < i0)
+			continue;
 		if (j->raw) {
-			((uint8_t *)j->data)[i] = (uint8_t)(s >> 32) & j->mask;
+			((uint8_t *)dst)[k++] = (uint8_t)(s >> 32) & j->mask;
 			continue;
 		}
 		v = j->center + j->scale * ((float)(s >> 40) * (2.0f / 16777216.0f) - 1.0f);
 		if (dt == K_F32)
-			((float *)j->data)[i] = v;
+			((float *)dst)[k++] = v;
 		else if (dt == K_BF16)
-			((uint16_t *)j->data)[i] = k_f32_to_bf16(v);
+			((uint16_t *)dst)[k++] = k_f32_to_bf16(v);
 		else
-			((uint16_t *)j->data)[i] = k_f32_to_f16(v);
+			((uint16_t *)dst)[k++] = k_f32_to_f16(v);
 	}
+}
+
+static size_t job_elem_bytes(const struct synth_job *j)
+{
+	return j->raw ? 1 : k_dtype_size(j->dtype);
+}
+
+static void fill_chunk(const struct synth_job *j, uint64_t seed, size_t c)
+{
+	size_t begin = c * FILL_CHUNK, end = begin + FILL_CHUNK < j->n ? begin + FILL_CHUNK : j->n;
+
+	synth_run(j, seed, begin, end - begin, (char *)j->data + begin * job_elem_bytes(j));
 }
 
 static void *fill_thread(void *arg)
@@ -203,8 +226,50 @@ static void fill_all(struct synth_plan *p, uint64_t seed)
 	}
 }
 
-int model_synthesize(struct model *m, uint64_t seed, const struct model_quant *q, char *err,
-		     size_t err_len)
+/* The lazy model's address space: reserved, never backed (PROT_NONE: a stray read of
+ * the whole model faults instead of reading zeros). */
+static int reserve_lazy(struct model *m, size_t bytes, char *err, size_t err_len)
+{
+	void *p = mmap(NULL, bytes ? bytes : 1, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+		       -1, 0);
+
+	if (p == MAP_FAILED) {
+		snprintf(err, err_len, "%s: cannot reserve %.2f GiB of address space for the synthetic "
+			 "model's slices", m->path, (double)bytes / (1u << 30));
+		return -ENOMEM;
+	}
+	m->synth_reserve = p;
+	m->synth_reserve_bytes = bytes ? bytes : 1;
+	m->synthetic_buf = NULL;
+	return 0;
+}
+
+int model_synthetic_read(const struct model *m, void *dst, const void *src, size_t bytes)
+{
+	const char *p = src;
+	unsigned lo = 0, hi = m->n_synth_jobs;
+
+	if (!m->synth_jobs)
+		return -EINVAL;
+	while (hi - lo > 1) {	/* the last job starting at or below p (jobs ascend) */
+		unsigned mid = lo + (hi - lo) / 2;
+
+		if ((const char *)m->synth_jobs[mid].data <= p)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	const struct synth_job *j = &m->synth_jobs[lo];
+	size_t es = job_elem_bytes(j), off = (size_t)(p - (const char *)j->data);
+
+	if (p < (const char *)j->data || off % es || bytes % es || off / es + bytes / es > j->n)
+		return -EINVAL;
+	synth_run(j, m->synth_seed, off / es, bytes / es, dst);
+	return 0;
+}
+
+int model_synthesize(struct model *m, uint64_t seed, const struct model_quant *q, int lazy,
+		     char *err, size_t err_len)
 {
 	static const struct model_quant none;
 	struct synth_plan p = { .m = m, .q = q ? q : &none };
@@ -214,15 +279,21 @@ int model_synthesize(struct model *m, uint64_t seed, const struct model_quant *q
 
 	if ((ret = model_for_each_tensor(m, plan_tensor, &p)))
 		return ret;
-	m->synthetic_buf = aligned_alloc(64, p.bytes);
 	p.jobs = calloc(p.n_tensors, sizeof(*p.jobs));
-	if (!m->synthetic_buf || !p.jobs) {
+	if (lazy && p.jobs && (ret = reserve_lazy(m, p.bytes, err, err_len))) {
+		free(p.jobs);
+		return ret;
+	}
+	if (!lazy)
+		m->synthetic_buf = aligned_alloc(64, p.bytes);
+	if ((!lazy && !m->synthetic_buf) || !p.jobs) {
 		snprintf(err, err_len, "%s: synthetic weights need %.2f GiB of host memory: out of memory",
 			 m->path, (double)p.bytes / (1u << 30));
 		free(p.jobs);
 		return -ENOMEM;
 	}
 	m->weight_bytes = p.bytes;
+	p.base = lazy ? m->synth_reserve : m->synthetic_buf;
 	p.assign = 1;
 	p.bytes = 0;
 	p.n_tensors = 0;
@@ -230,12 +301,25 @@ int model_synthesize(struct model *m, uint64_t seed, const struct model_quant *q
 		goto out;
 	t0 = clock_now();
 	m->cfg.quant = *p.q;	/* what the weights are, whatever the config said */
+	if (lazy) {	/* the shards generate their slices (model_shard.c) */
+		log_info("synthetic weights: %.2f GiB of %s%s%s planned, generated slice by slice into "
+			 "the shards (seed %llu)", (double)p.bytes / (1u << 30), k_dtype_name(m->cfg.dtype),
+			 p.q->format != MODEL_Q_NONE ? ", linears " : "",
+			 p.q->format != MODEL_Q_NONE ? model_quant_name(p.q, qname, sizeof(qname)) : "",
+			 (unsigned long long)seed);
+		m->synth_jobs = p.jobs;
+		m->n_synth_jobs = p.n_tensors;
+		m->synth_seed = seed;
+		p.jobs = NULL;
+		goto bias;
+	}
 	log_info("synthesizing %.2f GiB of %s weights%s%s (seed %llu)...", (double)p.bytes / (1u << 30),
 		 k_dtype_name(m->cfg.dtype), p.q->format != MODEL_Q_NONE ? ", linears " : "",
 		 p.q->format != MODEL_Q_NONE ? model_quant_name(p.q, qname, sizeof(qname)) : "",
 		 (unsigned long long)seed);
 	fill_all(&p, seed);
 	log_info("synthetic weights ready in %.1f s", clock_now() - t0);
+bias:
 	for (int l = 0; l < m->cfg.n_layers; l++) {
 		struct model_layer *L = &m->layers[l];
 		uint64_t s = splitmix64(seed ^ 0xb1a5ull ^ (uint64_t)l);
