@@ -11,7 +11,9 @@
  * checks those kernels). Then ("moe_q" lines) the routed experts bf16, fp8 128 x 128
  * and int4 g32 (k_cuda_moe_experts_q) at the four models' shapes, M 1, 2, 4, 8 and 64,
  * beside the floor of their bytes as stored (test_cuda_moe_q checks those kernels).
- * Usage: bench_cuda_moe [lat | q] (only those lines).
+ * Usage: bench_cuda_moe [lat | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
+ * shapes whose name contains SHAPE, M rows (0: all), FORMAT bf16, fp8-block or int4-g32;
+ * for ncu).
  * Exits 77 without CUDA or a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -417,7 +419,7 @@ out:
 	free(used);
 }
 
-static void bench_q_all(void)
+static void bench_q_all(const char *only, int only_M, const char *only_f)
 {
 	static const struct moe_shape shapes[] = {
 		{ "qwen3-30b 2048x768 E128 k8", 2048, 768, 128, 8 },
@@ -430,8 +432,16 @@ static void bench_q_all(void)
 	moe_set_path(K_CUDA_MOE_PATH_AUTO);
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
 		for (int m = 0; m < 5; m++)
-			for (int f = 0; f < 3; f++)
-				time_q(&shapes[i], fmts[f], (int[]){ 1, 2, 4, 8, 64 }[m]);
+			for (int f = 0; f < 3; f++) {
+				int M = (int[]){ 1, 2, 4, 8, 64 }[m];
+
+				const char *fn = fmts[f] == K_Q_FP8 ? "fp8-block" : fmts[f] == K_Q_INT4 ? "int4-g32" : "bf16";
+
+				if ((only && !strstr(shapes[i].name, only)) || (only_M && M != only_M) ||
+				    (only_f && strcmp(fn, only_f)))
+					continue;
+				time_q(&shapes[i], fmts[f], M);
+			}
 }
 
 static void bench_lat_all(void)
@@ -467,7 +477,8 @@ int main(int argc, char **argv)
 		return test_failures ? 1 : 0;
 	}
 	if (argc > 1 && !strcmp(argv[1], "q")) {
-		bench_q_all();
+		bench_q_all(argc > 2 ? argv[2] : NULL, argc > 3 ? atoi(argv[3]) : 0,
+			    argc > 4 ? argv[4] : NULL);
 		k_cuda_tuning_set(NULL);
 		cudaStreamDestroy(stream);
 		return test_failures ? 1 : 0;
@@ -475,7 +486,7 @@ int main(int argc, char **argv)
 	bench_shape(&v2lite, 2816);	/* its shared expert: 2 x 1408 */
 	bench_shape(&qwen3, 0);		/* none */
 	bench_lat_all();
-	bench_q_all();
+	bench_q_all(NULL, 0, NULL);
 	k_cuda_tuning_set(NULL);
 	cudaStreamDestroy(stream);
 	return test_failures ? 1 : 0;

@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/moe/moe_internal.h"
+#include "kernels/cuda/quant_dequant.cuh"
 
 namespace {	// each including file's own copy
 
@@ -40,11 +41,16 @@ __device__ __forceinline__ uint32_t mq_word(uint4 w, int i)
 template <int F>
 __device__ __forceinline__ float4 mq_quad(uint4 w, int i)
 {
-	if (F == MQ_FP8) {	// 4 bytes a word
-		uint32_t v = mq_word(w, i);
-		float2 a = mq_e4m3x2(v), b = mq_e4m3x2(v >> 16);
+	if (F == MQ_FP8) {	// 4 bytes a word: two cvt to f16 pairs (exact), then fp32
+		uint32_t lo, hi;
+		__half2 a, b;
 
-		return make_float4(a.x, a.y, b.x, b.y);
+		k_dq_e4m3x4(mq_word(w, i), lo, hi);
+		memcpy(&a, &lo, 4);
+		memcpy(&b, &hi, 4);
+		float2 fa = __half22float2(a), fb = __half22float2(b);
+
+		return make_float4(fa.x, fa.y, fb.x, fb.y);
 	}
 	// int4: 8 nibbles a word, low first; the even ones in the bytes of lo, the odd ones
 	// in hi's (two ops a word, shared by its two quads)
@@ -111,6 +117,45 @@ __device__ __forceinline__ float mq_chunk_dot(uint4 w, const float4 *x4, float p
 		part = fmaf(v.w, xv.w, part);
 	}
 	return part;
+}
+
+// Staged fp32 rows (x, activations) where quantized chunks read them: float4 q is kept
+// at mq_swz(q), its low three bits XORed with the next three (a permutation within each
+// aligned group of 8 float4, 128 bytes). Why: lane c of a warp reads the VPC fp32 values
+// of its chunk c, 64 (fp8) or 128 (int4) bytes after lane c - 1's, so unswizzled every
+// LDS.128 of a quarter warp falls on 2 (fp8) or 1 (int4) of the 8 16-byte bank groups:
+// 4x or 8x the shared-memory wavefronts, which bound the quantized kernels (the fp32 x
+// of a value is 2-8x its stored bytes). Swizzled, the 8 lanes of a quarter warp hit 8
+// distinct groups, for any row start that is a multiple of 8 float4 (32 fp32 values:
+// hidden and inter are, moe_wq_vector). bf16 rows keep the plain layout.
+__device__ __forceinline__ int mq_swz(int q)
+{
+	return q ^ ((q >> 3) & 7);
+}
+
+// p0 += chunk w0, p1 += chunk w1 (values from the same columns) dotted with the fp32
+// values of float4 q0 .. q0 + VPC / 4 - 1 of the swizzled rows s4 (mq_swz): each x
+// value read once for both rows. q0 a multiple of VPC / 4, so the chunk's float4 stay
+// in one swizzle group (int4: the whole group; fp8: half of one, the XOR key shared).
+template <int F>
+__device__ __forceinline__ void mq_chunk_dot2(uint4 w0, uint4 w1, const float4 *s4, int q0,
+					      float &p0, float &p1)
+{
+	int b = mq_swz(q0);	// = q0 ^ key; float4 q0 + i is at b ^ i
+
+#pragma unroll
+	for (int i = 0; i < MQ_VPC(F) / 4; i++) {
+		float4 a = mq_quad<F>(w0, i), c = mq_quad<F>(w1, i), xv = s4[b ^ i];
+
+		p0 = fmaf(a.x, xv.x, p0);
+		p0 = fmaf(a.y, xv.y, p0);
+		p0 = fmaf(a.z, xv.z, p0);
+		p0 = fmaf(a.w, xv.w, p0);
+		p1 = fmaf(c.x, xv.x, p1);
+		p1 = fmaf(c.y, xv.y, p1);
+		p1 = fmaf(c.z, xv.z, p1);
+		p1 = fmaf(c.w, xv.w, p1);
+	}
 }
 
 }	// namespace

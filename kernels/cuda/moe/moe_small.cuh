@@ -131,8 +131,9 @@ __device__ __forceinline__ void fma8(float &acc, uint4 w, float4 a, float4 b)
 // of SM_KB chunks per row are issued before any is used. 32-bit offsets, not pointers:
 // registers are what limits the loads in flight. F: the rows' format; quantized (r0,
 // r1: their scales), each chunk's values dot each row into a partial sum that the
-// chunk's scale multiplies once.
-template <int F = MQ_BF16>
+// chunk's scale multiplies once. SWZ (quantized): src is rows staged swizzled (mq_swz;
+// each off[r] a multiple of 8), as gate_up_segment stages x.
+template <int F = MQ_BF16, bool SWZ = false>
 __device__ __forceinline__ void dot2_rows(const uint4 *w0, const uint4 *w1, int nc,
 					  const float4 *src, const int *off, int np, float *acc0,
 					  float *acc1, int lane, mq_row r0 = {}, mq_row r1 = {})
@@ -196,7 +197,8 @@ __device__ __forceinline__ void dot2_rows(const uint4 *w0, const uint4 *w1, int 
 					for (int r = 0; r < SM_RP; r++) {
 						if (r >= np)
 							break;
-						float4 xv = src[off[r] + Q4 * c + i];
+						float4 xv = SWZ ? src[mq_swz(off[r] + Q4 * c) ^ i]
+								: src[off[r] + Q4 * c + i];
 
 						p0[r] = fmaf(va.x, xv.x, p0[r]);
 						p0[r] = fmaf(va.y, xv.y, p0[r]);
@@ -335,7 +337,9 @@ __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_
 		for (int q = threadIdx.x; q < ns * q4; q += SM_THREADS) {
 			int r = q / q4, c = q % q4, i = pairs ? pairs[p0 + r] : p0 + r;
 
-			xs4[q] = ((const float4 *)(x + (size_t)(i / top_k) * hidden))[c];
+			// quantized: swizzled (mq_swz), rows start at multiples of 8 float4
+			xs4[F == MQ_BF16 ? q : mq_swz(q)] =
+				((const float4 *)(x + (size_t)(i / top_k) * hidden))[c];
 		}
 		__syncthreads();
 
@@ -357,7 +361,7 @@ __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_
 					dot2_rows(g4 + (size_t)f * nc, u4 + (size_t)f * nc, nc, xs4, off,
 						  np, ag, au, lane);
 				else
-					dot2_rows<F>(g4 + (size_t)f * nc, u4 + (size_t)f * nc, nc, xs4,
+					dot2_rows<F, true>(g4 + (size_t)f * nc, u4 + (size_t)f * nc, nc, xs4,
 						     off, np, ag, au, lane, mq_row_of(wq, sg, 0, f),
 						     mq_row_of(wq, su, 1, f));
 #pragma unroll

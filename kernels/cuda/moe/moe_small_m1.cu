@@ -203,7 +203,7 @@ m1_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *act, con
 								   inter) + q % r4;
 			else
 				s = (const float4 *)sh.act + (q - routed4);
-			as4[q] = __ldcg(s);
+			as4[F == MQ_BF16 ? q : mq_swz(q)] = __ldcg(s);	// quantized: swizzled
 		}
 	}
 	__syncthreads();
@@ -215,10 +215,10 @@ m1_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *act, con
 		if (F == MQ_BF16)
 			unit_dot(a0, a1, w0, w1, as4 + it.src4, cb, min(cb + ul, it.nc), lane);
 		else if (k & 1)
-			unit_dot_qs<F>(a0, a1, w0, w1, as4 + it.src4, cb, min(cb + ul, it.nc), lane,
+			unit_dot_qs<F>(a0, a1, w0, w1, as4, it.src4, cb, min(cb + ul, it.nc), lane,
 				       sb0, sb1);
 		else
-			unit_dot_qs<F>(a0, a1, w0, w1, as4 + it.src4, cb, min(cb + ul, it.nc), lane,
+			unit_dot_qs<F>(a0, a1, w0, w1, as4, it.src4, cb, min(cb + ul, it.nc), lane,
 				       sa0, sa1);
 		if (k % nu == nu - 1) {
 			float s0 = warp_sum(a0), s1 = warp_sum(a1);

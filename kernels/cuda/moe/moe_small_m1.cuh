@@ -88,22 +88,25 @@ __device__ __forceinline__ void unit_scales(float (&s0)[M1_UC], float (&s1)[M1_U
 	}
 }
 
-// unit_dot of quantized rows with their chunks' scales in registers (unit_scales).
+// unit_dot of quantized rows with their chunks' scales in registers (unit_scales); the
+// fp32 row starts at float4 base4 of the staged rows s4, which are swizzled (mq_swz;
+// base4 a multiple of 8).
 template <int F>
 __device__ __forceinline__ void unit_dot_qs(float &acc0, float &acc1, const uint4 *w0,
-					    const uint4 *w1, const float4 *s4, int cb, int ce,
-					    int lane, const float (&s0)[M1_UC], const float (&s1)[M1_UC])
+					    const uint4 *w1, const float4 *s4, int base4, int cb,
+					    int ce, int lane, const float (&s0)[M1_UC],
+					    const float (&s1)[M1_UC])
 {
 #pragma unroll
 	for (int b = 0; b < M1_UC; b++) {
 		int c = cb + 32 * b + lane;
+		float p0 = 0.0f, p1 = 0.0f;
 
 		if (c >= ce)
 			break;
-		const float4 *x4 = s4 + MQ_VPC(F) / 4 * c;
-
-		acc0 = fmaf(mq_chunk_dot<F>(w0[b], x4, 0.0f), s0[b], acc0);
-		acc1 = fmaf(mq_chunk_dot<F>(w1[b], x4, 0.0f), s1[b], acc1);
+		mq_chunk_dot2<F>(w0[b], w1[b], s4, base4 + MQ_VPC(F) / 4 * c, p0, p1);
+		acc0 = fmaf(p0, s0[b], acc0);
+		acc1 = fmaf(p1, s1[b], acc1);
 	}
 }
 
@@ -227,7 +230,7 @@ __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 	else
 		unit_prime(K, ga, ua, gb, ub, load);
 	for (int q = threadIdx.x; q < hidden / 4; q += SM_THREADS)
-		xs4[q] = ((const float4 *)x)[q];
+		xs4[F == MQ_BF16 ? q : mq_swz(q)] = ((const float4 *)x)[q];	// quantized: swizzled
 	__syncthreads();
 
 	// The unit's sums; at a row's last unit, silu(gate x) * up x to its pairs.
@@ -237,9 +240,9 @@ __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 		if (F == MQ_BF16)
 			unit_dot(ag, au, g, u, xs4, cb, min(cb + ul, nc), lane);
 		else if (k & 1)
-			unit_dot_qs<F>(ag, au, g, u, xs4, cb, min(cb + ul, nc), lane, sgb, sub);
+			unit_dot_qs<F>(ag, au, g, u, xs4, 0, cb, min(cb + ul, nc), lane, sgb, sub);
 		else
-			unit_dot_qs<F>(ag, au, g, u, xs4, cb, min(cb + ul, nc), lane, sga, sua);
+			unit_dot_qs<F>(ag, au, g, u, xs4, 0, cb, min(cb + ul, nc), lane, sga, sua);
 		if (k % nu == nu - 1) {
 			gu_row r = row(k);
 			float s0 = warp_sum(ag), s1 = warp_sum(au);
