@@ -85,6 +85,8 @@ static void usage(FILE *f)
 		"                          1-8 rows on cuda; auto times both at each batch bucket's\n"
 		"                          graph capture and keeps the faster; the cpu backend\n"
 		"                          refuses latency); kdctl status shows the choice\n"
+		"  --no-graphs             every step op by op, no decode graphs (with --tp N on\n"
+		"                          cuda: the ranks' eager path, two host barriers a reduction)\n"
 		"  --share-prefix-cache    share cached prompt prefixes across uids (default: per uid)\n"
 		"  --no-prefix-wait        admit a request at once even while another one is still\n"
 		"                          prefilling the same prompt prefix (default: wait for\n"
@@ -225,7 +227,7 @@ enum {
 	O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
 	O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_NOWAIT, O_TTL, O_OFFLOAD,
 	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE, O_PACE, O_PENDING, O_HANDSHAKE, O_OPUID, O_OPGID, O_MAXSESS,
-	O_TP, O_GPUS, O_EP, O_MLA_CP, O_WFMT, O_DPATH
+	O_TP, O_GPUS, O_EP, O_MLA_CP, O_WFMT, O_DPATH, O_NOGRAPH
 };
 
 static const struct option kdecd_opts[] = {
@@ -251,6 +253,7 @@ static const struct option kdecd_opts[] = {
 	{ "max-sessions", required_argument, NULL, O_MAXSESS },
 	{ "kv-tokens", required_argument, NULL, O_KV },
 	{ "decode-path", required_argument, NULL, O_DPATH },
+	{ "no-graphs", no_argument, NULL, O_NOGRAPH },
 	{ "shutdown-timeout", required_argument, NULL, O_SHUT },
 	{ "share-prefix-cache", no_argument, NULL, O_SHARE },
 	{ "no-prefix-wait", no_argument, NULL, O_NOWAIT },
@@ -392,6 +395,7 @@ static int parse_opt(struct kdecd_args *a, int c, const char *arg)
 	case O_STATE: a->srv.state_dir = arg; break;
 	case O_EP: a->eng.ep = 1; break;
 	case O_MLA_CP: a->eng.mla_cp = 1; break;
+	case O_NOGRAPH: a->eng.no_graphs = 1; break;
 	case O_GPUS:
 		if (cli_parse_gpus(arg, a->eng.gpus, ENGINE_MAX_GPUS, &a->eng.n_gpus, err, sizeof(err))) {
 			fprintf(stderr, "kdecd: %s\n", err);

@@ -13,10 +13,14 @@
  * which sums them all); a captured graph of four reductions replayed; refused
  * arguments launching nothing; with an fp32 payload also the plain reductions (no
  * norm: residual += sum; out = sum, in place too) bit for bit. -0.0 (the sentinel's
- * bits) is planted in the inputs.
+ * bits) is planted in the inputs. Then the greedy pairs of vocabulary slices
+ * (k_cuda_argmax_slice) against a host scan by kernels/cpu/sample.c's rule on rows of
+ * few distinct values (ties), NaNs, all-NaN rows, infinities and signed zeros, bit
+ * for bit (value and id).
  * KD_TEST_QUICK=1: a few reductions of two ranks in one launch (KD_TEST_PART=streams:
  * a launch per rank), for the sanitizers. Skips (77) without CUDA or a GPU. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -462,6 +466,64 @@ static void run_full(void)
 	}
 }
 
+/* kernels/cpu/sample.c's greedy scan: the highest, the lower index on ties, NaNs
+ * passed over (all NaN: the last). */
+static int host_argmax(const float *l, int n)
+{
+	int best = 0;
+
+	for (int i = 1; i < n; i++)
+		if (l[i] > l[best] || l[best] != l[best])
+			best = i;
+	return best;
+}
+
+/* k_cuda_argmax_slice on rows of vn values from a pool of few (ties), as the slice
+ * [v0, v0 + vn) of a vocabulary: each row's (value, v0 + index) equals the scan's. */
+static void case_argmax(void)
+{
+	static const float pool[] = { -1.0f, 0.0f, -0.0f, 2.0f, 2.0f, 1e30f, NAN, INFINITY, -INFINITY };
+	static const int vns[] = { 1, 7, 31, 512, 513, 4099, 64128 };
+	const int rows = 64, v0 = 1000;
+	int bad = 0, cases = 0;
+
+	for (size_t a = 0; a < sizeof(vns) / sizeof(vns[0]); a++) {
+		const int vn = vns[a];
+		const size_t e = (size_t)rows * vn;
+		float *h = malloc(e * sizeof(float)), *d = NULL;
+		uint32_t got[2 * 64], *dbest = NULL;
+
+		for (int r = 0; r < rows; r++) {
+			int kinds = r % 4 == 0 ? 9 : r % 4 == 1 ? 5 : r % 4 == 2 ? 7 : 1;
+
+			for (int i = 0; i < vn; i++)
+				h[(size_t)r * vn + i] = kinds == 1 ? NAN
+							: pool[test_rand_int(0, kinds - 1, &seed)];
+			if (r % 8 == 3)	/* the best near the end */
+				h[(size_t)r * vn + vn - 1] = 3e30f;
+		}
+		CU(cudaMalloc((void **)&d, e * sizeof(float)));
+		CU(cudaMalloc((void **)&dbest, sizeof(got)));
+		CU(cudaMemcpy(d, h, e * sizeof(float), cudaMemcpyHostToDevice));
+		CHECK(k_cuda_argmax_slice(0, dbest, d, rows, vn, v0) == 0, "argmax_slice of %d", vn);
+		CU(cudaMemcpy(got, dbest, 2 * rows * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+		for (int r = 0; r < rows; r++, cases++) {
+			int want = host_argmax(h + (size_t)r * vn, vn);
+			float wv = h[(size_t)r * vn + want], gv;
+
+			memcpy(&gv, &got[r], sizeof(gv));
+			bad += (int32_t)got[rows + r] != v0 + want || memcmp(&gv, &wv, sizeof(gv));
+		}
+		cudaFree(d);
+		cudaFree(dbest);
+		free(h);
+	}
+	CHECK(k_cuda_argmax_slice(0, NULL, NULL, 1, 1, 0) == -EINVAL, "argmax_slice: NULL refused");
+	CHECK(bad == 0, "argmax_slice: %d of %d rows differ from the host scan", bad, cases);
+	fprintf(stderr, "test_cuda_allreduce: argmax_slice %d rows (ties, NaN, inf, +-0) as the scan\n",
+		cases);
+}
+
 /* For the sanitizers: two ranks, a few shapes, one form. */
 static void run_small(enum form f)
 {
@@ -492,6 +554,7 @@ int main(void)
 			  PER_STREAM : ONE_LAUNCH);
 	else
 		run_full();
+	case_argmax();
 	return test_result("test_cuda_allreduce");
 }
 

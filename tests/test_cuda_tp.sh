@@ -15,9 +15,18 @@
 # decisions are printed with tp 1's top-k margin.
 # MoE models run again with --ep (expert parallel: each rank a share of the experts
 # whole, the router's choices renumbered into it), same tolerance.
-# Then greedy tokens equal (kdbench generate, --ep too), kdecd --backend cuda --tp 2
-# serving kdrun tp 1's tokens, kdbench decode at tp 2 giving figures, and the refusals
-# of --tp 8 and --mla-cp on cuda. Exits 77 without a GPU or a CUDA build.
+# Decode steps (--incremental: one row a step) replay graphs at tp > 1 (one graph of
+# every rank's step, forward_tp_graph.c): each such run must log its capture. Then the
+# graphs against the ranks' eager path (--no-graphs) on the same GPU: bit for bit where
+# tp 1's graph is bit for bit its own eager path (the same kernels: the reductions'
+# one launch computes what the per-rank launches do, the greedy pairs come from the
+# slices' logits), else within TOL (tp 1's graph differs from its eager path too: the
+# attention is sized for the whole cache in a graph).
+# Then greedy tokens equal (kdbench generate, --ep too, graphs and --no-graphs),
+# kdecd --backend cuda --tp 2 serving kdrun tp 1's tokens (one client, then four at
+# once: graph buckets of several rows), kdbench decode at tp 2 giving figures with and
+# without graphs, and the refusals of --tp 8 and --mla-cp on cuda. Exits 77 without a
+# GPU or a CUDA build.
 set -u
 test_name=test_cuda_tp
 . "${top_srcdir:-.}/tests/testutil.sh"
@@ -60,6 +69,10 @@ for dir in "$G/llama3" "$G/qwen3" "$G/qwen3_moe" "$G/deepseek_v2" "$G/deepseek_v
 				fi
 				continue
 			fi
+			if [ -n "$mode" ]; then	# decode steps: a graph of every rank's step
+				grep -q "captured the 1-row decode graph of every rank" "$tmp/err" && ok ||
+					fail "$name tp $tp $mode: no graph captured ($(grep 'tp [24]' "$tmp/err" | tail -n 1))"
+			fi
 			w=$(worst_rel "$tmp/tn.f32" "$tmp/t1.f32" "$V")
 			echo "$name tp $tp${mode:+ $mode}: worst row $w relative L2 from cuda tp 1"
 			awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok && continue
@@ -91,6 +104,40 @@ for dir in "$G/llama3" "$G/qwen3" "$G/qwen3_moe" "$G/deepseek_v2" "$G/deepseek_v
 	done
 done
 
+# ---- graphs against the eager path (--no-graphs), decode steps ----
+for model in llama3 qwen3_moe deepseek_v3; do
+	dir=$G/$model
+	V=$(vocab_of "$dir")
+	ids=$(echo $IDS | awk -F, -v V="$V" '{ for (i = 1; i <= NF; i++) printf "%s%d", (i > 1 ? "," : ""), $i % V }')
+	"$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" --incremental \
+		--out "$tmp/a1.f32" 2>/dev/null &&
+	"$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" --incremental --no-graphs \
+		--out "$tmp/e1.f32" 2>/dev/null || { fail "$model tp 1 graph/eager"; continue; }
+	same1=0
+	cmp -s "$tmp/a1.f32" "$tmp/e1.f32" && same1=1
+	echo "golden/$model tp 1: graph and eager $([ $same1 = 1 ] && echo "bit for bit" || echo "differ: $(worst_rel "$tmp/a1.f32" "$tmp/e1.f32" "$V")")"
+	for tp in 2 4 "4 --ep"; do
+		[ "$model" = llama3 ] && [ "$tp" = "4 --ep" ] && continue
+		"$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" --incremental --tp $tp \
+			--out "$tmp/an.f32" 2>"$tmp/err" &&
+		"$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" --incremental --tp $tp \
+			--no-graphs --out "$tmp/en.f32" 2>"$tmp/err2" || { fail "$model tp $tp graph/eager: $(tail -n 1 "$tmp/err")"; continue; }
+		grep -q "graphs off: every step op by op" "$tmp/err2" && ! grep -q "captured the" "$tmp/err2" && ok ||
+			fail "$model tp $tp --no-graphs: not op by op"
+		if cmp -s "$tmp/an.f32" "$tmp/en.f32"; then
+			echo "golden/$model tp $tp --incremental: graph and eager bit for bit"
+			ok
+		elif [ $same1 = 1 ]; then
+			fail "$model tp $tp: graph differs from eager ($(worst_rel "$tmp/an.f32" "$tmp/en.f32" "$V")) where tp 1's are bit for bit"
+		else
+			w=$(worst_rel "$tmp/an.f32" "$tmp/en.f32" "$V")
+			echo "golden/$model tp $tp --incremental: graph vs eager worst row $w (tp 1's graph differs from its eager too)"
+			awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok ||
+				fail "$model tp $tp: graph vs eager $w (want <= $TOL)"
+		fi
+	done
+done
+
 # ---- a long prefill: 600 rows per reduction, more than one CTA per SM's share ----
 long=$(awk 'BEGIN { for (i = 0; i < 600; i++) printf "%s%d", (i ? "," : ""), (i * 37 + 11) % 512 }')
 "$B/kdbench" logits --model "$G/qwen3_moe" --backend cuda --tokens "$long" --out "$tmp/l1.f32" \
@@ -108,7 +155,7 @@ done
 for model in llama3 qwen3_moe deepseek_v3; do
 	"$B/kdbench" generate --model "$G/$model" --backend cuda --prompt 1,2,3 --max-tokens 12 \
 		>"$tmp/g1" 2>"$tmp/err" || fail "$model generate tp 1: $(tail -n 1 "$tmp/err")"
-	for tp in 2 4 "4 --ep"; do
+	for tp in 2 4 "4 --ep" "2 --no-graphs" "4 --no-graphs"; do
 		[ "$model" = llama3 ] && [ "$tp" = "4 --ep" ] && continue	# no experts
 		"$B/kdbench" generate --model "$G/$model" --backend cuda --prompt 1,2,3 --max-tokens 12 \
 			--tp $tp >"$tmp/gn" 2>"$tmp/err" || fail "$model generate tp $tp: $(tail -n 1 "$tmp/err")"
@@ -122,21 +169,52 @@ done
 S=$tmp/kdecd.sock
 if kdecd_start daemon.log 60 --model "$M" --backend cuda --socket "$S" --tp 2; then
 	grep -q "tp 2: rank 1 holds" "$tmp/daemon.log" && ok || fail "kdecd --tp 2 logs no rank 1"
-	grep -q "op by op (no graphs with tp > 1 yet)" "$tmp/daemon.log" && ok ||
-		fail "kdecd --tp 2 on cuda does not say it runs op by op"
+	grep -q "decode steps replay one graph of every rank's step per batch bucket" "$tmp/daemon.log" && ok ||
+		fail "kdecd --tp 2 on cuda does not say it replays graphs"
+	grep -q "tp 2: captured the 1-row decode graph of every rank" "$tmp/daemon.log" && ok ||
+		fail "kdecd --tp 2: no 1-row graph captured (warm-up)"
 	"$B/kdrun" --socket "$S" --prompt 1,2,3 --max-tokens 12 >"$tmp/d2" 2>"$tmp/err" ||
 		fail "kdrun on kdecd --tp 2: $(tail -n 1 "$tmp/err")"
 	[ -s "$tmp/g1" ] && [ "$(tr -s ' \n' ' ' <"$tmp/d2" | sed 's/ $//')" = "$(tr -s ' \n' ' ' <"$tmp/g1" | sed 's/ $//')" ] && ok ||
 		fail "kdecd --tp 2 generated '$(cat "$tmp/d2")', tp 1 '$(cat "$tmp/g1")'"
+	# four clients at once: steps of several rows, the 2- and 4-row graphs
+	for p in 4,5,6 7,8,9 10,11,12 13,14,15; do
+		"$B/kdbench" generate --model "$M" --backend cuda --prompt $p --max-tokens 12 \
+			>"$tmp/w1.$p" 2>/dev/null || fail "generate tp 1 prompt $p"
+	done
+	runs=
+	for p in 4,5,6 7,8,9 10,11,12 13,14,15; do
+		"$B/kdrun" --socket "$S" --prompt $p --max-tokens 12 >"$tmp/w2.$p" 2>"$tmp/err.$p" &
+		runs="$runs $!"
+	done
+	for r in $runs; do wait $r; done	# the clients alone: kdecd runs in the background too
+	for p in 4,5,6 7,8,9 10,11,12 13,14,15; do
+		[ -s "$tmp/w1.$p" ] && [ "$(tr -s ' \n' ' ' <"$tmp/w2.$p" | sed 's/ $//')" = "$(tr -s ' \n' ' ' <"$tmp/w1.$p" | sed 's/ $//')" ] && ok ||
+			fail "kdecd --tp 2, four at once, prompt $p: '$(cat "$tmp/w2.$p")' vs tp 1 '$(cat "$tmp/w1.$p")'"
+	done
 	kdecd_stop && ok || fail "kdecd --tp 2 did not stop cleanly"
 else
 	fail "kdecd --backend cuda --tp 2 did not start: $(tail -n 3 "$tmp/daemon.log")"
 fi
+# --no-graphs: the ranks' eager path, said in the log, the same tokens
+if kdecd_start daemon2.log 60 --model "$M" --backend cuda --socket "$S" --tp 2 --no-graphs; then
+	"$B/kdrun" --socket "$S" --prompt 1,2,3 --max-tokens 12 >"$tmp/d3" 2>"$tmp/err" ||
+		fail "kdrun on kdecd --tp 2 --no-graphs: $(tail -n 1 "$tmp/err")"
+	grep -q "tp 2: graphs off: every step op by op" "$tmp/daemon2.log" && ok ||
+		fail "kdecd --tp 2 --no-graphs does not say it runs op by op"
+	[ -s "$tmp/g1" ] && [ "$(tr -s ' \n' ' ' <"$tmp/d3" | sed 's/ $//')" = "$(tr -s ' \n' ' ' <"$tmp/g1" | sed 's/ $//')" ] && ok ||
+		fail "kdecd --tp 2 --no-graphs generated '$(cat "$tmp/d3")', tp 1 '$(cat "$tmp/g1")'"
+	kdecd_stop && ok || fail "kdecd --tp 2 --no-graphs did not stop cleanly"
+else
+	fail "kdecd --backend cuda --tp 2 --no-graphs did not start: $(tail -n 3 "$tmp/daemon2.log")"
+fi
 
-# ---- kdbench decode at tp 2 (the figures' format; no figure is checked) ----
-"$B/kdbench" decode --model "$G/qwen3_moe" --backend cuda --batch 1,4 --ctx 16 --steps 4 --warmup 1 \
-	--tp 2 >"$tmp/dec" 2>"$tmp/err" && grep -q 'tokens/s\|tok/s' "$tmp/dec" && ok ||
-	fail "decode --tp 2: $(tail -n 2 "$tmp/err") $(tail -n 2 "$tmp/dec")"
+# ---- kdbench decode at tp 2, graphs and not (the figures' format; no figure is checked) ----
+for g in "" --no-graphs; do
+	"$B/kdbench" decode --model "$G/qwen3_moe" --backend cuda --batch 1,4 --ctx 16 --steps 4 --warmup 1 \
+		--tp 2 $g >"$tmp/dec" 2>"$tmp/err" && grep -q 'tokens/s\|tok/s' "$tmp/dec" && ok ||
+		fail "decode --tp 2 $g: $(tail -n 2 "$tmp/err") $(tail -n 2 "$tmp/dec")"
+done
 
 # ---- refusals: one clear line each ----
 expect 1 "take --tp 2 or 4" "$B/kdbench" logits --model "$M" --backend cuda --tokens 1,2 --tp 8 \

@@ -15,7 +15,10 @@
  * checkpoints (tests/data/gguf-golden) run the same way, their tp N shards read from
  * the mapped file slice by slice (nothing of the model dequantized whole), byte-equal to
  * those cut from the model read whole; the Q8_0 one, whose MLP columns do not split on
- * its 32-element blocks, is refused in one line. */
+ * its 32-element blocks, is refused in one line. How the ranks' decode steps are
+ * captured into graphs follows from their devices (backend_tp_graph_kind: one graph
+ * where all share one, a graph each where none shares, op by op for a mix); the cpu
+ * ranks capture none. */
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -261,6 +264,37 @@ static void check_argmax_merge(void)
 	CHECK(bad == 0, "argmax merge: %d of %d rows differ from k_cpu_sample's greedy pick", bad, cases);
 	fprintf(stderr, "  argmax merge of vocabulary slices: %d rows with ties and NaNs, as k_cpu_sample\n",
 		cases);
+}
+
+/* backend_tp_graph_kind's choice (forward_tp_graph.c acts on it): every rank on one
+ * device, one graph of all; every rank on its own, a graph each (the path that waits
+ * for a multi-GPU machine); some sharing and some not, none. */
+static void check_graph_kind(void)
+{
+	static const struct {
+		int n, devs[8];
+		enum backend_tp_graph want;
+	} cases[] = {
+		{ 2, { 0, 0 }, BACKEND_TP_GRAPH_ONE },
+		{ 4, { 3, 3, 3, 3 }, BACKEND_TP_GRAPH_ONE },
+		{ 2, { 0, 1 }, BACKEND_TP_GRAPH_PER_RANK },
+		{ 8, { 0, 1, 2, 3, 4, 5, 6, 7 }, BACKEND_TP_GRAPH_PER_RANK },
+		{ 4, { 7, 2, 5, 0 }, BACKEND_TP_GRAPH_PER_RANK },
+		{ 4, { 0, 0, 1, 1 }, BACKEND_TP_GRAPH_NONE },
+		{ 3, { 0, 1, 0 }, BACKEND_TP_GRAPH_NONE },
+		{ 8, { 0, 1, 2, 3, 4, 5, 6, 6 }, BACKEND_TP_GRAPH_NONE },
+		{ 1, { 0 }, BACKEND_TP_GRAPH_NONE },
+	};
+	char err[256];
+	const struct backend_ops *cpu = backend_find("cpu", err, sizeof(err));
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		CHECK(backend_tp_graph_kind(cases[i].devs, cases[i].n) == cases[i].want,
+		      "graph kind of case %zu: %d, want %d", i,
+		      (int)backend_tp_graph_kind(cases[i].devs, cases[i].n), (int)cases[i].want);
+	CHECK(cpu && !cpu->tp_capture_begin && !cpu->tp_graph_kind,
+	      "the cpu backend's ranks capture no graphs");
+	fprintf(stderr, "  graph kind of the ranks' devices: %zu cases\n", sizeof(cases) / sizeof(cases[0]));
 }
 
 static const char *const mode_names[] = { "", " ep", " mla-cp" };
@@ -654,6 +688,7 @@ int main(void)
 	fprintf(stderr, "test_tp: cpu backend, tp 2 3 4 8 against tp 1, tolerance %g relative L2 per row\n",
 		TP_ROW_TOL);
 	check_argmax_merge();
+	check_graph_kind();
 	check_reduce_norm();
 	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
 		check_model(top, models[i]);

@@ -1,7 +1,7 @@
 #!/bin/sh
 # --tp and --gpus as a user gives them: kdbench logits with tp 2 and 4 (and 4 with
 # expert parallel, --ep; MLA with its latent cache split by tokens, --mla-cp) within 1e-5 relative L2 per row of tp 1 (dense, MoE, MLA);
-# kdbench generate and a real kdecd --tp 2 over the socket give tp 1's greedy tokens (one client, then four at once;
+# kdbench generate (also with --no-graphs) and a real kdecd --tp 2 over the socket give tp 1's greedy tokens (one client, then four at once;
 # greedy with tp: drawn by vocabulary slices), kdecd reading its shards straight from the mapped files;
 # a quantized (fp8-block) checkpoint at tp 2 within 1e-5 of tp 1; a GGUF at tp 2
 # within 1e-5 of tp 1, its shards read from the mapped file; kdbench decode runs at tp 2;
@@ -49,6 +49,12 @@ awk -v w="$w" 'BEGIN { exit !(w != "nan" && w + 0 <= 1e-5) }' && ok ||
 "$B/kdbench" generate --model "$M" --prompt 1,2,3 --max-tokens 12 --threads 2 --tp 4 >"$tmp/g4" 2>"$tmp/err" ||
 	fail "generate tp 4: $(tail -n 1 "$tmp/err")"
 [ -s "$tmp/g1" ] && cmp -s "$tmp/g1" "$tmp/g4" && ok || fail "generate tp 4: '$(cat "$tmp/g4")' vs tp 1 '$(cat "$tmp/g1")'"
+# --no-graphs (on cuda the ranks' eager path) is taken on the cpu too, which runs op by op
+# anyway: tp 1's tokens
+"$B/kdbench" generate --model "$M" --prompt 1,2,3 --max-tokens 12 --threads 2 --tp 2 --no-graphs \
+	>"$tmp/g2" 2>"$tmp/err" || fail "generate tp 2 --no-graphs: $(tail -n 1 "$tmp/err")"
+[ -s "$tmp/g1" ] && cmp -s "$tmp/g1" "$tmp/g2" && ok ||
+	fail "generate tp 2 --no-graphs: '$(cat "$tmp/g2")' vs tp 1 '$(cat "$tmp/g1")'"
 
 S=$tmp/kdecd.sock
 if kdecd_start daemon.log 60 --model "$M" --socket "$S" --threads 2 --tp 2; then

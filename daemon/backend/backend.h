@@ -55,6 +55,33 @@ struct backend_mla {
 	struct k_kv_layer *kv;
 };
 
+/* How the tensor-parallel ranks capture a decode step into graphs (forward_tp_graph.c):
+ * every rank on one device (virtual ranks): one graph holds every rank's step, each
+ * reduction one launch of all ranks (no cross-launch wait can deadlock); every rank on
+ * a device of its own: a graph per rank, the reductions' only waits the data's
+ * sentinels; a mix (some ranks sharing a device, not all): none, op by op. */
+enum backend_tp_graph {
+	BACKEND_TP_GRAPH_NONE = 0,
+	BACKEND_TP_GRAPH_ONE,
+	BACKEND_TP_GRAPH_PER_RANK,
+};
+
+/* The kind for n ranks (n >= 2) on devices devs (n), by the rule above. */
+static inline enum backend_tp_graph backend_tp_graph_kind(const int *devs, int n)
+{
+	int same = 0, pairs = 0;
+
+	for (int a = 0; a < n; a++)
+		for (int b = a + 1; b < n; b++) {
+			pairs++;
+			same += devs[a] == devs[b];
+		}
+	if (n < 2)
+		return BACKEND_TP_GRAPH_NONE;
+	return same == pairs ? BACKEND_TP_GRAPH_ONE : same == 0 ? BACKEND_TP_GRAPH_PER_RANK
+							    : BACKEND_TP_GRAPH_NONE;
+}
+
 struct backend_ops {
 	const char *name;
 	enum k_dtype kv_dtype;	/* element type of the KV cache: K_F32 (cpu), K_BF16 (cuda);
@@ -234,6 +261,32 @@ struct backend_ops {
 	int (*tp_arrive)(struct backend *be, void *comm, int rank);
 	int (*tp_reduce)(struct backend *be, void *comm, int rank, float *buf, int rows,
 			 float *residual, const struct model_tensor *gamma, float *out, float eps);
+	/* Graphs of a tensor-parallel step (forward_tp_graph.c; docs/PARALLEL.md "CUDA
+	 * graphs with tp > 1"). tp_graph_kind: how comm's ranks capture a decode step,
+	 * backend_tp_graph_kind of their devices. */
+	enum backend_tp_graph (*tp_graph_kind)(void *comm);
+	/* A capture of one step across the ranks. tp_capture_begin: rank 0 first, then,
+	 * after the caller's barrier, the others; tp_capture_end: ranks 1..n-1 first, then
+	 * rank 0 after a barrier, also where a rank's ops failed (the capture must end).
+	 * BACKEND_TP_GRAPH_ONE: rank 0's queue starts the capture and forks into every
+	 * rank's; each rank issues its own ops; rank 0's end joins them and *graph (rank
+	 * 0 only; NULL elsewhere) is the whole step of every rank, replayed by rank 0's
+	 * graph_launch. BACKEND_TP_GRAPH_PER_RANK: each rank captures its own queue into
+	 * its own *graph, replayed by its own graph_launch. *n_nodes as capture_end. */
+	int (*tp_capture_begin)(struct backend *be, void *comm, int rank);
+	int (*tp_capture_end)(struct backend *be, void *comm, int rank, void **graph, int *n_nodes);
+	/* Inside a BACKEND_TP_GRAPH_ONE capture tp_reduce records rank r's part and
+	 * launches nothing; then, after the caller's barrier, tp_reduce_join(phase 0):
+	 * rank 0 queues every rank's part as one launch once every rank's marked work is
+	 * done; after a second barrier tp_reduce_join(phase 1): rank r's queue waits for
+	 * it. Outside such a capture: nothing. 0 or -errno. */
+	int (*tp_reduce_join)(struct backend *be, void *comm, int rank, int phase);
+	/* Greedy by vocabulary slices on the device: best (2, rows) 32-bit words, row i's
+	 * (value, v0 + index) of the greatest of logits (rows, vn) by forward_tp_argmax's
+	 * rule (the lower index on ties, NaNs passed over, all NaN: the last); values
+	 * as floats in best[0..rows), ids as int32 in best[rows..2 rows). */
+	void (*tp_argmax)(struct backend *be, void *best, const float *logits, int rows, int vn,
+			  int v0);
 	/* Graphs: ops issued between capture_begin and capture_end are recorded into
 	 * *graph instead of running; graph_launch replays them on the current contents of
 	 * the same buffers; *n_nodes receives the kernels and copies recorded. 0 or -errno. */

@@ -249,6 +249,8 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 		goto err_destroy;
 	if ((ret = engine_decode_path_set(e, opts->decode_path, err, err_len)))
 		goto err_destroy;
+	if (opts->no_graphs)
+		e->fwd->use_graphs = 0;
 	e->tokens = calloc((size_t)max_rows, sizeof(int32_t));
 	e->pos = calloc((size_t)max_rows, sizeof(int32_t));
 	e->slots = calloc((size_t)max_rows, sizeof(int32_t));

@@ -53,6 +53,8 @@ struct engine_opts {
 	int kv_bf16;		/* backend_opts.kv_bf16: a CPU cache rounded as the GPU's */
 	int x_bf16;		/* backend_opts.x_bf16: CPU GEMM inputs rounded as the GPU's */
 	const char *decode_path;	/* --decode-path: "auto" (NULL), "standard", "latency" */
+	int no_graphs;		/* --no-graphs: every step op by op (with tp > 1 the ranks'
+				 * eager path, docs/PARALLEL.md) */
 };
 
 /* Counters since engine_create; read by metrics. */

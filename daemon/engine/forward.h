@@ -196,5 +196,12 @@ void forward_stage_destroy(struct forward *f);
 /* A tensor-parallel rank's step inputs (forward_tp.c): the host batch b staged into f's
  * backend memory (backends without host memory) as *db, op by op's layout. 0 or -errno. */
 int forward_stage_step(struct forward *f, const struct fwd_batch *b, struct fwd_batch *db);
+/* The same laid out for n_rows >= b->n_rows rows (padding rows read and write the
+ * dummy block) into the host mirror only: the bytes of f->st.block to upload from
+ * f->st.h_block, or -errno. A tensor-parallel graph step's (forward_tp_graph.c). */
+long forward_stage_rows(struct forward *f, const struct fwd_batch *b, int n_rows, struct fwd_batch *db);
+/* The graph bucket of a decode-shaped b (forward_run's rule) and its rows in *size,
+ * or -1 where b runs op by op. */
+int forward_graph_bucket(const struct forward *f, const struct fwd_batch *b, int *size);
 
 #endif

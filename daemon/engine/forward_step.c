@@ -240,6 +240,11 @@ static long stage_batch(struct forward *f, const struct fwd_batch *b, int n_rows
 	return (long)((const char *)(st->tables + used) - st->block);
 }
 
+long forward_stage_rows(struct forward *f, const struct fwd_batch *b, int n_rows, struct fwd_batch *db)
+{
+	return stage_batch(f, b, n_rows, db);
+}
+
 int forward_stage_step(struct forward *f, const struct fwd_batch *b, struct fwd_batch *db)
 {
 	long bytes = stage_batch(f, b, b->n_rows, db);
@@ -399,6 +404,13 @@ static int graph_eligible(const struct forward *f, const struct fwd_batch *b)
 		if (b->attn.blocks[r] == b->attn.blocks[r - 1])
 			return 0;
 	return 1;
+}
+
+int forward_graph_bucket(const struct forward *f, const struct fwd_batch *b, int *size)
+{
+	int bucket = bucket_of(b->n_rows, size);
+
+	return graph_eligible(f, b) ? bucket : -1;
 }
 
 /* Records one decode step of `size` rows reading the staged inputs. The attention
@@ -593,7 +605,7 @@ int forward_replay_tokens(struct forward *f, int rows, const int32_t *tokens, do
 	double t0;
 
 	if (rows < 1 || bucket >= FWD_N_BUCKETS || !f->use_graphs || !f->graphs[bucket][1] ||
-	    st->layout_rows != size)
+	    st->layout_rows != size || f->tp)	/* tp: rank 0's tokens alone would change */
 		return -EINVAL;
 	t0 = clock_now();
 	memcpy(stage_host(st, st->tokens), tokens, (size_t)rows * sizeof(int32_t));
@@ -672,7 +684,7 @@ int forward_layer_time(struct forward *f, int rows, int layer, int reps, int rep
 	void *graph = NULL;
 	double ms;
 
-	if (!f->use_graphs || bucket >= FWD_N_BUCKETS || f->bucket_lat[bucket] < 0 ||
+	if (!f->use_graphs || f->tp || bucket >= FWD_N_BUCKETS || f->bucket_lat[bucket] < 0 ||
 	    st->layout_rows != size || layer < 0 || layer >= f->m->cfg.n_layers || reps < 1 ||
 	    replays < 1)
 		return -EINVAL;

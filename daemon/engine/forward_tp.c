@@ -6,7 +6,8 @@
  * A backend without host memory (cuda: virtual ranks on one GPU) stages each rank's
  * inputs itself, reduces through the backend's tp_* ops between two barriers (their
  * order is what keeps ranks sharing a GPU from deadlocking: backend_cuda_tp.c) and
- * runs op by op (no graphs with tp > 1 yet). */
+ * runs op by op, or, for decode steps, replays graphs of the ranks' steps
+ * (forward_tp_graph.c). */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -17,64 +18,13 @@
 
 #include "daemon/base/log.h"
 #include "daemon/engine/forward_tp.h"
+#include "daemon/engine/forward_tp_internal.h"
 #include "daemon/engine/route_trace.h"
-#include "daemon/engine/tp_comm.h"
 #include "daemon/model/model_shard.h"
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/quant.h"
 
 #define OP(f, name, ...) ((f)->be->ops->name((f)->be, __VA_ARGS__))
-
-struct fwd_tp {
-	int n;
-	struct model *shard[MODEL_SHARD_MAX_RANKS];
-	struct backend *be[MODEL_SHARD_MAX_RANKS];	/* [0] the caller's */
-	struct forward *f[MODEL_SHARD_MAX_RANKS];
-	pthread_t thread[MODEL_SHARD_MAX_RANKS];
-	int started;			/* threads running (ranks 1..started) */
-	int own0;			/* be[0] made here (not yet handed to the caller) */
-	int vocab, v0[MODEL_SHARD_MAX_RANKS];
-	double peak_mib[MODEL_SHARD_MAX_RANKS];	/* the process's peak host memory (ru_maxrss)
-					 * once rank r's shard was built (and, without
-					 * host memory, copied to its device) */
-	int ep;				/* expert parallel: rank r holds experts [e0, e0 + ne) */
-	int e0[MODEL_SHARD_MAX_RANKS], ne[MODEL_SHARD_MAX_RANKS];
-	int32_t *ep_ids[MODEL_SHARD_MAX_RANKS];	/* (max_rows, top_k) host copy of the router's
-					 * choices, backends without host memory nor
-					 * experts_shard */
-
-	/* MLA decode context parallel (cp 1): rank r's latent cache holds the slots s
-	 * with s % n == r, at its row s / n (one more row takes the others' latents);
-	 * the buffers below are shared by the ranks (threads of one process) */
-	int cp;
-	int cp_heads;			/* the model's query heads (every rank's) */
-	int cp_trash;			/* the cache row a slot of another rank is written to */
-	int32_t *cp_slots[MODEL_SHARD_MAX_RANKS];	/* (max_rows) this step's rows' local rows */
-	float *cp_q;			/* (max_rows, cp_heads, kv_lora + rope) absorbed q, each
-					 * rank writing its heads' */
-	float *cp_o[MODEL_SHARD_MAX_RANKS];	/* (max_rows, cp_heads, kv_lora) rank r's partials */
-	float *cp_ml[MODEL_SHARD_MAX_RANKS];	/* (max_rows, cp_heads, 2) their (max, sum) */
-
-	struct tp_barrier step;		/* start and finish of a step (never broken) */
-	struct tp_comm comm;		/* inside a step: the reductions */
-	const struct backend_ops *ops;	/* the ranks' backend */
-	void *bcomm;			/* its communicator (ops->tp_comm_create), or NULL:
-					 * host memory, tp_comm_reduce */
-
-	/* the step in flight, set by rank 0 before the start barrier */
-	const struct fwd_batch *b;
-	float *logits;
-	int greedy;			/* 1: each rank's argmax of its slice, no logits */
-	int quit;
-	int ret[MODEL_SHARD_MAX_RANKS];
-
-	/* vocabulary-split greedy sampling: rank r's best (value, id) per out row */
-	int max_rows;
-	float *best_v;			/* (n, max_rows) */
-	int32_t *best_i;		/* (n, max_rows) ids in the whole vocabulary */
-	float *slice[MODEL_SHARD_MAX_RANKS];	/* (FWD_LOGIT_ROWS, rank's vocab) host copy of
-					 * a rank's logits, backends without host memory */
-};
 
 int32_t forward_tp_argmax(const float *l, int n, float *value)
 {
@@ -122,6 +72,18 @@ int forward_tp_reduce_norm(struct forward *f, float *buf, size_t n, float *resid
 	}
 	if (n % (size_t)hidden)
 		return -EINVAL;
+	if (g->mode == TP_STEP_CAPTURE && g->graph_kind == BACKEND_TP_GRAPH_ONE) {
+		/* one graph of every rank: each rank records its part; once all have, rank
+		 * 0 queues them as one launch, then every rank's next work waits for it */
+		if ((ret = g->ops->tp_arrive(f->be, g->bcomm, f->tp_rank)) ||
+		    (ret = g->ops->tp_reduce(f->be, g->bcomm, f->tp_rank, buf,
+					     (int)(n / (size_t)hidden), residual, gamma, out, eps)) ||
+		    (ret = tp_barrier_wait(&g->comm.bar)) ||
+		    (ret = g->ops->tp_reduce_join(f->be, g->bcomm, f->tp_rank, 0)) ||
+		    (ret = tp_barrier_wait(&g->comm.bar)))
+			return ret;
+		return g->ops->tp_reduce_join(f->be, g->bcomm, f->tp_rank, 1);
+	}
 	/* every rank's work marked before any reduction is queued; every reduction
 	 * queued before any rank queues what follows it (backend_cuda_tp.c says why) */
 	if ((ret = g->ops->tp_arrive(f->be, g->bcomm, f->tp_rank)) ||
@@ -339,6 +301,8 @@ static int rank_step(struct forward *f)
 	struct fwd_batch db;
 	int ret = 0;
 
+	if (g->mode != TP_STEP_EAGER)	/* a graph bucket's step: forward_tp_graph.c */
+		return forward_tp_graph_rank(f);
 	if (!f->be->ops->host_memory) {	/* this rank's inputs in its backend's memory */
 		ret = forward_stage_step(f, g->b, &db);
 		b = &db;
@@ -387,6 +351,25 @@ static int trace_forces(const struct route_trace *t)
 	return memchr(t->have_force, 1, keys) != NULL;
 }
 
+int forward_tp_round(struct fwd_tp *g, enum tp_step mode, const struct fwd_batch *b, float *logits)
+{
+	int ret = 0;
+
+	tp_barrier_reset(&g->comm.bar);
+	g->mode = mode;
+	g->b = b;
+	g->logits = logits;
+	tp_barrier_wait(&g->step);
+	g->ret[0] = rank_step(g->f[0]);
+	tp_barrier_wait(&g->step);
+	g->mode = TP_STEP_EAGER;
+	/* the failing rank's error, not the -ECANCELED of those it stopped */
+	for (int r = 0; r < g->n; r++)
+		if (g->ret[r] && (!ret || ret == -ECANCELED))
+			ret = g->ret[r];
+	return ret;
+}
+
 int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 {
 	struct fwd_tp *g = f->tp;
@@ -407,16 +390,10 @@ int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 	for (int o = 0; g->greedy && o < b->n_out; o++)
 		if (f->sample.params[f->sample.done + o].temperature > 0)
 			return -EINVAL;	/* no draw but greedy by slices */
-	tp_barrier_reset(&g->comm.bar);
-	g->b = b;
-	g->logits = logits;
-	tp_barrier_wait(&g->step);
-	g->ret[0] = rank_step(f);
-	tp_barrier_wait(&g->step);
-	/* the failing rank's error, not the -ECANCELED of those it stopped */
-	for (int r = 0; r < g->n; r++)
-		if (g->ret[r] && (!ret || ret == -ECANCELED))
-			ret = g->ret[r];
+	/* a decode step replays its bucket's graph where the ranks can capture */
+	ret = forward_tp_graph_step(f, b, logits);
+	if (ret == -EAGAIN)
+		ret = forward_tp_round(g, TP_STEP_EAGER, b, logits);
 	if (!ret && g->greedy) {
 		for (int o = 0; o < b->n_out; o++)
 			f->sample.ids[f->sample.done + o] =
@@ -441,6 +418,7 @@ void forward_tp_stop(struct fwd_tp *g)
 			pthread_join(g->thread[r], NULL);
 		g->started = 0;
 	}
+	forward_tp_graph_fini(g);	/* its buffers and graphs: the backends still live */
 	for (int r = 1; r < g->n; r++) {
 		forward_destroy(g->f[r]);
 		g->f[r] = NULL;
@@ -588,6 +566,8 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	if (!ret && !ops->host_memory)
 		ret = ops->tp_comm_create(g->be, n, max_rows, m->cfg.hidden_size, &g->bcomm,
 					       err, err_len);
+	if (!ret && (ret = forward_tp_graph_init(g)))
+		snprintf(err, err_len, "tp %d: out of memory for the greedy pairs", n);
 	if (ret && err_len && err[0]) {
 		char why[512];	/* which rank: their sizes differ (KV heads, experts) */
 
@@ -633,8 +613,13 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 		 m->mapped ? "read straight from the mapped files (the model never resident whole)"
 			   : "copied from the model in memory");
 	if (!ops->host_memory)
-		log_info("tp %d on %s: ranks as threads, one stream each, op by op (no graphs with "
-			 "tp > 1 yet)", n, ops->name);
+		log_info("tp %d on %s: ranks as threads, one stream each; %s", n, ops->name,
+			 g->graph_kind == BACKEND_TP_GRAPH_ONE ?
+			 "decode steps replay one graph of every rank's step per batch bucket (each "
+			 "reduction one launch of all ranks, k_cuda_ar_fused_all), other steps op by op" :
+			 g->graph_kind == BACKEND_TP_GRAPH_PER_RANK ?
+			 "decode steps replay a graph per rank per batch bucket (k_cuda_ar_fused inside), "
+			 "other steps op by op" : "every step op by op (these ranks' devices take no graphs)");
 	for (int r = 1; r < n; r++)	/* the engine's figure: every rank's cache */
 		g->f[0]->kv_bytes += g->f[r]->kv_bytes;
 	*be0_io = g->be[0];	/* the caller's from now on */

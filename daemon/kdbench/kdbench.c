@@ -82,6 +82,7 @@ static void usage(FILE *f)
 		"  --x-bf16              cpu: round the linear layers' inputs to bf16 where the\n"
 		"                        cuda backend's tensor-core kernels do (3+ rows)\n"
 		"  --decode-path P       auto (default), standard or latency (kdecd --help)\n"
+		"  --no-graphs           every step op by op (tp > 1 on cuda: the ranks' eager path)\n"
 		"  --spec ngram:k=N[,n=M]  generate: n-gram speculative decoding, N drafts per\n"
 		"                        step matching the last M..1 tokens (default M %d)\n"
 		"  --log-level L         error, warn, info (default), debug\n"
@@ -109,7 +110,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_SEED, O_LAYERS, O_KV, O_BLOCK, O_LOG,
 	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT, O_PREFILL,
-	       O_KV_BF16, O_X_BF16, O_TP, O_GPUS, O_EP, O_MLA_CP, O_WFMT, O_PATH };
+	       O_KV_BF16, O_X_BF16, O_TP, O_GPUS, O_EP, O_MLA_CP, O_WFMT, O_PATH, O_NOGRAPH };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "tokens", required_argument, NULL, 't' },
@@ -136,6 +137,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		{ "kv-bf16", no_argument, NULL, O_KV_BF16 },
 		{ "x-bf16", no_argument, NULL, O_X_BF16 },
 		{ "decode-path", required_argument, NULL, O_PATH },
+		{ "no-graphs", no_argument, NULL, O_NOGRAPH },
 		{ "log-level", required_argument, NULL, O_LOG },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ "help", no_argument, NULL, 'h' },
@@ -179,6 +181,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		}
 		case O_BACKEND: a->eng.backend = optarg; break;
 		case O_PATH: a->eng.decode_path = optarg; break;
+		case O_NOGRAPH: a->eng.no_graphs = 1; break;
 		case O_SYNTH: a->load.synthetic = 1; break;
 		case O_WFMT: {
 			char werr[160];

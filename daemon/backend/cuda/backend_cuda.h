@@ -251,6 +251,11 @@ int cuda_tp_comm_create(struct backend *const *ranks, int n, int max_rows, int w
 			void **comm, char *err, size_t err_len);
 void cuda_tp_comm_destroy(void *comm);
 int cuda_tp_arrive(struct backend *be, void *comm, int rank);
+enum backend_tp_graph cuda_tp_graph_kind(void *comm);
+int cuda_tp_capture_begin(struct backend *be, void *comm, int rank);
+int cuda_tp_capture_end(struct backend *be, void *comm, int rank, void **graph, int *n_nodes);
+int cuda_tp_reduce_join(struct backend *be, void *comm, int rank, int phase);
+void cuda_tp_argmax(struct backend *be, void *best, const float *logits, int rows, int vn, int v0);
 int cuda_tp_reduce(struct backend *be, void *comm, int rank, float *buf, int rows, float *residual,
 		   const struct model_tensor *gamma, float *out, float eps);
 

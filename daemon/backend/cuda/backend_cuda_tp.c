@@ -17,7 +17,18 @@
  * caller's second barrier, after every rank has queued its tp_reduce, keeps any rank
  * from queueing work that depends on its reduction ahead of another rank's reduction:
  * streams may share a hardware queue (CUDA_DEVICE_MAX_CONNECTIONS), in which a kernel
- * waiting in stream order would block the kernel its own reduction waits for. */
+ * waiting in stream order would block the kernel its own reduction waits for.
+ *
+ * Graphs (tp_capture_begin..end, forward_tp_graph.c): ranks sharing the device
+ * (BACKEND_TP_GRAPH_ONE) are captured into one graph, rank 0's stream forking into
+ * every rank's; a reduction there is one node, k_cuda_ar_fused_all of every rank's
+ * part (tp_reduce records the part, tp_reduce_join launches and joins), so its CTAs
+ * wait only for CTAs of the same launch, which is sized to be resident whole; the
+ * graph's edges stand where the events and barriers stand op by op. Ranks on devices
+ * of their own (BACKEND_TP_GRAPH_PER_RANK) capture a graph each, k_cuda_ar_fused
+ * inside with no event: no work but its own rank's is on a GPU, so every rank's k-th
+ * reduction starts once its own work before it is done (docs/PARALLEL.md, the
+ * induction), and the sentinels in the data are the only wait. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +43,17 @@ struct cuda_tp_comm {
 	int n, width;
 	struct k_cuda_ar *ar;
 	cudaEvent_t arrived[K_CUDA_AR_MAX_RANKS];	/* rank r's work before the reduction */
+	enum backend_tp_graph kind;	/* how a step is captured (the ranks' devices) */
+	/* a capture in flight: its kind (set by rank 0's tp_capture_begin, read by the
+	 * others after the caller's barrier), or BACKEND_TP_GRAPH_NONE */
+	enum backend_tp_graph capturing;
+	/* BACKEND_TP_GRAPH_ONE: rank 0's capture forked into every rank's stream, the
+	 * one-launch reduction done, rank r's work joined back at the end */
+	cudaEvent_t fork, done, join[K_CUDA_AR_MAX_RANKS];
+	struct k_cuda_ar_io io[K_CUDA_AR_MAX_RANKS];	/* each rank's part of the reduction
+							 * being recorded (tp_reduce) */
+	int rows[K_CUDA_AR_MAX_RANKS];
+	float eps;
 };
 
 void cuda_thread_attach(struct backend *be)
@@ -66,9 +88,16 @@ void cuda_tp_comm_destroy(void *comm)
 	if (!c)
 		return;
 	k_cuda_ar_destroy(c->ar);
-	for (int r = 0; r < c->n; r++)
+	for (int r = 0; r < c->n; r++) {
 		if (c->arrived[r])
 			cudaEventDestroy(c->arrived[r]);
+		if (c->join[r])
+			cudaEventDestroy(c->join[r]);
+	}
+	if (c->fork)
+		cudaEventDestroy(c->fork);
+	if (c->done)
+		cudaEventDestroy(c->done);
 	free(c);
 }
 
@@ -98,7 +127,14 @@ int cuda_tp_comm_create(struct backend *const *ranks, int n, int max_rows, int w
 
 		if (!(ret = CUDA_CHECK(b, cudaSetDevice(b->dev))))
 			ret = CUDA_CHECK(b, cudaEventCreateWithFlags(&c->arrived[r], cudaEventDisableTiming));
+		if (!ret)
+			ret = CUDA_CHECK(b, cudaEventCreateWithFlags(&c->join[r], cudaEventDisableTiming));
+		if (!ret && r == 0)
+			ret = CUDA_CHECK(b, cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
+		if (!ret && r == 0)
+			ret = CUDA_CHECK(b, cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming));
 	}
+	c->kind = backend_tp_graph_kind(devs, n);
 	if (!ret)	/* the caller's thread: rank 0's GPU current again */
 		ret = CUDA_CHECK(cuda_of(ranks[0]), cudaSetDevice(cuda_of(ranks[0])->dev));
 	if (ret) {
@@ -108,8 +144,11 @@ int cuda_tp_comm_create(struct backend *const *ranks, int n, int max_rows, int w
 		return ret;
 	}
 	log_info("cuda: tp %d: the reduction (k_cuda_ar_fused, fp32 payload) for up to %d rows of "
-		 "%d, on GPU %d%s", n, max_rows, width, devs[0],
-		 k_cuda_ar_ranks_per_device(c->ar) > 1 ? " (virtual ranks: one GPU)" : "");
+		 "%d, on GPU %d%s; decode graphs: %s", n, max_rows, width, devs[0],
+		 k_cuda_ar_ranks_per_device(c->ar) > 1 ? " (virtual ranks: one GPU)" : "",
+		 c->kind == BACKEND_TP_GRAPH_ONE ? "one graph of every rank's step" :
+		 c->kind == BACKEND_TP_GRAPH_PER_RANK ? "a graph per rank" :
+		 "none (some ranks share a GPU, not all)");
 	*comm = c;
 	return 0;
 }
@@ -119,6 +158,8 @@ int cuda_tp_arrive(struct backend *be, void *comm, int rank)
 	struct backend_cuda *b = cuda_of(be);
 	struct cuda_tp_comm *c = comm;
 
+	if (c->capturing == BACKEND_TP_GRAPH_PER_RANK)
+		return 0;	/* a graph per rank: no event crosses between them */
 	return CUDA_CHECK(b, cudaEventRecord(c->arrived[rank], b->stream));
 }
 
@@ -140,7 +181,15 @@ int cuda_tp_reduce(struct backend *be, void *comm, int rank, float *buf, int row
 	}
 	/* it writes the residual (or buf): a bf16 copy of x marked ready is stale after */
 	k_cuda_linear_x_ready(b->lin, NULL, 0, 0);
-	for (int r = 0; r < c->n && !ret; r++)
+	if (c->capturing == BACKEND_TP_GRAPH_ONE) {	/* recorded: tp_reduce_join launches it */
+		c->io[rank] = io;
+		c->rows[rank] = rows;
+		c->eps = eps;
+		if (io.out_bf16)
+			k_cuda_linear_x_ready(b->lin, out, rows, c->width);
+		return 0;
+	}
+	for (int r = 0; r < c->n && !ret && c->capturing != BACKEND_TP_GRAPH_PER_RANK; r++)
 		if (r != rank)
 			ret = CUDA_CHECK(b, cudaStreamWaitEvent(b->stream, c->arrived[r], 0));
 	if (!ret)
@@ -149,4 +198,123 @@ int cuda_tp_reduce(struct backend *be, void *comm, int rank, float *buf, int row
 		k_cuda_linear_x_ready(b->lin, out, rows, c->width);
 	cuda_fail(b, ret, "tp_reduce (k_cuda_ar_fused)");
 	return ret;
+}
+
+enum backend_tp_graph cuda_tp_graph_kind(void *comm)
+{
+	return ((struct cuda_tp_comm *)comm)->kind;
+}
+
+int cuda_tp_capture_begin(struct backend *be, void *comm, int rank)
+{
+	struct backend_cuda *b = cuda_of(be);
+	struct cuda_tp_comm *c = comm;
+	int ret;
+
+	/* as cuda_capture_begin: no bf16 mark from before the capture is taken inside */
+	k_cuda_linear_x_ready(b->lin, NULL, 0, 0);
+	if (c->kind == BACKEND_TP_GRAPH_NONE)
+		return -EOPNOTSUPP;
+	if (c->kind == BACKEND_TP_GRAPH_PER_RANK || rank == 0) {
+		/* relaxed: the other ranks' threads queue into the forked streams */
+		ret = CUDA_CHECK(b, cudaStreamBeginCapture(b->stream, c->kind == BACKEND_TP_GRAPH_ONE ?
+							   cudaStreamCaptureModeRelaxed :
+							   cudaStreamCaptureModeThreadLocal));
+		if (!ret && c->kind == BACKEND_TP_GRAPH_ONE)
+			ret = CUDA_CHECK(b, cudaEventRecord(c->fork, b->stream));
+		if (rank == 0)
+			c->capturing = ret ? BACKEND_TP_GRAPH_NONE : c->kind;
+	} else {	/* after the caller's barrier: rank 0 forked */
+		ret = c->capturing == BACKEND_TP_GRAPH_ONE ? 0 : -EIO;
+		if (!ret)
+			ret = CUDA_CHECK(b, cudaStreamWaitEvent(b->stream, c->fork, 0));
+	}
+	b->capturing = !ret;
+	return ret;
+}
+
+/* Ends the capture on b's stream and instantiates it (cuda_capture_end's steps). */
+static int tp_capture_finish(struct backend_cuda *b, void **graph, int *n_nodes, int ret)
+{
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t exec = NULL;
+	size_t nodes = 0;
+	int r = CUDA_CHECK(b, cudaStreamEndCapture(b->stream, &g));
+
+	ret = ret ? ret : r;
+	if (!ret)
+		ret = CUDA_CHECK(b, cudaGraphGetNodes(g, NULL, &nodes));
+	*n_nodes = (int)nodes;
+	if (!ret && b->err)
+		ret = b->err;	/* an op failed while recording */
+	if (!ret)
+		ret = CUDA_CHECK(b, cudaGraphInstantiate(&exec, g, 0));
+	if (g)
+		cudaGraphDestroy(g);
+	if (ret) {
+		b->err = 0;
+		return ret;
+	}
+	*graph = exec;
+	return 0;
+}
+
+int cuda_tp_capture_end(struct backend *be, void *comm, int rank, void **graph, int *n_nodes)
+{
+	struct backend_cuda *b = cuda_of(be);
+	struct cuda_tp_comm *c = comm;
+	int ret = 0;
+
+	*graph = NULL;
+	*n_nodes = 0;
+	b->capturing = 0;
+	k_cuda_linear_x_ready(b->lin, NULL, 0, 0);	/* nor one left inside it, after it */
+	if (c->kind == BACKEND_TP_GRAPH_ONE && rank != 0)	/* joined back into rank 0's */
+		return CUDA_CHECK(b, cudaEventRecord(c->join[rank], b->stream));
+	if (c->kind == BACKEND_TP_GRAPH_ONE) {
+		if (c->capturing != BACKEND_TP_GRAPH_ONE)
+			return -EIO;	/* its begin failed: nothing to end */
+		for (int r = 1; r < c->n; r++) {	/* every branch, even after a failure */
+			int w = CUDA_CHECK(b, cudaStreamWaitEvent(b->stream, c->join[r], 0));
+
+			ret = ret ? ret : w;
+		}
+	}
+	if (rank == 0)
+		c->capturing = BACKEND_TP_GRAPH_NONE;
+	return tp_capture_finish(b, graph, n_nodes, ret);
+}
+
+int cuda_tp_reduce_join(struct backend *be, void *comm, int rank, int phase)
+{
+	struct backend_cuda *b = cuda_of(be);
+	struct cuda_tp_comm *c = comm;
+	int ret = 0;
+
+	if (c->capturing != BACKEND_TP_GRAPH_ONE)
+		return 0;
+	if (phase == 1 && rank != 0)	/* after rank 0 queued it: this rank's work follows it */
+		ret = CUDA_CHECK(b, cudaStreamWaitEvent(b->stream, c->done, 0));
+	if (phase == 0 && rank == 0) {	/* every rank's marked work, then one launch */
+		for (int r = 1; r < c->n && !ret; r++) {
+			if (c->rows[r] != c->rows[0])
+				ret = -EINVAL;
+			if (!ret)
+				ret = CUDA_CHECK(b, cudaStreamWaitEvent(b->stream, c->arrived[r], 0));
+		}
+		if (!ret)
+			ret = k_cuda_ar_fused_all(c->ar, b->stream, c->io, c->rows[0], c->width, c->eps);
+		if (!ret)
+			ret = CUDA_CHECK(b, cudaEventRecord(c->done, b->stream));
+	}
+	cuda_fail(b, ret, "tp_reduce_join (k_cuda_ar_fused_all)");
+	return ret;
+}
+
+void cuda_tp_argmax(struct backend *be, void *best, const float *logits, int rows, int vn, int v0)
+{
+	struct backend_cuda *b = cuda_of(be);
+
+	cuda_op_begin(b, CUDA_OP_SAMPLE);	/* timed as the draw it is */
+	cuda_op_end(b, CUDA_OP_SAMPLE, k_cuda_argmax_slice(b->stream, best, logits, rows, vn, v0));
 }

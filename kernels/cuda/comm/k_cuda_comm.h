@@ -114,6 +114,14 @@ int k_cuda_embed_shard(cudaStream_t s, float *out, const int32_t *ids, int n,
  * the experts kernels). 0 or -EINVAL / -EIO. */
 int k_cuda_experts_shard(cudaStream_t s, int32_t *ids, int n, int e0, int ne);
 
+/* Greedy by vocabulary slices (argmax_slice.cu): for each row i of logits (rows, vn)
+ * fp32, a rank's slice holding the vocabulary [v0, v0 + vn), best (2, rows) 32-bit
+ * words get its greatest value (fp32, best[i]) and v0 + its index (int32,
+ * best[rows + i]) by kernels/cpu/sample.c's greedy rule: the lower index on ties,
+ * NaNs passed over, the last index where the row is all NaN. 0 or -EINVAL / -EIO. */
+int k_cuda_argmax_slice(cudaStream_t s, void *best, const float *logits, int rows, int vn,
+			int v0);
+
 #ifdef __cplusplus
 }
 #endif
