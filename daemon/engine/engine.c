@@ -69,6 +69,44 @@ static int engine_kv_init(struct engine *e, const struct engine_opts *opts, char
 	return 0;
 }
 
+/* --allreduce: a GPU backend's reduction (cpu ranks reduce through shared memory); fused
+ * needs two ranks or more, nccl ranks on distinct GPUs (so at most one on the one GPU
+ * the cuda backend runs on today: tp 1, a one-rank communicator). Refused here, before
+ * any weight is loaded; the backend refuses what only it can see (peer access, NCCL
+ * missing) when it makes the communicator. */
+static int engine_allreduce_check(const struct backend_ops *ops, const struct engine_opts *opts,
+				  char *err, size_t err_len)
+{
+	const char *name = backend_allreduce_name(opts->allreduce);
+
+	if (opts->allreduce == BACKEND_AR_AUTO)
+		return 0;
+	if (ops->host_memory || !ops->tp_comm_create) {
+		snprintf(err, err_len, "--allreduce %s on the %s backend: its ranks reduce through "
+			 "shared memory; --allreduce picks a GPU reduction (--backend cuda)", name,
+			 ops->name);
+		return -EINVAL;
+	}
+	if (opts->allreduce == BACKEND_AR_FUSED && opts->tp <= 1) {
+		snprintf(err, err_len, "--allreduce fused with --tp 1: one rank has nothing to reduce "
+			 "(--allreduce nccl runs a one-rank communicator)");
+		return -EINVAL;
+	}
+	if (opts->allreduce == BACKEND_AR_NCCL && opts->tp > 1) {
+		snprintf(err, err_len, "--allreduce nccl with --tp %d on one GPU: NCCL cannot put two "
+			 "ranks on one GPU (a communicator holds each device once), and the %s ranks "
+			 "share one until the multi-GPU path is built; use --allreduce fused or auto, or "
+			 "--tp 1 --allreduce nccl (a one-rank communicator)", opts->tp, ops->name);
+		return -ENOTSUP;
+	}
+	if (opts->allreduce == BACKEND_AR_NCCL && (opts->ep || opts->mla_cp)) {
+		snprintf(err, err_len, "--allreduce nccl at --tp 1 with --ep or --mla-cp: they need "
+			 "two ranks or more");
+		return -EINVAL;
+	}
+	return 0;
+}
+
 /* What --gpus and --tp N need before anything is built: one GPU at most (the multi-GPU
  * path is not built), shapes that N divides, a backend whose ranks can run as threads
  * (cpu; cuda: N = 2 or 4 virtual ranks on the one GPU), no host tier (it
@@ -97,6 +135,8 @@ static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 		return -EINVAL;
 	}
 	if (opts->mla_cp && (ret = forward_tp_cp_check(&m->cfg, ops, opts->tp, err, err_len)))
+		return ret;
+	if ((ret = engine_allreduce_check(ops, opts, err, err_len)))
 		return ret;
 	if (opts->tp <= 1)
 		return 0;
@@ -179,6 +219,11 @@ void engine_decode_path_describe(const struct engine *e, char *buf, size_t len)
 		snprintf(buf + n, len - n, ")");
 }
 
+void engine_parallel_describe(const struct engine *e, char *buf, size_t len)
+{
+	forward_tp_describe(e->fwd, buf, len);
+}
+
 unsigned engine_decode_path_latency_mask(const struct engine *e)
 {
 	unsigned m = 0;
@@ -231,7 +276,8 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 				    .kv_bf16 = opts->kv_bf16,
 				    .x_bf16 = opts->x_bf16,
 				    .device = opts->n_gpus == 1 ? opts->gpus[0] : 0,
-				    .all_gpus = opts->n_gpus < 0 };
+				    .all_gpus = opts->n_gpus < 0,
+				    .allreduce = opts->allreduce };
 	/* tp on a backend without host memory: rank 0's backend holds rank 0's shard
 	 * alone, made by forward_tp_create */
 	if ((opts->tp <= 1 || ops->host_memory) && (ret = ops->create(&e->be, m, &bo, err, err_len)))
@@ -239,9 +285,11 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 	ret = kv_pool_init(&e->pool, (kv_tokens + block_tokens - 1) / block_tokens, block_tokens);
 	if (ret)
 		goto err_destroy;
-	if (opts->tp > 1)
-		ret = forward_tp_create(&e->fwd, m, &e->be, ops, opts->tp, opts->ep, opts->mla_cp, &bo,
-					e->pool.n_blocks, block_tokens, max_rows, err, err_len);
+	/* --allreduce nccl at tp 1: one rank through the tp reductions, on e->be */
+	if (opts->tp > 1 || opts->allreduce == BACKEND_AR_NCCL)
+		ret = forward_tp_create(&e->fwd, m, &e->be, ops, opts->tp > 1 ? opts->tp : 1, opts->ep,
+					opts->mla_cp, &bo, e->pool.n_blocks, block_tokens, max_rows,
+					err, err_len);
 	else
 		ret = forward_create(&e->fwd, m, e->be, e->pool.n_blocks, block_tokens, max_rows,
 				     err, err_len);
