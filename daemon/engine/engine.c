@@ -36,7 +36,7 @@ static int engine_kv_init(struct engine *e, const struct engine_opts *opts, char
 	int64_t host = opts->host_kv_bytes ? opts->host_kv_bytes : ENGINE_DEFAULT_HOST_KV_BYTES;
 	int ret;
 
-	if (e->fwd->tp)	/* the mover copies one cache: rank 0's (engine_tp_check) */
+	if (forward_tp_ranks(e->fwd) > 1)	/* the mover copies one cache: rank 0's (engine_tp_check) */
 		host = -1;
 
 	e->clock_ns = clock_monotonic_ns;
@@ -98,11 +98,6 @@ static int engine_allreduce_check(const struct backend_ops *ops, const struct en
 			 "share one until the multi-GPU path is built; use --allreduce fused or auto, or "
 			 "--tp 1 --allreduce nccl (a one-rank communicator)", opts->tp, ops->name);
 		return -ENOTSUP;
-	}
-	if (opts->allreduce == BACKEND_AR_NCCL && (opts->ep || opts->mla_cp)) {
-		snprintf(err, err_len, "--allreduce nccl at --tp 1 with --ep or --mla-cp: they need "
-			 "two ranks or more");
-		return -EINVAL;
 	}
 	return 0;
 }
