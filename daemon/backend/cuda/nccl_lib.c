@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "daemon/backend/cuda/nccl_lib.h"
 
 #ifdef KD_HAVE_NCCL
