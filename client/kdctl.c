@@ -21,7 +21,7 @@ static void usage(FILE *f)
 		"\n"
 		"Any uid kdecd allows:\n"
 		"  status         model, backend, uptime, clients, requests, KV blocks,\n"
-		"                 decode path\n"
+		"                 decode path, parallel (tp and its all-reduce)\n"
 		"  clients        connected clients (id, pid, uid, requests); yours only,\n"
 		"                 unless you are an operator\n"
 		"  sessions       sessions whose KV the daemon keeps: owner uid, tokens, device\n"
@@ -48,7 +48,7 @@ static void print_status(json_t *o)
 		"max_clients", "requests_running", "requests_waiting", "kv_blocks_used",
 		"kv_blocks_total", "kv_blocks_cached", "kv_blocks_free", "kv_host_blocks",
 		"kv_host_bytes", "kv_sessions", "prefix_hit_tokens", "draining", "steps",
-		"generation_tokens", "decode_path" };
+		"generation_tokens", "decode_path", "parallel" };
 
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
 		json_t *v = json_object_get(o, keys[i]);

@@ -45,6 +45,10 @@ static void usage(FILE *f)
 		"  --mla-cp                with --tp N on an MLA model (cpu): the latent KV cache\n"
 		"                          split by tokens, 1/N a rank (decode context parallel;\n"
 		"                          default: replicated on every rank)\n"
+		"  --allreduce A           auto (default), fused or nccl: how tp ranks on GPUs\n"
+		"                          reduce (auto: the fused one-shot kernel where the ranks\n"
+		"                          share a GPU or have peer access, NCCL otherwise; nccl at\n"
+		"                          --tp 1: a one-rank NCCL communicator; cuda only)\n"
 		"  --gpus LIST|all         the GPUs to run on (cuda), e.g. 2 or 0,1,2,3: one GPU runs\n"
 		"                          every rank; several, one rank each (--tp N = their\n"
 		"                          count; docs/PARALLEL.md) (default: GPU 0)\n"
@@ -227,7 +231,7 @@ enum {
 	O_BACKEND = 256, O_THREADS, O_SYNTH, O_KV, O_CHECK, O_LOG, O_VERSION, O_SOCKET,
 	O_MAXCL, O_UID, O_GID, O_NOTIFY, O_BATCH, O_SHUT, O_SHARE, O_NOWAIT, O_TTL, O_OFFLOAD,
 	O_HOSTMEM, O_STATE, O_SPEC, O_CHUNK, O_DAEMON, O_PIDFILE, O_PACE, O_PENDING, O_HANDSHAKE, O_OPUID, O_OPGID, O_MAXSESS,
-	O_TP, O_GPUS, O_EP, O_MLA_CP, O_WFMT, O_DPATH, O_NOGRAPH
+	O_TP, O_GPUS, O_EP, O_MLA_CP, O_WFMT, O_DPATH, O_NOGRAPH, O_ALLRED
 };
 
 static const struct option kdecd_opts[] = {
@@ -239,6 +243,7 @@ static const struct option kdecd_opts[] = {
 	{ "gpus", required_argument, NULL, O_GPUS },
 	{ "ep", no_argument, NULL, O_EP },
 	{ "mla-cp", no_argument, NULL, O_MLA_CP },
+	{ "allreduce", required_argument, NULL, O_ALLRED },
 	{ "max-clients", required_argument, NULL, O_MAXCL },
 	{ "max-pending", required_argument, NULL, O_PENDING },
 	{ "handshake-timeout", required_argument, NULL, O_HANDSHAKE },
@@ -399,6 +404,12 @@ static int parse_opt(struct kdecd_args *a, int c, const char *arg)
 	case O_GPUS:
 		if (cli_parse_gpus(arg, a->eng.gpus, ENGINE_MAX_GPUS, &a->eng.n_gpus, err, sizeof(err))) {
 			fprintf(stderr, "kdecd: %s\n", err);
+			return -EINVAL;
+		}
+		break;
+	case O_ALLRED:
+		if (backend_allreduce_parse(arg, &a->eng.allreduce)) {
+			fprintf(stderr, "kdecd: --allreduce '%s': want auto, fused or nccl\n", arg);
 			return -EINVAL;
 		}
 		break;

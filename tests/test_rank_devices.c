@@ -55,6 +55,8 @@ int main(void)
 
 	expect("nothing given, tp 1", 1, 0, NULL, 1, zeros, 1);
 	expect("nothing given, tp 4 (virtual)", 4, 0, NULL, 1, zeros, 1);
+	/* no GPU and none named: GPU 0, for the backend to refuse with its own reason */
+	expect("nothing given, none visible", 1, 0, NULL, 0, zeros, 1);
 	expect("--gpus 2, tp 1", 1, 1, g2, 4, twos, 1);
 	expect("--gpus 2, tp 4 (virtual on GPU 2)", 4, 1, g2, 4, twos, 1);
 	expect("--gpus 0,1 --tp 2", 2, 2, g01, 2, g01, 2);

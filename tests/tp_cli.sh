@@ -6,7 +6,7 @@
 # a quantized (fp8-block) checkpoint at tp 2 within 1e-5 of tp 1; a GGUF at tp 2
 # within 1e-5 of tp 1, its shards read from the mapped file; kdbench decode runs at tp 2;
 # kdbench allreduce's sums come out right; and every bad
-# --tp / --gpus / --ep fails with one clear line.
+# --tp / --gpus / --ep / --allreduce fails with one clear line.
 set -u
 test_name=tp_cli
 . "${top_srcdir:-.}/tests/testutil.sh"
@@ -151,6 +151,31 @@ else
 	fail "fp8-block deepseek_v3 tp 2: $(tail -n 1 "$tmp/err")"
 fi
 expect 1 "host tier copies one rank" "$B/kdecd" --backend cpu --model "$M" --check --tp 2 --host-kv-mem 64M
+# --allreduce: parsed by kdecd and kdbench (logits, decode); a GPU reduction, so only auto
+# on the cpu backend; on cuda (refused before any GPU is touched: checked wherever the
+# build has the cuda backend) fused needs two ranks and nccl one rank per GPU
+expect 2 "want auto, fused or nccl" "$B/kdecd" --model "$M" --check --allreduce ring
+expect 2 "want auto, fused or nccl" "$B/kdbench" logits --model "$M" --tokens 1 --allreduce NCCL
+expect 2 "want auto, fused or nccl" "$B/kdbench" decode --model "$M" --allreduce ""
+expect 1 "--allreduce nccl on the cpu backend: its ranks reduce through shared memory" \
+	"$B/kdecd" --backend cpu --model "$M" --check --allreduce nccl
+expect 1 "--allreduce fused on the cpu backend" "$B/kdbench" logits --model "$M" --tokens 1 --tp 2 \
+	--allreduce fused --out "$tmp/x"
+"$B/kdbench" logits --model "$M" --tokens $IDS --threads 2 --tp 2 --allreduce auto --out "$tmp/ta.f32" \
+	2>"$tmp/err" && "$B/kdbench" logits --model "$M" --tokens $IDS --threads 2 --tp 2 --out "$tmp/tb.f32" \
+	2>/dev/null && cmp -s "$tmp/ta.f32" "$tmp/tb.f32" && ok ||
+	fail "--tp 2 --allreduce auto on the cpu backend is not the default: $(tail -n 1 "$tmp/err")"
+if ! "$B/kdbench" logits --backend cuda --model "$M" --tokens 1 --out "$tmp/x" 2>&1 |
+	grep -q "unknown backend 'cuda'"; then
+	expect 1 "NCCL cannot put two ranks on one GPU" "$B/kdbench" logits --backend cuda --model "$M" \
+		--tokens 1 --tp 2 --allreduce nccl --out "$tmp/x"
+	expect 1 "NCCL cannot put two ranks on one GPU" "$B/kdecd" --backend cuda --model "$M" --check \
+		--tp 4 --allreduce nccl
+	expect 1 "--allreduce fused with --tp 1: one rank has nothing to reduce" "$B/kdbench" decode \
+		--backend cuda --model "$M" --synthetic-weights --allreduce fused
+else
+	echo "tp_cli: no cuda backend in this build: the --allreduce refusals on cuda are not checked" >&2
+fi
 if "$B/kdbench" logits --backend cuda --model "$M" --tokens 1 --out "$tmp/x" >/dev/null 2>&1; then
 	# (cuda --tp 2 and 4 run as virtual ranks: tests/test_cuda_tp.sh)
 	expect 1 "take --tp 2 or 4" "$B/kdbench" logits --backend cuda --model "$M" \

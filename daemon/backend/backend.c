@@ -1,4 +1,5 @@
 /* The registry of backends compiled into this build, and the choice of "auto". */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -70,4 +71,21 @@ const struct backend_ops *backend_pick(const char *name, char *why, size_t why_l
 	snprintf(err, err_len, "backend auto: none of this build's backends can run here%s",
 		 skipped);
 	return NULL;
+}
+
+static const char *const allreduce_names[] = { "auto", "fused", "nccl" };
+
+int backend_allreduce_parse(const char *s, enum backend_allreduce *out)
+{
+	for (int i = 0; i < 3; i++)
+		if (s && !strcmp(s, allreduce_names[i])) {
+			*out = (enum backend_allreduce)i;
+			return 0;
+		}
+	return -EINVAL;
+}
+
+const char *backend_allreduce_name(enum backend_allreduce a)
+{
+	return (unsigned)a < 3 ? allreduce_names[a] : "?";
 }

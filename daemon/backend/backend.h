@@ -18,6 +18,20 @@ struct backend;
  * bf16 (K_CUDA_LINEAR_SPLITK and up; fewer rows run the fp32-x GEMV). */
 #define BACKEND_X_BF16_MIN_M	3
 
+/* How tensor-parallel ranks on GPUs reduce (--allreduce, docs/PARALLEL.md): auto picks
+ * the fused one-shot kernel where every pair of ranks shares a device or has peer
+ * access, NCCL otherwise; fused and nccl force one. The cpu ranks reduce through shared
+ * memory whatever this says (only auto is accepted there). */
+enum backend_allreduce {
+	BACKEND_AR_AUTO = 0,
+	BACKEND_AR_FUSED,
+	BACKEND_AR_NCCL,
+};
+
+/* "auto", "fused", "nccl" -> *out: 0, or -EINVAL for anything else. */
+int backend_allreduce_parse(const char *s, enum backend_allreduce *out);
+const char *backend_allreduce_name(enum backend_allreduce a);
+
 struct backend_opts {
 	int threads;		/* CPU worker threads; <= 0: one per online CPU */
 	int device;		/* first GPU (cuda) */
@@ -30,6 +44,7 @@ struct backend_opts {
 				 * linear_fp32x), for the same reason (cuda: ignored) */
 	const int *rank_devices; /* tp > 1 (cuda): rank r's backend on GPU rank_devices[r]
 				  * (engine_rank_devices); NULL: every rank on device */
+	enum backend_allreduce allreduce;	/* the ranks' reduction (tp_comm_create) */
 };
 
 /* A GQA layer's attention inputs for qkv_prep (and qkv_prep_attn): rows of h in, q out,
@@ -249,6 +264,9 @@ struct backend_ops {
 	int (*tp_comm_create)(struct backend *const *ranks, int n, int max_rows, int width,
 			      void **comm, char *err, size_t err_len);
 	void (*tp_comm_destroy)(void *comm);	/* accepts NULL; no reduction in flight */
+	/* Optional: what the communicator reduces through, for the log and kdctl status
+	 * ("fused (k_cuda_ar_fused)", "nccl 2.28.3"); the string lives as long as comm. */
+	const char *(*tp_comm_name)(void *comm);
 	/* One reduction, every rank in turn with the same rows: tp_arrive (rank r's work
 	 * so far, marked), then once every rank has arrived (the caller's barrier),
 	 * tp_reduce: rank r's part, queued to start once every rank's marked work is done;

@@ -36,7 +36,7 @@ static int engine_kv_init(struct engine *e, const struct engine_opts *opts, char
 	int64_t host = opts->host_kv_bytes ? opts->host_kv_bytes : ENGINE_DEFAULT_HOST_KV_BYTES;
 	int ret;
 
-	if (e->fwd->tp)	/* the mover copies one cache: rank 0's (engine_tp_check) */
+	if (forward_tp_ranks(e->fwd) > 1)	/* the mover copies one cache: rank 0's (engine_tp_check) */
 		host = -1;
 
 	e->clock_ns = clock_monotonic_ns;
@@ -69,6 +69,39 @@ static int engine_kv_init(struct engine *e, const struct engine_opts *opts, char
 	return 0;
 }
 
+/* --allreduce: a GPU backend's reduction (cpu ranks reduce through shared memory); fused
+ * needs two ranks or more, nccl ranks on distinct GPUs (n_devs of them: tp 1's one rank,
+ * a one-rank communicator, or one rank per GPU). Refused here, before any weight is
+ * loaded; the backend refuses what only it can see (peer access, NCCL missing) when it
+ * makes the communicator. */
+static int engine_allreduce_check(const struct backend_ops *ops, const struct engine_opts *opts,
+				  int n_devs, char *err, size_t err_len)
+{
+	const char *name = backend_allreduce_name(opts->allreduce);
+
+	if (opts->allreduce == BACKEND_AR_AUTO)
+		return 0;
+	if (ops->host_memory || !ops->tp_comm_create) {
+		snprintf(err, err_len, "--allreduce %s on the %s backend: its ranks reduce through "
+			 "shared memory; --allreduce picks a GPU reduction (--backend cuda)", name,
+			 ops->name);
+		return -EINVAL;
+	}
+	if (opts->allreduce == BACKEND_AR_FUSED && opts->tp <= 1) {
+		snprintf(err, err_len, "--allreduce fused with --tp 1: one rank has nothing to reduce "
+			 "(--allreduce nccl runs a one-rank communicator)");
+		return -EINVAL;
+	}
+	if (opts->allreduce == BACKEND_AR_NCCL && opts->tp > 1 && n_devs == 1) {
+		snprintf(err, err_len, "--allreduce nccl with --tp %d on one GPU: NCCL cannot put two "
+			 "ranks on one GPU (a communicator holds each device once), and these %s ranks "
+			 "share one; name a GPU per rank (--gpus), use --allreduce fused or auto, or "
+			 "--tp 1 --allreduce nccl (a one-rank communicator)", opts->tp, ops->name);
+		return -ENOTSUP;
+	}
+	return 0;
+}
+
 /* What --gpus and --tp N need before anything is built: GPUs for a backend that runs on
  * them, rank r's GPU in devs (engine_rank_devices: one rank per GPU, or every rank on
  * one GPU), shapes that N divides, a backend whose ranks can run as threads (cpu; cuda:
@@ -97,6 +130,8 @@ static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 		return -EINVAL;
 	}
 	if (opts->mla_cp && (ret = forward_tp_cp_check(&m->cfg, ops, opts->tp, err, err_len)))
+		return ret;
+	if ((ret = engine_allreduce_check(ops, opts, n_devs, err, err_len)))
 		return ret;
 	if (opts->tp <= 1)
 		return 0;
@@ -179,6 +214,11 @@ void engine_decode_path_describe(const struct engine *e, char *buf, size_t len)
 		snprintf(buf + n, len - n, ")");
 }
 
+void engine_parallel_describe(const struct engine *e, char *buf, size_t len)
+{
+	forward_tp_describe(e->fwd, buf, len);
+}
+
 unsigned engine_decode_path_latency_mask(const struct engine *e)
 {
 	unsigned m = 0;
@@ -231,7 +271,8 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 				    .kv_bf16 = opts->kv_bf16,
 				    .x_bf16 = opts->x_bf16,
 				    .device = devs[0],
-				    .rank_devices = opts->tp > 1 ? devs : NULL };
+				    .rank_devices = opts->tp > 1 ? devs : NULL,
+				    .allreduce = opts->allreduce };
 	/* tp on a backend without host memory: rank 0's backend holds rank 0's shard
 	 * alone, made by forward_tp_create */
 	if ((opts->tp <= 1 || ops->host_memory) && (ret = ops->create(&e->be, m, &bo, err, err_len)))
@@ -239,9 +280,11 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 	ret = kv_pool_init(&e->pool, (kv_tokens + block_tokens - 1) / block_tokens, block_tokens);
 	if (ret)
 		goto err_destroy;
-	if (opts->tp > 1)
-		ret = forward_tp_create(&e->fwd, m, &e->be, ops, opts->tp, opts->ep, opts->mla_cp, &bo,
-					e->pool.n_blocks, block_tokens, max_rows, err, err_len);
+	/* --allreduce nccl at tp 1: one rank through the tp reductions, on e->be */
+	if (opts->tp > 1 || opts->allreduce == BACKEND_AR_NCCL)
+		ret = forward_tp_create(&e->fwd, m, &e->be, ops, opts->tp > 1 ? opts->tp : 1, opts->ep,
+					opts->mla_cp, &bo, e->pool.n_blocks, block_tokens, max_rows,
+					err, err_len);
 	else
 		ret = forward_create(&e->fwd, m, e->be, e->pool.n_blocks, block_tokens, max_rows,
 				     err, err_len);

@@ -39,6 +39,9 @@ struct engine_opts {
 	int mla_cp;		/* with tp > 1 on an MLA model: the latent cache split by
 				 * tokens across the ranks, 1/N each (decode context
 				 * parallel, --mla-cp), not replicated */
+	enum backend_allreduce allreduce;	/* --allreduce (cuda): how the ranks reduce;
+				 * nccl at tp 1 runs a one-rank NCCL communicator
+				 * through the tp reduction code (docs/PARALLEL.md) */
 	int block_tokens;	/* <= 0: ENGINE_DEFAULT_BLOCK_TOKENS */
 	int kv_tokens;		/* cache capacity in tokens; <= 0: ENGINE_DEFAULT_KV_TOKENS */
 	int max_rows;		/* tokens per forward call; <= 0: the backend's prompt_rows,
@@ -174,6 +177,10 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
  * status and the metric: "auto (1: latency, 8: standard)", "standard", "latency (its
  * kernels unused: no fused layers for llama's dense layers yet)". */
 void engine_decode_path_describe(const struct engine *e, char *buf, size_t len);
+
+/* The ranks and their reduction for the log and kdctl status: "tp 1", "tp 2, all-reduce
+ * fused (k_cuda_ar_fused)", "tp 1, all-reduce nccl 2.28.3", ... */
+void engine_parallel_describe(const struct engine *e, char *buf, size_t len);
 /* The buckets (1, 2, 4, ... rows) whose decode graphs take the latency path: bit i for
  * bucket 2^i. */
 unsigned engine_decode_path_latency_mask(const struct engine *e);

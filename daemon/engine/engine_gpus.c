@@ -29,7 +29,7 @@ int engine_rank_devices(const struct engine_opts *o, int visible, int *devs, int
 		for (int i = 0; i < n; i++)
 			list[i] = o->gpus[i];
 	}
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < n && o->n_gpus != 0; i++)	/* not given: the backend says why */
 		if (list[i] >= visible) {
 			snprintf(err, err_len, "--gpus: GPU %d named, %d visible (ids 0..%d)", list[i],
 				 visible, visible - 1);

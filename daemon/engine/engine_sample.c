@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/forward_tp.h"
 #include "kernels/cpu/k_cpu_sample.h"
 
 struct engine_sampler {
@@ -109,7 +110,7 @@ int engine_step_sample_ext(struct engine *e, struct engine_req *reqs, int n_reqs
 	 * caller does not want the logits: each rank's argmax of its slice, only (value,
 	 * id) pairs compared (forward_tp_run), the logits never gathered; any other draw
 	 * (temperature, penalties, logprobs) is the host's over the gathered logits. */
-	int be_sample = e->fwd->tp ? !logits && tp_greedy(params, n, hist, lp)
+	int be_sample = forward_tp_ranks(e->fwd) > 1 ? !logits && tp_greedy(params, n, hist, lp)
 				   : e->be->ops->sample != NULL;
 	struct engine_sampler *s;
 

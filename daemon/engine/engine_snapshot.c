@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "daemon/engine/engine_internal.h"
+#include "daemon/engine/forward_tp.h"
 #include "kvcache/snapshot.h"
 
 #define FP_SAMPLE_BYTES 4096	/* bytes hashed from each end of a sampled weight */
@@ -382,7 +383,7 @@ int engine_snapshot_save(struct engine *e, const char *dir, char *err, size_t er
 	struct save_ctx ctx = { .e = e };
 	int n = 0, cap = e->sessions.n + (sn ? sn->n : 0), ret;
 
-	if (e->fwd->tp) {	/* blocks are read from rank 0's cache only */
+	if (forward_tp_ranks(e->fwd) > 1) {	/* blocks are read from rank 0's cache only */
 		snprintf(err, err_len, "snapshots with --tp: not built yet (one rank's KV cache of several)");
 		return -ENOTSUP;
 	}
@@ -536,7 +537,7 @@ int engine_snapshot_load(struct engine *e, const char *dir, struct engine_snap_l
 	char path[4096];
 	int ret;
 
-	if (e->fwd->tp) {
+	if (forward_tp_ranks(e->fwd) > 1) {
 		snprintf(err, err_len, "snapshots with --tp: not built yet (one rank's KV cache of several)");
 		return -ENOTSUP;
 	}

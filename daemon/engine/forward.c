@@ -238,6 +238,11 @@ int forward_latency_supported(const struct forward *f, int n_rows, char *why, si
 			snprintf(why, why_len, "no fused layers for %s's dense layers yet", c->model_type);
 		return 0;
 	}
+	if (f->tp) {	/* the fused MoE layer adds into the residual: a reduction's job */
+		if (why)
+			snprintf(why, why_len, "tensor parallel: the residual add is the reduction's");
+		return 0;
+	}
 	if (n_rows > FWD_LAT_MAX_ROWS) {
 		if (why)
 			snprintf(why, why_len, "%d rows (the fused MoE layer takes 1..%d)", n_rows,

@@ -638,7 +638,7 @@ int forward_run(struct forward *f, const struct fwd_batch *b, float *logits)
 		return -EINVAL;
 	if (f->trace && (ret = trace_rows(f, b)))
 		return ret;
-	if (f->tp)
+	if (forward_tp_ranks(f) > 1)	/* one rank (--allreduce nccl at tp 1): below, graphs too */
 		return forward_tp_run(f, b, logits);
 	if (f->be->ops->host_memory)
 		return run_eager(f, b, logits);

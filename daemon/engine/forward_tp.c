@@ -465,6 +465,16 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 {
 	int ret;
 
+	if (g->n == 1) {	/* a one-rank communicator: the whole model, the caller's backend */
+		g->be[0] = be0;
+		g->peak_mib[0] = peak_host_mib();
+		if ((ret = forward_create(&g->f[0], m, be0, n_blocks, block_tokens, max_rows, err,
+					  err_len)))
+			return ret;
+		g->f[0]->tp = g;
+		g->f[0]->tp_rank = 0;
+		return 0;
+	}
 	for (int r = 0; r < g->n; r++) {
 		int vn;
 
@@ -529,6 +539,10 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 		      char *err, size_t err_len)
 {
 	struct backend *be0 = *be0_io;
+	/* one rank: a backend's own communicator alone (--allreduce nccl at tp 1: a
+	 * one-rank NCCL one) over the caller's backend of the whole model; no shard, no
+	 * thread, and its steps run (and are captured) as tp 1's: forward_tp_ranks */
+	const int one = n == 1 && be0 && !ops->host_memory && ops->tp_comm_create && !ep && !cp;
 	struct fwd_tp *g;
 	int ret;
 
@@ -536,8 +550,8 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	if ((ret = model_shard_check(&m->cfg, n, ep, err, err_len)) ||
 	    (cp && (ret = forward_tp_cp_check(&m->cfg, ops, n, err, err_len))))
 		return ret;
-	if (n < 2 || (!ops->host_memory && !ops->tp_comm_create) || (!be0 && ops->host_memory) ||
-	    (be0 && be0->ops != ops)) {
+	if ((n < 2 && !one) || (!ops->host_memory && !ops->tp_comm_create) ||
+	    (!be0 && ops->host_memory) || (be0 && be0->ops != ops)) {
 		snprintf(err, err_len, "tp %d on the %s backend: it has no tensor-parallel reduction",
 			 n, ops->name);
 		return -EINVAL;
@@ -606,19 +620,24 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 		log_info("tp %d%s%s: rank %d holds %.1f MiB of weights and %.1f MiB of KV cache; peak "
 			 "host memory %.1f MiB", n, ep ? " (experts parallel)" : "",
 			 cp ? " (MLA context parallel: latent cache split by tokens)" : "", r,
-			 (double)g->shard[r]->weight_bytes / (1 << 20), (double)g->f[r]->kv_bytes / (1 << 20),
+			 (double)g->f[r]->m->weight_bytes / (1 << 20), (double)g->f[r]->kv_bytes / (1 << 20),
 			 g->peak_mib[r]);
-	log_info("tp %d: the shards of %.1f MiB of weights %s; peak host memory: the process's "
-		 "ru_maxrss once each rank was built", n, (double)m->weight_bytes / (1 << 20),
-		 m->mapped ? "read straight from the mapped files (the model never resident whole)"
-			   : "copied from the model in memory");
-	if (!ops->host_memory)
+	if (n > 1)
+		log_info("tp %d: the shards of %.1f MiB of weights %s; peak host memory: the process's "
+			 "ru_maxrss once each rank was built", n, (double)m->weight_bytes / (1 << 20),
+			 m->mapped ? "read straight from the mapped files (the model never resident whole)"
+				   : "copied from the model in memory");
+	if (n == 1)
+		log_info("tp 1 on %s: one rank through the tensor-parallel reductions (%s), its steps "
+			 "run and captured as tp 1's", ops->name,
+			 ops->tp_comm_name ? ops->tp_comm_name(g->bcomm) : "its communicator");
+	else if (!ops->host_memory)
 		log_info("tp %d on %s: ranks as threads, one stream each; %s", n, ops->name,
 			 g->graph_kind == BACKEND_TP_GRAPH_ONE ?
 			 "decode steps replay one graph of every rank's step per batch bucket (each "
 			 "reduction one launch of all ranks, k_cuda_ar_fused_all), other steps op by op" :
 			 g->graph_kind == BACKEND_TP_GRAPH_PER_RANK ?
-			 "decode steps replay a graph per rank per batch bucket (k_cuda_ar_fused inside), "
+			 "decode steps replay a graph per rank per batch bucket (the reduction inside), "
 			 "other steps op by op" : "every step op by op (these ranks' devices take no graphs)");
 	for (int r = 1; r < n; r++)	/* the engine's figure: every rank's cache */
 		g->f[0]->kv_bytes += g->f[r]->kv_bytes;
@@ -626,4 +645,23 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	g->own0 = 0;
 	*out = g->f[0];
 	return 0;
+}
+
+int forward_tp_ranks(const struct forward *f)
+{
+	return f->tp ? f->tp->n : 1;
+}
+
+void forward_tp_describe(const struct forward *f, char *buf, size_t len)
+{
+	const struct fwd_tp *g = f->tp;
+
+	if (!g) {
+		snprintf(buf, len, "tp 1");
+		return;
+	}
+	snprintf(buf, len, "tp %d%s%s, all-reduce %s", g->n, g->ep ? " (experts parallel)" : "",
+		 g->cp ? " (MLA context parallel)" : "",
+		 !g->bcomm ? "shared memory (tp_comm.c)"
+		 : g->ops->tp_comm_name ? g->ops->tp_comm_name(g->bcomm) : g->ops->name);
 }

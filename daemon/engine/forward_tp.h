@@ -12,7 +12,8 @@
 
 struct fwd_tp;
 
-/* Builds the n ranks (n >= 2) of model m, the routed experts sliced (ep 0) or whole, a
+/* Builds the n ranks (n >= 2; n 1 only with a backend communicator, --allreduce nccl:
+ * rank 0 then runs the whole model on the caller's *be0_io, no shard) of model m, the routed experts sliced (ep 0) or whole, a
  * share per rank (ep 1, expert parallel), an MLA latent cache replicated (cp 0) or
  * split by tokens (cp 1, decode context parallel, forward_tp_cp_check): the shards, their backends of ops (rank 0's
  * *be0_io, created by the caller with bo where ops has host memory; where it has not,
@@ -79,6 +80,14 @@ int forward_tp_experts(struct forward *f, int32_t *ids, size_t n);
 
 /* Any rank: the embedding of b's tokens into f->x, by vocabulary shard and reduction. */
 int forward_tp_embed(struct forward *f, const struct fwd_batch *b);
+
+/* The ranks of f's step: 1 without tp, and with a one-rank communicator (whose steps
+ * run as tp 1's, graphs and all: forward_run). */
+int forward_tp_ranks(const struct forward *f);
+
+/* "tp 1", or "tp N, all-reduce fused (k_cuda_ar_fused)" / "..., all-reduce nccl
+ * 2.28.3" / "..., all-reduce shared memory (tp_comm.c)": for the log and kdctl status. */
+void forward_tp_describe(const struct forward *f, char *buf, size_t len);
 
 /* Rank 0, from forward_destroy: stops the threads and destroys ranks 1..n-1; then
  * forward_tp_free releases the shards (after rank 0's forward is gone). */

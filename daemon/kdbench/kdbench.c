@@ -68,6 +68,8 @@ static void usage(FILE *f)
 		"                        routed experts whole)\n"
 		"  --mla-cp              with --tp N on an MLA model (cpu): the latent cache split\n"
 		"                        by tokens across the ranks (decode context parallel)\n"
+		"  --allreduce A         auto (default), fused or nccl: the cuda ranks' reduction\n"
+		"                        (nccl at --tp 1: a one-rank NCCL communicator; kdecd --help)\n"
 		"  --gpus LIST|all       the GPUs to run on (cuda): one runs every rank; several,\n"
 		"                        one rank each (--tp N = their count)\n"
 		"  --synthetic-weights   deterministic random weights; --model may be a config.json\n"
@@ -110,7 +112,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 {
 	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_SEED, O_LAYERS, O_KV, O_BLOCK, O_LOG,
 	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT, O_PREFILL,
-	       O_KV_BF16, O_X_BF16, O_TP, O_GPUS, O_EP, O_MLA_CP, O_WFMT, O_PATH, O_NOGRAPH };
+	       O_KV_BF16, O_X_BF16, O_TP, O_GPUS, O_EP, O_MLA_CP, O_WFMT, O_PATH, O_NOGRAPH, O_ALLRED };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "tokens", required_argument, NULL, 't' },
@@ -128,6 +130,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		{ "gpus", required_argument, NULL, O_GPUS },
 		{ "ep", no_argument, NULL, O_EP },
 		{ "mla-cp", no_argument, NULL, O_MLA_CP },
+		{ "allreduce", required_argument, NULL, O_ALLRED },
 		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
 		{ "weight-format", required_argument, NULL, O_WFMT },
 		{ "seed", required_argument, NULL, O_SEED },
@@ -182,6 +185,12 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		case O_BACKEND: a->eng.backend = optarg; break;
 		case O_PATH: a->eng.decode_path = optarg; break;
 		case O_NOGRAPH: a->eng.no_graphs = 1; break;
+		case O_ALLRED:
+			if (backend_allreduce_parse(optarg, &a->eng.allreduce)) {
+				fprintf(stderr, "kdbench: --allreduce '%s': want auto, fused or nccl\n", optarg);
+				return -1;
+			}
+			break;
 		case O_SYNTH: a->load.synthetic = 1; break;
 		case O_WFMT: {
 			char werr[160];

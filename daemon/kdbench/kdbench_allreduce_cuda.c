@@ -4,7 +4,6 @@
  * launch floor), the bytes through HBM, and for real peers the bytes over NVLink. And
  * NCCL where the build has it and the library loads: NCCL refuses two ranks on one
  * GPU, so what one GPU allows is a one-rank ncclAllReduce, NCCL's launch floor. */
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,16 +14,11 @@
 #ifdef KD_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "daemon/backend/cuda/nccl_lib.h"	/* NCCL loaded at run time, as the engine loads it */
 #include "daemon/base/clock.h"
 #include "kernels/cuda/comm/k_cuda_comm.h"
 #include "kernels/cuda/k_cuda.h"
 #include "kernels/cuda/ops/k_cuda_ops.h"
-#ifdef KD_HAVE_NCCL
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wstrict-prototypes"	/* nccl.h declares f() */
-#include <nccl.h>
-#pragma GCC diagnostic pop
-#endif
 
 #define ARC_MAX_ROWS 64
 #define ARC_CHAIN 32		/* reductions in the back-to-back graph */
@@ -183,42 +177,29 @@ static void arc_free(struct arc *b)
 }
 
 #ifdef KD_HAVE_NCCL
-/* NCCL loaded at run time, so that kdbench runs where libnccl is absent. */
-struct arc_nccl {
-	void *lib;
-	ncclResult_t (*init_all)(ncclComm_t *, int, const int *);
-	ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
-				   ncclComm_t, cudaStream_t);
-	ncclResult_t (*destroy)(ncclComm_t);
-	ncclResult_t (*version)(int *);
-};
-
 /* p50/p99 of a one-rank bf16 sum of bytes, captured; -1 with a line when NCCL is absent. */
 static int arc_nccl_time(struct arc *b, const long *bytes, int n_sizes)
 {
-	struct arc_nccl nc = { 0 };
+	struct nccl_lib nc;
 	ncclComm_t comm = NULL;
-	int dev = 0, ver = 0, ret = -1;
+	int dev = 0, ret = -1;
+	char why[256], ver[16];
 	void *buf = NULL;
 
-	setenv("NCCL_NVLS_ENABLE", "0", 0);	/* never NVLink multicast (DEVICE.md) */
-	nc.lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-	if (!nc.lib) {
-		printf("# nccl: libnccl.so.2 not loadable here (%s): no NCCL rows\n", dlerror());
+	if (nccl_lib_open(&nc, why, sizeof(why))) {
+		printf("# nccl: %s: no NCCL rows\n", why);
 		return -1;
 	}
-	*(void **)&nc.init_all = dlsym(nc.lib, "ncclCommInitAll");
-	*(void **)&nc.all_reduce = dlsym(nc.lib, "ncclAllReduce");
-	*(void **)&nc.destroy = dlsym(nc.lib, "ncclCommDestroy");
-	*(void **)&nc.version = dlsym(nc.lib, "ncclGetVersion");
-	if (!nc.init_all || !nc.all_reduce || !nc.destroy || !nc.version ||
-	    nc.version(&ver) != ncclSuccess || nc.init_all(&comm, 1, &dev) != ncclSuccess) {
-		printf("# nccl: libnccl.so.2 loaded but a one-rank communicator failed: no NCCL rows\n");
+	if (nc.comm_init_all(&comm, 1, &dev) != ncclSuccess) {
+		printf("# nccl: %s loaded but a one-rank communicator failed: no NCCL rows\n",
+		       NCCL_LIB_NAME);
+		comm = NULL;
 		goto out;
 	}
 	if (!arc_ok(cudaMalloc(&buf, (size_t)bytes[n_sizes - 1]), "cudaMalloc"))
 		goto out;
-	printf("# nccl %d: NCCL cannot put two ranks on one GPU (a communicator holds each device "
+	nccl_lib_version(&nc, ver, sizeof(ver));
+	printf("# nccl %s: NCCL cannot put two ranks on one GPU (a communicator holds each device "
 	       "once), so the row below is one rank's ncclAllReduce (bf16 sum, captured, replayed): "
 	       "NCCL's launch floor on one GPU, no data crosses\n", ver);
 	printf("%10s %10s %10s\n", "bytes", "nccl1_p50", "nccl1_p99");
@@ -250,8 +231,8 @@ out:
 	if (buf)
 		cudaFree(buf);
 	if (comm)
-		nc.destroy(comm);
-	dlclose(nc.lib);
+		nc.comm_destroy(comm);
+	nccl_lib_close(&nc);
 	return ret;
 }
 #endif

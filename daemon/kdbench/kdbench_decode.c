@@ -88,6 +88,8 @@ static void decode_usage(FILE *f)
 		"                        ranks on one GPU, op by op, no graphs; default 1)\n"
 		"  --ep                  with --tp N: expert parallel\n"
 		"  --mla-cp              with --tp N: MLA latent cache split by tokens (cpu)\n"
+		"  --allreduce A         auto (default), fused or nccl: the cuda ranks' reduction\n"
+		"                        (nccl at --tp 1: a one-rank NCCL communicator)\n"
 		"  --gpus LIST|all       the GPUs to run on (cuda): one runs every rank; several,\n"
 		"                        one rank each (--tp N = their count)\n"
 		"  --no-graphs           run every step op by op\n"
@@ -159,7 +161,7 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 {
 	enum { O_BATCH = 256, O_CTX, O_STEPS, O_WARM, O_BACKEND, O_SYNTH, O_LAYERS, O_KV, O_THREADS,
 	       O_NOGRAPH, O_PROFILE, O_HBM, O_OUT, O_SEED, O_LOG, O_TP, O_GPUS, O_EP, O_MLA_CP, O_WFMT,
-	       O_PATH };
+	       O_PATH, O_ALLRED };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "config", required_argument, NULL, 'm' },
@@ -177,6 +179,7 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		{ "gpus", required_argument, NULL, O_GPUS },
 		{ "ep", no_argument, NULL, O_EP },
 		{ "mla-cp", no_argument, NULL, O_MLA_CP },
+		{ "allreduce", required_argument, NULL, O_ALLRED },
 		{ "no-graphs", no_argument, NULL, O_NOGRAPH },
 		{ "decode-path", required_argument, NULL, O_PATH },
 		{ "profile-step", no_argument, NULL, O_PROFILE },
@@ -219,6 +222,13 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		case O_TP: if (num("--tp", optarg, 1, 64, &v)) return -1; a->eng.tp = (int)v; break;
 		case O_EP: a->eng.ep = 1; break;
 		case O_MLA_CP: a->eng.mla_cp = 1; break;
+		case O_ALLRED:
+			if (backend_allreduce_parse(optarg, &a->eng.allreduce)) {
+				fprintf(stderr, "kdbench decode: --allreduce '%s': want auto, fused or nccl\n",
+					optarg);
+				return -1;
+			}
+			break;
 		case O_GPUS: {
 			char err[256];
 
@@ -459,7 +469,7 @@ int kdbench_decode_main(int argc, char **argv)
 	struct decode_args a;
 	struct model *m = NULL;
 	struct engine *e = NULL;
-	char err[512] = "";
+	char err[512] = "", par[128];
 	FILE *out = NULL;
 	int ret;
 
@@ -481,6 +491,8 @@ int kdbench_decode_main(int argc, char **argv)
 	printf("# kdbench decode: %s (%s, %d layers), backend %s%s, ctx %d, %d steps after %d warm-up, floor at %.2f TB/s\n",
 	       a.model, m->cfg.model_type, m->cfg.n_layers, e->be->ops->name,
 	       e->fwd->use_graphs ? " with graphs" : "", a.ctx, a.steps, a.warmup, a.hbm_tbs);
+	engine_parallel_describe(e, par, sizeof(par));
+	printf("# parallel: %s\n", par);
 	printf("%5s %6s %9s %9s %9s %9s %10s %11s %8s %9s %8s %8s %7s %9s %8s %7s %8s %8s %8s %8s %9s %8s %8s %8s\n", "batch", "ctx",
 	       "p50_ms", "p90_ms", "min_ms", "replay_ms", "tok/s/usr", "tok/s_total", "launches",
 	       "read_GB", "kv_GB", "floor_ms", "floor%", "us/layer", "layer_us", "lay_lch", "path",

@@ -271,6 +271,10 @@ static json_t *status(const struct et_report *r, const struct control_info *info
 		json_decref(o);
 		return NULL;
 	}
+	if (o && json_object_set_new(o, "parallel", json_string(r->parallel))) {
+		json_decref(o);
+		return NULL;
+	}
 	if (o && status_cache(o, r)) {
 		json_decref(o);
 		return NULL;

@@ -212,6 +212,7 @@ static struct et_report *build_report(struct engine_thread *t)
 	r->steps = t->steps;
 	engine_decode_path_describe(t->e, r->decode_path, sizeof(r->decode_path));
 	r->decode_lat_mask = engine_decode_path_latency_mask(t->e);
+	engine_parallel_describe(t->e, r->parallel, sizeof(r->parallel));
 	return r;
 }
 

@@ -41,6 +41,7 @@ struct et_report {
 	uint64_t steps;
 	char decode_path[160];		/* engine_decode_path_describe */
 	unsigned decode_lat_mask;	/* engine_decode_path_latency_mask */
+	char parallel[128];		/* engine_parallel_describe: tp and the all-reduce */
 	/* the outcome of ET_Q_SNAPSHOT or ET_Q_SESSION_CLOSE */
 	int op_ret;		/* 0 or -errno */
 	int op_count;		/* sessions written */

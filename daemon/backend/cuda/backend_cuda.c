@@ -158,6 +158,7 @@ static int cuda_create(struct backend **out, const struct model *m, const struct
 	pthread_mutex_init(&b->side_mu, NULL);
 	b->m = m;
 	b->dev = opts && opts->device > 0 ? opts->device : 0;
+	b->allreduce = opts ? opts->allreduce : BACKEND_AR_AUTO;
 	if (b->dev >= count) {
 		snprintf(err, err_len, "cuda backend: GPU %d requested, %d visible", b->dev, count);
 		free(b);
@@ -526,6 +527,7 @@ const struct backend_ops backend_cuda_ops = {
 	.experts_shard = cuda_experts_shard,
 	.tp_comm_create = cuda_tp_comm_create,
 	.tp_comm_destroy = cuda_tp_comm_destroy,
+	.tp_comm_name = cuda_tp_comm_name,
 	.tp_arrive = cuda_tp_arrive,
 	.tp_reduce = cuda_tp_reduce,
 	.tp_graph_kind = cuda_tp_graph_kind,

@@ -86,6 +86,7 @@ struct backend_cuda {
 	struct backend base;
 	const struct model *m;
 	int dev;
+	enum backend_allreduce allreduce;	/* backend_opts': the tp ranks' reduction */
 	cudaStream_t stream;
 	int err;			/* first failure of an op since the last sync, -errno */
 
@@ -258,6 +259,24 @@ int cuda_tp_reduce_join(struct backend *be, void *comm, int rank, int phase);
 void cuda_tp_argmax(struct backend *be, void *best, const float *logits, int rows, int vn, int v0);
 int cuda_tp_reduce(struct backend *be, void *comm, int rank, float *buf, int rows, float *residual,
 		   const struct model_tensor *gamma, float *out, float eps);
+const char *cuda_tp_comm_name(void *comm);
+
+/* ---- the reduction's choice and NCCL (backend_cuda_nccl.c) ------------------- */
+
+struct cuda_nccl;
+/* The reduction of n ranks (1..K_CUDA_AR_MAX_RANKS) by ranks[0]'s allreduce, logged
+ * in one line: *nccl made (the caller's, cuda_nccl_destroy) for NCCL, NULL for the
+ * fused kernel. -EINVAL / -ENOTSUP (a choice these ranks cannot run: NCCL with two
+ * ranks on one GPU, fused without peer access or with one rank), -ENOENT / -ENOSYS /
+ * -EIO (NCCL missing or its ncclCommInitAll failing), each with one line in err. */
+int cuda_nccl_pick(struct backend *const *ranks, int n, struct cuda_nccl **nccl, char *err,
+		   size_t err_len);
+void cuda_nccl_destroy(struct cuda_nccl *c);	/* accepts NULL; no reduction in flight */
+const char *cuda_nccl_name(const struct cuda_nccl *c);	/* "nccl 2.28.3" */
+/* Rank rank's reduction through NCCL on be's stream, the arguments of tp_reduce
+ * (gamma: the norm's device weight); every rank calls it with the same rows. */
+int cuda_nccl_reduce(struct backend *be, struct cuda_nccl *c, int rank, float *buf, int rows,
+		     int width, float *residual, const float *gamma, float *out, float eps);
 
 /* ---- weights (backend_cuda_weights.c) ------------------------------------ */
 

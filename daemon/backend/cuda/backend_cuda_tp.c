@@ -41,7 +41,8 @@
 
 struct cuda_tp_comm {
 	int n, width;
-	struct k_cuda_ar *ar;
+	struct k_cuda_ar *ar;		/* the fused kernel's buffers, or NULL: */
+	struct cuda_nccl *nccl;		/* NCCL (--allreduce, backend_cuda_nccl.c) */
 	cudaEvent_t arrived[K_CUDA_AR_MAX_RANKS];	/* rank r's work before the reduction */
 	enum backend_tp_graph kind;	/* how a step is captured (the ranks' devices) */
 	/* a capture in flight: its kind (set by rank 0's tp_capture_begin, read by the
@@ -88,6 +89,7 @@ void cuda_tp_comm_destroy(void *comm)
 	if (!c)
 		return;
 	k_cuda_ar_destroy(c->ar);
+	cuda_nccl_destroy(c->nccl);
 	for (int r = 0; r < c->n; r++) {
 		if (c->arrived[r])
 			cudaEventDestroy(c->arrived[r]);
@@ -105,23 +107,30 @@ int cuda_tp_comm_create(struct backend *const *ranks, int n, int max_rows, int w
 			void **comm, char *err, size_t err_len)
 {
 	struct cuda_tp_comm *c;
+	struct cuda_nccl *nccl = NULL;
 	int devs[K_CUDA_AR_MAX_RANKS], ret;
 
 	*comm = NULL;
-	if (n < 2 || n > K_CUDA_AR_MAX_RANKS || width % 8 || width < 8) {
+	/* --allreduce: NCCL where chosen, else the fused kernel (backend_cuda_nccl.c) */
+	if (n >= 1 && n <= K_CUDA_AR_MAX_RANKS && (ret = cuda_nccl_pick(ranks, n, &nccl, err, err_len)))
+		return ret;
+	if (!nccl && (n < 2 || n > K_CUDA_AR_MAX_RANKS || width % 8 || width < 8)) {
 		snprintf(err, err_len, "cuda: tp %d of hidden size %d: the GPU reduction takes 2..%d "
 			 "ranks and a hidden size that is a multiple of 8", n, width,
 			 K_CUDA_AR_MAX_RANKS);
 		return -EINVAL;
 	}
 	c = calloc(1, sizeof(*c));
-	if (!c)
+	if (!c) {
+		cuda_nccl_destroy(nccl);
 		return -ENOMEM;
+	}
 	c->n = n;
 	c->width = width;
+	c->nccl = nccl;
 	for (int r = 0; r < n; r++)
 		devs[r] = cuda_of(ranks[r])->dev;
-	ret = k_cuda_ar_create(&c->ar, n, devs, K_CUDA_AR_F32, max_rows, width);
+	ret = nccl ? 0 : k_cuda_ar_create(&c->ar, n, devs, K_CUDA_AR_F32, max_rows, width);
 	for (int r = 0; r < n && !ret; r++) {
 		struct backend_cuda *b = cuda_of(ranks[r]);
 
@@ -143,12 +152,19 @@ int cuda_tp_comm_create(struct backend *const *ranks, int n, int max_rows, int w
 		cuda_tp_comm_destroy(c);
 		return ret;
 	}
-	log_info("cuda: tp %d: the reduction (k_cuda_ar_fused, fp32 payload) for up to %d rows of "
-		 "%d, on GPU %d%s; decode graphs: %s", n, max_rows, width, devs[0],
-		 k_cuda_ar_ranks_per_device(c->ar) > 1 ? " (virtual ranks: one GPU)" : "",
-		 c->kind == BACKEND_TP_GRAPH_ONE ? "one graph of every rank's step" :
-		 c->kind == BACKEND_TP_GRAPH_PER_RANK ? "a graph per rank" :
-		 "none (some ranks share a GPU, not all)");
+	{
+		const char *graphs = c->kind == BACKEND_TP_GRAPH_ONE ? "one graph of every rank's step" :
+				     c->kind == BACKEND_TP_GRAPH_PER_RANK ? "a graph per rank" :
+				     "none (some ranks share a GPU, not all)";
+
+		if (!nccl)
+			log_info("cuda: tp %d: the reduction (k_cuda_ar_fused, fp32 payload) for up to %d "
+				 "rows of %d, on GPU %d%s; decode graphs: %s", n, max_rows, width, devs[0],
+				 k_cuda_ar_ranks_per_device(c->ar) > 1 ? " (virtual ranks: one GPU)" : "",
+				 graphs);
+		else if (n > 1)
+			log_info("cuda: tp %d: decode graphs: %s", n, graphs);
+	}
 	*comm = c;
 	return 0;
 }
@@ -171,6 +187,9 @@ int cuda_tp_reduce(struct backend *be, void *comm, int rank, float *buf, int row
 	struct k_cuda_ar_io io = { .partial = buf, .residual = residual, .out = residual ? NULL : buf };
 	int ret = 0;
 
+	if (c->nccl)	/* NCCL waits for the other ranks itself */
+		return cuda_nccl_reduce(be, c->nccl, rank, buf, rows, c->width, residual,
+					gamma ? V(b, gamma) : NULL, out, eps);
 	if (gamma) {	/* the next RMSNorm in the reduction: out fp32, and bf16 for the
 			 * linear that reads it next, as cuda_rmsnorm leaves it */
 		if (!residual || !out)
@@ -317,4 +336,11 @@ void cuda_tp_argmax(struct backend *be, void *best, const float *logits, int row
 
 	cuda_op_begin(b, CUDA_OP_SAMPLE);	/* timed as the draw it is */
 	cuda_op_end(b, CUDA_OP_SAMPLE, k_cuda_argmax_slice(b->stream, best, logits, rows, vn, v0));
+}
+
+const char *cuda_tp_comm_name(void *comm)
+{
+	struct cuda_tp_comm *c = comm;
+
+	return c->nccl ? cuda_nccl_name(c->nccl) : "fused (k_cuda_ar_fused)";
 }
