@@ -625,8 +625,9 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	if (n > 1)
 		log_info("tp %d: the shards of %.1f MiB of weights %s; peak host memory: the process's "
 			 "ru_maxrss once each rank was built", n, (double)m->weight_bytes / (1 << 20),
-			 m->mapped ? "read straight from the mapped files (the model never resident whole)"
-				   : "copied from the model in memory");
+			 m->mapped ? "read straight from the mapped files (the model never resident whole)" :
+			 m->synth_jobs ? "generated slice by slice (synthetic: the model never made whole)"
+				       : "copied from the model in memory");
 	if (n == 1)
 		log_info("tp 1 on %s: one rank through the tensor-parallel reductions (%s), its steps "
 			 "run and captured as tp 1's", ops->name,
