@@ -145,6 +145,49 @@ static void check_greedy(struct engine *e, const struct tcase *cs, int nc, const
 	      "gathered logits' argmax (%d: %s)", what, bad, total, ret, err);
 }
 
+/* Top-k draws by vocabulary slices (ranks with host memory): each case's every prefill
+ * row drawn with temperature, top_k (1, 5, 40, FWD_TP_TOPK_MAX in turn), top_p on every
+ * other row, greedy rows mixed in, its own seed and step, must be exactly the token
+ * k_cpu_sample draws from that row's gathered logits (rows of got). */
+static void check_topk(struct engine *e, const struct tcase *cs, int nc, const float *got,
+		       const char *what)
+{
+	static const int ks[] = { 1, 5, 40, FWD_TP_TOPK_MAX };
+	int vocab = e->model->cfg.vocab_size, row = 0, bad = 0, ret = 0, total = 0;
+	struct k_sample_params p[256];
+	uint64_t steps[256];
+	int32_t ids[256];
+	float *work = malloc(sizeof(float) * K_CPU_SAMPLE_WORK((size_t)vocab));
+	char err[512] = "";
+
+	for (int i = 0; i < nc && !ret && work; i++) {
+		struct engine_seq seq;
+		struct engine_req r = { .seq = &seq, .tokens = cs[i].tokens, .n_tokens = cs[i].n,
+					.all_logits = 1 };
+
+		if (cs[i].n > 256) {
+			row += cs[i].n;
+			continue;
+		}
+		for (int t = 0; t < cs[i].n; t++) {
+			p[t] = (struct k_sample_params){ .temperature = t % 7 == 3 ? 0.0f : 0.7f + 0.1f * (t % 5),
+							 .top_k = ks[t % 4], .top_p = t % 2 ? 0.9f : 0.0f,
+							 .seed = 1000u + 17u * (unsigned)t };
+			steps[t] = (uint64_t)(t * 3 + i);
+		}
+		engine_seq_init(&seq);
+		ret = engine_step_sample(e, &r, 1, p, steps, ids, NULL, err, sizeof(err));
+		engine_seq_release(e, &seq);
+		for (int t = 0; !ret && t < cs[i].n; t++, row++) {
+			bad += ids[t] != k_cpu_sample(got + (size_t)row * vocab, vocab, &p[t], steps[t], work);
+			total++;
+		}
+	}
+	CHECK(work && ret == 0 && bad == 0, "%s: top-k draws by vocabulary slices: %d of %d rows "
+	      "differ from k_cpu_sample over the gathered logits (%d: %s)", what, bad, total, ret, err);
+	free(work);
+}
+
 /* The reduction with the next RMSNorm fused (tp_comm_reduce_norm): n ranks as threads,
  * each with its partials and a copy of the same residual; every rank must end with the
  * bits of the plain reduction (the sum in rank order added to the residual) followed by
@@ -404,8 +447,10 @@ static void compare_tps(struct model *m, struct model *mt, const char *name, con
 		}
 		CHECK(n == rows && bad == 0, "%s: tp %d%s: %d of %d rows beyond %g (worst %.3g)", name,
 		      tp, mode_names[mode], bad, rows, TP_ROW_TOL, worst);
-		if (n == rows)
+		if (n == rows) {
 			check_greedy(e, cs, nc, got, name);
+			check_topk(e, cs, nc, got, name);
+		}
 		fprintf(stderr, "  %-22s tp %d%s: %d rows (prefill, incremental, batched), worst %.2e\n",
 			name, tp, mode_names[mode], n, worst);
 		engine_destroy(e);
