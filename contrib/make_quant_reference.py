@@ -70,10 +70,11 @@ MODELS = {
     "qwen3_fp8_channel": ("qwen3", "fp8-channel", {}, not_special, 1),
     "llama_int4": ("llama", "int4-g32", {}, not_special, 1),
     "kimi_k2_int4": ("kimi_k2", "int4-g32", {}, routed_expert, 2),
+    # head_dim 20: at tp 2 and 4 o_proj's columns split inside int4 groups (restated)
+    "qwen3_moe_int4": ("qwen3_moe", "int4-g32", {}, not_special, 1),
     # not committed: the other architectures in each format (KDEC_GOLDEN_EXTRA)
     "qwen3_moe_fp8_block": ("qwen3_moe", "fp8-block", {}, not_special, 1),
     "deepseek_v2_fp8_channel": ("deepseek_v2", "fp8-channel", {}, not_special, 1),
-    "qwen3_moe_int4": ("qwen3_moe", "int4-g32", {}, not_special, 1),
     "deepseek_v3_int4": ("deepseek_v3", "int4-g32", {}, not_special, 2),
     "kimi_k2_fp8_block": ("kimi_k2", "fp8-block", {}, not_special, 2),
     "qwen3_int4": ("qwen3", "int4-g32", {}, not_special, 1),
@@ -256,7 +257,7 @@ def make(name, out_root, seed, widen=0, lengths=(5, 48, 150)):
 
 # committed under tests/data/quant; the others are for other dims (KDEC_GOLDEN_EXTRA)
 COMMITTED = ("llama_fp8_block", "deepseek_v3_fp8_block", "llama_fp8_channel", "qwen3_fp8_tensor",
-             "llama_int4", "kimi_k2_int4")
+             "llama_int4", "kimi_k2_int4", "qwen3_moe_int4")
 
 
 def main():

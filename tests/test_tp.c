@@ -52,8 +52,9 @@ static const char *const models[] = {
 	"reference/llama", "reference/qwen3", "reference/qwen3_moe", "reference/deepseek_v2",
 	"reference/deepseek_v3", "reference/kimi_k2",
 	/* quantized checkpoints: shards of payloads and scales (fp8 128x128 blocks; int4
-	 * groups of 32, nibbles repacked where a rank's columns start inside a word) */
-	"quant/deepseek_v3_fp8_block", "quant/kimi_k2_int4",
+	 * groups of 32, nibbles repacked where a rank's columns start inside a word;
+	 * qwen3_moe_int4's o_proj columns split inside groups: restated in smaller ones) */
+	"quant/deepseek_v3_fp8_block", "quant/kimi_k2_int4", "quant/qwen3_moe_int4",
 };
 static const int tps[] = { 2, 3, 4, 8 };
 /* tests/data/gguf-golden (bf16; made from the golden checkpoints by llama.cpp's
