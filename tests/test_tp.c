@@ -535,6 +535,18 @@ static void check_shards_equal(const struct model *m, const struct model *mt, co
 				      !memcmp(sw->shard_buf, sm->shard_buf, sw->weight_bytes),
 				      "%s: tp %d%s rank %d: the shard %s differs", name, n, ep ? " ep" : "",
 				      r, how);
+				/* a shared expert: every rank its 1/n of the rows, expert parallel too
+				 * (whole on rank 0 only where n does not divide them) */
+				for (int l = 0; sw && l < m->cfg.n_layers; l++) {
+					const struct model_tensor *g = &m->layers[l].w_gate;
+					int64_t want = !m->layers[l].is_moe || g->rows % n == 0 ? g->rows / n
+						       : r == 0 ? g->rows : 0;
+
+					if (g->data && (sw->layers[l].w_gate.data ? sw->layers[l].w_gate.rows : 0) != want)
+						CHECK(0, "%s: tp %d%s rank %d layer %d: %lld shared-expert rows, want %lld",
+						      name, n, ep ? " ep" : "", r, l,
+						      (long long)sw->layers[l].w_gate.rows, (long long)want);
+				}
 				model_destroy(sw);
 				model_destroy(sm);
 			}
