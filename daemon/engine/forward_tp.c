@@ -544,6 +544,13 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	g->n = n;
 	g->ep = ep;
 	g->cp = cp;
+	for (int r = 0, kv = m->cfg.n_kv_heads; r < n; r++) {	/* shard_gqa: rank r's KV
+								 * head r * KV / n when KV < n */
+		g->kv_same[r] = m->cfg.mla ? (cp ? r : 0) : r;
+		while (!m->cfg.mla && kv < n && g->kv_same[r] > 0 &&
+		       (g->kv_same[r] - 1) * kv / n == r * kv / n)
+			g->kv_same[r]--;
+	}
 	g->vocab = m->cfg.vocab_size;
 	g->ops = ops;
 	g->max_rows = max_rows;
@@ -633,6 +640,17 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 int forward_tp_ranks(const struct forward *f)
 {
 	return f->tp ? f->tp->n : 1;
+}
+
+void forward_tp_rank_kv(const struct forward *f, int r, const struct forward **rf,
+			struct backend **be, int *same_as, int *split)
+{
+	const struct fwd_tp *g = f->tp;
+
+	*rf = g ? g->f[r] : f;
+	*be = g ? g->be[r] : f->be;
+	*same_as = g ? g->kv_same[r] : 0;
+	*split = g && g->cp ? g->n : 1;
 }
 
 void forward_tp_describe(const struct forward *f, char *buf, size_t len)

@@ -97,6 +97,15 @@ int forward_tp_embed(struct forward *f, const struct fwd_batch *b);
  * run as tp 1's, graphs and all: forward_run). */
 int forward_tp_ranks(const struct forward *f);
 
+/* Rank r's (r < forward_tp_ranks(f)) forward, whose kv holds its KV cache, and backend
+ * (tp 1: f and f->be); the first rank whose cache holds the same bytes (r where no rank
+ * before it does: KV heads replicated when fewer than ranks, an MLA latent replicated
+ * unless split by tokens); and *split: 1, or n where the rank holds every n-th slot
+ * (s % n == r, at its row s / n: MLA decode context parallel). For the host tier's
+ * copies (kv_spans.h). */
+void forward_tp_rank_kv(const struct forward *f, int r, const struct forward **rf,
+			struct backend **be, int *same_as, int *split);
+
 /* "tp 1", or "tp N, all-reduce fused (k_cuda_ar_fused)" / "..., all-reduce nccl
  * 2.28.3" / "..., all-reduce shared memory (tp_comm.c)": for the log and kdctl status. */
 void forward_tp_describe(const struct forward *f, char *buf, size_t len);

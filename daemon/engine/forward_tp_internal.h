@@ -39,6 +39,9 @@ struct fwd_tp {
 	 * with s % n == r, at its row s / n (one more row takes the others' latents);
 	 * the buffers below are shared by the ranks (threads of one process) */
 	int cp;
+	int kv_same[MODEL_SHARD_MAX_RANKS];	/* the first rank whose KV cache holds the
+					 * bytes rank r's does (r: none before it): KV heads
+					 * replicated, an MLA latent without cp */
 	int cp_heads;			/* the model's query heads (every rank's) */
 	int cp_trash;			/* the cache row a slot of another rank is written to */
 	int32_t *cp_slots[MODEL_SHARD_MAX_RANKS];	/* (max_rows) this step's rows' local rows */
