@@ -38,7 +38,7 @@
 static const char synth_config[] =
 	"{\"model_type\": \"llama\", \"vocab_size\": 151937, \"hidden_size\": 64,"
 	" \"intermediate_size\": 128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
-	" \"num_key_value_heads\": 2, \"head_dim\": 16, \"rms_norm_eps\": 1e-5,"
+	" \"num_key_value_heads\": 4, \"head_dim\": 16, \"rms_norm_eps\": 1e-5,"
 	" \"max_position_embeddings\": 4096, \"tie_word_embeddings\": false,"
 	" \"rope_theta\": 500000.0, \"torch_dtype\": \"bfloat16\"}\n";
 

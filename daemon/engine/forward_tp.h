@@ -46,10 +46,11 @@ int forward_tp_mla_attn(struct forward *f, const struct model_layer *L, int l,
 			const struct k_attn_rows *rows, const struct k_mla_dims *d, float scale);
 
 /* Rank 0: runs the step on every rank; logits (n_out, full vocab) as forward_run.
- * With sampling set (forward_sample_set; every row greedy, else -EINVAL) no logits are
- * written: each rank takes the argmax of its vocabulary slice of each out row and
- * rank 0 compares the (value, id) pairs into f->sample.ids (vocabulary-split greedy
- * sampling: the full logits are never gathered). */
+ * With sampling set (forward_sample_set; every row greedy, or a top-k draw where
+ * forward_tp_topk_ok, else -EINVAL) no logits are written: each rank takes the argmax,
+ * or the top-k pairs, of its vocabulary slice of each out row and rank 0 merges the
+ * (value, id) pairs into f->sample.ids (vocabulary-split sampling: the full logits are
+ * never gathered). */
 int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits);
 
 /* The greedy pick of kernels/cpu/sample.c over l (n): the highest value, the lower
