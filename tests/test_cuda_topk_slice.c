@@ -7,8 +7,9 @@
  * 1e30, NaN, +-inf), one value repeated, fewer than 64 non-NaN values, all NaN, all
  * -inf, and values rounded to a few bits (long runs of ties across chunks); vn from 1
  * to K_CUDA_TOPK_SLICE_MAX_VN, one chunk (<= 4096) and many, rows 1..64, v0 offsets.
- * Then the two launches captured in a CUDA graph, replayed on fresh inputs; the
- * refusals (one line each, nothing launched). KD_TEST_QUICK=1: a few small shapes (for
+ * Both histogram forms (k_cuda_tuning()->topk_match 1 and 0: the same bits). Then the
+ * two launches captured in a CUDA graph, replayed on fresh inputs; the refusals (one
+ * line each, nothing launched). KD_TEST_QUICK=1: a few small shapes (for
  * compute-sanitizer). Skips (77) without CUDA or a GPU. */
 #include <errno.h>
 #include <math.h>
@@ -23,6 +24,7 @@
 #ifdef KD_HAVE_CUDA
 #include "kernels/cpu/k_cpu_sample.h"
 #include "kernels/cuda/comm/k_cuda_comm.h"
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "tests/cudatest.h"
 
 #define K K_CUDA_TOPK_SLICE_K
@@ -202,6 +204,16 @@ static void case_refusals(void)
 	cudaFree(dtop);
 }
 
+/* The histograms' form: one atomic per warp's digit (1, the default) or per item. */
+static void set_match(int match)
+{
+	struct k_cuda_tuning t;
+
+	k_cuda_tuning_defaults(&t);
+	t.topk_match = match;
+	k_cuda_tuning_set(&t);
+}
+
 static void run_full(void)
 {
 	static const int vns[] = { 1, 2, 7, 63, 64, 65, 100, 4095, 4096, 4097, 8191, 12289,
@@ -221,6 +233,13 @@ static void run_full(void)
 	rows += case_shape(5, 9000, 2147483647 - 9000, 3);	/* the last ids int32 holds */
 	fprintf(stderr, "test_cuda_topk_slice: %d rows of %d shapes (every kind of row) as "
 		"k_cpu_sample_top_k, bit for bit\n", rows, shapes + 1);
+	set_match(0);	/* an atomic an item: the same selection */
+	rows = 0;
+	for (size_t a = 0; a < sizeof(vns) / sizeof(vns[0]); a += 2)
+		rows += case_shape(8, vns[a], 11, (int)a);
+	set_match(1);
+	fprintf(stderr, "test_cuda_topk_slice: %d rows with topk_match 0 (an atomic an item) as "
+		"k_cpu_sample_top_k, bit for bit\n", rows);
 	case_graph(8, 40000);
 	case_graph(3, 1000);
 }
@@ -236,6 +255,9 @@ int main(void)
 	if (getenv("KD_TEST_QUICK") && atoi(getenv("KD_TEST_QUICK"))) {
 		case_shape(3, 100, 5, 0);
 		case_shape(9, 9000, 0, 1);	/* two launches, every kind of row */
+		set_match(0);
+		case_shape(9, 9000, 0, 2);
+		set_match(1);
 		case_graph(2, 5000);
 	} else {
 		run_full();

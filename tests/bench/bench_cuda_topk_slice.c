@@ -3,8 +3,10 @@
  * (a 128K-152K vocabulary at tp 8, 2 and 1), each beside the floor of one read of the
  * logits (rows * vn * 4 bytes at 4.25 TB/s). A figure is the mean of 200 launches back
  * to back between two events (the step issues it so, after the replay), after 20 warm
- * ones: the logits stay in L2 where they fit (as lm_head's output does in a step). The
- * checks of the same kernel: test_cuda_topk_slice. Exits 77 without CUDA or a GPU. */
+ * ones: the logits stay in L2 where they fit (as lm_head's output does in a step).
+ * Each shape in both histogram forms (KDEC_TOPK_MATCH 1: a warp's equal digits one
+ * atomic, the default; 0: an atomic an item). The checks of the same kernel:
+ * test_cuda_topk_slice. Exits 77 without CUDA or a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -15,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/comm/k_cuda_comm.h"
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "tests/cudatest.h"
 #include "tests/bench/cudabench.h"
 
@@ -66,16 +69,23 @@ int main(void)
 	d = dup_to_device(h, most * sizeof(float));
 	top = dalloc(sizeof(uint32_t) * (2 * K_CUDA_TOPK_SLICE_K + 1) * 64);
 	ws = dalloc(ws_bytes);
-	printf("topk_slice (best %d of each row)   rows      vn      us   floor us   bytes\n",
+	printf("topk_slice (best %d of each row)  rows      vn  match us  atomic us  floor us     bytes\n",
 	       K_CUDA_TOPK_SLICE_K);
 	for (size_t a = 0; d && top && ws && a < sizeof(vns) / sizeof(vns[0]); a++)
 		for (size_t b = 0; b < sizeof(rowss) / sizeof(rowss[0]); b++) {
-			double bytes = (double)rowss[b] * vns[a] * 4;
-			double us = time_topk(s, top, ws, ws_bytes, d, rowss[b], vns[a]);
+			double bytes = (double)rowss[b] * vns[a] * 4, us[2];
+			struct k_cuda_tuning t;
 
-			printf("topk_slice                          %4d  %6d  %6.2f  %9.2f  %6.0f\n",
-			       rowss[b], vns[a], us, bench_floor_us(bytes), bytes);
+			for (int m = 0; m < 2; m++) {	/* KDEC_TOPK_MATCH 1, then 0 */
+				k_cuda_tuning_defaults(&t);
+				t.topk_match = !m;
+				k_cuda_tuning_set(&t);
+				us[m] = time_topk(s, top, ws, ws_bytes, d, rowss[b], vns[a]);
+			}
+			printf("topk_slice                        %4d  %6d  %8.2f  %9.2f  %8.2f  %8.0f\n",
+			       rowss[b], vns[a], us[0], us[1], bench_floor_us(bytes), bytes);
 		}
+	k_cuda_tuning_set(NULL);
 	cudaFree(ws);
 	cudaFree(top);
 	cudaFree(d);

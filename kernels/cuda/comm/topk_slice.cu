@@ -17,7 +17,9 @@
 // logits; ties of the logit go on into the position's digits: at most 6 passes). The
 // selected K are then exactly those whose key's decided digits are >= the prefix:
 // gathered in any order (a slot counter), then sorted by position, so the result is
-// deterministic and ids come out ascending.
+// deterministic and ids come out ascending. The histograms' atomics: a warp's equal
+// digits counted at once (match.any) or one an item, k_cuda_tuning()->topk_match (the
+// same bits; which is faster is not yet measured).
 #include <cstdint>
 
 #include "kernels/cuda/comm/k_cuda_comm.h"
@@ -93,11 +95,29 @@ __device__ unsigned block_scan(unsigned v, unsigned *total, topk_smem &S)
 	return before + x;
 }
 
+// Counts item c's digit d where in: MATCH 1, one atomic per digit a warp holds (logits
+// crowd few bins of the first digits; a warp with no item in skips the match);
+// MATCH 0, an atomic an item (k_cuda_tuning()->topk_match picks, an A/B of the same
+// bits). Every thread of the warp calls it.
+template <bool MATCH>
+__device__ __forceinline__ void count_digit(bool in, unsigned d, topk_smem &S)
+{
+	if (!MATCH) {
+		if (in)
+			atomicAdd(&S.hist[d], 1u);
+	} else if (__any_sync(0xffffffffu, in)) {
+		const unsigned peers = __match_any_sync(0xffffffffu, in ? d : 256u);
+
+		if (in && threadIdx.x % 32 == (unsigned)__ffs(peers) - 1)
+			atomicAdd(&S.hist[d], (unsigned)__popc(peers));
+	}
+}
+
 // The CTA's best min(K, items) of its items c[] (0: no item), by key, into S.sel
 // (S.n_sel of them, in no order). Every thread calls it.
+template <bool MATCH>
 __device__ void select_best(const u64 (&c)[TOPK_PER_THREAD], topk_smem &S)
 {
-	const unsigned lane = threadIdx.x % 32;
 	int shift = 48;		// the digits at and above shift are decided: prefix
 	u64 prefix = 0;
 	bool first = true;
@@ -112,12 +132,8 @@ __device__ void select_best(const u64 (&c)[TOPK_PER_THREAD], topk_smem &S)
 		__syncthreads();
 		for (int j = 0; j < TOPK_PER_THREAD; j++) {
 			const bool in = c[j] && (c[j] >> shift) == prefix;
-			const unsigned d = in ? (unsigned)(c[j] >> s) & 255u : 256u;
-			const unsigned peers = __match_any_sync(0xffffffffu, d);
 
-			// one atomic per digit a warp holds: logits crowd few bins
-			if (in && lane == (unsigned)__ffs(peers) - 1)
-				atomicAdd(&S.hist[d], (unsigned)__popc(peers));
+			count_digit<MATCH>(in, (unsigned)(c[j] >> s) & 255u, S);
 		}
 		__syncthreads();
 		h = S.hist[255 - threadIdx.x];	// thread t: the t-th bin from the top
@@ -201,7 +217,7 @@ __device__ void write_final(const topk_args &a, const topk_smem &S, int index)
 
 // MERGE 0: chunk blockIdx.x of row blockIdx.y, from the logits (the final result
 // where the row is one chunk); MERGE 1: the row's chunks' selections.
-template <bool MERGE>
+template <bool MERGE, bool MATCH>
 __global__ void __launch_bounds__(TOPK_THREADS) topk_slice_kernel(topk_args a)
 {
 	__shared__ topk_smem S;
@@ -221,7 +237,7 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_slice_kernel(topk_args a)
 				    : logit_key(a.logits[(size_t)row * a.vn + (size_t)chunk * TOPK_CHUNK + p]);
 		c[j] = item_key(key, p);
 	}
-	select_best(c, S);
+	select_best<MATCH>(c, S);
 	sort_selected(S);
 	if (threadIdx.x < S.n_sel) {
 		own = S.sorted[threadIdx.x];
@@ -273,10 +289,16 @@ extern "C" int k_cuda_topk_slice(cudaStream_t s, void *top, void *ws, size_t ws_
 	a.rows = rows;
 	a.vn = vn;
 	a.v0 = v0;
-	topk_slice_kernel<false><<<dim3(a.n_chunks, rows), TOPK_THREADS, 0, s>>>(a);
+	if (k_cuda_tuning()->topk_match)
+		topk_slice_kernel<false, true><<<dim3(a.n_chunks, rows), TOPK_THREADS, 0, s>>>(a);
+	else
+		topk_slice_kernel<false, false><<<dim3(a.n_chunks, rows), TOPK_THREADS, 0, s>>>(a);
 	K_CUDA_TRY_LAUNCHED("topk_slice");
 	if (a.n_chunks == 1)
 		return 0;
-	topk_slice_kernel<true><<<dim3(1, rows), TOPK_THREADS, 0, s>>>(a);
+	if (k_cuda_tuning()->topk_match)
+		topk_slice_kernel<true, true><<<dim3(1, rows), TOPK_THREADS, 0, s>>>(a);
+	else
+		topk_slice_kernel<true, false><<<dim3(1, rows), TOPK_THREADS, 0, s>>>(a);
 	return K_CUDA_LAUNCHED("topk_slice merge");
 }
