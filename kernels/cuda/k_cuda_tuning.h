@@ -23,6 +23,9 @@ struct k_cuda_tuning {
 	/* ---- launches ---- */
 	int cuda_pdl;		/* KDEC_CUDA_PDL, flag, 1: the small ops are launched with
 				 * programmatic stream serialisation (launch_check.cuh) */
+	int topk_match;		/* KDEC_TOPK_MATCH, flag, 1: k_cuda_topk_slice's histograms
+				 * count a warp's equal digits with one atomic (match.any);
+				 * 0: an atomic an item. Not yet measured (session 10) */
 
 	/* ---- linear (kernels/cuda/linear) ---- */
 	int linear_tune;	/* KDEC_LINEAR_TUNE, flag, 1: each GEMM shape times cuBLASLt's
