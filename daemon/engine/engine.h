@@ -33,8 +33,9 @@ struct engine_opts {
 	int threads;		/* <= 0: one per online CPU; with tp > 1, shared among the ranks */
 	int gpus[ENGINE_MAX_GPUS];	/* --gpus (cuda): the GPUs to run on */
 	int n_gpus;		/* 0: not given (GPU 0); -1: all visible; else gpus[0..n) */
-	int tp;			/* tensor-parallel ranks (docs/PARALLEL.md); <= 1: one. CPU
-				 * backend only for now; refuses the host tier */
+	int tp;			/* tensor-parallel ranks (docs/PARALLEL.md); <= 1: one. cpu:
+				 * any N the shapes split; cuda: one rank per GPU of gpus,
+				 * or 2 / 4 virtual ranks on one */
 	int ep;			/* with tp > 1: routed experts whole, a share per rank (expert
 				 * parallel), not sliced across all ranks */
 	int mla_cp;		/* with tp > 1 on an MLA model: the latent cache split by
