@@ -224,11 +224,17 @@ else
 	fail "kdecd --backend cuda --tp 2 --no-graphs did not start: $(tail -n 3 "$tmp/daemon2.log")"
 fi
 
-# ---- kdbench decode at tp 2, graphs and not (the figures' format; no figure is checked) ----
+# ---- kdbench decode at tp 2, graphs and not (the figures' format; no figure is checked
+# but layer_us: with graphs one layer of every rank is timed, forward_tp_layer_time) ----
 for g in "" --no-graphs; do
+	rm -f "$tmp/dec.jsonl"
 	"$B/kdbench" decode --model "$G/qwen3_moe" --backend cuda --batch 1,4 --ctx 16 --steps 4 --warmup 1 \
-		--tp 2 $g >"$tmp/dec" 2>"$tmp/err" && grep -q 'tokens/s\|tok/s' "$tmp/dec" && ok ||
+		--tp 2 $g --out "$tmp/dec.jsonl" >"$tmp/dec" 2>"$tmp/err" && grep -q 'tokens/s\|tok/s' "$tmp/dec" && ok ||
 		fail "decode --tp 2 $g: $(tail -n 2 "$tmp/err") $(tail -n 2 "$tmp/dec")"
+	[ -n "$g" ] && continue
+	lus=$(sed -n 's/.*"layer_us":\([0-9.]*\).*/\1/p' "$tmp/dec.jsonl" | head -n 1)
+	awk -v u="${lus:-0}" 'BEGIN { exit !(u + 0 > 0) }' && ok ||
+		fail "decode --tp 2: layer_us ${lus:-missing} (want > 0: one layer of every rank timed)"
 done
 
 # ---- refusals: one clear line each ----

@@ -684,6 +684,8 @@ int forward_layer_time(struct forward *f, int rows, int layer, int reps, int rep
 	void *graph = NULL;
 	double ms;
 
+	if (forward_tp_ranks(f) > 1)	/* every rank's layer, one graph (forward_tp_graph.c) */
+		return forward_tp_layer_time(f, rows, layer, reps, replays, us_per_layer, nodes);
 	if (!f->use_graphs || f->tp || bucket >= FWD_N_BUCKETS || f->bucket_lat[bucket] < 0 ||
 	    st->layout_rows != size || layer < 0 || layer >= f->m->cfg.n_layers || reps < 1 ||
 	    replays < 1)

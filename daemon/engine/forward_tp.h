@@ -103,6 +103,14 @@ int forward_tp_embed(struct forward *f, const struct fwd_batch *b);
  * run as tp 1's, graphs and all: forward_run). */
 int forward_tp_ranks(const struct forward *f);
 
+/* forward_layer_time at tp > 1: layer `layer` of every rank, reps times over, captured
+ * into one graph (ranks that share a GPU: BACKEND_TP_GRAPH_ONE) over the inputs the
+ * last decode graph step staged (its bucket must be rows'), replayed `replays` times on
+ * rank 0's queue; the kernels of every rank counted in *nodes. -EINVAL where the ranks
+ * capture no such graph (a graph per rank: not built). */
+int forward_tp_layer_time(struct forward *f, int rows, int layer, int reps, int replays,
+			  double *us_per_layer, int *nodes);
+
 /* Rank r's (r < forward_tp_ranks(f)) forward, whose kv holds its KV cache, and backend
  * (tp 1: f and f->be); the first rank whose cache holds the same bytes (r where no rank
  * before it does: KV heads replicated when fewer than ranks, an MLA latent replicated

@@ -105,7 +105,7 @@ int forward_tp_graph_rank(struct forward *f)
 	 * capturing: the copy would be recorded. A rank's block moves (stage_block_alloc)
 	 * exactly when rank 0's does (the same batch, the same table capacity), which
 	 * rank 0 checked before the round, so what a replay reads is where its graph does */
-	if (per && r && g->mode != TP_STEP_CAPTURE)
+	if (per && r && g->mode != TP_STEP_CAPTURE && g->mode != TP_STEP_LAYER)
 		ret = rank_stage(g, r, g->b, f->be);
 	if (!ret && g->mode == TP_STEP_REPLAY && f->st.block != g->cap_block[g->g_bucket][r])
 		ret = -ESTALE;	/* not reached: see above */
@@ -123,6 +123,18 @@ int forward_tp_graph_rank(struct forward *f)
 			ret = rank_ops(f);
 		if (r) {	/* even after a failure: the capture must end */
 			ret2 = g->ops->tp_capture_end(f->be, g->bcomm, r, graph, &g->rank_nodes[g->g_bucket][r]);
+			ret = ret ? ret : ret2;
+		}
+		break;
+	case TP_STEP_LAYER:	/* as a capture, one layer over the bucket's staged inputs */
+		if (!ret && r && (ret = g->ops->tp_capture_begin(f->be, g->bcomm, r)))
+			break;
+		for (int i = 0; !ret && i < g->layer_reps; i++)
+			ret = forward_layer(f, g->layer, &g->db[r]);
+		if (r) {
+			void *none = NULL;	/* one graph: rank 0's end holds it */
+
+			ret2 = g->ops->tp_capture_end(f->be, g->bcomm, r, &none, &g->layer_nodes[r]);
 			ret = ret ? ret : ret2;
 		}
 		break;
@@ -253,4 +265,64 @@ int forward_tp_graph_step(struct forward *f, const struct fwd_batch *b, float *l
 		if ((ret = rank_collect(g, r, g->be[0])))
 			return ret;
 	return g->ops->sync(g->be[0]);
+}
+
+/* Median of n (<= 16) replays of graph on rank 0's queue, each to its end, ms. */
+static double layer_replay_ms(struct backend *be, void *graph, int n)
+{
+	double t[16];
+
+	n = n < 16 ? n : 16;
+	for (int i = 0; i < n; i++) {
+		double t0 = clock_now();
+
+		if (be->ops->graph_launch(be, graph) || be->ops->sync(be))
+			return 0;
+		t[i] = clock_now() - t0;
+	}
+	for (int i = 1; i < n; i++)	/* insertion sort: n is small */
+		for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+			double v = t[j];
+
+			t[j] = t[j - 1];
+			t[j - 1] = v;
+		}
+	return t[n / 2] * 1e3;
+}
+
+int forward_tp_layer_time(struct forward *f, int rows, int layer, int reps, int replays,
+			  double *us_per_layer, int *nodes)
+{
+	struct fwd_tp *g = f->tp;
+	struct backend *be0 = g->be[0];
+	void *graph = NULL;
+	int ret, ret2, n0 = 0, size, bucket = 0;
+
+	for (size = 1; size < rows; size *= 2)	/* forward_step.c's buckets */
+		bucket++;
+	/* one graph of every rank (a graph per rank would need every rank's replay timed
+	 * together: not built); the bucket of rows is the last graph step's, staged */
+	if (g->graph_kind != BACKEND_TP_GRAPH_ONE || !f->use_graphs || reps < 1 || replays < 1 ||
+	    layer < 0 || layer >= f->m->cfg.n_layers || bucket != g->g_bucket || size != g->g_size ||
+	    !graphs_ready(g, bucket))
+		return -EINVAL;
+	g->layer = layer;
+	g->layer_reps = reps;
+	if ((ret = g->ops->tp_capture_begin(be0, g->bcomm, 0)))
+		return ret;
+	ret = forward_tp_round(g, TP_STEP_LAYER, g->b, g->logits);
+	ret2 = g->ops->tp_capture_end(be0, g->bcomm, 0, &graph, &n0);
+	ret = ret ? ret : ret2;
+	for (int r = 1; r < g->n; r++)
+		n0 += g->layer_nodes[r];
+	if (!ret) {
+		double ms = layer_replay_ms(be0, graph, 2);
+
+		ms = ms > 0 ? layer_replay_ms(be0, graph, replays) : 0;
+		ret = ms > 0 ? 0 : -EIO;
+		*us_per_layer = ms * 1e3 / reps;
+		*nodes = n0 / reps;
+	}
+	be0->ops->graph_destroy(be0, graph);
+	return ret;
 }

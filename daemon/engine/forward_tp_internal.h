@@ -15,6 +15,8 @@ enum tp_step {
 	TP_STEP_WARM,		/* a graph bucket's step op by op, before its capture */
 	TP_STEP_CAPTURE,	/* the same step recorded, nothing run */
 	TP_STEP_REPLAY,		/* BACKEND_TP_GRAPH_PER_RANK: each rank replays its graph */
+	TP_STEP_LAYER,		/* BACKEND_TP_GRAPH_ONE: one layer of every rank, g->layer_reps
+				 * times over, recorded (kdbench's layer_us) */
 };
 
 struct fwd_tp {
@@ -87,6 +89,8 @@ struct fwd_tp {
 	char *cap_block[FWD_N_BUCKETS][MODEL_SHARD_MAX_RANKS];	/* the staged blocks a
 					 * bucket's graph reads (a new block: captured again) */
 	int said_eager;			/* the line "graphs off" logged */
+	int layer, layer_reps;		/* TP_STEP_LAYER: which layer, how many times */
+	int layer_nodes[MODEL_SHARD_MAX_RANKS];	/* its kernels, rank r's */
 
 	/* vocabulary-split greedy sampling: rank r's best (value, id) per out row */
 	int max_rows;
