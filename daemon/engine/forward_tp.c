@@ -49,7 +49,8 @@ int forward_tp_reduce_norm(struct forward *f, float *buf, size_t n, float *resid
 	}
 	if (n % (size_t)hidden)
 		return -EINVAL;
-	if (g->mode == TP_STEP_CAPTURE && g->graph_kind == BACKEND_TP_GRAPH_ONE) {
+	if ((g->mode == TP_STEP_CAPTURE || g->mode == TP_STEP_LAYER) &&
+	    g->graph_kind == BACKEND_TP_GRAPH_ONE) {
 		/* one graph of every rank: each rank records its part; once all have, rank
 		 * 0 queues them as one launch, then every rank's next work waits for it */
 		if ((ret = g->ops->tp_arrive(f->be, g->bcomm, f->tp_rank)) ||
