@@ -442,7 +442,8 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 				if ((only && !strstr(shapes[i].name, only)) || (only_M && M != only_M) ||
 				    (only_f && strcmp(fn, only_f)))
 					continue;
-				time_q(&shapes[i], fmts[f], M, M * shapes[i].top_k <= 64 ? "small" : "grouped");
+				time_q(&shapes[i], fmts[f], M,
+				       M * shapes[i].top_k <= 64 ? "small" : "grouped");
 				if (fmts[f] != K_Q_NONE && M * shapes[i].top_k <= 64) {
 					/* the same call on moe_qmma.cu's tensor-core kernels */
 					moe_set_qmma(1);

@@ -14,7 +14,7 @@
 // bytes per 2 MMAs (only 8 lanes), and 4 FADD/FFMA per 16 values (the partial sums
 // scaled once): ~0.8 (fp8) and ~1.4 (int4) instructions a value at one pair, with the
 // loads, scales and addressing. Bytes: the weights as stored once per pass of up to
-// QM_NPP pairs of an expert (at M <= 8 top 8, 1-1.3 pairs an expert), the split
+// MQM_NPP pairs of an expert (at M <= 8 top 8, 1-1.3 pairs an expert), the split
 // activations 4 bytes a value from shared memory (gate/up) or L2 (down), read by 8 lanes
 // a warp: 1 B a weight value (fp8) / 1 B (int4, 32 values of 16 B against 128 B of B)
 // per pair, against 4-8 B before, and one LDS.128 a lane per 2 MMAs, conflict-free.
@@ -35,7 +35,7 @@
 #include "kernels/cuda/moe/moe_qmma.cuh"
 #include "kernels/cuda/moe/moe_small_m1.cuh"
 
-#define QM_X_SMEM SM_X_SMEM_MAX	// gate/up: bytes of split x rows per CTA
+#define MQM_X_SMEM SM_X_SMEM_MAX	// gate/up: bytes of split x rows per CTA
 
 static_assert(M1_UC == 4, "a unit is 4 chunks: 2 tiles (or steps) x rows g, g + 8");
 
@@ -44,10 +44,10 @@ namespace {	// kernels and their helpers stay private to this file
 // The warp's partial sums acc[p][r] (lane chunks) summed over the quad's 4 lanes in a
 // fixed order; every lane of the quad gets the sum.
 template <int R>
-__device__ __forceinline__ void qm_quad_sum(float (&acc)[QM_NPP][R])
+__device__ __forceinline__ void mqm_quad_sum(float (&acc)[MQM_NPP][R])
 {
 #pragma unroll
-	for (int p = 0; p < QM_NPP; p++)
+	for (int p = 0; p < MQM_NPP; p++)
 #pragma unroll
 		for (int r = 0; r < R; r++) {
 			acc[p][r] += __shfl_xor_sync(0xffffffffu, acc[p][r], 1);
@@ -58,11 +58,11 @@ __device__ __forceinline__ void qm_quad_sum(float (&acc)[QM_NPP][R])
 // Where unit k of a warp's stream is: item it (group q, tile x), unit j of the item's
 // nui. load and consume each walk k = 0, 1, 2, ... in turn, so each keeps a cursor and
 // steps it (no division a unit).
-struct qm_cur {
+struct mqm_cur {
 	int it, q, x, j;
 };
 
-__device__ __forceinline__ void qm_cur_next(qm_cur &c, int nui, int T)
+__device__ __forceinline__ void mqm_cur_next(mqm_cur &c, int nui, int T)
 {
 	if (++c.j < nui)
 		return;
@@ -80,23 +80,23 @@ __device__ __forceinline__ void qm_cur_next(qm_cur &c, int nui, int T)
 // silu(gate x) * up x split as down's B (moe_qmma.cuh), fac (n, inter / 16) its factors.
 template <int F>
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
-qm_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x, const int32_t *ids,
+mqm_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x, const int32_t *ids,
 		  int n, int top_k, int E, int hidden, int inter, int qp, uint4 *act, float *fac)
 {
-	extern __shared__ uint4 qm_xs[];
+	extern __shared__ uint4 mqm_xs[];
 	__shared__ small_plan sp;
-	__shared__ qm_groups gr;
+	__shared__ mqm_groups gr;
 	__shared__ const uint4 *used_w[MOE_SMALL_MAX_PAIRS][2];	// used expert's gate, up
 	__shared__ const void *used_s[MOE_SMALL_MAX_PAIRS][2];		// and their scales
-	__shared__ float red[2][QM_NPP][2][16][SM_WARPS];	// item's sums by warp (2 items)
-	__shared__ float vt[QM_NPP][16];			// the tile's SwiGLU values
+	__shared__ float red[2][MQM_NPP][2][16][SM_WARPS];	// item's sums by warp (2 items)
+	__shared__ float vt[MQM_NPP][16];			// the tile's SwiGLU values
 	constexpr int VPC = MQ_VPC(F);
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-	const int nc = hidden / VPC, S = nc / QM_CHUNKS, NUI = (S + SM_WARPS - 1) / SM_WARPS;
-	const int T = inter / 16, xu = hidden / 4, xg = hidden / QM_FG;
-	float *xf = (float *)(qm_xs + (size_t)qp * xu);
+	const int nc = hidden / VPC, S = nc / MQM_CHUNKS, NUI = (S + SM_WARPS - 1) / SM_WARPS;
+	const int T = inter / 16, xu = hidden / 4, xg = hidden / MQM_FG;
+	float *xf = (float *)(mqm_xs + (size_t)qp * xu);
 	int items, lo, hi, K;
-	qm_cur lc, cc;		// load's and consume's units
+	mqm_cur lc, cc;		// load's and consume's units
 
 	k_cuda_pdl_wait();
 	small_plan_build(sp, ids, n, E);
@@ -108,21 +108,21 @@ qm_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x, co
 			used_s[threadIdx.x][m] = wq.scales[3 * e + m];
 		}
 	}
-	qm_groups_build(gr, sp, qp);	// its barrier publishes used_w, used_s
+	mqm_groups_build(gr, sp, qp);	// its barrier publishes used_w, used_s
 	items = gr.n * T;	// <= 64 * inter / 16
 	lo = (int)((long long)items * blockIdx.x / gridDim.x);
 	hi = (int)((long long)items * (blockIdx.x + 1) / gridDim.x);
 	K = (hi - lo) * NUI;	// the same for every warp: the barriers line up
-	lc = qm_cur{ lo, lo / T, lo % T, 0 };
+	lc = mqm_cur{ lo, lo / T, lo % T, 0 };
 	cc = lc;
 
 	uint4 wa[M1_UC], wb[M1_UC], na[M1_UC], nb[M1_UC];	// na, nb: unit_stream's 2nd rows, unused
 	float sa[4], sb[4];		// the units' scales (a: even units, b: odd)
-	float acc[QM_NPP][4];		// pair p: gate rows g, g + 8, up rows g, g + 8
-	uint4 bu[QM_NPP];		// B units (zero at the lanes that never load them)
+	float acc[MQM_NPP][4];		// pair p: gate rows g, g + 8, up rows g, g + 8
+	uint4 bu[MQM_NPP];		// B units (zero at the lanes that never load them)
 
 #pragma unroll
-	for (int p = 0; p < QM_NPP; p++) {
+	for (int p = 0; p < MQM_NPP; p++) {
 		bu[p] = make_uint4(0, 0, 0, 0);
 #pragma unroll
 		for (int r = 0; r < 4; r++)
@@ -132,9 +132,9 @@ qm_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x, co
 	// Unit k: step s of item lo + k / NUI (nothing where s >= S).
 	auto load = [&](int k, uint4 *w, uint4 *) {
 		int q = lc.q, f0 = lc.x * 16, s = warp + SM_WARPS * lc.j;
-		int u = gr.u[q], c = QM_CHUNKS * s + t;
+		int u = gr.u[q], c = MQM_CHUNKS * s + t;
 
-		qm_cur_next(lc, NUI, T);
+		mqm_cur_next(lc, NUI, T);
 		if (s >= S)
 			return;
 #pragma unroll
@@ -156,15 +156,15 @@ qm_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x, co
 		if (o < 0 || gr.np[q] != gr.np[o])
 			return false;
 		for (int j = 0; j < gr.np[q]; j++)
-			if (qm_pair(gr, sp, q, j) / top_k != qm_pair(gr, sp, o, j) / top_k)
+			if (mqm_pair(gr, sp, q, j) / top_k != mqm_pair(gr, sp, o, j) / top_k)
 				return false;
 		return true;
 	};
 	// Group q's x rows, split, into the slots (the whole CTA).
 	auto stage = [&](int q) {
 		for (int i = threadIdx.x; i < gr.np[q] * xg; i += SM_THREADS) {
-			int j = i / xg, k0 = i % xg * QM_FG;
-			const float4 *src = (const float4 *)(x + (size_t)(qm_pair(gr, sp, q, j) / top_k) *
+			int j = i / xg, k0 = i % xg * MQM_FG;
+			const float4 *src = (const float4 *)(x + (size_t)(mqm_pair(gr, sp, q, j) / top_k) *
 								 hidden + k0);
 			float v[16];
 
@@ -177,7 +177,7 @@ qm_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x, co
 				v[4 * e + 2] = f.z;
 				v[4 * e + 3] = f.w;
 			}
-			qm_put16<F>(qm_xs + (size_t)j * xu, xf + (size_t)j * xg, k0, v);
+			mqm_put16<F>(mqm_xs + (size_t)j * xu, xf + (size_t)j * xg, k0, v);
 		}
 		__syncthreads();
 	};
@@ -186,10 +186,10 @@ qm_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x, co
 	auto finish = [&](int it, int q, int f0) {
 		int buf = (it - lo) & 1, np = gr.np[q];
 
-		qm_quad_sum(acc);
+		mqm_quad_sum(acc);
 		if (t == 0)
 #pragma unroll
-			for (int p = 0; p < QM_NPP; p++)	// unrolled: acc stays in registers
+			for (int p = 0; p < MQM_NPP; p++)	// unrolled: acc stays in registers
 				if (p < np)
 #pragma unroll
 				for (int m = 0; m < 2; m++)
@@ -197,12 +197,12 @@ qm_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x, co
 					for (int r = 0; r < 2; r++)
 						red[buf][p][m][g + 8 * r][warp] = acc[p][2 * m + r];
 #pragma unroll
-		for (int p = 0; p < QM_NPP; p++)
+		for (int p = 0; p < MQM_NPP; p++)
 #pragma unroll
 			for (int r = 0; r < 4; r++)
 				acc[p][r] = 0.0f;
 		__syncthreads();	// red[buf] complete (and red[buf ^ 1] read two items ago)
-		if (threadIdx.x < QM_NPP * 16) {	// whole warps: a pair's 16 lanes in one
+		if (threadIdx.x < MQM_NPP * 16) {	// whole warps: a pair's 16 lanes in one
 			int j = threadIdx.x / 16, r = threadIdx.x % 16;
 
 			if (j < np) {
@@ -216,13 +216,13 @@ qm_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x, co
 			}
 			__syncwarp();
 			if (r == 0 && j < np) {
-				int i = qm_pair(gr, sp, q, j);
+				int i = mqm_pair(gr, sp, q, j);
 				float v[16];
 
 #pragma unroll
 				for (int e = 0; e < 16; e++)
 					v[e] = vt[j][e];
-				qm_put16<F>(act + (size_t)i * (inter / 4), fac + (size_t)i * (inter / QM_FG),
+				mqm_put16<F>(act + (size_t)i * (inter / 4), fac + (size_t)i * (inter / MQM_FG),
 					    f0, v);
 			}
 		}
@@ -232,22 +232,22 @@ qm_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x, co
 
 		// A new group: its x rows, unless the last group's were the same (M = 1: once).
 		// The last item's barrier (finish) has passed: no warp reads the slots.
-		qm_cur_next(cc, NUI, T);
+		mqm_cur_next(cc, NUI, T);
 		if (j == 0 && (it == lo || f0 == 0) && !same_rows(q, it == lo ? -1 : q - 1))
 			stage(q);
 		if (s < S) {
-			qm_bsrc b;
+			mqm_bsrc b;
 
-			b.row = qm_xs;
+			b.row = mqm_xs;
 			b.fac = xf;
 			b.np = gr.np[q];
 #pragma unroll
-			for (int p = 0; p < QM_NPP; p++)
+			for (int p = 0; p < MQM_NPP; p++)
 				b.off[p] = p * xu;	// slot p's factors: xf + p * xg = xf + off / 4
 			if (k & 1)
-				qm_step<F, 2, false>(w, sb, s, b, acc, bu, lane);
+				mqm_step<F, 2, false>(w, sb, s, b, acc, bu, lane);
 			else
-				qm_step<F, 2, false>(w, sa, s, b, acc, bu, lane);
+				mqm_step<F, 2, false>(w, sa, s, b, acc, bu, lane);
 		}
 		if (j == NUI - 1)
 			finish(it, q, f0);
@@ -257,28 +257,28 @@ qm_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x, co
 }
 
 // Grid (hidden / 16): CTA b owns output columns 16 b .. 16 b + 15 of every row. Items:
-// the groups (QM_NPP pairs at most) of every used expert; each warp takes steps w, w +
+// the groups (MQM_NPP pairs at most) of every used expert; each warp takes steps w, w +
 // 8 of each (2 steps a unit). Then each row's pairs in increasing (expert id, pair)
 // order, products rounded, as small_down_kernel sums them; add: out += that.
 template <int F>
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
-qm_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const uint4 *act, const float *fac,
+mqm_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const uint4 *act, const float *fac,
 	       const int32_t *ids, const float *weights, int M, int top_k, int E, int hidden,
 	       int inter, int add, float *out)
 {
 	__shared__ small_plan sp;
-	__shared__ qm_groups gr;
+	__shared__ mqm_groups gr;
 	__shared__ float red[MOE_SMALL_MAX_PAIRS][16][SM_WARPS];	// pair's columns by warp
 	__shared__ float sw[MOE_SMALL_MAX_PAIRS];			// pair's routing weight
 	__shared__ const uint4 *used_w[MOE_SMALL_MAX_PAIRS];		// used expert's down
 	__shared__ const void *used_s[MOE_SMALL_MAX_PAIRS];		// and its scales
 	constexpr int VPC = MQ_VPC(F);
 	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-	const int nc = inter / VPC, S = nc / QM_CHUNKS;
+	const int nc = inter / VPC, S = nc / MQM_CHUNKS;
 	const int NUI = (S + 2 * SM_WARPS - 1) / (2 * SM_WARPS);	// units a group a warp
 	const int c0 = blockIdx.x * 16, n = M * top_k;
 	int K;
-	qm_cur lc, cc;
+	mqm_cur lc, cc;
 
 	k_cuda_pdl_wait();
 	if (threadIdx.x < n)
@@ -290,18 +290,18 @@ qm_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const uint4 *act, con
 		used_w[threadIdx.x] = (const uint4 *)expert_w[3 * e + 2];
 		used_s[threadIdx.x] = wq.scales[3 * e + 2];
 	}
-	qm_groups_build(gr, sp, QM_NPP);
+	mqm_groups_build(gr, sp, MQM_NPP);
 	K = gr.n * NUI;
-	lc = qm_cur{ 0, 0, 0, 0 };	// it, x unused (one tile)
+	lc = mqm_cur{ 0, 0, 0, 0 };	// it, x unused (one tile)
 	cc = lc;
 
 	uint4 wa[M1_UC], wb[M1_UC], na[M1_UC], nb[M1_UC];
 	float sa[4], sb[4];
-	float acc[QM_NPP][2];		// pair p: rows g, g + 8
-	uint4 bu[QM_NPP];
+	float acc[MQM_NPP][2];		// pair p: rows g, g + 8
+	uint4 bu[MQM_NPP];
 
 #pragma unroll
-	for (int p = 0; p < QM_NPP; p++) {
+	for (int p = 0; p < MQM_NPP; p++) {
 		bu[p] = make_uint4(0, 0, 0, 0);
 		acc[p][0] = acc[p][1] = 0.0f;
 	}
@@ -310,11 +310,11 @@ qm_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const uint4 *act, con
 	auto load = [&](int k, uint4 *w, uint4 *) {
 		int q = lc.q, s0 = warp + 2 * SM_WARPS * lc.j, u = gr.u[q];
 
-		qm_cur_next(lc, NUI, 1);
+		mqm_cur_next(lc, NUI, 1);
 
 #pragma unroll
 		for (int h = 0; h < 2; h++) {
-			int s = s0 + SM_WARPS * h, c = QM_CHUNKS * s + t;
+			int s = s0 + SM_WARPS * h, c = MQM_CHUNKS * s + t;
 
 			if (s >= S)
 				break;
@@ -334,16 +334,16 @@ qm_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const uint4 *act, con
 	};
 	auto consume = [&](int k, const uint4 *w, const uint4 *) {
 		int q = cc.q, j = cc.j, s0 = warp + 2 * SM_WARPS * j;
-		qm_bsrc b;
+		mqm_bsrc b;
 
-		qm_cur_next(cc, NUI, 1);
+		mqm_cur_next(cc, NUI, 1);
 
 		b.row = act;
 		b.fac = fac;
 		b.np = gr.np[q];
 #pragma unroll
-		for (int p = 0; p < QM_NPP; p++)	// < 64 * inter / 4: an int
-			b.off[p] = qm_pair(gr, sp, q, min(p, b.np - 1)) * (inter / 4);
+		for (int p = 0; p < MQM_NPP; p++)	// < 64 * inter / 4: an int
+			b.off[p] = mqm_pair(gr, sp, q, min(p, b.np - 1)) * (inter / 4);
 #pragma unroll
 		for (int h = 0; h < 2; h++) {
 			int s = s0 + SM_WARPS * h;
@@ -351,22 +351,22 @@ qm_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const uint4 *act, con
 			if (s >= S)
 				break;
 			if (k & 1)
-				qm_step<F, 1, true>(w + 2 * h, sb + 2 * h, s, b, acc, bu, lane);
+				mqm_step<F, 1, true>(w + 2 * h, sb + 2 * h, s, b, acc, bu, lane);
 			else
-				qm_step<F, 1, true>(w + 2 * h, sa + 2 * h, s, b, acc, bu, lane);
+				mqm_step<F, 1, true>(w + 2 * h, sa + 2 * h, s, b, acc, bu, lane);
 		}
 		if (j == NUI - 1) {	// the group's sums of this warp, then fresh ones
-			qm_quad_sum(acc);
+			mqm_quad_sum(acc);
 			if (t == 0)
 #pragma unroll
-				for (int p = 0; p < QM_NPP; p++) {
+				for (int p = 0; p < MQM_NPP; p++) {
 					if (p >= b.np)
 						break;
-					red[qm_pair(gr, sp, q, p)][g][warp] = acc[p][0];
-					red[qm_pair(gr, sp, q, p)][g + 8][warp] = acc[p][1];
+					red[mqm_pair(gr, sp, q, p)][g][warp] = acc[p][0];
+					red[mqm_pair(gr, sp, q, p)][g + 8][warp] = acc[p][1];
 				}
 #pragma unroll
-			for (int p = 0; p < QM_NPP; p++)
+			for (int p = 0; p < MQM_NPP; p++)
 				acc[p][0] = acc[p][1] = 0.0f;
 		}
 	};
@@ -396,28 +396,28 @@ qm_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const uint4 *act, con
 }
 
 // Pairs of a group whose split x rows fit the gate/up kernel's shared memory.
-int qm_qp(int hidden)
+int mqm_qp(int hidden)
 {
-	int qp = (int)(QM_X_SMEM / ((size_t)hidden * 4 + (size_t)hidden / QM_FG * 4));
+	int qp = (int)(MQM_X_SMEM / ((size_t)hidden * 4 + (size_t)hidden / MQM_FG * 4));
 
-	return qp < QM_NPP ? qp : QM_NPP;
+	return qp < MQM_NPP ? qp : MQM_NPP;
 }
 
 template <int F>
-void qm_launch(cudaStream_t s, int ctas, const uint16_t *const *expert_w, const moe_wq &wq,
+void mqm_launch(cudaStream_t s, int ctas, const uint16_t *const *expert_w, const moe_wq &wq,
 	       const float *x, const int32_t *ids, const float *weights, int M, int top_k,
 	       int n_experts, int hidden, int inter, uint32_t *act, float *fac, int add, float *out)
 {
-	int qp = qm_qp(hidden);
-	size_t smem = (size_t)qp * ((size_t)hidden * 4 + (size_t)hidden / QM_FG * 4);
+	int qp = mqm_qp(hidden);
+	size_t smem = (size_t)qp * ((size_t)hidden * 4 + (size_t)hidden / MQM_FG * 4);
 
 	// Launch order: gate/up, then down at once; down reads nothing before its wait.
-	k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), smem, qm_gate_up_kernel<F>, expert_w,
+	k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), smem, mqm_gate_up_kernel<F>, expert_w,
 			  wq, x, ids, M * top_k, top_k, n_experts, hidden, inter, qp, (uint4 *)act,
 			  fac);
 	if (cudaPeekAtLastError() != cudaSuccess)
 		return;
-	k_cuda_launch_pdl(s, dim3(hidden / 16), dim3(SM_THREADS), 0, qm_down_kernel<F>, expert_w,
+	k_cuda_launch_pdl(s, dim3(hidden / 16), dim3(SM_THREADS), 0, mqm_down_kernel<F>, expert_w,
 			  wq, (const uint4 *)act, (const float *)fac, ids, weights, M, top_k,
 			  n_experts, hidden, inter, add, out);
 }
@@ -433,19 +433,19 @@ bool moe_qmma_fits(const struct moe_wq &wq, int M, int top_k, int hidden, int in
 
 	if (!k_cuda_tuning()->moe_qmma || (wq.fmt != MQ_FP8 && wq.fmt != MQ_INT4) || sh_inter)
 		return false;
-	step = QM_CHUNKS * MQ_VPC(wq.fmt);
+	step = MQM_CHUNKS * MQ_VPC(wq.fmt);
 	return M > 0 && top_k > 0 && (long)M * top_k <= MOE_SMALL_MAX_PAIRS && hidden % step == 0 &&
-	       inter % step == 0 && inter / QM_FG <= hidden && qm_qp(hidden) >= 1;
+	       inter % step == 0 && inter / MQM_FG <= hidden && mqm_qp(hidden) >= 1;
 }
 
 int moe_qmma_setup(void)
 {
-	return K_CUDA_CALL(cudaFuncSetAttribute(qm_gate_up_kernel<MQ_FP8>,
+	return K_CUDA_CALL(cudaFuncSetAttribute(mqm_gate_up_kernel<MQ_FP8>,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
-						QM_X_SMEM)) ||
-	       K_CUDA_CALL(cudaFuncSetAttribute(qm_gate_up_kernel<MQ_INT4>,
+						MQM_X_SMEM)) ||
+	       K_CUDA_CALL(cudaFuncSetAttribute(mqm_gate_up_kernel<MQ_INT4>,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
-						QM_X_SMEM)) ? -EIO : 0;
+						MQM_X_SMEM)) ? -EIO : 0;
 }
 
 int moe_qmma_run(cudaStream_t s, uint32_t *act, float *fac, float *out, const float *x, int M,
@@ -456,10 +456,10 @@ int moe_qmma_run(cudaStream_t s, uint32_t *act, float *fac, float *out, const fl
 	int ctas = SM_CTAS_PER_SM * (n_sm > 0 ? n_sm : 1);
 
 	if (wq.fmt == MQ_INT4)
-		qm_launch<MQ_INT4>(s, ctas, expert_w, wq, x, ids, weights, M, top_k, n_experts,
+		mqm_launch<MQ_INT4>(s, ctas, expert_w, wq, x, ids, weights, M, top_k, n_experts,
 				   hidden, inter, act, fac, add, out);
 	else
-		qm_launch<MQ_FP8>(s, ctas, expert_w, wq, x, ids, weights, M, top_k, n_experts,
+		mqm_launch<MQ_FP8>(s, ctas, expert_w, wq, x, ids, weights, M, top_k, n_experts,
 				  hidden, inter, act, fac, add, out);
 	return K_CUDA_LAUNCHED("moe qmma");
 }

@@ -25,7 +25,7 @@
 // values (K a multiple of 4 chunks): per step s, 8 blocks (t, h) = 2t + h of NU =
 // VPC / 8 units of 16 bytes, each block the h part of chunk 4s + t in the order the
 // MMAs take it (fp8: natural; int4: each 8 values as (0, 4), (1, 5), (2, 6), (3, 7), the
-// pairs k_dq_i4x8_raw makes); units swizzled inside a block (qm_unit) so that the 8
+// pairs k_dq_i4x8_raw makes); units swizzled inside a block (mqm_unit) so that the 8
 // lanes that load B (lane (g, g / 2): column g) hit 8 distinct bank groups in shared
 // memory. 4 bytes a value, as fp32.
 #ifndef KD_KERNELS_CUDA_MOE_QMMA_CUH
@@ -39,14 +39,14 @@
 #include "kernels/cuda/moe/moe_small.cuh"
 #include "kernels/cuda/quant_dequant.cuh"
 
-#define QM_NPP 2		// pairs of one expert dotted per pass over its weights
-#define QM_CHUNKS 4		// chunks of a row per step (a quad's lanes)
-#define QM_FG 16		// values per activation factor
+#define MQM_NPP 2		// pairs of one expert dotted per pass over its weights
+#define MQM_CHUNKS 4		// chunks of a row per step (a quad's lanes)
+#define MQM_FG 16		// values per activation factor
 
 namespace {	// each including file's own copy
 
 // c += a * b: m16n8k16, f16 in, fp32 accumulate.
-__device__ __forceinline__ void qm_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+__device__ __forceinline__ void mqm_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
 				       uint32_t a3, uint32_t b0, uint32_t b1)
 {
 	asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
@@ -57,7 +57,7 @@ __device__ __forceinline__ void qm_mma(float (&c)[4], uint32_t a0, uint32_t a1, 
 
 // Unit u (0 .. NU - 1) of block blk (= 2t + h) of step s in a split row (uint4 index).
 template <int F>
-__device__ __forceinline__ int qm_unit(int s, int blk, int u)
+__device__ __forceinline__ int mqm_unit(int s, int blk, int u)
 {
 	constexpr int NU = MQ_VPC(F) / 8;
 	int key = F == MQ_INT4 ? (blk >> 1) & 3 : (blk >> 2) & 1;
@@ -68,7 +68,7 @@ __device__ __forceinline__ int qm_unit(int s, int blk, int u)
 // 8 values (natural order) scaled by f as the f16 h part (0 hi, 1 lo), packed in the
 // MMAs' order (fp8 natural; int4 0, 4, 1, 5, 2, 6, 3, 7).
 template <int F>
-__device__ __forceinline__ uint4 qm_pack8(const float *v, float f, int h)
+__device__ __forceinline__ uint4 mqm_pack8(const float *v, float f, int h)
 {
 	uint32_t w[4];
 
@@ -93,7 +93,7 @@ __device__ __forceinline__ uint4 qm_pack8(const float *v, float f, int h)
 // Values k0 .. k0 + 15 of a row (k0 a multiple of 16) into the split row (units) and
 // its factors (fac: 1 / f per 16 values).
 template <int F>
-__device__ __forceinline__ void qm_put16(uint4 *row, float *fac, int k0, const float (&v)[16])
+__device__ __forceinline__ void mqm_put16(uint4 *row, float *fac, int k0, const float (&v)[16])
 {
 	constexpr int VPC = MQ_VPC(F);
 	float mx = 0.0f;
@@ -108,19 +108,19 @@ __device__ __forceinline__ void qm_put16(uint4 *row, float *fac, int k0, const f
 	for (int h = 0; h < 2; h++)
 #pragma unroll
 		for (int uu = 0; uu < 2; uu++)
-			row[qm_unit<F>(c / 4, 2 * (c % 4) + h, 2 * gh + uu)] =
-				qm_pack8<F>(v + 8 * uu, __int_as_float((127 + 15 - E) << 23), h);
+			row[mqm_unit<F>(c / 4, 2 * (c % 4) + h, 2 * gh + uu)] =
+				mqm_pack8<F>(v + 8 * uu, __int_as_float((127 + 15 - E) << 23), h);
 	fac[k0 / 16] = __int_as_float((127 - 15 + E) << 23);
 }
 
 // Where the pairs of a pass find their split activations (shared or global memory):
 // pair p's split row at row + off[p] (units), its factors at fac + off[p] / 4 (a row of
 // K values: K / 4 units, K / 16 factors).
-struct qm_bsrc {
+struct mqm_bsrc {
 	const uint4 *row;
 	const float *fac;
-	int off[QM_NPP];
-	int np;				// pairs, 1 .. QM_NPP
+	int off[MQM_NPP];
+	int np;				// pairs, 1 .. MQM_NPP
 };
 
 // One step s of NMAT 16-row tiles against the np pairs of b: w[2 m], w[2 m + 1] the
@@ -129,19 +129,19 @@ struct qm_bsrc {
 // (kept between calls: only lane (g, g / 2) loads them, the others stay zero).
 // GLOBAL: b's rows are in global memory (written by an earlier launch), else shared.
 template <int F, int NMAT, bool GLOBAL>
-__device__ __forceinline__ void qm_step(const uint4 *w, const float *sc, int s, const qm_bsrc &b,
-					float (&acc)[QM_NPP][2 * NMAT], uint4 (&bu)[QM_NPP], int lane)
+__device__ __forceinline__ void mqm_step(const uint4 *w, const float *sc, int s, const mqm_bsrc &b,
+					float (&acc)[MQM_NPP][2 * NMAT], uint4 (&bu)[MQM_NPP], int lane)
 {
-	constexpr int NG = MQ_VPC(F) / QM_FG;	// factors a chunk (MMAs: 4 a factor)
+	constexpr int NG = MQ_VPC(F) / MQM_FG;	// factors a chunk (MMAs: 4 a factor)
 	const int g = lane / 4, t = lane % 4;
 	const bool loads = t == g / 2;		// the lane that holds B's column g
 
 #pragma unroll
 	for (int gr = 0; gr < NG; gr++) {
-		float d[QM_NPP][NMAT][4];
+		float d[MQM_NPP][NMAT][4];
 
 #pragma unroll
-		for (int p = 0; p < QM_NPP; p++)
+		for (int p = 0; p < MQM_NPP; p++)
 #pragma unroll
 			for (int m = 0; m < NMAT; m++)
 #pragma unroll
@@ -161,28 +161,28 @@ __device__ __forceinline__ void qm_step(const uint4 *w, const float *sc, int s, 
 				}
 			}
 #pragma unroll
-			for (int p = 0; p < QM_NPP; p++) {
+			for (int p = 0; p < MQM_NPP; p++) {
 				if (p >= b.np)
 					break;
 				if (loads) {
-					const uint4 *q = b.row + b.off[p] + qm_unit<F>(s, g, mp / 2);
+					const uint4 *q = b.row + b.off[p] + mqm_unit<F>(s, g, mp / 2);
 
 					bu[p] = GLOBAL ? __ldcg(q) : *q;
 				}
 #pragma unroll
 				for (int m = 0; m < NMAT; m++) {
-					qm_mma(d[p][m], a[2 * m][0], a[2 * m + 1][0], a[2 * m][1],
+					mqm_mma(d[p][m], a[2 * m][0], a[2 * m + 1][0], a[2 * m][1],
 					       a[2 * m + 1][1], bu[p].x, bu[p].y);
-					qm_mma(d[p][m], a[2 * m][2], a[2 * m + 1][2], a[2 * m][3],
+					mqm_mma(d[p][m], a[2 * m][2], a[2 * m + 1][2], a[2 * m][3],
 					       a[2 * m + 1][3], bu[p].z, bu[p].w);
 				}
 			}
 		}
 #pragma unroll
-		for (int p = 0; p < QM_NPP; p++) {
+		for (int p = 0; p < MQM_NPP; p++) {
 			if (p >= b.np)
 				break;
-			const float *fp = b.fac + b.off[p] / 4 + (QM_CHUNKS * s + t) * NG + gr;
+			const float *fp = b.fac + b.off[p] / 4 + (MQM_CHUNKS * s + t) * NG + gr;
 			float f = GLOBAL ? __ldcg(fp) : *fp;
 
 #pragma unroll
@@ -197,13 +197,13 @@ __device__ __forceinline__ void qm_step(const uint4 *w, const float *sc, int s, 
 
 // The passes of a call: used expert u's pairs (the plan's, in order) cut into groups of
 // at most qp, in increasing u. At most MOE_SMALL_MAX_PAIRS.
-struct qm_groups {
+struct mqm_groups {
 	int n;
 	int u[MOE_SMALL_MAX_PAIRS], p0[MOE_SMALL_MAX_PAIRS], np[MOE_SMALL_MAX_PAIRS];
 };
 
 // The whole CTA calls it after small_plan_build.
-__device__ __forceinline__ void qm_groups_build(qm_groups &gr, const small_plan &sp, int qp)
+__device__ __forceinline__ void mqm_groups_build(mqm_groups &gr, const small_plan &sp, int qp)
 {
 	if (threadIdx.x == 0) {
 		int n = 0;
@@ -221,7 +221,7 @@ __device__ __forceinline__ void qm_groups_build(qm_groups &gr, const small_plan 
 }
 
 // Pair j of group q (its index i = m * top_k + slot).
-__device__ __forceinline__ int qm_pair(const qm_groups &gr, const small_plan &sp, int q, int j)
+__device__ __forceinline__ int mqm_pair(const mqm_groups &gr, const small_plan &sp, int q, int j)
 {
 	return sp.sorted[sp.used_start[gr.u[q]] + gr.p0[q] + j];
 }
