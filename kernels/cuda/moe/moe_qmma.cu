@@ -5,19 +5,19 @@
 // k_cuda_tuning()->moe_qmma (KDEC_MOE_QMMA=1) picks it where moe_qmma_fits; the CUDA-core
 // kernels (moe_small*.cu) stay the fall-back.
 //
-// Counted before it was written (per lane and 16-byte chunk of a weight row, 16 fp8 or
-// 32 int4 values; SASS of the old kernels in docs/PERFORMANCE.md, round 3): the old dot
-// costs 3.0 (fp8) and 3.8 (int4) warp instructions a value (the x value of each product
-// read and multiplied on a CUDA core). Here a chunk costs its conversion (fp8: 2 cvt a
-// word of 4 values, 0.5 a value; int4: k_dq_i4x8_raw, 9 a word of 8, 1.1 a value), the
-// MMAs (fp8 4, int4 8 a chunk per pair, each 256 values of the warp), one B load of 16
-// bytes per 2 MMAs (only 8 lanes), and 4 FADD/FFMA per 16 values (the partial sums
-// scaled once): ~0.8 (fp8) and ~1.4 (int4) instructions a value at one pair, with the
-// loads, scales and addressing. Bytes: the weights as stored once per pass of up to
-// MQM_NPP pairs of an expert (at M <= 8 top 8, 1-1.3 pairs an expert), the split
-// activations 4 bytes a value from shared memory (gate/up) or L2 (down), read by 8 lanes
-// a warp: 1 B a weight value (fp8) / 1 B (int4, 32 values of 16 B against 128 B of B)
-// per pair, against 4-8 B before, and one LDS.128 a lane per 2 MMAs, conflict-free.
+// Counted (per lane; round 3's SASS in docs/PERFORMANCE.md): the CUDA-core dots cost
+// 3.0 (fp8) and 3.8 (int4) warp instructions a value, each product's x read from shared
+// memory and multiplied on a CUDA core. Here, planned before it was written: the
+// conversion (fp8: 2 cvt a word of 4 values, 0.5 a value; int4: k_dq_i4x8_raw, 9 a word
+// of 8, 1.1 a value), one MMA per 256 values of the warp and pair, one LDS.128 of B per
+// 2 MMAs (8 lanes), 3 fp32 operations per 16 values (the partial sums scaled once).
+// Then read off the SASS of one step of mqm_step (sm_90a), gate/up at one pair: fp8 ~67
+// instructions for 64 values (32 F2FP, 8 HMMA, 3 LDS, 12 FADD/FMUL/FFMA), int4 ~205 for
+// 128 (144 LOP3/HADD2/HFMA2/SHF, 16 HMMA, 6 LDS, 24 fp32): 1.05 and 1.6 a value, ~1.7
+// and ~1.9 with each unit's weight loads, scales and cursor (estimated, ~40 a unit); a
+// further pair of the same expert ~+0.35. Shared memory: gate/up's B is 0.125 B a weight
+// value (2 B before: the fp32 x of every value), conflict-free; down's B comes from L2,
+// 4 B an activation per CTA, as the fp32 activations did.
 //
 // gate/up: one wave of CTAs shares the items (group of pairs, 16-feature tile) evenly;
 // the 8 warps split each item's k steps (warp w: steps w, w + 8, ...), each warp's
