@@ -267,34 +267,11 @@ int forward_tp_graph_step(struct forward *f, const struct fwd_batch *b, float *l
 	return g->ops->sync(g->be[0]);
 }
 
-/* Median of n (<= 16) replays of graph on rank 0's queue, each to its end, ms. */
-static double layer_replay_ms(struct backend *be, void *graph, int n)
-{
-	double t[16];
-
-	n = n < 16 ? n : 16;
-	for (int i = 0; i < n; i++) {
-		double t0 = clock_now();
-
-		if (be->ops->graph_launch(be, graph) || be->ops->sync(be))
-			return 0;
-		t[i] = clock_now() - t0;
-	}
-	for (int i = 1; i < n; i++)	/* insertion sort: n is small */
-		for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-			double v = t[j];
-
-			t[j] = t[j - 1];
-			t[j - 1] = v;
-		}
-	return t[n / 2] * 1e3;
-}
-
 int forward_tp_layer_time(struct forward *f, int rows, int layer, int reps, int replays,
 			  double *us_per_layer, int *nodes)
 {
 	struct fwd_tp *g = f->tp;
-	struct backend *be0 = g->be[0];
+	struct backend *be0 = g->be[0];	/* g->f[0]'s: one graph, replayed there */
 	void *graph = NULL;
 	int ret, ret2, n0 = 0, size, bucket = 0;
 
@@ -316,9 +293,9 @@ int forward_tp_layer_time(struct forward *f, int rows, int layer, int reps, int 
 	for (int r = 1; r < g->n; r++)
 		n0 += g->layer_nodes[r];
 	if (!ret) {
-		double ms = layer_replay_ms(be0, graph, 2);
+		double ms = forward_graph_replay_ms(g->f[0], graph, 2);
 
-		ms = ms > 0 ? layer_replay_ms(be0, graph, replays) : 0;
+		ms = ms > 0 ? forward_graph_replay_ms(g->f[0], graph, replays) : 0;
 		ret = ms > 0 ? 0 : -EIO;
 		*us_per_layer = ms * 1e3 / reps;
 		*nodes = n0 / reps;

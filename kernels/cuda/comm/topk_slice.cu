@@ -24,6 +24,7 @@
 
 #include "kernels/cuda/comm/k_cuda_comm.h"
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/logit_key.cuh"
 
 #define TOPK_K K_CUDA_TOPK_SLICE_K
 #define TOPK_THREADS 256
@@ -48,18 +49,6 @@ struct topk_smem {
 	unsigned bin, bin_count, need, total;
 };
 
-// Larger logit, larger key; -0 ranks as +0 (they compare equal); NaN is 0 (no item),
-// below -inf (0x007fffff).
-__device__ __forceinline__ unsigned logit_key(float l)
-{
-	unsigned u = __float_as_uint(l);
-
-	if (l != l)
-		return 0;
-	if (l == 0.0f)
-		u = 0;
-	return u & 0x80000000u ? ~u : u | 0x80000000u;
-}
 
 __device__ __forceinline__ u64 item_key(unsigned key, int pos)
 {
@@ -234,7 +223,7 @@ __global__ void __launch_bounds__(TOPK_THREADS) topk_slice_kernel(topk_args a)
 
 		if (p < n)
 			key = MERGE ? a.ws_key[wrow + p]
-				    : logit_key(a.logits[(size_t)row * a.vn + (size_t)chunk * TOPK_CHUNK + p]);
+				    : k_cuda_logit_key(a.logits[(size_t)row * a.vn + (size_t)chunk * TOPK_CHUNK + p]);
 		c[j] = item_key(key, p);
 	}
 	select_best<MATCH>(c, S);
