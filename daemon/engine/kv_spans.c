@@ -4,6 +4,7 @@
 
 #include "daemon/engine/forward_tp.h"
 #include "daemon/engine/kv_spans.h"
+#include "daemon/model/model_shard.h"
 
 #define SPAN_BATCH 512	/* planes a side copy takes in one call */
 
@@ -102,10 +103,10 @@ static int span_copy(const struct kv_span *sp, int64_t lo, int64_t hi, uint8_t *
 
 int kv_spans_copy(const struct kv_spans *ks, int32_t block, void *raw, int to_device, int side)
 {
-	size_t at[64] = { 0 }, off = 0;	/* each stored span's place in the run */
+	size_t at[MODEL_SHARD_MAX_RANKS] = { 0 }, off = 0;	/* each span's place in the run */
 	int ret = 0;
 
-	if (ks->n > (int)(sizeof(at) / sizeof(at[0])))
+	if (ks->n > MODEL_SHARD_MAX_RANKS)
 		return -EINVAL;
 	for (int r = 0; r < ks->n; r++) {
 		const struct kv_span *sp = &ks->s[r];
