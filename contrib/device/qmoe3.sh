@@ -19,32 +19,23 @@
 # Expected (not yet run): every test line PASS, memcheck 0 errors; the qmma rows below
 # the small rows, most at int4 (docs/PERFORMANCE.md, "round 4 (written, not run)").
 set -u
-B=${B:-devbuild-qmoe3}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export LD_LIBRARY_PATH="$PWD/$B/devlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export top_srcdir=$PWD top_builddir=$PWD/$B
-O=${OUT:-/tmp/qmoe3out}; mkdir -p "$O"; L=$(mktemp -d /tmp/qmoe3L.XXXXXX)
-S=$O/summary.txt
-t0=$SECONDS
-say() { echo "$*" | tee -a "$S"; }
-# run NAME CMD...: output to $L/NAME.log, one summary line
-run() { local n=$1 t=$SECONDS; shift; "$@" >"$L/$n.log" 2>&1; local rc=$?; say "== [$((SECONDS-t0)) s] $n: rc $rc in $((SECONDS-t)) s: $(tail -n 1 "$L/$n.log" | cut -c1-200)"; }
+. contrib/device/lib.sh
+use "${B:-devbuild-qmoe3}"
 say "build: $(cat "$B/COMMIT" 2>/dev/null); $(date -u +%FT%TZ)"
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader | tee -a "$S"
+gpu_line
 
 # 1. correctness: the quick test, then memcheck of the same
-run test_quick env KD_TEST_QUICK=1 timeout 120 "$B/tests/test_cuda_moe_q"
+step test_quick 120 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
 grep -cE " PASS$" "$L/test_quick.log" | sed 's/^/PASS lines: /' | tee -a "$S"
 grep -E "FAIL|qmma" "$L/test_quick.log" | head -n 40 | tee -a "$S"
-cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-run memcheck env KD_TEST_QUICK=1 timeout 300 "$cs" --tool memcheck --error-exitcode 9 \
+step memcheck 300 env KD_TEST_QUICK=1 "$CS" --tool memcheck --error-exitcode 9 \
 	"$B/tests/test_cuda_moe_q"
 grep -E "ERROR SUMMARY|FAIL" "$L/memcheck.log" | head -n 5 | tee -a "$S"
 
 # 2. the experts alone: old and new side by side, one process per shape and M
 for sh in qwen3 v2-lite deepseek-v3 kimi; do
 	for M in 1 8; do
-		run "bench_${sh}_M$M" timeout 60 "$B/tests/bench/bench_cuda_moe" q "$sh" "$M"
+		step "bench_${sh}_M$M" 60 "$B/tests/bench/bench_cuda_moe" q "$sh" "$M"
 		grep "moe_q time" "$L/bench_${sh}_M$M.log" | sed 's/ (payload + scales)//' | tee -a "$S"
 	done
 done
@@ -53,7 +44,7 @@ done
 for model in qwen3-30b-a3b deepseek-v2-lite; do
 	for fmt in fp8-block int4-g32; do
 		for q in 0 1 0b; do
-			run "decode_${model}_${fmt}_$q" env KDEC_MOE_QMMA=${q%b} timeout 90 "$B/kdbench" \
+			step "decode_${model}_${fmt}_$q" 90 env KDEC_MOE_QMMA=${q%b} "$B/kdbench" \
 				decode --model "tests/data/configs/$model.json" --synthetic-weights \
 				--weight-format "$fmt" --backend cuda --ctx 1024 --steps 16 --warmup 4 \
 				--batch 1,8
@@ -66,7 +57,7 @@ done
 # 4. the full test (every shape and format) in what is left
 left=$((${TOTAL:-420} - (SECONDS - t0)))
 if [ $left -gt 30 ]; then
-	run test_full timeout $left "$B/tests/test_cuda_moe_q"
+	step test_full $left "$B/tests/test_cuda_moe_q"
 	grep -cE " PASS$" "$L/test_full.log" | sed 's/^/full: PASS lines: /' | tee -a "$S"
 	grep -E "FAIL|qmma" "$L/test_full.log" | tee -a "$S" | tail -n 60 >/dev/null
 else

@@ -22,33 +22,24 @@
 #   && B=devbuild-cudatopk bash devbuild-cudatopk/scratch/topk_cuda.sh"  carry [devbuild-cudatopk.tar.xz]
 # (the call runs in main's tree: tests/data is main's, the scripts this branch's copies)
 set -u
-B=${B:-devbuild-cudatopk}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export LD_LIBRARY_PATH="$PWD/$B/devlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export top_srcdir=$PWD top_builddir=$PWD/$B
-O=${OUT:-/tmp/topkout}; mkdir -p "$O"; L=$(mktemp -d /tmp/topkL.XXXXXX)
-S=$O/summary.txt
-CS=/usr/local/cuda/bin/compute-sanitizer
-G=$PWD/tests/data/golden
-t0=$SECONDS
-say() { echo "$*" | tee -a "$S"; }
-run() { local n=$1 t=$SECONDS; shift; "$@" >"$L/$n.log" 2>&1; local rc=$?; say "== [$((SECONDS-t0)) s] $n: rc $rc in $((SECONDS-t)) s: $(tail -n 1 "$L/$n.log" | cut -c1-300)"; }
+. contrib/device/lib.sh
+use "${B:-devbuild-cudatopk}"
 say "build: $(cat "$B/COMMIT" 2>/dev/null)"
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader | tee -a "$S"
-run test_cuda_topk_slice timeout 90 "$B/tests/test_cuda_topk_slice"
+gpu_line
+step test_cuda_topk_slice 90 "$B/tests/test_cuda_topk_slice"
 grep -E "rows of|graph of|FAIL|differ" "$L/test_cuda_topk_slice.log" | head -n 12 | tee -a "$S"
 for tool in memcheck racecheck synccheck; do
-	run "san_$tool" env KD_TEST_QUICK=1 timeout 120 "$CS" --tool "$tool" --error-exitcode 3 \
+	step "san_$tool" 120 env KD_TEST_QUICK=1 "$CS" --tool "$tool" --error-exitcode 3 \
 		"$B/tests/test_cuda_topk_slice"
 	grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error" "$L/san_$tool.log" | head -n 3 | tee -a "$S"
 done
-run bench timeout 60 "$B/tests/bench/bench_cuda_topk_slice"
+step bench 60 "$B/tests/bench/bench_cuda_topk_slice"
 grep "^topk_slice" "$L/bench.log" | tee -a "$S"
-run test_cuda_tp_draws timeout 120 "$B/tests/test_cuda_tp_draws" "$G/llama3" "$G/qwen3_moe" "$G/deepseek_v3"
+step test_cuda_tp_draws 120 "$B/tests/test_cuda_tp_draws" "$G/llama3" "$G/qwen3_moe" "$G/deepseek_v3"
 grep -E "draws \(|FAIL|refused" "$L/test_cuda_tp_draws.log" | tee -a "$S"
 left=$((${TOTAL:-150} - (SECONDS - t0)))
 [ $left -gt 10 ] || left=10
-run test_cuda_tp timeout $left sh "$B/scratch/test_cuda_tp.sh"
+step test_cuda_tp $left sh "$B/scratch/test_cuda_tp.sh"
 grep -E "worst row|draws \(|refused|FAIL|SKIP|passed" "$L/test_cuda_tp.log" | tee -a "$S" | tail -n 8
 say "total $((SECONDS - t0)) s"
 tar -C "$L" -czf "$O/logs.tgz" .
