@@ -55,6 +55,19 @@ static void must_be_json(const char *s, const char *what)
 	json_decref(v);
 }
 
+static void append(struct call *c, const char *piece, size_t len)
+{
+	if (!len)
+		return;
+	if (c->len + len > c->cap) {
+		c->cap = 2 * (c->len + len);
+		if (!(c->text = realloc(c->text, c->cap)))
+			abort();
+	}
+	memcpy(c->text + c->len, piece, len);
+	c->len += len;
+}
+
 /* The model's output into c->text, through the detokenizer kdhttpd streams with. */
 static void generate(struct call *c, const uint8_t *p, size_t n)
 {
@@ -65,22 +78,17 @@ static void generate(struct call *c, const uint8_t *p, size_t n)
 
 	if (kd_tokenizer_stream_create(&ds, c->tok, KD_DECODE_SKIP_SPECIAL))
 		abort();
-	c->cap = 8 * n + 16;
-	if (!(c->text = malloc(c->cap)))
-		abort();
 	for (size_t i = 0; i + 1 < n; i += 2) {
 		int32_t id = (int32_t)(((unsigned)p[i] << 8 | p[i + 1]) % (unsigned)vocab);
 
-		if (kd_tokenizer_stream_push(ds, id, &piece, &len) || c->len + len > c->cap)
+		if (kd_tokenizer_stream_push(ds, id, &piece, &len))
 			abort();
-		memcpy(c->text + c->len, piece, len);
-		c->len += len;
+		append(c, piece, len);
 		c->n_gen++;
 	}
-	if (kd_tokenizer_stream_finish(ds, &piece, &len) || c->len + len > c->cap)
+	if (kd_tokenizer_stream_finish(ds, &piece, &len))
 		abort();
-	memcpy(c->text + c->len, piece, len);
-	c->len += len;
+	append(c, piece, len);
 	kd_tokenizer_stream_destroy(ds);
 }
 
