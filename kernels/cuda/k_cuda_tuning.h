@@ -129,10 +129,6 @@ struct k_cuda_tuning {
 				 * can start (and run its plan and first loads before its wait)
 				 * until they end; 1 leaves room for one (session 9's hypothesis,
 				 * not yet measured) */
-	int moe_qmma;		/* KDEC_MOE_QMMA, flag, 0: 1 runs quantized experts (fp8, int4) of
-				 * the small path on the tensor-core kernels of moe_qmma.cu where
-				 * they fit; 0: the CUDA-core kernels. Not bit-identical (within
-				 * the same tolerance of the CPU reference) */
 	int moe_lat_prefetch_mb;	/* KDEC_MOE_LAT_PREFETCH_MB, MB (>= 0), 0: the latency
 				 * path's MoE launch asks L2 (evict-last) for up to this many MB
 				 * of the next layer's attention weights once its router rows

@@ -38,7 +38,7 @@ static __device__ __forceinline__ uint32_t k_dq_lop3_and_or(uint32_t w, uint32_t
 // (nibbles 0, 4), (w & 0x00f000f0) | 0x64006400 is 1024 + 16 nibble (nibbles 1, 5), the
 // same of w >> 8 nibbles 2, 6 and 3, 7; one hsub2 (- 1032) or hfma2 (/ 16 - 72) makes
 // nibble - 8 exactly. 9 operations a word (one lop3 and one hsub2 or hfma2 a pair, one
-// shift). For kernels that scale later, in fp32 (moe/moe_qmma.cuh).
+// shift); k_dq_i4x8 applies the scale.
 static __device__ __forceinline__ void k_dq_i4x8_raw(uint32_t w, uint32_t (&o)[4])
 {
 	const uint32_t lo = 0x000f000fu, hi = 0x00f000f0u, ex = 0x64006400u;

@@ -10,9 +10,7 @@
  * the floor of the router, the chosen experts and the shared expert (test_cuda_moe_lat
  * checks those kernels). Then ("moe_q" lines) the routed experts bf16, fp8 128 x 128
  * and int4 g32 (k_cuda_moe_experts_q) at the four models' shapes, M 1, 2, 4, 8 and 64,
- * beside the floor of their bytes as stored (test_cuda_moe_q checks those kernels);
- * fp8 and int4 on the small path twice, the CUDA-core kernels ("small") and, the same
- * call with KDEC_MOE_QMMA=1, moe_qmma.cu's tensor-core ones ("qmma").
+ * beside the floor of their bytes as stored (test_cuda_moe_q checks those kernels).
  * Usage: bench_cuda_moe [lat | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
  * shapes whose name contains SHAPE, M rows (0: all), FORMAT bf16, fp8-block or int4-g32;
  * for ncu).
@@ -444,12 +442,6 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 					continue;
 				time_q(&shapes[i], fmts[f], M,
 				       M * shapes[i].top_k <= 64 ? "small" : "grouped");
-				if (fmts[f] != K_Q_NONE && M * shapes[i].top_k <= 64) {
-					/* the same call on moe_qmma.cu's tensor-core kernels */
-					moe_set_qmma(1);
-					time_q(&shapes[i], fmts[f], M, "qmma");
-					moe_set_qmma(-1);
-				}
 			}
 }
 
