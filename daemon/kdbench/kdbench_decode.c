@@ -87,7 +87,7 @@ static void decode_usage(FILE *f)
 		"  --tp N                tensor-parallel ranks (cpu: threads; cuda: 2 or 4 virtual\n"
 		"                        ranks on one GPU, op by op, no graphs; default 1)\n"
 		"  --ep                  with --tp N: expert parallel\n"
-		"  --mla-cp              with --tp N: MLA latent cache split by tokens (cpu)\n"
+		"  --mla-cp              with --tp N: MLA latent cache split by tokens\n"
 		"  --gpus LIST|all       the GPUs to run on (cuda); one for now\n"
 		"  --no-graphs           run every step op by op\n"
 		"  --decode-path LIST    auto (default), standard or latency, or several of them\n"

@@ -525,6 +525,11 @@ const struct backend_ops backend_cuda_ops = {
 	.tp_comm_destroy = cuda_tp_comm_destroy,
 	.tp_arrive = cuda_tp_arrive,
 	.tp_reduce = cuda_tp_reduce,
+	/* MLA decode context parallel (backend_cuda_mla_cp.c) */
+	.mla_cp_create = cuda_mla_cp_create,
+	.mla_cp_destroy = cuda_mla_cp_destroy,
+	.mla_cp_step = cuda_mla_cp_step,
+	.mla_cp_attn = cuda_mla_cp_attn,
 	.capture_begin = cuda_capture_begin,
 	.capture_end = cuda_capture_end,
 	.graph_launch = cuda_graph_launch,
