@@ -13,11 +13,7 @@ test_name=test_cuda_decode_path
 G=$top_srcdir/tests/data/golden
 P=113,124,11,408,469,17,29
 
-if ! "$B/kdbench" generate --model "$G/llama3" --backend cuda --prompt 1 --max-tokens 1 \
-	>/dev/null 2>"$tmp/probe"; then
-	echo "$test_name: skipped: no usable CUDA backend ($(tail -n 1 "$tmp/probe"))" >&2
-	exit 77
-fi
+need_cuda
 for m in llama3 qwen3 qwen3_moe deepseek_v2 deepseek_v3; do
 	for p in standard latency auto; do
 		"$B/kdbench" generate --model "$G/$m" --backend cuda --prompt $P --max-tokens 40 \

@@ -21,11 +21,7 @@ G=$top_srcdir/tests/data/golden
 IDS=5,17,300,2,9,33,70,41,8,150
 TOL=${KD_TP_TOL:-2e-2}
 
-if ! "$B/kdbench" generate --model "$G/llama3" --backend cuda --prompt 1 --max-tokens 1 \
-	>/dev/null 2>"$tmp/probe"; then
-	echo "$test_name: skipped: no usable CUDA backend ($(tail -n 1 "$tmp/probe"))" >&2
-	exit 77
-fi
+need_cuda
 if ! "$B/kdbench" generate --model "$G/llama3" --backend cuda --prompt 1 --max-tokens 1 \
 	--allreduce nccl >/dev/null 2>"$tmp/probe"; then
 	if tail -n 1 "$tmp/probe" | grep -q "libnccl.so.2 does not load here\|has no nccl.h"; then

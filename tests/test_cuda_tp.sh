@@ -40,11 +40,7 @@ R=$top_srcdir/tests/data/reference
 IDS=5,17,300,2,9,33,70,41,8,150
 TOL=${KD_TP_TOL:-2e-2}
 
-if ! "$B/kdbench" generate --model "$G/llama3" --backend cuda --prompt 1 --max-tokens 1 \
-	>/dev/null 2>"$tmp/probe"; then
-	echo "$test_name: skipped: no usable CUDA backend ($(tail -n 1 "$tmp/probe"))" >&2
-	exit 77
-fi
+need_cuda
 
 vocab_of() {
 	python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$1/config.json" 2>/dev/null ||

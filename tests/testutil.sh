@@ -21,6 +21,16 @@ fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 # check failed, so a run that checked less does not count as a pass
 skip() { echo "SKIP: $test_name: $*" >&2; skips=$((skips + 1)); }
 
+# need_cuda: exit 77 (skipped, with the backend's reason) unless kdbench runs a token of
+# the tiny Llama 3 on the cuda backend here (a GPU, a CUDA build)
+need_cuda() {
+	if ! "$B/kdbench" generate --model "$M" --backend cuda --prompt 1 --max-tokens 1 \
+		>/dev/null 2>"$tmp/probe"; then
+		echo "$test_name: skipped: no usable CUDA backend ($(tail -n 1 "$tmp/probe"))" >&2
+		exit 77
+	fi
+}
+
 # expect STATUS TEXT CMD...: CMD exits with STATUS and its stderr's last line contains
 # TEXT (a refusal is one clear line and a plain exit status)
 expect() {

@@ -407,18 +407,15 @@ static int cuda_capture_begin(struct backend *be)
 	return ret;
 }
 
-static int cuda_capture_end(struct backend *be, void **graph, int *n_nodes)
+int cuda_capture_finish(struct backend_cuda *b, void **graph, int *n_nodes, int ret)
 {
-	struct backend_cuda *b = cuda_of(be);
 	cudaGraph_t g = NULL;
 	cudaGraphExec_t exec = NULL;
 	size_t nodes = 0;
-	int ret;
+	int r = CUDA_CHECK(b, cudaStreamEndCapture(b->stream, &g));
 
-	ret = CUDA_CHECK(b, cudaStreamEndCapture(b->stream, &g));
-	b->capturing = 0;
-	k_cuda_linear_x_ready(b->lin, NULL, 0, 0);	/* nor one left inside it, after it */
 	*graph = NULL;
+	ret = ret ? ret : r;
 	if (!ret)
 		ret = CUDA_CHECK(b, cudaGraphGetNodes(g, NULL, &nodes));
 	*n_nodes = (int)nodes;
@@ -434,6 +431,15 @@ static int cuda_capture_end(struct backend *be, void **graph, int *n_nodes)
 	}
 	*graph = exec;
 	return 0;
+}
+
+static int cuda_capture_end(struct backend *be, void **graph, int *n_nodes)
+{
+	struct backend_cuda *b = cuda_of(be);
+
+	b->capturing = 0;
+	k_cuda_linear_x_ready(b->lin, NULL, 0, 0);	/* nor one left inside it, after it */
+	return cuda_capture_finish(b, graph, n_nodes, 0);
 }
 
 static int cuda_graph_launch(struct backend *be, void *graph)

@@ -136,6 +136,10 @@ int cuda_check(struct backend_cuda *b, cudaError_t e, const char *call, const ch
 /* Any other failure ret (-errno) of what: the first since the last sync is logged and
  * kept for it (one failing launch fails the rest of a step: one line, not hundreds). */
 void cuda_fail(struct backend_cuda *b, int ret, const char *what);
+/* Ends the capture on b's stream and instantiates it into *graph (NULL on failure),
+ * *n_nodes its nodes; ret (a failure before the end) or an op's error while recording
+ * (b->err, then cleared) fails it. 0 or -errno. */
+int cuda_capture_finish(struct backend_cuda *b, void **graph, int *n_nodes, int ret);
 
 /* ---- an op's bracket (backend_cuda_ops.c) --------------------------------- */
 

@@ -252,32 +252,6 @@ int cuda_tp_capture_begin(struct backend *be, void *comm, int rank)
 	return ret;
 }
 
-/* Ends the capture on b's stream and instantiates it (cuda_capture_end's steps). */
-static int tp_capture_finish(struct backend_cuda *b, void **graph, int *n_nodes, int ret)
-{
-	cudaGraph_t g = NULL;
-	cudaGraphExec_t exec = NULL;
-	size_t nodes = 0;
-	int r = CUDA_CHECK(b, cudaStreamEndCapture(b->stream, &g));
-
-	ret = ret ? ret : r;
-	if (!ret)
-		ret = CUDA_CHECK(b, cudaGraphGetNodes(g, NULL, &nodes));
-	*n_nodes = (int)nodes;
-	if (!ret && b->err)
-		ret = b->err;	/* an op failed while recording */
-	if (!ret)
-		ret = CUDA_CHECK(b, cudaGraphInstantiate(&exec, g, 0));
-	if (g)
-		cudaGraphDestroy(g);
-	if (ret) {
-		b->err = 0;
-		return ret;
-	}
-	*graph = exec;
-	return 0;
-}
-
 int cuda_tp_capture_end(struct backend *be, void *comm, int rank, void **graph, int *n_nodes)
 {
 	struct backend_cuda *b = cuda_of(be);
@@ -301,7 +275,7 @@ int cuda_tp_capture_end(struct backend *be, void *comm, int rank, void **graph, 
 	}
 	if (rank == 0)
 		c->capturing = BACKEND_TP_GRAPH_NONE;
-	return tp_capture_finish(b, graph, n_nodes, ret);
+	return cuda_capture_finish(b, graph, n_nodes, ret);
 }
 
 int cuda_tp_reduce_join(struct backend *be, void *comm, int rank, int phase)
