@@ -21,6 +21,16 @@ G=$top_srcdir/tests/data/golden
 IDS=5,17,300,2,9,33,70,41,8,150
 TOL=${KD_TP_TOL:-2e-2}
 
+# close GOT WANT WHAT: one line of GOT's worst row (relative L2 from WANT, rows of 512;
+# "bit for bit" when equal), a pass when it is within TOL
+close() {
+	w=$(worst_rel "$1" "$2" 512)
+	cmp -s "$1" "$2" && same=", bit for bit" || same=
+	echo "$3: worst row $w relative L2$same"
+	awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok ||
+		fail "$3: worst row $w relative L2 (want <= $TOL)"
+}
+
 need_cuda
 if ! "$B/kdbench" generate --model "$G/llama3" --backend cuda --prompt 1 --max-tokens 1 \
 	--allreduce nccl >/dev/null 2>"$tmp/probe"; then
@@ -41,11 +51,7 @@ for model in llama3 qwen3_moe deepseek_v3; do
 			{ fail "$model --allreduce nccl $mode: $(tail -n 1 "$tmp/err")"; continue; }
 		grep -q "cuda: tp 1: all-reduce nccl [0-9.]* (--allreduce nccl): a one-rank communicator" \
 			"$tmp/err" && ok || fail "$model --allreduce nccl $mode: no line naming the NCCL reduction"
-		w=$(worst_rel "$tmp/tn.f32" "$tmp/t1.f32" 512)
-		cmp -s "$tmp/tn.f32" "$tmp/t1.f32" && same=", bit for bit" || same=
-		echo "golden/$model --allreduce nccl${mode:+ $mode}: worst row $w relative L2 from cuda tp 1$same"
-		awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok ||
-			fail "$model --allreduce nccl $mode: worst row $w relative L2 from tp 1 (want <= $TOL)"
+		close "$tmp/tn.f32" "$tmp/t1.f32" "golden/$model --allreduce nccl${mode:+ $mode} from cuda tp 1"
 	done
 done
 
@@ -95,11 +101,7 @@ if "$B/kdbench" logits --model "$G/qwen3_moe" --backend cuda --tokens $IDS --tp 
 	--allreduce fused --out "$tmp/f.f32" 2>"$tmp/err2"; then
 	grep -q "cuda: tp 2: all-reduce fused (k_cuda_ar_fused; --allreduce auto): ranks sharing a GPU" \
 		"$tmp/err" && ok || fail "tp 2 --allreduce auto: no line naming the fused kernel"
-	w=$(worst_rel "$tmp/f.f32" "$tmp/a.f32" 512)
-	cmp -s "$tmp/a.f32" "$tmp/f.f32" && same=", bit for bit" || same=
-	echo "golden/qwen3_moe tp 2 --allreduce fused: worst row $w relative L2 from --allreduce auto$same"
-	awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok ||
-		fail "tp 2 --allreduce fused: worst row $w relative L2 from auto (want <= $TOL)"
+	close "$tmp/f.f32" "$tmp/a.f32" "golden/qwen3_moe tp 2 --allreduce fused from --allreduce auto"
 else
 	fail "tp 2 --allreduce fused / auto: $(tail -n 1 "$tmp/err") $(tail -n 1 "$tmp/err2")"
 fi

@@ -110,19 +110,24 @@ static int run_paths(struct engine *e, const struct tcase *cs, int nc, float *ou
 	return ret ? -1 : rows;
 }
 
-/* Vocabulary-split greedy sampling: the token of each case's every prefill row, drawn
- * by the ranks' slices (engine_step_sample without logits), must be exactly the argmax
- * of that row's gathered logits (rows of got, the prefills first). */
-static void check_greedy(struct engine *e, const struct tcase *cs, int nc, const float *got,
-			 const char *what)
+/* Vocabulary-split sampling: the token of each case's every prefill row, drawn by the
+ * ranks' slices (engine_step_sample without logits), must be exactly k_cpu_sample's
+ * draw from that row's gathered logits (rows of got, the prefills first). Greedy (topk
+ * 0): every row greedy, each rank's argmax; topk 1: (ranks with host memory) top_k 1,
+ * 5, 40, FWD_TP_TOPK_MAX in turn with temperature, top-p on every other row, greedy
+ * rows mixed in, each row its own seed and step: each rank's top-k pairs. */
+static void check_draws(struct engine *e, const struct tcase *cs, int nc, const float *got,
+			const char *what, int topk)
 {
+	static const int ks[] = { 1, 5, 40, FWD_TP_TOPK_MAX };
 	int vocab = e->model->cfg.vocab_size, row = 0, bad = 0, ret = 0, total = 0;
-	struct k_sample_params greedy[256] = { 0 };
+	struct k_sample_params p[256] = { 0 };
 	uint64_t steps[256] = { 0 };
 	int32_t ids[256];
+	float *work = malloc(sizeof(float) * K_CPU_SAMPLE_WORK((size_t)vocab));
 	char err[512] = "";
 
-	for (int i = 0; i < nc && !ret; i++) {
+	for (int i = 0; i < nc && !ret && work; i++) {
 		struct engine_seq seq;
 		struct engine_req r = { .seq = &seq, .tokens = cs[i].tokens, .n_tokens = cs[i].n,
 					.all_logits = 1 };
@@ -131,18 +136,24 @@ static void check_greedy(struct engine *e, const struct tcase *cs, int nc, const
 			row += cs[i].n;
 			continue;
 		}
+		for (int t = 0; topk && t < cs[i].n; t++) {
+			p[t] = (struct k_sample_params){ .temperature = t % 7 == 3 ? 0.0f : 0.7f + 0.1f * (t % 5),
+							 .top_k = ks[t % 4], .top_p = t % 2 ? 0.9f : 0.0f,
+							 .seed = 1000u + 17u * (unsigned)t };
+			steps[t] = (uint64_t)(t * 3 + i);
+		}
 		engine_seq_init(&seq);
-		ret = engine_step_sample(e, &r, 1, greedy, steps, ids, NULL, err, sizeof(err));
+		ret = engine_step_sample(e, &r, 1, p, steps, ids, NULL, err, sizeof(err));
 		engine_seq_release(e, &seq);
 		for (int t = 0; !ret && t < cs[i].n; t++, row++) {
-			float v;
-
-			bad += ids[t] != forward_tp_argmax(got + (size_t)row * vocab, vocab, &v);
+			bad += ids[t] != k_cpu_sample(got + (size_t)row * vocab, vocab, &p[t], steps[t], work);
 			total++;
 		}
 	}
-	CHECK(ret == 0 && bad == 0, "%s: greedy by vocabulary slices: %d of %d rows differ from the "
-	      "gathered logits' argmax (%d: %s)", what, bad, total, ret, err);
+	CHECK(work && ret == 0 && bad == 0, "%s: %s draws by vocabulary slices: %d of %d rows differ "
+	      "from k_cpu_sample over the gathered logits (%d: %s)", what, topk ? "top-k" : "greedy",
+	      bad, total, ret, err);
+	free(work);
 }
 
 /* The reduction with the next RMSNorm fused (tp_comm_reduce_norm): n ranks as threads,
@@ -404,8 +415,10 @@ static void compare_tps(struct model *m, struct model *mt, const char *name, con
 		}
 		CHECK(n == rows && bad == 0, "%s: tp %d%s: %d of %d rows beyond %g (worst %.3g)", name,
 		      tp, mode_names[mode], bad, rows, TP_ROW_TOL, worst);
-		if (n == rows)
-			check_greedy(e, cs, nc, got, name);
+		if (n == rows) {
+			check_draws(e, cs, nc, got, name, 0);
+			check_draws(e, cs, nc, got, name, 1);
+		}
 		fprintf(stderr, "  %-22s tp %d%s: %d rows (prefill, incremental, batched), worst %.2e\n",
 			name, tp, mode_names[mode], n, worst);
 		engine_destroy(e);

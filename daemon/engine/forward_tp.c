@@ -26,29 +26,6 @@
 
 #define OP(f, name, ...) ((f)->be->ops->name((f)->be, __VA_ARGS__))
 
-int32_t forward_tp_argmax(const float *l, int n, float *value)
-{
-	int32_t best = 0;
-
-	for (int32_t i = 1; i < n; i++)	/* kernels/cpu/sample.c's rule */
-		if (l[i] > l[best] || isnan(l[best]))
-			best = i;
-	*value = l[best];
-	return best;
-}
-
-int forward_tp_argmax_merge(const float *v, const int32_t *ids, int n, size_t stride)
-{
-	int best = 0;
-
-	/* the slices in vocabulary order, by the scan's own rule: what a scan of the
-	 * whole row would pick (a slice that is all NaN passes on, as NaN elements do) */
-	for (int r = 1; r < n; r++)
-		if (v[(size_t)r * stride] > v[(size_t)best * stride] || isnan(v[(size_t)best * stride]))
-			best = r;
-	return ids[(size_t)best * stride];
-}
-
 int forward_tp_reduce(struct forward *f, float *buf, size_t n, float *residual)
 {
 	return forward_tp_reduce_norm(f, buf, n, residual, NULL, NULL);
@@ -278,18 +255,6 @@ nomem:
 	return -ENOMEM;
 }
 
-/* Vocabulary-split greedy: rank r's (value, id) of the best logit of each of its n
- * rows (rows, vn) of out rows o.. (host memory: the rank's own, or its slice copied
- * down). */
-static void rank_best(struct fwd_tp *g, int r, const float *rows, int n, int vn, int o)
-{
-	for (int i = 0; i < n; i++) {
-		size_t k = (size_t)r * (size_t)g->max_rows + (size_t)(o + i);
-
-		g->best_i[k] = g->v0[r] + forward_tp_argmax(rows + (size_t)i * vn, vn, &g->best_v[k]);
-	}
-}
-
 /* The final norm and this rank's vocabulary columns of the out rows' logits, written
  * straight into the caller's (n_out, vocab) rows; or, greedy, only the best of them. */
 static int rank_logits(struct forward *f, const struct fwd_batch *b, float *logits)
@@ -316,7 +281,10 @@ static int rank_logits(struct forward *f, const struct fwd_batch *b, float *logi
 								sizeof(float) * (size_t)n * (size_t)vn)))
 					return ret;
 			}
-			rank_best(g, f->tp_rank, rows, n, vn, o);
+			if (g->top_v)	/* some row of the step draws by top-k */
+				forward_tp_rank_topk(g, f->tp_rank, rows, n, vn, o);
+			else
+				forward_tp_rank_best(g, f->tp_rank, rows, n, vn, o);
 			continue;
 		}
 		for (int i = 0; i < n; i++) {
@@ -425,14 +393,23 @@ int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 			 "(it would change rank 0's choices alone)", g->n);
 		return -ENOTSUP;
 	}
-	/* sampling asked for (engine_sample.c does so for greedy rows alone): each
-	 * rank's argmax of its vocabulary slice, only (value, id) pairs compared */
+	/* sampling asked for (engine_sample.c does so for greedy rows, and for top-k rows
+	 * on ranks with host memory): each rank's argmax, or top-k pairs, of its
+	 * vocabulary slice; only (value, id) pairs compared */
 	g->greedy = f->sample.params != NULL;
 	if (g->greedy && f->sample.done + b->n_out > f->sample.n)
 		return -EINVAL;
-	for (int o = 0; g->greedy && o < b->n_out; o++)
-		if (f->sample.params[f->sample.done + o].temperature > 0)
-			return -EINVAL;	/* no draw but greedy by slices */
+	g->sp = g->greedy ? f->sample.params + f->sample.done : NULL;
+	for (int o = 0; g->greedy && o < b->n_out; o++) {
+		const struct k_sample_params *p = &g->sp[o];
+
+		if (p->temperature <= 0)
+			continue;
+		if (!g->ops->host_memory || p->top_k < 1 || p->top_k > FWD_TP_TOPK_MAX)
+			return -EINVAL;	/* drawn by slices: greedy, or top-k on host ranks */
+		if (!g->top_v && (ret = forward_tp_topk_alloc(g)))
+			return ret;
+	}
 	/* a decode step replays its bucket's graph where the ranks can capture */
 	ret = forward_tp_graph_step(f, b, logits);
 	if (ret == -EAGAIN)
@@ -440,8 +417,9 @@ int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 	if (!ret && g->greedy) {
 		for (int o = 0; o < b->n_out; o++)
 			f->sample.ids[f->sample.done + o] =
-				forward_tp_argmax_merge(g->best_v + o, g->best_i + o, g->n,
-							(size_t)g->max_rows);
+				g->sp[o].temperature > 0 ? forward_tp_topk_merge(g, o, f->sample.steps[f->sample.done + o])
+							 : forward_tp_argmax_merge(g->best_v + o, g->best_i + o, g->n,
+										   (size_t)g->max_rows);
 		f->sample.done += b->n_out;
 	}
 	g->greedy = 0;
@@ -490,6 +468,10 @@ void forward_tp_free(struct fwd_tp *g)
 	free(g->cp_q);
 	free(g->best_v);
 	free(g->best_i);
+	free(g->top_v);
+	free(g->top_i);
+	free(g->top_n);
+	free(g->top_work);
 	tp_comm_fini(&g->comm);
 	tp_barrier_fini(&g->step);
 	free(g);
@@ -669,8 +651,9 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	if (n > 1)
 		log_info("tp %d: the shards of %.1f MiB of weights %s; peak host memory: the process's "
 			 "ru_maxrss once each rank was built", n, (double)m->weight_bytes / (1 << 20),
-			 m->mapped ? "read straight from the mapped files (the model never resident whole)"
-				   : "copied from the model in memory");
+			 m->mapped ? "read straight from the mapped files (the model never resident whole)" :
+			 m->synth_jobs ? "generated slice by slice (synthetic: the model never made whole)"
+				       : "copied from the model in memory");
 	if (n == 1)
 		log_info("tp 1 on %s: one rank through the tensor-parallel reductions (%s), its steps "
 			 "run and captured as tp 1's", ops->name,

@@ -60,6 +60,18 @@ int32_t forward_tp_argmax(const float *l, int n, float *value);
  * vocabulary order, by the same rule: the argmax of the whole row. */
 int forward_tp_argmax_merge(const float *v, const int32_t *ids, int n, size_t stride);
 
+/* Top-k draws by vocabulary slices (ranks with host memory): a row with temperature > 0
+ * and 1 <= top_k <= FWD_TP_TOPK_MAX is drawn from every rank's top_k (value, id) pairs
+ * of its slice alone: the row's top_k candidates are among them, and the procedure of
+ * kernels/k_sample.h after its step 2 reads nothing else, so the draw is the one over
+ * the gathered row (forward_tp_topk_draw). */
+#define FWD_TP_TOPK_MAX 64
+
+/* The draw of k_cpu_sample(row, vocab, p, step) from m candidates (v, ids) that hold
+ * the row's top p->top_k (ids ascending; work: K_CPU_SAMPLE_WORK(m) floats). */
+int32_t forward_tp_topk_draw(const float *v, const int32_t *ids, int m,
+			     const struct k_sample_params *p, uint64_t step, float *work);
+
 /* Any rank, inside a step: the sum of every rank's buf (n floats), the same bits on
  * every rank, added to residual (n floats; the residual add fused) or, residual NULL,
  * into buf. 0, or -ECANCELED when another rank failed the step. */

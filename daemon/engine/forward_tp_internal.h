@@ -59,7 +59,9 @@ struct fwd_tp {
 	/* the step in flight, set by rank 0 before the start barrier */
 	const struct fwd_batch *b;
 	float *logits;
-	int greedy;			/* 1: each rank's argmax of its slice, no logits */
+	int greedy;			/* 1: the out rows drawn by slices (each rank's argmax
+					 * of its slice, or its top-k: FWD_TP_TOPK_MAX), no logits */
+	const struct k_sample_params *sp;	/* (b->n_out) those rows' parameters */
 	int quit;
 	int ret[MODEL_SHARD_MAX_RANKS];
 
@@ -87,6 +89,13 @@ struct fwd_tp {
 	int32_t *best_i;		/* (n, max_rows) ids in the whole vocabulary */
 	float *slice[MODEL_SHARD_MAX_RANKS];	/* (FWD_LOGIT_ROWS, rank's vocab) host copy of
 					 * a rank's logits, backends without host memory */
+	/* top-k draws by slices (host memory): rank r's top_k pairs of out row o at
+	 * [(r * max_rows + o) * FWD_TP_TOPK_MAX], ids ascending; made at the first such
+	 * step */
+	float *top_v;			/* (n, max_rows, FWD_TP_TOPK_MAX) */
+	int32_t *top_i;			/* (n, max_rows, FWD_TP_TOPK_MAX) */
+	int *top_n;			/* (n, max_rows) pairs held */
+	float *top_work;		/* K_CPU_SAMPLE_WORK(n * FWD_TP_TOPK_MAX) floats */
 };
 
 /* One round of every rank's thread in mode: rank 0 (the caller) runs its part, the
@@ -106,5 +115,14 @@ int forward_tp_graph_step(struct forward *f, const struct fwd_batch *b, float *l
  * the per-rank graphs (before the ranks' backends go). */
 int forward_tp_graph_init(struct fwd_tp *g);
 void forward_tp_graph_fini(struct fwd_tp *g);
+
+/* forward_tp_sample.c: rank r's greedy pair (forward_tp_rank_best) or, for the rows
+ * drawn by top-k, its top-k pairs (forward_tp_rank_topk) of its n logit rows (rows, vn)
+ * of out rows o..; the pairs' buffers at the first top-k step (0 or -ENOMEM); out row
+ * o's top-k draw from every rank's pairs. */
+void forward_tp_rank_best(struct fwd_tp *g, int r, const float *rows, int n, int vn, int o);
+void forward_tp_rank_topk(struct fwd_tp *g, int r, const float *rows, int n, int vn, int o);
+int forward_tp_topk_alloc(struct fwd_tp *g);
+int32_t forward_tp_topk_merge(struct fwd_tp *g, int o, uint64_t step);
 
 #endif

@@ -10,6 +10,11 @@
 /* Floats of scratch k_cpu_sample needs for a vocabulary of vocab tokens. */
 #define K_CPU_SAMPLE_WORK(vocab) (4 * (size_t)(vocab))
 
+/* The k best ids of logits (vocab) by the procedure's order (higher logit, then the
+ * lower id; NaNs passed over) into ids, unordered; how many (fewer than k when fewer
+ * are not NaN). */
+int k_cpu_sample_top_k(const float *logits, int vocab, int k, int32_t *ids);
+
 /* The token drawn from logits (vocab) by params p at output index step.
  * work: K_CPU_SAMPLE_WORK(vocab) floats of caller scratch (malloc'd or otherwise
  * untyped memory: ids and probabilities share it). NaN logits never win. */

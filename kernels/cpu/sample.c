@@ -61,6 +61,11 @@ static int select_top_k(const float *logits, int vocab, int k, int32_t *ids)
 	return n;
 }
 
+int k_cpu_sample_top_k(const float *logits, int vocab, int k, int32_t *ids)
+{
+	return k > 0 ? select_top_k(logits, vocab, k < vocab ? k : vocab, ids) : 0;
+}
+
 static const float *sort_logits;	/* qsort has no context argument */
 
 static int cmp_rank(const void *a, const void *b)

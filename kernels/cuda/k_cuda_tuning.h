@@ -121,6 +121,11 @@ struct k_cuda_tuning {
 	int moe_down_early;	/* KDEC_MOE_DOWN_EARLY, flag, 1: the M = 1 down kernel issues
 				 * its first weight loads before its wait; 0: after (its plan,
 				 * from settled ids, comes before the wait either way) */
+	int moe_m1_gu_ctas;	/* KDEC_MOE_M1_GU_CTAS, 1..2, 2: CTAs per SM of the M = 1 gate/up
+				 * launch. At 2 its CTAs fill every SM's registers, so no down CTA
+				 * can start (and run its plan and first loads before its wait)
+				 * until they end; 1 leaves room for one (session 9's hypothesis,
+				 * not yet measured) */
 	int moe_lat_prefetch_mb;	/* KDEC_MOE_LAT_PREFETCH_MB, MB (>= 0), 0: the latency
 				 * path's MoE launch asks L2 (evict-last) for up to this many MB
 				 * of the next layer's attention weights once its router rows

@@ -294,7 +294,10 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	ctas = ctas < most ? ctas : (int)most;
 	if (M == 1 && tun->moe_m1 &&
 	    moe_small_m1_fits(top_k, n_experts, hidden, inter, sh.inter)) {
-		moe_small_m1_launch(s, ctas, expert_w, wq, x, ids, weights, top_k, n_experts, hidden,
+		// KDEC_MOE_M1_GU_CTAS: fewer gate/up CTAs an SM, room for a down CTA beside them
+		int gu = tun->moe_m1_gu_ctas * (n_sm > 0 ? n_sm : 1);
+
+		moe_small_m1_launch(s, gu < ctas ? gu : ctas, expert_w, wq, x, ids, weights, top_k, n_experts, hidden,
 				    inter, act, sh, add, out);
 		return K_CUDA_LAUNCHED("moe small m1");
 	}
