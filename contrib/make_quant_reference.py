@@ -70,6 +70,14 @@ MODELS = {
     "qwen3_fp8_channel": ("qwen3", "fp8-channel", {}, not_special, 1),
     "llama_int4": ("llama", "int4-g32", {}, not_special, 1),
     "kimi_k2_int4": ("kimi_k2", "int4-g32", {}, routed_expert, 2),
+    # head_dim 20: at tp 2 and 4 o_proj's columns split inside int4 groups (restated)
+    "qwen3_moe_int4": ("qwen3_moe", "int4-g32", {}, not_special, 1),
+    # not committed: the other architectures in each format (KDEC_GOLDEN_EXTRA)
+    "qwen3_moe_fp8_block": ("qwen3_moe", "fp8-block", {}, not_special, 1),
+    "deepseek_v2_fp8_channel": ("deepseek_v2", "fp8-channel", {}, not_special, 1),
+    "deepseek_v3_int4": ("deepseek_v3", "int4-g32", {}, not_special, 2),
+    "kimi_k2_fp8_block": ("kimi_k2", "fp8-block", {}, not_special, 2),
+    "qwen3_int4": ("qwen3", "int4-g32", {}, not_special, 1),
 }
 
 
@@ -166,9 +174,14 @@ def save_shards(tensors, out, shards):
               open(os.path.join(out, "model.safetensors.index.json"), "w"), indent=1)
 
 
-def make(name, out_root, seed, lengths=(5, 48, 150)):
+def make(name, out_root, seed, widen=0, lengths=(5, 48, 150)):
     base, fmt, over, quantized, shards = MODELS[name]
     raw = dict(json.load(open(os.path.join("tests/data/tiny", base + ".json"))), **over)
+    if widen:  # other dims, as contrib/make_unseen_references.sh: one more layer, wider MLPs
+        raw["num_hidden_layers"] += 1
+        for k in ("moe_intermediate_size", "intermediate_size"):
+            if k in raw:
+                raw[k] += widen
     raw.pop("dtype", None)  # the published models keep their unquantized parts in bf16
     raw["torch_dtype"] = "bfloat16"
     hf_raw = dict(raw, model_type=mr.HF_TYPE.get(raw["model_type"], raw["model_type"]))
@@ -244,17 +257,22 @@ def make(name, out_root, seed, lengths=(5, 48, 150)):
 
 # committed under tests/data/quant; the others are for other dims (KDEC_GOLDEN_EXTRA)
 COMMITTED = ("llama_fp8_block", "deepseek_v3_fp8_block", "llama_fp8_channel", "qwen3_fp8_tensor",
-             "llama_int4", "kimi_k2_int4")
+             "llama_int4", "kimi_k2_int4", "qwen3_moe_int4")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--out", default="tests/data/quant")
-    ap.add_argument("names", nargs="*")
+    ap.add_argument("--widen", type=int, default=0,
+                    help="MLP widths + W and one more layer (other dims; not the committed set)")
+    ap.add_argument("names", nargs="*", help="default: the committed set; 'all': every model")
     a = ap.parse_args()
-    for n in a.names or COMMITTED:
-        make(n, a.out, a.seed)
+    names = list(MODELS) if a.names == ["all"] else a.names or COMMITTED
+    for n in names:
+        if n not in MODELS:
+            raise SystemExit(f"unknown model {n}: one of {', '.join(MODELS)} or all")
+        make(n, a.out, a.seed, a.widen)
 
 
 if __name__ == "__main__":

@@ -48,8 +48,12 @@ vocab_of() {
 }
 
 # ---- kdbench logits: tp 2 and 4 against tp 1 on the same GPU ----
+# quant/: shards of quantized checkpoints (qwen3_moe_int4's o_proj columns split inside
+# int4 groups at tp 2 and 4: blocks restated, daemon/model/model_shard.c)
+Q=$top_srcdir/tests/data/quant
 for dir in "$G/llama3" "$G/qwen3" "$G/qwen3_moe" "$G/deepseek_v2" "$G/deepseek_v3" \
-	"$R/deepseek_v3" "$R/kimi_k2" "$R/qwen3_moe" "$R/llama" "$R/qwen3" "$R/deepseek_v2"; do
+	"$R/deepseek_v3" "$R/kimi_k2" "$R/qwen3_moe" "$R/llama" "$R/qwen3" "$R/deepseek_v2" \
+	"$Q/deepseek_v3_fp8_block" "$Q/kimi_k2_int4" "$Q/qwen3_moe_int4"; do
 	name=$(basename "$(dirname "$dir")")/$(basename "$dir")
 	V=$(vocab_of "$dir")
 	ids=$(echo $IDS | awk -F, -v V="$V" '{ for (i = 1; i <= NF; i++) printf "%s%d", (i > 1 ? "," : ""), $i % V }')

@@ -484,8 +484,9 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 		 c->hidden_size, c->moe_intermediate_size, n_experts);
 	if (ret)
 		return ret;
-	if (shared > 0 && L->w_gate.data)	/* expert parallel: rank 0's alone */
-		dense_mlp(f, L, R, shared, f->mlp, f->h);
+	if (shared > 0 && L->w_gate.data)	/* this rank's rows of it (expert parallel:
+						 * all of them on rank 0 where n does not divide them) */
+		dense_mlp(f, L, R, (int)L->w_gate.rows, f->mlp, f->h);
 	/* tensor parallel: routed and shared partial sums reduced together, once, into
 	 * the residual, with the next layer's norm */
 	if (f->tp)

@@ -66,7 +66,7 @@ void forward_tp_rank_topk(struct fwd_tp *g, int r, const float *rows, int n, int
 		int m;
 
 		if (p->temperature <= 0) {	/* a greedy row of the step */
-			g->best_i[k] = g->v0[r] + forward_tp_argmax(l, vn, &g->best_v[k]);
+			forward_tp_rank_best(g, r, l, 1, vn, o + i);
 			continue;
 		}
 		m = k_cpu_sample_top_k(l, vn, p->top_k, ids);

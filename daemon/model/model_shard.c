@@ -1,7 +1,7 @@
 /* Tensor-parallel shards (docs/PARALLEL.md's table): query heads, KV heads (replicated
  * when fewer than ranks), MLA query heads, intermediate columns of dense MLPs, shared and
- * routed experts (or, expert parallel, a share of the routed experts whole and the
- * shared one on rank 0), and vocabulary rows, each rank's part copied into one
+ * routed experts (or, expert parallel, a share of the routed experts whole and a slice
+ * of the shared one), and vocabulary rows, each rank's part copied into one
  * allocation of its own. Replicated: norms, the router, MLA's latent projections.
  * From a mapped model (model_load_opts.mapped) each slice is read straight from the
  * files and the pages read are given back tensor by tensor, so building the shards
@@ -123,37 +123,72 @@ static size_t col_bytes(const struct model_tensor *t, int64_t n)
 	return (size_t)n * k_dtype_size(t->dtype);
 }
 
-/* Whether [x0, x0 + n) of a dimension cut in blocks of b keeps the scale blocks: it
- * starts on a block, or lies within one (then its one scale serves it). */
-static int keeps_blocks(int64_t x0, int64_t n, int64_t b)
+static int64_t gcd64(int64_t a, int64_t b)
 {
-	return b <= 1 || x0 % b == 0 || x0 / b == (x0 + n - 1) / b;
+	while (b) {
+		int64_t t = a % b;
+
+		a = b;
+		b = t;
+	}
+	return a;
 }
 
-/* The scale blocks rows [r0, r0 + nr) and columns [c0, c0 + nc) of t use, copied:
- * element (i, j) of the slice is element (r0 + i, c0 + j) of t, whose scale is
- * [(r0 + i) / br][(c0 + j) / bc] = [r0 / br + i / br][c0 / bc + j / bc] when the
- * slice keeps the blocks. */
+/* The block size of [x0, x0 + n) of a dimension cut in blocks of b, in the slice: b
+ * where the slice keeps the scale blocks (it starts on a block, or lies within one,
+ * whose one scale then serves it); else gcd(b, x0 mod b), the largest size whose
+ * blocks, counted from x0, each lie within one of the source's (a rank of Qwen3-30B-A3B
+ * fp8 at tp 8 holds 96 of an expert's 768 rows: its 128-row blocks restated as 32-row
+ * ones, the same scales repeated; the values dequantize to the same floats). */
+static int64_t slice_block(int64_t x0, int64_t n, int64_t b)
+{
+	if (b <= 1 || x0 % b == 0 || x0 / b == (x0 + n - 1) / b)
+		return b;
+	return gcd64(b, x0 % b);
+}
+
+/* The scales rows [r0, r0 + nr) and columns [c0, c0 + nc) of t use, in blocks of
+ * (slice_block of each dimension): element (i, j) of the slice is element (r0 + i,
+ * c0 + j) of t, whose scale is [(r0 + i) / br][(c0 + j) / bc]; block (u, v) of the
+ * slice lies within the source's block [(r0 + u bn) / br][(c0 + v bk) / bc]: where the
+ * columns keep theirs (bk = bc), a run of that scale row. */
 static void slice_scales(struct arena *a, struct k_quant *q, const struct model_tensor *t, int64_t r0,
 			 int64_t nr, int64_t c0, int64_t nc)
 {
 	int64_t br = t->q.block_rows, bc = t->q.block_cols;
-	int64_t s0 = r0 / br, sn = (r0 + nr - 1) / br - s0 + 1;
-	int64_t k0 = c0 / bc, kn = (c0 + nc - 1) / bc - k0 + 1;
+	int64_t bn = slice_block(r0, nr, br), bk = slice_block(c0, nc, bc);
+	int64_t s0 = r0 / br, s_end = (r0 + nr - 1) / br + 1;
+	int64_t k0 = c0 / bc, k_src = (c0 + nc - 1) / bc - k0 + 1;	/* source scales a row */
+	int64_t sn = (nr + bn - 1) / bn, kn = (nc + bk - 1) / bk;
 	size_t es = k_dtype_size(t->q.scale_dtype);
-	char *p = take(a, (size_t)(sn * kn) * es);
+	char *p = take(a, (size_t)(sn * kn) * es), *row = NULL;
 
 	*q = t->q;
 	q->scale = p;
+	q->block_rows = (int)bn;
+	q->block_cols = (int)bk;
 	q->scale_cols = kn;
 	if (!p || !t->q.scale)
 		return;
-	for (int64_t i = 0; i < sn; i++)
-		src_read(a, p + (size_t)(i * kn) * es,
-			 (const char *)t->q.scale + (size_t)((s0 + i) * t->q.scale_cols + k0) * es,
-			 (size_t)kn * es);
+	if (bk != bc && !(row = malloc((size_t)k_src * es))) {
+		a->ret = a->ret ? a->ret : -ENOMEM;
+		return;
+	}
+	for (int64_t u = 0; u < sn; u++) {
+		int64_t s = (r0 + u * bn) / br;
+		const char *src = (const char *)t->q.scale + (size_t)(s * t->q.scale_cols + k0) * es;
+
+		if (!row) {	/* the columns keep their blocks: one run */
+			src_read(a, p + (size_t)(u * kn) * es, src, (size_t)kn * es);
+			continue;
+		}
+		src_read(a, row, src, (size_t)k_src * es);
+		for (int64_t v = 0; v < kn; v++)
+			memcpy(p + (size_t)(u * kn + v) * es, row + (size_t)((c0 + v * bk) / bc - k0) * es, es);
+	}
+	free(row);
 	done_with(a, (const char *)t->q.scale + (size_t)(s0 * t->q.scale_cols) * es,
-		  (size_t)(sn * t->q.scale_cols) * es);
+		  (size_t)((s_end - s0) * t->q.scale_cols) * es);
 }
 
 /* Columns [c0, c0 + n) of one int4 row (words of eight nibbles, low first) into dst,
@@ -211,15 +246,6 @@ static void slice(struct arena *a, struct model_tensor *dst, const struct model_
 		return;
 	if (a->src->mapped && a->src->gguf) {
 		gguf_slice(a, dst, t, r0, nr, c0, nc);
-		return;
-	}
-	if (quant && (!keeps_blocks(r0, nr, t->q.block_rows) || !keeps_blocks(c0, nc, t->q.block_cols))) {
-		if (!a->bad++ && a->err)
-			snprintf(a->err, a->err_len, "rows [%lld, %lld) and columns [%lld, %lld) of a "
-				 "%lldx%lld weight cut its %dx%d quantization blocks (a quantized weight "
-				 "splits only at block starts, or inside one block)", (long long)r0,
-				 (long long)(r0 + nr), (long long)c0, (long long)(c0 + nc),
-				 (long long)t->rows, (long long)t->cols, t->q.block_rows, t->q.block_cols);
 		return;
 	}
 	p = take(a, (size_t)nr * len);
@@ -421,7 +447,11 @@ static int shard_all(struct arena *a, struct model *s, const struct model *m, in
 			shard_mla(a, d, L, c, r, n);
 		else
 			shard_gqa(a, d, L, c, r, n);
-		if (L->w_gate.data && L->is_moe && ep) {	/* the shared expert: rank 0's */
+		/* the shared expert: sliced as the dense MLP, with expert parallel too (whole on
+		 * rank 0 it made that rank read its bytes alone: DeepSeek-V3's 88 MB a layer in
+		 * bf16, against ~88 MB of routed experts a rank at batch 1 and tp 8); whole on
+		 * rank 0 where n does not divide its width */
+		if (L->w_gate.data && L->is_moe && ep && L->w_gate.rows % n) {
 			if (r == 0) {
 				whole(a, &d->w_gate, &L->w_gate);
 				whole(a, &d->w_up, &L->w_up);

@@ -147,18 +147,21 @@ static void synth_run(const struct synth_job *j, uint64_t seed, size_t i0, size_
 {
 	enum k_dtype dt = j->dtype;
 	size_t g = i0 / SYNTH_GROUP;
-	uint64_t s = 0;
+	uint64_t s = splitmix64(seed ^ j->key ^ splitmix64(g++)) | 1;	/* xorshift: never 0 */
 
-	for (size_t i = i0 - i0 % SYNTH_GROUP, k = 0; k < n; i++) {
-		float v;
-
-		if (i % SYNTH_GROUP == 0)
-			s = splitmix64(seed ^ j->key ^ splitmix64(g++)) | 1;	/* xorshift: never 0 */
+	for (size_t i = i0 - i0 % SYNTH_GROUP; i < i0; i++) {	/* the group's values before i0 */
 		s ^= s << 13;
 		s ^= s >> 7;
 		s ^= s << 17;
-		if (i < i0)
-			continue;
+	}
+	for (size_t i = i0, k = 0; k < n; i++) {
+		float v;
+
+		if (i % SYNTH_GROUP == 0 && i > i0)
+			s = splitmix64(seed ^ j->key ^ splitmix64(g++)) | 1;
+		s ^= s << 13;
+		s ^= s >> 7;
+		s ^= s << 17;
 		if (j->raw) {
 			((uint8_t *)dst)[k++] = (uint8_t)(s >> 32) & j->mask;
 			continue;

@@ -380,6 +380,23 @@ extern "C" const char *k_cuda_linear_q_kind_name(enum k_cuda_linear_q_kind kind)
 	}
 }
 
+// y = x w^T over M rows by launches of at most mp rows of x (each launch reads the
+// weights again): run is a kernel of the GEMV's or the tile's signature.
+typedef int (*lq_launch)(const struct k_cuda_linear *, float *, const float *, const void *,
+			 const struct k_quant *, int, int, int, int);
+
+static int lq_chunks(lq_launch run, const struct k_cuda_linear *ctx, float *y, const float *x,
+		     const void *w, const struct k_quant *q, int M, int mp, int N, int K,
+		     int accumulate)
+{
+	int ret = 0;
+
+	for (int m0 = 0; m0 < M && !ret; m0 += mp)
+		ret = run(ctx, y + (size_t)m0 * N, x + (size_t)m0 * K, w, q, M - m0 < mp ? M - m0 : mp,
+			  N, K, accumulate);
+	return ret;
+}
+
 static bool lq_dequant_ok(const struct k_quant *q, int N, int K, size_t wtmp_elems)
 {
 	return wtmp_elems >= (size_t)N * (size_t)K && q &&
@@ -472,10 +489,7 @@ extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y
 		if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
 			return ret;
 		// 8 rows of x a launch; more rows read the weights again
-		for (int m0 = 0; m0 < M && !ret; m0 += mp)
-			ret = k_cuda_lin_qgemv(ctx, y + (size_t)m0 * N, x + (size_t)m0 * K, w, q,
-					       M - m0 < mp ? M - m0 : mp, N, K, accumulate);
-		return ret;
+		return lq_chunks(k_cuda_lin_qgemv, ctx, y, x, w, q, M, mp, N, K, accumulate);
 	}
 	case K_CUDA_LINEAR_Q_TILE: {
 		const int mp = M < K_CUDA_LINEAR_Q_TILE_MAX_M ? M : K_CUDA_LINEAR_Q_TILE_MAX_M;
@@ -486,10 +500,7 @@ extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y
 		// fp32 x, rounded to f16 into the scratch: the bf16 copy there goes
 		if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
 			return ret;
-		for (int m0 = 0; m0 < M && !ret; m0 += mp)
-			ret = k_cuda_lin_qtile(ctx, y + (size_t)m0 * N, x + (size_t)m0 * K, w, q,
-					       M - m0 < mp ? M - m0 : mp, N, K, accumulate);
-		return ret;
+		return lq_chunks(k_cuda_lin_qtile, ctx, y, x, w, q, M, mp, N, K, accumulate);
 	}
 	case K_CUDA_LINEAR_Q_DEQUANT:
 		if (!wtmp || !lq_dequant_ok(q, N, K, wtmp_elems))
