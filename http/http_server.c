@@ -37,6 +37,8 @@ struct srv {
 /* One HTTP request's state between the access handler's calls. */
 struct req_ctx {
 	enum route route;
+	int keepalive_ms;		/* a stream's comment after this long without an event */
+	long long last_ms;		/* when the stream last gave libmicrohttpd bytes */
 	char *body;			/* (len) bytes received, NUL-terminated */
 	size_t len, cap;
 	int too_big;
@@ -243,12 +245,25 @@ static enum MHD_Result metrics(struct srv *s, struct MHD_Connection *conn)
 	return ret;
 }
 
-/* Streams the call's events: MHD calls this whenever the socket can take more. */
+static long long mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Streams the call's events: MHD calls this whenever the socket can take more. Where
+ * no event comes for keepalive_ms (a long prefill, a busy daemon), an SSE comment line
+ * goes out instead: libmicrohttpd closes a connection that sends nothing for --timeout,
+ * mid-stream too, and clients skip comments. */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
+	static const char keepalive[] = ": keep-alive\n\n";
 	struct req_ctx *x = cls;
 	struct call *c = &x->call;
 
+	(void)pos;
 	for (;;) {
 		int r;
 
@@ -259,9 +274,15 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 			c->out_pos += n;
 			if (c->out_pos == c->out_len)
 				c->out_pos = c->out_len = 0;
+			x->last_ms = mono_ms();
 			return (ssize_t)n;
 		}
-		r = c->api == API_MESSAGES ? anthropic_stream(c, 500) : openai_stream(c, 500);
+		if (mono_ms() - x->last_ms >= x->keepalive_ms && max >= sizeof(keepalive) - 1) {
+			memcpy(buf, keepalive, sizeof(keepalive) - 1);
+			x->last_ms = mono_ms();
+			return (ssize_t)(sizeof(keepalive) - 1);
+		}
+		r = c->api == API_MESSAGES ? anthropic_stream(c, 250) : openai_stream(c, 250);
 		if (r < 0)
 			return MHD_CONTENT_READER_END_WITH_ERROR;
 		if (r == 0 && c->out_pos == c->out_len)
@@ -337,6 +358,10 @@ static enum MHD_Result generate(struct srv *s, struct MHD_Connection *conn, stru
 		return send_error(s, conn, x->route, &e);
 	}
 	if (c->stream) {
+		/* a third of --timeout (at most 15 s): two chances before the connection is
+		 * counted idle */
+		x->keepalive_ms = s->o.timeout_s >= 45 ? 15000 : (int)s->o.timeout_s * 1000 / 3;
+		x->last_ms = mono_ms();
 		r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, x, NULL);
 		if (!r)
 			return MHD_NO;

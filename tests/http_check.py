@@ -46,7 +46,11 @@ def sse(path):
     raw = load(path).decode()
     if not raw.endswith("\n\n"):
         die("%s: the stream does not end with a blank line" % path)
-    events = [e for e in raw.split("\n\n") if e]
+    # comment lines (": keep-alive") are no part of an event (the SSE rule); a block of
+    # them alone is none
+    events = ["\n".join(l for l in e.split("\n") if not l.startswith(":"))
+              for e in raw.split("\n\n") if e]
+    events = [e for e in events if e]
     out, fin, usage, names = [], None, None, []
     for i, e in enumerate(events):
         lines = e.split("\n")

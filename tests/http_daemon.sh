@@ -185,6 +185,29 @@ while [ $j -lt 64 ]; do
 done
 [ $bad -eq 0 ] && ok
 
+# ---- a stream whose next event takes longer than --timeout (kdecd stopped 4.5 s, a
+# stand-in for a long prefill or a busy daemon) is kept open by ": keep-alive" comments
+# and ends whole, with the text of the same request run alone ----
+long='{"prompt":"keep going","max_tokens":600,"temperature":0,"ignore_eos":true,"stream":true}'
+status long 200 /v1/completions -N -d "$long"
+$H sse "$tmp/long" >"$tmp/long.txt" 2>/dev/null || fail "a 600-token stream: $(tail -c 300 "$tmp/long")"
+curl -s -N -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' -d "$long" \
+	"$U/v1/completions" >"$tmp/paused" &
+cpid=$!
+i=0
+while [ $i -lt 500 ] && [ "$(grep -c '"text"' "$tmp/paused")" -lt 2 ]; do
+	sleep 0.01
+	i=$((i + 1))
+done
+kill -STOP "$pid"
+sleep 4.5
+kill -CONT "$pid"
+wait $cpid
+crc=$?
+$H sse "$tmp/paused" >"$tmp/paused.txt" 2>/dev/null && [ -s "$tmp/long.txt" ] &&
+	cmp -s "$tmp/paused.txt" "$tmp/long.txt" && [ $crc -eq 0 ] && grep -q '^: keep-alive' "$tmp/paused" && ok ||
+	fail "stream paused past --timeout: curl $crc, $(grep -c '^: keep-alive' "$tmp/paused") keep-alives, $(wc -c <"$tmp/paused.txt") bytes of text against $(wc -c <"$tmp/long.txt")"
+
 # ---- a client killed mid-stream: its request is cancelled at once ----
 gen0=$(metric kd_generation_tokens_total)
 : >"$tmp/killed"

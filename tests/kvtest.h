@@ -3,30 +3,78 @@
 #ifndef KD_TESTS_KVTEST_H
 #define KD_TESTS_KVTEST_H
 
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/engine/engine.h"
 #include "daemon/engine/engine_internal.h"
 #include "daemon/model/model.h"
 
+/* The path of tests/data/tiny/<name>.json; with KDEC_TEST_CFG (a JSON object) a copy of
+ * it with those keys set, written under /tmp (removed by kvt_tiny_done): the KV tests
+ * run again under tensor parallel (tests/kv_tp.sh, KDEC_TEST_TP) on shapes the ranks
+ * split. */
+static inline const char *kvt_tiny_path(const char *name, char *path, size_t len)
+{
+	const char *top = getenv("top_srcdir") ? getenv("top_srcdir") : ".";
+	const char *set = getenv("KDEC_TEST_CFG");
+	json_error_t jerr;
+	json_t *cfg, *over;
+	char src[1024];
+
+	snprintf(src, sizeof(src), "%s/tests/data/tiny/%s.json", top, name);
+	if (!set || !*set) {
+		snprintf(path, len, "%s", src);
+		return path;
+	}
+	snprintf(path, len, "/tmp/kdec_kvtest_%d_%s.json", (int)getpid(), name);
+	cfg = json_load_file(src, 0, &jerr);
+	over = json_loads(set, 0, &jerr);
+	CHECK(cfg && json_is_object(over) && json_object_update(cfg, over) == 0 &&
+	      json_dump_file(cfg, path, 0) == 0, "KDEC_TEST_CFG '%s' on %s: %s", set, src, jerr.text);
+	json_decref(cfg);
+	json_decref(over);
+	return path;
+}
+
+static inline void kvt_tiny_done(const char *path)
+{
+	if (getenv("KDEC_TEST_CFG") && !strncmp(path, "/tmp/kdec_kvtest_", 17))
+		unlink(path);
+}
+
+/* eo with KDEC_TEST_TP's ranks (tensor parallel; unset: eo's). */
+static inline struct engine_opts kvt_opts(const struct engine_opts *eo)
+{
+	struct engine_opts o = *eo;
+
+	if (getenv("KDEC_TEST_TP"))
+		o.tp = atoi(getenv("KDEC_TEST_TP"));
+	return o;
+}
+
 /* A model of tests/data/tiny/<name>.json with synthetic weights (seed) and an engine. */
 static inline int kvt_open(const char *name, uint64_t seed, const struct engine_opts *eo,
 			   struct model **m, struct engine **e)
 {
-	const char *top = getenv("top_srcdir") ? getenv("top_srcdir") : ".";
 	struct model_load_opts lo = { .synthetic = 1, .seed = seed };
+	struct engine_opts o = kvt_opts(eo);
 	char path[1024], err[512] = "";
 	int ret;
 
 	*m = NULL;
 	*e = NULL;
-	snprintf(path, sizeof(path), "%s/tests/data/tiny/%s.json", top, name);
+	kvt_tiny_path(name, path, sizeof(path));
 	ret = model_load(m, path, &lo, err, sizeof(err));
+	kvt_tiny_done(path);
 	CHECK(ret == 0, "%s: %s", path, err);
 	if (ret)
 		return ret;
-	ret = engine_create(e, *m, eo, err, sizeof(err));
+	if (getenv("KDEC_TEST_MLA_CP") && (*m)->cfg.mla && o.tp > 1)
+		o.mla_cp = 1;	/* the latent cache split by tokens over the ranks */
+	ret = engine_create(e, *m, &o, err, sizeof(err));
 	CHECK(ret == 0, "engine: %s", err);
 	return ret;
 }

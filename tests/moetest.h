@@ -72,4 +72,15 @@ static inline void moe_set_prefetch_ahead(int on)
 	k_cuda_tuning_set(&t);
 }
 
+/* moe_qmma (quantized experts of the small path on moe_qmma.cu's tensor-core kernels
+ * where they fit), installed: 0 or 1, or -1 for the built-in default. */
+static inline void moe_set_qmma(int on)
+{
+	struct k_cuda_tuning t = *k_cuda_tuning(), def;
+
+	k_cuda_tuning_defaults(&def);
+	t.moe_qmma = on >= 0 ? on : def.moe_qmma;
+	k_cuda_tuning_set(&t);
+}
+
 #endif

@@ -20,7 +20,13 @@
  * kernels (the quant goldens' tiny experts 64 x 20 and 96 x 24, an odd 136 x 56, blocks
  * of 96) take the CUDA-core kernels at every M, the same cases. Skips (77) without CUDA or a
  * GPU. KD_TEST_QUICK=1 (for compute-sanitizer): the odd shapes and Qwen3's in fp8-block,
- * fp8 per channel and int4, grouped at 9 rows. */
+ * fp8 per channel and int4, grouped at 9 rows.
+ * KDEC_MOE_QMMA=1 (moe_qmma.cu, the tensor-core small path) at M 1, 2, 3, 8 and with a
+ * duplicate and a bad id at M 1 and 3, every shape and format above: the same
+ * tolerance, the same bits on a second run, and where it takes the shape (hidden and
+ * inter multiples of 64 fp8 / 128 int4 values, vector blocks) bits other than the
+ * CUDA-core kernels' (so it ran), elsewhere exactly theirs (the fall-back);
+ * experts_add_q with it too. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -336,6 +342,78 @@ static void test_q_m1_bits(const struct moe_shape *s, const struct qfmt *f,
 	qcase_free(&c);
 }
 
+/* Whether moe_qmma.cu's kernels take format f at shape s (moe_qmma_fits): blocks the
+ * vector kernels take (a power of two, at least 32 columns, or the whole dimension),
+ * hidden and inter multiples of 4 chunks (64 fp8 / 128 int4 values). */
+static int qmma_takes(const struct moe_shape *s, const struct qfmt *f)
+{
+	int step = f->fmt == K_Q_INT4 ? 128 : 64;
+
+	if (s->hidden % step || s->inter % step)
+		return 0;
+	for (int j = 0; j < 3; j++) {
+		int N = j < 2 ? s->inter : s->hidden, K = j < 2 ? s->hidden : s->inter;
+		int br = f->brows ? f->brows : N, bc = f->bcols ? f->bcols : K;
+
+		if ((br < N && (br & (br - 1))) || (bc < K && ((bc & (bc - 1)) || bc < 32)))
+			return 0;
+	}
+	return 1;
+}
+
+/* The small path at M rows with KDEC_MOE_QMMA forced on (moe_qmma.cu's tensor-core
+ * kernels where they fit): within EXPERT_TOL of the CPU, the same bits on a second
+ * run, and, where qmma_takes, not the CUDA-core kernels' bits (it ran: every output
+ * element is a 2048-7168-long sum in another order), elsewhere exactly theirs (the
+ * fall-back). */
+static void test_q_qmma(const struct moe_shape *s, const struct qfmt *f, const struct qweights *w,
+			struct k_cuda_moe_ws *ws, int M, int flags)
+{
+	struct qcase c;
+	struct k_cuda_moe_quant q;
+	float *want, *got[3], *dout;
+	int ret = 0, nan, runs = 0, again = 0, other = 0, tc = qmma_takes(s, f), ok;
+	double rel;
+
+	qcase_make(&c, s, w, M, flags);
+	q = quant_of(w, &c);
+	want = malloc(sizeof(float) * c.nx);
+	CHECK(k_cpu_moe_experts(pool, want, c.x, M, c.cpu_ids, c.cpu_wts, s->top_k, c.ex,
+				s->n_experts, K_BF16, s->hidden, s->inter) == 0, "cpu experts");
+	dout = dalloc(sizeof(float) * c.nx);
+	moe_set_path(K_CUDA_MOE_PATH_SMALL);
+	for (int r = 0; r < 3; r++) {	/* qmma, qmma again, the CUDA-core kernels */
+		moe_set_qmma(r < 2);
+		got[r] = malloc(sizeof(float) * c.nx);
+		CU(cudaMemset(dout, 0xff, sizeof(float) * c.nx));
+		ret |= k_cuda_moe_experts_q(stream, ws, dout, c.dx, M, c.dids, c.dw, s->top_k,
+					    (const uint16_t *const *)c.dtable, &q, s->n_experts,
+					    s->hidden, s->inter);
+		CU(cudaStreamSynchronize(stream));
+		to_host(got[r], dout, sizeof(float) * c.nx);
+		runs++;
+	}
+	moe_set_qmma(-1);
+	rel = rel_of(got[0], want, NULL, c.nx, &nan);
+	for (size_t i = 0; i < c.nx; i++) {
+		again += !test_same_floats(&got[0][i], &got[1][i], 1);
+		other += !test_same_floats(&got[0][i], &got[2][i], 1);
+	}
+	ok = ret == 0 && !nan && rel <= EXPERT_TOL && !again && (tc ? other > 0 : other == 0);
+	printf("%-12s %-44s %-10s M %d%s%s  rel_l2 %.3g%s, rerun %d differ, %s %d of %zu  %s\n",
+	       "moe_q qmma", s->name, f->name, M, flags & EX_DUP ? " dup" : "",
+	       flags & EX_BAD_ID ? " bad-id" : "", rel, nan ? "  NaN" : "", again,
+	       tc ? "tensor cores: differ from CUDA cores in" : "fall-back: differ in", other,
+	       c.nx, ok ? "PASS" : "FAIL");
+	CHECK(ok, "qmma %s %s M %d: ret %d rel %.3g rerun %d other %d (tc %d)", s->name, f->name, M,
+	      ret, rel, again, other, tc);
+	for (int r = 0; r < runs; r++)
+		free(got[r]);
+	cudaFree(dout);
+	free(want);
+	qcase_free(&c);
+}
+
 /* k_cuda_moe_experts_add_q: no shared expert (si 0): fused, y0 + experts; with one:
  * declined (1), y as it was. */
 static void test_q_add(const struct moe_shape *s, const struct qfmt *f, const struct qweights *w,
@@ -417,6 +495,10 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 	test_q_m1_bits(s, f, &w, ws, 0);
 	if (!quick)
 		test_q_m1_bits(s, f, &w, ws, EX_DUP | EX_BAD_ID);
+	for (int m = 0; m < 4; m++)	/* KDEC_MOE_QMMA=1: the tensor-core small path */
+		test_q_qmma(s, f, &w, ws, (int[]){ 1, 2, 3, 8 }[m], 0);
+	test_q_qmma(s, f, &w, ws, 1, EX_DUP | EX_BAD_ID);
+	test_q_qmma(s, f, &w, ws, 3, EX_DUP | EX_BAD_ID);
 	test_q_experts(s, f, &w, ws, 2, 0, K_CUDA_MOE_PATH_GROUPED, "");
 	test_q_experts(s, f, &w, ws, 3, EX_DUP | EX_BAD_ID, K_CUDA_MOE_PATH_GROUPED, "");
 	test_q_experts(s, f, &w, ws, grouped_M, 0, K_CUDA_MOE_PATH_AUTO, "");
@@ -515,8 +597,12 @@ int main(void)
 				continue;
 			}
 			qweights_make(&w, s, &fmts[0]);
-			test_q_add(s, &fmts[0], &w, ws, 1, shapes[si].shared);
-			test_q_add(s, &fmts[0], &w, ws, 2, shapes[si].shared);
+			for (int on = 0; on < 2; on++) {	/* CUDA cores, then KDEC_MOE_QMMA=1 */
+				moe_set_qmma(on);
+				test_q_add(s, &fmts[0], &w, ws, 1, shapes[si].shared);
+				test_q_add(s, &fmts[0], &w, ws, 2, shapes[si].shared);
+			}
+			moe_set_qmma(-1);
 			qweights_free(&w);
 			k_cuda_moe_ws_destroy(ws);
 		}

@@ -22,6 +22,12 @@
 # one launch computes what the per-rank launches do, the greedy pairs come from the
 # slices' logits), else within TOL (tp 1's graph differs from its eager path too: the
 # attention is sized for the whole cache in a graph).
+# Draws by vocabulary slices (tests/test_cuda_tp_draws): at tp 2 and 4, graphs and
+# --no-graphs, on golden llama3, qwen3_moe and deepseek_v3 and a synthetic llama of a
+# 151937-token vocabulary, every greedy and top-k token drawn by the ranks' slices
+# (k_cuda_argmax_slice, k_cuda_topk_slice) is k_cpu_sample's over the same engine's
+# gathered row, bit for bit (tp N's logits differ from tp 1's within TOL, so tp 1's
+# draws are not the reference: the same step's gathered row is).
 # Then greedy tokens equal (kdbench generate, --ep too, graphs and --no-graphs),
 # kdecd --backend cuda --tp 2 serving kdrun tp 1's tokens (one client, then four at
 # once: graph buckets of several rows), kdbench decode at tp 2 giving figures with and
@@ -197,6 +203,14 @@ for tp in 2 4; do
 	awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok ||
 		fail "deepseek_v3 600-token prefill tp $tp --mla-cp: worst row $w (want <= $TOL)"
 done
+# ---- greedy and top-k draws by slices against k_cpu_sample over the gathered rows ----
+if "$B/tests/test_cuda_tp_draws" "$G/llama3" "$G/qwen3_moe" "$G/deepseek_v3" >"$tmp/draws" 2>&1; then
+	grep "draws (greedy and top-k)" "$tmp/draws"
+	ok
+else
+	grep -E "FAIL|differ|refused" "$tmp/draws" | head -n 8
+	fail "draws by slices on the cuda ranks: $(tail -n 1 "$tmp/draws")"
+fi
 
 # ---- greedy tokens: kdbench generate ----
 for model in llama3 qwen3_moe deepseek_v3; do
@@ -257,11 +271,17 @@ else
 	fail "kdecd --backend cuda --tp 2 --no-graphs did not start: $(tail -n 3 "$tmp/daemon2.log")"
 fi
 
-# ---- kdbench decode at tp 2, graphs and not (the figures' format; no figure is checked) ----
+# ---- kdbench decode at tp 2, graphs and not (the figures' format; no figure is checked
+# but layer_us: with graphs one layer of every rank is timed, forward_tp_layer_time) ----
 for g in "" --no-graphs; do
+	rm -f "$tmp/dec.jsonl"
 	"$B/kdbench" decode --model "$G/qwen3_moe" --backend cuda --batch 1,4 --ctx 16 --steps 4 --warmup 1 \
-		--tp 2 $g >"$tmp/dec" 2>"$tmp/err" && grep -q 'tokens/s\|tok/s' "$tmp/dec" && ok ||
+		--tp 2 $g --out "$tmp/dec.jsonl" >"$tmp/dec" 2>"$tmp/err" && grep -q 'tokens/s\|tok/s' "$tmp/dec" && ok ||
 		fail "decode --tp 2 $g: $(tail -n 2 "$tmp/err") $(tail -n 2 "$tmp/dec")"
+	[ -n "$g" ] && continue
+	lus=$(sed -n 's/.*"layer_us":\([0-9.]*\).*/\1/p' "$tmp/dec.jsonl" | head -n 1)
+	awk -v u="${lus:-0}" 'BEGIN { exit !(u + 0 > 0) }' && ok ||
+		fail "decode --tp 2: layer_us ${lus:-missing} (want > 0: one layer of every rank timed)"
 done
 
 "$B/kdbench" decode --model "$G/deepseek_v3" --backend cuda --batch 1,4 --ctx 40 --steps 4 --warmup 1 \

@@ -76,18 +76,19 @@ static void loop_once(struct engine *e, struct stream *d)
 
 static struct engine *open_engine(struct model **m, int kv_blocks)
 {
-	struct engine_opts eo = { .backend = backend, .threads = 1, .block_tokens = BT,
-				  .kv_tokens = kv_blocks * BT, .max_rows = 64, .offload_after_s = 5,
-				  .session_ttl_s = 1000 };
-	const char *top = getenv("top_srcdir") ? getenv("top_srcdir") : ".";
+	struct engine_opts eo0 = { .backend = backend, .threads = 1, .block_tokens = BT,
+				   .kv_tokens = kv_blocks * BT, .max_rows = 64, .offload_after_s = 5,
+				   .session_ttl_s = 1000 };
+	struct engine_opts eo = kvt_opts(&eo0);
 	struct model_load_opts lo = { .synthetic = 1, .seed = 11 };
 	struct engine *e;
 	char path[1024], err[512] = "";
 	int ret;
 
 	*m = NULL;
-	snprintf(path, sizeof(path), "%s/tests/data/tiny/llama.json", top);
+	kvt_tiny_path("llama", path, sizeof(path));
 	ret = model_load(m, path, &lo, err, sizeof(err));
+	kvt_tiny_done(path);
 	CHECK(ret == 0, "%s: %s", path, err);
 	if (ret)
 		return NULL;

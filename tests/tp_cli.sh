@@ -150,7 +150,45 @@ if "$B/kdbench" logits --model "$Q" --tokens 1,2,3 --threads 2 --out "$tmp/q1.f3
 else
 	fail "fp8-block deepseek_v3 tp 2: $(tail -n 1 "$tmp/err")"
 fi
-expect 1 "host tier copies one rank" "$B/kdecd" --backend cpu --model "$M" --check --tp 2 --host-kv-mem 64M
+# the host KV tier and snapshots with --tp (every rank's cache, kv_spans.h): a session
+# saved at shutdown by a tp 2 daemon loads into the next tp 2 daemon and continues with
+# the tokens it would have had; a tp 1 daemon sets that snapshot aside (another layout)
+"$B/kdecd" --backend cpu --model "$M" --check --tp 2 --host-kv-mem 64M >/dev/null 2>&1 && ok ||
+	fail "kdecd --tp 2 --host-kv-mem refused"
+D=$tmp/state
+mkdir -p "$D"
+S=$tmp/kdecd.sock
+turn() {	# turn OUT PROMPT: one turn of session s, its tokens in OUT
+	"$B/kdrun" --socket "$S" --prompt "$2" --max-tokens 6 --session s >"$tmp/$1" 2>"$tmp/err" ||
+		fail "kdrun --session s at tp 2: $(tail -n 1 "$tmp/err")"
+}
+P1=$(seq -s, 3 42) P2=$(seq -s, 50 60)
+if kdecd_start daemon.log 60 --model "$M" --socket "$S" --threads 2 --tp 2 --state-dir "$D"; then
+	turn a1 "$P1"
+	turn a2 "$P2"	# the uninterrupted second turn
+	"$B/kdctl" --socket "$S" session-close s >/dev/null || fail "session-close s"
+	turn b1 "$P1"
+	kdecd_stop && [ -s "$D/kv-sessions.snap" ] && ok || fail "tp 2 shutdown: no snapshot"
+	if kdecd_start daemon.log 60 --model "$M" --socket "$S" --threads 2 --tp 2 --state-dir "$D"; then
+		grep -q "1 sessions loaded" "$tmp/daemon.log" && ok ||
+			fail "tp 2 restart: $(grep 'state dir' "$tmp/daemon.log" | tail -n 1)"
+		turn b2 "$P2"
+		cmp -s "$tmp/a2" "$tmp/b2" && [ -s "$tmp/a2" ] && ok ||
+			fail "tp 2 after restart: '$(cat "$tmp/b2")', uninterrupted '$(cat "$tmp/a2")'"
+		kdecd_stop || fail "tp 2 restart did not stop cleanly"
+	else
+		fail "kdecd --tp 2 --state-dir restart: $(tail -n 3 "$tmp/daemon.log")"
+	fi
+	if kdecd_start daemon.log 60 --model "$M" --socket "$S" --threads 2 --state-dir "$D"; then
+		grep -q "snapshot not loaded" "$tmp/daemon.log" && [ "$(ls "$D" | grep -c "kv-sessions.snap.")" -ge 1 ] && ok ||
+			fail "tp 1 on a tp 2 snapshot: $(grep 'state dir' "$tmp/daemon.log" | head -n 2)"
+		kdecd_stop || fail "tp 1 on a tp 2 snapshot did not stop cleanly"
+	else
+		fail "kdecd tp 1 --state-dir: $(tail -n 3 "$tmp/daemon.log")"
+	fi
+else
+	fail "kdecd --tp 2 --state-dir did not start: $(tail -n 3 "$tmp/daemon.log")"
+fi
 # --allreduce: parsed by kdecd and kdbench (logits, decode); a GPU reduction, so only auto
 # on the cpu backend; on cuda (refused before any GPU is touched: checked wherever the
 # build has the cuda backend) fused needs two ranks and nccl one rank per GPU

@@ -14,19 +14,14 @@
 # references made beforehand (contrib/make_unseen_references.sh), so the GPU machine
 # needs no torch.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-B=${KDEC_BUILD_DIR:-devbuild}
-export LD_LIBRARY_PATH="$PWD/$B/devlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export top_srcdir=$PWD top_builddir=$PWD/$B
-O=${OUT:-$(mktemp -d /tmp/kdec-fid.XXXXXX)}
-S=$O/summary.txt
-say() { echo "$*" | tee -a "$S"; }
+. contrib/device/lib.sh
+use "${KDEC_BUILD_DIR:-devbuild}"
 
 say "# fidelity.sh commit ${FID_COMMIT:-?} $(date -u +%FT%TZ)"
 say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 steps=" ${FID_STEPS:-tests golden unseen unseen32 tool} "
-step() { [[ $steps == *" $1 "* ]]; }
-step tests && for t in test_cuda_moe test_cuda_linear; do
+wanted() { [[ $steps == *" $1 "* ]]; }
+wanted tests && for t in test_cuda_moe test_cuda_linear; do
 	timeout 240 "$B/tests/$t" >"$O/$t.log" 2>&1
 	say "$t: exit $? ($(tail -n 1 "$O/$t.log"))"
 done
@@ -38,7 +33,7 @@ golden() {	# golden NAME [ENV...]: test_golden on cuda, its fidelity lines kept
 	say "golden $name: exit $? ($(tail -n 1 "$O/golden_$name.log"))"
 	grep -E "fidelity:|row [0-9]+ \(position" "$O/golden_$name.log" | sed "s/^/$name /" >>"$S"
 }
-if step golden; then
+if wanted golden; then
 golden fp32router
 golden bf16router KDEC_ROUTER_FP32=0
 # the rows left over without a flip: bf16 rounding of activations (prefill GEMMs on
@@ -50,19 +45,19 @@ fi
 # unseen checkpoints: seed 7, other dims, bf16 (contrib/make_unseen_references.sh); made
 # here unless FID_REF_DIR names them made elsewhere (torch on the CPU: seconds on any host)
 ref7=${FID_REF_DIR:-/tmp/kdec-ref7}
-if step unseen; then
+if wanted unseen; then
 if [ -z "${FID_REF_DIR:-}" ]; then
 	contrib/make_unseen_references.sh "$ref7" >"$O/make_reference.log" 2>&1
 	say "make_unseen_references: exit $? ($(tail -n 1 "$O/make_reference.log"))"
 fi
 extra=$(ls -d "$ref7"/*_s7/ 2>/dev/null | sed 's:/$::' | paste -sd:)
 golden unseen KDEC_GOLDEN_EXTRA="$extra"
-step unseen32 && golden unseen_fp32act KDEC_GOLDEN_EXTRA="$extra" KDEC_LINEAR_FP32X=1 KDEC_ATTN_PREFILL_MMA=0
+wanted unseen32 && golden unseen_fp32act KDEC_GOLDEN_EXTRA="$extra" KDEC_LINEAR_FP32X=1 KDEC_ATTN_PREFILL_MMA=0
 fi
 
 # the tool: cuda routing forced on the cpu
 m=tests/data/golden/deepseek_v3
-step tool && {
+wanted tool && {
 toks=$(python3 -c "import json; print(','.join(map(str, json.load(open('$m/golden.json'))['cases'][-1]['tokens'])))")
 "$B/kdbench" logits --model $m --backend cuda --tokens "$toks" --out "$O/dsv3_cuda.f32" \
 	--dump-routing "$O/dsv3_cuda.routing" --log-level warn 2>"$O/kdbench.log"

@@ -14,13 +14,10 @@
 #   device run: KDEC_BUILD_DIR=devbuild bash contrib/device/longctx.sh   (logs in $OUT)
 # LONG_MODELS, LONG_LENS_GQA, LONG_LENS_MLA, LONG_SPLITS: other models, lengths, split counts.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-B=${KDEC_BUILD_DIR:-devbuild}
-export LD_LIBRARY_PATH="$PWD/$B/devlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-O=${OUT:-$(mktemp -d /tmp/kdec-long.XXXXXX)}
+. contrib/device/lib.sh
+use "${KDEC_BUILD_DIR:-devbuild}"
 W=$(mktemp -d /tmp/kdec-longw.XXXXXX)
 S=$O/longctx.txt
-say() { echo "$*" | tee -a "$S"; }
 
 # long_cfg SRC DST [real-mla]: the config with room for 65k positions, bf16 (golden
 # llama3 carries llama3 rope scaling from a 64-token original context). real-mla: the

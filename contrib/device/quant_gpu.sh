@@ -12,15 +12,8 @@
 # golden side by side) picks phases; QG_FORMATS the decode
 # formats; QG_BATCH the batch sizes.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-B=${KDEC_BUILD_DIR:-build-quant}
-export LD_LIBRARY_PATH="$PWD/$B/devlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export top_srcdir=$PWD top_builddir=$PWD/$B
-O=${OUT:-/tmp/quant_gpu}
-mkdir -p "$O"
-S=$O/summary.txt
-
-say() { echo "$*" | tee -a "$S"; }
+. contrib/device/lib.sh
+use "${KDEC_BUILD_DIR:-build-quant}"
 
 # step NAME LIMIT CMD...: its output to $O/NAME.log, one summary line
 step() {

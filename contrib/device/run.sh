@@ -53,7 +53,7 @@ bench_bin() {
 gpu_tests() {
 	for t in ${GPU_TESTS:-test_cuda_smoke test_cuda_linear test_cuda_attn_gqa test_cuda_attn_qkv \
 		test_cuda_attn_mla test_cuda_merge test_cuda_ops test_cuda_moe test_cuda_sample test_cuda_pdl \
-		test_cuda_capture test_cuda_moe_lat test_cuda_moe_q test_cuda_linear_q test_cuda_allreduce}; do
+		test_cuda_capture test_cuda_moe_lat test_cuda_moe_q test_cuda_linear_q test_cuda_allreduce test_cuda_topk_slice}; do
 		[ -x "$B/tests/$t" ] && echo "$t"
 	done
 }

@@ -39,6 +39,7 @@ specs=(
 	"KD_TEST_QUICK=1|KD_TEST_QUICK=1|test_cuda_moe_q"
 	"|KD_TEST_QUICK=2 KD_TEST_PART=mma|test_cuda_linear_q"
 	"||test_cuda_allreduce"
+	"||test_cuda_topk_slice"
 	"||test_cuda_merge test_cuda_ops test_cuda_smoke test_cuda_pdl test_cuda_capture"
 )
 # one run: its exit status in its folder's rc

@@ -11,10 +11,8 @@
 #   device run "tar -xJf DIR.tar.xz && B=DIR bash contrib/device/tp_graph_ncu.sh" carry [DIR.tar.xz]
 # About 30 s on a warm H200.
 set -u
-B=${B:-devbuild}
-O=${OUT:-/tmp/tpgout}; mkdir -p "$O"
-export LD_LIBRARY_PATH="$PWD/$B/devlibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" NCCL_NVLS_ENABLE=0
-t0=$SECONDS
+. contrib/device/lib.sh
+use "${B:-devbuild}"
 ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 [ -n "$ncu" ] || { echo "ncu: not on this machine"; exit 1; }
 D="decode --model tests/data/configs/llama3.1-8b.json --synthetic-weights --backend cuda --layers 4

@@ -81,6 +81,10 @@ enum backend_tp_graph {
 	BACKEND_TP_GRAPH_PER_RANK,
 };
 
+/* The pairs a row of tp_topk gives (FWD_TP_TOPK_MAX), and the words of its result. */
+#define BACKEND_TP_TOPK 64
+#define BACKEND_TP_TOPK_WORDS(rows) ((2 * BACKEND_TP_TOPK + 1) * (size_t)(rows))
+
 /* The kind for n ranks (n >= 2) on devices devs (n), by the rule above. */
 static inline enum backend_tp_graph backend_tp_graph_kind(const int *devs, int n)
 {
@@ -331,6 +335,18 @@ struct backend_ops {
 			   const float *q, const struct model_tensor *w_kv_b,
 			   const struct k_kv_layer *kv, const struct k_attn_rows *rows,
 			   const struct k_mla_dims *d, float scale);
+	/* Optional: top-k draws by vocabulary slices on the device (absent where the
+	 * backend has host memory: the CPU ranks select on the host, forward_tp_sample.c).
+	 * For each row i of logits (rows, vn), its best m_i = min(BACKEND_TP_TOPK, non-NaN
+	 * values) (value, v0 + index) by kernels/cpu/sample.c's order (the higher logit,
+	 * then the lower index; NaN never one), indices ascending, into top: a buffer of
+	 * tp_topk_bytes(rows, vn) bytes of backend memory (more rows' size is as good)
+	 * whose first BACKEND_TP_TOPK_WORDS(rows) 32-bit words hold the values (fp32 at
+	 * [i * TOPK + j]), the ids (int32 at [rows * TOPK + i * TOPK + j]) and m_i (int32
+	 * at [2 * rows * TOPK + i]); the rest is the op's scratch. */
+	size_t (*tp_topk_bytes)(int rows, int vn);
+	void (*tp_topk)(struct backend *be, void *top, const float *logits, int rows, int vn,
+			int v0);
 	/* Graphs: ops issued between capture_begin and capture_end are recorded into
 	 * *graph instead of running; graph_launch replays them on the current contents of
 	 * the same buffers; *n_nodes receives the kernels and copies recorded. 0 or -errno. */

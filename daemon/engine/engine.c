@@ -36,13 +36,11 @@ static int engine_kv_init(struct engine *e, const struct engine_opts *opts, char
 	int64_t host = opts->host_kv_bytes ? opts->host_kv_bytes : ENGINE_DEFAULT_HOST_KV_BYTES;
 	int ret;
 
-	if (forward_tp_ranks(e->fwd) > 1)	/* the mover copies one cache: rank 0's (engine_tp_check) */
-		host = -1;
-
 	e->clock_ns = clock_monotonic_ns;
 	e->kv_elem_bytes = k_dtype_size(e->be->ops->kv_dtype);
-	e->block_bytes = (size_t)e->pool.block_tokens * (size_t)e->fwd->kv[0].width * e->kv_elem_bytes *
-			 (c->mla ? 1 : 2) * (size_t)c->n_layers;
+	if ((ret = kv_spans_build(&e->spans, e->fwd, c->n_layers, e->pool.block_tokens, e->kv_elem_bytes)))
+		return ret;
+	e->block_bytes = e->spans.block_bytes;	/* tp 1: bt x width x elem x (K, V) x layers */
 	e->host_enabled = host > 0;
 	e->session_quota_blocks = opts->session_quota_blocks > 0 ? opts->session_quota_blocks
 								 : (e->pool.n_blocks + 3) / 4;
@@ -146,14 +144,7 @@ static int engine_tp_check(const struct model *m, const struct backend_ops *ops,
 			 "that divides the shapes", opts->tp, ops->name, opts->tp);
 		return -ENOTSUP;
 	}
-	if ((ret = model_shard_check(&m->cfg, opts->tp, opts->ep, err, err_len)))
-		return ret;
-	if (opts->host_kv_bytes > 0) {
-		snprintf(err, err_len, "--tp %d with --host-kv-mem: the host tier copies one rank's "
-			 "KV cache; not built for several yet", opts->tp);
-		return -ENOTSUP;
-	}
-	return 0;
+	return model_shard_check(&m->cfg, opts->tp, opts->ep, err, err_len);
 }
 
 /* Threads of each rank's pool: the engine's threads shared among the ranks. */
@@ -335,6 +326,7 @@ void engine_destroy(struct engine *e)
 	kv_prefix_fini(&e->prefix);
 	free(e->kv_raw);
 	free(e->kv_frame);
+	kv_spans_free(&e->spans);
 	forward_destroy(e->fwd);
 	if (e->be)
 		e->be->ops->destroy(e->be);

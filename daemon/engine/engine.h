@@ -10,6 +10,7 @@
 
 #include "daemon/backend/backend.h"
 #include "daemon/engine/forward.h"
+#include "daemon/engine/kv_spans.h"
 #include "daemon/model/model.h"
 #include "kernels/k_sample.h"
 #include "kvcache/host_tier.h"
@@ -32,8 +33,9 @@ struct engine_opts {
 	int threads;		/* <= 0: one per online CPU; with tp > 1, shared among the ranks */
 	int gpus[ENGINE_MAX_GPUS];	/* --gpus (cuda): the GPUs to run on */
 	int n_gpus;		/* 0: not given (GPU 0); -1: all visible; else gpus[0..n) */
-	int tp;			/* tensor-parallel ranks (docs/PARALLEL.md); <= 1: one. CPU
-				 * backend only for now; refuses the host tier */
+	int tp;			/* tensor-parallel ranks (docs/PARALLEL.md); <= 1: one. cpu:
+				 * any N the shapes split; cuda: one rank per GPU of gpus,
+				 * or 2 / 4 virtual ranks on one */
 	int ep;			/* with tp > 1: routed experts whole, a share per rank (expert
 				 * parallel), not sliced across all ranks */
 	int mla_cp;		/* with tp > 1 on an MLA model: the latent cache split by
@@ -120,7 +122,9 @@ struct engine {
 	struct kv_codec codec;		/* one block <-> one zstd frame */
 	struct kv_sessions sessions;
 	size_t kv_elem_bytes;		/* bytes per cached K/V element (backend's kv dtype) */
-	size_t block_bytes;		/* one block over all layers, K and V, bytes */
+	struct kv_spans spans;		/* where a block's bytes are: every rank's cache */
+	size_t block_bytes;		/* one block over all layers, K and V, (every rank's
+					 * stored span: kv_spans.h) bytes */
 	uint8_t *kv_raw;		/* (block_bytes) host staging of one block */
 	uint8_t *kv_frame;		/* (kv_codec_bound) one compressed block */
 	int host_enabled;
@@ -275,8 +279,9 @@ void engine_cache_drop(struct engine *e);
 
 void engine_cache_status(const struct engine *e, struct engine_cache_status *st);
 
-/* One device block's K/V, layer by layer, K then V, into dst (block_bytes): what the
- * host tier stores; kdbench kvcache measures compression on it. 0 or -errno. */
+/* One device block's K/V, layer by layer, K then V (tensor parallel: each stored rank's
+ * in turn, kv_spans.h), into dst (block_bytes): what the host tier stores; kdbench
+ * kvcache measures compression on it. 0 or -errno. */
 int engine_block_read(struct engine *e, int32_t block, void *dst);
 
 /* ---- sessions (engine_session.c) ------------------------------------------

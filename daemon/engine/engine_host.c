@@ -13,26 +13,9 @@
 
 static int block_copy(struct engine *e, int32_t block, void *host, int to_device)
 {
-	const struct forward *f = e->fwd;
-	size_t plane = (size_t)e->pool.block_tokens * (size_t)f->kv[0].width * e->kv_elem_bytes;
-	size_t off = (size_t)block * plane;
-	uint8_t *h = host;
-	int ret;
-
 	if (block < 0 || block >= e->pool.n_blocks)
 		return -EINVAL;
-	for (int l = 0; l < e->model->cfg.n_layers; l++) {
-		for (int v = 0; v < (e->model->cfg.mla ? 1 : 2); v++) {
-			uint8_t *dev = (uint8_t *)(v ? (void *)f->kv[l].v : (void *)f->kv[l].k) + off;
-
-			ret = to_device ? e->be->ops->upload(e->be, dev, h, plane)
-					: e->be->ops->download(e->be, h, dev, plane);
-			if (ret)
-				return ret;
-			h += plane;
-		}
-	}
-	return e->be->ops->sync(e->be);
+	return kv_spans_copy(&e->spans, block, host, to_device, 0);
 }
 
 int engine_block_read(struct engine *e, int32_t block, void *dst)
@@ -351,9 +334,7 @@ static int job_run(struct engine *e, struct host_job *j)
 	if (!moves)
 		return job_commit(e, j);
 	if (!e->mover) {
-		ret = engine_mover_create(&e->mover, e->be, e->fwd, e->model->cfg.n_layers,
-					  e->pool.block_tokens, e->kv_elem_bytes, &e->codec,
-					  mover_workers(e));
+		ret = engine_mover_create(&e->mover, &e->spans, &e->codec, mover_workers(e));
 		if (ret) {
 			j->sess = NULL;
 			job_release(e, j);

@@ -1,5 +1,5 @@
-/* The mover's worker threads: device blocks to zstd frames and back through the
- * backend's side copies, off the engine thread. Locking is in engine_mover.h: one
+/* The mover's worker threads: device blocks (every rank's part: kv_spans.h) to zstd
+ * frames and back through the backends' side copies, off the engine thread. Locking is in engine_mover.h: one
  * mutex over the queued and done lists and each job's claim counters; a block's
  * contents are its worker's between its claim and the job's take. */
 #include <errno.h>
@@ -18,7 +18,6 @@ struct mover_worker {
 	struct kv_codec codec;
 	uint8_t *raw;			/* (block_bytes) one block, host_alloc memory where the backend has it */
 	uint8_t *frame;			/* (kv_codec_bound) one compressed block */
-	void **addr;			/* (n_planes) one block's place in each plane, per copy */
 };
 
 struct engine_mover {
@@ -35,19 +34,11 @@ struct engine_mover {
 	void *wake_arg;
 
 	/* set at creation, read-only after */
-	struct backend *be;
-	int n_planes;			/* (layers x K/V) planes of one block */
-	size_t plane;			/* bytes of one block in one plane */
-	uint8_t **base;			/* (n_planes) each plane's cache in backend memory */
+	const struct kv_spans *ks;	/* where a block's bytes are (the engine's) */
+	struct backend *be;		/* rank 0's: the workers' page-locked buffers */
 	int n_workers, n_started;
 	struct mover_worker *w;		/* (n_workers) */
 };
-
-static void plane_addrs(struct mover_worker *w, int32_t block)
-{
-	for (int p = 0; p < w->m->n_planes; p++)
-		w->addr[p] = w->m->base[p] + (size_t)block * w->m->plane;
-}
 
 static void test_delay(uint32_t us)
 {
@@ -59,12 +50,9 @@ static void test_delay(uint32_t us)
 
 static int offload_block(struct mover_worker *w, struct mover_block *b)
 {
-	struct backend *be = w->m->be;
 	size_t zb;
-	int ret;
+	int ret = kv_spans_copy(w->m->ks, b->dev, w->raw, 0, 1);
 
-	plane_addrs(w, b->dev);
-	ret = be->ops->side_download(be, w->raw, w->addr, w->m->n_planes, w->m->plane);
 	if (!ret)
 		ret = kv_codec_compress(&w->codec, w->frame, kv_codec_bound(&w->codec), &zb, w->raw);
 	if (!ret && !(b->out = kv_host_block_new(w->frame, zb)))
@@ -74,21 +62,17 @@ static int offload_block(struct mover_worker *w, struct mover_block *b)
 
 static int restore_block(struct mover_worker *w, struct mover_block *b)
 {
-	struct backend *be = w->m->be;
 	int ret = kv_codec_decompress(&w->codec, w->raw, b->hb->z, b->hb->zbytes);
 
 	if (ret)
 		return ret;
-	plane_addrs(w, b->dev);
-	return be->ops->side_upload(be, w->addr, w->raw, w->m->n_planes, w->m->plane);
+	return kv_spans_copy(w->m->ks, b->dev, w->raw, 1, 1);
 }
 
 static int run_block(struct mover_worker *w, struct mover_job *j, struct mover_block *b)
 {
 	int ret;
 
-	if (!w->m->be->ops->side_download || !w->m->be->ops->side_upload)
-		return -ENOTSUP;
 	ret = j->restore ? restore_block(w, b) : offload_block(w, b);
 	test_delay(j->delay_us);
 	return ret;
@@ -200,7 +184,6 @@ static void worker_fini(struct engine_mover *m, struct mover_worker *w)
 	else
 		free(w->raw);
 	free(w->frame);
-	free(w->addr);
 }
 
 void engine_mover_destroy(struct engine_mover *m)
@@ -219,7 +202,6 @@ void engine_mover_destroy(struct engine_mover *m)
 	pthread_cond_destroy(&m->cv_done);
 	pthread_mutex_destroy(&m->mu);
 	free(m->w);
-	free(m->base);
 	free(m);
 }
 
@@ -233,16 +215,14 @@ static int worker_init(struct engine_mover *m, struct mover_worker *w, const str
 		return ret;
 	w->raw = be->ops->host_alloc ? be->ops->host_alloc(be, c->raw_bytes) : malloc(c->raw_bytes);
 	w->frame = malloc(kv_codec_bound(&w->codec));
-	w->addr = calloc((size_t)m->n_planes, sizeof(*w->addr));
-	return w->raw && w->frame && w->addr ? 0 : -ENOMEM;
+	return w->raw && w->frame ? 0 : -ENOMEM;
 }
 
-int engine_mover_create(struct engine_mover **out, struct backend *be, const struct forward *f,
-			int n_layers, int block_tokens, size_t elem_bytes, const struct kv_codec *c,
+int engine_mover_create(struct engine_mover **out, const struct kv_spans *ks, const struct kv_codec *c,
 			int n_workers)
 {
 	struct engine_mover *m = calloc(1, sizeof(*m));
-	int per_layer = f->kv[0].v ? 2 : 1, ret = -ENOMEM;
+	int ret = -ENOMEM;
 
 	*out = NULL;
 	if (!m)
@@ -252,17 +232,12 @@ int engine_mover_create(struct engine_mover **out, struct backend *be, const str
 	pthread_cond_init(&m->cv_done, NULL);
 	m->queued_tail = &m->queued;
 	m->done_tail = &m->done;
-	m->be = be;
-	m->n_planes = n_layers * per_layer;
-	m->plane = (size_t)block_tokens * (size_t)f->kv[0].width * elem_bytes;
-	m->base = calloc((size_t)m->n_planes, sizeof(*m->base));
+	m->ks = ks;
+	m->be = ks->s[0].be;
 	m->n_workers = n_workers > 0 ? n_workers : 1;
 	m->w = calloc((size_t)m->n_workers, sizeof(*m->w));
-	if (!m->base || !m->w)
+	if (!m->w)
 		goto err;
-	for (int l = 0; l < n_layers; l++)
-		for (int v = 0; v < per_layer; v++)
-			m->base[l * per_layer + v] = (uint8_t *)(v ? (void *)f->kv[l].v : (void *)f->kv[l].k);
 	for (int i = 0; i < m->n_workers; i++)
 		if ((ret = worker_init(m, &m->w[i], c)))
 			goto err;

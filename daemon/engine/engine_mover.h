@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include "daemon/backend/backend.h"
-#include "daemon/engine/forward.h"
+#include "daemon/engine/kv_spans.h"
 #include "kvcache/host_tier.h"
 
 /* One block of a job. */
@@ -48,12 +48,11 @@ struct mover_job {
 
 struct engine_mover;
 
-/* A mover for the KV cache of f on be (blocks of block_tokens tokens, codec as c's
- * parameters, each worker its own contexts) with n_workers threads (< 1: one),
- * started at once. 0, -ENOMEM, -errno of pthread_create. Destroyed with
- * engine_mover_destroy. */
-int engine_mover_create(struct engine_mover **out, struct backend *be, const struct forward *f,
-			int n_layers, int block_tokens, size_t elem_bytes, const struct kv_codec *c,
+/* A mover for the KV cache whose blocks ks places (every rank's cache; kept by the
+ * caller until engine_mover_destroy), codec as c's parameters (each worker its own
+ * contexts), with n_workers threads (< 1: one), started at once. 0, -ENOMEM, -errno of
+ * pthread_create. Destroyed with engine_mover_destroy. */
+int engine_mover_create(struct engine_mover **out, const struct kv_spans *ks, const struct kv_codec *c,
 			int n_workers);
 /* Stops and joins the thread. The caller has taken back every job it submitted
  * (cancelled, waited for, taken). Accepts NULL. */

@@ -67,17 +67,17 @@ static int on_host(const struct k_sample_params *p, const struct k_sample_hist *
 }
 
 /* Whether every row of a tensor-parallel step is drawn by vocabulary slices: a plain
- * greedy pick (no penalty over a history, no logprobs), or, on ranks with host memory,
- * a top-k draw (1 <= top_k <= FWD_TP_TOPK_MAX: every rank's top-k pairs hold the row's
- * candidates, forward_tp.h). */
+ * greedy pick (no penalty over a history, no logprobs), or, where the ranks can
+ * (topk_ok: forward_tp_topk_ok), a top-k draw (1 <= top_k <= FWD_TP_TOPK_MAX: every
+ * rank's top-k pairs hold the row's candidates, forward_tp.h). */
 static int tp_by_slices(const struct k_sample_params *p, int n, const struct k_sample_hist *hist,
-			const struct k_sample_logprobs *lp, int host_memory)
+			const struct k_sample_logprobs *lp, int topk_ok)
 {
 	for (int i = 0; i < n; i++) {
 		if (on_host(&p[i], hist ? &hist[i] : NULL, lp ? &lp[i] : NULL))
 			return 0;
 		if (p[i].temperature > 0 &&
-		    !(host_memory && p[i].top_k >= 1 && p[i].top_k <= FWD_TP_TOPK_MAX))
+		    !(topk_ok && p[i].top_k >= 1 && p[i].top_k <= FWD_TP_TOPK_MAX))
 			return 0;
 	}
 	return n > 0;
@@ -113,12 +113,12 @@ int engine_step_sample_ext(struct engine *e, struct engine_req *reqs, int n_reqs
 	int n = engine_step_out_rows(reqs, n_reqs);
 	int vocab = e->model->cfg.vocab_size, ret, n_host = 0;
 	/* tensor parallel: every rank holds a vocabulary slice. Greedy rows, and top-k
-	 * rows on ranks with host memory, when the caller does not want the logits: each
+	 * rows (forward_tp_topk_ok), when the caller does not want the logits: each
 	 * rank's argmax or top-k of its slice, only (value, id) pairs compared
 	 * (forward_tp_run), the logits never gathered; any other draw (penalties, logprobs,
 	 * min-p, no top-k) is the host's over the gathered logits. */
 	int be_sample = forward_tp_ranks(e->fwd) > 1
-				? !logits && tp_by_slices(params, n, hist, lp, e->be->ops->host_memory)
+				? !logits && tp_by_slices(params, n, hist, lp, forward_tp_topk_ok(e->be->ops))
 				: e->be->ops->sample != NULL;
 	struct engine_sampler *s;
 

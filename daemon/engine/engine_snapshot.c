@@ -99,13 +99,28 @@ static void engine_snap_meta(const struct engine *e, struct kv_snap_meta *meta)
 	}
 	fp_u64(&h, (uint64_t)e->be->ops->kv_dtype);
 	fp_u64(&h, (uint64_t)e->fwd->kv[0].width);
+	for (int r = 0; e->spans.n > 1 && r < e->spans.n; r++) {	/* a block's run across the
+									 * ranks (tp 1's as before) */
+		const struct kv_span *sp = &e->spans.s[r];
+
+		fp_u64(&h, (uint64_t)e->spans.n);
+		fp_u64(&h, (uint64_t)sp->split);
+		fp_u64(&h, (uint64_t)sp->same_as);
+		fp_u64(&h, (uint64_t)sp->row);
+		fp_u64(&h, (uint64_t)sp->n_planes);
+	}
 	fp = kv_siphash_final128(&h);
 
 	memset(meta, 0, sizeof(*meta));
 	meta->fingerprint[0] = fp.lo;
 	meta->fingerprint[1] = fp.hi;
-	snprintf(meta->desc, sizeof(meta->desc), "%.10s %dL w%d #%08x", m->cfg.model_type, m->cfg.n_layers,
-		 e->fwd->kv[0].width, (unsigned)(fp.lo >> 32));
+	if (e->spans.n <= 1)
+		snprintf(meta->desc, sizeof(meta->desc), "%.10s %dL w%d #%08x", m->cfg.model_type,
+			 m->cfg.n_layers, e->fwd->kv[0].width, (unsigned)(fp.lo >> 32));
+	else if (snprintf(meta->desc, sizeof(meta->desc), "%.10s %dL w%d tp%d #%08x", m->cfg.model_type,
+			  m->cfg.n_layers, e->fwd->kv[0].width, e->spans.n,
+			  (unsigned)(fp.lo >> 32)) >= (int)sizeof(meta->desc))
+		meta->desc[sizeof(meta->desc) - 1] = 0;	/* words cut: the fingerprint decides */
 	meta->block_tokens = (uint32_t)e->pool.block_tokens;
 	meta->elem_bytes = (uint32_t)e->kv_elem_bytes;
 	meta->block_bytes = e->block_bytes;
@@ -383,10 +398,6 @@ int engine_snapshot_save(struct engine *e, const char *dir, char *err, size_t er
 	struct save_ctx ctx = { .e = e };
 	int n = 0, cap = e->sessions.n + (sn ? sn->n : 0), ret;
 
-	if (forward_tp_ranks(e->fwd) > 1) {	/* blocks are read from rank 0's cache only */
-		snprintf(err, err_len, "snapshots with --tp: not built yet (one rank's KV cache of several)");
-		return -ENOTSUP;
-	}
 	engine_snap_meta(e, &meta);
 	rec = calloc((size_t)cap + 1, sizeof(*rec));
 	ctx.sessions = calloc((size_t)e->sessions.n + 1, sizeof(*ctx.sessions));
@@ -536,11 +547,6 @@ int engine_snapshot_load(struct engine *e, const char *dir, struct engine_snap_l
 	struct kv_snap_file f = { 0 };
 	char path[4096];
 	int ret;
-
-	if (forward_tp_ranks(e->fwd) > 1) {
-		snprintf(err, err_len, "snapshots with --tp: not built yet (one rank's KV cache of several)");
-		return -ENOTSUP;
-	}
 
 	if (!rep)
 		rep = &spare;

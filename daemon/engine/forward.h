@@ -200,6 +200,9 @@ int forward_stage_step(struct forward *f, const struct fwd_batch *b, struct fwd_
  * dummy block) into the host mirror only: the bytes of f->st.block to upload from
  * f->st.h_block, or -errno. A tensor-parallel graph step's (forward_tp_graph.c). */
 long forward_stage_rows(struct forward *f, const struct fwd_batch *b, int n_rows, struct fwd_batch *db);
+/* The median of n (<= 16) replays of graph on f's backend, each to its end, ms (0: a
+ * replay failed). forward_layer_time's and, at tp > 1, forward_tp_layer_time's. */
+double forward_graph_replay_ms(struct forward *f, void *graph, int n);
 /* The graph bucket of a decode-shaped b (forward_run's rule) and its rows in *size,
  * or -1 where b runs op by op. */
 int forward_graph_bucket(const struct forward *f, const struct fwd_batch *b, int *size);

@@ -442,7 +442,7 @@ static int graph_capture(struct forward *f, const struct fwd_batch *db, int size
 }
 
 /* The median of n replays of graph (launch + sync each), ms; 0 on a failure. */
-static double graph_replay_ms(struct forward *f, void *graph, int n)
+double forward_graph_replay_ms(struct forward *f, void *graph, int n)
 {
 	double t[16];
 
@@ -488,10 +488,10 @@ static int graph_capture_path(struct forward *f, const struct fwd_batch *db, int
 				f->be->ops->graph_destroy(f->be, other);
 				return ret;
 			}
-			graph_replay_ms(f, other, 3);	/* warm both */
-			graph_replay_ms(f, f->graphs[bucket][s], 3);
-			ms_std = graph_replay_ms(f, other, 15);
-			ms_lat = graph_replay_ms(f, f->graphs[bucket][s], 15);
+			forward_graph_replay_ms(f, other, 3);	/* warm both */
+			forward_graph_replay_ms(f, f->graphs[bucket][s], 3);
+			ms_std = forward_graph_replay_ms(f, other, 15);
+			ms_lat = forward_graph_replay_ms(f, f->graphs[bucket][s], 15);
 			f->bucket_ms[bucket][0] = ms_std;
 			f->bucket_ms[bucket][1] = ms_lat;
 			lat = ms_lat > 0 && ms_lat < ms_std;
@@ -684,6 +684,8 @@ int forward_layer_time(struct forward *f, int rows, int layer, int reps, int rep
 	void *graph = NULL;
 	double ms;
 
+	if (forward_tp_ranks(f) > 1)	/* every rank's layer, one graph (forward_tp_graph.c) */
+		return forward_tp_layer_time(f, rows, layer, reps, replays, us_per_layer, nodes);
 	if (!f->use_graphs || f->tp || bucket >= FWD_N_BUCKETS || f->bucket_lat[bucket] < 0 ||
 	    st->layout_rows != size || layer < 0 || layer >= f->m->cfg.n_layers || reps < 1 ||
 	    replays < 1)
@@ -709,8 +711,8 @@ int forward_layer_time(struct forward *f, int rows, int layer, int reps, int rep
 		f->be->ops->graph_destroy(f->be, graph);
 		return ret ? ret : ret2;
 	}
-	graph_replay_ms(f, graph, 2);
-	ms = graph_replay_ms(f, graph, replays);
+	forward_graph_replay_ms(f, graph, 2);
+	ms = forward_graph_replay_ms(f, graph, replays);
 	f->be->ops->graph_destroy(f->be, graph);
 	if (ms <= 0)
 		return -EIO;

@@ -49,7 +49,8 @@ int forward_tp_reduce_norm(struct forward *f, float *buf, size_t n, float *resid
 	}
 	if (n % (size_t)hidden)
 		return -EINVAL;
-	if (g->mode == TP_STEP_CAPTURE && g->graph_kind == BACKEND_TP_GRAPH_ONE) {
+	if ((g->mode == TP_STEP_CAPTURE || g->mode == TP_STEP_LAYER) &&
+	    g->graph_kind == BACKEND_TP_GRAPH_ONE) {
 		/* one graph of every rank: each rank records its part; once all have, rank
 		 * 0 queues them as one launch, then every rank's next work waits for it */
 		if ((ret = g->ops->tp_arrive(f->be, g->bcomm, f->tp_rank)) ||
@@ -271,6 +272,13 @@ static int rank_logits(struct forward *f, const struct fwd_batch *b, float *logi
 			   f->x + (size_t)b->out_rows[o + i] * hidden, hidden, &f->m->final_norm, 1,
 			   hidden, c->rms_norm_eps);
 		OP(f, linear, f->logits, f->h, &f->m->lm_head, n);
+		if (g->greedy && g->best_dev[f->tp_rank]) {	/* pairs picked on the device */
+			int ret = forward_tp_pairs_device(g, f->tp_rank, f->be, f->logits, n, o, 0);
+
+			if (ret)
+				return ret;
+			continue;
+		}
 		if (g->greedy) {
 			const float *rows = f->logits;
 			int ret;
@@ -281,7 +289,7 @@ static int rank_logits(struct forward *f, const struct fwd_batch *b, float *logi
 								sizeof(float) * (size_t)n * (size_t)vn)))
 					return ret;
 			}
-			if (g->top_v)	/* some row of the step draws by top-k */
+			if (g->topk)	/* some row of the step draws by top-k */
 				forward_tp_rank_topk(g, f->tp_rank, rows, n, vn, o);
 			else
 				forward_tp_rank_best(g, f->tp_rank, rows, n, vn, o);
@@ -394,9 +402,10 @@ int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 		return -ENOTSUP;
 	}
 	/* sampling asked for (engine_sample.c does so for greedy rows, and for top-k rows
-	 * on ranks with host memory): each rank's argmax, or top-k pairs, of its
+	 * where forward_tp_topk_ok): each rank's argmax, or top-k pairs, of its
 	 * vocabulary slice; only (value, id) pairs compared */
 	g->greedy = f->sample.params != NULL;
+	g->topk = 0;
 	if (g->greedy && f->sample.done + b->n_out > f->sample.n)
 		return -EINVAL;
 	g->sp = g->greedy ? f->sample.params + f->sample.done : NULL;
@@ -405,10 +414,11 @@ int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 
 		if (p->temperature <= 0)
 			continue;
-		if (!g->ops->host_memory || p->top_k < 1 || p->top_k > FWD_TP_TOPK_MAX)
-			return -EINVAL;	/* drawn by slices: greedy, or top-k on host ranks */
+		if (!forward_tp_topk_ok(g->ops) || p->top_k < 1 || p->top_k > FWD_TP_TOPK_MAX)
+			return -EINVAL;	/* drawn by slices: greedy, or top-k */
 		if (!g->top_v && (ret = forward_tp_topk_alloc(g)))
 			return ret;
+		g->topk = 1;
 	}
 	/* a decode step replays its bucket's graph where the ranks can capture */
 	ret = forward_tp_graph_step(f, b, logits);
@@ -423,6 +433,7 @@ int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits)
 		f->sample.done += b->n_out;
 	}
 	g->greedy = 0;
+	g->topk = 0;
 	return ret;
 }
 
@@ -439,7 +450,8 @@ void forward_tp_stop(struct fwd_tp *g)
 			pthread_join(g->thread[r], NULL);
 		g->started = 0;
 	}
-	forward_tp_graph_fini(g);	/* its buffers and graphs: the backends still live */
+	forward_tp_graph_fini(g);	/* the graphs and pairs' buffers: the backends still live */
+	forward_tp_pairs_fini(g);
 	for (int r = 1; r < g->n; r++) {
 		forward_destroy(g->f[r]);
 		g->f[r] = NULL;
@@ -508,7 +520,7 @@ static int ranks_create(struct fwd_tp *g, const struct model *m, struct backend 
 		if ((ret = model_shard_create(&g->shard[r], m, r, g->n, g->ep, err, err_len)))
 			return ret;
 		model_shard_vocab(m->cfg.vocab_size, r, g->n, &g->v0[r], &vn);
-		if (!g->ops->host_memory &&
+		if (!g->ops->host_memory && !forward_tp_pairs_on_device(g->ops) &&
 		    !(g->slice[r] = malloc(sizeof(float) * FWD_LOGIT_ROWS * (size_t)vn)))
 			return -ENOMEM;
 		if (!g->ops->host_memory && g->ep && !g->ops->experts_shard &&
@@ -588,6 +600,13 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	g->n = n;
 	g->ep = ep;
 	g->cp = cp;
+	for (int r = 0, kv = m->cfg.n_kv_heads; r < n; r++) {	/* shard_gqa: rank r's KV
+								 * head r * KV / n when KV < n */
+		g->kv_same[r] = m->cfg.mla ? (cp ? r : 0) : r;
+		while (!m->cfg.mla && kv < n && g->kv_same[r] > 0 &&
+		       (g->kv_same[r] - 1) * kv / n == r * kv / n)
+			g->kv_same[r]--;
+	}
 	g->vocab = m->cfg.vocab_size;
 	g->ops = ops;
 	g->max_rows = max_rows;
@@ -606,8 +625,10 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 	if (!ret && !ops->host_memory)
 		ret = ops->tp_comm_create(g->be, n, max_rows, m->cfg.hidden_size, &g->bcomm,
 					       err, err_len);
-	if (!ret && (ret = forward_tp_graph_init(g)))
-		snprintf(err, err_len, "tp %d: out of memory for the greedy pairs", n);
+	if (!ret && (ret = forward_tp_pairs_init(g)))
+		snprintf(err, err_len, "tp %d: out of memory for the sampling pairs", n);
+	if (!ret)
+		forward_tp_graph_init(g);
 	if (ret && err_len && err[0]) {
 		char why[512];	/* which rank: their sizes differ (KV heads, experts) */
 
@@ -677,6 +698,17 @@ int forward_tp_create(struct forward **out, const struct model *m, struct backen
 int forward_tp_ranks(const struct forward *f)
 {
 	return f->tp ? f->tp->n : 1;
+}
+
+void forward_tp_rank_kv(const struct forward *f, int r, const struct forward **rf,
+			struct backend **be, int *same_as, int *split)
+{
+	const struct fwd_tp *g = f->tp;
+
+	*rf = g ? g->f[r] : f;
+	*be = g ? g->be[r] : f->be;
+	*same_as = g ? g->kv_same[r] : 0;
+	*split = g && g->cp ? g->n : 1;
 }
 
 void forward_tp_describe(const struct forward *f, char *buf, size_t len)

@@ -46,10 +46,11 @@ int forward_tp_mla_attn(struct forward *f, const struct model_layer *L, int l,
 			const struct k_attn_rows *rows, const struct k_mla_dims *d, float scale);
 
 /* Rank 0: runs the step on every rank; logits (n_out, full vocab) as forward_run.
- * With sampling set (forward_sample_set; every row greedy, else -EINVAL) no logits are
- * written: each rank takes the argmax of its vocabulary slice of each out row and
- * rank 0 compares the (value, id) pairs into f->sample.ids (vocabulary-split greedy
- * sampling: the full logits are never gathered). */
+ * With sampling set (forward_sample_set; every row greedy, or a top-k draw where
+ * forward_tp_topk_ok, else -EINVAL) no logits are written: each rank takes the argmax,
+ * or the top-k pairs, of its vocabulary slice of each out row and rank 0 merges the
+ * (value, id) pairs into f->sample.ids (vocabulary-split sampling: the full logits are
+ * never gathered). */
 int forward_tp_run(struct forward *f, const struct fwd_batch *b, float *logits);
 
 /* The greedy pick of kernels/cpu/sample.c over l (n): the highest value, the lower
@@ -60,12 +61,17 @@ int32_t forward_tp_argmax(const float *l, int n, float *value);
  * vocabulary order, by the same rule: the argmax of the whole row. */
 int forward_tp_argmax_merge(const float *v, const int32_t *ids, int n, size_t stride);
 
-/* Top-k draws by vocabulary slices (ranks with host memory): a row with temperature > 0
+/* Top-k draws by vocabulary slices (forward_tp_topk_ok): a row with temperature > 0
  * and 1 <= top_k <= FWD_TP_TOPK_MAX is drawn from every rank's top_k (value, id) pairs
  * of its slice alone: the row's top_k candidates are among them, and the procedure of
  * kernels/k_sample.h after its step 2 reads nothing else, so the draw is the one over
  * the gathered row (forward_tp_topk_draw). */
 #define FWD_TP_TOPK_MAX 64
+
+/* Whether ranks on ops draw top-k rows by slices: with host memory (each rank's
+ * selection on the host), or with the device ops tp_argmax and tp_topk (each rank's
+ * best 64 of its slice on its device, the row's top_k chosen among them on the host). */
+int forward_tp_topk_ok(const struct backend_ops *ops);
 
 /* The draw of k_cpu_sample(row, vocab, p, step) from m candidates (v, ids) that hold
  * the row's top p->top_k (ids ascending; work: K_CPU_SAMPLE_WORK(m) floats). */
@@ -96,6 +102,23 @@ int forward_tp_embed(struct forward *f, const struct fwd_batch *b);
 /* The ranks of f's step: 1 without tp, and with a one-rank communicator (whose steps
  * run as tp 1's, graphs and all: forward_run). */
 int forward_tp_ranks(const struct forward *f);
+
+/* forward_layer_time at tp > 1: layer `layer` of every rank, reps times over, captured
+ * into one graph (ranks that share a GPU: BACKEND_TP_GRAPH_ONE) over the inputs the
+ * last decode graph step staged (its bucket must be rows'), replayed `replays` times on
+ * rank 0's queue; the kernels of every rank counted in *nodes. -EINVAL where the ranks
+ * capture no such graph (a graph per rank: not built). */
+int forward_tp_layer_time(struct forward *f, int rows, int layer, int reps, int replays,
+			  double *us_per_layer, int *nodes);
+
+/* Rank r's (r < forward_tp_ranks(f)) forward, whose kv holds its KV cache, and backend
+ * (tp 1: f and f->be); the first rank whose cache holds the same bytes (r where no rank
+ * before it does: KV heads replicated when fewer than ranks, an MLA latent replicated
+ * unless split by tokens); and *split: 1, or n where the rank holds every n-th slot
+ * (s % n == r, at its row s / n: MLA decode context parallel). For the host tier's
+ * copies (kv_spans.h). */
+void forward_tp_rank_kv(const struct forward *f, int r, const struct forward **rf,
+			struct backend **be, int *same_as, int *split);
 
 /* "tp 1", or "tp N, all-reduce fused (k_cuda_ar_fused)" / "..., all-reduce nccl
  * 2.28.3" / "..., all-reduce shared memory (tp_comm.c)": for the log and kdctl status. */

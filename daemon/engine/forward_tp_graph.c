@@ -6,7 +6,9 @@
  * devices of their own (BACKEND_TP_GRAPH_PER_RANK; a multi-GPU machine, never run
  * here): each rank captures and replays its own graph in its own thread. Either way a
  * graph ends with the rank's final norm, lm_head and the greedy pair of its vocabulary
- * slice (tp_argmax), so only 8 bytes a row and rank cross back after the replay. */
+ * slice (tp_argmax), so only 8 bytes a row and rank cross back after the replay; a step
+ * with top-k rows launches the top-k op (tp_topk) over the rank's logits after the
+ * replay, outside the graph, and its pairs come back in the same copy. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -17,23 +19,15 @@
 
 #define OP(f, name, ...) ((f)->be->ops->name((f)->be, __VA_ARGS__))
 
-int forward_tp_graph_init(struct fwd_tp *g)
+void forward_tp_graph_init(struct fwd_tp *g)
 {
 	const struct backend_ops *o = g->ops;
-	size_t bytes = 2 * sizeof(uint32_t) * FWD_LOGIT_ROWS;
 
 	g->graph_kind = BACKEND_TP_GRAPH_NONE;
 	if (!g->bcomm || !o->tp_graph_kind || !o->tp_capture_begin || !o->tp_capture_end ||
-	    !o->tp_reduce_join || !o->tp_argmax || !o->graph_launch)
-		return 0;	/* every step op by op */
-	for (int r = 0; r < g->n; r++) {
-		g->best_dev[r] = o->alloc(g->be[r], bytes);
-		g->best_host[r] = o->host_alloc ? o->host_alloc(g->be[r], bytes) : NULL;
-		if (!g->best_dev[r] || !g->best_host[r])
-			return -ENOMEM;
-	}
+	    !o->tp_reduce_join || !g->best_dev[0] || !o->graph_launch)
+		return;	/* every step op by op */
 	g->graph_kind = o->tp_graph_kind(g->bcomm);
-	return 0;
 }
 
 void forward_tp_graph_fini(struct fwd_tp *g)
@@ -45,12 +39,6 @@ void forward_tp_graph_fini(struct fwd_tp *g)
 			g->ops->graph_destroy(be, g->rank_graph[i][r]);
 			g->rank_graph[i][r] = NULL;
 		}
-		if (be && g->best_dev[r])
-			g->ops->free(be, g->best_dev[r]);
-		if (be && g->best_host[r])
-			g->ops->host_free(be, g->best_host[r]);
-		g->best_dev[r] = NULL;
-		g->best_host[r] = NULL;
 	}
 }
 
@@ -87,33 +75,22 @@ static int rank_ops(struct forward *f)
 	return 0;
 }
 
-/* After a replay: rank r's greedy pairs of the step's rows into best_v/best_i, or its
+/* After a replay: rank r's pairs of the step's rows (the graph's greedy pairs, and
+ * where a row draws by top-k the top-k op's, launched here after the replay), or its
  * vocabulary columns of their logits into the caller's rows, copied on via's queue
  * (ordered after the replay). */
 static int rank_collect(struct fwd_tp *g, int r, struct backend *via)
 {
 	const struct fwd_batch *b = g->b;
 	struct forward *f = g->f[r];
-	int vn = f->m->cfg.vocab_size, S = g->g_size, ret;
-	const float *v = (const float *)g->best_host[r];
-	const int32_t *id = (const int32_t *)g->best_host[r] + S;
+	int vn = f->m->cfg.vocab_size, ret;
 
-	if (!g->greedy) {
-		for (int i = 0; i < b->n_rows; i++)
-			if ((ret = via->ops->download(via, g->logits + (size_t)i * g->vocab + g->v0[r],
-						      f->logits + (size_t)i * vn, sizeof(float) * (size_t)vn)))
-				return ret;
-		return 0;
-	}
-	if ((ret = via->ops->download(via, g->best_host[r], g->best_dev[r],
-				      2 * sizeof(uint32_t) * (size_t)S)))
-		return ret;
-	for (int i = 0; i < b->n_rows; i++) {
-		size_t k = (size_t)r * (size_t)g->max_rows + (size_t)i;
-
-		g->best_v[k] = v[i];
-		g->best_i[k] = id[i];
-	}
+	if (g->greedy)
+		return forward_tp_pairs_device(g, r, via, f->logits, b->n_rows, 0, g->g_size);
+	for (int i = 0; i < b->n_rows; i++)
+		if ((ret = via->ops->download(via, g->logits + (size_t)i * g->vocab + g->v0[r],
+					      f->logits + (size_t)i * vn, sizeof(float) * (size_t)vn)))
+			return ret;
 	return 0;
 }
 
@@ -128,7 +105,7 @@ int forward_tp_graph_rank(struct forward *f)
 	 * capturing: the copy would be recorded. A rank's block moves (stage_block_alloc)
 	 * exactly when rank 0's does (the same batch, the same table capacity), which
 	 * rank 0 checked before the round, so what a replay reads is where its graph does */
-	if (per && r && g->mode != TP_STEP_CAPTURE)
+	if (per && r && g->mode != TP_STEP_CAPTURE && g->mode != TP_STEP_LAYER)
 		ret = rank_stage(g, r, g->b, f->be);
 	if (!ret && g->mode == TP_STEP_REPLAY && f->st.block != g->cap_block[g->g_bucket][r])
 		ret = -ESTALE;	/* not reached: see above */
@@ -146,6 +123,18 @@ int forward_tp_graph_rank(struct forward *f)
 			ret = rank_ops(f);
 		if (r) {	/* even after a failure: the capture must end */
 			ret2 = g->ops->tp_capture_end(f->be, g->bcomm, r, graph, &g->rank_nodes[g->g_bucket][r]);
+			ret = ret ? ret : ret2;
+		}
+		break;
+	case TP_STEP_LAYER:	/* as a capture, one layer over the bucket's staged inputs */
+		if (!ret && r && (ret = g->ops->tp_capture_begin(f->be, g->bcomm, r)))
+			break;
+		for (int i = 0; !ret && i < g->layer_reps; i++)
+			ret = forward_layer(f, g->layer, &g->db[r]);
+		if (r) {
+			void *none = NULL;	/* one graph: rank 0's end holds it */
+
+			ret2 = g->ops->tp_capture_end(f->be, g->bcomm, r, &none, &g->layer_nodes[r]);
 			ret = ret ? ret : ret2;
 		}
 		break;
@@ -283,4 +272,41 @@ int forward_tp_graph_step(struct forward *f, const struct fwd_batch *b, float *l
 		if ((ret = rank_collect(g, r, g->be[0])))
 			return ret;
 	return g->ops->sync(g->be[0]);
+}
+
+int forward_tp_layer_time(struct forward *f, int rows, int layer, int reps, int replays,
+			  double *us_per_layer, int *nodes)
+{
+	struct fwd_tp *g = f->tp;
+	struct backend *be0 = g->be[0];	/* g->f[0]'s: one graph, replayed there */
+	void *graph = NULL;
+	int ret, ret2, n0 = 0, size, bucket = 0;
+
+	for (size = 1; size < rows; size *= 2)	/* forward_step.c's buckets */
+		bucket++;
+	/* one graph of every rank (a graph per rank would need every rank's replay timed
+	 * together: not built); the bucket of rows is the last graph step's, staged */
+	if (g->graph_kind != BACKEND_TP_GRAPH_ONE || !f->use_graphs || reps < 1 || replays < 1 ||
+	    layer < 0 || layer >= f->m->cfg.n_layers || bucket != g->g_bucket || size != g->g_size ||
+	    !graphs_ready(g, bucket))
+		return -EINVAL;
+	g->layer = layer;
+	g->layer_reps = reps;
+	if ((ret = g->ops->tp_capture_begin(be0, g->bcomm, 0)))
+		return ret;
+	ret = forward_tp_round(g, TP_STEP_LAYER, g->b, g->logits);
+	ret2 = g->ops->tp_capture_end(be0, g->bcomm, 0, &graph, &n0);
+	ret = ret ? ret : ret2;
+	for (int r = 1; r < g->n; r++)
+		n0 += g->layer_nodes[r];
+	if (!ret) {
+		double ms = forward_graph_replay_ms(g->f[0], graph, 2);
+
+		ms = ms > 0 ? forward_graph_replay_ms(g->f[0], graph, replays) : 0;
+		ret = ms > 0 ? 0 : -EIO;
+		*us_per_layer = ms * 1e3 / reps;
+		*nodes = n0 / reps;
+	}
+	be0->ops->graph_destroy(be0, graph);
+	return ret;
 }

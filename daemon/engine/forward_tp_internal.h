@@ -15,6 +15,8 @@ enum tp_step {
 	TP_STEP_WARM,		/* a graph bucket's step op by op, before its capture */
 	TP_STEP_CAPTURE,	/* the same step recorded, nothing run */
 	TP_STEP_REPLAY,		/* BACKEND_TP_GRAPH_PER_RANK: each rank replays its graph */
+	TP_STEP_LAYER,		/* BACKEND_TP_GRAPH_ONE: one layer of every rank, g->layer_reps
+				 * times over, recorded (kdbench's layer_us) */
 };
 
 struct fwd_tp {
@@ -39,6 +41,9 @@ struct fwd_tp {
 	 * with s % n == r, at its row s / n (one more row takes the others' latents);
 	 * the buffers below are shared by the ranks (threads of one process) */
 	int cp;
+	int kv_same[MODEL_SHARD_MAX_RANKS];	/* the first rank whose KV cache holds the
+					 * bytes rank r's does (r: none before it): KV heads
+					 * replicated, an MLA latent without cp */
 	int cp_heads;			/* the model's query heads (every rank's) */
 	int cp_trash;			/* the cache row a slot of another rank is written to */
 	int32_t *cp_slots[MODEL_SHARD_MAX_RANKS];	/* (max_rows) this step's rows' local rows */
@@ -61,6 +66,7 @@ struct fwd_tp {
 	float *logits;
 	int greedy;			/* 1: the out rows drawn by slices (each rank's argmax
 					 * of its slice, or its top-k: FWD_TP_TOPK_MAX), no logits */
+	int topk;			/* 1: some out row of the step draws by top-k pairs */
 	const struct k_sample_params *sp;	/* (b->n_out) those rows' parameters */
 	int quit;
 	int ret[MODEL_SHARD_MAX_RANKS];
@@ -71,10 +77,14 @@ struct fwd_tp {
 	enum tp_step mode;
 	int g_size, g_bucket;		/* the graph step's bucket: rows (padded) and index */
 	struct fwd_batch db[MODEL_SHARD_MAX_RANKS];	/* rank r's inputs staged at g_size */
-	void *best_dev[MODEL_SHARD_MAX_RANKS];	/* (2, FWD_LOGIT_ROWS) 32-bit words on rank
-					 * r's device: its tp_argmax pairs of a graph step */
-	uint32_t *best_host[MODEL_SHARD_MAX_RANKS];	/* (2, FWD_LOGIT_ROWS) their host copy
-					 * (page-locked where the backend can) */
+	/* ranks without host memory with tp_argmax (forward_tp_pairs_init): the pairs of
+	 * a step on rank r's device, (2, FWD_LOGIT_ROWS) 32-bit words of tp_argmax pairs
+	 * (a graph's, or the eager path's), then with tp_topk its buffer
+	 * (tp_topk_bytes(FWD_LOGIT_ROWS, rank's vocab)); one copy down brings both */
+	void *best_dev[MODEL_SHARD_MAX_RANKS];
+	uint32_t *best_host[MODEL_SHARD_MAX_RANKS];	/* (2, FWD_LOGIT_ROWS) words then
+					 * BACKEND_TP_TOPK_WORDS(FWD_LOGIT_ROWS): their host
+					 * copy (page-locked where the backend can) */
 	/* BACKEND_TP_GRAPH_PER_RANK: rank r's graph of each bucket (ONE: rank 0's
 	 * forward's graphs[bucket][1] holds the whole step) */
 	void *rank_graph[FWD_N_BUCKETS][MODEL_SHARD_MAX_RANKS];
@@ -82,6 +92,8 @@ struct fwd_tp {
 	char *cap_block[FWD_N_BUCKETS][MODEL_SHARD_MAX_RANKS];	/* the staged blocks a
 					 * bucket's graph reads (a new block: captured again) */
 	int said_eager;			/* the line "graphs off" logged */
+	int layer, layer_reps;		/* TP_STEP_LAYER: which layer, how many times */
+	int layer_nodes[MODEL_SHARD_MAX_RANKS];	/* its kernels, rank r's */
 
 	/* vocabulary-split greedy sampling: rank r's best (value, id) per out row */
 	int max_rows;
@@ -89,7 +101,7 @@ struct fwd_tp {
 	int32_t *best_i;		/* (n, max_rows) ids in the whole vocabulary */
 	float *slice[MODEL_SHARD_MAX_RANKS];	/* (FWD_LOGIT_ROWS, rank's vocab) host copy of
 					 * a rank's logits, backends without host memory */
-	/* top-k draws by slices (host memory): rank r's top_k pairs of out row o at
+	/* top-k draws by slices: rank r's top_k pairs of out row o at
 	 * [(r * max_rows + o) * FWD_TP_TOPK_MAX], ids ascending; made at the first such
 	 * step */
 	float *top_v;			/* (n, max_rows, FWD_TP_TOPK_MAX) */
@@ -111,9 +123,9 @@ int forward_tp_graph_rank(struct forward *f);
  * that failed also says so in one line and turns graphs off. */
 int forward_tp_graph_step(struct forward *f, const struct fwd_batch *b, float *logits);
 
-/* Allocates the greedy pairs' buffers where the ranks can capture; frees them and
- * the per-rank graphs (before the ranks' backends go). */
-int forward_tp_graph_init(struct fwd_tp *g);
+/* Whether the ranks can capture (graph_kind); frees the per-rank graphs (before the
+ * ranks' backends go). */
+void forward_tp_graph_init(struct fwd_tp *g);
 void forward_tp_graph_fini(struct fwd_tp *g);
 
 /* forward_tp_sample.c: rank r's greedy pair (forward_tp_rank_best) or, for the rows
@@ -124,5 +136,20 @@ void forward_tp_rank_best(struct fwd_tp *g, int r, const float *rows, int n, int
 void forward_tp_rank_topk(struct fwd_tp *g, int r, const float *rows, int n, int vn, int o);
 int forward_tp_topk_alloc(struct fwd_tp *g);
 int32_t forward_tp_topk_merge(struct fwd_tp *g, int o, uint64_t step);
+
+/* forward_tp_sample.c, ranks without host memory: whether the pairs come from the
+ * device (tp_argmax, and tp_topk for top-k rows), and their buffers (best_dev,
+ * best_host; made at create, freed before the backends go). */
+int forward_tp_pairs_on_device(const struct backend_ops *ops);
+int forward_tp_pairs_init(struct fwd_tp *g);
+void forward_tp_pairs_fini(struct fwd_tp *g);
+
+/* Rank r's pairs of its n logit rows (rows, vocab slice) on its device for out rows
+ * o..: tp_argmax's, launched here on via's queue (graph_rows 0) or already in best_dev
+ * from a replay (graph_rows: the graph's rows, the pairs' stride); with g->topk also
+ * tp_topk's, launched here; copied down in one copy and stored for the merge. 0 or
+ * -errno. */
+int forward_tp_pairs_device(struct fwd_tp *g, int r, struct backend *via, const float *logits,
+			    int n, int o, int graph_rows);
 
 #endif

@@ -73,8 +73,8 @@ void model_shard_experts(int n_experts, int r, int n, int *first, int *count)
 	model_shard_vocab(n_experts, r, n, first, count);	/* the same even split */
 }
 
-/* Two passes over the same calls: the first (buf NULL) sums the bytes and checks that
- * quantized weights split on their scale blocks, the second copies. */
+/* Two passes over the same calls: the first (buf NULL) sums the bytes and checks that a
+ * mapped GGUF holds every slice, the second copies. */
 struct arena {
 	char *buf;
 	size_t used;
@@ -213,7 +213,7 @@ static void int4_cols(char *dst, const char *src, int64_t c0, int64_t n)
 }
 
 /* A mapped GGUF's slice, dequantized from the file into the shard (the first pass
- * checks that its columns keep the type's blocks). */
+ * checks that the mapping holds it). */
 static void gguf_slice(struct arena *a, struct model_tensor *dst, const struct model_tensor *t,
 		       int64_t r0, int64_t nr, int64_t c0, int64_t nc)
 {
@@ -535,7 +535,7 @@ int model_shard_create(struct model **out, const struct model *m, int r, int n, 
 	}
 	s->n_quantized = m->n_quantized;
 	a = (struct arena){ .src = m, .err = err, .err_len = err_len };
-	shard_all(&a, s, m, r, n, ep);	/* sizes, and whether the quantization blocks split */
+	shard_all(&a, s, m, r, n, ep);	/* sizes, and whether a mapped GGUF holds each slice */
 	if (a.bad) {
 		ret = -EINVAL;
 		goto fail;

@@ -23,6 +23,9 @@ struct k_cuda_tuning {
 	/* ---- launches ---- */
 	int cuda_pdl;		/* KDEC_CUDA_PDL, flag, 1: the small ops are launched with
 				 * programmatic stream serialisation (launch_check.cuh) */
+	int topk_match;		/* KDEC_TOPK_MATCH, flag, 1: k_cuda_topk_slice's histograms
+				 * count a warp's equal digits with one atomic (match.any);
+				 * 0: an atomic an item. Not yet measured (session 10) */
 
 	/* ---- linear (kernels/cuda/linear) ---- */
 	int linear_tune;	/* KDEC_LINEAR_TUNE, flag, 1: each GEMM shape times cuBLASLt's
@@ -126,6 +129,10 @@ struct k_cuda_tuning {
 				 * can start (and run its plan and first loads before its wait)
 				 * until they end; 1 leaves room for one (session 9's hypothesis,
 				 * not yet measured) */
+	int moe_qmma;		/* KDEC_MOE_QMMA, flag, 0: 1 runs quantized experts (fp8, int4) of
+				 * the small path on the tensor-core kernels of moe_qmma.cu where
+				 * they fit; 0: the CUDA-core kernels. Not bit-identical (within
+				 * the same tolerance of the CPU reference) */
 	int moe_lat_prefetch_mb;	/* KDEC_MOE_LAT_PREFETCH_MB, MB (>= 0), 0: the latency
 				 * path's MoE launch asks L2 (evict-last) for up to this many MB
 				 * of the next layer's attention weights once its router rows

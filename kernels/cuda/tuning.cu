@@ -15,6 +15,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 
 	memset(&t, 0, sizeof(t));
 	t.cuda_pdl = 1;
+	t.topk_match = 1;
 	t.linear_tune = 1;
 	t.lt_log = 0;
 	t.lt_candidates = 16;
@@ -49,6 +50,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.moe_sh_down_early = 1;
 	t.moe_down_early = 1;
 	t.moe_m1_gu_ctas = 2;
+	t.moe_qmma = 0;
 	t.moe_lat_prefetch_mb = 0;
 	t.op_times = 0;
 	t.moe_fused_rows = 1;
@@ -106,6 +108,7 @@ static const char *const moe_path_words[] = { "auto", "small", "grouped" };	// b
 
 static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_CUDA_PDL", cuda_pdl),
+	TUN_FLAG("KDEC_TOPK_MATCH", topk_match),
 	TUN_FLAG("KDEC_LINEAR_TUNE", linear_tune),
 	TUN_FLAG("KDEC_LT_LOG", lt_log),
 	TUN_INT("KDEC_LT_CANDIDATES", lt_candidates, 1, 64),
@@ -140,6 +143,7 @@ static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_MOE_SH_DOWN_EARLY", moe_sh_down_early),
 	TUN_FLAG("KDEC_MOE_DOWN_EARLY", moe_down_early),
 	TUN_INT("KDEC_MOE_M1_GU_CTAS", moe_m1_gu_ctas, 1, 2),
+	TUN_FLAG("KDEC_MOE_QMMA", moe_qmma),
 	TUN_INT("KDEC_MOE_LAT_PREFETCH_MB", moe_lat_prefetch_mb, 0, 1024),
 	TUN_INT("KDEC_CUDA_OP_TIMES", op_times, 0, 2),
 	TUN_INT("KDEC_MOE_FUSED_ROWS", moe_fused_rows, 0, INT_MAX),

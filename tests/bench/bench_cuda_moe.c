@@ -10,7 +10,9 @@
  * the floor of the router, the chosen experts and the shared expert (test_cuda_moe_lat
  * checks those kernels). Then ("moe_q" lines) the routed experts bf16, fp8 128 x 128
  * and int4 g32 (k_cuda_moe_experts_q) at the four models' shapes, M 1, 2, 4, 8 and 64,
- * beside the floor of their bytes as stored (test_cuda_moe_q checks those kernels).
+ * beside the floor of their bytes as stored (test_cuda_moe_q checks those kernels);
+ * fp8 and int4 on the small path twice, the CUDA-core kernels ("small") and, the same
+ * call with KDEC_MOE_QMMA=1, moe_qmma.cu's tensor-core ones ("qmma").
  * Usage: bench_cuda_moe [lat | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
  * shapes whose name contains SHAPE, M rows (0: all), FORMAT bf16, fp8-block or int4-g32;
  * for ncu).
@@ -343,7 +345,7 @@ static int qbench_call(void *arg, cudaStream_t st)
  * its own memory, a graph replayed behind an L2 flush (bench_graph_us), beside the floor
  * of the used experts' bytes as stored (payload + scales). Values do not matter to the
  * time: the payloads and scales are a byte pattern (finite). */
-static void time_q(const struct moe_shape *s, enum k_qfmt fmt, int M)
+static void time_q(const struct moe_shape *s, enum k_qfmt fmt, int M, const char *path)
 {
 	const char *fname = fmt == K_Q_FP8 ? "fp8-block" : fmt == K_Q_INT4 ? "int4-g32" : "bf16";
 	size_t per = (size_t)s->hidden * s->inter, nk = (size_t)M * s->top_k;
@@ -397,8 +399,8 @@ static void time_q(const struct moe_shape *s, enum k_qfmt fmt, int M)
 	}
 	us = bench_graph_us(qbench_call, &b, bench_flush_buffer());
 	printf("moe_q time %-9s %-7s %-29s M %2d: %d experts, %5.1f MB (payload + scales), "
-	       "%7.1f us = %.2f TB/s (floor %.1f us at 4.25 TB/s: %.0f%%)\n", fname,
-	       (long)M * s->top_k <= 64 ? "small" : "grouped", s->name, M, n_used, bytes / 1e6, us,
+	       "%7.1f us = %.2f TB/s (floor %.1f us at 4.25 TB/s: %.0f%%)\n", fname, path,
+	       s->name, M, n_used, bytes / 1e6, us,
 	       us > 0 ? bytes / (us * 1e-6) / 1e12 : 0, bench_floor_us(bytes),
 	       us > 0 ? 100 * bench_floor_us(bytes) / us : 0);
 out:
@@ -440,7 +442,14 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 				if ((only && !strstr(shapes[i].name, only)) || (only_M && M != only_M) ||
 				    (only_f && strcmp(fn, only_f)))
 					continue;
-				time_q(&shapes[i], fmts[f], M);
+				time_q(&shapes[i], fmts[f], M,
+				       M * shapes[i].top_k <= 64 ? "small" : "grouped");
+				if (fmts[f] != K_Q_NONE && M * shapes[i].top_k <= 64) {
+					/* the same call on moe_qmma.cu's tensor-core kernels */
+					moe_set_qmma(1);
+					time_q(&shapes[i], fmts[f], M, "qmma");
+					moe_set_qmma(-1);
+				}
 			}
 }
 

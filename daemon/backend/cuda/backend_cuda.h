@@ -261,6 +261,8 @@ int cuda_tp_capture_begin(struct backend *be, void *comm, int rank);
 int cuda_tp_capture_end(struct backend *be, void *comm, int rank, void **graph, int *n_nodes);
 int cuda_tp_reduce_join(struct backend *be, void *comm, int rank, int phase);
 void cuda_tp_argmax(struct backend *be, void *best, const float *logits, int rows, int vn, int v0);
+size_t cuda_tp_topk_bytes(int rows, int vn);
+void cuda_tp_topk(struct backend *be, void *top, const float *logits, int rows, int vn, int v0);
 int cuda_tp_reduce(struct backend *be, void *comm, int rank, float *buf, int rows, float *residual,
 		   const struct model_tensor *gamma, float *out, float eps);
 const char *cuda_tp_comm_name(void *comm);

@@ -312,6 +312,30 @@ void cuda_tp_argmax(struct backend *be, void *best, const float *logits, int row
 	cuda_op_end(b, CUDA_OP_SAMPLE, k_cuda_argmax_slice(b->stream, best, logits, rows, vn, v0));
 }
 
+/* The result's words, then the kernel's scratch from a 256-byte boundary: the layout
+ * depends on rows alone, so a buffer made for more rows serves fewer. */
+static size_t topk_result_bytes(int rows)
+{
+	return (BACKEND_TP_TOPK_WORDS(rows) * sizeof(uint32_t) + 255) & ~(size_t)255;
+}
+
+size_t cuda_tp_topk_bytes(int rows, int vn)
+{
+	return topk_result_bytes(rows) + k_cuda_topk_slice_ws_bytes(rows, vn);
+}
+
+void cuda_tp_topk(struct backend *be, void *top, const float *logits, int rows, int vn, int v0)
+{
+	struct backend_cuda *b = cuda_of(be);
+	size_t ws = k_cuda_topk_slice_ws_bytes(rows, vn);
+
+	_Static_assert(BACKEND_TP_TOPK == K_CUDA_TOPK_SLICE_K, "the kernel's K is the op's");
+	cuda_op_begin(b, CUDA_OP_SAMPLE);
+	cuda_op_end(b, CUDA_OP_SAMPLE,
+		    k_cuda_topk_slice(b->stream, top, ws ? (char *)top + topk_result_bytes(rows) : NULL,
+				      ws, logits, rows, vn, v0));
+}
+
 const char *cuda_tp_comm_name(void *comm)
 {
 	struct cuda_tp_comm *c = comm;

@@ -122,6 +122,23 @@ int k_cuda_experts_shard(cudaStream_t s, int32_t *ids, int n, int e0, int ne);
 int k_cuda_argmax_slice(cudaStream_t s, void *best, const float *logits, int rows, int vn,
 			int v0);
 
+/* Top-k draws by vocabulary slices (topk_slice.cu): for each row i of logits (rows, vn)
+ * fp32, a rank's slice holding the vocabulary [v0, v0 + vn), its best m_i = min(K,
+ * non-NaN values of the row) by kernels/cpu/sample.c's order (the higher logit, ties to
+ * the lower id; NaN never one, -inf may be), ids ascending, into top (2 * K + 1, rows)
+ * 32-bit words: values fp32 at [i * K + j] (the logits' own bits), ids v0 + index int32
+ * at [rows * K + i * K + j], m_i int32 at [2 * rows * K + i]; slots j >= m_i hold NaN
+ * and -1. K = K_CUDA_TOPK_SLICE_K; vn <= K_CUDA_TOPK_SLICE_MAX_VN; rows 1..65535.
+ * ws: k_cuda_topk_slice_ws_bytes(rows, vn) bytes of device scratch (0, and ws NULL, where
+ * the row is one chunk: vn <= 4096), not shared with a launch in flight. One launch,
+ * two where vn > 4096; no allocation or synchronisation (graph capturable). 0, or
+ * -EINVAL (bad arguments: one line, nothing launched) / -EIO. */
+#define K_CUDA_TOPK_SLICE_K 64
+#define K_CUDA_TOPK_SLICE_MAX_VN 262144
+size_t k_cuda_topk_slice_ws_bytes(int rows, int vn);
+int k_cuda_topk_slice(cudaStream_t s, void *top, void *ws, size_t ws_bytes, const float *logits,
+		      int rows, int vn, int v0);
+
 #ifdef __cplusplus
 }
 #endif

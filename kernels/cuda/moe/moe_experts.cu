@@ -49,8 +49,10 @@ struct k_cuda_moe_ws {
 	int n_sm;		// the device's SMs: sizes the small path's grids
 	int *plan;		// n_used, then 4 arrays of max_M * top_k (see ex_plan)
 	uint32_t *xs;		// (max_M, hidden) x as split bf16 (see split_store)
-	uint32_t *hs;		// (max_M * top_k, inter) SwiGLU out, split (fallback, small: fp32)
+	uint32_t *hs;		// (max_M * top_k, inter) SwiGLU out, split (fallback, small: fp32;
+				// moe_qmma.cu: split f16 as its down kernel's B)
 	float *y;		// (max_M * top_k, hidden) expert output of each (row, slot)
+				// (moe_qmma.cu: its B factors, (max_M * top_k, inter / 16))
 	float *sh_act;		// (MOE_SMALL_MAX_PAIRS, shared_inter) the shared expert's
 				// SwiGLU out (small path)
 	unsigned *bar;		// (2) moe_lat.cu's grid barrier: arrivals, generation
@@ -824,6 +826,22 @@ bool moe_wq_vector(const moe_wq &wq, int hidden, int inter)
 	return true;
 }
 
+// The small path of the quantized (and bf16) calls: the tensor-core kernels of
+// moe_qmma.cu where k_cuda_tuning()->moe_qmma asks for them and they fit (their split
+// activations in hs, its factors in y: the small path uses neither otherwise), else
+// the CUDA-core kernels.
+static int moe_small_q_run(cudaStream_t s, k_cuda_moe_ws *ws, float *out, const float *x, int M,
+			   const int32_t *ids, const float *weights, int top_k,
+			   const uint16_t *const *expert_w, const moe_wq &wq, int n_experts,
+			   int hidden, int inter, const moe_small_shared &sh, int add)
+{
+	if (moe_qmma_fits(wq, M, top_k, hidden, inter, sh.inter))
+		return moe_qmma_run(s, ws->hs, ws->y, out, x, M, ids, weights, top_k, expert_w, wq,
+				    n_experts, hidden, inter, add, ws->n_sm);
+	return k_cuda_moe_small_run(s, (float *)ws->hs, out, x, M, ids, weights, top_k, expert_w,
+				    wq, n_experts, hidden, inter, sh, add, ws->n_sm);
+}
+
 extern "C" int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out,
 				  const float *x, int M, const int32_t *ids, const float *weights,
 				  int top_k, const uint16_t *const *expert_w, int n_experts,
@@ -853,9 +871,8 @@ extern "C" int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, fl
 	wq = moe_wq_of(q, hidden, inter);
 	vec = moe_wq_vector(wq, hidden, inter);
 	if (vec && moe_use_small(M, top_k, hidden, inter, x, nullptr))
-		return k_cuda_moe_small_run(s, (float *)ws->hs, out, x, M, ids, weights, top_k,
-					    expert_w, wq, n_experts, hidden, inter,
-					    moe_small_shared{}, 0, ws->n_sm);
+		return moe_small_q_run(s, ws, out, x, M, ids, weights, top_k, expert_w, wq,
+				       n_experts, hidden, inter, moe_small_shared{}, 0);
 	mma = mma && vec;
 	pl = ws_plan(ws);
 	n = M * top_k;
@@ -912,6 +929,6 @@ extern "C" int k_cuda_moe_experts_add_q(cudaStream_t s, struct k_cuda_moe_ws *ws
 		return 1;
 	if (sh)
 		ss = moe_small_shared{ sh->gate, sh->up, sh->down, sh->inter, ws->sh_act };
-	return k_cuda_moe_small_run(s, (float *)ws->hs, y, x, M, ids, weights, top_k, expert_w, wq,
-				    n_experts, hidden, inter, ss, 1, ws->n_sm);
+	return moe_small_q_run(s, ws, y, x, M, ids, weights, top_k, expert_w, wq, n_experts, hidden,
+			       inter, ss, 1);
 }

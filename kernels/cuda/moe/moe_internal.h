@@ -95,6 +95,23 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 			 const uint16_t *const *expert_w, const struct moe_wq &wq, int n_experts,
 			 int hidden, int inter, const struct moe_small_shared &sh, int add, int n_sm);
 
+// moe_qmma.cu: quantized experts (fp8, int4) at small batch on the tensor cores, the
+// two launches of the small path with mma.m16n8k16 dots (moe_qmma.cuh). fits: where it
+// runs (k_cuda_tuning()->moe_qmma on, a quantized format the vector kernels take, no
+// shared expert, M * top_k <= MOE_SMALL_MAX_PAIRS, hidden and inter multiples of 4
+// chunks (64 fp8 / 128 int4 values), a split x row within the gate/up kernel's shared
+// memory). setup: once per process (0 or -EIO). run: out (M, hidden) = the routed sum
+// (add 0) or out += it (add 1); act (M * top_k, inter) 4-byte words and fac (M * top_k,
+// inter / 16) fp32 scratch (16-byte aligned) for the SwiGLU values split as down's B.
+// Its error, if any, is the runtime's last error (returned as -EIO, logged).
+bool moe_qmma_fits(const struct moe_wq &wq, int M, int top_k, int hidden, int inter,
+		   int sh_inter);
+int moe_qmma_setup(void);
+int moe_qmma_run(cudaStream_t s, uint32_t *act, float *fac, float *out, const float *x, int M,
+		 const int32_t *ids, const float *weights, int top_k,
+		 const uint16_t *const *expert_w, const struct moe_wq &wq, int n_experts,
+		 int hidden, int inter, int add, int n_sm);
+
 // moe_small.cu for moe_lat.cu: small_down_kernel (add 1) launched without programmatic
 // serialisation; its error, if any, is the runtime's last error.
 void moe_small_down_launch_plain(cudaStream_t s, const uint16_t *const *expert_w,

@@ -261,7 +261,7 @@ bool k_cuda_moe_small_fits(int M, int top_k, int hidden, int inter, const float 
 
 int k_cuda_moe_small_setup(void)
 {
-	return moe_small_gate_up_setup() || moe_small_m1_setup() ? -EIO : 0;
+	return moe_small_gate_up_setup() || moe_small_m1_setup() || moe_qmma_setup() ? -EIO : 0;
 }
 
 // k_cuda_tuning()->moe_prefetch_ahead (KDEC_MOE_PREFETCH_AHEAD=1): the register-path

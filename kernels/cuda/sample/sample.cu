@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/logit_key.cuh"
 #include "kernels/cuda/sample/k_cuda_sample.h"
 
 #define S_THREADS 1024
@@ -157,17 +158,7 @@ __device__ void bitonic_sort(u64 *a, int n)
 
 // ---- kernels: keys, masses, sets ----------------------------------------------
 
-// Larger logit, larger key; -0 ranks as +0 (they compare equal); NaN is 0, below -inf.
-__device__ __forceinline__ unsigned skey(float l)
-{
-	unsigned u = __float_as_uint(l);
-
-	if (l != l)
-		return 0;
-	if (l == 0.0f)
-		u = 0;
-	return u & 0x80000000u ? ~u : u | 0x80000000u;
-}
+// Keys: k_cuda_logit_key (logit_key.cuh), the order the slices' top-k shares.
 
 __device__ __forceinline__ float key_logit(unsigned k)
 {
@@ -247,7 +238,7 @@ __device__ bool gather(const srow &R, smem_t &S, bool skip0, P pred)
 		S.n_cand = 0;
 	__syncthreads();
 	row_scan(R, [&](int i, float l) {
-		unsigned key = skey(l);
+		unsigned key = k_cuda_logit_key(l);
 		int pos;
 
 		if (!in_set(R, key, i) || !pred(key) || (skip0 && smass(R, l) == 0))
@@ -390,7 +381,7 @@ __device__ int tie_pass(const srow &R, smem_t &S, unsigned P, bool mass, u64 nee
 
 		if (i < R.vocab) {
 			float l = R.row[i];
-			unsigned key = skey(l);
+			unsigned key = k_cuda_logit_key(l);
 
 			if (key == P && in_set(R, key, i)) {
 				f = 1;
@@ -444,7 +435,7 @@ __device__ int search(srow &R, smem_t &S, int st, int *tok, u64 *n)
 		}
 		__syncthreads();
 		row_scan(R, [&](int i, float l) {
-			unsigned key = skey(l), d;
+			unsigned key = k_cuda_logit_key(l), d;
 			u64 m = 0;
 
 			if (!in_set(R, key, i) || (r > 0 && (key >> (shift + bits)) != hp))
@@ -563,7 +554,7 @@ sample_kernel(int32_t *ids, const float *logits, int vocab, int vec4,
 	R.vocab = gridDim.y > 1 && greedy ? min(part, vocab - base) : vocab;
 	R.vec4 = vec4;
 	row_scan(R, [&](int i, float l) {
-		u64 pk = ((u64)skey(l) << 32) | (unsigned)~(base + i);
+		u64 pk = ((u64)k_cuda_logit_key(l) << 32) | (unsigned)~(base + i);
 
 		mine = pk > mine ? pk : mine;
 	});

@@ -1,0 +1,48 @@
+# The prologue every one-call device script shares (sourced from the tree's root, where
+# the device tool runs a command): the multicast switches off, libnccl from the Python
+# wheel where the machine has no system copy, $O (results that come back: $OUT), $L (the
+# full logs, archived into $O at the end by the script), $S (the summary), and:
+#   use BUILD               LD_LIBRARY_PATH, top_srcdir and top_builddir for a packed build
+#   say LINE...             to stdout and the summary
+#   step NAME LIMIT CMD...  CMD cut at LIMIT seconds, or at what is left of DEADLINE
+#                           seconds since the start; its output to $L/NAME.log, one
+#                           summary line with its exit status, time and last line
+# Scripts set DEADLINE (default 540: the device call's 600 s limit, room to archive) and
+# O/L/S beforehand to change them.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)
+O=${O:-${OUT:-$(mktemp -d /tmp/kdec-dev.XXXXXX)}}
+mkdir -p "$O"
+L=${L:-$(mktemp -d /tmp/kdec-devL.XXXXXX)}
+S=${S:-$O/summary.txt}
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+G=$PWD/tests/data/golden
+t0=$SECONDS
+export L
+
+use() {
+	B=$1
+	export B top_srcdir=$PWD top_builddir=$PWD/$B
+	export LD_LIBRARY_PATH="$PWD/$B/devlibs${nccl:+:$nccl/lib}"
+}
+
+say() { echo "$*" | tee -a "$S"; }
+
+gpu_line() {
+	nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a "$S"
+}
+
+step() {
+	local n=$1 lim=$2 t=$SECONDS rc left
+	shift 2
+	left=$((${DEADLINE:-540} - (SECONDS - t0)))
+	[ "$left" -lt "$lim" ] && lim=$left
+	if [ "$lim" -le 5 ]; then
+		say "== $n: skipped (no time left of ${DEADLINE:-540} s)"
+		return 124
+	fi
+	timeout "$lim" "$@" >"$L/$n.log" 2>&1
+	rc=$?
+	say "== [$((SECONDS - t0)) s] $n: rc $rc in $((SECONDS - t)) s: $(tail -n 1 "$L/$n.log" | cut -c1-220)"
+	return $rc
+}
