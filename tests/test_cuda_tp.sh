@@ -53,6 +53,30 @@ vocab_of() {
 		sed -n 's/.*"vocab_size": *\([0-9]*\).*/\1/p' "$1/config.json" | head -n 1
 }
 
+# routing_flip DIR NAME IDS V "TP ARGS" MODE: tp N's rows (in $tmp/tn.f32) beyond TOL are
+# explained when tp N chose other experts than tp 1 and tp 1 run with tp N's choices
+# forced gives tp N's rows within TOL (the issue's criterion: the same row with forced
+# routing within tolerance); the differing decisions are printed with tp 1's top-k margin
+routing_flip() {
+	local dir=$1 name=$2 ids=$3 V=$4 tp=$5 mode=$6 wf
+	"$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode \
+		--out "$tmp/x.f32" --dump-routing "$tmp/rt1" 2>/dev/null &&
+	"$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode --tp $tp \
+		--out "$tmp/x.f32" --dump-routing "$tmp/rtn" 2>/dev/null &&
+	! cmp -s "$tmp/rt1" "$tmp/rtn" &&
+	"$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode \
+		--force-routing "$tmp/rtn" --out "$tmp/tf.f32" 2>"$tmp/ferr" || return 1
+	paste -d'|' "$tmp/rt1" "$tmp/rtn" | awk -F'|' -v N="$tp" -v W="$name tp $tp $mode" '
+		{ n = split($1, a, " "); split($2, b, " "); d = 0
+		  for (i = 1; i < n; i++) if (a[i] != b[i]) d = 1
+		  if (d) { print W ": routing differs (seq layer token experts.. tp 1 margin): tp 1 " $1 ", tp " N " " $2; c++ } }' | head -n 8
+	wf=$(worst_rel "$tmp/tn.f32" "$tmp/tf.f32" "$V")
+	echo "$name tp $tp${mode:+ $mode}: with tp $tp's routing forced on tp 1 ($(tail -n 1 "$tmp/ferr" | sed 's/^kdbench logits: //')): worst row $wf"
+	awk -v w="$wf" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' || return 1
+	echo "$name tp $tp${mode:+ $mode}: explained by a routing flip"
+	ok
+}
+
 # ---- kdbench logits: tp 2 and 4 against tp 1 on the same GPU ----
 # quant/: shards of quantized checkpoints (qwen3_moe_int4's o_proj columns split inside
 # int4 groups at tp 2 and 4: blocks restated, daemon/model/model_shard.c)
@@ -87,29 +111,7 @@ for dir in "$G/llama3" "$G/qwen3" "$G/qwen3_moe" "$G/deepseek_v2" "$G/deepseek_v
 			w=$(worst_rel "$tmp/tn.f32" "$tmp/t1.f32" "$V")
 			echo "$name tp $tp${mode:+ $mode}: worst row $w relative L2 from cuda tp 1"
 			awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok && continue
-			# beyond TOL: a routing flip when tp N chose other experts than tp 1 and
-			# tp 1 run with tp N's choices forced gives tp N's rows within TOL (the
-			# issue's criterion: the same row with forced routing within tolerance);
-			# the differing decisions are printed with tp 1's top-k margin
-			if "$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode \
-				--out "$tmp/x.f32" --dump-routing "$tmp/rt1" 2>/dev/null &&
-			   "$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode --tp $tp \
-				--out "$tmp/x.f32" --dump-routing "$tmp/rtn" 2>/dev/null &&
-			   ! cmp -s "$tmp/rt1" "$tmp/rtn" &&
-			   "$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode \
-				--force-routing "$tmp/rtn" --out "$tmp/tf.f32" 2>"$tmp/ferr"; then
-				paste -d'|' "$tmp/rt1" "$tmp/rtn" | awk -F'|' -v N="$tp" -v W="$name tp $tp $mode" '
-					{ n = split($1, a, " "); split($2, b, " "); d = 0
-					  for (i = 1; i < n; i++) if (a[i] != b[i]) d = 1
-					  if (d) { print W ": routing differs (seq layer token experts.. tp 1 margin): tp 1 " $1 ", tp " N " " $2; c++ } }' | head -n 8
-				wf=$(worst_rel "$tmp/tn.f32" "$tmp/tf.f32" "$V")
-				echo "$name tp $tp${mode:+ $mode}: with tp $tp's routing forced on tp 1 ($(tail -n 1 "$tmp/ferr" | sed 's/^kdbench logits: //')): worst row $wf"
-				if awk -v w="$wf" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }'; then
-					echo "$name tp $tp${mode:+ $mode}: explained by a routing flip"
-					ok
-					continue
-				fi
-			fi
+			routing_flip "$dir" "$name" "$ids" "$V" "$tp" "$mode" && continue
 			fail "$name tp $tp $mode: worst row $w relative L2 from tp 1 (want <= $TOL), not a routing flip"
 		done
 	done
@@ -186,8 +188,9 @@ for dir in "$G/deepseek_v2" "$G/deepseek_v3" "$R/kimi_k2" "$R/deepseek_v3"; do
 			[ -z "$mode" ] && awk -v p="$name tp $tp --mla-cp: " '/MLA context parallel/ { sub(/.*: rank/, "rank"); print p $0 }' "$tmp/err"
 			w=$(worst_rel "$tmp/tn.f32" "$tmp/t1.f32" "$V")
 			echo "$name tp $tp --mla-cp${mode:+ $mode}: worst row $w relative L2 from cuda tp 1"
-			awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok ||
-				fail "$name tp $tp --mla-cp $mode: worst row $w relative L2 from tp 1 (want <= $TOL)"
+			awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok && continue
+			routing_flip "$dir" "$name" "$ids" "$V" "$tp --mla-cp" "$mode" && continue
+			fail "$name tp $tp --mla-cp $mode: worst row $w relative L2 from tp 1 (want <= $TOL), not a routing flip"
 		done
 	done
 done

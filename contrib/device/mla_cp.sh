@@ -8,7 +8,8 @@
 # (default 16384), batch 1, and test_cuda_attn_mla's quick list (k_cuda_attn_mla's
 # launches were factored out for the parts). Logs to $OUT (summary.txt, logs.tgz).
 # Packed with the build it runs:
-#   PACK_SERVE=0 PACK_TESTS="test_cuda_mla_cp test_cuda_attn_mla" contrib/device/pack.sh build DIR
+#   PACK_SERVE=1 PACK_TESTS="test_cuda_mla_cp test_cuda_attn_mla test_cuda_tp_draws" contrib/device/pack.sh build DIR
+#   (kdecd: test_cuda_tp.sh starts it; test_cuda_tp_draws: it runs it)
 #   cp tests/test_cuda_tp.sh contrib/device/mla_cp.sh DIR/; tar+xz DIR
 #   device run "python3 -c 'import tarfile; tarfile.open(\"DIR.tar.xz\").extractall(\".\")' && B=DIR bash DIR/mla_cp.sh"
 #   carry ["DIR.tar.xz"]
