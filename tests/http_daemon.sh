@@ -185,6 +185,16 @@ while [ $j -lt 64 ]; do
 done
 [ $bad -eq 0 ] && ok
 
+# await_events FILE N TRIES PAUSE: until FILE holds N streamed text events (at most
+# TRIES looks, PAUSE seconds apart)
+await_events() {
+	i=0
+	while [ $i -lt "$3" ] && [ "$(grep -c '"text"' "$1")" -lt "$2" ]; do
+		sleep "$4"
+		i=$((i + 1))
+	done
+}
+
 # ---- a stream whose next event takes longer than --timeout (kdecd stopped 4.5 s, a
 # stand-in for a long prefill or a busy daemon) is kept open by ": keep-alive" comments
 # and ends whole, with the text of the same request run alone ----
@@ -194,11 +204,7 @@ $H sse "$tmp/long" >"$tmp/long.txt" 2>/dev/null || fail "a 600-token stream: $(t
 curl -s -N -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' -d "$long" \
 	"$U/v1/completions" >"$tmp/paused" &
 cpid=$!
-i=0
-while [ $i -lt 500 ] && [ "$(grep -c '"text"' "$tmp/paused")" -lt 2 ]; do
-	sleep 0.01
-	i=$((i + 1))
-done
+await_events "$tmp/paused" 2 500 0.01
 kill -STOP "$pid"
 sleep 4.5
 kill -CONT "$pid"
@@ -217,11 +223,7 @@ curl -s -N -H "Authorization: Bearer $KEY" \
 	-d '{"prompt":"go on","max_tokens":4000,"temperature":0,"ignore_eos":true,"stream":true}' \
 	"$U/v1/completions" >"$tmp/killed" &
 cpid=$!
-i=0
-while [ $i -lt 600 ] && [ "$(grep -c '"text"' "$tmp/killed")" -lt 3 ]; do
-	sleep 0.1
-	i=$((i + 1))
-done
+await_events "$tmp/killed" 3 600 0.1
 kill -9 $cpid
 wait $cpid 2>/dev/null
 i=0

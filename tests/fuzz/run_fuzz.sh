@@ -4,7 +4,7 @@
 top_srcdir=${top_srcdir:-.}
 top_builddir=${top_builddir:-.}
 secs=${FUZZ_SECONDS:-5}
-targets="safetensors config control ring gguf tool_parse quant"
+targets="safetensors config control ring gguf tool_parse quant http_request"
 
 for t in $targets; do
 	if [ ! -x "$top_builddir/tests/fuzz/fuzz_$t" ]; then
