@@ -31,8 +31,13 @@
 # Then greedy tokens equal (kdbench generate, --ep too, graphs and --no-graphs),
 # kdecd --backend cuda --tp 2 serving kdrun tp 1's tokens (one client, then four at
 # once: graph buckets of several rows), kdbench decode at tp 2 giving figures with and
-# without graphs, and the refusals of --tp 8 and --mla-cp on cuda. Exits 77 without a
-# GPU or a CUDA build.
+# without graphs, and the refusals of --tp 8 and of --mla-cp on a model without MLA.
+# MLA decode context parallel (--mla-cp: the latent cache split by tokens over the
+# ranks, their partials merged by log-sum-exp, k_cuda_mla_cp.h): kdbench logits at tp 2
+# and 4 against tp 1, prefill and incremental, on the golden deepseek_v2/v3 and the
+# reference kimi_k2 and deepseek_v3 (the tiled kernel: 22-wide latent rows), a 600-token
+# prefill, the same TOL; greedy tokens equal; each rank's KV cache logged as on the CPU.
+# Exits 77 without a GPU or a CUDA build.
 set -u
 test_name=test_cuda_tp
 . "${top_srcdir:-.}/tests/testutil.sh"
@@ -46,6 +51,30 @@ need_cuda
 vocab_of() {
 	python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$1/config.json" 2>/dev/null ||
 		sed -n 's/.*"vocab_size": *\([0-9]*\).*/\1/p' "$1/config.json" | head -n 1
+}
+
+# routing_flip DIR NAME IDS V "TP ARGS" MODE: tp N's rows (in $tmp/tn.f32) beyond TOL are
+# explained when tp N chose other experts than tp 1 and tp 1 run with tp N's choices
+# forced gives tp N's rows within TOL (the issue's criterion: the same row with forced
+# routing within tolerance); the differing decisions are printed with tp 1's top-k margin
+routing_flip() {
+	local dir=$1 name=$2 ids=$3 V=$4 tp=$5 mode=$6 wf
+	"$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode \
+		--out "$tmp/x.f32" --dump-routing "$tmp/rt1" 2>/dev/null &&
+	"$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode --tp $tp \
+		--out "$tmp/x.f32" --dump-routing "$tmp/rtn" 2>/dev/null &&
+	! cmp -s "$tmp/rt1" "$tmp/rtn" &&
+	"$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode \
+		--force-routing "$tmp/rtn" --out "$tmp/tf.f32" 2>"$tmp/ferr" || return 1
+	paste -d'|' "$tmp/rt1" "$tmp/rtn" | awk -F'|' -v N="$tp" -v W="$name tp $tp $mode" '
+		{ n = split($1, a, " "); split($2, b, " "); d = 0
+		  for (i = 1; i < n; i++) if (a[i] != b[i]) d = 1
+		  if (d) { print W ": routing differs (seq layer token experts.. tp 1 margin): tp 1 " $1 ", tp " N " " $2; c++ } }' | head -n 8
+	wf=$(worst_rel "$tmp/tn.f32" "$tmp/tf.f32" "$V")
+	echo "$name tp $tp${mode:+ $mode}: with tp $tp's routing forced on tp 1 ($(tail -n 1 "$tmp/ferr" | sed 's/^kdbench logits: //')): worst row $wf"
+	awk -v w="$wf" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' || return 1
+	echo "$name tp $tp${mode:+ $mode}: explained by a routing flip"
+	ok
 }
 
 # ---- kdbench logits: tp 2 and 4 against tp 1 on the same GPU ----
@@ -82,29 +111,7 @@ for dir in "$G/llama3" "$G/qwen3" "$G/qwen3_moe" "$G/deepseek_v2" "$G/deepseek_v
 			w=$(worst_rel "$tmp/tn.f32" "$tmp/t1.f32" "$V")
 			echo "$name tp $tp${mode:+ $mode}: worst row $w relative L2 from cuda tp 1"
 			awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok && continue
-			# beyond TOL: a routing flip when tp N chose other experts than tp 1 and
-			# tp 1 run with tp N's choices forced gives tp N's rows within TOL (the
-			# issue's criterion: the same row with forced routing within tolerance);
-			# the differing decisions are printed with tp 1's top-k margin
-			if "$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode \
-				--out "$tmp/x.f32" --dump-routing "$tmp/rt1" 2>/dev/null &&
-			   "$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode --tp $tp \
-				--out "$tmp/x.f32" --dump-routing "$tmp/rtn" 2>/dev/null &&
-			   ! cmp -s "$tmp/rt1" "$tmp/rtn" &&
-			   "$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode \
-				--force-routing "$tmp/rtn" --out "$tmp/tf.f32" 2>"$tmp/ferr"; then
-				paste -d'|' "$tmp/rt1" "$tmp/rtn" | awk -F'|' -v N="$tp" -v W="$name tp $tp $mode" '
-					{ n = split($1, a, " "); split($2, b, " "); d = 0
-					  for (i = 1; i < n; i++) if (a[i] != b[i]) d = 1
-					  if (d) { print W ": routing differs (seq layer token experts.. tp 1 margin): tp 1 " $1 ", tp " N " " $2; c++ } }' | head -n 8
-				wf=$(worst_rel "$tmp/tn.f32" "$tmp/tf.f32" "$V")
-				echo "$name tp $tp${mode:+ $mode}: with tp $tp's routing forced on tp 1 ($(tail -n 1 "$tmp/ferr" | sed 's/^kdbench logits: //')): worst row $wf"
-				if awk -v w="$wf" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }'; then
-					echo "$name tp $tp${mode:+ $mode}: explained by a routing flip"
-					ok
-					continue
-				fi
-			fi
+			routing_flip "$dir" "$name" "$ids" "$V" "$tp" "$mode" && continue
 			fail "$name tp $tp $mode: worst row $w relative L2 from tp 1 (want <= $TOL), not a routing flip"
 		done
 	done
@@ -157,6 +164,48 @@ for tp in 2 4; do
 		fail "600-token prefill tp $tp: worst row $w relative L2 from tp 1 (want <= $TOL)"
 done
 
+# ---- MLA decode context parallel: tp 2 and 4 --mla-cp against tp 1 ----
+for dir in "$G/deepseek_v2" "$G/deepseek_v3" "$R/kimi_k2" "$R/deepseek_v3"; do
+	name=$(basename "$(dirname "$dir")")/$(basename "$dir")
+	V=$(vocab_of "$dir")
+	ids=$(echo $IDS | awk -F, -v V="$V" '{ for (i = 1; i <= NF; i++) printf "%s%d", (i > 1 ? "," : ""), $i % V }')
+	for mode in "" --incremental; do
+		"$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode \
+			--out "$tmp/t1.f32" 2>"$tmp/err" || { fail "$name tp 1 $mode: $(tail -n 1 "$tmp/err")"; continue; }
+		for tp in 2 4; do
+			if ! "$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" --tp $tp --mla-cp \
+				$mode --out "$tmp/tn.f32" 2>"$tmp/err"; then
+				if tail -n 1 "$tmp/err" | grep -q "does not divide"; then
+					echo "$name tp $tp --mla-cp${mode:+ $mode}: refused: $(tail -n 1 "$tmp/err")"
+					ok
+				else
+					fail "$name tp $tp --mla-cp $mode: $(tail -n 1 "$tmp/err")"
+				fi
+				continue
+			fi
+			grep -q "MLA context parallel: latent cache split by tokens): rank $((tp - 1)) holds" "$tmp/err" && ok ||
+				fail "$name tp $tp --mla-cp logs no rank $((tp - 1)) with its split cache"
+			[ -z "$mode" ] && awk -v p="$name tp $tp --mla-cp: " '/MLA context parallel/ { sub(/.*: rank/, "rank"); print p $0 }' "$tmp/err"
+			w=$(worst_rel "$tmp/tn.f32" "$tmp/t1.f32" "$V")
+			echo "$name tp $tp --mla-cp${mode:+ $mode}: worst row $w relative L2 from cuda tp 1"
+			awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok && continue
+			routing_flip "$dir" "$name" "$ids" "$V" "$tp --mla-cp" "$mode" && continue
+			fail "$name tp $tp --mla-cp $mode: worst row $w relative L2 from tp 1 (want <= $TOL), not a routing flip"
+		done
+	done
+done
+V=$(vocab_of "$G/deepseek_v3")
+long=$(awk -v V="$V" 'BEGIN { for (i = 0; i < 600; i++) printf "%s%d", (i ? "," : ""), (i * 37 + 11) % V }')
+"$B/kdbench" logits --model "$G/deepseek_v3" --backend cuda --tokens "$long" --out "$tmp/l1.f32" \
+	2>"$tmp/err" || fail "deepseek_v3 600-token prefill tp 1: $(tail -n 1 "$tmp/err")"
+for tp in 2 4; do
+	"$B/kdbench" logits --model "$G/deepseek_v3" --backend cuda --tokens "$long" --tp $tp --mla-cp \
+		--out "$tmp/ln.f32" 2>"$tmp/err" || { fail "deepseek_v3 600-token prefill tp $tp --mla-cp: $(tail -n 1 "$tmp/err")"; continue; }
+	w=$(worst_rel "$tmp/ln.f32" "$tmp/l1.f32" "$V")
+	echo "golden/deepseek_v3 600-token prefill tp $tp --mla-cp: worst row $w relative L2 from cuda tp 1"
+	awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok ||
+		fail "deepseek_v3 600-token prefill tp $tp --mla-cp: worst row $w (want <= $TOL)"
+done
 # ---- greedy and top-k draws by slices against k_cpu_sample over the gathered rows ----
 if "$B/tests/test_cuda_tp_draws" "$G/llama3" "$G/qwen3_moe" "$G/deepseek_v3" >"$tmp/draws" 2>&1; then
 	grep "draws (greedy and top-k)" "$tmp/draws"
@@ -170,8 +219,9 @@ fi
 for model in llama3 qwen3_moe deepseek_v3; do
 	"$B/kdbench" generate --model "$G/$model" --backend cuda --prompt 1,2,3 --max-tokens 12 \
 		>"$tmp/g1" 2>"$tmp/err" || fail "$model generate tp 1: $(tail -n 1 "$tmp/err")"
-	for tp in 2 4 "4 --ep" "2 --no-graphs" "4 --no-graphs"; do
+	for tp in 2 4 "4 --ep" "2 --no-graphs" "4 --no-graphs" "2 --mla-cp" "4 --mla-cp"; do
 		[ "$model" = llama3 ] && [ "$tp" = "4 --ep" ] && continue	# no experts
+		case "$tp" in *--mla-cp) [ "$model" = deepseek_v3 ] || continue ;; esac
 		"$B/kdbench" generate --model "$G/$model" --backend cuda --prompt 1,2,3 --max-tokens 12 \
 			--tp $tp >"$tmp/gn" 2>"$tmp/err" || fail "$model generate tp $tp: $(tail -n 1 "$tmp/err")"
 		[ -s "$tmp/g1" ] && cmp -s "$tmp/g1" "$tmp/gn" && ok ||
@@ -237,10 +287,14 @@ for g in "" --no-graphs; do
 		fail "decode --tp 2: layer_us ${lus:-missing} (want > 0: one layer of every rank timed)"
 done
 
+"$B/kdbench" decode --model "$G/deepseek_v3" --backend cuda --batch 1,4 --ctx 40 --steps 4 --warmup 1 \
+	--tp 2 --mla-cp >"$tmp/dec" 2>"$tmp/err" && grep -q 'tokens/s\|tok/s' "$tmp/dec" && ok ||
+	fail "decode --tp 2 --mla-cp: $(tail -n 2 "$tmp/err") $(tail -n 2 "$tmp/dec")"
+
 # ---- refusals: one clear line each ----
 expect 1 "take --tp 2 or 4" "$B/kdbench" logits --model "$M" --backend cuda --tokens 1,2 --tp 8 \
 	--out "$tmp/x.f32"
-expect 1 "split latent cache is built on the cpu backend only" "$B/kdbench" logits \
-	--model "$G/deepseek_v3" --backend cuda --tokens 1,2 --tp 2 --mla-cp --out "$tmp/x.f32"
+expect 1 "has no latent (MLA) attention" "$B/kdbench" logits \
+	--model "$M" --backend cuda --tokens 1,2 --tp 2 --mla-cp --out "$tmp/x.f32"
 
 verdict

@@ -220,8 +220,8 @@ if "$B/kdbench" logits --backend cuda --model "$M" --tokens 1 --out "$tmp/x" >/d
 		--tokens 1 --tp 8
 	expect 1 "multi-GPU cuda path is not built yet" "$B/kdbench" logits --backend cuda --model "$M" \
 		--tokens 1 --gpus 0,1
-	expect 1 "split latent cache is built on the cpu backend only" "$B/kdbench" logits \
-		--backend cuda --model "$G/deepseek_v3" --tokens 1 --tp 2 --mla-cp
+	expect 1 "has no latent (MLA) attention" "$B/kdbench" logits \
+		--backend cuda --model "$M" --tokens 1 --tp 2 --mla-cp
 else
 	echo "tp_cli: no cuda backend here: its refusals of --tp 8 and --gpus 0,1 are not checked" >&2
 fi

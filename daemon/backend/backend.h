@@ -309,6 +309,32 @@ struct backend_ops {
 	 * as floats in best[0..rows), ids as int32 in best[rows..2 rows). */
 	void (*tp_argmax)(struct backend *be, void *best, const float *logits, int rows, int vn,
 			  int v0);
+	/* ---- optional: MLA decode context parallel (--mla-cp) on a backend without host
+	 * memory (forward_tp.c; docs/PARALLEL.md): rank r's latent cache holds slot s where
+	 * s % n == r, at its row s / n. ---- */
+	/* The exchange of n ranks (rank r's ops queued on ranks[r]) for steps of up to
+	 * max_rows rows attending to up to max_ctx tokens, block tables of block_tokens
+	 * tokens, d the model's MLA dims (d->n_heads every rank's heads), trash the cache row
+	 * that takes the other ranks' latents: 0 or -errno with one line in err. */
+	int (*mla_cp_create)(struct backend *const *ranks, int n, int max_rows, int max_ctx,
+			     int block_tokens, const struct k_mla_dims *d, int trash, void **cp,
+			     char *err, size_t err_len);
+	void (*mla_cp_destroy)(void *cp);	/* accepts NULL; nothing in flight */
+	/* Once a step, before its layers, slots and rows the staged step's (backend memory):
+	 * the rank's cache rows of the step's latents (returned, backend memory owned by
+	 * cp, for the latent writes) and the tokens of each row it holds. NULL on failure. */
+	const int32_t *(*mla_cp_step)(struct backend *be, void *cp, int rank, const int32_t *slots,
+				      const struct k_attn_rows *rows);
+	/* One MLA layer's attention in stages, every rank's stage queued (the caller's
+	 * barrier) before any rank queues the next: 0, the rank's heads absorbed (q, its
+	 * heads (rows, d->n_heads, nope + rope)) into the rows every rank reads; 1, every
+	 * head over the rank's tokens (kv its cache); 2, the rank's heads merged over every
+	 * rank's partials and expanded by w_kv_b into out (rows, d->n_heads, v_dim).
+	 * 0 or -errno. */
+	int (*mla_cp_attn)(struct backend *be, void *cp, int rank, int stage, float *out,
+			   const float *q, const struct model_tensor *w_kv_b,
+			   const struct k_kv_layer *kv, const struct k_attn_rows *rows,
+			   const struct k_mla_dims *d, float scale);
 	/* Optional: top-k draws by vocabulary slices on the device (absent where the
 	 * backend has host memory: the CPU ranks select on the host, forward_tp_sample.c).
 	 * For each row i of logits (rows, vn), its best m_i = min(BACKEND_TP_TOPK, non-NaN

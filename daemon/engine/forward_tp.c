@@ -121,7 +121,9 @@ int forward_tp_experts(struct forward *f, int32_t *ids, size_t n)
 
 const int32_t *forward_tp_cp_slots(const struct forward *f)
 {
-	return f->tp && f->tp->cp ? f->tp->cp_slots[f->tp_rank] : NULL;
+	if (!f->tp || !f->tp->cp)
+		return NULL;
+	return f->tp->bcp ? f->tp->cp_dslots[f->tp_rank] : f->tp->cp_slots[f->tp_rank];
 }
 
 /* w_kv_b as floats where it is quantized (as backend_cpu's attn_mla does, for this call
@@ -141,6 +143,26 @@ static const void *kv_b_data(const struct model_tensor *w, enum k_dtype *dtype, 
 	return *tmp;
 }
 
+/* The three stages below on a backend without host memory, through its exchange: each
+ * rank's stage queued before any rank queues the next (the barriers). */
+static int mla_attn_backend(struct forward *f, const struct model_layer *L, int l,
+			    const struct k_attn_rows *rows, const struct k_mla_dims *d, float scale)
+{
+	struct fwd_tp *g = f->tp;
+	int ret = 0;
+
+	for (int stage = 0; stage < 3; stage++) {
+		if (stage && (ret = tp_barrier_wait(&g->comm.bar)))
+			break;
+		if ((ret = g->ops->mla_cp_attn(f->be, g->bcp, f->tp_rank, stage, f->attn, f->q,
+					       &L->wkv_b, &f->kv[l], rows, d, scale))) {
+			tp_barrier_break(&g->comm.bar);
+			break;
+		}
+	}
+	return ret;
+}
+
 int forward_tp_mla_attn(struct forward *f, const struct model_layer *L, int l,
 			const struct k_attn_rows *rows, const struct k_mla_dims *d, float scale)
 {
@@ -149,7 +171,11 @@ int forward_tp_mla_attn(struct forward *f, const struct model_layer *L, int l,
 	int h0 = r * d->n_heads, ret;
 	enum k_dtype dtype;
 	float *tmp;
-	const void *w = kv_b_data(&L->wkv_b, &dtype, &tmp);
+	const void *w;
+
+	if (g->bcp)
+		return mla_attn_backend(f, L, l, rows, d, scale);
+	w = kv_b_data(&L->wkv_b, &dtype, &tmp);
 
 	if (!w)
 		ret = -ENOMEM;
@@ -189,18 +215,31 @@ static int cp_create(struct fwd_tp *g, const struct model *m, int max_rows, char
 
 	g->cp_heads = c->n_heads;
 	g->cp_trash = (int)(rows - 1);
-	g->cp_q = malloc(sizeof(float) * R * H * (L + (size_t)c->qk_rope_head_dim));
-	if (!g->cp_q)
+	if (!g->ops->host_memory) {	/* the backend's exchange, on its devices */
+		struct k_mla_dims d = {
+			.n_heads = c->n_heads, .nope_dim = c->qk_nope_head_dim,
+			.rope_dim = c->qk_rope_head_dim, .v_dim = c->v_head_dim, .kv_lora = c->kv_lora_rank,
+		};
+		int ret = g->ops->mla_cp_create(g->be, g->n, max_rows,
+						f0->n_blocks * f0->block_tokens, f0->block_tokens,
+						&d, g->cp_trash, &g->bcp, err, err_len);
+
+		if (ret)
+			return ret;
+	} else if (!(g->cp_q = malloc(sizeof(float) * R * H * (L + (size_t)c->qk_rope_head_dim)))) {
 		goto nomem;
+	}
 	for (int r = 0; r < g->n; r++) {
 		struct forward *f = g->f[r];
 		size_t elem = k_dtype_size(f->be->ops->kv_dtype);
 
-		g->cp_slots[r] = malloc(sizeof(int32_t) * R);
-		g->cp_o[r] = malloc(sizeof(float) * R * H * L);
-		g->cp_ml[r] = malloc(sizeof(float) * R * H * 2);
-		if (!g->cp_slots[r] || !g->cp_o[r] || !g->cp_ml[r])
-			goto nomem;
+		if (g->ops->host_memory) {
+			g->cp_slots[r] = malloc(sizeof(int32_t) * R);
+			g->cp_o[r] = malloc(sizeof(float) * R * H * L);
+			g->cp_ml[r] = malloc(sizeof(float) * R * H * 2);
+			if (!g->cp_slots[r] || !g->cp_o[r] || !g->cp_ml[r])
+				goto nomem;
+		}
 		for (int l = 0; l < c->n_layers; l++) {
 			struct k_kv_layer *kv = &f->kv[l];
 
@@ -283,9 +322,13 @@ static int rank_step(struct forward *f)
 		ret = forward_stage_step(f, g->b, &db);
 		b = &db;
 	}
-	for (int i = 0; g->cp && i < b->n_rows; i++)	/* where this rank's latents go */
+	for (int i = 0; g->cp && !g->bcp && i < b->n_rows; i++)	/* where this rank's latents go */
 		g->cp_slots[f->tp_rank][i] = b->slots[i] % g->n == f->tp_rank ? b->slots[i] / g->n
 									  : g->cp_trash;
+	if (!ret && g->bcp &&	/* the same on the device, and the tokens it holds */
+	    !(g->cp_dslots[f->tp_rank] = g->ops->mla_cp_step(f->be, g->bcp, f->tp_rank, b->slots,
+							      &b->attn)))
+		ret = -EIO;
 	if (!ret)
 		ret = forward_layers(f, b);
 	if (!ret)
@@ -424,6 +467,8 @@ void forward_tp_free(struct fwd_tp *g)
 		return;
 	if (g->bcomm)	/* the threads are gone: no reduction in flight */
 		g->ops->tp_comm_destroy(g->bcomm);
+	if (g->bcp)
+		g->ops->mla_cp_destroy(g->bcp);
 	for (int r = 0; r < g->n; r++) {
 		model_destroy(g->shard[r]);
 		free(g->slice[r]);
@@ -518,10 +563,9 @@ int forward_tp_cp_check(const struct model_config *c, const struct backend_ops *
 		snprintf(err, err_len, "--mla-cp: context parallel needs --tp N of 2 or more");
 		return -EINVAL;
 	}
-	if (!ops->host_memory) {
-		snprintf(err, err_len, "--tp %d --mla-cp on %s: the split latent cache is built on the "
-			 "cpu backend only (use --tp %d without --mla-cp, or --backend cpu)", n,
-			 ops->name, n);
+	if (!ops->host_memory && !ops->mla_cp_attn) {
+		snprintf(err, err_len, "--tp %d --mla-cp on %s: the split latent cache is not built "
+			 "there (use --tp %d without --mla-cp, or --backend cpu)", n, ops->name, n);
 		return -ENOTSUP;
 	}
 	return 0;

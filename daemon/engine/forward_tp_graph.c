@@ -228,6 +228,13 @@ int forward_tp_graph_step(struct forward *f, const struct fwd_batch *b, float *l
 			log_info("tp %d: graphs off: every step op by op", g->n);
 		return -EAGAIN;
 	}
+	if (g->bcp) {	/* the exchange's stages meet at host barriers and its rows are
+			 * staged per step (mla_cp_step): nothing a replay would redo */
+		if (!g->said_eager++)
+			log_info("tp %d --mla-cp: every step op by op (the latent exchange is not "
+				 "captured into graphs yet)", g->n);
+		return -EAGAIN;
+	}
 	if ((bucket = forward_graph_bucket(f, b, &size)) < 0)
 		return -EAGAIN;
 	g->g_size = size;

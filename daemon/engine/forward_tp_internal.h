@@ -51,6 +51,9 @@ struct fwd_tp {
 					 * rank writing its heads' */
 	float *cp_o[MODEL_SHARD_MAX_RANKS];	/* (max_rows, cp_heads, kv_lora) rank r's partials */
 	float *cp_ml[MODEL_SHARD_MAX_RANKS];	/* (max_rows, cp_heads, 2) their (max, sum) */
+	void *bcp;			/* without host memory: the backend's exchange
+					 * (ops->mla_cp_create) instead of the four above */
+	const int32_t *cp_dslots[MODEL_SHARD_MAX_RANKS];	/* its cp_slots (backend memory) */
 
 	struct tp_barrier step;		/* start and finish of a step (never broken) */
 	struct tp_comm comm;		/* inside a step: the reductions */

@@ -66,7 +66,7 @@ static void usage(FILE *f)
 		"                        docs/PARALLEL.md) (default 1)\n"
 		"  --ep                  with --tp N: expert parallel (each rank a share of the\n"
 		"                        routed experts whole)\n"
-		"  --mla-cp              with --tp N on an MLA model (cpu): the latent cache split\n"
+		"  --mla-cp              with --tp N on an MLA model (cpu, cuda): the latent cache split\n"
 		"                        by tokens across the ranks (decode context parallel)\n"
 		"  --allreduce A         auto (default), fused or nccl: the cuda ranks' reduction\n"
 		"                        (nccl at --tp 1: a one-rank NCCL communicator; kdecd --help)\n"

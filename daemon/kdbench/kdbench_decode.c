@@ -87,7 +87,7 @@ static void decode_usage(FILE *f)
 		"  --tp N                tensor-parallel ranks (cpu: threads; cuda: 2 or 4 virtual\n"
 		"                        ranks on one GPU, op by op, no graphs; default 1)\n"
 		"  --ep                  with --tp N: expert parallel\n"
-		"  --mla-cp              with --tp N: MLA latent cache split by tokens (cpu)\n"
+		"  --mla-cp              with --tp N: MLA latent cache split by tokens\n"
 		"  --allreduce A         auto (default), fused or nccl: the cuda ranks' reduction\n"
 		"                        (nccl at --tp 1: a one-rank NCCL communicator)\n"
 		"  --gpus LIST|all       the GPUs to run on (cuda): one runs every rank; several,\n"

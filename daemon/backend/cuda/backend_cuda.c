@@ -541,6 +541,11 @@ const struct backend_ops backend_cuda_ops = {
 	.tp_capture_end = cuda_tp_capture_end,
 	.tp_reduce_join = cuda_tp_reduce_join,
 	.tp_argmax = cuda_tp_argmax,
+	/* MLA decode context parallel (backend_cuda_mla_cp.c) */
+	.mla_cp_create = cuda_mla_cp_create,
+	.mla_cp_destroy = cuda_mla_cp_destroy,
+	.mla_cp_step = cuda_mla_cp_step,
+	.mla_cp_attn = cuda_mla_cp_attn,
 	.tp_topk_bytes = cuda_tp_topk_bytes,
 	.tp_topk = cuda_tp_topk,
 	.capture_begin = cuda_capture_begin,

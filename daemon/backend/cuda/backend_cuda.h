@@ -284,6 +284,18 @@ const char *cuda_nccl_name(const struct cuda_nccl *c);	/* "nccl 2.28.3" */
 int cuda_nccl_reduce(struct backend *be, struct cuda_nccl *c, int rank, float *buf, int rows,
 		     int width, float *residual, const float *gamma, float *out, float eps);
 
+/* ---- MLA decode context parallel (backend_cuda_mla_cp.c) ------------------- */
+
+int cuda_mla_cp_create(struct backend *const *ranks, int n, int max_rows, int max_ctx,
+		       int block_tokens, const struct k_mla_dims *d, int trash, void **cp,
+		       char *err, size_t err_len);
+void cuda_mla_cp_destroy(void *cp);
+const int32_t *cuda_mla_cp_step(struct backend *be, void *cp, int rank, const int32_t *slots,
+				const struct k_attn_rows *rows);
+int cuda_mla_cp_attn(struct backend *be, void *cp, int rank, int stage, float *out,
+		     const float *q, const struct model_tensor *w_kv_b, const struct k_kv_layer *kv,
+		     const struct k_attn_rows *rows, const struct k_mla_dims *d, float scale);
+
 /* ---- weights (backend_cuda_weights.c) ------------------------------------ */
 
 int cuda_ptr_map_put(struct cuda_ptr_map *m, const void *key, void *val);

@@ -172,7 +172,8 @@ struct attn_tile_args {
 };
 
 // Grid (tiles, kv heads, a->n_splits) of tq query vectors per tile: 64 (GQA prefill) or
-// 16 (MLA: the heads of a row); merges the splits into a->out when there are several.
+// 16 (MLA: the heads of a row); merges the splits into a->out when there are several
+// (a->out null: leaves them in a->part_o / part_lse for the caller).
 int attn_tile_launch(cudaStream_t s, const k_cuda_attn_ws *ws, int tq, const attn_tile_args *a);
 
 // Dynamic shared memory of a tiled launch; 0 where the dims cannot fit the device.

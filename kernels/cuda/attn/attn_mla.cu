@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/attn/attn_common.cuh"
+#include "kernels/cuda/attn/attn_mla.cuh"
 #include "kernels/cuda/attn/mla_proj.cuh"
 #include "kernels/cuda/ops/k_cuda_ops.h"
 #include "kernels/cuda/ptx.cuh"
@@ -208,6 +209,39 @@ static int mla_check(const k_mla_dims *d)
 	return 0;
 }
 
+void attn_mla_tile_args(attn_tile_args *a, k_cuda_attn_ws *ws, const float *q_lat,
+			const uint16_t *cache, int block_tokens, const int32_t *ctx,
+			const int32_t *const *blocks, int R, const k_mla_dims *d, float qscale)
+{
+	const int H = d->n_heads, L = d->kv_lora, wd = L + d->rope_dim;
+
+	a->out = ws->o_lat;
+	a->out_rs = (long)H * L;
+	a->out_hs = L;
+	a->part_o = ws->part_o;
+	a->part_lse = ws->part_lse;
+	a->q = q_lat;
+	a->q_rs = (long)H * wd;
+	a->q_hs = wd;
+	a->k = cache;
+	a->v = nullptr;		// the values are the latent: the key's first L dims
+	a->k_stride = a->v_stride = wd;
+	a->k_hoff = a->v_hoff = 0;
+	a->ctx = ctx;
+	a->blocks = blocks;
+	a->bt = attn_div_make((uint32_t)block_tokens);
+	a->n_rows = R;
+	a->n_heads = H;
+	a->group = H;
+	a->kv_heads = 1;
+	a->dk = wd;
+	a->dv = L;
+	a->qscale = qscale;
+	a->early = 0;
+	a->vec = wd % 8 == 0 && (uintptr_t)cache % 16 == 0;
+	mla_split_floor(a);
+}
+
 // The latent attention proper: o_lat (R, H, L) from q_lat (R, H, L + rope). *n_split
 // comes back 1, or (tensor-core kernel, where the expand can merge them) the number of
 // split partials left unmerged in ws->part_o and ws->part_lse. fresh: the launch just
@@ -218,35 +252,13 @@ static int mla_attend(cudaStream_t s, k_cuda_attn_ws *ws, const uint16_t *cache,
 		      int block_tokens, const k_cuda_attn_rows *rows, const k_mla_dims *d,
 		      float qscale, bool fresh, int *n_split)
 {
-	const int R = rows->n_rows, H = d->n_heads, L = d->kv_lora, wd = L + d->rope_dim;
+	const int R = rows->n_rows, H = d->n_heads, L = d->kv_lora;
 	const long tiles = attn_cdiv(R * H, MLA_TILE_Q);
 	attn_tile_args a;
 
-	a.out = ws->o_lat;
-	a.out_rs = (long)H * L;
-	a.out_hs = L;
-	a.part_o = ws->part_o;
-	a.part_lse = ws->part_lse;
-	a.q = ws->q_lat;
-	a.q_rs = (long)H * wd;
-	a.q_hs = wd;
-	a.k = cache;
-	a.v = nullptr;		// the values are the latent: the key's first L dims
-	a.k_stride = a.v_stride = wd;
-	a.k_hoff = a.v_hoff = 0;
-	a.ctx = rows->ctx;
-	a.blocks = rows->blocks;
-	a.bt = attn_div_make((uint32_t)block_tokens);
-	a.n_rows = R;
-	a.n_heads = H;
-	a.group = H;
-	a.kv_heads = 1;
-	a.dk = wd;
-	a.dv = L;
-	a.qscale = qscale;
+	attn_mla_tile_args(&a, ws, ws->q_lat, cache, block_tokens, rows->ctx, rows->blocks, R, d,
+			   qscale);
 	a.early = fresh;
-	a.vec = wd % 8 == 0 && (uintptr_t)cache % 16 == 0;
-	mla_split_floor(&a);
 	*n_split = 1;
 	if (attn_mma_usable(&a)) {	// the tensor-core decode kernel
 		int ret = attn_mma_run(s, ws, &a, rows->max_ctx, nullptr, 0);
@@ -264,6 +276,42 @@ static int mla_attend(cudaStream_t s, k_cuda_attn_ws *ws, const uint16_t *cache,
 	return attn_tile_launch(s, ws, MLA_TILE_Q, &a);
 }
 
+int attn_mla_absorb(cudaStream_t s, k_cuda_attn_ws *ws, const float *q, const uint16_t *w_kv_b,
+		    int R, const k_mla_dims *d)
+{
+	const int vec = d->kv_lora % 8 == 0 && (uintptr_t)w_kv_b % 16 == 0;
+	int ret;
+
+	// the tensor-core projections (mla_proj.cu) unless they decline (KDEC_CUDA_MLA_PROJ=0)
+	if ((ret = mla_absorb_mma(s, ws->q_lat, q, w_kv_b, R, d, vec)) <= 0)
+		return ret;
+	const size_t smem = (size_t)d->nope_dim * (ABS_COLS * 2 + MLA_ROWS * 4);
+
+	mla_absorb_kernel<<<dim3(attn_cdiv(d->kv_lora, ABS_COLS), d->n_heads, attn_cdiv(R, MLA_ROWS)),
+			    ABS_THREADS, smem, s>>>(ws->q_lat, q, w_kv_b, R, d->n_heads, d->nope_dim,
+						    d->rope_dim, d->v_dim, d->kv_lora, vec);
+	K_CUDA_TRY_LAUNCHED("mla_absorb_kernel");
+	return 0;
+}
+
+int attn_mla_expand(cudaStream_t s, k_cuda_attn_ws *ws, float *out, int n_split,
+		    const uint16_t *w_kv_b, int R, const k_mla_dims *d)
+{
+	const int vec = d->kv_lora % 8 == 0 && (uintptr_t)w_kv_b % 16 == 0;
+	int ret;
+
+	if ((ret = mla_expand_mma(s, out, ws->o_lat, ws->part_o, ws->part_lse, n_split, w_kv_b,
+				  R, d, vec)) <= 0)
+		return ret;
+	const size_t smem = (size_t)(d->kv_lora + 3) / 4 * 4 * (EXP_J * 2 + MLA_ROWS * 4);
+
+	mla_expand_kernel<<<dim3(attn_cdiv(d->v_dim, EXP_J), d->n_heads, attn_cdiv(R, MLA_ROWS)),
+			    EXP_THREADS, smem, s>>>(out, ws->o_lat, w_kv_b, R, d->n_heads, d->nope_dim,
+						    d->v_dim, d->kv_lora, vec);
+	K_CUDA_TRY_LAUNCHED("mla_expand_kernel");
+	return 0;
+}
+
 // k_cuda_attn_mla, and (post) k_cuda_mla_post's work before it: in the absorb launch
 // where it takes it (mla_absorb_post_mma), else its own launch first and q = post's.
 static int mla_run(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out, const float *q,
@@ -272,9 +320,8 @@ static int mla_run(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out, const 
 		   const struct k_mla_dims *d, float scale)
 {
 	const float qscale = scale * 1.4426950408889634f;	// log2(e): exp2 in the kernels
-	int R, H, vec, ret, n_split;
+	int R, vec, ret, n_split;
 	bool folded = false;
-	size_t smem;
 
 	if (!d)
 		ATTN_INVAL("k_cuda_attn_mla: no dims");
@@ -286,7 +333,6 @@ static int mla_run(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out, const 
 		ATTN_INVAL("k_cuda_attn_mla: kv_lora %d + rope %d do not fit in shared memory",
 			   d->kv_lora, d->rope_dim);
 	R = rows->n_rows;
-	H = d->n_heads;
 	if (R == 0)
 		return 0;
 	vec = d->kv_lora % 8 == 0 && (uintptr_t)w_kv_b % 16 == 0;
@@ -297,31 +343,11 @@ static int mla_run(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out, const 
 		if (!folded && (ret = k_cuda_mla_post(s, post)))
 			return ret;
 	}
-	// the tensor-core projections (mla_proj.cu) unless they decline (KDEC_CUDA_MLA_PROJ=0)
-	if (folded)
-		ret = 0;
-	else if ((ret = mla_absorb_mma(s, ws->q_lat, q, w_kv_b, R, d, vec)) < 0)
+	if (!folded && (ret = attn_mla_absorb(s, ws, q, w_kv_b, R, d)))
 		return ret;
-	if (ret) {
-		smem = (size_t)d->nope_dim * (ABS_COLS * 2 + MLA_ROWS * 4);
-		mla_absorb_kernel<<<dim3(attn_cdiv(d->kv_lora, ABS_COLS), H, attn_cdiv(R, MLA_ROWS)),
-				    ABS_THREADS, smem, s>>>(ws->q_lat, q, w_kv_b, R, H, d->nope_dim,
-							    d->rope_dim, d->v_dim, d->kv_lora, vec);
-		K_CUDA_TRY_LAUNCHED("mla_absorb_kernel");
-	}
 	if ((ret = mla_attend(s, ws, cache, block_tokens, rows, d, qscale, folded, &n_split)))
 		return ret;
-	if ((ret = mla_expand_mma(s, out, ws->o_lat, ws->part_o, ws->part_lse, n_split, w_kv_b,
-				  R, d, vec)) < 0)
-		return ret;
-	if (ret) {
-		smem = (size_t)(d->kv_lora + 3) / 4 * 4 * (EXP_J * 2 + MLA_ROWS * 4);
-		mla_expand_kernel<<<dim3(attn_cdiv(d->v_dim, EXP_J), H, attn_cdiv(R, MLA_ROWS)),
-				    EXP_THREADS, smem, s>>>(out, ws->o_lat, w_kv_b, R, H, d->nope_dim,
-							    d->v_dim, d->kv_lora, vec);
-		K_CUDA_TRY_LAUNCHED("mla_expand_kernel");
-	}
-	return 0;
+	return attn_mla_expand(s, ws, out, n_split, w_kv_b, R, d);
 }
 
 extern "C" int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,

@@ -435,7 +435,9 @@ int attn_tile_launch(cudaStream_t s, const k_cuda_attn_ws *ws, int tq, const att
 	else
 		ATTN_INVAL("attn_tile: %d query vectors per tile unsupported", tq);
 	K_CUDA_TRY_LAUNCHED("attn_tile_kernel");
-	if (a->n_splits > 1)
+	// out null: the caller merges the partials (MLA decode context parallel, whose
+	// partials are one rank's share of every rank's)
+	if (a->n_splits > 1 && a->out)
 		return attn_merge(s, ws, a->n_splits, a->n_rows, a->n_heads, a->dv, a->out,
 				  a->out_rs, a->out_hs, nullptr);
 	return 0;
