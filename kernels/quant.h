@@ -49,6 +49,41 @@ static inline float k_e4m3_to_f32(uint8_t b)
 	return (b & 0x80u) ? -v : v;
 }
 
+/* float to e4m3, rounded to nearest even, saturated to +-448 (infinities too; NaN gives
+ * 0x7f with its sign): what CUDA's __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3)
+ * gives, for the hosts that check kernels which quantize activations. */
+static inline uint8_t k_f32_to_e4m3(float v)
+{
+	uint32_t u, sign, mag, m, keep, rest, code;
+	int e;
+
+	memcpy(&u, &v, sizeof(u));
+	sign = (u >> 24) & 0x80u;
+	mag = u & 0x7fffffffu;
+	if (mag > 0x7f800000u)
+		return (uint8_t)(sign | 0x7fu);
+	if (mag >= 0x43e00000u)		/* >= 448 */
+		return (uint8_t)(sign | 0x7eu);
+	e = (int)(mag >> 23) - 127;
+	if (e < -6) {			/* below 2^-6: multiples of 2^-9, 0..8 of them */
+		float a, t, f;
+		uint32_t n;
+
+		memcpy(&a, &mag, sizeof(a));
+		t = a * 512.0f;		/* exact */
+		n = (uint32_t)t;
+		f = t - (float)n;
+		n += f > 0.5f || (f == 0.5f && (n & 1u));
+		return (uint8_t)(sign | n);	/* 8: 0x08, the smallest normal */
+	}
+	m = mag & 0x7fffffu;		/* keep 3 of the 23 mantissa bits */
+	keep = m >> 20;
+	rest = m & 0xfffffu;
+	code = ((uint32_t)(e + 7) << 3) | keep;
+	code += rest > 0x80000u || (rest == 0x80000u && (keep & 1u));	/* may carry: exact */
+	return (uint8_t)(sign | code);
+}
+
 /* Bytes of one row of the quantized payload of K columns. */
 static inline size_t k_quant_row_bytes(enum k_qfmt fmt, int64_t K)
 {

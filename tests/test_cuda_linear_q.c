@@ -18,6 +18,9 @@
  * - the tile kernel (K_CUDA_LINEAR_Q_TILE) at M = 1..65 (65: two launches): n8 tiles 2,
  *   4, 8, K split over up to 8 CTAs and one slice, partial row tiles and stages, the
  *   same tolerances and the same bits on a second run (fixed-order split sums);
+ * - the LT8 kind (fp8 128 x 128 blocks on cuBLASLt's block-scaled fp8 GEMM, x split into
+ *   two e4m3 rows), M = 1..65: against the reference on the split x (the host's copy of
+ *   the split), rel L2 per row <= 1e-3, and within 2e-3 of fp32 x; the same bits twice;
  * - the DEQUANT kind (weights to f16, cuBLAS), M = 1, 9, 33: against the reference on
  *   f16 weights and f16 x, <= 1e-4; k_cuda_quant_dequant itself bit for bit against the
  *   host's dequantization rounded to bf16 and to f16.
@@ -48,6 +51,10 @@
 
 #define MMA_TOL 1e-4	/* against the reference on the values the kernel multiplies */
 #define F16X_TOL 2e-3	/* against the reference on fp32 x: x rounded to f16 */
+/* LT8 against the reference on the values it multiplies (x split into two e4m3 rows):
+ * the fp8 tensor cores sum each 128-deep block's products in fewer than fp32's bits
+ * before cuBLAS scales and adds the block in fp32 */
+#define LT8_TOL 1e-3
 #define MAX_M 64
 #define MAX_K 16384
 
@@ -176,13 +183,43 @@ static float round_f16(float v)
 	return k_f16_to_f32(k_f32_to_f16(v));
 }
 
+/* x (M, K) as K_CUDA_LINEAR_Q_LT8 multiplies it, into xd: each 128 values of a row split
+ * as linear_qlt8.cu's lq8_split_kernel does, in the same fp32 operations, then s1 q1 +
+ * s2 q2 exactly (in double). */
+static void lt8_split_host(double *xd, const float *x, int M, int K)
+{
+	for (int m = 0; m < M; m++)
+		for (int k0 = 0; k0 < K; k0 += 128) {
+			const float *v = x + (size_t)m * K + k0;
+			float a = 0, s1, s2, r[128];
+			uint8_t q1[128];
+
+			for (int i = 0; i < 128; i++)
+				a = fmaxf(a, fabsf(v[i]));
+			s1 = a > 0 ? a / 448.0f : 1.0f;
+			a = 0;
+			for (int i = 0; i < 128; i++) {
+				q1[i] = k_f32_to_e4m3(v[i] / s1);
+				r[i] = v[i] - k_e4m3_to_f32(q1[i]) * s1;
+				a = fmaxf(a, fabsf(r[i]));
+			}
+			s2 = a > 0 ? a / 448.0f : 1.0f;
+			for (int i = 0; i < 128; i++)
+				xd[(size_t)m * K + k0 + i] =
+					(double)k_e4m3_to_f32(q1[i]) * s1 +
+					(double)k_e4m3_to_f32(k_f32_to_e4m3(r[i] / s2)) * s2;
+		}
+}
+
 /* The two references of run_kind, in one pass over the weight: ref (M, N) in double = x
- * rounded to f16 @ w^T over w's exact dequantized values (each rounded to f16 where
- * w16), ref32 = fp32 x @ the exact values. Rows split over the pool's threads (the model
- * shapes are up to 264 M values). */
+ * as the kind multiplies it (rounded to f16, or split as LT8 splits it: lt8) @ w^T over
+ * w's exact dequantized values (each rounded to f16 where w16), ref32 = fp32 x @ the
+ * exact values. Rows split over the pool's threads (the model shapes are up to 264 M
+ * values). */
 struct ref_job {
 	double *ref, *ref32;
-	const float *x, *x16;
+	const float *x;
+	const double *x16;
 	const uint8_t *w;
 	const struct k_quant *hq;
 	int M, N, K, w16, n_tasks;
@@ -198,7 +235,8 @@ static void ref_task(void *arg, int task)
 	for (int n = n0; n < n1 && row; n++) {
 		k_quant_row_to_f32(row, j->w, j->hq, j->K, n, 0, j->K);
 		for (int m = 0; m < j->M; m++) {
-			const float *xr = j->x + (size_t)m * j->K, *hr = j->x16 + (size_t)m * j->K;
+			const float *xr = j->x + (size_t)m * j->K;
+			const double *hr = j->x16 + (size_t)m * j->K;
 			double acc = 0, acc32 = 0;
 
 			for (int k = 0; k < j->K; k++) {
@@ -213,13 +251,16 @@ static void ref_task(void *arg, int task)
 }
 
 static void ref_double(double *ref, double *ref32, const float *x, const uint8_t *w,
-		       const struct k_quant *hq, int M, int N, int K, int w16)
+		       const struct k_quant *hq, int M, int N, int K, int w16, int lt8)
 {
-	float *x16 = malloc((size_t)M * K * sizeof(float));
+	double *x16 = malloc((size_t)M * K * sizeof(double));
 	struct ref_job j = { ref, ref32, x, x16, w, hq, M, N, K, w16, N < 64 ? 1 : 64 };
 
-	for (size_t i = 0; i < (size_t)M * K; i++)
-		x16[i] = round_f16(x[i]);
+	if (lt8)
+		lt8_split_host(x16, x, M, K);
+	else
+		for (size_t i = 0; i < (size_t)M * K; i++)
+			x16[i] = round_f16(x[i]);
 	k_pool_run(pool, ref_task, &j, j.n_tasks);
 	free(x16);
 }
@@ -257,7 +298,8 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 	double *ref, *ref32;
 	size_t wbytes, ns, nx = (size_t)M * K, ny = (size_t)M * N;
 	void *dw;
-	int w16 = kind == K_CUDA_LINEAR_Q_DEQUANT;
+	int w16 = kind == K_CUDA_LINEAR_Q_DEQUANT, lt8 = kind == K_CUDA_LINEAR_Q_LT8;
+	const double tol = lt8 ? LT8_TOL : MMA_TOL;
 
 	make_weight(c, N, K, &q, &w, &wbytes, &hs, &fs, &ns);
 	x = test_rand_floats(nx, 1.0f, &seed);
@@ -267,7 +309,7 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 	out = malloc(ny * sizeof(float));
 	out2 = malloc(ny * sizeof(float));
 	q.scale = hs;
-	ref_double(ref, ref32, x, w, &q, M, N, K, w16);
+	ref_double(ref, ref32, x, w, &q, M, N, K, w16, lt8);
 	if (f16s) {
 		uint16_t *h = malloc(ns * 2);
 
@@ -302,9 +344,9 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 		      N, K, M, ret);
 		e = worst_row(out, ref, y0, accumulate, M, N);
 		e32 = worst_row(out, ref32, y0, accumulate, M, N);
-		CHECK(e <= MMA_TOL, "%s %s N %d K %d M %d acc %d f16 scales %d: rel L2 %.3g against "
-		      "the reference on the values it multiplies", c->what,
-		      k_cuda_linear_q_kind_name(kind), N, K, M, accumulate, f16s, e);
+		CHECK(e <= tol, "%s %s N %d K %d M %d acc %d f16 scales %d: rel L2 %.3g against "
+		      "the reference on the values it multiplies (want <= %g)", c->what,
+		      k_cuda_linear_q_kind_name(kind), N, K, M, accumulate, f16s, e, tol);
 		CHECK(e32 <= F16X_TOL, "%s %s N %d K %d M %d: rel L2 %.3g against fp32 x", c->what,
 		      k_cuda_linear_q_kind_name(kind), N, K, M, e32);
 		for (size_t i = 0; i < ny; i++) {	/* what differs, for the message */
@@ -335,6 +377,32 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 	free(ref32);
 	free(out);
 	free(out2);
+}
+
+/* LT8 (fp8 128 x 128 blocks on cuBLASLt's block-scaled fp8 GEMM, x split into two e4m3
+ * rows): M 1, 17, 33, 64 and 65, y = and y +=, partial row blocks (N 300, 1000), one and
+ * several k blocks of scales, Llama-3.1-8B's q/k/v at M 64; where this cuBLASLt has no
+ * algorithm for a shape, it says so and skips the shape (run would take another kind). */
+static void test_lt8(const struct qcase *c, int quick)
+{
+	static const int shapes[][3] = {	/* N, K, M */
+		{ 300, 512, 1 }, { 300, 512, 17 }, { 1000, 4096, 33 }, { 1000, 4096, 64 },
+		{ 520, 1024, 65 }, { 6144, 4096, 64 },
+	};
+	const size_t n = sizeof(shapes) / sizeof(shapes[0]) - (quick ? 1 : 0);
+
+	for (size_t i = 0; i < n; i++) {
+		const int N = shapes[i][0], K = shapes[i][1], M = shapes[i][2];
+		const int have = k_cuda_linear_q_lt8_available(lin, M, N, K);
+
+		CHECK(have >= 0, "lt8 N %d K %d M %d: asking cuBLASLt failed (%d)", N, K, M, have);
+		if (have <= 0) {
+			printf("  %-12s lt8     N %5d K %5d M %2d: SKIP, this cuBLASLt has no block-scaled "
+			       "fp8 algorithm for the shape\n", c->what, N, K, M);
+			continue;
+		}
+		run_kind(c, K_CUDA_LINEAR_Q_LT8, N, K, M, (int)(i & 1), 0);
+	}
 }
 
 /* k_cuda_quant_dequant to bf16 and to f16, bit for bit against the host's values. */
@@ -606,6 +674,8 @@ int main(void)
 		}
 		if (mma_only)
 			continue;
+		if (!strcmp(c->what, "fp8-block"))
+			test_lt8(c, quick);
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 300, 512, 1, 0, 0);
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 1000, 4096, 9, 1, is_int4);
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 130, odd_k, 33, 0, 0);

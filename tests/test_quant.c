@@ -41,6 +41,25 @@ static void test_e4m3(void)
 		CHECK(k_e4m3_to_f32((uint8_t)(b | 0x80)) == -k_e4m3_to_f32((uint8_t)b), "sign %#x", b);
 	}
 	CHECK(finite == 126, "%d finite positive codes", finite);
+	/* the encoder: every code back to itself, midpoints to the even neighbour,
+	 * saturation at 448, NaN kept */
+	for (int b = 0; b < 0x7f; b++) {
+		float v = k_e4m3_to_f32((uint8_t)b), next = k_e4m3_to_f32((uint8_t)(b + 1));
+
+		CHECK(k_f32_to_e4m3(v) == b && k_f32_to_e4m3(-v) == (b | 0x80), "encode %#x", b);
+		if (b + 1 < 0x7f) {
+			float mid = (v + next) / 2;	/* exact: both share a quantum or v is 0 */
+			int even = b & 1 ? b + 1 : b;
+
+			CHECK(k_f32_to_e4m3(mid) == even, "midpoint of %#x: %#x", b, k_f32_to_e4m3(mid));
+			CHECK(k_f32_to_e4m3(nextafterf(mid, 0)) == b &&
+			      k_f32_to_e4m3(nextafterf(mid, 1000)) == b + 1, "around the midpoint of %#x", b);
+		}
+	}
+	CHECK(k_f32_to_e4m3(448.0f) == 0x7e && k_f32_to_e4m3(470.0f) == 0x7e &&
+	      k_f32_to_e4m3(-1e30f) == 0xfe && k_f32_to_e4m3(INFINITY) == 0x7e, "saturation");
+	CHECK(k_f32_to_e4m3(NAN) == 0x7f && k_f32_to_e4m3(0x1p-11f) == 0 &&
+	      k_f32_to_e4m3(0x1p-10f) == 0 && k_f32_to_e4m3(0x1.8p-10f) == 1, "NaN, underflow");
 }
 
 static void test_dequant(void)

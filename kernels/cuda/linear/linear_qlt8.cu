@@ -1,0 +1,349 @@
+// fp8 block-scaled weights at larger M on the fp8 tensor cores (K_CUDA_LINEAR_Q_LT8):
+// cuBLASLt's block-scaled fp8 GEMM (Hopper, cuBLAS >= 12.9), weights as published
+// (e4m3, one fp32 scale a 128 x 128 block: BLK128x128_32F) against x split into two
+// e4m3 rows with one fp32 scale a 128 values each (VEC128_32F).
+//
+// Why split x: one e4m3 row keeps 4 significant bits, a relative L2 error of 2-3% on x
+// and on y (contrib/device/lt8_split_emu.py), where the project's other kinds round x to
+// f16 (2-3e-4) and its bf16 path to bf16 (~2e-3). Two rows, x ~ s1 q1 + s2 q2 with q2 the
+// e4m3 of what q1 leaves, keep ~8 bits of each 128-value block: 4-7e-4 on y, between
+// f16 and bf16. Both rows are columns of the one GEMM, so the weights are read once; a
+// second kernel adds each row's two outputs.
+//
+// Per call, on the caller's scratch (lq8_layout): the split (M rows to 2M: hi rows
+// 0..M-1, lo rows M..2M-1, e4m3) and its scales (K / 128, 2M) fp32 (a block's 2M scales
+// contiguous: cuBLAS's layout for VEC128 on a K x 2M operand), the GEMM into d (2M, N)
+// fp32 (or bf16 where cuBLAS offers no fp32 output), then y (+)= d[m] + d[M + m].
+// The weight's scales are already cuBLAS's BLK128x128 layout for a K x N operand
+// (ceil(N / 128) rows of K / 128 scales, each row padded to a multiple of 4) exactly
+// where K / 128 is a multiple of 4: lq8_supports asks K % 512 == 0.
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/linear/k_cuda_linear_q.h"
+#include "kernels/cuda/linear/linear_internal.h"
+
+#define LQ8_BLOCK	128	/* values a scale covers, along K and (weights) along N */
+#define LQ8_E4M3_MAX	448.0f
+#define LQ8_WARPS	8	/* split kernel: warps a CTA, a (row, block) a warp */
+#define LQ8_CACHE	64	/* shapes (2M, N, K) a context keeps descriptors for */
+
+// One shape's descriptors and the heuristic's algorithm; the scale pointers are set on
+// op before each call (cuBLASLt reads them when the call is queued or captured).
+struct lin_lt8_entry {
+	int M2, N, K;
+	bool ok;			/* false: cuBLASLt has no algorithm for it (declined) */
+	bool d_bf16;			/* d in bf16 (fp32 refused) */
+	cublasLtMatmulDesc_t op;
+	cublasLtMatrixLayout_t a, b, d;
+	cublasLtMatmulAlgo_t algo;
+};
+
+namespace {	// kernels stay private to this file
+
+// x (M, K) fp32 into q (2M, K) e4m3 and sc (K / 128, 2M) fp32: warp (m, kb) takes
+// x[m][128 kb, 128 kb + 128), 4 values a lane. s1 = amax / 448, q1 = e4m3(x / s1),
+// r = x - q1 s1 (fp32), s2 = amax(r) / 448, q2 = e4m3(r / s2); an all-zero block gets
+// scale 1 and zeros. Every operation rounded as written (no contraction), so that the
+// test's host copy of it gives the same bits.
+__global__ void __launch_bounds__(LQ8_WARPS * 32)
+lq8_split_kernel(uint8_t *q, float *sc, const float *x, int M, int K)
+{
+	const int lane = threadIdx.x % 32, kbs = K / LQ8_BLOCK;
+	const long item = (long)blockIdx.x * LQ8_WARPS + threadIdx.x / 32;
+	const int m = (int)(item / kbs), kb = (int)(item % kbs);
+
+	if (m >= M)
+		return;
+	const size_t at = (size_t)m * K + (size_t)kb * LQ8_BLOCK + 4 * lane;
+	const float4 v4 = *(const float4 *)(x + at);
+	float v[4] = { v4.x, v4.y, v4.z, v4.w }, r[4], a = 0.0f, s1, s2;
+	uint8_t q1[4], q2[4];
+
+	for (int i = 0; i < 4; i++)
+		a = fmaxf(a, fabsf(v[i]));
+	for (int o = 16; o; o >>= 1)
+		a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+	s1 = a > 0.0f ? __fdiv_rn(a, LQ8_E4M3_MAX) : 1.0f;
+	a = 0.0f;
+	for (int i = 0; i < 4; i++) {
+		q1[i] = (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(v[i], s1), __NV_SATFINITE, __NV_E4M3);
+		__half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q1[i], __NV_E4M3);
+		r[i] = __fsub_rn(v[i], __fmul_rn(__half2float(__half(h)), s1));
+		a = fmaxf(a, fabsf(r[i]));
+	}
+	for (int o = 16; o; o >>= 1)
+		a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+	s2 = a > 0.0f ? __fdiv_rn(a, LQ8_E4M3_MAX) : 1.0f;
+	for (int i = 0; i < 4; i++)
+		q2[i] = (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(r[i], s2), __NV_SATFINITE, __NV_E4M3);
+	*(uint32_t *)(q + at) = q1[0] | q1[1] << 8 | q1[2] << 16 | (uint32_t)q1[3] << 24;
+	*(uint32_t *)(q + (size_t)M * K + at) =
+		q2[0] | q2[1] << 8 | q2[2] << 16 | (uint32_t)q2[3] << 24;
+	if (lane == 0) {
+		sc[(size_t)kb * 2 * M + m] = s1;
+		sc[(size_t)kb * 2 * M + M + m] = s2;
+	}
+}
+
+__device__ __forceinline__ float lq8_load(const float *d, size_t i)
+{
+	return d[i];
+}
+
+__device__ __forceinline__ float lq8_load(const __nv_bfloat16 *d, size_t i)
+{
+	return __bfloat162float(d[i]);
+}
+
+// y (M, N) = d[m] + d[M + m] (y += where accumulate), a thread an element.
+template <typename D>
+__global__ void lq8_combine_kernel(float *y, const D *d, int M, int N, int accumulate)
+{
+	const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)M * N;
+
+	if (i >= n)
+		return;
+	float s = __fadd_rn(lq8_load(d, i), lq8_load(d, n + i));
+
+	y[i] = accumulate ? __fadd_rn(y[i], s) : s;
+}
+
+}	// namespace
+
+// ---- the scratch ------------------------------------------------------------------
+
+static size_t lq8_align(size_t v)
+{
+	return (v + 255) & ~(size_t)255;
+}
+
+// Offsets into the scratch: q (2M, K) e4m3, sc (K / 128, 2M) fp32, d (2M, N) fp32; the
+// total in *bytes.
+static void lq8_layout(int M, int N, int K, size_t *sc_off, size_t *d_off, size_t *bytes)
+{
+	*sc_off = lq8_align((size_t)2 * M * K);
+	*d_off = *sc_off + lq8_align((size_t)K / LQ8_BLOCK * 2 * M * sizeof(float));
+	*bytes = *d_off + (size_t)2 * M * N * sizeof(float);
+}
+
+extern "C" size_t k_cuda_linear_q_lt8_scratch(int M, int N, int K)
+{
+	size_t sc, d, bytes;
+
+	lq8_layout(M, N, K, &sc, &d, &bytes);
+	return bytes;
+}
+
+extern "C" int k_cuda_linear_q_lt8_supports(const struct k_quant *q, const float *x,
+					    const void *w, int M, int N, int K)
+{
+	return q && x && w && q->fmt == K_Q_FP8 && q->scale_dtype == K_F32 &&
+	       q->block_rows == LQ8_BLOCK && q->block_cols == LQ8_BLOCK &&
+	       q->scale_cols == K / LQ8_BLOCK && M >= 1 && N >= 1 && K % 512 == 0 &&
+	       (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)q->scale % 16 == 0;
+}
+
+// ---- cuBLASLt ---------------------------------------------------------------------
+
+static int lq8_check(cublasStatus_t s, const char *call, int dev)
+{
+	if (s == CUBLAS_STATUS_SUCCESS)
+		return 0;
+	k_cuda_log("cublasLt fp8: %s failed on device %d: %s", call, dev, cublasGetStatusString(s));
+	return s == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;
+}
+#define LQ8_LT(dev, call) lq8_check((call), #call, (dev))
+
+static void lq8_entry_free(struct lin_lt8_entry *e)
+{
+	if (e->op)
+		cublasLtMatmulDescDestroy(e->op);
+	if (e->a)
+		cublasLtMatrixLayoutDestroy(e->a);
+	if (e->b)
+		cublasLtMatrixLayoutDestroy(e->b);
+	if (e->d)
+		cublasLtMatrixLayoutDestroy(e->d);
+	*e = {};
+}
+
+// d^T (N, 2M) = w (col-major K x N, transposed) . q (col-major K x 2M), both e4m3, w's
+// scales BLK128x128, q's VEC128; d in fp32 or bf16. Status of the heuristic query:
+// *found 0 where it offers nothing for this type.
+static int lq8_entry_make(const struct k_cuda_linear *ctx, struct lin_lt8_entry *e, int M2,
+			  int N, int K, bool d_bf16, bool *found)
+{
+	const cublasOperation_t t = CUBLAS_OP_T;
+	const cublasLtMatmulMatrixScale_t sa = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+					  sb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+	const size_t ws = LIN_BLAS_WS_BYTES;
+	cublasLtMatmulPreference_t pref = NULL;
+	cublasLtMatmulHeuristicResult_t res = {};
+	int n = 0, ret;
+
+	*e = {};
+	*found = false;
+	ret = LQ8_LT(ctx->dev, cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+	if (!ret)
+		ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
+			e->op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+	if (!ret)
+		ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
+			e->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sa, sizeof(sa)));
+	if (!ret)
+		ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
+			e->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sb, sizeof(sb)));
+	if (!ret)
+		ret = LQ8_LT(ctx->dev, cublasLtMatrixLayoutCreate(&e->a, CUDA_R_8F_E4M3, K, N, K));
+	if (!ret)
+		ret = LQ8_LT(ctx->dev, cublasLtMatrixLayoutCreate(&e->b, CUDA_R_8F_E4M3, K, M2, K));
+	if (!ret)
+		ret = LQ8_LT(ctx->dev, cublasLtMatrixLayoutCreate(
+			&e->d, d_bf16 ? CUDA_R_16BF : CUDA_R_32F, N, M2, N));
+	if (!ret)
+		ret = LQ8_LT(ctx->dev, cublasLtMatmulPreferenceCreate(&pref));
+	if (!ret)
+		ret = LQ8_LT(ctx->dev, cublasLtMatmulPreferenceSetAttribute(
+			pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+	// NOT_SUPPORTED from the heuristic is an answer (no kernel for this type), not an error
+	if (!ret && cublasLtMatmulAlgoGetHeuristic(ctx->lt, e->op, e->a, e->b, e->d, e->d, pref,
+						   1, &res, &n) == CUBLAS_STATUS_SUCCESS && n > 0) {
+		e->algo = res.algo;
+		*found = true;
+	}
+	if (pref)
+		cublasLtMatmulPreferenceDestroy(pref);
+	if (ret || !*found)
+		lq8_entry_free(e);
+	return ret;
+}
+
+// The cached entry of (2M, N, K), made on first use: fp32 d, else bf16 d, else declined
+// (ok false, logged once). NULL where the cache is full or an error occurred (*err).
+static struct lin_lt8_entry *lq8_entry(struct k_cuda_linear *ctx, int M2, int N, int K, int *err)
+{
+	struct lin_lt8_entry *e;
+	bool found = false;
+
+	*err = 0;
+	for (int i = 0; i < ctx->lt8_n; i++)
+		if (ctx->lt8_cache[i].M2 == M2 && ctx->lt8_cache[i].N == N && ctx->lt8_cache[i].K == K)
+			return &ctx->lt8_cache[i];
+	if (!ctx->lt8_cache) {
+		ctx->lt8_cache = (struct lin_lt8_entry *)calloc(LQ8_CACHE, sizeof(*ctx->lt8_cache));
+		if (!ctx->lt8_cache) {
+			*err = -ENOMEM;
+			return NULL;
+		}
+	}
+	if (ctx->lt8_n == LQ8_CACHE)
+		return NULL;
+	e = &ctx->lt8_cache[ctx->lt8_n];
+	for (int bf = 0; bf < 2 && !found && !*err; bf++)
+		*err = lq8_entry_make(ctx, e, M2, N, K, bf == 1, &found);
+	if (*err)
+		return NULL;
+	e->M2 = M2;
+	e->N = N;
+	e->K = K;
+	e->ok = found;
+	if (!found)
+		k_cuda_log("cuda linear: cuBLASLt offers no block-scaled fp8 GEMM for %d x %d x %d "
+			   "(e4m3, 128 x 128 and 1 x 128 scales, fp32 or bf16 out): the other "
+			   "quantized kinds take it", N, M2, K);
+	ctx->lt8_n++;
+	return e;
+}
+
+extern "C" int k_cuda_linear_q_lt8_available(struct k_cuda_linear *ctx, int M, int N, int K)
+{
+	struct lin_lt8_entry *e;
+	int err;
+
+	if (!ctx || !ctx->lt || M < 1 || N < 1 || K < LQ8_BLOCK || K % LQ8_BLOCK)
+		return 0;
+	e = lq8_entry(ctx, 2 * M, N, K, &err);
+	return err ? err : e && e->ok;
+}
+
+void k_cuda_lin_qlt8_destroy(struct k_cuda_linear *ctx)
+{
+	for (int i = 0; i < ctx->lt8_n; i++)
+		lq8_entry_free(&ctx->lt8_cache[i]);
+	free(ctx->lt8_cache);
+	ctx->lt8_cache = NULL;
+	ctx->lt8_n = 0;
+}
+
+int k_cuda_lin_qlt8(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+		    const struct k_quant *q, int M, int N, int K, int accumulate, void *scratch,
+		    size_t scratch_bytes)
+{
+	size_t sc_off, d_off, bytes;
+	struct lin_lt8_entry *e;
+	const float one = 1.0f, zero = 0.0f;
+	const void *bscale;
+	uint8_t *xq;
+	float *sc;
+	void *d;
+	int ret;
+
+	lq8_layout(M, N, K, &sc_off, &d_off, &bytes);
+	if (!ctx->lt || !scratch || bytes > scratch_bytes || (uintptr_t)scratch % 256 ||
+	    !k_cuda_linear_q_lt8_supports(q, x, w, M, N, K))
+		return -EINVAL;
+	if (!(e = lq8_entry(ctx, 2 * M, N, K, &ret)))
+		return ret ? ret : 1;
+	if (!e->ok)
+		return 1;
+	xq = (uint8_t *)scratch;
+	sc = (float *)((char *)scratch + sc_off);
+	d = (char *)scratch + d_off;
+	bscale = sc;
+	{
+		const long items = (long)M * (K / LQ8_BLOCK);
+
+		lq8_split_kernel<<<(unsigned)((items + LQ8_WARPS - 1) / LQ8_WARPS), LQ8_WARPS * 32, 0,
+				   ctx->stream>>>(xq, sc, x, M, K);
+		if ((ret = LIN_LAUNCHED(ctx->dev, "lq8_split_kernel")))
+			return ret;
+	}
+	ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+							      &q->scale, sizeof(q->scale)));
+	if (!ret)
+		ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
+			e->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bscale, sizeof(bscale)));
+	if (!ret)
+		ret = LQ8_LT(ctx->dev, cublasLtMatmul(ctx->lt, e->op, &one, w, e->a, xq, e->b, &zero, d,
+						      e->d, d, e->d, &e->algo, ctx->blas_ws,
+						      LIN_BLAS_WS_BYTES, ctx->stream));
+	if (ret)
+		return ret;
+	{
+		const size_t n = (size_t)M * N;
+		const unsigned grid = (unsigned)((n + 255) / 256);
+
+		if (e->d_bf16)
+			lq8_combine_kernel<<<grid, 256, 0, ctx->stream>>>(
+				y, (const __nv_bfloat16 *)d, M, N, accumulate);
+		else
+			lq8_combine_kernel<<<grid, 256, 0, ctx->stream>>>(y, (const float *)d, M, N,
+									   accumulate);
+		return LIN_LAUNCHED(ctx->dev, "lq8_combine_kernel");
+	}
+}
+
+int k_cuda_lin_qlt8_describe(int M, char *buf, size_t len)
+{
+	return snprintf(buf, len, "lt8: x split to 2 x %d e4m3 rows, cuBLASLt block-scaled fp8 "
+			"(128 x 128 / 1 x 128 scales), the two halves added", M);
+}
