@@ -27,7 +27,8 @@
  * KD_TEST_QUICK=1: the sanitizers' size (main says what it leaves out), 2: racecheck's
  * (fewer M and deep slices, every kernel form and tile width still); KD_TEST_PART=mma
  * the tensor-core kernels only, =wide their forms for 8 < M <= 64 only (racecheck
- * reaches those in its time), =gemv the M <= 8 GEMV alone, =tile the tile kernel alone;
+ * reaches those in its time), =gemv the M <= 8 GEMV alone, =tile the tile kernel alone,
+ * =lt8 the cuBLASLt block-scaled fp8 kind alone;
  * KD_TEST_CASES=SUBSTRING some formats only.
  * Exits 77 without a GPU. Timing: tests/bench/bench_cuda_linear_q. */
 #include <errno.h>
@@ -484,10 +485,13 @@ int main(void)
 	const int gemv_only = part && !strcmp(part, "gemv");
 	/* KD_TEST_PART=tile: the 8 < M <= 64 tile kernel alone (linear_qtile.cu) */
 	const int tile_only = part && !strcmp(part, "tile");
+	/* KD_TEST_PART=lt8: cuBLASLt's block-scaled fp8 kind alone (linear_qlt8.cu) */
+	const int lt8_only = part && !strcmp(part, "lt8");
 	static const int small_kinds[3] = { K_CUDA_LINEAR_Q_STREAM, K_CUDA_LINEAR_Q_MMA,
 					    K_CUDA_LINEAR_Q_GEMV };
 	int n_sm = 0;
-	const int mma_only = wide_only || gemv_only || tile_only || (part && !strcmp(part, "mma"));
+	const int mma_only = wide_only || gemv_only || tile_only || lt8_only ||
+			     (part && !strcmp(part, "mma"));
 
 	if (!test_gpu_present("test_cuda_linear_q"))
 		return 77;
@@ -527,6 +531,11 @@ int main(void)
 					 .block_rows = 1, .block_cols = c->block_cols ? c->block_cols : 200,
 					 .scale_cols = 1 };
 
+		if (lt8_only) {
+			if (!strcmp(c->what, "fp8-block") && (!only || strstr(c->what, only)))
+				test_lt8(c, quick);
+			continue;
+		}
 		if (only && !strstr(c->what, only))
 			continue;
 

@@ -10,10 +10,12 @@
 // f16 and bf16. Both rows are columns of the one GEMM, so the weights are read once; a
 // second kernel adds each row's two outputs.
 //
-// Per call, on the caller's scratch (lq8_layout): the split (M rows to 2M: hi rows
-// 0..M-1, lo rows M..2M-1, e4m3) and its scales (K / 128, 2M) fp32 (a block's 2M scales
-// contiguous: cuBLAS's layout for VEC128 on a K x 2M operand), the GEMM into d (2M, N)
-// fp32 (or bf16 where cuBLAS offers no fp32 output), then y (+)= d[m] + d[M + m].
+// Per call, on the caller's scratch (lq8_layout), with Mp = M rounded up to 4 (so the
+// 2Mp scales of a block start 16-byte aligned; rows M..Mp-1 of each half are zeros): the
+// split (hi rows 0..Mp-1, lo rows Mp..2Mp-1, e4m3) and its scales (K / 128, 2Mp) fp32 (a
+// block's 2Mp scales contiguous: cuBLAS's layout for VEC128 on a K x 2Mp operand), the
+// GEMM into d (2Mp, N) fp32 (or bf16 where cuBLAS offers no fp32 output), then
+// y (+)= d[m] + d[Mp + m] for m < M.
 // The weight's scales are already cuBLAS's BLK128x128 layout for a K x N operand
 // (ceil(N / 128) rows of K / 128 scales, each row padded to a multiple of 4) exactly
 // where K / 128 is a multiple of 4: lq8_supports asks K % 512 == 0.
@@ -34,7 +36,7 @@
 #define LQ8_BLOCK	128	/* values a scale covers, along K and (weights) along N */
 #define LQ8_E4M3_MAX	448.0f
 #define LQ8_WARPS	8	/* split kernel: warps a CTA, a (row, block) a warp */
-#define LQ8_CACHE	64	/* shapes (2M, N, K) a context keeps descriptors for */
+#define LQ8_CACHE	64	/* shapes (2Mp, N, K) a context keeps descriptors for */
 
 // One shape's descriptors and the heuristic's algorithm; the scale pointers are set on
 // op before each call (cuBLASLt reads them when the call is queued or captured).
@@ -49,22 +51,22 @@ struct lin_lt8_entry {
 
 namespace {	// kernels stay private to this file
 
-// x (M, K) fp32 into q (2M, K) e4m3 and sc (K / 128, 2M) fp32: warp (m, kb) takes
-// x[m][128 kb, 128 kb + 128), 4 values a lane. s1 = amax / 448, q1 = e4m3(x / s1),
-// r = x - q1 s1 (fp32), s2 = amax(r) / 448, q2 = e4m3(r / s2); an all-zero block gets
-// scale 1 and zeros. Every operation rounded as written (no contraction), so that the
-// test's host copy of it gives the same bits.
+// x (M, K) fp32 into q (2Mp, K) e4m3 and sc (K / 128, 2Mp) fp32: warp (m, kb), m < Mp,
+// takes x[m][128 kb, 128 kb + 128), 4 values a lane (zeros past row M). s1 = amax / 448,
+// q1 = e4m3(x / s1), r = x - q1 s1 (fp32), s2 = amax(r) / 448, q2 = e4m3(r / s2); an
+// all-zero block gets scale 1 and zeros. Every operation rounded as written (no
+// contraction), so that the test's host copy of it gives the same bits.
 __global__ void __launch_bounds__(LQ8_WARPS * 32)
-lq8_split_kernel(uint8_t *q, float *sc, const float *x, int M, int K)
+lq8_split_kernel(uint8_t *q, float *sc, const float *x, int M, int Mp, int K)
 {
 	const int lane = threadIdx.x % 32, kbs = K / LQ8_BLOCK;
 	const long item = (long)blockIdx.x * LQ8_WARPS + threadIdx.x / 32;
 	const int m = (int)(item / kbs), kb = (int)(item % kbs);
 
-	if (m >= M)
+	if (m >= Mp)
 		return;
-	const size_t at = (size_t)m * K + (size_t)kb * LQ8_BLOCK + 4 * lane;
-	const float4 v4 = *(const float4 *)(x + at);
+	const size_t off = (size_t)kb * LQ8_BLOCK + 4 * lane, at = (size_t)m * K + off;
+	const float4 v4 = m < M ? *(const float4 *)(x + at) : make_float4(0, 0, 0, 0);
 	float v[4] = { v4.x, v4.y, v4.z, v4.w }, r[4], a = 0.0f, s1, s2;
 	uint8_t q1[4], q2[4];
 
@@ -86,11 +88,11 @@ lq8_split_kernel(uint8_t *q, float *sc, const float *x, int M, int K)
 	for (int i = 0; i < 4; i++)
 		q2[i] = (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(r[i], s2), __NV_SATFINITE, __NV_E4M3);
 	*(uint32_t *)(q + at) = q1[0] | q1[1] << 8 | q1[2] << 16 | (uint32_t)q1[3] << 24;
-	*(uint32_t *)(q + (size_t)M * K + at) =
+	*(uint32_t *)(q + (size_t)(Mp + m) * K + off) =
 		q2[0] | q2[1] << 8 | q2[2] << 16 | (uint32_t)q2[3] << 24;
 	if (lane == 0) {
-		sc[(size_t)kb * 2 * M + m] = s1;
-		sc[(size_t)kb * 2 * M + M + m] = s2;
+		sc[(size_t)kb * 2 * Mp + m] = s1;
+		sc[(size_t)kb * 2 * Mp + Mp + m] = s2;
 	}
 }
 
@@ -104,15 +106,15 @@ __device__ __forceinline__ float lq8_load(const __nv_bfloat16 *d, size_t i)
 	return __bfloat162float(d[i]);
 }
 
-// y (M, N) = d[m] + d[M + m] (y += where accumulate), a thread an element.
+// y (M, N) = d[m] + d[Mp + m] (y += where accumulate), a thread an element.
 template <typename D>
-__global__ void lq8_combine_kernel(float *y, const D *d, int M, int N, int accumulate)
+__global__ void lq8_combine_kernel(float *y, const D *d, int M, int Mp, int N, int accumulate)
 {
-	const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)M * N;
+	const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 
-	if (i >= n)
+	if (i >= (size_t)M * N)
 		return;
-	float s = __fadd_rn(lq8_load(d, i), lq8_load(d, n + i));
+	float s = __fadd_rn(lq8_load(d, i), lq8_load(d, (size_t)Mp * N + i));
 
 	y[i] = accumulate ? __fadd_rn(y[i], s) : s;
 }
@@ -126,13 +128,21 @@ static size_t lq8_align(size_t v)
 	return (v + 255) & ~(size_t)255;
 }
 
-// Offsets into the scratch: q (2M, K) e4m3, sc (K / 128, 2M) fp32, d (2M, N) fp32; the
+// M rounded up to 4: the split's rows a half.
+static int lq8_mp(int M)
+{
+	return (M + 3) & ~3;
+}
+
+// Offsets into the scratch: q (2Mp, K) e4m3, sc (K / 128, 2Mp) fp32, d (2Mp, N) fp32; the
 // total in *bytes.
 static void lq8_layout(int M, int N, int K, size_t *sc_off, size_t *d_off, size_t *bytes)
 {
-	*sc_off = lq8_align((size_t)2 * M * K);
-	*d_off = *sc_off + lq8_align((size_t)K / LQ8_BLOCK * 2 * M * sizeof(float));
-	*bytes = *d_off + (size_t)2 * M * N * sizeof(float);
+	const size_t m2 = 2 * (size_t)lq8_mp(M);
+
+	*sc_off = lq8_align(m2 * K);
+	*d_off = *sc_off + lq8_align((size_t)K / LQ8_BLOCK * m2 * sizeof(float));
+	*bytes = *d_off + m2 * N * sizeof(float);
 }
 
 extern "C" size_t k_cuda_linear_q_lt8_scratch(int M, int N, int K)
@@ -176,7 +186,7 @@ static void lq8_entry_free(struct lin_lt8_entry *e)
 	*e = {};
 }
 
-// d^T (N, 2M) = w (col-major K x N, transposed) . q (col-major K x 2M), both e4m3, w's
+// d^T (N, M2) = w (col-major K x N, transposed) . q (col-major K x M2), both e4m3, w's
 // scales BLK128x128, q's VEC128; d in fp32 or bf16. Status of the heuristic query:
 // *found 0 where it offers nothing for this type.
 static int lq8_entry_make(const struct k_cuda_linear *ctx, struct lin_lt8_entry *e, int M2,
@@ -227,7 +237,7 @@ static int lq8_entry_make(const struct k_cuda_linear *ctx, struct lin_lt8_entry 
 	return ret;
 }
 
-// The cached entry of (2M, N, K), made on first use: fp32 d, else bf16 d, else declined
+// The cached entry of (M2, N, K), made on first use: fp32 d, else bf16 d, else declined
 // (ok false, logged once). NULL where the cache is full or an error occurred (*err).
 static struct lin_lt8_entry *lq8_entry(struct k_cuda_linear *ctx, int M2, int N, int K, int *err)
 {
@@ -271,7 +281,7 @@ extern "C" int k_cuda_linear_q_lt8_available(struct k_cuda_linear *ctx, int M, i
 
 	if (!ctx || !ctx->lt || M < 1 || N < 1 || K < LQ8_BLOCK || K % LQ8_BLOCK)
 		return 0;
-	e = lq8_entry(ctx, 2 * M, N, K, &err);
+	e = lq8_entry(ctx, 2 * lq8_mp(M), N, K, &err);
 	return err ? err : e && e->ok;
 }
 
@@ -288,6 +298,7 @@ int k_cuda_lin_qlt8(struct k_cuda_linear *ctx, float *y, const float *x, const v
 		    const struct k_quant *q, int M, int N, int K, int accumulate, void *scratch,
 		    size_t scratch_bytes)
 {
+	const int Mp = lq8_mp(M);
 	size_t sc_off, d_off, bytes;
 	struct lin_lt8_entry *e;
 	const float one = 1.0f, zero = 0.0f;
@@ -301,7 +312,7 @@ int k_cuda_lin_qlt8(struct k_cuda_linear *ctx, float *y, const float *x, const v
 	if (!ctx->lt || !scratch || bytes > scratch_bytes || (uintptr_t)scratch % 256 ||
 	    !k_cuda_linear_q_lt8_supports(q, x, w, M, N, K))
 		return -EINVAL;
-	if (!(e = lq8_entry(ctx, 2 * M, N, K, &ret)))
+	if (!(e = lq8_entry(ctx, 2 * Mp, N, K, &ret)))
 		return ret ? ret : 1;
 	if (!e->ok)
 		return 1;
@@ -310,10 +321,10 @@ int k_cuda_lin_qlt8(struct k_cuda_linear *ctx, float *y, const float *x, const v
 	d = (char *)scratch + d_off;
 	bscale = sc;
 	{
-		const long items = (long)M * (K / LQ8_BLOCK);
+		const long items = (long)Mp * (K / LQ8_BLOCK);
 
 		lq8_split_kernel<<<(unsigned)((items + LQ8_WARPS - 1) / LQ8_WARPS), LQ8_WARPS * 32, 0,
-				   ctx->stream>>>(xq, sc, x, M, K);
+				   ctx->stream>>>(xq, sc, x, M, Mp, K);
 		if ((ret = LIN_LAUNCHED(ctx->dev, "lq8_split_kernel")))
 			return ret;
 	}
@@ -334,9 +345,9 @@ int k_cuda_lin_qlt8(struct k_cuda_linear *ctx, float *y, const float *x, const v
 
 		if (e->d_bf16)
 			lq8_combine_kernel<<<grid, 256, 0, ctx->stream>>>(
-				y, (const __nv_bfloat16 *)d, M, N, accumulate);
+				y, (const __nv_bfloat16 *)d, M, Mp, N, accumulate);
 		else
-			lq8_combine_kernel<<<grid, 256, 0, ctx->stream>>>(y, (const float *)d, M, N,
+			lq8_combine_kernel<<<grid, 256, 0, ctx->stream>>>(y, (const float *)d, M, Mp, N,
 									   accumulate);
 		return LIN_LAUNCHED(ctx->dev, "lq8_combine_kernel");
 	}
@@ -345,5 +356,5 @@ int k_cuda_lin_qlt8(struct k_cuda_linear *ctx, float *y, const float *x, const v
 int k_cuda_lin_qlt8_describe(int M, char *buf, size_t len)
 {
 	return snprintf(buf, len, "lt8: x split to 2 x %d e4m3 rows, cuBLASLt block-scaled fp8 "
-			"(128 x 128 / 1 x 128 scales), the two halves added", M);
+			"(128 x 128 / 1 x 128 scales), the two halves added", lq8_mp(M));
 }
