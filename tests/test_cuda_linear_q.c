@@ -694,7 +694,7 @@ int main(void)
 	/* GEMV (the kind decode takes at M <= 8) on every projection of the supported models
 	 * (bench_cuda_linear_q's list), fp8 128 x 128 blocks and int4 groups of 32: M 1, and
 	 * M 8 where the matrix is under 20 M values (the host reference's time) */
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && !quick && !wide_only; i++) {
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && !quick && !wide_only && !lt8_only; i++) {
 		static const int model[][2] = {
 			{ 6144, 4096 }, { 4096, 4096 }, { 28672, 4096 }, { 4096, 14336 },
 			{ 5120, 2048 }, { 2048, 4096 }, { 2112, 7168 }, { 24576, 1536 },
