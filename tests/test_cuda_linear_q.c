@@ -65,6 +65,7 @@ static cudaStream_t stream;
 static struct k_cuda_linear *lin;
 static uint16_t *wtmp;		/* device scratch for DEQUANT */
 static size_t wtmp_elems;
+static size_t wtmp_limit;	/* > 0: run_kind offers only this much of it (LT8's passes) */
 
 struct qcase {
 	const char *what;
@@ -337,7 +338,7 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 			 * DMA lands, and `stream` (non-blocking) does not wait for it */
 			CU(cudaMemcpyAsync(dy, y0, ny * sizeof(float), cudaMemcpyHostToDevice, stream));
 			ret = k_cuda_linear_q_run(lin, kind, dy, dx, dw, &dq, M, N, K, accumulate, wtmp,
-						  wtmp_elems);
+						  wtmp_limit ? wtmp_limit : wtmp_elems);
 			CU(cudaStreamSynchronize(stream));
 			CU(cudaMemcpy(rep ? out2 : out, dy, ny * sizeof(float), cudaMemcpyDeviceToHost));
 		}
@@ -382,8 +383,9 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 
 /* LT8 (fp8 128 x 128 blocks on cuBLASLt's block-scaled fp8 GEMM, x split into two e4m3
  * rows): M 1, 17, 33, 64 and 65, y = and y +=, partial row blocks (N 300, 1000), one and
- * several k blocks of scales, Llama-3.1-8B's q/k/v at M 64; where this cuBLASLt has no
- * algorithm for a shape, it says so and skips the shape (run would take another kind). */
+ * several k blocks of scales, Llama-3.1-8B's q/k/v at M 64, and M 150 with scratch for
+ * 64 rows (passes of 64, 64 and 22); where this cuBLASLt has no algorithm for a shape, it
+ * says so and skips the shape (run would take another kind). */
 static void test_lt8(const struct qcase *c, int quick)
 {
 	static const int shapes[][3] = {	/* N, K, M */
@@ -403,6 +405,15 @@ static void test_lt8(const struct qcase *c, int quick)
 			continue;
 		}
 		run_kind(c, K_CUDA_LINEAR_Q_LT8, N, K, M, (int)(i & 1), 0);
+	}
+	/* passes: the scratch of 64 rows (and less than 128) for 150 */
+	if (k_cuda_linear_q_lt8_available(lin, 64, 1000, 4096) > 0 &&
+	    k_cuda_linear_q_lt8_available(lin, 22, 1000, 4096) > 0) {
+		wtmp_limit = (k_cuda_linear_q_lt8_scratch(64, 1000, 4096) + 1) / 2;
+		CHECK(k_cuda_linear_q_lt8_pass_rows(150, 1000, 4096, wtmp_limit * 2) == 64,
+		      "lt8 passes of %d rows", k_cuda_linear_q_lt8_pass_rows(150, 1000, 4096, wtmp_limit * 2));
+		run_kind(c, K_CUDA_LINEAR_Q_LT8, 1000, 4096, 150, 1, 0);
+		wtmp_limit = 0;
 	}
 }
 

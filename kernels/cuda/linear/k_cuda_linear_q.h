@@ -151,6 +151,10 @@ int k_cuda_linear_q_lt8_supports(const struct k_quant *q, const float *x, const 
  * its scales (K / 128, 2M) fp32 and both halves' outputs (2M, N) fp32, 256-byte aligned
  * parts. */
 size_t k_cuda_linear_q_lt8_scratch(int M, int N, int K);
+/* Rows of x one LT8 pass takes with scratch_bytes of scratch: M where they fit, else the
+ * most of a multiple of 64 that fit (each further pass reads the weights again); 0: not
+ * even 64. */
+int k_cuda_linear_q_lt8_pass_rows(int M, int N, int K, size_t scratch_bytes);
 /* 1 where cuBLASLt has a block-scaled fp8 algorithm for this shape (asked once and
  * remembered by ctx), 0 where it has none (LT8 then runs another kind) or ctx has no
  * cuBLASLt handle, < 0 on an error. */

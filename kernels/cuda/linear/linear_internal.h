@@ -120,9 +120,10 @@ int k_cuda_lin_qmma_split(const struct k_cuda_linear *ctx, bool stream, const st
 			  int M, int N, int K);
 /* fp8 block-scaled weights on cuBLASLt's block-scaled fp8 GEMM (linear_qlt8.cu,
  * K_CUDA_LINEAR_Q_LT8): x split into two e4m3 rows into scratch (scratch_bytes, 256-byte
- * aligned, k_cuda_linear_q_lt8_scratch), the GEMM, the halves added into y. 0, 1 where
- * cuBLASLt offers no algorithm for the shape (nothing queued: the caller takes another
- * kind), -EINVAL, -ENOMEM or -EIO (logged). destroy: the descriptors it cached. */
+ * aligned; passes of k_cuda_linear_q_lt8_pass_rows rows), the GEMM, the halves added into
+ * y. 0, 1 where cuBLASLt offers no algorithm for a pass's shape (nothing queued: the
+ * caller takes another kind), -EINVAL, -ENOMEM or -EIO (logged). destroy: the
+ * descriptors it cached. */
 int k_cuda_lin_qlt8(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
 		    const struct k_quant *q, int M, int N, int K, int accumulate, void *scratch,
 		    size_t scratch_bytes);

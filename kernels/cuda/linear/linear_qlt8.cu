@@ -37,6 +37,10 @@
 #define LQ8_E4M3_MAX	448.0f
 #define LQ8_WARPS	8	/* split kernel: warps a CTA, a (row, block) a warp */
 #define LQ8_CACHE	64	/* shapes (2Mp, N, K) a context keeps descriptors for */
+/* Where the scratch cannot hold all M rows (prefill chunks), passes of a multiple of
+ * this many rows, each reading the weights again (at these M the GEMM is bound by its
+ * arithmetic, not the weights' bytes). */
+#define LQ8_PASS_ROWS	64
 
 // One shape's descriptors and the heuristic's algorithm; the scale pointers are set on
 // op before each call (cuBLASLt reads them when the call is queued or captured).
@@ -294,40 +298,30 @@ void k_cuda_lin_qlt8_destroy(struct k_cuda_linear *ctx)
 	ctx->lt8_n = 0;
 }
 
-int k_cuda_lin_qlt8(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
-		    const struct k_quant *q, int M, int N, int K, int accumulate, void *scratch,
-		    size_t scratch_bytes)
+// One pass: rows [0, M) of x into y through entry e (its shape: 2 lq8_mp(M), N, K).
+static int lq8_pass(struct k_cuda_linear *ctx, const struct lin_lt8_entry *e, float *y,
+		    const float *x, const void *w, const struct k_quant *q, int M, int N, int K,
+		    int accumulate, void *scratch)
 {
 	const int Mp = lq8_mp(M);
-	size_t sc_off, d_off, bytes;
-	struct lin_lt8_entry *e;
+	const long items = (long)Mp * (K / LQ8_BLOCK);
+	const size_t n = (size_t)M * N;
+	const unsigned grid = (unsigned)((n + 255) / 256);
 	const float one = 1.0f, zero = 0.0f;
+	size_t sc_off, d_off, bytes;
 	const void *bscale;
 	uint8_t *xq;
-	float *sc;
 	void *d;
 	int ret;
 
 	lq8_layout(M, N, K, &sc_off, &d_off, &bytes);
-	if (!ctx->lt || !scratch || bytes > scratch_bytes || (uintptr_t)scratch % 256 ||
-	    !k_cuda_linear_q_lt8_supports(q, x, w, M, N, K))
-		return -EINVAL;
-	if (!(e = lq8_entry(ctx, 2 * Mp, N, K, &ret)))
-		return ret ? ret : 1;
-	if (!e->ok)
-		return 1;
 	xq = (uint8_t *)scratch;
-	sc = (float *)((char *)scratch + sc_off);
+	bscale = (char *)scratch + sc_off;
 	d = (char *)scratch + d_off;
-	bscale = sc;
-	{
-		const long items = (long)Mp * (K / LQ8_BLOCK);
-
-		lq8_split_kernel<<<(unsigned)((items + LQ8_WARPS - 1) / LQ8_WARPS), LQ8_WARPS * 32, 0,
-				   ctx->stream>>>(xq, sc, x, M, Mp, K);
-		if ((ret = LIN_LAUNCHED(ctx->dev, "lq8_split_kernel")))
-			return ret;
-	}
+	lq8_split_kernel<<<(unsigned)((items + LQ8_WARPS - 1) / LQ8_WARPS), LQ8_WARPS * 32, 0,
+			   ctx->stream>>>(xq, (float *)bscale, x, M, Mp, K);
+	if ((ret = LIN_LAUNCHED(ctx->dev, "lq8_split_kernel")))
+		return ret;
 	ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
 							      &q->scale, sizeof(q->scale)));
 	if (!ret)
@@ -339,18 +333,50 @@ int k_cuda_lin_qlt8(struct k_cuda_linear *ctx, float *y, const float *x, const v
 						      LIN_BLAS_WS_BYTES, ctx->stream));
 	if (ret)
 		return ret;
-	{
-		const size_t n = (size_t)M * N;
-		const unsigned grid = (unsigned)((n + 255) / 256);
+	if (e->d_bf16)
+		lq8_combine_kernel<<<grid, 256, 0, ctx->stream>>>(y, (const __nv_bfloat16 *)d, M, Mp,
+								   N, accumulate);
+	else
+		lq8_combine_kernel<<<grid, 256, 0, ctx->stream>>>(y, (const float *)d, M, Mp, N,
+								   accumulate);
+	return LIN_LAUNCHED(ctx->dev, "lq8_combine_kernel");
+}
 
-		if (e->d_bf16)
-			lq8_combine_kernel<<<grid, 256, 0, ctx->stream>>>(
-				y, (const __nv_bfloat16 *)d, M, Mp, N, accumulate);
-		else
-			lq8_combine_kernel<<<grid, 256, 0, ctx->stream>>>(y, (const float *)d, M, Mp, N,
-									   accumulate);
-		return LIN_LAUNCHED(ctx->dev, "lq8_combine_kernel");
+extern "C" int k_cuda_linear_q_lt8_pass_rows(int M, int N, int K, size_t scratch_bytes)
+{
+	if (k_cuda_linear_q_lt8_scratch(M, N, K) <= scratch_bytes)
+		return M;
+	for (int mc = M / LQ8_PASS_ROWS * LQ8_PASS_ROWS; mc >= LQ8_PASS_ROWS; mc -= LQ8_PASS_ROWS)
+		if (k_cuda_linear_q_lt8_scratch(mc, N, K) <= scratch_bytes)
+			return mc;
+	return 0;
+}
+
+int k_cuda_lin_qlt8(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+		    const struct k_quant *q, int M, int N, int K, int accumulate, void *scratch,
+		    size_t scratch_bytes)
+{
+	const int mc = k_cuda_linear_q_lt8_pass_rows(M, N, K, scratch_bytes), rest = mc ? M % mc : 0;
+	struct lin_lt8_entry *full, *last = NULL;
+	int ret = 0;
+
+	if (!ctx->lt || !scratch || !mc || (uintptr_t)scratch % 256 ||
+	    !k_cuda_linear_q_lt8_supports(q, x, w, M, N, K))
+		return -EINVAL;
+	// every shape's algorithm before anything is queued: a decline leaves y untouched
+	if (!(full = lq8_entry(ctx, 2 * lq8_mp(mc), N, K, &ret)))
+		return ret ? ret : 1;
+	if (rest && !(last = lq8_entry(ctx, 2 * lq8_mp(rest), N, K, &ret)))
+		return ret ? ret : 1;
+	if (!full->ok || (last && !last->ok))
+		return 1;
+	for (int m0 = 0; m0 < M && !ret; m0 += mc) {
+		const int rows = M - m0 < mc ? M - m0 : mc;
+
+		ret = lq8_pass(ctx, rows == mc ? full : last, y + (size_t)m0 * N, x + (size_t)m0 * K,
+			       w, q, rows, N, K, accumulate, scratch);
 	}
+	return ret;
 }
 
 int k_cuda_lin_qlt8_describe(int M, char *buf, size_t len)
