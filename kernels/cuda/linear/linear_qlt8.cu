@@ -48,6 +48,7 @@ struct lin_lt8_entry {
 	int M2, N, K;
 	bool ok;			/* false: cuBLASLt has no algorithm for it (declined) */
 	bool d_bf16;			/* d in bf16 (fp32 refused) */
+	bool x_first;			/* the split x is cuBLAS's A: d is (N, M2), not (M2, N) */
 	cublasLtMatmulDesc_t op;
 	cublasLtMatrixLayout_t a, b, d;
 	cublasLtMatmulAlgo_t algo;
@@ -110,15 +111,19 @@ __device__ __forceinline__ float lq8_load(const __nv_bfloat16 *d, size_t i)
 	return __bfloat162float(d[i]);
 }
 
-// y (M, N) = d[m] + d[Mp + m] (y += where accumulate), a thread an element.
+// y (M, N) = d[m] + d[Mp + m] (y += where accumulate), a thread an element; d (2Mp, N),
+// or (N, 2Mp) where x_first.
 template <typename D>
-__global__ void lq8_combine_kernel(float *y, const D *d, int M, int Mp, int N, int accumulate)
+__global__ void lq8_combine_kernel(float *y, const D *d, int M, int Mp, int N, int accumulate,
+				   int x_first)
 {
 	const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+	const size_t m = i / N, n = i % N;
 
 	if (i >= (size_t)M * N)
 		return;
-	float s = __fadd_rn(lq8_load(d, i), lq8_load(d, (size_t)Mp * N + i));
+	const size_t hi = x_first ? n * 2 * Mp + m : i, lo = x_first ? hi + Mp : (size_t)Mp * N + i;
+	float s = __fadd_rn(lq8_load(d, hi), lq8_load(d, lo));
 
 	y[i] = accumulate ? __fadd_rn(y[i], s) : s;
 }
@@ -190,15 +195,19 @@ static void lq8_entry_free(struct lin_lt8_entry *e)
 	*e = {};
 }
 
-// d^T (N, M2) = w (col-major K x N, transposed) . q (col-major K x M2), both e4m3, w's
-// scales BLK128x128, q's VEC128; d in fp32 or bf16. Status of the heuristic query:
-// *found 0 where it offers nothing for this type.
+// The GEMM of the split x q (col-major K x M2) and w (col-major K x N), both e4m3 with
+// K-major scales (w's BLK128x128, q's VEC128), d in fp32 or bf16. In cuBLAS's column-major
+// terms: d (N x M2, so row-major (M2, N)) = w^T q, w as A; or, x_first, d (M2 x N,
+// row-major (N, M2)) = q^T w, q as A (NVIDIA's sample's arrangement: A 1 x 128, B
+// 128 x 128). Status of the heuristic query: *found 0 where it offers nothing for this.
 static int lq8_entry_make(const struct k_cuda_linear *ctx, struct lin_lt8_entry *e, int M2,
-			  int N, int K, bool d_bf16, bool *found)
+			  int N, int K, bool d_bf16, bool x_first, bool *found)
 {
 	const cublasOperation_t t = CUBLAS_OP_T;
-	const cublasLtMatmulMatrixScale_t sa = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
-					  sb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+	const cublasLtMatmulMatrixScale_t blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+					  vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+	const cublasLtMatmulMatrixScale_t sa = x_first ? vec : blk, sb = x_first ? blk : vec;
+	const int rows = x_first ? M2 : N, cols = x_first ? N : M2;	/* of d, column-major */
 	const size_t ws = LIN_BLAS_WS_BYTES;
 	cublasLtMatmulPreference_t pref = NULL;
 	cublasLtMatmulHeuristicResult_t res = {};
@@ -217,12 +226,12 @@ static int lq8_entry_make(const struct k_cuda_linear *ctx, struct lin_lt8_entry 
 		ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
 			e->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sb, sizeof(sb)));
 	if (!ret)
-		ret = LQ8_LT(ctx->dev, cublasLtMatrixLayoutCreate(&e->a, CUDA_R_8F_E4M3, K, N, K));
+		ret = LQ8_LT(ctx->dev, cublasLtMatrixLayoutCreate(&e->a, CUDA_R_8F_E4M3, K, rows, K));
 	if (!ret)
-		ret = LQ8_LT(ctx->dev, cublasLtMatrixLayoutCreate(&e->b, CUDA_R_8F_E4M3, K, M2, K));
+		ret = LQ8_LT(ctx->dev, cublasLtMatrixLayoutCreate(&e->b, CUDA_R_8F_E4M3, K, cols, K));
 	if (!ret)
 		ret = LQ8_LT(ctx->dev, cublasLtMatrixLayoutCreate(
-			&e->d, d_bf16 ? CUDA_R_16BF : CUDA_R_32F, N, M2, N));
+			&e->d, d_bf16 ? CUDA_R_16BF : CUDA_R_32F, rows, cols, rows));
 	if (!ret)
 		ret = LQ8_LT(ctx->dev, cublasLtMatmulPreferenceCreate(&pref));
 	if (!ret)
@@ -238,11 +247,15 @@ static int lq8_entry_make(const struct k_cuda_linear *ctx, struct lin_lt8_entry 
 		cublasLtMatmulPreferenceDestroy(pref);
 	if (ret || !*found)
 		lq8_entry_free(e);
+	e->d_bf16 = d_bf16;
+	e->x_first = x_first;
 	return ret;
 }
 
-// The cached entry of (M2, N, K), made on first use: fp32 d, else bf16 d, else declined
-// (ok false, logged once). NULL where the cache is full or an error occurred (*err).
+// The cached entry of (M2, N, K), made on first use: w as A with fp32 d, then bf16 d,
+// then the split x as A with fp32 d, then bf16 d (the first cuBLASLt has an algorithm
+// for), else declined (ok false, logged once). NULL where the cache is full or an error
+// occurred (*err).
 static struct lin_lt8_entry *lq8_entry(struct k_cuda_linear *ctx, int M2, int N, int K, int *err)
 {
 	struct lin_lt8_entry *e;
@@ -262,8 +275,8 @@ static struct lin_lt8_entry *lq8_entry(struct k_cuda_linear *ctx, int M2, int N,
 	if (ctx->lt8_n == LQ8_CACHE)
 		return NULL;
 	e = &ctx->lt8_cache[ctx->lt8_n];
-	for (int bf = 0; bf < 2 && !found && !*err; bf++)
-		*err = lq8_entry_make(ctx, e, M2, N, K, bf == 1, &found);
+	for (int v = 0; v < 4 && !found && !*err; v++)
+		*err = lq8_entry_make(ctx, e, M2, N, K, v & 1, v >= 2, &found);
 	if (*err)
 		return NULL;
 	e->M2 = M2;
@@ -310,35 +323,38 @@ static int lq8_pass(struct k_cuda_linear *ctx, const struct lin_lt8_entry *e, fl
 	const float one = 1.0f, zero = 0.0f;
 	size_t sc_off, d_off, bytes;
 	const void *bscale;
-	uint8_t *xq;
+	const void *xq;
 	void *d;
 	int ret;
 
 	lq8_layout(M, N, K, &sc_off, &d_off, &bytes);
-	xq = (uint8_t *)scratch;
+	xq = scratch;
 	bscale = (char *)scratch + sc_off;
 	d = (char *)scratch + d_off;
 	lq8_split_kernel<<<(unsigned)((items + LQ8_WARPS - 1) / LQ8_WARPS), LQ8_WARPS * 32, 0,
-			   ctx->stream>>>(xq, (float *)bscale, x, M, Mp, K);
+			   ctx->stream>>>((uint8_t *)scratch, (float *)bscale, x, M, Mp, K);
 	if ((ret = LIN_LAUNCHED(ctx->dev, "lq8_split_kernel")))
 		return ret;
-	ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-							      &q->scale, sizeof(q->scale)));
+	ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
+		e->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, e->x_first ? &bscale : &q->scale,
+		sizeof(bscale)));
 	if (!ret)
 		ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
-			e->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bscale, sizeof(bscale)));
+			e->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, e->x_first ? &q->scale : &bscale,
+			sizeof(bscale)));
 	if (!ret)
-		ret = LQ8_LT(ctx->dev, cublasLtMatmul(ctx->lt, e->op, &one, w, e->a, xq, e->b, &zero, d,
-						      e->d, d, e->d, &e->algo, ctx->blas_ws,
-						      LIN_BLAS_WS_BYTES, ctx->stream));
+		ret = LQ8_LT(ctx->dev, cublasLtMatmul(ctx->lt, e->op, &one, e->x_first ? xq : w, e->a,
+						      e->x_first ? w : xq, e->b, &zero, d, e->d, d,
+						      e->d, &e->algo, ctx->blas_ws, LIN_BLAS_WS_BYTES,
+						      ctx->stream));
 	if (ret)
 		return ret;
 	if (e->d_bf16)
 		lq8_combine_kernel<<<grid, 256, 0, ctx->stream>>>(y, (const __nv_bfloat16 *)d, M, Mp,
-								   N, accumulate);
+								   N, accumulate, e->x_first);
 	else
 		lq8_combine_kernel<<<grid, 256, 0, ctx->stream>>>(y, (const float *)d, M, Mp, N,
-								   accumulate);
+								   accumulate, e->x_first);
 	return LIN_LAUNCHED(ctx->dev, "lq8_combine_kernel");
 }
 
