@@ -381,11 +381,24 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 	free(out2);
 }
 
-/* LT8 (fp8 128 x 128 blocks on cuBLASLt's block-scaled fp8 GEMM, x split into two e4m3
- * rows): M 1, 17, 33, 64 and 65, y = and y +=, partial row blocks (N 300, 1000), one and
- * several k blocks of scales, Llama-3.1-8B's q/k/v at M 64, and M 150 with scratch for
- * 64 rows (passes of 64, 64 and 22); where this cuBLASLt has no algorithm for a shape, it
- * says so and skips the shape (run would take another kind). */
+/* LT8 (fp8 on cuBLASLt's block-scaled fp8 GEMM, x split into two e4m3 rows; 128 x 128
+ * blocks, and per channel and per tensor through 1 x 128 weight scales): M 1, 17, 33,
+ * 64 and 65, y = and y +=, partial row blocks (N 300, 1000), one and several k blocks of
+ * scales, Llama-3.1-8B's q/k/v at M 64, and M 150 with scratch for 64 rows (passes of
+ * 64, 64 and 22); where this cuBLASLt has no algorithm for a shape, it says so and skips
+ * the shape (run would take another kind). */
+/* c's layout at N x K (what k_cuda_linear_q_lt8_available reads of it). */
+static const struct k_quant *lt8_probe(const struct qcase *c, int N, int K)
+{
+	static struct k_quant q;
+
+	q = (struct k_quant){ .fmt = K_Q_FP8, .scale_dtype = K_F32,
+			      .block_rows = c->block_rows ? c->block_rows : N,
+			      .block_cols = c->block_cols ? c->block_cols : K };
+	q.scale_cols = (K + q.block_cols - 1) / q.block_cols;
+	return &q;
+}
+
 static void test_lt8(const struct qcase *c, int quick)
 {
 	static const int shapes[][3] = {	/* N, K, M */
@@ -396,7 +409,7 @@ static void test_lt8(const struct qcase *c, int quick)
 
 	for (size_t i = 0; i < n; i++) {
 		const int N = shapes[i][0], K = shapes[i][1], M = shapes[i][2];
-		const int have = k_cuda_linear_q_lt8_available(lin, M, N, K);
+		const int have = k_cuda_linear_q_lt8_available(lin, lt8_probe(c, N, K), M, N, K);
 
 		CHECK(have >= 0, "lt8 N %d K %d M %d: asking cuBLASLt failed (%d)", N, K, M, have);
 		if (have <= 0) {
@@ -407,8 +420,8 @@ static void test_lt8(const struct qcase *c, int quick)
 		run_kind(c, K_CUDA_LINEAR_Q_LT8, N, K, M, (int)(i & 1), 0);
 	}
 	/* passes: the scratch of 64 rows (and less than 128) for 150 */
-	if (k_cuda_linear_q_lt8_available(lin, 64, 1000, 4096) > 0 &&
-	    k_cuda_linear_q_lt8_available(lin, 22, 1000, 4096) > 0) {
+	if (k_cuda_linear_q_lt8_available(lin, lt8_probe(c, 1000, 4096), 64, 1000, 4096) > 0 &&
+	    k_cuda_linear_q_lt8_available(lin, lt8_probe(c, 1000, 4096), 22, 1000, 4096) > 0) {
 		wtmp_limit = (k_cuda_linear_q_lt8_scratch(64, 1000, 4096) + 1) / 2;
 		CHECK(k_cuda_linear_q_lt8_pass_rows(150, 1000, 4096, wtmp_limit * 2) == 64,
 		      "lt8 passes of %d rows", k_cuda_linear_q_lt8_pass_rows(150, 1000, 4096, wtmp_limit * 2));
@@ -543,7 +556,7 @@ int main(void)
 					 .scale_cols = 1 };
 
 		if (lt8_only) {
-			if (!strcmp(c->what, "fp8-block") && (!only || strstr(c->what, only)))
+			if (c->fmt == K_Q_FP8 && (!only || strstr(c->what, only)))
 				test_lt8(c, quick);
 			continue;
 		}
@@ -694,7 +707,7 @@ int main(void)
 		}
 		if (mma_only)
 			continue;
-		if (!strcmp(c->what, "fp8-block"))
+		if (c->fmt == K_Q_FP8)
 			test_lt8(c, quick);
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 300, 512, 1, 0, 0);
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 1000, 4096, 9, 1, is_int4);
@@ -705,7 +718,8 @@ int main(void)
 	/* GEMV (the kind decode takes at M <= 8) on every projection of the supported models
 	 * (bench_cuda_linear_q's list), fp8 128 x 128 blocks and int4 groups of 32: M 1, and
 	 * M 8 where the matrix is under 20 M values (the host reference's time) */
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && !quick && !wide_only && !lt8_only; i++) {
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && !quick && !wide_only && !lt8_only;
+	     i++) {
 		static const int model[][2] = {
 			{ 6144, 4096 }, { 4096, 4096 }, { 28672, 4096 }, { 4096, 14336 },
 			{ 5120, 2048 }, { 2048, 4096 }, { 2112, 7168 }, { 24576, 1536 },

@@ -19,7 +19,7 @@
  * comma-separated, up to 7; --fmt: those formats, comma-separated; --once: each of GEMV
  * and STREAM once at each shape, format and M, eagerly and untimed, for ncu). The KDEC_*
  * tuning variables apply (KDEC_LINEAR_QGEMV=0, KDEC_LINEAR_QGEMV_WARPS for A/B runs). At
- * M > 8 the fp8 128 x 128 rows add "lt8": K_CUDA_LINEAR_Q_LT8 (cuBLASLt block-scaled fp8)
+ * M > 8 the fp8 rows add "lt8": K_CUDA_LINEAR_Q_LT8 (cuBLASLt block-scaled fp8)
  * timed the same way, % of the same floor.
  * Exits 77 without CUDA or GPU. */
 #include <stdio.h>
@@ -393,10 +393,10 @@ int main(int argc, char **argv)
 				if (chosen != kind)	/* the choice takes "alt" (STREAM) here */
 					snprintf(plan + strlen(plan), sizeof(plan) - strlen(plan),
 						 " (choose: %s)", k_cuda_linear_q_kind_name(chosen));
-				/* fp8 blocks beyond 8 rows: cuBLASLt's block-scaled fp8 GEMM on x
+				/* fp8 beyond 8 rows: cuBLASLt's block-scaled fp8 GEMM on x
 				 * split into two e4m3 rows (KDEC_LINEAR_QLT8), beside the tile kernel */
 				if (M > 8 && k_cuda_linear_q_lt8_supports(&qw.q, x, qw.w, M, s->N, s->K) &&
-				    k_cuda_linear_q_lt8_available(lin, M, s->N, s->K) > 0) {
+				    k_cuda_linear_q_lt8_available(lin, &qw.q, M, s->N, s->K) > 0) {
 					const double lt8 = time_us(&qw, K_CUDA_LINEAR_Q_LT8, y, x, M, s->N, s->K);
 
 					snprintf(plan + strlen(plan), sizeof(plan) - strlen(plan),

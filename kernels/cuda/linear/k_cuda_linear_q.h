@@ -99,7 +99,8 @@ enum k_cuda_linear_q_kind {
 	 * every multiprocessor gets about the same bytes; int4 dequantized with one lop3 a
 	 * pair (linear_qgemv.cu); fp8 scale columns of 128 k or more */
 	K_CUDA_LINEAR_Q_GEMV,
-	/* fp8 with 128 x 128 block scales (fp32), K % 512 == 0: x split into two e4m3 rows
+	/* fp8 with fp32 scales in 128 x 128 blocks (K % 512 == 0) or one a row over all of K
+	 * (per channel or per tensor; K % 128 == 0): x split into two e4m3 rows
 	 * with one fp32 scale a 128 values (x ~ s1 q1 + s2 q2, q2 what q1 leaves: ~8 bits a
 	 * block), cuBLASLt's block-scaled fp8 GEMM on the fp8 tensor cores reading the
 	 * weights once for both rows, their outputs added (linear_qlt8.cu). Takes the
@@ -142,9 +143,10 @@ int k_cuda_linear_q_tile_supports(const struct k_quant *q, const float *x, const
 				  int M, int N, int K);
 
 /* The same for K_CUDA_LINEAR_Q_LT8: fp8 with fp32 scales in 128 x 128 blocks
- * (scale_cols K / 128), K % 512 == 0 (so a row of block scales is cuBLAS's layout), x, w
- * and the scales 16-byte aligned; any M and N. Whether cuBLASLt has an algorithm is
- * known only at the first call (k_cuda_linear_q_run falls back). */
+ * (scale_cols K / 128) with K % 512 == 0 (so a row of block scales is cuBLAS's layout),
+ * or one scale a row over all of K (scale_cols 1: per channel, per tensor) with
+ * K % 128 == 0; x, w and the scales 16-byte aligned; any M and N. Whether cuBLASLt has
+ * an algorithm is known only at the first call (k_cuda_linear_q_run falls back). */
 int k_cuda_linear_q_lt8_supports(const struct k_quant *q, const float *x, const void *w, int M,
 				 int N, int K);
 /* Bytes of scratch K_CUDA_LINEAR_Q_LT8 needs at this shape: the split x (2M, K) e4m3,
@@ -158,7 +160,8 @@ int k_cuda_linear_q_lt8_pass_rows(int M, int N, int K, size_t scratch_bytes);
 /* 1 where cuBLASLt has a block-scaled fp8 algorithm for this shape (asked once and
  * remembered by ctx), 0 where it has none (LT8 then runs another kind) or ctx has no
  * cuBLASLt handle, < 0 on an error. */
-int k_cuda_linear_q_lt8_available(struct k_cuda_linear *ctx, int M, int N, int K);
+int k_cuda_linear_q_lt8_available(struct k_cuda_linear *ctx, const struct k_quant *q, int M,
+				  int N, int K);
 
 /* Below this many rows choose never takes LT8 (the M <= 8 GEMV and the streaming forms
  * read the weights at the HBM floor there; the split and the add cost a launch each). */

@@ -16,9 +16,12 @@
 // block's 2Mp scales contiguous: cuBLAS's layout for VEC128 on a K x 2Mp operand), the
 // GEMM into d (2Mp, N) fp32 (or bf16 where cuBLAS offers no fp32 output), then
 // y (+)= d[m] + d[Mp + m] for m < M.
-// The weight's scales are already cuBLAS's BLK128x128 layout for a K x N operand
-// (ceil(N / 128) rows of K / 128 scales, each row padded to a multiple of 4) exactly
-// where K / 128 is a multiple of 4: lq8_supports asks K % 512 == 0.
+// The weight's scales: 128 x 128 blocks are already cuBLAS's BLK128x128 layout for a
+// K x N operand (ceil(N / 128) rows of K / 128 scales, each row padded to a multiple of 4)
+// exactly where K / 128 is a multiple of 4 (K % 512 == 0); one scale a row over all of K
+// (fp8 per channel, or per tensor) is written out per call as VEC128 scales of the weight
+// (K / 128, N) fp32, N contiguous (lq8_wscale_kernel: N K / 32 bytes, ~3% of the
+// weight's), for cuBLAS's 1 x 128 by 1 x 128 form.
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -49,6 +52,7 @@ struct lin_lt8_entry {
 	bool ok;			/* false: cuBLASLt has no algorithm for it (declined) */
 	bool d_bf16;			/* d in bf16 (fp32 refused) */
 	bool x_first;			/* the split x is cuBLAS's A: d is (N, M2), not (M2, N) */
+	bool w_vec;			/* the weight's scales VEC128 (rows scaled), else BLK128x128 */
 	cublasLtMatmulDesc_t op;
 	cublasLtMatrixLayout_t a, b, d;
 	cublasLtMatmulAlgo_t algo;
@@ -101,6 +105,16 @@ lq8_split_kernel(uint8_t *q, float *sc, const float *x, int M, int Mp, int K)
 	}
 }
 
+// sw (K / 128, N) = scale[n / block_rows]: a scale per row over all of K, as cuBLAS's
+// VEC128 scales of a K x N operand (N contiguous).
+__global__ void lq8_wscale_kernel(float *sw, const float *scale, int N, int kbs, int block_rows)
+{
+	const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+
+	if (i < (size_t)N * kbs)
+		sw[i] = scale[(int)(i % N) / block_rows];
+}
+
 __device__ __forceinline__ float lq8_load(const float *d, size_t i)
 {
 	return d[i];
@@ -143,31 +157,40 @@ static int lq8_mp(int M)
 	return (M + 3) & ~3;
 }
 
-// Offsets into the scratch: q (2Mp, K) e4m3, sc (K / 128, 2Mp) fp32, d (2Mp, N) fp32; the
-// total in *bytes.
-static void lq8_layout(int M, int N, int K, size_t *sc_off, size_t *d_off, size_t *bytes)
+// Offsets into the scratch: q (2Mp, K) e4m3, sc (K / 128, 2Mp) fp32, sw (K / 128, N) fp32,
+// d (2Mp, N) fp32; the total in *bytes. sw is there for every format (the weight's
+// scales written out where a row has one scale; unused for 128 x 128 blocks).
+static void lq8_layout(int M, int N, int K, size_t *sc_off, size_t *sw_off, size_t *d_off,
+		       size_t *bytes)
 {
-	const size_t m2 = 2 * (size_t)lq8_mp(M);
+	const size_t m2 = 2 * (size_t)lq8_mp(M), kbs = (size_t)K / LQ8_BLOCK;
 
 	*sc_off = lq8_align(m2 * K);
-	*d_off = *sc_off + lq8_align((size_t)K / LQ8_BLOCK * m2 * sizeof(float));
+	*sw_off = *sc_off + lq8_align(kbs * m2 * sizeof(float));
+	*d_off = *sw_off + lq8_align(kbs * N * sizeof(float));
 	*bytes = *d_off + m2 * N * sizeof(float);
 }
 
 extern "C" size_t k_cuda_linear_q_lt8_scratch(int M, int N, int K)
 {
-	size_t sc, d, bytes;
+	size_t sc, sw, d, bytes;
 
-	lq8_layout(M, N, K, &sc, &d, &bytes);
+	lq8_layout(M, N, K, &sc, &sw, &d, &bytes);
 	return bytes;
+}
+
+// 128 x 128 blocks in cuBLAS's layout (K % 512), not a row's one scale.
+static bool lq8_blocks(const struct k_quant *q, int K)
+{
+	return q->block_rows == LQ8_BLOCK && q->block_cols == LQ8_BLOCK &&
+	       q->scale_cols == K / LQ8_BLOCK && K % 512 == 0;
 }
 
 extern "C" int k_cuda_linear_q_lt8_supports(const struct k_quant *q, const float *x,
 					    const void *w, int M, int N, int K)
 {
-	return q && x && w && q->fmt == K_Q_FP8 && q->scale_dtype == K_F32 &&
-	       q->block_rows == LQ8_BLOCK && q->block_cols == LQ8_BLOCK &&
-	       q->scale_cols == K / LQ8_BLOCK && M >= 1 && N >= 1 && K % 512 == 0 &&
+	return q && x && w && q->fmt == K_Q_FP8 && q->scale_dtype == K_F32 && M >= 1 && N >= 1 &&
+	       K % LQ8_BLOCK == 0 && (lq8_blocks(q, K) || (q->scale_cols == 1 && q->block_rows >= 1)) &&
 	       (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)q->scale % 16 == 0;
 }
 
@@ -196,17 +219,17 @@ static void lq8_entry_free(struct lin_lt8_entry *e)
 }
 
 // The GEMM of the split x q (col-major K x M2) and w (col-major K x N), both e4m3 with
-// K-major scales (w's BLK128x128, q's VEC128), d in fp32 or bf16. In cuBLAS's column-major
-// terms: d (N x M2, so row-major (M2, N)) = w^T q, w as A; or, x_first, d (M2 x N,
+// K-major scales (w's BLK128x128, or VEC128 where w_vec; q's VEC128), d in fp32 or
+// bf16. In cuBLAS's column-major terms: d (N x M2, so row-major (M2, N)) = w^T q, w as A; or, x_first, d (M2 x N,
 // row-major (N, M2)) = q^T w, q as A (NVIDIA's sample's arrangement: A 1 x 128, B
 // 128 x 128). Status of the heuristic query: *found 0 where it offers nothing for this.
 static int lq8_entry_make(const struct k_cuda_linear *ctx, struct lin_lt8_entry *e, int M2,
-			  int N, int K, bool d_bf16, bool x_first, bool *found)
+			  int N, int K, bool w_vec, bool d_bf16, bool x_first, bool *found)
 {
 	const cublasOperation_t t = CUBLAS_OP_T;
-	const cublasLtMatmulMatrixScale_t blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
-					  vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-	const cublasLtMatmulMatrixScale_t sa = x_first ? vec : blk, sb = x_first ? blk : vec;
+	const cublasLtMatmulMatrixScale_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
+					  ws_mode = w_vec ? vec : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+	const cublasLtMatmulMatrixScale_t sa = x_first ? vec : ws_mode, sb = x_first ? ws_mode : vec;
 	const int rows = x_first ? M2 : N, cols = x_first ? N : M2;	/* of d, column-major */
 	const size_t ws = LIN_BLAS_WS_BYTES;
 	cublasLtMatmulPreference_t pref = NULL;
@@ -249,21 +272,24 @@ static int lq8_entry_make(const struct k_cuda_linear *ctx, struct lin_lt8_entry 
 		lq8_entry_free(e);
 	e->d_bf16 = d_bf16;
 	e->x_first = x_first;
+	e->w_vec = w_vec;
 	return ret;
 }
 
-// The cached entry of (M2, N, K), made on first use: w as A with fp32 d, then bf16 d,
+// The cached entry of (M2, N, K, w_vec), made on first use: w as A with fp32 d, then bf16 d,
 // then the split x as A with fp32 d, then bf16 d (the first cuBLASLt has an algorithm
 // for), else declined (ok false, logged once). NULL where the cache is full or an error
 // occurred (*err).
-static struct lin_lt8_entry *lq8_entry(struct k_cuda_linear *ctx, int M2, int N, int K, int *err)
+static struct lin_lt8_entry *lq8_entry(struct k_cuda_linear *ctx, int M2, int N, int K,
+				       bool w_vec, int *err)
 {
 	struct lin_lt8_entry *e;
 	bool found = false;
 
 	*err = 0;
 	for (int i = 0; i < ctx->lt8_n; i++)
-		if (ctx->lt8_cache[i].M2 == M2 && ctx->lt8_cache[i].N == N && ctx->lt8_cache[i].K == K)
+		if (ctx->lt8_cache[i].M2 == M2 && ctx->lt8_cache[i].N == N &&
+		    ctx->lt8_cache[i].K == K && ctx->lt8_cache[i].w_vec == w_vec)
 			return &ctx->lt8_cache[i];
 	if (!ctx->lt8_cache) {
 		ctx->lt8_cache = (struct lin_lt8_entry *)calloc(LQ8_CACHE, sizeof(*ctx->lt8_cache));
@@ -276,29 +302,31 @@ static struct lin_lt8_entry *lq8_entry(struct k_cuda_linear *ctx, int M2, int N,
 		return NULL;
 	e = &ctx->lt8_cache[ctx->lt8_n];
 	for (int v = 0; v < 4 && !found && !*err; v++)
-		*err = lq8_entry_make(ctx, e, M2, N, K, v & 1, v >= 2, &found);
+		*err = lq8_entry_make(ctx, e, M2, N, K, w_vec, v & 1, v >= 2, &found);
 	if (*err)
 		return NULL;
 	e->M2 = M2;
 	e->N = N;
 	e->K = K;
+	e->w_vec = w_vec;
 	e->ok = found;
 	if (!found)
 		k_cuda_log("cuda linear: cuBLASLt offers no block-scaled fp8 GEMM for %d x %d x %d "
-			   "(e4m3, 128 x 128 and 1 x 128 scales, fp32 or bf16 out): the other "
-			   "quantized kinds take it", N, M2, K);
+			   "(e4m3, %s and 1 x 128 scales, fp32 or bf16 out): the other quantized "
+			   "kinds take it", N, M2, K, w_vec ? "1 x 128" : "128 x 128");
 	ctx->lt8_n++;
 	return e;
 }
 
-extern "C" int k_cuda_linear_q_lt8_available(struct k_cuda_linear *ctx, int M, int N, int K)
+extern "C" int k_cuda_linear_q_lt8_available(struct k_cuda_linear *ctx, const struct k_quant *q,
+					     int M, int N, int K)
 {
 	struct lin_lt8_entry *e;
 	int err;
 
-	if (!ctx || !ctx->lt || M < 1 || N < 1 || K < LQ8_BLOCK || K % LQ8_BLOCK)
+	if (!ctx || !ctx->lt || !q || M < 1 || N < 1 || K < LQ8_BLOCK || K % LQ8_BLOCK)
 		return 0;
-	e = lq8_entry(ctx, 2 * lq8_mp(M), N, K, &err);
+	e = lq8_entry(ctx, 2 * lq8_mp(M), N, K, !lq8_blocks(q, K), &err);
 	return err ? err : e && e->ok;
 }
 
@@ -321,26 +349,36 @@ static int lq8_pass(struct k_cuda_linear *ctx, const struct lin_lt8_entry *e, fl
 	const size_t n = (size_t)M * N;
 	const unsigned grid = (unsigned)((n + 255) / 256);
 	const float one = 1.0f, zero = 0.0f;
-	size_t sc_off, d_off, bytes;
-	const void *bscale;
+	size_t sc_off, sw_off, d_off, bytes;
+	const void *bscale, *wscale = q->scale;
 	const void *xq;
 	void *d;
 	int ret;
 
-	lq8_layout(M, N, K, &sc_off, &d_off, &bytes);
+	lq8_layout(M, N, K, &sc_off, &sw_off, &d_off, &bytes);
 	xq = scratch;
 	bscale = (char *)scratch + sc_off;
 	d = (char *)scratch + d_off;
+	if (e->w_vec) {	// a row's one scale as VEC128 scales of the weight
+		const int kbs = K / LQ8_BLOCK;
+		const size_t ns = (size_t)kbs * N;
+
+		wscale = (char *)scratch + sw_off;
+		lq8_wscale_kernel<<<(unsigned)((ns + 255) / 256), 256, 0, ctx->stream>>>(
+			(float *)wscale, (const float *)q->scale, N, kbs, q->block_rows);
+		if ((ret = LIN_LAUNCHED(ctx->dev, "lq8_wscale_kernel")))
+			return ret;
+	}
 	lq8_split_kernel<<<(unsigned)((items + LQ8_WARPS - 1) / LQ8_WARPS), LQ8_WARPS * 32, 0,
 			   ctx->stream>>>((uint8_t *)scratch, (float *)bscale, x, M, Mp, K);
 	if ((ret = LIN_LAUNCHED(ctx->dev, "lq8_split_kernel")))
 		return ret;
 	ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
-		e->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, e->x_first ? &bscale : &q->scale,
+		e->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, e->x_first ? &bscale : &wscale,
 		sizeof(bscale)));
 	if (!ret)
 		ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
-			e->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, e->x_first ? &q->scale : &bscale,
+			e->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, e->x_first ? &wscale : &bscale,
 			sizeof(bscale)));
 	if (!ret)
 		ret = LQ8_LT(ctx->dev, cublasLtMatmul(ctx->lt, e->op, &one, e->x_first ? xq : w, e->a,
@@ -380,9 +418,9 @@ int k_cuda_lin_qlt8(struct k_cuda_linear *ctx, float *y, const float *x, const v
 	    !k_cuda_linear_q_lt8_supports(q, x, w, M, N, K))
 		return -EINVAL;
 	// every shape's algorithm before anything is queued: a decline leaves y untouched
-	if (!(full = lq8_entry(ctx, 2 * lq8_mp(mc), N, K, &ret)))
+	if (!(full = lq8_entry(ctx, 2 * lq8_mp(mc), N, K, !lq8_blocks(q, K), &ret)))
 		return ret ? ret : 1;
-	if (rest && !(last = lq8_entry(ctx, 2 * lq8_mp(rest), N, K, &ret)))
+	if (rest && !(last = lq8_entry(ctx, 2 * lq8_mp(rest), N, K, !lq8_blocks(q, K), &ret)))
 		return ret ? ret : 1;
 	if (!full->ok || (last && !last->ok))
 		return 1;
