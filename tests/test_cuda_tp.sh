@@ -77,6 +77,17 @@ routing_flip() {
 	ok
 }
 
+# tp_rows DIR NAME IDS V "TP ARGS" MODE: tp N's rows ($tmp/tn.f32) against tp 1's
+# ($tmp/t1.f32): within TOL, or explained by a routing flip, else a failure
+tp_rows() {
+	local dir=$1 name=$2 ids=$3 V=$4 tp=$5 mode=$6 w
+	w=$(worst_rel "$tmp/tn.f32" "$tmp/t1.f32" "$V")
+	echo "$name tp $tp${mode:+ $mode}: worst row $w relative L2 from cuda tp 1"
+	awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && { ok; return; }
+	routing_flip "$dir" "$name" "$ids" "$V" "$tp" "$mode" && return
+	fail "$name tp $tp $mode: worst row $w relative L2 from tp 1 (want <= $TOL), not a routing flip"
+}
+
 # ---- kdbench logits: tp 2 and 4 against tp 1 on the same GPU ----
 # quant/: shards of quantized checkpoints (qwen3_moe_int4's o_proj columns split inside
 # int4 groups at tp 2 and 4: blocks restated, daemon/model/model_shard.c)
@@ -108,11 +119,7 @@ for dir in "$G/llama3" "$G/qwen3" "$G/qwen3_moe" "$G/deepseek_v2" "$G/deepseek_v
 				grep -q "captured the 1-row decode graph of every rank" "$tmp/err" && ok ||
 					fail "$name tp $tp $mode: no graph captured ($(grep 'tp [24]' "$tmp/err" | tail -n 1))"
 			fi
-			w=$(worst_rel "$tmp/tn.f32" "$tmp/t1.f32" "$V")
-			echo "$name tp $tp${mode:+ $mode}: worst row $w relative L2 from cuda tp 1"
-			awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok && continue
-			routing_flip "$dir" "$name" "$ids" "$V" "$tp" "$mode" && continue
-			fail "$name tp $tp $mode: worst row $w relative L2 from tp 1 (want <= $TOL), not a routing flip"
+			tp_rows "$dir" "$name" "$ids" "$V" "$tp" "$mode"
 		done
 	done
 done
@@ -186,11 +193,7 @@ for dir in "$G/deepseek_v2" "$G/deepseek_v3" "$R/kimi_k2" "$R/deepseek_v3"; do
 			grep -q "MLA context parallel: latent cache split by tokens): rank $((tp - 1)) holds" "$tmp/err" && ok ||
 				fail "$name tp $tp --mla-cp logs no rank $((tp - 1)) with its split cache"
 			[ -z "$mode" ] && awk -v p="$name tp $tp --mla-cp: " '/MLA context parallel/ { sub(/.*: rank/, "rank"); print p $0 }' "$tmp/err"
-			w=$(worst_rel "$tmp/tn.f32" "$tmp/t1.f32" "$V")
-			echo "$name tp $tp --mla-cp${mode:+ $mode}: worst row $w relative L2 from cuda tp 1"
-			awk -v w="$w" -v t="$TOL" 'BEGIN { exit !(w != "nan" && w + 0 <= t + 0) }' && ok && continue
-			routing_flip "$dir" "$name" "$ids" "$V" "$tp --mla-cp" "$mode" && continue
-			fail "$name tp $tp --mla-cp $mode: worst row $w relative L2 from tp 1 (want <= $TOL), not a routing flip"
+			tp_rows "$dir" "$name" "$ids" "$V" "$tp --mla-cp" "$mode"
 		done
 	done
 done
