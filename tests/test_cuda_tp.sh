@@ -77,6 +77,21 @@ routing_flip() {
 	ok
 }
 
+# model_of DIR: name, V (its vocabulary) and ids (IDS within it) of the checkpoint in DIR
+model_of() {
+	name=$(basename "$(dirname "$1")")/$(basename "$1")
+	V=$(vocab_of "$1")
+	ids=$(echo $IDS | awk -F, -v V="$V" '{ for (i = 1; i <= NF; i++) printf "%s%d", (i > 1 ? "," : ""), $i % V }')
+}
+
+# tp1_logits DIR MODE: cuda tp 1's logits of ids into $tmp/t1.f32 (a failure logged: 1)
+tp1_logits() {
+	"$B/kdbench" logits --model "$1" --backend cuda --tokens "$ids" $2 \
+		--out "$tmp/t1.f32" 2>"$tmp/err" && return
+	fail "$name tp 1 $2: $(tail -n 1 "$tmp/err")"
+	return 1
+}
+
 # tp_rows DIR NAME IDS V "TP ARGS" MODE: tp N's rows ($tmp/tn.f32) against tp 1's
 # ($tmp/t1.f32): within TOL, or explained by a routing flip, else a failure
 tp_rows() {
@@ -95,12 +110,9 @@ Q=$top_srcdir/tests/data/quant
 for dir in "$G/llama3" "$G/qwen3" "$G/qwen3_moe" "$G/deepseek_v2" "$G/deepseek_v3" \
 	"$R/deepseek_v3" "$R/kimi_k2" "$R/qwen3_moe" "$R/llama" "$R/qwen3" "$R/deepseek_v2" \
 	"$Q/deepseek_v3_fp8_block" "$Q/kimi_k2_int4" "$Q/qwen3_moe_int4"; do
-	name=$(basename "$(dirname "$dir")")/$(basename "$dir")
-	V=$(vocab_of "$dir")
-	ids=$(echo $IDS | awk -F, -v V="$V" '{ for (i = 1; i <= NF; i++) printf "%s%d", (i > 1 ? "," : ""), $i % V }')
+	model_of "$dir"
 	for mode in "" --incremental; do
-		"$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode \
-			--out "$tmp/t1.f32" 2>"$tmp/err" || { fail "$name tp 1 $mode: $(tail -n 1 "$tmp/err")"; continue; }
+		tp1_logits "$dir" "$mode" || continue
 		for tp in 2 4 "2 --ep" "4 --ep"; do
 			if ! "$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" --tp $tp $mode \
 				--out "$tmp/tn.f32" 2>"$tmp/err"; then
@@ -173,12 +185,9 @@ done
 
 # ---- MLA decode context parallel: tp 2 and 4 --mla-cp against tp 1 ----
 for dir in "$G/deepseek_v2" "$G/deepseek_v3" "$R/kimi_k2" "$R/deepseek_v3"; do
-	name=$(basename "$(dirname "$dir")")/$(basename "$dir")
-	V=$(vocab_of "$dir")
-	ids=$(echo $IDS | awk -F, -v V="$V" '{ for (i = 1; i <= NF; i++) printf "%s%d", (i > 1 ? "," : ""), $i % V }')
+	model_of "$dir"
 	for mode in "" --incremental; do
-		"$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" $mode \
-			--out "$tmp/t1.f32" 2>"$tmp/err" || { fail "$name tp 1 $mode: $(tail -n 1 "$tmp/err")"; continue; }
+		tp1_logits "$dir" "$mode" || continue
 		for tp in 2 4; do
 			if ! "$B/kdbench" logits --model "$dir" --backend cuda --tokens "$ids" --tp $tp --mla-cp \
 				$mode --out "$tmp/tn.f32" 2>"$tmp/err"; then
