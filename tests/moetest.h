@@ -61,15 +61,4 @@ static inline void moe_set_m1(int on)
 	k_cuda_tuning_set(&t);
 }
 
-/* moe_prefetch_ahead (the register kernels ask L2 for weight rows two turns ahead),
- * installed: 0 or 1, or -1 for the built-in default. */
-static inline void moe_set_prefetch_ahead(int on)
-{
-	struct k_cuda_tuning t = *k_cuda_tuning(), def;
-
-	k_cuda_tuning_defaults(&def);
-	t.moe_prefetch_ahead = on >= 0 ? on : def.moe_prefetch_ahead;
-	k_cuda_tuning_set(&t);
-}
-
 #endif

@@ -114,9 +114,6 @@ struct k_cuda_tuning {
 	int moe_fused;		/* KDEC_MOE_FUSED, flag, 1: k_cuda_moe_experts_add does the
 				 * routed experts, the shared one and the add in two launches on
 				 * the small path; 0: it returns 1 (the caller runs the ops) */
-	int moe_prefetch_ahead;	/* KDEC_MOE_PREFETCH_AHEAD, flag, 0: 1 has the small path's
-				 * register kernels ask L2 for each warp's weight rows two turns
-				 * ahead */
 	int moe_m1;		/* KDEC_MOE_M1, flag, 1: a single row on the small path takes
 				 * moe_small_m1.cu's pipelined kernels; 0: the general ones */
 	int moe_m1_bal;		/* KDEC_MOE_M1_BAL, flag, 1: those kernels cut a weight row into

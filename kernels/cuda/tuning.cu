@@ -45,7 +45,6 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.mla_fold_cluster = 1;
 	t.moe_path = K_CUDA_MOE_PATH_AUTO;
 	t.moe_fused = 1;
-	t.moe_prefetch_ahead = 0;
 	t.moe_m1 = 1;
 	t.moe_m1_bal = 1;
 	t.moe_sh_down_early = 1;
@@ -138,7 +137,6 @@ static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_MLA_FOLD_CLUSTER", mla_fold_cluster),
 	{ "KDEC_MOE_PATH", TUN_FIELD(moe_path), TUN_MOE_PATH, 0, 0, false },
 	TUN_FLAG("KDEC_MOE_FUSED", moe_fused),
-	TUN_FLAG("KDEC_MOE_PREFETCH_AHEAD", moe_prefetch_ahead),
 	TUN_FLAG("KDEC_MOE_M1", moe_m1),
 	TUN_FLAG("KDEC_MOE_M1_BAL", moe_m1_bal),
 	TUN_FLAG("KDEC_MOE_SH_DOWN_EARLY", moe_sh_down_early),

@@ -1,6 +1,6 @@
 /* MoE experts benchmark on the GPU: DeepSeek-V2-Lite's and Qwen3-30B-A3B's routed
  * experts at M 1, 2, 4, 8, 32 and 64 on each path (small, grouped, auto), with the
- * small path's variants (prefetch ahead; the general kernels at M 1) and fused with
+ * small path's variant (the general kernels at M 1) and fused with
  * the shared expert and the residual add (k_cuda_moe_experts_add), each beside the HBM
  * floor of the used experts' weights. The checks of the same kernels: test_cuda_moe.
  * Then the whole MoE layer from the normed x to the residual ("moe_lat" lines), Qwen3,
@@ -142,10 +142,6 @@ static void bench_shape(const struct moe_shape *s, int shared)
 		int M = (int[]){ 1, 2, 4, 8 }[m];
 
 		time_experts(s, M, K_CUDA_MOE_PATH_SMALL, -1);
-		moe_set_prefetch_ahead(1);
-		printf("(prefetch ahead)\n");
-		time_experts(s, M, K_CUDA_MOE_PATH_SMALL, -1);
-		moe_set_prefetch_ahead(-1);
 		time_experts(s, M, K_CUDA_MOE_PATH_GROUPED, -1);
 		time_experts(s, M, K_CUDA_MOE_PATH_SMALL, shared);	/* fused */
 		if (M == 1) {	/* the above took moe_small_m1.cu's kernels */
@@ -154,10 +150,6 @@ static void bench_shape(const struct moe_shape *s, int shared)
 			time_experts(s, M, K_CUDA_MOE_PATH_SMALL, shared);
 			moe_set_m1(-1);
 		}
-		moe_set_prefetch_ahead(1);
-		printf("(prefetch ahead)\n");
-		time_experts(s, M, K_CUDA_MOE_PATH_SMALL, shared);
-		moe_set_prefetch_ahead(-1);
 	}
 	time_experts(s, 32, K_CUDA_MOE_PATH_AUTO, -1);
 	time_experts(s, 64, K_CUDA_MOE_PATH_AUTO, -1);

@@ -62,11 +62,10 @@ bool k_cuda_moe_small_fits(int M, int top_k, int hidden, int inter, const float 
 int k_cuda_moe_small_setup(void);
 
 // moe_small_gate_up.cu for moe_small.cu: the gate/up kernel's one-time set-up (0 or
-// -EIO), and one launch of ctas CTAs with rp x rows staged in shared memory (ahead 1:
-// each warp asks L2 for its rows two turns ahead). Its error, if any, is the
-// runtime's last error.
+// -EIO), and one launch of ctas CTAs with rp x rows staged in shared memory. Its error,
+// if any, is the runtime's last error.
 int moe_small_gate_up_setup(void);
-void moe_small_gate_up_launch(cudaStream_t s, int ctas, int rp, int ahead,
+void moe_small_gate_up_launch(cudaStream_t s, int ctas, int rp,
 			      const uint16_t *const *expert_w, const struct moe_wq &wq,
 			      const float *x, const int32_t *ids,
 			      int n, int top_k, int n_experts, int hidden, int inter, float *act,

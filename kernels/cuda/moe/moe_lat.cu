@@ -233,13 +233,13 @@ lat_route_gate_up_kernel(lat_args a)
 
 			gate_up_segment(smem4, a.expert_w[3 * e], a.expert_w[3 * e + 1],
 					sp.sorted + sp.used_start[u], sp.used_n[u], fa, fb, a.x,
-					a.p.top_k, a.hidden, a.inter, a.rp, 0, a.act);
+					a.p.top_k, a.hidden, a.inter, a.rp, a.act);
 			pos += fb - fa;
 		} else {
 			int fa = (int)(pos - Wr), fb = (int)min((long long)a.sh.inter, fa + (hi - pos));
 
 			gate_up_segment(smem4, a.sh.gate, a.sh.up, nullptr, a.M, fa, fb, a.x, 1,
-					a.hidden, a.sh.inter, a.rp, 0, a.sh.act);
+					a.hidden, a.sh.inter, a.rp, a.sh.act);
 			pos += fb - fa;
 		}
 	}

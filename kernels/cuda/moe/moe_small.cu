@@ -42,15 +42,6 @@ struct dot_job {
 	mq_row r0, r1;		// quantized rows' scales (bf16: unset)
 };
 
-// Asks L2 for a job's two weight rows (nc chunks each) before its turn, so that its
-// loads then wait on L2, not HBM. A hint; the warp calls it.
-__device__ __forceinline__ void job_prefetch(const dot_job &j, int lane)
-{
-	prefetch_l2(j.w0, (size_t)j.nc * 16, lane, 32);
-	if (j.w1)
-		prefetch_l2(j.w1, (size_t)j.nc * 16, lane, 32);
-}
-
 // The warp's sums per pair (acc0, acc1: lane partials) into the job's dst.
 __device__ __forceinline__ void job_store(const dot_job &j, int p0, int np, const float *acc0,
 					  const float *acc1, int lane)
@@ -160,7 +151,7 @@ template <int F>
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 small_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *act,
 		  const int32_t *ids, const float *weights, int M, int top_k, int E, int hidden,
-		  int inter, moe_small_shared sh, int add, int ahead, float *out)
+		  int inter, moe_small_shared sh, int add, float *out)
 {
 	__shared__ small_plan sp;
 	__shared__ float ys[MOE_SMALL_MAX_PAIRS][SM_DCOLS];	// pair's expert output
@@ -202,16 +193,8 @@ small_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *act,
 		return down_job_of<F>(q, n_routed, sp, used_w, used_s, wq, act, sh, M, c0, inter,
 				      &ys[0][0], &yss[0][0][0]);
 	};
-	// ahead: the warp's next two items' rows are asked of L2 while it dots this one,
-	// so each item's loads wait on L2 rather than HBM (one item in registers at a
-	// time: no room for a second).
-	if (ahead && warp + SM_WARPS < n_all)
-		job_prefetch(job(warp + SM_WARPS), lane);
-	for (int q = warp; q < n_all; q += SM_WARPS) {
-		if (ahead && q + 2 * SM_WARPS < n_all)
-			job_prefetch(job(q + 2 * SM_WARPS), lane);
+	for (int q = warp; q < n_all; q += SM_WARPS)
 		down_job_run<F>(job(q), lane);
-	}
 	__syncthreads();
 
 	// k_cpu_moe_experts's order: increasing expert id, then pair; products rounded.
@@ -264,12 +247,12 @@ int k_cuda_moe_small_setup(void)
 	return moe_small_gate_up_setup() || moe_small_m1_setup() ? -EIO : 0;
 }
 
-// k_cuda_tuning()->moe_prefetch_ahead (KDEC_MOE_PREFETCH_AHEAD=1): the register-path
-// kernels ask L2 for their next rows ahead of time (see small_down_kernel). Off by
-// default: on H200 it cost V2-Lite batch 1 3.213 ms a step against 2.856 without (Qwen3
-// 4.036 against 3.823; likely the prefetches take HBM slots from the demand loads of the
-// same step). moe_m1 0 (KDEC_MOE_M1=0): a single row (M = 1) takes the general register
-// kernels rather than moe_small_m1.cu's pipelined pair (same results bit for bit).
+// Not here: asking L2 for each warp's rows two turns ahead (KDEC_MOE_PREFETCH_AHEAD,
+// removed in session 12; in the history at 088d0ac) cost V2-Lite batch 1 3.213 ms a step
+// against 2.856 without on H200 (Qwen3 4.036 against 3.823; likely the prefetches take
+// HBM slots from the demand loads of the same step). moe_m1 0 (KDEC_MOE_M1=0): a single
+// row (M = 1) takes the general register kernels rather than moe_small_m1.cu's pipelined
+// pair (same results bit for bit).
 
 int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x, int M,
 			 const int32_t *ids, const float *weights, int top_k,
@@ -285,7 +268,6 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 			 (sh.inter + SM_WARPS - 1) / SM_WARPS;
 	int ctas = SM_CTAS_PER_SM * (n_sm > 0 ? n_sm : 1);
 	const struct k_cuda_tuning *tun = k_cuda_tuning();
-	const int ahead = tun->moe_prefetch_ahead != 0;
 	int rp = SM_X_SMEM_MAX / (hidden * (int)sizeof(float));
 	int ret;
 
@@ -304,22 +286,22 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	// Launch order: gate/up, then down at once. Down reads ids and weights before its
 	// wait, settled only because gate/up (launched in between) waits for the router
 	// before it lets down start; nothing may be launched between these two.
-	moe_small_gate_up_launch(s, ctas, rp, ahead, expert_w, wq, x, ids, n, top_k, n_experts,
+	moe_small_gate_up_launch(s, ctas, rp, expert_w, wq, x, ids, n, top_k, n_experts,
 				 hidden, inter, act, sh);
 	if ((ret = K_CUDA_LAUNCHED("moe small gate/up")))
 		return ret;
 	if (wq.fmt == MQ_BF16)
 		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS), 0,
 				  small_down_kernel<MQ_BF16>, expert_w, wq, (const float *)act, ids,
-				  weights, M, top_k, n_experts, hidden, inter, sh, add, ahead, out);
+				  weights, M, top_k, n_experts, hidden, inter, sh, add, out);
 	else if (wq.fmt == MQ_INT4)
 		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS), 0,
 				  small_down_kernel<MQ_INT4>, expert_w, wq, (const float *)act, ids,
-				  weights, M, top_k, n_experts, hidden, inter, sh, add, ahead, out);
+				  weights, M, top_k, n_experts, hidden, inter, sh, add, out);
 	else
 		k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS), 0,
 				  small_down_kernel<MQ_FP8>, expert_w, wq, (const float *)act, ids,
-				  weights, M, top_k, n_experts, hidden, inter, sh, add, ahead, out);
+				  weights, M, top_k, n_experts, hidden, inter, sh, add, out);
 	return K_CUDA_LAUNCHED("moe small down");
 }
 
@@ -332,6 +314,5 @@ void moe_small_down_launch_plain(cudaStream_t s, const uint16_t *const *expert_w
 				 const struct moe_small_shared &sh, float *out)
 {
 	small_down_kernel<MQ_BF16><<<hidden / SM_DCOLS, SM_THREADS, 0, s>>>(
-		expert_w, moe_wq{}, act, ids, weights, M, top_k, n_experts, hidden, inter, sh, 1, 0,
-		out);
+		expert_w, moe_wq{}, act, ids, weights, M, top_k, n_experts, hidden, inter, sh, 1, out);
 }

@@ -314,7 +314,7 @@ __device__ __forceinline__ void prefetch_down_before_wait(const uint16_t *const 
 template <int F = MQ_BF16>
 __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_t *up,
 				const int *pairs, int total, int fa, int fb, const float *x,
-				int top_k, int hidden, int inter, int rp, int ahead, float *act,
+				int top_k, int hidden, int inter, int rp, float *act,
 				const moe_wq &wq = {}, const void *sg = nullptr,
 				const void *su = nullptr)
 {
@@ -323,12 +323,10 @@ __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_
 	size_t rb = (size_t)nc * 16;	// bytes of a row
 	const uint4 *g4 = (const uint4 *)gate, *u4 = (const uint4 *)up;
 
-	// The first rows start coming while x is staged; ahead: the warp's second rows
-	// too, then each turn the rows two turns on, so that a row's loads wait on L2.
-	for (int f = fa + warp; f < fb && f < fa + warp + (ahead ? 2 : 1) * SM_WARPS;
-	     f += SM_WARPS) {
-		prefetch_l2(g4 + (size_t)f * nc, rb, lane, 32);
-		prefetch_l2(u4 + (size_t)f * nc, rb, lane, 32);
+	// The first rows start coming while x is staged.
+	if (fa + warp < fb) {
+		prefetch_l2(g4 + (size_t)(fa + warp) * nc, rb, lane, 32);
+		prefetch_l2(u4 + (size_t)(fa + warp) * nc, rb, lane, 32);
 	}
 	for (int p0 = 0; p0 < total; p0 += rp) {
 		int ns = min(rp, total - p0);
@@ -344,12 +342,6 @@ __device__ void gate_up_segment(float4 *xs4, const uint16_t *gate, const uint16_
 		__syncthreads();
 
 		for (int f = fa + warp; f < fb; f += SM_WARPS) {
-			int fn = f + 2 * SM_WARPS;
-
-			if (ahead && p0 == 0 && fn < fb) {
-				prefetch_l2(g4 + (size_t)fn * nc, rb, lane, 32);
-				prefetch_l2(u4 + (size_t)fn * nc, rb, lane, 32);
-			}
 			for (int g0 = 0; g0 < ns; g0 += SM_RP) {
 				int np = min(SM_RP, ns - g0), off[SM_RP];
 				float ag[SM_RP], au[SM_RP];

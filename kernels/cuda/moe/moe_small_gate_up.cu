@@ -20,7 +20,7 @@ template <int F>
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 small_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x,
 		     const int32_t *ids, int n, int top_k, int E, int hidden, int inter, int rp,
-		     int ahead, float *act, moe_small_shared sh)
+		     float *act, moe_small_shared sh)
 {
 	extern __shared__ float4 xs4[];		// (rp, hidden / 4)
 	__shared__ small_plan sp;
@@ -38,18 +38,18 @@ small_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x,
 			if (F == MQ_BF16)
 				gate_up_segment(xs4, expert_w[3 * e], expert_w[3 * e + 1],
 						sp.sorted + sp.used_start[u], sp.used_n[u], fa, fb, x,
-						top_k, hidden, inter, rp, ahead, act);
+						top_k, hidden, inter, rp, act);
 			else
 				gate_up_segment<F>(xs4, expert_w[3 * e], expert_w[3 * e + 1],
 						   sp.sorted + sp.used_start[u], sp.used_n[u], fa, fb,
-						   x, top_k, hidden, inter, rp, ahead, act, wq,
+						   x, top_k, hidden, inter, rp, act, wq,
 						   wq.scales[3 * e], wq.scales[3 * e + 1]);
 			pos += fb - fa;
 		} else {
 			int fa = (int)(pos - Wr), fb = (int)min((long long)sh.inter, fa + (hi - pos));
 
 			gate_up_segment(xs4, sh.gate, sh.up, nullptr, n / top_k, fa, fb, x, 1,
-					hidden, sh.inter, rp, ahead, sh.act);
+					hidden, sh.inter, rp, sh.act);
 			pos += fb - fa;
 		}
 	}
@@ -72,7 +72,7 @@ int moe_small_gate_up_setup(void)
 						SM_X_SMEM_MAX)) ? -EIO : 0;
 }
 
-void moe_small_gate_up_launch(cudaStream_t s, int ctas, int rp, int ahead,
+void moe_small_gate_up_launch(cudaStream_t s, int ctas, int rp,
 			      const uint16_t *const *expert_w, const struct moe_wq &wq,
 			      const float *x, const int32_t *ids, int n, int top_k, int n_experts,
 			      int hidden, int inter, float *act, const struct moe_small_shared &sh)
@@ -80,14 +80,14 @@ void moe_small_gate_up_launch(cudaStream_t s, int ctas, int rp, int ahead,
 	size_t smem = (size_t)rp * hidden * sizeof(float);
 	if (wq.fmt == MQ_BF16)
 		k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), smem, small_gate_up_kernel<MQ_BF16>,
-				  expert_w, wq, x, ids, n, top_k, n_experts, hidden, inter, rp, ahead,
-				  act, sh);
+				  expert_w, wq, x, ids, n, top_k, n_experts, hidden, inter, rp, act,
+				  sh);
 	else if (wq.fmt == MQ_INT4)
 		k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), smem, small_gate_up_kernel<MQ_INT4>,
-				  expert_w, wq, x, ids, n, top_k, n_experts, hidden, inter, rp, ahead,
-				  act, sh);
+				  expert_w, wq, x, ids, n, top_k, n_experts, hidden, inter, rp, act,
+				  sh);
 	else
 		k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), smem, small_gate_up_kernel<MQ_FP8>,
-				  expert_w, wq, x, ids, n, top_k, n_experts, hidden, inter, rp, ahead,
-				  act, sh);
+				  expert_w, wq, x, ids, n, top_k, n_experts, hidden, inter, rp, act,
+				  sh);
 }
