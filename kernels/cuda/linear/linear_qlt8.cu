@@ -1,7 +1,7 @@
-// fp8 block-scaled weights at larger M on the fp8 tensor cores (K_CUDA_LINEAR_Q_LT8):
-// cuBLASLt's block-scaled fp8 GEMM (Hopper, cuBLAS >= 12.9), weights as published
-// (e4m3, one fp32 scale a 128 x 128 block: BLK128x128_32F) against x split into two
-// e4m3 rows with one fp32 scale a 128 values each (VEC128_32F).
+// fp8 weights at larger M on the fp8 tensor cores (K_CUDA_LINEAR_Q_LT8): cuBLASLt's
+// block-scaled fp8 GEMM (Hopper, cuBLAS >= 12.9), weights as published (e4m3; one fp32
+// scale a 128 x 128 block: BLK128x128_32F, or one a row) against x split into two e4m3
+// rows with one fp32 scale a 128 values each (VEC128_32F).
 //
 // Why split x: one e4m3 row keeps 4 significant bits, a relative L2 error of 2-3% on x
 // and on y (contrib/device/lt8_split_emu.py), where the project's other kinds round x to
@@ -14,8 +14,8 @@
 // 2Mp scales of a block start 16-byte aligned; rows M..Mp-1 of each half are zeros): the
 // split (hi rows 0..Mp-1, lo rows Mp..2Mp-1, e4m3) and its scales (K / 128, 2Mp) fp32 (a
 // block's 2Mp scales contiguous: cuBLAS's layout for VEC128 on a K x 2Mp operand), the
-// GEMM into d (2Mp, N) fp32 (or bf16 where cuBLAS offers no fp32 output), then
-// y (+)= d[m] + d[Mp + m] for m < M.
+// GEMM into d (2Mp, N) fp32 (or bf16 where cuBLAS offers no fp32 output; (N, 2Mp) where
+// it has an algorithm only with x as its A operand), then y (+)= d[m] + d[Mp + m], m < M.
 // The weight's scales: 128 x 128 blocks are already cuBLAS's BLK128x128 layout for a
 // K x N operand (ceil(N / 128) rows of K / 128 scales, each row padded to a multiple of 4)
 // exactly where K / 128 is a multiple of 4 (K % 512 == 0); one scale a row over all of K
@@ -190,7 +190,8 @@ extern "C" int k_cuda_linear_q_lt8_supports(const struct k_quant *q, const float
 					    const void *w, int M, int N, int K)
 {
 	return q && x && w && q->fmt == K_Q_FP8 && q->scale_dtype == K_F32 && M >= 1 && N >= 1 &&
-	       K % LQ8_BLOCK == 0 && (lq8_blocks(q, K) || (q->scale_cols == 1 && q->block_rows >= 1)) &&
+	       K % LQ8_BLOCK == 0 &&
+	       (lq8_blocks(q, K) || (q->scale_cols == 1 && q->block_rows >= 1)) &&
 	       (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)q->scale % 16 == 0;
 }
 
