@@ -221,9 +221,10 @@ static void lq8_entry_free(struct lin_lt8_entry *e)
 
 // The GEMM of the split x q (col-major K x M2) and w (col-major K x N), both e4m3 with
 // K-major scales (w's BLK128x128, or VEC128 where w_vec; q's VEC128), d in fp32 or
-// bf16. In cuBLAS's column-major terms: d (N x M2, so row-major (M2, N)) = w^T q, w as A; or, x_first, d (M2 x N,
-// row-major (N, M2)) = q^T w, q as A (NVIDIA's sample's arrangement: A 1 x 128, B
-// 128 x 128). Status of the heuristic query: *found 0 where it offers nothing for this.
+// bf16. In cuBLAS's column-major terms: d (N x M2, so row-major (M2, N)) = w^T q, w as
+// A; or, x_first, d (M2 x N, row-major (N, M2)) = q^T w, q as A (NVIDIA's sample's
+// arrangement: A 1 x 128, B 128 x 128). Status of the heuristic query: *found 0 where
+// it offers nothing for this.
 static int lq8_entry_make(const struct k_cuda_linear *ctx, struct lin_lt8_entry *e, int M2,
 			  int N, int K, bool w_vec, bool d_bf16, bool x_first, bool *found)
 {
