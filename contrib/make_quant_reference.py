@@ -238,7 +238,7 @@ def make(name, out_root, seed, widen=0, lengths=(5, 48, 150)):
         for n, p in ref.named_parameters():  # the load must have taken every weight
             if n in deq and not torch.equal(p, deq[n]):
                 raise SystemExit(f"{name}: {n} did not load as written")
-    ref.config._attn_implementation = "eager"
+    mr.eager(ref)
     vocab = raw["vocab_size"]
     cases = mr.write_cases(ref, vocab, lengths, seed, out)
     best = mr.pick_greedy(ref, vocab, seed)

@@ -39,6 +39,16 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 HF_TYPE = {"kimi_k2": "deepseek_v3"}
 
 
+def eager(ref):
+    """Attention and MoE experts in transformers' plain forms: its grouped_mm experts
+    refuse widths whose strides are not multiples of 16 bytes (other dims)."""
+    ref.config._attn_implementation = "eager"
+    try:
+        ref.set_experts_implementation("eager")
+    except (AttributeError, ValueError):  # no experts, or a transformers without the switch
+        pass
+
+
 def write_cases(ref, vocab, lengths, seed, out):
     """One random case of each length: its fp32 logits into out/caseI.logits.f32, and the
     golden.json entries (tokens, file, shape, smallest top-two margin)."""
@@ -89,7 +99,7 @@ def make(cfg_path, out_root, seed, lengths=(5, 48, 150)):
     # float32 after the cast to the checkpoint dtype, so its buffers (rotary inv_freq)
     # carry the checkpoint dtype's rounding; do the same.
     ref = model.float().eval()
-    ref.config._attn_implementation = "eager"
+    eager(ref)
     cases = write_cases(ref, raw["vocab_size"], lengths, seed, out)
     json.dump({"arch": raw["model_type"], "seed": seed, "transformers": transformers.__version__,
                "torch": torch.__version__, "dtype": dtype_name, "cases": cases},
@@ -153,7 +163,7 @@ def greedy(cfg_path, out_root, seed):
         for _, b in ref.named_buffers():
             if b.is_floating_point():
                 b.copy_(b.to(dtype).float())
-    ref.config._attn_implementation = "eager"
+    eager(ref)
     vocab = raw["vocab_size"]
     # the model as loaded must give the stored logits of case 0 (the same model, then)
     c0 = meta["cases"][0]
