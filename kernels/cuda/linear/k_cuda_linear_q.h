@@ -145,7 +145,7 @@ int k_cuda_linear_q_tile_supports(const struct k_quant *q, const float *x, const
 /* The same for K_CUDA_LINEAR_Q_LT8: fp8 with fp32 scales in 128 x 128 blocks
  * (scale_cols K / 128) with K % 512 == 0 (so a row of block scales is cuBLAS's layout),
  * or one scale a row over all of K (scale_cols 1: per channel, per tensor) with
- * K % 128 == 0; x, w and the scales 16-byte aligned; any M and N. Whether cuBLASLt has
+ * K % 128 == 0 and N % 4 == 0; x, w and the scales 16-byte aligned; any M and N. Whether cuBLASLt has
  * an algorithm is known only at the first call (k_cuda_linear_q_run falls back). */
 int k_cuda_linear_q_lt8_supports(const struct k_quant *q, const float *x, const void *w, int M,
 				 int N, int K);

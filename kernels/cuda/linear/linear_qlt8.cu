@@ -21,7 +21,10 @@
 // exactly where K / 128 is a multiple of 4 (K % 512 == 0); one scale a row over all of K
 // (fp8 per channel, or per tensor) is written out per call as VEC128 scales of the weight
 // (K / 128, N) fp32, N contiguous (lq8_wscale_kernel: N K / 32 bytes, ~3% of the
-// weight's), for cuBLAS's 1 x 128 by 1 x 128 form.
+// weight's), for cuBLAS's 1 x 128 by 1 x 128 form. VEC128 scales are outer-dimension
+// contiguous, each k block's row 16-byte aligned (as PyTorch's scaled_mm passes them:
+// strides (1, M); DeepGEMM's M-major, TMA-aligned LHS scales): hence Mp, and N % 4 == 0
+// for a weight's.
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -191,7 +194,7 @@ extern "C" int k_cuda_linear_q_lt8_supports(const struct k_quant *q, const float
 {
 	return q && x && w && q->fmt == K_Q_FP8 && q->scale_dtype == K_F32 && M >= 1 && N >= 1 &&
 	       K % LQ8_BLOCK == 0 &&
-	       (lq8_blocks(q, K) || (q->scale_cols == 1 && q->block_rows >= 1)) &&
+	       (lq8_blocks(q, K) || (q->scale_cols == 1 && q->block_rows >= 1 && N % 4 == 0)) &&
 	       (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)q->scale % 16 == 0;
 }
 
