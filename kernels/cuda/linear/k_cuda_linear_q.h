@@ -145,12 +145,14 @@ int k_cuda_linear_q_tile_supports(const struct k_quant *q, const float *x, const
 /* The same for K_CUDA_LINEAR_Q_LT8: fp8 with fp32 scales in 128 x 128 blocks
  * (scale_cols K / 128) with K % 512 == 0 (so a row of block scales is cuBLAS's layout),
  * or one scale a row over all of K (scale_cols 1: per channel, per tensor) with
- * K % 128 == 0 and N % 4 == 0; x, w and the scales 16-byte aligned; any M and N. Whether cuBLASLt has
- * an algorithm is known only at the first call (k_cuda_linear_q_run falls back). */
+ * K % 128 == 0 and N % 4 == 0; x, w and the scales 16-byte aligned; any M. Whether
+ * cuBLASLt has an algorithm is known only at the first call (k_cuda_linear_q_run falls
+ * back). */
 int k_cuda_linear_q_lt8_supports(const struct k_quant *q, const float *x, const void *w, int M,
 				 int N, int K);
-/* Bytes of scratch K_CUDA_LINEAR_Q_LT8 needs at this shape: the split x (2M, K) e4m3,
- * its scales (K / 128, 2M) fp32 and both halves' outputs (2M, N) fp32, 256-byte aligned
+/* Bytes of scratch K_CUDA_LINEAR_Q_LT8 needs at this shape, with Mp = M rounded up to 4:
+ * the split x (2Mp, K) e4m3, its scales (K / 128, 2Mp) fp32, a weight's written-out
+ * scales (K / 128, N) fp32 and both halves' outputs (2Mp, N) fp32, 256-byte aligned
  * parts. */
 size_t k_cuda_linear_q_lt8_scratch(int M, int N, int K);
 /* Rows of x one LT8 pass takes with scratch_bytes of scratch: M where they fit, else the
