@@ -18,9 +18,10 @@
  * - the tile kernel (K_CUDA_LINEAR_Q_TILE) at M = 1..65 (65: two launches): n8 tiles 2,
  *   4, 8, K split over up to 8 CTAs and one slice, partial row tiles and stages, the
  *   same tolerances and the same bits on a second run (fixed-order split sums);
- * - the LT8 kind (fp8 128 x 128 blocks on cuBLASLt's block-scaled fp8 GEMM, x split into
- *   two e4m3 rows), M = 1..65: against the reference on the split x (the host's copy of
- *   the split), rel L2 per row <= 1e-3, and within 2e-3 of fp32 x; the same bits twice;
+ * - the LT8 kind (fp8 on cuBLASLt's block-scaled fp8 GEMM, x split into two e4m3 rows;
+ *   128 x 128 blocks, per channel, per tensor), M = 1..65 and 150 in passes of 64:
+ *   against the reference on the split x (the host's copy of the split), rel L2 per row
+ *   <= 1e-3, and within 2e-3 of fp32 x; the same bits twice;
  * - the DEQUANT kind (weights to f16, cuBLAS), M = 1, 9, 33: against the reference on
  *   f16 weights and f16 x, <= 1e-4; k_cuda_quant_dequant itself bit for bit against the
  *   host's dequantization rounded to bf16 and to f16.
