@@ -32,6 +32,18 @@
 #define LIN_LT_CACHE		256
 
 struct lin_lt_entry;
+
+/* cuBLASLt's descriptors of one GEMM (linear_lt.cu's tuned bf16 calls, linear_qlt8.cu):
+ * the operation and the layouts of A, B and C (= D). free: any of them may be NULL; *d is
+ * zeroed. check: 0 for success, else the call logged with its device and -ENOMEM
+ * (allocation) or -EIO. */
+struct lin_lt_descs {
+	cublasLtMatmulDesc_t op;
+	cublasLtMatrixLayout_t a, b, c;
+};
+void k_cuda_lin_lt_descs_free(struct lin_lt_descs *d);
+int k_cuda_lin_lt_check(cublasStatus_t s, const char *call, int dev);
+#define LIN_LT(dev, call) k_cuda_lin_lt_check((call), #call, (dev))
 struct lin_lt8_entry;
 
 struct k_cuda_linear {

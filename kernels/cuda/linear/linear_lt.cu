@@ -31,22 +31,15 @@ struct lin_lt_entry {
 	cublasLtMatmulAlgo_t algo;
 };
 
-static int lt_check(cublasStatus_t s, const char *call, int dev)
+int k_cuda_lin_lt_check(cublasStatus_t s, const char *call, int dev)
 {
 	if (s == CUBLAS_STATUS_SUCCESS)
 		return 0;
 	k_cuda_log("cublasLt: %s failed on device %d: %s", call, dev, cublasGetStatusString(s));
 	return s == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;
 }
-#define LT(dev, call) lt_check((call), #call, (dev))
 
-// The descriptors of y^T (N, M) = w^T (col-major K x N, transposed) . xb (col-major K x M).
-struct lt_descs {
-	cublasLtMatmulDesc_t op;
-	cublasLtMatrixLayout_t a, b, c;
-};
-
-static void lt_descs_free(struct lt_descs *d)
+void k_cuda_lin_lt_descs_free(struct lin_lt_descs *d)
 {
 	if (d->op)
 		cublasLtMatmulDescDestroy(d->op);
@@ -56,6 +49,7 @@ static void lt_descs_free(struct lt_descs *d)
 		cublasLtMatrixLayoutDestroy(d->b);
 	if (d->c)
 		cublasLtMatrixLayoutDestroy(d->c);
+	*d = {};
 }
 
 static cudaDataType_t lt_ytype(bool y_bf16)
@@ -63,28 +57,29 @@ static cudaDataType_t lt_ytype(bool y_bf16)
 	return y_bf16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
-static int lt_descs_make(int dev, struct lt_descs *d, int M, int N, int K, bool y_bf16)
+// The descriptors of y^T (N, M) = w^T (col-major K x N, transposed) . xb (col-major K x M).
+static int lt_descs_make(int dev, struct lin_lt_descs *d, int M, int N, int K, bool y_bf16)
 {
 	const cublasOperation_t t = CUBLAS_OP_T;
 	int ret;
 
 	*d = {};
-	ret = LT(dev, cublasLtMatmulDescCreate(&d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+	ret = LIN_LT(dev, cublasLtMatmulDescCreate(&d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
 	if (!ret)
-		ret = LT(dev, cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &t,
-							     sizeof(t)));
+		ret = LIN_LT(dev, cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA,
+								 &t, sizeof(t)));
 	if (!ret)
-		ret = LT(dev, cublasLtMatrixLayoutCreate(&d->a, CUDA_R_16BF, K, N, K));
+		ret = LIN_LT(dev, cublasLtMatrixLayoutCreate(&d->a, CUDA_R_16BF, K, N, K));
 	if (!ret)
-		ret = LT(dev, cublasLtMatrixLayoutCreate(&d->b, CUDA_R_16BF, K, M, K));
+		ret = LIN_LT(dev, cublasLtMatrixLayoutCreate(&d->b, CUDA_R_16BF, K, M, K));
 	if (!ret)
-		ret = LT(dev, cublasLtMatrixLayoutCreate(&d->c, lt_ytype(y_bf16), N, M, N));
+		ret = LIN_LT(dev, cublasLtMatrixLayoutCreate(&d->c, lt_ytype(y_bf16), N, M, N));
 	if (ret)
-		lt_descs_free(d);
+		k_cuda_lin_lt_descs_free(d);
 	return ret;
 }
 
-static cublasStatus_t lt_run(const struct k_cuda_linear *ctx, const struct lt_descs *d,
+static cublasStatus_t lt_run(const struct k_cuda_linear *ctx, const struct lin_lt_descs *d,
 			     const cublasLtMatmulAlgo_t *algo, void *y, const uint16_t *xb,
 			     const uint16_t *w, int beta)
 {
@@ -110,7 +105,7 @@ static cublasStatus_t lt_gemmex(const struct k_cuda_linear *ctx, void *y, bool y
 // (kernels). Writes only the scratch y. The median, not the fastest: two candidates a
 // few tenths of a microsecond apart were picked by the noise of the fastest of three,
 // and the step's time moved with the pick (Llama-3.1-8B batch 64: 7.16 against 7.24 ms).
-static float lt_time(const struct k_cuda_linear *ctx, const struct lt_descs *d,
+static float lt_time(const struct k_cuda_linear *ctx, const struct lin_lt_descs *d,
 		     const cublasLtMatmulHeuristicResult_t *cand, int i, void *ys, bool y_bf16,
 		     void *flush, const uint16_t *xb, const uint16_t *w, int M, int N, int K,
 		     int beta, cudaEvent_t e0, cudaEvent_t e1, int *nodes)
@@ -198,7 +193,7 @@ static int lt_candidates(void)
 
 // Times the candidates for one shape and records the winner in its cache entry (use_lt
 // false: cublasGemmEx, also where tuning failed).
-static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const uint16_t *xb,
+static int lt_tune(struct k_cuda_linear *ctx, const struct lin_lt_descs *d, const uint16_t *xb,
 		   const uint16_t *w, int M, int N, int K, int beta, bool y_bf16,
 		   struct lin_lt_entry *e)
 {
@@ -218,12 +213,12 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lt_descs *d, const ui
 	e->beta = beta;
 	e->y_bf16 = y_bf16;
 	e->use_lt = false;
-	ret = LT(ctx->dev, cublasLtMatmulPreferenceCreate(&pref));
+	ret = LIN_LT(ctx->dev, cublasLtMatmulPreferenceCreate(&pref));
 	if (!ret)
-		ret = LT(ctx->dev, cublasLtMatmulPreferenceSetAttribute(pref,
+		ret = LIN_LT(ctx->dev, cublasLtMatmulPreferenceSetAttribute(pref,
 				CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
 	if (!ret)
-		ret = LT(ctx->dev, cublasLtMatmulAlgoGetHeuristic(ctx->lt, d->op, d->a, d->b, d->c,
+		ret = LIN_LT(ctx->dev, cublasLtMatmulAlgoGetHeuristic(ctx->lt, d->op, d->a, d->b, d->c,
 				d->c, pref, lt_candidates(), cand, &n));
 	if (pref)
 		cublasLtMatmulPreferenceDestroy(pref);
@@ -301,7 +296,7 @@ static int lt_bucket(int M)
 }
 
 // Whether algo (tuned at another M) is valid for d's shape.
-static bool lt_algo_fits(const struct k_cuda_linear *ctx, const struct lt_descs *d,
+static bool lt_algo_fits(const struct k_cuda_linear *ctx, const struct lin_lt_descs *d,
 			 const cublasLtMatmulAlgo_t *algo)
 {
 	cublasLtMatmulHeuristicResult_t r = {};
@@ -314,7 +309,7 @@ int k_cuda_lin_lt(struct k_cuda_linear *ctx, void *y, bool y_bf16, const uint16_
 		  const uint16_t *w, int M, int N, int K, int beta, bool *done)
 {
 	struct lin_lt_entry *e;
-	struct lt_descs d;
+	struct lin_lt_descs d;
 	cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
 	const int Mb = lt_bucket(M);
 	int ret;
@@ -337,16 +332,16 @@ int k_cuda_lin_lt(struct k_cuda_linear *ctx, void *y, bool y_bf16, const uint16_
 			return 0;
 		}
 		lt_tune(ctx, &d, xb, w, M, N, K, beta, y_bf16, e);
-		lt_descs_free(&d);
+		k_cuda_lin_lt_descs_free(&d);
 	}
 	if (!e->use_lt || lt_descs_make(ctx->dev, &d, M, N, K, y_bf16))
 		return 0;
 	if (Mb != M && !lt_algo_fits(ctx, &d, &e->algo)) {
-		lt_descs_free(&d);
+		k_cuda_lin_lt_descs_free(&d);
 		return 0;
 	}
-	ret = LT(ctx->dev, lt_run(ctx, &d, &e->algo, y, xb, w, beta));
-	lt_descs_free(&d);
+	ret = LIN_LT(ctx->dev, lt_run(ctx, &d, &e->algo, y, xb, w, beta));
+	k_cuda_lin_lt_descs_free(&d);
 	*done = !ret;
 	return ret;
 }
@@ -356,7 +351,7 @@ int k_cuda_lin_lt_setup(struct k_cuda_linear *ctx)
 	ctx->lt_cache = (struct lin_lt_entry *)calloc(LIN_LT_CACHE, sizeof(*ctx->lt_cache));
 	if (!ctx->lt_cache)
 		return -ENOMEM;
-	return LT(ctx->dev, cublasLtCreate(&ctx->lt));
+	return LIN_LT(ctx->dev, cublasLtCreate(&ctx->lt));
 }
 
 void k_cuda_lin_lt_destroy(struct k_cuda_linear *ctx)

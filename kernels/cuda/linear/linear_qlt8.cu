@@ -56,8 +56,7 @@ struct lin_lt8_entry {
 	bool d_bf16;			/* d in bf16 (fp32 refused) */
 	bool x_first;			/* the split x is cuBLAS's A: d is (N, M2), not (M2, N) */
 	bool w_vec;			/* the weight's scales VEC128 (rows scaled), else BLK128x128 */
-	cublasLtMatmulDesc_t op;
-	cublasLtMatrixLayout_t a, b, d;
+	struct lin_lt_descs g;		/* the layouts: a, b, c (d's, as C and D) */
 	cublasLtMatmulAlgo_t algo;
 };
 
@@ -200,28 +199,6 @@ extern "C" int k_cuda_linear_q_lt8_supports(const struct k_quant *q, const float
 
 // ---- cuBLASLt ---------------------------------------------------------------------
 
-static int lq8_check(cublasStatus_t s, const char *call, int dev)
-{
-	if (s == CUBLAS_STATUS_SUCCESS)
-		return 0;
-	k_cuda_log("cublasLt fp8: %s failed on device %d: %s", call, dev, cublasGetStatusString(s));
-	return s == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO;
-}
-#define LQ8_LT(dev, call) lq8_check((call), #call, (dev))
-
-static void lq8_entry_free(struct lin_lt8_entry *e)
-{
-	if (e->op)
-		cublasLtMatmulDescDestroy(e->op);
-	if (e->a)
-		cublasLtMatrixLayoutDestroy(e->a);
-	if (e->b)
-		cublasLtMatrixLayoutDestroy(e->b);
-	if (e->d)
-		cublasLtMatrixLayoutDestroy(e->d);
-	*e = {};
-}
-
 // The GEMM of the split x q (col-major K x M2) and w (col-major K x N), both e4m3 with
 // K-major scales (w's BLK128x128, or VEC128 where w_vec; q's VEC128), d in fp32 or
 // bf16. In cuBLAS's column-major terms: d (N x M2, so row-major (M2, N)) = w^T q, w as
@@ -243,38 +220,38 @@ static int lq8_entry_make(const struct k_cuda_linear *ctx, struct lin_lt8_entry 
 
 	*e = {};
 	*found = false;
-	ret = LQ8_LT(ctx->dev, cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+	ret = LIN_LT(ctx->dev, cublasLtMatmulDescCreate(&e->g.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
 	if (!ret)
-		ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
-			e->op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+		ret = LIN_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
+			e->g.op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
 	if (!ret)
-		ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
-			e->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sa, sizeof(sa)));
+		ret = LIN_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
+			e->g.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &sa, sizeof(sa)));
 	if (!ret)
-		ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
-			e->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sb, sizeof(sb)));
+		ret = LIN_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
+			e->g.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sb, sizeof(sb)));
 	if (!ret)
-		ret = LQ8_LT(ctx->dev, cublasLtMatrixLayoutCreate(&e->a, CUDA_R_8F_E4M3, K, rows, K));
+		ret = LIN_LT(ctx->dev, cublasLtMatrixLayoutCreate(&e->g.a, CUDA_R_8F_E4M3, K, rows, K));
 	if (!ret)
-		ret = LQ8_LT(ctx->dev, cublasLtMatrixLayoutCreate(&e->b, CUDA_R_8F_E4M3, K, cols, K));
+		ret = LIN_LT(ctx->dev, cublasLtMatrixLayoutCreate(&e->g.b, CUDA_R_8F_E4M3, K, cols, K));
 	if (!ret)
-		ret = LQ8_LT(ctx->dev, cublasLtMatrixLayoutCreate(
-			&e->d, d_bf16 ? CUDA_R_16BF : CUDA_R_32F, rows, cols, rows));
+		ret = LIN_LT(ctx->dev, cublasLtMatrixLayoutCreate(
+			&e->g.c, d_bf16 ? CUDA_R_16BF : CUDA_R_32F, rows, cols, rows));
 	if (!ret)
-		ret = LQ8_LT(ctx->dev, cublasLtMatmulPreferenceCreate(&pref));
+		ret = LIN_LT(ctx->dev, cublasLtMatmulPreferenceCreate(&pref));
 	if (!ret)
-		ret = LQ8_LT(ctx->dev, cublasLtMatmulPreferenceSetAttribute(
+		ret = LIN_LT(ctx->dev, cublasLtMatmulPreferenceSetAttribute(
 			pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
 	// NOT_SUPPORTED from the heuristic is an answer (no kernel for this type), not an error
-	if (!ret && cublasLtMatmulAlgoGetHeuristic(ctx->lt, e->op, e->a, e->b, e->d, e->d, pref,
-						   1, &res, &n) == CUBLAS_STATUS_SUCCESS && n > 0) {
+	if (!ret && cublasLtMatmulAlgoGetHeuristic(ctx->lt, e->g.op, e->g.a, e->g.b, e->g.c, e->g.c,
+						   pref, 1, &res, &n) == CUBLAS_STATUS_SUCCESS && n > 0) {
 		e->algo = res.algo;
 		*found = true;
 	}
 	if (pref)
 		cublasLtMatmulPreferenceDestroy(pref);
 	if (ret || !*found)
-		lq8_entry_free(e);
+		k_cuda_lin_lt_descs_free(&e->g);
 	e->d_bf16 = d_bf16;
 	e->x_first = x_first;
 	e->w_vec = w_vec;
@@ -338,7 +315,7 @@ extern "C" int k_cuda_linear_q_lt8_available(struct k_cuda_linear *ctx, const st
 void k_cuda_lin_qlt8_destroy(struct k_cuda_linear *ctx)
 {
 	for (int i = 0; i < ctx->lt8_n; i++)
-		lq8_entry_free(&ctx->lt8_cache[i]);
+		k_cuda_lin_lt_descs_free(&ctx->lt8_cache[i].g);
 	free(ctx->lt8_cache);
 	ctx->lt8_cache = NULL;
 	ctx->lt8_n = 0;
@@ -378,17 +355,17 @@ static int lq8_pass(struct k_cuda_linear *ctx, const struct lin_lt8_entry *e, fl
 			   ctx->stream>>>((uint8_t *)scratch, (float *)bscale, x, M, Mp, K);
 	if ((ret = LIN_LAUNCHED(ctx->dev, "lq8_split_kernel")))
 		return ret;
-	ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
-		e->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, e->x_first ? &bscale : &wscale,
+	ret = LIN_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
+		e->g.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, e->x_first ? &bscale : &wscale,
 		sizeof(bscale)));
 	if (!ret)
-		ret = LQ8_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
-			e->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, e->x_first ? &wscale : &bscale,
+		ret = LIN_LT(ctx->dev, cublasLtMatmulDescSetAttribute(
+			e->g.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, e->x_first ? &wscale : &bscale,
 			sizeof(bscale)));
 	if (!ret)
-		ret = LQ8_LT(ctx->dev, cublasLtMatmul(ctx->lt, e->op, &one, e->x_first ? xq : w, e->a,
-						      e->x_first ? w : xq, e->b, &zero, d, e->d, d,
-						      e->d, &e->algo, ctx->blas_ws, LIN_BLAS_WS_BYTES,
+		ret = LIN_LT(ctx->dev, cublasLtMatmul(ctx->lt, e->g.op, &one, e->x_first ? xq : w, e->g.a,
+						      e->x_first ? w : xq, e->g.b, &zero, d, e->g.c, d,
+						      e->g.c, &e->algo, ctx->blas_ws, LIN_BLAS_WS_BYTES,
 						      ctx->stream));
 	if (ret)
 		return ret;
