@@ -11,6 +11,10 @@ the tensor names, dtypes and config.json quantization_config of the published mo
   fp8-channel  compressed-tensors float-quantized, strategy channel: e4m3 `weight`,
                bf16 `weight_scale` (N, 1) = row amax / 448
   fp8-tensor   compressed-tensors float-quantized, strategy tensor: fp32 `weight_scale` [1]
+  fp8-tensor-static  the same with static per-tensor input activations (W8A8, as
+               RedHatAI's FP8 Llama/Qwen): bf16 `input_scale` [1] = amax / 448 of the
+               linear's input over a calibration sequence (minmax observer); the
+               reference does not round activations (kdec checks the scales, computes W8A16)
   int4-g32     compressed-tensors pack-quantized (Kimi-K2-Thinking): `weight_packed` int32
                (N, K/8), eight values + 8 per word, low nibble first; bf16 `weight_scale`
                (N, ceil(K/32)) = group amax / 7.5; int64 `weight_shape` [N, K]; value
@@ -67,6 +71,7 @@ MODELS = {
     "llama_fp8_channel": ("llama", "fp8-channel", {}, not_special, 1),
     "qwen3_fp8_tensor": ("qwen3", "fp8-tensor", {}, not_special, 1),
     "llama_fp8_tensor": ("llama", "fp8-tensor", {}, not_special, 1),
+    "llama_fp8_tensor_static": ("llama", "fp8-tensor-static", {}, not_special, 1),
     "qwen3_fp8_channel": ("qwen3", "fp8-channel", {}, not_special, 1),
     "llama_int4": ("llama", "int4-g32", {}, not_special, 1),
     "kimi_k2_int4": ("kimi_k2", "int4-g32", {}, routed_expert, 2),
@@ -85,17 +90,20 @@ def quant_config(fmt, ignore):
     if fmt == "fp8-block":
         return {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                 "weight_block_size": [128, 128]}
+    group = dict(CT_GROUP)
     if fmt.startswith("fp8-"):
         w = {"actorder": None, "block_structure": None, "dynamic": False, "group_size": None,
              "num_bits": 8, "observer": "minmax", "observer_kwargs": {},
-             "strategy": fmt[4:], "symmetric": True, "type": "float"}
+             "strategy": fmt.split("-")[1], "symmetric": True, "type": "float"}
+        if fmt.endswith("-static"):
+            group["input_activations"] = dict(w)
         fmt_name = "float-quantized"
     else:
         w = {"actorder": None, "block_structure": None, "dynamic": False, "group_size": 32,
              "num_bits": 4, "observer": "minmax", "observer_kwargs": {},
              "strategy": "group", "symmetric": True, "type": "int"}
         fmt_name = "pack-quantized"
-    return {"config_groups": {"group_0": dict(CT_GROUP, weights=w)}, "format": fmt_name,
+    return {"config_groups": {"group_0": dict(group, weights=w)}, "format": fmt_name,
             "ignore": ignore, "kv_cache_scheme": None, "quant_method": "compressed-tensors",
             "quantization_status": "compressed"}
 
@@ -152,9 +160,27 @@ def quantize(fmt, w):
         return fp8_block(w)
     if fmt == "fp8-channel":
         return fp8_rows(w, False)
-    if fmt == "fp8-tensor":
+    if fmt.startswith("fp8-tensor"):
         return fp8_rows(w, True)
     return int4_g32(w)
+
+
+def input_scales(model, names, vocab, seed, length=64):
+    """llm-compressor's static minmax observer: amax / 448 of each named linear's input
+    over one calibration sequence, bf16 [1]."""
+    amax, hooks = {}, []
+    for n, mod in model.named_modules():
+        if n + ".weight" in names:
+            def hook(_, args, n=n):
+                amax[n] = max(amax.get(n, 0.0), args[0].detach().abs().max().float().item())
+            hooks.append(mod.register_forward_pre_hook(hook))
+    g = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        model(torch.randint(0, vocab, (1, length), generator=g))
+    for h in hooks:
+        h.remove()
+    return {n + ".input_scale": torch.tensor([amax[n] / FP8_MAX], dtype=torch.bfloat16)
+            for n in amax}
 
 
 def save_shards(tensors, out, shards):
@@ -216,6 +242,12 @@ def make(name, out_root, seed, widen=0, lengths=(5, 48, 150)):
         else:
             stored[n] = t
             deq[n] = t.float().contiguous()
+    if fmt.endswith("-static"):
+        scales = input_scales(model, {n for n in state if quantized(n) and state[n].dim() == 2},
+                              raw["vocab_size"], seed)
+        if len(scales) != n_q:
+            raise SystemExit(f"{name}: {len(scales)} input scales for {n_q} quantized linears")
+        stored.update(scales)
     out = os.path.join(out_root, name)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
@@ -257,7 +289,7 @@ def make(name, out_root, seed, widen=0, lengths=(5, 48, 150)):
 
 # committed under tests/data/quant; the others are for other dims (KDEC_GOLDEN_EXTRA)
 COMMITTED = ("llama_fp8_block", "deepseek_v3_fp8_block", "llama_fp8_channel", "qwen3_fp8_tensor",
-             "llama_int4", "kimi_k2_int4", "qwen3_moe_int4")
+             "llama_fp8_tensor_static", "llama_int4", "kimi_k2_int4", "qwen3_moe_int4")
 
 
 def main():

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Quantized checkpoints through the real daemon (issue 24): kdecd serves an fp8
-# block-scaled and a sharded int4 checkpoint and kdrun's greedy continuation is
+# block-scaled, a sharded int4 and a W8A8-static fp8 checkpoint (its input scales
+# checked, not applied, as its log line says) and kdrun's greedy continuation is
 # transformers' (golden.json "greedy", computed on the dequantized weights); a
 # malformed scale stops kdecd --check with one line naming the format;
 # --synthetic-weights --weight-format builds and checks; --weight-format without
@@ -26,7 +27,7 @@ if ! command -v python3 >/dev/null 2>&1; then
 	skip "no python3 to read golden.json"
 	verdict
 fi
-for name in llama_fp8_block kimi_k2_int4; do
+for name in llama_fp8_block kimi_k2_int4 llama_fp8_tensor_static; do
 	prompt=$(greedy $name | sed -n 1p)
 	want=$(greedy $name | sed -n 2p)
 	if ! kdecd_start "$name.log" $T --model "$Q/$name" --socket "$S" --threads 2; then
@@ -35,6 +36,10 @@ for name in llama_fp8_block kimi_k2_int4; do
 	fi
 	got=$("$B/kdrun" --socket "$S" --prompt "$prompt" --max-tokens 40 2>"$tmp/err")
 	[ "$got" = "$want" ] && ok || fail "$name: kdrun gave '$got' ($(tail -n 1 "$tmp/err")), transformers '$want'"
+	case $name in *_static)
+		grep -q "(fp8-tensor; its static input scales are not applied" "$tmp/$name.log" && ok ||
+			fail "$name: the load line does not say the input scales are not applied: $(grep 'MiB of weights' "$tmp/$name.log")"
+	esac
 	kdecd_stop || fail "$name: kdecd exit status $?"
 done
 

@@ -181,7 +181,14 @@ static void test_llama(void)
 		  "\"format\":\"float-quantized\",\"config_groups\":{\"g\":{\"weights\":"
 		  "{\"type\":\"float\",\"num_bits\":8,\"strategy\":\"channel\",\"symmetric\":true},"
 		  "\"input_activations\":{\"dynamic\":true,\"num_bits\":8,\"type\":\"float\"}}}}}");
-	CHECK(b.quant.format == MODEL_Q_FP8_CHANNEL, "fp8 channel parses");
+	CHECK(b.quant.format == MODEL_Q_FP8_CHANNEL && !b.quant.input_scales, "fp8 channel parses");
+	EXPECT_OK(&b, LLAMA, "{\"quantization_config\":{\"quant_method\":\"compressed-tensors\","
+		  "\"format\":\"float-quantized\",\"config_groups\":{\"g\":{\"weights\":"
+		  "{\"type\":\"float\",\"num_bits\":8,\"strategy\":\"tensor\",\"symmetric\":true},"
+		  "\"input_activations\":{\"dynamic\":false,\"num_bits\":8,\"type\":\"float\","
+		  "\"strategy\":\"tensor\",\"symmetric\":true}}}}}");
+	CHECK(b.quant.format == MODEL_Q_FP8_TENSOR && b.quant.input_scales == 1,
+	      "fp8 tensor with static input scales parses");
 }
 
 /* Quantization configs kdec cannot load: one line naming the key and the format. */
@@ -211,6 +218,20 @@ static void test_quant_errors(void)
 		 "\"type\":\"float\",\"num_bits\":8,\"strategy\":\"channel\",\"symmetric\":true",
 		 ",\"input_activations\":{\"dynamic\":false,\"num_bits\":8}");
 	EXPECT_ERR(LLAMA, patch, -ENOTSUP, "input_activations", "static activation scales");
+	snprintf(patch, sizeof(patch), ct, "float-quantized",
+		 "\"type\":\"float\",\"num_bits\":8,\"strategy\":\"channel\",\"symmetric\":true",
+		 ",\"input_activations\":{\"dynamic\":false,\"num_bits\":8,\"type\":\"float\","
+		 "\"strategy\":\"channel\"}");
+	EXPECT_ERR(LLAMA, patch, -ENOTSUP, "strategy channel", "per tensor only");
+	snprintf(patch, sizeof(patch), ct, "float-quantized",
+		 "\"type\":\"float\",\"num_bits\":8,\"strategy\":\"channel\",\"symmetric\":true",
+		 ",\"input_activations\":{\"dynamic\":\"local\"}");
+	EXPECT_ERR(LLAMA, patch, -EINVAL, "input_activations.dynamic", NULL);
+	snprintf(patch, sizeof(patch), ct, "pack-quantized",
+		 "\"type\":\"int\",\"num_bits\":4,\"strategy\":\"group\",\"group_size\":32,"
+		 "\"symmetric\":true", ",\"input_activations\":{\"dynamic\":false,\"num_bits\":8,"
+		 "\"type\":\"float\",\"strategy\":\"tensor\"}");
+	EXPECT_ERR(LLAMA, patch, -ENOTSUP, "int4 weights", "static activation scales");
 	snprintf(patch, sizeof(patch), ct, "float-quantized",
 		 "\"type\":\"float\",\"num_bits\":8,\"strategy\":\"block\",\"symmetric\":true", "");
 	EXPECT_ERR(LLAMA, patch, -ENOTSUP, "strategy block", "float-quantized");

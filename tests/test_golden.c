@@ -69,7 +69,8 @@ static const char *const models[] = {
 	"reference/llama", "reference/qwen3", "reference/qwen3_moe", "reference/deepseek_v2",
 	"reference/deepseek_v3", "reference/kimi_k2",
 	"quant/llama_fp8_block", "quant/deepseek_v3_fp8_block", "quant/llama_fp8_channel",
-	"quant/qwen3_fp8_tensor", "quant/llama_int4", "quant/kimi_k2_int4", "quant/qwen3_moe_int4",
+	"quant/qwen3_fp8_tensor", "quant/llama_fp8_tensor_static", "quant/llama_int4",
+	"quant/kimi_k2_int4", "quant/qwen3_moe_int4",
 };
 
 static int test_file_exists(const char *path)

@@ -4,7 +4,7 @@
  * scale is refused at load with one line naming the tensor and the format: a scale
  * missing, of the wrong shape, dtype or block size, NaN or inf, a packed shape or
  * weight_shape that disagrees, fp8 without a quantization_config, scales beside an
- * unquantized weight. The bad checkpoints are rewritten from the good ones here. */
+ * unquantized weight, a W8A8 checkpoint's static input scale missing or not > 0. The bad checkpoints are rewritten from the good ones here. */
 #include <errno.h>
 #include <ftw.h>
 #include <jansson.h>
@@ -380,6 +380,47 @@ static void test_fp8_plain_and_strays(void)
 	free_ckpt(&c);
 }
 
+/* W8A8 static checkpoints: every quantized linear's input_scale present, one value,
+ * finite and > 0 (checked, not applied: the reference computes W8A16 too). */
+static void test_fp8_static_inputs(void)
+{
+	static struct ckpt c;
+	struct tensor *t;
+
+	if (load_good(&c, "llama_fp8_tensor_static"))
+		return;
+	stage("llama_fp8_tensor_static", &c, NULL, NULL);
+	expect_load("fp8 tensor with static input scales, rewritten unchanged", 1, NULL, NULL);
+	t = find(&c, L0 "mlp.up_proj.input_scale");
+	CHECK(t && !strcmp(t->dtype, "BF16") && t->ndim == 1 && t->shape[0] == 1,
+	      "input_scale bf16 [1]");
+	if (!t)
+		return free_ckpt(&c);
+	t->name[0] = '\0';
+	stage("llama_fp8_tensor_static", &c, NULL, NULL);
+	expect_load("input_scale missing", 0, "up_proj.input_scale' is missing", "fp8-tensor");
+	snprintf(t->name, sizeof(t->name), L0 "mlp.up_proj.input_scale");
+	set_f32(t, 0, 0.0f);
+	stage("llama_fp8_tensor_static", &c, NULL, NULL);
+	expect_load("input_scale zero", 0, "up_proj.input_scale' is 0, expected a value > 0",
+		    "static input scales");
+	set_f32(t, 0, -0.5f);
+	stage("llama_fp8_tensor_static", &c, NULL, NULL);
+	expect_load("input_scale negative", 0, "is -0.5, expected a value > 0", "fp8-tensor");
+	set_f32(t, 0, NAN);
+	stage("llama_fp8_tensor_static", &c, NULL, NULL);
+	expect_load("input_scale NaN", 0, "up_proj.input_scale': scale 0", "not finite");
+	set_f32(t, 0, 0.01f);
+	t->ndim = 2, t->shape[0] = 1, t->shape[1] = 1;	/* [1, 1]: one value, fine */
+	stage("llama_fp8_tensor_static", &c, NULL, NULL);
+	expect_load("input_scale [1, 1]", 1, NULL, NULL);
+	/* without the config's static input_activations the same files load: an
+	 * input_scale nobody asked for is a tensor kdec does not use */
+	stage("llama_fp8_tensor_static", &c, "\"dynamic\": false", "\"dynamic\": true");
+	expect_load("input_scale beside dynamic input activations", 1, NULL, NULL);
+	free_ckpt(&c);
+}
+
 static void test_int4(void)
 {
 	static struct ckpt c;
@@ -455,6 +496,7 @@ int main(void)
 	snprintf(dir, sizeof(dir), "%s", tmpl);
 	test_fp8_block();
 	test_fp8_plain_and_strays();
+	test_fp8_static_inputs();
 	test_int4();
 	nftw(dir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
 	return test_result("test_quant");

@@ -32,6 +32,8 @@ struct model_quant {
 	enum model_qformat format;
 	int block_rows, block_cols;	/* fp8 block: weight_block_size */
 	int group_size;			/* int4: weights per scale along a row */
+	int input_scales;		/* fp8: static per-tensor `input_scale` beside each
+					 * quantized weight (checked at load, not applied) */
 };
 
 struct model_config {

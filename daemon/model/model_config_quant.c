@@ -69,8 +69,44 @@ static int parse_fp8_block(struct cfg_parse *p, const json_t *q, struct model_co
 	return list_or_absent(p, q, "modules_to_not_convert");
 }
 
-/* The one weights scheme of the config groups (all groups must say the same). */
-static const json_t *ct_weights(struct cfg_parse *p, const json_t *q, int *rc)
+/* A group's input_activations: absent or dynamic (nothing in the files), or static
+ * per tensor in fp8 (one `input_scale` a linear: W8A8 checkpoints such as RedHatAI's
+ * FP8 Llama and Qwen). kdec computes W8A16 either way (docs/MODELS.md), so the static
+ * scales are checked at load and not applied; *stat says whether they are there. */
+static int ct_inputs(struct cfg_parse *p, const char *key, const json_t *in, int *stat)
+{
+	const char *type = NULL, *strategy = NULL;
+	int dynamic = 0, bits = 0, sym = 1, rc;
+
+	*stat = 0;
+	if (!in || json_is_null(in))
+		return 0;
+	if (!json_is_object(in))
+		return cfg_fail(p, -EINVAL, "quantization_config.config_groups.%.40s.input_activations: "
+				"expected an object or null (compressed-tensors)", key);
+	p->prefix = "quantization_config.config_groups.*.input_activations.";
+	rc = cfg_bool(p, in, "dynamic", &dynamic);
+	if (!rc && !dynamic && (!(rc = cfg_str(p, in, "type", NULL, &type)) &&
+				!(rc = cfg_str(p, in, "strategy", NULL, &strategy)) &&
+				(rc = cfg_int(p, in, "num_bits", NULL, 1, 64, &bits)) >= 0))
+		rc = cfg_bool(p, in, "symmetric", &sym);
+	p->prefix = "";
+	if (rc < 0)
+		return rc;
+	if (dynamic)
+		return 0;
+	if (!type || strcmp(type, "float") || bits != 8 || !strategy || strcmp(strategy, "tensor") || !sym)
+		return cfg_fail(p, -ENOTSUP, "quantization_config.config_groups.%.40s.input_activations: "
+				"static type %.10s, %d bits, strategy %.10s%s is not supported (static "
+				"activation scales: fp8 float symmetric per tensor only)", key,
+				type ? type : "?", bits, strategy ? strategy : "?", sym ? "" : ", asymmetric");
+	*stat = 1;
+	return 0;
+}
+
+/* The one weights scheme of the config groups (all groups must say the same, and the
+ * same of their input activations). */
+static const json_t *ct_weights(struct cfg_parse *p, const json_t *q, int *stat, int *rc)
 {
 	json_t *groups = cfg_obj_get(q, "config_groups"), *first = NULL, *g;
 	const char *key;
@@ -82,27 +118,24 @@ static const json_t *ct_weights(struct cfg_parse *p, const json_t *q, int *rc)
 		return NULL;
 	}
 	json_object_foreach(groups, key, g) {
-		json_t *w = cfg_obj_get(g, "weights"), *in = cfg_obj_get(g, "input_activations");
-		int dynamic = 0;
+		json_t *w = cfg_obj_get(g, "weights");
+		int s;
 
 		if (!json_is_object(w)) {
 			*rc = cfg_fail(p, -EINVAL, "quantization_config.config_groups.%.40s.weights: "
 				       "expected an object (compressed-tensors)", key);
 			return NULL;
 		}
-		if (in && (!json_is_object(in) || cfg_bool(p, in, "dynamic", &dynamic) || !dynamic)) {
-			*rc = cfg_fail(p, -ENOTSUP, "quantization_config.config_groups.%.40s."
-				       "input_activations: static activation scales are not supported "
-				       "(compressed-tensors weights with dynamic or no activation "
-				       "quantization only)", key);
+		if ((*rc = ct_inputs(p, key, cfg_obj_get(g, "input_activations"), &s)))
 			return NULL;
-		}
-		if (first && !cfg_values_equal(first, w)) {
+		if (first && (!cfg_values_equal(first, w) || s != *stat)) {
 			*rc = cfg_fail(p, -ENOTSUP, "quantization_config.config_groups: groups with "
-				       "different weight schemes are not supported (compressed-tensors)");
+				       "different weight or input schemes are not supported "
+				       "(compressed-tensors)");
 			return NULL;
 		}
 		first = w;
+		*stat = s;
 	}
 	return first;
 }
@@ -122,7 +155,7 @@ static int parse_ct(struct cfg_parse *p, const json_t *q, struct model_config *c
 {
 	const char *format = NULL, *status = NULL, *type = NULL, *strategy = NULL;
 	const json_t *w;
-	int rc, bits = 0, sym = 0, dyn = 0, group = 0;
+	int rc, bits = 0, sym = 0, dyn = 0, group = 0, stat = 0;
 	char what[64];
 
 	if ((rc = cfg_str(p, q, "format", NULL, &format)) ||
@@ -139,7 +172,7 @@ static int parse_ct(struct cfg_parse *p, const json_t *q, struct model_config *c
 		return cfg_fail(p, -ENOTSUP, "quantization_config.format: compressed-tensors '%.40s' "
 				"is not supported (float-quantized fp8 per channel/tensor, "
 				"pack-quantized int4 groups)", format ? format : "(none)");
-	if (!(w = ct_weights(p, q, &rc)))
+	if (!(w = ct_weights(p, q, &stat, &rc)))
 		return rc;
 	snprintf(what, sizeof(what), "compressed-tensors %s", format);
 	p->prefix = "quantization_config.config_groups.*.weights.";
@@ -162,6 +195,11 @@ static int parse_ct(struct cfg_parse *p, const json_t *q, struct model_config *c
 				"strategy %.10s%s%s are not supported (fp8 float symmetric per channel "
 				"or tensor; int4 symmetric groups)", what, type ? type : "?", bits,
 				strategy ? strategy : "?", sym ? "" : ", asymmetric", dyn ? ", dynamic" : "");
+	if (stat && cfg->quant.format == MODEL_Q_INT4_GROUP)
+		return cfg_fail(p, -ENOTSUP, "quantization_config.config_groups.*.input_activations: "
+				"static activation scales with int4 weights are not supported "
+				"(compressed-tensors pack-quantized: dynamic or none)");
+	cfg->quant.input_scales = stat;
 	return list_or_absent(p, q, "ignore");
 }
 

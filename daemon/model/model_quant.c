@@ -2,7 +2,8 @@
  * (docs/MODELS.md "Quantized checkpoints"): the payload (F8_E4M3 `weight`, or I32
  * `weight_packed` with its `weight_shape`) and its scales (`weight_scale_inv` per
  * 128x128 block, `weight_scale` per channel, tensor or int4 group), each scale tensor
- * checked against its weight: dtype, shape for the block size, every value finite.
+ * checked against its weight: dtype, shape for the block size, every value finite
+ * (and a W8A8 checkpoint's static `input_scale`, checked, not applied).
  * The bytes stay as stored; kernels dequantize them as they use them. */
 #include <errno.h>
 #include <inttypes.h>
@@ -57,8 +58,8 @@ static int qscale(const struct qbind *b, const char *base, const char *suffix, i
 	char got[96];
 
 	if (!s)
-		return snprintf(b->err, b->err_len, "%s: tensor '%s%s' is missing: the scales of "
-				"%s weight '%s.weight' [%" PRId64 ", %" PRId64 "]", b->m->path, base,
+		return snprintf(b->err, b->err_len, "%s: tensor '%s%s' is missing: %s weight "
+				"'%s.weight' [%" PRId64 ", %" PRId64 "] needs it", b->m->path, base,
 				suffix, b->fmt, base, rows, cols), -EINVAL;
 	if (!s->dtype_ok)
 		return snprintf(b->err, b->err_len, "%s: tensor '%s%s': dtype %s, expected F32, BF16 "
@@ -150,6 +151,22 @@ static int bind_int4(const struct qbind *b, const char *base, const struct st_te
 		: (slot->data = p->data, 0);
 }
 
+/* W8A8 static checkpoints: base.input_scale, one finite value > 0 (the scale the
+ * activations were calibrated to). kdec does not round activations to fp8, so the value
+ * is not used; a missing or broken one still means a broken checkpoint. */
+static int qinput(const struct qbind *b, const char *base, int64_t rows, int64_t cols)
+{
+	struct k_quant in = { .fmt = K_Q_FP8 };
+	float v;
+
+	if (qscale(b, base, ".input_scale", 1, 1, rows, cols, &in))
+		return -EINVAL;
+	if ((v = k_quant_scale(&in, 0)) > 0)
+		return 0;
+	return snprintf(b->err, b->err_len, "%s: tensor '%s.input_scale' is %g, expected a value "
+			"> 0 (%s, static input scales)", b->m->path, base, (double)v, b->fmt), -EINVAL;
+}
+
 /* fp8: base.weight F8_E4M3 (rows, cols) and its scales. */
 static int bind_fp8(const struct qbind *b, const char *base, const struct st_tensor *t,
 		    const struct st_file *f, struct model_tensor *slot, int64_t rows, int64_t cols)
@@ -181,6 +198,8 @@ static int bind_fp8(const struct qbind *b, const char *base, const struct st_ten
 		ret = qscale(b, base, ".weight_scale", 1, 1, rows, cols, &slot->q);
 		break;
 	}
+	if (!ret && mq->input_scales)
+		ret = qinput(b, base, rows, cols);
 	if (!ret)
 		slot->data = t->data;
 	return ret;

@@ -1,6 +1,6 @@
 /* libFuzzer target: quantized weights bound from arbitrary safetensors (model_quant_bind)
  * under each format must be refused or lie inside the image: the first byte picks the
- * format and block/group size, the rest is the file. Each tensor named `X.weight` or
+ * format, block/group size and whether fp8 has static input scales, the rest is the file. Each tensor named `X.weight` or
  * `X.weight_packed` is bound with the shape its own header (or weight_shape) claims,
  * and every weight that binds is dequantized whole here, so a scale or payload the
  * checks let through out of bounds is an ASan report. */
@@ -65,6 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	m.cfg.quant.block_rows = sizes[(data[0] >> 2) & 3];
 	m.cfg.quant.block_cols = sizes[(data[0] >> 4) & 3];
 	m.cfg.quant.group_size = sizes[1 + (data[0] >> 6) % 3];
+	m.cfg.quant.input_scales = data[0] >> 6 == 3;	/* fp8: W8A8 static input scales */
 	if (st_parse(&f, data + 1, size - 1, "fuzz.safetensors", err, sizeof(err)) == 0) {
 		f.path = strdup("fuzz.safetensors");	/* as st_file_open sets it */
 		m.files.n_files = 1;
