@@ -15,6 +15,8 @@ the tensor names, dtypes and config.json quantization_config of the published mo
                RedHatAI's FP8 Llama/Qwen): bf16 `input_scale` [1] = amax / 448 of the
                linear's input over a calibration sequence (minmax observer); the
                reference does not round activations (kdec checks the scales, computes W8A16)
+  fp8-fbgemm   Meta's Llama-3.1-405B-Instruct-FP8: quant_method fbgemm_fp8, e4m3 `weight`,
+               fp32 `weight_scale` (N, 1) = row amax / 448
   int4-g32     compressed-tensors pack-quantized (Kimi-K2-Thinking): `weight_packed` int32
                (N, K/8), eight values + 8 per word, low nibble first; bf16 `weight_scale`
                (N, ceil(K/32)) = group amax / 7.5; int64 `weight_shape` [N, K]; value
@@ -74,6 +76,7 @@ MODELS = {
     "llama_fp8_tensor_static": ("llama", "fp8-tensor-static", {}, not_special, 1),
     "qwen3_fp8_channel": ("qwen3", "fp8-channel", {}, not_special, 1),
     "llama_int4": ("llama", "int4-g32", {}, not_special, 1),
+    "llama_fp8_fbgemm": ("llama", "fp8-fbgemm", {}, not_special, 1),
     "kimi_k2_int4": ("kimi_k2", "int4-g32", {}, routed_expert, 2),
     # head_dim 20: at tp 2 and 4 o_proj's columns split inside int4 groups (restated)
     "qwen3_moe_int4": ("qwen3_moe", "int4-g32", {}, not_special, 1),
@@ -87,6 +90,9 @@ MODELS = {
 
 
 def quant_config(fmt, ignore):
+    if fmt == "fp8-fbgemm":
+        return {"activation_scale_ub": 1200.0, "modules_to_not_convert": ignore,
+                "quant_method": "fbgemm_fp8"}
     if fmt == "fp8-block":
         return {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                 "weight_block_size": [128, 128]}
@@ -122,12 +128,12 @@ def fp8_block(w):
     return {"weight": q, "weight_scale_inv": scale.contiguous()}, deq
 
 
-def fp8_rows(w, per_tensor):
+def fp8_rows(w, per_tensor, row_dtype=torch.bfloat16):
     if per_tensor:
         scale = (w.abs().amax().clamp(min=1e-12) / FP8_MAX).float().reshape(1)
         full = scale.reshape(1, 1)
     else:
-        scale = (w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX).to(torch.bfloat16)
+        scale = (w.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX).to(row_dtype)
         full = scale.float()
     q = (w / full).to(torch.float8_e4m3fn)
     return {"weight": q, "weight_scale": scale}, q.float() * full
@@ -160,6 +166,8 @@ def quantize(fmt, w):
         return fp8_block(w)
     if fmt == "fp8-channel":
         return fp8_rows(w, False)
+    if fmt == "fp8-fbgemm":
+        return fp8_rows(w, False, torch.float32)
     if fmt.startswith("fp8-tensor"):
         return fp8_rows(w, True)
     return int4_g32(w)

@@ -189,6 +189,9 @@ static void test_llama(void)
 		  "\"strategy\":\"tensor\",\"symmetric\":true}}}}}");
 	CHECK(b.quant.format == MODEL_Q_FP8_TENSOR && b.quant.input_scales == 1,
 	      "fp8 tensor with static input scales parses");
+	EXPECT_OK(&b, LLAMA, "{\"quantization_config\":{\"quant_method\":\"fbgemm_fp8\","
+		  "\"activation_scale_ub\":1200.0,\"modules_to_not_convert\":[\"lm_head\"]}}");
+	CHECK(b.quant.format == MODEL_Q_FP8_CHANNEL && !b.quant.input_scales, "fbgemm_fp8 parses");
 }
 
 /* Quantization configs kdec cannot load: one line naming the key and the format. */
@@ -208,6 +211,10 @@ static void test_quant_errors(void)
 		   "\"static\",\"weight_block_size\":[128,128]}}", -ENOTSUP, "static", "dynamic only");
 	EXPECT_ERR(LLAMA, "{\"quantization_config\":{\"quant_method\":\"awq\"}}", -ENOTSUP, "'awq'",
 		   "compressed-tensors");
+	EXPECT_ERR(LLAMA, "{\"quantization_config\":{\"quant_method\":\"fbgemm_fp8\","
+		   "\"activation_scale_ub\":\"big\"}}", -EINVAL, "activation_scale_ub", NULL);
+	EXPECT_ERR(LLAMA, "{\"quantization_config\":{\"quant_method\":\"fbgemm_fp8\","
+		   "\"modules_to_not_convert\":\"lm_head\"}}", -EINVAL, "modules_to_not_convert", "list");
 	snprintf(patch, sizeof(patch), ct, "marlin-24", "\"type\":\"int\"", "");
 	EXPECT_ERR(LLAMA, patch, -ENOTSUP, "'marlin-24'", "pack-quantized");
 	snprintf(patch, sizeof(patch), ct, "pack-quantized",

@@ -380,6 +380,46 @@ static void test_fp8_plain_and_strays(void)
 	free_ckpt(&c);
 }
 
+/* Meta's fbgemm_fp8 (Llama-3.1-405B-Instruct-FP8): the fp8-channel layout under another
+ * quantization_config; the fp8-channel checkpoint relabelled so loads the same values. */
+static void test_fp8_fbgemm(void)
+{
+	static struct ckpt c;
+	struct model *a = NULL, *b = NULL;
+	char path[512];
+	float ra[512], rb[512];
+	int same = 1;
+
+	snprintf(path, sizeof(path), "%s/tests/data/quant/llama_fp8_channel", top);
+	CHECK(model_load(&a, path, NULL, err, sizeof(err)) == 0, "llama_fp8_channel: %s", err);
+	if (load_good(&c, "llama_fp8_channel"))
+		return model_destroy(a);
+	stage("llama_fp8_channel", &c, "\"quantization_config\"",
+	      "\"quantization_config\": {\"quant_method\": \"fbgemm_fp8\", \"activation_scale_ub\": "
+	      "1200.0, \"modules_to_not_convert\": [\"lm_head\"]}, \"compressed_tensors_config\"");
+	CHECK(model_load(&b, dir, NULL, err, sizeof(err)) == 0, "fbgemm_fp8: %s", err);
+	if (a && b) {
+		const struct model_tensor *x = &a->layers[1].w_down, *y = &b->layers[1].w_down;
+
+		CHECK(b->cfg.quant.format == MODEL_Q_FP8_CHANNEL && y->q.fmt == K_Q_FP8 &&
+		      y->q.block_rows == 1 && y->q.block_cols == y->cols && y->cols <= 512,
+		      "fbgemm_fp8: per-row fp8");
+		for (int64_t r = 0; r < x->rows && y->cols <= 512; r++) {
+			k_quant_row_to_f32(ra, x->data, &x->q, x->cols, r, 0, x->cols);
+			k_quant_row_to_f32(rb, y->data, &y->q, y->cols, r, 0, y->cols);
+			same &= !memcmp(ra, rb, sizeof(float) * (size_t)x->cols);
+		}
+		CHECK(same, "fbgemm_fp8: down_proj dequantizes as fp8-channel");
+	}
+	model_destroy(a);
+	model_destroy(b);
+	stage("llama_fp8_channel", &c, "\"quantization_config\"",
+	      "\"quantization_config\": {\"quant_method\": \"fbgemm_fp8\", \"activation_scale_ub\": "
+	      "-3}, \"compressed_tensors_config\"");
+	expect_load("fbgemm_fp8 negative activation_scale_ub", 0, "activation_scale_ub", "-3");
+	free_ckpt(&c);
+}
+
 /* W8A8 static checkpoints: every quantized linear's input_scale present, one value,
  * finite and > 0 (checked, not applied: the reference computes W8A16 too). */
 static void test_fp8_static_inputs(void)
@@ -497,6 +537,7 @@ int main(void)
 	test_fp8_block();
 	test_fp8_plain_and_strays();
 	test_fp8_static_inputs();
+	test_fp8_fbgemm();
 	test_int4();
 	nftw(dir, rm_one, 8, FTW_DEPTH | FTW_PHYS);
 	return test_result("test_quant");

@@ -1,4 +1,4 @@
-/* config.json's quantization_config: the three published layouts kdec loads
+/* config.json's quantization_config: the published layouts kdec loads
  * (docs/MODELS.md "Quantized checkpoints") into cfg->quant; anything else is one
  * -ENOTSUP line naming the format. Which tensors are quantized is decided by the
  * files (model_quant.c), so `ignore` / `modules_to_not_convert` need no parsing
@@ -66,6 +66,24 @@ static int parse_fp8_block(struct cfg_parse *p, const json_t *q, struct model_co
 		*(i ? &cfg->quant.block_cols : &cfg->quant.block_rows) = (int)b;
 	}
 	cfg->quant.format = MODEL_Q_FP8_BLOCK;
+	return list_or_absent(p, q, "modules_to_not_convert");
+}
+
+/* Meta's Llama-3.1-405B-Instruct-FP8: {"quant_method": "fbgemm_fp8",
+ * "activation_scale_ub": 1200.0, "modules_to_not_convert": [...]}: e4m3 `weight` with an
+ * F32 `weight_scale` (N, 1) per row, the fp8-channel layout. Activations are quantized
+ * per row at run time there (clipped at activation_scale_ub); kdec computes W8A16. */
+static int parse_fbgemm(struct cfg_parse *p, const json_t *q, struct model_config *cfg)
+{
+	double ub = 0;
+	int rc;
+
+	p->prefix = "quantization_config.";
+	rc = cfg_num(p, q, "activation_scale_ub", NULL, 1e-30, 1e30, &ub);
+	p->prefix = "";
+	if (rc < 0)
+		return rc;
+	cfg->quant.format = MODEL_Q_FP8_CHANNEL;
 	return list_or_absent(p, q, "modules_to_not_convert");
 }
 
@@ -223,9 +241,11 @@ int cfg_parse_quant(struct cfg_parse *p, const void *root_, struct model_config 
 		return parse_fp8_block(p, q, cfg);
 	if (m && !strcmp(m, "compressed-tensors"))
 		return parse_ct(p, q, cfg);
+	if (m && !strcmp(m, "fbgemm_fp8"))
+		return parse_fbgemm(p, q, cfg);
 	return cfg_fail(p, -ENOTSUP, "quantization_config: quant_method '%.40s' is not supported "
-			"(fp8 block-scaled, compressed-tensors float-quantized fp8 or pack-quantized "
-			"int4)", m ? m : "(none)");
+			"(fp8 block-scaled, fbgemm_fp8, compressed-tensors float-quantized fp8 or "
+			"pack-quantized int4)", m ? m : "(none)");
 }
 
 int model_weight_format_parse(const char *s, struct model_quant *q, char *err, size_t err_len)
