@@ -19,9 +19,11 @@
  *   4, 8, K split over up to 8 CTAs and one slice, partial row tiles and stages, the
  *   same tolerances and the same bits on a second run (fixed-order split sums);
  * - the LT8 kind (fp8 on cuBLASLt's block-scaled fp8 GEMM, x split into two e4m3 rows;
- *   128 x 128 blocks, per channel, per tensor), M = 1..65 and 150 in passes of 64:
- *   against the reference on the split x (the host's copy of the split), rel L2 per row
- *   <= 1e-3, and within 2e-3 of fp32 x; the same bits twice;
+ *   128 x 128 blocks, per channel, per tensor), M = 1..65 and 150 in passes of 64, with
+ *   the weight and with x as cuBLAS's A operand, x's 128-value blocks scaled by 2^-8..2^8
+ *   each (so a misplaced x scale shows): against the reference on the split x (the
+ *   host's copy of the split), rel L2 per row <= 1e-3, and within 2e-3 of fp32 x; the
+ *   same bits twice; on sm_90 with cuBLAS >= 12.9 a declined shape is a failure;
  * - the DEQUANT kind (weights to f16, cuBLAS), M = 1, 9, 33: against the reference on
  *   f16 weights and f16 x, <= 1e-4; k_cuda_quant_dequant itself bit for bit against the
  *   host's dequantization rounded to bf16 and to f16.
@@ -47,6 +49,7 @@
 
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "tests/cudatest.h"
@@ -67,6 +70,7 @@ static struct k_cuda_linear *lin;
 static uint16_t *wtmp;		/* device scratch for DEQUANT */
 static size_t wtmp_elems;
 static size_t wtmp_limit;	/* > 0: run_kind offers only this much of it (LT8's passes) */
+static size_t w_offset;		/* run_kind's weight this many bytes past a cudaMalloc's start */
 
 struct qcase {
 	const char *what;
@@ -306,6 +310,13 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 
 	make_weight(c, N, K, &q, &w, &wbytes, &hs, &fs, &ns);
 	x = test_rand_floats(nx, 1.0f, &seed);
+	if (lt8)	/* each (row, 128-value block) at its own scale: s1 and s2 vary */
+		for (size_t b = 0; b < nx / 128; b++) {
+			const float f = ldexpf(1.0f, test_rand_int(-8, 8, &seed));
+
+			for (size_t i = 0; i < 128; i++)
+				x[b * 128 + i] *= f;
+		}
 	y0 = test_rand_floats(ny, 1.0f, &seed);
 	ref = malloc(ny * sizeof(double));
 	ref32 = malloc(ny * sizeof(double));
@@ -323,7 +334,9 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 	} else {
 		dsc = dup_to_device(fs, ns * 4);
 	}
-	dw = dup_to_device(w, wbytes);
+	dw = dalloc(wbytes + w_offset);
+	if (dw)
+		CU(cudaMemcpy((char *)dw + w_offset, w, wbytes, cudaMemcpyHostToDevice));
 	dx = dup_to_device(x, nx * sizeof(float));
 	dy = dalloc(ny * sizeof(float));
 	dq = q;
@@ -338,7 +351,8 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 			/* on the kernel's stream: a pageable cudaMemcpy may return before its
 			 * DMA lands, and `stream` (non-blocking) does not wait for it */
 			CU(cudaMemcpyAsync(dy, y0, ny * sizeof(float), cudaMemcpyHostToDevice, stream));
-			ret = k_cuda_linear_q_run(lin, kind, dy, dx, dw, &dq, M, N, K, accumulate, wtmp,
+			ret = k_cuda_linear_q_run(lin, kind, dy, dx, (char *)dw + w_offset, &dq, M, N, K,
+						  accumulate, wtmp,
 						  wtmp_limit ? wtmp_limit : wtmp_elems);
 			CU(cudaStreamSynchronize(stream));
 			CU(cudaMemcpy(rep ? out2 : out, dy, ny * sizeof(float), cudaMemcpyDeviceToHost));
@@ -386,8 +400,11 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
  * blocks, and per channel and per tensor through 1 x 128 weight scales): M 1, 17, 33,
  * 64 and 65, y = and y +=, partial row blocks (N 300, 1000), one and several k blocks of
  * scales, Llama-3.1-8B's q/k/v at M 64, and M 150 with scratch for 64 rows (passes of
- * 64, 64 and 22); where this cuBLASLt has no algorithm for a shape, it says so and skips
- * the shape (run would take another kind). */
+ * 64, 64 and 22), once with the weight and once with x as cuBLAS's A operand
+ * (KDEC_LINEAR_QLT8 2 and 3); where this cuBLASLt has no algorithm for a shape in one
+ * arrangement, it says so and skips the shape (run would take another kind), but on
+ * sm_90 with cuBLAS >= 12.9, whose documentation lists these scale modes, a shape no
+ * arrangement takes is a failure (a descriptor mistake looks like "no algorithm"). */
 /* c's layout at N x K (what k_cuda_linear_q_lt8_available reads of it). */
 static const struct k_quant *lt8_probe(const struct qcase *c, int N, int K)
 {
@@ -400,6 +417,14 @@ static const struct k_quant *lt8_probe(const struct qcase *c, int N, int K)
 	return &q;
 }
 
+static void lt8_arrange(int v)
+{
+	struct k_cuda_tuning t = *k_cuda_tuning();
+
+	t.linear_qlt8 = v;
+	k_cuda_tuning_set(&t);
+}
+
 static void test_lt8(const struct qcase *c, int quick)
 {
 	static const int shapes[][3] = {	/* N, K, M */
@@ -407,28 +432,58 @@ static void test_lt8(const struct qcase *c, int quick)
 		{ 520, 1024, 65 }, { 6144, 4096, 64 },
 	};
 	const size_t n = sizeof(shapes) / sizeof(shapes[0]) - (quick ? 1 : 0);
+	const int saved = k_cuda_tuning()->linear_qlt8;
+	int taken[sizeof(shapes) / sizeof(shapes[0])] = { 0 }, major = 0;
+	const size_t ver = k_cuda_linear_q_lt8_cublaslt_version();
+	/* N % 4 != 0: refused whatever the scales (cuBLAS: "M and N must be multiples of 4") */
+	const float *x16 = (const float *)wtmp;
 
-	for (size_t i = 0; i < n; i++) {
-		const int N = shapes[i][0], K = shapes[i][1], M = shapes[i][2];
-		const int have = k_cuda_linear_q_lt8_available(lin, lt8_probe(c, N, K), M, N, K);
+	CHECK(!k_cuda_linear_q_lt8_supports(lt8_probe(c, 302, 4096), x16, wtmp, 64, 302, 4096),
+	      "%s lt8: N 302 must be refused", c->what);
+	CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+	for (int arr = 2; arr <= 3; arr++) {
+		lt8_arrange(arr);
+		for (size_t i = 0; i < n; i++) {
+			const int N = shapes[i][0], K = shapes[i][1], M = shapes[i][2];
+			const int have = k_cuda_linear_q_lt8_available(lin, lt8_probe(c, N, K), M, N, K);
 
-		CHECK(have >= 0, "lt8 N %d K %d M %d: asking cuBLASLt failed (%d)", N, K, M, have);
-		if (have <= 0) {
-			printf("  %-12s lt8     N %5d K %5d M %2d: SKIP, this cuBLASLt has no block-scaled "
-			       "fp8 algorithm for the shape\n", c->what, N, K, M);
-			continue;
+			CHECK(have >= 0, "lt8 N %d K %d M %d: asking cuBLASLt failed (%d)", N, K, M, have);
+			if (have <= 0) {
+				printf("  %-12s lt8     N %5d K %5d M %2d: SKIP with %s as A, this "
+				       "cuBLASLt has no block-scaled fp8 algorithm for the shape\n",
+				       c->what, N, K, M, arr == 2 ? "the weight" : "x");
+				continue;
+			}
+			taken[i]++;
+			printf("  %-12s lt8     %s as A:\n", c->what, arr == 2 ? "the weight" : "x");
+			run_kind(c, K_CUDA_LINEAR_Q_LT8, N, K, M, (int)(i & 1), 0);
 		}
-		run_kind(c, K_CUDA_LINEAR_Q_LT8, N, K, M, (int)(i & 1), 0);
+		/* a weight only 16-byte aligned (one stacked after another in the arena): the
+		 * algorithm is asked for with that alignment (or run takes another kind) */
+		if (!quick) {
+			w_offset = 16;
+			printf("  %-12s lt8     the weight 16-byte aligned:\n", c->what);
+			run_kind(c, K_CUDA_LINEAR_Q_LT8, 1000, 4096, 64, 0, 0);
+			w_offset = 0;
+		}
+		/* passes: the scratch of 64 rows (and less than 128) for 150 */
+		if (k_cuda_linear_q_lt8_available(lin, lt8_probe(c, 1000, 4096), 64, 1000, 4096) > 0 &&
+		    k_cuda_linear_q_lt8_available(lin, lt8_probe(c, 1000, 4096), 22, 1000, 4096) > 0) {
+			const struct k_quant *q = lt8_probe(c, 1000, 4096);
+
+			wtmp_limit = (k_cuda_linear_q_lt8_scratch(q, 64, 1000, 4096) + 1) / 2;
+			CHECK(k_cuda_linear_q_lt8_pass_rows(q, 150, 1000, 4096, wtmp_limit * 2) == 64,
+			      "lt8 passes of %d rows",
+			      k_cuda_linear_q_lt8_pass_rows(q, 150, 1000, 4096, wtmp_limit * 2));
+			run_kind(c, K_CUDA_LINEAR_Q_LT8, 1000, 4096, 150, 1, 0);
+			wtmp_limit = 0;
+		}
 	}
-	/* passes: the scratch of 64 rows (and less than 128) for 150 */
-	if (k_cuda_linear_q_lt8_available(lin, lt8_probe(c, 1000, 4096), 64, 1000, 4096) > 0 &&
-	    k_cuda_linear_q_lt8_available(lin, lt8_probe(c, 1000, 4096), 22, 1000, 4096) > 0) {
-		wtmp_limit = (k_cuda_linear_q_lt8_scratch(64, 1000, 4096) + 1) / 2;
-		CHECK(k_cuda_linear_q_lt8_pass_rows(150, 1000, 4096, wtmp_limit * 2) == 64,
-		      "lt8 passes of %d rows", k_cuda_linear_q_lt8_pass_rows(150, 1000, 4096, wtmp_limit * 2));
-		run_kind(c, K_CUDA_LINEAR_Q_LT8, 1000, 4096, 150, 1, 0);
-		wtmp_limit = 0;
-	}
+	lt8_arrange(saved);
+	for (size_t i = 0; i < n && major == 9 && ver >= 120900; i++)
+		CHECK(taken[i] > 0 || shapes[i][2] < K_CUDA_LINEAR_Q_LT8_MIN_M,
+		      "%s lt8 N %d K %d M %d: cuBLASLt %zu on sm_90 declines it in both "
+		      "arrangements", c->what, shapes[i][0], shapes[i][1], shapes[i][2], ver);
 }
 
 /* k_cuda_quant_dequant to bf16 and to f16, bit for bit against the host's values. */

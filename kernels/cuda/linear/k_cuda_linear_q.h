@@ -143,27 +143,32 @@ int k_cuda_linear_q_tile_supports(const struct k_quant *q, const float *x, const
 				  int M, int N, int K);
 
 /* The same for K_CUDA_LINEAR_Q_LT8: fp8 with fp32 scales in 128 x 128 blocks
- * (scale_cols K / 128) with K % 512 == 0 (so a row of block scales is cuBLAS's layout),
- * or one scale a row over all of K (scale_cols 1: per channel, per tensor) with
- * K % 128 == 0 and N % 4 == 0; x, w and the scales 16-byte aligned; any M. Whether
- * cuBLASLt has an algorithm is known only at the first call (k_cuda_linear_q_run falls
- * back). */
+ * (scale_cols K / 128) with K % 512 == 0 (so a row of block scales is cuBLAS's layout;
+ * the scales 16-byte aligned), or one scale a row over all of K (scale_cols 1: per
+ * channel, per tensor) with K % 128 == 0; N % 4 == 0; x and w 16-byte aligned; any M.
+ * Whether cuBLASLt has an algorithm is known only at the first call
+ * (k_cuda_linear_q_run falls back). */
 int k_cuda_linear_q_lt8_supports(const struct k_quant *q, const float *x, const void *w, int M,
 				 int N, int K);
-/* Bytes of scratch K_CUDA_LINEAR_Q_LT8 needs at this shape, with Mp = M rounded up to 4:
- * the split x (2Mp, K) e4m3, its scales (K / 128, 2Mp) fp32, a weight's written-out
- * scales (K / 128, N) fp32 and both halves' outputs (2Mp, N) fp32, 256-byte aligned
- * parts. */
-size_t k_cuda_linear_q_lt8_scratch(int M, int N, int K);
+/* Bytes of scratch K_CUDA_LINEAR_Q_LT8 needs for q at this shape, with Mp = M rounded up
+ * to 16 (to 64 past 64 rows): the split x (2Mp, K) e4m3, its scales (K / 128, 2Mp) fp32,
+ * a weight's written-out scales (K / 128, N) fp32 where a row has one scale, and both
+ * halves' outputs (2Mp, N) fp32, 256-byte aligned parts. */
+size_t k_cuda_linear_q_lt8_scratch(const struct k_quant *q, int M, int N, int K);
 /* Rows of x one LT8 pass takes with scratch_bytes of scratch: M where they fit, else the
  * most of a multiple of 64 that fit (each further pass reads the weights again); 0: not
  * even 64. */
-int k_cuda_linear_q_lt8_pass_rows(int M, int N, int K, size_t scratch_bytes);
+int k_cuda_linear_q_lt8_pass_rows(const struct k_quant *q, int M, int N, int K,
+				  size_t scratch_bytes);
 /* 1 where cuBLASLt has a block-scaled fp8 algorithm for this shape (asked once and
  * remembered by ctx), 0 where it has none (LT8 then runs another kind) or ctx has no
  * cuBLASLt handle, < 0 on an error. */
 int k_cuda_linear_q_lt8_available(struct k_cuda_linear *ctx, const struct k_quant *q, int M,
 				  int N, int K);
+
+/* cuBLASLt's version (cublasLtGetVersion: 120900 is 12.9, the first whose documentation
+ * lists the block-scaled fp8 GEMM on sm_90), for the test's judgement of a decline. */
+size_t k_cuda_linear_q_lt8_cublaslt_version(void);
 
 /* Below this many rows choose never takes LT8 (the M <= 8 GEMV and the streaming forms
  * read the weights at the HBM floor there; the split and the add cost a launch each). */

@@ -72,6 +72,7 @@ struct k_cuda_linear {
 	int lt_n;
 	struct lin_lt8_entry *lt8_cache;	/* linear_qlt8.cu's shapes, lt8_n of them (NULL: none yet) */
 	int lt8_n;
+	int lt8_next;			/* with the cache full: the next entry to go */
 	void *blas_ws;			/* (LIN_BLAS_WS_BYTES) bytes, cuBLAS workspace */
 	uint16_t *xb;			/* (max_M, max_K) bf16: x rounded for cuBLAS */
 	const float *ready_x;		/* xb already holds bf16(ready_x) (ready_M, ready_K), */

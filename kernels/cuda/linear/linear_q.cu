@@ -456,7 +456,7 @@ static bool lq_lt8_ok(const struct k_quant *q, const float *x, const void *w, in
 		      int K, size_t wtmp_elems)
 {
 	return k_cuda_linear_q_lt8_supports(q, x, w, M, N, K) &&
-	       k_cuda_linear_q_lt8_pass_rows(M, N, K, wtmp_elems * sizeof(uint16_t)) > 0;
+	       k_cuda_linear_q_lt8_pass_rows(q, M, N, K, wtmp_elems * sizeof(uint16_t)) > 0;
 }
 
 extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_linear *ctx,
