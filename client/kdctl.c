@@ -44,7 +44,7 @@ static void usage(FILE *f)
 
 static void print_status(json_t *o)
 {
-	static const char *const keys[] = { "model", "model_path", "backend", "notify", "uptime_s", "clients",
+	static const char *const keys[] = { "model", "model_path", "weights", "backend", "notify", "uptime_s", "clients",
 		"max_clients", "requests_running", "requests_waiting", "kv_blocks_used",
 		"kv_blocks_total", "kv_blocks_cached", "kv_blocks_free", "kv_host_blocks",
 		"kv_host_bytes", "kv_sessions", "prefix_hit_tokens", "draining", "steps",

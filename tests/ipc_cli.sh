@@ -41,7 +41,7 @@ expect 2 "position 4 of the session name is not allowed" "$B/kdrun" --socket "$S
 
 # kdctl
 "$B/kdctl" --socket "$S" status --json >"$tmp/st" || fail "kdctl status --json"
-for k in model model_path backend uptime_s clients requests_running requests_waiting kv_blocks_used kv_blocks_total \
+for k in model model_path weights backend uptime_s clients requests_running requests_waiting kv_blocks_used kv_blocks_total \
 	kv_blocks_cached kv_blocks_free kv_host_blocks kv_host_bytes prefix_hit_tokens preemptions; do
 	grep -q "\"$k\":" "$tmp/st" && ok || fail "status --json lacks $k: $(cat "$tmp/st")"
 done

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Quantized checkpoints through the real daemon (issue 24): kdecd serves an fp8
 # block-scaled, a sharded int4 and a W8A8-static fp8 checkpoint (its input scales
-# checked, not applied, as its log line says) and kdrun's greedy continuation is
+# checked, not applied, as its log line says), kdctl status names each format, and
+# kdrun's greedy continuation is
 # transformers' (golden.json "greedy", computed on the dequantized weights); a
 # malformed scale stops kdecd --check with one line naming the format;
 # --synthetic-weights --weight-format builds and checks; --weight-format without
@@ -36,6 +37,9 @@ for name in llama_fp8_block kimi_k2_int4 llama_fp8_tensor_static; do
 	fi
 	got=$("$B/kdrun" --socket "$S" --prompt "$prompt" --max-tokens 40 2>"$tmp/err")
 	[ "$got" = "$want" ] && ok || fail "$name: kdrun gave '$got' ($(tail -n 1 "$tmp/err")), transformers '$want'"
+	case $name in *int4) w=int4-g32 ;; *block) w=fp8-block ;; *) w=fp8-tensor ;; esac
+	"$B/kdctl" --socket "$S" status | grep -q "^weights  *$w\$" && ok ||
+		fail "$name: kdctl status does not say weights $w: $("$B/kdctl" --socket "$S" status | grep weights)"
 	case $name in *_static)
 		grep -q "(fp8-tensor; its static input scales are not applied" "$tmp/$name.log" && ok ||
 			fail "$name: the load line does not say the input scales are not applied: $(grep 'MiB of weights' "$tmp/$name.log")"

@@ -251,8 +251,8 @@ static int status_cache(json_t *o, const struct et_report *r)
 static json_t *status(const struct et_report *r, const struct control_info *info)
 {
 	json_t *path;
-	json_t *o = json_pack("{s:b, s:s, s:s, s:s, s:f, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:I, s:I, s:I}",
-			      "ok", 1, "model", info->model, "backend", info->backend,
+	json_t *o = json_pack("{s:b, s:s, s:s, s:s, s:s, s:f, s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:I, s:I, s:I}",
+			      "ok", 1, "model", info->model, "weights", info->weights, "backend", info->backend,
 			      "notify", info->notify, "uptime_s", info->uptime_s,
 			      "clients", r->n_clients, "max_clients", info->max_clients,
 			      "requests_running", r->s.running, "requests_waiting", r->s.waiting,

@@ -70,6 +70,7 @@ int control_permit(const struct control_cmd *cmd, const struct control_peer *p,
 struct control_info {
 	const char *model;
 	const char *model_path;	/* the directory or GGUF file it was loaded from */
+	const char *weights;	/* how its linear weights are stored: bf16, fp8-block, int4-g32, ... */
 	const char *backend;
 	const char *notify;
 	double uptime_s;

@@ -2,6 +2,7 @@
  * same way: SO_PEERCRED against the allow-list, then JSON lines. A hello turns it
  * into a client connection that stays open for the client's life (EOF = the client
  * is gone); anything else is a kdctl command. */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -408,9 +409,12 @@ void server_on_read(struct ev_loop *loop, ev_io *w, int revents)
 
 static void handle_reply(struct server *s, struct et_msg *m)
 {
+	const struct model_config *cfg = &s->e->model->cfg;
+	char weights[32];
 	struct control_info info = {
-		.model = s->e->model->cfg.model_type,
+		.model = cfg->model_type,
 		.model_path = s->e->model->path,
+		.weights = weights,
 		.backend = s->o.backend ? s->o.backend : "cpu",
 		.notify = s->o.notify == IPC_NOTIFY_EVENTFD ? "eventfd" : "futex",
 		.uptime_s = (double)(ipc_now_ns() - s->t_start_ns) * 1e-9,
@@ -419,6 +423,12 @@ static void handle_reply(struct server *s, struct et_msg *m)
 	struct control_peer peer;
 	struct conn *c;
 
+	if (cfg->quant.format != MODEL_Q_NONE)
+		model_quant_name(&cfg->quant, weights, sizeof(weights));
+	else	/* bf16, f16, f32 */
+		for (size_t i = 0; i < sizeof(weights); i++)
+			if (!(weights[i] = (char)tolower((unsigned char)k_dtype_name(cfg->dtype)[i])))
+				break;
 	switch (m->type) {
 	case ET_REPORT:
 		c = conn_by_id(s, m->cookie >> 8);
