@@ -5,7 +5,7 @@
 # sampled once a second. Prints the chaos counts and, per daemon incarnation, RSS and
 # descriptors at its start, peak and end (a leak shows as a climb within one).
 # Usage: contrib/soak.sh SECONDS [BUILD_DIR]   (default BUILD_DIR: build/ of this tree)
-# Exit status: the chaos test's (0 all checks passed). docs/HARDENING.md has figures.
+# Exit status: the chaos test's (0 all checks passed). docs/SOCKET.md has figures.
 set -eu
 secs=${1:?usage: contrib/soak.sh SECONDS [BUILD_DIR]}
 src=$(cd "$(dirname "$0")/.." && pwd)
