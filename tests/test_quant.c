@@ -285,6 +285,15 @@ static void set_f32(struct tensor *t, size_t i, float v)
 
 #define L0 "model.layers.0."
 
+/* Element i of scale tensor t set to v, the checkpoint of model staged and refused. */
+static void expect_bad_scale(const char *model, const struct ckpt *c, struct tensor *t, size_t i,
+			     float v, const char *what, const char *want1, const char *want2)
+{
+	set_f32(t, i, v);
+	stage(model, c, NULL, NULL);
+	expect_load(what, 0, want1, want2);
+}
+
 static void test_fp8_block(void)
 {
 	static struct ckpt c;
@@ -324,12 +333,9 @@ static void test_fp8_block(void)
 	expect_load("scale shape", 0, "shape [2, 1], expected [1, 2]", "down_proj.weight_scale_inv");
 	t->shape[0] = 1, t->shape[1] = 2;
 
-	set_f32(t, 1, NAN);
-	stage("llama_fp8_block", &c, NULL, NULL);
-	expect_load("NaN scale", 0, "is nan, not finite", "fp8-block");
-	set_f32(t, 1, INFINITY);
-	stage("llama_fp8_block", &c, NULL, NULL);
-	expect_load("inf scale", 0, "is inf, not finite", "down_proj.weight_scale_inv");
+	expect_bad_scale("llama_fp8_block", &c, t, 1, NAN, "NaN scale", "is nan, not finite", "fp8-block");
+	expect_bad_scale("llama_fp8_block", &c, t, 1, INFINITY, "inf scale", "is inf, not finite",
+			 "down_proj.weight_scale_inv");
 	set_f32(t, 1, 0.01f);
 
 	snprintf(t->dtype, sizeof(t->dtype), "I32");
@@ -440,16 +446,12 @@ static void test_fp8_static_inputs(void)
 	stage("llama_fp8_tensor_static", &c, NULL, NULL);
 	expect_load("input_scale missing", 0, "up_proj.input_scale' is missing", "fp8-tensor");
 	snprintf(t->name, sizeof(t->name), L0 "mlp.up_proj.input_scale");
-	set_f32(t, 0, 0.0f);
-	stage("llama_fp8_tensor_static", &c, NULL, NULL);
-	expect_load("input_scale zero", 0, "up_proj.input_scale' is 0, expected a value > 0",
-		    "static input scales");
-	set_f32(t, 0, -0.5f);
-	stage("llama_fp8_tensor_static", &c, NULL, NULL);
-	expect_load("input_scale negative", 0, "is -0.5, expected a value > 0", "fp8-tensor");
-	set_f32(t, 0, NAN);
-	stage("llama_fp8_tensor_static", &c, NULL, NULL);
-	expect_load("input_scale NaN", 0, "up_proj.input_scale': scale 0", "not finite");
+	expect_bad_scale("llama_fp8_tensor_static", &c, t, 0, 0.0f, "input_scale zero",
+			 "up_proj.input_scale' is 0, expected a value > 0", "static input scales");
+	expect_bad_scale("llama_fp8_tensor_static", &c, t, 0, -0.5f, "input_scale negative",
+			 "is -0.5, expected a value > 0", "fp8-tensor");
+	expect_bad_scale("llama_fp8_tensor_static", &c, t, 0, NAN, "input_scale NaN",
+			 "up_proj.input_scale': scale 0", "not finite");
 	set_f32(t, 0, 0.01f);
 	t->ndim = 2, t->shape[0] = 1, t->shape[1] = 1;	/* [1, 1]: one value, fine */
 	stage("llama_fp8_tensor_static", &c, NULL, NULL);
@@ -512,12 +514,8 @@ static void test_int4(void)
 	stage("llama_int4", &c, "\"group_size\": 32", "\"group_size\": 16");
 	expect_load("wrong group size", 0, "q_proj.weight_scale': shape [144, 3], expected [144, 6]", "int4-g16");
 
-	set_f32(s, 3, -INFINITY);
-	stage("llama_int4", &c, NULL, NULL);
-	expect_load("inf int4 scale", 0, "not finite", "int4-g32");
-	set_f32(s, 3, NAN);
-	stage("llama_int4", &c, NULL, NULL);
-	expect_load("NaN int4 scale", 0, "not finite", "up_proj.weight_scale");
+	expect_bad_scale("llama_int4", &c, s, 3, -INFINITY, "inf int4 scale", "not finite", "int4-g32");
+	expect_bad_scale("llama_int4", &c, s, 3, NAN, "NaN int4 scale", "not finite", "up_proj.weight_scale");
 	free_ckpt(&c);
 }
 
