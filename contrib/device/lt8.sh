@@ -1,8 +1,9 @@
 #!/bin/bash
 # fp8 linears on cuBLASLt's block-scaled fp8 GEMM (K_CUDA_LINEAR_Q_LT8, KDEC_LINEAR_QLT8;
 # issue 24's batch-64 target) in one device call: test_cuda_linear_q KD_TEST_PART=lt8 (every
-# fp8 format against the host's copy of the split, SKIP lines where cuBLASLt has no
-# algorithm) and under compute-sanitizer memcheck, the whole test quick (the other kinds
+# fp8 format against the host's copy of the split, with the weight and with x as cuBLAS's
+# A; SKIP lines where cuBLASLt has no algorithm in one arrangement, a FAIL where neither
+# has one on sm_90) and under compute-sanitizer memcheck, the whole test quick (the other kinds
 # and the choice unchanged), bench_cuda_linear_q's lt8 column beside the tile kernel and
 # bf16 on Llama-3.1-8B's shapes at M 16, 32, 64, then kdbench decode of Llama-3.1-8B
 # fp8-block at batch 16 and 64 with the knob 0, 1, 0 (the repeat: drift) beside bf16 at
