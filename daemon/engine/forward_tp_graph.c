@@ -98,16 +98,20 @@ int forward_tp_graph_rank(struct forward *f)
 {
 	struct fwd_tp *g = f->tp;
 	int r = f->tp_rank, per = g->graph_kind == BACKEND_TP_GRAPH_PER_RANK, ret = 0, ret2;
+	int staged = 0;
 	void **graph = &g->rank_graph[g->g_bucket][r];
 
 	/* a graph per rank: each rank stages its own inputs on its own device (rank 0
 	 * did before the round; with one graph it staged every rank's). Not while
 	 * capturing: the copy would be recorded. A rank's block moves (stage_block_alloc)
 	 * exactly when rank 0's does (the same batch, the same table capacity), which
-	 * rank 0 checked before the round, so what a replay reads is where its graph does */
+	 * rank 0 checked before the round, so what a replay reads is where its graph does.
+	 * A failed upload still runs the step below on the inputs already there (a step
+	 * that then fails): the other ranks' kernels are already waiting in their fused
+	 * all-reduces for this rank's partials, and would otherwise spin until they trap */
 	if (per && r && g->mode != TP_STEP_CAPTURE && g->mode != TP_STEP_LAYER)
-		ret = rank_stage(g, r, g->b, f->be);
-	if (!ret && g->mode == TP_STEP_REPLAY && f->st.block != g->cap_block[g->g_bucket][r])
+		staged = rank_stage(g, r, g->b, f->be);
+	if (g->mode == TP_STEP_REPLAY && f->st.block != g->cap_block[g->g_bucket][r])
 		ret = -ESTALE;	/* not reached: see above */
 	switch (g->mode) {
 	case TP_STEP_WARM:	/* op by op at the bucket's shape: cuBLASLt tunes outside a capture */
@@ -141,7 +145,7 @@ int forward_tp_graph_rank(struct forward *f)
 	case TP_STEP_REPLAY:	/* a graph per rank */
 		if (!ret)
 			ret = f->be->ops->graph_launch(f->be, *graph);
-		if (!ret)
+		if (!ret && !staged)
 			ret = rank_collect(g, r, f->be);
 		ret2 = f->be->ops->sync(f->be);
 		ret = ret ? ret : ret2;
@@ -149,6 +153,7 @@ int forward_tp_graph_rank(struct forward *f)
 	default:
 		ret = -EINVAL;
 	}
+	ret = ret ? ret : staged;
 	if (ret)	/* the others must not wait for this rank at a reduction */
 		tp_barrier_break(&g->comm.bar);
 	return ret;

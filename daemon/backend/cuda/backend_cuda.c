@@ -40,14 +40,35 @@ void cuda_fail(struct backend_cuda *b, int ret, const char *what)
 	}
 }
 
+int cuda_dev_enter(const struct backend_cuda *b)
+{
+	int prev = b->dev;
+
+	if (cudaGetDevice(&prev) != cudaSuccess) {
+		cudaGetLastError();
+		prev = b->dev;
+	}
+	if (prev != b->dev && cudaSetDevice(b->dev) != cudaSuccess)
+		cudaGetLastError();	/* the call that follows fails and says so */
+	return prev;
+}
+
+void cuda_dev_leave(const struct backend_cuda *b, int prev)
+{
+	if (prev != b->dev && cudaSetDevice(prev) != cudaSuccess)
+		cudaGetLastError();
+}
+
 /* ---- lifecycle ------------------------------------------------------------- */
 
 static void cuda_destroy(struct backend *be)
 {
 	struct backend_cuda *b = cuda_of(be);
+	int prev;
 
 	if (!b)
 		return;
+	prev = cuda_dev_enter(b);	/* its streams, events, handles and memory are on b->dev */
 	cuda_prof_destroy(b);
 	for (int i = 0; i < 2; i++)
 		if (b->timer[i])
@@ -70,6 +91,7 @@ static void cuda_destroy(struct backend *be)
 	pthread_mutex_destroy(&b->side_mu);
 	if (b->stream)
 		cudaStreamDestroy(b->stream);
+	cuda_dev_leave(b, prev);
 	free(b);
 }
 
@@ -209,17 +231,14 @@ static int cuda_wtmp_reserve(struct backend_cuda *b)
 	return 0;
 }
 
-static int cuda_reserve(struct backend *be, int max_rows, int max_ctx, char *err, size_t err_len)
+/* cuda_reserve with b's GPU current. */
+static int cuda_reserve_on(struct backend_cuda *b, int max_rows, int max_ctx, int max_dim,
+			   int max_M, char *err, size_t err_len)
 {
-	struct backend_cuda *b = cuda_of(be);
 	const struct model_config *c = &b->m->cfg;
-	int max_dim = c->mla ? c->kv_lora_rank + c->qk_rope_head_dim : c->head_dim;
-	int max_M = max_rows > 64 ? max_rows : 64;
 	size_t free_b = 0, total_b = 0;
 	int ret;
 
-	if (c->mla && c->v_head_dim > max_dim)
-		max_dim = c->v_head_dim;
 	if ((ret = k_cuda_linear_create(&b->lin, b->stream, max_M, b->max_K)) ||
 	    (ret = k_cuda_attn_ws_create(&b->attn_ws, max_M, c->n_heads, max_dim, max_ctx)) ||
 	    (c->n_experts > 0 &&
@@ -250,11 +269,30 @@ static int cuda_reserve(struct backend *be, int max_rows, int max_ctx, char *err
 	return 0;
 }
 
+static int cuda_reserve(struct backend *be, int max_rows, int max_ctx, char *err, size_t err_len)
+{
+	struct backend_cuda *b = cuda_of(be);
+	const struct model_config *c = &b->m->cfg;
+	int max_dim = c->mla ? c->kv_lora_rank + c->qk_rope_head_dim : c->head_dim;
+	int max_M = max_rows > 64 ? max_rows : 64;
+	int ret, prev;
+
+	if (c->mla && c->v_head_dim > max_dim)
+		max_dim = c->v_head_dim;
+	prev = cuda_dev_enter(b);
+	ret = cuda_reserve_on(b, max_rows, max_ctx, max_dim, max_M, err, err_len);
+	cuda_dev_leave(b, prev);
+	return ret;
+}
+
 /* ---- memory ---------------------------------------------------------------- */
 
+/* On b's GPU whatever the calling thread's current device (kv caches, sampling pairs:
+ * the engine thread allocates for every rank). */
 static void *cuda_alloc(struct backend *be, size_t bytes)
 {
 	struct backend_cuda *b = cuda_of(be);
+	const int prev = cuda_dev_enter(b);
 	void *p = NULL;
 
 	if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
@@ -265,21 +303,27 @@ static void *cuda_alloc(struct backend *be, size_t bytes)
 		log_error("cuda: out of GPU memory: %.2f GiB requested, %.2f GiB free of %.2f GiB on GPU %d",
 			  (double)bytes / (1u << 30), (double)free_b / (1u << 30),
 			  (double)total_b / (1u << 30), b->dev);
-		return NULL;
-	}
-	if (CUDA_CHECK(b, cudaMemsetAsync(p, 0, bytes ? bytes : 1, b->stream))) {
+		p = NULL;
+	} else if (CUDA_CHECK(b, cudaMemsetAsync(p, 0, bytes ? bytes : 1, b->stream))) {
 		cudaFree(p);
-		return NULL;
+		p = NULL;
+	} else {
+		b->alloc_bytes += bytes;
 	}
-	b->alloc_bytes += bytes;
+	cuda_dev_leave(b, prev);
 	return p;
 }
 
 static void cuda_free(struct backend *be, void *p)
 {
-	(void)be;
-	if (p)
-		cudaFree(p);
+	struct backend_cuda *b = cuda_of(be);
+	int prev;
+
+	if (!p)
+		return;
+	prev = cuda_dev_enter(b);
+	cudaFree(p);
+	cuda_dev_leave(b, prev);
 }
 
 /* Page-locked, so that a step's input copy is one DMA the stream runs in order,

@@ -136,6 +136,11 @@ int cuda_check(struct backend_cuda *b, cudaError_t e, const char *call, const ch
 /* Any other failure ret (-errno) of what: the first since the last sync is logged and
  * kept for it (one failing launch fails the rest of a step: one line, not hundreds). */
 void cuda_fail(struct backend_cuda *b, int ret, const char *what);
+/* b's GPU made the calling thread's current one (the CUDA current device is per host
+ * thread, and the engine thread allocates and frees for every rank, each on its own GPU
+ * with --gpus); returns the device to give back to cuda_dev_leave. */
+int cuda_dev_enter(const struct backend_cuda *b);
+void cuda_dev_leave(const struct backend_cuda *b, int prev);
 /* Ends the capture on b's stream and instantiates it into *graph (NULL on failure),
  * *n_nodes its nodes; ret (a failure before the end) or an op's error while recording
  * (b->err, then cleared) fails it. 0 or -errno. */
@@ -277,6 +282,12 @@ struct cuda_nccl;
  * -EIO (NCCL missing or its ncclCommInitAll failing), each with one line in err. */
 int cuda_nccl_pick(struct backend *const *ranks, int n, struct cuda_nccl **nccl, char *err,
 		   size_t err_len);
+/* Where the fused kernel was picked by --allreduce auto and its buffers could not be made
+ * (fused_ret: k_cuda_ar_create's error, e.g. peer access that CanAccessPeer promised and
+ * EnablePeerAccess refused): NCCL instead, as cuda_nccl_pick makes it; fused_ret where
+ * auto did not choose (--allreduce fused) or ranks share a GPU. */
+int cuda_nccl_fallback(struct backend *const *ranks, int n, int fused_ret, struct cuda_nccl **nccl,
+		       char *err, size_t err_len);
 void cuda_nccl_destroy(struct cuda_nccl *c);	/* accepts NULL; no reduction in flight */
 const char *cuda_nccl_name(const struct cuda_nccl *c);	/* "nccl 2.28.3" */
 /* Rank rank's reduction through NCCL on be's stream, the arguments of tp_reduce

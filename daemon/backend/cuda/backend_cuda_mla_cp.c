@@ -49,6 +49,9 @@ void cuda_mla_cp_destroy(void *cp)
 	if (!c)
 		return;
 	for (int r = 0; r < c->n; r++) {
+		if (!c->r[r].b)
+			continue;	/* create failed before this rank */
+		cudaSetDevice(c->r[r].b->dev);
 		k_cuda_attn_ws_destroy(c->r[r].ws);
 		cudaFree(c->r[r].slots);
 		cudaFree(c->r[r].ctx);
@@ -56,6 +59,8 @@ void cuda_mla_cp_destroy(void *cp)
 			if (c->r[r].done[s])
 				cudaEventDestroy(c->r[r].done[s]);
 	}
+	if (c->r[0].b)
+		cudaSetDevice(c->r[0].b->dev);	/* the exchange's GPU, the caller's current one */
 	cudaFree(c->q);
 	cudaFree(c->o);
 	cudaFree(c->lse);
@@ -96,6 +101,14 @@ int cuda_mla_cp_create(struct backend *const *ranks, int n, int max_rows, int ma
 			 "a paged cache of its own)", n, CP_MAX_RANKS, block_tokens);
 		return -EINVAL;
 	}
+	for (int r = 1; r < n; r++)	/* the exchange and the merge read every rank's partials */
+		if (cuda_of(ranks[r])->dev != b0->dev) {
+			snprintf(err, err_len, "--tp %d --mla-cp on cuda: ranks on different GPUs (rank "
+				 "0 on GPU %d, rank %d on GPU %d) are not built yet: the split latent "
+				 "cache runs on virtual ranks of one GPU (--gpus N), or leave out "
+				 "--mla-cp", n, b0->dev, r, cuda_of(ranks[r])->dev);
+			return -ENOTSUP;
+		}
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;

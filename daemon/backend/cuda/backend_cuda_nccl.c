@@ -160,6 +160,21 @@ static int pick_nccl(struct backend *const *ranks, int n, const char *why, struc
 #endif
 }
 
+int cuda_nccl_fallback(struct backend *const *ranks, int n, int fused_ret, struct cuda_nccl **nccl,
+		       char *err, size_t err_len)
+{
+	int a, b;
+	char why[192];
+
+	*nccl = NULL;
+	if (cuda_of(ranks[0])->allreduce != BACKEND_AR_AUTO || ranks_sharing_a_device(ranks, n, &a, &b))
+		return fused_ret;
+	snprintf(why, sizeof(why), "--allreduce auto: the fused kernel's peer buffers could not be "
+		 "made (%s)", strerror(-fused_ret));
+	log_warn("cuda: tp %d: %s; NCCL instead", n, why);
+	return pick_nccl(ranks, n, why, nccl, err, err_len);
+}
+
 int cuda_nccl_pick(struct backend *const *ranks, int n, struct cuda_nccl **nccl, char *err,
 		   size_t err_len)
 {

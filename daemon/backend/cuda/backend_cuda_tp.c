@@ -131,6 +131,17 @@ int cuda_tp_comm_create(struct backend *const *ranks, int n, int max_rows, int w
 	for (int r = 0; r < n; r++)
 		devs[r] = cuda_of(ranks[r])->dev;
 	ret = nccl ? 0 : k_cuda_ar_create(&c->ar, n, devs, K_CUDA_AR_F32, max_rows, width);
+	if (ret && !nccl) {	/* auto's fused kernel could not be set up: NCCL where it can run */
+		char e2[256] = "";
+
+		if (!(ret = cuda_nccl_fallback(ranks, n, ret, &nccl, e2, sizeof(e2))))
+			c->nccl = nccl;
+		else if (e2[0]) {
+			snprintf(err, err_len, "%s", e2);
+			cuda_tp_comm_destroy(c);
+			return ret;
+		}
+	}
 	for (int r = 0; r < n && !ret; r++) {
 		struct backend_cuda *b = cuda_of(ranks[r]);
 
