@@ -168,9 +168,17 @@ int cuda_tp_comm_create(struct backend *const *ranks, int n, int max_rows, int w
 				     c->kind == BACKEND_TP_GRAPH_PER_RANK ? "a graph per rank" :
 				     "none (some ranks share a GPU, not all)";
 
+		char on[96];
+		size_t k = 0;
+
+		on[0] = '\0';	/* the GPUs the ranks are on, in rank order */
+		for (int r = 0; r < n && k < sizeof(on) - 8; r++)
+			if (!r || devs[r] != devs[0])
+				k += (size_t)snprintf(on + k, sizeof(on) - k, "%s%d", k ? "," : "", devs[r]);
 		if (!nccl)
 			log_info("cuda: tp %d: the reduction (k_cuda_ar_fused, fp32 payload) for up to %d "
-				 "rows of %d, on GPU %d%s; decode graphs: %s", n, max_rows, width, devs[0],
+				 "rows of %d, on GPU%s %s%s; decode graphs: %s", n, max_rows, width,
+				 strchr(on, ',') ? "s" : "", on,
 				 k_cuda_ar_ranks_per_device(c->ar) > 1 ? " (virtual ranks: one GPU)" : "",
 				 graphs);
 		else if (n > 1)
