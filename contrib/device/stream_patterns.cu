@@ -14,6 +14,11 @@
 // contrib/device/stream_patterns.cu
 // (a study, not part of the build; results: docs/results/stream-patterns-h200.txt).
 //   ring (tma_kernel): the per-SM share in flight at once in shared memory by bulk copies.
+//   async (async_kernel): stream_kernel's units through a per-warp ring of S units in
+//   shared memory filled by cp.async, each lane its own slots, a commit group a unit and
+//   cp.async.wait_group(S - 1): ptxas gives register loads one scoreboard and no partial
+//   waits (session 13's SASS reading: stream_kernel's D units were ~1 in flight at each
+//   wait, which is why D 2..8 measured alike), cp.async groups complete in order.
 //   `stream_patterns check`: the ring's checks alone (for compute-sanitizer);
 //   `stream_patterns only SHAPE`: one shape's rows, no checks (for ncu).
 #include <cstdio>
@@ -25,6 +30,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/moe/moe_small.cuh"
+#include "kernels/cuda/ptx.cuh"
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s: %s\n", #x, cudaGetErrorString(e)); exit(1); } } while (0)
 
@@ -107,6 +113,84 @@ stream_kernel(const uint16_t *w, const float *x, float *y, int R, int nc)
 	}
 }
 
+
+// stream_kernel's units through a cp.async ring: slot k % S of the warp's ring holds
+// unit k's RPW x UC chunks, lane-private (entry ((slot * RPW + r) * UC + u) * 32 + lane);
+// the same FMAs in the same order as stream_kernel, so y equals its bits.
+template <int RPW, int UC, int S, int W, int C>
+__global__ void __launch_bounds__(W * 32, C)
+async_kernel(const uint16_t *w, const float *x, float *y, int R, int nc)
+{
+	extern __shared__ float4 xs[];	// x (nc * 2 float4), then the warps' rings
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+	long long lo = (long long)R * blockIdx.x / gridDim.x, hi = (long long)R * (blockIdx.x + 1) / gridDim.x;
+	int groups = (int)((hi - lo + RPW - 1) / RPW);
+	int ulen = 32 * UC, nu = (nc + ulen - 1) / ulen;
+	int my = warp < groups ? (groups - warp + W - 1) / W : 0;
+	int K = my * nu;
+	uint4 *ring = (uint4 *)(xs + nc * 2) + (size_t)warp * S * RPW * UC * 32;
+	float acc[RPW];
+
+	auto rowp = [&](int g, int r) {
+		long long row = lo + (long long)(warp + W * g) * RPW + r;
+		return row < hi ? (const uint4 *)(w + row * (long long)nc * 8) : (const uint4 *)nullptr;
+	};
+	auto load = [&](int k) {	// unit k into its slot, one commit group (empty past K)
+		if (k < K) {
+			int g = k / nu, cb = k % nu * ulen;
+#pragma unroll
+			for (int r = 0; r < RPW; r++) {
+				const uint4 *p = rowp(g, r);
+#pragma unroll
+				for (int u = 0; u < UC; u++) {
+					int c = cb + 32 * u + lane;
+					bool ok = p && c < nc;
+
+					cp_async16(ring + ((size_t)((k % S) * RPW + r) * UC + u) * 32 + lane,
+						   ok ? p + c : (const uint4 *)w, ok);
+				}
+			}
+		}
+		cp_async_commit();
+	};
+#pragma unroll
+	for (int d = 0; d < S; d++)
+		load(d);
+	for (int q = threadIdx.x; q < nc * 2; q += W * 32)
+		xs[q] = ((const float4 *)x)[q];
+	__syncthreads();
+#pragma unroll
+	for (int r = 0; r < RPW; r++)
+		acc[r] = 0.f;
+	for (int k = 0; k < K; k++) {
+		int cb = k % nu * ulen;
+
+		cp_async_wait<S - 1>();	// unit k is in
+#pragma unroll
+		for (int u = 0; u < UC; u++) {
+			int c = cb + 32 * u + lane;
+			if (c < nc) {
+				float4 a = xs[2 * c], b = xs[2 * c + 1];
+#pragma unroll
+				for (int r = 0; r < RPW; r++)
+					fma8(acc[r], ring[((size_t)((k % S) * RPW + r) * UC + u) * 32 + lane], a, b);
+			}
+		}
+		load(k + S);	// into the slot just read
+		if (k % nu == nu - 1) {
+			int g = k / nu;
+#pragma unroll
+			for (int r = 0; r < RPW; r++) {
+				float s = warp_sum(acc[r]);
+				long long row = lo + (long long)(warp + W * g) * RPW + r;
+				if (lane == 0 && row < hi)
+					y[row] = s;
+				acc[r] = 0.f;
+			}
+		}
+	}
+	cp_async_wait<0>();
+}
 
 // All of a group's loads first: each warp takes groups of RB rows, loads every chunk of
 // them (CPL 16-byte chunks per lane and row: the whole row) before any FMA. ONE_WAVE:
@@ -355,6 +439,60 @@ static void run(const char *tag, const shape &s, std::vector<uint16_t *> &bufs, 
 	report(s, tag, (const void *)k, W * 32, smem, us, "");
 }
 
+template <int RPW, int UC, int S, int W, int C>
+static void runa(const char *tag, const shape &s, std::vector<uint16_t *> &bufs, const float *x, float *y)
+{
+	auto k = async_kernel<RPW, UC, S, W, C>;
+	int nc = s.row_bytes / 16, grid = n_sm * C;
+	size_t smem = (size_t)nc * 32 + (size_t)W * S * RPW * UC * 32 * 16;
+
+	if (smem * C > 227 * 1024)
+		return;
+	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	timing us = time_calls([&](int i) {
+		k<<<grid, W * 32, smem>>>(bufs[i % bufs.size()], x, y, s.rows, nc);
+	});
+	report(s, tag, (const void *)k, W * 32, smem, us, "");
+}
+
+// async_kernel's y against stream_kernel's (the same sums in the same order: equal bits)
+// on random weights.
+static void check_async(const shape &s, const float *x, float *y)
+{
+	size_t bytes = (size_t)s.row_bytes * s.rows;
+	int nc = s.row_bytes / 16, bad = 0;
+	size_t smem = (size_t)nc * 32 + (size_t)8 * 3 * 2 * 4 * 32 * 16;
+	std::vector<uint16_t> h(bytes / 2);
+	std::vector<float> a(s.rows), b(s.rows);
+	auto k = async_kernel<2, 4, 3, 8, 2>;
+	auto k2 = stream_kernel<2, 4, 2, 8, 2, 0>;
+	unsigned v = 54321;
+	uint16_t *d;
+	float *y2;
+
+	if (smem * 2 > 227 * 1024)
+		return;
+	for (auto &e : h) {
+		v = v * 1664525u + 1013904223u;
+		e = (uint16_t)(0x3c00 + (v >> 24));
+	}
+	CK(cudaMalloc(&d, bytes));
+	CK(cudaMalloc(&y2, s.rows * sizeof(float)));
+	CK(cudaMemcpy(d, h.data(), bytes, cudaMemcpyHostToDevice));
+	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	CK(cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+	k<<<n_sm * 2, 256, smem>>>(d, x, y, s.rows, nc);
+	k2<<<n_sm * 2, 256, nc * 32>>>(d, x, y2, s.rows, nc);
+	CK(cudaDeviceSynchronize());
+	CK(cudaMemcpy(a.data(), y, s.rows * 4, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(b.data(), y2, s.rows * 4, cudaMemcpyDeviceToHost));
+	for (int i = 0; i < s.rows; i++)
+		bad += a[i] != b[i];
+	printf("%-14s async check: %d of %d rows differ from the register kernel\n", s.name, bad, s.rows);
+	cudaFree(d);
+	cudaFree(y2);
+}
+
 template <int RB, int CPL, int W, int C, bool ONE_WAVE>
 static void runb(const char *tag, const shape &s, std::vector<uint16_t *> &bufs, const float *x, float *y)
 {
@@ -447,8 +585,10 @@ int main(int argc, char **argv)
 	CK(cudaMalloc(&sink, 4));
 	{ std::vector<float> hx(16384); unsigned v = 7; for (auto &e : hx) { v = v * 1664525u + 1013904223u; e = (float)(v >> 8) / 16777216.f - 0.5f; } CK(cudaMemcpy(x, hx.data(), 64 * 1024, cudaMemcpyHostToDevice)); }
 	for (auto &s : shapes)	// "check": the ring kernel's checks alone (compute-sanitizer)
-		if (argc == 1 || !strcmp(argv[1], "check"))
+		if (argc == 1 || !strcmp(argv[1], "check")) {
 			check_tma(s, x, y);
+			check_async(s, x, y);
+		}
 	const char *only = argc > 2 && !strcmp(argv[1], "only") ? argv[2] : nullptr;
 	if (argc > 1 && !only)
 		return 0;
@@ -481,6 +621,13 @@ int main(int argc, char **argv)
 		run<1, 2, 8, 8, 2, 0>("RPW1 UC2 D8 W8 C2", s, bufs, x, y);
 		run<1, 4, 3, 4, 4, 0>("RPW1 UC4 D3 W4 C4", s, bufs, x, y);
 		run<2, 4, 2, 8, 1, 0>("RPW2 UC4 D2 W8 C1", s, bufs, x, y);
+		runa<2, 4, 3, 8, 2>("async RPW2 UC4 S3 W8 C2", s, bufs, x, y);	// m1 gate/up's
+		runa<2, 4, 2, 8, 2>("async RPW2 UC4 S2 W8 C2", s, bufs, x, y);
+		runa<2, 2, 6, 8, 2>("async RPW2 UC2 S6 W8 C2", s, bufs, x, y);
+		runa<1, 4, 4, 8, 2>("async RPW1 UC4 S4 W8 C2", s, bufs, x, y);	// m1 down's
+		runa<1, 3, 4, 8, 2>("async RPW1 UC3 S4 W8 C2", s, bufs, x, y);
+		runa<1, 2, 8, 8, 2>("async RPW1 UC2 S8 W8 C2", s, bufs, x, y);
+		runa<1, 4, 3, 8, 3>("async RPW1 UC4 S3 W8 C3", s, bufs, x, y);
 		runt<8, 12>("ring W8 12x16KB", s, bufs, x, y, 16384);
 		runt<8, 6>("ring W8 6x32KB", s, bufs, x, y, 32768);
 		runt<16, 12>("ring W16 12x16KB", s, bufs, x, y, 16384);
