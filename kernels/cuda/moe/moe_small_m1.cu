@@ -216,10 +216,10 @@ m1_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *act, con
 			unit_dot(a0, a1, w0, w1, as4 + it.src4, cb, min(cb + ul, it.nc), lane);
 		else if (k & 1)
 			unit_dot_qs<F>(a0, a1, w0, w1, as4, it.src4, cb, min(cb + ul, it.nc), lane,
-				       sb0, sb1);
+				       sb0, sb1, wq.sbf16);
 		else
 			unit_dot_qs<F>(a0, a1, w0, w1, as4, it.src4, cb, min(cb + ul, it.nc), lane,
-				       sa0, sa1);
+				       sa0, sa1, wq.sbf16);
 		if (k % nu == nu - 1) {
 			float s0 = warp_sum(a0), s1 = warp_sum(a1);
 

@@ -73,7 +73,8 @@ __device__ __forceinline__ void unit_load(uint4 *w0, uint4 *w1, const uint4 *r0,
 
 // Quantized units: the scales of the unit's chunks of two rows (zeros past ce) into
 // registers as its weights load, so that the dot products wait on no load of their
-// own. EARLY: issued before the PDL wait.
+// own: their stored bits (mq_scale_raw), made floats where used (unit_dot_qs). EARLY:
+// issued before the PDL wait.
 template <int F, bool EARLY = false>
 __device__ __forceinline__ void unit_scales(float (&s0)[M1_UC], float (&s1)[M1_UC],
 					    const mq_row &r0, const mq_row &r1, int cb, int ce,
@@ -83,19 +84,19 @@ __device__ __forceinline__ void unit_scales(float (&s0)[M1_UC], float (&s1)[M1_U
 	for (int b = 0; b < M1_UC; b++) {
 		int c = cb + 32 * b + lane;
 
-		s0[b] = c >= ce ? 0.0f : EARLY ? mq_scale_early(r0, c * MQ_VPC(F)) : mq_scale(r0, c * MQ_VPC(F));
-		s1[b] = c >= ce ? 0.0f : EARLY ? mq_scale_early(r1, c * MQ_VPC(F)) : mq_scale(r1, c * MQ_VPC(F));
+		s0[b] = c >= ce ? 0.0f : mq_scale_raw<EARLY>(r0, c * MQ_VPC(F));
+		s1[b] = c >= ce ? 0.0f : mq_scale_raw<EARLY>(r1, c * MQ_VPC(F));
 	}
 }
 
-// unit_dot of quantized rows with their chunks' scales in registers (unit_scales); the
-// fp32 row starts at float4 base4 of the staged rows s4, which are swizzled (mq_swz;
-// base4 a multiple of 8).
+// unit_dot of quantized rows with their chunks' scales in registers (unit_scales: the
+// stored bits, bf16 ones where sbf16); the fp32 row starts at float4 base4 of the
+// staged rows s4, which are swizzled (mq_swz; base4 a multiple of 8).
 template <int F>
 __device__ __forceinline__ void unit_dot_qs(float &acc0, float &acc1, const uint4 *w0,
 					    const uint4 *w1, const float4 *s4, int base4, int cb,
 					    int ce, int lane, const float (&s0)[M1_UC],
-					    const float (&s1)[M1_UC])
+					    const float (&s1)[M1_UC], int sbf16)
 {
 #pragma unroll
 	for (int b = 0; b < M1_UC; b++) {
@@ -105,8 +106,8 @@ __device__ __forceinline__ void unit_dot_qs(float &acc0, float &acc1, const uint
 		if (c >= ce)
 			break;
 		mq_chunk_dot2<F>(w0[b], w1[b], s4, base4 + MQ_VPC(F) / 4 * c, p0, p1);
-		acc0 = fmaf(p0, s0[b], acc0);
-		acc1 = fmaf(p1, s1[b], acc1);
+		acc0 = fmaf(p0, mq_scale_cook(s0[b], sbf16), acc0);
+		acc1 = fmaf(p1, mq_scale_cook(s1[b], sbf16), acc1);
 	}
 }
 
@@ -240,9 +241,11 @@ __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 		if (F == MQ_BF16)
 			unit_dot(ag, au, g, u, xs4, cb, min(cb + ul, nc), lane);
 		else if (k & 1)
-			unit_dot_qs<F>(ag, au, g, u, xs4, 0, cb, min(cb + ul, nc), lane, sgb, sub);
+			unit_dot_qs<F>(ag, au, g, u, xs4, 0, cb, min(cb + ul, nc), lane, sgb, sub,
+				       wq.sbf16);
 		else
-			unit_dot_qs<F>(ag, au, g, u, xs4, 0, cb, min(cb + ul, nc), lane, sga, sua);
+			unit_dot_qs<F>(ag, au, g, u, xs4, 0, cb, min(cb + ul, nc), lane, sga, sua,
+				       wq.sbf16);
 		if (k % nu == nu - 1) {
 			gu_row r = row(k);
 			float s0 = warp_sum(ag), s1 = warp_sum(au);
