@@ -151,24 +151,51 @@ struct gu_row {
 	mq_row sg, su;		// quantized: the rows' scales
 };
 
+// The used experts' gate and up matrices (and scales), looked up once a CTA into shared
+// memory (gu_used_load): a unit's row then costs a shared-memory read, not a global
+// load of its expert's pointer that its weight loads wait for (one round trip a unit,
+// SASS of session 13).
+struct gu_used {
+	const uint16_t *g[MOE_SMALL_MAX_PAIRS], *u[MOE_SMALL_MAX_PAIRS];	// (n_used)
+	const void *sg[MOE_SMALL_MAX_PAIRS], *su[MOE_SMALL_MAX_PAIRS];		// quantized
+};
+
+// The whole CTA calls it, after the plan; ends with a barrier.
+template <int F = MQ_BF16>
+__device__ __forceinline__ void gu_used_load(gu_used &pu, const small_plan &sp,
+					     const uint16_t *const *expert_w, const moe_wq &wq)
+{
+	for (int i = threadIdx.x; i < sp.n_used; i += blockDim.x) {
+		int e = sp.used_e[i];
+
+		pu.g[i] = expert_w[3 * e];
+		pu.u[i] = expert_w[3 * e + 1];
+		if (F != MQ_BF16) {
+			pu.sg[i] = wq.scales[3 * e];
+			pu.su[i] = wq.scales[3 * e + 1];
+		}
+	}
+	__syncthreads();
+}
+
 // F: the routed experts' format (quantized: wq; no shared expert then).
 template <int F = MQ_BF16>
-__device__ __forceinline__ gu_row gu_row_of(long long pos, long long Wr, const small_plan &sp,
-					    const uint16_t *const *expert_w, const moe_wq &wq,
-					    const moe_small_shared &sh, int hidden, int inter)
+__device__ __forceinline__ gu_row gu_row_of(long long pos, long long Wr, const gu_used &pu,
+					    const moe_wq &wq, const moe_small_shared &sh,
+					    int hidden, int inter)
 {
 	gu_row r;
 
 	if (pos < Wr) {
-		int u = (int)(pos / inter), e = sp.used_e[u], nc = hidden / MQ_VPC(F);
+		int u = (int)(pos / inter), nc = hidden / MQ_VPC(F);
 
 		r.used = u;
 		r.f = (int)(pos % inter);
-		r.g = (const uint4 *)expert_w[3 * e] + (size_t)r.f * nc;
-		r.u = (const uint4 *)expert_w[3 * e + 1] + (size_t)r.f * nc;
+		r.g = (const uint4 *)pu.g[u] + (size_t)r.f * nc;
+		r.u = (const uint4 *)pu.u[u] + (size_t)r.f * nc;
 		if (F != MQ_BF16) {
-			r.sg = mq_row_of(wq, wq.scales[3 * e], 0, r.f);
-			r.su = mq_row_of(wq, wq.scales[3 * e + 1], 1, r.f);
+			r.sg = mq_row_of(wq, pu.sg[u], 0, r.f);
+			r.su = mq_row_of(wq, pu.su[u], 1, r.f);
 		}
 	} else {
 		r.used = -1;
@@ -195,15 +222,17 @@ __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 	int ul = unit_len(nc, bal), nu = (nc + ul - 1) / ul;
 	long long Wr, lo, hi;
 	int rows, K;
+	__shared__ gu_used pu;
 
+	gu_used_load<F>(pu, sp, expert_w, wq);
 	gate_up_share(sp, inter, sh.inter, Wr, lo, hi);
 	rows = (int)(hi - lo);
 	K = warp < rows ? (rows - warp + SM_WARPS - 1) / SM_WARPS * nu : 0;	// warp's units
 
 	// Unit k: chunks from (k % nu) * ul of the warp's row k / nu.
 	auto row = [&](int k) {
-		return gu_row_of<F>(lo + warp + (long long)SM_WARPS * (k / nu), Wr, sp, expert_w, wq,
-				    sh, hidden, inter);
+		return gu_row_of<F>(lo + warp + (long long)SM_WARPS * (k / nu), Wr, pu, wq, sh,
+				    hidden, inter);
 	};
 	auto load = [&](int k, uint4 *g, uint4 *u) {
 		gu_row r = row(k);
