@@ -269,7 +269,8 @@ extern "C" int k_cuda_moe_lat_config(struct k_cuda_moe_lat_cfg *cfg, int M, int 
 				     size_t why_len)
 {
 	size_t route, xrow = (size_t)hidden * sizeof(float);
-	static int setup_done;
+	static unsigned long long setup_done;	// a bit a device (an attribute is per device)
+	int dev = 0;
 
 	*cfg = (struct k_cuda_moe_lat_cfg){ SM_THREADS, 1, K_CUDA_MOE_LAT_MAX_ROWS, 0, 0, 0 };
 	if (q && q->fmt != K_Q_NONE) {	// its launch 1 streams bf16 expert rows only
@@ -296,12 +297,15 @@ extern "C" int k_cuda_moe_lat_config(struct k_cuda_moe_lat_cfg *cfg, int M, int 
 	}
 	cfg->rp = (int)(K_CUDA_MOE_LAT_SMEM / xrow) < M ? (int)(K_CUDA_MOE_LAT_SMEM / xrow) : M;
 	cfg->smem = (size_t)cfg->rp * xrow > route ? (size_t)cfg->rp * xrow : route;
-	if (!setup_done) {
+	if (K_CUDA_CALL(cudaGetDevice(&dev)))
+		return -EIO;
+	if (dev >= 64 || !(__atomic_load_n(&setup_done, __ATOMIC_RELAXED) >> dev & 1)) {
 		if (K_CUDA_CALL(cudaFuncSetAttribute(lat_route_gate_up_kernel,
 						     cudaFuncAttributeMaxDynamicSharedMemorySize,
 						     K_CUDA_MOE_LAT_SMEM)))
 			return -EIO;
-		setup_done = 1;
+		if (dev < 64)	// ranks on other GPUs may ask at once
+			__atomic_fetch_or(&setup_done, 1ull << dev, __ATOMIC_RELAXED);
 	}
 	if (K_CUDA_CALL(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
 		    &cfg->ctas_per_sm, lat_route_gate_up_kernel, SM_THREADS, cfg->smem)))

@@ -90,11 +90,10 @@ __device__ __forceinline__ float mq_scale(const mq_row &r, int k)
 		       : __ldg((const float *)r.s + i);
 }
 
-// The scale of the chunk of values from column k, issued before the PDL wait (weights
-// are constants: k_cuda_pdl_early's loads).
 // mq_scale in two halves, so that the load's wait moves to where the scale is used:
 // mq_scale_raw loads the stored bits (bf16: the 16 bits, unshifted, as a float's bit
-// pattern) with no arithmetic on them; mq_scale_cook (at the use) makes the float. With
+// pattern) with no arithmetic on them, EARLY: before the PDL wait (weights' scales are
+// constants: k_cuda_pdl_early's loads); mq_scale_cook (at the use) makes the float. With
 // the conversion beside the load, ptxas waited for each 2-byte load at once, inside
 // the branch on sbf16: up to 8 round trips a unit in the m1 kernels (SASS, session 13).
 template <bool EARLY = false>
@@ -117,16 +116,6 @@ __device__ __forceinline__ float mq_scale_raw(const mq_row &r, int k)
 __device__ __forceinline__ float mq_scale_cook(float raw, int sbf16)
 {
 	return sbf16 ? __uint_as_float(__float_as_uint(raw) << 16) : raw;
-}
-
-__device__ __forceinline__ float mq_scale_early(const mq_row &r, int k)
-{
-	int i = k >> r.kshift;
-
-	if (!r.s)
-		return 0.0f;
-	return r.sbf16 ? __uint_as_float((uint32_t)k_cuda_pdl_early((const unsigned short *)r.s + i) << 16)
-		       : k_cuda_pdl_early((const float *)r.s + i);
 }
 
 // part += chunk w (values from column c * VPC) dotted with the fp32 values at x4
