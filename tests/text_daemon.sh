@@ -35,6 +35,10 @@ got=$("$B/kdrun" --socket "$S" --prompt "$(field prompt_ids)" --max-tokens "$max
 	--stop "$(field stop_id)" 2>/dev/null | tr ' ' ',')
 [ "$got" = "$(field output_ids)" ] && ok || fail "ids '$got', transformers '$(field output_ids)'"
 
+# kdctl status says how the GGUF's weights are held: dequantized at load
+"$B/kdctl" --socket "$S" status | grep -q "^weights  *f32, from GGUF\$" && ok ||
+	fail "kdctl status: $("$B/kdctl" --socket "$S" status | grep weights), want 'f32, from GGUF'"
+
 # without --tokenizer: the model kdecd serves (its status names the file)
 "$B/kdrun" --socket "$S" --text "$prompt" --chat --max-tokens "$max" >"$tmp/out2" 2>"$tmp/err"
 cmp -s "$tmp/out2" "$F.out" && ok || fail "kdrun without --tokenizer: '$(cat "$tmp/out2")' $(cat "$tmp/err")"

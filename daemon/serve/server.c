@@ -429,6 +429,8 @@ static void handle_reply(struct server *s, struct et_msg *m)
 		for (size_t i = 0; i < sizeof(weights); i++)
 			if (!(weights[i] = (char)tolower((unsigned char)k_dtype_name(cfg->dtype)[i])))
 				break;
+	if (s->e->model->gguf_buf)	/* a GGUF's blocks are dequantized at load */
+		strncat(weights, ", from GGUF", sizeof(weights) - strlen(weights) - 1);
 	switch (m->type) {
 	case ET_REPORT:
 		c = conn_by_id(s, m->cookie >> 8);
