@@ -36,6 +36,24 @@
 
 // fma8 (the small MoE kernels' bf16 dot product) and warp_sum: moe_small.cuh's own.
 
+// At the last unit of the warp's row group g: each of its RPW rows' warp sum into y
+// (rows of [lo, hi) only), the sums cleared.
+template <int RPW, int W>
+__device__ __forceinline__ void rows_flush(float (&acc)[RPW], float *y, long long lo, long long hi,
+					   int g)
+{
+	int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+#pragma unroll
+	for (int r = 0; r < RPW; r++) {
+		float s = warp_sum(acc[r]);
+		long long row = lo + (long long)(warp + W * g) * RPW + r;
+		if (lane == 0 && row < hi)
+			y[row] = s;
+		acc[r] = 0.f;
+	}
+}
+
 template <int RPW, int UC, int D, int W, int C, int LD>
 __global__ void __launch_bounds__(W * 32, C)
 stream_kernel(const uint16_t *w, const float *x, float *y, int R, int nc)
@@ -98,17 +116,8 @@ stream_kernel(const uint16_t *w, const float *x, float *y, int R, int nc)
 			}
 			if (k + D < K)
 				load(k + D, buf[d]);
-			if (k % nu == nu - 1) {
-				int g = k / nu;
-#pragma unroll
-				for (int r = 0; r < RPW; r++) {
-					float s = warp_sum(acc[r]);
-					long long row = lo + (long long)(warp + W * g) * RPW + r;
-					if (lane == 0 && row < hi)
-						y[row] = s;
-					acc[r] = 0.f;
-				}
-			}
+			if (k % nu == nu - 1)
+				rows_flush<RPW, W>(acc, y, lo, hi, k / nu);
 		}
 	}
 }
@@ -177,17 +186,8 @@ async_kernel(const uint16_t *w, const float *x, float *y, int R, int nc)
 			}
 		}
 		load(k + S);	// into the slot just read
-		if (k % nu == nu - 1) {
-			int g = k / nu;
-#pragma unroll
-			for (int r = 0; r < RPW; r++) {
-				float s = warp_sum(acc[r]);
-				long long row = lo + (long long)(warp + W * g) * RPW + r;
-				if (lane == 0 && row < hi)
-					y[row] = s;
-				acc[r] = 0.f;
-			}
-		}
+		if (k % nu == nu - 1)
+			rows_flush<RPW, W>(acc, y, lo, hi, k / nu);
 	}
 	cp_async_wait<0>();
 }
@@ -455,23 +455,19 @@ static void runa(const char *tag, const shape &s, std::vector<uint16_t *> &bufs,
 	report(s, tag, (const void *)k, W * 32, smem, us, "");
 }
 
-// async_kernel's y against stream_kernel's (the same sums in the same order: equal bits)
-// on random weights.
-static void check_async(const shape &s, const float *x, float *y)
+// Random weights of shape s uploaded, one kernel's y (launch(d, y)) against the register
+// kernel's (ref(d, y2)): what row sums differ (the same sums in the same order: none).
+template <typename Launch, typename Ref>
+static void check_same(const shape &s, const char *what, float *y, Launch launch, Ref ref,
+		       unsigned v)
 {
 	size_t bytes = (size_t)s.row_bytes * s.rows;
-	int nc = s.row_bytes / 16, bad = 0;
-	size_t smem = (size_t)nc * 32 + (size_t)8 * 3 * 2 * 4 * 32 * 16;
 	std::vector<uint16_t> h(bytes / 2);
 	std::vector<float> a(s.rows), b(s.rows);
-	auto k = async_kernel<2, 4, 3, 8, 2>;
-	auto k2 = stream_kernel<2, 4, 2, 8, 2, 0>;
-	unsigned v = 54321;
 	uint16_t *d;
 	float *y2;
+	int bad = 0;
 
-	if (smem * 2 > 227 * 1024)
-		return;
 	for (auto &e : h) {
 		v = v * 1664525u + 1013904223u;
 		e = (uint16_t)(0x3c00 + (v >> 24));
@@ -479,18 +475,36 @@ static void check_async(const shape &s, const float *x, float *y)
 	CK(cudaMalloc(&d, bytes));
 	CK(cudaMalloc(&y2, s.rows * sizeof(float)));
 	CK(cudaMemcpy(d, h.data(), bytes, cudaMemcpyHostToDevice));
-	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	CK(cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
-	k<<<n_sm * 2, 256, smem>>>(d, x, y, s.rows, nc);
-	k2<<<n_sm * 2, 256, nc * 32>>>(d, x, y2, s.rows, nc);
+	launch(d, y);
+	ref(d, y2);
 	CK(cudaDeviceSynchronize());
 	CK(cudaMemcpy(a.data(), y, s.rows * 4, cudaMemcpyDeviceToHost));
 	CK(cudaMemcpy(b.data(), y2, s.rows * 4, cudaMemcpyDeviceToHost));
 	for (int i = 0; i < s.rows; i++)
 		bad += a[i] != b[i];
-	printf("%-14s async check: %d of %d rows differ from the register kernel\n", s.name, bad, s.rows);
+	printf("%-14s %s check: %d of %d rows differ from the register kernel\n", s.name, what, bad,
+	       s.rows);
 	cudaFree(d);
 	cudaFree(y2);
+}
+
+// async_kernel's y against stream_kernel's on random weights.
+static void check_async(const shape &s, const float *x, float *y)
+{
+	int nc = s.row_bytes / 16;
+	size_t smem = (size_t)nc * 32 + (size_t)8 * 3 * 2 * 4 * 32 * 16;
+	auto k = async_kernel<2, 4, 3, 8, 2>;
+	auto k2 = stream_kernel<2, 4, 2, 8, 2, 0>;
+
+	if (smem * 2 > 227 * 1024)
+		return;
+	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	CK(cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+	check_same(s, "async", y, [&](const uint16_t *d, float *o) {
+		k<<<n_sm * 2, 256, smem>>>(d, x, o, s.rows, nc);
+	}, [&](const uint16_t *d, float *o) {
+		k2<<<n_sm * 2, 256, nc * 32>>>(d, x, o, s.rows, nc);
+	}, 54321);
 }
 
 template <int RB, int CPL, int W, int C, bool ONE_WAVE>
@@ -531,40 +545,21 @@ static void runt(const char *tag, const shape &s, std::vector<uint16_t *> &bufs,
 	report(s, tag, (const void *)k, W * 32, smem, us, extra);
 }
 
-// The ring kernel's y against the register kernel's (the same sum order: equal bits) on
-// random weights.
+// The ring kernel's y against the register kernel's on random weights.
 static void check_tma(const shape &s, const float *x, float *y)
 {
-	size_t bytes = (size_t)s.row_bytes * s.rows;
-	int nc = s.row_bytes / 16, SR = std::max(1, 16384 / s.row_bytes), bad = 0;
+	int nc = s.row_bytes / 16, SR = std::max(1, 16384 / s.row_bytes);
 	size_t smem = (size_t)12 * SR * s.row_bytes + (size_t)nc * 32;
-	std::vector<uint16_t> h(bytes / 2);
-	std::vector<float> a(s.rows), b(s.rows);
 	auto k = tma_kernel<8, 12>;
 	auto k2 = stream_kernel<1, 4, 2, 8, 2, 0>;
-	unsigned v = 12345;
-	uint16_t *d;
-	float *y2;
 
-	for (auto &e : h) {
-		v = v * 1664525u + 1013904223u;
-		e = (uint16_t)(0x3c00 + (v >> 24));
-	}
-	CK(cudaMalloc(&d, bytes));
-	CK(cudaMalloc(&y2, s.rows * sizeof(float)));
-	CK(cudaMemcpy(d, h.data(), bytes, cudaMemcpyHostToDevice));
 	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	CK(cudaFuncSetAttribute(k2, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
-	k<<<n_sm, 256, smem>>>(d, x, y, s.rows, nc, SR);
-	k2<<<n_sm * 2, 256, nc * 32>>>(d, x, y2, s.rows, nc);
-	CK(cudaDeviceSynchronize());
-	CK(cudaMemcpy(a.data(), y, s.rows * 4, cudaMemcpyDeviceToHost));
-	CK(cudaMemcpy(b.data(), y2, s.rows * 4, cudaMemcpyDeviceToHost));
-	for (int i = 0; i < s.rows; i++)
-		bad += a[i] != b[i];
-	printf("%-14s ring check: %d of %d rows differ from the register kernel\n", s.name, bad, s.rows);
-	cudaFree(d);
-	cudaFree(y2);
+	check_same(s, "ring", y, [&](const uint16_t *d, float *o) {
+		k<<<n_sm, 256, smem>>>(d, x, o, s.rows, nc, SR);
+	}, [&](const uint16_t *d, float *o) {
+		k2<<<n_sm * 2, 256, nc * 32>>>(d, x, o, s.rows, nc);
+	}, 12345);
 }
 
 int main(int argc, char **argv)
