@@ -149,13 +149,11 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	{
-		char q[32];
+		char w[40];
 
-		model_quant_name(&m->cfg.quant, q, sizeof(q));
 		log_info("model %s: %s, %d layers, %.1f MiB of weights (%s%s); KV cache %.1f MiB; "
 			 "ready in %.2f s", a.model, m->cfg.model_type, m->cfg.n_layers,
-			 (double)m->weight_bytes / (1 << 20),
-			 m->cfg.quant.format == MODEL_Q_NONE ? k_dtype_name(m->cfg.dtype) : q,
+			 (double)m->weight_bytes / (1 << 20), model_weights_name(m, w, sizeof(w)),
 			 m->cfg.quant.input_scales ? "; its static input scales are not applied: "
 			 "activations stay unquantized" : "", (double)e->fwd->kv_bytes / (1 << 20),
 			 clock_now() - t0);

@@ -1,5 +1,6 @@
 /* Model loading: config.json, then every tensor the architecture needs, bound by its
  * Hugging Face name and checked for shape and dtype. */
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -526,4 +527,18 @@ void model_release_pages(const struct model *m, const void *p, size_t bytes)
 		madvise((void *)a, b - a, MADV_DONTNEED);
 		return;
 	}
+}
+
+const char *model_weights_name(const struct model *m, char *buf, size_t n)
+{
+	if (m->cfg.quant.format != MODEL_Q_NONE)
+		model_quant_name(&m->cfg.quant, buf, n);
+	else	/* bf16, f16, f32 */
+		for (size_t i = 0; i < n; i++)
+			if (!(buf[i] = (char)tolower((unsigned char)k_dtype_name(m->cfg.dtype)[i])))
+				break;
+	buf[n - 1] = '\0';
+	if (m->gguf_buf)	/* a GGUF's blocks are dequantized at load */
+		strncat(buf, ", from GGUF", n - strlen(buf) - 1);
+	return buf;
 }

@@ -135,6 +135,11 @@ int model_load(struct model **out, const char *path, const struct model_load_opt
 	       char *err, size_t err_len);
 void model_destroy(struct model *m);	/* accepts NULL and half-built models */
 
+/* How m's linear weights are held, for people (kdctl status, kdecd's load line): the
+ * quantized format (model_quant_name), else the dtype in lower case, with ", from GGUF"
+ * where a GGUF's blocks were dequantized at load. buf, n >= 32. */
+const char *model_weights_name(const struct model *m, char *buf, size_t n);
+
 /* Gives back the pages of a mapped model's files that hold [p, p + bytes) (madvise
  * MADV_DONTNEED: they are read again from the file if touched again), so that a
  * shard built tensor by tensor never keeps more than a tensor of the file resident.

@@ -2,7 +2,6 @@
  * same way: SO_PEERCRED against the allow-list, then JSON lines. A hello turns it
  * into a client connection that stays open for the client's life (EOF = the client
  * is gone); anything else is a kdctl command. */
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -409,12 +408,10 @@ void server_on_read(struct ev_loop *loop, ev_io *w, int revents)
 
 static void handle_reply(struct server *s, struct et_msg *m)
 {
-	const struct model_config *cfg = &s->e->model->cfg;
-	char weights[32];
 	struct control_info info = {
-		.model = cfg->model_type,
+		.model = s->e->model->cfg.model_type,
 		.model_path = s->e->model->path,
-		.weights = weights,
+		.weights = s->weights,
 		.backend = s->o.backend ? s->o.backend : "cpu",
 		.notify = s->o.notify == IPC_NOTIFY_EVENTFD ? "eventfd" : "futex",
 		.uptime_s = (double)(ipc_now_ns() - s->t_start_ns) * 1e-9,
@@ -423,14 +420,6 @@ static void handle_reply(struct server *s, struct et_msg *m)
 	struct control_peer peer;
 	struct conn *c;
 
-	if (cfg->quant.format != MODEL_Q_NONE)
-		model_quant_name(&cfg->quant, weights, sizeof(weights));
-	else	/* bf16, f16, f32 */
-		for (size_t i = 0; i < sizeof(weights); i++)
-			if (!(weights[i] = (char)tolower((unsigned char)k_dtype_name(cfg->dtype)[i])))
-				break;
-	if (s->e->model->gguf_buf)	/* a GGUF's blocks are dequantized at load */
-		strncat(weights, ", from GGUF", sizeof(weights) - strlen(weights) - 1);
 	switch (m->type) {
 	case ET_REPORT:
 		c = conn_by_id(s, m->cookie >> 8);
@@ -536,6 +525,7 @@ int server_create(struct server **out, struct ev_loop *loop, struct engine *e,
 	s->o = *o;
 	s->ls.fd = s->ls.lock_fd = s->reserve_fd = -1;
 	s->t_start_ns = ipc_now_ns();
+	model_weights_name(e->model, s->weights, sizeof(s->weights));
 	if (s->o.max_clients <= 0)
 		s->o.max_clients = SERVER_DEFAULT_MAX_CLIENTS;
 	if (s->o.shutdown_timeout_s < 0)

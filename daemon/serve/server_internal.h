@@ -61,6 +61,7 @@ struct server {
 	long nofile;			/* RLIMIT_NOFILE (soft) */
 	int shutting_down;
 	uint64_t t_start_ns;
+	char weights[40];		/* model_weights_name, for kdctl status */
 	struct server_ratelog rl_fds, rl_evict, rl_idle;
 };
 

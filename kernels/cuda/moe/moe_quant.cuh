@@ -79,17 +79,6 @@ __device__ __forceinline__ mq_row mq_row_of(const moe_wq &wq, const void *base, 
 	return r;
 }
 
-// The scale of the chunk of values from column k.
-__device__ __forceinline__ float mq_scale(const mq_row &r, int k)
-{
-	int i = k >> r.kshift;
-
-	if (!r.s)
-		return 0.0f;
-	return r.sbf16 ? __uint_as_float((uint32_t)__ldg((const unsigned short *)r.s + i) << 16)
-		       : __ldg((const float *)r.s + i);
-}
-
 // mq_scale in two halves, so that the load's wait moves to where the scale is used:
 // mq_scale_raw loads the stored bits (bf16: the 16 bits, unshifted, as a float's bit
 // pattern) with no arithmetic on them, EARLY: before the PDL wait (weights' scales are
@@ -116,6 +105,12 @@ __device__ __forceinline__ float mq_scale_raw(const mq_row &r, int k)
 __device__ __forceinline__ float mq_scale_cook(float raw, int sbf16)
 {
 	return sbf16 ? __uint_as_float(__float_as_uint(raw) << 16) : raw;
+}
+
+// The scale of the chunk of values from column k, in one piece.
+__device__ __forceinline__ float mq_scale(const mq_row &r, int k)
+{
+	return mq_scale_cook(mq_scale_raw(r, k), r.sbf16);
 }
 
 // part += chunk w (values from column c * VPC) dotted with the fp32 values at x4
