@@ -61,14 +61,4 @@ static inline void moe_set_m1(int on)
 	k_cuda_tuning_set(&t);
 }
 
-/* The M = 1 kernels' cp.async ring depth (KDEC_MOE_M1_RING; -1: the default). */
-static inline void moe_set_m1_ring(int depth)
-{
-	struct k_cuda_tuning t = *k_cuda_tuning(), def;
-
-	k_cuda_tuning_defaults(&def);
-	t.moe_m1_ring = depth >= 0 ? depth : def.moe_m1_ring;
-	k_cuda_tuning_set(&t);
-}
-
 #endif

@@ -12,8 +12,7 @@
  * left unwritten fails. Tolerance rel L2 <= 1e-4 (grouped: bf16 hi+lo activations,
  * small: fp32 activations; fp32 accumulation: ~1e-5 expected). The small path runs
  * a single row with moe_small_m1.cu's kernels (the default) and the general ones,
- * which must give the same bits (the tuning's moe_m1; repeated and bad ids too; their
- * rows through registers and through cp.async rings, KDEC_MOE_M1_RING).
+ * which must give the same bits (the tuning's moe_m1; repeated and bad ids too).
  * Experts plus shared expert plus residual (k_cuda_moe_experts_add) against the CPU's
  * ops in forward.c's order (k_cpu_moe_experts, the shared SwiGLU MLP by k_cpu_linear
  * and k_cpu_silu_mul, two adds) on fresh random inputs, both ways too:
@@ -495,61 +494,49 @@ static void test_experts_add(const struct moe_shape *s, struct weights *w,
 
 /* One row (M = 1) on the small path, moe_small_m1.cu's kernels against the general
  * ones (the tuning's moe_m1): the same bits from k_cuda_moe_experts (add 0, output
- * poisoned first) and from k_cuda_moe_experts_add (shared expert si, residual y0).
- * The m1 kernels run three ways: rows through registers, then through cp.async rings
- * of 2 and 3 units a warp (KDEC_MOE_M1_RING; where a ring's CTAs would not fit an SM
- * the launcher takes a shallower one or the registers, which the result cannot tell). */
-#define M1_WAYS 4	/* general, registers, ring 2, ring 3 */
+ * poisoned first) and from k_cuda_moe_experts_add (shared expert si, residual y0). */
 static void test_m1_bits(const struct moe_shape *s, struct weights *w, const struct shared_w *sw,
 			 int si, struct k_cuda_moe_ws *ws, int flags)
 {
-	static const char *const way_name[M1_WAYS] = { "general", "registers", "ring 2", "ring 3" };
 	struct ex_case c;
 	struct k_cuda_moe_shared sh = { sw->d[0], sw->d[1], sw->d[2], si };
-	float *got[M1_WAYS][2], *dy;
-	int ret = 0;
+	float *got[2][2], *dy;
+	int ret = 0, diff[2] = { 0, 0 };
 	size_t nx;
 
 	ex_case_make(&c, s, w, 1, flags);
 	nx = c.nx;
 	dy = dalloc(sizeof(float) * nx);
 	moe_set_path(K_CUDA_MOE_PATH_SMALL);
-	for (int v = 0; v < M1_WAYS; v++) {
-		moe_set_m1(v > 0);
-		moe_set_m1_ring(v >= 2 ? v : 0);
-		got[v][0] = malloc(sizeof(float) * nx);
-		got[v][1] = malloc(sizeof(float) * nx);
+	for (int m1 = 0; m1 < 2; m1++) {
+		moe_set_m1(m1);
+		got[m1][0] = malloc(sizeof(float) * nx);
+		got[m1][1] = malloc(sizeof(float) * nx);
 		CU(cudaMemset(dy, 0xff, sizeof(float) * nx));
 		ret |= k_cuda_moe_experts(stream, ws, dy, c.dx, 1, c.dids, c.dw, s->top_k,
 					  (const uint16_t *const *)c.dtable, s->n_experts, s->hidden,
 					  s->inter);
-		to_host(got[v][0], dy, sizeof(float) * nx);
+		to_host(got[m1][0], dy, sizeof(float) * nx);
 		CU(cudaMemcpy(dy, c.y0, sizeof(float) * nx, cudaMemcpyHostToDevice));
 		ret |= k_cuda_moe_experts_add(stream, ws, dy, c.dx, 1, c.dids, c.dw, s->top_k,
 					      (const uint16_t *const *)c.dtable, s->n_experts,
 					      s->hidden, s->inter, si > 0 ? &sh : NULL);
-		to_host(got[v][1], dy, sizeof(float) * nx);
+		to_host(got[m1][1], dy, sizeof(float) * nx);
 	}
 	moe_set_m1(-1);
-	moe_set_m1_ring(-1);
-	for (int v = 1; v < M1_WAYS; v++) {
-		int diff[2] = { 0, 0 };
-
-		for (int op = 0; op < 2; op++)
-			for (size_t i = 0; i < nx; i++)
-				/* finite too: both outputs start as NaN, so two kernels that
-				 * wrote nothing would have the same bits */
-				diff[op] += !test_same_floats(&got[0][op][i], &got[v][op][i], 1);
-		printf("%-12s %-34s %-9s shared %4d%s%s  experts: %d of %zu differ, experts_add: %d  %s\n",
-		       "m1 bits", s->name, way_name[v], si, flags & EX_DUP ? " dup" : "",
-		       flags & EX_BAD_ID ? " bad-id" : "", diff[0], nx, diff[1],
-		       ret == 0 && !diff[0] && !diff[1] ? "PASS" : "FAIL");
-		CHECK(ret == 0 && !diff[0] && !diff[1], "m1 bits %s %s shared %d: ret %d, %d and %d differ",
-		      s->name, way_name[v], si, ret, diff[0], diff[1]);
-	}
-	for (int v = 0; v < M1_WAYS; v++) {
-		free(got[v][0]);
-		free(got[v][1]);
+	for (int op = 0; op < 2; op++)
+		for (size_t i = 0; i < nx; i++)
+			/* finite too: both outputs start as NaN, so two kernels that wrote
+			 * nothing would have the same bits */
+			diff[op] += !test_same_floats(&got[0][op][i], &got[1][op][i], 1);
+	printf("%-12s %-34s shared %4d%s%s  experts: %d of %zu differ, experts_add: %d  %s\n",
+	       "m1 bits", s->name, si, flags & EX_DUP ? " dup" : "", flags & EX_BAD_ID ? " bad-id" : "",
+	       diff[0], nx, diff[1], ret == 0 && !diff[0] && !diff[1] ? "PASS" : "FAIL");
+	CHECK(ret == 0 && !diff[0] && !diff[1], "m1 bits %s shared %d: ret %d, %d and %d differ",
+	      s->name, si, ret, diff[0], diff[1]);
+	for (int m1 = 0; m1 < 2; m1++) {
+		free(got[m1][0]);
+		free(got[m1][1]);
 	}
 	cudaFree(dy);
 	ex_case_free(&c);
@@ -656,9 +643,6 @@ static void test_experts_all(void)
 		{ { "tiny 40x24 E5 k2", 40, 24, 5, 2 }, 72 },		/* 3 pieces */
 		{ { "wide 2304x2568 E6 k2", 2304, 2568, 6, 2 }, 2 * 2568 },
 		{ { "k1 64x40 E4 k1", 64, 40, 4, 1 }, 160 },		/* 4 pieces, 64 rows */
-		/* Kimi-K2's hidden width: the M = 1 gate/up's x takes 28 KB, so its ring is
-		 * 2 units deep, not 3 (two CTAs an SM) */
-		{ { "k8 7168x256 E16 k8", 7168, 256, 16, 8 }, 512 },
 	};
 
 	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)

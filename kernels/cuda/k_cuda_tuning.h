@@ -132,10 +132,6 @@ struct k_cuda_tuning {
 				 * can start (and run its plan and first loads before its wait)
 				 * until they end; 1 leaves room for one (session 9's hypothesis,
 				 * not yet measured) */
-	int moe_m1_ring;	/* KDEC_MOE_M1_RING, 0..3, 0: the M = 1 kernels' bf16 rows stream
-				 * through registers (two units a warp; 1 too); 2 or 3: through a
-				 * cp.async ring of that many units a warp in shared memory (the
-				 * deepest whose CTAs still fit an SM), the same bits */
 	int moe_lat_prefetch_mb;	/* KDEC_MOE_LAT_PREFETCH_MB, MB (>= 0), 0: the latency
 				 * path's MoE launch asks L2 (evict-last) for up to this many MB
 				 * of the next layer's attention weights once its router rows

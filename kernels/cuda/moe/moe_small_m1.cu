@@ -23,9 +23,9 @@ namespace {	// kernels and their helpers stay private to this file
 // share of rows per CTA. Warp w takes the CTA's rows w, w + SM_WARPS, ... as a stream of
 // units (nu per row). act (n, inter): every pair of a used expert gets its value (a
 // repeated id: the same dot product); sh.act (1, sh.inter). Dynamic shared memory: x
-// row 0 (hidden fp32), then (RING > 0, bf16) each warp's ring of RING units.
+// row 0 (hidden fp32).
 // F: the routed experts' format (quantized: wq, no shared expert).
-template <int F, int RING = 0>
+template <int F>
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 m1_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x, const int32_t *ids,
 		  int n, int E, int hidden, int inter, float *act, moe_small_shared sh, int bal,
@@ -44,7 +44,7 @@ m1_gate_up_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *x, co
 	}
 	k_cuda_pdl_wait();
 	small_plan_build(sp, ids, n, E);
-	m1_gate_up_body<F, RING>(sp, expert_w, x, hidden, inter, act, sh, bal, (float4 *)xs4, wq);
+	m1_gate_up_body<F>(sp, expert_w, x, hidden, inter, act, sh, bal, (float4 *)xs4, wq);
 }
 
 // Down item q (small_down_kernel's order: (used expert, column pair), then (shared
@@ -98,9 +98,8 @@ __device__ __forceinline__ dn_item dn_item_of(int q, int n_routed, int n_used,
 // kernel's order of sums). Each used expert's activations (of its first pair: a
 // repeated id has the same ones) and the shared expert's are staged in shared memory
 // while the warps' first units load. Dynamic shared memory: (max_used * inter +
-// sh.inter) fp32, max_used = min(n, E), then (RING > 0, bf16) each warp's ring of RING
-// units (unit_stream_ring).
-template <int F, int RING = 0>
+// sh.inter) fp32, max_used = min(n, E).
+template <int F>
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 m1_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *act, const int32_t *ids,
 	       const float *weights, int top_k, int E, int hidden, int inter,
@@ -180,31 +179,7 @@ m1_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *act, con
 			unit_scales<F, true>(sa0, sa1, it.r0, it.r1, cb, ce, lane);
 	};
 
-	// RING: the slots after the staged activations (whose count is a multiple of 4)
-	int sl = m1_slot_len(ul);
-	uint4 *ring = (uint4 *)(as4 + ((size_t)min(top_k, E) * inter + sh.inter) / 4) +
-		      (size_t)warp * RING * sl;
-	auto load_async = [&](int k, uint4 *slot) {
-		dn_item it = item(k);
-		int cb = k % nu * ul;
-
-		unit_load_async(slot, it.w0, it.w1, cb, min(cb + ul, it.nc), ul / 32, lane);
-	};
-	auto load_async_early = [&](int k, uint4 *slot) {
-		dn_item it = item(k);
-		int cb = k % nu * ul;
-
-		unit_load_async<true>(slot, it.w0, it.w1, cb, min(cb + ul, it.nc), ul / 32, lane);
-	};
-
-	static_assert(RING == 0 || F == MQ_BF16, "the ring streams bf16 rows only");
-	if constexpr (RING > 0) {	// weights are constants: early or not, as the registers
-		if (early)
-			unit_prime_ring<RING>(K, ring, sl, load_async_early);
-		k_cuda_pdl_wait();
-		if (!early)
-			unit_prime_ring<RING>(K, ring, sl, load_async);
-	} else if (F != MQ_BF16) {
+	if (F != MQ_BF16) {
 		if (early)
 			unit_prime(K, wa0, wa1, wb0, wb1, load_q_early);
 		k_cuda_pdl_wait();
@@ -262,9 +237,7 @@ m1_down_kernel(const uint16_t *const *expert_w, moe_wq wq, const float *act, con
 			a0 = a1 = 0.0f;
 		}
 	};
-	if constexpr (RING > 0)
-		unit_stream_ring<RING>(K, ring, sl, ul / 32, lane, load_async, consume);
-	else if (F != MQ_BF16)
+	if (F != MQ_BF16)
 		unit_stream(K, wa0, wa1, wb0, wb1, load_q, consume);
 	else
 		unit_stream(K, wa0, wa1, wb0, wb1, load, consume);
@@ -323,69 +296,11 @@ static int m1_setup_fmt(void)
 						M1_ACT_SMEM_MAX)) ? -EIO : 0;
 }
 
-// A ring kernel may take all the shared memory a CTA can opt into beside its static
-// arrays; how many then fit an SM is the launcher's question (m1_ring_fits).
-template <typename Kernel>
-static int m1_ring_optin(Kernel kernel, int optin)
-{
-	cudaFuncAttributes a;
-
-	if (K_CUDA_CALL(cudaFuncGetAttributes(&a, kernel)))
-		return -EIO;
-	return K_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-						optin - (int)a.sharedSizeBytes)) ? -EIO : 0;
-}
-
 int moe_small_m1_setup(void)
 {
-	int dev, optin;
-
-	if (K_CUDA_CALL(cudaGetDevice(&dev)) ||
-	    K_CUDA_CALL(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)))
-		return -EIO;
-	return m1_setup_fmt<MQ_BF16>() || m1_setup_fmt<MQ_FP8>() || m1_setup_fmt<MQ_INT4>() ||
-	       m1_ring_optin(m1_gate_up_kernel<MQ_BF16, 2>, optin) ||
-	       m1_ring_optin(m1_gate_up_kernel<MQ_BF16, 3>, optin) ||
-	       m1_ring_optin(m1_down_kernel<MQ_BF16, 2>, optin) ||
-	       m1_ring_optin(m1_down_kernel<MQ_BF16, 3>, optin) ? -EIO : 0;
+	return m1_setup_fmt<MQ_BF16>() || m1_setup_fmt<MQ_FP8>() || m1_setup_fmt<MQ_INT4>() ? -EIO
+											     : 0;
 }
-
-// Dynamic shared memory of a ring kernel: base (x or the activations) and S slots a
-// warp, each a unit of two rows of nc-chunk rows cut as the kernel cuts them (unit_len).
-static size_t m1_ring_smem(size_t base, int S, int nc, int bal)
-{
-	return base + (size_t)SM_WARPS * S * m1_slot_len(unit_len(nc, bal)) * 16;
-}
-
-// Whether per_sm CTAs of kernel with smem bytes of dynamic shared memory fit an SM (the
-// grids are sized for that many: fewer would run them in two waves).
-template <typename Kernel>
-static bool m1_ring_fits(Kernel kernel, size_t smem, int per_sm)
-{
-	int n = 0;
-
-	if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, SM_THREADS, smem) != cudaSuccess) {
-		(void)cudaGetLastError();
-		return false;
-	}
-	return n >= per_sm;
-}
-
-// The ring's depth for a launch of kernel K<S> with base bytes of dynamic shared memory:
-// the deepest S <= want (3, else 2) that keeps per_sm of its CTAs an SM resident together
-// (the grids are sized for that many), else 0: the registers.
-template <template <int> class K>
-static int m1_ring_pick(int want, size_t base, int nc, int bal, int per_sm)
-{
-	if (want >= 3 && m1_ring_fits(K<3>::fn, m1_ring_smem(base, 3, nc, bal), per_sm))
-		return 3;
-	if (want >= 2 && m1_ring_fits(K<2>::fn, m1_ring_smem(base, 2, nc, bal), per_sm))
-		return 2;
-	return 0;
-}
-
-template <int S> struct gate_up_bf16 { static constexpr auto fn = m1_gate_up_kernel<MQ_BF16, S>; };
-template <int S> struct down_bf16 { static constexpr auto fn = m1_down_kernel<MQ_BF16, S>; };
 
 template <int F>
 static void m1_launch_fmt(cudaStream_t s, int gate_up_ctas, const uint16_t *const *expert_w,
@@ -394,40 +309,18 @@ static void m1_launch_fmt(cudaStream_t s, int gate_up_ctas, const uint16_t *cons
 			  float *act, const struct moe_small_shared &sh, int add, float *out)
 {
 	const struct k_cuda_tuning *tun = k_cuda_tuning();
-	int bal = tun->moe_m1_bal != 0, sde = tun->moe_sh_down_early != 0;
-	int early = tun->moe_down_early != 0, gr = 0, dr = 0;
-	size_t gsm = (size_t)hidden * sizeof(float);	// x, then the rings
-	size_t dsm = m1_down_smem(top_k, n_experts, inter, sh.inter);	// activations, rings
-	dim3 gg(gate_up_ctas), dg(hidden / SM_DCOLS), b(SM_THREADS);
+	int bal = tun->moe_m1_bal != 0;
 
-	if constexpr (F == MQ_BF16) {	// KDEC_MOE_M1_RING: bf16 rows through cp.async rings
-		gr = m1_ring_pick<gate_up_bf16>(tun->moe_m1_ring, gsm, hidden / 8, bal,
-						tun->moe_m1_gu_ctas);
-		dr = m1_ring_pick<down_bf16>(tun->moe_m1_ring, dsm, inter / 8, bal, SM_CTAS_PER_SM);
-		gsm = gr ? m1_ring_smem(gsm, gr, hidden / 8, bal) : gsm;
-		dsm = dr ? m1_ring_smem(dsm, dr, inter / 8, bal) : dsm;
-	}
 	// Launch order: gate/up, then down at once (see small_down_kernel's launch).
-	if (gr == 3)
-		k_cuda_launch_pdl(s, gg, b, gsm, gate_up_bf16<3>::fn, expert_w, wq, x, ids, top_k,
-				  n_experts, hidden, inter, act, sh, bal, sde);
-	else if (gr == 2)
-		k_cuda_launch_pdl(s, gg, b, gsm, gate_up_bf16<2>::fn, expert_w, wq, x, ids, top_k,
-				  n_experts, hidden, inter, act, sh, bal, sde);
-	else
-		k_cuda_launch_pdl(s, gg, b, gsm, m1_gate_up_kernel<F>, expert_w, wq, x, ids, top_k,
-				  n_experts, hidden, inter, act, sh, bal, sde);
+	k_cuda_launch_pdl(s, dim3(gate_up_ctas), dim3(SM_THREADS), (size_t)hidden * sizeof(float),
+			  m1_gate_up_kernel<F>, expert_w, wq, x, ids, top_k, n_experts, hidden,
+			  inter, act, sh, bal, (int)(tun->moe_sh_down_early != 0));
 	if (cudaPeekAtLastError() != cudaSuccess)
 		return;
-	if (dr == 3)
-		k_cuda_launch_pdl(s, dg, b, dsm, down_bf16<3>::fn, expert_w, wq, (const float *)act,
-				  ids, weights, top_k, n_experts, hidden, inter, sh, add, bal, early, out);
-	else if (dr == 2)
-		k_cuda_launch_pdl(s, dg, b, dsm, down_bf16<2>::fn, expert_w, wq, (const float *)act,
-				  ids, weights, top_k, n_experts, hidden, inter, sh, add, bal, early, out);
-	else
-		k_cuda_launch_pdl(s, dg, b, dsm, m1_down_kernel<F>, expert_w, wq, (const float *)act,
-				  ids, weights, top_k, n_experts, hidden, inter, sh, add, bal, early, out);
+	k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS),
+			  m1_down_smem(top_k, n_experts, inter, sh.inter), m1_down_kernel<F>,
+			  expert_w, wq, (const float *)act, ids, weights, top_k, n_experts, hidden,
+			  inter, sh, add, bal, (int)(tun->moe_down_early != 0), out);
 }
 
 // k_cuda_tuning()'s switches of these kernels (A/B runs): moe_m1_bal 0

@@ -7,20 +7,18 @@
 #include <cstdint>
 
 #include "kernels/cuda/moe/moe_small.cuh"
-#include "kernels/cuda/ptx.cuh"
 
 #define M1_UC 4		// 16-byte chunks per lane and row in one unit (2 KB of a row)
 #define M1_UNIT (32 * M1_UC)	// chunks of a row in one unit
 #define M1_ACT_SMEM_MAX (96 * 1024)	// down: bytes of staged activations per CTA
 					// (two CTAs and their static arrays fit an SM)
-#define M1_RING_MAX 3		// units a warp's cp.async ring holds (KDEC_MOE_M1_RING)
 
 namespace {	// each including file's own copy
 
 // A row of nc chunks in units of ulen chunks each (a multiple of 32, at most M1_UNIT):
 // as few units as M1_UNIT allows, evenly long where bal (a 176-chunk row: 96 + 80, not
 // 128 + 48, so that the second unit keeps as many bytes in flight as the first).
-__host__ __device__ __forceinline__ int unit_len(int nc, int bal)
+__device__ __forceinline__ int unit_len(int nc, int bal)
 {
 	int nu = (nc + M1_UNIT - 1) / M1_UNIT;
 
@@ -144,83 +142,6 @@ __device__ __forceinline__ void unit_stream(int K, uint4 (&a0)[M1_UC], uint4 (&a
 	}
 }
 
-// The same pipeline through shared memory (bf16 only, KDEC_MOE_M1_RING = S): each warp's
-// ring of S slots, each a unit of two rows filled by cp.async, one commit group a unit.
-// Register loads all wait on one scoreboard (session 13's SASS: consuming buffer a
-// drained buffer b's loads too, so about one unit was in flight); cp.async groups
-// complete in order, so cp.async.wait_group(S - 1) waits for the oldest unit alone and
-// S - 1 stay in flight while it is summed. A slot holds uc = ul / 32 chunks a lane and
-// row (m1_slot_len: units of ul chunks, a multiple of 32), lane-private: chunk cb + 32 b +
-// lane of row r at (r * uc + b) * 32 + lane, so a lane reads only what it copied and its
-// own wait is the only ordering needed. The sums are unit_dot's, in its order: the
-// registers' results bit for bit. EARLY: issued before the PDL wait (weights:
-// k_cuda_pdl_early_cp16).
-__host__ __device__ __forceinline__ int m1_slot_len(int ul)
-{
-	return 2 * ul;	// uint4 of a slot: two rows of ul chunks
-}
-
-template <bool EARLY = false>
-__device__ __forceinline__ void unit_load_async(uint4 *slot, const uint4 *r0, const uint4 *r1,
-						int cb, int ce, int uc, int lane)
-{
-#pragma unroll
-	for (int b = 0; b < M1_UC; b++) {
-		int c = cb + 32 * b + lane;
-		bool ok = c < ce;
-
-		if (b >= uc)
-			break;
-		if (EARLY) {
-			k_cuda_pdl_early_cp16(slot + b * 32 + lane, ok ? r0 + c : r0, ok);
-			k_cuda_pdl_early_cp16(slot + (uc + b) * 32 + lane, ok ? r1 + c : r1, ok);
-		} else {
-			cp_async16(slot + b * 32 + lane, ok ? r0 + c : r0, ok);
-			cp_async16(slot + (uc + b) * 32 + lane, ok ? r1 + c : r1, ok);
-		}
-	}
-}
-
-// Issues the warp's first S units (load(k, slot)) into its ring of S slots of slot_len
-// uint4; a commit group each, empty past K, so that every later wait counts whole
-// units. The CTA may stage its shared rows meanwhile.
-template <int S, typename LoadAsync>
-__device__ __forceinline__ void unit_prime_ring(int K, uint4 *ring, int slot_len, LoadAsync &load)
-{
-#pragma unroll
-	for (int k = 0; k < S; k++) {
-		if (k < K)
-			load(k, ring + k * slot_len);
-		cp_async_commit();
-	}
-}
-
-// Consumes units 0 .. K - 1 (consume(k, w0, w1) as unit_stream's; chunks past uc a lane
-// are past the unit, which unit_dot never reads): waits for unit k, copies its slot into
-// registers, sums it, then refills the slot with unit k + S.
-template <int S, typename LoadAsync, typename Consume>
-__device__ __forceinline__ void unit_stream_ring(int K, uint4 *ring, int slot_len, int uc,
-						 int lane, LoadAsync &load, Consume &consume)
-{
-	for (int k = 0; k < K; k++) {	// warp-uniform
-		uint4 *slot = ring + k % S * slot_len;
-		uint4 w0[M1_UC], w1[M1_UC];
-
-		cp_async_wait<S - 1>();
-#pragma unroll
-		for (int b = 0; b < M1_UC; b++) {
-			if (b >= uc)
-				break;
-			w0[b] = slot[b * 32 + lane];
-			w1[b] = slot[(uc + b) * 32 + lane];
-		}
-		consume(k, w0, w1);
-		if (k + S < K)
-			load(k + S, slot);
-		cp_async_commit();
-	}
-}
-
 // Gate/up row pos of the CTA's share (the general kernel's order: used experts'
 // features, then the shared expert's): its gate and up rows, and the used expert u
 // (-1: the shared expert) with the feature f.
@@ -289,10 +210,8 @@ __device__ __forceinline__ gu_row gu_row_of(long long pos, long long Wr, const g
 // share of the (used expert, feature) rows and the shared expert's, each warp's rows
 // a stream of units whose first loads go out before x row 0 is staged in xs4 (hidden
 // fp32 of shared memory). act and sh.act as m1_gate_up_kernel's. F and wq: the routed
-// experts' format (quantized: no shared expert). RING > 0 (bf16): the units go through
-// each warp's ring of RING slots placed after xs4 (unit_stream_ring). The whole CTA
-// calls it.
-template <int F = MQ_BF16, int RING = 0>
+// experts' format (quantized: no shared expert). The whole CTA calls it.
+template <int F = MQ_BF16>
 __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 						const uint16_t *const *expert_w, const float *x,
 						int hidden, int inter, float *act,
@@ -336,19 +255,7 @@ __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 			unit_scales<F>(sga, sua, r.sg, r.su, cb, ce, lane);
 	};
 
-	int sl = m1_slot_len(ul);
-	uint4 *ring = (uint4 *)(xs4 + hidden / 4) + (size_t)warp * RING * sl;
-	auto load_async = [&](int k, uint4 *slot) {
-		gu_row r = row(k);
-		int cb = k % nu * ul;
-
-		unit_load_async(slot, r.g, r.u, cb, min(cb + ul, nc), ul / 32, lane);
-	};
-
-	static_assert(RING == 0 || F == MQ_BF16, "the ring streams bf16 rows only");
-	if constexpr (RING > 0)
-		unit_prime_ring<RING>(K, ring, sl, load_async);
-	else if (F != MQ_BF16)
+	if (F != MQ_BF16)
 		unit_prime(K, ga, ua, gb, ub, load_q);
 	else
 		unit_prime(K, ga, ua, gb, ub, load);
@@ -387,9 +294,7 @@ __device__ __forceinline__ void m1_gate_up_body(const small_plan &sp,
 			ag = au = 0.0f;
 		}
 	};
-	if constexpr (RING > 0)
-		unit_stream_ring<RING>(K, ring, sl, ul / 32, lane, load_async, consume);
-	else if (F != MQ_BF16)
+	if (F != MQ_BF16)
 		unit_stream(K, ga, ua, gb, ub, load_q, consume);
 	else
 		unit_stream(K, ga, ua, gb, ub, load, consume);
