@@ -18,20 +18,13 @@
  * - the tile kernel (K_CUDA_LINEAR_Q_TILE) at M = 1..65 (65: two launches): n8 tiles 2,
  *   4, 8, K split over up to 8 CTAs and one slice, partial row tiles and stages, the
  *   same tolerances and the same bits on a second run (fixed-order split sums);
- * - the LT8 kind (fp8 on cuBLASLt's block-scaled fp8 GEMM, x split into two e4m3 rows;
- *   128 x 128 blocks, per channel, per tensor), M = 1..65 and 150 in passes of 64, with
- *   the weight and with x as cuBLAS's A operand, x's 128-value blocks scaled by 2^-8..2^8
- *   each (so a misplaced x scale shows): against the reference on the split x (the
- *   host's copy of the split), rel L2 per row <= 1e-3, and within 2e-3 of fp32 x; the
- *   same bits twice; on sm_90 with cuBLAS >= 12.9 a declined shape is a failure;
  * - the DEQUANT kind (weights to f16, cuBLAS), M = 1, 9, 33: against the reference on
  *   f16 weights and f16 x, <= 1e-4; k_cuda_quant_dequant itself bit for bit against the
  *   host's dequantization rounded to bf16 and to f16.
  * KD_TEST_QUICK=1: the sanitizers' size (main says what it leaves out), 2: racecheck's
  * (fewer M and deep slices, every kernel form and tile width still); KD_TEST_PART=mma
  * the tensor-core kernels only, =wide their forms for 8 < M <= 64 only (racecheck
- * reaches those in its time), =gemv the M <= 8 GEMV alone, =tile the tile kernel alone,
- * =lt8 the cuBLASLt block-scaled fp8 kind alone;
+ * reaches those in its time), =gemv the M <= 8 GEMV alone, =tile the tile kernel alone;
  * KD_TEST_CASES=SUBSTRING some formats only.
  * Exits 77 without a GPU. Timing: tests/bench/bench_cuda_linear_q. */
 #include <errno.h>
@@ -49,17 +42,12 @@
 
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
-#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "tests/cudatest.h"
 
 #define MMA_TOL 1e-4	/* against the reference on the values the kernel multiplies */
 #define F16X_TOL 2e-3	/* against the reference on fp32 x: x rounded to f16 */
-/* LT8 against the reference on the values it multiplies (x split into two e4m3 rows):
- * the fp8 tensor cores sum each 128-deep block's products in fewer than fp32's bits
- * before cuBLAS scales and adds the block in fp32 */
-#define LT8_TOL 1e-3
 #define MAX_M 64
 #define MAX_K 16384
 
@@ -69,8 +57,6 @@ static cudaStream_t stream;
 static struct k_cuda_linear *lin;
 static uint16_t *wtmp;		/* device scratch for DEQUANT */
 static size_t wtmp_elems;
-static size_t wtmp_limit;	/* > 0: run_kind offers only this much of it (LT8's passes) */
-static size_t w_offset;		/* run_kind's weight this many bytes past a cudaMalloc's start */
 
 struct qcase {
 	const char *what;
@@ -190,43 +176,13 @@ static float round_f16(float v)
 	return k_f16_to_f32(k_f32_to_f16(v));
 }
 
-/* x (M, K) as K_CUDA_LINEAR_Q_LT8 multiplies it, into xd: each 128 values of a row split
- * as linear_qlt8.cu's lq8_split_kernel does, in the same fp32 operations, then s1 q1 +
- * s2 q2 exactly (in double). */
-static void lt8_split_host(double *xd, const float *x, int M, int K)
-{
-	for (int m = 0; m < M; m++)
-		for (int k0 = 0; k0 < K; k0 += 128) {
-			const float *v = x + (size_t)m * K + k0;
-			float a = 0, s1, s2, r[128];
-			uint8_t q1[128];
-
-			for (int i = 0; i < 128; i++)
-				a = fmaxf(a, fabsf(v[i]));
-			s1 = a > 0 ? a / 448.0f : 1.0f;
-			a = 0;
-			for (int i = 0; i < 128; i++) {
-				q1[i] = k_f32_to_e4m3(v[i] / s1);
-				r[i] = v[i] - k_e4m3_to_f32(q1[i]) * s1;
-				a = fmaxf(a, fabsf(r[i]));
-			}
-			s2 = a > 0 ? a / 448.0f : 1.0f;
-			for (int i = 0; i < 128; i++)
-				xd[(size_t)m * K + k0 + i] =
-					(double)k_e4m3_to_f32(q1[i]) * s1 +
-					(double)k_e4m3_to_f32(k_f32_to_e4m3(r[i] / s2)) * s2;
-		}
-}
-
 /* The two references of run_kind, in one pass over the weight: ref (M, N) in double = x
- * as the kind multiplies it (rounded to f16, or split as LT8 splits it: lt8) @ w^T over
- * w's exact dequantized values (each rounded to f16 where w16), ref32 = fp32 x @ the
- * exact values. Rows split over the pool's threads (the model shapes are up to 264 M
- * values). */
+ * rounded to f16 @ w^T over w's exact dequantized values (each rounded to f16 where
+ * w16), ref32 = fp32 x @ the exact values. Rows split over the pool's threads (the model
+ * shapes are up to 264 M values). */
 struct ref_job {
 	double *ref, *ref32;
-	const float *x;
-	const double *x16;
+	const float *x, *x16;
 	const uint8_t *w;
 	const struct k_quant *hq;
 	int M, N, K, w16, n_tasks;
@@ -242,8 +198,7 @@ static void ref_task(void *arg, int task)
 	for (int n = n0; n < n1 && row; n++) {
 		k_quant_row_to_f32(row, j->w, j->hq, j->K, n, 0, j->K);
 		for (int m = 0; m < j->M; m++) {
-			const float *xr = j->x + (size_t)m * j->K;
-			const double *hr = j->x16 + (size_t)m * j->K;
+			const float *xr = j->x + (size_t)m * j->K, *hr = j->x16 + (size_t)m * j->K;
 			double acc = 0, acc32 = 0;
 
 			for (int k = 0; k < j->K; k++) {
@@ -258,16 +213,13 @@ static void ref_task(void *arg, int task)
 }
 
 static void ref_double(double *ref, double *ref32, const float *x, const uint8_t *w,
-		       const struct k_quant *hq, int M, int N, int K, int w16, int lt8)
+		       const struct k_quant *hq, int M, int N, int K, int w16)
 {
-	double *x16 = malloc((size_t)M * K * sizeof(double));
+	float *x16 = malloc((size_t)M * K * sizeof(float));
 	struct ref_job j = { ref, ref32, x, x16, w, hq, M, N, K, w16, N < 64 ? 1 : 64 };
 
-	if (lt8)
-		lt8_split_host(x16, x, M, K);
-	else
-		for (size_t i = 0; i < (size_t)M * K; i++)
-			x16[i] = round_f16(x[i]);
+	for (size_t i = 0; i < (size_t)M * K; i++)
+		x16[i] = round_f16(x[i]);
 	k_pool_run(pool, ref_task, &j, j.n_tasks);
 	free(x16);
 }
@@ -305,25 +257,17 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 	double *ref, *ref32;
 	size_t wbytes, ns, nx = (size_t)M * K, ny = (size_t)M * N;
 	void *dw;
-	int w16 = kind == K_CUDA_LINEAR_Q_DEQUANT, lt8 = kind == K_CUDA_LINEAR_Q_LT8;
-	const double tol = lt8 ? LT8_TOL : MMA_TOL;
+	int w16 = kind == K_CUDA_LINEAR_Q_DEQUANT;
 
 	make_weight(c, N, K, &q, &w, &wbytes, &hs, &fs, &ns);
 	x = test_rand_floats(nx, 1.0f, &seed);
-	if (lt8)	/* each (row, 128-value block) at its own scale: s1 and s2 vary */
-		for (size_t b = 0; b < nx / 128; b++) {
-			const float f = ldexpf(1.0f, test_rand_int(-8, 8, &seed));
-
-			for (size_t i = 0; i < 128; i++)
-				x[b * 128 + i] *= f;
-		}
 	y0 = test_rand_floats(ny, 1.0f, &seed);
 	ref = malloc(ny * sizeof(double));
 	ref32 = malloc(ny * sizeof(double));
 	out = malloc(ny * sizeof(float));
 	out2 = malloc(ny * sizeof(float));
 	q.scale = hs;
-	ref_double(ref, ref32, x, w, &q, M, N, K, w16, lt8);
+	ref_double(ref, ref32, x, w, &q, M, N, K, w16);
 	if (f16s) {
 		uint16_t *h = malloc(ns * 2);
 
@@ -334,9 +278,7 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 	} else {
 		dsc = dup_to_device(fs, ns * 4);
 	}
-	dw = dalloc(wbytes + w_offset);
-	if (dw)
-		CU(cudaMemcpy((char *)dw + w_offset, w, wbytes, cudaMemcpyHostToDevice));
+	dw = dup_to_device(w, wbytes);
 	dx = dup_to_device(x, nx * sizeof(float));
 	dy = dalloc(ny * sizeof(float));
 	dq = q;
@@ -351,9 +293,8 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 			/* on the kernel's stream: a pageable cudaMemcpy may return before its
 			 * DMA lands, and `stream` (non-blocking) does not wait for it */
 			CU(cudaMemcpyAsync(dy, y0, ny * sizeof(float), cudaMemcpyHostToDevice, stream));
-			ret = k_cuda_linear_q_run(lin, kind, dy, dx, (char *)dw + w_offset, &dq, M, N, K,
-						  accumulate, wtmp,
-						  wtmp_limit ? wtmp_limit : wtmp_elems);
+			ret = k_cuda_linear_q_run(lin, kind, dy, dx, dw, &dq, M, N, K, accumulate, wtmp,
+						  wtmp_elems);
 			CU(cudaStreamSynchronize(stream));
 			CU(cudaMemcpy(rep ? out2 : out, dy, ny * sizeof(float), cudaMemcpyDeviceToHost));
 		}
@@ -361,9 +302,9 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 		      N, K, M, ret);
 		e = worst_row(out, ref, y0, accumulate, M, N);
 		e32 = worst_row(out, ref32, y0, accumulate, M, N);
-		CHECK(e <= tol, "%s %s N %d K %d M %d acc %d f16 scales %d: rel L2 %.3g against "
-		      "the reference on the values it multiplies (want <= %g)", c->what,
-		      k_cuda_linear_q_kind_name(kind), N, K, M, accumulate, f16s, e, tol);
+		CHECK(e <= MMA_TOL, "%s %s N %d K %d M %d acc %d f16 scales %d: rel L2 %.3g against "
+		      "the reference on the values it multiplies", c->what,
+		      k_cuda_linear_q_kind_name(kind), N, K, M, accumulate, f16s, e);
 		CHECK(e32 <= F16X_TOL, "%s %s N %d K %d M %d: rel L2 %.3g against fp32 x", c->what,
 		      k_cuda_linear_q_kind_name(kind), N, K, M, e32);
 		for (size_t i = 0; i < ny; i++) {	/* what differs, for the message */
@@ -394,96 +335,6 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 	free(ref32);
 	free(out);
 	free(out2);
-}
-
-/* LT8 (fp8 on cuBLASLt's block-scaled fp8 GEMM, x split into two e4m3 rows; 128 x 128
- * blocks, and per channel and per tensor through 1 x 128 weight scales): M 1, 17, 33,
- * 64 and 65, y = and y +=, partial row blocks (N 300, 1000), one and several k blocks of
- * scales, Llama-3.1-8B's q/k/v at M 64, and M 150 with scratch for 64 rows (passes of
- * 64, 64 and 22), once with the weight and once with x as cuBLAS's A operand
- * (KDEC_LINEAR_QLT8 2 and 3); where this cuBLASLt has no algorithm for a shape in one
- * arrangement, it says so and skips the shape (run would take another kind), but on
- * sm_90 with cuBLAS >= 12.9, whose documentation lists these scale modes, a shape no
- * arrangement takes is a failure (a descriptor mistake looks like "no algorithm"). */
-/* c's layout at N x K (what k_cuda_linear_q_lt8_available reads of it). */
-static const struct k_quant *lt8_probe(const struct qcase *c, int N, int K)
-{
-	static struct k_quant q;
-
-	q = (struct k_quant){ .fmt = K_Q_FP8, .scale_dtype = K_F32,
-			      .block_rows = c->block_rows ? c->block_rows : N,
-			      .block_cols = c->block_cols ? c->block_cols : K };
-	q.scale_cols = (K + q.block_cols - 1) / q.block_cols;
-	return &q;
-}
-
-static void lt8_arrange(int v)
-{
-	struct k_cuda_tuning t = *k_cuda_tuning();
-
-	t.linear_qlt8 = v;
-	k_cuda_tuning_set(&t);
-}
-
-static void test_lt8(const struct qcase *c, int quick)
-{
-	static const int shapes[][3] = {	/* N, K, M */
-		{ 300, 512, 1 }, { 300, 512, 17 }, { 1000, 4096, 33 }, { 1000, 4096, 64 },
-		{ 520, 1024, 65 }, { 6144, 4096, 64 },
-	};
-	const size_t n = sizeof(shapes) / sizeof(shapes[0]) - (quick ? 1 : 0);
-	const int saved = k_cuda_tuning()->linear_qlt8;
-	int taken[sizeof(shapes) / sizeof(shapes[0])] = { 0 }, major = 0;
-	const size_t ver = k_cuda_linear_q_lt8_cublaslt_version();
-	/* N % 4 != 0: refused whatever the scales (cuBLAS: "M and N must be multiples of 4") */
-	const float *x16 = (const float *)wtmp;
-
-	CHECK(!k_cuda_linear_q_lt8_supports(lt8_probe(c, 302, 4096), x16, wtmp, 64, 302, 4096),
-	      "%s lt8: N 302 must be refused", c->what);
-	CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-	for (int arr = 2; arr <= 3; arr++) {
-		lt8_arrange(arr);
-		for (size_t i = 0; i < n; i++) {
-			const int N = shapes[i][0], K = shapes[i][1], M = shapes[i][2];
-			const int have = k_cuda_linear_q_lt8_available(lin, lt8_probe(c, N, K), M, N, K);
-
-			CHECK(have >= 0, "lt8 N %d K %d M %d: asking cuBLASLt failed (%d)", N, K, M, have);
-			if (have <= 0) {
-				printf("  %-12s lt8     N %5d K %5d M %2d: SKIP with %s as A, this "
-				       "cuBLASLt has no block-scaled fp8 algorithm for the shape\n",
-				       c->what, N, K, M, arr == 2 ? "the weight" : "x");
-				continue;
-			}
-			taken[i]++;
-			printf("  %-12s lt8     %s as A:\n", c->what, arr == 2 ? "the weight" : "x");
-			run_kind(c, K_CUDA_LINEAR_Q_LT8, N, K, M, (int)(i & 1), 0);
-		}
-		/* a weight only 16-byte aligned (one stacked after another in the arena): the
-		 * algorithm is asked for with that alignment (or run takes another kind) */
-		if (!quick) {
-			w_offset = 16;
-			printf("  %-12s lt8     the weight 16-byte aligned:\n", c->what);
-			run_kind(c, K_CUDA_LINEAR_Q_LT8, 1000, 4096, 64, 0, 0);
-			w_offset = 0;
-		}
-		/* passes: the scratch of 64 rows (and less than 128) for 150 */
-		if (k_cuda_linear_q_lt8_available(lin, lt8_probe(c, 1000, 4096), 64, 1000, 4096) > 0 &&
-		    k_cuda_linear_q_lt8_available(lin, lt8_probe(c, 1000, 4096), 22, 1000, 4096) > 0) {
-			const struct k_quant *q = lt8_probe(c, 1000, 4096);
-
-			wtmp_limit = (k_cuda_linear_q_lt8_scratch(q, 64, 1000, 4096) + 1) / 2;
-			CHECK(k_cuda_linear_q_lt8_pass_rows(q, 150, 1000, 4096, wtmp_limit * 2) == 64,
-			      "lt8 passes of %d rows",
-			      k_cuda_linear_q_lt8_pass_rows(q, 150, 1000, 4096, wtmp_limit * 2));
-			run_kind(c, K_CUDA_LINEAR_Q_LT8, 1000, 4096, 150, 1, 0);
-			wtmp_limit = 0;
-		}
-	}
-	lt8_arrange(saved);
-	for (size_t i = 0; i < n && major == 9 && ver >= 120900; i++)
-		CHECK(taken[i] > 0 || shapes[i][2] < K_CUDA_LINEAR_Q_LT8_MIN_M,
-		      "%s lt8 N %d K %d M %d: cuBLASLt %zu on sm_90 declines it in both "
-		      "arrangements", c->what, shapes[i][0], shapes[i][1], shapes[i][2], ver);
 }
 
 /* k_cuda_quant_dequant to bf16 and to f16, bit for bit against the host's values. */
@@ -565,13 +416,10 @@ int main(void)
 	const int gemv_only = part && !strcmp(part, "gemv");
 	/* KD_TEST_PART=tile: the 8 < M <= 64 tile kernel alone (linear_qtile.cu) */
 	const int tile_only = part && !strcmp(part, "tile");
-	/* KD_TEST_PART=lt8: cuBLASLt's block-scaled fp8 kind alone (linear_qlt8.cu) */
-	const int lt8_only = part && !strcmp(part, "lt8");
 	static const int small_kinds[3] = { K_CUDA_LINEAR_Q_STREAM, K_CUDA_LINEAR_Q_MMA,
 					    K_CUDA_LINEAR_Q_GEMV };
 	int n_sm = 0;
-	const int mma_only = wide_only || gemv_only || tile_only || lt8_only ||
-			     (part && !strcmp(part, "mma"));
+	const int mma_only = wide_only || gemv_only || tile_only || (part && !strcmp(part, "mma"));
 
 	if (!test_gpu_present("test_cuda_linear_q"))
 		return 77;
@@ -611,11 +459,6 @@ int main(void)
 					 .block_rows = 1, .block_cols = c->block_cols ? c->block_cols : 200,
 					 .scale_cols = 1 };
 
-		if (lt8_only) {
-			if (c->fmt == K_Q_FP8 && (!only || strstr(c->what, only)))
-				test_lt8(c, quick);
-			continue;
-		}
 		if (only && !strstr(c->what, only))
 			continue;
 
@@ -763,8 +606,6 @@ int main(void)
 		}
 		if (mma_only)
 			continue;
-		if (c->fmt == K_Q_FP8)
-			test_lt8(c, quick);
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 300, 512, 1, 0, 0);
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 1000, 4096, 9, 1, is_int4);
 		run_kind(c, K_CUDA_LINEAR_Q_DEQUANT, 130, odd_k, 33, 0, 0);
@@ -774,8 +615,7 @@ int main(void)
 	/* GEMV (the kind decode takes at M <= 8) on every projection of the supported models
 	 * (bench_cuda_linear_q's list), fp8 128 x 128 blocks and int4 groups of 32: M 1, and
 	 * M 8 where the matrix is under 20 M values (the host reference's time) */
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && !quick && !wide_only && !lt8_only;
-	     i++) {
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && !quick && !wide_only; i++) {
 		static const int model[][2] = {
 			{ 6144, 4096 }, { 4096, 4096 }, { 28672, 4096 }, { 4096, 14336 },
 			{ 5120, 2048 }, { 2048, 4096 }, { 2112, 7168 }, { 24576, 1536 },

@@ -47,12 +47,6 @@ struct k_cuda_tuning {
 	int linear_qgemv_warps;	/* KDEC_LINEAR_QGEMV_WARPS, 4..64, 8: warps a multiprocessor
 				 * needs before bytes bound that GEMV, in its split model (more
 				 * warps: more K slices, shorter CTAs); read at each call */
-	int linear_qlt8;	/* KDEC_LINEAR_QLT8, 0..3, 0: 1 lets fp8 block-scaled linears
-				 * of M >= 17 take cuBLASLt's block-scaled fp8 GEMM on x split
-				 * into two e4m3 rows (K_CUDA_LINEAR_Q_LT8); 0 until measured
-				 * against the tile kernel. Not bit-identical. 2 / 3: the same
-				 * with only the weight / only x as cuBLAS's A operand (1 tries
-				 * both; the test runs each) */
 
 	/* ---- attention (kernels/cuda/attn) ---- */
 	int attn_mma;		/* KDEC_ATTN_MMA, flag, 1: the tensor-core decode kernel;

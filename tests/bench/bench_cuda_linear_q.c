@@ -18,9 +18,7 @@
  * M = 1, 8, 16 and 64 only; --only: the shapes whose name holds SUBSTRING; --m: those M,
  * comma-separated, up to 7; --fmt: those formats, comma-separated; --once: each of GEMV
  * and STREAM once at each shape, format and M, eagerly and untimed, for ncu). The KDEC_*
- * tuning variables apply (KDEC_LINEAR_QGEMV=0, KDEC_LINEAR_QGEMV_WARPS for A/B runs). At
- * M > 8 the fp8 rows add "lt8": K_CUDA_LINEAR_Q_LT8 (cuBLASLt block-scaled fp8)
- * timed the same way, % of the same floor.
+ * tuning variables apply (KDEC_LINEAR_QGEMV=0, KDEC_LINEAR_QGEMV_WARPS for A/B runs).
  * Exits 77 without CUDA or GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -368,7 +366,7 @@ int main(int argc, char **argv)
 						qw.q.block_rows) * (size_t)qw.q.scale_cols *
 						k_dtype_size(qw.q.scale_dtype)) + 4.0 * M * s->K + 4.0 * M * s->N;
 				double floor_us = bench_floor_us(bytes), us, warp = 0, mma, st = 0;
-				char plan[240];
+				char plan[160];
 
 				qw.q.scale = qw.s;
 				const enum k_cuda_linear_q_kind chosen =
@@ -376,8 +374,7 @@ int main(int argc, char **argv)
 
 				/* STREAM: 9..16 rows where it splits K little; M <= 8 where the rule says, or
 				 * under KDEC_LINEAR_QGEMV=0 */
-				CHECK(chosen == kind || chosen == K_CUDA_LINEAR_Q_STREAM ||
-				      chosen == K_CUDA_LINEAR_Q_LT8,
+				CHECK(chosen == kind || chosen == K_CUDA_LINEAR_Q_STREAM,
 				      "%s %s M %d: chose %s", s->name, fmts[fi].name, M,
 				      k_cuda_linear_q_kind_name(chosen));
 				us = time_us(&qw, kind, y, x, M, s->N, s->K);
@@ -393,15 +390,6 @@ int main(int argc, char **argv)
 				if (chosen != kind)	/* the choice takes "alt" (STREAM) here */
 					snprintf(plan + strlen(plan), sizeof(plan) - strlen(plan),
 						 " (choose: %s)", k_cuda_linear_q_kind_name(chosen));
-				/* fp8 beyond 8 rows: cuBLASLt's block-scaled fp8 GEMM on x
-				 * split into two e4m3 rows (KDEC_LINEAR_QLT8), beside the tile kernel */
-				if (M > 8 && k_cuda_linear_q_lt8_supports(&qw.q, x, qw.w, M, s->N, s->K) &&
-				    k_cuda_linear_q_lt8_available(lin, &qw.q, M, s->N, s->K) > 0) {
-					const double lt8 = time_us(&qw, K_CUDA_LINEAR_Q_LT8, y, x, M, s->N, s->K);
-
-					snprintf(plan + strlen(plan), sizeof(plan) - strlen(plan),
-						 " | lt8 %.2f us %.1f%%", lt8, lt8 > 0 ? 100.0 * floor_us / lt8 : 0);
-				}
 				printf("%-18s %-11s %6d %5d %2d | %8.2f %6.2f %5.1f%% | %8.2f %7.1f | %8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f | %s\n",
 				       s->name, fmts[fi].name, s->N, s->K, M, us, us > 0 ? bytes / us / 1e6 : 0,
 				       us > 0 ? 100.0 * floor_us / us : 0, floor_us, bytes / 1e6, mma,

@@ -99,14 +99,6 @@ enum k_cuda_linear_q_kind {
 	 * every multiprocessor gets about the same bytes; int4 dequantized with one lop3 a
 	 * pair (linear_qgemv.cu); fp8 scale columns of 128 k or more */
 	K_CUDA_LINEAR_Q_GEMV,
-	/* fp8 with fp32 scales in 128 x 128 blocks (K % 512 == 0) or one a row over all of K
-	 * (per channel or per tensor; K % 128 == 0): x split into two e4m3 rows
-	 * with one fp32 scale a 128 values (x ~ s1 q1 + s2 q2, q2 what q1 leaves: ~8 bits a
-	 * block), cuBLASLt's block-scaled fp8 GEMM on the fp8 tensor cores reading the
-	 * weights once for both rows, their outputs added (linear_qlt8.cu). Takes the
-	 * caller's scratch (wtmp: k_cuda_linear_q_lt8_scratch bytes); where cuBLASLt has no
-	 * algorithm for the shape, k_cuda_linear_q_run runs the kind choose gives without it */
-	K_CUDA_LINEAR_Q_LT8,
 	K_CUDA_LINEAR_Q_N_KINDS,
 };
 
@@ -142,38 +134,6 @@ int k_cuda_linear_q_gemv_supports(const struct k_quant *q, const float *x, const
 int k_cuda_linear_q_tile_supports(const struct k_quant *q, const float *x, const void *w,
 				  int M, int N, int K);
 
-/* The same for K_CUDA_LINEAR_Q_LT8: fp8 with fp32 scales in 128 x 128 blocks
- * (scale_cols K / 128) with K % 512 == 0 (so a row of block scales is cuBLAS's layout;
- * the scales 16-byte aligned), or one scale a row over all of K (scale_cols 1: per
- * channel, per tensor) with K % 128 == 0; N % 4 == 0; x and w 16-byte aligned; any M.
- * Whether cuBLASLt has an algorithm is known only at the first call
- * (k_cuda_linear_q_run falls back). */
-int k_cuda_linear_q_lt8_supports(const struct k_quant *q, const float *x, const void *w, int M,
-				 int N, int K);
-/* Bytes of scratch K_CUDA_LINEAR_Q_LT8 needs for q at this shape, with Mp = M rounded up
- * to 16 (to 64 past 64 rows): the split x (2Mp, K) e4m3, its scales (K / 128, 2Mp) fp32,
- * a weight's written-out scales (K / 128, N) fp32 where a row has one scale, and both
- * halves' outputs (2Mp, N) fp32, 256-byte aligned parts. */
-size_t k_cuda_linear_q_lt8_scratch(const struct k_quant *q, int M, int N, int K);
-/* Rows of x one LT8 pass takes with scratch_bytes of scratch: M where they fit, else the
- * most of a multiple of 64 that fit (each further pass reads the weights again); 0: not
- * even 64. */
-int k_cuda_linear_q_lt8_pass_rows(const struct k_quant *q, int M, int N, int K,
-				  size_t scratch_bytes);
-/* 1 where cuBLASLt has a block-scaled fp8 algorithm for this shape (asked once and
- * remembered by ctx), 0 where it has none (LT8 then runs another kind) or ctx has no
- * cuBLASLt handle, < 0 on an error. */
-int k_cuda_linear_q_lt8_available(struct k_cuda_linear *ctx, const struct k_quant *q, int M,
-				  int N, int K);
-
-/* cuBLASLt's version (cublasLtGetVersion: 120900 is 12.9, the first whose documentation
- * lists the block-scaled fp8 GEMM on sm_90), for the test's judgement of a decline. */
-size_t k_cuda_linear_q_lt8_cublaslt_version(void);
-
-/* Below this many rows choose never takes LT8 (the M <= 8 GEMV and the streaming forms
- * read the weights at the HBM floor there; the split and the add cost a launch each). */
-#define K_CUDA_LINEAR_Q_LT8_MIN_M 17
-
 /* 1 where the scale s is an f16 normal number exactly (int4 through the tensor-core
  * kinds then rounds (v - 8) * s once to f16, exactly where s has at most 8 significant
  * bits: |v - 8| has at most 3, f16 keeps 11). */
@@ -198,8 +158,7 @@ enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *q, const fl
  * where STREAM splits K over at most K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs; else DEQUANT
  * for STREAM at M > 8 where ctx would split K over more than
  * K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT CTAs and the scratch (wtmp_elems) and ctx's sizes
- * allow it. LT8 first, at M >= K_CUDA_LINEAR_Q_LT8_MIN_M, where KDEC_LINEAR_QLT8=1 (off by
- * default until measured), it runs and the scratch (2 wtmp_elems bytes) holds its parts. */
+ * allow it. */
 enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_linear *ctx,
 						 const struct k_quant *q, const float *x,
 						 const void *w, int M, int N, int K,
@@ -224,7 +183,7 @@ int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y, const flo
 int k_cuda_quant_dequant(cudaStream_t stream, uint16_t *dst, enum k_dtype out, const void *w,
 			 const struct k_quant *q, int N, int K);
 
-/* "stream", "mma", "tile", "dequant", "warp", "gemv", "lt8". */
+/* "stream", "mma", "tile", "dequant", "warp", "gemv". */
 const char *k_cuda_linear_q_kind_name(enum k_cuda_linear_q_kind kind);
 
 /* A one-line description of how `kind` would launch this shape, for benchmarks. */

@@ -146,7 +146,6 @@ extern "C" void k_cuda_linear_destroy(struct k_cuda_linear *ctx)
 		return;
 	if (ctx->blas)
 		cublasDestroy(ctx->blas);
-	k_cuda_lin_qlt8_destroy(ctx);
 	k_cuda_lin_lt_destroy(ctx);
 	cudaFree(ctx->blas_ws);
 	cudaFree(ctx->xb);

@@ -33,7 +33,7 @@
 
 struct lin_lt_entry;
 
-/* cuBLASLt's descriptors of one GEMM (linear_lt.cu's tuned bf16 calls, linear_qlt8.cu):
+/* cuBLASLt's descriptors of one GEMM (linear_lt.cu's tuned bf16 calls):
  * the operation and the layouts of A, B and C (= D). free: any of them may be NULL; *d is
  * zeroed. check: 0 for success, else the call logged with its device and -ENOMEM
  * (allocation) or -EIO. */
@@ -44,7 +44,6 @@ struct lin_lt_descs {
 void k_cuda_lin_lt_descs_free(struct lin_lt_descs *d);
 int k_cuda_lin_lt_check(cublasStatus_t s, const char *call, int dev);
 #define LIN_LT(dev, call) k_cuda_lin_lt_check((call), #call, (dev))
-struct lin_lt8_entry;
 
 struct k_cuda_linear {
 	cudaStream_t stream;
@@ -70,9 +69,6 @@ struct k_cuda_linear {
 	cublasLtHandle_t lt;		/* NULL: no tuning */
 	struct lin_lt_entry *lt_cache;	/* (LIN_LT_CACHE) tuned shapes, lt_n of them used */
 	int lt_n;
-	struct lin_lt8_entry *lt8_cache;	/* linear_qlt8.cu's shapes, lt8_n of them (NULL: none yet) */
-	int lt8_n;
-	int lt8_next;			/* with the cache full: the next entry to go */
 	void *blas_ws;			/* (LIN_BLAS_WS_BYTES) bytes, cuBLAS workspace */
 	uint16_t *xb;			/* (max_M, max_K) bf16: x rounded for cuBLAS */
 	const float *ready_x;		/* xb already holds bf16(ready_x) (ready_M, ready_K), */
@@ -131,17 +127,6 @@ int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, bool stream,
 /* The cluster size S (K slices per 128 rows) the form would launch with; 0: no plan. */
 int k_cuda_lin_qmma_split(const struct k_cuda_linear *ctx, bool stream, const struct k_quant *q,
 			  int M, int N, int K);
-/* fp8 block-scaled weights on cuBLASLt's block-scaled fp8 GEMM (linear_qlt8.cu,
- * K_CUDA_LINEAR_Q_LT8): x split into two e4m3 rows into scratch (scratch_bytes, 256-byte
- * aligned; passes of k_cuda_linear_q_lt8_pass_rows rows), the GEMM, the halves added into
- * y. 0, 1 where cuBLASLt offers no algorithm for a pass's shape (nothing queued: the
- * caller takes another kind), -EINVAL, -ENOMEM or -EIO (logged). destroy: the
- * descriptors it cached. */
-int k_cuda_lin_qlt8(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
-		    const struct k_quant *q, int M, int N, int K, int accumulate, void *scratch,
-		    size_t scratch_bytes);
-void k_cuda_lin_qlt8_destroy(struct k_cuda_linear *ctx);
-int k_cuda_lin_qlt8_describe(int M, char *buf, size_t len);
 /* The quantized tile kernel (linear_qtile.cu, K_CUDA_LINEAR_Q_TILE): kernel attributes
  * and ctx->qt_bps, once at create; the launch: x rounded to f16 into ctx->xb (M <=
  * max_M, K <= max_K), then the kernel, K split through ctx->st_ws / st_cnt (shared with

@@ -376,7 +376,6 @@ extern "C" const char *k_cuda_linear_q_kind_name(enum k_cuda_linear_q_kind kind)
 	case K_CUDA_LINEAR_Q_DEQUANT: return "dequant";
 	case K_CUDA_LINEAR_Q_WARP: return "warp";
 	case K_CUDA_LINEAR_Q_GEMV: return "gemv";
-	case K_CUDA_LINEAR_Q_LT8: return "lt8";
 	default: return "?";
 	}
 }
@@ -419,10 +418,10 @@ extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_pick(const struct k_quant *
 	return K_CUDA_LINEAR_Q_WARP;
 }
 
-// choose's rule without LT8 (its fall-back where cuBLASLt declines a shape).
-static enum k_cuda_linear_q_kind lq_choose_no_lt8(const struct k_cuda_linear *ctx,
-						  const struct k_quant *q, const float *x,
-						  const void *w, int M, int N, int K, size_t wtmp_elems)
+extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_linear *ctx,
+							    const struct k_quant *q, const float *x,
+							    const void *w, int M, int N, int K,
+							    size_t wtmp_elems)
 {
 	enum k_cuda_linear_q_kind kind = k_cuda_linear_q_pick(q, x, w, M, N, K, wtmp_elems);
 	// STREAM's split where it may keep 9..16 rows (0: not asked, or no plan)
@@ -449,25 +448,6 @@ static enum k_cuda_linear_q_kind lq_choose_no_lt8(const struct k_cuda_linear *ct
 	    k_cuda_lin_qmma_split(ctx, true, q, M, N, K) > K_CUDA_LINEAR_Q_WIDE_MAX_SPLIT)
 		return K_CUDA_LINEAR_Q_DEQUANT;
 	return kind;
-}
-
-// LT8's scratch is the caller's wtmp (wtmp_elems 16-bit values).
-static bool lq_lt8_ok(const struct k_quant *q, const float *x, const void *w, int M, int N,
-		      int K, size_t wtmp_elems)
-{
-	return k_cuda_linear_q_lt8_supports(q, x, w, M, N, K) &&
-	       k_cuda_linear_q_lt8_pass_rows(q, M, N, K, wtmp_elems * sizeof(uint16_t)) > 0;
-}
-
-extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_linear *ctx,
-							    const struct k_quant *q, const float *x,
-							    const void *w, int M, int N, int K,
-							    size_t wtmp_elems)
-{
-	if (M >= K_CUDA_LINEAR_Q_LT8_MIN_M && k_cuda_tuning()->linear_qlt8 && ctx->lt &&
-	    lq_lt8_ok(q, x, w, M, N, K, wtmp_elems))
-		return K_CUDA_LINEAR_Q_LT8;
-	return lq_choose_no_lt8(ctx, q, x, w, M, N, K, wtmp_elems);
 }
 
 extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y,
@@ -533,19 +513,6 @@ extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y
 		if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
 			return ret;
 		return k_cuda_linear_q(ctx->stream, y, x, w, q, M, N, K, accumulate);
-	case K_CUDA_LINEAR_Q_LT8:
-		if (!wtmp || !lq_lt8_ok(q, x, w, M, N, K, wtmp_elems))
-			return -EINVAL;
-		// fp32 x, split into e4m3 rows in wtmp (the context's x scratch is not read)
-		if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
-			return ret;
-		ret = k_cuda_lin_qlt8(ctx, y, x, w, q, M, N, K, accumulate, wtmp,
-				      wtmp_elems * sizeof(uint16_t));
-		if (ret != 1)
-			return ret;
-		// no cuBLASLt algorithm for this shape (logged once): the kind choose gives without it
-		return k_cuda_linear_q_run(ctx, lq_choose_no_lt8(ctx, q, x, w, M, N, K, wtmp_elems), y,
-					   x, w, q, M, N, K, accumulate, wtmp, wtmp_elems);
 	default:
 		return -EINVAL;
 	}
@@ -561,8 +528,6 @@ extern "C" void k_cuda_linear_q_describe(const struct k_cuda_linear *ctx,
 		k_cuda_lin_qgemv_describe(ctx, q, M, N, K, buf, len);
 	else if (kind == K_CUDA_LINEAR_Q_STREAM || kind == K_CUDA_LINEAR_Q_MMA)
 		k_cuda_lin_qmma_describe(ctx, kind == K_CUDA_LINEAR_Q_STREAM, q, M, N, K, buf, len);
-	else if (kind == K_CUDA_LINEAR_Q_LT8)
-		k_cuda_lin_qlt8_describe(M, buf, len);
 	else if (kind == K_CUDA_LINEAR_Q_DEQUANT)
 		snprintf(buf, len, "dequant to f16 (%.1f MB written), then cublas f16",
 			 (double)N * K * 2 / 1e6);
