@@ -124,8 +124,9 @@ struct k_cuda_tuning {
 	int moe_m1_gu_ctas;	/* KDEC_MOE_M1_GU_CTAS, 1..2, 2: CTAs per SM of the M = 1 gate/up
 				 * launch. At 2 its CTAs fill every SM's registers, so no down CTA
 				 * can start (and run its plan and first loads before its wait)
-				 * until they end; 1 leaves room for one (session 9's hypothesis,
-				 * not yet measured) */
+				 * until they end; 1 leaves room for one (session 9's hypothesis;
+				 * measured slower in session 14: Qwen3-30B-A3B batch 1 4.189 ms
+				 * against 3.997 on an H100) */
 	int moe_lat_prefetch_mb;	/* KDEC_MOE_LAT_PREFETCH_MB, MB (>= 0), 0: the latency
 				 * path's MoE launch asks L2 (evict-last) for up to this many MB
 				 * of the next layer's attention weights once its router rows
