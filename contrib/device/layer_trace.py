@@ -13,7 +13,8 @@ with open(path, newline="") as f:
     for r in csv.DictReader(f):
         name = r.get("Name") or r.get("Kernel Name") or ""
         try:
-            s = float(r.get("Start (ns)") or r.get("Start")); d = float(r.get("Duration (ns)") or r.get("Duration"))
+            s = float(r.get("Start (ns)") or r.get("Start"))
+            d = float(r.get("Duration (ns)") or r.get("Duration"))
         except (TypeError, ValueError):
             continue
         if "[CUDA mem" in name:
@@ -26,11 +27,8 @@ if len(idx) < 4:
     for s, d, n in rows[-40:]:
         print(f"{d/1e3:9.2f} us  {n[:100]}")
     sys.exit(0)
-for lay in (idx[-3], idx[-2]):
-    prev = [i for i in idx if i < lay][-1]
-    t0 = rows[prev][0] + rows[prev][1]
-    pe = t0
-    tot = 0
+for prev, lay in ((idx[-4], idx[-3]), (idx[-3], idx[-2])):
+    t0 = pe = rows[prev][0] + rows[prev][1]
     for s, d, n in rows[prev + 1: lay + 1]:
         print(f"  start {(s - t0)/1e3:8.2f}  dur {d/1e3:7.2f}  gap {(s - pe)/1e3:6.2f}  {n.split('(')[0][:90]}")
         pe = s + d
