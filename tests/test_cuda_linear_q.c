@@ -12,9 +12,10 @@
  *   (fp32 tensor-core sums), and within 2e-3 of the reference on fp32 x (the f16
  *   rounding of x, printed); the same bits on a second run;
  * - the decode GEMV (K_CUDA_LINEAR_Q_GEMV) at M = 1..8 (and 17: three launches): K split
- *   over 1..8 plain CTAs, partial row tiles and stages, the x slice near its 64 KB, and on
- *   every projection shape of the supported models (fp8 blocks, int4 g32; M 1, and 8
- *   where small), the same tolerances and the same bits on a second run;
+ *   over 1..8 plain CTAs, partial row tiles and stages, the x slice near its 64 KB, each
+ *   with the split model's plan and with the split timed fastest (KDEC_LINEAR_Q_TUNE),
+ *   and on every projection shape of the supported models (fp8 blocks, int4 g32; M 1, and
+ *   8 where small; tuned), the same tolerances and the same bits on a second run;
  * - the tile kernel (K_CUDA_LINEAR_Q_TILE) at M = 1..65 (65: two launches): n8 tiles 2,
  *   4, 8, K split over up to 8 CTAs and one slice, partial row tiles and stages, the
  *   same tolerances and the same bits on a second run (fixed-order split sums);
@@ -42,6 +43,7 @@
 
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "tests/cudatest.h"
@@ -247,6 +249,15 @@ static double worst_row(const float *out, const double *ref, const float *y0, in
 
 /* kind (STREAM, MMA, TILE or DEQUANT) through k_cuda_linear_q_run against ref_double on the values it
  * multiplies; f16s: the device scales in f16 (int4 scales here are bf16 values, f16 exact). */
+/* KDEC_LINEAR_Q_TUNE as installed for the launches that follow. */
+static void set_qgemv_tune(int on)
+{
+	struct k_cuda_tuning t = *k_cuda_tuning();
+
+	t.linear_q_tune = on;
+	k_cuda_tuning_set(&t);
+}
+
 static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 		     int accumulate, int f16s)
 {
@@ -543,7 +554,10 @@ int main(void)
 		/* GEMV alone: K split over 8 CTAs (N 64, K 2048: slices of 1 or 2 stages; N 8200,
 		 * K 1024: 129 row tiles, the last of 8 rows, S 1 or 2), the x slice near its
 		 * largest (K 16384 at M 8: 64 KB caps the slice), M 17 in three launches */
-		if (!tile_only && !wide_only) {
+		for (int tune = 0; tune < 2 && !tile_only && !wide_only; tune++) {
+			/* the model's splits, then the ones timed fastest (a shape's first
+			 * call at an M bucket tunes) */
+			set_qgemv_tune(tune);
 			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 64, 2048, 3, 1, 0);
 			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 8200, 1024, 8, 0, is_int4);
 			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 70, odd_k, 1, 1, is_int4);
@@ -614,7 +628,8 @@ int main(void)
 	}
 	/* GEMV (the kind decode takes at M <= 8) on every projection of the supported models
 	 * (bench_cuda_linear_q's list), fp8 128 x 128 blocks and int4 groups of 32: M 1, and
-	 * M 8 where the matrix is under 20 M values (the host reference's time) */
+	 * M 8 where the matrix is under 20 M values (the host reference's time); tuned */
+	set_qgemv_tune(1);
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]) && !quick && !wide_only; i++) {
 		static const int model[][2] = {
 			{ 6144, 4096 }, { 4096, 4096 }, { 28672, 4096 }, { 4096, 14336 },

@@ -32,7 +32,8 @@ struct k_cuda_tuning {
 				 * candidates once and keeps the fastest; 0: cublasGemmEx's own
 				 * choice everywhere */
 	int lt_log;		/* KDEC_LT_LOG, flag, 0: 1 prints one line per tuned shape on
-				 * stderr (GemmEx's time, the pick's, the nearest other plan) */
+				 * stderr (GemmEx's time, the pick's, the nearest other plan;
+				 * the quantized GEMV's: every split's time and the one kept) */
 	int lt_candidates;	/* KDEC_LT_CANDIDATES, 1..64, 16: candidates asked of
 				 * cuBLASLt's heuristic per shape */
 	long linear_small_mb;	/* KDEC_LINEAR_SMALL_MB, MiB (> 0), 16: weights up to this size
@@ -47,6 +48,10 @@ struct k_cuda_tuning {
 	int linear_qgemv_warps;	/* KDEC_LINEAR_QGEMV_WARPS, 4..64, 8: warps a multiprocessor
 				 * needs before bytes bound that GEMV, in its split model (more
 				 * warps: more K slices, shorter CTAs); read at each call */
+	int linear_q_tune;	/* KDEC_LINEAR_Q_TUNE, flag, 1: the quantized GEMV (M <= 8)
+				 * and tile kernel (9..64) time each K split of a shape once at
+				 * its M bucket (the first call outside a capture) and keep the
+				 * fastest (linear_tune.cu); 0: their models' splits */
 
 	/* ---- attention (kernels/cuda/attn) ---- */
 	int attn_mma;		/* KDEC_ATTN_MMA, flag, 1: the tensor-core decode kernel;

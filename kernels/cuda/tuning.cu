@@ -23,6 +23,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.linear_stream_mb = 64;
 	t.linear_qgemv = 1;
 	t.linear_qgemv_warps = 8;
+	t.linear_q_tune = 1;
 	t.attn_mma = 1;
 	t.attn_mma_tk = 32;
 	t.attn_mma_qreg = 1;
@@ -114,6 +115,7 @@ static const struct tun_var tun_vars[] = {
 	TUN_MB("KDEC_LINEAR_STREAM_MB", linear_stream_mb, false),
 	TUN_FLAG("KDEC_LINEAR_QGEMV", linear_qgemv),
 	TUN_INT("KDEC_LINEAR_QGEMV_WARPS", linear_qgemv_warps, 4, 64),
+	TUN_FLAG("KDEC_LINEAR_Q_TUNE", linear_q_tune),
 	TUN_FLAG("KDEC_ATTN_MMA", attn_mma),
 	{ "KDEC_ATTN_MMA_TK", TUN_FIELD(attn_mma_tk), TUN_EITHER, 32, 64, false },
 	TUN_FLAG("KDEC_ATTN_MMA_QREG", attn_mma_qreg),

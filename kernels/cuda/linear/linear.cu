@@ -147,6 +147,7 @@ extern "C" void k_cuda_linear_destroy(struct k_cuda_linear *ctx)
 	if (ctx->blas)
 		cublasDestroy(ctx->blas);
 	k_cuda_lin_lt_destroy(ctx);
+	k_cuda_lin_split_destroy(ctx);
 	cudaFree(ctx->blas_ws);
 	cudaFree(ctx->xb);
 	cudaFree(ctx->st_ws);
@@ -198,6 +199,8 @@ extern "C" int k_cuda_linear_create(struct k_cuda_linear **out, cudaStream_t str
 		ret = k_cuda_lin_gemv_setup(ctx);
 	if (!ret)
 		ret = k_cuda_lin_lt_setup(ctx);
+	if (!ret)
+		ret = k_cuda_lin_split_setup(ctx);
 	if (!ret)
 		ret = k_cuda_lin_stream_setup(ctx);
 	if (!ret)

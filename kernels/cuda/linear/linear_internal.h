@@ -30,8 +30,12 @@
 /* cuBLASLt tuning: calls of M <= 64 rows, at most this many shapes per context. */
 #define LIN_LT_MAX_M		64
 #define LIN_LT_CACHE		256
+/* The quantized kernels' tuned K splits (linear_tune.cu): shapes per context, splits. */
+#define LIN_SPLIT_CACHE		256
+#define LIN_SPLIT_MAX		16
 
 struct lin_lt_entry;
+struct lin_split_entry;
 
 /* cuBLASLt's descriptors of one GEMM (linear_lt.cu's tuned bf16 calls):
  * the operation and the layouts of A, B and C (= D). free: any of them may be NULL; *d is
@@ -69,6 +73,8 @@ struct k_cuda_linear {
 	cublasLtHandle_t lt;		/* NULL: no tuning */
 	struct lin_lt_entry *lt_cache;	/* (LIN_LT_CACHE) tuned shapes, lt_n of them used */
 	int lt_n;
+	struct lin_split_entry *split_cache;	/* (LIN_SPLIT_CACHE) tuned K splits, split_n used */
+	int split_n;
 	void *blas_ws;			/* (LIN_BLAS_WS_BYTES) bytes, cuBLAS workspace */
 	uint16_t *xb;			/* (max_M, max_K) bf16: x rounded for cuBLAS */
 	const float *ready_x;		/* xb already holds bf16(ready_x) (ready_M, ready_K), */
@@ -133,7 +139,7 @@ int k_cuda_lin_qmma_split(const struct k_cuda_linear *ctx, bool stream, const st
  * the bf16 streaming kernel: calls on one context run in stream order).
  * -EINVAL where k_cuda_linear_q_tile_supports does not hold or the scratch is small. */
 int k_cuda_lin_qtile_setup(struct k_cuda_linear *ctx);
-int k_cuda_lin_qtile(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+int k_cuda_lin_qtile(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
 		     const struct k_quant *q, int M, int N, int K, int accumulate);
 int k_cuda_lin_qtile_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
 			      int N, int K, char *buf, size_t len);
@@ -142,7 +148,8 @@ int k_cuda_lin_qtile_describe(const struct k_cuda_linear *ctx, const struct k_qu
  * launch, K split through ctx->st_ws / st_cnt like the tile kernel (-EINVAL where
  * k_cuda_linear_q_gemv_supports does not hold). */
 int k_cuda_lin_qgemv_setup(struct k_cuda_linear *ctx);
-int k_cuda_lin_qgemv(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+/* The launch; its K split as k_cuda_lin_split_tune keeps it (else the split model's). */
+int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
 		     const struct k_quant *q, int M, int N, int K, int accumulate);
 int k_cuda_lin_qgemv_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
 			      int N, int K, char *buf, size_t len);
@@ -151,6 +158,41 @@ int k_cuda_lin_qgemv_describe(const struct k_cuda_linear *ctx, const struct k_qu
  * reads fp32 x. */
 int k_cuda_lin_take_ready(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind,
 			  const float *x, int M, int N, int K, bool *ready);
+
+/* What a tuning times (k_cuda_lin_time): the launch enqueue(ctx, arg) queues on
+ * ctx->stream, 0 or -errno. */
+typedef int (*lin_enqueue_fn)(const struct k_cuda_linear *ctx, void *arg);
+/* Written between timed runs so that no weight is still in L2 (50-60 MB on H100/H200). */
+#define LIN_TIME_FLUSH_BYTES	((size_t)128 << 20)
+/* The median of five replays of enqueue's launch captured alone in a graph, each after
+ * flush (LIN_TIME_FLUSH_BYTES of device memory) is rewritten, so from a cold L2 as a
+ * decode step reads its weights; in ms, < 0 where capture or replay failed (the error
+ * cleared). *nodes (may be NULL): the graph's nodes. e0, e1: events to time with. */
+float k_cuda_lin_time(const struct k_cuda_linear *ctx, lin_enqueue_fn enqueue, void *arg,
+		      void *flush, cudaEvent_t e0, cudaEvent_t e1, int *nodes);
+
+/* The quantized kernels' K splits timed (KDEC_LINEAR_Q_TUNE, default 1): the first
+ * call of a shape at its M bucket (the next power of two) outside a graph capture times
+ * every split 1..max_S (synchronising the stream) and keeps the fastest for the life of
+ * the context; a call of another M, or in a capture before its bucket was tuned, takes
+ * the bucket's split where there is one, else the kernel's model. kind: the
+ * k_cuda_linear_q_kind. find: the split kept, 0 for none (or tuning off). wanted:
+ * whether this call is one to tune. tune: the split enqueue times fastest (model_S
+ * where none could be timed; KDEC_LT_LOG=1 prints every split's time), enqueue(ctx,
+ * arg, S, ys) launching split S into the scratch ys (M, N) fp32, -EINVAL before any
+ * launch where S gives no plan. keep: remembers it. */
+typedef int (*lin_split_enqueue_fn)(const struct k_cuda_linear *ctx, void *arg, int S, float *ys);
+int k_cuda_lin_split_bucket(int M);
+int k_cuda_lin_split_find(const struct k_cuda_linear *ctx, int kind, const struct k_quant *q,
+			  int M, int N, int K);
+bool k_cuda_lin_split_wanted(const struct k_cuda_linear *ctx, int kind, const struct k_quant *q,
+			     int M, int N, int K);
+int k_cuda_lin_split_tune(const struct k_cuda_linear *ctx, const char *what, int M, int N, int K,
+			  int max_S, int model_S, lin_split_enqueue_fn enqueue, void *arg);
+void k_cuda_lin_split_keep(struct k_cuda_linear *ctx, int kind, const struct k_quant *q, int M,
+			   int N, int K, int S);
+int k_cuda_lin_split_setup(struct k_cuda_linear *ctx);
+void k_cuda_lin_split_destroy(struct k_cuda_linear *ctx);
 
 /* cuBLASLt with the algorithm timed fastest for this shape at M's decode bucket (the
  * next power of two; the first call at a bucket size outside graph capture tunes,

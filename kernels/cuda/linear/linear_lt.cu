@@ -20,9 +20,6 @@
 #include "kernels/cuda/linear/linear_internal.h"
 
 #define LT_MAX_CANDIDATES 64
-#define LT_REPS		5	/* timed replays per candidate; the median counts */
-/* Written between timed runs so that no weight is still in L2 (60 MB on H200). */
-#define LT_FLUSH_BYTES	((size_t)128 << 20)
 
 struct lin_lt_entry {
 	int M, N, K, beta;
@@ -99,61 +96,43 @@ static cublasStatus_t lt_gemmex(const struct k_cuda_linear *ctx, void *y, bool y
 			    CUBLAS_GEMM_DEFAULT);
 }
 
-// Median of LT_REPS cold-L2 replays of candidate i (-1: cublasGemmEx) captured alone in
-// a graph, in ms, as a decode step replays it (a split-K candidate's reduction kernel
-// with its in-graph launch gap included); < 0 if it fails. *nodes: the graph's nodes
-// (kernels). Writes only the scratch y. The median, not the fastest: two candidates a
-// few tenths of a microsecond apart were picked by the noise of the fastest of three,
-// and the step's time moved with the pick (Llama-3.1-8B batch 64: 7.16 against 7.24 ms).
+// What lt_time's graph holds: candidate i (-1: cublasGemmEx) into the scratch y.
+struct lt_call {
+	const struct lin_lt_descs *d;
+	const cublasLtMatmulHeuristicResult_t *cand;
+	int i;
+	void *ys;
+	bool y_bf16;
+	const uint16_t *xb, *w;
+	int M, N, K, beta;
+};
+
+static int lt_enqueue(const struct k_cuda_linear *ctx, void *arg)
+{
+	const struct lt_call *c = (const struct lt_call *)arg;
+	cublasStatus_t s = c->i < 0 ? lt_gemmex(ctx, c->ys, c->y_bf16, c->xb, c->w, c->M, c->N,
+						 c->K, c->beta)
+				    : lt_run(ctx, c->d, &c->cand[c->i].algo, c->ys, c->xb, c->w,
+					     c->beta);
+
+	return s == CUBLAS_STATUS_SUCCESS ? 0 : -EIO;
+}
+
+// Median of the cold-L2 replays of candidate i (-1: cublasGemmEx) captured alone in a
+// graph (k_cuda_lin_time), in ms, as a decode step replays it (a split-K candidate's
+// reduction kernel with its in-graph launch gap included); < 0 if it fails. *nodes: the
+// graph's nodes (kernels). Writes only the scratch y. The median, not the fastest: two
+// candidates a few tenths of a microsecond apart were picked by the noise of the fastest
+// of three, and the step's time moved with the pick (Llama-3.1-8B batch 64: 7.16
+// against 7.24 ms).
 static float lt_time(const struct k_cuda_linear *ctx, const struct lin_lt_descs *d,
 		     const cublasLtMatmulHeuristicResult_t *cand, int i, void *ys, bool y_bf16,
 		     void *flush, const uint16_t *xb, const uint16_t *w, int M, int N, int K,
 		     int beta, cudaEvent_t e0, cudaEvent_t e1, int *nodes)
 {
-	float ms[LT_REPS], t = -1.0f;
-	cudaGraph_t g = NULL;
-	cudaGraphExec_t ge = NULL;
-	cublasStatus_t s;
-	size_t n = 0;
-	int r;
+	struct lt_call c = { d, cand, i, ys, y_bf16, xb, w, M, N, K, beta };
 
-	if (cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
-		cudaGetLastError();
-		return -1.0f;
-	}
-	s = i < 0 ? lt_gemmex(ctx, ys, y_bf16, xb, w, M, N, K, beta)
-		  : lt_run(ctx, d, &cand[i].algo, ys, xb, w, beta);
-	if (cudaStreamEndCapture(ctx->stream, &g) != cudaSuccess || s != CUBLAS_STATUS_SUCCESS ||
-	    cudaGraphGetNodes(g, NULL, &n) != cudaSuccess ||
-	    cudaGraphInstantiate(&ge, g, 0) != cudaSuccess ||
-	    cudaGraphLaunch(ge, ctx->stream) != cudaSuccess)	// first replay untimed
-		goto out;
-	for (r = 0; r < LT_REPS; r++) {
-		if (cudaMemsetAsync(flush, r, LT_FLUSH_BYTES, ctx->stream) != cudaSuccess ||
-		    cudaEventRecord(e0, ctx->stream) != cudaSuccess ||
-		    cudaGraphLaunch(ge, ctx->stream) != cudaSuccess ||
-		    cudaEventRecord(e1, ctx->stream) != cudaSuccess ||
-		    cudaEventSynchronize(e1) != cudaSuccess ||
-		    cudaEventElapsedTime(&ms[r], e0, e1) != cudaSuccess)
-			goto out;
-	}
-	for (r = 1; r < LT_REPS; r++)	// insertion sort of five
-		for (int j = r; j > 0 && ms[j] < ms[j - 1]; j--) {
-			float x = ms[j];
-
-			ms[j] = ms[j - 1];
-			ms[j - 1] = x;
-		}
-	t = ms[LT_REPS / 2];
-	*nodes = (int)n;
-out:
-	if (t < 0)
-		cudaGetLastError();
-	if (ge)
-		cudaGraphExecDestroy(ge);
-	if (g)
-		cudaGraphDestroy(g);
-	return t;
+	return k_cuda_lin_time(ctx, lt_enqueue, &c, flush, e0, e1, nodes);
 }
 
 // One KDEC_LT_LOG line (k_cuda_tuning()->lt_log; a diagnostic behind a knob, so plain
@@ -227,11 +206,11 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lin_lt_descs *d, cons
 	// scratch for the timed runs: where the device has no room for it (the KV cache
 	// may hold nearly all of it), cublasGemmEx stays, as without tuning
 	if (cudaMalloc(&ys, (size_t)M * N * (y_bf16 ? 2 : 4)) != cudaSuccess ||
-	    cudaMalloc(&flush, LT_FLUSH_BYTES) != cudaSuccess) {
+	    cudaMalloc(&flush, LIN_TIME_FLUSH_BYTES) != cudaSuccess) {
 		cudaGetLastError();
 		k_cuda_log("cublasLt: M %d N %d K %d not tuned: no room on device %d for %zu MB "
 			   "of timing scratch; cublasGemmEx's choice stays", M, N, K, ctx->dev,
-			   ((size_t)M * N * (y_bf16 ? 2 : 4) + LT_FLUSH_BYTES) >> 20);
+			   ((size_t)M * N * (y_bf16 ? 2 : 4) + LIN_TIME_FLUSH_BYTES) >> 20);
 		goto out;
 	}
 	if ((ret = LIN_CUDA(ctx->dev, cudaEventCreate(&e0))) ||

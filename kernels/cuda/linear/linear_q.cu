@@ -382,10 +382,10 @@ extern "C" const char *k_cuda_linear_q_kind_name(enum k_cuda_linear_q_kind kind)
 
 // y = x w^T over M rows by launches of at most mp rows of x (each launch reads the
 // weights again): run is a kernel of the GEMV's or the tile's signature.
-typedef int (*lq_launch)(const struct k_cuda_linear *, float *, const float *, const void *,
+typedef int (*lq_launch)(struct k_cuda_linear *, float *, const float *, const void *,
 			 const struct k_quant *, int, int, int, int);
 
-static int lq_chunks(lq_launch run, const struct k_cuda_linear *ctx, float *y, const float *x,
+static int lq_chunks(lq_launch run, struct k_cuda_linear *ctx, float *y, const float *x,
 		     const void *w, const struct k_quant *q, int M, int mp, int N, int K,
 		     int accumulate)
 {

@@ -16,9 +16,10 @@
 // - no cluster: the split partials go through the context's workspace and the last CTA
 //   of a row tile (an atomic count) adds them in split order s = 0 .. S-1, so the sum has
 //   the same bits whoever comes last (linear_stream.cu's and linear_qtile.cu's scheme);
-// - the split and grid come from a model of the per-multiprocessor time (qg_make_plan):
-//   the busiest multiprocessor's stages over the rate its resident warps reach, so that
-//   every multiprocessor gets about the same bytes;
+// - the split is the one timed fastest for the shape at its M bucket (linear_tune.cu, at
+//   the first call outside a capture); untuned (KDEC_LINEAR_Q_TUNE=0, or a shape first
+//   seen in a capture) it comes from a model of the per-multiprocessor time
+//   (qg_make_plan): the busiest multiprocessor's stages over the rate its warps reach;
 // - each warp keeps QG_AHEAD = 5 stages of 2 KB in flight (10 KB; 4 CTAs: 160 KB a
 //   multiprocessor), issued before the wait on the previous kernel (weights are constant).
 // int4 pairs of values are dequantized with one lop3 each (quant_dequant.cuh's
@@ -213,62 +214,73 @@ struct qg_plan {
 	int bps;	// CTAs resident a multiprocessor
 };
 
-// Every split S (distinct slices, x slice within QG_MAX_X, the workspace's room where
-// S > 1) is tried: the busiest multiprocessor's CTAs x (stages a slice + fixed cost),
-// at a rate that grows with the warps it holds at once up to linear_qgemv_warps; a split
-// costs QG_SPLIT_COST stages more; ties go to the smaller split. n_sm, bps_regs,
-// smem_sm (a multiprocessor's shared memory), smem_cta (a CTA's beyond the dynamic
-// part): 0 for a plan without a context (does any split fit: supports). -EINVAL where
-// none does.
-static int qg_make_plan(int n_sm, int bps_regs, int smem_sm, int smem_cta, int sk, int M,
-			int N, int K, struct qg_plan *p)
+// The plan with split S (K in S slices of whole stages) and its modelled cost: the
+// busiest multiprocessor's CTAs x (stages a slice + fixed cost), at a rate that grows
+// with the warps it holds at once up to linear_qgemv_warps, plus QG_SPLIT_COST where S >
+// 1. false where S gives no plan of its own: its slices are a smaller S's, the x slice
+// passes QG_MAX_X, or the partials pass the workspace. n_sm, bps_regs, smem_sm (a
+// multiprocessor's shared memory), smem_cta (a CTA's beyond the dynamic part): 0 for a
+// plan without a context (does any split fit: supports).
+static bool qg_plan_at(int n_sm, int bps_regs, int smem_sm, int smem_cta, int sk, int M, int N,
+		       int K, int S, struct qg_plan *p, double *cost)
 {
 	const int full = k_cuda_tuning()->linear_qgemv_warps;
 	const int tiles = (N + QG_ROWS - 1) / QG_ROWS, nst = (K + sk - 1) / sk;
 	const long ws_floats = (long)LIN_ST_MAX_UNITS * LIN_ST_MAX_M * 128;
-	double best = -1;
+	int kb, KC, smem, bps;
+	long xb, ctas, per_sm, conc;
 
-	for (int S = 1; S <= QG_MAX_SPLIT && S <= nst; S++) {
-		const int kb = (nst + S - 1) / S, KC = kb * sk;
-		const long xb = qg_x_bytes(M, KC), ctas = (long)tiles * S;
-		long per_sm, conc;
-		int smem, bps;
-		double cost;
+	if (S < 1 || S > QG_MAX_SPLIT || S > nst)
+		return false;
+	kb = (nst + S - 1) / S;
+	KC = kb * sk;
+	xb = qg_x_bytes(M, KC);
+	ctas = (long)tiles * S;
+	if ((nst + kb - 1) / kb != S || xb > QG_MAX_X)	// the same slices as a smaller S
+		return false;
+	if (S > 1 && (tiles > LIN_ST_MAX_UNITS || ctas * QG_PART > ws_floats))
+		return false;
+	smem = QG_RING + (int)xb;
+	bps = smem_sm > 0 ? smem_sm / (smem + smem_cta) : 1;
+	if (bps_regs > 0 && bps > bps_regs)
+		bps = bps_regs;
+	if (bps < 1)
+		bps = 1;
+	per_sm = n_sm > 0 ? (ctas + n_sm - 1) / n_sm : 1;
+	conc = per_sm < bps ? per_sm : bps;
+	*cost = (double)per_sm * (kb + QG_CTA_OVERHEAD) *
+		(conc * QG_WARPS < full ? (double)full / (conc * QG_WARPS) : 1.0) +
+		(S > 1 ? QG_SPLIT_COST : 0);
+	*p = qg_plan{ tiles, S, KC, smem, (int)per_sm, bps };
+	return true;
+}
 
-		if ((nst + kb - 1) / kb != S || xb > QG_MAX_X)	// the same slices as a smaller S
-			continue;
-		if (S > 1 && (tiles > LIN_ST_MAX_UNITS || ctas * QG_PART > ws_floats))
-			continue;
-		smem = QG_RING + (int)xb;
-		bps = smem_sm > 0 ? smem_sm / (smem + smem_cta) : 1;
-		if (bps_regs > 0 && bps > bps_regs)
-			bps = bps_regs;
-		if (bps < 1)
-			bps = 1;
-		per_sm = n_sm > 0 ? (ctas + n_sm - 1) / n_sm : 1;
-		conc = per_sm < bps ? per_sm : bps;
-		cost = (double)per_sm * (kb + QG_CTA_OVERHEAD) *
-		       (conc * QG_WARPS < full ? (double)full / (conc * QG_WARPS) : 1.0) +
-		       (S > 1 ? QG_SPLIT_COST : 0);
-		if (best < 0 || cost < best - 1e-9) {
+// The model's pick over every split (ties to the smaller); -EINVAL where none fits.
+static int qg_make_plan(int n_sm, int bps_regs, int smem_sm, int smem_cta, int sk, int M,
+			int N, int K, struct qg_plan *p)
+{
+	double best = -1, cost;
+	struct qg_plan c;
+
+	for (int S = 1; S <= QG_MAX_SPLIT; S++)
+		if (qg_plan_at(n_sm, bps_regs, smem_sm, smem_cta, sk, M, N, K, S, &c, &cost) &&
+		    (best < 0 || cost < best - 1e-9)) {
 			best = cost;
-			*p = qg_plan{ tiles, S, KC, smem, (int)per_sm, bps };
+			*p = c;
 		}
-	}
 	return best < 0 ? -EINVAL : 0;
 }
 
-static int qg_ctx_plan(const struct k_cuda_linear *ctx, const struct k_quant *q, int M, int N,
-		       int K, struct qg_plan *p)
-{
-	return qg_make_plan(ctx->n_sm, ctx->qg_bps, ctx->qg_smem_sm, ctx->qg_smem_cta, qg_stage_k(q),
-			    M, N, K, p);
-}
+// Why its split is tuned (linear_tune.cu), not taken from this model: the model assumes
+// a multiprocessor saturates at linear_qgemv_warps warps, and measured on an H100
+// (session 15) no one value suits every shape: 16 makes Llama-3.1-8B's down 9-14% faster
+// at M = 1 (fp8 26.1 -> 23.9 us, int4 22.7 -> 19.5) where 32 makes Qwen3-30B-A3B's q/k/v
+// slower (int4 7.0 -> 9.5 us). A model's shapes are few and fixed, so each is timed.
 
 extern "C" int k_cuda_linear_q_gemv_supports(const struct k_quant *q, const float *x,
 					     const void *w, int M, int N, int K)
 {
-	struct qg_plan p;
+	struct qg_plan p = {};
 
 	return q && x && w && M >= 1 && M <= K_CUDA_LINEAR_Q_MMA_MAX_M && N >= 1 && K >= 1 &&
 	       (q->fmt == K_Q_FP8 || q->fmt == K_Q_INT4) && q->block_rows >= 1 &&
@@ -277,6 +289,21 @@ extern "C" int k_cuda_linear_q_gemv_supports(const struct k_quant *q, const floa
 	       !((uintptr_t)w & 15) && K % (q->fmt == K_Q_INT4 ? 32 : 16) == 0 &&
 	       qm_bc_shift(q, K, q->fmt == K_Q_INT4 ? 32 : 128) >= 0 &&
 	       !qg_make_plan(0, 0, 0, 0, qg_stage_k(q), M, N, K, &p);
+}
+
+// The plan of an M-row call: its bucket's tuned split where there is one (and it holds
+// M's x slice), else the model's.
+static int qg_ctx_plan(const struct k_cuda_linear *ctx, const struct k_quant *q, int M, int N,
+		       int K, struct qg_plan *p)
+{
+	const int S = k_cuda_lin_split_find(ctx, K_CUDA_LINEAR_Q_GEMV, q, M, N, K);
+	double cost;
+
+	if (S && qg_plan_at(ctx->n_sm, ctx->qg_bps, ctx->qg_smem_sm, ctx->qg_smem_cta,
+			    qg_stage_k(q), M, N, K, S, p, &cost))
+		return 0;
+	return qg_make_plan(ctx->n_sm, ctx->qg_bps, ctx->qg_smem_sm, ctx->qg_smem_cta, qg_stage_k(q),
+			    M, N, K, p);
 }
 
 template <int FMT, typename ST>
@@ -300,26 +327,66 @@ static int qg_launch(const struct k_cuda_linear *ctx, const struct qg_plan *p, f
 						     ctx->st_ws, ctx->st_cnt));
 }
 
-int k_cuda_lin_qgemv(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
-		     const struct k_quant *q, int M, int N, int K, int accumulate)
+static int qg_run(const struct k_cuda_linear *ctx, const struct qg_plan *p, float *y,
+		  const float *x, const void *w, const struct k_quant *q, int M, int N, int K,
+		  int accumulate)
 {
-	struct qg_plan p;
-
-	if (!k_cuda_linear_q_gemv_supports(q, x, w, M, N, K) || qg_ctx_plan(ctx, q, M, N, K, &p))
-		return -EINVAL;
 	if (q->fmt == K_Q_INT4)
 		return q->scale_dtype == K_F16
-			       ? qg_launch<K_Q_INT4, __half>(ctx, &p, y, x, w, q, M, N, K, accumulate)
-			       : qg_launch<K_Q_INT4, float>(ctx, &p, y, x, w, q, M, N, K, accumulate);
+			       ? qg_launch<K_Q_INT4, __half>(ctx, p, y, x, w, q, M, N, K, accumulate)
+			       : qg_launch<K_Q_INT4, float>(ctx, p, y, x, w, q, M, N, K, accumulate);
 	return q->scale_dtype == K_F16
-		       ? qg_launch<K_Q_FP8, __half>(ctx, &p, y, x, w, q, M, N, K, accumulate)
-		       : qg_launch<K_Q_FP8, float>(ctx, &p, y, x, w, q, M, N, K, accumulate);
+		       ? qg_launch<K_Q_FP8, __half>(ctx, p, y, x, w, q, M, N, K, accumulate)
+		       : qg_launch<K_Q_FP8, float>(ctx, p, y, x, w, q, M, N, K, accumulate);
+}
+
+// A tuning's launch of split S (k_cuda_lin_split_tune).
+struct qg_call {
+	const float *x;
+	const void *w;
+	const struct k_quant *q;
+	int M, N, K;
+};
+
+static int qg_enqueue(const struct k_cuda_linear *ctx, void *arg, int S, float *ys)
+{
+	const struct qg_call *c = (const struct qg_call *)arg;
+	struct qg_plan p = {};
+	double cost;
+
+	if (!qg_plan_at(ctx->n_sm, ctx->qg_bps, ctx->qg_smem_sm, ctx->qg_smem_cta,
+			qg_stage_k(c->q), c->M, c->N, c->K, S, &p, &cost))
+		return -EINVAL;
+	return qg_run(ctx, &p, ys, c->x, c->w, c->q, c->M, c->N, c->K, 0);
+}
+
+int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+		     const struct k_quant *q, int M, int N, int K, int accumulate)
+{
+	struct qg_plan p = {};
+
+	if (!k_cuda_linear_q_gemv_supports(q, x, w, M, N, K))
+		return -EINVAL;
+	if (k_cuda_lin_split_wanted(ctx, K_CUDA_LINEAR_Q_GEMV, q, M, N, K) &&
+	    !qg_make_plan(ctx->n_sm, ctx->qg_bps, ctx->qg_smem_sm, ctx->qg_smem_cta, qg_stage_k(q),
+			  M, N, K, &p)) {
+		const struct qg_call c = { x, w, q, M, N, K };
+
+		k_cuda_lin_split_keep(ctx, K_CUDA_LINEAR_Q_GEMV, q, M, N, K,
+				      k_cuda_lin_split_tune(ctx, q->fmt == K_Q_INT4 ? "qgemv int4"
+									      : "qgemv fp8",
+							    M, N, K, QG_MAX_SPLIT, p.S, qg_enqueue,
+							    (void *)&c));
+	}
+	if (qg_ctx_plan(ctx, q, M, N, K, &p))
+		return -EINVAL;
+	return qg_run(ctx, &p, y, x, w, q, M, N, K, accumulate);
 }
 
 int k_cuda_lin_qgemv_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
 			      int N, int K, char *buf, size_t len)
 {
-	struct qg_plan p;
+	struct qg_plan p = {};
 	const int mc = M < K_CUDA_LINEAR_Q_MMA_MAX_M ? M : K_CUDA_LINEAR_Q_MMA_MAX_M;
 
 	if (qg_ctx_plan(ctx, q, mc, N, K, &p))

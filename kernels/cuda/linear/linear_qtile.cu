@@ -370,43 +370,58 @@ struct qt_plan {
 	int per_sm;	// CTAs a multiprocessor runs (some one fewer)
 };
 
-// Every split S of the stages is tried: a multiprocessor's time ~ its CTAs x (stages
-// a slice + overhead), at a rate that grows with the warps it holds at once up to
-// QT_FULL_WARPS; ties go to the smaller split. Splits need the workspace: at most
-// LIN_ST_MAX_UNITS CTAs.
-static void qt_make_plan(const struct k_cuda_linear *ctx, const struct k_quant *q, int M, int N,
-			 int K, struct qt_plan *p)
+// The plan with split S of the stages and its modelled cost: a multiprocessor's time ~
+// its CTAs x (stages a slice + overhead), at a rate that grows with the warps it holds at
+// once up to QT_FULL_WARPS. false where S gives no plan of its own: its slices are a
+// smaller S's, or S > 1 needs more CTAs than the workspace holds (LIN_ST_MAX_UNITS).
+static bool qt_plan_at(const struct k_cuda_linear *ctx, const struct k_quant *q, int M, int N,
+		       int K, int S, struct qt_plan *p, long *cost)
 {
 	const int fi = qt_fmt_index(q), ni = qt_nt_index(M), slab = fi ? 128 : 64;
 	const int tiles = (N + QT_ROWS - 1) / QT_ROWS, nst = (K + slab - 1) / slab;
 	const int bps = ctx->qt_bps[fi][ni] > 0 ? ctx->qt_bps[fi][ni] : 1;
 	const long n_sm = ctx->n_sm > 0 ? ctx->n_sm : 1;
-	long best = -1;
+	int kb;
+	long units, per_sm, warps;
 
-	p->nt = 2 << ni;
-	p->tiles = tiles;
-	p->S = 1;
-	p->KS = nst * slab;
-	p->per_sm = (int)((tiles + n_sm - 1) / n_sm);
-	for (int S = 1; S <= LIN_ST_MAX_SPLIT && S <= nst; S++) {
-		const int kb = (nst + S - 1) / S;
-		const long units = (long)tiles * S, per_sm = (units + n_sm - 1) / n_sm;
-		const long warps = (per_sm < bps ? per_sm : bps) * QT_WARPS;
-		long cost;
+	if (S < 1 || S > LIN_ST_MAX_SPLIT || S > nst)
+		return false;
+	kb = (nst + S - 1) / S;
+	units = (long)tiles * S;
+	if ((nst + kb - 1) / kb != S || (S > 1 && units > LIN_ST_MAX_UNITS))
+		return false;
+	per_sm = (units + n_sm - 1) / n_sm;
+	warps = (per_sm < bps ? per_sm : bps) * QT_WARPS;
+	*cost = per_sm * (kb + QT_CTA_OVERHEAD) * QT_FULL_WARPS /
+		(warps < QT_FULL_WARPS ? warps : QT_FULL_WARPS);
+	*p = qt_plan{ 2 << ni, tiles, S, kb * slab, (int)per_sm };
+	return true;
+}
 
-		if ((nst + kb - 1) / kb != S)	// the same slices as a smaller S
-			continue;
-		if (S > 1 && units > LIN_ST_MAX_UNITS)
-			break;
-		cost = per_sm * (kb + QT_CTA_OVERHEAD) * QT_FULL_WARPS /
-		       (warps < QT_FULL_WARPS ? warps : QT_FULL_WARPS);
-		if (best < 0 || cost < best) {
+// The model's pick over every split (ties to the smaller; S 1 always gives a plan).
+static void qt_make_plan(const struct k_cuda_linear *ctx, const struct k_quant *q, int M, int N,
+			 int K, struct qt_plan *p)
+{
+	long best = -1, cost;
+	struct qt_plan c;
+
+	for (int S = 1; S <= LIN_ST_MAX_SPLIT; S++)
+		if (qt_plan_at(ctx, q, M, N, K, S, &c, &cost) && (best < 0 || cost < best)) {
 			best = cost;
-			p->S = S;
-			p->KS = kb * slab;
-			p->per_sm = (int)per_sm;
+			*p = c;
 		}
-	}
+}
+
+// The plan of an M-row call: its bucket's tuned split (linear_tune.cu) where there is
+// one, else the model's.
+static void qt_ctx_plan(const struct k_cuda_linear *ctx, const struct k_quant *q, int M, int N,
+			int K, struct qt_plan *p)
+{
+	const int S = k_cuda_lin_split_find(ctx, K_CUDA_LINEAR_Q_TILE, q, M, N, K);
+	long cost;
+
+	if (!S || !qt_plan_at(ctx, q, M, N, K, S, p, &cost))
+		qt_make_plan(ctx, q, M, N, K, p);
 }
 
 template <int FMT, typename ST, int NT>
@@ -461,33 +476,67 @@ static int qt_x_launch(const struct k_cuda_linear *ctx, const float *x, int M, i
 							    octets, ctx->pdl));
 }
 
-int k_cuda_lin_qtile(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+static int qt_run(const struct k_cuda_linear *ctx, const struct qt_plan *p, float *y,
+		  const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
+{
+	if (q->fmt == K_Q_INT4)
+		return q->scale_dtype == K_F16
+			       ? qt_dispatch<K_Q_INT4, __half>(ctx, p, y, w, q, M, N, K, accumulate)
+			       : qt_dispatch<K_Q_INT4, float>(ctx, p, y, w, q, M, N, K, accumulate);
+	return q->scale_dtype == K_F16
+		       ? qt_dispatch<K_Q_FP8, __half>(ctx, p, y, w, q, M, N, K, accumulate)
+		       : qt_dispatch<K_Q_FP8, float>(ctx, p, y, w, q, M, N, K, accumulate);
+}
+
+// A tuning's launch of split S (k_cuda_lin_split_tune), on x already staged in ctx->xb.
+struct qt_call {
+	const void *w;
+	const struct k_quant *q;
+	int M, N, K;
+};
+
+static int qt_enqueue(const struct k_cuda_linear *ctx, void *arg, int S, float *ys)
+{
+	const struct qt_call *c = (const struct qt_call *)arg;
+	struct qt_plan p = {};
+	long cost;
+
+	if (!qt_plan_at(ctx, c->q, c->M, c->N, c->K, S, &p, &cost))
+		return -EINVAL;
+	return qt_run(ctx, &p, ys, c->w, c->q, c->M, c->N, c->K, 0);
+}
+
+int k_cuda_lin_qtile(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
 		     const struct k_quant *q, int M, int N, int K, int accumulate)
 {
-	struct qt_plan p;
+	struct qt_plan p = {};
 	int ret;
 
 	if (!k_cuda_linear_q_tile_supports(q, x, w, M, N, K) || M > ctx->max_M || K > ctx->max_K)
 		return -EINVAL;
 	if ((ret = qt_x_launch(ctx, x, M, K, q->fmt == K_Q_INT4)))
 		return ret;
-	qt_make_plan(ctx, q, M, N, K, &p);
-	if (q->fmt == K_Q_INT4)
-		return q->scale_dtype == K_F16
-			       ? qt_dispatch<K_Q_INT4, __half>(ctx, &p, y, w, q, M, N, K, accumulate)
-			       : qt_dispatch<K_Q_INT4, float>(ctx, &p, y, w, q, M, N, K, accumulate);
-	return q->scale_dtype == K_F16
-		       ? qt_dispatch<K_Q_FP8, __half>(ctx, &p, y, w, q, M, N, K, accumulate)
-		       : qt_dispatch<K_Q_FP8, float>(ctx, &p, y, w, q, M, N, K, accumulate);
+	if (k_cuda_lin_split_wanted(ctx, K_CUDA_LINEAR_Q_TILE, q, M, N, K)) {
+		const struct qt_call c = { w, q, M, N, K };
+
+		qt_make_plan(ctx, q, M, N, K, &p);
+		k_cuda_lin_split_keep(ctx, K_CUDA_LINEAR_Q_TILE, q, M, N, K,
+				      k_cuda_lin_split_tune(ctx, q->fmt == K_Q_INT4 ? "qtile int4"
+									      : "qtile fp8",
+							    M, N, K, LIN_ST_MAX_SPLIT, p.S, qt_enqueue,
+							    (void *)&c));
+	}
+	qt_ctx_plan(ctx, q, M, N, K, &p);
+	return qt_run(ctx, &p, y, w, q, M, N, K, accumulate);
 }
 
 int k_cuda_lin_qtile_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
 			      int N, int K, char *buf, size_t len)
 {
-	struct qt_plan p;
+	struct qt_plan p = {};
 	const int mc = M < K_CUDA_LINEAR_Q_TILE_MAX_M ? M : K_CUDA_LINEAR_Q_TILE_MAX_M;
 
-	qt_make_plan(ctx, q, mc, N, K, &p);
+	qt_ctx_plan(ctx, q, mc, N, K, &p);
 	return snprintf(buf, len, "qtile nt=%d grid=%dx%d k/slice=%d ctas/sm=%d (%d resident) smem=%d",
 			p.nt, p.tiles, p.S, p.KS, p.per_sm,
 			ctx->qt_bps[qt_fmt_index(q)][qt_nt_index(mc)], qt_smem_bytes(qt_fmt_index(q), p.nt));
