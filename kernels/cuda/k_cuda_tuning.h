@@ -47,7 +47,8 @@ struct k_cuda_tuning {
 				 * (k_cuda_linear_q_choose); 0: the cluster streaming form there */
 	int linear_qgemv_warps;	/* KDEC_LINEAR_QGEMV_WARPS, 4..64, 8: warps a multiprocessor
 				 * needs before bytes bound that GEMV, in its split model (more
-				 * warps: more K slices, shorter CTAs); read at each call */
+				 * warps: more K slices, shorter CTAs); read at each call. The
+				 * model decides only untuned shapes (linear_q_tune) */
 	int linear_q_tune;	/* KDEC_LINEAR_Q_TUNE, flag, 1: the quantized GEMV (M <= 8)
 				 * and tile kernel (9..64) time each K split of a shape once at
 				 * its M bucket (the first call outside a capture) and keep the
