@@ -15,7 +15,9 @@
  *   over 1..8 plain CTAs, partial row tiles and stages, the x slice near its 64 KB, each
  *   with the split model's plan and with the split timed fastest (KDEC_LINEAR_Q_TUNE),
  *   and on every projection shape of the supported models (fp8 blocks, int4 g32; M 1, and
- *   8 where small; tuned), the same tolerances and the same bits on a second run;
+ *   8 where small; tuned), the same tolerances and the same bits on a second run; its
+ *   SwiGLU form (k_cuda_linear_q_gemv_swiglu) bit for bit as k_cuda_silu_mul_rows then
+ *   the GEMV;
  * - the tile kernel (K_CUDA_LINEAR_Q_TILE) at M = 1..65 (65: two launches): n8 tiles 2,
  *   4, 8, K split over up to 8 CTAs and one slice, partial row tiles and stages, the
  *   same tolerances and the same bits on a second run (fixed-order split sums);
@@ -46,6 +48,7 @@
 #include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
+#include "kernels/cuda/ops/k_cuda_ops.h"
 #include "tests/cudatest.h"
 
 #define MMA_TOL 1e-4	/* against the reference on the values the kernel multiplies */
@@ -348,6 +351,70 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 	free(out2);
 }
 
+/* k_cuda_linear_q_gemv_swiglu on a random gate_up (M, 2K) against k_cuda_silu_mul_rows
+ * then the GEMV kind on its output: the same bits (y = and y +=). */
+static void check_swiglu(const struct qcase *c, int N, int K, int M, int accumulate, int f16s)
+{
+	struct k_quant q, dq;
+	uint8_t *w;
+	void *hs, *dsc;
+	float *fs, *gu = test_rand_floats((size_t)M * 2 * K, 3.0f, &seed);
+	float *y0 = test_rand_floats((size_t)M * N, 1.0f, &seed);
+	float *a = malloc((size_t)M * N * sizeof(float)), *b = malloc((size_t)M * N * sizeof(float));
+	size_t wbytes, ns, ny = (size_t)M * N, nd = 0;
+	float *dgu, *dx, *dya, *dyb;
+	void *dw;
+	int ra = -1, rb = -1;
+
+	make_weight(c, N, K, &q, &w, &wbytes, &hs, &fs, &ns);
+	if (f16s) {
+		uint16_t *h = malloc(ns * 2);
+
+		for (size_t i = 0; i < ns; i++)
+			h[i] = k_f32_to_f16(fs[i]);
+		dsc = dup_to_device(h, ns * 2);
+		free(h);
+	} else {
+		dsc = dup_to_device(fs, ns * 4);
+	}
+	dw = dup_to_device(w, wbytes);
+	dgu = dup_to_device(gu, (size_t)M * 2 * K * sizeof(float));
+	dx = dalloc((size_t)M * K * sizeof(float));
+	dya = dup_to_device(y0, ny * sizeof(float));
+	dyb = dup_to_device(y0, ny * sizeof(float));
+	dq = q;
+	dq.scale = dsc;
+	dq.scale_dtype = f16s ? K_F16 : K_F32;
+	if (dw && dsc && dgu && dx && dya && dyb) {
+		ra = k_cuda_silu_mul_rows(stream, dx, dgu, M, K);
+		if (!ra)
+			ra = k_cuda_linear_q_run(lin, K_CUDA_LINEAR_Q_GEMV, dya, dx, dw, &dq, M, N, K,
+						 accumulate, wtmp, wtmp_elems);
+		rb = k_cuda_linear_q_gemv_swiglu(lin, dyb, dgu, dw, &dq, M, N, K, accumulate);
+		CU(cudaStreamSynchronize(stream));
+		CU(cudaMemcpy(a, dya, ny * sizeof(float), cudaMemcpyDeviceToHost));
+		CU(cudaMemcpy(b, dyb, ny * sizeof(float), cudaMemcpyDeviceToHost));
+		for (size_t i = 0; i < ny; i++)
+			nd += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+	}
+	CHECK(ra == 0 && rb == 0 && nd == 0, "%s swiglu GEMV N %d K %d M %d acc %d f16s %d: rc %d "
+	      "/ %d, %zu of %zu values differ from SwiGLU then the GEMV", c->what, N, K, M,
+	      accumulate, f16s, ra, rb, nd, ny);
+	cudaFree(dw);
+	cudaFree(dsc);
+	cudaFree(dgu);
+	cudaFree(dx);
+	cudaFree(dya);
+	cudaFree(dyb);
+	free(w);
+	free(hs);
+	free(fs);
+	free(gu);
+	free(y0);
+	free(a);
+	free(b);
+}
+
 /* k_cuda_quant_dequant to bf16 and to f16, bit for bit against the host's values. */
 static void check_dequant(const struct qcase *c, int N, int K)
 {
@@ -564,6 +631,12 @@ int main(void)
 			if (!race)
 				run_kind(c, K_CUDA_LINEAR_Q_GEMV, 200, 16384, 8, 1, 0);
 			run_kind(c, K_CUDA_LINEAR_Q_GEMV, 300, 1024, 17, 0, is_int4);
+		}
+		/* the GEMV forming its x as a SwiGLU (a dense MLP's down projection) */
+		if (!tile_only && !wide_only) {
+			check_swiglu(c, 64, 2048, 3, 1, 0);
+			check_swiglu(c, 8200, 1024, 8, 0, is_int4);
+			check_swiglu(c, 300, 4096, 1, 1, is_int4);
 		}
 		if (gemv_only)
 			continue;

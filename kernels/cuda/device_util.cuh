@@ -16,6 +16,16 @@ __device__ __forceinline__ uint16_t k_cuda_bf16_rn(float f)
 	return (uint16_t)(u >> 16);
 }
 
+// silu(g) * u = g / (1 + e^-g) * u in fp32, each operation rounded to nearest: the one
+// SwiGLU product of the elementwise kernels and of the GEMV that computes its x so
+// (linear_qgemv.cu), so the two give the same bits.
+__device__ __forceinline__ float k_cuda_silu_mul(float g, float u)
+{
+	float s = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+
+	return __fmul_rn(s, u);
+}
+
 // Sum of v over a block of THREADS threads (a multiple of 32), in double, the same
 // value in every thread: warp trees, then the warps' sums in order. red: shared
 // (THREADS / 32). Has a barrier: every thread of the block must call it.

@@ -153,6 +153,10 @@ struct k_cuda_tuning {
 	int gate_up_bf16;	/* KDEC_GATE_UP_BF16, flag, 1: a dense model's gate/up GEMM
 				 * writes bf16 where the down projection reads bf16 only; 0: fp32.
 				 * Not bit-identical */
+	int swiglu_in_down;	/* KDEC_SWIGLU_IN_DOWN, flag, 1: a quantized dense MLP's
+				 * SwiGLU at up to 8 rows is formed by the down projection's
+				 * GEMV from gate/up (k_cuda_linear_q_gemv_swiglu); 0: its own
+				 * launch. The same bits either way */
 	int silu_bf16_only;	/* KDEC_SILU_BF16_ONLY, flag, 1: SwiGLU writes only the bf16
 				 * form where the down projection reads nothing else; 0: fp32 too */
 	int router_fp32;	/* KDEC_ROUTER_FP32, flag, 1: the MoE router's logits from fp32

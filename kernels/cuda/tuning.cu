@@ -58,6 +58,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.mla_post_in_absorb = 1;
 	t.gate_up_bf16 = 1;
 	t.silu_bf16_only = 1;
+	t.swiglu_in_down = 1;
 	t.router_fp32 = 1;
 	t.linear_fp32x = 0;
 	return t;
@@ -150,6 +151,7 @@ static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_MLA_POST_IN_ABSORB", mla_post_in_absorb),
 	TUN_FLAG("KDEC_GATE_UP_BF16", gate_up_bf16),
 	TUN_FLAG("KDEC_SILU_BF16_ONLY", silu_bf16_only),
+	TUN_FLAG("KDEC_SWIGLU_IN_DOWN", swiglu_in_down),
 	TUN_FLAG("KDEC_ROUTER_FP32", router_fp32),
 	TUN_FLAG("KDEC_LINEAR_FP32X", linear_fp32x),
 };

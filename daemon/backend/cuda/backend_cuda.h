@@ -113,6 +113,15 @@ struct backend_cuda {
 	float *fused;			/* (fused_floats) fused projections' outputs:
 					 * (rows, q + 2 kv widths) or (rows, 2 * inter) */
 	size_t fused_floats;
+	/* A SwiGLU left to the down projection (cuda_gate_up_silu on quantized weights at
+	 * up to 8 rows, KDEC_SWIGLU_IN_DOWN): out (rows, inter) = silu(gate) * up of gu
+	 * (rows, 2 inter) is not yet written. The next quantized linear whose x is out
+	 * takes it in its GEMV; anything else writes out first (cuda_swiglu_settle). */
+	struct {
+		float *out;		/* NULL: none pending */
+		const float *gu;
+		int rows, inter;
+	} swiglu;
 	int capturing;			/* between capture_begin and capture_end */
 	struct cuda_prof *prof;		/* NULL unless KDEC_CUDA_OP_TIMES=1 */
 	/* side copies (the host tier's mover thread): their own non-blocking stream, made
@@ -202,6 +211,9 @@ int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const str
 		     int M, int K, int accumulate);
 /* w's entry where it stayed quantized on the GPU, else NULL. */
 const struct cuda_qweight *cuda_qweight_of(const struct backend_cuda *b, const struct model_tensor *w);
+/* Writes a pending SwiGLU's output (and its bf16 copy for the linear next) as
+ * cuda_gate_up_silu would have; 0 where none is pending, else the launch's result. */
+int cuda_swiglu_settle(struct backend_cuda *b);
 void cuda_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M);
 void cuda_linear_fp32x(struct backend *be, float *y, const float *x, const struct model_tensor *w,
 		       int M);

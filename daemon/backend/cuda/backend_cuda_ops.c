@@ -44,6 +44,12 @@ const struct cuda_op_info cuda_op_info[CUDA_OP_COUNT] = {
 
 void cuda_op_begin(struct backend_cuda *b, enum cuda_op op)
 {
+	int ret;
+
+	/* a pending SwiGLU is the down projection's (a linear) to take, nobody else's */
+	if (b->swiglu.out && op != CUDA_OP_LINEAR && op != CUDA_OP_LINEAR_ADD &&
+	    (ret = cuda_swiglu_settle(b)))
+		cuda_fail(b, ret, "gate_up_silu");
 	if (!cuda_op_info[op].reads_x_bf16)
 		k_cuda_linear_x_ready(b->lin, NULL, 0, 0);
 	cuda_prof_begin(b, op);
@@ -138,6 +144,20 @@ int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const str
 							       : K_CUDA_LINEAR_Q_DEQUANT;
 	if (k_cuda_tuning()->linear_fp32x)	/* KDEC_LINEAR_FP32X: x never rounded */
 		kind = K_CUDA_LINEAR_Q_WARP;
+	if (b->swiglu.out) {	/* the down projection of a SwiGLU left pending */
+		int ret;
+
+		if (kind == K_CUDA_LINEAR_Q_GEMV && x == b->swiglu.out && M == b->swiglu.rows &&
+		    K == b->swiglu.inter) {
+			const float *gu = b->swiglu.gu;
+
+			b->swiglu.out = NULL;
+			return k_cuda_linear_q_gemv_swiglu(b->lin, y, gu, w->w, &w->q, M, N, K,
+							   accumulate);
+		}
+		if ((ret = cuda_swiglu_settle(b)))
+			return ret;
+	}
 	return k_cuda_linear_q_run(b->lin, kind, y, x, w->w, &w->q, M, N, K, accumulate, b->wtmp,
 				   b->wtmp_elems);
 }
@@ -147,8 +167,12 @@ int cuda_linear_run(struct backend_cuda *b, float *y, const float *x, const stru
 {
 	const struct cuda_qweight *qw = cuda_qweight_of(b, w);
 
-	if (!qw)
-		return k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows, (int)w->cols, accumulate);
+	if (!qw) {
+		int ret = cuda_swiglu_settle(b);
+
+		return ret ? ret : k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows,
+						 (int)w->cols, accumulate);
+	}
 	return cuda_qlinear_run(b, y, x, qw, M, (int)w->cols, accumulate);
 }
 

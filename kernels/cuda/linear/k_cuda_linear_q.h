@@ -176,6 +176,16 @@ int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y, const flo
 			const void *w, const struct k_quant *q, int M, int N, int K,
 			int accumulate, uint16_t *wtmp, size_t wtmp_elems);
 
+/* The GEMV kind (K_CUDA_LINEAR_Q_GEMV, M <= 8) with x = silu(gate) * up from gate_up
+ * (M, 2K) fp32, row r holding gate then up: the product is formed in the kernel's x
+ * staging with k_cuda_silu_mul_rows's operations, so y is bit for bit what that kernel
+ * and k_cuda_linear_q_run's GEMV give in two launches, one launch and one pass over x
+ * fewer (a dense SwiGLU MLP's down projection). -EINVAL where the GEMV does not take
+ * the shape (k_cuda_linear_q_gemv_supports) or M > 8; else as k_cuda_linear_q_run. */
+int k_cuda_linear_q_gemv_swiglu(struct k_cuda_linear *ctx, float *y, const float *gate_up,
+				const void *w, const struct k_quant *q, int M, int N, int K,
+				int accumulate);
+
 /* dst (N, K) in out (K_BF16 or K_F16) = w dequantized (value * scale in fp32, rounded
  * to nearest even once), q->scale in device memory (K_F32 or K_F16). Queued on stream
  * without programmatic dependent launch (dst may be what the kernel before is

@@ -148,9 +148,10 @@ int k_cuda_lin_qtile_describe(const struct k_cuda_linear *ctx, const struct k_qu
  * launch, K split through ctx->st_ws / st_cnt like the tile kernel (-EINVAL where
  * k_cuda_linear_q_gemv_supports does not hold). */
 int k_cuda_lin_qgemv_setup(struct k_cuda_linear *ctx);
-/* The launch; its K split as k_cuda_lin_split_tune keeps it (else the split model's). */
+/* The launch; its K split as k_cuda_lin_split_tune keeps it (else the split model's).
+ * swiglu: x is a SwiGLU's gate_up (M, 2K), the GEMV's x its product (qg_stage_x). */
 int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
-		     const struct k_quant *q, int M, int N, int K, int accumulate);
+		     const struct k_quant *q, int M, int N, int K, int accumulate, bool swiglu);
 int k_cuda_lin_qgemv_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
 			      int N, int K, char *buf, size_t len);
 /* The bookkeeping of the bf16 copy of x (linear.cu): whether x is the one a producer

@@ -397,6 +397,12 @@ static int lq_chunks(lq_launch run, struct k_cuda_linear *ctx, float *y, const f
 	return ret;
 }
 
+static int lq_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+		    const struct k_quant *q, int M, int N, int K, int accumulate)
+{
+	return k_cuda_lin_qgemv(ctx, y, x, w, q, M, N, K, accumulate, false);
+}
+
 static bool lq_dequant_ok(const struct k_quant *q, int N, int K, size_t wtmp_elems)
 {
 	return wtmp_elems >= (size_t)N * (size_t)K && q &&
@@ -489,7 +495,7 @@ extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y
 		if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
 			return ret;
 		// 8 rows of x a launch; more rows read the weights again
-		return lq_chunks(k_cuda_lin_qgemv, ctx, y, x, w, q, M, mp, N, K, accumulate);
+		return lq_chunks(lq_qgemv, ctx, y, x, w, q, M, mp, N, K, accumulate);
 	}
 	case K_CUDA_LINEAR_Q_TILE: {
 		const int mp = M < K_CUDA_LINEAR_Q_TILE_MAX_M ? M : K_CUDA_LINEAR_Q_TILE_MAX_M;
@@ -516,6 +522,22 @@ extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y
 	default:
 		return -EINVAL;
 	}
+}
+
+extern "C" int k_cuda_linear_q_gemv_swiglu(struct k_cuda_linear *ctx, float *y,
+					   const float *gate_up, const void *w,
+					   const struct k_quant *q, int M, int N, int K, int accumulate)
+{
+	bool ready;
+	int ret;
+
+	if (!ctx || !y || !gate_up || !w || !q || M < 1 || M > K_CUDA_LINEAR_Q_MMA_MAX_M ||
+	    N < 1 || K < 1 || !k_cuda_linear_q_gemv_supports(q, gate_up, w, M, N, K))
+		return -EINVAL;
+	// clears any bf16 mark: the GEMV reads fp32 gate_up
+	if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, gate_up, M, N, K, &ready)))
+		return ret;
+	return k_cuda_lin_qgemv(ctx, y, gate_up, w, q, M, N, K, accumulate, true);
 }
 
 extern "C" void k_cuda_linear_q_describe(const struct k_cuda_linear *ctx,

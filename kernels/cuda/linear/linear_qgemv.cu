@@ -46,6 +46,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "kernels/cuda/linear/linear_internal.h"
@@ -76,37 +77,54 @@
 
 // x rows [0, M), k [k0, k0 + KC) into shared memory as f16 (row stride KC + 8 halves),
 // zeros past K; int4 octets reordered k 0 4 1 5 2 6 3 7 and placed by qm_xunit. A
-// thread's octets QG_XU at a time, all loads before any store: at M = 8 and a 3584-k
+// thread's octets XU at a time, all loads before any store: at M = 8 and a 3584-k
 // slice a thread has 28 octets, whose dependent L2 round trips one at a time would cost
-// more than the slice's weights.
+// more than the slice's weights. SW: x is a SwiGLU's gate_up (M, 2K), and each value
+// staged is k_cuda_silu_mul(gate, up), as k_cuda_silu_mul_rows would have written it.
 #define QG_XU	4
-template <int FMT>
+template <int FMT, bool SW>
 static __device__ __forceinline__ void qg_stage_x(uint4 *xs, const float *x, int M, int K,
 						  int k0, int KC)
 {
+	constexpr int XU = SW ? QG_XU / 2 : QG_XU;	// SW loads twice the floats
 	const int per_row = KC / 8, xs_row = (KC + 8) / 8, total = M * per_row;	// 16-byte units
+	const size_t x_rs = SW ? 2 * (size_t)K : (size_t)K;
 
-	for (int i0 = threadIdx.x; i0 < total; i0 += QG_XU * QG_THREADS) {
-		float4 a[QG_XU], b[QG_XU];
+	for (int i0 = threadIdx.x; i0 < total; i0 += XU * QG_THREADS) {
+		float4 a[XU], b[XU], ua[XU], ub[XU];
 
 #pragma unroll
-		for (int v = 0; v < QG_XU; v++) {
+		for (int v = 0; v < XU; v++) {
 			const int i = i0 + v * QG_THREADS, m = i / per_row, k = k0 + 8 * (i % per_row);
 
-			a[v] = b[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+			a[v] = b[v] = ua[v] = ub[v] = make_float4(0.f, 0.f, 0.f, 0.f);
 			if (i < total && k < K) {	// K % 16 == 0: the octet is all in or all out
-				const float4 *p = (const float4 *)(x + (size_t)m * K + k);
+				const float4 *p = (const float4 *)(x + m * x_rs + k);
 
 				a[v] = p[0];
 				b[v] = p[1];
+				if (SW) {
+					ua[v] = p[K / 4];
+					ub[v] = p[K / 4 + 1];
+				}
 			}
 		}
 #pragma unroll
-		for (int v = 0; v < QG_XU; v++) {
+		for (int v = 0; v < XU; v++) {
 			const int i = i0 + v * QG_THREADS, m = i / per_row, u = i % per_row;
 
 			if (i >= total)
 				break;
+			if (SW) {
+				a[v] = make_float4(k_cuda_silu_mul(a[v].x, ua[v].x),
+						   k_cuda_silu_mul(a[v].y, ua[v].y),
+						   k_cuda_silu_mul(a[v].z, ua[v].z),
+						   k_cuda_silu_mul(a[v].w, ua[v].w));
+				b[v] = make_float4(k_cuda_silu_mul(b[v].x, ub[v].x),
+						   k_cuda_silu_mul(b[v].y, ub[v].y),
+						   k_cuda_silu_mul(b[v].z, ub[v].z),
+						   k_cuda_silu_mul(b[v].w, ub[v].w));
+			}
 			xs[m * xs_row + qm_xunit<FMT>(u)] = qm_pack_x8<FMT == K_Q_INT4>(a[v], b[v]);
 		}
 	}
@@ -116,7 +134,8 @@ static __device__ __forceinline__ void qg_stage_x(uint4 *xs, const float *x, int
 // ws: (tiles * S, QG_PART) fp32 partials, cnt: (tiles) arrival counters, zero between
 // launches (S > 1 only). Needs K % 16 (fp8) or % 32 (int4) == 0, w rows and x 16-byte
 // aligned, M <= 8, the scale column constant over a stage (fp8) or a lane's 32 k (int4).
-template <int FMT, typename ST>
+// SW: x is a SwiGLU's gate_up (M, 2K) (qg_stage_x).
+template <int FMT, typename ST, bool SW>
 __global__ void __launch_bounds__(QG_THREADS, 4)
 qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__restrict__ scale,
 	  qf_args a, float *ws, unsigned *cnt)
@@ -138,7 +157,7 @@ qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 #pragma unroll
 	for (int i = 0; i < QG_AHEAD; i++)
 		qw.scales(sr[i], i);
-	qg_stage_x<FMT>(xs, x, a.M, a.K, qw.k0, a.KC);
+	qg_stage_x<FMT, SW>(xs, x, a.M, a.K, qw.k0, a.KC);
 	__syncthreads();
 
 	const uint4 *xr = xs + g * xs_row + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
@@ -306,7 +325,7 @@ static int qg_ctx_plan(const struct k_cuda_linear *ctx, const struct k_quant *q,
 			    M, N, K, p);
 }
 
-template <int FMT, typename ST>
+template <int FMT, typename ST, bool SW>
 static int qg_launch(const struct k_cuda_linear *ctx, const struct qg_plan *p, float *y,
 		     const float *x, const void *w, const struct k_quant *q, int M, int N, int K,
 		     int accumulate)
@@ -322,22 +341,31 @@ static int qg_launch(const struct k_cuda_linear *ctx, const struct qg_plan *p, f
 	cfg.stream = ctx->stream;
 	cfg.attrs = attr;
 	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
-	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qg_kernel<FMT, ST>, y, x,
+	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qg_kernel<FMT, ST, SW>, y, x,
 						     (const uint8_t *)w, (const ST *)q->scale, a,
 						     ctx->st_ws, ctx->st_cnt));
 }
 
-static int qg_run(const struct k_cuda_linear *ctx, const struct qg_plan *p, float *y,
-		  const float *x, const void *w, const struct k_quant *q, int M, int N, int K,
-		  int accumulate)
+template <bool SW>
+static int qg_run_sw(const struct k_cuda_linear *ctx, const struct qg_plan *p, float *y,
+		     const float *x, const void *w, const struct k_quant *q, int M, int N, int K,
+		     int accumulate)
 {
 	if (q->fmt == K_Q_INT4)
 		return q->scale_dtype == K_F16
-			       ? qg_launch<K_Q_INT4, __half>(ctx, p, y, x, w, q, M, N, K, accumulate)
-			       : qg_launch<K_Q_INT4, float>(ctx, p, y, x, w, q, M, N, K, accumulate);
+			       ? qg_launch<K_Q_INT4, __half, SW>(ctx, p, y, x, w, q, M, N, K, accumulate)
+			       : qg_launch<K_Q_INT4, float, SW>(ctx, p, y, x, w, q, M, N, K, accumulate);
 	return q->scale_dtype == K_F16
-		       ? qg_launch<K_Q_FP8, __half>(ctx, p, y, x, w, q, M, N, K, accumulate)
-		       : qg_launch<K_Q_FP8, float>(ctx, p, y, x, w, q, M, N, K, accumulate);
+		       ? qg_launch<K_Q_FP8, __half, SW>(ctx, p, y, x, w, q, M, N, K, accumulate)
+		       : qg_launch<K_Q_FP8, float, SW>(ctx, p, y, x, w, q, M, N, K, accumulate);
+}
+
+static int qg_run(const struct k_cuda_linear *ctx, const struct qg_plan *p, float *y,
+		  const float *x, const void *w, const struct k_quant *q, int M, int N, int K,
+		  int accumulate, bool swiglu)
+{
+	return swiglu ? qg_run_sw<true>(ctx, p, y, x, w, q, M, N, K, accumulate)
+		      : qg_run_sw<false>(ctx, p, y, x, w, q, M, N, K, accumulate);
 }
 
 // A tuning's launch of split S (k_cuda_lin_split_tune).
@@ -346,6 +374,7 @@ struct qg_call {
 	const void *w;
 	const struct k_quant *q;
 	int M, N, K;
+	bool swiglu;
 };
 
 static int qg_enqueue(const struct k_cuda_linear *ctx, void *arg, int S, float *ys)
@@ -357,11 +386,11 @@ static int qg_enqueue(const struct k_cuda_linear *ctx, void *arg, int S, float *
 	if (!qg_plan_at(ctx->n_sm, ctx->qg_bps, ctx->qg_smem_sm, ctx->qg_smem_cta,
 			qg_stage_k(c->q), c->M, c->N, c->K, S, &p, &cost))
 		return -EINVAL;
-	return qg_run(ctx, &p, ys, c->x, c->w, c->q, c->M, c->N, c->K, 0);
+	return qg_run(ctx, &p, ys, c->x, c->w, c->q, c->M, c->N, c->K, 0, c->swiglu);
 }
 
 int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
-		     const struct k_quant *q, int M, int N, int K, int accumulate)
+		     const struct k_quant *q, int M, int N, int K, int accumulate, bool swiglu)
 {
 	struct qg_plan p = {};
 
@@ -370,7 +399,7 @@ int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const 
 	if (k_cuda_lin_split_wanted(ctx, K_CUDA_LINEAR_Q_GEMV, q, M, N, K) &&
 	    !qg_make_plan(ctx->n_sm, ctx->qg_bps, ctx->qg_smem_sm, ctx->qg_smem_cta, qg_stage_k(q),
 			  M, N, K, &p)) {
-		const struct qg_call c = { x, w, q, M, N, K };
+		const struct qg_call c = { x, w, q, M, N, K, swiglu };
 
 		k_cuda_lin_split_keep(ctx, K_CUDA_LINEAR_Q_GEMV, q, M, N, K,
 				      k_cuda_lin_split_tune(ctx, q->fmt == K_Q_INT4 ? "qgemv int4"
@@ -380,7 +409,7 @@ int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const 
 	}
 	if (qg_ctx_plan(ctx, q, M, N, K, &p))
 		return -EINVAL;
-	return qg_run(ctx, &p, y, x, w, q, M, N, K, accumulate);
+	return qg_run(ctx, &p, y, x, w, q, M, N, K, accumulate, swiglu);
 }
 
 int k_cuda_lin_qgemv_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
@@ -395,18 +424,18 @@ int k_cuda_lin_qgemv_describe(const struct k_cuda_linear *ctx, const struct k_qu
 			p.tiles, p.S, p.KC, p.per_sm, p.bps, p.smem);
 }
 
-template <int FMT, typename ST> static int qg_setup_one(struct k_cuda_linear *ctx)
+template <int FMT, typename ST, bool SW> static int qg_setup_one(struct k_cuda_linear *ctx)
 {
 	cudaFuncAttributes fa = {};
 	int bps = 0, ret;
 
-	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qg_kernel<FMT, ST>,
+	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qg_kernel<FMT, ST, SW>,
 				cudaFuncAttributeMaxDynamicSharedMemorySize, QG_RING + QG_MAX_X));
 	if (!ret)	// registers and threads alone: the plan adds the shared memory
 		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps,
-					qg_kernel<FMT, ST>, QG_THREADS, 0));
+					qg_kernel<FMT, ST, SW>, QG_THREADS, 0));
 	if (!ret)
-		ret = LIN_CUDA(ctx->dev, cudaFuncGetAttributes(&fa, qg_kernel<FMT, ST>));
+		ret = LIN_CUDA(ctx->dev, cudaFuncGetAttributes(&fa, qg_kernel<FMT, ST, SW>));
 	if (ret)
 		return ret;
 	if (ctx->qg_bps == 0 || bps < ctx->qg_bps)
@@ -426,12 +455,20 @@ int k_cuda_lin_qgemv_setup(struct k_cuda_linear *ctx)
 				cudaDevAttrMaxSharedMemoryPerMultiprocessor, ctx->dev));
 	ctx->qg_smem_sm = smem;
 	if (!ret)
-		ret = qg_setup_one<K_Q_FP8, float>(ctx);
+		ret = qg_setup_one<K_Q_FP8, float, false>(ctx);
 	if (!ret)
-		ret = qg_setup_one<K_Q_FP8, __half>(ctx);
+		ret = qg_setup_one<K_Q_FP8, __half, false>(ctx);
 	if (!ret)
-		ret = qg_setup_one<K_Q_INT4, float>(ctx);
+		ret = qg_setup_one<K_Q_INT4, float, false>(ctx);
 	if (!ret)
-		ret = qg_setup_one<K_Q_INT4, __half>(ctx);
+		ret = qg_setup_one<K_Q_INT4, __half, false>(ctx);
+	if (!ret)
+		ret = qg_setup_one<K_Q_FP8, float, true>(ctx);
+	if (!ret)
+		ret = qg_setup_one<K_Q_FP8, __half, true>(ctx);
+	if (!ret)
+		ret = qg_setup_one<K_Q_INT4, float, true>(ctx);
+	if (!ret)
+		ret = qg_setup_one<K_Q_INT4, __half, true>(ctx);
 	return ret;
 }

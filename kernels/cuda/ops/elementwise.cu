@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/ops/k_cuda_ops.h"
 
@@ -13,13 +14,6 @@
 namespace {	// kernels and their helpers stay private to this file
 
 // ---- kernels ----------------------------------------------------------------
-
-__device__ __forceinline__ float silu_mul1(float g, float u)
-{
-	float s = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
-
-	return __fmul_rn(s, u);
-}
 
 // Vector forms: thread i < n4 does floats 4i..4i+3, the next (n % 4) threads do one
 // float of the tail each. Pointers 16-byte aligned (the launcher checks).
@@ -58,15 +52,15 @@ __global__ void silu_mul_vec4_kernel(float *out, const float *gate, const float 
 	if (i < n4) {
 		float4 g = ((const float4 *)gate)[i], u = ((const float4 *)up)[i], o;
 
-		o.x = silu_mul1(g.x, u.x);
-		o.y = silu_mul1(g.y, u.y);
-		o.z = silu_mul1(g.z, u.z);
-		o.w = silu_mul1(g.w, u.w);
+		o.x = k_cuda_silu_mul(g.x, u.x);
+		o.y = k_cuda_silu_mul(g.y, u.y);
+		o.z = k_cuda_silu_mul(g.z, u.z);
+		o.w = k_cuda_silu_mul(g.w, u.w);
 		((float4 *)out)[i] = o;
 	} else if (i - n4 < n % 4) {
 		size_t j = n4 * 4 + (i - n4);
 
-		out[j] = silu_mul1(gate[j], up[j]);
+		out[j] = k_cuda_silu_mul(gate[j], up[j]);
 	}
 }
 
@@ -75,7 +69,7 @@ __global__ void silu_mul_scalar_kernel(float *out, const float *gate, const floa
 	size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 
 	if (i < n)
-		out[i] = silu_mul1(gate[i], up[i]);
+		out[i] = k_cuda_silu_mul(gate[i], up[i]);
 }
 
 // Row r: out[r, c] = silu(gu[r, c]) * gu[r, inter + c]; four columns per thread when
@@ -103,10 +97,10 @@ __global__ void silu_mul_rows_kernel(float *out, const float *gu, int rows, int 
 	if (vec4) {
 		float4 a = ((const float4 *)g)[c], b = ((const float4 *)(g + inter))[c], o;
 
-		o.x = silu_mul1(a.x, b.x);
-		o.y = silu_mul1(a.y, b.y);
-		o.z = silu_mul1(a.z, b.z);
-		o.w = silu_mul1(a.w, b.w);
+		o.x = k_cuda_silu_mul(a.x, b.x);
+		o.y = k_cuda_silu_mul(a.y, b.y);
+		o.z = k_cuda_silu_mul(a.z, b.z);
+		o.w = k_cuda_silu_mul(a.w, b.w);
 		((float4 *)(out + r * (size_t)inter))[c] = o;
 		if (ob) {
 			uint16_t *b = ob + r * (size_t)inter + 4 * c;
@@ -117,7 +111,7 @@ __global__ void silu_mul_rows_kernel(float *out, const float *gu, int rows, int 
 			b[3] = ew_bf16(o.w);
 		}
 	} else {
-		const float o = silu_mul1(g[c], g[inter + c]);
+		const float o = k_cuda_silu_mul(g[c], g[inter + c]);
 
 		out[r * (size_t)inter + c] = o;
 		if (ob)
@@ -153,14 +147,14 @@ __global__ void silu_mul_rows8_kernel(float *out, const float *gu, int rows, int
 	const float4 g0 = g[0], g1 = g[1], u0 = u[0], u1 = u[1];
 	float4 o0, o1;
 
-	o0.x = silu_mul1(g0.x, u0.x);
-	o0.y = silu_mul1(g0.y, u0.y);
-	o0.z = silu_mul1(g0.z, u0.z);
-	o0.w = silu_mul1(g0.w, u0.w);
-	o1.x = silu_mul1(g1.x, u1.x);
-	o1.y = silu_mul1(g1.y, u1.y);
-	o1.z = silu_mul1(g1.z, u1.z);
-	o1.w = silu_mul1(g1.w, u1.w);
+	o0.x = k_cuda_silu_mul(g0.x, u0.x);
+	o0.y = k_cuda_silu_mul(g0.y, u0.y);
+	o0.z = k_cuda_silu_mul(g0.z, u0.z);
+	o0.w = k_cuda_silu_mul(g0.w, u0.w);
+	o1.x = k_cuda_silu_mul(g1.x, u1.x);
+	o1.y = k_cuda_silu_mul(g1.y, u1.y);
+	o1.z = k_cuda_silu_mul(g1.z, u1.z);
+	o1.w = k_cuda_silu_mul(g1.w, u1.w);
 	if (out) {
 		float4 *op = (float4 *)(out + r * (size_t)inter) + 2 * c;
 
@@ -193,8 +187,8 @@ __global__ void silu_mul_rows8_bf16in_kernel(const uint16_t *gu, int rows, int i
 
 #pragma unroll
 	for (int j = 0; j < 4; j++) {	// bf16 to float: the high half of the word
-		const float lo = silu_mul1(__uint_as_float(gw[j] << 16), __uint_as_float(uw[j] << 16));
-		const float hi = silu_mul1(__uint_as_float(gw[j] & 0xffff0000u),
+		const float lo = k_cuda_silu_mul(__uint_as_float(gw[j] << 16), __uint_as_float(uw[j] << 16));
+		const float hi = k_cuda_silu_mul(__uint_as_float(gw[j] & 0xffff0000u),
 					   __uint_as_float(uw[j] & 0xffff0000u));
 
 		v[j] = (uint32_t)ew_bf16(lo) | (uint32_t)ew_bf16(hi) << 16;
