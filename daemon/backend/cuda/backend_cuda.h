@@ -114,7 +114,7 @@ struct backend_cuda {
 					 * (rows, q + 2 kv widths) or (rows, 2 * inter) */
 	size_t fused_floats;
 	/* A SwiGLU left to the down projection (cuda_gate_up_silu on quantized weights at
-	 * up to 8 rows, KDEC_SWIGLU_IN_DOWN): out (rows, inter) = silu(gate) * up of gu
+	 * up to KDEC_SWIGLU_IN_DOWN rows, 1): out (rows, inter) = silu(gate) * up of gu
 	 * (rows, 2 inter) is not yet written. The next quantized linear whose x is out
 	 * takes it in its GEMV; anything else writes out first (cuda_swiglu_settle). */
 	struct {

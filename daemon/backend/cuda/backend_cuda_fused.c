@@ -473,13 +473,15 @@ static int gate_up_silu_bf16(struct backend_cuda *b, float *out, const float *x,
 	return ret;
 }
 
-/* KDEC_SWIGLU_IN_DOWN: quantized gate/up at up to 8 rows leave SwiGLU to the down
- * projection's GEMV, one launch and one round trip of the layer's chain fewer (session
- * 15's H100 traces: the SwiGLU launch between gate/up and down took 3.1 µs a layer at
- * fp8, 4.9 at int4). */
+/* KDEC_SWIGLU_IN_DOWN (rows, default 1): quantized gate/up at up to that many rows leave
+ * SwiGLU to the down projection's GEMV, one launch and one round trip of the layer's
+ * chain fewer (session 15, one H100: the SwiGLU launch between gate/up and down took 3.1
+ * µs a layer at fp8, 4.9 at int4; with it in the GEMV Llama-3.1-8B's step went 3.79 ->
+ * 3.70 ms at fp8, 3.14 -> 3.02 at int4, batch 1; at batch 8 5.18 against 4.76, every
+ * CTA of the split forming its slice of 8 rows' products again). */
 static int swiglu_in_down(const struct model_tensor *w_gate, int M)
 {
-	return k_cuda_tuning()->swiglu_in_down && w_gate->q.fmt != K_Q_NONE &&
+	return w_gate->q.fmt != K_Q_NONE && M <= k_cuda_tuning()->swiglu_in_down &&
 	       M <= K_CUDA_LINEAR_Q_MMA_MAX_M;
 }
 
