@@ -252,6 +252,23 @@ static double worst_row(const float *out, const double *ref, const float *y0, in
 
 /* kind (STREAM, MMA, TILE or DEQUANT) through k_cuda_linear_q_run against ref_double on the values it
  * multiplies; f16s: the device scales in f16 (int4 scales here are bf16 values, f16 exact). */
+/* The ns scales fs on the device: in f16 where f16s (as the backend keeps int4's), else
+ * fp32. */
+static void *scales_to_device(const float *fs, size_t ns, int f16s)
+{
+	uint16_t *h;
+	void *d;
+
+	if (!f16s)
+		return dup_to_device(fs, ns * 4);
+	h = malloc(ns * 2);
+	for (size_t i = 0; i < ns; i++)
+		h[i] = k_f32_to_f16(fs[i]);
+	d = dup_to_device(h, ns * 2);
+	free(h);
+	return d;
+}
+
 /* KDEC_LINEAR_Q_TUNE as installed for the launches that follow. */
 static void set_qgemv_tune(int on)
 {
@@ -282,16 +299,7 @@ static void run_kind(const struct qcase *c, int kind, int N, int K, int M,
 	out2 = malloc(ny * sizeof(float));
 	q.scale = hs;
 	ref_double(ref, ref32, x, w, &q, M, N, K, w16);
-	if (f16s) {
-		uint16_t *h = malloc(ns * 2);
-
-		for (size_t i = 0; i < ns; i++)
-			h[i] = k_f32_to_f16(fs[i]);
-		dsc = dup_to_device(h, ns * 2);
-		free(h);
-	} else {
-		dsc = dup_to_device(fs, ns * 4);
-	}
+	dsc = scales_to_device(fs, ns, f16s);
 	dw = dup_to_device(w, wbytes);
 	dx = dup_to_device(x, nx * sizeof(float));
 	dy = dalloc(ny * sizeof(float));
@@ -367,16 +375,7 @@ static void check_swiglu(const struct qcase *c, int N, int K, int M, int accumul
 	int ra = -1, rb = -1;
 
 	make_weight(c, N, K, &q, &w, &wbytes, &hs, &fs, &ns);
-	if (f16s) {
-		uint16_t *h = malloc(ns * 2);
-
-		for (size_t i = 0; i < ns; i++)
-			h[i] = k_f32_to_f16(fs[i]);
-		dsc = dup_to_device(h, ns * 2);
-		free(h);
-	} else {
-		dsc = dup_to_device(fs, ns * 4);
-	}
+	dsc = scales_to_device(fs, ns, f16s);
 	dw = dup_to_device(w, wbytes);
 	dgu = dup_to_device(gu, (size_t)M * 2 * K * sizeof(float));
 	dx = dalloc((size_t)M * K * sizeof(float));
