@@ -362,11 +362,11 @@ static int cuda_download(struct backend *be, void *dst, const void *src, size_t 
 	struct backend_cuda *b = cuda_of(be);
 	int ret;
 
+	if ((ret = cuda_swiglu_settle(b)))	/* none is left pending past a step */
+		cuda_fail(b, ret, "gate_up_silu");
 	ret = CUDA_CHECK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, b->stream));
 	if (!ret)
-		if ((ret = cuda_swiglu_settle(b)))	/* none is left pending past a step */
-		cuda_fail(b, ret, "gate_up_silu");
-	ret = CUDA_CHECK(b, cudaStreamSynchronize(b->stream));
+		ret = CUDA_CHECK(b, cudaStreamSynchronize(b->stream));
 	cuda_prof_collect(b);
 	return ret ? ret : b->err;
 }

@@ -479,12 +479,13 @@ static int gate_up_silu_bf16(struct backend_cuda *b, float *out, const float *x,
  * µs a layer at fp8, 4.9 at int4; with it in the GEMV Llama-3.1-8B's step went 3.79 ->
  * 3.70 ms at fp8, 3.14 -> 3.02 at int4, batch 1; at batch 8 5.18 against 4.76, every
  * CTA of the split forming its slice of 8 rows' products again). */
-static int swiglu_in_down(const struct model_tensor *w_gate, int M)
+static int swiglu_in_down(int M)
 {
-	return w_gate->q.fmt != K_Q_NONE && M <= k_cuda_tuning()->swiglu_in_down &&
-	       M <= K_CUDA_LINEAR_Q_MMA_MAX_M;
+	return M <= k_cuda_tuning()->swiglu_in_down && M <= K_CUDA_LINEAR_Q_MMA_MAX_M;
 }
 
+/* The one writer of a quantized SwiGLU's output: out and its bf16 copy for the linear
+ * next (the GEMV it goes to reads the fp32 form). */
 int cuda_swiglu_settle(struct backend_cuda *b)
 {
 	float *out = b->swiglu.out;
@@ -525,19 +526,20 @@ void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		cuda_op_end(b, CUDA_OP_GATE_UP_SILU, ret);
 		return;
 	}
-	if (rs[0] == 2L * inter && swiglu_in_down(w_gate, M)) {
-		b->swiglu.out = out;	/* the down projection's GEMV forms it */
+	if (rs[0] == 2L * inter && w_gate->q.fmt != K_Q_NONE) {
+		/* quantized gate/up, one GEMM (rows hold gate then up): the down projection
+		 * is quantized too and its GEMV reads fp32 x; it forms the product itself at
+		 * up to KDEC_SWIGLU_IN_DOWN rows, else SwiGLU is written now */
+		b->swiglu.out = out;
 		b->swiglu.gu = b->fused;
 		b->swiglu.rows = M;
 		b->swiglu.inter = inter;
-		ret = 0;
+		ret = swiglu_in_down(M) ? 0 : cuda_swiglu_settle(b);
 	} else if (rs[0] == 2L * inter) {	/* one GEMM: rows hold gate then up */
 		/* out in bf16 as well, for the down projection next; in bf16 only where
 		 * that projection reads nothing else */
 		uint16_t *xb = k_cuda_linear_x_scratch(b->lin, M, inter);
-		/* quantized gate/up: the down projection is too, and its GEMV reads fp32 x */
-		const int only = xb && w_gate->q.fmt == K_Q_NONE &&
-				 down_reads_bf16(M, (int)w_gate->cols, inter);
+		const int only = xb && down_reads_bf16(M, (int)w_gate->cols, inter);
 
 		ret = k_cuda_silu_mul_rows_bf16(b->stream, only ? NULL : out, b->fused, M, inter, xb);
 		if (!ret && only)

@@ -165,12 +165,29 @@ int k_cuda_lin_take_ready(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kin
 typedef int (*lin_enqueue_fn)(const struct k_cuda_linear *ctx, void *arg);
 /* Written between timed runs so that no weight is still in L2 (50-60 MB on H100/H200). */
 #define LIN_TIME_FLUSH_BYTES	((size_t)128 << 20)
+/* What a tuning times with: the scratch y its launches write (ys_bytes), the buffer
+ * rewritten before each timed replay (LIN_TIME_FLUSH_BYTES) and two events. get: 0,
+ * -ENOMEM where the device has no room (error cleared; the caller keeps its untuned
+ * choice) or -EIO (logged); put: frees what get made (any part may be NULL). */
+struct lin_time_scratch {
+	void *ys, *flush;
+	cudaEvent_t e0, e1;
+};
+int k_cuda_lin_time_scratch_get(const struct k_cuda_linear *ctx, size_t ys_bytes,
+				struct lin_time_scratch *s);
+void k_cuda_lin_time_scratch_put(struct lin_time_scratch *s);
 /* The median of five replays of enqueue's launch captured alone in a graph, each after
- * flush (LIN_TIME_FLUSH_BYTES of device memory) is rewritten, so from a cold L2 as a
- * decode step reads its weights; in ms, < 0 where capture or replay failed (the error
- * cleared). *nodes (may be NULL): the graph's nodes. e0, e1: events to time with. */
-float k_cuda_lin_time(const struct k_cuda_linear *ctx, lin_enqueue_fn enqueue, void *arg,
-		      void *flush, cudaEvent_t e0, cudaEvent_t e1, int *nodes);
+ * s->flush is rewritten, so from a cold L2 as a decode step reads its weights; in ms,
+ * < 0 where capture or replay failed (the error cleared). *nodes (may be NULL): the
+ * graph's nodes. */
+float k_cuda_lin_time(const struct k_cuda_linear *ctx, const struct lin_time_scratch *s,
+		      lin_enqueue_fn enqueue, void *arg, int *nodes);
+/* The decode graph bucket that holds M rows (the next power of two): tuning runs only at
+ * those sizes, which the engine's warm-up meets outside a capture before the daemon
+ * serves; an eager step of another M (decode rows beside a prompt chunk: 17 logits rows)
+ * takes its bucket's pick where it fits, instead of a ~20 ms tuning inside a request's
+ * step. */
+int k_cuda_lin_bucket(int M);
 
 /* The quantized kernels' K splits timed (KDEC_LINEAR_Q_TUNE, default 1): the first
  * call of a shape at its M bucket (the next power of two) outside a graph capture times
@@ -183,7 +200,6 @@ float k_cuda_lin_time(const struct k_cuda_linear *ctx, lin_enqueue_fn enqueue, v
  * arg, S, ys) launching split S into the scratch ys (M, N) fp32, -EINVAL before any
  * launch where S gives no plan. keep: remembers it. */
 typedef int (*lin_split_enqueue_fn)(const struct k_cuda_linear *ctx, void *arg, int S, float *ys);
-int k_cuda_lin_split_bucket(int M);
 int k_cuda_lin_split_find(const struct k_cuda_linear *ctx, int kind, const struct k_quant *q,
 			  int M, int N, int K);
 bool k_cuda_lin_split_wanted(const struct k_cuda_linear *ctx, int kind, const struct k_quant *q,

@@ -126,13 +126,13 @@ static int lt_enqueue(const struct k_cuda_linear *ctx, void *arg)
 // of three, and the step's time moved with the pick (Llama-3.1-8B batch 64: 7.16
 // against 7.24 ms).
 static float lt_time(const struct k_cuda_linear *ctx, const struct lin_lt_descs *d,
-		     const cublasLtMatmulHeuristicResult_t *cand, int i, void *ys, bool y_bf16,
-		     void *flush, const uint16_t *xb, const uint16_t *w, int M, int N, int K,
-		     int beta, cudaEvent_t e0, cudaEvent_t e1, int *nodes)
+		     const cublasLtMatmulHeuristicResult_t *cand, int i,
+		     const struct lin_time_scratch *ts, bool y_bf16, const uint16_t *xb,
+		     const uint16_t *w, int M, int N, int K, int beta, int *nodes)
 {
-	struct lt_call c = { d, cand, i, ys, y_bf16, xb, w, M, N, K, beta };
+	struct lt_call c = { d, cand, i, ts->ys, y_bf16, xb, w, M, N, K, beta };
 
-	return k_cuda_lin_time(ctx, lt_enqueue, &c, flush, e0, e1, nodes);
+	return k_cuda_lin_time(ctx, ts, lt_enqueue, &c, nodes);
 }
 
 // One KDEC_LT_LOG line (k_cuda_tuning()->lt_log; a diagnostic behind a knob, so plain
@@ -179,10 +179,8 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lin_lt_descs *d, cons
 	cublasLtMatmulHeuristicResult_t cand[LT_MAX_CANDIDATES];
 	cublasLtMatmulPreference_t pref = NULL;
 	const size_t ws = LIN_BLAS_WS_BYTES;
-	cudaEvent_t e0 = NULL, e1 = NULL;
-	void *ys = NULL;
+	struct lin_time_scratch ts;
 	float best, gemmex, ms[LT_MAX_CANDIDATES];	// ms[i]: candidate i (< 0: failed)
-	void *flush = NULL;
 	int n = 0, ret, pick = -1, gemmex_nodes = 0, best_nodes = 0;
 	int nodes[LT_MAX_CANDIDATES];
 
@@ -205,18 +203,15 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lin_lt_descs *d, cons
 		return ret;	// cublasGemmEx it is
 	// scratch for the timed runs: where the device has no room for it (the KV cache
 	// may hold nearly all of it), cublasGemmEx stays, as without tuning
-	if (cudaMalloc(&ys, (size_t)M * N * (y_bf16 ? 2 : 4)) != cudaSuccess ||
-	    cudaMalloc(&flush, LIN_TIME_FLUSH_BYTES) != cudaSuccess) {
-		cudaGetLastError();
+	if ((ret = k_cuda_lin_time_scratch_get(ctx, (size_t)M * N * (y_bf16 ? 2 : 4), &ts))) {
+		if (ret != -ENOMEM)
+			return ret;
 		k_cuda_log("cublasLt: M %d N %d K %d not tuned: no room on device %d for %zu MB "
 			   "of timing scratch; cublasGemmEx's choice stays", M, N, K, ctx->dev,
 			   ((size_t)M * N * (y_bf16 ? 2 : 4) + LIN_TIME_FLUSH_BYTES) >> 20);
-		goto out;
+		return 0;
 	}
-	if ((ret = LIN_CUDA(ctx->dev, cudaEventCreate(&e0))) ||
-	    (ret = LIN_CUDA(ctx->dev, cudaEventCreate(&e1))))
-		goto out;
-	gemmex = best = lt_time(ctx, d, cand, -1, ys, y_bf16, flush, xb, w, M, N, K, beta, e0, e1,
+	gemmex = best = lt_time(ctx, d, cand, -1, &ts, y_bf16, xb, w, M, N, K, beta,
 				&gemmex_nodes);
 	best_nodes = gemmex_nodes;
 	for (int i = 0; i < n; i++) {
@@ -224,8 +219,7 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lin_lt_descs *d, cons
 
 		nodes[i] = 0;
 		if (cand[i].state == CUBLAS_STATUS_SUCCESS)
-			t = lt_time(ctx, d, cand, i, ys, y_bf16, flush, xb, w, M, N, K, beta, e0,
-				    e1, &nodes[i]);
+			t = lt_time(ctx, d, cand, i, &ts, y_bf16, xb, w, M, N, K, beta, &nodes[i]);
 		ms[i] = t;
 		if (t > 0 && (best < 0 || t < best)) {
 			best = t;
@@ -238,14 +232,8 @@ static int lt_tune(struct k_cuda_linear *ctx, const struct lin_lt_descs *d, cons
 	if (k_cuda_tuning()->lt_log)
 		lt_log_pick(M, N, K, beta, y_bf16, gemmex, gemmex_nodes, pick, best, best_nodes, ms,
 			    nodes, n);
-out:
-	if (e0)
-		cudaEventDestroy(e0);
-	if (e1)
-		cudaEventDestroy(e1);
-	cudaFree(flush);
-	cudaFree(ys);
-	return ret;
+	k_cuda_lin_time_scratch_put(&ts);
+	return 0;
 }
 
 static struct lin_lt_entry *lt_find(struct k_cuda_linear *ctx, int M, int N, int K, int beta,
@@ -258,20 +246,6 @@ static struct lin_lt_entry *lt_find(struct k_cuda_linear *ctx, int M, int N, int
 			return e;
 	}
 	return NULL;
-}
-
-// The M whose tuned pick an M-row call takes: the decode graph bucket that holds it (the
-// next power of two). Tuning runs only at those sizes, which the engine's warm-up
-// captures before the daemon serves; an eager step of another M (decode rows beside a
-// prompt chunk: 17 logits rows) takes its bucket's algorithm where cuBLASLt accepts it
-// for M, instead of a ~20 ms tuning inside a request's step.
-static int lt_bucket(int M)
-{
-	int b = 1;
-
-	while (b < M)
-		b *= 2;
-	return b;
 }
 
 // Whether algo (tuned at another M) is valid for d's shape.
@@ -290,7 +264,7 @@ int k_cuda_lin_lt(struct k_cuda_linear *ctx, void *y, bool y_bf16, const uint16_
 	struct lin_lt_entry *e;
 	struct lin_lt_descs d;
 	cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-	const int Mb = lt_bucket(M);
+	const int Mb = k_cuda_lin_bucket(M);	// the M whose pick it takes
 	int ret;
 
 	*done = false;

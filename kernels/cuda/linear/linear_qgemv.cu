@@ -447,6 +447,20 @@ template <int FMT, typename ST, bool SW> static int qg_setup_one(struct k_cuda_l
 	return 0;
 }
 
+// The four formats' kernels (fp8, int4; fp32 or f16 scales) of one x form.
+template <bool SW> static int qg_setup_sw(struct k_cuda_linear *ctx)
+{
+	int ret = qg_setup_one<K_Q_FP8, float, SW>(ctx);
+
+	if (!ret)
+		ret = qg_setup_one<K_Q_FP8, __half, SW>(ctx);
+	if (!ret)
+		ret = qg_setup_one<K_Q_INT4, float, SW>(ctx);
+	if (!ret)
+		ret = qg_setup_one<K_Q_INT4, __half, SW>(ctx);
+	return ret;
+}
+
 int k_cuda_lin_qgemv_setup(struct k_cuda_linear *ctx)
 {
 	int smem = 0, ret;
@@ -455,20 +469,8 @@ int k_cuda_lin_qgemv_setup(struct k_cuda_linear *ctx)
 				cudaDevAttrMaxSharedMemoryPerMultiprocessor, ctx->dev));
 	ctx->qg_smem_sm = smem;
 	if (!ret)
-		ret = qg_setup_one<K_Q_FP8, float, false>(ctx);
+		ret = qg_setup_sw<false>(ctx);
 	if (!ret)
-		ret = qg_setup_one<K_Q_FP8, __half, false>(ctx);
-	if (!ret)
-		ret = qg_setup_one<K_Q_INT4, float, false>(ctx);
-	if (!ret)
-		ret = qg_setup_one<K_Q_INT4, __half, false>(ctx);
-	if (!ret)
-		ret = qg_setup_one<K_Q_FP8, float, true>(ctx);
-	if (!ret)
-		ret = qg_setup_one<K_Q_FP8, __half, true>(ctx);
-	if (!ret)
-		ret = qg_setup_one<K_Q_INT4, float, true>(ctx);
-	if (!ret)
-		ret = qg_setup_one<K_Q_INT4, __half, true>(ctx);
+		ret = qg_setup_sw<true>(ctx);
 	return ret;
 }

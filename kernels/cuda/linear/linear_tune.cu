@@ -23,8 +23,37 @@ struct lin_split_entry {
 	int S;			/* the split kept */
 };
 
-float k_cuda_lin_time(const struct k_cuda_linear *ctx, lin_enqueue_fn enqueue, void *arg,
-		      void *flush, cudaEvent_t e0, cudaEvent_t e1, int *nodes)
+int k_cuda_lin_time_scratch_get(const struct k_cuda_linear *ctx, size_t ys_bytes,
+				struct lin_time_scratch *s)
+{
+	int ret;
+
+	*s = lin_time_scratch{};
+	if (cudaMalloc(&s->ys, ys_bytes) != cudaSuccess ||
+	    cudaMalloc(&s->flush, LIN_TIME_FLUSH_BYTES) != cudaSuccess) {
+		cudaGetLastError();
+		k_cuda_lin_time_scratch_put(s);
+		return -ENOMEM;
+	}
+	if ((ret = LIN_CUDA(ctx->dev, cudaEventCreate(&s->e0))) ||
+	    (ret = LIN_CUDA(ctx->dev, cudaEventCreate(&s->e1))))
+		k_cuda_lin_time_scratch_put(s);
+	return ret;
+}
+
+void k_cuda_lin_time_scratch_put(struct lin_time_scratch *s)
+{
+	if (s->e0)
+		cudaEventDestroy(s->e0);
+	if (s->e1)
+		cudaEventDestroy(s->e1);
+	cudaFree(s->flush);
+	cudaFree(s->ys);
+	*s = lin_time_scratch{};
+}
+
+float k_cuda_lin_time(const struct k_cuda_linear *ctx, const struct lin_time_scratch *s,
+		      lin_enqueue_fn enqueue, void *arg, int *nodes)
 {
 	float ms[LIN_TIME_REPS], t = -1.0f;
 	cudaGraph_t g = NULL;
@@ -43,12 +72,12 @@ float k_cuda_lin_time(const struct k_cuda_linear *ctx, lin_enqueue_fn enqueue, v
 	    cudaGraphLaunch(ge, ctx->stream) != cudaSuccess)	// first replay untimed
 		goto out;
 	for (r = 0; r < LIN_TIME_REPS; r++) {
-		if (cudaMemsetAsync(flush, r, LIN_TIME_FLUSH_BYTES, ctx->stream) != cudaSuccess ||
-		    cudaEventRecord(e0, ctx->stream) != cudaSuccess ||
+		if (cudaMemsetAsync(s->flush, r, LIN_TIME_FLUSH_BYTES, ctx->stream) != cudaSuccess ||
+		    cudaEventRecord(s->e0, ctx->stream) != cudaSuccess ||
 		    cudaGraphLaunch(ge, ctx->stream) != cudaSuccess ||
-		    cudaEventRecord(e1, ctx->stream) != cudaSuccess ||
-		    cudaEventSynchronize(e1) != cudaSuccess ||
-		    cudaEventElapsedTime(&ms[r], e0, e1) != cudaSuccess)
+		    cudaEventRecord(s->e1, ctx->stream) != cudaSuccess ||
+		    cudaEventSynchronize(s->e1) != cudaSuccess ||
+		    cudaEventElapsedTime(&ms[r], s->e0, s->e1) != cudaSuccess)
 			goto out;
 	}
 	for (r = 1; r < LIN_TIME_REPS; r++)	// insertion sort of five
@@ -73,7 +102,7 @@ out:
 
 // ---- the K splits kept ---------------------------------------------------------
 
-int k_cuda_lin_split_bucket(int M)
+int k_cuda_lin_bucket(int M)
 {
 	int b = 1;
 
@@ -85,7 +114,7 @@ int k_cuda_lin_split_bucket(int M)
 int k_cuda_lin_split_find(const struct k_cuda_linear *ctx, int kind, const struct k_quant *q,
 			  int M, int N, int K)
 {
-	const int Mb = k_cuda_lin_split_bucket(M), f16s = q->scale_dtype == K_F16;
+	const int Mb = k_cuda_lin_bucket(M), f16s = q->scale_dtype == K_F16;
 
 	if (!ctx->split_cache || !k_cuda_tuning()->linear_q_tune)
 		return 0;
@@ -105,7 +134,7 @@ bool k_cuda_lin_split_wanted(const struct k_cuda_linear *ctx, int kind, const st
 	cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
 
 	return k_cuda_tuning()->linear_q_tune && ctx->split_cache &&
-	       ctx->split_n < LIN_SPLIT_CACHE && k_cuda_lin_split_bucket(M) == M &&
+	       ctx->split_n < LIN_SPLIT_CACHE && k_cuda_lin_bucket(M) == M &&
 	       !k_cuda_lin_split_find(ctx, kind, q, M, N, K) &&
 	       cudaStreamIsCapturing(ctx->stream, &cs) == cudaSuccess &&
 	       cs == cudaStreamCaptureStatusNone;
@@ -117,7 +146,7 @@ void k_cuda_lin_split_keep(struct k_cuda_linear *ctx, int kind, const struct k_q
 	if (ctx->split_cache && ctx->split_n < LIN_SPLIT_CACHE && S > 0)
 		ctx->split_cache[ctx->split_n++] = lin_split_entry{ kind, (int)q->fmt,
 								    q->scale_dtype == K_F16,
-								    k_cuda_lin_split_bucket(M), N, K, S };
+								    k_cuda_lin_bucket(M), N, K, S };
 }
 
 // k_cuda_lin_time's view of one split's launch.
@@ -139,25 +168,23 @@ int k_cuda_lin_split_tune(const struct k_cuda_linear *ctx, const char *what, int
 			  int max_S, int model_S, lin_split_enqueue_fn enqueue, void *arg)
 {
 	float ms[LIN_SPLIT_MAX + 1] = { 0 }, best = -1.0f;
-	cudaEvent_t e0 = NULL, e1 = NULL;
-	void *flush = NULL, *ys = NULL;
-	int pick = model_S;
+	struct lin_time_scratch ts;
+	int pick = model_S, ret;
 
 	if (max_S > LIN_SPLIT_MAX)
 		max_S = LIN_SPLIT_MAX;
-	if (cudaMalloc(&ys, (size_t)M * N * 4) != cudaSuccess ||
-	    cudaMalloc(&flush, LIN_TIME_FLUSH_BYTES) != cudaSuccess ||
-	    cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
-		cudaGetLastError();
-		k_cuda_log("%s: M %d N %d K %d not tuned: no room on device %d for %zu MB of timing "
-			   "scratch; the model's split %d stays", what, M, N, K, ctx->dev,
-			   ((size_t)M * N * 4 + LIN_TIME_FLUSH_BYTES) >> 20, model_S);
-		goto out;
+	if ((ret = k_cuda_lin_time_scratch_get(ctx, (size_t)M * N * 4, &ts))) {
+		if (ret == -ENOMEM)
+			k_cuda_log("%s: M %d N %d K %d not tuned: no room on device %d for %zu MB "
+				   "of timing scratch; the model's split %d stays", what, M, N, K,
+				   ctx->dev, ((size_t)M * N * 4 + LIN_TIME_FLUSH_BYTES) >> 20,
+				   model_S);
+		return model_S;
 	}
 	for (int S = 1; S <= max_S; S++) {
-		struct lin_split_call c = { enqueue, arg, S, (float *)ys };
+		struct lin_split_call c = { enqueue, arg, S, (float *)ts.ys };
 
-		ms[S] = k_cuda_lin_time(ctx, lin_split_run, &c, flush, e0, e1, NULL);
+		ms[S] = k_cuda_lin_time(ctx, &ts, lin_split_run, &c, NULL);
 		if (ms[S] > 0 && (best < 0 || ms[S] < best)) {
 			best = ms[S];
 			pick = S;
@@ -173,13 +200,7 @@ int k_cuda_lin_split_tune(const struct k_cuda_linear *ctx, const char *what, int
 		k_cuda_log("%s: M %d N %d K %d: kept split %d (the model's %d); us:%s", what, M, N,
 			   K, pick, model_S, line);
 	}
-out:
-	if (e0)
-		cudaEventDestroy(e0);
-	if (e1)
-		cudaEventDestroy(e1);
-	cudaFree(flush);
-	cudaFree(ys);
+	k_cuda_lin_time_scratch_put(&ts);
 	return pick;
 }
 
