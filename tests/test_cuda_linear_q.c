@@ -20,7 +20,9 @@
  *   the GEMV;
  * - the tile kernel (K_CUDA_LINEAR_Q_TILE) at M = 1..65 (65: two launches): n8 tiles 2,
  *   4, 8, K split over up to 8 CTAs and one slice, partial row tiles and stages, the
- *   same tolerances and the same bits on a second run (fixed-order split sums);
+ *   same tolerances and the same bits on a second run (fixed-order split sums); fp8
+ *   on its mma.sync kernel and on the wgmma one (KDEC_LINEAR_QWG, where the device runs
+ *   it) at 128 and 256 rows a CTA, and at M 64 on the supported models' projections;
  * - the DEQUANT kind (weights to f16, cuBLAS), M = 1, 9, 33: against the reference on
  *   f16 weights and f16 x, <= 1e-4; k_cuda_quant_dequant itself bit for bit against the
  *   host's dequantization rounded to bf16 and to f16.
@@ -275,6 +277,17 @@ static void set_qgemv_tune(int on)
 	struct k_cuda_tuning t = *k_cuda_tuning();
 
 	t.linear_q_tune = on;
+	k_cuda_tuning_set(&t);
+}
+
+/* The fp8 tile kind's kernel: on = 0 the mma.sync one, else the wgmma one (where the
+ * device runs it) with rows weight rows a CTA (0: its default by M). */
+static void set_qwg(int on, int rows)
+{
+	struct k_cuda_tuning t = *k_cuda_tuning();
+
+	t.linear_qwg = on;
+	t.linear_qwg_rows = rows;
 	k_cuda_tuning_set(&t);
 }
 
@@ -663,9 +676,14 @@ int main(void)
 		 * through the workspace, partial row tiles and stages, one slice (N 16384 x K
 		 * 64: one stage; N 33792 x K 256: 264 tiles, 4 stages each), M 65 in two
 		 * launches */
-		{
+		/* fp8 four times: the mma.sync kernel, then the wgmma one (linear_qwgmma.cu,
+		 * where the device runs it: K % 64 == 0 shapes; the others stay on mma.sync)
+		 * at its default rows a CTA, at 128 and at 256 */
+		for (int qw = 0; qw < (is_int4 ? 1 : quick ? 2 : 4); qw++) {
 			static const int tile_ms[] = { 1, 5, 9, 16, 33, 64 };
+			static const int qw_rows[] = { 0, 0, 128, 256 };
 
+			set_qwg(qw > 0, qw_rows[qw]);
 			for (size_t j = 0; j < sizeof(tile_ms) / sizeof(tile_ms[0]); j++) {
 				const int M = tile_ms[j], acc = (int)(j & 1), f16s = is_int4 && (j & 1);
 
@@ -683,6 +701,7 @@ int main(void)
 			if (!quick)
 				run_kind(c, K_CUDA_LINEAR_Q_TILE, 4352, odd_k, 64, 1, 0);
 		}
+		set_qwg(1, 0);
 		for (int kind = K_CUDA_LINEAR_Q_STREAM; kind <= K_CUDA_LINEAR_Q_MMA && !wide_only && !tile_only;
 		     kind++) {
 			run_kind(c, kind, 300, 1024, 17, 1, 0);	/* STREAM one launch, MMA 3 */
@@ -720,6 +739,9 @@ int main(void)
 			run_kind(c, K_CUDA_LINEAR_Q_GEMV, N, K, 1, (int)(j & 1), f16s);
 			if ((long)N * K < 20000000L)
 				run_kind(c, K_CUDA_LINEAR_Q_GEMV, N, K, 8, (int)!(j & 1), f16s);
+			/* the tile kind at batch 64 (fp8: the wgmma kernel where it runs) */
+			if (c->fmt == K_Q_FP8 && (long)N * K < 40000000L)
+				run_kind(c, K_CUDA_LINEAR_Q_TILE, N, K, 64, (int)(j & 1), f16s);
 		}
 	}
 	k_cuda_linear_destroy(lin);

@@ -53,6 +53,12 @@ struct k_cuda_tuning {
 				 * and tile kernel (9..64) time each K split of a shape once at
 				 * its M bucket (the first call outside a capture) and keep the
 				 * fastest (linear_tune.cu); 0: their models' splits */
+	int linear_qwg;		/* KDEC_LINEAR_QWG, flag, 1: fp8 linears of 9..64 rows take the
+				 * wgmma tile kernel (linear_qwgmma.cu) on compute capability
+				 * 9.0 where K % 64 == 0; 0: the mma.sync tile kernel */
+	int linear_qwg_rows;	/* KDEC_LINEAR_QWG_ROWS, 0..256, 0: weight rows a CTA of that
+				 * kernel, 128 or 256; anything else: 256 above 32 rows of x,
+				 * 128 up to 32 */
 
 	/* ---- attention (kernels/cuda/attn) ---- */
 	int attn_mma;		/* KDEC_ATTN_MMA, flag, 1: the tensor-core decode kernel;

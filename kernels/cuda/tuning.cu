@@ -24,6 +24,8 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.linear_qgemv = 1;
 	t.linear_qgemv_warps = 8;
 	t.linear_q_tune = 1;
+	t.linear_qwg = 1;
+	t.linear_qwg_rows = 0;
 	t.attn_mma = 1;
 	t.attn_mma_tk = 32;
 	t.attn_mma_qreg = 1;
@@ -117,6 +119,8 @@ static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_LINEAR_QGEMV", linear_qgemv),
 	TUN_INT("KDEC_LINEAR_QGEMV_WARPS", linear_qgemv_warps, 4, 64),
 	TUN_FLAG("KDEC_LINEAR_Q_TUNE", linear_q_tune),
+	TUN_FLAG("KDEC_LINEAR_QWG", linear_qwg),
+	TUN_INT("KDEC_LINEAR_QWG_ROWS", linear_qwg_rows, 0, 256),
 	TUN_FLAG("KDEC_ATTN_MMA", attn_mma),
 	{ "KDEC_ATTN_MMA_TK", TUN_FIELD(attn_mma_tk), TUN_EITHER, 32, 64, false },
 	TUN_FLAG("KDEC_ATTN_MMA_QREG", attn_mma_qreg),

@@ -210,6 +210,8 @@ extern "C" int k_cuda_linear_create(struct k_cuda_linear **out, cudaStream_t str
 	if (!ret)
 		ret = k_cuda_lin_qtile_setup(ctx);
 	if (!ret)
+		ret = k_cuda_lin_qwg_setup(ctx);
+	if (!ret)
 		ret = k_cuda_lin_qgemv_setup(ctx);
 	if (ret)
 		goto err;

@@ -514,6 +514,8 @@ int k_cuda_lin_qtile(struct k_cuda_linear *ctx, float *y, const float *x, const 
 
 	if (!k_cuda_linear_q_tile_supports(q, x, w, M, N, K) || M > ctx->max_M || K > ctx->max_K)
 		return -EINVAL;
+	if (k_cuda_lin_qwg_takes(ctx, q, M, N, K))	// fp8 on wgmma (linear_qwgmma.cu)
+		return k_cuda_lin_qwg(ctx, y, x, w, q, M, N, K, accumulate);
 	if ((ret = qt_x_launch(ctx, x, M, K, q->fmt == K_Q_INT4)))
 		return ret;
 	if (k_cuda_lin_split_wanted(ctx, K_CUDA_LINEAR_Q_TILE, q, M, N, K)) {
@@ -536,6 +538,8 @@ int k_cuda_lin_qtile_describe(const struct k_cuda_linear *ctx, const struct k_qu
 	struct qt_plan p = {};
 	const int mc = M < K_CUDA_LINEAR_Q_TILE_MAX_M ? M : K_CUDA_LINEAR_Q_TILE_MAX_M;
 
+	if (k_cuda_lin_qwg_takes(ctx, q, mc, N, K))
+		return k_cuda_lin_qwg_describe(ctx, q, M, N, K, buf, len);
 	qt_ctx_plan(ctx, q, mc, N, K, &p);
 	return snprintf(buf, len, "qtile nt=%d grid=%dx%d k/slice=%d ctas/sm=%d (%d resident) smem=%d",
 			p.nt, p.tiles, p.S, p.KS, p.per_sm,

@@ -1,0 +1,648 @@
+// The fp8 tile kernel on warpgroup tensor cores (wgmma, sm_90a) for decode batches of
+// 9..64 rows, W8A16: linear_qtile.cu's pipeline (cp.async stages carrying 64 bytes of
+// each weight row and the same k of every x row, weights issued before the PDL wait, K
+// split over CTAs whose partial tiles the last one adds in split order), with the
+// products on wgmma.mma_async instead of mma.sync. linear_qtile.cu's k_cuda_lin_qtile
+// hands it fp8 calls where the device runs it (KDEC_LINEAR_QWG).
+//
+// Why: the mma.sync tile kernel is bound by the tensor cores near its floor (its header:
+// ~0.5 m16n8k16 a clock per multiprocessor at M = 64 for fp8 at the HBM floor, about what
+// mma.sync sustains), so Llama-3.1-8B fp8 at batch 64 ran slower than bf16 on cuBLAS
+// (H100: 10.63 against 9.43 ms a step, issue 24). One wgmma m64n64k16 does the work of 32
+// such MMAs in one issue and reads x from shared memory itself (no ldmatrix, no x
+// registers); wgmma's fp8 x fp8 form would need x quantized to fp8 (3 mantissa bits),
+// so the weights come in through registers as f16, exactly as the mma.sync kernels
+// convert them, and x stays f16: the same roundings as TILE.
+//
+// Layout. A CTA owns ROWS = 64 WGS weight rows (WGS warpgroups, one m64 tile each) and
+// one K slice; y^T (N, M) = W (N, K) x^T: W is the A operand (registers), x the B operand
+// (XROWS = 16/32/64 rows of the wgmma N, from shared memory through a descriptor).
+//   Weights: a stage holds bytes [kb, kb + 64) of each row, row r at r * 64. Lane (g, t)
+//   of warp q of warpgroup h reads 16 bytes at 16 t of rows 64 h + 16 q + g and + 8 (a
+//   quarter warp's rows g, g + 1 are 128 contiguous bytes: 32 banks), which become its A
+//   registers of the stage's four k16 steps: step j takes the word j of each row
+//   (bytes 16t + 4j .. + 3), bytes 0,1 as k slots 2t, 2t + 1 and bytes 2,3 as 2t + 8, 2t + 9
+//   (the mma.sync kernels' order, linear_qmma.cu's header).
+//   x: rounded to f16 once per call by qw_x_kernel into the context's scratch, each
+//   64-k slab permuted so that slot s of step j holds the k the weights put there:
+//   position 16 j + 8 h + 2 t + l holds k 16 t + 4 j + 2 h + l. A stage holds the slab of
+//   every x row as one 128-byte line, 16-byte unit u of row m at m * 128 + ((u ^ (m & 7))
+//   << 4) from a 1024-byte aligned base: the hardware's 128B swizzle. Descriptor: start >>
+//   4, stride byte offset 1024 (8 rows), leading byte offset unused (a k16 step lies in
+//   the line: its start advances 32 bytes), mode 1 (128B).
+// Scales: a stage's four wgmmas go into a temporary (the first with scale-d 0), which
+// is added into the accumulators times the stage's scale of each row in fp32, as TILE
+// scales a slab's partial sums; fp8 scale columns must be constant over 64 k.
+// Accumulators (m64nN, fp32): thread (warp q of its warpgroup, lane g t) holds d[4 i + c]
+// for row 16 q + g + 8 (c >> 1) of its m64 tile and x row 8 i + 2 t + (c & 1).
+// Proxies: cp.async writes shared memory through the generic proxy and wgmma reads it
+// through the async proxy: each thread fences (fence.proxy.async) after its copies land,
+// before the barrier that lets the warpgroups issue; a buffer is refilled only after
+// wgmma.wait_group 0 retired every read of it (the next stage's barrier).
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/k_cuda_tuning.h"
+#include "kernels/cuda/linear/k_cuda_linear_q.h"
+#include "kernels/cuda/linear/linear_internal.h"
+#include "kernels/cuda/linear/linear_qfrag.cuh"
+#include "kernels/cuda/linear/linear_split.cuh"
+#include "kernels/cuda/ptx.cuh"
+
+#define QW_BK		64	/* k per stage: 64 fp8 bytes a weight row, one f16 line of x */
+#define QW_ALIGN	1024	/* the 128B swizzle repeats every 8 lines of 128 bytes */
+#define QW_STAGES	6	/* buffers; QW_STAGES - 1 stages in flight ahead */
+#define QW_AHEAD	(QW_STAGES - 1)
+/* Fixed cost of a CTA (prologue, ramp, epilogue) in stages, for the split model. */
+#define QW_CTA_OVERHEAD	3
+/* The split cache's key for this kernel (beside the k_cuda_linear_q_kind values). */
+#define QW_SPLIT_KIND	(K_CUDA_LINEAR_Q_N_KINDS + 1)
+
+// NT n8 tiles of x rows (the wgmma N = 8 NT); WGS warpgroups, one m64 tile each.
+template <int NT, int WGS> struct qw_cfg {
+	static_assert(WGS == 2 || WGS == 4, "128 or 256 rows a CTA");
+	static constexpr int ROWS = 64 * WGS;
+	static constexpr int THREADS = 128 * WGS;
+	static constexpr int MIN_BLOCKS = WGS == 2 ? 2 : 1;	// per SM: 128 registers a thread
+	static constexpr int XROWS = 8 * NT;
+	static constexpr int ACC = 4 * NT;			// fp32 accumulators a thread
+	static constexpr int W_BYTES = ROWS * QW_BK;		// 8, 16 KB
+	static constexpr int X_BYTES = XROWS * QW_BK * 2;	// 2, 4, 8 KB
+	static constexpr int STAGE = W_BYTES + X_BYTES;		// a multiple of QW_ALIGN
+	static constexpr int SMEM = QW_STAGES * STAGE + QW_ALIGN;
+	static_assert(STAGE % QW_ALIGN == 0 && W_BYTES % QW_ALIGN == 0, "swizzle alignment");
+	static_assert(SMEM <= 227 * 1024, "fits a multiprocessor");
+};
+
+// ---- PTX ------------------------------------------------------------------------------
+
+// nvcc -arch=sm_90a also emits compute_90a PTX; any other target has no wgmma: there the
+// kernel traps, and qw_probe_kernel tells the host not to launch it.
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+#define QW_ASM(...)	asm volatile(__VA_ARGS__)
+#define QW_HAVE		1
+#else
+#define QW_ASM(...)	__trap()
+#define QW_HAVE		0
+#endif
+
+// Descriptor of a K-major, 128B-swizzled tile at shared address addr (1024-byte aligned,
+// or advanced by k16 steps of 32 bytes inside its lines).
+static __device__ __forceinline__ uint64_t qw_desc(uint32_t addr)
+{
+	return (uint64_t)((addr & 0x3ffff) >> 4) | ((uint64_t)1 << 16) |
+	       ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+static __device__ __forceinline__ void qw_fence()
+{
+	QW_ASM("wgmma.fence.sync.aligned;" ::: "memory");
+}
+
+static __device__ __forceinline__ void qw_commit_wait()
+{
+	QW_ASM("wgmma.commit_group.sync.aligned;" ::: "memory");
+	QW_ASM("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+
+// d (m64 x 8NT) (+)= a (m64 x k16 f16, registers) b (k16 x 8NT f16, descriptor);
+// accumulate 0 overwrites d.
+template <int NT> struct qw_mma;
+
+template <> struct qw_mma<2> {
+	static __device__ __forceinline__ void run(float (&d)[8], const uint32_t (&a)[4],
+						   uint64_t b, int accumulate)
+	{
+		QW_ASM("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %13, 0;\n\t"
+		       "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+		       "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}"
+		       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+			 "+f"(d[6]), "+f"(d[7])
+		       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+	}
+};
+
+template <> struct qw_mma<4> {
+	static __device__ __forceinline__ void run(float (&d)[16], const uint32_t (&a)[4],
+						   uint64_t b, int accumulate)
+	{
+		QW_ASM("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %21, 0;\n\t"
+		       "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+		       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+		       "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}"
+		       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+			 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+			 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+		       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+	}
+};
+
+template <> struct qw_mma<8> {
+	static __device__ __forceinline__ void run(float (&d)[32], const uint32_t (&a)[4],
+						   uint64_t b, int accumulate)
+	{
+		QW_ASM("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %37, 0;\n\t"
+		       "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+		       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+		       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+		       "%30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}"
+		       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+			 "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+			 "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+			 "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+			 "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]),
+			 "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+		       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+	}
+};
+
+// ---- kernels ----------------------------------------------------------------------------
+
+// 1 into *ok where this image has wgmma (sm_90a), else 0.
+__global__ void qw_probe_kernel(int *ok)
+{
+	*ok = QW_HAVE;
+}
+
+// xh (M, K) f16 = x rounded to nearest even (|x| > 65504 becomes inf), each 64-k slab in
+// the order the header gives: one 16-byte unit (positions 8u .. 8u + 7 of a slab) a
+// thread. K % 64 == 0, x 8-byte aligned.
+__global__ void __launch_bounds__(256) qw_x_kernel(uint16_t *xh, const float *x, size_t units,
+						    int pdl)
+{
+	k_cuda_lin_inputs_ready(pdl);	// x is the previous kernel's output
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < units;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const int u = (int)(i & 7), j = u >> 1, h = u & 1;
+		const float *s = x + (i >> 3) * QW_BK + 4 * j + 2 * h;
+		const float2 v0 = *(const float2 *)s, v1 = *(const float2 *)(s + 16);
+		const float2 v2 = *(const float2 *)(s + 32), v3 = *(const float2 *)(s + 48);
+
+		((uint4 *)xh)[i] = make_uint4(qm_pack_h2(v0.x, v0.y), qm_pack_h2(v1.x, v1.y),
+					      qm_pack_h2(v2.x, v2.y), qm_pack_h2(v3.x, v3.y));
+	}
+}
+
+// The weight part of a stage: bytes [kb, kb + 64) of rows n0 .. n0 + ROWS - 1, row r at
+// r * 64; zeros past N and past the slice. EARLY: issued before the PDL wait.
+template <int NT, int WGS, bool EARLY>
+static __device__ __forceinline__ void qw_load_w(unsigned char *ws, const uint8_t *w,
+						 const qf_args &a, int n0, int kb, int kb_end, int tid)
+{
+	using C = qw_cfg<NT, WGS>;
+
+#pragma unroll
+	for (int j = 0; j < C::ROWS * 4 / C::THREADS; j++) {
+		const int i = tid + j * C::THREADS, r = i >> 2, c = i & 3, b = kb + 16 * c;
+		const bool ok = n0 + r < a.N && b < kb_end;
+		const uint8_t *src = ok ? w + (size_t)(n0 + r) * a.row_bytes + b : w;
+
+		if (EARLY)
+			k_cuda_pdl_early_cp16(ws + r * QW_BK + 16 * c, src, ok);
+		else
+			cp_async16(ws + r * QW_BK + 16 * c, src, ok);
+	}
+}
+
+// The x part of a stage: the permuted slab at k of x rows 0 .. XROWS - 1 (zeros past M
+// and past the slice), swizzled as the header says.
+template <int NT, int WGS>
+static __device__ __forceinline__ void qw_load_x(unsigned char *xs, const uint16_t *xh,
+						 const qf_args &a, int k, int kend, int tid)
+{
+	using C = qw_cfg<NT, WGS>;
+	constexpr int UNITS = C::XROWS * 8;
+
+#pragma unroll
+	for (int j = 0; j < (UNITS + C::THREADS - 1) / C::THREADS; j++) {
+		const int i = tid + j * C::THREADS, m = i >> 3, u = i & 7;
+		const bool ok = m < a.M && k < kend;
+
+		if (UNITS % C::THREADS == 0 || i < UNITS)
+			cp_async16(xs + m * 128 + ((u ^ (m & 7)) << 4),
+				   ok ? xh + (size_t)m * a.K + k + 8 * u : xh, ok);
+	}
+}
+
+// grid (tiles, S): blockIdx.x the ROWS-row tile, blockIdx.y the K slice [s KC, s KC +
+// KC). xh: x (M, K) in f16 as qw_x_kernel wrote it; ws: (tiles * S, XROWS, ROWS) fp32
+// partials; cnt: (tiles) arrival counters, zero between launches. Needs K % 64 == 0,
+// KC % 64 == 0, w rows 16-byte aligned, M <= XROWS, a scale column constant over 64 k.
+// PC: one scale column (per channel): the products accumulate unscaled and each row is
+// scaled once at the end (the fp32 sum of the row times its scale, rounded once more).
+template <typename ST, bool PC, int NT, int WGS>
+__global__ void __launch_bounds__(qw_cfg<NT, WGS>::THREADS, qw_cfg<NT, WGS>::MIN_BLOCKS)
+qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
+	  const ST *__restrict__ scale, qf_args a, float *ws, unsigned *cnt)
+{
+	using C = qw_cfg<NT, WGS>;
+	extern __shared__ unsigned char qw_smem_raw[];
+	unsigned char *smem = (unsigned char *)(((uintptr_t)qw_smem_raw + QW_ALIGN - 1) &
+						~(uintptr_t)(QW_ALIGN - 1));
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+	const int tile = blockIdx.x, S = gridDim.y, s = blockIdx.y;
+	const int n0 = tile * C::ROWS, k0 = s * a.KC, kend = min(a.K, k0 + a.KC);
+	const int nst = k0 < kend ? (kend - k0 + QW_BK - 1) / QW_BK : 0;
+	// the lane's two rows within the tile: row g and g + 8 of its warp's 16
+	const int ra = 16 * warp + g, rb = ra + 8;
+	const bool oka = n0 + ra < a.N, okb = n0 + rb < a.N;
+	const size_t srowa = (size_t)((oka ? n0 + ra : 0) / a.block_rows) * (size_t)a.scale_cols;
+	const size_t srowb = (size_t)((okb ? n0 + rb : 0) / a.block_rows) * (size_t)a.scale_cols;
+	float acc[C::ACC] = {}, tmp[PC ? 1 : C::ACC] = {};
+
+	// weights are constant: the first stages stream in while the previous kernel drains
+#pragma unroll
+	for (int i = 0; i < QW_AHEAD; i++) {
+		if (i < nst)
+			qw_load_w<NT, WGS, true>(smem + i * C::STAGE, w, a, n0, k0 + i * QW_BK, kend,
+						 tid);
+		cp_async_commit();
+	}
+	k_cuda_lin_inputs_ready(a.pdl);	// x, y and the scales only from here on
+	// the rows' scales of the column holding k (L1 hits after the first: a column spans
+	// 64 k or more and its block's rows)
+	auto scale_a = [&](int k) {
+		return oka ? qm_scale(scale, srowa + (size_t)(k >> a.bc_shift)) : 0.f;
+	};
+	auto scale_b = [&](int k) {
+		return okb ? qm_scale(scale, srowb + (size_t)(k >> a.bc_shift)) : 0.f;
+	};
+#pragma unroll
+	for (int i = 0; i < QW_AHEAD; i++) {
+		if (i < nst)
+			qw_load_x<NT, WGS>(smem + i * C::STAGE + C::W_BYTES, xh, a, k0 + i * QW_BK,
+					   kend, tid);
+		cp_async_commit();
+	}
+	// groups so far: W0..W4 X0..X4; then one (W, X) group per stage. Before stage i,
+	// its last group has exactly QW_AHEAD - 1 newer ones. Stage i sits in buffer
+	// i % QW_STAGES = j.
+	for (int i0 = 0; i0 < nst; i0 += QW_STAGES) {
+#pragma unroll
+		for (int j = 0; j < QW_STAGES; j++) {
+			const int i = i0 + j, nx = i + QW_AHEAD, slot = (j + QW_AHEAD) % QW_STAGES;
+
+			if (i >= nst)
+				break;
+			cp_async_wait<QW_AHEAD - 1>();
+			QW_ASM("fence.proxy.async.shared::cta;" ::: "memory");
+			__syncthreads();	// stage i visible; stage i - 1's buffer free
+			if (nx < nst) {
+				unsigned char *st = smem + slot * C::STAGE;
+
+				qw_load_w<NT, WGS, false>(st, w, a, n0, k0 + nx * QW_BK, kend, tid);
+				qw_load_x<NT, WGS>(st + C::W_BYTES, xh, a, k0 + nx * QW_BK, kend, tid);
+			}
+			cp_async_commit();
+			const unsigned char *st = smem + j * C::STAGE;
+			const uint4 va = *(const uint4 *)(st + ra * QW_BK + 16 * t);
+			const uint4 vb = *(const uint4 *)(st + rb * QW_BK + 16 * t);
+			const uint32_t wa[4] = { va.x, va.y, va.z, va.w }, wb[4] = { vb.x, vb.y, vb.z, vb.w };
+			const uint64_t xd = qw_desc((uint32_t)__cvta_generic_to_shared(st + C::W_BYTES));
+			uint32_t af[4][4];
+
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				qm_e4m3x4(wa[q], af[q][0], af[q][2]);
+				qm_e4m3x4(wb[q], af[q][1], af[q][3]);
+			}
+			qw_fence();
+			if constexpr (PC) {	// one scale column: scaled once at the end
+#pragma unroll
+				for (int q = 0; q < 4; q++)	// k16 step q: 32 bytes into each line
+					qw_mma<NT>::run(acc, af[q], xd + (uint64_t)(2 * q), 1);
+				qw_commit_wait();
+			} else {
+#pragma unroll
+				for (int q = 0; q < 4; q++)
+					qw_mma<NT>::run(tmp, af[q], xd + (uint64_t)(2 * q), q > 0);
+				const float sa = scale_a(k0 + i * QW_BK), sb = scale_b(k0 + i * QW_BK);
+
+				qw_commit_wait();
+#pragma unroll
+				for (int e = 0; e < C::ACC; e++)
+					acc[e] = fmaf(tmp[e], e & 2 ? sb : sa, acc[e]);
+			}
+		}
+	}
+	cp_async_wait<0>();
+	if constexpr (PC) {
+		const float sa = scale_a(0), sb = scale_b(0);
+
+#pragma unroll
+		for (int e = 0; e < C::ACC; e++)
+			acc[e] *= e & 2 ? sb : sa;
+	}
+
+	if (S == 1) {
+#pragma unroll
+		for (int e = 0; e < C::ACC; e++) {
+			const int n = n0 + (e & 2 ? rb : ra), m = 8 * (e >> 2) + 2 * t + (e & 1);
+
+			if (m < a.M && n < a.N) {
+				float *p = y + (size_t)m * a.N + n;
+
+				*p = a.accumulate ? *p + acc[e] : acc[e];
+			}
+		}
+		return;
+	}
+	float *part = ws + ((size_t)tile * S + s) * C::XROWS * C::ROWS;
+
+#pragma unroll
+	for (int e = 0; e < C::ACC; e++) {
+		const int m = 8 * (e >> 2) + 2 * t + (e & 1);
+
+		if (m < a.M)
+			__stcg(part + m * C::ROWS + (e & 2 ? rb : ra), acc[e]);
+	}
+	if (!lin_split_last(cnt, tile, S))
+		return;
+	lin_split_sum4<C::ROWS, C::THREADS, 0>(y, ws + (size_t)tile * S * C::XROWS * C::ROWS,
+					       (size_t)C::XROWS * C::ROWS, a.M, a.N, n0, S,
+					       a.accumulate, tid);
+	if (tid == 0)
+		cnt[tile] = 0;
+}
+
+// ---- launchers --------------------------------------------------------------------------
+
+static int qw_nt_index(int M)
+{
+	return M <= 16 ? 0 : M <= 32 ? 1 : 2;
+}
+
+// Warpgroups a CTA: 4 (256 rows, x half the weight bytes a stage at M 64) above 32 rows
+// unless KDEC_LINEAR_QWG_ROWS says 128; 2 below unless it says 256.
+static int qw_wgs(int M)
+{
+	const int rows = k_cuda_tuning()->linear_qwg_rows;
+
+	return rows == 128 ? 2 : rows == 256 ? 4 : M > 32 ? 4 : 2;
+}
+
+struct qw_plan {
+	int nt;		// n8 tiles of x rows
+	int wgs;	// warpgroups a CTA
+	int tiles;	// ROWS-row weight tiles
+	int S;		// K slices
+	int KS;		// k per slice
+	int per_sm;	// CTAs a multiprocessor runs (some one fewer)
+};
+
+// The plan with split S and its modelled cost (a multiprocessor's CTAs x (stages a slice
+// + overhead), CTAs resident at once counted as parallel); false where S gives no plan of
+// its own or the split's partials overflow the workspace.
+static bool qw_plan_at(const struct k_cuda_linear *ctx, int M, int N, int K, int S,
+		       struct qw_plan *p, long *cost)
+{
+	const int ni = qw_nt_index(M), wgs = qw_wgs(M), rows = 64 * wgs, nst = K / QW_BK;
+	const int tiles = (N + rows - 1) / rows;
+	const int bps = ctx->qw_bps[ni][wgs == 4] > 0 ? ctx->qw_bps[ni][wgs == 4] : 1;
+	const long n_sm = ctx->n_sm > 0 ? ctx->n_sm : 1;
+	const long part = (long)(8 << ni) * rows;	// floats a CTA's partial tile
+	int kb;
+	long units, per_sm, waves;
+
+	if (S < 1 || S > LIN_ST_MAX_SPLIT || S > nst)
+		return false;
+	kb = (nst + S - 1) / S;
+	units = (long)tiles * S;
+	if ((nst + kb - 1) / kb != S ||
+	    (S > 1 && units * part > (long)LIN_ST_MAX_UNITS * LIN_ST_MAX_M * 128))
+		return false;
+	per_sm = (units + n_sm - 1) / n_sm;
+	waves = (per_sm + bps - 1) / bps;
+	*cost = waves * (kb + QW_CTA_OVERHEAD) * bps;
+	*p = qw_plan{ 2 << ni, wgs, tiles, S, kb * QW_BK, (int)per_sm };
+	return true;
+}
+
+static void qw_make_plan(const struct k_cuda_linear *ctx, int M, int N, int K, struct qw_plan *p)
+{
+	long best = -1, cost;
+	struct qw_plan c;
+
+	for (int S = 1; S <= LIN_ST_MAX_SPLIT; S++)
+		if (qw_plan_at(ctx, M, N, K, S, &c, &cost) && (best < 0 || cost < best)) {
+			best = cost;
+			*p = c;
+		}
+}
+
+static void qw_ctx_plan(const struct k_cuda_linear *ctx, const struct k_quant *q, int M, int N,
+			int K, struct qw_plan *p)
+{
+	const int S = k_cuda_lin_split_find(ctx, QW_SPLIT_KIND + 2 * (qw_wgs(M) == 4), q, M, N, K);
+	long cost;
+
+	if (!S || !qw_plan_at(ctx, M, N, K, S, p, &cost))
+		qw_make_plan(ctx, M, N, K, p);
+}
+
+template <typename ST, bool PC, int NT, int WGS>
+static int qw_launch(const struct k_cuda_linear *ctx, const struct qw_plan *p, float *y,
+		     const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
+{
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute attr[1] = {};
+	const qf_args a = qf_make_args(q, M, N, K, p->KS, QW_BK, accumulate, ctx->pdl);
+
+	cfg.gridDim = dim3(p->tiles, p->S, 1);
+	cfg.blockDim = dim3(qw_cfg<NT, WGS>::THREADS, 1, 1);
+	cfg.dynamicSmemBytes = qw_cfg<NT, WGS>::SMEM;
+	cfg.stream = ctx->stream;
+	cfg.attrs = attr;
+	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
+	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qw_kernel<ST, PC, NT, WGS>, y,
+						     (const uint16_t *)ctx->xb, (const uint8_t *)w,
+						     (const ST *)q->scale, a, ctx->st_ws, ctx->st_cnt));
+}
+
+template <typename ST, bool PC, int WGS>
+static int qw_dispatch_nt(const struct k_cuda_linear *ctx, const struct qw_plan *p, float *y,
+			  const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
+{
+	switch (p->nt) {
+	case 2: return qw_launch<ST, PC, 2, WGS>(ctx, p, y, w, q, M, N, K, accumulate);
+	case 4: return qw_launch<ST, PC, 4, WGS>(ctx, p, y, w, q, M, N, K, accumulate);
+	default: return qw_launch<ST, PC, 8, WGS>(ctx, p, y, w, q, M, N, K, accumulate);
+	}
+}
+
+template <typename ST, bool PC>
+static int qw_dispatch_wgs(const struct k_cuda_linear *ctx, const struct qw_plan *p, float *y,
+			   const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
+{
+	return p->wgs == 4 ? qw_dispatch_nt<ST, PC, 4>(ctx, p, y, w, q, M, N, K, accumulate)
+			   : qw_dispatch_nt<ST, PC, 2>(ctx, p, y, w, q, M, N, K, accumulate);
+}
+
+static int qw_run(const struct k_cuda_linear *ctx, const struct qw_plan *p, float *y,
+		  const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
+{
+	const bool pc = qm_bc_shift(q, K, QW_BK) == 31;	// one scale column
+
+	if (q->scale_dtype == K_F16)
+		return pc ? qw_dispatch_wgs<__half, true>(ctx, p, y, w, q, M, N, K, accumulate)
+			  : qw_dispatch_wgs<__half, false>(ctx, p, y, w, q, M, N, K, accumulate);
+	return pc ? qw_dispatch_wgs<float, true>(ctx, p, y, w, q, M, N, K, accumulate)
+		  : qw_dispatch_wgs<float, false>(ctx, p, y, w, q, M, N, K, accumulate);
+}
+
+// x (M, K) rounded to f16 and permuted into the context's scratch.
+static int qw_x_launch(const struct k_cuda_linear *ctx, const float *x, int M, int K)
+{
+	const size_t units = (size_t)M * K / 8;
+	size_t blocks = (units + 255) / 256;
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute attr[1] = {};
+
+	if (blocks > (size_t)ctx->n_sm * 4)
+		blocks = (size_t)ctx->n_sm * 4;
+	cfg.gridDim = dim3((unsigned)(blocks > 0 ? blocks : 1), 1, 1);
+	cfg.blockDim = dim3(256, 1, 1);
+	cfg.stream = ctx->stream;
+	cfg.attrs = attr;
+	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
+	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qw_x_kernel, ctx->xb, x, units, ctx->pdl));
+}
+
+struct qw_call {
+	const void *w;
+	const struct k_quant *q;
+	int M, N, K;
+};
+
+static int qw_enqueue(const struct k_cuda_linear *ctx, void *arg, int S, float *ys)
+{
+	const struct qw_call *c = (const struct qw_call *)arg;
+	struct qw_plan p = {};
+	long cost;
+
+	if (!qw_plan_at(ctx, c->M, c->N, c->K, S, &p, &cost))
+		return -EINVAL;
+	return qw_run(ctx, &p, ys, c->w, c->q, c->M, c->N, c->K, 0);
+}
+
+int k_cuda_lin_qwg_takes(const struct k_cuda_linear *ctx, const struct k_quant *q,
+			 int M, int N, int K)
+{
+	return ctx->qw_ok && k_cuda_tuning()->linear_qwg && q && q->fmt == K_Q_FP8 && M >= 1 &&
+	       M <= K_CUDA_LINEAR_Q_TILE_MAX_M && N >= 1 && K >= QW_BK && K % QW_BK == 0 &&
+	       qm_bc_shift(q, K, QW_BK) >= 0;
+}
+
+int k_cuda_lin_qwg(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
+		   const struct k_quant *q, int M, int N, int K, int accumulate)
+{
+	const int key = QW_SPLIT_KIND + 2 * (qw_wgs(M) == 4);
+	struct qw_plan p = {};
+	int ret;
+
+	if (!k_cuda_lin_qwg_takes(ctx, q, M, N, K) || M > ctx->max_M || K > ctx->max_K)
+		return -EINVAL;
+	if ((ret = qw_x_launch(ctx, x, M, K)))
+		return ret;
+	if (k_cuda_lin_split_wanted(ctx, key, q, M, N, K)) {
+		const struct qw_call c = { w, q, M, N, K };
+
+		qw_make_plan(ctx, M, N, K, &p);
+		k_cuda_lin_split_keep(ctx, key, q, M, N, K,
+				      k_cuda_lin_split_tune(ctx, "qwgmma fp8", M, N, K, LIN_ST_MAX_SPLIT,
+							    p.S, qw_enqueue, (void *)&c));
+	}
+	qw_ctx_plan(ctx, q, M, N, K, &p);
+	return qw_run(ctx, &p, y, w, q, M, N, K, accumulate);
+}
+
+int k_cuda_lin_qwg_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
+			    int N, int K, char *buf, size_t len)
+{
+	struct qw_plan p = {};
+	const int mc = M < K_CUDA_LINEAR_Q_TILE_MAX_M ? M : K_CUDA_LINEAR_Q_TILE_MAX_M;
+
+	qw_ctx_plan(ctx, q, mc, N, K, &p);
+	return snprintf(buf, len, "qwgmma rows=%d nt=%d grid=%dx%d k/slice=%d ctas/sm=%d (%d resident)",
+			64 * p.wgs, p.nt, p.tiles, p.S, p.KS, p.per_sm,
+			ctx->qw_bps[qw_nt_index(mc)][p.wgs == 4]);
+}
+
+template <typename ST, bool PC, int NT, int WGS> static int qw_setup_one(struct k_cuda_linear *ctx, int ni)
+{
+	using C = qw_cfg<NT, WGS>;
+	int bps = 0, ret;
+
+	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qw_kernel<ST, PC, NT, WGS>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps,
+					qw_kernel<ST, PC, NT, WGS>, C::THREADS, C::SMEM));
+	if (ret)
+		return ret;
+	if (bps < 1) {
+		k_cuda_log("cuda: fp8 wgmma tile kernel (nt %d, %d rows, %d bytes of shared memory) "
+			   "fits no multiprocessor of device %d", NT, C::ROWS, C::SMEM, ctx->dev);
+		return -EIO;
+	}
+	if (ctx->qw_bps[ni][WGS == 4] == 0 || bps < ctx->qw_bps[ni][WGS == 4])
+		ctx->qw_bps[ni][WGS == 4] = bps;
+	return 0;
+}
+
+template <typename ST, bool PC, int WGS> static int qw_setup_wgs(struct k_cuda_linear *ctx)
+{
+	int ret = qw_setup_one<ST, PC, 2, WGS>(ctx, 0);
+
+	if (!ret)
+		ret = qw_setup_one<ST, PC, 4, WGS>(ctx, 1);
+	if (!ret)
+		ret = qw_setup_one<ST, PC, 8, WGS>(ctx, 2);
+	return ret;
+}
+
+template <typename ST, bool PC> static int qw_setup_pc(struct k_cuda_linear *ctx)
+{
+	int ret = qw_setup_wgs<ST, PC, 2>(ctx);
+
+	return ret ? ret : qw_setup_wgs<ST, PC, 4>(ctx);
+}
+
+int k_cuda_lin_qwg_setup(struct k_cuda_linear *ctx)
+{
+	int major = 0, minor = 0, *ok = NULL, have = 0, ret;
+
+	ctx->qw_ok = 0;
+	if ((ret = LIN_CUDA(ctx->dev, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+							     ctx->dev))) ||
+	    (ret = LIN_CUDA(ctx->dev, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor,
+							     ctx->dev))))
+		return ret;
+	if (major != 9 || minor != 0)	// sm_90a code runs on compute capability 9.0 only
+		return 0;
+	if ((ret = LIN_CUDA(ctx->dev, cudaMalloc((void **)&ok, sizeof(int)))))
+		return ret;
+	qw_probe_kernel<<<1, 1, 0, ctx->stream>>>(ok);
+	ret = LIN_LAUNCHED(ctx->dev, "qw_probe_kernel");
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaMemcpyAsync(&have, ok, sizeof(int), cudaMemcpyDeviceToHost,
+							 ctx->stream));
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaStreamSynchronize(ctx->stream));
+	cudaFree(ok);
+	if (ret || !have)
+		return ret;
+	ret = qw_setup_pc<float, false>(ctx);
+	if (!ret)
+		ret = qw_setup_pc<float, true>(ctx);
+	if (!ret)
+		ret = qw_setup_pc<__half, false>(ctx);
+	if (!ret)
+		ret = qw_setup_pc<__half, true>(ctx);
+	ctx->qw_ok = !ret;
+	return ret;
+}
