@@ -680,7 +680,7 @@ int main(void)
 		 * where the device runs it: K % 64 == 0 shapes; the others stay on mma.sync)
 		 * at its default rows a CTA, at 128 and at 256 */
 		for (int qw = 0; qw < (is_int4 ? 1 : quick ? 2 : 4); qw++) {
-			static const int tile_ms[] = { 1, 5, 9, 16, 33, 64 };
+			static const int tile_ms[] = { 1, 5, 9, 16, 17, 32, 33, 64 };
 			static const int qw_rows[] = { 0, 0, 128, 256 };
 
 			set_qwg(qw > 0, qw_rows[qw]);

@@ -103,9 +103,13 @@ static __device__ __forceinline__ void qw_fence()
 	QW_ASM("wgmma.fence.sync.aligned;" ::: "memory");
 }
 
-static __device__ __forceinline__ void qw_commit_wait()
+static __device__ __forceinline__ void qw_commit()
 {
 	QW_ASM("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+static __device__ __forceinline__ void qw_wait_all()
+{
 	QW_ASM("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }
 
@@ -230,14 +234,17 @@ static __device__ __forceinline__ void qw_load_x(unsigned char *xs, const uint16
 
 // grid (tiles, S): blockIdx.x the ROWS-row tile, blockIdx.y the K slice [s KC, s KC +
 // KC). xh: x (M, K) in f16 as qw_x_kernel wrote it; ws: (tiles * S, XROWS, ROWS) fp32
-// partials; cnt: (tiles) arrival counters, zero between launches. Needs K % 64 == 0,
+// partials; cnt: (tiles) arrival counters, zero between launches; spread: every CTA of
+// the grid is resident at once, so the S CTAs of a tile wait for each other and each sum
+// 1/S of it (else the last to arrive sums it all, one multiprocessor reading S partial
+// tiles: at M 64 and 256 rows, S x 64 KB). Needs K % 64 == 0,
 // KC % 64 == 0, w rows 16-byte aligned, M <= XROWS, a scale column constant over 64 k.
 // PC: one scale column (per channel): the products accumulate unscaled and each row is
 // scaled once at the end (the fp32 sum of the row times its scale, rounded once more).
 template <typename ST, bool PC, int NT, int WGS>
 __global__ void __launch_bounds__(qw_cfg<NT, WGS>::THREADS, qw_cfg<NT, WGS>::MIN_BLOCKS)
 qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
-	  const ST *__restrict__ scale, qf_args a, float *ws, unsigned *cnt)
+	  const ST *__restrict__ scale, qf_args a, float *ws, unsigned *cnt, int spread)
 {
 	using C = qw_cfg<NT, WGS>;
 	extern __shared__ unsigned char qw_smem_raw[];
@@ -252,7 +259,7 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 	const bool oka = n0 + ra < a.N, okb = n0 + rb < a.N;
 	const size_t srowa = (size_t)((oka ? n0 + ra : 0) / a.block_rows) * (size_t)a.scale_cols;
 	const size_t srowb = (size_t)((okb ? n0 + rb : 0) / a.block_rows) * (size_t)a.scale_cols;
-	float acc[C::ACC] = {}, tmp[PC ? 1 : C::ACC] = {};
+	float acc[C::ACC] = {}, tmp[C::ACC] = {};	// tmp: unused where PC
 
 	// weights are constant: the first stages stream in while the previous kernel drains
 #pragma unroll
@@ -278,51 +285,66 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 					   kend, tid);
 		cp_async_commit();
 	}
-	// groups so far: W0..W4 X0..X4; then one (W, X) group per stage. Before stage i,
-	// its last group has exactly QW_AHEAD - 1 newer ones. Stage i sits in buffer
-	// i % QW_STAGES = j.
+	// Groups so far: W0..W4 X0..X4; then one (W, X) group per stage. Stage i sits in
+	// buffer i % QW_STAGES. Iteration i issues stage i's wgmmas (its A registers
+	// converted the iteration before), then, while they run, waits for stage i + 1 (its
+	// last group then has QW_AHEAD - 2 newer ones), refills the buffer of stage i - 1
+	// (whose wgmmas retired at the end of iteration i - 1, before this barrier) with
+	// stage i + QW_AHEAD, and converts stage i + 1's weights into the other A registers;
+	// only then waits for its wgmmas and scales their sums.
+	uint32_t af[2][4][4];
+	auto load_a = [&](uint32_t (&f)[4][4], const unsigned char *st) {
+		const uint4 va = *(const uint4 *)(st + ra * QW_BK + 16 * t);
+		const uint4 vb = *(const uint4 *)(st + rb * QW_BK + 16 * t);
+		const uint32_t wa[4] = { va.x, va.y, va.z, va.w }, wb[4] = { vb.x, vb.y, vb.z, vb.w };
+
+#pragma unroll
+		for (int q = 0; q < 4; q++) {
+			qm_e4m3x4(wa[q], f[q][0], f[q][2]);
+			qm_e4m3x4(wb[q], f[q][1], f[q][3]);
+		}
+	};
+	cp_async_wait<QW_AHEAD - 1>();
+	QW_ASM("fence.proxy.async.shared::cta;" ::: "memory");
+	__syncthreads();	// stage 0 visible
+	if (nst > 0)
+		load_a(af[0], smem);
 	for (int i0 = 0; i0 < nst; i0 += QW_STAGES) {
 #pragma unroll
 		for (int j = 0; j < QW_STAGES; j++) {
-			const int i = i0 + j, nx = i + QW_AHEAD, slot = (j + QW_AHEAD) % QW_STAGES;
+			const int i = i0 + j, nx = i + QW_AHEAD;
+			const unsigned char *st = smem + j * C::STAGE;
+			const uint64_t xd = qw_desc((uint32_t)__cvta_generic_to_shared(st + C::W_BYTES));
 
 			if (i >= nst)
 				break;
-			cp_async_wait<QW_AHEAD - 1>();
+			qw_fence();
+#pragma unroll
+			for (int q = 0; q < 4; q++) {	// k16 step q: 32 bytes into each line
+				if constexpr (PC)
+					qw_mma<NT>::run(acc, af[j & 1][q], xd + (uint64_t)(2 * q), 1);
+				else
+					qw_mma<NT>::run(tmp, af[j & 1][q], xd + (uint64_t)(2 * q), q > 0);
+			}
+			qw_commit();
+			cp_async_wait<QW_AHEAD - 2>();
 			QW_ASM("fence.proxy.async.shared::cta;" ::: "memory");
-			__syncthreads();	// stage i visible; stage i - 1's buffer free
+			__syncthreads();	// stage i + 1 visible; stage i - 1's buffer free
 			if (nx < nst) {
-				unsigned char *st = smem + slot * C::STAGE;
+				unsigned char *sn = smem + ((j + QW_AHEAD) % QW_STAGES) * C::STAGE;
 
-				qw_load_w<NT, WGS, false>(st, w, a, n0, k0 + nx * QW_BK, kend, tid);
-				qw_load_x<NT, WGS>(st + C::W_BYTES, xh, a, k0 + nx * QW_BK, kend, tid);
+				qw_load_w<NT, WGS, false>(sn, w, a, n0, k0 + nx * QW_BK, kend, tid);
+				qw_load_x<NT, WGS>(sn + C::W_BYTES, xh, a, k0 + nx * QW_BK, kend, tid);
 			}
 			cp_async_commit();
-			const unsigned char *st = smem + j * C::STAGE;
-			const uint4 va = *(const uint4 *)(st + ra * QW_BK + 16 * t);
-			const uint4 vb = *(const uint4 *)(st + rb * QW_BK + 16 * t);
-			const uint32_t wa[4] = { va.x, va.y, va.z, va.w }, wb[4] = { vb.x, vb.y, vb.z, vb.w };
-			const uint64_t xd = qw_desc((uint32_t)__cvta_generic_to_shared(st + C::W_BYTES));
-			uint32_t af[4][4];
-
-#pragma unroll
-			for (int q = 0; q < 4; q++) {
-				qm_e4m3x4(wa[q], af[q][0], af[q][2]);
-				qm_e4m3x4(wb[q], af[q][1], af[q][3]);
-			}
-			qw_fence();
-			if constexpr (PC) {	// one scale column: scaled once at the end
-#pragma unroll
-				for (int q = 0; q < 4; q++)	// k16 step q: 32 bytes into each line
-					qw_mma<NT>::run(acc, af[q], xd + (uint64_t)(2 * q), 1);
-				qw_commit_wait();
+			if (i + 1 < nst)
+				load_a(af[(j + 1) & 1], smem + ((j + 1) % QW_STAGES) * C::STAGE);
+			if constexpr (PC) {
+				qw_wait_all();
 			} else {
-#pragma unroll
-				for (int q = 0; q < 4; q++)
-					qw_mma<NT>::run(tmp, af[q], xd + (uint64_t)(2 * q), q > 0);
 				const float sa = scale_a(k0 + i * QW_BK), sb = scale_b(k0 + i * QW_BK);
 
-				qw_commit_wait();
+				qw_wait_all();
 #pragma unroll
 				for (int e = 0; e < C::ACC; e++)
 					acc[e] = fmaf(tmp[e], e & 2 ? sb : sa, acc[e]);
@@ -360,10 +382,21 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 		if (m < a.M)
 			__stcg(part + m * C::ROWS + (e & 2 ? rb : ra), acc[e]);
 	}
+	const float *tp = ws + (size_t)tile * S * C::XROWS * C::ROWS;
+
+	if (spread) {	// every CTA resident: the S of a tile each sum 1/S of it
+		const int chunk = ((a.M * C::ROWS / 4 + S - 1) / S) * 4;
+		const int e0 = min(s * chunk, a.M * C::ROWS), e1 = min(e0 + chunk, a.M * C::ROWS);
+
+		lin_split_all(cnt, tile, S);
+		lin_split_sum4_span<C::ROWS, C::THREADS, 0>(y, tp, (size_t)C::XROWS * C::ROWS, a.M,
+							    a.N, n0, S, a.accumulate, tid, e0, e1);
+		lin_split_done(cnt, tile, S);
+		return;
+	}
 	if (!lin_split_last(cnt, tile, S))
 		return;
-	lin_split_sum4<C::ROWS, C::THREADS, 0>(y, ws + (size_t)tile * S * C::XROWS * C::ROWS,
-					       (size_t)C::XROWS * C::ROWS, a.M, a.N, n0, S,
+	lin_split_sum4<C::ROWS, C::THREADS, 0>(y, tp, (size_t)C::XROWS * C::ROWS, a.M, a.N, n0, S,
 					       a.accumulate, tid);
 	if (tid == 0)
 		cnt[tile] = 0;
@@ -392,6 +425,7 @@ struct qw_plan {
 	int S;		// K slices
 	int KS;		// k per slice
 	int per_sm;	// CTAs a multiprocessor runs (some one fewer)
+	int spread;	// S > 1 and every CTA resident at once: the tile's sum spread over its S
 };
 
 // The plan with split S and its modelled cost (a multiprocessor's CTAs x (stages a slice
@@ -404,7 +438,7 @@ static bool qw_plan_at(const struct k_cuda_linear *ctx, int M, int N, int K, int
 	const int tiles = (N + rows - 1) / rows;
 	const int bps = ctx->qw_bps[ni][wgs == 4] > 0 ? ctx->qw_bps[ni][wgs == 4] : 1;
 	const long n_sm = ctx->n_sm > 0 ? ctx->n_sm : 1;
-	const long part = (long)(8 << ni) * rows;	// floats a CTA's partial tile
+	const long part = (long)(16 << ni) * rows;	// floats a CTA's partial tile: XROWS x rows
 	int kb;
 	long units, per_sm, waves;
 
@@ -418,7 +452,7 @@ static bool qw_plan_at(const struct k_cuda_linear *ctx, int M, int N, int K, int
 	per_sm = (units + n_sm - 1) / n_sm;
 	waves = (per_sm + bps - 1) / bps;
 	*cost = waves * (kb + QW_CTA_OVERHEAD) * bps;
-	*p = qw_plan{ 2 << ni, wgs, tiles, S, kb * QW_BK, (int)per_sm };
+	*p = qw_plan{ 2 << ni, wgs, tiles, S, kb * QW_BK, (int)per_sm, S > 1 && per_sm <= bps };
 	return true;
 }
 
@@ -460,7 +494,8 @@ static int qw_launch(const struct k_cuda_linear *ctx, const struct qw_plan *p, f
 	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
 	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qw_kernel<ST, PC, NT, WGS>, y,
 						     (const uint16_t *)ctx->xb, (const uint8_t *)w,
-						     (const ST *)q->scale, a, ctx->st_ws, ctx->st_cnt));
+						     (const ST *)q->scale, a, ctx->st_ws, ctx->st_cnt,
+						     p->spread));
 }
 
 template <typename ST, bool PC, int WGS>
@@ -567,9 +602,9 @@ int k_cuda_lin_qwg_describe(const struct k_cuda_linear *ctx, const struct k_quan
 	const int mc = M < K_CUDA_LINEAR_Q_TILE_MAX_M ? M : K_CUDA_LINEAR_Q_TILE_MAX_M;
 
 	qw_ctx_plan(ctx, q, mc, N, K, &p);
-	return snprintf(buf, len, "qwgmma rows=%d nt=%d grid=%dx%d k/slice=%d ctas/sm=%d (%d resident)",
+	return snprintf(buf, len, "qwgmma rows=%d nt=%d grid=%dx%d k/slice=%d ctas/sm=%d (%d resident)%s",
 			64 * p.wgs, p.nt, p.tiles, p.S, p.KS, p.per_sm,
-			ctx->qw_bps[qw_nt_index(mc)][p.wgs == 4]);
+			ctx->qw_bps[qw_nt_index(mc)][p.wgs == 4], p.spread ? " spread" : "");
 }
 
 template <typename ST, bool PC, int NT, int WGS> static int qw_setup_one(struct k_cuda_linear *ctx, int ni)

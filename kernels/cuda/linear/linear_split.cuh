@@ -61,14 +61,15 @@ static __device__ __forceinline__ bool lin_split_last(unsigned *cnt, int tile, i
 	return true;
 }
 
-// The last CTA's sum of the S partial tiles from tp (split q at tp + q * PART floats,
-// ROWS floats an x row) into y rows [0, M), columns n0 + [0, ROWS): 4 outputs a thread
-// and step, all S loads issued before the adds (in split order): the sum is
-// latency-bound, not bandwidth-bound. tid: threadIdx.x. UNROLL: the step loop's unroll (0: the compiler's).
+// The sum of the S partial tiles from tp (split q at tp + q * PART floats, ROWS floats an
+// x row) into y rows [0, M), columns n0 + [0, ROWS), over the tile's elements [e0, e1)
+// (x row e / ROWS, column e % ROWS; e0, e1 multiples of 4): 4 outputs a thread and step,
+// all S loads issued before the adds (in split order): the sum is latency-bound, not
+// bandwidth-bound. tid: threadIdx.x. UNROLL: the step loop's unroll (0: the compiler's).
 template <int ROWS, int THREADS, int UNROLL>
-static __device__ __forceinline__ void lin_split_sum4(float *y, const float *tp, size_t PART,
-						       int M, int N, int n0, int S, int accumulate,
-						       int tid)
+static __device__ __forceinline__ void lin_split_sum4_span(float *y, const float *tp, size_t PART,
+							    int M, int N, int n0, int S,
+							    int accumulate, int tid, int e0, int e1)
 {
 	auto step = [&](int e) {
 		const int m = e / ROWS, r = e % ROWS;
@@ -102,12 +103,46 @@ static __device__ __forceinline__ void lin_split_sum4(float *y, const float *tp,
 
 	if constexpr (UNROLL > 0) {
 #pragma unroll UNROLL
-		for (int e = tid * 4; e < M * ROWS; e += THREADS * 4)
+		for (int e = e0 + tid * 4; e < e1; e += THREADS * 4)
 			step(e);
 	} else {
-		for (int e = tid * 4; e < M * ROWS; e += THREADS * 4)
+		for (int e = e0 + tid * 4; e < e1; e += THREADS * 4)
 			step(e);
 	}
+}
+
+// The last CTA's sum of the whole tile (lin_split_sum4_span over every element).
+template <int ROWS, int THREADS, int UNROLL>
+static __device__ __forceinline__ void lin_split_sum4(float *y, const float *tp, size_t PART,
+						       int M, int N, int n0, int S, int accumulate,
+						       int tid)
+{
+	lin_split_sum4_span<ROWS, THREADS, UNROLL>(y, tp, PART, M, N, n0, S, accumulate, tid, 0,
+						   M * ROWS);
+}
+
+// After the CTA stored its partial tile, where all S CTAs of every tile are resident at
+// once: waits until all S of its tile have stored theirs (cnt[tile] counts them).
+// Then each sums its 1/S of the tile (lin_split_sum4_span) and calls lin_split_done.
+static __device__ __forceinline__ void lin_split_all(unsigned *cnt, int tile, int S)
+{
+	__threadfence();	// partials visible device-wide before this CTA counts
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		atomicAdd(cnt + tile, 1u);
+		while (*(volatile unsigned *)(cnt + tile) < (unsigned)S)
+			__nanosleep(64);
+	}
+	__syncthreads();
+	__threadfence();	// every other CTA's partials, which their counts published
+}
+
+// A CTA's share summed: the last of the S resets cnt[tile] for the next launch.
+static __device__ __forceinline__ void lin_split_done(unsigned *cnt, int tile, int S)
+{
+	__syncthreads();
+	if (threadIdx.x == 0 && atomicAdd(cnt + tile, 1u) == 2 * (unsigned)S - 1)
+		cnt[tile] = 0;
 }
 
 #endif
