@@ -30,9 +30,13 @@
 //   << 4) from a 1024-byte aligned base: the hardware's 128B swizzle. Descriptor: start >>
 //   4, stride byte offset 1024 (8 rows), leading byte offset unused (a k16 step lies in
 //   the line: its start advances 32 bytes), mode 1 (128B).
-// Scales: a stage's four wgmmas go into a temporary (the first with scale-d 0), which
-// is added into the accumulators times the stage's scale of each row in fp32, as TILE
-// scales a slab's partial sums; fp8 scale columns must be constant over 64 k.
+// Scales: block scales' wgmmas go into a temporary over the stages of one scale column
+// (the first with scale-d 0), which is then added into the accumulators times the
+// column's scale of each row in fp32, as TILE scales a slab's partial sums; one column
+// (per channel, per tensor): straight into the accumulators, each row scaled once at
+// the end. Scale columns must be constant over 64 k.
+// Pipeline: one wgmma group (a stage's four) stays in flight while the next stage's
+// barrier, copies and conversions run; a full wait only where block scales add in.
 // Accumulators (m64nN, fp32): thread (warp q of its warpgroup, lane g t) holds d[4 i + c]
 // for row 16 q + g + 8 (c >> 1) of its m64 tile and x row 8 i + 2 t + (c & 1).
 // Proxies: cp.async writes shared memory through the generic proxy and wgmma reads it
@@ -108,9 +112,10 @@ static __device__ __forceinline__ void qw_commit()
 	QW_ASM("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
 
-static __device__ __forceinline__ void qw_wait_all()
+// Waits until at most n of this warpgroup's committed wgmma groups are in flight.
+template <int n> static __device__ __forceinline__ void qw_wait()
 {
-	QW_ASM("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+	QW_ASM("wgmma.wait_group.sync.aligned %0;" : : "n"(n) : "memory");
 }
 
 // d (m64 x 8NT) (+)= a (m64 x k16 f16, registers) b (k16 x 8NT f16, descriptor);
@@ -287,11 +292,13 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 	}
 	// Groups so far: W0..W4 X0..X4; then one (W, X) group per stage. Stage i sits in
 	// buffer i % QW_STAGES. Iteration i issues stage i's wgmmas (its A registers
-	// converted the iteration before), then, while they run, waits for stage i + 1 (its
-	// last group then has QW_AHEAD - 2 newer ones), refills the buffer of stage i - 1
-	// (whose wgmmas retired at the end of iteration i - 1, before this barrier) with
-	// stage i + QW_AHEAD, and converts stage i + 1's weights into the other A registers;
-	// only then waits for its wgmmas and scales their sums.
+	// converted the iteration before) and waits for stage i - 1's to retire (one wgmma
+	// group stays in flight); then waits for stage i + 1's copies (its last group has
+	// QW_AHEAD - 2 newer ones), refills the buffer of stage i - 1 with stage i +
+	// QW_AHEAD, and converts stage i + 1's weights into the A registers stage i - 1
+	// used. Block scales: the temporary sums the stages of one scale column and is
+	// added in, times the column's scales, at the column's last stage (every 64 k for
+	// 64-wide columns, every 128 k for DeepSeek's 128 x 128 blocks), after a full wait.
 	uint32_t af[2][4][4];
 	auto load_a = [&](uint32_t (&f)[4][4], const unsigned char *st) {
 		const uint4 va = *(const uint4 *)(st + ra * QW_BK + 16 * t);
@@ -304,6 +311,8 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 			qm_e4m3x4(wb[q], f[q][1], f[q][3]);
 		}
 	};
+	int fresh = 1;	// the temporary holds nothing yet (block scales)
+
 	cp_async_wait<QW_AHEAD - 1>();
 	QW_ASM("fence.proxy.async.shared::cta;" ::: "memory");
 	__syncthreads();	// stage 0 visible
@@ -312,7 +321,7 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 	for (int i0 = 0; i0 < nst; i0 += QW_STAGES) {
 #pragma unroll
 		for (int j = 0; j < QW_STAGES; j++) {
-			const int i = i0 + j, nx = i + QW_AHEAD;
+			const int i = i0 + j, nx = i + QW_AHEAD, k = k0 + i * QW_BK;
 			const unsigned char *st = smem + j * C::STAGE;
 			const uint64_t xd = qw_desc((uint32_t)__cvta_generic_to_shared(st + C::W_BYTES));
 
@@ -324,9 +333,11 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 				if constexpr (PC)
 					qw_mma<NT>::run(acc, af[j & 1][q], xd + (uint64_t)(2 * q), 1);
 				else
-					qw_mma<NT>::run(tmp, af[j & 1][q], xd + (uint64_t)(2 * q), q > 0);
+					qw_mma<NT>::run(tmp, af[j & 1][q], xd + (uint64_t)(2 * q),
+							q > 0 || !fresh);
 			}
 			qw_commit();
+			qw_wait<1>();	// stage i - 1's wgmmas retired: its buffer, its A registers
 			cp_async_wait<QW_AHEAD - 2>();
 			QW_ASM("fence.proxy.async.shared::cta;" ::: "memory");
 			__syncthreads();	// stage i + 1 visible; stage i - 1's buffer free
@@ -339,18 +350,20 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 			cp_async_commit();
 			if (i + 1 < nst)
 				load_a(af[(j + 1) & 1], smem + ((j + 1) % QW_STAGES) * C::STAGE);
-			if constexpr (PC) {
-				qw_wait_all();
-			} else {
-				const float sa = scale_a(k0 + i * QW_BK), sb = scale_b(k0 + i * QW_BK);
+			if constexpr (!PC) {
+				fresh = i + 1 >= nst || ((k + QW_BK) >> a.bc_shift) != (k >> a.bc_shift);
+				if (fresh) {	// the column's last stage
+					const float sa = scale_a(k), sb = scale_b(k);
 
-				qw_wait_all();
+					qw_wait<0>();
 #pragma unroll
-				for (int e = 0; e < C::ACC; e++)
-					acc[e] = fmaf(tmp[e], e & 2 ? sb : sa, acc[e]);
+					for (int e = 0; e < C::ACC; e++)
+						acc[e] = fmaf(tmp[e], e & 2 ? sb : sa, acc[e]);
+				}
 			}
 		}
 	}
+	qw_wait<0>();
 	cp_async_wait<0>();
 	if constexpr (PC) {
 		const float sa = scale_a(0), sb = scale_b(0);
