@@ -57,8 +57,9 @@ struct k_cuda_tuning {
 				 * wgmma tile kernel (linear_qwgmma.cu) on compute capability
 				 * 9.0 where K % 64 == 0; 0: the mma.sync tile kernel */
 	int linear_qwg_rows;	/* KDEC_LINEAR_QWG_ROWS, 0..256, 0: weight rows a CTA of that
-				 * kernel, 128 or 256; anything else: 256 above 32 rows of x,
-				 * 128 up to 32 */
+				 * kernel, 128 or 256; anything else: timed with the K split
+				 * per shape (linear_q_tune), untuned 256 above 32 rows of x
+				 * and 128 up to 32 */
 
 	/* ---- attention (kernels/cuda/attn) ---- */
 	int attn_mma;		/* KDEC_ATTN_MMA, flag, 1: the tensor-core decode kernel;

@@ -422,13 +422,40 @@ static int qw_nt_index(int M)
 	return M <= 16 ? 0 : M <= 32 ? 1 : 2;
 }
 
-// Warpgroups a CTA: 4 (256 rows, x half the weight bytes a stage at M 64) above 32 rows
-// unless KDEC_LINEAR_QWG_ROWS says 128; 2 below unless it says 256.
+// Warpgroups a CTA by default: 4 (256 rows, x half the weight bytes a stage at M 64)
+// above 32 rows unless KDEC_LINEAR_QWG_ROWS says 128; 2 below unless it says 256.
 static int qw_wgs(int M)
 {
 	const int rows = k_cuda_tuning()->linear_qwg_rows;
 
 	return rows == 128 ? 2 : rows == 256 ? 4 : M > 32 ? 4 : 2;
+}
+
+// The tuning's candidates c = 1 .. QW_CANDIDATES: split c at the default rows, split c -
+// 8 at the other (only where KDEC_LINEAR_QWG_ROWS leaves the rows free); the split
+// cache keeps c under a key of the rows setting.
+#define QW_CANDIDATES(rows_free)	((rows_free) ? 2 * LIN_ST_MAX_SPLIT : LIN_ST_MAX_SPLIT)
+static_assert(2 * LIN_ST_MAX_SPLIT <= LIN_SPLIT_MAX, "the tuning times both rows' splits");
+
+static bool qw_rows_free(void)
+{
+	const int rows = k_cuda_tuning()->linear_qwg_rows;
+
+	return rows != 128 && rows != 256;
+}
+
+static int qw_candidate_wgs(int M, int c)
+{
+	const int wgs = qw_wgs(M);
+
+	return c > LIN_ST_MAX_SPLIT ? 6 - wgs : wgs;
+}
+
+static int qw_split_key(void)
+{
+	const int rows = k_cuda_tuning()->linear_qwg_rows;
+
+	return QW_SPLIT_KIND + 2 * (rows == 128 ? 1 : rows == 256 ? 2 : 0);
 }
 
 struct qw_plan {
@@ -444,10 +471,10 @@ struct qw_plan {
 // The plan with split S and its modelled cost (a multiprocessor's CTAs x (stages a slice
 // + overhead), CTAs resident at once counted as parallel); false where S gives no plan of
 // its own or the split's partials overflow the workspace.
-static bool qw_plan_at(const struct k_cuda_linear *ctx, int M, int N, int K, int S,
+static bool qw_plan_at(const struct k_cuda_linear *ctx, int M, int N, int K, int wgs, int S,
 		       struct qw_plan *p, long *cost)
 {
-	const int ni = qw_nt_index(M), wgs = qw_wgs(M), rows = 64 * wgs, nst = K / QW_BK;
+	const int ni = qw_nt_index(M), rows = 64 * wgs, nst = K / QW_BK;
 	const int tiles = (N + rows - 1) / rows;
 	const int bps = ctx->qw_bps[ni][wgs == 4] > 0 ? ctx->qw_bps[ni][wgs == 4] : 1;
 	const long n_sm = ctx->n_sm > 0 ? ctx->n_sm : 1;
@@ -475,7 +502,7 @@ static void qw_make_plan(const struct k_cuda_linear *ctx, int M, int N, int K, s
 	struct qw_plan c;
 
 	for (int S = 1; S <= LIN_ST_MAX_SPLIT; S++)
-		if (qw_plan_at(ctx, M, N, K, S, &c, &cost) && (best < 0 || cost < best)) {
+		if (qw_plan_at(ctx, M, N, K, qw_wgs(M), S, &c, &cost) && (best < 0 || cost < best)) {
 			best = cost;
 			*p = c;
 		}
@@ -484,10 +511,11 @@ static void qw_make_plan(const struct k_cuda_linear *ctx, int M, int N, int K, s
 static void qw_ctx_plan(const struct k_cuda_linear *ctx, const struct k_quant *q, int M, int N,
 			int K, struct qw_plan *p)
 {
-	const int S = k_cuda_lin_split_find(ctx, QW_SPLIT_KIND + 2 * (qw_wgs(M) == 4), q, M, N, K);
+	const int c = k_cuda_lin_split_find(ctx, qw_split_key(), q, M, N, K);
 	long cost;
 
-	if (!S || !qw_plan_at(ctx, M, N, K, S, p, &cost))
+	if (!c || !qw_plan_at(ctx, M, N, K, qw_candidate_wgs(M, c), (c - 1) % LIN_ST_MAX_SPLIT + 1,
+			      p, &cost))
 		qw_make_plan(ctx, M, N, K, p);
 }
 
@@ -566,13 +594,15 @@ struct qw_call {
 	int M, N, K;
 };
 
-static int qw_enqueue(const struct k_cuda_linear *ctx, void *arg, int S, float *ys)
+// Candidate cand (qw_candidate_wgs) of a tuning.
+static int qw_enqueue(const struct k_cuda_linear *ctx, void *arg, int cand, float *ys)
 {
 	const struct qw_call *c = (const struct qw_call *)arg;
 	struct qw_plan p = {};
 	long cost;
 
-	if (!qw_plan_at(ctx, c->M, c->N, c->K, S, &p, &cost))
+	if (!qw_plan_at(ctx, c->M, c->N, c->K, qw_candidate_wgs(c->M, cand),
+			(cand - 1) % LIN_ST_MAX_SPLIT + 1, &p, &cost))
 		return -EINVAL;
 	return qw_run(ctx, &p, ys, c->w, c->q, c->M, c->N, c->K, 0);
 }
@@ -588,7 +618,7 @@ int k_cuda_lin_qwg_takes(const struct k_cuda_linear *ctx, const struct k_quant *
 int k_cuda_lin_qwg(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
 		   const struct k_quant *q, int M, int N, int K, int accumulate)
 {
-	const int key = QW_SPLIT_KIND + 2 * (qw_wgs(M) == 4);
+	const int key = qw_split_key();
 	struct qw_plan p = {};
 	int ret;
 
@@ -600,8 +630,11 @@ int k_cuda_lin_qwg(struct k_cuda_linear *ctx, float *y, const float *x, const vo
 		const struct qw_call c = { w, q, M, N, K };
 
 		qw_make_plan(ctx, M, N, K, &p);
+		// the model's plan is candidate S (default rows)
 		k_cuda_lin_split_keep(ctx, key, q, M, N, K,
-				      k_cuda_lin_split_tune(ctx, "qwgmma fp8", M, N, K, LIN_ST_MAX_SPLIT,
+				      k_cuda_lin_split_tune(ctx, "qwgmma fp8 (S1..8 default rows, "
+								 "S9..16 the other)",
+							    M, N, K, QW_CANDIDATES(qw_rows_free()),
 							    p.S, qw_enqueue, (void *)&c));
 	}
 	qw_ctx_plan(ctx, q, M, N, K, &p);
