@@ -107,6 +107,25 @@ int k_cuda_lin_to_bf16(const struct k_cuda_linear *ctx, uint16_t *dst, const flo
  * cudaGridDependencySynchronize(). Returns the number of attributes filled (0 or 1). */
 int k_cuda_lin_pdl_attr(const struct k_cuda_linear *ctx, cudaLaunchAttribute *attrs);
 
+/* The launch of an elementwise staging kernel over `units` items (one a thread, 256 a
+ * CTA, at most 4 CTAs a multiprocessor, the kernel striding over the rest) on the
+ * context's stream with PDL where on; attr: its one attribute's storage. */
+static inline cudaLaunchConfig_t k_cuda_lin_stage_cfg(const struct k_cuda_linear *ctx,
+						      size_t units, cudaLaunchAttribute *attr)
+{
+	cudaLaunchConfig_t cfg = {};
+	size_t blocks = (units + 255) / 256;
+
+	if (blocks > (size_t)ctx->n_sm * 4)
+		blocks = (size_t)ctx->n_sm * 4;
+	cfg.gridDim = dim3((unsigned)(blocks > 0 ? blocks : 1), 1, 1);
+	cfg.blockDim = dim3(256, 1, 1);
+	cfg.stream = ctx->stream;
+	cfg.attrs = attr;
+	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
+	return cfg;
+}
+
 /* Kernel attributes, ctx->sk_cap, and a probe launch that turns ctx->pdl off where a
  * cluster launch with it fails; called once by k_cuda_linear_create (synchronises). */
 int k_cuda_lin_splitk_setup(struct k_cuda_linear *ctx);

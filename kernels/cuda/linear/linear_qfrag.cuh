@@ -13,6 +13,8 @@
 
 #include <cuda_fp16.h>
 
+#include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/ptx.cuh"
 #include "kernels/cuda/quant_dequant.cuh"
 #include "kernels/quant.h"
 
@@ -50,6 +52,29 @@ static __device__ __forceinline__ void qm_mma(float (&c)[4], uint32_t a0, uint32
 static __device__ __forceinline__ void qm_e4m3x4(uint32_t w, uint32_t &lo, uint32_t &hi)
 {
 	k_dq_e4m3x4(w, lo, hi);
+}
+
+// The weight part of a tile kernel's stage (linear_qtile.cu, linear_qwgmma.cu): bytes
+// [kb, kb + 64) of weight rows n0 .. n0 + ROWS - 1 into ws, row r at r * 64 (a quarter
+// warp reading rows g and g + 1 of its fragments touches 32 different banks), by THREADS
+// threads; zeros past N and past kb_end. EARLY: issued before the PDL wait.
+template <int ROWS, int THREADS, bool EARLY>
+static __device__ __forceinline__ void qf_load_w64(unsigned char *ws, const uint8_t *w,
+						   const qf_args &a, int n0, int kb, int kb_end,
+						   int tid)
+{
+	static_assert(ROWS * 4 % THREADS == 0, "whole 16-byte units a thread");
+#pragma unroll
+	for (int j = 0; j < ROWS * 4 / THREADS; j++) {
+		const int i = tid + j * THREADS, r = i >> 2, c = i & 3, b = kb + 16 * c;
+		const bool ok = n0 + r < a.N && b < kb_end;
+		const uint8_t *src = ok ? w + (size_t)(n0 + r) * a.row_bytes + b : w;
+
+		if (EARLY)
+			k_cuda_pdl_early_cp16(ws + r * 64 + 16 * c, src, ok);
+		else
+			cp_async16(ws + r * 64 + 16 * c, src, ok);
+	}
 }
 
 // Index of the 16-byte unit holding x octet u of a row in shared memory: for int4, units

@@ -83,26 +83,6 @@ qt_x_kernel(uint16_t *xh, const float *x, size_t octets, int pdl)
 	}
 }
 
-// The weight part of a stage: bytes [kb, kb + 64) of rows n0 .. n0+127, row r at r * 64
-// (a lane's two reads, rows g and g + 1 of a quarter warp, fall in 32 different banks);
-// zeros past N and past the slice. EARLY: issued before the PDL wait.
-template <bool EARLY>
-static __device__ __forceinline__ void qt_load_w(unsigned char *ws, const uint8_t *w,
-						 const qf_args &a, int n0, int kb, int kb_end, int tid)
-{
-#pragma unroll
-	for (int j = 0; j < QT_ROWS * (QT_SB / 16) / QT_THREADS; j++) {
-		const int i = tid + j * QT_THREADS, r = i >> 2, c = i & 3, b = kb + 16 * c;
-		const bool ok = n0 + r < a.N && b < kb_end;
-		const uint8_t *src = ok ? w + (size_t)(n0 + r) * a.row_bytes + b : w;
-
-		if (EARLY)
-			k_cuda_pdl_early_cp16(ws + r * QT_SB + 16 * c, src, ok);
-		else
-			cp_async16(ws + r * QT_SB + 16 * c, src, ok);
-	}
-}
-
 // The x part of a stage: k [k, k + SLAB) of x rows 0 .. XROWS-1 (zeros past M and past
 // the slice), row m at m * XSTRIDE, int4 units placed by qm_xunit.
 template <int FMT, int NT>
@@ -264,7 +244,8 @@ qt_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w, const ST 
 #pragma unroll
 	for (int i = 0; i < QT_AHEAD; i++) {
 		if (i < nst)
-			qt_load_w<true>(qt_smem + i * C::STAGE, w, a, n0, kb0 + i * QT_SB, kb_end, tid);
+			qf_load_w64<QT_ROWS, QT_THREADS, true>(qt_smem + i * C::STAGE, w, a, n0,
+								kb0 + i * QT_SB, kb_end, tid);
 		cp_async_commit();
 	}
 	k_cuda_lin_inputs_ready(a.pdl);	// x, y and the scales only from here on
@@ -291,7 +272,8 @@ qt_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w, const ST 
 			if (nx < nst) {
 				unsigned char *st = qt_smem + slot * C::STAGE;
 
-				qt_load_w<false>(st, w, a, n0, kb0 + nx * QT_SB, kb_end, tid);
+				qf_load_w64<QT_ROWS, QT_THREADS, false>(st, w, a, n0, kb0 + nx * QT_SB,
+									 kb_end, tid);
 				qt_load_x<FMT, NT>(st + C::W_BYTES, xh, a, k0 + nx * C::SLAB, kend, tid);
 				qt_scales<FMT, ST>(sr[slot], scale, a, srow, rok, k0 + nx * C::SLAB, kend, t);
 			}
@@ -460,17 +442,9 @@ static int qt_dispatch(const struct k_cuda_linear *ctx, const struct qt_plan *p,
 static int qt_x_launch(const struct k_cuda_linear *ctx, const float *x, int M, int K, bool perm)
 {
 	const size_t octets = (size_t)M * K / 8;
-	size_t blocks = (octets + 255) / 256;
-	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[1] = {};
+	const cudaLaunchConfig_t cfg = k_cuda_lin_stage_cfg(ctx, octets, attr);
 
-	if (blocks > (size_t)ctx->n_sm * 4)
-		blocks = (size_t)ctx->n_sm * 4;
-	cfg.gridDim = dim3((unsigned)(blocks > 0 ? blocks : 1), 1, 1);
-	cfg.blockDim = dim3(256, 1, 1);
-	cfg.stream = ctx->stream;
-	cfg.attrs = attr;
-	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
 	return perm ? LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qt_x_kernel<true>, ctx->xb, x,
 							    octets, ctx->pdl))
 		    : LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qt_x_kernel<false>, ctx->xb, x,

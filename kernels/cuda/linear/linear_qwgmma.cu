@@ -196,27 +196,6 @@ __global__ void __launch_bounds__(256) qw_x_kernel(uint16_t *xh, const float *x,
 	}
 }
 
-// The weight part of a stage: bytes [kb, kb + 64) of rows n0 .. n0 + ROWS - 1, row r at
-// r * 64; zeros past N and past the slice. EARLY: issued before the PDL wait.
-template <int NT, int WGS, bool EARLY>
-static __device__ __forceinline__ void qw_load_w(unsigned char *ws, const uint8_t *w,
-						 const qf_args &a, int n0, int kb, int kb_end, int tid)
-{
-	using C = qw_cfg<NT, WGS>;
-
-#pragma unroll
-	for (int j = 0; j < C::ROWS * 4 / C::THREADS; j++) {
-		const int i = tid + j * C::THREADS, r = i >> 2, c = i & 3, b = kb + 16 * c;
-		const bool ok = n0 + r < a.N && b < kb_end;
-		const uint8_t *src = ok ? w + (size_t)(n0 + r) * a.row_bytes + b : w;
-
-		if (EARLY)
-			k_cuda_pdl_early_cp16(ws + r * QW_BK + 16 * c, src, ok);
-		else
-			cp_async16(ws + r * QW_BK + 16 * c, src, ok);
-	}
-}
-
 // The x part of a stage: the permuted slab at k of x rows 0 .. XROWS - 1 (zeros past M
 // and past the slice), swizzled as the header says.
 template <int NT, int WGS>
@@ -270,8 +249,8 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 #pragma unroll
 	for (int i = 0; i < QW_AHEAD; i++) {
 		if (i < nst)
-			qw_load_w<NT, WGS, true>(smem + i * C::STAGE, w, a, n0, k0 + i * QW_BK, kend,
-						 tid);
+			qf_load_w64<C::ROWS, C::THREADS, true>(smem + i * C::STAGE, w, a, n0,
+								k0 + i * QW_BK, kend, tid);
 		cp_async_commit();
 	}
 	k_cuda_lin_inputs_ready(a.pdl);	// x, y and the scales only from here on
@@ -344,7 +323,8 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 			if (nx < nst) {
 				unsigned char *sn = smem + ((j + QW_AHEAD) % QW_STAGES) * C::STAGE;
 
-				qw_load_w<NT, WGS, false>(sn, w, a, n0, k0 + nx * QW_BK, kend, tid);
+				qf_load_w64<C::ROWS, C::THREADS, false>(sn, w, a, n0, k0 + nx * QW_BK,
+									 kend, tid);
 				qw_load_x<NT, WGS>(sn + C::W_BYTES, xh, a, k0 + nx * QW_BK, kend, tid);
 			}
 			cp_async_commit();
@@ -574,17 +554,9 @@ static int qw_run(const struct k_cuda_linear *ctx, const struct qw_plan *p, floa
 static int qw_x_launch(const struct k_cuda_linear *ctx, const float *x, int M, int K)
 {
 	const size_t units = (size_t)M * K / 8;
-	size_t blocks = (units + 255) / 256;
-	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[1] = {};
+	const cudaLaunchConfig_t cfg = k_cuda_lin_stage_cfg(ctx, units, attr);
 
-	if (blocks > (size_t)ctx->n_sm * 4)
-		blocks = (size_t)ctx->n_sm * 4;
-	cfg.gridDim = dim3((unsigned)(blocks > 0 ? blocks : 1), 1, 1);
-	cfg.blockDim = dim3(256, 1, 1);
-	cfg.stream = ctx->stream;
-	cfg.attrs = attr;
-	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
 	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qw_x_kernel, ctx->xb, x, units, ctx->pdl));
 }
 
