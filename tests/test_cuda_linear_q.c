@@ -20,9 +20,9 @@
  *   the GEMV;
  * - the tile kernel (K_CUDA_LINEAR_Q_TILE) at M = 1..65 (65: two launches): n8 tiles 2,
  *   4, 8, K split over up to 8 CTAs and one slice, partial row tiles and stages, the
- *   same tolerances and the same bits on a second run (fixed-order split sums); fp8
- *   on its mma.sync kernel and on the wgmma one (KDEC_LINEAR_QWG, where the device runs
- *   it) at 128 and 256 rows a CTA, and at M 64 on the supported models' projections;
+ *   same tolerances and the same bits on a second run (fixed-order split sums); on its
+ *   mma.sync kernel and on the wgmma one (KDEC_LINEAR_QWG, where the device runs it)
+ *   at 128 and 256 rows a CTA, and at M 64 on the supported models' projections;
  * - the DEQUANT kind (weights to f16, cuBLAS), M = 1, 9, 33: against the reference on
  *   f16 weights and f16 x, <= 1e-4; k_cuda_quant_dequant itself bit for bit against the
  *   host's dequantization rounded to bf16 and to f16.
@@ -676,10 +676,10 @@ int main(void)
 		 * through the workspace, partial row tiles and stages, one slice (N 16384 x K
 		 * 64: one stage; N 33792 x K 256: 264 tiles, 4 stages each), M 65 in two
 		 * launches */
-		/* fp8 four times: the mma.sync kernel, then the wgmma one (linear_qwgmma.cu,
-		 * where the device runs it: K % 64 == 0 shapes; the others stay on mma.sync)
-		 * at its default rows a CTA, at 128 and at 256 */
-		for (int qw = 0; qw < (is_int4 ? 1 : quick ? 2 : 4); qw++) {
+		/* four times: the mma.sync kernel, then the wgmma one (linear_qwgmma.cu,
+		 * where the device runs it: K % 64 == 0 shapes for fp8, % 128 for int4; the
+		 * others stay on mma.sync) with its CTA width timed, at 128 and at 256 */
+		for (int qw = 0; qw < (quick ? 2 : 4); qw++) {
 			static const int tile_ms[] = { 1, 5, 9, 16, 17, 32, 33, 64 };
 			static const int qw_rows[] = { 0, 0, 128, 256 };
 
@@ -739,8 +739,8 @@ int main(void)
 			run_kind(c, K_CUDA_LINEAR_Q_GEMV, N, K, 1, (int)(j & 1), f16s);
 			if ((long)N * K < 20000000L)
 				run_kind(c, K_CUDA_LINEAR_Q_GEMV, N, K, 8, (int)!(j & 1), f16s);
-			/* the tile kind at batch 64 (fp8: the wgmma kernel where it runs) */
-			if (c->fmt == K_Q_FP8 && (long)N * K < 40000000L)
+			/* the tile kind at batch 64 (the wgmma kernel where it runs) */
+			if ((long)N * K < 40000000L)
 				run_kind(c, K_CUDA_LINEAR_Q_TILE, N, K, 64, (int)(j & 1), f16s);
 		}
 	}

@@ -53,9 +53,10 @@ struct k_cuda_tuning {
 				 * and tile kernel (9..64) time each K split of a shape once at
 				 * its M bucket (the first call outside a capture) and keep the
 				 * fastest (linear_tune.cu); 0: their models' splits */
-	int linear_qwg;		/* KDEC_LINEAR_QWG, flag, 1: fp8 linears of 9..64 rows take the
-				 * wgmma tile kernel (linear_qwgmma.cu) on compute capability
-				 * 9.0 where K % 64 == 0; 0: the mma.sync tile kernel */
+	int linear_qwg;		/* KDEC_LINEAR_QWG, flag, 1: fp8 and int4 linears of 9..64 rows
+				 * take the wgmma tile kernel (linear_qwgmma.cu) on compute
+				 * capability 9.0 where K % 64 == 0 (fp8) or % 128 (int4); 0: the
+				 * mma.sync tile kernel */
 	int linear_qwg_rows;	/* KDEC_LINEAR_QWG_ROWS, 0..256, 0: weight rows a CTA of that
 				 * kernel, 128 or 256; anything else: timed with the K split
 				 * per shape (linear_q_tune), untuned 256 above 32 rows of x

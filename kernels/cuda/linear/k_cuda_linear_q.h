@@ -83,9 +83,9 @@ enum k_cuda_linear_q_kind {
 	 * context's scratch first, then 128 weight rows a CTA streamed 64 bytes a row at a
 	 * time through a cp.async pipeline together with the same k of every x row, each
 	 * warp's two m16 weight tiles dequantized once for all M rows, K split over CTAs
-	 * whose partial tiles the last one adds in split order (linear_qtile.cu); fp8 with
-	 * K % 64 == 0 on compute capability 9.0: the same on wgmma, 128 or 256 rows a CTA
-	 * (linear_qwgmma.cu, KDEC_LINEAR_QWG) */
+	 * whose partial tiles the last one adds in split order (linear_qtile.cu); on compute
+	 * capability 9.0 with K % 64 == 0 (fp8) or % 128 (int4): the same on wgmma, 128 or
+	 * 256 rows a CTA (linear_qwgmma.cu, KDEC_LINEAR_QWG) */
 	K_CUDA_LINEAR_Q_TILE,
 	/* the weight dequantized into an f16 scratch (N, K) (k_cuda_quant_dequant: value *
 	 * scale rounded once to 11 significant bits), x rounded to f16, one cuBLAS GEMM

@@ -65,9 +65,9 @@ struct k_cuda_linear {
 	/* quantized tile kernel CTAs resident per multiprocessor: [fp8, int4][M <= 16, 32, 64] */
 	int qt_bps[2][3];
 	int qg_bps;			/* quantized M <= 8 GEMV CTAs per multiprocessor (registers) */
-	int qw_ok;			/* the fp8 wgmma tile kernel runs on this device */
-	/* its CTAs resident per multiprocessor: [M <= 16, 32, 64][128, 256 rows] */
-	int qw_bps[3][2];
+	int qw_ok;			/* the wgmma tile kernel runs on this device */
+	/* its CTAs resident per multiprocessor: [fp8, int4][M <= 16, 32, 64][128, 256 rows] */
+	int qw_bps[2][3][2];
 	int qg_smem_sm;			/* shared memory of a multiprocessor, bytes */
 	int qg_smem_cta;		/* a GEMV CTA's shared memory beyond the dynamic part */
 	float *st_ws;			/* (LIN_ST_MAX_UNITS, LIN_ST_MAX_M, 128) fp32 partials */
@@ -165,11 +165,12 @@ int k_cuda_lin_qtile(struct k_cuda_linear *ctx, float *y, const float *x, const 
 		     const struct k_quant *q, int M, int N, int K, int accumulate);
 int k_cuda_lin_qtile_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
 			      int N, int K, char *buf, size_t len);
-/* The fp8 tile kernel on wgmma (linear_qwgmma.cu): setup sets ctx->qw_ok where the
+/* The quantized tile kernel on wgmma (linear_qwgmma.cu): setup sets ctx->qw_ok where the
  * device is compute capability 9.0 and the build has its sm_90a code (a probe launch),
  * and ctx->qw_bps, once at create; takes: whether it takes this call (qw_ok,
- * KDEC_LINEAR_QWG, fp8, M <= K_CUDA_LINEAR_Q_TILE_MAX_M, K % 64 == 0, scale columns
- * constant over 64 k); the launch and its plan, as k_cuda_lin_qtile's. */
+ * KDEC_LINEAR_QWG, M <= K_CUDA_LINEAR_Q_TILE_MAX_M; fp8: K % 64 == 0, scale columns
+ * constant over 64 k; int4: K % 128 == 0, groups a power of two >= 32); the launch and
+ * its plan, as k_cuda_lin_qtile's. */
 int k_cuda_lin_qwg_setup(struct k_cuda_linear *ctx);
 int k_cuda_lin_qwg_takes(const struct k_cuda_linear *ctx, const struct k_quant *q, int M, int N,
 			 int K);

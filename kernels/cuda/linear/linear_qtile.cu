@@ -1,5 +1,5 @@
 // The quantized-weight tile kernel for decode batches of 9..64 rows (W8A16 fp8, W4A16
-// int4; fp8 on compute capability 9.0 goes to the wgmma form, linear_qwgmma.cu, where
+// int4; on compute capability 9.0 both go to the wgmma form, linear_qwgmma.cu, where
 // k_cuda_lin_qwg_takes says): weight tiles stream from HBM through a cp.async pipeline in shared memory, each
 // warp dequantizes its fragments once for every x row, and K splits over CTAs whose
 // partial tiles the last CTA of each tile adds in split order.

@@ -1,9 +1,10 @@
-// The fp8 tile kernel on warpgroup tensor cores (wgmma, sm_90a) for decode batches of
-// 9..64 rows, W8A16: linear_qtile.cu's pipeline (cp.async stages carrying 64 bytes of
+// The quantized tile kernel on warpgroup tensor cores (wgmma, sm_90a) for decode batches
+// of 9..64 rows, W8A16 fp8 and W4A16 int4 (qw4_kernel, below): linear_qtile.cu's pipeline (cp.async stages carrying 64 bytes of
 // each weight row and the same k of every x row, weights issued before the PDL wait, K
 // split over CTAs whose partial tiles the last one adds in split order), with the
 // products on wgmma.mma_async instead of mma.sync. linear_qtile.cu's k_cuda_lin_qtile
-// hands it fp8 calls where the device runs it (KDEC_LINEAR_QWG).
+// hands it its calls where the device runs it (KDEC_LINEAR_QWG). The layout below is
+// fp8's; int4's differs where qw4_kernel's comments say.
 //
 // Why: the mma.sync tile kernel is bound by the tensor cores near its floor (its header:
 // ~0.5 m16n8k16 a clock per multiprocessor at M = 64 for fp8 at the HBM floor, about what
@@ -79,6 +80,21 @@ template <int NT, int WGS> struct qw_cfg {
 	static constexpr int STAGE = W_BYTES + X_BYTES;		// a multiple of QW_ALIGN
 	static constexpr int SMEM = QW_STAGES * STAGE + QW_ALIGN;
 	static_assert(STAGE % QW_ALIGN == 0 && W_BYTES % QW_ALIGN == 0, "swizzle alignment");
+	static_assert(SMEM <= 227 * 1024, "fits a multiprocessor");
+};
+
+// int4 (W4A16): a stage is 128 k, still 64 bytes a weight row; x is two 128-byte lines a
+// row (k 0..63, 64..127 of the stage), each its own 128B-swizzled tile of XROWS lines.
+// 4 stages at 128 rows (two CTAs a multiprocessor), 6 at 256.
+#define QW4_BK		128
+template <int NT, int WGS> struct qw4_cfg {
+	using B = qw_cfg<NT, WGS>;
+	static constexpr int STAGES = WGS == 2 ? 4 : 6;
+	static constexpr int AHEAD = STAGES - 1;
+	static constexpr int X_HALF = B::XROWS * 128;		// one line of 64 k a row
+	static constexpr int STAGE = B::W_BYTES + 2 * X_HALF;
+	static constexpr int SMEM = STAGES * STAGE + QW_ALIGN;
+	static_assert(STAGES % 2 == 0, "A register halves alternate with the stage's parity");
 	static_assert(SMEM <= 227 * 1024, "fits a multiprocessor");
 };
 
@@ -196,6 +212,46 @@ __global__ void __launch_bounds__(256) qw_x_kernel(uint16_t *xh, const float *x,
 	}
 }
 
+// int4: xh (M, K) f16 = x rounded, each 128-k slab permuted so that position 16 j + 8 hi
+// + 2 t + l (k16 step j = 2 q + h) holds k 32 t + 8 q + 2 h + hi + 4 l: the order in
+// which k_dq_i4x8 pairs a lane's nibbles (its word q, pair p: nibbles p and p + 4; step
+// 2 q + h takes pairs 2 h into slots 2 t, 2 t + 1 and 2 h + 1 into 2 t + 8, 2 t + 9). One
+// 16-byte unit a thread; K % 128 == 0.
+__global__ void __launch_bounds__(256) qw4_x_kernel(uint16_t *xh, const float *x, size_t units,
+						     int pdl)
+{
+	k_cuda_lin_inputs_ready(pdl);	// x is the previous kernel's output
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < units;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const int u = (int)(i & 15), j = u >> 1, hi = u & 1, q = j >> 1, h = j & 1;
+		const float *b = x + (i >> 4) * QW4_BK + 8 * q + 2 * h + hi;
+
+		((uint4 *)xh)[i] = make_uint4(qm_pack_h2(b[0], b[4]), qm_pack_h2(b[32], b[36]),
+					      qm_pack_h2(b[64], b[68]), qm_pack_h2(b[96], b[100]));
+	}
+}
+
+// int4: the x part of a stage, the permuted slab at k: unit u of row m in line u >> 3
+// (k16 steps 0..3, 4..7), 16-byte unit u & 7 of it swizzled as the fp8 form's.
+template <int NT, int WGS>
+static __device__ __forceinline__ void qw4_load_x(unsigned char *xs, const uint16_t *xh,
+						  const qf_args &a, int k, int kend, int tid)
+{
+	using C = qw_cfg<NT, WGS>;
+	constexpr int UNITS = C::XROWS * 16;
+
+#pragma unroll
+	for (int j = 0; j < (UNITS + C::THREADS - 1) / C::THREADS; j++) {
+		const int i = tid + j * C::THREADS, m = i >> 4, u = i & 15;
+		const bool ok = m < a.M && k < kend;
+
+		if (UNITS % C::THREADS == 0 || i < UNITS)
+			cp_async16(xs + (u >> 3) * qw4_cfg<NT, WGS>::X_HALF + m * 128 +
+					   (((u & 7) ^ (m & 7)) << 4),
+				   ok ? xh + (size_t)m * a.K + k + 8 * u : xh, ok);
+	}
+}
+
 // The x part of a stage: the permuted slab at k of x rows 0 .. XROWS - 1 (zeros past M
 // and past the slice), swizzled as the header says.
 template <int NT, int WGS>
@@ -214,6 +270,58 @@ static __device__ __forceinline__ void qw_load_x(unsigned char *xs, const uint16
 			cp_async16(xs + m * 128 + ((u ^ (m & 7)) << 4),
 				   ok ? xh + (size_t)m * a.K + k + 8 * u : xh, ok);
 	}
+}
+
+// The CTA's accumulators out (S == 1: into y directly; else its partial tile into the
+// workspace, then the sum as the kernels' headers say).
+template <int NT, int WGS>
+static __device__ __forceinline__ void qw_store(float *y, const float (&acc)[4 * NT],
+						const qf_args &a, float *ws, unsigned *cnt, int spread,
+						int n0, int ra, int rb)
+{
+	using C = qw_cfg<NT, WGS>;
+	const int tid = threadIdx.x, t = tid & 3, tile = blockIdx.x, S = gridDim.y, s = blockIdx.y;
+
+	if (S == 1) {
+#pragma unroll
+		for (int e = 0; e < C::ACC; e++) {
+			const int n = n0 + (e & 2 ? rb : ra), m = 8 * (e >> 2) + 2 * t + (e & 1);
+
+			if (m < a.M && n < a.N) {
+				float *p = y + (size_t)m * a.N + n;
+
+				*p = a.accumulate ? *p + acc[e] : acc[e];
+			}
+		}
+		return;
+	}
+	float *part = ws + ((size_t)tile * S + s) * C::XROWS * C::ROWS;
+
+#pragma unroll
+	for (int e = 0; e < C::ACC; e++) {
+		const int m = 8 * (e >> 2) + 2 * t + (e & 1);
+
+		if (m < a.M)
+			__stcg(part + m * C::ROWS + (e & 2 ? rb : ra), acc[e]);
+	}
+	const float *tp = ws + (size_t)tile * S * C::XROWS * C::ROWS;
+
+	if (spread) {	// every CTA resident: the S of a tile each sum 1/S of it
+		const int chunk = ((a.M * C::ROWS / 4 + S - 1) / S) * 4;
+		const int e0 = min(s * chunk, a.M * C::ROWS), e1 = min(e0 + chunk, a.M * C::ROWS);
+
+		lin_split_all(cnt, tile, S);
+		lin_split_sum4_span<C::ROWS, C::THREADS, 0>(y, tp, (size_t)C::XROWS * C::ROWS, a.M,
+							    a.N, n0, S, a.accumulate, tid, e0, e1);
+		lin_split_done(cnt, tile, S);
+		return;
+	}
+	if (!lin_split_last(cnt, tile, S))
+		return;
+	lin_split_sum4<C::ROWS, C::THREADS, 0>(y, tp, (size_t)C::XROWS * C::ROWS, a.M, a.N, n0, S,
+					       a.accumulate, tid);
+	if (tid == 0)
+		cnt[tile] = 0;
 }
 
 // grid (tiles, S): blockIdx.x the ROWS-row tile, blockIdx.y the K slice [s KC, s KC +
@@ -235,8 +343,7 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 	unsigned char *smem = (unsigned char *)(((uintptr_t)qw_smem_raw + QW_ALIGN - 1) &
 						~(uintptr_t)(QW_ALIGN - 1));
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-	const int tile = blockIdx.x, S = gridDim.y, s = blockIdx.y;
-	const int n0 = tile * C::ROWS, k0 = s * a.KC, kend = min(a.K, k0 + a.KC);
+	const int n0 = blockIdx.x * C::ROWS, k0 = blockIdx.y * a.KC, kend = min(a.K, k0 + a.KC);
 	const int nst = k0 < kend ? (kend - k0 + QW_BK - 1) / QW_BK : 0;
 	// the lane's two rows within the tile: row g and g + 8 of its warp's 16
 	const int ra = 16 * warp + g, rb = ra + 8;
@@ -353,46 +460,127 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 			acc[e] *= e & 2 ? sb : sa;
 	}
 
-	if (S == 1) {
+	qw_store<NT, WGS>(y, acc, a, ws, cnt, spread, n0, ra, rb);
+}
+
+// int4 (W4A16): grid, workspace and counters as qw_kernel; each lane's 32 k of a stage
+// are one group (a power of two >= 32 wide), whose scale multiplies the f16 values
+// before the MMA, as TILE scales them (k_dq_i4x8). A stage's eight wgmmas go in two
+// groups of four, each from its half of the lane's words (A registers of 16 words each,
+// alternating): converting a half waits only for the same half of the stage before,
+// so one wgmma group stays in flight. Needs K % 128 == 0, KC % 128 == 0.
+template <typename ST, int NT, int WGS>
+__global__ void __launch_bounds__(qw_cfg<NT, WGS>::THREADS, qw_cfg<NT, WGS>::MIN_BLOCKS)
+qw4_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
+	   const ST *__restrict__ scale, qf_args a, float *ws, unsigned *cnt, int spread)
+{
+	using C = qw_cfg<NT, WGS>;
+	using F = qw4_cfg<NT, WGS>;
+	extern __shared__ unsigned char qw_smem_raw[];
+	unsigned char *smem = (unsigned char *)(((uintptr_t)qw_smem_raw + QW_ALIGN - 1) &
+						~(uintptr_t)(QW_ALIGN - 1));
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+	const int n0 = blockIdx.x * C::ROWS, k0 = blockIdx.y * a.KC, kend = min(a.K, k0 + a.KC);
+	const int nst = k0 < kend ? (kend - k0 + QW4_BK - 1) / QW4_BK : 0;
+	const int ra = 16 * warp + g, rb = ra + 8;
+	const bool oka = n0 + ra < a.N, okb = n0 + rb < a.N;
+	const size_t srowa = (size_t)((oka ? n0 + ra : 0) / a.block_rows) * (size_t)a.scale_cols;
+	const size_t srowb = (size_t)((okb ? n0 + rb : 0) / a.block_rows) * (size_t)a.scale_cols;
+	float acc[C::ACC] = {};
+	uint32_t af[2][4][4];	// [half][k16 step of the half][register]
+	uint4 va, vb;		// the lane's 16 bytes of rows a, b of the stage to come
+	__half2 ha, hb;		// their group scales
+
 #pragma unroll
-		for (int e = 0; e < C::ACC; e++) {
-			const int n = n0 + (e & 2 ? rb : ra), m = 8 * (e >> 2) + 2 * t + (e & 1);
+	for (int i = 0; i < F::AHEAD; i++) {
+		if (i < nst)
+			qf_load_w64<C::ROWS, C::THREADS, true>(smem + i * F::STAGE, w, a, n0,
+								(k0 + i * QW4_BK) / 2, kend / 2, tid);
+		cp_async_commit();
+	}
+	k_cuda_lin_inputs_ready(a.pdl);	// x, y and the scales only from here on
+#pragma unroll
+	for (int i = 0; i < F::AHEAD; i++) {
+		if (i < nst)
+			qw4_load_x<NT, WGS>(smem + i * F::STAGE + C::W_BYTES, xh, a, k0 + i * QW4_BK,
+					    kend, tid);
+		cp_async_commit();
+	}
+	auto fetch = [&](const unsigned char *st, int k) {	// stage st's words and scales
+		const int kk = k + 32 * t;
 
-			if (m < a.M && n < a.N) {
-				float *p = y + (size_t)m * a.N + n;
+		va = *(const uint4 *)(st + ra * 64 + 16 * t);
+		vb = *(const uint4 *)(st + rb * 64 + 16 * t);
+		ha = __float2half2_rn(oka ? qm_scale(scale, srowa + (size_t)(kk >> a.bc_shift)) : 0.f);
+		hb = __float2half2_rn(okb ? qm_scale(scale, srowb + (size_t)(kk >> a.bc_shift)) : 0.f);
+	};
+	auto convert = [&](uint32_t (&f)[4][4], uint32_t wa0, uint32_t wa1, uint32_t wb0,
+			   uint32_t wb1) {	// words q = 2 half + 0, 1 -> steps 4 half + 0..3
+		const uint32_t wa[2] = { wa0, wa1 }, wb[2] = { wb0, wb1 };
 
-				*p = a.accumulate ? *p + acc[e] : acc[e];
+#pragma unroll
+		for (int q = 0; q < 2; q++) {
+			uint32_t fa[4], fb[4];
+
+			k_dq_i4x8(wa[q], ha, fa);
+			k_dq_i4x8(wb[q], hb, fb);
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				f[2 * q + h][0] = fa[2 * h];
+				f[2 * q + h][1] = fb[2 * h];
+				f[2 * q + h][2] = fa[2 * h + 1];
+				f[2 * q + h][3] = fb[2 * h + 1];
 			}
 		}
-		return;
-	}
-	float *part = ws + ((size_t)tile * S + s) * C::XROWS * C::ROWS;
+	};
 
+	cp_async_wait<F::AHEAD - 1>();
+	QW_ASM("fence.proxy.async.shared::cta;" ::: "memory");
+	__syncthreads();	// stage 0 visible
+	if (nst > 0)
+		fetch(smem, k0);
+	for (int i0 = 0; i0 < nst; i0 += F::STAGES) {
 #pragma unroll
-	for (int e = 0; e < C::ACC; e++) {
-		const int m = 8 * (e >> 2) + 2 * t + (e & 1);
+		for (int j = 0; j < F::STAGES; j++) {
+			const int i = i0 + j, nx = i + F::AHEAD;
+			const unsigned char *st = smem + j * F::STAGE;
+			const uint64_t xd = qw_desc((uint32_t)__cvta_generic_to_shared(st + C::W_BYTES));
 
-		if (m < a.M)
-			__stcg(part + m * C::ROWS + (e & 2 ? rb : ra), acc[e]);
+			if (i >= nst)
+				break;
+			qw_wait<1>();	// the stage before: its first half's wgmmas retired
+			convert(af[0], va.x, va.y, vb.x, vb.y);
+			qw_fence();
+#pragma unroll
+			for (int q = 0; q < 4; q++)	// k16 step q: 32 bytes into line 0
+				qw_mma<NT>::run(acc, af[0][q], xd + (uint64_t)(2 * q), 1);
+			qw_commit();
+			qw_wait<1>();	// ... and its second half's
+			convert(af[1], va.z, va.w, vb.z, vb.w);
+			qw_fence();
+#pragma unroll
+			for (int q = 0; q < 4; q++)	// steps 4..7: line 1
+				qw_mma<NT>::run(acc, af[1][q], xd + (uint64_t)((F::X_HALF >> 4) + 2 * q), 1);
+			qw_commit();
+			cp_async_wait<F::AHEAD - 2>();
+			QW_ASM("fence.proxy.async.shared::cta;" ::: "memory");
+			__syncthreads();	// stage i + 1 visible; stage i - 1's buffer free
+			if (nx < nst) {
+				unsigned char *sn = smem + ((j + F::AHEAD) % F::STAGES) * F::STAGE;
+
+				qf_load_w64<C::ROWS, C::THREADS, false>(sn, w, a, n0,
+									 (k0 + nx * QW4_BK) / 2,
+									 kend / 2, tid);
+				qw4_load_x<NT, WGS>(sn + C::W_BYTES, xh, a, k0 + nx * QW4_BK, kend, tid);
+			}
+			cp_async_commit();
+			if (i + 1 < nst)
+				fetch(smem + ((j + 1) % F::STAGES) * F::STAGE, k0 + (i + 1) * QW4_BK);
+		}
 	}
-	const float *tp = ws + (size_t)tile * S * C::XROWS * C::ROWS;
-
-	if (spread) {	// every CTA resident: the S of a tile each sum 1/S of it
-		const int chunk = ((a.M * C::ROWS / 4 + S - 1) / S) * 4;
-		const int e0 = min(s * chunk, a.M * C::ROWS), e1 = min(e0 + chunk, a.M * C::ROWS);
-
-		lin_split_all(cnt, tile, S);
-		lin_split_sum4_span<C::ROWS, C::THREADS, 0>(y, tp, (size_t)C::XROWS * C::ROWS, a.M,
-							    a.N, n0, S, a.accumulate, tid, e0, e1);
-		lin_split_done(cnt, tile, S);
-		return;
-	}
-	if (!lin_split_last(cnt, tile, S))
-		return;
-	lin_split_sum4<C::ROWS, C::THREADS, 0>(y, tp, (size_t)C::XROWS * C::ROWS, a.M, a.N, n0, S,
-					       a.accumulate, tid);
-	if (tid == 0)
-		cnt[tile] = 0;
+	qw_wait<0>();
+	cp_async_wait<0>();
+	qw_store<NT, WGS>(y, acc, a, ws, cnt, spread, n0, ra, rb);
 }
 
 // ---- launchers --------------------------------------------------------------------------
@@ -451,12 +639,12 @@ struct qw_plan {
 // The plan with split S and its modelled cost (a multiprocessor's CTAs x (stages a slice
 // + overhead), CTAs resident at once counted as parallel); false where S gives no plan of
 // its own or the split's partials overflow the workspace.
-static bool qw_plan_at(const struct k_cuda_linear *ctx, int M, int N, int K, int wgs, int S,
-		       struct qw_plan *p, long *cost)
+static bool qw_plan_at(const struct k_cuda_linear *ctx, int fi, int M, int N, int K, int wgs,
+		       int S, struct qw_plan *p, long *cost)
 {
-	const int ni = qw_nt_index(M), rows = 64 * wgs, nst = K / QW_BK;
+	const int bk = fi ? QW4_BK : QW_BK, ni = qw_nt_index(M), rows = 64 * wgs, nst = K / bk;
 	const int tiles = (N + rows - 1) / rows;
-	const int bps = ctx->qw_bps[ni][wgs == 4] > 0 ? ctx->qw_bps[ni][wgs == 4] : 1;
+	const int bps = ctx->qw_bps[fi][ni][wgs == 4] > 0 ? ctx->qw_bps[fi][ni][wgs == 4] : 1;
 	const long n_sm = ctx->n_sm > 0 ? ctx->n_sm : 1;
 	const long part = (long)(16 << ni) * rows;	// floats a CTA's partial tile: XROWS x rows
 	int kb;
@@ -472,17 +660,25 @@ static bool qw_plan_at(const struct k_cuda_linear *ctx, int M, int N, int K, int
 	per_sm = (units + n_sm - 1) / n_sm;
 	waves = (per_sm + bps - 1) / bps;
 	*cost = waves * (kb + QW_CTA_OVERHEAD) * bps;
-	*p = qw_plan{ 2 << ni, wgs, tiles, S, kb * QW_BK, (int)per_sm, S > 1 && per_sm <= bps };
+	*p = qw_plan{ 2 << ni, wgs, tiles, S, kb * bk, (int)per_sm, S > 1 && per_sm <= bps };
 	return true;
 }
 
-static void qw_make_plan(const struct k_cuda_linear *ctx, int M, int N, int K, struct qw_plan *p)
+// The format index of the kernel's tables: 0 fp8, 1 int4.
+static int qw_fi(const struct k_quant *q)
+{
+	return q->fmt == K_Q_INT4;
+}
+
+static void qw_make_plan(const struct k_cuda_linear *ctx, int fi, int M, int N, int K,
+			 struct qw_plan *p)
 {
 	long best = -1, cost;
 	struct qw_plan c;
 
 	for (int S = 1; S <= LIN_ST_MAX_SPLIT; S++)
-		if (qw_plan_at(ctx, M, N, K, qw_wgs(M), S, &c, &cost) && (best < 0 || cost < best)) {
+		if (qw_plan_at(ctx, fi, M, N, K, qw_wgs(M), S, &c, &cost) &&
+		    (best < 0 || cost < best)) {
 			best = cost;
 			*p = c;
 		}
@@ -494,70 +690,93 @@ static void qw_ctx_plan(const struct k_cuda_linear *ctx, const struct k_quant *q
 	const int c = k_cuda_lin_split_find(ctx, qw_split_key(), q, M, N, K);
 	long cost;
 
-	if (!c || !qw_plan_at(ctx, M, N, K, qw_candidate_wgs(M, c), (c - 1) % LIN_ST_MAX_SPLIT + 1,
-			      p, &cost))
-		qw_make_plan(ctx, M, N, K, p);
+	if (!c || !qw_plan_at(ctx, qw_fi(q), M, N, K, qw_candidate_wgs(M, c),
+			      (c - 1) % LIN_ST_MAX_SPLIT + 1, p, &cost))
+		qw_make_plan(ctx, qw_fi(q), M, N, K, p);
 }
 
-template <typename ST, bool PC, int NT, int WGS>
+// The kernels by variant: 0 fp8 with block scales, 1 fp8 with one scale column, 2 int4.
+template <typename ST, int VAR, int NT, int WGS> struct qw_var {
+	static constexpr int SMEM = VAR == 2 ? qw4_cfg<NT, WGS>::SMEM : qw_cfg<NT, WGS>::SMEM;
+	static constexpr int UNIT = VAR == 2 ? 32 : QW_BK;	// qm_bc_shift's unit
+	typedef void (*fn_t)(float *, const uint16_t *, const uint8_t *, const ST *, qf_args,
+			     float *, unsigned *, int);
+	static fn_t fn()
+	{
+		if constexpr (VAR == 2)
+			return qw4_kernel<ST, NT, WGS>;
+		else
+			return qw_kernel<ST, VAR == 1, NT, WGS>;
+	}
+};
+
+template <typename ST, int VAR, int NT, int WGS>
 static int qw_launch(const struct k_cuda_linear *ctx, const struct qw_plan *p, float *y,
 		     const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
 {
+	using V = qw_var<ST, VAR, NT, WGS>;
 	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[1] = {};
-	const qf_args a = qf_make_args(q, M, N, K, p->KS, QW_BK, accumulate, ctx->pdl);
+	const qf_args a = qf_make_args(q, M, N, K, p->KS, V::UNIT, accumulate, ctx->pdl);
 
 	cfg.gridDim = dim3(p->tiles, p->S, 1);
 	cfg.blockDim = dim3(qw_cfg<NT, WGS>::THREADS, 1, 1);
-	cfg.dynamicSmemBytes = qw_cfg<NT, WGS>::SMEM;
+	cfg.dynamicSmemBytes = V::SMEM;
 	cfg.stream = ctx->stream;
 	cfg.attrs = attr;
 	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
-	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qw_kernel<ST, PC, NT, WGS>, y,
-						     (const uint16_t *)ctx->xb, (const uint8_t *)w,
-						     (const ST *)q->scale, a, ctx->st_ws, ctx->st_cnt,
-						     p->spread));
+	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, V::fn(), y, (const uint16_t *)ctx->xb,
+						     (const uint8_t *)w, (const ST *)q->scale, a,
+						     ctx->st_ws, ctx->st_cnt, p->spread));
 }
 
-template <typename ST, bool PC, int WGS>
+template <typename ST, int VAR, int WGS>
 static int qw_dispatch_nt(const struct k_cuda_linear *ctx, const struct qw_plan *p, float *y,
 			  const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
 {
 	switch (p->nt) {
-	case 2: return qw_launch<ST, PC, 2, WGS>(ctx, p, y, w, q, M, N, K, accumulate);
-	case 4: return qw_launch<ST, PC, 4, WGS>(ctx, p, y, w, q, M, N, K, accumulate);
-	default: return qw_launch<ST, PC, 8, WGS>(ctx, p, y, w, q, M, N, K, accumulate);
+	case 2: return qw_launch<ST, VAR, 2, WGS>(ctx, p, y, w, q, M, N, K, accumulate);
+	case 4: return qw_launch<ST, VAR, 4, WGS>(ctx, p, y, w, q, M, N, K, accumulate);
+	default: return qw_launch<ST, VAR, 8, WGS>(ctx, p, y, w, q, M, N, K, accumulate);
 	}
 }
 
-template <typename ST, bool PC>
+template <typename ST, int VAR>
 static int qw_dispatch_wgs(const struct k_cuda_linear *ctx, const struct qw_plan *p, float *y,
 			   const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
 {
-	return p->wgs == 4 ? qw_dispatch_nt<ST, PC, 4>(ctx, p, y, w, q, M, N, K, accumulate)
-			   : qw_dispatch_nt<ST, PC, 2>(ctx, p, y, w, q, M, N, K, accumulate);
+	return p->wgs == 4 ? qw_dispatch_nt<ST, VAR, 4>(ctx, p, y, w, q, M, N, K, accumulate)
+			   : qw_dispatch_nt<ST, VAR, 2>(ctx, p, y, w, q, M, N, K, accumulate);
+}
+
+template <typename ST>
+static int qw_dispatch_var(const struct k_cuda_linear *ctx, const struct qw_plan *p, float *y,
+			   const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
+{
+	if (q->fmt == K_Q_INT4)
+		return qw_dispatch_wgs<ST, 2>(ctx, p, y, w, q, M, N, K, accumulate);
+	if (qm_bc_shift(q, K, QW_BK) == 31)	// one scale column
+		return qw_dispatch_wgs<ST, 1>(ctx, p, y, w, q, M, N, K, accumulate);
+	return qw_dispatch_wgs<ST, 0>(ctx, p, y, w, q, M, N, K, accumulate);
 }
 
 static int qw_run(const struct k_cuda_linear *ctx, const struct qw_plan *p, float *y,
 		  const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
 {
-	const bool pc = qm_bc_shift(q, K, QW_BK) == 31;	// one scale column
-
-	if (q->scale_dtype == K_F16)
-		return pc ? qw_dispatch_wgs<__half, true>(ctx, p, y, w, q, M, N, K, accumulate)
-			  : qw_dispatch_wgs<__half, false>(ctx, p, y, w, q, M, N, K, accumulate);
-	return pc ? qw_dispatch_wgs<float, true>(ctx, p, y, w, q, M, N, K, accumulate)
-		  : qw_dispatch_wgs<float, false>(ctx, p, y, w, q, M, N, K, accumulate);
+	return q->scale_dtype == K_F16
+		       ? qw_dispatch_var<__half>(ctx, p, y, w, q, M, N, K, accumulate)
+		       : qw_dispatch_var<float>(ctx, p, y, w, q, M, N, K, accumulate);
 }
 
 // x (M, K) rounded to f16 and permuted into the context's scratch.
-static int qw_x_launch(const struct k_cuda_linear *ctx, const float *x, int M, int K)
+static int qw_x_launch(const struct k_cuda_linear *ctx, const float *x, int M, int K, bool int4)
 {
 	const size_t units = (size_t)M * K / 8;
 	cudaLaunchAttribute attr[1] = {};
 	const cudaLaunchConfig_t cfg = k_cuda_lin_stage_cfg(ctx, units, attr);
 
-	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qw_x_kernel, ctx->xb, x, units, ctx->pdl));
+	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, int4 ? qw4_x_kernel : qw_x_kernel, ctx->xb,
+						     x, units, ctx->pdl));
 }
 
 struct qw_call {
@@ -573,7 +792,7 @@ static int qw_enqueue(const struct k_cuda_linear *ctx, void *arg, int cand, floa
 	struct qw_plan p = {};
 	long cost;
 
-	if (!qw_plan_at(ctx, c->M, c->N, c->K, qw_candidate_wgs(c->M, cand),
+	if (!qw_plan_at(ctx, qw_fi(c->q), c->M, c->N, c->K, qw_candidate_wgs(c->M, cand),
 			(cand - 1) % LIN_ST_MAX_SPLIT + 1, &p, &cost))
 		return -EINVAL;
 	return qw_run(ctx, &p, ys, c->w, c->q, c->M, c->N, c->K, 0);
@@ -582,9 +801,12 @@ static int qw_enqueue(const struct k_cuda_linear *ctx, void *arg, int cand, floa
 int k_cuda_lin_qwg_takes(const struct k_cuda_linear *ctx, const struct k_quant *q,
 			 int M, int N, int K)
 {
-	return ctx->qw_ok && k_cuda_tuning()->linear_qwg && q && q->fmt == K_Q_FP8 && M >= 1 &&
-	       M <= K_CUDA_LINEAR_Q_TILE_MAX_M && N >= 1 && K >= QW_BK && K % QW_BK == 0 &&
-	       qm_bc_shift(q, K, QW_BK) >= 0;
+	const int bk = q && q->fmt == K_Q_INT4 ? QW4_BK : QW_BK;
+
+	return ctx->qw_ok && k_cuda_tuning()->linear_qwg && q &&
+	       (q->fmt == K_Q_FP8 || q->fmt == K_Q_INT4) && M >= 1 &&
+	       M <= K_CUDA_LINEAR_Q_TILE_MAX_M && N >= 1 && K >= bk && K % bk == 0 &&
+	       qm_bc_shift(q, K, q->fmt == K_Q_INT4 ? 32 : QW_BK) >= 0;
 }
 
 int k_cuda_lin_qwg(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
@@ -596,16 +818,19 @@ int k_cuda_lin_qwg(struct k_cuda_linear *ctx, float *y, const float *x, const vo
 
 	if (!k_cuda_lin_qwg_takes(ctx, q, M, N, K) || M > ctx->max_M || K > ctx->max_K)
 		return -EINVAL;
-	if ((ret = qw_x_launch(ctx, x, M, K)))
+	if ((ret = qw_x_launch(ctx, x, M, K, q->fmt == K_Q_INT4)))
 		return ret;
 	if (k_cuda_lin_split_wanted(ctx, key, q, M, N, K)) {
 		const struct qw_call c = { w, q, M, N, K };
 
-		qw_make_plan(ctx, M, N, K, &p);
+		qw_make_plan(ctx, qw_fi(q), M, N, K, &p);
 		// the model's plan is candidate S (default rows)
 		k_cuda_lin_split_keep(ctx, key, q, M, N, K,
-				      k_cuda_lin_split_tune(ctx, "qwgmma fp8 (S1..8 default rows, "
-								 "S9..16 the other)",
+				      k_cuda_lin_split_tune(ctx, q->fmt == K_Q_INT4
+									 ? "qwgmma int4 (S1..8 default rows, "
+									   "S9..16 the other)"
+									 : "qwgmma fp8 (S1..8 default rows, "
+									   "S9..16 the other)",
 							    M, N, K, QW_CANDIDATES(qw_rows_free()),
 							    p.S, qw_enqueue, (void *)&c));
 	}
@@ -622,47 +847,55 @@ int k_cuda_lin_qwg_describe(const struct k_cuda_linear *ctx, const struct k_quan
 	qw_ctx_plan(ctx, q, mc, N, K, &p);
 	return snprintf(buf, len, "qwgmma rows=%d nt=%d grid=%dx%d k/slice=%d ctas/sm=%d (%d resident)%s",
 			64 * p.wgs, p.nt, p.tiles, p.S, p.KS, p.per_sm,
-			ctx->qw_bps[qw_nt_index(mc)][p.wgs == 4], p.spread ? " spread" : "");
+			ctx->qw_bps[qw_fi(q)][qw_nt_index(mc)][p.wgs == 4], p.spread ? " spread" : "");
 }
 
-template <typename ST, bool PC, int NT, int WGS> static int qw_setup_one(struct k_cuda_linear *ctx, int ni)
+template <typename ST, int VAR, int NT, int WGS>
+static int qw_setup_one(struct k_cuda_linear *ctx, int ni)
 {
-	using C = qw_cfg<NT, WGS>;
+	using V = qw_var<ST, VAR, NT, WGS>;
+	const int fi = VAR == 2, threads = qw_cfg<NT, WGS>::THREADS;
 	int bps = 0, ret;
 
-	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qw_kernel<ST, PC, NT, WGS>,
-				cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM));
+	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(V::fn(),
+				cudaFuncAttributeMaxDynamicSharedMemorySize, V::SMEM));
 	if (!ret)
-		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps,
-					qw_kernel<ST, PC, NT, WGS>, C::THREADS, C::SMEM));
+		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, V::fn(),
+					threads, V::SMEM));
 	if (ret)
 		return ret;
 	if (bps < 1) {
-		k_cuda_log("cuda: fp8 wgmma tile kernel (nt %d, %d rows, %d bytes of shared memory) "
-			   "fits no multiprocessor of device %d", NT, C::ROWS, C::SMEM, ctx->dev);
+		k_cuda_log("cuda: %s wgmma tile kernel (nt %d, %d rows, %d bytes of shared memory) "
+			   "fits no multiprocessor of device %d", fi ? "int4" : "fp8", NT, 64 * WGS,
+			   V::SMEM, ctx->dev);
 		return -EIO;
 	}
-	if (ctx->qw_bps[ni][WGS == 4] == 0 || bps < ctx->qw_bps[ni][WGS == 4])
-		ctx->qw_bps[ni][WGS == 4] = bps;
+	if (ctx->qw_bps[fi][ni][WGS == 4] == 0 || bps < ctx->qw_bps[fi][ni][WGS == 4])
+		ctx->qw_bps[fi][ni][WGS == 4] = bps;
 	return 0;
 }
 
-template <typename ST, bool PC, int WGS> static int qw_setup_wgs(struct k_cuda_linear *ctx)
+template <typename ST, int VAR, int WGS> static int qw_setup_wgs(struct k_cuda_linear *ctx)
 {
-	int ret = qw_setup_one<ST, PC, 2, WGS>(ctx, 0);
+	int ret = qw_setup_one<ST, VAR, 2, WGS>(ctx, 0);
 
 	if (!ret)
-		ret = qw_setup_one<ST, PC, 4, WGS>(ctx, 1);
+		ret = qw_setup_one<ST, VAR, 4, WGS>(ctx, 1);
 	if (!ret)
-		ret = qw_setup_one<ST, PC, 8, WGS>(ctx, 2);
+		ret = qw_setup_one<ST, VAR, 8, WGS>(ctx, 2);
 	return ret;
 }
 
-template <typename ST, bool PC> static int qw_setup_pc(struct k_cuda_linear *ctx)
+template <typename ST> static int qw_setup_st(struct k_cuda_linear *ctx)
 {
-	int ret = qw_setup_wgs<ST, PC, 2>(ctx);
+	int ret = 0;
 
-	return ret ? ret : qw_setup_wgs<ST, PC, 4>(ctx);
+	ret = ret ? ret : qw_setup_wgs<ST, 0, 2>(ctx);
+	ret = ret ? ret : qw_setup_wgs<ST, 0, 4>(ctx);
+	ret = ret ? ret : qw_setup_wgs<ST, 1, 2>(ctx);
+	ret = ret ? ret : qw_setup_wgs<ST, 1, 4>(ctx);
+	ret = ret ? ret : qw_setup_wgs<ST, 2, 2>(ctx);
+	return ret ? ret : qw_setup_wgs<ST, 2, 4>(ctx);
 }
 
 int k_cuda_lin_qwg_setup(struct k_cuda_linear *ctx)
@@ -689,13 +922,9 @@ int k_cuda_lin_qwg_setup(struct k_cuda_linear *ctx)
 	cudaFree(ok);
 	if (ret || !have)
 		return ret;
-	ret = qw_setup_pc<float, false>(ctx);
+	ret = qw_setup_st<float>(ctx);
 	if (!ret)
-		ret = qw_setup_pc<float, true>(ctx);
-	if (!ret)
-		ret = qw_setup_pc<__half, false>(ctx);
-	if (!ret)
-		ret = qw_setup_pc<__half, true>(ctx);
+		ret = qw_setup_st<__half>(ctx);
 	ctx->qw_ok = !ret;
 	return ret;
 }
