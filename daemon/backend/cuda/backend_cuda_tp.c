@@ -155,6 +155,10 @@ int cuda_tp_comm_create(struct backend *const *ranks, int n, int max_rows, int w
 			ret = CUDA_CHECK(b, cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming));
 	}
 	c->kind = backend_tp_graph_kind(devs, n);
+	for (int r = 0; r < n; r++)	/* ranks sharing a GPU run at once: no co-residency */
+		for (int o = 0; o < n; o++)
+			if (o != r && devs[o] == devs[r])
+				k_cuda_linear_set_shared(cuda_of(ranks[r])->lin, 1);
 	if (!ret)	/* the caller's thread: rank 0's GPU current again */
 		ret = CUDA_CHECK(cuda_of(ranks[0]), cudaSetDevice(cuda_of(ranks[0])->dev));
 	if (ret) {

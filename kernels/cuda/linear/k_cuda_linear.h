@@ -44,6 +44,13 @@ struct k_cuda_linear;
 int k_cuda_linear_create(struct k_cuda_linear **out, cudaStream_t stream, int max_M, int max_K);
 void k_cuda_linear_destroy(struct k_cuda_linear *ctx);	/* accepts NULL */
 
+/* shared = 1: other contexts' kernels may run on this device at the same time (virtual
+ * tensor-parallel ranks on one GPU, their steps in one graph), so no launch may count
+ * on all its CTAs being resident at once: the wgmma tile kernel then leaves a split's
+ * sum to the last CTA of each tile instead of spreading it over the tile's CTAs, which
+ * wait for each other. Default 0. */
+void k_cuda_linear_set_shared(struct k_cuda_linear *ctx, int shared);
+
 /* y (M, N) fp32 = x (M, K) fp32 @ w^T, w (N, K) bf16 row-major; with accumulate = 1,
  * y += x @ w^T instead (y is read only then). All three in device memory; y must not
  * overlap x or w. Queued on the context's stream; returns 0, -EINVAL (sizes, NULL,

@@ -223,6 +223,12 @@ err:
 	return ret;
 }
 
+extern "C" void k_cuda_linear_set_shared(struct k_cuda_linear *ctx, int shared)
+{
+	if (ctx)
+		ctx->shared = shared != 0;
+}
+
 // ---- launchers --------------------------------------------------------------
 
 // x rounded to bf16 into the scratch, then y^T (N, M) = w (K, N col-major)^T x^T (K, M):

@@ -66,6 +66,7 @@ struct k_cuda_linear {
 	int qt_bps[2][3];
 	int qg_bps;			/* quantized M <= 8 GEMV CTAs per multiprocessor (registers) */
 	int qw_ok;			/* the wgmma tile kernel runs on this device */
+	int shared;			/* k_cuda_linear_set_shared: no CTA waits for another */
 	/* its CTAs resident per multiprocessor: [fp8, int4][M <= 16, 32, 64][128, 256 rows] */
 	int qw_bps[2][3][2];
 	int qg_smem_sm;			/* shared memory of a multiprocessor, bytes */

@@ -660,7 +660,8 @@ static bool qw_plan_at(const struct k_cuda_linear *ctx, int fi, int M, int N, in
 	per_sm = (units + n_sm - 1) / n_sm;
 	waves = (per_sm + bps - 1) / bps;
 	*cost = waves * (kb + QW_CTA_OVERHEAD) * bps;
-	*p = qw_plan{ 2 << ni, wgs, tiles, S, kb * bk, (int)per_sm, S > 1 && per_sm <= bps };
+	*p = qw_plan{ 2 << ni, wgs, tiles, S, kb * bk, (int)per_sm,
+		      S > 1 && per_sm <= bps && !ctx->shared };
 	return true;
 }
 
