@@ -1,10 +1,11 @@
 // The quantized tile kernel on warpgroup tensor cores (wgmma, sm_90a) for decode batches
-// of 9..64 rows, W8A16 fp8 and W4A16 int4 (qw4_kernel, below): linear_qtile.cu's pipeline (cp.async stages carrying 64 bytes of
-// each weight row and the same k of every x row, weights issued before the PDL wait, K
-// split over CTAs whose partial tiles the last one adds in split order), with the
-// products on wgmma.mma_async instead of mma.sync. linear_qtile.cu's k_cuda_lin_qtile
-// hands it its calls where the device runs it (KDEC_LINEAR_QWG). The layout below is
-// fp8's; int4's differs where qw4_kernel's comments say.
+// of 9..64 rows, W8A16 fp8 and W4A16 int4 (qw4_kernel, below): linear_qtile.cu's
+// pipeline (cp.async stages carrying 64 bytes of each weight row and the same k of every
+// x row, weights issued before the PDL wait, K split over CTAs whose partial tiles are
+// added in split order), with the products on wgmma.mma_async instead of mma.sync.
+// linear_qtile.cu's k_cuda_lin_qtile hands it its calls where the device runs it
+// (KDEC_LINEAR_QWG). The layout below is fp8's; int4's differs where qw4_kernel's
+// comments say.
 //
 // Why: the mma.sync tile kernel is bound by the tensor cores near its floor (its header:
 // ~0.5 m16n8k16 a clock per multiprocessor at M = 64 for fp8 at the HBM floor, about what
@@ -107,43 +108,27 @@ __global__ void __launch_bounds__(256) qw4_x_kernel(uint16_t *xh, const float *x
 	}
 }
 
-// int4: the x part of a stage, the permuted slab at k: unit u of row m in line u >> 3
-// (k16 steps 0..3, 4..7), 16-byte unit u & 7 of it swizzled as the fp8 form's.
-template <int NT, int WGS>
-static __device__ __forceinline__ void qw4_load_x(unsigned char *xs, const uint16_t *xh,
-						  const qf_args &a, int k, int kend, int tid)
-{
-	using C = qw_cfg<NT, WGS>;
-	constexpr int UNITS = C::XROWS * 16;
-
-#pragma unroll
-	for (int j = 0; j < (UNITS + C::THREADS - 1) / C::THREADS; j++) {
-		const int i = tid + j * C::THREADS, m = i >> 4, u = i & 15;
-		const bool ok = m < a.M && k < kend;
-
-		if (UNITS % C::THREADS == 0 || i < UNITS)
-			cp_async16(xs + (u >> 3) * qw4_cfg<NT, WGS>::X_HALF + m * 128 +
-					   (((u & 7) ^ (m & 7)) << 4),
-				   ok ? xh + (size_t)m * a.K + k + 8 * u : xh, ok);
-	}
-}
-
 // The x part of a stage: the permuted slab at k of x rows 0 .. XROWS - 1 (zeros past M
-// and past the slice), swizzled as the header says.
-template <int NT, int WGS>
+// and past the slice), LINES 128-byte lines a row (fp8 1: 64 k; int4 2: k16 steps 0..3,
+// 4..7), each line its own tile of XROWS lines swizzled as the header says: unit u of row
+// m in line u >> 3, at 16-byte unit (u & 7) ^ (m & 7) of it.
+template <int NT, int WGS, int LINES>
 static __device__ __forceinline__ void qw_load_x(unsigned char *xs, const uint16_t *xh,
 						 const qf_args &a, int k, int kend, int tid)
 {
 	using C = qw_cfg<NT, WGS>;
-	constexpr int UNITS = C::XROWS * 8;
+	constexpr int SH = LINES == 2 ? 4 : 3, UPR = 1 << SH, UNITS = C::XROWS * UPR;	// units a row
+
+	static_assert(LINES == 1 || LINES == 2, "one or two lines a row");
 
 #pragma unroll
 	for (int j = 0; j < (UNITS + C::THREADS - 1) / C::THREADS; j++) {
-		const int i = tid + j * C::THREADS, m = i >> 3, u = i & 7;
+		const int i = tid + j * C::THREADS, m = i >> SH, u = i & (UPR - 1);
 		const bool ok = m < a.M && k < kend;
 
 		if (UNITS % C::THREADS == 0 || i < UNITS)
-			cp_async16(xs + m * 128 + ((u ^ (m & 7)) << 4),
+			cp_async16(xs + (u >> 3) * (C::XROWS * 128) + m * 128 +
+					   (((u & 7) ^ (m & 7)) << 4),
 				   ok ? xh + (size_t)m * a.K + k + 8 * u : xh, ok);
 	}
 }
@@ -196,7 +181,7 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 #pragma unroll
 	for (int i = 0; i < QW_AHEAD; i++) {
 		if (i < nst)
-			qw_load_x<NT, WGS>(smem + i * C::STAGE + C::W_BYTES, xh, a, k0 + i * QW_BK,
+			qw_load_x<NT, WGS, 1>(smem + i * C::STAGE + C::W_BYTES, xh, a, k0 + i * QW_BK,
 					   kend, tid);
 		cp_async_commit();
 	}
@@ -256,7 +241,7 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 
 				qf_load_w64<C::ROWS, C::THREADS, false>(sn, w, a, n0, k0 + nx * QW_BK,
 									 kend, tid);
-				qw_load_x<NT, WGS>(sn + C::W_BYTES, xh, a, k0 + nx * QW_BK, kend, tid);
+				qw_load_x<NT, WGS, 1>(sn + C::W_BYTES, xh, a, k0 + nx * QW_BK, kend, tid);
 			}
 			cp_async_commit();
 			if (i + 1 < nst)
@@ -326,7 +311,7 @@ qw4_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 #pragma unroll
 	for (int i = 0; i < F::AHEAD; i++) {
 		if (i < nst)
-			qw4_load_x<NT, WGS>(smem + i * F::STAGE + C::W_BYTES, xh, a, k0 + i * QW4_BK,
+			qw_load_x<NT, WGS, 2>(smem + i * F::STAGE + C::W_BYTES, xh, a, k0 + i * QW4_BK,
 					    kend, tid);
 		cp_async_commit();
 	}
@@ -395,7 +380,7 @@ qw4_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 				qf_load_w64<C::ROWS, C::THREADS, false>(sn, w, a, n0,
 									 (k0 + nx * QW4_BK) / 2,
 									 kend / 2, tid);
-				qw4_load_x<NT, WGS>(sn + C::W_BYTES, xh, a, k0 + nx * QW4_BK, kend, tid);
+				qw_load_x<NT, WGS, 2>(sn + C::W_BYTES, xh, a, k0 + nx * QW4_BK, kend, tid);
 			}
 			cp_async_commit();
 			if (i + 1 < nst)
