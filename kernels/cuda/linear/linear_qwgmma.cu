@@ -525,9 +525,21 @@ static int qw_launch(const struct k_cuda_linear *ctx, const struct qw_plan *p, f
 		     const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
 {
 	using V = qw_var<ST, VAR, NT, WGS>;
+	using C = qw_cfg<NT, WGS>;
 	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[1] = {};
 	const qf_args a = qf_make_args(q, M, N, K, p->KS, V::UNIT, accumulate, ctx->pdl);
+	const size_t part_floats = (size_t)p->tiles * p->S * C::XROWS * C::ROWS;
+
+	// the plan keeps a split's partial tiles inside the workspace; a launch past it would
+	// write over whatever follows, so none is made
+	if (p->S > 1 && (part_floats > (size_t)LIN_ST_MAX_UNITS * LIN_ST_MAX_M * 128 ||
+			 p->tiles > LIN_ST_MAX_UNITS)) {
+		k_cuda_log("cuda: wgmma tile kernel: %d tiles x split %d of %d x %d partials exceed "
+			   "the %d-unit workspace on device %d", p->tiles, p->S, C::XROWS, C::ROWS,
+			   LIN_ST_MAX_UNITS, ctx->dev);
+		return -EINVAL;
+	}
 
 	cfg.gridDim = dim3(p->tiles, p->S, 1);
 	cfg.blockDim = dim3(qw_cfg<NT, WGS>::THREADS, 1, 1);
