@@ -133,6 +133,56 @@ static __device__ __forceinline__ void qw_load_x(unsigned char *xs, const uint16
 	}
 }
 
+// A kernel's prologue: the weights of its first AHEAD stages (of BK k, VPB values a
+// byte, STAGE bytes apart) issued before the PDL wait, which they do not need, then the
+// wait, then those stages' x (LINES lines a row): one cp.async group each, W0.. X0.. .
+template <int NT, int WGS, int LINES, int AHEAD, int STAGE, int BK, int VPB>
+static __device__ __forceinline__ void qw_prologue(unsigned char *smem, const uint8_t *w,
+						   const uint16_t *xh, const qf_args &a, int n0,
+						   int k0, int kend, int nst, int tid)
+{
+	using C = qw_cfg<NT, WGS>;
+
+#pragma unroll
+	for (int i = 0; i < AHEAD; i++) {
+		if (i < nst)
+			qf_load_w64<C::ROWS, C::THREADS, true>(smem + i * STAGE, w, a, n0,
+								(k0 + i * BK) / VPB, kend / VPB, tid);
+		cp_async_commit();
+	}
+	k_cuda_lin_inputs_ready(a.pdl);	// x, y and the scales only from here on
+#pragma unroll
+	for (int i = 0; i < AHEAD; i++) {
+		if (i < nst)
+			qw_load_x<NT, WGS, LINES>(smem + i * STAGE + C::W_BYTES, xh, a, k0 + i * BK,
+						  kend, tid);
+		cp_async_commit();
+	}
+}
+
+// A lane's two weight rows within the tile (rows g and g + 8 of its warp's 16; the
+// accumulators' and the A registers' rows) and their scales: scale(k, b) is row a's (b 0)
+// or row b's (b 1) scale of the column holding k, 0 past N (L1 hits after the first: a
+// column spans 32 k or more and its block's rows).
+template <typename ST> struct qw_lane_rows {
+	int ra, rb;
+	bool oka, okb;
+	size_t srowa, srowb;	// the rows' first scales
+
+	__device__ __forceinline__ qw_lane_rows(const qf_args &a, int n0, int warp, int g)
+		: ra(16 * warp + g), rb(16 * warp + g + 8), oka(n0 + ra < a.N), okb(n0 + rb < a.N),
+		  srowa((size_t)((oka ? n0 + ra : 0) / a.block_rows) * (size_t)a.scale_cols),
+		  srowb((size_t)((okb ? n0 + rb : 0) / a.block_rows) * (size_t)a.scale_cols)
+	{
+	}
+
+	__device__ __forceinline__ float scale(const ST *sc, const qf_args &a, int k, int b) const
+	{
+		return (b ? okb : oka) ? qm_scale(sc, (b ? srowb : srowa) + (size_t)(k >> a.bc_shift))
+				       : 0.f;
+	}
+};
+
 // grid (tiles, S): blockIdx.x the ROWS-row tile, blockIdx.y the K slice [s KC, s KC +
 // KC). xh: x (M, K) in f16 as qw_x_kernel wrote it; ws: (tiles * S, XROWS, ROWS) fp32
 // partials; cnt: (tiles) arrival counters, zero between launches; spread: every CTA of
@@ -154,37 +204,13 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 	const int n0 = blockIdx.x * C::ROWS, k0 = blockIdx.y * a.KC, kend = min(a.K, k0 + a.KC);
 	const int nst = k0 < kend ? (kend - k0 + QW_BK - 1) / QW_BK : 0;
-	// the lane's two rows within the tile: row g and g + 8 of its warp's 16
-	const int ra = 16 * warp + g, rb = ra + 8;
-	const bool oka = n0 + ra < a.N, okb = n0 + rb < a.N;
-	const size_t srowa = (size_t)((oka ? n0 + ra : 0) / a.block_rows) * (size_t)a.scale_cols;
-	const size_t srowb = (size_t)((okb ? n0 + rb : 0) / a.block_rows) * (size_t)a.scale_cols;
+	const qw_lane_rows<ST> lr(a, n0, warp, g);
+	const int ra = lr.ra, rb = lr.rb;
 	float acc[C::ACC] = {}, tmp[C::ACC] = {};	// tmp: unused where PC
 
 	// weights are constant: the first stages stream in while the previous kernel drains
-#pragma unroll
-	for (int i = 0; i < QW_AHEAD; i++) {
-		if (i < nst)
-			qf_load_w64<C::ROWS, C::THREADS, true>(smem + i * C::STAGE, w, a, n0,
-								k0 + i * QW_BK, kend, tid);
-		cp_async_commit();
-	}
-	k_cuda_lin_inputs_ready(a.pdl);	// x, y and the scales only from here on
-	// the rows' scales of the column holding k (L1 hits after the first: a column spans
-	// 64 k or more and its block's rows)
-	auto scale_a = [&](int k) {
-		return oka ? qm_scale(scale, srowa + (size_t)(k >> a.bc_shift)) : 0.f;
-	};
-	auto scale_b = [&](int k) {
-		return okb ? qm_scale(scale, srowb + (size_t)(k >> a.bc_shift)) : 0.f;
-	};
-#pragma unroll
-	for (int i = 0; i < QW_AHEAD; i++) {
-		if (i < nst)
-			qw_load_x<NT, WGS, 1>(smem + i * C::STAGE + C::W_BYTES, xh, a, k0 + i * QW_BK,
-					   kend, tid);
-		cp_async_commit();
-	}
+	qw_prologue<NT, WGS, 1, QW_AHEAD, C::STAGE, QW_BK, 1>(smem, w, xh, a, n0, k0, kend, nst,
+							       tid);
 	// Groups so far: W0..W4 X0..X4; then one (W, X) group per stage. Stage i sits in
 	// buffer i % QW_STAGES. Iteration i issues stage i's wgmmas (its A registers
 	// converted the iteration before) and waits for stage i - 1's to retire (one wgmma
@@ -249,7 +275,7 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 			if constexpr (!PC) {
 				fresh = i + 1 >= nst || ((k + QW_BK) >> a.bc_shift) != (k >> a.bc_shift);
 				if (fresh) {	// the column's last stage
-					const float sa = scale_a(k), sb = scale_b(k);
+					const float sa = lr.scale(scale, a, k, 0), sb = lr.scale(scale, a, k, 1);
 
 					qw_wait<0>();
 #pragma unroll
@@ -262,7 +288,7 @@ qw_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 	qw_wait<0>();
 	cp_async_wait<0>();
 	if constexpr (PC) {
-		const float sa = scale_a(0), sb = scale_b(0);
+		const float sa = lr.scale(scale, a, 0, 0), sb = lr.scale(scale, a, 0, 1);
 
 #pragma unroll
 		for (int e = 0; e < C::ACC; e++)
@@ -291,37 +317,22 @@ qw4_kernel(float *y, const uint16_t *xh, const uint8_t *__restrict__ w,
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 	const int n0 = blockIdx.x * C::ROWS, k0 = blockIdx.y * a.KC, kend = min(a.K, k0 + a.KC);
 	const int nst = k0 < kend ? (kend - k0 + QW4_BK - 1) / QW4_BK : 0;
-	const int ra = 16 * warp + g, rb = ra + 8;
-	const bool oka = n0 + ra < a.N, okb = n0 + rb < a.N;
-	const size_t srowa = (size_t)((oka ? n0 + ra : 0) / a.block_rows) * (size_t)a.scale_cols;
-	const size_t srowb = (size_t)((okb ? n0 + rb : 0) / a.block_rows) * (size_t)a.scale_cols;
+	const qw_lane_rows<ST> lr(a, n0, warp, g);
+	const int ra = lr.ra, rb = lr.rb;
 	float acc[C::ACC] = {};
 	uint32_t af[2][4][4];	// [half][k16 step of the half][register]
 	uint4 va, vb;		// the lane's 16 bytes of rows a, b of the stage to come
 	__half2 ha, hb;		// their group scales
 
-#pragma unroll
-	for (int i = 0; i < F::AHEAD; i++) {
-		if (i < nst)
-			qf_load_w64<C::ROWS, C::THREADS, true>(smem + i * F::STAGE, w, a, n0,
-								(k0 + i * QW4_BK) / 2, kend / 2, tid);
-		cp_async_commit();
-	}
-	k_cuda_lin_inputs_ready(a.pdl);	// x, y and the scales only from here on
-#pragma unroll
-	for (int i = 0; i < F::AHEAD; i++) {
-		if (i < nst)
-			qw_load_x<NT, WGS, 2>(smem + i * F::STAGE + C::W_BYTES, xh, a, k0 + i * QW4_BK,
-					    kend, tid);
-		cp_async_commit();
-	}
+	qw_prologue<NT, WGS, 2, F::AHEAD, F::STAGE, QW4_BK, 2>(smem, w, xh, a, n0, k0, kend, nst,
+							       tid);
 	auto fetch = [&](const unsigned char *st, int k) {	// stage st's words and scales
 		const int kk = k + 32 * t;
 
 		va = *(const uint4 *)(st + ra * 64 + 16 * t);
 		vb = *(const uint4 *)(st + rb * 64 + 16 * t);
-		ha = __float2half2_rn(oka ? qm_scale(scale, srowa + (size_t)(kk >> a.bc_shift)) : 0.f);
-		hb = __float2half2_rn(okb ? qm_scale(scale, srowb + (size_t)(kk >> a.bc_shift)) : 0.f);
+		ha = __float2half2_rn(lr.scale(scale, a, kk, 0));
+		hb = __float2half2_rn(lr.scale(scale, a, kk, 1));
 	};
 	auto convert = [&](uint32_t (&f)[4][4], uint32_t wa0, uint32_t wa1, uint32_t wb0,
 			   uint32_t wb1) {	// words q = 2 half + 0, 1 -> steps 4 half + 0..3
@@ -399,13 +410,21 @@ static int qw_nt_index(int M)
 	return M <= 16 ? 0 : M <= 32 ? 1 : 2;
 }
 
-// Warpgroups a CTA by default: 4 (256 rows, x half the weight bytes a stage at M 64)
-// above 32 rows unless KDEC_LINEAR_QWG_ROWS says 128; 2 below unless it says 256.
-static int qw_wgs(int M)
+// KDEC_LINEAR_QWG_ROWS where it forces the rows a CTA (128 or 256), else 0.
+static int qw_rows_forced(void)
 {
 	const int rows = k_cuda_tuning()->linear_qwg_rows;
 
-	return rows == 128 ? 2 : rows == 256 ? 4 : M > 32 ? 4 : 2;
+	return rows == 128 || rows == 256 ? rows : 0;
+}
+
+// Warpgroups a CTA by default: the forced rows', else 4 (256 rows, x half the weight
+// bytes a stage at M 64) above 32 rows and 2 up to 32.
+static int qw_wgs(int M)
+{
+	const int rows = qw_rows_forced();
+
+	return rows ? rows / 64 : M > 32 ? 4 : 2;
 }
 
 // The tuning's candidates c = 1 .. QW_CANDIDATES: split c at the default rows, split c -
@@ -413,13 +432,6 @@ static int qw_wgs(int M)
 // cache keeps c under a key of the rows setting.
 #define QW_CANDIDATES(rows_free)	((rows_free) ? 2 * LIN_ST_MAX_SPLIT : LIN_ST_MAX_SPLIT)
 static_assert(2 * LIN_ST_MAX_SPLIT <= LIN_SPLIT_MAX, "the tuning times both rows' splits");
-
-static bool qw_rows_free(void)
-{
-	const int rows = k_cuda_tuning()->linear_qwg_rows;
-
-	return rows != 128 && rows != 256;
-}
 
 static int qw_candidate_wgs(int M, int c)
 {
@@ -430,9 +442,7 @@ static int qw_candidate_wgs(int M, int c)
 
 static int qw_split_key(void)
 {
-	const int rows = k_cuda_tuning()->linear_qwg_rows;
-
-	return QW_SPLIT_KIND + 2 * (rows == 128 ? 1 : rows == 256 ? 2 : 0);
+	return QW_SPLIT_KIND + 2 * (qw_rows_forced() / 128);	// free, 128, 256
 }
 
 struct qw_plan {
@@ -653,7 +663,7 @@ int k_cuda_lin_qwg(struct k_cuda_linear *ctx, float *y, const float *x, const vo
 									   "S9..16 the other)"
 									 : "qwgmma fp8 (S1..8 default rows, "
 									   "S9..16 the other)",
-							    M, N, K, QW_CANDIDATES(qw_rows_free()),
+							    M, N, K, QW_CANDIDATES(!qw_rows_forced()),
 							    p.S, qw_enqueue, (void *)&c));
 	}
 	qw_ctx_plan(ctx, q, M, N, K, &p);
