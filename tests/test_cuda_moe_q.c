@@ -16,7 +16,11 @@
  * expected). experts_add_q: without a shared expert (Qwen3) fused on the small path
  * (residual y0 + experts within 1e-4 of the MLP's part); with one (DeepSeek) it must
  * decline (1) and leave y bit for bit; k_cuda_moe_lat_config refuses quantized
- * experts (1, with its reason); bad formats are -EINVAL. Shapes outside the vector
+ * experts (1, with its reason); bad formats are -EINVAL. The grouped cases run twice:
+ * on expert_mma_kernel, then with KDEC_MOE_QTILE_ROWS 64 on moe_qtile.cu's tile kernels
+ * (" qtile": every model shape and format above must take them; " qtile-declined": the
+ * odd ones below fall back), with a hot expert (every row's slot 0: several passes of
+ * 16 rows at 64) added. Shapes outside the vector
  * kernels (the quant goldens' tiny experts 64 x 20 and 96 x 24, an odd 136 x 56, blocks
  * of 96) take the CUDA-core kernels at every M, the same cases. Skips (77) without CUDA or a
  * GPU. KD_TEST_QUICK=1 (for compute-sanitizer): the odd shapes and Qwen3's in fp8-block,
@@ -145,6 +149,8 @@ static void qweights_free(struct qweights *w)
 
 #define EX_DUP 1		/* row 0 names its slot 0 expert in slot 1 too */
 #define EX_BAD_ID 2		/* the last row's last slot names no expert */
+#define EX_HOT 4		/* every row's slot 0 names expert 0 (the grouped kernels'
+				 * expert of M rows: several passes of 16) */
 
 /* One case: routing (moe_make_ids, then flags), the CPU's copies (a bad id becomes a
  * valid one adding 0), host experts for the CPU, device tables (unused experts on the
@@ -180,7 +186,7 @@ static void qcase_make(struct qcase *c, const struct moe_shape *s, const struct 
 		c->x[i] = test_randf(&seed) * 2;
 		c->y0[i] = test_randf(&seed) * 4;
 	}
-	moe_make_ids(c->ids, c->wts, M, s, -1, &seed);
+	moe_make_ids(c->ids, c->wts, M, s, flags & EX_HOT ? 0 : -1, &seed);
 	if ((flags & EX_DUP) && s->top_k > 1)
 		c->ids[1] = c->ids[0];
 	memcpy(c->cpu_ids, c->ids, sizeof(int32_t) * c->nk);
@@ -289,8 +295,9 @@ static void test_q_experts(const struct moe_shape *s, const struct qfmt *f,
 	CU(cudaStreamSynchronize(stream));
 	to_host(got, dout, sizeof(float) * c.nx);
 	rel = rel_of(got, want, NULL, c.nx, &nan);
-	snprintf(shape, sizeof(shape), "%s %s M %d (%d used)%s%s%s", s->name, f->name, M, c.n_used,
-		 flags & EX_DUP ? " dup" : "", flags & EX_BAD_ID ? " bad-id" : "", tag);
+	snprintf(shape, sizeof(shape), "%s %s M %d (%d used)%s%s%s%s", s->name, f->name, M, c.n_used,
+		 flags & EX_DUP ? " dup" : "", flags & EX_BAD_ID ? " bad-id" : "",
+		 flags & EX_HOT ? " hot" : "", tag);
 	printf("%-12s %-7s %-66s rel_l2 %.3g%s  %s\n", "moe_q", moe_path_name(path), shape, rel,
 	       nan ? "  NaN" : "", ret == 0 && !nan && rel <= EXPERT_TOL ? "PASS" : "FAIL");
 	CHECK(ret == 0 && !nan && rel <= EXPERT_TOL, "%s: ret %d rel %.3g", shape, ret, rel);
@@ -391,10 +398,12 @@ static void test_q_add(const struct moe_shape *s, const struct qfmt *f, const st
 	qcase_free(&c);
 }
 
+/* expect_qtile: the tile kernels (moe_qtile.cu) must take this shape and format */
 static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int grouped_M,
-			 int quick)
+			 int quick, int expect_qtile)
 {
 	struct k_cuda_moe_ws *ws;
+	struct k_cuda_moe_quant qs;	/* the format alone (a scale table's address, unread) */
 	struct qweights w;
 	int ret = k_cuda_moe_ws_create(&ws, 64, s->top_k, s->n_experts, s->hidden, s->inter, 0);
 
@@ -402,6 +411,12 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 	if (ret)
 		return;
 	qweights_make(&w, s, f);
+	qs = (struct k_cuda_moe_quant){ .fmt = f->fmt, .scale_dtype = f->sdt,
+					.scales = (const void *const *)(uintptr_t)256 };
+	for (int j = 0; j < 3; j++) {
+		qs.block_rows[j] = w.q[j].block_rows;
+		qs.block_cols[j] = w.q[j].block_cols;
+	}
 	for (int pi = 0; pi < 2; pi++) {	/* small with moe_small_m1 at M 1, then without */
 		moe_set_m1(pi == 0);
 		for (int m = 0; m < 4; m++) {
@@ -418,9 +433,24 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 	test_q_m1_bits(s, f, &w, ws, 0);
 	if (!quick)
 		test_q_m1_bits(s, f, &w, ws, EX_DUP | EX_BAD_ID);
-	test_q_experts(s, f, &w, ws, 2, 0, K_CUDA_MOE_PATH_GROUPED, "");
-	test_q_experts(s, f, &w, ws, 3, EX_DUP | EX_BAD_ID, K_CUDA_MOE_PATH_GROUPED, "");
-	test_q_experts(s, f, &w, ws, grouped_M, 0, K_CUDA_MOE_PATH_AUTO, "");
+	/* the grouped path on expert_mma_kernel, then on moe_qtile.cu's tile kernels where
+	 * they take the shapes (the call says which: it falls back where they do not) */
+	for (int qt = 0; qt < 2; qt++) {
+		const char *tag;
+
+		moe_set_qtile(qt ? 64 : 0);
+		tag = !qt ? "" : k_cuda_moe_qtile_takes(&qs, s->hidden, s->inter, 64) ? " qtile" :
+		      " qtile-declined";
+		if (qt && expect_qtile)
+			CHECK(strcmp(tag, " qtile") == 0, "%s %s: the tile kernels declined", s->name,
+			      f->name);
+		test_q_experts(s, f, &w, ws, 2, 0, K_CUDA_MOE_PATH_GROUPED, tag);
+		test_q_experts(s, f, &w, ws, 3, EX_DUP | EX_BAD_ID, K_CUDA_MOE_PATH_GROUPED, tag);
+		test_q_experts(s, f, &w, ws, grouped_M, 0, K_CUDA_MOE_PATH_AUTO, tag);
+		if (qt)
+			test_q_experts(s, f, &w, ws, grouped_M, EX_HOT, K_CUDA_MOE_PATH_GROUPED, tag);
+	}
+	moe_set_qtile(-1);
 	qweights_free(&w);
 	k_cuda_moe_ws_destroy(ws);
 }
@@ -494,7 +524,7 @@ int main(void)
 	 * tests/data/quant goldens' experts: 64 x 20 fp8 128 x 128, 96 x 24 int4 g32) */
 	for (size_t oi = 0; oi < sizeof(odd) / sizeof(odd[0]); oi++)
 		test_q_shape(&odd[oi].s, &odd[oi].f, quick && odd[oi].grouped_M > 9 ? 9 :
-			     odd[oi].grouped_M, quick);
+			     odd[oi].grouped_M, quick, 0);
 	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
 		if (quick && si > 0)	/* quick: Qwen3's shape, all but per tensor */
 			break;
@@ -503,7 +533,8 @@ int main(void)
 			if ((fmts[fi].brows == 0 && shapes[si].s.hidden > 2048) ||
 			    (quick && fi == 2))
 				continue;
-			test_q_shape(&shapes[si].s, &fmts[fi], quick ? 9 : shapes[si].grouped_M, quick);
+			test_q_shape(&shapes[si].s, &fmts[fi], quick ? 9 : shapes[si].grouped_M, quick,
+				     1);
 		}
 		{	/* experts_add_q: fused without a shared expert, declined with one */
 			struct k_cuda_moe_ws *ws;

@@ -22,6 +22,7 @@
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/moe/k_cuda_moe.h"
 #include "kernels/cuda/moe/moe_internal.h"
+#include "kernels/cuda/moe/moe_grouped.cuh"
 #include "kernels/cuda/moe/moe_quant.cuh"
 
 #define PLAN_THREADS 256
@@ -54,15 +55,6 @@ struct k_cuda_moe_ws {
 	float *sh_act;		// (MOE_SMALL_MAX_PAIRS, shared_inter) the shared expert's
 				// SwiGLU out (small path)
 	unsigned *bar;		// (2) moe_lat.cu's grid barrier: arrivals, generation
-};
-
-// The routing plan in device memory; u indexes used experts in increasing id.
-struct ex_plan {
-	int *n_used;		// (1)
-	int *used_e;		// (A) expert id
-	int *used_start;	// (A) its first position in sorted
-	int *used_n;		// (A) its number of (row, slot) pairs
-	int *sorted;		// (A) m * top_k + j, grouped by expert, ascending within
 };
 
 namespace {	// kernels and their helpers stay private to this file
@@ -99,36 +91,6 @@ __device__ void block_scan2(int a, int b, int *ea, int *eb, int *ta, int *tb)
 	}
 	*ea = oa + ia - a;
 	*eb = ob + ib - b;
-}
-
-// bf16 round-to-nearest-even of f, as the low 16 bits (NaN kept quiet).
-__device__ __forceinline__ uint32_t bf16_bits(float f)
-{
-	return k_cuda_bf16_rn(f);
-}
-
-// f = hi + lo in bf16: hi = bf16(f), lo = bf16(f - hi) (the difference is exact).
-__device__ __forceinline__ void split2(float a, float b, uint32_t *hi, uint32_t *lo)
-{
-	uint32_t ha = bf16_bits(a), hb = bf16_bits(b);
-	uint32_t la = bf16_bits(__fsub_rn(a, __uint_as_float(ha << 16)));
-	uint32_t lb = bf16_bits(__fsub_rn(b, __uint_as_float(hb << 16)));
-
-	*hi = ha | (hb << 16);
-	*lo = la | (lb << 16);
-}
-
-// Split layout of a row of K values (K % 8 == 0): per 8 values, 4 words of hi pairs then
-// 4 words of lo pairs (32 bytes); element pair (2q, 2q+1) of chunk c sits in words
-// c*8 + q and c*8 + 4 + q.
-__device__ __forceinline__ void split_store(uint32_t *row, int pair, float a, float b)
-{
-	uint32_t hi, lo;
-	int c = pair / 4, q = pair % 4;
-
-	split2(a, b, &hi, &lo);
-	row[c * 8 + q] = hi;
-	row[c * 8 + 4 + q] = lo;
 }
 
 // Block m splits x row m (when xs is set); block 0 also builds the plan: counts per
@@ -204,16 +166,6 @@ moe_plan_kernel(ex_plan pl, const int32_t *ids, int n, int E, const float *x, in
 
 // ---- kernels: expert GEMMs --------------------------------------------------
 
-// c += a * b: m16n8k16, bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma16816(float *c, uint32_t a0, uint32_t a1, uint32_t a2,
-					 uint32_t a3, uint32_t b0, uint32_t b1)
-{
-	asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-	    "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-	    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // One 32-wide k chunk into one m16 tile: lane (g, t) holds the 8 consecutive k values
 // 8t..8t+7 of its A rows (ha/la: row g, hb/lb: row g + 8) and of its weight rows (w0,
 // w1: feature g of tiles 0 and 1). mma's k slots {2t, 2t+1, 2t+8, 2t+9} take values
@@ -232,42 +184,14 @@ __device__ __forceinline__ void mma_chunk(float (*acc)[4], uint4 ha, uint4 la, u
 	mma16816(acc[1], la.z, lb.z, la.w, lb.w, w1.z, w1.w);
 }
 
-// Two floats that are exact in bf16 as one bf16 pair (low first).
-__device__ __forceinline__ uint32_t bf16_pair_exact(float2 f)
-{
-	return (__float_as_uint(f.x) >> 16) | (__float_as_uint(f.y) & 0xffff0000u);
-}
-
 // A lane's B fragment of a quantized row (row: its payload bytes): the 8 values from
 // column k0 as bf16 pairs, exactly (e4m3 values and int4's -8..7 are all bf16 numbers).
 template <int F>
 __device__ __forceinline__ uint4 ex_qfrag(const uint8_t *row, int k0)
 {
-	if (F == MQ_FP8) {
-		uint2 v = __ldcs((const uint2 *)(row + k0));
-
-		return make_uint4(bf16_pair_exact(mq_e4m3x2(v.x)), bf16_pair_exact(mq_e4m3x2(v.x >> 16)),
-				  bf16_pair_exact(mq_e4m3x2(v.y)), bf16_pair_exact(mq_e4m3x2(v.y >> 16)));
-	}
-	// int4: values 2p, 2p + 1 (nibbles of byte p) under the bf16 exponent of 128 (128 +
-	// n is exact in bf16), less 136 in one bf16x2 subtraction (exact: -8..7)
-	uint32_t v = __ldcs((const unsigned *)(row + k0 / 2));
-	uint32_t lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu, r[4];
-	const __nv_bfloat162 off = __floats2bfloat162_rn(136.0f, 136.0f);
-
-#pragma unroll
-	for (int p = 0; p < 4; p++) {
-		uint32_t t = (__byte_perm(lo, hi, p | ((4 + p) << 8)) & 0x000f000fu) | 0x43004300u;
-		__nv_bfloat162 b = __hsub2(*(const __nv_bfloat162 *)&t, off);
-
-		r[p] = *(const uint32_t *)&b;
-	}
-	return make_uint4(r[0], r[1], r[2], r[3]);
-}
-
-__device__ __forceinline__ float silu_mul1(float g, float u)
-{
-	return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+	if (F == MQ_FP8)
+		return ex_fp8_bf16x8(__ldcs((const uint2 *)(row + k0)));
+	return ex_int4_bf16x8(__ldcs((const unsigned *)(row + k0 / 2)));
 }
 
 // Block (feature tile, used expert u). GLU: gate and up rows f0..f0+7 (f0 = 8 * x)
@@ -676,7 +600,7 @@ extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int t
 	ws->shared_inter = shared_inter;
 	if (K_CUDA_CALL(cudaGetDevice(&dev)) ||
 	    K_CUDA_CALL(cudaDeviceGetAttribute(&ws->n_sm, cudaDevAttrMultiProcessorCount, dev)) ||
-	    k_cuda_moe_small_setup()) {
+	    k_cuda_moe_small_setup() || moe_qtile_setup()) {
 		k_cuda_moe_ws_destroy(ws);
 		return -EIO;
 	}
@@ -824,6 +748,17 @@ bool moe_wq_vector(const moe_wq &wq, int hidden, int inter)
 	return true;
 }
 
+extern "C" int k_cuda_moe_qtile_takes(const struct k_cuda_moe_quant *q, int hidden, int inter,
+				      int M)
+{
+	moe_wq wq;
+
+	if (k_cuda_moe_quant_ok(q, hidden, inter) || !moe_use_mma(hidden, inter))
+		return 0;
+	wq = moe_wq_of(q, hidden, inter);
+	return moe_wq_vector(wq, hidden, inter) && moe_qtile_takes(wq, hidden, inter, M);
+}
+
 extern "C" int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out,
 				  const float *x, int M, const int32_t *ids, const float *weights,
 				  int top_k, const uint16_t *const *expert_w, int n_experts,
@@ -866,6 +801,9 @@ extern "C" int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, fl
 		return ret;
 	if (!mma)
 		ret = moe_run_fallback(s, ws, pl, x, expert_w, wq, max_used);
+	else if (moe_qtile_takes(wq, hidden, inter, M))
+		ret = moe_qtile_run(s, pl, expert_w, wq, ws->xs, ws->hs, ws->y, top_k, hidden, inter,
+				    max_used);
 	else if (wq.fmt == MQ_FP8)
 		ret = moe_run_mma<MQ_FP8>(s, ws, pl, expert_w, wq, max_used);
 	else if (wq.fmt == MQ_INT4)

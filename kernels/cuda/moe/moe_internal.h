@@ -50,6 +50,16 @@ struct moe_wq moe_wq_of(const struct k_cuda_moe_quant *q, int hidden, int inter)
 // values of a row in one scale block, blocks indexed by shifts. bf16: always.
 bool moe_wq_vector(const struct moe_wq &wq, int hidden, int inter);
 
+// The grouped path's routing plan in device memory (moe_experts.cu's moe_plan_kernel
+// builds it); u indexes used experts in increasing id, A = max_M * top_k.
+struct ex_plan {
+	int *n_used;		// (1)
+	int *used_e;		// (A) expert id
+	int *used_start;	// (A) its first position in sorted
+	int *used_n;		// (A) its number of (row, slot) pairs
+	int *sorted;		// (A) m * top_k + j, grouped by expert, ascending within
+};
+
 // Whether the small-batch path can run this call: M * top_k <= MOE_SMALL_MAX_PAIRS,
 // hidden and inter multiples of 8 (16-byte weight loads), one fp32 x row fits the
 // shared-memory budget, x 16-byte aligned; sh (NULL: none) a multiple of 8 wide, at
@@ -100,6 +110,17 @@ void moe_small_down_launch_plain(cudaStream_t s, const uint16_t *const *expert_w
 				 const float *act, const int32_t *ids, const float *weights, int M,
 				 int top_k, int n_experts, int hidden, int inter,
 				 const struct moe_small_shared &sh, float *out);
+
+// moe_qtile.cu for moe_experts.cu: the grouped path's expert GEMMs for quantized experts
+// as tile kernels. Their one-time set-up (0 or -EIO); whether they take a call of M rows
+// (fp8 or int4, M <= k_cuda_tuning()->moe_qtile_rows, hidden and inter multiples of 64
+// (fp8) or 128 (int4), int4 scales in groups of 32, fp8 blocks of >= 64 columns); the
+// two launches (gate/up into hs, down into y, as expert_mma_kernel's; 0 or -EIO).
+int moe_qtile_setup(void);
+bool moe_qtile_takes(const struct moe_wq &wq, int hidden, int inter, int M);
+int moe_qtile_run(cudaStream_t s, const struct ex_plan &pl, const uint16_t *const *expert_w,
+		  const struct moe_wq &wq, const uint32_t *xs, uint32_t *hs, float *y, int top_k,
+		  int hidden, int inter, int max_used);
 
 // moe_route.cu: the routing parameters its kernels take (limits of k_cuda_moe_route).
 bool moe_route_params_ok(const struct k_moe_route_params *p);

@@ -1,0 +1,98 @@
+// The grouped path's device arithmetic, shared by its two expert-GEMM kernels
+// (moe_experts.cu's expert_mma_kernel, moe_qtile.cu's tile kernel for quantized experts):
+// the split bf16 rows (hi + lo) that carry x and the SwiGLU activations, the bf16
+// mma.sync, quantized values as exact bf16 pairs, and the SwiGLU of one feature.
+// CUDA C++ only.
+#ifndef KD_KERNELS_CUDA_MOE_GROUPED_CUH
+#define KD_KERNELS_CUDA_MOE_GROUPED_CUH
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/moe/moe_quant.cuh"
+
+namespace {	// each including file's own copy
+
+// bf16 round-to-nearest-even of f, as the low 16 bits (NaN kept quiet).
+__device__ __forceinline__ uint32_t bf16_bits(float f)
+{
+	return k_cuda_bf16_rn(f);
+}
+
+// f = hi + lo in bf16: hi = bf16(f), lo = bf16(f - hi) (the difference is exact).
+__device__ __forceinline__ void split2(float a, float b, uint32_t *hi, uint32_t *lo)
+{
+	uint32_t ha = bf16_bits(a), hb = bf16_bits(b);
+	uint32_t la = bf16_bits(__fsub_rn(a, __uint_as_float(ha << 16)));
+	uint32_t lb = bf16_bits(__fsub_rn(b, __uint_as_float(hb << 16)));
+
+	*hi = ha | (hb << 16);
+	*lo = la | (lb << 16);
+}
+
+// Split layout of a row of K values (K % 8 == 0): per 8 values, 4 words of hi pairs then
+// 4 words of lo pairs (32 bytes); element pair (2q, 2q+1) of chunk c sits in words
+// c*8 + q and c*8 + 4 + q.
+__device__ __forceinline__ void split_store(uint32_t *row, int pair, float a, float b)
+{
+	uint32_t hi, lo;
+	int c = pair / 4, q = pair % 4;
+
+	split2(a, b, &hi, &lo);
+	row[c * 8 + q] = hi;
+	row[c * 8 + 4 + q] = lo;
+}
+
+// c += a * b: m16n8k16, bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma16816(float *c, uint32_t a0, uint32_t a1, uint32_t a2,
+					 uint32_t a3, uint32_t b0, uint32_t b1)
+{
+	asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+	    "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+	    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two floats that are exact in bf16 as one bf16 pair (low first).
+__device__ __forceinline__ uint32_t bf16_pair_exact(float2 f)
+{
+	return (__float_as_uint(f.x) >> 16) | (__float_as_uint(f.y) & 0xffff0000u);
+}
+
+// Eight e4m3 bytes (v.x bytes 0..3 first) as four bf16 pairs in byte order, exactly
+// (every e4m3 value is a bf16 number): one cvt to an f16 pair, two to fp32, one PRMT.
+__device__ __forceinline__ uint4 ex_fp8_bf16x8(uint2 v)
+{
+	return make_uint4(bf16_pair_exact(mq_e4m3x2(v.x)), bf16_pair_exact(mq_e4m3x2(v.x >> 16)),
+			  bf16_pair_exact(mq_e4m3x2(v.y)), bf16_pair_exact(mq_e4m3x2(v.y >> 16)));
+}
+
+// A word of eight int4 values (nibble p = value p + 8, low first) as four bf16 pairs:
+// pair p holds values 2p, 2p + 1 (the nibbles of byte p) under the bf16 exponent of 128
+// (128 + n is exact in bf16), less 136 in one bf16x2 subtraction (exact: -8..7).
+__device__ __forceinline__ uint4 ex_int4_bf16x8(uint32_t v)
+{
+	uint32_t lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu, r[4];
+	const __nv_bfloat162 off = __floats2bfloat162_rn(136.0f, 136.0f);
+
+#pragma unroll
+	for (int p = 0; p < 4; p++) {
+		uint32_t t = (__byte_perm(lo, hi, p | ((4 + p) << 8)) & 0x000f000fu) | 0x43004300u;
+		__nv_bfloat162 b = __hsub2(*(const __nv_bfloat162 *)&t, off);
+
+		r[p] = *(const uint32_t *)&b;
+	}
+	return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+// silu(g) * u as k_cpu_silu_mul rounds it: g / (1 + e^-g), then times u.
+__device__ __forceinline__ float silu_mul1(float g, float u)
+{
+	return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
+}	// namespace
+
+#endif

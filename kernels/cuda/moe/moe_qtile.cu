@@ -1,0 +1,507 @@
+// The grouped path's expert GEMMs for quantized experts (fp8, int4 groups of 32) where
+// a call has at most k_cuda_tuning()->moe_qtile_rows rows (KDEC_MOE_QTILE_ROWS): a
+// tile kernel in the form of the dense one (linear_qtile.cu) in place of
+// expert_mma_kernel, which reads its weights with narrow per-lane loads (8 bytes of
+// fp8, 4 of int4), one scale load per 32-k chunk, and splits K over its 4 warps with a
+// shared-memory reduction: 12% (fp8) and 6% (int4) of the floor at 64 rows on H200,
+// against bf16's 63% (docs/PERFORMANCE.md, "Quantized MoE experts").
+//
+// A CTA owns 128 weight rows of one used expert (gate/up: 64 features, their gate rows
+// and their up rows, so a lane forms the SwiGLU of its own accumulators; down: 128
+// features) and streams them over the whole K in 64-byte slabs through a 4-buffer
+// cp.async pipeline, with the same slab of its expert rows' split x (bf16 hi + lo, the
+// plan kernel's xs, or the gate/up kernel's activations) in the same copy groups. Its
+// expert rows go 16 a pass (two n8 tiles; the second skipped where a pass has 8 or
+// fewer); an expert with more rows than that streams its weights once a pass.
+//
+// Arithmetic as expert_mma_kernel's: the weights become exact bf16 pairs in registers
+// (moe_grouped.cuh), each product is taken twice (x hi, x lo: ~16 bits of x), fp32
+// accumulators; a scale multiplies each partial sum it covers in fp32: fp8 a slab's
+// (64 k; blocks of 64 or more columns), int4 a group's (each mma.sync takes the 16 k of
+// one group: lane t the word t of group G, i.e. k 32 G + 8 t .. + 7). No K split, so
+// no partials. Not bit-identical to expert_mma_kernel (another order of the sums).
+//
+// Counted per warp and slab (32 weight rows x 64 bytes, 2 KB): fp8 128 conversions,
+// int4 240; 16 (fp8) or 32 (int4) mma.sync an n8 tile of expert rows. At the floor an
+// SM has ~141 clocks a warp-slab of bytes (H100: 14.5 B/clk), 564 issue slots.
+#include <cerrno>
+#include <cstdint>
+
+#include "kernels/cuda/launch_check.cuh"
+#include "kernels/cuda/moe/k_cuda_moe.h"
+#include "kernels/cuda/moe/moe_grouped.cuh"
+#include "kernels/cuda/moe/moe_internal.h"
+#include "kernels/cuda/ptx.cuh"
+
+#define XT_THREADS	128		/* 4 warps */
+#define XT_ROWS		128		/* weight rows a CTA: two m16 tiles a warp */
+#define XT_GLU_FEATS	64		/* gate/up: features a CTA (their gate and up rows) */
+#define XT_SB		64		/* bytes of a weight row a slab */
+#define XT_STAGES	4		/* buffers; XT_STAGES - 1 slabs in flight ahead */
+#define XT_AHEAD	(XT_STAGES - 1)
+#define XT_XROWS	16		/* expert rows a pass: two n8 tiles */
+
+namespace {	// kernels and their helpers stay private to this file
+
+template <int F> struct xt_cfg {
+	static constexpr int SLAB = F == MQ_INT4 ? 128 : 64;	// k a slab
+	static constexpr int XU = 16;				// bytes: 8 bf16 of hi or of lo
+	static constexpr int XROW = SLAB * 4;			// bytes of a split row's slab
+	static constexpr int UPR = XROW / XU;			// its 16-byte units
+	static constexpr int XSTRIDE = XROW + 16;		// 16 mod 128: see xt_xpos
+	static constexpr int W_BYTES = XT_ROWS * XT_SB;
+	static constexpr int X_BYTES = XT_XROWS * XSTRIDE;
+	static constexpr int S_BYTES = F == MQ_INT4 ? XT_ROWS * 16 : 0;	// 4 scales a row
+	static constexpr int STAGE = W_BYTES + X_BYTES + S_BYTES;
+	static constexpr int SMEM = XT_STAGES * STAGE;
+	static constexpr int XPT = XT_XROWS * UPR / XT_THREADS;	// x units a thread
+	static constexpr int MIN_CTAS = F == MQ_INT4 ? 3 : 4;	// per SM, by shared memory
+};
+
+// Where 16-byte unit j of a split row's slab sits in its shared row (a position): units
+// 8..15 of every 16 swap their halves' pairs (j ^ 2), so that a quarter warp's four lanes
+// of one row read four different bank groups (fp8: units 4t + i; int4: units 8G + 2t + h)
+// and the next row (XSTRIDE = 16 mod 128) the other four.
+__device__ __forceinline__ int xt_xpos(int j)
+{
+	return j ^ (((j >> 3) & 1) << 1);
+}
+
+// Where 16-byte unit c of weight row r sits in its shared row: int4 reads word t of unit
+// (group) G of rows g and g + 8 (4-byte loads), so units rotate by (r >> 1) & 3 and the 8
+// rows of a warp's load fall in 32 different banks; fp8 reads unit t whole (16-byte
+// loads, already conflict-free).
+template <int F>
+__device__ __forceinline__ int xt_wpos(int r, int c)
+{
+	return F == MQ_INT4 ? c ^ ((r >> 1) & 3) : c;
+}
+
+// 8 or 16 bytes gmem -> smem (cp.async.ca takes 8), or zeros where !valid.
+__device__ __forceinline__ void xt_cp_async(void *smem, const void *gmem, int bytes, bool valid)
+{
+	uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
+	int n = valid ? bytes : 0;
+
+	if (bytes == 8)
+		asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(gmem),
+			     "r"(n)
+			     : "memory");
+	else
+		asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+			     "r"(n)
+			     : "memory");
+}
+
+// Weight row r of the CTA (0..127): its matrix (0 gate, 1 up, 2 down) and feature.
+// Gate/up: warp w's m16 tile 0 holds gate rows f0 + 16 w + i, tile 1 the up rows of the
+// same features; down: row f0 + r.
+template <bool GLU>
+__device__ __forceinline__ void xt_row(int r, int f0, int &mat, int &feat)
+{
+	if (GLU) {
+		mat = (r >> 4) & 1;
+		feat = f0 + 16 * (r >> 5) + (r & 15);
+	} else {
+		mat = 2;
+		feat = f0 + r;
+	}
+}
+
+// a[j] for a j known only at run time, without indexing the kernel's parameter (which
+// would copy it to local memory).
+__device__ __forceinline__ int xt_pick(const int (&a)[3], int j)
+{
+	return j == 0 ? a[0] : j == 1 ? a[1] : a[2];
+}
+
+// The scale row of matrix mat's feature feat of expert e (NULL past N), in elements of
+// esz bytes.
+__device__ __forceinline__ const char *xt_scale_row(const moe_wq &wq, int e, int mat, int feat,
+						    int N, int esz)
+{
+	if (feat >= N)
+		return nullptr;
+	return (const char *)wq.scales[3 * e + mat] +
+	       (size_t)(feat >> xt_pick(wq.rshift, mat)) * xt_pick(wq.scols, mat) * esz;
+}
+
+// Element col of a scale row (NULL: 0), bf16 or fp32.
+__device__ __forceinline__ float xt_scale(const char *row, int col, int sbf16)
+{
+	if (!row)
+		return 0.0f;
+	return sbf16 ? __uint_as_float((uint32_t)__ldg((const unsigned short *)row + col) << 16)
+		     : __ldg((const float *)row + col);
+}
+
+// One slab of an fp8 CTA: the warp's two m16 tiles (rows g, g + 8 of each: 16 bytes, k
+// 16t .. 16t + 15, as 8 bf16 pairs) against NT n8 tiles of expert rows (x row g of each:
+// units 4t .. 4t + 3 = hi, lo of k 16t .. + 7, hi, lo of k 16t + 8 .. + 15). Pair q of a
+// lane is k 16t + 2q, + 1 in weights and x alike; mma step s takes pairs 2s (its k slots
+// 2t, 2t + 1) and 2s + 1 (slots 2t + 8, 2t + 9). sr: the slab's scale of rows
+// (mt, g + 8 h) at 2 mt + h.
+template <int NT>
+__device__ __forceinline__ void xt_slab_fp8(float (&acc)[2][2][4], const unsigned char *ws,
+					    const unsigned char *xs, const float (&sr)[4], int warp,
+					    int g, int t)
+{
+	using C = xt_cfg<MQ_FP8>;
+	uint32_t pa[2][8], pb[2][8];
+
+#pragma unroll
+	for (int mt = 0; mt < 2; mt++) {
+		const int r = warp * 32 + mt * 16 + g;
+		const uint4 va = *(const uint4 *)(ws + r * XT_SB + 16 * t);
+		const uint4 vb = *(const uint4 *)(ws + (r + 8) * XT_SB + 16 * t);
+		const uint4 a0 = ex_fp8_bf16x8(make_uint2(va.x, va.y));
+		const uint4 a1 = ex_fp8_bf16x8(make_uint2(va.z, va.w));
+		const uint4 b0 = ex_fp8_bf16x8(make_uint2(vb.x, vb.y));
+		const uint4 b1 = ex_fp8_bf16x8(make_uint2(vb.z, vb.w));
+
+		pa[mt][0] = a0.x, pa[mt][1] = a0.y, pa[mt][2] = a0.z, pa[mt][3] = a0.w;
+		pa[mt][4] = a1.x, pa[mt][5] = a1.y, pa[mt][6] = a1.z, pa[mt][7] = a1.w;
+		pb[mt][0] = b0.x, pb[mt][1] = b0.y, pb[mt][2] = b0.z, pb[mt][3] = b0.w;
+		pb[mt][4] = b1.x, pb[mt][5] = b1.y, pb[mt][6] = b1.z, pb[mt][7] = b1.w;
+	}
+#pragma unroll
+	for (int nt = 0; nt < NT; nt++) {
+		const unsigned char *xr = xs + (8 * nt + g) * C::XSTRIDE;
+		const uint4 h0 = *(const uint4 *)(xr + 16 * xt_xpos(4 * t));
+		const uint4 l0 = *(const uint4 *)(xr + 16 * xt_xpos(4 * t + 1));
+		const uint4 h1 = *(const uint4 *)(xr + 16 * xt_xpos(4 * t + 2));
+		const uint4 l1 = *(const uint4 *)(xr + 16 * xt_xpos(4 * t + 3));
+		const uint32_t xh[8] = { h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w };
+		const uint32_t xl[8] = { l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w };
+
+#pragma unroll
+		for (int mt = 0; mt < 2; mt++) {
+			float tmp[4] = { 0.f, 0.f, 0.f, 0.f };
+
+#pragma unroll
+			for (int s = 0; s < 4; s++) {
+				mma16816(tmp, pa[mt][2 * s], pb[mt][2 * s], pa[mt][2 * s + 1],
+					 pb[mt][2 * s + 1], xh[2 * s], xh[2 * s + 1]);
+				mma16816(tmp, pa[mt][2 * s], pb[mt][2 * s], pa[mt][2 * s + 1],
+					 pb[mt][2 * s + 1], xl[2 * s], xl[2 * s + 1]);
+			}
+#pragma unroll
+			for (int c = 0; c < 4; c++)
+				acc[mt][nt][c] = fmaf(tmp[c], sr[2 * mt + (c >> 1)], acc[mt][nt][c]);
+		}
+	}
+}
+
+// One slab of an int4 CTA: per group G (32 k) of the slab, word t of the group of rows
+// g, g + 8 (k 32 G + 8 t .. + 7, 4 bf16 pairs) against x unit 4 G + t (hi and lo) of
+// each n8 tile; each group's two mma steps into a temporary that the group's fp32
+// scale of each row multiplies. ss: the slab's scales, 16 bytes a weight row (bf16:
+// 4 values in the first 8; else 4 fp32).
+template <int NT>
+__device__ __forceinline__ void xt_slab_int4(float (&acc)[2][2][4], const unsigned char *ws,
+					     const unsigned char *xs, const unsigned char *ss,
+					     bool sbf16, int warp, int g, int t)
+{
+	using C = xt_cfg<MQ_INT4>;
+	const int rot = (g >> 1) & 3;	// xt_wpos of rows g and g + 8
+	uint32_t wa[2][4], wb[2][4];
+	float sc[2][2][4];		// [mt][h][G]
+
+#pragma unroll
+	for (int mt = 0; mt < 2; mt++) {
+		const int r = warp * 32 + mt * 16 + g;
+
+#pragma unroll
+		for (int G = 0; G < 4; G++) {
+			wa[mt][G] = *(const uint32_t *)(ws + r * XT_SB + 16 * (G ^ rot) + 4 * t);
+			wb[mt][G] = *(const uint32_t *)(ws + (r + 8) * XT_SB + 16 * (G ^ rot) + 4 * t);
+		}
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const unsigned char *sp = ss + (r + 8 * h) * 16;
+
+			if (sbf16) {
+				const uint2 v = *(const uint2 *)sp;
+
+				sc[mt][h][0] = __uint_as_float(v.x << 16);
+				sc[mt][h][1] = __uint_as_float(v.x & 0xffff0000u);
+				sc[mt][h][2] = __uint_as_float(v.y << 16);
+				sc[mt][h][3] = __uint_as_float(v.y & 0xffff0000u);
+			} else {
+				const float4 v = *(const float4 *)sp;
+
+				sc[mt][h][0] = v.x, sc[mt][h][1] = v.y, sc[mt][h][2] = v.z, sc[mt][h][3] = v.w;
+			}
+		}
+	}
+#pragma unroll
+	for (int G = 0; G < 4; G++) {
+		uint4 pa[2], pb[2];
+
+#pragma unroll
+		for (int mt = 0; mt < 2; mt++) {
+			pa[mt] = ex_int4_bf16x8(wa[mt][G]);
+			pb[mt] = ex_int4_bf16x8(wb[mt][G]);
+		}
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++) {
+			const unsigned char *xr = xs + (8 * nt + g) * C::XSTRIDE;
+			const uint4 xh = *(const uint4 *)(xr + 16 * xt_xpos(8 * G + 2 * t));
+			const uint4 xl = *(const uint4 *)(xr + 16 * xt_xpos(8 * G + 2 * t + 1));
+
+#pragma unroll
+			for (int mt = 0; mt < 2; mt++) {
+				float tmp[4] = { 0.f, 0.f, 0.f, 0.f };
+
+				mma16816(tmp, pa[mt].x, pb[mt].x, pa[mt].y, pb[mt].y, xh.x, xh.y);
+				mma16816(tmp, pa[mt].x, pb[mt].x, pa[mt].y, pb[mt].y, xl.x, xl.y);
+				mma16816(tmp, pa[mt].z, pb[mt].z, pa[mt].w, pb[mt].w, xh.z, xh.w);
+				mma16816(tmp, pa[mt].z, pb[mt].z, pa[mt].w, pb[mt].w, xl.z, xl.w);
+#pragma unroll
+				for (int c = 0; c < 4; c++)
+					acc[mt][nt][c] = fmaf(tmp[c], sc[mt][c >> 1][G], acc[mt][nt][c]);
+			}
+		}
+	}
+}
+
+// grid (feature tiles, used experts): block (x, u) takes tile x of used expert u (none
+// past *pl.n_used). GLU: gate/up rows of features [64 x, 64 x + 64) against x rows
+// (a_src: the plan's split x, (M, K = hidden)), silu(gate) * up into hs (split, (A,
+// N = inter)) at each pair's sorted position; down: rows [128 x, 128 x + 128) against
+// hs rows (a_src, K = inter), into y (A, N = hidden) at each pair's index. K a multiple
+// of the slab (fp8 64, int4 128); int4 scales in groups of 32 (wq.kshift 5), fp8 blocks
+// of 64 columns or more; weight rows and scale tensors 16-byte aligned.
+template <bool GLU, int F>
+__global__ void __launch_bounds__(XT_THREADS, xt_cfg<F>::MIN_CTAS)
+xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t *a_src,
+	  int top_k, int K, int N, uint32_t *hs, float *y)
+{
+	using C = xt_cfg<F>;
+	extern __shared__ __align__(128) unsigned char xt_smem[];
+	__shared__ int s_src[XT_XROWS];	// the pass's a_src rows (-1: none)
+	__shared__ int s_dst[XT_XROWS];	// their hs row (GLU) or y row (down)
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+	const int u = blockIdx.y;
+
+	if (u >= *pl.n_used)
+		return;
+	const int e = pl.used_e[u], start = pl.used_start[u], n = pl.used_n[u];
+	const int f0 = blockIdx.x * (GLU ? XT_GLU_FEATS : XT_ROWS), nst = K / C::SLAB;
+	const size_t rb = F == MQ_INT4 ? (size_t)K / 2 : (size_t)K;	// bytes a weight row
+	const int esz = wq.sbf16 ? 2 : 4;
+	// This thread's weight units: rows (tid >> 2) + 32 j (one matrix: bit 4 of the row is
+	// tid's bit 6), unit tid & 3; wsrc at j = 0, rows 16 (gate/up) or 32 apart.
+	int wmat, wfeat;
+
+	xt_row<GLU>(tid >> 2, f0, wmat, wfeat);
+	const int wstep = GLU ? 16 : 32;
+	const uint8_t *wsrc = (const uint8_t *)expert_w[3 * e + wmat] + (size_t)wfeat * rb +
+			      16 * (tid & 3);
+	int wdst[4];
+
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+		const int r = (tid >> 2) + 32 * j;
+
+		wdst[j] = r * XT_SB + 16 * xt_wpos<F>(r, tid & 3);
+	}
+	// int4: this thread copies row tid's 4 scales a slab; fp8: the lane's rows (mt,
+	// g + 8 h) at 2 mt + h take one each into registers (kshift: their matrices')
+	const char *ssrc[F == MQ_INT4 ? 1 : 4];
+	int ksh[2];
+
+	if constexpr (F == MQ_INT4) {
+		int mat, feat;
+
+		xt_row<GLU>(tid, f0, mat, feat);
+		ssrc[0] = xt_scale_row(wq, e, mat, feat, N, esz);
+	} else {
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+			const int mt = c >> 1, h = c & 1;
+			const int mat = GLU ? mt : 2;
+			const int feat = f0 + (GLU ? 16 * warp : 32 * warp + 16 * mt) + g + 8 * h;
+
+			ssrc[c] = xt_scale_row(wq, e, mat, feat, N, esz);
+		}
+		ksh[0] = wq.kshift[GLU ? 0 : 2];
+		ksh[1] = wq.kshift[GLU ? 1 : 2];
+	}
+
+	for (int c0 = 0; c0 < n; c0 += XT_XROWS) {
+		const int rows = min(XT_XROWS, n - c0);
+		float acc[2][2][4] = {};
+		float sr[XT_STAGES][4];
+
+		__syncthreads();	// the last pass is done with s_src, s_dst and the buffers
+		if (tid < XT_XROWS) {
+			const int pos = start + c0 + tid;
+			const bool in = tid < rows;
+
+			s_src[tid] = !in ? -1 : GLU ? pl.sorted[pos] / top_k : pos;
+			s_dst[tid] = !in ? -1 : GLU ? pos : pl.sorted[pos];
+		}
+		__syncthreads();
+		// Slab i into buffer slot: the weights, the expert rows' x, int4's scales in one
+		// copy group; fp8's scales into registers sr[slot].
+		auto load = [&](int i, int slot) {
+			unsigned char *st = xt_smem + slot * C::STAGE;
+			const int k0 = i * C::SLAB;
+
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+				cp_async16(st + wdst[j], wsrc + (size_t)(wstep * j) * rb + i * XT_SB,
+					   wfeat + wstep * j < N);
+#pragma unroll
+			for (int j = 0; j < C::XPT; j++) {
+				const int v = tid + j * XT_THREADS, m = v / C::UPR, q = v % C::UPR;
+				const int src = s_src[m];
+
+				cp_async16(st + C::W_BYTES + m * C::XSTRIDE + 16 * xt_xpos(q),
+					   (const unsigned char *)(a_src + (size_t)(src >= 0 ? src : 0) * K +
+								   k0) + 16 * q,
+					   src >= 0);
+			}
+			if constexpr (F == MQ_INT4)
+				xt_cp_async(st + C::W_BYTES + C::X_BYTES + tid * 16,
+					    ssrc[0] + (size_t)(k0 >> 5) * esz, 4 * esz, ssrc[0] != nullptr);
+			else
+#pragma unroll
+				for (int c = 0; c < 4; c++)
+					sr[slot][c] = xt_scale(ssrc[c], k0 >> ksh[c >> 1], wq.sbf16);
+		};
+
+#pragma unroll
+		for (int i = 0; i < XT_AHEAD; i++) {
+			if (i < nst)
+				load(i, i);
+			cp_async_commit();
+		}
+		// One copy group a slab; before slab i, its group has exactly XT_AHEAD - 1
+		// newer ones. Slab i sits in slot i % XT_STAGES = j (the loop over j unrolled,
+		// so sr stays in registers).
+		for (int i0 = 0; i0 < nst; i0 += XT_STAGES) {
+#pragma unroll
+			for (int j = 0; j < XT_STAGES; j++) {
+				const int i = i0 + j, nx = i + XT_AHEAD;
+
+				if (i >= nst)
+					break;
+				cp_async_wait<XT_AHEAD - 1>();
+				__syncthreads();	// slab i visible; slab i - 1's buffer free
+				if (nx < nst)
+					load(nx, (j + XT_AHEAD) % XT_STAGES);
+				cp_async_commit();
+				const unsigned char *st = xt_smem + j * C::STAGE;
+
+				if constexpr (F == MQ_FP8) {
+					if (rows > 8)
+						xt_slab_fp8<2>(acc, st, st + C::W_BYTES, sr[j], warp, g, t);
+					else
+						xt_slab_fp8<1>(acc, st, st + C::W_BYTES, sr[j], warp, g, t);
+				} else {
+					const unsigned char *ss = st + C::W_BYTES + C::X_BYTES;
+
+					if (rows > 8)
+						xt_slab_int4<2>(acc, st, st + C::W_BYTES, ss, wq.sbf16, warp,
+								g, t);
+					else
+						xt_slab_int4<1>(acc, st, st + C::W_BYTES, ss, wq.sbf16, warp,
+								g, t);
+				}
+			}
+		}
+		cp_async_wait<0>();
+
+		// accumulator c of tile (mt, nt): weight row (mt, g + 8 (c >> 1)), expert row
+		// 8 nt + 2 t + (c & 1) of the pass
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+			for (int c = 0; c < 4; c++) {
+				const int m = 8 * nt + 2 * t + (c & 1);
+
+				if (m >= rows)
+					continue;
+				if (GLU) {
+					const int f = f0 + 16 * warp + g + 8 * (c >> 1);
+
+					if (f < N) {
+						const float a = silu_mul1(acc[0][nt][c], acc[1][nt][c]);
+						const uint32_t hi = bf16_bits(a);
+						const uint32_t lo = bf16_bits(__fsub_rn(a, __uint_as_float(hi << 16)));
+						uint16_t *row = (uint16_t *)(hs + (size_t)s_dst[m] * N);
+
+						// split layout (split_store): per 8 values, 8 hi then 8 lo
+						row[(f >> 3) * 16 + (f & 7)] = (uint16_t)hi;
+						row[(f >> 3) * 16 + 8 + (f & 7)] = (uint16_t)lo;
+					}
+				} else {
+#pragma unroll
+					for (int mt = 0; mt < 2; mt++) {
+						const int f = f0 + 32 * warp + 16 * mt + g + 8 * (c >> 1);
+
+						if (f < N)
+							y[(size_t)s_dst[m] * N + f] = acc[mt][nt][c];
+					}
+				}
+			}
+	}
+}
+
+template <bool GLU, int F>
+int xt_attr(void)
+{
+	return K_CUDA_CALL(cudaFuncSetAttribute(xt_kernel<GLU, F>,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						xt_cfg<F>::SMEM));
+}
+
+template <int F>
+int xt_run(cudaStream_t s, const ex_plan &pl, const uint16_t *const *expert_w, const moe_wq &wq,
+	   const uint32_t *xs, uint32_t *hs, float *y, int top_k, int hidden, int inter,
+	   int max_used)
+{
+	const dim3 g1((inter + XT_GLU_FEATS - 1) / XT_GLU_FEATS, max_used);
+	const dim3 g2((hidden + XT_ROWS - 1) / XT_ROWS, max_used);
+	int ret;
+
+	xt_kernel<true, F><<<g1, XT_THREADS, xt_cfg<F>::SMEM, s>>>(pl, expert_w, wq, xs, top_k,
+								    hidden, inter, hs, nullptr);
+	if ((ret = K_CUDA_LAUNCHED("moe gate/up (qtile)")))
+		return ret;
+	xt_kernel<false, F><<<g2, XT_THREADS, xt_cfg<F>::SMEM, s>>>(pl, expert_w, wq, hs, top_k,
+								     inter, hidden, nullptr, y);
+	return K_CUDA_LAUNCHED("moe down (qtile)");
+}
+
+}	// namespace
+
+int moe_qtile_setup(void)
+{
+	return xt_attr<true, MQ_FP8>() || xt_attr<false, MQ_FP8>() || xt_attr<true, MQ_INT4>() ||
+	       xt_attr<false, MQ_INT4>() ? -EIO : 0;
+}
+
+bool moe_qtile_takes(const moe_wq &wq, int hidden, int inter, int M)
+{
+	const int slab = wq.fmt == MQ_INT4 ? 128 : 64;
+
+	if ((wq.fmt != MQ_FP8 && wq.fmt != MQ_INT4) || M > k_cuda_tuning()->moe_qtile_rows ||
+	    hidden % slab || inter % slab)
+		return false;
+	for (int j = 0; j < 3; j++)
+		if (wq.rshift[j] < 0 || (wq.fmt == MQ_INT4 ? wq.kshift[j] != 5 : wq.kshift[j] < 6))
+			return false;
+	return true;
+}
+
+int moe_qtile_run(cudaStream_t s, const ex_plan &pl, const uint16_t *const *expert_w,
+		  const moe_wq &wq, const uint32_t *xs, uint32_t *hs, float *y, int top_k,
+		  int hidden, int inter, int max_used)
+{
+	if (wq.fmt == MQ_INT4)
+		return xt_run<MQ_INT4>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter, max_used);
+	return xt_run<MQ_FP8>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter, max_used);
+}
