@@ -4,8 +4,8 @@ change to it on a machine without a GPU (it is not the kernel: each formula is c
 here by hand, so keep the two in step).
 
 Modelled: the loaders (a thread's global source and shared-memory place of each 16-byte
-unit of weights and split x, with their swizzles), each lane's fragments (fp8 16 bytes
-as 8 bf16 pairs; int4 word t of group G as 4 pairs), mma.sync m16n8k16's fragment
+unit of weights and split x, with their swizzles), each lane's fragments (bf16 16
+bytes as 4 pairs; fp8 16 bytes as 8 bf16 pairs; int4 word t of group G as 4 pairs), mma.sync m16n8k16's fragment
 layout, the scale each partial sum is multiplied by (fp8: its slab; int4: its group),
 the epilogue's (weight row, expert row) of each accumulator. Checked: every accumulator
 gets each k of its own weight row and expert row exactly once per x part (hi, lo),
@@ -23,7 +23,7 @@ def xpos(j): return j ^ (((j >> 3) & 1) << 1)
 def wpos(F, r, c): return c ^ ((r >> 1) & 3) if F=='int4' else c
 
 def cfg(F):
-    SLAB = 128 if F=='int4' else 64
+    SLAB = 128 if F=='int4' else 64 if F=='fp8' else 32
     XROW = SLAB*4; UPR = XROW//16; XSTRIDE = XROW+16
     W_BYTES = XT_ROWS*XT_SB; X_BYTES = XT_XROWS*XSTRIDE
     return dict(SLAB=SLAB, XROW=XROW, UPR=UPR, XSTRIDE=XSTRIDE, W_BYTES=W_BYTES, X_BYTES=X_BYTES, XPT=XT_XROWS*UPR//128)
@@ -40,7 +40,7 @@ def run(F, GLU, K, N, f0, src_rows, slab_i):
     for tid in range(128):
         wmat, wfeat = xt_row(GLU, tid>>2, f0)
         wstep = 16 if GLU else 32
-        rb = K//2 if F=='int4' else K
+        rb = K//2 if F=='int4' else K if F=='fp8' else 2*K
         wsrc = wfeat*rb + 16*(tid&3)        # byte offset in matrix wmat (as the kernel forms it)
         for j in range(4):
             r = (tid>>2) + 32*j
@@ -53,6 +53,7 @@ def run(F, GLU, K, N, f0, src_rows, slab_i):
             for b in range(16):
                 byte = off % rb + b   # byte within weight row
                 if F=='fp8': sym = ('w', m2, f2, byte) if ok else ('z',)
+                elif F=='bf16': sym = ('w', m2, f2, byte//2) if ok else ('z',)   # read at even bytes
                 else: sym = ('w', m2, f2, 2*byte) if ok else ('z',)   # low nibble k, high k+1
                 assert dst+b not in smem
                 smem[dst+b] = sym
@@ -153,6 +154,34 @@ def check(F, GLU, K, N, f0, rows_src, rows):
                                     for c in range(4):
                                         for prod in res[lane][c]:
                                             acc[warp,lane,mt,nt,c].append((prod, ('slab', si, mt, c>>1)))
+            elif F=='bf16':
+                pa={}; pb={}
+                for lane in range(32):
+                    g,t=lane>>2,lane&3
+                    for mt in range(2):
+                        r = warp*32+mt*16+g
+                        va = rd_w(F, smem, r*XT_SB+16*t, 16)[0::2]
+                        vb = rd_w(F, smem, (r+8)*XT_SB+16*t, 16)[0::2]
+                        pa[lane,mt] = [(va[2*q], va[2*q+1]) for q in range(4)]
+                        pb[lane,mt] = [(vb[2*q], vb[2*q+1]) for q in range(4)]
+                for nt in range(NT):
+                    xh={}; xl={}
+                    for lane in range(32):
+                        g,t=lane>>2,lane&3
+                        xr = C['W_BYTES'] + (8*nt+g)*C['XSTRIDE']
+                        h=[smem[xr+16*xpos(2*t)+b] for b in range(0,16,2)]
+                        l=[smem[xr+16*xpos(2*t+1)+b] for b in range(0,16,2)]
+                        xh[lane]=[xpair(h,q) for q in range(4)]; xl[lane]=[xpair(l,q) for q in range(4)]
+                    for mt in range(2):
+                        for X in (xh, xl):
+                            for st in range(2):
+                                LA=[[pa[l,mt][2*st], pb[l,mt][2*st], pa[l,mt][2*st+1], pb[l,mt][2*st+1]] for l in range(32)]
+                                LB=[[X[l][2*st], X[l][2*st+1]] for l in range(32)]
+                                res=mma(LA, LB)
+                                for lane in range(32):
+                                    for c in range(4):
+                                        for prod in res[lane][c]:
+                                            acc[warp,lane,mt,nt,c].append((prod, ('none',)))
             else:
                 wa={}; wb={}
                 for lane in range(32):
@@ -234,6 +263,10 @@ def bank_check():
     same at 32-row offsets): fp8 weights 16 bytes a lane, int4 4 bytes a lane of each
     group, x 16 bytes (hi or lo) a lane, int4 scales 8 (bf16) or 16 (fp32) bytes."""
     worst = 1
+    for nt in range(2):     # bf16: x units 2t + h (weights as fp8's)
+        for h in range(2):
+            a = [(8*nt + (l>>2))*cfg('bf16')['XSTRIDE'] + 16*xpos(2*(l&3) + h) for l in range(32)]
+            worst = max(worst, ways(a, 16))
     for F in ('fp8', 'int4'):
         XSTRIDE = cfg(F)['XSTRIDE']
         for mt in range(2):
@@ -262,9 +295,9 @@ def bank_check():
 
 if __name__ == '__main__':
     tot = 0
-    for F in ('fp8', 'int4'):
+    for F in ('bf16', 'fp8', 'int4'):
         for GLU in (True, False):
-            K = 256 if F == 'int4' else 128    # two slabs
+            K = {'int4': 256, 'fp8': 128, 'bf16': 64}[F]    # two slabs
             # (N, the CTA's first feature, expert rows): a full tile, a tile past N, a
             # pass of 16 rows, one of 9 (two n8 tiles, the second part-filled)
             cases = ((200, 0, 5), (100, 64, 16), (130, 0, 9)) if GLU else \

@@ -12,7 +12,9 @@
  * left unwritten fails. Tolerance rel L2 <= 1e-4 (grouped: bf16 hi+lo activations,
  * small: fp32 activations; fp32 accumulation: ~1e-5 expected). The small path runs
  * a single row with moe_small_m1.cu's kernels (the default) and the general ones,
- * which must give the same bits (the tuning's moe_m1; repeated and bad ids too).
+ * which must give the same bits (the tuning's moe_m1; repeated and bad ids too). The
+ * grouped path runs again on moe_qtile.cu's tile kernels (KDEC_MOE_QTILE_ROWS; " qtile"
+ * in the lines where they take the shape), a hot expert of 64 rows among the cases.
  * Experts plus shared expert plus residual (k_cuda_moe_experts_add) against the CPU's
  * ops in forward.c's order (k_cpu_moe_experts, the shared SwiGLU MLP by k_cpu_linear
  * and k_cpu_silu_mul, two adds) on fresh random inputs, both ways too:
@@ -279,7 +281,7 @@ static void test_experts(const struct moe_shape *s, struct weights *w, struct k_
 	float *dx, *dw, *dout;
 	int32_t *dids;
 	int ret, n_used = 0;
-	char shape[96];
+	char shape[112];
 
 	for (size_t i = 0; i < nx; i++)
 		x[i] = test_randf(&seed) * 2;
@@ -309,9 +311,11 @@ static void test_experts(const struct moe_shape *s, struct weights *w, struct k_
 				max_abs = d;
 			bad |= got[i] != got[i];
 		}
-		snprintf(shape, sizeof(shape), "%s M %d (%d experts used)%s%s%s", s->name, M,
+		snprintf(shape, sizeof(shape), "%s M %d (%d experts used)%s%s%s%s", s->name, M,
 			 n_used, hot >= 0 ? " hot" : "", flags & EX_DUP ? " dup" : "",
-			 flags & EX_BAD_ID ? " bad-id" : "");
+			 flags & EX_BAD_ID ? " bad-id" : "",
+			 path != K_CUDA_MOE_PATH_SMALL && k_cuda_moe_qtile_takes(NULL, s->hidden,
+			 s->inter, M) ? " qtile" : "");
 		printf("%-12s %-7s %-62s max_abs %.3g rel_l2 %.3g%s  %s\n", "moe_experts",
 		       moe_path_name(path), shape, max_abs, rel, bad ? "  NaN" : "",
 		       !bad && rel <= EXPERT_TOL ? "PASS" : "FAIL");
@@ -610,6 +614,15 @@ static void test_experts_shape(const struct moe_shape *s)
 		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, path);
 	}
 	moe_set_m1(-1);
+	/* the grouped path on moe_qtile.cu's tile kernels where they take the shape (" qtile"
+	 * in the line: V2-Lite's and Qwen3's; the odd ones keep expert_mma_kernel) */
+	moe_set_qtile(130);
+	for (int m = 0; m < 3; m++)
+		test_experts(s, &w, ws, (int[]){ 2, 8, 64 }[m], -1, 0, K_CUDA_MOE_PATH_GROUPED);
+	test_experts(s, &w, ws, 8, 3, EX_DUP, K_CUDA_MOE_PATH_GROUPED);
+	test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, K_CUDA_MOE_PATH_GROUPED);
+	test_experts(s, &w, ws, 64, 3, 0, K_CUDA_MOE_PATH_GROUPED);	/* 4 passes of 16 */
+	moe_set_qtile(-1);
 	/* auto: small at 5 rows (up to 64 pairs), grouped at 64 */
 	test_experts(s, &w, ws, 5, -1, 0, K_CUDA_MOE_PATH_AUTO);
 	test_experts(s, &w, ws, 64, -1, 0, K_CUDA_MOE_PATH_AUTO);

@@ -142,9 +142,9 @@ struct k_cuda_tuning {
 				 * measured slower in session 14: Qwen3-30B-A3B batch 1 4.189 ms
 				 * against 3.997 on an H100) */
 	int moe_qtile_rows;	/* KDEC_MOE_QTILE_ROWS, rows (>= 0), 0: up to this many rows a
-				 * call, quantized experts (fp8, int4 g32) on the grouped path take
-				 * moe_qtile.cu's tile kernels; 0: expert_mma_kernel always. Not
-				 * bit-identical. Off until measured on a GPU */
+				 * call, the routed experts (bf16, fp8, int4 g32) on the grouped
+				 * path take moe_qtile.cu's tile kernels; 0: expert_mma_kernel
+				 * always. Not bit-identical. Off until measured on a GPU */
 	int moe_lat_prefetch_mb;	/* KDEC_MOE_LAT_PREFETCH_MB, MB (>= 0), 0: the latency
 				 * path's MoE launch asks L2 (evict-last) for up to this many MB
 				 * of the next layer's attention weights once its router rows

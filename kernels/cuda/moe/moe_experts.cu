@@ -754,7 +754,7 @@ extern "C" int k_cuda_moe_qtile_takes(const struct k_cuda_moe_quant *q, int hidd
 	moe_wq wq;
 
 	if (k_cuda_moe_quant_ok(q, hidden, inter) || !moe_use_mma(hidden, inter))
-		return 0;
+		return 0;	// (q NULL: bf16 experts)
 	wq = moe_wq_of(q, hidden, inter);
 	return moe_wq_vector(wq, hidden, inter) && moe_qtile_takes(wq, hidden, inter, M);
 }

@@ -111,11 +111,11 @@ void moe_small_down_launch_plain(cudaStream_t s, const uint16_t *const *expert_w
 				 int top_k, int n_experts, int hidden, int inter,
 				 const struct moe_small_shared &sh, float *out);
 
-// moe_qtile.cu for moe_experts.cu: the grouped path's expert GEMMs for quantized experts
-// as tile kernels. Their one-time set-up (0 or -EIO); whether they take a call of M rows
-// (fp8 or int4, M <= k_cuda_tuning()->moe_qtile_rows, hidden and inter multiples of 64
-// (fp8) or 128 (int4), int4 scales in groups of 32, fp8 blocks of >= 64 columns); the
-// two launches (gate/up into hs, down into y, as expert_mma_kernel's; 0 or -EIO).
+// moe_qtile.cu for moe_experts.cu: the grouped path's expert GEMMs as tile kernels.
+// Their one-time set-up (0 or -EIO); whether they take a call of M rows (M <=
+// k_cuda_tuning()->moe_qtile_rows; hidden and inter multiples of 32 (bf16), 64 (fp8) or
+// 128 (int4); int4 scales in groups of 32, fp8 blocks of >= 64 columns); the two
+// launches (gate/up into hs, down into y, as expert_mma_kernel's; 0 or -EIO).
 int moe_qtile_setup(void);
 bool moe_qtile_takes(const struct moe_wq &wq, int hidden, int inter, int M);
 int moe_qtile_run(cudaStream_t s, const struct ex_plan &pl, const uint16_t *const *expert_w,

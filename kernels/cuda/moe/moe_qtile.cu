@@ -1,10 +1,10 @@
-// The grouped path's expert GEMMs for quantized experts (fp8, int4 groups of 32) where
-// a call has at most k_cuda_tuning()->moe_qtile_rows rows (KDEC_MOE_QTILE_ROWS): a
-// tile kernel in the form of the dense one (linear_qtile.cu) in place of
-// expert_mma_kernel, which reads its weights with narrow per-lane loads (8 bytes of
-// fp8, 4 of int4), one scale load per 32-k chunk, and splits K over its 4 warps with a
-// shared-memory reduction: 12% (fp8) and 6% (int4) of the floor at 64 rows on H200,
-// against bf16's 63% (docs/PERFORMANCE.md, "Quantized MoE experts").
+// The grouped path's expert GEMMs as tile kernels (bf16, fp8, int4 groups of 32) where a
+// call has at most k_cuda_tuning()->moe_qtile_rows rows (KDEC_MOE_QTILE_ROWS), in place
+// of expert_mma_kernel, which reads its weights with narrow per-lane loads (16 bytes of
+// bf16, 8 of fp8, 4 of int4: the same 8 values), one scale load per 32-k chunk, and
+// splits K over its 4 warps with a shared-memory reduction: 63% (bf16), 12% (fp8) and 6%
+// (int4) of the floor at 64 rows on H200 (docs/PERFORMANCE.md, "Quantized MoE experts").
+// The form is the dense quantized tile kernel's (linear_qtile.cu).
 //
 // A CTA owns 128 weight rows of one used expert (gate/up: 64 features, their gate rows
 // and their up rows, so a lane forms the SwiGLU of its own accumulators; down: 128
@@ -14,16 +14,20 @@
 // expert rows go 16 a pass (two n8 tiles; the second skipped where a pass has 8 or
 // fewer); an expert with more rows than that streams its weights once a pass.
 //
-// Arithmetic as expert_mma_kernel's: the weights become exact bf16 pairs in registers
-// (moe_grouped.cuh), each product is taken twice (x hi, x lo: ~16 bits of x), fp32
+// Arithmetic as expert_mma_kernel's: the weights are (or become, moe_grouped.cuh) exact
+// bf16 pairs in registers, each product is taken twice (x hi, x lo: ~16 bits of x), fp32
 // accumulators; a scale multiplies each partial sum it covers in fp32: fp8 a slab's
 // (64 k; blocks of 64 or more columns), int4 a group's (each mma.sync takes the 16 k of
 // one group: lane t the word t of group G, i.e. k 32 G + 8 t .. + 7). No K split, so
 // no partials. Not bit-identical to expert_mma_kernel (another order of the sums).
+// contrib/check_moe_qtile.py models the index arithmetic below (no GPU needed).
 //
-// Counted per warp and slab (32 weight rows x 64 bytes, 2 KB): fp8 128 conversions,
-// int4 240; 16 (fp8) or 32 (int4) mma.sync an n8 tile of expert rows. At the floor an
-// SM has ~141 clocks a warp-slab of bytes (H100: 14.5 B/clk), 564 issue slots.
+// Counted in the SASS (nvcc 13.0, sm_90a), one warp's slab of 32 weight rows x 64 bytes
+// with two n8 tiles: bf16 ~210 instructions (32 k), fp8 ~390 (64 k; 96 conversions),
+// int4 ~660 (128 k; 240 in the int4 -> bf16 conversion). An SM's share of HBM at the
+// floor gives a warp-slab's 2 KB ~141 clocks on H100 (14.5 B/clk), ~111 on H200: 564 or
+// 444 issue slots. So int4 is issue-bound short of its floor; a cheaper conversion
+// (a PRMT against a 0x43 constant a pair, x permuted to match) is the next step there.
 #include <cerrno>
 #include <cstdint>
 
@@ -44,7 +48,7 @@
 namespace {	// kernels and their helpers stay private to this file
 
 template <int F> struct xt_cfg {
-	static constexpr int SLAB = F == MQ_INT4 ? 128 : 64;	// k a slab
+	static constexpr int SLAB = F == MQ_INT4 ? 128 : F == MQ_FP8 ? 64 : 32;	// k a slab
 	static constexpr int XU = 16;				// bytes: 8 bf16 of hi or of lo
 	static constexpr int XROW = SLAB * 4;			// bytes of a split row's slab
 	static constexpr int UPR = XROW / XU;			// its 16-byte units
@@ -56,6 +60,7 @@ template <int F> struct xt_cfg {
 	static constexpr int SMEM = XT_STAGES * STAGE;
 	static constexpr int XPT = XT_XROWS * UPR / XT_THREADS;	// x units a thread
 	static constexpr int MIN_CTAS = F == MQ_INT4 ? 3 : 4;	// per SM, by shared memory
+	static constexpr int J_UNROLL = F == MQ_FP8 ? XT_STAGES : 1;	// see the slab loop
 };
 
 // Where 16-byte unit j of a split row's slab sits in its shared row (a position): units
@@ -136,15 +141,14 @@ __device__ __forceinline__ float xt_scale(const char *row, int col, int sbf16)
 }
 
 // One slab of an fp8 CTA: the warp's two m16 tiles (rows g, g + 8 of each: 16 bytes, k
-// 16t .. 16t + 15, as 8 bf16 pairs) against NT n8 tiles of expert rows (x row g of each:
-// units 4t .. 4t + 3 = hi, lo of k 16t .. + 7, hi, lo of k 16t + 8 .. + 15). Pair q of a
-// lane is k 16t + 2q, + 1 in weights and x alike; mma step s takes pairs 2s (its k slots
-// 2t, 2t + 1) and 2s + 1 (slots 2t + 8, 2t + 9). sr: the slab's scale of rows
-// (mt, g + 8 h) at 2 mt + h.
-template <int NT>
+// 16t .. 16t + 15, as 8 bf16 pairs) against the pass's n8 tiles of expert rows (two where
+// `two`; x row g of each: units 4t .. 4t + 3 = hi, lo of k 16t .. + 7, hi, lo of k 16t +
+// 8 .. + 15). Pair q of a lane is k 16t + 2q, + 1 in weights and x alike; mma step s
+// takes pairs 2s (its k slots 2t, 2t + 1) and 2s + 1 (slots 2t + 8, 2t + 9). sr: the
+// slab's scale of rows (mt, g + 8 h) at 2 mt + h.
 __device__ __forceinline__ void xt_slab_fp8(float (&acc)[2][2][4], const unsigned char *ws,
-					    const unsigned char *xs, const float (&sr)[4], int warp,
-					    int g, int t)
+					    const unsigned char *xs, const float (&sr)[4], bool two,
+					    int warp, int g, int t)
 {
 	using C = xt_cfg<MQ_FP8>;
 	uint32_t pa[2][8], pb[2][8];
@@ -165,7 +169,9 @@ __device__ __forceinline__ void xt_slab_fp8(float (&acc)[2][2][4], const unsigne
 		pb[mt][4] = b1.x, pb[mt][5] = b1.y, pb[mt][6] = b1.z, pb[mt][7] = b1.w;
 	}
 #pragma unroll
-	for (int nt = 0; nt < NT; nt++) {
+	for (int nt = 0; nt < 2; nt++) {
+		if (nt == 1 && !two)	// a pass of 8 rows or fewer: one n8 tile
+			break;
 		const unsigned char *xr = xs + (8 * nt + g) * C::XSTRIDE;
 		const uint4 h0 = *(const uint4 *)(xr + 16 * xt_xpos(4 * t));
 		const uint4 l0 = *(const uint4 *)(xr + 16 * xt_xpos(4 * t + 1));
@@ -192,15 +198,48 @@ __device__ __forceinline__ void xt_slab_fp8(float (&acc)[2][2][4], const unsigne
 	}
 }
 
+// One slab of a bf16 CTA: the warp's two m16 tiles (rows g, g + 8: 16 bytes, k 8t ..
+// 8t + 7, 4 bf16 pairs) against x unit t (hi and lo) of each of the pass's n8 tiles,
+// straight into the accumulators (no scale).
+__device__ __forceinline__ void xt_slab_bf16(float (&acc)[2][2][4], const unsigned char *ws,
+					     const unsigned char *xs, bool two, int warp, int g, int t)
+{
+	using C = xt_cfg<MQ_BF16>;
+	uint4 pa[2], pb[2];
+
+#pragma unroll
+	for (int mt = 0; mt < 2; mt++) {
+		const int r = warp * 32 + mt * 16 + g;
+
+		pa[mt] = *(const uint4 *)(ws + r * XT_SB + 16 * t);
+		pb[mt] = *(const uint4 *)(ws + (r + 8) * XT_SB + 16 * t);
+	}
+#pragma unroll
+	for (int nt = 0; nt < 2; nt++) {
+		if (nt == 1 && !two)	// a pass of 8 rows or fewer: one n8 tile
+			break;
+		const unsigned char *xr = xs + (8 * nt + g) * C::XSTRIDE;
+		const uint4 xh = *(const uint4 *)(xr + 16 * xt_xpos(2 * t));
+		const uint4 xl = *(const uint4 *)(xr + 16 * xt_xpos(2 * t + 1));
+
+#pragma unroll
+		for (int mt = 0; mt < 2; mt++) {
+			mma16816(acc[mt][nt], pa[mt].x, pb[mt].x, pa[mt].y, pb[mt].y, xh.x, xh.y);
+			mma16816(acc[mt][nt], pa[mt].x, pb[mt].x, pa[mt].y, pb[mt].y, xl.x, xl.y);
+			mma16816(acc[mt][nt], pa[mt].z, pb[mt].z, pa[mt].w, pb[mt].w, xh.z, xh.w);
+			mma16816(acc[mt][nt], pa[mt].z, pb[mt].z, pa[mt].w, pb[mt].w, xl.z, xl.w);
+		}
+	}
+}
+
 // One slab of an int4 CTA: per group G (32 k) of the slab, word t of the group of rows
 // g, g + 8 (k 32 G + 8 t .. + 7, 4 bf16 pairs) against x unit 4 G + t (hi and lo) of
-// each n8 tile; each group's two mma steps into a temporary that the group's fp32
+// each of the pass's n8 tiles; each group's two mma steps into a temporary that the group's fp32
 // scale of each row multiplies. ss: the slab's scales, 16 bytes a weight row (bf16:
 // 4 values in the first 8; else 4 fp32).
-template <int NT>
 __device__ __forceinline__ void xt_slab_int4(float (&acc)[2][2][4], const unsigned char *ws,
 					     const unsigned char *xs, const unsigned char *ss,
-					     bool sbf16, int warp, int g, int t)
+					     bool sbf16, bool two, int warp, int g, int t)
 {
 	using C = xt_cfg<MQ_INT4>;
 	const int rot = (g >> 1) & 3;	// xt_wpos of rows g and g + 8
@@ -244,7 +283,9 @@ __device__ __forceinline__ void xt_slab_int4(float (&acc)[2][2][4], const unsign
 			pb[mt] = ex_int4_bf16x8(wb[mt][G]);
 		}
 #pragma unroll
-		for (int nt = 0; nt < NT; nt++) {
+		for (int nt = 0; nt < 2; nt++) {
+		if (nt == 1 && !two)	// a pass of 8 rows or fewer: one n8 tile
+			break;
 			const unsigned char *xr = xs + (8 * nt + g) * C::XSTRIDE;
 			const uint4 xh = *(const uint4 *)(xr + 16 * xt_xpos(8 * G + 2 * t));
 			const uint4 xl = *(const uint4 *)(xr + 16 * xt_xpos(8 * G + 2 * t + 1));
@@ -288,7 +329,7 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 		return;
 	const int e = pl.used_e[u], start = pl.used_start[u], n = pl.used_n[u];
 	const int f0 = blockIdx.x * (GLU ? XT_GLU_FEATS : XT_ROWS), nst = K / C::SLAB;
-	const size_t rb = F == MQ_INT4 ? (size_t)K / 2 : (size_t)K;	// bytes a weight row
+	const size_t rb = F == MQ_INT4 ? (size_t)K / 2 : F == MQ_FP8 ? (size_t)K : (size_t)K * 2;
 	const int esz = wq.sbf16 ? 2 : 4;
 	// This thread's weight units: rows (tid >> 2) + 32 j (one matrix: bit 4 of the row is
 	// tid's bit 6), unit tid & 3; wsrc at j = 0, rows 16 (gate/up) or 32 apart.
@@ -308,7 +349,7 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 	}
 	// int4: this thread copies row tid's 4 scales a slab; fp8: the lane's rows (mt,
 	// g + 8 h) at 2 mt + h take one each into registers (kshift: their matrices')
-	const char *ssrc[F == MQ_INT4 ? 1 : 4];
+	const char *ssrc[F == MQ_FP8 ? 4 : 1];
 	int ksh[2];
 
 	if constexpr (F == MQ_INT4) {
@@ -316,7 +357,7 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 
 		xt_row<GLU>(tid, f0, mat, feat);
 		ssrc[0] = xt_scale_row(wq, e, mat, feat, N, esz);
-	} else {
+	} else if constexpr (F == MQ_FP8) {
 #pragma unroll
 		for (int c = 0; c < 4; c++) {
 			const int mt = c >> 1, h = c & 1;
@@ -366,10 +407,11 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 			if constexpr (F == MQ_INT4)
 				xt_cp_async(st + C::W_BYTES + C::X_BYTES + tid * 16,
 					    ssrc[0] + (size_t)(k0 >> 5) * esz, 4 * esz, ssrc[0] != nullptr);
-			else
+			else if constexpr (F == MQ_FP8) {
 #pragma unroll
 				for (int c = 0; c < 4; c++)
 					sr[slot][c] = xt_scale(ssrc[c], k0 >> ksh[c >> 1], wq.sbf16);
+			}
 		};
 
 #pragma unroll
@@ -379,10 +421,10 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 			cp_async_commit();
 		}
 		// One copy group a slab; before slab i, its group has exactly XT_AHEAD - 1
-		// newer ones. Slab i sits in slot i % XT_STAGES = j (the loop over j unrolled,
-		// so sr stays in registers).
+		// newer ones. Slab i sits in slot i % XT_STAGES = j (fp8: the loop over j
+		// unrolled, so sr stays in registers; else not, one copy of the slab's code).
 		for (int i0 = 0; i0 < nst; i0 += XT_STAGES) {
-#pragma unroll
+#pragma unroll(C::J_UNROLL)
 			for (int j = 0; j < XT_STAGES; j++) {
 				const int i = i0 + j, nx = i + XT_AHEAD;
 
@@ -395,21 +437,13 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 				cp_async_commit();
 				const unsigned char *st = xt_smem + j * C::STAGE;
 
-				if constexpr (F == MQ_FP8) {
-					if (rows > 8)
-						xt_slab_fp8<2>(acc, st, st + C::W_BYTES, sr[j], warp, g, t);
-					else
-						xt_slab_fp8<1>(acc, st, st + C::W_BYTES, sr[j], warp, g, t);
-				} else {
-					const unsigned char *ss = st + C::W_BYTES + C::X_BYTES;
-
-					if (rows > 8)
-						xt_slab_int4<2>(acc, st, st + C::W_BYTES, ss, wq.sbf16, warp,
-								g, t);
-					else
-						xt_slab_int4<1>(acc, st, st + C::W_BYTES, ss, wq.sbf16, warp,
-								g, t);
-				}
+				if constexpr (F == MQ_FP8)
+					xt_slab_fp8(acc, st, st + C::W_BYTES, sr[j], rows > 8, warp, g, t);
+				else if constexpr (F == MQ_BF16)
+					xt_slab_bf16(acc, st, st + C::W_BYTES, rows > 8, warp, g, t);
+				else
+					xt_slab_int4(acc, st, st + C::W_BYTES, st + C::W_BYTES + C::X_BYTES,
+						     wq.sbf16, rows > 8, warp, g, t);
 			}
 		}
 		cp_async_wait<0>();
@@ -480,18 +514,18 @@ int xt_run(cudaStream_t s, const ex_plan &pl, const uint16_t *const *expert_w, c
 
 int moe_qtile_setup(void)
 {
-	return xt_attr<true, MQ_FP8>() || xt_attr<false, MQ_FP8>() || xt_attr<true, MQ_INT4>() ||
-	       xt_attr<false, MQ_INT4>() ? -EIO : 0;
+	return xt_attr<true, MQ_BF16>() || xt_attr<false, MQ_BF16>() || xt_attr<true, MQ_FP8>() ||
+	       xt_attr<false, MQ_FP8>() || xt_attr<true, MQ_INT4>() || xt_attr<false, MQ_INT4>() ?
+	       -EIO : 0;
 }
 
 bool moe_qtile_takes(const moe_wq &wq, int hidden, int inter, int M)
 {
-	const int slab = wq.fmt == MQ_INT4 ? 128 : 64;
+	const int slab = wq.fmt == MQ_INT4 ? 128 : wq.fmt == MQ_FP8 ? 64 : 32;
 
-	if ((wq.fmt != MQ_FP8 && wq.fmt != MQ_INT4) || M > k_cuda_tuning()->moe_qtile_rows ||
-	    hidden % slab || inter % slab)
+	if (M > k_cuda_tuning()->moe_qtile_rows || hidden % slab || inter % slab)
 		return false;
-	for (int j = 0; j < 3; j++)
+	for (int j = 0; j < 3 && wq.fmt != MQ_BF16; j++)
 		if (wq.rshift[j] < 0 || (wq.fmt == MQ_INT4 ? wq.kshift[j] != 5 : wq.kshift[j] < 6))
 			return false;
 	return true;
@@ -503,5 +537,7 @@ int moe_qtile_run(cudaStream_t s, const ex_plan &pl, const uint16_t *const *expe
 {
 	if (wq.fmt == MQ_INT4)
 		return xt_run<MQ_INT4>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter, max_used);
-	return xt_run<MQ_FP8>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter, max_used);
+	if (wq.fmt == MQ_FP8)
+		return xt_run<MQ_FP8>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter, max_used);
+	return xt_run<MQ_BF16>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter, max_used);
 }
