@@ -11,8 +11,8 @@
  * checks those kernels). Then ("moe_q" lines) the routed experts bf16, fp8 128 x 128
  * and int4 g32 (k_cuda_moe_experts_q) at the four models' shapes, M 1, 2, 4, 8 and 64,
  * beside the floor of their bytes as stored (test_cuda_moe_q checks those kernels); on the
- * grouped path the quantized ones twice: expert_mma_kernel ("grouped"), then moe_qtile.cu's
- * tile kernels ("qtile", KDEC_MOE_QTILE_ROWS set to the call's rows).
+ * grouped path each twice: expert_mma_kernel ("grouped"), then moe_qtile.cu's tile
+ * kernels ("qtile", KDEC_MOE_QTILE_ROWS set to the call's rows).
  * Usage: bench_cuda_moe [lat | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
  * shapes whose name contains SHAPE, M rows (0: all), FORMAT bf16, fp8-block or int4-g32;
  * for ncu).
@@ -437,7 +437,7 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 				moe_set_qtile(0);
 				time_q(&shapes[i], fmts[f], M,
 				       M * shapes[i].top_k <= 64 ? "small" : "grouped");
-				if (M * shapes[i].top_k > 64 && fmts[f] != K_Q_NONE) {
+				if (M * shapes[i].top_k > 64) {
 					moe_set_qtile(M);	/* moe_qtile.cu's tile kernels */
 					time_q(&shapes[i], fmts[f], M, "qtile");
 				}
