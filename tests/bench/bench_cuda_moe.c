@@ -9,7 +9,7 @@
  * path's two (k_cuda_moe_lat), each a CUDA graph replayed behind an L2 flush, beside
  * the floor of the router, the chosen experts and the shared expert (test_cuda_moe_lat
  * checks those kernels). Then ("moe_q" lines) the routed experts bf16, fp8 128 x 128
- * and int4 g32 (k_cuda_moe_experts_q) at the four models' shapes, M 1, 2, 4, 8 and 64,
+ * and int4 g32 (k_cuda_moe_experts_q) at the four models' shapes, M 1, 2, 4, 8, 64 and 256,
  * beside the floor of their bytes as stored (test_cuda_moe_q checks those kernels); on the
  * grouped path each twice: expert_mma_kernel ("grouped"), then moe_qtile.cu's tile
  * kernels ("qtile", KDEC_MOE_QTILE_ROWS set to the call's rows).
@@ -425,9 +425,9 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 
 	moe_set_path(K_CUDA_MOE_PATH_AUTO);
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-		for (int m = 0; m < 5; m++)
+		for (int m = 0; m < 6; m++)
 			for (int f = 0; f < 3; f++) {
-				int M = (int[]){ 1, 2, 4, 8, 64 }[m];
+				int M = (int[]){ 1, 2, 4, 8, 64, 256 }[m];
 
 				const char *fn = fmts[f] == K_Q_FP8 ? "fp8-block" : fmts[f] == K_Q_INT4 ? "int4-g32" : "bf16";
 
