@@ -141,7 +141,7 @@ struct k_cuda_tuning {
 				 * until they end; 1 leaves room for one (session 9's hypothesis;
 				 * measured slower in session 14: Qwen3-30B-A3B batch 1 4.189 ms
 				 * against 3.997 on an H100) */
-	int moe_qtile_rows;	/* KDEC_MOE_QTILE_ROWS, rows (>= 0), 0: up to this many rows a
+	int moe_qtile_rows;	/* KDEC_MOE_QTILE_ROWS, rows 0..4096, 0: up to this many rows a
 				 * call, the routed experts (bf16, fp8, int4 g32) on the grouped
 				 * path take moe_qtile.cu's tile kernels; 0: expert_mma_kernel
 				 * always. Not bit-identical. Off until measured on a GPU */

@@ -44,6 +44,7 @@
 #define XT_STAGES	4		/* buffers; XT_STAGES - 1 slabs in flight ahead */
 #define XT_AHEAD	(XT_STAGES - 1)
 #define XT_XROWS	16		/* expert rows a pass: two n8 tiles */
+#define XT_NO_ROW	0xffffffffu	/* an x unit of no expert row (past the pass's rows) */
 
 namespace {	// kernels and their helpers stay private to this file
 
@@ -120,24 +121,27 @@ __device__ __forceinline__ int xt_pick(const int (&a)[3], int j)
 	return j == 0 ? a[0] : j == 1 ? a[1] : a[2];
 }
 
-// The scale row of matrix mat's feature feat of expert e (NULL past N), in elements of
-// esz bytes.
+// The scale row of matrix mat's feature feat of expert e, in elements of esz bytes; past
+// N the last row's (its weight rows are zeros there, so any finite scale will do).
 __device__ __forceinline__ const char *xt_scale_row(const moe_wq &wq, int e, int mat, int feat,
 						    int N, int esz)
 {
-	if (feat >= N)
-		return nullptr;
 	return (const char *)wq.scales[3 * e + mat] +
-	       (size_t)(feat >> xt_pick(wq.rshift, mat)) * xt_pick(wq.scols, mat) * esz;
+	       (size_t)(min(feat, N - 1) >> xt_pick(wq.rshift, mat)) * xt_pick(wq.scols, mat) * esz;
 }
 
-// Element col of a scale row (NULL: 0), bf16 or fp32.
-__device__ __forceinline__ float xt_scale(const char *row, int col, int sbf16)
+// Element col of a scale row as stored (bf16: its 16 bits), no arithmetic on the loaded
+// value, so that the load's wait falls at the use (xt_scale_cook), slabs later; with the
+// conversion beside the load, each thread waited for it at once (SASS).
+__device__ __forceinline__ uint32_t xt_scale_raw(const char *row, int col, bool sbf16)
 {
-	if (!row)
-		return 0.0f;
-	return sbf16 ? __uint_as_float((uint32_t)__ldg((const unsigned short *)row + col) << 16)
-		     : __ldg((const float *)row + col);
+	return sbf16 ? (uint32_t)__ldg((const unsigned short *)row + col)
+		     : __float_as_uint(__ldg((const float *)row + col));
+}
+
+__device__ __forceinline__ float xt_scale_cook(uint32_t raw, bool sbf16)
+{
+	return __uint_as_float(sbf16 ? raw << 16 : raw);
 }
 
 // One slab of an fp8 CTA: the warp's two m16 tiles (rows g, g + 8 of each: 16 bytes, k
@@ -145,10 +149,10 @@ __device__ __forceinline__ float xt_scale(const char *row, int col, int sbf16)
 // `two`; x row g of each: units 4t .. 4t + 3 = hi, lo of k 16t .. + 7, hi, lo of k 16t +
 // 8 .. + 15). Pair q of a lane is k 16t + 2q, + 1 in weights and x alike; mma step s
 // takes pairs 2s (its k slots 2t, 2t + 1) and 2s + 1 (slots 2t + 8, 2t + 9). sr: the
-// slab's scale of rows (mt, g + 8 h) at 2 mt + h.
+// slab's scale of rows (mt, g + 8 h) at 2 mt + h, as stored (xt_scale_raw).
 __device__ __forceinline__ void xt_slab_fp8(float (&acc)[2][2][4], const unsigned char *ws,
-					    const unsigned char *xs, const float (&sr)[4], bool two,
-					    int warp, int g, int t)
+					    const unsigned char *xs, const uint32_t (&sraw)[4],
+					    bool sbf16, bool two, int warp, int g, int t)
 {
 	using C = xt_cfg<MQ_FP8>;
 	uint32_t pa[2][8], pb[2][8];
@@ -193,7 +197,8 @@ __device__ __forceinline__ void xt_slab_fp8(float (&acc)[2][2][4], const unsigne
 			}
 #pragma unroll
 			for (int c = 0; c < 4; c++)
-				acc[mt][nt][c] = fmaf(tmp[c], sr[2 * mt + (c >> 1)], acc[mt][nt][c]);
+				acc[mt][nt][c] = fmaf(tmp[c], xt_scale_cook(sraw[2 * mt + (c >> 1)], sbf16),
+						      acc[mt][nt][c]);
 		}
 	}
 }
@@ -373,7 +378,7 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 	for (int c0 = 0; c0 < n; c0 += XT_XROWS) {
 		const int rows = min(XT_XROWS, n - c0);
 		float acc[2][2][4] = {};
-		float sr[XT_STAGES][4];
+		uint32_t sr[XT_STAGES][4];	// fp8: scales as stored, by buffer slot
 
 		__syncthreads();	// the last pass is done with s_src, s_dst and the buffers
 		if (tid < XT_XROWS) {
@@ -384,6 +389,17 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 			s_dst[tid] = !in ? -1 : GLU ? pos : pl.sorted[pos];
 		}
 		__syncthreads();
+		// this thread's x units of the pass: unit q of row m, as 16-byte indices into
+		// a_src at slab 0 (XT_NO_ROW: none; moe_qtile_takes keeps them below 2^31)
+		uint32_t xidx[C::XPT];
+
+#pragma unroll
+		for (int j = 0; j < C::XPT; j++) {
+			const int v = tid + j * XT_THREADS, m = v / C::UPR, q = v % C::UPR;
+			const int src = s_src[m];
+
+			xidx[j] = src < 0 ? XT_NO_ROW : (uint32_t)src * (uint32_t)(K / 4) + q;
+		}
 		// Slab i into buffer slot: the weights, the expert rows' x, int4's scales in one
 		// copy group; fp8's scales into registers sr[slot].
 		auto load = [&](int i, int slot) {
@@ -397,20 +413,18 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 #pragma unroll
 			for (int j = 0; j < C::XPT; j++) {
 				const int v = tid + j * XT_THREADS, m = v / C::UPR, q = v % C::UPR;
-				const int src = s_src[m];
+				const bool ok = xidx[j] != XT_NO_ROW;
 
 				cp_async16(st + C::W_BYTES + m * C::XSTRIDE + 16 * xt_xpos(q),
-					   (const unsigned char *)(a_src + (size_t)(src >= 0 ? src : 0) * K +
-								   k0) + 16 * q,
-					   src >= 0);
+					   (const uint4 *)a_src + (ok ? xidx[j] + k0 / 4 : 0), ok);
 			}
 			if constexpr (F == MQ_INT4)
 				xt_cp_async(st + C::W_BYTES + C::X_BYTES + tid * 16,
-					    ssrc[0] + (size_t)(k0 >> 5) * esz, 4 * esz, ssrc[0] != nullptr);
+					    ssrc[0] + (size_t)(k0 >> 5) * esz, 4 * esz, true);
 			else if constexpr (F == MQ_FP8) {
 #pragma unroll
 				for (int c = 0; c < 4; c++)
-					sr[slot][c] = xt_scale(ssrc[c], k0 >> ksh[c >> 1], wq.sbf16);
+					sr[slot][c] = xt_scale_raw(ssrc[c], k0 >> ksh[c >> 1], wq.sbf16);
 			}
 		};
 
@@ -438,7 +452,8 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 				const unsigned char *st = xt_smem + j * C::STAGE;
 
 				if constexpr (F == MQ_FP8)
-					xt_slab_fp8(acc, st, st + C::W_BYTES, sr[j], rows > 8, warp, g, t);
+					xt_slab_fp8(acc, st, st + C::W_BYTES, sr[j], wq.sbf16, rows > 8,
+						    warp, g, t);
 				else if constexpr (F == MQ_BF16)
 					xt_slab_bf16(acc, st, st + C::W_BYTES, rows > 8, warp, g, t);
 				else
@@ -523,7 +538,10 @@ bool moe_qtile_takes(const moe_wq &wq, int hidden, int inter, int M)
 {
 	const int slab = wq.fmt == MQ_INT4 ? 128 : wq.fmt == MQ_FP8 ? 64 : 32;
 
-	if (M > k_cuda_tuning()->moe_qtile_rows || hidden % slab || inter % slab)
+	// hidden, inter < 2^15 and M <= 4096 (the knob's bound): the kernels' 32-bit x unit
+	// indices (rows < M * top_k <= 2^18, K / 4 units a row) stay below 2^31
+	if (M > k_cuda_tuning()->moe_qtile_rows || hidden % slab || inter % slab ||
+	    hidden >= 32768 || inter >= 32768)
 		return false;
 	for (int j = 0; j < 3 && wq.fmt != MQ_BF16; j++)
 		if (wq.rshift[j] < 0 || (wq.fmt == MQ_INT4 ? wq.kshift[j] != 5 : wq.kshift[j] < 6))
