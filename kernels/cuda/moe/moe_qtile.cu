@@ -22,12 +22,15 @@
 // no partials. Not bit-identical to expert_mma_kernel (another order of the sums).
 // contrib/check_moe_qtile.py models the index arithmetic below (no GPU needed).
 //
-// Counted in the SASS (nvcc 13.0, sm_90a), one warp's slab of 32 weight rows x 64 bytes
-// with two n8 tiles: bf16 ~210 instructions (32 k), fp8 ~390 (64 k; 96 conversions),
-// int4 ~660 (128 k; 240 in the int4 -> bf16 conversion). An SM's share of HBM at the
+// Counted in the SASS (nvcc 13.0, sm_90a, cuobjdump of contrib/fetch-cuobjdump.sh), one
+// warp's slab of 32 weight rows x 64 bytes with two n8 tiles: bf16 ~110 instructions (32
+// k), fp8 ~420 (64 k; 128 of them the e4m3 -> bf16 conversion, ~40 NOPs between
+// dependent mma.sync), int4 ~545 (128 k; 208 the conversion). An SM's share of HBM at the
 // floor gives a warp-slab's 2 KB ~141 clocks on H100 (14.5 B/clk), ~111 on H200: 564 or
-// 444 issue slots. So int4 is issue-bound short of its floor; a cheaper conversion
-// (a PRMT against a 0x43 constant a pair, x permuted to match) is the next step there.
+// 444 issue slots. So int4 (and fp8 on H200) are near issue-bound at their floor; the
+// next step there is fewer conversion instructions (a PRMT against a 0x43 constant a
+// pair with x permuted to match, for int4).
+
 #include <cerrno>
 #include <cstdint>
 
