@@ -444,6 +444,8 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 		if (qt && expect_qtile)
 			CHECK(strcmp(tag, " qtile") == 0, "%s %s: the tile kernels declined", s->name,
 			      f->name);
+		if (qt)	/* a single row: one n8 tile of one row an expert */
+			test_q_experts(s, f, &w, ws, 1, 0, K_CUDA_MOE_PATH_GROUPED, tag);
 		test_q_experts(s, f, &w, ws, 2, 0, K_CUDA_MOE_PATH_GROUPED, tag);
 		test_q_experts(s, f, &w, ws, 3, EX_DUP | EX_BAD_ID, K_CUDA_MOE_PATH_GROUPED, tag);
 		test_q_experts(s, f, &w, ws, grouped_M, 0, K_CUDA_MOE_PATH_AUTO, tag);

@@ -11,8 +11,9 @@
  * checks those kernels). Then ("moe_q" lines) the routed experts bf16, fp8 128 x 128
  * and int4 g32 (k_cuda_moe_experts_q) at the four models' shapes, M 1, 2, 4, 8, 64 and 256,
  * beside the floor of their bytes as stored (test_cuda_moe_q checks those kernels); on the
- * grouped path each twice: expert_mma_kernel ("grouped"), then moe_qtile.cu's tile
- * kernels ("qtile", KDEC_MOE_QTILE_ROWS set to the call's rows).
+ * auto path ("small" up to 64 pairs, else "grouped": expert_mma_kernel), then the grouped
+ * path on moe_qtile.cu's tile kernels at every M ("qtile", KDEC_MOE_QTILE_ROWS set to the
+ * call's rows).
  * Usage: bench_cuda_moe [lat | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
  * shapes whose name contains SHAPE, M rows (0: all), FORMAT bf16, fp8-block or int4-g32;
  * for ncu).
@@ -437,10 +438,12 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 				moe_set_qtile(0);
 				time_q(&shapes[i], fmts[f], M,
 				       M * shapes[i].top_k <= 64 ? "small" : "grouped");
-				if (M * shapes[i].top_k > 64) {
-					moe_set_qtile(M);	/* moe_qtile.cu's tile kernels */
-					time_q(&shapes[i], fmts[f], M, "qtile");
-				}
+				/* the grouped path on moe_qtile.cu's tile kernels, at every M (where
+				 * auto takes the small path too: plan and combine launches included) */
+				moe_set_qtile(M);
+				moe_set_path(K_CUDA_MOE_PATH_GROUPED);
+				time_q(&shapes[i], fmts[f], M, "qtile");
+				moe_set_path(K_CUDA_MOE_PATH_AUTO);
 				moe_set_qtile(-1);
 			}
 }
