@@ -24,8 +24,9 @@
 //
 // Counted in the SASS (nvcc 13.0, sm_90a, cuobjdump of contrib/fetch-cuobjdump.sh), one
 // warp's slab of 32 weight rows x 64 bytes with two n8 tiles: bf16 ~110 instructions (32
-// k), fp8 ~420 (64 k; 128 of them the e4m3 -> bf16 conversion, ~40 NOPs between
-// dependent mma.sync), int4 ~545 (128 k; 208 the conversion). An SM's share of HBM at the
+// k), fp8 ~400 (64 k; 128 of them the e4m3 -> bf16 conversion; one chain of 8 dependent
+// mma.sync a tile had ptxas pad ~40 NOPs a slab, four chains of 4 need ~3), int4 ~545
+// (128 k; 208 the conversion). An SM's share of HBM at the
 // floor gives a warp-slab's 2 KB ~141 clocks on H100 (14.5 B/clk), ~111 on H200: 564 or
 // 444 issue slots. So int4 (and fp8 on H200) are near issue-bound at their floor; the
 // next step there is fewer conversion instructions (a PRMT against a 0x43 constant a
@@ -187,22 +188,26 @@ __device__ __forceinline__ void xt_slab_fp8(float (&acc)[2][2][4], const unsigne
 		const uint32_t xh[8] = { h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w };
 		const uint32_t xl[8] = { l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w };
 
-#pragma unroll
-		for (int mt = 0; mt < 2; mt++) {
-			float tmp[4] = { 0.f, 0.f, 0.f, 0.f };
+		// four independent chains of 4 mma (the two tiles' hi and lo products), so
+		// that each mma.sync's latency is covered by the other chains'
+		float th[2][4] = {}, tl[2][4] = {};
 
 #pragma unroll
-			for (int s = 0; s < 4; s++) {
-				mma16816(tmp, pa[mt][2 * s], pb[mt][2 * s], pa[mt][2 * s + 1],
+		for (int s = 0; s < 4; s++)
+#pragma unroll
+			for (int mt = 0; mt < 2; mt++) {
+				mma16816(th[mt], pa[mt][2 * s], pb[mt][2 * s], pa[mt][2 * s + 1],
 					 pb[mt][2 * s + 1], xh[2 * s], xh[2 * s + 1]);
-				mma16816(tmp, pa[mt][2 * s], pb[mt][2 * s], pa[mt][2 * s + 1],
+				mma16816(tl[mt], pa[mt][2 * s], pb[mt][2 * s], pa[mt][2 * s + 1],
 					 pb[mt][2 * s + 1], xl[2 * s], xl[2 * s + 1]);
 			}
 #pragma unroll
+		for (int mt = 0; mt < 2; mt++)
+#pragma unroll
 			for (int c = 0; c < 4; c++)
-				acc[mt][nt][c] = fmaf(tmp[c], xt_scale_cook(sraw[2 * mt + (c >> 1)], sbf16),
+				acc[mt][nt][c] = fmaf(th[mt][c] + tl[mt][c],
+						      xt_scale_cook(sraw[2 * mt + (c >> 1)], sbf16),
 						      acc[mt][nt][c]);
-		}
 	}
 }
 
