@@ -1,6 +1,6 @@
 #!/bin/bash
 # The grouped MoE path's tile kernels (kernels/cuda/moe/moe_qtile.cu, KDEC_MOE_QTILE_ROWS,
-# off by default) on the GPU machine, in two calls of < 10 minutes:
+# off by default) on the GPU machine, in three calls of < 10 minutes:
 #   MQ_PART=check  compute-sanitizer memcheck of test_cuda_moe_q (quick: Qwen3's shapes,
 #                  grouped at 9 rows, the kernels on), test_cuda_moe_q and test_cuda_moe's
 #                  experts (both run the grouped cases on expert_mma_kernel and on the tile
@@ -9,9 +9,10 @@
 #                  path beside the tile kernels, each at its floor)
 #   MQ_PART=decode kdbench decode (ctx 1024) of Qwen3-30B-A3B and DeepSeek-V2-Lite in bf16,
 #                  fp8-block, int4-g32 at batch 16 and 64 with the knob 0 and 64, and at
-#                  batch 1 and 8 with the grouped path forced onto the kernels; the Kimi-K2
-#                  (--layers 2) and DeepSeek-V3 (--layers 4) slices at batch 1 and 8
-#                  (their MoE layer, issue 24's slice target) both ways
+#                  batch 1 and 8 with the grouped path forced onto the kernels
+#   MQ_PART=slices the Kimi-K2 (--layers 2) and DeepSeek-V3 (--layers 4) slices in fp8-block
+#                  and int4-g32 at batch 1 and 8 (their MoE layer: issue 24's slice target),
+#                  the auto path against the grouped path on the kernels
 #   here: make -C build -j8 all && make -C build -j8 check TESTS= &&
 #         PACK_XZ=1 PACK_SERVE=0 PACK_TESTS="test_cuda_moe_q test_cuda_moe test_golden bench_cuda_moe" \
 #         contrib/device/pack.sh build devbuild-mq
@@ -61,6 +62,8 @@ decode)
 			dec "${m}_${f}_g" $m 1,8 $f KDEC_MOE_QTILE_ROWS=64 KDEC_MOE_PATH=grouped
 		done
 	done
+	;;
+slices)
 	for m in kimi-k2 deepseek-v3; do
 		for f in fp8-block int4-g32; do
 			dec "${m}_${f}_0" $m 1,8 $f KDEC_MOE_QTILE_ROWS=0
