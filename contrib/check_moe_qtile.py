@@ -5,7 +5,8 @@ here by hand, so keep the two in step).
 
 Modelled: the loaders (a thread's global source and shared-memory place of each 16-byte
 unit of weights and split x, with their swizzles), each lane's fragments (bf16 16
-bytes as 4 pairs; fp8 16 bytes as 8 bf16 pairs; int4 word t of group G as 4 pairs), mma.sync m16n8k16's fragment
+bytes as 4 pairs; fp8 16 bytes as 8 bf16 pairs; int4 word t of group G as 4 pairs in
+ex_int4_bf16x8_perm's order, x chunks in split_perm_pos's), mma.sync m16n8k16's fragment
 layout, the scale each partial sum is multiplied by (fp8: its slab; int4: its group),
 the epilogue's (weight row, expert row) of each accumulator. Checked: every accumulator
 gets each k of its own weight row and expert row exactly once per x part (hi, lo),
@@ -67,7 +68,9 @@ def run(F, GLU, K, N, f0, src_rows, slab_i):
             gbyte = k0*4 + 16*q
             cc = gbyte // 32; part = (gbyte // 16) % 2
             for b in range(0,16,2):
-                kk = cc*8 + b//2
+                # position b//2 of the chunk; int4 keeps values 0 2 4 6 1 3 5 7 there
+                # (split_perm_pos), the others in order
+                kk = cc*8 + ([0, 2, 4, 6, 1, 3, 5, 7][b//2] if F == 'int4' else b//2)
                 sym = ('x', src, kk, 'hi' if part==0 else 'lo') if src >= 0 else ('z',)
                 assert dst+b not in smem
                 smem[dst+b] = sym
@@ -81,15 +84,12 @@ def fp8_pairs(bytes16):
     return [(bytes16[2*q], bytes16[2*q+1]) for q in range(8)]
 
 def int4_pairs(bytes4):
-    # a word of 8 nibbles: pair p = values 2p, 2p+1 = nibbles of byte p (low, high)
-    out=[]
-    for p in range(4):
-        s = bytes4[p]
-        if s[0]=='z': out.append((('z',),('z',)))
-        else:
-            lo = ('w', s[1], s[2], s[3]); hi = ('w', s[1], s[2], s[3]+1)
-            out.append((lo, hi))
-    return out
+    # a word of 8 nibbles (value v at nibble v: byte v//2, low nibble first) as
+    # ex_int4_bf16x8_perm's pairs: (0, 2), (4, 6), (1, 3), (5, 7)
+    def val(v):
+        s = bytes4[v // 2]
+        return ('z',) if s[0] == 'z' else ('w', s[1], s[2], s[3] + (v & 1))
+    return [(val(a), val(b)) for a, b in ((0, 2), (4, 6), (1, 3), (5, 7))]
 
 def xpair(x16, q):
     # 16 bytes of x (8 bf16): pair q = bf16 2q, 2q+1

@@ -93,13 +93,14 @@ __device__ void block_scan2(int a, int b, int *ea, int *eb, int *ta, int *tb)
 	*eb = ob + ib - b;
 }
 
-// Block m splits x row m (when xs is set); block 0 also builds the plan: counts per
+// Block m splits x row m (when xs is set; perm: each chunk in the int4 tile kernels'
+// order, split_perm_pos); block 0 also builds the plan: counts per
 // expert, the used experts in increasing id, and the pairs grouped by expert with the
 // order of i = m * top_k + j kept inside each group (a stable counting sort).
 // Shared: s_ids (n), s_cnt (E), s_fill (E) ints.
 __global__ void __launch_bounds__(PLAN_THREADS)
 moe_plan_kernel(ex_plan pl, const int32_t *ids, int n, int E, const float *x, int hidden,
-		uint32_t *xs)
+		uint32_t *xs, int perm)
 {
 	extern __shared__ int psm[];
 	int *s_ids = psm, *s_cnt = psm + n, *s_fill = s_cnt + E;
@@ -107,12 +108,16 @@ moe_plan_kernel(ex_plan pl, const int32_t *ids, int n, int E, const float *x, in
 	int e0 = min(E, tid * per), e1 = min(E, e0 + per);
 	int cnt = 0, used = 0, ex_cnt, ex_used, tot_cnt, tot_used;
 
-	if (xs)
+	if (xs && !perm)
 		for (int p = tid; p < hidden / 2; p += PLAN_THREADS) {
 			const float *xr = x + (size_t)blockIdx.x * hidden;
 
 			split_store(xs + (size_t)blockIdx.x * hidden, p, xr[2 * p], xr[2 * p + 1]);
 		}
+	else if (xs)	// the int4 tile kernels' order (split_perm_pos)
+		for (int k = tid; k < hidden; k += PLAN_THREADS)
+			split_store1(xs + (size_t)blockIdx.x * hidden, k, split_perm_pos(k & 7),
+				     x[(size_t)blockIdx.x * hidden + k]);
 	if (blockIdx.x != 0)
 		return;
 
@@ -776,7 +781,7 @@ extern "C" int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, fl
 				    int inter)
 {
 	ex_plan pl;
-	bool mma = moe_use_mma(hidden, inter), vec;
+	bool mma = moe_use_mma(hidden, inter), vec, qtile;
 	int n, max_used, ret;
 	moe_wq wq;
 
@@ -792,16 +797,18 @@ extern "C" int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, fl
 					    expert_w, wq, n_experts, hidden, inter, moe_small_shared{}, 0,
 					    ws->n_sm);
 	mma = mma && vec;
+	qtile = mma && moe_qtile_takes(wq, hidden, inter, M);
 	pl = ws_plan(ws);
 	n = M * top_k;
 	max_used = n < n_experts ? n : n_experts;
 	moe_plan_kernel<<<M, PLAN_THREADS, plan_smem(n, n_experts), s>>>(
-		pl, ids, n, n_experts, x, hidden, mma ? ws->xs : nullptr);
+		pl, ids, n, n_experts, x, hidden, mma ? ws->xs : nullptr,
+		qtile && wq.fmt == MQ_INT4);
 	if ((ret = K_CUDA_LAUNCHED("moe plan")))
 		return ret;
 	if (!mma)
 		ret = moe_run_fallback(s, ws, pl, x, expert_w, wq, max_used);
-	else if (moe_qtile_takes(wq, hidden, inter, M))
+	else if (qtile)
 		ret = moe_qtile_run(s, pl, expert_w, wq, ws->xs, ws->hs, ws->y, top_k, hidden, inter,
 				    max_used);
 	else if (wq.fmt == MQ_FP8)

@@ -56,6 +56,25 @@ __device__ __forceinline__ void mma16816(float *c, uint32_t a0, uint32_t a1, uin
 	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// The int4 tile kernels' order of a split chunk (moe_qtile.cu): value j of the 8 at
+// position perm_pos(j), i.e. the chunk holds values 0 2 4 6 1 3 5 7, the order in which
+// ex_int4_bf16x8_perm gives a word's pairs, so that each x pair meets its weights.
+__device__ __forceinline__ int split_perm_pos(int j)
+{
+	return (j & 1) * 4 + (j >> 1);
+}
+
+// Value k of a split row (K values) on its own, at its chunk's position pos (j: natural,
+// split_perm_pos(j): permuted): hi and lo as split2 forms them.
+__device__ __forceinline__ void split_store1(uint32_t *row, int k, int pos, float v)
+{
+	const uint32_t hi = bf16_bits(v), lo = bf16_bits(__fsub_rn(v, __uint_as_float(hi << 16)));
+	uint16_t *h = (uint16_t *)row + (size_t)(k >> 3) * 16;
+
+	h[pos] = (uint16_t)hi;
+	h[8 + pos] = (uint16_t)lo;
+}
+
 // Two floats that are exact in bf16 as one bf16 pair (low first).
 __device__ __forceinline__ uint32_t bf16_pair_exact(float2 f)
 {
@@ -86,6 +105,27 @@ __device__ __forceinline__ uint4 ex_int4_bf16x8(uint32_t v)
 		uint32_t t = k_dq_lop3_and_or(__byte_perm(v, hi, p | ((4 + p) << 8)), 0x000f000fu,
 					      0x43004300u);
 		__nv_bfloat162 b = __hsub2(*(const __nv_bfloat162 *)&t, off);
+
+		r[p] = *(const uint32_t *)&b;
+	}
+	return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+// ex_int4_bf16x8's values in the pairs (0, 2), (4, 6), (1, 3), (5, 7): each pair one PRMT
+// of the even (v & 0x0f0f0f0f) or odd ((v >> 4) & 0x0f0f0f0f) nibbles, one per byte,
+// against the bf16 exponent byte of 128 (the 0x43 of c43), less 136: 11 operations a
+// word. The x it meets must be in split_perm_pos's order.
+__device__ __forceinline__ uint4 ex_int4_bf16x8_perm(uint32_t v)
+{
+	const uint32_t c43 = 0x43434343u, lo = v & 0x0f0f0f0fu, hi = (v >> 4) & 0x0f0f0f0fu;
+	const uint32_t t[4] = { __byte_perm(lo, c43, 0x4140), __byte_perm(lo, c43, 0x4342),
+				__byte_perm(hi, c43, 0x4140), __byte_perm(hi, c43, 0x4342) };
+	const __nv_bfloat162 off = __floats2bfloat162_rn(136.0f, 136.0f);
+	uint32_t r[4];
+
+#pragma unroll
+	for (int p = 0; p < 4; p++) {
+		__nv_bfloat162 b = __hsub2(*(const __nv_bfloat162 *)&t[p], off);
 
 		r[p] = *(const uint32_t *)&b;
 	}

@@ -25,12 +25,10 @@
 // Counted in the SASS (nvcc 13.0, sm_90a, cuobjdump of contrib/fetch-cuobjdump.sh), one
 // warp's slab of 32 weight rows x 64 bytes with two n8 tiles: bf16 ~110 instructions (32
 // k), fp8 ~400 (64 k; 128 of them the e4m3 -> bf16 conversion; one chain of 8 dependent
-// mma.sync a tile had ptxas pad ~40 NOPs a slab, four chains of 4 need ~3), int4 ~545
-// (128 k; 208 the conversion). An SM's share of HBM at the
+// mma.sync a tile had ptxas pad ~40 NOPs a slab, four chains of 4 need ~3), int4 ~510
+// (128 k; 176 the conversion, 11 operations a word). An SM's share of HBM at the
 // floor gives a warp-slab's 2 KB ~141 clocks on H100 (14.5 B/clk), ~111 on H200: 564 or
-// 444 issue slots. So int4 (and fp8 on H200) are near issue-bound at their floor; the
-// next step there is fewer conversion instructions (a PRMT against a 0x43 constant a
-// pair with x permuted to match, for int4).
+// 444 issue slots. So int4 (and fp8 on H200) are near issue-bound at their floor.
 
 #include <cerrno>
 #include <cstdint>
@@ -246,7 +244,8 @@ __device__ __forceinline__ void xt_slab_bf16(float (&acc)[2][2][4], const unsign
 }
 
 // One slab of an int4 CTA: per group G (32 k) of the slab, word t of the group of rows
-// g, g + 8 (k 32 G + 8 t .. + 7, 4 bf16 pairs) against x unit 4 G + t (hi and lo) of
+// g, g + 8 (k 32 G + 8 t .. + 7, 4 bf16 pairs in ex_int4_bf16x8_perm's order, which is
+// the order of the x chunks: split_perm_pos) against x unit 4 G + t (hi and lo) of
 // each of the pass's n8 tiles; each group's two mma steps into a temporary that the group's fp32
 // scale of each row multiplies. ss: the slab's scales, 16 bytes a weight row (bf16:
 // 4 values in the first 8; else 4 fp32).
@@ -292,8 +291,8 @@ __device__ __forceinline__ void xt_slab_int4(float (&acc)[2][2][4], const unsign
 
 #pragma unroll
 		for (int mt = 0; mt < 2; mt++) {
-			pa[mt] = ex_int4_bf16x8(wa[mt][G]);
-			pb[mt] = ex_int4_bf16x8(wb[mt][G]);
+			pa[mt] = ex_int4_bf16x8_perm(wa[mt][G]);
+			pb[mt] = ex_int4_bf16x8_perm(wb[mt][G]);
 		}
 #pragma unroll
 		for (int nt = 0; nt < 2; nt++) {
@@ -325,7 +324,8 @@ __device__ __forceinline__ void xt_slab_int4(float (&acc)[2][2][4], const unsign
 // N = inter)) at each pair's sorted position; down: rows [128 x, 128 x + 128) against
 // hs rows (a_src, K = inter), into y (A, N = hidden) at each pair's index. K a multiple
 // of the slab (fp8 64, int4 128); int4 scales in groups of 32 (wq.kshift 5), fp8 blocks
-// of 64 columns or more; weight rows and scale tensors 16-byte aligned.
+// of 64 columns or more; weight rows and scale tensors 16-byte aligned. int4: a_src's
+// chunks (and so the gate/up kernel's hs) in split_perm_pos's order.
 template <bool GLU, int F>
 __global__ void __launch_bounds__(XT_THREADS, xt_cfg<F>::MIN_CTAS)
 xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t *a_src,
@@ -484,16 +484,10 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 				if (GLU) {
 					const int f = f0 + 16 * warp + g + 8 * (c >> 1);
 
-					if (f < N) {
-						const float a = silu_mul1(acc[0][nt][c], acc[1][nt][c]);
-						const uint32_t hi = bf16_bits(a);
-						const uint32_t lo = bf16_bits(__fsub_rn(a, __uint_as_float(hi << 16)));
-						uint16_t *row = (uint16_t *)(hs + (size_t)s_dst[m] * N);
-
-						// split layout (split_store): per 8 values, 8 hi then 8 lo
-						row[(f >> 3) * 16 + (f & 7)] = (uint16_t)hi;
-						row[(f >> 3) * 16 + 8 + (f & 7)] = (uint16_t)lo;
-					}
+					if (f < N)	// int4: in the order its down kernel reads
+						split_store1(hs + (size_t)s_dst[m] * N, f,
+							     F == MQ_INT4 ? split_perm_pos(f & 7) : f & 7,
+							     silu_mul1(acc[0][nt][c], acc[1][nt][c]));
 				} else {
 #pragma unroll
 					for (int mt = 0; mt < 2; mt++) {
