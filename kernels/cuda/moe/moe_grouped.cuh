@@ -7,8 +7,10 @@
 #define KD_KERNELS_CUDA_MOE_GROUPED_CUH
 
 #include <cstdint>
+#include <cstring>
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/moe/moe_quant.cuh"
@@ -75,18 +77,33 @@ __device__ __forceinline__ void split_store1(uint32_t *row, int k, int pos, floa
 	h[8 + pos] = (uint16_t)lo;
 }
 
-// Two floats that are exact in bf16 as one bf16 pair (low first).
+// Two floats that are exact in bf16 as one bf16 pair (low first): the high halves, one
+// PRMT (the shift-and-mask form compiled to two instructions).
 __device__ __forceinline__ uint32_t bf16_pair_exact(float2 f)
 {
-	return (__float_as_uint(f.x) >> 16) | (__float_as_uint(f.y) & 0xffff0000u);
+	return __byte_perm(__float_as_uint(f.x), __float_as_uint(f.y), 0x7632);
 }
 
 // Eight e4m3 bytes (v.x bytes 0..3 first) as four bf16 pairs in byte order, exactly
 // (every e4m3 value is a bf16 number): one cvt to an f16 pair, two to fp32, one PRMT.
 __device__ __forceinline__ uint4 ex_fp8_bf16x8(uint2 v)
 {
-	return make_uint4(bf16_pair_exact(mq_e4m3x2(v.x)), bf16_pair_exact(mq_e4m3x2(v.x >> 16)),
-			  bf16_pair_exact(mq_e4m3x2(v.y)), bf16_pair_exact(mq_e4m3x2(v.y >> 16)));
+	uint32_t h[4];
+	uint4 o;
+
+	k_dq_e4m3x4(v.x, h[0], h[1]);	// the word's halves by name: no shift
+	k_dq_e4m3x4(v.y, h[2], h[3]);
+	auto pair = [](uint32_t u) {
+		__half2 x;
+
+		memcpy(&x, &u, 4);
+		return bf16_pair_exact(__half22float2(x));
+	};
+	o.x = pair(h[0]);
+	o.y = pair(h[1]);
+	o.z = pair(h[2]);
+	o.w = pair(h[3]);
+	return o;
 }
 
 // A word of eight int4 values (nibble p = value p + 8, low first) as four bf16 pairs:

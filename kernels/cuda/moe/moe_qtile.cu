@@ -24,7 +24,7 @@
 //
 // Counted in the SASS (nvcc 13.0, sm_90a, cuobjdump of contrib/fetch-cuobjdump.sh), one
 // warp's slab of 32 weight rows x 64 bytes with two n8 tiles: bf16 ~110 instructions (32
-// k), fp8 ~400 (64 k; 128 of them the e4m3 -> bf16 conversion; one chain of 8 dependent
+// k), fp8 ~350 (64 k; 96 of them the e4m3 -> bf16 conversion; one chain of 8 dependent
 // mma.sync a tile had ptxas pad ~40 NOPs a slab, four chains of 4 need ~3), int4 ~510
 // (128 k; 176 the conversion, 11 operations a word). An SM's share of HBM at the
 // floor gives a warp-slab's 2 KB ~141 clocks on H100 (14.5 B/clk), ~111 on H200: 564 or
