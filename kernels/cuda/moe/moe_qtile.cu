@@ -62,14 +62,15 @@ template <int F> struct xt_cfg {
 	static constexpr int STAGE = W_BYTES + X_BYTES + S_BYTES;
 	static constexpr int SMEM = XT_STAGES * STAGE;
 	static constexpr int XPT = XT_XROWS * UPR / XT_THREADS;	// x units a thread
-	static constexpr int MIN_CTAS = F == MQ_INT4 ? 3 : 4;	// per SM, by shared memory
+	static constexpr int MIN_CTAS = F == MQ_INT4 ? 3 : 4;	// per SM (int4, fp8: all the
+								// shared memory holds)
 	static constexpr int J_UNROLL = F == MQ_FP8 ? XT_STAGES : 1;	// see the slab loop
 };
 
 // Where 16-byte unit j of a split row's slab sits in its shared row (a position): units
 // 8..15 of every 16 swap their halves' pairs (j ^ 2), so that a quarter warp's four lanes
-// of one row read four different bank groups (fp8: units 4t + i; int4: units 8G + 2t + h)
-// and the next row (XSTRIDE = 16 mod 128) the other four.
+// of one row read four different bank groups (bf16: units 2t + h; fp8: 4t + i; int4: 8G
+// + 2t + h) and the next row (XSTRIDE = 16 mod 128) the other four.
 __device__ __forceinline__ int xt_xpos(int j)
 {
 	return j ^ (((j >> 3) & 1) << 1);
@@ -77,8 +78,8 @@ __device__ __forceinline__ int xt_xpos(int j)
 
 // Where 16-byte unit c of weight row r sits in its shared row: int4 reads word t of unit
 // (group) G of rows g and g + 8 (4-byte loads), so units rotate by (r >> 1) & 3 and the 8
-// rows of a warp's load fall in 32 different banks; fp8 reads unit t whole (16-byte
-// loads, already conflict-free).
+// rows of a warp's load fall in 32 different banks; bf16 and fp8 read unit t whole
+// (16-byte loads, already conflict-free).
 template <int F>
 __device__ __forceinline__ int xt_wpos(int r, int c)
 {
