@@ -86,7 +86,9 @@ int k_cuda_moe_quant_ok(const struct k_cuda_moe_quant *q, int hidden, int inter)
  * Both paths read the quantized bytes: the small one dequantizes each weight chunk in
  * registers (W8A16 / W4A16 on the CUDA cores), the grouped one each tensor-core B
  * fragment (the fp8 or int4 values are exact in bf16; the scale multiplies each
- * 32-wide k chunk's fp32 partial sums), so no bf16 copy of an expert is ever made.
+ * 32-wide k chunk's fp32 partial sums; with k_cuda_moe_qtile_takes, the tile kernels'
+ * A fragments, the scale each slab's or group's sums), so no bf16 copy of an expert is
+ * ever made.
  * Shapes outside the vector kernels (see struct k_cuda_moe_quant) take the grouped
  * path's CUDA-core kernels at any M.
  * Within ~1e-5 relative of k_cpu_moe_experts on the same quantized experts. */
