@@ -1,5 +1,5 @@
 // The grouped path's device arithmetic, shared by its two expert-GEMM kernels
-// (moe_experts.cu's expert_mma_kernel, moe_qtile.cu's tile kernel for quantized experts):
+// (moe_experts.cu's expert_mma_kernel, moe_qtile.cu's tile kernels):
 // the split bf16 rows (hi + lo) that carry x and the SwiGLU activations, the bf16
 // mma.sync, quantized values as exact bf16 pairs, and the SwiGLU of one feature.
 // CUDA C++ only.
@@ -59,7 +59,7 @@ __device__ __forceinline__ void mma16816(float *c, uint32_t a0, uint32_t a1, uin
 }
 
 // The int4 tile kernels' order of a split chunk (moe_qtile.cu): value j of the 8 at
-// position perm_pos(j), i.e. the chunk holds values 0 2 4 6 1 3 5 7, the order in which
+// position split_perm_pos(j), i.e. the chunk holds values 0 2 4 6 1 3 5 7, the order in which
 // ex_int4_bf16x8_perm gives a word's pairs, so that each x pair meets its weights.
 __device__ __forceinline__ int split_perm_pos(int j)
 {
