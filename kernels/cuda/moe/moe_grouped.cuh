@@ -59,8 +59,8 @@ __device__ __forceinline__ void mma16816(float *c, uint32_t a0, uint32_t a1, uin
 }
 
 // The int4 tile kernels' order of a split chunk (moe_qtile.cu): value j of the 8 at
-// position split_perm_pos(j), i.e. the chunk holds values 0 2 4 6 1 3 5 7, the order in which
-// ex_int4_bf16x8_perm gives a word's pairs, so that each x pair meets its weights.
+// position split_perm_pos(j), i.e. the chunk holds values 0 2 4 6 1 3 5 7, the order in
+// which ex_int4_bf16x8_perm gives a word's pairs, so that each x pair meets its weights.
 __device__ __forceinline__ int split_perm_pos(int j)
 {
 	return (j & 1) * 4 + (j >> 1);
