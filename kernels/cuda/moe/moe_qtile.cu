@@ -247,9 +247,9 @@ __device__ __forceinline__ void xt_slab_bf16(float (&acc)[2][2][4], const unsign
 // One slab of an int4 CTA: per group G (32 k) of the slab, word t of the group of rows
 // g, g + 8 (k 32 G + 8 t .. + 7, 4 bf16 pairs in ex_int4_bf16x8_perm's order, which is
 // the order of the x chunks: split_perm_pos) against x unit 4 G + t (hi and lo) of
-// each of the pass's n8 tiles; each group's two mma steps into a temporary that the group's fp32
-// scale of each row multiplies. ss: the slab's scales, 16 bytes a weight row (bf16:
-// 4 values in the first 8; else 4 fp32).
+// each of the pass's n8 tiles; each group's two mma steps into a temporary that the
+// group's fp32 scale of each row multiplies. ss: the slab's scales, 16 bytes a weight
+// row (bf16: 4 values in the first 8; else 4 fp32).
 __device__ __forceinline__ void xt_slab_int4(float (&acc)[2][2][4], const unsigned char *ws,
 					     const unsigned char *xs, const unsigned char *ss,
 					     bool sbf16, bool two, int warp, int g, int t)
