@@ -25,12 +25,19 @@ __device__ __forceinline__ uint32_t bf16_bits(float f)
 }
 
 // f = hi + lo in bf16: hi = bf16(f), lo = bf16(f - hi) (the difference is exact).
+__device__ __forceinline__ void split1(float f, uint32_t &hi, uint32_t &lo)
+{
+	hi = bf16_bits(f);
+	lo = bf16_bits(__fsub_rn(f, __uint_as_float(hi << 16)));
+}
+
+// split1 of a and b, as bf16 pairs (a low).
 __device__ __forceinline__ void split2(float a, float b, uint32_t *hi, uint32_t *lo)
 {
-	uint32_t ha = bf16_bits(a), hb = bf16_bits(b);
-	uint32_t la = bf16_bits(__fsub_rn(a, __uint_as_float(ha << 16)));
-	uint32_t lb = bf16_bits(__fsub_rn(b, __uint_as_float(hb << 16)));
+	uint32_t ha, la, hb, lb;
 
+	split1(a, ha, la);
+	split1(b, hb, lb);
 	*hi = ha | (hb << 16);
 	*lo = la | (lb << 16);
 }
@@ -67,12 +74,13 @@ __device__ __forceinline__ int split_perm_pos(int j)
 }
 
 // Value k of a split row (K values) on its own, at its chunk's position pos (j: natural,
-// split_perm_pos(j): permuted): hi and lo as split2 forms them.
+// split_perm_pos(j): permuted), as split1 forms it.
 __device__ __forceinline__ void split_store1(uint32_t *row, int k, int pos, float v)
 {
-	const uint32_t hi = bf16_bits(v), lo = bf16_bits(__fsub_rn(v, __uint_as_float(hi << 16)));
 	uint16_t *h = (uint16_t *)row + (size_t)(k >> 3) * 16;
+	uint32_t hi, lo;
 
+	split1(v, hi, lo);
 	h[pos] = (uint16_t)hi;
 	h[8 + pos] = (uint16_t)lo;
 }

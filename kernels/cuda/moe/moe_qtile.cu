@@ -86,22 +86,6 @@ __device__ __forceinline__ int xt_wpos(int r, int c)
 	return F == MQ_INT4 ? c ^ ((r >> 1) & 3) : c;
 }
 
-// 8 or 16 bytes gmem -> smem (cp.async.ca takes 8), or zeros where !valid.
-__device__ __forceinline__ void xt_cp_async(void *smem, const void *gmem, int bytes, bool valid)
-{
-	uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem);
-	int n = valid ? bytes : 0;
-
-	if (bytes == 8)
-		asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(gmem),
-			     "r"(n)
-			     : "memory");
-	else
-		asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-			     "r"(n)
-			     : "memory");
-}
-
 // Weight row r of the CTA (0..127): its matrix (0 gate, 1 up, 2 down) and feature.
 // Gate/up: warp w's m16 tile 0 holds gate rows f0 + 16 w + i, tile 1 the up rows of the
 // same features; down: row f0 + r.
@@ -428,8 +412,12 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 					   (const uint4 *)a_src + (ok ? xidx[j] + k0 / 4 : 0), ok);
 			}
 			if constexpr (F == MQ_INT4)
-				xt_cp_async(st + C::W_BYTES + C::X_BYTES + tid * 16,
-					    ssrc[0] + (size_t)(k0 >> 5) * esz, 4 * esz, true);
+				if (esz == 2)	// 4 bf16 scales or 4 fp32
+					cp_async8(st + C::W_BYTES + C::X_BYTES + tid * 16,
+						  ssrc[0] + (size_t)(k0 >> 5) * esz);
+				else
+					cp_async16(st + C::W_BYTES + C::X_BYTES + tid * 16,
+						   ssrc[0] + (size_t)(k0 >> 5) * esz, true);
 			else if constexpr (F == MQ_FP8) {
 #pragma unroll
 				for (int c = 0; c < 4; c++)
