@@ -189,7 +189,8 @@ done
 # TRIES looks, PAUSE seconds apart)
 await_events() {
 	i=0
-	while [ $i -lt "$3" ] && [ "$(grep -c '"text"' "$1")" -lt "$2" ]; do
+	# (cat: the file may not exist yet, and grep -c on no file prints no count)
+	while [ $i -lt "$3" ] && [ "$(cat "$1" 2>/dev/null | grep -c '"text"')" -lt "$2" ]; do
 		sleep "$4"
 		i=$((i + 1))
 	done
