@@ -17,7 +17,9 @@
  *   and on every projection shape of the supported models (fp8 blocks, int4 g32; M 1, and
  *   8 where small; tuned), the same tolerances and the same bits on a second run; its
  *   SwiGLU form (k_cuda_linear_q_gemv_swiglu) bit for bit as k_cuda_silu_mul_rows then
- *   the GEMV;
+ *   the GEMV; its RMSNorm form (k_cuda_linear_q_gemv_norm) bit for bit as k_cuda_rmsnorm
+ *   then the GEMV, y and the norm's out (K 1024: the norm's warp order; 2048 .. 16384
+ *   its block order);
  * - the tile kernel (K_CUDA_LINEAR_Q_TILE) at M = 1..65 (65: two launches): n8 tiles 2,
  *   4, 8, K split over up to 8 CTAs and one slice, partial row tiles and stages, the
  *   same tolerances and the same bits on a second run (fixed-order split sums); on its
@@ -427,6 +429,81 @@ static void check_swiglu(const struct qcase *c, int N, int K, int M, int accumul
 	free(b);
 }
 
+/* k_cuda_linear_q_gemv_norm on a random x (M, K) and norm weights against
+ * k_cuda_rmsnorm then the GEMV kind on its output: the same bits, in y (= and +=) and in
+ * the norm's out (written by the fused call too, where out_too). */
+static void check_norm(const struct qcase *c, int N, int K, int M, int accumulate, int f16s,
+		       int out_too)
+{
+	const float eps = 1e-5f;
+	struct k_quant q, dq;
+	uint8_t *w;
+	void *hs, *dsc;
+	float *fs, *x = test_rand_floats((size_t)M * K, 3.0f, &seed);
+	float *nw = test_rand_floats((size_t)K, 1.5f, &seed);
+	float *y0 = test_rand_floats((size_t)M * N, 1.0f, &seed);
+	size_t wbytes, ns, ny = (size_t)M * N, nx = (size_t)M * K, nd = 0, nod = 0;
+	float *a = malloc(ny * sizeof(float)), *b = malloc(ny * sizeof(float));
+	float *ha = malloc(nx * sizeof(float)), *hb = malloc(nx * sizeof(float));
+	float *dx, *dnw, *dha, *dhb, *dya, *dyb;
+	void *dw;
+	int ra = -1, rb = -1;
+
+	make_weight(c, N, K, &q, &w, &wbytes, &hs, &fs, &ns);
+	dsc = scales_to_device(fs, ns, f16s);
+	dw = dup_to_device(w, wbytes);
+	dx = dup_to_device(x, nx * sizeof(float));
+	dnw = dup_to_device(nw, (size_t)K * sizeof(float));
+	dha = dalloc(nx * sizeof(float));
+	dhb = dalloc(nx * sizeof(float));
+	dya = dup_to_device(y0, ny * sizeof(float));
+	dyb = dup_to_device(y0, ny * sizeof(float));
+	dq = q;
+	dq.scale = dsc;
+	dq.scale_dtype = f16s ? K_F16 : K_F32;
+	if (dw && dsc && dx && dnw && dha && dhb && dya && dyb && a && b && ha && hb) {
+		const struct k_cuda_xnorm n = { dnw, eps, out_too ? dhb : NULL };
+
+		ra = k_cuda_rmsnorm(stream, dha, K, dx, K, dnw, M, K, eps);
+		if (!ra)
+			ra = k_cuda_linear_q_run(lin, K_CUDA_LINEAR_Q_GEMV, dya, dha, dw, &dq, M, N, K,
+						 accumulate, wtmp, wtmp_elems);
+		CU(cudaMemset(dhb, 0xff, nx * sizeof(float)));	/* NaN where not written */
+		rb = k_cuda_linear_q_gemv_norm(lin, dyb, dx, &n, dw, &dq, M, N, K, accumulate);
+		CU(cudaStreamSynchronize(stream));
+		CU(cudaMemcpy(a, dya, ny * sizeof(float), cudaMemcpyDeviceToHost));
+		CU(cudaMemcpy(b, dyb, ny * sizeof(float), cudaMemcpyDeviceToHost));
+		CU(cudaMemcpy(ha, dha, nx * sizeof(float), cudaMemcpyDeviceToHost));
+		CU(cudaMemcpy(hb, dhb, nx * sizeof(float), cudaMemcpyDeviceToHost));
+		for (size_t i = 0; i < ny; i++)
+			nd += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+		for (size_t i = 0; out_too && i < nx; i++)
+			nod += memcmp(&ha[i], &hb[i], sizeof(float)) != 0;
+	}
+	CHECK(ra == 0 && rb == 0 && nd == 0 && nod == 0, "%s norm GEMV N %d K %d M %d acc %d "
+	      "f16s %d out %d: rc %d / %d, %zu of %zu values and %zu of %zu normalised ones "
+	      "differ from RMSNorm then the GEMV", c->what, N, K, M, accumulate, f16s, out_too,
+	      ra, rb, nd, ny, nod, out_too ? nx : 0);
+	cudaFree(dw);
+	cudaFree(dsc);
+	cudaFree(dx);
+	cudaFree(dnw);
+	cudaFree(dha);
+	cudaFree(dhb);
+	cudaFree(dya);
+	cudaFree(dyb);
+	free(w);
+	free(hs);
+	free(fs);
+	free(x);
+	free(nw);
+	free(y0);
+	free(a);
+	free(b);
+	free(ha);
+	free(hb);
+}
+
 /* k_cuda_quant_dequant to bf16 and to f16, bit for bit against the host's values. */
 static void check_dequant(const struct qcase *c, int N, int K)
 {
@@ -649,6 +726,17 @@ int main(void)
 			check_swiglu(c, 64, 2048, 3, 1, 0);
 			check_swiglu(c, 8200, 1024, 8, 0, is_int4);
 			check_swiglu(c, 300, 4096, 1, 1, is_int4);
+		}
+		/* the GEMV forming its x as an RMSNorm (a layer's input norm before q/k/v):
+		 * the norm's warp order (K 1024) and block order (2048 .. 16384, one slice
+		 * and K split, partial row tiles) */
+		if (!tile_only && !wide_only) {
+			check_norm(c, 64, 2048, 3, 1, 0, 1);
+			check_norm(c, 8200, 1024, 8, 0, is_int4, 1);
+			check_norm(c, 300, 4096, 1, 1, is_int4, 1);
+			check_norm(c, 6144, 4096, 1, 0, 0, 0);
+			if (!race)
+				check_norm(c, 200, 16384, 2, 1, 0, 1);
 		}
 		if (gemv_only)
 			continue;

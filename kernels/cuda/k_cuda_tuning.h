@@ -173,6 +173,12 @@ struct k_cuda_tuning {
 				 * 3.79 -> 3.70 ms a step, int4 3.14 -> 3.02), slower at 8 (fp8
 				 * 4.76 -> 5.18: every CTA of the split forms its x slice's
 				 * products again, 8 rows of them) */
+	int norm_in_gemv;	/* KDEC_NORM_IN_GEMV, rows 0..8, 0: an RMSNorm of up to this
+				 * many rows whose output goes to a quantized linear next is
+				 * formed by that linear's GEMV from the norm's input
+				 * (k_cuda_linear_q_gemv_norm), one launch and one round trip
+				 * fewer; 0: its own launch always. The same bits either way.
+				 * Off until measured */
 	int silu_bf16_only;	/* KDEC_SILU_BF16_ONLY, flag, 1: SwiGLU writes only the bf16
 				 * form where the down projection reads nothing else; 0: fp32 too */
 	int router_fp32;	/* KDEC_ROUTER_FP32, flag, 1: the MoE router's logits from fp32

@@ -158,6 +158,7 @@ static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_GATE_UP_BF16", gate_up_bf16),
 	TUN_FLAG("KDEC_SILU_BF16_ONLY", silu_bf16_only),
 	TUN_INT("KDEC_SWIGLU_IN_DOWN", swiglu_in_down, 0, 8),
+	TUN_INT("KDEC_NORM_IN_GEMV", norm_in_gemv, 0, 8),
 	TUN_FLAG("KDEC_ROUTER_FP32", router_fp32),
 	TUN_FLAG("KDEC_LINEAR_FP32X", linear_fp32x),
 };

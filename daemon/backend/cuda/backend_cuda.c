@@ -362,8 +362,7 @@ static int cuda_download(struct backend *be, void *dst, const void *src, size_t 
 	struct backend_cuda *b = cuda_of(be);
 	int ret;
 
-	if ((ret = cuda_swiglu_settle(b)))	/* none is left pending past a step */
-		cuda_fail(b, ret, "gate_up_silu");
+	cuda_pending_settle(b);	/* none is left pending past a step */
 	ret = CUDA_CHECK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, b->stream));
 	if (!ret)
 		ret = CUDA_CHECK(b, cudaStreamSynchronize(b->stream));
@@ -376,8 +375,7 @@ static int cuda_sync(struct backend *be)
 	struct backend_cuda *b = cuda_of(be);
 	int ret;
 
-	if ((ret = cuda_swiglu_settle(b)))	/* none is left pending past a step */
-		cuda_fail(b, ret, "gate_up_silu");
+	cuda_pending_settle(b);	/* none is left pending past a step */
 	ret = CUDA_CHECK(b, cudaStreamSynchronize(b->stream));
 	cuda_prof_collect(b);
 	if (!ret)
@@ -484,11 +482,9 @@ int cuda_capture_finish(struct backend_cuda *b, void **graph, int *n_nodes, int 
 static int cuda_capture_end(struct backend *be, void **graph, int *n_nodes)
 {
 	struct backend_cuda *b = cuda_of(be);
-	int ret;
 
 	b->capturing = 0;
-	if ((ret = cuda_swiglu_settle(b)))	/* inside the graph, not after it */
-		cuda_fail(b, ret, "gate_up_silu");
+	cuda_pending_settle(b);	/* inside the graph, not after it */
 	k_cuda_linear_x_ready(b->lin, NULL, 0, 0);	/* nor one left inside it, after it */
 	return cuda_capture_finish(b, graph, n_nodes, 0);
 }

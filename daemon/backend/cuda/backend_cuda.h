@@ -122,6 +122,17 @@ struct backend_cuda {
 		const float *gu;
 		int rows, inter;
 	} swiglu;
+	/* An RMSNorm left to the linear after it (cuda_rmsnorm at up to KDEC_NORM_IN_GEMV
+	 * rows): out (rows, dim) = rmsnorm(x) * w is not yet written. The next quantized
+	 * linear whose x is out takes it in its GEMV, which writes out as well; anything
+	 * else writes it first (cuda_norm_settle). */
+	struct {
+		float *out;		/* NULL: none pending */
+		const float *x;		/* (rows, dim) the norm's input */
+		const float *w;		/* (dim) device */
+		int rows, dim;
+		float eps;
+	} norm;
 	int capturing;			/* between capture_begin and capture_end */
 	struct cuda_prof *prof;		/* NULL unless KDEC_CUDA_OP_TIMES=1 */
 	/* side copies (the host tier's mover thread): their own non-blocking stream, made
@@ -214,6 +225,10 @@ const struct cuda_qweight *cuda_qweight_of(const struct backend_cuda *b, const s
 /* Writes a pending SwiGLU's output (and its bf16 copy for the linear next) as
  * cuda_gate_up_silu would have; 0 where none is pending, else the launch's result. */
 int cuda_swiglu_settle(struct backend_cuda *b);
+/* The same for a pending RMSNorm (cuda_rmsnorm's launch, out and its bf16 copy). */
+int cuda_norm_settle(struct backend_cuda *b);
+/* Both, before a step's results are read or its graph ends; failures recorded. */
+void cuda_pending_settle(struct backend_cuda *b);
 void cuda_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M);
 void cuda_linear_fp32x(struct backend *be, float *y, const float *x, const struct model_tensor *w,
 		       int M);

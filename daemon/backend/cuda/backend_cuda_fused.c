@@ -103,6 +103,8 @@ static int group_linear(struct backend_cuda *b, float *y, const float *x,
 		}
 		if (qw)
 			return cuda_qlinear_run(b, y, x, qw->group, M, (int)w[0]->cols, 0);
+		if ((ret = cuda_norm_settle(b)))
+			return ret;
 		return k_cuda_linear(b->lin, y, x, d[0], M, (int)total, (int)w[0]->cols, 0);
 	}
 	for (long i = 0, o = 0; i < n && !ret; o += (long)M * (long)w[i]->rows, i++) {
@@ -463,6 +465,8 @@ static int gate_up_silu_bf16(struct backend_cuda *b, float *out, const float *x,
 	d[1] = W(b, w[1]);
 	if (!adjacent(d, w, 2))
 		return -EOPNOTSUPP;
+	if ((ret = cuda_norm_settle(b)))
+		return ret;
 	ret = k_cuda_linear_bf16_out(b->lin, (uint16_t *)b->fused, x, d[0], M, 2 * inter,
 				     (int)w[0]->cols);
 	if (ret)

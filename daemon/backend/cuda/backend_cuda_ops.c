@@ -50,6 +50,10 @@ void cuda_op_begin(struct backend_cuda *b, enum cuda_op op)
 	if (b->swiglu.out && op != CUDA_OP_LINEAR && op != CUDA_OP_LINEAR_ADD &&
 	    (ret = cuda_swiglu_settle(b)))
 		cuda_fail(b, ret, "gate_up_silu");
+	/* a pending norm is for an op whose first kernels are linears over x (the ones that
+	 * may read its bf16 copy); whatever else they launch over x settles it first */
+	if (b->norm.out && !cuda_op_info[op].reads_x_bf16 && (ret = cuda_norm_settle(b)))
+		cuda_fail(b, ret, "rmsnorm");
 	if (!cuda_op_info[op].reads_x_bf16)
 		k_cuda_linear_x_ready(b->lin, NULL, 0, 0);
 	cuda_prof_begin(b, op);
@@ -91,6 +95,49 @@ void cuda_embed(struct backend *be, float *out, const int32_t *ids, int n,
 	cuda_op_end(b, CUDA_OP_EMBED, k_cuda_embed(b->stream, out, ids, n, W(b, table), (int)table->cols));
 }
 
+/* KDEC_NORM_IN_GEMV: a norm of whole rows, out apart from x, whose GEMV could take it
+ * (dim a whole number of int4 groups, 16-byte rows) is left pending. */
+static int norm_defers(const float *out, int out_stride, const float *x, int x_stride, int rows,
+		       int dim)
+{
+	const size_t n = (size_t)rows * (size_t)dim;
+
+	return rows >= 1 && rows <= k_cuda_tuning()->norm_in_gemv && out_stride == dim &&
+	       x_stride == dim && dim % 32 == 0 && !((uintptr_t)out & 15) &&
+	       !((uintptr_t)x & 15) && (out + n <= x || x + n <= out);
+}
+
+int cuda_norm_settle(struct backend_cuda *b)
+{
+	float *out = b->norm.out;
+	const int rows = b->norm.rows, dim = b->norm.dim;
+	uint16_t *xb;
+	int ret;
+
+	if (!out)
+		return 0;
+	b->norm.out = NULL;
+	xb = k_cuda_linear_x_scratch(b->lin, rows, dim);
+	if (!xb)
+		return k_cuda_rmsnorm(b->stream, out, dim, b->norm.x, dim, b->norm.w, rows, dim,
+				      b->norm.eps);
+	ret = k_cuda_rmsnorm_bf16(b->stream, out, dim, b->norm.x, dim, b->norm.w, rows, dim,
+				  b->norm.eps, xb);
+	if (!ret)
+		k_cuda_linear_x_ready(b->lin, out, rows, dim);
+	return ret;
+}
+
+void cuda_pending_settle(struct backend_cuda *b)
+{
+	int ret;
+
+	if ((ret = cuda_norm_settle(b)))
+		cuda_fail(b, ret, "rmsnorm");
+	if ((ret = cuda_swiglu_settle(b)))
+		cuda_fail(b, ret, "gate_up_silu");
+}
+
 void cuda_rmsnorm(struct backend *be, float *out, int out_stride, const float *x, int x_stride,
 		  const struct model_tensor *w, int rows, int dim, float eps)
 {
@@ -98,6 +145,16 @@ void cuda_rmsnorm(struct backend *be, float *out, int out_stride, const float *x
 	uint16_t *xb = out_stride == dim ? k_cuda_linear_x_scratch(b->lin, rows, dim) : NULL;
 
 	cuda_op_begin(b, CUDA_OP_RMSNORM);
+	if (norm_defers(out, out_stride, x, x_stride, rows, dim)) {
+		b->norm.out = out;
+		b->norm.x = x;
+		b->norm.w = V(b, w);
+		b->norm.rows = rows;
+		b->norm.dim = dim;
+		b->norm.eps = eps;
+		cuda_op_end(b, CUDA_OP_RMSNORM, 0);
+		return;
+	}
 	if (!xb) {
 		cuda_op_end(b, CUDA_OP_RMSNORM, k_cuda_rmsnorm(b->stream, out, out_stride, x, x_stride,
 							       V(b, w), rows, dim, eps));
@@ -144,6 +201,21 @@ int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const str
 							       : K_CUDA_LINEAR_Q_DEQUANT;
 	if (k_cuda_tuning()->linear_fp32x)	/* KDEC_LINEAR_FP32X: x never rounded */
 		kind = K_CUDA_LINEAR_Q_WARP;
+	if (b->norm.out) {	/* the first linear over a norm left pending */
+		int ret;
+
+		if (kind == K_CUDA_LINEAR_Q_GEMV && x == b->norm.out && M == b->norm.rows &&
+		    K == b->norm.dim) {
+			const struct k_cuda_xnorm n = { b->norm.w, b->norm.eps, b->norm.out };
+			const float *src = b->norm.x;
+
+			b->norm.out = NULL;
+			return k_cuda_linear_q_gemv_norm(b->lin, y, src, &n, w->w, &w->q, M, N, K,
+							 accumulate);
+		}
+		if ((ret = cuda_norm_settle(b)))
+			return ret;
+	}
 	if (b->swiglu.out) {	/* the down projection of a SwiGLU left pending */
 		int ret;
 
@@ -168,7 +240,10 @@ int cuda_linear_run(struct backend_cuda *b, float *y, const float *x, const stru
 	const struct cuda_qweight *qw = cuda_qweight_of(b, w);
 
 	if (!qw) {
-		int ret = cuda_swiglu_settle(b);
+		int ret = cuda_norm_settle(b);
+
+		if (!ret)
+			ret = cuda_swiglu_settle(b);
 
 		return ret ? ret : k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows,
 						 (int)w->cols, accumulate);

@@ -210,6 +210,7 @@ int cuda_tp_reduce(struct backend *be, void *comm, int rank, float *buf, int row
 	struct k_cuda_ar_io io = { .partial = buf, .residual = residual, .out = residual ? NULL : buf };
 	int ret = 0;
 
+	cuda_pending_settle(b);	/* a norm or SwiGLU left pending is written before */
 	if (c->nccl)	/* NCCL waits for the other ranks itself */
 		return cuda_nccl_reduce(be, c->nccl, rank, buf, rows, c->width, residual,
 					gamma ? V(b, gamma) : NULL, out, eps);
@@ -284,6 +285,7 @@ int cuda_tp_capture_end(struct backend *be, void *comm, int rank, void **graph, 
 	*graph = NULL;
 	*n_nodes = 0;
 	b->capturing = 0;
+	cuda_pending_settle(b);	/* inside the graph, not after it */
 	k_cuda_linear_x_ready(b->lin, NULL, 0, 0);	/* nor one left inside it, after it */
 	if (c->kind == BACKEND_TP_GRAPH_ONE && rank != 0)	/* joined back into rank 0's */
 		return CUDA_CHECK(b, cudaEventRecord(c->join[rank], b->stream));

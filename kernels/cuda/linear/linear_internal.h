@@ -184,10 +184,14 @@ int k_cuda_lin_qwg_describe(const struct k_cuda_linear *ctx, const struct k_quan
  * launch, K split through ctx->st_ws / st_cnt like the tile kernel (-EINVAL where
  * k_cuda_linear_q_gemv_supports does not hold). */
 int k_cuda_lin_qgemv_setup(struct k_cuda_linear *ctx);
+/* What x is to the GEMV: itself; a SwiGLU's gate_up (M, 2K), the GEMV's x its product;
+ * an RMSNorm's input, the GEMV's x its output (linear_qgemv.cu's qg_stage_x). */
+enum lin_qg_x { LIN_QG_X_PLAIN, LIN_QG_X_SWIGLU, LIN_QG_X_NORM };
 /* The launch; its K split as k_cuda_lin_split_tune keeps it (else the split model's).
- * swiglu: x is a SwiGLU's gate_up (M, 2K), the GEMV's x its product (qg_stage_x). */
+ * xf: an lin_qg_x; nrm: LIN_QG_X_NORM's norm (else NULL). */
 int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
-		     const struct k_quant *q, int M, int N, int K, int accumulate, bool swiglu);
+		     const struct k_quant *q, int M, int N, int K, int accumulate, int xf,
+		     const struct k_cuda_xnorm *nrm);
 int k_cuda_lin_qgemv_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
 			      int N, int K, char *buf, size_t len);
 /* The bookkeeping of the bf16 copy of x (linear.cu): whether x is the one a producer

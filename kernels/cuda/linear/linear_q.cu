@@ -400,7 +400,7 @@ static int lq_chunks(lq_launch run, struct k_cuda_linear *ctx, float *y, const f
 static int lq_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
 		    const struct k_quant *q, int M, int N, int K, int accumulate)
 {
-	return k_cuda_lin_qgemv(ctx, y, x, w, q, M, N, K, accumulate, false);
+	return k_cuda_lin_qgemv(ctx, y, x, w, q, M, N, K, accumulate, LIN_QG_X_PLAIN, NULL);
 }
 
 static bool lq_dequant_ok(const struct k_quant *q, int N, int K, size_t wtmp_elems)
@@ -537,7 +537,26 @@ extern "C" int k_cuda_linear_q_gemv_swiglu(struct k_cuda_linear *ctx, float *y,
 	// clears any bf16 mark: the GEMV reads fp32 gate_up
 	if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, gate_up, M, N, K, &ready)))
 		return ret;
-	return k_cuda_lin_qgemv(ctx, y, gate_up, w, q, M, N, K, accumulate, true);
+	return k_cuda_lin_qgemv(ctx, y, gate_up, w, q, M, N, K, accumulate, LIN_QG_X_SWIGLU, NULL);
+}
+
+extern "C" int k_cuda_linear_q_gemv_norm(struct k_cuda_linear *ctx, float *y, const float *x,
+					 const struct k_cuda_xnorm *norm, const void *w,
+					 const struct k_quant *q, int M, int N, int K,
+					 int accumulate)
+{
+	bool ready;
+	int ret;
+
+	if (!ctx || !y || !x || !norm || !norm->w || ((uintptr_t)norm->w & 15) ||
+	    ((uintptr_t)norm->out & 15) || M < 1 || M > K_CUDA_LINEAR_Q_MMA_MAX_M || N < 1 ||
+	    K < 1 || !k_cuda_linear_q_gemv_supports(q, x, w, M, N, K) ||
+	    (norm->out && norm->out < x + (size_t)M * K && x < norm->out + (size_t)M * K))
+		return -EINVAL;	// out overlapping x: tile 0 would write what others read
+	// clears any bf16 mark: the GEMV reads fp32 x
+	if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
+		return ret;
+	return k_cuda_lin_qgemv(ctx, y, x, w, q, M, N, K, accumulate, LIN_QG_X_NORM, norm);
 }
 
 extern "C" void k_cuda_linear_q_describe(const struct k_cuda_linear *ctx,

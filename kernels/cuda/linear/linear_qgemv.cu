@@ -53,6 +53,7 @@
 #include "kernels/cuda/linear/linear_qfrag.cuh"
 #include "kernels/cuda/linear/linear_qstream.cuh"
 #include "kernels/cuda/linear/linear_split.cuh"
+#include "kernels/cuda/ops/rmsnorm_rs.cuh"
 #include "kernels/cuda/quant_dequant.cuh"
 #include "kernels/cuda/ptx.cuh"
 
@@ -72,23 +73,58 @@
  * ~32 KB/us at ~1.5-2 us of latency). */
 #define QG_CTA_OVERHEAD	2
 #define QG_SPLIT_COST	1
+/* LIN_QG_X_NORM's shared scratch past the x slice: the norm's partial sums (8 doubles)
+ * and the rows' scales (8 floats) */
+#define QG_NORM_SMEM	(K_RMS_BLOCK_THREADS / 32 * 8 + K_CUDA_LINEAR_Q_MMA_MAX_M * 4)
+
+// x slice bytes in shared memory: M rows of KC + 8 halves (a multiple of 16)
+static __host__ __device__ __forceinline__ long qg_x_bytes(int M, int KC)
+{
+	return (long)M * (KC + 8) * 2;
+}
 
 // ---- kernel -------------------------------------------------------------------
+
+// What x is to the GEMV (qg_stage_x forms the f16 x it multiplies from it):
+//   LIN_QG_X_PLAIN  x itself;
+//   LIN_QG_X_SWIGLU a SwiGLU's gate_up (M, 2K): x = k_cuda_silu_mul(gate, up), as
+//                   k_cuda_silu_mul_rows would have written it;
+//   LIN_QG_X_NORM   an RMSNorm's input (M, K): x = w * (x * rs) as k_cuda_rmsnorm
+//                   writes it (rs of the whole row, rmsnorm_rs.cuh: the same bits), and
+//                   the CTAs of row tile 0 write it to the norm's out as well.
+// A norm folded in costs each CTA the whole row (K fp32 a row, from L2) before its
+// slice; it spares the norm's own launch and the round trip between the two.
+
+// rs of the M rows into rs[] (shared), every thread calling. part: 8 doubles.
+static __device__ __forceinline__ void qg_norm_rs(float *rs, double *part, const float *x,
+						  int M, int K, float eps)
+{
+	for (int m = 0; m < M; m++) {
+		const float r = k_rms_rs_cta<QG_THREADS>(x + (size_t)m * K, K, eps, part);
+
+		if (threadIdx.x == 0)
+			rs[m] = r;
+	}
+	__syncthreads();
+}
 
 // x rows [0, M), k [k0, k0 + KC) into shared memory as f16 (row stride KC + 8 halves),
 // zeros past K; int4 octets reordered k 0 4 1 5 2 6 3 7 and placed by qm_xunit. A
 // thread's octets XU at a time, all loads before any store: at M = 8 and a 3584-k
 // slice a thread has 28 octets, whose dependent L2 round trips one at a time would cost
-// more than the slice's weights. SW: x is a SwiGLU's gate_up (M, 2K), and each value
-// staged is k_cuda_silu_mul(gate, up), as k_cuda_silu_mul_rows would have written it.
+// more than the slice's weights. XF: what x is (above); nrm and rs (the rows' norm
+// scales) for LIN_QG_X_NORM only.
 #define QG_XU	4
-template <int FMT, bool SW>
+template <int FMT, int XF>
 static __device__ __forceinline__ void qg_stage_x(uint4 *xs, const float *x, int M, int K,
-						  int k0, int KC)
+						  int k0, int KC, const k_cuda_xnorm &nrm,
+						  const float *rs)
 {
-	constexpr int XU = SW ? QG_XU / 2 : QG_XU;	// SW loads twice the floats
+	constexpr bool SW = XF == LIN_QG_X_SWIGLU, NM = XF == LIN_QG_X_NORM;
+	constexpr int XU = SW || NM ? QG_XU / 2 : QG_XU;	// twice the floats loaded
 	const int per_row = KC / 8, xs_row = (KC + 8) / 8, total = M * per_row;	// 16-byte units
 	const size_t x_rs = SW ? 2 * (size_t)K : (size_t)K;
+	const bool nout = NM && nrm.out && blockIdx.x == 0;
 
 	for (int i0 = threadIdx.x; i0 < total; i0 += XU * QG_THREADS) {
 		float4 a[XU], b[XU], ua[XU], ub[XU];
@@ -106,6 +142,12 @@ static __device__ __forceinline__ void qg_stage_x(uint4 *xs, const float *x, int
 				if (SW) {
 					ua[v] = p[K / 4];
 					ub[v] = p[K / 4 + 1];
+				}
+				if (NM) {	// the norm's weights of the octet
+					const float4 *pw = (const float4 *)(nrm.w + k);
+
+					ua[v] = pw[0];
+					ub[v] = pw[1];
 				}
 			}
 		}
@@ -125,6 +167,24 @@ static __device__ __forceinline__ void qg_stage_x(uint4 *xs, const float *x, int
 						   k_cuda_silu_mul(b[v].z, ub[v].z),
 						   k_cuda_silu_mul(b[v].w, ub[v].w));
 			}
+			if (NM) {	// rmsnorm.cu's row_scale: w * (x * rs), each rounded
+				const float r = rs[m];
+
+				a[v] = make_float4(__fmul_rn(ua[v].x, __fmul_rn(a[v].x, r)),
+						   __fmul_rn(ua[v].y, __fmul_rn(a[v].y, r)),
+						   __fmul_rn(ua[v].z, __fmul_rn(a[v].z, r)),
+						   __fmul_rn(ua[v].w, __fmul_rn(a[v].w, r)));
+				b[v] = make_float4(__fmul_rn(ub[v].x, __fmul_rn(b[v].x, r)),
+						   __fmul_rn(ub[v].y, __fmul_rn(b[v].y, r)),
+						   __fmul_rn(ub[v].z, __fmul_rn(b[v].z, r)),
+						   __fmul_rn(ub[v].w, __fmul_rn(b[v].w, r)));
+				if (nout && k0 + 8 * u < K) {
+					float4 *po = (float4 *)(nrm.out + (size_t)m * K + k0 + 8 * u);
+
+					po[0] = a[v];
+					po[1] = b[v];
+				}
+			}
 			xs[m * xs_row + qm_xunit<FMT>(u)] = qm_pack_x8<FMT == K_Q_INT4>(a[v], b[v]);
 		}
 	}
@@ -134,11 +194,11 @@ static __device__ __forceinline__ void qg_stage_x(uint4 *xs, const float *x, int
 // ws: (tiles * S, QG_PART) fp32 partials, cnt: (tiles) arrival counters, zero between
 // launches (S > 1 only). Needs K % 16 (fp8) or % 32 (int4) == 0, w rows and x 16-byte
 // aligned, M <= 8, the scale column constant over a stage (fp8) or a lane's 32 k (int4).
-// SW: x is a SwiGLU's gate_up (M, 2K) (qg_stage_x).
-template <int FMT, typename ST, bool SW>
+// XF: what x is (qg_stage_x), nrm its norm (LIN_QG_X_NORM).
+template <int FMT, typename ST, int XF>
 __global__ void __launch_bounds__(QG_THREADS, 4)
 qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__restrict__ scale,
-	  qf_args a, float *ws, unsigned *cnt)
+	  qf_args a, float *ws, unsigned *cnt, k_cuda_xnorm nrm)
 {
 	using F = qm_fmt<FMT>;
 	extern __shared__ __align__(16) unsigned char qg_smem[];
@@ -157,7 +217,15 @@ qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 #pragma unroll
 	for (int i = 0; i < QG_AHEAD; i++)
 		qw.scales(sr[i], i);
-	qg_stage_x<FMT, SW>(xs, x, a.M, a.K, qw.k0, a.KC);
+	if constexpr (XF == LIN_QG_X_NORM) {	// its scratch past the x slice
+		double *part = (double *)(qg_smem + QG_RING + qg_x_bytes(a.M, a.KC));
+		float *rs = (float *)(part + K_RMS_BLOCK_THREADS / 32);
+
+		qg_norm_rs(rs, part, x, a.M, a.K, nrm.eps);
+		qg_stage_x<FMT, XF>(xs, x, a.M, a.K, qw.k0, a.KC, nrm, rs);
+	} else {
+		qg_stage_x<FMT, XF>(xs, x, a.M, a.K, qw.k0, a.KC, nrm, nullptr);
+	}
 	__syncthreads();
 
 	const uint4 *xr = xs + g * xs_row + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
@@ -217,11 +285,6 @@ qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 static int qg_stage_k(const struct k_quant *q)
 {
 	return q->fmt == K_Q_INT4 ? qs_fmt<K_Q_INT4>::SK : qs_fmt<K_Q_FP8>::SK;
-}
-
-static long qg_x_bytes(int M, int KC)
-{
-	return (long)M * (KC + 8) * 2;
 }
 
 struct qg_plan {
@@ -325,10 +388,10 @@ static int qg_ctx_plan(const struct k_cuda_linear *ctx, const struct k_quant *q,
 			    M, N, K, p);
 }
 
-template <int FMT, typename ST, bool SW>
+template <int FMT, typename ST, int XF>
 static int qg_launch(const struct k_cuda_linear *ctx, const struct qg_plan *p, float *y,
 		     const float *x, const void *w, const struct k_quant *q, int M, int N, int K,
-		     int accumulate)
+		     int accumulate, const struct k_cuda_xnorm &nrm)
 {
 	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[1] = {};
@@ -337,44 +400,55 @@ static int qg_launch(const struct k_cuda_linear *ctx, const struct qg_plan *p, f
 
 	cfg.gridDim = dim3(p->tiles, p->S, 1);
 	cfg.blockDim = dim3(QG_THREADS, 1, 1);
-	cfg.dynamicSmemBytes = p->smem;
+	cfg.dynamicSmemBytes = p->smem + (XF == LIN_QG_X_NORM ? QG_NORM_SMEM : 0);
 	cfg.stream = ctx->stream;
 	cfg.attrs = attr;
 	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
-	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qg_kernel<FMT, ST, SW>, y, x,
+	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qg_kernel<FMT, ST, XF>, y, x,
 						     (const uint8_t *)w, (const ST *)q->scale, a,
-						     ctx->st_ws, ctx->st_cnt));
+						     ctx->st_ws, ctx->st_cnt, nrm));
 }
 
-template <bool SW>
-static int qg_run_sw(const struct k_cuda_linear *ctx, const struct qg_plan *p, float *y,
+template <int XF>
+static int qg_run_xf(const struct k_cuda_linear *ctx, const struct qg_plan *p, float *y,
 		     const float *x, const void *w, const struct k_quant *q, int M, int N, int K,
-		     int accumulate)
+		     int accumulate, const struct k_cuda_xnorm &n)
 {
 	if (q->fmt == K_Q_INT4)
 		return q->scale_dtype == K_F16
-			       ? qg_launch<K_Q_INT4, __half, SW>(ctx, p, y, x, w, q, M, N, K, accumulate)
-			       : qg_launch<K_Q_INT4, float, SW>(ctx, p, y, x, w, q, M, N, K, accumulate);
+			       ? qg_launch<K_Q_INT4, __half, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n)
+			       : qg_launch<K_Q_INT4, float, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n);
 	return q->scale_dtype == K_F16
-		       ? qg_launch<K_Q_FP8, __half, SW>(ctx, p, y, x, w, q, M, N, K, accumulate)
-		       : qg_launch<K_Q_FP8, float, SW>(ctx, p, y, x, w, q, M, N, K, accumulate);
+		       ? qg_launch<K_Q_FP8, __half, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n)
+		       : qg_launch<K_Q_FP8, float, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n);
 }
 
+// nrm: LIN_QG_X_NORM's norm (NULL otherwise)
 static int qg_run(const struct k_cuda_linear *ctx, const struct qg_plan *p, float *y,
 		  const float *x, const void *w, const struct k_quant *q, int M, int N, int K,
-		  int accumulate, bool swiglu)
+		  int accumulate, int xf, const struct k_cuda_xnorm *nrm)
 {
-	return swiglu ? qg_run_sw<true>(ctx, p, y, x, w, q, M, N, K, accumulate)
-		      : qg_run_sw<false>(ctx, p, y, x, w, q, M, N, K, accumulate);
+	const struct k_cuda_xnorm none = {};
+
+	switch (xf) {
+	case LIN_QG_X_SWIGLU:
+		return qg_run_xf<LIN_QG_X_SWIGLU>(ctx, p, y, x, w, q, M, N, K, accumulate, none);
+	case LIN_QG_X_NORM:
+		return qg_run_xf<LIN_QG_X_NORM>(ctx, p, y, x, w, q, M, N, K, accumulate, *nrm);
+	default:
+		return qg_run_xf<LIN_QG_X_PLAIN>(ctx, p, y, x, w, q, M, N, K, accumulate, none);
+	}
 }
 
-// A tuning's launch of split S (k_cuda_lin_split_tune).
+// A tuning's launch of split S (k_cuda_lin_split_tune): a norm's out is not written
+// there (the call that follows writes it).
 struct qg_call {
 	const float *x;
 	const void *w;
 	const struct k_quant *q;
 	int M, N, K;
-	bool swiglu;
+	int xf;
+	struct k_cuda_xnorm nrm;
 };
 
 static int qg_enqueue(const struct k_cuda_linear *ctx, void *arg, int S, float *ys)
@@ -386,20 +460,24 @@ static int qg_enqueue(const struct k_cuda_linear *ctx, void *arg, int S, float *
 	if (!qg_plan_at(ctx->n_sm, ctx->qg_bps, ctx->qg_smem_sm, ctx->qg_smem_cta,
 			qg_stage_k(c->q), c->M, c->N, c->K, S, &p, &cost))
 		return -EINVAL;
-	return qg_run(ctx, &p, ys, c->x, c->w, c->q, c->M, c->N, c->K, 0, c->swiglu);
+	return qg_run(ctx, &p, ys, c->x, c->w, c->q, c->M, c->N, c->K, 0, c->xf, &c->nrm);
 }
 
 int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
-		     const struct k_quant *q, int M, int N, int K, int accumulate, bool swiglu)
+		     const struct k_quant *q, int M, int N, int K, int accumulate, int xf,
+		     const struct k_cuda_xnorm *nrm)
 {
 	struct qg_plan p = {};
 
-	if (!k_cuda_linear_q_gemv_supports(q, x, w, M, N, K))
+	if (!k_cuda_linear_q_gemv_supports(q, x, w, M, N, K) || (xf == LIN_QG_X_NORM && !nrm))
 		return -EINVAL;
 	if (k_cuda_lin_split_wanted(ctx, K_CUDA_LINEAR_Q_GEMV, q, M, N, K) &&
 	    !qg_make_plan(ctx->n_sm, ctx->qg_bps, ctx->qg_smem_sm, ctx->qg_smem_cta, qg_stage_k(q),
 			  M, N, K, &p)) {
-		const struct qg_call c = { x, w, q, M, N, K, swiglu };
+		struct qg_call c = { x, w, q, M, N, K, xf, {} };
+
+		if (nrm)
+			c.nrm = { nrm->w, nrm->eps, nullptr };
 
 		k_cuda_lin_split_keep(ctx, K_CUDA_LINEAR_Q_GEMV, q, M, N, K,
 				      k_cuda_lin_split_tune(ctx, q->fmt == K_Q_INT4 ? "qgemv int4"
@@ -409,7 +487,7 @@ int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const 
 	}
 	if (qg_ctx_plan(ctx, q, M, N, K, &p))
 		return -EINVAL;
-	return qg_run(ctx, &p, y, x, w, q, M, N, K, accumulate, swiglu);
+	return qg_run(ctx, &p, y, x, w, q, M, N, K, accumulate, xf, nrm);
 }
 
 int k_cuda_lin_qgemv_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,
@@ -424,18 +502,19 @@ int k_cuda_lin_qgemv_describe(const struct k_cuda_linear *ctx, const struct k_qu
 			p.tiles, p.S, p.KC, p.per_sm, p.bps, p.smem);
 }
 
-template <int FMT, typename ST, bool SW> static int qg_setup_one(struct k_cuda_linear *ctx)
+template <int FMT, typename ST, int XF> static int qg_setup_one(struct k_cuda_linear *ctx)
 {
 	cudaFuncAttributes fa = {};
 	int bps = 0, ret;
 
-	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qg_kernel<FMT, ST, SW>,
-				cudaFuncAttributeMaxDynamicSharedMemorySize, QG_RING + QG_MAX_X));
+	ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qg_kernel<FMT, ST, XF>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize,
+				QG_RING + QG_MAX_X + (XF == LIN_QG_X_NORM ? QG_NORM_SMEM : 0)));
 	if (!ret)	// registers and threads alone: the plan adds the shared memory
 		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps,
-					qg_kernel<FMT, ST, SW>, QG_THREADS, 0));
+					qg_kernel<FMT, ST, XF>, QG_THREADS, 0));
 	if (!ret)
-		ret = LIN_CUDA(ctx->dev, cudaFuncGetAttributes(&fa, qg_kernel<FMT, ST, SW>));
+		ret = LIN_CUDA(ctx->dev, cudaFuncGetAttributes(&fa, qg_kernel<FMT, ST, XF>));
 	if (ret)
 		return ret;
 	if (ctx->qg_bps == 0 || bps < ctx->qg_bps)
@@ -448,16 +527,16 @@ template <int FMT, typename ST, bool SW> static int qg_setup_one(struct k_cuda_l
 }
 
 // The four formats' kernels (fp8, int4; fp32 or f16 scales) of one x form.
-template <bool SW> static int qg_setup_sw(struct k_cuda_linear *ctx)
+template <int XF> static int qg_setup_xf(struct k_cuda_linear *ctx)
 {
-	int ret = qg_setup_one<K_Q_FP8, float, SW>(ctx);
+	int ret = qg_setup_one<K_Q_FP8, float, XF>(ctx);
 
 	if (!ret)
-		ret = qg_setup_one<K_Q_FP8, __half, SW>(ctx);
+		ret = qg_setup_one<K_Q_FP8, __half, XF>(ctx);
 	if (!ret)
-		ret = qg_setup_one<K_Q_INT4, float, SW>(ctx);
+		ret = qg_setup_one<K_Q_INT4, float, XF>(ctx);
 	if (!ret)
-		ret = qg_setup_one<K_Q_INT4, __half, SW>(ctx);
+		ret = qg_setup_one<K_Q_INT4, __half, XF>(ctx);
 	return ret;
 }
 
@@ -469,8 +548,10 @@ int k_cuda_lin_qgemv_setup(struct k_cuda_linear *ctx)
 				cudaDevAttrMaxSharedMemoryPerMultiprocessor, ctx->dev));
 	ctx->qg_smem_sm = smem;
 	if (!ret)
-		ret = qg_setup_sw<false>(ctx);
+		ret = qg_setup_xf<LIN_QG_X_PLAIN>(ctx);
 	if (!ret)
-		ret = qg_setup_sw<true>(ctx);
+		ret = qg_setup_xf<LIN_QG_X_SWIGLU>(ctx);
+	if (!ret)
+		ret = qg_setup_xf<LIN_QG_X_NORM>(ctx);
 	return ret;
 }

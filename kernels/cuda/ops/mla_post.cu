@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(MLAP_THREADS) mla_post_kernel(const k_cuda_mla
 		return;
 
 	uint16_t *dst = a.cache + (size_t)slot * (size_t)(L + a.pe_dim);
-	const float rs = 1.0f / sqrtf((float)(ss / L) + a.eps);	// as rmsnorm.cu's row_rs
+	const float rs = 1.0f / sqrtf((float)(ss / L) + a.eps);	// as rmsnorm_rs.cuh's k_rms_row_rs
 
 	mla_cache_row<MLAP_THREADS>(dst, lat, a.norm, rs, kv, cs[0], cs[1], L, half, step, gap,
 				    a.pe_dim);

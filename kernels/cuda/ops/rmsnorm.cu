@@ -1,14 +1,16 @@
 // RMSNorm on the GPU, plain and fused with the residual add before it. Follows
 // k_cpu_rmsnorm's arithmetic: sum of squares in fp64, the mean rounded once to fp32,
 // rs = 1 / sqrtf(var + eps), out = w * (x * rs); so results match it to the last bit
-// except where the fp64 sum's order moves the rounded mean (about never).
+// except where the fp64 sum's order moves the rounded mean (about never). The order and
+// rs are rmsnorm_rs.cuh's, shared with the kernels that fold the norm into their input.
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/ops/k_cuda_ops.h"
+#include "kernels/cuda/ops/rmsnorm_rs.cuh"
 
-#define RMSNORM_THREADS 256		// block-per-row variant
-#define RMSNORM_WARP_MAX_DIM 1024	// up to this, one warp per row (head norms, ...)
+#define RMSNORM_THREADS K_RMS_BLOCK_THREADS	// block-per-row variant
+#define RMSNORM_WARP_MAX_DIM K_RMS_WARP_MAX_DIM	// up to this, one warp a row (head norms, ...)
 #define RMSNORM_ROWS_PER_CTA 8		// warp variant: rows (warps) per block
 
 namespace {	// kernels and their helpers stay private to this file
@@ -21,13 +23,6 @@ __device__ __forceinline__ uint16_t bf16_bits(float f)
 }
 
 // ---- kernels ----------------------------------------------------------------
-
-__device__ __forceinline__ double warp_sum_d(double v)
-{
-	for (int o = 16; o > 0; o >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, o);
-	return v;
-}
 
 // Pass 1 over a row, elements lane, lane + step, ...: with r, x += r is written back
 // first. Each product is exact in fp64, so only the order of the sum differs from the
@@ -46,13 +41,6 @@ __device__ __forceinline__ double row_sumsq(float *x, const float *r, int dim, i
 		ss += (double)v * (double)v;
 	}
 	return ss;
-}
-
-__device__ __forceinline__ float row_rs(double ss, int dim, float eps)
-{
-	float var = (float)(ss / dim);
-
-	return 1.0f / sqrtf(var + eps);	// torch.rsqrt: sqrt, then divide (IEEE, no fast math)
 }
 
 // Pass 2 over the same elements as pass 1, by the same thread: so out may alias x or r.
@@ -141,13 +129,13 @@ __global__ void rmsnorm_warp_kernel(float *out, int out_stride, float *x, int x_
 	if constexpr (PER > 0) {
 		float v[PER > 0 ? PER : 1];
 
-		ss = warp_sum_d(regs_sumsq<PER>(v, xr, rr, dim, lane, 32));
-		regs_scale<PER>(out + (size_t)row * out_stride, ob, v, w, dim, row_rs(ss, dim, eps),
-				lane, 32);
+		ss = k_rms_warp_sum_d(regs_sumsq<PER>(v, xr, rr, dim, lane, 32));
+		regs_scale<PER>(out + (size_t)row * out_stride, ob, v, w, dim,
+				k_rms_row_rs(ss, dim, eps), lane, 32);
 	} else {
-		ss = warp_sum_d(row_sumsq(xr, rr, dim, lane, 32));
-		row_scale(out + (size_t)row * out_stride, ob, xr, w, dim, row_rs(ss, dim, eps), lane,
-			  32);
+		ss = k_rms_warp_sum_d(row_sumsq(xr, rr, dim, lane, 32));
+		row_scale(out + (size_t)row * out_stride, ob, xr, w, dim,
+			  k_rms_row_rs(ss, dim, eps), lane, 32);
 	}
 }
 
@@ -168,9 +156,9 @@ rmsnorm_block_kernel(float *out, int out_stride, float *x, int x_stride, const f
 
 	k_cuda_pdl_wait();
 	if constexpr (PER > 0)
-		ss = warp_sum_d(regs_sumsq<PER>(v, xr, rr, dim, t, RMSNORM_THREADS));
+		ss = k_rms_warp_sum_d(regs_sumsq<PER>(v, xr, rr, dim, t, RMSNORM_THREADS));
 	else
-		ss = warp_sum_d(row_sumsq(xr, rr, dim, t, RMSNORM_THREADS));
+		ss = k_rms_warp_sum_d(row_sumsq(xr, rr, dim, t, RMSNORM_THREADS));
 	if (t % 32 == 0)
 		part[t / 32] = ss;
 	__syncthreads();
@@ -180,11 +168,11 @@ rmsnorm_block_kernel(float *out, int out_stride, float *x, int x_stride, const f
 	if (ob)
 		ob += (size_t)row * dim;
 	if constexpr (PER > 0)
-		regs_scale<PER>(out + (size_t)row * out_stride, ob, v, w, dim, row_rs(ss, dim, eps),
-				t, RMSNORM_THREADS);
+		regs_scale<PER>(out + (size_t)row * out_stride, ob, v, w, dim,
+				k_rms_row_rs(ss, dim, eps), t, RMSNORM_THREADS);
 	else
-		row_scale(out + (size_t)row * out_stride, ob, xr, w, dim, row_rs(ss, dim, eps), t,
-			  RMSNORM_THREADS);
+		row_scale(out + (size_t)row * out_stride, ob, xr, w, dim,
+			  k_rms_row_rs(ss, dim, eps), t, RMSNORM_THREADS);
 }
 
 }	// namespace

@@ -1,0 +1,75 @@
+// RMSNorm's scale of a row, rs = 1 / sqrt(mean(x^2) + eps), as rmsnorm.cu computes it:
+// the sum of squares in fp64 in one fixed order, so every kernel that includes this
+// gets the same bits. rmsnorm.cu's kernels use the pieces; a kernel that folds the norm
+// into its own input staging (linear_qgemv.cu) calls k_rms_rs_cta.
+//
+// The order: dim <= K_RMS_WARP_MAX_DIM, one warp a row (lane l sums elements l, l + 32,
+// ... in turn, then one xor-shuffle tree); past it, K_RMS_BLOCK_THREADS threads a row
+// (thread t sums t, t + 256, ..., a shuffle tree a warp, then the 8 warps' sums in
+// order). Each square is exact in fp64; the order fixes the rest.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#define K_RMS_BLOCK_THREADS	256	/* rmsnorm.cu's block-per-row variant */
+#define K_RMS_WARP_MAX_DIM	1024	/* up to this, one warp a row */
+
+// The xor tree leaves the same value in every lane (each step adds two values that
+// the partner lane adds in the other order: the same sum).
+static __device__ __forceinline__ double k_rms_warp_sum_d(double v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	return v;
+}
+
+static __device__ __forceinline__ float k_rms_row_rs(double ss, int dim, float eps)
+{
+	float var = (float)(ss / dim);
+
+	return 1.0f / sqrtf(var + eps);	// torch.rsqrt: sqrt, then divide (IEEE, no fast math)
+}
+
+// One lane's sum in the order above: elements i0, i0 + step, ... below dim.
+static __device__ __forceinline__ double k_rms_lane_sumsq(const float *x, int dim, int i0,
+							 int step)
+{
+	double ss = 0.0;
+
+	for (int i = i0; i < dim; i += step) {
+		const double v = (double)x[i];
+
+		ss += v * v;
+	}
+	return ss;
+}
+
+// rs of row x (dim floats), by a CTA of THREADS (a multiple of 32, at most
+// K_RMS_BLOCK_THREADS, dividing it): every thread must call it, every thread gets rs.
+// part: K_RMS_BLOCK_THREADS / 32 doubles of shared memory, free for the call (a
+// barrier at its end, so it may be reused after).
+template <int THREADS>
+static __device__ __forceinline__ float k_rms_rs_cta(const float *x, int dim, float eps,
+						     double *part)
+{
+	static_assert(THREADS % 32 == 0 && K_RMS_BLOCK_THREADS % THREADS == 0, "CTA size");
+	constexpr int VW = K_RMS_BLOCK_THREADS / 32;	// warps of the block order
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	double ss = 0.0;
+
+	if (dim <= K_RMS_WARP_MAX_DIM)	// the warp order: every warp alike, no barrier
+		return k_rms_row_rs(k_rms_warp_sum_d(k_rms_lane_sumsq(x, dim, lane, 32)), dim, eps);
+	// warp w stands for the block order's warps w, w + THREADS / 32, ...
+	for (int vw = warp; vw < VW; vw += THREADS / 32) {
+		const double s = k_rms_warp_sum_d(k_rms_lane_sumsq(x, dim, vw * 32 + lane,
+								   K_RMS_BLOCK_THREADS));
+
+		if (lane == 0)
+			part[vw] = s;
+	}
+	__syncthreads();
+	for (int i = 0; i < VW; i++)	// same order in every thread
+		ss += part[i];
+	__syncthreads();	// part is free again
+	return k_rms_row_rs(ss, dim, eps);
+}
