@@ -17,9 +17,9 @@
  *   and on every projection shape of the supported models (fp8 blocks, int4 g32; M 1, and
  *   8 where small; tuned), the same tolerances and the same bits on a second run; its
  *   SwiGLU form (k_cuda_linear_q_gemv_swiglu) bit for bit as k_cuda_silu_mul_rows then
- *   the GEMV; its RMSNorm form (k_cuda_linear_q_gemv_norm) bit for bit as k_cuda_rmsnorm
- *   then the GEMV, y and the norm's out (K 1024: the norm's warp order; 2048 .. 16384
- *   its block order);
+ *   the GEMV; its RMSNorm form and the streaming form's (k_cuda_linear_q_norm_run) bit
+ *   for bit as k_cuda_rmsnorm then the same kind, y and the norm's out (K 1024: the
+ *   norm's warp order; 2048 .. 16384 its block order);
  * - the tile kernel (K_CUDA_LINEAR_Q_TILE) at M = 1..65 (65: two launches): n8 tiles 2,
  *   4, 8, K split over up to 8 CTAs and one slice, partial row tiles and stages, the
  *   same tolerances and the same bits on a second run (fixed-order split sums); on its
@@ -429,11 +429,11 @@ static void check_swiglu(const struct qcase *c, int N, int K, int M, int accumul
 	free(b);
 }
 
-/* k_cuda_linear_q_gemv_norm on a random x (M, K) and norm weights against
- * k_cuda_rmsnorm then the GEMV kind on its output: the same bits, in y (= and +=) and in
- * the norm's out (written by the fused call too, where out_too). */
-static void check_norm(const struct qcase *c, int N, int K, int M, int accumulate, int f16s,
-		       int out_too)
+/* k_cuda_linear_q_norm_run of kind (GEMV or STREAM) on a random x (M, K) and norm
+ * weights against k_cuda_rmsnorm then that kind on its output: the same bits, in y (=
+ * and +=) and in the norm's out (written by the fused call too, where out_too). */
+static void check_norm(const struct qcase *c, int kind, int N, int K, int M, int accumulate,
+		       int f16s, int out_too)
 {
 	const float eps = 1e-5f;
 	struct k_quant q, dq;
@@ -466,10 +466,10 @@ static void check_norm(const struct qcase *c, int N, int K, int M, int accumulat
 
 		ra = k_cuda_rmsnorm(stream, dha, K, dx, K, dnw, M, K, eps);
 		if (!ra)
-			ra = k_cuda_linear_q_run(lin, K_CUDA_LINEAR_Q_GEMV, dya, dha, dw, &dq, M, N, K,
-						 accumulate, wtmp, wtmp_elems);
+			ra = k_cuda_linear_q_run(lin, kind, dya, dha, dw, &dq, M, N, K, accumulate,
+						 wtmp, wtmp_elems);
 		CU(cudaMemset(dhb, 0xff, nx * sizeof(float)));	/* NaN where not written */
-		rb = k_cuda_linear_q_gemv_norm(lin, dyb, dx, &n, dw, &dq, M, N, K, accumulate);
+		rb = k_cuda_linear_q_norm_run(lin, kind, dyb, dx, &n, dw, &dq, M, N, K, accumulate);
 		CU(cudaStreamSynchronize(stream));
 		CU(cudaMemcpy(a, dya, ny * sizeof(float), cudaMemcpyDeviceToHost));
 		CU(cudaMemcpy(b, dyb, ny * sizeof(float), cudaMemcpyDeviceToHost));
@@ -480,10 +480,10 @@ static void check_norm(const struct qcase *c, int N, int K, int M, int accumulat
 		for (size_t i = 0; out_too && i < nx; i++)
 			nod += memcmp(&ha[i], &hb[i], sizeof(float)) != 0;
 	}
-	CHECK(ra == 0 && rb == 0 && nd == 0 && nod == 0, "%s norm GEMV N %d K %d M %d acc %d "
+	CHECK(ra == 0 && rb == 0 && nd == 0 && nod == 0, "%s norm %s N %d K %d M %d acc %d "
 	      "f16s %d out %d: rc %d / %d, %zu of %zu values and %zu of %zu normalised ones "
-	      "differ from RMSNorm then the GEMV", c->what, N, K, M, accumulate, f16s, out_too,
-	      ra, rb, nd, ny, nod, out_too ? nx : 0);
+	      "differ from RMSNorm then the same kind", c->what, k_cuda_linear_q_kind_name(kind),
+	      N, K, M, accumulate, f16s, out_too, ra, rb, nd, ny, nod, out_too ? nx : 0);
 	cudaFree(dw);
 	cudaFree(dsc);
 	cudaFree(dx);
@@ -727,16 +727,19 @@ int main(void)
 			check_swiglu(c, 8200, 1024, 8, 0, is_int4);
 			check_swiglu(c, 300, 4096, 1, 1, is_int4);
 		}
-		/* the GEMV forming its x as an RMSNorm (a layer's input norm before q/k/v):
-		 * the norm's warp order (K 1024) and block order (2048 .. 16384, one slice
-		 * and K split, partial row tiles) */
-		if (!tile_only && !wide_only) {
-			check_norm(c, 64, 2048, 3, 1, 0, 1);
-			check_norm(c, 8200, 1024, 8, 0, is_int4, 1);
-			check_norm(c, 300, 4096, 1, 1, is_int4, 1);
-			check_norm(c, 6144, 4096, 1, 0, 0, 0);
+		/* the GEMV and the streaming form forming their x as an RMSNorm (a layer's
+		 * input norm before q/k/v or gate/up): the norm's warp order (K 1024) and
+		 * block order (2048 .. 16384), one slice and K split (clusters for the
+		 * streaming form), partial row tiles */
+		for (int s = 0; s < 2 && !tile_only && !wide_only; s++) {
+			const int kind = s ? K_CUDA_LINEAR_Q_STREAM : K_CUDA_LINEAR_Q_GEMV;
+
+			check_norm(c, kind, 64, 2048, 3, 1, 0, 1);
+			check_norm(c, kind, 8200, 1024, 8, 0, is_int4, 1);
+			check_norm(c, kind, 300, 4096, 1, 1, is_int4, 1);
+			check_norm(c, kind, 6144, 4096, 1, 0, 0, 0);
 			if (!race)
-				check_norm(c, 200, 16384, 2, 1, 0, 1);
+				check_norm(c, kind, 200, 16384, 2, 1, 0, 1);
 		}
 		if (gemv_only)
 			continue;

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The RMSNorm folded into the quantized decode GEMV (k_cuda_linear_q_gemv_norm,
+# The RMSNorm folded into the quantized decode GEMVs (k_cuda_linear_q_norm_run,
 # KDEC_NORM_IN_GEMV rows, off by default) on the GPU machine, in one call of < 10 min:
 #   NG_PART=check  compute-sanitizer memcheck of test_cuda_linear_q's GEMV part (quick:
 #                  the norm form's cases among them), the GEMV part at full size (every

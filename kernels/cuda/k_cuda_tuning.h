@@ -176,7 +176,7 @@ struct k_cuda_tuning {
 	int norm_in_gemv;	/* KDEC_NORM_IN_GEMV, rows 0..8, 0: an RMSNorm of up to this
 				 * many rows whose output goes to a quantized linear next is
 				 * formed by that linear's GEMV from the norm's input
-				 * (k_cuda_linear_q_gemv_norm), one launch and one round trip
+				 * (k_cuda_linear_q_norm_run), one launch and one round trip
 				 * fewer; 0: its own launch always. The same bits either way.
 				 * Off until measured */
 	int silu_bf16_only;	/* KDEC_SILU_BF16_ONLY, flag, 1: SwiGLU writes only the bf16

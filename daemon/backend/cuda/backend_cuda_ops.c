@@ -204,14 +204,14 @@ int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const str
 	if (b->norm.out) {	/* the first linear over a norm left pending */
 		int ret;
 
-		if (kind == K_CUDA_LINEAR_Q_GEMV && x == b->norm.out && M == b->norm.rows &&
-		    K == b->norm.dim) {
+		if ((kind == K_CUDA_LINEAR_Q_GEMV || kind == K_CUDA_LINEAR_Q_STREAM) &&
+		    x == b->norm.out && M == b->norm.rows && K == b->norm.dim) {
 			const struct k_cuda_xnorm n = { b->norm.w, b->norm.eps, b->norm.out };
 			const float *src = b->norm.x;
 
 			b->norm.out = NULL;
-			return k_cuda_linear_q_gemv_norm(b->lin, y, src, &n, w->w, &w->q, M, N, K,
-							 accumulate);
+			return k_cuda_linear_q_norm_run(b->lin, kind, y, src, &n, w->w, &w->q, M, N,
+							K, accumulate);
 		}
 		if ((ret = cuda_norm_settle(b)))
 			return ret;

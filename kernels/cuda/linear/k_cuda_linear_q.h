@@ -188,7 +188,7 @@ int k_cuda_linear_q_gemv_swiglu(struct k_cuda_linear *ctx, float *y, const float
 				const void *w, const struct k_quant *q, int M, int N, int K,
 				int accumulate);
 
-/* An RMSNorm a GEMV forms from its input (k_cuda_linear_q_gemv_norm): the GEMV's x is
+/* An RMSNorm a GEMV forms from its input (k_cuda_linear_q_norm_run): the GEMV's x is
  * w * (x * rs), rs = 1 / sqrt(mean(x^2) + eps) over the row's K values, as
  * k_cuda_rmsnorm writes it (the same bits). w: (K) fp32 device, 16-byte aligned; out:
  * NULL, or (M, K) fp32 device, 16-byte aligned, not x, where the normalised rows are
@@ -199,15 +199,16 @@ struct k_cuda_xnorm {
 	float *out;
 };
 
-/* The GEMV kind (K_CUDA_LINEAR_Q_GEMV, M <= 8) of an RMSNorm's output, formed from its
- * input x (M, K) in the kernel's x staging: y is bit for bit what k_cuda_rmsnorm then
- * k_cuda_linear_q_run's GEMV give in two launches (and norm->out what the first wrote),
- * one launch and one round trip fewer (a layer's input norm before q/k/v). Every CTA
- * reads x's whole rows for rs. -EINVAL where the GEMV does not take the shape or M > 8;
- * else as k_cuda_linear_q_run. */
-int k_cuda_linear_q_gemv_norm(struct k_cuda_linear *ctx, float *y, const float *x,
-			      const struct k_cuda_xnorm *norm, const void *w,
-			      const struct k_quant *q, int M, int N, int K, int accumulate);
+/* A decode kind that stages fp32 x (K_CUDA_LINEAR_Q_GEMV, or _STREAM, M <= 8) over an
+ * RMSNorm's output, formed from its input x (M, K) in the kernel's x staging: y is bit
+ * for bit what k_cuda_rmsnorm then k_cuda_linear_q_run of that kind give in two launches
+ * (and norm->out what the first wrote), one launch and one round trip fewer (a layer's
+ * input norm before q/k/v or gate/up). Every CTA reads x's whole rows for rs. -EINVAL
+ * where the kind does not take the shape, another kind or M > 8; else as
+ * k_cuda_linear_q_run. */
+int k_cuda_linear_q_norm_run(struct k_cuda_linear *ctx, int kind, float *y, const float *x,
+			     const struct k_cuda_xnorm *norm, const void *w,
+			     const struct k_quant *q, int M, int N, int K, int accumulate);
 
 /* dst (N, K) in out (K_BF16 or K_F16) = w dequantized (value * scale in fp32, rounded
  * to nearest even once), q->scale in device memory (K_F32 or K_F16). Queued on stream

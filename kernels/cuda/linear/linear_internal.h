@@ -146,11 +146,15 @@ int k_cuda_lin_stream_describe(const struct k_cuda_linear *ctx, int M, int N, in
 /* The quantized-weight decode GEMV (linear_qmma.cu): kernel attributes and
  * ctx->qm_bps, once at create; the launch (k_cuda_linear_q_mma_supports must hold). */
 struct k_quant;
+struct k_cuda_xnorm;
 int k_cuda_lin_qmma_setup(struct k_cuda_linear *ctx);
 /* stream: the form that copies the weights through a cp.async ring in shared memory
- * (k_cuda_linear_q_stream_supports must hold then), else the register-load form. */
+ * (k_cuda_linear_q_stream_supports must hold then), else the register-load form. nrm:
+ * NULL, or x is an RMSNorm's input, the GEMV's x its output (the streaming form at
+ * M <= 8 only, else -EINVAL). */
 int k_cuda_lin_qmma(const struct k_cuda_linear *ctx, bool stream, float *y, const float *x,
-		    const void *w, const struct k_quant *q, int M, int N, int K, int accumulate);
+		    const void *w, const struct k_quant *q, int M, int N, int K, int accumulate,
+		    const struct k_cuda_xnorm *nrm);
 int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, bool stream,
 			     const struct k_quant *q, int M, int N, int K, char *buf, size_t len);
 /* The cluster size S (K slices per 128 rows) the form would launch with; 0: no plan. */

@@ -483,7 +483,7 @@ extern "C" int k_cuda_linear_q_run(struct k_cuda_linear *ctx, int kind, float *y
 		// mp rows of x a launch (64 STREAM, 8 MMA); more rows read the weights again
 		for (int m0 = 0; m0 < M && !ret; m0 += mp)
 			ret = k_cuda_lin_qmma(ctx, stream, y + (size_t)m0 * N, x + (size_t)m0 * K, w, q,
-					      M - m0 < mp ? M - m0 : mp, N, K, accumulate);
+					      M - m0 < mp ? M - m0 : mp, N, K, accumulate, NULL);
 		return ret;
 	}
 	case K_CUDA_LINEAR_Q_GEMV: {
@@ -540,23 +540,28 @@ extern "C" int k_cuda_linear_q_gemv_swiglu(struct k_cuda_linear *ctx, float *y,
 	return k_cuda_lin_qgemv(ctx, y, gate_up, w, q, M, N, K, accumulate, LIN_QG_X_SWIGLU, NULL);
 }
 
-extern "C" int k_cuda_linear_q_gemv_norm(struct k_cuda_linear *ctx, float *y, const float *x,
-					 const struct k_cuda_xnorm *norm, const void *w,
-					 const struct k_quant *q, int M, int N, int K,
-					 int accumulate)
+extern "C" int k_cuda_linear_q_norm_run(struct k_cuda_linear *ctx, int kind, float *y,
+					const float *x, const struct k_cuda_xnorm *norm,
+					const void *w, const struct k_quant *q, int M, int N, int K,
+					int accumulate)
 {
+	const bool gemv = kind == K_CUDA_LINEAR_Q_GEMV;
 	bool ready;
 	int ret;
 
 	if (!ctx || !y || !x || !norm || !norm->w || ((uintptr_t)norm->w & 15) ||
 	    ((uintptr_t)norm->out & 15) || M < 1 || M > K_CUDA_LINEAR_Q_MMA_MAX_M || N < 1 ||
-	    K < 1 || !k_cuda_linear_q_gemv_supports(q, x, w, M, N, K) ||
+	    K < 1 || (!gemv && kind != K_CUDA_LINEAR_Q_STREAM) ||
+	    !(gemv ? k_cuda_linear_q_gemv_supports(q, x, w, M, N, K)
+		   : k_cuda_linear_q_stream_supports(q, x, w, M, N, K)) ||
 	    (norm->out && norm->out < x + (size_t)M * K && x < norm->out + (size_t)M * K))
-		return -EINVAL;	// out overlapping x: tile 0 would write what others read
-	// clears any bf16 mark: the GEMV reads fp32 x
+		return -EINVAL;	// out overlapping x: row block 0 would write what others read
+	// clears any bf16 mark: these kinds read fp32 x
 	if ((ret = k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_GEMV, x, M, N, K, &ready)))
 		return ret;
-	return k_cuda_lin_qgemv(ctx, y, x, w, q, M, N, K, accumulate, LIN_QG_X_NORM, norm);
+	if (gemv)
+		return k_cuda_lin_qgemv(ctx, y, x, w, q, M, N, K, accumulate, LIN_QG_X_NORM, norm);
+	return k_cuda_lin_qmma(ctx, true, y, x, w, q, M, N, K, accumulate, norm);
 }
 
 extern "C" void k_cuda_linear_q_describe(const struct k_cuda_linear *ctx,

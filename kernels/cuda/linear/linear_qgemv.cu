@@ -167,17 +167,9 @@ static __device__ __forceinline__ void qg_stage_x(uint4 *xs, const float *x, int
 						   k_cuda_silu_mul(b[v].z, ub[v].z),
 						   k_cuda_silu_mul(b[v].w, ub[v].w));
 			}
-			if (NM) {	// rmsnorm.cu's row_scale: w * (x * rs), each rounded
-				const float r = rs[m];
-
-				a[v] = make_float4(__fmul_rn(ua[v].x, __fmul_rn(a[v].x, r)),
-						   __fmul_rn(ua[v].y, __fmul_rn(a[v].y, r)),
-						   __fmul_rn(ua[v].z, __fmul_rn(a[v].z, r)),
-						   __fmul_rn(ua[v].w, __fmul_rn(a[v].w, r)));
-				b[v] = make_float4(__fmul_rn(ub[v].x, __fmul_rn(b[v].x, r)),
-						   __fmul_rn(ub[v].y, __fmul_rn(b[v].y, r)),
-						   __fmul_rn(ub[v].z, __fmul_rn(b[v].z, r)),
-						   __fmul_rn(ub[v].w, __fmul_rn(b[v].w, r)));
+			if (NM) {	// zeros past K stay zeros
+				a[v] = k_rms_scale4(ua[v], a[v], rs[m]);
+				b[v] = k_rms_scale4(ub[v], b[v], rs[m]);
 				if (nout && k0 + 8 * u < K) {
 					float4 *po = (float4 *)(nrm.out + (size_t)m * K + k0 + 8 * u);
 

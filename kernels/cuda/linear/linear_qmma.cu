@@ -50,6 +50,7 @@
 #include "kernels/cuda/linear/linear_internal.h"
 #include "kernels/cuda/linear/linear_qfrag.cuh"
 #include "kernels/cuda/linear/linear_qstream.cuh"
+#include "kernels/cuda/ops/rmsnorm_rs.cuh"
 #include "kernels/cuda/ptx.cuh"
 
 namespace cg = cooperative_groups;
@@ -80,10 +81,13 @@ struct qm_args {
 };
 
 // x rows [0, M), k [k0, k0 + KC) into shared memory as f16 (row stride KC + 8 halves),
-// zeros past K; int4 octets reordered k 0 4 1 5 2 6 3 7.
-template <int FMT>
+// zeros past K; int4 octets reordered k 0 4 1 5 2 6 3 7. NM: x is an RMSNorm's input,
+// each value staged w * (x * rs[m]) as k_cuda_rmsnorm writes it (the GEMV's norm form,
+// linear_qgemv.cu's header), and written to nrm.out by the CTAs of row block 0.
+template <int FMT, bool NM = false>
 static __device__ __forceinline__ void qm_stage_x(uint4 *xs, const float *x, int M, int K,
-						  int k0, int KC)
+						  int k0, int KC, const k_cuda_xnorm *nrm = nullptr,
+						  const float *rs = nullptr)
 {
 	const int per_row = KC / 8, xs_row = (KC + 8) / 8;	// 16-byte units
 
@@ -96,6 +100,18 @@ static __device__ __forceinline__ void qm_stage_x(uint4 *xs, const float *x, int
 
 			a = p[0];
 			b = p[1];
+			if (NM) {
+				const float4 *pw = (const float4 *)(nrm->w + k);
+
+				a = k_rms_scale4(pw[0], a, rs[m]);
+				b = k_rms_scale4(pw[1], b, rs[m]);
+				if (nrm->out && blockIdx.x == 0) {
+					float4 *po = (float4 *)(nrm->out + (size_t)m * K + k);
+
+					po[0] = a;
+					po[1] = b;
+				}
+			}
 		}
 		xs[m * xs_row + qm_xunit<FMT>(u)] = qm_pack_x8<FMT == K_Q_INT4>(a, b);
 	}
@@ -304,11 +320,12 @@ qm_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 // shared memory at once. NT > 1 (8 < M <= 64): every weight fragment is dequantized
 // once for all M rows (the weights are read once whatever M), and x goes into shared
 // memory KX k at a time (an M = 64 slice does not fit beside the ring), the CTA's warps
-// meeting at a barrier between chunks; one CTA a multiprocessor.
-template <int FMT, typename ST, int NT>
+// meeting at a barrier between chunks; one CTA a multiprocessor. NM (NT = 1 only): x is
+// an RMSNorm's input, nrm its norm (qm_stage_x).
+template <int FMT, typename ST, int NT, bool NM = false>
 __global__ void __launch_bounds__(QM_THREADS, NT == 1 ? 2 : 1)
 qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__restrict__ scale,
-	  qm_args a)
+	  qm_args a, k_cuda_xnorm nrm)
 {
 	using F = qm_fmt<FMT>;
 	constexpr int SK = qs_fmt<FMT>::SK;
@@ -328,7 +345,23 @@ qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 #pragma unroll
 	for (int i = 0; i < QS_AHEAD; i++)
 		qw.scales(sr[i], i);
-	qm_stage_x<FMT>(xs, x, a.M, a.K, k0, KX);
+	if constexpr (NM) {
+		static_assert(NT == 1, "the norm form stages x once");
+		__shared__ double part[K_RMS_BLOCK_THREADS / 32];
+		__shared__ float rs[K_CUDA_LINEAR_Q_MMA_MAX_M];
+
+		for (int m = 0; m < a.M; m++) {
+			const float r = k_rms_rs_cta<QM_THREADS>(x + (size_t)m * a.K, a.K, nrm.eps,
+								 part);
+
+			if (tid == 0)
+				rs[m] = r;
+		}
+		__syncthreads();
+		qm_stage_x<FMT, true>(xs, x, a.M, a.K, k0, KX, &nrm, rs);
+	} else {
+		qm_stage_x<FMT>(xs, x, a.M, a.K, k0, KX);
+	}
 	__syncthreads();
 
 	const uint4 *xr = xs + g * xs_row + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
@@ -467,15 +500,17 @@ static int qm_make_plan(const struct k_cuda_linear *ctx, int unit, bool stream, 
 
 template <int FMT, typename ST, bool STREAM>
 static int qm_launch(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
-		     const struct k_quant *q, int M, int N, int K, int accumulate)
+		     const struct k_quant *q, int M, int N, int K, int accumulate,
+		     const struct k_cuda_xnorm *nrm)
 {
+	const struct k_cuda_xnorm none = {};
 	const int unit = STREAM ? qs_fmt<FMT>::SK : qm_fmt<FMT>::SLAB;
 	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[2] = {};
 	struct qm_plan p;
 	qm_args a;
 
-	if (qm_make_plan(ctx, unit, STREAM, M, N, K, &p))
+	if (qm_make_plan(ctx, unit, STREAM, M, N, K, &p) || (nrm && (!STREAM || M > 8)))
 		return -EINVAL;
 	a = qm_args{ M, N, K, p.KC, p.KX, (int)k_quant_row_bytes(q->fmt, K), q->block_rows,
 		     qm_bc_shift(q, K, qm_unit(q, STREAM)), (int)q->scale_cols, accumulate,
@@ -497,13 +532,20 @@ static int qm_launch(const struct k_cuda_linear *ctx, float *y, const float *x, 
 		const uint8_t *wb = (const uint8_t *)w;
 		const ST *sc = (const ST *)q->scale;
 
+		if (nrm)
+			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 1, true>, y,
+								     x, wb, sc, a, *nrm));
 		if (M <= 8)
-			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 1>, y, x, wb, sc, a));
+			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 1>, y, x,
+								     wb, sc, a, none));
 		if (M <= 16)
-			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 2>, y, x, wb, sc, a));
+			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 2>, y, x,
+								     wb, sc, a, none));
 		if (M <= 32)
-			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 4>, y, x, wb, sc, a));
-		return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 8>, y, x, wb, sc, a));
+			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 4>, y, x,
+								     wb, sc, a, none));
+		return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 8>, y, x, wb,
+							     sc, a, none));
 	}
 	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qm_kernel<FMT, ST>, y, x,
 						     (const uint8_t *)w, (const ST *)q->scale, a));
@@ -517,6 +559,9 @@ template <int FMT, typename ST> static int qm_setup_one(struct k_cuda_linear *ct
 				cudaFuncAttributeMaxDynamicSharedMemorySize, QM_MAX_SMEM));
 	if (!ret)
 		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<FMT, ST, 1>,
+				cudaFuncAttributeMaxDynamicSharedMemorySize, QS_MAX_SMEM));
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<FMT, ST, 1, true>,
 				cudaFuncAttributeMaxDynamicSharedMemorySize, QS_MAX_SMEM));
 	if (!ret)
 		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<FMT, ST, 2>,
@@ -550,22 +595,24 @@ int k_cuda_lin_qmma_setup(struct k_cuda_linear *ctx)
 
 template <bool STREAM>
 static int qm_dispatch(const struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
-		       const struct k_quant *q, int M, int N, int K, int accumulate)
+		       const struct k_quant *q, int M, int N, int K, int accumulate,
+		       const struct k_cuda_xnorm *n)
 {
 	if (q->fmt == K_Q_INT4)
 		return q->scale_dtype == K_F16
-			       ? qm_launch<K_Q_INT4, __half, STREAM>(ctx, y, x, w, q, M, N, K, accumulate)
-			       : qm_launch<K_Q_INT4, float, STREAM>(ctx, y, x, w, q, M, N, K, accumulate);
+			       ? qm_launch<K_Q_INT4, __half, STREAM>(ctx, y, x, w, q, M, N, K, accumulate, n)
+			       : qm_launch<K_Q_INT4, float, STREAM>(ctx, y, x, w, q, M, N, K, accumulate, n);
 	return q->scale_dtype == K_F16
-		       ? qm_launch<K_Q_FP8, __half, STREAM>(ctx, y, x, w, q, M, N, K, accumulate)
-		       : qm_launch<K_Q_FP8, float, STREAM>(ctx, y, x, w, q, M, N, K, accumulate);
+		       ? qm_launch<K_Q_FP8, __half, STREAM>(ctx, y, x, w, q, M, N, K, accumulate, n)
+		       : qm_launch<K_Q_FP8, float, STREAM>(ctx, y, x, w, q, M, N, K, accumulate, n);
 }
 
 int k_cuda_lin_qmma(const struct k_cuda_linear *ctx, bool stream, float *y, const float *x,
-		    const void *w, const struct k_quant *q, int M, int N, int K, int accumulate)
+		    const void *w, const struct k_quant *q, int M, int N, int K, int accumulate,
+		    const struct k_cuda_xnorm *nrm)
 {
-	return stream ? qm_dispatch<true>(ctx, y, x, w, q, M, N, K, accumulate)
-		      : qm_dispatch<false>(ctx, y, x, w, q, M, N, K, accumulate);
+	return stream ? qm_dispatch<true>(ctx, y, x, w, q, M, N, K, accumulate, nrm)
+		      : qm_dispatch<false>(ctx, y, x, w, q, M, N, K, accumulate, nrm);
 }
 
 int k_cuda_lin_qmma_split(const struct k_cuda_linear *ctx, bool stream, const struct k_quant *q,

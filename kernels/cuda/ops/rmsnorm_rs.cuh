@@ -30,6 +30,13 @@ static __device__ __forceinline__ float k_rms_row_rs(double ss, int dim, float e
 	return 1.0f / sqrtf(var + eps);	// torch.rsqrt: sqrt, then divide (IEEE, no fast math)
 }
 
+// w * (x * rs), each product rounded (rmsnorm.cu's output), four at a time.
+static __device__ __forceinline__ float4 k_rms_scale4(const float4 &w, const float4 &x, float rs)
+{
+	return make_float4(__fmul_rn(w.x, __fmul_rn(x.x, rs)), __fmul_rn(w.y, __fmul_rn(x.y, rs)),
+			   __fmul_rn(w.z, __fmul_rn(x.z, rs)), __fmul_rn(w.w, __fmul_rn(x.w, rs)));
+}
+
 // One lane's sum in the order above: elements i0, i0 + step, ... below dim.
 static __device__ __forceinline__ double k_rms_lane_sumsq(const float *x, int dim, int i0,
 							 int step)
