@@ -54,29 +54,56 @@ static __device__ __forceinline__ double k_rms_lane_sumsq(const float *x, int di
 // rs of row x (dim floats), by a CTA of THREADS (a multiple of 32, at most
 // K_RMS_BLOCK_THREADS, dividing it): every thread must call it, every thread gets rs.
 // part: K_RMS_BLOCK_THREADS / 32 doubles of shared memory, free for the call (a
-// barrier at its end, so it may be reused after).
+// barrier at its end, so it may be reused after). Thread t of warp w stands for the
+// block order's threads w * 32 + lane + j * THREADS (j < VT); it loads K_RMS_CHUNK values
+// of each of them before it adds any, so a row of up to K_RMS_CHUNK * 256 values costs
+// one round trip to L2, not one a value.
+#define K_RMS_CHUNK	16
 template <int THREADS>
 static __device__ __forceinline__ float k_rms_rs_cta(const float *x, int dim, float eps,
 						     double *part)
 {
 	static_assert(THREADS % 32 == 0 && K_RMS_BLOCK_THREADS % THREADS == 0, "CTA size");
 	constexpr int VW = K_RMS_BLOCK_THREADS / 32;	// warps of the block order
+	constexpr int VT = K_RMS_BLOCK_THREADS / THREADS;	// its threads a thread stands for
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	double ss = 0.0;
+	double ss[VT];
 
 	if (dim <= K_RMS_WARP_MAX_DIM)	// the warp order: every warp alike, no barrier
 		return k_rms_row_rs(k_rms_warp_sum_d(k_rms_lane_sumsq(x, dim, lane, 32)), dim, eps);
-	// warp w stands for the block order's warps w, w + THREADS / 32, ...
-	for (int vw = warp; vw < VW; vw += THREADS / 32) {
-		const double s = k_rms_warp_sum_d(k_rms_lane_sumsq(x, dim, vw * 32 + lane,
-								   K_RMS_BLOCK_THREADS));
+#pragma unroll
+	for (int j = 0; j < VT; j++)
+		ss[j] = 0.0;
+	for (int c0 = 0; c0 < dim; c0 += K_RMS_CHUNK * K_RMS_BLOCK_THREADS) {
+		float v[VT][K_RMS_CHUNK];
+
+#pragma unroll
+		for (int j = 0; j < VT; j++)
+#pragma unroll
+			for (int k = 0; k < K_RMS_CHUNK; k++) {
+				const int i = c0 + (warp + j * (THREADS / 32)) * 32 + lane +
+					      k * K_RMS_BLOCK_THREADS;
+
+				v[j][k] = i < dim ? x[i] : 0.0f;
+			}
+#pragma unroll
+		for (int j = 0; j < VT; j++)
+#pragma unroll
+			for (int k = 0; k < K_RMS_CHUNK; k++)	// zeros past dim add nothing
+				ss[j] += (double)v[j][k] * (double)v[j][k];
+	}
+#pragma unroll
+	for (int j = 0; j < VT; j++) {
+		const double s = k_rms_warp_sum_d(ss[j]);
 
 		if (lane == 0)
-			part[vw] = s;
+			part[warp + j * (THREADS / 32)] = s;
 	}
 	__syncthreads();
+	double sum = 0.0;
+
 	for (int i = 0; i < VW; i++)	// same order in every thread
-		ss += part[i];
+		sum += part[i];
 	__syncthreads();	// part is free again
-	return k_rms_row_rs(ss, dim, eps);
+	return k_rms_row_rs(sum, dim, eps);
 }
