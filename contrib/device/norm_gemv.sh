@@ -6,8 +6,11 @@
 #                  model shape; the norm form bit for bit against RMSNorm then the GEMV),
 #                  test_golden on cuda with the knob at 8 rows (the quantized goldens
 #                  take it at prefill chunks of <= 8 rows and every decode step)
-#   NG_PART=decode kdbench decode (ctx 1024) of Llama-3.1-8B and Qwen3-30B-A3B in fp8-block
-#                  and int4-g32, batch 1 and 8, the knob 0 / 1 / 8 one after another
+#   NG_PART=decode kdbench decode (ctx 1024, batch 1 and 8) of Llama-3.1-8B fp8-block with
+#                  the knob 0 / 1 / 8 and with the GQA split merge folded into the
+#                  attention (KDEC_ATTN_MMA_FOLD=1, measured only at batch 64 before), its
+#                  int4-g32 and Qwen3-30B-A3B fp8-block with the knob 0 / 1, and its bf16
+#                  with the fold on and off, one after another
 #   NG_PART=all    check, then decode, cut at DEADLINE
 # here: make -C build -j2 all check TESTS= &&
 #       PACK_XZ=1 PACK_SERVE=0 PACK_TESTS="test_cuda_linear_q test_golden ..." \
@@ -25,10 +28,11 @@ C=tests/data/configs
 
 # dec NAME MODEL BATCHES FORMAT [ENV...]: one kdbench decode, its table rows kept
 dec() {
-	local n=$1 m=$2 b=$3 f=$4
+	local n=$1 m=$2 b=$3 f=$4 extra=
 	shift 4
+	[ "$f" = bf16 ] || extra="--weight-format $f"
 	step "$n" 45 env "$@" "$B/kdbench" decode --synthetic-weights --backend cuda --ctx 1024 \
-		--steps 32 --warmup 8 --batch "$b" --model "$C/$m.json" --weight-format "$f"
+		--steps 32 --warmup 8 --batch "$b" --model "$C/$m.json" $extra
 	grep -E '^ +[0-9]' "$L/$n.log" | sed "s/^/$n /" | cut -c1-200 | tee -a "$S"
 }
 
@@ -43,13 +47,18 @@ check() {
 }
 
 decode() {
-	for m in llama3.1-8b qwen3-30b-a3b; do
-		for f in fp8-block int4-g32; do
-			for k in 0 1 8; do
-				dec "${m}_${f}_n$k" $m 1,8 $f KDEC_NORM_IN_GEMV=$k
-			done
-		done
+	local m=llama3.1-8b q=qwen3-30b-a3b
+	for k in 0 1 8; do
+		dec "${m}_fp8_n$k" $m 1,8 fp8-block KDEC_NORM_IN_GEMV=$k
 	done
+	dec "${m}_fp8_n1_fold" $m 1,8 fp8-block KDEC_NORM_IN_GEMV=1 KDEC_ATTN_MMA_FOLD=1
+	dec "${m}_fp8_n0_fold" $m 1,8 fp8-block KDEC_NORM_IN_GEMV=0 KDEC_ATTN_MMA_FOLD=1
+	for k in 0 1; do
+		dec "${m}_int4_n$k" $m 1,8 int4-g32 KDEC_NORM_IN_GEMV=$k
+		dec "${q}_fp8_n$k" $q 1,8 fp8-block KDEC_NORM_IN_GEMV=$k
+	done
+	dec "${m}_bf16_fold" $m 1,8 bf16 KDEC_ATTN_MMA_FOLD=1
+	dec "${m}_bf16" $m 1,8 bf16
 }
 
 case ${NG_PART:-all} in
