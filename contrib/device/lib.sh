@@ -7,6 +7,11 @@
 #   step NAME LIMIT CMD...  CMD cut at LIMIT seconds, or at what is left of DEADLINE
 #                           seconds since the start; its output to $L/NAME.log, one
 #                           summary line with its exit status, time and last line
+#   dec NAME MODEL BATCHES FORMAT [ENV...]
+#                           one kdbench decode (synthetic weights, cuda, ctx 1024,
+#                           DEC_STEPS / DEC_WARMUP steps; FORMAT bf16 or a
+#                           --weight-format; Kimi-K2 2 layers, DeepSeek-V3 4) under
+#                           ENV, a step of 45 s; its table rows into the summary
 # Scripts set DEADLINE (default 540: the device call's 600 s limit, room to archive) and
 # O/L/S beforehand to change them.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -45,4 +50,15 @@ step() {
 	rc=$?
 	say "== [$((SECONDS - t0)) s] $n: rc $rc in $((SECONDS - t)) s: $(tail -n 1 "$L/$n.log" | cut -c1-220)"
 	return $rc
+}
+
+dec() {
+	local n=$1 m=$2 b=$3 f=$4 extra=
+	shift 4
+	[ "$f" = bf16 ] || extra="--weight-format $f"
+	case $m in kimi-k2) extra="$extra --layers 2" ;; deepseek-v3) extra="$extra --layers 4" ;; esac
+	step "$n" 45 env "$@" "$B/kdbench" decode --synthetic-weights --backend cuda --ctx 1024 \
+		--steps "${DEC_STEPS:-16}" --warmup "${DEC_WARMUP:-4}" --batch "$b" \
+		--model "tests/data/configs/$m.json" $extra
+	grep -E '^ +[0-9]' "$L/$n.log" | sed "s/^/$n /" | cut -c1-200 | tee -a "$S"
 }

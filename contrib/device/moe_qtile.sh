@@ -25,18 +25,6 @@ DEADLINE=${DEADLINE:-560}
 [ -d devbuild-mq ] || python3 -c 'import tarfile; tarfile.open("devbuild-mq.tar.xz").extractall(".")'
 use devbuild-mq
 gpu_line
-C=tests/data/configs
-
-# dec NAME MODEL BATCHES FORMAT [ENV...]: one kdbench decode, its table rows kept
-dec() {
-	local n=$1 m=$2 b=$3 f=$4 extra=
-	shift 4
-	[ "$f" = bf16 ] || extra="--weight-format $f"
-	case $m in kimi-k2) extra="$extra --layers 2" ;; deepseek-v3) extra="$extra --layers 4" ;; esac
-	step "$n" 45 env "$@" "$B/kdbench" decode --synthetic-weights --backend cuda --ctx 1024 \
-		--steps 16 --warmup 4 --batch "$b" --model "$C/$m.json" $extra
-	grep -E '^ +[0-9]' "$L/$n.log" | sed "s/^/$n /" | cut -c1-200 | tee -a "$S"
-}
 
 case ${MQ_PART:-check} in
 check)

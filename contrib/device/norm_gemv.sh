@@ -24,17 +24,7 @@ D=${DEVBUILD:-devbuild-mq}
 [ -d "$D" ] || python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1] + ".tar.xz").extractall(".")' "$D"
 use "$D"
 gpu_line
-C=tests/data/configs
-
-# dec NAME MODEL BATCHES FORMAT [ENV...]: one kdbench decode, its table rows kept
-dec() {
-	local n=$1 m=$2 b=$3 f=$4 extra=
-	shift 4
-	[ "$f" = bf16 ] || extra="--weight-format $f"
-	step "$n" 45 env "$@" "$B/kdbench" decode --synthetic-weights --backend cuda --ctx 1024 \
-		--steps 32 --warmup 8 --batch "$b" --model "$C/$m.json" $extra
-	grep -E '^ +[0-9]' "$L/$n.log" | sed "s/^/$n /" | cut -c1-200 | tee -a "$S"
-}
+DEC_STEPS=32 DEC_WARMUP=8	# lib.sh's dec
 
 check() {
 	step memcheck_gemv 120 env KD_TEST_QUICK=1 KD_TEST_PART=gemv "$CS" --tool memcheck \
