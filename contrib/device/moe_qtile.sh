@@ -10,6 +10,9 @@
 #   MQ_PART=decode kdbench decode (ctx 1024) of Qwen3-30B-A3B and DeepSeek-V2-Lite in bf16,
 #                  fp8-block, int4-g32 at batch 16 and 64 with the knob 0 and 64, and at
 #                  batch 1 and 8 with the grouped path forced onto the kernels
+#   MQ_PART=quick  a first look in ~4.5 minutes, for a call shared with another script:
+#                  test_cuda_moe_q quick, test_golden on cuda with the kernels on, kdbench
+#                  Qwen3-30B-A3B fp8-block and int4-g32 at batch 64 with the knob 0 and 64
 #   MQ_PART=slices the Kimi-K2 (--layers 2) and DeepSeek-V3 (--layers 4) slices in fp8-block
 #                  and int4-g32 at batch 1 and 8 (their MoE layer: issue 24's slice target),
 #                  the auto path against the grouped path on the kernels
@@ -27,6 +30,16 @@ use devbuild-mq
 gpu_line
 
 case ${MQ_PART:-check} in
+quick)
+	step moe_q 100 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
+	grep -E "qtile|FAIL" "$L/moe_q.log" | head -30 | tee -a "$S"
+	step golden_qt 90 env KDEC_MOE_QTILE_ROWS=64 KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
+	grep -E "FAIL|passed|failed" "$L/golden_qt.log" | tail -5 | tee -a "$S"
+	for f in fp8-block int4-g32; do
+		dec "qwen3-30b-a3b_${f}_0" qwen3-30b-a3b 64 $f KDEC_MOE_QTILE_ROWS=0
+		dec "qwen3-30b-a3b_${f}_64" qwen3-30b-a3b 64 $f KDEC_MOE_QTILE_ROWS=64
+	done
+	;;
 check)
 	step memcheck_q 150 env KD_TEST_QUICK=1 "$CS" --tool memcheck --error-exitcode 9 \
 		"$B/tests/test_cuda_moe_q"

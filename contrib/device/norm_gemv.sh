@@ -11,6 +11,9 @@
 #                  attention (KDEC_ATTN_MMA_FOLD=1, measured only at batch 64 before), its
 #                  int4-g32 and Qwen3-30B-A3B fp8-block with the knob 0 / 1, and its bf16
 #                  with the fold on and off, one after another
+#   NG_PART=quick  a first look for a call shared with another script: the GEMV part of
+#                  test_cuda_linear_q quick, test_golden on cuda with the knob at 8,
+#                  Llama-3.1-8B fp8-block batch 1 and 8 with the knob 0 and 1
 #   NG_PART=all    check, then decode, cut at DEADLINE
 # here: make -C build -j2 all check TESTS= &&
 #       PACK_XZ=1 PACK_SERVE=0 PACK_TESTS="test_cuda_linear_q test_golden ..." \
@@ -52,6 +55,15 @@ decode() {
 }
 
 case ${NG_PART:-all} in
+quick)
+	step gemv 90 env KD_TEST_QUICK=1 KD_TEST_PART=gemv "$B/tests/test_cuda_linear_q"
+	grep -E "norm|FAIL|passed" "$L/gemv.log" | tail -12 | tee -a "$S"
+	step golden_ng 100 env KDEC_NORM_IN_GEMV=8 KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
+	grep -E "FAIL|passed|failed" "$L/golden_ng.log" | tail -5 | tee -a "$S"
+	for k in 0 1; do
+		dec "llama3.1-8b_fp8_n$k" llama3.1-8b 1,8 fp8-block KDEC_NORM_IN_GEMV=$k
+	done
+	;;
 check) check ;;
 decode) decode ;;
 *) check; decode ;;
