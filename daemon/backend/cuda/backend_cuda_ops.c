@@ -145,7 +145,7 @@ void cuda_rmsnorm(struct backend *be, float *out, int out_stride, const float *x
 	uint16_t *xb = out_stride == dim ? k_cuda_linear_x_scratch(b->lin, rows, dim) : NULL;
 
 	cuda_op_begin(b, CUDA_OP_RMSNORM);
-	if (norm_defers(out, out_stride, x, x_stride, rows, dim)) {
+	if (norm_defers(out, out_stride, x, x_stride, rows, dim) && !((uintptr_t)V(b, w) & 15)) {
 		b->norm.out = out;
 		b->norm.x = x;
 		b->norm.w = V(b, w);
@@ -207,11 +207,13 @@ int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const str
 		if ((kind == K_CUDA_LINEAR_Q_GEMV || kind == K_CUDA_LINEAR_Q_STREAM) &&
 		    x == b->norm.out && M == b->norm.rows && K == b->norm.dim) {
 			const struct k_cuda_xnorm n = { b->norm.w, b->norm.eps, b->norm.out };
-			const float *src = b->norm.x;
 
-			b->norm.out = NULL;
-			return k_cuda_linear_q_norm_run(b->lin, kind, y, src, &n, w->w, &w->q, M, N,
-							K, accumulate);
+			ret = k_cuda_linear_q_norm_run(b->lin, kind, y, b->norm.x, &n, w->w, &w->q, M,
+						       N, K, accumulate);
+			if (ret != -EINVAL) {	/* else declined: the norm's own launch first */
+				b->norm.out = NULL;
+				return ret;
+			}
 		}
 		if ((ret = cuda_norm_settle(b)))
 			return ret;
