@@ -141,10 +141,17 @@ struct k_cuda_tuning {
 				 * until they end; 1 leaves room for one (session 9's hypothesis;
 				 * measured slower in session 14: Qwen3-30B-A3B batch 1 4.189 ms
 				 * against 3.997 on an H100) */
-	int moe_qtile_rows;	/* KDEC_MOE_QTILE_ROWS, rows 0..4096, 0: up to this many rows a
-				 * call, the routed experts (bf16, fp8, int4 g32) on the grouped
-				 * path take moe_qtile.cu's tile kernels; 0: expert_mma_kernel
-				 * always. Not bit-identical. Off until measured on a GPU */
+	int moe_qtile_rows;	/* KDEC_MOE_QTILE_ROWS, rows 0..4096, 64: up to this many rows a
+				 * call, the routed experts (fp8, int4 g32; bf16 with
+				 * moe_qtile_bf16) on the grouped path take moe_qtile.cu's tile
+				 * kernels; 0: expert_mma_kernel always. Not bit-identical.
+				 * Measured on an H200 (session 18): Qwen3-30B-A3B fp8 batch 64
+				 * 43.53 -> 18.10 ms a step, batch 16 27.47 -> 11.62, int4 batch
+				 * 64 17.49 -> 12.94; DeepSeek-V2-Lite fp8 batch 16 17.16 ->
+				 * 7.99, 64 23.07 -> 10.71 */
+	int moe_qtile_bf16;	/* KDEC_MOE_QTILE_BF16, flag, 0: 1 lets bf16 experts take the
+				 * tile kernels too; measured slower there (Qwen3-30B-A3B batch
+				 * 64 28.85 against 25.71 ms, 16 18.47 against 16.09) */
 	int moe_lat_prefetch_mb;	/* KDEC_MOE_LAT_PREFETCH_MB, MB (>= 0), 0: the latency
 				 * path's MoE launch asks L2 (evict-last) for up to this many MB
 				 * of the next layer's attention weights once its router rows

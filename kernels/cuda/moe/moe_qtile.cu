@@ -1,10 +1,14 @@
-// The grouped path's expert GEMMs as tile kernels (bf16, fp8, int4 groups of 32) where a
-// call has at most k_cuda_tuning()->moe_qtile_rows rows (KDEC_MOE_QTILE_ROWS), in place
-// of expert_mma_kernel, which reads its weights with narrow per-lane loads (16 bytes of
-// bf16, 8 of fp8, 4 of int4: the same 8 values), one scale load per 32-k chunk, and
-// splits K over its 4 warps with a shared-memory reduction: 63% (bf16), 12% (fp8) and 6%
-// (int4) of the floor at 64 rows on H200 (docs/PERFORMANCE.md, "Quantized MoE experts").
-// The form is the dense quantized tile kernel's (linear_qtile.cu).
+// The grouped path's expert GEMMs as tile kernels (fp8, int4 groups of 32; bf16 with
+// KDEC_MOE_QTILE_BF16) where a call has at most k_cuda_tuning()->moe_qtile_rows rows
+// (KDEC_MOE_QTILE_ROWS, 64), in place of expert_mma_kernel, which reads its weights with
+// narrow per-lane loads (16 bytes of bf16, 8 of fp8, 4 of int4: the same 8 values), one
+// scale load per 32-k chunk, and splits K over its 4 warps with a shared-memory
+// reduction: 63% (bf16), 12% (fp8) and 6% (int4) of the floor at 64 rows on H200
+// (docs/PERFORMANCE.md, "Quantized MoE experts"). The form is the dense quantized tile
+// kernel's (linear_qtile.cu). Measured (H200, session 18): Qwen3-30B-A3B fp8 batch 64
+// 2.4x faster a step than on expert_mma_kernel (43.5 -> 18.1 ms), int4 1.35x (17.5 ->
+// 12.9), DeepSeek-V2-Lite fp8 2.15x; bf16 experts 12% slower (25.7 -> 28.8 ms), so they
+// stay on expert_mma_kernel unless KDEC_MOE_QTILE_BF16=1.
 //
 // A CTA owns 128 weight rows of one used expert (gate/up: 64 features, their gate rows
 // and their up rows, so a lane forms the SwiGLU of its own accumulators; down: 128
@@ -532,7 +536,8 @@ bool moe_qtile_takes(const moe_wq &wq, int hidden, int inter, int M)
 	// hidden, inter < 2^15 and M <= 4096 (the knob's bound): the kernels' 32-bit x unit
 	// indices (rows < M * top_k <= 2^18, K / 4 units a row) stay below 2^31
 	if (M > k_cuda_tuning()->moe_qtile_rows || hidden % slab || inter % slab ||
-	    hidden >= 32768 || inter >= 32768)
+	    hidden >= 32768 || inter >= 32768 ||
+	    (wq.fmt == MQ_BF16 && !k_cuda_tuning()->moe_qtile_bf16))
 		return false;
 	for (int j = 0; j < 3 && wq.fmt != MQ_BF16; j++)
 		if (wq.rshift[j] < 0 || (wq.fmt == MQ_INT4 ? wq.kshift[j] != 5 : wq.kshift[j] < 6))
