@@ -185,7 +185,8 @@ struct k_cuda_tuning {
 				 * formed by that linear's GEMV from the norm's input
 				 * (k_cuda_linear_q_norm_run), one launch and one round trip
 				 * fewer; 0: its own launch always. The same bits either way.
-				 * Off until measured */
+				 * Measured slower on an H200 (session 18): Llama-3.1-8B fp8
+				 * batch 1 2.999 ms a step against 2.931 with it off */
 	int silu_bf16_only;	/* KDEC_SILU_BF16_ONLY, flag, 1: SwiGLU writes only the bf16
 				 * form where the down projection reads nothing else; 0: fp32 too */
 	int router_fp32;	/* KDEC_ROUTER_FP32, flag, 1: the MoE router's logits from fp32
