@@ -95,19 +95,6 @@ static __host__ __device__ __forceinline__ long qg_x_bytes(int M, int KC)
 // A norm folded in costs each CTA the whole row (K fp32 a row, from L2) before its
 // slice; it spares the norm's own launch and the round trip between the two.
 
-// rs of the M rows into rs[] (shared), every thread calling. part: 8 doubles.
-static __device__ __forceinline__ void qg_norm_rs(float *rs, double *part, const float *x,
-						  int M, int K, float eps)
-{
-	for (int m = 0; m < M; m++) {
-		const float r = k_rms_rs_cta<QG_THREADS>(x + (size_t)m * K, K, eps, part);
-
-		if (threadIdx.x == 0)
-			rs[m] = r;
-	}
-	__syncthreads();
-}
-
 // x rows [0, M), k [k0, k0 + KC) into shared memory as f16 (row stride KC + 8 halves),
 // zeros past K; int4 octets reordered k 0 4 1 5 2 6 3 7 and placed by qm_xunit. A
 // thread's octets XU at a time, all loads before any store: at M = 8 and a 3584-k
@@ -213,7 +200,7 @@ qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 		double *part = (double *)(qg_smem + QG_RING + qg_x_bytes(a.M, a.KC));
 		float *rs = (float *)(part + K_RMS_BLOCK_THREADS / 32);
 
-		qg_norm_rs(rs, part, x, a.M, a.K, nrm.eps);
+		k_rms_rs_rows_cta<QG_THREADS>(rs, part, x, a.M, a.K, nrm.eps);
 		qg_stage_x<FMT, XF>(xs, x, a.M, a.K, qw.k0, a.KC, nrm, rs);
 	} else {
 		qg_stage_x<FMT, XF>(xs, x, a.M, a.K, qw.k0, a.KC, nrm, nullptr);

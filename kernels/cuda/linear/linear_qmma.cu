@@ -350,14 +350,7 @@ qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 		__shared__ double part[K_RMS_BLOCK_THREADS / 32];
 		__shared__ float rs[K_CUDA_LINEAR_Q_MMA_MAX_M];
 
-		for (int m = 0; m < a.M; m++) {
-			const float r = k_rms_rs_cta<QM_THREADS>(x + (size_t)m * a.K, a.K, nrm.eps,
-								 part);
-
-			if (tid == 0)
-				rs[m] = r;
-		}
-		__syncthreads();
+		k_rms_rs_rows_cta<QM_THREADS>(rs, part, x, a.M, a.K, nrm.eps);
 		qm_stage_x<FMT, true>(xs, x, a.M, a.K, k0, KX, &nrm, rs);
 	} else {
 		qm_stage_x<FMT>(xs, x, a.M, a.K, k0, KX);

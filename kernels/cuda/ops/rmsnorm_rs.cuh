@@ -107,3 +107,18 @@ static __device__ __forceinline__ float k_rms_rs_cta(const float *x, int dim, fl
 	__syncthreads();	// part is free again
 	return k_rms_row_rs(sum, dim, eps);
 }
+
+// rs of M rows (row stride dim) into rs[0 .. M) in shared memory, every thread of the CTA
+// calling (k_rms_rs_cta's terms); rs is readable by all after it returns.
+template <int THREADS>
+static __device__ __forceinline__ void k_rms_rs_rows_cta(float *rs, double *part, const float *x,
+							 int M, int dim, float eps)
+{
+	for (int m = 0; m < M; m++) {
+		const float r = k_rms_rs_cta<THREADS>(x + (size_t)m * dim, dim, eps, part);
+
+		if (threadIdx.x == 0)
+			rs[m] = r;
+	}
+	__syncthreads();
+}
