@@ -74,4 +74,15 @@ static inline void moe_set_qtile(int rows)
 	k_cuda_tuning_set(&t);
 }
 
+/* moe_qgemv_rows (up to that many rows a call, quantized experts of the small path's
+ * sizes take moe_qgemv.cu's union GEMVs), installed: rows >= 0, or -1 for the default. */
+static inline void moe_set_qgemv(int rows)
+{
+	struct k_cuda_tuning t = *k_cuda_tuning(), def;
+
+	k_cuda_tuning_defaults(&def);
+	t.moe_qgemv_rows = rows >= 0 ? rows : def.moe_qgemv_rows;
+	k_cuda_tuning_set(&t);
+}
+
 #endif

@@ -43,9 +43,13 @@
 #include "tests/moetest.h"
 
 #define EXPERT_TOL 1e-4
+/* moe_qgemv.cu's union GEMVs: x and the activations rounded to f16 (as the dense
+ * quantized GEMV, test_cuda_linear_q's F16X_TOL), int4 values scaled in f16 */
+#define QGEMV_TOL 2e-3
 #define N_SETS 4		/* distinct weight sets; expert e uses set e % N_SETS */
 
 static unsigned long long seed = 0x5eedf00dull;
+static double expert_tol = EXPERT_TOL;	/* the tolerance of the kernels under test */
 static cudaStream_t stream;
 static struct k_pool *pool;
 
@@ -299,8 +303,8 @@ static void test_q_experts(const struct moe_shape *s, const struct qfmt *f,
 		 flags & EX_DUP ? " dup" : "", flags & EX_BAD_ID ? " bad-id" : "",
 		 flags & EX_HOT ? " hot" : "", tag);
 	printf("%-12s %-7s %-66s rel_l2 %.3g%s  %s\n", "moe_q", moe_path_name(path), shape, rel,
-	       nan ? "  NaN" : "", ret == 0 && !nan && rel <= EXPERT_TOL ? "PASS" : "FAIL");
-	CHECK(ret == 0 && !nan && rel <= EXPERT_TOL, "%s: ret %d rel %.3g", shape, ret, rel);
+	       nan ? "  NaN" : "", ret == 0 && !nan && rel <= expert_tol ? "PASS" : "FAIL");
+	CHECK(ret == 0 && !nan && rel <= expert_tol, "%s: ret %d rel %.3g", shape, ret, rel);
 	cudaFree(dout);
 	free(want);
 	free(got);
@@ -344,6 +348,41 @@ static void test_q_m1_bits(const struct moe_shape *s, const struct qfmt *f,
 }
 
 
+/* moe_qgemv.cu's kernels twice on the same inputs: the same bits (fixed split and
+ * expert orders; the output starts as NaN the first time, as 0 the second). */
+static void test_q_qgemv_bits(const struct moe_shape *s, const struct qfmt *f,
+			      const struct qweights *w, struct k_cuda_moe_ws *ws, int M, int flags)
+{
+	struct qcase c;
+	struct k_cuda_moe_quant q;
+	float *got[2], *dout;
+	int ret = 0, diff = 0;
+
+	qcase_make(&c, s, w, M, flags);
+	q = quant_of(w, &c);
+	dout = dalloc(sizeof(float) * c.nx);
+	moe_set_path(K_CUDA_MOE_PATH_SMALL);
+	for (int r = 0; r < 2; r++) {
+		got[r] = malloc(sizeof(float) * c.nx);
+		CU(cudaMemset(dout, r ? 0 : 0xff, sizeof(float) * c.nx));
+		ret |= k_cuda_moe_experts_q(stream, ws, dout, c.dx, M, c.dids, c.dw, s->top_k,
+					    (const uint16_t *const *)c.dtable, &q, s->n_experts,
+					    s->hidden, s->inter);
+		to_host(got[r], dout, sizeof(float) * c.nx);
+	}
+	for (size_t i = 0; i < c.nx; i++)
+		diff += !test_same_floats(&got[0][i], &got[1][i], 1);
+	printf("%-12s %-44s %-10s M %d%s%s  %d of %zu differ  %s\n", "moe_q qgemv bits", s->name,
+	       f->name, M, flags & EX_DUP ? " dup" : "", flags & EX_BAD_ID ? " bad-id" : "", diff,
+	       c.nx, ret == 0 && !diff ? "PASS" : "FAIL");
+	CHECK(ret == 0 && !diff, "qgemv bits %s %s M %d: ret %d, %d differ", s->name, f->name, M,
+	      ret, diff);
+	free(got[0]);
+	free(got[1]);
+	cudaFree(dout);
+	qcase_free(&c);
+}
+
 /* k_cuda_moe_experts_add_q: no shared expert (si 0): fused, y0 + experts; with one:
  * declined (1), y as it was. */
 static void test_q_add(const struct moe_shape *s, const struct qfmt *f, const struct qweights *w,
@@ -385,9 +424,10 @@ static void test_q_add(const struct moe_shape *s, const struct qfmt *f, const st
 		       s->name, f->name, M, si, moved ? "changed" : "kept", ok ? "PASS" : "FAIL");
 	} else {
 		rel = rel_of(got, want, c.y0, c.nx, &nan);
-		ok = ret == 0 && !nan && rel <= EXPERT_TOL;
-		printf("%-12s %-44s %-10s M %d  rel_l2 %.3g%s  %s\n", "moe_q add", s->name, f->name,
-		       M, rel, nan ? "  NaN" : "", ok ? "PASS" : "FAIL");
+		ok = ret == 0 && !nan && rel <= expert_tol;
+		printf("%-12s %-44s %-10s M %d%s  rel_l2 %.3g%s  %s\n", "moe_q add", s->name,
+		       f->name, M, expert_tol > EXPERT_TOL ? " qgemv" : "", rel, nan ? "  NaN" : "",
+		       ok ? "PASS" : "FAIL");
 	}
 	CHECK(ok, "experts_add_q %s %s M %d shared %d: ret %d rel %.3g", s->name, f->name, M, si,
 	      ret, rel);
@@ -417,6 +457,7 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 		qs.block_rows[j] = w.q[j].block_rows;
 		qs.block_cols[j] = w.q[j].block_cols;
 	}
+	moe_set_qgemv(0);	/* the small path's own kernels first */
 	for (int pi = 0; pi < 2; pi++) {	/* small with moe_small_m1 at M 1, then without */
 		moe_set_m1(pi == 0);
 		for (int m = 0; m < 4; m++) {
@@ -433,6 +474,29 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 	test_q_m1_bits(s, f, &w, ws, 0);
 	if (!quick)
 		test_q_m1_bits(s, f, &w, ws, EX_DUP | EX_BAD_ID);
+	/* moe_qgemv.cu's union GEMVs at M 1..8 on the small path's sizes, where they take
+	 * the shape (every model shape and format: expect_qtile; the odd ones decline and
+	 * run the small path's kernels at their tolerance) */
+	moe_set_qgemv(8);
+	{
+		const int takes = k_cuda_moe_qgemv_takes(&qs, 1, s->top_k, s->n_experts, s->hidden,
+							 s->inter);
+
+		if (expect_qtile)
+			CHECK(takes, "%s %s: moe_qgemv declined", s->name, f->name);
+		expert_tol = takes ? QGEMV_TOL : EXPERT_TOL;
+		for (int m = 0; m < 4; m++)
+			test_q_experts(s, f, &w, ws, (int[]){ 1, 2, 3, 8 }[m], 0, K_CUDA_MOE_PATH_SMALL,
+				       takes ? " qgemv" : " qgemv-declined");
+		test_q_experts(s, f, &w, ws, 3, EX_DUP | EX_BAD_ID, K_CUDA_MOE_PATH_SMALL,
+			       takes ? " qgemv" : " qgemv-declined");
+		if (takes) {
+			test_q_qgemv_bits(s, f, &w, ws, 1, 0);
+			test_q_qgemv_bits(s, f, &w, ws, 8, EX_DUP | EX_BAD_ID);
+		}
+		expert_tol = EXPERT_TOL;
+	}
+	moe_set_qgemv(-1);
 	/* the grouped path on expert_mma_kernel, then on moe_qtile.cu's tile kernels where
 	 * they take the shapes (the call says which: it falls back where they do not) */
 	for (int qt = 0; qt < 2; qt++) {
@@ -549,8 +613,14 @@ int main(void)
 				continue;
 			}
 			qweights_make(&w, s, &fmts[0]);
-			test_q_add(s, &fmts[0], &w, ws, 1, shapes[si].shared);
-			test_q_add(s, &fmts[0], &w, ws, 2, shapes[si].shared);
+			for (int qg = 0; qg < 2; qg++) {	/* the small path, then moe_qgemv */
+				moe_set_qgemv(qg ? 8 : 0);
+				expert_tol = qg ? QGEMV_TOL : EXPERT_TOL;
+				test_q_add(s, &fmts[0], &w, ws, 1, shapes[si].shared);
+				test_q_add(s, &fmts[0], &w, ws, 2, shapes[si].shared);
+			}
+			expert_tol = EXPERT_TOL;
+			moe_set_qgemv(-1);
 			qweights_free(&w);
 			k_cuda_moe_ws_destroy(ws);
 		}

@@ -152,6 +152,12 @@ struct k_cuda_tuning {
 	int moe_qtile_bf16;	/* KDEC_MOE_QTILE_BF16, flag, 0: 1 lets bf16 experts take the
 				 * tile kernels too; measured slower there (Qwen3-30B-A3B batch
 				 * 64 28.85 against 25.71 ms, 16 18.47 against 16.09) */
+	int moe_qgemv_rows;	/* KDEC_MOE_QGEMV_ROWS, rows 0..8, 8: up to this many rows a
+				 * call, quantized routed experts (fp8, int4) of the small path's
+				 * sizes take moe_qgemv.cu's two GEMVs over the chosen experts'
+				 * union (x and activations in f16, as the dense quantized GEMV;
+				 * ~1e-3 relative where the small path keeps ~1e-5); 0: the small
+				 * path's CUDA-core kernels */
 	int moe_lat_prefetch_mb;	/* KDEC_MOE_LAT_PREFETCH_MB, MB (>= 0), 0: the latency
 				 * path's MoE launch asks L2 (evict-last) for up to this many MB
 				 * of the next layer's attention weights once its router rows

@@ -13,7 +13,9 @@
  * beside the floor of their bytes as stored (test_cuda_moe_q checks those kernels); on the
  * auto path ("small" up to 64 pairs, else "grouped": expert_mma_kernel), then the grouped
  * path on moe_qtile.cu's tile kernels at every M ("qtile", KDEC_MOE_QTILE_ROWS set to the
- * call's rows).
+ * call's rows), and quantized experts at M <= 8 on moe_qgemv.cu's GEMVs over the chosen
+ * experts' union ("qgemv"; "small" is then the small path's own kernels,
+ * KDEC_MOE_QGEMV_ROWS 0).
  * Usage: bench_cuda_moe [lat | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
  * shapes whose name contains SHAPE, M rows (0: all), FORMAT bf16, fp8-block or int4-g32;
  * for ncu).
@@ -436,8 +438,13 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 				    (only_f && strcmp(fn, only_f)))
 					continue;
 				moe_set_qtile(0);
+				moe_set_qgemv(0);
 				time_q(&shapes[i], fmts[f], M,
 				       M * shapes[i].top_k <= 64 ? "small" : "grouped");
+				moe_set_qgemv(-1);
+				/* moe_qgemv.cu's union GEMVs where they take the call */
+				if (fmts[f] != K_Q_NONE && M <= 8)
+					time_q(&shapes[i], fmts[f], M, "qgemv");
 				/* the grouped path on moe_qtile.cu's tile kernels, at every M (where
 				 * auto takes the small path too: plan and combine launches included) */
 				moe_set_qtile(M);

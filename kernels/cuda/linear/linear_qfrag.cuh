@@ -10,7 +10,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/launch_check.cuh"
@@ -119,7 +121,9 @@ static __device__ __forceinline__ uint4 qm_pack_x8(const float4 &a, const float4
 template <typename ST>
 static __device__ __forceinline__ float qm_scale(const ST *s, size_t i)
 {
-	if constexpr (sizeof(ST) == 2)
+	if constexpr (std::is_same<ST, __nv_bfloat16>::value)	// the MoE experts' scales
+		return __bfloat162float(__ldg((const __nv_bfloat16 *)s + i));
+	else if constexpr (sizeof(ST) == 2)
 		return __half2float(__ldg((const __half *)s + i));
 	else
 		return __ldg((const float *)s + i);

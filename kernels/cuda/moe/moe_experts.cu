@@ -55,6 +55,7 @@ struct k_cuda_moe_ws {
 	float *sh_act;		// (MOE_SMALL_MAX_PAIRS, shared_inter) the shared expert's
 				// SwiGLU out (small path)
 	unsigned *bar;		// (2) moe_lat.cu's grid barrier: arrivals, generation
+	struct moe_qgemv_ws qg;	// moe_qgemv.cu's, for the largest of its calls up to max_M
 };
 
 namespace {	// kernels and their helpers stay private to this file
@@ -573,6 +574,9 @@ extern "C" void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws)
 	cudaFree(ws->y);
 	cudaFree(ws->sh_act);
 	cudaFree(ws->bar);
+	cudaFree(ws->qg.act);
+	cudaFree(ws->qg.part);
+	cudaFree(ws->qg.cnt_gu);
 	free(ws);
 }
 
@@ -580,6 +584,38 @@ struct moe_ws_parts moe_ws_parts_of(const struct k_cuda_moe_ws *ws)
 {
 	return moe_ws_parts{ ws->max_M, ws->top_k, ws->n_experts, ws->hidden, ws->inter,
 			     ws->shared_inter, ws->n_sm, (float *)ws->hs, ws->sh_act, ws->bar };
+}
+
+// moe_qgemv.cu's workspace: the largest act, partials and counts of its calls at M <=
+// min(max_M, MOE_QGEMV_MAX_M) in either format (their splits differ); none where it
+// takes no call of these shapes.
+static int moe_qgemv_ws_alloc(k_cuda_moe_ws *ws)
+{
+	moe_qgemv_ws &q = ws->qg;
+	struct moe_qgemv_plan p;
+
+	q.n_sm = ws->n_sm;
+	for (int M = 1; M <= ws->max_M && M <= MOE_QGEMV_MAX_M; M++)
+		for (int f = MQ_FP8; f <= MQ_INT4; f++)
+			if (moe_qgemv_make_plan(f, M, ws->top_k, ws->n_experts, ws->hidden, ws->inter,
+					   ws->n_sm, &p)) {
+				q.act_floats = p.act_floats > q.act_floats ? p.act_floats : q.act_floats;
+				q.part_floats = p.part_floats > q.part_floats ? p.part_floats
+									    : q.part_floats;
+				q.cnt = p.cnt > q.cnt ? p.cnt : q.cnt;
+			}
+	if (!q.cnt)
+		return 0;
+	if (cudaMalloc(&q.act, sizeof(float) * q.act_floats) != cudaSuccess ||
+	    cudaMalloc(&q.part, sizeof(float) * q.part_floats) != cudaSuccess ||
+	    cudaMalloc(&q.cnt_gu, 2 * sizeof(unsigned) * q.cnt) != cudaSuccess ||
+	    cudaMemset(q.cnt_gu, 0, 2 * sizeof(unsigned) * q.cnt) != cudaSuccess) {
+		cudaGetLastError();
+		q.cnt = 0;
+		return -ENOMEM;
+	}
+	q.cnt_d = q.cnt_gu + q.cnt;
+	return 0;
 }
 
 extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int top_k,
@@ -605,7 +641,7 @@ extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int t
 	ws->shared_inter = shared_inter;
 	if (K_CUDA_CALL(cudaGetDevice(&dev)) ||
 	    K_CUDA_CALL(cudaDeviceGetAttribute(&ws->n_sm, cudaDevAttrMultiProcessorCount, dev)) ||
-	    k_cuda_moe_small_setup() || moe_qtile_setup()) {
+	    k_cuda_moe_small_setup() || moe_qtile_setup() || moe_qgemv_setup()) {
 		k_cuda_moe_ws_destroy(ws);
 		return -EIO;
 	}
@@ -619,6 +655,10 @@ extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int t
 	     cudaMalloc(&ws->sh_act, sizeof(float) * MOE_SMALL_MAX_PAIRS * (size_t)shared_inter) !=
 		     cudaSuccess)) {
 		cudaGetLastError();
+		k_cuda_moe_ws_destroy(ws);
+		return -ENOMEM;
+	}
+	if (moe_qgemv_ws_alloc(ws)) {
 		k_cuda_moe_ws_destroy(ws);
 		return -ENOMEM;
 	}
@@ -764,6 +804,21 @@ extern "C" int k_cuda_moe_qtile_takes(const struct k_cuda_moe_quant *q, int hidd
 	return moe_wq_vector(wq, hidden, inter) && moe_qtile_takes(wq, hidden, inter, M);
 }
 
+extern "C" int k_cuda_moe_qgemv_takes(const struct k_cuda_moe_quant *q, int M, int top_k,
+				      int n_experts, int hidden, int inter)
+{
+	alignas(16) static const float aligned[4] = {};	// an x the predicate takes: its address
+	int dev = 0, n_sm = 0;
+	moe_wq wq;
+
+	if (!q || k_cuda_moe_quant_ok(q, hidden, inter) || cudaGetDevice(&dev) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+		return 0;
+	wq = moe_wq_of(q, hidden, inter);
+	return moe_wq_vector(wq, hidden, inter) &&
+	       moe_qgemv_takes(wq, M, top_k, n_experts, hidden, inter, aligned, n_sm);
+}
+
 extern "C" int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out,
 				  const float *x, int M, const int32_t *ids, const float *weights,
 				  int top_k, const uint16_t *const *expert_w, int n_experts,
@@ -792,6 +847,10 @@ extern "C" int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, fl
 		return 0;
 	wq = moe_wq_of(q, hidden, inter);
 	vec = moe_wq_vector(wq, hidden, inter);
+	if (vec && ws->qg.cnt && moe_use_small(M, top_k, hidden, inter, x, nullptr) &&
+	    moe_qgemv_takes(wq, M, top_k, n_experts, hidden, inter, x, ws->n_sm))
+		return moe_qgemv_run(s, ws->qg, out, x, M, ids, weights, top_k, expert_w, wq,
+				     n_experts, hidden, inter, 0);
 	if (vec && moe_use_small(M, top_k, hidden, inter, x, nullptr))
 		return k_cuda_moe_small_run(s, (float *)ws->hs, out, x, M, ids, weights, top_k,
 					    expert_w, wq, n_experts, hidden, inter, moe_small_shared{}, 0,
@@ -852,6 +911,11 @@ extern "C" int k_cuda_moe_experts_add_q(cudaStream_t s, struct k_cuda_moe_ws *ws
 	if (M == 0)
 		return 0;
 	wq = moe_wq_of(q, hidden, inter);
+	if (!sh && ws->qg.cnt && moe_wq_vector(wq, hidden, inter) &&
+	    moe_use_small(M, top_k, hidden, inter, x, nullptr) &&
+	    moe_qgemv_takes(wq, M, top_k, n_experts, hidden, inter, x, ws->n_sm))
+		return moe_qgemv_run(s, ws->qg, y, x, M, ids, weights, top_k, expert_w, wq,
+				     n_experts, hidden, inter, 1);
 	if (!k_cuda_tuning()->moe_fused || !moe_use_small(M, top_k, hidden, inter, x, sh) ||
 	    (sh && wq.fmt != MQ_BF16) || !moe_wq_vector(wq, hidden, inter))
 		return 1;

@@ -122,6 +122,38 @@ int moe_qtile_run(cudaStream_t s, const struct ex_plan &pl, const uint16_t *cons
 		  const struct moe_wq &wq, const uint32_t *xs, uint32_t *hs, float *y, int top_k,
 		  int hidden, int inter, int max_used);
 
+// moe_qgemv.cu for moe_experts.cu: quantized experts at M <= MOE_QGEMV_MAX_M rows as two
+// GEMVs over the union of the chosen experts (the dense decode GEMV's streaming). The
+// shape of a call (moe_qgemv_make_plan: false where the kernels do not take it; its sizes
+// say the workspace it needs), the workspace (device memory, the arrival counts
+// zeroed once: the kernels put them back), the one-time set-up (0 or -EIO), whether a
+// call takes them (k_cuda_tuning()->moe_qgemv_rows, the plan, scale columns of whole
+// stages), and the two launches (0, -EINVAL or -EIO).
+#define MOE_QGEMV_MAX_M 8
+struct moe_qgemv_plan {
+	int n_max;		// experts the grids are sized for: min(n_experts, M * top_k)
+	int gu_tiles, S, KC;	// gate/up: 64-row tiles, K slices, k a slice
+	int d_tiles, KCd;	// down: 64-row tiles of hidden, inter in whole stages
+	int gu_smem, d_smem;	// dynamic shared memory a CTA
+	size_t act_floats, part_floats;
+	int cnt;		// arrival counts of each kernel
+};
+struct moe_qgemv_ws {
+	float *act, *part;
+	unsigned *cnt_gu, *cnt_d;
+	size_t act_floats, part_floats;
+	int cnt, n_sm;
+};
+bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, int inter, int n_sm,
+		    struct moe_qgemv_plan *p);
+int moe_qgemv_setup(void);
+bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, int hidden,
+		     int inter, const float *x, int n_sm);
+int moe_qgemv_run(cudaStream_t s, const struct moe_qgemv_ws &ws, float *out, const float *x,
+		  int M, const int32_t *ids, const float *weights, int top_k,
+		  const uint16_t *const *expert_w, const struct moe_wq &wq, int n_experts,
+		  int hidden, int inter, int add);
+
 // moe_route.cu: the routing parameters its kernels take (limits of k_cuda_moe_route).
 bool moe_route_params_ok(const struct k_moe_route_params *p);
 

@@ -1,0 +1,75 @@
+#!/bin/bash
+# moe_qgemv.cu (quantized routed experts at M <= 8 as two GEMVs over the union of the
+# chosen experts, KDEC_MOE_QGEMV_ROWS) on the GPU machine, in calls of < 10 minutes:
+#   QG_PART=check  test_cuda_moe_q quick under compute-sanitizer memcheck, then at full
+#                  size (every model shape and format: the union GEMVs against the CPU,
+#                  their bits twice, the small path's own kernels beside them),
+#                  test_golden on cuda (the quantized MoE goldens take them at decode)
+#   QG_PART=bench  bench_cuda_moe q at M 1 and 8: small path, union GEMVs, each beside
+#                  the floor of its bytes
+#   QG_PART=decode kdbench decode (ctx 1024, batch 1 and 8) of Qwen3-30B-A3B and
+#                  DeepSeek-V2-Lite in fp8-block and int4-g32, the Kimi-K2 and DeepSeek-V3
+#                  slices, each with the knob 0 and 8
+#   QG_PART=quick  a first look: test quick, bench M 1, Qwen3-30B-A3B fp8 decode 0 / 8
+# here: make -C build -j2 all && make -C build -j2 check TESTS= &&
+#       PACK_XZ=1 PACK_SERVE=0 PACK_TESTS="test_cuda_moe_q test_golden bench_cuda_moe" \
+#       contrib/device/pack.sh build devbuild-qg
+# device run: QG_PART=quick bash contrib/device/moe_qgemv.sh   carry ["devbuild-qg.tar.xz"]
+set -u
+DEADLINE=${DEADLINE:-560}
+. contrib/device/lib.sh
+D=${DEVBUILD:-devbuild-qg}
+[ -d "$D" ] || python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1] + ".tar.xz").extractall(".")' "$D"
+use "$D"
+gpu_line
+DEC_STEPS=32 DEC_WARMUP=8	# lib.sh's dec
+
+verdicts() { grep -E "FAIL|ERROR SUMMARY|passed|failed" "$L/$1.log" | tail -${2:-8} | tee -a "$S"; }
+
+tests_quick() {
+	step test_quick 90 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
+	grep -E "qgemv" "$L/test_quick.log" | head -40 | tee -a "$S"
+	verdicts test_quick
+}
+
+check() {
+	step memcheck 150 env KD_TEST_QUICK=1 "$CS" --tool memcheck --error-exitcode 9 \
+		"$B/tests/test_cuda_moe_q"
+	verdicts memcheck
+	step test_full 150 "$B/tests/test_cuda_moe_q"
+	grep -E "qgemv" "$L/test_full.log" | tee -a "$S"
+	verdicts test_full
+	step golden 150 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
+	verdicts golden 5
+}
+
+bench() {
+	for m in ${QG_BENCH_M:-1 8}; do
+		step "bench_m$m" 120 "$B/tests/bench/bench_cuda_moe" q "" "$m"
+		grep "moe_q time" "$L/bench_m$m.log" | cut -c1-200 | tee -a "$S"
+	done
+}
+
+decode() {
+	for m in qwen3-30b-a3b deepseek-v2-lite kimi-k2 deepseek-v3; do
+		for f in fp8-block int4-g32; do
+			for k in 0 8; do
+				dec "${m}_${f}_q$k" $m 1,8 $f KDEC_MOE_QGEMV_ROWS=$k
+			done
+		done
+	done
+}
+
+case ${QG_PART:-quick} in
+quick)
+	tests_quick
+	QG_BENCH_M=1 bench
+	for k in 0 8; do
+		dec "qwen3-30b-a3b_fp8-block_q$k" qwen3-30b-a3b 1,8 fp8-block KDEC_MOE_QGEMV_ROWS=$k
+	done
+	;;
+check) check ;;
+bench) bench ;;
+decode) decode ;;
+esac
+tar -C "$L" -cJf "$O/logs.tar.xz" .
