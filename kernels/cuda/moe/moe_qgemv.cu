@@ -321,6 +321,12 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_down_kernel(mg_args a)
 
 	k_cuda_pdl_wait();	// act is the gate/up kernel's
 	mg_union_make(un, a.ids, a.M, a.top_k, a.E);
+	if (un.n_used == 0 && uix == 0) {	// no valid id at all: the sum is 0
+		for (int el = tid; el < a.M * MG_ROWS; el += MG_THREADS)
+			if (n0 + el % MG_ROWS < a.H && !a.add)
+				a.out[(size_t)(el / MG_ROWS) * a.H + n0 + el % MG_ROWS] = 0.f;
+		return;
+	}
 	if (uix >= un.n_used)
 		return;
 	const int e = un.used[uix];
