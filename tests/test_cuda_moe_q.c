@@ -479,8 +479,7 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 	 * run the small path's kernels at their tolerance) */
 	moe_set_qgemv(8);
 	{
-		const int takes = k_cuda_moe_qgemv_takes(&qs, 1, s->top_k, s->n_experts, s->hidden,
-							 s->inter);
+		const int takes = k_cuda_moe_qgemv_takes(ws, &qs, 8);
 
 		if (expect_qtile)
 			CHECK(takes, "%s %s: moe_qgemv declined", s->name, f->name);

@@ -10,7 +10,11 @@
 #   QG_PART=decode kdbench decode (ctx 1024, batch 1 and 8) of Qwen3-30B-A3B and
 #                  DeepSeek-V2-Lite in fp8-block and int4-g32, the Kimi-K2 and DeepSeek-V3
 #                  slices, each with the knob 0 and 8
+#   QG_PART=sweep  bench_cuda_moe q at M 1 and 8 with the gate/up K slices forced
+#                  (KDEC_MOE_QGEMV_SPLIT, QG_SPLITS: 1 2 3 4)
+#   QG_PART=tests  test_cuda_moe_q quick
 #   QG_PART=quick  a first look: test quick, bench M 1, Qwen3-30B-A3B fp8 decode 0 / 8
+# QG_PART may name several, run in that order ("tests bench sweep check").
 # here: make -C build -j2 all && make -C build -j2 check TESTS= &&
 #       PACK_XZ=1 PACK_SERVE=0 PACK_TESTS="test_cuda_moe_q test_golden bench_cuda_moe" \
 #       contrib/device/pack.sh build devbuild-qg
@@ -60,16 +64,35 @@ decode() {
 	done
 }
 
-case ${QG_PART:-quick} in
-quick)
+sweep() {	# the gate/up K slices forced, M 1 and 8
+	for sp in ${QG_SPLITS:-1 2 3 4}; do
+		for m in 1 8; do
+			step "bench_s${sp}_m$m" 90 env KDEC_MOE_QGEMV_SPLIT=$sp \
+				"$B/tests/bench/bench_cuda_moe" q "" "$m"
+			grep "moe_q time.*qgemv" "$L/bench_s${sp}_m$m.log" | sed "s/^/split $sp /" |
+				cut -c1-200 | tee -a "$S"
+		done
+	done
+}
+
+quick() {
 	tests_quick
 	QG_BENCH_M=1 bench
 	for k in 0 8; do
 		dec "qwen3-30b-a3b_fp8-block_q$k" qwen3-30b-a3b 1,8 fp8-block KDEC_MOE_QGEMV_ROWS=$k
 	done
-	;;
-check) check ;;
-bench) bench ;;
-decode) decode ;;
-esac
+}
+
+# QG_PART: one or more of the parts above, in order
+for part in ${QG_PART:-quick}; do
+	case $part in
+	quick) quick ;;
+	tests) tests_quick ;;
+	check) check ;;
+	bench) bench ;;
+	sweep) sweep ;;
+	decode) decode ;;
+	*) say "moe_qgemv.sh: no part $part" ;;
+	esac
+done
 tar -C "$L" -cJf "$O/logs.tar.xz" .

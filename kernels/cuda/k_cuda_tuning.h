@@ -158,6 +158,9 @@ struct k_cuda_tuning {
 				 * union (x and activations in f16, as the dense quantized GEMV;
 				 * ~1e-3 relative where the small path keeps ~1e-5); 0: the small
 				 * path's CUDA-core kernels */
+	int moe_qgemv_split;	/* KDEC_MOE_QGEMV_SPLIT, 0..8, 0: moe_qgemv.cu's gate/up K
+				 * slices from its plan (the fewest giving every SM two CTAs);
+				 * N: at least N where the x slice fits (for measuring) */
 	int moe_lat_prefetch_mb;	/* KDEC_MOE_LAT_PREFETCH_MB, MB (>= 0), 0: the latency
 				 * path's MoE launch asks L2 (evict-last) for up to this many MB
 				 * of the next layer's attention weights once its router rows

@@ -105,14 +105,14 @@ int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out, c
  * that name the kernel. */
 int k_cuda_moe_qtile_takes(const struct k_cuda_moe_quant *q, int hidden, int inter, int M);
 
-/* 1 where a call of M rows with experts quantized as q (fp8 or int4) on the small path
- * takes moe_qgemv.cu's GEMVs over the union of the chosen experts (M <=
+/* 1 where a call of M rows on ws's shapes with experts quantized as q (fp8 or int4) on
+ * the small path takes moe_qgemv.cu's GEMVs over the union of the chosen experts (M <=
  * k_cuda_tuning()->moe_qgemv_rows, KDEC_MOE_QGEMV_ROWS; M <= 8, M * top_k <= 64, hidden
- * a multiple of 32, inter of 64, scale columns of whole 128 (fp8) or 32 (int4) k; x and
- * the activations rounded to f16: ~1e-3 relative), else 0. For tests and benchmarks
- * that name the kernels. */
-int k_cuda_moe_qgemv_takes(const struct k_cuda_moe_quant *q, int M, int top_k, int n_experts,
-			   int hidden, int inter);
+ * a multiple of 32, inter of 64, scale columns of whole 128 (fp8) or 32 (int4) k, the
+ * workspace sized for its split; x and the activations rounded to f16: ~1e-3
+ * relative), else 0. For tests and benchmarks that name the kernels. */
+int k_cuda_moe_qgemv_takes(const struct k_cuda_moe_ws *ws, const struct k_cuda_moe_quant *q,
+			   int M);
 
 /* The shared expert of a DeepSeek MoE layer: one SwiGLU MLP that every row takes with
  * weight 1 (routed_scaling_factor does not touch it). bf16, each 16-byte aligned. */

@@ -804,19 +804,18 @@ extern "C" int k_cuda_moe_qtile_takes(const struct k_cuda_moe_quant *q, int hidd
 	return moe_wq_vector(wq, hidden, inter) && moe_qtile_takes(wq, hidden, inter, M);
 }
 
-extern "C" int k_cuda_moe_qgemv_takes(const struct k_cuda_moe_quant *q, int M, int top_k,
-				      int n_experts, int hidden, int inter)
+extern "C" int k_cuda_moe_qgemv_takes(const struct k_cuda_moe_ws *ws,
+				      const struct k_cuda_moe_quant *q, int M)
 {
 	alignas(16) static const float aligned[4] = {};	// an x the predicate takes: its address
-	int dev = 0, n_sm = 0;
 	moe_wq wq;
 
-	if (!q || k_cuda_moe_quant_ok(q, hidden, inter) || cudaGetDevice(&dev) != cudaSuccess ||
-	    cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+	if (!ws || !q || k_cuda_moe_quant_ok(q, ws->hidden, ws->inter) || M > ws->max_M)
 		return 0;
-	wq = moe_wq_of(q, hidden, inter);
-	return moe_wq_vector(wq, hidden, inter) &&
-	       moe_qgemv_takes(wq, M, top_k, n_experts, hidden, inter, aligned, n_sm);
+	wq = moe_wq_of(q, ws->hidden, ws->inter);
+	return moe_wq_vector(wq, ws->hidden, ws->inter) &&
+	       moe_qgemv_takes(wq, M, ws->top_k, ws->n_experts, ws->hidden, ws->inter, aligned,
+			       ws->qg);
 }
 
 extern "C" int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out,
@@ -847,8 +846,8 @@ extern "C" int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, fl
 		return 0;
 	wq = moe_wq_of(q, hidden, inter);
 	vec = moe_wq_vector(wq, hidden, inter);
-	if (vec && ws->qg.cnt && moe_use_small(M, top_k, hidden, inter, x, nullptr) &&
-	    moe_qgemv_takes(wq, M, top_k, n_experts, hidden, inter, x, ws->n_sm))
+	if (vec && moe_use_small(M, top_k, hidden, inter, x, nullptr) &&
+	    moe_qgemv_takes(wq, M, top_k, n_experts, hidden, inter, x, ws->qg))
 		return moe_qgemv_run(s, ws->qg, out, x, M, ids, weights, top_k, expert_w, wq,
 				     n_experts, hidden, inter, 0);
 	if (vec && moe_use_small(M, top_k, hidden, inter, x, nullptr))
@@ -911,9 +910,9 @@ extern "C" int k_cuda_moe_experts_add_q(cudaStream_t s, struct k_cuda_moe_ws *ws
 	if (M == 0)
 		return 0;
 	wq = moe_wq_of(q, hidden, inter);
-	if (!sh && ws->qg.cnt && moe_wq_vector(wq, hidden, inter) &&
+	if (!sh && moe_wq_vector(wq, hidden, inter) &&
 	    moe_use_small(M, top_k, hidden, inter, x, nullptr) &&
-	    moe_qgemv_takes(wq, M, top_k, n_experts, hidden, inter, x, ws->n_sm))
+	    moe_qgemv_takes(wq, M, top_k, n_experts, hidden, inter, x, ws->qg))
 		return moe_qgemv_run(s, ws->qg, y, x, M, ids, weights, top_k, expert_w, wq,
 				     n_experts, hidden, inter, 1);
 	if (!k_cuda_tuning()->moe_fused || !moe_use_small(M, top_k, hidden, inter, x, sh) ||

@@ -148,7 +148,7 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 		    struct moe_qgemv_plan *p);
 int moe_qgemv_setup(void);
 bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, int hidden,
-		     int inter, const float *x, int n_sm);
+		     int inter, const float *x, const struct moe_qgemv_ws &ws);
 int moe_qgemv_run(cudaStream_t s, const struct moe_qgemv_ws &ws, float *out, const float *x,
 		  int M, const int32_t *ids, const float *weights, int top_k,
 		  const uint16_t *const *expert_w, const struct moe_wq &wq, int n_experts,

@@ -72,7 +72,9 @@ struct mg_union {
 	unsigned char ord[MG_PAIRS];	// row m's slots by union index, at m * top_k
 };
 
-// Every thread of the CTA (MG_THREADS >= MG_PAIRS), after the PDL wait.
+// Every thread of the CTA (MG_THREADS >= MG_PAIRS). EARLY: before the PDL wait (the ids
+// then come from a kernel two or more launches back, or a copy before the step).
+template <bool EARLY>
 __device__ void mg_union_make(mg_union &un, const int32_t *ids, int M, int top_k, int E)
 {
 	const int i = threadIdx.x, n = M * top_k;
@@ -82,7 +84,7 @@ __device__ void mg_union_make(mg_union &un, const int32_t *ids, int M, int top_k
 	if (i == 0)
 		un.n_used = 0;
 	if (i < n) {
-		const int v = ids[i];
+		const int v = EARLY ? k_cuda_pdl_early(ids + i) : ids[i];
 
 		un.e[i] = v >= 0 && v < E ? v : -1;
 	}
@@ -250,7 +252,7 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_kernel(mg_args a)
 	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
 
 	k_cuda_pdl_wait();	// the ids and x are the previous kernels'
-	mg_union_make(un, a.ids, a.M, a.top_k, a.E);
+	mg_union_make<false>(un, a.ids, a.M, a.top_k, a.E);
 	if (uix >= un.n_used)
 		return;
 	const int j = r0 < a.I ? 0 : 1, e = un.used[uix];
@@ -319,8 +321,20 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_down_kernel(mg_args a)
 	const int n0 = tile * MG_ROWS;
 	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
 
+	// The ids are the gate/up kernel's inputs, written before it started: the union,
+	// the expert's rows and the first stages of its weights before the wait, while
+	// gate/up drains (as the dense GEMV streams its weights before its wait).
+	mg_union_make<true>(un, a.ids, a.M, a.top_k, a.E);
+	const int e = uix < un.n_used ? un.used[uix] : 0;
+	const qf_args q = mg_qf<FMT>(a, 2, a.H, a.I, a.KCd);
+	const qs_warp<FMT, ST, qf_args, MG_AHEAD> qw(
+		q, k_cuda_pdl_early(a.ew + 3 * e + 2),
+		(const ST *)k_cuda_pdl_early(a.es + 3 * e + 2),
+		mg_smem + warp * MG_STAGES * QS_WSTAGE, n0 + warp * 16, 0);
+
+	if (uix < un.n_used)
+		qw.start();
 	k_cuda_pdl_wait();	// act is the gate/up kernel's
-	mg_union_make(un, a.ids, a.M, a.top_k, a.E);
 	if (un.n_used == 0 && uix == 0) {	// no valid id at all: the sum is 0
 		for (int el = tid; el < a.M * MG_ROWS; el += MG_THREADS)
 			if (n0 + el % MG_ROWS < a.H && !a.add)
@@ -329,13 +343,6 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_down_kernel(mg_args a)
 	}
 	if (uix >= un.n_used)
 		return;
-	const int e = un.used[uix];
-	const qf_args q = mg_qf<FMT>(a, 2, a.H, a.I, a.KCd);
-	const qs_warp<FMT, ST, qf_args, MG_AHEAD> qw(q, a.ew[3 * e + 2], (const ST *)a.es[3 * e + 2],
-						      mg_smem + warp * MG_STAGES * QS_WSTAGE,
-						      n0 + warp * 16, 0);
-
-	qw.start();
 	mg_stage_x<FMT, true>((uint4 *)(mg_smem + MG_RING), a.act + (size_t)uix * 2 * a.I,
 			      (size_t)a.n_max * 2 * a.I, a.I, a.M, un.rows[uix], a.I, 0, a.KCd);
 	mg_run<FMT, ST>(qw, (const uint4 *)(mg_smem + MG_RING), a.M, a.KCd, acc);
@@ -418,15 +425,17 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 	if (mg_x_bytes(M, p->KCd) > MG_MAX_X)
 		return false;
 	// the fewest K slices whose x slice fits and whose CTAs give every multiprocessor
-	// MG_CTAS_WANTED (else the most that fit)
+	// MG_CTAS_WANTED (else the most that fit); k_cuda_tuning()->moe_qgemv_split, where
+	// it fits, instead
 	for (int S = 1; S <= MG_MAX_SPLIT && S <= nst; S++) {
-		const int kb = (nst + S - 1) / S;
+		const int kb = (nst + S - 1) / S, want = k_cuda_tuning()->moe_qgemv_split;
 
-		if ((nst + kb - 1) / kb != S || mg_x_bytes(M, kb * sk) > MG_MAX_X)
+		if ((nst + kb - 1) / kb != S || mg_x_bytes(M, kb * sk) > MG_MAX_X ||
+		    (want && S < want))
 			continue;
 		best = S;
 		p->KC = kb * sk;
-		if ((long)p->gu_tiles * S >= (long)MG_CTAS_WANTED * n_sm)
+		if (want || (long)p->gu_tiles * S >= (long)MG_CTAS_WANTED * n_sm)
 			break;
 	}
 	if (!best)
@@ -467,13 +476,15 @@ int moe_qgemv_setup(void)
 }
 
 bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, int hidden,
-		     int inter, const float *x, int n_sm)
+		     int inter, const float *x, const struct moe_qgemv_ws &ws)
 {
 	struct moe_qgemv_plan p;
 	const int unit = wq.fmt == MQ_INT4 ? 32 : 128;	// k a scale column must hold
 
 	if (M > k_cuda_tuning()->moe_qgemv_rows || (wq.fmt != MQ_FP8 && wq.fmt != MQ_INT4) ||
-	    ((uintptr_t)x & 15) || !moe_qgemv_make_plan(wq.fmt, M, top_k, n_experts, hidden, inter, n_sm, &p))
+	    ((uintptr_t)x & 15) ||
+	    !moe_qgemv_make_plan(wq.fmt, M, top_k, n_experts, hidden, inter, ws.n_sm, &p) ||
+	    p.act_floats > ws.act_floats || p.part_floats > ws.part_floats || p.cnt > ws.cnt)
 		return false;
 	for (int j = 0; j < 3; j++)	// whole columns per scale column, any block of rows
 		if (wq.kshift[j] != 31 && (wq.kshift[j] < 0 || wq.bcols[j] % unit))
