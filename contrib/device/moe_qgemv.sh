@@ -12,6 +12,7 @@
 #                  slices, each with the knob 0 and 8
 #   QG_PART=sweep  bench_cuda_moe q at M 1 and 8 with the gate/up K slices forced
 #                  (KDEC_MOE_QGEMV_SPLIT, QG_SPLITS: 1 2 3 4)
+#   QG_PART=trace  layer_trace.sh of Qwen3-30B-A3B fp8 batch 1 with the knob 0 and 8
 #   QG_PART=tests  test_cuda_moe_q quick
 #   QG_PART=quick  a first look: test quick, bench M 1, Qwen3-30B-A3B fp8 decode 0 / 8
 # QG_PART may name several, run in that order ("tests bench sweep check").
@@ -30,7 +31,15 @@ DEC_STEPS=32 DEC_WARMUP=8	# lib.sh's dec
 
 verdicts() { grep -E "FAIL|ERROR SUMMARY|passed|failed" "$L/$1.log" | tail -${2:-8} | tee -a "$S"; }
 
-tests_quick() {
+tests_trace() {	# one Qwen3-30B-A3B fp8 layer at batch 1, kernel by kernel, knob 0 and 8 (the
+	# build needs libktrace.so: layer_trace.sh's usage)
+	for k in 0 8; do
+		NO_ARCHIVE=1 TAG=q$k RUNS="qwen3-30b-a3b:fp8-block" KDEC_MOE_QGEMV_ROWS=$k \
+			bash contrib/device/layer_trace.sh
+	done
+}
+
+quick() {
 	step test_quick 90 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
 	grep -E "qgemv" "$L/test_quick.log" | head -40 | tee -a "$S"
 	verdicts test_quick
@@ -91,6 +100,7 @@ for part in ${QG_PART:-quick}; do
 	check) check ;;
 	bench) bench ;;
 	sweep) sweep ;;
+	trace) trace ;;
 	decode) decode ;;
 	*) say "moe_qgemv.sh: no part $part" ;;
 	esac
