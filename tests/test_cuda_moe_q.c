@@ -20,7 +20,10 @@
  * on expert_mma_kernel, then with KDEC_MOE_QTILE_ROWS 64 on moe_qtile.cu's tile kernels
  * (" qtile": every model shape and format above must take them; " qtile-declined": the
  * odd ones below fall back), with a hot expert (every row's slot 0: several passes of
- * 16 rows at 64) added. Shapes outside the vector
+ * 16 rows at 64) added. The small path's cases run on its own CUDA-core kernels
+ * (KDEC_MOE_QGEMV_ROWS 0), then again on moe_qgemv.cu's union GEMVs (" qgemv": every
+ * model shape and format must take them; x and activations in f16, so QGEMV_TOL 2e-3),
+ * with their bits twice the same and experts_add_q through them. Shapes outside the vector
  * kernels (the quant goldens' tiny experts 64 x 20 and 96 x 24, an odd 136 x 56, blocks
  * of 96) take the CUDA-core kernels at every M, the same cases. Skips (77) without CUDA or a
  * GPU. KD_TEST_QUICK=1 (for compute-sanitizer): the odd shapes and Qwen3's in fp8-block,
