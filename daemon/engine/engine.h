@@ -212,6 +212,9 @@ int engine_seq_truncate(struct engine *e, struct engine_seq *s, int n_tokens);
  * counted as uniform routing would choose them), and of the KV cache for `tokens`
  * tokens of context in the backend's cache dtype (engine_bytes.c). */
 double engine_weight_bytes(const struct model *m, int rows);
+/* The same count for the model's last decoder layer alone (kdbench's layer_us floor;
+ * its KV share is engine_kv_bytes / n_layers). */
+double engine_last_layer_bytes(const struct model *m, int rows);
 double engine_kv_bytes(const struct engine *e, double tokens);
 
 /* Runs reqs[0..n) as one step (split into forward calls of at most max_rows rows).

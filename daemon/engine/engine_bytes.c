@@ -10,6 +10,19 @@
  * when quantized (scales included), and of the routed experts only those chosen. Which
  * experts a batch chooses is known only on the GPU: the count assumes uniform routing,
  * E * (1 - (1 - k/E)^rows) distinct experts per MoE layer. */
+/* The share of a MoE layer's routed experts that `rows` rows choose under uniform
+ * routing (0 without experts). */
+static double used_share(const struct model_config *c, int rows)
+{
+	double E = c->n_experts, k = c->top_k, p_unused = 1;
+
+	if (c->n_experts <= 0)
+		return 0;
+	for (int i = 0; i < rows; i++)
+		p_unused *= 1 - k / E;
+	return 1 - p_unused;
+}
+
 double engine_weight_bytes(const struct model *m, int rows)
 {
 	const struct model_config *c = &m->cfg;
@@ -21,15 +34,19 @@ double engine_weight_bytes(const struct model *m, int rows)
 	if (m->lm_head.data != m->embed.data)
 		bytes -= embed;	/* the table itself is not streamed */
 	bytes += 2.0 * rows * c->hidden_size;
-	if (c->n_experts > 0 && m->stream_expert_bytes > 0) {
-		double E = c->n_experts, k = c->top_k, p_unused = 1;
+	/* stream_expert_bytes holds every expert of every MoE layer: the used share */
+	return bytes + m->stream_expert_bytes * used_share(c, rows);
+}
 
-		for (int i = 0; i < rows; i++)
-			p_unused *= 1 - k / E;
-		/* stream_expert_bytes holds every expert of every MoE layer: the used share */
-		bytes += m->stream_expert_bytes * (1 - p_unused);
-	}
-	return bytes;
+double engine_last_layer_bytes(const struct model *m, int rows)
+{
+	const struct model_config *c = &m->cfg;
+	double bytes;
+
+	if (!m->stream_counted)
+		model_count_stream_bytes((struct model *)m);
+	bytes = m->stream_last_dense_bytes + 2.0 * rows * c->hidden_size;
+	return bytes + m->stream_last_expert_bytes * used_share(c, rows);
 }
 
 double engine_kv_bytes(const struct engine *e, double tokens)

@@ -48,6 +48,7 @@ struct decode_result {
 	int launches;
 	double weight_gb, kv_gb, floor_ms;
 	double layer_us;	/* one decoder layer alone (forward_layer_time), 0 without graphs */
+	double layer_floor_us;	/* that layer's bytes (weights touched, its KV share) / hbm_tbs */
 	int layer_launches;	/* its kernels */
 	int latency;		/* the bucket's graph takes the latency path */
 };
@@ -71,7 +72,9 @@ static void decode_usage(FILE *f)
 		"  events); stage/launch/wait_ms: host time staging the inputs, in the copy and\n"
 		"  launch calls, waiting for the ids; var_ms: the graph replayed alone on the\n"
 		"  timed steps' tokens in turn (routing as the steps had it); var2_ms: on the\n"
-		"  first two steps' tokens, alternating. All medians.\n"
+		"  first two steps' tokens, alternating. All medians. lay_fl_us: that layer's\n"
+		"  floor (its weights as the step touches them and its share of the KV cache at\n"
+		"  --hbm-tbs); lay_fl%%: the floor over layer_us.\n"
 		"\n"
 		"  --batch LIST          batch sizes (default 1,8,32,64)\n"
 		"  --ctx N               context per sequence before the timed steps (default 1024)\n"
@@ -415,6 +418,8 @@ static int run_batch(const struct decode_args *a, struct engine *e, int B, struc
 	/* KV read by the median step: contexts ctx + warmup + steps / 2, bf16 or fp32 */
 	res->kv_gb = engine_kv_bytes(e, B * (a->ctx + a->warmup + a->steps / 2.0)) / 1e9;
 	res->floor_ms = (res->weight_gb + res->kv_gb) / (a->hbm_tbs * 1e3) * 1e3;
+	res->layer_floor_us = (engine_last_layer_bytes(e->model, B) / 1e9 +
+			       res->kv_gb / c->n_layers) / (a->hbm_tbs * 1e3) * 1e6;
 	ret = 0;
 	goto out;
 
@@ -437,12 +442,13 @@ out:
 
 static void print_row(const struct decode_result *r, int n_layers)
 {
-	printf("%5d %6d %9.3f %9.3f %9.3f %9.3f %10.1f %11.1f %8d %9.2f %8.3f %8.3f %6.0f%% %9.1f %8.1f %7d %8s %8.2f %8.3f %8.3f %9.3f %8.3f %8.3f %8.3f\n",
+	printf("%5d %6d %9.3f %9.3f %9.3f %9.3f %10.1f %11.1f %8d %9.2f %8.3f %8.3f %6.0f%% %9.1f %8.1f %7d %8s %8.2f %8.3f %8.3f %9.3f %8.3f %8.3f %8.3f %9.1f %6.0f%%\n",
 	       r->batch, r->ctx, r->p50_ms, r->p90_ms, r->min_ms, r->replay_ms, 1e3 / r->p50_ms,
 	       r->batch * 1e3 / r->p50_ms, r->launches, r->weight_gb + r->kv_gb, r->kv_gb,
 	       r->floor_ms, 100 * r->floor_ms / r->p50_ms, r->p50_ms * 1e3 / n_layers,
 	       r->layer_us, r->layer_launches, r->latency ? "latency" : "standard", r->prefill_s,
-	       r->gpu_ms, r->stage_ms, r->launch_ms, r->wait_ms, r->var_ms, r->var2_ms);
+	       r->gpu_ms, r->stage_ms, r->launch_ms, r->wait_ms, r->var_ms, r->var2_ms,
+	       r->layer_floor_us, r->layer_us > 0 ? 100 * r->layer_floor_us / r->layer_us : 0);
 }
 
 static void write_json(FILE *f, const struct decode_args *a, const struct engine *e,
@@ -455,13 +461,13 @@ static void write_json(FILE *f, const struct decode_args *a, const struct engine
 		"\"weight_gb\":%.4f,\"kv_gb\":%.4f,\"floor_ms\":%.4f,\"hbm_tbs\":%.2f,\"floor_fraction\":%.4f,\"prefill_s\":%.3f,"
 		"\"layer_us\":%.2f,\"layer_launches\":%d,\"decode_path_asked\":\"%s\",\"decode_path\":\"%s\","
 		"\"step_gpu_ms_p50\":%.4f,\"stage_ms_p50\":%.4f,\"launch_ms_p50\":%.4f,\"wait_ms_p50\":%.4f,"
-		"\"replay_var_ms_p50\":%.4f,\"replay_var2_ms_p50\":%.4f}\n",
+		"\"replay_var_ms_p50\":%.4f,\"replay_var2_ms_p50\":%.4f,\"layer_floor_us\":%.2f}\n",
 		a->model, e->be->ops->name, e->model->cfg.n_layers, r->batch, r->ctx, a->steps,
 		!a->no_graphs && e->fwd->use_graphs, r->p50_ms, r->p90_ms, r->min_ms, r->replay_ms,
 		1e3 / r->p50_ms, r->batch * 1e3 / r->p50_ms, r->launches, r->weight_gb, r->kv_gb, r->floor_ms,
 		a->hbm_tbs, r->floor_ms / r->p50_ms, r->prefill_s, r->layer_us, r->layer_launches,
 		asked, r->latency ? "latency" : "standard", r->gpu_ms, r->stage_ms, r->launch_ms,
-		r->wait_ms, r->var_ms, r->var2_ms);
+		r->wait_ms, r->var_ms, r->var2_ms, r->layer_floor_us);
 }
 
 int kdbench_decode_main(int argc, char **argv)
@@ -493,10 +499,11 @@ int kdbench_decode_main(int argc, char **argv)
 	       e->fwd->use_graphs ? " with graphs" : "", a.ctx, a.steps, a.warmup, a.hbm_tbs);
 	engine_parallel_describe(e, par, sizeof(par));
 	printf("# parallel: %s\n", par);
-	printf("%5s %6s %9s %9s %9s %9s %10s %11s %8s %9s %8s %8s %7s %9s %8s %7s %8s %8s %8s %8s %9s %8s %8s %8s\n", "batch", "ctx",
+	printf("%5s %6s %9s %9s %9s %9s %10s %11s %8s %9s %8s %8s %7s %9s %8s %7s %8s %8s %8s %8s %9s %8s %8s %8s %9s %7s\n", "batch", "ctx",
 	       "p50_ms", "p90_ms", "min_ms", "replay_ms", "tok/s/usr", "tok/s_total", "launches",
 	       "read_GB", "kv_GB", "floor_ms", "floor%", "us/layer", "layer_us", "lay_lch", "path",
-	       "prefill_s", "gpu_ms", "stage_ms", "launch_ms", "wait_ms", "var_ms", "var2_ms");
+	       "prefill_s", "gpu_ms", "stage_ms", "launch_ms", "wait_ms", "var_ms", "var2_ms",
+	       "lay_fl_us", "lay_fl%");
 	if (!a.n_paths)
 		a.paths[a.n_paths++] = FWD_PATH_AUTO;
 	for (int pi = 0; pi < a.n_paths && !ret; pi++) {

@@ -336,17 +336,25 @@ static int stream_tensor(void *ctx, const char *name, struct model_tensor *slot,
 	struct model *m = ctx;
 	double b = slot && slot->q.fmt != K_Q_NONE ? (double)model_tensor_bytes(slot, 2)
 						     : 2.0 * (double)rows * (double)cols;
+	char last[48];
+	const int in_last = snprintf(last, sizeof(last), "%s.%d.", layer_prefix,
+				     m->cfg.n_layers - 1) > 0 &&
+			    !strncmp(name, last, strlen(last));
 
-	if (strstr(name, ".mlp.experts."))
+	if (strstr(name, ".mlp.experts.")) {
 		m->stream_expert_bytes += b;
-	else
+		m->stream_last_expert_bytes += in_last ? b : 0;
+	} else {
 		m->stream_dense_bytes += b;
+		m->stream_last_dense_bytes += in_last ? b : 0;
+	}
 	return 0;
 }
 
 void model_count_stream_bytes(struct model *m)
 {
 	m->stream_dense_bytes = m->stream_expert_bytes = 0;
+	m->stream_last_dense_bytes = m->stream_last_expert_bytes = 0;
 	model_for_each_tensor(m, stream_tensor, m);
 	m->stream_counted = 1;
 }

@@ -101,6 +101,8 @@ struct model {
 	int stream_counted;		/* the two sums below are set (model_count_stream_bytes) */
 	double stream_dense_bytes;	/* every tensor but the routed experts, as streamed */
 	double stream_expert_bytes;	/* all routed experts, as streamed */
+	double stream_last_dense_bytes;	/* the last layer's share of each of the two */
+	double stream_last_expert_bytes;
 
 	struct model_tensor embed;	/* (vocab, hidden) */
 	struct model_tensor final_norm;	/* (hidden) */
@@ -152,7 +154,8 @@ int model_count_params(const struct model_config *cfg, int64_t *params);
 
 /* m->stream_dense_bytes / stream_expert_bytes: every tensor's bytes as the GPU
  * streams them (quantized: as stored, with scales; else bf16), routed experts apart
- * (all of them). model_load calls it; engine_weight_bytes reads the sums. */
+ * (all of them), and the last layer's share of each (stream_last_*: kdbench's
+ * layer_us floor). model_load calls it; engine_weight_bytes reads the sums. */
 void model_count_stream_bytes(struct model *m);
 
 /* Fills every tensor of m from a synthetic buffer (model_synthetic.c), or with lazy
