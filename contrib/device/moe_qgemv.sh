@@ -13,6 +13,8 @@
 #   QG_PART=sweep  bench_cuda_moe q at M 1 and 8 with the gate/up K slices forced
 #                  (KDEC_MOE_QGEMV_SPLIT, QG_SPLITS: 1 2 3 4)
 #   QG_PART=trace  layer_trace.sh of Qwen3-30B-A3B fp8 batch 1 with the knob 0 and 8
+#   QG_PART=ktrace bench_cuda_moe q's kernels timed one by one (CUPTI; libktrace.so in
+#                  the build): Qwen3-30B-A3B and Kimi-K2 fp8 at M 1 and 8
 #   QG_PART=tests  test_cuda_moe_q quick
 #   QG_PART=quick  a first look: test quick, bench M 1, Qwen3-30B-A3B fp8 decode 0 / 8
 # QG_PART may name several, run in that order ("tests bench sweep check").
@@ -31,7 +33,7 @@ DEC_STEPS=32 DEC_WARMUP=8	# lib.sh's dec
 
 verdicts() { grep -E "FAIL|ERROR SUMMARY|passed|failed" "$L/$1.log" | tail -${2:-8} | tee -a "$S"; }
 
-tests_trace() {	# one Qwen3-30B-A3B fp8 layer at batch 1, kernel by kernel, knob 0 and 8 (the
+trace() {	# one Qwen3-30B-A3B fp8 layer at batch 1, kernel by kernel, knob 0 and 8 (the
 	# build needs libktrace.so: layer_trace.sh's usage)
 	for k in 0 8; do
 		NO_ARCHIVE=1 TAG=q$k RUNS="qwen3-30b-a3b:fp8-block" KDEC_MOE_QGEMV_ROWS=$k \
@@ -39,7 +41,32 @@ tests_trace() {	# one Qwen3-30B-A3B fp8 layer at batch 1, kernel by kernel, knob
 	done
 }
 
-quick() {
+ktrace() {	# bench_cuda_moe q's kernels one by one (CUPTI): the union GEMVs' gate/up
+	# and down apart, Qwen3-30B-A3B and Kimi-K2 fp8 at M 1 and 8
+	local lib=$PWD/$B/libktrace.so
+	for d in /usr/local/cuda/extras/CUPTI/lib64 /usr/local/cuda/lib64; do
+		[ -e "$d/libcupti.so.13" ] && { export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d; break; }
+	done
+	for sh in qwen3 kimi; do
+		for m in 1 8; do
+			KDEC_KTRACE=$L/kt_$sh$m.csv CUDA_INJECTION64_PATH=$lib step "ktrace_$sh$m" 60 \
+				"$B/tests/bench/bench_cuda_moe" q "$sh" "$m" fp8-block
+			python3 - "$L/kt_$sh$m.csv" "$sh M $m" <<'PY' | tee -a "$S"
+import sys, collections, statistics
+d = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    f = line.rstrip("\n").split(",", 7)
+    if len(f) == 8:
+        d[f[7].split("<")[0].split("(")[0][-40:]].append((int(f[1]) - int(f[0])) / 1e3)
+for k, v in sorted(d.items(), key=lambda kv: -statistics.median(kv[1]) * len(kv[1])):
+    if len(v) >= 5:
+        print(f"ktrace {sys.argv[2]:10s} {k:40s} n {len(v):5d} median {statistics.median(v):8.2f} us")
+PY
+		done
+	done
+}
+
+tests_quick() {
 	step test_quick 90 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
 	grep -E "qgemv" "$L/test_quick.log" | head -40 | tee -a "$S"
 	verdicts test_quick
@@ -101,6 +128,7 @@ for part in ${QG_PART:-quick}; do
 	bench) bench ;;
 	sweep) sweep ;;
 	trace) trace ;;
+	ktrace) ktrace ;;
 	decode) decode ;;
 	*) say "moe_qgemv.sh: no part $part" ;;
 	esac
