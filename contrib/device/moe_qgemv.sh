@@ -91,6 +91,7 @@ bench() {
 }
 
 decode() {
+	dec qwen3-30b-a3b_bf16 qwen3-30b-a3b 1,8 bf16
 	for m in qwen3-30b-a3b deepseek-v2-lite kimi-k2 deepseek-v3; do
 		for f in fp8-block int4-g32; do
 			for k in 0 8; do
