@@ -14,7 +14,8 @@
 //     rows (a CTA's 64 rows lie in one expert's gate or up: inter % 64 == 0), K split
 //     in S slices over plain CTAs (linear_qgemv.cu's last-CTA sum in split order), out
 //     to act (M, n_max * 2 * inter) fp32: union index u's gate at u * 2 inter, its up
-//     after;
+//     after; x staged only for the rows that chose the expert (zeros for the others:
+//     at M = 8 an expert has ~1 of them);
 //   down: a CTA per (64 output rows, used expert): that expert's down rows times
 //     silu(gate) * up of the rows that chose it (zeros for the others), staged as f16,
 //     its partial tile to the workspace; the last CTA of an output tile adds each row's
@@ -261,9 +262,9 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_kernel(mg_args a)
 						      mg_smem + warp * MG_STAGES * QS_WSTAGE,
 						      r0 - j * a.I + warp * 16, s * a.KC);
 
-	qw.start();
-	mg_stage_x<FMT, false>((uint4 *)(mg_smem + MG_RING), a.x, (size_t)a.H, 0, a.M, ~0u, a.H,
-			       qw.k0, a.KC);
+	qw.start();	// x: only the rows that chose the expert (down reads no other)
+	mg_stage_x<FMT, false>((uint4 *)(mg_smem + MG_RING), a.x, (size_t)a.H, 0, a.M,
+			       un.rows[uix], a.H, qw.k0, a.KC);
 	mg_run<FMT, ST>(qw, (const uint4 *)(mg_smem + MG_RING), a.M, a.KC, acc);
 
 	// act row m, column uix * 2I + r0 + r (r: the CTA's row)
