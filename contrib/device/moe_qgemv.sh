@@ -90,13 +90,15 @@ bench() {
 	done
 }
 
-decode() {
+decode() {	# QG_DECODE: model:format pairs (default: the four MoE models in fp8 and int4)
+	local r m f
 	dec qwen3-30b-a3b_bf16 qwen3-30b-a3b 1,8 bf16
-	for m in qwen3-30b-a3b deepseek-v2-lite kimi-k2 deepseek-v3; do
-		for f in fp8-block int4-g32; do
-			for k in 0 8; do
-				dec "${m}_${f}_q$k" $m 1,8 $f KDEC_MOE_QGEMV_ROWS=$k
-			done
+	for r in ${QG_DECODE:-qwen3-30b-a3b:fp8-block qwen3-30b-a3b:int4-g32 deepseek-v2-lite:fp8-block
+		deepseek-v2-lite:int4-g32 kimi-k2:fp8-block kimi-k2:int4-g32 deepseek-v3:fp8-block
+		deepseek-v3:int4-g32}; do
+		m=${r%%:*} f=${r#*:}
+		for k in 0 8; do
+			dec "${m}_${f}_q$k" $m 1,8 $f KDEC_MOE_QGEMV_ROWS=$k
 		done
 	done
 }
