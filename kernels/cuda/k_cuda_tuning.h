@@ -156,8 +156,12 @@ struct k_cuda_tuning {
 				 * call, quantized routed experts (fp8, int4) of the small path's
 				 * sizes take moe_qgemv.cu's two GEMVs over the chosen experts'
 				 * union (x and activations in f16, as the dense quantized GEMV;
-				 * ~1e-3 relative where the small path keeps ~1e-5); 0: the small
-				 * path's CUDA-core kernels */
+				 * ~3e-4 relative where the small path keeps ~1e-5); 0: the small
+				 * path's CUDA-core kernels. Measured on an H100 (session 19):
+				 * Qwen3-30B-A3B fp8 batch 1 3.564 -> 3.176 ms a step, batch 8
+				 * 12.882 -> 10.392, int4 batch 8 8.859 -> 4.590; DeepSeek-V2-Lite
+				 * fp8 batch 1 2.951 -> 2.454; Kimi-K2's MoE layer at batch 1
+				 * 331.0 -> 279.8 us */
 	int moe_qgemv_split;	/* KDEC_MOE_QGEMV_SPLIT, 0..8, 0: moe_qgemv.cu's gate/up K
 				 * slices from its plan (the fewest giving every SM two CTAs);
 				 * N: at least N where the x slice fits (for measuring) */

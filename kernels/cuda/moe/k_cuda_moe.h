@@ -83,6 +83,9 @@ struct k_cuda_moe_quant {
 int k_cuda_moe_quant_ok(const struct k_cuda_moe_quant *q, int hidden, int inter);
 
 /* k_cuda_moe_experts with the experts quantized as q says (NULL: bf16, the same call).
+ * At up to k_cuda_tuning()->moe_qgemv_rows rows (8) the small path's calls take
+ * moe_qgemv.cu's two GEMVs over the chosen experts' union instead (tensor cores, x
+ * and the activations in f16: ~3e-4 relative, see k_cuda_moe_qgemv_takes).
  * Both paths read the quantized bytes: the small one dequantizes each weight chunk in
  * registers (W8A16 / W4A16 on the CUDA cores), the grouped one each tensor-core B
  * fragment (the fp8 or int4 values are exact in bf16; the scale multiplies each
@@ -91,7 +94,8 @@ int k_cuda_moe_quant_ok(const struct k_cuda_moe_quant *q, int hidden, int inter)
  * ever made.
  * Shapes outside the vector kernels (see struct k_cuda_moe_quant) take the grouped
  * path's CUDA-core kernels at any M.
- * Within ~1e-5 relative of k_cpu_moe_experts on the same quantized experts. */
+ * Within ~1e-5 relative of k_cpu_moe_experts on the same quantized experts (the union
+ * GEMVs: ~3e-4). */
 int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out, const float *x,
 			 int M, const int32_t *ids, const float *weights, int top_k,
 			 const uint16_t *const *expert_w, const struct k_cuda_moe_quant *q,
