@@ -459,6 +459,12 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 	return true;
 }
 
+// Whether ws holds what plan p needs.
+static bool mg_fits(const struct moe_qgemv_plan &p, const struct moe_qgemv_ws &ws)
+{
+	return p.act_floats <= ws.act_floats && p.part_floats <= ws.part_floats && p.cnt <= ws.cnt;
+}
+
 template <int FMT, typename ST>
 static int mg_setup_one(void)
 {
@@ -491,7 +497,7 @@ bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, i
 	if (M > k_cuda_tuning()->moe_qgemv_rows || (wq.fmt != MQ_FP8 && wq.fmt != MQ_INT4) ||
 	    ((uintptr_t)x & 15) ||
 	    !moe_qgemv_make_plan(wq.fmt, M, top_k, n_experts, hidden, inter, ws.n_sm, &p) ||
-	    p.act_floats > ws.act_floats || p.part_floats > ws.part_floats || p.cnt > ws.cnt)
+	    !mg_fits(p, ws))
 		return false;
 	for (int j = 0; j < 3; j++)	// whole columns per scale column, any block of rows
 		if (wq.kshift[j] != 31 && (wq.kshift[j] < 0 || wq.bcols[j] % unit))
@@ -520,7 +526,7 @@ int moe_qgemv_run(cudaStream_t s, const struct moe_qgemv_ws &ws, float *out, con
 	mg_args a = {};
 
 	if (!moe_qgemv_make_plan(wq.fmt, M, top_k, n_experts, hidden, inter, ws.n_sm, &p) ||
-	    p.act_floats > ws.act_floats || p.part_floats > ws.part_floats || p.cnt > ws.cnt)
+	    !mg_fits(p, ws))
 		return -EINVAL;
 	a.ew = (const uint8_t *const *)expert_w;
 	a.es = wq.scales;
