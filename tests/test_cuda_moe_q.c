@@ -23,7 +23,8 @@
  * 16 rows at 64) added. The small path's cases run on its own CUDA-core kernels
  * (KDEC_MOE_QGEMV_ROWS 0), then again on moe_qgemv.cu's union GEMVs (" qgemv": every
  * model shape and format must take them; x and activations in f16, so QGEMV_TOL 2e-3),
- * with their bits twice the same and experts_add_q through them. Shapes outside the vector
+ * with their bits twice the same, a call naming no valid expert at all (zeros), and
+ * experts_add_q through them. Shapes outside the vector
  * kernels (the quant goldens' tiny experts 64 x 20 and 96 x 24, an odd 136 x 56, blocks
  * of 96) take the CUDA-core kernels at every M, the same cases. Skips (77) without CUDA or a
  * GPU. KD_TEST_QUICK=1 (for compute-sanitizer): the odd shapes and Qwen3's in fp8-block,
@@ -158,6 +159,7 @@ static void qweights_free(struct qweights *w)
 #define EX_BAD_ID 2		/* the last row's last slot names no expert */
 #define EX_HOT 4		/* every row's slot 0 names expert 0 (the grouped kernels'
 				 * expert of M rows: several passes of 16) */
+#define EX_ALL_BAD 8		/* no slot names an expert: the sum is 0 */
 
 /* One case: routing (moe_make_ids, then flags), the CPU's copies (a bad id becomes a
  * valid one adding 0), host experts for the CPU, device tables (unused experts on the
@@ -202,6 +204,11 @@ static void qcase_make(struct qcase *c, const struct moe_shape *s, const struct 
 		c->ids[c->nk - 1] = (c->nk & 1) ? -1 : s->n_experts + 2;
 		c->cpu_ids[c->nk - 1] = 0;
 		c->cpu_wts[c->nk - 1] = 0.0f;
+	}
+	for (size_t i = 0; (flags & EX_ALL_BAD) && i < c->nk; i++) {
+		c->ids[i] = (i & 1) ? -1 : s->n_experts;
+		c->cpu_ids[i] = 0;
+		c->cpu_wts[i] = 0.0f;
 	}
 	for (size_t i = 0; i < c->nk; i++)
 		if (c->ids[i] >= 0 && c->ids[i] < s->n_experts)
@@ -302,9 +309,9 @@ static void test_q_experts(const struct moe_shape *s, const struct qfmt *f,
 	CU(cudaStreamSynchronize(stream));
 	to_host(got, dout, sizeof(float) * c.nx);
 	rel = rel_of(got, want, NULL, c.nx, &nan);
-	snprintf(shape, sizeof(shape), "%s %s M %d (%d used)%s%s%s%s", s->name, f->name, M, c.n_used,
-		 flags & EX_DUP ? " dup" : "", flags & EX_BAD_ID ? " bad-id" : "",
-		 flags & EX_HOT ? " hot" : "", tag);
+	snprintf(shape, sizeof(shape), "%s %s M %d (%d used)%s%s%s%s%s", s->name, f->name, M,
+		 c.n_used, flags & EX_DUP ? " dup" : "", flags & EX_BAD_ID ? " bad-id" : "",
+		 flags & EX_HOT ? " hot" : "", flags & EX_ALL_BAD ? " all-bad" : "", tag);
 	printf("%-12s %-7s %-66s rel_l2 %.3g%s  %s\n", "moe_q", moe_path_name(path), shape, rel,
 	       nan ? "  NaN" : "", ret == 0 && !nan && rel <= expert_tol ? "PASS" : "FAIL");
 	CHECK(ret == 0 && !nan && rel <= expert_tol, "%s: ret %d rel %.3g", shape, ret, rel);
@@ -491,6 +498,8 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 			test_q_experts(s, f, &w, ws, (int[]){ 1, 2, 3, 8 }[m], 0, K_CUDA_MOE_PATH_SMALL,
 				       takes ? " qgemv" : " qgemv-declined");
 		test_q_experts(s, f, &w, ws, 3, EX_DUP | EX_BAD_ID, K_CUDA_MOE_PATH_SMALL,
+			       takes ? " qgemv" : " qgemv-declined");
+		test_q_experts(s, f, &w, ws, 2, EX_ALL_BAD, K_CUDA_MOE_PATH_SMALL,
 			       takes ? " qgemv" : " qgemv-declined");
 		if (takes) {
 			test_q_qgemv_bits(s, f, &w, ws, 1, 0);
