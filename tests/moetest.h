@@ -86,7 +86,7 @@ static inline void moe_set_qgemv(int rows)
 }
 
 /* moe_qgemv_m1 (at one row the union down takes the small path's gate/up), installed:
- * 0 or 1, or -1 for the default. */
+ * 0 or 1, or -1 for the default (0). */
 static inline void moe_set_qgemv_m1(int on)
 {
 	struct k_cuda_tuning t = *k_cuda_tuning(), def;

@@ -56,7 +56,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.moe_qtile_bf16 = 0;
 	t.moe_qgemv_rows = 8;
 	t.moe_qgemv_split = 0;
-	t.moe_qgemv_m1 = 1;
+	t.moe_qgemv_m1 = 0;
 	t.moe_lat_prefetch_mb = 0;
 	t.op_times = 0;
 	t.moe_fused_rows = 1;

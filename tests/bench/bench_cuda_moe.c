@@ -15,8 +15,8 @@
  * path on moe_qtile.cu's tile kernels at every M ("qtile", KDEC_MOE_QTILE_ROWS set to the
  * call's rows), and quantized experts at M <= 8 on moe_qgemv.cu's GEMVs over the chosen
  * experts' union ("qgemv"; "small" is then the small path's own kernels,
- * KDEC_MOE_QGEMV_ROWS 0; at M 1 "qgemv" takes the small path's gate/up and
- * "qgemv-own" the union's own, KDEC_MOE_QGEMV_M1 0).
+ * KDEC_MOE_QGEMV_ROWS 0; at M 1 "qgemv-m1" with the small path's gate/up,
+ * KDEC_MOE_QGEMV_M1 1).
  * Usage: bench_cuda_moe [lat | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
  * shapes whose name contains SHAPE, M rows (0: all), FORMAT bf16, fp8-block or int4-g32;
  * for ncu).
@@ -446,9 +446,9 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 				/* moe_qgemv.cu's union GEMVs where they take the call */
 				if (fmts[f] != K_Q_NONE && M <= 8)
 					time_q(&shapes[i], fmts[f], M, "qgemv");
-				if (fmts[f] != K_Q_NONE && M == 1) {	/* their own gate/up */
-					moe_set_qgemv_m1(0);
-					time_q(&shapes[i], fmts[f], M, "qgemv-own");
+				if (fmts[f] != K_Q_NONE && M == 1) {	/* small path's gate/up */
+					moe_set_qgemv_m1(1);
+					time_q(&shapes[i], fmts[f], M, "qgemv-m1");
 					moe_set_qgemv_m1(-1);
 				}
 				/* the grouped path on moe_qtile.cu's tile kernels, at every M (where
