@@ -20,6 +20,9 @@
 //     silu(gate) * up of the rows that chose it (zeros for the others), staged as f16,
 //     its partial tile to the workspace; the last CTA of an output tile adds each row's
 //     pairs in increasing expert id, weighted (out overwritten, or += with add).
+// At one row with k_cuda_tuning()->moe_qgemv_m1 (KDEC_MOE_QGEMV_M1, off: not yet run on
+// a GPU) gate/up is the small path's (moe_small_m1.cu, timed faster alone: Kimi-K2 fp8
+// 101.8 against 124.1 us) and down stages its pairs' fp32 SwiGLU rows.
 // The union (the distinct valid ids in increasing order, each pair's union index, each
 // expert's rows) is computed by every CTA after its PDL wait from the <= 64 ids in
 // shared memory; the grids are sized for n_max = min(n_experts, M * top_k) experts and
