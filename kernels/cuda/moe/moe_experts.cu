@@ -596,14 +596,14 @@ static int moe_qgemv_ws_alloc(k_cuda_moe_ws *ws)
 
 	q.n_sm = ws->n_sm;
 	for (int M = 1; M <= ws->max_M && M <= MOE_QGEMV_MAX_M; M++)
-		for (int f = MQ_FP8; f <= MQ_INT4; f++)
-			if (moe_qgemv_make_plan(f, M, ws->top_k, ws->n_experts, ws->hidden, ws->inter,
-					   ws->n_sm, &p)) {
-				q.act_floats = p.act_floats > q.act_floats ? p.act_floats : q.act_floats;
-				q.part_floats = p.part_floats > q.part_floats ? p.part_floats
-									    : q.part_floats;
-				q.cnt = p.cnt > q.cnt ? p.cnt : q.cnt;
-			}
+		for (int f = MQ_FP8; f <= MQ_INT4; f++) {
+			if (!moe_qgemv_make_plan(f, M, ws->top_k, ws->n_experts, ws->hidden,
+						 ws->inter, ws->n_sm, &p))
+				continue;
+			q.act_floats = p.act_floats > q.act_floats ? p.act_floats : q.act_floats;
+			q.part_floats = p.part_floats > q.part_floats ? p.part_floats : q.part_floats;
+			q.cnt = p.cnt > q.cnt ? p.cnt : q.cnt;
+		}
 	if (!q.cnt)
 		return 0;
 	if (cudaMalloc(&q.act, sizeof(float) * q.act_floats) != cudaSuccess ||
@@ -807,7 +807,7 @@ extern "C" int k_cuda_moe_qtile_takes(const struct k_cuda_moe_quant *q, int hidd
 extern "C" int k_cuda_moe_qgemv_takes(const struct k_cuda_moe_ws *ws,
 				      const struct k_cuda_moe_quant *q, int M)
 {
-	alignas(16) static const float aligned[4] = {};	// an x the predicate takes: its address
+	alignas(16) static const float aligned[4] = {};	// an x it takes: only its address
 	moe_wq wq;
 
 	if (!ws || !q || k_cuda_moe_quant_ok(q, ws->hidden, ws->inter) || M > ws->max_M)

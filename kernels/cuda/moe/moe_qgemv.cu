@@ -59,7 +59,7 @@
 
 #define MG_WARPS	4
 #define MG_THREADS	(MG_WARPS * 32)
-#define MG_ROWS		(MG_WARPS * 16)		/* weight rows a CTA: one m16 tile a warp */
+#define MG_ROWS		(MG_WARPS * 16)		/* weight rows a CTA: an m16 tile a warp */
 #define MG_STAGES	6			/* ring slots a warp */
 #define MG_AHEAD	(MG_STAGES - 1)
 #define MG_RING		(MG_WARPS * MG_STAGES * QS_WSTAGE)	/* 48 KB */
@@ -157,8 +157,8 @@ struct mg_args {
 	const int32_t *ids;		// (M, top_k)
 	const float *wts;		// (M, top_k)
 	const float *x;			// (M, hidden)
-	float *act;			// (M, n_max * 2 inter) gate/up out: u's gate at u * 2 inter;
-					// pair_act: (top_k, inter) SwiGLU out of pair j at j * inter
+	float *act;		// (M, n_max * 2 inter) gate/up out: u's gate at u * 2 inter;
+				// pair_act: (top_k, inter) SwiGLU out of pair j at j * inter
 	float *part;			// partial tiles, MG_PART floats each
 	unsigned *cnt_gu, *cnt_d;	// arrival counts of gate/up and down tiles, zero between
 	float *out;			// (M, hidden)
@@ -166,7 +166,7 @@ struct mg_args {
 	int S, KC;			// gate/up: K slices, k a slice (a multiple of the stage)
 	int KCd;			// down: inter rounded up to whole stages
 	int add;			// out += (else out =)
-	int pair_act;			// M = 1: act is moe_small_m1.cu's gate/up's (pairs, SwiGLU)
+	int pair_act;		// M = 1: act is moe_small_m1.cu's gate/up's (pairs, SwiGLU)
 	int brows[3], kshift[3], scols[3];	// moe_wq's, per matrix
 };
 
