@@ -9,7 +9,8 @@
 #                  the floor of its bytes
 #   QG_PART=decode kdbench decode (ctx 1024, batch 1 and 8) of Qwen3-30B-A3B and
 #                  DeepSeek-V2-Lite in fp8-block and int4-g32, the Kimi-K2 and DeepSeek-V3
-#                  slices, each with the knob 0 and 8
+#                  slices, each with the knob 0 and 8, and at batch 1 with
+#                  KDEC_MOE_QGEMV_M1=1 (QG_DECODE: model:format pairs)
 #   QG_PART=sweep  bench_cuda_moe q at M 1 and 8 with the gate/up K slices forced
 #                  (KDEC_MOE_QGEMV_SPLIT, QG_SPLITS: 1 2 3 4)
 #   QG_PART=trace  layer_trace.sh of Qwen3-30B-A3B fp8 batch 1 with the knob 0 and 8
@@ -100,6 +101,8 @@ decode() {	# QG_DECODE: model:format pairs (default: the four MoE models in fp8 
 		for k in 0 8; do
 			dec "${m}_${f}_q$k" $m 1,8 $f KDEC_MOE_QGEMV_ROWS=$k
 		done
+		# the small path's gate/up feeding the union down at one row
+		dec "${m}_${f}_q8m1" $m 1 $f KDEC_MOE_QGEMV_ROWS=8 KDEC_MOE_QGEMV_M1=1
 	done
 }
 
