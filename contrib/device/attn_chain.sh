@@ -20,9 +20,7 @@
 set -u
 DEADLINE=${DEADLINE:-560}
 . contrib/device/lib.sh
-D=${DEVBUILD:-devbuild-ac}
-[ -d "$D" ] || python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1] + ".tar.xz").extractall(".")' "$D"
-use "$D"
+use "${DEVBUILD:-devbuild-ac}"
 gpu_line
 DEC_STEPS=32 DEC_WARMUP=8	# lib.sh's dec
 FOLD="KDEC_ATTN_DEC_SPLITS=8 KDEC_ATTN_MMA_FOLD=1 KDEC_QKV_IN_ATTN=1"

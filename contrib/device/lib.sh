@@ -3,6 +3,7 @@
 # wheel where the machine has no system copy, $O (results that come back: $OUT), $L (the
 # full logs, archived into $O at the end by the script), $S (the summary), and:
 #   use BUILD               LD_LIBRARY_PATH, top_srcdir and top_builddir for a packed build
+#                           (unpacked first from BUILD.tar.xz where BUILD is absent)
 #   say LINE...             to stdout and the summary
 #   step NAME LIMIT CMD...  CMD cut at LIMIT seconds, or at what is left of DEADLINE
 #                           seconds since the start; its output to $L/NAME.log, one
@@ -27,6 +28,8 @@ t0=$SECONDS
 export L
 
 use() {
+	[ -d "$1" ] || [ ! -f "$1.tar.xz" ] ||
+		python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1] + ".tar.xz").extractall(".")' "$1"
 	B=$1
 	export B top_srcdir=$PWD top_builddir=$PWD/$B
 	export LD_LIBRARY_PATH="$PWD/$B/devlibs${nccl:+:$nccl/lib}"

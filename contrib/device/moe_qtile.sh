@@ -25,7 +25,6 @@
 set -u
 DEADLINE=${DEADLINE:-560}
 . contrib/device/lib.sh
-[ -d devbuild-mq ] || python3 -c 'import tarfile; tarfile.open("devbuild-mq.tar.xz").extractall(".")'
 use devbuild-mq
 gpu_line
 

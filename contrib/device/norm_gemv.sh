@@ -23,9 +23,7 @@
 set -u
 DEADLINE=${DEADLINE:-560}
 . contrib/device/lib.sh
-D=${DEVBUILD:-devbuild-mq}
-[ -d "$D" ] || python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1] + ".tar.xz").extractall(".")' "$D"
-use "$D"
+use "${DEVBUILD:-devbuild-mq}"
 gpu_line
 DEC_STEPS=32 DEC_WARMUP=8	# lib.sh's dec
 

@@ -804,6 +804,15 @@ extern "C" int k_cuda_moe_qtile_takes(const struct k_cuda_moe_quant *q, int hidd
 	return moe_wq_vector(wq, hidden, inter) && moe_qtile_takes(wq, hidden, inter, M);
 }
 
+// Whether a quantized call of M rows that the small path would run (small: its
+// moe_use_small) takes moe_qgemv.cu's GEMVs instead.
+static bool moe_use_qgemv(const k_cuda_moe_ws *ws, const moe_wq &wq, bool small, int M,
+			  const float *x)
+{
+	return small && moe_wq_vector(wq, ws->hidden, ws->inter) &&
+	       moe_qgemv_takes(wq, M, ws->top_k, ws->n_experts, ws->hidden, ws->inter, x, ws->qg);
+}
+
 extern "C" int k_cuda_moe_qgemv_takes(const struct k_cuda_moe_ws *ws,
 				      const struct k_cuda_moe_quant *q, int M)
 {
@@ -813,9 +822,7 @@ extern "C" int k_cuda_moe_qgemv_takes(const struct k_cuda_moe_ws *ws,
 	if (!ws || !q || k_cuda_moe_quant_ok(q, ws->hidden, ws->inter) || M > ws->max_M)
 		return 0;
 	wq = moe_wq_of(q, ws->hidden, ws->inter);
-	return moe_wq_vector(wq, ws->hidden, ws->inter) &&
-	       moe_qgemv_takes(wq, M, ws->top_k, ws->n_experts, ws->hidden, ws->inter, aligned,
-			       ws->qg);
+	return moe_use_qgemv(ws, wq, true, M, aligned);
 }
 
 extern "C" int k_cuda_moe_experts(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out,
@@ -835,7 +842,7 @@ extern "C" int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, fl
 				    int inter)
 {
 	ex_plan pl;
-	bool mma = moe_use_mma(hidden, inter), vec, qtile;
+	bool mma = moe_use_mma(hidden, inter), vec, small, qtile;
 	int n, max_used, ret;
 	moe_wq wq;
 
@@ -846,11 +853,11 @@ extern "C" int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, fl
 		return 0;
 	wq = moe_wq_of(q, hidden, inter);
 	vec = moe_wq_vector(wq, hidden, inter);
-	if (vec && moe_use_small(M, top_k, hidden, inter, x, nullptr) &&
-	    moe_qgemv_takes(wq, M, top_k, n_experts, hidden, inter, x, ws->qg))
+	small = vec && moe_use_small(M, top_k, hidden, inter, x, nullptr);
+	if (moe_use_qgemv(ws, wq, small, M, x))
 		return moe_qgemv_run(s, ws->qg, out, x, M, ids, weights, top_k, expert_w, wq,
 				     n_experts, hidden, inter, 0);
-	if (vec && moe_use_small(M, top_k, hidden, inter, x, nullptr))
+	if (small)
 		return k_cuda_moe_small_run(s, (float *)ws->hs, out, x, M, ids, weights, top_k,
 					    expert_w, wq, n_experts, hidden, inter, moe_small_shared{}, 0,
 					    ws->n_sm);
@@ -910,9 +917,7 @@ extern "C" int k_cuda_moe_experts_add_q(cudaStream_t s, struct k_cuda_moe_ws *ws
 	if (M == 0)
 		return 0;
 	wq = moe_wq_of(q, hidden, inter);
-	if (!sh && moe_wq_vector(wq, hidden, inter) &&
-	    moe_use_small(M, top_k, hidden, inter, x, nullptr) &&
-	    moe_qgemv_takes(wq, M, top_k, n_experts, hidden, inter, x, ws->qg))
+	if (!sh && moe_use_qgemv(ws, wq, moe_use_small(M, top_k, hidden, inter, x, nullptr), M, x))
 		return moe_qgemv_run(s, ws->qg, y, x, M, ids, weights, top_k, expert_w, wq,
 				     n_experts, hidden, inter, 1);
 	if (!k_cuda_tuning()->moe_fused || !moe_use_small(M, top_k, hidden, inter, x, sh) ||

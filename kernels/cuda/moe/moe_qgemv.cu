@@ -163,7 +163,8 @@ struct mg_args {
 	unsigned *cnt_gu, *cnt_d;	// arrival counts of gate/up and down tiles, zero between
 	float *out;			// (M, hidden)
 	int M, top_k, E, H, I, n_max;
-	int S, KC;			// gate/up: K slices, k a slice (a multiple of the stage)
+	int KC;				// gate/up: k a slice (a multiple of the stage; slices:
+					// gridDim.y)
 	int KCd;			// down: inter rounded up to whole stages
 	int add;			// out += (else out =)
 	int pair_act;		// M = 1: act is moe_small_m1.cu's gate/up's (pairs, SwiGLU)
@@ -394,18 +395,19 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_down_kernel(mg_args a)
 			continue;
 		for (int j0 = 0; j0 < a.top_k; j0 += 8) {
 			float v[8], w[8];
+			int uu[8];	// the pair's union index, -1: none (past top_k too)
 
 #pragma unroll
 			for (int p = 0; p < 8; p++) {
 				const int jj = j0 + p, k = jj < a.top_k ? o[jj] : 0;
-				const int uu = jj < a.top_k ? un.u[m * a.top_k + k] : -1;
 
-				v[p] = uu >= 0 ? __ldcg(tp + (size_t)uu * MG_PART + el) : 0.f;
-				w[p] = uu >= 0 ? a.wts[m * a.top_k + k] : 0.f;
+				uu[p] = jj < a.top_k ? un.u[m * a.top_k + k] : -1;
+				v[p] = uu[p] >= 0 ? __ldcg(tp + (size_t)uu[p] * MG_PART + el) : 0.f;
+				w[p] = uu[p] >= 0 ? a.wts[m * a.top_k + k] : 0.f;
 			}
 #pragma unroll
 			for (int p = 0; p < 8; p++)
-				if (j0 + p < a.top_k && un.u[m * a.top_k + o[j0 + p]] >= 0)
+				if (uu[p] >= 0)
 					sum = fmaf(w[p], v[p], sum);
 		}
 		float *y = a.out + (size_t)m * a.H + n0 + r;
@@ -426,11 +428,12 @@ static long mg_x_bytes(int M, int KC)
 }
 
 // The launch shape of a call, or false where the kernels do not take it.
-bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, int inter, int n_sm,
-		    struct moe_qgemv_plan *p)
+bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, int inter,
+			 int n_sm, struct moe_qgemv_plan *p)
 {
 	const int sk = fmt == MQ_INT4 ? qs_fmt<K_Q_INT4>::SK : qs_fmt<K_Q_FP8>::SK;
-	const int nst = (hidden + sk - 1) / sk;
+	const int nst = (hidden + sk - 1) / sk, want = k_cuda_tuning()->moe_qgemv_split;
+	size_t gu_parts, d_parts;
 	int best = 0;
 
 	if ((fmt != MQ_FP8 && fmt != MQ_INT4) || M < 1 || M > MOE_QGEMV_MAX_M || top_k < 1 ||
@@ -448,7 +451,7 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 	// MG_CTAS_WANTED (else the most that fit); k_cuda_tuning()->moe_qgemv_split, where
 	// it fits, instead
 	for (int S = 1; S <= MG_MAX_SPLIT && S <= nst; S++) {
-		const int kb = (nst + S - 1) / S, want = k_cuda_tuning()->moe_qgemv_split;
+		const int kb = (nst + S - 1) / S;
 
 		if ((nst + kb - 1) / kb != S || mg_x_bytes(M, kb * sk) > MG_MAX_X ||
 		    (want && S < want))
@@ -464,10 +467,9 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 	p->gu_smem = MG_RING + (int)mg_x_bytes(M, p->KC);
 	p->d_smem = MG_RING + (int)mg_x_bytes(M, p->KCd);
 	p->act_floats = (size_t)M * p->n_max * 2 * inter;
-	p->part_floats = (size_t)MG_PART * ((size_t)p->d_tiles * p->n_max >
-							    (p->S > 1 ? (size_t)p->gu_tiles * p->S : 0)
-						    ? (size_t)p->d_tiles * p->n_max
-						    : (size_t)p->gu_tiles * p->S);
+	gu_parts = p->S > 1 ? (size_t)p->gu_tiles * p->S : 0;	// one slice: no partials
+	d_parts = (size_t)p->d_tiles * p->n_max;
+	p->part_floats = (size_t)MG_PART * (d_parts > gu_parts ? d_parts : gu_parts);
 	p->cnt = p->gu_tiles > p->d_tiles ? p->gu_tiles : p->d_tiles;
 	return true;
 }
@@ -563,7 +565,6 @@ int moe_qgemv_run(cudaStream_t s, const struct moe_qgemv_ws &ws, float *out, con
 	a.H = hidden;
 	a.I = inter;
 	a.n_max = p.n_max;
-	a.S = p.S;
 	a.KC = p.KC;
 	a.KCd = p.KCd;
 	a.add = add;
