@@ -96,4 +96,15 @@ static inline void moe_set_qgemv_m1(int on)
 	k_cuda_tuning_set(&t);
 }
 
+/* moe_qgemv_persist (the union gate/up as persistent CTAs; > 1: at most that many),
+ * installed: >= 0, or -1 for the default (0). */
+static inline void moe_set_qgemv_persist(int v)
+{
+	struct k_cuda_tuning t = *k_cuda_tuning(), def;
+
+	k_cuda_tuning_defaults(&def);
+	t.moe_qgemv_persist = v >= 0 ? v : def.moe_qgemv_persist;
+	k_cuda_tuning_set(&t);
+}
+
 #endif

@@ -512,6 +512,21 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 				       " qgemv m1-gate-up");
 			test_q_qgemv_bits(s, f, &w, ws, 1, 0);
 			moe_set_qgemv_m1(-1);
+			/* the persistent gate/up: as many CTAs as fit, then 3 (several items
+			 * a CTA, its slices' partials summed across them) */
+			for (int pc = 0; pc < 2; pc++) {
+				const char *tag = pc ? " qgemv persist-3" : " qgemv persist";
+
+				moe_set_qgemv_persist(pc ? 3 : 1);
+				test_q_experts(s, f, &w, ws, 1, 0, K_CUDA_MOE_PATH_SMALL, tag);
+				test_q_experts(s, f, &w, ws, 8, 0, K_CUDA_MOE_PATH_SMALL, tag);
+				test_q_experts(s, f, &w, ws, 3, EX_DUP | EX_BAD_ID,
+					       K_CUDA_MOE_PATH_SMALL, tag);
+				test_q_experts(s, f, &w, ws, 2, EX_ALL_BAD, K_CUDA_MOE_PATH_SMALL,
+					       tag);
+				test_q_qgemv_bits(s, f, &w, ws, 8, EX_DUP | EX_BAD_ID);
+			}
+			moe_set_qgemv_persist(-1);
 		}
 		expert_tol = EXPERT_TOL;
 	}

@@ -9,8 +9,9 @@
 #                  the floor of its bytes
 #   QG_PART=decode kdbench decode (ctx 1024, batch 1 and 8) of Qwen3-30B-A3B and
 #                  DeepSeek-V2-Lite in fp8-block and int4-g32, the Kimi-K2 and DeepSeek-V3
-#                  slices, each with the knob 0 and 8, and at batch 1 with
-#                  KDEC_MOE_QGEMV_M1=1 (QG_DECODE: model:format pairs)
+#                  slices, each in the variants QG_VARIANTS (q0 q8 m1: the knob 0, 8,
+#                  and at batch 1 KDEC_MOE_QGEMV_M1=1; p: KDEC_MOE_QGEMV_PERSIST=1)
+#                  (QG_DECODE: model:format pairs; QG_DEC_BATCH: the batches, 1,8)
 #   QG_PART=sweep  bench_cuda_moe q at M 1 and 8 with the gate/up K slices forced
 #                  (KDEC_MOE_QGEMV_SPLIT, QG_SPLITS: 1 2 3 4)
 #   QG_PART=trace  layer_trace.sh of Qwen3-30B-A3B fp8 batch 1 with the knob 0 and 8
@@ -90,17 +91,23 @@ bench() {
 }
 
 decode() {	# QG_DECODE: model:format pairs (default: the four MoE models in fp8 and int4)
-	local r m f
-	dec qwen3-30b-a3b_bf16 qwen3-30b-a3b 1,8 bf16
+	local r m f v bt=${QG_DEC_BATCH:-1,8}
+	dec qwen3-30b-a3b_bf16 qwen3-30b-a3b $bt bf16
 	for r in ${QG_DECODE:-qwen3-30b-a3b:fp8-block qwen3-30b-a3b:int4-g32 deepseek-v2-lite:fp8-block
 		deepseek-v2-lite:int4-g32 kimi-k2:fp8-block kimi-k2:int4-g32 deepseek-v3:fp8-block
 		deepseek-v3:int4-g32}; do
 		m=${r%%:*} f=${r#*:}
-		for k in 0 8; do
-			dec "${m}_${f}_q$k" $m 1,8 $f KDEC_MOE_QGEMV_ROWS=$k
+		for v in ${QG_VARIANTS:-q0 q8 m1}; do
+			case $v in
+			q0) dec "${m}_${f}_q0" $m $bt $f KDEC_MOE_QGEMV_ROWS=0 ;;
+			q8) dec "${m}_${f}_q8" $m $bt $f KDEC_MOE_QGEMV_ROWS=8 ;;
+			# the small path's gate/up feeding the union down at one row
+			m1) dec "${m}_${f}_q8m1" $m 1 $f KDEC_MOE_QGEMV_ROWS=8 KDEC_MOE_QGEMV_M1=1 ;;
+			# the persistent gate/up
+			p) dec "${m}_${f}_q8p" $m $bt $f KDEC_MOE_QGEMV_ROWS=8 KDEC_MOE_QGEMV_PERSIST=1 ;;
+			*) say "moe_qgemv.sh: no decode variant $v" ;;
+			esac
 		done
-		# the small path's gate/up feeding the union down at one row
-		dec "${m}_${f}_q8m1" $m 1 $f KDEC_MOE_QGEMV_ROWS=8 KDEC_MOE_QGEMV_M1=1
 	done
 }
 

@@ -168,6 +168,12 @@ struct k_cuda_tuning {
 				 * 124.1 us on an H100) and its fp32 SwiGLU activations. Built
 				 * after session 19's last device call: not yet run on a GPU, so
 				 * off until test_cuda_moe_q and a decode A/B have */
+	int moe_qgemv_persist;	/* KDEC_MOE_QGEMV_PERSIST, 0.., 0: 1 runs moe_qgemv.cu's gate/up
+				 * as persistent CTAs (as many as fit at once, each walking its
+				 * (64 rows, K slice) items; the split chosen to balance them)
+				 * instead of a CTA an item: Kimi-K2's 512 gate/up tiles at one
+				 * row are 1.3 waves of one-item CTAs; N > 1: at most N CTAs
+				 * (tests: several items a CTA). Not yet run on a GPU */
 	int moe_qgemv_split;	/* KDEC_MOE_QGEMV_SPLIT, 0..8, 0: moe_qgemv.cu's gate/up K
 				 * slices from its plan (the fewest giving every SM two CTAs);
 				 * N: at least N where the x slice fits (for measuring) */

@@ -13,6 +13,7 @@
 // of mma.m16n8k16 (8 output features), the expert's rows the A operand (16 rows per
 // tile): x and the SwiGLU output are stored as bf16 hi + lo pairs and each product is
 // done twice (hi, lo), so the result carries ~16 bits of x's mantissa.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -587,7 +588,7 @@ struct moe_ws_parts moe_ws_parts_of(const struct k_cuda_moe_ws *ws)
 }
 
 // moe_qgemv.cu's workspace: the largest act, partials and counts of its calls at M <=
-// min(max_M, MOE_QGEMV_MAX_M) in either format (their splits differ); none where it
+// min(max_M, MOE_QGEMV_MAX_M) in either format and gate/up form (their splits differ); none where it
 // takes no call of these shapes.
 static int moe_qgemv_ws_alloc(k_cuda_moe_ws *ws)
 {
@@ -596,14 +597,15 @@ static int moe_qgemv_ws_alloc(k_cuda_moe_ws *ws)
 
 	q.n_sm = ws->n_sm;
 	for (int M = 1; M <= ws->max_M && M <= MOE_QGEMV_MAX_M; M++)
-		for (int f = MQ_FP8; f <= MQ_INT4; f++) {
-			if (!moe_qgemv_make_plan(f, M, ws->top_k, ws->n_experts, ws->hidden,
-						 ws->inter, ws->n_sm, &p))
-				continue;
-			q.act_floats = p.act_floats > q.act_floats ? p.act_floats : q.act_floats;
-			q.part_floats = p.part_floats > q.part_floats ? p.part_floats : q.part_floats;
-			q.cnt = p.cnt > q.cnt ? p.cnt : q.cnt;
-		}
+		for (int f = MQ_FP8; f <= MQ_INT4; f++)
+			for (int persist = 0; persist < 2; persist++) {	// either gate/up form
+				if (!moe_qgemv_make_plan(f, M, ws->top_k, ws->n_experts, ws->hidden,
+							 ws->inter, ws->n_sm, persist, &p))
+					continue;
+				q.act_floats = std::max(q.act_floats, p.act_floats);
+				q.part_floats = std::max(q.part_floats, p.part_floats);
+				q.cnt = std::max(q.cnt, p.cnt);
+			}
 	if (!q.cnt)
 		return 0;
 	if (cudaMalloc(&q.act, sizeof(float) * q.act_floats) != cudaSuccess ||

@@ -140,6 +140,8 @@ int moe_qtile_run(cudaStream_t s, const struct ex_plan &pl, const uint16_t *cons
 struct moe_qgemv_plan {
 	int n_max;		// experts the grids are sized for: min(n_experts, M * top_k)
 	int gu_tiles, S, KC;	// gate/up: 64-row tiles, K slices, k a slice
+	bool persist;		// gate/up persistent: ctas CTAs walk the tiles' S slices
+	int ctas;
 	int d_tiles, KCd;	// down: 64-row tiles of hidden, inter in whole stages
 	int gu_smem, d_smem;	// dynamic shared memory a CTA
 	size_t act_floats, part_floats;
@@ -152,7 +154,7 @@ struct moe_qgemv_ws {
 	int cnt, n_sm;
 };
 bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, int inter, int n_sm,
-		    struct moe_qgemv_plan *p);
+			 int persist, struct moe_qgemv_plan *p);
 int moe_qgemv_setup(void);
 bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, int hidden,
 		     int inter, const float *x, const struct moe_qgemv_ws &ws);

@@ -23,6 +23,11 @@
 // At one row with k_cuda_tuning()->moe_qgemv_m1 (KDEC_MOE_QGEMV_M1, off: not yet run on
 // a GPU) gate/up is the small path's (moe_small_m1.cu, timed faster alone: Kimi-K2 fp8
 // 101.8 against 124.1 us) and down stages its pairs' fp32 SwiGLU rows.
+// With k_cuda_tuning()->moe_qgemv_persist (KDEC_MOE_QGEMV_PERSIST, off: not yet run on a
+// GPU) gate/up runs as persistent CTAs, as many as fit at once, each making the union
+// once and walking its (tile, slice) items, the slices chosen so the items spread evenly
+// (Kimi-K2 at one row: 512 tiles are 1.3 waves of one-item CTAs; persistent, 3 slices:
+// 1536 items on 528 CTAs).
 // The union (the distinct valid ids in increasing order, each pair's union index, each
 // expert's rows) is computed by every CTA after its PDL wait from the <= 64 ids in
 // shared memory; the grids are sized for n_max = min(n_experts, M * top_k) experts and
@@ -254,32 +259,26 @@ __device__ __forceinline__ void mg_run(const qs_warp<FMT, ST, qf_args, MG_AHEAD>
 	cp_async_wait<0>();
 }
 
-// grid (n_max * 2 inter / 64, S): CTA x's 64 rows are union index x / (2 inter / 64)'s
-// gate or up rows, y its K slice.
+// One gate/up item: the 64 rows of tile `tile` (union index tile / (2 inter / 64)'s gate
+// or up rows) times K slice s of S, to act (one slice) or its partial tile (the last of
+// the tile's S CTAs sums them in split order). The whole CTA; un made, uix < n_used.
 template <int FMT, typename ST>
-__global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_kernel(mg_args a)
+__device__ __forceinline__ void mg_gate_up_item(const mg_args &a, const mg_union &un,
+						unsigned char *smem, int tile, int s, int S)
 {
-	extern __shared__ __align__(16) unsigned char mg_smem[];
-	__shared__ mg_union un;
 	const int tid = threadIdx.x, warp = tid >> 5;
-	const int tpe = 2 * a.I / MG_ROWS, uix = blockIdx.x / tpe, r0 = blockIdx.x % tpe * MG_ROWS;
-	const int s = blockIdx.y, S = gridDim.y;
-	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
-
-	k_cuda_pdl_wait();	// the ids and x are the previous kernels'
-	mg_union_make<false>(un, a.ids, a.M, a.top_k, a.E);
-	if (uix >= un.n_used)
-		return;
+	const int tpe = 2 * a.I / MG_ROWS, uix = tile / tpe, r0 = tile % tpe * MG_ROWS;
 	const int j = r0 < a.I ? 0 : 1, e = un.used[uix];
 	const qf_args q = mg_qf<FMT>(a, j, a.I, a.H, a.KC);
 	const qs_warp<FMT, ST, qf_args, MG_AHEAD> qw(q, a.ew[3 * e + j], (const ST *)a.es[3 * e + j],
-						      mg_smem + warp * MG_STAGES * QS_WSTAGE,
+						      smem + warp * MG_STAGES * QS_WSTAGE,
 						      r0 - j * a.I + warp * 16, s * a.KC);
+	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
 
 	qw.start();	// x: only the rows that chose the expert (down reads no other)
-	mg_stage_x<FMT, false>((uint4 *)(mg_smem + MG_RING), a.x, (size_t)a.H, 0, a.M,
+	mg_stage_x<FMT, false>((uint4 *)(smem + MG_RING), a.x, (size_t)a.H, 0, a.M,
 			       un.rows[uix], a.H, qw.k0, a.KC);
-	mg_run<FMT, ST>(qw, (const uint4 *)(mg_smem + MG_RING), a.M, a.KC, acc);
+	mg_run<FMT, ST>(qw, (const uint4 *)(smem + MG_RING), a.M, a.KC, acc);
 
 	// act row m, column uix * 2I + r0 + r (r: the CTA's row)
 	const size_t rs = (size_t)a.n_max * 2 * a.I;
@@ -295,7 +294,7 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_kernel(mg_args a)
 		}
 		return;
 	}
-	float *part = a.part + ((size_t)blockIdx.x * S + s) * MG_PART;
+	float *part = a.part + ((size_t)tile * S + s) * MG_PART;
 
 #pragma unroll
 	for (int c = 0; c < 4; c++) {
@@ -304,9 +303,9 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_kernel(mg_args a)
 		if (m < a.M)
 			__stcg(part + m * MG_ROWS + r, acc[c]);
 	}
-	if (!lin_split_last(a.cnt_gu, blockIdx.x, S))
+	if (!lin_split_last(a.cnt_gu, tile, S))
 		return;
-	const float *tp = a.part + (size_t)blockIdx.x * S * MG_PART;
+	const float *tp = a.part + (size_t)tile * S * MG_PART;
 
 	for (int el = tid; el < a.M * MG_ROWS; el += MG_THREADS) {
 		float v[MG_MAX_SPLIT], sum;
@@ -322,7 +321,44 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_kernel(mg_args a)
 		y[el / MG_ROWS * rs + el % MG_ROWS] = sum;
 	}
 	if (tid == 0)
-		a.cnt_gu[blockIdx.x] = 0;
+		a.cnt_gu[tile] = 0;
+}
+
+// grid (n_max * 2 inter / 64, S): CTA (x, y) is item (tile x, slice y); the CTAs of
+// union indices past n_used return at once.
+template <int FMT, typename ST>
+__global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_kernel(mg_args a)
+{
+	extern __shared__ __align__(16) unsigned char mg_smem[];
+	__shared__ mg_union un;
+
+	k_cuda_pdl_wait();	// the ids and x are the previous kernels'
+	mg_union_make<false>(un, a.ids, a.M, a.top_k, a.E);
+	if ((int)blockIdx.x / (2 * a.I / MG_ROWS) >= un.n_used)
+		return;
+	mg_gate_up_item<FMT, ST>(a, un, mg_smem, blockIdx.x, blockIdx.y, gridDim.y);
+}
+
+// Persistent form (k_cuda_tuning()->moe_qgemv_persist): a grid of at most the CTAs that
+// fit at once, each making the union once and then walking items i = x, x + grid, ...
+// of the n_used * (2 inter / 64) * S that exist (tile i / S, slice i % S): no CTA of a
+// second wave waits for a slot and pays the wait, the union and its pointers again, and
+// the plan's S balances the items over the CTAs.
+template <int FMT, typename ST>
+__global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_persist_kernel(mg_args a, int S)
+{
+	extern __shared__ __align__(16) unsigned char mg_smem[];
+	__shared__ mg_union un;
+
+	k_cuda_pdl_wait();
+	mg_union_make<false>(un, a.ids, a.M, a.top_k, a.E);
+	const int items = un.n_used * (2 * a.I / MG_ROWS) * S;
+
+	for (int i = blockIdx.x; i < items; i += gridDim.x) {
+		if (i != (int)blockIdx.x)
+			__syncthreads();	// every warp done with the x slice and its ring
+		mg_gate_up_item<FMT, ST>(a, un, mg_smem, i / S, i % S, S);
+	}
 }
 
 // grid (ceil(hidden / 64), n_max): CTA (x, u) multiplies union index u's down rows
@@ -427,18 +463,31 @@ static long mg_x_bytes(int M, int KC)
 	return (long)M * (KC + 8) * 2;
 }
 
-// The launch shape of a call, or false where the kernels do not take it.
+// CTAs of dynamic shared memory smem a multiprocessor holds at once (228 KB, 1 KB of it
+// reserved a CTA, the union's static share; the launch bounds' 4 at most)
+static int mg_ctas_per_sm(int smem)
+{
+	const int per = smem + (int)sizeof(mg_union) + 16 + 1024, n = (228 << 10) / per;
+
+	return n < 4 ? n : 4;
+}
+
+// The launch shape of a call, or false where the kernels do not take it. persist: the
+// gate/up in its persistent form (p->ctas CTAs walking the items: as many as fit at
+// once, at most persist of them where persist > 1).
 bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, int inter,
-			 int n_sm, struct moe_qgemv_plan *p)
+			 int n_sm, int persist, struct moe_qgemv_plan *p)
 {
 	const int sk = fmt == MQ_INT4 ? qs_fmt<K_Q_INT4>::SK : qs_fmt<K_Q_FP8>::SK;
 	const int nst = (hidden + sk - 1) / sk, want = k_cuda_tuning()->moe_qgemv_split;
 	size_t gu_parts, d_parts;
+	double best_bal = 0.;
+	bool best_enough = false;
 	int best = 0;
 
 	if ((fmt != MQ_FP8 && fmt != MQ_INT4) || M < 1 || M > MOE_QGEMV_MAX_M || top_k < 1 ||
 	    M * top_k > MG_PAIRS || n_experts < 1 || hidden < 32 || hidden % 32 ||
-	    inter % MG_ROWS)
+	    inter % MG_ROWS || n_sm < 1)
 		return false;
 	*p = {};
 	p->n_max = n_experts < M * top_k ? n_experts : M * top_k;
@@ -449,21 +498,36 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 		return false;
 	// the fewest K slices whose x slice fits and whose CTAs give every multiprocessor
 	// MG_CTAS_WANTED (else the most that fit); k_cuda_tuning()->moe_qgemv_split, where
-	// it fits, instead
+	// it fits, instead. Persistent, where that many items outnumber the CTAs that fit
+	// at once: the fewest slices whose busiest CTA's items are within 10% of the mean
+	// (items / ctas against ceil(items / ctas)), else the best balanced.
 	for (int S = 1; S <= MG_MAX_SPLIT && S <= nst; S++) {
 		const int kb = (nst + S - 1) / S;
+		const long items = (long)p->gu_tiles * S;
+		const bool enough = items >= (long)MG_CTAS_WANTED * n_sm;
 
 		if ((nst + kb - 1) / kb != S || mg_x_bytes(M, kb * sk) > MG_MAX_X ||
 		    (want && S < want))
 			continue;
-		best = S;
-		p->KC = kb * sk;
-		if (want || (long)p->gu_tiles * S >= (long)MG_CTAS_WANTED * n_sm)
+		const long fit = (long)n_sm * mg_ctas_per_sm(MG_RING + (int)mg_x_bytes(M, kb * sk));
+		const long ctas = persist > 1 && persist < fit ? persist : fit;
+		const double bal = items <= ctas ? 1. : (double)items / ctas /
+							      (double)((items + ctas - 1) / ctas);
+
+		if (!persist || want || !enough || !best_enough || bal > best_bal + 1e-9) {
+			best = S;
+			best_bal = bal;
+			best_enough = enough;
+			p->KC = kb * sk;
+			p->ctas = (int)(items < ctas ? items : ctas);
+		}
+		if (want || (enough && (!persist || bal >= 0.9)))
 			break;
 	}
 	if (!best)
 		return false;
 	p->S = best;
+	p->persist = persist != 0;
 	p->gu_smem = MG_RING + (int)mg_x_bytes(M, p->KC);
 	p->d_smem = MG_RING + (int)mg_x_bytes(M, p->KCd);
 	p->act_floats = (size_t)M * p->n_max * 2 * inter;
@@ -484,6 +548,9 @@ template <int FMT, typename ST>
 static int mg_setup_one(void)
 {
 	K_CUDA_TRY(cudaFuncSetAttribute(mg_gate_up_kernel<FMT, ST>,
+					cudaFuncAttributeMaxDynamicSharedMemorySize,
+					MG_RING + MG_MAX_X));
+	K_CUDA_TRY(cudaFuncSetAttribute(mg_gate_up_persist_kernel<FMT, ST>,
 					cudaFuncAttributeMaxDynamicSharedMemorySize,
 					MG_RING + MG_MAX_X));
 	K_CUDA_TRY(cudaFuncSetAttribute(mg_down_kernel<FMT, ST>,
@@ -511,7 +578,8 @@ bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, i
 
 	if (M > k_cuda_tuning()->moe_qgemv_rows || (wq.fmt != MQ_FP8 && wq.fmt != MQ_INT4) ||
 	    ((uintptr_t)x & 15) ||
-	    !moe_qgemv_make_plan(wq.fmt, M, top_k, n_experts, hidden, inter, ws.n_sm, &p) ||
+	    !moe_qgemv_make_plan(wq.fmt, M, top_k, n_experts, hidden, inter, ws.n_sm,
+				 k_cuda_tuning()->moe_qgemv_persist, &p) ||
 	    !mg_fits(p, ws))
 		return false;
 	for (int j = 0; j < 3; j++)	// whole columns per scale column, any block of rows
@@ -528,6 +596,9 @@ static int mg_launch(cudaStream_t s, const struct moe_qgemv_plan &p, const mg_ar
 	if (a.pair_act)
 		moe_small_m1_gate_up_launch(s, moe_small_m1_gate_up_ctas(a.top_k, a.E, a.I, n_sm),
 					    expert_w, wq, a.x, a.ids, a.top_k, a.E, a.H, a.I, a.act);
+	else if (p.persist)
+		K_CUDA_TRY(k_cuda_launch_pdl(s, dim3(p.ctas), dim3(MG_THREADS), (size_t)p.gu_smem,
+					     mg_gate_up_persist_kernel<FMT, ST>, a, p.S));
 	else
 		K_CUDA_TRY(k_cuda_launch_pdl(s, dim3(p.gu_tiles, p.S), dim3(MG_THREADS),
 					     (size_t)p.gu_smem, mg_gate_up_kernel<FMT, ST>, a));
@@ -546,7 +617,8 @@ int moe_qgemv_run(cudaStream_t s, const struct moe_qgemv_ws &ws, float *out, con
 	struct moe_qgemv_plan p;
 	mg_args a = {};
 
-	if (!moe_qgemv_make_plan(wq.fmt, M, top_k, n_experts, hidden, inter, ws.n_sm, &p) ||
+	if (!moe_qgemv_make_plan(wq.fmt, M, top_k, n_experts, hidden, inter, ws.n_sm,
+				 k_cuda_tuning()->moe_qgemv_persist, &p) ||
 	    !mg_fits(p, ws))
 		return -EINVAL;
 	a.ew = (const uint8_t *const *)expert_w;
