@@ -17,11 +17,13 @@
 #   QG_PART=trace  layer_trace.sh of Qwen3-30B-A3B fp8 batch 1 with the knob 0 and 8
 #   QG_PART=ktrace bench_cuda_moe q's kernels timed one by one (CUPTI; libktrace.so in
 #                  the build): Qwen3-30B-A3B and Kimi-K2 fp8 at M 1 and 8
+#   QG_PART=dense  bench_cuda_linear_q's dense gate/up (36864 x 7168) at M 1 and 8: the
+#                  dense GEMV's rate on a matrix of the union gate/up's size
 #   QG_PART=tests  test_cuda_moe_q quick
 #   QG_PART=quick  a first look: test quick, bench M 1, Qwen3-30B-A3B fp8 decode 0 / 8
 # QG_PART may name several, run in that order ("tests bench sweep check").
 # here: make -C build -j2 all && make -C build -j2 check TESTS= &&
-#       PACK_XZ=1 PACK_SERVE=0 PACK_TESTS="test_cuda_moe_q test_golden bench_cuda_moe" \
+#       PACK_XZ=1 PACK_SERVE=0 PACK_TESTS="test_cuda_moe_q test_golden bench_cuda_moe bench_cuda_linear_q" \
 #       contrib/device/pack.sh build devbuild-qg
 # device run: QG_PART=quick bash contrib/device/moe_qgemv.sh   carry ["devbuild-qg.tar.xz"]
 set -u
@@ -122,6 +124,13 @@ sweep() {	# the gate/up K slices forced, M 1 and 8
 	done
 }
 
+dense() {	# the dense quantized GEMV on a matrix of the union gate/up's size (DeepSeek-V3's
+	# dense gate/up, 36864 x 7168: Kimi-K2's 8 experts' gate/up are 32768 x 7168), M 1, 8
+	step dense 120 "$B/tests/bench/bench_cuda_linear_q" --only "dense gate_up" --m 1,8 \
+		--fmt fp8-block,int4-g32
+	grep -E "gate_up" "$L/dense.log" | cut -c1-220 | tee -a "$S"
+}
+
 quick() {
 	tests_quick
 	QG_BENCH_M=1 bench
@@ -140,6 +149,7 @@ for part in ${QG_PART:-quick}; do
 	sweep) sweep ;;
 	trace) trace ;;
 	ktrace) ktrace ;;
+	dense) dense ;;
 	decode) decode ;;
 	*) say "moe_qgemv.sh: no part $part" ;;
 	esac
