@@ -85,17 +85,6 @@ static inline void moe_set_qgemv(int rows)
 	k_cuda_tuning_set(&t);
 }
 
-/* moe_qgemv_m1 (at one row the union down takes the small path's gate/up), installed:
- * 0 or 1, or -1 for the default (0). */
-static inline void moe_set_qgemv_m1(int on)
-{
-	struct k_cuda_tuning t = *k_cuda_tuning(), def;
-
-	k_cuda_tuning_defaults(&def);
-	t.moe_qgemv_m1 = on >= 0 ? on : def.moe_qgemv_m1;
-	k_cuda_tuning_set(&t);
-}
-
 /* moe_qgemv_persist (the union gate/up as persistent CTAs; > 1: at most that many),
  * installed: >= 0, or -1 for the default (0). */
 static inline void moe_set_qgemv_persist(int v)

@@ -24,8 +24,8 @@
  * (KDEC_MOE_QGEMV_ROWS 0), then again on moe_qgemv.cu's union GEMVs (" qgemv": every
  * model shape and format must take them; x and activations in f16, so QGEMV_TOL 2e-3),
  * with their bits twice the same, a call naming no valid expert at all (zeros), and
- * experts_add_q through them; at one row also with the small path's gate/up
- * (KDEC_MOE_QGEMV_M1 1). Shapes outside the vector
+ * experts_add_q through them; the union gate/up also in its persistent form
+ * (KDEC_MOE_QGEMV_PERSIST 1, and 3: several items a CTA). Shapes outside the vector
  * kernels (the quant goldens' tiny experts 64 x 20 and 96 x 24, an odd 136 x 56, blocks
  * of 96) take the CUDA-core kernels at every M, the same cases. Skips (77) without CUDA or a
  * GPU. KD_TEST_QUICK=1 (for compute-sanitizer): the odd shapes and Qwen3's in fp8-block,
@@ -505,13 +505,6 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 		if (takes) {
 			test_q_qgemv_bits(s, f, &w, ws, 1, 0);
 			test_q_qgemv_bits(s, f, &w, ws, 8, EX_DUP | EX_BAD_ID);
-			/* one row with the small path's gate/up (KDEC_MOE_QGEMV_M1) */
-			moe_set_qgemv_m1(1);
-			test_q_experts(s, f, &w, ws, 1, 0, K_CUDA_MOE_PATH_SMALL, " qgemv m1-gate-up");
-			test_q_experts(s, f, &w, ws, 1, EX_DUP | EX_BAD_ID, K_CUDA_MOE_PATH_SMALL,
-				       " qgemv m1-gate-up");
-			test_q_qgemv_bits(s, f, &w, ws, 1, 0);
-			moe_set_qgemv_m1(-1);
 			/* the persistent gate/up: as many CTAs as fit, then 3 (several items
 			 * a CTA, its slices' partials summed across them) */
 			for (int pc = 0; pc < 2; pc++) {

@@ -9,8 +9,8 @@
 #                  the floor of its bytes
 #   QG_PART=decode kdbench decode (ctx 1024, batch 1 and 8) of Qwen3-30B-A3B and
 #                  DeepSeek-V2-Lite in fp8-block and int4-g32, the Kimi-K2 and DeepSeek-V3
-#                  slices, each in the variants QG_VARIANTS (q0 q8 m1: the knob 0, 8,
-#                  and at batch 1 KDEC_MOE_QGEMV_M1=1; p: KDEC_MOE_QGEMV_PERSIST=1)
+#                  slices, each in the variants QG_VARIANTS (q0 q8: the knob 0, 8;
+#                  p: KDEC_MOE_QGEMV_PERSIST=1)
 #                  (QG_DECODE: model:format pairs; QG_DEC_BATCH: the batches, 1,8)
 #   QG_PART=sweep  bench_cuda_moe q at M 1 and 8 with the gate/up K slices forced
 #                  (KDEC_MOE_QGEMV_SPLIT, QG_SPLITS: 1 2 3 4)
@@ -99,12 +99,10 @@ decode() {	# QG_DECODE: model:format pairs (default: the four MoE models in fp8 
 		deepseek-v2-lite:int4-g32 kimi-k2:fp8-block kimi-k2:int4-g32 deepseek-v3:fp8-block
 		deepseek-v3:int4-g32}; do
 		m=${r%%:*} f=${r#*:}
-		for v in ${QG_VARIANTS:-q0 q8 m1}; do
+		for v in ${QG_VARIANTS:-q0 q8}; do
 			case $v in
 			q0) dec "${m}_${f}_q0" $m $bt $f KDEC_MOE_QGEMV_ROWS=0 ;;
 			q8) dec "${m}_${f}_q8" $m $bt $f KDEC_MOE_QGEMV_ROWS=8 ;;
-			# the small path's gate/up feeding the union down at one row
-			m1) dec "${m}_${f}_q8m1" $m 1 $f KDEC_MOE_QGEMV_ROWS=8 KDEC_MOE_QGEMV_M1=1 ;;
 			# the persistent gate/up
 			p) dec "${m}_${f}_q8p" $m $bt $f KDEC_MOE_QGEMV_ROWS=8 KDEC_MOE_QGEMV_PERSIST=1 ;;
 			*) say "moe_qgemv.sh: no decode variant $v" ;;

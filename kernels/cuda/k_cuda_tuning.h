@@ -162,12 +162,6 @@ struct k_cuda_tuning {
 				 * 12.882 -> 10.392, int4 batch 8 8.859 -> 4.590; DeepSeek-V2-Lite
 				 * fp8 batch 1 2.951 -> 2.454; Kimi-K2's MoE layer at batch 1
 				 * 331.0 -> 279.8 us */
-	int moe_qgemv_m1;	/* KDEC_MOE_QGEMV_M1, flag, 0: 1 lets moe_qgemv.cu's down take,
-				 * at one row, the small path's gate/up (moe_small_m1.cu's kernel
-				 * alone timed faster than the union's: Kimi-K2 fp8 101.8 against
-				 * 124.1 us on an H100) and its fp32 SwiGLU activations. Built
-				 * after session 19's last device call: not yet run on a GPU, so
-				 * off until test_cuda_moe_q and a decode A/B have */
 	int moe_qgemv_persist;	/* KDEC_MOE_QGEMV_PERSIST, 0.., 0: 1 runs moe_qgemv.cu's gate/up
 				 * as persistent CTAs (as many as fit at once, each walking its
 				 * (64 rows, K slice) items; the split chosen to balance them)

@@ -56,7 +56,6 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.moe_qtile_bf16 = 0;
 	t.moe_qgemv_rows = 8;
 	t.moe_qgemv_split = 0;
-	t.moe_qgemv_m1 = 0;
 	t.moe_qgemv_persist = 0;
 	t.moe_lat_prefetch_mb = 0;
 	t.op_times = 0;
@@ -157,7 +156,6 @@ static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_MOE_QTILE_BF16", moe_qtile_bf16),
 	TUN_INT("KDEC_MOE_QGEMV_ROWS", moe_qgemv_rows, 0, 8),
 	TUN_INT("KDEC_MOE_QGEMV_SPLIT", moe_qgemv_split, 0, 8),
-	TUN_FLAG("KDEC_MOE_QGEMV_M1", moe_qgemv_m1),
 	TUN_INT("KDEC_MOE_QGEMV_PERSIST", moe_qgemv_persist, 0, 1 << 20),
 	TUN_INT("KDEC_MOE_LAT_PREFETCH_MB", moe_lat_prefetch_mb, 0, 1024),
 	TUN_INT("KDEC_CUDA_OP_TIMES", op_times, 0, 2),

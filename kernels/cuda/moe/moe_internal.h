@@ -88,13 +88,6 @@ void moe_small_gate_up_launch(cudaStream_t s, int ctas, int rp,
 // budget), their one-time set-up (0 or -EIO), and the two launches (gate/up on
 // gate_up_ctas CTAs, then down; its error, if any, is the runtime's last error).
 bool moe_small_m1_fits(int top_k, int n_experts, int hidden, int inter, int sh_inter);
-// Its gate/up alone (no shared expert), for moe_qgemv.cu's down: act (top_k, inter) the
-// pairs' SwiGLU activations in fp32; and the CTAs k_cuda_moe_small_run would give it.
-void moe_small_m1_gate_up_launch(cudaStream_t s, int gate_up_ctas,
-				 const uint16_t *const *expert_w, const struct moe_wq &wq,
-				 const float *x, const int32_t *ids, int top_k, int n_experts,
-				 int hidden, int inter, float *act);
-int moe_small_m1_gate_up_ctas(int top_k, int n_experts, int inter, int n_sm);
 int moe_small_m1_setup(void);
 void moe_small_m1_launch(cudaStream_t s, int gate_up_ctas, const uint16_t *const *expert_w,
 			 const struct moe_wq &wq, const float *x, const int32_t *ids, const float *weights, int top_k,

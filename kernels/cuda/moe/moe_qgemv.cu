@@ -20,9 +20,6 @@
 //     silu(gate) * up of the rows that chose it (zeros for the others), staged as f16,
 //     its partial tile to the workspace; the last CTA of an output tile adds each row's
 //     pairs in increasing expert id, weighted (out overwritten, or += with add).
-// At one row with k_cuda_tuning()->moe_qgemv_m1 (KDEC_MOE_QGEMV_M1, off: not yet run on
-// a GPU) gate/up is the small path's (moe_small_m1.cu, timed faster alone: Kimi-K2 fp8
-// 101.8 against 124.1 us) and down stages its pairs' fp32 SwiGLU rows.
 // With k_cuda_tuning()->moe_qgemv_persist (KDEC_MOE_QGEMV_PERSIST, off: not yet run on a
 // GPU) gate/up runs as persistent CTAs, as many as fit at once, each making the union
 // once and walking its (tile, slice) items, the slices chosen so the items spread evenly
@@ -83,7 +80,6 @@ struct mg_union {
 	int u[MG_PAIRS];		// pair i's union index (-1: none)
 	int used[MG_PAIRS];		// union index -> expert, increasing
 	unsigned rows[MG_PAIRS];	// union index -> bit m: row m chose it
-	int slot[MG_PAIRS];		// union index -> its first pair
 	unsigned char first[MG_PAIRS];	// pair i is its expert's first
 	unsigned char ord[MG_PAIRS];	// row m's slots by union index, at m * top_k
 };
@@ -125,7 +121,6 @@ __device__ void mg_union_make(mg_union &un, const int32_t *ids, int M, int top_k
 			atomicOr(&un.rows[r], 1u << (i / top_k));
 			if (un.first[i]) {
 				un.used[r] = v;
-				un.slot[r] = i;
 				atomicAdd(&un.n_used, 1);
 			}
 		}
@@ -162,8 +157,7 @@ struct mg_args {
 	const int32_t *ids;		// (M, top_k)
 	const float *wts;		// (M, top_k)
 	const float *x;			// (M, hidden)
-	float *act;		// (M, n_max * 2 inter) gate/up out: u's gate at u * 2 inter;
-				// pair_act: (top_k, inter) SwiGLU out of pair j at j * inter
+	float *act;			// (M, n_max * 2 inter) gate/up out: u's gate at u * 2 inter
 	float *part;			// partial tiles, MG_PART floats each
 	unsigned *cnt_gu, *cnt_d;	// arrival counts of gate/up and down tiles, zero between
 	float *out;			// (M, hidden)
@@ -172,7 +166,6 @@ struct mg_args {
 					// gridDim.y)
 	int KCd;			// down: inter rounded up to whole stages
 	int add;			// out += (else out =)
-	int pair_act;		// M = 1: act is moe_small_m1.cu's gate/up's (pairs, SwiGLU)
 	int brows[3], kshift[3], scols[3];	// moe_wq's, per matrix
 };
 
@@ -394,14 +387,8 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_down_kernel(mg_args a)
 	}
 	if (uix >= un.n_used)
 		return;
-	if (a.pair_act)	// one row: its expert's pair's activations, formed already
-		mg_stage_x<FMT, false>((uint4 *)(mg_smem + MG_RING),
-				       a.act + (size_t)un.slot[uix] * a.I, (size_t)a.I, 0, 1, 1u, a.I,
-				       0, a.KCd);
-	else
-		mg_stage_x<FMT, true>((uint4 *)(mg_smem + MG_RING), a.act + (size_t)uix * 2 * a.I,
-				      (size_t)a.n_max * 2 * a.I, a.I, a.M, un.rows[uix], a.I, 0,
-				      a.KCd);
+	mg_stage_x<FMT, true>((uint4 *)(mg_smem + MG_RING), a.act + (size_t)uix * 2 * a.I,
+			      (size_t)a.n_max * 2 * a.I, a.I, a.M, un.rows[uix], a.I, 0, a.KCd);
 	mg_run<FMT, ST>(qw, (const uint4 *)(mg_smem + MG_RING), a.M, a.KCd, acc);
 
 	float *part = a.part + ((size_t)tile * a.n_max + uix) * MG_PART;
@@ -588,15 +575,10 @@ bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, i
 	return true;
 }
 
-// wq, expert_w, n_sm: moe_qgemv_run's (a.pair_act: the small path's gate/up instead)
 template <int FMT, typename ST>
-static int mg_launch(cudaStream_t s, const struct moe_qgemv_plan &p, const mg_args &a,
-		     const struct moe_wq &wq, const uint16_t *const *expert_w, int n_sm)
+static int mg_launch(cudaStream_t s, const struct moe_qgemv_plan &p, const mg_args &a)
 {
-	if (a.pair_act)
-		moe_small_m1_gate_up_launch(s, moe_small_m1_gate_up_ctas(a.top_k, a.E, a.I, n_sm),
-					    expert_w, wq, a.x, a.ids, a.top_k, a.E, a.H, a.I, a.act);
-	else if (p.persist)
+	if (p.persist)
 		K_CUDA_TRY(k_cuda_launch_pdl(s, dim3(p.ctas), dim3(MG_THREADS), (size_t)p.gu_smem,
 					     mg_gate_up_persist_kernel<FMT, ST>, a, p.S));
 	else
@@ -640,19 +622,14 @@ int moe_qgemv_run(cudaStream_t s, const struct moe_qgemv_ws &ws, float *out, con
 	a.KC = p.KC;
 	a.KCd = p.KCd;
 	a.add = add;
-	// one row: the small path's gate/up, where its kernel takes the shape (the act
-	// buffer holds top_k rows of inter: n_max * 2 inter >= top_k * inter)
-	a.pair_act = M == 1 && k_cuda_tuning()->moe_qgemv_m1 &&
-		     moe_small_m1_fits(top_k, n_experts, hidden, inter, 0) &&
-		     (size_t)top_k * inter <= ws.act_floats;
 	for (int j = 0; j < 3; j++) {
 		a.brows[j] = wq.brows[j];
 		a.kshift[j] = wq.kshift[j];
 		a.scols[j] = wq.scols[j];
 	}
 	if (wq.fmt == MQ_INT4)
-		return wq.sbf16 ? mg_launch<K_Q_INT4, __nv_bfloat16>(s, p, a, wq, expert_w, ws.n_sm)
-				: mg_launch<K_Q_INT4, float>(s, p, a, wq, expert_w, ws.n_sm);
-	return wq.sbf16 ? mg_launch<K_Q_FP8, __nv_bfloat16>(s, p, a, wq, expert_w, ws.n_sm)
-			: mg_launch<K_Q_FP8, float>(s, p, a, wq, expert_w, ws.n_sm);
+		return wq.sbf16 ? mg_launch<K_Q_INT4, __nv_bfloat16>(s, p, a)
+				: mg_launch<K_Q_INT4, float>(s, p, a);
+	return wq.sbf16 ? mg_launch<K_Q_FP8, __nv_bfloat16>(s, p, a)
+			: mg_launch<K_Q_FP8, float>(s, p, a);
 }

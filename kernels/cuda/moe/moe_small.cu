@@ -254,40 +254,26 @@ int k_cuda_moe_small_setup(void)
 // row (M = 1) takes the general register kernels rather than moe_small_m1.cu's pipelined
 // pair (same results bit for bit).
 
-// The small path's gate/up CTAs: one wave at SM_CTAS_PER_SM, but no CTA with less than
-// a feature per warp at the most experts (n pairs, the shared expert sh_inter wide).
-static int small_gate_up_ctas(int n, int n_experts, int inter, int sh_inter, int n_sm)
-{
-	const int max_used = n < n_experts ? n : n_experts;
-	const long long most = (long long)max_used * ((inter + SM_WARPS - 1) / SM_WARPS) +
-			       (sh_inter + SM_WARPS - 1) / SM_WARPS;
-	const int ctas = SM_CTAS_PER_SM * (n_sm > 0 ? n_sm : 1);
-
-	return ctas < most ? ctas : (int)most;
-}
-
-int moe_small_m1_gate_up_ctas(int top_k, int n_experts, int inter, int n_sm)
-{
-	const int ctas = small_gate_up_ctas(top_k, n_experts, inter, 0, n_sm);
-	const int gu = k_cuda_tuning()->moe_m1_gu_ctas * (n_sm > 0 ? n_sm : 1);
-
-	return gu < ctas ? gu : ctas;
-}
-
 int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x, int M,
 			 const int32_t *ids, const float *weights, int top_k,
 			 const uint16_t *const *expert_w, const struct moe_wq &wq, int n_experts,
 			 int hidden, int inter, const struct moe_small_shared &sh, int add, int n_sm)
 {
-	const int n = M * top_k, ctas = small_gate_up_ctas(n, n_experts, inter, sh.inter, n_sm);
+	int n = M * top_k, max_used = n < n_experts ? n : n_experts;
+	// One wave at SM_CTAS_PER_SM, but no CTA with less than a feature per warp at the
+	// most experts; staged x rows bounded by the rows an expert can get (router ids
+	// are distinct per row; the shared expert has every row) and by the shared-memory
+	// budget.
+	long long most = (long long)max_used * ((inter + SM_WARPS - 1) / SM_WARPS) +
+			 (sh.inter + SM_WARPS - 1) / SM_WARPS;
+	int ctas = SM_CTAS_PER_SM * (n_sm > 0 ? n_sm : 1);
 	const struct k_cuda_tuning *tun = k_cuda_tuning();
-	// staged x rows bounded by the rows an expert can get (router ids are distinct per
-	// row; the shared expert has every row) and by the shared-memory budget
 	int rp = SM_X_SMEM_MAX / (hidden * (int)sizeof(float));
 	int ret;
 
 	rp = rp < M ? rp : M;
 	// A failed launch is also the runtime's last error, which K_CUDA_LAUNCHED reports.
+	ctas = ctas < most ? ctas : (int)most;
 	if (M == 1 && tun->moe_m1 &&
 	    moe_small_m1_fits(top_k, n_experts, hidden, inter, sh.inter)) {
 		// KDEC_MOE_M1_GU_CTAS: fewer gate/up CTAs an SM, room for a down CTA beside them

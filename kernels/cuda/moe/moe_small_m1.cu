@@ -303,38 +303,6 @@ int moe_small_m1_setup(void)
 }
 
 template <int F>
-static void m1_gate_up_launch_fmt(cudaStream_t s, int gate_up_ctas,
-				  const uint16_t *const *expert_w, const struct moe_wq &wq,
-				  const float *x, const int32_t *ids, int top_k, int n_experts,
-				  int hidden, int inter, float *act, const struct moe_small_shared &sh)
-{
-	const struct k_cuda_tuning *tun = k_cuda_tuning();
-
-	k_cuda_launch_pdl(s, dim3(gate_up_ctas), dim3(SM_THREADS), (size_t)hidden * sizeof(float),
-			  m1_gate_up_kernel<F>, expert_w, wq, x, ids, top_k, n_experts, hidden,
-			  inter, act, sh, (int)(tun->moe_m1_bal != 0),
-			  (int)(tun->moe_sh_down_early != 0));
-}
-
-void moe_small_m1_gate_up_launch(cudaStream_t s, int gate_up_ctas,
-				 const uint16_t *const *expert_w, const struct moe_wq &wq,
-				 const float *x, const int32_t *ids, int top_k, int n_experts,
-				 int hidden, int inter, float *act)
-{
-	const moe_small_shared none = {};
-
-	if (wq.fmt == MQ_FP8)
-		m1_gate_up_launch_fmt<MQ_FP8>(s, gate_up_ctas, expert_w, wq, x, ids, top_k,
-					      n_experts, hidden, inter, act, none);
-	else if (wq.fmt == MQ_INT4)
-		m1_gate_up_launch_fmt<MQ_INT4>(s, gate_up_ctas, expert_w, wq, x, ids, top_k,
-					       n_experts, hidden, inter, act, none);
-	else
-		m1_gate_up_launch_fmt<MQ_BF16>(s, gate_up_ctas, expert_w, wq, x, ids, top_k,
-					       n_experts, hidden, inter, act, none);
-}
-
-template <int F>
 static void m1_launch_fmt(cudaStream_t s, int gate_up_ctas, const uint16_t *const *expert_w,
 			  const struct moe_wq &wq, const float *x, const int32_t *ids,
 			  const float *weights, int top_k, int n_experts, int hidden, int inter,
@@ -344,8 +312,9 @@ static void m1_launch_fmt(cudaStream_t s, int gate_up_ctas, const uint16_t *cons
 	int bal = tun->moe_m1_bal != 0;
 
 	// Launch order: gate/up, then down at once (see small_down_kernel's launch).
-	m1_gate_up_launch_fmt<F>(s, gate_up_ctas, expert_w, wq, x, ids, top_k, n_experts, hidden,
-				 inter, act, sh);
+	k_cuda_launch_pdl(s, dim3(gate_up_ctas), dim3(SM_THREADS), (size_t)hidden * sizeof(float),
+			  m1_gate_up_kernel<F>, expert_w, wq, x, ids, top_k, n_experts, hidden,
+			  inter, act, sh, bal, (int)(tun->moe_sh_down_early != 0));
 	if (cudaPeekAtLastError() != cudaSuccess)
 		return;
 	k_cuda_launch_pdl(s, dim3(hidden / SM_DCOLS), dim3(SM_THREADS),
