@@ -168,6 +168,12 @@ struct k_cuda_tuning {
 				 * instead of a CTA an item: Kimi-K2's 512 gate/up tiles at one
 				 * row are 1.3 waves of one-item CTAs; N > 1: at most N CTAs
 				 * (tests: several items a CTA). Not yet run on a GPU */
+	int moe_qgemv_ptab;	/* KDEC_MOE_QGEMV_PTAB, flag, 0: 1 lets moe_qgemv.cu's gate/up copy
+				 * every expert's gate and up pointers into shared memory before
+				 * its PDL wait (up to 128 experts: 4 KB), taking one dependent
+				 * round trip out of the chain after the routing (ids, then the
+				 * expert's pointers, then its first stages). Not yet run on a
+				 * GPU */
 	int moe_qgemv_split;	/* KDEC_MOE_QGEMV_SPLIT, 0..8, 0: moe_qgemv.cu's gate/up K
 				 * slices from its plan (the fewest giving every SM two CTAs);
 				 * N: at least N where the x slice fits (for measuring) */

@@ -15,7 +15,8 @@
  * path on moe_qtile.cu's tile kernels at every M ("qtile", KDEC_MOE_QTILE_ROWS set to the
  * call's rows), and quantized experts at M <= 8 on moe_qgemv.cu's GEMVs over the chosen
  * experts' union ("qgemv"; "small" is then the small path's own kernels,
- * KDEC_MOE_QGEMV_ROWS 0; "qgemv-p" with the persistent gate/up, KDEC_MOE_QGEMV_PERSIST 1).
+ * KDEC_MOE_QGEMV_ROWS 0; "qgemv-p" with the persistent gate/up, KDEC_MOE_QGEMV_PERSIST 1;
+ * "qgemv-t" with gate/up's pointer table, KDEC_MOE_QGEMV_PTAB 1; "qgemv-pt" both).
  * Usage: bench_cuda_moe [lat | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
  * shapes whose name contains SHAPE, M rows (0: all), FORMAT bf16, fp8-block or int4-g32;
  * for ncu).
@@ -448,6 +449,12 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 					moe_set_qgemv_persist(1);	/* persistent gate/up */
 					time_q(&shapes[i], fmts[f], M, "qgemv-p");
 					moe_set_qgemv_persist(-1);
+					moe_set_qgemv_ptab(1);	/* pointer table before the wait */
+					time_q(&shapes[i], fmts[f], M, "qgemv-t");
+					moe_set_qgemv_persist(1);
+					time_q(&shapes[i], fmts[f], M, "qgemv-pt");
+					moe_set_qgemv_persist(-1);
+					moe_set_qgemv_ptab(-1);
 				}
 				/* the grouped path on moe_qtile.cu's tile kernels, at every M (where
 				 * auto takes the small path too: plan and combine launches included) */
