@@ -86,7 +86,7 @@ static inline void moe_set_qgemv(int rows)
 }
 
 /* moe_qgemv_persist (the union gate/up as persistent CTAs; > 1: at most that many),
- * installed: >= 0, or -1 for the default (0). */
+ * installed: >= 0, or -1 for the default (1). */
 static inline void moe_set_qgemv_persist(int v)
 {
 	struct k_cuda_tuning t = *k_cuda_tuning(), def;

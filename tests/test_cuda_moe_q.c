@@ -490,6 +490,7 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 	 * the shape (every model shape and format: expect_qtile; the odd ones decline and
 	 * run the small path's kernels at their tolerance) */
 	moe_set_qgemv(8);
+	moe_set_qgemv_persist(0);	/* gate/up a CTA an item; its other forms below */
 	{
 		const int takes = k_cuda_moe_qgemv_takes(ws, &qs, 8);
 
@@ -525,10 +526,10 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 				test_q_qgemv_bits(s, f, &w, ws, 8, EX_DUP | EX_BAD_ID);
 			}
 			moe_set_qgemv_ptab(-1);
-			moe_set_qgemv_persist(-1);
 		}
 		expert_tol = EXPERT_TOL;
 	}
+	moe_set_qgemv_persist(-1);
 	moe_set_qgemv(-1);
 	/* the grouped path on expert_mma_kernel, then on moe_qtile.cu's tile kernels where
 	 * they take the shapes (the call says which: it falls back where they do not) */

@@ -10,7 +10,8 @@
 #   QG_PART=decode kdbench decode (ctx 1024, batch 1 and 8) of Qwen3-30B-A3B and
 #                  DeepSeek-V2-Lite in fp8-block and int4-g32, the Kimi-K2 and DeepSeek-V3
 #                  slices, each in the variants QG_VARIANTS (q0 q8: the knob 0, 8;
-#                  p: KDEC_MOE_QGEMV_PERSIST=1; t: KDEC_MOE_QGEMV_PTAB=1; pt: both)
+#                  p / p0: KDEC_MOE_QGEMV_PERSIST=1 / 0; t: KDEC_MOE_QGEMV_PTAB=1;
+#                  pt: PERSIST=1 and PTAB=1)
 #                  (QG_DECODE: model:format pairs; QG_DEC_BATCH: the batches, 1,8)
 #   QG_PART=sweep  bench_cuda_moe q at M 1 and 8 with the gate/up K slices forced
 #                  (KDEC_MOE_QGEMV_SPLIT, QG_SPLITS: 1 2 3 4)
@@ -19,6 +20,10 @@
 #                  the build): Qwen3-30B-A3B and Kimi-K2 fp8 at M 1 and 8
 #   QG_PART=dense  bench_cuda_linear_q's dense gate/up (36864 x 7168) at M 1 and 8: the
 #                  dense GEMV's rate on a matrix of the union gate/up's size
+#   QG_PART=compact bench_cuda_moe q at M 1 on Kimi-K2's experts, 8 of 384 spread over
+#                  17 GB against only the 8 allocated; the dense GEMV of that size with
+#                  KDEC_CUDA_PDL 1 and 0
+#   QG_PART=memcheck test_cuda_moe_q quick under compute-sanitizer memcheck, test_golden
 #   QG_PART=tests  test_cuda_moe_q quick
 #   QG_PART=quick  a first look: test quick, bench M 1, Qwen3-30B-A3B fp8 decode 0 / 8
 # QG_PART may name several, run in that order ("tests bench sweep check").
@@ -85,10 +90,22 @@ check() {
 	verdicts golden 5
 }
 
-bench() {
+memcheck_golden() {
+	step memcheck 150 env KD_TEST_QUICK=1 "$CS" --tool memcheck --error-exitcode 9 \
+		"$B/tests/test_cuda_moe_q"
+	verdicts memcheck
+	step golden 150 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
+	verdicts golden 5
+}
+
+bench() {	# QG_BENCH_M: the rows (1 8); QG_BENCH_SHAPES: name substrings (all)
+	local m sh
 	for m in ${QG_BENCH_M:-1 8}; do
-		step "bench_m$m" 120 "$B/tests/bench/bench_cuda_moe" q "" "$m"
-		grep "moe_q time" "$L/bench_m$m.log" | cut -c1-200 | tee -a "$S"
+		for sh in ${QG_BENCH_SHAPES:-all}; do
+			[ "$sh" = all ] && sh=
+			step "bench_m$m$sh" 120 "$B/tests/bench/bench_cuda_moe" q "$sh" "$m"
+			grep "moe_q time" "$L/bench_m$m$sh.log" | cut -c1-200 | tee -a "$S"
+		done
 	done
 }
 
@@ -105,6 +122,7 @@ decode() {	# QG_DECODE: model:format pairs (default: the four MoE models in fp8 
 			q8) dec "${m}_${f}_q8" $m $bt $f KDEC_MOE_QGEMV_ROWS=8 ;;
 			# the persistent gate/up
 			p) dec "${m}_${f}_q8p" $m $bt $f KDEC_MOE_QGEMV_ROWS=8 KDEC_MOE_QGEMV_PERSIST=1 ;;
+			p0) dec "${m}_${f}_q8p0" $m $bt $f KDEC_MOE_QGEMV_ROWS=8 KDEC_MOE_QGEMV_PERSIST=0 ;;
 			# the pointer table before the wait, alone and with the persistent form
 			t) dec "${m}_${f}_q8t" $m $bt $f KDEC_MOE_QGEMV_ROWS=8 KDEC_MOE_QGEMV_PTAB=1 ;;
 			pt) dec "${m}_${f}_q8pt" $m $bt $f KDEC_MOE_QGEMV_ROWS=8 KDEC_MOE_QGEMV_PERSIST=1 \
@@ -133,6 +151,19 @@ dense() {	# the dense quantized GEMV on a matrix of the union gate/up's size (De
 	grep -E "gate_up" "$L/dense.log" | cut -c1-220 | tee -a "$S"
 }
 
+compact() {	# Kimi-K2's experts at M 1: 8 of 384 spread over 17 GB against only the 8
+	# allocated (352 MB), and the dense GEMV of that size with and without PDL
+	for sh in "kimi-k2 7168" kimi-k2-compact; do
+		step "bench_$(echo $sh | tr ' ' _)" 90 "$B/tests/bench/bench_cuda_moe" q "$sh" 1
+		grep "moe_q time.*qgemv" "$L/bench_$(echo $sh | tr ' ' _).log" | cut -c1-200 | tee -a "$S"
+	done
+	for pdl in 1 0; do
+		step "dense_pdl$pdl" 90 env KDEC_CUDA_PDL=$pdl "$B/tests/bench/bench_cuda_linear_q" \
+			--only "dense gate_up" --m 1 --fmt fp8-block
+		grep -E "gate_up" "$L/dense_pdl$pdl.log" | sed "s/^/pdl $pdl /" | cut -c1-200 | tee -a "$S"
+	done
+}
+
 quick() {
 	tests_quick
 	QG_BENCH_M=1 bench
@@ -147,11 +178,13 @@ for part in ${QG_PART:-quick}; do
 	quick) quick ;;
 	tests) tests_quick ;;
 	check) check ;;
+	memcheck) memcheck_golden ;;
 	bench) bench ;;
 	sweep) sweep ;;
 	trace) trace ;;
 	ktrace) ktrace ;;
 	dense) dense ;;
+	compact) compact ;;
 	decode) decode ;;
 	*) say "moe_qgemv.sh: no part $part" ;;
 	esac

@@ -14,8 +14,9 @@
  * auto path ("small" up to 64 pairs, else "grouped": expert_mma_kernel), then the grouped
  * path on moe_qtile.cu's tile kernels at every M ("qtile", KDEC_MOE_QTILE_ROWS set to the
  * call's rows), and quantized experts at M <= 8 on moe_qgemv.cu's GEMVs over the chosen
- * experts' union ("qgemv"; "small" is then the small path's own kernels,
- * KDEC_MOE_QGEMV_ROWS 0; "qgemv-p" with the persistent gate/up, KDEC_MOE_QGEMV_PERSIST 1;
+ * experts' union ("qgemv", gate/up a CTA an item, KDEC_MOE_QGEMV_PERSIST 0; "small" is
+ * then the small path's own kernels, KDEC_MOE_QGEMV_ROWS 0; "qgemv-p" with the persistent
+ * gate/up where it differs, KDEC_MOE_QGEMV_PERSIST 1;
  * "qgemv-t" with gate/up's pointer table, KDEC_MOE_QGEMV_PTAB 1; "qgemv-pt" both).
  * Usage: bench_cuda_moe [lat | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
  * shapes whose name contains SHAPE, M rows (0: all), FORMAT bf16, fp8-block or int4-g32;
@@ -424,6 +425,9 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 		{ "v2-lite 2048x1408 E64 k6", 2048, 1408, 64, 6 },
 		{ "deepseek-v3 7168x2048 E256 k8", 7168, 2048, 256, 8 },
 		{ "kimi-k2 7168x2048 E384 k8", 7168, 2048, 384, 8 },
+		/* only when SHAPE names it: Kimi-K2's experts but only the 8 chosen ones
+		 * allocated (352 MB in one buffer, not 8 of 384 spread over 17 GB) */
+		{ "kimi-k2-compact 7168x2048 E8 k8", 7168, 2048, 8, 8 },
 	};
 	const enum k_qfmt fmts[] = { K_Q_NONE, K_Q_FP8, K_Q_INT4 };
 
@@ -436,7 +440,8 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 				const char *fn = fmts[f] == K_Q_FP8 ? "fp8-block" : fmts[f] == K_Q_INT4 ? "int4-g32" : "bf16";
 
 				if ((only && !strstr(shapes[i].name, only)) || (only_M && M != only_M) ||
-				    (only_f && strcmp(fn, only_f)))
+				    (only_f && strcmp(fn, only_f)) ||
+				    (strstr(shapes[i].name, "compact") && !(only && strstr(only, "compact"))))
 					continue;
 				moe_set_qtile(0);
 				moe_set_qgemv(0);
@@ -445,10 +450,12 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 				moe_set_qgemv(-1);
 				/* moe_qgemv.cu's union GEMVs where they take the call */
 				if (fmts[f] != K_Q_NONE && M <= 8) {
+					moe_set_qgemv_persist(0);	/* one item a CTA */
 					time_q(&shapes[i], fmts[f], M, "qgemv");
 					moe_set_qgemv_persist(1);	/* persistent gate/up */
 					time_q(&shapes[i], fmts[f], M, "qgemv-p");
 					moe_set_qgemv_persist(-1);
+					moe_set_qgemv_persist(0);
 					moe_set_qgemv_ptab(1);	/* pointer table before the wait */
 					time_q(&shapes[i], fmts[f], M, "qgemv-t");
 					moe_set_qgemv_persist(1);

@@ -549,7 +549,9 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 	if (!best)
 		return false;
 	p->S = best;
-	p->persist = persist != 0;
+	// persistent only where the items outnumber the CTAs that fit (else it is the
+	// plain grid with a loop around it)
+	p->persist = persist && (long)p->gu_tiles * best > p->ctas;
 	p->ptab = ptab > 0;
 	p->gu_smem = MG_RING + (int)mg_x_bytes(M, p->KC) + ptab;
 	p->d_smem = MG_RING + (int)mg_x_bytes(M, p->KCd);
