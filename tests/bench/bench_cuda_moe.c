@@ -17,7 +17,7 @@
  * experts' union ("qgemv", gate/up a CTA an item, KDEC_MOE_QGEMV_PERSIST 0; "small" is
  * then the small path's own kernels, KDEC_MOE_QGEMV_ROWS 0; "qgemv-p" with the persistent
  * gate/up where it differs, KDEC_MOE_QGEMV_PERSIST 1;
- * "qgemv-t" with gate/up's pointer table, KDEC_MOE_QGEMV_PTAB 1; "qgemv-pt" both).
+ * "qgemv-pl" persistent with SM-local items, KDEC_MOE_QGEMV_SMLOCAL 1).
  * Usage: bench_cuda_moe [lat | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
  * shapes whose name contains SHAPE, M rows (0: all), FORMAT bf16, fp8-block or int4-g32;
  * for ncu).
@@ -454,14 +454,10 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 					time_q(&shapes[i], fmts[f], M, "qgemv");
 					moe_set_qgemv_persist(1);	/* persistent gate/up */
 					time_q(&shapes[i], fmts[f], M, "qgemv-p");
+					moe_set_qgemv_smlocal(1);	/* SM-local items */
+					time_q(&shapes[i], fmts[f], M, "qgemv-pl");
+					moe_set_qgemv_smlocal(-1);
 					moe_set_qgemv_persist(-1);
-					moe_set_qgemv_persist(0);
-					moe_set_qgemv_ptab(1);	/* pointer table before the wait */
-					time_q(&shapes[i], fmts[f], M, "qgemv-t");
-					moe_set_qgemv_persist(1);
-					time_q(&shapes[i], fmts[f], M, "qgemv-pt");
-					moe_set_qgemv_persist(-1);
-					moe_set_qgemv_ptab(-1);
 				}
 				/* the grouped path on moe_qtile.cu's tile kernels, at every M (where
 				 * auto takes the small path too: plan and combine launches included) */

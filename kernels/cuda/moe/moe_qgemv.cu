@@ -70,7 +70,6 @@
 #define MG_PAIRS	64			/* M * top_k, at most */
 #define MG_PART		(MOE_QGEMV_MAX_M * MG_ROWS)	/* floats of a partial tile */
 #define MG_CTAS_WANTED	2			/* gate/up CTAs a multiprocessor, at least */
-#define MG_PTAB_MAX	128	/* experts whose gate/up pointers gate/up copies before its wait */
 
 namespace {	// kernels and their helpers stay private to this file
 
@@ -167,9 +166,6 @@ struct mg_args {
 					// gridDim.y)
 	int KCd;			// down: inter rounded up to whole stages
 	int add;			// out += (else out =)
-	int ptab;		// gate/up: the experts' gate and up payload and scale pointers,
-				// (E, 2) each, in shared memory past the x slice, copied before
-				// the wait (E <= MG_PTAB_MAX; 0: read where used)
 	int brows[3], kshift[3], scols[3];	// moe_wq's, per matrix
 };
 
@@ -256,29 +252,6 @@ __device__ __forceinline__ void mg_run(const qs_warp<FMT, ST, qf_args, MG_AHEAD>
 	cp_async_wait<0>();
 }
 
-// The gate/up pointer table's place in dynamic shared memory: past the ring and the x
-// slice (a.ptab).
-__device__ __forceinline__ unsigned char *mg_ptab(const mg_args &a, unsigned char *smem)
-{
-	return smem + MG_RING + (size_t)a.M * (a.KC + 8) * 2;
-}
-
-// Every thread of the CTA, before the PDL wait (pointers to weights): the table of every
-// expert's gate and up payload pointers, then their scale pointers, (E, 2) each. The
-// union made after the wait synchronises the CTA before any read.
-__device__ __forceinline__ void mg_ptab_fill(const mg_args &a, unsigned char *smem)
-{
-	const uint8_t **tw = (const uint8_t **)mg_ptab(a, smem);
-	const void **ts = (const void **)(tw + 2 * a.E);
-
-	if (!a.ptab)
-		return;
-	for (int i = threadIdx.x; i < 2 * a.E; i += MG_THREADS) {
-		tw[i] = k_cuda_pdl_early(a.ew + 3 * (i >> 1) + (i & 1));
-		ts[i] = k_cuda_pdl_early(a.es + 3 * (i >> 1) + (i & 1));
-	}
-}
-
 // One gate/up item: the 64 rows of tile `tile` (union index tile / (2 inter / 64)'s gate
 // or up rows) times K slice s of S, to act (one slice) or its partial tile (the last of
 // the tile's S CTAs sums them in split order). The whole CTA; un made, uix < n_used.
@@ -290,12 +263,9 @@ __device__ __forceinline__ void mg_gate_up_item(const mg_args &a, const mg_union
 	const int tpe = 2 * a.I / MG_ROWS, uix = tile / tpe, r0 = tile % tpe * MG_ROWS;
 	const int j = r0 < a.I ? 0 : 1, e = un.used[uix];
 	const qf_args q = mg_qf<FMT>(a, j, a.I, a.H, a.KC);
-	const uint8_t *const *tw = (const uint8_t *const *)mg_ptab(a, smem);
-	const void *const *ts = (const void *const *)(tw + 2 * a.E);
-	const qs_warp<FMT, ST, qf_args, MG_AHEAD> qw(
-		q, a.ptab ? tw[2 * e + j] : a.ew[3 * e + j],
-		(const ST *)(a.ptab ? ts[2 * e + j] : a.es[3 * e + j]),
-		smem + warp * MG_STAGES * QS_WSTAGE, r0 - j * a.I + warp * 16, s * a.KC);
+	const qs_warp<FMT, ST, qf_args, MG_AHEAD> qw(q, a.ew[3 * e + j], (const ST *)a.es[3 * e + j],
+						      smem + warp * MG_STAGES * QS_WSTAGE,
+						      r0 - j * a.I + warp * 16, s * a.KC);
 	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
 
 	qw.start();	// x: only the rows that chose the expert (down reads no other)
@@ -355,7 +325,6 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_kernel(mg_args a)
 	extern __shared__ __align__(16) unsigned char mg_smem[];
 	__shared__ mg_union un;
 
-	mg_ptab_fill(a, mg_smem);
 	k_cuda_pdl_wait();	// the ids and x are the previous kernels'
 	mg_union_make<false>(un, a.ids, a.M, a.top_k, a.E);
 	if ((int)blockIdx.x / (2 * a.I / MG_ROWS) >= un.n_used)
@@ -364,23 +333,29 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_kernel(mg_args a)
 }
 
 // Persistent form (k_cuda_tuning()->moe_qgemv_persist): a grid of at most the CTAs that
-// fit at once, each making the union once and then walking items i = x, x + grid, ...
+// fit at once, each making the union once and then walking items i = v, v + grid, ...
 // of the n_used * (2 inter / 64) * S that exist (tile i / S, slice i % S): no CTA of a
 // second wave waits for a slot and pays the wait, the union and its pointers again, and
-// the plan's S balances the items over the CTAs.
+// the plan's S balances the items over the CTAs. v is the CTA's index, or with per_sm
+// (the grid is n_sm * per_sm CTAs, k_cuda_tuning()->moe_qgemv_smlocal) its index with
+// the CTAs of one multiprocessor -- x, x + n_sm, ... as the hardware places a full grid
+// -- made neighbours: their items lie in the same rows of the same expert's matrix.
 template <int FMT, typename ST>
-__global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_persist_kernel(mg_args a, int S)
+__global__ void __launch_bounds__(MG_THREADS, 4)
+mg_gate_up_persist_kernel(mg_args a, int S, int per_sm)
 {
 	extern __shared__ __align__(16) unsigned char mg_smem[];
 	__shared__ mg_union un;
+	const int n_sm = per_sm ? (int)gridDim.x / per_sm : 1;
+	const int v = per_sm ? (int)blockIdx.x % n_sm * per_sm + (int)blockIdx.x / n_sm
+			     : (int)blockIdx.x;
 
-	mg_ptab_fill(a, mg_smem);
 	k_cuda_pdl_wait();
 	mg_union_make<false>(un, a.ids, a.M, a.top_k, a.E);
 	const int items = un.n_used * (2 * a.I / MG_ROWS) * S;
 
-	for (int i = blockIdx.x; i < items; i += gridDim.x) {
-		if (i != (int)blockIdx.x)
+	for (int i = v; i < items; i += gridDim.x) {
+		if (i != v)
 			__syncthreads();	// every warp done with the x slice and its ring
 		mg_gate_up_item<FMT, ST>(a, un, mg_smem, i / S, i % S, S);
 	}
@@ -499,8 +474,6 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 {
 	const int sk = fmt == MQ_INT4 ? qs_fmt<K_Q_INT4>::SK : qs_fmt<K_Q_FP8>::SK;
 	const int nst = (hidden + sk - 1) / sk, want = k_cuda_tuning()->moe_qgemv_split;
-	const int ptab = k_cuda_tuning()->moe_qgemv_ptab && n_experts <= MG_PTAB_MAX ?
-			 32 * n_experts : 0;	// bytes of the pointer table
 	size_t gu_parts, d_parts;
 	double best_bal = 0.;
 	bool best_enough = false;
@@ -530,8 +503,7 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 		if ((nst + kb - 1) / kb != S || mg_x_bytes(M, kb * sk) > MG_MAX_X ||
 		    (want && S < want))
 			continue;
-		const long fit = (long)n_sm *
-				 mg_ctas_per_sm(MG_RING + (int)mg_x_bytes(M, kb * sk) + ptab);
+		const long fit = (long)n_sm * mg_ctas_per_sm(MG_RING + (int)mg_x_bytes(M, kb * sk));
 		const long ctas = persist > 1 && persist < fit ? persist : fit;
 		const double bal = items <= ctas ? 1. : (double)items / ctas /
 							      (double)((items + ctas - 1) / ctas);
@@ -552,8 +524,11 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 	// persistent only where the items outnumber the CTAs that fit (else it is the
 	// plain grid with a loop around it)
 	p->persist = persist && (long)p->gu_tiles * best > p->ctas;
-	p->ptab = ptab > 0;
-	p->gu_smem = MG_RING + (int)mg_x_bytes(M, p->KC) + ptab;
+	// SM-local items where the grid is whole multiprocessors' worth (it is when the
+	// items outnumber the CTAs that fit, unless capped by persist > 1)
+	if (p->persist && k_cuda_tuning()->moe_qgemv_smlocal && p->ctas % n_sm == 0)
+		p->per_sm = p->ctas / n_sm;
+	p->gu_smem = MG_RING + (int)mg_x_bytes(M, p->KC);
 	p->d_smem = MG_RING + (int)mg_x_bytes(M, p->KCd);
 	p->act_floats = (size_t)M * p->n_max * 2 * inter;
 	gu_parts = p->S > 1 ? (size_t)p->gu_tiles * p->S : 0;	// one slice: no partials
@@ -574,10 +549,10 @@ static int mg_setup_one(void)
 {
 	K_CUDA_TRY(cudaFuncSetAttribute(mg_gate_up_kernel<FMT, ST>,
 					cudaFuncAttributeMaxDynamicSharedMemorySize,
-					MG_RING + MG_MAX_X + 32 * MG_PTAB_MAX));
+					MG_RING + MG_MAX_X));
 	K_CUDA_TRY(cudaFuncSetAttribute(mg_gate_up_persist_kernel<FMT, ST>,
 					cudaFuncAttributeMaxDynamicSharedMemorySize,
-					MG_RING + MG_MAX_X + 32 * MG_PTAB_MAX));
+					MG_RING + MG_MAX_X));
 	K_CUDA_TRY(cudaFuncSetAttribute(mg_down_kernel<FMT, ST>,
 					cudaFuncAttributeMaxDynamicSharedMemorySize,
 					MG_RING + MG_MAX_X));
@@ -618,7 +593,7 @@ static int mg_launch(cudaStream_t s, const struct moe_qgemv_plan &p, const mg_ar
 {
 	if (p.persist)
 		K_CUDA_TRY(k_cuda_launch_pdl(s, dim3(p.ctas), dim3(MG_THREADS), (size_t)p.gu_smem,
-					     mg_gate_up_persist_kernel<FMT, ST>, a, p.S));
+					     mg_gate_up_persist_kernel<FMT, ST>, a, p.S, p.per_sm));
 	else
 		K_CUDA_TRY(k_cuda_launch_pdl(s, dim3(p.gu_tiles, p.S), dim3(MG_THREADS),
 					     (size_t)p.gu_smem, mg_gate_up_kernel<FMT, ST>, a));
@@ -660,7 +635,6 @@ int moe_qgemv_run(cudaStream_t s, const struct moe_qgemv_ws &ws, float *out, con
 	a.KC = p.KC;
 	a.KCd = p.KCd;
 	a.add = add;
-	a.ptab = p.ptab;
 	for (int j = 0; j < 3; j++) {
 		a.brows[j] = wq.brows[j];
 		a.kshift[j] = wq.kshift[j];
