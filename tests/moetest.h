@@ -96,15 +96,4 @@ static inline void moe_set_qgemv_persist(int v)
 	k_cuda_tuning_set(&t);
 }
 
-/* moe_qgemv_smlocal (the persistent gate/up's CTAs of one multiprocessor take
- * neighbouring items), installed: 0 or 1, or -1 for the default (0). */
-static inline void moe_set_qgemv_smlocal(int on)
-{
-	struct k_cuda_tuning t = *k_cuda_tuning(), def;
-
-	k_cuda_tuning_defaults(&def);
-	t.moe_qgemv_smlocal = on >= 0 ? on : def.moe_qgemv_smlocal;
-	k_cuda_tuning_set(&t);
-}
-
 #endif

@@ -25,8 +25,7 @@
  * model shape and format must take them; x and activations in f16, so QGEMV_TOL 2e-3),
  * with their bits twice the same, a call naming no valid expert at all (zeros), and
  * experts_add_q through them; the union gate/up also in its persistent form
- * (KDEC_MOE_QGEMV_PERSIST 1, and 3: several items a CTA), with and without
- * KDEC_MOE_QGEMV_SMLOCAL. Shapes outside the vector
+ * (KDEC_MOE_QGEMV_PERSIST 1, and 3: several items a CTA). Shapes outside the vector
  * kernels (the quant goldens' tiny experts 64 x 20 and 96 x 24, an odd 136 x 56, blocks
  * of 96) take the CUDA-core kernels at every M, the same cases. Skips (77) without CUDA or a
  * GPU. KD_TEST_QUICK=1 (for compute-sanitizer): the odd shapes and Qwen3's in fp8-block,
@@ -507,16 +506,12 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 		if (takes) {
 			test_q_qgemv_bits(s, f, &w, ws, 1, 0);
 			test_q_qgemv_bits(s, f, &w, ws, 8, EX_DUP | EX_BAD_ID);
-			/* the persistent gate/up (as many CTAs as fit; 3: several items a
-			 * CTA, its slices' partials summed across them), its CTAs' items
-			 * strided and SM-local */
-			for (int v = 0; v < 4; v++) {
-				const char *tag = (const char *[]){ " qgemv persist", " qgemv persist-3",
-								    " qgemv persist smlocal",
-								    " qgemv persist-3 smlocal" }[v];
+			/* the persistent gate/up: as many CTAs as fit, then 3 (several items
+			 * a CTA, its slices' partials summed across them) */
+			for (int pc = 0; pc < 2; pc++) {
+				const char *tag = pc ? " qgemv persist-3" : " qgemv persist";
 
-				moe_set_qgemv_persist(v % 2 ? 3 : 1);
-				moe_set_qgemv_smlocal(v >= 2);
+				moe_set_qgemv_persist(pc ? 3 : 1);
 				test_q_experts(s, f, &w, ws, 1, 0, K_CUDA_MOE_PATH_SMALL, tag);
 				test_q_experts(s, f, &w, ws, 8, 0, K_CUDA_MOE_PATH_SMALL, tag);
 				test_q_experts(s, f, &w, ws, 3, EX_DUP | EX_BAD_ID,
@@ -525,7 +520,6 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 					       tag);
 				test_q_qgemv_bits(s, f, &w, ws, 8, EX_DUP | EX_BAD_ID);
 			}
-			moe_set_qgemv_smlocal(-1);
 		}
 		expert_tol = EXPERT_TOL;
 	}

@@ -10,7 +10,7 @@
 #   QG_PART=decode kdbench decode (ctx 1024, batch 1 and 8) of Qwen3-30B-A3B and
 #                  DeepSeek-V2-Lite in fp8-block and int4-g32, the Kimi-K2 and DeepSeek-V3
 #                  slices, each in the variants QG_VARIANTS (q0 q8: the knob 0, 8;
-#                  p / p0: KDEC_MOE_QGEMV_PERSIST=1 / 0; l: KDEC_MOE_QGEMV_SMLOCAL=1)
+#                  p / p0: KDEC_MOE_QGEMV_PERSIST=1 / 0)
 #                  (QG_DECODE: model:format pairs; QG_DEC_BATCH: the batches, 1,8)
 #   QG_PART=sweep  bench_cuda_moe q at M 1 and 8 with the gate/up K slices forced
 #                  (KDEC_MOE_QGEMV_SPLIT, QG_SPLITS: 1 2 3 4)
@@ -122,8 +122,6 @@ decode() {	# QG_DECODE: model:format pairs (default: the four MoE models in fp8 
 			# the persistent gate/up
 			p) dec "${m}_${f}_q8p" $m $bt $f KDEC_MOE_QGEMV_ROWS=8 KDEC_MOE_QGEMV_PERSIST=1 ;;
 			p0) dec "${m}_${f}_q8p0" $m $bt $f KDEC_MOE_QGEMV_ROWS=8 KDEC_MOE_QGEMV_PERSIST=0 ;;
-			# the persistent gate/up's CTAs of a multiprocessor on neighbouring items
-			l) dec "${m}_${f}_q8l" $m $bt $f KDEC_MOE_QGEMV_ROWS=8 KDEC_MOE_QGEMV_SMLOCAL=1 ;;
 			*) say "moe_qgemv.sh: no decode variant $v" ;;
 			esac
 		done

@@ -171,12 +171,6 @@ struct k_cuda_tuning {
 				 * an H100 (session 20, call 2): decode batch 8 1.3-3.4% faster
 				 * (Qwen3-30B-A3B fp8 10.459 -> 10.207 ms, int4 4.601 -> 4.444;
 				 * Kimi-K2 int4 1.570 -> 1.518), batch 1 within 1% */
-	int moe_qgemv_smlocal;	/* KDEC_MOE_QGEMV_SMLOCAL, flag, 0: 1 gives the persistent
-				 * gate/up's CTAs of one multiprocessor neighbouring items (the
-				 * same rows of one expert's matrix) instead of items a grid
-				 * apart: fewer pages a multiprocessor translates at once (Kimi-K2's
-				 * 8 experts of 384 spread over 17 GB stream 14% slower than the
-				 * same 8 alone in memory, session 20). Not yet run on a GPU */
 	int moe_qgemv_split;	/* KDEC_MOE_QGEMV_SPLIT, 0..8, 0: moe_qgemv.cu's gate/up K
 				 * slices from its plan (the fewest giving every SM two CTAs);
 				 * N: at least N where the x slice fits (for measuring) */

@@ -16,11 +16,11 @@
  * call's rows), and quantized experts at M <= 8 on moe_qgemv.cu's GEMVs over the chosen
  * experts' union ("qgemv", gate/up a CTA an item, KDEC_MOE_QGEMV_PERSIST 0; "small" is
  * then the small path's own kernels, KDEC_MOE_QGEMV_ROWS 0; "qgemv-p" with the persistent
- * gate/up where it differs, KDEC_MOE_QGEMV_PERSIST 1;
- * "qgemv-pl" persistent with SM-local items, KDEC_MOE_QGEMV_SMLOCAL 1).
+ * gate/up where it differs, KDEC_MOE_QGEMV_PERSIST 1, the default).
  * Usage: bench_cuda_moe [lat | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
  * shapes whose name contains SHAPE, M rows (0: all), FORMAT bf16, fp8-block or int4-g32;
- * for ncu).
+ * for ncu; SHAPE "compact" adds kimi-k2-compact: Kimi-K2's 8 chosen experts alone in
+ * memory, against the 8 of 384 spread over 17 GB of "kimi-k2").
  * Exits 77 without CUDA or a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -454,9 +454,6 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 					time_q(&shapes[i], fmts[f], M, "qgemv");
 					moe_set_qgemv_persist(1);	/* persistent gate/up */
 					time_q(&shapes[i], fmts[f], M, "qgemv-p");
-					moe_set_qgemv_smlocal(1);	/* SM-local items */
-					time_q(&shapes[i], fmts[f], M, "qgemv-pl");
-					moe_set_qgemv_smlocal(-1);
 					moe_set_qgemv_persist(-1);
 				}
 				/* the grouped path on moe_qtile.cu's tile kernels, at every M (where

@@ -135,8 +135,6 @@ struct moe_qgemv_plan {
 	int gu_tiles, S, KC;	// gate/up: 64-row tiles, K slices, k a slice
 	bool persist;		// gate/up persistent: ctas CTAs walk the tiles' S slices
 	int ctas;
-	int per_sm;		// persistent: CTAs a multiprocessor, their items neighbours
-				// (k_cuda_tuning()->moe_qgemv_smlocal); 0: strided
 	int d_tiles, KCd;	// down: 64-row tiles of hidden, inter in whole stages
 	int gu_smem, d_smem;	// dynamic shared memory a CTA
 	size_t act_floats, part_floats;

@@ -20,11 +20,11 @@
 //     silu(gate) * up of the rows that chose it (zeros for the others), staged as f16,
 //     its partial tile to the workspace; the last CTA of an output tile adds each row's
 //     pairs in increasing expert id, weighted (out overwritten, or += with add).
-// With k_cuda_tuning()->moe_qgemv_persist (KDEC_MOE_QGEMV_PERSIST, off: not yet run on a
-// GPU) gate/up runs as persistent CTAs, as many as fit at once, each making the union
-// once and walking its (tile, slice) items, the slices chosen so the items spread evenly
-// (Kimi-K2 at one row: 512 tiles are 1.3 waves of one-item CTAs; persistent, 3 slices:
-// 1536 items on 528 CTAs).
+// Where the gate/up items outnumber the CTAs that fit at once (k_cuda_tuning()->
+// moe_qgemv_persist, KDEC_MOE_QGEMV_PERSIST, on) gate/up runs as persistent CTAs, as many
+// as fit, each making the union once and walking its (tile, slice) items, the slices
+// chosen so the items spread evenly (Kimi-K2 at one row: 512 tiles are 1.3 waves of
+// one-item CTAs; persistent, 3 slices: 1536 items on 528 CTAs).
 // The union (the distinct valid ids in increasing order, each pair's union index, each
 // expert's rows) is computed by every CTA after its PDL wait from the <= 64 ids in
 // shared memory; the grids are sized for n_max = min(n_experts, M * top_k) experts and
@@ -37,11 +37,13 @@
 // (tests/test_cuda_moe_q.c's QGEMV_TOL 2e-3), where the small path keeps ~1e-5.
 // Deterministic: fixed split and expert orders, no atomics on values.
 //
-// Measured (session 19, docs/PERFORMANCE.md): every MoE decode step faster than on the
-// small path (H100: Qwen3-30B-A3B fp8 batch 1 -11%, batch 8 -19%, int4 batch 8 -48%;
-// DeepSeek-V2-Lite fp8 batch 1 -17%; the Kimi-K2 slice's MoE layer -15%), though Kimi-K2's
-// gate/up streams at 57% of the H100's bandwidth and Qwen3's small matrices are bound by
-// the round trips after the wait (ids, the expert's pointers, its first stages).
+// Measured (sessions 19-20, docs/PERFORMANCE.md): every MoE decode step faster than on
+// the small path (H100: Qwen3-30B-A3B fp8 batch 1 -11%, batch 8 -19%, int4 batch 8 -48%;
+// DeepSeek-V2-Lite fp8 batch 1 -17%; the Kimi-K2 slice's MoE layer -15%), the persistent
+// gate/up 1-3% more at batch 8. Kimi-K2's gate/up streams at 57% of the H100's bandwidth
+// (its 8 experts stream 14% faster when they are alone in memory than as 8 of 384 spread
+// over 17 GB) and Qwen3's small matrices are bound by the round trips after the wait
+// (ids, the expert's pointers, its first stages).
 #include <cerrno>
 #include <cstdint>
 
@@ -333,29 +335,23 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_kernel(mg_args a)
 }
 
 // Persistent form (k_cuda_tuning()->moe_qgemv_persist): a grid of at most the CTAs that
-// fit at once, each making the union once and then walking items i = v, v + grid, ...
+// fit at once, each making the union once and then walking items i = x, x + grid, ...
 // of the n_used * (2 inter / 64) * S that exist (tile i / S, slice i % S): no CTA of a
 // second wave waits for a slot and pays the wait, the union and its pointers again, and
-// the plan's S balances the items over the CTAs. v is the CTA's index, or with per_sm
-// (the grid is n_sm * per_sm CTAs, k_cuda_tuning()->moe_qgemv_smlocal) its index with
-// the CTAs of one multiprocessor -- x, x + n_sm, ... as the hardware places a full grid
-// -- made neighbours: their items lie in the same rows of the same expert's matrix.
+// the plan's S balances the items over the CTAs. (Giving the CTAs of one multiprocessor
+// neighbouring items, the same rows of one expert, measured no different: session 20.)
 template <int FMT, typename ST>
-__global__ void __launch_bounds__(MG_THREADS, 4)
-mg_gate_up_persist_kernel(mg_args a, int S, int per_sm)
+__global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_persist_kernel(mg_args a, int S)
 {
 	extern __shared__ __align__(16) unsigned char mg_smem[];
 	__shared__ mg_union un;
-	const int n_sm = per_sm ? (int)gridDim.x / per_sm : 1;
-	const int v = per_sm ? (int)blockIdx.x % n_sm * per_sm + (int)blockIdx.x / n_sm
-			     : (int)blockIdx.x;
 
 	k_cuda_pdl_wait();
 	mg_union_make<false>(un, a.ids, a.M, a.top_k, a.E);
 	const int items = un.n_used * (2 * a.I / MG_ROWS) * S;
 
-	for (int i = v; i < items; i += gridDim.x) {
-		if (i != v)
+	for (int i = blockIdx.x; i < items; i += gridDim.x) {
+		if (i != (int)blockIdx.x)
 			__syncthreads();	// every warp done with the x slice and its ring
 		mg_gate_up_item<FMT, ST>(a, un, mg_smem, i / S, i % S, S);
 	}
@@ -524,10 +520,6 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 	// persistent only where the items outnumber the CTAs that fit (else it is the
 	// plain grid with a loop around it)
 	p->persist = persist && (long)p->gu_tiles * best > p->ctas;
-	// SM-local items where the grid is whole multiprocessors' worth (it is when the
-	// items outnumber the CTAs that fit, unless capped by persist > 1)
-	if (p->persist && k_cuda_tuning()->moe_qgemv_smlocal && p->ctas % n_sm == 0)
-		p->per_sm = p->ctas / n_sm;
 	p->gu_smem = MG_RING + (int)mg_x_bytes(M, p->KC);
 	p->d_smem = MG_RING + (int)mg_x_bytes(M, p->KCd);
 	p->act_floats = (size_t)M * p->n_max * 2 * inter;
@@ -593,7 +585,7 @@ static int mg_launch(cudaStream_t s, const struct moe_qgemv_plan &p, const mg_ar
 {
 	if (p.persist)
 		K_CUDA_TRY(k_cuda_launch_pdl(s, dim3(p.ctas), dim3(MG_THREADS), (size_t)p.gu_smem,
-					     mg_gate_up_persist_kernel<FMT, ST>, a, p.S, p.per_sm));
+					     mg_gate_up_persist_kernel<FMT, ST>, a, p.S));
 	else
 		K_CUDA_TRY(k_cuda_launch_pdl(s, dim3(p.gu_tiles, p.S), dim3(MG_THREADS),
 					     (size_t)p.gu_smem, mg_gate_up_kernel<FMT, ST>, a));
