@@ -168,9 +168,9 @@ struct k_cuda_tuning {
 				 * where its items outnumber the CTAs that fit (Kimi-K2's 512
 				 * tiles at one row, every model at batch 8); 0: a CTA an item;
 				 * N > 1: at most N CTAs (tests: several items a CTA). Measured on
-				 * an H100 (session 20, call 2): decode batch 8 1.3-3.4% faster
-				 * (Qwen3-30B-A3B fp8 10.459 -> 10.207 ms, int4 4.601 -> 4.444;
-				 * Kimi-K2 int4 1.570 -> 1.518), batch 1 within 1% */
+				 * an H100 (session 20, call 3, replay ms): decode batch 8 1.2-3.3%
+				 * faster (Qwen3-30B-A3B fp8 10.418 -> 10.148, int4 4.578 ->
+				 * 4.458; Kimi-K2 slice fp8 2.855 -> 2.811), batch 1 within noise */
 	int moe_qgemv_split;	/* KDEC_MOE_QGEMV_SPLIT, 0..8, 0: moe_qgemv.cu's gate/up K
 				 * slices from its plan (the fewest giving every SM two CTAs);
 				 * N: at least N where the x slice fits (for measuring) */
