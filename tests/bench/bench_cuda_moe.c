@@ -19,8 +19,8 @@
  * gate/up where it differs, KDEC_MOE_QGEMV_PERSIST 1, the default).
  * Usage: bench_cuda_moe [lat | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
  * shapes whose name contains SHAPE, M rows (0: all), FORMAT bf16, fp8-block or int4-g32;
- * for ncu; SHAPE "compact" adds kimi-k2-compact: Kimi-K2's 8 chosen experts alone in
- * memory, against the 8 of 384 spread over 17 GB of "kimi-k2").
+ * for ncu; SHAPE "kimi-k2-" adds Kimi-K2's 8 chosen experts alone in memory and as 8 of
+ * 16 and of 64, against the 8 of 384 spread over 17 GB of "kimi-k2").
  * Exits 77 without CUDA or a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -425,9 +425,12 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 		{ "v2-lite 2048x1408 E64 k6", 2048, 1408, 64, 6 },
 		{ "deepseek-v3 7168x2048 E256 k8", 7168, 2048, 256, 8 },
 		{ "kimi-k2 7168x2048 E384 k8", 7168, 2048, 384, 8 },
-		/* only when SHAPE names it: Kimi-K2's experts but only the 8 chosen ones
-		 * allocated (352 MB in one buffer, not 8 of 384 spread over 17 GB) */
+		/* only when SHAPE holds "kimi-k2-": Kimi-K2's experts, the 8 chosen ones
+		 * alone in one 352 MB buffer, then 8 of 16 (705 MB) and of 64 (2.8 GB), to
+		 * set against the 8 of 384 spread over 17 GB above */
 		{ "kimi-k2-compact 7168x2048 E8 k8", 7168, 2048, 8, 8 },
+		{ "kimi-k2-spread16 7168x2048 E16 k8", 7168, 2048, 16, 8 },
+		{ "kimi-k2-spread64 7168x2048 E64 k8", 7168, 2048, 64, 8 },
 	};
 	const enum k_qfmt fmts[] = { K_Q_NONE, K_Q_FP8, K_Q_INT4 };
 
@@ -441,7 +444,7 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 
 				if ((only && !strstr(shapes[i].name, only)) || (only_M && M != only_M) ||
 				    (only_f && strcmp(fn, only_f)) ||
-				    (strstr(shapes[i].name, "compact") && !(only && strstr(only, "compact"))))
+				    (strstr(shapes[i].name, "kimi-k2-") && !(only && strstr(only, "kimi-k2-"))))
 					continue;
 				moe_set_qtile(0);
 				moe_set_qgemv(0);
