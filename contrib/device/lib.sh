@@ -13,7 +13,9 @@
 #                           DEC_STEPS / DEC_WARMUP steps; FORMAT bf16 or a
 #                           --weight-format; Kimi-K2 2 layers, DeepSeek-V3 4) under
 #                           ENV, a step of 45 s; its table rows into the summary (280
-#                           columns: the last, lay_fl_us and lay_fl%, included)
+#                           columns: the last, lay_fl_us and lay_fl%, included), the
+#                           first call's preceded by kdbench's column names ("model
+#                           batch ctx p50_ms ... replay_ms ...": replay is the 7th)
 # Scripts set DEADLINE (default 540: the device call's 600 s limit, room to archive) and
 # O/L/S beforehand to change them.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -64,5 +66,9 @@ dec() {
 	step "$n" 45 env "$@" "$B/kdbench" decode --synthetic-weights --backend cuda --ctx 1024 \
 		--steps "${DEC_STEPS:-16}" --warmup "${DEC_WARMUP:-4}" --batch "$b" \
 		--model "tests/data/configs/$m.json" $extra
+	if [ -z "${DEC_HEADER_DONE:-}" ]; then	# kdbench's column names, once a call
+		grep -m1 -E '^ *batch +ctx' "$L/$n.log" | sed "s/^/model /" | cut -c1-280 |
+			tee -a "$S" | grep -q . && DEC_HEADER_DONE=1
+	fi
 	grep -E '^ +[0-9]' "$L/$n.log" | sed "s/^/$n /" | cut -c1-280 | tee -a "$S"
 }
