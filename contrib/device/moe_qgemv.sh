@@ -5,8 +5,10 @@
 #                  size (every model shape and format: the union GEMVs against the CPU,
 #                  their bits twice, the small path's own kernels beside them),
 #                  test_golden on cuda (the quantized MoE goldens take them at decode)
-#   QG_PART=bench  bench_cuda_moe q at M 1 and 8: small path, union GEMVs, each beside
-#                  the floor of its bytes
+#   QG_PART=bench  bench_cuda_moe q at M 1 and 8 (QG_BENCH_M), every shape or those of
+#                  QG_BENCH_SHAPES (name substrings): small path, union GEMVs on the
+#                  plain grid and persistent, the tile kernels, each beside the floor of
+#                  its bytes
 #   QG_PART=decode kdbench decode (ctx 1024, batch 1 and 8) of Qwen3-30B-A3B and
 #                  DeepSeek-V2-Lite in fp8-block and int4-g32, the Kimi-K2 and DeepSeek-V3
 #                  slices, each in the variants QG_VARIANTS (q0 q8: the knob 0, 8;
@@ -30,6 +32,7 @@
 #       PACK_XZ=1 PACK_SERVE=0 PACK_TESTS="test_cuda_moe_q test_golden bench_cuda_moe bench_cuda_linear_q" \
 #       contrib/device/pack.sh build devbuild-qg
 # device run: QG_PART=quick bash contrib/device/moe_qgemv.sh   carry ["devbuild-qg.tar.xz"]
+# (DEVBUILD: another packed build's name)
 set -u
 DEADLINE=${DEADLINE:-560}
 . contrib/device/lib.sh
