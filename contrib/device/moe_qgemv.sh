@@ -21,9 +21,9 @@
 #                  the build): Qwen3-30B-A3B and Kimi-K2 fp8 at M 1 and 8
 #   QG_PART=dense  bench_cuda_linear_q's dense gate/up (36864 x 7168) at M 1 and 8: the
 #                  dense GEMV's rate on a matrix of the union gate/up's size
+#                  (QG_DENSE_PDL="1 0": with KDEC_CUDA_PDL 1, then 0)
 #   QG_PART=compact bench_cuda_moe q at M 1 on Kimi-K2's experts, 8 of 384 spread over
-#                  17 GB against only the 8 allocated and 8 of 16, of 64; the dense GEMV
-#                  of that size with KDEC_CUDA_PDL 1 and 0
+#                  17 GB against only the 8 allocated and 8 of 16, of 64
 #   QG_PART=memcheck test_cuda_moe_q quick under compute-sanitizer memcheck, test_golden
 #   QG_PART=tests  test_cuda_moe_q quick
 #   QG_PART=quick  a first look: test quick, bench M 1, Qwen3-30B-A3B fp8 decode 0 / 8
@@ -143,25 +143,23 @@ sweep() {	# the gate/up K slices forced, M 1 and 8
 }
 
 dense() {	# the dense quantized GEMV on a matrix of the union gate/up's size (DeepSeek-V3's
-	# dense gate/up, 36864 x 7168: Kimi-K2's 8 experts' gate/up are 32768 x 7168), M 1, 8
-	step dense 120 "$B/tests/bench/bench_cuda_linear_q" --only "dense gate_up" --m 1,8 \
-		--fmt fp8-block,int4-g32
-	grep -E "gate_up" "$L/dense.log" | cut -c1-220 | tee -a "$S"
+	# dense gate/up, 36864 x 7168: Kimi-K2's 8 experts' gate/up are 32768 x 7168), M 1, 8,
+	# with KDEC_CUDA_PDL in QG_DENSE_PDL (1; "1 0": its weights before the wait or not)
+	local pdl
+	for pdl in ${QG_DENSE_PDL:-1}; do
+		step "dense_pdl$pdl" 120 env KDEC_CUDA_PDL=$pdl "$B/tests/bench/bench_cuda_linear_q" \
+			--only "dense gate_up" --m 1,8 --fmt fp8-block,int4-g32
+		grep -E "gate_up" "$L/dense_pdl$pdl.log" | sed "s/^/pdl $pdl /" | cut -c1-220 |
+			tee -a "$S"
+	done
 }
 
 compact() {	# Kimi-K2's experts at M 1: 8 of 384 spread over 17 GB against only the 8
-	# allocated (352 MB) and 8 of 16, of 64; the dense GEMV of that size with and
-	# without PDL (QG_COMPACT_FMT: one format; QG_COMPACT_DENSE=0: no dense GEMV)
+	# allocated (352 MB) and 8 of 16, of 64 (QG_COMPACT_FMT: one format)
 	for sh in "kimi-k2 7168" kimi-k2-; do
 		step "bench_$(echo $sh | tr ' ' _)" 90 "$B/tests/bench/bench_cuda_moe" q "$sh" 1 \
 			${QG_COMPACT_FMT:-}
 		grep "moe_q time.*qgemv" "$L/bench_$(echo $sh | tr ' ' _).log" | cut -c1-200 | tee -a "$S"
-	done
-	[ "${QG_COMPACT_DENSE:-1}" = 1 ] || return 0
-	for pdl in 1 0; do
-		step "dense_pdl$pdl" 90 env KDEC_CUDA_PDL=$pdl "$B/tests/bench/bench_cuda_linear_q" \
-			--only "dense gate_up" --m 1 --fmt fp8-block
-		grep -E "gate_up" "$L/dense_pdl$pdl.log" | sed "s/^/pdl $pdl /" | cut -c1-200 | tee -a "$S"
 	done
 }
 

@@ -504,7 +504,8 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 		const double bal = items <= ctas ? 1. : (double)items / ctas /
 							      (double)((items + ctas - 1) / ctas);
 
-		if (!persist || want || !enough || !best_enough || bal > best_bal + 1e-9) {
+		// (enough only grows with S: before the first enough S, best_enough is false)
+		if (!persist || want || !best_enough || bal > best_bal + 1e-9) {
 			best = S;
 			best_bal = bal;
 			best_enough = enough;
