@@ -28,6 +28,14 @@ enum backend_allreduce {
 	BACKEND_AR_NCCL,
 };
 
+/* The steps of the branch op, in this order (MARK may stand alone). */
+enum backend_branch {
+	BACKEND_BRANCH_MARK,	/* the point the branch starts after */
+	BACKEND_BRANCH_BEGIN,	/* the ops queued next go to the branch */
+	BACKEND_BRANCH_END,	/* ... and from here to the main queue again */
+	BACKEND_BRANCH_JOIN,	/* the main queue's next ops wait for the branch */
+};
+
 /* "auto", "fused", "nccl" -> *out: 0, or -EINVAL for anything else. */
 int backend_allreduce_parse(const char *s, enum backend_allreduce *out);
 const char *backend_allreduce_name(enum backend_allreduce a);
@@ -230,6 +238,15 @@ struct backend_ops {
 			 const struct model_layer *L, const struct k_moe_route_params *route,
 			 float *logits, int32_t *ids, float *weights, int hidden, int inter,
 			 int n_experts, int shared_inter, const struct model_layer *next);
+	/* A branch of the step beside the main queue (NULL where the backend has none),
+	 * for work that depends on an earlier point only: MARK notes that point (what the
+	 * ops queued so far write); the ops queued between BEGIN and END run after it,
+	 * concurrently with the ops the main queue gets after END, until JOIN makes the
+	 * main queue's next ops wait for them. The branch's ops must not touch what the
+	 * main queue's ops meanwhile write, nor write what they read. MARK returns 1 where
+	 * the backend declines a branch for rows rows (nothing noted: queue the work in
+	 * line), else 0 or -errno; the other steps' failures are kept for the next sync. */
+	int (*branch)(struct backend *be, enum backend_branch step, int rows);
 	/* A decode step's attention, fused: what qkv_prep(q, h, L, p) then attn_gqa(out, q,
 	 * p->kv, rows, p's heads, scale) do, for rows that are each the only new token of
 	 * their sequence, at its last position (ctx - 1): the backend may then do qkv_prep's

@@ -437,7 +437,8 @@ static void swiglu(struct forward *f, const struct model_layer *L, int R, int in
 }
 
 /* SwiGLU MLP of width inter: h in, added to acc (rows, hidden); scratch (rows,
- * hidden) may be h itself, which gate and up have consumed by then. */
+ * hidden) may be h itself, which gate and up have consumed by then (unused where the
+ * backend has linear_add). */
 static void dense_mlp(struct forward *f, const struct model_layer *L, int R, int inter, float *acc,
 		      float *scratch)
 {
@@ -452,7 +453,7 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 	const struct model_config *c = &f->m->cfg;
 	struct k_moe_route_params route = c->route;
 	int shared = c->n_shared_experts > 0 ? c->moe_intermediate_size * c->n_shared_experts : 0;
-	int n_experts, ret;
+	int n_experts, side, ret;
 
 	route.bias = L->router_bias;
 	if (f->lat && R <= FWD_LAT_MAX_ROWS && f->be->ops->moe_layer && !f->trace &&
@@ -460,6 +461,13 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 		      c->hidden_size, c->moe_intermediate_size, c->n_experts, shared,
 		      l + 1 < c->n_layers ? &f->m->layers[l + 1] : NULL)) <= 0)
 		return ret;	/* the latency path: router to residual add in two launches */
+	/* The shared expert needs h only: where the backend has a branch, it streams its
+	 * weights there while the router, the routing and the routed experts run (at
+	 * small batch a latency-bound chain), adding into the residual itself; its
+	 * scratch (f->gate, the backend's) is nobody else's meanwhile. */
+	side = shared > 0 && L->w_gate.data && !f->tp && f->be->ops->branch &&
+	       f->be->ops->gate_up_silu && f->be->ops->linear_add &&
+	       OP(f, branch, BACKEND_BRANCH_MARK, R) == 0;
 	/* what decides routing at full precision, as the reference computes it: x in
 	 * fp32 at every row count (a backend's linear may round x to bf16) */
 	if (f->be->ops->linear_fp32x)
@@ -480,12 +488,20 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 	n_experts = f->tp ? forward_tp_experts(f, f->route_ids, (size_t)R * c->top_k) : c->n_experts;
 	if (n_experts < 0)
 		return n_experts;
+	if (side) {	/* x += the shared expert, then (below) x += the routed ones */
+		OP(f, branch, BACKEND_BRANCH_BEGIN, R);
+		dense_mlp(f, L, R, (int)L->w_gate.rows, f->x, NULL);
+		OP(f, branch, BACKEND_BRANCH_END, R);
+	}
 	ret = OP(f, moe_experts, f->mlp, f->h, R, f->route_ids, f->route_w, c->top_k, L,
 		 c->hidden_size, c->moe_intermediate_size, n_experts);
+	if (side)
+		OP(f, branch, BACKEND_BRANCH_JOIN, R);
 	if (ret)
 		return ret;
-	if (shared > 0 && L->w_gate.data)	/* this rank's rows of it (expert parallel:
-						 * all of them on rank 0 where n does not divide them) */
+	if (shared > 0 && L->w_gate.data && !side)	/* this rank's rows of it (expert
+							 * parallel: all of them on rank 0 where
+							 * n does not divide them) */
 		dense_mlp(f, L, R, (int)L->w_gate.rows, f->mlp, f->h);
 	/* tensor parallel: routed and shared partial sums reduced together, once, into
 	 * the residual, with the next layer's norm */

@@ -183,6 +183,10 @@ struct k_cuda_tuning {
 	int op_times;		/* KDEC_CUDA_OP_TIMES, 0..2, 0: 1 times every op of the decode
 				 * steps with events, 2 those of the prefill chunks; ops then run
 				 * one by one (no graphs) */
+	int moe_shared_branch;	/* KDEC_MOE_SHARED_BRANCH, rows (>= 0): up to this many rows
+				 * a MoE layer's shared expert runs on a branch of the step
+				 * beside the routing and the routed experts (the backend's
+				 * branch op); 0: after them, in line */
 	int moe_fused_rows;	/* KDEC_MOE_FUSED_ROWS, rows (>= 0), 1: up to this many rows a
 				 * MoE layer runs as one k_cuda_moe_experts_add call */
 	int mla_post_fused;	/* KDEC_CUDA_MLA_POST, flag, 1: mla_post is one kernel

@@ -78,6 +78,7 @@ static void cuda_destroy(struct backend *be)
 	k_cuda_moe_ws_destroy(b->moe_ws);
 	k_cuda_attn_ws_destroy(b->attn_ws);
 	k_cuda_linear_destroy(b->lin);
+	cuda_branch_destroy(b);
 	cudaFree(b->wtmp);
 	free(b->qw);
 	free(b->moe_q);
@@ -249,7 +250,8 @@ static int cuda_reserve_on(struct backend_cuda *b, int max_rows, int max_ctx, in
 					 c->n_shared_experts > 0 ?
 					 c->moe_intermediate_size * c->n_shared_experts : 0))) ||
 	    (ret = k_cuda_sample_ws_create(&b->sample_ws, 64, c->vocab_size)) ||
-	    (ret = cuda_fused_reserve(b, max_M)) || (ret = cuda_wtmp_reserve(b))) {
+	    (ret = cuda_fused_reserve(b, max_M)) || (ret = cuda_wtmp_reserve(b)) ||
+	    (ret = cuda_branch_create(b, max_M))) {
 		cudaMemGetInfo(&free_b, &total_b);
 		snprintf(err, err_len,
 			 "cuda: cannot make the workspaces for %d rows x %d tokens of context (%.2f GiB free on GPU %d)",
@@ -363,6 +365,7 @@ static int cuda_download(struct backend *be, void *dst, const void *src, size_t 
 	int ret;
 
 	cuda_pending_settle(b);	/* none is left pending past a step */
+	cuda_branch_settle(b);
 	ret = CUDA_CHECK(b, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, b->stream));
 	if (!ret)
 		ret = CUDA_CHECK(b, cudaStreamSynchronize(b->stream));
@@ -376,6 +379,7 @@ static int cuda_sync(struct backend *be)
 	int ret;
 
 	cuda_pending_settle(b);	/* none is left pending past a step */
+	cuda_branch_settle(b);
 	ret = CUDA_CHECK(b, cudaStreamSynchronize(b->stream));
 	cuda_prof_collect(b);
 	if (!ret)
@@ -485,6 +489,7 @@ static int cuda_capture_end(struct backend *be, void **graph, int *n_nodes)
 
 	b->capturing = 0;
 	cuda_pending_settle(b);	/* inside the graph, not after it */
+	cuda_branch_settle(b);	/* a branch left open joins the graph's end */
 	k_cuda_linear_x_ready(b->lin, NULL, 0, 0);	/* nor one left inside it, after it */
 	return cuda_capture_finish(b, graph, n_nodes, 0);
 }
@@ -571,6 +576,7 @@ const struct backend_ops backend_cuda_ops = {
 	.linear_fp32x = cuda_linear_fp32x,
 	.moe_experts_add = cuda_moe_experts_add,
 	.moe_layer = cuda_moe_layer,
+	.branch = cuda_branch,
 	.qkv_prep_attn = cuda_qkv_prep_attn,
 	.mla_prep_attn = cuda_mla_prep_attn,
 	.sample = cuda_sample,

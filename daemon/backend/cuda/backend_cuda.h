@@ -133,6 +133,8 @@ struct backend_cuda {
 		int rows, dim;
 		float eps;
 	} norm;
+	struct cuda_branch *branch;	/* the branch op's queue (backend_cuda_branch.c); NULL
+					 * where no MoE layer has a shared expert to run there */
 	int capturing;			/* between capture_begin and capture_end */
 	struct cuda_prof *prof;		/* NULL unless KDEC_CUDA_OP_TIMES=1 */
 	/* side copies (the host tier's mover thread): their own non-blocking stream, made
@@ -229,6 +231,16 @@ int cuda_swiglu_settle(struct backend_cuda *b);
 int cuda_norm_settle(struct backend_cuda *b);
 /* Both, before a step's results are read or its graph ends; failures recorded. */
 void cuda_pending_settle(struct backend_cuda *b);
+
+/* ---- the branch op (backend_cuda_branch.c) -------------------------------- */
+
+/* b->branch's stream and linear context (max_M rows) where the model has MoE layers
+ * with a shared expert and KDEC_MOE_SHARED_BRANCH > 0; else nothing. 0 or -errno. */
+int cuda_branch_create(struct backend_cuda *b, int max_M);
+void cuda_branch_destroy(struct backend_cuda *b);	/* accepts b->branch NULL */
+int cuda_branch(struct backend *be, enum backend_branch step, int rows);
+/* A branch left open (a step that failed halfway) joined into the main queue. */
+void cuda_branch_settle(struct backend_cuda *b);
 void cuda_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M);
 void cuda_linear_fp32x(struct backend *be, float *y, const float *x, const struct model_tensor *w,
 		       int M);
