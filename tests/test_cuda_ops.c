@@ -1,8 +1,7 @@
 /* The CUDA small ops against their CPU references on fresh random inputs: embedding,
  * RMSNorm (strided, in place, fused with the residual add), add, SwiGLU (plain and
  * fused rows), RoPE (default, llama3, YaRN; interleaved and not), and the fused
- * attention inputs of GQA and MLA layers (norm + rope + cache append), and the L2
- * prefetch (writes nothing, refuses malformed ranges). Outputs are
+ * attention inputs of GQA and MLA layers (norm + rope + cache append). Outputs are
  * poisoned (NaN) first, so an unwritten element fails. One line per case.
  * Tolerances: embed and add are exact; RMSNorm and RoPE follow the CPU's fp32/fp64
  * steps (rel L2 <= 1e-6, in practice 0); SiLU differs by expf's last bit (<= 1e-6).
@@ -672,42 +671,6 @@ static void test_mla_post_all(void)
 	}
 }
 
-/* k_cuda_l2_prefetch writes nothing: a buffer of known bytes asked of L2 in both forms
- * (bulk: 16-byte heads and pitches; lines: an odd pitch) comes back unchanged, and
- * malformed ranges are refused. */
-static void test_l2_prefetch(void)
-{
-	const size_t bytes = (size_t)24 << 20;
-	unsigned char *h = malloc(bytes), *back = malloc(bytes), *d = dalloc(bytes);
-	struct k_cuda_l2_rows r[K_CUDA_L2_PREFETCH_MAX + 1] = {
-		{ d, 4096, 2048, 1024 },		/* bulk: 1 KB of each 4 KB row */
-		{ d + ((size_t)8 << 20), 8192, 1024, 8192 },	/* whole rows */
-		{ d + ((size_t)16 << 20) + 3, 1001, 4000, 300 },	/* lines: odd pitch */
-		{ d, 4096, 0, 1024 },			/* no rows */
-	};
-	int ok;
-
-	for (size_t i = 0; i < bytes; i++)
-		h[i] = (unsigned char)(i * 131u + 7u);
-	CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-	ok = k_cuda_l2_prefetch(stream, r, 3) == 0 && k_cuda_l2_prefetch(stream, r + 2, 2) == 0 &&
-	     CU(cudaStreamSynchronize(stream));
-	CU(cudaMemcpy(back, d, bytes, cudaMemcpyDeviceToHost));
-	CHECK(ok && !memcmp(h, back, bytes), "l2_prefetch: runs, writes nothing");
-	r[4] = r[0];
-	r[3].rows = 2;
-	r[3].head = 8192;	/* past its pitch */
-	CHECK(k_cuda_l2_prefetch(stream, r, K_CUDA_L2_PREFETCH_MAX + 1) == -EINVAL &&
-	      k_cuda_l2_prefetch(stream, r + 3, 1) == -EINVAL &&
-	      k_cuda_l2_prefetch(stream, (const struct k_cuda_l2_rows[]){ { NULL, 16, 1, 16 } }, 1) ==
-		      -EINVAL && k_cuda_l2_prefetch(stream, NULL, 0) == 0,
-	      "l2_prefetch: too many ranges, a head past its pitch, no base refused");
-	printf("l2_prefetch: 3 ranges (bulk, whole rows, lines) and the refusals checked\n");
-	cudaFree(d);
-	free(h);
-	free(back);
-}
-
 int main(void)
 {
 	const int dims[] = { 1, 7, 1000, 4096, 7168 };
@@ -753,7 +716,6 @@ int main(void)
 	test_qkv_post(5, 6, 2, 64, 1, 1, 1);	/* interleaved pairs */
 	test_qkv_post(3, 3, 3, 14, 0, 0, 0);	/* odd sizes, MHA */
 	test_mla_post_all();
-	test_l2_prefetch();
 	late = *k_cuda_tuning();
 	late.mla_post_early = 0;	/* the cos/sin table after the PDL wait */
 	k_cuda_tuning_set(&late);

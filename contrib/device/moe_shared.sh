@@ -8,10 +8,6 @@
 #                   off one after the other (SH_DECODE: model:format:batches triples)
 #   SH_PART=compact bench_cuda_moe q at M 1 on Kimi-K2's experts: 8 of 384 spread over
 #                   17 GB against only the 8 allocated, 8 of 16 and 8 of 64 (fp8-block)
-#   SH_PART=prefetch the dense MLP's gate/up asked of L2 while the attention runs (the
-#                   prefetch op, KDEC_MLP_PREFETCH_MB in SH_PF_MB: 0 16 32): test_cuda_ops,
-#                   test_golden with it on, kdbench decode of SH_PF_DECODE (model:format:
-#                   batches) at each budget one after the other
 #   SH_PART=fused0  DeepSeek-V2-Lite bf16 batch 1 with KDEC_MOE_FUSED_ROWS=0 (the shared
 #                   expert on the branch instead of in the fused MoE call) beside the default
 # SH_PART may name several, run in that order.
@@ -57,20 +53,6 @@ compact() {
 	done
 }
 
-prefetch() {
-	local r m f bt mb
-	step ops 60 "$B/tests/test_cuda_ops"
-	grep -E "l2_prefetch|FAIL|passed|failed" "$L/ops.log" | tail -3 | tee -a "$S"
-	step golden_pf32 150 env KDEC_TEST_BACKEND=cuda KDEC_MLP_PREFETCH_MB=32 "$B/tests/test_golden"
-	grep -E "FAIL|passed|failed" "$L/golden_pf32.log" | tail -4 | sed "s/^/prefetch 32: /" | tee -a "$S"
-	for r in ${SH_PF_DECODE:-llama3.1-8b:fp8-block:1,8 llama3.1-8b:int4-g32:1,8 llama3.1-8b:bf16:1,8}; do
-		m=${r%%:*} r=${r#*:} f=${r%%:*} bt=${r#*:}
-		for mb in ${SH_PF_MB:-0 16 32}; do
-			dec "${m}_${f}_pf$mb" $m $bt $f KDEC_MLP_PREFETCH_MB=$mb
-		done
-	done
-}
-
 fused0() {
 	dec deepseek-v2-lite_bf16_fused deepseek-v2-lite 1 bf16
 	dec deepseek-v2-lite_bf16_fused0 deepseek-v2-lite 1 bf16 KDEC_MOE_FUSED_ROWS=0
@@ -81,7 +63,6 @@ for part in ${SH_PART:-check decode}; do
 	check) check ;;
 	decode) decode ;;
 	compact) compact ;;
-	prefetch) prefetch ;;
 	fused0) fused0 ;;
 	*) say "moe_shared.sh: no part $part" ;;
 	esac

@@ -247,11 +247,6 @@ struct backend_ops {
 	 * the backend declines a branch for rows rows (nothing noted: queue the work in
 	 * line), else 0 or -errno; the other steps' failures are kept for the next sync. */
 	int (*branch)(struct backend *be, enum backend_branch step, int rows);
-	/* A hint, NULL where the backend takes none: the weights w[0..n) (at most 4) are
-	 * read by a step of rows rows soon, after the next ops' latency-bound chain (an
-	 * attention): the backend may ask its cache for part of them meanwhile, beside
-	 * the main queue. Nothing is written; results never depend on it. */
-	void (*prefetch)(struct backend *be, const struct model_tensor *const *w, int n, int rows);
 	/* A decode step's attention, fused: what qkv_prep(q, h, L, p) then attn_gqa(out, q,
 	 * p->kv, rows, p's heads, scale) do, for rows that are each the only new token of
 	 * their sequence, at its last position (ctx - 1): the backend may then do qkv_prep's

@@ -521,10 +521,6 @@ int forward_layer(struct forward *f, int l, const struct fwd_batch *b)
 	if (!f->tp || l == 0)
 		OP(f, rmsnorm, f->h, c->hidden_size, f->x, c->hidden_size, &L->attn_norm, R,
 		   c->hidden_size, c->rms_norm_eps);
-	/* the dense MLP's gate and up are read after the attention's chain, during which
-	 * the backend may stream part of them into its cache */
-	if (!L->is_moe && !f->tp && f->be->ops->prefetch)
-		OP(f, prefetch, (const struct model_tensor *const[]){ &L->w_gate, &L->w_up }, 2, R);
 	if (c->mla)
 		ret = mla_attention(f, L, l, b);
 	else

@@ -187,9 +187,6 @@ struct k_cuda_tuning {
 				 * a MoE layer's shared expert runs on a branch of the step
 				 * beside the routing and the routed experts (the backend's
 				 * branch op); 0: after them, in line */
-	int mlp_prefetch_mb;	/* KDEC_MLP_PREFETCH_MB, MB (>= 0): of a dense layer's gate and up
-				 * asked of L2 on the step's branch while its attention runs
-				 * (the prefetch op), spread over the rows' heads; 0: none */
 	int moe_fused_rows;	/* KDEC_MOE_FUSED_ROWS, rows (>= 0), 1: up to this many rows a
 				 * MoE layer runs as one k_cuda_moe_experts_add call */
 	int mla_post_fused;	/* KDEC_CUDA_MLA_POST, flag, 1: mla_post is one kernel

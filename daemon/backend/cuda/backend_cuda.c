@@ -577,7 +577,6 @@ const struct backend_ops backend_cuda_ops = {
 	.moe_experts_add = cuda_moe_experts_add,
 	.moe_layer = cuda_moe_layer,
 	.branch = cuda_branch,
-	.prefetch = cuda_prefetch,
 	.qkv_prep_attn = cuda_qkv_prep_attn,
 	.mla_prep_attn = cuda_mla_prep_attn,
 	.sample = cuda_sample,

@@ -133,8 +133,8 @@ struct backend_cuda {
 		int rows, dim;
 		float eps;
 	} norm;
-	struct cuda_branch *branch;	/* the branch and prefetch ops' queue
-					 * (backend_cuda_branch.c); NULL where neither is on */
+	struct cuda_branch *branch;	/* the branch op's queue (backend_cuda_branch.c); NULL
+					 * where no MoE layer has a shared expert to run there */
 	int capturing;			/* between capture_begin and capture_end */
 	struct cuda_prof *prof;		/* NULL unless KDEC_CUDA_OP_TIMES=1 */
 	/* side copies (the host tier's mover thread): their own non-blocking stream, made
@@ -240,15 +240,8 @@ int cuda_branch_create(struct backend_cuda *b, int max_M);
 void cuda_branch_destroy(struct backend_cuda *b);	/* accepts b->branch NULL */
 int cuda_branch(struct backend *be, enum backend_branch step, int rows);
 /* Before a sync, a download or a capture's end: a branch left open (a step that failed
- * halfway) ended, the main queue made to wait for all of the branch's work (the step's
- * prefetches with it), a prefetch not yet queued dropped. */
+ * halfway) ended and the main queue made to wait for all of the branch's work. */
 void cuda_branch_settle(struct backend_cuda *b);
-/* The prefetch op: the request kept (KDEC_MLP_PREFETCH_MB, its share of each row) for
- * cuda_prefetch_go, which queues it on the branch after the main queue's work so far:
- * the fused projections call it after their linears, cuda_op_begin at any op that does
- * not start with one. */
-void cuda_prefetch(struct backend *be, const struct model_tensor *const *w, int n, int rows);
-void cuda_prefetch_go(struct backend_cuda *b);
 void cuda_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M);
 void cuda_linear_fp32x(struct backend *be, float *y, const float *x, const struct model_tensor *w,
 		       int M);

@@ -1,18 +1,19 @@
-/* The backend's branch: a second queue beside b->stream for work that depends on an
- * earlier point of the step only, so that it runs while the main queue's latency-bound
- * chains do. Two ops use it: branch (the MoE layer's shared expert, which needs just the
- * normed x, beside the router, the routing and the routed experts) and prefetch (a
- * dense layer's MLP weights asked of L2 while its attention runs). Captured, the branch
- * is a parallel path of the step's graph: the events become edges, no nodes.
+/* The backend's branch op: a second queue beside b->stream for work that depends on an
+ * earlier point of the step only (the MoE layer's shared expert needs just the normed
+ * x), so that it runs while the main queue's latency-bound chain (router, routing, the
+ * routed experts) does. Captured, the branch is a parallel path of the step's graph:
+ * the events become edges, no nodes.
  *
  * While on the branch, b->stream and b->lin are the branch's own (a stream and a linear
  * context with its own split workspaces and counters, marked shared: its kernels must
  * not wait for CTAs that the main queue's kernels keep from being resident). Ops
  * queued there use the backend's other scratch as they would in line (b->fused,
  * b->wtmp, the pending SwiGLU): none of the main queue's ops that may run meanwhile
- * (the router's fp32 linear, moe_route, moe_experts) touches those. The branch's
- * stream runs its work in order, so waiting for its last event waits for all of it:
- * prefetches are never joined one by one, only by the next JOIN or the step's end. */
+ * (the router's fp32 linear, moe_route, moe_experts) touches those.
+ *
+ * Measured and removed (session 21, docs/PERFORMANCE.md): a dense layer's gate/up
+ * heads asked of L2 on the branch while its attention ran (cp.async.bulk.prefetch.L2
+ * a row) made every Llama-3.1-8B step slower, 16 MB or 32 MB a layer alike. */
 #include <errno.h>
 #include <stdlib.h>
 
@@ -20,21 +21,17 @@
 #include "daemon/base/log.h"
 #include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
-#include "kernels/cuda/ops/k_cuda_ops.h"
 
 struct cuda_branch {
 	cudaStream_t stream;		/* the branch's queue */
 	struct k_cuda_linear *lin;	/* its linear context (shared) */
 	cudaEvent_t mark;		/* MARK on the main queue: where BEGIN starts */
-	cudaEvent_t pf_mark;		/* where a prefetch starts (a MARK may be pending) */
-	cudaEvent_t done;		/* the branch's last work: what JOIN waits for */
+	cudaEvent_t done;		/* END on the branch: what JOIN waits for */
 	cudaStream_t main_stream;	/* b->stream and b->lin while on the branch */
 	struct k_cuda_linear *main_lin;
 	int shared_rows;		/* KDEC_MOE_SHARED_BRANCH: MARK declines beyond */
 	int marked, on, owed;		/* MARK not yet begun; between BEGIN and END; work
 					 * the main queue has not waited for */
-	struct k_cuda_l2_rows pf[K_CUDA_L2_PREFETCH_MAX];	/* the prefetch op's request */
-	int n_pf;			/* 0: none pending */
 };
 
 int cuda_branch_create(struct backend_cuda *b, int max_M)
@@ -44,27 +41,21 @@ int cuda_branch_create(struct backend_cuda *b, int max_M)
 	struct cuda_branch *br;
 	int ret;
 
-	if (t->mlp_prefetch_mb <= 0 &&
-	    (t->moe_shared_branch <= 0 || c->n_experts <= 0 || c->n_shared_experts <= 0))
+	if (t->moe_shared_branch <= 0 || c->n_experts <= 0 || c->n_shared_experts <= 0)
 		return 0;	/* nothing would take it */
 	br = calloc(1, sizeof(*br));
 	if (!br)
 		return -ENOMEM;
-	br->shared_rows = c->n_shared_experts > 0 ? t->moe_shared_branch : 0;
+	br->shared_rows = t->moe_shared_branch;
 	b->branch = br;
 	if ((ret = CUDA_CHECK(b, cudaStreamCreateWithFlags(&br->stream, cudaStreamNonBlocking))) ||
 	    (ret = CUDA_CHECK(b, cudaEventCreateWithFlags(&br->mark, cudaEventDisableTiming))) ||
-	    (ret = CUDA_CHECK(b, cudaEventCreateWithFlags(&br->pf_mark, cudaEventDisableTiming))) ||
 	    (ret = CUDA_CHECK(b, cudaEventCreateWithFlags(&br->done, cudaEventDisableTiming))) ||
 	    (ret = k_cuda_linear_create(&br->lin, br->stream, max_M, b->max_K)))
 		return ret;	/* cuda_branch_destroy (from cuda_destroy) frees the rest */
 	k_cuda_linear_set_shared(br->lin, 1);
-	if (br->shared_rows > 0)
-		log_info("cuda: MoE shared experts on a branch of the step beside the routed ones, up to %d rows (KDEC_MOE_SHARED_BRANCH)",
-			 br->shared_rows);
-	if (t->mlp_prefetch_mb > 0)
-		log_info("cuda: %d MB of each dense MLP's gate/up asked of L2 while its attention runs (KDEC_MLP_PREFETCH_MB)",
-			 t->mlp_prefetch_mb);
+	log_info("cuda: MoE shared experts on a branch of the step beside the routed ones, up to %d rows (KDEC_MOE_SHARED_BRANCH)",
+		 br->shared_rows);
 	return 0;
 }
 
@@ -77,8 +68,6 @@ void cuda_branch_destroy(struct backend_cuda *b)
 	k_cuda_linear_destroy(br->lin);
 	if (br->mark)
 		cudaEventDestroy(br->mark);
-	if (br->pf_mark)
-		cudaEventDestroy(br->pf_mark);
 	if (br->done)
 		cudaEventDestroy(br->done);
 	if (br->stream)
@@ -119,7 +108,6 @@ void cuda_branch_settle(struct backend_cuda *b)
 	branch_join(b, br);
 	/* a MARK stays: it is on the main queue, before anything the sync waited for
 	 * (the routing trace reads each MoE layer's routing between MARK and BEGIN) */
-	br->n_pf = 0;
 }
 
 int cuda_branch(struct backend *be, enum backend_branch step, int rows)
@@ -166,68 +154,4 @@ int cuda_branch(struct backend *be, enum backend_branch step, int rows)
 		break;
 	}
 	return ret;	/* a failed call is logged and kept for the next sync */
-}
-
-/* ---- the prefetch op --------------------------------------------------------- */
-
-/* A weight's bytes on the device as rows: the payload of a quantized one (as stored),
- * else the bf16 matrix. 0 where it has none here. */
-static int weight_rows(struct backend_cuda *b, const struct model_tensor *w,
-		       struct k_cuda_l2_rows *r)
-{
-	const struct cuda_qweight *qw = cuda_qweight_of(b, w);
-
-	if (!w->data && !qw)
-		return 0;
-	*r = (struct k_cuda_l2_rows){
-		.base = qw ? qw->w : cuda_dev_of(b, w->data, "prefetch"),
-		.pitch = qw ? k_quant_row_bytes(w->q.fmt, w->cols) : (size_t)w->cols * 2,
-		.rows = (int)w->rows,
-	};
-	return r->base != NULL;
-}
-
-void cuda_prefetch(struct backend *be, const struct model_tensor *const *w, int n, int rows)
-{
-	struct backend_cuda *b = cuda_of(be);
-	struct cuda_branch *br = b->branch;
-	double budget = (double)k_cuda_tuning()->mlp_prefetch_mb * (1 << 20), total = 0, frac;
-
-	if (!br || budget <= 0 || rows > 64 || n > K_CUDA_L2_PREFETCH_MAX)
-		return;	/* a hint: not taken */
-	br->n_pf = 0;
-	for (int i = 0; i < n; i++) {
-		struct k_cuda_l2_rows *r = &br->pf[br->n_pf];
-
-		if (weight_rows(b, w[i], r)) {
-			total += (double)r->pitch * r->rows;
-			br->n_pf++;
-		}
-	}
-	/* the same share of every row: each CTA of the GEMV finds its rows' first
-	 * k-stages there, whichever rows it streams */
-	frac = total > budget ? budget / total : 1.0;
-	for (int i = 0; i < br->n_pf; i++) {
-		size_t head = (size_t)(frac * (double)br->pf[i].pitch);
-
-		br->pf[i].head = (unsigned)(head < br->pf[i].pitch ? head & ~(size_t)127 : head);
-	}
-}
-
-void cuda_prefetch_go(struct backend_cuda *b)
-{
-	struct cuda_branch *br = b->branch;
-	int ret;
-
-	if (!br || !br->n_pf || br->on)
-		return;
-	if (!(ret = CUDA_CHECK(b, cudaEventRecord(br->pf_mark, b->stream))) &&
-	    !(ret = CUDA_CHECK(b, cudaStreamWaitEvent(br->stream, br->pf_mark, 0)))) {
-		ret = k_cuda_l2_prefetch(br->stream, br->pf, br->n_pf);
-		if (ret)
-			cuda_fail(b, ret, "prefetch");
-		else if (!(ret = CUDA_CHECK(b, cudaEventRecord(br->done, br->stream))))
-			br->owed = 1;
-	}
-	br->n_pf = 0;
 }

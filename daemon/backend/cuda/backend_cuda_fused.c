@@ -145,7 +145,6 @@ static int qkv_project(struct backend_cuda *b, enum cuda_op op, struct k_cuda_qk
 		cuda_op_end(b, op, ret);
 		return ret;
 	}
-	cuda_prefetch_go(b);	/* the attention's chain comes next */
 	*a = (struct k_cuda_qkv_args){
 		.q = q, .q_src = b->fused + off[0], .k_src = b->fused + off[1],
 		.v_src = b->fused + off[2], .q_rs = rs[0], .k_rs = rs[1], .v_rs = rs[2],
@@ -384,7 +383,6 @@ static int mla_project(struct backend_cuda *b, enum cuda_op op, struct k_cuda_ml
 		cuda_op_end(b, op, ret);
 		return ret;
 	}
-	cuda_prefetch_go(b);	/* the attention's chain comes next */
 	mla_post_args(b, a, q, lora ? NULL : b->fused + off[0], rs[0], b->fused + off[1], rs[1],
 		      L, p);
 	return 0;

@@ -54,10 +54,8 @@ void cuda_op_begin(struct backend_cuda *b, enum cuda_op op)
 	 * may read its bf16 copy); whatever else they launch over x settles it first */
 	if (b->norm.out && !cuda_op_info[op].reads_x_bf16 && (ret = cuda_norm_settle(b)))
 		cuda_fail(b, ret, "rmsnorm");
-	if (!cuda_op_info[op].reads_x_bf16) {
+	if (!cuda_op_info[op].reads_x_bf16)
 		k_cuda_linear_x_ready(b->lin, NULL, 0, 0);
-		cuda_prefetch_go(b);	/* a prefetch waits for no linear but the first ones */
-	}
 	cuda_prof_begin(b, op);
 }
 

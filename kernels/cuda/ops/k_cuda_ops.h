@@ -46,21 +46,6 @@ int k_cuda_add_rmsnorm(cudaStream_t s, float *x /* (rows, dim) */, const float *
 		       float *out /* (rows, dim) */, const float *w /* (dim) */, int rows, int dim,
 		       float eps);
 
-/* Rows of a weight matrix for k_cuda_l2_prefetch: the first head bytes of each of rows
- * rows, pitch bytes apart from base (head <= pitch). */
-struct k_cuda_l2_rows {
-	const void *base;
-	size_t pitch;
-	int rows;
-	unsigned head;
-};
-#define K_CUDA_L2_PREFETCH_MAX 4	/* ranges a call takes */
-
-/* Asks L2 for those bytes of n <= K_CUDA_L2_PREFETCH_MAX ranges (l2_prefetch.cu): one
- * bulk prefetch a row on sm_90 where heads, pitches and bases are multiples of 16,
- * otherwise one prefetch a 128-byte line. A hint: nothing written. 0, -EINVAL or -EIO. */
-int k_cuda_l2_prefetch(cudaStream_t s, const struct k_cuda_l2_rows *r, int n);
-
 /* y += x, n floats. */
 int k_cuda_add(cudaStream_t s, float *y, const float *x, size_t n);
 
