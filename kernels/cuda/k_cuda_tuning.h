@@ -187,9 +187,6 @@ struct k_cuda_tuning {
 				 * a MoE layer's shared expert runs on a branch of the step
 				 * beside the routing and the routed experts (the backend's
 				 * branch op); 0: after them, in line */
-	int linear_early;	/* KDEC_LINEAR_EARLY, stages (>= 0): of a quantized GEMV warp's
-				 * ring (K_CUDA_LINEAR_Q_GEMV, the streaming form), those
-				 * issued before its PDL wait, the rest after it */
 	int moe_fused_rows;	/* KDEC_MOE_FUSED_ROWS, rows (>= 0), 1: up to this many rows a
 				 * MoE layer runs as one k_cuda_moe_experts_add call */
 	int mla_post_fused;	/* KDEC_CUDA_MLA_POST, flag, 1: mla_post is one kernel

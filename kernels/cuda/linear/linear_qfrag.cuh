@@ -15,7 +15,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/ptx.cuh"
 #include "kernels/cuda/quant_dequant.cuh"
@@ -31,7 +30,6 @@ struct qf_args {
 	int scale_cols;
 	int accumulate;
 	int pdl;
-	int early;		// ring stages issued before the PDL wait (KDEC_LINEAR_EARLY)
 };
 
 // A lane takes 16 bytes of a row's 64-byte slab: fp8 16 k, int4 32 k (one group).
@@ -229,8 +227,7 @@ static inline qf_args qf_make_args(const struct k_quant *q, int M, int N, int K,
 				   int unit, int accumulate, int pdl)
 {
 	return qf_args{ M, N, K, KC, (int)k_quant_row_bytes(q->fmt, K), q->block_rows,
-			qm_bc_shift(q, K, unit), (int)q->scale_cols, accumulate, pdl,
-			k_cuda_tuning()->linear_early };
+			qm_bc_shift(q, K, unit), (int)q->scale_cols, accumulate, pdl };
 }
 
 #endif

@@ -191,9 +191,8 @@ qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
 	float sr[QG_STAGES][4];
 
-	qw.start(a.early);	// weights stream in while the previous kernel drains
+	qw.start();	// weights stream in while the previous kernel drains
 	k_cuda_lin_inputs_ready(a.pdl);	// x, y and the scales only from here on
-	qw.start_late(a.early);
 #pragma unroll
 	for (int i = 0; i < QG_AHEAD; i++)
 		qw.scales(sr[i], i);

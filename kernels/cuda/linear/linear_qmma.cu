@@ -78,7 +78,6 @@ struct qm_args {
 	int scale_cols;
 	int accumulate;
 	int pdl;
-	int early;		// ring stages issued before the PDL wait (KDEC_LINEAR_EARLY)
 };
 
 // x rows [0, M), k [k0, k0 + KC) into shared memory as f16 (row stride KC + 8 halves),
@@ -341,9 +340,8 @@ qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 	float acc[NT][4] = {};
 	float sr[QS_STAGES][4];
 
-	qw.start(a.early);	// weights stream in while the previous kernel drains
+	qw.start();	// weights stream in while the previous kernel drains
 	k_cuda_lin_inputs_ready(a.pdl);	// x and y only from here on
-	qw.start_late(a.early);
 #pragma unroll
 	for (int i = 0; i < QS_AHEAD; i++)
 		qw.scales(sr[i], i);
@@ -509,8 +507,7 @@ static int qm_launch(const struct k_cuda_linear *ctx, float *y, const float *x, 
 		return -EINVAL;
 	a = qm_args{ M, N, K, p.KC, p.KX, (int)k_quant_row_bytes(q->fmt, K), q->block_rows,
 		     qm_bc_shift(q, K, qm_unit(q, STREAM)), (int)q->scale_cols, accumulate,
-		     ctx->pdl ? (p.slots < p.blocks * p.S ? p.slots : p.blocks * p.S) : 0,
-		     k_cuda_tuning()->linear_early };
+		     ctx->pdl ? (p.slots < p.blocks * p.S ? p.slots : p.blocks * p.S) : 0 };
 	cfg.gridDim = dim3(p.blocks, p.S, 1);
 	cfg.blockDim = dim3(QM_THREADS, 1, 1);
 	cfg.dynamicSmemBytes = p.smem;

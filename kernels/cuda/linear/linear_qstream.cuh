@@ -76,29 +76,15 @@ template <int FMT, typename ST, typename A, int AHEAD> struct qs_warp {
 	}
 
 	// The first AHEAD stages into slots 0 .. AHEAD-1, one cp.async group each (empty
-	// past the slice): weights are constant, so the first `early` of them go before the
-	// PDL wait, and start_late(early) issues the rest after it (in stage order: each
-	// stage's group is committed in turn either way).
-	__device__ __forceinline__ void start(int early = AHEAD) const
+	// past the slice): weights are constant, so this goes before the PDL wait.
+	__device__ __forceinline__ void start() const
 	{
 #pragma unroll
-		for (int i = 0; i < AHEAD; i++)
-			if (i < early) {
-				if (i < nst)
-					issue<true>(i, i);
-				cp_async_commit();
-			}
-	}
-
-	__device__ __forceinline__ void start_late(int early) const
-	{
-#pragma unroll
-		for (int i = 0; i < AHEAD; i++)
-			if (i >= early) {
-				if (i < nst)
-					issue<false>(i, i);
-				cp_async_commit();
-			}
+		for (int i = 0; i < AHEAD; i++) {
+			if (i < nst)
+				issue<true>(i, i);
+			cp_async_commit();
+		}
 	}
 
 	// The scales stage i needs of the lane's rows: fp8 one a row (scale columns of 128 k

@@ -175,7 +175,7 @@ template <int FMT>
 __device__ __forceinline__ qf_args mg_qf(const mg_args &a, int j, int N, int K, int KC)
 {
 	return qf_args{ a.M, N, K, KC, FMT == K_Q_INT4 ? K / 2 : K, a.brows[j], a.kshift[j],
-			a.scols[j], 0, 0, MG_AHEAD };
+			a.scols[j], 0, 0 };
 }
 
 // x rows [0, M) of row stride rs, k [k0, k0 + KC) into shared memory as f16 (row stride
