@@ -17,7 +17,9 @@
  * experts' union ("qgemv", gate/up a CTA an item, KDEC_MOE_QGEMV_PERSIST 0; "small" is
  * then the small path's own kernels, KDEC_MOE_QGEMV_ROWS 0; "qgemv-p" with the persistent
  * gate/up where it differs, KDEC_MOE_QGEMV_PERSIST 1, the default).
- * Usage: bench_cuda_moe [lat | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
+ * "route" lines: the routing alone at decode, 32 layers of the router GEMV, of the GEMV
+ * then moe_route, and of moe_route alone, each one graph, per layer.
+ * Usage: bench_cuda_moe [lat | route | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
  * shapes whose name contains SHAPE, M rows (0: all), FORMAT bf16, fp8-block or int4-g32;
  * for ncu; SHAPE "kimi-k2-" adds Kimi-K2's 8 chosen experts alone in memory and as 8 of
  * 16 and of 64, against the 8 of 384 spread over 17 GB of "kimi-k2").
@@ -196,9 +198,15 @@ static int lat_layer(struct lat_bench *lb)
 				      s->top_k, lb->table, s->n_experts, s->hidden, s->inter, sh);
 }
 
-/* Median of 25 replays of a graph of one layer, each behind an L2 flush; *nodes gets
- * the graph's launches. 0 after a failure. */
-static double lat_graph_us(struct lat_bench *lb, void *flush, int *nodes)
+static int lat_call(void *arg)
+{
+	return lat_layer(arg);
+}
+
+/* Median of 25 replays of a graph of what call(arg) queues on the benchmark's stream
+ * (where the linear contexts are), each behind an L2 flush; *nodes gets the graph's
+ * launches. 0 after a failure. */
+static double stream_graph_us(int (*call)(void *), void *arg, void *flush, int *nodes)
 {
 	cudaGraph_t graph = NULL;
 	cudaGraphExec_t exec = NULL;
@@ -208,12 +216,12 @@ static double lat_graph_us(struct lat_bench *lb, void *flush, int *nodes)
 	int ret;
 
 	*nodes = 0;
-	if (!CU(cudaEventCreate(&e0)) || !CU(cudaEventCreate(&e1)) || lat_layer(lb) ||
+	if (!CU(cudaEventCreate(&e0)) || !CU(cudaEventCreate(&e1)) || call(arg) ||
 	    !CU(cudaStreamSynchronize(stream)))
 		return 0;
 	if (!CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal)))
 		return 0;
-	ret = lat_layer(lb);
+	ret = call(arg);
 	if (!CU(cudaStreamEndCapture(stream, &graph)) || ret ||
 	    !CU(cudaGraphInstantiate(&exec, graph, 0)))
 		return 0;
@@ -284,7 +292,7 @@ static void bench_lat(const struct moe_shape *s, struct k_moe_route_params p, in
 		goto out;
 	for (int l = 0; l < 2; l++) {
 		lb.latency = l;
-		us[l] = lat_graph_us(&lb, flush, &nodes[l]);
+		us[l] = stream_graph_us(lat_call, &lb, flush, &nodes[l]);
 	}
 	CU(cudaStreamSynchronize(stream));
 	to_host(ids, lb.ids, sizeof(int32_t) * nk);
@@ -469,7 +477,84 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 			}
 }
 
-static void bench_lat_all(void)
+/* ---- the routing alone ("route" lines) ----------------------------------------- */
+
+#define ROUTE_CHAIN 32	/* layers of one graph */
+
+struct route_bench {
+	const struct moe_shape *s;
+	struct k_moe_route_params p;	/* bias: device */
+	struct k_cuda_linear *lin;
+	const uint16_t *router;
+	float *x, *logits, *wts;
+	int32_t *ids;
+	int M, what;	/* 0: router GEMVs, 1: GEMV + moe_route, 2: moe_route alone */
+};
+
+static int route_chain(void *arg)
+{
+	struct route_bench *rb = arg;
+	int ret = 0;
+
+	for (int l = 0; l < ROUTE_CHAIN && !ret; l++) {
+		if (rb->what < 2)
+			ret = k_cuda_linear_run_kind(rb->lin, K_CUDA_LINEAR_GEMV, rb->logits, rb->x,
+						     rb->router, rb->M, rb->s->n_experts,
+						     rb->s->hidden, 0);
+		if (!ret && rb->what > 0)
+			ret = k_cuda_moe_route(stream, &rb->p, rb->logits, rb->M, rb->ids, rb->wts);
+	}
+	return ret;
+}
+
+/* Where a MoE layer's routing time goes at decode: ROUTE_CHAIN layers of the router
+ * GEMV, of the GEMV then moe_route, and of moe_route alone, each chain one graph (its
+ * launches programmatically dependent, as in a step), per layer. */
+static void bench_route(const struct moe_shape *s, struct k_moe_route_params p, int M)
+{
+	size_t nr = (size_t)s->n_experts * s->hidden;
+	struct route_bench rb = { .s = s, .p = p, .M = M };
+	uint16_t *hr = malloc(sizeof(uint16_t) * nr);
+	float *x = malloc(sizeof(float) * (size_t)M * s->hidden), *bias = NULL;
+	double us[3] = { 0, 0, 0 };
+	int nodes;
+
+	for (size_t i = 0; i < nr; i++)
+		hr[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
+	for (size_t i = 0; i < (size_t)M * s->hidden; i++)
+		x[i] = test_randf(&seed);
+	if (p.scoring == K_MOE_SIGMOID) {
+		bias = malloc(sizeof(float) * s->n_experts);
+		for (int e = 0; e < s->n_experts; e++)
+			bias[e] = test_randf(&seed) * 0.05f;
+		rb.p.bias = dup_to_device(bias, sizeof(float) * s->n_experts);
+	}
+	rb.router = dup_to_device(hr, sizeof(uint16_t) * nr);
+	rb.x = dup_to_device(x, sizeof(float) * (size_t)M * s->hidden);
+	rb.logits = dalloc(sizeof(float) * (size_t)M * s->n_experts);
+	rb.wts = dalloc(sizeof(float) * (size_t)M * s->top_k);
+	rb.ids = dalloc(sizeof(int32_t) * (size_t)M * s->top_k);
+	if (!k_cuda_linear_create(&rb.lin, stream, M, s->hidden)) {
+		for (rb.what = 0; rb.what < 3; rb.what++)
+			us[rb.what] = stream_graph_us(route_chain, &rb, bench_flush_buffer(),
+						      &nodes) / ROUTE_CHAIN;
+		printf("route %-28s M %d: router GEMV %5.2f us, GEMV + moe_route %5.2f us "
+		       "(the routing adds %5.2f), moe_route alone %5.2f us a layer\n", s->name, M,
+		       us[0], us[1], us[1] - us[0], us[2]);
+	}
+	k_cuda_linear_destroy(rb.lin);
+	cudaFree((void *)rb.router);
+	cudaFree((void *)rb.p.bias);
+	cudaFree(rb.x);
+	cudaFree(rb.logits);
+	cudaFree(rb.wts);
+	cudaFree(rb.ids);
+	free(hr);
+	free(x);
+	free(bias);
+}
+
+static void bench_lat_all(int route_only)
 {
 	static const struct moe_shape qwen3 = { "qwen3-30b 2048x768 E128 k8", 2048, 768, 128, 8 },
 		v2lite = { "v2-lite 2048x1408 E64 k6", 2048, 1408, 64, 6 },
@@ -480,6 +565,15 @@ static void bench_lat_all(void)
 		pv3 = { 256, 8, K_MOE_SIGMOID, K_MOE_GROUP_TOP2, 8, 4, 1, 2.5f, NULL },
 		pk = { 384, 8, K_MOE_SIGMOID, K_MOE_GROUP_TOP2, 1, 1, 1, 2.827f, NULL };
 
+	if (route_only) {
+		for (int M = 1; M <= 8; M += 7) {
+			bench_route(&qwen3, pq, M);
+			bench_route(&v2lite, pv2, M);
+			bench_route(&v3, pv3, M);
+			bench_route(&kimi, pk, M);
+		}
+		return;
+	}
 	for (int M = 1; M <= 8; M += 7) {
 		bench_lat(&qwen3, pq, 0, M);
 		bench_lat(&v2lite, pv2, 2816, M);
@@ -496,8 +590,8 @@ int main(int argc, char **argv)
 	if (bench_begin("bench_cuda_moe"))
 		return 77;
 	CU(cudaStreamCreate(&stream));
-	if (argc > 1 && !strcmp(argv[1], "lat")) {
-		bench_lat_all();
+	if (argc > 1 && (!strcmp(argv[1], "lat") || !strcmp(argv[1], "route"))) {
+		bench_lat_all(!strcmp(argv[1], "route"));
 		cudaStreamDestroy(stream);
 		return test_failures ? 1 : 0;
 	}
@@ -510,7 +604,8 @@ int main(int argc, char **argv)
 	}
 	bench_shape(&v2lite, 2816);	/* its shared expert: 2 x 1408 */
 	bench_shape(&qwen3, 0);		/* none */
-	bench_lat_all();
+	bench_lat_all(1);
+	bench_lat_all(0);
 	bench_q_all(NULL, 0, NULL);
 	k_cuda_tuning_set(NULL);
 	cudaStreamDestroy(stream);
