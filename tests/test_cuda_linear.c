@@ -73,6 +73,7 @@ static const struct shape shapes[] = {
 	ALL(2048, 1408),	/* batches that do not split evenly over 8 slices */
 	ALL(40000, 256),	/* more 256-row groups than CTAs: split-K walks groups */
 	ALL(6144, 4096),	/* Llama-3.1-8B q/k/v: the streaming kernel splits K */
+	ALL(384, 7168), ALL(64, 2048),	/* MoE routers: the GEMV's warps split K */
 	BIG(4096, 4096), BIG(14336, 4096),
 };
 

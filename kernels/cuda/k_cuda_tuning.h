@@ -187,6 +187,9 @@ struct k_cuda_tuning {
 				 * a MoE layer's shared expert runs on a branch of the step
 				 * beside the routing and the routed experts (the backend's
 				 * branch op); 0: after them, in line */
+	int linear_gemv_split;	/* KDEC_LINEAR_GEMV_SPLIT, flag, 1: the bf16 GEMV (M <= 2) of
+				 * few rows (a CTA a row pair at most two CTAs a multiprocessor:
+				 * the MoE routers) runs a CTA a row pair, its warps splitting K */
 	int moe_fused_rows;	/* KDEC_MOE_FUSED_ROWS, rows (>= 0), 1: up to this many rows a
 				 * MoE layer runs as one k_cuda_moe_experts_add call */
 	int mla_post_fused;	/* KDEC_CUDA_MLA_POST, flag, 1: mla_post is one kernel

@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/linear_internal.h"
 
 #define GEMV_WARPS	4	/* warps per CTA */
@@ -81,26 +82,34 @@ static __device__ __forceinline__ void gemv_fma(float (&acc)[GEMV_ROWS][MT],
 	}
 }
 
-// Warp (blockIdx.x * GEMV_WARPS + warp) owns weight rows 2 * that + {0, 1} and x rows
-// blockIdx.y * MT + {0 .. MT-1}. Lane l reads 16-byte chunks l, l + 32, ... of each row;
-// as soon as chunk u of a batch is used, chunk u of the next batch is requested, so a
-// warp keeps GEMV_ROWS * GEMV_U loads in flight. Needs K % 8 == 0, x and w 16-byte aligned.
-template <int MT>
+// KW 1: warp (blockIdx.x * GEMV_WARPS + warp) owns weight rows 2 * that + {0, 1} and x
+// rows blockIdx.y * MT + {0 .. MT-1}. Lane l reads 16-byte chunks l, l + 32, ... of each
+// row; as soon as chunk u of a batch is used, chunk u of the next batch is requested, so
+// a warp keeps GEMV_ROWS * GEMV_U loads in flight. KW = GEMV_WARPS (a grid of fewer CTAs
+// than multiprocessors: the MoE routers, 64-384 rows): the CTA's warps share one row
+// pair, warp ws taking the 32-chunk groups ws, ws + KW, ... of each row, and their sums
+// are added in warp order. Needs K % 8 == 0, x and w 16-byte aligned.
+template <int MT, int KW>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_kernel(float *y, const float *x, const uint16_t *__restrict__ w, int M, int N, int K,
 	    int accumulate, int pdl)
 {
-	const int lane = threadIdx.x & 31;
-	const int row0 = (blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)) * GEMV_ROWS;
+	static_assert(KW == 1 || KW == GEMV_WARPS, "a CTA's warps split K all or none");
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const int ws = KW == 1 ? 0 : warp;	// the warp's K share
+	const int row0 = (blockIdx.x * (GEMV_WARPS / KW) + (KW == 1 ? warp : 0)) * GEMV_ROWS;
 	const int m0 = blockIdx.y * MT;
 	const int nc = K >> 3;		// 16-byte chunks per row
+	const int ng = (nc + 31) >> 5;	// 32-chunk groups per row
 	const uint16_t *wr[GEMV_ROWS];
 	bool rok[GEMV_ROWS];
 	float acc[2][GEMV_ROWS][MT];	// two partial sums (even, odd u) for more ILP
 	uint4 wv[GEMV_U][GEMV_ROWS];
+	// the chunk lane reads in the warp's j-th group
+	auto chunk = [&](int j) { return (j * KW + ws) * 32 + lane; };
 
 	if (row0 >= N)
-		return;
+		return;	// KW > 1: the whole CTA
 #pragma unroll
 	for (int r = 0; r < GEMV_ROWS; r++) {
 		rok[r] = row0 + r < N;
@@ -113,7 +122,7 @@ gemv_kernel(float *y, const float *x, const uint16_t *__restrict__ w, int M, int
 	if (k_cuda_lin_early_cta(pdl)) {
 #pragma unroll
 		for (int u = 0; u < GEMV_U * GEMV_PREFETCH; u++) {
-			int c = u * 32 + lane;
+			int c = chunk(u);
 
 #pragma unroll
 			for (int r = 0; r < GEMV_ROWS; r++)
@@ -124,27 +133,46 @@ gemv_kernel(float *y, const float *x, const uint16_t *__restrict__ w, int M, int
 	k_cuda_lin_inputs_ready(pdl);	// x and y only from here on
 #pragma unroll
 	for (int u = 0; u < GEMV_U; u++)
-		gemv_load(wv[u], wr, rok, u * 32 + lane, nc);
-	for (int c0 = 0; c0 < nc; c0 += 32 * GEMV_U) {
-		const bool more = c0 + 32 * GEMV_U < nc;
+		gemv_load(wv[u], wr, rok, chunk(u), nc);
+	for (int j0 = 0; j0 * KW + ws < ng; j0 += GEMV_U) {
+		const bool more = (j0 + GEMV_U) * KW + ws < ng;
 
 #pragma unroll
 		for (int u = 0; u < GEMV_U; u++) {
-			const int c = c0 + u * 32 + lane;
+			const int c = chunk(j0 + u);
 
 			if (c < nc)
 				gemv_fma<MT>(acc[u & 1], wv[u], x, m0, M, K, c);
 			if (more)
-				gemv_load(wv[u], wr, rok, c + 32 * GEMV_U, nc);
+				gemv_load(wv[u], wr, rok, chunk(j0 + u + GEMV_U), nc);
 		}
 	}
+	__shared__ float part[KW][GEMV_ROWS][MT];	// KW > 1: each warp's sums
 #pragma unroll
 	for (int r = 0; r < GEMV_ROWS; r++) {
 #pragma unroll
 		for (int m = 0; m < MT; m++) {
 			float v = lin_warp_sum(acc[0][r][m] + acc[1][r][m]);
 
-			if (lane == 0 && rok[r] && m0 + m < M) {
+			if (KW > 1 && lane == 0)
+				part[ws][r][m] = v;
+			if (KW == 1 && lane == 0 && rok[r] && m0 + m < M) {
+				float *p = y + (size_t)(m0 + m) * N + row0 + r;
+
+				*p = accumulate ? *p + v : v;
+			}
+		}
+	}
+	if (KW > 1) {
+		__syncthreads();
+		if (threadIdx.x < GEMV_ROWS * MT) {
+			const int r = threadIdx.x / MT, m = threadIdx.x % MT;
+			float v = part[0][r][m];
+
+#pragma unroll
+			for (int s = 1; s < KW; s++)
+				v += part[s][r][m];
+			if (rok[r] && m0 + m < M) {
 				float *p = y + (size_t)(m0 + m) * N + row0 + r;
 
 				*p = accumulate ? *p + v : v;
@@ -234,14 +262,26 @@ static int gemv_launch(const struct k_cuda_linear *ctx, float *y, const float *x
 {
 	const int rows_per_cta = GEMV_WARPS * GEMV_ROWS;
 	const int gx = (N + rows_per_cta - 1) / rows_per_cta;
+	// A grid that, a CTA a row pair, still holds at most two CTAs a multiprocessor (a MoE
+	// router: Kimi-K2's 384 x 7168 took 10.3 us for 5.5 MB at batch 1 on the H100, each
+	// warp walking all 7168 k): the CTA's warps split K, where each still gets two
+	// 32-chunk groups.
+	const bool split = gx * GEMV_WARPS <= ctx->n_sm * 2 && K / 8 >= 32 * 2 * GEMV_WARPS &&
+			   k_cuda_tuning()->linear_gemv_split;
+	const int gxs = split ? (N + GEMV_ROWS - 1) / GEMV_ROWS : gx;
 
 	// gridDim.y covers at most GEMV_MAX_GY groups of MT rows per launch
 	for (int m0 = 0; m0 < M; m0 += GEMV_MAX_GY * MT) {
 		int mc = M - m0 < GEMV_MAX_GY * MT ? M - m0 : GEMV_MAX_GY * MT, ret;
+		dim3 grid(gxs, (mc + MT - 1) / MT);
 
-		ret = lin_launch(ctx, "gemv_kernel", dim3(gx, (mc + MT - 1) / MT), GEMV_WARPS * 32,
-				 gemv_kernel<MT>, y + (size_t)m0 * N, x + (size_t)m0 * K, w, mc,
-				 N, K, accumulate, ctx->pdl ? ctx->gemv_resident : 0);
+		ret = split ? lin_launch(ctx, "gemv_kernel", grid, GEMV_WARPS * 32,
+					 gemv_kernel<MT, GEMV_WARPS>, y + (size_t)m0 * N,
+					 x + (size_t)m0 * K, w, mc, N, K, accumulate,
+					 ctx->pdl ? ctx->gemv_resident : 0)
+			    : lin_launch(ctx, "gemv_kernel", grid, GEMV_WARPS * 32, gemv_kernel<MT, 1>,
+					 y + (size_t)m0 * N, x + (size_t)m0 * K, w, mc, N, K,
+					 accumulate, ctx->pdl ? ctx->gemv_resident : 0);
 		if (ret)
 			return ret;
 	}
@@ -261,10 +301,10 @@ int k_cuda_lin_gemv_setup(struct k_cuda_linear *ctx)
 	int b1 = 0, b2 = 0, ret;
 
 	ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-					 &b1, gemv_kernel<1>, GEMV_WARPS * 32, 0));
+					 &b1, gemv_kernel<1, 1>, GEMV_WARPS * 32, 0));
 	if (!ret)
 		ret = LIN_CUDA(ctx->dev, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-						 &b2, gemv_kernel<2>, GEMV_WARPS * 32, 0));
+						 &b2, gemv_kernel<2, 1>, GEMV_WARPS * 32, 0));
 	ctx->gemv_resident = (b1 < b2 ? b1 : b2) * ctx->n_sm;
 	return ret;
 }
