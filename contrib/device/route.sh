@@ -1,11 +1,13 @@
 #!/bin/bash
 # The MoE routing at decode on the GPU machine, one call: the router GEMV's warps
-# splitting K where its grid is small (KDEC_LINEAR_GEMV_SPLIT) and moe_route skipping the
-# group mask where every group is kept (Kimi-K2).
-#   RT_PART=tests   test_cuda_linear quick, test_cuda_moe (the routing cases), test_golden
-#                   on cuda
-#   RT_PART=bench   bench_cuda_moe route with the split on and off
-#   RT_PART=decode  kdbench decode of RT_DECODE (model:format:batches), split on / off
+# splitting K where its grid is small (KDEC_LINEAR_GEMV_SPLIT), moe_route skipping the
+# group mask where every group is kept (Kimi-K2) and keeping a row's experts in
+# registers (KDEC_MOE_ROUTE_REG). RT_KNOB: the switch the A/B parts turn (1, then 0;
+# default KDEC_LINEAR_GEMV_SPLIT).
+#   RT_PART=tests   test_cuda_linear quick, test_cuda_moe quick with RT_KNOB 1 and 0 (the
+#                   routing cases), test_golden on cuda
+#   RT_PART=bench   bench_cuda_moe route with RT_KNOB 1 and 0
+#   RT_PART=decode  kdbench decode of RT_DECODE (model:format:batches), RT_KNOB 1 / 0
 # here: make -C build -j2 all && make -C build -j2 check TESTS= &&
 #       PACK_XZ=1 PACK_SERVE=0 PACK_TESTS="test_cuda_linear test_cuda_moe test_golden bench_cuda_moe" \
 #       contrib/device/pack.sh build devbuild-rt2
@@ -17,12 +19,17 @@ DEADLINE=${DEADLINE:-560}
 use "${DEVBUILD:-devbuild-rt2}"
 gpu_line
 DEC_STEPS=32 DEC_WARMUP=8	# lib.sh's dec
+KNOB=${RT_KNOB:-KDEC_LINEAR_GEMV_SPLIT}
 
 tests() {
+	local k
 	step linear 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_linear"
 	grep -E "N=(384|64) .*gemv|FAIL|passed|failed" "$L/linear.log" | tail -8 | tee -a "$S"
-	step moe 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe"
-	grep -E "kimi-k2 sigmoid 1 group|all kept|FAIL|passed|failed" "$L/moe.log" | tail -8 | tee -a "$S"
+	for k in 1 0; do
+		step "moe_$k" 150 env KD_TEST_QUICK=1 $KNOB=$k "$B/tests/test_cuda_moe"
+		grep -E "kimi-k2 sigmoid 1 group|FAIL|passed|failed" "$L/moe_$k.log" | tail -4 |
+			sed "s/^/$KNOB $k: /" | tee -a "$S"
+	done
 	step golden 150 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
 	grep -E "FAIL|passed|failed" "$L/golden.log" | tail -3 | tee -a "$S"
 }
@@ -30,8 +37,8 @@ tests() {
 bench() {
 	local k
 	for k in 1 0; do
-		step "route_split$k" 60 env KDEC_LINEAR_GEMV_SPLIT=$k "$B/tests/bench/bench_cuda_moe" route
-		grep "^route" "$L/route_split$k.log" | sed "s/^/split $k: /" | tee -a "$S"
+		step "route_$k" 60 env $KNOB=$k "$B/tests/bench/bench_cuda_moe" route
+		grep "^route" "$L/route_$k.log" | sed "s/^/$KNOB $k: /" | tee -a "$S"
 	done
 }
 
@@ -40,8 +47,8 @@ decode() {
 	for r in ${RT_DECODE:-kimi-k2:fp8-block:1,8 deepseek-v3:fp8-block:1,8
 		qwen3-30b-a3b:fp8-block:1,8 deepseek-v2-lite:fp8-block:1,8}; do
 		m=${r%%:*} r=${r#*:} f=${r%%:*} bt=${r#*:}
-		dec "${m}_${f}_split1" $m $bt $f KDEC_LINEAR_GEMV_SPLIT=1
-		dec "${m}_${f}_split0" $m $bt $f KDEC_LINEAR_GEMV_SPLIT=0
+		dec "${m}_${f}_1" $m $bt $f $KNOB=1
+		dec "${m}_${f}_0" $m $bt $f $KNOB=0
 	done
 }
 

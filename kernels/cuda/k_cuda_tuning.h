@@ -190,6 +190,8 @@ struct k_cuda_tuning {
 	int linear_gemv_split;	/* KDEC_LINEAR_GEMV_SPLIT, flag, 1: the bf16 GEMV (M <= 2) of
 				 * few rows (a CTA a row pair at most two CTAs a multiprocessor:
 				 * the MoE routers) runs a CTA a row pair, its warps splitting K */
+	int moe_route_reg;	/* KDEC_MOE_ROUTE_REG, flag, 1: moe_route keeps a row's experts
+				 * in registers where they fit (<= 512) and no group is masked */
 	int moe_fused_rows;	/* KDEC_MOE_FUSED_ROWS, rows (>= 0), 1: up to this many rows a
 				 * MoE layer runs as one k_cuda_moe_experts_add call */
 	int mla_post_fused;	/* KDEC_CUDA_MLA_POST, flag, 1: mla_post is one kernel

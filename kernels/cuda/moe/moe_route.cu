@@ -3,14 +3,18 @@
 // the same group scores and argmax tie rule), so the chosen ids and the weights equal
 // the CPU's exactly, near-ties included.
 //
-// Latency is all that counts here (one warp, 64..256 values): after the PDL wait the
+// Latency is all that counts here (one warp, 64..384 values): after the PDL wait the
 // chain holds one round trip for the logits and nothing else from memory (the expf table
 // sits in the lanes' registers, the bias in shared memory, both read before the wait),
 // warp maxima are one redux.sync on order-preserving keys, and the top-k rounds rescan
-// only the lane that owned the last winner.
+// only the lane that owned the last winner. Where a row's experts fit 16 a lane and no
+// group is masked, they stay in registers (moe_route_reg_kernel): session 21 measured
+// moe_route at 4.4-23.6 us a layer alone in a chain (bench_cuda_moe route, H100), most
+// of it one lane at a time walking shared memory.
 #include <climits>
 #include <cstdint>
 
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/launch_check.cuh"
 #include "kernels/cuda/moe/k_cuda_moe.h"
 #include "kernels/cuda/moe/moe_internal.h"
@@ -47,6 +51,129 @@ moe_route_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float 
 		  weights + (size_t)m * p.top_k);
 }
 
+// The same for a row whose experts fit NPL a lane (E <= 32 NPL) and whose groups, if
+// any, are all kept (no mask: Qwen3, DeepSeek-V2-Lite, Kimi-K2): lane l holds experts l,
+// l + 32, ... in registers, so a top-k round's rescan of the winner's lane is NPL
+// register compares instead of NPL shared-memory round trips (route_row's, ~60 cycles
+// each with one warp on the multiprocessor). The arithmetic is route_row's, step for
+// step: the softmax sum still one lane's walk in index order (through shared memory),
+// the same expf, divisions, ties and weight sums, so ids and weights are the same bits.
+template <int NPL>
+__global__ void __launch_bounds__(32)
+moe_route_reg_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float *weights,
+		     int bias_smem)
+{
+	extern __shared__ float smem[];
+	__shared__ float w[ROUTE_MAX_TOPK];
+	const int E = p.n_experts, K = p.top_k, lane = threadIdx.x, m = blockIdx.x;
+	float *score = smem, *sbias = bias_smem ? smem + E : NULL;
+	const uint64_t tab = expf_tab_lane();
+	const float *lg = logits + (size_t)m * E, *bias = sbias ? sbias : p.bias;
+	float v[NPL], sc[NPL];
+	unsigned taken = 0;	// bit i: expert i * 32 + lane chosen
+	float sum = 0.0f;
+
+	if (sbias)
+		for (int e = lane; e < E; e += 32)
+			sbias[e] = k_cuda_pdl_early(p.bias + e);	// a weight
+	k_cuda_pdl_wait();	// the logits are the router's output
+#pragma unroll
+	for (int i = 0; i < NPL; i++)
+		v[i] = i * 32 + lane < E ? lg[i * 32 + lane] : 0.0f;
+	if (p.scoring == K_MOE_SOFTMAX) {	// route_softmax
+		unsigned mk = 0;
+		float mx;
+
+#pragma unroll
+		for (int i = 0; i < NPL; i++)
+			if (i * 32 + lane < E)
+				mk = max(mk, ord_key(v[i]));
+		mx = ord_float(__reduce_max_sync(0xffffffffu, mk));
+#pragma unroll
+		for (int i = 0; i < NPL; i++) {	// warp-uniform: glibc_expf shuffles
+			sc[i] = glibc_expf(__fsub_rn(i * 32 + lane < E ? v[i] : mx, mx), tab);
+			if (i * 32 + lane < E)
+				score[i * 32 + lane] = sc[i];
+		}
+		__syncwarp();
+		if (lane == 0) {
+#pragma unroll 8
+			for (int e = 0; e < E; e++)
+				sum = __fadd_rn(sum, score[e]);
+		}
+		sum = __shfl_sync(0xffffffffu, sum, 0);
+#pragma unroll
+		for (int i = 0; i < NPL; i++)
+			sc[i] = __fdiv_rn(sc[i], sum);
+	} else {
+#pragma unroll
+		for (int i = 0; i < NPL; i++)	// warp-uniform: glibc_expf shuffles
+			sc[i] = __fdiv_rn(1.0f, __fadd_rn(1.0f, glibc_expf(
+							 i * 32 + lane < E ? -v[i] : 0.0f, tab)));
+	}
+	// the choice values (score + bias) as order keys; past E never a candidate
+#pragma unroll
+	for (int i = 0; i < NPL; i++) {
+		const int e = i * 32 + lane;
+
+		v[i] = e < E && bias ? __fadd_rn(sc[i], bias[e]) : sc[i];
+		if (e >= E)
+			taken |= 1u << i;
+	}
+	sum = 0.0f;
+	for (int j = 0; j < K; j++) {
+		unsigned key = 0;
+		int idx = INT_MAX;
+
+		// this lane's best untaken: increasing index and ">" keep the lowest of a tie
+#pragma unroll
+		for (int i = 0; i < NPL; i++)
+			if (!(taken >> i & 1)) {
+				const unsigned k = ord_key(v[i]);
+
+				if (idx == INT_MAX || k > key) {
+					key = k;
+					idx = i * 32 + lane;
+				}
+			}
+		const int e = warp_pick(key, idx);
+
+		if (e >= 0 && e % 32 == lane) {
+			const int i = e / 32;
+
+			taken |= 1u << i;
+			ids[(size_t)m * K + j] = e;
+#pragma unroll
+			for (int t = 0; t < NPL; t++)
+				if (t == i)
+					w[j] = sc[t];
+		}
+	}
+	__syncwarp();
+	// the weight sum in slot order, as the CPU; then each slot's division by its lane
+	if (lane == 0)
+		for (int j = 0; j < K; j++)
+			sum = __fadd_rn(sum, w[j]);
+	sum = __shfl_sync(0xffffffffu, sum, 0);
+	for (int j = lane; j < K; j += 32) {
+		float x = w[j];
+
+		if (p.norm_topk_prob)
+			x = __fdiv_rn(x, __fadd_rn(sum, 1e-20f));
+		weights[(size_t)m * K + j] = __fmul_rn(x, p.routed_scaling);
+	}
+}
+
+// The register form's experts a lane for E experts: 0 where it does not take them.
+static int route_reg_npl(const struct k_moe_route_params *p)
+{
+	const int E = p->n_experts;
+
+	if (p->select != K_MOE_GREEDY && p->n_group > 0 && p->topk_group < p->n_group)
+		return 0;	// a group mask: route_row's shared-memory form
+	return E <= 64 ? 2 : E <= 128 ? 4 : E <= 256 ? 8 : E <= 512 ? 16 : 0;
+}
+
 }	// namespace
 
 // ---- launchers --------------------------------------------------------------
@@ -71,6 +198,29 @@ extern "C" int k_cuda_moe_route(cudaStream_t s, const struct k_moe_route_params 
 		return -EINVAL;
 	if (M == 0)
 		return 0;
+	if (k_cuda_tuning()->moe_route_reg && route_reg_npl(p)) {
+		smem = (size_t)p->n_experts * 2 * sizeof(float);
+		bias_smem = p->bias != NULL;
+		switch (route_reg_npl(p)) {
+		case 2:
+			k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_reg_kernel<2>, *p,
+					  logits, ids, weights, bias_smem);
+			break;
+		case 4:
+			k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_reg_kernel<4>, *p,
+					  logits, ids, weights, bias_smem);
+			break;
+		case 8:
+			k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_reg_kernel<8>, *p,
+					  logits, ids, weights, bias_smem);
+			break;
+		default:
+			k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_reg_kernel<16>, *p,
+					  logits, ids, weights, bias_smem);
+			break;
+		}
+		return K_CUDA_LAUNCHED("moe_route");
+	}
 	// The bias's shared copy while the whole stays under the 48 KB a launch gets
 	// without opting in (the static arrays take under 2 KB): up to ~3500 experts.
 	smem = (size_t)p->n_experts * (3 * sizeof(float) + 1);
