@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "tests/testutil.h"
 
 /* Whether this machine has a CUDA device; without one it says that test name is
@@ -23,6 +24,22 @@ static inline int test_gpu_present(const char *name)
 	if (count == 0)
 		fprintf(stderr, "%s: skipped: no CUDA device on this machine\n", name);
 	return count > 0;
+}
+
+/* The KDEC_* variables installed as the daemon installs them, so that a benchmark or a
+ * test runs A/B the way kdbench does (without this the built-in defaults apply). 0, or
+ * -1 with the malformed variable named on stderr. */
+static inline int test_tuning_env(const char *name)
+{
+	struct k_cuda_tuning t;
+	char err[160];
+
+	if (k_cuda_tuning_from_env(&t, err, sizeof(err))) {
+		fprintf(stderr, "%s: %s\n", name, err);
+		return -1;
+	}
+	k_cuda_tuning_set(&t);
+	return 0;
 }
 
 /* CU(call): 1 when the CUDA call succeeded, else a failed check and 0. */

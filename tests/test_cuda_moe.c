@@ -677,6 +677,8 @@ int main(void)
 
 	if (!test_gpu_present("test_cuda_moe"))
 		return 77;
+	if (test_tuning_env("test_cuda_moe"))	/* KDEC_MOE_ROUTE_REG=0: the other form */
+		return 1;
 	part = test_part("test_cuda_moe", "route", "experts");
 	if (getenv("KD_TEST_DUMP") && !(dump = fopen(getenv("KD_TEST_DUMP"), "wb"))) {
 		fprintf(stderr, "test_cuda_moe: KD_TEST_DUMP %s: cannot open\n", getenv("KD_TEST_DUMP"));

@@ -269,18 +269,8 @@ int main(int argc, char **argv)
 			}
 		}
 	}
-	if (bench_begin("bench_cuda_linear_q"))
+	if (bench_begin("bench_cuda_linear_q"))	/* KDEC_* variables apply (A/B of a knob) */
 		return 77;
-	{	/* KDEC_* variables apply here as in the daemon (A/B runs of a knob) */
-		struct k_cuda_tuning t;
-		char err[160];
-
-		if (k_cuda_tuning_from_env(&t, err, sizeof(err))) {
-			fprintf(stderr, "bench_cuda_linear_q: %s\n", err);
-			return 1;
-		}
-		k_cuda_tuning_set(&t);
-	}
 	printf("median of %d graph replays, weights rotated over >= %zu MB; floor at %.2f TB/s\n",
 	       SAMPLES, ROTATE_BYTES >> 20, BENCH_HBM_BYTES_PER_S / 1e12);
 	CU(cudaSetDevice(0));

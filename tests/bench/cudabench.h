@@ -177,14 +177,15 @@ out:
 	return us;
 }
 
-/* The device line every benchmark starts with; 0, or -1 (said) without a device. */
+/* The device line every benchmark starts with, the KDEC_* variables installed
+ * (test_tuning_env); 0, or -1 (said) without a device or with a malformed variable. */
 static inline int bench_begin(const char *name)
 {
 	char dev[128];
 	double gib;
 	int major, minor;
 
-	if (!test_gpu_present(name))
+	if (!test_gpu_present(name) || test_tuning_env(name))
 		return -1;
 	setvbuf(stdout, NULL, _IOLBF, 0);	/* a run cut off shows its rows */
 	if (k_cuda_device_describe(0, dev, sizeof(dev), &gib, &major, &minor) == 0)
