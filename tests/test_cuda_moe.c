@@ -160,6 +160,13 @@ static void test_route_all(void)
 		{ "v3 sigmoid top2 bias", { .n_experts = 256, .top_k = 8, .scoring = K_MOE_SIGMOID,
 			.select = K_MOE_GROUP_TOP2, .n_group = 8, .topk_group = 4,
 			.norm_topk_prob = 1, .routed_scaling = 2.5f }, 1 },
+		/* groups of 32: moe_route's register form scores them across the warp */
+		{ "group_max 4 groups of 32", { .n_experts = 128, .top_k = 6,
+			.scoring = K_MOE_SOFTMAX, .select = K_MOE_GROUP_MAX, .n_group = 4,
+			.topk_group = 2, .routed_scaling = 16 }, 0 },
+		{ "top2 2 groups of 32 bias", { .n_experts = 64, .top_k = 4,
+			.scoring = K_MOE_SIGMOID, .select = K_MOE_GROUP_TOP2, .n_group = 2,
+			.topk_group = 1, .norm_topk_prob = 1, .routed_scaling = 2.5f }, 1 },
 		{ "kimi-k2 sigmoid 1 group bias", { .n_experts = 384, .top_k = 8,
 			.scoring = K_MOE_SIGMOID, .select = K_MOE_GROUP_TOP2, .n_group = 1,
 			.topk_group = 1, .norm_topk_prob = 1, .routed_scaling = 2.827f }, 1 },

@@ -52,12 +52,15 @@ moe_route_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float 
 }
 
 // The same for a row whose experts fit NPL a lane (E <= 32 NPL) and whose groups, if
-// any, are all kept (no mask: Qwen3, DeepSeek-V2-Lite, Kimi-K2): lane l holds experts l,
+// any, are all kept (no mask: Qwen3, DeepSeek-V2-Lite, Kimi-K2) or 32 experts each
+// (DeepSeek-V3: a group is one register index across the warp): lane l holds experts l,
 // l + 32, ... in registers, so a top-k round's rescan of the winner's lane is NPL
 // register compares instead of NPL shared-memory round trips (route_row's, ~60 cycles
 // each with one warp on the multiprocessor). The arithmetic is route_row's, step for
 // step: the softmax sum still one lane's walk in index order (through shared memory),
-// the same expf, divisions, ties and weight sums, so ids and weights are the same bits.
+// the same expf, divisions, group scores (the group's first maximum in index order and
+// the largest of the rest, as the CPU's walk keeps them), ties and weight sums, so ids
+// and weights are the same bits.
 template <int NPL>
 __global__ void __launch_bounds__(32)
 moe_route_reg_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float *weights,
@@ -120,6 +123,44 @@ moe_route_reg_kernel(k_moe_route_params p, const float *logits, int32_t *ids, fl
 		if (e >= E)
 			taken |= 1u << i;
 	}
+	unsigned masked = 0;	// bit g: group g (experts g * 32 + lane) dropped
+	if (p.select != K_MOE_GREEDY && p.n_group > 0 && p.topk_group < p.n_group) {
+		const int top2 = p.select == K_MOE_GROUP_TOP2;
+		float gs[NPL];
+		unsigned keep = 0;
+
+#pragma unroll
+		for (int g = 0; g < NPL; g++) {	// route_group_score of group g
+			const unsigned k = ord_key(v[g]);
+			const int ia = warp_pick(k, lane);
+			float s = __shfl_sync(0xffffffffu, v[g], ia);
+
+			if (top2) {
+				const int ib = warp_pick(lane == ia ? 0u : k, lane == ia ? INT_MAX : lane);
+
+				s = __fadd_rn(s, __shfl_sync(0xffffffffu, v[g], ib));
+			}
+			gs[g] = s;
+		}
+		for (int i = 0; i < p.topk_group; i++) {	// route_argmax over the groups
+			int best = -1;
+			float bv = 0.0f;
+
+#pragma unroll
+			for (int g = 0; g < NPL; g++)
+				if (g < p.n_group && !(keep >> g & 1) && (best < 0 || gs[g] > bv)) {
+					best = g;
+					bv = gs[g];
+				}
+			keep |= 1u << best;
+		}
+#pragma unroll
+		for (int g = 0; g < NPL; g++)
+			if (!(keep >> g & 1)) {
+				masked |= 1u << g;
+				v[g] = top2 ? -INFINITY : 0.0f;
+			}
+	}
 	sum = 0.0f;
 	for (int j = 0; j < K; j++) {
 		unsigned key = 0;
@@ -143,10 +184,12 @@ moe_route_reg_kernel(k_moe_route_params p, const float *logits, int32_t *ids, fl
 
 			taken |= 1u << i;
 			ids[(size_t)m * K + j] = e;
+			// V2 takes its weights from the masked scores, V3 from the raw ones
 #pragma unroll
 			for (int t = 0; t < NPL; t++)
 				if (t == i)
-					w[j] = sc[t];
+					w[j] = masked >> t & 1 && p.select == K_MOE_GROUP_MAX ? 0.0f
+											: sc[t];
 		}
 	}
 	__syncwarp();
@@ -169,8 +212,9 @@ static int route_reg_npl(const struct k_moe_route_params *p)
 {
 	const int E = p->n_experts;
 
-	if (p->select != K_MOE_GREEDY && p->n_group > 0 && p->topk_group < p->n_group)
-		return 0;	// a group mask: route_row's shared-memory form
+	if (p->select != K_MOE_GREEDY && p->n_group > 0 && p->topk_group < p->n_group &&
+	    (E != 32 * p->n_group || p->topk_group < 1))
+		return 0;	// a mask over groups that are not 32 experts: route_row's form
 	return E <= 64 ? 2 : E <= 128 ? 4 : E <= 256 ? 8 : E <= 512 ? 16 : 0;
 }
 
