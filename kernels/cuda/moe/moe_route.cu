@@ -61,7 +61,9 @@ moe_route_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float 
 // the same expf, divisions, group scores (the group's first maximum in index order and
 // the largest of the rest, as the CPU's walk keeps them), ties and weight sums, so ids
 // and weights are the same bits.
-template <int NPL>
+// MASK: the groups are scored and all but topk_group masked (an instantiation apart:
+// the scoring's registers and code slowed the unmasked rows by 20-35% in one kernel).
+template <int NPL, bool MASK>
 __global__ void __launch_bounds__(32)
 moe_route_reg_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float *weights,
 		     int bias_smem)
@@ -124,7 +126,7 @@ moe_route_reg_kernel(k_moe_route_params p, const float *logits, int32_t *ids, fl
 			taken |= 1u << i;
 	}
 	unsigned masked = 0;	// bit g: group g (experts g * 32 + lane) dropped
-	if (p.select != K_MOE_GREEDY && p.n_group > 0 && p.topk_group < p.n_group) {
+	if (MASK) {
 		const int top2 = p.select == K_MOE_GROUP_TOP2;
 		float gs[NPL];
 		unsigned keep = 0;
@@ -218,6 +220,14 @@ static int route_reg_npl(const struct k_moe_route_params *p)
 	return E <= 64 ? 2 : E <= 128 ? 4 : E <= 256 ? 8 : E <= 512 ? 16 : 0;
 }
 
+template <int NPL, bool MASK>
+void route_reg_launch(cudaStream_t s, const struct k_moe_route_params *p, const float *logits,
+		      int M, int32_t *ids, float *weights, int bias_smem, size_t smem)
+{
+	k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_reg_kernel<NPL, MASK>, *p, logits,
+			  ids, weights, bias_smem);
+}
+
 }	// namespace
 
 // ---- launchers --------------------------------------------------------------
@@ -243,24 +253,35 @@ extern "C" int k_cuda_moe_route(cudaStream_t s, const struct k_moe_route_params 
 	if (M == 0)
 		return 0;
 	if (k_cuda_tuning()->moe_route_reg && route_reg_npl(p)) {
+		const bool mask = p->select != K_MOE_GREEDY && p->n_group > 0 &&
+				  p->topk_group < p->n_group;
+
 		smem = (size_t)p->n_experts * 2 * sizeof(float);
 		bias_smem = p->bias != NULL;
-		switch (route_reg_npl(p)) {
-		case 2:
-			k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_reg_kernel<2>, *p,
-					  logits, ids, weights, bias_smem);
-			break;
+		switch (route_reg_npl(p) * 2 + mask) {
 		case 4:
-			k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_reg_kernel<4>, *p,
-					  logits, ids, weights, bias_smem);
+			route_reg_launch<2, false>(s, p, logits, M, ids, weights, bias_smem, smem);
+			break;
+		case 5:
+			route_reg_launch<2, true>(s, p, logits, M, ids, weights, bias_smem, smem);
 			break;
 		case 8:
-			k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_reg_kernel<8>, *p,
-					  logits, ids, weights, bias_smem);
+			route_reg_launch<4, false>(s, p, logits, M, ids, weights, bias_smem, smem);
+			break;
+		case 9:
+			route_reg_launch<4, true>(s, p, logits, M, ids, weights, bias_smem, smem);
+			break;
+		case 16:
+			route_reg_launch<8, false>(s, p, logits, M, ids, weights, bias_smem, smem);
+			break;
+		case 17:
+			route_reg_launch<8, true>(s, p, logits, M, ids, weights, bias_smem, smem);
+			break;
+		case 32:
+			route_reg_launch<16, false>(s, p, logits, M, ids, weights, bias_smem, smem);
 			break;
 		default:
-			k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_reg_kernel<16>, *p,
-					  logits, ids, weights, bias_smem);
+			route_reg_launch<16, true>(s, p, logits, M, ids, weights, bias_smem, smem);
 			break;
 		}
 		return K_CUDA_LAUNCHED("moe_route");
