@@ -75,7 +75,7 @@ moe_route_reg_kernel(k_moe_route_params p, const float *logits, int32_t *ids, fl
 	const uint64_t tab = expf_tab_lane();
 	const float *lg = logits + (size_t)m * E, *bias = sbias ? sbias : p.bias;
 	float v[NPL], sc[NPL];
-	unsigned taken = 0;	// bit i: expert i * 32 + lane chosen
+	unsigned taken = 0;	// bit i: expert i * 32 + lane chosen (or past E)
 	float sum = 0.0f;
 
 	if (sbias)
@@ -116,7 +116,7 @@ moe_route_reg_kernel(k_moe_route_params p, const float *logits, int32_t *ids, fl
 			sc[i] = __fdiv_rn(1.0f, __fadd_rn(1.0f, glibc_expf(
 							 i * 32 + lane < E ? -v[i] : 0.0f, tab)));
 	}
-	// the choice values (score + bias) as order keys; past E never a candidate
+	// the choice values (score + bias); experts past E never a candidate
 #pragma unroll
 	for (int i = 0; i < NPL; i++) {
 		const int e = i * 32 + lane;
