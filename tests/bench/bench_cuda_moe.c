@@ -244,6 +244,33 @@ static double stream_graph_us(int (*call)(void *), void *arg, void *flush, int *
 	return test_median(ms, 25) * 1e3;
 }
 
+/* On the device: a random bf16 router (n_experts, hidden) into *router, random x (M,
+ * hidden) into *x and, for sigmoid scoring, a random bias into p->bias. */
+static void route_inputs(const struct moe_shape *s, struct k_moe_route_params *p, int M,
+			 const uint16_t **router, float **x)
+{
+	size_t nr = (size_t)s->n_experts * s->hidden, nx = (size_t)M * s->hidden;
+	uint16_t *hr = malloc(sizeof(uint16_t) * nr);
+	float *hx = malloc(sizeof(float) * nx);
+
+	for (size_t i = 0; i < nr; i++)
+		hr[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
+	for (size_t i = 0; i < nx; i++)
+		hx[i] = test_randf(&seed);
+	if (p->scoring == K_MOE_SIGMOID) {
+		float *bias = malloc(sizeof(float) * s->n_experts);
+
+		for (int e = 0; e < s->n_experts; e++)
+			bias[e] = test_randf(&seed) * 0.05f;
+		p->bias = dup_to_device(bias, sizeof(float) * s->n_experts);
+		free(bias);
+	}
+	*router = dup_to_device(hr, sizeof(uint16_t) * nr);
+	*x = dup_to_device(hx, sizeof(float) * nx);
+	free(hr);
+	free(hx);
+}
+
 /* Every expert in its own (zeroed) memory, a random router, random x: the standard
  * and the latency path at M rows, each beside the floor of the bytes the layer reads
  * (router, the experts its ids chose, the shared expert). */
@@ -253,9 +280,7 @@ static void bench_lat(const struct moe_shape *s, struct k_moe_route_params p, in
 	size_t nr = (size_t)s->n_experts * s->hidden, ns = (size_t)s->hidden * shared;
 	struct lat_bench lb = { .s = s, .p = p, .M = M, .shared = shared };
 	uint16_t *all = dalloc(sizeof(uint16_t) * (per * 3 * (size_t)s->n_experts + 3 * ns));
-	uint16_t *hr = malloc(sizeof(uint16_t) * nr);
 	const uint16_t **table = malloc(sizeof(*table) * 3 * (size_t)s->n_experts);
-	float *x = malloc(sizeof(float) * (size_t)M * s->hidden), *bias = NULL;
 	int32_t *ids = malloc(sizeof(int32_t) * nk);
 	unsigned char *used = calloc((size_t)s->n_experts, 1);
 	void *flush = bench_flush_buffer();
@@ -270,19 +295,8 @@ static void bench_lat(const struct moe_shape *s, struct k_moe_route_params p, in
 	lb.sh = (struct k_cuda_moe_shared){ all + per * 3 * s->n_experts,
 					    all + per * 3 * s->n_experts + ns,
 					    all + per * 3 * s->n_experts + 2 * ns, shared };
-	for (size_t i = 0; i < nr; i++)
-		hr[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
-	for (size_t i = 0; i < (size_t)M * s->hidden; i++)
-		x[i] = test_randf(&seed);
-	if (p.scoring == K_MOE_SIGMOID) {
-		bias = malloc(sizeof(float) * s->n_experts);
-		for (int e = 0; e < s->n_experts; e++)
-			bias[e] = test_randf(&seed) * 0.05f;
-		lb.p.bias = dup_to_device(bias, sizeof(float) * s->n_experts);
-	}
-	lb.router = dup_to_device(hr, sizeof(uint16_t) * nr);
+	route_inputs(s, &lb.p, M, &lb.router, &lb.x);
 	lb.table = dup_to_device(table, sizeof(*table) * 3 * (size_t)s->n_experts);
-	lb.x = dup_to_device(x, sizeof(float) * (size_t)M * s->hidden);
 	lb.y = dalloc(sizeof(float) * (size_t)M * s->hidden);
 	lb.logits = dalloc(sizeof(float) * (size_t)M * s->n_experts);
 	lb.wts = dalloc(sizeof(float) * nk);
@@ -318,10 +332,7 @@ out:
 	cudaFree(lb.logits);
 	cudaFree(lb.wts);
 	cudaFree(lb.ids);
-	free(hr);
 	free(table);
-	free(x);
-	free(bias);
 	free(ids);
 	free(used);
 }
@@ -512,25 +523,11 @@ static int route_chain(void *arg)
  * launches programmatically dependent, as in a step), per layer. */
 static void bench_route(const struct moe_shape *s, struct k_moe_route_params p, int M)
 {
-	size_t nr = (size_t)s->n_experts * s->hidden;
 	struct route_bench rb = { .s = s, .p = p, .M = M };
-	uint16_t *hr = malloc(sizeof(uint16_t) * nr);
-	float *x = malloc(sizeof(float) * (size_t)M * s->hidden), *bias = NULL;
 	double us[3] = { 0, 0, 0 };
 	int nodes;
 
-	for (size_t i = 0; i < nr; i++)
-		hr[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
-	for (size_t i = 0; i < (size_t)M * s->hidden; i++)
-		x[i] = test_randf(&seed);
-	if (p.scoring == K_MOE_SIGMOID) {
-		bias = malloc(sizeof(float) * s->n_experts);
-		for (int e = 0; e < s->n_experts; e++)
-			bias[e] = test_randf(&seed) * 0.05f;
-		rb.p.bias = dup_to_device(bias, sizeof(float) * s->n_experts);
-	}
-	rb.router = dup_to_device(hr, sizeof(uint16_t) * nr);
-	rb.x = dup_to_device(x, sizeof(float) * (size_t)M * s->hidden);
+	route_inputs(s, &rb.p, M, &rb.router, &rb.x);
 	rb.logits = dalloc(sizeof(float) * (size_t)M * s->n_experts);
 	rb.wts = dalloc(sizeof(float) * (size_t)M * s->top_k);
 	rb.ids = dalloc(sizeof(int32_t) * (size_t)M * s->top_k);
@@ -549,9 +546,6 @@ static void bench_route(const struct moe_shape *s, struct k_moe_route_params p, 
 	cudaFree(rb.logits);
 	cudaFree(rb.wts);
 	cudaFree(rb.ids);
-	free(hr);
-	free(x);
-	free(bias);
 }
 
 static void bench_lat_all(int route_only)
