@@ -220,12 +220,17 @@ static int route_reg_npl(const struct k_moe_route_params *p)
 	return E <= 64 ? 2 : E <= 128 ? 4 : E <= 256 ? 8 : E <= 512 ? 16 : 0;
 }
 
-template <int NPL, bool MASK>
-void route_reg_launch(cudaStream_t s, const struct k_moe_route_params *p, const float *logits,
-		      int M, int32_t *ids, float *weights, int bias_smem, size_t smem)
+template <int NPL>
+void route_reg_launch(cudaStream_t s, const struct k_moe_route_params *p, bool mask,
+		      const float *logits, int M, int32_t *ids, float *weights, int bias_smem,
+		      size_t smem)
 {
-	k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_reg_kernel<NPL, MASK>, *p, logits,
-			  ids, weights, bias_smem);
+	if (mask)
+		k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_reg_kernel<NPL, true>, *p,
+				  logits, ids, weights, bias_smem);
+	else
+		k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_reg_kernel<NPL, false>, *p,
+				  logits, ids, weights, bias_smem);
 }
 
 }	// namespace
@@ -258,30 +263,18 @@ extern "C" int k_cuda_moe_route(cudaStream_t s, const struct k_moe_route_params 
 
 		smem = (size_t)p->n_experts * 2 * sizeof(float);
 		bias_smem = p->bias != NULL;
-		switch (route_reg_npl(p) * 2 + mask) {
-		case 4:
-			route_reg_launch<2, false>(s, p, logits, M, ids, weights, bias_smem, smem);
+		switch (route_reg_npl(p)) {
+		case 2:
+			route_reg_launch<2>(s, p, mask, logits, M, ids, weights, bias_smem, smem);
 			break;
-		case 5:
-			route_reg_launch<2, true>(s, p, logits, M, ids, weights, bias_smem, smem);
+		case 4:
+			route_reg_launch<4>(s, p, mask, logits, M, ids, weights, bias_smem, smem);
 			break;
 		case 8:
-			route_reg_launch<4, false>(s, p, logits, M, ids, weights, bias_smem, smem);
-			break;
-		case 9:
-			route_reg_launch<4, true>(s, p, logits, M, ids, weights, bias_smem, smem);
-			break;
-		case 16:
-			route_reg_launch<8, false>(s, p, logits, M, ids, weights, bias_smem, smem);
-			break;
-		case 17:
-			route_reg_launch<8, true>(s, p, logits, M, ids, weights, bias_smem, smem);
-			break;
-		case 32:
-			route_reg_launch<16, false>(s, p, logits, M, ids, weights, bias_smem, smem);
+			route_reg_launch<8>(s, p, mask, logits, M, ids, weights, bias_smem, smem);
 			break;
 		default:
-			route_reg_launch<16, true>(s, p, logits, M, ids, weights, bias_smem, smem);
+			route_reg_launch<16>(s, p, mask, logits, M, ids, weights, bias_smem, smem);
 			break;
 		}
 		return K_CUDA_LAUNCHED("moe_route");
