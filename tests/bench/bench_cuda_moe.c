@@ -535,9 +535,11 @@ static void bench_route(const struct moe_shape *s, struct k_moe_route_params p, 
 		for (rb.what = 0; rb.what < 3; rb.what++)
 			us[rb.what] = stream_graph_us(route_chain, &rb, bench_flush_buffer(),
 						      &nodes) / ROUTE_CHAIN;
-		printf("route %-28s M %d: router GEMV %5.2f us, GEMV + moe_route %5.2f us "
-		       "(the routing adds %5.2f), moe_route alone %5.2f us a layer\n", s->name, M,
-		       us[0], us[1], us[1] - us[0], us[2]);
+		printf("route %-28s M %d: router GEMV %5.2f us (its %.1f MB's floor %.2f), "
+		       "GEMV + moe_route %5.2f us (the routing adds %5.2f), moe_route alone %5.2f us "
+		       "a layer\n", s->name, M, us[0],
+		       2.0 * s->n_experts * s->hidden / 1e6,
+		       bench_floor_us(2.0 * s->n_experts * s->hidden), us[1], us[1] - us[0], us[2]);
 	}
 	k_cuda_linear_destroy(rb.lin);
 	cudaFree((void *)rb.router);
