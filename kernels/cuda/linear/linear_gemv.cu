@@ -269,19 +269,16 @@ static int gemv_launch(const struct k_cuda_linear *ctx, float *y, const float *x
 	const bool split = gx * GEMV_WARPS <= ctx->n_sm * 2 && K / 8 >= 32 * 2 * GEMV_WARPS &&
 			   k_cuda_tuning()->linear_gemv_split;
 	const int gxs = split ? (N + GEMV_ROWS - 1) / GEMV_ROWS : gx;
+	void (*kernel)(float *, const float *, const uint16_t *, int, int, int, int, int) =
+		split ? gemv_kernel<MT, GEMV_WARPS> : gemv_kernel<MT, 1>;
 
 	// gridDim.y covers at most GEMV_MAX_GY groups of MT rows per launch
 	for (int m0 = 0; m0 < M; m0 += GEMV_MAX_GY * MT) {
 		int mc = M - m0 < GEMV_MAX_GY * MT ? M - m0 : GEMV_MAX_GY * MT, ret;
-		dim3 grid(gxs, (mc + MT - 1) / MT);
 
-		ret = split ? lin_launch(ctx, "gemv_kernel", grid, GEMV_WARPS * 32,
-					 gemv_kernel<MT, GEMV_WARPS>, y + (size_t)m0 * N,
-					 x + (size_t)m0 * K, w, mc, N, K, accumulate,
-					 ctx->pdl ? ctx->gemv_resident : 0)
-			    : lin_launch(ctx, "gemv_kernel", grid, GEMV_WARPS * 32, gemv_kernel<MT, 1>,
-					 y + (size_t)m0 * N, x + (size_t)m0 * K, w, mc, N, K,
-					 accumulate, ctx->pdl ? ctx->gemv_resident : 0);
+		ret = lin_launch(ctx, "gemv_kernel", dim3(gxs, (mc + MT - 1) / MT), GEMV_WARPS * 32,
+				 kernel, y + (size_t)m0 * N, x + (size_t)m0 * K, w, mc, N, K,
+				 accumulate, ctx->pdl ? ctx->gemv_resident : 0);
 		if (ret)
 			return ret;
 	}

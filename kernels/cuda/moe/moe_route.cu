@@ -163,7 +163,6 @@ moe_route_reg_kernel(k_moe_route_params p, const float *logits, int32_t *ids, fl
 				v[g] = top2 ? -INFINITY : 0.0f;
 			}
 	}
-	sum = 0.0f;
 	for (int j = 0; j < K; j++) {
 		unsigned key = 0;
 		int idx = INT_MAX;
@@ -195,18 +194,7 @@ moe_route_reg_kernel(k_moe_route_params p, const float *logits, int32_t *ids, fl
 		}
 	}
 	__syncwarp();
-	// the weight sum in slot order, as the CPU; then each slot's division by its lane
-	if (lane == 0)
-		for (int j = 0; j < K; j++)
-			sum = __fadd_rn(sum, w[j]);
-	sum = __shfl_sync(0xffffffffu, sum, 0);
-	for (int j = lane; j < K; j += 32) {
-		float x = w[j];
-
-		if (p.norm_topk_prob)
-			x = __fdiv_rn(x, __fadd_rn(sum, 1e-20f));
-		weights[(size_t)m * K + j] = __fmul_rn(x, p.routed_scaling);
-	}
+	route_finish(p, w, weights + (size_t)m * K);
 }
 
 // The register form's experts a lane for E experts: 0 where it does not take them.
@@ -214,8 +202,7 @@ static int route_reg_npl(const struct k_moe_route_params *p)
 {
 	const int E = p->n_experts;
 
-	if (p->select != K_MOE_GREEDY && p->n_group > 0 && p->topk_group < p->n_group &&
-	    (E != 32 * p->n_group || p->topk_group < 1))
+	if (route_masks_groups(*p) && (E != 32 * p->n_group || p->topk_group < 1))
 		return 0;	// a mask over groups that are not 32 experts: route_row's form
 	return E <= 64 ? 2 : E <= 128 ? 4 : E <= 256 ? 8 : E <= 512 ? 16 : 0;
 }
@@ -258,8 +245,7 @@ extern "C" int k_cuda_moe_route(cudaStream_t s, const struct k_moe_route_params 
 	if (M == 0)
 		return 0;
 	if (k_cuda_tuning()->moe_route_reg && route_reg_npl(p)) {
-		const bool mask = p->select != K_MOE_GREEDY && p->n_group > 0 &&
-				  p->topk_group < p->n_group;
+		const bool mask = route_masks_groups(*p);
 
 		smem = (size_t)p->n_experts * 2 * sizeof(float);
 		bias_smem = p->bias != NULL;
