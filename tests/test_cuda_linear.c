@@ -4,13 +4,15 @@
  *
  * Tolerances (errors relative to the reference's RMS; x, w, y0 uniform in [-1, 1)):
  *   gemv, generic (fp32 x, fp32 sums):        rel L2 <= 1e-5, max abs <= 1e-4 * rms
- *   splitk, cublas (x rounded to bf16):
+ *   splitk, stream, ring, cublas (x rounded to bf16):
  *     against the reference fed the same bf16-rounded x: rel L2 <= 5e-4, max abs <= 5e-3 * rms
  *     against the fp32-x reference:                      rel L2 <= 1e-2, max abs <= 5e-2 * rms
  * The tight check catches indexing errors that bf16 rounding would hide (one k group
  * of 8 lost out of 4096 moves rel L2 by ~4e-2). Every output must be written (y is
  * poisoned with NaN), nothing past y touched (a guard zone), and a second run must
  * give the same bits (kdec's own kernels; reported only for cuBLAS).
+ * The ring GEMV's folded forms (k_cuda_linear_norm_run, k_cuda_linear_swiglu_run): the
+ * same bits as k_cuda_rmsnorm or k_cuda_silu_mul_rows then the ring kind.
  * KD_TEST_QUICK=1 (for compute-sanitizer's racecheck, whose cost grows with every
  * shared-memory access): kdec's own kernels only, at M up to 64; no cuBLAS, no auto.
  * KD_TEST_QUICK=2 (race): the big part at M 1, 16 and 64 only, Llama's 6144 and 4096
@@ -32,6 +34,7 @@
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
+#include "kernels/cuda/ops/k_cuda_ops.h"
 #include "tests/cudatest.h"
 
 #define MAX_M		200
@@ -135,7 +138,7 @@ static struct errs compare(const float *got, const float *base, const float *ref
 static int is_bf16_x(enum k_cuda_linear_kind kind)
 {
 	return kind == K_CUDA_LINEAR_SPLITK || kind == K_CUDA_LINEAR_STREAM ||
-	       kind == K_CUDA_LINEAR_CUBLAS;
+	       kind == K_CUDA_LINEAR_RING || kind == K_CUDA_LINEAR_CUBLAS;
 }
 
 /* One case's inputs and both references, host side. */
@@ -448,6 +451,95 @@ static void test_bf16_out(int N, int K)
 	free(want);
 }
 
+/* The ring GEMV's folded x forms against their two-launch forms on fresh random inputs
+ * (N, K: a matrix above linear_small_mb, so that the ring kind is the one chosen):
+ * k_cuda_linear_norm_run against k_cuda_rmsnorm then the ring kind (y and the norm's
+ * out), k_cuda_linear_swiglu_run against k_cuda_silu_mul_rows then the ring kind, bit
+ * for bit, y = and y +=. */
+static void test_ring_folds(int N, int K, int M, int acc)
+{
+	const float eps = 1e-5f;
+	size_t nx = (size_t)M * K, ny = (size_t)M * N, nw = (size_t)N * K;
+	float *x = xmalloc(sizeof(float) * 2 * nx), *nw_h = xmalloc(sizeof(float) * K);
+	float *y0 = xmalloc(sizeof(float) * ny), *a = xmalloc(sizeof(float) * ny);
+	float *b = xmalloc(sizeof(float) * ny), *ha = xmalloc(sizeof(float) * nx);
+	float *hb = xmalloc(sizeof(float) * nx);
+	uint16_t *w = xmalloc(sizeof(uint16_t) * nw), *dw = dalloc(sizeof(uint16_t) * nw);
+	float *dx = dalloc(sizeof(float) * 2 * nx), *dnw = dalloc(sizeof(float) * K);
+	float *dha = dalloc(sizeof(float) * nx), *dhb = dalloc(sizeof(float) * nx);
+	float *dya = dalloc(sizeof(float) * ny), *dyb = dalloc(sizeof(float) * ny);
+	size_t nd = 0, nod = 0, sd = 0;
+	int ra, rb, sa, sb;
+
+	rand_fill(x, 2 * nx);
+	rand_fill(y0, ny);
+	for (int k = 0; k < K; k++)
+		nw_h[k] = 0.5f + 0.5f * test_randf(&seed);
+	for (size_t i = 0; i < nw; i++)
+		w[i] = k_f32_to_bf16(test_randf(&seed));
+	copy(dw, w, sizeof(uint16_t) * nw, cudaMemcpyHostToDevice);
+	copy(dx, x, sizeof(float) * 2 * nx, cudaMemcpyHostToDevice);
+	copy(dnw, nw_h, sizeof(float) * K, cudaMemcpyHostToDevice);
+	/* the norm: x (M, K) */
+	{
+		const struct k_cuda_xnorm n = { dnw, eps, dhb };
+
+		copy(dya, y0, sizeof(float) * ny, cudaMemcpyHostToDevice);
+		copy(dyb, y0, sizeof(float) * ny, cudaMemcpyHostToDevice);
+		fill(dhb, 0xff, sizeof(float) * nx);
+		ra = k_cuda_rmsnorm(stream, dha, K, dx, K, dnw, M, K, eps);
+		if (!ra)
+			ra = k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_RING, dya, dha, dw, M, N, K, acc);
+		rb = k_cuda_linear_norm_run(lin, dyb, dx, &n, dw, M, N, K, acc);
+		CU(cudaStreamSynchronize(stream));
+		copy(a, dya, sizeof(float) * ny, cudaMemcpyDeviceToHost);
+		copy(b, dyb, sizeof(float) * ny, cudaMemcpyDeviceToHost);
+		copy(ha, dha, sizeof(float) * nx, cudaMemcpyDeviceToHost);
+		copy(hb, dhb, sizeof(float) * nx, cudaMemcpyDeviceToHost);
+		for (size_t i = 0; i < ny; i++)
+			nd += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+		for (size_t i = 0; i < nx; i++)
+			nod += memcmp(&ha[i], &hb[i], sizeof(float)) != 0;
+	}
+	/* SwiGLU: x as gate_up (M, 2K) */
+	copy(dya, y0, sizeof(float) * ny, cudaMemcpyHostToDevice);
+	copy(dyb, y0, sizeof(float) * ny, cudaMemcpyHostToDevice);
+	sa = k_cuda_silu_mul_rows(stream, dha, dx, M, K);
+	if (!sa)
+		sa = k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_RING, dya, dha, dw, M, N, K, acc);
+	sb = k_cuda_linear_swiglu_run(lin, dyb, dx, dw, M, N, K, acc);
+	CU(cudaStreamSynchronize(stream));
+	copy(a, dya, sizeof(float) * ny, cudaMemcpyDeviceToHost);
+	copy(b, dyb, sizeof(float) * ny, cudaMemcpyDeviceToHost);
+	for (size_t i = 0; i < ny; i++)
+		sd += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+	printf("ring folds N=%-6d K=%-5d M=%d acc=%d: norm rc %d/%d, %zu of %zu y and %zu of %zu "
+	       "out differ; swiglu rc %d/%d, %zu differ  %s\n", N, K, M, acc, ra, rb, nd, ny, nod,
+	       nx, sa, sb, sd, !ra && !rb && !nd && !nod && !sa && !sb && !sd ? "PASS" : "FAIL");
+	CHECK(!ra && !rb && !nd && !nod, "ring norm N %d K %d M %d acc %d: rc %d/%d, %zu y and "
+	      "%zu out values differ from RMSNorm then the ring kind", N, K, M, acc, ra, rb, nd, nod);
+	CHECK(!sa && !sb && !sd, "ring swiglu N %d K %d M %d acc %d: rc %d/%d, %zu values differ "
+	      "from SwiGLU then the ring kind", N, K, M, acc, sa, sb, sd);
+	/* the forms decline where the ring is not the kind chosen (M past a launch) */
+	CHECK(k_cuda_linear_swiglu_run(lin, dyb, dx, dw, K_CUDA_LINEAR_RING_M + 1, N, K, 0) ==
+	      -EINVAL, "ring swiglu at 9 rows must decline");
+	cudaFree(dw);
+	cudaFree(dx);
+	cudaFree(dnw);
+	cudaFree(dha);
+	cudaFree(dhb);
+	cudaFree(dya);
+	cudaFree(dyb);
+	free(x);
+	free(nw_h);
+	free(y0);
+	free(a);
+	free(b);
+	free(ha);
+	free(hb);
+	free(w);
+}
+
 /* One variant captured into a CUDA graph and replayed: no allocation or synchronisation
  * hides in a call. Runs eagerly first, so kernels and cuBLAS heuristics load outside
  * the capture (as an engine warms up before capturing). */
@@ -534,7 +626,7 @@ int main(void)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	CHECK(k_cuda_device_describe(0, name, sizeof(name), &gib, &major, &minor) == 0, "describe");
 	printf("device 0: %s, %.1f GiB, sm_%d%d\n", name, gib, major, minor);
-	printf("tolerances: gemv/generic rel_l2 <= 1e-5, max_abs/rms <= 1e-4; splitk/stream/cublas "
+	printf("tolerances: gemv/generic rel_l2 <= 1e-5, max_abs/rms <= 1e-4; splitk/stream/ring/cublas "
 	       "rel_l2 <= 5e-4, max_abs/rms <= 5e-3 (bf16-x ref) and 1e-2, 5e-2 (fp32-x ref)\n");
 	if (k_pool_create(&pool, cpus > 16 ? 16 : cpus > 0 ? (int)cpus : 1)) {
 		fprintf(stderr, "FATAL: k_pool_create\n");
@@ -557,6 +649,12 @@ int main(void)
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
 		if (test_part_runs(part, i < N_SMALL_SHAPES ? "small" : "big"))
 			test_shape(&shapes[i]);
+	if (test_part_runs(part, "big")) {
+		test_ring_folds(4096, 4096, 1, 0);	/* Llama's q/k/v and gate/up over a norm */
+		test_ring_folds(4100, 4096, 3, 1);	/* a last row tile part full */
+		test_ring_folds(1100, 14336, 8, 0);	/* down's K, an x slice split */
+		test_ring_folds(2000, 8192, 1, 1);
+	}
 	if (test_part_runs(part, "small"))
 		test_graph();
 	k_cuda_linear_destroy(lin);

@@ -42,6 +42,10 @@ struct k_cuda_tuning {
 	long linear_stream_mb;	/* KDEC_LINEAR_STREAM_MB, MiB (>= 0), 64: weights above
 				 * linear_small_mb and up to this size take the streaming kernel
 				 * at M <= 8; 0: never */
+	int linear_ring;	/* KDEC_LINEAR_RING, rows 0..8, 8: bf16 linears of up to this many
+				 * rows on weights above linear_small_mb take the ring GEMV (the
+				 * quantized decode GEMV's kernel on bf16: K_CUDA_LINEAR_RING)
+				 * before the streaming kernel and cuBLAS; 0: never */
 	int linear_qgemv;	/* KDEC_LINEAR_QGEMV, flag, 1: quantized linears of M <= 8 take
 				 * the decode GEMV (linear_qgemv.cu) where the choice rule says
 				 * (k_cuda_linear_q_choose); 0: the cluster streaming form there */

@@ -21,6 +21,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.lt_candidates = 16;
 	t.linear_small_mb = 16;
 	t.linear_stream_mb = 64;
+	t.linear_ring = 8;
 	t.linear_qgemv = 1;
 	t.linear_qgemv_warps = 8;
 	t.linear_q_tune = 1;
@@ -124,6 +125,7 @@ static const struct tun_var tun_vars[] = {
 	TUN_INT("KDEC_LT_CANDIDATES", lt_candidates, 1, 64),
 	TUN_MB("KDEC_LINEAR_SMALL_MB", linear_small_mb, true),
 	TUN_MB("KDEC_LINEAR_STREAM_MB", linear_stream_mb, false),
+	TUN_INT("KDEC_LINEAR_RING", linear_ring, 0, 8),
 	TUN_FLAG("KDEC_LINEAR_QGEMV", linear_qgemv),
 	TUN_INT("KDEC_LINEAR_QGEMV_WARPS", linear_qgemv_warps, 4, 64),
 	TUN_FLAG("KDEC_LINEAR_Q_TUNE", linear_q_tune),

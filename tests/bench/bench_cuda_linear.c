@@ -7,7 +7,8 @@
  * median of SAMPLES samples after warm-up is reported. Bytes = weights + x + y, each
  * once; floor = bytes / 4.25 TB/s (bench_floor_us: the measured H200 read bandwidth).
  * The cuBLAS column includes its x -> bf16 rounding launch: same inputs, same output.
- * The stream column forces the streaming kernel (its x rounding launch included).
+ * The stream column forces the streaming kernel (its x rounding launch included), the
+ * ring column the ring GEMV (M <= 8: one launch).
  * "us" has programmatic dependent launch on (each launch streams its weights while the
  * previous one drains, as kdec's own kernels allow), "us nopdl" has it off: a decode
  * step sees the first where the op before a linear layer triggers early too.
@@ -163,9 +164,10 @@ int main(int argc, char **argv)
 	CU(cudaMemcpyAsync(x, hx, sizeof(float) * MAX_M * 16384, cudaMemcpyHostToDevice, stream));
 	CU(cudaStreamSynchronize(stream));
 	free(hx);
-	printf("%-17s %6s %5s %2s | %-6s %8s %6s %6s %8s | %8s %6s %6s | %8s %6s | %8s %5s | %s\n",
-	       "shape", "N", "K", "M", "pick", "us", "TB/s", "floor%", "us nopdl", "cublas", "TB/s",
-	       "floor%", "stream", "floor%", "floor us", "x cb", "plan");
+	printf("%-17s %6s %5s %2s | %-6s %8s %6s %6s %8s | %8s %6s %6s | %8s %6s | %8s %6s | %8s "
+	       "%5s | %s\n", "shape", "N", "K", "M", "pick", "us", "TB/s", "floor%", "us nopdl",
+	       "cublas", "TB/s", "floor%", "stream", "floor%", "ring", "floor%", "floor us", "x cb",
+	       "plan");
 	for (int si = 0; si < N_SHAPES; si++) {
 		const struct shape *s = &shapes[si];
 		size_t wbytes = (size_t)s->N * s->K * 2;
@@ -186,14 +188,19 @@ int main(int argc, char **argv)
 						   s->K);
 			double st = linear_time_us(K_CUDA_LINEAR_STREAM, y, x, w, copies, M, s->N,
 						   s->K);
+			double rg = M <= K_CUDA_LINEAR_RING_M
+					    ? linear_time_us(K_CUDA_LINEAR_RING, y, x, w, copies, M,
+							     s->N, s->K)
+					    : 0;
 			char plan[160];
 
 			k_cuda_linear_describe(lin, kind, M, s->N, s->K, plan, sizeof(plan));
 			printf("%-17s %6d %5d %2d | %-6s %8.2f %6.2f %5.1f%% %8.2f | %8.2f %6.2f %5.1f%% | "
-			       "%8.2f %5.1f%% | %8.2f %5.2f | %s\n", s->name, s->N, s->K, M,
-			       k_cuda_linear_kind_name(kind), us, bytes / us / 1e6, 100.0 * floor_us / us,
-			       us_nopdl, cb, bytes / cb / 1e6, 100.0 * floor_us / cb, st,
-			       100.0 * floor_us / st, floor_us, cb / us, plan);
+			       "%8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.2f | %s\n", s->name, s->N, s->K,
+			       M, k_cuda_linear_kind_name(kind), us, bytes / us / 1e6,
+			       100.0 * floor_us / us, us_nopdl, cb, bytes / cb / 1e6,
+			       100.0 * floor_us / cb, st, 100.0 * floor_us / st, rg,
+			       rg > 0 ? 100.0 * floor_us / rg : 0.0, floor_us, cb / us, plan);
 			for (int a = 0; a < N_MS; a++) {
 				if (all_ms[a] != M || !s->llama_layer)
 					continue;

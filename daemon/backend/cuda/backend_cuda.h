@@ -222,6 +222,10 @@ int cuda_linear_run(struct backend_cuda *b, float *y, const float *x, const stru
 /* The same for a weight kept quantized (or a stack of them), w->rows rows of K columns. */
 int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const struct cuda_qweight *w,
 		     int M, int K, int accumulate);
+/* The same for a bf16 weight w (N, K) in device memory (k_cuda_linear; a norm or SwiGLU
+ * left pending is formed by the ring GEMV where it takes the call, else written first). */
+int cuda_bf16_linear_run(struct backend_cuda *b, float *y, const float *x, const uint16_t *w,
+			 int M, int N, int K, int accumulate);
 /* w's entry where it stayed quantized on the GPU, else NULL. */
 const struct cuda_qweight *cuda_qweight_of(const struct backend_cuda *b, const struct model_tensor *w);
 /* Writes a pending SwiGLU's output (and its bf16 copy for the linear next) as

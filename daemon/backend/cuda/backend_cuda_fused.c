@@ -103,9 +103,7 @@ static int group_linear(struct backend_cuda *b, float *y, const float *x,
 		}
 		if (qw)
 			return cuda_qlinear_run(b, y, x, qw->group, M, (int)w[0]->cols, 0);
-		if ((ret = cuda_norm_settle(b)))
-			return ret;
-		return k_cuda_linear(b->lin, y, x, d[0], M, (int)total, (int)w[0]->cols, 0);
+		return cuda_bf16_linear_run(b, y, x, d[0], M, (int)total, (int)w[0]->cols, 0);
 	}
 	for (long i = 0, o = 0; i < n && !ret; o += (long)M * (long)w[i]->rows, i++) {
 		off[i] = o;
@@ -488,6 +486,13 @@ static int swiglu_in_down(int M)
 	return M <= k_cuda_tuning()->swiglu_in_down && M <= K_CUDA_LINEAR_Q_MMA_MAX_M;
 }
 
+/* 1 where a bf16 down projection (M, inter) -> (M, hidden) runs on the ring GEMV, which
+ * can form SwiGLU's product itself (k_cuda_linear_swiglu_run) as the quantized GEMV does. */
+static int down_rings(int M, int hidden, int inter)
+{
+	return k_cuda_linear_pick(M, hidden, inter) == K_CUDA_LINEAR_RING;
+}
+
 /* The one writer of a quantized SwiGLU's output: out and its bf16 copy for the linear
  * next (the GEMV it goes to reads the fp32 form). */
 int cuda_swiglu_settle(struct backend_cuda *b)
@@ -530,10 +535,12 @@ void cuda_gate_up_silu(struct backend *be, float *out, const float *x,
 		cuda_op_end(b, CUDA_OP_GATE_UP_SILU, ret);
 		return;
 	}
-	if (rs[0] == 2L * inter && w_gate->q.fmt != K_Q_NONE) {
+	if (rs[0] == 2L * inter &&
+	    (w_gate->q.fmt != K_Q_NONE || down_rings(M, (int)w_gate->cols, inter))) {
 		/* quantized gate/up, one GEMM (rows hold gate then up): the down projection
-		 * is quantized too and its GEMV reads fp32 x; it forms the product itself at
-		 * up to KDEC_SWIGLU_IN_DOWN rows, else SwiGLU is written now */
+		 * is quantized too and its GEMV reads fp32 x, or bf16 on the ring GEMV; it
+		 * forms the product itself at up to KDEC_SWIGLU_IN_DOWN rows, else SwiGLU is
+		 * written now */
 		b->swiglu.out = out;
 		b->swiglu.gu = b->fused;
 		b->swiglu.rows = M;

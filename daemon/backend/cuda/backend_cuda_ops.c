@@ -236,20 +236,47 @@ int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const str
 				   b->wtmp_elems);
 }
 
+int cuda_bf16_linear_run(struct backend_cuda *b, float *y, const float *x, const uint16_t *w,
+			 int M, int N, int K, int accumulate)
+{
+	const int ring = k_cuda_linear_choose(x, w, M, N, K) == K_CUDA_LINEAR_RING;
+	int ret;
+
+	if (b->norm.out) {	/* the first linear over a norm left pending */
+		if (ring && x == b->norm.out && M == b->norm.rows && K == b->norm.dim) {
+			const struct k_cuda_xnorm n = { b->norm.w, b->norm.eps, b->norm.out };
+
+			ret = k_cuda_linear_norm_run(b->lin, y, b->norm.x, &n, w, M, N, K,
+						     accumulate);
+			if (ret != -EINVAL) {	/* else declined: the norm's own launch first */
+				b->norm.out = NULL;
+				return ret;
+			}
+		}
+		if ((ret = cuda_norm_settle(b)))
+			return ret;
+	}
+	if (b->swiglu.out) {	/* the down projection of a SwiGLU left pending */
+		if (ring && x == b->swiglu.out && M == b->swiglu.rows && K == b->swiglu.inter) {
+			const float *gu = b->swiglu.gu;
+
+			b->swiglu.out = NULL;
+			return k_cuda_linear_swiglu_run(b->lin, y, gu, w, M, N, K, accumulate);
+		}
+		if ((ret = cuda_swiglu_settle(b)))
+			return ret;
+	}
+	return k_cuda_linear(b->lin, y, x, w, M, N, K, accumulate);
+}
+
 int cuda_linear_run(struct backend_cuda *b, float *y, const float *x, const struct model_tensor *w,
 		    int M, int accumulate)
 {
 	const struct cuda_qweight *qw = cuda_qweight_of(b, w);
 
-	if (!qw) {
-		int ret = cuda_norm_settle(b);
-
-		if (!ret)
-			ret = cuda_swiglu_settle(b);
-
-		return ret ? ret : k_cuda_linear(b->lin, y, x, W(b, w), M, (int)w->rows,
-						 (int)w->cols, accumulate);
-	}
+	if (!qw)
+		return cuda_bf16_linear_run(b, y, x, W(b, w), M, (int)w->rows, (int)w->cols,
+					    accumulate);
 	return cuda_qlinear_run(b, y, x, qw, M, (int)w->cols, accumulate);
 }
 

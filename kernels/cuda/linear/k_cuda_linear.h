@@ -12,10 +12,19 @@
 extern "C" {
 #endif
 
-/* The variants, in the order k_cuda_linear_pick tries them. */
+/* The variants, in the order k_cuda_linear_pick tries them (but STREAM and RING before
+ * GEMV: they take the larger matrices, GEMV the small ones). */
 enum k_cuda_linear_kind {
+	/* M <= 8 (walked in blocks of 8 beyond) on matrices above linear_small_mb: the
+	 * quantized decode GEMV's kernel on bf16 weights (linear_qgemv.cu): each warp's 16
+	 * rows through its own cp.async ring 5 stages deep from before the PDL wait, x
+	 * rounded to bf16 in shared memory, mma.sync bf16, K split over plain CTAs whose
+	 * partials the last one adds in split order (the split timed at the first call);
+	 * it can form its x from an RMSNorm's input or a SwiGLU's gate/up
+	 * (k_cuda_linear_norm_run, k_cuda_linear_swiglu_run) */
+	K_CUDA_LINEAR_RING = 0,
 	/* M <= 2: fp32 x on CUDA cores, 16-byte weight loads, one warp per 2 weight rows */
-	K_CUDA_LINEAR_GEMV = 0,
+	K_CUDA_LINEAR_GEMV,
 	/* 2 < M <= 64: mma.sync bf16 tensor cores, x rounded to bf16 in shared memory,
 	 * K split across the CTAs of a thread-block cluster and reduced through
 	 * distributed shared memory (fixed order, no atomics) */
@@ -31,6 +40,9 @@ enum k_cuda_linear_kind {
 	K_CUDA_LINEAR_GENERIC,
 	K_CUDA_LINEAR_N_KINDS,
 };
+
+/* Rows of x one launch of the ring GEMV (K_CUDA_LINEAR_RING) takes. */
+#define K_CUDA_LINEAR_RING_M 8
 
 /* One context per stream: the cuBLAS handle with its preallocated workspace and the
  * bf16 scratch for x, so that the calls below never allocate, never synchronise and
@@ -51,6 +63,18 @@ void k_cuda_linear_destroy(struct k_cuda_linear *ctx);	/* accepts NULL */
  * wait for each other. Default 0. */
 void k_cuda_linear_set_shared(struct k_cuda_linear *ctx, int shared);
 
+/* An RMSNorm a GEMV forms from its input (k_cuda_linear_norm_run,
+ * k_cuda_linear_q_norm_run): the GEMV's x is w * (x * rs), rs = 1 / sqrt(mean(x^2) +
+ * eps) over the row's K values, as k_cuda_rmsnorm writes it (the same bits). w: (K) fp32
+ * device, 16-byte aligned; out: NULL, or (M, K) fp32 device, 16-byte aligned, not x,
+ * where the normalised rows are written as well (the norm's own output, for whoever
+ * reads it next). */
+struct k_cuda_xnorm {
+	const float *w;
+	float eps;
+	float *out;
+};
+
 /* y (M, N) fp32 = x (M, K) fp32 @ w^T, w (N, K) bf16 row-major; with accumulate = 1,
  * y += x @ w^T instead (y is read only then). All three in device memory; y must not
  * overlap x or w. Queued on the context's stream; returns 0, -EINVAL (sizes, NULL,
@@ -67,6 +91,24 @@ int k_cuda_linear(struct k_cuda_linear *ctx, float *y, const float *x, const uin
 int k_cuda_linear_bf16_out(struct k_cuda_linear *ctx, uint16_t *y, const float *x,
 			   const uint16_t *w, int M, int N, int K);
 
+/* The RING kind over an RMSNorm's output, formed from its input x (M, K) in the
+ * kernel's x staging: y is what k_cuda_rmsnorm then k_cuda_linear of RING give in two
+ * launches (norm->out what the first wrote), one launch and one round trip fewer; every
+ * CTA reads x's whole rows for rs. M <= 8. -EINVAL where RING is not
+ * k_cuda_linear_choose's kind for the shape or norm->out overlaps x; else as
+ * k_cuda_linear. */
+int k_cuda_linear_norm_run(struct k_cuda_linear *ctx, float *y, const float *x,
+			   const struct k_cuda_xnorm *norm, const uint16_t *w, int M, int N, int K,
+			   int accumulate);
+
+/* The RING kind with x = silu(gate) * up from gate_up (M, 2K) fp32, row r holding gate
+ * then up, formed in the kernel's x staging with k_cuda_silu_mul_rows's operations (a
+ * dense SwiGLU MLP's down projection: one launch and one pass over x fewer). M <= 8.
+ * -EINVAL where RING is not k_cuda_linear_choose's kind for (M, N, K); else as
+ * k_cuda_linear. */
+int k_cuda_linear_swiglu_run(struct k_cuda_linear *ctx, float *y, const float *gate_up,
+			     const uint16_t *w, int M, int N, int K, int accumulate);
+
 /* The variant k_cuda_linear uses for this shape when x and w are 16-byte aligned
  * (otherwise it takes K_CUDA_LINEAR_GENERIC where the pick needs alignment). */
 enum k_cuda_linear_kind k_cuda_linear_pick(int M, int N, int K);
@@ -75,9 +117,10 @@ enum k_cuda_linear_kind k_cuda_linear_pick(int M, int N, int K);
 enum k_cuda_linear_kind k_cuda_linear_choose(const float *x, const uint16_t *w, int M, int N,
 					     int K);
 
-/* 1 when `kind` can run this call: GEMV, SPLITK and STREAM need K % 8 == 0 and x, w
- * 16-byte aligned; CUBLAS and GENERIC take anything. Any M is allowed (GEMV walks M
- * in pairs, SPLITK and STREAM in blocks of 64, re-reading the weights: for tests). */
+/* 1 when `kind` can run this call: GEMV, SPLITK, STREAM and RING need K % 8 == 0 and x,
+ * w 16-byte aligned; CUBLAS and GENERIC take anything. Any M is allowed (GEMV walks M
+ * in pairs, SPLITK and STREAM in blocks of 64, RING of 8, re-reading the weights: for
+ * tests). */
 int k_cuda_linear_supports(enum k_cuda_linear_kind kind, const float *x, const uint16_t *w,
 			   int M, int N, int K);
 
@@ -110,7 +153,7 @@ void k_cuda_linear_x_ready_only(struct k_cuda_linear *ctx, const float *x, int M
  * before it reads y. Kernels launched without it are ordered as usual. 0 turns it off. */
 void k_cuda_linear_set_pdl(struct k_cuda_linear *ctx, int on);
 
-/* "gemv", "splitk", "stream", "cublas", "generic". */
+/* "ring", "gemv", "splitk", "stream", "cublas", "generic". */
 const char *k_cuda_linear_kind_name(enum k_cuda_linear_kind kind);
 
 /* A one-line description of how `kind` would launch this shape (grid, split,

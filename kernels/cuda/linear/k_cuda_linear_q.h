@@ -10,9 +10,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/quant.h"
-
-struct k_cuda_linear;
 
 #ifdef __cplusplus
 extern "C" {
@@ -188,17 +187,7 @@ int k_cuda_linear_q_gemv_swiglu(struct k_cuda_linear *ctx, float *y, const float
 				const void *w, const struct k_quant *q, int M, int N, int K,
 				int accumulate);
 
-/* An RMSNorm a GEMV forms from its input (k_cuda_linear_q_norm_run): the GEMV's x is
- * w * (x * rs), rs = 1 / sqrt(mean(x^2) + eps) over the row's K values, as
- * k_cuda_rmsnorm writes it (the same bits). w: (K) fp32 device, 16-byte aligned; out:
- * NULL, or (M, K) fp32 device, 16-byte aligned, not x, where the normalised rows are
- * written as well (the norm's own output, for whoever reads it next). */
-struct k_cuda_xnorm {
-	const float *w;
-	float eps;
-	float *out;
-};
-
+/* struct k_cuda_xnorm: k_cuda_linear.h */
 /* A decode kind that stages fp32 x (K_CUDA_LINEAR_Q_GEMV, or _STREAM, M <= 8) over an
  * RMSNorm's output, formed from its input x (M, K) in the kernel's x staging: y is bit
  * for bit what k_cuda_rmsnorm then k_cuda_linear_q_run of that kind give in two launches

@@ -68,6 +68,13 @@ static bool lin_small_weights(int N, int K)
 	       (size_t)k_cuda_tuning()->linear_small_mb << 20;
 }
 
+// linear_ring: the rows up to which the ring GEMV takes the matrices above
+// linear_small_mb.
+static bool lin_use_ring(int M, int N, int K)
+{
+	return M <= k_cuda_tuning()->linear_ring && K % LIN_VEC_K == 0 && !lin_small_weights(N, K);
+}
+
 // linear_stream_mb: the weight size up to which the streaming kernel is used.
 static bool lin_use_stream(int M, int N, int K)
 {
@@ -97,6 +104,8 @@ extern "C" enum k_cuda_linear_kind k_cuda_linear_pick(int M, int N, int K)
 {
 	if (k_cuda_tuning()->linear_fp32x)	// KDEC_LINEAR_FP32X: x never rounded
 		return K % LIN_VEC_K == 0 ? K_CUDA_LINEAR_GEMV : K_CUDA_LINEAR_GENERIC;
+	if (lin_use_ring(M, N, K))
+		return K_CUDA_LINEAR_RING;
 	if (lin_use_stream(M, N, K))
 		return K_CUDA_LINEAR_STREAM;
 	if (lin_use_gemv(M, N, K))
@@ -114,6 +123,9 @@ extern "C" int k_cuda_linear_supports(enum k_cuda_linear_kind kind, const float 
 	if (M < 1 || N < 1 || K < 1)
 		return 0;
 	switch (kind) {
+	case K_CUDA_LINEAR_RING:	// in blocks of up to 8 rows
+		return lin_vec_ok(x, w, K) &&
+		       k_cuda_lin_bf16_gemv_supports(x, w, M < K_CUDA_LINEAR_RING_M ? M : K_CUDA_LINEAR_RING_M, N, K);
 	case K_CUDA_LINEAR_GEMV:
 	case K_CUDA_LINEAR_SPLITK:
 	case K_CUDA_LINEAR_STREAM:
@@ -129,6 +141,7 @@ extern "C" int k_cuda_linear_supports(enum k_cuda_linear_kind kind, const float 
 extern "C" const char *k_cuda_linear_kind_name(enum k_cuda_linear_kind kind)
 {
 	switch (kind) {
+	case K_CUDA_LINEAR_RING: return "ring";
 	case K_CUDA_LINEAR_GEMV: return "gemv";
 	case K_CUDA_LINEAR_SPLITK: return "splitk";
 	case K_CUDA_LINEAR_STREAM: return "stream";
@@ -276,6 +289,57 @@ static bool lin_args_ok(const struct k_cuda_linear *ctx, const float *y, const f
 	       K <= ctx->max_K;
 }
 
+// The ring GEMV over blocks of up to K_CUDA_LINEAR_RING_M rows (one launch at decode
+// sizes); xf: what x is (LIN_QG_X_SWIGLU: gate_up rows of 2K).
+static int lin_ring(struct k_cuda_linear *ctx, float *y, const float *x, const uint16_t *w,
+		    int M, int N, int K, int accumulate, int xf, const struct k_cuda_xnorm *nrm)
+{
+	const size_t xs = xf == LIN_QG_X_SWIGLU ? 2 * (size_t)K : (size_t)K;
+	int ret = 0;
+
+	for (int m0 = 0; m0 < M && !ret; m0 += K_CUDA_LINEAR_RING_M) {
+		const int mb = M - m0 < K_CUDA_LINEAR_RING_M ? M - m0 : K_CUDA_LINEAR_RING_M;
+		struct k_cuda_xnorm n = {};
+
+		if (nrm)
+			n = { nrm->w, nrm->eps, nrm->out ? nrm->out + (size_t)m0 * K : nullptr };
+		ret = k_cuda_lin_qgemv(ctx, y + (size_t)m0 * N, x + (size_t)m0 * xs, w,
+				       &k_cuda_lin_bf16_q, mb, N, K, accumulate, xf,
+				       nrm ? &n : nullptr);
+	}
+	return ret;
+}
+
+extern "C" int k_cuda_linear_norm_run(struct k_cuda_linear *ctx, float *y, const float *x,
+				      const struct k_cuda_xnorm *norm, const uint16_t *w, int M,
+				      int N, int K, int accumulate)
+{
+	bool ready;
+
+	if (!lin_args_ok(ctx, y, x, w, M, N, K) || M > K_CUDA_LINEAR_RING_M || !norm ||
+	    !norm->w || ((uintptr_t)norm->w & 15) || ((uintptr_t)norm->out & 15) ||
+	    k_cuda_linear_choose(x, w, M, N, K) != K_CUDA_LINEAR_RING ||
+	    (norm->out && norm->out < x + (size_t)M * K && x < norm->out + (size_t)M * K))
+		return -EINVAL;	// out overlapping x: row block 0 would write what others read
+	// clears any bf16 mark: the ring reads fp32 x
+	if (k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_RING, x, M, N, K, &ready))
+		return -EINVAL;
+	return lin_ring(ctx, y, x, w, M, N, K, accumulate != 0, LIN_QG_X_NORM, norm);
+}
+
+extern "C" int k_cuda_linear_swiglu_run(struct k_cuda_linear *ctx, float *y, const float *gate_up,
+					const uint16_t *w, int M, int N, int K, int accumulate)
+{
+	bool ready;
+
+	if (!lin_args_ok(ctx, y, gate_up, w, M, N, K) || M > K_CUDA_LINEAR_RING_M ||
+	    k_cuda_linear_choose(gate_up, w, M, N, K) != K_CUDA_LINEAR_RING)
+		return -EINVAL;
+	if (k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_RING, gate_up, M, N, K, &ready))
+		return -EINVAL;
+	return lin_ring(ctx, y, gate_up, w, M, N, K, accumulate != 0, LIN_QG_X_SWIGLU, nullptr);
+}
+
 extern "C" int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind,
 				      float *y, const float *x, const uint16_t *w, int M, int N,
 				      int K, int accumulate)
@@ -288,6 +352,8 @@ extern "C" int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_lin
 		return -EINVAL;
 	accumulate = accumulate != 0;
 	switch (kind) {
+	case K_CUDA_LINEAR_RING:
+		return lin_ring(ctx, y, x, w, M, N, K, accumulate, LIN_QG_X_PLAIN, nullptr);
 	case K_CUDA_LINEAR_GEMV:
 		return k_cuda_lin_gemv(ctx, y, x, w, M, N, K, accumulate);
 	case K_CUDA_LINEAR_SPLITK:
@@ -377,6 +443,12 @@ extern "C" void k_cuda_linear_describe(const struct k_cuda_linear *ctx,
 	if (!len)
 		return;
 	switch (kind) {
+	case K_CUDA_LINEAR_RING:
+		if (ctx)
+			k_cuda_lin_qgemv_describe(ctx, &k_cuda_lin_bf16_q, M, N, K, buf, len);
+		else
+			snprintf(buf, len, "ring");
+		break;
 	case K_CUDA_LINEAR_GEMV:
 		snprintf(buf, len, "gemv grid=%dx%d (2 rows/warp, x rows %s)", (N + 7) / 8,
 			 M == 1 ? 1 : (M + 1) / 2, M == 1 ? "1" : "2 per CTA");

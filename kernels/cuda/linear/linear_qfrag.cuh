@@ -32,11 +32,18 @@ struct qf_args {
 	int pdl;
 };
 
-// A lane takes 16 bytes of a row's 64-byte slab: fp8 16 k, int4 32 k (one group).
+// A lane takes 16 bytes of a row's 64-byte slab: fp8 16 k, int4 32 k (one group); K_Q_NONE
+// (bf16 weights, linear_qgemv.cu only) 8 k.
 template <int FMT> struct qm_fmt {
-	static constexpr int SLAB = FMT == K_Q_INT4 ? 128 : 64;	// k per slab
+	static constexpr int SLAB = FMT == K_Q_INT4 ? 128 : FMT == K_Q_NONE ? 32 : 64;	// k a slab
 	static constexpr int VPC = SLAB / 4;			// k per lane and slab
-	static constexpr int VPB = FMT == K_Q_INT4 ? 2 : 1;	// values a byte
+	static constexpr int VPB = FMT == K_Q_INT4 ? 2 : 1;	// values a byte (fp8, int4)
+
+	// bytes of a row that hold its first k values (k a multiple of the lane's VPC)
+	static __host__ __device__ __forceinline__ constexpr int bytes(int k)
+	{
+		return FMT == K_Q_NONE ? 2 * k : k / VPB;
+	}
 };
 
 // c += a (m16 x k16, f16, row) b (k16 x n8, f16, col), fp32 accumulators.
@@ -44,6 +51,17 @@ static __device__ __forceinline__ void qm_mma(float (&c)[4], uint32_t a0, uint32
 					      uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1)
 {
 	asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+	    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+	    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// c += a (m16 x k16, bf16, row) b (k16 x n8, bf16, col), fp32 accumulators.
+static __device__ __forceinline__ void qm_mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1,
+						   uint32_t a2, uint32_t a3, uint32_t b0,
+						   uint32_t b1)
+{
+	asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
 	    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
 	    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
 	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
@@ -118,6 +136,23 @@ static __device__ __forceinline__ uint4 qm_pack_x8(const float4 &a, const float4
 	return o;
 }
 
+static __device__ __forceinline__ uint32_t qm_pack_b2(float lo, float hi)
+{
+	__nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+	uint32_t u;
+
+	memcpy(&u, &h, 4);
+	return u;
+}
+
+// x octet k 0..7 rounded to bf16 (round to nearest even, as the bf16 linear kinds round
+// x), in k order: the x of bf16 weights.
+static __device__ __forceinline__ uint4 qm_pack_x8_bf16(const float4 &a, const float4 &b)
+{
+	return make_uint4(qm_pack_b2(a.x, a.y), qm_pack_b2(a.z, a.w), qm_pack_b2(b.x, b.y),
+			  qm_pack_b2(b.z, b.w));
+}
+
 template <typename ST>
 static __device__ __forceinline__ float qm_scale(const ST *s, size_t i)
 {
@@ -131,7 +166,10 @@ static __device__ __forceinline__ float qm_scale(const ST *s, size_t i)
 
 // One slab of the lane's two rows g and g + 8 (wa, wb: their 16 bytes; sa, sb: their
 // scales), x row g: fp8 the slab's four MMAs into a temporary, scaled once in fp32; int4
-// values scaled in f16 before the MMA (the lane's 32 k are one group), into acc.
+// values scaled in f16 before the MMA (the lane's 32 k are one group), into acc; bf16
+// (K_Q_NONE, no scales) two bf16 MMAs, the lane's 8 k of each row split 4 and 4: the
+// MMA's k 2t, 2t+1, 2t+8, 2t+9 are the lane's k 0..3 of its 8, in the weights and in x
+// alike (x unit t of the slab: x in k order, no permutation).
 // xp: the lane's first 16-byte unit of x in this slab; sw: the int4 unit swizzle of
 // the lane (qm_xunit: units 4t + q of a 16-unit slab sit at 4t + (q ^ sw)); xin: x row g
 // exists (zeros otherwise).
@@ -139,7 +177,12 @@ template <int FMT>
 static __device__ __forceinline__ void qm_slab(float (&acc)[4], const uint4 &wa, const uint4 &wb,
 					       float sa, float sb, const uint4 *xp, int sw, bool xin)
 {
-	if (FMT == K_Q_FP8) {
+	if (FMT == K_Q_NONE) {
+		const uint4 xq = xin ? xp[0] : make_uint4(0, 0, 0, 0);
+
+		qm_mma_bf16(acc, wa.x, wb.x, wa.y, wb.y, xq.x, xq.y);
+		qm_mma_bf16(acc, wa.z, wb.z, wa.w, wb.w, xq.z, xq.w);
+	} else if (FMT == K_Q_FP8) {
 		float tmp[4] = { 0.f, 0.f, 0.f, 0.f };
 		const uint4 z = make_uint4(0, 0, 0, 0);
 		const uint4 x0 = xin ? xp[0] : z, x1 = xin ? xp[1] : z;

@@ -1,5 +1,5 @@
 // The quantized-weight decode GEMV for M <= 8 rows (K_CUDA_LINEAR_Q_GEMV; W8A16 fp8,
-// W4A16 int4): weights streamed from HBM through a per-warp cp.async ring into mma.sync
+// W4A16 int4; and bf16 weights as "format" K_Q_NONE, k_cuda_linear.h's RING kind): weights streamed from HBM through a per-warp cp.async ring into mma.sync
 // f16 fragments, dequantized in registers, K split over plain CTAs whose partial tiles
 // the last one of each row tile adds in split order.
 //
@@ -39,6 +39,9 @@
 // rows g and g + 8 of each slab; x in shared memory as f16, int4 octets k 0 4 1 5 2 6 3 7).
 // x (M rows of the CTA's K slice) is rounded to f16 into shared memory once after the
 // wait; M * (KC + 8) * 2 bytes, at most QG_MAX_X (the plan splits K further otherwise).
+// bf16 weights (K_Q_NONE): a stage is 64 k (128 bytes a row), a slab 32, a lane's 8 k of
+// each row against x rounded to bf16 in k order (linear_qfrag.cuh's qm_slab), no scales:
+// the same ring, split, PDL start and folded SwiGLU or norm as the quantized forms.
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -164,7 +167,9 @@ static __device__ __forceinline__ void qg_stage_x(uint4 *xs, const float *x, int
 					po[1] = b[v];
 				}
 			}
-			xs[m * xs_row + qm_xunit<FMT>(u)] = qm_pack_x8<FMT == K_Q_INT4>(a[v], b[v]);
+			xs[m * xs_row + qm_xunit<FMT>(u)] =
+				FMT == K_Q_NONE ? qm_pack_x8_bf16(a[v], b[v])
+						: qm_pack_x8<FMT == K_Q_INT4>(a[v], b[v]);
 		}
 	}
 }
@@ -207,7 +212,7 @@ qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 	}
 	__syncthreads();
 
-	const uint4 *xr = xs + g * xs_row + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
+	const uint4 *xr = xs + g * xs_row + F::VPC / 8 * t;	// the lane's first unit of a slab
 	const bool xin = g < a.M;
 	const int sw = FMT == K_Q_INT4 ? (t >> 1) << 1 : 0;
 
@@ -263,7 +268,9 @@ qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 
 static int qg_stage_k(const struct k_quant *q)
 {
-	return q->fmt == K_Q_INT4 ? qs_fmt<K_Q_INT4>::SK : qs_fmt<K_Q_FP8>::SK;
+	return q->fmt == K_Q_INT4  ? qs_fmt<K_Q_INT4>::SK
+	       : q->fmt == K_Q_NONE ? qs_fmt<K_Q_NONE>::SK
+				    : qs_fmt<K_Q_FP8>::SK;
 }
 
 struct qg_plan {
@@ -338,6 +345,20 @@ static int qg_make_plan(int n_sm, int bps_regs, int smem_sm, int smem_cta, int s
 // at M = 1 (fp8 26.1 -> 23.9 us, int4 22.7 -> 19.5) where 32 makes Qwen3-30B-A3B's q/k/v
 // slower (int4 7.0 -> 9.5 us). A model's shapes are few and fixed, so each is timed.
 
+// bf16 weights (k_cuda_lin_qgemv's q for them: K_Q_NONE, no scales)
+const struct k_quant k_cuda_lin_bf16_q = { K_Q_NONE, NULL, K_BF16, 1, 1, 0 };
+
+// The bf16 form's shapes: K % 8 == 0 (whole 16-byte units of a row and x octets), x and w
+// 16-byte aligned, M <= 8, a plan.
+bool k_cuda_lin_bf16_gemv_supports(const float *x, const void *w, int M, int N, int K)
+{
+	struct qg_plan p = {};
+
+	return x && w && M >= 1 && M <= K_CUDA_LINEAR_Q_MMA_MAX_M && N >= 1 && K >= 8 &&
+	       K % 8 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w & 15) &&
+	       !qg_make_plan(0, 0, 0, 0, qs_fmt<K_Q_NONE>::SK, M, N, K, &p);
+}
+
 extern "C" int k_cuda_linear_q_gemv_supports(const struct k_quant *q, const float *x,
 					     const void *w, int M, int N, int K)
 {
@@ -374,8 +395,11 @@ static int qg_launch(const struct k_cuda_linear *ctx, const struct qg_plan *p, f
 {
 	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[1] = {};
-	const qf_args a = qf_make_args(q, M, N, K, p->KC, FMT == K_Q_INT4 ? 32 : 128, accumulate,
-				       ctx->pdl);
+	// bf16: rows of 2K bytes, no scales (one block of one column)
+	const qf_args a = FMT == K_Q_NONE
+				  ? qf_args{ M, N, K, p->KC, 2 * K, 1, 31, 0, accumulate, ctx->pdl }
+				  : qf_make_args(q, M, N, K, p->KC, FMT == K_Q_INT4 ? 32 : 128,
+						 accumulate, ctx->pdl);
 
 	cfg.gridDim = dim3(p->tiles, p->S, 1);
 	cfg.blockDim = dim3(QG_THREADS, 1, 1);
@@ -393,6 +417,8 @@ static int qg_run_xf(const struct k_cuda_linear *ctx, const struct qg_plan *p, f
 		     const float *x, const void *w, const struct k_quant *q, int M, int N, int K,
 		     int accumulate, const struct k_cuda_xnorm &n)
 {
+	if (q->fmt == K_Q_NONE)
+		return qg_launch<K_Q_NONE, float, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n);
 	if (q->fmt == K_Q_INT4)
 		return q->scale_dtype == K_F16
 			       ? qg_launch<K_Q_INT4, __half, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n)
@@ -447,8 +473,11 @@ int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const 
 		     const struct k_cuda_xnorm *nrm)
 {
 	struct qg_plan p = {};
+	const bool bf16 = q->fmt == K_Q_NONE;
 
-	if (!k_cuda_linear_q_gemv_supports(q, x, w, M, N, K) || (xf == LIN_QG_X_NORM && !nrm))
+	if (!(bf16 ? k_cuda_lin_bf16_gemv_supports(x, w, M, N, K)
+		   : k_cuda_linear_q_gemv_supports(q, x, w, M, N, K)) ||
+	    (xf == LIN_QG_X_NORM && !nrm))
 		return -EINVAL;
 	if (k_cuda_lin_split_wanted(ctx, K_CUDA_LINEAR_Q_GEMV, q, M, N, K) &&
 	    !qg_make_plan(ctx->n_sm, ctx->qg_bps, ctx->qg_smem_sm, ctx->qg_smem_cta, qg_stage_k(q),
@@ -460,7 +489,8 @@ int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const 
 
 		k_cuda_lin_split_keep(ctx, K_CUDA_LINEAR_Q_GEMV, q, M, N, K,
 				      k_cuda_lin_split_tune(ctx, q->fmt == K_Q_INT4 ? "qgemv int4"
-									      : "qgemv fp8",
+									      : bf16 ? "qgemv bf16"
+										     : "qgemv fp8",
 							    M, N, K, QG_MAX_SPLIT, p.S, qg_enqueue,
 							    (void *)&c));
 	}
@@ -505,11 +535,13 @@ template <int FMT, typename ST, int XF> static int qg_setup_one(struct k_cuda_li
 	return 0;
 }
 
-// The four formats' kernels (fp8, int4; fp32 or f16 scales) of one x form.
+// The five formats' kernels (fp8, int4; fp32 or f16 scales; bf16) of one x form.
 template <int XF> static int qg_setup_xf(struct k_cuda_linear *ctx)
 {
 	int ret = qg_setup_one<K_Q_FP8, float, XF>(ctx);
 
+	if (!ret)
+		ret = qg_setup_one<K_Q_NONE, float, XF>(ctx);
 	if (!ret)
 		ret = qg_setup_one<K_Q_FP8, __half, XF>(ctx);
 	if (!ret)

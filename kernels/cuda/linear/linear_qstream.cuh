@@ -49,7 +49,7 @@ template <int FMT, typename ST, typename A, int AHEAD> struct qs_warp {
 		  t(lane & 3), row0(row0_), ra(row0 + g), rb(ra + 8), k0(k0_),
 		  kend(min(a.K, k0 + a.KC)),
 		  nst(k0 < kend ? (kend - k0 + qs_fmt<FMT>::SK - 1) / qs_fmt<FMT>::SK : 0),
-		  kb0(k0 / qm_fmt<FMT>::VPB), kb_end(kend / qm_fmt<FMT>::VPB), aok(ra < a.N),
+		  kb0(qm_fmt<FMT>::bytes(k0)), kb_end(qm_fmt<FMT>::bytes(kend)), aok(ra < a.N),
 		  bok(rb < a.N), sra((size_t)((aok ? ra : 0) / a.block_rows) * a.scale_cols),
 		  srb((size_t)((bok ? rb : 0) / a.block_rows) * a.scale_cols)
 	{
@@ -92,7 +92,9 @@ template <int FMT, typename ST, typename A, int AHEAD> struct qs_warp {
 	// for k past the slice, where no scale is read.
 	__device__ __forceinline__ void scales(float (&sr)[4], int i) const
 	{
-		if (FMT == K_Q_FP8) {
+		if (FMT == K_Q_NONE) {	// bf16 weights: none
+			sr[0] = sr[1] = sr[2] = sr[3] = 0.f;
+		} else if (FMT == K_Q_FP8) {
 			// stages past the slice (the prologue's, or a CTA whose slice starts
 			// past K) have no scale column: reading one would run past the scales
 			const int k = k0 + i * qs_fmt<FMT>::SK, sc = k >> a.bc_shift;
