@@ -208,18 +208,20 @@ struct k_cuda_tuning {
 				 * writes bf16 where the down projection reads bf16 only; 0: fp32.
 				 * Not bit-identical */
 	int swiglu_in_down;	/* KDEC_SWIGLU_IN_DOWN, rows 0..8, 1: a quantized dense MLP's
-				 * SwiGLU of up to this many rows is formed by the down
-				 * projection's GEMV from gate/up (k_cuda_linear_q_gemv_swiglu);
+				 * (or a bf16 one's on the ring GEMV) SwiGLU of up to this many
+				 * rows is formed by the down projection's GEMV from gate/up
+				 * (k_cuda_linear_q_gemv_swiglu, k_cuda_linear_swiglu_run);
 				 * 0: its own launch always. The same bits either way. Measured
 				 * on an H100 (session 15): faster at 1 row (Llama-3.1-8B fp8
 				 * 3.79 -> 3.70 ms a step, int4 3.14 -> 3.02), slower at 8 (fp8
 				 * 4.76 -> 5.18: every CTA of the split forms its x slice's
 				 * products again, 8 rows of them) */
 	int norm_in_gemv;	/* KDEC_NORM_IN_GEMV, rows 0..8, 0: an RMSNorm of up to this
-				 * many rows whose output goes to a quantized linear next is
-				 * formed by that linear's GEMV from the norm's input
-				 * (k_cuda_linear_q_norm_run), one launch and one round trip
-				 * fewer; 0: its own launch always. The same bits either way.
+				 * many rows whose output goes to a quantized linear or the
+				 * bf16 ring GEMV next is formed by that linear's GEMV from the
+				 * norm's input (k_cuda_linear_q_norm_run, k_cuda_linear_norm_run),
+				 * one launch and one round trip fewer; 0: its own launch always.
+				 * The same bits either way (but KDEC_NORM_SQ's last bit of rs).
 				 * Measured slower on an H200 (session 18): Llama-3.1-8B fp8
 				 * batch 1 2.999 ms a step against 2.931 with it off */
 	int norm_sq;		/* KDEC_NORM_SQ, flag, 1: where a norm may fold into the GEMV

@@ -113,10 +113,11 @@ struct backend_cuda {
 	float *fused;			/* (fused_floats) fused projections' outputs:
 					 * (rows, q + 2 kv widths) or (rows, 2 * inter) */
 	size_t fused_floats;
-	/* A SwiGLU left to the down projection (cuda_gate_up_silu on quantized weights at
-	 * up to KDEC_SWIGLU_IN_DOWN rows, 1): out (rows, inter) = silu(gate) * up of gu
-	 * (rows, 2 inter) is not yet written. The next quantized linear whose x is out
-	 * takes it in its GEMV; anything else writes out first (cuda_swiglu_settle). */
+	/* A SwiGLU left to the down projection (cuda_gate_up_silu on quantized weights, or
+	 * bf16 ones whose down runs on the ring GEMV, at up to KDEC_SWIGLU_IN_DOWN rows, 1):
+	 * out (rows, inter) = silu(gate) * up of gu (rows, 2 inter) is not yet written. The
+	 * next quantized or ring linear whose x is out takes it in its GEMV; anything else
+	 * writes out first (cuda_swiglu_settle). */
 	struct {
 		float *out;		/* NULL: none pending */
 		const float *gu;
@@ -124,8 +125,8 @@ struct backend_cuda {
 	} swiglu;
 	/* An RMSNorm left to the linear after it (cuda_rmsnorm at up to KDEC_NORM_IN_GEMV
 	 * rows): out (rows, dim) = rmsnorm(x) * w is not yet written. The next quantized
-	 * linear whose x is out takes it in its GEMV, which writes out as well; anything
-	 * else writes it first (cuda_norm_settle). */
+	 * or ring-GEMV linear whose x is out takes it in its GEMV, which writes out as well;
+	 * anything else writes it first (cuda_norm_settle). */
 	struct {
 		float *out;		/* NULL: none pending */
 		const float *x;		/* (rows, dim) the norm's input */
