@@ -12,11 +12,7 @@
  * poisoned with NaN), nothing past y touched (a guard zone), and a second run must
  * give the same bits (kdec's own kernels; reported only for cuBLAS).
  * The ring GEMV's folded forms (k_cuda_linear_norm_run, k_cuda_linear_swiglu_run): the
- * same bits as k_cuda_rmsnorm or k_cuda_silu_mul_rows then the ring kind. Row squares
- * (k_cuda_linear_sq_request): a ring call's y += leaves each row's 64-column sums of
- * squares within 1e-12 of the host's fp64 sums of the y it wrote, and a norm folded over
- * that y from them gives y and out within 1e-6 (relative L2) of the fold that sums the
- * rows itself (rs may differ in its last bit: another order of the same fp64 sum).
+ * same bits as k_cuda_rmsnorm or k_cuda_silu_mul_rows then the ring kind.
  * KD_TEST_QUICK=1 (for compute-sanitizer's racecheck, whose cost grows with every
  * shared-memory access): kdec's own kernels only, at M up to 64; no cuBLAS, no auto.
  * KD_TEST_QUICK=2 (race): the big part at M 1, 16 and 64 only, Llama's 6144 and 4096
@@ -486,7 +482,7 @@ static void test_ring_folds(int N, int K, int M, int acc)
 	copy(dnw, nw_h, sizeof(float) * K, cudaMemcpyHostToDevice);
 	/* the norm: x (M, K) */
 	{
-		const struct k_cuda_xnorm n = { dnw, eps, dhb, NULL };
+		const struct k_cuda_xnorm n = { dnw, eps, dhb };
 
 		copy(dya, y0, sizeof(float) * ny, cudaMemcpyHostToDevice);
 		copy(dyb, y0, sizeof(float) * ny, cudaMemcpyHostToDevice);
@@ -541,109 +537,6 @@ static void test_ring_folds(int N, int K, int M, int acc)
 	free(b);
 	free(ha);
 	free(hb);
-	free(w);
-}
-
-/* Row squares: a ring call y (M, D) += xp (M, Kp) @ wp^T asked for them, checked against
- * the host's sums over the y it wrote; then the norm of y folded into a ring call of
- * (N, D) weights from them, against the fold that reads the rows. */
-static void test_ring_sq(int D, int Kp, int N, int M)
-{
-	const float eps = 1e-6f;
-	const int T = (D + K_CUDA_LINEAR_SQ_COLS - 1) / K_CUDA_LINEAR_SQ_COLS;
-	size_t nr = (size_t)M * D, nwp = (size_t)D * Kp, nw = (size_t)N * D, ny = (size_t)M * N;
-	float *xp = xmalloc(sizeof(float) * M * Kp), *res = xmalloc(sizeof(float) * nr);
-	float *nw_h = xmalloc(sizeof(float) * D), *a = xmalloc(sizeof(float) * ny);
-	float *b = xmalloc(sizeof(float) * ny), *oa = xmalloc(sizeof(float) * nr);
-	float *ob = xmalloc(sizeof(float) * nr);
-	double *sq = xmalloc(sizeof(double) * T * K_CUDA_LINEAR_RING_M), worst = 0.0;
-	uint16_t *wp = xmalloc(sizeof(uint16_t) * nwp), *w = xmalloc(sizeof(uint16_t) * nw);
-	uint16_t *dwp = dalloc(sizeof(uint16_t) * nwp), *dw = dalloc(sizeof(uint16_t) * nw);
-	float *dxp = dalloc(sizeof(float) * M * Kp), *dres = dalloc(sizeof(float) * nr);
-	float *dnw = dalloc(sizeof(float) * D), *dya = dalloc(sizeof(float) * ny);
-	float *dyb = dalloc(sizeof(float) * ny), *doa = dalloc(sizeof(float) * nr);
-	float *dob = dalloc(sizeof(float) * nr);
-	double *dsq = dalloc(sizeof(double) * K_CUDA_LINEAR_SQ_MAX_TILES * K_CUDA_LINEAR_RING_M);
-	struct errs ey, eo;
-	int rp, ra, rb, done, done_gemv;
-
-	rand_fill(xp, (size_t)M * Kp);
-	rand_fill(res, nr);
-	for (int k = 0; k < D; k++)
-		nw_h[k] = 0.5f + 0.5f * test_randf(&seed);
-	for (size_t i = 0; i < nwp; i++)
-		wp[i] = k_f32_to_bf16(test_randf(&seed));
-	for (size_t i = 0; i < nw; i++)
-		w[i] = k_f32_to_bf16(test_randf(&seed));
-	copy(dwp, wp, sizeof(uint16_t) * nwp, cudaMemcpyHostToDevice);
-	copy(dw, w, sizeof(uint16_t) * nw, cudaMemcpyHostToDevice);
-	copy(dxp, xp, sizeof(float) * M * Kp, cudaMemcpyHostToDevice);
-	copy(dres, res, sizeof(float) * nr, cudaMemcpyHostToDevice);
-	copy(dnw, nw_h, sizeof(float) * D, cudaMemcpyHostToDevice);
-	/* the producer: the residual add, its row squares asked for */
-	k_cuda_linear_sq_request(lin, dsq);
-	rp = k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_RING, dres, dxp, dwp, M, D, Kp, 1);
-	done = k_cuda_linear_sq_done(lin);
-	CU(cudaStreamSynchronize(stream));
-	copy(res, dres, sizeof(float) * nr, cudaMemcpyDeviceToHost);
-	copy(sq, dsq, sizeof(double) * T * K_CUDA_LINEAR_RING_M, cudaMemcpyDeviceToHost);
-	for (int m = 0; m < M; m++)
-		for (int t = 0; t < T; t++) {
-			double want = 0.0, got = sq[(size_t)t * K_CUDA_LINEAR_RING_M + m];
-
-			for (int c = t * K_CUDA_LINEAR_SQ_COLS; c < D && c < (t + 1) * K_CUDA_LINEAR_SQ_COLS; c++)
-				want += (double)res[(size_t)m * D + c] * res[(size_t)m * D + c];
-			worst = test_err_max(worst, fabs(got - want) / (want > 0 ? want : 1.0));
-		}
-	/* the consumer: the norm of res folded, from the squares and from the rows */
-	{
-		const struct k_cuda_xnorm with = { dnw, eps, doa, dsq }, rows = { dnw, eps, dob, NULL };
-
-		ra = k_cuda_linear_norm_run(lin, dya, dres, &with, dw, M, N, D, 0);
-		rb = k_cuda_linear_norm_run(lin, dyb, dres, &rows, dw, M, N, D, 0);
-	}
-	CU(cudaStreamSynchronize(stream));
-	copy(a, dya, sizeof(float) * ny, cudaMemcpyDeviceToHost);
-	copy(b, dyb, sizeof(float) * ny, cudaMemcpyDeviceToHost);
-	copy(oa, doa, sizeof(float) * nr, cudaMemcpyDeviceToHost);
-	copy(ob, dob, sizeof(float) * nr, cudaMemcpyDeviceToHost);
-	ey = compare(a, NULL, b, ny);
-	eo = compare(oa, NULL, ob, nr);
-	/* a request the next call cannot take (the CUDA-core GEMV: K_CUDA_LINEAR_GEMV) */
-	k_cuda_linear_sq_request(lin, dsq);
-	CHECK(k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_GEMV, dya, dres, dw, 1, 64, D, 0) == 0,
-	      "gemv after a row squares request");
-	done_gemv = k_cuda_linear_sq_done(lin);
-	CU(cudaStreamSynchronize(stream));
-	printf("ring row squares D=%-5d Kp=%-5d N=%-5d M=%d: rc %d, left %d, worst rel err %.1e; "
-	       "fold from them vs from the rows rc %d/%d rel_l2 y %.1e out %.1e; gemv left %d  %s\n",
-	       D, Kp, N, M, rp, done, worst, ra, rb, ey.rel_l2, eo.rel_l2, done_gemv,
-	       !rp && done && worst <= 1e-12 && !ra && !rb && ey.rel_l2 <= 1e-6 &&
-	       eo.rel_l2 <= 1e-6 && !done_gemv ? "PASS" : "FAIL");
-	CHECK(!rp && done && worst <= 1e-12, "ring row squares D %d M %d: rc %d done %d err %g", D,
-	      M, rp, done, worst);
-	CHECK(!ra && !rb && ey.rel_l2 <= 1e-6 && eo.rel_l2 <= 1e-6, "norm fold from row squares "
-	      "D %d M %d: rc %d/%d rel_l2 %g %g", D, M, ra, rb, ey.rel_l2, eo.rel_l2);
-	CHECK(!done_gemv, "the CUDA-core GEMV claims to have left row squares");
-	cudaFree(dwp);
-	cudaFree(dw);
-	cudaFree(dxp);
-	cudaFree(dres);
-	cudaFree(dnw);
-	cudaFree(dya);
-	cudaFree(dyb);
-	cudaFree(doa);
-	cudaFree(dob);
-	cudaFree(dsq);
-	free(xp);
-	free(res);
-	free(nw_h);
-	free(a);
-	free(b);
-	free(oa);
-	free(ob);
-	free(sq);
-	free(wp);
 	free(w);
 }
 
@@ -761,10 +654,6 @@ int main(void)
 		test_ring_folds(4100, 4096, 3, 1);	/* a last row tile part full */
 		test_ring_folds(1100, 14336, 8, 0);	/* down's K, an x slice split */
 		test_ring_folds(2000, 8192, 1, 1);
-		test_ring_sq(4096, 4096, 6144, 1);	/* o_proj's residual, q/k/v's norm */
-		test_ring_sq(4104, 14336, 4096, 5);	/* down's (split K), a part tile */
-		test_ring_sq(4096, 2048, 8192, 8);
-		test_ring_sq(32768, 512, 1024, 1);	/* many tiles, likely one K slice */
 	}
 	if (test_part_runs(part, "small"))
 		test_graph();

@@ -5,13 +5,10 @@
 # call of < 10 minutes:
 #   RG_PART=check   test_cuda_linear (every kind, the folded forms), test_cuda_linear_q,
 #                   test_cuda_moe, test_golden on cuda (the defaults, and with the norm
-#                   folded into the ring and the quantized GEMVs, KDEC_NORM_IN_GEMV=1, from
-#                   row squares and from the rows), test_cuda_golden_inline.sh
+#                   folded into the ring, KDEC_NORM_IN_GEMV=1), test_cuda_golden_inline.sh
 #   RG_PART=bench   bench_cuda_linear --quick (the ring column beside cuBLAS and stream)
 #   RG_PART=decode  kdbench decode, the ring on (8 rows) and off one after the other, and
-#                   with the norm folded in (KDEC_NORM_IN_GEMV=1) from the producer's row
-#                   squares (KDEC_NORM_SQ=1) and from the rows (=0) (RG_DECODE:
-#                   model:format:batches triples)
+#                   with the norm folded in (RG_DECODE: model:format:batches triples)
 #   RG_PART=trace   layer traces of Llama-3.1-8B bf16 batch 1, ring on and off (the build
 #                   needs libktrace.so: layer_trace.sh's usage)
 # RG_PART may name several, run in that order.
@@ -33,11 +30,9 @@ check() {
 		step "$t" 150 "$B/tests/$t"
 		grep -E "FAIL" "$L/$t.log" | head -5 | tee -a "$S"
 	done
-	grep -E "^ring (folds|row squares)" "$L/test_cuda_linear.log" | head -16 | cut -c1-220 | tee -a "$S"
+	grep -E "^ring folds|ring +acc=0.*N=4096 " "$L/test_cuda_linear.log" | head -12 | cut -c1-200 | tee -a "$S"
 	step golden 150 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
-	step golden_normsq 150 env KDEC_TEST_BACKEND=cuda KDEC_NORM_IN_GEMV=1 "$B/tests/test_golden"
-	step golden_normrows 150 env KDEC_TEST_BACKEND=cuda KDEC_NORM_IN_GEMV=1 KDEC_NORM_SQ=0 \
-		"$B/tests/test_golden"
+	step golden_norm 150 env KDEC_TEST_BACKEND=cuda KDEC_NORM_IN_GEMV=1 "$B/tests/test_golden"
 	step golden_inline 150 sh tests/test_cuda_golden_inline.sh
 }
 
@@ -48,18 +43,13 @@ bench() {
 
 decode() {
 	local r m f bt
-	for r in ${RG_DECODE:-llama3.1-8b:bf16:1,8 qwen3-8b:bf16:1 qwen3-30b-a3b:bf16:1}; do
+	for r in ${RG_DECODE:-llama3.1-8b:bf16:1,8 qwen3-8b:bf16:1,8 qwen3-30b-a3b:bf16:1,8}; do
 		m=${r%%:*} r=${r#*:} f=${r%%:*} bt=${r#*:}
 		dec "${m}_${f}_ring" $m $bt $f KDEC_LINEAR_RING=8
 		dec "${m}_${f}_noring" $m $bt $f KDEC_LINEAR_RING=0
-		dec "${m}_${f}_ringnormsq" $m $bt $f KDEC_LINEAR_RING=8 KDEC_NORM_IN_GEMV=1
-		dec "${m}_${f}_ringnormrows" $m $bt $f KDEC_LINEAR_RING=8 KDEC_NORM_IN_GEMV=1 KDEC_NORM_SQ=0
+		dec "${m}_${f}_ringnorm" $m $bt $f KDEC_LINEAR_RING=8 KDEC_NORM_IN_GEMV=1
 	done
-	for f in fp8-block int4-g32; do
-		dec llama3.1-8b_${f} llama3.1-8b 1 $f
-		dec llama3.1-8b_${f}_normsq llama3.1-8b 1 $f KDEC_NORM_IN_GEMV=1
-		dec llama3.1-8b_${f}_normrows llama3.1-8b 1 $f KDEC_NORM_IN_GEMV=1 KDEC_NORM_SQ=0
-	done
+	dec llama3.1-8b_fp8 llama3.1-8b 1 fp8-block
 }
 
 trace() {

@@ -224,11 +224,6 @@ struct k_cuda_tuning {
 				 * The same bits either way (but KDEC_NORM_SQ's last bit of rs).
 				 * Measured slower on an H200 (session 18): Llama-3.1-8B fp8
 				 * batch 1 2.999 ms a step against 2.931 with it off */
-	int norm_sq;		/* KDEC_NORM_SQ, flag, 1: where a norm may fold into the GEMV
-				 * after it (KDEC_NORM_IN_GEMV), the residual add before it leaves
-				 * its rows' sums of squares by 64-column tiles, and the fold reads
-				 * those instead of each whole row; 0: the whole row, as
-				 * k_cuda_rmsnorm sums it (the same bits as the norm's launch) */
 	int silu_bf16_only;	/* KDEC_SILU_BF16_ONLY, flag, 1: SwiGLU writes only the bf16
 				 * form where the down projection reads nothing else; 0: fp32 too */
 	int router_fp32;	/* KDEC_ROUTER_FP32, flag, 1: the MoE router's logits from fp32

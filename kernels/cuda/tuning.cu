@@ -69,7 +69,6 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.mla_post_in_absorb = 1;
 	t.gate_up_bf16 = 1;
 	t.silu_bf16_only = 1;
-	t.norm_sq = 1;
 	t.swiglu_in_down = 1;
 	t.router_fp32 = 1;
 	t.linear_fp32x = 0;
@@ -176,7 +175,6 @@ static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_SILU_BF16_ONLY", silu_bf16_only),
 	TUN_INT("KDEC_SWIGLU_IN_DOWN", swiglu_in_down, 0, 8),
 	TUN_INT("KDEC_NORM_IN_GEMV", norm_in_gemv, 0, 8),
-	TUN_FLAG("KDEC_NORM_SQ", norm_sq),
 	TUN_FLAG("KDEC_ROUTER_FP32", router_fp32),
 	TUN_FLAG("KDEC_LINEAR_FP32X", linear_fp32x),
 };

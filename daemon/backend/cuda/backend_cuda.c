@@ -75,7 +75,6 @@ static void cuda_destroy(struct backend *be)
 			cudaEventDestroy(b->timer[i]);
 	k_cuda_sample_ws_destroy(b->sample_ws);
 	cudaFree(b->fused);
-	cudaFree(b->sqs.buf);
 	k_cuda_moe_ws_destroy(b->moe_ws);
 	k_cuda_attn_ws_destroy(b->attn_ws);
 	k_cuda_linear_destroy(b->lin);

@@ -133,18 +133,7 @@ struct backend_cuda {
 		const float *w;		/* (dim) device */
 		int rows, dim;
 		float eps;
-		const double *sq;	/* x's row squares (sqs.buf), or NULL */
 	} norm;
-	/* Row squares (KDEC_NORM_SQ): the residual add before a norm that may be left
-	 * pending (cuda_linear_add at up to KDEC_NORM_IN_GEMV rows) asks its GEMV for y's
-	 * rows' sums of squares by 64-column tiles (k_cuda_linear_sq_request), so that the
-	 * GEMV the norm folds into reads those, not the rows. y: whose they are; any op but
-	 * an RMSNorm, and any branch step, forgets them. */
-	struct {
-		double *buf;		/* (K_CUDA_LINEAR_SQ_MAX_TILES, 8) device */
-		const float *y;		/* NULL: none */
-		int rows, dim;
-	} sqs;
 	struct cuda_branch *branch;	/* the branch op's queue (backend_cuda_branch.c); NULL
 					 * where no MoE layer has a shared expert to run there */
 	int capturing;			/* between capture_begin and capture_end */

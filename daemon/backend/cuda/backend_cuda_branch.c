@@ -116,7 +116,6 @@ int cuda_branch(struct backend *be, enum backend_branch step, int rows)
 	struct cuda_branch *br = b->branch;
 	int ret = 0;
 
-	b->sqs.y = NULL;	/* row squares are for a norm right after their linear */
 	if (step == BACKEND_BRANCH_MARK) {
 		if (!br || rows > br->shared_rows || br->on)
 			return 1;

@@ -47,13 +47,6 @@ int cuda_fused_reserve(struct backend_cuda *b, int max_M)
 		return -ENOMEM;
 	}
 	b->alloc_bytes += b->fused_floats * sizeof(float);
-	/* the row squares of a norm's input (b->sqs) */
-	if (cudaMalloc((void **)&b->sqs.buf, (size_t)K_CUDA_LINEAR_SQ_MAX_TILES *
-					     K_CUDA_LINEAR_RING_M * sizeof(double)) != cudaSuccess) {
-		b->sqs.buf = NULL;
-		return -ENOMEM;
-	}
-	b->alloc_bytes += (size_t)K_CUDA_LINEAR_SQ_MAX_TILES * K_CUDA_LINEAR_RING_M * sizeof(double);
 	return 0;
 }
 

@@ -46,8 +46,6 @@ void cuda_op_begin(struct backend_cuda *b, enum cuda_op op)
 {
 	int ret;
 
-	if (op != CUDA_OP_RMSNORM)	/* row squares are for the norm right after */
-		b->sqs.y = NULL;
 	/* a pending SwiGLU is the down projection's (a linear) to take, nobody else's */
 	if (b->swiglu.out && op != CUDA_OP_LINEAR && op != CUDA_OP_LINEAR_ADD &&
 	    (ret = cuda_swiglu_settle(b)))
@@ -148,8 +146,6 @@ void cuda_rmsnorm(struct backend *be, float *out, int out_stride, const float *x
 
 	cuda_op_begin(b, CUDA_OP_RMSNORM);
 	if (norm_defers(out, out_stride, x, x_stride, rows, dim) && !((uintptr_t)V(b, w) & 15)) {
-		b->norm.sq = x == b->sqs.y && rows == b->sqs.rows && dim == b->sqs.dim ? b->sqs.buf
-										       : NULL;
 		b->norm.out = out;
 		b->norm.x = x;
 		b->norm.w = V(b, w);
@@ -210,8 +206,7 @@ int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const str
 
 		if ((kind == K_CUDA_LINEAR_Q_GEMV || kind == K_CUDA_LINEAR_Q_STREAM) &&
 		    x == b->norm.out && M == b->norm.rows && K == b->norm.dim) {
-			const struct k_cuda_xnorm n = { b->norm.w, b->norm.eps, b->norm.out,
-							b->norm.sq };
+			const struct k_cuda_xnorm n = { b->norm.w, b->norm.eps, b->norm.out };
 
 			ret = k_cuda_linear_q_norm_run(b->lin, kind, y, b->norm.x, &n, w->w, &w->q, M,
 						       N, K, accumulate);
@@ -249,8 +244,7 @@ int cuda_bf16_linear_run(struct backend_cuda *b, float *y, const float *x, const
 
 	if (b->norm.out) {	/* the first linear over a norm left pending */
 		if (ring && x == b->norm.out && M == b->norm.rows && K == b->norm.dim) {
-			const struct k_cuda_xnorm n = { b->norm.w, b->norm.eps, b->norm.out,
-							b->norm.sq };
+			const struct k_cuda_xnorm n = { b->norm.w, b->norm.eps, b->norm.out };
 
 			ret = k_cuda_linear_norm_run(b->lin, y, b->norm.x, &n, w, M, N, K,
 						     accumulate);
@@ -320,22 +314,9 @@ void cuda_linear_add(struct backend *be, float *y, const float *x, const struct 
 {
 	struct backend_cuda *b = cuda_of(be);
 
-	const int sq = b->sqs.buf && k_cuda_tuning()->norm_sq && M <= k_cuda_tuning()->norm_in_gemv;
-	int ret;
-
 	cuda_op_begin(b, CUDA_OP_LINEAR_ADD);
 	cuda_prof_rows(b, M);
-	/* the residual a norm reads next: its row squares, where the GEMV can leave them */
-	if (sq)
-		k_cuda_linear_sq_request(b->lin, b->sqs.buf);
-	ret = cuda_linear_run(b, y, x, w, M, 1);
-	if (sq && !ret && k_cuda_linear_sq_done(b->lin)) {
-		b->sqs.y = y;
-		b->sqs.rows = M;
-		b->sqs.dim = (int)w->rows;
-	}
-	k_cuda_linear_sq_request(b->lin, NULL);
-	cuda_op_end(b, CUDA_OP_LINEAR_ADD, ret);
+	cuda_op_end(b, CUDA_OP_LINEAR_ADD, cuda_linear_run(b, y, x, w, M, 1));
 }
 
 void cuda_rope(struct backend *be, const struct k_rope *rope, float *x, int n_rows, int n_heads,

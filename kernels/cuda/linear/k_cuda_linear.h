@@ -43,10 +43,6 @@ enum k_cuda_linear_kind {
 
 /* Rows of x one launch of the ring GEMV (K_CUDA_LINEAR_RING) takes. */
 #define K_CUDA_LINEAR_RING_M 8
-/* Row squares (k_cuda_linear_sq_request): columns a partial sum covers, and the most
- * partials a row (N <= 64 * 1024). */
-#define K_CUDA_LINEAR_SQ_COLS 64
-#define K_CUDA_LINEAR_SQ_MAX_TILES 1024
 
 /* One context per stream: the cuBLAS handle with its preallocated workspace and the
  * bf16 scratch for x, so that the calls below never allocate, never synchronise and
@@ -72,25 +68,12 @@ void k_cuda_linear_set_shared(struct k_cuda_linear *ctx, int shared);
  * eps) over the row's K values, as k_cuda_rmsnorm writes it (the same bits). w: (K) fp32
  * device, 16-byte aligned; out: NULL, or (M, K) fp32 device, 16-byte aligned, not x,
  * where the normalised rows are written as well (the norm's own output, for whoever
- * reads it next). sq: NULL, or the row squares x's producer left
- * (k_cuda_linear_sq_request): rs from those, each CTA reading ceil(K / 64) doubles a
- * row instead of the row (the same value as k_cuda_rmsnorm's up to its last bit: the
- * sum goes in another order). */
+ * reads it next). */
 struct k_cuda_xnorm {
 	const float *w;
 	float eps;
 	float *out;
-	const double *sq;
 };
-
-/* Row squares for a norm folded into the linear after it: the very next linear call on
- * ctx (any entry point), where it runs the quantized decode GEMV or the ring GEMV in one
- * launch (M <= 8, N <= 64 * K_CUDA_LINEAR_SQ_MAX_TILES), also leaves each output row's
- * sums of squares (after the +=, in fp64) over its 64-column tiles: sq[t * 8 + m] for
- * tile t, row m (device, (ceil(N / 64), 8) doubles). k_cuda_linear_sq_done says whether
- * the last call did; any call clears the request. */
-void k_cuda_linear_sq_request(struct k_cuda_linear *ctx, double *sq);
-int k_cuda_linear_sq_done(const struct k_cuda_linear *ctx);
 
 /* y (M, N) fp32 = x (M, K) fp32 @ w^T, w (N, K) bf16 row-major; with accumulate = 1,
  * y += x @ w^T instead (y is read only then). All three in device memory; y must not

@@ -274,10 +274,6 @@ int k_cuda_lin_take_ready(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kin
 {
 	*ready = x == ctx->ready_x && M == ctx->ready_M && K == ctx->ready_K;
 	ctx->ready_x = nullptr;
-	// the row squares asked of this call, where one launch takes its rows
-	ctx->sq_now = M <= K_CUDA_LINEAR_RING_M ? ctx->sq_req : nullptr;
-	ctx->sq_req = nullptr;
-	ctx->sq_done = false;
 	if (*ready && ctx->ready_only && !k_cuda_linear_kind_reads_bf16(kind)) {
 		k_cuda_log("cuda linear: M %d N %d K %d: x was written in bf16 only, but the %s "
 			   "kernel reads fp32 x", M, N, K, k_cuda_linear_kind_name(kind));
@@ -306,8 +302,7 @@ static int lin_ring(struct k_cuda_linear *ctx, float *y, const float *x, const u
 		struct k_cuda_xnorm n = {};
 
 		if (nrm)
-			n = { nrm->w, nrm->eps, nrm->out ? nrm->out + (size_t)m0 * K : nullptr,
-			      nrm->sq };
+			n = { nrm->w, nrm->eps, nrm->out ? nrm->out + (size_t)m0 * K : nullptr };
 		ret = k_cuda_lin_qgemv(ctx, y + (size_t)m0 * N, x + (size_t)m0 * xs, w,
 				       &k_cuda_lin_bf16_q, mb, N, K, accumulate, xf,
 				       nrm ? &n : nullptr);
@@ -420,19 +415,6 @@ extern "C" void k_cuda_linear_x_ready(struct k_cuda_linear *ctx, const float *x,
 	ctx->ready_M = M;
 	ctx->ready_K = K;
 	ctx->ready_only = false;
-}
-
-extern "C" void k_cuda_linear_sq_request(struct k_cuda_linear *ctx, double *sq)
-{
-	if (ctx) {
-		ctx->sq_req = sq;
-		ctx->sq_done = false;
-	}
-}
-
-extern "C" int k_cuda_linear_sq_done(const struct k_cuda_linear *ctx)
-{
-	return ctx && ctx->sq_done;
 }
 
 extern "C" int k_cuda_linear_kind_reads_bf16(enum k_cuda_linear_kind kind)

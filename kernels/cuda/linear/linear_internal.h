@@ -84,9 +84,6 @@ struct k_cuda_linear {
 	const float *ready_x;		/* xb already holds bf16(ready_x) (ready_M, ready_K), */
 	int ready_M, ready_K;		/* written by its producer: k_cuda_linear_x_ready */
 	bool ready_only;		/* ... and the fp32 ready_x was never written */
-	double *sq_req;			/* row squares asked of the next call (its entry moves */
-	double *sq_now;			/* it here: k_cuda_lin_take_ready), */
-	bool sq_done;			/* ... and left by the last call's GEMV */
 };
 
 /* launch_check.cuh's checks naming the context's device: 0 for cudaSuccess; otherwise

@@ -56,7 +56,6 @@
 #include "kernels/cuda/linear/linear_qfrag.cuh"
 #include "kernels/cuda/linear/linear_qstream.cuh"
 #include "kernels/cuda/linear/linear_split.cuh"
-#include "kernels/cuda/linear/linear_sq.cuh"
 #include "kernels/cuda/ops/rmsnorm_rs.cuh"
 #include "kernels/cuda/quant_dequant.cuh"
 #include "kernels/cuda/ptx.cuh"
@@ -179,13 +178,11 @@ static __device__ __forceinline__ void qg_stage_x(uint4 *xs, const float *x, int
 // ws: (tiles * S, QG_PART) fp32 partials, cnt: (tiles) arrival counters, zero between
 // launches (S > 1 only). Needs K % 16 (fp8) or % 32 (int4) == 0, w rows and x 16-byte
 // aligned, M <= 8, the scale column constant over a stage (fp8) or a lane's 32 k (int4).
-// XF: what x is (qg_stage_x), nrm its norm (LIN_QG_X_NORM; rs from nrm.sq where given).
-// sq: NULL, or where the tile's final writer leaves its rows' sums of squares
-// (linear_sq.cuh), from the values it writes (the ring's space, free by then).
+// XF: what x is (qg_stage_x), nrm its norm (LIN_QG_X_NORM).
 template <int FMT, typename ST, int XF>
 __global__ void __launch_bounds__(QG_THREADS, 4)
 qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__restrict__ scale,
-	  qf_args a, float *ws, unsigned *cnt, k_cuda_xnorm nrm, double *sq)
+	  qf_args a, float *ws, unsigned *cnt, k_cuda_xnorm nrm)
 {
 	using F = qm_fmt<FMT>;
 	extern __shared__ __align__(16) unsigned char qg_smem[];
@@ -208,10 +205,7 @@ qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 		double *part = (double *)(qg_smem + QG_RING + qg_x_bytes(a.M, a.KC));
 		float *rs = (float *)(part + K_RMS_BLOCK_THREADS / 32);
 
-		if (nrm.sq)
-			lin_sq_rs_rows<QG_WARPS>(rs, nrm.sq, a.M, a.K, nrm.eps);
-		else
-			k_rms_rs_rows_cta<QG_THREADS>(rs, part, x, a.M, a.K, nrm.eps);
+		k_rms_rs_rows_cta<QG_THREADS>(rs, part, x, a.M, a.K, nrm.eps);
 		qg_stage_x<FMT, XF>(xs, x, a.M, a.K, qw.k0, a.KC, nrm, rs);
 	} else {
 		qg_stage_x<FMT, XF>(xs, x, a.M, a.K, qw.k0, a.KC, nrm, nullptr);
@@ -229,29 +223,8 @@ qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 	cp_async_wait<0>();
 
 	// accumulator c of lane (g, t): x row 2t + (c & 1), weight row g + 8 (c >> 1)
-	float *vals = (float *)qg_smem;	// sq: the tile's outputs, (8, 64), once the ring is free
-
-	if (S == 1 && !sq) {
-		qm_store_acc<1>(y, reinterpret_cast<const float (&)[1][4]>(acc), a, qw.ra, qw.rb, t);
-		return;
-	}
 	if (S == 1) {
-		__syncthreads();	// every warp is past its ring
-#pragma unroll
-		for (int c = 0; c < 4; c++) {
-			const int m = 2 * t + (c & 1), r = warp * 16 + g + 8 * (c >> 1), n = n0 + r;
-			float v = 0.f;
-
-			if (m < a.M && n < a.N) {
-				float *p = y + (size_t)m * a.N + n;
-
-				v = a.accumulate ? *p + acc[c] : acc[c];
-				*p = v;
-			}
-			vals[m * QG_ROWS + r] = v;	// every (m < 8, r) once
-		}
-		__syncthreads();
-		lin_sq_tile<QG_WARPS>(sq, vals, a.M, tile);
+		qm_store_acc<1>(y, reinterpret_cast<const float (&)[1][4]>(acc), a, qw.ra, qw.rb, t);
 		return;
 	}
 	float *part = ws + ((size_t)tile * S + s) * QG_PART;
@@ -281,23 +254,14 @@ qg_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 		for (int q = 1; q < QG_MAX_SPLIT; q++)
 			if (q < S)
 				sum += v[q];
-		float out = 0.f;
-
 		if (n < a.N) {
 			float *p = y + (size_t)m * a.N + n;
 
-			out = a.accumulate ? *p + sum : sum;
-			*p = out;
+			*p = a.accumulate ? *p + sum : sum;
 		}
-		if (sq)
-			vals[e] = out;	// the ring is free: every warp counted in
 	}
 	if (tid == 0)
 		cnt[tile] = 0;
-	if (sq) {
-		__syncthreads();
-		lin_sq_tile<QG_WARPS>(sq, vals, a.M, tile);
-	}
 }
 
 // ---- launchers ----------------------------------------------------------------
@@ -427,7 +391,7 @@ static int qg_ctx_plan(const struct k_cuda_linear *ctx, const struct k_quant *q,
 template <int FMT, typename ST, int XF>
 static int qg_launch(const struct k_cuda_linear *ctx, const struct qg_plan *p, float *y,
 		     const float *x, const void *w, const struct k_quant *q, int M, int N, int K,
-		     int accumulate, const struct k_cuda_xnorm &nrm, double *sq)
+		     int accumulate, const struct k_cuda_xnorm &nrm)
 {
 	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[1] = {};
@@ -445,39 +409,39 @@ static int qg_launch(const struct k_cuda_linear *ctx, const struct qg_plan *p, f
 	cfg.numAttrs = k_cuda_lin_pdl_attr(ctx, attr);
 	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qg_kernel<FMT, ST, XF>, y, x,
 						     (const uint8_t *)w, (const ST *)q->scale, a,
-						     ctx->st_ws, ctx->st_cnt, nrm, sq));
+						     ctx->st_ws, ctx->st_cnt, nrm));
 }
 
 template <int XF>
 static int qg_run_xf(const struct k_cuda_linear *ctx, const struct qg_plan *p, float *y,
 		     const float *x, const void *w, const struct k_quant *q, int M, int N, int K,
-		     int accumulate, const struct k_cuda_xnorm &n, double *sq)
+		     int accumulate, const struct k_cuda_xnorm &n)
 {
 	if (q->fmt == K_Q_NONE)
-		return qg_launch<K_Q_NONE, float, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n, sq);
+		return qg_launch<K_Q_NONE, float, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n);
 	if (q->fmt == K_Q_INT4)
 		return q->scale_dtype == K_F16
-			       ? qg_launch<K_Q_INT4, __half, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n, sq)
-			       : qg_launch<K_Q_INT4, float, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n, sq);
+			       ? qg_launch<K_Q_INT4, __half, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n)
+			       : qg_launch<K_Q_INT4, float, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n);
 	return q->scale_dtype == K_F16
-		       ? qg_launch<K_Q_FP8, __half, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n, sq)
-		       : qg_launch<K_Q_FP8, float, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n, sq);
+		       ? qg_launch<K_Q_FP8, __half, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n)
+		       : qg_launch<K_Q_FP8, float, XF>(ctx, p, y, x, w, q, M, N, K, accumulate, n);
 }
 
-// nrm: LIN_QG_X_NORM's norm (NULL otherwise); sq: the row squares to leave, or NULL
+// nrm: LIN_QG_X_NORM's norm (NULL otherwise)
 static int qg_run(const struct k_cuda_linear *ctx, const struct qg_plan *p, float *y,
 		  const float *x, const void *w, const struct k_quant *q, int M, int N, int K,
-		  int accumulate, int xf, const struct k_cuda_xnorm *nrm, double *sq)
+		  int accumulate, int xf, const struct k_cuda_xnorm *nrm)
 {
 	const struct k_cuda_xnorm none = {};
 
 	switch (xf) {
 	case LIN_QG_X_SWIGLU:
-		return qg_run_xf<LIN_QG_X_SWIGLU>(ctx, p, y, x, w, q, M, N, K, accumulate, none, sq);
+		return qg_run_xf<LIN_QG_X_SWIGLU>(ctx, p, y, x, w, q, M, N, K, accumulate, none);
 	case LIN_QG_X_NORM:
-		return qg_run_xf<LIN_QG_X_NORM>(ctx, p, y, x, w, q, M, N, K, accumulate, *nrm, sq);
+		return qg_run_xf<LIN_QG_X_NORM>(ctx, p, y, x, w, q, M, N, K, accumulate, *nrm);
 	default:
-		return qg_run_xf<LIN_QG_X_PLAIN>(ctx, p, y, x, w, q, M, N, K, accumulate, none, sq);
+		return qg_run_xf<LIN_QG_X_PLAIN>(ctx, p, y, x, w, q, M, N, K, accumulate, none);
 	}
 }
 
@@ -501,8 +465,7 @@ static int qg_enqueue(const struct k_cuda_linear *ctx, void *arg, int S, float *
 	if (!qg_plan_at(ctx->n_sm, ctx->qg_bps, ctx->qg_smem_sm, ctx->qg_smem_cta,
 			qg_stage_k(c->q), c->M, c->N, c->K, S, &p, &cost))
 		return -EINVAL;
-	return qg_run(ctx, &p, ys, c->x, c->w, c->q, c->M, c->N, c->K, 0, c->xf, &c->nrm,
-		      nullptr);
+	return qg_run(ctx, &p, ys, c->x, c->w, c->q, c->M, c->N, c->K, 0, c->xf, &c->nrm);
 }
 
 int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
@@ -522,7 +485,7 @@ int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const 
 		struct qg_call c = { x, w, q, M, N, K, xf, {} };
 
 		if (nrm)
-			c.nrm = { nrm->w, nrm->eps, nullptr, nrm->sq };
+			c.nrm = { nrm->w, nrm->eps, nullptr };
 
 		k_cuda_lin_split_keep(ctx, K_CUDA_LINEAR_Q_GEMV, q, M, N, K,
 				      k_cuda_lin_split_tune(ctx, q->fmt == K_Q_INT4 ? "qgemv int4"
@@ -533,13 +496,7 @@ int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const 
 	}
 	if (qg_ctx_plan(ctx, q, M, N, K, &p))
 		return -EINVAL;
-	// the row squares asked of this call (k_cuda_linear_sq_request)
-	double *sq = ctx->sq_now && p.tiles <= K_CUDA_LINEAR_SQ_MAX_TILES ? ctx->sq_now : nullptr;
-	const int ret = qg_run(ctx, &p, y, x, w, q, M, N, K, accumulate, xf, nrm, sq);
-
-	ctx->sq_now = nullptr;
-	ctx->sq_done = !ret && sq;
-	return ret;
+	return qg_run(ctx, &p, y, x, w, q, M, N, K, accumulate, xf, nrm);
 }
 
 int k_cuda_lin_qgemv_describe(const struct k_cuda_linear *ctx, const struct k_quant *q, int M,

@@ -50,7 +50,6 @@
 #include "kernels/cuda/linear/linear_internal.h"
 #include "kernels/cuda/linear/linear_qfrag.cuh"
 #include "kernels/cuda/linear/linear_qstream.cuh"
-#include "kernels/cuda/linear/linear_sq.cuh"
 #include "kernels/cuda/ops/rmsnorm_rs.cuh"
 #include "kernels/cuda/ptx.cuh"
 
@@ -351,10 +350,7 @@ qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 		__shared__ double part[K_RMS_BLOCK_THREADS / 32];
 		__shared__ float rs[K_CUDA_LINEAR_Q_MMA_MAX_M];
 
-		if (nrm.sq)	// the producer's row squares (linear_sq.cuh)
-			lin_sq_rs_rows<QM_WARPS>(rs, nrm.sq, a.M, a.K, nrm.eps);
-		else
-			k_rms_rs_rows_cta<QM_THREADS>(rs, part, x, a.M, a.K, nrm.eps);
+		k_rms_rs_rows_cta<QM_THREADS>(rs, part, x, a.M, a.K, nrm.eps);
 		qm_stage_x<FMT, true>(xs, x, a.M, a.K, k0, KX, &nrm, rs);
 	} else {
 		qm_stage_x<FMT>(xs, x, a.M, a.K, k0, KX);
