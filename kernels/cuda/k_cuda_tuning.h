@@ -42,10 +42,13 @@ struct k_cuda_tuning {
 	long linear_stream_mb;	/* KDEC_LINEAR_STREAM_MB, MiB (>= 0), 64: weights above
 				 * linear_small_mb and up to this size take the streaming kernel
 				 * at M <= 8; 0: never */
-	int linear_ring;	/* KDEC_LINEAR_RING, rows 0..8, 8: bf16 linears of up to this many
+	int linear_ring;	/* KDEC_LINEAR_RING, rows 0..8, 0: bf16 linears of up to this many
 				 * rows on weights above linear_small_mb take the ring GEMV (the
 				 * quantized decode GEMV's kernel on bf16: K_CUDA_LINEAR_RING)
-				 * before the streaming kernel and cuBLAS; 0: never */
+				 * before the streaming kernel and cuBLAS; 0: never. Measured
+				 * slower on an H100 (session 22): Llama-3.1-8B bf16 batch 1
+				 * 6.503 ms a step against 6.154 without, batch 8 10.277
+				 * against 6.666 (gate/up 89 us against cuBLAS's 86 alone) */
 	int linear_qgemv;	/* KDEC_LINEAR_QGEMV, flag, 1: quantized linears of M <= 8 take
 				 * the decode GEMV (linear_qgemv.cu) where the choice rule says
 				 * (k_cuda_linear_q_choose); 0: the cluster streaming form there */
@@ -221,7 +224,7 @@ struct k_cuda_tuning {
 				 * bf16 ring GEMV next is formed by that linear's GEMV from the
 				 * norm's input (k_cuda_linear_q_norm_run, k_cuda_linear_norm_run),
 				 * one launch and one round trip fewer; 0: its own launch always.
-				 * The same bits either way (but KDEC_NORM_SQ's last bit of rs).
+				 * The same bits either way.
 				 * Measured slower on an H200 (session 18): Llama-3.1-8B fp8
 				 * batch 1 2.999 ms a step against 2.931 with it off */
 	int silu_bf16_only;	/* KDEC_SILU_BF16_ONLY, flag, 1: SwiGLU writes only the bf16

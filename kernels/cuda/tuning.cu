@@ -21,7 +21,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.lt_candidates = 16;
 	t.linear_small_mb = 16;
 	t.linear_stream_mb = 64;
-	t.linear_ring = 8;
+	t.linear_ring = 0;
 	t.linear_qgemv = 1;
 	t.linear_qgemv_warps = 8;
 	t.linear_q_tune = 1;

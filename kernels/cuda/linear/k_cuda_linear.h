@@ -15,7 +15,8 @@ extern "C" {
 /* The variants, in the order k_cuda_linear_pick tries them (but STREAM and RING before
  * GEMV: they take the larger matrices, GEMV the small ones). */
 enum k_cuda_linear_kind {
-	/* M <= 8 (walked in blocks of 8 beyond) on matrices above linear_small_mb: the
+	/* M <= KDEC_LINEAR_RING (0 by default: measured slower than cuBLAS and the
+	 * streaming kernel on an H100) on matrices above linear_small_mb: the
 	 * quantized decode GEMV's kernel on bf16 weights (linear_qgemv.cu): each warp's 16
 	 * rows through its own cp.async ring 5 stages deep from before the PDL wait, x
 	 * rounded to bf16 in shared memory, mma.sync bf16, K split over plain CTAs whose
