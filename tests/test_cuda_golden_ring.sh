@@ -1,0 +1,9 @@
+#!/bin/sh
+# test_cuda_golden.sh with forms that are off by default: the bf16 linears of up to 8
+# rows on the ring GEMV (KDEC_LINEAR_RING=8: the quantized decode GEMV's kernel on bf16,
+# SwiGLU formed in the down projection) and the RMSNorms folded into the GEMVs after them
+# (KDEC_NORM_IN_GEMV=1): they hold the references too (both measured slower, kept for
+# the measurements on other GPUs). test_golden exits 77 where there is no GPU or no CUDA
+# build.
+KDEC_TEST_BACKEND=cuda KDEC_LINEAR_RING=8 KDEC_NORM_IN_GEMV=1 \
+	exec "${top_builddir:-.}/tests/test_golden"
