@@ -69,10 +69,13 @@ static bool lin_small_weights(int N, int K)
 }
 
 // linear_ring: the rows up to which the ring GEMV takes the matrices above
-// linear_small_mb.
+// linear_small_mb, where it has a plan (else the pick would fall to the generic kernel:
+// session 22's first measurement of the ring at 8 rows spent 3 ms in Llama-3.1-8B's LM
+// head so).
 static bool lin_use_ring(int M, int N, int K)
 {
-	return M <= k_cuda_tuning()->linear_ring && K % LIN_VEC_K == 0 && !lin_small_weights(N, K);
+	return M <= k_cuda_tuning()->linear_ring && K % LIN_VEC_K == 0 &&
+	       !lin_small_weights(N, K) && k_cuda_lin_bf16_gemv_shape_ok(M, N, K);
 }
 
 // linear_stream_mb: the weight size up to which the streaming kernel is used.

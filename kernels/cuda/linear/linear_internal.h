@@ -195,6 +195,7 @@ enum lin_qg_x { LIN_QG_X_PLAIN, LIN_QG_X_SWIGLU, LIN_QG_X_NORM };
  * xf: an lin_qg_x; nrm: LIN_QG_X_NORM's norm (else NULL). q: k_cuda_lin_bf16_q for bf16
  * weights (K_CUDA_LINEAR_RING), whose shapes k_cuda_lin_bf16_gemv_supports says. */
 extern const struct k_quant k_cuda_lin_bf16_q;
+bool k_cuda_lin_bf16_gemv_shape_ok(int M, int N, int K);
 bool k_cuda_lin_bf16_gemv_supports(const float *x, const void *w, int M, int N, int K);
 int k_cuda_lin_qgemv(struct k_cuda_linear *ctx, float *y, const float *x, const void *w,
 		     const struct k_quant *q, int M, int N, int K, int accumulate, int xf,

@@ -348,15 +348,22 @@ static int qg_make_plan(int n_sm, int bps_regs, int smem_sm, int smem_cta, int s
 // bf16 weights (k_cuda_lin_qgemv's q for them: K_Q_NONE, no scales)
 const struct k_quant k_cuda_lin_bf16_q = { K_Q_NONE, NULL, K_BF16, 1, 1, 0 };
 
-// The bf16 form's shapes: K % 8 == 0 (whole 16-byte units of a row and x octets), x and w
-// 16-byte aligned, M <= 8, a plan.
-bool k_cuda_lin_bf16_gemv_supports(const float *x, const void *w, int M, int N, int K)
+// The bf16 form's shapes: K % 8 == 0 (whole 16-byte units of a row and x octets), M <=
+// 8, a plan (an x slice within QG_MAX_X, and at most LIN_ST_MAX_UNITS row tiles where K
+// must split: Llama-3.1-8B's 128256-row LM head at 8 rows has none); and for a call x
+// and w 16-byte aligned.
+bool k_cuda_lin_bf16_gemv_shape_ok(int M, int N, int K)
 {
 	struct qg_plan p = {};
 
-	return x && w && M >= 1 && M <= K_CUDA_LINEAR_Q_MMA_MAX_M && N >= 1 && K >= 8 &&
-	       K % 8 == 0 && !((uintptr_t)x & 15) && !((uintptr_t)w & 15) &&
+	return M >= 1 && M <= K_CUDA_LINEAR_Q_MMA_MAX_M && N >= 1 && K >= 8 && K % 8 == 0 &&
 	       !qg_make_plan(0, 0, 0, 0, qs_fmt<K_Q_NONE>::SK, M, N, K, &p);
+}
+
+bool k_cuda_lin_bf16_gemv_supports(const float *x, const void *w, int M, int N, int K)
+{
+	return x && w && !((uintptr_t)x & 15) && !((uintptr_t)w & 15) &&
+	       k_cuda_lin_bf16_gemv_shape_ok(M, N, K);
 }
 
 extern "C" int k_cuda_linear_q_gemv_supports(const struct k_quant *q, const float *x,
