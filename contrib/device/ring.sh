@@ -4,11 +4,12 @@
 # linear_small_mb, with SwiGLU formed in the down projection) on the GPU machine, in one
 # call of < 10 minutes:
 #   RG_PART=check   test_cuda_linear (every kind, the folded forms), test_cuda_linear_q,
-#                   test_cuda_moe, test_golden on cuda (the defaults, and with the norm
-#                   folded into the ring, KDEC_NORM_IN_GEMV=1), test_cuda_golden_inline.sh
+#                   test_cuda_moe, test_golden on cuda (the defaults), and
+#                   test_cuda_golden_ring.sh, test_cuda_golden_inline.sh
 #   RG_PART=bench   bench_cuda_linear --quick (the ring column beside cuBLAS and stream)
-#   RG_PART=decode  kdbench decode, the ring on (8 rows) and off one after the other, and
-#                   with the norm folded in (RG_DECODE: model:format:batches triples)
+#   RG_PART=decode  kdbench decode, the ring on (8 rows) and off one after the other
+#                   (RG_DECODE: model:format:batches triples), then the defaults of
+#                   RG_DEFAULTS (the same form)
 #   RG_PART=trace   layer traces of Llama-3.1-8B bf16 batch 1, ring on and off (the build
 #                   needs libktrace.so: layer_trace.sh's usage)
 # RG_PART may name several, run in that order.
@@ -32,7 +33,7 @@ check() {
 	done
 	grep -E "^ring folds|ring +acc=0.*N=4096 " "$L/test_cuda_linear.log" | head -12 | cut -c1-200 | tee -a "$S"
 	step golden 150 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
-	step golden_norm 150 env KDEC_TEST_BACKEND=cuda KDEC_NORM_IN_GEMV=1 "$B/tests/test_golden"
+	step golden_ring 150 sh tests/test_cuda_golden_ring.sh
 	step golden_inline 150 sh tests/test_cuda_golden_inline.sh
 }
 
@@ -43,13 +44,17 @@ bench() {
 
 decode() {
 	local r m f bt
-	for r in ${RG_DECODE:-llama3.1-8b:bf16:1,8 qwen3-8b:bf16:1,8 qwen3-30b-a3b:bf16:1,8}; do
+	for r in ${RG_DECODE:-llama3.1-8b:bf16:1,8 qwen3-8b:bf16:1}; do
 		m=${r%%:*} r=${r#*:} f=${r%%:*} bt=${r#*:}
 		dec "${m}_${f}_ring" $m $bt $f KDEC_LINEAR_RING=8
 		dec "${m}_${f}_noring" $m $bt $f KDEC_LINEAR_RING=0
-		dec "${m}_${f}_ringnorm" $m $bt $f KDEC_LINEAR_RING=8 KDEC_NORM_IN_GEMV=1
 	done
-	dec llama3.1-8b_fp8 llama3.1-8b 1 fp8-block
+	# the defaults at this build, for the issues' tables
+	for r in ${RG_DEFAULTS:-llama3.1-8b:fp8-block:1 llama3.1-8b:int4-g32:1
+		qwen3-30b-a3b:fp8-block:1 deepseek-v2-lite:fp8-block:1 qwen3-30b-a3b:bf16:1}; do
+		m=${r%%:*} r=${r#*:} f=${r%%:*} bt=${r#*:}
+		dec "${m}_${f}" $m $bt $f
+	done
 }
 
 trace() {
