@@ -187,12 +187,34 @@ const struct cuda_qweight *cuda_qweight_of(const struct backend_cuda *b, const s
 	return w->q.fmt != K_Q_NONE ? cuda_ptr_map_get(&b->map, &w->q) : NULL;
 }
 
+/* 1 where x (M, K) is the output of the norm left pending: *n is its fold's argument. */
+static int norm_pending_is(const struct backend_cuda *b, const float *x, int M, int K,
+			   struct k_cuda_xnorm *n)
+{
+	if (!b->norm.out || x != b->norm.out || M != b->norm.rows || K != b->norm.dim)
+		return 0;
+	*n = (struct k_cuda_xnorm){ b->norm.w, b->norm.eps, b->norm.out };
+	return 1;
+}
+
+/* gate/up of the SwiGLU left pending where x (M, K) is its output, else NULL. */
+static const float *swiglu_pending_is(const struct backend_cuda *b, const float *x, int M, int K)
+{
+	return b->swiglu.out && x == b->swiglu.out && M == b->swiglu.rows &&
+			       K == b->swiglu.inter
+		       ? b->swiglu.gu
+		       : NULL;
+}
+
 int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const struct cuda_qweight *w,
 		     int M, int K, int accumulate)
 {
 	const int N = (int)w->rows;
 	int kind = k_cuda_linear_q_choose(b->lin, &w->q, x, w->w, M, N, K,
 					  b->wtmp ? b->wtmp_elems : 0);
+	const float *gu;
+	struct k_cuda_xnorm n;
+	int ret;
 
 	if ((kind == K_CUDA_LINEAR_Q_STREAM || kind == K_CUDA_LINEAR_Q_MMA ||
 	     kind == K_CUDA_LINEAR_Q_TILE || kind == K_CUDA_LINEAR_Q_GEMV) &&
@@ -201,37 +223,25 @@ int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const str
 							       : K_CUDA_LINEAR_Q_DEQUANT;
 	if (k_cuda_tuning()->linear_fp32x)	/* KDEC_LINEAR_FP32X: x never rounded */
 		kind = K_CUDA_LINEAR_Q_WARP;
-	if (b->norm.out) {	/* the first linear over a norm left pending */
-		int ret;
-
-		if ((kind == K_CUDA_LINEAR_Q_GEMV || kind == K_CUDA_LINEAR_Q_STREAM) &&
-		    x == b->norm.out && M == b->norm.rows && K == b->norm.dim) {
-			const struct k_cuda_xnorm n = { b->norm.w, b->norm.eps, b->norm.out };
-
-			ret = k_cuda_linear_q_norm_run(b->lin, kind, y, b->norm.x, &n, w->w, &w->q, M,
-						       N, K, accumulate);
-			if (ret != -EINVAL) {	/* else declined: the norm's own launch first */
-				b->norm.out = NULL;
-				return ret;
-			}
-		}
-		if ((ret = cuda_norm_settle(b)))
+	/* the first linear over a norm left pending */
+	if ((kind == K_CUDA_LINEAR_Q_GEMV || kind == K_CUDA_LINEAR_Q_STREAM) &&
+	    norm_pending_is(b, x, M, K, &n)) {
+		ret = k_cuda_linear_q_norm_run(b->lin, kind, y, b->norm.x, &n, w->w, &w->q, M, N, K,
+					       accumulate);
+		if (ret != -EINVAL) {	/* else declined: the norm's own launch first */
+			b->norm.out = NULL;
 			return ret;
-	}
-	if (b->swiglu.out) {	/* the down projection of a SwiGLU left pending */
-		int ret;
-
-		if (kind == K_CUDA_LINEAR_Q_GEMV && x == b->swiglu.out && M == b->swiglu.rows &&
-		    K == b->swiglu.inter) {
-			const float *gu = b->swiglu.gu;
-
-			b->swiglu.out = NULL;
-			return k_cuda_linear_q_gemv_swiglu(b->lin, y, gu, w->w, &w->q, M, N, K,
-							   accumulate);
 		}
-		if ((ret = cuda_swiglu_settle(b)))
-			return ret;
 	}
+	if ((ret = cuda_norm_settle(b)))
+		return ret;
+	/* the down projection of a SwiGLU left pending */
+	if (kind == K_CUDA_LINEAR_Q_GEMV && (gu = swiglu_pending_is(b, x, M, K))) {
+		b->swiglu.out = NULL;
+		return k_cuda_linear_q_gemv_swiglu(b->lin, y, gu, w->w, &w->q, M, N, K, accumulate);
+	}
+	if ((ret = cuda_swiglu_settle(b)))
+		return ret;
 	return k_cuda_linear_q_run(b->lin, kind, y, x, w->w, &w->q, M, N, K, accumulate, b->wtmp,
 				   b->wtmp_elems);
 }
@@ -240,32 +250,26 @@ int cuda_bf16_linear_run(struct backend_cuda *b, float *y, const float *x, const
 			 int M, int N, int K, int accumulate)
 {
 	const int ring = k_cuda_linear_choose(x, w, M, N, K) == K_CUDA_LINEAR_RING;
+	const float *gu;
+	struct k_cuda_xnorm n;
 	int ret;
 
-	if (b->norm.out) {	/* the first linear over a norm left pending */
-		if (ring && x == b->norm.out && M == b->norm.rows && K == b->norm.dim) {
-			const struct k_cuda_xnorm n = { b->norm.w, b->norm.eps, b->norm.out };
-
-			ret = k_cuda_linear_norm_run(b->lin, y, b->norm.x, &n, w, M, N, K,
-						     accumulate);
-			if (ret != -EINVAL) {	/* else declined: the norm's own launch first */
-				b->norm.out = NULL;
-				return ret;
-			}
-		}
-		if ((ret = cuda_norm_settle(b)))
+	/* as cuda_qlinear_run, on the ring GEMV */
+	if (ring && norm_pending_is(b, x, M, K, &n)) {
+		ret = k_cuda_linear_norm_run(b->lin, y, b->norm.x, &n, w, M, N, K, accumulate);
+		if (ret != -EINVAL) {
+			b->norm.out = NULL;
 			return ret;
-	}
-	if (b->swiglu.out) {	/* the down projection of a SwiGLU left pending */
-		if (ring && x == b->swiglu.out && M == b->swiglu.rows && K == b->swiglu.inter) {
-			const float *gu = b->swiglu.gu;
-
-			b->swiglu.out = NULL;
-			return k_cuda_linear_swiglu_run(b->lin, y, gu, w, M, N, K, accumulate);
 		}
-		if ((ret = cuda_swiglu_settle(b)))
-			return ret;
 	}
+	if ((ret = cuda_norm_settle(b)))
+		return ret;
+	if (ring && (gu = swiglu_pending_is(b, x, M, K))) {
+		b->swiglu.out = NULL;
+		return k_cuda_linear_swiglu_run(b->lin, y, gu, w, M, N, K, accumulate);
+	}
+	if ((ret = cuda_swiglu_settle(b)))
+		return ret;
 	return k_cuda_linear(b->lin, y, x, w, M, N, K, accumulate);
 }
 
