@@ -10,6 +10,9 @@
 #   RG_PART=decode  kdbench decode, the ring on (8 rows) and off one after the other
 #                   (RG_DECODE: model:format:batches triples), then the defaults of
 #                   RG_DEFAULTS (the same form)
+#   RG_PART=tune    Llama-3.1-8B bf16 (ring on, off) and fp8, Qwen3-30B-A3B fp8, batch 1,
+#                   twice each, with the K splits timed at startup and with the model's
+#                   (KDEC_LINEAR_Q_TUNE=0): the spread between processes
 #   RG_PART=trace   layer traces of Llama-3.1-8B bf16 batch 1, ring on and off (the build
 #                   needs libktrace.so: layer_trace.sh's usage)
 # RG_PART may name several, run in that order.
@@ -57,6 +60,22 @@ decode() {
 	done
 }
 
+# The spread between processes (each times its K splits at startup) and without the
+# tuning (KDEC_LINEAR_Q_TUNE=0: the splits of the per-multiprocessor model).
+tune() {
+	local i
+	for i in 1 2; do
+		dec "llama_bf16_ring_t1_$i" llama3.1-8b 1 bf16 KDEC_LINEAR_RING=8 KDEC_LT_LOG=1
+		dec "llama_bf16_ring_t0_$i" llama3.1-8b 1 bf16 KDEC_LINEAR_RING=8 KDEC_LINEAR_Q_TUNE=0
+		dec "llama_bf16_noring_$i" llama3.1-8b 1 bf16
+		dec "llama_fp8_t1_$i" llama3.1-8b 1 fp8-block
+		dec "llama_fp8_t0_$i" llama3.1-8b 1 fp8-block KDEC_LINEAR_Q_TUNE=0
+		dec "qwen3moe_fp8_t1_$i" qwen3-30b-a3b 1 fp8-block
+		dec "qwen3moe_fp8_t0_$i" qwen3-30b-a3b 1 fp8-block KDEC_LINEAR_Q_TUNE=0
+	done
+	grep -h "qgemv bf16.*kept\|keep" "$L"/llama_bf16_ring_t1_*.log | head -8 | cut -c1-200 | tee -a "$S"
+}
+
 trace() {
 	NO_ARCHIVE=1 RUNS=llama3.1-8b TAG=ring KDEC_LINEAR_RING=8 bash contrib/device/layer_trace.sh
 	NO_ARCHIVE=1 RUNS=llama3.1-8b TAG=noring KDEC_LINEAR_RING=0 bash contrib/device/layer_trace.sh
@@ -67,6 +86,7 @@ for part in ${RG_PART:-check bench decode}; do
 	check) check ;;
 	bench) bench ;;
 	decode) decode ;;
+	tune) tune ;;
 	trace) trace ;;
 	*) say "ring.sh: no part $part" ;;
 	esac
