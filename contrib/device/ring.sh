@@ -73,7 +73,7 @@ tune() {
 		dec "qwen3moe_fp8_t1_$i" qwen3-30b-a3b 1 fp8-block
 		dec "qwen3moe_fp8_t0_$i" qwen3-30b-a3b 1 fp8-block KDEC_LINEAR_Q_TUNE=0
 	done
-	grep -h "qgemv bf16.*kept\|keep" "$L"/llama_bf16_ring_t1_*.log | head -8 | cut -c1-200 | tee -a "$S"
+	grep -h "qgemv bf16.*kept split" "$L"/llama_bf16_ring_t1_*.log | cut -c1-220 | tee -a "$S"
 }
 
 trace() {
