@@ -47,8 +47,8 @@ struct k_cuda_tuning {
 				 * quantized decode GEMV's kernel on bf16: K_CUDA_LINEAR_RING)
 				 * before the streaming kernel and cuBLAS; 0: never. Measured
 				 * slower on an H100 (session 22): Llama-3.1-8B bf16 batch 1
-				 * 6.503 ms a step against 6.154 without, batch 8 10.277
-				 * against 6.666 (gate/up 89 us against cuBLAS's 86 alone) */
+				 * 6.497 ms a step against 6.229 without, batch 8 7.566
+				 * against 6.654 (gate/up 89 us against cuBLAS's 86 alone) */
 	int linear_qgemv;	/* KDEC_LINEAR_QGEMV, flag, 1: quantized linears of M <= 8 take
 				 * the decode GEMV (linear_qgemv.cu) where the choice rule says
 				 * (k_cuda_linear_q_choose); 0: the cluster streaming form there */
