@@ -249,7 +249,9 @@ int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const str
 int cuda_bf16_linear_run(struct backend_cuda *b, float *y, const float *x, const uint16_t *w,
 			 int M, int N, int K, int accumulate)
 {
-	const int ring = k_cuda_linear_choose(x, w, M, N, K) == K_CUDA_LINEAR_RING;
+	/* the pick is asked only where a norm or SwiGLU waits for a linear to take it */
+	const int ring = (b->norm.out || b->swiglu.out) &&
+			 k_cuda_linear_choose(x, w, M, N, K) == K_CUDA_LINEAR_RING;
 	const float *gu;
 	struct k_cuda_xnorm n;
 	int ret;

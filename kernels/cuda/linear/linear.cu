@@ -74,8 +74,8 @@ static bool lin_small_weights(int N, int K)
 // head so).
 static bool lin_use_ring(int M, int N, int K)
 {
-	return M <= k_cuda_tuning()->linear_ring && K % LIN_VEC_K == 0 &&
-	       !lin_small_weights(N, K) && k_cuda_lin_bf16_gemv_shape_ok(M, N, K);
+	return M <= k_cuda_tuning()->linear_ring && !lin_small_weights(N, K) &&
+	       k_cuda_lin_bf16_gemv_shape_ok(M, N, K);
 }
 
 // linear_stream_mb: the weight size up to which the streaming kernel is used.
@@ -126,9 +126,10 @@ extern "C" int k_cuda_linear_supports(enum k_cuda_linear_kind kind, const float 
 	if (M < 1 || N < 1 || K < 1)
 		return 0;
 	switch (kind) {
-	case K_CUDA_LINEAR_RING:	// in blocks of up to 8 rows
+	case K_CUDA_LINEAR_RING:	// in blocks of up to K_CUDA_LINEAR_RING_M rows
 		return lin_vec_ok(x, w, K) &&
-		       k_cuda_lin_bf16_gemv_supports(x, w, M < K_CUDA_LINEAR_RING_M ? M : K_CUDA_LINEAR_RING_M, N, K);
+		       k_cuda_lin_bf16_gemv_shape_ok(M < K_CUDA_LINEAR_RING_M ? M : K_CUDA_LINEAR_RING_M,
+						     N, K);
 	case K_CUDA_LINEAR_GEMV:
 	case K_CUDA_LINEAR_SPLITK:
 	case K_CUDA_LINEAR_STREAM:

@@ -1,7 +1,8 @@
 // The quantized-weight decode GEMV for M <= 8 rows (K_CUDA_LINEAR_Q_GEMV; W8A16 fp8,
-// W4A16 int4; and bf16 weights as "format" K_Q_NONE, k_cuda_linear.h's RING kind): weights streamed from HBM through a per-warp cp.async ring into mma.sync
-// f16 fragments, dequantized in registers, K split over plain CTAs whose partial tiles
-// the last one of each row tile adds in split order.
+// W4A16 int4; and bf16 weights as "format" K_Q_NONE, k_cuda_linear.h's RING kind):
+// weights streamed from HBM through a per-warp cp.async ring into mma.sync f16 fragments,
+// dequantized in registers, K split over plain CTAs whose partial tiles the last one of
+// each row tile adds in split order.
 //
 // Why another kernel (linear_qmma.cu's streaming form runs the same fragments): that one
 // holds the large fp8 matrices at 88% of the HBM floor at M = 1 but the ones under ~60 MB
