@@ -15,7 +15,8 @@
 #                           ENV, a step of 45 s; its table rows into the summary (280
 #                           columns: the last, lay_fl_us and lay_fl%, included), the
 #                           first call's preceded by kdbench's column names ("model
-#                           batch ctx p50_ms ... replay_ms ...": replay is the 7th)
+#                           batch ctx p50_ms ... replay_ms ...": replay is the 7th);
+#                           KDBENCH: another kdbench than $B's
 # Scripts set DEADLINE (default 540: the device call's 600 s limit, room to archive) and
 # O/L/S beforehand to change them.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -63,7 +64,7 @@ dec() {
 	shift 4
 	[ "$f" = bf16 ] || extra="--weight-format $f"
 	case $m in kimi-k2) extra="$extra --layers 2" ;; deepseek-v3) extra="$extra --layers 4" ;; esac
-	step "$n" 45 env "$@" "$B/kdbench" decode --synthetic-weights --backend cuda --ctx 1024 \
+	step "$n" 45 env "$@" "${KDBENCH:-$B/kdbench}" decode --synthetic-weights --backend cuda --ctx 1024 \
 		--steps "${DEC_STEPS:-16}" --warmup "${DEC_WARMUP:-4}" --batch "$b" \
 		--model "tests/data/configs/$m.json" $extra
 	if [ -z "${DEC_HEADER_DONE:-}" ]; then	# kdbench's column names, once a call
