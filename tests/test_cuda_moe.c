@@ -26,8 +26,6 @@
  * tolerance rel L2 <= 1e-4 of the MLP's part (got - want over want - residual). Where
  * the fused path does not apply (grouped path forced, more than 64 pairs) the call
  * must return 1 and leave y bit for bit as it was. Skips (77) without CUDA or a GPU.
- * The router GEMV whose last CTA routes (k_cuda_moe_router_route) against the GEMV and
- * moe_route it stands for, bit for bit, on the stream and in a replayed graph.
  * KD_TEST_PART=route or experts: only those cases (for compute-sanitizer).
  * KD_TEST_DUMP=FILE: every GPU result of the experts' cases appended to FILE as raw
  * floats, so that two builds' bits can be compared (cmp) on the same seed. Timings:
@@ -45,7 +43,6 @@
 
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
-#include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/moe/k_cuda_moe.h"
 #include "tests/cudatest.h"
 #include "tests/moetest.h"
@@ -205,195 +202,6 @@ static void test_route_all(void)
 				snprintf(name, sizeof(name), "%s%s", cfg[c].name, ties ? " ties" : "");
 				test_route(name, cfg[c].p, Ms[m], ties, cfg[c].bias);
 			}
-}
-
-/* The router GEMV whose last CTA routes (k_cuda_moe_router_route) against the two
- * launches it stands for: the fp32-x GEMV (k_cuda_linear's GEMV kind, as
- * cuda_linear_fp32x takes it) then k_cuda_moe_route, on fresh random x and router
- * weights (K wide). Logits, ids and weights must be the same bits; it runs five times
- * in a row on one workspace (its count of CTAs done back to zero each time), then as a
- * captured graph replayed three times (inputs changed between replays). Where it must
- * decline (1) nothing may be written. */
-static void test_router_route(struct k_cuda_linear *lin, struct k_cuda_moe_ws *ws,
-			      const char *name, struct k_moe_route_params p, int K, int M,
-			      int with_bias)
-{
-	const int E = p.n_experts, TK = p.top_k;
-	const size_t nx = (size_t)M * K, nl = (size_t)M * E, nk = (size_t)M * TK;
-	float *x = malloc(sizeof(float) * nx), *bias = malloc(sizeof(float) * E);
-	uint16_t *w = malloc(sizeof(uint16_t) * (size_t)E * K);
-	float *lg[2], *wt[2];
-	int32_t *id[2];
-	float *dx, *dlg[2], *dwt[2], *dbias = NULL;
-	uint16_t *dw;
-	int32_t *did[2];
-	int ret = 0, diff = 0, runs = 0;
-	cudaGraph_t g = NULL;
-	cudaGraphExec_t ge = NULL;
-
-	for (int e = 0; e < E; e++)
-		bias[e] = test_randf(&seed) * 0.1f;
-	for (size_t i = 0; i < (size_t)E * K; i++)	/* logits of a few units */
-		w[i] = k_f32_to_bf16(test_randf(&seed) * 0.05f);
-	dw = dup_to_device(w, sizeof(uint16_t) * (size_t)E * K);
-	dx = dalloc(sizeof(float) * nx);
-	if (with_bias)
-		dbias = dup_to_device(bias, sizeof(float) * E);
-	p.bias = dbias;
-	for (int v = 0; v < 2; v++) {
-		lg[v] = malloc(sizeof(float) * nl);
-		wt[v] = malloc(sizeof(float) * nk);
-		id[v] = malloc(sizeof(int32_t) * nk);
-		dlg[v] = dalloc(sizeof(float) * nl);
-		dwt[v] = dalloc(sizeof(float) * nk);
-		did[v] = dalloc(sizeof(int32_t) * nk);
-	}
-	/* run 0..4: on the stream; 5..7: graph replays */
-	for (int r = 0; r < 8; r++) {
-		for (size_t i = 0; i < nx; i++)
-			x[i] = test_randf(&seed) * 2;
-		CU(cudaMemcpy(dx, x, sizeof(float) * nx, cudaMemcpyHostToDevice));
-		for (int v = 0; v < 2; v++) {
-			CU(cudaMemset(dlg[v], 0xff, sizeof(float) * nl));
-			CU(cudaMemset(dwt[v], 0xff, sizeof(float) * nk));
-			CU(cudaMemset(did[v], 0xff, sizeof(int32_t) * nk));
-		}
-		ret |= k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_GEMV, dlg[0], dx, dw, M, E, K, 0);
-		ret |= k_cuda_moe_route(stream, &p, dlg[0], M, did[0], dwt[0]);
-		if (r < 5) {
-			ret |= k_cuda_moe_router_route(stream, ws, dx, dw, M, K, &p, dlg[1], did[1],
-						       dwt[1]);
-		} else {
-			if (!ge) {
-				CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-				ret |= k_cuda_moe_router_route(stream, ws, dx, dw, M, K, &p, dlg[1],
-							       did[1], dwt[1]);
-				CU(cudaStreamEndCapture(stream, &g));
-				CU(cudaGraphInstantiate(&ge, g, 0));
-			}
-			CU(cudaGraphLaunch(ge, stream));
-		}
-		CU(cudaStreamSynchronize(stream));
-		for (int v = 0; v < 2; v++) {
-			to_host(lg[v], dlg[v], sizeof(float) * nl);
-			to_host(wt[v], dwt[v], sizeof(float) * nk);
-			to_host(id[v], did[v], sizeof(int32_t) * nk);
-		}
-		/* finite too: a result left unwritten keeps its NaN poison on both sides */
-		diff += memcmp(id[0], id[1], sizeof(int32_t) * nk) != 0;
-		for (size_t i = 0; i < nl; i++)
-			diff += !test_same_floats(&lg[0][i], &lg[1][i], 1);
-		for (size_t i = 0; i < nk; i++)
-			diff += !test_same_floats(&wt[0][i], &wt[1][i], 1);
-		runs++;
-	}
-	printf("%-12s %-34s K %5d M %d  %d runs, %d values differ  %s\n", "router_route", name, K,
-	       M, runs, diff, ret == 0 && !diff ? "PASS" : "FAIL");
-	CHECK(ret == 0 && !diff, "router_route %s K %d M %d: ret %d, %d values differ", name, K, M,
-	      ret, diff);
-	if (ge)
-		cudaGraphExecDestroy(ge);
-	if (g)
-		cudaGraphDestroy(g);
-	for (int v = 0; v < 2; v++) {
-		free(lg[v]);
-		free(wt[v]);
-		free(id[v]);
-		cudaFree(dlg[v]);
-		cudaFree(dwt[v]);
-		cudaFree(did[v]);
-	}
-	cudaFree(dx);
-	cudaFree(dw);
-	cudaFree(dbias);
-	free(x);
-	free(w);
-	free(bias);
-}
-
-/* It declines (1) and writes nothing: more rows than the tuning gives it, a routing
- * the register form does not take (groups masked that are not 32 experts each). */
-static void test_router_route_declines(struct k_cuda_moe_ws *ws, float *dx, uint16_t *dw)
-{
-	const struct k_moe_route_params grp = { .n_experts = 64, .top_k = 6,
-		.scoring = K_MOE_SOFTMAX, .select = K_MOE_GROUP_MAX, .n_group = 8, .topk_group = 3,
-		.routed_scaling = 1 };
-	const struct k_moe_route_params qw = { .n_experts = 64, .top_k = 6,
-		.scoring = K_MOE_SOFTMAX, .select = K_MOE_GREEDY, .routed_scaling = 1 };
-	float *dl = dalloc(sizeof(float) * 9 * 64), *dwt = dalloc(sizeof(float) * 9 * 6);
-	int32_t *did = dalloc(sizeof(int32_t) * 9 * 6);
-	float *h = malloc(sizeof(float) * 9 * 64);
-	int r1, r2, bad = 0;
-
-	CU(cudaMemset(dl, 0xff, sizeof(float) * 9 * 64));
-	r1 = k_cuda_moe_router_route(stream, ws, dx, dw, 9, 2048, &qw, dl, did, dwt);
-	r2 = k_cuda_moe_router_route(stream, ws, dx, dw, 1, 2048, &grp, dl, did, dwt);
-	CU(cudaStreamSynchronize(stream));
-	to_host(h, dl, sizeof(float) * 9 * 64);
-	for (int i = 0; i < 9 * 64; i++)
-		bad += !isnan(h[i]);
-	printf("%-12s %-34s 9 rows: %d, masked groups of 8: %d, %d logits written  %s\n",
-	       "router_route", "declines", r1, r2, bad, r1 == 1 && r2 == 1 && !bad ? "PASS" : "FAIL");
-	CHECK(r1 == 1 && r2 == 1 && !bad, "router_route declines: %d %d, %d written", r1, r2, bad);
-	cudaFree(dl);
-	cudaFree(dwt);
-	cudaFree(did);
-	free(h);
-}
-
-static void test_router_route_all(void)
-{
-	const struct {
-		const char *name;
-		struct k_moe_route_params p;
-		int K, bias;
-	} cfg[] = {
-		{ "v2lite softmax greedy", { .n_experts = 64, .top_k = 6, .scoring = K_MOE_SOFTMAX,
-			.select = K_MOE_GREEDY, .routed_scaling = 1 }, 2048, 0 },
-		{ "qwen3 softmax norm", { .n_experts = 128, .top_k = 8, .scoring = K_MOE_SOFTMAX,
-			.select = K_MOE_GREEDY, .norm_topk_prob = 1, .routed_scaling = 1 }, 2048, 0 },
-		{ "v3 sigmoid top2 bias", { .n_experts = 256, .top_k = 8, .scoring = K_MOE_SIGMOID,
-			.select = K_MOE_GROUP_TOP2, .n_group = 8, .topk_group = 4,
-			.norm_topk_prob = 1, .routed_scaling = 2.5f }, 7168, 1 },
-		{ "kimi-k2 sigmoid 1 group bias", { .n_experts = 384, .top_k = 8,
-			.scoring = K_MOE_SIGMOID, .select = K_MOE_GROUP_TOP2, .n_group = 1,
-			.topk_group = 1, .norm_topk_prob = 1, .routed_scaling = 2.827f }, 7168, 1 },
-		{ "group_max 4 groups of 32", { .n_experts = 128, .top_k = 6,
-			.scoring = K_MOE_SOFTMAX, .select = K_MOE_GROUP_MAX, .n_group = 4,
-			.topk_group = 2, .routed_scaling = 16 }, 2048, 0 },
-		{ "qwen3-235b softmax norm", { .n_experts = 128, .top_k = 8,
-			.scoring = K_MOE_SOFTMAX, .select = K_MOE_GREEDY, .norm_topk_prob = 1,
-			.routed_scaling = 1 }, 4096, 0 },
-	};
-	const int Ms[] = { 1, 2, 3, 5, 8 };
-	struct k_cuda_tuning t = *k_cuda_tuning(), saved = t;
-	struct k_cuda_linear *lin = NULL;
-	struct k_cuda_moe_ws *ws = NULL;
-
-	if (k_cuda_linear_create(&lin, stream, 8, 7168) ||
-	    k_cuda_moe_ws_create(&ws, 8, 8, 384, 7168, 2048, 0)) {
-		CHECK(0, "router_route: linear context or workspace");
-		k_cuda_linear_destroy(lin);
-		return;
-	}
-	t.moe_router_fused = 8;
-	k_cuda_tuning_set(&t);
-	for (size_t c = 0; c < sizeof(cfg) / sizeof(cfg[0]); c++)
-		for (int m = 0; m < 5; m++)
-			test_router_route(lin, ws, cfg[c].name, cfg[c].p, cfg[c].K, Ms[m], cfg[c].bias);
-	{
-		float *dx = dalloc(sizeof(float) * 9 * 2048);
-		uint16_t *dw = dalloc(sizeof(uint16_t) * 64 * 2048);
-
-		CU(cudaMemset(dx, 0, sizeof(float) * 9 * 2048));
-		CU(cudaMemset(dw, 0, sizeof(uint16_t) * 64 * 2048));
-		test_router_route_declines(ws, dx, dw);
-		cudaFree(dx);
-		cudaFree(dw);
-	}
-	k_cuda_tuning_set(&saved);
-	k_cuda_moe_ws_destroy(ws);
-	k_cuda_linear_destroy(lin);
 }
 
 /* ---- experts --------------------------------------------------------------- */
@@ -886,10 +694,8 @@ int main(void)
 	CU(cudaStreamCreate(&stream));
 	if (k_pool_create(&pool, 16))
 		return 1;
-	if (test_part_runs(part, "route")) {
+	if (test_part_runs(part, "route"))
 		test_route_all();
-		test_router_route_all();
-	}
 	if (test_part_runs(part, "experts"))
 		test_experts_all();
 	k_pool_destroy(pool);

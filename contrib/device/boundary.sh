@@ -9,12 +9,10 @@
 #                     BD_ROUNDS rounds (default 1)
 #   BD_PART=ring      Llama-3.1-8B and Qwen3-8B bf16 batch 1 with the ring (8 rows) and
 #                     without (KDEC_LINEAR_RING), one after the other
-#   BD_PART=router    the router GEMV whose last CTA routes (KDEC_MOE_ROUTER_FUSED):
-#                     test_cuda_moe's route part, test_golden on cuda with it at 8 rows,
-#                     then MoE decode with it at 8 rows and off, one after the other
-# BD_PART may name several, run in that order.
-# here: PACK_XZ=0 PACK_SERVE=0 PACK_TESTS="test_cuda_moe test_golden"
-#       contrib/device/pack.sh build devbuild-bd,
+# BD_PART may name several, run in that order. (Session 23's second call ran a "router"
+# part at 7f5c419: the router GEMV whose last CTA routes, measured slower and removed;
+# docs/PERFORMANCE.md, "Session 23".)
+# here: PACK_XZ=0 PACK_SERVE=0 PACK_TESTS=" " contrib/device/pack.sh build devbuild-bd,
 #       add pdl_boundary and kdbench_base, then tar + xz it as pack.sh does
 # device run: BD_PART="boundary ab ring" bash contrib/device/boundary.sh
 #             carry ["devbuild-bd.tar.xz"]
@@ -49,20 +47,7 @@ ring() {
 	done
 }
 
-router() {
-	local r m f bt
-	step moe_route 150 env KD_TEST_PART=route "$B/tests/test_cuda_moe"
-	grep -E "^router_route|FAIL" "$L/moe_route.log" | head -40 | cut -c1-160 | tee -a "$S"
-	step golden_router 200 env KDEC_TEST_BACKEND=cuda KDEC_MOE_ROUTER_FUSED=8 "$B/tests/test_golden"
-	for r in ${BD_ROUTER:-qwen3-30b-a3b:fp8-block:1,8 deepseek-v2-lite:fp8-block:1
-		qwen3-30b-a3b:bf16:1 kimi-k2:fp8-block:1}; do
-		m=${r%%:*} r=${r#*:} f=${r%%:*} bt=${r#*:}
-		dec "${m}_${f}_fused" $m $bt $f KDEC_MOE_ROUTER_FUSED=8
-		dec "${m}_${f}_two" $m $bt $f KDEC_MOE_ROUTER_FUSED=0
-	done
-}
-
-for p in ${BD_PART:-boundary ab ring router}; do
+for p in ${BD_PART:-boundary ab ring}; do
 	$p
 done
 tar -C "$L" -czf "$O/logs.tgz" . 2>/dev/null

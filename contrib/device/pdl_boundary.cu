@@ -20,6 +20,13 @@
 // caller's to apply: the GPU's name is printed first).
 // Build (repository root): nvcc -O3 -arch=sm_90a -std=c++17 -o pdl_boundary
 // contrib/device/pdl_boundary.cu (a study, not part of the build).
+// Measured (session 23, one H100, docs/results/session23.txt; docs/PERFORMANCE.md,
+// "Session 23"): with no weights, us a step at G 16 / 132 / 264: plain 1.71 / 1.84 /
+// 2.08, pdl 1.42 / 1.56 / 1.78, flag 1.80 / 1.91 / 2.56, persist 1.75 / 1.92 / 2.41.
+// Programmatic launch is the cheapest boundary of the four; a counter spin, or the grid
+// barrier of one persistent kernel, costs 0.3-0.8 us more a step: what a dependent step
+// costs is its data's round trips, not the launch. (The persist rows with weights also
+// measure that kernel's weaker load loop: 61.8 us for 1 MB on one CTA against 34.)
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>

@@ -217,13 +217,6 @@ struct backend_ops {
 	 * logits and a rounding flips experts at near-ties. NULL where linear already is. */
 	void (*linear_fp32x)(struct backend *be, float *y, const float *x,
 			     const struct model_tensor *w, int M);
-	/* logits (M, router->rows) = x @ router^T with x in fp32, then moe_route's choice by
-	 * p of them into ids and weights (M, top_k): what linear_fp32x and moe_route do, in
-	 * one launch where the backend can. 1: it declines, nothing queued (forward.c then
-	 * runs those two ops); 0 or -errno. */
-	int (*moe_router_route)(struct backend *be, const struct k_moe_route_params *p,
-				const float *x, const struct model_tensor *router, int M,
-				float *logits, int32_t *ids, float *weights);
 	/* y (M, hidden) += the routed experts' sum (moe_experts's arguments) + the shared
 	 * expert of L (w_gate, w_up, w_down; shared_inter wide, 0: none) of x: what
 	 * moe_experts, the shared SwiGLU MLP and add do, in the ops' order of the sums,

@@ -469,19 +469,12 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 	       f->be->ops->gate_up_silu && f->be->ops->linear_add &&
 	       OP(f, branch, BACKEND_BRANCH_MARK, R) == 0;
 	/* what decides routing at full precision, as the reference computes it: x in
-	 * fp32 at every row count (a backend's linear may round x to bf16); in one op
-	 * where the backend has it */
-	if (!f->be->ops->moe_router_route ||
-	    (ret = OP(f, moe_router_route, &route, f->h, &L->router, R, f->router, f->route_ids,
-		      f->route_w)) == 1) {
-		if (f->be->ops->linear_fp32x)
-			OP(f, linear_fp32x, f->router, f->h, &L->router, R);
-		else
-			OP(f, linear, f->router, f->h, &L->router, R);
-		OP(f, moe_route, &route, f->router, R, f->route_ids, f->route_w);
-	} else if (ret) {
-		return ret;
-	}
+	 * fp32 at every row count (a backend's linear may round x to bf16) */
+	if (f->be->ops->linear_fp32x)
+		OP(f, linear_fp32x, f->router, f->h, &L->router, R);
+	else
+		OP(f, linear, f->router, f->h, &L->router, R);
+	OP(f, moe_route, &route, f->router, R, f->route_ids, f->route_w);
 	if (f->trace && (ret = route_trace_layer(f->trace, f->be, &route, l, R, f->trace_pos,
 						 f->trace_first, f->router, f->route_ids, f->route_w,
 						 f->trace_err, sizeof(f->trace_err))))

@@ -199,9 +199,6 @@ struct k_cuda_tuning {
 				 * the MoE routers) runs a CTA a row pair, its warps splitting K */
 	int moe_route_reg;	/* KDEC_MOE_ROUTE_REG, flag, 1: moe_route keeps a row's experts
 				 * in registers where they fit (<= 512) and no group is masked */
-	int moe_router_fused;	/* KDEC_MOE_ROUTER_FUSED, rows 0..8, 0: up to this many rows
-				 * the router GEMV's last CTA routes (k_cuda_moe_router_route):
-				 * one launch where linear_fp32x and moe_route take two */
 	int moe_fused_rows;	/* KDEC_MOE_FUSED_ROWS, rows (>= 0), 1: up to this many rows a
 				 * MoE layer runs as one k_cuda_moe_experts_add call */
 	int mla_post_fused;	/* KDEC_CUDA_MLA_POST, flag, 1: mla_post is one kernel

@@ -64,7 +64,6 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.moe_shared_branch = 64;
 	t.linear_gemv_split = 1;
 	t.moe_route_reg = 1;
-	t.moe_router_fused = 0;
 	t.mla_post_fused = 1;
 	t.mla_prep_fused = 1;
 	t.mla_post_in_absorb = 1;
@@ -169,7 +168,6 @@ static const struct tun_var tun_vars[] = {
 	TUN_INT("KDEC_MOE_SHARED_BRANCH", moe_shared_branch, 0, INT_MAX),
 	TUN_INT("KDEC_LINEAR_GEMV_SPLIT", linear_gemv_split, 0, 1),
 	TUN_INT("KDEC_MOE_ROUTE_REG", moe_route_reg, 0, 1),
-	TUN_INT("KDEC_MOE_ROUTER_FUSED", moe_router_fused, 0, 8),
 	TUN_FLAG("KDEC_CUDA_MLA_POST", mla_post_fused),
 	TUN_FLAG("KDEC_CUDA_MLA_PREP", mla_prep_fused),
 	TUN_FLAG("KDEC_MLA_POST_IN_ABSORB", mla_post_in_absorb),

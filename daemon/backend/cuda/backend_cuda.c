@@ -565,7 +565,6 @@ const struct backend_ops backend_cuda_ops = {
 	.attn_gqa = cuda_attn_gqa,
 	.attn_mla = cuda_attn_mla,
 	.moe_route = cuda_moe_route,
-	.moe_router_route = cuda_moe_router_route,
 	.moe_experts = cuda_moe_experts,
 	/* optional and fused (backend_cuda_fused.c, but moe_experts_add) */
 	.qkv_prep = cuda_qkv_prep,

@@ -51,7 +51,6 @@ enum cuda_op {
 	CUDA_OP_MLA_PREP_ATTN,
 	CUDA_OP_GATE_UP_SILU,
 	CUDA_OP_MOE_ROUTE,
-	CUDA_OP_MOE_ROUTER_ROUTE,
 	CUDA_OP_MOE_EXPERTS,
 	CUDA_OP_MOE_EXPERTS_ADD,
 	CUDA_OP_MOE_LAYER,
@@ -265,9 +264,6 @@ int cuda_attn_mla(struct backend *be, float *out, const float *q, const struct m
 		  const struct k_mla_dims *d, float scale);
 void cuda_moe_route(struct backend *be, const struct k_moe_route_params *p, const float *logits,
 		    int M, int32_t *ids, float *weights);
-int cuda_moe_router_route(struct backend *be, const struct k_moe_route_params *p, const float *x,
-			  const struct model_tensor *router, int M, float *logits, int32_t *ids,
-			  float *weights);
 int cuda_moe_experts(struct backend *be, float *out, const float *x, int M, const int32_t *ids,
 		     const float *weights, int top_k, const struct model_layer *L, int hidden,
 		     int inter, int n_experts);

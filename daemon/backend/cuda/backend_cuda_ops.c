@@ -34,7 +34,6 @@ const struct cuda_op_info cuda_op_info[CUDA_OP_COUNT] = {
 	[CUDA_OP_MLA_PREP_ATTN] = { "mla_prep_attn", 1 },
 	[CUDA_OP_GATE_UP_SILU] = { "gate_up_silu", 1 },
 	[CUDA_OP_MOE_ROUTE] = { "moe_route", 0 },
-	[CUDA_OP_MOE_ROUTER_ROUTE] = { "moe_router_route", 0 },
 	[CUDA_OP_MOE_EXPERTS] = { "moe_experts", 0 },
 	[CUDA_OP_MOE_EXPERTS_ADD] = { "moe_experts_add", 0 },
 	[CUDA_OP_MOE_LAYER] = { "moe_layer", 0 },
@@ -398,29 +397,6 @@ void cuda_moe_route(struct backend *be, const struct k_moe_route_params *p, cons
 	cuda_op_begin(b, CUDA_OP_MOE_ROUTE);
 	dp.bias = p->bias ? cuda_dev_of(b, p->bias, "moe_route bias") : NULL;
 	cuda_op_end(b, CUDA_OP_MOE_ROUTE, k_cuda_moe_route(b->stream, &dp, logits, M, ids, weights));
-}
-
-/* linear_fp32x and moe_route in one launch where the kernels take the shapes (the
- * router fp32 as cuda_linear_fp32x keeps it, a bf16 router); 1: declined, nothing queued. */
-int cuda_moe_router_route(struct backend *be, const struct k_moe_route_params *p, const float *x,
-			  const struct model_tensor *router, int M, float *logits, int32_t *ids,
-			  float *weights)
-{
-	struct backend_cuda *b = cuda_of(be);
-	struct k_moe_route_params dp = *p;
-	int ret;
-
-	if (!k_cuda_tuning()->router_fp32 || M > k_cuda_tuning()->moe_router_fused || !b->moe_ws ||
-	    cuda_qweight_of(b, router) || router->dtype != K_BF16 ||
-	    (int)router->rows != p->n_experts)
-		return 1;
-	cuda_op_begin(b, CUDA_OP_MOE_ROUTER_ROUTE);
-	cuda_prof_rows(b, M);
-	dp.bias = p->bias ? cuda_dev_of(b, p->bias, "moe_router_route bias") : NULL;
-	ret = k_cuda_moe_router_route(b->stream, b->moe_ws, x, W(b, router), M, (int)router->cols,
-				      &dp, logits, ids, weights);
-	cuda_op_end(b, CUDA_OP_MOE_ROUTER_ROUTE, ret == 1 ? 0 : ret);
-	return ret;
 }
 
 int cuda_moe_experts(struct backend *be, float *out, const float *x, int M, const int32_t *ids,

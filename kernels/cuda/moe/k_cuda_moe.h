@@ -39,19 +39,6 @@ int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int top_k, int n
 			 int hidden, int inter, int shared_inter);
 void k_cuda_moe_ws_destroy(struct k_cuda_moe_ws *ws);
 
-/* logits (M, n_experts) = x (M, K) @ router^T (router (n_experts, K) bf16, x in fp32),
- * then k_cuda_moe_route's choice of them by p into ids and weights (M, top_k), in one
- * launch: the router GEMV whose last CTA to finish routes (moe_route.cu), the same bits
- * as the fp32-x GEMV and k_cuda_moe_route. 1: it declines (M above
- * k_cuda_tuning()->moe_router_fused, a routing the register form does not take, a grid
- * the GEMV's split form does not fit, or x, router not 16-byte aligned or K % 8): nothing
- * queued, the two launches are the caller's; else 0 or the launch's error. One call at
- * a time on ws (its count of CTAs done). */
-int k_cuda_moe_router_route(cudaStream_t s, struct k_cuda_moe_ws *ws, const float *x,
-			    const uint16_t *router, int M, int K,
-			    const struct k_moe_route_params *p, float *logits, int32_t *ids,
-			    float *weights);
-
 /* out[m] = sum_j weights[m, j] * expert_{ids[m, j]}(x[m]), out overwritten; expert(x)
  * = down(silu(gate x) * up x). expert_w is a device array of n_experts * 3 device
  * pointers (gate, up, down) to bf16 matrices, each 16-byte aligned: gate and up

@@ -55,8 +55,7 @@ struct k_cuda_moe_ws {
 	float *y;		// (max_M * top_k, hidden) expert output of each (row, slot)
 	float *sh_act;		// (MOE_SMALL_MAX_PAIRS, shared_inter) the shared expert's
 				// SwiGLU out (small path)
-	unsigned *bar;		// (3) moe_lat.cu's grid barrier (arrivals, generation), then
-			// moe_route.cu's router CTAs done (k_cuda_moe_router_route)
+	unsigned *bar;		// (2) moe_lat.cu's grid barrier: arrivals, generation
 	struct moe_qgemv_ws qg;	// moe_qgemv.cu's, for the largest of its calls up to max_M
 };
 
@@ -652,8 +651,8 @@ extern "C" int k_cuda_moe_ws_create(struct k_cuda_moe_ws **out, int max_M, int t
 	    cudaMalloc(&ws->xs, sizeof(uint32_t) * (size_t)max_M * hidden) != cudaSuccess ||
 	    cudaMalloc(&ws->hs, sizeof(uint32_t) * A * inter) != cudaSuccess ||
 	    cudaMalloc(&ws->y, sizeof(float) * A * hidden) != cudaSuccess ||
-	    cudaMalloc(&ws->bar, 3 * sizeof(unsigned)) != cudaSuccess ||
-	    cudaMemset(ws->bar, 0, 3 * sizeof(unsigned)) != cudaSuccess ||
+	    cudaMalloc(&ws->bar, 2 * sizeof(unsigned)) != cudaSuccess ||
+	    cudaMemset(ws->bar, 0, 2 * sizeof(unsigned)) != cudaSuccess ||
 	    (shared_inter > 0 &&
 	     cudaMalloc(&ws->sh_act, sizeof(float) * MOE_SMALL_MAX_PAIRS * (size_t)shared_inter) !=
 		     cudaSuccess)) {

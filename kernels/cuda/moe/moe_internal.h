@@ -159,9 +159,8 @@ int moe_qgemv_run(cudaStream_t s, const struct moe_qgemv_ws &ws, float *out, con
 // moe_route.cu: the routing parameters its kernels take (limits of k_cuda_moe_route).
 bool moe_route_params_ok(const struct k_moe_route_params *p);
 
-// moe_experts.cu for moe_lat.cu and moe_route.cu: the workspace's parts (act: the small
-// path's fp32 SwiGLU rows; sh_act: the shared expert's; bar: three zeroed words, two for
-// moe_lat.cu's grid barrier and moe_route.cu's count of router CTAs done).
+// moe_experts.cu for moe_lat.cu: the workspace's parts (act: the small path's fp32
+// SwiGLU rows; sh_act: the shared expert's; bar: two zeroed words for a grid barrier).
 struct moe_ws_parts {
 	int max_M, top_k, n_experts, hidden, inter, shared_inter, n_sm;
 	float *act, *sh_act;

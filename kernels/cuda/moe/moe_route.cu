@@ -16,7 +16,6 @@
 
 #include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/launch_check.cuh"
-#include "kernels/cuda/linear/linear_gemv.cuh"
 #include "kernels/cuda/moe/k_cuda_moe.h"
 #include "kernels/cuda/moe/moe_internal.h"
 #include "kernels/cuda/moe/moe_route.cuh"
@@ -64,24 +63,28 @@ moe_route_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float 
 // and weights are the same bits.
 // MASK: the groups are scored and all but topk_group masked (an instantiation apart:
 // the scoring's registers and code slowed the unmasked rows by 20-35% in one kernel).
-// route_reg_row routes one row by one warp (the lanes of any warp of the CTA); moe_route_reg_kernel
-// runs it a warp (CTA) a row. lg: the row's n_experts logits
-// (read through L2: another CTA or kernel wrote them), bias (n_experts, shared or global
-// memory; NULL: none), score (n_experts floats) and w (top_k floats) the warp's shared
-// scratch, tab expf_tab_lane(); the row's ids and weights (top_k) out.
 template <int NPL, bool MASK>
-__device__ __forceinline__ void route_reg_row(const k_moe_route_params &p, const float *lg,
-					      const float *bias, uint64_t tab, float *score,
-					      float *w, int32_t *ids, float *weights)
+__global__ void __launch_bounds__(32)
+moe_route_reg_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float *weights,
+		     int bias_smem)
 {
-	const int E = p.n_experts, K = p.top_k, lane = threadIdx.x % 32;
+	extern __shared__ float smem[];
+	__shared__ float w[ROUTE_MAX_TOPK];
+	const int E = p.n_experts, K = p.top_k, lane = threadIdx.x, m = blockIdx.x;
+	float *score = smem, *sbias = bias_smem ? smem + E : NULL;
+	const uint64_t tab = expf_tab_lane();
+	const float *lg = logits + (size_t)m * E, *bias = sbias ? sbias : p.bias;
 	float v[NPL], sc[NPL];
 	unsigned taken = 0;	// bit i: expert i * 32 + lane chosen (or past E)
 	float sum = 0.0f;
 
+	if (sbias)
+		for (int e = lane; e < E; e += 32)
+			sbias[e] = k_cuda_pdl_early(p.bias + e);	// a weight
+	k_cuda_pdl_wait();	// the logits are the router's output
 #pragma unroll
 	for (int i = 0; i < NPL; i++)
-		v[i] = i * 32 + lane < E ? __ldcg(lg + i * 32 + lane) : 0.0f;
+		v[i] = i * 32 + lane < E ? lg[i * 32 + lane] : 0.0f;
 	if (p.scoring == K_MOE_SOFTMAX) {	// route_softmax
 		unsigned mk = 0;
 		float mx;
@@ -181,7 +184,7 @@ __device__ __forceinline__ void route_reg_row(const k_moe_route_params &p, const
 			const int i = e / 32;
 
 			taken |= 1u << i;
-			ids[j] = e;
+			ids[(size_t)m * K + j] = e;
 			// V2 takes its weights from the masked scores, V3 from the raw ones
 #pragma unroll
 			for (int t = 0; t < NPL; t++)
@@ -191,110 +194,7 @@ __device__ __forceinline__ void route_reg_row(const k_moe_route_params &p, const
 		}
 	}
 	__syncwarp();
-	route_finish(p, w, weights);
-}
-
-template <int NPL, bool MASK>
-__global__ void __launch_bounds__(32)
-moe_route_reg_kernel(k_moe_route_params p, const float *logits, int32_t *ids, float *weights,
-		     int bias_smem)
-{
-	extern __shared__ float smem[];
-	__shared__ float w[ROUTE_MAX_TOPK];
-	const int E = p.n_experts, K = p.top_k, m = blockIdx.x;
-	float *sbias = bias_smem ? smem + E : NULL;
-	const uint64_t tab = expf_tab_lane();
-
-	if (sbias)
-		for (int e = threadIdx.x; e < E; e += 32)
-			sbias[e] = k_cuda_pdl_early(p.bias + e);	// a weight
-	k_cuda_pdl_wait();	// the logits are the router's output
-	route_reg_row<NPL, MASK>(p, logits + (size_t)m * E, sbias ? sbias : p.bias, tab, smem, w,
-				 ids + (size_t)m * K, weights + (size_t)m * K);
-}
-
-// ---- the router GEMV whose last CTA routes -------------------------------------
-//
-// At decode the router GEMV (linear_gemv.cu's split form: a CTA a row pair, its four
-// warps splitting K) and moe_route are two dependent launches; the second pays its
-// launch, its wait for the GEMV's whole grid and a round trip for the logits (session
-// 21, bench_cuda_moe route on an H100: 1.7 us a layer after the GEMV's 1.8). Here each
-// CTA of the GEMV counts itself done after its logits (fence, then an atomic add: a
-// release), and the CTA that counts last routes every row, a warp a row, from the logits
-// in L2 with route_reg_row, then sets the count back to zero for the next launch (every
-// other CTA has counted by then). The same GEMV and routing code as the two launches:
-// the same logits, ids and weights, bit for bit (test_cuda_moe). grid (ceil(E / 2),
-// ceil(M / MT)); dynamic shared memory: n_experts floats a warp.
-template <int MT, int NPL, bool MASK>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-moe_router_route_kernel(float *logits, const float *x, const uint16_t *__restrict__ router, int M,
-			int K, int pdl, k_moe_route_params p, int32_t *ids, float *weights,
-			unsigned *done)
-{
-	extern __shared__ float smem[];
-	__shared__ float w[GEMV_WARPS][ROUTE_MAX_TOPK];
-	__shared__ bool last;
-	const int E = p.n_experts, top_k = p.top_k, warp = threadIdx.x / 32;
-	const uint64_t tab = expf_tab_lane();
-
-	gemv_block<MT, GEMV_WARPS>(logits, x, router, M, E, K, 0, pdl);
-	__syncthreads();	// the CTA's logits are stored
-	if (threadIdx.x == 0) {
-		__threadfence();
-		last = atomicAdd(done, 1u) == gridDim.x * gridDim.y - 1;
-	}
-	__syncthreads();
-	if (!last)
-		return;
-	__threadfence();	// every CTA's logits, as their counts say
-	for (int m = warp; m < M; m += GEMV_WARPS)
-		route_reg_row<NPL, MASK>(p, logits + (size_t)m * E, p.bias, tab, smem + warp * E,
-					 w[warp], ids + (size_t)m * top_k,
-					 weights + (size_t)m * top_k);
-	if (threadIdx.x == 0)
-		*done = 0;
-}
-
-template <int MT, int NPL>
-void router_route_launch(cudaStream_t s, dim3 grid, bool mask, float *logits, const float *x,
-			 const uint16_t *router, int M, int K, int pdl, const k_moe_route_params &p,
-			 int32_t *ids, float *weights, unsigned *done)
-{
-	const size_t smem = (size_t)GEMV_WARPS * p.n_experts * sizeof(float);
-
-	if (mask)
-		k_cuda_launch_pdl(s, grid, dim3(GEMV_WARPS * 32), smem,
-				  moe_router_route_kernel<MT, NPL, true>, logits, x, router, M, K, pdl,
-				  p, ids, weights, done);
-	else
-		k_cuda_launch_pdl(s, grid, dim3(GEMV_WARPS * 32), smem,
-				  moe_router_route_kernel<MT, NPL, false>, logits, x, router, M, K,
-				  pdl, p, ids, weights, done);
-}
-
-template <int MT>
-void router_route_npl(int npl, cudaStream_t s, dim3 grid, bool mask, float *logits,
-		      const float *x, const uint16_t *router, int M, int K, int pdl,
-		      const k_moe_route_params &p, int32_t *ids, float *weights, unsigned *done)
-{
-	switch (npl) {
-	case 2:
-		router_route_launch<MT, 2>(s, grid, mask, logits, x, router, M, K, pdl, p, ids,
-					   weights, done);
-		break;
-	case 4:
-		router_route_launch<MT, 4>(s, grid, mask, logits, x, router, M, K, pdl, p, ids,
-					   weights, done);
-		break;
-	case 8:
-		router_route_launch<MT, 8>(s, grid, mask, logits, x, router, M, K, pdl, p, ids,
-					   weights, done);
-		break;
-	default:
-		router_route_launch<MT, 16>(s, grid, mask, logits, x, router, M, K, pdl, p, ids,
-					    weights, done);
-		break;
-	}
+	route_finish(p, w, weights + (size_t)m * K);
 }
 
 // The register form's experts a lane for E experts: 0 where it does not take them.
@@ -375,33 +275,4 @@ extern "C" int k_cuda_moe_route(cudaStream_t s, const struct k_moe_route_params 
 	k_cuda_launch_pdl(s, dim3(M), dim3(32), smem, moe_route_kernel, *p, logits, ids, weights,
 			  bias_smem);
 	return K_CUDA_LAUNCHED("moe_route");
-}
-
-extern "C" int k_cuda_moe_router_route(cudaStream_t s, struct k_cuda_moe_ws *ws, const float *x,
-				       const uint16_t *router, int M, int K,
-				       const struct k_moe_route_params *p, float *logits,
-				       int32_t *ids, float *weights)
-{
-	const struct k_cuda_tuning *t = k_cuda_tuning();
-	const int E = p->n_experts, npl = route_reg_npl(p);
-	const int gx = (E + GEMV_WARPS * GEMV_ROWS - 1) / (GEMV_WARPS * GEMV_ROWS);
-	const struct moe_ws_parts w = moe_ws_parts_of(ws);
-	const bool mask = route_masks_groups(*p);
-
-	// where the two launches would take the register routing and the GEMV's split form
-	// (linear_gemv.cu's gemv_launch: the same condition), else they run
-	if (M < 1 || M > t->moe_router_fused || !moe_route_params_ok(p) || !t->moe_route_reg ||
-	    !npl || !t->linear_gemv_split || gx * GEMV_WARPS > w.n_sm * 2 ||
-	    K / 8 < 32 * 2 * GEMV_WARPS || K % 8 || ((uintptr_t)x & 15) || ((uintptr_t)router & 15))
-		return 1;
-	const dim3 grid((E + GEMV_ROWS - 1) / GEMV_ROWS, M == 1 ? 1 : (M + 1) / 2);
-	const int pdl = k_cuda_pdl_enabled() ? (int)(grid.x * grid.y) : 0;	// all resident
-
-	if (M == 1)
-		router_route_npl<1>(npl, s, grid, mask, logits, x, router, M, K, pdl, *p, ids, weights,
-				    w.bar + 2);
-	else
-		router_route_npl<2>(npl, s, grid, mask, logits, x, router, M, K, pdl, *p, ids, weights,
-				    w.bar + 2);
-	return K_CUDA_LAUNCHED("moe_router_route");
 }
