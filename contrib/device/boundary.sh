@@ -25,7 +25,7 @@ DEC_STEPS=32 DEC_WARMUP=8	# lib.sh's dec
 
 boundary() {
 	step pdl_boundary 120 "$B/pdl_boundary"
-	cat "$L/pdl_boundary.log" | tee -a "$S"
+	tee -a "$S" <"$L/pdl_boundary.log"
 }
 
 ab() {

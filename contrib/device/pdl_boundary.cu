@@ -87,7 +87,7 @@ static __device__ __forceinline__ void step_work(const float *in, float *out,
 
 		s += v.x + v.y + v.z + v.w;
 	}
-	if (w16) {	// this CTA's contiguous share, 8 loads in flight a thread
+	if (w16) {	// this CTA's contiguous share, a 16-byte load a thread an iteration
 		size_t per = (w16 + gridDim.x - 1) / gridDim.x, lo = per * blockIdx.x;
 		size_t hi = lo + per < w16 ? lo + per : w16;
 		uint4 acc = make_uint4(0, 0, 0, 0);
