@@ -18,7 +18,10 @@ reports:
     tests/pdl_order.sh checks that kernels/ declares no writable __device__ data;
   - PREEXIT (griddepcontrol.launch_dependents): a kernel must not let the next one
     start before it has waited itself, or a kernel two launches on could read what
-    the one before this wrote before it is written;
+    the one before this wrote before it is written -- unless it is a relay, named in
+    a comment `pdl-order: relay NAME` in a .cu/.cuh file under the --waivers DIR
+    (k_cuda_pdl_relay: the kernel after a relay reads early only what was written
+    before the last kernel that is not one);
   - an indirect branch (BRX, JMX), whose targets this cannot follow.
 Prints one line per finding, `FUNCTION: ADDR INSTRUCTION: why`, and a summary line;
 exits 1 when anything was found, 2 when the input held no waiting function.
@@ -126,8 +129,8 @@ def from_symbol(insns, i, depth=48):
 	return False
 
 
-def check(name, insns):
-	"""The findings of one function that waits."""
+def check(name, insns, relay=False):
+	"""The findings of one function that waits; relay: its early trigger is allowed."""
 	index = {a: i for i, (a, _, _, _) in enumerate(insns)}
 	found, seen, todo = [], set(), [0]
 	while todo:
@@ -142,7 +145,7 @@ def check(name, insns):
 		if base in ACCESS and not MARKS & set(op.split(".")) and not (
 				base == "LDG" and from_symbol(insns, i)):
 			found.append((addr, text, "global access before the wait"))
-		elif base == "PREEXIT":
+		elif base == "PREEXIT" and not relay:
 			found.append((addr, text, "launch_dependents before the wait"))
 		s = successors(insns, i, index)
 		if s is None:
@@ -153,11 +156,12 @@ def check(name, insns):
 
 
 WAIVE = re.compile(r"pdl-order: waive (\S+): (.*)")
+RELAY = re.compile(r"pdl-order: relay (\S+)\s*$")
 
 
 def waivers(top):
-	"""[(name, reason, file)] from the sources under top."""
-	found = []
+	"""([(name, reason, file)], [(relay name, file)]) from the sources under top."""
+	found, relays = [], []
 	for d, _, files in os.walk(top):
 		for f in sorted(files):
 			if f.endswith((".cu", ".cuh")):
@@ -166,13 +170,16 @@ def waivers(top):
 						m = WAIVE.search(line)
 						if m:
 							found.append((m.group(1), m.group(2).strip(), f))
-	return found
+						m = RELAY.search(line)
+						if m:
+							relays.append((m.group(1), f))
+	return found, relays
 
 
 def main(argv):
-	args, waive = argv[1:], []
+	args, waive, relays = argv[1:], [], []
 	if len(args) >= 2 and args[0] == "--waivers":
-		waive = waivers(args[1])
+		waive, relays = waivers(args[1])
 		args = args[2:]
 	lines = []
 	for path in args or ["-"]:
@@ -183,7 +190,10 @@ def main(argv):
 	bad = waived = 0
 	used = set()
 	for name in sorted(waiting):
-		found = check(name, waiting[name])
+		relay = next((r for r in relays if r[0] in name), None)
+		if relay:
+			used.add(relay[0])
+		found = check(name, waiting[name], relay is not None)
 		w = next((x for x in waive if x[0] in name), None)
 		if w and found:
 			used.add(w[0])
@@ -198,6 +208,10 @@ def main(argv):
 	for name, reason, f in waive:
 		if name not in used and waiting:
 			print("%s: waiver in %s matches no waiting function" % (name, f))
+			bad += 1
+	for name, f in relays:
+		if name not in used and waiting:
+			print("%s: relay in %s matches no waiting function" % (name, f))
 			bad += 1
 	print("check_pdl_order: %d functions, %d wait, %d waived, %d findings" %
 	      (len(funcs), len(waiting), waived, bad))

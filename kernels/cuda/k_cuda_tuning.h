@@ -23,6 +23,10 @@ struct k_cuda_tuning {
 	/* ---- launches ---- */
 	int cuda_pdl;		/* KDEC_CUDA_PDL, flag, 1: the small ops are launched with
 				 * programmatic stream serialisation (launch_check.cuh) */
+	int pdl_relay;		/* KDEC_PDL_RELAY, flag, 0: 1 lets the RMSNorm, qkv_post, the
+				 * decode attention and the split merge trigger the next launch
+				 * at their start, before their wait (k_cuda_pdl_relay), so the
+				 * GEMV after them streams its first weights while they run */
 	int topk_match;		/* KDEC_TOPK_MATCH, flag, 1: k_cuda_topk_slice's histograms
 				 * count a warp's equal digits with one atomic (match.any);
 				 * 0: an atomic an item. Not yet measured (session 10) */

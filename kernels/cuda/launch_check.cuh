@@ -91,6 +91,24 @@ static __device__ __forceinline__ void k_cuda_pdl_wait(void)
 	cudaTriggerProgrammaticLaunchCompletion();
 }
 
+// A relay: a kernel of a latency-bound chain that holds no weights of its own (an
+// RMSNorm, qkv_post, the decode attention, the split merge) lets the next kernel launch
+// as soon as its own blocks have all started, before its wait, so the GEMV at the end of
+// the chain is resident and has its weights in flight while the chain still runs,
+// instead of only from the last link's wait on. Its wait (after this) still orders its
+// own reads; the kernel after it waits for it to complete, which follows its wait, so
+// that kernel's reads after its wait are ordered too. What changes is the rule for reads
+// before the wait: the kernel after a relay may start while the kernel before the relay
+// still writes, so it may read early only weights and inputs uploaded before the step,
+// never what a kernel of this step wrote (docs/ARCHITECTURE.md, "Programmatic dependent
+// launch"). on: k_cuda_pdl_relay_enabled() at the launch. A relay kernel carries a
+// `pdl-order: relay NAME` comment (tests/pdl_order.sh allows its early trigger).
+static __device__ __forceinline__ void k_cuda_pdl_relay(int on)
+{
+	if (on)
+		cudaTriggerProgrammaticLaunchCompletion();
+}
+
 // Reads before k_cuda_pdl_wait(). A kernel launched with programmatic serialisation
 // may read global memory before its wait only through these two helpers, and only
 // where the data cannot be written by a kernel still in flight: weights (constant
@@ -155,6 +173,12 @@ static __device__ __forceinline__ void k_cuda_pdl_early_cp16(void *smem, const v
 static inline int k_cuda_pdl_enabled(void)
 {
 	return k_cuda_tuning()->cuda_pdl != 0;
+}
+
+// k_cuda_tuning()->pdl_relay (KDEC_PDL_RELAY), under programmatic launch only.
+static inline int k_cuda_pdl_relay_enabled(void)
+{
+	return k_cuda_pdl_enabled() && k_cuda_tuning()->pdl_relay != 0;
 }
 
 template <typename... KArgs, typename... Args>

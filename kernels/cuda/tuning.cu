@@ -15,6 +15,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 
 	memset(&t, 0, sizeof(t));
 	t.cuda_pdl = 1;
+	t.pdl_relay = 0;
 	t.topk_match = 1;
 	t.linear_tune = 1;
 	t.lt_log = 0;
@@ -119,6 +120,7 @@ static const char *const moe_path_words[] = { "auto", "small", "grouped" };	// b
 
 static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_CUDA_PDL", cuda_pdl),
+	TUN_FLAG("KDEC_PDL_RELAY", pdl_relay),
 	TUN_FLAG("KDEC_TOPK_MATCH", topk_match),
 	TUN_FLAG("KDEC_LINEAR_TUNE", linear_tune),
 	TUN_FLAG("KDEC_LT_LOG", lt_log),

@@ -165,6 +165,8 @@ struct attn_tile_args {
 					// of old tokens go out before the PDL wait. MLA (set
 					// by its caller): the launch before appended this
 					// step's rows, which are copied after the wait
+	int relay;			// attn_mma only, set by its launcher: triggers the next
+					// launch at its start (k_cuda_pdl_relay)
 	int min_split;			// MLA tensor-core kernel only: tokens per split at least
 					// this (a multiple of ATTN_SPLIT_ALIGN; 0: no floor),
 	int split_live;			// or, where > 0, only as much of it as keeps the splits

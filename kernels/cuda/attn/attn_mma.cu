@@ -276,6 +276,7 @@ __device__ __forceinline__ int mma_mla_floor(const attn_tile_args &a, int ctx)
 // helpers would have to take all of that by reference and be force-inlined, and the
 // wait counts would then be split from the commits they count. The phases are marked
 // by the comments inside.
+// pdl-order: relay attn_mma_kernel
 template <int DK, int DV, int TK, int ST, bool VSEP, bool QREG = false, int W = MMA_WARPS,
 	  bool POST = false>
 __global__ void __launch_bounds__(W * 32)
@@ -325,6 +326,8 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, const k_cu
 	// the early loads of the settled step inputs (ctx, block table) and the early copies
 	// of tokens older than the step; KDEC_ATTN_MMA_EARLY=0 (GQA) issues no copy before it.
 	const bool early = VSEP && a.early;
+
+	k_cuda_pdl_relay(a.relay);
 	// MLA: splits of at least mma_mla_floor tokens, the ones past ctx empty (a graph
 	// sizes the splits for the whole cache; at a short ctx each would hold one tile, and
 	// the merge reads a 32 KB partial per split). GQA never reads the fields.

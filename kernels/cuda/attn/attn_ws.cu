@@ -21,10 +21,12 @@
 // that count (merge_list); each thread then sums them 4 loads at a time, split j into
 // accumulator j % 4 and the last n % 4 into the first. The reference order the batched
 // kernel below keeps. The default; KDEC_ATTN_MERGE=1 runs the batched one.
+// pdl-order: relay attn_merge_kernel
 __global__ void __launch_bounds__(MERGE_THREADS)
 attn_merge_kernel(float *__restrict__ out, long out_rs, long out_hs,
 		  const float *part_o, const float *part_lse,
-		  int n_splits, int n_rows, int n_heads, int dim, uint16_t *__restrict__ out_bf16)
+		  int n_splits, int n_rows, int n_heads, int dim, uint16_t *__restrict__ out_bf16,
+		  int relay)
 {
 	__shared__ float w[ATTN_MAX_SPLITS];
 	__shared__ int live[ATTN_MAX_SPLITS];
@@ -33,6 +35,7 @@ attn_merge_kernel(float *__restrict__ out, long out_rs, long out_hs,
 	const size_t rh = (size_t)r * n_heads + h, per_split = (size_t)n_rows * n_heads;
 	const int d = blockIdx.y * MERGE_THREADS + threadIdx.x;
 
+	k_cuda_pdl_relay(relay);
 	k_cuda_pdl_wait();
 	if (threadIdx.x < 32) {
 		const int n = merge_list(part_lse, n_splits, rh, per_split, live, w);
@@ -289,7 +292,8 @@ static int merge_launch(cudaStream_t s, int n_sm, const float *part_o, const flo
 		k_cuda_launch_pdl(s, dim3((unsigned)((long)n_rows * n_heads),
 					  attn_cdiv(dim, MERGE_THREADS)),
 				  MERGE_THREADS, 0, attn_merge_kernel, out, out_rs, out_hs, part_o,
-				  part_lse, n_splits, n_rows, n_heads, dim, out_bf16);
+				  part_lse, n_splits, n_rows, n_heads, dim, out_bf16,
+				  k_cuda_pdl_relay_enabled());
 		K_CUDA_TRY_LAUNCHED("attn_merge_kernel");
 		return 0;
 	}

@@ -25,7 +25,8 @@ __device__ __forceinline__ void qkv_rotate(float *x, int at, int gap, float p, f
 }
 
 // Block (head j of q heads then kv heads, row r). A kv-head block also copies v.
-__global__ void __launch_bounds__(QKV_THREADS) qkv_post_kernel(const k_cuda_qkv_args a)
+// pdl-order: relay qkv_post_kernel
+__global__ void __launch_bounds__(QKV_THREADS) qkv_post_kernel(const k_cuda_qkv_args a, int relay)
 {
 	__shared__ float x[QKV_MAX_DIM];
 	__shared__ double red[QKV_THREADS / 32];
@@ -38,6 +39,7 @@ __global__ void __launch_bounds__(QKV_THREADS) qkv_post_kernel(const k_cuda_qkv_
 	int32_t slot;
 	size_t cache_off;
 
+	k_cuda_pdl_relay(relay);
 	k_cuda_pdl_wait();
 	slot = a.slots[r];
 	cache_off = (size_t)slot * a.kv_heads * D + (size_t)kvh * D;
@@ -88,7 +90,9 @@ __global__ void __launch_bounds__(QKV_THREADS) qkv_post_kernel(const k_cuda_qkv_
 // above waits on one after another (slot, then the head, then the weights, then the
 // frequencies and pos): 4 memory latencies a block, and at Llama batch 64 its 2560
 // blocks are 1.2 waves (16 a SM), so a step pays them twice (6.1 us measured).
-__global__ void __launch_bounds__(QKV_THREADS) qkv_post_early_kernel(const k_cuda_qkv_args a)
+// pdl-order: relay qkv_post_early_kernel
+__global__ void __launch_bounds__(QKV_THREADS) qkv_post_early_kernel(const k_cuda_qkv_args a,
+								     int relay)
 {
 	__shared__ float x[QKV_MAX_DIM];
 	__shared__ double red[QKV_THREADS / 32];
@@ -108,6 +112,7 @@ __global__ void __launch_bounds__(QKV_THREADS) qkv_post_early_kernel(const k_cud
 		wv[k] = w && i < D ? k_cuda_pdl_early(w + i) : 0.0f;	// constants
 		fr[k] = i < half ? k_cuda_pdl_early(a.inv_freq + i) : 0.0f;
 	}
+	k_cuda_pdl_relay(relay);
 	k_cuda_pdl_wait();
 	const int32_t slot = a.slots[r];
 	const float p = (float)a.pos[r];
@@ -352,6 +357,7 @@ extern "C" int k_cuda_qkv_post(cudaStream_t s, const struct k_cuda_qkv_args *a)
 		qkv_rows(s, *a);
 	else
 		k_cuda_launch_pdl(s, dim3(a->n_heads + a->kv_heads, a->rows), QKV_THREADS, 0,
-				  qkv_post_early() ? qkv_post_early_kernel : qkv_post_kernel, *a);
+				  qkv_post_early() ? qkv_post_early_kernel : qkv_post_kernel, *a,
+				  k_cuda_pdl_relay_enabled());
 	return K_CUDA_LAUNCHED("qkv_post");
 }

@@ -109,9 +109,10 @@ __device__ __forceinline__ void regs_scale(float *out, uint16_t *ob, const float
 // One warp per row. r (fused form) has x's stride. x is written only when r is set.
 // PER > 0: dim <= 32 * PER, values in registers; PER == 0: any dim, two loops.
 template <int PER>
+// pdl-order: relay rmsnorm_warp_kernel
 __global__ void rmsnorm_warp_kernel(float *out, int out_stride, float *x, int x_stride,
 				    const float *r, const float *w, int rows, int dim, float eps,
-				    uint16_t *ob)
+				    uint16_t *ob, int relay)
 {
 	int row = blockIdx.x * RMSNORM_ROWS_PER_CTA + threadIdx.x / 32;
 	int lane = threadIdx.x % 32;
@@ -119,6 +120,7 @@ __global__ void rmsnorm_warp_kernel(float *out, int out_stride, float *x, int x_
 	float *xr;
 	double ss;
 
+	k_cuda_pdl_relay(relay);
 	k_cuda_pdl_wait();
 	if (row >= rows)
 		return;
@@ -142,10 +144,11 @@ __global__ void rmsnorm_warp_kernel(float *out, int out_stride, float *x, int x_
 // One block per row; PER as in the warp kernel, with RMSNORM_THREADS for 32.
 // The reduction is already the shortest chain for the fixed order: one shuffle tree,
 // one shared-memory step, then the warps' sums in order in every thread.
+// pdl-order: relay rmsnorm_block_kernel
 template <int PER>
 __global__ void __launch_bounds__(RMSNORM_THREADS)
 rmsnorm_block_kernel(float *out, int out_stride, float *x, int x_stride, const float *r,
-		     const float *w, int dim, float eps, uint16_t *ob)
+		     const float *w, int dim, float eps, uint16_t *ob, int relay)
 {
 	__shared__ double part[RMSNORM_THREADS / 32];
 	int row = blockIdx.x, t = threadIdx.x;
@@ -154,6 +157,7 @@ rmsnorm_block_kernel(float *out, int out_stride, float *x, int x_stride, const f
 	float v[PER > 0 ? PER : 1];
 	double ss;
 
+	k_cuda_pdl_relay(relay);
 	k_cuda_pdl_wait();
 	if constexpr (PER > 0)
 		ss = k_rms_warp_sum_d(regs_sumsq<PER>(v, xr, rr, dim, t, RMSNORM_THREADS));
@@ -185,9 +189,9 @@ static bool rmsnorm_use_warp(int dim)
 }
 
 typedef void (*rmsnorm_warp_fn)(float *, int, float *, int, const float *, const float *, int,
-				int, float, uint16_t *);
+				int, float, uint16_t *, int);
 typedef void (*rmsnorm_block_fn)(float *, int, float *, int, const float *, const float *, int,
-				 float, uint16_t *);
+				 float, uint16_t *, int);
 
 // Values per lane: dim <= 1024, so one of 4, 8, 16, 32.
 static rmsnorm_warp_fn rmsnorm_warp_pick(int dim)
@@ -219,10 +223,12 @@ static int rmsnorm_launch(cudaStream_t s, float *out, int out_stride, float *x, 
 	if (rmsnorm_use_warp(dim))
 		k_cuda_launch_pdl(s, (rows + RMSNORM_ROWS_PER_CTA - 1) / RMSNORM_ROWS_PER_CTA,
 				  RMSNORM_ROWS_PER_CTA * 32, 0, rmsnorm_warp_pick(dim), out,
-				  out_stride, x, x_stride, r, w, rows, dim, eps, ob);
+				  out_stride, x, x_stride, r, w, rows, dim, eps, ob,
+				  k_cuda_pdl_relay_enabled());
 	else
 		k_cuda_launch_pdl(s, rows, RMSNORM_THREADS, 0, rmsnorm_block_pick(dim), out,
-				  out_stride, x, x_stride, r, w, dim, eps, ob);
+				  out_stride, x, x_stride, r, w, dim, eps, ob,
+				  k_cuda_pdl_relay_enabled());
 	return K_CUDA_LAUNCHED(r ? "add_rmsnorm" : "rmsnorm");
 }
 
