@@ -3,10 +3,11 @@
 # needed): in every kernel that waits for the grid dependency (ACQBULK), no global
 # access the control flow can reach before that wait, except the early loads of
 # launch_check.cuh's k_cuda_pdl_early helpers (weights, settled step inputs), and no
-# trigger of the next launch before it (docs/ARCHITECTURE.md, "Programmatic dependent
-# launch"; contrib/check_pdl_order.py). Controls: tests/pdl_planted.cu's bad kernel
-# must fail the check, its good one pass. Skips (77, saying why) without a CUDA build,
-# python3 or cuobjdump (contrib/fetch-cuobjdump.sh fetches it from PyPI).
+# trigger of the next launch before it but in a relay (docs/ARCHITECTURE.md,
+# "Programmatic dependent launch"; contrib/check_pdl_order.py). Controls:
+# tests/pdl_planted.cu's bad kernel and its early trigger must fail the check, its good
+# kernel and its relay pass. Skips (77, saying why) without a CUDA build, python3 or
+# cuobjdump (contrib/fetch-cuobjdump.sh fetches it from PyPI).
 set -u
 src=${top_srcdir:-$(cd "$(dirname "$0")/.." && pwd)}
 build=${top_builddir:-.}
@@ -62,16 +63,20 @@ else
 fi
 
 cuobjdump -sass "$planted" >"$tmp/planted.sass" 2>"$tmp/err" || { cat "$tmp/err"; echo "FAIL: cuobjdump -sass $planted"; exit 1; }
-python3 "$check" "$tmp/planted.sass" >"$tmp/planted.out"
+python3 "$check" --waivers "$src/tests" "$tmp/planted.sass" >"$tmp/planted.out"
 rc=$?
 cat "$tmp/planted.out"
 if [ $rc -ne 1 ] || ! grep -q '^_Z15pdl_planted_bad.*global access before the wait' "$tmp/planted.out"; then
 	echo "FAIL: the planted kernel that reads a produced buffer before its wait was not caught (exit $rc)"
 	fail=1
 fi
-if grep -q '^_Z16pdl_planted_good' "$tmp/planted.out"; then
-	echo "FAIL: the planted kernel that reads only weights early was reported"
+if ! grep -q '^_Z19pdl_planted_trigger.*launch_dependents before the wait' "$tmp/planted.out"; then
+	echo "FAIL: the planted kernel that triggers the next launch before its wait, not a relay, was not caught"
 	fail=1
 fi
-[ $fail -eq 0 ] && echo "PASS: no kernel reads before its wait but through the early helpers; the planted read is caught"
+if grep -qE '^_Z16pdl_planted_good|^_Z17pdl_planted_relay' "$tmp/planted.out"; then
+	echo "FAIL: the planted kernel that reads only weights early, or the planted relay, was reported"
+	fail=1
+fi
+[ $fail -eq 0 ] && echo "PASS: no kernel reads before its wait but through the early helpers, no kernel but a relay triggers before it; the planted read and trigger are caught"
 exit $fail

@@ -23,3 +23,27 @@ __global__ void pdl_planted_good(float *y, const float *x, const float *w, int n
 	if (i < n)
 		y[i] = x[i] * wi;
 }
+
+// pdl_planted_trigger lets the next launch start before its own wait, which only a
+// relay may (k_cuda_pdl_relay): the check must report it. pdl_planted_relay does the
+// same as a named relay (the comment below) and must pass.
+__global__ void pdl_planted_trigger(float *y, const float *x, const float *w, int n)
+{
+	const int i = blockIdx.x * blockDim.x + threadIdx.x;
+
+	cudaTriggerProgrammaticLaunchCompletion();
+	k_cuda_pdl_wait();
+	if (i < n)
+		y[i] = x[i] * w[i];
+}
+
+// pdl-order: relay pdl_planted_relay
+__global__ void pdl_planted_relay(float *y, const float *x, const float *w, int n)
+{
+	const int i = blockIdx.x * blockDim.x + threadIdx.x;
+
+	k_cuda_pdl_relay(1);
+	k_cuda_pdl_wait();
+	if (i < n)
+		y[i] = x[i] * w[i];
+}
