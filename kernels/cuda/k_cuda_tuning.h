@@ -23,10 +23,11 @@ struct k_cuda_tuning {
 	/* ---- launches ---- */
 	int cuda_pdl;		/* KDEC_CUDA_PDL, flag, 1: the small ops are launched with
 				 * programmatic stream serialisation (launch_check.cuh) */
-	int pdl_relay;		/* KDEC_PDL_RELAY, flag, 0: 1 lets the RMSNorm, qkv_post, the
-				 * decode attention and the split merge trigger the next launch
-				 * at their start, before their wait (k_cuda_pdl_relay), so the
-				 * GEMV after them streams its first weights while they run */
+	int pdl_relay;		/* KDEC_PDL_RELAY, 0..15, 0: bits of enum k_cuda_relay (1 the
+				 * RMSNorm, 2 qkv_post, 4 the decode attention, 8 the split
+				 * merge) let those kernels trigger the next launch at their
+				 * start, before their wait (k_cuda_pdl_relay), so the GEMV
+				 * after them streams its first weights while they run */
 	int topk_match;		/* KDEC_TOPK_MATCH, flag, 1: k_cuda_topk_slice's histograms
 				 * count a warp's equal digits with one atomic (match.any);
 				 * 0: an atomic an item. Not yet measured (session 10) */

@@ -101,7 +101,7 @@ static __device__ __forceinline__ void k_cuda_pdl_wait(void)
 // before the wait: the kernel after a relay may start while the kernel before the relay
 // still writes, so it may read early only weights and inputs uploaded before the step,
 // never what a kernel of this step wrote (docs/ARCHITECTURE.md, "Programmatic dependent
-// launch"). on: k_cuda_pdl_relay_enabled() at the launch. A relay kernel carries a
+// launch"). on: k_cuda_pdl_relay_enabled(its kind) at the launch. A relay kernel carries a
 // `pdl-order: relay NAME` comment (tests/pdl_order.sh allows its early trigger).
 static __device__ __forceinline__ void k_cuda_pdl_relay(int on)
 {
@@ -175,10 +175,14 @@ static inline int k_cuda_pdl_enabled(void)
 	return k_cuda_tuning()->cuda_pdl != 0;
 }
 
-// k_cuda_tuning()->pdl_relay (KDEC_PDL_RELAY), under programmatic launch only.
-static inline int k_cuda_pdl_relay_enabled(void)
+// Which relays run: k_cuda_tuning()->pdl_relay (KDEC_PDL_RELAY) has one bit a kind of
+// relay kernel; under programmatic launch only.
+enum k_cuda_relay { K_CUDA_RELAY_NORM = 1, K_CUDA_RELAY_QKV_POST = 2, K_CUDA_RELAY_ATTN = 4,
+		    K_CUDA_RELAY_MERGE = 8 };
+
+static inline int k_cuda_pdl_relay_enabled(enum k_cuda_relay which)
 {
-	return k_cuda_pdl_enabled() && k_cuda_tuning()->pdl_relay != 0;
+	return k_cuda_pdl_enabled() && (k_cuda_tuning()->pdl_relay & which) != 0;
 }
 
 template <typename... KArgs, typename... Args>

@@ -120,7 +120,7 @@ static const char *const moe_path_words[] = { "auto", "small", "grouped" };	// b
 
 static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_CUDA_PDL", cuda_pdl),
-	TUN_FLAG("KDEC_PDL_RELAY", pdl_relay),
+	TUN_INT("KDEC_PDL_RELAY", pdl_relay, 0, 15),
 	TUN_FLAG("KDEC_TOPK_MATCH", topk_match),
 	TUN_FLAG("KDEC_LINEAR_TUNE", linear_tune),
 	TUN_FLAG("KDEC_LT_LOG", lt_log),

@@ -178,7 +178,7 @@ static int mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, 
 	grid = dim3(a->kv_heads * n_hc, a->n_splits, a->n_rows);
 	a->early = fold ? mma_early_enabled() : !a->v && a->early;	// MLA: its caller's
 	a->arrive = nullptr;
-	a->relay = k_cuda_pdl_relay_enabled();
+	a->relay = k_cuda_pdl_relay_enabled(K_CUDA_RELAY_ATTN);
 	if (fold && a->v && a->n_splits > 1 && a->n_splits <= MMA_FOLD_MAX_SPLITS && ws->arrive &&
 	    (size_t)a->n_rows * grid.x <= ws->arrive_n && mma_fold_enabled())
 		a->arrive = ws->arrive;

@@ -293,7 +293,7 @@ static int merge_launch(cudaStream_t s, int n_sm, const float *part_o, const flo
 					  attn_cdiv(dim, MERGE_THREADS)),
 				  MERGE_THREADS, 0, attn_merge_kernel, out, out_rs, out_hs, part_o,
 				  part_lse, n_splits, n_rows, n_heads, dim, out_bf16,
-				  k_cuda_pdl_relay_enabled());
+				  k_cuda_pdl_relay_enabled(K_CUDA_RELAY_MERGE));
 		K_CUDA_TRY_LAUNCHED("attn_merge_kernel");
 		return 0;
 	}

@@ -358,6 +358,6 @@ extern "C" int k_cuda_qkv_post(cudaStream_t s, const struct k_cuda_qkv_args *a)
 	else
 		k_cuda_launch_pdl(s, dim3(a->n_heads + a->kv_heads, a->rows), QKV_THREADS, 0,
 				  qkv_post_early() ? qkv_post_early_kernel : qkv_post_kernel, *a,
-				  k_cuda_pdl_relay_enabled());
+				  k_cuda_pdl_relay_enabled(K_CUDA_RELAY_QKV_POST));
 	return K_CUDA_LAUNCHED("qkv_post");
 }

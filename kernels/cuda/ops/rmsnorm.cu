@@ -224,11 +224,11 @@ static int rmsnorm_launch(cudaStream_t s, float *out, int out_stride, float *x, 
 		k_cuda_launch_pdl(s, (rows + RMSNORM_ROWS_PER_CTA - 1) / RMSNORM_ROWS_PER_CTA,
 				  RMSNORM_ROWS_PER_CTA * 32, 0, rmsnorm_warp_pick(dim), out,
 				  out_stride, x, x_stride, r, w, rows, dim, eps, ob,
-				  k_cuda_pdl_relay_enabled());
+				  k_cuda_pdl_relay_enabled(K_CUDA_RELAY_NORM));
 	else
 		k_cuda_launch_pdl(s, rows, RMSNORM_THREADS, 0, rmsnorm_block_pick(dim), out,
 				  out_stride, x, x_stride, r, w, dim, eps, ob,
-				  k_cuda_pdl_relay_enabled());
+				  k_cuda_pdl_relay_enabled(K_CUDA_RELAY_NORM));
 	return K_CUDA_LAUNCHED(r ? "add_rmsnorm" : "rmsnorm");
 }
 
