@@ -91,7 +91,7 @@ static __device__ __forceinline__ void k_cuda_pdl_wait(void)
 	cudaTriggerProgrammaticLaunchCompletion();
 }
 
-// A relay: a kernel of a latency-bound chain that holds no weights of its own (an
+// A relay: a kernel of a latency-bound chain that streams no weights worth the name (an
 // RMSNorm, qkv_post, the decode attention, the split merge) lets the next kernel launch
 // as soon as its own blocks have all started, before its wait, so the GEMV at the end of
 // the chain is resident and has its weights in flight while the chain still runs,
@@ -99,10 +99,11 @@ static __device__ __forceinline__ void k_cuda_pdl_wait(void)
 // own reads; the kernel after it waits for it to complete, which follows its wait, so
 // that kernel's reads after its wait are ordered too. What changes is the rule for reads
 // before the wait: the kernel after a relay may start while the kernel before the relay
-// still writes, so it may read early only weights and inputs uploaded before the step,
-// never what a kernel of this step wrote (docs/ARCHITECTURE.md, "Programmatic dependent
-// launch"). on: k_cuda_pdl_relay_enabled(its kind) at the launch. A relay kernel carries a
-// `pdl-order: relay NAME` comment (tests/pdl_order.sh allows its early trigger).
+// still writes, so "written two or more launches back" counts relays as no launch: the
+// writer must come before the last kernel that is not a relay (docs/ARCHITECTURE.md,
+// "Programmatic dependent launch"). on: k_cuda_pdl_relay_enabled(its kind) at the
+// launch. A relay kernel carries a `pdl-order: relay NAME` comment (tests/pdl_order.sh
+// allows its early trigger).
 static __device__ __forceinline__ void k_cuda_pdl_relay(int on)
 {
 	if (on)

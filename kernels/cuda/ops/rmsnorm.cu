@@ -108,8 +108,8 @@ __device__ __forceinline__ void regs_scale(float *out, uint16_t *ob, const float
 
 // One warp per row. r (fused form) has x's stride. x is written only when r is set.
 // PER > 0: dim <= 32 * PER, values in registers; PER == 0: any dim, two loops.
-template <int PER>
 // pdl-order: relay rmsnorm_warp_kernel
+template <int PER>
 __global__ void rmsnorm_warp_kernel(float *out, int out_stride, float *x, int x_stride,
 				    const float *r, const float *w, int rows, int dim, float eps,
 				    uint16_t *ob, int relay)
