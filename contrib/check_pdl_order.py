@@ -205,13 +205,10 @@ def main(argv):
 		for addr, text, why in found:
 			print("%s: %04x %s: %s" % (name, addr, text, why))
 			bad += 1
-	for name, reason, f in waive:
+	named = [("waiver", n, f) for n, _, f in waive] + [("relay", n, f) for n, f in relays]
+	for kind, name, f in named:
 		if name not in used and waiting:
-			print("%s: waiver in %s matches no waiting function" % (name, f))
-			bad += 1
-	for name, f in relays:
-		if name not in used and waiting:
-			print("%s: relay in %s matches no waiting function" % (name, f))
+			print("%s: %s in %s matches no waiting function" % (name, kind, f))
 			bad += 1
 	print("check_pdl_order: %d functions, %d wait, %d waived, %d findings" %
 	      (len(funcs), len(waiting), waived, bad))
