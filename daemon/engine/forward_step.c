@@ -464,6 +464,47 @@ double forward_graph_replay_ms(struct forward *f, void *graph, int n)
 	return t[n / 2] * 1e3;
 }
 
+static double fwd_median3(const double t[3])
+{
+	double lo = t[0] < t[1] ? t[0] : t[1], hi = t[0] < t[1] ? t[1] : t[0];
+
+	return t[2] < lo ? lo : t[2] > hi ? hi : t[2];
+}
+
+/* auto keeps the standard graph unless the latency one is faster by more than 1%:
+ * where the two are within noise of each other a bare comparison picked either, so two
+ * processes of one build could run different kernels (session 24: DeepSeek-V2-Lite at
+ * one row, Qwen3-30B-A3B at eight) */
+static int fwd_path_latency_wins(double ms_std, double ms_lat)
+{
+	return ms_std > 0 && ms_lat > 0 && ms_lat < 0.99 * ms_std;
+}
+
+/* Two graphs timed against each other: after a warm-up of each, FWD_PAIR_ROUNDS
+ * rounds that replay a then b FWD_PAIR_REPLAYS times each; each graph's figure is the
+ * median of its rounds' medians (ms, both 0 on a failure). Interleaved so that a drift
+ * of the clocks or of other load over the timing lands on both graphs, not on the one
+ * timed second. */
+enum { FWD_PAIR_ROUNDS = 3, FWD_PAIR_REPLAYS = 5 };
+_Static_assert(FWD_PAIR_ROUNDS == 3, "fwd_median3 takes the rounds");
+
+static void forward_graph_pair_ms(struct forward *f, void *a, void *b, double *ms_a, double *ms_b)
+{
+	double ta[FWD_PAIR_ROUNDS], tb[FWD_PAIR_ROUNDS];
+
+	*ms_a = *ms_b = 0;
+	if (forward_graph_replay_ms(f, a, 3) <= 0 || forward_graph_replay_ms(f, b, 3) <= 0)
+		return;
+	for (int r = 0; r < FWD_PAIR_ROUNDS; r++) {
+		ta[r] = forward_graph_replay_ms(f, a, FWD_PAIR_REPLAYS);
+		tb[r] = forward_graph_replay_ms(f, b, FWD_PAIR_REPLAYS);
+		if (ta[r] <= 0 || tb[r] <= 0)
+			return;
+	}
+	*ms_a = fwd_median3(ta);
+	*ms_b = fwd_median3(tb);
+}
+
 /* The bucket's graph on the decode path: standard where the latency path has nothing
  * for it or was not asked for; latency where forced; under auto, the first capture of
  * the bucket records both and times each (replays of the staged step: they write the
@@ -488,13 +529,10 @@ static int graph_capture_path(struct forward *f, const struct fwd_batch *db, int
 				f->be->ops->graph_destroy(f->be, other);
 				return ret;
 			}
-			forward_graph_replay_ms(f, other, 3);	/* warm both */
-			forward_graph_replay_ms(f, f->graphs[bucket][s], 3);
-			ms_std = forward_graph_replay_ms(f, other, 15);
-			ms_lat = forward_graph_replay_ms(f, f->graphs[bucket][s], 15);
+			forward_graph_pair_ms(f, other, f->graphs[bucket][s], &ms_std, &ms_lat);
 			f->bucket_ms[bucket][0] = ms_std;
 			f->bucket_ms[bucket][1] = ms_lat;
-			lat = ms_lat > 0 && ms_lat < ms_std;
+			lat = fwd_path_latency_wins(ms_std, ms_lat);
 			log_info("forward: decode path for %d rows: latency %.3f ms, standard %.3f ms a step: %s",
 				 size, ms_lat, ms_std, lat ? "latency" : "standard");
 			if (!lat) {	/* keep the standard graph */

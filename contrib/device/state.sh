@@ -1,0 +1,91 @@
+#!/bin/bash
+# Session 25's device calls: where issue 23's and 24's targets stand on the GPU lent,
+# every row of their target tables from one build, the peer beside the dense rows:
+#   ST_PART=check  test_golden on cuda, tests/test_cuda_decode_path.sh (both paths and
+#                  auto give the golden models' greedy tokens; auto's timing changed)
+#   ST_PART=dense  kdbench decode at batch 1,8,64: Llama-3.1-8B bf16, fp8-block,
+#                  int4-g32, Qwen3-8B bf16
+#   ST_PART=peer   the torch.compile decoder (contrib/bench/run_peers.sh, its
+#                  torch-compile part) at batch 1 and 64, Llama-3.1-8B's shape
+#   ST_PART=moe    Qwen3-30B-A3B and DeepSeek-V2-Lite in bf16, fp8-block and int4-g32:
+#                  batch 1,8 on each decode path (--decode-path standard,latency),
+#                  batch 64 on auto
+#   ST_PART=slice  the Kimi-K2 (2 layers) and DeepSeek-V3 (4 layers) slices, bf16,
+#                  fp8-block, int4-g32, batch 1,8 (layer_us and lay_fl% are the MoE layer's)
+#   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
+#                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
+# ST_PART may name several, run in that order.
+# here: PACK_XZ=0 PACK_TESTS="test_golden test_cuda_pdl" contrib/device/pack.sh build devbuild-st2
+#       tar -cf - devbuild-st2 | xz -9 -T2 > devbuild-st2.tar.xz
+# device run: ST_PART="check dense peer" bash contrib/device/state.sh  carry ["devbuild-st2.tar.xz"]
+set -u
+DEADLINE=${DEADLINE:-560}
+. contrib/device/lib.sh
+use "${DEVBUILD:-devbuild-st2}"
+gpu_line
+DEC_STEPS=32 DEC_WARMUP=8	# lib.sh's dec
+
+# decp NAME MODEL BATCHES FORMAT PATHS: dec on the decode paths PATHS (kdbench's list)
+decp() {
+	local n=$1 m=$2 b=$3 f=$4 p=$5
+	KDBENCH=$PWD/$B/kdbench-paths dec "$n" "$m" "$b" "$f" KDBENCH_PATHS="$p"
+}
+
+check() {
+	step golden 200 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
+	step decode_path 200 sh tests/test_cuda_decode_path.sh
+}
+
+dense() {
+	local m f
+	for m in llama3.1-8b:bf16 llama3.1-8b:fp8-block llama3.1-8b:int4-g32 qwen3-8b:bf16; do
+		f=${m#*:} m=${m%%:*}
+		dec "d_${m}_$f" "$m" 1,8,64 "$f"
+	done
+}
+
+peer() {
+	step peer 240 env OUT="$L" PEER_PARTS=torch-compile PEER_BATCH=1,64 PEER_TOTAL_S=230 \
+		bash contrib/bench/run_peers.sh
+	grep -E '^(peer|torch)' "$L/peer.log" | tee -a "$S"
+	tail -n 8 "$L/peer.log" | tee -a "$S"
+}
+
+moe() {
+	local m f
+	for m in qwen3-30b-a3b deepseek-v2-lite; do
+		for f in bf16 fp8-block int4-g32; do
+			decp "m_${m}_$f" "$m" 1,8 "$f" standard,latency
+			dec "m64_${m}_$f" "$m" 64 "$f"
+		done
+	done
+}
+
+slice() {
+	local m f
+	for m in kimi-k2 deepseek-v3; do
+		for f in bf16 fp8-block int4-g32; do
+			dec "s_${m}_$f" "$m" 1,8 "$f"
+		done
+	done
+}
+
+relay() {
+	local v
+	for v in ${ST_MASKS:-0 1 2 4 8}; do
+		dec "r${v}_llama_fp8" llama3.1-8b 1,8 fp8-block KDEC_PDL_RELAY=$v
+	done
+	for v in ${ST_MASKS:-0 1 2 4 8}; do
+		dec "r${v}_qwen3moe_fp8" qwen3-30b-a3b 1 fp8-block KDEC_PDL_RELAY=$v
+	done
+}
+
+# kdbench with --decode-path from the environment (dec passes only ENV through)
+printf '#!/bin/sh\nexec "%s" "$@" --decode-path "$KDBENCH_PATHS"\n' "$PWD/$B/kdbench" \
+	>"$B/kdbench-paths"
+chmod +x "$B/kdbench-paths"
+for p in ${ST_PART:-check dense peer}; do
+	$p
+done
+tar -C "$L" -czf "$O/logs.tgz" . 2>/dev/null
+say "total $((SECONDS - t0)) s"
