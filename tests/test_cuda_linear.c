@@ -456,8 +456,9 @@ static void test_bf16_out(int N, int K)
  * (N, K: a matrix above linear_small_mb, so that the ring kind is the one chosen):
  * k_cuda_linear_norm_run against k_cuda_rmsnorm then the ring kind (y and the norm's
  * out), k_cuda_linear_swiglu_run against k_cuda_silu_mul_rows then the ring kind, bit
- * for bit, y = and y +=. */
-static void test_ring_folds(int N, int K, int M, int acc)
+ * for bit, y = and y +=. swiglu 0: not the SwiGLU form (under KDEC_LINEAR_RING_STREAM=2
+ * the ring kind runs the streaming form, which has none: the two sides differ in order). */
+static void test_ring_folds(int N, int K, int M, int acc, int swiglu)
 {
 	const float eps = 1e-5f;
 	size_t nx = (size_t)M * K, ny = (size_t)M * N, nw = (size_t)N * K;
@@ -503,20 +504,24 @@ static void test_ring_folds(int N, int K, int M, int acc)
 			nod += memcmp(&ha[i], &hb[i], sizeof(float)) != 0;
 	}
 	/* SwiGLU: x as gate_up (M, 2K) */
-	copy(dya, y0, sizeof(float) * ny, cudaMemcpyHostToDevice);
-	copy(dyb, y0, sizeof(float) * ny, cudaMemcpyHostToDevice);
-	sa = k_cuda_silu_mul_rows(stream, dha, dx, M, K);
-	if (!sa)
-		sa = k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_RING, dya, dha, dw, M, N, K, acc);
-	sb = k_cuda_linear_swiglu_run(lin, dyb, dx, dw, M, N, K, acc);
-	CU(cudaStreamSynchronize(stream));
-	copy(a, dya, sizeof(float) * ny, cudaMemcpyDeviceToHost);
-	copy(b, dyb, sizeof(float) * ny, cudaMemcpyDeviceToHost);
-	for (size_t i = 0; i < ny; i++)
-		sd += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+	sa = sb = 0;
+	if (swiglu) {
+		copy(dya, y0, sizeof(float) * ny, cudaMemcpyHostToDevice);
+		copy(dyb, y0, sizeof(float) * ny, cudaMemcpyHostToDevice);
+		sa = k_cuda_silu_mul_rows(stream, dha, dx, M, K);
+		if (!sa)
+			sa = k_cuda_linear_run_kind(lin, K_CUDA_LINEAR_RING, dya, dha, dw, M, N, K,
+						    acc);
+		sb = k_cuda_linear_swiglu_run(lin, dyb, dx, dw, M, N, K, acc);
+		CU(cudaStreamSynchronize(stream));
+		copy(a, dya, sizeof(float) * ny, cudaMemcpyDeviceToHost);
+		copy(b, dyb, sizeof(float) * ny, cudaMemcpyDeviceToHost);
+		for (size_t i = 0; i < ny; i++)
+			sd += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+	}
 	printf("ring folds N=%-6d K=%-5d M=%d acc=%d: norm rc %d/%d, %zu of %zu y and %zu of %zu "
-	       "out differ; swiglu rc %d/%d, %zu differ  %s\n", N, K, M, acc, ra, rb, nd, ny, nod,
-	       nx, sa, sb, sd, !ra && !rb && !nd && !nod && !sa && !sb && !sd ? "PASS" : "FAIL");
+	       "out differ; swiglu %s rc %d/%d, %zu differ  %s\n", N, K, M, acc, ra, rb, nd, ny,
+	       nod, nx, swiglu ? "(asked)" : "(not asked)", sa, sb, sd, !ra && !rb && !nd && !nod && !sa && !sb && !sd ? "PASS" : "FAIL");
 	CHECK(!ra && !rb && !nd && !nod, "ring norm N %d K %d M %d acc %d: rc %d/%d, %zu y and "
 	      "%zu out values differ from RMSNorm then the ring kind", N, K, M, acc, ra, rb, nd, nod);
 	CHECK(!sa && !sb && !sd, "ring swiglu N %d K %d M %d acc %d: rc %d/%d, %zu values differ "
@@ -539,6 +544,67 @@ static void test_ring_folds(int N, int K, int M, int acc)
 	free(ha);
 	free(hb);
 	free(w);
+}
+
+/* The ring kind's two kernels on bf16 (KDEC_LINEAR_RING_STREAM): the decode GEMV (0)
+ * and the cluster streaming form (2: wherever it has a plan) on fresh random inputs,
+ * each against the bf16-x reference as check_kind holds every kind; the form that ran
+ * is the one asked for (its description). */
+static void test_ring_modes(int N, int K)
+{
+	static const int ms[] = { 1, 3, 8, 13 };
+	struct k_cuda_tuning was = *k_cuda_tuning(), t = was;
+	size_t wn = (size_t)N * K, xn = (size_t)16 * K, yn = (size_t)16 * N;
+	uint16_t *w = xmalloc(wn * sizeof(uint16_t));
+	float *x = xmalloc(xn * sizeof(float)), *x16 = xmalloc(xn * sizeof(float));
+	float *y0 = xmalloc(yn * sizeof(float)), *r32 = xmalloc(yn * sizeof(float));
+	float *r16 = xmalloc(yn * sizeof(float)), *out = xmalloc(yn * sizeof(float));
+	float *out2 = xmalloc(yn * sizeof(float));
+	struct bufs b;
+
+	for (size_t i = 0; i < wn; i++)
+		w[i] = k_f32_to_bf16(test_randf(&seed));
+	b.w = dalloc(wn * sizeof(uint16_t));
+	b.x = dalloc((xn + 4) * sizeof(float));
+	b.y = dalloc((yn + GUARD) * sizeof(float));
+	copy(b.w, w, wn * sizeof(uint16_t), cudaMemcpyHostToDevice);
+	t.linear_ring = K_CUDA_LINEAR_RING_M;
+	for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
+		const int M = ms[mi];
+		struct ref r = { M, N, K, x, y0, r32, r16 };
+
+		rand_fill(x, (size_t)M * K);
+		rand_fill(y0, (size_t)M * N);
+		for (size_t i = 0; i < (size_t)M * K; i++)
+			x16[i] = k_bf16_to_f32(k_f32_to_bf16(x[i]));
+		k_cpu_linear(pool, r32, x, w, K_BF16, M, N, K);
+		k_cpu_linear(pool, r16, x16, w, K_BF16, M, N, K);
+		copy(b.x, x, (size_t)M * K * sizeof(float), cudaMemcpyHostToDevice);
+		for (int mode = 0; mode <= 2; mode += 2) {
+			char desc[160];
+
+			t.linear_ring_stream = mode;
+			k_cuda_tuning_set(&t);
+			k_cuda_linear_describe(lin, K_CUDA_LINEAR_RING, M, N, K, desc, sizeof(desc));
+			printf("ring_stream=%d: ", mode);
+			CHECK(!strncmp(desc, mode ? "qstream" : "qgemv", mode ? 7 : 5),
+			      "ring_stream=%d N %d K %d M %d runs '%s'", mode, N, K, M, desc);
+			for (int acc = 0; acc <= 1; acc++)
+				check_kind(K_CUDA_LINEAR_RING, 0, &b, b.x, &r, acc, out, out2);
+		}
+	}
+	k_cuda_tuning_set(&was);
+	cudaFree(b.w);
+	cudaFree(b.x);
+	cudaFree(b.y);
+	free(w);
+	free(x);
+	free(x16);
+	free(y0);
+	free(r32);
+	free(r16);
+	free(out);
+	free(out2);
 }
 
 /* One variant captured into a CUDA graph and replayed: no allocation or synchronisation
@@ -655,11 +721,19 @@ int main(void)
 
 		t.linear_ring = K_CUDA_LINEAR_RING_M;	/* the folds want the ring chosen */
 		k_cuda_tuning_set(&t);
-		test_ring_folds(4096, 4096, 1, 0);	/* Llama's q/k/v and gate/up over a norm */
-		test_ring_folds(4100, 4096, 3, 1);	/* a last row tile part full */
-		test_ring_folds(1100, 14336, 8, 0);	/* down's K, an x slice split */
-		test_ring_folds(2000, 8192, 1, 1);
+		test_ring_folds(4096, 4096, 1, 0, 1);	/* Llama's q/k/v and gate/up over a norm */
+		test_ring_folds(4100, 4096, 3, 1, 1);	/* a last row tile part full */
+		test_ring_folds(1100, 14336, 8, 0, 1);	/* down's K, an x slice split */
+		test_ring_folds(2000, 8192, 1, 1, 1);
+		t.linear_ring_stream = 2;	/* the norm form on the streaming form */
+		k_cuda_tuning_set(&t);
+		test_ring_folds(4096, 4096, 1, 0, 0);
+		test_ring_folds(1100, 14336, 8, 1, 0);
 		k_cuda_tuning_set(&was);
+		test_ring_modes(14336, 4096);	/* Llama's gate/up (one CTA a row block) */
+		test_ring_modes(4096, 14336);	/* down: K split over clusters */
+		test_ring_modes(1000, 1032);	/* K not a whole stage of 64 */
+		test_ring_modes(6144, 4096);
 	}
 	if (test_part_runs(part, "small"))
 		test_graph();

@@ -58,6 +58,12 @@ struct k_cuda_tuning {
 				 * slower on an H100 (session 22): Llama-3.1-8B bf16 batch 1
 				 * 6.497 ms a step against 6.229 without, batch 8 7.566
 				 * against 6.654 (gate/up 89 us against cuBLAS's 86 alone) */
+	int linear_ring_stream;	/* KDEC_LINEAR_RING_STREAM, 0..2, 1: where the ring kind
+				 * runs (linear_ring), its blocks of rows take the cluster
+				 * streaming form (linear_qmma.cu) where its clusters leave
+				 * room on the GPU (k_cuda_linear_q_choose's rule), the decode
+				 * GEMV elsewhere and for the SwiGLU form; 2: the streaming
+				 * form wherever it has a plan; 0: the decode GEMV always */
 	int linear_qgemv;	/* KDEC_LINEAR_QGEMV, flag, 1: quantized linears of M <= 8 take
 				 * the decode GEMV (linear_qgemv.cu) where the choice rule says
 				 * (k_cuda_linear_q_choose); 0: the cluster streaming form there */

@@ -8,7 +8,9 @@
  * once; floor = bytes / 4.25 TB/s (bench_floor_us: the measured H200 read bandwidth).
  * The cuBLAS column includes its x -> bf16 rounding launch: same inputs, same output.
  * The stream column forces the streaming kernel (its x rounding launch included), the
- * ring column the ring GEMV (M <= 8: one launch).
+ * ring columns the ring kind (M <= 8: one launch) on each of its kernels
+ * (KDEC_LINEAR_RING_STREAM): "ring qg" the decode GEMV, "ring qs" the cluster streaming
+ * form of linear_qmma.cu (0 where it has no plan).
  * "us" has programmatic dependent launch on (each launch streams its weights while the
  * previous one drains, as kdec's own kernels allow), "us nopdl" has it off: a decode
  * step sees the first where the op before a linear layer triggers early too.
@@ -25,6 +27,7 @@
 
 #include "kernels/dtype.h"
 #include "kernels/cuda/k_cuda.h"
+#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
 #include "tests/cudatest.h"
 #include "tests/bench/cudabench.h"
@@ -97,6 +100,26 @@ static double linear_time_us(int kind, float *y, const float *x, const uint16_t 
 	return bench_rotated_us(lin_call_run, &c, stream, copies, 3, samples, what);
 }
 
+/* The ring kind on one of its kernels (KDEC_LINEAR_RING_STREAM: 0 the decode GEMV, 2 the
+ * cluster streaming form); 0 past its rows, or where the streaming form has no plan. */
+static double ring_time_us(int mode, float *y, const float *x, const uint16_t *w, int copies,
+			   int M, int N, int K)
+{
+	struct k_cuda_tuning was = *k_cuda_tuning(), t = was;
+	char desc[160];
+	double us = 0;
+
+	if (M > K_CUDA_LINEAR_RING_M)
+		return 0;
+	t.linear_ring_stream = mode;
+	k_cuda_tuning_set(&t);
+	k_cuda_linear_describe(lin, K_CUDA_LINEAR_RING, M, N, K, desc, sizeof(desc));
+	if (!mode || !strncmp(desc, "qstream", 7))
+		us = linear_time_us(K_CUDA_LINEAR_RING, y, x, w, copies, M, N, K);
+	k_cuda_tuning_set(&was);
+	return us;
+}
+
 /* linear_time_us with programmatic dependent launch off, then back on. */
 static double time_us_nopdl(float *y, const float *x, const uint16_t *w, int copies, int M, int N,
 			    int K)
@@ -165,9 +188,9 @@ int main(int argc, char **argv)
 	CU(cudaStreamSynchronize(stream));
 	free(hx);
 	printf("%-17s %6s %5s %2s | %-6s %8s %6s %6s %8s | %8s %6s %6s | %8s %6s | %8s %6s | %8s "
-	       "%5s | %s\n", "shape", "N", "K", "M", "pick", "us", "TB/s", "floor%", "us nopdl",
-	       "cublas", "TB/s", "floor%", "stream", "floor%", "ring", "floor%", "floor us", "x cb",
-	       "plan");
+	       "%6s | %8s %5s | %s\n", "shape", "N", "K", "M", "pick", "us", "TB/s", "floor%",
+	       "us nopdl", "cublas", "TB/s", "floor%", "stream", "floor%", "ring qg", "floor%",
+	       "ring qs", "floor%", "floor us", "x cb", "plan");
 	for (int si = 0; si < N_SHAPES; si++) {
 		const struct shape *s = &shapes[si];
 		size_t wbytes = (size_t)s->N * s->K * 2;
@@ -188,19 +211,18 @@ int main(int argc, char **argv)
 						   s->K);
 			double st = linear_time_us(K_CUDA_LINEAR_STREAM, y, x, w, copies, M, s->N,
 						   s->K);
-			double rg = M <= K_CUDA_LINEAR_RING_M
-					    ? linear_time_us(K_CUDA_LINEAR_RING, y, x, w, copies, M,
-							     s->N, s->K)
-					    : 0;
+			double rg = ring_time_us(0, y, x, w, copies, M, s->N, s->K);
+			double rs = ring_time_us(2, y, x, w, copies, M, s->N, s->K);
 			char plan[160];
 
 			k_cuda_linear_describe(lin, kind, M, s->N, s->K, plan, sizeof(plan));
 			printf("%-17s %6d %5d %2d | %-6s %8.2f %6.2f %5.1f%% %8.2f | %8.2f %6.2f %5.1f%% | "
-			       "%8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.2f | %s\n", s->name, s->N, s->K,
-			       M, k_cuda_linear_kind_name(kind), us, bytes / us / 1e6,
-			       100.0 * floor_us / us, us_nopdl, cb, bytes / cb / 1e6,
+			       "%8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.2f | %s\n",
+			       s->name, s->N, s->K, M, k_cuda_linear_kind_name(kind), us,
+			       bytes / us / 1e6, 100.0 * floor_us / us, us_nopdl, cb, bytes / cb / 1e6,
 			       100.0 * floor_us / cb, st, 100.0 * floor_us / st, rg,
-			       rg > 0 ? 100.0 * floor_us / rg : 0.0, floor_us, cb / us, plan);
+			       rg > 0 ? 100.0 * floor_us / rg : 0.0, rs,
+			       rs > 0 ? 100.0 * floor_us / rs : 0.0, floor_us, cb / us, plan);
 			for (int a = 0; a < N_MS; a++) {
 				if (all_ms[a] != M || !s->llama_layer)
 					continue;

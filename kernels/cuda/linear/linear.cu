@@ -10,6 +10,7 @@
 
 #include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
+#include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "kernels/cuda/linear/linear_internal.h"
 
 /* Where the kernels of this file beat cuBLAS, measured on H200 (docs/PERFORMANCE.md,
@@ -293,6 +294,25 @@ static bool lin_args_ok(const struct k_cuda_linear *ctx, const float *y, const f
 	       K <= ctx->max_K;
 }
 
+// KDEC_LINEAR_RING_STREAM: which kernel a block of M <= 8 rows of the ring kind takes.
+// The cluster streaming form (linear_qmma.cu, the quantized decode's form for Llama's
+// fp8 gate/up at 88% of the floor where the decode GEMV reached 68% on bf16, session 22)
+// where its clusters leave room on the GPU, by k_cuda_linear_q_choose's rule for
+// quantized weights (1), or wherever it has a plan (2); the decode GEMV otherwise, and
+// for the SwiGLU form, which only that one has (0: always).
+static bool lin_ring_stream(const struct k_cuda_linear *ctx, int M, int N, int K, int xf)
+{
+	const int mode = k_cuda_tuning()->linear_ring_stream;
+	int S;
+
+	if (!mode || xf == LIN_QG_X_SWIGLU)
+		return false;
+	S = k_cuda_lin_qmma_split(ctx, true, &k_cuda_lin_bf16_q, M, N, K);
+	return S > 0 && (mode == 2 || S < 2 ||
+			 (long)((N + 127) / 128) * S * 100 <
+				 (long)K_CUDA_LINEAR_Q_GEMV_FILL * 2 * ctx->n_sm);
+}
+
 // The ring GEMV over blocks of up to K_CUDA_LINEAR_RING_M rows (one launch at decode
 // sizes); xf: what x is (LIN_QG_X_SWIGLU: gate_up rows of 2K).
 static int lin_ring(struct k_cuda_linear *ctx, float *y, const float *x, const uint16_t *w,
@@ -307,9 +327,14 @@ static int lin_ring(struct k_cuda_linear *ctx, float *y, const float *x, const u
 
 		if (nrm)
 			n = { nrm->w, nrm->eps, nrm->out ? nrm->out + (size_t)m0 * K : nullptr };
-		ret = k_cuda_lin_qgemv(ctx, y + (size_t)m0 * N, x + (size_t)m0 * xs, w,
-				       &k_cuda_lin_bf16_q, mb, N, K, accumulate, xf,
-				       nrm ? &n : nullptr);
+		if (lin_ring_stream(ctx, mb, N, K, xf))
+			ret = k_cuda_lin_qmma(ctx, true, y + (size_t)m0 * N, x + (size_t)m0 * xs, w,
+					      &k_cuda_lin_bf16_q, mb, N, K, accumulate,
+					      nrm ? &n : nullptr);
+		else
+			ret = k_cuda_lin_qgemv(ctx, y + (size_t)m0 * N, x + (size_t)m0 * xs, w,
+					       &k_cuda_lin_bf16_q, mb, N, K, accumulate, xf,
+					       nrm ? &n : nullptr);
 	}
 	return ret;
 }
@@ -448,7 +473,12 @@ extern "C" void k_cuda_linear_describe(const struct k_cuda_linear *ctx,
 		return;
 	switch (kind) {
 	case K_CUDA_LINEAR_RING:
-		if (ctx)
+		if (ctx && lin_ring_stream(ctx, M < K_CUDA_LINEAR_RING_M ? M : K_CUDA_LINEAR_RING_M,
+					   N, K, LIN_QG_X_PLAIN))
+			k_cuda_lin_qmma_describe(ctx, true, &k_cuda_lin_bf16_q,
+						 M < K_CUDA_LINEAR_RING_M ? M : K_CUDA_LINEAR_RING_M, N,
+						 K, buf, len);
+		else if (ctx)
 			k_cuda_lin_qgemv_describe(ctx, &k_cuda_lin_bf16_q, M, N, K, buf, len);
 		else
 			snprintf(buf, len, "ring");

@@ -80,7 +80,8 @@ struct qm_args {
 	int pdl;
 };
 
-// x rows [0, M), k [k0, k0 + KC) into shared memory as f16 (row stride KC + 8 halves),
+// x rows [0, M), k [k0, k0 + KC) into shared memory as f16, bf16 for bf16 weights
+// (K_Q_NONE) (row stride KC + 8 halves),
 // zeros past K; int4 octets reordered k 0 4 1 5 2 6 3 7. NM: x is an RMSNorm's input,
 // each value staged w * (x * rs[m]) as k_cuda_rmsnorm writes it (the GEMV's norm form,
 // linear_qgemv.cu's header), and written to nrm.out by the CTAs of row block 0.
@@ -113,7 +114,8 @@ static __device__ __forceinline__ void qm_stage_x(uint4 *xs, const float *x, int
 				}
 			}
 		}
-		xs[m * xs_row + qm_xunit<FMT>(u)] = qm_pack_x8<FMT == K_Q_INT4>(a, b);
+		xs[m * xs_row + qm_xunit<FMT>(u)] = FMT == K_Q_NONE ? qm_pack_x8_bf16(a, b)
+							     : qm_pack_x8<FMT == K_Q_INT4>(a, b);
 	}
 }
 
@@ -357,7 +359,7 @@ qs_kernel(float *y, const float *x, const uint8_t *__restrict__ w, const ST *__r
 	}
 	__syncthreads();
 
-	const uint4 *xr = xs + g * xs_row + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
+	const uint4 *xr = xs + g * xs_row + F::VPC / 8 * t;	// the lane's first unit of a slab
 	const bool xin = g < a.M;
 	const int sw = FMT == K_Q_INT4 ? (t >> 1) << 1 : 0;
 	int ic = 0;	// the first stage of the x chunk in shared memory
@@ -503,11 +505,14 @@ static int qm_launch(const struct k_cuda_linear *ctx, float *y, const float *x, 
 	struct qm_plan p;
 	qm_args a;
 
-	if (qm_make_plan(ctx, unit, STREAM, M, N, K, &p) || (nrm && (!STREAM || M > 8)))
+	if (qm_make_plan(ctx, unit, STREAM, M, N, K, &p) || (nrm && (!STREAM || M > 8)) ||
+	    (FMT == K_Q_NONE && (!STREAM || M > 8)))
 		return -EINVAL;
-	a = qm_args{ M, N, K, p.KC, p.KX, (int)k_quant_row_bytes(q->fmt, K), q->block_rows,
-		     qm_bc_shift(q, K, qm_unit(q, STREAM)), (int)q->scale_cols, accumulate,
-		     ctx->pdl ? (p.slots < p.blocks * p.S ? p.slots : p.blocks * p.S) : 0 };
+	a = FMT == K_Q_NONE	// bf16: rows of 2K bytes, no scales (bc_shift 31: one column)
+		    ? qm_args{ M, N, K, p.KC, p.KX, 2 * K, 1, 31, 0, accumulate, 0 }
+		    : qm_args{ M, N, K, p.KC, p.KX, (int)k_quant_row_bytes(q->fmt, K), q->block_rows,
+			       qm_bc_shift(q, K, qm_unit(q, STREAM)), (int)q->scale_cols, accumulate, 0 };
+	a.pdl = ctx->pdl ? (p.slots < p.blocks * p.S ? p.slots : p.blocks * p.S) : 0;
 	cfg.gridDim = dim3(p.blocks, p.S, 1);
 	cfg.blockDim = dim3(QM_THREADS, 1, 1);
 	cfg.dynamicSmemBytes = p.smem;
@@ -531,17 +536,24 @@ static int qm_launch(const struct k_cuda_linear *ctx, float *y, const float *x, 
 		if (M <= 8)
 			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 1>, y, x,
 								     wb, sc, a, none));
-		if (M <= 16)
-			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 2>, y, x,
+		if constexpr (FMT == K_Q_NONE) {	// bf16: the decode form only (qw_slab
+			return -EINVAL;			// has no bf16 fragments)
+		} else {
+			if (M <= 16)
+				return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 2>,
+									     y, x, wb, sc, a, none));
+			if (M <= 32)
+				return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 4>,
+									     y, x, wb, sc, a, none));
+			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 8>, y, x,
 								     wb, sc, a, none));
-		if (M <= 32)
-			return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 4>, y, x,
-								     wb, sc, a, none));
-		return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qs_kernel<FMT, ST, 8>, y, x, wb,
-							     sc, a, none));
+		}
 	}
-	return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qm_kernel<FMT, ST>, y, x,
-						     (const uint8_t *)w, (const ST *)q->scale, a));
+	if constexpr (FMT == K_Q_NONE)
+		return -EINVAL;
+	else
+		return LIN_CUDA(ctx->dev, cudaLaunchKernelEx(&cfg, qm_kernel<FMT, ST>, y, x,
+							     (const uint8_t *)w, (const ST *)q->scale, a));
 }
 
 template <int FMT, typename ST> static int qm_setup_one(struct k_cuda_linear *ctx)
@@ -577,6 +589,13 @@ int k_cuda_lin_qmma_setup(struct k_cuda_linear *ctx)
 {
 	int ret = qm_setup_one<K_Q_FP8, float>(ctx);
 
+	if (!ret)	// bf16 weights: the streaming form at M <= 8, plain and over a norm
+		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<K_Q_NONE, float, 1>,
+					cudaFuncAttributeMaxDynamicSharedMemorySize, QS_MAX_SMEM));
+	if (!ret)
+		ret = LIN_CUDA(ctx->dev, cudaFuncSetAttribute(qs_kernel<K_Q_NONE, float, 1, true>,
+					cudaFuncAttributeMaxDynamicSharedMemorySize, QS_MAX_SMEM));
+
 	if (!ret)
 		ret = qm_setup_one<K_Q_FP8, __half>(ctx);
 	if (!ret)
@@ -591,6 +610,8 @@ static int qm_dispatch(const struct k_cuda_linear *ctx, float *y, const float *x
 		       const struct k_quant *q, int M, int N, int K, int accumulate,
 		       const struct k_cuda_xnorm *n)
 {
+	if (q->fmt == K_Q_NONE)	// bf16 weights (k_cuda_lin_bf16_q)
+		return qm_launch<K_Q_NONE, float, STREAM>(ctx, y, x, w, q, M, N, K, accumulate, n);
 	if (q->fmt == K_Q_INT4)
 		return q->scale_dtype == K_F16
 			       ? qm_launch<K_Q_INT4, __half, STREAM>(ctx, y, x, w, q, M, N, K, accumulate, n)
@@ -608,22 +629,28 @@ int k_cuda_lin_qmma(const struct k_cuda_linear *ctx, bool stream, float *y, cons
 		      : qm_dispatch<false>(ctx, y, x, w, q, M, N, K, accumulate, nrm);
 }
 
+// k per slab (per stage, streaming) of q's format, as qm_launch plans
+static int qm_plan_unit(const struct k_quant *q, bool stream)
+{
+	const int slab = q->fmt == K_Q_INT4 ? 128 : q->fmt == K_Q_NONE ? 32 : 64;
+
+	return stream ? 2 * slab : slab;
+}
+
 int k_cuda_lin_qmma_split(const struct k_cuda_linear *ctx, bool stream, const struct k_quant *q,
 			  int M, int N, int K)
 {
-	const int unit = q->fmt == K_Q_INT4 ? (stream ? 256 : 128) : (stream ? 128 : 64);
 	struct qm_plan p;
 
-	return qm_make_plan(ctx, unit, stream, M, N, K, &p) ? 0 : p.S;
+	return qm_make_plan(ctx, qm_plan_unit(q, stream), stream, M, N, K, &p) ? 0 : p.S;
 }
 
 int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, bool stream,
 			     const struct k_quant *q, int M, int N, int K, char *buf, size_t len)
 {
-	const int unit = q->fmt == K_Q_INT4 ? (stream ? 256 : 128) : (stream ? 128 : 64);
 	struct qm_plan p;
 
-	if (qm_make_plan(ctx, unit, stream, M, N, K, &p))
+	if (qm_make_plan(ctx, qm_plan_unit(q, stream), stream, M, N, K, &p))
 		return snprintf(buf, len, "%s: no plan (x slice too large)", stream ? "qstream" : "qmma");
 	if (p.KX < p.KC)
 		return snprintf(buf, len, "%s grid=%dx%d k/slice=%d x in %d-k chunks smem=%d",
