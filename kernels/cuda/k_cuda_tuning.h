@@ -45,9 +45,11 @@ struct k_cuda_tuning {
 				 * the quantized GEMV's: every split's time and the one kept) */
 	int lt_candidates;	/* KDEC_LT_CANDIDATES, 1..64, 16: candidates asked of
 				 * cuBLASLt's heuristic per shape */
-	long linear_small_mb;	/* KDEC_LINEAR_SMALL_MB, MiB (> 0), 16: weights up to this size
-				 * try the project's GEMV and split-K kernels before cuBLAS; the
-				 * variable set to 0 keeps the default */
+	long linear_small_mb;	/* KDEC_LINEAR_SMALL_MB, MiB (>= 0), 16: weights up to this size
+				 * try the project's GEMV and split-K kernels before cuBLAS; 0:
+				 * none (every matrix takes the kinds for large ones: the ring
+				 * where it is on, the streaming kernel, cuBLAS; so the tiny
+				 * golden models test those) */
 	long linear_stream_mb;	/* KDEC_LINEAR_STREAM_MB, MiB (>= 0), 64: weights above
 				 * linear_small_mb and up to this size take the streaming kernel
 				 * at M <= 8; 0: never */

@@ -126,7 +126,7 @@ static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_LINEAR_TUNE", linear_tune),
 	TUN_FLAG("KDEC_LT_LOG", lt_log),
 	TUN_INT("KDEC_LT_CANDIDATES", lt_candidates, 1, 64),
-	TUN_MB("KDEC_LINEAR_SMALL_MB", linear_small_mb, true),
+	TUN_MB("KDEC_LINEAR_SMALL_MB", linear_small_mb, false),
 	TUN_MB("KDEC_LINEAR_STREAM_MB", linear_stream_mb, false),
 	TUN_INT("KDEC_LINEAR_RING", linear_ring, 0, 8),
 	TUN_INT("KDEC_LINEAR_RING_STREAM", linear_ring_stream, 0, 2),
