@@ -12,12 +12,19 @@
 #                  batch 64 on auto
 #   ST_PART=slice  the Kimi-K2 (2 layers) and DeepSeek-V3 (4 layers) slices, bf16,
 #                  fp8-block, int4-g32, batch 1,8 (layer_us and lay_fl% are the MoE layer's)
+#   ST_PART=ring   the ring kind's streaming form on bf16 (KDEC_LINEAR_RING_STREAM):
+#                  test_cuda_linear, test_cuda_golden_ring.sh, bench_cuda_linear --quick
+#   ST_PART=ringab kdbench decode, bf16 Llama-3.1-8B batch 1,8 and Qwen3-8B batch 1: the
+#                  defaults (cuBLAS) against the ring at 8 rows on each of its kernels
+#                  (KDEC_LINEAR_RING_STREAM 0, 1, 2)
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
-# here: PACK_XZ=0 PACK_TESTS="test_golden test_cuda_pdl" contrib/device/pack.sh build devbuild-st2
+# here: PACK_XZ=0 PACK_TESTS="test_golden test_cuda_linear bench_cuda_linear" \
+#         contrib/device/pack.sh build devbuild-st2
 #       tar -cf - devbuild-st2 | xz -9 -T2 > devbuild-st2.tar.xz
-# device run: ST_PART="check dense peer" bash contrib/device/state.sh  carry ["devbuild-st2.tar.xz"]
+# device run: ST_PART="ring ringab dense peer check" bash contrib/device/state.sh
+#             carry ["devbuild-st2.tar.xz"]
 set -u
 DEADLINE=${DEADLINE:-560}
 . contrib/device/lib.sh
@@ -34,6 +41,26 @@ decp() {
 check() {
 	step golden 200 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
 	step decode_path 200 sh tests/test_cuda_decode_path.sh
+}
+
+ring() {
+	step linear 240 "$B/tests/test_cuda_linear"
+	grep -E "ring_stream=|ring folds" "$L/linear.log" | grep -c PASS | sed 's/^/ring cases passed: /' |
+		tee -a "$S"
+	step golden_ring 120 sh tests/test_cuda_golden_ring.sh
+	step bench_linear 150 "$B/tests/bench/bench_cuda_linear" --quick
+	cat "$L/bench_linear.log" >>"$S"
+}
+
+ringab() {
+	local m v
+	for m in llama3.1-8b:1,8 qwen3-8b:1; do
+		dec "rb_${m%%:*}_cublas" "${m%%:*}" "${m#*:}" bf16
+		for v in 0 1 2; do
+			dec "rb_${m%%:*}_ring$v" "${m%%:*}" "${m#*:}" bf16 KDEC_LINEAR_RING=8 \
+				KDEC_LINEAR_RING_STREAM=$v
+		done
+	done
 }
 
 dense() {
@@ -84,7 +111,7 @@ relay() {
 printf '#!/bin/sh\nexec "%s" "$@" --decode-path "$KDBENCH_PATHS"\n' "$PWD/$B/kdbench" \
 	>"$B/kdbench-paths"
 chmod +x "$B/kdbench-paths"
-for p in ${ST_PART:-check dense peer}; do
+for p in ${ST_PART:-ring ringab dense peer check}; do
 	$p
 done
 tar -C "$L" -czf "$O/logs.tgz" . 2>/dev/null
