@@ -1,8 +1,9 @@
 #!/bin/bash
 # Session 25's device calls: where issue 23's and 24's targets stand on the GPU lent,
 # every row of their target tables from one build, the peer beside the dense rows:
-#   ST_PART=check  test_golden on cuda, tests/test_cuda_decode_path.sh (both paths and
-#                  auto give the golden models' greedy tokens; auto's timing changed)
+#   ST_PART=check  test_golden on cuda
+#   ST_PART=dpath  tests/test_cuda_decode_path.sh (both paths and auto give the golden
+#                  models' greedy tokens; auto's timing changed)
 #   ST_PART=dense  kdbench decode at batch 1,8,64: Llama-3.1-8B bf16, fp8-block,
 #                  int4-g32, Qwen3-8B bf16
 #   ST_PART=peer   the torch.compile decoder (contrib/bench/run_peers.sh, its
@@ -23,7 +24,7 @@
 # here: PACK_XZ=0 PACK_TESTS="test_golden test_cuda_linear bench_cuda_linear" \
 #         contrib/device/pack.sh build devbuild-st2
 #       tar -cf - devbuild-st2 | xz -9 -T2 > devbuild-st2.tar.xz
-# device run: ST_PART="ring ringab dense peer check" bash contrib/device/state.sh
+# device run: bash contrib/device/state.sh (check ring ringab dense peer dpath)
 #             carry ["devbuild-st2.tar.xz"]
 set -u
 DEADLINE=${DEADLINE:-560}
@@ -39,16 +40,19 @@ decp() {
 }
 
 check() {
-	step golden 200 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
-	step decode_path 200 sh tests/test_cuda_decode_path.sh
+	step golden 100 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
+}
+
+dpath() {
+	step decode_path 150 sh tests/test_cuda_decode_path.sh
 }
 
 ring() {
-	step linear 240 "$B/tests/test_cuda_linear"
+	step linear 180 env KD_TEST_QUICK=1 "$B/tests/test_cuda_linear"
 	grep -E "ring_stream=|ring folds" "$L/linear.log" | grep -c PASS | sed 's/^/ring cases passed: /' |
 		tee -a "$S"
 	step golden_ring 120 sh tests/test_cuda_golden_ring.sh
-	step bench_linear 150 "$B/tests/bench/bench_cuda_linear" --quick
+	step bench_linear 100 "$B/tests/bench/bench_cuda_linear" --quick
 	cat "$L/bench_linear.log" >>"$S"
 }
 
@@ -111,7 +115,7 @@ relay() {
 printf '#!/bin/sh\nexec "%s" "$@" --decode-path "$KDBENCH_PATHS"\n' "$PWD/$B/kdbench" \
 	>"$B/kdbench-paths"
 chmod +x "$B/kdbench-paths"
-for p in ${ST_PART:-ring ringab dense peer check}; do
+for p in ${ST_PART:-check ring ringab dense peer dpath}; do
 	$p
 done
 tar -C "$L" -czf "$O/logs.tgz" . 2>/dev/null
