@@ -17,7 +17,7 @@
 #                  test_cuda_linear, test_cuda_golden_ring.sh, bench_cuda_linear --quick
 #   ST_PART=ringab kdbench decode, bf16 Llama-3.1-8B batch 1,8 and Qwen3-8B batch 1: the
 #                  defaults (cuBLAS) against the ring at 8 rows on each of its kernels
-#                  (KDEC_LINEAR_RING_STREAM 0, 1, 2)
+#                  (KDEC_LINEAR_RING_STREAM 0, 1, 2); ST_RB: model:batches list
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -58,7 +58,7 @@ ring() {
 
 ringab() {
 	local m v
-	for m in llama3.1-8b:1,8 qwen3-8b:1; do
+	for m in ${ST_RB:-llama3.1-8b:1,8 qwen3-8b:1}; do
 		dec "rb_${m%%:*}_cublas" "${m%%:*}" "${m#*:}" bf16
 		for v in 0 1 2; do
 			dec "rb_${m%%:*}_ring$v" "${m%%:*}" "${m#*:}" bf16 KDEC_LINEAR_RING=8 \
