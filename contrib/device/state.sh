@@ -18,6 +18,8 @@
 #   ST_PART=ringab kdbench decode, bf16 Llama-3.1-8B batch 1,8 and Qwen3-8B batch 1: the
 #                  defaults (cuBLAS) against the ring at 8 rows on each of its kernels
 #                  (KDEC_LINEAR_RING_STREAM 0, 1, 2); ST_RB: model:batches list
+#   ST_PART=ringmin the least of both: test_cuda_golden_ring.sh, the benchmark, Llama
+#                  batch 1 (for a call with little device time left)
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -54,6 +56,15 @@ ring() {
 	step golden_ring 120 sh tests/test_cuda_golden_ring.sh
 	step bench_linear 100 "$B/tests/bench/bench_cuda_linear" --quick
 	cat "$L/bench_linear.log" >>"$S"
+}
+
+# the least of ring and ringab that says whether the streaming form is correct and
+# faster: the golden models on both ring kernels, the kernel benchmark, Llama batch 1
+ringmin() {
+	step golden_ring 60 sh tests/test_cuda_golden_ring.sh
+	step bench_linear 80 "$B/tests/bench/bench_cuda_linear" --quick
+	cat "$L/bench_linear.log" >>"$S"
+	ST_RB=llama3.1-8b:1 ringab
 }
 
 ringab() {
