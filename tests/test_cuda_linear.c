@@ -49,6 +49,7 @@ static cudaStream_t stream;
 static struct k_cuda_linear *lin;
 static int quick;	/* KD_TEST_QUICK */
 static int race;	/* KD_TEST_QUICK=2 */
+static int ring_modes;	/* test_shape runs only the ring kind, on each of its kernels */
 
 /* Whether the cases of kind k run: every kind, but cuBLAS under KD_TEST_QUICK. */
 static int kind_runs(int k)
@@ -235,6 +236,27 @@ static void rand_fill(float *p, size_t n)
 		p[i] = test_randf(&seed);
 }
 
+/* The ring kind at one case under KDEC_LINEAR_RING_STREAM 0 and 2 (test_ring_modes). */
+static void check_ring_modes(const struct bufs *b, const struct ref *r, float *out, float *out2)
+{
+	struct k_cuda_tuning was = *k_cuda_tuning(), t = was;
+
+	t.linear_ring = K_CUDA_LINEAR_RING_M;
+	for (int mode = 0; mode <= 2; mode += 2) {
+		char desc[160];
+
+		t.linear_ring_stream = mode;
+		k_cuda_tuning_set(&t);
+		k_cuda_linear_describe(lin, K_CUDA_LINEAR_RING, r->M, r->N, r->K, desc, sizeof(desc));
+		printf("ring_stream=%d: ", mode);
+		CHECK(!strncmp(desc, mode ? "qstream" : "qgemv", mode ? 7 : 5),
+		      "ring_stream=%d N %d K %d M %d runs '%s'", mode, r->N, r->K, r->M, desc);
+		for (int acc = 0; acc <= 1; acc++)
+			check_kind(K_CUDA_LINEAR_RING, 0, b, b->x, r, acc, out, out2);
+	}
+	k_cuda_tuning_set(&was);
+}
+
 static void test_shape(const struct shape *s)
 {
 	size_t wn = (size_t)s->N * s->K, xn = (size_t)MAX_M * s->K, yn = (size_t)MAX_M * s->N;
@@ -257,7 +279,7 @@ static void test_shape(const struct shape *s)
 
 		if (quick && M > 64)
 			continue;
-		if (race && s - shapes >= N_SMALL_SHAPES &&
+		if (race && !ring_modes && s - shapes >= N_SMALL_SHAPES &&
 		    (s->K * (long)s->N > 6144L * 4096 ||
 		     (s->K * (long)s->N >= 4096L * 4096 ? M != 1 : M != 1 && M != 16 && M != 64)))
 			continue;
@@ -268,6 +290,10 @@ static void test_shape(const struct shape *s)
 		k_cpu_linear(pool, r32, x, w, K_BF16, M, s->N, s->K);
 		k_cpu_linear(pool, r16, x16, w, K_BF16, M, s->N, s->K);
 		copy(b.x, x, (size_t)M * s->K * sizeof(float), cudaMemcpyHostToDevice);
+		if (ring_modes) {
+			check_ring_modes(&b, &r, out, out2);
+			continue;
+		}
 		for (int k = 0; k < K_CUDA_LINEAR_N_KINDS; k++) {
 			if (!kind_runs(k))
 				continue;
@@ -548,63 +574,16 @@ static void test_ring_folds(int N, int K, int M, int acc, int swiglu)
 
 /* The ring kind's two kernels on bf16 (KDEC_LINEAR_RING_STREAM): the decode GEMV (0)
  * and the cluster streaming form (2: wherever it has a plan) on fresh random inputs,
- * each against the bf16-x reference as check_kind holds every kind; the form that ran
+ * each held to the bf16-x reference as check_kind holds every kind; the form that ran
  * is the one asked for (its description). */
 static void test_ring_modes(int N, int K)
 {
 	static const int ms[] = { 1, 3, 8, 13 };
-	struct k_cuda_tuning was = *k_cuda_tuning(), t = was;
-	size_t wn = (size_t)N * K, xn = (size_t)16 * K, yn = (size_t)16 * N;
-	uint16_t *w = xmalloc(wn * sizeof(uint16_t));
-	float *x = xmalloc(xn * sizeof(float)), *x16 = xmalloc(xn * sizeof(float));
-	float *y0 = xmalloc(yn * sizeof(float)), *r32 = xmalloc(yn * sizeof(float));
-	float *r16 = xmalloc(yn * sizeof(float)), *out = xmalloc(yn * sizeof(float));
-	float *out2 = xmalloc(yn * sizeof(float));
-	struct bufs b;
+	const struct shape sh = { N, K, ms, (int)(sizeof(ms) / sizeof(ms[0])) };
 
-	for (size_t i = 0; i < wn; i++)
-		w[i] = k_f32_to_bf16(test_randf(&seed));
-	b.w = dalloc(wn * sizeof(uint16_t));
-	b.x = dalloc((xn + 4) * sizeof(float));
-	b.y = dalloc((yn + GUARD) * sizeof(float));
-	copy(b.w, w, wn * sizeof(uint16_t), cudaMemcpyHostToDevice);
-	t.linear_ring = K_CUDA_LINEAR_RING_M;
-	for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
-		const int M = ms[mi];
-		struct ref r = { M, N, K, x, y0, r32, r16 };
-
-		rand_fill(x, (size_t)M * K);
-		rand_fill(y0, (size_t)M * N);
-		for (size_t i = 0; i < (size_t)M * K; i++)
-			x16[i] = k_bf16_to_f32(k_f32_to_bf16(x[i]));
-		k_cpu_linear(pool, r32, x, w, K_BF16, M, N, K);
-		k_cpu_linear(pool, r16, x16, w, K_BF16, M, N, K);
-		copy(b.x, x, (size_t)M * K * sizeof(float), cudaMemcpyHostToDevice);
-		for (int mode = 0; mode <= 2; mode += 2) {
-			char desc[160];
-
-			t.linear_ring_stream = mode;
-			k_cuda_tuning_set(&t);
-			k_cuda_linear_describe(lin, K_CUDA_LINEAR_RING, M, N, K, desc, sizeof(desc));
-			printf("ring_stream=%d: ", mode);
-			CHECK(!strncmp(desc, mode ? "qstream" : "qgemv", mode ? 7 : 5),
-			      "ring_stream=%d N %d K %d M %d runs '%s'", mode, N, K, M, desc);
-			for (int acc = 0; acc <= 1; acc++)
-				check_kind(K_CUDA_LINEAR_RING, 0, &b, b.x, &r, acc, out, out2);
-		}
-	}
-	k_cuda_tuning_set(&was);
-	cudaFree(b.w);
-	cudaFree(b.x);
-	cudaFree(b.y);
-	free(w);
-	free(x);
-	free(x16);
-	free(y0);
-	free(r32);
-	free(r16);
-	free(out);
-	free(out2);
+	ring_modes = 1;
+	test_shape(&sh);
+	ring_modes = 0;
 }
 
 /* One variant captured into a CUDA graph and replayed: no allocation or synchronisation
