@@ -68,7 +68,8 @@ struct fwd_tp;
  * FWD_LAT_MAX_ROWS rows, backend op moe_layer); every other op is the standard one. */
 enum fwd_path {
 	FWD_PATH_AUTO = 0,	/* per batch bucket: latency where supported and measured
-				 * faster at the graph's capture, else standard */
+				 * more than 1% faster at the graph's capture, else
+				 * standard */
 	FWD_PATH_STANDARD,
 	FWD_PATH_LATENCY,	/* wherever supported, graphs or not */
 };

@@ -508,7 +508,8 @@ static void forward_graph_pair_ms(struct forward *f, void *a, void *b, double *m
 /* The bucket's graph on the decode path: standard where the latency path has nothing
  * for it or was not asked for; latency where forced; under auto, the first capture of
  * the bucket records both and times each (replays of the staged step: they write the
- * same K/V again), keeps the faster and remembers the choice for the bucket. */
+ * same K/V again, forward_graph_pair_ms), keeps the latency one where it is more than 1%
+ * faster and remembers the choice for the bucket. */
 static int graph_capture_path(struct forward *f, const struct fwd_batch *db, int size, int bucket,
 			      int s)
 {
