@@ -10,7 +10,6 @@
 
 #include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
-#include "kernels/cuda/linear/k_cuda_linear_q.h"
 #include "kernels/cuda/linear/linear_internal.h"
 
 /* Where the kernels of this file beat cuBLAS, measured on H200 (docs/PERFORMANCE.md,
@@ -308,9 +307,7 @@ static bool lin_ring_stream(const struct k_cuda_linear *ctx, int M, int N, int K
 	if (!mode || xf == LIN_QG_X_SWIGLU)
 		return false;
 	S = k_cuda_lin_qmma_split(ctx, true, &k_cuda_lin_bf16_q, M, N, K);
-	return S > 0 && (mode == 2 || S < 2 ||
-			 (long)((N + 127) / 128) * S * 100 <
-				 (long)K_CUDA_LINEAR_Q_GEMV_FILL * 2 * ctx->n_sm);
+	return S > 0 && (mode == 2 || !k_cuda_lin_qstream_fills(ctx, S, N));
 }
 
 // The ring GEMV over blocks of up to K_CUDA_LINEAR_RING_M rows (one launch at decode
@@ -472,17 +469,17 @@ extern "C" void k_cuda_linear_describe(const struct k_cuda_linear *ctx,
 	if (!len)
 		return;
 	switch (kind) {
-	case K_CUDA_LINEAR_RING:
-		if (ctx && lin_ring_stream(ctx, M < K_CUDA_LINEAR_RING_M ? M : K_CUDA_LINEAR_RING_M,
-					   N, K, LIN_QG_X_PLAIN))
-			k_cuda_lin_qmma_describe(ctx, true, &k_cuda_lin_bf16_q,
-						 M < K_CUDA_LINEAR_RING_M ? M : K_CUDA_LINEAR_RING_M, N,
-						 K, buf, len);
+	case K_CUDA_LINEAR_RING: {	// a launch's rows: at most K_CUDA_LINEAR_RING_M
+		const int mb = M < K_CUDA_LINEAR_RING_M ? M : K_CUDA_LINEAR_RING_M;
+
+		if (ctx && lin_ring_stream(ctx, mb, N, K, LIN_QG_X_PLAIN))
+			k_cuda_lin_qmma_describe(ctx, true, &k_cuda_lin_bf16_q, mb, N, K, buf, len);
 		else if (ctx)
 			k_cuda_lin_qgemv_describe(ctx, &k_cuda_lin_bf16_q, M, N, K, buf, len);
 		else
 			snprintf(buf, len, "ring");
 		break;
+	}
 	case K_CUDA_LINEAR_GEMV:
 		snprintf(buf, len, "gemv grid=%dx%d (2 rows/warp, x rows %s)", (N + 7) / 8,
 			 M == 1 ? 1 : (M + 1) / 2, M == 1 ? "1" : "2 per CTA");

@@ -160,6 +160,11 @@ int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, bool stream,
 /* The cluster size S (K slices per 128 rows) the form would launch with; 0: no plan. */
 int k_cuda_lin_qmma_split(const struct k_cuda_linear *ctx, bool stream, const struct k_quant *q,
 			  int M, int N, int K);
+/* Whether the streaming form's clusters at split S (k_cuda_lin_qmma_split's) fill the GPU
+ * over N rows: S >= 2 and their CTAs at least K_CUDA_LINEAR_Q_GEMV_FILL % of two a
+ * multiprocessor, where a cluster finds no room and the decode GEMV (linear_qgemv.cu) is
+ * faster at M <= 8 (the rule of k_cuda_linear_q_choose and of the ring kind's bf16). */
+bool k_cuda_lin_qstream_fills(const struct k_cuda_linear *ctx, int S, int N);
 /* The quantized tile kernel (linear_qtile.cu, K_CUDA_LINEAR_Q_TILE): kernel attributes
  * and ctx->qt_bps, once at create; the launch: x rounded to f16 into ctx->xb (M <=
  * max_M, K <= max_K), then the kernel, K split through ctx->st_ws / st_cnt (shared with

@@ -439,10 +439,8 @@ extern "C" enum k_cuda_linear_q_kind k_cuda_linear_q_choose(const struct k_cuda_
 	    k_cuda_linear_q_gemv_supports(q, x, w, M, N, K)) {
 		// STREAM's clusters: S a row block of 128, all at once where they find room
 		const int S = kind == K_CUDA_LINEAR_Q_STREAM ? k_cuda_lin_qmma_split(ctx, true, q, M, N, K) : 0;
-		const long ctas = (long)((N + 127) / 128) * S;
 
-		if (kind != K_CUDA_LINEAR_Q_STREAM ||
-		    (S >= 2 && ctas * 100 >= (long)K_CUDA_LINEAR_Q_GEMV_FILL * 2 * ctx->n_sm))
+		if (kind != K_CUDA_LINEAR_Q_STREAM || k_cuda_lin_qstream_fills(ctx, S, N))
 			return K_CUDA_LINEAR_Q_GEMV;
 	}
 	if (M > K_CUDA_LINEAR_Q_MMA_MAX_M && M <= K_CUDA_LINEAR_Q_TILE_MAX_M && M <= ctx->max_M &&

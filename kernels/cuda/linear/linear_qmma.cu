@@ -645,6 +645,12 @@ int k_cuda_lin_qmma_split(const struct k_cuda_linear *ctx, bool stream, const st
 	return qm_make_plan(ctx, qm_plan_unit(q, stream), stream, M, N, K, &p) ? 0 : p.S;
 }
 
+bool k_cuda_lin_qstream_fills(const struct k_cuda_linear *ctx, int S, int N)
+{
+	return S >= 2 && (long)((N + QM_ROWS - 1) / QM_ROWS) * S * 100 >=
+				 (long)K_CUDA_LINEAR_Q_GEMV_FILL * 2 * ctx->n_sm;
+}
+
 int k_cuda_lin_qmma_describe(const struct k_cuda_linear *ctx, bool stream,
 			     const struct k_quant *q, int M, int N, int K, char *buf, size_t len)
 {
