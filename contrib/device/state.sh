@@ -20,6 +20,9 @@
 #                  (KDEC_LINEAR_RING_STREAM 0, 1, 2); ST_RB: model:batches list
 #   ST_PART=ringmin the least of both: test_cuda_golden_ring.sh, the benchmark, Llama
 #                  batch 1 (for a call with little device time left)
+#   ST_PART=ringwhy test_golden with each form of test_cuda_golden_ring.sh alone (the ring's
+#                  decode GEMV, the norm fold, the ring's streaming form): which one
+#                  puts session 26's MLA reference rows over the tolerance
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -65,6 +68,15 @@ ringmin() {
 	step bench_linear 80 "$B/tests/bench/bench_cuda_linear" --quick
 	cat "$L/bench_linear.log" >>"$S"
 	ST_RB=llama3.1-8b:1 ringab
+}
+
+ringwhy() {
+	local v
+	for v in KDEC_LINEAR_RING=8 KDEC_NORM_IN_GEMV=1 "KDEC_LINEAR_RING=8 KDEC_LINEAR_RING_STREAM=2"; do
+		step "golden_${v// /_}" 40 env KDEC_TEST_BACKEND=cuda KDEC_LINEAR_SMALL_MB=0 $v \
+			"$B/tests/test_golden"
+		grep '^FAIL' "$L/golden_${v// /_}.log" | cut -c1-200 | tee -a "$S"
+	done
 }
 
 ringab() {
