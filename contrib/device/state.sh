@@ -23,6 +23,9 @@
 #   ST_PART=ringwhy test_golden with each form of test_cuda_golden_ring.sh alone (the ring's
 #                  decode GEMV, the norm fold, the ring's streaming form): which one
 #                  puts session 26's MLA reference rows over the tolerance
+#   ST_PART=ringmoe the ring kind on the MoE models' small bf16 matrices (KDEC_LINEAR_SMALL_MB=0:
+#                  q/kv, o_proj, the shared experts: bench_cuda_linear's ring qs beat the
+#                  GEMV by 25% on V2-Lite's q/kv in session 26), batch 1,8, each kernel
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -76,6 +79,17 @@ ringwhy() {
 		step "golden_${v// /_}" 40 env KDEC_TEST_BACKEND=cuda KDEC_LINEAR_SMALL_MB=0 $v \
 			"$B/tests/test_golden"
 		grep '^FAIL' "$L/golden_${v// /_}.log" | cut -c1-200 | tee -a "$S"
+	done
+}
+
+ringmoe() {
+	local m v
+	for m in deepseek-v2-lite qwen3-30b-a3b; do
+		dec "rm_${m}_default" "$m" 1,8 bf16
+		for v in 0 2; do
+			dec "rm_${m}_ring$v" "$m" 1,8 bf16 KDEC_LINEAR_RING=8 KDEC_LINEAR_SMALL_MB=0 \
+				KDEC_LINEAR_RING_STREAM=$v
+		done
 	done
 }
 
