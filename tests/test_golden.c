@@ -390,6 +390,20 @@ static void check_greedy(struct engine *e, const char *name, json_t *greedy)
  * hold it to the same references and tolerance. */
 static const char *gguf_dir;
 
+/* The fewest rows whose linear-layer inputs the GPU rounds to bf16 (the reference
+ * engine's x_bf16): BACKEND_X_BF16_MIN_M on the defaults, where the golden models'
+ * small matrices take the fp32-x GEMV at 1-2 rows; 1 where no matrix is small
+ * (KDEC_LINEAR_SMALL_MB=0, test_cuda_golden_ring.sh): the ring kind, the streaming
+ * kernel and cuBLAS stage x as bf16 at any M. */
+static int gpu_x_bf16_rows(void)
+{
+#ifdef KD_HAVE_CUDA
+	if (k_cuda_tuning()->linear_small_mb == 0)
+		return 1;
+#endif
+	return BACKEND_X_BF16_MIN_M;
+}
+
 /* The CPU reference engines for a model checked on the GPU, and for a MoE model the
  * routing traces. */
 static void reference_open(struct model *m, int threads, int max_pos)
@@ -401,7 +415,7 @@ static void reference_open(struct model *m, int threads, int max_pos)
 	char err[512] = "";
 
 	CHECK(engine_create(&ref_e, m, &eo, err, sizeof(err)) == 0, "reference engine: %s", err);
-	eo.x_bf16 = 1;
+	eo.x_bf16 = gpu_x_bf16_rows();
 	CHECK(engine_create(&ref_ex, m, &eo, err, sizeof(err)) == 0, "reference engine, GEMM "
 	      "inputs in bf16: %s", err);
 	if (c->n_experts <= 0) {

@@ -339,7 +339,8 @@ int main(void)
 	/* x_bf16 (the reference with the GPU's GEMM inputs): a prefill's rows move by about
 	 * bf16's rounding, not more; a one-token step (the GPU's fp32-x GEMV) is unchanged */
 	{
-		struct engine_opts xo = { .backend = "cpu", .threads = 2, .x_bf16 = 1 };
+		struct engine_opts xo = { .backend = "cpu", .threads = 2,
+					   .x_bf16 = BACKEND_X_BF16_MIN_M };
 		struct engine *ex = NULL;
 		struct engine_seq seq;
 		double worst = 0;
@@ -359,6 +360,19 @@ int main(void)
 		CHECK(engine_step(ex, &r, 1, again, err, sizeof(err)) == 0, "x_bf16 step: %s", err);
 		CHECK(!memcmp(again, base, sizeof(float) * (size_t)vocab),
 		      "x_bf16: a one-token step equals fp32 inputs' (row 0)");
+		engine_seq_release(ex, &seq);
+		engine_destroy(ex);
+
+		/* x_bf16 = 1 (every linear rounds, as the ring kind does): the one-token
+		 * step moves too, by about bf16's rounding */
+		xo.x_bf16 = 1;
+		ex = NULL;
+		CHECK(engine_create(&ex, m, &xo, err, sizeof(err)) == 0, "x_bf16 = 1 engine: %s", err);
+		engine_seq_init(&seq);
+		CHECK(engine_step(ex, &r, 1, again, err, sizeof(err)) == 0, "x_bf16 = 1 step: %s", err);
+		worst = test_rel_l2(again, base, (size_t)vocab);
+		CHECK(worst > 1e-6 && worst < 2e-2, "x_bf16 = 1: the one-token step %.3g from fp32 "
+		      "inputs' (bf16 rounding: between 1e-6 and 2e-2)", worst);
 		engine_seq_release(ex, &seq);
 		engine_destroy(ex);
 	}

@@ -46,10 +46,12 @@ struct backend_opts {
 	int kv_bf16;		/* cpu: round each cached K/V value to bf16 as it is written,
 				 * as the cuda backend stores it, so a fidelity check can tell
 				 * the cache's rounding from the kernels' error (cuda: ignored) */
-	int x_bf16;		/* cpu: round a linear layer's input to bf16 where the cuda
-				 * backend's tensor-core kernels do (more than
-				 * BACKEND_X_BF16_MIN_M - 1 rows; never the router's
-				 * linear_fp32x), for the same reason (cuda: ignored) */
+	int x_bf16;		/* cpu: the fewest rows at which a linear layer's input is
+				 * rounded to bf16, as the cuda backend's kernels round it:
+				 * BACKEND_X_BF16_MIN_M for its defaults, 1 where every bf16
+				 * linear rounds (the ring kind, KDEC_LINEAR_RING); never the
+				 * router's linear_fp32x; 0: never. For the same reason as
+				 * kv_bf16 (cuda: ignored) */
 	const int *rank_devices; /* tp > 1 (cuda): rank r's backend on GPU rank_devices[r]
 				  * (engine_rank_devices); NULL: every rank on device */
 	enum backend_allreduce allreduce;	/* the ranks' reduction (tp_comm_create) */

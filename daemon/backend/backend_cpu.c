@@ -13,7 +13,7 @@ struct backend_cpu {
 	struct backend base;
 	struct k_pool *pool;
 	int kv_bf16;		/* backend_opts.kv_bf16 */
-	int x_bf16;		/* backend_opts.x_bf16 */
+	int x_bf16;		/* backend_opts.x_bf16: rows from which x is rounded; 0: never */
 	float *xr;		/* (xr_cap) x rounded to bf16, for x_bf16 */
 	size_t xr_cap;
 };
@@ -42,7 +42,7 @@ static int cpu_create(struct backend **out, const struct model *m, const struct 
 		return -ENOMEM;
 	b->base.ops = &backend_cpu_ops;
 	b->kv_bf16 = opts && opts->kv_bf16;
-	b->x_bf16 = opts && opts->x_bf16;
+	b->x_bf16 = opts && opts->x_bf16 > 0 ? opts->x_bf16 : 0;
 	ret = k_pool_create(&b->pool, (int)threads);
 	if (ret) {
 		snprintf(err, err_len, "cpu backend: cannot start %ld threads: %s", threads, strerror(-ret));
@@ -144,7 +144,7 @@ static void cpu_linear(struct backend *be, float *y, const float *x, const struc
 	struct backend_cpu *b = (struct backend_cpu *)be;
 	size_t n = (size_t)M * (size_t)w->cols;
 
-	if (b->x_bf16 && M >= BACKEND_X_BF16_MIN_M) {
+	if (b->x_bf16 && M >= b->x_bf16) {
 		if (n > b->xr_cap) {
 			float *p = realloc(b->xr, n * sizeof(float));
 

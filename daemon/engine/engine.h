@@ -56,7 +56,8 @@ struct engine_opts {
 	int offload_after_s;	/* idle seconds until engine_tick moves it to host; 0: default; < 0: never */
 	int zstd_level;		/* host tier compression; 0: KV_CODEC_DEFAULT_LEVEL */
 	int kv_bf16;		/* backend_opts.kv_bf16: a CPU cache rounded as the GPU's */
-	int x_bf16;		/* backend_opts.x_bf16: CPU GEMM inputs rounded as the GPU's */
+	int x_bf16;		/* backend_opts.x_bf16: the fewest rows whose CPU GEMM inputs are
+				 * rounded as the GPU's; 0: never */
 	const char *decode_path;	/* --decode-path: "auto" (NULL), "standard", "latency" */
 	int no_graphs;		/* --no-graphs: every step op by op (with tp > 1 the ranks'
 				 * eager path, docs/PARALLEL.md) */

@@ -251,7 +251,7 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 			a->eng.kv_bf16 = 1;
 			break;
 		case O_X_BF16:
-			a->eng.x_bf16 = 1;
+			a->eng.x_bf16 = BACKEND_X_BF16_MIN_M;
 			break;
 		case O_LOG:
 			if (log_level_parse(optarg, &log_threshold)) {
