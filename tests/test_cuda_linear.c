@@ -12,7 +12,8 @@
  * poisoned with NaN), nothing past y touched (a guard zone), and a second run must
  * give the same bits (kdec's own kernels; reported only for cuBLAS).
  * The ring GEMV's folded forms (k_cuda_linear_norm_run, k_cuda_linear_swiglu_run): the
- * same bits as k_cuda_rmsnorm or k_cuda_silu_mul_rows then the ring kind.
+ * same bits as k_cuda_rmsnorm or k_cuda_silu_mul_rows then the ring kind. The ring kind
+ * where KDEC_LINEAR_RING_TUNE times it faster (test_ring_tune).
  * KD_TEST_QUICK=1 (for compute-sanitizer's racecheck, whose cost grows with every
  * shared-memory access): kdec's own kernels only, at M up to 64; no cuBLAS, no auto.
  * KD_TEST_QUICK=2 (race): the big part at M 1, 16 and 64 only, Llama's 6144 and 4096
@@ -586,6 +587,109 @@ static void test_ring_modes(int N, int K)
 	ring_modes = 0;
 }
 
+/* KDEC_LINEAR_RING_TUNE on a fresh context: the first call at a bucket size times the
+ * plain choice against the ring kind and keeps one of the two; it is asked again the
+ * same, a capture takes it, the graph gives the eager call's bits (kdec's kernels) and
+ * the result holds the reference of the kind kept; another M of an untuned bucket, a
+ * call whose x exists only in bf16, and the tuning switched off take the plain choice. */
+static void test_ring_tune(int N, int K)
+{
+	static const int ms[] = { 1, 8 };
+	struct k_cuda_tuning was = *k_cuda_tuning(), t = was;
+	const size_t wn = (size_t)N * K, xn = (size_t)8 * K, yn = (size_t)8 * N;
+	uint16_t *w = xmalloc(wn * sizeof(uint16_t)), *dw;
+	float *x = xmalloc(xn * sizeof(float)), *x16 = xmalloc(xn * sizeof(float));
+	float *r32 = xmalloc(yn * sizeof(float)), *r16 = xmalloc(yn * sizeof(float));
+	float *out = xmalloc(yn * sizeof(float)), *out2 = xmalloc(yn * sizeof(float));
+	float *dx, *dy;
+	struct k_cuda_linear *tl = NULL;
+
+	CHECK(k_cuda_linear_create(&tl, stream, 8, K) == 0, "ring tune: context");
+	if (!tl)
+		goto out;
+	for (size_t i = 0; i < wn; i++)
+		w[i] = k_f32_to_bf16(test_randf(&seed));
+	rand_fill(x, xn);
+	for (size_t i = 0; i < xn; i++)
+		x16[i] = k_bf16_to_f32(k_f32_to_bf16(x[i]));
+	dw = dalloc(wn * sizeof(uint16_t));
+	dx = dalloc(xn * sizeof(float));
+	dy = dalloc(yn * sizeof(float));
+	copy(dw, w, wn * sizeof(uint16_t), cudaMemcpyHostToDevice);
+	copy(dx, x, xn * sizeof(float), cudaMemcpyHostToDevice);
+	t.linear_ring_tune = 1;
+	t.lt_log = 1;
+	k_cuda_tuning_set(&t);
+	for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
+		const int M = ms[mi];
+		const size_t n = (size_t)M * N;
+		enum k_cuda_linear_kind plain = k_cuda_linear_choose(dx, dw, M, N, K), kept, again, cap;
+		cudaGraph_t graph = NULL;
+		cudaGraphExec_t exec = NULL;
+		struct errs e;
+		int same, pass;
+
+		kept = k_cuda_linear_choose_tuned(tl, dx, dw, M, N, K);
+		again = k_cuda_linear_choose_tuned(tl, dx, dw, M, N, K);
+		CHECK(kept == plain || kept == K_CUDA_LINEAR_RING, "ring tune N %d K %d M %d: kept %s, "
+		      "neither %s nor ring", N, K, M, k_cuda_linear_kind_name(kept),
+		      k_cuda_linear_kind_name(plain));
+		CHECK(again == kept, "ring tune N %d K %d M %d: asked again %s, kept %s", N, K, M,
+		      k_cuda_linear_kind_name(again), k_cuda_linear_kind_name(kept));
+		fill(dy, 0xff, n * sizeof(float));
+		CHECK(k_cuda_linear(tl, dy, dx, dw, M, N, K, 0) == 0, "ring tune: eager call");
+		CU(cudaStreamSynchronize(stream));
+		copy(out, dy, n * sizeof(float), cudaMemcpyDeviceToHost);
+		CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+		cap = k_cuda_linear_choose_tuned(tl, dx, dw, M, N, K);
+		CHECK(k_cuda_linear(tl, dy, dx, dw, M, N, K, 0) == 0, "ring tune: captured call");
+		CU(cudaStreamEndCapture(stream, &graph));
+		CU(cudaGraphInstantiate(&exec, graph, 0));
+		fill(dy, 0xff, n * sizeof(float));
+		CU(cudaGraphLaunch(exec, stream));
+		CU(cudaStreamSynchronize(stream));
+		copy(out2, dy, n * sizeof(float), cudaMemcpyDeviceToHost);
+		cudaGraphExecDestroy(exec);
+		cudaGraphDestroy(graph);
+		same = !memcmp(out, out2, n * sizeof(float));
+		k_cpu_linear(pool, r32, x, w, K_BF16, M, N, K);
+		k_cpu_linear(pool, r16, x16, w, K_BF16, M, N, K);
+		e = compare(out, NULL, is_bf16_x(kept) ? r16 : r32, n);
+		pass = cap == kept && (same || kept == K_CUDA_LINEAR_CUBLAS) &&
+		       (is_bf16_x(kept) ? e.rel_l2 <= 5e-4 && e.max_abs <= 5e-3
+					: e.rel_l2 <= 1e-5 && e.max_abs <= 1e-4);
+		printf("ring tune N=%-6d K=%-5d M=%d: plain %s, kept %s, in capture %s, graph %s, "
+		       "rel_l2 %.2e max_abs/rms %.2e  %s\n", N, K, M, k_cuda_linear_kind_name(plain),
+		       k_cuda_linear_kind_name(kept), k_cuda_linear_kind_name(cap),
+		       same ? "same bits" : "other bits", e.rel_l2, e.max_abs, pass ? "PASS" : "FAIL");
+		CHECK(pass, "ring tune N %d K %d M %d", N, K, M);
+		/* x written in bf16 only: never the ring, whatever was kept */
+		k_cuda_linear_x_ready_only(tl, dx, M, K);
+		CHECK(k_cuda_linear_choose_tuned(tl, dx, dw, M, N, K) == plain,
+		      "ring tune N %d K %d M %d: a bf16-only x takes the plain choice", N, K, M);
+		k_cuda_linear_x_ready(tl, NULL, 0, 0);
+	}
+	/* 3 rows: bucket 4, never tuned, and 3 is not a bucket size */
+	CHECK(k_cuda_linear_choose_tuned(tl, dx, dw, 3, N, K) == k_cuda_linear_choose(dx, dw, 3, N, K),
+	      "ring tune N %d K %d: an untuned bucket takes the plain choice", N, K);
+	k_cuda_tuning_set(&was);	/* off: the plain choice, whatever was kept */
+	CHECK(k_cuda_linear_choose_tuned(tl, dx, dw, 1, N, K) == k_cuda_linear_choose(dx, dw, 1, N, K),
+	      "ring tune N %d K %d: off, the plain choice", N, K);
+	cudaFree(dw);
+	cudaFree(dx);
+	cudaFree(dy);
+out:
+	k_cuda_tuning_set(&was);
+	k_cuda_linear_destroy(tl);
+	free(w);
+	free(x);
+	free(x16);
+	free(r32);
+	free(r16);
+	free(out);
+	free(out2);
+}
+
 /* One variant captured into a CUDA graph and replayed: no allocation or synchronisation
  * hides in a call. Runs eagerly first, so kernels and cuBLAS heuristics load outside
  * the capture (as an engine warms up before capturing). */
@@ -713,6 +817,8 @@ int main(void)
 		test_ring_modes(4096, 14336);	/* down: K split over clusters */
 		test_ring_modes(1000, 1032);	/* K not a whole stage of 64 */
 		test_ring_modes(6144, 4096);
+		test_ring_tune(3072, 2048);	/* DeepSeek-V2-Lite's q/kv: the ring won alone */
+		test_ring_tune(14336, 4096);	/* a Llama gate/up's half: cuBLAS won alone */
 	}
 	if (test_part_runs(part, "small"))
 		test_graph();

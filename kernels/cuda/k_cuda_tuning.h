@@ -66,6 +66,15 @@ struct k_cuda_tuning {
 				 * room on the GPU (k_cuda_linear_q_choose's rule), the decode
 				 * GEMV elsewhere and for the SwiGLU form; 2: the streaming
 				 * form wherever it has a plan; 0: the decode GEMV always */
+	int linear_ring_tune;	/* KDEC_LINEAR_RING_TUNE, flag, 0: where on, a bf16 linear of
+				 * M <= 8 that the ring kind can run is timed at the first call of
+				 * its shape at its M bucket outside a capture, on the ring kind
+				 * and on k_cuda_linear_pick's, and takes the faster for the life
+				 * of the context (k_cuda_linear_choose_tuned; KDEC_LT_LOG=1 prints
+				 * both times). Session 26 (one H100) measured the ring's streaming
+				 * form on every matrix 0.4-4.7% faster on the MoE models' bf16
+				 * steps and 5.6% slower on Llama-3.1-8B's at batch 8; this keeps
+				 * it only where it wins alone. Not measured yet: off */
 	int linear_qgemv;	/* KDEC_LINEAR_QGEMV, flag, 1: quantized linears of M <= 8 take
 				 * the decode GEMV (linear_qgemv.cu) where the choice rule says
 				 * (k_cuda_linear_q_choose); 0: the cluster streaming form there */

@@ -24,6 +24,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.linear_stream_mb = 64;
 	t.linear_ring = 0;
 	t.linear_ring_stream = 1;
+	t.linear_ring_tune = 0;
 	t.linear_qgemv = 1;
 	t.linear_qgemv_warps = 8;
 	t.linear_q_tune = 1;
@@ -130,6 +131,7 @@ static const struct tun_var tun_vars[] = {
 	TUN_MB("KDEC_LINEAR_STREAM_MB", linear_stream_mb, false),
 	TUN_INT("KDEC_LINEAR_RING", linear_ring, 0, 8),
 	TUN_INT("KDEC_LINEAR_RING_STREAM", linear_ring_stream, 0, 2),
+	TUN_FLAG("KDEC_LINEAR_RING_TUNE", linear_ring_tune),
 	TUN_FLAG("KDEC_LINEAR_QGEMV", linear_qgemv),
 	TUN_INT("KDEC_LINEAR_QGEMV_WARPS", linear_qgemv_warps, 4, 64),
 	TUN_FLAG("KDEC_LINEAR_Q_TUNE", linear_q_tune),

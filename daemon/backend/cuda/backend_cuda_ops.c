@@ -251,7 +251,7 @@ int cuda_bf16_linear_run(struct backend_cuda *b, float *y, const float *x, const
 {
 	/* the pick is asked only where a norm or SwiGLU waits for a linear to take it */
 	const int ring = (b->norm.out || b->swiglu.out) &&
-			 k_cuda_linear_choose(x, w, M, N, K) == K_CUDA_LINEAR_RING;
+			 k_cuda_linear_choose_tuned(b->lin, x, w, M, N, K) == K_CUDA_LINEAR_RING;
 	const float *gu;
 	struct k_cuda_xnorm n;
 	int ret;

@@ -96,7 +96,7 @@ int k_cuda_linear_bf16_out(struct k_cuda_linear *ctx, uint16_t *y, const float *
  * kernel's x staging: y is what k_cuda_rmsnorm then k_cuda_linear of RING give in two
  * launches (norm->out what the first wrote), one launch and one round trip fewer; every
  * CTA reads x's whole rows for rs. M <= 8. -EINVAL where RING is not
- * k_cuda_linear_choose's kind for the shape or norm->out overlaps x; else as
+ * k_cuda_linear_choose_tuned's kind for the shape or norm->out overlaps x; else as
  * k_cuda_linear. */
 int k_cuda_linear_norm_run(struct k_cuda_linear *ctx, float *y, const float *x,
 			   const struct k_cuda_xnorm *norm, const uint16_t *w, int M, int N, int K,
@@ -105,18 +105,27 @@ int k_cuda_linear_norm_run(struct k_cuda_linear *ctx, float *y, const float *x,
 /* The RING kind with x = silu(gate) * up from gate_up (M, 2K) fp32, row r holding gate
  * then up, formed in the kernel's x staging with k_cuda_silu_mul_rows's operations (a
  * dense SwiGLU MLP's down projection: one launch and one pass over x fewer). M <= 8.
- * -EINVAL where RING is not k_cuda_linear_choose's kind for (M, N, K); else as
+ * -EINVAL where RING is not k_cuda_linear_choose_tuned's kind for (M, N, K); else as
  * k_cuda_linear. */
 int k_cuda_linear_swiglu_run(struct k_cuda_linear *ctx, float *y, const float *gate_up,
 			     const uint16_t *w, int M, int N, int K, int accumulate);
 
-/* The variant k_cuda_linear uses for this shape when x and w are 16-byte aligned
+/* The variant for this shape when x and w are 16-byte aligned
  * (otherwise it takes K_CUDA_LINEAR_GENERIC where the pick needs alignment). */
 enum k_cuda_linear_kind k_cuda_linear_pick(int M, int N, int K);
-/* What k_cuda_linear runs for these pointers: the pick, or the generic kernel where x
+/* The kind for these pointers: the pick, or the generic kernel where x
  * or w is not 16-byte aligned or K % 8 != 0. */
 enum k_cuda_linear_kind k_cuda_linear_choose(const float *x, const uint16_t *w, int M, int N,
 					     int K);
+
+/* k_cuda_linear_choose, or the ring kind where KDEC_LINEAR_RING_TUNE timed it faster
+ * for this shape at M's bucket (the next power of two, M <= K_CUDA_LINEAR_RING_M): the
+ * first call at a bucket size outside a graph capture times both, synchronising the
+ * stream, and the context keeps the faster; a capture, or another M, takes what its
+ * bucket kept, else the plain choice. Never the ring where only x's bf16 copy was
+ * written (k_cuda_linear_x_ready_only). k_cuda_linear runs what this says. */
+enum k_cuda_linear_kind k_cuda_linear_choose_tuned(struct k_cuda_linear *ctx, const float *x,
+						   const uint16_t *w, int M, int N, int K);
 
 /* 1 when `kind` can run this call: GEMV, SPLITK, STREAM and RING need K % 8 == 0 and x,
  * w 16-byte aligned; CUBLAS and GENERIC take anything. Any M is allowed (GEMV walks M

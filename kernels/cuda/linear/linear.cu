@@ -165,6 +165,7 @@ extern "C" void k_cuda_linear_destroy(struct k_cuda_linear *ctx)
 		cublasDestroy(ctx->blas);
 	k_cuda_lin_lt_destroy(ctx);
 	k_cuda_lin_split_destroy(ctx);
+	free(ctx->kind_cache);
 	cudaFree(ctx->blas_ws);
 	cudaFree(ctx->xb);
 	cudaFree(ctx->st_ws);
@@ -218,6 +219,9 @@ extern "C" int k_cuda_linear_create(struct k_cuda_linear **out, cudaStream_t str
 		ret = k_cuda_lin_lt_setup(ctx);
 	if (!ret)
 		ret = k_cuda_lin_split_setup(ctx);
+	if (!ret && !(ctx->kind_cache = (struct lin_kind_entry *)calloc(LIN_KIND_CACHE,
+									 sizeof(*ctx->kind_cache))))
+		ret = -ENOMEM;
 	if (!ret)
 		ret = k_cuda_lin_stream_setup(ctx);
 	if (!ret)
@@ -344,7 +348,7 @@ extern "C" int k_cuda_linear_norm_run(struct k_cuda_linear *ctx, float *y, const
 
 	if (!lin_args_ok(ctx, y, x, w, M, N, K) || M > K_CUDA_LINEAR_RING_M || !norm ||
 	    !norm->w || ((uintptr_t)norm->w & 15) || ((uintptr_t)norm->out & 15) ||
-	    k_cuda_linear_choose(x, w, M, N, K) != K_CUDA_LINEAR_RING ||
+	    k_cuda_linear_choose_tuned(ctx, x, w, M, N, K) != K_CUDA_LINEAR_RING ||
 	    (norm->out && norm->out < x + (size_t)M * K && x < norm->out + (size_t)M * K))
 		return -EINVAL;	// out overlapping x: row block 0 would write what others read
 	// clears any bf16 mark: the ring reads fp32 x
@@ -359,24 +363,18 @@ extern "C" int k_cuda_linear_swiglu_run(struct k_cuda_linear *ctx, float *y, con
 	bool ready;
 
 	if (!lin_args_ok(ctx, y, gate_up, w, M, N, K) || M > K_CUDA_LINEAR_RING_M ||
-	    k_cuda_linear_choose(gate_up, w, M, N, K) != K_CUDA_LINEAR_RING)
+	    k_cuda_linear_choose_tuned(ctx, gate_up, w, M, N, K) != K_CUDA_LINEAR_RING)
 		return -EINVAL;
 	if (k_cuda_lin_take_ready(ctx, K_CUDA_LINEAR_RING, gate_up, M, N, K, &ready))
 		return -EINVAL;
 	return lin_ring(ctx, y, gate_up, w, M, N, K, accumulate != 0, LIN_QG_X_SWIGLU, nullptr);
 }
 
-extern "C" int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind,
-				      float *y, const float *x, const uint16_t *w, int M, int N,
-				      int K, int accumulate)
+// The launch of one kind, x's bf16 copy already in ctx->xb where ready.
+static int lin_launch(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind, float *y,
+		      const float *x, const uint16_t *w, int M, int N, int K, int accumulate,
+		      bool ready)
 {
-	bool ready;
-
-	if (!lin_args_ok(ctx, y, x, w, M, N, K) || !k_cuda_linear_supports(kind, x, w, M, N, K))
-		return -EINVAL;
-	if (k_cuda_lin_take_ready(ctx, kind, x, M, N, K, &ready))
-		return -EINVAL;
-	accumulate = accumulate != 0;
 	switch (kind) {
 	case K_CUDA_LINEAR_RING:
 		return lin_ring(ctx, y, x, w, M, N, K, accumulate, LIN_QG_X_PLAIN, nullptr);
@@ -395,6 +393,108 @@ extern "C" int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_lin
 	}
 }
 
+extern "C" int k_cuda_linear_run_kind(struct k_cuda_linear *ctx, enum k_cuda_linear_kind kind,
+				      float *y, const float *x, const uint16_t *w, int M, int N,
+				      int K, int accumulate)
+{
+	bool ready;
+
+	if (!lin_args_ok(ctx, y, x, w, M, N, K) || !k_cuda_linear_supports(kind, x, w, M, N, K))
+		return -EINVAL;
+	if (k_cuda_lin_take_ready(ctx, kind, x, M, N, K, &ready))
+		return -EINVAL;
+	return lin_launch(ctx, kind, y, x, w, M, N, K, accumulate != 0, ready);
+}
+
+// ---- KDEC_LINEAR_RING_TUNE: the ring kind where it times faster -----------------
+
+static int lin_kind_find(const struct k_cuda_linear *ctx, int Mb, int N, int K)
+{
+	for (int i = 0; i < ctx->kind_n; i++) {
+		const struct lin_kind_entry *e = &ctx->kind_cache[i];
+
+		if (e->M == Mb && e->N == N && e->K == K)
+			return e->kind;
+	}
+	return -1;
+}
+
+// k_cuda_lin_time's view of one kind's launch into the timing scratch.
+struct lin_kind_call {
+	enum k_cuda_linear_kind kind;
+	const float *x;
+	const uint16_t *w;
+	int M, N, K;
+	bool ready;
+	float *ys;
+};
+
+static int lin_kind_run(const struct k_cuda_linear *ctx, void *arg)
+{
+	const struct lin_kind_call *c = (const struct lin_kind_call *)arg;
+
+	// in a capture: no kernel of either kind tunes or keeps anything there
+	return lin_launch(const_cast<struct k_cuda_linear *>(ctx), c->kind, c->ys, c->x, c->w,
+			  c->M, c->N, c->K, 0, c->ready);
+}
+
+// Times `kind` and the ring kind on this call's x and w (y into scratch), each run once
+// untimed first so that their own tunings (cuBLASLt's algorithm, the ring's K split)
+// are done outside the capture as the real call's are, and keeps the faster for the
+// shape at its bucket M (= M here). Where a timing fails, `kind` is kept.
+static enum k_cuda_linear_kind lin_kind_tune(struct k_cuda_linear *ctx, const float *x,
+					     const uint16_t *w, int M, int N, int K,
+					     enum k_cuda_linear_kind kind)
+{
+	const bool ready = x == ctx->ready_x && M == ctx->ready_M && K == ctx->ready_K;
+	enum k_cuda_linear_kind pick = kind;
+	struct lin_time_scratch ts;
+	float t_kind = -1.0f, t_ring = -1.0f;
+
+	if (k_cuda_lin_time_scratch_get(ctx, (size_t)M * N * sizeof(float), &ts))
+		return kind;	// no room: untimed, not kept (the next call tries again)
+	struct lin_kind_call a = { kind, x, w, M, N, K, ready, (float *)ts.ys };
+	struct lin_kind_call r = { K_CUDA_LINEAR_RING, x, w, M, N, K, false, (float *)ts.ys };
+
+	if (!lin_kind_run(ctx, &a) && !lin_kind_run(ctx, &r)) {
+		t_kind = k_cuda_lin_time(ctx, &ts, lin_kind_run, &a, NULL);
+		t_ring = k_cuda_lin_time(ctx, &ts, lin_kind_run, &r, NULL);
+	}
+	k_cuda_lin_time_scratch_put(&ts);
+	cudaGetLastError();
+	if (t_kind > 0 && t_ring > 0 && t_ring < t_kind)
+		pick = K_CUDA_LINEAR_RING;
+	if (k_cuda_tuning()->lt_log)
+		k_cuda_log("cuda linear: M %d N %d K %d: %s %.2f us, ring %.2f us: kept %s", M, N,
+			   K, k_cuda_linear_kind_name(kind), t_kind * 1e3, t_ring * 1e3,
+			   k_cuda_linear_kind_name(pick));
+	ctx->kind_cache[ctx->kind_n++] = lin_kind_entry{ M, N, K, (int)pick };
+	return pick;
+}
+
+extern "C" enum k_cuda_linear_kind k_cuda_linear_choose_tuned(struct k_cuda_linear *ctx,
+							       const float *x, const uint16_t *w,
+							       int M, int N, int K)
+{
+	enum k_cuda_linear_kind kind = k_cuda_linear_choose(x, w, M, N, K);
+	cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+	int found;
+
+	// only the bf16 copy of x was written: the ring, which reads fp32 x, cannot run
+	if (!ctx || !ctx->kind_cache || !k_cuda_tuning()->linear_ring_tune ||
+	    kind == K_CUDA_LINEAR_RING || M > K_CUDA_LINEAR_RING_M || M > ctx->max_M ||
+	    K > ctx->max_K || !k_cuda_linear_supports(K_CUDA_LINEAR_RING, x, w, M, N, K) ||
+	    (ctx->ready_only && x == ctx->ready_x))
+		return kind;
+	if ((found = lin_kind_find(ctx, k_cuda_lin_bucket(M), N, K)) >= 0)
+		return (enum k_cuda_linear_kind)found;
+	if (k_cuda_lin_bucket(M) != M || ctx->kind_n >= LIN_KIND_CACHE ||
+	    cudaStreamIsCapturing(ctx->stream, &cs) != cudaSuccess ||
+	    cs != cudaStreamCaptureStatusNone)
+		return kind;
+	return lin_kind_tune(ctx, x, w, M, N, K, kind);
+}
+
 extern "C" int k_cuda_linear_bf16_out(struct k_cuda_linear *ctx, uint16_t *y, const float *x,
 				      const uint16_t *w, int M, int N, int K)
 {
@@ -411,8 +511,8 @@ extern "C" int k_cuda_linear_bf16_out(struct k_cuda_linear *ctx, uint16_t *y, co
 extern "C" int k_cuda_linear(struct k_cuda_linear *ctx, float *y, const float *x,
 			     const uint16_t *w, int M, int N, int K, int accumulate)
 {
-	return k_cuda_linear_run_kind(ctx, k_cuda_linear_choose(x, w, M, N, K), y, x, w, M, N, K,
-				      accumulate);
+	return k_cuda_linear_run_kind(ctx, k_cuda_linear_choose_tuned(ctx, x, w, M, N, K), y, x, w,
+				      M, N, K, accumulate);
 }
 
 /* misaligned x or w (or K % 8): the kernel that takes any. cuBLAS too, though it

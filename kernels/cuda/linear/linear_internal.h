@@ -33,9 +33,17 @@
 /* The quantized kernels' tuned K splits (linear_tune.cu): shapes per context, splits. */
 #define LIN_SPLIT_CACHE		256
 #define LIN_SPLIT_MAX		16
+/* The bf16 kinds timed against the ring kind (KDEC_LINEAR_RING_TUNE): shapes per context. */
+#define LIN_KIND_CACHE		256
 
 struct lin_lt_entry;
 struct lin_split_entry;
+
+/* One shape's kind as KDEC_LINEAR_RING_TUNE timed it; M: the bucket. */
+struct lin_kind_entry {
+	int M, N, K;
+	int kind;	/* enum k_cuda_linear_kind */
+};
 
 /* cuBLASLt's descriptors of one GEMM (linear_lt.cu's tuned bf16 calls):
  * the operation and the layouts of A, B and C (= D). free: any of them may be NULL; *d is
@@ -79,6 +87,8 @@ struct k_cuda_linear {
 	int lt_n;
 	struct lin_split_entry *split_cache;	/* (LIN_SPLIT_CACHE) tuned K splits, split_n used */
 	int split_n;
+	struct lin_kind_entry *kind_cache;	/* (LIN_KIND_CACHE) timed kinds, kind_n used */
+	int kind_n;
 	void *blas_ws;			/* (LIN_BLAS_WS_BYTES) bytes, cuBLAS workspace */
 	uint16_t *xb;			/* (max_M, max_K) bf16: x rounded for cuBLAS */
 	const float *ready_x;		/* xb already holds bf16(ready_x) (ready_M, ready_K), */
