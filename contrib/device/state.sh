@@ -26,6 +26,11 @@
 #   ST_PART=ringmoe the ring kind on the MoE models' small bf16 matrices (KDEC_LINEAR_SMALL_MB=0:
 #                  q/kv, o_proj, the shared experts: bench_cuda_linear's ring qs beat the
 #                  GEMV by 25% on V2-Lite's q/kv in session 26), batch 1,8, each kernel
+#   ST_PART=ringtune KDEC_LINEAR_RING_TUNE=1 (each bf16 linear of <= 8 rows timed on the ring
+#                  kind and on the plain choice, the faster kept): test_cuda_linear's
+#                  big part (test_ring_tune), then DeepSeek-V2-Lite, Qwen3-30B-A3B and
+#                  Llama-3.1-8B bf16 batch 1,8: defaults, tuned (KDEC_LT_LOG=1: what each
+#                  shape kept), tuned with the streaming form everywhere (_STREAM=2)
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -90,6 +95,19 @@ ringmoe() {
 			dec "rm_${m}_ring$v" "$m" 1,8 bf16 KDEC_LINEAR_RING=8 KDEC_LINEAR_SMALL_MB=0 \
 				KDEC_LINEAR_RING_STREAM=$v
 		done
+	done
+}
+
+ringtune() {
+	local m
+	step linear_tune 120 env KD_TEST_QUICK=1 KD_TEST_PART=big "$B/tests/test_cuda_linear"
+	grep -E '^ring tune' "$L/linear_tune.log" | tee -a "$S"
+	for m in deepseek-v2-lite qwen3-30b-a3b llama3.1-8b; do
+		dec "rt_${m}_default" "$m" 1,8 bf16
+		dec "rt_${m}_tune" "$m" 1,8 bf16 KDEC_LINEAR_RING_TUNE=1 KDEC_LT_LOG=1
+		grep -E 'kept (ring|gemv|splitk|stream|cublas|generic)$' "$L/rt_${m}_tune.log" |
+			sed 's/.*cuda linear: //' | sort | uniq -c | tee -a "$S"
+		dec "rt_${m}_tune2" "$m" 1,8 bf16 KDEC_LINEAR_RING_TUNE=1 KDEC_LINEAR_RING_STREAM=2
 	done
 }
 
