@@ -480,11 +480,10 @@ extern "C" enum k_cuda_linear_kind k_cuda_linear_choose_tuned(struct k_cuda_line
 	cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
 	int found;
 
-	// only the bf16 copy of x was written: the ring, which reads fp32 x, cannot run
 	if (!ctx || !ctx->kind_cache || !k_cuda_tuning()->linear_ring_tune ||
 	    kind == K_CUDA_LINEAR_RING || M > K_CUDA_LINEAR_RING_M || M > ctx->max_M ||
 	    K > ctx->max_K || !k_cuda_linear_supports(K_CUDA_LINEAR_RING, x, w, M, N, K) ||
-	    (ctx->ready_only && x == ctx->ready_x))
+	    (ctx->ready_only && x == ctx->ready_x))	// the ring reads fp32 x, never written
 		return kind;
 	if ((found = lin_kind_find(ctx, k_cuda_lin_bucket(M), N, K)) >= 0)
 		return (enum k_cuda_linear_kind)found;
