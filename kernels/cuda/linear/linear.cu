@@ -477,7 +477,6 @@ extern "C" enum k_cuda_linear_kind k_cuda_linear_choose_tuned(struct k_cuda_line
 							       int M, int N, int K)
 {
 	enum k_cuda_linear_kind kind = k_cuda_linear_choose(x, w, M, N, K);
-	cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
 	int found;
 
 	if (!ctx || !ctx->kind_cache || !k_cuda_tuning()->linear_ring_tune ||
@@ -488,8 +487,7 @@ extern "C" enum k_cuda_linear_kind k_cuda_linear_choose_tuned(struct k_cuda_line
 	if ((found = lin_kind_find(ctx, k_cuda_lin_bucket(M), N, K)) >= 0)
 		return (enum k_cuda_linear_kind)found;
 	if (k_cuda_lin_bucket(M) != M || ctx->kind_n >= LIN_KIND_CACHE ||
-	    cudaStreamIsCapturing(ctx->stream, &cs) != cudaSuccess ||
-	    cs != cudaStreamCaptureStatusNone)
+	    !k_cuda_lin_stream_runs(ctx))
 		return kind;
 	return lin_kind_tune(ctx, x, w, M, N, K, kind);
 }

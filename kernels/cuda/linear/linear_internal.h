@@ -251,6 +251,9 @@ float k_cuda_lin_time(const struct k_cuda_linear *ctx, const struct lin_time_scr
  * takes its bucket's pick where it fits, instead of a ~20 ms tuning inside a request's
  * step. */
 int k_cuda_lin_bucket(int M);
+/* Whether ctx->stream runs launches now (no graph capture on it, the query answered):
+ * what a tuning needs to time anything. */
+bool k_cuda_lin_stream_runs(const struct k_cuda_linear *ctx);
 
 /* The quantized kernels' K splits timed (KDEC_LINEAR_Q_TUNE, default 1): the first
  * call of a shape at its M bucket (the next power of two) outside a graph capture times

@@ -263,7 +263,6 @@ int k_cuda_lin_lt(struct k_cuda_linear *ctx, void *y, bool y_bf16, const uint16_
 {
 	struct lin_lt_entry *e;
 	struct lin_lt_descs d;
-	cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
 	const int Mb = k_cuda_lin_bucket(M);	// the M whose pick it takes
 	int ret;
 
@@ -275,8 +274,7 @@ int k_cuda_lin_lt(struct k_cuda_linear *ctx, void *y, bool y_bf16, const uint16_
 		return 0;	// its bucket is not tuned: cublasGemmEx, no tuning here
 	if (!e) {
 		// timing needs a stream that runs: a shape first seen in capture keeps GemmEx
-		if (cudaStreamIsCapturing(ctx->stream, &cs) != cudaSuccess ||
-		    cs != cudaStreamCaptureStatusNone || ctx->lt_n == LIN_LT_CACHE)
+		if (!k_cuda_lin_stream_runs(ctx) || ctx->lt_n == LIN_LT_CACHE)
 			return 0;
 		// a tuning that fails (logged) leaves the shape to cublasGemmEx for good
 		e = &ctx->lt_cache[ctx->lt_n++];

@@ -128,16 +128,20 @@ int k_cuda_lin_split_find(const struct k_cuda_linear *ctx, int kind, const struc
 	return 0;
 }
 
-bool k_cuda_lin_split_wanted(const struct k_cuda_linear *ctx, int kind, const struct k_quant *q,
-			     int M, int N, int K)
+bool k_cuda_lin_stream_runs(const struct k_cuda_linear *ctx)
 {
 	cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
 
+	return cudaStreamIsCapturing(ctx->stream, &cs) == cudaSuccess &&
+	       cs == cudaStreamCaptureStatusNone;
+}
+
+bool k_cuda_lin_split_wanted(const struct k_cuda_linear *ctx, int kind, const struct k_quant *q,
+			     int M, int N, int K)
+{
 	return k_cuda_tuning()->linear_q_tune && ctx->split_cache &&
 	       ctx->split_n < LIN_SPLIT_CACHE && k_cuda_lin_bucket(M) == M &&
-	       !k_cuda_lin_split_find(ctx, kind, q, M, N, K) &&
-	       cudaStreamIsCapturing(ctx->stream, &cs) == cudaSuccess &&
-	       cs == cudaStreamCaptureStatusNone;
+	       !k_cuda_lin_split_find(ctx, kind, q, M, N, K) && k_cuda_lin_stream_runs(ctx);
 }
 
 void k_cuda_lin_split_keep(struct k_cuda_linear *ctx, int kind, const struct k_quant *q, int M,
