@@ -324,11 +324,13 @@ static void test_experts(const struct moe_shape *s, struct weights *w, struct k_
 				max_abs = d;
 			bad |= got[i] != got[i];
 		}
-		snprintf(shape, sizeof(shape), "%s M %d (%d experts used)%s%s%s%s", s->name, M,
+		snprintf(shape, sizeof(shape), "%s M %d (%d experts used)%s%s%s%s%s", s->name, M,
 			 n_used, hot >= 0 ? " hot" : "", flags & EX_DUP ? " dup" : "",
 			 flags & EX_BAD_ID ? " bad-id" : "",
 			 path != K_CUDA_MOE_PATH_SMALL && k_cuda_moe_qtile_takes(NULL, s->hidden,
-			 s->inter, M) ? " qtile" : "");
+			 s->inter, M) ? " qtile" : "",
+			 path == K_CUDA_MOE_PATH_SMALL && k_cuda_moe_qgemv_takes(ws, NULL, M)
+			 ? " qgemv" : "");
 		printf("%-12s %-7s %-62s max_abs %.3g rel_l2 %.3g%s  %s\n", "moe_experts",
 		       moe_path_name(path), shape, max_abs, rel, bad ? "  NaN" : "",
 		       !bad && rel <= EXPERT_TOL ? "PASS" : "FAIL");
@@ -627,6 +629,19 @@ static void test_experts_shape(const struct moe_shape *s)
 		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, path);
 	}
 	moe_set_m1(-1);
+	/* the small path's calls of 1-4 rows on moe_qgemv.cu's union GEMVs where they take
+	 * the shape (" qgemv" in the line: V2-Lite's, Qwen3's, wide; x as hi + lo bf16, so the
+	 * same tolerance) */
+	moe_set_qgemv_bf16(4);
+	for (int m = 0; m < 4; m++)
+		test_experts(s, &w, ws, m + 1, -1, 0, K_CUDA_MOE_PATH_SMALL);
+	test_experts(s, &w, ws, 4, 3, EX_DUP, K_CUDA_MOE_PATH_SMALL);
+	test_experts(s, &w, ws, 1, -1, EX_BAD_ID, K_CUDA_MOE_PATH_SMALL);
+	test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, K_CUDA_MOE_PATH_SMALL);
+	if (s->hidden % 64 == 0 && s->inter % 64 == 0)
+		CHECK(k_cuda_moe_qgemv_takes(ws, NULL, 4) && !k_cuda_moe_qgemv_takes(ws, NULL, 5),
+		      "%s: bf16 union GEMVs at 4 rows and not 5", s->name);
+	moe_set_qgemv_bf16(-1);
 	/* the grouped path on moe_qtile.cu's tile kernels where they take the shape (" qtile"
 	 * in the line: V2-Lite's and Qwen3's; the odd ones keep expert_mma_kernel) */
 	moe_set_qtile(130);

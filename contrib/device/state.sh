@@ -20,6 +20,7 @@
 #                  (KDEC_LINEAR_RING_STREAM 0, 1, 2); ST_RB: model:batches list
 #   ST_PART=ringmin the least of both: test_cuda_golden_ring.sh, the benchmark, Llama
 #                  batch 1 (for a call with little device time left)
+#   ST_PART=goldring tests/test_cuda_golden_ring.sh alone
 #   ST_PART=ringwhy test_golden with each form of test_cuda_golden_ring.sh alone (the ring's
 #                  decode GEMV, the norm fold, the ring's streaming form): which one
 #                  puts session 26's MLA reference rows over the tolerance
@@ -31,6 +32,10 @@
 #                  big part (test_ring_tune), test_golden with it on, then DeepSeek-V2-Lite, Qwen3-30B-A3B and
 #                  Llama-3.1-8B bf16 batch 1,8: defaults, tuned (KDEC_LT_LOG=1: what each
 #                  shape kept), tuned with the streaming form everywhere (_STREAM=2)
+#   ST_PART=moebf16 bf16 routed experts on the union GEMVs (KDEC_MOE_QGEMV_BF16=4, x as hi +
+#                  lo bf16 rows): test_cuda_moe's experts part, test_golden with it on,
+#                  then DeepSeek-V2-Lite and Qwen3-30B-A3B bf16 batch 1,2,4: off / on,
+#                  twice each, alternating
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -76,6 +81,12 @@ ringmin() {
 	step bench_linear 80 "$B/tests/bench/bench_cuda_linear" --quick
 	cat "$L/bench_linear.log" >>"$S"
 	ST_RB=llama3.1-8b:1 ringab
+}
+
+# the golden models on both ring kernels alone (session 26's x_bf16 fix, not yet on a GPU)
+goldring() {
+	step golden_ring 60 sh tests/test_cuda_golden_ring.sh
+	grep '^FAIL' "$L/golden_ring.log" | cut -c1-200 | tee -a "$S"
 }
 
 ringwhy() {
@@ -156,6 +167,22 @@ slice() {
 	for m in kimi-k2 deepseek-v3; do
 		for f in bf16 fp8-block int4-g32; do
 			dec "s_${m}_$f" "$m" 1,8 "$f"
+		done
+	done
+}
+
+moebf16() {
+	local m r
+	step moe_experts 120 env KD_TEST_PART=experts "$B/tests/test_cuda_moe"
+	grep -E 'qgemv|FAIL' "$L/moe_experts.log" | grep -c PASS | sed 's/^/bf16 qgemv cases passed: /' |
+		tee -a "$S"
+	grep -E '^FAIL|FAIL$' "$L/moe_experts.log" | cut -c1-200 | tee -a "$S"
+	step golden_mb16 60 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QGEMV_BF16=4 "$B/tests/test_golden"
+	grep '^FAIL' "$L/golden_mb16.log" | cut -c1-200 | tee -a "$S"
+	for r in 1 2; do
+		for m in deepseek-v2-lite qwen3-30b-a3b; do
+			dec "mb_${m}_off$r" "$m" 1,2,4 bf16
+			dec "mb_${m}_on$r" "$m" 1,2,4 bf16 KDEC_MOE_QGEMV_BF16=4
 		done
 	done
 }
