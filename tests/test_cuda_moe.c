@@ -629,18 +629,19 @@ static void test_experts_shape(const struct moe_shape *s)
 		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, path);
 	}
 	moe_set_m1(-1);
-	/* the small path's calls of 1-4 rows on moe_qgemv.cu's union GEMVs where they take
-	 * the shape (" qgemv" in the line: V2-Lite's, Qwen3's, wide; x as hi + lo bf16, so the
-	 * same tolerance) */
-	moe_set_qgemv_bf16(4);
-	for (int m = 0; m < 4; m++)
-		test_experts(s, &w, ws, m + 1, -1, 0, K_CUDA_MOE_PATH_SMALL);
-	test_experts(s, &w, ws, 4, 3, EX_DUP, K_CUDA_MOE_PATH_SMALL);
+	/* the small path's calls of 1-8 rows on moe_qgemv.cu's union GEMVs where they take
+	 * the shape (" qgemv" in the line: V2-Lite's and Qwen3's; x as hi + lo bf16, so the
+	 * same tolerance); KDEC_MOE_QGEMV_BF16 at 5: 6 rows stay on the small path */
+	moe_set_qgemv_bf16(8);
+	for (int m = 0; m < 5; m++)
+		test_experts(s, &w, ws, (int[]){ 1, 2, 3, 5, 8 }[m], -1, 0, K_CUDA_MOE_PATH_SMALL);
+	test_experts(s, &w, ws, 8, 3, EX_DUP, K_CUDA_MOE_PATH_SMALL);	/* 9 pairs on expert 3 */
 	test_experts(s, &w, ws, 1, -1, EX_BAD_ID, K_CUDA_MOE_PATH_SMALL);
 	test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, K_CUDA_MOE_PATH_SMALL);
+	moe_set_qgemv_bf16(5);
 	if (s->hidden % 64 == 0 && s->inter % 64 == 0)
-		CHECK(k_cuda_moe_qgemv_takes(ws, NULL, 4) && !k_cuda_moe_qgemv_takes(ws, NULL, 5),
-		      "%s: bf16 union GEMVs at 4 rows and not 5", s->name);
+		CHECK(k_cuda_moe_qgemv_takes(ws, NULL, 5) && !k_cuda_moe_qgemv_takes(ws, NULL, 6),
+		      "%s: bf16 union GEMVs at 5 rows and not 6", s->name);
 	moe_set_qgemv_bf16(-1);
 	/* the grouped path on moe_qtile.cu's tile kernels where they take the shape (" qtile"
 	 * in the line: V2-Lite's and Qwen3's; the odd ones keep expert_mma_kernel) */

@@ -32,9 +32,9 @@
 #                  big part (test_ring_tune), test_golden with it on, then DeepSeek-V2-Lite, Qwen3-30B-A3B and
 #                  Llama-3.1-8B bf16 batch 1,8: defaults, tuned (KDEC_LT_LOG=1: what each
 #                  shape kept), tuned with the streaming form everywhere (_STREAM=2)
-#   ST_PART=moebf16 bf16 routed experts on the union GEMVs (KDEC_MOE_QGEMV_BF16=4, x as hi +
+#   ST_PART=moebf16 bf16 routed experts on the union GEMVs (KDEC_MOE_QGEMV_BF16=8, x as hi +
 #                  lo bf16 rows): test_cuda_moe's experts part, test_golden with it on,
-#                  then DeepSeek-V2-Lite and Qwen3-30B-A3B bf16 batch 1,2,4: off / on,
+#                  then DeepSeek-V2-Lite and Qwen3-30B-A3B bf16 batch 1,4,8: off / on,
 #                  twice each, alternating
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
@@ -177,12 +177,12 @@ moebf16() {
 	grep -E 'qgemv|FAIL' "$L/moe_experts.log" | grep -c PASS | sed 's/^/bf16 qgemv cases passed: /' |
 		tee -a "$S"
 	grep -E '^FAIL|FAIL$' "$L/moe_experts.log" | cut -c1-200 | tee -a "$S"
-	step golden_mb16 60 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QGEMV_BF16=4 "$B/tests/test_golden"
+	step golden_mb16 60 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QGEMV_BF16=8 "$B/tests/test_golden"
 	grep '^FAIL' "$L/golden_mb16.log" | cut -c1-200 | tee -a "$S"
 	for r in 1 2; do
 		for m in deepseek-v2-lite qwen3-30b-a3b; do
-			dec "mb_${m}_off$r" "$m" 1,2,4 bf16
-			dec "mb_${m}_on$r" "$m" 1,2,4 bf16 KDEC_MOE_QGEMV_BF16=4
+			dec "mb_${m}_off$r" "$m" 1,4,8 bf16
+			dec "mb_${m}_on$r" "$m" 1,4,8 bf16 KDEC_MOE_QGEMV_BF16=8
 		done
 	done
 }

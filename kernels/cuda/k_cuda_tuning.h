@@ -195,7 +195,7 @@ struct k_cuda_tuning {
 				 * 12.882 -> 10.392, int4 batch 8 8.859 -> 4.590; DeepSeek-V2-Lite
 				 * fp8 batch 1 2.951 -> 2.454; Kimi-K2's MoE layer at batch 1
 				 * 331.0 -> 279.8 us */
-	int moe_qgemv_bf16;	/* KDEC_MOE_QGEMV_BF16, rows 0..4, 0: bf16 routed experts of up
+	int moe_qgemv_bf16;	/* KDEC_MOE_QGEMV_BF16, rows 0..8, 0: bf16 routed experts of up
 				 * to this many rows a call (of the small path's sizes) take the
 				 * same two union GEMVs, x and the activations as two bf16 rows
 				 * each (hi + lo: ~1e-5 relative, as the small path); 0: the

@@ -32,10 +32,10 @@
 // which), so nothing streams before it.
 //
 // bf16 experts (K_Q_NONE, the ring kind's bf16 form of linear_qgemv.cu) take the same
-// kernels at up to 4 rows (KDEC_MOE_QGEMV_BF16, off until measured): 128-byte stages of
-// 64 k, bf16 MMAs, x and the activations staged as two bf16 rows each (hi, and the rest
-// lo in the MMA's free n8 columns 4..7, summed after: see MG_LO), so they keep fp32's
-// precision to ~1e-5 as the small path does; no scales.
+// kernels (KDEC_MOE_QGEMV_BF16 rows, off until measured): 128-byte stages of 64 k, bf16
+// MMAs, x and the activations staged as two bf16 rows each (hi, and the rest lo, each
+// slab's MMA run on both into the same accumulators), so they keep fp32's precision to
+// ~1e-5 as the small path does; no scales.
 //
 // Precision: as the dense quantized GEMV, x and the activations enter the tensor cores
 // rounded to f16 (fp8 weights exact in f16, scaled in fp32 per stage; int4 values scaled
@@ -187,12 +187,10 @@ __device__ __forceinline__ qf_args mg_qf(const mg_args &a, int j, int N, int K, 
 }
 
 // bf16 experts (K_Q_NONE) take x as two bf16 rows, hi = bf16(x) in row m and lo =
-// bf16(x - hi) in row m + MG_LO (M <= MG_LO): the MMA's products of each are exact in
-// its fp32 accumulators, so W (hi + lo) keeps x to ~2^-17 where hi alone would round it
-// to 2^-9 (the small path's fp32 x: ~1e-5 against the CPU; this: the same). The n8
-// columns past M are free at M <= 4, so the second row costs no MMA.
-#define MG_LO		4
-#define MG_X_ROWS(FMT, M)	((FMT) == K_Q_NONE ? 2 * MG_LO : (M))
+// bf16(x - hi) in row M + m, and each slab as two MMAs into the same accumulators, W hi
+// and W lo: their products are exact in fp32, so the sum keeps x to ~2^-17 where hi
+// alone would round it to 2^-9 (~1e-5 against the CPU, as the small path's fp32 x).
+// The second MMA costs issue slots a GEMV streaming bytes has to spare.
 
 __device__ __forceinline__ float4 mg_bf16_rest(const float4 &v)
 {
@@ -202,20 +200,9 @@ __device__ __forceinline__ float4 mg_bf16_rest(const float4 &v)
 			   v.w - __bfloat162float(__float2bfloat16_rn(v.w)));
 }
 
-// K_Q_NONE: x row m's sum is its hi column's plus its lo column's (lane t + MG_LO / 2
-// holds column m + MG_LO); every lane of the warp calls it.
-template <int FMT>
-__device__ __forceinline__ void mg_fold_lo(float (&acc)[4])
-{
-	if constexpr (FMT == K_Q_NONE) {
-#pragma unroll
-		for (int c = 0; c < 4; c++)
-			acc[c] += __shfl_down_sync(0xffffffffu, acc[c], MG_LO / 2);
-	}
-}
 
 // x rows [0, M) of row stride rs, k [k0, k0 + KC) into shared memory as f16 (row stride
-// KC + 8 halves; bf16 experts: hi and lo bf16 rows, m and m + MG_LO), zeros past K and
+// KC + 8 halves; bf16 experts: hi and lo bf16 rows, m and M + m), zeros past K and
 // for rows not in mask; SW: x = k_cuda_silu_mul(x[k],
 // x[up + k]) (a SwiGLU's gate and up). linear_qgemv.cu's qg_stage_x with a row stride
 // and a row mask: all of a thread's loads before any store.
@@ -261,9 +248,9 @@ __device__ __forceinline__ void mg_stage_x(uint4 *xs, const float *x, size_t rs,
 						   k_cuda_silu_mul(b[v].z, ub[v].z),
 						   k_cuda_silu_mul(b[v].w, ub[v].w));
 			}
-			if (FMT == K_Q_NONE) {	// hi, and lo MG_LO rows below
+			if (FMT == K_Q_NONE) {	// hi, and lo M rows below
 				xs[m * xs_row + u] = qm_pack_x8_bf16(a[v], b[v]);
-				xs[(m + MG_LO) * xs_row + u] =
+				xs[(m + M) * xs_row + u] =
 					qm_pack_x8_bf16(mg_bf16_rest(a[v]), mg_bf16_rest(b[v]));
 			} else {
 				xs[m * xs_row + qm_xunit<FMT>(u)] =
@@ -284,7 +271,8 @@ __device__ __forceinline__ void mg_run(const qs_warp<FMT, ST, qf_args, MG_AHEAD>
 	float sr[MG_STAGES][4];
 	const int xs_row = (KC + 8) / 8, g = qw.g, t = qw.t;
 	const uint4 *xr = xs + g * xs_row + F::VPC / 8 * t;	// the lane's first unit a slab
-	const bool xin = (FMT == K_Q_NONE ? g % MG_LO : g) < M;	// bf16: hi or lo of row g % 4
+	const uint4 *xl = xr + (size_t)M * xs_row;		// bf16: x row g's lo
+	const bool xin = g < M;
 	const int sw = FMT == K_Q_INT4 ? (t >> 1) << 1 : 0;
 
 #pragma unroll
@@ -293,10 +281,13 @@ __device__ __forceinline__ void mg_run(const qs_warp<FMT, ST, qf_args, MG_AHEAD>
 	__syncthreads();	// x staged
 	qw.run(sr, [](int) {},
 	       [&](int i, int h, const uint4 &wa, const uint4 &wb, float sa, float sb) {
-		       qm_slab<FMT>(acc, wa, wb, sa, sb, xr + (2 * i + h) * (F::SLAB / 8), sw, xin);
+		       const int o = (2 * i + h) * (F::SLAB / 8);
+
+		       qm_slab<FMT>(acc, wa, wb, sa, sb, xr + o, sw, xin);
+		       if constexpr (FMT == K_Q_NONE)
+			       qm_slab<FMT>(acc, wa, wb, sa, sb, xl + o, sw, xin);
 	       });
 	cp_async_wait<0>();
-	mg_fold_lo<FMT>(acc);
 }
 
 // One gate/up item: the 64 rows of tile `tile` (union index tile / (2 inter / 64)'s gate
@@ -494,10 +485,10 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_down_kernel(mg_args a)
 
 // ---- host -------------------------------------------------------------------
 
-// x rows staged a CTA: M, or for bf16 experts (MQ_BF16) hi and lo rows (MG_X_ROWS)
+// x rows staged a CTA: M, or for bf16 experts (MQ_BF16) M hi and M lo rows
 static long mg_x_bytes(int fmt, int M, int KC)
 {
-	return (long)(fmt == MQ_BF16 ? MG_X_ROWS(K_Q_NONE, M) : M) * (KC + 8) * 2;
+	return (long)(fmt == MQ_BF16 ? 2 * M : M) * (KC + 8) * 2;
 }
 
 // CTAs of dynamic shared memory smem a multiprocessor holds at once (228 KB, 1 KB of it
@@ -525,7 +516,7 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 	int best = 0;
 
 	if ((fmt != MQ_FP8 && fmt != MQ_INT4 && fmt != MQ_BF16) || M < 1 || M > MOE_QGEMV_MAX_M ||
-	    (fmt == MQ_BF16 && M > MG_LO) || top_k < 1 ||
+	    top_k < 1 ||
 	    M * top_k > MG_PAIRS || n_experts < 1 || hidden < 32 || hidden % 32 ||
 	    inter % MG_ROWS || n_sm < 1)
 		return false;
