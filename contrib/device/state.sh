@@ -180,7 +180,7 @@ moebf16() {
 	step golden_mb16 60 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QGEMV_BF16=8 "$B/tests/test_golden"
 	grep '^FAIL' "$L/golden_mb16.log" | cut -c1-200 | tee -a "$S"
 	for r in ${MB_ROUNDS:-1 2}; do
-		for m in deepseek-v2-lite qwen3-30b-a3b; do
+		for m in ${MB_MODELS:-deepseek-v2-lite qwen3-30b-a3b}; do
 			dec "mb_${m}_off$r" "$m" 1,4,8 bf16
 			dec "mb_${m}_on$r" "$m" 1,4,8 bf16 KDEC_MOE_QGEMV_BF16=8
 		done
