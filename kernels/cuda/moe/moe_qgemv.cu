@@ -190,8 +190,7 @@ __device__ __forceinline__ qf_args mg_qf(const mg_args &a, int j, int N, int K, 
 // bf16(x - hi) in row M + m, and each slab as two MMAs into the same accumulators, W hi
 // and W lo: their products are exact in fp32, so the sum keeps x to ~2^-17 where hi
 // alone would round it to 2^-9 (~1e-5 against the CPU, as the small path's fp32 x).
-// The second MMA costs issue slots a GEMV streaming bytes has to spare.
-
+// The second MMA costs issue slots a GEMV streaming bytes has to spare. This is lo.
 __device__ __forceinline__ float4 mg_bf16_rest(const float4 &v)
 {
 	return make_float4(v.x - __bfloat162float(__float2bfloat16_rn(v.x)),
@@ -200,12 +199,11 @@ __device__ __forceinline__ float4 mg_bf16_rest(const float4 &v)
 			   v.w - __bfloat162float(__float2bfloat16_rn(v.w)));
 }
 
-
 // x rows [0, M) of row stride rs, k [k0, k0 + KC) into shared memory as f16 (row stride
-// KC + 8 halves; bf16 experts: hi and lo bf16 rows, m and M + m), zeros past K and
-// for rows not in mask; SW: x = k_cuda_silu_mul(x[k],
-// x[up + k]) (a SwiGLU's gate and up). linear_qgemv.cu's qg_stage_x with a row stride
-// and a row mask: all of a thread's loads before any store.
+// KC + 8 halves; bf16 experts: hi and lo bf16 rows, m and M + m), zeros past K and for
+// rows not in mask; SW: x = k_cuda_silu_mul(x[k], x[up + k]) (a SwiGLU's gate and up).
+// linear_qgemv.cu's qg_stage_x with a row stride and a row mask: all of a thread's loads
+// before any store.
 template <int FMT, bool SW>
 __device__ __forceinline__ void mg_stage_x(uint4 *xs, const float *x, size_t rs, int up, int M,
 					   unsigned mask, int K, int k0, int KC)
@@ -516,8 +514,7 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 	int best = 0;
 
 	if ((fmt != MQ_FP8 && fmt != MQ_INT4 && fmt != MQ_BF16) || M < 1 || M > MOE_QGEMV_MAX_M ||
-	    top_k < 1 ||
-	    M * top_k > MG_PAIRS || n_experts < 1 || hidden < 32 || hidden % 32 ||
+	    top_k < 1 || M * top_k > MG_PAIRS || n_experts < 1 || hidden < 32 || hidden % 32 ||
 	    inter % MG_ROWS || n_sm < 1)
 		return false;
 	*p = {};
@@ -540,7 +537,8 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 		if ((nst + kb - 1) / kb != S || mg_x_bytes(fmt, M, kb * sk) > MG_MAX_X ||
 		    (want && S < want))
 			continue;
-		const long fit = (long)n_sm * mg_ctas_per_sm(MG_RING + (int)mg_x_bytes(fmt, M, kb * sk));
+		const int smem = MG_RING + (int)mg_x_bytes(fmt, M, kb * sk);
+		const long fit = (long)n_sm * mg_ctas_per_sm(smem);
 		const long ctas = persist > 1 && persist < fit ? persist : fit;
 		const double bal = items <= ctas ? 1. : (double)items / ctas /
 							      (double)((items + ctas - 1) / ctas);
