@@ -35,15 +35,15 @@
 #   ST_PART=moebf16 bf16 routed experts on the union GEMVs (KDEC_MOE_QGEMV_BF16=8, x as hi +
 #                  lo bf16 rows): test_cuda_moe's experts part, test_golden with it on,
 #                  then DeepSeek-V2-Lite and Qwen3-30B-A3B bf16 batch 1,4,8: off / on,
-#                  twice each, alternating
+#                  twice each, alternating (MB_ROUNDS="1 2", MB_MODELS: fewer)
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
-# here: PACK_XZ=0 PACK_TESTS="test_golden test_cuda_linear bench_cuda_linear" \
-#         contrib/device/pack.sh build devbuild-st2
-#       tar -cf - devbuild-st2 | xz -9 -T2 > devbuild-st2.tar.xz
-# device run: bash contrib/device/state.sh (check ring ringab dense peer dpath)
-#             carry ["devbuild-st2.tar.xz"]
+# here: PACK_XZ=0 PACK_TESTS="test_golden test_cuda_linear bench_cuda_linear test_cuda_moe" \
+#         contrib/device/pack.sh build devbuild-s27
+#       tar -cf - devbuild-s27 | xz -6 -T2 > devbuild-s27.tar.xz
+# device run: DEVBUILD=devbuild-s27 ST_PART="moebf16 goldring ringtune" bash contrib/device/state.sh
+#             carry ["devbuild-s27.tar.xz"]
 set -u
 DEADLINE=${DEADLINE:-560}
 . contrib/device/lib.sh
