@@ -34,12 +34,13 @@
 #                  shape kept), tuned with the streaming form everywhere (_STREAM=2)
 #   ST_PART=moebf16 bf16 routed experts on the union GEMVs (KDEC_MOE_QGEMV_BF16=8, x as hi +
 #                  lo bf16 rows): test_cuda_moe's experts part, test_golden with it on,
+#                  bench_cuda_moe q's bf16 lines (small, qgemv, qgemv-p at M 1-8),
 #                  then DeepSeek-V2-Lite and Qwen3-30B-A3B bf16 batch 1,4,8: off / on,
 #                  twice each, alternating (MB_ROUNDS="1 2", MB_MODELS: fewer)
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
-# here: PACK_XZ=0 PACK_TESTS="test_golden test_cuda_linear bench_cuda_linear test_cuda_moe" \
+# here: PACK_XZ=0 PACK_TESTS="test_golden test_cuda_linear bench_cuda_linear test_cuda_moe bench_cuda_moe" \
 #         contrib/device/pack.sh build devbuild-s27
 #       tar -cf - devbuild-s27 | xz -6 -T2 > devbuild-s27.tar.xz
 # device run: DEVBUILD=devbuild-s27 ST_PART="moebf16 goldring ringtune" bash contrib/device/state.sh
@@ -179,6 +180,13 @@ moebf16() {
 	grep -E '^FAIL|FAIL$' "$L/moe_experts.log" | cut -c1-200 | tee -a "$S"
 	step golden_mb16 60 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QGEMV_BF16=8 "$B/tests/test_golden"
 	grep '^FAIL' "$L/golden_mb16.log" | cut -c1-200 | tee -a "$S"
+	for m in ${MB_MODELS:-v2-lite qwen3}; do	# the kernels alone, beside their floor
+		m=${m%%-30b-a3b}
+		m=${m#deepseek-}
+		step "bench_mb16_$m" 60 "$B/tests/bench/bench_cuda_moe" q "$m" 0 bf16
+		grep -E '^moe_q' "$L/bench_mb16_$m.log" | grep -E ' M +[1248]:' | cut -c1-200 |
+			tee -a "$S"
+	done
 	for r in ${MB_ROUNDS:-1 2}; do
 		for m in ${MB_MODELS:-deepseek-v2-lite qwen3-30b-a3b}; do
 			dec "mb_${m}_off$r" "$m" 1,4,8 bf16
