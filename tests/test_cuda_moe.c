@@ -15,6 +15,9 @@
  * which must give the same bits (the tuning's moe_m1; repeated and bad ids too). The
  * grouped path runs again on moe_qtile.cu's tile kernels (KDEC_MOE_QTILE_ROWS; " qtile"
  * in the lines where they take the shape), a hot expert of 64 rows among the cases.
+ * The small path's calls of 1-8 rows run again on moe_qgemv.cu's union GEMVs
+ * (KDEC_MOE_QGEMV_BF16; " qgemv" in the lines where they take the shape: x as hi + lo
+ * bf16 rows, so the same tolerance), a hot expert, dup and bad ids among them.
  * Experts plus shared expert plus residual (k_cuda_moe_experts_add) against the CPU's
  * ops in forward.c's order (k_cpu_moe_experts, the shared SwiGLU MLP by k_cpu_linear
  * and k_cpu_silu_mul, two adds) on fresh random inputs, both ways too:
