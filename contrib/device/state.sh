@@ -180,7 +180,8 @@ moebf16() {
 	grep -E '^FAIL|FAIL$' "$L/moe_experts.log" | cut -c1-200 | tee -a "$S"
 	step golden_mb16 60 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QGEMV_BF16=8 "$B/tests/test_golden"
 	grep '^FAIL' "$L/golden_mb16.log" | cut -c1-200 | tee -a "$S"
-	for m in ${MB_MODELS:-v2-lite qwen3}; do	# the kernels alone, beside their floor
+	local models=${MB_MODELS:-deepseek-v2-lite qwen3-30b-a3b}
+	for m in $models; do	# the kernels alone, beside their floor (bench_cuda_moe's names)
 		m=${m%%-30b-a3b}
 		m=${m#deepseek-}
 		step "bench_mb16_$m" 60 "$B/tests/bench/bench_cuda_moe" q "$m" 0 bf16
@@ -188,7 +189,7 @@ moebf16() {
 			tee -a "$S"
 	done
 	for r in ${MB_ROUNDS:-1 2}; do
-		for m in ${MB_MODELS:-deepseek-v2-lite qwen3-30b-a3b}; do
+		for m in $models; do
 			dec "mb_${m}_off$r" "$m" 1,4,8 bf16
 			dec "mb_${m}_on$r" "$m" 1,4,8 bf16 KDEC_MOE_QGEMV_BF16=8
 		done

@@ -64,6 +64,7 @@
 #include "kernels/cuda/linear/linear_qstream.cuh"
 #include "kernels/cuda/linear/linear_split.cuh"
 #include "kernels/cuda/moe/k_cuda_moe.h"
+#include "kernels/cuda/moe/moe_grouped.cuh"
 #include "kernels/cuda/moe/moe_internal.h"
 #include "kernels/cuda/ptx.cuh"
 
@@ -190,14 +191,8 @@ __device__ __forceinline__ qf_args mg_qf(const mg_args &a, int j, int N, int K, 
 // bf16(x - hi) in row M + m, and each slab as two MMAs into the same accumulators, W hi
 // and W lo: their products are exact in fp32, so the sum keeps x to ~2^-17 where hi
 // alone would round it to 2^-9 (~1e-5 against the CPU, as the small path's fp32 x).
-// The second MMA costs issue slots a GEMV streaming bytes has to spare. This is lo.
-__device__ __forceinline__ float4 mg_bf16_rest(const float4 &v)
-{
-	return make_float4(v.x - __bfloat162float(__float2bfloat16_rn(v.x)),
-			   v.y - __bfloat162float(__float2bfloat16_rn(v.y)),
-			   v.z - __bfloat162float(__float2bfloat16_rn(v.z)),
-			   v.w - __bfloat162float(__float2bfloat16_rn(v.w)));
-}
+// The second MMA costs issue slots a GEMV streaming bytes has to spare. The split is the
+// grouped path's (moe_grouped.cuh's split2).
 
 // x rows [0, M) of row stride rs, k [k0, k0 + KC) into shared memory as f16 (row stride
 // KC + 8 halves; bf16 experts: hi and lo bf16 rows, m and M + m), zeros past K and for
@@ -247,9 +242,14 @@ __device__ __forceinline__ void mg_stage_x(uint4 *xs, const float *x, size_t rs,
 						   k_cuda_silu_mul(b[v].w, ub[v].w));
 			}
 			if (FMT == K_Q_NONE) {	// hi, and lo M rows below
-				xs[m * xs_row + u] = qm_pack_x8_bf16(a[v], b[v]);
-				xs[(m + M) * xs_row + u] =
-					qm_pack_x8_bf16(mg_bf16_rest(a[v]), mg_bf16_rest(b[v]));
+				uint4 hi, lo;
+
+				split2(a[v].x, a[v].y, &hi.x, &lo.x);
+				split2(a[v].z, a[v].w, &hi.y, &lo.y);
+				split2(b[v].x, b[v].y, &hi.z, &lo.z);
+				split2(b[v].z, b[v].w, &hi.w, &lo.w);
+				xs[m * xs_row + u] = hi;
+				xs[(m + M) * xs_row + u] = lo;
 			} else {
 				xs[m * xs_row + qm_xunit<FMT>(u)] =
 					qm_pack_x8<FMT == K_Q_INT4>(a[v], b[v]);
