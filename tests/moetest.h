@@ -85,17 +85,6 @@ static inline void moe_set_qgemv(int rows)
 	k_cuda_tuning_set(&t);
 }
 
-/* moe_qgemv_bf16 (bf16 experts on the union GEMVs up to that many rows), installed:
- * >= 0, or -1 for the default. */
-static inline void moe_set_qgemv_bf16(int rows)
-{
-	struct k_cuda_tuning t = *k_cuda_tuning(), def;
-
-	k_cuda_tuning_defaults(&def);
-	t.moe_qgemv_bf16 = rows >= 0 ? rows : def.moe_qgemv_bf16;
-	k_cuda_tuning_set(&t);
-}
-
 /* moe_qgemv_persist (the union gate/up as persistent CTAs; > 1: at most that many),
  * installed: >= 0, or -1 for the default (1). */
 static inline void moe_set_qgemv_persist(int v)

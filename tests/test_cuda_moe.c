@@ -15,9 +15,6 @@
  * which must give the same bits (the tuning's moe_m1; repeated and bad ids too). The
  * grouped path runs again on moe_qtile.cu's tile kernels (KDEC_MOE_QTILE_ROWS; " qtile"
  * in the lines where they take the shape), a hot expert of 64 rows among the cases.
- * The small path's calls of 1-8 rows run again on moe_qgemv.cu's union GEMVs
- * (KDEC_MOE_QGEMV_BF16; " qgemv" in the lines where they take the shape: x as hi + lo
- * bf16 rows, so the same tolerance), a hot expert, dup and bad ids among them.
  * Experts plus shared expert plus residual (k_cuda_moe_experts_add) against the CPU's
  * ops in forward.c's order (k_cpu_moe_experts, the shared SwiGLU MLP by k_cpu_linear
  * and k_cpu_silu_mul, two adds) on fresh random inputs, both ways too:
@@ -327,13 +324,11 @@ static void test_experts(const struct moe_shape *s, struct weights *w, struct k_
 				max_abs = d;
 			bad |= got[i] != got[i];
 		}
-		snprintf(shape, sizeof(shape), "%s M %d (%d experts used)%s%s%s%s%s", s->name, M,
+		snprintf(shape, sizeof(shape), "%s M %d (%d experts used)%s%s%s%s", s->name, M,
 			 n_used, hot >= 0 ? " hot" : "", flags & EX_DUP ? " dup" : "",
 			 flags & EX_BAD_ID ? " bad-id" : "",
 			 path != K_CUDA_MOE_PATH_SMALL && k_cuda_moe_qtile_takes(NULL, s->hidden,
-			 s->inter, M) ? " qtile" : "",
-			 path == K_CUDA_MOE_PATH_SMALL && k_cuda_moe_qgemv_takes(ws, NULL, M)
-			 ? " qgemv" : "");
+			 s->inter, M) ? " qtile" : "");
 		printf("%-12s %-7s %-62s max_abs %.3g rel_l2 %.3g%s  %s\n", "moe_experts",
 		       moe_path_name(path), shape, max_abs, rel, bad ? "  NaN" : "",
 		       !bad && rel <= EXPERT_TOL ? "PASS" : "FAIL");
@@ -632,20 +627,6 @@ static void test_experts_shape(const struct moe_shape *s)
 		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, path);
 	}
 	moe_set_m1(-1);
-	/* the small path's calls of 1-8 rows on moe_qgemv.cu's union GEMVs where they take
-	 * the shape (" qgemv" in the line: V2-Lite's and Qwen3's; x as hi + lo bf16, so the
-	 * same tolerance); KDEC_MOE_QGEMV_BF16 at 5: 6 rows stay on the small path */
-	moe_set_qgemv_bf16(8);
-	for (int m = 0; m < 5; m++)
-		test_experts(s, &w, ws, (int[]){ 1, 2, 3, 5, 8 }[m], -1, 0, K_CUDA_MOE_PATH_SMALL);
-	test_experts(s, &w, ws, 8, 3, EX_DUP, K_CUDA_MOE_PATH_SMALL);	/* 9 pairs on expert 3 */
-	test_experts(s, &w, ws, 1, -1, EX_BAD_ID, K_CUDA_MOE_PATH_SMALL);
-	test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, K_CUDA_MOE_PATH_SMALL);
-	moe_set_qgemv_bf16(5);
-	if (s->hidden % 64 == 0 && s->inter % 64 == 0)
-		CHECK(k_cuda_moe_qgemv_takes(ws, NULL, 5) && !k_cuda_moe_qgemv_takes(ws, NULL, 6),
-		      "%s: bf16 union GEMVs at 5 rows and not 6", s->name);
-	moe_set_qgemv_bf16(-1);
 	/* the grouped path on moe_qtile.cu's tile kernels where they take the shape (" qtile"
 	 * in the line: V2-Lite's and Qwen3's; the odd ones keep expert_mma_kernel) */
 	moe_set_qtile(130);

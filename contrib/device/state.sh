@@ -32,19 +32,13 @@
 #                  big part (test_ring_tune), test_golden with it on, then DeepSeek-V2-Lite, Qwen3-30B-A3B and
 #                  Llama-3.1-8B bf16 batch 1,8: defaults, tuned (KDEC_LT_LOG=1: what each
 #                  shape kept), tuned with the streaming form everywhere (_STREAM=2)
-#   ST_PART=moebf16 bf16 routed experts on the union GEMVs (KDEC_MOE_QGEMV_BF16=8, x as hi +
-#                  lo bf16 rows): test_cuda_moe's experts part, test_golden with it on,
-#                  bench_cuda_moe q's bf16 lines (small, qgemv, qgemv-p at M 1-8),
-#                  then DeepSeek-V2-Lite and Qwen3-30B-A3B bf16 batch 1,4,8: off / on,
-#                  twice each, alternating (MB_ROUNDS="1 2", MB_MODELS: fewer)
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
-# here: PACK_XZ=0 PACK_TESTS="test_golden test_cuda_linear bench_cuda_linear test_cuda_moe bench_cuda_moe" \
-#         contrib/device/pack.sh build devbuild-s27
-#       tar -cf - devbuild-s27 | xz -6 -T2 > devbuild-s27.tar.xz
-# device run: DEVBUILD=devbuild-s27 ST_PART="moebf16 goldring ringtune" bash contrib/device/state.sh
-#             carry ["devbuild-s27.tar.xz"]
+# here: PACK_XZ=0 PACK_TESTS="test_golden test_cuda_linear" contrib/device/pack.sh build devbuild-s28
+#       tar -cf - devbuild-s28 | xz -6 -T2 > devbuild-s28.tar.xz
+# device run: DEVBUILD=devbuild-s28 ST_PART="moe slice ringtune" bash contrib/device/state.sh
+#             carry ["devbuild-s28.tar.xz"]
 set -u
 DEADLINE=${DEADLINE:-560}
 . contrib/device/lib.sh
@@ -168,30 +162,6 @@ slice() {
 	for m in kimi-k2 deepseek-v3; do
 		for f in bf16 fp8-block int4-g32; do
 			dec "s_${m}_$f" "$m" 1,8 "$f"
-		done
-	done
-}
-
-moebf16() {
-	local m r
-	step moe_experts 120 env KD_TEST_PART=experts "$B/tests/test_cuda_moe"
-	grep -E 'qgemv|FAIL' "$L/moe_experts.log" | grep -c PASS | sed 's/^/bf16 qgemv cases passed: /' |
-		tee -a "$S"
-	grep -E '^FAIL|FAIL$' "$L/moe_experts.log" | cut -c1-200 | tee -a "$S"
-	step golden_mb16 60 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QGEMV_BF16=8 "$B/tests/test_golden"
-	grep '^FAIL' "$L/golden_mb16.log" | cut -c1-200 | tee -a "$S"
-	local models=${MB_MODELS:-deepseek-v2-lite qwen3-30b-a3b}
-	for m in $models; do	# the kernels alone, beside their floor (bench_cuda_moe's names)
-		m=${m%%-30b-a3b}
-		m=${m#deepseek-}
-		step "bench_mb16_$m" 60 "$B/tests/bench/bench_cuda_moe" q "$m" 0 bf16
-		grep -E '^moe_q' "$L/bench_mb16_$m.log" | grep -E ' M +[1248]:' | cut -c1-200 |
-			tee -a "$S"
-	done
-	for r in ${MB_ROUNDS:-1 2}; do
-		for m in $models; do
-			dec "mb_${m}_off$r" "$m" 1,4,8 bf16
-			dec "mb_${m}_on$r" "$m" 1,4,8 bf16 KDEC_MOE_QGEMV_BF16=8
 		done
 	done
 }

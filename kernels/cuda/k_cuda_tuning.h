@@ -74,7 +74,10 @@ struct k_cuda_tuning {
 				 * both times). Session 26 (one H100) measured the ring's streaming
 				 * form on every matrix 0.4-4.7% faster on the MoE models' bf16
 				 * steps and 5.6% slower on Llama-3.1-8B's at batch 8; this keeps
-				 * it only where it wins alone. Not measured yet: off */
+				 * it only where it wins alone by 3%. Session 28 (H100, without
+				 * the margin): -3.1% Qwen3-30B-A3B batch 1, -3.3% DeepSeek-V2-Lite
+				 * batch 8, +1.6% its batch 1, Llama even; test_golden's rounding
+				 * model does not follow the choice (2 of 760 rows): off */
 	int linear_qgemv;	/* KDEC_LINEAR_QGEMV, flag, 1: quantized linears of M <= 8 take
 				 * the decode GEMV (linear_qgemv.cu) where the choice rule says
 				 * (k_cuda_linear_q_choose); 0: the cluster streaming form there */
@@ -195,11 +198,6 @@ struct k_cuda_tuning {
 				 * 12.882 -> 10.392, int4 batch 8 8.859 -> 4.590; DeepSeek-V2-Lite
 				 * fp8 batch 1 2.951 -> 2.454; Kimi-K2's MoE layer at batch 1
 				 * 331.0 -> 279.8 us */
-	int moe_qgemv_bf16;	/* KDEC_MOE_QGEMV_BF16, rows 0..8, 0: bf16 routed experts of up
-				 * to this many rows a call (of the small path's sizes) take the
-				 * same two union GEMVs, x and the activations as two bf16 rows
-				 * each (hi + lo: ~1e-5 relative, as the small path); 0: the
-				 * small path's CUDA-core kernels */
 	int moe_qgemv_persist;	/* KDEC_MOE_QGEMV_PERSIST, 0.., 1: moe_qgemv.cu's gate/up as
 				 * persistent CTAs (as many as fit at once, each walking its
 				 * (64 rows, K slice) items, the split chosen to balance them)

@@ -13,11 +13,10 @@
  * beside the floor of their bytes as stored (test_cuda_moe_q checks those kernels); on the
  * auto path ("small" up to 64 pairs, else "grouped": expert_mma_kernel), then the grouped
  * path on moe_qtile.cu's tile kernels at every M ("qtile", KDEC_MOE_QTILE_ROWS set to the
- * call's rows), and the experts at M <= 8 on moe_qgemv.cu's GEMVs over the chosen
- * experts' union ("qgemv", gate/up a CTA an item, KDEC_MOE_QGEMV_PERSIST 0; bf16 with
- * KDEC_MOE_QGEMV_BF16 8; "small" is then the small path's own kernels,
- * KDEC_MOE_QGEMV_ROWS 0; "qgemv-p" with the persistent gate/up where it differs,
- * KDEC_MOE_QGEMV_PERSIST 1, the default).
+ * call's rows), and quantized experts at M <= 8 on moe_qgemv.cu's GEMVs over the chosen
+ * experts' union ("qgemv", gate/up a CTA an item, KDEC_MOE_QGEMV_PERSIST 0; "small" is
+ * then the small path's own kernels, KDEC_MOE_QGEMV_ROWS 0; "qgemv-p" with the persistent
+ * gate/up where it differs, KDEC_MOE_QGEMV_PERSIST 1, the default).
  * "route" lines: the routing alone at decode, 32 layers of the router GEMV, of the GEMV
  * then moe_route, and of moe_route alone, each one graph, per layer.
  * Usage: bench_cuda_moe [lat | route | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
@@ -471,16 +470,13 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 				time_q(&shapes[i], fmts[f], M,
 				       M * shapes[i].top_k <= 64 ? "small" : "grouped");
 				moe_set_qgemv(-1);
-				/* moe_qgemv.cu's union GEMVs where they take the call (bf16:
-				 * KDEC_MOE_QGEMV_BF16 8) */
-				if (M <= 8) {
-					moe_set_qgemv_bf16(fmts[f] == K_Q_NONE ? 8 : -1);
+				/* moe_qgemv.cu's union GEMVs where they take the call */
+				if (fmts[f] != K_Q_NONE && M <= 8) {
 					moe_set_qgemv_persist(0);	/* one item a CTA */
 					time_q(&shapes[i], fmts[f], M, "qgemv");
 					moe_set_qgemv_persist(1);	/* persistent gate/up */
 					time_q(&shapes[i], fmts[f], M, "qgemv-p");
 					moe_set_qgemv_persist(-1);
-					moe_set_qgemv_bf16(-1);
 				}
 				/* the grouped path on moe_qtile.cu's tile kernels, at every M (where
 				 * auto takes the small path too: plan and combine launches included) */

@@ -114,10 +114,7 @@ int k_cuda_moe_qtile_takes(const struct k_cuda_moe_quant *q, int hidden, int int
  * k_cuda_tuning()->moe_qgemv_rows, KDEC_MOE_QGEMV_ROWS; M <= 8, M * top_k <= 64, hidden
  * a multiple of 32, inter of 64, scale columns of whole 128 (fp8) or 32 (int4) k, the
  * workspace sized for its split; x and the activations rounded to f16: ~1e-3
- * relative), else 0. q NULL: bf16 experts, which take them at M <=
- * k_cuda_tuning()->moe_qgemv_bf16 (KDEC_MOE_QGEMV_BF16; x and the activations as hi +
- * lo bf16 rows: ~1e-5 relative, as the small path). For tests and benchmarks that name
- * the kernels. */
+ * relative), else 0. For tests and benchmarks that name the kernels. */
 int k_cuda_moe_qgemv_takes(const struct k_cuda_moe_ws *ws, const struct k_cuda_moe_quant *q,
 			   int M);
 

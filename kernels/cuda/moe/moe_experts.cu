@@ -588,7 +588,7 @@ struct moe_ws_parts moe_ws_parts_of(const struct k_cuda_moe_ws *ws)
 }
 
 // moe_qgemv.cu's workspace: the largest act, partials and counts of its calls at M <=
-// min(max_M, MOE_QGEMV_MAX_M) in any format and gate/up form (their splits differ); none where it
+// min(max_M, MOE_QGEMV_MAX_M) in either format and gate/up form (their splits differ); none where it
 // takes no call of these shapes.
 static int moe_qgemv_ws_alloc(k_cuda_moe_ws *ws)
 {
@@ -597,7 +597,7 @@ static int moe_qgemv_ws_alloc(k_cuda_moe_ws *ws)
 
 	q.n_sm = ws->n_sm;
 	for (int M = 1; M <= ws->max_M && M <= MOE_QGEMV_MAX_M; M++)
-		for (int f = MQ_BF16; f <= MQ_INT4; f++)
+		for (int f = MQ_FP8; f <= MQ_INT4; f++)
 			for (int persist = 0; persist < 2; persist++) {	// either gate/up form
 				if (!moe_qgemv_make_plan(f, M, ws->top_k, ws->n_experts, ws->hidden,
 							 ws->inter, ws->n_sm, persist, &p))
@@ -821,8 +821,8 @@ extern "C" int k_cuda_moe_qgemv_takes(const struct k_cuda_moe_ws *ws,
 	alignas(16) static const float aligned[4] = {};	// an x it takes: only its address
 	moe_wq wq;
 
-	if (!ws || k_cuda_moe_quant_ok(q, ws->hidden, ws->inter) || M > ws->max_M)
-		return 0;	// (q NULL: bf16 experts)
+	if (!ws || !q || k_cuda_moe_quant_ok(q, ws->hidden, ws->inter) || M > ws->max_M)
+		return 0;
 	wq = moe_wq_of(q, ws->hidden, ws->inter);
 	return moe_use_qgemv(ws, wq, true, M, aligned);
 }

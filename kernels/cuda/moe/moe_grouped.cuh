@@ -1,6 +1,5 @@
 // The grouped path's device arithmetic, shared by its two expert-GEMM kernels
-// (moe_experts.cu's expert_mma_kernel, moe_qtile.cu's tile kernels; moe_qgemv.cu's bf16
-// form takes its split):
+// (moe_experts.cu's expert_mma_kernel, moe_qtile.cu's tile kernels):
 // the split bf16 rows (hi + lo) that carry x and the SwiGLU activations, the bf16
 // mma.sync, quantized values as exact bf16 pairs, and the SwiGLU of one feature.
 // CUDA C++ only.

@@ -31,12 +31,6 @@
 // the CTAs past n_used return at once. Weights are read after the wait (the ids say
 // which), so nothing streams before it.
 //
-// bf16 experts (K_Q_NONE, the ring kind's bf16 form of linear_qgemv.cu) take the same
-// kernels (KDEC_MOE_QGEMV_BF16 rows, off until measured): 128-byte stages of 64 k, bf16
-// MMAs, x and the activations staged as two bf16 rows each (hi, and the rest lo, each
-// slab's MMA run on both into the same accumulators), so they keep fp32's precision to
-// ~1e-5 as the small path does; no scales.
-//
 // Precision: as the dense quantized GEMV, x and the activations enter the tensor cores
 // rounded to f16 (fp8 weights exact in f16, scaled in fp32 per stage; int4 values scaled
 // in f16, its group's scale), fp32 accumulation: ~3e-4 relative against the CPU's fp32
@@ -64,7 +58,6 @@
 #include "kernels/cuda/linear/linear_qstream.cuh"
 #include "kernels/cuda/linear/linear_split.cuh"
 #include "kernels/cuda/moe/k_cuda_moe.h"
-#include "kernels/cuda/moe/moe_grouped.cuh"
 #include "kernels/cuda/moe/moe_internal.h"
 #include "kernels/cuda/ptx.cuh"
 
@@ -181,24 +174,14 @@ struct mg_args {
 template <int FMT>
 __device__ __forceinline__ qf_args mg_qf(const mg_args &a, int j, int N, int K, int KC)
 {
-	if (FMT == K_Q_NONE)	// bf16: rows of 2K bytes, no scales
-		return qf_args{ a.M, N, K, KC, 2 * K, 1, 31, 0, 0, 0 };
 	return qf_args{ a.M, N, K, KC, FMT == K_Q_INT4 ? K / 2 : K, a.brows[j], a.kshift[j],
 			a.scols[j], 0, 0 };
 }
 
-// bf16 experts (K_Q_NONE) take x as two bf16 rows, hi = bf16(x) in row m and lo =
-// bf16(x - hi) in row M + m, and each slab as two MMAs into the same accumulators, W hi
-// and W lo: their products are exact in fp32, so the sum keeps x to ~2^-17 where hi
-// alone would round it to 2^-9 (~1e-5 against the CPU, as the small path's fp32 x).
-// The second MMA costs issue slots a GEMV streaming bytes has to spare. The split is the
-// grouped path's (moe_grouped.cuh's split2).
-
 // x rows [0, M) of row stride rs, k [k0, k0 + KC) into shared memory as f16 (row stride
-// KC + 8 halves; bf16 experts: hi and lo bf16 rows, m and M + m), zeros past K and for
-// rows not in mask; SW: x = k_cuda_silu_mul(x[k], x[up + k]) (a SwiGLU's gate and up).
-// linear_qgemv.cu's qg_stage_x with a row stride and a row mask: all of a thread's loads
-// before any store.
+// KC + 8 halves), zeros past K and for rows not in mask; SW: x = k_cuda_silu_mul(x[k],
+// x[up + k]) (a SwiGLU's gate and up). linear_qgemv.cu's qg_stage_x with a row stride
+// and a row mask: all of a thread's loads before any store.
 template <int FMT, bool SW>
 __device__ __forceinline__ void mg_stage_x(uint4 *xs, const float *x, size_t rs, int up, int M,
 					   unsigned mask, int K, int k0, int KC)
@@ -241,19 +224,7 @@ __device__ __forceinline__ void mg_stage_x(uint4 *xs, const float *x, size_t rs,
 						   k_cuda_silu_mul(b[v].z, ub[v].z),
 						   k_cuda_silu_mul(b[v].w, ub[v].w));
 			}
-			if (FMT == K_Q_NONE) {	// hi, and lo M rows below
-				uint4 hi, lo;
-
-				split2(a[v].x, a[v].y, &hi.x, &lo.x);
-				split2(a[v].z, a[v].w, &hi.y, &lo.y);
-				split2(b[v].x, b[v].y, &hi.z, &lo.z);
-				split2(b[v].z, b[v].w, &hi.w, &lo.w);
-				xs[m * xs_row + u] = hi;
-				xs[(m + M) * xs_row + u] = lo;
-			} else {
-				xs[m * xs_row + qm_xunit<FMT>(u)] =
-					qm_pack_x8<FMT == K_Q_INT4>(a[v], b[v]);
-			}
+			xs[m * xs_row + qm_xunit<FMT>(u)] = qm_pack_x8<FMT == K_Q_INT4>(a[v], b[v]);
 		}
 	}
 }
@@ -268,8 +239,7 @@ __device__ __forceinline__ void mg_run(const qs_warp<FMT, ST, qf_args, MG_AHEAD>
 	using F = qm_fmt<FMT>;
 	float sr[MG_STAGES][4];
 	const int xs_row = (KC + 8) / 8, g = qw.g, t = qw.t;
-	const uint4 *xr = xs + g * xs_row + F::VPC / 8 * t;	// the lane's first unit a slab
-	const uint4 *xl = xr + (size_t)M * xs_row;		// bf16: x row g's lo
+	const uint4 *xr = xs + g * xs_row + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
 	const bool xin = g < M;
 	const int sw = FMT == K_Q_INT4 ? (t >> 1) << 1 : 0;
 
@@ -279,11 +249,7 @@ __device__ __forceinline__ void mg_run(const qs_warp<FMT, ST, qf_args, MG_AHEAD>
 	__syncthreads();	// x staged
 	qw.run(sr, [](int) {},
 	       [&](int i, int h, const uint4 &wa, const uint4 &wb, float sa, float sb) {
-		       const int o = (2 * i + h) * (F::SLAB / 8);
-
-		       qm_slab<FMT>(acc, wa, wb, sa, sb, xr + o, sw, xin);
-		       if constexpr (FMT == K_Q_NONE)
-			       qm_slab<FMT>(acc, wa, wb, sa, sb, xl + o, sw, xin);
+		       qm_slab<FMT>(acc, wa, wb, sa, sb, xr + (2 * i + h) * (F::SLAB / 8), sw, xin);
 	       });
 	cp_async_wait<0>();
 }
@@ -299,8 +265,7 @@ __device__ __forceinline__ void mg_gate_up_item(const mg_args &a, const mg_union
 	const int tpe = 2 * a.I / MG_ROWS, uix = tile / tpe, r0 = tile % tpe * MG_ROWS;
 	const int j = r0 < a.I ? 0 : 1, e = un.used[uix];
 	const qf_args q = mg_qf<FMT>(a, j, a.I, a.H, a.KC);
-	const ST *sc = FMT == K_Q_NONE ? nullptr : (const ST *)a.es[3 * e + j];
-	const qs_warp<FMT, ST, qf_args, MG_AHEAD> qw(q, a.ew[3 * e + j], sc,
+	const qs_warp<FMT, ST, qf_args, MG_AHEAD> qw(q, a.ew[3 * e + j], (const ST *)a.es[3 * e + j],
 						      smem + warp * MG_STAGES * QS_WSTAGE,
 						      r0 - j * a.I + warp * 16, s * a.KC);
 	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
@@ -411,7 +376,7 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_down_kernel(mg_args a)
 	const qf_args q = mg_qf<FMT>(a, 2, a.H, a.I, a.KCd);
 	const qs_warp<FMT, ST, qf_args, MG_AHEAD> qw(
 		q, k_cuda_pdl_early(a.ew + 3 * e + 2),
-		FMT == K_Q_NONE ? nullptr : (const ST *)k_cuda_pdl_early(a.es + 3 * e + 2),
+		(const ST *)k_cuda_pdl_early(a.es + 3 * e + 2),
 		mg_smem + warp * MG_STAGES * QS_WSTAGE, n0 + warp * 16, 0);
 
 	if (uix < un.n_used)
@@ -483,10 +448,9 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_down_kernel(mg_args a)
 
 // ---- host -------------------------------------------------------------------
 
-// x rows staged a CTA: M, or for bf16 experts (MQ_BF16) M hi and M lo rows
-static long mg_x_bytes(int fmt, int M, int KC)
+static long mg_x_bytes(int M, int KC)
 {
-	return (long)(fmt == MQ_BF16 ? 2 * M : M) * (KC + 8) * 2;
+	return (long)M * (KC + 8) * 2;
 }
 
 // CTAs of dynamic shared memory smem a multiprocessor holds at once (228 KB, 1 KB of it
@@ -504,17 +468,15 @@ static int mg_ctas_per_sm(int smem)
 bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, int inter,
 			 int n_sm, int persist, struct moe_qgemv_plan *p)
 {
-	const int sk = fmt == MQ_INT4   ? qs_fmt<K_Q_INT4>::SK
-		       : fmt == MQ_BF16 ? qs_fmt<K_Q_NONE>::SK
-					: qs_fmt<K_Q_FP8>::SK;
+	const int sk = fmt == MQ_INT4 ? qs_fmt<K_Q_INT4>::SK : qs_fmt<K_Q_FP8>::SK;
 	const int nst = (hidden + sk - 1) / sk, want = k_cuda_tuning()->moe_qgemv_split;
 	size_t gu_parts, d_parts;
 	double best_bal = 0.;
 	bool best_enough = false;
 	int best = 0;
 
-	if ((fmt != MQ_FP8 && fmt != MQ_INT4 && fmt != MQ_BF16) || M < 1 || M > MOE_QGEMV_MAX_M ||
-	    top_k < 1 || M * top_k > MG_PAIRS || n_experts < 1 || hidden < 32 || hidden % 32 ||
+	if ((fmt != MQ_FP8 && fmt != MQ_INT4) || M < 1 || M > MOE_QGEMV_MAX_M || top_k < 1 ||
+	    M * top_k > MG_PAIRS || n_experts < 1 || hidden < 32 || hidden % 32 ||
 	    inter % MG_ROWS || n_sm < 1)
 		return false;
 	*p = {};
@@ -522,7 +484,7 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 	p->gu_tiles = p->n_max * 2 * inter / MG_ROWS;
 	p->d_tiles = (hidden + MG_ROWS - 1) / MG_ROWS;
 	p->KCd = (inter + sk - 1) / sk * sk;
-	if (mg_x_bytes(fmt, M, p->KCd) > MG_MAX_X)
+	if (mg_x_bytes(M, p->KCd) > MG_MAX_X)
 		return false;
 	// the fewest K slices whose x slice fits and whose CTAs give every multiprocessor
 	// MG_CTAS_WANTED (else the most that fit); k_cuda_tuning()->moe_qgemv_split, where
@@ -534,11 +496,10 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 		const long items = (long)p->gu_tiles * S;
 		const bool enough = items >= (long)MG_CTAS_WANTED * n_sm;
 
-		if ((nst + kb - 1) / kb != S || mg_x_bytes(fmt, M, kb * sk) > MG_MAX_X ||
+		if ((nst + kb - 1) / kb != S || mg_x_bytes(M, kb * sk) > MG_MAX_X ||
 		    (want && S < want))
 			continue;
-		const int smem = MG_RING + (int)mg_x_bytes(fmt, M, kb * sk);
-		const long fit = (long)n_sm * mg_ctas_per_sm(smem);
+		const long fit = (long)n_sm * mg_ctas_per_sm(MG_RING + (int)mg_x_bytes(M, kb * sk));
 		const long ctas = persist > 1 && persist < fit ? persist : fit;
 		const double bal = items <= ctas ? 1. : (double)items / ctas /
 							      (double)((items + ctas - 1) / ctas);
@@ -560,8 +521,8 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 	// persistent only where the items outnumber the CTAs that fit (else it is the
 	// plain grid with a loop around it)
 	p->persist = persist && (long)p->gu_tiles * best > p->ctas;
-	p->gu_smem = MG_RING + (int)mg_x_bytes(fmt, M, p->KC);
-	p->d_smem = MG_RING + (int)mg_x_bytes(fmt, M, p->KCd);
+	p->gu_smem = MG_RING + (int)mg_x_bytes(M, p->KC);
+	p->d_smem = MG_RING + (int)mg_x_bytes(M, p->KCd);
 	p->act_floats = (size_t)M * p->n_max * 2 * inter;
 	gu_parts = p->S > 1 ? (size_t)p->gu_tiles * p->S : 0;	// one slice: no partials
 	d_parts = (size_t)p->d_tiles * p->n_max;
@@ -596,8 +557,6 @@ int moe_qgemv_setup(void)
 	int ret = mg_setup_one<K_Q_FP8, float>();
 
 	if (!ret)
-		ret = mg_setup_one<K_Q_NONE, float>();	// (no scales: ST unused)
-	if (!ret)
 		ret = mg_setup_one<K_Q_FP8, __nv_bfloat16>();
 	if (!ret)
 		ret = mg_setup_one<K_Q_INT4, float>();
@@ -610,14 +569,13 @@ bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, i
 	struct moe_qgemv_plan p;
 	const int unit = wq.fmt == MQ_INT4 ? 32 : 128;	// k a scale column must hold
 
-	if (M > (wq.fmt == MQ_BF16 ? k_cuda_tuning()->moe_qgemv_bf16
-				   : k_cuda_tuning()->moe_qgemv_rows) ||
+	if (M > k_cuda_tuning()->moe_qgemv_rows || (wq.fmt != MQ_FP8 && wq.fmt != MQ_INT4) ||
 	    ((uintptr_t)x & 15) ||
 	    !moe_qgemv_make_plan(wq.fmt, M, top_k, n_experts, hidden, inter, ws.n_sm,
 				 k_cuda_tuning()->moe_qgemv_persist, &p) ||
 	    !mg_fits(p, ws))
 		return false;
-	for (int j = 0; j < 3 && wq.fmt != MQ_BF16; j++)	// whole columns a scale column
+	for (int j = 0; j < 3; j++)	// whole columns per scale column, any block of rows
 		if (wq.kshift[j] != 31 && (wq.kshift[j] < 0 || wq.bcols[j] % unit))
 			return false;
 	return true;
@@ -675,8 +633,6 @@ int moe_qgemv_run(cudaStream_t s, const struct moe_qgemv_ws &ws, float *out, con
 		a.kshift[j] = wq.kshift[j];
 		a.scols[j] = wq.scols[j];
 	}
-	if (wq.fmt == MQ_BF16)
-		return mg_launch<K_Q_NONE, float>(s, p, a);
 	if (wq.fmt == MQ_INT4)
 		return wq.sbf16 ? mg_launch<K_Q_INT4, __nv_bfloat16>(s, p, a)
 				: mg_launch<K_Q_INT4, float>(s, p, a);
