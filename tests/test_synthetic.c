@@ -160,7 +160,7 @@ out:
 /* --weight-format: the linear weights stored quantized (embedding, lm_head and router
  * not), the engine's logits finite and prefill == decode, and the decode floor's bytes
  * those of the formats as published (payload + scales, counted here from the formats'
- * own definitions) in place of bf16. */
+ * own definitions) in place of bf16; int4 values of mean 0 (int4_mean). */
 static double quant_bytes(enum model_qformat f, double N, double K)
 {
 	switch (f) {
@@ -170,6 +170,27 @@ static double quant_bytes(enum model_qformat f, double N, double K)
 	case MODEL_Q_INT4_GROUP: return N * ceil(K / 8) * 4 + N * ceil(K / 32) * 2;
 	default: return 2 * N * K;
 	}
+}
+
+/* The int4 values (nibble - 8) of a synthetic weight's payload: their mean, and how
+ * many are -8. Uniform nibbles (mean -0.5) made every output of a matrix share one
+ * offset, which grew through the layers until every token routed to the same experts
+ * (model_synthetic.c's plan_quant). */
+static double int4_mean(const struct model_tensor *w, long *n_min)
+{
+	const uint8_t *b = w->data;
+	const size_t n = (size_t)w->rows * (size_t)((w->cols + 7) / 8) * 4;
+	double sum = 0;
+
+	*n_min = 0;
+	for (size_t i = 0; i < n; i++)
+		for (int h = 0; h < 2; h++) {
+			const int v = ((b[i] >> (4 * h)) & 15) - 8;
+
+			sum += v;
+			*n_min += v == -8;
+		}
+	return sum / (2.0 * (double)n);
 }
 
 static void check_weight_formats(const char *top)
@@ -217,6 +238,13 @@ static void check_weight_formats(const char *top)
 			for (size_t k = 0; k < sizeof(w) / sizeof(w[0]); k++)
 				delta += quant_bytes(lo.weight_format.format, (double)w[k]->rows, (double)w[k]->cols) -
 					 2.0 * (double)w[k]->rows * (double)w[k]->cols;
+		}
+		if (lo.weight_format.format == MODEL_Q_INT4_GROUP) {
+			long n_min;
+			double mean = int4_mean(&m->layers[0].w_down, &n_min);
+
+			CHECK(fabs(mean) < 0.05 && n_min == 0, "%s: w_down's values of mean %.3f "
+			      "(want 0), %ld of -8 (want none)", fmts[i], mean, n_min);
 		}
 		want = bf16_bytes + delta;
 		CHECK(fabs(engine_weight_bytes(m, 1) - want) < 0.5, "%s: floor bytes %.0f, want %.0f",
