@@ -13,6 +13,9 @@
 #                  batch 64 on auto
 #   ST_PART=slice  the Kimi-K2 (2 layers) and DeepSeek-V3 (4 layers) slices, bf16,
 #                  fp8-block, int4-g32, batch 1,8 (layer_us and lay_fl% are the MoE layer's)
+#                  (moe and slice: ST_FORMATS="int4-g32" takes fewer formats; session 28
+#                  fixed the synthetic int4 weights, whose MoE rows above batch 1 must be
+#                  measured again)
 #   ST_PART=ring   the ring kind's streaming form on bf16 (KDEC_LINEAR_RING_STREAM):
 #                  test_cuda_linear, test_cuda_golden_ring.sh, bench_cuda_linear --quick
 #   ST_PART=ringab kdbench decode, bf16 Llama-3.1-8B batch 1,8 and Qwen3-8B batch 1: the
@@ -39,6 +42,8 @@
 #       tar -cf - devbuild-s28 | xz -6 -T2 > devbuild-s28.tar.xz
 # device run: DEVBUILD=devbuild-s28 ST_PART="moe slice ringtune" bash contrib/device/state.sh
 #             carry ["devbuild-s28.tar.xz"]
+# next (a pack of bc1dfc3 or later): ST_FORMATS="fp8-block int4-g32" ST_PART="moe slice"
+#             (int4 against fp8 on the fixed weights), then ST_PART=ringtune
 set -u
 DEADLINE=${DEADLINE:-560}
 . contrib/device/lib.sh
@@ -150,7 +155,7 @@ peer() {
 moe() {
 	local m f
 	for m in qwen3-30b-a3b deepseek-v2-lite; do
-		for f in bf16 fp8-block int4-g32; do
+		for f in ${ST_FORMATS:-bf16 fp8-block int4-g32}; do
 			decp "m_${m}_$f" "$m" 1,8 "$f" standard,latency
 			dec "m64_${m}_$f" "$m" 64 "$f"
 		done
@@ -160,7 +165,7 @@ moe() {
 slice() {
 	local m f
 	for m in kimi-k2 deepseek-v3; do
-		for f in bf16 fp8-block int4-g32; do
+		for f in ${ST_FORMATS:-bf16 fp8-block int4-g32}; do
 			dec "s_${m}_$f" "$m" 1,8 "$f"
 		done
 	done
