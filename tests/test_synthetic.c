@@ -14,6 +14,7 @@
 
 #include "daemon/engine/engine.h"
 #include "daemon/model/model.h"
+#include "kernels/quant.h"
 #include "tests/testutil.h"
 
 #define T 37		/* prompt length: crosses block boundaries of 16 and 5 */
@@ -179,7 +180,7 @@ static double quant_bytes(enum model_qformat f, double N, double K)
 static double int4_mean(const struct model_tensor *w, long *n_min)
 {
 	const uint8_t *b = w->data;
-	const size_t n = (size_t)w->rows * (size_t)((w->cols + 7) / 8) * 4;
+	const size_t n = (size_t)w->rows * k_quant_row_bytes(K_Q_INT4, w->cols);
 	double sum = 0;
 
 	*n_min = 0;

@@ -122,8 +122,9 @@ enum k_cuda_linear_kind k_cuda_linear_choose(const float *x, const uint16_t *w, 
  * for this shape at M's bucket (the next power of two, M <= K_CUDA_LINEAR_RING_M): the
  * first call at a bucket size outside a graph capture times both, synchronising the
  * stream, and the context keeps the ring where it was at least 3% faster; a capture,
- * or another M, takes what its bucket kept, else the plain choice. Never the ring where only x's bf16 copy was
- * written (k_cuda_linear_x_ready_only). k_cuda_linear runs what this says. */
+ * or another M, takes what its bucket kept, else the plain choice. Never the ring
+ * where only x's bf16 copy was written (k_cuda_linear_x_ready_only). k_cuda_linear
+ * runs what this says. */
 enum k_cuda_linear_kind k_cuda_linear_choose_tuned(struct k_cuda_linear *ctx, const float *x,
 						   const uint16_t *w, int M, int N, int K);
 
