@@ -209,13 +209,21 @@ void engine_seq_release(struct engine *e, struct engine_seq *s);
  * block to drop is shared or cached; s is unchanged). */
 int engine_seq_truncate(struct engine *e, struct engine_seq *s, int n_tokens);
 
-/* The bytes a decode step of `rows` rows reads of the weights (bf16; routed experts
- * counted as uniform routing would choose them), and of the KV cache for `tokens`
- * tokens of context in the backend's cache dtype (engine_bytes.c). */
+/* The bytes a decode step of `rows` rows reads of the weights (bf16, or as stored
+ * when quantized; routed experts counted as uniform routing would choose them), and of
+ * the KV cache for `tokens` tokens of context in the backend's cache dtype
+ * (engine_bytes.c). */
 double engine_weight_bytes(const struct model *m, int rows);
 /* The same count for the model's last decoder layer alone (kdbench's layer_us floor;
  * its KV share is engine_kv_bytes / n_layers). */
 double engine_last_layer_bytes(const struct model *m, int rows);
+/* The share of a MoE layer's routed experts that `rows` rows choose under uniform
+ * routing, E * (1 - (1 - k/E)^rows) / E (0 without experts): what the two above count. */
+double engine_uniform_expert_share(const struct model_config *c, int rows);
+/* engine_weight_bytes and engine_last_layer_bytes with the routed experts' share
+ * given: the share a traced step used (kdbench decode), not the uniform one. */
+double engine_weight_bytes_at(const struct model *m, int rows, double expert_share);
+double engine_last_layer_bytes_at(const struct model *m, int rows, double expert_share);
 double engine_kv_bytes(const struct engine *e, double tokens);
 
 /* Runs reqs[0..n) as one step (split into forward calls of at most max_rows rows).

@@ -7,12 +7,10 @@
 #include "daemon/model/model_quant.h"
 
 /* Every matrix except the embedding table (rows of it), in bf16 bytes or as stored
- * when quantized (scales included), and of the routed experts only those chosen. Which
- * experts a batch chooses is known only on the GPU: the count assumes uniform routing,
- * E * (1 - (1 - k/E)^rows) distinct experts per MoE layer. */
-/* The share of a MoE layer's routed experts that `rows` rows choose under uniform
- * routing (0 without experts). */
-static double used_share(const struct model_config *c, int rows)
+ * when quantized (scales included), and of the routed experts only the share chosen.
+ * Which experts a batch chooses is known only on the GPU: engine_weight_bytes assumes
+ * uniform routing; kdbench decode traces a step and passes the share it used. */
+double engine_uniform_expert_share(const struct model_config *c, int rows)
 {
 	double E = c->n_experts, k = c->top_k, p_unused = 1;
 
@@ -23,7 +21,7 @@ static double used_share(const struct model_config *c, int rows)
 	return 1 - p_unused;
 }
 
-double engine_weight_bytes(const struct model *m, int rows)
+double engine_weight_bytes_at(const struct model *m, int rows, double expert_share)
 {
 	const struct model_config *c = &m->cfg;
 	double bytes, embed = 2.0 * c->vocab_size * c->hidden_size;
@@ -35,10 +33,10 @@ double engine_weight_bytes(const struct model *m, int rows)
 		bytes -= embed;	/* the table itself is not streamed */
 	bytes += 2.0 * rows * c->hidden_size;
 	/* stream_expert_bytes holds every expert of every MoE layer: the used share */
-	return bytes + m->stream_expert_bytes * used_share(c, rows);
+	return bytes + m->stream_expert_bytes * expert_share;
 }
 
-double engine_last_layer_bytes(const struct model *m, int rows)
+double engine_last_layer_bytes_at(const struct model *m, int rows, double expert_share)
 {
 	const struct model_config *c = &m->cfg;
 	double bytes;
@@ -46,7 +44,17 @@ double engine_last_layer_bytes(const struct model *m, int rows)
 	if (!m->stream_counted)
 		model_count_stream_bytes((struct model *)m);
 	bytes = m->stream_last_dense_bytes + 2.0 * rows * c->hidden_size;
-	return bytes + m->stream_last_expert_bytes * used_share(c, rows);
+	return bytes + m->stream_last_expert_bytes * expert_share;
+}
+
+double engine_weight_bytes(const struct model *m, int rows)
+{
+	return engine_weight_bytes_at(m, rows, engine_uniform_expert_share(&m->cfg, rows));
+}
+
+double engine_last_layer_bytes(const struct model *m, int rows)
+{
+	return engine_last_layer_bytes_at(m, rows, engine_uniform_expert_share(&m->cfg, rows));
 }
 
 double engine_kv_bytes(const struct engine *e, double tokens)

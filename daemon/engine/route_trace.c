@@ -70,10 +70,32 @@ void route_trace_clear(struct route_trace *t)
 
 long route_trace_index(const struct route_trace *t, int seq, int layer, int pos)
 {
+	pos -= t->pos_base;
 	if (seq < 0 || seq >= t->max_seqs || layer < 0 || layer >= t->n_layers || pos < 0 ||
 	    pos >= t->max_pos)
 		return -1;
 	return ((long)seq * t->n_layers + layer) * t->max_pos + pos;
+}
+
+int route_trace_experts(const struct route_trace *t, int layer)
+{
+	uint8_t used[TRACE_MAX_EXPERTS] = { 0 };
+	int n = 0;
+
+	for (int s = 0; s < t->n_seqs; s++)
+		for (int p = 0; p < t->max_pos; p++) {
+			long k = route_trace_index(t, s, layer, t->pos_base + p);
+
+			if (k < 0 || !t->have[k])
+				continue;
+			for (int j = 0; j < t->top_k; j++) {
+				int id = t->ids[k * t->top_k + j];
+
+				if (id >= 0 && id < t->n_experts && !used[id])
+					used[id] = 1, n++;
+			}
+		}
+	return n;
 }
 
 int route_trace_force_from(struct route_trace *t, const struct route_trace *src)
@@ -81,7 +103,8 @@ int route_trace_force_from(struct route_trace *t, const struct route_trace *src)
 	size_t keys = trace_keys(t);
 
 	if (src->n_layers != t->n_layers || src->top_k != t->top_k ||
-	    src->max_seqs != t->max_seqs || src->max_pos != t->max_pos)
+	    src->max_seqs != t->max_seqs || src->max_pos != t->max_pos ||
+	    src->pos_base != t->pos_base)
 		return -EINVAL;
 	memcpy(t->have_force, src->have, keys);
 	memcpy(t->force, src->ids, keys * (size_t)t->top_k * sizeof(int32_t));
@@ -169,7 +192,8 @@ int route_trace_layer(struct route_trace *t, struct backend *be,
 
 		if (k < 0) {
 			snprintf(err, err_len, "routing trace: row %d (sequence %d, position %d) is past "
-				 "the trace's %d sequences of %d tokens", r, s, pos[r], t->max_seqs, t->max_pos);
+				 "the trace's %d sequences of positions %d..%d", r, s, pos[r], t->max_seqs,
+				 t->pos_base, t->pos_base + t->max_pos - 1);
 			ret = -ERANGE;
 			goto out;
 		}
@@ -201,7 +225,7 @@ int route_trace_write(const struct route_trace *t, FILE *f,
 		t->top_k);
 	for (int s = 0; s < t->n_seqs; s++)
 		for (int l = 0; l < t->n_layers; l++)
-			for (int pos = 0; pos < t->max_pos; pos++) {
+			for (int pos = t->pos_base; pos < t->pos_base + t->max_pos; pos++) {
 				long k = route_trace_index(t, s, l, pos);
 				struct k_moe_route_params q = *p;
 

@@ -17,6 +17,8 @@
 
 struct route_trace {
 	int n_layers, n_experts, top_k, max_seqs, max_pos;
+	int pos_base;		/* the first position recorded (0 unless a caller sets it):
+				 * keys hold positions pos_base .. pos_base + max_pos - 1 */
 	int32_t *seq_block;	/* (max_seqs) first KV block of each sequence seen */
 	int n_seqs;
 	/* by key: ids (top_k) the experts the step used (forced ones where forced), own
@@ -42,6 +44,9 @@ void route_trace_clear(struct route_trace *t);
 
 /* The key's index, or -1 out of range. */
 long route_trace_index(const struct route_trace *t, int seq, int layer, int pos);
+
+/* How many distinct experts layer's recorded decisions used (0: none recorded). */
+int route_trace_experts(const struct route_trace *t, int layer);
 
 /* Forces the choices src's steps used on the next runs: every decision src has. */
 int route_trace_force_from(struct route_trace *t, const struct route_trace *src);

@@ -13,6 +13,7 @@
 #include "daemon/base/clock.h"
 #include "daemon/base/log.h"
 #include "daemon/engine/engine.h"
+#include "daemon/engine/route_trace.h"
 #include "daemon/kdbench/kdbench.h"
 #include "daemon/model/model.h"
 #ifdef KD_HAVE_CUDA
@@ -51,6 +52,9 @@ struct decode_result {
 	double layer_floor_us;	/* that layer's bytes (weights touched, its KV share) / hbm_tbs */
 	int layer_launches;	/* its kernels */
 	int latency;		/* the bucket's graph takes the latency path */
+	double experts;		/* MoE: distinct routed experts a layer of a traced step read
+				 * (mean over the MoE layers), which the floors count; 0: dense */
+	int last_experts;	/* ... the last layer's */
 };
 
 #define LAYER_REPS 8		/* the layer graph issues the layer this many times */
@@ -74,7 +78,11 @@ static void decode_usage(FILE *f)
 		"  timed steps' tokens in turn (routing as the steps had it); var2_ms: on the\n"
 		"  first two steps' tokens, alternating. All medians. lay_fl_us: that layer's\n"
 		"  floor (its weights as the step touches them and its share of the KV cache at\n"
-		"  --hbm-tbs); lay_fl%%: the floor over layer_us.\n"
+		"  --hbm-tbs); lay_fl%%: the floor over layer_us. experts (MoE models): the\n"
+		"  distinct routed experts a MoE layer read in one more step, traced op by op\n"
+		"  after the timed ones (mean over the MoE layers; the batch's rows share them),\n"
+		"  and uni: what uniform routing would choose; read_GB and both floors count the\n"
+		"  traced experts.\n"
 		"\n"
 		"  --batch LIST          batch sizes (default 1,8,32,64)\n"
 		"  --ctx N               context per sequence before the timed steps (default 1024)\n"
@@ -334,6 +342,51 @@ static double p50_of(double *v, int n)
 	return v[n / 2];
 }
 
+/* The routed experts one more decode step reads (MoE models): the step run op by op
+ * under a routing trace of its position, each MoE layer's distinct experts over the
+ * batch counted; r->experts the mean over the layers that routed, r->last_experts the
+ * last layer's (0 for dense models). The rows' tokens and sample steps move on by one.
+ * 0 or -errno with one line in err. */
+static int trace_experts(struct engine *e, struct engine_seq *seqs, struct engine_req *reqs,
+			 int B, const struct k_sample_params *sp, uint64_t *steps, int32_t *tok,
+			 struct decode_result *r, char *err, size_t err_len)
+{
+	const struct model_config *c = &e->model->cfg;
+	struct route_trace *t = NULL;
+	int ret, moe = 0, sum = 0;
+
+	if (c->n_experts <= 0)
+		return 0;
+	if ((ret = route_trace_create(&t, c->n_layers, c->n_experts, c->top_k, B, 1))) {
+		snprintf(err, err_len, "routing trace for %d rows: %s", B, strerror(-ret));
+		return ret;
+	}
+	t->pos_base = seqs[0].n_tokens;	/* every row is at the same position */
+	for (int i = 0; i < B; i++) {
+		reqs[i] = (struct engine_req){ .seq = &seqs[i], .tokens = &tok[i], .n_tokens = 1 };
+		steps[i]++;
+	}
+	engine_set_route_trace(e, t);
+	ret = engine_step_sample(e, reqs, B, sp, steps, tok, NULL, err, err_len);
+	engine_set_route_trace(e, NULL);
+	for (int l = 0; !ret && l < c->n_layers; l++) {
+		int n = route_trace_experts(t, l);
+
+		moe += n > 0;
+		sum += n;
+		if (l == c->n_layers - 1)
+			r->last_experts = n;
+	}
+	if (!ret && !moe) {
+		snprintf(err, err_len, "routing trace: no MoE layer of %d recorded a choice", c->n_layers);
+		ret = -EIO;
+	}
+	if (!ret)
+		r->experts = (double)sum / moe;
+	route_trace_destroy(t);
+	return ret;
+}
+
 static int run_batch(const struct decode_args *a, struct engine *e, int B, struct decode_result *res)
 {
 	const struct model_config *c = &e->model->cfg;
@@ -414,11 +467,17 @@ static int run_batch(const struct decode_args *a, struct engine *e, int B, struc
 	    forward_layer_time(e->fwd, B, c->n_layers - 1, LAYER_REPS, 16, &res->layer_us,
 			       &res->layer_launches))
 		res->layer_us = 0, res->layer_launches = 0;
-	res->weight_gb = engine_weight_bytes(e->model, B) / 1e9;
+	/* the routed experts the floors count: those a traced step read (synthetic
+	 * weights route less evenly than uniform routing would) */
+	if ((ret = trace_experts(e, seqs, reqs, B, sp, steps, tok, res, err, sizeof(err))))
+		goto fail;
+	res->weight_gb = engine_weight_bytes_at(e->model, B, c->n_experts > 0 ?
+						res->experts / c->n_experts : 0) / 1e9;
 	/* KV read by the median step: contexts ctx + warmup + steps / 2, bf16 or fp32 */
 	res->kv_gb = engine_kv_bytes(e, B * (a->ctx + a->warmup + a->steps / 2.0)) / 1e9;
 	res->floor_ms = (res->weight_gb + res->kv_gb) / (a->hbm_tbs * 1e3) * 1e3;
-	res->layer_floor_us = (engine_last_layer_bytes(e->model, B) / 1e9 +
+	res->layer_floor_us = (engine_last_layer_bytes_at(e->model, B, c->n_experts > 0 ?
+			       (double)res->last_experts / c->n_experts : 0) / 1e9 +
 			       res->kv_gb / c->n_layers) / (a->hbm_tbs * 1e3) * 1e6;
 	ret = 0;
 	goto out;
@@ -440,15 +499,20 @@ out:
 	return ret;
 }
 
-static void print_row(const struct decode_result *r, int n_layers)
+static void print_row(const struct decode_result *r, const struct model_config *c)
 {
-	printf("%5d %6d %9.3f %9.3f %9.3f %9.3f %10.1f %11.1f %8d %9.2f %8.3f %8.3f %6.0f%% %9.1f %8.1f %7d %8s %8.2f %8.3f %8.3f %9.3f %8.3f %8.3f %8.3f %9.1f %6.0f%%\n",
+	printf("%5d %6d %9.3f %9.3f %9.3f %9.3f %10.1f %11.1f %8d %9.2f %8.3f %8.3f %6.0f%% %9.1f %8.1f %7d %8s %8.2f %8.3f %8.3f %9.3f %8.3f %8.3f %8.3f %9.1f %6.0f%%",
 	       r->batch, r->ctx, r->p50_ms, r->p90_ms, r->min_ms, r->replay_ms, 1e3 / r->p50_ms,
 	       r->batch * 1e3 / r->p50_ms, r->launches, r->weight_gb + r->kv_gb, r->kv_gb,
-	       r->floor_ms, 100 * r->floor_ms / r->p50_ms, r->p50_ms * 1e3 / n_layers,
+	       r->floor_ms, 100 * r->floor_ms / r->p50_ms, r->p50_ms * 1e3 / c->n_layers,
 	       r->layer_us, r->layer_launches, r->latency ? "latency" : "standard", r->prefill_s,
 	       r->gpu_ms, r->stage_ms, r->launch_ms, r->wait_ms, r->var_ms, r->var2_ms,
 	       r->layer_floor_us, r->layer_us > 0 ? 100 * r->layer_floor_us / r->layer_us : 0);
+	if (c->n_experts > 0)
+		printf(" %8.1f %6.1f\n", r->experts,
+		       c->n_experts * engine_uniform_expert_share(c, r->batch));
+	else
+		printf(" %8s %6s\n", "-", "-");
 }
 
 static void write_json(FILE *f, const struct decode_args *a, const struct engine *e,
@@ -461,13 +525,15 @@ static void write_json(FILE *f, const struct decode_args *a, const struct engine
 		"\"weight_gb\":%.4f,\"kv_gb\":%.4f,\"floor_ms\":%.4f,\"hbm_tbs\":%.2f,\"floor_fraction\":%.4f,\"prefill_s\":%.3f,"
 		"\"layer_us\":%.2f,\"layer_launches\":%d,\"decode_path_asked\":\"%s\",\"decode_path\":\"%s\","
 		"\"step_gpu_ms_p50\":%.4f,\"stage_ms_p50\":%.4f,\"launch_ms_p50\":%.4f,\"wait_ms_p50\":%.4f,"
-		"\"replay_var_ms_p50\":%.4f,\"replay_var2_ms_p50\":%.4f,\"layer_floor_us\":%.2f}\n",
+		"\"replay_var_ms_p50\":%.4f,\"replay_var2_ms_p50\":%.4f,\"layer_floor_us\":%.2f,"
+		"\"routed_experts\":%.2f,\"routed_experts_last\":%d,\"routed_experts_uniform\":%.2f}\n",
 		a->model, e->be->ops->name, e->model->cfg.n_layers, r->batch, r->ctx, a->steps,
 		!a->no_graphs && e->fwd->use_graphs, r->p50_ms, r->p90_ms, r->min_ms, r->replay_ms,
 		1e3 / r->p50_ms, r->batch * 1e3 / r->p50_ms, r->launches, r->weight_gb, r->kv_gb, r->floor_ms,
 		a->hbm_tbs, r->floor_ms / r->p50_ms, r->prefill_s, r->layer_us, r->layer_launches,
 		asked, r->latency ? "latency" : "standard", r->gpu_ms, r->stage_ms, r->launch_ms,
-		r->wait_ms, r->var_ms, r->var2_ms, r->layer_floor_us);
+		r->wait_ms, r->var_ms, r->var2_ms, r->layer_floor_us, r->experts, r->last_experts,
+		e->model->cfg.n_experts * engine_uniform_expert_share(&e->model->cfg, r->batch));
 }
 
 int kdbench_decode_main(int argc, char **argv)
@@ -499,11 +565,11 @@ int kdbench_decode_main(int argc, char **argv)
 	       e->fwd->use_graphs ? " with graphs" : "", a.ctx, a.steps, a.warmup, a.hbm_tbs);
 	engine_parallel_describe(e, par, sizeof(par));
 	printf("# parallel: %s\n", par);
-	printf("%5s %6s %9s %9s %9s %9s %10s %11s %8s %9s %8s %8s %7s %9s %8s %7s %8s %8s %8s %8s %9s %8s %8s %8s %9s %7s\n", "batch", "ctx",
+	printf("%5s %6s %9s %9s %9s %9s %10s %11s %8s %9s %8s %8s %7s %9s %8s %7s %8s %8s %8s %8s %9s %8s %8s %8s %9s %7s %8s %6s\n", "batch", "ctx",
 	       "p50_ms", "p90_ms", "min_ms", "replay_ms", "tok/s/usr", "tok/s_total", "launches",
 	       "read_GB", "kv_GB", "floor_ms", "floor%", "us/layer", "layer_us", "lay_lch", "path",
 	       "prefill_s", "gpu_ms", "stage_ms", "launch_ms", "wait_ms", "var_ms", "var2_ms",
-	       "lay_fl_us", "lay_fl%");
+	       "lay_fl_us", "lay_fl%", "experts", "uni");
 	if (!a.n_paths)
 		a.paths[a.n_paths++] = FWD_PATH_AUTO;
 	for (int pi = 0; pi < a.n_paths && !ret; pi++) {
@@ -517,7 +583,7 @@ int kdbench_decode_main(int argc, char **argv)
 
 			if ((ret = run_batch(&a, e, a.batches[i], &r)))
 				break;
-			print_row(&r, m->cfg.n_layers);
+			print_row(&r, &m->cfg);
 			/* what issue 23 found: a per-step host walk of every tensor name
 			 * (model_count_params, before eab10b6) added 2.2 ms to a Qwen3-30B-A3B
 			 * step that replay_ms did not show; say it wherever it comes back */
