@@ -663,6 +663,19 @@ static void test_ring_tune(int N, int K)
 		       k_cuda_linear_kind_name(kept), k_cuda_linear_kind_name(cap),
 		       same ? "same bits" : "other bits", e.rel_l2, e.max_abs, pass ? "PASS" : "FAIL");
 		CHECK(pass, "ring tune N %d K %d M %d", N, K, M);
+		/* what the CPU reference asks (k_cuda_linear_rounds_x): 1 for the matrix's rows
+		 * where the ring was kept over a kind reading fp32 x, -1 elsewhere */
+		{
+			const int want = kept == K_CUDA_LINEAR_RING && !is_bf16_x(plain) ? 1 : -1;
+			const int at0 = k_cuda_linear_rounds_x(tl, dw, K, M);
+			const int mid = k_cuda_linear_rounds_x(tl, dw + (size_t)(N / 2) * K, K, M);
+
+			CHECK(at0 == want && mid == want && k_cuda_linear_rounds_x(tl, dw + 1, K, M) == -1 &&
+			      k_cuda_linear_rounds_x(tl, dw + wn, K, M) == -1 &&
+			      k_cuda_linear_rounds_x(tl, dw, K + 8, M) == -1,
+			      "ring tune N %d K %d M %d: rounds_x %d (row %d: %d), want %d", N, K, M, at0,
+			      N / 2, mid, want);
+		}
 		/* x written in bf16 only: never the ring, whatever was kept */
 		k_cuda_linear_x_ready_only(tl, dx, M, K);
 		CHECK(k_cuda_linear_choose_tuned(tl, dx, dw, M, N, K) == plain,

@@ -404,9 +404,10 @@ static int gpu_x_bf16_rows(void)
 	return BACKEND_X_BF16_MIN_M;
 }
 
-/* The CPU reference engines for a model checked on the GPU, and for a MoE model the
- * routing traces. */
-static void reference_open(struct model *m, int threads, int max_pos)
+/* The CPU reference engines for a model checked on the GPU (engine gpu), and for a MoE
+ * model the routing traces. The one with the GPU's GEMM inputs also asks gpu which
+ * weights its timed kernel choices fed bf16 x (KDEC_LINEAR_RING_TUNE's ring at 1-2 rows). */
+static void reference_open(struct model *m, int threads, int max_pos, struct engine *gpu)
 {
 	struct engine_opts eo = { .backend = "cpu", .threads = threads > 8 ? threads : 8,
 				  .kv_tokens = 4096, .block_tokens = 16, .max_rows = 128,
@@ -416,6 +417,8 @@ static void reference_open(struct model *m, int threads, int max_pos)
 
 	CHECK(engine_create(&ref_e, m, &eo, err, sizeof(err)) == 0, "reference engine: %s", err);
 	eo.x_bf16 = gpu_x_bf16_rows();
+	eo.x_bf16_at = engine_linear_rounds_x;
+	eo.x_bf16_arg = gpu;
 	CHECK(engine_create(&ref_ex, m, &eo, err, sizeof(err)) == 0, "reference engine, GEMM "
 	      "inputs in bf16: %s", err);
 	if (c->n_experts <= 0) {
@@ -512,7 +515,7 @@ static void check_model(const char *top, const char *name, int threads)
 		max_pos = cs[n].n > max_pos ? cs[n].n : max_pos;
 	}
 	if (e && row_tol != CPU_ROW_TOL)
-		reference_open(m, threads, max_pos);
+		reference_open(m, threads, max_pos, e);
 	quant_on_gpu = 0;
 	if (row_tol != CPU_ROW_TOL && m && m->n_quantized > 0) {
 		const char *rows_env = getenv("KDEC_GOLDEN_QUANT_ROWS");

@@ -20,6 +20,23 @@
 
 #define TOL 1e-4
 
+
+/* An engine_opts.x_bf16_at: mode 0 rounds every weight's x, 1 only `only`'s, 2 none
+ * decided (-1); counts its calls and those at more than one row. */
+struct x_at_arg {
+	int mode, calls, other_m;
+	const struct model_tensor *only;
+};
+
+static int x_at(void *arg, const struct model_tensor *w, int M)
+{
+	struct x_at_arg *a = arg;
+
+	a->calls++;
+	a->other_m += M != 1;
+	return a->mode == 0 ? 1 : a->mode == 1 ? (w == a->only ? 1 : -1) : -1;
+}
+
 static struct model *m;
 static struct engine *e1, *e2;	/* two CPU engines: "GPU" and reference roles */
 static int32_t *toks;
@@ -375,6 +392,47 @@ int main(void)
 		      "inputs' (bf16 rounding: between 1e-6 and 2e-2)", worst);
 		engine_seq_release(ex, &seq);
 		engine_destroy(ex);
+
+		/* x_bf16_at (a GPU engine's run-time choices: engine_linear_rounds_x) before the
+		 * rows' rule: 1 for every weight is x_bf16 = 1's step, bit for bit; 1 for one
+		 * weight alone moves the step, but less than all do; -1 leaves the rule */
+		float *all = malloc(sizeof(float) * (size_t)vocab);
+
+		CHECK(all != NULL, "x_bf16_at: memory");
+		for (int mode = 0; all && mode < 3; mode++) {
+			struct x_at_arg xa = { .mode = mode, .only = &m->layers[0].wo };
+
+			xo.x_bf16 = BACKEND_X_BF16_MIN_M;
+			xo.x_bf16_at = x_at;
+			xo.x_bf16_arg = &xa;
+			ex = NULL;
+			CHECK(engine_create(&ex, m, &xo, err, sizeof(err)) == 0, "x_bf16_at engine: %s", err);
+			engine_seq_init(&seq);
+			CHECK(engine_step(ex, &r, 1, mode ? again : all, err, sizeof(err)) == 0,
+			      "x_bf16_at step: %s", err);
+			CHECK(xa.calls > 0 && xa.other_m == 0, "x_bf16_at: %d calls, %d not at 1 row",
+			      xa.calls, xa.other_m);
+			if (mode == 1) {
+				worst = test_rel_l2(again, base, (size_t)vocab);
+				CHECK(worst > 1e-7 && test_rel_l2(again, all, (size_t)vocab) > 1e-7,
+				      "x_bf16_at one weight: %.3g from fp32, and not all's", worst);
+			} else if (mode == 2) {
+				CHECK(!memcmp(again, base, sizeof(float) * (size_t)vocab),
+				      "x_bf16_at -1 at 1 row: fp32 inputs' step");
+			}
+			engine_seq_release(ex, &seq);
+			engine_destroy(ex);
+		}
+		xo.x_bf16 = 1;
+		xo.x_bf16_at = NULL;
+		CHECK(engine_create(&ex, m, &xo, err, sizeof(err)) == 0, "x_bf16 = 1 engine: %s", err);
+		engine_seq_init(&seq);
+		CHECK(engine_step(ex, &r, 1, again, err, sizeof(err)) == 0, "x_bf16 = 1 step: %s", err);
+		CHECK(all && !memcmp(again, all, sizeof(float) * (size_t)vocab),
+		      "x_bf16_at 1 for every weight: x_bf16 = 1's step bit for bit");
+		engine_seq_release(ex, &seq);
+		engine_destroy(ex);
+		free(all);
 	}
 
 	/* a trace too small for the step: one clear error, the engine goes on */

@@ -14,6 +14,8 @@ struct backend_cpu {
 	struct k_pool *pool;
 	int kv_bf16;		/* backend_opts.kv_bf16 */
 	int x_bf16;		/* backend_opts.x_bf16: rows from which x is rounded; 0: never */
+	int (*x_bf16_at)(void *arg, const struct model_tensor *w, int M);	/* backend_opts' */
+	void *x_bf16_arg;
 	float *xr;		/* (xr_cap) x rounded to bf16, for x_bf16 */
 	size_t xr_cap;
 };
@@ -43,6 +45,8 @@ static int cpu_create(struct backend **out, const struct model *m, const struct 
 	b->base.ops = &backend_cpu_ops;
 	b->kv_bf16 = opts && opts->kv_bf16;
 	b->x_bf16 = opts && opts->x_bf16 > 0 ? opts->x_bf16 : 0;
+	b->x_bf16_at = opts ? opts->x_bf16_at : NULL;
+	b->x_bf16_arg = opts ? opts->x_bf16_arg : NULL;
 	ret = k_pool_create(&b->pool, (int)threads);
 	if (ret) {
 		snprintf(err, err_len, "cpu backend: cannot start %ld threads: %s", threads, strerror(-ret));
@@ -137,6 +141,17 @@ static void cpu_linear_fp32x(struct backend *be, float *y, const float *x,
 	k_cpu_linear_q(pool_of(be), y, x, w->data, w->dtype, &w->q, M, (int)w->rows, (int)w->cols);
 }
 
+/* Whether the GPU rounds this linear's x: x_bf16_at's answer for a bf16 weight where it
+ * has one, else x_bf16's rule by rows. */
+static int cpu_rounds_x(const struct backend_cpu *b, const struct model_tensor *w, int M)
+{
+	int at = -1;
+
+	if (b->x_bf16_at && w->q.fmt == K_Q_NONE)
+		at = b->x_bf16_at(b->x_bf16_arg, w, M);
+	return at >= 0 ? at : b->x_bf16 && M >= b->x_bf16;
+}
+
 /* With x_bf16, x rounded to bf16 first where the GPU's kernels round it; a scratch that
  * cannot grow leaves x as it is (the fidelity check then shows the difference). */
 static void cpu_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M)
@@ -144,7 +159,7 @@ static void cpu_linear(struct backend *be, float *y, const float *x, const struc
 	struct backend_cpu *b = (struct backend_cpu *)be;
 	size_t n = (size_t)M * (size_t)w->cols;
 
-	if (b->x_bf16 && M >= b->x_bf16) {
+	if (cpu_rounds_x(b, w, M)) {
 		if (n > b->xr_cap) {
 			float *p = realloc(b->xr, n * sizeof(float));
 

@@ -261,6 +261,8 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 	bo = (struct backend_opts){ .threads = opts->tp > 1 ? engine_rank_threads(opts) : opts->threads,
 				    .kv_bf16 = opts->kv_bf16,
 				    .x_bf16 = opts->x_bf16,
+				    .x_bf16_at = opts->x_bf16_at,
+				    .x_bf16_arg = opts->x_bf16_arg,
 				    .device = devs[0],
 				    .rank_devices = opts->tp > 1 ? devs : NULL,
 				    .allreduce = opts->allreduce };
@@ -493,6 +495,13 @@ static void seq_register_full(struct engine *e, struct engine_seq *s, int upto)
 		s->chain = k;
 		s->n_keyed++;
 	}
+}
+
+int engine_linear_rounds_x(void *arg, const struct model_tensor *w, int M)
+{
+	struct engine *e = arg;
+
+	return e && e->be->ops->linear_rounds_x ? e->be->ops->linear_rounds_x(e->be, w, M) : -1;
 }
 
 void engine_set_route_trace(struct engine *e, struct route_trace *t)

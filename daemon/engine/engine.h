@@ -58,6 +58,10 @@ struct engine_opts {
 	int kv_bf16;		/* backend_opts.kv_bf16: a CPU cache rounded as the GPU's */
 	int x_bf16;		/* backend_opts.x_bf16: the fewest rows whose CPU GEMM inputs are
 				 * rounded as the GPU's; 0: never */
+	/* backend_opts.x_bf16_at, x_bf16_arg: which weights' inputs a GPU engine's run-time
+	 * choices rounded (engine_linear_rounds_x of that engine); NULL: x_bf16 alone */
+	int (*x_bf16_at)(void *arg, const struct model_tensor *w, int M);
+	void *x_bf16_arg;
 	const char *decode_path;	/* --decode-path: "auto" (NULL), "standard", "latency" */
 	int no_graphs;		/* --no-graphs: every step op by op (with tp > 1 the ranks'
 				 * eager path, docs/PARALLEL.md) */
@@ -230,6 +234,11 @@ double engine_kv_bytes(const struct engine *e, double tokens);
  * logits receives, request by request, n_tokens rows (all_logits) or one row, each
  * vocab floats. On error no sequence changes: -EINVAL (token id >= vocab, empty
  * request) or -ENOSPC (cache full) with one line in err. */
+/* 1 where e's backend rounded the input of weight w at M rows to bf16 by a run-time
+ * choice (backend_ops.linear_rounds_x), else -1: a CPU reference engine's x_bf16_at
+ * (engine_opts) with arg e. */
+int engine_linear_rounds_x(void *e, const struct model_tensor *w, int M);
+
 /* Attaches a routing trace (route_trace.h; NULL detaches): the steps that follow
  * record each MoE layer's choices into it and take its forced ones, and run op by op
  * (no graph replays) while it is attached. The trace outlives the attachment. */

@@ -574,6 +574,7 @@ const struct backend_ops backend_cuda_ops = {
 	.reserve = cuda_reserve,
 	.linear_add = cuda_linear_add,
 	.linear_fp32x = cuda_linear_fp32x,
+	.linear_rounds_x = cuda_linear_rounds_x,
 	.moe_experts_add = cuda_moe_experts_add,
 	.moe_layer = cuda_moe_layer,
 	.branch = cuda_branch,

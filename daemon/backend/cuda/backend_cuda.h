@@ -244,10 +244,15 @@ void cuda_pending_settle(struct backend_cuda *b);
 int cuda_branch_create(struct backend_cuda *b, int max_M);
 void cuda_branch_destroy(struct backend_cuda *b);	/* accepts b->branch NULL */
 int cuda_branch(struct backend *be, enum backend_branch step, int rows);
+/* The branch's linear context, NULL without a branch. */
+struct k_cuda_linear *cuda_branch_linear(const struct backend_cuda *b);
 /* Before a sync, a download or a capture's end: a branch left open (a step that failed
  * halfway) ended and the main queue made to wait for all of the branch's work. */
 void cuda_branch_settle(struct backend_cuda *b);
 void cuda_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M);
+/* backend_ops.linear_rounds_x: the main queue's and the branch's linear contexts asked
+ * (k_cuda_linear_rounds_x) for w's bf16 matrix */
+int cuda_linear_rounds_x(struct backend *be, const struct model_tensor *w, int M);
 void cuda_linear_fp32x(struct backend *be, float *y, const float *x, const struct model_tensor *w,
 		       int M);
 void cuda_linear_add(struct backend *be, float *y, const float *x, const struct model_tensor *w,

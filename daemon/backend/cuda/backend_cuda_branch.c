@@ -59,6 +59,11 @@ int cuda_branch_create(struct backend_cuda *b, int max_M)
 	return 0;
 }
 
+struct k_cuda_linear *cuda_branch_linear(const struct backend_cuda *b)
+{
+	return b->branch ? b->branch->lin : NULL;
+}
+
 void cuda_branch_destroy(struct backend_cuda *b)
 {
 	struct cuda_branch *br = b->branch;

@@ -286,6 +286,18 @@ int cuda_linear_run(struct backend_cuda *b, float *y, const float *x, const stru
 	return cuda_qlinear_run(b, y, x, qw, M, (int)w->cols, accumulate);
 }
 
+int cuda_linear_rounds_x(struct backend *be, const struct model_tensor *w, int M)
+{
+	struct backend_cuda *b = cuda_of(be);
+	const uint16_t *d = w->q.fmt == K_Q_NONE ? cuda_ptr_map_get(&b->map, w->data) : NULL;
+
+	if (!d || cuda_qweight_of(b, w))
+		return -1;
+	if (k_cuda_linear_rounds_x(b->lin, d, (int)w->cols, M) > 0)
+		return 1;
+	return k_cuda_linear_rounds_x(cuda_branch_linear(b), d, (int)w->cols, M);
+}
+
 void cuda_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M)
 {
 	struct backend_cuda *b = cuda_of(be);

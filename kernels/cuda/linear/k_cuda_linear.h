@@ -128,6 +128,12 @@ enum k_cuda_linear_kind k_cuda_linear_choose(const float *x, const uint16_t *w, 
 enum k_cuda_linear_kind k_cuda_linear_choose_tuned(struct k_cuda_linear *ctx, const float *x,
 						   const uint16_t *w, int M, int N, int K);
 
+/* 1 where the calls so far at M's bucket ran the weight rows starting at w (K columns;
+ * w may lie inside a matrix run as one, as a fused q/k/v's rows) on the ring kind that
+ * KDEC_LINEAR_RING_TUNE chose where the plain choice reads fp32 x: x was rounded to
+ * bf16 by the tuning's choice. -1 where no such call was made (the plain rule holds). */
+int k_cuda_linear_rounds_x(const struct k_cuda_linear *ctx, const uint16_t *w, int K, int M);
+
 /* 1 when `kind` can run this call: GEMV, SPLITK, STREAM and RING need K % 8 == 0 and x,
  * w 16-byte aligned; CUBLAS and GENERIC take anything. Any M is allowed (GEMV walks M
  * in pairs, SPLITK and STREAM in blocks of 64, RING of 8, re-reading the weights: for

@@ -166,6 +166,7 @@ extern "C" void k_cuda_linear_destroy(struct k_cuda_linear *ctx)
 	k_cuda_lin_lt_destroy(ctx);
 	k_cuda_lin_split_destroy(ctx);
 	free(ctx->kind_cache);
+	free(ctx->round_log);
 	cudaFree(ctx->blas_ws);
 	cudaFree(ctx->xb);
 	cudaFree(ctx->st_ws);
@@ -221,6 +222,9 @@ extern "C" int k_cuda_linear_create(struct k_cuda_linear **out, cudaStream_t str
 		ret = k_cuda_lin_split_setup(ctx);
 	if (!ret && !(ctx->kind_cache = (struct lin_kind_entry *)calloc(LIN_KIND_CACHE,
 									 sizeof(*ctx->kind_cache))))
+		ret = -ENOMEM;
+	if (!ret && !(ctx->round_log = (struct lin_round_entry *)calloc(LIN_ROUND_LOG,
+									 sizeof(*ctx->round_log))))
 		ret = -ENOMEM;
 	if (!ret)
 		ret = k_cuda_lin_stream_setup(ctx);
@@ -478,6 +482,26 @@ static enum k_cuda_linear_kind lin_kind_tune(struct k_cuda_linear *ctx, const fl
 	return pick;
 }
 
+// The ring picked where `plain` reads fp32 x: w's x rounded at M's bucket by the tuning
+// alone, which the CPU reference must know to round as the GPU did (k_cuda_linear_rounds_x).
+static enum k_cuda_linear_kind lin_note_rounding(struct k_cuda_linear *ctx,
+						 enum k_cuda_linear_kind plain,
+						 enum k_cuda_linear_kind pick, const uint16_t *w,
+						 int M, int N, int K)
+{
+	const int Mb = k_cuda_lin_bucket(M);
+
+	if (pick != K_CUDA_LINEAR_RING ||
+	    (plain != K_CUDA_LINEAR_GEMV && plain != K_CUDA_LINEAR_GENERIC))
+		return pick;
+	for (int i = 0; i < ctx->round_n; i++)
+		if (ctx->round_log[i].w == w && ctx->round_log[i].M == Mb)
+			return pick;
+	if (ctx->round_n < LIN_ROUND_LOG)
+		ctx->round_log[ctx->round_n++] = lin_round_entry{ w, Mb, N, K };
+	return pick;
+}
+
 extern "C" enum k_cuda_linear_kind k_cuda_linear_choose_tuned(struct k_cuda_linear *ctx,
 							       const float *x, const uint16_t *w,
 							       int M, int N, int K)
@@ -491,11 +515,26 @@ extern "C" enum k_cuda_linear_kind k_cuda_linear_choose_tuned(struct k_cuda_line
 	    (ctx->ready_only && x == ctx->ready_x))	// the ring reads fp32 x, never written
 		return kind;
 	if ((found = lin_kind_find(ctx, k_cuda_lin_bucket(M), N, K)) >= 0)
-		return (enum k_cuda_linear_kind)found;
+		return lin_note_rounding(ctx, kind, (enum k_cuda_linear_kind)found, w, M, N, K);
 	if (k_cuda_lin_bucket(M) != M || ctx->kind_n >= LIN_KIND_CACHE ||
 	    !k_cuda_lin_stream_runs(ctx))
 		return kind;
-	return lin_kind_tune(ctx, x, w, M, N, K, kind);
+	return lin_note_rounding(ctx, kind, lin_kind_tune(ctx, x, w, M, N, K, kind), w, M, N, K);
+}
+
+extern "C" int k_cuda_linear_rounds_x(const struct k_cuda_linear *ctx, const uint16_t *w, int K,
+				      int M)
+{
+	const int Mb = k_cuda_lin_bucket(M);
+
+	for (int i = 0; ctx && i < ctx->round_n; i++) {
+		const struct lin_round_entry *e = &ctx->round_log[i];
+
+		if (e->M == Mb && e->K == K && w >= e->w && w < e->w + (size_t)e->N * e->K &&
+		    (size_t)(w - e->w) % (size_t)K == 0)
+			return 1;
+	}
+	return -1;
 }
 
 extern "C" int k_cuda_linear_bf16_out(struct k_cuda_linear *ctx, uint16_t *y, const float *x,

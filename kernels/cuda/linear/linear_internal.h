@@ -45,6 +45,15 @@ struct lin_kind_entry {
 	int kind;	/* enum k_cuda_linear_kind */
 };
 
+/* Weights the ring kind ran where the plain choice reads fp32 x (GEMV, GENERIC), so
+ * their x was rounded to bf16 by the tuning's choice (k_cuda_linear_rounds_x): the
+ * matrix w (N rows of K) at M's bucket. Per context, at most LIN_ROUND_LOG. */
+#define LIN_ROUND_LOG		1024
+struct lin_round_entry {
+	const uint16_t *w;
+	int M, N, K;
+};
+
 /* cuBLASLt's descriptors of one GEMM (linear_lt.cu's tuned bf16 calls):
  * the operation and the layouts of A, B and C (= D). free: any of them may be NULL; *d is
  * zeroed. check: 0 for success, else the call logged with its device and -ENOMEM
@@ -89,6 +98,8 @@ struct k_cuda_linear {
 	int split_n;
 	struct lin_kind_entry *kind_cache;	/* (LIN_KIND_CACHE) timed kinds, kind_n used */
 	int kind_n;
+	struct lin_round_entry *round_log;	/* (LIN_ROUND_LOG) round_n used */
+	int round_n;
 	void *blas_ws;			/* (LIN_BLAS_WS_BYTES) bytes, cuBLAS workspace */
 	uint16_t *xb;			/* (max_M, max_K) bf16: x rounded for cuBLAS */
 	const float *ready_x;		/* xb already holds bf16(ready_x) (ready_M, ready_K), */
