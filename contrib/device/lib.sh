@@ -12,8 +12,8 @@
 #                           one kdbench decode (synthetic weights, cuda, ctx 1024,
 #                           DEC_STEPS / DEC_WARMUP steps; FORMAT bf16 or a
 #                           --weight-format; Kimi-K2 2 layers, DeepSeek-V3 4) under
-#                           ENV, a step of 45 s; its table rows into the summary (280
-#                           columns: the last, lay_fl_us and lay_fl%, included), the
+#                           ENV, a step of 45 s; its table rows into the summary (320
+#                           columns: the last, experts and uni, included), the
 #                           first call's preceded by kdbench's column names ("model
 #                           batch ctx p50_ms ... replay_ms ...": replay is the 7th);
 #                           KDBENCH: another kdbench than $B's
@@ -68,8 +68,8 @@ dec() {
 		--steps "${DEC_STEPS:-16}" --warmup "${DEC_WARMUP:-4}" --batch "$b" \
 		--model "tests/data/configs/$m.json" $extra
 	if [ -z "${DEC_HEADER_DONE:-}" ]; then	# kdbench's column names, once a call
-		grep -m1 -E '^ *batch +ctx' "$L/$n.log" | sed "s/^/model /" | cut -c1-280 |
+		grep -m1 -E '^ *batch +ctx' "$L/$n.log" | sed "s/^/model /" | cut -c1-320 |
 			tee -a "$S" | grep -q . && DEC_HEADER_DONE=1
 	fi
-	grep -E '^ +[0-9]' "$L/$n.log" | sed "s/^/$n /" | cut -c1-280 | tee -a "$S"
+	grep -E '^ +[0-9]' "$L/$n.log" | sed "s/^/$n /" | cut -c1-320 | tee -a "$S"
 }

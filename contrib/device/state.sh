@@ -35,6 +35,14 @@
 #                  big part (test_ring_tune), test_golden with it on, then DeepSeek-V2-Lite, Qwen3-30B-A3B and
 #                  Llama-3.1-8B bf16 batch 1,8: defaults, tuned (KDEC_LT_LOG=1: what each
 #                  shape kept), tuned with the streaming form everywhere (_STREAM=2)
+#   ST_PART=tuneon KDEC_LINEAR_RING_TUNE on by default (session 29, the reference now
+#                  follows its choices): test_golden on cuda, test_cuda_decode_path.sh, the
+#                  golden models' greedy tokens cuda == cpu, test_cuda_linear's ring tune
+#                  part (k_cuda_linear_rounds_x), test_cuda_golden_ring.sh; then Qwen3-30B-A3B
+#                  and Llama-3.1-8B bf16 batch 1 with it off beside the default
+#   ST_PART=experts the routed experts a traced step reads at full depth (kdbench's
+#                  experts column beside uni): Qwen3-30B-A3B bf16 1,8,64, fp8-block 8,
+#                  DeepSeek-V2-Lite bf16 8, the Kimi-K2 slice fp8-block 8
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -42,8 +50,7 @@
 #       tar -cf - devbuild-s28 | xz -6 -T2 > devbuild-s28.tar.xz
 # device run: DEVBUILD=devbuild-s28 ST_PART="moe slice ringtune" bash contrib/device/state.sh
 #             carry ["devbuild-s28.tar.xz"]
-# next (a pack of bc1dfc3 or later): ST_FORMATS="fp8-block int4-g32" ST_PART="moe slice"
-#             (int4 against fp8 on the fixed weights), then ST_PART=ringtune
+# session 29: ST_PART="tuneon experts" (a pack with KDEC_LINEAR_RING_TUNE on by default)
 set -u
 DEADLINE=${DEADLINE:-560}
 . contrib/device/lib.sh
@@ -124,6 +131,35 @@ ringtune() {
 			sed 's/.*cuda linear: //' | sort | uniq -c | tee -a "$S"
 		dec "rt_${m}_tune2" "$m" 1,8 bf16 KDEC_LINEAR_RING_TUNE=1 KDEC_LINEAR_RING_STREAM=2
 	done
+}
+
+tuneon() {
+	local m
+	step golden_on 100 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
+	grep '^FAIL' "$L/golden_on.log" | cut -c1-200 | tee -a "$S"
+	step decode_path_on 150 sh tests/test_cuda_decode_path.sh
+	for m in llama3 qwen3 qwen3_moe deepseek_v2 deepseek_v3; do
+		step "gen_${m}_cpu" 30 "$B/kdbench" generate --model "$G/$m" --backend cpu \
+			--log-level warn --prompt 113,124,11,408,469 --max-tokens 32
+		step "gen_${m}_cuda" 30 "$B/kdbench" generate --model "$G/$m" --backend cuda \
+			--log-level warn --prompt 113,124,11,408,469 --max-tokens 32
+		cmp -s "$L/gen_${m}_cpu.log" "$L/gen_${m}_cuda.log" && say "generate $m: cuda == cpu" ||
+			say "generate $m: cuda differs from cpu"
+	done
+	step linear_tune 120 env KD_TEST_QUICK=1 KD_TEST_PART=big "$B/tests/test_cuda_linear"
+	grep -E '^ring tune|rounds_x' "$L/linear_tune.log" | tee -a "$S"
+	step golden_ring 60 sh tests/test_cuda_golden_ring.sh
+	for m in qwen3-30b-a3b llama3.1-8b; do
+		dec "to_${m}_off" "$m" 1 bf16 KDEC_LINEAR_RING_TUNE=0
+		dec "to_${m}_on" "$m" 1 bf16
+	done
+}
+
+experts() {
+	dec "x_qwen3-30b-a3b_bf16" qwen3-30b-a3b 1,8,64 bf16
+	dec "x_qwen3-30b-a3b_fp8" qwen3-30b-a3b 8 fp8-block
+	dec "x_deepseek-v2-lite_bf16" deepseek-v2-lite 8 bf16
+	dec "x_kimi-k2_fp8" kimi-k2 8 fp8-block
 }
 
 ringab() {

@@ -66,7 +66,7 @@ struct k_cuda_tuning {
 				 * room on the GPU (k_cuda_linear_q_choose's rule), the decode
 				 * GEMV elsewhere and for the SwiGLU form; 2: the streaming
 				 * form wherever it has a plan; 0: the decode GEMV always */
-	int linear_ring_tune;	/* KDEC_LINEAR_RING_TUNE, flag, 0: where on, a bf16 linear of
+	int linear_ring_tune;	/* KDEC_LINEAR_RING_TUNE, flag, 1: where on, a bf16 linear of
 				 * M <= 8 that the ring kind can run is timed at the first call of
 				 * its shape at its M bucket outside a capture, on the ring kind
 				 * and on k_cuda_linear_pick's, and takes the faster for the life
@@ -76,8 +76,10 @@ struct k_cuda_tuning {
 				 * steps and 5.6% slower on Llama-3.1-8B's at batch 8; this keeps
 				 * it only where it wins alone by 3%. Session 28 (H100, without
 				 * the margin): -3.1% Qwen3-30B-A3B batch 1, -3.3% DeepSeek-V2-Lite
-				 * batch 8, +1.6% its batch 1, Llama even; test_golden's rounding
-				 * model does not follow the choice (2 of 760 rows): off */
+				 * batch 8, +1.6% its batch 1, Llama even. Session 29 (H100, with
+				 * the margin): Qwen3-30B-A3B batch 1 -2.8%, batch 8 -1.0%,
+				 * V2-Lite batch 8 -3.2%, batch 1 -0.4%, Llama within 0.5%; the CPU
+				 * reference follows the choice (k_cuda_linear_rounds_x): on */
 	int linear_qgemv;	/* KDEC_LINEAR_QGEMV, flag, 1: quantized linears of M <= 8 take
 				 * the decode GEMV (linear_qgemv.cu) where the choice rule says
 				 * (k_cuda_linear_q_choose); 0: the cluster streaming form there */

@@ -24,7 +24,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.linear_stream_mb = 64;
 	t.linear_ring = 0;
 	t.linear_ring_stream = 1;
-	t.linear_ring_tune = 0;
+	t.linear_ring_tune = 1;
 	t.linear_qgemv = 1;
 	t.linear_qgemv_warps = 8;
 	t.linear_q_tune = 1;
