@@ -43,6 +43,11 @@
 #   ST_PART=experts the routed experts a traced step reads at full depth (kdbench's
 #                  experts column beside uni): Qwen3-30B-A3B bf16 1,8,64, fp8-block 8,
 #                  DeepSeek-V2-Lite bf16 8, the Kimi-K2 slice fp8-block 8
+#   ST_PART=ncumoe where the union GEMVs' warps stall at 8 rows, where int4 runs no faster
+#                  than fp8 (session 29: Qwen3-30B-A3B 171 against 175 us alone): ncu --set
+#                  full on bench_cuda_moe q qwen3-30b 8 (each format; their first 8 mg_
+#                  launches), the key rates of each kernel and ncu_stalls.py's table; and
+#                  the union GEMVs alone at M 1, 2, 4, 8 (pack bench_cuda_moe too)
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -152,6 +157,40 @@ tuneon() {
 	for m in qwen3-30b-a3b llama3.1-8b; do
 		dec "to_${m}_off" "$m" 1 bf16 KDEC_LINEAR_RING_TUNE=0
 		dec "to_${m}_on" "$m" 1 bf16
+	done
+}
+
+ncumoe() {
+	local f m ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+	local bm=$B/tests/bench/bench_cuda_moe
+	[ -n "$ncu" ] || { say "ncu: not on this machine"; return; }
+	for f in int4-g32 fp8-block; do
+		for m in 1 2 4 8; do
+			step "moeq_${f}_$m" 30 "$bm" q qwen3-30b "$m" "$f"
+			grep -E 'qgemv' "$L/moeq_${f}_$m.log" | cut -c1-170 | tee -a "$S"
+		done
+		step "ncu_moe_$f" 150 "$ncu" --set full --clock-control none -k 'regex:mg_' -c 8 -f \
+			-o "$L/ncu_moe_$f" "$bm" q qwen3-30b 8 "$f"
+		[ -f "$L/ncu_moe_$f.ncu-rep" ] || continue
+		"$ncu" -i "$L/ncu_moe_$f.ncu-rep" --page details --csv >"$L/ncu_moe_${f}_details.csv" 2>&1
+		python3 - "$L/ncu_moe_${f}_details.csv" <<'PY' | tee -a "$S"
+import csv, sys
+want = ("Duration", "DRAM Throughput", "Memory Throughput", "L2 Cache Throughput",
+        "Compute (SM) Throughput", "Achieved Occupancy", "Theoretical Occupancy",
+        "Issue Slots Busy", "Registers Per Thread", "Block Limit Shared Mem",
+        "Executed Ipc Active", "Grid Size", "Dynamic Shared Memory Per Block")
+seen = {}
+for r in csv.DictReader(open(sys.argv[1])):
+    k = (r.get("ID"), r.get("Kernel Name", "").split("(")[0])
+    if r.get("Metric Name") in want:
+        seen.setdefault(k, []).append("%s %s %s" % (r["Metric Name"], r["Metric Value"], r.get("Metric Unit", "")))
+for (i, n), v in seen.items():
+    print("ncu %s %s: %s" % (i, n, "; ".join(v)))
+PY
+		"$ncu" -i "$L/ncu_moe_$f.ncu-rep" --page source --csv --print-source sass \
+			>"$L/ncu_moe_${f}_sass.csv" 2>&1
+		python3 contrib/device/ncu_stalls.py "$L/ncu_moe_${f}_sass.csv" 15 | cut -c1-200 |
+			tee -a "$S"
 	done
 }
 
