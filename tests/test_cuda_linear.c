@@ -685,6 +685,19 @@ static void test_ring_tune(int N, int K)
 	/* 3 rows: bucket 4, never tuned, and 3 is not a bucket size */
 	CHECK(k_cuda_linear_choose_tuned(tl, dx, dw, 3, N, K) == k_cuda_linear_choose(dx, dw, 3, N, K),
 	      "ring tune N %d K %d: an untuned bucket takes the plain choice", N, K);
+	/* KDEC_LINEAR_FP32X (test_golden's GPU run with nothing rounded): the plain fp32-x
+	 * kind at every bucket, whatever was kept */
+	{
+		struct k_cuda_tuning f = t;
+
+		f.linear_fp32x = 1;
+		k_cuda_tuning_set(&f);
+		for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++)
+			CHECK(k_cuda_linear_choose_tuned(tl, dx, dw, ms[mi], N, K) ==
+			      k_cuda_linear_choose(dx, dw, ms[mi], N, K),
+			      "ring tune N %d K %d M %d: fp32 x takes the plain choice", N, K, ms[mi]);
+		k_cuda_tuning_set(&t);
+	}
 	k_cuda_tuning_set(&was);	/* off: the plain choice, whatever was kept */
 	CHECK(k_cuda_linear_choose_tuned(tl, dx, dw, 1, N, K) == k_cuda_linear_choose(dx, dw, 1, N, K),
 	      "ring tune N %d K %d: off, the plain choice", N, K);

@@ -40,6 +40,7 @@
 #                  golden models' greedy tokens cuda == cpu, test_cuda_linear's ring tune
 #                  part (k_cuda_linear_rounds_x), test_cuda_golden_ring.sh; then Qwen3-30B-A3B
 #                  and Llama-3.1-8B bf16 batch 1 with it off beside the default
+#   ST_PART=tunecheck tuneon's checks alone (no decode rows)
 #   ST_PART=experts the routed experts a traced step reads at full depth (kdbench's
 #                  experts column beside uni): Qwen3-30B-A3B bf16 1,8,64, fp8-block 8,
 #                  DeepSeek-V2-Lite bf16 8, the Kimi-K2 slice fp8-block 8
@@ -55,7 +56,8 @@
 #       tar -cf - devbuild-s28 | xz -6 -T2 > devbuild-s28.tar.xz
 # device run: DEVBUILD=devbuild-s28 ST_PART="moe slice ringtune" bash contrib/device/state.sh
 #             carry ["devbuild-s28.tar.xz"]
-# session 29: ST_PART="tuneon experts" (a pack with KDEC_LINEAR_RING_TUNE on by default)
+# session 29: ST_PART="tuneon experts" (a pack with KDEC_LINEAR_RING_TUNE on by default),
+#             then ST_PART="tunecheck ncumoe" (PACK_TESTS with bench_cuda_moe)
 set -u
 DEADLINE=${DEADLINE:-560}
 . contrib/device/lib.sh
@@ -140,6 +142,15 @@ ringtune() {
 
 tuneon() {
 	local m
+	tunecheck
+	for m in qwen3-30b-a3b llama3.1-8b; do
+		dec "to_${m}_off" "$m" 1 bf16 KDEC_LINEAR_RING_TUNE=0
+		dec "to_${m}_on" "$m" 1 bf16
+	done
+}
+
+tunecheck() {
+	local m
 	step golden_on 100 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
 	grep '^FAIL' "$L/golden_on.log" | cut -c1-200 | tee -a "$S"
 	step decode_path_on 150 sh tests/test_cuda_decode_path.sh
@@ -148,16 +159,14 @@ tuneon() {
 			--log-level warn --prompt 113,124,11,408,469 --max-tokens 32
 		step "gen_${m}_cuda" 30 "$B/kdbench" generate --model "$G/$m" --backend cuda \
 			--log-level warn --prompt 113,124,11,408,469 --max-tokens 32
-		cmp -s "$L/gen_${m}_cpu.log" "$L/gen_${m}_cuda.log" && say "generate $m: cuda == cpu" ||
-			say "generate $m: cuda differs from cpu"
+		# the tokens (the first line; the timing lines after it differ)
+		[ "$(head -n 1 "$L/gen_${m}_cpu.log")" = "$(head -n 1 "$L/gen_${m}_cuda.log")" ] &&
+			say "generate $m: cuda == cpu" || say "generate $m: cuda differs from cpu"
 	done
 	step linear_tune 120 env KD_TEST_QUICK=1 KD_TEST_PART=big "$B/tests/test_cuda_linear"
 	grep -E '^ring tune|rounds_x' "$L/linear_tune.log" | tee -a "$S"
 	step golden_ring 60 sh tests/test_cuda_golden_ring.sh
-	for m in qwen3-30b-a3b llama3.1-8b; do
-		dec "to_${m}_off" "$m" 1 bf16 KDEC_LINEAR_RING_TUNE=0
-		dec "to_${m}_on" "$m" 1 bf16
-	done
+	grep '^FAIL' "$L/golden_ring.log" | cut -c1-200 | tee -a "$S"
 }
 
 ncumoe() {

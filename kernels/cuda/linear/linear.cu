@@ -509,7 +509,10 @@ extern "C" enum k_cuda_linear_kind k_cuda_linear_choose_tuned(struct k_cuda_line
 	enum k_cuda_linear_kind kind = k_cuda_linear_choose(x, w, M, N, K);
 	int found;
 
+	// KDEC_LINEAR_FP32X (test_golden's GPU run with nothing rounded): never the ring,
+	// whatever an earlier call kept
 	if (!ctx || !ctx->kind_cache || !k_cuda_tuning()->linear_ring_tune ||
+	    k_cuda_tuning()->linear_fp32x ||
 	    kind == K_CUDA_LINEAR_RING || M > K_CUDA_LINEAR_RING_M || M > ctx->max_M ||
 	    K > ctx->max_K || !k_cuda_linear_supports(K_CUDA_LINEAR_RING, x, w, M, N, K) ||
 	    (ctx->ready_only && x == ctx->ready_x))	// the ring reads fp32 x, never written
