@@ -164,6 +164,31 @@ static __device__ __forceinline__ float qm_scale(const ST *s, size_t i)
 		return __ldg((const float *)s + i);
 }
 
+// qm_scale in two halves, for a scale loaded stages ahead of its use (linear_qstream.cuh):
+// the load's raw bits now, in a float register as they are (2-byte scales zero-extended),
+// and the conversion at the use. A 2-byte scale converted at its load made the warp
+// wait there for the load (ncu, session 29: the int4 union GEMV's bf16 -> f32 shifts
+// held ~10% of its stall samples). The same value as qm_scale.
+template <typename ST>
+static __device__ __forceinline__ float qm_scale_raw(const ST *s, size_t i)
+{
+	if constexpr (sizeof(ST) == 2)
+		return __uint_as_float((unsigned)__ldg((const unsigned short *)s + i));
+	else
+		return __ldg((const float *)s + i);
+}
+
+template <typename ST>
+static __device__ __forceinline__ float qm_scale_use(float raw)
+{
+	if constexpr (std::is_same<ST, __nv_bfloat16>::value)
+		return __uint_as_float(__float_as_uint(raw) << 16);
+	else if constexpr (sizeof(ST) == 2)
+		return __half2float(__ushort_as_half((unsigned short)__float_as_uint(raw)));
+	else
+		return raw;
+}
+
 // One slab of the lane's two rows g and g + 8 (wa, wb: their 16 bytes; sa, sb: their
 // scales), x row g: fp8 the slab's four MMAs into a temporary, scaled once in fp32; int4
 // values scaled in f16 before the MMA (the lane's 32 k are one group), into acc; bf16

@@ -89,7 +89,8 @@ template <int FMT, typename ST, typename A, int AHEAD> struct qs_warp {
 
 	// The scales stage i needs of the lane's rows: fp8 one a row (scale columns of 128 k
 	// or more, or the whole row), int4 one a row and slab (the lane's 32 k of it); zeros
-	// for k past the slice, where no scale is read.
+	// for k past the slice, where no scale is read. Raw bits (qm_scale_raw): frag
+	// converts them, stages later, so that nothing waits for the loads here.
 	__device__ __forceinline__ void scales(float (&sr)[4], int i) const
 	{
 		if (FMT == K_Q_NONE) {	// bf16 weights: none
@@ -99,16 +100,16 @@ template <int FMT, typename ST, typename A, int AHEAD> struct qs_warp {
 			// past K) have no scale column: reading one would run past the scales
 			const int k = k0 + i * qs_fmt<FMT>::SK, sc = k >> a.bc_shift;
 
-			sr[0] = aok && k < kend ? qm_scale(scale, sra + sc) : 0.f;
-			sr[1] = bok && k < kend ? qm_scale(scale, srb + sc) : 0.f;
+			sr[0] = aok && k < kend ? qm_scale_raw(scale, sra + sc) : 0.f;
+			sr[1] = bok && k < kend ? qm_scale_raw(scale, srb + sc) : 0.f;
 		} else {
 #pragma unroll
 			for (int h = 0; h < 2; h++) {
 				const int k = k0 + i * qs_fmt<FMT>::SK + h * 128 + 32 * t;
 				const int sc = k >> a.bc_shift;
 
-				sr[2 * h] = aok && k < kend ? qm_scale(scale, sra + sc) : 0.f;
-				sr[2 * h + 1] = bok && k < kend ? qm_scale(scale, srb + sc) : 0.f;
+				sr[2 * h] = aok && k < kend ? qm_scale_raw(scale, sra + sc) : 0.f;
+				sr[2 * h + 1] = bok && k < kend ? qm_scale_raw(scale, srb + sc) : 0.f;
 			}
 		}
 	}
@@ -156,7 +157,7 @@ template <int FMT, typename ST, typename A, int AHEAD> struct qs_warp {
 	}
 
 	// Slab h (0, 1) of the stage in slot j: the 16 bytes of rows g and g + 8, and their
-	// scales from the stage's sr.
+	// scales from the stage's sr (raw: converted here).
 	__device__ __forceinline__ void frag(int j, const float (&sr)[4], int h, uint4 &wa,
 					     uint4 &wb, float &sa, float &sb) const
 	{
@@ -164,8 +165,8 @@ template <int FMT, typename ST, typename A, int AHEAD> struct qs_warp {
 
 		wa = *(const uint4 *)(st + qs_off(g, 4 * h + t));
 		wb = *(const uint4 *)(st + qs_off(g + 8, 4 * h + t));
-		sa = FMT == K_Q_INT4 ? sr[2 * h] : sr[0];
-		sb = FMT == K_Q_INT4 ? sr[2 * h + 1] : sr[1];
+		sa = qm_scale_use<ST>(FMT == K_Q_INT4 ? sr[2 * h] : sr[0]);
+		sb = qm_scale_use<ST>(FMT == K_Q_INT4 ? sr[2 * h + 1] : sr[1]);
 	}
 };
 

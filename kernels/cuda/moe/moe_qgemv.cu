@@ -70,6 +70,7 @@
 #define MG_MAX_X	(64 << 10)		/* bytes of a CTA's x slice, at most */
 #define MG_MAX_SPLIT	8
 #define MG_PAIRS	64			/* M * top_k, at most */
+#define MG_MAX_E	1024			/* experts, at most: the union's bitmap */
 #define MG_PART		(MOE_QGEMV_MAX_M * MG_ROWS)	/* floats of a partial tile */
 #define MG_CTAS_WANTED	2			/* gate/up CTAs a multiprocessor, at least */
 
@@ -82,49 +83,59 @@ struct mg_union {
 	int u[MG_PAIRS];		// pair i's union index (-1: none)
 	int used[MG_PAIRS];		// union index -> expert, increasing
 	unsigned rows[MG_PAIRS];	// union index -> bit m: row m chose it
-	unsigned char first[MG_PAIRS];	// pair i is its expert's first
 	unsigned char ord[MG_PAIRS];	// row m's slots by union index, at m * top_k
+	unsigned bits[MG_MAX_E / 32];	// bit x: expert x chosen
+	int below[MG_MAX_E / 32];	// chosen experts in the words before word w
 };
 
-// Every thread of the CTA (MG_THREADS >= MG_PAIRS). EARLY: before the PDL wait (the ids
-// then come from a kernel two or more launches back, or a copy before the step).
+// Every thread of the CTA (MG_THREADS >= MG_PAIRS, >= MG_MAX_E / 32). EARLY: before the
+// PDL wait (the ids then come from a kernel two or more launches back, or a copy
+// before the step). A pair's union index is the number of chosen experts of lower id:
+// a bitmap of the chosen ones and its words' prefix counts, where each pair compared
+// itself with every other (64 x 64 steps at M = 8: ncu, session 29, put that loop's
+// branches at the top of the down kernel's stalls).
 template <bool EARLY>
 __device__ void mg_union_make(mg_union &un, const int32_t *ids, int M, int top_k, int E)
 {
-	const int i = threadIdx.x, n = M * top_k;
+	const int i = threadIdx.x, n = M * top_k, nw = (E + 31) / 32;
 
 	if (i < MG_PAIRS)
 		un.rows[i] = 0;
-	if (i == 0)
-		un.n_used = 0;
+	if (i < nw)
+		un.bits[i] = 0;
 	if (i < n) {
 		const int v = EARLY ? k_cuda_pdl_early(ids + i) : ids[i];
 
 		un.e[i] = v >= 0 && v < E ? v : -1;
 	}
 	__syncthreads();
-	if (i < n) {
-		const int v = un.e[i];
-		bool f = v >= 0;
+	if (i < n && un.e[i] >= 0)
+		atomicOr(&un.bits[un.e[i] >> 5], 1u << (un.e[i] & 31));
+	__syncthreads();
+	if (i < 32) {	// warp 0: the words' exclusive prefix of chosen experts
+		const int c = i < nw ? __popc(un.bits[i]) : 0;
+		int incl = c;
 
-		for (int j = 0; j < i && f; j++)
-			f = un.e[j] != v;
-		un.first[i] = f;
+		for (int off = 1; off < 32; off <<= 1) {
+			const int o = __shfl_up_sync(0xffffffffu, incl, off);
+
+			if (i >= off)
+				incl += o;
+		}
+		un.below[i] = incl - c;
+		if (i == 31)
+			un.n_used = incl;
 	}
 	__syncthreads();
 	if (i < n) {
 		const int v = un.e[i];
-		int r = 0;
+		const int r = v < 0 ? -1 : un.below[v >> 5] +
+					   __popc(un.bits[v >> 5] & ((1u << (v & 31)) - 1u));
 
-		for (int j = 0; j < n; j++)
-			r += un.first[j] && un.e[j] < v;
-		un.u[i] = v >= 0 ? r : -1;
+		un.u[i] = r;
 		if (v >= 0) {
 			atomicOr(&un.rows[r], 1u << (i / top_k));
-			if (un.first[i]) {
-				un.used[r] = v;
-				atomicAdd(&un.n_used, 1);
-			}
+			un.used[r] = v;	// every pair of the expert writes the same id
 		}
 	}
 	__syncthreads();
@@ -476,7 +487,8 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 	int best = 0;
 
 	if ((fmt != MQ_FP8 && fmt != MQ_INT4) || M < 1 || M > MOE_QGEMV_MAX_M || top_k < 1 ||
-	    M * top_k > MG_PAIRS || n_experts < 1 || hidden < 32 || hidden % 32 ||
+	    M * top_k > MG_PAIRS || n_experts < 1 || n_experts > MG_MAX_E || hidden < 32 ||
+	    hidden % 32 ||
 	    inter % MG_ROWS || n_sm < 1)
 		return false;
 	*p = {};
