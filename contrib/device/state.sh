@@ -49,6 +49,11 @@
 #                  full on bench_cuda_moe q qwen3-30b 8 (each format; their first 8 mg_
 #                  launches), the key rates of each kernel and ncu_stalls.py's table; and
 #                  the union GEMVs alone at M 1, 2, 4, 8 (pack bench_cuda_moe too)
+#   ST_PART=abq    session 29's union bitmap and deferred scale conversion against the
+#                  build before them (devbuild-old.tar.xz: its kdbench alone, carried
+#                  beside the pack): test_cuda_moe_q and test_cuda_linear_q (quick),
+#                  test_golden on cuda, bench_cuda_moe q qwen3-30b at 1 and 8 rows, then
+#                  decode old / new / old / new on the MoE int4 and fp8 rows
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -57,7 +62,10 @@
 # device run: DEVBUILD=devbuild-s28 ST_PART="moe slice ringtune" bash contrib/device/state.sh
 #             carry ["devbuild-s28.tar.xz"]
 # session 29: ST_PART="tuneon experts" (a pack with KDEC_LINEAR_RING_TUNE on by default),
-#             then ST_PART="tunecheck ncumoe" (PACK_TESTS with bench_cuda_moe)
+#             then ST_PART="tunecheck ncumoe" (PACK_TESTS with bench_cuda_moe), then
+#             ST_PART=abq (PACK_TESTS="test_golden test_cuda_moe_q test_cuda_linear_q
+#             bench_cuda_moe", kdecd/kdctl/kdrun taken out; devbuild-old.tar.xz: the
+#             previous pack's kdbench; carry both)
 set -u
 DEADLINE=${DEADLINE:-560}
 . contrib/device/lib.sh
@@ -200,6 +208,31 @@ PY
 			>"$L/ncu_moe_${f}_sass.csv" 2>&1
 		python3 contrib/device/ncu_stalls.py "$L/ncu_moe_${f}_sass.csv" 15 | cut -c1-200 |
 			tee -a "$S"
+	done
+}
+
+abq() {
+	local f m old=devbuild-old
+	[ -d $old ] || python3 -c 'import tarfile; tarfile.open("devbuild-old.tar.xz").extractall(".")'
+	step moe_q 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
+	grep '^FAIL' "$L/moe_q.log" | head -5 | cut -c1-200 | tee -a "$S"
+	step linear_q 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_linear_q"
+	grep '^FAIL' "$L/linear_q.log" | head -5 | cut -c1-200 | tee -a "$S"
+	step golden 100 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
+	grep '^FAIL' "$L/golden.log" | cut -c1-200 | tee -a "$S"
+	for f in int4-g32 fp8-block; do
+		for m in 1 8; do
+			step "moeq_${f}_$m" 30 "$B/tests/bench/bench_cuda_moe" q qwen3-30b "$m" "$f"
+			grep -E 'qgemv' "$L/moeq_${f}_$m.log" | cut -c1-170 | tee -a "$S"
+		done
+	done
+	for r in 1 2; do
+		for m in "qwen3-30b-a3b 1,8 int4-g32" "qwen3-30b-a3b 1,8 fp8-block" \
+			"deepseek-v2-lite 8 int4-g32" "llama3.1-8b 1 int4-g32" "kimi-k2 1,8 int4-g32"; do
+			set -- $m
+			KDBENCH=$PWD/$old/kdbench dec "ab${r}_old_$1_$3" "$1" "$2" "$3"
+			dec "ab${r}_new_$1_$3" "$1" "$2" "$3"
+		done
 	done
 }
 
