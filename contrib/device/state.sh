@@ -53,7 +53,8 @@
 #                  build before them (devbuild-old.tar.xz: its kdbench alone, carried
 #                  beside the pack): test_cuda_moe_q and test_cuda_linear_q (quick),
 #                  test_golden on cuda, bench_cuda_moe q qwen3-30b at 1 and 8 rows, then
-#                  decode old / new / old / new on the MoE int4 and fp8 rows
+#                  decode old / new / old / new on the MoE int4 and fp8 rows (AB_ROWS:
+#                  "model batches format;..." instead)
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -227,9 +228,12 @@ abq() {
 			grep -E 'qgemv' "$L/moeq_${f}_$m.log" | cut -c1-170 | tee -a "$S"
 		done
 	done
+	local IFS_was=$IFS rows=${AB_ROWS:-"qwen3-30b-a3b 1,8 int4-g32;qwen3-30b-a3b 1,8 fp8-block;deepseek-v2-lite 8 int4-g32;llama3.1-8b 1 int4-g32;kimi-k2 1,8 int4-g32"}
 	for r in 1 2; do
-		for m in "qwen3-30b-a3b 1,8 int4-g32" "qwen3-30b-a3b 1,8 fp8-block" \
-			"deepseek-v2-lite 8 int4-g32" "llama3.1-8b 1 int4-g32" "kimi-k2 1,8 int4-g32"; do
+		IFS=';'
+		set -- $rows
+		IFS=$IFS_was
+		for m in "$@"; do
 			set -- $m
 			KDBENCH=$PWD/$old/kdbench dec "ab${r}_old_$1_$3" "$1" "$2" "$3"
 			dec "ab${r}_new_$1_$3" "$1" "$2" "$3"

@@ -164,11 +164,11 @@ static __device__ __forceinline__ float qm_scale(const ST *s, size_t i)
 		return __ldg((const float *)s + i);
 }
 
-// qm_scale in two halves, for a scale loaded stages ahead of its use (linear_qstream.cuh):
-// the load's raw bits now, in a float register as they are (2-byte scales zero-extended),
-// and the conversion at the use. A 2-byte scale converted at its load made the warp
-// wait there for the load (ncu, session 29: the int4 union GEMV's bf16 -> f32 shifts
-// held ~10% of its stall samples). The same value as qm_scale.
+// qm_scale in two halves, for a scale loaded stages ahead of its use (linear_qstream.cuh's
+// RAW): the load's raw bits now, in a float register as they are (2-byte scales
+// zero-extended), and the conversion at the use. A 2-byte scale converted at its load
+// makes the warp wait there for the load (ncu, session 29: the int4 union GEMV's
+// bf16 -> f32 shifts held ~10% of its stall samples). The same value as qm_scale.
 template <typename ST>
 static __device__ __forceinline__ float qm_scale_raw(const ST *s, size_t i)
 {

@@ -31,7 +31,11 @@ static __device__ __forceinline__ int qs_off(int r, int c)
 // slice [k0, kend) in nst stages, the lane's rows ra = row0 + g and rb = ra + 8 and
 // their scale rows. A: the kernel's arguments (qf_args or one with the same fields);
 // AHEAD: the stages in flight ahead of the one computed (the ring holds AHEAD + 1).
-template <int FMT, typename ST, typename A, int AHEAD> struct qs_warp {
+// RAW: 2-byte scales kept as loaded and converted at their use (qm_scale_raw, _use),
+// not at their load: the MoE union GEMVs' int4 ran 4-9% faster so (session 29, H100:
+// the warp waited for each scale's load at its conversion), the dense decode GEMV 4%
+// slower (Llama-3.1-8B int4 batch 1 3.023 -> 3.143 ms), so it is theirs alone.
+template <int FMT, typename ST, typename A, int AHEAD, bool RAW = false> struct qs_warp {
 	const A &a;
 	const uint8_t *w;
 	const ST *scale;
@@ -87,10 +91,20 @@ template <int FMT, typename ST, typename A, int AHEAD> struct qs_warp {
 		}
 	}
 
+	__device__ __forceinline__ float load(size_t i) const
+	{
+		return RAW ? qm_scale_raw(scale, i) : qm_scale(scale, i);
+	}
+
+	__device__ __forceinline__ float use(float s) const
+	{
+		return RAW ? qm_scale_use<ST>(s) : s;
+	}
+
 	// The scales stage i needs of the lane's rows: fp8 one a row (scale columns of 128 k
 	// or more, or the whole row), int4 one a row and slab (the lane's 32 k of it); zeros
-	// for k past the slice, where no scale is read. Raw bits (qm_scale_raw): frag
-	// converts them, stages later, so that nothing waits for the loads here.
+	// for k past the slice, where no scale is read. RAW: their bits as loaded
+	// (qm_scale_raw), which frag converts stages later.
 	__device__ __forceinline__ void scales(float (&sr)[4], int i) const
 	{
 		if (FMT == K_Q_NONE) {	// bf16 weights: none
@@ -100,16 +114,16 @@ template <int FMT, typename ST, typename A, int AHEAD> struct qs_warp {
 			// past K) have no scale column: reading one would run past the scales
 			const int k = k0 + i * qs_fmt<FMT>::SK, sc = k >> a.bc_shift;
 
-			sr[0] = aok && k < kend ? qm_scale_raw(scale, sra + sc) : 0.f;
-			sr[1] = bok && k < kend ? qm_scale_raw(scale, srb + sc) : 0.f;
+			sr[0] = aok && k < kend ? load(sra + sc) : 0.f;
+			sr[1] = bok && k < kend ? load(srb + sc) : 0.f;
 		} else {
 #pragma unroll
 			for (int h = 0; h < 2; h++) {
 				const int k = k0 + i * qs_fmt<FMT>::SK + h * 128 + 32 * t;
 				const int sc = k >> a.bc_shift;
 
-				sr[2 * h] = aok && k < kend ? qm_scale_raw(scale, sra + sc) : 0.f;
-				sr[2 * h + 1] = bok && k < kend ? qm_scale_raw(scale, srb + sc) : 0.f;
+				sr[2 * h] = aok && k < kend ? load(sra + sc) : 0.f;
+				sr[2 * h + 1] = bok && k < kend ? load(srb + sc) : 0.f;
 			}
 		}
 	}
@@ -157,7 +171,7 @@ template <int FMT, typename ST, typename A, int AHEAD> struct qs_warp {
 	}
 
 	// Slab h (0, 1) of the stage in slot j: the 16 bytes of rows g and g + 8, and their
-	// scales from the stage's sr (raw: converted here).
+	// scales from the stage's sr (RAW: converted here).
 	__device__ __forceinline__ void frag(int j, const float (&sr)[4], int h, uint4 &wa,
 					     uint4 &wb, float &sa, float &sb) const
 	{
@@ -165,8 +179,8 @@ template <int FMT, typename ST, typename A, int AHEAD> struct qs_warp {
 
 		wa = *(const uint4 *)(st + qs_off(g, 4 * h + t));
 		wb = *(const uint4 *)(st + qs_off(g + 8, 4 * h + t));
-		sa = qm_scale_use<ST>(FMT == K_Q_INT4 ? sr[2 * h] : sr[0]);
-		sb = qm_scale_use<ST>(FMT == K_Q_INT4 ? sr[2 * h + 1] : sr[1]);
+		sa = use(FMT == K_Q_INT4 ? sr[2 * h] : sr[0]);
+		sb = use(FMT == K_Q_INT4 ? sr[2 * h + 1] : sr[1]);
 	}
 };
 
