@@ -55,6 +55,10 @@
 #                  test_golden on cuda, bench_cuda_moe q qwen3-30b at 1 and 8 rows, then
 #                  decode old / new / old / new on the MoE int4 and fp8 rows (AB_ROWS:
 #                  "model batches format;..." instead)
+#   ST_PART=qsplit the union gate/up's K slices forced (KDEC_MOE_QGEMV_SPLIT 2, 4 against
+#                  the plan's, which takes 1 at 8 rows: x's 33 KB slice then holds a
+#                  multiprocessor to 2 CTAs, ncu's 12.5% occupancy): Qwen3-30B-A3B int4 and
+#                  fp8 batch 8, DeepSeek-V2-Lite int4 batch 8
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -237,6 +241,18 @@ abq() {
 			set -- $m
 			KDBENCH=$PWD/$old/kdbench dec "ab${r}_old_$1_$3" "$1" "$2" "$3"
 			dec "ab${r}_new_$1_$3" "$1" "$2" "$3"
+		done
+	done
+}
+
+qsplit() {
+	local m v i
+	for m in "qwen3-30b-a3b int4-g32" "qwen3-30b-a3b fp8-block" "deepseek-v2-lite int4-g32"; do
+		set -- $m
+		i=0
+		for v in 0 2 4 0; do	# the plan's before and after
+			i=$((i + 1))
+			dec "qs${i}_split${v}_$1_$2" "$1" 8 "$2" KDEC_MOE_QGEMV_SPLIT=$v
 		done
 	done
 }
