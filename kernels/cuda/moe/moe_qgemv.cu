@@ -27,7 +27,7 @@
 // one-item CTAs; persistent, 3 slices: 1536 items on 528 CTAs).
 // The union (the distinct valid ids in increasing order, each pair's union index, each
 // expert's rows) is computed by every CTA after its PDL wait from the <= 64 ids in
-// shared memory; the grids are sized for n_max = min(n_experts, M * top_k) experts and
+// shared memory, through a bitmap of the chosen experts (mg_union_make); the grids are sized for n_max = min(n_experts, M * top_k) experts and
 // the CTAs past n_used return at once. Weights are read after the wait (the ids say
 // which), so nothing streams before it.
 //
@@ -43,7 +43,10 @@
 // gate/up 1-3% more at batch 8. Kimi-K2's gate/up streams at 57% of the H100's bandwidth
 // (its 8 experts stream 14% faster when they are alone in memory than as 8 of 384 spread
 // over 17 GB) and Qwen3's small matrices are bound by the round trips after the wait
-// (ids, the expert's pointers, its first stages).
+// (ids, the expert's pointers, its first stages). Session 29 (ncu at 8 rows, H100): the
+// union's pair-against-pair loops led the down kernel's stalls and int4's scale
+// conversions waited on their loads; without both, Qwen3-30B-A3B int4 batch 8 -9%,
+// fp8 -2.5%. Still: gate/up at 12.5% occupancy (x's slice), down 2048 one-item CTAs.
 #include <cerrno>
 #include <cstdint>
 
