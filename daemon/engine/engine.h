@@ -230,21 +230,27 @@ double engine_weight_bytes_at(const struct model *m, int rows, double expert_sha
 double engine_last_layer_bytes_at(const struct model *m, int rows, double expert_share);
 double engine_kv_bytes(const struct engine *e, double tokens);
 
-/* Runs reqs[0..n) as one step (split into forward calls of at most max_rows rows).
- * logits receives, request by request, n_tokens rows (all_logits) or one row, each
- * vocab floats. On error no sequence changes: -EINVAL (token id >= vocab, empty
- * request) or -ENOSPC (cache full) with one line in err. */
-/* 1 where e's backend rounded the input of weight w at M rows to bf16 by a run-time
- * choice (backend_ops.linear_rounds_x), else -1: a CPU reference engine's x_bf16_at
- * (engine_opts) with arg e. */
-int engine_linear_rounds_x(void *e, const struct model_tensor *w, int M);
-
 /* Attaches a routing trace (route_trace.h; NULL detaches): the steps that follow
  * record each MoE layer's choices into it and take its forced ones, and run op by op
  * (no graph replays) while it is attached. The trace outlives the attachment. */
 struct route_trace;
 void engine_set_route_trace(struct engine *e, struct route_trace *t);
 
+/* 1 where e's backend rounded the input of weight w at M rows to bf16 by a run-time
+ * choice (backend_ops.linear_rounds_x), else -1: a CPU reference engine's x_bf16_at
+ * (engine_opts) with arg e. */
+int engine_linear_rounds_x(void *e, const struct model_tensor *w, int M);
+
+/* Prepares everything a request would otherwise pay for on first use (engine_warm.c):
+ * every decode graph bucket captured, with the backend's tunings at those sizes, and
+ * one prompt chunk of max_rows tokens run; the KV it used is released and the stats
+ * are as before. Nothing to do on a backend without graphs. 0 or -errno (err set). */
+int engine_warm(struct engine *e, char *err, size_t err_len);
+
+/* Runs reqs[0..n) as one step (split into forward calls of at most max_rows rows).
+ * logits receives, request by request, n_tokens rows (all_logits) or one row, each
+ * vocab floats. On error no sequence changes: -EINVAL (token id >= vocab, empty
+ * request) or -ENOSPC (cache full) with one line in err. */
 int engine_step(struct engine *e, struct engine_req *reqs, int n, float *logits,
 		char *err, size_t err_len);
 
@@ -253,12 +259,6 @@ int engine_step(struct engine *e, struct engine_req *reqs, int n, float *logits,
  * in the request's output (the draw's counter), ids (n) out. Every request must
  * have all_logits == 0. logits: NULL, or (n, vocab) floats that receive the rows
  * sampled from. Errors as engine_step. */
-/* Prepares everything a request would otherwise pay for on first use (engine_warm.c):
- * every decode graph bucket captured, with the backend's tunings at those sizes, and
- * one prompt chunk of max_rows tokens run; the KV it used is released and the stats
- * are as before. Nothing to do on a backend without graphs. 0 or -errno (err set). */
-int engine_warm(struct engine *e, char *err, size_t err_len);
-
 int engine_step_sample(struct engine *e, struct engine_req *reqs, int n,
 		       const struct k_sample_params *params, const uint64_t *steps, int32_t *ids,
 		       float *logits, char *err, size_t err_len);

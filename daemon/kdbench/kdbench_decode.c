@@ -467,8 +467,9 @@ static int run_batch(const struct decode_args *a, struct engine *e, int B, struc
 	    forward_layer_time(e->fwd, B, c->n_layers - 1, LAYER_REPS, 16, &res->layer_us,
 			       &res->layer_launches))
 		res->layer_us = 0, res->layer_launches = 0;
-	/* the routed experts the floors count: those a traced step read (synthetic
-	 * weights route less evenly than uniform routing would) */
+	/* the routed experts the floors count: those a traced step read, not the
+	 * uniform estimate (a prompt's own tokens share experts; session 29 measured a
+	 * batch of distinct prompts routing as uniformly as the estimate says) */
 	if ((ret = trace_experts(e, seqs, reqs, B, sp, steps, tok, res, err, sizeof(err))))
 		goto fail;
 	res->weight_gb = engine_weight_bytes_at(e->model, B, c->n_experts > 0 ?
