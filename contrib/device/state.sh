@@ -58,7 +58,8 @@
 #   ST_PART=qsplit the union gate/up's K slices forced (KDEC_MOE_QGEMV_SPLIT 2, 4 against
 #                  the plan's, which takes 1 at 8 rows: x's 33 KB slice then holds a
 #                  multiprocessor to 2 CTAs, ncu's 12.5% occupancy): Qwen3-30B-A3B int4 and
-#                  fp8 batch 8, DeepSeek-V2-Lite int4 batch 8
+#                  fp8 batch 8, DeepSeek-V2-Lite int4 batch 8 (QS_ROWS "model format;...",
+#                  QS_SPLITS instead)
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -246,11 +247,14 @@ abq() {
 }
 
 qsplit() {
-	local m v i
-	for m in "qwen3-30b-a3b int4-g32" "qwen3-30b-a3b fp8-block" "deepseek-v2-lite int4-g32"; do
+	local m v i IFS_was=$IFS rows=${QS_ROWS:-"qwen3-30b-a3b int4-g32;qwen3-30b-a3b fp8-block;deepseek-v2-lite int4-g32"}
+	IFS=';'
+	set -- $rows
+	IFS=$IFS_was
+	for m in "$@"; do
 		set -- $m
 		i=0
-		for v in 0 2 4 0; do	# the plan's before and after
+		for v in ${QS_SPLITS:-0 2 4 0}; do	# the plan's before and after
 			i=$((i + 1))
 			dec "qs${i}_split${v}_$1_$2" "$1" 8 "$2" KDEC_MOE_QGEMV_SPLIT=$v
 		done
