@@ -218,7 +218,7 @@ PY
 }
 
 abq() {
-	local f m old=devbuild-old
+	local f m r old=devbuild-old
 	[ -d $old ] || python3 -c 'import tarfile; tarfile.open("devbuild-old.tar.xz").extractall(".")'
 	step moe_q 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
 	grep '^FAIL' "$L/moe_q.log" | head -5 | cut -c1-200 | tee -a "$S"
@@ -233,31 +233,37 @@ abq() {
 			grep -E 'qgemv' "$L/moeq_${f}_$m.log" | cut -c1-170 | tee -a "$S"
 		done
 	done
-	local IFS_was=$IFS rows=${AB_ROWS:-"qwen3-30b-a3b 1,8 int4-g32;qwen3-30b-a3b 1,8 fp8-block;deepseek-v2-lite 8 int4-g32;llama3.1-8b 1 int4-g32;kimi-k2 1,8 int4-g32"}
 	for r in 1 2; do
-		IFS=';'
-		set -- $rows
-		IFS=$IFS_was
-		for m in "$@"; do
-			set -- $m
-			KDBENCH=$PWD/$old/kdbench dec "ab${r}_old_$1_$3" "$1" "$2" "$3"
-			dec "ab${r}_new_$1_$3" "$1" "$2" "$3"
-		done
+		each_row "${AB_ROWS:-qwen3-30b-a3b 1,8 int4-g32;qwen3-30b-a3b 1,8 fp8-block;deepseek-v2-lite 8 int4-g32;llama3.1-8b 1 int4-g32;kimi-k2 1,8 int4-g32}" abq_row
 	done
 }
 
+# abq's old / new pair of one row: MODEL BATCHES FORMAT (abq's r and old)
+abq_row() {
+	KDBENCH=$PWD/$old/kdbench dec "ab${r}_old_$1_$3" "$1" "$2" "$3"
+	dec "ab${r}_new_$1_$3" "$1" "$2" "$3"
+}
+
 qsplit() {
-	local m v i IFS_was=$IFS rows=${QS_ROWS:-"qwen3-30b-a3b int4-g32;qwen3-30b-a3b fp8-block;deepseek-v2-lite int4-g32"}
-	IFS=';'
-	set -- $rows
-	IFS=$IFS_was
-	for m in "$@"; do
-		set -- $m
-		i=0
-		for v in ${QS_SPLITS:-0 2 4 0}; do	# the plan's before and after
-			i=$((i + 1))
-			dec "qs${i}_split${v}_$1_$2" "$1" 8 "$2" KDEC_MOE_QGEMV_SPLIT=$v
-		done
+	each_row "${QS_ROWS:-qwen3-30b-a3b int4-g32;qwen3-30b-a3b fp8-block;deepseek-v2-lite int4-g32}" \
+		qsplit_row
+}
+
+# qsplit's splits of one row: MODEL FORMAT
+qsplit_row() {
+	local v i=0
+	for v in ${QS_SPLITS:-0 2 4 0}; do	# the plan's before and after
+		i=$((i + 1))
+		dec "qs${i}_split${v}_$1_$2" "$1" 8 "$2" KDEC_MOE_QGEMV_SPLIT=$v
+	done
+}
+
+# each_row LIST FN: FN with the words of each ';'-separated item of LIST
+each_row() {
+	local item IFS=';'
+	for item in $1; do
+		IFS=$' \t\n'
+		$2 $item
 	done
 }
 
