@@ -268,129 +268,27 @@ __device__ __forceinline__ void mg_run(const qs_warp<FMT, ST, qf_args, MG_AHEAD,
 	cp_async_wait<0>();
 }
 
-// A position in a CTA's walk over its items: stage s of item k, which has n stages.
-template <typename At> struct mg_cursor {
-	int k, s, n;
-
-	__device__ __forceinline__ mg_cursor(At &at, int items) : k(0), s(0), n(items > 0 ? at(0).nst : 0)
-	{
-	}
-
-	__device__ __forceinline__ bool next(At &at, int items)	// true: a new item begins
-	{
-		if (++s < n)
-			return false;
-		k++;
-		s = 0;
-		n = k < items ? at(k).nst : 0;
-		return true;
-	}
-};
-
-// The persistent kernels' walk over the CTA's `items` items (every warp the same
-// sequence): each item's stages in order on the warp's ring, which runs on across the
-// items, so the next item's first stages are in flight while this one's last are
-// computed, its x staged and its result stored (a CTA an item drains the ring and pays
-// its start again at each). at(k): the warp's qs_warp of item k (its weights, rows and
-// K slice; every item at least one stage); wait(): between the first stages' issue and
-// anything read from a kernel before (the PDL wait, where not done before); begin(k):
-// the CTA stages item k's x (KC k a row, as mg_stage_x) at xs, a barrier after it (the
-// walk puts one before it); end(k, acc): item k's accumulators, the whole CTA.
-template <int FMT, typename ST, typename At, typename W, typename B, typename E>
-__device__ __forceinline__ void mg_walk(const uint4 *xs, int M, int KC, int items, At &&at,
-					W &&wait, B &&begin, E &&end)
+// One gate/up item: the 64 rows of tile `tile` (union index tile / (2 inter / 64)'s gate
+// or up rows) times K slice s of S, to act (one slice) or its partial tile (the last of
+// the tile's S CTAs sums them in split order). The whole CTA; un made, uix < n_used.
+template <int FMT, typename ST>
+__device__ __forceinline__ void mg_gate_up_item(const mg_args &a, const mg_union &un,
+						unsigned char *smem, int tile, int s, int S)
 {
-	using F = qm_fmt<FMT>;
-	using C = mg_cursor<At>;
-	const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-	const uint4 *xr = xs + g * ((KC + 8) / 8) + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
-	const bool xin = g < M;
-	const int sw = FMT == K_Q_INT4 ? (t >> 1) << 1 : 0;
-	float sr[MG_STAGES][4];
-	float acc[4];
-	int total = 0;
-
-	for (int k = 0; k < items; k++)
-		total += at(k).nst;
-	C is(at, items);	// the next stage to issue
-#pragma unroll
-	for (int v = 0; v < MG_AHEAD; v++) {	// into slots 0 .. AHEAD-1
-		if (v < total) {
-			at(is.k).template issue<true>(v, is.s);
-			is.next(at, items);
-		}
-		cp_async_commit();
-	}
-	wait();
-	{
-		C ss(at, items);
-#pragma unroll
-		for (int v = 0; v < MG_AHEAD; v++)
-			if (v < total) {
-				at(ss.k).scales(sr[v], ss.s);
-				ss.next(at, items);
-			}
-	}
-	C cs(at, items);	// the stage computed
-	bool fresh = true;	// cs begins an item
-
-	// stage v of the walk in ring slot v % STAGES (the loop over j unrolled: sr stays
-	// in registers)
-	for (int v0 = 0; v0 < total; v0 += MG_STAGES) {
-#pragma unroll
-		for (int j = 0; j < MG_STAGES; j++) {
-			const int v = v0 + j, nx = (j + MG_AHEAD) % MG_STAGES;
-
-			if (v >= total)
-				break;
-			if (fresh) {
-				if (cs.k > 0)
-					__syncthreads();	// every warp done with the last x
-				begin(cs.k);
-#pragma unroll
-				for (int c = 0; c < 4; c++)
-					acc[c] = 0.f;
-			}
-			cp_async_wait<MG_AHEAD - 1>();	// stage v is here
-			__syncwarp();			// ... for every lane; slot nx is read
-			if (v + MG_AHEAD < total) {
-				const auto qn = at(is.k);
-
-				qn.template issue<false>(nx, is.s);
-				qn.scales(sr[nx], is.s);
-				is.next(at, items);
-			}
-			cp_async_commit();
-			{
-				const auto qc = at(cs.k);	// frag reads the ring alone
-#pragma unroll
-				for (int h = 0; h < 2; h++) {
-					uint4 wa, wb;
-					float sa, sb;
-
-					qc.frag(j, sr[j], h, wa, wb, sa, sb);
-					qm_slab<FMT>(acc, wa, wb, sa, sb,
-						     xr + (2 * cs.s + h) * (F::SLAB / 8), sw, xin);
-				}
-			}
-			const int k = cs.k;
-
-			fresh = cs.next(at, items);
-			if (fresh)
-				end(k, acc);
-		}
-	}
-	cp_async_wait<0>();
-}
-
-// A gate/up item's accumulators done (the 64 rows of tile `tile`, K slice s of S): to
-// act (one slice) or its partial tile, the last of the tile's S CTAs summing them in
-// split order. The whole CTA.
-__device__ __forceinline__ void mg_gate_up_item_end(const mg_args &a, const float (&acc)[4],
-						    int tile, int s, int S)
-{
-	const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, t = tid & 3;
+	const int tid = threadIdx.x, warp = tid >> 5;
 	const int tpe = 2 * a.I / MG_ROWS, uix = tile / tpe, r0 = tile % tpe * MG_ROWS;
+	const int j = r0 < a.I ? 0 : 1, e = un.used[uix];
+	const qf_args q = mg_qf<FMT>(a, j, a.I, a.H, a.KC);
+	const qs_warp<FMT, ST, qf_args, MG_AHEAD, true> qw(q, a.ew[3 * e + j], (const ST *)a.es[3 * e + j],
+						      smem + warp * MG_STAGES * QS_WSTAGE,
+						      r0 - j * a.I + warp * 16, s * a.KC);
+	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
+
+	qw.start();	// x: only the rows that chose the expert (down reads no other)
+	mg_stage_x<FMT, false>((uint4 *)(smem + MG_RING), a.x, (size_t)a.H, 0, a.M,
+			       un.rows[uix], a.H, qw.k0, a.KC);
+	mg_run<FMT, ST>(qw, (const uint4 *)(smem + MG_RING), a.M, a.KC, acc);
+
 	// act row m, column uix * 2I + r0 + r (r: the CTA's row)
 	const size_t rs = (size_t)a.n_max * 2 * a.I;
 	float *y = a.act + (size_t)uix * 2 * a.I + r0;
@@ -398,7 +296,7 @@ __device__ __forceinline__ void mg_gate_up_item_end(const mg_args &a, const floa
 	if (S == 1) {
 #pragma unroll
 		for (int c = 0; c < 4; c++) {
-			const int m = 2 * t + (c & 1), r = warp * 16 + g + 8 * (c >> 1);
+			const int m = 2 * qw.t + (c & 1), r = warp * 16 + qw.g + 8 * (c >> 1);
 
 			if (m < a.M)
 				y[m * rs + r] = acc[c];
@@ -409,7 +307,7 @@ __device__ __forceinline__ void mg_gate_up_item_end(const mg_args &a, const floa
 
 #pragma unroll
 	for (int c = 0; c < 4; c++) {
-		const int m = 2 * t + (c & 1), r = warp * 16 + g + 8 * (c >> 1);
+		const int m = 2 * qw.t + (c & 1), r = warp * 16 + qw.g + 8 * (c >> 1);
 
 		if (m < a.M)
 			__stcg(part + m * MG_ROWS + r, acc[c]);
@@ -435,39 +333,6 @@ __device__ __forceinline__ void mg_gate_up_item_end(const mg_args &a, const floa
 		a.cnt_gu[tile] = 0;
 }
 
-// Gate/up item (tile, s): the warp's stream of union index tile / (2 inter / 64)'s gate
-// or up rows (the tile's 64), K slice s.
-template <int FMT, typename ST>
-__device__ __forceinline__ qs_warp<FMT, ST, qf_args, MG_AHEAD, true>
-mg_gate_up_warp(const mg_args &a, const qf_args &q, const uint8_t *w, const ST *scale,
-		unsigned char *smem, int tile, int s)
-{
-	const int r0 = tile % (2 * a.I / MG_ROWS) * MG_ROWS, j = r0 < a.I ? 0 : 1;
-
-	return qs_warp<FMT, ST, qf_args, MG_AHEAD, true>(
-		q, w, scale, smem + (threadIdx.x >> 5) * MG_STAGES * QS_WSTAGE,
-		r0 - j * a.I + (threadIdx.x >> 5) * 16, s * a.KC);
-}
-
-// One gate/up item, the whole CTA alone: un made, its union index < n_used.
-template <int FMT, typename ST>
-__device__ __forceinline__ void mg_gate_up_item(const mg_args &a, const mg_union &un,
-						unsigned char *smem, int tile, int s, int S)
-{
-	const int tpe = 2 * a.I / MG_ROWS, uix = tile / tpe;
-	const int j = tile % tpe * MG_ROWS < a.I ? 0 : 1, e = un.used[uix];
-	const qf_args q = mg_qf<FMT>(a, j, a.I, a.H, a.KC);
-	const auto qw = mg_gate_up_warp<FMT, ST>(a, q, a.ew[3 * e + j], (const ST *)a.es[3 * e + j],
-						 smem, tile, s);
-	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
-
-	qw.start();	// x: only the rows that chose the expert (down reads no other)
-	mg_stage_x<FMT, false>((uint4 *)(smem + MG_RING), a.x, (size_t)a.H, 0, a.M,
-			       un.rows[uix], a.H, qw.k0, a.KC);
-	mg_run<FMT, ST>(qw, (const uint4 *)(smem + MG_RING), a.M, a.KC, acc);
-	mg_gate_up_item_end(a, acc, tile, s, S);
-}
-
 // grid (n_max * 2 inter / 64, S): CTA (x, y) is item (tile x, slice y); the CTAs of
 // union indices past n_used return at once.
 template <int FMT, typename ST>
@@ -484,56 +349,26 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_kernel(mg_args a)
 }
 
 // Persistent form (k_cuda_tuning()->moe_qgemv_persist): a grid of at most the CTAs that
-// fit at once, each making the union and reading the used experts' gate and up
-// pointers once, then walking items i = x, x + grid, ... of the n_used * (2 inter / 64)
-// * S that exist (tile i / S, slice i % S) on mg_walk: no CTA of a second wave waits for
-// a slot and pays the wait, the union and its pointers again, the plan's S balances the
-// items over the CTAs, and each warp's ring runs on from item to item. (Giving the CTAs
-// of one multiprocessor neighbouring items, the same rows of one expert, measured no
-// different: session 20.)
+// fit at once, each making the union once and then walking items i = x, x + grid, ...
+// of the n_used * (2 inter / 64) * S that exist (tile i / S, slice i % S): no CTA of a
+// second wave waits for a slot and pays the wait, the union and its pointers again, and
+// the plan's S balances the items over the CTAs. (Giving the CTAs of one multiprocessor
+// neighbouring items, the same rows of one expert, measured no different: session 20.)
 template <int FMT, typename ST>
 __global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_persist_kernel(mg_args a, int S)
 {
 	extern __shared__ __align__(16) unsigned char mg_smem[];
 	__shared__ mg_union un;
-	__shared__ const uint8_t *pw[2][MG_PAIRS];	// [gate, up][union index]
-	__shared__ const ST *ps[2][MG_PAIRS];
-	const int tid = threadIdx.x, bid = blockIdx.x, grid = gridDim.x;
-	const int tpe = 2 * a.I / MG_ROWS;
-	const qf_args q = mg_qf<FMT>(a, 0, a.I, a.H, a.KC);	// gate's, up's alike (mg_launch)
 
 	k_cuda_pdl_wait();
 	mg_union_make<false>(un, a.ids, a.M, a.top_k, a.E);
-	if (tid < 2 * un.n_used) {
-		const int u = tid >> 1, j = tid & 1, e = un.used[u];
+	const int items = un.n_used * (2 * a.I / MG_ROWS) * S;
 
-		pw[j][u] = a.ew[3 * e + j];
-		ps[j][u] = (const ST *)a.es[3 * e + j];
+	for (int i = blockIdx.x; i < items; i += gridDim.x) {
+		if (i != (int)blockIdx.x)
+			__syncthreads();	// every warp done with the x slice and its ring
+		mg_gate_up_item<FMT, ST>(a, un, mg_smem, i / S, i % S, S);
 	}
-	__syncthreads();
-	const int all = un.n_used * tpe * S;
-	const int items = bid < all ? (all - bid + grid - 1) / grid : 0;
-	auto at = [&](int k) {
-		const int i = bid + k * grid, tile = i / S, u = tile / tpe;
-		const int j = tile % tpe * MG_ROWS < a.I ? 0 : 1;
-
-		return mg_gate_up_warp<FMT, ST>(a, q, pw[j][u], ps[j][u], mg_smem, tile, i % S);
-	};
-
-	mg_walk<FMT, ST>((const uint4 *)(mg_smem + MG_RING), a.M, a.KC, items, at, [] {},
-			 [&](int k) {	// x: only the rows that chose the expert
-				 const int i = bid + k * grid, tile = i / S;
-
-				 mg_stage_x<FMT, false>((uint4 *)(mg_smem + MG_RING), a.x,
-							(size_t)a.H, 0, a.M, un.rows[tile / tpe],
-							a.H, i % S * a.KC, a.KC);
-				 __syncthreads();
-			 },
-			 [&](int k, const float (&acc)[4]) {
-				 const int i = bid + k * grid;
-
-				 mg_gate_up_item_end(a, acc, i / S, i % S, S);
-			 });
 }
 
 // The last CTA of down tile `tile` to arrive (every partial of the tile visible; un's
@@ -646,25 +481,32 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_down_kernel(mg_args a)
 
 // Persistent form of down (k_cuda_tuning()->moe_qgemv_dpersist): a grid of at most the
 // CTAs that fit at once, each making the union and reading every used expert's down
-// pointers once (before the wait, as the plain kernel), then walking items i = x, x +
-// grid, ... of the d_tiles * n_used that exist (union index i / d_tiles, tile i %
-// d_tiles: the plain grid's order) on mg_walk (at 8 rows the plain grid's CTAs each
-// carry one item of 3-6 stages, and ncu found its warps waiting and at barriers: 0.94
-// TB/s for fp8). Each item is computed as the plain kernel computes it (the same
-// stages, x and order), so the same bits.
+// pointers once, then walking items i = x, x + grid, ... of the d_tiles * n_used that
+// exist (union index i / d_tiles, tile i % d_tiles: the plain grid's order). Each
+// warp's ring runs on across its CTA's items: the stages of the next item are issued
+// while this one's last stages are computed, its x staged and its partial combined
+// (at 8 rows the plain grid's CTAs each carried one item of 3-6 stages, and ncu found
+// its warps waiting and at barriers, 0.94 TB/s for fp8). Every item is computed as the
+// plain kernel computes it (the same stages, x and order), so the same bits.
 template <int FMT, typename ST>
 __global__ void __launch_bounds__(MG_THREADS, 4) mg_down_persist_kernel(mg_args a)
 {
+	using QW = qs_warp<FMT, ST, qf_args, MG_AHEAD, true>;
+	using F = qm_fmt<FMT>;
 	extern __shared__ __align__(16) unsigned char mg_smem[];
 	__shared__ mg_union un;
 	__shared__ const uint8_t *pw[MG_PAIRS];	// union index -> its down payload, scales
 	__shared__ const ST *ps[MG_PAIRS];
-	const int tid = threadIdx.x, warp = tid >> 5, bid = blockIdx.x, grid = gridDim.x;
-	const int d_tiles = (a.H + MG_ROWS - 1) / MG_ROWS;
+	const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, t = tid & 3;
+	const int bid = blockIdx.x, grid = gridDim.x, d_tiles = (a.H + MG_ROWS - 1) / MG_ROWS;
 	unsigned char *ring = mg_smem + warp * MG_STAGES * QS_WSTAGE;
+	const uint4 *xs = (const uint4 *)(mg_smem + MG_RING);
 	const qf_args q = mg_qf<FMT>(a, 2, a.H, a.I, a.KCd);
+	const int nst = a.KCd / qs_fmt<FMT>::SK;	// every item's stages
+	float sr[MG_STAGES][4];
+	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
 
-	mg_union_make<true>(un, a.ids, a.M, a.top_k, a.E);
+	mg_union_make<true>(un, a.ids, a.M, a.top_k, a.E);	// as the plain kernel, early
 	if (tid < un.n_used) {
 		const int e = un.used[tid];
 
@@ -673,34 +515,82 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_down_persist_kernel(mg_args 
 	}
 	mg_row_order(un, a.M, a.top_k);
 	__syncthreads();
-	const int all = d_tiles * un.n_used;
-	const int items = bid < all ? (all - bid + grid - 1) / grid : 0;
-	auto at = [&](int k) {
-		const int i = bid + k * grid, u = i / d_tiles;
+	const int items = d_tiles * un.n_used;
+	const int total = (bid < items ? (items - bid + grid - 1) / grid : 0) * nst;
 
-		return qs_warp<FMT, ST, qf_args, MG_AHEAD, true>(
-			q, pw[u], ps[u], ring, (i % d_tiles) * MG_ROWS + warp * 16, 0);
+	// the warp's view of the item of its k-th (virtual stage v / nst)
+	auto item = [&](int k) {
+		const int i = bid + k * grid, uix = i / d_tiles;
+
+		return QW(q, pw[uix], ps[uix], ring, (i % d_tiles) * MG_ROWS + warp * 16, 0);
 	};
+	const QW qf(q, nullptr, nullptr, ring, warp * 16, 0);	// frag's: the ring alone
 
-	mg_walk<FMT, ST>((const uint4 *)(mg_smem + MG_RING), a.M, a.KCd, items, at,
-			 [] { k_cuda_pdl_wait(); },	// act is the gate/up kernel's
-			 [&](int k) {
-				 const int u = (bid + k * grid) / d_tiles;
-
-				 mg_stage_x<FMT, true>((uint4 *)(mg_smem + MG_RING),
-						       a.act + (size_t)u * 2 * a.I,
-						       (size_t)a.n_max * 2 * a.I, a.I, a.M, un.rows[u],
-						       a.I, 0, a.KCd);
-				 __syncthreads();
-			 },
-			 [&](int k, const float (&acc)[4]) {
-				 const int i = bid + k * grid;
-
-				 mg_down_item_end(a, un, acc, i % d_tiles, i / d_tiles);
-			 });
-	if (un.n_used == 0)	// no valid id at all: no items, the sum is 0
+#pragma unroll
+	for (int v = 0; v < MG_AHEAD; v++) {	// the first stages, before the wait
+		if (v < total)
+			item(v / nst).template issue<true>(v, v % nst);
+		cp_async_commit();
+	}
+	k_cuda_pdl_wait();	// act is the gate/up kernel's
+	if (un.n_used == 0) {
 		for (int tile = bid; tile < d_tiles; tile += grid)
 			mg_down_zero(a, tile);
+		return;
+	}
+#pragma unroll
+	for (int v = 0; v < MG_AHEAD; v++)
+		if (v < total)
+			item(v / nst).scales(sr[v], v % nst);
+
+	const uint4 *xr = xs + g * ((a.KCd + 8) / 8) + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
+	const bool xin = g < a.M;
+	const int sw = FMT == K_Q_INT4 ? (t >> 1) << 1 : 0;
+
+	// virtual stage v: stage v % nst of the CTA's item v / nst, in ring slot v % STAGES
+	for (int v0 = 0; v0 < total; v0 += MG_STAGES) {
+#pragma unroll
+		for (int j = 0; j < MG_STAGES; j++) {
+			const int v = v0 + j, nx = (j + MG_AHEAD) % MG_STAGES, vn = v + MG_AHEAD;
+
+			if (v >= total)
+				break;
+			const int k = v / nst, s = v - k * nst, i = bid + k * grid;
+
+			if (s == 0) {	// the item's x: the CTA's previous item ended at a barrier
+				const int uix = i / d_tiles;
+
+				mg_stage_x<FMT, true>((uint4 *)xs, a.act + (size_t)uix * 2 * a.I,
+						      (size_t)a.n_max * 2 * a.I, a.I, a.M,
+						      un.rows[uix], a.I, 0, a.KCd);
+				__syncthreads();
+#pragma unroll
+				for (int c = 0; c < 4; c++)
+					acc[c] = 0.f;
+			}
+			cp_async_wait<MG_AHEAD - 1>();	// stage v is here
+			__syncwarp();			// ... for every lane; slot nx is read
+			if (vn < total) {
+				const QW qn = item(vn / nst);
+
+				qn.template issue<false>(nx, vn % nst);
+				qn.scales(sr[nx], vn % nst);
+			}
+			cp_async_commit();
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				uint4 wa, wb;
+				float sa, sb;
+
+				qf.frag(j, sr[j], h, wa, wb, sa, sb);
+				qm_slab<FMT>(acc, wa, wb, sa, sb, xr + (2 * s + h) * (F::SLAB / 8), sw,
+					     xin);
+			}
+			if (s == nst - 1)
+				mg_down_item_end(a, un, acc, i % d_tiles, i / d_tiles);
+		}
+	}
+	cp_async_wait<0>();
 }
 
 }	// namespace
@@ -859,12 +749,7 @@ bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, i
 template <int FMT, typename ST>
 static int mg_launch(cudaStream_t s, const struct moe_qgemv_plan &p, const mg_args &a)
 {
-	// the persistent gate/up reads gate and up through one geometry (the published
-	// formats' gate and up have the same scale blocks; the plain grid takes any)
-	const bool gu_alike = a.brows[0] == a.brows[1] && a.kshift[0] == a.kshift[1] &&
-			      a.scols[0] == a.scols[1];
-
-	if (p.persist && gu_alike)
+	if (p.persist)
 		K_CUDA_TRY(k_cuda_launch_pdl(s, dim3(p.ctas), dim3(MG_THREADS), (size_t)p.gu_smem,
 					     mg_gate_up_persist_kernel<FMT, ST>, a, p.S));
 	else
