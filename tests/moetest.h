@@ -96,14 +96,4 @@ static inline void moe_set_qgemv_persist(int v)
 	k_cuda_tuning_set(&t);
 }
 
-/* moe_qgemv.cu's down as persistent CTAs (KDEC_MOE_QGEMV_DPERSIST); -1: the default */
-static inline void moe_set_qgemv_dpersist(int v)
-{
-	struct k_cuda_tuning t = *k_cuda_tuning(), def;
-
-	k_cuda_tuning_defaults(&def);
-	t.moe_qgemv_dpersist = v >= 0 ? v : def.moe_qgemv_dpersist;
-	k_cuda_tuning_set(&t);
-}
-
 #endif

@@ -25,8 +25,7 @@
  * model shape and format must take them; x and activations in f16, so QGEMV_TOL 2e-3),
  * with their bits twice the same, a call naming no valid expert at all (zeros), and
  * experts_add_q through them; the union gate/up also in its persistent form
- * (KDEC_MOE_QGEMV_PERSIST 1, and 3: several items a CTA), and the down in its own
- * (KDEC_MOE_QGEMV_DPERSIST 1 and 3; its bits against the plain down's). Shapes outside the vector
+ * (KDEC_MOE_QGEMV_PERSIST 1, and 3: several items a CTA). Shapes outside the vector
  * kernels (the quant goldens' tiny experts 64 x 20 and 96 x 24, an odd 136 x 56, blocks
  * of 96) take the CUDA-core kernels at every M, the same cases. Skips (77) without CUDA or a
  * GPU. KD_TEST_QUICK=1 (for compute-sanitizer): the odd shapes and Qwen3's in fp8-block,
@@ -361,12 +360,9 @@ static void test_q_m1_bits(const struct moe_shape *s, const struct qfmt *f,
 
 
 /* moe_qgemv.cu's kernels twice on the same inputs: the same bits (fixed split and
- * expert orders; the output starts as NaN the first time, as 0 the second). dp > 0:
- * the first time with down a CTA an item, the second with down persistent (at most dp
- * CTAs where dp > 1), which computes each item alike: the same bits too. */
+ * expert orders; the output starts as NaN the first time, as 0 the second). */
 static void test_q_qgemv_bits(const struct moe_shape *s, const struct qfmt *f,
-			      const struct qweights *w, struct k_cuda_moe_ws *ws, int M, int flags,
-			      int dp)
+			      const struct qweights *w, struct k_cuda_moe_ws *ws, int M, int flags)
 {
 	struct qcase c;
 	struct k_cuda_moe_quant q;
@@ -379,21 +375,17 @@ static void test_q_qgemv_bits(const struct moe_shape *s, const struct qfmt *f,
 	moe_set_path(K_CUDA_MOE_PATH_SMALL);
 	for (int r = 0; r < 2; r++) {
 		got[r] = malloc(sizeof(float) * c.nx);
-		if (dp > 0)
-			moe_set_qgemv_dpersist(r ? dp : 0);
 		CU(cudaMemset(dout, r ? 0 : 0xff, sizeof(float) * c.nx));
 		ret |= k_cuda_moe_experts_q(stream, ws, dout, c.dx, M, c.dids, c.dw, s->top_k,
 					    (const uint16_t *const *)c.dtable, &q, s->n_experts,
 					    s->hidden, s->inter);
 		to_host(got[r], dout, sizeof(float) * c.nx);
 	}
-	if (dp > 0)
-		moe_set_qgemv_dpersist(-1);
 	for (size_t i = 0; i < c.nx; i++)
 		diff += !test_same_floats(&got[0][i], &got[1][i], 1);
-	printf("%-12s %-44s %-10s M %d%s%s%s  %d of %zu differ  %s\n", "moe_q qgemv bits", s->name,
-	       f->name, M, flags & EX_DUP ? " dup" : "", flags & EX_BAD_ID ? " bad-id" : "",
-	       dp > 0 ? " down plain/persist" : "", diff, c.nx, ret == 0 && !diff ? "PASS" : "FAIL");
+	printf("%-12s %-44s %-10s M %d%s%s  %d of %zu differ  %s\n", "moe_q qgemv bits", s->name,
+	       f->name, M, flags & EX_DUP ? " dup" : "", flags & EX_BAD_ID ? " bad-id" : "", diff,
+	       c.nx, ret == 0 && !diff ? "PASS" : "FAIL");
 	CHECK(ret == 0 && !diff, "qgemv bits %s %s M %d: ret %d, %d differ", s->name, f->name, M,
 	      ret, diff);
 	free(got[0]);
@@ -512,8 +504,8 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 		test_q_experts(s, f, &w, ws, 2, EX_ALL_BAD, K_CUDA_MOE_PATH_SMALL,
 			       takes ? " qgemv" : " qgemv-declined");
 		if (takes) {
-			test_q_qgemv_bits(s, f, &w, ws, 1, 0, 0);
-			test_q_qgemv_bits(s, f, &w, ws, 8, EX_DUP | EX_BAD_ID, 0);
+			test_q_qgemv_bits(s, f, &w, ws, 1, 0);
+			test_q_qgemv_bits(s, f, &w, ws, 8, EX_DUP | EX_BAD_ID);
 			/* the persistent gate/up: as many CTAs as fit, then 3 (several items
 			 * a CTA, its slices' partials summed across them) */
 			for (int pc = 0; pc < 2; pc++) {
@@ -526,27 +518,8 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 					       K_CUDA_MOE_PATH_SMALL, tag);
 				test_q_experts(s, f, &w, ws, 2, EX_ALL_BAD, K_CUDA_MOE_PATH_SMALL,
 					       tag);
-				test_q_qgemv_bits(s, f, &w, ws, 8, EX_DUP | EX_BAD_ID, 0);
+				test_q_qgemv_bits(s, f, &w, ws, 8, EX_DUP | EX_BAD_ID);
 			}
-			moe_set_qgemv_persist(-1);
-			/* the persistent down: as many CTAs as fit (each walks several items
-			 * at 8 rows), then 3 (every CTA many, each tile's experts combined
-			 * across them); bits against the plain down's */
-			for (int pc = 0; pc < 2; pc++) {
-				const char *tag = pc ? " qgemv dpersist-3" : " qgemv dpersist";
-
-				moe_set_qgemv_dpersist(pc ? 3 : 1);
-				test_q_experts(s, f, &w, ws, 1, 0, K_CUDA_MOE_PATH_SMALL, tag);
-				test_q_experts(s, f, &w, ws, 8, 0, K_CUDA_MOE_PATH_SMALL, tag);
-				test_q_experts(s, f, &w, ws, 3, EX_DUP | EX_BAD_ID,
-					       K_CUDA_MOE_PATH_SMALL, tag);
-				test_q_experts(s, f, &w, ws, 2, EX_ALL_BAD, K_CUDA_MOE_PATH_SMALL,
-					       tag);
-				moe_set_qgemv_dpersist(-1);
-				test_q_qgemv_bits(s, f, &w, ws, 8, EX_DUP | EX_BAD_ID, pc ? 3 : 1);
-				test_q_qgemv_bits(s, f, &w, ws, pc ? 2 : 8, 0, pc ? 3 : 1);
-			}
-			moe_set_qgemv_dpersist(-1);
 		}
 		expert_tol = EXPERT_TOL;
 	}

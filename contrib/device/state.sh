@@ -60,11 +60,6 @@
 #                  multiprocessor to 2 CTAs, ncu's 12.5% occupancy): Qwen3-30B-A3B int4 and
 #                  fp8 batch 8, DeepSeek-V2-Lite int4 batch 8 (QS_ROWS "model format;...",
 #                  QS_SPLITS instead)
-#   ST_PART=dpersist the union down as persistent CTAs (KDEC_MOE_QGEMV_DPERSIST, session
-#                  30): test_cuda_moe_q quick (its forms and bits against the plain down's),
-#                  test_golden on cuda with it on, bench_cuda_moe q qwen3-30b at 1 and 8 rows
-#                  (qgemv-p against qgemv-pd), then decode 0 / 1 / 0 / 1 on DP_ROWS
-#                  ("model batches format;...": the MoE models' fp8 and int4 at batch 8)
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -261,30 +256,6 @@ qsplit_row() {
 		i=$((i + 1))
 		dec "qs${i}_split${v}_$1_$2" "$1" 8 "$2" KDEC_MOE_QGEMV_SPLIT=$v
 	done
-}
-
-dpersist() {
-	local f m r
-	step moe_q 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
-	grep -E '^FAIL|dpersist|plain/persist' "$L/moe_q.log" | head -12 | cut -c1-200 | tee -a "$S"
-	tail -3 "$L/moe_q.log" | tee -a "$S"
-	step golden_dp 100 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QGEMV_DPERSIST=1 "$B/tests/test_golden"
-	grep '^FAIL' "$L/golden_dp.log" | cut -c1-200 | tee -a "$S"
-	for f in fp8-block int4-g32; do
-		for m in 1 8; do
-			step "moeq_${f}_$m" 30 "$B/tests/bench/bench_cuda_moe" q qwen3-30b "$m" "$f"
-			grep -E 'qgemv' "$L/moeq_${f}_$m.log" | cut -c1-170 | tee -a "$S"
-		done
-	done
-	for r in 1 2; do
-		each_row "${DP_ROWS:-qwen3-30b-a3b 8 fp8-block;qwen3-30b-a3b 8 int4-g32;deepseek-v2-lite 8 fp8-block;deepseek-v2-lite 8 int4-g32;kimi-k2 8 fp8-block}" dpersist_row
-	done
-}
-
-# dpersist's off / on pair of one row: MODEL BATCHES FORMAT (dpersist's r)
-dpersist_row() {
-	dec "dp${r}_0_$1_$3" "$1" "$2" "$3" KDEC_MOE_QGEMV_DPERSIST=0
-	dec "dp${r}_1_$1_$3" "$1" "$2" "$3" KDEC_MOE_QGEMV_DPERSIST=1
 }
 
 # each_row LIST FN: FN with the words of each ';'-separated item of LIST

@@ -209,13 +209,6 @@ struct k_cuda_tuning {
 				 * an H100 (session 20, call 3, replay ms): decode batch 8 1.2-3.3%
 				 * faster (Qwen3-30B-A3B fp8 10.418 -> 10.148, int4 4.578 ->
 				 * 4.458; Kimi-K2 slice fp8 2.855 -> 2.811), batch 1 within noise */
-	int moe_qgemv_dpersist;	/* KDEC_MOE_QGEMV_DPERSIST, 0.., 0: moe_qgemv.cu's down as
-				 * persistent CTAs where its (64 rows, expert) items outnumber
-				 * the CTAs that fit (every model at batch 8: Qwen3-30B-A3B's
-				 * 32 tiles x ~53 experts on 3 CTAs a multiprocessor), each
-				 * warp's ring running on into the CTA's next item; 0: a CTA an
-				 * item; N > 1: at most N CTAs (tests). The same bits. Not yet
-				 * measured (session 30) */
 	int moe_qgemv_split;	/* KDEC_MOE_QGEMV_SPLIT, 0..8, 0: moe_qgemv.cu's gate/up K
 				 * slices from its plan (the fewest giving every SM two CTAs);
 				 * N: at least N where the x slice fits (for measuring) */

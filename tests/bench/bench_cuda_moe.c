@@ -16,8 +16,7 @@
  * call's rows), and quantized experts at M <= 8 on moe_qgemv.cu's GEMVs over the chosen
  * experts' union ("qgemv", gate/up a CTA an item, KDEC_MOE_QGEMV_PERSIST 0; "small" is
  * then the small path's own kernels, KDEC_MOE_QGEMV_ROWS 0; "qgemv-p" with the persistent
- * gate/up where it differs, KDEC_MOE_QGEMV_PERSIST 1, the default, and down a CTA an item;
- * "qgemv-pd" with the persistent down too, KDEC_MOE_QGEMV_DPERSIST 1).
+ * gate/up where it differs, KDEC_MOE_QGEMV_PERSIST 1, the default).
  * "route" lines: the routing alone at decode, 32 layers of the router GEMV, of the GEMV
  * then moe_route, and of moe_route alone, each one graph, per layer.
  * Usage: bench_cuda_moe [lat | route | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
@@ -476,11 +475,7 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 					moe_set_qgemv_persist(0);	/* one item a CTA */
 					time_q(&shapes[i], fmts[f], M, "qgemv");
 					moe_set_qgemv_persist(1);	/* persistent gate/up */
-					moe_set_qgemv_dpersist(0);
 					time_q(&shapes[i], fmts[f], M, "qgemv-p");
-					moe_set_qgemv_dpersist(1);	/* and persistent down */
-					time_q(&shapes[i], fmts[f], M, "qgemv-pd");
-					moe_set_qgemv_dpersist(-1);
 					moe_set_qgemv_persist(-1);
 				}
 				/* the grouped path on moe_qtile.cu's tile kernels, at every M (where

@@ -599,9 +599,8 @@ static int moe_qgemv_ws_alloc(k_cuda_moe_ws *ws)
 	for (int M = 1; M <= ws->max_M && M <= MOE_QGEMV_MAX_M; M++)
 		for (int f = MQ_FP8; f <= MQ_INT4; f++)
 			for (int persist = 0; persist < 2; persist++) {	// either gate/up form
-				// (down's forms use the same workspace)
 				if (!moe_qgemv_make_plan(f, M, ws->top_k, ws->n_experts, ws->hidden,
-							 ws->inter, ws->n_sm, persist, 1, &p))
+							 ws->inter, ws->n_sm, persist, &p))
 					continue;
 				q.act_floats = std::max(q.act_floats, p.act_floats);
 				q.part_floats = std::max(q.part_floats, p.part_floats);

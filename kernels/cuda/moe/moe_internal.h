@@ -136,8 +136,6 @@ struct moe_qgemv_plan {
 	bool persist;		// gate/up persistent: ctas CTAs walk the tiles' S slices
 	int ctas;
 	int d_tiles, KCd;	// down: 64-row tiles of hidden, inter in whole stages
-	bool d_persist;		// down persistent: d_ctas CTAs walk its (tile, expert) items
-	int d_ctas;
 	int gu_smem, d_smem;	// dynamic shared memory a CTA
 	size_t act_floats, part_floats;
 	int cnt;		// arrival counts of each kernel
@@ -149,7 +147,7 @@ struct moe_qgemv_ws {
 	int cnt, n_sm;
 };
 bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, int inter, int n_sm,
-			 int persist, int dpersist, struct moe_qgemv_plan *p);
+			 int persist, struct moe_qgemv_plan *p);
 int moe_qgemv_setup(void);
 bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, int hidden,
 		     int inter, const float *x, const struct moe_qgemv_ws &ws);

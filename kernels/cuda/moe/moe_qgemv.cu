@@ -371,13 +371,59 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_gate_up_persist_kernel(mg_ar
 	}
 }
 
-// The last CTA of down tile `tile` to arrive (every partial of the tile visible; un's
-// row order made): out[m][n] (+)= the sum of w * partial over row m's pairs in
-// increasing expert id, the loads of 8 pairs in flight at once; then the tile's count
-// back to 0. The whole CTA.
-__device__ void mg_down_combine(const mg_args &a, const mg_union &un, int tile)
+// grid (ceil(hidden / 64), n_max): CTA (x, u) multiplies union index u's down rows
+// [64 x, 64 x + 64) by its rows' activations; the last of a tile's n_used CTAs combines.
+template <int FMT, typename ST>
+__global__ void __launch_bounds__(MG_THREADS, 4) mg_down_kernel(mg_args a)
 {
-	const int tid = threadIdx.x, n0 = tile * MG_ROWS;
+	extern __shared__ __align__(16) unsigned char mg_smem[];
+	__shared__ mg_union un;
+	const int tid = threadIdx.x, warp = tid >> 5, tile = blockIdx.x, uix = blockIdx.y;
+	const int n0 = tile * MG_ROWS;
+	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
+
+	// The ids are the gate/up kernel's inputs, written before it started: the union,
+	// the expert's rows and the first stages of its weights before the wait, while
+	// gate/up drains (as the dense GEMV streams its weights before its wait).
+	mg_union_make<true>(un, a.ids, a.M, a.top_k, a.E);
+	const int e = uix < un.n_used ? un.used[uix] : 0;
+	const qf_args q = mg_qf<FMT>(a, 2, a.H, a.I, a.KCd);
+	const qs_warp<FMT, ST, qf_args, MG_AHEAD, true> qw(
+		q, k_cuda_pdl_early(a.ew + 3 * e + 2),
+		(const ST *)k_cuda_pdl_early(a.es + 3 * e + 2),
+		mg_smem + warp * MG_STAGES * QS_WSTAGE, n0 + warp * 16, 0);
+
+	if (uix < un.n_used)
+		qw.start();
+	k_cuda_pdl_wait();	// act is the gate/up kernel's
+	if (un.n_used == 0 && uix == 0) {	// no valid id at all: the sum is 0
+		for (int el = tid; el < a.M * MG_ROWS; el += MG_THREADS)
+			if (n0 + el % MG_ROWS < a.H && !a.add)
+				a.out[(size_t)(el / MG_ROWS) * a.H + n0 + el % MG_ROWS] = 0.f;
+		return;
+	}
+	if (uix >= un.n_used)
+		return;
+	mg_stage_x<FMT, true>((uint4 *)(mg_smem + MG_RING), a.act + (size_t)uix * 2 * a.I,
+			      (size_t)a.n_max * 2 * a.I, a.I, a.M, un.rows[uix], a.I, 0, a.KCd);
+	mg_run<FMT, ST>(qw, (const uint4 *)(mg_smem + MG_RING), a.M, a.KCd, acc);
+
+	float *part = a.part + ((size_t)tile * a.n_max + uix) * MG_PART;
+
+#pragma unroll
+	for (int c = 0; c < 4; c++) {
+		const int m = 2 * qw.t + (c & 1), r = warp * 16 + qw.g + 8 * (c >> 1);
+
+		if (m < a.M)
+			__stcg(part + m * MG_ROWS + r, acc[c]);
+	}
+	if (!lin_split_last(a.cnt_d, tile, un.n_used))
+		return;
+	mg_row_order(un, a.M, a.top_k);
+	__syncthreads();
+
+	// out[m][n] (+)= sum of w * partial over row m's pairs in increasing expert id; the
+	// loads of 8 pairs in flight at once
 	const float *tp = a.part + (size_t)tile * a.n_max * MG_PART;
 
 	for (int el = tid; el < a.M * MG_ROWS; el += MG_THREADS) {
@@ -412,187 +458,6 @@ __device__ void mg_down_combine(const mg_args &a, const mg_union &un, int tile)
 		a.cnt_d[tile] = 0;
 }
 
-// Down item (tile, uix) done: the warp's accumulators as its partial tile, then, in
-// the CTA that arrives last of the tile's n_used (un's row order made), the combine.
-// The whole CTA.
-__device__ __forceinline__ void mg_down_item_end(const mg_args &a, const mg_union &un,
-						 const float (&acc)[4], int tile, int uix)
-{
-	const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-	float *part = a.part + ((size_t)tile * a.n_max + uix) * MG_PART;
-
-#pragma unroll
-	for (int c = 0; c < 4; c++) {
-		const int m = 2 * t + (c & 1), r = warp * 16 + g + 8 * (c >> 1);
-
-		if (m < a.M)
-			__stcg(part + m * MG_ROWS + r, acc[c]);
-	}
-	if (lin_split_last(a.cnt_d, tile, un.n_used))
-		mg_down_combine(a, un, tile);
-}
-
-// No valid id at all: the sum is 0 (out = 0; += leaves it). Down tile `tile`, the CTA.
-__device__ __forceinline__ void mg_down_zero(const mg_args &a, int tile)
-{
-	const int n0 = tile * MG_ROWS;
-
-	for (int el = threadIdx.x; el < a.M * MG_ROWS; el += MG_THREADS)
-		if (n0 + el % MG_ROWS < a.H && !a.add)
-			a.out[(size_t)(el / MG_ROWS) * a.H + n0 + el % MG_ROWS] = 0.f;
-}
-
-// grid (ceil(hidden / 64), n_max): CTA (x, u) multiplies union index u's down rows
-// [64 x, 64 x + 64) by its rows' activations; the last of a tile's n_used CTAs combines.
-template <int FMT, typename ST>
-__global__ void __launch_bounds__(MG_THREADS, 4) mg_down_kernel(mg_args a)
-{
-	extern __shared__ __align__(16) unsigned char mg_smem[];
-	__shared__ mg_union un;
-	const int warp = threadIdx.x >> 5, tile = blockIdx.x, uix = blockIdx.y;
-	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
-
-	// The ids are the gate/up kernel's inputs, written before it started: the union,
-	// the expert's rows and the first stages of its weights before the wait, while
-	// gate/up drains (as the dense GEMV streams its weights before its wait).
-	mg_union_make<true>(un, a.ids, a.M, a.top_k, a.E);
-	const int e = uix < un.n_used ? un.used[uix] : 0;
-	const qf_args q = mg_qf<FMT>(a, 2, a.H, a.I, a.KCd);
-	const qs_warp<FMT, ST, qf_args, MG_AHEAD, true> qw(
-		q, k_cuda_pdl_early(a.ew + 3 * e + 2),
-		(const ST *)k_cuda_pdl_early(a.es + 3 * e + 2),
-		mg_smem + warp * MG_STAGES * QS_WSTAGE, tile * MG_ROWS + warp * 16, 0);
-
-	if (uix < un.n_used)
-		qw.start();
-	mg_row_order(un, a.M, a.top_k);	// the combine's, should this CTA come last
-	k_cuda_pdl_wait();	// act is the gate/up kernel's
-	if (un.n_used == 0 && uix == 0) {
-		mg_down_zero(a, tile);
-		return;
-	}
-	if (uix >= un.n_used)
-		return;
-	mg_stage_x<FMT, true>((uint4 *)(mg_smem + MG_RING), a.act + (size_t)uix * 2 * a.I,
-			      (size_t)a.n_max * 2 * a.I, a.I, a.M, un.rows[uix], a.I, 0, a.KCd);
-	mg_run<FMT, ST>(qw, (const uint4 *)(mg_smem + MG_RING), a.M, a.KCd, acc);
-	mg_down_item_end(a, un, acc, tile, uix);
-}
-
-// Persistent form of down (k_cuda_tuning()->moe_qgemv_dpersist): a grid of at most the
-// CTAs that fit at once, each making the union and reading every used expert's down
-// pointers once, then walking items i = x, x + grid, ... of the d_tiles * n_used that
-// exist (union index i / d_tiles, tile i % d_tiles: the plain grid's order). Each
-// warp's ring runs on across its CTA's items: the stages of the next item are issued
-// while this one's last stages are computed, its x staged and its partial combined
-// (at 8 rows the plain grid's CTAs each carried one item of 3-6 stages, and ncu found
-// its warps waiting and at barriers, 0.94 TB/s for fp8). Every item is computed as the
-// plain kernel computes it (the same stages, x and order), so the same bits.
-template <int FMT, typename ST>
-__global__ void __launch_bounds__(MG_THREADS, 4) mg_down_persist_kernel(mg_args a)
-{
-	using QW = qs_warp<FMT, ST, qf_args, MG_AHEAD, true>;
-	using F = qm_fmt<FMT>;
-	extern __shared__ __align__(16) unsigned char mg_smem[];
-	__shared__ mg_union un;
-	__shared__ const uint8_t *pw[MG_PAIRS];	// union index -> its down payload, scales
-	__shared__ const ST *ps[MG_PAIRS];
-	const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, t = tid & 3;
-	const int bid = blockIdx.x, grid = gridDim.x, d_tiles = (a.H + MG_ROWS - 1) / MG_ROWS;
-	unsigned char *ring = mg_smem + warp * MG_STAGES * QS_WSTAGE;
-	const uint4 *xs = (const uint4 *)(mg_smem + MG_RING);
-	const qf_args q = mg_qf<FMT>(a, 2, a.H, a.I, a.KCd);
-	const int nst = a.KCd / qs_fmt<FMT>::SK;	// every item's stages
-	float sr[MG_STAGES][4];
-	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
-
-	mg_union_make<true>(un, a.ids, a.M, a.top_k, a.E);	// as the plain kernel, early
-	if (tid < un.n_used) {
-		const int e = un.used[tid];
-
-		pw[tid] = k_cuda_pdl_early(a.ew + 3 * e + 2);
-		ps[tid] = (const ST *)k_cuda_pdl_early(a.es + 3 * e + 2);
-	}
-	mg_row_order(un, a.M, a.top_k);
-	__syncthreads();
-	const int items = d_tiles * un.n_used;
-	const int total = (bid < items ? (items - bid + grid - 1) / grid : 0) * nst;
-
-	// the warp's view of the item of its k-th (virtual stage v / nst)
-	auto item = [&](int k) {
-		const int i = bid + k * grid, uix = i / d_tiles;
-
-		return QW(q, pw[uix], ps[uix], ring, (i % d_tiles) * MG_ROWS + warp * 16, 0);
-	};
-	const QW qf(q, nullptr, nullptr, ring, warp * 16, 0);	// frag's: the ring alone
-
-#pragma unroll
-	for (int v = 0; v < MG_AHEAD; v++) {	// the first stages, before the wait
-		if (v < total)
-			item(v / nst).template issue<true>(v, v % nst);
-		cp_async_commit();
-	}
-	k_cuda_pdl_wait();	// act is the gate/up kernel's
-	if (un.n_used == 0) {
-		for (int tile = bid; tile < d_tiles; tile += grid)
-			mg_down_zero(a, tile);
-		return;
-	}
-#pragma unroll
-	for (int v = 0; v < MG_AHEAD; v++)
-		if (v < total)
-			item(v / nst).scales(sr[v], v % nst);
-
-	const uint4 *xr = xs + g * ((a.KCd + 8) / 8) + (FMT == K_Q_INT4 ? 4 * t : 2 * t);
-	const bool xin = g < a.M;
-	const int sw = FMT == K_Q_INT4 ? (t >> 1) << 1 : 0;
-
-	// virtual stage v: stage v % nst of the CTA's item v / nst, in ring slot v % STAGES
-	for (int v0 = 0; v0 < total; v0 += MG_STAGES) {
-#pragma unroll
-		for (int j = 0; j < MG_STAGES; j++) {
-			const int v = v0 + j, nx = (j + MG_AHEAD) % MG_STAGES, vn = v + MG_AHEAD;
-
-			if (v >= total)
-				break;
-			const int k = v / nst, s = v - k * nst, i = bid + k * grid;
-
-			if (s == 0) {	// the item's x: the CTA's previous item ended at a barrier
-				const int uix = i / d_tiles;
-
-				mg_stage_x<FMT, true>((uint4 *)xs, a.act + (size_t)uix * 2 * a.I,
-						      (size_t)a.n_max * 2 * a.I, a.I, a.M,
-						      un.rows[uix], a.I, 0, a.KCd);
-				__syncthreads();
-#pragma unroll
-				for (int c = 0; c < 4; c++)
-					acc[c] = 0.f;
-			}
-			cp_async_wait<MG_AHEAD - 1>();	// stage v is here
-			__syncwarp();			// ... for every lane; slot nx is read
-			if (vn < total) {
-				const QW qn = item(vn / nst);
-
-				qn.template issue<false>(nx, vn % nst);
-				qn.scales(sr[nx], vn % nst);
-			}
-			cp_async_commit();
-#pragma unroll
-			for (int h = 0; h < 2; h++) {
-				uint4 wa, wb;
-				float sa, sb;
-
-				qf.frag(j, sr[j], h, wa, wb, sa, sb);
-				qm_slab<FMT>(acc, wa, wb, sa, sb, xr + (2 * s + h) * (F::SLAB / 8), sw,
-					     xin);
-			}
-			if (s == nst - 1)
-				mg_down_item_end(a, un, acc, i % d_tiles, i / d_tiles);
-		}
-	}
-	cp_async_wait<0>();
-}
-
 }	// namespace
 
 // ---- host -------------------------------------------------------------------
@@ -613,9 +478,9 @@ static int mg_ctas_per_sm(int smem)
 
 // The launch shape of a call, or false where the kernels do not take it. persist: the
 // gate/up in its persistent form (p->ctas CTAs walking the items: as many as fit at
-// once, at most persist of them where persist > 1); dpersist: down's, alike (p->d_ctas).
+// once, at most persist of them where persist > 1).
 bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, int inter,
-			 int n_sm, int persist, int dpersist, struct moe_qgemv_plan *p)
+			 int n_sm, int persist, struct moe_qgemv_plan *p)
 {
 	const int sk = fmt == MQ_INT4 ? qs_fmt<K_Q_INT4>::SK : qs_fmt<K_Q_FP8>::SK;
 	const int nst = (hidden + sk - 1) / sk, want = k_cuda_tuning()->moe_qgemv_split;
@@ -673,17 +538,6 @@ bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, i
 	p->persist = persist && (long)p->gu_tiles * best > p->ctas;
 	p->gu_smem = MG_RING + (int)mg_x_bytes(M, p->KC);
 	p->d_smem = MG_RING + (int)mg_x_bytes(M, p->KCd);
-	// down persistent where its items (n_max of them a tile, at most) outnumber the
-	// CTAs that fit at once (at most dpersist of them where dpersist > 1)
-	{
-		const long items = (long)p->d_tiles * p->n_max;
-		long fit = (long)n_sm * mg_ctas_per_sm(p->d_smem + (int)sizeof(void *) * 2 * MG_PAIRS);
-
-		if (dpersist > 1 && dpersist < fit)
-			fit = dpersist;
-		p->d_persist = dpersist && items > fit;
-		p->d_ctas = (int)(items < fit ? items : fit);
-	}
 	p->act_floats = (size_t)M * p->n_max * 2 * inter;
 	gu_parts = p->S > 1 ? (size_t)p->gu_tiles * p->S : 0;	// one slice: no partials
 	d_parts = (size_t)p->d_tiles * p->n_max;
@@ -710,9 +564,6 @@ static int mg_setup_one(void)
 	K_CUDA_TRY(cudaFuncSetAttribute(mg_down_kernel<FMT, ST>,
 					cudaFuncAttributeMaxDynamicSharedMemorySize,
 					MG_RING + MG_MAX_X));
-	K_CUDA_TRY(cudaFuncSetAttribute(mg_down_persist_kernel<FMT, ST>,
-					cudaFuncAttributeMaxDynamicSharedMemorySize,
-					MG_RING + MG_MAX_X));
 	return 0;
 }
 
@@ -736,8 +587,7 @@ bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, i
 	if (M > k_cuda_tuning()->moe_qgemv_rows || (wq.fmt != MQ_FP8 && wq.fmt != MQ_INT4) ||
 	    ((uintptr_t)x & 15) ||
 	    !moe_qgemv_make_plan(wq.fmt, M, top_k, n_experts, hidden, inter, ws.n_sm,
-				 k_cuda_tuning()->moe_qgemv_persist,
-				 k_cuda_tuning()->moe_qgemv_dpersist, &p) ||
+				 k_cuda_tuning()->moe_qgemv_persist, &p) ||
 	    !mg_fits(p, ws))
 		return false;
 	for (int j = 0; j < 3; j++)	// whole columns per scale column, any block of rows
@@ -756,12 +606,8 @@ static int mg_launch(cudaStream_t s, const struct moe_qgemv_plan &p, const mg_ar
 		K_CUDA_TRY(k_cuda_launch_pdl(s, dim3(p.gu_tiles, p.S), dim3(MG_THREADS),
 					     (size_t)p.gu_smem, mg_gate_up_kernel<FMT, ST>, a));
 	K_CUDA_TRY_LAUNCHED("moe qgemv gate/up");
-	if (p.d_persist)
-		K_CUDA_TRY(k_cuda_launch_pdl(s, dim3(p.d_ctas), dim3(MG_THREADS), (size_t)p.d_smem,
-					     mg_down_persist_kernel<FMT, ST>, a));
-	else
-		K_CUDA_TRY(k_cuda_launch_pdl(s, dim3(p.d_tiles, p.n_max), dim3(MG_THREADS),
-					     (size_t)p.d_smem, mg_down_kernel<FMT, ST>, a));
+	K_CUDA_TRY(k_cuda_launch_pdl(s, dim3(p.d_tiles, p.n_max), dim3(MG_THREADS), (size_t)p.d_smem,
+				     mg_down_kernel<FMT, ST>, a));
 	K_CUDA_TRY_LAUNCHED("moe qgemv down");
 	return 0;
 }
@@ -775,8 +621,7 @@ int moe_qgemv_run(cudaStream_t s, const struct moe_qgemv_ws &ws, float *out, con
 	mg_args a = {};
 
 	if (!moe_qgemv_make_plan(wq.fmt, M, top_k, n_experts, hidden, inter, ws.n_sm,
-				 k_cuda_tuning()->moe_qgemv_persist,
-				 k_cuda_tuning()->moe_qgemv_dpersist, &p) ||
+				 k_cuda_tuning()->moe_qgemv_persist, &p) ||
 	    !mg_fits(p, ws))
 		return -EINVAL;
 	a.ew = (const uint8_t *const *)expert_w;
