@@ -85,6 +85,17 @@ static inline void moe_set_qgemv(int rows)
 	k_cuda_tuning_set(&t);
 }
 
+/* moe_qgemv_int4_rows (int4 experts take the union GEMVs up to that many rows, the tile
+ * kernels past them), installed: rows >= 0, or -1 for the default. */
+static inline void moe_set_qgemv_int4(int rows)
+{
+	struct k_cuda_tuning t = *k_cuda_tuning(), def;
+
+	k_cuda_tuning_defaults(&def);
+	t.moe_qgemv_int4_rows = rows >= 0 ? rows : def.moe_qgemv_int4_rows;
+	k_cuda_tuning_set(&t);
+}
+
 /* moe_qgemv_persist (the union gate/up as persistent CTAs; > 1: at most that many),
  * installed: >= 0, or -1 for the default (1). */
 static inline void moe_set_qgemv_persist(int v)

@@ -60,6 +60,11 @@
 #                  multiprocessor to 2 CTAs, ncu's 12.5% occupancy): Qwen3-30B-A3B int4 and
 #                  fp8 batch 8, DeepSeek-V2-Lite int4 batch 8 (QS_ROWS "model format;...",
 #                  QS_SPLITS instead)
+#   ST_PART=int4t  int4 experts past KDEC_MOE_QGEMV_INT4_ROWS on the tile kernels (session
+#                  30: at 8 rows bench_cuda_moe timed them 114 us against the union GEMVs'
+#                  152): test_cuda_moe_q quick, test_golden on cuda with it 0,
+#                  bench_cuda_moe q at 2 and 4 rows (qwen3-30b) and 8 (v2-lite, kimi-k2),
+#                  then decode, two rounds of 8 / 2 on I4_ROWS ("model batches;...", int4)
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -256,6 +261,29 @@ qsplit_row() {
 		i=$((i + 1))
 		dec "qs${i}_split${v}_$1_$2" "$1" 8 "$2" KDEC_MOE_QGEMV_SPLIT=$v
 	done
+}
+
+int4t() {
+	local m r sh
+	step moe_q 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
+	grep -E '^FAIL|int4-rows' "$L/moe_q.log" | head -12 | cut -c1-200 | tee -a "$S"
+	tail -2 "$L/moe_q.log" | tee -a "$S"
+	step golden_i4 100 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QGEMV_INT4_ROWS=0 "$B/tests/test_golden"
+	grep '^FAIL' "$L/golden_i4.log" | cut -c1-200 | tee -a "$S"
+	for m in "qwen3-30b 2" "qwen3-30b 4" "v2-lite 8" "kimi-k2 8"; do
+		set -- $m
+		step "moeq_$1_$2" 40 "$B/tests/bench/bench_cuda_moe" q "$1" "$2" int4-g32
+		grep -E 'qgemv |qtile' "$L/moeq_$1_$2.log" | cut -c1-170 | tee -a "$S"
+	done
+	for r in 1 2; do
+		each_row "${I4_ROWS:-qwen3-30b-a3b 4,8;deepseek-v2-lite 4,8;kimi-k2 8;deepseek-v3 8}" int4t_row
+	done
+}
+
+# int4t's pair of one row: MODEL BATCHES (int4t's r)
+int4t_row() {
+	dec "i4${r}_8_$1" "$1" "$2" int4-g32 KDEC_MOE_QGEMV_INT4_ROWS=8
+	dec "i4${r}_2_$1" "$1" "$2" int4-g32 KDEC_MOE_QGEMV_INT4_ROWS=2
 }
 
 # each_row LIST FN: FN with the words of each ';'-separated item of LIST

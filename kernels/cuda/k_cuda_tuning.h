@@ -200,6 +200,14 @@ struct k_cuda_tuning {
 				 * 12.882 -> 10.392, int4 batch 8 8.859 -> 4.590; DeepSeek-V2-Lite
 				 * fp8 batch 1 2.951 -> 2.454; Kimi-K2's MoE layer at batch 1
 				 * 331.0 -> 279.8 us */
+	int moe_qgemv_int4_rows;	/* KDEC_MOE_QGEMV_INT4_ROWS, rows 0..8, 8: int4 experts
+				 * take the union GEMVs up to this many rows (and
+				 * moe_qgemv_rows); from there to moe_qgemv_rows the grouped
+				 * path's tile kernels (moe_qtile.cu) where they take the call,
+				 * even where the small path would. Why: bench_cuda_moe q on an
+				 * H100 (session 30), Qwen3-30B-A3B's experts at 8 rows, int4:
+				 * tile kernels 114.0 us, union GEMVs 151.8 (fp8: 173.2 against
+				 * 171.5, so fp8 stays) */
 	int moe_qgemv_persist;	/* KDEC_MOE_QGEMV_PERSIST, 0.., 1: moe_qgemv.cu's gate/up as
 				 * persistent CTAs (as many as fit at once, each walking its
 				 * (64 rows, K slice) items, the split chosen to balance them)

@@ -584,7 +584,9 @@ bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, i
 	struct moe_qgemv_plan p;
 	const int unit = wq.fmt == MQ_INT4 ? 32 : 128;	// k a scale column must hold
 
-	if (M > k_cuda_tuning()->moe_qgemv_rows || (wq.fmt != MQ_FP8 && wq.fmt != MQ_INT4) ||
+	if (M > k_cuda_tuning()->moe_qgemv_rows ||
+	    (wq.fmt == MQ_INT4 && M > k_cuda_tuning()->moe_qgemv_int4_rows) ||
+	    (wq.fmt != MQ_FP8 && wq.fmt != MQ_INT4) ||
 	    ((uintptr_t)x & 15) ||
 	    !moe_qgemv_make_plan(wq.fmt, M, top_k, n_experts, hidden, inter, ws.n_sm,
 				 k_cuda_tuning()->moe_qgemv_persist, &p) ||
