@@ -25,8 +25,8 @@
  * model shape and format must take them; x and activations in f16, so QGEMV_TOL 2e-3),
  * with their bits twice the same, a call naming no valid expert at all (zeros), and
  * experts_add_q through them; the union gate/up also in its persistent form
- * (KDEC_MOE_QGEMV_PERSIST 1, and 3: several items a CTA); int4 with
- * KDEC_MOE_QGEMV_INT4_ROWS 4 (the tile kernels at 5..8 rows on the auto path). Shapes outside the vector
+ * (KDEC_MOE_QGEMV_PERSIST 1, and 3: several items a CTA); int4 with KDEC_MOE_QGEMV_INT4_ROWS
+ * 4 (the tile kernels at 5..8 rows on the auto path). Shapes outside the vector
  * kernels (the quant goldens' tiny experts 64 x 20 and 96 x 24, an odd 136 x 56, blocks
  * of 96) take the CUDA-core kernels at every M, the same cases. Skips (77) without CUDA or a
  * GPU. KD_TEST_QUICK=1 (for compute-sanitizer): the odd shapes and Qwen3's in fp8-block,
@@ -536,13 +536,12 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 		CHECK(!k_cuda_moe_qgemv_takes(ws, &qs, 5), "%s: union GEMVs took int4 at 5 rows",
 		      s->name);
 		for (int m = 0; m < 3; m++) {
-			const int M = (int[]){ 4, 5, 8 }[m];
+			const int M = (int[]){ 4, 5, 8 }[m], qg = k_cuda_moe_qgemv_takes(ws, &qs, M);
 
-			expert_tol = M <= 4 && k_cuda_moe_qgemv_takes(ws, &qs, M) ? QGEMV_TOL
-										   : EXPERT_TOL;
+			expert_tol = qg ? QGEMV_TOL : EXPERT_TOL;
 			test_q_experts(s, f, &w, ws, M, 0, K_CUDA_MOE_PATH_AUTO,
-				       M <= 4 ? " int4-rows-4 qgemv" : tiles ? " int4-rows-4 qtile"
-									: " int4-rows-4 small");
+				       qg ? " int4-rows-4 qgemv" : M > 4 && tiles ? " int4-rows-4 qtile"
+										  : " int4-rows-4 small");
 		}
 		expert_tol = EXPERT_TOL;
 		test_q_experts(s, f, &w, ws, 6, EX_DUP | EX_BAD_ID, K_CUDA_MOE_PATH_AUTO,

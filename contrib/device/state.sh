@@ -264,7 +264,7 @@ qsplit_row() {
 }
 
 int4t() {
-	local m r sh
+	local m r
 	step moe_q 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
 	grep -E '^FAIL|int4-rows' "$L/moe_q.log" | head -12 | cut -c1-200 | tee -a "$S"
 	tail -2 "$L/moe_q.log" | tee -a "$S"
