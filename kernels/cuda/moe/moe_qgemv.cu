@@ -27,8 +27,9 @@
 // one-item CTAs; persistent, 3 slices: 1536 items on 528 CTAs).
 // The union (the distinct valid ids in increasing order, each pair's union index, each
 // expert's rows) is computed by every CTA after its PDL wait from the <= 64 ids in
-// shared memory, through a bitmap of the chosen experts (mg_union_make); the grids are sized for n_max = min(n_experts, M * top_k) experts and
-// the CTAs past n_used return at once. Weights are read after the wait (the ids say
+// shared memory, through a bitmap of the chosen experts (mg_union_make); the grids are
+// sized for n_max = min(n_experts, M * top_k) experts and the CTAs past n_used return
+// at once. Weights are read after the wait (the ids say
 // which), so nothing streams before it.
 //
 // Precision: as the dense quantized GEMV, x and the activations enter the tensor cores
@@ -243,11 +244,15 @@ __device__ __forceinline__ void mg_stage_x(uint4 *xs, const float *x, size_t rs,
 	}
 }
 
+// A warp's stream of one matrix: the 2-byte scales converted at their use (RAW; why:
+// linear_qstream.cuh).
+template <int FMT, typename ST> using mg_stream = qs_warp<FMT, ST, qf_args, MG_AHEAD, true>;
+
 // A warp's m16 tile of one matrix against the staged x: qs_warp's ring over the slice,
 // qm_slab's fragments; acc as linear_qgemv.cu's (accumulator c of lane (g, t): x row
 // 2t + (c & 1), weight row g + 8 (c >> 1)). The caller has issued qw.start().
 template <int FMT, typename ST>
-__device__ __forceinline__ void mg_run(const qs_warp<FMT, ST, qf_args, MG_AHEAD, true> &qw,
+__device__ __forceinline__ void mg_run(const mg_stream<FMT, ST> &qw,
 				       const uint4 *xs, int M, int KC, float (&acc)[4])
 {
 	using F = qm_fmt<FMT>;
@@ -279,9 +284,9 @@ __device__ __forceinline__ void mg_gate_up_item(const mg_args &a, const mg_union
 	const int tpe = 2 * a.I / MG_ROWS, uix = tile / tpe, r0 = tile % tpe * MG_ROWS;
 	const int j = r0 < a.I ? 0 : 1, e = un.used[uix];
 	const qf_args q = mg_qf<FMT>(a, j, a.I, a.H, a.KC);
-	const qs_warp<FMT, ST, qf_args, MG_AHEAD, true> qw(q, a.ew[3 * e + j], (const ST *)a.es[3 * e + j],
-						      smem + warp * MG_STAGES * QS_WSTAGE,
-						      r0 - j * a.I + warp * 16, s * a.KC);
+	const mg_stream<FMT, ST> qw(q, a.ew[3 * e + j], (const ST *)a.es[3 * e + j],
+				    smem + warp * MG_STAGES * QS_WSTAGE, r0 - j * a.I + warp * 16,
+				    s * a.KC);
 	float acc[4] = { 0.f, 0.f, 0.f, 0.f };
 
 	qw.start();	// x: only the rows that chose the expert (down reads no other)
@@ -388,7 +393,7 @@ __global__ void __launch_bounds__(MG_THREADS, 4) mg_down_kernel(mg_args a)
 	mg_union_make<true>(un, a.ids, a.M, a.top_k, a.E);
 	const int e = uix < un.n_used ? un.used[uix] : 0;
 	const qf_args q = mg_qf<FMT>(a, 2, a.H, a.I, a.KCd);
-	const qs_warp<FMT, ST, qf_args, MG_AHEAD, true> qw(
+	const mg_stream<FMT, ST> qw(
 		q, k_cuda_pdl_early(a.ew + 3 * e + 2),
 		(const ST *)k_cuda_pdl_early(a.es + 3 * e + 2),
 		mg_smem + warp * MG_STAGES * QS_WSTAGE, n0 + warp * 16, 0);
