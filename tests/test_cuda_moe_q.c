@@ -25,8 +25,9 @@
  * model shape and format must take them; x and activations in f16, so QGEMV_TOL 2e-3),
  * with their bits twice the same, a call naming no valid expert at all (zeros), and
  * experts_add_q through them; the union gate/up also in its persistent form
- * (KDEC_MOE_QGEMV_PERSIST 1, and 3: several items a CTA); int4 with KDEC_MOE_QGEMV_INT4_ROWS
- * 4 (the tile kernels at 5..8 rows on the auto path). Shapes outside the vector
+ * (KDEC_MOE_QGEMV_PERSIST 1, and 3: several items a CTA); int4 on them at every M up to 8
+ * (KDEC_MOE_QGEMV_INT4_ROWS 8; its default sends 3..8 rows to the tile kernels), and
+ * with it at 4 (the tile kernels at 5..8 rows on the auto path). Shapes outside the vector
  * kernels (the quant goldens' tiny experts 64 x 20 and 96 x 24, an odd 136 x 56, blocks
  * of 96) take the CUDA-core kernels at every M, the same cases. Skips (77) without CUDA or a
  * GPU. KD_TEST_QUICK=1 (for compute-sanitizer): the odd shapes and Qwen3's in fp8-block,
@@ -490,6 +491,7 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 	 * the shape (every model shape and format: expect_qtile; the odd ones decline and
 	 * run the small path's kernels at their tolerance) */
 	moe_set_qgemv(8);
+	moe_set_qgemv_int4(8);		/* int4 too, past the rows it takes by default */
 	moe_set_qgemv_persist(0);	/* gate/up a CTA an item; its other forms below */
 	{
 		const int takes = k_cuda_moe_qgemv_takes(ws, &qs, 8);
@@ -525,6 +527,7 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 		expert_tol = EXPERT_TOL;
 	}
 	moe_set_qgemv_persist(-1);
+	moe_set_qgemv_int4(-1);
 	/* int4 past KDEC_MOE_QGEMV_INT4_ROWS (4 here): the union GEMVs at 1..4 rows, the
 	 * tile kernels at 5..8 on the auto path where they take the shape (their tolerance,
 	 * as the grouped cases below), the small path's own kernels where they do not */

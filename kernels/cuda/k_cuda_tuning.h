@@ -200,14 +200,20 @@ struct k_cuda_tuning {
 				 * 12.882 -> 10.392, int4 batch 8 8.859 -> 4.590; DeepSeek-V2-Lite
 				 * fp8 batch 1 2.951 -> 2.454; Kimi-K2's MoE layer at batch 1
 				 * 331.0 -> 279.8 us */
-	int moe_qgemv_int4_rows;	/* KDEC_MOE_QGEMV_INT4_ROWS, rows 0..8, 8: int4 experts
+	int moe_qgemv_int4_rows;	/* KDEC_MOE_QGEMV_INT4_ROWS, rows 0..8, 2: int4 experts
 				 * take the union GEMVs up to this many rows (and
 				 * moe_qgemv_rows); from there to moe_qgemv_rows the grouped
 				 * path's tile kernels (moe_qtile.cu) where they take the call,
 				 * even where the small path would. Why: bench_cuda_moe q on an
-				 * H100 (session 30), Qwen3-30B-A3B's experts at 8 rows, int4:
-				 * tile kernels 114.0 us, union GEMVs 151.8 (fp8: 173.2 against
-				 * 171.5, so fp8 stays) */
+				 * H100 (sessions 30, 31), int4 experts alone, tile kernels
+				 * against union GEMVs: Qwen3-30B-A3B 8 rows 114.0 / 151.8 us,
+				 * 4 rows 79.6 / 67.3, 2 rows 55.0 / 40.6; V2-Lite 8 rows 125.4
+				 * / 167.6; Kimi-K2 8 rows 859.6 / 1344.7 (fp8: 173.2 against
+				 * 171.5 at 8, so fp8 stays). A decode step (kdbench, H100,
+				 * session 31, 8 against 2): Qwen3-30B-A3B batch 8 8.95 -> 7.09
+				 * ms, batch 4 5.16 -> 5.14; DeepSeek-V2-Lite batch 8 6.24 ->
+				 * 4.75, batch 4 4.06 -> 3.64; Kimi-K2 slice batch 8 2.53 ->
+				 * 1.98; DeepSeek-V3 slice batch 8 3.04 -> 2.52 */
 	int moe_qgemv_persist;	/* KDEC_MOE_QGEMV_PERSIST, 0.., 1: moe_qgemv.cu's gate/up as
 				 * persistent CTAs (as many as fit at once, each walking its
 				 * (64 rows, K slice) items, the split chosen to balance them)

@@ -59,7 +59,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.moe_qtile_rows = 64;
 	t.moe_qtile_bf16 = 0;
 	t.moe_qgemv_rows = 8;
-	t.moe_qgemv_int4_rows = 8;
+	t.moe_qgemv_int4_rows = 2;
 	t.moe_qgemv_split = 0;
 	t.moe_qgemv_persist = 1;
 	t.moe_lat_prefetch_mb = 0;
