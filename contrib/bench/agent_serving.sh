@@ -5,11 +5,14 @@
 # per session count (agent_S.png) under OUTDIR.
 #   contrib/bench/agent_serving.sh BUILD OUTDIR [CONFIG]
 # Environment: AGENT_SESSIONS ("1 4 16 64"), AGENT_S (30, seconds per run),
-# AGENT_BACKEND (cuda), AGENT_KV_TOKENS (300000), KDECD_ARGS (more kdecd options).
+# AGENT_BACKEND (cuda), AGENT_KV_TOKENS (300000), AGENT_FORMAT (bf16, or a --weight-format
+# for both kdecd and kdbench decode: fp8-block, int4-g32, ...), KDECD_ARGS (more kdecd
+# options).
 set -u
 B=$1 outdir=$2 cfg=${3:-tests/data/configs/llama3.1-8b.json}
 sessions=${AGENT_SESSIONS:-1 4 16 64} dur=${AGENT_S:-30} backend=${AGENT_BACKEND:-cuda}
-kv=${AGENT_KV_TOKENS:-300000}
+kv=${AGENT_KV_TOKENS:-300000} fmt=
+[ "${AGENT_FORMAT:-bf16}" = bf16 ] || fmt="--weight-format $AGENT_FORMAT"
 sock=$outdir/agent.sock
 mkdir -p "$outdir"
 rm -f "$outdir"/decode.jsonl "$outdir"/agent_*.json
@@ -20,7 +23,7 @@ rm -f "$outdir"/decode.jsonl "$outdir"/agent_*.json
 # shellcheck disable=SC2086
 if ! "$B/kdecd" --model "$cfg" --synthetic-weights --backend "$backend" --kv-tokens "$kv" \
 	--socket "$sock" --log-level warn --daemon --pid-file "$outdir/kdecd.pid" \
-	--max-sessions 100000 \
+	--max-sessions 100000 $fmt \
 	${KDECD_ARGS:-} 2>"$outdir/kdecd.log"; then
 	echo "agent_serving: kdecd did not start (log: $outdir/kdecd.log)" >&2
 	exit 1
@@ -39,7 +42,8 @@ while kill -0 "$(cat "$outdir/kdecd.pid" 2>/dev/null)" 2>/dev/null; do sleep 0.2
 # kdbench decode at the same batch sizes (the engine alone, no traffic); context 4096,
 # about where the agent conversations sit on average.
 batches=$(echo $sessions | tr ' ' ',')
-"$B/kdbench" decode --model "$cfg" --synthetic-weights --backend "$backend" --batch "$batches" \
+# shellcheck disable=SC2086
+"$B/kdbench" decode --model "$cfg" --synthetic-weights $fmt --backend "$backend" --batch "$batches" \
 	--ctx 4096 --steps 32 --warmup 4 --log-level warn --out "$outdir/decode.jsonl" \
 	>"$outdir/decode.log" 2>&1 || status=1
 python3 "$(dirname "$0")/agent_table.py" "$outdir" $sessions | tee "$outdir/agent_table.md"

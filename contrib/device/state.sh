@@ -65,6 +65,14 @@
 #                  152): test_cuda_moe_q quick, test_golden on cuda with it 0,
 #                  bench_cuda_moe q at 2 and 4 rows (qwen3-30b) and 8 (v2-lite, kimi-k2),
 #                  then decode, two rounds of 8 / 2 on I4_ROWS ("model batches;...", int4)
+#   ST_PART=i4check the int4 tile default (KDEC_MOE_QGEMV_INT4_ROWS 2, session 31) checked:
+#                  test_cuda_moe_q quick (the union GEMVs' int4 cases now at
+#                  KDEC_MOE_QGEMV_INT4_ROWS 8), test_golden on cuda
+#   ST_PART=i4table the MoE models' int4 rows on it at batch 1, 8 and 64 (I4_TABLE
+#                  "model batches;..." instead)
+#   ST_PART=i4agent kdbench agent on Qwen3-30B-A3B int4-g32 (contrib/bench/agent_serving.sh,
+#                  sessions AGENT_SESSIONS "8 16", AGENT_S 30): KDEC_MOE_QGEMV_INT4_ROWS 8
+#                  (the union GEMVs to 8 rows, before session 31) against the default
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -277,6 +285,35 @@ int4t() {
 	done
 	for r in 1 2; do
 		each_row "${I4_ROWS:-qwen3-30b-a3b 4,8;deepseek-v2-lite 4,8;kimi-k2 8;deepseek-v3 8}" int4t_row
+	done
+}
+
+i4check() {
+	step moe_q 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
+	grep -E '^FAIL' "$L/moe_q.log" | head -8 | cut -c1-200 | tee -a "$S"
+	grep -c PASS "$L/moe_q.log" | sed 's/^/moe_q PASS lines: /' | tee -a "$S"
+	step golden 100 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
+	grep '^FAIL' "$L/golden.log" | cut -c1-200 | tee -a "$S"
+}
+
+i4table() {
+	each_row "${I4_TABLE:-qwen3-30b-a3b 1,8,64;deepseek-v2-lite 1,8,64;kimi-k2 1,8;deepseek-v3 1,8}" \
+		i4table_row
+}
+
+# i4table's row: MODEL BATCHES
+i4table_row() { dec "i4c_$1" "$1" "$2" int4-g32; }
+
+i4agent() {
+	local v
+	for v in 8 2; do
+		step "agent_i4rows$v" 200 env KDEC_MOE_QGEMV_INT4_ROWS=$v \
+			AGENT_SESSIONS="${AGENT_SESSIONS:-8 16}" AGENT_S="${AGENT_S:-30}" \
+			AGENT_FORMAT=int4-g32 \
+			bash contrib/bench/agent_serving.sh "$B" "$L/agent_i4rows$v" \
+			tests/data/configs/qwen3-30b-a3b.json
+		cat "$L/agent_i4rows$v/agent_table.md" 2>/dev/null | tee -a "$S"
+		tail -n 3 "$L/agent_i4rows$v/kdecd.log" 2>/dev/null | cut -c1-200 | tee -a "$S"
 	done
 }
 
