@@ -85,14 +85,16 @@ static inline void moe_set_qgemv(int rows)
 	k_cuda_tuning_set(&t);
 }
 
-/* moe_qgemv_int4_rows (int4 experts take the union GEMVs up to that many rows, the tile
- * kernels past them), installed: rows >= 0, or -1 for the default. */
-static inline void moe_set_qgemv_int4(int rows)
+/* moe_qgemv_int4_rows and moe_qgemv_fp8_rows (int4 / fp8 experts take the union GEMVs
+ * up to that many rows, the tile kernels past them), both installed: rows >= 0, or -1
+ * for their defaults. */
+static inline void moe_set_qgemv_fmt(int rows)
 {
 	struct k_cuda_tuning t = *k_cuda_tuning(), def;
 
 	k_cuda_tuning_defaults(&def);
 	t.moe_qgemv_int4_rows = rows >= 0 ? rows : def.moe_qgemv_int4_rows;
+	t.moe_qgemv_fp8_rows = rows >= 0 ? rows : def.moe_qgemv_fp8_rows;
 	k_cuda_tuning_set(&t);
 }
 

@@ -27,7 +27,8 @@
  * experts_add_q through them; the union gate/up also in its persistent form
  * (KDEC_MOE_QGEMV_PERSIST 1, and 3: several items a CTA); int4 on them at every M up to 8
  * (KDEC_MOE_QGEMV_INT4_ROWS 8; its default sends 3..8 rows to the tile kernels), and
- * with it at 4 (the tile kernels at 5..8 rows on the auto path). Shapes outside the vector
+ * every format with it and KDEC_MOE_QGEMV_FP8_ROWS at 4 (the tile kernels at 5..8 rows on
+ * the auto path). Shapes outside the vector
  * kernels (the quant goldens' tiny experts 64 x 20 and 96 x 24, an odd 136 x 56, blocks
  * of 96) take the CUDA-core kernels at every M, the same cases. Skips (77) without CUDA or a
  * GPU. KD_TEST_QUICK=1 (for compute-sanitizer): the odd shapes and Qwen3's in fp8-block,
@@ -491,7 +492,7 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 	 * the shape (every model shape and format: expect_qtile; the odd ones decline and
 	 * run the small path's kernels at their tolerance) */
 	moe_set_qgemv(8);
-	moe_set_qgemv_int4(8);		/* int4 too, past the rows it takes by default */
+	moe_set_qgemv_fmt(8);		/* int4 too, past the rows it takes by default */
 	moe_set_qgemv_persist(0);	/* gate/up a CTA an item; its other forms below */
 	{
 		const int takes = k_cuda_moe_qgemv_takes(ws, &qs, 8);
@@ -527,29 +528,30 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 		expert_tol = EXPERT_TOL;
 	}
 	moe_set_qgemv_persist(-1);
-	moe_set_qgemv_int4(-1);
-	/* int4 past KDEC_MOE_QGEMV_INT4_ROWS (4 here): the union GEMVs at 1..4 rows, the
-	 * tile kernels at 5..8 on the auto path where they take the shape (their tolerance,
-	 * as the grouped cases below), the small path's own kernels where they do not */
-	if (f->fmt == K_Q_INT4) {
+	moe_set_qgemv_fmt(-1);
+	/* past KDEC_MOE_QGEMV_INT4_ROWS and _FP8_ROWS (4 here): the union GEMVs at 1..4 rows,
+	 * the tile kernels at 5..8 on the auto path where they take the shape (their
+	 * tolerance, as the grouped cases below), the small path's own kernels where they
+	 * do not */
+	{
 		const int tiles = k_cuda_moe_qtile_takes(&qs, s->hidden, s->inter, 8);
 
 		moe_set_qgemv(8);
-		moe_set_qgemv_int4(4);
-		CHECK(!k_cuda_moe_qgemv_takes(ws, &qs, 5), "%s: union GEMVs took int4 at 5 rows",
-		      s->name);
+		moe_set_qgemv_fmt(4);
+		CHECK(!k_cuda_moe_qgemv_takes(ws, &qs, 5), "%s %s: union GEMVs took 5 rows",
+		      s->name, f->name);
 		for (int m = 0; m < 3; m++) {
 			const int M = (int[]){ 4, 5, 8 }[m], qg = k_cuda_moe_qgemv_takes(ws, &qs, M);
 
 			expert_tol = qg ? QGEMV_TOL : EXPERT_TOL;
 			test_q_experts(s, f, &w, ws, M, 0, K_CUDA_MOE_PATH_AUTO,
-				       qg ? " int4-rows-4 qgemv" : M > 4 && tiles ? " int4-rows-4 qtile"
-										  : " int4-rows-4 small");
+				       qg ? " rows-4 qgemv" : M > 4 && tiles ? " rows-4 qtile"
+										  : " rows-4 small");
 		}
 		expert_tol = EXPERT_TOL;
 		test_q_experts(s, f, &w, ws, 6, EX_DUP | EX_BAD_ID, K_CUDA_MOE_PATH_AUTO,
-			       tiles ? " int4-rows-4 qtile" : " int4-rows-4 small");
-		moe_set_qgemv_int4(-1);
+			       tiles ? " rows-4 qtile" : " rows-4 small");
+		moe_set_qgemv_fmt(-1);
 	}
 	moe_set_qgemv(-1);
 	/* the grouped path on expert_mma_kernel, then on moe_qtile.cu's tile kernels where

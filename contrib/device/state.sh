@@ -73,6 +73,10 @@
 #   ST_PART=i4agent kdbench agent on Qwen3-30B-A3B int4-g32 (contrib/bench/agent_serving.sh,
 #                  sessions AGENT_SESSIONS "8 16", AGENT_S 30): KDEC_MOE_QGEMV_INT4_ROWS 8
 #                  (the union GEMVs to 8 rows, before session 31) against the default
+#   ST_PART=f8t    fp8 experts past KDEC_MOE_QGEMV_FP8_ROWS on the tile kernels too (int4's
+#                  switch, session 31): test_cuda_moe_q quick, test_golden on cuda with it 0,
+#                  bench_cuda_moe q fp8-block at 4 and 8 rows (every model's experts), then
+#                  decode, two rounds of 8 / 2 on F8_ROWS ("model batches;...", fp8-block)
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -315,6 +319,30 @@ i4agent() {
 		cat "$L/agent_i4rows$v/agent_table.md" 2>/dev/null | tee -a "$S"
 		tail -n 3 "$L/agent_i4rows$v/kdecd.log" 2>/dev/null | cut -c1-200 | tee -a "$S"
 	done
+}
+
+f8t() {
+	local m r
+	step moe_q 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
+	grep -E '^FAIL' "$L/moe_q.log" | head -8 | cut -c1-200 | tee -a "$S"
+	grep -E 'rows-4' "$L/moe_q.log" | grep fp8 | head -8 | cut -c1-200 | tee -a "$S"
+	tail -1 "$L/moe_q.log" | tee -a "$S"
+	step golden_f8 100 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QGEMV_FP8_ROWS=0 "$B/tests/test_golden"
+	grep '^FAIL' "$L/golden_f8.log" | cut -c1-200 | tee -a "$S"
+	for m in "qwen3-30b 4" "qwen3-30b 8" "v2-lite 4" "v2-lite 8" "deepseek-v3 8" "kimi-k2 8"; do
+		set -- $m
+		step "moeq8_$1_$2" 40 "$B/tests/bench/bench_cuda_moe" q "$1" "$2" fp8-block
+		grep -E 'qgemv |qtile' "$L/moeq8_$1_$2.log" | cut -c1-170 | tee -a "$S"
+	done
+	for r in 1 2; do
+		each_row "${F8_ROWS:-qwen3-30b-a3b 4,8;deepseek-v2-lite 4,8;kimi-k2 8;deepseek-v3 8}" f8t_row
+	done
+}
+
+# f8t's pair of one row: MODEL BATCHES (f8t's r)
+f8t_row() {
+	dec "f8${r}_8_$1" "$1" "$2" fp8-block KDEC_MOE_QGEMV_FP8_ROWS=8
+	dec "f8${r}_2_$1" "$1" "$2" fp8-block KDEC_MOE_QGEMV_FP8_ROWS=2
 }
 
 # int4t's pair of one row: MODEL BATCHES (int4t's r)

@@ -214,6 +214,10 @@ struct k_cuda_tuning {
 				 * ms, batch 4 5.16 -> 5.14; DeepSeek-V2-Lite batch 8 6.24 ->
 				 * 4.75, batch 4 4.06 -> 3.64; Kimi-K2 slice batch 8 2.53 ->
 				 * 1.98; DeepSeek-V3 slice batch 8 3.04 -> 2.52 */
+	int moe_qgemv_fp8_rows;	/* KDEC_MOE_QGEMV_FP8_ROWS, rows 0..8, 8: the same for fp8
+				 * experts (at 8, none leave the union GEMVs: Qwen3-30B-A3B's
+				 * experts at 8 rows took 173.2 us on the tile kernels against
+				 * 171.5, session 30) */
 	int moe_qgemv_persist;	/* KDEC_MOE_QGEMV_PERSIST, 0.., 1: moe_qgemv.cu's gate/up as
 				 * persistent CTAs (as many as fit at once, each walking its
 				 * (64 rows, K slice) items, the split chosen to balance them)

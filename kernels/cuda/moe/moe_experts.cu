@@ -816,16 +816,14 @@ static bool moe_use_qgemv(const k_cuda_moe_ws *ws, const moe_wq &wq, bool small,
 }
 
 // Whether a quantized call of M rows that the small path would run (small) goes to the
-// grouped path's tile kernels instead: int4 experts past moe_qgemv_int4_rows rows and
-// up to moe_qgemv_rows (where the union GEMVs would take other formats), where the
-// tile kernels take the call (k_cuda_tuning.h says why).
-static bool moe_int4_tiles(const moe_wq &wq, bool small, int M, int hidden, int inter)
+// grouped path's tile kernels instead: experts past their format's union-GEMV rows
+// (moe_qgemv_fmt_rows: int4 past 2) and up to moe_qgemv_rows, where the tile kernels
+// take the call (k_cuda_tuning.h says why).
+static bool moe_q_tiles(const moe_wq &wq, bool small, int M, int hidden, int inter)
 {
-	const struct k_cuda_tuning *t = k_cuda_tuning();
-
-	return small && wq.fmt == MQ_INT4 && M > t->moe_qgemv_int4_rows && M <= t->moe_qgemv_rows &&
-	       moe_use_mma(hidden, inter) && moe_wq_vector(wq, hidden, inter) &&
-	       moe_qtile_takes(wq, hidden, inter, M);
+	return small && (wq.fmt == MQ_INT4 || wq.fmt == MQ_FP8) && M > moe_qgemv_fmt_rows(wq.fmt) &&
+	       M <= k_cuda_tuning()->moe_qgemv_rows && moe_use_mma(hidden, inter) &&
+	       moe_wq_vector(wq, hidden, inter) && moe_qtile_takes(wq, hidden, inter, M);
 }
 
 extern "C" int k_cuda_moe_qgemv_takes(const struct k_cuda_moe_ws *ws,
@@ -872,7 +870,7 @@ extern "C" int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, fl
 	if (moe_use_qgemv(ws, wq, small, M, x))
 		return moe_qgemv_run(s, ws->qg, out, x, M, ids, weights, top_k, expert_w, wq,
 				     n_experts, hidden, inter, 0);
-	if (moe_int4_tiles(wq, small, M, hidden, inter))
+	if (moe_q_tiles(wq, small, M, hidden, inter))
 		small = false;
 	if (small)
 		return k_cuda_moe_small_run(s, (float *)ws->hs, out, x, M, ids, weights, top_k,
@@ -939,7 +937,7 @@ extern "C" int k_cuda_moe_experts_add_q(cudaStream_t s, struct k_cuda_moe_ws *ws
 	if (!sh && moe_use_qgemv(ws, wq, small, M, x))
 		return moe_qgemv_run(s, ws->qg, y, x, M, ids, weights, top_k, expert_w, wq,
 				     n_experts, hidden, inter, 1);
-	if (moe_int4_tiles(wq, small, M, hidden, inter))
+	if (moe_q_tiles(wq, small, M, hidden, inter))
 		return 1;	// the caller's k_cuda_moe_experts_q, then its add
 	if (!k_cuda_tuning()->moe_fused || !moe_use_small(M, top_k, hidden, inter, x, sh) ||
 	    (sh && wq.fmt != MQ_BF16) || !moe_wq_vector(wq, hidden, inter))
