@@ -86,8 +86,8 @@ static inline void moe_set_qgemv(int rows)
 }
 
 /* moe_qgemv_int4_rows and moe_qgemv_fp8_rows (int4 / fp8 experts take the union GEMVs
- * up to that many rows, the tile kernels past them), both installed: rows >= 0, or -1
- * for their defaults. */
+ * up to that many rows, the tile kernels past them; fp8 at every width), installed:
+ * rows >= 0, or -1 for their defaults. */
 static inline void moe_set_qgemv_fmt(int rows)
 {
 	struct k_cuda_tuning t = *k_cuda_tuning(), def;
@@ -95,6 +95,7 @@ static inline void moe_set_qgemv_fmt(int rows)
 	k_cuda_tuning_defaults(&def);
 	t.moe_qgemv_int4_rows = rows >= 0 ? rows : def.moe_qgemv_int4_rows;
 	t.moe_qgemv_fp8_rows = rows >= 0 ? rows : def.moe_qgemv_fp8_rows;
+	t.moe_qgemv_fp8_hidden = rows >= 0 ? 0 : def.moe_qgemv_fp8_hidden;
 	k_cuda_tuning_set(&t);
 }
 

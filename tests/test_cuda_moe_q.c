@@ -27,8 +27,8 @@
  * experts_add_q through them; the union gate/up also in its persistent form
  * (KDEC_MOE_QGEMV_PERSIST 1, and 3: several items a CTA); int4 on them at every M up to 8
  * (KDEC_MOE_QGEMV_INT4_ROWS 8; its default sends 3..8 rows to the tile kernels), and
- * every format with it and KDEC_MOE_QGEMV_FP8_ROWS at 4 (the tile kernels at 5..8 rows on
- * the auto path). Shapes outside the vector
+ * every format with it and KDEC_MOE_QGEMV_FP8_ROWS at 4 (fp8 at every width: the tile
+ * kernels at 5..8 rows on the auto path). Shapes outside the vector
  * kernels (the quant goldens' tiny experts 64 x 20 and 96 x 24, an odd 136 x 56, blocks
  * of 96) take the CUDA-core kernels at every M, the same cases. Skips (77) without CUDA or a
  * GPU. KD_TEST_QUICK=1 (for compute-sanitizer): the odd shapes and Qwen3's in fp8-block,

@@ -77,6 +77,10 @@
 #                  switch, session 31): test_cuda_moe_q quick, test_golden on cuda with it 0,
 #                  bench_cuda_moe q fp8-block at 4 and 8 rows (every model's experts), then
 #                  decode, two rounds of 8 / 2 on F8_ROWS ("model batches;...", fp8-block)
+#   ST_PART=f8check the fp8 default that f8t chose (7168-wide experts on the tile kernels
+#                  from 3 rows): test_cuda_moe_q quick, test_golden on cuda, fp8-block decode
+#                  of the slices at batch 1,8 and Qwen3-30B-A3B at 8, the Kimi-K2 slice with
+#                  KDEC_MOE_QGEMV_FP8_ROWS=8 beside it
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -337,6 +341,18 @@ f8t() {
 	for r in 1 2; do
 		each_row "${F8_ROWS:-qwen3-30b-a3b 4,8;deepseek-v2-lite 4,8;kimi-k2 8;deepseek-v3 8}" f8t_row
 	done
+}
+
+f8check() {
+	step moe_q 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
+	grep -E '^FAIL' "$L/moe_q.log" | head -8 | cut -c1-200 | tee -a "$S"
+	grep -c PASS "$L/moe_q.log" | sed 's/^/moe_q PASS lines: /' | tee -a "$S"
+	step golden 100 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
+	grep '^FAIL' "$L/golden.log" | cut -c1-200 | tee -a "$S"
+	dec f8c_kimi-k2 kimi-k2 1,8 fp8-block
+	dec f8c_kimi-k2_rows8 kimi-k2 8 fp8-block KDEC_MOE_QGEMV_FP8_ROWS=8
+	dec f8c_deepseek-v3 deepseek-v3 1,8 fp8-block
+	dec f8c_qwen3-30b-a3b qwen3-30b-a3b 8 fp8-block
 }
 
 # f8t's pair of one row: MODEL BATCHES (f8t's r)

@@ -214,10 +214,19 @@ struct k_cuda_tuning {
 				 * ms, batch 4 5.16 -> 5.14; DeepSeek-V2-Lite batch 8 6.24 ->
 				 * 4.75, batch 4 4.06 -> 3.64; Kimi-K2 slice batch 8 2.53 ->
 				 * 1.98; DeepSeek-V3 slice batch 8 3.04 -> 2.52 */
-	int moe_qgemv_fp8_rows;	/* KDEC_MOE_QGEMV_FP8_ROWS, rows 0..8, 8: the same for fp8
-				 * experts (at 8, none leave the union GEMVs: Qwen3-30B-A3B's
-				 * experts at 8 rows took 173.2 us on the tile kernels against
-				 * 171.5, session 30) */
+	int moe_qgemv_fp8_rows;	/* KDEC_MOE_QGEMV_FP8_ROWS, rows 0..8, 2: the same for fp8
+				 * experts at least moe_qgemv_fp8_hidden wide */
+	int moe_qgemv_fp8_hidden;	/* KDEC_MOE_QGEMV_FP8_HIDDEN, 4096: narrower fp8 experts
+				 * stay on the union GEMVs to moe_qgemv_rows. Why (H100,
+				 * session 31, decode replay ms, the union GEMVs to 8 rows
+				 * against the tile kernels from 3): 7168-wide experts win,
+				 * the DeepSeek-V3 slice batch 8 3.32 -> 3.15 (MoE layer 1650
+				 * -> 1466 us), Kimi-K2's 2.76 -> 2.60 (1743 -> 1506); 2048-wide
+				 * lose, Qwen3-30B-A3B batch 4 5.71 -> 6.18, batch 8 9.65 ->
+				 * 9.85, DeepSeek-V2-Lite batch 8 6.34 -> 6.47 (batch 4 flat).
+				 * Alone at 8 rows (bench_cuda_moe q, us, tiles / union):
+				 * V3 1320.8 / 1497.7, Kimi-K2 1575.5 / 1721.5, Qwen3 170.8 /
+				 * 167.5, V2-Lite 184.1 / 186.8. Nothing between measured */
 	int moe_qgemv_persist;	/* KDEC_MOE_QGEMV_PERSIST, 0.., 1: moe_qgemv.cu's gate/up as
 				 * persistent CTAs (as many as fit at once, each walking its
 				 * (64 rows, K slice) items, the split chosen to balance them)

@@ -60,7 +60,8 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.moe_qtile_bf16 = 0;
 	t.moe_qgemv_rows = 8;
 	t.moe_qgemv_int4_rows = 2;
-	t.moe_qgemv_fp8_rows = 8;
+	t.moe_qgemv_fp8_rows = 2;
+	t.moe_qgemv_fp8_hidden = 4096;
 	t.moe_qgemv_split = 0;
 	t.moe_qgemv_persist = 1;
 	t.moe_lat_prefetch_mb = 0;
@@ -170,6 +171,7 @@ static const struct tun_var tun_vars[] = {
 	TUN_INT("KDEC_MOE_QGEMV_ROWS", moe_qgemv_rows, 0, 8),
 	TUN_INT("KDEC_MOE_QGEMV_INT4_ROWS", moe_qgemv_int4_rows, 0, 8),
 	TUN_INT("KDEC_MOE_QGEMV_FP8_ROWS", moe_qgemv_fp8_rows, 0, 8),
+	TUN_INT("KDEC_MOE_QGEMV_FP8_HIDDEN", moe_qgemv_fp8_hidden, 0, INT_MAX),
 	TUN_INT("KDEC_MOE_QGEMV_SPLIT", moe_qgemv_split, 0, 8),
 	TUN_INT("KDEC_MOE_QGEMV_PERSIST", moe_qgemv_persist, 0, 1 << 20),
 	TUN_INT("KDEC_MOE_LAT_PREFETCH_MB", moe_lat_prefetch_mb, 0, 1024),

@@ -86,9 +86,9 @@ int k_cuda_moe_quant_ok(const struct k_cuda_moe_quant *q, int hidden, int inter)
  * At up to k_cuda_tuning()->moe_qgemv_rows rows (8) the small path's calls take
  * moe_qgemv.cu's two GEMVs over the chosen experts' union instead (tensor cores, x
  * and the activations in f16: ~3e-4 relative, see k_cuda_moe_qgemv_takes); int4
- * experts only up to moe_qgemv_int4_rows (KDEC_MOE_QGEMV_INT4_ROWS, 2), fp8 up to
- * moe_qgemv_fp8_rows (KDEC_MOE_QGEMV_FP8_ROWS, 8), and past that the grouped path's
- * tile kernels where they take the call.
+ * experts only up to moe_qgemv_int4_rows (KDEC_MOE_QGEMV_INT4_ROWS, 2), fp8 experts of
+ * hidden >= moe_qgemv_fp8_hidden (4096) up to moe_qgemv_fp8_rows (KDEC_MOE_QGEMV_FP8_ROWS,
+ * 2), and past that the grouped path's tile kernels where they take the call.
  * Both paths read the quantized bytes: the small one dequantizes each weight chunk in
  * registers (W8A16 / W4A16 on the CUDA cores), the grouped one each tensor-core B
  * fragment (the fp8 or int4 values are exact in bf16; the scale multiplies each
@@ -115,7 +115,7 @@ int k_cuda_moe_qtile_takes(const struct k_cuda_moe_quant *q, int hidden, int int
 /* 1 where a call of M rows on ws's shapes with experts quantized as q (fp8 or int4) on
  * the small path takes moe_qgemv.cu's GEMVs over the union of the chosen experts (M <=
  * k_cuda_tuning()->moe_qgemv_rows, KDEC_MOE_QGEMV_ROWS, also <= the format's
- * moe_qgemv_int4_rows or moe_qgemv_fp8_rows; M <= 8, M * top_k <= 64, hidden
+ * moe_qgemv_int4_rows or (hidden >= moe_qgemv_fp8_hidden) moe_qgemv_fp8_rows; M <= 8, M * top_k <= 64, hidden
  * a multiple of 32, inter of 64, scale columns of whole 128 (fp8) or 32 (int4) k, the
  * workspace sized for its split; x and the activations rounded to f16: ~1e-3
  * relative), else 0. For tests and benchmarks that name the kernels. */

@@ -149,10 +149,11 @@ struct moe_qgemv_ws {
 bool moe_qgemv_make_plan(int fmt, int M, int top_k, int n_experts, int hidden, int inter, int n_sm,
 			 int persist, struct moe_qgemv_plan *p);
 int moe_qgemv_setup(void);
-// The rows up to which quantized experts of format fmt (MQ_FP8, MQ_INT4) take the union
-// GEMVs: moe_qgemv_rows, and no more than moe_qgemv_fp8_rows / moe_qgemv_int4_rows; past
-// them, up to moe_qgemv_rows, the tile kernels where they take the call (moe_experts.cu).
-int moe_qgemv_fmt_rows(int fmt);
+// The rows up to which quantized experts of format fmt (MQ_FP8, MQ_INT4) and width hidden
+// take the union GEMVs: moe_qgemv_rows, and no more than moe_qgemv_int4_rows (int4) or,
+// where hidden >= moe_qgemv_fp8_hidden, moe_qgemv_fp8_rows (fp8); past them, up to
+// moe_qgemv_rows, the tile kernels where they take the call (moe_experts.cu).
+int moe_qgemv_fmt_rows(int fmt, int hidden);
 bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, int hidden,
 		     int inter, const float *x, const struct moe_qgemv_ws &ws);
 int moe_qgemv_run(cudaStream_t s, const struct moe_qgemv_ws &ws, float *out, const float *x,

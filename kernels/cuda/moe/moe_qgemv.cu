@@ -583,11 +583,14 @@ int moe_qgemv_setup(void)
 	return ret ? ret : mg_setup_one<K_Q_INT4, __nv_bfloat16>();
 }
 
-int moe_qgemv_fmt_rows(int fmt)
+int moe_qgemv_fmt_rows(int fmt, int hidden)
 {
 	const struct k_cuda_tuning *t = k_cuda_tuning();
 
-	return min(t->moe_qgemv_rows, fmt == MQ_INT4 ? t->moe_qgemv_int4_rows : t->moe_qgemv_fp8_rows);
+	if (fmt == MQ_INT4)
+		return min(t->moe_qgemv_rows, t->moe_qgemv_int4_rows);
+	return hidden >= t->moe_qgemv_fp8_hidden ? min(t->moe_qgemv_rows, t->moe_qgemv_fp8_rows)
+						 : t->moe_qgemv_rows;
 }
 
 bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, int hidden,
@@ -596,7 +599,7 @@ bool moe_qgemv_takes(const struct moe_wq &wq, int M, int top_k, int n_experts, i
 	struct moe_qgemv_plan p;
 	const int unit = wq.fmt == MQ_INT4 ? 32 : 128;	// k a scale column must hold
 
-	if ((wq.fmt != MQ_FP8 && wq.fmt != MQ_INT4) || M > moe_qgemv_fmt_rows(wq.fmt) ||
+	if ((wq.fmt != MQ_FP8 && wq.fmt != MQ_INT4) || M > moe_qgemv_fmt_rows(wq.fmt, hidden) ||
 	    ((uintptr_t)x & 15) ||
 	    !moe_qgemv_make_plan(wq.fmt, M, top_k, n_experts, hidden, inter, ws.n_sm,
 				 k_cuda_tuning()->moe_qgemv_persist, &p) ||
