@@ -280,28 +280,61 @@ qsplit_row() {
 }
 
 int4t() {
-	local m r
-	step moe_q 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
-	grep -E '^FAIL|int4-rows' "$L/moe_q.log" | head -12 | cut -c1-200 | tee -a "$S"
-	tail -2 "$L/moe_q.log" | tee -a "$S"
-	step golden_i4 100 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QGEMV_INT4_ROWS=0 "$B/tests/test_golden"
-	grep '^FAIL' "$L/golden_i4.log" | cut -c1-200 | tee -a "$S"
-	for m in "qwen3-30b 2" "qwen3-30b 4" "v2-lite 8" "kimi-k2 8"; do
-		set -- $m
-		step "moeq_$1_$2" 40 "$B/tests/bench/bench_cuda_moe" q "$1" "$2" int4-g32
-		grep -E 'qgemv |qtile' "$L/moeq_$1_$2.log" | cut -c1-170 | tee -a "$S"
-	done
-	for r in 1 2; do
-		each_row "${I4_ROWS:-qwen3-30b-a3b 4,8;deepseek-v2-lite 4,8;kimi-k2 8;deepseek-v3 8}" int4t_row
-	done
+	moecheck golden_i4 KDEC_MOE_QGEMV_INT4_ROWS=0
+	qtiles int4-g32 KDEC_MOE_QGEMV_INT4_ROWS "qwen3-30b 2;qwen3-30b 4;v2-lite 8;kimi-k2 8" \
+		"${I4_ROWS:-qwen3-30b-a3b 4,8;deepseek-v2-lite 4,8;kimi-k2 8;deepseek-v3 8}"
 }
 
-i4check() {
+f8t() {
+	moecheck golden_f8 KDEC_MOE_QGEMV_FP8_ROWS=0
+	qtiles fp8-block KDEC_MOE_QGEMV_FP8_ROWS \
+		"qwen3-30b 4;qwen3-30b 8;v2-lite 4;v2-lite 8;deepseek-v3 8;kimi-k2 8" \
+		"${F8_ROWS:-qwen3-30b-a3b 4,8;deepseek-v2-lite 4,8;kimi-k2 8;deepseek-v3 8}"
+}
+
+i4check() { moecheck golden; }
+
+f8check() {
+	moecheck golden
+	dec f8c_kimi-k2 kimi-k2 1,8 fp8-block
+	dec f8c_kimi-k2_rows8 kimi-k2 8 fp8-block KDEC_MOE_QGEMV_FP8_ROWS=8
+	dec f8c_deepseek-v3 deepseek-v3 1,8 fp8-block
+	dec f8c_qwen3-30b-a3b qwen3-30b-a3b 8 fp8-block
+}
+
+# moecheck NAME [ENV...]: test_cuda_moe_q quick, then test_golden on cuda under ENV (NAME:
+# its log), their failures and test_cuda_moe_q's count of passes into the summary
+moecheck() {
+	local n=$1
+	shift
 	step moe_q 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
 	grep -E '^FAIL' "$L/moe_q.log" | head -8 | cut -c1-200 | tee -a "$S"
 	grep -c PASS "$L/moe_q.log" | sed 's/^/moe_q PASS lines: /' | tee -a "$S"
-	step golden 100 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
-	grep '^FAIL' "$L/golden.log" | cut -c1-200 | tee -a "$S"
+	step "$n" 100 env KDEC_TEST_BACKEND=cuda "$@" "$B/tests/test_golden"
+	grep '^FAIL' "$L/$n.log" | cut -c1-200 | tee -a "$S"
+}
+
+# qtiles FORMAT KNOB BENCHES ROWS: the experts alone (bench_cuda_moe q, each "shape M" of
+# BENCHES), then decode, two rounds of KNOB 8 (the union GEMVs to 8 rows) / 2 (the tile
+# kernels from 3) on each "model batches" of ROWS (lists ';'-separated)
+qtiles() {
+	local f=$1 knob=$2 r
+	each_row "$3" qtiles_bench
+	for r in 1 2; do
+		each_row "$4" qtiles_row
+	done
+}
+
+# qtiles' experts alone: SHAPE M (qtiles' f)
+qtiles_bench() {
+	step "moeq_${f}_$1_$2" 40 "$B/tests/bench/bench_cuda_moe" q "$1" "$2" "$f"
+	grep -E 'qgemv |qtile' "$L/moeq_${f}_$1_$2.log" | cut -c1-170 | tee -a "$S"
+}
+
+# qtiles' pair of one row: MODEL BATCHES (qtiles' f, knob and r)
+qtiles_row() {
+	dec "q${r}_8_${f}_$1" "$1" "$2" "$f" "$knob=8"
+	dec "q${r}_2_${f}_$1" "$1" "$2" "$f" "$knob=2"
 }
 
 i4table() {
@@ -323,48 +356,6 @@ i4agent() {
 		cat "$L/agent_i4rows$v/agent_table.md" 2>/dev/null | tee -a "$S"
 		tail -n 3 "$L/agent_i4rows$v/kdecd.log" 2>/dev/null | cut -c1-200 | tee -a "$S"
 	done
-}
-
-f8t() {
-	local m r
-	step moe_q 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
-	grep -E '^FAIL' "$L/moe_q.log" | head -8 | cut -c1-200 | tee -a "$S"
-	grep -E 'rows-4' "$L/moe_q.log" | grep fp8 | head -8 | cut -c1-200 | tee -a "$S"
-	tail -1 "$L/moe_q.log" | tee -a "$S"
-	step golden_f8 100 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QGEMV_FP8_ROWS=0 "$B/tests/test_golden"
-	grep '^FAIL' "$L/golden_f8.log" | cut -c1-200 | tee -a "$S"
-	for m in "qwen3-30b 4" "qwen3-30b 8" "v2-lite 4" "v2-lite 8" "deepseek-v3 8" "kimi-k2 8"; do
-		set -- $m
-		step "moeq8_$1_$2" 40 "$B/tests/bench/bench_cuda_moe" q "$1" "$2" fp8-block
-		grep -E 'qgemv |qtile' "$L/moeq8_$1_$2.log" | cut -c1-170 | tee -a "$S"
-	done
-	for r in 1 2; do
-		each_row "${F8_ROWS:-qwen3-30b-a3b 4,8;deepseek-v2-lite 4,8;kimi-k2 8;deepseek-v3 8}" f8t_row
-	done
-}
-
-f8check() {
-	step moe_q 150 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
-	grep -E '^FAIL' "$L/moe_q.log" | head -8 | cut -c1-200 | tee -a "$S"
-	grep -c PASS "$L/moe_q.log" | sed 's/^/moe_q PASS lines: /' | tee -a "$S"
-	step golden 100 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
-	grep '^FAIL' "$L/golden.log" | cut -c1-200 | tee -a "$S"
-	dec f8c_kimi-k2 kimi-k2 1,8 fp8-block
-	dec f8c_kimi-k2_rows8 kimi-k2 8 fp8-block KDEC_MOE_QGEMV_FP8_ROWS=8
-	dec f8c_deepseek-v3 deepseek-v3 1,8 fp8-block
-	dec f8c_qwen3-30b-a3b qwen3-30b-a3b 8 fp8-block
-}
-
-# f8t's pair of one row: MODEL BATCHES (f8t's r)
-f8t_row() {
-	dec "f8${r}_8_$1" "$1" "$2" fp8-block KDEC_MOE_QGEMV_FP8_ROWS=8
-	dec "f8${r}_2_$1" "$1" "$2" fp8-block KDEC_MOE_QGEMV_FP8_ROWS=2
-}
-
-# int4t's pair of one row: MODEL BATCHES (int4t's r)
-int4t_row() {
-	dec "i4${r}_8_$1" "$1" "$2" int4-g32 KDEC_MOE_QGEMV_INT4_ROWS=8
-	dec "i4${r}_2_$1" "$1" "$2" int4-g32 KDEC_MOE_QGEMV_INT4_ROWS=2
 }
 
 # each_row LIST FN: FN with the words of each ';'-separated item of LIST
