@@ -81,6 +81,11 @@
 #                  from 3 rows): test_cuda_moe_q quick, test_golden on cuda, fp8-block decode
 #                  of the slices at batch 1,8 and Qwen3-30B-A3B at 8, the Kimi-K2 slice with
 #                  KDEC_MOE_QGEMV_FP8_ROWS=8 beside it
+#   ST_PART=mprefill quantized MoE prefill past the tile kernels' 64 rows (session 31: TTFT
+#                  p50 ~700 ms under 16 agents on Qwen3-30B-A3B int4): bench_cuda_moe q at
+#                  64 and 256 rows, int4 and fp8 (expert_mma_kernel's "grouped" line
+#                  against the tile kernels'), then kdbench prefill of 2048 tokens with
+#                  KDEC_MOE_QTILE_ROWS 64 (the default) and 4096
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -300,6 +305,23 @@ f8check() {
 	dec f8c_kimi-k2_rows8 kimi-k2 8 fp8-block KDEC_MOE_QGEMV_FP8_ROWS=8
 	dec f8c_deepseek-v3 deepseek-v3 1,8 fp8-block
 	dec f8c_qwen3-30b-a3b qwen3-30b-a3b 8 fp8-block
+}
+
+mprefill() {
+	local f m v
+	for f in int4-g32 fp8-block; do
+		for m in 64 256; do
+			step "moeq_${f}_$m" 40 "$B/tests/bench/bench_cuda_moe" q qwen3-30b "$m" "$f"
+			grep -E 'grouped|qtile' "$L/moeq_${f}_$m.log" | cut -c1-170 | tee -a "$S"
+		done
+		for v in 64 4096; do
+			step "pf_${f}_$v" 60 env KDEC_MOE_QTILE_ROWS=$v "$B/kdbench" prefill \
+				--model tests/data/configs/qwen3-30b-a3b.json --synthetic-weights \
+				--weight-format "$f" --backend cuda --tokens 256,2048 --reps 2 \
+				--log-level warn
+			grep -vE '^#' "$L/pf_${f}_$v.log" | tail -n 4 | cut -c1-200 | tee -a "$S"
+		done
+	done
 }
 
 # moecheck NAME [ENV...]: test_cuda_moe_q quick, then test_golden on cuda under ENV (NAME:
