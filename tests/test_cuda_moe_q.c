@@ -492,7 +492,7 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 	 * the shape (every model shape and format: expect_qtile; the odd ones decline and
 	 * run the small path's kernels at their tolerance) */
 	moe_set_qgemv(8);
-	moe_set_qgemv_fmt(8);		/* int4 too, past the rows it takes by default */
+	moe_set_qgemv_fmt(8);		/* int4 and wide fp8 too, past their default rows */
 	moe_set_qgemv_persist(0);	/* gate/up a CTA an item; its other forms below */
 	{
 		const int takes = k_cuda_moe_qgemv_takes(ws, &qs, 8);
@@ -542,11 +542,11 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 		      s->name, f->name);
 		for (int m = 0; m < 3; m++) {
 			const int M = (int[]){ 4, 5, 8 }[m], qg = k_cuda_moe_qgemv_takes(ws, &qs, M);
+			const char *tag = qg ? " rows-4 qgemv" : M > 4 && tiles ? " rows-4 qtile" :
+					  " rows-4 small";
 
 			expert_tol = qg ? QGEMV_TOL : EXPERT_TOL;
-			test_q_experts(s, f, &w, ws, M, 0, K_CUDA_MOE_PATH_AUTO,
-				       qg ? " rows-4 qgemv" : M > 4 && tiles ? " rows-4 qtile"
-										  : " rows-4 small");
+			test_q_experts(s, f, &w, ws, M, 0, K_CUDA_MOE_PATH_AUTO, tag);
 		}
 		expert_tol = EXPERT_TOL;
 		test_q_experts(s, f, &w, ws, 6, EX_DUP | EX_BAD_ID, K_CUDA_MOE_PATH_AUTO,

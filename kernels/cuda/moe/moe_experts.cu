@@ -817,13 +817,14 @@ static bool moe_use_qgemv(const k_cuda_moe_ws *ws, const moe_wq &wq, bool small,
 
 // Whether a quantized call of M rows that the small path would run (small) goes to the
 // grouped path's tile kernels instead: experts past their format's union-GEMV rows
-// (moe_qgemv_fmt_rows: int4 past 2, fp8 7168 wide past 2) and up to moe_qgemv_rows,
-// where the tile kernels take the call (k_cuda_tuning.h says why).
+// (moe_qgemv_fmt_rows: int4 past 2, fp8 at least 4096 wide past 2) and up to
+// moe_qgemv_rows, where the tile kernels take the call (k_cuda_tuning.h says why).
 static bool moe_q_tiles(const moe_wq &wq, bool small, int M, int hidden, int inter)
 {
-	return small && (wq.fmt == MQ_INT4 || wq.fmt == MQ_FP8) && M > moe_qgemv_fmt_rows(wq.fmt, hidden) &&
-	       M <= k_cuda_tuning()->moe_qgemv_rows && moe_use_mma(hidden, inter) &&
-	       moe_wq_vector(wq, hidden, inter) && moe_qtile_takes(wq, hidden, inter, M);
+	return small && (wq.fmt == MQ_INT4 || wq.fmt == MQ_FP8) &&
+	       M > moe_qgemv_fmt_rows(wq.fmt, hidden) && M <= k_cuda_tuning()->moe_qgemv_rows &&
+	       moe_use_mma(hidden, inter) && moe_wq_vector(wq, hidden, inter) &&
+	       moe_qtile_takes(wq, hidden, inter, M);
 }
 
 extern "C" int k_cuda_moe_qgemv_takes(const struct k_cuda_moe_ws *ws,
