@@ -116,9 +116,9 @@ int k_cuda_moe_qtile_takes(const struct k_cuda_moe_quant *q, int hidden, int int
  * the small path takes moe_qgemv.cu's GEMVs over the union of the chosen experts (M <=
  * k_cuda_tuning()->moe_qgemv_rows, KDEC_MOE_QGEMV_ROWS, also <= the format's
  * moe_qgemv_int4_rows or (hidden >= moe_qgemv_fp8_hidden) moe_qgemv_fp8_rows; M <= 8,
- * M * top_k <= 64, hidden a multiple of 32, inter of 64, scale columns of whole 128 (fp8) or 32 (int4) k, the
- * workspace sized for its split; x and the activations rounded to f16: ~1e-3
- * relative), else 0. For tests and benchmarks that name the kernels. */
+ * M * top_k <= 64, hidden a multiple of 32, inter of 64, scale columns of whole 128
+ * (fp8) or 32 (int4) k, the workspace sized for its split; x and the activations
+ * rounded to f16: ~1e-3 relative), else 0. For tests and benchmarks that name the kernels. */
 int k_cuda_moe_qgemv_takes(const struct k_cuda_moe_ws *ws, const struct k_cuda_moe_quant *q,
 			   int M);
 
