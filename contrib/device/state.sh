@@ -81,11 +81,14 @@
 #                  from 3 rows): test_cuda_moe_q quick, test_golden on cuda, fp8-block decode
 #                  of the slices at batch 1,8 and Qwen3-30B-A3B at 8, the Kimi-K2 slice with
 #                  KDEC_MOE_QGEMV_FP8_ROWS=8 beside it
-#   ST_PART=mprefill quantized MoE prefill past the tile kernels' 64 rows (session 31: TTFT
-#                  p50 ~700 ms under 16 agents on Qwen3-30B-A3B int4): bench_cuda_moe q at
-#                  64 and 256 rows, int4 and fp8 (expert_mma_kernel's "grouped" line
-#                  against the tile kernels'), then kdbench prefill of 2048 tokens with
-#                  KDEC_MOE_QTILE_ROWS 64 (the default) and 4096
+#   ST_PART=mprefill MoE prefill (session 31: kdbench decode's prefill_s put 8 x 1024 tokens of
+#                  Qwen3-30B-A3B at 0.78 s bf16, 1.01 fp8, 1.14 int4 against Llama-3.1-8B's
+#                  0.22, and TTFT p50 ~700 ms under 16 agents on its int4): bench_cuda_moe q
+#                  at 64 and 256 rows in int4, fp8 and bf16 (expert_mma_kernel's "grouped"
+#                  line beside the tile kernels'), kdbench prefill of 256 and 2048 tokens:
+#                  Llama-3.1-8B and Qwen3-30B-A3B bf16, Qwen3-30B-A3B int4 and fp8 with
+#                  KDEC_MOE_QTILE_ROWS 64 (the default) and 4096, then KDEC_CUDA_OP_TIMES=2
+#                  (each op of the chunks timed) on Qwen3-30B-A3B bf16 and int4
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -309,19 +312,35 @@ f8check() {
 
 mprefill() {
 	local f m v
-	for f in int4-g32 fp8-block; do
+	for f in int4-g32 fp8-block bf16; do
 		for m in 64 256; do
 			step "moeq_${f}_$m" 40 "$B/tests/bench/bench_cuda_moe" q qwen3-30b "$m" "$f"
 			grep -E 'grouped|qtile' "$L/moeq_${f}_$m.log" | cut -c1-170 | tee -a "$S"
 		done
+	done
+	mpf pf_llama_bf16 llama3.1-8b bf16
+	mpf pf_qwen3_bf16 qwen3-30b-a3b bf16
+	for f in int4-g32 fp8-block; do
 		for v in 64 4096; do
-			step "pf_${f}_$v" 60 env KDEC_MOE_QTILE_ROWS=$v "$B/kdbench" prefill \
-				--model tests/data/configs/qwen3-30b-a3b.json --synthetic-weights \
-				--weight-format "$f" --backend cuda --tokens 256,2048 --reps 2 \
-				--log-level warn
-			grep -vE '^#' "$L/pf_${f}_$v.log" | tail -n 4 | cut -c1-200 | tee -a "$S"
+			mpf "pf_qwen3_${f}_$v" qwen3-30b-a3b "$f" KDEC_MOE_QTILE_ROWS=$v
 		done
 	done
+	# where a prefill chunk's time goes, op by op (no graphs; its own table at exit)
+	for f in bf16 int4-g32; do
+		mpf "pfops_qwen3_$f" qwen3-30b-a3b "$f" KDEC_CUDA_OP_TIMES=2
+		sed -n '/^cuda op times/,$p' "$L/pfops_qwen3_$f.log" | head -n 40 | cut -c1-200 |
+			tee -a "$S"
+	done
+}
+
+# mprefill's prefill of 256 and 2048 tokens: NAME MODEL FORMAT [ENV...]
+mpf() {
+	local n=$1 m=$2 f=$3 extra=
+	shift 3
+	[ "$f" = bf16 ] || extra="--weight-format $f"
+	step "$n" 60 env "$@" "$B/kdbench" prefill --model "tests/data/configs/$m.json" \
+		--synthetic-weights $extra --backend cuda --tokens 256,2048 --reps 2 --log-level info
+	grep -E '^ +[0-9]' "$L/$n.log" | sed "s/^/$n /" | cut -c1-200 | tee -a "$S"
 }
 
 # moecheck NAME [ENV...]: test_cuda_moe_q quick, then test_golden on cuda under ENV (NAME:
