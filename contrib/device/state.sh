@@ -86,8 +86,9 @@
 #                  0.22, and TTFT p50 ~700 ms under 16 agents on its int4): bench_cuda_moe q
 #                  at 64 and 256 rows in int4, fp8 and bf16 (expert_mma_kernel's "grouped"
 #                  line beside the tile kernels'), kdbench prefill of 256 and 2048 tokens:
-#                  Llama-3.1-8B and Qwen3-30B-A3B bf16, Qwen3-30B-A3B int4 and fp8 with
-#                  KDEC_MOE_QTILE_ROWS 64 (the default) and 4096, then KDEC_CUDA_OP_TIMES=2
+#                  Llama-3.1-8B and Qwen3-30B-A3B bf16 (and its experts on the tile kernels
+#                  at every M), Qwen3-30B-A3B int4 and fp8 with KDEC_MOE_QTILE_ROWS 64 (the
+#                  default) and 4096, then KDEC_CUDA_OP_TIMES=2
 #                  (each op of the chunks timed) on Qwen3-30B-A3B bf16 and int4
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
@@ -320,6 +321,7 @@ mprefill() {
 	done
 	mpf pf_llama_bf16 llama3.1-8b bf16
 	mpf pf_qwen3_bf16 qwen3-30b-a3b bf16
+	mpf pf_qwen3_bf16_tiles qwen3-30b-a3b bf16 KDEC_MOE_QTILE_ROWS=4096 KDEC_MOE_QTILE_BF16=1
 	for f in int4-g32 fp8-block; do
 		for v in 64 4096; do
 			mpf "pf_qwen3_${f}_$v" qwen3-30b-a3b "$f" KDEC_MOE_QTILE_ROWS=$v
