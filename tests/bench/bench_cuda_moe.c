@@ -472,7 +472,7 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 				moe_set_qgemv(-1);
 				/* moe_qgemv.cu's union GEMVs where they take the call */
 				if (fmts[f] != K_Q_NONE && M <= 8) {
-					moe_set_qgemv_fmt(8);	/* int4 at every M too */
+					moe_set_qgemv_fmt(8);	/* int4 and wide fp8 at every M too */
 					moe_set_qgemv_persist(0);	/* one item a CTA */
 					time_q(&shapes[i], fmts[f], M, "qgemv");
 					moe_set_qgemv_persist(1);	/* persistent gate/up */
