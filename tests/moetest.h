@@ -74,6 +74,17 @@ static inline void moe_set_qtile(int rows)
 	k_cuda_tuning_set(&t);
 }
 
+/* moe_qtile_wide (the tile kernels' wide passes from that many rows a call; 0: never),
+ * installed: rows >= 0, or -1 for the default. */
+static inline void moe_set_qtile_wide(int rows)
+{
+	struct k_cuda_tuning t = *k_cuda_tuning(), def;
+
+	k_cuda_tuning_defaults(&def);
+	t.moe_qtile_wide = rows >= 0 ? rows : def.moe_qtile_wide;
+	k_cuda_tuning_set(&t);
+}
+
 /* moe_qgemv_rows (up to that many rows a call, quantized experts of the small path's
  * sizes take moe_qgemv.cu's union GEMVs), installed: rows >= 0, or -1 for the default. */
 static inline void moe_set_qgemv(int rows)

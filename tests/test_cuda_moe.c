@@ -14,7 +14,9 @@
  * a single row with moe_small_m1.cu's kernels (the default) and the general ones,
  * which must give the same bits (the tuning's moe_m1; repeated and bad ids too). The
  * grouped path runs again on moe_qtile.cu's tile kernels (KDEC_MOE_QTILE_ROWS; " qtile"
- * in the lines where they take the shape), a hot expert of 64 rows among the cases.
+ * in the lines where they take the shape), a hot expert of 64 rows among the cases,
+ * then in their wide passes at every M (KDEC_MOE_QTILE_WIDE 1: " qtile-wide"), a hot
+ * expert of 130 rows (64, 64, 2) added.
  * Experts plus shared expert plus residual (k_cuda_moe_experts_add) against the CPU's
  * ops in forward.c's order (k_cpu_moe_experts, the shared SwiGLU MLP by k_cpu_linear
  * and k_cpu_silu_mul, two adds) on fresh random inputs, both ways too:
@@ -327,8 +329,9 @@ static void test_experts(const struct moe_shape *s, struct weights *w, struct k_
 		snprintf(shape, sizeof(shape), "%s M %d (%d experts used)%s%s%s%s", s->name, M,
 			 n_used, hot >= 0 ? " hot" : "", flags & EX_DUP ? " dup" : "",
 			 flags & EX_BAD_ID ? " bad-id" : "",
-			 path != K_CUDA_MOE_PATH_SMALL && k_cuda_moe_qtile_takes(NULL, s->hidden,
-			 s->inter, M) ? " qtile" : "");
+			 path == K_CUDA_MOE_PATH_SMALL || !k_cuda_moe_qtile_takes(NULL, s->hidden,
+			 s->inter, M) ? "" : k_cuda_moe_qtile_wide(M) ?
+			 " qtile-wide" : " qtile");
 		printf("%-12s %-7s %-62s max_abs %.3g rel_l2 %.3g%s  %s\n", "moe_experts",
 		       moe_path_name(path), shape, max_abs, rel, bad ? "  NaN" : "",
 		       !bad && rel <= EXPERT_TOL ? "PASS" : "FAIL");
@@ -630,11 +633,19 @@ static void test_experts_shape(const struct moe_shape *s)
 	/* the grouped path on moe_qtile.cu's tile kernels where they take the shape (" qtile"
 	 * in the line: V2-Lite's and Qwen3's; the odd ones keep expert_mma_kernel) */
 	moe_set_qtile(130);
-	for (int m = 0; m < 3; m++)
-		test_experts(s, &w, ws, (int[]){ 2, 8, 64 }[m], -1, 0, K_CUDA_MOE_PATH_GROUPED);
-	test_experts(s, &w, ws, 8, 3, EX_DUP, K_CUDA_MOE_PATH_GROUPED);
-	test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, K_CUDA_MOE_PATH_GROUPED);
-	test_experts(s, &w, ws, 64, 3, 0, K_CUDA_MOE_PATH_GROUPED);	/* 4 passes of 16 */
+	for (int wide = 0; wide < 2; wide++) {	/* passes of 16 rows, then wide ones */
+		moe_set_qtile_wide(wide);
+		for (int m = 0; m < 3; m++)
+			test_experts(s, &w, ws, (int[]){ 2, 8, 64 }[m], -1, 0,
+				     K_CUDA_MOE_PATH_GROUPED);
+		test_experts(s, &w, ws, 8, 3, EX_DUP, K_CUDA_MOE_PATH_GROUPED);
+		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, K_CUDA_MOE_PATH_GROUPED);
+		/* narrow: 4 passes of 16; wide: one of 64, then 64, 64 and 2 */
+		test_experts(s, &w, ws, 64, 3, 0, K_CUDA_MOE_PATH_GROUPED);
+		if (wide)
+			test_experts(s, &w, ws, 130, 3, 0, K_CUDA_MOE_PATH_GROUPED);
+	}
+	moe_set_qtile_wide(-1);
 	moe_set_qtile(-1);
 	/* auto: small at 5 rows (up to 64 pairs), grouped at 64 */
 	test_experts(s, &w, ws, 5, -1, 0, K_CUDA_MOE_PATH_AUTO);

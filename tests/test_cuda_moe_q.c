@@ -16,11 +16,12 @@
  * expected). experts_add_q: without a shared expert (Qwen3) fused on the small path
  * (residual y0 + experts within 1e-4 of the MLP's part); with one (DeepSeek) it must
  * decline (1) and leave y bit for bit; k_cuda_moe_lat_config refuses quantized
- * experts (1, with its reason); bad formats are -EINVAL. The grouped cases run twice:
- * on expert_mma_kernel, then with KDEC_MOE_QTILE_ROWS 64 on moe_qtile.cu's tile kernels
- * (" qtile": every model shape and format above must take them; " qtile-declined": the
- * odd ones below fall back), with a hot expert (every row's slot 0: several passes of
- * 16 rows at 64) added. The small path's cases run on its own CUDA-core kernels
+ * experts (1, with its reason); bad formats are -EINVAL. The grouped cases run three
+ * times: on expert_mma_kernel, then with KDEC_MOE_QTILE_ROWS 64 on moe_qtile.cu's tile
+ * kernels (" qtile": every model shape and format above must take them;
+ * " qtile-declined": the odd ones below fall back), then in their wide passes
+ * (KDEC_MOE_QTILE_WIDE 1, " qtile-wide"), with a hot expert (every row's slot 0:
+ * several passes of 16 rows at 64, one of 64, int4 two of 32, wide) added. The small path's cases run on its own CUDA-core kernels
  * (KDEC_MOE_QGEMV_ROWS 0), then again on moe_qgemv.cu's union GEMVs (" qgemv": every
  * model shape and format must take them; x and activations in f16, so QGEMV_TOL 2e-3),
  * with their bits twice the same, a call naming no valid expert at all (zeros), and
@@ -555,16 +556,18 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 	}
 	moe_set_qgemv(-1);
 	/* the grouped path on expert_mma_kernel, then on moe_qtile.cu's tile kernels where
-	 * they take the shapes (the call says which: it falls back where they do not) */
-	for (int qt = 0; qt < 2; qt++) {
+	 * they take the shapes (the call says which: it falls back where they do not), in
+	 * passes of 16 rows, then in wide ones at every M */
+	for (int qt = 0; qt < 3; qt++) {
 		const char *tag;
 
 		moe_set_qtile(qt ? 64 : 0);
-		tag = !qt ? "" : k_cuda_moe_qtile_takes(&qs, s->hidden, s->inter, 64) ? " qtile" :
-		      " qtile-declined";
+		moe_set_qtile_wide(qt == 2 ? 1 : 0);
+		tag = !qt ? "" : !k_cuda_moe_qtile_takes(&qs, s->hidden, s->inter, 64) ?
+		      " qtile-declined" : qt == 2 ? " qtile-wide" : " qtile";
 		if (qt && expect_qtile)
-			CHECK(strcmp(tag, " qtile") == 0, "%s %s: the tile kernels declined", s->name,
-			      f->name);
+			CHECK(strcmp(tag, " qtile-declined") != 0, "%s %s: the tile kernels declined",
+			      s->name, f->name);
 		if (qt)	/* a single row: one n8 tile of one row an expert */
 			test_q_experts(s, f, &w, ws, 1, 0, K_CUDA_MOE_PATH_GROUPED, tag);
 		test_q_experts(s, f, &w, ws, 2, 0, K_CUDA_MOE_PATH_GROUPED, tag);
@@ -573,6 +576,7 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 		if (qt)
 			test_q_experts(s, f, &w, ws, grouped_M, EX_HOT, K_CUDA_MOE_PATH_GROUPED, tag);
 	}
+	moe_set_qtile_wide(-1);
 	moe_set_qtile(-1);
 	qweights_free(&w);
 	k_cuda_moe_ws_destroy(ws);

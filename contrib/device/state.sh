@@ -90,6 +90,14 @@
 #                  at every M), Qwen3-30B-A3B int4 and fp8 with KDEC_MOE_QTILE_ROWS 64 (the
 #                  default) and 4096, then KDEC_CUDA_OP_TIMES=2
 #                  (each op of the chunks timed) on Qwen3-30B-A3B bf16 and int4
+#   ST_PART=mwide  the tile kernels' wide passes (64 expert rows, int4 32; session 32) at
+#                  prefill: test_cuda_moe_q quick and test_cuda_moe's experts (both run
+#                  them, " qtile-wide"), test_golden on cuda with every MoE call on them
+#                  (KDEC_MOE_QTILE_ROWS 4096, _BF16 1, _WIDE 1), bench_cuda_moe q at a
+#                  prefill chunk (Qwen3-30B-A3B and V2-Lite 2048 rows,
+#                  DeepSeek-V3 512: expert_mma_kernel's "grouped" line beside "qtile" and
+#                  "qtile-wide"), then mpf's prefill of Llama-3.1-8B bf16 and Qwen3-30B-A3B
+#                  in each format by default, on the tiles (QTILE_ROWS 4096) narrow, wide
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -332,6 +340,34 @@ mprefill() {
 		mpf "pfops_qwen3_$f" qwen3-30b-a3b "$f" KDEC_CUDA_OP_TIMES=2
 		sed -n '/^cuda op times/,$p' "$L/pfops_qwen3_$f.log" | head -n 40 | cut -c1-200 |
 			tee -a "$S"
+	done
+}
+
+mwide() {
+	local f m
+	step moe_q 100 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
+	grep -E '^FAIL' "$L/moe_q.log" | head -8 | cut -c1-200 | tee -a "$S"
+	grep -c 'qtile-wide.*PASS' "$L/moe_q.log" | sed 's/^/moe_q qtile-wide PASS lines: /' |
+		tee -a "$S"
+	step moe 100 env KD_TEST_PART=experts "$B/tests/test_cuda_moe"
+	grep -E '^FAIL|qtile-wide' "$L/moe.log" | head -12 | cut -c1-200 | tee -a "$S"
+	step golden_wide 100 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QTILE_ROWS=4096 \
+		KDEC_MOE_QTILE_BF16=1 KDEC_MOE_QTILE_WIDE=1 "$B/tests/test_golden"
+	grep '^FAIL' "$L/golden_wide.log" | cut -c1-200 | tee -a "$S"
+	for m in "qwen3-30b 2048" "v2-lite 2048" "deepseek-v3 512"; do
+		for f in int4-g32 fp8-block bf16; do
+			set -- $m
+			step "mw_${1}_${2}_$f" 40 "$B/tests/bench/bench_cuda_moe" q "$1" "$2" "$f"
+			grep 'moe_q time' "$L/mw_${1}_${2}_$f.log" | cut -c11-250 | tee -a "$S"
+		done
+	done
+	mpf pf_llama_bf16 llama3.1-8b bf16
+	for f in int4-g32 fp8-block bf16; do
+		mpf "pf_qwen3_${f}_def" qwen3-30b-a3b "$f"
+		mpf "pf_qwen3_${f}_narrow" qwen3-30b-a3b "$f" KDEC_MOE_QTILE_ROWS=4096 \
+			KDEC_MOE_QTILE_BF16=1 KDEC_MOE_QTILE_WIDE=0
+		mpf "pf_qwen3_${f}_wide" qwen3-30b-a3b "$f" KDEC_MOE_QTILE_ROWS=4096 \
+			KDEC_MOE_QTILE_BF16=1 KDEC_MOE_QTILE_WIDE=1
 	done
 }
 

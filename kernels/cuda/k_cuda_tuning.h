@@ -190,6 +190,9 @@ struct k_cuda_tuning {
 	int moe_qtile_bf16;	/* KDEC_MOE_QTILE_BF16, flag, 0: 1 lets bf16 experts take the
 				 * tile kernels too; measured slower there (Qwen3-30B-A3B batch
 				 * 64 28.85 against 25.71 ms, 16 18.47 against 16.09) */
+	int moe_qtile_wide;	/* KDEC_MOE_QTILE_WIDE, rows 0..4096, 256: from this many rows a
+				 * call (prefill chunks), the tile kernels take each expert's
+				 * rows in wide passes (64, int4 32) instead of 16; 0: never */
 	int moe_qgemv_rows;	/* KDEC_MOE_QGEMV_ROWS, rows 0..8, 8: up to this many rows a
 				 * call, quantized routed experts (fp8, int4) of the small path's
 				 * sizes take moe_qgemv.cu's two GEMVs over the chosen experts'

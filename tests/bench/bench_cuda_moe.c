@@ -13,14 +13,16 @@
  * beside the floor of their bytes as stored (test_cuda_moe_q checks those kernels); on the
  * auto path ("small" up to 64 pairs, else "grouped": expert_mma_kernel), then the grouped
  * path on moe_qtile.cu's tile kernels at every M ("qtile", KDEC_MOE_QTILE_ROWS set to the
- * call's rows), and quantized experts at M <= 8 on moe_qgemv.cu's GEMVs over the chosen
+ * call's rows; from 64 rows also in their wide passes, "qtile-wide", KDEC_MOE_QTILE_WIDE
+ * 1, the other line then with it 0), and quantized experts at M <= 8 on moe_qgemv.cu's GEMVs over the chosen
  * experts' union ("qgemv", gate/up a CTA an item, KDEC_MOE_QGEMV_PERSIST 0; "small" is
  * then the small path's own kernels, KDEC_MOE_QGEMV_ROWS 0; "qgemv-p" with the persistent
  * gate/up where it differs, KDEC_MOE_QGEMV_PERSIST 1, the default).
  * "route" lines: the routing alone at decode, 32 layers of the router GEMV, of the GEMV
  * then moe_route, and of moe_route alone, each one graph, per layer.
  * Usage: bench_cuda_moe [lat | route | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
- * shapes whose name contains SHAPE, M rows (0: all), FORMAT bf16, fp8-block or int4-g32;
+ * shapes whose name contains SHAPE, M rows (0: all; another, 1..4096, that M alone: a
+ * prefill chunk's), FORMAT bf16, fp8-block or int4-g32;
  * for ncu; SHAPE "kimi-k2-" adds Kimi-K2's 8 chosen experts alone in memory and as 8 of
  * 16 and of 64, against the 8 of 384 spread over 17 GB of "kimi-k2").
  * Exits 77 without CUDA or a GPU. */
@@ -378,7 +380,7 @@ static void time_q(const struct moe_shape *s, enum k_qfmt fmt, int M, const char
 	unsigned char *used = calloc((size_t)s->n_experts, 1);
 	struct qbench b = { .s = s, .M = M };
 	char *all = NULL, *sall = NULL;
-	double bytes = 0, us;
+	double bytes = 0, us, flops;
 	int n_used = 0;
 
 	if (k_cuda_moe_ws_create(&b.ws, M, s->top_k, s->n_experts, s->hidden, s->inter, 0))
@@ -414,11 +416,13 @@ static void time_q(const struct moe_shape *s, enum k_qfmt fmt, int M, const char
 		b.q.scales = dup_to_device(stable, sizeof(void *) * (size_t)s->n_experts * 3);
 	}
 	us = bench_graph_us(qbench_call, &b, bench_flush_buffer());
-	printf("moe_q time %-9s %-7s %-29s M %2d: %d experts, %5.1f MB (payload + scales), "
-	       "%7.1f us = %.2f TB/s (floor %.1f us at 4.25 TB/s: %.0f%%)\n", fname, path,
-	       s->name, M, n_used, bytes / 1e6, us,
+	/* the products the call must take: 3 matrices of hidden x inter a pair */
+	flops = 2.0 * 3 * (double)per * (double)nk;
+	printf("moe_q time %-9s %-10s %-29s M %2d: %d experts, %5.1f MB (payload + scales), "
+	       "%7.1f us = %.2f TB/s (floor %.1f us at 4.25 TB/s: %.0f%%), %.0f TFLOP/s\n",
+	       fname, path, s->name, M, n_used, bytes / 1e6, us,
 	       us > 0 ? bytes / (us * 1e-6) / 1e12 : 0, bench_floor_us(bytes),
-	       us > 0 ? 100 * bench_floor_us(bytes) / us : 0);
+	       us > 0 ? 100 * bench_floor_us(bytes) / us : 0, us > 0 ? flops / us * 1e-6 : 0);
 out:
 	k_cuda_moe_ws_destroy(b.ws);
 	cudaFree(all);
@@ -453,11 +457,17 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 	};
 	const enum k_qfmt fmts[] = { K_Q_NONE, K_Q_FP8, K_Q_INT4 };
 
+	static const int Ms[] = { 1, 2, 4, 8, 64, 256 };
+	const int n_M = sizeof(Ms) / sizeof(Ms[0]);
+	int listed = !only_M;
+
+	for (int m = 0; m < n_M; m++)
+		listed |= Ms[m] == only_M;
 	moe_set_path(K_CUDA_MOE_PATH_AUTO);
 	for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-		for (int m = 0; m < 6; m++)
+		for (int m = 0; m < (listed ? n_M : 1); m++)
 			for (int f = 0; f < 3; f++) {
-				int M = (int[]){ 1, 2, 4, 8, 64, 256 }[m];
+				int M = listed ? Ms[m] : only_M;
 
 				const char *fn = fmts[f] == K_Q_FP8 ? "fp8-block" : fmts[f] == K_Q_INT4 ? "int4-g32" : "bf16";
 
@@ -484,7 +494,13 @@ static void bench_q_all(const char *only, int only_M, const char *only_f)
 				 * auto takes the small path too: plan and combine launches included) */
 				moe_set_qtile(M);
 				moe_set_path(K_CUDA_MOE_PATH_GROUPED);
+				moe_set_qtile_wide(0);
 				time_q(&shapes[i], fmts[f], M, "qtile");
+				if (M >= 64) {	/* its wide passes */
+					moe_set_qtile_wide(1);
+					time_q(&shapes[i], fmts[f], M, "qtile-wide");
+				}
+				moe_set_qtile_wide(-1);
 				moe_set_path(K_CUDA_MOE_PATH_AUTO);
 				moe_set_qtile(-1);
 			}
@@ -594,8 +610,14 @@ int main(int argc, char **argv)
 		return test_failures ? 1 : 0;
 	}
 	if (argc > 1 && !strcmp(argv[1], "q")) {
-		bench_q_all(argc > 2 ? argv[2] : NULL, argc > 3 ? atoi(argv[3]) : 0,
-			    argc > 4 ? argv[4] : NULL);
+		const int M = argc > 3 ? atoi(argv[3]) : 0;
+
+		if (M < 0 || M > 4096) {
+			fprintf(stderr, "bench_cuda_moe q: M %d outside 0..4096\n", M);
+			cudaStreamDestroy(stream);
+			return 2;
+		}
+		bench_q_all(argc > 2 ? argv[2] : NULL, M, argc > 4 ? argv[4] : NULL);
 		k_cuda_tuning_set(NULL);
 		cudaStreamDestroy(stream);
 		return test_failures ? 1 : 0;

@@ -112,6 +112,10 @@ int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out, c
  * that name the kernel. */
 int k_cuda_moe_qtile_takes(const struct k_cuda_moe_quant *q, int hidden, int inter, int M);
 
+/* 1 where such a call takes the tile kernels' wide passes (64 expert rows, int4 32, in
+ * place of 16): M >= k_cuda_tuning()->moe_qtile_wide (KDEC_MOE_QTILE_WIDE), else 0. */
+int k_cuda_moe_qtile_wide(int M);
+
 /* 1 where a call of M rows on ws's shapes with experts quantized as q (fp8 or int4) on
  * the small path takes moe_qgemv.cu's GEMVs over the union of the chosen experts (M <=
  * k_cuda_tuning()->moe_qgemv_rows, KDEC_MOE_QGEMV_ROWS, also <= the format's

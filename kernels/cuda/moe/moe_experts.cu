@@ -806,6 +806,11 @@ extern "C" int k_cuda_moe_qtile_takes(const struct k_cuda_moe_quant *q, int hidd
 	return moe_wq_vector(wq, hidden, inter) && moe_qtile_takes(wq, hidden, inter, M);
 }
 
+extern "C" int k_cuda_moe_qtile_wide(int M)
+{
+	return moe_qtile_wide(M);
+}
+
 // Whether a quantized call of M rows that the small path would run (small: its
 // moe_use_small) takes moe_qgemv.cu's GEMVs instead.
 static bool moe_use_qgemv(const k_cuda_moe_ws *ws, const moe_wq &wq, bool small, int M,
@@ -890,8 +895,8 @@ extern "C" int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, fl
 	if (!mma)
 		ret = moe_run_fallback(s, ws, pl, x, expert_w, wq, max_used);
 	else if (qtile)
-		ret = moe_qtile_run(s, pl, expert_w, wq, ws->xs, ws->hs, ws->y, top_k, hidden, inter,
-				    max_used);
+		ret = moe_qtile_run(s, pl, expert_w, wq, ws->xs, ws->hs, ws->y, M, top_k, hidden,
+				    inter, max_used);
 	else if (wq.fmt == MQ_FP8)
 		ret = moe_run_mma<MQ_FP8>(s, ws, pl, expert_w, wq, max_used);
 	else if (wq.fmt == MQ_INT4)

@@ -114,13 +114,15 @@ void moe_small_down_launch_plain(cudaStream_t s, const uint16_t *const *expert_w
 // moe_qtile.cu for moe_experts.cu: the grouped path's expert GEMMs as tile kernels.
 // Their one-time set-up (0 or -EIO); whether they take a call of M rows (M <=
 // k_cuda_tuning()->moe_qtile_rows; hidden and inter multiples of 32 (bf16), 64 (fp8) or
-// 128 (int4); int4 scales in groups of 32, fp8 blocks of >= 64 columns); the two
-// launches (gate/up into hs, down into y, as expert_mma_kernel's; 0 or -EIO).
+// 128 (int4); int4 scales in groups of 32, fp8 blocks of >= 64 columns); whether a call
+// takes their wide passes (M >= k_cuda_tuning()->moe_qtile_wide); the two launches (gate/up into hs, down into y, as expert_mma_kernel's; 0 or
+// -EIO).
 int moe_qtile_setup(void);
 bool moe_qtile_takes(const struct moe_wq &wq, int hidden, int inter, int M);
+bool moe_qtile_wide(int M);
 int moe_qtile_run(cudaStream_t s, const struct ex_plan &pl, const uint16_t *const *expert_w,
-		  const struct moe_wq &wq, const uint32_t *xs, uint32_t *hs, float *y, int top_k,
-		  int hidden, int inter, int max_used);
+		  const struct moe_wq &wq, const uint32_t *xs, uint32_t *hs, float *y, int M,
+		  int top_k, int hidden, int inter, int max_used);
 
 // moe_qgemv.cu for moe_experts.cu: quantized experts at M <= MOE_QGEMV_MAX_M rows as two
 // GEMVs over the union of the chosen experts (the dense decode GEMV's streaming). The

@@ -15,8 +15,10 @@
 // features) and streams them over the whole K in 64-byte slabs through a 4-buffer
 // cp.async pipeline, with the same slab of its expert rows' split x (bf16 hi + lo, the
 // plan kernel's xs, or the gate/up kernel's activations) in the same copy groups. Its
-// expert rows go 16 a pass (two n8 tiles; the second skipped where a pass has 8 or
-// fewer); an expert with more rows than that streams its weights once a pass.
+// expert rows go 16 a pass (two n8 tiles; those past the pass's rows skipped), or in
+// wide passes of 64 (int4 32) in calls of k_cuda_tuning()->moe_qtile_wide rows or more
+// (KDEC_MOE_QTILE_WIDE: prefill chunks); an expert with more rows than a pass streams
+// its weights once a pass.
 //
 // Arithmetic as expert_mma_kernel's: the weights are (or become, moe_grouped.cuh) exact
 // bf16 pairs in registers, each product is taken twice (x hi, x lo: ~16 bits of x), fp32
@@ -49,26 +51,33 @@
 #define XT_SB		64		/* bytes of a weight row a slab */
 #define XT_STAGES	4		/* buffers; XT_STAGES - 1 slabs in flight ahead */
 #define XT_AHEAD	(XT_STAGES - 1)
-#define XT_XROWS	16		/* expert rows a pass: two n8 tiles */
 #define XT_NO_ROW	0xffffffffu	/* an x unit of no expert row (past the pass's rows) */
 
 namespace {	// kernels and their helpers stay private to this file
 
-template <int F> struct xt_cfg {
+// W (wide): a pass takes 64 expert rows (int4: 32, its x slabs being 4 times fp8's), for
+// calls whose experts have many rows (prefill): each pass streams the CTA's weights once,
+// so 4 (int4 2) times fewer passes read them 4 (2) times less, and each x slab meets 4
+// (2) times the MMA work. Narrow: 16 rows a pass, for calls of a few rows an expert.
+template <int F, bool W> struct xt_cfg {
 	static constexpr int SLAB = F == MQ_INT4 ? 128 : F == MQ_FP8 ? 64 : 32;	// k a slab
 	static constexpr int XU = 16;				// bytes: 8 bf16 of hi or of lo
 	static constexpr int XROW = SLAB * 4;			// bytes of a split row's slab
 	static constexpr int UPR = XROW / XU;			// its 16-byte units
 	static constexpr int XSTRIDE = XROW + 16;		// 16 mod 128: see xt_xpos
+	static constexpr int XROWS = !W ? 16 : F == MQ_INT4 ? 32 : 64;	// expert rows a pass
+	static constexpr int NT = XROWS / 8;			// their n8 tiles
 	static constexpr int W_BYTES = XT_ROWS * XT_SB;
-	static constexpr int X_BYTES = XT_XROWS * XSTRIDE;
+	static constexpr int X_BYTES = XROWS * XSTRIDE;
 	static constexpr int S_BYTES = F == MQ_INT4 ? XT_ROWS * 16 : 0;	// 4 scales a row
 	static constexpr int STAGE = W_BYTES + X_BYTES + S_BYTES;
 	static constexpr int SMEM = XT_STAGES * STAGE;
-	static constexpr int XPT = XT_XROWS * UPR / XT_THREADS;	// x units a thread
-	static constexpr int MIN_CTAS = F == MQ_INT4 ? 3 : 4;	// per SM (int4, fp8: all the
-								// shared memory holds)
+	static constexpr int XPT = XROWS * UPR / XT_THREADS;	// x units a thread
+	// CTAs per SM: as many as the shared memory holds (narrow bf16: 4, its registers)
+	static constexpr int MIN_CTAS = !W ? (F == MQ_INT4 ? 3 : 4) : F == MQ_BF16 ? 3 : 2;
 	static constexpr int J_UNROLL = F == MQ_FP8 ? XT_STAGES : 1;	// see the slab loop
+	static_assert(XPT * XT_THREADS == XROWS * UPR && MIN_CTAS * SMEM <= 227 * 1024,
+		      "xt_cfg: a pass's x units spread over the threads; shared memory fits");
 };
 
 // Where 16-byte unit j of a split row's slab sits in its shared row (a position): units
@@ -141,11 +150,12 @@ __device__ __forceinline__ float xt_scale_cook(uint32_t raw, bool sbf16)
 // 8 .. + 15). Pair q of a lane is k 16t + 2q, + 1 in weights and x alike; mma step s
 // takes pairs 2s (its k slots 2t, 2t + 1) and 2s + 1 (slots 2t + 8, 2t + 9). sr: the
 // slab's scale of rows (mt, g + 8 h) at 2 mt + h, as stored (xt_scale_raw).
-__device__ __forceinline__ void xt_slab_fp8(float (&acc)[2][2][4], const unsigned char *ws,
+template <int NT>
+__device__ __forceinline__ void xt_slab_fp8(float (&acc)[2][NT][4], const unsigned char *ws,
 					    const unsigned char *xs, const uint32_t (&sraw)[4],
-					    bool sbf16, bool two, int warp, int g, int t)
+					    bool sbf16, int nts, int warp, int g, int t)
 {
-	using C = xt_cfg<MQ_FP8>;
+	using C = xt_cfg<MQ_FP8, false>;	// XSTRIDE: the same either width
 	uint32_t pa[2][8], pb[2][8];
 
 #pragma unroll
@@ -164,8 +174,8 @@ __device__ __forceinline__ void xt_slab_fp8(float (&acc)[2][2][4], const unsigne
 		pb[mt][4] = b1.x, pb[mt][5] = b1.y, pb[mt][6] = b1.z, pb[mt][7] = b1.w;
 	}
 #pragma unroll
-	for (int nt = 0; nt < 2; nt++) {
-		if (nt == 1 && !two)	// a pass of 8 rows or fewer: one n8 tile
+	for (int nt = 0; nt < NT; nt++) {
+		if (nt >= nts)	// past the pass's rows (warp-uniform)
 			break;
 		const unsigned char *xr = xs + (8 * nt + g) * C::XSTRIDE;
 		const uint4 h0 = *(const uint4 *)(xr + 16 * xt_xpos(4 * t));
@@ -201,10 +211,11 @@ __device__ __forceinline__ void xt_slab_fp8(float (&acc)[2][2][4], const unsigne
 // One slab of a bf16 CTA: the warp's two m16 tiles (rows g, g + 8: 16 bytes, k 8t ..
 // 8t + 7, 4 bf16 pairs) against x unit t (hi and lo) of each of the pass's n8 tiles,
 // straight into the accumulators (no scale).
-__device__ __forceinline__ void xt_slab_bf16(float (&acc)[2][2][4], const unsigned char *ws,
-					     const unsigned char *xs, bool two, int warp, int g, int t)
+template <int NT>
+__device__ __forceinline__ void xt_slab_bf16(float (&acc)[2][NT][4], const unsigned char *ws,
+					     const unsigned char *xs, int nts, int warp, int g, int t)
 {
-	using C = xt_cfg<MQ_BF16>;
+	using C = xt_cfg<MQ_BF16, false>;
 	uint4 pa[2], pb[2];
 
 #pragma unroll
@@ -215,8 +226,8 @@ __device__ __forceinline__ void xt_slab_bf16(float (&acc)[2][2][4], const unsign
 		pb[mt] = *(const uint4 *)(ws + (r + 8) * XT_SB + 16 * t);
 	}
 #pragma unroll
-	for (int nt = 0; nt < 2; nt++) {
-		if (nt == 1 && !two)	// a pass of 8 rows or fewer: one n8 tile
+	for (int nt = 0; nt < NT; nt++) {
+		if (nt >= nts)
 			break;
 		const unsigned char *xr = xs + (8 * nt + g) * C::XSTRIDE;
 		const uint4 xh = *(const uint4 *)(xr + 16 * xt_xpos(2 * t));
@@ -238,11 +249,12 @@ __device__ __forceinline__ void xt_slab_bf16(float (&acc)[2][2][4], const unsign
 // each of the pass's n8 tiles; each group's two mma steps into a temporary that the
 // group's fp32 scale of each row multiplies. ss: the slab's scales, 16 bytes a weight
 // row (bf16: 4 values in the first 8; else 4 fp32).
-__device__ __forceinline__ void xt_slab_int4(float (&acc)[2][2][4], const unsigned char *ws,
+template <int NT>
+__device__ __forceinline__ void xt_slab_int4(float (&acc)[2][NT][4], const unsigned char *ws,
 					     const unsigned char *xs, const unsigned char *ss,
-					     bool sbf16, bool two, int warp, int g, int t)
+					     bool sbf16, int nts, int warp, int g, int t)
 {
-	using C = xt_cfg<MQ_INT4>;
+	using C = xt_cfg<MQ_INT4, false>;
 	const int rot = (g >> 1) & 3;	// xt_wpos of rows g and g + 8
 	uint32_t wa[2][4], wb[2][4];
 	float sc[2][2][4];		// [mt][h][G]
@@ -284,9 +296,9 @@ __device__ __forceinline__ void xt_slab_int4(float (&acc)[2][2][4], const unsign
 			pb[mt] = ex_int4_bf16x8_perm(wb[mt][G]);
 		}
 #pragma unroll
-		for (int nt = 0; nt < 2; nt++) {
-		if (nt == 1 && !two)	// a pass of 8 rows or fewer: one n8 tile
-			break;
+		for (int nt = 0; nt < NT; nt++) {
+			if (nt >= nts)
+				break;
 			const unsigned char *xr = xs + (8 * nt + g) * C::XSTRIDE;
 			const uint4 xh = *(const uint4 *)(xr + 16 * xt_xpos(8 * G + 2 * t));
 			const uint4 xl = *(const uint4 *)(xr + 16 * xt_xpos(8 * G + 2 * t + 1));
@@ -315,15 +327,15 @@ __device__ __forceinline__ void xt_slab_int4(float (&acc)[2][2][4], const unsign
 // of the slab (fp8 64, int4 128); int4 scales in groups of 32 (wq.kshift 5), fp8 blocks
 // of 64 columns or more; weight rows and scale tensors 16-byte aligned. int4: a_src's
 // chunks (and so the gate/up kernel's hs) in split_perm_pos's order.
-template <bool GLU, int F>
-__global__ void __launch_bounds__(XT_THREADS, xt_cfg<F>::MIN_CTAS)
+template <bool GLU, int F, bool W>
+__global__ void __launch_bounds__(XT_THREADS, xt_cfg<F, W>::MIN_CTAS)
 xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t *a_src,
 	  int top_k, int K, int N, uint32_t *hs, float *y)
 {
-	using C = xt_cfg<F>;
+	using C = xt_cfg<F, W>;
 	extern __shared__ __align__(128) unsigned char xt_smem[];
-	__shared__ int s_src[XT_XROWS];	// the pass's a_src rows (-1: none)
-	__shared__ int s_dst[XT_XROWS];	// their hs row (GLU) or y row (down)
+	__shared__ int s_src[C::XROWS];	// the pass's a_src rows (-1: none)
+	__shared__ int s_dst[C::XROWS];	// their hs row (GLU) or y row (down)
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
 	const int u = blockIdx.y;
 
@@ -372,13 +384,13 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 		ksh[1] = wq.kshift[GLU ? 1 : 2];
 	}
 
-	for (int c0 = 0; c0 < n; c0 += XT_XROWS) {
-		const int rows = min(XT_XROWS, n - c0);
-		float acc[2][2][4] = {};
+	for (int c0 = 0; c0 < n; c0 += C::XROWS) {
+		const int rows = min(C::XROWS, n - c0), nts = (rows + 7) / 8;
+		float acc[2][C::NT][4] = {};
 		uint32_t sr[XT_STAGES][4];	// fp8: scales as stored, by buffer slot
 
 		__syncthreads();	// the last pass is done with s_src, s_dst and the buffers
-		if (tid < XT_XROWS) {
+		if (tid < C::XROWS) {
 			const int pos = start + c0 + tid;
 			const bool in = tid < rows;
 
@@ -453,13 +465,13 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 				const unsigned char *st = xt_smem + j * C::STAGE;
 
 				if constexpr (F == MQ_FP8)
-					xt_slab_fp8(acc, st, st + C::W_BYTES, sr[j], wq.sbf16, rows > 8,
-						    warp, g, t);
+					xt_slab_fp8(acc, st, st + C::W_BYTES, sr[j], wq.sbf16, nts, warp,
+						    g, t);
 				else if constexpr (F == MQ_BF16)
-					xt_slab_bf16(acc, st, st + C::W_BYTES, rows > 8, warp, g, t);
+					xt_slab_bf16(acc, st, st + C::W_BYTES, nts, warp, g, t);
 				else
 					xt_slab_int4(acc, st, st + C::W_BYTES, st + C::W_BYTES + C::X_BYTES,
-						     wq.sbf16, rows > 8, warp, g, t);
+						     wq.sbf16, nts, warp, g, t);
 			}
 		}
 		cp_async_wait<0>();
@@ -467,7 +479,7 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 		// accumulator c of tile (mt, nt): weight row (mt, g + 8 (c >> 1)), expert row
 		// 8 nt + 2 t + (c & 1) of the pass
 #pragma unroll
-		for (int nt = 0; nt < 2; nt++)
+		for (int nt = 0; nt < C::NT; nt++)
 #pragma unroll
 			for (int c = 0; c < 4; c++) {
 				const int m = 8 * nt + 2 * t + (c & 1);
@@ -494,38 +506,51 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 	}
 }
 
-template <bool GLU, int F>
+template <int F, bool W>
 int xt_attr(void)
 {
-	return K_CUDA_CALL(cudaFuncSetAttribute(xt_kernel<GLU, F>,
+	return K_CUDA_CALL(cudaFuncSetAttribute(xt_kernel<true, F, W>,
 						cudaFuncAttributeMaxDynamicSharedMemorySize,
-						xt_cfg<F>::SMEM));
+						xt_cfg<F, W>::SMEM)) ||
+	       K_CUDA_CALL(cudaFuncSetAttribute(xt_kernel<false, F, W>,
+						cudaFuncAttributeMaxDynamicSharedMemorySize,
+						xt_cfg<F, W>::SMEM));
 }
 
-template <int F>
+template <int F, bool W>
 int xt_run(cudaStream_t s, const ex_plan &pl, const uint16_t *const *expert_w, const moe_wq &wq,
 	   const uint32_t *xs, uint32_t *hs, float *y, int top_k, int hidden, int inter,
 	   int max_used)
 {
 	const dim3 g1((inter + XT_GLU_FEATS - 1) / XT_GLU_FEATS, max_used);
 	const dim3 g2((hidden + XT_ROWS - 1) / XT_ROWS, max_used);
+	const int smem = xt_cfg<F, W>::SMEM;
 	int ret;
 
-	xt_kernel<true, F><<<g1, XT_THREADS, xt_cfg<F>::SMEM, s>>>(pl, expert_w, wq, xs, top_k,
-								    hidden, inter, hs, nullptr);
+	xt_kernel<true, F, W><<<g1, XT_THREADS, smem, s>>>(pl, expert_w, wq, xs, top_k, hidden,
+							    inter, hs, nullptr);
 	if ((ret = K_CUDA_LAUNCHED("moe gate/up (qtile)")))
 		return ret;
-	xt_kernel<false, F><<<g2, XT_THREADS, xt_cfg<F>::SMEM, s>>>(pl, expert_w, wq, hs, top_k,
-								     inter, hidden, nullptr, y);
+	xt_kernel<false, F, W><<<g2, XT_THREADS, smem, s>>>(pl, expert_w, wq, hs, top_k, inter,
+							     hidden, nullptr, y);
 	return K_CUDA_LAUNCHED("moe down (qtile)");
+}
+
+template <int F>
+int xt_run_width(cudaStream_t s, const ex_plan &pl, const uint16_t *const *expert_w,
+		 const moe_wq &wq, const uint32_t *xs, uint32_t *hs, float *y, int top_k,
+		 int hidden, int inter, int max_used, bool wide)
+{
+	return wide ? xt_run<F, true>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter, max_used)
+		    : xt_run<F, false>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter, max_used);
 }
 
 }	// namespace
 
 int moe_qtile_setup(void)
 {
-	return xt_attr<true, MQ_BF16>() || xt_attr<false, MQ_BF16>() || xt_attr<true, MQ_FP8>() ||
-	       xt_attr<false, MQ_FP8>() || xt_attr<true, MQ_INT4>() || xt_attr<false, MQ_INT4>() ?
+	return xt_attr<MQ_BF16, false>() || xt_attr<MQ_FP8, false>() || xt_attr<MQ_INT4, false>() ||
+	       xt_attr<MQ_BF16, true>() || xt_attr<MQ_FP8, true>() || xt_attr<MQ_INT4, true>() ?
 	       -EIO : 0;
 }
 
@@ -545,13 +570,25 @@ bool moe_qtile_takes(const moe_wq &wq, int hidden, int inter, int M)
 	return true;
 }
 
+bool moe_qtile_wide(int M)
+{
+	const int w = k_cuda_tuning()->moe_qtile_wide;
+
+	return w > 0 && M >= w;
+}
+
 int moe_qtile_run(cudaStream_t s, const ex_plan &pl, const uint16_t *const *expert_w,
-		  const moe_wq &wq, const uint32_t *xs, uint32_t *hs, float *y, int top_k,
+		  const moe_wq &wq, const uint32_t *xs, uint32_t *hs, float *y, int M, int top_k,
 		  int hidden, int inter, int max_used)
 {
+	const bool w = moe_qtile_wide(M);
+
 	if (wq.fmt == MQ_INT4)
-		return xt_run<MQ_INT4>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter, max_used);
+		return xt_run_width<MQ_INT4>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter,
+					     max_used, w);
 	if (wq.fmt == MQ_FP8)
-		return xt_run<MQ_FP8>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter, max_used);
-	return xt_run<MQ_BF16>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter, max_used);
+		return xt_run_width<MQ_FP8>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter,
+					    max_used, w);
+	return xt_run_width<MQ_BF16>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter,
+				     max_used, w);
 }
