@@ -14,27 +14,30 @@ under the scale of that k; and the shared-memory reads of a slab are free of ban
 conflicts. Not modelled: the values (the conversions are moe_grouped.cuh's, shared
 with expert_mma_kernel), the pipeline's barriers, timing.
 
-Usage: python3 contrib/check_moe_qtile.py (exit 1 on any error; ~15 s).
+Usage: python3 contrib/check_moe_qtile.py (exit 1 on any error; ~40 s).
 """
 import sys
 from collections import defaultdict
 
-XT_ROWS=128; XT_SB=64; XT_XROWS=16; GLU_FEATS=64
+XT_ROWS=128; XT_SB=64; GLU_FEATS=64
 def xpos(j): return j ^ (((j >> 3) & 1) << 1)
 def wpos(F, r, c): return c ^ ((r >> 1) & 3) if F=='int4' else c
 
-def cfg(F):
+def cfg(F, W=False):
+    # W: the wide passes (64 expert rows, int4 32), else 16
     SLAB = 128 if F=='int4' else 64 if F=='fp8' else 32
     XROW = SLAB*4; UPR = XROW//16; XSTRIDE = XROW+16
-    W_BYTES = XT_ROWS*XT_SB; X_BYTES = XT_XROWS*XSTRIDE
-    return dict(SLAB=SLAB, XROW=XROW, UPR=UPR, XSTRIDE=XSTRIDE, W_BYTES=W_BYTES, X_BYTES=X_BYTES, XPT=XT_XROWS*UPR//128)
+    XROWS = 16 if not W else 32 if F=='int4' else 64
+    W_BYTES = XT_ROWS*XT_SB; X_BYTES = XROWS*XSTRIDE
+    return dict(SLAB=SLAB, XROW=XROW, UPR=UPR, XSTRIDE=XSTRIDE, W_BYTES=W_BYTES, X_BYTES=X_BYTES,
+                XROWS=XROWS, NT=XROWS//8, XPT=XROWS*UPR//128)
 
 def xt_row(GLU, r, f0):
     if GLU: return ((r>>4)&1, f0 + 16*(r>>5) + (r&15))
     return (2, f0 + r)
 
-def run(F, GLU, K, N, f0, src_rows, slab_i):
-    C = cfg(F)
+def run(F, GLU, K, N, f0, src_rows, slab_i, W):
+    C = cfg(F, W)
     smem = {}  # byte offset -> symbol
     k0 = slab_i*C['SLAB']
     # weight loader: thread tid, j: row (tid>>2)+32j, unit tid&3
@@ -115,15 +118,16 @@ def mma(lanes_A, lanes_B):
         out.append(cs)
     return out
 
-def check(F, GLU, K, N, f0, rows_src, rows):
+def check(F, GLU, K, N, f0, rows_src, rows, W):
     # accumulate symbolic products per (warp, lane, mt, nt, c) with scale tag
     acc = defaultdict(list)
-    C = cfg(F)
+    C = cfg(F, W)
+    assert rows <= C['XROWS']
     nst = K // C['SLAB']
     for si in range(nst):
-        smem, C = run(F, GLU, K, N, f0, rows_src, si)
+        smem, C = run(F, GLU, K, N, f0, rows_src, si, W)
         k0 = si*C['SLAB']
-        NT = 2 if rows > 8 else 1
+        NT = (rows + 7) // 8    # the n8 tiles the pass's rows fill
         for warp in range(4):
             if F=='fp8':
                 pa={}; pb={}
@@ -218,7 +222,7 @@ def check(F, GLU, K, N, f0, rows_src, rows):
     for warp in range(4):
         for lane in range(32):
             g,t=lane>>2,lane&3
-            for nt in range(2):
+            for nt in range(C['NT']):
                 for c in range(4):
                     m = 8*nt+2*t+(c&1)
                     for mt in range(2):
@@ -263,7 +267,7 @@ def bank_check():
     same at 32-row offsets): fp8 weights 16 bytes a lane, int4 4 bytes a lane of each
     group, x 16 bytes (hi or lo) a lane, int4 scales 8 (bf16) or 16 (fp32) bytes."""
     worst = 1
-    for nt in range(2):     # bf16: x units 2t + h (weights as fp8's)
+    for nt in range(8):     # bf16: x units 2t + h (weights as fp8's)
         for h in range(2):
             a = [(8*nt + (l>>2))*cfg('bf16')['XSTRIDE'] + 16*xpos(2*(l&3) + h) for l in range(32)]
             worst = max(worst, ways(a, 16))
@@ -280,7 +284,7 @@ def bank_check():
                 for h in range(2):
                     a = [(mt*16 + (l>>2) + 8*h)*16 for l in range(32)]
                     worst = max(worst, ways(a, 8), ways(a, 16))
-        for nt in range(2):
+        for nt in range(8 if F == 'fp8' else 4):     # the widest pass's n8 tiles
             if F == 'fp8':
                 for i in range(4):
                     a = [(8*nt + (l>>2))*XSTRIDE + 16*xpos(4*(l&3) + i) for l in range(32)]
@@ -298,15 +302,19 @@ if __name__ == '__main__':
     for F in ('bf16', 'fp8', 'int4'):
         for GLU in (True, False):
             K = {'int4': 256, 'fp8': 128, 'bf16': 64}[F]    # two slabs
-            # (N, the CTA's first feature, expert rows): a full tile, a tile past N, a
-            # pass of 16 rows, one of 9 (two n8 tiles, the second part-filled)
-            cases = ((200, 0, 5), (100, 64, 16), (130, 0, 9)) if GLU else \
-                    ((256, 0, 5), (200, 128, 16), (130, 0, 9))
-            for N, f0, rows in cases:
+            # (N, the CTA's first feature, expert rows, wide): a full tile, a tile past
+            # N, a pass of 16 rows, one of 9 (two n8 tiles, the second part-filled); wide
+            # passes full and part-filled
+            wr = 32 if F == 'int4' else 64
+            cases = ((200, 0, 5, False), (100, 64, 16, False), (130, 0, 9, False),
+                     (200, 0, wr, True), (100, 64, wr - 23, True)) if GLU else \
+                    ((256, 0, 5, False), (200, 128, 16, False), (130, 0, 9, False),
+                     (256, 0, wr, True), (200, 128, wr - 23, True))
+            for N, f0, rows, W in cases:
                 src = [(37*i + 5) % 97 for i in range(rows)]
-                e, n = check(F, GLU, K, N, f0, src, rows)
+                e, n = check(F, GLU, K, N, f0, src, rows, W)
                 print(F, 'gate/up' if GLU else 'down', 'K', K, 'N', N, 'f0', f0, 'rows', rows,
-                      'errors', e, 'accumulators', n)
+                      'wide' if W else 'narrow', 'errors', e, 'accumulators', n)
                 tot += e
     w = bank_check()
     print('slab reads: at most %d-way bank conflicts' % w)
