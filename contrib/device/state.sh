@@ -354,20 +354,29 @@ mwide() {
 	step golden_wide 100 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QTILE_ROWS=4096 \
 		KDEC_MOE_QTILE_BF16=1 KDEC_MOE_QTILE_WIDE=1 "$B/tests/test_golden"
 	grep '^FAIL' "$L/golden_wide.log" | cut -c1-200 | tee -a "$S"
-	for m in "qwen3-30b 2048" "v2-lite 2048" "deepseek-v3 512"; do
+	mwbench "qwen3-30b 2048"
+	for f in int4-g32 bf16 fp8-block; do
+		mpf "pf_qwen3_${f}_def" qwen3-30b-a3b "$f"
+		mpf "pf_qwen3_${f}_wide" qwen3-30b-a3b "$f" KDEC_MOE_QTILE_ROWS=4096 \
+			KDEC_MOE_QTILE_BF16=1 KDEC_MOE_QTILE_WIDE=1
+	done
+	mpf pf_llama_bf16 llama3.1-8b bf16
+	mwbench "v2-lite 2048" "deepseek-v3 512"
+	for f in int4-g32 bf16; do
+		mpf "pf_qwen3_${f}_narrow" qwen3-30b-a3b "$f" KDEC_MOE_QTILE_ROWS=4096 \
+			KDEC_MOE_QTILE_BF16=1 KDEC_MOE_QTILE_WIDE=0
+	done
+}
+
+# mwbench "SHAPE M"...: bench_cuda_moe q at each, every format
+mwbench() {
+	local f m
+	for m in "$@"; do
 		for f in int4-g32 fp8-block bf16; do
 			set -- $m
 			step "mw_${1}_${2}_$f" 40 "$B/tests/bench/bench_cuda_moe" q "$1" "$2" "$f"
 			grep 'moe_q time' "$L/mw_${1}_${2}_$f.log" | cut -c11-250 | tee -a "$S"
 		done
-	done
-	mpf pf_llama_bf16 llama3.1-8b bf16
-	for f in int4-g32 fp8-block bf16; do
-		mpf "pf_qwen3_${f}_def" qwen3-30b-a3b "$f"
-		mpf "pf_qwen3_${f}_narrow" qwen3-30b-a3b "$f" KDEC_MOE_QTILE_ROWS=4096 \
-			KDEC_MOE_QTILE_BF16=1 KDEC_MOE_QTILE_WIDE=0
-		mpf "pf_qwen3_${f}_wide" qwen3-30b-a3b "$f" KDEC_MOE_QTILE_ROWS=4096 \
-			KDEC_MOE_QTILE_BF16=1 KDEC_MOE_QTILE_WIDE=1
 	done
 }
 
