@@ -349,7 +349,7 @@ mwide() {
 	grep -E '^FAIL' "$L/moe_q.log" | head -8 | cut -c1-200 | tee -a "$S"
 	grep -c 'qtile-wide.*PASS' "$L/moe_q.log" | sed 's/^/moe_q qtile-wide PASS lines: /' |
 		tee -a "$S"
-	step moe 100 env KD_TEST_PART=experts "$B/tests/test_cuda_moe"
+	step moe 60 env KD_TEST_PART=experts "$B/tests/test_cuda_moe"
 	grep -E '^FAIL|qtile-wide' "$L/moe.log" | head -12 | cut -c1-200 | tee -a "$S"
 	step golden_wide 100 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QTILE_ROWS=4096 \
 		KDEC_MOE_QTILE_BF16=1 KDEC_MOE_QTILE_WIDE=1 "$B/tests/test_golden"
