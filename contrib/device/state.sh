@@ -98,6 +98,8 @@
 #                  DeepSeek-V3 512: expert_mma_kernel's "grouped" line beside "qtile" and
 #                  "qtile-wide"), then mpf's prefill of Llama-3.1-8B bf16 and Qwen3-30B-A3B
 #                  in each format by default, on the tiles (QTILE_ROWS 4096) narrow, wide
+#   ST_PART=mwmin  mwide's least (for a call with ~2 minutes): test_cuda_moe_q quick,
+#                  test_cuda_moe's experts, bench_cuda_moe q qwen3-30b 2048 each format
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -366,6 +368,16 @@ mwide() {
 		mpf "pf_qwen3_${f}_narrow" qwen3-30b-a3b "$f" KDEC_MOE_QTILE_ROWS=4096 \
 			KDEC_MOE_QTILE_BF16=1 KDEC_MOE_QTILE_WIDE=0
 	done
+}
+
+mwmin() {
+	step moe_q 60 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
+	grep -E '^FAIL' "$L/moe_q.log" | head -8 | cut -c1-200 | tee -a "$S"
+	grep -c 'qtile-wide.*PASS' "$L/moe_q.log" | sed 's/^/moe_q qtile-wide PASS lines: /' |
+		tee -a "$S"
+	step moe 40 env KD_TEST_PART=experts "$B/tests/test_cuda_moe"
+	grep -E '^FAIL|qtile-wide' "$L/moe.log" | head -12 | cut -c1-200 | tee -a "$S"
+	mwbench "qwen3-30b 2048"
 }
 
 # mwbench "SHAPE M"...: bench_cuda_moe q at each, every format
