@@ -346,17 +346,11 @@ mprefill() {
 }
 
 mwide() {
-	local f m
-	step moe_q 100 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
-	grep -E '^FAIL' "$L/moe_q.log" | head -8 | cut -c1-200 | tee -a "$S"
-	grep -c 'qtile-wide.*PASS' "$L/moe_q.log" | sed 's/^/moe_q qtile-wide PASS lines: /' |
-		tee -a "$S"
-	step moe 60 env KD_TEST_PART=experts "$B/tests/test_cuda_moe"
-	grep -E '^FAIL|qtile-wide' "$L/moe.log" | head -12 | cut -c1-200 | tee -a "$S"
+	local f
+	mwmin
 	step golden_wide 100 env KDEC_TEST_BACKEND=cuda KDEC_MOE_QTILE_ROWS=4096 \
 		KDEC_MOE_QTILE_BF16=1 KDEC_MOE_QTILE_WIDE=1 "$B/tests/test_golden"
 	grep '^FAIL' "$L/golden_wide.log" | cut -c1-200 | tee -a "$S"
-	mwbench "qwen3-30b 2048"
 	for f in int4-g32 bf16 fp8-block; do
 		mpf "pf_qwen3_${f}_def" qwen3-30b-a3b "$f"
 		mpf "pf_qwen3_${f}_wide" qwen3-30b-a3b "$f" KDEC_MOE_QTILE_ROWS=4096 \
