@@ -62,8 +62,8 @@ static inline void moe_set_m1(int on)
 }
 
 /* moe_qtile_rows (up to that many rows a call, experts on the grouped path take
- * moe_qtile.cu's tile kernels; bf16 experts too where rows > 0), installed: rows >= 0,
- * or -1 for the defaults. */
+ * moe_qtile.cu's tile kernels; bf16 experts too where rows > 0; 0: expert_mma_kernel at
+ * every M, their wide passes off too), installed: rows >= 0, or -1 for the defaults. */
 static inline void moe_set_qtile(int rows)
 {
 	struct k_cuda_tuning t = *k_cuda_tuning(), def;
@@ -71,6 +71,7 @@ static inline void moe_set_qtile(int rows)
 	k_cuda_tuning_defaults(&def);
 	t.moe_qtile_rows = rows >= 0 ? rows : def.moe_qtile_rows;
 	t.moe_qtile_bf16 = rows >= 0 ? rows > 0 : def.moe_qtile_bf16;
+	t.moe_qtile_wide = rows == 0 ? 0 : def.moe_qtile_wide;
 	k_cuda_tuning_set(&t);
 }
 

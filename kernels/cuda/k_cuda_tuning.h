@@ -180,9 +180,10 @@ struct k_cuda_tuning {
 				 * measured slower in session 14: Qwen3-30B-A3B batch 1 4.189 ms
 				 * against 3.997 on an H100) */
 	int moe_qtile_rows;	/* KDEC_MOE_QTILE_ROWS, rows 0..4096, 64: up to this many rows a
-				 * call, the routed experts (fp8, int4 g32; bf16 with
-				 * moe_qtile_bf16) on the grouped path take moe_qtile.cu's tile
-				 * kernels; 0: expert_mma_kernel always. Not bit-identical.
+				 * call (and from moe_qtile_wide's up), the routed experts (fp8,
+				 * int4 g32; bf16 with moe_qtile_bf16) on the grouped path take
+				 * moe_qtile.cu's tile kernels; 0 with moe_qtile_wide 0:
+				 * expert_mma_kernel always. Not bit-identical.
 				 * Measured on an H200 (session 18): Qwen3-30B-A3B fp8 batch 64
 				 * 43.53 -> 18.10 ms a step, batch 16 27.47 -> 11.62, int4 batch
 				 * 64 17.49 -> 12.94; DeepSeek-V2-Lite fp8 batch 16 17.16 ->
@@ -191,8 +192,12 @@ struct k_cuda_tuning {
 				 * tile kernels too; measured slower there (Qwen3-30B-A3B batch
 				 * 64 28.85 against 25.71 ms, 16 18.47 against 16.09) */
 	int moe_qtile_wide;	/* KDEC_MOE_QTILE_WIDE, rows 0..4096, 256: from this many rows a
-				 * call (prefill chunks), the tile kernels take each expert's
-				 * rows in wide passes (64, int4 32) instead of 16; 0: never */
+				 * call to 4096 (prefill chunks), the grouped path's experts take
+				 * the tile kernels in wide passes (64 expert rows, int4 32; 16
+				 * below); 0: never. Measured on an H100 (session 32): kdbench
+				 * prefill of Qwen3-30B-A3B, 2048 tokens, int4 294.6 -> 214.0 ms,
+				 * fp8 262.4 -> 182.8, 256 tokens 46.8 -> 31.8 and 40.3 -> 29.1;
+				 * bf16 (moe_qtile_bf16) 209.6 -> 221.3, so it stays off */
 	int moe_qgemv_rows;	/* KDEC_MOE_QGEMV_ROWS, rows 0..8, 8: up to this many rows a
 				 * call, quantized routed experts (fp8, int4) of the small path's
 				 * sizes take moe_qgemv.cu's two GEMVs over the chosen experts'

@@ -11,12 +11,13 @@
  * checks those kernels). Then ("moe_q" lines) the routed experts bf16, fp8 128 x 128
  * and int4 g32 (k_cuda_moe_experts_q) at the four models' shapes, M 1, 2, 4, 8, 64 and 256,
  * beside the floor of their bytes as stored (test_cuda_moe_q checks those kernels); on the
- * auto path ("small" up to 64 pairs, else "grouped": expert_mma_kernel), then the grouped
- * path on moe_qtile.cu's tile kernels at every M ("qtile", KDEC_MOE_QTILE_ROWS set to the
- * call's rows; from 64 rows also in their wide passes, "qtile-wide", KDEC_MOE_QTILE_WIDE
- * 1, the other line then with it 0), and quantized experts at M <= 8 on moe_qgemv.cu's GEMVs over the chosen
- * experts' union ("qgemv", gate/up a CTA an item, KDEC_MOE_QGEMV_PERSIST 0; "small" is
- * then the small path's own kernels, KDEC_MOE_QGEMV_ROWS 0; "qgemv-p" with the persistent
+ * auto path with the tile kernels off ("small" up to 64 pairs, else "grouped":
+ * expert_mma_kernel), then the grouped path on moe_qtile.cu's tile kernels at every M
+ * ("qtile", KDEC_MOE_QTILE_ROWS set to the call's rows; from 64 rows also in their wide
+ * passes, "qtile-wide", KDEC_MOE_QTILE_WIDE 1, the other line then with it 0), and
+ * quantized experts at M <= 8 on moe_qgemv.cu's GEMVs over the chosen experts' union
+ * ("qgemv", gate/up a CTA an item, KDEC_MOE_QGEMV_PERSIST 0; "small" is then the small
+ * path's own kernels, KDEC_MOE_QGEMV_ROWS 0; "qgemv-p" with the persistent
  * gate/up where it differs, KDEC_MOE_QGEMV_PERSIST 1, the default).
  * "route" lines: the routing alone at decode, 32 layers of the router GEMV, of the GEMV
  * then moe_route, and of moe_route alone, each one graph, per layer.

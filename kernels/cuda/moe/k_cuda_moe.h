@@ -105,11 +105,12 @@ int k_cuda_moe_experts_q(cudaStream_t s, struct k_cuda_moe_ws *ws, float *out, c
 			 int n_experts, int hidden, int inter);
 
 /* 1 where a grouped-path call of M rows with experts quantized as q (NULL: bf16) takes
- * the tile kernels of moe_qtile.cu (k_cuda_tuning()->moe_qtile_rows, KDEC_MOE_QTILE_ROWS,
- * and the shapes: hidden and inter multiples of 32 for bf16, 64 for fp8 with scale
- * blocks of >= 64 columns, 128 for int4 in groups of 32; scale tensors 16-byte
- * aligned), else 0 (the grouped path's expert_mma_kernel). For tests and benchmarks
- * that name the kernel. */
+ * the tile kernels of moe_qtile.cu (M up to k_cuda_tuning()->moe_qtile_rows,
+ * KDEC_MOE_QTILE_ROWS, or from moe_qtile_wide's, KDEC_MOE_QTILE_WIDE, to 4096; bf16 only
+ * with moe_qtile_bf16; and the shapes: hidden and inter multiples of 32 for bf16, 64 for
+ * fp8 with scale blocks of >= 64 columns, 128 for int4 in groups of 32; scale tensors
+ * 16-byte aligned), else 0 (the grouped path's expert_mma_kernel). For tests and
+ * benchmarks that name the kernel. */
 int k_cuda_moe_qtile_takes(const struct k_cuda_moe_quant *q, int hidden, int inter, int M);
 
 /* 1 where such a call takes the tile kernels' wide passes (64 expert rows, int4 32, in

@@ -113,10 +113,10 @@ void moe_small_down_launch_plain(cudaStream_t s, const uint16_t *const *expert_w
 
 // moe_qtile.cu for moe_experts.cu: the grouped path's expert GEMMs as tile kernels.
 // Their one-time set-up (0 or -EIO); whether they take a call of M rows (M <=
-// k_cuda_tuning()->moe_qtile_rows; hidden and inter multiples of 32 (bf16), 64 (fp8) or
-// 128 (int4); int4 scales in groups of 32, fp8 blocks of >= 64 columns); whether a call
-// takes their wide passes (M >= k_cuda_tuning()->moe_qtile_wide); the two launches (gate/up into hs, down into y, as expert_mma_kernel's; 0 or
-// -EIO).
+// k_cuda_tuning()->moe_qtile_rows or, to 4096, wide; hidden and inter multiples of 32
+// (bf16), 64 (fp8) or 128 (int4); int4 scales in groups of 32, fp8 blocks of >= 64
+// columns); whether a call takes their wide passes (M >= k_cuda_tuning()->moe_qtile_wide);
+// the two launches (gate/up into hs, down into y, as expert_mma_kernel's; 0 or -EIO).
 int moe_qtile_setup(void);
 bool moe_qtile_takes(const struct moe_wq &wq, int hidden, int inter, int M);
 bool moe_qtile_wide(int M);

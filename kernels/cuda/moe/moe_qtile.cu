@@ -17,8 +17,12 @@
 // plan kernel's xs, or the gate/up kernel's activations) in the same copy groups. Its
 // expert rows go 16 a pass (two n8 tiles; those past the pass's rows skipped), or in
 // wide passes of 64 (int4 32) in calls of k_cuda_tuning()->moe_qtile_wide rows or more
-// (KDEC_MOE_QTILE_WIDE: prefill chunks); an expert with more rows than a pass streams
-// its weights once a pass.
+// (KDEC_MOE_QTILE_WIDE, 256: prefill chunks, which take the tile kernels whatever
+// KDEC_MOE_QTILE_ROWS says); an expert with more rows than a pass streams its weights
+// once a pass. Measured (H100, session 32), Qwen3-30B-A3B's experts alone at 2048 rows:
+// int4 1.76 ms (16-row passes 1.88, expert_mma_kernel 5.08), fp8 1.62 (2.94, 4.26), bf16
+// 1.99 (5.66, 3.31); kdbench prefill of 2048 tokens int4 295 -> 214 ms, fp8 262 -> 183,
+// but bf16 210 -> 221, so bf16 experts keep expert_mma_kernel (KDEC_MOE_QTILE_BF16).
 //
 // Arithmetic as expert_mma_kernel's: the weights are (or become, moe_grouped.cuh) exact
 // bf16 pairs in registers, each product is taken twice (x hi, x lo: ~16 bits of x), fp32
@@ -547,6 +551,13 @@ int xt_run_width(cudaStream_t s, const ex_plan &pl, const uint16_t *const *exper
 
 }	// namespace
 
+bool moe_qtile_wide(int M)
+{
+	const int w = k_cuda_tuning()->moe_qtile_wide;
+
+	return w > 0 && M >= w;
+}
+
 int moe_qtile_setup(void)
 {
 	return xt_attr<MQ_BF16, false>() || xt_attr<MQ_FP8, false>() || xt_attr<MQ_INT4, false>() ||
@@ -558,10 +569,11 @@ bool moe_qtile_takes(const moe_wq &wq, int hidden, int inter, int M)
 {
 	const int slab = wq.fmt == MQ_INT4 ? 128 : wq.fmt == MQ_FP8 ? 64 : 32;
 
-	// hidden, inter < 2^15 and M <= 4096 (the knob's bound): the kernels' 32-bit x unit
-	// indices (rows < M * top_k <= 2^18, K / 4 units a row) stay below 2^31
-	if (M > k_cuda_tuning()->moe_qtile_rows || hidden % slab || inter % slab ||
-	    hidden >= 32768 || inter >= 32768 ||
+	// up to moe_qtile_rows (decode batches), or a prefill chunk's wide passes; hidden,
+	// inter < 2^15 and M <= 4096 (the knobs' bound): the kernels' 32-bit x unit indices
+	// (rows < M * top_k <= 2^18, K / 4 units a row) stay below 2^31
+	if ((M > k_cuda_tuning()->moe_qtile_rows && !moe_qtile_wide(M)) || M > 4096 ||
+	    hidden % slab || inter % slab || hidden >= 32768 || inter >= 32768 ||
 	    (wq.fmt == MQ_BF16 && !k_cuda_tuning()->moe_qtile_bf16))
 		return false;
 	for (int j = 0; j < 3 && wq.fmt != MQ_BF16; j++)
@@ -570,12 +582,6 @@ bool moe_qtile_takes(const moe_wq &wq, int hidden, int inter, int M)
 	return true;
 }
 
-bool moe_qtile_wide(int M)
-{
-	const int w = k_cuda_tuning()->moe_qtile_wide;
-
-	return w > 0 && M >= w;
-}
 
 int moe_qtile_run(cudaStream_t s, const ex_plan &pl, const uint16_t *const *expert_w,
 		  const moe_wq &wq, const uint32_t *xs, uint32_t *hs, float *y, int M, int top_k,
