@@ -582,7 +582,6 @@ bool moe_qtile_takes(const moe_wq &wq, int hidden, int inter, int M)
 	return true;
 }
 
-
 int moe_qtile_run(cudaStream_t s, const ex_plan &pl, const uint16_t *const *expert_w,
 		  const moe_wq &wq, const uint32_t *xs, uint32_t *hs, float *y, int M, int top_k,
 		  int hidden, int inter, int max_used)
