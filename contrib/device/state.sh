@@ -100,6 +100,12 @@
 #                  in each format by default, on the tiles (QTILE_ROWS 4096) narrow, wide
 #   ST_PART=mwmin  mwide's least (for a call with ~2 minutes): test_cuda_moe_q quick,
 #                  test_cuda_moe's experts, bench_cuda_moe q qwen3-30b 2048 each format
+#   ST_PART=mfill  session 32's question (the bf16 experts alone 1.66x faster on the wide
+#                  passes, its prefill 6% slower; int4/fp8 gained half the predicted): the
+#                  experts alone at 2048 rows on random values (bench_cuda_moe's default
+#                  since session 33) and on the old byte pattern (BENCH_MOE_FILL=const),
+#                  each format, then each op of a Qwen3-30B-A3B prefill chunk timed
+#                  (KDEC_CUDA_OP_TIMES=2), bf16 and int4 by default and on the wide passes
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -339,9 +345,7 @@ mprefill() {
 	done
 	# where a prefill chunk's time goes, op by op (no graphs; its own table at exit)
 	for f in bf16 int4-g32; do
-		mpf "pfops_qwen3_$f" qwen3-30b-a3b "$f" KDEC_CUDA_OP_TIMES=2
-		sed -n '/^cuda op times/,$p' "$L/pfops_qwen3_$f.log" | head -n 40 | cut -c1-200 |
-			tee -a "$S"
+		mpfops "pfops_qwen3_$f" "$f"
 	done
 }
 
@@ -372,6 +376,30 @@ mwmin() {
 	step moe 40 env KD_TEST_PART=experts "$B/tests/test_cuda_moe"
 	grep -E '^FAIL|qtile-wide' "$L/moe.log" | head -12 | cut -c1-200 | tee -a "$S"
 	mwbench "qwen3-30b 2048"
+}
+
+mfill() {
+	local f n
+	for f in int4-g32 fp8-block bf16; do
+		for n in random const; do
+			step "mfill_${f}_$n" 60 env BENCH_MOE_FILL=$n \
+				"$B/tests/bench/bench_cuda_moe" q qwen3-30b 2048 "$f"
+			grep 'moe_q time' "$L/mfill_${f}_$n.log" | cut -c11-250 | tee -a "$S"
+		done
+	done
+	for f in bf16 int4-g32; do
+		mpfops "pfops_qwen3_${f}_def" "$f"
+		mpfops "pfops_qwen3_${f}_wide" "$f" KDEC_MOE_QTILE_ROWS=4096 KDEC_MOE_QTILE_BF16=1 \
+			KDEC_MOE_QTILE_WIDE=1
+	done
+}
+
+# mpfops NAME FORMAT [ENV...]: a Qwen3-30B-A3B prefill, each op timed, the op table
+mpfops() {
+	local n=$1 f=$2
+	shift 2
+	mpf "$n" qwen3-30b-a3b "$f" KDEC_CUDA_OP_TIMES=2 "$@"
+	sed -n '/^cuda op times/,$p' "$L/$n.log" | head -n 40 | cut -c1-200 | tee -a "$S"
 }
 
 # mwbench "SHAPE M"...: bench_cuda_moe q at each, every format

@@ -23,9 +23,10 @@
  * then moe_route, and of moe_route alone, each one graph, per layer.
  * Usage: bench_cuda_moe [lat | route | q [SHAPE [M [FORMAT]]]] (only those lines; q: only the
  * shapes whose name contains SHAPE, M rows (0: all; another, 1..4096, that M alone: a
- * prefill chunk's), FORMAT bf16, fp8-block or int4-g32;
- * for ncu; SHAPE "kimi-k2-" adds Kimi-K2's 8 chosen experts alone in memory and as 8 of
- * 16 and of 64, against the 8 of 384 spread over 17 GB of "kimi-k2").
+ * prefill chunk's), FORMAT bf16, fp8-block or int4-g32; for ncu; SHAPE "kimi-k2-" adds
+ * Kimi-K2's 8 chosen experts alone in memory and as 8 of 16 and of 64, against the 8 of
+ * 384 spread over 17 GB of "kimi-k2"). BENCH_MOE_FILL=const fills the "moe_q" experts
+ * with a byte pattern instead of random values of their format.
  * Exits 77 without CUDA or a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -359,11 +360,71 @@ static int qbench_call(void *arg, cudaStream_t st)
 				    b->s->n_experts, b->s->hidden, b->s->inter);
 }
 
+#define FILL_PATTERN_BYTES ((size_t)8 << 20)	/* random bytes made once, copied over */
+
+/* Whether time_q fills the experts with random values of their format (the default, as
+ * kdbench's synthetic weights) or, with BENCH_MOE_FILL=const, with the byte 0x3c as the
+ * lines before session 33 did: the tensor cores draw less power on constant operands,
+ * which may hold a higher clock, so compute-bound tiles may time faster on it. */
+static int fill_const(void)
+{
+	const char *v = getenv("BENCH_MOE_FILL");
+
+	return v && !strcmp(v, "const");
+}
+
+/* bytes of device memory at dst (a multiple of 256) filled with values of fmt: the
+ * payload (scale 0) or its scales (scale 1; fp8's fp32, int4's bf16), random finite
+ * values from one FILL_PATTERN_BYTES pattern repeated (or 0x3c under fill_const). */
+static void fill_q(void *dst, size_t bytes, enum k_qfmt fmt, int scale)
+{
+	unsigned char *pat;
+
+	if (fill_const()) {
+		CU(cudaMemset(dst, 0x3c, bytes));
+		return;
+	}
+	pat = malloc(FILL_PATTERN_BYTES);
+	if (!pat)
+		return;
+	for (size_t i = 0; i < FILL_PATTERN_BYTES; i += 4) {
+		float f = test_randf(&seed);
+		uint32_t w = (uint32_t)(seed >> 32);	/* the generator's state: 32 random bits */
+		uint16_t lo, hi;
+
+		if (scale && fmt == K_Q_FP8) {	/* fp32 block scales near amax / 448 */
+			float sc = (1.5f + f) * 1e-4f;
+
+			memcpy(pat + i, &sc, 4);
+			continue;
+		}
+		if (scale || fmt == K_Q_NONE) {	/* bf16: int4 scales, or bf16 weights */
+			lo = k_f32_to_bf16(scale ? (1.5f + f) * 1e-3f : f * 0.05f);
+			hi = k_f32_to_bf16(scale ? (1.5f - f) * 1e-3f : test_randf(&seed) * 0.05f);
+			memcpy(pat + i, &lo, 2);
+			memcpy(pat + i + 2, &hi, 2);
+			continue;
+		}
+		if (fmt == K_Q_FP8)	/* e4m3: no NaN (s.1111.111) */
+			for (int b = 0; b < 4; b++)
+				if (((w >> (8 * b)) & 0x7f) == 0x7f)
+					w &= ~(1u << (8 * b));
+		memcpy(pat + i, &w, 4);	/* int4: every nibble is a value */
+	}
+	/* the pattern once, then what is filled copied after itself on the device */
+	CU(cudaMemcpy(dst, pat, bytes < FILL_PATTERN_BYTES ? bytes : FILL_PATTERN_BYTES,
+		      cudaMemcpyHostToDevice));
+	for (size_t o = FILL_PATTERN_BYTES; o < bytes; o *= 2)
+		CU(cudaMemcpy((char *)dst + o, dst, bytes - o < o ? bytes - o : o,
+			      cudaMemcpyDeviceToDevice));
+	free(pat);
+}
+
 /* One call of the routed experts at M rows in format fmt (K_Q_NONE: bf16; K_Q_FP8:
  * 128 x 128 blocks, fp32 scales; K_Q_INT4: groups of 32, bf16 scales), every expert in
  * its own memory, a graph replayed behind an L2 flush (bench_graph_us), beside the floor
- * of the used experts' bytes as stored (payload + scales). Values do not matter to the
- * time: the payloads and scales are a byte pattern (finite). */
+ * of the used experts' bytes as stored (payload + scales). The payloads and scales are
+ * random finite values of the format (fill_q; BENCH_MOE_FILL=const: a byte pattern). */
 static void time_q(const struct moe_shape *s, enum k_qfmt fmt, int M, const char *path)
 {
 	const char *fname = fmt == K_Q_FP8 ? "fp8-block" : fmt == K_Q_INT4 ? "int4-g32" : "bf16";
@@ -387,10 +448,10 @@ static void time_q(const struct moe_shape *s, enum k_qfmt fmt, int M, const char
 	if (k_cuda_moe_ws_create(&b.ws, M, s->top_k, s->n_experts, s->hidden, s->inter, 0))
 		goto out;
 	all = dalloc(pay_al * 3 * (size_t)s->n_experts);
-	CU(cudaMemset(all, 0x3c, pay_al * 3 * (size_t)s->n_experts));
+	fill_q(all, pay_al * 3 * (size_t)s->n_experts, fmt, 0);
 	if (sb) {
 		sall = dalloc(sb_al * 3 * (size_t)s->n_experts);
-		CU(cudaMemset(sall, 0x3c, sb_al * 3 * (size_t)s->n_experts));
+		fill_q(sall, sb_al * 3 * (size_t)s->n_experts, fmt, 1);
 	}
 	for (int e = 0; e < 3 * s->n_experts; e++) {
 		table[e] = all + pay_al * e;
@@ -419,9 +480,9 @@ static void time_q(const struct moe_shape *s, enum k_qfmt fmt, int M, const char
 	us = bench_graph_us(qbench_call, &b, bench_flush_buffer());
 	/* the products the call must take: 3 matrices of hidden x inter a pair */
 	flops = 2.0 * 3 * (double)per * (double)nk;
-	printf("moe_q time %-9s %-10s %-29s M %2d: %d experts, %5.1f MB (payload + scales), "
-	       "%7.1f us = %.2f TB/s (floor %.1f us at 4.25 TB/s: %.0f%%), %.0f TFLOP/s\n",
-	       fname, path, s->name, M, n_used, bytes / 1e6, us,
+	printf("moe_q time %-9s %-10s %-29s M %2d: %d experts, %5.1f MB (payload + scales, "
+	       "%s), %7.1f us = %.2f TB/s (floor %.1f us at 4.25 TB/s: %.0f%%), %.0f TFLOP/s\n",
+	       fname, path, s->name, M, n_used, bytes / 1e6, fill_const() ? "0x3c" : "random", us,
 	       us > 0 ? bytes / (us * 1e-6) / 1e12 : 0, bench_floor_us(bytes),
 	       us > 0 ? 100 * bench_floor_us(bytes) / us : 0, us > 0 ? flops / us * 1e-6 : 0);
 out:
