@@ -105,7 +105,9 @@
 #                  experts alone at 2048 rows on random values (bench_cuda_moe's default
 #                  since session 33) and on the old byte pattern (BENCH_MOE_FILL=const),
 #                  each format, then each op of a Qwen3-30B-A3B prefill chunk timed
-#                  (KDEC_CUDA_OP_TIMES=2), bf16 and int4 by default and on the wide passes
+#                  (KDEC_CUDA_OP_TIMES=2), bf16 and int4 by default and on the wide passes;
+#                  then the rows between decode and the wide passes' 256 (96, 128, 192:
+#                  expert_mma_kernel's "grouped" line beside "qtile" and "qtile-wide")
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -392,6 +394,7 @@ mfill() {
 		mpfops "pfops_qwen3_${f}_wide" "$f" KDEC_MOE_QTILE_ROWS=4096 KDEC_MOE_QTILE_BF16=1 \
 			KDEC_MOE_QTILE_WIDE=1
 	done
+	mwbench "qwen3-30b 96" "qwen3-30b 128" "qwen3-30b 192"
 }
 
 # mpfops NAME FORMAT [ENV...]: a Qwen3-30B-A3B prefill, each op timed, the op table
