@@ -378,21 +378,18 @@ static int fill_const(void)
  * values from one FILL_PATTERN_BYTES pattern repeated (or 0x3c under fill_const). */
 static void fill_q(void *dst, size_t bytes, enum k_qfmt fmt, int scale)
 {
-	unsigned char *pat;
+	unsigned char *pat = fill_const() ? NULL : malloc(FILL_PATTERN_BYTES);
 
-	if (fill_const()) {
+	if (!pat) {	/* asked for, or no memory for the pattern */
 		CU(cudaMemset(dst, 0x3c, bytes));
 		return;
 	}
-	pat = malloc(FILL_PATTERN_BYTES);
-	if (!pat)
-		return;
 	for (size_t i = 0; i < FILL_PATTERN_BYTES; i += 4) {
 		float f = test_randf(&seed);
 		uint32_t w = (uint32_t)(seed >> 32);	/* the generator's state: 32 random bits */
 		uint16_t lo, hi;
 
-		if (scale && fmt == K_Q_FP8) {	/* fp32 block scales near amax / 448 */
+		if (scale && fmt == K_Q_FP8) {	/* fp32 block scales, ~amax / 448 */
 			float sc = (1.5f + f) * 1e-4f;
 
 			memcpy(pat + i, &sc, 4);
