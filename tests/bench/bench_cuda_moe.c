@@ -375,14 +375,15 @@ static int fill_const(void)
 
 /* bytes of device memory at dst (a multiple of 256) filled with values of fmt: the
  * payload (scale 0) or its scales (scale 1; fp8's fp32, int4's bf16), random finite
- * values from one FILL_PATTERN_BYTES pattern repeated (or 0x3c under fill_const). */
-static void fill_q(void *dst, size_t bytes, enum k_qfmt fmt, int scale)
+ * values from one FILL_PATTERN_BYTES pattern repeated (1), or the byte 0x3c (0: under
+ * fill_const, or where the pattern's memory could not be had). */
+static int fill_q(void *dst, size_t bytes, enum k_qfmt fmt, int scale)
 {
 	unsigned char *pat = fill_const() ? NULL : malloc(FILL_PATTERN_BYTES);
 
 	if (!pat) {	/* asked for, or no memory for the pattern */
 		CU(cudaMemset(dst, 0x3c, bytes));
-		return;
+		return 0;
 	}
 	for (size_t i = 0; i < FILL_PATTERN_BYTES; i += 4) {
 		float f = test_randf(&seed);
@@ -415,6 +416,7 @@ static void fill_q(void *dst, size_t bytes, enum k_qfmt fmt, int scale)
 		CU(cudaMemcpy((char *)dst + o, dst, bytes - o < o ? bytes - o : o,
 			      cudaMemcpyDeviceToDevice));
 	free(pat);
+	return 1;
 }
 
 /* One call of the routed experts at M rows in format fmt (K_Q_NONE: bf16; K_Q_FP8:
@@ -440,15 +442,15 @@ static void time_q(const struct moe_shape *s, enum k_qfmt fmt, int M, const char
 	struct qbench b = { .s = s, .M = M };
 	char *all = NULL, *sall = NULL;
 	double bytes = 0, us, flops;
-	int n_used = 0;
+	int n_used = 0, rnd;
 
 	if (k_cuda_moe_ws_create(&b.ws, M, s->top_k, s->n_experts, s->hidden, s->inter, 0))
 		goto out;
 	all = dalloc(pay_al * 3 * (size_t)s->n_experts);
-	fill_q(all, pay_al * 3 * (size_t)s->n_experts, fmt, 0);
+	rnd = fill_q(all, pay_al * 3 * (size_t)s->n_experts, fmt, 0);
 	if (sb) {
 		sall = dalloc(sb_al * 3 * (size_t)s->n_experts);
-		fill_q(sall, sb_al * 3 * (size_t)s->n_experts, fmt, 1);
+		rnd &= fill_q(sall, sb_al * 3 * (size_t)s->n_experts, fmt, 1);
 	}
 	for (int e = 0; e < 3 * s->n_experts; e++) {
 		table[e] = all + pay_al * e;
@@ -479,7 +481,7 @@ static void time_q(const struct moe_shape *s, enum k_qfmt fmt, int M, const char
 	flops = 2.0 * 3 * (double)per * (double)nk;
 	printf("moe_q time %-9s %-10s %-29s M %2d: %d experts, %5.1f MB (payload + scales, "
 	       "%s), %7.1f us = %.2f TB/s (floor %.1f us at 4.25 TB/s: %.0f%%), %.0f TFLOP/s\n",
-	       fname, path, s->name, M, n_used, bytes / 1e6, fill_const() ? "0x3c" : "random", us,
+	       fname, path, s->name, M, n_used, bytes / 1e6, rnd ? "random" : "0x3c", us,
 	       us > 0 ? bytes / (us * 1e-6) / 1e12 : 0, bench_floor_us(bytes),
 	       us > 0 ? 100 * bench_floor_us(bytes) / us : 0, us > 0 ? flops / us * 1e-6 : 0);
 out:
