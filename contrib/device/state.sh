@@ -108,6 +108,11 @@
 #                  (KDEC_CUDA_OP_TIMES=2), bf16 and int4 by default and on the wide passes;
 #                  then the rows between decode and the wide passes' 256 (96, 128, 192:
 #                  expert_mma_kernel's "grouped" line beside "qtile" and "qtile-wide")
+#   ST_PART=unseen test_golden on cuda over the checkpoints of another seed and dims
+#                  (UNSEEN: a .tar.xz of folders in tests/data/golden's format, e.g. the
+#                  quantized ones of contrib/make_quant_reference.py --seed S --widen W and
+#                  the bf16 ones of contrib/make_reference.py; carried beside the pack),
+#                  those alone (KDEC_GOLDEN_ONLY=none), their failures into the summary
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -304,6 +309,17 @@ qsplit_row() {
 		i=$((i + 1))
 		dec "qs${i}_split${v}_$1_$2" "$1" 8 "$2" KDEC_MOE_QGEMV_SPLIT=$v
 	done
+}
+
+unseen() {
+	local d x
+	d=$(mktemp -d /tmp/kdec-unseen.XXXXXX)
+	python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+		"${UNSEEN:?unseen: UNSEEN=FILE.tar.xz}" "$d" || return
+	x=$(find "$d" -name golden.json -printf '%h:' | sed 's/:$//')
+	step golden_unseen 200 env KDEC_TEST_BACKEND=cuda KDEC_GOLDEN_ONLY=none \
+		KDEC_GOLDEN_EXTRA="$x" "$B/tests/test_golden"
+	grep '^FAIL' "$L/golden_unseen.log" | cut -c1-200 | tee -a "$S"
 }
 
 int4t() {
