@@ -8,10 +8,11 @@ unit of weights and split x, with their swizzles), each lane's fragments (bf16 1
 bytes as 4 pairs; fp8 16 bytes as 8 bf16 pairs; int4 word t of group G as 4 pairs in
 ex_int4_bf16x8_perm's order, x chunks in split_perm_pos's), mma.sync m16n8k16's fragment
 layout, the scale each partial sum is multiplied by (fp8: its slab; int4: its group),
-the epilogue's (weight row, expert row) of each accumulator. Checked: every accumulator
-gets each k of its own weight row and expert row exactly once per x part (hi, lo),
-under the scale of that k; and the shared-memory reads of a slab are free of bank
-conflicts. Not modelled: the values (the conversions are moe_grouped.cuh's, shared
+the epilogue's (weight row, expert row) of each accumulator, the passes an expert's
+CTAs take (xt_splits). Checked: every accumulator gets each k of its own weight row and
+expert row exactly once per x part (hi, lo), under the scale of that k; the shared-memory
+reads of a slab are free of bank conflicts; every pass of an expert runs in exactly one
+of its CTAs. Not modelled: the values (the conversions are moe_grouped.cuh's, shared
 with expert_mma_kernel), the pipeline's barriers, timing.
 
 Usage: python3 contrib/check_moe_qtile.py (exit 1 on any error; ~40 s).
@@ -297,6 +298,34 @@ def bank_check():
     return worst
 
 
+def xt_splits(M, R, max_used, split=0):
+    # the host's rule (moe_qtile.cu's xt_splits)
+    want = split if split > 0 else min(8, max(1, ((M + R - 1)//R + 3)//4))
+    return min(want, 65535 // max(max_used, 1))
+
+
+def split_check():
+    """Each used expert's passes over the CTAs of grid.y = max_used * splits: block y takes
+    expert y // splits from row (y % splits) * R in steps of splits * R. Every pass start
+    of every expert exactly once, none past its rows; grid.y within 65535."""
+    err = 0
+    for R in (16, 32, 64):
+        for M in (1, 2, 8, 64, 65, 130, 256, 511, 2048, 4096):
+            for max_used, split in ((1, 0), (8, 0), (128, 0), (384, 0), (4096, 0),
+                                    (128, 1), (128, 3), (4096, 64), (64, 64)):
+                S = xt_splits(M, R, max_used, split)
+                err += S < 1 or max_used * S > 65535
+                for n in (1, R - 1, R, R + 1, 3*R + 2, M):
+                    starts = []
+                    for y in range(S):      # one expert's CTAs
+                        first = y * R
+                        if first >= n:
+                            continue        # the early return
+                        starts += list(range(first, n, S * R))
+                    err += sorted(starts) != list(range(0, n, R))
+    return err
+
+
 if __name__ == '__main__':
     tot = 0
     for F in ('bf16', 'fp8', 'int4'):
@@ -318,4 +347,6 @@ if __name__ == '__main__':
                 tot += e
     w = bank_check()
     print('slab reads: at most %d-way bank conflicts' % w)
-    sys.exit(1 if tot or w > 1 else 0)
+    se = split_check()
+    print('passes over split CTAs: errors', se)
+    sys.exit(1 if tot or w > 1 or se else 0)

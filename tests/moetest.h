@@ -86,6 +86,17 @@ static inline void moe_set_qtile_wide(int rows)
 	k_cuda_tuning_set(&t);
 }
 
+/* moe_qtile_split (the CTAs each used expert's passes are spread over in the tile
+ * kernels; 0: by the call's rows), installed: n >= 0, or -1 for the default. */
+static inline void moe_set_qtile_split(int n)
+{
+	struct k_cuda_tuning t = *k_cuda_tuning(), def;
+
+	k_cuda_tuning_defaults(&def);
+	t.moe_qtile_split = n >= 0 ? n : def.moe_qtile_split;
+	k_cuda_tuning_set(&t);
+}
+
 /* moe_qgemv_rows (up to that many rows a call, quantized experts of the small path's
  * sizes take moe_qgemv.cu's union GEMVs), installed: rows >= 0, or -1 for the default. */
 static inline void moe_set_qgemv(int rows)

@@ -16,7 +16,8 @@
  * grouped path runs again on moe_qtile.cu's tile kernels (KDEC_MOE_QTILE_ROWS; " qtile"
  * in the lines where they take the shape), a hot expert of 64 rows among the cases,
  * then in their wide passes at every M (KDEC_MOE_QTILE_WIDE 1: " qtile-wide"), a hot
- * expert of 130 rows (64, 64, 2) added.
+ * expert of 130 rows (64, 64, 2) added, then in passes of 16 spread over 3 CTAs an
+ * expert (KDEC_MOE_QTILE_SPLIT 3: " qtile-split"; the hot 130 rows 9 passes, 3 a CTA).
  * Experts plus shared expert plus residual (k_cuda_moe_experts_add) against the CPU's
  * ops in forward.c's order (k_cpu_moe_experts, the shared SwiGLU MLP by k_cpu_linear
  * and k_cpu_silu_mul, two adds) on fresh random inputs, both ways too:
@@ -330,8 +331,8 @@ static void test_experts(const struct moe_shape *s, struct weights *w, struct k_
 			 n_used, hot >= 0 ? " hot" : "", flags & EX_DUP ? " dup" : "",
 			 flags & EX_BAD_ID ? " bad-id" : "",
 			 path == K_CUDA_MOE_PATH_SMALL || !k_cuda_moe_qtile_takes(NULL, s->hidden,
-			 s->inter, M) ? "" : k_cuda_moe_qtile_wide(M) ?
-			 " qtile-wide" : " qtile");
+			 s->inter, M) ? "" : k_cuda_moe_qtile_wide(M) ? " qtile-wide" :
+			 k_cuda_tuning()->moe_qtile_split > 1 ? " qtile-split" : " qtile");
 		printf("%-12s %-7s %-62s max_abs %.3g rel_l2 %.3g%s  %s\n", "moe_experts",
 		       moe_path_name(path), shape, max_abs, rel, bad ? "  NaN" : "",
 		       !bad && rel <= EXPERT_TOL ? "PASS" : "FAIL");
@@ -633,18 +634,23 @@ static void test_experts_shape(const struct moe_shape *s)
 	/* the grouped path on moe_qtile.cu's tile kernels where they take the shape (" qtile"
 	 * in the line: V2-Lite's and Qwen3's; the odd ones keep expert_mma_kernel) */
 	moe_set_qtile(130);
-	for (int wide = 0; wide < 2; wide++) {	/* passes of 16 rows, then wide ones */
+	for (int v = 0; v < 3; v++) {	/* passes of 16 rows, wide ones, 16 over 3 CTAs */
+		const int wide = v == 1;
+
 		moe_set_qtile_wide(wide);
+		moe_set_qtile_split(v == 2 ? 3 : -1);
 		for (int m = 0; m < 3; m++)
 			test_experts(s, &w, ws, (int[]){ 2, 8, 64 }[m], -1, 0,
 				     K_CUDA_MOE_PATH_GROUPED);
 		test_experts(s, &w, ws, 8, 3, EX_DUP, K_CUDA_MOE_PATH_GROUPED);
 		test_experts(s, &w, ws, 3, 2, EX_BAD_ID | EX_DUP, K_CUDA_MOE_PATH_GROUPED);
-		/* narrow: 4 passes of 16; wide: one of 64, then 64, 64 and 2 */
+		/* narrow: 4 passes of 16; wide: one of 64, then 64, 64 and 2; split: 9 of
+		 * 16 (the last 2 rows), 3 a CTA */
 		test_experts(s, &w, ws, 64, 3, 0, K_CUDA_MOE_PATH_GROUPED);
-		if (wide)
+		if (v)
 			test_experts(s, &w, ws, 130, 3, 0, K_CUDA_MOE_PATH_GROUPED);
 	}
+	moe_set_qtile_split(-1);
 	moe_set_qtile_wide(-1);
 	moe_set_qtile(-1);
 	/* auto: small at 5 rows (up to 64 pairs), grouped at 64 */

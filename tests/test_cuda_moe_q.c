@@ -20,7 +20,8 @@
  * times: on expert_mma_kernel, then with KDEC_MOE_QTILE_ROWS 64 on moe_qtile.cu's tile
  * kernels (" qtile": every model shape and format above must take them;
  * " qtile-declined": the odd ones below fall back), then in their wide passes
- * (KDEC_MOE_QTILE_WIDE 1, " qtile-wide"), with a hot expert (every row's slot 0:
+ * (KDEC_MOE_QTILE_WIDE 1, " qtile-wide"), then in passes of 16 spread over 3 CTAs an
+ * expert (KDEC_MOE_QTILE_SPLIT 3, " qtile-split"), with a hot expert (every row's slot 0:
  * several passes of 16 rows at 64, one of 64, int4 two of 32, wide) added. The small path's cases run on its own CUDA-core kernels
  * (KDEC_MOE_QGEMV_ROWS 0), then again on moe_qgemv.cu's union GEMVs (" qgemv": every
  * model shape and format must take them; x and activations in f16, so QGEMV_TOL 2e-3),
@@ -557,14 +558,17 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 	moe_set_qgemv(-1);
 	/* the grouped path on expert_mma_kernel, then on moe_qtile.cu's tile kernels where
 	 * they take the shapes (the call says which: it falls back where they do not), in
-	 * passes of 16 rows, then in wide ones at every M */
-	for (int qt = 0; qt < 3; qt++) {
+	 * passes of 16 rows, then in wide ones at every M, then in passes of 16 spread over
+	 * 3 CTAs an expert (the hot expert's 4 passes: 2, 1 and 1 a CTA) */
+	for (int qt = 0; qt < 4; qt++) {
 		const char *tag;
 
 		moe_set_qtile(qt ? 64 : 0);
 		moe_set_qtile_wide(qt == 2 ? 1 : 0);
+		moe_set_qtile_split(qt == 3 ? 3 : -1);
 		tag = !qt ? "" : !k_cuda_moe_qtile_takes(&qs, s->hidden, s->inter, 64) ?
-		      " qtile-declined" : qt == 2 ? " qtile-wide" : " qtile";
+		      " qtile-declined" : qt == 2 ? " qtile-wide" : qt == 3 ? " qtile-split" :
+		      " qtile";
 		if (qt && expect_qtile)
 			CHECK(strcmp(tag, " qtile-declined") != 0, "%s %s: the tile kernels declined",
 			      s->name, f->name);
@@ -576,6 +580,7 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 		if (qt)
 			test_q_experts(s, f, &w, ws, grouped_M, EX_HOT, K_CUDA_MOE_PATH_GROUPED, tag);
 	}
+	moe_set_qtile_split(-1);
 	moe_set_qtile_wide(-1);
 	moe_set_qtile(-1);
 	qweights_free(&w);

@@ -108,6 +108,14 @@
 #                  (KDEC_CUDA_OP_TIMES=2), bf16 and int4 by default and on the wide passes;
 #                  then the rows between decode and the wide passes' 256 (96, 128, 192:
 #                  expert_mma_kernel's "grouped" line beside "qtile" and "qtile-wide")
+#   ST_PART=msplit the tile kernels' passes of an expert spread over several CTAs (session
+#                  33: a synthetic prefill chunk routes most rows to a few experts, whose
+#                  12 gate/up CTAs then ran ~30 passes each one after the other): mwmin
+#                  (its tests now run " qtile-split" cases too), the experts alone at
+#                  2048 rows with one hot expert (BENCH_MOE_HOT=1), KDEC_MOE_QTILE_SPLIT 1
+#                  (before) against the default, each format; then kdbench prefill of
+#                  Qwen3-30B-A3B int4, fp8 and bf16 (on the wide tiles) the same two ways,
+#                  and bf16 by default (expert_mma_kernel)
 #   ST_PART=unseen test_golden on cuda over the checkpoints of another seed and dims
 #                  (UNSEEN: a .tar.xz of folders in tests/data/golden's format, e.g. the
 #                  quantized ones of contrib/make_quant_reference.py --seed S --widen W and
@@ -309,6 +317,28 @@ qsplit_row() {
 		i=$((i + 1))
 		dec "qs${i}_split${v}_$1_$2" "$1" 8 "$2" KDEC_MOE_QGEMV_SPLIT=$v
 	done
+}
+
+msplit() {
+	local f v
+	mwmin
+	grep -c 'qtile-split.*PASS' "$L/moe_q.log" "$L/moe.log" | sed 's/^/qtile-split PASS lines: /' |
+		tee -a "$S"
+	for f in int4-g32 fp8-block bf16; do
+		for v in 1 0; do
+			step "hot_${f}_$v" 60 env BENCH_MOE_HOT=1 KDEC_MOE_QTILE_SPLIT=$v \
+				"$B/tests/bench/bench_cuda_moe" q qwen3-30b 2048 "$f"
+			grep 'moe_q time' "$L/hot_${f}_$v.log" | sed "s/^/split $v /" | cut -c1-250 |
+				tee -a "$S"
+		done
+	done
+	for f in int4-g32 fp8-block bf16; do
+		for v in 1 0; do
+			mpf "pf_qwen3_${f}_split$v" qwen3-30b-a3b "$f" KDEC_MOE_QTILE_SPLIT=$v \
+				KDEC_MOE_QTILE_BF16=1
+		done
+	done
+	mpf pf_qwen3_bf16_mma qwen3-30b-a3b bf16	# bf16's default: expert_mma_kernel
 }
 
 unseen() {

@@ -59,6 +59,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.moe_qtile_rows = 64;
 	t.moe_qtile_bf16 = 0;
 	t.moe_qtile_wide = 256;
+	t.moe_qtile_split = 0;
 	t.moe_qgemv_rows = 8;
 	t.moe_qgemv_int4_rows = 2;
 	t.moe_qgemv_fp8_rows = 2;
@@ -170,6 +171,7 @@ static const struct tun_var tun_vars[] = {
 	TUN_INT("KDEC_MOE_QTILE_ROWS", moe_qtile_rows, 0, 4096),
 	TUN_FLAG("KDEC_MOE_QTILE_BF16", moe_qtile_bf16),
 	TUN_INT("KDEC_MOE_QTILE_WIDE", moe_qtile_wide, 0, 4096),
+	TUN_INT("KDEC_MOE_QTILE_SPLIT", moe_qtile_split, 0, 64),
 	TUN_INT("KDEC_MOE_QGEMV_ROWS", moe_qgemv_rows, 0, 8),
 	TUN_INT("KDEC_MOE_QGEMV_INT4_ROWS", moe_qgemv_int4_rows, 0, 8),
 	TUN_INT("KDEC_MOE_QGEMV_FP8_ROWS", moe_qgemv_fp8_rows, 0, 8),

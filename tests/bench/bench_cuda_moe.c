@@ -26,7 +26,8 @@
  * prefill chunk's), FORMAT bf16, fp8-block or int4-g32; for ncu; SHAPE "kimi-k2-" adds
  * Kimi-K2's 8 chosen experts alone in memory and as 8 of 16 and of 64, against the 8 of
  * 384 spread over 17 GB of "kimi-k2"). BENCH_MOE_FILL=const fills the "moe_q" experts
- * with a byte pattern instead of random values of their format.
+ * with a byte pattern instead of random values of their format; BENCH_MOE_HOT=1 routes
+ * every row's first slot to one expert.
  * Exits 77 without CUDA or a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -373,6 +374,16 @@ static int fill_const(void)
 	return v && !strcmp(v, "const");
 }
 
+/* time_q's routing: uniform (-1), or with BENCH_MOE_HOT=1 every row's slot 0 on expert 0
+ * (0), one expert of M rows, as the prefill chunks of kdbench's synthetic weights route
+ * most rows to a few experts (docs/PERFORMANCE.md, "Session 33"). */
+static int hot_expert(void)
+{
+	const char *v = getenv("BENCH_MOE_HOT");
+
+	return v && !strcmp(v, "1") ? 0 : -1;
+}
+
 /* bytes of device memory at dst (a multiple of 256) filled with values of fmt: the
  * payload (scale 0) or its scales (scale 1; fp8's fp32, int4's bf16), random finite
  * values from one FILL_PATTERN_BYTES pattern repeated (1), or the byte 0x3c (0: under
@@ -458,7 +469,7 @@ static void time_q(const struct moe_shape *s, enum k_qfmt fmt, int M, const char
 	}
 	for (size_t i = 0; i < (size_t)M * s->hidden; i++)
 		x[i] = test_randf(&seed);
-	moe_make_ids(ids, wts, M, s, -1, &seed);
+	moe_make_ids(ids, wts, M, s, hot_expert(), &seed);
 	for (size_t i = 0; i < nk; i++)
 		used[ids[i]] = 1;
 	for (int e = 0; e < s->n_experts; e++)
@@ -479,9 +490,10 @@ static void time_q(const struct moe_shape *s, enum k_qfmt fmt, int M, const char
 	us = bench_graph_us(qbench_call, &b, bench_flush_buffer());
 	/* the products the call must take: 3 matrices of hidden x inter a pair */
 	flops = 2.0 * 3 * (double)per * (double)nk;
-	printf("moe_q time %-9s %-10s %-29s M %2d: %d experts, %5.1f MB (payload + scales, "
+	printf("moe_q time %-9s %-10s %-29s M %2d%s: %d experts, %5.1f MB (payload + scales, "
 	       "%s), %7.1f us = %.2f TB/s (floor %.1f us at 4.25 TB/s: %.0f%%), %.0f TFLOP/s\n",
-	       fname, path, s->name, M, n_used, bytes / 1e6, rnd ? "random" : "0x3c", us,
+	       fname, path, s->name, M, hot_expert() < 0 ? "" : " hot", n_used, bytes / 1e6,
+	       rnd ? "random" : "0x3c", us,
 	       us > 0 ? bytes / (us * 1e-6) / 1e12 : 0, bench_floor_us(bytes),
 	       us > 0 ? 100 * bench_floor_us(bytes) / us : 0, us > 0 ? flops / us * 1e-6 : 0);
 out:

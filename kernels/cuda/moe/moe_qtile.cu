@@ -19,7 +19,7 @@
 // wide passes of 64 (int4 32) in calls of k_cuda_tuning()->moe_qtile_wide rows or more
 // (KDEC_MOE_QTILE_WIDE, 256: prefill chunks, which take the tile kernels whatever
 // KDEC_MOE_QTILE_ROWS says); an expert with more rows than a pass streams its weights
-// once a pass. Measured (H100, session 32), Qwen3-30B-A3B's experts alone at 2048 rows:
+// once a pass, its passes spread over up to 8 CTAs (xt_splits, KDEC_MOE_QTILE_SPLIT). Measured (H100, session 32), Qwen3-30B-A3B's experts alone at 2048 rows:
 // int4 1.76 ms (16-row passes 1.88, expert_mma_kernel 5.08), fp8 1.62 (2.94, 4.26), bf16
 // 1.99 (5.66, 3.31); kdbench prefill of 2048 tokens int4 295 -> 214 ms, fp8 262 -> 183,
 // but bf16 210 -> 221, so bf16 experts keep expert_mma_kernel (KDEC_MOE_QTILE_BF16).
@@ -40,6 +40,7 @@
 // floor gives a warp-slab's 2 KB ~141 clocks on H100 (14.5 B/clk), ~111 on H200: 564 or
 // 444 issue slots. So int4 (and fp8 on H200) are near issue-bound at their floor.
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 
@@ -323,8 +324,9 @@ __device__ __forceinline__ void xt_slab_int4(float (&acc)[2][NT][4], const unsig
 	}
 }
 
-// grid (feature tiles, used experts): block (x, u) takes tile x of used expert u (none
-// past *pl.n_used). GLU: gate/up rows of features [64 x, 64 x + 64) against x rows
+// grid (feature tiles, used experts x splits): block (x, S u + j) takes tile x of used
+// expert u (none past *pl.n_used) in its passes j, j + S, j + 2 S, ... (S = splits), so
+// that an expert with many rows has its passes spread over S CTAs. GLU: gate/up rows of features [64 x, 64 x + 64) against x rows
 // (a_src: the plan's split x, (M, K = hidden)), silu(gate) * up into hs (split, (A,
 // N = inter)) at each pair's sorted position; down: rows [128 x, 128 x + 128) against
 // hs rows (a_src, K = inter), into y (A, N = hidden) at each pair's index. K a multiple
@@ -334,16 +336,16 @@ __device__ __forceinline__ void xt_slab_int4(float (&acc)[2][NT][4], const unsig
 template <bool GLU, int F, bool W>
 __global__ void __launch_bounds__(XT_THREADS, xt_cfg<F, W>::MIN_CTAS)
 xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t *a_src,
-	  int top_k, int K, int N, uint32_t *hs, float *y)
+	  int top_k, int K, int N, uint32_t *hs, float *y, int splits)
 {
 	using C = xt_cfg<F, W>;
 	extern __shared__ __align__(128) unsigned char xt_smem[];
 	__shared__ int s_src[C::XROWS];	// the pass's a_src rows (-1: none)
 	__shared__ int s_dst[C::XROWS];	// their hs row (GLU) or y row (down)
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-	const int u = blockIdx.y;
+	const int u = blockIdx.y / splits, first = (blockIdx.y % splits) * C::XROWS;
 
-	if (u >= *pl.n_used)
+	if (u >= *pl.n_used || first >= pl.used_n[u])	// no expert, or no pass of it here
 		return;
 	const int e = pl.used_e[u], start = pl.used_start[u], n = pl.used_n[u];
 	const int f0 = blockIdx.x * (GLU ? XT_GLU_FEATS : XT_ROWS), nst = K / C::SLAB;
@@ -388,7 +390,7 @@ xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t
 		ksh[1] = wq.kshift[GLU ? 1 : 2];
 	}
 
-	for (int c0 = 0; c0 < n; c0 += C::XROWS) {
+	for (int c0 = first; c0 < n; c0 += splits * C::XROWS) {
 		const int rows = min(C::XROWS, n - c0), nts = (rows + 7) / 8;
 		float acc[2][C::NT][4] = {};
 		uint32_t sr[XT_STAGES][4];	// fp8: scales as stored, by buffer slot
@@ -521,32 +523,53 @@ int xt_attr(void)
 						xt_cfg<F, W>::SMEM));
 }
 
+// The CTAs each used expert's passes are spread over (xt_kernel's splits) in a call of M
+// rows: k_cuda_tuning()->moe_qtile_split where set (1: one CTA takes all of an expert's
+// passes, as before session 33); else as many as give an expert that every row chose
+// (ceil(M / XROWS) passes) at most 4 passes a CTA, to 8: a prefill chunk routes most
+// rows to a few experts (kdbench's synthetic Qwen3-30B-A3B, 2048 random tokens: from
+// layer 1 on, the hottest expert takes 1780-2034 of 2048 rows, 28-32 wide passes, where
+// the chunk has ~300 in all), and their CTAs ran those passes one after the other while
+// the rest of the GPU idled. Decode calls (M <= 64, narrow) keep 1. grid.y stays within
+// 65535 (max_used <= 4096).
+template <int F, bool W>
+int xt_splits(int M, int max_used)
+{
+	const int set = k_cuda_tuning()->moe_qtile_split, R = xt_cfg<F, W>::XROWS;
+	const int want = set > 0 ? set : std::min(8, std::max(1, ((M + R - 1) / R + 3) / 4));
+
+	return std::min(want, 65535 / std::max(max_used, 1));
+}
+
 template <int F, bool W>
 int xt_run(cudaStream_t s, const ex_plan &pl, const uint16_t *const *expert_w, const moe_wq &wq,
-	   const uint32_t *xs, uint32_t *hs, float *y, int top_k, int hidden, int inter,
+	   const uint32_t *xs, uint32_t *hs, float *y, int M, int top_k, int hidden, int inter,
 	   int max_used)
 {
-	const dim3 g1((inter + XT_GLU_FEATS - 1) / XT_GLU_FEATS, max_used);
-	const dim3 g2((hidden + XT_ROWS - 1) / XT_ROWS, max_used);
+	const int splits = xt_splits<F, W>(M, max_used);
+	const dim3 g1((inter + XT_GLU_FEATS - 1) / XT_GLU_FEATS, max_used * splits);
+	const dim3 g2((hidden + XT_ROWS - 1) / XT_ROWS, max_used * splits);
 	const int smem = xt_cfg<F, W>::SMEM;
 	int ret;
 
 	xt_kernel<true, F, W><<<g1, XT_THREADS, smem, s>>>(pl, expert_w, wq, xs, top_k, hidden,
-							    inter, hs, nullptr);
+							    inter, hs, nullptr, splits);
 	if ((ret = K_CUDA_LAUNCHED("moe gate/up (qtile)")))
 		return ret;
 	xt_kernel<false, F, W><<<g2, XT_THREADS, smem, s>>>(pl, expert_w, wq, hs, top_k, inter,
-							     hidden, nullptr, y);
+							     hidden, nullptr, y, splits);
 	return K_CUDA_LAUNCHED("moe down (qtile)");
 }
 
 template <int F>
 int xt_run_width(cudaStream_t s, const ex_plan &pl, const uint16_t *const *expert_w,
-		 const moe_wq &wq, const uint32_t *xs, uint32_t *hs, float *y, int top_k,
+		 const moe_wq &wq, const uint32_t *xs, uint32_t *hs, float *y, int M, int top_k,
 		 int hidden, int inter, int max_used, bool wide)
 {
-	return wide ? xt_run<F, true>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter, max_used)
-		    : xt_run<F, false>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter, max_used);
+	return wide ? xt_run<F, true>(s, pl, expert_w, wq, xs, hs, y, M, top_k, hidden, inter,
+				      max_used)
+		    : xt_run<F, false>(s, pl, expert_w, wq, xs, hs, y, M, top_k, hidden, inter,
+				       max_used);
 }
 
 }	// namespace
@@ -589,11 +612,11 @@ int moe_qtile_run(cudaStream_t s, const ex_plan &pl, const uint16_t *const *expe
 	const bool w = moe_qtile_wide(M);
 
 	if (wq.fmt == MQ_INT4)
-		return xt_run_width<MQ_INT4>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter,
-					     max_used, w);
+		return xt_run_width<MQ_INT4>(s, pl, expert_w, wq, xs, hs, y, M, top_k, hidden,
+					     inter, max_used, w);
 	if (wq.fmt == MQ_FP8)
-		return xt_run_width<MQ_FP8>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter,
-					    max_used, w);
-	return xt_run_width<MQ_BF16>(s, pl, expert_w, wq, xs, hs, y, top_k, hidden, inter,
+		return xt_run_width<MQ_FP8>(s, pl, expert_w, wq, xs, hs, y, M, top_k, hidden,
+					    inter, max_used, w);
+	return xt_run_width<MQ_BF16>(s, pl, expert_w, wq, xs, hs, y, M, top_k, hidden, inter,
 				     max_used, w);
 }
