@@ -113,9 +113,9 @@
 #                  12 gate/up CTAs then ran ~30 passes each one after the other): mwmin
 #                  (its tests now run " qtile-split" cases too), the experts alone at
 #                  2048 rows with one hot expert (BENCH_MOE_HOT=1), KDEC_MOE_QTILE_SPLIT 1
-#                  (before) against the default, each format; then kdbench prefill of
-#                  Qwen3-30B-A3B int4, fp8 and bf16 (on the wide tiles) the same two ways,
-#                  and bf16 by default (expert_mma_kernel)
+#                  (the default) against 0 (by the rows), each format; then kdbench
+#                  prefill of Qwen3-30B-A3B int4, fp8 and bf16 (on the wide tiles) the
+#                  same two ways, and bf16 by default (expert_mma_kernel)
 #   ST_PART=unseen test_golden on cuda over the checkpoints of another seed and dims
 #                  (UNSEEN: a .tar.xz of folders in tests/data/golden's format, e.g. the
 #                  quantized ones of contrib/make_quant_reference.py --seed S --widen W and

@@ -198,11 +198,12 @@ struct k_cuda_tuning {
 				 * prefill of Qwen3-30B-A3B, 2048 tokens, int4 294.6 -> 214.0 ms,
 				 * fp8 262.4 -> 182.8, 256 tokens 46.8 -> 31.8 and 40.3 -> 29.1;
 				 * bf16 (moe_qtile_bf16) 209.6 -> 221.3, so it stays off */
-	int moe_qtile_split;	/* KDEC_MOE_QTILE_SPLIT, 0..64, 0: the CTAs each used expert's
-				 * passes are spread over in the tile kernels; 0: by the call's
-				 * rows (moe_qtile.cu's xt_splits: 1 at decode, to 8 at a
-				 * 2048-row prefill chunk); 1: one CTA takes all of an expert's
-				 * passes (before session 33). Not yet measured on a GPU */
+	int moe_qtile_split;	/* KDEC_MOE_QTILE_SPLIT, 0..64, 1: the CTAs each used expert's
+				 * passes are spread over in the tile kernels; 1: one CTA takes
+				 * all of an expert's passes; 0: by the call's rows
+				 * (moe_qtile.cu's xt_splits: 1 at decode, to 8 at a 2048-row
+				 * prefill chunk, where a few hot experts' passes ran in turn:
+				 * docs/PERFORMANCE.md, "Session 33"). 1 until measured on a GPU */
 	int moe_qgemv_rows;	/* KDEC_MOE_QGEMV_ROWS, rows 0..8, 8: up to this many rows a
 				 * call, quantized routed experts (fp8, int4) of the small path's
 				 * sizes take moe_qgemv.cu's two GEMVs over the chosen experts'

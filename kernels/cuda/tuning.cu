@@ -59,7 +59,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.moe_qtile_rows = 64;
 	t.moe_qtile_bf16 = 0;
 	t.moe_qtile_wide = 256;
-	t.moe_qtile_split = 0;
+	t.moe_qtile_split = 1;
 	t.moe_qgemv_rows = 8;
 	t.moe_qgemv_int4_rows = 2;
 	t.moe_qgemv_fp8_rows = 2;

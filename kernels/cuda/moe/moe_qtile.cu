@@ -19,7 +19,8 @@
 // wide passes of 64 (int4 32) in calls of k_cuda_tuning()->moe_qtile_wide rows or more
 // (KDEC_MOE_QTILE_WIDE, 256: prefill chunks, which take the tile kernels whatever
 // KDEC_MOE_QTILE_ROWS says); an expert with more rows than a pass streams its weights
-// once a pass, its passes spread over up to 8 CTAs (xt_splits, KDEC_MOE_QTILE_SPLIT). Measured (H100, session 32), Qwen3-30B-A3B's experts alone at 2048 rows:
+// once a pass, in one CTA or, with KDEC_MOE_QTILE_SPLIT, spread over several
+// (xt_splits). Measured (H100, session 32), Qwen3-30B-A3B's experts alone at 2048 rows:
 // int4 1.76 ms (16-row passes 1.88, expert_mma_kernel 5.08), fp8 1.62 (2.94, 4.26), bf16
 // 1.99 (5.66, 3.31); kdbench prefill of 2048 tokens int4 295 -> 214 ms, fp8 262 -> 183,
 // but bf16 210 -> 221, so bf16 experts keep expert_mma_kernel (KDEC_MOE_QTILE_BF16).
@@ -524,14 +525,14 @@ int xt_attr(void)
 }
 
 // The CTAs each used expert's passes are spread over (xt_kernel's splits) in a call of M
-// rows: k_cuda_tuning()->moe_qtile_split where set (1: one CTA takes all of an expert's
-// passes, as before session 33); else as many as give an expert that every row chose
+// rows: k_cuda_tuning()->moe_qtile_split where not 0 (1, the default until measured: one
+// CTA takes all of an expert's passes); 0: as many as give an expert that every row chose
 // (ceil(M / XROWS) passes) at most 4 passes a CTA, to 8: a prefill chunk routes most
 // rows to a few experts (kdbench's synthetic Qwen3-30B-A3B, 2048 random tokens: from
 // layer 1 on, the hottest expert takes 1780-2034 of 2048 rows, 28-32 wide passes, where
-// the chunk has ~300 in all), and their CTAs ran those passes one after the other while
-// the rest of the GPU idled. Decode calls (M <= 64, narrow) keep 1. grid.y stays within
-// 65535 (max_used <= 4096).
+// the chunk has ~300 in all), and one CTA runs such an expert's passes one after the
+// other while the rest of the GPU idles. Decode calls (M <= 64, narrow) get 1 either
+// way. grid.y stays within 65535 (max_used <= 4096).
 template <int F, bool W>
 int xt_splits(int M, int max_used)
 {
