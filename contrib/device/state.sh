@@ -115,7 +115,8 @@
 #                  2048 rows with one hot expert (BENCH_MOE_HOT=1), KDEC_MOE_QTILE_SPLIT 1
 #                  (the default) against 0 (by the rows), each format; then kdbench
 #                  prefill of Qwen3-30B-A3B int4, fp8 and bf16 (on the wide tiles) the
-#                  same two ways, and bf16 by default (expert_mma_kernel)
+#                  same two ways, and bf16 by default (expert_mma_kernel); then fp8 decode
+#                  at batch 64 with KDEC_MOE_QTILE_SPLIT 1 and 4 (a pass of 16 rows a CTA)
 #   ST_PART=unseen test_golden on cuda over the checkpoints of another seed and dims
 #                  (UNSEEN: a .tar.xz of folders in tests/data/golden's format, e.g. the
 #                  quantized ones of contrib/make_quant_reference.py --seed S --widen W and
@@ -339,6 +340,10 @@ msplit() {
 		done
 	done
 	mpf pf_qwen3_bf16_mma qwen3-30b-a3b bf16	# bf16's default: expert_mma_kernel
+	# decode at 64 rows: narrow passes of 16, a hot expert's 4 in one CTA or one each
+	for v in 1 4; do
+		dec "d64_qwen3_fp8_split$v" qwen3-30b-a3b 64 fp8-block KDEC_MOE_QTILE_SPLIT=$v
+	done
 }
 
 unseen() {
