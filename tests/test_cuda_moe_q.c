@@ -20,9 +20,10 @@
  * times: on expert_mma_kernel, then with KDEC_MOE_QTILE_ROWS 64 on moe_qtile.cu's tile
  * kernels (" qtile": every model shape and format above must take them;
  * " qtile-declined": the odd ones below fall back), then in their wide passes
- * (KDEC_MOE_QTILE_WIDE 1, " qtile-wide"), then in passes of 16 spread over 3 CTAs an
- * expert (KDEC_MOE_QTILE_SPLIT 3, " qtile-split"), with a hot expert (every row's slot 0:
- * several passes of 16 rows at 64, one of 64, int4 two of 32, wide) added. The small path's cases run on its own CUDA-core kernels
+ * (KDEC_MOE_QTILE_WIDE 1, " qtile-wide"), then in passes of 16 spread over 3 CTAs
+ * an expert (KDEC_MOE_QTILE_SPLIT 3, " qtile-split"), with a hot expert (every row's
+ * slot 0: several passes of 16 rows at 64, one of 64, int4 two of 32, wide; split, also
+ * 40 rows where the shape's M is below) added. The small path's cases run on its own CUDA-core kernels
  * (KDEC_MOE_QGEMV_ROWS 0), then again on moe_qgemv.cu's union GEMVs (" qgemv": every
  * model shape and format must take them; x and activations in f16, so QGEMV_TOL 2e-3),
  * with their bits twice the same, a call naming no valid expert at all (zeros), and
@@ -559,7 +560,8 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 	/* the grouped path on expert_mma_kernel, then on moe_qtile.cu's tile kernels where
 	 * they take the shapes (the call says which: it falls back where they do not), in
 	 * passes of 16 rows, then in wide ones at every M, then in passes of 16 spread over
-	 * 3 CTAs an expert (the hot expert's 4 passes: 2, 1 and 1 a CTA) */
+	 * 3 CTAs an expert (a hot expert of 64 rows: 2, 1 and 1 passes a CTA; of 40: one
+	 * each, the last of 8 rows) */
 	for (int qt = 0; qt < 4; qt++) {
 		const char *tag;
 
@@ -579,6 +581,8 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 		test_q_experts(s, f, &w, ws, grouped_M, 0, K_CUDA_MOE_PATH_AUTO, tag);
 		if (qt)
 			test_q_experts(s, f, &w, ws, grouped_M, EX_HOT, K_CUDA_MOE_PATH_GROUPED, tag);
+		if (qt == 3 && grouped_M < 40 && s->hidden <= 2048)	/* quick's 9 rows: one pass */
+			test_q_experts(s, f, &w, ws, 40, EX_HOT, K_CUDA_MOE_PATH_GROUPED, tag);
 	}
 	moe_set_qtile_split(-1);
 	moe_set_qtile_wide(-1);

@@ -327,13 +327,14 @@ __device__ __forceinline__ void xt_slab_int4(float (&acc)[2][NT][4], const unsig
 
 // grid (feature tiles, used experts x splits): block (x, S u + j) takes tile x of used
 // expert u (none past *pl.n_used) in its passes j, j + S, j + 2 S, ... (S = splits), so
-// that an expert with many rows has its passes spread over S CTAs. GLU: gate/up rows of features [64 x, 64 x + 64) against x rows
-// (a_src: the plan's split x, (M, K = hidden)), silu(gate) * up into hs (split, (A,
-// N = inter)) at each pair's sorted position; down: rows [128 x, 128 x + 128) against
-// hs rows (a_src, K = inter), into y (A, N = hidden) at each pair's index. K a multiple
-// of the slab (fp8 64, int4 128); int4 scales in groups of 32 (wq.kshift 5), fp8 blocks
-// of 64 columns or more; weight rows and scale tensors 16-byte aligned. int4: a_src's
-// chunks (and so the gate/up kernel's hs) in split_perm_pos's order.
+// that an expert with many rows has its passes spread over S CTAs. GLU: gate/up rows of
+// features [64 x, 64 x + 64) against x rows (a_src: the plan's split x, (M, K =
+// hidden)), silu(gate) * up into hs (split, (A, N = inter)) at each pair's sorted
+// position; down: rows [128 x, 128 x + 128) against hs rows (a_src, K = inter), into y
+// (A, N = hidden) at each pair's index. K a multiple of the slab (fp8 64, int4 128);
+// int4 scales in groups of 32 (wq.kshift 5), fp8 blocks of 64 columns or more; weight
+// rows and scale tensors 16-byte aligned. int4: a_src's chunks (and so the gate/up
+// kernel's hs) in split_perm_pos's order.
 template <bool GLU, int F, bool W>
 __global__ void __launch_bounds__(XT_THREADS, xt_cfg<F, W>::MIN_CTAS)
 xt_kernel(ex_plan pl, const uint16_t *const *expert_w, moe_wq wq, const uint32_t *a_src,
