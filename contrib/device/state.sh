@@ -327,10 +327,8 @@ msplit() {
 		tee -a "$S"
 	for f in int4-g32 fp8-block bf16; do
 		for v in 1 0; do
-			step "hot_${f}_$v" 60 env BENCH_MOE_HOT=1 KDEC_MOE_QTILE_SPLIT=$v \
-				"$B/tests/bench/bench_cuda_moe" q qwen3-30b 2048 "$f"
-			grep 'moe_q time' "$L/hot_${f}_$v.log" | sed "s/^/split $v /" | cut -c1-250 |
-				tee -a "$S"
+			qbench "hot_${f}_split$v" qwen3-30b 2048 "$f" BENCH_MOE_HOT=1 \
+				KDEC_MOE_QTILE_SPLIT=$v
 		done
 	done
 	for f in int4-g32 fp8-block bf16; do
@@ -435,9 +433,7 @@ mfill() {
 	local f n
 	for f in int4-g32 fp8-block bf16; do
 		for n in random const; do
-			step "mfill_${f}_$n" 60 env BENCH_MOE_FILL=$n \
-				"$B/tests/bench/bench_cuda_moe" q qwen3-30b 2048 "$f"
-			grep 'moe_q time' "$L/mfill_${f}_$n.log" | cut -c11-250 | tee -a "$S"
+			qbench "mfill_${f}_$n" qwen3-30b 2048 "$f" BENCH_MOE_FILL=$n
 		done
 	done
 	for f in bf16 int4-g32; do
@@ -462,10 +458,18 @@ mwbench() {
 	for m in "$@"; do
 		for f in int4-g32 fp8-block bf16; do
 			set -- $m
-			step "mw_${1}_${2}_$f" 40 "$B/tests/bench/bench_cuda_moe" q "$1" "$2" "$f"
-			grep 'moe_q time' "$L/mw_${1}_${2}_$f.log" | cut -c11-250 | tee -a "$S"
+			qbench "mw_${1}_${2}_$f" "$1" "$2" "$f"
 		done
 	done
+}
+
+# qbench NAME SHAPE M FORMAT [ENV...]: bench_cuda_moe q SHAPE M FORMAT under ENV, its
+# lines into the summary after NAME (which says what ENV set)
+qbench() {
+	local n=$1 sh=$2 m=$3 f=$4
+	shift 4
+	step "$n" 60 env "$@" "$B/tests/bench/bench_cuda_moe" q "$sh" "$m" "$f"
+	grep 'moe_q time' "$L/$n.log" | cut -c11-250 | sed "s/^/$n: /" | tee -a "$S"
 }
 
 # mprefill's prefill of 256 and 2048 tokens: NAME MODEL FORMAT [ENV...]
