@@ -300,7 +300,7 @@ def bank_check():
 
 def xt_splits(M, R, max_used, split=0):
     # the host's rule (moe_qtile.cu's xt_splits)
-    want = split if split > 0 else min(8, max(1, ((M + R - 1)//R + 3)//4))
+    want = split if split > 0 else min(8, max(1, (M + R - 1)//R))
     return min(want, 65535 // max(max_used, 1))
 
 

@@ -634,11 +634,11 @@ static void test_experts_shape(const struct moe_shape *s)
 	/* the grouped path on moe_qtile.cu's tile kernels where they take the shape (" qtile"
 	 * in the line: V2-Lite's and Qwen3's; the odd ones keep expert_mma_kernel) */
 	moe_set_qtile(130);
-	for (int v = 0; v < 3; v++) {	/* passes of 16 rows, wide ones, 16 over 3 CTAs */
+	for (int v = 0; v < 3; v++) {	/* 16 rows a pass in one CTA, wide, 16 over 3 CTAs */
 		const int wide = v == 1;
 
 		moe_set_qtile_wide(wide);
-		moe_set_qtile_split(v == 2 ? 3 : -1);
+		moe_set_qtile_split(v == 2 ? 3 : v == 0 ? 1 : -1);
 		for (int m = 0; m < 3; m++)
 			test_experts(s, &w, ws, (int[]){ 2, 8, 64 }[m], -1, 0,
 				     K_CUDA_MOE_PATH_GROUPED);

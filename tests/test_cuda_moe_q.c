@@ -559,15 +559,15 @@ static void test_q_shape(const struct moe_shape *s, const struct qfmt *f, int gr
 	moe_set_qgemv(-1);
 	/* the grouped path on expert_mma_kernel, then on moe_qtile.cu's tile kernels where
 	 * they take the shapes (the call says which: it falls back where they do not), in
-	 * passes of 16 rows, then in wide ones at every M, then in passes of 16 spread over
-	 * 3 CTAs an expert (a hot expert of 64 rows: 2, 1 and 1 passes a CTA; of 40: one
+	 * passes of 16 rows all in one CTA an expert, then in wide ones at every M (CTAs by
+	 * the rows, the default), then in passes of 16 spread over 3 CTAs an expert (a hot expert of 64 rows: 2, 1 and 1 passes a CTA; of 40: one
 	 * each, the last of 8 rows) */
 	for (int qt = 0; qt < 4; qt++) {
 		const char *tag;
 
 		moe_set_qtile(qt ? 64 : 0);
 		moe_set_qtile_wide(qt == 2 ? 1 : 0);
-		moe_set_qtile_split(qt == 3 ? 3 : -1);
+		moe_set_qtile_split(qt == 3 ? 3 : qt == 1 ? 1 : -1);
 		tag = !qt ? "" : !k_cuda_moe_qtile_takes(&qs, s->hidden, s->inter, 64) ?
 		      " qtile-declined" : qt == 2 ? " qtile-wide" : qt == 3 ? " qtile-split" :
 		      " qtile";

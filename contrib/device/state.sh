@@ -117,11 +117,21 @@
 #                  prefill of Qwen3-30B-A3B int4, fp8 and bf16 (on the wide tiles) the
 #                  same two ways, and bf16 by default (expert_mma_kernel); then fp8 decode
 #                  at batch 64 with KDEC_MOE_QTILE_SPLIT 1 and 4 (a pass of 16 rows a CTA)
+#   ST_PART=splitdef the tile kernels' CTAs by the rows and bf16 prefill chunks on them by
+#                  default (session 34): test_golden on cuda, test_cuda_moe_q quick,
+#                  test_cuda_moe's experts; then kdbench prefill (256 and 2048 tokens)
+#                  of Qwen3-30B-A3B in each format and DeepSeek-V2-Lite fp8 and bf16,
+#                  the default beside the one before (KDEC_MOE_QTILE_SPLIT 1, bf16 on
+#                  expert_mma_kernel), and decode of Qwen3-30B-A3B fp8 at batch 32, 64
+#                  and int4 at 64 the same two ways (SD_PF "MODEL:FORMAT[:old] ...": those
+#                  prefill rows, :old with the one before, and fp8's decode rows alone)
 #   ST_PART=unseen test_golden on cuda over the checkpoints of another seed and dims
 #                  (UNSEEN: a .tar.xz of folders in tests/data/golden's format, e.g. the
 #                  quantized ones of contrib/make_quant_reference.py --seed S --widen W and
 #                  the bf16 ones of contrib/make_reference.py; carried beside the pack),
 #                  those alone (KDEC_GOLDEN_ONLY=none), their failures into the summary
+#   ST_PART=unseenq unseen, then again with KDEC_MOE_QGEMV_ROWS=0 (the quantized experts
+#                  of <= 8 rows on the small path's kernels, not the f16 union GEMVs)
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
 # ST_PART may name several, run in that order.
@@ -344,15 +354,49 @@ msplit() {
 	done
 }
 
+splitdef() {
+	local m
+	check
+	grep '^FAIL' "$L/golden.log" | cut -c1-200 | tee -a "$S"
+	mwmin_tests
+	# MODEL:FORMAT[:old]: the default, and with :old the one before beside it
+	for m in ${SD_PF:-qwen3-30b-a3b:int4-g32:old qwen3-30b-a3b:fp8-block:old \
+		qwen3-30b-a3b:bf16:old deepseek-v2-lite:fp8-block:old deepseek-v2-lite:bf16:old}; do
+		set -- ${m//:/ }
+		mpf "pf_${1}_${2}_def" "$1" "$2"
+		[ "${3:-}" = old ] &&
+			mpf "pf_${1}_${2}_old" "$1" "$2" KDEC_MOE_QTILE_SPLIT=1 KDEC_MOE_QTILE_BF16=0
+	done
+	dec d_qwen3_fp8_def qwen3-30b-a3b 32,64 fp8-block
+	dec d_qwen3_fp8_old qwen3-30b-a3b 32,64 fp8-block KDEC_MOE_QTILE_SPLIT=1
+	[ -n "${SD_PF:-}" ] && return	# a short call: fp8's decode rows alone
+	dec d_qwen3_int4_def qwen3-30b-a3b 64 int4-g32
+	dec d_qwen3_int4_old qwen3-30b-a3b 64 int4-g32 KDEC_MOE_QTILE_SPLIT=1
+}
+
 unseen() {
-	local d x
+	unseen_run golden_unseen
+}
+
+# unseen, then again with the small path's CUDA-core kernels for the quantized experts
+# of <= 8 rows (~1e-5) in place of the union GEMVs (x and activations in f16, ~3e-4):
+# whether the union GEMVs' rounding is what puts those rows over the tolerance
+unseenq() {
+	unseen_run golden_unseen
+	unseen_run golden_unseen_small KDEC_MOE_QGEMV_ROWS=0
+}
+
+# unseen_run NAME [ENV...]: test_golden on cuda over UNSEEN's checkpoints alone under ENV
+unseen_run() {
+	local n=$1 d x
+	shift
 	d=$(mktemp -d /tmp/kdec-unseen.XXXXXX)
 	python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
 		"${UNSEEN:?unseen: UNSEEN=FILE.tar.xz}" "$d" || return
 	x=$(find "$d" -name golden.json -printf '%h:' | sed 's/:$//')
-	step golden_unseen 200 env KDEC_TEST_BACKEND=cuda KDEC_GOLDEN_ONLY=none \
-		KDEC_GOLDEN_EXTRA="$x" "$B/tests/test_golden"
-	grep '^FAIL' "$L/golden_unseen.log" | cut -c1-200 | tee -a "$S"
+	step "$n" 200 env KDEC_TEST_BACKEND=cuda KDEC_GOLDEN_ONLY=none \
+		KDEC_GOLDEN_EXTRA="$x" "$@" "$B/tests/test_golden"
+	grep '^FAIL' "$L/$n.log" | cut -c1-200 | tee -a "$S"
 }
 
 int4t() {
@@ -420,13 +464,18 @@ mwide() {
 }
 
 mwmin() {
+	mwmin_tests
+	mwbench "qwen3-30b 2048"
+}
+
+# mwmin's tests: test_cuda_moe_q quick, test_cuda_moe's experts
+mwmin_tests() {
 	step moe_q 60 env KD_TEST_QUICK=1 "$B/tests/test_cuda_moe_q"
 	grep -E '^FAIL' "$L/moe_q.log" | head -8 | cut -c1-200 | tee -a "$S"
 	grep -c 'qtile-wide.*PASS' "$L/moe_q.log" | sed 's/^/moe_q qtile-wide PASS lines: /' |
 		tee -a "$S"
 	step moe 40 env KD_TEST_PART=experts "$B/tests/test_cuda_moe"
 	grep -E '^FAIL|qtile-wide' "$L/moe.log" | head -12 | cut -c1-200 | tee -a "$S"
-	mwbench "qwen3-30b 2048"
 }
 
 mfill() {

@@ -188,22 +188,30 @@ struct k_cuda_tuning {
 				 * 43.53 -> 18.10 ms a step, batch 16 27.47 -> 11.62, int4 batch
 				 * 64 17.49 -> 12.94; DeepSeek-V2-Lite fp8 batch 16 17.16 ->
 				 * 7.99, 64 23.07 -> 10.71 */
-	int moe_qtile_bf16;	/* KDEC_MOE_QTILE_BF16, flag, 0: 1 lets bf16 experts take the
-				 * tile kernels too; measured slower there (Qwen3-30B-A3B batch
-				 * 64 28.85 against 25.71 ms, 16 18.47 against 16.09) */
+	int moe_qtile_bf16;	/* KDEC_MOE_QTILE_BF16, 0..2, 2: bf16 experts take the tile
+				 * kernels in wide calls (moe_qtile_wide's, prefill chunks); 1: in
+				 * every call the tile kernels take, 0: never. At decode measured
+				 * slower (H200, session 18: Qwen3-30B-A3B batch 64 28.85 against
+				 * 25.71 ms, 16 18.47 against 16.09); in a 2048-token prefill
+				 * chunk of Qwen3-30B-A3B 210 -> 115 ms (H100, session 34, with
+				 * moe_qtile_split's CTAs) */
 	int moe_qtile_wide;	/* KDEC_MOE_QTILE_WIDE, rows 0..4096, 256: from this many rows a
 				 * call to 4096 (prefill chunks), the grouped path's experts take
 				 * the tile kernels in wide passes (64 expert rows, int4 32; 16
 				 * below); 0: never. Measured on an H100 (session 32): kdbench
 				 * prefill of Qwen3-30B-A3B, 2048 tokens, int4 294.6 -> 214.0 ms,
 				 * fp8 262.4 -> 182.8, 256 tokens 46.8 -> 31.8 and 40.3 -> 29.1;
-				 * bf16 (moe_qtile_bf16) 209.6 -> 221.3, so it stays off */
-	int moe_qtile_split;	/* KDEC_MOE_QTILE_SPLIT, 0..64, 1: the CTAs each used expert's
-				 * passes are spread over in the tile kernels; 1: one CTA takes
-				 * all of an expert's passes; 0: by the call's rows
-				 * (moe_qtile.cu's xt_splits: 1 at decode, to 8 at a 2048-row
-				 * prefill chunk, where a few hot experts' passes ran in turn:
-				 * docs/PERFORMANCE.md, "Session 33"). 1 until measured on a GPU */
+				 * bf16 (moe_qtile_bf16) 209.6 -> 221.3 then, 115 with
+				 * moe_qtile_split's CTAs (session 34) */
+	int moe_qtile_split;	/* KDEC_MOE_QTILE_SPLIT, 0..64, 0: the CTAs each used expert's
+				 * passes are spread over in the tile kernels, by the call's rows
+				 * (moe_qtile.cu's xt_splits: a CTA a pass of an expert every row
+				 * chose, to 8; 1 at decode batches of <= 16); n > 0: n; 1: one
+				 * CTA takes all of an expert's passes (before session 34). A
+				 * prefill chunk routes most rows to a few experts, whose passes
+				 * then ran in turn: measured (H100, session 34) a 2048-token
+				 * prefill of Qwen3-30B-A3B int4 216 -> 131 ms, fp8 181 -> 117,
+				 * bf16 221 -> 115 (8 against 1), decode batch 64 fp8 -1.6% (4) */
 	int moe_qgemv_rows;	/* KDEC_MOE_QGEMV_ROWS, rows 0..8, 8: up to this many rows a
 				 * call, quantized routed experts (fp8, int4) of the small path's
 				 * sizes take moe_qgemv.cu's two GEMVs over the chosen experts'

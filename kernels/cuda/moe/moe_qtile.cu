@@ -1,5 +1,5 @@
-// The grouped path's expert GEMMs as tile kernels (fp8, int4 groups of 32; bf16 with
-// KDEC_MOE_QTILE_BF16) where a call has at most k_cuda_tuning()->moe_qtile_rows rows
+// The grouped path's expert GEMMs as tile kernels (fp8, int4 groups of 32; bf16 in wide
+// calls, KDEC_MOE_QTILE_BF16) where a call has at most k_cuda_tuning()->moe_qtile_rows rows
 // (KDEC_MOE_QTILE_ROWS, 64), in place of expert_mma_kernel, which reads its weights with
 // narrow per-lane loads (16 bytes of bf16, 8 of fp8, 4 of int4: the same 8 values), one
 // scale load per 32-k chunk, and splits K over its 4 warps with a shared-memory
@@ -7,8 +7,8 @@
 // (docs/PERFORMANCE.md, "Quantized MoE experts"). The form is the dense quantized tile
 // kernel's (linear_qtile.cu). Measured (H200, session 18): Qwen3-30B-A3B fp8 batch 64
 // 2.4x faster a step than on expert_mma_kernel (43.5 -> 18.1 ms), int4 1.35x (17.5 ->
-// 12.9), DeepSeek-V2-Lite fp8 2.15x; bf16 experts 12% slower (25.7 -> 28.8 ms), so they
-// stay on expert_mma_kernel unless KDEC_MOE_QTILE_BF16=1.
+// 12.9), DeepSeek-V2-Lite fp8 2.15x; bf16 experts 12% slower (25.7 -> 28.8 ms), so at
+// decode they stay on expert_mma_kernel unless KDEC_MOE_QTILE_BF16=1.
 //
 // A CTA owns 128 weight rows of one used expert (gate/up: 64 features, their gate rows
 // and their up rows, so a lane forms the SwiGLU of its own accumulators; down: 128
@@ -19,11 +19,10 @@
 // wide passes of 64 (int4 32) in calls of k_cuda_tuning()->moe_qtile_wide rows or more
 // (KDEC_MOE_QTILE_WIDE, 256: prefill chunks, which take the tile kernels whatever
 // KDEC_MOE_QTILE_ROWS says); an expert with more rows than a pass streams its weights
-// once a pass, in one CTA or, with KDEC_MOE_QTILE_SPLIT, spread over several
-// (xt_splits). Measured (H100, session 32), Qwen3-30B-A3B's experts alone at 2048 rows:
+// once a pass, its passes spread over up to 8 CTAs (xt_splits, KDEC_MOE_QTILE_SPLIT). Measured (H100, session 32), Qwen3-30B-A3B's experts alone at 2048 rows:
 // int4 1.76 ms (16-row passes 1.88, expert_mma_kernel 5.08), fp8 1.62 (2.94, 4.26), bf16
 // 1.99 (5.66, 3.31); kdbench prefill of 2048 tokens int4 295 -> 214 ms, fp8 262 -> 183,
-// but bf16 210 -> 221, so bf16 experts keep expert_mma_kernel (KDEC_MOE_QTILE_BF16).
+// but bf16 210 -> 221 (one CTA an expert's passes; spread over 8, session 34: 115).
 //
 // Arithmetic as expert_mma_kernel's: the weights are (or become, moe_grouped.cuh) exact
 // bf16 pairs in registers, each product is taken twice (x hi, x lo: ~16 bits of x), fp32
@@ -526,19 +525,21 @@ int xt_attr(void)
 }
 
 // The CTAs each used expert's passes are spread over (xt_kernel's splits) in a call of M
-// rows: k_cuda_tuning()->moe_qtile_split where not 0 (1, the default until measured: one
-// CTA takes all of an expert's passes); 0: as many as give an expert that every row chose
-// (ceil(M / XROWS) passes) at most 4 passes a CTA, to 8: a prefill chunk routes most
-// rows to a few experts (kdbench's synthetic Qwen3-30B-A3B, 2048 random tokens: from
-// layer 1 on, the hottest expert takes 1780-2034 of 2048 rows, 28-32 wide passes, where
-// the chunk has ~300 in all), and one CTA runs such an expert's passes one after the
-// other while the rest of the GPU idles. Decode calls (M <= 64, narrow) get 1 either
-// way. grid.y stays within 65535 (max_used <= 4096).
+// rows: k_cuda_tuning()->moe_qtile_split where not 0; 0 (the default): a CTA a pass of
+// an expert that every row chose (ceil(M / XROWS) passes), to 8. A prefill chunk routes
+// most rows to a few experts (kdbench's synthetic Qwen3-30B-A3B, 2048 random tokens:
+// from layer 1 on, the hottest expert takes 1780-2034 of 2048 rows, 28-32 wide passes,
+// where the chunk has ~300 in all), and one CTA ran such an expert's passes one after the
+// other while the rest of the GPU idled: measured (H100, session 34) a 2048-token
+// prefill of Qwen3-30B-A3B int4 216 -> 131 ms, fp8 181 -> 117, bf16 221 -> 115 at 8
+// CTAs an expert against 1, decode batch 64 fp8 -1.6% at 4. The CTAs past an expert's
+// passes return at once. Decode calls of <= 16 rows get 1. grid.y stays within 65535
+// (max_used <= 4096).
 template <int F, bool W>
 int xt_splits(int M, int max_used)
 {
 	const int set = k_cuda_tuning()->moe_qtile_split, R = xt_cfg<F, W>::XROWS;
-	const int want = set > 0 ? set : std::min(8, std::max(1, ((M + R - 1) / R + 3) / 4));
+	const int want = set > 0 ? set : std::min(8, std::max(1, (M + R - 1) / R));
 
 	return std::min(want, 65535 / std::max(max_used, 1));
 }
@@ -583,6 +584,15 @@ bool moe_qtile_wide(int M)
 	return w > 0 && M >= w;
 }
 
+// bf16 experts: on the tile kernels in wide calls (moe_qtile_bf16 2, the default), in
+// every call they take (1), never (0)
+static bool moe_qtile_bf16_takes(int M)
+{
+	const int b = k_cuda_tuning()->moe_qtile_bf16;
+
+	return b == 1 || (b == 2 && moe_qtile_wide(M));
+}
+
 int moe_qtile_setup(void)
 {
 	return xt_attr<MQ_BF16, false>() || xt_attr<MQ_FP8, false>() || xt_attr<MQ_INT4, false>() ||
@@ -599,7 +609,7 @@ bool moe_qtile_takes(const moe_wq &wq, int hidden, int inter, int M)
 	// (rows < M * top_k <= 2^18, K / 4 units a row) stay below 2^31
 	if ((M > k_cuda_tuning()->moe_qtile_rows && !moe_qtile_wide(M)) || M > 4096 ||
 	    hidden % slab || inter % slab || hidden >= 32768 || inter >= 32768 ||
-	    (wq.fmt == MQ_BF16 && !k_cuda_tuning()->moe_qtile_bf16))
+	    (wq.fmt == MQ_BF16 && !moe_qtile_bf16_takes(M)))
 		return false;
 	for (int j = 0; j < 3 && wq.fmt != MQ_BF16; j++)
 		if (wq.rshift[j] < 0 || (wq.fmt == MQ_INT4 ? wq.kshift[j] != 5 : wq.kshift[j] < 6))
