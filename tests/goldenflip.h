@@ -1,10 +1,11 @@
 /* test_golden's GPU criterion: a row of logits beyond tolerance fails unless a measured
  * cause explains it. The GPU run records each MoE layer's choices (route_trace.h); the
  * CPU reference engine runs the path again with the GPU's choices forced (MoE) and its
- * KV cache rounded to bf16 as the GPU stores it (engine_opts.kv_bf16: "cpu"), and once
- * more with the linear layers' inputs rounded to bf16 too where the GPU's tensor-core
- * kernels round them (engine_opts.x_bf16: "cpux"): the reference's exact arithmetic on
- * what the GPU rounds. The GPU runs the path once more with the same choices and
+ * KV cache rounded to bf16 as the GPU stores it (engine_opts.kv_bf16), as are the
+ * weights it dequantizes to bf16 at load (a quantized MLA's kv_b: engine_opts.w_bf16):
+ * "cpu"; and once more with the linear layers' inputs rounded to bf16 too where the
+ * GPU's tensor-core kernels round them (engine_opts.x_bf16: "cpux"): the reference's
+ * exact arithmetic on what the GPU rounds. The GPU runs the path once more with the same choices and
  * nothing rounded but the cache (fp32 GEMM inputs, CUDA-core attention: "gx"). A row
  * is near when it is within tolerance of cpu or cpux, or when gx is within tolerance
  * of cpu (the GPU's kernels agree with the CPU when nothing is rounded) and the row

@@ -7,8 +7,8 @@
  * a greedy token may differ only where the engine's own top-two gap is within that
  * error. Every row beyond tolerance fails, on the GPU too, unless a measured cause
  * explains it (goldenflip.h): on the GPU each path runs again on the CPU reference
- * engine with the GPU's expert choices forced (MoE) and its KV cache rounded to bf16
- * like the GPU's, then with the GEMM inputs rounded too, and once more on the GPU with
+ * engine with the GPU's expert choices forced (MoE) and its KV cache (and a quantized
+ * checkpoint's MLA kv_b, dequantized at load) rounded to bf16 like the GPU's, then with the GEMM inputs rounded too, and once more on the GPU with
  * nothing rounded but the cache; a bad row must be a near-tie routing flip, or what
  * the GPU's bf16 precision measurably does to that row. One "fidelity:" line per model
  * and path gives worst and median row error, argmax agreement, rows explained by each
@@ -411,7 +411,7 @@ static void reference_open(struct model *m, int threads, int max_pos, struct eng
 {
 	struct engine_opts eo = { .backend = "cpu", .threads = threads > 8 ? threads : 8,
 				  .kv_tokens = 4096, .block_tokens = 16, .max_rows = 128,
-				  .kv_bf16 = 1 };
+				  .kv_bf16 = 1, .w_bf16 = 1 };
 	const struct model_config *c = &m->cfg;
 	char err[512] = "";
 

@@ -13,6 +13,7 @@ struct backend_cpu {
 	struct backend base;
 	struct k_pool *pool;
 	int kv_bf16;		/* backend_opts.kv_bf16 */
+	int w_bf16;		/* backend_opts.w_bf16 */
 	int x_bf16;		/* backend_opts.x_bf16: rows from which x is rounded; 0: never */
 	int (*x_bf16_at)(void *arg, const struct model_tensor *w, int M);	/* backend_opts' */
 	void *x_bf16_arg;
@@ -44,6 +45,7 @@ static int cpu_create(struct backend **out, const struct model *m, const struct 
 		return -ENOMEM;
 	b->base.ops = &backend_cpu_ops;
 	b->kv_bf16 = opts && opts->kv_bf16;
+	b->w_bf16 = opts && opts->w_bf16;
 	b->x_bf16 = opts && opts->x_bf16 > 0 ? opts->x_bf16 : 0;
 	b->x_bf16_at = opts ? opts->x_bf16_at : NULL;
 	b->x_bf16_arg = opts ? opts->x_bf16_arg : NULL;
@@ -209,18 +211,22 @@ static int cpu_attn_mla(struct backend *be, float *out, const float *q, const st
 			const struct k_mla_dims *d, float scale)
 {
 	float *wf;
+	size_t n;
 	int ret;
 
 	if (w_kv_b->q.fmt == K_Q_NONE)
 		return k_cpu_attn_mla(pool_of(be), out, q, w_kv_b->data, w_kv_b->dtype, kv, rows, d, scale);
 	/* quantized kv_b_proj: dequantized for this call only (the reference keeps the
-	 * quantized bytes resident, as the GPU will) */
-	wf = malloc(sizeof(float) * (size_t)w_kv_b->rows * (size_t)w_kv_b->cols);
+	 * quantized bytes resident); with w_bf16 rounded as the GPU keeps it (bf16) */
+	n = (size_t)w_kv_b->rows * (size_t)w_kv_b->cols;
+	wf = malloc(sizeof(float) * n);
 	if (!wf)
 		return -ENOMEM;
 	for (int64_t r = 0; r < w_kv_b->rows; r++)
 		k_quant_row_to_f32(wf + r * w_kv_b->cols, w_kv_b->data, &w_kv_b->q, w_kv_b->cols, r, 0,
 				   w_kv_b->cols);
+	for (size_t i = 0; ((struct backend_cpu *)be)->w_bf16 && i < n; i++)
+		wf[i] = k_round_to(wf[i], K_BF16);
 	ret = k_cpu_attn_mla(pool_of(be), out, q, wf, K_F32, kv, rows, d, scale);
 	free(wf);
 	return ret;

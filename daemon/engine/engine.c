@@ -260,6 +260,7 @@ int engine_create(struct engine **out, struct model *m, const struct engine_opts
 	e->model = m;
 	bo = (struct backend_opts){ .threads = opts->tp > 1 ? engine_rank_threads(opts) : opts->threads,
 				    .kv_bf16 = opts->kv_bf16,
+				    .w_bf16 = opts->w_bf16,
 				    .x_bf16 = opts->x_bf16,
 				    .x_bf16_at = opts->x_bf16_at,
 				    .x_bf16_arg = opts->x_bf16_arg,
