@@ -118,7 +118,7 @@
 #                  same two ways, and bf16 by default (expert_mma_kernel); then fp8 decode
 #                  at batch 64 with KDEC_MOE_QTILE_SPLIT 1 and 4 (a pass of 16 rows a CTA)
 #   ST_PART=splitdef the tile kernels' CTAs by the rows and bf16 prefill chunks on them by
-#                  default (session 34): test_golden on cuda, test_cuda_moe_q quick,
+#                  default (session 34; after check): test_cuda_moe_q quick,
 #                  test_cuda_moe's experts; then kdbench prefill (256 and 2048 tokens)
 #                  of Qwen3-30B-A3B in each format and DeepSeek-V2-Lite fp8 and bf16,
 #                  the default beside the one before (KDEC_MOE_QTILE_SPLIT 1, bf16 on
@@ -159,6 +159,7 @@ decp() {
 
 check() {
 	step golden 100 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
+	grep '^FAIL' "$L/golden.log" | cut -c1-200 | tee -a "$S"
 }
 
 dpath() {
@@ -356,8 +357,6 @@ msplit() {
 
 splitdef() {
 	local m
-	check
-	grep '^FAIL' "$L/golden.log" | cut -c1-200 | tee -a "$S"
 	mwmin_tests
 	# MODEL:FORMAT[:old]: the default, and with :old the one before beside it
 	for m in ${SD_PF:-qwen3-30b-a3b:int4-g32:old qwen3-30b-a3b:fp8-block:old \

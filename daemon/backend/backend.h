@@ -56,9 +56,10 @@ struct backend_opts {
 				 * linear rounds (the ring kind, KDEC_LINEAR_RING); never the
 				 * router's linear_fp32x; 0: never. For the same reason as
 				 * kv_bf16 (cuda: ignored) */
-	/* cpu, consulted before x_bf16's rule for each bf16 linear: 1 rounds x to bf16, 0
-	 * keeps it, -1 leaves it to x_bf16 (the reference of a GPU engine whose run-time
-	 * choices round x for some weights only: backend_ops.linear_rounds_x); NULL: none */
+	/* cpu, consulted before x_bf16's rule for each linear: 1 rounds x to bf16, 2 to f16
+	 * (a GPU's quantized kernels), 0 keeps it, -1 leaves it to x_bf16 (the reference of
+	 * a GPU engine whose run-time choices round x for some weights only:
+	 * backend_ops.linear_rounds_x); NULL: none */
 	int (*x_bf16_at)(void *arg, const struct model_tensor *w, int M);
 	void *x_bf16_arg;
 	const int *rank_devices; /* tp > 1 (cuda): rank r's backend on GPU rank_devices[r]
@@ -230,8 +231,9 @@ struct backend_ops {
 			     const struct model_tensor *w, int M);
 	/* 1 where this backend's linears so far rounded the input of w (a bf16 weight) at M
 	 * rows to bf16 by a choice made at run time (a timed kernel kind) that its static
-	 * rule (BACKEND_X_BF16_MIN_M) would not make; -1 otherwise. For the CPU reference
-	 * (backend_opts.x_bf16_at). NULL where no such choice exists. */
+	 * rule (BACKEND_X_BF16_MIN_M) would not make; for a weight it keeps quantized, 2
+	 * where its kernel at M rows takes x in f16, 0 where in fp32; -1 otherwise. For the
+	 * CPU reference (backend_opts.x_bf16_at). NULL where no such choice exists. */
 	int (*linear_rounds_x)(struct backend *be, const struct model_tensor *w, int M);
 	/* y (M, hidden) += the routed experts' sum (moe_experts's arguments) + the shared
 	 * expert of L (w_gate, w_up, w_down; shared_inter wide, 0: none) of x: what

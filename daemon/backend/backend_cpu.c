@@ -143,25 +143,27 @@ static void cpu_linear_fp32x(struct backend *be, float *y, const float *x,
 	k_cpu_linear_q(pool_of(be), y, x, w->data, w->dtype, &w->q, M, (int)w->rows, (int)w->cols);
 }
 
-/* Whether the GPU rounds this linear's x: x_bf16_at's answer for a bf16 weight where it
- * has one, else x_bf16's rule by rows. */
+/* How the GPU rounds this linear's x: x_bf16_at's answer where it has one (1: bf16, 2:
+ * f16, 0: not), else x_bf16's rule by rows (bf16). */
 static int cpu_rounds_x(const struct backend_cpu *b, const struct model_tensor *w, int M)
 {
 	int at = -1;
 
-	if (b->x_bf16_at && w->q.fmt == K_Q_NONE)
+	if (b->x_bf16_at)
 		at = b->x_bf16_at(b->x_bf16_arg, w, M);
 	return at >= 0 ? at : b->x_bf16 && M >= b->x_bf16;
 }
 
-/* With x_bf16, x rounded to bf16 first where the GPU's kernels round it; a scratch that
- * cannot grow leaves x as it is (the fidelity check then shows the difference). */
+/* With x_bf16, x rounded first where the GPU's kernels round it (bf16, or f16 for its
+ * quantized kernels); a scratch that cannot grow leaves x as it is (the fidelity check
+ * then shows the difference). */
 static void cpu_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M)
 {
 	struct backend_cpu *b = (struct backend_cpu *)be;
+	const int mode = cpu_rounds_x(b, w, M);
 	size_t n = (size_t)M * (size_t)w->cols;
 
-	if (cpu_rounds_x(b, w, M)) {
+	if (mode) {
 		if (n > b->xr_cap) {
 			float *p = realloc(b->xr, n * sizeof(float));
 
@@ -172,7 +174,7 @@ static void cpu_linear(struct backend *be, float *y, const float *x, const struc
 		}
 		if (n <= b->xr_cap) {
 			for (size_t i = 0; i < n; i++)
-				b->xr[i] = k_round_to(x[i], K_BF16);
+				b->xr[i] = k_round_to(x[i], mode == 2 ? K_F16 : K_BF16);
 			x = b->xr;
 		}
 	}

@@ -238,9 +238,9 @@ double engine_kv_bytes(const struct engine *e, double tokens);
 struct route_trace;
 void engine_set_route_trace(struct engine *e, struct route_trace *t);
 
-/* 1 where e's backend rounded the input of weight w at M rows to bf16 by a run-time
- * choice (backend_ops.linear_rounds_x), else -1: a CPU reference engine's x_bf16_at
- * (engine_opts) with arg e. */
+/* How e's backend rounds the input of weight w at M rows (backend_ops.linear_rounds_x:
+ * 1 bf16 by a run-time choice, 2 f16 or 0 fp32 for a quantized weight), else -1: a CPU
+ * reference engine's x_bf16_at (engine_opts) with arg e. */
 int engine_linear_rounds_x(void *e, const struct model_tensor *w, int M);
 
 /* Prepares everything a request would otherwise pay for on first use (engine_warm.c):

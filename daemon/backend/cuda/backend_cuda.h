@@ -251,7 +251,8 @@ struct k_cuda_linear *cuda_branch_linear(const struct backend_cuda *b);
 void cuda_branch_settle(struct backend_cuda *b);
 void cuda_linear(struct backend *be, float *y, const float *x, const struct model_tensor *w, int M);
 /* backend_ops.linear_rounds_x: the main queue's and the branch's linear contexts asked
- * (k_cuda_linear_rounds_x) for w's bf16 matrix */
+ * (k_cuda_linear_rounds_x) for w's bf16 matrix; 2 (f16) for a quantized one on the
+ * tensor-core kinds, 0 on the CUDA-core one */
 int cuda_linear_rounds_x(struct backend *be, const struct model_tensor *w, int M);
 void cuda_linear_fp32x(struct backend *be, float *y, const float *x, const struct model_tensor *w,
 		       int M);

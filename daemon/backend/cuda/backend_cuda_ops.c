@@ -206,15 +206,12 @@ static const float *swiglu_pending_is(const struct backend_cuda *b, const float 
 		       : NULL;
 }
 
-int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const struct cuda_qweight *w,
-		     int M, int K, int accumulate)
+/* The kind cuda_qlinear_run takes for w at M rows of x (K wide) */
+static int cuda_qlinear_kind(const struct backend_cuda *b, const float *x,
+			     const struct cuda_qweight *w, int M, int K)
 {
-	const int N = (int)w->rows;
-	int kind = k_cuda_linear_q_choose(b->lin, &w->q, x, w->w, M, N, K,
+	int kind = k_cuda_linear_q_choose(b->lin, &w->q, x, w->w, M, (int)w->rows, K,
 					  b->wtmp ? b->wtmp_elems : 0);
-	const float *gu;
-	struct k_cuda_xnorm n;
-	int ret;
 
 	if ((kind == K_CUDA_LINEAR_Q_STREAM || kind == K_CUDA_LINEAR_Q_MMA ||
 	     kind == K_CUDA_LINEAR_Q_TILE || kind == K_CUDA_LINEAR_Q_GEMV) &&
@@ -223,6 +220,17 @@ int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const str
 							       : K_CUDA_LINEAR_Q_DEQUANT;
 	if (k_cuda_tuning()->linear_fp32x)	/* KDEC_LINEAR_FP32X: x never rounded */
 		kind = K_CUDA_LINEAR_Q_WARP;
+	return kind;
+}
+
+int cuda_qlinear_run(struct backend_cuda *b, float *y, const float *x, const struct cuda_qweight *w,
+		     int M, int K, int accumulate)
+{
+	const int N = (int)w->rows, kind = cuda_qlinear_kind(b, x, w, M, K);
+	const float *gu;
+	struct k_cuda_xnorm n;
+	int ret;
+
 	/* the first linear over a norm left pending */
 	if ((kind == K_CUDA_LINEAR_Q_GEMV || kind == K_CUDA_LINEAR_Q_STREAM) &&
 	    norm_pending_is(b, x, M, K, &n)) {
@@ -288,10 +296,15 @@ int cuda_linear_run(struct backend_cuda *b, float *y, const float *x, const stru
 
 int cuda_linear_rounds_x(struct backend *be, const struct model_tensor *w, int M)
 {
+	static const _Alignas(16) float x_aligned[4];	/* the engine's x: only its address */
 	struct backend_cuda *b = cuda_of(be);
+	const struct cuda_qweight *q = cuda_qweight_of(b, w);
 	const uint16_t *d = w->q.fmt == K_Q_NONE ? cuda_ptr_map_get(&b->map, w->data) : NULL;
 
-	if (!d || cuda_qweight_of(b, w))
+	if (q)	/* every quantized kind but the CUDA-core one takes x in f16 */
+		return cuda_qlinear_kind(b, x_aligned, q, M, (int)w->cols) == K_CUDA_LINEAR_Q_WARP ?
+		       0 : 2;
+	if (!d)
 		return -1;
 	if (k_cuda_linear_rounds_x(b->lin, d, (int)w->cols, M) > 0)
 		return 1;
