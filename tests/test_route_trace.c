@@ -21,8 +21,9 @@
 #define TOL 1e-4
 
 
-/* An engine_opts.x_bf16_at: mode 0 rounds every weight's x, 1 only `only`'s, 2 none
- * decided (-1); counts its calls and those at more than one row. */
+/* An engine_opts.x_bf16_at: mode 0 rounds every weight's x to bf16, 1 only `only`'s, 2
+ * none decided (-1), 3 every weight's to f16 (a GPU's quantized kernels); counts its
+ * calls and those at more than one row. */
 struct x_at_arg {
 	int mode, calls, other_m;
 	const struct model_tensor *only;
@@ -34,7 +35,7 @@ static int x_at(void *arg, const struct model_tensor *w, int M)
 
 	a->calls++;
 	a->other_m += M != 1;
-	return a->mode == 0 ? 1 : a->mode == 1 ? (w == a->only ? 1 : -1) : -1;
+	return a->mode == 0 ? 1 : a->mode == 1 ? (w == a->only ? 1 : -1) : a->mode == 3 ? 2 : -1;
 }
 
 static struct model *m;
@@ -395,11 +396,12 @@ int main(void)
 
 		/* x_bf16_at (a GPU engine's run-time choices: engine_linear_rounds_x) before the
 		 * rows' rule: 1 for every weight is x_bf16 = 1's step, bit for bit; 1 for one
-		 * weight alone moves the step, but less than all do; -1 leaves the rule */
+		 * weight alone moves the step, but less than all do; -1 leaves the rule; 2 (f16,
+		 * 3 more significant bits) moves it less than bf16 does */
 		float *all = malloc(sizeof(float) * (size_t)vocab);
 
 		CHECK(all != NULL, "x_bf16_at: memory");
-		for (int mode = 0; all && mode < 3; mode++) {
+		for (int mode = 0; all && mode < 4; mode++) {
 			struct x_at_arg xa = { .mode = mode, .only = &m->layers[0].wo };
 
 			xo.x_bf16 = BACKEND_X_BF16_MIN_M;
@@ -419,6 +421,11 @@ int main(void)
 			} else if (mode == 2) {
 				CHECK(!memcmp(again, base, sizeof(float) * (size_t)vocab),
 				      "x_bf16_at -1 at 1 row: fp32 inputs' step");
+			} else if (mode == 3) {
+				worst = test_rel_l2(again, base, (size_t)vocab);
+				CHECK(worst > 1e-8 && worst < test_rel_l2(all, base, (size_t)vocab) / 2,
+				      "x_bf16_at 2 (f16): %.3g from fp32, under half of bf16's %.3g",
+				      worst, test_rel_l2(all, base, (size_t)vocab));
 			}
 			engine_seq_release(ex, &seq);
 			engine_destroy(ex);

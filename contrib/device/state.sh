@@ -125,6 +125,8 @@
 #                  expert_mma_kernel), and decode of Qwen3-30B-A3B fp8 at batch 32, 64
 #                  and int4 at 64 the same two ways (SD_PF "MODEL:FORMAT[:old] ...": those
 #                  prefill rows, :old with the one before, and fp8's decode rows alone)
+#   ST_PART=p128   kdbench prefill of 128 tokens, Qwen3-30B-A3B int4 and fp8: the default
+#                  (every call on the tile kernels) against KDEC_MOE_QTILE_ROWS=64
 #   ST_PART=unseen test_golden on cuda over the checkpoints of another seed and dims
 #                  (UNSEEN: a .tar.xz of folders in tests/data/golden's format, e.g. the
 #                  quantized ones of contrib/make_quant_reference.py --seed S --widen W and
@@ -355,6 +357,16 @@ msplit() {
 	done
 }
 
+# prefill chunks of 128 tokens, quantized experts: every call on the tile kernels (the
+# default since session 34) against the old 64 rows (65..255 on expert_mma_kernel)
+p128() {
+	local f
+	for f in ${ST_FORMATS:-int4-g32 fp8-block}; do
+		MPF_TOKENS=128 mpf "p128_qwen3_${f}_def" qwen3-30b-a3b "$f"
+		MPF_TOKENS=128 mpf "p128_qwen3_${f}_rows64" qwen3-30b-a3b "$f" KDEC_MOE_QTILE_ROWS=64
+	done
+}
+
 splitdef() {
 	local m
 	mwmin_tests
@@ -526,7 +538,8 @@ mpf() {
 	shift 3
 	[ "$f" = bf16 ] || extra="--weight-format $f"
 	step "$n" 60 env "$@" "$B/kdbench" prefill --model "tests/data/configs/$m.json" \
-		--synthetic-weights $extra --backend cuda --tokens 256,2048 --reps 2 --log-level info
+		--synthetic-weights $extra --backend cuda --tokens "${MPF_TOKENS:-256,2048}" --reps 2 \
+		--log-level info
 	grep -E '^ +[0-9]' "$L/$n.log" | sed "s/^/$n /" | cut -c1-200 | tee -a "$S"
 }
 

@@ -179,15 +179,19 @@ struct k_cuda_tuning {
 				 * until they end; 1 leaves room for one (session 9's hypothesis;
 				 * measured slower in session 14: Qwen3-30B-A3B batch 1 4.189 ms
 				 * against 3.997 on an H100) */
-	int moe_qtile_rows;	/* KDEC_MOE_QTILE_ROWS, rows 0..4096, 64: up to this many rows a
-				 * call (and from moe_qtile_wide's up), the routed experts (fp8,
+	int moe_qtile_rows;	/* KDEC_MOE_QTILE_ROWS, rows 0..4096, 4096: up to this many rows
+				 * a call (and from moe_qtile_wide's up), the routed experts (fp8,
 				 * int4 g32; bf16 with moe_qtile_bf16) on the grouped path take
 				 * moe_qtile.cu's tile kernels; 0 with moe_qtile_wide 0:
 				 * expert_mma_kernel always. Not bit-identical.
 				 * Measured on an H200 (session 18): Qwen3-30B-A3B fp8 batch 64
 				 * 43.53 -> 18.10 ms a step, batch 16 27.47 -> 11.62, int4 batch
 				 * 64 17.49 -> 12.94; DeepSeek-V2-Lite fp8 batch 16 17.16 ->
-				 * 7.99, 64 23.07 -> 10.71 */
+				 * 7.99, 64 23.07 -> 10.71. 64 until session 34, which timed the
+				 * calls of 65..255 rows that then took expert_mma_kernel (H100,
+				 * Qwen3-30B-A3B's experts alone at 96, 128, 192 rows): int4 228,
+				 * 252, 287 us on the tiles against 1196, 1221, 1271; fp8 349,
+				 * 377, 416 against 828, 853, 904 */
 	int moe_qtile_bf16;	/* KDEC_MOE_QTILE_BF16, 0..2, 2: bf16 experts take the tile
 				 * kernels in wide calls (moe_qtile_wide's, prefill chunks); 1: in
 				 * every call the tile kernels take, 0: never. At decode measured

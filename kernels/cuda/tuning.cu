@@ -56,7 +56,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.moe_sh_down_early = 1;
 	t.moe_down_early = 1;
 	t.moe_m1_gu_ctas = 2;
-	t.moe_qtile_rows = 64;
+	t.moe_qtile_rows = 4096;
 	t.moe_qtile_bf16 = 2;
 	t.moe_qtile_wide = 256;
 	t.moe_qtile_split = 0;

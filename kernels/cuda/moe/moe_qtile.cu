@@ -1,9 +1,9 @@
 // The grouped path's expert GEMMs as tile kernels (fp8, int4 groups of 32; bf16 in wide
-// calls, KDEC_MOE_QTILE_BF16) where a call has at most k_cuda_tuning()->moe_qtile_rows rows
-// (KDEC_MOE_QTILE_ROWS, 64), in place of expert_mma_kernel, which reads its weights with
-// narrow per-lane loads (16 bytes of bf16, 8 of fp8, 4 of int4: the same 8 values), one
-// scale load per 32-k chunk, and splits K over its 4 warps with a shared-memory
-// reduction: 63% (bf16), 12% (fp8) and 6% (int4) of the floor at 64 rows on H200
+// calls, KDEC_MOE_QTILE_BF16) where a call has at most k_cuda_tuning()->moe_qtile_rows
+// rows (KDEC_MOE_QTILE_ROWS, 4096; 64 before session 34), in place of expert_mma_kernel,
+// which reads its weights with narrow per-lane loads (16 bytes of bf16, 8 of fp8, 4 of
+// int4: the same 8 values), one scale load per 32-k chunk, and splits K over its 4 warps
+// with a shared-memory reduction: 63% (bf16), 12% (fp8) and 6% (int4) of the floor at 64 rows on H200
 // (docs/PERFORMANCE.md, "Quantized MoE experts"). The form is the dense quantized tile
 // kernel's (linear_qtile.cu). Measured (H200, session 18): Qwen3-30B-A3B fp8 batch 64
 // 2.4x faster a step than on expert_mma_kernel (43.5 -> 18.1 ms), int4 1.35x (17.5 ->
@@ -604,8 +604,8 @@ bool moe_qtile_takes(const moe_wq &wq, int hidden, int inter, int M)
 {
 	const int slab = wq.fmt == MQ_INT4 ? 128 : wq.fmt == MQ_FP8 ? 64 : 32;
 
-	// up to moe_qtile_rows (decode batches), or a prefill chunk's wide passes; hidden,
-	// inter < 2^15 and M <= 4096 (the knobs' bound): the kernels' 32-bit x unit indices
+	// up to moe_qtile_rows (every call by default), or a prefill chunk's wide passes;
+	// hidden, inter < 2^15 and M <= 4096 (the knobs' bound): the kernels' 32-bit x unit indices
 	// (rows < M * top_k <= 2^18, K / 4 units a row) stay below 2^31
 	if ((M > k_cuda_tuning()->moe_qtile_rows && !moe_qtile_wide(M)) || M > 4096 ||
 	    hidden % slab || inter % slab || hidden >= 32768 || inter >= 32768 ||
