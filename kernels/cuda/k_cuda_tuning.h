@@ -192,13 +192,13 @@ struct k_cuda_tuning {
 				 * Qwen3-30B-A3B's experts alone at 96, 128, 192 rows): int4 228,
 				 * 252, 287 us on the tiles against 1196, 1221, 1271; fp8 349,
 				 * 377, 416 against 828, 853, 904 */
-	int moe_qtile_bf16;	/* KDEC_MOE_QTILE_BF16, 0..2, 2: bf16 experts take the tile
-				 * kernels in wide calls (moe_qtile_wide's, prefill chunks); 1: in
-				 * every call the tile kernels take, 0: never. At decode measured
-				 * slower (H200, session 18: Qwen3-30B-A3B batch 64 28.85 against
-				 * 25.71 ms, 16 18.47 against 16.09); in a 2048-token prefill
-				 * chunk of Qwen3-30B-A3B 210 -> 115 ms (H100, session 34, with
-				 * moe_qtile_split's CTAs) */
+	int moe_qtile_bf16;	/* KDEC_MOE_QTILE_BF16, rows 0..4096, 2048: bf16 experts take the
+				 * tile kernels in calls of at least this many rows (1: every
+				 * call they take; 0: never). Measured (H100, session 34,
+				 * Qwen3-30B-A3B prefill, with moe_qtile_split's CTAs): a
+				 * 2048-row chunk 210 -> 115 ms; at 256 rows 28.9 -> 32.5 with
+				 * one CTA an expert's passes (spread: not measured); at decode
+				 * slower (H200, session 18: batch 64 28.85 against 25.71 ms) */
 	int moe_qtile_wide;	/* KDEC_MOE_QTILE_WIDE, rows 0..4096, 256: from this many rows a
 				 * call to 4096 (prefill chunks), the grouped path's experts take
 				 * the tile kernels in wide passes (64 expert rows, int4 32; 16

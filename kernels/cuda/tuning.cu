@@ -57,7 +57,7 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.moe_down_early = 1;
 	t.moe_m1_gu_ctas = 2;
 	t.moe_qtile_rows = 4096;
-	t.moe_qtile_bf16 = 2;
+	t.moe_qtile_bf16 = 2048;
 	t.moe_qtile_wide = 256;
 	t.moe_qtile_split = 0;
 	t.moe_qgemv_rows = 8;
@@ -169,7 +169,7 @@ static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_MOE_DOWN_EARLY", moe_down_early),
 	TUN_INT("KDEC_MOE_M1_GU_CTAS", moe_m1_gu_ctas, 1, 2),
 	TUN_INT("KDEC_MOE_QTILE_ROWS", moe_qtile_rows, 0, 4096),
-	TUN_INT("KDEC_MOE_QTILE_BF16", moe_qtile_bf16, 0, 2),
+	TUN_INT("KDEC_MOE_QTILE_BF16", moe_qtile_bf16, 0, 4096),
 	TUN_INT("KDEC_MOE_QTILE_WIDE", moe_qtile_wide, 0, 4096),
 	TUN_INT("KDEC_MOE_QTILE_SPLIT", moe_qtile_split, 0, 64),
 	TUN_INT("KDEC_MOE_QGEMV_ROWS", moe_qgemv_rows, 0, 8),

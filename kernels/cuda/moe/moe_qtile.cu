@@ -1,28 +1,30 @@
-// The grouped path's expert GEMMs as tile kernels (fp8, int4 groups of 32; bf16 in wide
-// calls, KDEC_MOE_QTILE_BF16) where a call has at most k_cuda_tuning()->moe_qtile_rows
-// rows (KDEC_MOE_QTILE_ROWS, 4096; 64 before session 34), in place of expert_mma_kernel,
-// which reads its weights with narrow per-lane loads (16 bytes of bf16, 8 of fp8, 4 of
-// int4: the same 8 values), one scale load per 32-k chunk, and splits K over its 4 warps
-// with a shared-memory reduction: 63% (bf16), 12% (fp8) and 6% (int4) of the floor at 64 rows on H200
-// (docs/PERFORMANCE.md, "Quantized MoE experts"). The form is the dense quantized tile
-// kernel's (linear_qtile.cu). Measured (H200, session 18): Qwen3-30B-A3B fp8 batch 64
-// 2.4x faster a step than on expert_mma_kernel (43.5 -> 18.1 ms), int4 1.35x (17.5 ->
-// 12.9), DeepSeek-V2-Lite fp8 2.15x; bf16 experts 12% slower (25.7 -> 28.8 ms), so at
-// decode they stay on expert_mma_kernel unless KDEC_MOE_QTILE_BF16=1.
+// The grouped path's expert GEMMs as tile kernels (fp8, int4 groups of 32; bf16 from 2048
+// rows a call, KDEC_MOE_QTILE_BF16) where a call has at most
+// k_cuda_tuning()->moe_qtile_rows rows (KDEC_MOE_QTILE_ROWS, 4096; 64 before session 34),
+// in place of expert_mma_kernel, which reads its weights with narrow per-lane loads (16
+// bytes of bf16, 8 of fp8, 4 of int4: the same 8 values), one scale load per 32-k chunk,
+// and splits K over its 4 warps with a shared-memory reduction: 63% (bf16), 12% (fp8) and
+// 6% (int4) of the floor at 64 rows on H200 (docs/PERFORMANCE.md, "Quantized MoE
+// experts"). The form is the dense quantized tile kernel's (linear_qtile.cu). Measured
+// (H200, session 18): Qwen3-30B-A3B fp8 batch 64 2.4x faster a step than on
+// expert_mma_kernel (43.5 -> 18.1 ms), int4 1.35x (17.5 -> 12.9), DeepSeek-V2-Lite fp8
+// 2.15x; bf16 experts 12% slower (25.7 -> 28.8 ms), so at decode they stay on
+// expert_mma_kernel unless KDEC_MOE_QTILE_BF16=1.
 //
 // A CTA owns 128 weight rows of one used expert (gate/up: 64 features, their gate rows
 // and their up rows, so a lane forms the SwiGLU of its own accumulators; down: 128
 // features) and streams them over the whole K in 64-byte slabs through a 4-buffer
 // cp.async pipeline, with the same slab of its expert rows' split x (bf16 hi + lo, the
 // plan kernel's xs, or the gate/up kernel's activations) in the same copy groups. Its
-// expert rows go 16 a pass (two n8 tiles; those past the pass's rows skipped), or in
-// wide passes of 64 (int4 32) in calls of k_cuda_tuning()->moe_qtile_wide rows or more
+// expert rows go 16 a pass (two n8 tiles; those past the pass's rows skipped), or in wide
+// passes of 64 (int4 32) in calls of k_cuda_tuning()->moe_qtile_wide rows or more
 // (KDEC_MOE_QTILE_WIDE, 256: prefill chunks, which take the tile kernels whatever
 // KDEC_MOE_QTILE_ROWS says); an expert with more rows than a pass streams its weights
-// once a pass, its passes spread over up to 8 CTAs (xt_splits, KDEC_MOE_QTILE_SPLIT). Measured (H100, session 32), Qwen3-30B-A3B's experts alone at 2048 rows:
-// int4 1.76 ms (16-row passes 1.88, expert_mma_kernel 5.08), fp8 1.62 (2.94, 4.26), bf16
-// 1.99 (5.66, 3.31); kdbench prefill of 2048 tokens int4 295 -> 214 ms, fp8 262 -> 183,
-// but bf16 210 -> 221 (one CTA an expert's passes; spread over 8, session 34: 115).
+// once a pass, its passes spread over up to 8 CTAs (xt_splits, KDEC_MOE_QTILE_SPLIT).
+// Measured (H100, session 32), Qwen3-30B-A3B's experts alone at 2048 rows: int4 1.76 ms
+// (16-row passes 1.88, expert_mma_kernel 5.08), fp8 1.62 (2.94, 4.26), bf16 1.99 (5.66,
+// 3.31); kdbench prefill of 2048 tokens int4 295 -> 214 ms, fp8 262 -> 183, but bf16 210
+// -> 221 (one CTA an expert's passes; spread over 8, session 34: 115).
 //
 // Arithmetic as expert_mma_kernel's: the weights are (or become, moe_grouped.cuh) exact
 // bf16 pairs in registers, each product is taken twice (x hi, x lo: ~16 bits of x), fp32
@@ -584,13 +586,13 @@ bool moe_qtile_wide(int M)
 	return w > 0 && M >= w;
 }
 
-// bf16 experts: on the tile kernels in wide calls (moe_qtile_bf16 2, the default), in
-// every call they take (1), never (0)
+// bf16 experts: on the tile kernels from moe_qtile_bf16 rows a call (2048: the prefill
+// chunks measured faster there; 1: every call; 0: never)
 static bool moe_qtile_bf16_takes(int M)
 {
 	const int b = k_cuda_tuning()->moe_qtile_bf16;
 
-	return b == 1 || (b == 2 && moe_qtile_wide(M));
+	return b > 0 && M >= b;
 }
 
 int moe_qtile_setup(void)
@@ -605,8 +607,8 @@ bool moe_qtile_takes(const moe_wq &wq, int hidden, int inter, int M)
 	const int slab = wq.fmt == MQ_INT4 ? 128 : wq.fmt == MQ_FP8 ? 64 : 32;
 
 	// up to moe_qtile_rows (every call by default), or a prefill chunk's wide passes;
-	// hidden, inter < 2^15 and M <= 4096 (the knobs' bound): the kernels' 32-bit x unit indices
-	// (rows < M * top_k <= 2^18, K / 4 units a row) stay below 2^31
+	// hidden, inter < 2^15 and M <= 4096 (the knobs' bound): the kernels' 32-bit x unit
+	// indices (rows < M * top_k <= 2^18, K / 4 units a row) stay below 2^31
 	if ((M > k_cuda_tuning()->moe_qtile_rows && !moe_qtile_wide(M)) || M > 4096 ||
 	    hidden % slab || inter % slab || hidden >= 32768 || inter >= 32768 ||
 	    (wq.fmt == MQ_BF16 && !moe_qtile_bf16_takes(M)))
