@@ -5,10 +5,12 @@
  * KDEC_TEST_BACKEND=cpu (default): <= 1e-4 relative L2 per row (fp32 throughout).
  * KDEC_TEST_BACKEND=cuda: <= 2e-2 (bf16 weights, KV cache and tensor-core inputs);
  * a greedy token may differ only where the engine's own top-two gap is within that
- * error. Every row beyond tolerance fails, on the GPU too, unless a measured cause
- * explains it (goldenflip.h): on the GPU each path runs again on the CPU reference
- * engine with the GPU's expert choices forced (MoE) and its KV cache (and a quantized
- * checkpoint's MLA kv_b, dequantized at load) rounded to bf16 like the GPU's, then with the GEMM inputs rounded too, and once more on the GPU with
+ * error, or where the CPU reference with the GPU's roundings picks the GPU's token
+ * too (check_greedy). Every row beyond tolerance fails, on the GPU too, unless a
+ * measured cause explains it (goldenflip.h): on the GPU each path runs again on the
+ * CPU reference engine with the GPU's expert choices forced (MoE) and its KV cache
+ * (and a quantized checkpoint's MLA kv_b, dequantized at load) rounded to bf16 like
+ * the GPU's, then with the GEMM inputs rounded too, and once more on the GPU with
  * nothing rounded but the cache; a bad row must be a near-tie routing flip, or what
  * the GPU's bf16 precision measurably does to that row. One "fidelity:" line per model
  * and path gives worst and median row error, argmax agreement, rows explained by each
@@ -421,9 +423,9 @@ static void check_greedy(struct engine *e, const char *name, json_t *greedy)
 		ret ? "STOPPED" : first_diff >= 0 ? "DIFFERENT" : near + rounding ? "explained" :
 		"identical", near, rounding);
 	CHECK(first_diff < 0, "%s greedy: first difference at output token %d (the engine's %d, "
-	      "the reference's %d%s)", name, first_diff, first_diff < 0 ? 0 : tok[first_diff],
-	      first_diff < 0 ? 0 : want[first_diff], have_x ? "; the CPU with the GPU's "
-	      "roundings keeps the reference's" : "");
+	      "the reference's %d, the CPU's with the GPU's roundings %d)", name, first_diff,
+	      first_diff < 0 ? 0 : tok[first_diff], first_diff < 0 ? 0 : want[first_diff],
+	      first_diff < 0 || !have_x ? -1 : tok_x[first_diff]);
 out:
 	free(prompt);
 	free(want);
