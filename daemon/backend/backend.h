@@ -46,10 +46,10 @@ struct backend_opts {
 	int kv_bf16;		/* cpu: round each cached K/V value to bf16 as it is written,
 				 * as the cuda backend stores it, so a fidelity check can tell
 				 * the cache's rounding from the kernels' error (cuda: ignored) */
-	int w_bf16;		/* cpu: the weights the cuda backend dequantizes to bf16 at load
-				 * (a quantized checkpoint's MLA kv_b: no quantized kernel reads
-				 * it) rounded to bf16 as it keeps them; for kv_bf16's reason
-				 * (cuda: ignored) */
+	int w_bf16;		/* cpu: a quantized checkpoint's MLA kv_b, which the cuda backend
+				 * dequantizes to bf16 at load (no quantized kernel reads it),
+				 * rounded to bf16 as it keeps it; for kv_bf16's reason (cuda:
+				 * ignored) */
 	int x_bf16;		/* cpu: the fewest rows at which a linear layer's input is
 				 * rounded to bf16, as the cuda backend's kernels round it:
 				 * BACKEND_X_BF16_MIN_M for its defaults, 1 where every bf16

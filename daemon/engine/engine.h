@@ -56,8 +56,8 @@ struct engine_opts {
 	int offload_after_s;	/* idle seconds until engine_tick moves it to host; 0: default; < 0: never */
 	int zstd_level;		/* host tier compression; 0: KV_CODEC_DEFAULT_LEVEL */
 	int kv_bf16;		/* backend_opts.kv_bf16: a CPU cache rounded as the GPU's */
-	int w_bf16;		/* backend_opts.w_bf16: weights the GPU dequantizes at load
-				 * rounded as it keeps them */
+	int w_bf16;		/* backend_opts.w_bf16: a quantized MLA kv_b rounded to bf16
+				 * as the GPU keeps it */
 	int x_bf16;		/* backend_opts.x_bf16: the fewest rows whose CPU GEMM inputs are
 				 * rounded as the GPU's; 0: never */
 	/* backend_opts.x_bf16_at, x_bf16_arg: which weights' inputs a GPU engine's run-time
