@@ -87,7 +87,7 @@ static inline void moe_set_qtile_wide(int rows)
 }
 
 /* moe_qtile_split (the CTAs each used expert's passes are spread over in the tile
- * kernels; 1: one, the default; 0: by the call's rows), installed: n >= 0, or -1 for
+ * kernels; 0: by the call's rows, the default; 1: one), installed: n >= 0, or -1 for
  * the default. */
 static inline void moe_set_qtile_split(int n)
 {

@@ -398,15 +398,18 @@ unseenq() {
 }
 
 # unseen_run NAME [ENV...]: test_golden on cuda over UNSEEN's checkpoints alone under ENV
+# (the archive unpacked once a call: UNSEEN_DIRS, their folders joined by ':')
 unseen_run() {
-	local n=$1 d x
+	local n=$1 d
 	shift
-	d=$(mktemp -d /tmp/kdec-unseen.XXXXXX)
-	python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-		"${UNSEEN:?unseen: UNSEEN=FILE.tar.xz}" "$d" || return
-	x=$(find "$d" -name golden.json -printf '%h:' | sed 's/:$//')
+	if [ -z "${UNSEEN_DIRS:-}" ]; then
+		d=$(mktemp -d /tmp/kdec-unseen.XXXXXX)
+		python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+			"${UNSEEN:?unseen: UNSEEN=FILE.tar.xz}" "$d" || return
+		UNSEEN_DIRS=$(find "$d" -name golden.json -printf '%h:' | sed 's/:$//')
+	fi
 	step "$n" 200 env KDEC_TEST_BACKEND=cuda KDEC_GOLDEN_ONLY=none \
-		KDEC_GOLDEN_EXTRA="$x" "$@" "$B/tests/test_golden"
+		KDEC_GOLDEN_EXTRA="$UNSEEN_DIRS" "$@" "$B/tests/test_golden"
 	grep '^FAIL' "$L/$n.log" | cut -c1-200 | tee -a "$S"
 }
 
