@@ -15,9 +15,8 @@
  * - the standard path's kernels must give the same bits: its router (the GEMV that
  *   linear_fp32x runs) the same logits, then k_cuda_moe_route and
  *   k_cuda_moe_experts_add on them the same y;
- * - 40 calls in a row (the barrier's words reused, as graph replays reuse them), with
- *   the L2 prefetch of "next layer" ranges on (KDEC_MOE_LAT_PREFETCH_MB's field at 64),
- *   give the first call's y bit for bit;
+ * - 40 calls in a row (the barrier's words reused, as graph replays reuse them) give
+ *   the first call's y bit for bit;
  * M 1 takes the single-row gate/up (moe_small_m1.cuh), the others the general one.
  * - 9 rows (past K_CUDA_MOE_LAT_MAX_ROWS) declines (1) and leaves y as it was.
  * Experts nobody chose point at NaN weights, so reading one fails. Skips (77) without
@@ -40,7 +39,6 @@
 
 #include "kernels/cpu/k_cpu.h"
 #include "kernels/cuda/k_cuda.h"
-#include "kernels/cuda/k_cuda_tuning.h"
 #include "kernels/cuda/linear/k_cuda_linear.h"
 #include "kernels/cuda/moe/k_cuda_moe.h"
 #include "tests/cudatest.h"
@@ -195,7 +193,6 @@ struct lat_dev {
 	float *x, *y, *logits, *logits2, *wts, *wts2, *y2;
 	int32_t *ids, *ids2;
 	const uint16_t **table;
-	struct k_cuda_moe_lat_prefetch pf;	/* the router and x: a hint only */
 };
 
 /* The kernel's call, with the shared expert where the model has one. */
@@ -208,7 +205,7 @@ static int lat_call(const struct lat_model *s, const struct lat_weights *w,
 	p.bias = w->d_bias;
 	return k_cuda_moe_lat(stream, ws, y, d->x, M, w->d_router, &p, d->logits, d->ids, d->wts,
 			      (const uint16_t *const *)d->table, NULL, s->n_experts, s->hidden,
-			      s->inter, s->shared ? &sh : NULL, &d->pf);
+			      s->inter, s->shared ? &sh : NULL);
 }
 
 static void test_case(const struct lat_model *s, const struct lat_weights *w,
@@ -224,7 +221,6 @@ static void test_case(const struct lat_model *s, const struct lat_weights *w,
 	struct k_moe_route_params pc = s->p, pd = s->p;
 	struct k_cuda_moe_shared sh = { w->d_sh[0], w->d_sh[1], w->d_sh[2], s->shared };
 	struct lat_dev d = { 0 };
-	struct k_cuda_tuning tun;
 	const uint16_t **table;
 	double e_lg, e_y, max_w = 0;
 	int id_bad = 0, ret, same_std, same_lg, same_rep = 1, ok;
@@ -288,14 +284,7 @@ static void test_case(const struct lat_model *s, const struct lat_weights *w,
 	to_host(got2, d.y2, sizeof(float) * nx);
 	same_std = !memcmp(got, got2, sizeof(float) * nx);
 
-	/* many calls: the barrier's words come back ready each time; the prefetch on */
-	tun = *k_cuda_tuning();
-	tun.moe_lat_prefetch_mb = 64;
-	k_cuda_tuning_set(&tun);
-	d.pf.p[0] = w->d_router;
-	d.pf.bytes[0] = sizeof(uint16_t) * s->n_experts * s->hidden;
-	d.pf.p[1] = d.x;
-	d.pf.bytes[1] = sizeof(float) * nx;
+	/* many calls: the barrier's words come back ready each time */
 	for (int r = 0; r < repeats && same_rep; r++) {
 		CU(cudaMemcpy(d.y2, y0, sizeof(float) * nx, cudaMemcpyHostToDevice));
 		ret = lat_call(s, w, ws, &d, d.y2, M);
@@ -303,7 +292,6 @@ static void test_case(const struct lat_model *s, const struct lat_weights *w,
 		to_host(got2, d.y2, sizeof(float) * nx);
 		same_rep = ret == 0 && !memcmp(got, got2, sizeof(float) * nx);
 	}
-	k_cuda_tuning_set(NULL);
 	ok = e_lg <= LOGIT_TOL && !id_bad && max_w <= W_TOL && e_y <= Y_TOL && same_std &&
 	     same_lg && same_rep;
 	printf("%-10s %-18s M %d  logits %.2g  ids differ %d  weights %.2g  y rel_l2 %.3g  "

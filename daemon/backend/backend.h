@@ -249,13 +249,12 @@ struct backend_ops {
 	 * route (bias a host-side model pointer, as moe_route takes it; ids, weights (M,
 	 * top_k) written), the routed experts and the shared expert of L as
 	 * moe_experts_add sums them: what linear_fp32x, moe_route and moe_experts_add do,
-	 * in fewer launches. next (NULL: none): the layer after L, whose attention weights
-	 * the backend may ask its cache for meanwhile. 1: it declines, nothing queued
-	 * (forward.c then runs those ops); 0 or -errno. */
+	 * in fewer launches. 1: it declines, nothing queued (forward.c then runs those
+	 * ops); 0 or -errno. */
 	int (*moe_layer)(struct backend *be, float *y, const float *x, int M,
 			 const struct model_layer *L, const struct k_moe_route_params *route,
 			 float *logits, int32_t *ids, float *weights, int hidden, int inter,
-			 int n_experts, int shared_inter, const struct model_layer *next);
+			 int n_experts, int shared_inter);
 	/* A branch of the step beside the main queue (NULL where the backend has none),
 	 * for work that depends on an earlier point only: MARK notes that point (what the
 	 * ops queued so far write); the ops queued between BEGIN and END run after it,

@@ -458,8 +458,7 @@ static int moe_mlp(struct forward *f, const struct model_layer *L, int l, int R)
 	route.bias = L->router_bias;
 	if (f->lat && R <= FWD_LAT_MAX_ROWS && f->be->ops->moe_layer && !f->trace &&
 	    (ret = OP(f, moe_layer, f->x, f->h, R, L, &route, f->router, f->route_ids, f->route_w,
-		      c->hidden_size, c->moe_intermediate_size, c->n_experts, shared,
-		      l + 1 < c->n_layers ? &f->m->layers[l + 1] : NULL)) <= 0)
+		      c->hidden_size, c->moe_intermediate_size, c->n_experts, shared)) <= 0)
 		return ret;	/* the latency path: router to residual add in two launches */
 	/* The shared expert needs h only: where the backend has a branch, it streams its
 	 * weights there while the router, the routing and the routed experts run (at

@@ -265,10 +265,6 @@ struct k_cuda_tuning {
 	int moe_qgemv_split;	/* KDEC_MOE_QGEMV_SPLIT, 0..8, 0: moe_qgemv.cu's gate/up K
 				 * slices from its plan (the fewest giving every SM two CTAs);
 				 * N: at least N where the x slice fits (for measuring) */
-	int moe_lat_prefetch_mb;	/* KDEC_MOE_LAT_PREFETCH_MB, MB (>= 0), 0: the latency
-				 * path's MoE launch asks L2 (evict-last) for up to this many MB
-				 * of the next layer's attention weights once its router rows
-				 * are read, while it routes; 0: none */
 
 	/* ---- the CUDA backend (daemon/backend/cuda) ---- */
 	int op_times;		/* KDEC_CUDA_OP_TIMES, 0..2, 0: 1 times every op of the decode

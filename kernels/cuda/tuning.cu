@@ -66,7 +66,6 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.moe_qgemv_fp8_hidden = 4096;
 	t.moe_qgemv_split = 0;
 	t.moe_qgemv_persist = 1;
-	t.moe_lat_prefetch_mb = 0;
 	t.op_times = 0;
 	t.moe_fused_rows = 1;
 	t.moe_shared_branch = 64;
@@ -178,7 +177,6 @@ static const struct tun_var tun_vars[] = {
 	TUN_INT("KDEC_MOE_QGEMV_FP8_HIDDEN", moe_qgemv_fp8_hidden, 0, INT_MAX),
 	TUN_INT("KDEC_MOE_QGEMV_SPLIT", moe_qgemv_split, 0, 8),
 	TUN_INT("KDEC_MOE_QGEMV_PERSIST", moe_qgemv_persist, 0, 1 << 20),
-	TUN_INT("KDEC_MOE_LAT_PREFETCH_MB", moe_lat_prefetch_mb, 0, 1024),
 	TUN_INT("KDEC_CUDA_OP_TIMES", op_times, 0, 2),
 	TUN_INT("KDEC_MOE_FUSED_ROWS", moe_fused_rows, 0, INT_MAX),
 	TUN_INT("KDEC_MOE_SHARED_BRANCH", moe_shared_branch, 0, INT_MAX),

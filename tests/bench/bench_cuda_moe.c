@@ -194,7 +194,7 @@ static int lat_layer(struct lat_bench *lb)
 	if (lb->latency)
 		return k_cuda_moe_lat(stream, lb->ws, lb->y, lb->x, lb->M, lb->router, &lb->p,
 				      lb->logits, lb->ids, lb->wts, lb->table, NULL, s->n_experts,
-				      s->hidden, s->inter, sh, NULL);
+				      s->hidden, s->inter, sh);
 	if ((ret = k_cuda_linear_run_kind(lb->lin, K_CUDA_LINEAR_GEMV, lb->logits, lb->x,
 					  lb->router, lb->M, s->n_experts, s->hidden, 0)) ||
 	    (ret = k_cuda_moe_route(stream, &lb->p, lb->logits, lb->M, lb->ids, lb->wts)))

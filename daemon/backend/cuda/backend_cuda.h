@@ -275,8 +275,7 @@ int cuda_moe_experts(struct backend *be, float *out, const float *x, int M, cons
 		     int inter, int n_experts);
 int cuda_moe_layer(struct backend *be, float *y, const float *x, int M, const struct model_layer *L,
 		   const struct k_moe_route_params *route, float *logits, int32_t *ids,
-		   float *weights, int hidden, int inter, int n_experts, int shared_inter,
-		   const struct model_layer *next);
+		   float *weights, int hidden, int inter, int n_experts, int shared_inter);
 int cuda_moe_experts_add(struct backend *be, float *y, const float *x, int M,
 			 const int32_t *ids, const float *weights, int top_k,
 			 const struct model_layer *L, int hidden, int inter, int n_experts,

@@ -480,35 +480,10 @@ int cuda_moe_experts_add(struct backend *be, float *y, const float *x, int M,
  * (KDEC_ROUTER_FP32=0: then the two paths would choose differently), where the shared
  * expert's matrices are not as the kernels take them, and where the kernels do not
  * take the shapes (more than K_CUDA_MOE_LAT_MAX_ROWS rows, say). */
-/* The next layer's attention weights in the order its kernels read them, for
- * k_cuda_moe_lat's L2 prefetch (its budget, k_cuda_tuning()->moe_lat_prefetch_mb, cuts
- * the list). */
-static void lat_prefetch_of(struct backend_cuda *b, const struct model_layer *n,
-			    struct k_cuda_moe_lat_prefetch *pf)
-{
-	const struct model_tensor *t[] = { &n->wq, &n->wk, &n->wv, &n->wq_a, &n->wkv_a, &n->wq_b,
-					   &n->wkv_b, &n->wo };
-	int k = 0;
-
-	memset(pf, 0, sizeof(*pf));
-	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]) && k < K_CUDA_MOE_LAT_PREFETCH; i++) {
-		const struct cuda_qweight *qw;
-
-		if (!t[i]->data || t[i]->dtype != K_BF16)
-			continue;
-		pf->p[k] = W(b, t[i]);
-		qw = cuda_qweight_of(b, t[i]);	/* kept quantized: its payload's bytes */
-		pf->bytes[k++] = (size_t)t[i]->rows * (qw ? k_quant_row_bytes(qw->q.fmt, t[i]->cols)
-							  : (size_t)t[i]->cols * 2);
-	}
-}
-
 int cuda_moe_layer(struct backend *be, float *y, const float *x, int M, const struct model_layer *L,
 		   const struct k_moe_route_params *route, float *logits, int32_t *ids,
-		   float *weights, int hidden, int inter, int n_experts, int shared_inter,
-		   const struct model_layer *next)
+		   float *weights, int hidden, int inter, int n_experts, int shared_inter)
 {
-	struct k_cuda_moe_lat_prefetch pf;
 	struct backend_cuda *b = cuda_of(be);
 	struct k_cuda_moe_shared sh = { 0 };
 	struct k_moe_route_params dp = *route;
@@ -530,13 +505,9 @@ int cuda_moe_layer(struct backend *be, float *y, const float *x, int M, const st
 	}
 	cuda_op_begin(b, CUDA_OP_MOE_LAYER);
 	dp.bias = route->bias ? cuda_dev_of(b, route->bias, "moe_layer bias") : NULL;
-	if (next && k_cuda_tuning()->moe_lat_prefetch_mb)
-		lat_prefetch_of(b, next, &pf);
 	ret = k_cuda_moe_lat(b->stream, b->moe_ws, y, x, M, router, &dp, logits, ids, weights,
 			     cuda_dev_of(b, L->experts, "moe_layer"), cuda_moe_q_of(b, L), n_experts,
-			     hidden, inter,
-			     shared_inter > 0 ? &sh : NULL,
-			     next && k_cuda_tuning()->moe_lat_prefetch_mb ? &pf : NULL);
+			     hidden, inter, shared_inter > 0 ? &sh : NULL);
 	cuda_op_end(b, CUDA_OP_MOE_LAYER, ret < 0 ? ret : 0);
 	return ret;
 }

@@ -164,14 +164,6 @@ int k_cuda_moe_experts_add_q(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y,
 /* ---- the latency path's MoE layer (moe_lat.cu; issue 23) ---- */
 
 #define K_CUDA_MOE_LAT_MAX_ROWS 8
-#define K_CUDA_MOE_LAT_PREFETCH 6	/* ranges of the next layer k_cuda_moe_lat asks L2 for */
-
-/* What k_cuda_moe_lat asks L2 for while it routes (weights the next launches read:
- * the next layer's attention), in order, up to k_cuda_tuning()->moe_lat_prefetch_mb. */
-struct k_cuda_moe_lat_prefetch {
-	const void *p[K_CUDA_MOE_LAT_PREFETCH];
-	size_t bytes[K_CUDA_MOE_LAT_PREFETCH];
-};
 
 /* How k_cuda_moe_lat runs a call of these shapes. Launch 1 (router + routing + gate/up)
  * is a grid with a barrier inside, so it is sized to be resident as a whole. */
@@ -200,14 +192,12 @@ int k_cuda_moe_lat_config(struct k_cuda_moe_lat_cfg *cfg, int M, int top_k, int 
  * standard path's values bit for bit). Two launches; M <= K_CUDA_MOE_LAT_MAX_ROWS and
  * the small path's shapes (k_cuda_moe_lat_config): 1 where not, nothing launched.
  * At M = 1 (with k_cuda_tuning()->moe_m1) gate/up takes moe_small_m1.cu's pipelined
- * units. pf (NULL: none): weights to ask L2 for while routing (a hint). 0, 1, -EINVAL
- * or -EIO. */
+ * units. 0, 1, -EINVAL or -EIO. */
 int k_cuda_moe_lat(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y, const float *x, int M,
 		   const uint16_t *router, const struct k_moe_route_params *p, float *logits,
 		   int32_t *ids, float *weights, const uint16_t *const *expert_w,
 		   const struct k_cuda_moe_quant *q, int n_experts, int hidden, int inter,
-		   const struct k_cuda_moe_shared *sh,
-		   const struct k_cuda_moe_lat_prefetch *pf);
+		   const struct k_cuda_moe_shared *sh);
 
 #ifdef __cplusplus
 }

@@ -15,8 +15,7 @@
 //      does (gate_up_segment; one row: moe_small_m1.cuh's pipelined units). CTA 0 also
 //      writes the ids and weights for launch 2.
 //   Before its PDL wait it asks L2 for its router rows and shared-expert rows
-//   (weights); after phase A it may ask L2 (evict-last) for the next layer's attention
-//   weights (KDEC_MOE_LAT_PREFETCH_MB; measured no faster, off by default).
+//   (weights).
 // Launch 2: the small path's down kernel (moe_small.cu) with the residual add and the
 // shared expert's down rows folded in, launched without programmatic serialisation
 // (it reads the ids before its wait).
@@ -59,7 +58,6 @@ struct lat_args {
 	int route_stride;		// bytes of one warp's routing scratch
 	int m1;				// M = 1 gate/up by moe_small_m1.cuh's units: -1 no,
 					// else their bal
-	k_cuda_moe_lat_prefetch pf;	// (bytes already cut to the budget)
 };
 
 __device__ __forceinline__ unsigned ld_acquire(const unsigned *p)
@@ -184,22 +182,6 @@ __device__ void lat_route(const lat_args &a, char *scratch, int32_t *s_ids, floa
 	__syncthreads();
 }
 
-// The CTA's share of each prefetch range, asked of L2 with the evict-last priority so
-// that the experts' streaming loads (evict-first) pass them by.
-__device__ void lat_prefetch_next(const k_cuda_moe_lat_prefetch &pf)
-{
-	for (int r = 0; r < K_CUDA_MOE_LAT_PREFETCH; r++) {
-		size_t lines = (pf.bytes[r] + 127) / 128;
-		size_t a = lines * blockIdx.x / gridDim.x, b = lines * (blockIdx.x + 1) / gridDim.x;
-
-		if (!pf.p[r])
-			continue;
-		for (size_t q = a + threadIdx.x; q < b; q += SM_THREADS)
-			asm volatile("prefetch.global.L2::evict_last [%0];"
-				     ::"l"((const char *)pf.p[r] + q * 128));
-	}
-}
-
 __global__ void __launch_bounds__(SM_THREADS, SM_CTAS_PER_SM)
 lat_route_gate_up_kernel(lat_args a)
 {
@@ -217,7 +199,6 @@ lat_route_gate_up_kernel(lat_args a)
 	prefetch_shared_gate_up(a.sh, a.hidden);
 	k_cuda_pdl_wait();	// x is the RMSNorm's output
 	lat_router(a);
-	lat_prefetch_next(a.pf);	// HBM is idle while the grid routes
 	lat_grid_barrier(a.bar);
 	lat_route(a, (char *)smem4, s_ids, s_w);
 	small_plan_build<false, true>(sp, s_ids, n, E);
@@ -321,11 +302,9 @@ extern "C" int k_cuda_moe_lat(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y
 			      int M, const uint16_t *router, const struct k_moe_route_params *p,
 			      float *logits, int32_t *ids, float *weights,
 			      const uint16_t *const *expert_w, const struct k_cuda_moe_quant *q,
-			      int n_experts, int hidden, int inter, const struct k_cuda_moe_shared *sh,
-			      const struct k_cuda_moe_lat_prefetch *pf)
+			      int n_experts, int hidden, int inter, const struct k_cuda_moe_shared *sh)
 {
 	const struct k_cuda_tuning *tun = k_cuda_tuning();
-	size_t budget = (size_t)tun->moe_lat_prefetch_mb << 20;
 	struct moe_ws_parts w;
 	struct k_cuda_moe_lat_cfg cfg;
 	moe_small_shared ss = {};
@@ -376,15 +355,6 @@ extern "C" int k_cuda_moe_lat(cudaStream_t s, struct k_cuda_moe_ws *ws, float *y
 	a.route_stride = (int)lat_route_stride(n_experts, p->top_k, a.p.n_group);
 	a.m1 = M == 1 && tun->moe_m1 && moe_small_m1_fits(p->top_k, n_experts, hidden, inter, ss.inter) ?
 	       (tun->moe_m1_bal != 0) : -1;
-	for (int r = 0; pf && r < K_CUDA_MOE_LAT_PREFETCH && budget; r++) {
-		size_t b = pf->bytes[r] < budget ? pf->bytes[r] : budget;
-
-		if (!pf->p[r] || !b)
-			continue;
-		a.pf.p[r] = pf->p[r];
-		a.pf.bytes[r] = b;
-		budget -= b;
-	}
 	k_cuda_launch_pdl(s, dim3(ctas), dim3(SM_THREADS), cfg.smem, lat_route_gate_up_kernel, a);
 	if ((ret = K_CUDA_LAUNCHED("moe lat router + gate/up")))
 		return ret;
