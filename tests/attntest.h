@@ -547,29 +547,23 @@ static inline void mla_teardown(struct mla_run *m)
  * KDEC_MLA_SPLIT_MIN variable alone does. */
 struct mla_ab_cfg {
 	const char *name;
-	int ksplit, split_min, split_live, merge, fold_rows, cluster;
+	int ksplit, split_min, split_live, merge;
 };
 
 static const struct mla_ab_cfg mla_ab_cfgs[] = {
-	{ "old (ksplit 0, split_min 0, merge kernel)", 0, 0, -1, 0, 0, -1 },
-	{ "ksplit only (split_min 0)", 1, 0, -1, 0, 0, -1 },
-	{ "split_min 64 only (ksplit 0)", 0, 64, -1, 0, 0, -1 },
-	{ "phase 1 (ksplit, split_min 64 always)", 1, 64, -1, 0, 0, -1 },
-	{ "ksplit, split_min 128", 1, 128, -1, 0, 0, -1 },
-	{ "ksplit, floor past 64 live", -1, -1, -1, 0, 0, -1 },
-	{ "ksplit, floor past 32 live", -1, -1, 32, 0, 0, -1 },
-	{ "ksplit, floor past 128 live", -1, -1, 128, 0, 0, -1 },
-	{ "floor past 64 + batched merge", -1, -1, -1, 1, 0, -1 },
-	{ "floor past 64 + fold, no cluster", -1, -1, -1, 0, 16, 0 },
-	{ "new default (+ cluster fold, 1 row)", -1, -1, -1, -1, -1, -1 },
-	{ "new default, cluster fold to 16 rows", -1, -1, -1, -1, 16, -1 },
-	/* the floor's edge again with the fold's cheaper merge */
-	{ "new default, floor past 128 live", -1, -1, 128, -1, -1, -1 },
-	{ "new default, split_min 0", -1, 0, -1, -1, -1, -1 },
+	{ "old (ksplit 0, split_min 0)", 0, 0, -1, -1 },
+	{ "ksplit only (split_min 0)", 1, 0, -1, -1 },
+	{ "split_min 64 only (ksplit 0)", 0, 64, -1, -1 },
+	{ "phase 1 (ksplit, split_min 64 always)", 1, 64, -1, -1 },
+	{ "ksplit, split_min 128", 1, 128, -1, -1 },
+	{ "default (ksplit, floor past 64 live)", -1, -1, -1, -1 },
+	{ "ksplit, floor past 32 live", -1, -1, 32, -1 },
+	{ "ksplit, floor past 128 live", -1, -1, 128, -1 },
+	{ "default + batched merge", -1, -1, -1, 1 },
 };
 #define MLA_AB_N (sizeof(mla_ab_cfgs) / sizeof(mla_ab_cfgs[0]))
 
-/* base with c's six MLA knobs (the built-in defaults where c keeps them). */
+/* base with c's four MLA knobs (the built-in defaults where c keeps them). */
 static inline struct k_cuda_tuning mla_ab_tuning(const struct k_cuda_tuning *base,
 						 const struct mla_ab_cfg *c)
 {
@@ -581,8 +575,6 @@ static inline struct k_cuda_tuning mla_ab_tuning(const struct k_cuda_tuning *bas
 	t.mla_split_live = c->split_live >= 0 ? c->split_live :
 			   c->split_min >= 0 ? 0 : def.mla_split_live;
 	t.attn_merge_batched = c->merge >= 0 ? c->merge : def.attn_merge_batched;
-	t.mla_fold_rows = c->fold_rows >= 0 ? c->fold_rows : def.mla_fold_rows;
-	t.mla_fold_cluster = c->cluster >= 0 ? c->cluster : def.mla_fold_cluster;
 	return t;
 }
 

@@ -2,13 +2,13 @@
  * inputs: shuffled block tables, a bf16 latent cache whose exact values the reference
  * also gets, decode and prefill rows, outputs poisoned with NaN first, a captured graph
  * replayed with new ctx and block tables. The CUDA-core kernels first, then the
- * tensor-core ones under each of their knobs (key-dim split, split floors, the merge
- * folded into the expand, the carveout), the knobs side by side on DeepSeek-V2-Lite's
+ * tensor-core ones under each of their knobs (key-dim split, split floors, the
+ * carveout), the knobs side by side on DeepSeek-V2-Lite's
  * layer, and mla_post's work in the absorb launch against the two launches it
  * replaces, bit for bit. One line per case. Skips (77) without CUDA or a GPU.
  * KD_TEST_QUICK=1: only the small cases (for compute-sanitizer); KD_TEST_QUICK=2 (race):
  * under each knob variant a few cases that reach the code the knob changes (batch 1 as
- * a graph sizes it, the expand's clusters, 64 rows, an odd shape, a graph), not the
+ * a graph sizes it, odd head counts, 64 rows, an odd shape, a graph), not the
  * whole list: racecheck tracks every shared-memory access, and the quick list alone
  * took over 380 s under it. KD_TEST_SEED=n: repeat a run. Timings: tests/bench/bench_cuda_attn. */
 #include <stdio.h>
@@ -211,9 +211,8 @@ static void test_mla_post_fold(void)
 
 static void test_mla(void)
 {
-	/* clu2, clu4: the folding expand's clusters of 2 and 4 blocks a head, the float4
-	 * columns of a row (14, 30) not a multiple of them, the latent + rope a multiple
-	 * of 8 (the tensor-core kernel, whose splits the expand merges) */
+	/* clu2, clu4: 2 and 4 expand blocks a head, rows of 14 and 30 float4 columns, the
+	 * latent + rope a multiple of 8 (the tensor-core kernel, whose splits are merged) */
 	static const struct k_mla_dims lite = { 16, 128, 64, 128, 512 },
 		tiny = { 3, 16, 8, 16, 32 }, odd = { 5, 12, 6, 10, 37 },
 		v3 = { 128, 128, 64, 128, 512 }, clu2 = { 4, 16, 12, 32, 36 },
@@ -231,9 +230,8 @@ static void test_mla(void)
 	}
 	mla_case(lite, 64, rows_decode(1, 1, 0, 1), 0);
 	mla_case(lite, 64, rows_decode(1, quick ? 300 : 1000, 0, 1000), 0);
-	/* batch 1 as a graph sizes it: 128 splits of 32 tokens, 33 live (the fold's 32
-	 * loads in flight and one more; 17 of 64 with mla_split_min 64 alone), the rest
-	 * empty */
+	/* batch 1 as a graph sizes it: 128 splits of 32 tokens, 33 live (17 of 64 with
+	 * mla_split_min 64 alone), the rest empty */
 	mla_case(lite, 64, rows_decode(1, 1040, 0, 4096), 0);
 	/* past 64 splits' worth the default floor of 64 tokens (47 live at 3000), and rows
 	 * on both sides of it in one launch: each row's floor from its own ctx */
@@ -257,7 +255,7 @@ static void test_mla(void)
 	}
 	mla_graph_case(tiny, 16, 5, quick ? 256 : 4096);
 	mla_graph_case(lite, 64, 3, quick ? 256 : 4096);
-	mla_graph_case(lite, 64, 1, quick ? 256 : 4096);	/* the cluster fold's launch */
+	mla_graph_case(lite, 64, 1, quick ? 256 : 4096);
 }
 
 /* DeepSeek-V2-Lite's layer at batch 1 and 64 through each MLA knob (mla_ab_case). */
@@ -294,10 +292,7 @@ static void mla_variant(const struct k_cuda_tuning *t, const char *path)
 }
 
 /* The tensor-core kernels under each of their knobs, from mma (the pass's tuning):
- * the 4-warp kernel (no key-dim split), the split floors, the split merge folded into
- * the expand (off by default: the merge kernel), at batch 1 by a cluster of a head's
- * expand blocks sharing it, at every row count it takes, then each block merging on its
- * own; the carveout last (once asked for at a workspace's creation, it stays). */
+ * the 4-warp kernel (no key-dim split), the split floors; the carveout last (once asked for at a workspace's creation, it stays). */
 static void mla_knobs(const struct k_cuda_tuning *mma)
 {
 	struct k_cuda_tuning t = *mma;
@@ -317,15 +312,6 @@ static void mla_knobs(const struct k_cuda_tuning *mma)
 	test_mla_ab();
 	attn_path = "[mma] ";
 	test_mla_post_fold();
-	t = *mma;
-	t.mla_fold_rows = 1;
-	mla_variant(&t, "[mma fold1] ");
-	t.mla_fold_rows = 16;
-	mla_variant(&t, "[mma fold16] ");
-	t.mla_fold_cluster = 0;
-	mla_variant(&t, "[mma fold16 nocluster] ");
-	t.mla_fold_rows = 1;
-	mla_variant(&t, "[mma fold1 nocluster] ");
 	t = *mma;
 	t.mla_carveout = 1;
 	mla_variant(&t, "[mma carveout] ");

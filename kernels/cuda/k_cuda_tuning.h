@@ -149,12 +149,6 @@ struct k_cuda_tuning {
 	int mla_proj_mma;	/* KDEC_CUDA_MLA_PROJ, flag, 1: MLA's absorb and expand on the
 				 * tensor-core kernels of mla_proj.cu; 0: the CUDA-core ones of
 				 * attn_mla.cu */
-	int mla_fold_rows;	/* KDEC_MLA_FOLD_ROWS, rows (>= 0), 0: up to this many rows the
-				 * expand merges the attention's splits itself; 0: never, the
-				 * merge kernel runs */
-	int mla_fold_cluster;	/* KDEC_MLA_FOLD_CLUSTER, flag, 1: a merging expand shares the
-				 * merge across a cluster of a head's blocks; 0: each block
-				 * merges the head's partials itself */
 
 	/* ---- MoE (kernels/cuda/moe) ---- */
 	int moe_path;		/* KDEC_MOE_PATH, enum k_cuda_moe_path, "auto", "small" or
@@ -173,12 +167,6 @@ struct k_cuda_tuning {
 	int moe_down_early;	/* KDEC_MOE_DOWN_EARLY, flag, 1: the M = 1 down kernel issues
 				 * its first weight loads before its wait; 0: after (its plan,
 				 * from settled ids, comes before the wait either way) */
-	int moe_m1_gu_ctas;	/* KDEC_MOE_M1_GU_CTAS, 1..2, 2: CTAs per SM of the M = 1 gate/up
-				 * launch. At 2 its CTAs fill every SM's registers, so no down CTA
-				 * can start (and run its plan and first loads before its wait)
-				 * until they end; 1 leaves room for one (session 9's hypothesis;
-				 * measured slower in session 14: Qwen3-30B-A3B batch 1 4.189 ms
-				 * against 3.997 on an H100) */
 	int moe_qtile_rows;	/* KDEC_MOE_QTILE_ROWS, rows 0..4096, 4096: up to this many rows
 				 * a call (and from moe_qtile_wide's up), the routed experts (fp8,
 				 * int4 g32; bf16 with moe_qtile_bf16) on the grouped path take

@@ -47,15 +47,12 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.mla_split_live = 64;
 	t.mla_mma_ksplit = 1;
 	t.mla_proj_mma = 1;
-	t.mla_fold_rows = 0;
-	t.mla_fold_cluster = 1;
 	t.moe_path = K_CUDA_MOE_PATH_AUTO;
 	t.moe_fused = 1;
 	t.moe_m1 = 1;
 	t.moe_m1_bal = 1;
 	t.moe_sh_down_early = 1;
 	t.moe_down_early = 1;
-	t.moe_m1_gu_ctas = 2;
 	t.moe_qtile_rows = 4096;
 	t.moe_qtile_bf16 = 2048;
 	t.moe_qtile_wide = 256;
@@ -158,15 +155,12 @@ static const struct tun_var tun_vars[] = {
 	TUN_INT("KDEC_MLA_SPLIT_LIVE", mla_split_live, 0, INT_MAX),
 	TUN_FLAG("KDEC_MLA_MMA_KSPLIT", mla_mma_ksplit),
 	TUN_FLAG("KDEC_CUDA_MLA_PROJ", mla_proj_mma),
-	TUN_INT("KDEC_MLA_FOLD_ROWS", mla_fold_rows, 0, INT_MAX),
-	TUN_FLAG("KDEC_MLA_FOLD_CLUSTER", mla_fold_cluster),
 	{ "KDEC_MOE_PATH", TUN_FIELD(moe_path), TUN_MOE_PATH, 0, 0, false },
 	TUN_FLAG("KDEC_MOE_FUSED", moe_fused),
 	TUN_FLAG("KDEC_MOE_M1", moe_m1),
 	TUN_FLAG("KDEC_MOE_M1_BAL", moe_m1_bal),
 	TUN_FLAG("KDEC_MOE_SH_DOWN_EARLY", moe_sh_down_early),
 	TUN_FLAG("KDEC_MOE_DOWN_EARLY", moe_down_early),
-	TUN_INT("KDEC_MOE_M1_GU_CTAS", moe_m1_gu_ctas, 1, 2),
 	TUN_INT("KDEC_MOE_QTILE_ROWS", moe_qtile_rows, 0, 4096),
 	TUN_INT("KDEC_MOE_QTILE_BF16", moe_qtile_bf16, 0, 4096),
 	TUN_INT("KDEC_MOE_QTILE_WIDE", moe_qtile_wide, 0, 4096),

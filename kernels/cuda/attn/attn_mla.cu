@@ -242,15 +242,13 @@ void attn_mla_tile_args(attn_tile_args *a, k_cuda_attn_ws *ws, const float *q_la
 	mla_split_floor(a);
 }
 
-// The latent attention proper: o_lat (R, H, L) from q_lat (R, H, L + rope). *n_split
-// comes back 1, or (tensor-core kernel, where the expand can merge them) the number of
-// split partials left unmerged in ws->part_o and ws->part_lse. fresh: the launch just
-// before appended this step's cache rows (the absorb took mla_post's work), so the
+// The latent attention proper: o_lat (R, H, L) from q_lat (R, H, L + rope), its splits
+// merged. fresh: the launch just before appended this step's cache rows (the absorb took mla_post's work), so the
 // tensor-core kernel copies them after its PDL wait, not before (the tiled kernel
 // waits for everything).
 static int mla_attend(cudaStream_t s, k_cuda_attn_ws *ws, const uint16_t *cache,
 		      int block_tokens, const k_cuda_attn_rows *rows, const k_mla_dims *d,
-		      float qscale, bool fresh, int *n_split)
+		      float qscale, bool fresh)
 {
 	const int R = rows->n_rows, H = d->n_heads, L = d->kv_lora;
 	const long tiles = attn_cdiv(R * H, MLA_TILE_Q);
@@ -259,16 +257,11 @@ static int mla_attend(cudaStream_t s, k_cuda_attn_ws *ws, const uint16_t *cache,
 	attn_mla_tile_args(&a, ws, ws->q_lat, cache, block_tokens, rows->ctx, rows->blocks, R, d,
 			   qscale);
 	a.early = fresh;
-	*n_split = 1;
 	if (attn_mma_usable(&a)) {	// the tensor-core decode kernel
 		int ret = attn_mma_run(s, ws, &a, rows->max_ctx, nullptr, 0);
 
 		if (ret || a.n_splits == 1)
 			return ret;
-		if (mla_expand_folds(R, d, a.n_splits)) {	// the expand merges them
-			*n_split = a.n_splits;
-			return 0;
-		}
 		return attn_merge(s, ws, a.n_splits, R, H, L, a.out, a.out_rs, a.out_hs, nullptr);
 	}
 	a.n_splits = attn_pick_splits(ws, tiles, (long)MLA_CTAS_PER_SM * ws->n_sm, rows->max_ctx,
@@ -294,14 +287,13 @@ int attn_mla_absorb(cudaStream_t s, k_cuda_attn_ws *ws, const float *q, const ui
 	return 0;
 }
 
-int attn_mla_expand(cudaStream_t s, k_cuda_attn_ws *ws, float *out, int n_split,
-		    const uint16_t *w_kv_b, int R, const k_mla_dims *d)
+int attn_mla_expand(cudaStream_t s, k_cuda_attn_ws *ws, float *out, const uint16_t *w_kv_b,
+		    int R, const k_mla_dims *d)
 {
 	const int vec = d->kv_lora % 8 == 0 && (uintptr_t)w_kv_b % 16 == 0;
 	int ret;
 
-	if ((ret = mla_expand_mma(s, out, ws->o_lat, ws->part_o, ws->part_lse, n_split, w_kv_b,
-				  R, d, vec)) <= 0)
+	if ((ret = mla_expand_mma(s, out, ws->o_lat, w_kv_b, R, d, vec)) <= 0)
 		return ret;
 	const size_t smem = (size_t)(d->kv_lora + 3) / 4 * 4 * (EXP_J * 2 + MLA_ROWS * 4);
 
@@ -320,7 +312,7 @@ static int mla_run(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out, const 
 		   const struct k_mla_dims *d, float scale)
 {
 	const float qscale = scale * 1.4426950408889634f;	// log2(e): exp2 in the kernels
-	int R, vec, ret, n_split;
+	int R, vec, ret;
 	bool folded = false;
 
 	if (!d)
@@ -345,9 +337,9 @@ static int mla_run(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out, const 
 	}
 	if (!folded && (ret = attn_mla_absorb(s, ws, q, w_kv_b, R, d)))
 		return ret;
-	if ((ret = mla_attend(s, ws, cache, block_tokens, rows, d, qscale, folded, &n_split)))
+	if ((ret = mla_attend(s, ws, cache, block_tokens, rows, d, qscale, folded)))
 		return ret;
-	return attn_mla_expand(s, ws, out, n_split, w_kv_b, R, d);
+	return attn_mla_expand(s, ws, out, w_kv_b, R, d);
 }
 
 extern "C" int k_cuda_attn_mla(cudaStream_t s, struct k_cuda_attn_ws *ws, float *out,

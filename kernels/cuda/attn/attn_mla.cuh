@@ -13,11 +13,10 @@
 int attn_mla_absorb(cudaStream_t s, k_cuda_attn_ws *ws, const float *q, const uint16_t *w_kv_b,
 		    int R, const k_mla_dims *d);
 
-// out (R, H, v) = W_UV o_lat from ws->o_lat (R, H, L), or (n_split > 1: only where
-// mla_expand_folds said yes) from the n_split partials in ws->part_o / part_lse merged
-// in the same launch: k_cuda_attn_mla's expand. 0, -EINVAL or -EIO.
-int attn_mla_expand(cudaStream_t s, k_cuda_attn_ws *ws, float *out, int n_split,
-		    const uint16_t *w_kv_b, int R, const k_mla_dims *d);
+// out (R, H, v) = W_UV o_lat from ws->o_lat (R, H, L): k_cuda_attn_mla's expand. 0 or
+// -EIO.
+int attn_mla_expand(cudaStream_t s, k_cuda_attn_ws *ws, float *out, const uint16_t *w_kv_b,
+		    int R, const k_mla_dims *d);
 
 // a: the latent attention of q_lat (R, d->n_heads, L + rope) over cache through ctx and
 // blocks (device), out ws->o_lat, partials ws->part_o / part_lse, the split floor of the

@@ -159,16 +159,14 @@ extern "C" int k_cuda_mla_merge_expand(cudaStream_t s, struct k_cuda_attn_ws *ws
 	if (n_rows == 0)
 		return 0;
 	// the heads' partials of every split, (n_splits, R, H, L) back to back: the layout
-	// the merge and the folded expand read
+	// the merge reads
 	K_CUDA_TRY(cudaMemcpy2DAsync(ws->part_o, sizeof(float) * H * L, part_o + (size_t)h0 * L,
 				     sizeof(float) * n_heads_all * L, sizeof(float) * H * L,
 				     (size_t)n_splits * n_rows, cudaMemcpyDeviceToDevice, s));
 	K_CUDA_TRY(cudaMemcpy2DAsync(ws->part_lse, sizeof(float) * H, part_lse + h0,
 				     sizeof(float) * n_heads_all, sizeof(float) * H,
 				     (size_t)n_splits * n_rows, cudaMemcpyDeviceToDevice, s));
-	if (n_splits > 1 && mla_expand_folds(n_rows, d, n_splits))	// the expand merges them
-		return attn_mla_expand(s, ws, out, n_splits, w_kv_b, n_rows, d);
 	if ((ret = attn_merge(s, ws, n_splits, n_rows, H, L, ws->o_lat, (long)H * L, L, nullptr)))
 		return ret;
-	return attn_mla_expand(s, ws, out, 1, w_kv_b, n_rows, d);
+	return attn_mla_expand(s, ws, out, w_kv_b, n_rows, d);
 }

@@ -28,17 +28,8 @@ int mla_absorb_mma(cudaStream_t s, float *q_lat, const float *q, const uint16_t 
 // -EIO. The attention after it must copy this step's cache rows after its PDL wait.
 int mla_absorb_post_mma(cudaStream_t s, float *q_lat, const k_cuda_mla_post_args *p,
 			const uint16_t *w, int R, const k_mla_dims *d, int vec);
-// expand: out from o_lat, or (n_splits > 1, where mla_expand_folds said yes) from the
-// attention's split partials part_o (n_splits, R, H, L) and part_lse (n_splits, R, H)
-// merged as attn_merge would, in the same launch; -EINVAL for partials it cannot merge.
-int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const float *part_o,
-		   const float *part_lse, int n_splits, const uint16_t *w, int R,
+// expand: out (R, H, v) from o_lat (R, H, L).
+int mla_expand_mma(cudaStream_t s, float *out, const float *o_lat, const uint16_t *w, int R,
 		   const k_mla_dims *d, int vec);
-
-// 1 when mla_expand_mma merges n_splits partials of R rows itself: the tensor-core
-// projections on, R <= k_cuda_tuning()->mla_fold_rows (default 0), L % 4 == 0, shared
-// memory fits. Where a head's expand blocks divide into clusters (mla_fold_cluster 0: never),
-// a cluster shares one merge of the head's partials.
-int mla_expand_folds(int R, const k_mla_dims *d, int n_splits);
 
 #endif

@@ -252,7 +252,10 @@ int k_cuda_moe_small_setup(void)
 // against 2.856 without on H200 (Qwen3 4.036 against 3.823; likely the prefetches take
 // HBM slots from the demand loads of the same step). moe_m1 0 (KDEC_MOE_M1=0): a single
 // row (M = 1) takes the general register kernels rather than moe_small_m1.cu's pipelined
-// pair (same results bit for bit).
+// pair (same results bit for bit). Not here either: one gate/up CTA an SM at M = 1,
+// leaving room for a down CTA to start its plan beside them (KDEC_MOE_M1_GU_CTAS=1,
+// removed in session 35): Qwen3-30B-A3B batch 1 4.189 ms a step against 3.997 (H100,
+// session 14).
 
 int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x, int M,
 			 const int32_t *ids, const float *weights, int top_k,
@@ -276,10 +279,7 @@ int k_cuda_moe_small_run(cudaStream_t s, float *act, float *out, const float *x,
 	ctas = ctas < most ? ctas : (int)most;
 	if (M == 1 && tun->moe_m1 &&
 	    moe_small_m1_fits(top_k, n_experts, hidden, inter, sh.inter)) {
-		// KDEC_MOE_M1_GU_CTAS: fewer gate/up CTAs an SM, room for a down CTA beside them
-		int gu = tun->moe_m1_gu_ctas * (n_sm > 0 ? n_sm : 1);
-
-		moe_small_m1_launch(s, gu < ctas ? gu : ctas, expert_w, wq, x, ids, weights, top_k, n_experts, hidden,
+		moe_small_m1_launch(s, ctas, expert_w, wq, x, ids, weights, top_k, n_experts, hidden,
 				    inter, act, sh, add, out);
 		return K_CUDA_LAUNCHED("moe small m1");
 	}
