@@ -2,8 +2,8 @@
  * k_cpu_attn_gqa) on fresh random inputs: shuffled block tables, bf16 caches whose exact
  * values the reference also gets (as fp32), decode and prefill rows, outputs poisoned
  * with NaN first, and a captured graph replayed with new ctx and block tables. The
- * CUDA-core kernels first, then the tensor-core decode kernel, whose variants (merge
- * folded, copies after the wait, q in shared memory, 64-token tiles) must give its
+ * CUDA-core kernels first, then the tensor-core decode kernel, whose variants (copies
+ * after the wait, q in shared memory, 64-token tiles) must give its
  * default's bits, and the tensor-core prefill kernel (attn_prefill.cu; with
  * attn_prefill_mma 0 the tiled kernel again, to the fp32 tolerance). One line per case.
  * Skips (77) without CUDA or a GPU.
@@ -120,10 +120,8 @@ static void gqa_bf16_check(struct gqa_run *g)
 }
 
 /* The tensor-core pass: the same inputs under the tuning variant (what names it) give
- * the output of the tuning installed (in g->d_out) bit for bit. attn_mma_fold 1, the
- * split merge in the attention kernel (the default is its own launch): both sum the
- * same partials in the same order. attn_mma_early 0, every copy after the PDL wait:
- * the same copies, issued later. */
+ * the output of the tuning installed (in g->d_out) bit for bit. attn_mma_early 0, every
+ * copy after the PDL wait: the same copies, issued later. */
 static void gqa_same_bits(struct gqa_run *g, const struct k_cuda_tuning *variant,
 			  const char *what)
 {
@@ -171,13 +169,10 @@ static void gqa_qreg_check(struct gqa_run *g)
 	k_cuda_tuning_set(&was);
 }
 
-static void gqa_fold_check(struct gqa_run *g)
+static void gqa_variants_check(struct gqa_run *g)
 {
 	struct k_cuda_tuning t = *k_cuda_tuning();
 
-	t.attn_mma_fold = 1;
-	gqa_same_bits(g, &t, "attn_mma_fold 1");
-	t = *k_cuda_tuning();
 	t.attn_mma_early = 0;
 	gqa_same_bits(g, &t, "attn_mma_early 0");
 	gqa_qreg_check(g);	/* last: leaves the 2-split output */
@@ -201,7 +196,7 @@ static void gqa_case(struct gqa_shape sh, int bt, struct rows *r, int hint)
 		gqa_check(&g, "");
 		gqa_bf16_check(&g);
 		if (mma_pass)
-			gqa_fold_check(&g);
+			gqa_variants_check(&g);
 	}
 	gqa_teardown(&g);
 }
@@ -407,11 +402,10 @@ static void test_gqa_prefill(void)
 	gqa_graph_case(odd2, 16, 3, quick ? 256 : 4096);
 }
 
-/* The tensor-core pass: shapes where the last split merges (2..8 splits), with the
- * merge-launch bits compared by gqa_case: Llama at batch 64 (3 splits), an odd batch
- * (2), group 16 (a 16-head chunk per block), contexts up to 32k (7 splits, some
- * empty). */
-static void test_gqa_fold(void)
+/* The tensor-core pass: shapes of 2..8 splits and their merge launch: Llama at batch 64
+ * (3 splits), an odd batch (2), group 16 (a 16-head chunk per block), contexts up to
+ * 32k (7 splits, some empty). */
+static void test_gqa_splits(void)
 {
 	static const struct gqa_shape llama = { 32, 8, 128 }, g16 = { 32, 2, 128 },
 		odd = { 10, 2, 40 };
@@ -444,7 +438,7 @@ int main(void)
 	attn_pass(1);
 	mma_pass = 1;
 	test_gqa();
-	test_gqa_fold();
+	test_gqa_splits();
 	test_gqa_prefill();
 	test_gqa_prefill_mma();
 	if (!quick) {

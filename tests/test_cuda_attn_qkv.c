@@ -210,13 +210,10 @@ static void test_qkv_fold(void)
 	fold_case(d64, 64, 0, 0, 16, rows_decode(64, 1024, 1, 1024), "d64");
 	fold_case(d96, 64, 1, 0, 16, rows_decode(3, 300, 1, 300), "d96");
 	fold_case(g20, 128, 1, 0, 16, rows_decode(3, 500, 1, 500), "group20 (no fold)");
-	/* 3 splits at batch 64, merged by the last split (the arrive path) */
+	/* 3 splits at batch 64 and their merge launch */
 	t.attn_dec_splits = 3;
-	t.attn_mma_fold = 1;
 	k_cuda_tuning_set(&t);
-	fold_case(llama, 128, 0, 0, 16, rows_decode(64, 1024, 1, 1024), "llama splits3 fold");
-	t.attn_mma_fold = was.attn_mma_fold;
-	k_cuda_tuning_set(&t);
+	fold_case(llama, 128, 0, 0, 16, rows_decode(64, 1024, 1, 1024), "llama splits3");
 	fold_case(qwen3, 128, 1, 0, 16, rows_decode(64, 1024, 1, 1024), "qwen3 splits3");
 	/* every copy after the wait */
 	t = was;

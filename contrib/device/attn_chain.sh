@@ -2,9 +2,9 @@
 # The attention chain of a batch-1 decode layer (qkv_post, the split attention, the split
 # merge: ~13 us of a 109 us Llama-3.1-8B fp8 layer on the H100 for ~1 us of K/V bytes,
 # session 15's trace) under the switches that fold it into fewer launches, on the GPU
-# machine in one call of < 10 min:
+# machine in one call of < 10 min (the third, the split merge in the attention kernel,
+# KDEC_ATTN_MMA_FOLD, was measured slower and removed in session 35):
 #   KDEC_ATTN_DEC_SPLITS=N  N splits along the sequence instead of one wave of blocks
-#   KDEC_ATTN_MMA_FOLD=1    the last split of each head merges (at <= 8 splits)
 #   KDEC_QKV_IN_ATTN=1      qkv_post's rope and cache append in the attention launch
 #   AC_PART=trace   CUPTI layer traces (layer_trace.sh) of Llama-3.1-8B fp8-block b1 as
 #                   it is and with 8 splits, both folds; Qwen3-30B-A3B bf16 b1
@@ -23,7 +23,7 @@ DEADLINE=${DEADLINE:-560}
 use "${DEVBUILD:-devbuild-ac}"
 gpu_line
 DEC_STEPS=32 DEC_WARMUP=8	# lib.sh's dec
-FOLD="KDEC_ATTN_DEC_SPLITS=8 KDEC_ATTN_MMA_FOLD=1 KDEC_QKV_IN_ATTN=1"
+FOLD="KDEC_ATTN_DEC_SPLITS=8 KDEC_QKV_IN_ATTN=1"
 
 trace() {
 	NO_ARCHIVE=1 RUNS="llama3.1-8b:fp8-block qwen3-30b-a3b" bash contrib/device/layer_trace.sh
@@ -34,10 +34,8 @@ decode() {
 	local m=llama3.1-8b
 	dec "${m}_fp8" $m 1,8 fp8-block
 	dec "${m}_fp8_s8" $m 1,8 fp8-block KDEC_ATTN_DEC_SPLITS=8
-	dec "${m}_fp8_s8_f" $m 1,8 fp8-block KDEC_ATTN_DEC_SPLITS=8 KDEC_ATTN_MMA_FOLD=1
 	dec "${m}_fp8_s8_fq" $m 1,8 fp8-block $FOLD
-	dec "${m}_fp8_s4_fq" $m 1,8 fp8-block KDEC_ATTN_DEC_SPLITS=4 KDEC_ATTN_MMA_FOLD=1 \
-		KDEC_QKV_IN_ATTN=1
+	dec "${m}_fp8_s4_fq" $m 1,8 fp8-block KDEC_ATTN_DEC_SPLITS=4 KDEC_QKV_IN_ATTN=1
 	dec "${m}_bf16" $m 1,8 bf16
 	dec "${m}_bf16_s8_fq" $m 1,8 bf16 $FOLD
 	dec "qwen3-30b-a3b_bf16" qwen3-30b-a3b 1,8 bf16

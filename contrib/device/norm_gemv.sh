@@ -7,10 +7,8 @@
 #                  test_golden on cuda with the knob at 8 rows (the quantized goldens
 #                  take it at prefill chunks of <= 8 rows and every decode step)
 #   NG_PART=decode kdbench decode (ctx 1024, batch 1 and 8) of Llama-3.1-8B fp8-block with
-#                  the knob 0 / 1 / 8 and with the GQA split merge folded into the
-#                  attention (KDEC_ATTN_MMA_FOLD=1, measured only at batch 64 before), its
-#                  int4-g32 and Qwen3-30B-A3B fp8-block with the knob 0 / 1, and its bf16
-#                  with the fold on and off, one after another
+#                  the knob 0 / 1 / 8, its int4-g32 and Qwen3-30B-A3B fp8-block with
+#                  the knob 0 / 1, and its bf16, one after another
 #   NG_PART=quick  a first look for a call shared with another script: the GEMV part of
 #                  test_cuda_linear_q quick, test_golden on cuda with the knob at 8,
 #                  Llama-3.1-8B fp8-block batch 1 and 8 with the knob 0 and 1
@@ -42,13 +40,10 @@ decode() {
 	for k in 0 1 8; do
 		dec "${m}_fp8_n$k" $m 1,8 fp8-block KDEC_NORM_IN_GEMV=$k
 	done
-	dec "${m}_fp8_n1_fold" $m 1,8 fp8-block KDEC_NORM_IN_GEMV=1 KDEC_ATTN_MMA_FOLD=1
-	dec "${m}_fp8_n0_fold" $m 1,8 fp8-block KDEC_NORM_IN_GEMV=0 KDEC_ATTN_MMA_FOLD=1
 	for k in 0 1; do
 		dec "${m}_int4_n$k" $m 1,8 int4-g32 KDEC_NORM_IN_GEMV=$k
 		dec "${q}_fp8_n$k" $q 1,8 fp8-block KDEC_NORM_IN_GEMV=$k
 	done
-	dec "${m}_bf16_fold" $m 1,8 bf16 KDEC_ATTN_MMA_FOLD=1
 	dec "${m}_bf16" $m 1,8 bf16
 }
 

@@ -107,9 +107,6 @@ struct k_cuda_tuning {
 				 * tensor-core kernel at head_dim 128 */
 	int attn_mma_qreg;	/* KDEC_ATTN_MMA_QREG, flag, 1: GQA's tensor-core kernel keeps
 				 * q in registers; 0: staged in shared memory for every tile */
-	int attn_mma_fold;	/* KDEC_ATTN_MMA_FOLD, flag, 0: 1 lets GQA's tensor-core kernel
-				 * merge its splits itself (the last split's block) instead of
-				 * a merge launch */
 	int attn_mma_early;	/* KDEC_ATTN_MMA_EARLY, flag, 1: GQA's tensor-core kernel issues
 				 * its first K/V copies before the programmatic-launch wait;
 				 * 0: all after it */

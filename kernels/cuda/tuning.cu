@@ -33,7 +33,6 @@ static struct k_cuda_tuning tuning_builtin(void)
 	t.attn_mma = 1;
 	t.attn_mma_tk = 32;
 	t.attn_mma_qreg = 1;
-	t.attn_mma_fold = 0;
 	t.attn_mma_early = 1;
 	t.attn_prefill_mma = 1;
 	t.attn_prefill_pair = 1;
@@ -141,7 +140,6 @@ static const struct tun_var tun_vars[] = {
 	TUN_FLAG("KDEC_ATTN_MMA", attn_mma),
 	{ "KDEC_ATTN_MMA_TK", TUN_FIELD(attn_mma_tk), TUN_EITHER, 32, 64, false },
 	TUN_FLAG("KDEC_ATTN_MMA_QREG", attn_mma_qreg),
-	TUN_FLAG("KDEC_ATTN_MMA_FOLD", attn_mma_fold),
 	TUN_FLAG("KDEC_ATTN_MMA_EARLY", attn_mma_early),
 	TUN_FLAG("KDEC_ATTN_PREFILL_MMA", attn_prefill_mma),
 	TUN_FLAG("KDEC_ATTN_PREFILL_PAIR", attn_prefill_pair),

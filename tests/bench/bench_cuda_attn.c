@@ -57,15 +57,14 @@ static void gqa_warm(struct gqa_shape sh, int batch, int ctx)
 	gqa_teardown(&g);
 }
 
-/* The tensor-core kernel as a graph, cold: the merge as its own launch (default)
- * against the merge folded into the kernel (attn_mma_fold 1) and against the earlier
- * path (attn_mma_early 0, attn_mma_qreg 0), beside the floor of the K/V bytes; at
- * batch > 1, each split count the workspace holds (4 at its max rows). */
+/* The tensor-core kernel as a graph, cold, with its merge launch: by default and on the
+ * earlier path (attn_mma_early 0, attn_mma_qreg 0), beside the floor of the K/V bytes;
+ * at batch > 1, each split count the workspace holds (4 at its max rows). */
 static void gqa_cold(struct gqa_shape sh, int batch, int ctx, void *flush)
 {
 	const struct k_cuda_tuning was = *k_cuda_tuning();
 	struct k_cuda_tuning t = was;
-	double floor_us, fold, launch, both;
+	double floor_us, launch, both;
 	struct gqa_run g;
 	char label[160];
 
@@ -76,35 +75,26 @@ static void gqa_cold(struct gqa_shape sh, int batch, int ctx, void *flush)
 	}
 	floor_us = bench_floor_us(rows_kv_bytes(g.r, 4.0 * sh.kv * sh.hd));
 	launch = bench_graph_us(gqa_call, &g, flush);
-	t.attn_mma_fold = 1;
-	k_cuda_tuning_set(&t);
-	fold = bench_graph_us(gqa_call, &g, flush);
-	t = was;
 	t.attn_mma_early = 0;
 	t.attn_mma_qreg = 0;
 	k_cuda_tuning_set(&t);
 	both = bench_graph_us(gqa_call, &g, flush);
 	k_cuda_tuning_set(&was);
 	gqa_label(label, sizeof(label), &g, "graph");
-	printf("%s%-72s default %.1f us, attn_mma_fold 1 %.1f us, and attn_mma_early 0 "
-	       "attn_mma_qreg 0 (main's path) %.1f us; floor %.1f us (%.0f%% / %.0f%% / %.0f%% "
-	       "of it)\n", attn_path, label, launch, fold, both, floor_us, 100 * floor_us / launch,
-	       100 * floor_us / fold, 100 * floor_us / both);
+	printf("%s%-72s default %.1f us, attn_mma_early 0 attn_mma_qreg 0 %.1f us; floor "
+	       "%.1f us (%.0f%% / %.0f%% of it)\n", attn_path, label, launch, both, floor_us,
+	       100 * floor_us / launch, 100 * floor_us / both);
 	for (int n = 1; batch > 1 && n <= 4; n++) {
 		t = was;
 		t.attn_dec_splits = n;
 		k_cuda_tuning_set(&t);
 		launch = bench_graph_us(gqa_call, &g, flush);
-		t.attn_mma_fold = 1;
-		k_cuda_tuning_set(&t);
-		fold = bench_graph_us(gqa_call, &g, flush);
-		t.attn_mma_fold = was.attn_mma_fold;
 		t.attn_mma_qreg = 0;
 		k_cuda_tuning_set(&t);
 		both = bench_graph_us(gqa_call, &g, flush);
 		k_cuda_tuning_set(&was);
-		printf("%s%-72s attn_dec_splits %d: default %.1f us, attn_mma_fold 1 %.1f us, "
-		       "attn_mma_qreg 0 %.1f us\n", attn_path, label, n, launch, fold, both);
+		printf("%s%-72s attn_dec_splits %d: default %.1f us, attn_mma_qreg 0 %.1f us\n",
+		       attn_path, label, n, launch, both);
 	}
 	gqa_teardown(&g);
 }

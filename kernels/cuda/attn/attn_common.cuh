@@ -58,9 +58,6 @@ struct k_cuda_attn_ws {
 	float *part_lse;	// (lse_floats) (n_splits, n_rows, n_heads): log2 of the sum of
 				// exp2 scores of each partial; -inf where the split saw no token
 	size_t part_floats, lse_floats;
-	unsigned *arrive;	// (arrive_n) GQA folded merge: splits of each (row, head
-				// chunk) done so far this launch; 0 between launches
-	size_t arrive_n;
 };
 
 // q / d for 0 <= q < 2^31 by a multiply and a shift (block_tokens is a run-time value).
@@ -159,8 +156,6 @@ struct attn_tile_args {
 	int n_rows, n_heads, group, kv_heads, dk, dv, n_splits;
 	float qscale;			// scale * log2(e): scores in base 2
 	int vec;			// 16-byte copies (dims, strides, offsets, bases aligned)
-	unsigned *arrive;		// attn_mma GQA only, set by its launcher: ws->arrive where
-					// the last split merges, else null (others leave it unset)
 	int early;			// attn_mma. GQA (set by its launcher): the first tiles
 					// of old tokens go out before the PDL wait. MLA (set
 					// by its caller): the launch before appended this
@@ -196,16 +191,14 @@ int attn_mma_usable(const attn_tile_args *a);
 
 // Launches it over a's rows (a->n_splits chosen here, or forced_splits when > 0 and it
 // fits the workspace), then merges the splits; out_bf16 as in k_cuda_attn_gqa_bf16.
-// GQA only. With k_cuda_tuning()->attn_mma_fold, at 2..8 splits the last split of each (row, head
-// chunk) merges them in the kernel (the same bits as the merge launch, the default). The
-// first copies of tokens below ctx - n_rows go out before the PDL wait
+// GQA only. The first copies of tokens below ctx - n_rows go out before the PDL wait
 // (attn_mma_early 0: after it).
 int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
 		    uint16_t *out_bf16, int forced_splits);
 
 // attn_mma_launch without the merge: where a->n_splits comes back > 1, the normalised
 // partials and their log2-sum-exp2 are in ws->part_o and ws->part_lse for the caller
-// to merge (MLA folds that into its expand projection), and a->out is not written.
+// to merge, and a->out is not written.
 int attn_mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
 		 uint16_t *out_bf16, int forced_splits);
 
@@ -250,9 +243,6 @@ int attn_prefill_prepare(int smem_optin);
 // live[i]; returns n in every lane. Splits with lse = -inf saw no token: weight 0, so
 // never listed (their partial is never read); no split listed where none saw a token
 // (ctx 0). Lane l owns splits l + 32 k: ATTN_MAX_SPLITS / 32 loads in flight.
-// CG: the loads go to L2 (ld.global.cg), for a caller in the kernel that wrote the lse
-// (GQA's folded merge: its SM's L1 may hold stale lines of them).
-template <bool CG = false>
 static __device__ __forceinline__ int merge_list(const float *part_lse, int n_splits,
 					  size_t rh, size_t per_split, int *live, float *w)
 {
@@ -265,8 +255,7 @@ static __device__ __forceinline__ int merge_list(const float *part_lse, int n_sp
 	for (int k = 0; k < PER; k++) {
 		const int sp = lane + 32 * k;
 
-		x[k] = sp >= n_splits ? -INFINITY
-		       : CG ? __ldcg(part_lse + sp * per_split + rh) : part_lse[sp * per_split + rh];
+		x[k] = sp >= n_splits ? -INFINITY : part_lse[sp * per_split + rh];
 		mx = fmaxf(mx, x[k]);
 	}
 	for (int off = 16; off > 0; off >>= 1)

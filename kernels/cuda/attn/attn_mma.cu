@@ -149,101 +149,6 @@ __device__ __forceinline__ void mma_issue(const attn_tile_args &a,
 	}
 }
 
-// ---- GQA: the split merge folded into the last split ----------------------------
-
-// At a few splits (a batch of 64 Llama rows takes 3) the merge launch after the kernel
-// costs more than its work (~6 us a layer, a dependent step for ~4 MB of L2 traffic).
-// Instead the last split of each (row, head chunk) to finish merges them: every split
-// publishes its partial (a fence, then an add to the chunk's counter); the one that
-// counts n_splits - 1 before it reads the others' partials through L2 (ld.cg: its SM's
-// L1 may hold lines of them from another chunk's merge) in attn_merge_kernel's order,
-// so the bits are those of the merge launch, and puts the counter back to 0 for the
-// next launch (which starts after this one ends: the reset is seen). At most
-// MMA_FOLD_MAX_SPLITS splits (attn_mma.cuh: the launcher checks it too).
-#define MMA_FOLD_ITEMS 2	// (head, dim) outputs a thread merges per pass
-
-// All threads; smem: any 16-byte aligned shared bytes free for the rest of the block
-// (MMA_Q * MMA_FOLD_MAX_SPLITS * 8 + MMA_Q * 4 + 16).
-__device__ __forceinline__ void mma_fold_merge(const attn_tile_args &a, int r, int h0, int ng,
-					       uint16_t *out_bf16, unsigned char *smem)
-{
-	constexpr int F = MMA_FOLD_MAX_SPLITS;
-	int *flag = (int *)smem, *nl = (int *)(smem + 16);
-	float *w = (float *)(smem + 16 + 4 * MMA_Q);
-	int *live = (int *)(smem + 16 + 4 * MMA_Q + 4 * MMA_Q * F);
-	const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-	const size_t per_split = (size_t)a.n_rows * a.n_heads;
-	const size_t sstride = per_split * a.dv;
-
-	__threadfence();	// this thread's partial and lse, before the arrival
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		unsigned *c = a.arrive + (size_t)r * gridDim.x + blockIdx.x;
-		const int last = atomicAdd(c, 1u) == (unsigned)a.n_splits - 1;
-
-		if (last)
-			*c = 0;
-		*flag = last;
-	}
-	__syncthreads();
-	if (!*flag)
-		return;
-	__threadfence();	// the others' partials: published before their arrivals
-
-	for (int g = warp; g < ng; g += MMA_WARPS) {
-		const int n = merge_list<true>(a.part_lse, a.n_splits,
-					       (size_t)r * a.n_heads + h0 + g, per_split,
-					       live + g * F, w + g * F);
-
-		if (lane == 0)
-			nl[g] = n;
-	}
-	__syncthreads();
-
-	// Output (g, d) = item i: the loads of MMA_FOLD_ITEMS items in flight at once, then
-	// sums as attn_merge_kernel: split j into accumulator j % 4 up to n & ~3, the rest
-	// into the first, (a0 + a1) + (a2 + a3).
-	const int n_items = ng * a.dv;
-
-	for (int i0 = threadIdx.x; i0 < n_items; i0 += MMA_THREADS * MMA_FOLD_ITEMS) {
-		float x[MMA_FOLD_ITEMS][F];
-
-#pragma unroll
-		for (int k = 0; k < MMA_FOLD_ITEMS; k++) {
-			const int i = i0 + k * MMA_THREADS, g = i / a.dv, d = i % a.dv;
-			const size_t rh = (size_t)r * a.n_heads + h0 + g;
-
-#pragma unroll
-			for (int j = 0; j < F; j++)
-				if (i < n_items && j < nl[g])
-					x[k][j] = __ldcg(a.part_o + live[g * F + j] * sstride +
-							 rh * a.dv + d);
-		}
-#pragma unroll
-		for (int k = 0; k < MMA_FOLD_ITEMS; k++) {
-			const int i = i0 + k * MMA_THREADS, g = i / a.dv, d = i % a.dv;
-			float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
-
-			if (i >= n_items)
-				continue;
-			const int n = nl[g], n4 = n & ~3;
-#pragma unroll
-			for (int j = 0; j < F; j++) {
-				if (j < n4)
-					acc[j % 4] = fmaf(w[g * F + j], x[k][j], acc[j % 4]);
-				else if (j < n)
-					acc[0] = fmaf(w[g * F + j], x[k][j], acc[0]);
-			}
-			const float o = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-			const size_t at = (size_t)r * a.out_rs + (size_t)(h0 + g) * a.out_hs + d;
-
-			a.out[at] = o;
-			if (out_bf16)
-				out_bf16[at] = attn_bf16(o);
-		}
-	}
-}
-
 // ---- GQA: qkv_post folded in (POST): attn_mma_post.cuh ------------------------
 
 #include "kernels/cuda/attn/attn_mma_post.cuh"
@@ -358,8 +263,6 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, const k_cu
 		if (threadIdx.x < ng)
 			a.part_lse[(size_t)split * a.n_rows * a.n_heads + (size_t)r * a.n_heads + h0 +
 				   threadIdx.x] = -INFINITY;
-		if (VSEP && a.arrive)	// still one of the splits the last one counts
-			mma_fold_merge(a, r, h0, ng, out_bf16, attn_smem);
 		return;
 	}
 
@@ -729,8 +632,6 @@ attn_mma_kernel(const attn_tile_args a, int n_hc, uint16_t *out_bf16, const k_cu
 			}
 		}
 	}
-	if (VSEP && a.arrive && a.n_splits > 1)	// K/V stages are free: the lists go there
-		mma_fold_merge(a, r, h0, ng, out_bf16, attn_smem + L::k);
 }
 
 // ---- the compiled shapes (attn_mma_launch.cu picks among them) ------------------

@@ -14,9 +14,6 @@
 #define MMA_THREADS (MMA_WARPS * 32)
 #define MMA_Q 16		// query vectors per block: the m of m16n8k16
 #define MMA_MIN_SPLIT_TOKENS 32
-// GQA's split merge folded into the last split (attn_mma.cu): at most this many splits,
-// the lists and partials a thread holds.
-#define MMA_FOLD_MAX_SPLITS 8
 
 // ---- PTX (the decode and prefill tensor-core kernels) ----------------------------
 

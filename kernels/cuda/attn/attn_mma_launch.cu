@@ -125,14 +125,9 @@ static int mma_pick_splits(const k_cuda_attn_ws *ws, long base, long slots, int 
 	return best;
 }
 
-// attn_mma_fold (KDEC_ATTN_MMA_FOLD=1): GQA's split merge in the attention kernel (the
-// bits are the same). Off by default: at Llama batch 64 with two splits the folded merge
-// measured 93.6 us against 88.8 with the merge launch (H200, test_cuda_attn's
-// timings, now bench_cuda_attn; cold L2).
-static int mma_fold_enabled(void)
-{
-	return k_cuda_tuning()->attn_mma_fold != 0;
-}
+// Not here: GQA's split merge in the attention kernel, the last split to finish merging
+// (KDEC_ATTN_MMA_FOLD, removed in session 35): at Llama batch 64 with two splits 93.6
+// us against 88.8 with the merge launch (H200, cold L2), no change at batch 1 and 8.
 
 // attn_mma_early 0 (KDEC_ATTN_MMA_EARLY=0): GQA's K/V copies all wait for the kernel
 // before (the bits are the same).
@@ -157,13 +152,13 @@ static int mma_splits_of(const k_cuda_attn_ws *ws, const attn_tile_args *a, cons
 			       (long)sh->per_sm * ws->n_sm, max_ctx, part, lse);
 }
 
-// fold: GQA (attn_mma_launch) may let the last split merge and issue its first copies
-// before the PDL wait; a->arrive is set here either way, a->early too but for MLA
-// (attn_mma_run, no v), where its caller sets it: the cache append is in the launch
-// just before, so this step's rows are copied after the wait (see the kernel).
+// gqa: GQA (attn_mma_launch) may issue its first copies before the PDL wait; a->early is
+// set here but for MLA (attn_mma_run, no v), where its caller sets it: the cache append
+// is in the launch just before, so this step's rows are copied after the wait (see the
+// kernel).
 // post: qkv_post's work in the launch (GQA, the POST shapes; see attn_mma_launch_post).
 static int mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, int max_ctx,
-		   uint16_t *out_bf16, int forced_splits, bool fold,
+		   uint16_t *out_bf16, int forced_splits, bool gqa,
 		   const k_cuda_qkv_args *post = nullptr)
 {
 	const mma_shape *sh = mma_find(a->dk, a->dv, a->v != nullptr, post != nullptr);
@@ -176,15 +171,10 @@ static int mma_run(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a, 
 			   a->dk, a->dv);
 	a->n_splits = mma_splits_of(ws, a, sh, max_ctx, forced_splits);
 	grid = dim3(a->kv_heads * n_hc, a->n_splits, a->n_rows);
-	a->early = fold ? mma_early_enabled() : !a->v && a->early;	// MLA: its caller's
-	a->arrive = nullptr;
+	a->early = gqa ? mma_early_enabled() : !a->v && a->early;	// MLA: its caller's
 	a->relay = k_cuda_pdl_relay_enabled(K_CUDA_RELAY_ATTN);
-	if (fold && a->v && a->n_splits > 1 && a->n_splits <= MMA_FOLD_MAX_SPLITS && ws->arrive &&
-	    (size_t)a->n_rows * grid.x <= ws->arrive_n && mma_fold_enabled())
-		a->arrive = ws->arrive;
 	K_CUDA_TRY(k_cuda_launch_pdl(s, grid, sh->threads, sh->smem, sh->kernel, *a, n_hc,
-				     a->n_splits == 1 || a->arrive ? out_bf16 : nullptr,
-				     post ? *post : none));
+				     a->n_splits == 1 ? out_bf16 : nullptr, post ? *post : none));
 	K_CUDA_TRY_LAUNCHED("attn_mma_kernel");
 	return 0;
 }
@@ -218,7 +208,7 @@ int attn_mma_launch_post(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_arg
 			   a->group, a->n_rows);
 	int ret = mma_run(s, ws, a, max_ctx, out_bf16, forced_splits, true, post);
 
-	if (ret || a->n_splits == 1 || a->arrive)
+	if (ret || a->n_splits == 1)
 		return ret;
 	return attn_merge(s, ws, a->n_splits, a->n_rows, a->n_heads, a->dv, a->out, a->out_rs,
 			  a->out_hs, out_bf16);
@@ -229,7 +219,7 @@ int attn_mma_launch(cudaStream_t s, const k_cuda_attn_ws *ws, attn_tile_args *a,
 {
 	int ret = mma_run(s, ws, a, max_ctx, out_bf16, forced_splits, true);
 
-	if (ret || a->n_splits == 1 || a->arrive)
+	if (ret || a->n_splits == 1)
 		return ret;
 	return attn_merge(s, ws, a->n_splits, a->n_rows, a->n_heads, a->dv, a->out, a->out_rs,
 			  a->out_hs, out_bf16);

@@ -332,24 +332,12 @@ extern "C" void k_cuda_attn_ws_destroy(struct k_cuda_attn_ws *ws)
 	cudaFree(ws->o_lat);
 	cudaFree(ws->part_o);
 	cudaFree(ws->part_lse);
-	cudaFree(ws->arrive);
 	free(ws);
 }
 
 static int ws_alloc(float **p, size_t floats)
 {
 	K_CUDA_TRY(cudaMalloc((void **)p, floats * sizeof(float)));
-	return 0;
-}
-
-// The folded merge's counters, one per (row, head) (a row has at most n_heads head
-// chunks), all 0: each launch leaves them so.
-static int ws_alloc_arrive(k_cuda_attn_ws *ws, size_t n)
-{
-	K_CUDA_TRY(cudaMalloc((void **)&ws->arrive, n * sizeof(unsigned)));
-	K_CUDA_TRY(cudaMemset(ws->arrive, 0, n * sizeof(unsigned)));
-	K_CUDA_TRY(cudaDeviceSynchronize());	// before any stream's kernel reads them
-	  ws->arrive_n = n;
 	return 0;
 }
 
@@ -396,7 +384,6 @@ extern "C" int k_cuda_attn_ws_create(struct k_cuda_attn_ws **out, int max_rows, 
 	    (ret = ws_alloc(&ws->o_lat, (size_t)max_rows * per_head)) ||
 	    (ret = ws_alloc(&ws->part_o, ws->part_floats)) ||
 	    (ret = ws_alloc(&ws->part_lse, ws->lse_floats)) ||
-	    (ret = ws_alloc_arrive(ws, (size_t)max_rows * max_heads)) ||
 	    (ret = attn_tile_prepare(ws->smem_optin)) || (ret = attn_mla_prepare(ws->smem_optin)) ||
 	    (ret = attn_mma_prepare(ws->smem_optin)) ||
 	    (ret = attn_prefill_prepare(ws->smem_optin)))
