@@ -136,6 +136,10 @@
 #                  of <= 8 rows on the small path's kernels, not the f16 union GEMVs)
 #   ST_PART=relay  each relay of KDEC_PDL_RELAY alone (ST_MASKS, default "0 1 2 4 8"):
 #                  Llama-3.1-8B fp8-block batch 1,8, Qwen3-30B-A3B fp8-block batch 1
+#   ST_PART=merge  the split merge's batched warp kernel (KDEC_ATTN_MERGE=1) against the
+#                  block kernel, two rounds: Llama-3.1-8B fp8-block batch 1,8,64 and
+#                  Qwen3-30B-A3B fp8-block batch 1 (its last measurement, one run each,
+#                  was at 19a2906: 2% slower at batch 1, before the chain's early loads)
 # ST_PART may name several, run in that order.
 # here: PACK_XZ=0 PACK_TESTS="test_golden test_cuda_linear" contrib/device/pack.sh build devbuild-s28
 #       tar -cf - devbuild-s28 | xz -6 -T2 > devbuild-s28.tar.xz
@@ -670,6 +674,16 @@ relay() {
 	done
 	for v in ${ST_MASKS:-0 1 2 4 8}; do
 		dec "r${v}_qwen3moe_fp8" qwen3-30b-a3b 1 fp8-block KDEC_PDL_RELAY=$v
+	done
+}
+
+merge() {
+	local v i
+	for i in 1 2; do
+		for v in 0 1; do
+			dec "m${v}_llama_fp8_$i" llama3.1-8b 1,8,64 fp8-block KDEC_ATTN_MERGE=$v
+			dec "m${v}_qwen3moe_fp8_$i" qwen3-30b-a3b 1 fp8-block KDEC_ATTN_MERGE=$v
+		done
 	done
 }
 
