@@ -103,6 +103,67 @@ int kdbench_parse_num(const char *who, const char *opt, const char *s, long min,
 	return 0;
 }
 
+int kdbench_engine_opt(const char *who, int c, const char *arg, struct model_load_opts *load,
+		       struct engine_opts *eng)
+{
+	char err[256];
+	long v;
+
+	switch (c) {
+	case KDBENCH_O_BACKEND: eng->backend = arg; return 0;
+	case KDBENCH_O_SYNTH: load->synthetic = 1; return 0;
+	case KDBENCH_O_EP: eng->ep = 1; return 0;
+	case KDBENCH_O_MLA_CP: eng->mla_cp = 1; return 0;
+	case KDBENCH_O_THREADS:
+		if (kdbench_parse_num(who, "--threads", arg, 1, 1024, &v))
+			return -1;
+		eng->threads = (int)v;
+		return 0;
+	case KDBENCH_O_WFMT:
+		if (model_weight_format_parse(arg, &load->weight_format, err, sizeof(err)))
+			break;
+		return 0;
+	case KDBENCH_O_SEED:
+		if (kdbench_parse_num(who, "--seed", arg, 0, __LONG_MAX__, &v))
+			return -1;
+		load->seed = (uint64_t)v;
+		return 0;
+	case KDBENCH_O_LAYERS:
+		if (kdbench_parse_num(who, "--layers", arg, 1, MODEL_MAX_LAYERS, &v))
+			return -1;
+		load->n_layers = (int)v;
+		return 0;
+	case KDBENCH_O_LOG:
+		if (!log_level_parse(arg, &log_threshold))
+			return 0;
+		snprintf(err, sizeof(err), "--log-level '%s': want error, warn, info or debug", arg);
+		break;
+	case KDBENCH_O_KV:
+		if (kdbench_parse_num(who, "--kv-tokens", arg, 1, 1L << 28, &v))
+			return -1;
+		eng->kv_tokens = (int)v;
+		return 0;
+	case KDBENCH_O_TP:
+		if (kdbench_parse_num(who, "--tp", arg, 1, 64, &v))
+			return -1;
+		eng->tp = (int)v;
+		return 0;
+	case KDBENCH_O_GPUS:
+		if (cli_parse_gpus(arg, eng->gpus, ENGINE_MAX_GPUS, &eng->n_gpus, err, sizeof(err)))
+			break;
+		return 0;
+	case KDBENCH_O_ALLRED:
+		if (!backend_allreduce_parse(arg, &eng->allreduce))
+			return 0;
+		snprintf(err, sizeof(err), "--allreduce '%s': want auto, fused or nccl", arg);
+		break;
+	default:
+		return 1;
+	}
+	fprintf(stderr, "%s: %s\n", who, err);
+	return -1;
+}
+
 static int parse_num(const char *opt, const char *s, long min, long max, long *out)
 {
 	return kdbench_parse_num("kdbench", opt, s, min, max, out);
@@ -110,9 +171,8 @@ static int parse_num(const char *opt, const char *s, long min, long max, long *o
 
 static int parse_args(int argc, char **argv, struct bench_args *a)
 {
-	enum { O_BACKEND = 256, O_THREADS, O_SYNTH, O_SEED, O_LAYERS, O_KV, O_BLOCK, O_LOG,
-	       O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT, O_PREFILL,
-	       O_KV_BF16, O_X_BF16, O_TP, O_GPUS, O_EP, O_MLA_CP, O_WFMT, O_PATH, O_NOGRAPH, O_ALLRED };
+	enum { O_BLOCK = 256, O_MAXTOK, O_INCR, O_VERSION, O_SPEC, O_DUMP_RT, O_FORCE_RT,
+	       O_PREFILL, O_KV_BF16, O_X_BF16, O_PATH, O_NOGRAPH };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "tokens", required_argument, NULL, 't' },
@@ -124,24 +184,13 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 		{ "prefill", required_argument, NULL, O_PREFILL },
 		{ "force-routing", required_argument, NULL, O_FORCE_RT },
 		{ "spec", required_argument, NULL, O_SPEC },
-		{ "backend", required_argument, NULL, O_BACKEND },
-		{ "threads", required_argument, NULL, O_THREADS },
-		{ "tp", required_argument, NULL, O_TP },
-		{ "gpus", required_argument, NULL, O_GPUS },
-		{ "ep", no_argument, NULL, O_EP },
-		{ "mla-cp", no_argument, NULL, O_MLA_CP },
-		{ "allreduce", required_argument, NULL, O_ALLRED },
-		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
-		{ "weight-format", required_argument, NULL, O_WFMT },
-		{ "seed", required_argument, NULL, O_SEED },
-		{ "layers", required_argument, NULL, O_LAYERS },
-		{ "kv-tokens", required_argument, NULL, O_KV },
+		KDBENCH_MODEL_OPTIONS,
+		KDBENCH_RANK_OPTIONS,
 		{ "block-size", required_argument, NULL, O_BLOCK },
 		{ "kv-bf16", no_argument, NULL, O_KV_BF16 },
 		{ "x-bf16", no_argument, NULL, O_X_BF16 },
 		{ "decode-path", required_argument, NULL, O_PATH },
 		{ "no-graphs", no_argument, NULL, O_NOGRAPH },
-		{ "log-level", required_argument, NULL, O_LOG },
 		{ "version", no_argument, NULL, O_VERSION },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -161,6 +210,13 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 	a->max_tokens = -1;
 	optind = 2;
 	while ((c = getopt_long(argc, argv, "m:t:p:o:h", opts, NULL)) != -1) {
+		int r = kdbench_engine_opt("kdbench", c, optarg, &a->load, &a->eng);
+
+		if (r <= 0) {
+			if (r < 0)
+				return -1;
+			continue;
+		}
 		switch (c) {
 		case 'm': a->model = optarg; break;
 		case 't': a->tokens = optarg; break;
@@ -182,65 +238,11 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 			}
 			break;
 		}
-		case O_BACKEND: a->eng.backend = optarg; break;
 		case O_PATH: a->eng.decode_path = optarg; break;
 		case O_NOGRAPH: a->eng.no_graphs = 1; break;
-		case O_ALLRED:
-			if (backend_allreduce_parse(optarg, &a->eng.allreduce)) {
-				fprintf(stderr, "kdbench: --allreduce '%s': want auto, fused or nccl\n", optarg);
-				return -1;
-			}
-			break;
-		case O_SYNTH: a->load.synthetic = 1; break;
-		case O_WFMT: {
-			char werr[160];
-
-			if (model_weight_format_parse(optarg, &a->load.weight_format, werr, sizeof(werr))) {
-				fprintf(stderr, "kdbench: %s\n", werr);
-				return -1;
-			}
-			break;
-		}
 		case O_MAXTOK:
 			if (parse_num("--max-tokens", optarg, 1, MAX_TOKENS_ARG, &a->max_tokens))
 				return -1;
-			break;
-		case O_THREADS:
-			if (parse_num("--threads", optarg, 1, 1024, &v))
-				return -1;
-			a->eng.threads = (int)v;
-			break;
-		case O_TP:
-			if (parse_num("--tp", optarg, 1, 64, &v))
-				return -1;
-			a->eng.tp = (int)v;
-			break;
-		case O_EP: a->eng.ep = 1; break;
-		case O_MLA_CP: a->eng.mla_cp = 1; break;
-		case O_GPUS: {
-			char err[256];
-
-			if (cli_parse_gpus(optarg, a->eng.gpus, ENGINE_MAX_GPUS, &a->eng.n_gpus, err,
-					   sizeof(err))) {
-				fprintf(stderr, "kdbench: %s\n", err);
-				return -1;
-			}
-			break;
-		}
-		case O_SEED:
-			if (parse_num("--seed", optarg, 0, __LONG_MAX__, &v))
-				return -1;
-			a->load.seed = (uint64_t)v;
-			break;
-		case O_LAYERS:
-			if (parse_num("--layers", optarg, 1, MODEL_MAX_LAYERS, &v))
-				return -1;
-			a->load.n_layers = (int)v;
-			break;
-		case O_KV:
-			if (parse_num("--kv-tokens", optarg, 1, 1L << 28, &v))
-				return -1;
-			a->eng.kv_tokens = (int)v;
 			break;
 		case O_BLOCK:
 			if (parse_num("--block-size", optarg, 1, 4096, &v))
@@ -252,12 +254,6 @@ static int parse_args(int argc, char **argv, struct bench_args *a)
 			break;
 		case O_X_BF16:
 			a->eng.x_bf16 = BACKEND_X_BF16_MIN_M;
-			break;
-		case O_LOG:
-			if (log_level_parse(optarg, &log_threshold)) {
-				fprintf(stderr, "kdbench: --log-level '%s': want error, warn, info or debug\n", optarg);
-				return -1;
-			}
 			break;
 		case O_VERSION:
 			printf("kdbench (kdec) %s\n", PACKAGE_VERSION);

@@ -110,7 +110,9 @@ static void decode_usage(FILE *f)
 		"  --profile-step        the last timed step of each batch size runs inside a\n"
 		"                        profiler range (ncu --profile-from-start off)\n"
 		"  --hbm-tbs X           bandwidth of the floor in TB/s (default %.2f)\n"
-		"  --out FILE            append one JSON line per batch size\n",
+		"  --out FILE            append one JSON line per batch size\n"
+		"  --seed S              seed of the synthetic weights (default 0)\n"
+		"  --log-level L         error, warn, info (default), debug\n",
 		KDBENCH_HBM_TBS);
 }
 
@@ -170,9 +172,8 @@ static int num(const char *opt, const char *s, long min, long max, long *out)
 
 static int decode_parse(int argc, char **argv, struct decode_args *a)
 {
-	enum { O_BATCH = 256, O_CTX, O_STEPS, O_WARM, O_BACKEND, O_SYNTH, O_LAYERS, O_KV, O_THREADS,
-	       O_NOGRAPH, O_PROFILE, O_HBM, O_OUT, O_SEED, O_LOG, O_TP, O_GPUS, O_EP, O_MLA_CP, O_WFMT,
-	       O_PATH, O_ALLRED };
+	enum { O_BATCH = 256, O_CTX, O_STEPS, O_WARM, O_NOGRAPH, O_PROFILE, O_HBM, O_OUT,
+	       O_PATH };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "config", required_argument, NULL, 'm' },
@@ -180,28 +181,16 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 		{ "ctx", required_argument, NULL, O_CTX },
 		{ "steps", required_argument, NULL, O_STEPS },
 		{ "warmup", required_argument, NULL, O_WARM },
-		{ "backend", required_argument, NULL, O_BACKEND },
-		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
-		{ "weight-format", required_argument, NULL, O_WFMT },
-		{ "layers", required_argument, NULL, O_LAYERS },
-		{ "kv-tokens", required_argument, NULL, O_KV },
-		{ "threads", required_argument, NULL, O_THREADS },
-		{ "tp", required_argument, NULL, O_TP },
-		{ "gpus", required_argument, NULL, O_GPUS },
-		{ "ep", no_argument, NULL, O_EP },
-		{ "mla-cp", no_argument, NULL, O_MLA_CP },
-		{ "allreduce", required_argument, NULL, O_ALLRED },
+		KDBENCH_MODEL_OPTIONS,
+		KDBENCH_RANK_OPTIONS,
 		{ "no-graphs", no_argument, NULL, O_NOGRAPH },
 		{ "decode-path", required_argument, NULL, O_PATH },
 		{ "profile-step", no_argument, NULL, O_PROFILE },
 		{ "hbm-tbs", required_argument, NULL, O_HBM },
 		{ "out", required_argument, NULL, O_OUT },
-		{ "seed", required_argument, NULL, O_SEED },
-		{ "log-level", required_argument, NULL, O_LOG },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	char werr[160];
 	long v;
 	int c;
 
@@ -209,47 +198,19 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 				   .batches = { 1, 8, 32, 64 }, .n_batches = 4 };
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
+		int r = kdbench_engine_opt("kdbench decode", c, optarg, &a->load, &a->eng);
+
+		if (r <= 0) {
+			if (r < 0)
+				return -1;
+			continue;
+		}
 		switch (c) {
 		case 'm': a->model = optarg; break;
 		case O_BATCH: if (parse_batches(optarg, a)) return -1; break;
 		case O_CTX: if (num("--ctx", optarg, 1, 1 << 22, &v)) return -1; a->ctx = (int)v; break;
 		case O_STEPS: if (num("--steps", optarg, 1, 1 << 20, &v)) return -1; a->steps = (int)v; break;
 		case O_WARM: if (num("--warmup", optarg, 0, 1 << 20, &v)) return -1; a->warmup = (int)v; break;
-		case O_BACKEND: a->eng.backend = optarg; break;
-		case O_SYNTH: a->load.synthetic = 1; break;
-		case O_WFMT:
-			if (model_weight_format_parse(optarg, &a->load.weight_format, werr, sizeof(werr))) {
-				fprintf(stderr, "%s: %s\n", "kdbench decode", werr);
-				return -1;
-			}
-			break;
-		case O_LAYERS:
-			if (num("--layers", optarg, 1, MODEL_MAX_LAYERS, &v))
-				return -1;
-			a->load.n_layers = (int)v;
-			break;
-		case O_KV: if (num("--kv-tokens", optarg, 1, 1L << 28, &v)) return -1; a->eng.kv_tokens = (int)v; break;
-		case O_THREADS: if (num("--threads", optarg, 1, 1024, &v)) return -1; a->eng.threads = (int)v; break;
-		case O_TP: if (num("--tp", optarg, 1, 64, &v)) return -1; a->eng.tp = (int)v; break;
-		case O_EP: a->eng.ep = 1; break;
-		case O_MLA_CP: a->eng.mla_cp = 1; break;
-		case O_ALLRED:
-			if (backend_allreduce_parse(optarg, &a->eng.allreduce)) {
-				fprintf(stderr, "kdbench decode: --allreduce '%s': want auto, fused or nccl\n",
-					optarg);
-				return -1;
-			}
-			break;
-		case O_GPUS: {
-			char err[256];
-
-			if (cli_parse_gpus(optarg, a->eng.gpus, ENGINE_MAX_GPUS, &a->eng.n_gpus, err,
-					   sizeof(err))) {
-				fprintf(stderr, "kdbench decode: %s\n", err);
-				return -1;
-			}
-			break;
-		}
 		case O_NOGRAPH: a->no_graphs = 1; break;
 		case O_PATH: if (parse_paths(optarg, a)) return -1; break;
 		case O_PROFILE: a->profile_step = 1; break;
@@ -261,13 +222,6 @@ static int decode_parse(int argc, char **argv, struct decode_args *a)
 			}
 			break;
 		case O_OUT: a->out = optarg; break;
-		case O_SEED: if (num("--seed", optarg, 0, __LONG_MAX__, &v)) return -1; a->load.seed = (uint64_t)v; break;
-		case O_LOG:
-			if (log_level_parse(optarg, &log_threshold)) {
-				fprintf(stderr, "kdbench decode: --log-level '%s': want error, warn, info or debug\n", optarg);
-				return -1;
-			}
-			break;
 		case 'h': decode_usage(stdout); exit(0);
 		default: decode_usage(stderr); return -1;
 		}

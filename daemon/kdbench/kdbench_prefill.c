@@ -52,8 +52,10 @@ static void prefill_usage(FILE *f)
 		"  --synthetic-weights   random weights; --model may be a config.json\n"
 		"  --weight-format F     with --synthetic-weights: bf16 (default), fp8-block,\n"
 		"                        fp8-channel, fp8-tensor or int4-g32 linear weights\n"
+		"  --seed S              seed of the synthetic weights (default 0)\n"
 		"  --layers N            keep only the first N layers\n"
 		"  --threads N           CPU threads\n"
+		"  --log-level L         error, warn, info (default), debug\n"
 		"  --tc-tflops X         tensor-core rate of the floor (default %.0f)\n"
 		"  --out FILE            append one JSON line per length\n",
 		ENGINE_DEFAULT_MAX_ROWS, DEFAULT_TC_TFLOPS);
@@ -91,52 +93,38 @@ static int parse_lengths(const char *s, struct prefill_args *a)
 
 static int prefill_parse(int argc, char **argv, struct prefill_args *a)
 {
-	enum { O_TOKENS = 256, O_CHUNK, O_REPS, O_BACKEND, O_SYNTH, O_LAYERS, O_THREADS, O_TC,
-	       O_OUT, O_LOG, O_WFMT };
+	enum { O_TOKENS = 256, O_CHUNK, O_REPS, O_TC, O_OUT };
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "config", required_argument, NULL, 'm' },
 		{ "tokens", required_argument, NULL, O_TOKENS },
 		{ "chunk", required_argument, NULL, O_CHUNK },
 		{ "reps", required_argument, NULL, O_REPS },
-		{ "backend", required_argument, NULL, O_BACKEND },
-		{ "synthetic-weights", no_argument, NULL, O_SYNTH },
-		{ "weight-format", required_argument, NULL, O_WFMT },
-		{ "layers", required_argument, NULL, O_LAYERS },
-		{ "threads", required_argument, NULL, O_THREADS },
+		KDBENCH_MODEL_OPTIONS,
 		{ "tc-tflops", required_argument, NULL, O_TC },
 		{ "out", required_argument, NULL, O_OUT },
-		{ "log-level", required_argument, NULL, O_LOG },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int most = 0, c;
-	char werr[160];
 	long v;
 
 	*a = (struct prefill_args){ .lengths = { 1024, 4096, 16384, 32768 }, .n_lengths = 4,
 				    .reps = 3, .tc_tflops = DEFAULT_TC_TFLOPS };
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
+		int r = kdbench_engine_opt("kdbench prefill", c, optarg, &a->load, &a->eng);
+
+		if (r <= 0) {
+			if (r < 0)
+				return -1;
+			continue;
+		}
 		switch (c) {
 		case 'm': a->model = optarg; break;
 		case O_TOKENS: if (parse_lengths(optarg, a)) return -1; break;
 		case O_CHUNK: if (num("--chunk", optarg, 1, 65536, &v)) return -1; a->eng.max_rows = (int)v; break;
 		case O_REPS: if (num("--reps", optarg, 1, 1000, &v)) return -1; a->reps = (int)v; break;
-		case O_BACKEND: a->eng.backend = optarg; break;
-		case O_SYNTH: a->load.synthetic = 1; break;
-		case O_WFMT:
-			if (model_weight_format_parse(optarg, &a->load.weight_format, werr, sizeof(werr))) {
-				fprintf(stderr, "%s: %s\n", "kdbench prefill", werr);
-				return -1;
-			}
-			break;
-		case O_LAYERS:
-			if (num("--layers", optarg, 1, MODEL_MAX_LAYERS, &v))
-				return -1;
-			a->load.n_layers = (int)v;
-			break;
-		case O_THREADS: if (num("--threads", optarg, 1, 1024, &v)) return -1; a->eng.threads = (int)v; break;
 		case O_TC:
 			a->tc_tflops = strtod(optarg, NULL);
 			if (!(a->tc_tflops > 0 && a->tc_tflops < 1e5)) {
@@ -145,12 +133,6 @@ static int prefill_parse(int argc, char **argv, struct prefill_args *a)
 			}
 			break;
 		case O_OUT: a->out = optarg; break;
-		case O_LOG:
-			if (log_level_parse(optarg, &log_threshold)) {
-				fprintf(stderr, "kdbench prefill: --log-level '%s': want error, warn, info or debug\n", optarg);
-				return -1;
-			}
-			break;
 		case 'h': prefill_usage(stdout); exit(0);
 		default: prefill_usage(stderr); return -1;
 		}
