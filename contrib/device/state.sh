@@ -140,6 +140,10 @@
 #                  block kernel, two rounds: Llama-3.1-8B fp8-block batch 1,8,64 and
 #                  Qwen3-30B-A3B fp8-block batch 1 (its last measurement, one run each,
 #                  was at 19a2906: 2% slower at batch 1, before the chain's early loads)
+#   ST_PART=removed the GPU tests of the kernels session 35 took lost variants out of
+#                  (no GPU then): test_cuda_attn_gqa, _attn_qkv, _attn_mla, _merge, _mla_cp,
+#                  _moe_lat, _pdl, and test_cuda_moe's experts part (the M = 1 gate/up),
+#                  quick (KD_TEST_QUICK=1); pack them (PACK_TESTS)
 # ST_PART may name several, run in that order.
 # here: PACK_XZ=0 PACK_TESTS="test_golden test_cuda_linear" contrib/device/pack.sh build devbuild-s28
 #       tar -cf - devbuild-s28 | xz -6 -T2 > devbuild-s28.tar.xz
@@ -166,6 +170,17 @@ decp() {
 check() {
 	step golden 100 env KDEC_TEST_BACKEND=cuda "$B/tests/test_golden"
 	grep '^FAIL' "$L/golden.log" | cut -c1-200 | tee -a "$S"
+}
+
+removed() {
+	local t
+	for t in test_cuda_attn_gqa test_cuda_attn_qkv test_cuda_attn_mla test_cuda_merge \
+		test_cuda_mla_cp test_cuda_moe_lat test_cuda_pdl; do
+		step "$t" 90 env KD_TEST_QUICK=1 "$B/tests/$t"
+		grep -E '^FAIL|FAIL$' "$L/$t.log" | head -5 | cut -c1-200 | tee -a "$S"
+	done
+	step moe_experts 120 env KD_TEST_QUICK=1 KD_TEST_PART=experts "$B/tests/test_cuda_moe"
+	grep -E '^FAIL|FAIL$' "$L/moe_experts.log" | head -5 | cut -c1-200 | tee -a "$S"
 }
 
 dpath() {
