@@ -243,9 +243,9 @@ void attn_mla_tile_args(attn_tile_args *a, k_cuda_attn_ws *ws, const float *q_la
 }
 
 // The latent attention proper: o_lat (R, H, L) from q_lat (R, H, L + rope), its splits
-// merged. fresh: the launch just before appended this step's cache rows (the absorb took mla_post's work), so the
-// tensor-core kernel copies them after its PDL wait, not before (the tiled kernel
-// waits for everything).
+// merged. fresh: the launch just before appended this step's cache rows (the absorb
+// took mla_post's work), so the tensor-core kernel copies them after its PDL wait, not
+// before (the tiled kernel waits for everything).
 static int mla_attend(cudaStream_t s, k_cuda_attn_ws *ws, const uint16_t *cache,
 		      int block_tokens, const k_cuda_attn_rows *rows, const k_mla_dims *d,
 		      float qscale, bool fresh)
